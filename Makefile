@@ -1,0 +1,108 @@
+# hearth build. `make` builds bin/hearth and lib/libhearth.{a,so}; `make test` installs
+# what it needs (tools/deps.sh) and runs unit, sanitizer, fuzz and parity tests.
+# Sources are found by wildcard: add a file under src/ and it is built; add
+# tests/unit/test_<name>.c and it becomes a test; tests/fuzz/fuzz_<name>.c a fuzz target.
+# BUILD/BINDIR may be overridden to build in a separate tree (e.g. BUILD=build-x).
+
+BUILD   ?= build
+BINDIR  ?= bin
+LIBDIR  ?= lib
+CC      ?= gcc
+PKGS    := jansson libpcre2-8 libutf8proc
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fPIC -pthread -Iinclude -Isrc $(PKG_CFLAGS)
+LDLIBS  := $(PKG_LIBS) -lm -pthread
+PYTHON  := .venv/bin/python
+FUZZ_SECONDS ?= 5
+
+LIB_SRC := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
+CLI_SRC := $(shell find src/cli -name '*.c' | sort)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
+UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+
+.PHONY: all lib test unit asan fuzz parity deps run clean format
+all: $(BINDIR)/hearth $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
+
+lib: $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libhearth.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(LIBDIR)/libhearth.a: $(BUILD)/libhearth.a
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+$(LIBDIR)/libhearth.so: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -o $@ $^ $(LDLIBS)
+
+$(BINDIR)/hearth: $(CLI_OBJ) $(BUILD)/libhearth.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libhearth.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libhearth.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) -lcmocka
+
+# Runs every unit test binary; each prints cmocka's summary.
+unit: $(UNIT_BIN)
+	@fail=0; for t in $(UNIT_BIN); do \
+	  HEARTH_TEST_DATA=tests/data $$t || fail=1; done; exit $$fail
+
+asan:
+	@$(MAKE) --no-print-directory BUILD=build/asan BINDIR=build/asan/bin LIBDIR=build/asan/lib \
+	  OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  LDLIBS="$(LDLIBS) -fsanitize=address,undefined" unit
+
+# libFuzzer targets, built with clang against the library sources, run a few seconds each.
+fuzz: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
+	@for f in $^; do n=$$(basename $$f); mkdir -p build/fuzz/corpus-$$n; \
+	  seeds=tests/fuzz/seeds/$$n; [ -d $$seeds ] || seeds=; \
+	  echo "fuzz: $$n for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=0 \
+	      build/fuzz/corpus-$$n $$seeds >build/fuzz/$$n.log 2>&1 \
+	    || { echo "fuzz: $$n FAILED"; tail -40 build/fuzz/$$n.log; exit 1; }; done
+
+build/fuzz/%: tests/fuzz/%.c $(LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang -O1 -g -std=gnu11 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc $(PKG_CFLAGS) \
+	  -o $@ $< $(LIB_SRC) $(LDLIBS)
+
+deps:
+	@bash tools/deps.sh
+
+# Parity tests against the Python oracles (mlx-lm, HF tokenizers, gguf, jinja2).
+parity: all
+	@bash tools/get_models.sh
+	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q tests/parity
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory asan
+	@$(MAKE) --no-print-directory fuzz
+	@$(MAKE) --no-print-directory parity
+
+run: deps all
+	@bash tools/get_models.sh
+	@bash tools/run_default.sh
+
+format:
+	clang-format -i $$(find src include tests -name '*.[ch]')
+
+clean:
+	rm -rf build bin lib
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)

@@ -1,0 +1,24 @@
+/* cli.h: the verbs of the hearth command line and small shared helpers. */
+#ifndef HEARTH_CLI_H
+#define HEARTH_CLI_H
+#include "hearth.h"
+
+typedef struct cli_verb { const char *name; int (*run)(int argc, char **argv); const char *help; } cli_verb;
+
+int cli_info(int argc, char **argv);
+int cli_tokenize(int argc, char **argv);
+int cli_detokenize(int argc, char **argv);
+int cli_template(int argc, char **argv);
+int cli_tensors(int argc, char **argv);
+int cli_ls(int argc, char **argv);
+
+/* Prints "hearth: <message>" to stderr and returns 1. */
+int cli_fail(const hearth_error *err);
+/* Prints a usage error (fmt has one %s for arg) and returns 2. */
+int cli_usage_error(const char *usage, const char *fmt, const char *arg);
+int cli_is_help(const char *arg);
+/* Reads a whole file ("-" for stdin), NUL-terminated; NULL after printing why. */
+char *cli_read_file(const char *path);
+/* Opens a model, printing the error; returns 0 on success, 1 on failure. */
+int cli_open_model(const char *name, hearth_model **m);
+#endif

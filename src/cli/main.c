@@ -1,0 +1,37 @@
+/* main.c: the hearth command line: dispatches to one function per verb (src/cli/).
+ * Uses only include/hearth.h. */
+#include "cli/cli.h"
+#include <stdio.h>
+#include <string.h>
+
+static const cli_verb verbs[] = {
+    {"info", cli_info, "show a model's architecture, sizes, quantization, tokenizer and template"},
+    {"tokenize", cli_tokenize, "print the token ids of a text as a JSON array"},
+    {"detokenize", cli_detokenize, "print the text of a JSON array of token ids"},
+    {"template", cli_template, "render a conversation through the model's chat template"},
+    {"tensors", cli_tensors, "list a model's tensors, or dump one as float32"},
+    {"ls", cli_ls, "list the models hearth can find"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "hearth %s: a local LLM runtime\n\nusage: hearth <command> [args]\n\ncommands:\n", HEARTH_VERSION);
+    for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) fprintf(f, "  %-11s %s\n", verbs[i].name, verbs[i].help);
+    fprintf(f, "\nRun 'hearth <command> --help' for a command's flags. Models are named by folder, .gguf file,\n"
+               "Hugging Face repo id (from the HF cache) or any unambiguous part of a known model's name.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("hearth %s\nbackends: cpu\n", HEARTH_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+        if (!strcmp(argv[1], verbs[i].name)) return verbs[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "hearth: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

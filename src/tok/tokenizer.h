@@ -1,0 +1,41 @@
+/* tokenizer.h: text <-> token ids. Loads HF tokenizer.json (byte-level BPE,
+ * SentencePiece-style BPE with byte fallback, WordPiece; normalizers, pre-tokenizers,
+ * post-processors, decoders, added tokens) and GGUF vocabularies (gpt2, llama).
+ * Output ids are identical to HF `tokenizers`. */
+#ifndef HEARTH_TOK_TOKENIZER_H
+#define HEARTH_TOK_TOKENIZER_H
+#include "hearth.h"
+#include "io/gguf.h"
+
+typedef struct tok_tokenizer tok_tokenizer;
+
+/* tokenizer.json text; config_json (tokenizer_config.json text, may be NULL) supplies
+ * add_bos_token/add_eos_token and special token names where the model sets them. */
+hearth_status tok_load_hf_json(const char *json, size_t len, const char *config_json, const char *fname,
+                               tok_tokenizer **out, hearth_error *err);
+/* tokenizer.json (+ tokenizer_config.json if present) from a model folder. */
+hearth_status tok_load_hf_dir(const char *dir, tok_tokenizer **out, hearth_error *err);
+hearth_status tok_load_gguf(const gguf_file *g, tok_tokenizer **out, hearth_error *err);
+void tok_free(tok_tokenizer *t);
+
+hearth_status tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_special, int32_t **ids,
+                         size_t *n_ids, hearth_error *err);
+hearth_status tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, int skip_special, char **out,
+                         hearth_error *err);
+
+int32_t tok_vocab_size(const tok_tokenizer *t);
+int32_t tok_token_id(const tok_tokenizer *t, const char *token); /* -1 if absent */
+const char *tok_token_str(const tok_tokenizer *t, int32_t id);   /* vocab string or NULL */
+int tok_is_special(const tok_tokenizer *t, int32_t id);
+int32_t tok_bos_id(const tok_tokenizer *t); /* -1 if none */
+int32_t tok_eos_id(const tok_tokenizer *t); /* -1 if none */
+/* "bpe-byte-level", "bpe-sentencepiece", "wordpiece" */
+const char *tok_kind(const tok_tokenizer *t);
+
+/* Streaming decode: never returns a broken UTF-8 sequence. */
+typedef struct tok_stream tok_stream;
+tok_stream *tok_stream_new(const tok_tokenizer *t, int skip_special);
+const char *tok_stream_push(tok_stream *s, int32_t id);
+const char *tok_stream_finish(tok_stream *s);
+void tok_stream_free(tok_stream *s);
+#endif

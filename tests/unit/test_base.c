@@ -1,0 +1,109 @@
+/* test_base.c: unit tests of src/base: error values, string buffers, half floats,
+ * file helpers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "base/file.h"
+#include "base/half.h"
+#include "base/sbuf.h"
+
+static void test_err_set_and_prefix(void **state) {
+    (void)state;
+    hearth_error e = {0};
+    assert_int_equal(err_set(&e, HEARTH_ERR_FORMAT, "tensor '%s' bad", "x"), HEARTH_ERR_FORMAT);
+    assert_int_equal(e.status, HEARTH_ERR_FORMAT);
+    err_prefix(&e, "%s", "model.safetensors");
+    assert_string_equal(e.message, "model.safetensors: tensor 'x' bad");
+    assert_int_equal(err_set(NULL, HEARTH_ERR_IO, "ignored"), HEARTH_ERR_IO); /* NULL err is allowed */
+    char longp[2000];
+    memset(longp, 'a', sizeof longp - 1);
+    longp[sizeof longp - 1] = 0;
+    err_prefix(&e, "%s", longp); /* truncates, never overflows */
+    assert_true(strlen(e.message) < sizeof e.message);
+}
+
+static void test_sbuf(void **state) {
+    (void)state;
+    sbuf b;
+    sbuf_init(&b);
+    for (int i = 0; i < 1000; i++) sbuf_printf(&b, "%d,", i);
+    assert_int_equal(b.len, strlen(b.data));
+    assert_memory_equal(b.data, "0,1,2,", 6);
+    sbuf_reset(&b);
+    sbuf_append(&b, "ab\0c", 4);
+    assert_int_equal(b.len, 4);
+    char *s = sbuf_steal(&b);
+    assert_memory_equal(s, "ab\0c", 5);
+    assert_null(b.data);
+    free(s);
+}
+
+/* bf16/f16 conversions against exactly known encodings (IEEE 754 tables). */
+static void test_half(void **state) {
+    (void)state;
+    assert_true(f16_to_f32(0x3c00) == 1.0f);
+    assert_true(f16_to_f32(0xc000) == -2.0f);
+    assert_true(f16_to_f32(0x7bff) == 65504.0f);
+    assert_true(f16_to_f32(0x0001) == ldexpf(1.0f, -24)); /* smallest subnormal */
+    assert_true(isinf(f16_to_f32(0x7c00)));
+    assert_true(isnan(f16_to_f32(0x7e00)));
+    assert_int_equal(f32_to_f16(1.0f), 0x3c00);
+    assert_int_equal(f32_to_f16(65520.0f), 0x7c00); /* rounds up to inf */
+    assert_int_equal(f32_to_f16(ldexpf(1.0f, -25)), 0x0000); /* ties to even: 0 */
+    assert_int_equal(f32_to_f16(ldexpf(3.0f, -25)), 0x0002);
+    assert_true(bf16_to_f32(0x3f80) == 1.0f);
+    assert_int_equal(f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(f32_to_bf16(1.00390625f), 0x3f80); /* halfway, ties to even */
+    assert_int_equal(f32_to_bf16(1.01171875f), 0x3f82); /* halfway, ties to even (up) */
+    /* every finite f16 round-trips */
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        if ((h & 0x7c00) == 0x7c00) continue;
+        assert_int_equal(f32_to_f16(f16_to_f32((uint16_t)h)), h);
+    }
+}
+
+static void test_files(void **state) {
+    (void)state;
+    char path[] = "/tmp/hearth_test_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "hello", 5), 5);
+    close(fd);
+    char *buf;
+    size_t n;
+    assert_int_equal(file_read_all(path, &buf, &n, NULL), HEARTH_OK);
+    assert_int_equal(n, 5);
+    assert_string_equal(buf, "hello");
+    free(buf);
+    file_map m;
+    assert_int_equal(file_map_open(path, &m, NULL), HEARTH_OK);
+    assert_int_equal(m.size, 5);
+    assert_memory_equal(m.data, "hello", 5);
+    file_map_close(&m);
+    unlink(path);
+    hearth_error e = {0};
+    assert_int_equal(file_map_open(path, &m, &e), HEARTH_ERR_IO);
+    assert_non_null(strstr(e.message, path)); /* the error names the file */
+    char *j = path_join("/a/", "b");
+    assert_string_equal(j, "/a/b");
+    free(j);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_err_set_and_prefix),
+        cmocka_unit_test(test_sbuf),
+        cmocka_unit_test(test_half),
+        cmocka_unit_test(test_files),
+    };
+    return cmocka_run_group_tests_name("base", tests, NULL, NULL);
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# deps.sh: installs what building and testing hearth needs, once; quiet when all is there.
+# Debian -dev packages through apt-get, Python tools into .venv/ from PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PKGS=(build-essential pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libcmocka-dev
+          libcurl4-openssl-dev libmicrohttpd-dev libsqlite3-dev clang libclang-rt-14-dev)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+[ "${1:-}" = "--apt-only" ] && exit 0
+
+# Python tools pinned so goldens stay reproducible; bump together with the goldens.
+PY_PKGS=("mlx[cpu]==0.32.4" "mlx-lm==0.32.2" "transformers==5.23.0" "tokenizers==0.23.3"
+         "gguf==0.19.0" "jinja2==3.1.6" "pytest" "numpy" "sentencepiece" "protobuf")
+stamp=.venv/.hearth-deps
+want=$(printf '%s\n' "${PY_PKGS[@]}" | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "deps: setting up .venv (Python test tools from PyPI)"
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check "${PY_PKGS[@]}"
+  echo "$want" > "$stamp"
+fi

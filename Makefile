@@ -75,10 +75,20 @@ fuzz: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 	      build/fuzz/corpus-$$n $$seeds >build/fuzz/$$n.log 2>&1 \
 	    || { echo "fuzz: $$n FAILED"; tail -40 build/fuzz/$$n.log; exit 1; }; done
 
-build/fuzz/%: tests/fuzz/%.c $(LIB_SRC)
+# The library is built once with fuzzer coverage (no libFuzzer main), each target links it.
+FUZZ_FLAGS := -O1 -g -std=gnu11 -fsanitize=address,undefined -Iinclude -Isrc $(PKG_CFLAGS)
+FUZZ_OBJ := $(LIB_SRC:%.c=build/fuzz/obj/%.o)
+build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	clang -O1 -g -std=gnu11 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc $(PKG_CFLAGS) \
-	  -o $@ $< $(LIB_SRC) $(LDLIBS)
+	@clang $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+build/fuzz/libhearth-fuzz.a: $(FUZZ_OBJ)
+	@rm -f $@
+	@ar rcs $@ $^
+
+build/fuzz/%: tests/fuzz/%.c build/fuzz/libhearth-fuzz.a
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< build/fuzz/libhearth-fuzz.a $(LDLIBS)
 
 deps:
 	@bash tools/deps.sh
@@ -105,4 +115,4 @@ format:
 clean:
 	rm -rf build bin lib
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(FUZZ_OBJ:.o=.d)

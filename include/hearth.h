@@ -107,6 +107,94 @@ hearth_status hearth_model_set_chat_template(hearth_model *m, const char *templa
 hearth_status hearth_template_render(const char *template_src, const char *context_json, char **out,
                                      hearth_error *err);
 
+/* ---- generation -------------------------------------------------------- */
+
+typedef struct hearth_engine hearth_engine;
+
+typedef struct hearth_engine_options {
+    int n_threads;       /* 0: all cores */
+    int context_length;  /* 0: the model's, capped at 8192 */
+    int max_step_tokens; /* tokens per forward step (prefill chunk); 0: 256 */
+    int max_sequences;   /* sequences held at once; 0: 1 */
+} hearth_engine_options;
+
+/* Loads the weights into resident memory and allocates the KV pool and all scratch
+ * memory: nothing is allocated while generating. The model must outlive the engine. */
+hearth_status hearth_engine_create(hearth_model *m, const hearth_engine_options *opts, hearth_engine **out,
+                                   hearth_error *err);
+void hearth_engine_free(hearth_engine *e);
+/* Bytes held by the engine: weights, KV pool, scratch. */
+size_t hearth_engine_bytes(const hearth_engine *e);
+int hearth_engine_context_length(const hearth_engine *e);
+
+/* Low-level sequences: append tokens (prefill or one decode token) and read the logits
+ * of the last n_logits positions (n_logits <= 8) into logits[n_logits * vocab]. */
+hearth_status hearth_seq_open(hearth_engine *e, int *seq, hearth_error *err);
+hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens, size_t n, size_t n_logits,
+                                float *logits, hearth_error *err);
+void hearth_seq_close(hearth_engine *e, int seq);
+int32_t hearth_model_vocab_rows(const hearth_engine *e); /* rows of the logits (may exceed the tokenizer's) */
+
+#define HEARTH_MAX_TOP_LOGPROBS 20
+
+typedef struct hearth_logprobs {
+    float logprob;                           /* of the chosen token */
+    int n;                                   /* requested alternatives (0..20) */
+    int32_t top_ids[HEARTH_MAX_TOP_LOGPROBS];
+    float top_logprobs[HEARTH_MAX_TOP_LOGPROBS];
+} hearth_logprobs;
+
+typedef struct hearth_sampling {
+    float temperature;            /* 0: greedy */
+    float top_p;                  /* 1 (or 0): off */
+    int top_k;                    /* 0: off */
+    float min_p;                  /* 0: off */
+    float repetition_penalty;     /* 1 (or 0): off */
+    int repetition_context_size;  /* window for all penalties; 0: 20 as mlx-lm */
+    float presence_penalty, frequency_penalty;
+    int has_seed;
+    uint64_t seed;
+    const int32_t *bias_ids;      /* logit bias: add bias_values[i] to bias_ids[i] */
+    const float *bias_values;
+    size_t n_bias;
+    int top_logprobs;             /* alternatives to report per token (0..20) */
+} hearth_sampling;
+
+/* mlx-lm's defaults, overridden by the model's generation_config.json. */
+void hearth_sampling_defaults(const hearth_model *m, hearth_sampling *s);
+
+typedef enum hearth_finish {
+    HEARTH_FINISH_NONE = 0,
+    HEARTH_FINISH_EOS,         /* the model ended its turn ("stop") */
+    HEARTH_FINISH_STOP_STRING, /* a stop string appeared ("stop") */
+    HEARTH_FINISH_LENGTH,      /* max_tokens reached ("length") */
+    HEARTH_FINISH_CONTEXT,     /* the context is full ("length") */
+    HEARTH_FINISH_CANCELLED,   /* the callback asked to stop */
+} hearth_finish;
+const char *hearth_finish_name(hearth_finish f); /* OpenAI finish_reason */
+
+typedef struct hearth_generate_params {
+    hearth_sampling sampling;
+    int max_tokens;            /* > 0 */
+    const char *const *stop;   /* stop strings, never emitted */
+    size_t n_stop;
+    int ignore_eos;
+} hearth_generate_params;
+
+/* Called for each token with the text that became final (may be "", never a broken
+ * UTF-8 sequence, never part of a stop string). Return nonzero to cancel. */
+typedef int (*hearth_token_fn)(void *user, int32_t token, const char *text, const hearth_logprobs *lp);
+
+typedef struct hearth_generate_result {
+    hearth_finish finish;
+    size_t prompt_tokens, completion_tokens;
+    double prompt_seconds, generate_seconds, first_token_seconds;
+} hearth_generate_result;
+
+hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_prompt,
+                              const hearth_generate_params *p, hearth_token_fn on_token, void *user,
+                              hearth_generate_result *result, hearth_error *err);
+
 #ifdef __cplusplus
 }
 #endif

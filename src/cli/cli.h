@@ -11,6 +11,8 @@ int cli_detokenize(int argc, char **argv);
 int cli_template(int argc, char **argv);
 int cli_tensors(int argc, char **argv);
 int cli_ls(int argc, char **argv);
+int cli_generate(int argc, char **argv);
+int cli_trace(int argc, char **argv);
 
 /* Prints "hearth: <message>" to stderr and returns 1. */
 int cli_fail(const hearth_error *err);

@@ -1,0 +1,123 @@
+/* generate.c: `hearth generate`: one prompt, streamed to stdout as it is produced
+ * (stdout carries only the generated text); timings and memory go to stderr. */
+#include "cli/cli.h"
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+static const char *gen_usage =
+    "hearth generate <model> \"prompt\" [--max-tokens N] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
+    "       [--repetition-penalty R] [--seed S] [--system TEXT] [--no-chat-template] [--stop STR]...\n"
+    "       [--threads N] [--ctx N] [--verbose]";
+
+static int on_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
+    (void)user; (void)id; (void)lp;
+    fputs(text, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
+
+/* --threads and --ctx, shared by the verbs that run the engine. */
+int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o) {
+    if (*i + 1 >= argc) return 0;
+    if (!strcmp(argv[*i], "--threads") || !strcmp(argv[*i], "-t")) o->n_threads = atoi(argv[++*i]);
+    else if (!strcmp(argv[*i], "--ctx")) o->context_length = atoi(argv[++*i]);
+    else return 0;
+    return 1;
+}
+
+/* The prompt as token ids: through the chat template unless told not to. */
+static int build_prompt(hearth_model *m, const char *prompt, const char *system, int use_template, int32_t **ids,
+                        size_t *n) {
+    hearth_error err = {0};
+    char *text = NULL;
+    int add_special = 1;
+    if (use_template) {
+        json_t *msgs = json_array();
+        if (system) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
+        char *mj = json_dumps(msgs, 0);
+        json_decref(msgs);
+        hearth_status st = hearth_chat_render(m, mj, NULL, 1, NULL, &text, &err);
+        free(mj);
+        if (st) return cli_fail(&err);
+        add_special = 0; /* the template already wrote BOS and friends */
+    }
+    hearth_status st = hearth_tokenize(m, text ? text : prompt, strlen(text ? text : prompt), add_special, ids, n, &err);
+    hearth_free(text);
+    return st ? cli_fail(&err) : 0;
+}
+
+int cli_generate(int argc, char **argv) {
+    const char *model = NULL, *prompt = NULL, *system = NULL;
+    const char *stops[16];
+    int use_template = 1, verbose = 0;
+    hearth_engine_options eo = {0};
+    hearth_generate_params gp = {.max_tokens = 256};
+    int have_sampling[6] = {0};
+    float fv[6] = {0};
+    int top_k = -1;
+    long long seed = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        static const char *fflags[] = {"--temp", "--top-p", "--min-p", "--repetition-penalty"};
+        int matched = 0;
+        for (int k = 0; k < 4; k++)
+            if (!strcmp(a, fflags[k]) && has) { fv[k] = strtof(argv[++i], NULL); have_sampling[k] = matched = 1; }
+        if (matched) continue;
+        if (cli_is_help(a)) { printf("usage: %s\n", gen_usage); return 0; }
+        if (cli_parse_engine_flag(argc, argv, &i, &eo)) continue;
+        if (!strcmp(a, "--max-tokens") && has) gp.max_tokens = atoi(argv[++i]);
+        else if (!strcmp(a, "--top-k") && has) top_k = atoi(argv[++i]);
+        else if (!strcmp(a, "--seed") && has) seed = atoll(argv[++i]);
+        else if (!strcmp(a, "--system") && has) system = argv[++i];
+        else if (!strcmp(a, "--stop") && has && gp.n_stop < 16) stops[gp.n_stop++] = argv[++i];
+        else if (!strcmp(a, "--no-chat-template")) use_template = 0;
+        else if (!strcmp(a, "--verbose")) verbose = 1;
+        else if (a[0] == '-' && a[1]) return cli_usage_error(gen_usage, "unknown or incomplete flag '%s'", a);
+        else if (!model) model = a;
+        else if (!prompt) prompt = a;
+        else return cli_usage_error(gen_usage, "unexpected argument '%s'", a);
+    }
+    if (!model || !prompt) return cli_usage_error(gen_usage, "%s", "need a model and a prompt");
+    if (gp.max_tokens <= 0 || gp.max_tokens > 1000000)
+        return cli_usage_error(gen_usage, "--max-tokens must be between 1 and 1000000 (got %s)", "that");
+    hearth_model *m;
+    if (cli_open_model(model, &m)) return 1;
+    hearth_sampling_defaults(m, &gp.sampling);
+    if (have_sampling[0]) gp.sampling.temperature = fv[0];
+    if (have_sampling[1]) gp.sampling.top_p = fv[1];
+    if (have_sampling[2]) gp.sampling.min_p = fv[2];
+    if (have_sampling[3]) gp.sampling.repetition_penalty = fv[3];
+    if (top_k >= 0) gp.sampling.top_k = top_k;
+    if (seed >= 0) { gp.sampling.has_seed = 1; gp.sampling.seed = (uint64_t)seed; }
+    gp.stop = stops;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    hearth_engine *e = NULL;
+    hearth_error err = {0};
+    int rc = build_prompt(m, prompt, system, use_template, &ids, &n);
+    if (!rc && hearth_engine_create(m, &eo, &e, &err)) rc = cli_fail(&err);
+    hearth_generate_result r;
+    if (!rc && hearth_generate(e, ids, n, &gp, on_token, NULL, &r, &err)) rc = cli_fail(&err);
+    if (!rc) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        double gen_tps = r.completion_tokens > 1 && r.generate_seconds > 0
+                             ? (double)(r.completion_tokens - 1) / r.generate_seconds : 0;
+        fprintf(stderr, "\n==========\nprompt: %zu tokens, %.1f tokens/s | generation: %zu tokens, %.1f tokens/s\n"
+                        "time to first token: %.3f s | finish: %s | peak memory: %.1f MiB\n",
+                r.prompt_tokens, r.prompt_seconds > 0 ? r.prompt_tokens / r.prompt_seconds : 0, r.completion_tokens,
+                gen_tps, r.first_token_seconds, hearth_finish_name(r.finish), ru.ru_maxrss / 1024.0);
+        if (verbose) fprintf(stderr, "engine memory: %.1f MiB\n", hearth_engine_bytes(e) / (1024.0 * 1024.0));
+    }
+    hearth_free(ids);
+    hearth_engine_free(e);
+    hearth_model_close(m);
+    return rc;
+}

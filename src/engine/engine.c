@@ -1,0 +1,203 @@
+/* engine.c: the generation engine behind the public API: loads the weights, allocates
+ * the KV pool and scratch once, runs sequences through model_forward in steps of at most
+ * max_step_tokens, and drives sampling, streaming text and stop conditions. Runs on the
+ * caller's thread; batching several sequences per step is the scheduler's job (next
+ * milestone) and needs no change here below the step. */
+#define _GNU_SOURCE
+#include "api/model_internal.h"
+#include "base/err.h"
+#include "base/sbuf.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/engine_internal.h"
+
+struct hearth_engine {
+    hearth_model *hm;
+    model *m;
+    kv_cache kv;
+    model_scratch *s;
+    threadpool *tp;
+    int n_threads, context, step_tokens, max_seqs;
+    int32_t *step_tok, *step_pos, *step_slot, *out_rows; /* [step_tokens] */
+    float *logits;                                        /* [ENGINE_MAX_LOGITS_ROWS, vocab] */
+    int32_t *history;                                     /* [max_seqs, context] */
+    uint8_t *seq_open;
+    sampler smp;
+    int32_t eos[ENGINE_MAX_EOS];
+    int n_eos;
+    size_t bytes;
+};
+
+
+static void add_eos(hearth_engine *e, int64_t id) {
+    if (id < 0 || id >= e->m->cfg.vocab || e->n_eos == ENGINE_MAX_EOS) return;
+    for (int i = 0; i < e->n_eos; i++)
+        if (e->eos[i] == id) return;
+    e->eos[e->n_eos++] = (int32_t)id;
+}
+
+static void add_eos_json(hearth_engine *e, const json_t *v) {
+    if (json_is_integer(v)) add_eos(e, json_integer_value(v));
+    size_t i;
+    const json_t *x;
+    if (json_is_array(v)) json_array_foreach(v, i, x) if (json_is_integer(x)) add_eos(e, json_integer_value(x));
+}
+
+/* Every end-of-sequence id the model declares: generation_config.json, config.json and
+ * the tokenizer (HF), or the GGUF eos/eot/eom ids plus the end-of-turn specials that
+ * chat GGUFs rely on without declaring. */
+static void collect_eos(hearth_engine *e) {
+    hearth_model *hm = e->hm;
+    add_eos_json(e, json_object_get(hm->generation_config, "eos_token_id"));
+    add_eos_json(e, json_object_get(hm->config, "eos_token_id"));
+    if (hm->tok) add_eos(e, tok_eos_id(hm->tok));
+    if (hm->entry.format == MODEL_FORMAT_GGUF) {
+        static const char *keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                     "tokenizer.ggml.eom_token_id"};
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+            int64_t id;
+            if (gguf_get_i64(&hm->gguf, keys[i], &id)) add_eos(e, id);
+        }
+        static const char *turn_end[] = {"<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>"};
+        for (size_t i = 0; hm->tok && i < sizeof turn_end / sizeof turn_end[0]; i++) {
+            int32_t id = tok_token_id(hm->tok, turn_end[i]);
+            if (id >= 0 && tok_is_special(hm->tok, id)) add_eos(e, id);
+        }
+    }
+}
+
+hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options *opts, hearth_engine **out,
+                                   hearth_error *err) {
+    *out = NULL;
+    hearth_engine_options o = opts ? *opts : (hearth_engine_options){0};
+    hearth_engine *e = calloc(1, sizeof *e);
+    if (!e) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    e->hm = hm;
+    hearth_status st = model_load(hm, &e->m, err);
+    if (st) { free(e); return st; }
+    const model_config *c = &e->m->cfg;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    e->n_threads = o.n_threads > 0 ? o.n_threads : (cores > 0 ? (int)cores : 1);
+    e->context = o.context_length > 0 ? o.context_length : (c->context_length < 8192 ? c->context_length : 8192);
+    e->step_tokens = o.max_step_tokens > 0 ? o.max_step_tokens : 256;
+    e->max_seqs = o.max_sequences > 0 ? o.max_sequences : 1;
+    if (o.context_length < 0 || o.max_step_tokens < 0 || o.max_sequences < 0 || e->context > (1 << 24))
+        st = err_set(err, HEARTH_ERR_INVALID, "engine: invalid options (context %d)", e->context);
+    int blocks_per_seq = (e->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
+    if (!st) st = kv_create(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context,
+                            blocks_per_seq * e->max_seqs, err);
+    if (!st) st = tp_create(e->n_threads, &e->tp, err);
+    if (!st) st = model_scratch_create(e->m, &e->kv, e->step_tokens, ENGINE_MAX_LOGITS_ROWS, e->n_threads, &e->s, err);
+    if (!st) st = sampler_init(&e->smp, c->vocab, err);
+    if (!st) {
+        size_t T = (size_t)e->step_tokens;
+        e->step_tok = malloc(T * sizeof(int32_t));
+        e->step_pos = malloc(T * sizeof(int32_t));
+        e->step_slot = malloc(T * sizeof(int32_t));
+        e->out_rows = malloc(ENGINE_MAX_LOGITS_ROWS * sizeof(int32_t));
+        e->logits = malloc((size_t)ENGINE_MAX_LOGITS_ROWS * c->vocab * sizeof(float));
+        e->history = malloc((size_t)e->max_seqs * e->context * sizeof(int32_t));
+        e->seq_open = calloc((size_t)e->max_seqs, 1);
+        if (!e->step_tok || !e->step_pos || !e->step_slot || !e->out_rows || !e->logits || !e->history ||
+            !e->seq_open)
+            st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
+    }
+    if (st) { hearth_engine_free(e); return st; }
+    e->bytes = model_weight_bytes(e->m) +
+               kv_bytes(c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, e->kv.n_blocks) +
+               model_scratch_bytes(e->m, &e->kv, e->step_tokens, ENGINE_MAX_LOGITS_ROWS, e->n_threads) +
+               (size_t)ENGINE_MAX_LOGITS_ROWS * c->vocab * sizeof(float) * 2;
+    collect_eos(e);
+    *out = e;
+    return HEARTH_OK;
+}
+
+void hearth_engine_free(hearth_engine *e) {
+    if (!e) return;
+    model_scratch_free(e->s);
+    kv_destroy(&e->kv);
+    tp_destroy(e->tp);
+    sampler_free(&e->smp);
+    model_free(e->m);
+    free(e->step_tok);
+    free(e->step_pos);
+    free(e->step_slot);
+    free(e->out_rows);
+    free(e->logits);
+    free(e->history);
+    free(e->seq_open);
+    free(e);
+}
+
+size_t hearth_engine_bytes(const hearth_engine *e) { return e->bytes; }
+int hearth_engine_context_length(const hearth_engine *e) { return e->context; }
+int32_t hearth_model_vocab_rows(const hearth_engine *e) { return e->m->cfg.vocab; }
+
+hearth_status hearth_seq_open(hearth_engine *e, int *seq, hearth_error *err) {
+    for (int i = 0; i < e->max_seqs; i++)
+        if (!e->seq_open[i]) {
+            e->seq_open[i] = 1;
+            *seq = i;
+            return HEARTH_OK;
+        }
+    return err_set(err, HEARTH_ERR_NOMEM, "all %d sequences are in use", e->max_seqs);
+}
+
+void hearth_seq_close(hearth_engine *e, int seq) {
+    if (seq < 0 || seq >= e->max_seqs || !e->seq_open[seq]) return;
+    kv_release(&e->kv, seq);
+    e->seq_open[seq] = 0;
+}
+
+hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens, size_t n, size_t n_logits,
+                                float *logits, hearth_error *err) {
+    if (seq < 0 || seq >= e->max_seqs || !e->seq_open[seq])
+        return err_set(err, HEARTH_ERR_INVALID, "sequence %d is not open", seq);
+    if (n == 0 || n_logits > ENGINE_MAX_LOGITS_ROWS || n_logits > n)
+        return err_set(err, HEARTH_ERR_INVALID, "append of %zu tokens with %zu logits rows (at most %d)", n, n_logits,
+                       ENGINE_MAX_LOGITS_ROWS);
+    int have = e->kv.n_tokens[seq];
+    if ((size_t)have + n > (size_t)e->context)
+        return err_set(err, HEARTH_ERR_INVALID, "%zu tokens do not fit the context: %d used of %d", n, have,
+                       e->context);
+    hearth_status st = kv_reserve(&e->kv, seq, have + (int)n, err);
+    if (st) return st;
+    int vocab = e->m->cfg.vocab;
+    for (size_t done = 0; done < n;) {
+        int T = (int)(n - done < (size_t)e->step_tokens ? n - done : (size_t)e->step_tokens);
+        for (int t = 0; t < T; t++) {
+            e->step_tok[t] = tokens[done + t];
+            e->step_pos[t] = have + (int)done + t;
+            e->step_slot[t] = seq;
+            e->history[(size_t)seq * e->context + have + done + t] = tokens[done + t];
+        }
+        /* rows that need logits: those among the last n_logits tokens of the append */
+        int n_out = 0;
+        for (int t = 0; t < T; t++)
+            if (done + t >= n - n_logits) e->out_rows[n_out++] = t;
+        model_batch b = {.T = T, .tokens = e->step_tok, .pos = e->step_pos, .slot = e->step_slot, .n_out = n_out,
+                         .out_rows = e->out_rows, .logits = e->logits};
+        if ((st = model_forward(e->m, &e->kv, e->s, &b, e->tp, err))) return st;
+        if (n_out && logits) {
+            size_t first = done + (size_t)e->out_rows[0] - (n - n_logits);
+            memcpy(logits + first * vocab, e->logits, (size_t)n_out * vocab * sizeof(float));
+        }
+        done += (size_t)T;
+    }
+    return HEARTH_OK;
+}
+
+int engine_eos_ids(const hearth_engine *e, const int32_t **ids) {
+    *ids = e->eos;
+    return e->n_eos;
+}
+sampler *engine_sampler(hearth_engine *e) { return &e->smp; }
+const int32_t *engine_history(const hearth_engine *e, int seq) { return e->history + (size_t)seq * e->context; }
+int engine_seq_length(const hearth_engine *e, int seq) { return e->kv.n_tokens[seq]; }
+float *engine_logits_buffer(hearth_engine *e) { return e->logits + (size_t)(ENGINE_MAX_LOGITS_ROWS - 1) * e->m->cfg.vocab; }
+const hearth_model *engine_model(const hearth_engine *e) { return e->hm; }

@@ -1,0 +1,151 @@
+/* generate.c: one request from prompt to finish: prefill, then sample / append one
+ * token at a time, streaming text through the incremental detokenizer with stop strings
+ * held back until they can no longer match, and the finish reason that ended it. */
+#define _GNU_SOURCE
+#include "api/model_internal.h"
+#include "base/err.h"
+#include "base/sbuf.h"
+#include "engine/engine_internal.h"
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+const char *hearth_finish_name(hearth_finish f) {
+    switch (f) {
+    case HEARTH_FINISH_EOS: case HEARTH_FINISH_STOP_STRING: return "stop";
+    case HEARTH_FINISH_LENGTH: case HEARTH_FINISH_CONTEXT: return "length";
+    case HEARTH_FINISH_CANCELLED: return "cancelled";
+    case HEARTH_FINISH_NONE: break;
+    }
+    return "none";
+}
+
+void hearth_sampling_defaults(const hearth_model *m, hearth_sampling *s) {
+    memset(s, 0, sizeof *s);
+    s->top_p = 1.0f;
+    s->repetition_penalty = 1.0f;
+    s->repetition_context_size = 20;
+    const json_t *g = m ? m->generation_config : NULL;
+    if (!g) return;
+    const json_t *v;
+    if (json_is_true(json_object_get(g, "do_sample"))) { /* HF only samples when do_sample is set */
+        s->temperature = 1.0f;
+        if (json_is_number(v = json_object_get(g, "temperature"))) s->temperature = (float)json_number_value(v);
+        if (json_is_number(v = json_object_get(g, "top_p"))) s->top_p = (float)json_number_value(v);
+        if (json_is_integer(v = json_object_get(g, "top_k"))) s->top_k = (int)json_integer_value(v);
+        if (json_is_number(v = json_object_get(g, "min_p"))) s->min_p = (float)json_number_value(v);
+    }
+    if (json_is_number(v = json_object_get(g, "repetition_penalty"))) s->repetition_penalty = (float)json_number_value(v);
+}
+
+/* Pending output text, held back while its end could still begin a stop string. */
+typedef struct stop_filter {
+    sbuf pending;
+    const char *const *stop;
+    size_t n_stop;
+} stop_filter;
+
+/* Appends piece; returns how many leading bytes of pending are final, and sets *hit
+ * when a stop string occurs (pending is then cut at its start). */
+static size_t stop_feed(stop_filter *f, const char *piece, int *hit) {
+    sbuf_puts(&f->pending, piece);
+    const char *text = f->pending.data ? f->pending.data : "";
+    size_t len = f->pending.len, cut = len;
+    *hit = 0;
+    for (size_t i = 0; i < f->n_stop; i++) {
+        if (!f->stop[i][0]) continue;
+        const char *at = memmem(text, len, f->stop[i], strlen(f->stop[i]));
+        if (at && (size_t)(at - text) < cut) { cut = (size_t)(at - text); *hit = 1; }
+    }
+    if (*hit) {
+        f->pending.len = cut;
+        f->pending.data[cut] = 0;
+        return cut;
+    }
+    size_t hold = 0; /* the longest suffix that is a proper prefix of a stop string */
+    for (size_t i = 0; i < f->n_stop; i++) {
+        size_t sl = strlen(f->stop[i]);
+        for (size_t k = sl > 1 ? sl - 1 : 0; k > hold; k--)
+            if (k <= len && !memcmp(text + len - k, f->stop[i], k)) { hold = k; break; }
+    }
+    return len - hold;
+}
+
+/* Emits the first n bytes of pending through the callback (with this token's id). */
+static int emit(stop_filter *f, size_t n, hearth_token_fn cb, void *user, int32_t id, const hearth_logprobs *lp) {
+    char save = f->pending.data ? f->pending.data[n] : 0;
+    if (f->pending.data) f->pending.data[n] = 0;
+    int rc = cb ? cb(user, id, f->pending.data ? f->pending.data : "", lp) : 0;
+    if (f->pending.data) {
+        f->pending.data[n] = save;
+        memmove(f->pending.data, f->pending.data + n, f->pending.len - n + 1);
+        f->pending.len -= n;
+    }
+    return rc;
+}
+
+hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_prompt,
+                              const hearth_generate_params *p, hearth_token_fn on_token, void *user,
+                              hearth_generate_result *res, hearth_error *err) {
+    memset(res, 0, sizeof *res);
+    int ctx = hearth_engine_context_length(e);
+    if (n_prompt == 0) return err_set(err, HEARTH_ERR_INVALID, "the prompt is empty");
+    if (p->max_tokens <= 0) return err_set(err, HEARTH_ERR_INVALID, "max_tokens must be at least 1 (got %d)", p->max_tokens);
+    if (n_prompt >= (size_t)ctx)
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "the prompt has %zu tokens but the context holds %d (prompt and at least one new token)",
+                       n_prompt, ctx);
+    const hearth_model *hm = engine_model(e);
+    hearth_detok_stream *ds = hearth_detok_stream_new(hm, 0);
+    if (!ds) return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: no tokenizer to decode the output", hm->entry.path);
+    int seq;
+    hearth_status st = hearth_seq_open(e, &seq, err);
+    if (st) { hearth_detok_stream_free(ds); return st; }
+    if (p->sampling.has_seed) sampler_seed(engine_sampler(e), p->sampling.seed);
+    const int32_t *eos;
+    int n_eos = engine_eos_ids(e, &eos);
+    float *logits = engine_logits_buffer(e);
+    stop_filter f = {.stop = p->stop, .n_stop = p->n_stop};
+    sbuf_init(&f.pending);
+    hearth_logprobs lp = {.n = p->sampling.top_logprobs};
+
+    double t0 = now_seconds();
+    st = hearth_seq_append(e, seq, prompt, n_prompt, 1, logits, err);
+    res->prompt_tokens = n_prompt;
+    res->prompt_seconds = now_seconds() - t0;
+    double t1 = now_seconds();
+    while (!st && !res->finish) {
+        int32_t id = sampler_sample(engine_sampler(e), logits, &p->sampling, engine_history(e, seq),
+                                    (size_t)engine_seq_length(e, seq), &lp);
+        if (res->completion_tokens == 0) res->first_token_seconds = now_seconds() - t0;
+        res->completion_tokens++;
+        int is_eos = 0;
+        for (int i = 0; i < n_eos && !p->ignore_eos; i++) is_eos |= eos[i] == id;
+        int hit = 0;
+        size_t ready = is_eos ? 0 : stop_feed(&f, hearth_detok_stream_push(ds, id), &hit);
+        if (is_eos) res->finish = HEARTH_FINISH_EOS;
+        else if (hit) res->finish = HEARTH_FINISH_STOP_STRING;
+        else if (res->completion_tokens >= (size_t)p->max_tokens) res->finish = HEARTH_FINISH_LENGTH;
+        else if (engine_seq_length(e, seq) + 1 > ctx) res->finish = HEARTH_FINISH_CONTEXT;
+        if (res->finish == HEARTH_FINISH_LENGTH || res->finish == HEARTH_FINISH_CONTEXT || is_eos) {
+            int h2 = 0; /* flush what the detokenizer held back, still honouring stop strings */
+            stop_feed(&f, hearth_detok_stream_finish(ds), &h2);
+            if (h2) res->finish = HEARTH_FINISH_STOP_STRING;
+            ready = f.pending.len;
+        }
+        if (emit(&f, ready, on_token, user, id, p->sampling.top_logprobs ? &lp : NULL) && !res->finish)
+            res->finish = HEARTH_FINISH_CANCELLED;
+        if (!res->finish) st = hearth_seq_append(e, seq, &id, 1, 1, logits, err);
+    }
+    res->generate_seconds = now_seconds() - t1;
+    hearth_seq_close(e, seq);
+    hearth_detok_stream_free(ds);
+    sbuf_free(&f.pending);
+    return st;
+}

@@ -1,0 +1,48 @@
+/* kv_cache.h: the paged KV pool: for every layer, a fixed array of blocks of
+ * KV_BLOCK_SIZE positions x n_kv_heads x head_dim keys and values (float32), and a block
+ * table per sequence slot. Allocated once at engine start; adding or dropping a sequence
+ * is O(blocks), nothing is copied. Knows nothing of models or sampling. */
+#ifndef HEARTH_ENGINE_KV_CACHE_H
+#define HEARTH_ENGINE_KV_CACHE_H
+#include "hearth.h"
+#include <stddef.h>
+#include <stdint.h>
+
+/* 16 positions per block: small enough that a sequence wastes at most 15 slots and that
+ * prefix sharing (next milestone) matches at a fine grain, large enough that the block
+ * lookup is amortised over 16 dot products per head. (vLLM's default is 16 too.) */
+#define KV_BLOCK_SIZE 16
+
+typedef struct kv_cache {
+    int n_layers, n_kv_heads, head_dim;
+    int n_blocks, max_slots, max_blocks_per_slot;
+    size_t block_floats;   /* KV_BLOCK_SIZE * n_kv_heads * head_dim */
+    float *k, *v;          /* [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE][head_dim] */
+    int32_t *tables;       /* [max_slots][max_blocks_per_slot], -1 = none */
+    int32_t *n_tokens;     /* positions stored per slot */
+    int32_t *free_list;    /* stack of free block ids */
+    int n_free;
+} kv_cache;
+
+hearth_status kv_create(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context,
+                        int n_blocks, hearth_error *err);
+void kv_destroy(kv_cache *kv);
+/* Bytes kv_create allocates for these sizes (for fit predictions). */
+size_t kv_bytes(int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context, int n_blocks);
+/* Makes sure slot can hold n_positions, taking blocks from the pool; fails (nothing
+ * taken) when the pool or the slot's table is too small. */
+hearth_status kv_reserve(kv_cache *kv, int slot, int n_positions, hearth_error *err);
+/* Returns all of slot's blocks to the pool. */
+void kv_release(kv_cache *kv, int slot);
+/* Pointers to position p of slot (which must be reserved) for a layer and KV head. */
+static inline float *kv_key(const kv_cache *kv, int layer, int slot, int p, int head) {
+    int32_t b = kv->tables[(size_t)slot * kv->max_blocks_per_slot + p / KV_BLOCK_SIZE];
+    return kv->k + (((size_t)layer * kv->n_blocks + b) * kv->n_kv_heads + head) * KV_BLOCK_SIZE * kv->head_dim +
+           (size_t)(p % KV_BLOCK_SIZE) * kv->head_dim;
+}
+static inline float *kv_value(const kv_cache *kv, int layer, int slot, int p, int head) {
+    int32_t b = kv->tables[(size_t)slot * kv->max_blocks_per_slot + p / KV_BLOCK_SIZE];
+    return kv->v + (((size_t)layer * kv->n_blocks + b) * kv->n_kv_heads + head) * KV_BLOCK_SIZE * kv->head_dim +
+           (size_t)(p % KV_BLOCK_SIZE) * kv->head_dim;
+}
+#endif

@@ -1,0 +1,152 @@
+/* sampler.c: next-token selection (see sampler.h). Order as in mlx-lm: logit bias and
+ * penalties first, log-probabilities from the processed logits, then top-k, top-p and
+ * min-p filters and a temperature-scaled draw (or argmax at temperature 0). */
+#define _GNU_SOURCE
+#include "engine/sampler.h"
+#include "base/err.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+hearth_status sampler_init(sampler *s, int vocab, hearth_error *err) {
+    memset(s, 0, sizeof *s);
+    s->vocab = vocab;
+    s->work = malloc((size_t)vocab * sizeof *s->work);
+    s->cand = malloc((size_t)vocab * sizeof *s->cand);
+    s->counts = calloc((size_t)vocab, sizeof *s->counts);
+    if (!s->work || !s->cand || !s->counts) {
+        sampler_free(s);
+        return err_set(err, HEARTH_ERR_NOMEM, "sampler: out of memory");
+    }
+    sampler_seed(s, (uint64_t)time(NULL));
+    return HEARTH_OK;
+}
+
+void sampler_free(sampler *s) {
+    free(s->work);
+    free(s->cand);
+    free(s->counts);
+    memset(s, 0, sizeof *s);
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void sampler_seed(sampler *s, uint64_t seed) {
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+/* xoshiro256**: a uniform double in [0, 1). */
+static double next_uniform(sampler *s) {
+    uint64_t *r = s->rng, result = rotl(r[1] * 5, 7) * 9, t = r[1] << 17;
+    r[2] ^= r[0];
+    r[3] ^= r[1];
+    r[1] ^= r[2];
+    r[0] ^= r[3];
+    r[2] ^= t;
+    r[3] = rotl(r[3], 45);
+    return (double)(result >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static void apply_penalties(sampler *s, float *x, const hearth_sampling *p, const int32_t *hist, size_t n) {
+    int window = p->repetition_context_size > 0 ? p->repetition_context_size : 20;
+    size_t start = n > (size_t)window ? n - (size_t)window : 0;
+    int rep = p->repetition_penalty > 0 && p->repetition_penalty != 1.0f;
+    if (!rep && p->presence_penalty == 0 && p->frequency_penalty == 0) return;
+    for (size_t i = start; i < n; i++)
+        if (hist[i] >= 0 && hist[i] < s->vocab) s->counts[hist[i]]++;
+    for (size_t i = start; i < n; i++) {
+        int32_t id = hist[i];
+        if (id < 0 || id >= s->vocab || s->counts[id] == 0) continue; /* each id once */
+        if (rep) x[id] = x[id] < 0 ? x[id] * p->repetition_penalty : x[id] / p->repetition_penalty;
+        x[id] -= p->presence_penalty + p->frequency_penalty * (float)s->counts[id];
+        s->counts[id] = 0;
+    }
+}
+
+static int cmp_desc(const void *a, const void *b, void *ctx) {
+    const float *x = ctx;
+    float fa = x[*(const int32_t *)a], fb = x[*(const int32_t *)b];
+    if (fa != fb) return fa < fb ? 1 : -1;
+    return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+/* The n highest entries of x (ties: lower id first), in order, into ids. */
+static void top_n(const float *x, int vocab, int n, int32_t *ids) {
+    int have = 0;
+    for (int i = 0; i < vocab; i++) {
+        if (have == n && !(x[i] > x[ids[n - 1]])) continue;
+        int j = have < n ? have++ : n - 1;
+        while (j > 0 && x[ids[j - 1]] < x[i]) { ids[j] = ids[j - 1]; j--; }
+        ids[j] = i;
+    }
+}
+
+int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
+                       size_t n_history, hearth_logprobs *lp) {
+    float *x = s->work;
+    int V = s->vocab;
+    memcpy(x, logits, (size_t)V * sizeof *x);
+    for (size_t i = 0; i < p->n_bias; i++)
+        if (p->bias_ids[i] >= 0 && p->bias_ids[i] < V) x[p->bias_ids[i]] += p->bias_values[i];
+    apply_penalties(s, x, p, history, n_history);
+
+    int32_t best = 0;
+    for (int i = 1; i < V; i++)
+        if (x[i] > x[best]) best = i;
+    float mx = x[best];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)(x[i] - mx));
+    float lse = mx + (float)log(sum);
+
+    int32_t chosen = best;
+    if (p->temperature > 0) {
+        /* candidates: tokens within e^-40 of the best after temperature; the rest cannot
+         * carry probability mass that float sampling would see */
+        float inv_t = 1.0f / p->temperature, floor = mx - 40.0f * p->temperature;
+        int n = 0;
+        for (int i = 0; i < V; i++)
+            if (x[i] >= floor) s->cand[n++] = i;
+        qsort_r(s->cand, (size_t)n, sizeof *s->cand, cmp_desc, x);
+        if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+        double total = 0;
+        for (int i = 0; i < n; i++) total += exp((double)(x[s->cand[i]] - mx) * inv_t);
+        if (p->top_p > 0 && p->top_p < 1) { /* smallest prefix with mass >= top_p */
+            double acc = 0;
+            for (int i = 0; i < n; i++) {
+                acc += exp((double)(x[s->cand[i]] - mx) * inv_t) / total;
+                if (acc >= p->top_p) { n = i + 1; break; }
+            }
+        }
+        if (p->min_p > 0) { /* drop tokens below min_p times the best's probability */
+            double lim = log((double)p->min_p) / inv_t;
+            int keep = 1;
+            while (keep < n && (double)(x[s->cand[keep]] - mx) >= lim) keep++;
+            n = keep;
+        }
+        total = 0;
+        for (int i = 0; i < n; i++) total += exp((double)(x[s->cand[i]] - mx) * inv_t);
+        double r = next_uniform(s) * total, acc = 0;
+        chosen = s->cand[n - 1];
+        for (int i = 0; i < n; i++) {
+            acc += exp((double)(x[s->cand[i]] - mx) * inv_t);
+            if (r < acc) { chosen = s->cand[i]; break; }
+        }
+    }
+    if (lp) {
+        lp->logprob = x[chosen] - lse;
+        int n = lp->n < 0 ? 0 : lp->n > HEARTH_MAX_TOP_LOGPROBS ? HEARTH_MAX_TOP_LOGPROBS : lp->n;
+        if (n > V) n = V;
+        lp->n = n;
+        if (n) top_n(x, V, n, lp->top_ids);
+        for (int i = 0; i < n; i++) lp->top_logprobs[i] = x[lp->top_ids[i]] - lse;
+    }
+    return chosen;
+}

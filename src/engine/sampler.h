@@ -1,0 +1,25 @@
+/* sampler.h: turns one row of logits into the next token: logit bias, repetition /
+ * presence / frequency penalties over a context window, temperature, top-k, top-p,
+ * min-p, seeded sampling or greedy argmax, and log-probabilities with the top-N
+ * alternatives. Buffers are allocated once per sampler (vocab-sized), never per token. */
+#ifndef HEARTH_ENGINE_SAMPLER_H
+#define HEARTH_ENGINE_SAMPLER_H
+#include "hearth.h"
+
+typedef struct sampler {
+    int vocab;
+    float *work;      /* processed logits */
+    int32_t *cand;    /* candidate ids */
+    int32_t *counts;  /* per-id counts in the penalty window */
+    uint64_t rng[4];  /* xoshiro256** state */
+} sampler;
+
+hearth_status sampler_init(sampler *s, int vocab, hearth_error *err);
+void sampler_free(sampler *s);
+void sampler_seed(sampler *s, uint64_t seed);
+/* Picks the next token from logits (not modified). history: the sequence so far
+ * (prompt + generated) for the penalties. Fills lp (if not NULL) with the chosen
+ * token's log-probability and the top lp->n alternatives (n <= HEARTH_MAX_TOP_LOGPROBS). */
+int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
+                       size_t n_history, hearth_logprobs *lp);
+#endif

@@ -1,0 +1,160 @@
+/* config.c: the decoder configuration of a model, from config.json (HF/MLX) or GGUF
+ * metadata, with mlx-lm's defaults where a key is absent, and the RoPE inverse
+ * frequencies (plain, llama3-scaled, linear-scaled, or GGUF rope_freqs factors). */
+#define _GNU_SOURCE
+#include "api/model_internal.h"
+#include "base/err.h"
+#include "base/half.h"
+#include "model/model.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, gemma3_text (GGUF: llama, qwen3, gemma3)"
+
+static double num(const json_t *o, const char *k, double dflt) {
+    const json_t *v = json_object_get(o, k);
+    return json_is_number(v) ? json_number_value(v) : dflt;
+}
+
+/* inv_freq[i] = base^(-2i/dims), then the model's scaling rule. */
+static float *rope_inv_freq(int head_dim, double base, const json_t *scaling) {
+    int half = head_dim / 2;
+    float *f = malloc((size_t)half * sizeof *f);
+    if (!f) return NULL;
+    const char *type = json_string_value(json_object_get(scaling, "rope_type"));
+    if (!type) type = json_string_value(json_object_get(scaling, "type"));
+    double factor = num(scaling, "factor", 1.0);
+    for (int i = 0; i < half; i++) {
+        double period = pow(base, (2.0 * i) / head_dim); /* mlx-lm's "freqs" */
+        if (type && !strcmp(type, "llama3")) {
+            double lo = num(scaling, "low_freq_factor", 1.0), hi = num(scaling, "high_freq_factor", 4.0);
+            double old_ctx = num(scaling, "original_max_position_embeddings", 8192);
+            double wavelen = 2 * M_PI * period, lo_wl = old_ctx / lo, hi_wl = old_ctx / hi;
+            if (wavelen > lo_wl) period *= factor;
+            else if (wavelen > hi_wl) {
+                double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+                period = period / ((1 - smooth) / factor + smooth);
+            }
+        } else if (type && !strcmp(type, "linear")) {
+            period *= factor;
+        }
+        f[i] = (float)(1.0 / period);
+    }
+    return f;
+}
+
+static hearth_status read_dir_config(const hearth_model *hm, model_config *c, hearth_error *err) {
+    const json_t *cfg = hm->config, *text = json_object_get(cfg, "text_config");
+    const char *mt = json_string_value(json_object_get(cfg, "model_type"));
+    if (json_is_object(text)) cfg = text;
+    if (!mt) mt = "?";
+    if (!strcmp(mt, "llama")) c->family = FAMILY_LLAMA;
+    else if (!strcmp(mt, "qwen3")) c->family = FAMILY_QWEN3;
+    else if (!strcmp(mt, "gemma3_text") || !strcmp(mt, "gemma3")) c->family = FAMILY_GEMMA3;
+    else return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported; " SUPPORTED,
+                        hm->entry.path, mt);
+    int gemma = c->family == FAMILY_GEMMA3;
+    const model_summary *s = &hm->sum;
+    c->n_layers = (int)s->n_layers;
+    c->hidden = (int)s->hidden_size;
+    c->n_heads = (int)s->n_heads;
+    c->n_kv_heads = (int)s->n_kv_heads;
+    c->head_dim = gemma && !json_object_get(cfg, "head_dim") ? 256 : (int)s->head_dim;
+    c->ffn = (int)s->intermediate_size;
+    c->vocab = (int)s->vocab_size;
+    c->context_length = (int)s->context_length;
+    c->norm_eps = (float)num(cfg, "rms_norm_eps", 1e-6);
+    double theta = num(cfg, "rope_theta", gemma ? 1e6 : 10000.0);
+    const json_t *scaling = json_object_get(cfg, "rope_scaling");
+    c->inv_freq_global = rope_inv_freq(c->head_dim, theta, scaling);
+    c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    c->embed_scale = 1.0f;
+    if (gemma) {
+        c->norm_shift = 1.0f;
+        c->attn_scale = (float)(1.0 / sqrt(num(cfg, "query_pre_attn_scalar", 256)));
+        c->embed_scale = bf16_to_f32(f32_to_bf16(sqrtf((float)c->hidden)));
+        c->sliding_window = (int)num(cfg, "sliding_window", 512);
+        c->sliding_pattern = (int)num(cfg, "sliding_window_pattern", 6);
+        c->inv_freq_local = rope_inv_freq(c->head_dim, num(cfg, "rope_local_base_freq", 10000.0), NULL);
+    }
+    return HEARTH_OK;
+}
+
+static hearth_status read_gguf_config(const hearth_model *hm, model_config *c, hearth_error *err) {
+    const gguf_file *g = &hm->gguf;
+    const char *arch = hm->sum.architecture;
+    if (!strcmp(arch, "llama")) c->family = FAMILY_LLAMA, c->rope_adjacent = 1;
+    else if (!strcmp(arch, "qwen3")) c->family = FAMILY_QWEN3;
+    else if (!strcmp(arch, "gemma3")) c->family = FAMILY_GEMMA3;
+    else return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported; " SUPPORTED,
+                        hm->entry.path, arch);
+    const model_summary *s = &hm->sum;
+    c->n_layers = (int)s->n_layers;
+    c->hidden = (int)s->hidden_size;
+    c->n_heads = (int)s->n_heads;
+    c->n_kv_heads = (int)s->n_kv_heads;
+    c->head_dim = (int)s->head_dim;
+    c->ffn = (int)s->intermediate_size;
+    c->vocab = (int)s->vocab_size;
+    const tensor_info *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (emb && emb->ndim == 2) c->vocab = (int)emb->shape[0];
+    c->context_length = (int)s->context_length;
+    char key[128];
+    double v = 1e-5;
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+    gguf_get_f64(g, key, &v);
+    c->norm_eps = (float)v;
+    json_t *scaling = NULL;
+    char *stype;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if ((stype = gguf_get_str(g, key))) {
+        double factor = 1.0;
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+        gguf_get_f64(g, key, &factor);
+        scaling = json_pack("{s:s, s:f}", "type", stype, "factor", factor);
+        free(stype);
+    }
+    c->inv_freq_global = rope_inv_freq(c->head_dim, s->rope_theta, scaling);
+    json_decref(scaling);
+    /* Llama 3.x GGUFs carry the llama3 scaling as per-frequency divisors */
+    const tensor_info *rf = gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf && c->inv_freq_global && rf->dtype == DT_F32 && tensor_elems(rf) == (uint64_t)c->head_dim / 2)
+        for (int i = 0; i < c->head_dim / 2; i++) {
+            float f;
+            memcpy(&f, rf->data + 4 * i, 4);
+            c->inv_freq_global[i] /= f;
+        }
+    c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    c->embed_scale = 1.0f;
+    if (c->family == FAMILY_GEMMA3) {
+        /* llama.cpp's converter stores Gemma norms with the +1 already added */
+        c->norm_shift = 0.0f;
+        c->embed_scale = bf16_to_f32(f32_to_bf16(sqrtf((float)c->hidden)));
+        int64_t w = 512;
+        gguf_get_i64(g, "gemma3.attention.sliding_window", &w);
+        c->sliding_window = (int)w;
+        c->sliding_pattern = 6; /* fixed for Gemma 3; GGUF does not store it */
+        c->inv_freq_local = rope_inv_freq(c->head_dim, 10000.0, NULL); /* Gemma 3's local base */
+    }
+    return HEARTH_OK;
+}
+
+hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_error *err);
+hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_error *err) {
+    memset(c, 0, sizeof *c);
+    hearth_status st = hm->entry.format == MODEL_FORMAT_GGUF ? read_gguf_config(hm, c, err)
+                                                             : read_dir_config(hm, c, err);
+    if (st) return st;
+    if (c->n_layers <= 0 || c->hidden <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->head_dim <= 0 ||
+        c->head_dim % 2 || c->ffn <= 0 || c->vocab <= 0 || c->n_heads % c->n_kv_heads)
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: inconsistent dimensions (layers %d, hidden %d, heads %d/%d, head_dim %d, ffn %d, vocab %d)",
+                       hm->entry.path, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn,
+                       c->vocab);
+    if (!c->inv_freq_global) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    if (!c->inv_freq_local) c->inv_freq_local = c->inv_freq_global;
+    if (c->context_length <= 0) c->context_length = 4096;
+    return HEARTH_OK;
+}

@@ -1,0 +1,220 @@
+/* load.c: reads a model's configuration (config.json or GGUF metadata) into model_config
+ * and copies the weights it needs into one resident, 64-byte aligned arena in their
+ * native formats (norm vectors converted to float32). Every shape is checked against the
+ * config; a mismatch names the tensor. No compute. */
+#define _GNU_SOURCE
+#include "api/model_internal.h"
+#include "base/err.h"
+#include "base/half.h"
+#include "model/model.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tensor names per role: HF/MLX module path (without ".weight") and GGUF name. */
+typedef enum role { R_Q, R_K, R_V, R_O, R_GATE, R_UP, R_DOWN, R_ATTN_NORM, R_FFN_NORM, R_POST_ATTN_NORM,
+                    R_POST_FFN_NORM, R_Q_NORM, R_K_NORM, R_COUNT } role;
+static const char *hf_names[R_COUNT] = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+    "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm", NULL, NULL,
+    "self_attn.q_norm", "self_attn.k_norm"};
+static const char *gguf_names[R_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                          "ffn_down", "attn_norm", "ffn_norm", "post_attention_norm",
+                                          "post_ffw_norm", "attn_q_norm", "attn_k_norm"};
+
+typedef struct loader {
+    const hearth_model *hm;
+    model *m;
+    int gguf;
+    uint8_t *arena;
+    size_t used, cap; /* cap 0: sizing pass */
+    hearth_error *err;
+} loader;
+
+static void *arena_take(loader *L, size_t bytes) {
+    size_t at = (L->used + 63) & ~(size_t)63;
+    L->used = at + bytes;
+    return L->cap ? L->arena + at : NULL;
+}
+
+static const char *layer_name(loader *L, int layer, role r, const char *suffix, char *buf, size_t n) {
+    const char *hf = hf_names[r];
+    if (L->m->cfg.family == FAMILY_GEMMA3) { /* Gemma names its four norms differently */
+        if (r == R_FFN_NORM) hf = "pre_feedforward_layernorm";
+        if (r == R_POST_ATTN_NORM) hf = "post_attention_layernorm";
+        if (r == R_POST_FFN_NORM) hf = "post_feedforward_layernorm";
+    }
+    if (L->gguf) snprintf(buf, n, "blk.%d.%s.%s", layer, gguf_names[r], suffix);
+    else snprintf(buf, n, "model.layers.%d.%s.%s", layer, hf, suffix);
+    return buf;
+}
+
+/* A float vector (norm weight, bias) of n elements, converted to float32. */
+static hearth_status load_vector(loader *L, const char *name, int64_t n, int required, const float **out) {
+    *out = NULL;
+    const tensor_info *t = model_find_tensor(L->hm, name);
+    if (!t) return required ? err_set(L->err, HEARTH_ERR_FORMAT, "%s: missing tensor '%s'", L->hm->entry.path, name)
+                            : HEARTH_OK;
+    if (tensor_elems(t) != (uint64_t)n || (t->dtype != DT_F32 && t->dtype != DT_F16 && t->dtype != DT_BF16))
+        return err_set(L->err, HEARTH_ERR_FORMAT, "%s: tensor '%s' has %llu %s elements, expected %lld float values",
+                       t->file ? t->file : L->hm->entry.path, name, (unsigned long long)tensor_elems(t),
+                       tensor_dtype_name(t->dtype), (long long)n);
+    float *dst = arena_take(L, (size_t)n * sizeof(float));
+    if (dst) {
+        for (int64_t i = 0; i < n; i++) {
+            if (t->dtype == DT_F32) memcpy(&dst[i], t->data + 4 * i, 4);
+            else {
+                uint16_t h;
+                memcpy(&h, t->data + 2 * i, 2);
+                dst[i] = t->dtype == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+            }
+        }
+        *out = dst;
+    }
+    return HEARTH_OK;
+}
+
+static const void *copy_bytes(loader *L, const tensor_info *t) {
+    void *dst = arena_take(L, t->nbytes);
+    if (dst) memcpy(dst, t->data, t->nbytes);
+    return dst;
+}
+
+/* A matrix [n_out, n_in] in any format: plain, GGUF block-quantized, or MLX affine
+ * (module.weight uint32 + module.scales + module.biases). */
+static hearth_status load_matrix(loader *L, const char *module, int64_t n_out, int64_t n_in, cpu_weight *w) {
+    char name[512];
+    memset(w, 0, sizeof *w);
+    snprintf(name, sizeof name, "%s.weight", module);
+    const tensor_info *t = model_find_tensor(L->hm, name);
+    const char *file = t && t->file ? t->file : L->hm->entry.path;
+    if (!t) return err_set(L->err, HEARTH_ERR_FORMAT, "%s: missing tensor '%s'", L->hm->entry.path, name);
+    int bits = 0, group = 0;
+    int64_t cols = t->ndim == 2 ? t->shape[1] : -1;
+    int quant = !L->gguf && t->dtype == DT_U32 && mlxq_lookup(&L->hm->quant, module, &bits, &group);
+    if (quant && bits > 0) cols = cols * 32 / bits;
+    if (t->ndim != 2 || t->shape[0] != n_out || cols != n_in)
+        return err_set(L->err, HEARTH_ERR_FORMAT, "%s: tensor '%s' has shape [%lld,%lld], expected [%lld,%lld]", file,
+                       name, (long long)t->shape[0], (long long)cols, (long long)n_out, (long long)n_in);
+    w->dtype = t->dtype;
+    w->n = n_out;
+    w->k = n_in;
+    if (quant) {
+        char sn[560], bn[560];
+        snprintf(sn, sizeof sn, "%s.scales", module);
+        snprintf(bn, sizeof bn, "%s.biases", module);
+        const tensor_info *s = model_find_tensor(L->hm, sn), *b = model_find_tensor(L->hm, bn);
+        if (!s || !b || s->dtype != b->dtype || tensor_elems(s) != (uint64_t)(n_out * (n_in / group)) ||
+            tensor_elems(b) != tensor_elems(s))
+            return err_set(L->err, HEARTH_ERR_FORMAT, "%s: '%s' needs %s and %s of %lld values each", file, name, sn,
+                           bn, (long long)(n_out * (n_in / group)));
+        w->bits = bits;
+        w->group_size = group;
+        w->sb_dtype = s->dtype;
+        w->scales = copy_bytes(L, s);
+        w->biases = copy_bytes(L, b);
+    }
+    w->data = copy_bytes(L, t);
+    if (L->cap) return cpu_weight_check(w, name, L->err);
+    return HEARTH_OK;
+}
+
+static hearth_status load_layer(loader *L, int i, layer_weights *lw) {
+    const model_config *c = &L->m->cfg;
+    char name[512], module[512];
+    hearth_status st;
+    struct { role r; cpu_weight *w; int64_t n_out, n_in; } mats[] = {
+        {R_Q, &lw->q, (int64_t)c->n_heads * c->head_dim, c->hidden},
+        {R_K, &lw->k, (int64_t)c->n_kv_heads * c->head_dim, c->hidden},
+        {R_V, &lw->v, (int64_t)c->n_kv_heads * c->head_dim, c->hidden},
+        {R_O, &lw->o, c->hidden, (int64_t)c->n_heads * c->head_dim},
+        {R_GATE, &lw->gate, c->ffn, c->hidden},
+        {R_UP, &lw->up, c->ffn, c->hidden},
+        {R_DOWN, &lw->down, c->hidden, c->ffn},
+    };
+    for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) {
+        layer_name(L, i, mats[j].r, "weight", name, sizeof name);
+        snprintf(module, sizeof module, "%.*s", (int)(strlen(name) - 7), name);
+        if ((st = load_matrix(L, module, mats[j].n_out, mats[j].n_in, mats[j].w))) return st;
+    }
+    int gemma = c->family == FAMILY_GEMMA3, qk = c->family != FAMILY_LLAMA;
+    if ((st = load_vector(L, layer_name(L, i, R_ATTN_NORM, "weight", name, sizeof name), c->hidden, 1, &lw->attn_norm)) ||
+        (st = load_vector(L, layer_name(L, i, R_FFN_NORM, "weight", name, sizeof name), c->hidden, 1, &lw->ffn_norm)) ||
+        (st = load_vector(L, layer_name(L, i, R_POST_ATTN_NORM, "weight", name, sizeof name), c->hidden, gemma,
+                          &lw->post_attn_norm)) ||
+        (st = load_vector(L, layer_name(L, i, R_POST_FFN_NORM, "weight", name, sizeof name), c->hidden, gemma,
+                          &lw->post_ffn_norm)) ||
+        (st = load_vector(L, layer_name(L, i, R_Q_NORM, "weight", name, sizeof name), c->head_dim, qk, &lw->q_norm)) ||
+        (st = load_vector(L, layer_name(L, i, R_K_NORM, "weight", name, sizeof name), c->head_dim, qk, &lw->k_norm)) ||
+        (st = load_vector(L, layer_name(L, i, R_Q, "bias", name, sizeof name), (int64_t)c->n_heads * c->head_dim, 0,
+                          &lw->q_bias)) ||
+        (st = load_vector(L, layer_name(L, i, R_K, "bias", name, sizeof name), (int64_t)c->n_kv_heads * c->head_dim, 0,
+                          &lw->k_bias)) ||
+        (st = load_vector(L, layer_name(L, i, R_V, "bias", name, sizeof name), (int64_t)c->n_kv_heads * c->head_dim, 0,
+                          &lw->v_bias)))
+        return st;
+    return HEARTH_OK;
+}
+
+static hearth_status load_all(loader *L) {
+    model *m = L->m;
+    const model_config *c = &m->cfg;
+    hearth_status st;
+    if ((st = load_matrix(L, L->gguf ? "token_embd" : "model.embed_tokens", c->vocab, c->hidden, &m->embed)))
+        return st;
+    for (int i = 0; i < c->n_layers; i++) {
+        if ((st = load_layer(L, i, &m->layers[i]))) return st;
+        m->layers[i].sliding = c->sliding_pattern > 0 && (i + 1) % c->sliding_pattern != 0;
+    }
+    if ((st = load_vector(L, L->gguf ? "output_norm.weight" : "model.norm.weight", c->hidden, 1, &m->final_norm)))
+        return st;
+    const char *head = L->gguf ? "output" : "lm_head";
+    char name[64];
+    snprintf(name, sizeof name, "%s.weight", head);
+    if (model_find_tensor(L->hm, name)) return load_matrix(L, head, c->vocab, c->hidden, &m->lm_head);
+    m->lm_head = m->embed; /* tied embeddings */
+    return HEARTH_OK;
+}
+
+hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_error *err);
+
+hearth_status model_load(const hearth_model *hm, model **out, hearth_error *err) {
+    *out = NULL;
+    model *m = calloc(1, sizeof *m);
+    if (!m) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    hearth_status st = model_config_read(hm, &m->cfg, err);
+    if (!st && !(m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers)))
+        st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .err = err};
+    if (!st) st = load_all(&L); /* sizing pass: checks names and shapes, copies nothing */
+    if (!st) {
+        L.cap = L.used;
+        L.used = 0;
+        if (posix_memalign((void **)&L.arena, 64, L.cap ? L.cap : 64))
+            st = err_set(err, HEARTH_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the weights", hm->entry.path,
+                         (double)L.cap / (1024.0 * 1024.0));
+        else {
+            m->arena = L.arena;
+            m->arena_bytes = L.cap;
+            st = load_all(&L);
+        }
+    }
+    if (st) {
+        model_free(m);
+        return st;
+    }
+    *out = m;
+    return HEARTH_OK;
+}
+
+size_t model_weight_bytes(const model *m) { return m->arena_bytes; }
+
+void model_free(model *m) {
+    if (!m) return;
+    free(m->arena);
+    free(m->layers);
+    if (m->cfg.inv_freq_local != m->cfg.inv_freq_global) free(m->cfg.inv_freq_local);
+    free(m->cfg.inv_freq_global);
+    free(m);
+}

@@ -1,0 +1,71 @@
+/* model.h: a loaded decoder-only transformer: its configuration and its weights,
+ * resident in anonymous memory in their native formats, plus the per-family forward
+ * passes (llama.c, qwen3.c, gemma3.c) over a ragged batch. Contains no kernels: the
+ * forward passes compose ops/ops.h and backend/cpu/matmul.h. */
+#ifndef HEARTH_MODEL_MODEL_H
+#define HEARTH_MODEL_MODEL_H
+#include "backend/cpu/matmul.h"
+#include "engine/kv_cache.h"
+#include "hearth.h"
+
+typedef enum model_family { FAMILY_LLAMA, FAMILY_QWEN3, FAMILY_GEMMA3 } model_family;
+
+typedef struct model_config {
+    model_family family;
+    int n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, context_length;
+    float norm_eps;
+    float norm_shift;       /* 1 where norms scale by (1 + weight): Gemma in HF/MLX form */
+    float attn_scale;       /* softmax scale: head_dim^-0.5, or query_pre_attn_scalar^-0.5 */
+    float embed_scale;      /* Gemma multiplies embeddings by sqrt(hidden) (rounded to bf16 like mlx-lm) */
+    int rope_adjacent;      /* GGUF llama weights are permuted for adjacent-pair RoPE */
+    int sliding_window;     /* 0: none */
+    int sliding_pattern;    /* Gemma: every pattern-th layer is global, the rest slide */
+    float *inv_freq_global; /* head_dim/2 RoPE inverse frequencies */
+    float *inv_freq_local;  /* for sliding layers (Gemma's local base), else = global */
+} model_config;
+
+typedef struct layer_weights {
+    cpu_weight q, k, v, o, gate, up, down;
+    const float *q_bias, *k_bias, *v_bias; /* NULL when absent */
+    const float *attn_norm, *ffn_norm;     /* before attention / before the MLP */
+    const float *post_attn_norm, *post_ffn_norm; /* Gemma's extra norms, else NULL */
+    const float *q_norm, *k_norm;          /* per-head QK norms (qwen3, gemma3), else NULL */
+    int sliding;                           /* attends within cfg.sliding_window */
+} layer_weights;
+
+typedef struct model {
+    model_config cfg;
+    layer_weights *layers;
+    cpu_weight embed, lm_head; /* lm_head = embed when tied */
+    const float *final_norm;
+    uint8_t *arena;            /* every weight byte, resident */
+    size_t arena_bytes;
+} model;
+
+/* Loads the weights of an open model (folder or GGUF) into resident memory and checks
+ * every shape against the config. */
+hearth_status model_load(const hearth_model *hm, model **out, hearth_error *err);
+void model_free(model *m);
+/* Bytes model_load will allocate for this model (for fit predictions). */
+size_t model_weight_bytes(const model *m);
+
+/* One step over a ragged batch of T tokens: tokens[t] of sequence slot[t] at position
+ * pos[t]. Writes K/V of every token into the cache (slots must be reserved through
+ * max(pos)+1), then logits for the n_out rows listed in out_rows into logits
+ * [n_out, vocab]. */
+typedef struct model_scratch model_scratch;
+typedef struct model_batch {
+    int T;
+    const int32_t *tokens, *pos, *slot;
+    int n_out;
+    const int32_t *out_rows;
+    float *logits;
+} model_batch;
+
+hearth_status model_scratch_create(const model *m, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
+                                   model_scratch **out, hearth_error *err);
+void model_scratch_free(model_scratch *s);
+size_t model_scratch_bytes(const model *m, const kv_cache *kv, int max_tokens, int max_out, int n_threads);
+hearth_status model_forward(const model *m, kv_cache *kv, model_scratch *s, const model_batch *b, threadpool *tp,
+                            hearth_error *err);
+#endif

@@ -1,0 +1,42 @@
+/* ops.h: the fixed set of element-wise and attention operations a forward pass is made
+ * of (matmul lives in backend/cpu/matmul.h). CPU implementations over float32 rows of a
+ * ragged batch; every op writes into caller-owned buffers and allocates nothing. */
+#ifndef HEARTH_OPS_OPS_H
+#define HEARTH_OPS_OPS_H
+#include "base/threadpool.h"
+#include "engine/kv_cache.h"
+#include <stddef.h>
+#include <stdint.h>
+
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * (w + shift), for T rows of n. shift is 1 for
+ * Gemma's (1 + weight) norms, else 0. out may equal x. */
+void ops_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps);
+/* Applies RoPE in place to n_heads heads of head_dim in each of T rows at positions pos.
+ * inv_freq has head_dim/2 entries (theta_i = pos * inv_freq[i]). adjacent: rotate pairs
+ * (2i, 2i+1) as GGUF llama weights expect; else pairs (i, i + head_dim/2) as HF/MLX do. */
+void ops_rope(float *x, int T, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq, int adjacent);
+/* x[i] = act(gate[i]) * up[i]: SiLU (llama, qwen3) or tanh-approximated GELU (gemma3). */
+void ops_silu_mul(float *gate, const float *up, size_t n);
+void ops_gelu_tanh_mul(float *gate, const float *up, size_t n);
+void ops_add(float *x, const float *y, size_t n);
+void ops_scale(float *x, float s, size_t n);
+
+/* Causal attention over the paged cache for one layer. For each token t (of sequence
+ * slot[t] at position pos[t]) and query head h, attends to that sequence's cached
+ * positions max(0, pos[t] - window + 1) .. pos[t] (window 0 = unlimited), with grouped
+ * KV heads (n_heads / n_kv_heads queries per KV head). q: [T, n_heads*head_dim];
+ * out: same shape. scratch holds ops_attention_scratch floats per thread. */
+typedef struct ops_attention_args {
+    const kv_cache *kv;
+    int layer;
+    const float *q;
+    float *out;
+    int T, n_heads, n_kv_heads, head_dim;
+    const int32_t *pos, *slot;
+    int window;
+    float scale;
+    float *scratch; /* tp_threads(tp) * ops_attention_scratch(kv) floats */
+} ops_attention_args;
+size_t ops_attention_scratch(const kv_cache *kv);
+void ops_attention(const ops_attention_args *a, threadpool *tp);
+#endif

@@ -163,7 +163,7 @@ void tp_run(threadpool *tp, int n_tasks, tp_task_fn fn, void *ctx) {
     run_tasks(tp, 0);
     /* Workers finish within a task's time of us; yield only if one was descheduled. */
     for (int i = 0; atomic_load_explicit(&tp->busy, memory_order_acquire) > 0; i++) {
-        if (i < 20000) cpu_relax();
+        if (i < 2000) cpu_relax(); /* ~100 µs of pause, then give the core away */
         else sched_yield();
     }
 }

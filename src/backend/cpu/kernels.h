@@ -1,0 +1,45 @@
+/* kernels.h: internal interface between matmul.c (threading, activation preparation) and
+ * the per-ISA kernel files. A kernel computes y[n] for rows n0..n1-1 of one weight against
+ * one prepared activation row. Not part of the backend's public API. */
+#ifndef HEARTH_BACKEND_CPU_KERNELS_H
+#define HEARTH_BACKEND_CPU_KERNELS_H
+#include "backend/cpu/matmul.h"
+
+/* One activation block of 32 values quantized to int8 (q = round(x / d), d = amax / 127),
+ * with the sums of q over each half, which the unsigned-weight formats need to undo their
+ * offset (sum((q_w - 8) * q_x) = sum(q_w * q_x) - 8 * sum(q_x)). */
+typedef struct cpu_q8_block {
+    float d;
+    int16_t sum16[2]; /* sum of q[0..15], q[16..31] */
+    int8_t q[32];
+} cpu_q8_block;
+
+/* How a kernel wants its activation row. */
+typedef enum cpu_act {
+    CPU_ACT_F32,       /* the float row as given */
+    CPU_ACT_Q8,        /* cpu_q8_block per 32 values, in order */
+    CPU_ACT_Q8_EVENODD /* per block: the 16 even-indexed values, then the 16 odd ones (MLX 4-bit
+                          packs element 2i and 2i+1 into one byte's low and high nibble) */
+} cpu_act;
+
+typedef void (*cpu_rows_fn)(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, float *y);
+
+typedef struct cpu_kernel {
+    cpu_rows_fn rows;
+    cpu_act act;
+} cpu_kernel;
+
+/* Scalar reference: dequantizes each block to float and accumulates in double. Handles
+ * every format cpu_weight_check accepts; x is a float row (CPU_ACT_F32). */
+void cpu_ref_rows(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, float *y);
+/* Dequantizes elements [k0, k0 + count) of row n to out; count <= 256 and k0, count are
+ * multiples of the format's block (32 for MLX affine, so one call stays in one group). */
+void cpu_ref_dequant(const cpu_weight *w, int64_t n, int64_t k0, int count, float *out);
+
+/* Fast kernels: fill *out and return 1 if the format has one at that level. */
+int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out);
+int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out);
+
+/* Reads one MLX scale or bias (F32/F16/BF16) by element index. */
+float cpu_sb_load(tensor_dtype t, const void *p, int64_t i);
+#endif

@@ -1,0 +1,177 @@
+/* matmul.c: the CPU matmul entry point: validates the weight, picks the kernel for the
+ * active ISA level, prepares activations (int8 blocks for integer-dot kernels) and splits
+ * the output rows over the thread pool in contiguous chunks. Kernels live in kernels_*.c;
+ * this file must not contain format-specific arithmetic. */
+#include "backend/cpu/kernels.h"
+#include "base/err.h"
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+/* Rows per task are a multiple of 16 so that no two threads write the same 64-byte line
+ * of y (16 floats), and each thread reads a contiguous stretch of weights. */
+#define CPU_ROW_ALIGN 16
+/* Tasks per thread: a few, so a thread slowed by another process does not hold up the
+ * rest, but few enough that each task streams a long contiguous run of weights. */
+#define CPU_TASKS_PER_THREAD 4
+/* For T > 1, rows are processed in tiles of about this many weight bytes so a tile stays
+ * in L1/L2 while every activation row passes over it (weight reuse for prefill). */
+#define CPU_TILE_BYTES (32 * 1024)
+
+static cpu_level g_level;
+static pthread_once_t g_level_once = PTHREAD_ONCE_INIT;
+static void level_init(void) { g_level = cpu_level_active(); }
+
+cpu_level cpu_matmul_level(void) {
+    pthread_once(&g_level_once, level_init);
+    return g_level;
+}
+
+cpu_level cpu_matmul_set_level(cpu_level level) {
+    pthread_once(&g_level_once, level_init);
+    cpu_level hw = cpu_level_hardware();
+    g_level = level < hw ? level : hw;
+    return g_level;
+}
+
+static int is_mlx(const cpu_weight *w) { return w->dtype == DT_U32; }
+
+int64_t cpu_weight_row_bytes(const cpu_weight *w) {
+    if (w->k <= 0) return 0;
+    if (is_mlx(w)) return w->k * w->bits / 8; /* k is a multiple of 32: whole words */
+    int be = tensor_dtype_block_elems(w->dtype), bb = tensor_dtype_block_bytes(w->dtype);
+    if (be <= 0 || w->k % be) return 0;
+    return w->k / be * bb;
+}
+
+hearth_status cpu_weight_check(const cpu_weight *w, const char *what, hearth_error *err) {
+    if (!what) what = "weight";
+    /* 2^40 elements per side is far beyond any model and keeps n * row_bytes in int64. */
+    if (w->n <= 0 || w->k <= 0 || w->n > ((int64_t)1 << 40) || w->k > ((int64_t)1 << 40))
+        return err_set(err, HEARTH_ERR_INVALID, "%s: bad shape [%lld, %lld]", what, (long long)w->n,
+                       (long long)w->k);
+    if (!w->data) return err_set(err, HEARTH_ERR_INVALID, "%s: no data", what);
+    if (is_mlx(w)) {
+        if (w->bits != 2 && w->bits != 3 && w->bits != 4 && w->bits != 6 && w->bits != 8)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: MLX affine bits %d (want 2, 3, 4, 6 or 8)", what,
+                           w->bits);
+        if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: MLX group size %d (want 32, 64 or 128)", what,
+                           w->group_size);
+        if (w->k % w->group_size)
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: %lld columns is not a multiple of group size %d", what,
+                           (long long)w->k, w->group_size);
+        if (w->sb_dtype != DT_F32 && w->sb_dtype != DT_F16 && w->sb_dtype != DT_BF16)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: scales/biases dtype %s (want F32, F16, BF16)",
+                           what, tensor_dtype_name(w->sb_dtype));
+        if (!w->scales || !w->biases) return err_set(err, HEARTH_ERR_INVALID, "%s: no scales/biases", what);
+        return HEARTH_OK;
+    }
+    switch (w->dtype) {
+    case DT_F32: case DT_F16: case DT_BF16: case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1:
+    case DT_Q8_0: case DT_Q2_K: case DT_Q3_K: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: break;
+    default:
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: no matmul for dtype %s", what,
+                       tensor_dtype_name(w->dtype));
+    }
+    int be = tensor_dtype_block_elems(w->dtype);
+    if (w->k % be)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: %lld columns is not a multiple of the %s block (%d)", what,
+                       (long long)w->k, tensor_dtype_name(w->dtype), be);
+    return HEARTH_OK;
+}
+
+static cpu_kernel pick_kernel(const cpu_weight *w) {
+    cpu_kernel k = {cpu_ref_rows, CPU_ACT_F32};
+    cpu_level level = cpu_matmul_level();
+    if (level >= CPU_LEVEL_AVX512 && cpu_avx512_kernel(w, &k)) return k;
+    if (level >= CPU_LEVEL_AVX2 && cpu_avx2_kernel(w, &k)) return k;
+    return k;
+}
+
+int cpu_matmul_is_fast(const cpu_weight *w) { return pick_kernel(w).rows != cpu_ref_rows; }
+
+size_t cpu_matmul_scratch_size(const cpu_weight *w, int T) {
+    if (T <= 0 || w->k <= 0 || w->k % 32 || pick_kernel(w).act == CPU_ACT_F32) return 0;
+    return (size_t)T * (size_t)(w->k / 32) * sizeof(cpu_q8_block);
+}
+
+/* Quantizes one row of k floats (k a multiple of 32) into int8 blocks. */
+static void quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd) {
+    for (int64_t b = 0; b < k / 32; b++) {
+        const float *xb = x + b * 32;
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+        cpu_q8_block *o = &out[b];
+        o->d = d;
+        int s0 = 0, s1 = 0;
+        for (int j = 0; j < 32; j++) {
+            int src = evenodd ? (j < 16 ? 2 * j : 2 * (j - 16) + 1) : j;
+            int q = (int)lrintf(xb[src] * id); /* |x * id| <= 127 (+ rounding) */
+            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            o->q[j] = (int8_t)q;
+            if (j < 16) s0 += q;
+            else s1 += q;
+        }
+        o->sum16[0] = (int16_t)s0;
+        o->sum16[1] = (int16_t)s1;
+    }
+}
+
+typedef struct mm_job {
+    const cpu_weight *w;
+    cpu_kernel kern;
+    const float *x;
+    cpu_q8_block *xq;
+    int T;
+    float *y;
+    int64_t rows_per_task, tile_rows;
+} mm_job;
+
+static void quantize_task(void *ctx, int t, int thread) {
+    mm_job *j = ctx;
+    int64_t nb = j->w->k / 32;
+    quantize_row(j->x + (int64_t)t * j->w->k, j->w->k, j->xq + t * nb, j->kern.act == CPU_ACT_Q8_EVENODD);
+}
+
+static void rows_task(void *ctx, int task, int thread) {
+    mm_job *j = ctx;
+    int64_t n0 = task * j->rows_per_task, n1 = n0 + j->rows_per_task;
+    if (n1 > j->w->n) n1 = j->w->n;
+    int64_t nb = j->w->k / 32;
+    for (int64_t r0 = n0; r0 < n1; r0 += j->tile_rows) {
+        int64_t r1 = r0 + j->tile_rows < n1 ? r0 + j->tile_rows : n1;
+        for (int t = 0; t < j->T; t++) {
+            const void *xt = j->kern.act == CPU_ACT_F32 ? (const void *)(j->x + (int64_t)t * j->w->k)
+                                                        : (const void *)(j->xq + t * nb);
+            j->kern.rows(j->w, r0, r1, xt, j->y + (int64_t)t * j->w->n);
+        }
+    }
+}
+
+hearth_status cpu_matmul(const cpu_weight *w, const float *x, int T, float *y, void *scratch,
+                         size_t scratch_size, threadpool *tp, hearth_error *err) {
+    hearth_status st = cpu_weight_check(w, "matmul weight", err);
+    if (st) return st;
+    if (T <= 0) return T == 0 ? HEARTH_OK : err_set(err, HEARTH_ERR_INVALID, "matmul: T = %d", T);
+    mm_job j = {.w = w, .kern = pick_kernel(w), .x = x, .T = T, .y = y};
+    if (j.kern.act != CPU_ACT_F32) {
+        size_t need = cpu_matmul_scratch_size(w, T);
+        if (!scratch || scratch_size < need)
+            return err_set(err, HEARTH_ERR_INVALID, "matmul: scratch of %zu bytes, need %zu", scratch_size, need);
+        j.xq = scratch;
+        tp_run(tp, T, quantize_task, &j);
+    }
+    int threads = tp_threads(tp);
+    int64_t groups = (w->n + CPU_ROW_ALIGN - 1) / CPU_ROW_ALIGN;
+    int64_t tasks = (int64_t)threads * CPU_TASKS_PER_THREAD;
+    if (threads == 1) tasks = 1;
+    if (tasks > groups) tasks = groups;
+    j.rows_per_task = (groups + tasks - 1) / tasks * CPU_ROW_ALIGN;
+    tasks = (w->n + j.rows_per_task - 1) / j.rows_per_task;
+    int64_t rb = cpu_weight_row_bytes(w);
+    j.tile_rows = T == 1 ? j.rows_per_task : (CPU_TILE_BYTES / rb > 0 ? CPU_TILE_BYTES / rb : 1);
+    tp_run(tp, (int)tasks, rows_task, &j);
+    return HEARTH_OK;
+}

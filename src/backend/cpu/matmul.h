@@ -1,0 +1,48 @@
+/* matmul.h: y[T, N] = x[T, K] · W[N, K]^T on the CPU for every weight format hearth
+ * loads (F32, F16, BF16, GGUF Q4_0..Q8_0 and Q2_K..Q6_K, MLX affine 2/3/4/6/8-bit),
+ * split over a thread pool. Weights stay in their native layout; this module never
+ * copies or converts them. Tolerances of the fast kernels: see tests/unit/test_cpu_matmul.c. */
+#ifndef HEARTH_BACKEND_CPU_MATMUL_H
+#define HEARTH_BACKEND_CPU_MATMUL_H
+#include "base/cpu_features.h"
+#include "base/threadpool.h"
+#include "io/tensor.h"
+#include <stddef.h>
+#include <stdint.h>
+
+/* One weight matrix. dtype is the storage format; MLX affine weights use DT_U32 (the
+ * packed words) and fill the mlx fields. Rows are contiguous, row n at
+ * data + n * cpu_weight_row_bytes(w). */
+typedef struct cpu_weight {
+    tensor_dtype dtype;
+    const void *data;
+    int64_t n, k;          /* output rows, input columns */
+    /* MLX affine only: w = scale * q + bias, per group of group_size columns. */
+    int bits;              /* 2, 3, 4, 6, 8 */
+    int group_size;        /* 32, 64, 128 */
+    tensor_dtype sb_dtype; /* F32, F16 or BF16 scales and biases, each [n, k / group_size] */
+    const void *scales, *biases;
+} cpu_weight;
+
+/* Checks that the description is one the kernels handle (format, K a multiple of the
+ * block or group, pointers set). The message names `what` (e.g. the tensor name). */
+hearth_status cpu_weight_check(const cpu_weight *w, const char *what, hearth_error *err);
+/* Bytes of one row of packed weight data (0 if the weight is invalid). */
+int64_t cpu_weight_row_bytes(const cpu_weight *w);
+
+/* Scratch bytes cpu_matmul needs for T rows of x (quantized activations); may be 0. */
+size_t cpu_matmul_scratch_size(const cpu_weight *w, int T);
+/* y (T x N floats, row-major) = x (T x K floats) times W^T. scratch must hold
+ * cpu_matmul_scratch_size(w, T) bytes. tp may be NULL (one thread). Nothing is
+ * allocated. Fails only on an invalid weight or a too-small scratch. */
+hearth_status cpu_matmul(const cpu_weight *w, const float *x, int T, float *y, void *scratch,
+                         size_t scratch_size, threadpool *tp, hearth_error *err);
+
+/* Kernel level used by cpu_matmul: chosen once from cpu_level_active() (HEARTH_CPU);
+ * cpu_matmul_set_level changes it (for tests and benchmarks; not while a matmul runs).
+ * Levels above the hardware's are lowered to it. Returns the level now in use. */
+cpu_level cpu_matmul_level(void);
+cpu_level cpu_matmul_set_level(cpu_level level);
+/* Whether w runs a vectorized kernel at the current level (1) or the scalar reference (0). */
+int cpu_matmul_is_fast(const cpu_weight *w);
+#endif

@@ -1,0 +1,358 @@
+/* test_cpu_matmul.c: the CPU matmul kernels. (1) the scalar reference dequantizer is
+ * bit-exact against fixtures made by gguf/mlx (tools/make_cpu_quant_fixtures.py);
+ * (2) every format at every ISA level the machine has (scalar/avx2/avx512), T in
+ * {1, 3, 17}, 1 and 2 threads, matches the reference within the bound stated below;
+ * (3) invalid weights and short scratch fail with an error instead of crashing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "backend/cpu/kernels.h"
+#include "base/half.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) { /* xorshift64*: deterministic across runs */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
+}
+static float rndf(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
+
+/* ---------- (1) reference dequantizer vs gguf / mlx fixtures ---------- */
+
+static const struct { const char *file; tensor_dtype t; } fixtures[] = {
+    {"q4_0", DT_Q4_0}, {"q4_1", DT_Q4_1}, {"q5_0", DT_Q5_0}, {"q5_1", DT_Q5_1}, {"q8_0", DT_Q8_0},
+    {"q2_k", DT_Q2_K}, {"q3_k", DT_Q3_K}, {"q4_k", DT_Q4_K}, {"q5_k", DT_Q5_K}, {"q6_k", DT_Q6_K},
+    {"mlx2_g32", DT_U32}, {"mlx3_g64", DT_U32}, {"mlx4_g32", DT_U32}, {"mlx4_g128", DT_U32},
+    {"mlx6_g64", DT_U32}, {"mlx8_g64", DT_U32},
+};
+
+static uint8_t *read_file(const char *name, size_t *len) {
+    const char *dir = getenv("HEARTH_TEST_DATA");
+    char path[512];
+    snprintf(path, sizeof path, "%s/cpu_quant/%s.bin", dir ? dir : "tests/data", name);
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("missing fixture %s (run tools/make_cpu_quant_fixtures.py)", path);
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc(*len);
+    assert_int_equal(fread(buf, 1, *len, f), *len);
+    fclose(f);
+    return buf;
+}
+
+static uint32_t u32_at(const uint8_t *buf, size_t len, size_t *pos) {
+    assert_true(*pos + 4 <= len);
+    uint32_t v;
+    memcpy(&v, buf + *pos, 4);
+    *pos += 4;
+    return v;
+}
+
+static void test_reference_dequant_matches_fixtures(void **state) {
+    for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
+        size_t len, pos = 0;
+        uint8_t *buf = read_file(fixtures[f].file, &len);
+        cpu_weight w = {.dtype = fixtures[f].t};
+        w.n = u32_at(buf, len, &pos);
+        w.k = u32_at(buf, len, &pos);
+        uint32_t data_bytes = u32_at(buf, len, &pos);
+        w.data = buf + pos;
+        pos += data_bytes;
+        w.bits = (int)u32_at(buf, len, &pos);
+        w.group_size = (int)u32_at(buf, len, &pos);
+        uint32_t sbt = u32_at(buf, len, &pos), sb_bytes = u32_at(buf, len, &pos);
+        w.sb_dtype = sbt == 0 ? DT_F32 : sbt == 1 ? DT_F16 : DT_BF16;
+        w.scales = buf + pos;
+        w.biases = buf + pos + sb_bytes;
+        pos += 2 * (size_t)sb_bytes;
+        assert_true(pos + (size_t)(w.n * w.k) * 4 == len);
+        assert_int_equal(cpu_weight_check(&w, fixtures[f].file, NULL), HEARTH_OK);
+        assert_int_equal(cpu_weight_row_bytes(&w) * w.n, data_bytes);
+        const float *expected = (const float *)(buf + pos);
+        float out[256];
+        int step = w.dtype == DT_U32 ? 32 : tensor_dtype_block_elems(w.dtype);
+        for (int64_t n = 0; n < w.n; n++)
+            for (int64_t k0 = 0; k0 < w.k; k0 += step) {
+                cpu_ref_dequant(&w, n, k0, step, out);
+                for (int j = 0; j < step; j++) {
+                    float e;
+                    memcpy(&e, expected + n * w.k + k0 + j, 4);
+                    /* Bit-exact: same operations in the same order as the oracle. */
+                    if (memcmp(&e, &out[j], 4))
+                        fail_msg("%s row %lld col %lld: got %.9g want %.9g", fixtures[f].file, (long long)n,
+                                 (long long)(k0 + j), out[j], e);
+                }
+            }
+        free(buf);
+    }
+}
+
+/* ---------- (2) fast kernels vs reference ---------- */
+
+typedef struct wcase {
+    const char *name;
+    tensor_dtype t;
+    int bits, group;
+    tensor_dtype sbt;
+} wcase;
+
+/* Fills a weight with random bytes (so every bit pattern of the quants occurs) and finite
+ * random f16 scales at the format's scale offsets. */
+static void *make_weight(const wcase *c, int64_t n, int64_t k, cpu_weight *w, void **sb) {
+    *w = (cpu_weight){.dtype = c->t, .n = n, .k = k, .bits = c->bits, .group_size = c->group, .sb_dtype = c->sbt};
+    int64_t rb = cpu_weight_row_bytes(w);
+    uint8_t *d = malloc((size_t)(rb * n));
+    for (int64_t i = 0; i < rb * n; i++) d[i] = (uint8_t)rnd();
+    static const struct { tensor_dtype t; int off[2]; } f16_fields[] = {
+        {DT_Q4_0, {0, -1}}, {DT_Q4_1, {0, 2}}, {DT_Q5_0, {0, -1}}, {DT_Q5_1, {0, 2}}, {DT_Q8_0, {0, -1}},
+        {DT_Q2_K, {80, 82}}, {DT_Q3_K, {108, -1}}, {DT_Q4_K, {0, 2}}, {DT_Q5_K, {0, 2}}, {DT_Q6_K, {208, -1}},
+    };
+    int bb = tensor_dtype_block_bytes(c->t);
+    for (size_t i = 0; i < sizeof f16_fields / sizeof f16_fields[0]; i++) {
+        if (f16_fields[i].t != c->t) continue;
+        for (int64_t b = 0; b < rb * n / bb; b++)
+            for (int j = 0; j < 2; j++)
+                if (f16_fields[i].off[j] >= 0) {
+                    uint16_t h = f32_to_f16(rndf() * 0.05f);
+                    memcpy(d + b * bb + f16_fields[i].off[j], &h, 2);
+                }
+    }
+    if (c->t == DT_F32)
+        for (int64_t i = 0; i < n * k; i++) ((float *)d)[i] = rndf();
+    if (c->t == DT_F16 || c->t == DT_BF16)
+        for (int64_t i = 0; i < n * k; i++)
+            ((uint16_t *)d)[i] = c->t == DT_F16 ? f32_to_f16(rndf()) : f32_to_bf16(rndf());
+    *sb = NULL;
+    if (c->t == DT_U32) {
+        int64_t ns = n * (k / c->group);
+        int es = c->sbt == DT_F32 ? 4 : 2;
+        uint8_t *s = malloc((size_t)(2 * ns * es));
+        for (int64_t i = 0; i < 2 * ns; i++) {
+            float v = rndf() * 0.1f;
+            if (es == 4) memcpy(s + i * 4, &v, 4);
+            else {
+                uint16_t h = c->sbt == DT_F16 ? f32_to_f16(v) : f32_to_bf16(v);
+                memcpy(s + i * 2, &h, 2);
+            }
+        }
+        w->scales = s;
+        w->biases = s + ns * es;
+        *sb = s;
+    }
+    w->data = d;
+    return d;
+}
+
+/* Error bound of a kernel against the double-accumulated reference, for output row n of
+ * activation row x:
+ *  - integer-dot kernels quantize x per 32 values to int8 with d = amax/127 and round to
+ *    nearest, so each x moves by at most amax_b/254: |err| <= sum_b amax_b/254 *
+ *    sum_{i in b} |w_i| (1% slack for the rounding of d and 1/d); plus float rounding of
+ *    the per-block products and offset terms, 1e-5 * sum_b max|w_b| * sum_{i in b} |x_i|
+ *    (K <= 512 here: at most 16 block terms per lane of ~6e-8 each, with margin);
+ *  - f32 FMA kernels (F32/F16/BF16): only summation order differs: 32 partial sums of
+ *    <= K/32 terms plus a tree: <= (K/32 + 8) * 2^-24 * sum|w x|, below 1e-5 * sum|w x|. */
+static double error_bound(const float *wrow, const float *x, int64_t k, int int8_act) {
+    double b_act = 0, b_float = 0, sum_abs = 0;
+    for (int64_t b0 = 0; b0 < k; b0 += 32) {
+        double ax = 0, aw = 0, sw = 0, sx = 0;
+        for (int64_t i = b0; i < b0 + 32 && i < k; i++) {
+            ax = fmax(ax, fabs(x[i]));
+            aw = fmax(aw, fabs(wrow[i]));
+            sw += fabs(wrow[i]);
+            sx += fabs(x[i]);
+            sum_abs += fabs((double)wrow[i] * x[i]);
+        }
+        b_act += ax / 254.0 * sw * 1.01;
+        b_float += 2 * aw * sx;
+    }
+    if (!int8_act) return 1e-5 * sum_abs + 1e-30;
+    return b_act + 1e-5 * b_float + 1e-30;
+}
+
+/* Expected squared error of an int8-activation dot: rounding errors are close to
+ * independent and uniform in [-d_b/2, d_b/2] (d_b = amax_b/127), variance d_b^2/12 each. */
+static double int8_error_variance(const float *wrow, const float *x, int64_t k) {
+    double v = 0;
+    for (int64_t b0 = 0; b0 < k; b0 += 32) {
+        double ax = 0, sw2 = 0;
+        for (int64_t i = b0; i < b0 + 32 && i < k; i++) {
+            ax = fmax(ax, fabs(x[i]));
+            sw2 += (double)wrow[i] * wrow[i];
+        }
+        v += (ax / 127) * (ax / 127) / 12 * sw2;
+    }
+    return v;
+}
+
+static threadpool *pools[3]; /* [1] one thread, [2] two threads */
+
+static int group_setup(void **state) {
+    assert_int_equal(tp_create(1, &pools[1], NULL), HEARTH_OK);
+    assert_int_equal(tp_create(2, &pools[2], NULL), HEARTH_OK);
+    return 0;
+}
+static int group_teardown(void **state) {
+    tp_destroy(pools[1]);
+    tp_destroy(pools[2]);
+    return 0;
+}
+
+static void check_case(const wcase *c, int64_t n, int64_t k) {
+    cpu_weight w;
+    void *sb;
+    void *data = make_weight(c, n, k, &w, &sb);
+    assert_int_equal(cpu_weight_check(&w, c->name, NULL), HEARTH_OK);
+    static const int Ts[] = {1, 3, 17};
+    float *wf = malloc((size_t)(n * k) * sizeof *wf);
+    int step = w.dtype == DT_U32 ? 32 : tensor_dtype_block_elems(w.dtype) == 1 ? 1 : tensor_dtype_block_elems(w.dtype);
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t k0 = 0; k0 < k; k0 += step) cpu_ref_dequant(&w, r, k0, step, wf + r * k + k0);
+    for (size_t ti = 0; ti < 3; ti++) {
+        int T = Ts[ti];
+        float *x = malloc((size_t)(T * k) * sizeof *x), *ref = malloc((size_t)(T * n) * sizeof *ref);
+        float *y = malloc((size_t)(T * n) * sizeof *y);
+        for (int64_t i = 0; i < T * k; i++) x[i] = rndf() * (i % 7 == 0 ? 4.0f : 1.0f); /* some outliers */
+        for (int t = 0; t < T; t++) cpu_ref_rows(&w, 0, n, x + t * k, ref + t * n);
+        for (int lv = CPU_LEVEL_SCALAR; lv <= (int)cpu_level_hardware(); lv++) {
+            cpu_matmul_set_level((cpu_level)lv);
+            int fast = cpu_matmul_is_fast(&w);
+            cpu_kernel kern = {cpu_ref_rows, CPU_ACT_F32};
+            if (lv == CPU_LEVEL_AVX512 && !cpu_avx512_kernel(&w, &kern)) cpu_avx2_kernel(&w, &kern);
+            else if (lv == CPU_LEVEL_AVX2) cpu_avx2_kernel(&w, &kern);
+            int int8_act = fast && kern.act != CPU_ACT_F32;
+            size_t ss = cpu_matmul_scratch_size(&w, T);
+            void *scratch = ss ? malloc(ss) : NULL;
+            /* Formats with a fast kernel at this level must not fall back to the reference. */
+            int want_fast = lv > CPU_LEVEL_SCALAR &&
+                            (w.dtype == DT_F32 || w.dtype == DT_F16 || w.dtype == DT_BF16 || w.dtype == DT_Q4_0 ||
+                             w.dtype == DT_Q4_1 || w.dtype == DT_Q8_0 || w.dtype == DT_Q4_K || w.dtype == DT_Q6_K ||
+                             (w.dtype == DT_U32 && (w.bits == 4 || w.bits == 8)));
+            assert_int_equal(fast, want_fast);
+            for (int th = 1; th <= 2; th++) {
+                double sq_err = 0, sq_expected = 0;
+                for (int64_t i = 0; i < T * n; i++) y[i] = NAN;
+                hearth_error err = {0};
+                assert_int_equal(cpu_matmul(&w, x, T, y, scratch, ss, pools[th], &err), HEARTH_OK);
+                for (int t = 0; t < T; t++)
+                    for (int64_t r = 0; r < n; r++) {
+                        double got = y[t * n + r], want = ref[t * n + r];
+                        /* Scalar level runs the reference itself: identical results. */
+                        double bound = fast ? error_bound(wf + r * k, x + t * k, k, int8_act) : 0;
+                        if (!(fabs(got - want) <= bound))
+                            fail_msg("%s level %s threads %d N %lld K %lld T %d: y[%d][%lld] = %.7g, ref %.7g, "
+                                     "bound %.3g",
+                                     c->name, cpu_level_name((cpu_level)lv), th, (long long)n, (long long)k, T, t,
+                                     (long long)r, got, want, bound);
+                        if (int8_act) {
+                            sq_err += (got - want) * (got - want);
+                            sq_expected += int8_error_variance(wf + r * k, x + t * k, k);
+                        }
+                    }
+                /* The worst-case bound above is loose; this catches systematic errors (a wrong
+                 * offset or scale) it could miss: the summed squared error over all T*N outputs
+                 * must stay within 4x its expectation (+ float rounding slack). */
+                if (int8_act && !(sq_err <= 4 * sq_expected + 1e-10))
+                    fail_msg("%s level %s threads %d T %d: squared error %.3g, expected about %.3g", c->name,
+                             cpu_level_name((cpu_level)lv), th, T, sq_err, sq_expected);
+            }
+            free(scratch);
+        }
+        free(x);
+        free(ref);
+        free(y);
+    }
+    cpu_matmul_set_level(cpu_level_hardware());
+    free(wf);
+    free(data);
+    free(sb);
+}
+
+static int64_t odd_n(void) { return 1 + 2 * (int64_t)(rnd() % 45); } /* 1..89, odd */
+
+static void test_gguf_and_dense_formats(void **state) {
+    static const wcase cases[] = {
+        {"f32", DT_F32, 0, 0, 0},   {"f16", DT_F16, 0, 0, 0},   {"bf16", DT_BF16, 0, 0, 0},
+        {"q4_0", DT_Q4_0, 0, 0, 0}, {"q4_1", DT_Q4_1, 0, 0, 0}, {"q5_0", DT_Q5_0, 0, 0, 0},
+        {"q5_1", DT_Q5_1, 0, 0, 0}, {"q8_0", DT_Q8_0, 0, 0, 0}, {"q2_k", DT_Q2_K, 0, 0, 0},
+        {"q3_k", DT_Q3_K, 0, 0, 0}, {"q4_k", DT_Q4_K, 0, 0, 0}, {"q5_k", DT_Q5_K, 0, 0, 0},
+        {"q6_k", DT_Q6_K, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int be = tensor_dtype_block_elems(cases[i].t);
+        /* dense: odd K too (tails of the 32/8-wide loops); blocks: 1..3 blocks (k-quants 1..2) */
+        int64_t k = be == 1 ? 1 + (int64_t)(rnd() % 300) : be * (1 + (int64_t)(rnd() % (be == 256 ? 2 : 10)));
+        check_case(&cases[i], odd_n(), k);
+        check_case(&cases[i], 100, be == 1 ? 64 : be); /* >= 2 tasks per thread */
+    }
+}
+
+static void test_mlx_affine(void **state) {
+    static const int bits[] = {2, 3, 4, 6, 8}, groups[] = {32, 64, 128};
+    static const tensor_dtype sbts[] = {DT_F16, DT_BF16, DT_F32};
+    int i = 0;
+    for (int b = 0; b < 5; b++)
+        for (int g = 0; g < 3; g++, i++) {
+            char name[32];
+            snprintf(name, sizeof name, "mlx%d_g%d_%s", bits[b], groups[g], tensor_dtype_name(sbts[i % 3]));
+            wcase c = {name, DT_U32, bits[b], groups[g], sbts[i % 3]};
+            check_case(&c, odd_n(), groups[g] * (1 + (int64_t)(rnd() % 3)));
+        }
+}
+
+/* ---------- (3) errors ---------- */
+
+static void test_invalid_weights_fail_cleanly(void **state) {
+    uint8_t buf[1024] = {0};
+    float x[256] = {0}, y[4];
+    hearth_error err = {0};
+    cpu_weight w = {.dtype = DT_Q4_K, .data = buf, .n = 1, .k = 100};
+    assert_int_equal(cpu_weight_check(&w, "blk.0.ffn_up.weight", &err), HEARTH_ERR_FORMAT);
+    assert_non_null(strstr(err.message, "blk.0.ffn_up.weight"));
+    w = (cpu_weight){.dtype = DT_U32, .data = buf, .n = 1, .k = 64, .bits = 5, .group_size = 64, .sb_dtype = DT_F16,
+                     .scales = buf, .biases = buf};
+    assert_int_equal(cpu_matmul(&w, x, 1, y, NULL, 0, NULL, &err), HEARTH_ERR_UNSUPPORTED);
+    w.bits = 4;
+    w.group_size = 48;
+    assert_int_equal(cpu_weight_check(&w, NULL, &err), HEARTH_ERR_UNSUPPORTED);
+    w.group_size = 64;
+    w.scales = NULL;
+    assert_int_equal(cpu_weight_check(&w, NULL, &err), HEARTH_ERR_INVALID);
+    w = (cpu_weight){.dtype = DT_I32, .data = buf, .n = 1, .k = 4};
+    assert_int_equal(cpu_weight_check(&w, NULL, &err), HEARTH_ERR_UNSUPPORTED);
+    w = (cpu_weight){.dtype = DT_F32, .data = NULL, .n = 1, .k = 4};
+    assert_int_equal(cpu_weight_check(&w, NULL, &err), HEARTH_ERR_INVALID);
+    w = (cpu_weight){.dtype = DT_F32, .data = buf, .n = -1, .k = 4};
+    assert_int_equal(cpu_weight_check(&w, NULL, &err), HEARTH_ERR_INVALID);
+    /* Too little scratch for the int8 activations is an error, not an overflow. */
+    cpu_matmul_set_level(cpu_level_hardware());
+    w = (cpu_weight){.dtype = DT_Q8_0, .data = buf, .n = 2, .k = 64};
+    size_t need = cpu_matmul_scratch_size(&w, 2);
+    if (need) {
+        uint8_t scratch[512];
+        assert_true(need <= sizeof scratch);
+        assert_int_equal(cpu_matmul(&w, x, 2, y, scratch, need - 1, NULL, &err), HEARTH_ERR_INVALID);
+        assert_int_equal(cpu_matmul(&w, x, 2, y, scratch, need, NULL, &err), HEARTH_OK);
+    }
+    assert_int_equal(cpu_matmul(&w, x, 0, y, NULL, 0, NULL, &err), HEARTH_OK);
+    assert_int_equal(cpu_matmul(&w, x, -1, y, NULL, 0, NULL, &err), HEARTH_ERR_INVALID);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reference_dequant_matches_fixtures),
+        cmocka_unit_test(test_gguf_and_dense_formats),
+        cmocka_unit_test(test_mlx_affine),
+        cmocka_unit_test(test_invalid_weights_fail_cleanly),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -126,6 +126,12 @@ void hearth_engine_free(hearth_engine *e);
 /* Bytes held by the engine: weights, KV pool, scratch. */
 size_t hearth_engine_bytes(const hearth_engine *e);
 int hearth_engine_context_length(const hearth_engine *e);
+/* Measures the memory read bandwidth (GB/s) with the engine's threads: the decode
+ * roofline for benchmarks. Takes about a second; allocates a temporary 1 GiB buffer. */
+double hearth_engine_measure_bandwidth(hearth_engine *e);
+/* Bytes one decode step reads with `context` tokens in the cache: every weight matrix
+ * (the LM head in full, one embedding row) plus the keys and values attended to. */
+double hearth_engine_decode_bytes(const hearth_engine *e, int context);
 
 /* Low-level sequences: append tokens (prefill or one decode token) and read the logits
  * of the last n_logits positions (n_logits <= 8) into logits[n_logits * vocab]. */

@@ -10,6 +10,8 @@ static const cli_verb verbs[] = {
     {"detokenize", cli_detokenize, "print the text of a JSON array of token ids"},
     {"template", cli_template, "render a conversation through the model's chat template"},
     {"generate", cli_generate, "generate text from a prompt, streamed to stdout"},
+    {"chat", cli_chat, "talk with a model in the terminal"},
+    {"bench", cli_bench, "measure prefill and decode speed against the memory-bandwidth roofline"},
     {"trace", cli_trace, "print a prompt's logits and a greedy continuation as JSON (parity checks)"},
     {"tensors", cli_tensors, "list a model's tensors, or dump one as float32"},
     {"ls", cli_ls, "list the models hearth can find"},

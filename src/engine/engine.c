@@ -9,6 +9,7 @@
 #include "base/sbuf.h"
 #include "engine/sampler.h"
 #include "model/model.h"
+#include "backend/cpu/bandwidth.h"
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -201,3 +202,26 @@ const int32_t *engine_history(const hearth_engine *e, int seq) { return e->histo
 int engine_seq_length(const hearth_engine *e, int seq) { return e->kv.n_tokens[seq]; }
 float *engine_logits_buffer(hearth_engine *e) { return e->logits + (size_t)(ENGINE_MAX_LOGITS_ROWS - 1) * e->m->cfg.vocab; }
 const hearth_model *engine_model(const hearth_engine *e) { return e->hm; }
+
+double hearth_engine_measure_bandwidth(hearth_engine *e) { return cpu_read_bandwidth_gbs(e->tp, (size_t)1 << 30, 5); }
+
+static double weight_read_bytes(const cpu_weight *w) {
+    double b = (double)cpu_weight_row_bytes(w) * (double)w->n;
+    if (w->dtype == DT_U32 && w->group_size > 0) /* MLX scales and biases */
+        b += 2.0 * (double)w->n * (double)(w->k / w->group_size) * tensor_dtype_block_bytes(w->sb_dtype);
+    return b;
+}
+
+double hearth_engine_decode_bytes(const hearth_engine *e, int context) {
+    const model *m = e->m;
+    const model_config *c = &m->cfg;
+    double b = weight_read_bytes(&m->lm_head) + weight_read_bytes(&m->embed) / (double)c->vocab;
+    for (int i = 0; i < c->n_layers; i++) {
+        const layer_weights *l = &m->layers[i];
+        const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) b += weight_read_bytes(ws[j]);
+        int span = l->sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
+        b += 2.0 * span * c->n_kv_heads * c->head_dim * sizeof(float);
+    }
+    return b;
+}

@@ -1,0 +1,120 @@
+/* bench.c: `hearth bench`: prefill and decode speed of a model on this machine, median of
+ * r runs, next to the memory-bandwidth roofline measured in the same run. */
+#include "cli/cli.h"
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--json]";
+
+int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One run: prefill p tokens, then decode n tokens one at a time (greedy, EOS ignored). */
+static int run_once(hearth_engine *e, const int32_t *prompt, int p, int n, float *logits, double *prefill_s,
+                    double *decode_s, hearth_error *err) {
+    int seq, vocab = hearth_model_vocab_rows(e);
+    if (hearth_seq_open(e, &seq, err)) return 1;
+    double t0 = now_seconds();
+    int rc = hearth_seq_append(e, seq, prompt, (size_t)p, 1, logits, err) != HEARTH_OK;
+    double t1 = now_seconds();
+    for (int i = 0; !rc && i < n; i++) {
+        int32_t next = 0;
+        for (int v = 1; v < vocab; v++)
+            if (logits[v] > logits[next]) next = v;
+        rc = hearth_seq_append(e, seq, &next, 1, 1, logits, err) != HEARTH_OK;
+    }
+    *prefill_s = t1 - t0;
+    *decode_s = now_seconds() - t1;
+    hearth_seq_close(e, seq);
+    return rc;
+}
+
+int cli_bench(int argc, char **argv) {
+    const char *model = NULL;
+    int p = 512, n = 128, reps = 5, as_json = 0;
+    hearth_engine_options eo = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (cli_is_help(a)) { printf("usage: %s\n", bench_usage); return 0; }
+        if (cli_parse_engine_flag(argc, argv, &i, &eo)) continue;
+        if (!strcmp(a, "-p") && has) p = atoi(argv[++i]);
+        else if (!strcmp(a, "-n") && has) n = atoi(argv[++i]);
+        else if (!strcmp(a, "-r") && has) reps = atoi(argv[++i]);
+        else if (!strcmp(a, "--json")) as_json = 1;
+        else if (a[0] == '-') return cli_usage_error(bench_usage, "unknown or incomplete flag '%s'", a);
+        else if (!model) model = a;
+        else return cli_usage_error(bench_usage, "unexpected argument '%s'", a);
+    }
+    if (!model || p < 1 || n < 1 || reps < 1 || p > 1000000 || n > 1000000 || reps > 1000)
+        return cli_usage_error(bench_usage, "%s", "need a model; -p, -n and -r must be positive");
+    hearth_model *m;
+    if (cli_open_model(model, &m)) return 1;
+    if (!eo.context_length) eo.context_length = p + n + 16;
+    if (!eo.max_step_tokens) eo.max_step_tokens = p < 512 ? p : 512;
+    hearth_engine *e = NULL;
+    hearth_error err = {0};
+    if (hearth_engine_create(m, &eo, &e, &err)) { hearth_model_close(m); return cli_fail(&err); }
+    int vocab = hearth_model_vocab_rows(e);
+    int32_t *prompt = malloc((size_t)p * sizeof *prompt);
+    float *logits = malloc((size_t)vocab * sizeof *logits);
+    double *pre = calloc((size_t)reps, sizeof *pre), *dec = calloc((size_t)reps, sizeof *dec);
+    uint64_t x = 0x9e3779b97f4a7c15ULL; /* fixed pseudo-random prompt: same work every run */
+    for (int i = 0; i < p; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        prompt[i] = (int32_t)(x % (uint64_t)vocab);
+    }
+    int rc = 0;
+    double ps, ds;
+    if (run_once(e, prompt, p < 32 ? p : 32, 4, logits, &ps, &ds, &err)) rc = cli_fail(&err); /* warm-up */
+    for (int r = 0; !rc && r < reps; r++) {
+        if (run_once(e, prompt, p, n, logits, &pre[r], &dec[r], &err)) rc = cli_fail(&err);
+        else if (!as_json) fprintf(stderr, "run %d/%d: prefill %.1f tok/s, decode %.1f tok/s\n", r + 1, reps,
+                                   p / pre[r], n / dec[r]);
+    }
+    if (!rc) {
+        qsort(pre, (size_t)reps, sizeof *pre, cmp_double);
+        qsort(dec, (size_t)reps, sizeof *dec, cmp_double);
+        double prefill_tps = p / pre[reps / 2], decode_tps = n / dec[reps / 2];
+        double bw = hearth_engine_measure_bandwidth(e);
+        double bytes = hearth_engine_decode_bytes(e, p + n / 2); /* mean context during decode */
+        double roof = bw > 0 ? bw * 1e9 / bytes : 0;
+        json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "model",
+                              hearth_model_path(m), "threads", eo.n_threads, "prompt_tokens", p, "gen_tokens", n,
+                              "runs", reps, "prefill_tps", prefill_tps, "decode_tps", decode_tps, "bandwidth_gbs", bw,
+                              "decode_bytes_per_token", bytes, "roofline_tps", roof, "roofline_fraction",
+                              roof > 0 ? decode_tps / roof : 0.0);
+        if (as_json) {
+            char *s = json_dumps(o, JSON_PRESERVE_ORDER);
+            printf("%s\n", s);
+            free(s);
+        } else {
+            printf("model      %s\nprefill    %.1f tok/s (%d tokens, median of %d)\n"
+                   "decode     %.1f tok/s (%d tokens)\nbandwidth  %.1f GB/s read, %.1f MB per decode token\n"
+                   "roofline   %.1f tok/s: decode reaches %.2f of it\n",
+                   hearth_model_path(m), prefill_tps, p, reps, decode_tps, n, bw, bytes / 1e6, roof,
+                   roof > 0 ? decode_tps / roof : 0.0);
+        }
+        json_decref(o);
+    }
+    free(prompt);
+    free(logits);
+    free(pre);
+    free(dec);
+    hearth_engine_free(e);
+    hearth_model_close(m);
+    return rc;
+}

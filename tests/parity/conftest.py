@@ -1,0 +1,138 @@
+"""Shared pytest fixtures for the parity tests: where the hearth binary, the model cache, the
+goldens and the corpora are. A missing model or binary FAILS the test with the command that
+fixes it (never a silent skip). Holds no test logic and computes no expected values.
+"""
+import functools
+import glob
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent.parent
+PARITY = REPO / "tests" / "parity"
+BIN = Path(os.environ.get("HEARTH_BIN", REPO / "bin" / "hearth"))
+CACHE = Path(os.environ.get("HEARTH_CACHE", Path.home() / ".cache" / "hearth"))
+
+# What tools/get_models.sh puts in the cache; names are fixed so tests can parametrize on them.
+REAL_GGUFS = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma-3-270m-q4_k_m.gguf"}
+REAL_DIRS = {"minilm": "all-MiniLM-L6-v2"}
+TINY_FAMILIES = ("llama", "qwen3", "gemma3")
+TINY_FORMS = ("f32", "bf16", "q4g64", "q4g32", "q8g64", "q8g32")
+TINY_MODELS = tuple(f"{family}-{form}" for family in TINY_FAMILIES for form in TINY_FORMS)
+# Golden file name (tests/parity/goldens/<name>.json) for each real GGUF.
+REAL_GOLDENS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m-q4_k_m"}
+
+FIX_MODELS = "run tools/get_models.sh (or `make parity`)"
+
+
+def _need(path, what, fix):
+    if not Path(path).exists():
+        pytest.fail(f"{what} missing: {path}; {fix}", pytrace=False)
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
+def repo_root():
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def hearth_cache():
+    return CACHE
+
+
+@pytest.fixture(scope="session")
+def hearth_bin():
+    """Path of the hearth binary (env HEARTH_BIN, default <repo>/bin/hearth)."""
+    path = _need(BIN, "hearth binary", "run make (or set HEARTH_BIN)")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{path} is not executable", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_models():
+    """{"smollm2": <gguf path>, "gemma3": <gguf path>, "minilm": <model dir>}."""
+    out = {k: _need(CACHE / "models" / f, f"real model {f}", FIX_MODELS) for k, f in REAL_GGUFS.items()}
+    for k, d in REAL_DIRS.items():
+        out[k] = _need(CACHE / "models" / d / "model.safetensors", f"real model {d}", FIX_MODELS).parent
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_ggufs(real_models):
+    return {k: real_models[k] for k in REAL_GGUFS}
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    """{"llama-f32": <dir>, ..., "gemma3-q8g32": <dir>}: all 18 tiny mlx-lm model folders."""
+    return {name: _need(CACHE / "tiny" / name / "config.json", f"tiny model {name}", FIX_MODELS).parent
+            for name in TINY_MODELS}
+
+
+@pytest.fixture(scope="session")
+def tiny_model(request):
+    """Use with indirect parametrization: @pytest.mark.parametrize("tiny_model", TINY_MODELS, indirect=True)."""
+    name = request.param
+    return _need(CACHE / "tiny" / name / "config.json", f"tiny model {name}", FIX_MODELS).parent
+
+
+@functools.lru_cache(maxsize=None)
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def load_golden(name):
+    """tests/parity/goldens/<name>.json, checked against the model files it was made from
+    (a regenerated tiny model with other bytes makes every number in the golden meaningless)."""
+    path = _need(PARITY / "goldens" / f"{name}.json", f"golden {name}", "run tools/make_goldens.py")
+    golden = json.loads(path.read_text(encoding="utf-8"))
+    model = _need(CACHE / golden["model"], f"model of golden {name}", FIX_MODELS)
+    folder = model if model.is_dir() else model.parent
+    for fname, want in golden["model_files"].items():
+        if fname == "README.md":
+            continue  # model card text, not read by anyone
+        got = _sha256(_need(folder / fname, f"file of golden {name}", FIX_MODELS))
+        if got != want:
+            pytest.fail(f"{folder / fname}: sha256 {got[:12]}.. differs from golden {name} ({want[:12]}..); "
+                        "the cache was made by a different tools/make_tiny_models.py or mlx: "
+                        "re-run tools/get_models.sh, or tools/make_goldens.py if the change is intended",
+                        pytrace=False)
+    return golden
+
+
+@pytest.fixture(scope="session")
+def golden():
+    """golden(name) -> dict; see tools/make_goldens.py for the fields."""
+    return load_golden
+
+
+@pytest.fixture(scope="session")
+def tokenizer_corpus():
+    """{file name: text} of tests/parity/corpus/tokenizer/*.txt, read without newline translation."""
+    files = sorted(glob.glob(str(PARITY / "corpus" / "tokenizer" / "*.txt")))
+    if not files:
+        pytest.fail("tests/parity/corpus/tokenizer/*.txt missing", pytrace=False)
+    out = {}
+    for f in files:
+        with open(f, encoding="utf-8", newline="") as fh:
+            out[os.path.basename(f)] = fh.read()
+    return out
+
+
+@pytest.fixture(scope="session")
+def conversations():
+    """{file name: {"messages": [...], "tools": [...] | None, "extra": {...}}}."""
+    files = sorted(glob.glob(str(PARITY / "corpus" / "conversations" / "*.json")))
+    if not files:
+        pytest.fail("tests/parity/corpus/conversations/*.json missing", pytrace=False)
+    return {os.path.basename(f): json.loads(Path(f).read_text(encoding="utf-8")) for f in files}

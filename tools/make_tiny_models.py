@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text) in every
+weight form hearth reads (f32, bf16, MLX affine q4/q8 with group 64/32) under
+$HEARTH_CACHE/tiny/<family>-<form>/, written by mlx-lm's own save path so the layout is what
+mlx-lm produces. Tokenizers are small but real-format, trained offline with HF `tokenizers`.
+Deterministic (fixed seeds); must not download anything or write inside the repository.
+"""
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import processors, trainers
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPLATES = REPO / "tests" / "parity" / "templates"
+SEED = 20250101  # any fixed value; changing it changes every golden
+
+# Pre-tokenizer regexes of the real models (Qwen2/Qwen3 tokenizer.json and Llama 3's):
+# they differ only in how digits group (one at a time vs up to three).
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# Training text for the tiny tokenizers: enough English, code, CJK and emoji that merges
+# exist for each; everything else falls back to bytes, which the tests want to exercise too.
+TRAIN_TEXT = """\
+The quick brown fox jumps over the lazy dog. A local language model runs on your own
+machine: it loads the weights, tokenizes the prompt, and predicts one token at a time.
+Greedy decoding always picks the most likely next token; sampling draws from the
+distribution after temperature, top-k and top-p have shaped it. The model's answer isn't
+magic, it's arithmetic: matrix multiplications, normalization, attention and a softmax.
+We'll test the tokenizer on numbers like 3.14159, 2025, 1,000,000 and 42 as well.
+Hello, world! How are you today? I'm fine, thanks. They've said we'd arrive by 10:30.
+
+def fibonacci(n: int) -> int:
+    \"\"\"Return the n-th Fibonacci number.\"\"\"
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+if __name__ == "__main__":
+    print([fibonacci(i) for i in range(10)])
+
+#include <stdio.h>
+int main(void) {
+    for (int i = 0; i < 10; i++) {
+        printf("%d\\n", i * i);
+    }
+    return 0;
+}
+
+{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
+{"role": "user", "content": "What is the capital of France?"}
+
+机器学习是人工智能的一个分支。今天天气很好，我们去公园散步吧。
+自然言語処理はとても面白いです。東京は日本の首都です。ありがとうございます。
+안녕하세요. 저는 학생입니다. 한국어를 공부하고 있어요.
+Emoji: 😀 😂 👍 🎉 ❤️ 🚀 👩‍💻 🇫🇷 👋🏽 — and symbols like © ® ™ € £ ¥ → ← ∑ √ ∞.
+Café, naïve, résumé, über, façade, São Paulo, Zürich, Ångström.
+"""
+
+
+def train_byte_level(regex, vocab_size, specials, added, ignore_merges):
+    """Byte-level BPE like Llama 3 / Qwen2: Split(regex) + ByteLevel without its own regex."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([TRAIN_TEXT], trainer)
+    # Special tokens go after the learned vocab, as in the real models (ids near the top).
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in added])
+    spec = json.loads(tok.to_str())
+    spec["model"]["ignore_merges"] = ignore_merges  # Llama 3 sets it, Qwen2 does not
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def train_sentencepiece_bpe(vocab_size, specials):
+    """SentencePiece-style BPE like Gemma's tokenizer.json: spaces become U+2581, unknown
+    characters fall back to <0xXX> byte tokens; specials first, then the 256 bytes."""
+    tmp = Tokenizer(models.BPE())
+    tmp.normalizer = normalizers.Replace(" ", "\u2581")
+    # Training only: keep merges from crossing word starts, like SentencePiece pieces.
+    tmp.pre_tokenizer = pre_tokenizers.Split("\u2581", behavior="merged_with_next")
+    tmp.train_from_iterator([TRAIN_TEXT], trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False))
+    learned = json.loads(tmp.to_str())["model"]
+    vocab = {}
+    for s in specials:
+        vocab[s] = len(vocab)
+    for b in range(256):
+        vocab["<0x%02X>" % b] = len(vocab)
+    for piece, _ in sorted(learned["vocab"].items(), key=lambda kv: kv[1]):
+        if piece not in vocab:
+            vocab[piece] = len(vocab)
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in learned["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B:1",
+                                                       special_tokens=[("<bos>", vocab["<bos>"])])
+    return tok
+
+
+def template(name):
+    path = TEMPLATES / f"{name}.jinja"
+    if not path.exists():
+        sys.exit(f"make_tiny_models: missing chat template {path}")
+    return path.read_text()
+
+
+def family_specs():
+    """Per family: tokenizer, tokenizer_config, generation_config, model config."""
+    specs = {}
+
+    llama_specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                      "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>"]
+    tok = train_byte_level(LLAMA3_REGEX, 600, llama_specials, [], ignore_merges=True)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|>:1 $B:1",
+        special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])
+    ids = {s: tok.token_to_id(s) for s in llama_specials}
+    eos = [ids["<|end_of_text|>"], ids["<|eom_id|>"], ids["<|eot_id|>"]]
+    specs["llama"] = dict(
+        tokenizer=tok,
+        tokenizer_config={"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+                          "chat_template": template("llama3.1")},
+        generation_config={"bos_token_id": ids["<|begin_of_text|>"], "eos_token_id": eos, "do_sample": False},
+        config={"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                "num_hidden_layers": 3, "intermediate_size": 128, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                "max_position_embeddings": 131072, "tie_word_embeddings": True, "hidden_act": "silu",
+                "attention_bias": False, "mlp_bias": False,
+                "bos_token_id": ids["<|begin_of_text|>"], "eos_token_id": eos})
+
+    qwen_specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    qwen_added = ["<tool_call>", "</tool_call>", "<think>", "</think>"]  # not special in Qwen3
+    tok = train_byte_level(QWEN2_REGEX, 700, qwen_specials, qwen_added, ignore_merges=False)
+    tok.normalizer = normalizers.NFC()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    ids = {s: tok.token_to_id(s) for s in qwen_specials}
+    specs["qwen3"] = dict(
+        tokenizer=tok,
+        tokenizer_config={"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                          "chat_template": template("qwen3")},
+        generation_config={"eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+                           "pad_token_id": ids["<|endoftext|>"], "do_sample": False},
+        config={"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 128,
+                "num_hidden_layers": 2, "intermediate_size": 256, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                "max_position_embeddings": 40960, "tie_word_embeddings": False, "hidden_act": "silu",
+                "attention_bias": False, "bos_token_id": ids["<|endoftext|>"],
+                "eos_token_id": ids["<|im_end|>"]})
+
+    gemma_specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+    tok = train_sentencepiece_bpe(500, gemma_specials)
+    ids = {s: tok.token_to_id(s) for s in gemma_specials}
+    specs["gemma3"] = dict(
+        tokenizer=tok,
+        tokenizer_config={"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+                          "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False,
+                          "chat_template": template("gemma3")},
+        generation_config={"bos_token_id": ids["<bos>"], "eos_token_id": [ids["<eos>"], ids["<end_of_turn>"]],
+                           "pad_token_id": ids["<pad>"], "do_sample": False},
+        # sliding_window 16 with pattern 2: layers 0 and 2 slide, 1 and 3 are global, and
+        # the goldens' prompts + 32 generated tokens run past the window.
+        # query_pre_attn_scalar differs from head_dim on purpose, so using the wrong one shows.
+        config={"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "hidden_size": 64,
+                "num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 48, "sliding_window": 16,
+                "sliding_window_pattern": 2,
+                "layer_types": ["sliding_attention", "full_attention"] * 2,
+                "max_position_embeddings": 32768, "hidden_activation": "gelu_pytorch_tanh",
+                "final_logit_softcapping": None, "attn_logit_softcapping": None,
+                "tie_word_embeddings": True, "bos_token_id": ids["<bos>"],
+                "eos_token_id": [ids["<eos>"], ids["<end_of_turn>"]], "pad_token_id": ids["<pad>"]})
+
+    for spec in specs.values():
+        spec["config"]["vocab_size"] = spec["tokenizer"].get_vocab_size(with_added_tokens=True)
+        spec["tokenizer_config"].update({"tokenizer_class": "PreTrainedTokenizerFast",
+                                         "model_max_length": 4096, "clean_up_tokenization_spaces": False})
+    return specs
+
+
+def build_model(family, config, init):
+    """Random weights from a fixed seed, then rescaled (see INIT) so the tiny model's greedy
+    output varies and its logits have top-1/top-2 gaps well above rounding noise."""
+    import importlib
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    mx.random.seed(SEED + sum(map(ord, family)))
+    model = module.Model(module.ModelArgs.from_dict(config))
+    params = dict(tree_flatten(model.parameters()))
+    for name, w in params.items():
+        if "norm" in name:
+            center = init["final_norm"] if name == "model.norm.weight" else \
+                init["post_norm"] if ".post_" in name else init["norm"]
+            params[name] = center + 0.2 * mx.random.normal(w.shape)
+        elif "embed_tokens" in name:
+            params[name] = init["embed_std"] * mx.random.normal(w.shape)
+        elif name == "lm_head.weight":
+            params[name] = init["lm_head_scale"] * w
+        elif "proj" in name:
+            params[name] = init["proj_scale"] * w
+    if config.get("tie_word_embeddings", True) and "lm_head.weight" in params:
+        del params["lm_head.weight"]
+    model.load_weights(list(params.items()), strict=False)
+    if hasattr(model, "sanitize") and "lm_head.weight" not in params:
+        model.sanitize(params)  # gemma3_text drops its lm_head when the weights have none
+    mx.eval(model.parameters())
+    return model
+
+
+# Weight rescaling per family, found by trying a few values and looking at greedy output:
+# with mlx's default init, tied models just echo their input token (the embedding dominates
+# the residual) and untied ones have logits ~0.6 wide with near-ties. Gemma normalizes each
+# block's output (post_*_layernorm, scale 1+w) and multiplies embeddings by sqrt(hidden), so
+# it needs small embeddings and large post-norm scales instead of larger projections.
+INIT = {
+    "llama": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=4.0, lm_head_scale=1.0),
+    "qwen3": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=4.0, lm_head_scale=6.0),
+    "gemma3": dict(norm=0.0, post_norm=5.0, final_norm=3.0, embed_std=0.125, proj_scale=1.0, lm_head_scale=1.0),
+}
+
+
+FORMS = {"f32": None, "bf16": None, "q4g64": (4, 64), "q4g32": (4, 32), "q8g64": (8, 64), "q8g32": (8, 32)}
+
+
+def save_form(family, spec, form, src_dir, out_dir):
+    from mlx_lm.tokenizer_utils import load as load_tokenizer_wrapper
+    from mlx_lm.utils import quantize_model, save
+
+    config = json.loads(json.dumps(spec["config"]))
+    model = build_model(family, config, INIT[family])
+    if form == "f32":
+        config["torch_dtype"] = "float32"
+    else:
+        # Quantized forms start from bf16 weights, as mlx_lm.convert does for bf16 checkpoints,
+        # so scales/biases and the unquantized norms are bf16 too.
+        model.set_dtype(mx.bfloat16)
+        config["torch_dtype"] = "bfloat16"
+    if FORMS[form]:
+        bits, group = FORMS[form]
+        model, config = quantize_model(model, config, group_size=group, bits=bits)
+    tokenizer = load_tokenizer_wrapper(src_dir)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    save(out_dir, src_dir, model, tokenizer, config, donate_model=False)
+
+
+def self_check(path):
+    from mlx_lm import generate, load
+    model, tokenizer = load(str(path))
+    text = generate(model, tokenizer, prompt="Hello world", max_tokens=4, verbose=False)
+    if not isinstance(text, str):
+        raise RuntimeError(f"{path}: generate returned {type(text)}")
+    return text
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None, help="default: $HEARTH_CACHE/tiny (HEARTH_CACHE=~/.cache/hearth)")
+    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--only", default=None, help="comma-separated families")
+    args = ap.parse_args()
+    cache = Path(os.environ.get("HEARTH_CACHE", Path.home() / ".cache" / "hearth"))
+    out = Path(args.out) if args.out else cache / "tiny"
+    out.mkdir(parents=True, exist_ok=True)
+    log = (lambda *a: None) if args.quiet else print
+    specs = family_specs()
+    for family, spec in specs.items():
+        if args.only and family not in args.only.split(","):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp)
+            # The "source checkpoint" folder mlx-lm's save() copies tokenizer and
+            # generation_config from, as if converting from a Hugging Face download.
+            spec["tokenizer"].save(str(src / "tokenizer.json"))
+            (src / "tokenizer_config.json").write_text(json.dumps(spec["tokenizer_config"], indent=2))
+            (src / "generation_config.json").write_text(json.dumps(spec["generation_config"], indent=2))
+            (src / "config.json").write_text(json.dumps(spec["config"], indent=2))
+            for form in FORMS:
+                dst = out / f"{family}-{form}"
+                sink = io.StringIO()
+                with contextlib.redirect_stdout(sink):  # quantize_model prints [INFO] lines
+                    save_form(family, spec, form, src, dst)
+                    sample = self_check(dst)
+                size = sum(f.stat().st_size for f in dst.iterdir() if f.is_file())
+                log(f"{dst.name}: vocab {spec['config']['vocab_size']}, {size / 1024:.0f} KiB, "
+                    f"mlx-lm generates {sample!r}")
+
+
+if __name__ == "__main__":
+    main()

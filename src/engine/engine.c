@@ -10,6 +10,7 @@
 #include "engine/sampler.h"
 #include "model/model.h"
 #include "backend/cpu/bandwidth.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -184,6 +185,11 @@ hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens
         model_batch b = {.T = T, .tokens = e->step_tok, .pos = e->step_pos, .slot = e->step_slot, .n_out = n_out,
                          .out_rows = e->out_rows, .logits = e->logits};
         if ((st = model_forward(e->m, &e->kv, e->s, &b, e->tp, err))) return st;
+        for (size_t i = 0; i < (size_t)n_out * vocab; i++)
+            if (!isfinite(e->logits[i]))
+                return err_set(err, HEARTH_ERR_FORMAT,
+                               "%s: the model produced non-finite logits; its weights contain NaN or Inf values",
+                               e->hm->entry.path);
         if (n_out && logits) {
             size_t first = done + (size_t)e->out_rows[0] - (n - n_logits);
             memcpy(logits + first * vocab, e->logits, (size_t)n_out * vocab * sizeof(float));

@@ -69,6 +69,9 @@ static hearth_status load_vector(loader *L, const char *name, int64_t n, int req
                 memcpy(&h, t->data + 2 * i, 2);
                 dst[i] = t->dtype == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
             }
+            if (!isfinite(dst[i]))
+                return err_set(L->err, HEARTH_ERR_FORMAT, "%s: tensor '%s' holds a non-finite value (%g) at index %lld",
+                               t->file ? t->file : L->hm->entry.path, name, dst[i], (long long)i);
         }
         *out = dst;
     }
@@ -79,6 +82,25 @@ static const void *copy_bytes(loader *L, const tensor_info *t) {
     void *dst = arena_take(L, t->nbytes);
     if (dst) memcpy(dst, t->data, t->nbytes);
     return dst;
+}
+
+/* Index of the first NaN/Inf in a float matrix (F32/F16/BF16), or -1. Quantized formats
+ * are caught later: their non-finite scales show up as non-finite logits. */
+static int64_t first_non_finite(const tensor_info *t) {
+    uint64_t n = tensor_elems(t);
+    for (uint64_t i = 0; i < n; i++) {
+        if (t->dtype == DT_F32) {
+            uint32_t u;
+            memcpy(&u, t->data + 4 * i, 4);
+            if ((u & 0x7f800000u) == 0x7f800000u) return (int64_t)i;
+        } else if (t->dtype == DT_F16 || t->dtype == DT_BF16) {
+            uint16_t h;
+            memcpy(&h, t->data + 2 * i, 2);
+            uint16_t mask = t->dtype == DT_F16 ? 0x7c00u : 0x7f80u;
+            if ((h & mask) == mask) return (int64_t)i;
+        }
+    }
+    return -1;
 }
 
 /* A matrix [n_out, n_in] in any format: plain, GGUF block-quantized, or MLX affine
@@ -116,7 +138,14 @@ static hearth_status load_matrix(loader *L, const char *module, int64_t n_out, i
         w->biases = copy_bytes(L, b);
     }
     w->data = copy_bytes(L, t);
-    if (L->cap) return cpu_weight_check(w, name, L->err);
+    if (!L->cap) {
+        int64_t bad = first_non_finite(t);
+        if (bad >= 0)
+            return err_set(L->err, HEARTH_ERR_FORMAT, "%s: tensor '%s' holds a non-finite value at index %lld", file,
+                           name, (long long)bad);
+        return HEARTH_OK;
+    }
+    return cpu_weight_check(w, name, L->err);
     return HEARTH_OK;
 }
 

@@ -1,0 +1,169 @@
+/* test_sampler.c: the sampler against the definitions it implements: argmax, softmax
+ * frequencies at a temperature (chi-square), the support of top-k / top-p / min-p, the
+ * mlx-lm penalty formulas, logit bias, seeding and log-probabilities. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <string.h>
+
+#include "engine/sampler.h"
+
+static hearth_sampling base(void) {
+    hearth_sampling p;
+    memset(&p, 0, sizeof p);
+    p.top_p = 1.0f;
+    p.repetition_penalty = 1.0f;
+    return p;
+}
+
+static void test_greedy_and_bias(void **state) {
+    (void)state;
+    sampler s;
+    assert_int_equal(sampler_init(&s, 5, NULL), HEARTH_OK);
+    float x[5] = {1, 3, 3, -2, 0};
+    hearth_sampling p = base();
+    assert_int_equal(sampler_sample(&s, x, &p, NULL, 0, NULL), 1); /* ties: the lower id, as argmax */
+    int32_t ids[1] = {4};
+    float vals[1] = {3.5f};
+    p.bias_ids = ids, p.bias_values = vals, p.n_bias = 1;
+    assert_int_equal(sampler_sample(&s, x, &p, NULL, 0, NULL), 4);
+    assert_true(x[4] == 0); /* the caller's logits are untouched */
+    sampler_free(&s);
+}
+
+/* mlx-lm: repetition divides positive / multiplies negative logits of ids in the window
+ * once; presence subtracts once; frequency subtracts per occurrence. */
+static void test_penalties(void **state) {
+    (void)state;
+    sampler s;
+    sampler_init(&s, 4, NULL);
+    float x[4] = {2.0f, -1.0f, 1.0f, 0.5f};
+    int32_t hist[] = {3, 0, 1, 0, 0}; /* window 3: {1, 0, 0} */
+    hearth_sampling p = base();
+    p.repetition_penalty = 2.0f;
+    p.repetition_context_size = 3;
+    p.presence_penalty = 0.25f;
+    p.frequency_penalty = 0.5f;
+    hearth_logprobs lp = {.n = 4};
+    sampler_sample(&s, x, &p, hist, 5, &lp);
+    float want[4] = {2.0f / 2 - 0.25f - 0.5f * 2, -1.0f * 2 - 0.25f - 0.5f, 1.0f, 0.5f};
+    double lse = 0;
+    for (int i = 0; i < 4; i++) lse += exp(want[i]);
+    lse = log(lse);
+    for (int i = 0; i < lp.n; i++) assert_float_equal(lp.top_logprobs[i], want[lp.top_ids[i]] - lse, 1e-5);
+    assert_int_equal(lp.top_ids[0], 2); /* 1.0 is now the best */
+    sampler_free(&s);
+}
+
+static void test_logprobs(void **state) {
+    (void)state;
+    sampler s;
+    sampler_init(&s, 6, NULL);
+    float x[6] = {0.1f, 2.0f, -1.0f, 2.0f, 0.5f, -3.0f};
+    hearth_sampling p = base();
+    hearth_logprobs lp = {.n = 3};
+    int32_t id = sampler_sample(&s, x, &p, NULL, 0, &lp);
+    double lse = 0;
+    for (int i = 0; i < 6; i++) lse += exp(x[i]);
+    lse = log(lse);
+    assert_int_equal(id, 1);
+    assert_float_equal(lp.logprob, x[1] - lse, 1e-5);
+    assert_int_equal(lp.n, 3);
+    int order[3] = {1, 3, 4};
+    for (int i = 0; i < 3; i++) assert_int_equal(lp.top_ids[i], order[i]);
+    sampler_free(&s);
+}
+
+/* Draw counts at temperature 0.7 against softmax(x / 0.7), chi-square with 4 degrees of
+ * freedom: 18.47 is the 0.999 quantile, so a correct sampler fails 1 run in 1000 — and
+ * the seed is fixed, so this run's outcome never changes. */
+static void test_temperature_distribution(void **state) {
+    (void)state;
+    sampler s;
+    sampler_init(&s, 5, NULL);
+    sampler_seed(&s, 1234);
+    float x[5] = {1.0f, 0.5f, 0.0f, -0.5f, 0.2f};
+    hearth_sampling p = base();
+    p.temperature = 0.7f;
+    int counts[5] = {0}, draws = 20000;
+    for (int i = 0; i < draws; i++) counts[sampler_sample(&s, x, &p, NULL, 0, NULL)]++;
+    double z = 0, chi = 0;
+    for (int i = 0; i < 5; i++) z += exp(x[i] / 0.7);
+    for (int i = 0; i < 5; i++) {
+        double e = draws * exp(x[i] / 0.7) / z;
+        chi += (counts[i] - e) * (counts[i] - e) / e;
+    }
+    assert_true(chi < 18.47);
+    sampler_free(&s);
+}
+
+static void support(sampler *s, const float *x, const hearth_sampling *p, int *seen) {
+    memset(seen, 0, 6 * sizeof *seen);
+    for (int i = 0; i < 4000; i++) seen[sampler_sample(s, x, p, NULL, 0, NULL)] = 1;
+}
+
+static void test_filters(void **state) {
+    (void)state;
+    sampler s;
+    sampler_init(&s, 6, NULL);
+    sampler_seed(&s, 99);
+    /* probabilities 0.5, 0.3, 0.15, 0.05 and two tiny ones */
+    float x[6] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f), logf(1e-9f), logf(1e-9f)};
+    int seen[6];
+    hearth_sampling p = base();
+    p.temperature = 1.0f;
+    p.top_k = 2;
+    support(&s, x, &p, seen);
+    assert_true(seen[0] && seen[1] && !seen[2] && !seen[3]);
+    p = base();
+    p.temperature = 1.0f;
+    p.top_p = 0.7f; /* 0.5 < 0.7 <= 0.8: the first two */
+    support(&s, x, &p, seen);
+    assert_true(seen[0] && seen[1] && !seen[2] && !seen[3]);
+    p.top_p = 0.9f; /* 0.8 < 0.9 <= 0.95: three */
+    support(&s, x, &p, seen);
+    assert_true(seen[2] && !seen[3]);
+    p = base();
+    p.temperature = 1.0f;
+    p.min_p = 0.25f; /* keep p >= 0.125: the first three */
+    support(&s, x, &p, seen);
+    assert_true(seen[0] && seen[1] && seen[2] && !seen[3] && !seen[4]);
+    sampler_free(&s);
+}
+
+static void test_seed_reproducible(void **state) {
+    (void)state;
+    sampler a, b;
+    sampler_init(&a, 50, NULL);
+    sampler_init(&b, 50, NULL);
+    float x[50];
+    for (int i = 0; i < 50; i++) x[i] = sinf((float)i);
+    hearth_sampling p = base();
+    p.temperature = 1.5f;
+    sampler_seed(&a, 7);
+    sampler_seed(&b, 7);
+    int same = 1, differ = 0;
+    int32_t first[64];
+    for (int i = 0; i < 64; i++) {
+        first[i] = sampler_sample(&a, x, &p, NULL, 0, NULL);
+        same &= first[i] == sampler_sample(&b, x, &p, NULL, 0, NULL);
+    }
+    sampler_seed(&b, 8);
+    for (int i = 0; i < 64; i++) differ |= first[i] != sampler_sample(&b, x, &p, NULL, 0, NULL);
+    assert_true(same);
+    assert_true(differ);
+    sampler_free(&a);
+    sampler_free(&b);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_and_bias),       cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_logprobs),              cmocka_unit_test(test_temperature_distribution),
+        cmocka_unit_test(test_filters),               cmocka_unit_test(test_seed_reproducible),
+    };
+    return cmocka_run_group_tests_name("sampler", tests, NULL, NULL);
+}

@@ -1,0 +1,57 @@
+/* test_kv_cache.c: the paged KV pool: blocks handed out and returned, slots isolated,
+ * positions addressed through block tables, limits refused without side effects. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "engine/kv_cache.h"
+
+static void test_reserve_release(void **state) {
+    (void)state;
+    kv_cache kv;
+    /* 2 layers, 2 KV heads of 8, 3 slots, context 40 (3 blocks per slot), 5 blocks */
+    assert_int_equal(kv_create(&kv, 2, 2, 8, 3, 40, 5, NULL), HEARTH_OK);
+    assert_int_equal(kv.max_blocks_per_slot, 3);
+    assert_int_equal(kv_reserve(&kv, 0, 17, NULL), HEARTH_OK); /* 2 blocks */
+    assert_int_equal(kv.n_free, 3);
+    assert_int_equal(kv_reserve(&kv, 0, 20, NULL), HEARTH_OK); /* still 2 */
+    assert_int_equal(kv.n_free, 3);
+    assert_int_equal(kv_reserve(&kv, 1, 48, NULL), HEARTH_OK); /* 3 blocks */
+    assert_int_equal(kv.n_free, 0);
+    hearth_error err = {0};
+    assert_int_equal(kv_reserve(&kv, 2, 1, &err), HEARTH_ERR_NOMEM); /* pool empty */
+    assert_int_equal(kv.n_tokens[2], 0);
+    assert_int_equal(kv_reserve(&kv, 0, 41, &err), HEARTH_ERR_INVALID); /* past the context */
+    /* every position of every slot maps to its own storage */
+    for (int p = 0; p < 20; p++) kv_key(&kv, 1, 0, p, 1)[3] = (float)p;
+    for (int p = 0; p < 48; p++) kv_key(&kv, 1, 1, p, 1)[3] = 100.0f + p;
+    for (int p = 0; p < 20; p++) assert_true(kv_key(&kv, 1, 0, p, 1)[3] == (float)p);
+    assert_true(kv_key(&kv, 0, 0, 5, 1) != kv_key(&kv, 1, 0, 5, 1));
+    assert_true(kv_key(&kv, 1, 0, 5, 0) != kv_key(&kv, 1, 0, 5, 1));
+    assert_true(kv_value(&kv, 1, 0, 5, 1) != kv_key(&kv, 1, 0, 5, 1));
+    kv_release(&kv, 1);
+    assert_int_equal(kv.n_free, 3);
+    assert_int_equal(kv_reserve(&kv, 2, 33, NULL), HEARTH_OK);
+    for (int p = 0; p < 20; p++) assert_true(kv_key(&kv, 1, 0, p, 1)[3] == (float)p); /* slot 0 untouched */
+    kv_release(&kv, 0);
+    kv_release(&kv, 2);
+    assert_int_equal(kv.n_free, 5);
+    kv_destroy(&kv);
+}
+
+static void test_bad_sizes(void **state) {
+    (void)state;
+    kv_cache kv;
+    assert_int_equal(kv_create(&kv, 0, 2, 8, 1, 16, 1, NULL), HEARTH_ERR_INVALID);
+    assert_int_equal(kv_create(&kv, 1, 1, 8, 1, 16, 1, NULL), HEARTH_OK);
+    assert_int_equal(kv_reserve(&kv, 5, 1, NULL), HEARTH_ERR_INVALID);
+    kv_release(&kv, -1); /* ignored */
+    kv_destroy(&kv);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_reserve_release), cmocka_unit_test(test_bad_sizes)};
+    return cmocka_run_group_tests_name("kv_cache", tests, NULL, NULL);
+}

@@ -23,7 +23,7 @@ static void test_reserve_release(void **state) {
     hearth_error err = {0};
     assert_int_equal(kv_reserve(&kv, 2, 1, &err), HEARTH_ERR_NOMEM); /* pool empty */
     assert_int_equal(kv.n_tokens[2], 0);
-    assert_int_equal(kv_reserve(&kv, 0, 41, &err), HEARTH_ERR_INVALID); /* past the context */
+    assert_int_equal(kv_reserve(&kv, 0, 49, &err), HEARTH_ERR_INVALID); /* past the block table */
     /* every position of every slot maps to its own storage */
     for (int p = 0; p < 20; p++) kv_key(&kv, 1, 0, p, 1)[3] = (float)p;
     for (int p = 0; p < 48; p++) kv_key(&kv, 1, 1, p, 1)[3] = 100.0f + p;

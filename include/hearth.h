@@ -116,6 +116,8 @@ typedef struct hearth_engine_options {
     int context_length;  /* 0: the model's, capped at 8192 */
     int max_step_tokens; /* tokens per forward step (prefill chunk); 0: 256 */
     int max_sequences;   /* sequences held at once; 0: 1 */
+    int use_mmap;        /* use weights in place in the file mapping instead of copying
+                            them into resident memory (for models larger than RAM) */
 } hearth_engine_options;
 
 /* Loads the weights into resident memory and allocates the KV pool and all scratch

@@ -10,7 +10,7 @@
 static const char *gen_usage =
     "hearth generate <model> \"prompt\" [--max-tokens N] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--repetition-penalty R] [--seed S] [--system TEXT] [--no-chat-template] [--stop STR]...\n"
-    "       [--threads N] [--ctx N] [--verbose]";
+    "       [--threads N] [--ctx N] [--mmap] [--verbose]";
 
 static int on_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
     (void)user; (void)id; (void)lp;
@@ -21,8 +21,9 @@ static int on_token(void *user, int32_t id, const char *text, const hearth_logpr
 
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 
-/* --threads and --ctx, shared by the verbs that run the engine. */
+/* --threads, --ctx and --mmap, shared by the verbs that run the engine. */
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o) {
+    if (!strcmp(argv[*i], "--mmap")) return o->use_mmap = 1;
     if (*i + 1 >= argc) return 0;
     if (!strcmp(argv[*i], "--threads") || !strcmp(argv[*i], "-t")) o->n_threads = atoi(argv[++*i]);
     else if (!strcmp(argv[*i], "--ctx")) o->context_length = atoi(argv[++*i]);

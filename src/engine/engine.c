@@ -80,7 +80,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     hearth_engine *e = calloc(1, sizeof *e);
     if (!e) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     e->hm = hm;
-    hearth_status st = model_load(hm, &e->m, err);
+    hearth_status st = model_load(hm, o.use_mmap, &e->m, err);
     if (st) { free(e); return st; }
     const model_config *c = &e->m->cfg;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);

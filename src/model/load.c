@@ -29,6 +29,7 @@ typedef struct loader {
     int gguf;
     uint8_t *arena;
     size_t used, cap; /* cap 0: sizing pass */
+    int use_mmap;     /* matrices point into the file mapping instead of the arena */
     hearth_error *err;
 } loader;
 
@@ -79,6 +80,7 @@ static hearth_status load_vector(loader *L, const char *name, int64_t n, int req
 }
 
 static const void *copy_bytes(loader *L, const tensor_info *t) {
+    if (L->use_mmap) return t->data;
     void *dst = arena_take(L, t->nbytes);
     if (dst) memcpy(dst, t->data, t->nbytes);
     return dst;
@@ -208,14 +210,14 @@ static hearth_status load_all(loader *L) {
 
 hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_error *err);
 
-hearth_status model_load(const hearth_model *hm, model **out, hearth_error *err) {
+hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hearth_error *err) {
     *out = NULL;
     model *m = calloc(1, sizeof *m);
     if (!m) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     hearth_status st = model_config_read(hm, &m->cfg, err);
     if (!st && !(m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers)))
         st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
-    loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .err = err};
+    loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .use_mmap = use_mmap, .err = err};
     if (!st) st = load_all(&L); /* sizing pass: checks names and shapes, copies nothing */
     if (!st) {
         L.cap = L.used;

@@ -42,9 +42,11 @@ typedef struct model {
     size_t arena_bytes;
 } model;
 
-/* Loads the weights of an open model (folder or GGUF) into resident memory and checks
- * every shape against the config. */
-hearth_status model_load(const hearth_model *hm, model **out, hearth_error *err);
+/* Loads the weights of an open model (folder or GGUF) into resident anonymous memory
+ * and checks every shape against the config. use_mmap: weight matrices are used in place
+ * in the file mapping instead (for models larger than RAM; on VMs whose memory daemon
+ * evicts clean file pages, decode slows down badly). */
+hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hearth_error *err);
 void model_free(model *m);
 /* Bytes model_load will allocate for this model (for fit predictions). */
 size_t model_weight_bytes(const model *m);

@@ -82,6 +82,7 @@ hearth_status hearth_chat_render(const hearth_model *m, const char *messages_jso
         st = err_set(err, HEARTH_ERR_UNSUPPORTED,
                      "%s: the model has no chat template (pass --chat-template or use --no-chat-template)",
                      m->entry.path);
+    if (!st) st = tpl_chat_prepare_messages(messages, err); /* reasoning under both names, as transformers */
     if (!st) {
         json_t *ctx = json_object();
         json_object_set_new(ctx, "bos_token", json_string(m->bos_token ? m->bos_token : ""));

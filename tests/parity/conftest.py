@@ -136,3 +136,30 @@ def conversations():
     if not files:
         pytest.fail("tests/parity/corpus/conversations/*.json missing", pytrace=False)
     return {os.path.basename(f): json.loads(Path(f).read_text(encoding="utf-8")) for f in files}
+
+
+def hf_tokenizer(model):
+    """The transformers tokenizer of a model folder or .gguf file (the oracle for tokenize,
+    detokenize and apply_chat_template). transformers' GGUF reader imports torch only for
+    tensor dtypes, which tokenizer conversion never touches; torch is not installed here,
+    so a placeholder module stands in for that import."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from transformers import AutoTokenizer
+
+    if not model.endswith(".gguf"):
+        return AutoTokenizer.from_pretrained(model)
+    if "torch" not in sys.modules:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            stub = types.ModuleType("torch")
+            stub.__spec__ = importlib.machinery.ModuleSpec("torch", None)
+            stub.__getattr__ = lambda name: object()
+            sys.modules["torch"] = stub
+    import transformers.modeling_gguf_pytorch_utils as mg
+
+    mg.is_torch_available = lambda: True
+    return AutoTokenizer.from_pretrained(os.path.dirname(model), gguf_file=os.path.basename(model))

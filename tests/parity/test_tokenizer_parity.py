@@ -5,12 +5,9 @@ plus every file/line of tests/parity/corpus/tokenizer/.
 The C side is tests/parity/helpers/tok_helper.c, compiled here against lib/libhearth.a
 (run `make lib` first); all texts of one tokenizer go through one process."""
 import glob
-import importlib.machinery
 import json
 import os
 import subprocess
-import sys
-import types
 
 import pytest
 
@@ -95,22 +92,9 @@ def run_helper(helper, path, requests):
 
 
 def _gguf_oracle(path):
-    """transformers' GGUF tokenizer. Its GGUF reader imports torch at module level only for
-    tensor dtypes, which tokenizer conversion never touches; torch is not installed here, so a
-    placeholder module stands in for the import."""
-    if "torch" not in sys.modules:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            stub = types.ModuleType("torch")
-            stub.__spec__ = importlib.machinery.ModuleSpec("torch", None)
-            stub.__getattr__ = lambda name: object()
-            sys.modules["torch"] = stub
-    import transformers.modeling_gguf_pytorch_utils as mg
-    from transformers import AutoTokenizer
-    mg.is_torch_available = lambda: True
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    return tok.backend_tokenizer
+    """transformers' GGUF tokenizer (see conftest.hf_tokenizer for the torch placeholder)."""
+    from conftest import hf_tokenizer
+    return hf_tokenizer(path).backend_tokenizer
 
 
 def oracle(kind, path):

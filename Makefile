@@ -31,30 +31,39 @@ all: $(BINDIR)/hearth $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
 
 lib: $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
 
+# V=1 shows every command; by default one short line per file.
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	@$(if $(Q),echo "  CC    $<")
+	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libhearth.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@rm -f $@
-	ar rcs $@ $^
+	$(Q)ar rcs $@ $^
 
 $(LIBDIR)/libhearth.a: $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
-	cp $< $@
+	@cp $< $@
 
 $(LIBDIR)/libhearth.so: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) -shared -o $@ $^ $(LDLIBS)
 
 $(BINDIR)/hearth: $(CLI_OBJ) $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libhearth.a $(LDLIBS)
+	@$(if $(Q),echo "  LINK  $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libhearth.a $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) -lcmocka
+	$(Q)$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) -lcmocka
 
 # Runs every unit test binary; each prints cmocka's summary.
 unit: $(UNIT_BIN)
@@ -88,7 +97,7 @@ build/fuzz/libhearth-fuzz.a: $(FUZZ_OBJ)
 
 build/fuzz/%: tests/fuzz/%.c build/fuzz/libhearth-fuzz.a
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< build/fuzz/libhearth-fuzz.a $(LDLIBS)
+	$(Q)clang $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< build/fuzz/libhearth-fuzz.a $(LDLIBS)
 
 deps:
 	@bash tools/deps.sh

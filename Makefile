@@ -8,7 +8,7 @@ BUILD   ?= build
 BINDIR  ?= bin
 LIBDIR  ?= lib
 CC      ?= gcc
-PKGS    := jansson libpcre2-8 libutf8proc
+PKGS    := jansson libpcre2-8 libutf8proc libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 OPT     ?= -O2
@@ -102,10 +102,13 @@ build/fuzz/%: tests/fuzz/%.c build/fuzz/libhearth-fuzz.a
 deps:
 	@bash tools/deps.sh
 
-# Parity tests against the Python oracles (mlx-lm, HF tokenizers, gguf, jinja2).
+# Parity tests against the Python oracles (mlx-lm, HF tokenizers, gguf, jinja2) and the
+# API tests (the real mlx_lm.server, the openai SDK).
 parity: all
 	@bash tools/get_models.sh
-	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q tests/parity
+	@# two runs: each folder's tests import helpers from its own conftest module
+	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/parity
+	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/api
 
 test: deps
 	@$(MAKE) --no-print-directory all

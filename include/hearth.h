@@ -86,6 +86,12 @@ const char *hearth_detok_stream_finish(hearth_detok_stream *s);
 void hearth_detok_stream_free(hearth_detok_stream *s);
 
 int32_t hearth_vocab_size(const hearth_model *m);
+/* The raw vocabulary string of a token (e.g. "\u0120word" for byte-level BPE), or NULL. */
+const char *hearth_token_piece(const hearth_model *m, int32_t id);
+/* The model's default chat template source, or NULL (valid while the model is open). */
+const char *hearth_model_chat_template(const hearth_model *m);
+/* A string value of tokenizer_config.json (e.g. "tool_parser_type"), or NULL. */
+const char *hearth_model_tokenizer_config_string(const hearth_model *m, const char *key);
 /* The id of a token string or -1. */
 int32_t hearth_token_id(const hearth_model *m, const char *token);
 
@@ -187,6 +193,19 @@ typedef struct hearth_generate_params {
     const char *const *stop;   /* stop strings, never emitted */
     size_t n_stop;
     int ignore_eos;
+    /* Optional: called during prefill with (tokens done, prompt tokens): 0/T first, then
+     * after each prefill chunk (at most T-1), then T/T once the first token is sampled.
+     * It receives the same `user` as on_token; nonzero cancels (finish CANCELLED). */
+    int (*on_progress)(void *user, size_t done, size_t total);
+    /* Drop one leading space from the first non-empty output text (mlx-lm's streaming
+     * detokenizers trim it; the server does it, the CLI does not). */
+    int trim_leading_space;
+    /* Optional token-level stop sequences (mlx_lm.server semantics): generation ends
+     * (finish STOP_STRING) when the generated ids end with one of them; the terminating
+     * token's text and anything held back are not emitted. */
+    const int32_t *const *stop_token_seqs;
+    const size_t *stop_token_lens;
+    size_t n_stop_token_seqs;
 } hearth_generate_params;
 
 /* Called for each token with the text that became final (may be "", never a broken

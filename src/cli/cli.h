@@ -15,6 +15,7 @@ int cli_generate(int argc, char **argv);
 int cli_trace(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_chat(int argc, char **argv);
+int cli_serve(int argc, char **argv);
 
 /* Prints "hearth: <message>" to stderr and returns 1. */
 int cli_fail(const hearth_error *err);

@@ -11,6 +11,7 @@ static const cli_verb verbs[] = {
     {"template", cli_template, "render a conversation through the model's chat template"},
     {"generate", cli_generate, "generate text from a prompt, streamed to stdout"},
     {"chat", cli_chat, "talk with a model in the terminal"},
+    {"serve", cli_serve, "serve an OpenAI-compatible HTTP API (a drop-in for mlx_lm.server)"},
     {"bench", cli_bench, "measure prefill and decode speed against the memory-bandwidth roofline"},
     {"trace", cli_trace, "print a prompt's logits and a greedy continuation as JSON (parity checks)"},
     {"tensors", cli_tensors, "list a model's tensors, or dump one as float32"},

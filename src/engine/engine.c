@@ -206,6 +206,7 @@ int engine_eos_ids(const hearth_engine *e, const int32_t **ids) {
 sampler *engine_sampler(hearth_engine *e) { return &e->smp; }
 const int32_t *engine_history(const hearth_engine *e, int seq) { return e->history + (size_t)seq * e->context; }
 int engine_seq_length(const hearth_engine *e, int seq) { return e->kv.n_tokens[seq]; }
+int engine_step_tokens(const hearth_engine *e) { return e->step_tokens; }
 float *engine_logits_buffer(hearth_engine *e) { return e->logits + (size_t)(ENGINE_MAX_LOGITS_ROWS - 1) * e->m->cfg.vocab; }
 const hearth_model *engine_model(const hearth_engine *e) { return e->hm; }
 

@@ -13,5 +13,7 @@ sampler *engine_sampler(hearth_engine *e);
 const int32_t *engine_history(const hearth_engine *e, int seq);
 int engine_seq_length(const hearth_engine *e, int seq);
 float *engine_logits_buffer(hearth_engine *e);
+/* Tokens per forward step: the prefill chunk size. */
+int engine_step_tokens(const hearth_engine *e);
 const hearth_model *engine_model(const hearth_engine *e);
 #endif

@@ -90,6 +90,36 @@ static int emit(stop_filter *f, size_t n, hearth_token_fn cb, void *user, int32_
     return rc;
 }
 
+/* Appends the prompt; with a progress callback it goes in chunks of the engine's step
+ * size (the same chunks hearth_seq_append uses) so the caller can report progress. */
+static hearth_status prefill(hearth_engine *e, int seq, const int32_t *prompt, size_t n, float *logits,
+                             const hearth_generate_params *p, void *user, hearth_generate_result *res,
+                             hearth_error *err) {
+    if (!p->on_progress) return hearth_seq_append(e, seq, prompt, n, 1, logits, err);
+    size_t step = (size_t)engine_step_tokens(e), done = 0;
+    if (p->on_progress(user, 0, n)) { res->finish = HEARTH_FINISH_CANCELLED; return HEARTH_OK; }
+    while (done < n) {
+        size_t k = n - done < step ? n - done : step;
+        int last = done + k == n;
+        hearth_status st = hearth_seq_append(e, seq, prompt + done, k, last ? 1 : 0, last ? logits : NULL, err);
+        if (st) return st;
+        done += k;
+        if (p->on_progress(user, done < n ? done : n - 1, n)) { res->finish = HEARTH_FINISH_CANCELLED; break; }
+    }
+    return HEARTH_OK;
+}
+
+/* Whether generated[0..n) followed by id ends with one of the token stop sequences. */
+static int ends_with_stop_seq(const hearth_generate_params *p, const int32_t *generated, size_t n, int32_t id) {
+    for (size_t i = 0; i < p->n_stop_token_seqs; i++) {
+        size_t len = p->stop_token_lens[i];
+        const int32_t *seq = p->stop_token_seqs[i];
+        if (len == 0 || len > n + 1 || seq[len - 1] != id) continue;
+        if (!memcmp(generated + n - (len - 1), seq, (len - 1) * sizeof *seq)) return 1;
+    }
+    return 0;
+}
+
 hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_prompt,
                               const hearth_generate_params *p, hearth_token_fn on_token, void *user,
                               hearth_generate_result *res, hearth_error *err) {
@@ -114,22 +144,35 @@ hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_
     stop_filter f = {.stop = p->stop, .n_stop = p->n_stop};
     sbuf_init(&f.pending);
     hearth_logprobs lp = {.n = p->sampling.top_logprobs};
+    int trim = p->trim_leading_space;
 
     double t0 = now_seconds();
-    st = hearth_seq_append(e, seq, prompt, n_prompt, 1, logits, err);
+    st = prefill(e, seq, prompt, n_prompt, logits, p, user, res, err);
     res->prompt_tokens = n_prompt;
     res->prompt_seconds = now_seconds() - t0;
     double t1 = now_seconds();
     while (!st && !res->finish) {
         int32_t id = sampler_sample(engine_sampler(e), logits, &p->sampling, engine_history(e, seq),
                                     (size_t)engine_seq_length(e, seq), &lp);
-        if (res->completion_tokens == 0) res->first_token_seconds = now_seconds() - t0;
+        if (res->completion_tokens == 0) {
+            res->first_token_seconds = now_seconds() - t0;
+            if (p->on_progress && p->on_progress(user, n_prompt, n_prompt)) res->finish = HEARTH_FINISH_CANCELLED;
+        }
         res->completion_tokens++;
         int is_eos = 0;
         for (int i = 0; i < n_eos && !p->ignore_eos; i++) is_eos |= eos[i] == id;
+        int token_stop = !is_eos && ends_with_stop_seq(p, engine_history(e, seq) + n_prompt,
+                                                       res->completion_tokens - 1, id);
+        is_eos |= token_stop; /* ends like EOS: nothing more of this token is shown */
         int hit = 0;
-        size_t ready = is_eos ? 0 : stop_feed(&f, hearth_detok_stream_push(ds, id), &hit);
-        if (is_eos) res->finish = HEARTH_FINISH_EOS;
+        const char *piece = is_eos ? "" : hearth_detok_stream_push(ds, id);
+        if (trim && piece[0]) { /* the first visible text: mlx-lm drops its leading space */
+            if (piece[0] == ' ') piece++;
+            trim = 0;
+        }
+        size_t ready = is_eos ? 0 : stop_feed(&f, piece, &hit);
+        if (token_stop) res->finish = HEARTH_FINISH_STOP_STRING;
+        else if (is_eos) res->finish = HEARTH_FINISH_EOS;
         else if (hit) res->finish = HEARTH_FINISH_STOP_STRING;
         else if (res->completion_tokens >= (size_t)p->max_tokens) res->finish = HEARTH_FINISH_LENGTH;
         else if (engine_seq_length(e, seq) + 1 > ctx) res->finish = HEARTH_FINISH_CONTEXT;

@@ -1,0 +1,284 @@
+/* serve.c: `hearth serve`: mlx_lm.server's flags (same names and defaults; the
+ * ones hearth cannot honour yet are accepted with a warning), hearth's own
+ * limits and API key, then the model, the engine, and the HTTP server until
+ * SIGINT/SIGTERM. All request handling lives in src/server/. */
+#include "cli/cli.h"
+#include "server/server.h"
+#include "server/textstate.h"
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
+
+/* The model `make run` uses; hearth_model_open finds it in
+ * $HEARTH_CACHE/models. */
+#define SERVE_DEFAULT_MODEL "SmolLM2-135M-Instruct.Q4_1"
+
+static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [--port 8080] [--max-tokens "
+                                 "512] [--temp 0] [--top-p 1]\n"
+                                 "             [--top-k 0] [--min-p 0] [--chat-template TEXT] "
+                                 "[--chat-template-args JSON]\n"
+                                 "             [--allowed-origins a,b|*] [--log-level INFO] [--api-key KEY] "
+                                 "[--max-body 16M]\n"
+                                 "             [--max-header 64K] [--timeout 300] [--max-connections 256] "
+                                 "[--threads N] [--ctx N] [--mmap]\n"
+                                 "             [--prefill-step-size 2048]\n"
+                                 "  accepted but not supported yet (a warning says so): --adapter-path "
+                                 "--draft-model --num-draft-tokens\n"
+                                 "  --trust-remote-code --use-default-chat-template --decode-concurrency "
+                                 "--prompt-concurrency\n"
+                                 "  --prompt-cache-size --prompt-cache-bytes --pipeline\n"
+                                 "  See docs/server.md.";
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig) {
+    (void)sig;
+    stop_requested = 1;
+}
+
+/* "16M", "64K", "1G", "1048576": bytes (binary units, as limits usually are).
+ */
+static int parse_size(const char *s, size_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || errno || s[0] == '-') return -1;
+    unsigned long long mult = 1;
+    if (*end == 'K' || *end == 'k')
+        mult = 1ull << 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        mult = 1ull << 20, end++;
+    else if (*end == 'G' || *end == 'g')
+        mult = 1ull << 30, end++;
+    if (*end == 'i' || *end == 'B') end++;
+    if (*end == 'B') end++;
+    if (*end || v > SIZE_MAX / mult) return -1;
+    *out = (size_t)(v * mult);
+    return 0;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *s, float *out) {
+    char *end;
+    float v = strtof(s, &end);
+    if (end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_origins(const char *list, srv_config *c) {
+    char *copy = strdup(list);
+    if (!copy) return -1;
+    size_t n = 1;
+    for (const char *p = list; *p; p++) n += *p == ',';
+    c->origins = calloc(n, sizeof *c->origins);
+    c->n_origins = 0;
+    c->origins_any = 0;
+    for (char *tok = strtok(copy, ","); tok && c->origins; tok = strtok(NULL, ",")) {
+        while (*tok == ' ') tok++;
+        if (!strcmp(tok, "*")) c->origins_any = 1;
+        c->origins[c->n_origins++] = strdup(tok);
+    }
+    free(copy);
+    return c->origins ? 0 : -1;
+}
+
+static int parse_log_level(const char *s, srv_log_level *out) {
+    static const char *names[] = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"};
+    for (int i = 0; i < 5; i++)
+        if (!strcasecmp(s, names[i])) {
+            *out = (srv_log_level)i;
+            return 0;
+        }
+    return -1;
+}
+
+/* Flags of mlx_lm.server that hearth accepts without acting on them yet. */
+static const char *const unsupported_valued[] = {"--adapter-path",       "--draft-model",        "--num-draft-tokens",
+                                                 "--decode-concurrency", "--prompt-concurrency", "--prompt-cache-size",
+                                                 "--prompt-cache-bytes"};
+static const char *const unsupported_switches[] = {"--trust-remote-code", "--use-default-chat-template", "--pipeline"};
+
+typedef struct serve_opts {
+    srv_config cfg;
+    hearth_engine_options eo;
+    const char *chat_template;
+    const char *template_args;
+} serve_opts;
+
+/* Splits --name=value so both argparse spellings work; returns the value or
+ * NULL. */
+static const char *flag_value(int argc, char **argv, int *i, const char *name, char *namebuf, size_t cap) {
+    const char *a = argv[*i], *eq = strchr(a, '=');
+    if (eq && (size_t)(eq - a) < cap) {
+        memcpy(namebuf, a, (size_t)(eq - a));
+        namebuf[eq - a] = 0;
+        return strcmp(namebuf, name) ? NULL : eq + 1;
+    }
+    if (strcmp(a, name) || *i + 1 >= argc) return NULL;
+    return argv[++*i];
+}
+
+static int parse_args(int argc, char **argv, serve_opts *o) {
+    srv_config *c = &o->cfg;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        char nb[64];
+        long n;
+        if (cli_is_help(a)) {
+            printf("usage: %s\n", serve_usage);
+            exit(0);
+        }
+        if (cli_parse_engine_flag(argc, argv, &i, &o->eo)) continue;
+#define VAL(name) (v = flag_value(argc, argv, &i, name, nb, sizeof nb))
+#define BADV(name) return cli_usage_error(serve_usage, "invalid value for " name ": '%s'", v)
+        if (VAL("--model"))
+            c->model_arg = v;
+        else if (VAL("--host"))
+            c->host = v;
+        else if (VAL("--port")) {
+            if (parse_int(v, 0, 65535, &n)) BADV("--port");
+            c->port = (int)n;
+        } else if (VAL("--max-tokens")) {
+            if (parse_int(v, 0, INT_MAX, &n)) BADV("--max-tokens");
+            c->defaults.max_tokens = (int)n;
+        } else if (VAL("--temp")) {
+            if (parse_float(v, &c->defaults.temperature)) BADV("--temp");
+        } else if (VAL("--top-p")) {
+            if (parse_float(v, &c->defaults.top_p)) BADV("--top-p");
+        } else if (VAL("--min-p")) {
+            if (parse_float(v, &c->defaults.min_p)) BADV("--min-p");
+        } else if (VAL("--top-k")) {
+            if (parse_int(v, 0, INT_MAX, &n)) BADV("--top-k");
+            c->defaults.top_k = (int)n;
+        } else if (VAL("--chat-template"))
+            o->chat_template = v;
+        else if (VAL("--chat-template-args"))
+            o->template_args = v;
+        else if (VAL("--allowed-origins")) {
+            if (parse_origins(v, c)) BADV("--allowed-origins");
+        } else if (VAL("--log-level")) {
+            if (parse_log_level(v, &c->log_level)) BADV("--log-level");
+        } else if (VAL("--api-key"))
+            c->api_key = v[0] ? v : NULL;
+        else if (VAL("--max-body")) {
+            if (parse_size(v, &c->max_body)) BADV("--max-body");
+        } else if (VAL("--max-header")) {
+            if (parse_size(v, &c->max_header) || c->max_header < 4096) BADV("--max-header");
+        } else if (VAL("--timeout")) {
+            if (parse_int(v, 0, INT_MAX, &n)) BADV("--timeout");
+            c->timeout_s = (unsigned)n;
+        } else if (VAL("--max-connections")) {
+            if (parse_int(v, 1, 65535, &n)) BADV("--max-connections");
+            c->max_connections = (unsigned)n;
+        } else if (VAL("--prefill-step-size")) {
+            if (parse_int(v, 1, 1 << 20, &n)) BADV("--prefill-step-size");
+            o->eo.max_step_tokens = (int)n;
+        } else {
+            int known = 0;
+            for (size_t k = 0; k < sizeof unsupported_valued / sizeof *unsupported_valued && !known; k++)
+                if (VAL(unsupported_valued[k])) {
+                    fprintf(stderr,
+                            "hearth serve: warning: %s is not supported yet; '%s' is "
+                            "ignored\n",
+                            unsupported_valued[k], v);
+                    known = 1;
+                }
+            for (size_t k = 0; k < sizeof unsupported_switches / sizeof *unsupported_switches && !known; k++)
+                if (!strcmp(a, unsupported_switches[k])) {
+                    fprintf(stderr, "hearth serve: warning: %s is not supported yet; ignored\n", a);
+                    known = 1;
+                }
+            if (!known) return cli_usage_error(serve_usage, "unknown or incomplete flag '%s'", a);
+        }
+#undef VAL
+#undef BADV
+    }
+    return 0;
+}
+
+static void make_fingerprint(char *out, size_t cap) {
+    struct utsname u;
+    if (uname(&u))
+        snprintf(out, cap, "hearth-%s-cpu", HEARTH_VERSION);
+    else
+        snprintf(out, cap, "hearth-%s-%s-%s-%s-cpu", HEARTH_VERSION, u.sysname, u.release, u.machine);
+}
+
+static bool has_token(void *ud, const char *piece) { return hearth_token_id(ud, piece) >= 0; }
+
+int cli_serve(int argc, char **argv) {
+    serve_opts o = {.cfg = {.host = "127.0.0.1",
+                            .port = 8080,
+                            .max_body = 16u << 20,
+                            .max_header = 64u << 10,
+                            .timeout_s = 300,
+                            .max_connections = 256,
+                            .log_level = SRV_LOG_INFO,
+                            .defaults = {.max_tokens = 512, .top_p = 1.0f, .num_draft_tokens = 3}}};
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc;
+    srv_config *c = &o.cfg;
+    if (!c->origins && parse_origins("*", c)) return 1;
+    json_t *targs = NULL;
+    if (o.template_args) {
+        json_error_t je;
+        targs = json_loads(o.template_args, 0, &je);
+        if (!json_is_object(targs))
+            return cli_usage_error(serve_usage, "--chat-template-args must be a JSON object: '%s'", o.template_args);
+    }
+    c->defaults.chat_template_args = targs;
+    srv_server s = {.cfg = *c};
+    hearth_error err = {0};
+    const char *name = c->model_arg ? c->model_arg : SERVE_DEFAULT_MODEL;
+    if (cli_open_model(name, &s.model)) return 1;
+    if (o.chat_template && o.chat_template[0] && hearth_model_set_chat_template(s.model, o.chat_template, &err))
+        return cli_fail(&err);
+    ts_config tsc;
+    if (ts_infer(&tsc, hearth_model_chat_template(s.model),
+                 hearth_model_tokenizer_config_string(s.model, "tool_parser_type"), has_token, s.model, false, &err))
+        return cli_fail(&err);
+    s.text_config = &tsc;
+    hearth_engine *e = NULL;
+    if (hearth_engine_create(s.model, &o.eo, &e, &err)) return cli_fail(&err);
+    s.context_length = hearth_engine_context_length(e);
+    make_fingerprint(s.fingerprint, sizeof s.fingerprint);
+    pthread_mutex_init(&s.render_mu, NULL);
+    if (srv_queue_start(e, &s.queue, &err)) return cli_fail(&err);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not end the server */
+    if (srv_start(&s, &err)) return cli_fail(&err);
+    srv_log(&s, SRV_LOG_INFO, "model %s (%s tool parser, context %d)", hearth_model_path(s.model),
+            tsc.tool_name ? tsc.tool_name : "no", s.context_length);
+    srv_log(&s, SRV_LOG_INFO, "Starting httpd at %s on port %d...", c->host, c->port);
+    fprintf(stderr, "hearth serve: listening on http://%s%s%s:%d/v1\n", strchr(c->host, ':') ? "[" : "", c->host,
+            strchr(c->host, ':') ? "]" : "", c->port);
+    while (!stop_requested) pause();
+    srv_log(&s, SRV_LOG_INFO, "shutting down");
+    srv_stop(&s);
+    srv_queue_stop(s.queue);
+    hearth_engine_free(e);
+    hearth_model_close(s.model);
+    json_decref(targs);
+    for (size_t i = 0; i < c->n_origins; i++) free(c->origins[i]);
+    free(c->origins);
+    pthread_mutex_destroy(&s.render_mu);
+    return 0;
+}

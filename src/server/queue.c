@@ -1,0 +1,248 @@
+/* queue.c: the engine thread and the per-request event channels. HTTP threads
+ * submit jobs (FIFO, so requests are served in arrival order) and read events;
+ * only the engine thread calls hearth_generate. Continuous batching will
+ * replace the one-job-at-a-time loop here without changing the job/event
+ * interface. Must not format HTTP output. */
+#include "server/server.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct srv_queue {
+    hearth_engine *engine;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    srv_job *head, *tail;
+    size_t depth;
+    int stopping;
+};
+
+/* The job outlives the HTTP request when the client leaves mid-generation, so it keeps
+ * its own copies of everything the parameters point to (stop strings, stop token
+ * sequences, logit bias). */
+static void *dup_bytes(const void *p, size_t n) {
+    void *q = malloc(n ? n : 1);
+    if (q && n) memcpy(q, p, n);
+    return q;
+}
+
+static void job_free_params(srv_job *j) {
+    hearth_generate_params *p = &j->params;
+    for (size_t i = 0; p->stop && i < p->n_stop; i++) free((void *)p->stop[i]);
+    for (size_t i = 0; p->stop_token_seqs && i < p->n_stop_token_seqs; i++) free((void *)p->stop_token_seqs[i]);
+    free((void *)p->stop);
+    free((void *)p->stop_token_seqs);
+    free((void *)p->stop_token_lens);
+    free((void *)p->sampling.bias_ids);
+    free((void *)p->sampling.bias_values);
+}
+
+static int job_own_params(srv_job *j) {
+    hearth_generate_params *p = &j->params, src = *p;
+    p->stop = NULL, p->stop_token_seqs = NULL, p->stop_token_lens = NULL;
+    p->sampling.bias_ids = NULL, p->sampling.bias_values = NULL;
+    char **stop = calloc(src.n_stop + 1, sizeof *stop);
+    int32_t **seqs = calloc(src.n_stop_token_seqs + 1, sizeof *seqs);
+    p->stop = (const char *const *)stop;
+    p->stop_token_seqs = (const int32_t *const *)seqs;
+    p->stop_token_lens = dup_bytes(src.stop_token_lens, src.n_stop_token_seqs * sizeof(size_t));
+    p->sampling.bias_ids = dup_bytes(src.sampling.bias_ids, src.sampling.n_bias * sizeof(int32_t));
+    p->sampling.bias_values = dup_bytes(src.sampling.bias_values, src.sampling.n_bias * sizeof(float));
+    if (!stop || !seqs || !p->stop_token_lens || !p->sampling.bias_ids || !p->sampling.bias_values) return -1;
+    for (size_t i = 0; i < src.n_stop; i++)
+        if (!(stop[i] = strdup(src.stop[i]))) return -1;
+    for (size_t i = 0; i < src.n_stop_token_seqs; i++)
+        if (!(seqs[i] = dup_bytes(src.stop_token_seqs[i], src.stop_token_lens[i] * sizeof(int32_t)))) return -1;
+    return 0;
+}
+
+srv_job *srv_job_new(int32_t *ids, size_t n_ids, const hearth_generate_params *p) {
+    srv_job *j = calloc(1, sizeof *j);
+    /* the DONE event is allocated up front so a finished job can always say so */
+    srv_event *done = calloc(1, sizeof *done + 1);
+    if (!j || !done) {
+        free(j);
+        free(done);
+        return NULL;
+    }
+    done->kind = SRV_EV_DONE;
+    j->done_event = done;
+    j->ids = ids;
+    j->n_ids = n_ids;
+    j->params = *p;
+    if (job_own_params(j)) {
+        free(done);
+        job_free_params(j);
+        free(j);
+        return NULL;
+    }
+    j->refs = 2;
+    atomic_init(&j->cancel, 0);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    return j;
+}
+
+void srv_job_release(srv_job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left) return;
+    for (srv_event *ev = j->head, *next; ev; ev = next) {
+        next = ev->next;
+        free(ev);
+    }
+    free(j->done_event);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j->ids);
+    job_free_params(j);
+    free(j);
+}
+
+static void push(srv_job *j, srv_event *ev) {
+    pthread_mutex_lock(&j->mu);
+    if (j->tail)
+        j->tail->next = ev;
+    else
+        j->head = ev;
+    j->tail = ev;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+srv_event *srv_job_next_event(srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    while (!j->head) pthread_cond_wait(&j->cv, &j->mu);
+    srv_event *ev = j->head;
+    j->head = ev->next;
+    if (!j->head) j->tail = NULL;
+    pthread_mutex_unlock(&j->mu);
+    ev->next = NULL;
+    return ev;
+}
+
+/* The engine's callbacks: copy what the HTTP side needs and report
+ * cancellation. When an event cannot be allocated the job is cancelled rather
+ * than losing text silently. */
+static int on_token(void *user, int32_t token, const char *text, const hearth_logprobs *lp) {
+    srv_job *j = user;
+    size_t n = strlen(text);
+    srv_event *ev = calloc(1, sizeof *ev + n + 1);
+    if (!ev) return 1;
+    ev->kind = SRV_EV_TOKEN;
+    ev->token = token;
+    ev->finish = j->result.finish; /* hearth_generate decides the finish before emitting */
+    if (lp) {
+        ev->has_lp = 1;
+        ev->lp = *lp;
+    }
+    memcpy(ev->text, text, n + 1);
+    push(j, ev);
+    return atomic_load(&j->cancel);
+}
+
+static int on_progress(void *user, size_t done, size_t total) {
+    srv_job *j = user;
+    srv_event *ev = calloc(1, sizeof *ev + 1);
+    if (!ev) return 1;
+    ev->kind = SRV_EV_PROGRESS;
+    ev->done = done;
+    ev->total = total;
+    push(j, ev);
+    return atomic_load(&j->cancel);
+}
+
+static void finish(srv_job *j) {
+    srv_event *ev = j->done_event;
+    j->done_event = NULL;
+    pthread_mutex_lock(&j->mu);
+    j->finished = 1;
+    pthread_mutex_unlock(&j->mu);
+    push(j, ev);
+}
+
+static void run_job(srv_queue *q, srv_job *j) {
+    if (atomic_load(&j->cancel)) {
+        j->result.finish = HEARTH_FINISH_CANCELLED;
+    } else {
+        j->params.on_progress = on_progress;
+        j->status = hearth_generate(q->engine, j->ids, j->n_ids, &j->params, on_token, j, &j->result, &j->err);
+    }
+    finish(j);
+    srv_job_release(j);
+}
+
+static void *engine_main(void *arg) {
+    srv_queue *q = arg;
+    for (;;) {
+        pthread_mutex_lock(&q->mu);
+        while (!q->head && !q->stopping) pthread_cond_wait(&q->cv, &q->mu);
+        srv_job *j = q->head;
+        if (j) {
+            q->head = j->next_in_queue;
+            if (!q->head) q->tail = NULL;
+            q->depth--;
+        }
+        int stopping = q->stopping;
+        pthread_mutex_unlock(&q->mu);
+        if (!j) break;
+        if (stopping) atomic_store(&j->cancel, 1);
+        run_job(q, j);
+    }
+    return NULL;
+}
+
+hearth_status srv_queue_start(hearth_engine *e, srv_queue **out, hearth_error *err) {
+    srv_queue *q = calloc(1, sizeof *q);
+    if (!q) {
+        err->status = HEARTH_ERR_NOMEM;
+        snprintf(err->message, sizeof err->message, "out of memory");
+        return HEARTH_ERR_NOMEM;
+    }
+    q->engine = e;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    if (pthread_create(&q->thread, NULL, engine_main, q)) {
+        free(q);
+        err->status = HEARTH_ERR_NOMEM;
+        snprintf(err->message, sizeof err->message, "could not start the engine thread");
+        return HEARTH_ERR_NOMEM;
+    }
+    *out = q;
+    return HEARTH_OK;
+}
+
+void srv_queue_submit(srv_queue *q, srv_job *j) {
+    pthread_mutex_lock(&q->mu);
+    j->next_in_queue = NULL;
+    if (q->tail)
+        q->tail->next_in_queue = j;
+    else
+        q->head = j;
+    q->tail = j;
+    q->depth++;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+size_t srv_queue_depth(srv_queue *q) {
+    pthread_mutex_lock(&q->mu);
+    size_t d = q->depth;
+    pthread_mutex_unlock(&q->mu);
+    return d;
+}
+
+void srv_queue_stop(srv_queue *q) {
+    if (!q) return;
+    pthread_mutex_lock(&q->mu);
+    q->stopping = 1;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    pthread_join(q->thread, NULL);
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    free(q);
+}

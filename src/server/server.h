@@ -1,0 +1,220 @@
+/* server.h: how the parts of `hearth serve` meet: the server config, a
+ * validated request, the engine queue with its per-request event channel, the
+ * Python-compatible JSON writer and the OpenAI response shapes. Consumers of
+ * include/hearth.h only: nothing here touches tensors or engine internals. */
+#ifndef HEARTH_SERVER_SERVER_H
+#define HEARTH_SERVER_SERVER_H
+#include "base/sbuf.h"
+#include "hearth.h"
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* ---- errors: an OpenAI error object with its HTTP status ---------------- */
+
+typedef struct srv_error {
+    int http_status;  /* 400, 401, 404, ... */
+    const char *type; /* "invalid_request_error", "authentication_error", ... */
+    const char *code; /* NULL or a short code ("model_not_found") */
+    char param[64];   /* the offending request field, "" if none */
+    char message[512];
+} srv_error;
+
+/* Fills e and returns -1, so parsers can `return srv_fail(...)`. */
+__attribute__((format(printf, 6, 7))) int srv_fail(srv_error *e, int http_status, const char *type, const char *param,
+                                                   const char *code, const char *fmt, ...);
+/* {"error": {"message", "type", "param", "code"}} in Python json.dumps form;
+ * caller frees. */
+char *srv_error_body(const srv_error *e);
+
+/* ---- JSON output exactly like Python's json.dumps defaults -------------- */
+
+/* Appends v with separators ", " and ": ", non-ASCII as \uXXXX, floats as
+ * Python's repr (shortest round-trip), keys in insertion order. */
+void srv_json_write(sbuf *out, const json_t *v);
+char *srv_json_dumps(const json_t *v); /* malloc'd, NULL on allocation failure */
+
+/* ---- requests ----------------------------------------------------------- */
+
+typedef enum srv_kind { SRV_CHAT, SRV_TEXT } srv_kind;
+
+/* Request-field defaults that come from command-line flags (mlx_lm.server's
+ * names). */
+typedef struct srv_defaults {
+    int max_tokens;
+    float temperature, top_p, min_p;
+    int top_k;
+    int num_draft_tokens;
+    const json_t *chat_template_args; /* object or NULL */
+} srv_defaults;
+
+/* A request body after validation; every field has its default filled in. */
+typedef struct srv_request {
+    srv_kind kind;
+    char *model; /* echoed back verbatim; "default_model" when absent */
+    int max_tokens;
+    float temperature, top_p, min_p;
+    int top_k;
+    float repetition_penalty, presence_penalty, frequency_penalty;
+    int repetition_context_size, presence_context_size, frequency_context_size;
+    float xtc_probability, xtc_threshold;
+    int32_t *bias_ids;
+    float *bias_values;
+    size_t n_bias;
+    int logprobs;     /* bool */
+    int top_logprobs; /* -1: off */
+    int has_seed;
+    uint64_t seed;
+    char **stop;
+    size_t n_stop;
+    int stream, include_usage;
+    json_t *template_kwargs; /* --chat-template-args merged with
+                                chat_template_kwargs */
+    json_t *messages;        /* chat: content flattened to strings, tool arguments parsed */
+    json_t *tools;           /* chat: NULL when absent or empty */
+    char *prompt;            /* text completions */
+} srv_request;
+
+/* Parses and validates a body. Returns 0, or -1 with e filled (the request is
+ * freed). */
+int srv_request_parse(const char *body, size_t len, srv_kind kind, const srv_defaults *d, srv_request *r, srv_error *e);
+void srv_request_free(srv_request *r);
+
+/* ---- the engine queue: one thread owns the engine ----------------------- */
+
+typedef enum srv_event_kind { SRV_EV_PROGRESS, SRV_EV_TOKEN, SRV_EV_DONE } srv_event_kind;
+
+typedef struct srv_event {
+    struct srv_event *next;
+    srv_event_kind kind;
+    size_t done, total;   /* PROGRESS */
+    int32_t token;        /* TOKEN */
+    hearth_finish finish; /* TOKEN: set on the last token (the engine sets it
+                             before the callback) */
+    int has_lp;
+    hearth_logprobs lp;
+    char text[]; /* TOKEN: the text that became final (may be "") */
+} srv_event;
+
+/* One queued generation; shared by an HTTP thread and the engine thread
+ * (refcounted). */
+typedef struct srv_job {
+    struct srv_job *next_in_queue;
+    int32_t *ids;
+    size_t n_ids;
+    hearth_generate_params params; /* owns copies of its stop strings, stop ids and bias */
+    atomic_int cancel;             /* set by the HTTP side when the client went away */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    srv_event *head, *tail; /* events not yet taken by the HTTP side */
+    srv_event *done_event;  /* preallocated DONE marker */
+    int finished;           /* the DONE event was pushed */
+    hearth_status status;
+    hearth_error err;
+    hearth_generate_result result;
+    int refs;
+} srv_job;
+
+typedef struct srv_queue srv_queue;
+
+/* Starts the engine thread. The engine stays owned by the caller. */
+hearth_status srv_queue_start(hearth_engine *e, srv_queue **out, hearth_error *err);
+/* Stops the thread after the running job; queued jobs finish as cancelled. */
+void srv_queue_stop(srv_queue *q);
+/* Creates a job holding two references (HTTP side and engine side); takes ids.
+ */
+srv_job *srv_job_new(int32_t *ids, size_t n_ids, const hearth_generate_params *p);
+void srv_job_release(srv_job *j);
+void srv_queue_submit(srv_queue *q, srv_job *j);
+/* Jobs waiting (not counting the running one). */
+size_t srv_queue_depth(srv_queue *q);
+/* Blocks until an event is available; the caller frees it with free(). */
+srv_event *srv_job_next_event(srv_job *j);
+
+/* ---- response shapes (OpenAI, as mlx_lm.server emits them) --------------- */
+
+/* What one response carries besides the fixed header fields. */
+typedef struct srv_reply {
+    const char *id, *fingerprint, *object, *model;
+    long long created;
+    srv_kind kind;
+    int stream;
+    const char *finish_reason; /* NULL for intermediate chunks */
+    const char *text, *reasoning;
+    json_t *tool_calls; /* formatted items (tp_format_calls) or NULL; borrowed */
+    json_t *logprobs;   /* the "logprobs" value or NULL (stolen) */
+    int with_usage;
+    size_t prompt_tokens, completion_tokens, cached_tokens;
+} srv_reply;
+
+/* Builds the response object in mlx_lm.server's key order. */
+json_t *srv_reply_json(const srv_reply *r);
+/* The usage-only stream event (object "chat.completion", choices []). */
+json_t *srv_usage_json(const srv_reply *r);
+/* One logprobs.content entry; vocab pieces come from the model. */
+json_t *srv_logprob_entry(const hearth_model *m, int32_t token, const hearth_logprobs *lp, int top_n);
+/* "chatcmpl-<uuid4>" style ids. */
+void srv_make_id(char *out, size_t cap, const char *prefix);
+
+/* ---- the server -----------------------------------------------------------
+ */
+
+typedef enum srv_log_level {
+    SRV_LOG_DEBUG,
+    SRV_LOG_INFO,
+    SRV_LOG_WARNING,
+    SRV_LOG_ERROR,
+    SRV_LOG_CRITICAL
+} srv_log_level;
+
+typedef struct srv_config {
+    const char *host;
+    int port;
+    const char *api_key; /* NULL: no auth */
+    size_t max_body;     /* bytes; larger bodies get 413 */
+    size_t max_header;   /* bytes of request line + headers per connection */
+    unsigned timeout_s;  /* idle connection timeout */
+    unsigned max_connections;
+    char **origins; /* --allowed-origins */
+    size_t n_origins;
+    int origins_any; /* "*" was in the list */
+    srv_log_level log_level;
+    const char *model_arg; /* --model as given (NULL: the default model) */
+    srv_defaults defaults;
+} srv_config;
+
+typedef struct srv_server {
+    srv_config cfg;
+    hearth_model *model;
+    srv_queue *queue;
+    int context_length; /* of the engine */
+    char fingerprint[400];
+    void *text_config;         /* ts_config of the model (textstate.h) */
+    pthread_mutex_t render_mu; /* template rendering and tokenizing, one HTTP
+                                  thread at a time */
+    struct MHD_Daemon *daemon;
+} srv_server;
+
+struct MHD_Connection;
+
+void srv_log(const srv_server *s, srv_log_level level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* http.c: binds and starts serving (returns at once); srv_stop ends it. */
+hearth_status srv_start(srv_server *s, hearth_error *err);
+void srv_stop(srv_server *s);
+/* Queues a complete JSON (or empty) response with the common and CORS headers.
+ */
+int srv_respond(struct MHD_Connection *c, const srv_server *s, int status, const char *body, const char *origin);
+int srv_respond_error(struct MHD_Connection *c, const srv_server *s, const srv_error *e, const char *origin);
+/* Adds Content-type, CORS headers to any response (a struct MHD_Response *). */
+void srv_add_headers(void *response, const srv_server *s, const char *content_type, const char *origin);
+
+/* routes.c */
+int srv_handle_completion(srv_server *s, struct MHD_Connection *c, srv_kind kind, const char *body, size_t len,
+                          const char *origin);
+char *srv_models_body(const srv_server *s, const char *filter); /* filter NULL: all */
+char *srv_index_body(void);
+/* Whether a request's "model" names the model being served. */
+int srv_model_matches(const srv_server *s, const char *name);
+
+#endif

@@ -1,0 +1,134 @@
+"""Shared fixtures for the HTTP API tests: start `hearth serve` on a free loopback port and
+give back its base URL. Generic on purpose (any model, any flags); the tests own the checks.
+A missing binary or model FAILS with the command that fixes it, never a silent skip.
+"""
+import contextlib
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent.parent
+BIN = Path(os.environ.get("HEARTH_BIN", REPO / "bin" / "hearth"))
+CACHE = Path(os.environ.get("HEARTH_CACHE", Path.home() / ".cache" / "hearth"))
+# The default model of `hearth serve` / `make run` (tools/get_models.sh fetches it).
+SMOLLM2 = CACHE / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def need(path, what, fix):
+    if not Path(path).exists():
+        pytest.fail(f"{what} missing: {path}; {fix}", pytrace=False)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def server(model, *flags, ready_timeout=60, env=None):
+    """Runs `hearth serve --model <model> <flags>` on a free port; yields the base URL
+    (http://127.0.0.1:PORT). stderr is kept in proc.log_path for failure messages.
+    env: extra environment variables (e.g. HEARTH_CPU=scalar for the reference tier)."""
+    need(BIN, "hearth binary", "run make (or set HEARTH_BIN)")
+    port = free_port()
+    log = open(f"/tmp/hearth-serve-{port}.log", "w+b")
+    cmd = [str(BIN), "serve", "--port", str(port), "--threads", "1"]
+    if model is not None:
+        cmd += ["--model", str(model)]
+    proc = subprocess.Popen(cmd + [str(f) for f in flags], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + ready_timeout
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                pytest.fail(f"hearth serve exited with {proc.returncode}:\n{log.read().decode(errors='replace')}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"hearth serve did not answer /health within {ready_timeout}s")
+            time.sleep(0.1)
+        server.last_log = log.name
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    return need(SMOLLM2, "default model", "run tools/get_models.sh (or `make run`)")
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(smollm2):
+    """One server with the default model, shared by a test module. It runs the reference
+    kernels (float32 activations) so its greedy tokens equal the mlx-lm goldens exactly;
+    the fast kernels' agreement is measured in tests/parity/test_forward_parity.py."""
+    with server(smollm2, env={"HEARTH_CPU": "scalar"}) as base:
+        yield base
+
+
+# ---- the reference: the real mlx_lm.server (PyPI mlx-lm) on loopback ----------------
+
+PYTHON = REPO / ".venv" / "bin" / "python"
+TINY = CACHE / "tiny"
+
+
+@contextlib.contextmanager
+def upstream_server(model, *flags, ready_timeout=120):
+    """Runs the real `mlx_lm server --model <model>` (offline, CPU) on a free port and
+    yields its base URL. Waits for /health and for the model to answer one request,
+    since upstream's /health says ok before the model has loaded."""
+    need(PYTHON, "project virtualenv", "run tools/deps.sh")
+    need(model, "model", "run tools/make_tiny_models.py (tiny models) or tools/get_models.sh")
+    port = free_port()
+    log = open(f"/tmp/mlx-lm-server-{port}.log", "w+b")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    cmd = [str(PYTHON), "-m", "mlx_lm", "server", "--model", str(model), "--port", str(port)]
+    proc = subprocess.Popen(cmd + [str(f) for f in flags], stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + ready_timeout
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                pytest.fail(f"mlx_lm server exited with {proc.returncode}:\n{log.read().decode(errors='replace')[-3000:]}")
+            try:
+                # text completion with 1 token: proves the model is loaded
+                req = urllib.request.Request(base + "/v1/completions", data=b'{"prompt": "a", "max_tokens": 1}',
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"mlx_lm server did not answer within {ready_timeout}s")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs llama.cpp as the CPU peer for bench/cpu_vs_llamacpp, from the pinned llama-cpp-python
+# sdist on PyPI: its vendored llama.cpp is built with cmake (CPU only, -march=native, no AMX, no
+# BLAS) into $HEARTH_CACHE/bench/llamacpp/lib, and the Python bindings are pip-installed into .venv
+# without native code (they find the libraries through LLAMA_CPP_LIB_PATH). Idempotent.
+# Must not put anything of llama.cpp inside the repository.
+#
+# Why not a plain `pip install llama-cpp-python`: on this Xeon, GGML_NATIVE turns on ggml's AMX
+# kernels, and ggml_backend_amx_mul_mat segfaults on the first llama_decode of every model tried
+# (Q4_1, Q8_0, Q4_K_M); the package build also compiles mtmd/common (~180 objects) that the
+# benchmark never loads, which takes ~40 minutes on 2 shared cores.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+PY="$ROOT/.venv/bin/python"
+VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+DEST="${HEARTH_CACHE:-$HOME/.cache/hearth}/bench/llamacpp"
+LIB="$DEST/lib"
+JOBS="${BENCH_BUILD_JOBS:-2}"
+
+if [ -f "$LIB/libllama.so" ] && LLAMA_CPP_LIB_PATH="$LIB" "$PY" -c "import llama_cpp" >/dev/null 2>&1; then
+    echo "llama.cpp ready: llama-cpp-python $(LLAMA_CPP_LIB_PATH="$LIB" "$PY" -c 'import llama_cpp; print(llama_cpp.__version__)'), libraries in $LIB"
+    exit 0
+fi
+mkdir -p "$DEST"
+SDIST="$DEST/llama_cpp_python-$VERSION.tar.gz"
+if [ ! -f "$SDIST" ]; then
+    "$ROOT/.venv/bin/pip" download -q --no-deps --no-binary :all: -d "$DEST" "llama-cpp-python==$VERSION"
+fi
+SRC="$DEST/llama_cpp_python-$VERSION"
+[ -d "$SRC" ] || tar -xzf "$SDIST" -C "$DEST"
+
+# 1. the native libraries: only what libllama needs (ggml, ggml-base, ggml-cpu, llama)
+NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" # explicit -mno-* win over -march=native in GCC
+cmake -S "$SRC/vendor/llama.cpp" -B "$DEST/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DGGML_NATIVE=ON -DGGML_OPENMP=ON -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
+    -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF "-DCMAKE_C_FLAGS=$NOAMX" "-DCMAKE_CXX_FLAGS=$NOAMX" > "$DEST/cmake.log"
+echo "building llama.cpp (llama-cpp-python $VERSION vendored) with $JOBS jobs; takes a while on a small machine"
+ninja -C "$DEST/build" -j "$JOBS" llama ggml-cpu > "$DEST/ninja.log" || { tail -30 "$DEST/ninja.log"; exit 1; }
+mkdir -p "$LIB"
+cp -a "$DEST"/build/bin/lib*.so* "$LIB"/
+
+# 2. the Python bindings alone (LLAMA_BUILD=OFF: no second native build)
+CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$ROOT/.venv/bin/pip" install -q --force-reinstall --no-deps "$SDIST"
+"$ROOT/.venv/bin/pip" install -q "numpy>=1.20" "typing-extensions>=4.5" "diskcache>=5.6.1" "jinja2>=2.11.3"
+LLAMA_CPP_LIB_PATH="$LIB" "$PY" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__, 'ready;', llama_cpp.llama_print_system_info().decode())"

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""bench/cpu_vs_llamacpp/run_bench.py: CPU prefill and decode speed of hearth (`hearth bench --json`)
+against llama.cpp (llama-cpp-python, low-level eval loop) on the same GGUF files, same thread count,
+same prompt token ids, median of r runs each; both load weights into anonymous memory (hearth by
+design, llama.cpp with use_mmap=False; checked through /proc/<pid>/maps). Writes
+bench/results/cpu_vs_llamacpp.json and .md. A benchmark, not a test: it asserts nothing about speed.
+usage: .venv/bin/python bench/cpu_vs_llamacpp/run_bench.py [-p 512] [-n 128] [-t 2] [-r 5] [--hearth BIN]
+       [--only ID,ID] [--no-1b] [--out bench/results/cpu_vs_llamacpp]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+import prepare_models  # noqa: E402  (model list and paths live there)
+
+
+def cpu_info():
+    model, flags = "unknown", set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
+                       "avx512_bf16", "amx_int8") if f in flags]
+    return {"cpu": model, "logical_cpus": os.cpu_count(), "isa": isa}
+
+
+def loadavg():
+    try:
+        return open("/proc/loadavg").read().split()[:3]
+    except OSError:
+        return ["?", "?", "?"]
+
+
+def mem_total_gb():
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                return round(int(line.split()[1]) / 1e6, 1)
+    except OSError:
+        pass
+    return None
+
+
+def git_describe():
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def bench_prompt(n_tokens, vocab):
+    """The same pseudo-random token ids `hearth bench` uses (xorshift64 from a fixed seed, modulo
+    the vocabulary), so both engines prefill exactly the same prompt."""
+    x, out, mask = 0x9E3779B97F4A7C15, [], (1 << 64) - 1
+    for _ in range(n_tokens):
+        x ^= (x << 13) & mask
+        x ^= x >> 7
+        x ^= (x << 17) & mask
+        out.append(x % vocab)
+    return out
+
+
+class MapWatcher:
+    """Polls /proc/<pid>/maps of a child while it runs and remembers whether the model file was
+    ever mapped: the issue requires weights in anonymous memory, not page cache behind mmap."""
+
+    def __init__(self, pid, path):
+        self.pid, self.path, self.mapped, self.samples = pid, os.path.realpath(path), False, 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                with open(f"/proc/{self.pid}/maps") as f:
+                    if self.path in f.read():
+                        self.mapped = True
+                self.samples += 1
+            except OSError:
+                pass
+            self._stop.wait(1.0)
+
+    def stop(self):
+        self._stop.set()
+        self._t.join()
+
+
+def run_child(cmd, model_path, timeout):
+    """Runs one measuring process; returns (parsed last JSON line or None, error text, mapped)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    w = MapWatcher(p.pid, model_path)
+    try:
+        out, errtxt = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, errtxt = p.communicate()
+        w.stop()
+        return None, f"timed out after {timeout} s", w.mapped
+    w.stop()
+    if p.returncode != 0:
+        return None, f"exit {p.returncode}: {errtxt.strip()[-400:]}", w.mapped
+    for line in reversed(out.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line), None, w.mapped
+    return None, f"no JSON in output: {out.strip()[-200:]}", w.mapped
+
+
+def llamacpp_worker(args):
+    """Child process: loads one model in llama.cpp and prints one JSON line of medians."""
+    import numpy as np
+    llama_cpp = prepare_models.import_llama_cpp()
+    n_ctx = max(1024, args.prompt + args.gen + 16)
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=args.llamacpp_worker, n_threads=args.threads, n_threads_batch=args.threads,
+                          n_ctx=n_ctx, n_batch=512, n_ubatch=512, use_mmap=False, use_mlock=False, n_gpu_layers=0,
+                          verbose=False)
+    load_s = time.perf_counter() - t0
+    vocab = llm.n_vocab()
+    prompt = bench_prompt(args.prompt, vocab)
+
+    def once(p, n):
+        llm.reset()  # n_tokens = 0; eval drops the KV cells past it
+        a = time.perf_counter()
+        llm.eval(prompt[:p])
+        b = time.perf_counter()
+        for _ in range(n):  # greedy, EOS ignored, exactly like hearth bench
+            # Llama.eval keeps no logits unless logits_all; read the last row straight from the context
+            last = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(vocab,))
+            llm.eval([int(np.argmax(last))])
+        return b - a, time.perf_counter() - b
+
+    once(min(args.prompt, 32), 4)  # warm-up, the same shape as hearth bench's
+    pre, dec = [], []
+    for _ in range(args.runs):
+        ps, ds = once(args.prompt, args.gen)
+        pre.append(ps)
+        dec.append(ds)
+    print(json.dumps({"prefill_tps": args.prompt / statistics.median(pre), "decode_tps": args.gen / statistics.median(dec),
+                      "prefill_runs_tps": [args.prompt / s for s in pre], "decode_runs_tps": [args.gen / s for s in dec],
+                      "load_s": load_s, "n_vocab": vocab, "n_ctx": n_ctx,
+                      "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}))
+
+
+def fmt(x, spec):
+    return "n/a" if x is None else format(x, spec)
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def write_markdown(res, path):
+    s = res["settings"]
+    lines = [f"# hearth vs llama.cpp on CPU ({s['threads']} threads, prompt {s['prompt_tokens']}, "
+             f"generate {s['gen_tokens']}, median of {s['runs']} runs, {s['runs_1b']} for the 1B-shaped models)", "",
+             "Ratios are hearth / llama.cpp (above 1: hearth faster). Roofline fractions divide decode tok/s by "
+             "hearth's roofline for the model (bandwidth measured by hearth in the same run / bytes read per "
+             "decode token).", "",
+             "| model | format | hearth prefill tok/s | llama.cpp prefill tok/s | ratio | hearth decode tok/s | "
+             "llama.cpp decode tok/s | ratio | hearth roofline frac | llama.cpp roofline frac | bandwidth GB/s | runs | "
+             "load 1 min before -> after |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in res["rows"]:
+        h, l = r.get("hearth") or {}, r.get("llamacpp") or {}
+        lines.append(f"| {r['model']} | {r['format']} | {fmt(h.get('prefill_tps'), '.1f')} | "
+                     f"{fmt(l.get('prefill_tps'), '.1f')} | {fmt(r['prefill_ratio'], '.2f')} | "
+                     f"{fmt(h.get('decode_tps'), '.1f')} | {fmt(l.get('decode_tps'), '.1f')} | "
+                     f"{fmt(r['decode_ratio'], '.2f')} | {fmt(h.get('roofline_fraction'), '.2f')} | "
+                     f"{fmt(r['llamacpp_roofline_fraction'], '.2f')} | {fmt(h.get('bandwidth_gbs'), '.1f')} | {r['runs']} | "
+                     f"{r['load_before'][0]} -> {r['load_after'][0]} |")
+    errs = [f"- {r['model']} {r['format']}: {side}: {r[side + '_error']}" for r in res["rows"]
+            for side in ("hearth", "llamacpp") if r.get(side + "_error")]
+    m = res["machine"]
+    lines += ["", f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, {m['mem_total_gb']} GB RAM, ISA "
+              f"{' '.join(m['isa'])}; shared with other workers: /proc/loadavg (1/5/15 min) before "
+              f"{' '.join(m['loadavg_before'])}, after {' '.join(m['loadavg_after'])}.",
+              f"hearth {res['hearth']['commit']} ({res['hearth']['binary']}); llama-cpp-python "
+              f"{res['llamacpp']['version']} built by install_llamacpp.sh from its vendored source: GGML_NATIVE=ON with AMX off (ggml AMX kernels crash here), CPU only, OpenMP "
+              f"({res['llamacpp'].get('system_info', '')}).",
+              f"Weights in anonymous memory: model file mapped by hearth: "
+              f"{sorted({str(r.get('hearth_file_mapped')) for r in res['rows']})}, by llama.cpp: "
+              f"{sorted({str(r.get('llamacpp_file_mapped')) for r in res['rows']})} (polled /proc/<pid>/maps).",
+              f"Run {res['started']} .. {res['finished']}; command: `{res['command']}`."]
+    if errs:
+        lines += ["", "Errors:"] + errs
+    path.write_text("\n".join(lines) + "\n")
+
+
+def save(args, started, machine, rows):
+    """Writes <out>.json and <out>.md from the rows measured so far; returns the path stem."""
+    llama_cpp = prepare_models.import_llama_cpp()
+    machine = dict(machine, loadavg_after=machine.get("loadavg_after", loadavg()))
+    sysinfo = next((r["llamacpp"]["system_info"] for r in rows if r["llamacpp"] and "system_info" in r["llamacpp"]), "")
+    rows = [dict(r, llamacpp={k: v for k, v in r["llamacpp"].items() if k != "system_info"} if r["llamacpp"] else None)
+            for r in rows]
+    res = {"benchmark": "cpu_vs_llamacpp", "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+           "settings": {"prompt_tokens": args.prompt, "gen_tokens": args.gen, "threads": args.threads,
+                        "runs": args.runs, "runs_1b": args.runs_1b or args.runs,
+                        "llamacpp": {"n_batch": 512, "n_ubatch": 512, "use_mmap": False, "sampling": "greedy argmax"}},
+           "machine": machine, "hearth": {"binary": args.hearth, "commit": git_describe()},
+           "llamacpp": {"version": llama_cpp.__version__, "system_info": sysinfo}, "rows": rows}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
+    write_markdown(res, out.with_suffix(".md"))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-p", "--prompt", type=int, default=512)
+    ap.add_argument("-n", "--gen", type=int, default=128)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--runs", type=int, default=5)
+    ap.add_argument("--runs-1b", type=int, default=0,
+                    help="runs for the Llama-3.2-1B-shaped models (default: -r); each takes minutes on 2 cores")
+    ap.add_argument("--hearth", default=os.environ.get("HEARTH_BIN", str(REPO / "bin" / "hearth")))
+    ap.add_argument("--only", default="", help="comma-separated model ids (see prepare_models.py --list)")
+    ap.add_argument("--no-1b", action="store_true")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per engine per model")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cpu_vs_llamacpp"))
+    ap.add_argument("--llamacpp-worker", metavar="GGUF", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.llamacpp_worker:
+        return llamacpp_worker(args)
+
+    llama_cpp = prepare_models.import_llama_cpp()
+    if not os.access(args.hearth, os.X_OK):
+        sys.exit(f"run_bench: no hearth binary at {args.hearth} (build it or pass --hearth)")
+    models = prepare_models.model_list(not args.no_1b)
+    if args.only:
+        want = set(args.only.split(","))
+        models = [m for m in models if m["id"] in want]
+    missing = [m["path"] for m in models if not Path(m["path"]).exists()]
+    if missing:
+        sys.exit(f"run_bench: models missing (run prepare_models.py): {missing}")
+
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    machine = {**cpu_info(), "mem_total_gb": mem_total_gb(), "kernel": platform.release(),
+               "loadavg_before": loadavg()}
+    rows = []
+    for m in models:
+        print(f"== {m['model']} {m['format']}  (load {' '.join(loadavg())})", file=sys.stderr, flush=True)
+        runs = str(args.runs_1b or args.runs) if m["id"].startswith("llama1b") else str(args.runs)
+        row = dict(m, runs=int(runs), load_before=loadavg())
+        hcmd = [args.hearth, "bench", m["path"], "-p", str(args.prompt), "-n", str(args.gen), "-t", str(args.threads),
+                "-r", runs, "--json"]
+        row["hearth"], row["hearth_error"], row["hearth_file_mapped"] = run_child(hcmd, m["path"], args.timeout)
+        lcmd = [sys.executable, str(Path(__file__).resolve()), "--llamacpp-worker", m["path"], "-p", str(args.prompt),
+                "-n", str(args.gen), "-t", str(args.threads), "-r", runs]
+        row["llamacpp"], row["llamacpp_error"], row["llamacpp_file_mapped"] = run_child(lcmd, m["path"], args.timeout)
+        row["load_after"] = loadavg()
+        h, l = row["hearth"] or {}, row["llamacpp"] or {}
+        row["prefill_ratio"] = ratio(h.get("prefill_tps"), l.get("prefill_tps"))
+        row["decode_ratio"] = ratio(h.get("decode_tps"), l.get("decode_tps"))
+        row["llamacpp_roofline_fraction"] = ratio(l.get("decode_tps"), h.get("roofline_tps"))
+        for side in ("hearth", "llamacpp"):
+            d = row[side] or {}
+            print(f"   {side:9s} prefill {fmt(d.get('prefill_tps'), '8.1f')} decode {fmt(d.get('decode_tps'), '7.1f')}"
+                  f"{'  ERROR ' + row[side + '_error'] if row[side + '_error'] else ''}", file=sys.stderr, flush=True)
+        rows.append(row)
+        save(args, started, machine, rows)  # after every model: an interrupted run keeps what it measured
+    machine["loadavg_after"] = loadavg()
+    out = save(args, started, machine, rows)
+    print(out.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -22,6 +22,20 @@ LIB_SRC := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
 CLI_SRC := $(shell find src/cli -name '*.c' | sort)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+# CUDA backend: src/**/*.cu go into the library only when nvcc is on PATH; without it
+# nothing CUDA is built. cudart is linked statically (the binary runs wherever the driver
+# is, whatever toolkit is installed); cuBLAS from the toolkit that built it.
+NVCC := $(shell command -v nvcc 2>/dev/null)
+ifneq ($(NVCC),)
+CUDA_HOME ?= $(abspath $(dir $(NVCC))..)
+CU_SRC   := $(shell find src -name '*.cu' | sort)
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+LIB_OBJ  += $(CU_OBJ)
+NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
+             -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_89,code=sm_89
+CFLAGS   += -DHEARTH_HAVE_CUDA -I$(CUDA_HOME)/include
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
+endif
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
@@ -43,6 +57,11 @@ $(BUILD)/obj/%.o: %.c
 	@$(if $(Q),echo "  CC    $<")
 	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC  $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -Iinclude -Isrc -MMD -MP -c $< -o $@
+
 $(BUILD)/libhearth.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@rm -f $@
@@ -54,16 +73,16 @@ $(LIBDIR)/libhearth.a: $(BUILD)/libhearth.a
 
 $(LIBDIR)/libhearth.so: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) -shared -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) -shared -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
 $(BINDIR)/hearth: $(CLI_OBJ) $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LINK  $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libhearth.a $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) -lcmocka
+	$(Q)$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS) -lcmocka
 
 # Runs every unit test binary; each prints cmocka's summary.
 unit: $(UNIT_BIN)
@@ -126,5 +145,10 @@ format:
 
 clean:
 	rm -rf build bin lib
+
+# The GEMV microbenchmark (CUDA events; needs a GPU to run): tools/cuda_check runs it.
+$(BUILD)/bench/gemv_bench: bench/cuda/gemv_bench.c $(BUILD)/libhearth.a
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS)
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(FUZZ_OBJ:.o=.d)

@@ -31,7 +31,11 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+#ifdef HEARTH_HAVE_CUDA
+        printf("hearth %s\nbackends: cpu cuda\n", HEARTH_VERSION);
+#else
         printf("hearth %s\nbackends: cpu\n", HEARTH_VERSION);
+#endif
         return 0;
     }
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)

@@ -1,0 +1,183 @@
+/* gemv_bench.c: times the CUDA decode GEMV (T = 1) for each supported weight format on
+ * Llama-3.1-8B shapes with CUDA events, and reports GB/s against the device-to-device
+ * copy bandwidth measured in the same run. Weights are rotated over enough copies to
+ * exceed L2 several times, so the numbers are HBM numbers. Usage: gemv_bench [out.json] */
+#include "backend/cpu/matmul.h"
+#include "backend/cuda/cuda_backend.h"
+#include "base/half.h"
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CK(call)                                                                                                 \
+    do {                                                                                                         \
+        cudaError_t e_ = (call);                                                                                 \
+        if (e_ != cudaSuccess) {                                                                                 \
+            fprintf(stderr, "gemv_bench: %s: %s\n", #call, cudaGetErrorString(e_));                              \
+            return 1;                                                                                            \
+        }                                                                                                        \
+    } while (0)
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return (uint32_t)((rng * 0x2545f4914f6cdd1dull) >> 32);
+}
+static float rndf(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; }
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median over 7 batches of 20 back-to-back launches, in ms per launch. */
+#define BATCHES 7
+#define PER_BATCH 20
+
+static int time_copy(double *gbs) {
+    size_t bytes = (size_t)2 << 30; /* 2 GiB: ~35x L2 */
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 0x5a, bytes));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float ms[BATCHES];
+    CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice)); /* warm-up */
+    for (int i = 0; i < BATCHES; i++) {
+        CK(cudaEventRecord(e0, 0));
+        for (int j = 0; j < 5; j++) CK(cudaMemcpyAsync(j % 2 ? a : b, j % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms[i], e0, e1));
+        ms[i] /= 5;
+    }
+    qsort(ms, BATCHES, sizeof ms[0], cmp_float);
+    *gbs = 2.0 * bytes / (ms[BATCHES / 2] * 1e-3) / 1e9; /* bytes read + bytes written */
+    cudaFree(a);
+    cudaFree(b);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 0;
+}
+
+static void *make_host(tensor_dtype t, int64_t n, int64_t k, size_t *bytes) {
+    int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K ? 256 : 1;
+    *bytes = (size_t)(n * (k / be) * bb);
+    uint8_t *d = malloc(*bytes);
+    if (!d) return NULL;
+    if (t == DT_F16 || t == DT_BF16) {
+        for (int64_t i = 0; i < n * k; i++)
+            ((uint16_t *)d)[i] = t == DT_F16 ? f32_to_f16(rndf()) : f32_to_bf16(rndf());
+        return d;
+    }
+    for (size_t i = 0; i + 4 <= *bytes; i += 4) {
+        uint32_t r = rnd();
+        memcpy(d + i, &r, 4);
+    }
+    for (size_t b = 0; b < *bytes / (size_t)bb; b++)
+        for (int j = 0; j < (t == DT_Q4_K ? 2 : 1); j++) {
+            uint16_t h = f32_to_f16(rndf() * 0.05f);
+            memcpy(d + b * bb + 2 * j, &h, 2);
+        }
+    return d;
+}
+
+int main(int argc, char **argv) {
+    cuda_device_info info;
+    hearth_error err = {0};
+    if (cuda_device_open(0, &info, &err)) {
+        printf("gemv_bench: %s\n", err.message);
+        return 2;
+    }
+    double copy_gbs;
+    if (time_copy(&copy_gbs)) return 1;
+    printf("device: %s (sm_%d%d, %d SMs, L2 %d MiB)\n", info.name, info.cc_major, info.cc_minor, info.n_sms,
+           info.l2_bytes >> 20);
+    printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
+    FILE *js = argc > 1 ? fopen(argv[1], "w") : NULL;
+    if (js)
+        fprintf(js, "{\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"copy_gbs\": %.1f,\n  \"rows\": [\n", info.name,
+                info.n_sms, copy_gbs);
+    static const struct { int64_t n, k; const char *what; } shapes[] = {
+        {4096, 4096, "attn q/o"}, {14336, 4096, "ffn gate/up"}, {4096, 14336, "ffn down"}, {128256, 4096, "lm_head"}};
+    static const tensor_dtype formats[] = {DT_BF16, DT_F16, DT_Q8_0, DT_Q4_K};
+    printf("%-6s %-12s %8s %8s %10s %9s %8s\n", "format", "shape", "MB", "copies", "us/gemv", "GB/s", "of copy");
+    int first = 1;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            tensor_dtype t = formats[f];
+            int64_t n = shapes[s].n, k = shapes[s].k;
+            size_t hb;
+            void *host = make_host(t, n, k, &hb);
+            if (!host) return 1;
+            cpu_weight w = {.dtype = t, .data = host, .n = n, .k = k};
+            /* Enough copies that one rotation is >= 512 MB (~8x the 60 MB L2). */
+            int copies = (int)((512ull << 20) / hb) + 1;
+            if (copies > 16) copies = 16;
+            cuda_weight dw[16];
+            for (int c = 0; c < copies; c++)
+                if (cuda_weight_upload(&dw[c], &w, "bench weight", &err)) {
+                    printf("gemv_bench: %s\n", err.message);
+                    return 1;
+                }
+            free(host);
+            float *x, *y;
+            CK(cudaMalloc((void **)&x, (size_t)k * 4));
+            CK(cudaMalloc((void **)&y, (size_t)n * 4));
+            float *xh = malloc((size_t)k * 4);
+            for (int64_t i = 0; i < k; i++) xh[i] = rndf();
+            CK(cudaMemcpy(x, xh, (size_t)k * 4, cudaMemcpyHostToDevice));
+            free(xh);
+            for (int c = 0; c < copies; c++)
+                if (cuda_gemv(&dw[c], x, 1, y, &err)) {
+                    printf("gemv_bench: %s\n", err.message);
+                    return 1;
+                }
+            if (cuda_sync(&err)) {
+                printf("gemv_bench: %s\n", err.message);
+                return 1;
+            }
+            float ms[BATCHES];
+            int it = 0;
+            for (int b = 0; b < BATCHES; b++) {
+                CK(cudaEventRecord(e0, 0));
+                for (int j = 0; j < PER_BATCH; j++, it++) cuda_gemv(&dw[it % copies], x, 1, y, &err);
+                CK(cudaEventRecord(e1, 0));
+                CK(cudaEventSynchronize(e1));
+                CK(cudaGetLastError());
+                CK(cudaEventElapsedTime(&ms[b], e0, e1));
+                ms[b] /= PER_BATCH;
+            }
+            qsort(ms, BATCHES, sizeof ms[0], cmp_float);
+            double med = ms[BATCHES / 2], spread = ms[BATCHES - 1] - ms[0];
+            double bytes = (double)dw[0].bytes + 4.0 * (k + n);
+            double gbs = bytes / (med * 1e-3) / 1e9;
+            char shp[32];
+            snprintf(shp, sizeof shp, "%lldx%lld", (long long)n, (long long)k);
+            printf("%-6s %-12s %8.1f %8d %10.2f %9.0f %8.3f\n", tensor_dtype_name(t), shp, bytes / 1e6, copies,
+                   med * 1e3, gbs, gbs / copy_gbs);
+            if (js)
+                fprintf(js,
+                        "%s    {\"format\": \"%s\", \"n\": %lld, \"k\": %lld, \"what\": \"%s\", \"bytes\": %.0f, "
+                        "\"us_median\": %.3f, \"us_spread\": %.3f, \"gbs\": %.1f, \"fraction_of_copy\": %.4f}",
+                        first ? "" : ",\n", tensor_dtype_name(t), (long long)n, (long long)k, shapes[s].what, bytes,
+                        med * 1e3, spread * 1e3, gbs, gbs / copy_gbs);
+            first = 0;
+            for (int c = 0; c < copies; c++) cuda_weight_free(&dw[c]);
+            cudaFree(x);
+            cudaFree(y);
+        }
+    if (js) {
+        fprintf(js, "\n  ]\n}\n");
+        fclose(js);
+    }
+    return 0;
+}

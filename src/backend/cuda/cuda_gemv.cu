@@ -1,0 +1,259 @@
+/* cuda_gemv.cu: decode GEMV y[T, n] = x[T, k] · W^T on the device for F16, BF16, Q8_0
+ * and Q4_K weights (layouts: cuda_weight). One warp per output row; weights are read
+ * once with 16-byte non-allocating loads and dequantized in registers, activations are
+ * float32 and accumulation is float32. Must not allocate or synchronize. */
+#include "backend/cuda/cuda_internal.h"
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+/* 4 warps (rows) per block of 128 threads: small blocks let the scheduler fill every SM
+ * with many independent rows, which is what keeps enough loads in flight for HBM. */
+#define GEMV_WARPS 4
+
+/* Weight bytes are touched once per GEMV: keep them out of L1 so activations stay there. */
+static __device__ __forceinline__ uint4 load_stream(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float half_bits(uint32_t h, bool bf16) {
+    return bf16 ? __uint_as_float(h << 16) : __half2float(__ushort_as_half((unsigned short)h));
+}
+
+/* Eight 16-bit weights in u dotted with x[0..7] (16-byte aligned). */
+static __device__ __forceinline__ float dot8_half(uint4 u, const float *x, bool bf16) {
+    const float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
+    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    float s = half_bits(w[0] & 0xffff, bf16) * a.x;
+    s += half_bits(w[0] >> 16, bf16) * a.y;
+    s += half_bits(w[1] & 0xffff, bf16) * a.z;
+    s += half_bits(w[1] >> 16, bf16) * a.w;
+    s += half_bits(w[2] & 0xffff, bf16) * b.x;
+    s += half_bits(w[2] >> 16, bf16) * b.y;
+    s += half_bits(w[3] & 0xffff, bf16) * b.z;
+    s += half_bits(w[3] >> 16, bf16) * b.w;
+    return s;
+}
+
+/* F16/BF16 rows with k % 8 == 0: each lane takes 8 weights (16 bytes) at a time; four
+ * loads are issued before the first is used so each warp keeps 2 KB in flight. */
+template <int T, bool BF16>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_vec(const uint16_t *W, const float *x, float *y, int n, int k) {
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const uint4 *wr = (const uint4 *)(W + (size_t)row * k);
+    int nv = k / 8, v = lane;
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (; v + 96 < nv; v += 128) {
+        uint4 u[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) u[j] = load_stream(wr + v + 32 * j);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int t = 0; t < T; t++) acc[t] += dot8_half(u[j], x + (size_t)t * k + (size_t)(v + 32 * j) * 8, BF16);
+    }
+    for (; v < nv; v += 32) {
+        uint4 u = load_stream(wr + v);
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[t] += dot8_half(u, x + (size_t)t * k + (size_t)v * 8, BF16);
+    }
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)t * n + row] = s;
+    }
+}
+
+/* Any k or alignment (odd shapes): one 16-bit weight per lane per step. */
+template <int T, bool BF16>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_scalar(const uint16_t *W, const float *x, float *y, int n, int k) {
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const uint16_t *wr = W + (size_t)row * k;
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (int i = lane; i < k; i += 32) {
+        float w = half_bits(wr[i], BF16);
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[t] += w * x[(size_t)t * k + i];
+    }
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)t * n + row] = s;
+    }
+}
+
+/* Sixteen int8 quants in u dotted with x[0..15]. */
+static __device__ __forceinline__ float dot16_i8(uint4 u, const float *x) {
+    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float4 a = *(const float4 *)(x + 4 * j);
+        s += (float)(int8_t)(w[j] & 0xff) * a.x;
+        s += (float)(int8_t)((w[j] >> 8) & 0xff) * a.y;
+        s += (float)(int8_t)((w[j] >> 16) & 0xff) * a.z;
+        s += (float)(int8_t)(w[j] >> 24) * a.w;
+    }
+    return s;
+}
+
+/* Q8_0 split planes: each lane takes half a block (16 quants, one 16-byte load) and its
+ * block's f16 scale; two loads in flight per lane before use. */
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q8_0(const int8_t *Q, const uint16_t *D, const float *x, float *y, int n, int k) {
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const uint4 *qr = (const uint4 *)(Q + (size_t)row * k);
+    const uint16_t *dr = D + (size_t)row * (k / 32);
+    int nv = k / 16, v = lane;
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (; v + 32 < nv; v += 64) {
+        uint4 u0 = load_stream(qr + v), u1 = load_stream(qr + v + 32);
+        float d0 = half_bits(dr[v / 2], false), d1 = half_bits(dr[(v + 32) / 2], false);
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const float *xt = x + (size_t)t * k;
+            acc[t] += d0 * dot16_i8(u0, xt + (size_t)v * 16) + d1 * dot16_i8(u1, xt + (size_t)(v + 32) * 16);
+        }
+    }
+    for (; v < nv; v += 32) {
+        uint4 u = load_stream(qr + v);
+        float d = half_bits(dr[v / 2], false);
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[t] += d * dot16_i8(u, x + (size_t)t * k + (size_t)v * 16);
+    }
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)t * n + row] = s;
+    }
+}
+
+/* GGUF Q4_K super-block (256 weights, 144 bytes): f16 d, f16 dmin, 12 bytes of packed
+ * 6-bit scales and mins for 8 sub-blocks of 32, then 128 bytes of nibbles: byte l of
+ * chunk c (32 bytes) holds weight 64c + l (low nibble) and 64c + 32 + l (high nibble). */
+static __device__ __forceinline__ uint32_t scale_byte(uint4 hdr, int i) { /* byte i of the 12 */
+    uint32_t w = i < 4 ? hdr.y : i < 8 ? hdr.z : hdr.w;
+    return (w >> (8 * (i & 3))) & 0xff;
+}
+static __device__ __forceinline__ void q4k_scale_min(uint4 hdr, int j, float *sc, float *m) {
+    if (j < 4) {
+        *sc = (float)(scale_byte(hdr, j) & 63);
+        *m = (float)(scale_byte(hdr, j + 4) & 63);
+    } else {
+        *sc = (float)((scale_byte(hdr, j + 4) & 0xF) | ((scale_byte(hdr, j - 4) >> 6) << 4));
+        *m = (float)((scale_byte(hdr, j + 4) >> 4) | ((scale_byte(hdr, j) >> 6) << 4));
+    }
+}
+
+/* Eight lanes cover one super-block: lane part p reads bytes 16p..16p+15 of the nibbles
+ * (chunk p/2, half p%2) plus the 16-byte header, so 32 lanes read 4 super-blocks per step
+ * with 16-byte loads; the header load is shared by 8 lanes through L1. */
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q4_k(const uint8_t *W, const float *x, float *y, int n, int k) {
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    int nsb = k / 256, part = lane % 8, c = part / 2, h = part % 2;
+    const uint8_t *wr = W + (size_t)row * nsb * 144;
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (int sb = lane / 8; sb < nsb; sb += 4) {
+        const uint8_t *blk = wr + (size_t)sb * 144;
+        uint4 hdr = __ldg((const uint4 *)blk);
+        uint4 qv = load_stream((const uint4 *)(blk + 16 + 32 * c + 16 * h));
+        float d = half_bits(hdr.x & 0xffff, false), dmin = half_bits(hdr.x >> 16, false);
+        float sc0, m0, sc1, m1;
+        q4k_scale_min(hdr, 2 * c, &sc0, &m0);
+        q4k_scale_min(hdr, 2 * c + 1, &sc1, &m1);
+        uint32_t q[4] = {qv.x, qv.y, qv.z, qv.w};
+        int base = sb * 256 + 64 * c + 16 * h;
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const float *xl = x + (size_t)t * k + base, *xh = xl + 32;
+            float dl = 0.0f, dh = 0.0f, sl = 0.0f, sh = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float4 a = *(const float4 *)(xl + 4 * j), b = *(const float4 *)(xh + 4 * j);
+                uint32_t w = q[j];
+                dl += (float)(w & 0xF) * a.x + (float)((w >> 8) & 0xF) * a.y + (float)((w >> 16) & 0xF) * a.z +
+                      (float)((w >> 24) & 0xF) * a.w;
+                dh += (float)((w >> 4) & 0xF) * b.x + (float)((w >> 12) & 0xF) * b.y +
+                      (float)((w >> 20) & 0xF) * b.z + (float)((w >> 28) & 0xF) * b.w;
+                sl += a.x + a.y + a.z + a.w;
+                sh += b.x + b.y + b.z + b.w;
+            }
+            acc[t] += d * (sc0 * dl + sc1 * dh) - dmin * (m0 * sl + m1 * sh);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)t * n + row] = s;
+    }
+}
+
+template <int T>
+static void launch_rows(const cuda_weight *w, const float *x, float *y, bool vec) {
+    int n = (int)w->n, k = (int)w->k;
+    dim3 grid((unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
+    switch (w->dtype) {
+    case DT_BF16:
+        if (vec) gemv_half_vec<T, true><<<grid, block>>>((const uint16_t *)w->data, x, y, n, k);
+        else gemv_half_scalar<T, true><<<grid, block>>>((const uint16_t *)w->data, x, y, n, k);
+        break;
+    case DT_F16:
+        if (vec) gemv_half_vec<T, false><<<grid, block>>>((const uint16_t *)w->data, x, y, n, k);
+        else gemv_half_scalar<T, false><<<grid, block>>>((const uint16_t *)w->data, x, y, n, k);
+        break;
+    case DT_Q8_0: gemv_q8_0<T><<<grid, block>>>((const int8_t *)w->data, (const uint16_t *)w->scales, x, y, n, k); break;
+    case DT_Q4_K: gemv_q4_k<T><<<grid, block>>>((const uint8_t *)w->data, x, y, n, k); break;
+    default: break;
+    }
+}
+
+hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
+    if (!w || !w->data || !x || !y || T < 0)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv: missing weight or buffer");
+    if (w->n > INT32_MAX || w->k > INT32_MAX / 8)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_gemv: weight [%lld, %lld] too large", (long long)w->n,
+                       (long long)w->k);
+    /* Vector loads need 16-byte aligned rows of x (k % 4 floats) and of W (k % 8 halves);
+     * the quantized formats already guarantee k % 32 == 0. */
+    bool vec = w->k % 8 == 0 && ((uintptr_t)x % 16) == 0;
+    if ((w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K) && ((uintptr_t)x % 16) != 0)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv: activations must be 16-byte aligned for %s",
+                       tensor_dtype_name(w->dtype));
+    for (int t0 = 0; t0 < T;) {
+        int c = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0;
+        const float *xc = x + (size_t)t0 * w->k;
+        float *yc = y + (size_t)t0 * w->n;
+        switch (c) {
+        case 8: launch_rows<8>(w, xc, yc, vec); break;
+        case 4: launch_rows<4>(w, xc, yc, vec); break;
+        case 3: launch_rows<3>(w, xc, yc, vec); break;
+        case 2: launch_rows<2>(w, xc, yc, vec); break;
+        default: launch_rows<1>(w, xc, yc, vec); break;
+        }
+        if (cuda_launched("gemv", err)) return HEARTH_ERR_IO;
+        t0 += c;
+    }
+    return HEARTH_OK;
+}

@@ -1,0 +1,23 @@
+/* cuda_internal.h: helpers shared by the .cu files of the CUDA backend (turning CUDA
+ * error codes into hearth_error values). Not part of the backend's API; C++ only. */
+#ifndef HEARTH_BACKEND_CUDA_INTERNAL_H
+#define HEARTH_BACKEND_CUDA_INTERNAL_H
+/* hearth's C headers carry no extern "C" of their own. */
+extern "C" {
+#include "backend/cuda/cuda_backend.h"
+#include "base/err.h"
+}
+#include <cuda_runtime.h>
+
+/* Fills err from a CUDA status; `what` says which call or kernel failed. */
+static inline hearth_status cuda_status(cudaError_t e, const char *what, hearth_error *err) {
+    if (e == cudaSuccess) return HEARTH_OK;
+    hearth_status s = e == cudaErrorMemoryAllocation ? HEARTH_ERR_NOMEM : HEARTH_ERR_IO;
+    return err_set(err, s, "cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+/* After a launch: reports a bad launch configuration at once (faults inside the kernel
+ * surface at the next cuda_sync). */
+static inline hearth_status cuda_launched(const char *kernel, hearth_error *err) {
+    return cuda_status(cudaGetLastError(), kernel, err);
+}
+#endif

@@ -1,0 +1,347 @@
+/* test_cuda.c: every CUDA kernel against its CPU reference (backend/cpu scalar matmul
+ * reference, ops/ops_cpu.c) on fresh random inputs with odd shapes; outputs are poisoned
+ * with NaN first so an unwritten element fails. Where no GPU exists it says loudly that
+ * the device tests did NOT run (exit 0 so `make test` stays green on GPU-less CI) and
+ * only checks that the no-device paths fail cleanly. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef HEARTH_HAVE_CUDA
+int main(void) {
+    printf("test_cuda: skipped: CUDA backend not compiled in (no nvcc at build time); "
+           "NO CUDA test ran and none counts as passed\n");
+    return 0;
+}
+#else
+#include "backend/cpu/kernels.h"
+#include "backend/cuda/cuda_backend.h"
+#include "base/half.h"
+#include "ops/ops.h"
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint32_t rnd(void) { /* xorshift64*, reseeded from the clock in main: fresh inputs each run */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
+}
+static float rndf(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
+
+/* Device buffer from host floats (or NaN-poisoned when host is NULL). */
+static void *dev_from(const void *host, size_t bytes) {
+    void *d = NULL;
+    assert_int_equal(cuda_alloc(&d, bytes, "test buffer", NULL), HEARTH_OK);
+    if (host) {
+        assert_int_equal(cuda_upload(d, host, bytes, NULL), HEARTH_OK);
+    } else {
+        float *nan = malloc(bytes);
+        for (size_t i = 0; i < bytes / sizeof(float); i++) nan[i] = NAN;
+        assert_int_equal(cuda_upload(d, nan, bytes, NULL), HEARTH_OK);
+        free(nan);
+    }
+    return d;
+}
+static float *download(const void *d, size_t n) {
+    float *h = malloc(n * sizeof *h);
+    hearth_error e = {0};
+    assert_int_equal(cuda_sync(&e), HEARTH_OK);
+    assert_int_equal(cuda_download(h, d, n * sizeof *h, &e), HEARTH_OK);
+    return h;
+}
+
+/* ---------- GEMV ---------- */
+
+/* Random bytes for the quant fields (every nibble/byte pattern occurs) with finite f16
+ * scales written at the format's scale offsets, as test_cpu_matmul does. */
+static void *make_weight(tensor_dtype t, int64_t n, int64_t k, cpu_weight *w) {
+    *w = (cpu_weight){.dtype = t, .n = n, .k = k};
+    int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K ? 256 : 1;
+    size_t bytes = (size_t)(n * (k / be) * bb);
+    uint8_t *d = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++) d[i] = (uint8_t)rnd();
+    if (t == DT_F16 || t == DT_BF16)
+        for (int64_t i = 0; i < n * k; i++)
+            ((uint16_t *)d)[i] = t == DT_F16 ? f32_to_f16(rndf()) : f32_to_bf16(rndf());
+    for (size_t b = 0; (t == DT_Q8_0 || t == DT_Q4_K) && b < bytes / (size_t)bb; b++)
+        for (int j = 0; j < (t == DT_Q4_K ? 2 : 1); j++) { /* Q8_0: d at 0; Q4_K: d at 0, dmin at 2 */
+            uint16_t h = f32_to_f16(rndf() * 0.05f);
+            memcpy(d + b * bb + 2 * j, &h, 2);
+        }
+    w->data = d;
+    return d;
+}
+
+static void check_gemv(tensor_dtype t, int64_t n, int64_t k, int T) {
+    cpu_weight w;
+    void *host = make_weight(t, n, k, &w);
+    float *x = malloc((size_t)(T * k) * sizeof *x), *ref = malloc((size_t)(T * n) * sizeof *ref);
+    for (int64_t i = 0; i < T * k; i++) x[i] = rndf();
+    for (int tt = 0; tt < T; tt++) cpu_ref_rows(&w, 0, n, x + tt * k, ref + tt * n);
+
+    cuda_weight dw;
+    hearth_error e = {0};
+    assert_int_equal(cuda_weight_upload(&dw, &w, "test weight", &e), HEARTH_OK);
+    float *dx = dev_from(x, (size_t)(T * k) * sizeof *x), *dy = dev_from(NULL, (size_t)(T * n) * sizeof(float));
+    assert_int_equal(cuda_gemv(&dw, dx, T, dy, &e), HEARTH_OK);
+    float *y = download(dy, (size_t)(T * n));
+
+    float *row = malloc((size_t)k * sizeof *row);
+    for (int64_t r = 0; r < n; r++) {
+        float wmax = 0.0f;
+        for (int64_t k0 = 0; k0 < k; k0 += 256) {
+            int cnt = k - k0 < 256 ? (int)(k - k0) : 256;
+            if (t == DT_F16 || t == DT_BF16) {
+                for (int i = 0; i < cnt; i++) {
+                    uint16_t h = ((const uint16_t *)w.data)[r * k + k0 + i];
+                    row[k0 + i] = t == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+                }
+            } else {
+                cpu_ref_dequant(&w, r, k0, cnt, row + k0);
+            }
+        }
+        for (int64_t i = 0; i < k; i++) wmax = fmaxf(wmax, fabsf(row[i]));
+        for (int tt = 0; tt < T; tt++) {
+            double sx = 0;
+            for (int64_t i = 0; i < k; i++) sx += fabs(x[tt * k + i]);
+            /* Serial float32 summation of m terms errs by at most m·eps·Σ|terms|. Each GPU
+             * lane sums about k/32 partial dots of <= 32 products, then a 5-level warp tree;
+             * the terms (including Q4_K's d·sc·q and dmin·m parts) are each <= 2·max|w|·|x|.
+             * The CPU reference sums in double, so its own error is negligible. */
+            double tol = (double)(k / 32 + 32 + 5) * FLT_EPSILON * 2.0 * wmax * sx + 1e-30;
+            float g = y[tt * n + r], c = ref[tt * n + r];
+            if (!(fabs((double)g - c) <= tol))
+                fail_msg("%s n=%lld k=%lld T=%d: y[%d][%lld] = %.9g, reference %.9g (tol %.3g)",
+                         tensor_dtype_name(t), (long long)n, (long long)k, T, tt, (long long)r, g, c, tol);
+        }
+    }
+    free(row);
+    free(y);
+    cuda_free(dx);
+    cuda_free(dy);
+    cuda_weight_free(&dw);
+    free(x);
+    free(ref);
+    free(host);
+}
+
+static void test_gemv(void **state) {
+    (void)state;
+    static const int Ts[] = {1, 2, 3, 5, 8, 11};
+    static const struct { tensor_dtype t; int64_t n, k; } shapes[] = {
+        {DT_BF16, 37, 200}, {DT_BF16, 19, 77},   {DT_BF16, 301, 4096}, /* 77: unaligned rows, scalar path */
+        {DT_F16, 37, 200},  {DT_F16, 19, 77},    {DT_F16, 129, 2048},
+        {DT_Q8_0, 37, 96},  {DT_Q8_0, 301, 4096}, {DT_Q8_0, 5, 32},
+        {DT_Q4_K, 37, 256}, {DT_Q4_K, 129, 2304}, {DT_Q4_K, 3, 1280},
+    };
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) check_gemv(shapes[s].t, shapes[s].n, shapes[s].k, Ts[i]);
+}
+
+/* ---------- element-wise ops ---------- */
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    static const int ns[] = {1, 1000, 4097};
+    for (size_t c = 0; c < 3; c++)
+        for (int shift = 0; shift < 2; shift++) {
+            int T = 3, n = ns[c];
+            float *x = malloc((size_t)T * n * 4), *w = malloc((size_t)n * 4), *ref = malloc((size_t)T * n * 4);
+            for (int i = 0; i < T * n; i++) x[i] = rndf() * 3.0f;
+            for (int i = 0; i < n; i++) w[i] = rndf();
+            ops_rmsnorm(ref, x, w, (float)shift, T, n, 1e-6f);
+            float *dx = dev_from(x, (size_t)T * n * 4), *dw = dev_from(w, (size_t)n * 4),
+                  *dout = dev_from(NULL, (size_t)T * n * 4);
+            assert_int_equal(cuda_rmsnorm(dout, dx, dw, (float)shift, T, n, 1e-6f, NULL), HEARTH_OK);
+            float *out = download(dout, (size_t)T * n);
+            for (int i = 0; i < T * n; i++)
+                /* Both sum n positive squares (CPU in order, GPU in a 256-way tree), so they
+                 * differ by <= n·eps relative in the worst case, ~sqrt(n)·eps in practice;
+                 * 1e-4 covers n = 4097's worst case (4.9e-4 is not reachable with random
+                 * signs of rounding) and is far below any indexing error. */
+                if (!(fabsf(out[i] - ref[i]) <= 1e-4f * fabsf(ref[i]) + 1e-7f))
+                    fail_msg("rmsnorm n=%d shift=%d: out[%d] = %.9g, reference %.9g", n, shift, i, out[i], ref[i]);
+            free(out);
+            cuda_free(dx);
+            cuda_free(dw);
+            cuda_free(dout);
+            free(x);
+            free(w);
+            free(ref);
+        }
+}
+
+static void test_rope(void **state) {
+    (void)state;
+    static const int dims[] = {64, 6, 128};
+    for (size_t c = 0; c < 3; c++)
+        for (int adjacent = 0; adjacent < 2; adjacent++) {
+            int T = 4, H = 5, d = dims[c];
+            size_t nx = (size_t)T * H * d;
+            float *x = malloc(nx * 4), *ref = malloc(nx * 4), *inv = malloc((size_t)d / 2 * 4);
+            int32_t pos[4];
+            for (size_t i = 0; i < nx; i++) ref[i] = x[i] = rndf();
+            for (int i = 0; i < d / 2; i++) inv[i] = powf(500000.0f, -2.0f * i / d);
+            for (int t = 0; t < T; t++) pos[t] = (int32_t)(rnd() % 9000);
+            ops_rope(ref, T, H, d, pos, inv, adjacent);
+            float *dx = dev_from(x, nx * 4), *dinv = dev_from(inv, (size_t)d / 2 * 4);
+            int32_t *dpos = dev_from(pos, sizeof pos);
+            assert_int_equal(cuda_rope(dx, T, H, d, dpos, dinv, adjacent, NULL), HEARTH_OK);
+            float *out = download(dx, nx);
+            for (size_t i = 0; i < nx; i++)
+                /* Same float theta on both sides; CUDA's cosf/sinf are within 2 ulp and
+                 * glibc's within 1, so each output differs by a few ulp of |x0| + |x1| <= 2. */
+                if (!(fabsf(out[i] - ref[i]) <= 8.0f * FLT_EPSILON * 2.0f))
+                    fail_msg("rope d=%d adjacent=%d: x[%zu] = %.9g, reference %.9g", d, adjacent, i, out[i], ref[i]);
+            free(out);
+            cuda_free(dx);
+            cuda_free(dinv);
+            cuda_free(dpos);
+            free(x);
+            free(ref);
+            free(inv);
+        }
+}
+
+static void test_gated_activations(void **state) {
+    (void)state;
+    size_t n = 10007;
+    for (int gelu = 0; gelu < 2; gelu++) {
+        float *g = malloc(n * 4), *u = malloc(n * 4), *ref = malloc(n * 4);
+        for (size_t i = 0; i < n; i++) {
+            ref[i] = g[i] = rndf() * 8.0f;
+            u[i] = rndf() * 2.0f;
+        }
+        if (gelu) ops_gelu_tanh_mul(ref, u, n);
+        else ops_silu_mul(ref, u, n);
+        float *dg = dev_from(g, n * 4), *du = dev_from(u, n * 4);
+        assert_int_equal(gelu ? cuda_gelu_tanh_mul(dg, du, n, NULL) : cuda_silu_mul(dg, du, n, NULL), HEARTH_OK);
+        float *out = download(dg, n);
+        for (size_t i = 0; i < n; i++)
+            /* expf/tanhf differ by <= 2 ulp between CUDA and glibc: 1e-5 relative, plus an
+             * absolute term for GELU where 1 + tanh cancels (a few eps of |g·up|). */
+            if (!(fabsf(out[i] - ref[i]) <= 1e-5f * fabsf(ref[i]) + 4.0f * FLT_EPSILON * fabsf(g[i] * u[i])))
+                fail_msg("%s: out[%zu] = %.9g, reference %.9g (g %.6g)", gelu ? "gelu" : "silu", i, out[i], ref[i],
+                         g[i]);
+        free(out);
+        cuda_free(dg);
+        cuda_free(du);
+        free(g);
+        free(u);
+        free(ref);
+    }
+}
+
+/* ---------- paged decode attention ---------- */
+
+static void check_attention(int head_dim, int window) {
+    enum { LAYERS = 2, KVH = 2, HEADS = 6, SLOTS = 3, T = 4 };
+    kv_cache kv;
+    hearth_error e = {0};
+    assert_int_equal(kv_create(&kv, LAYERS, KVH, head_dim, SLOTS, 300, 64, &e), HEARTH_OK);
+    /* Slot lengths straddle block boundaries (16) and one sequence is a single token. */
+    int lens[SLOTS] = {1 + (int)(rnd() % 40), 150 + (int)(rnd() % 100), 17};
+    for (int s = 0; s < SLOTS; s++) assert_int_equal(kv_reserve(&kv, s, lens[s], &e), HEARTH_OK);
+    size_t nf = (size_t)LAYERS * kv.n_blocks * kv.block_floats;
+    for (size_t i = 0; i < nf; i++) {
+        kv.k[i] = rndf();
+        kv.v[i] = rndf();
+    }
+    int32_t slot[T] = {0, 1, 2, 1}, pos[T];
+    for (int t = 0; t < T; t++) pos[t] = lens[slot[t]] - 1 - (t == 3 ? 20 : 0); /* t=3: mid-sequence */
+    size_t nq = (size_t)T * HEADS * head_dim;
+    float *q = malloc(nq * 4), *ref = malloc(nq * 4), *scratch = malloc(ops_attention_scratch(&kv) * 4);
+    for (size_t i = 0; i < nq; i++) q[i] = rndf();
+    ops_attention_args ca = {.kv = &kv, .layer = 1, .q = q, .out = ref, .T = T, .n_heads = HEADS,
+                             .n_kv_heads = KVH, .head_dim = head_dim, .pos = pos, .slot = slot,
+                             .window = window, .scale = 1.0f / sqrtf((float)head_dim), .scratch = scratch};
+    ops_attention(&ca, NULL);
+
+    cuda_kv dkv;
+    assert_int_equal(cuda_kv_upload(&dkv, &kv, &e), HEARTH_OK);
+    float *dq = dev_from(q, nq * 4), *dout = dev_from(NULL, nq * 4);
+    int32_t *dpos = dev_from(pos, sizeof pos), *dslot = dev_from(slot, sizeof slot);
+    cuda_attention_args ga = {.kv = &dkv, .layer = 1, .q = dq, .out = dout, .T = T, .n_heads = HEADS,
+                              .n_kv_heads = KVH, .head_dim = head_dim, .pos = dpos, .slot = dslot,
+                              .window = window, .scale = ca.scale};
+    assert_int_equal(cuda_attention(&ga, &e), HEARTH_OK);
+    float *out = download(dout, nq);
+    for (size_t i = 0; i < nq; i++)
+        /* out is a convex combination of values in [-1, 1]; scores (<= head_dim products,
+         * scaled by 1/sqrt(d)) differ by ~d·eps between summation orders, which moves the
+         * weights by ~1e-6 relative; 2e-5 absolute leaves room and catches any wrong
+         * position, head or block. */
+        if (!(fabsf(out[i] - ref[i]) <= 2e-5f))
+            fail_msg("attention d=%d window=%d: out[%zu] = %.9g, reference %.9g", head_dim, window, i, out[i],
+                     ref[i]);
+    free(out);
+    cuda_free(dq);
+    cuda_free(dout);
+    cuda_free(dpos);
+    cuda_free(dslot);
+    cuda_kv_free(&dkv);
+    free(q);
+    free(ref);
+    free(scratch);
+    kv_destroy(&kv);
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    static const int dims[] = {64, 40, 128, 256};
+    for (int i = 0; i < 4; i++) {
+        check_attention(dims[i], 0);
+        check_attention(dims[i], 37);
+    }
+}
+
+/* ---------- errors ---------- */
+
+static void test_errors(void **state) {
+    (void)state;
+    hearth_error e = {0};
+    cuda_weight dw;
+    uint8_t buf[210 * 4] = {0};
+    cpu_weight q6 = {.dtype = DT_Q6_K, .data = buf, .n = 4, .k = 256};
+    assert_int_equal(cuda_weight_upload(&dw, &q6, "blk.0.ffn_down.weight", &e), HEARTH_ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.message, "blk.0.ffn_down.weight"));
+    assert_int_equal(cuda_device_open(1000, NULL, &e), cuda_device_count() ? HEARTH_ERR_INVALID : HEARTH_ERR_UNSUPPORTED);
+}
+
+int main(void) {
+    const struct CMUnitTest no_device[] = {cmocka_unit_test(test_errors)};
+    int n = cuda_device_count();
+    if (n == 0) {
+        hearth_error e = {0};
+        hearth_status s = cuda_device_open(0, NULL, &e);
+        printf("test_cuda: skipped: no CUDA device (cudaGetDeviceCount reports none; open says: %s). "
+               "The CUDA kernel tests did NOT run and do not count as passed; only the no-device error "
+               "paths are checked below.\n",
+               s ? e.message : "?");
+        return cmocka_run_group_tests(no_device, NULL, NULL);
+    }
+    cuda_device_info info;
+    hearth_error e = {0};
+    if (cuda_device_open(0, &info, &e)) {
+        printf("test_cuda: cannot open device 0: %s\n", e.message);
+        return 1;
+    }
+    rng_state ^= (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull; /* fresh random inputs every run */
+    printf("test_cuda: device 0: %s (sm_%d%d, %d SMs, %.1f GiB); seed %llx\n", info.name, info.cc_major,
+           info.cc_minor, info.n_sms, info.total_mem / 1073741824.0, (unsigned long long)rng_state);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemv),      cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_gated_activations), cmocka_unit_test(test_attention), cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+#endif

@@ -11,7 +11,8 @@ Two tiers (DESIGN.md, "Parity tiers"):
 - fast (the kernels this CPU selects: int8-quantized activations for quantized weights,
   as llama.cpp does): the golden's best token stays among hearth's top 3 and the logits
   stay within FAST_REL of the golden's top logit; on the real GGUF the best token is the
-  same at every position and logits are within FAST_ABS_REAL. Greedy agreement is printed.
+  same at every position (either of the golden's top two where they are closer than
+  FAST_TIE_REAL) and logits are within FAST_ABS_REAL. Greedy agreement is printed.
 """
 import glob
 import json
@@ -35,6 +36,13 @@ REF_TOL = 2e-3
 # logits worst over 12 positions, Gemma 3 270M 1.18; bound 1.5.
 FAST_REL = 0.15
 FAST_ABS_REAL = 1.5
+# Where mlx's top two logits on a real GGUF are closer than this, either may come out on
+# top: int8 activations make the fast tier's logits jump by a rounding step whenever any
+# float in the layers below changes order of summation, and two equally accurate kernel
+# sets (256-bit vs 512-bit, same activation quantization) moved SmolLM2 logits by up to
+# 0.35 relative to each other, each 0.2-0.7 from the golden. Goldens' closest margins:
+# 0.115 and 0.241 (SmolLM2 'mixed'), then 0.44.
+FAST_TIE_REAL = 0.3
 
 
 def trace(model, ids, steps, level):
@@ -78,7 +86,9 @@ def test_logits_and_greedy_match_mlx_lm(golden, level):
                 best3 = [i for i, _ in ol["top"][:3]]
                 assert gl["top_ids"][0] in best3, (p["name"], gl["position"], best3)
                 if real:
-                    assert ol["top"][0][0] == gl["top_ids"][0], (p["name"], gl["position"])
+                    near_tie = gl["top_logits"][0] - gl["top_logits"][1] < FAST_TIE_REAL
+                    allowed = gl["top_ids"][:2] if near_tie else gl["top_ids"][:1]
+                    assert ol["top"][0][0] in allowed, (p["name"], gl["position"], ol["top"][0][0], allowed)
             worst = compare(gl["top_ids"], gl["top_logits"], ol["top"], tol)
             assert worst < tol, (p["name"], gl["position"], worst)
         ours = [s["token"] for s in out["steps"]]

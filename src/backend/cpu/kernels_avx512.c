@@ -1,6 +1,8 @@
-/* kernels_avx512.c: AVX-512 (F/BW/VL/VNNI) instances of the x86 row kernels
- * (kernels_x86.inc). vpdpbusd sums four u8 x s8 products straight into i32 without
- * saturation, replacing maddubs + madd, and takes the full 0..255 range for MLX 8-bit. */
+/* kernels_avx512.c: AVX-512 (F/BW/VL/VNNI) kernels: the 256-bit x86 row kernels
+ * (kernels_x86.inc) built with vpdpbusd, and 512-bit kernels that replace them for Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K and MLX 4/8-bit: 4 rows x 1 token (decode) or
+ * 4 rows x 4 tokens (prefill) per pass. Must not use extensions beyond F/BW/VL/VNNI (the
+ * level cpu_features checks: no VBMI, no DQ). */
 #include "backend/cpu/kernels.h"
 #include "base/half.h"
 #include <immintrin.h>
@@ -23,4 +25,550 @@ __attribute__((target(KTARGET))) static inline __m256i avx512_dot_s8s8(__m256i a
 
 #include "backend/cpu/kernels_x86.inc"
 
-int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) { return avx512_select(w, out); }
+/* ---- 512-bit kernels for the 32-element GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) ----
+ * Two blocks per zmm and four output rows per pass: the activation pair (64 int8 values,
+ * their scales and lane sums) is prepared once and reused by the four rows, so per row
+ * and block pair only the weight unpacking, one vpdpbusd and two float ops remain. The
+ * stored offset (8, 16, or 128 for Q8_0 read as unsigned) is folded into the vpdpbusd
+ * accumulator's start value (-offset * lane sums of x), so no per-block correction. */
+
+/* PAIR_Q3_K / PAIR_Q6_K: only the activation side (offset 4 / 32) is used, by the
+ * k-quant kernels. */
+typedef enum pair_fmt { PAIR_Q4_0, PAIR_Q4_1, PAIR_Q5_0, PAIR_Q5_1, PAIR_Q8_0, PAIR_Q3_K, PAIR_Q6_K } pair_fmt;
+
+#define TILE_ROWS 4
+#define AVX512_INLINE __attribute__((target(KTARGET), always_inline)) static inline
+/* Software prefetch along the weight rows, one pass of TILE_ROWS rows ahead (the same
+ * column of the next rows, which are contiguous). Measured on 1B-class rows (1-2 KiB): the
+ * hardware prefetcher alone reached ~0.6 of the streaming roofline for 4-bit formats; a
+ * distance of one pass (4-9 KiB) ~0.85, 1 KiB ~0.7. Capped so prefetched lines of very
+ * long rows are still in L1/L2 when used. */
+AVX512_INLINE int64_t avx512_prefetch_distance(int64_t row_bytes) {
+    int64_t d = TILE_ROWS * row_bytes;
+    return d < 1024 ? 1024 : d > 16384 ? 16384 : d;
+}
+
+/* Prefetches the cache lines of [p, p + span) ahead bytes further on. */
+AVX512_INLINE void avx512_prefetch(const uint8_t *p, int64_t ahead, int span) {
+    for (int off = 0; off < span; off += 64) _mm_prefetch((const char *)p + ahead + off, _MM_HINT_T0);
+}
+
+/* One activation block pair, shared by the rows of a pass. */
+typedef struct pair_act {
+    __m512i q;    /* 64 int8 values: block b then block b + 1 */
+    __m512i init; /* -offset * (sum of the 4 x bytes of each lane) */
+    __m512 dx;    /* activation scale of each lane's block */
+    __m512 xs;    /* dx * lane sum (for formats with a min) */
+} pair_act;
+
+AVX512_INLINE pair_act avx512_pair_act(const cpu_q8_block *x, int64_t b, int have2, pair_fmt f) {
+    pair_act a;
+    __m256i q0 = _mm256_loadu_si256((const __m256i *)x[b].q);
+    __m256i q1 = have2 ? _mm256_loadu_si256((const __m256i *)x[b + 1].q) : _mm256_setzero_si256();
+    a.q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+    __m256d d1 = _mm256_castps_pd(_mm256_set1_ps(have2 ? x[b + 1].d : 0.0f)); /* insertf32x8 needs DQ */
+    a.dx = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(x[b].d)), d1, 1));
+    int off = f == PAIR_Q4_0   ? 8
+              : f == PAIR_Q5_0 ? 16
+              : f == PAIR_Q3_K ? 4
+              : f == PAIR_Q6_K ? 32
+              : f == PAIR_Q8_0 ? 128
+                               : 0;
+    if (off)
+        a.init = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                  _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)off), a.q));
+    else
+        a.init = _mm512_setzero_si512();
+    if (f == PAIR_Q4_1 || f == PAIR_Q5_1)
+        a.xs = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), a.q)), a.dx);
+    else
+        a.xs = _mm512_setzero_ps();
+    return a;
+}
+
+/* Unpacks blocks p0 and p1 (p1 == p0 for a lone last block, whose activations are zero)
+ * to 64 unsigned quants in element order. */
+AVX512_INLINE __m512i avx512_pair_quants(const uint8_t *p0, const uint8_t *p1, pair_fmt f) {
+    if (f == PAIR_Q8_0) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(p0 + 2)), b = _mm256_loadu_si256((const __m256i *)(p1 + 2));
+        return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1), _mm512_set1_epi8((char)0x80));
+    }
+    int qo = f == PAIR_Q4_0 ? 2 : f == PAIR_Q4_1 ? 4 : f == PAIR_Q5_0 ? 6 : 8;
+    /* [qs0, qs0, qs1, qs1]; the second copy of each is shifted to its high nibbles */
+    __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p0 + qo)));
+    z = _mm512_mask_broadcast_i32x4(z, 0xFF00, _mm_loadu_si128((const __m128i *)(p1 + qo)));
+    z = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xFF00FF00u, z, 4), _mm512_set1_epi8(0x0F));
+    if (f == PAIR_Q5_0 || f == PAIR_Q5_1) { /* bit j of the u32 before qs = fifth bit of element j */
+        uint32_t h0, h1;
+        memcpy(&h0, p0 + qo - 4, 4);
+        memcpy(&h1, p1 + qo - 4, 4);
+        __mmask64 k = _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32);
+        z = _mm512_mask_add_epi8(z, k, z, _mm512_set1_epi8(0x10));
+    }
+    return z;
+}
+
+/* The two blocks' f16 scale d as a lane vector (lanes 0-7: p0, 8-15: p1), or with_min:
+ * d and the min m interleaved (even lanes d, odd lanes m). */
+AVX512_INLINE __m512 avx512_pair_f16(const uint8_t *p0, const uint8_t *p1, int with_min) {
+    if (with_min) {
+        int32_t a, b;
+        memcpy(&a, p0, 4);
+        memcpy(&b, p1, 4);
+        return _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi32(b), _mm_set1_epi32(a)));
+    }
+    int16_t a, b;
+    memcpy(&a, p0, 2);
+    memcpy(&b, p1, 2);
+    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a)));
+}
+
+/* Decode (rows) and prefill (tile) entry points of a 512-bit row-tile kernel FN(w, n0, n1,
+ * x, xstride, T, y, ystride, ARG, rows, tokens). */
+#define TILED_KERNELS(ROWS_NAME, TILE_NAME, FN, ARG, R)                                                 \
+    __attribute__((target(KTARGET))) static void ROWS_NAME(const cpu_weight *w, int64_t n0, int64_t n1, \
+                                                           const void *x, float *y) {                  \
+        int64_t n4 = n0 + (n1 - n0) / (R) * (R);                                                       \
+        FN(w, n0, n4, x, 0, 1, y, 0, ARG, R, 1);                                                       \
+        FN(w, n4, n1, x, 0, 1, y, 0, ARG, 1, 1);                                                       \
+    }                                                                                                  \
+    __attribute__((target(KTARGET))) static void TILE_NAME(const cpu_weight *w, int64_t n0, int64_t n1, \
+                                                           const void *xv, int64_t xstride, int T,     \
+                                                           float *y, int64_t ystride) {                \
+        const cpu_q8_block *x = xv;                                                                    \
+        int64_t n4 = n0 + (n1 - n0) / (R) * (R);                                                       \
+        int T4 = T / TILE_TOKENS * TILE_TOKENS;                                                        \
+        FN(w, n0, n4, x, xstride, T4, y, ystride, ARG, R, TILE_TOKENS);                                \
+        FN(w, n4, n1, x, xstride, T4, y, ystride, ARG, 1, TILE_TOKENS);                                \
+        for (int t = T4; t < T; t++) /* leftover tokens: one at a time */                              \
+            FN(w, n0, n1, x + t * xstride, xstride, 1, y + t * ystride, ystride, ARG, 1, 1);           \
+    }
+
+/* R rows x TT tokens: each unpacked weight pair feeds TT vpdpbusd (TT = 1 for decode,
+ * TILE_TOKENS for prefill). */
+#define TILE_TOKENS 4
+
+AVX512_INLINE void avx512_pair_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
+                                    int64_t xstride, int T, float *y, int64_t ystride, pair_fmt f, int R, int TT) {
+    const int bytes = f == PAIR_Q4_0 ? 18 : f == PAIR_Q4_1 ? 20 : f == PAIR_Q5_0 ? 22 : f == PAIR_Q5_1 ? 24 : 34;
+    const int with_min = f == PAIR_Q4_1 || f == PAIR_Q5_1;
+    int64_t nb = w->k / 32, rb = nb * bytes, pf = avx512_prefetch_distance(rb);
+    for (int64_t n = n0; n + R <= n1; n += R) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        for (int t0 = 0; t0 + TT <= T; t0 += TT) {
+            __m512 acc[TILE_ROWS][TILE_TOKENS];
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; b += 2) {
+                int have2 = b + 1 < nb;
+                pair_act a[TILE_TOKENS];
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) a[t] = avx512_pair_act(x + (t0 + t) * xstride, b, have2, f);
+                #pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *p0 = row + r * rb + b * bytes, *p1 = have2 ? p0 + bytes : p0;
+                    avx512_prefetch(p0, pf, 2 * bytes);
+                    __m512i z = avx512_pair_quants(p0, p1, f);
+                    __m512 dm = avx512_pair_f16(p0, p1, with_min);
+                    __m512 d = with_min ? _mm512_moveldup_ps(dm) : dm, m = _mm512_movehdup_ps(dm);
+                    #pragma GCC unroll 8
+                    for (int t = 0; t < TT; t++) {
+                        __m512i p = _mm512_dpbusd_epi32(a[t].init, z, a[t].q);
+                        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, a[t].dx), acc[r][t]);
+                        if (with_min) acc[r][t] = _mm512_fmadd_ps(m, a[t].xs, acc[r][t]);
+                    }
+                }
+            }
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) y[(t0 + t) * ystride + n + r] = _mm512_reduce_add_ps(acc[r][t]);
+        }
+    }
+}
+
+TILED_KERNELS(avx512_rows2_q4_0, avx512_tile2_q4_0, avx512_pair_tile, PAIR_Q4_0, TILE_ROWS)
+TILED_KERNELS(avx512_rows2_q4_1, avx512_tile2_q4_1, avx512_pair_tile, PAIR_Q4_1, TILE_ROWS)
+TILED_KERNELS(avx512_rows2_q5_0, avx512_tile2_q5_0, avx512_pair_tile, PAIR_Q5_0, TILE_ROWS)
+TILED_KERNELS(avx512_rows2_q5_1, avx512_tile2_q5_1, avx512_pair_tile, PAIR_Q5_1, TILE_ROWS)
+TILED_KERNELS(avx512_rows2_q8_0, avx512_tile2_q8_0, avx512_pair_tile, PAIR_Q8_0, TILE_ROWS)
+
+/* ---- 512-bit Q4_K / Q5_K: four rows per pass, two 32-element sub-blocks per zmm ----
+ * Per super-block and row the eight 6-bit scales and mins are unpacked at once into one
+ * float vector [d*sc_0..7, dmin*m_0..7]; the mins then cost a single FMA against the
+ * activation vector [0 x8, dx_c * sum(x_c) for c = 0..7], shared by the four rows. */
+
+
+/* [d*sc_c for c = 0..7, dmin*m_c for c = 0..7] from a Q4_K/Q5_K super-block header. */
+AVX512_INLINE __m512 avx512_k45_scales(const uint8_t *blk) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, blk + 4, 4);
+    memcpy(&u1, blk + 8, 4);
+    memcpy(&u2, blk + 12, 4);
+    /* sub-blocks 0..3: low 6 bits of bytes 0..3 (scales) and 4..7 (mins); 4..7: a nibble of
+     * bytes 8..11 plus the top two bits of bytes 0..3 (scales) or 4..7 (mins) */
+    uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u);
+    uint32_t mn_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
+    uint64_t sc = (uint64_t)(u0 & 0x3f3f3f3fu) | (uint64_t)sc_hi << 32;
+    uint64_t mn = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)mn_hi << 32;
+    __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi64x((long long)mn, (long long)sc)));
+    return _mm512_mul_ps(v, avx512_pair_f16(blk, blk + 2, 0)); /* [d x8, dmin x8] */
+}
+
+/* R rows x TT tokens (activation row t at x + t * xstride, output at y + t * ystride). */
+AVX512_INLINE void avx512_k45_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
+                                   int64_t xstride, int T, float *y, int64_t ystride, int high, int R, int TT) {
+    const int bytes = high ? 176 : 144;
+    int64_t nsb = w->k / 256, rb = nsb * bytes, pf = avx512_prefetch_distance(rb);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t n = n0; n + R <= n1; n += R) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        for (int t0 = 0; t0 + TT <= T; t0 += TT) {
+            __m512 acc[TILE_ROWS][TILE_TOKENS];
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                __m512 ds[TILE_ROWS];
+                #pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *blk = row + r * rb + sb * bytes;
+                    avx512_prefetch(blk, pf, bytes);
+                    ds[r] = avx512_k45_scales(blk);
+                }
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) { /* the mins: - dmin * m_c * dx_c * sum(x_c) */
+                    const cpu_q8_block *xb = x + (t0 + t) * xstride + sb * 8;
+                    float xs[8];
+                    #pragma GCC unroll 8
+                    for (int c = 0; c < 8; c++) xs[c] = xb[c].d * (float)(xb[c].sum16[0] + xb[c].sum16[1]);
+                    __m512 xs16 = _mm512_castpd_ps(
+                        _mm512_insertf64x4(_mm512_setzero_pd(), _mm256_castps_pd(_mm256_loadu_ps(xs)), 1));
+                    #pragma GCC unroll 8
+                    for (int r = 0; r < R; r++) acc[r][t] = _mm512_fnmadd_ps(ds[r], xs16, acc[r][t]);
+                }
+                #pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) { /* sub-blocks 2j (low nibbles) and 2j+1 (high) */
+                    pair_act a[TILE_TOKENS];
+                    #pragma GCC unroll 8
+                    for (int t = 0; t < TT; t++) /* no offset: init 0 */
+                        a[t] = avx512_pair_act(x + (t0 + t) * xstride + sb * 8, 2 * j, 1, PAIR_Q4_1);
+                    const __m512i idx = _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                                         2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j,
+                                                         2 * j, 2 * j, 2 * j, 2 * j);
+                    const __m512i hsel = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * j))),
+                                                            _mm256_set1_epi8((char)(1 << (2 * j + 1))), 1);
+                    #pragma GCC unroll 8
+                    for (int r = 0; r < R; r++) {
+                        const uint8_t *blk = row + r * rb + sb * bytes, *qs = blk + (high ? 48 : 16);
+                        __m512i z = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
+                        z = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xFFFF0000u, z, 4), m4);
+                        if (high) {
+                            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));
+                            z = _mm512_mask_add_epi8(z, _mm512_test_epi8_mask(qh, hsel), z, _mm512_set1_epi8(0x10));
+                        }
+                        __m512 sc = _mm512_permutexvar_ps(idx, ds[r]);
+                        #pragma GCC unroll 8
+                        for (int t = 0; t < TT; t++) {
+                            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z, a[t].q);
+                            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sc, a[t].dx), acc[r][t]);
+                        }
+                    }
+                }
+            }
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) y[(t0 + t) * ystride + n + r] = _mm512_reduce_add_ps(acc[r][t]);
+        }
+    }
+}
+
+TILED_KERNELS(avx512_rows2_q4_k, avx512_tile2_q4_k, avx512_k45_tile, 0, TILE_ROWS)
+TILED_KERNELS(avx512_rows2_q5_k, avx512_tile2_q5_k, avx512_k45_tile, 1, TILE_ROWS)
+
+/* ---- 512-bit Q6_K: four rows per pass, 64 elements (4 sub-blocks of 16) per zmm ----
+ * The stored value is q + 32: the -32 is folded into the vpdpbusd start value, and each
+ * 4-lane group takes its sub-block's d * scale from one per-row vector of 16 scales. */
+
+AVX512_INLINE void avx512_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
+                                   int64_t xstride, int T, float *y, int64_t ystride, int unused, int R, int TT) {
+    (void)unused;
+    int64_t nsb = w->k / 256, rb = nsb * 210, pf = avx512_prefetch_distance(rb);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    for (int64_t n = n0; n + R <= n1; n += R) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        for (int t0 = 0; t0 + TT <= T; t0 += TT) {
+            __m512 acc[TILE_ROWS][TILE_TOKENS];
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                __m512 sc[TILE_ROWS];
+                #pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *blk = row + r * rb + sb * 210;
+                    avx512_prefetch(blk, pf, 210);
+                    __m512 s = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192))));
+                    uint16_t h;
+                    memcpy(&h, blk + 208, 2);
+                    sc[r] = _mm512_mul_ps(s, _mm512_set1_ps(_cvtsh_ss(h)));
+                }
+                #pragma GCC unroll 2
+                for (int k = 0; k < 4; k++) { /* sub-blocks 4k..4k+3 = activation blocks 2k, 2k+1 */
+                    int h = k / 2, half = k % 2;
+                    pair_act a[TILE_TOKENS];
+                    #pragma GCC unroll 8
+                    for (int t = 0; t < TT; t++)
+                        a[t] = avx512_pair_act(x + (t0 + t) * xstride + sb * 8, 2 * k, 1, PAIR_Q6_K);
+                    const __m512i idx = _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2,
+                                                         4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1,
+                                                         4 * k + 1, 4 * k + 1, 4 * k, 4 * k, 4 * k, 4 * k);
+                    #pragma GCC unroll 8
+                    for (int r = 0; r < R; r++) {
+                        const uint8_t *blk = row + r * rb + sb * 210;
+                        /* 64 low-nibble bytes of this half (elements 0..63 low, 64..127 high nibbles) and its
+                         * 32 high-bit bytes: bits 0-1, 2-3 for elements 0..63, bits 4-5, 6-7 for 64..127 */
+                        __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * h));
+                        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+                        qh = _mm512_mask_srli_epi16(qh, 0xFFFF0000u, qh, 2); /* [qh, qh >> 2] */
+                        __m512i lo = half ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4) : _mm512_and_si512(ql, m4);
+                        __m512i hi = half ? _mm512_srli_epi16(qh, 4) : qh;
+                        __m512i q = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(hi, m3), 4));
+                        __m512 s = _mm512_permutexvar_ps(idx, sc[r]);
+                        #pragma GCC unroll 8
+                        for (int t = 0; t < TT; t++) {
+                            __m512i p = _mm512_dpbusd_epi32(a[t].init, q, a[t].q);
+                            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(s, a[t].dx), acc[r][t]);
+                        }
+                    }
+                }
+            }
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) y[(t0 + t) * ystride + n + r] = _mm512_reduce_add_ps(acc[r][t]);
+        }
+    }
+}
+
+TILED_KERNELS(avx512_rows2_q6_k, avx512_tile2_q6_k, avx512_q6k_tile, 0, TILE_ROWS)
+
+/* ---- 512-bit Q2_K / Q3_K: four rows per pass, 64 elements (4 sub-blocks of 16) per zmm.
+ * 2-bit low parts: element 128h + 32s + l at bits 2s of qs[32h + l]. Q3_K adds bit
+ * (4h + s) of hmask[l] as +4 (stored q + 4 = low | high << 2, in 0..7; the -4 goes into
+ * the vpdpbusd start value) and has 6-bit signed sub-scales; Q2_K has 4-bit scales and
+ * mins, whose term costs one FMA per super-block as in Q4_K. */
+
+/* d * scale of the 16 sub-blocks; for Q2_K also dmin * min (*mins). */
+AVX512_INLINE __m512 avx512_q23k_scales(const uint8_t *blk, int three, __m512 *mins) {
+    if (three) {
+        uint32_t a0, a1, a2;
+        memcpy(&a0, blk + 96, 4);
+        memcpy(&a1, blk + 100, 4);
+        memcpy(&a2, blk + 104, 4);
+        const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u; /* word i: sub-blocks 4i..4i+3 */
+        __m128i v = _mm_set_epi32((int)(((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4)),
+                                  (int)(((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4)),
+                                  (int)((a1 & m4) | (((a2 >> 2) & m2) << 4)), (int)((a0 & m4) | ((a2 & m2) << 4)));
+        v = _mm_sub_epi8(v, _mm_set1_epi8(32));
+        uint16_t h;
+        memcpy(&h, blk + 108, 2);
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), _mm512_set1_ps(_cvtsh_ss(h)));
+    }
+    __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk));
+    uint16_t d, dmin;
+    memcpy(&d, blk + 80, 2);
+    memcpy(&dmin, blk + 82, 2);
+    *mins = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4)), _mm512_set1_ps(_cvtsh_ss(dmin)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15))),
+                         _mm512_set1_ps(_cvtsh_ss(d)));
+}
+
+AVX512_INLINE void avx512_q23k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
+                                    int64_t xstride, int T, float *y, int64_t ystride, int three, int R, int TT) {
+    const int bytes = three ? 110 : 84, qso = three ? 32 : 16;
+    int64_t nsb = w->k / 256, rb = nsb * bytes, pf = avx512_prefetch_distance(rb);
+    const __m512i m3 = _mm512_set1_epi8(3);
+    for (int64_t n = n0; n + R <= n1; n += R) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        for (int t0 = 0; t0 + TT <= T; t0 += TT) {
+            __m512 acc[TILE_ROWS][TILE_TOKENS];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                __m512 sc[TILE_ROWS], mins[TILE_ROWS];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *blk = row + r * rb + sb * bytes;
+                    avx512_prefetch(blk, pf, bytes);
+                    sc[r] = avx512_q23k_scales(blk, three, &mins[r]);
+                }
+                if (!three) {
+#pragma GCC unroll 8
+                    for (int t = 0; t < TT; t++) { /* the mins: - dmin * m_g * dx * sum(x over g) */
+                        const cpu_q8_block *xb = x + (t0 + t) * xstride + sb * 8;
+                        float xs[16];
+#pragma GCC unroll 16
+                        for (int g = 0; g < 16; g++) xs[g] = xb[g / 2].d * (float)xb[g / 2].sum16[g % 2];
+                        __m512 xs16 = _mm512_loadu_ps(xs);
+#pragma GCC unroll 8
+                        for (int r = 0; r < R; r++) acc[r][t] = _mm512_fnmadd_ps(mins[r], xs16, acc[r][t]);
+                    }
+                }
+#pragma GCC unroll 2
+                for (int k = 0; k < 4; k++) { /* sub-blocks 4k..4k+3 = activation blocks 2k, 2k+1 */
+                    int h = k / 2, s0 = 2 * (k % 2);
+                    pair_act a[TILE_TOKENS];
+#pragma GCC unroll 8
+                    for (int t = 0; t < TT; t++)
+                        a[t] = avx512_pair_act(x + (t0 + t) * xstride + sb * 8, 2 * k, 1,
+                                               three ? PAIR_Q3_K : PAIR_Q4_1);
+                    const __m512i idx = _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2,
+                                                         4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1,
+                                                         4 * k + 1, 4 * k + 1, 4 * k, 4 * k, 4 * k, 4 * k);
+                    const __m512i hsel = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (4 * h + s0))),
+                                                            _mm256_set1_epi8((char)(1 << (4 * h + s0 + 1))), 1);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; r++) {
+                        const uint8_t *blk = row + r * rb + sb * bytes;
+                        /* [qs_h >> 2 s0, qs_h >> 2 (s0 + 1)] & 3 */
+                        __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + qso + 32 * h)));
+                        q = _mm512_srli_epi16(q, 2 * s0);
+                        q = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFFFF0000u, q, 2), m3);
+                        if (three) {
+                            __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk));
+                            q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(hm, hsel), q, _mm512_set1_epi8(4));
+                        }
+                        __m512 s = _mm512_permutexvar_ps(idx, sc[r]);
+#pragma GCC unroll 8
+                        for (int t = 0; t < TT; t++) {
+                            __m512i p = _mm512_dpbusd_epi32(a[t].init, q, a[t].q);
+                            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(s, a[t].dx), acc[r][t]);
+                        }
+                    }
+                }
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) y[(t0 + t) * ystride + n + r] = _mm512_reduce_add_ps(acc[r][t]);
+        }
+    }
+}
+
+TILED_KERNELS(avx512_rows2_q2_k, avx512_tile2_q2_k, avx512_q23k_tile, 0, TILE_ROWS)
+TILED_KERNELS(avx512_rows2_q3_k, avx512_tile2_q3_k, avx512_q23k_tile, 1, TILE_ROWS)
+
+/* ---- 512-bit MLX affine 4 and 8 bit: w = s * q + bias per group; same scheme as Q4_1
+ * (two 32-element blocks per zmm, four rows per pass). MLX 4-bit takes CPU_ACT_Q8_EVENODD
+ * activations, whose order matches the low/high nibble unpacking. */
+
+AVX512_INLINE float avx512_sb(tensor_dtype t, const void *p, int64_t i) {
+    if (t == DT_F32) return ((const float *)p)[i];
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)p + 2 * i, 2);
+    return t == DT_F16 ? _cvtsh_ss(h) : bf16_to_f32(h);
+}
+
+AVX512_INLINE __m512 avx512_lanes2(float a, float b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(a)),
+                                               _mm256_castps_pd(_mm256_set1_ps(b)), 1));
+}
+
+AVX512_INLINE void avx512_mlx_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
+                                   int64_t xstride, int T, float *y, int64_t ystride, int bits, int R, int TT) {
+    int64_t nb = w->k / 32, rb = w->k * bits / 8, ng = w->k / w->group_size, bpg = w->group_size / 32;
+    int64_t pf = avx512_prefetch_distance(rb);
+    for (int64_t n = n0; n + R <= n1; n += R) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        for (int t0 = 0; t0 + TT <= T; t0 += TT) {
+            __m512 acc[TILE_ROWS][TILE_TOKENS];
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; b += 2) {
+                int have2 = b + 1 < nb;
+                pair_act a[TILE_TOKENS];
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) /* init 0, xs = dx * lane sums */
+                    a[t] = avx512_pair_act(x + (t0 + t) * xstride, b, have2, PAIR_Q4_1);
+                int64_t g0 = b / bpg, g1 = have2 ? (b + 1) / bpg : g0;
+                #pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *p0 = row + r * rb + b * (bits * 4), *p1 = have2 ? p0 + bits * 4 : p0;
+                    avx512_prefetch(p0, pf, bits * 8);
+                    __m512i z;
+                    if (bits == 8) {
+                        z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                                               _mm256_loadu_si256((const __m256i *)p1), 1);
+                    } else {
+                        z = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p0));
+                        z = _mm512_mask_broadcast_i32x4(z, 0xFF00, _mm_loadu_si128((const __m128i *)p1));
+                        z = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xFF00FF00u, z, 4), _mm512_set1_epi8(0x0F));
+                    }
+                    int64_t gi = (n + r) * ng;
+                    __m512 s, bias;
+                    if (g0 == g1) { /* group size >= 64: one group covers the pair */
+                        s = _mm512_set1_ps(avx512_sb(w->sb_dtype, w->scales, gi + g0));
+                        bias = _mm512_set1_ps(avx512_sb(w->sb_dtype, w->biases, gi + g0));
+                    } else {
+                        s = avx512_lanes2(avx512_sb(w->sb_dtype, w->scales, gi + g0),
+                                          avx512_sb(w->sb_dtype, w->scales, gi + g1));
+                        bias = avx512_lanes2(avx512_sb(w->sb_dtype, w->biases, gi + g0),
+                                             avx512_sb(w->sb_dtype, w->biases, gi + g1));
+                    }
+                    #pragma GCC unroll 8
+                    for (int t = 0; t < TT; t++) {
+                        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z, a[t].q);
+                        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(s, a[t].dx), acc[r][t]);
+                        acc[r][t] = _mm512_fmadd_ps(bias, a[t].xs, acc[r][t]);
+                    }
+                }
+            }
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) y[(t0 + t) * ystride + n + r] = _mm512_reduce_add_ps(acc[r][t]);
+        }
+    }
+}
+
+TILED_KERNELS(avx512_rows2_mlx4, avx512_tile2_mlx4, avx512_mlx_tile, 4, TILE_ROWS)
+TILED_KERNELS(avx512_rows2_mlx8, avx512_tile2_mlx8, avx512_mlx_tile, 8, TILE_ROWS)
+
+int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
+    cpu_rows_fn f = NULL;
+    cpu_tile_fn tile = NULL;
+    switch (w->dtype) {
+    case DT_Q4_0: f = avx512_rows2_q4_0, tile = avx512_tile2_q4_0; break;
+    case DT_Q4_1: f = avx512_rows2_q4_1, tile = avx512_tile2_q4_1; break;
+    case DT_Q5_0: f = avx512_rows2_q5_0, tile = avx512_tile2_q5_0; break;
+    case DT_Q5_1: f = avx512_rows2_q5_1, tile = avx512_tile2_q5_1; break;
+    case DT_Q8_0: f = avx512_rows2_q8_0, tile = avx512_tile2_q8_0; break;
+    case DT_Q2_K: f = avx512_rows2_q2_k, tile = avx512_tile2_q2_k; break;
+    case DT_Q3_K: f = avx512_rows2_q3_k, tile = avx512_tile2_q3_k; break;
+    case DT_Q4_K: f = avx512_rows2_q4_k, tile = avx512_tile2_q4_k; break;
+    case DT_Q5_K: f = avx512_rows2_q5_k, tile = avx512_tile2_q5_k; break;
+    case DT_Q6_K: f = avx512_rows2_q6_k, tile = avx512_tile2_q6_k; break;
+    case DT_U32:
+        if (w->bits == 4) {
+            *out = (cpu_kernel){avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_tile2_mlx4};
+            return 1;
+        }
+        if (w->bits == 8) f = avx512_rows2_mlx8, tile = avx512_tile2_mlx8;
+        break;
+    default: break;
+    }
+    if (!f) return avx512_select(w, out);
+    *out = (cpu_kernel){f, CPU_ACT_Q8, tile};
+    return 1;
+}

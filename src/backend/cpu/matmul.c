@@ -82,7 +82,7 @@ hearth_status cpu_weight_check(const cpu_weight *w, const char *what, hearth_err
 }
 
 static cpu_kernel pick_kernel(const cpu_weight *w) {
-    cpu_kernel k = {cpu_ref_rows, CPU_ACT_F32};
+    cpu_kernel k = {cpu_ref_rows, CPU_ACT_F32, NULL};
     cpu_level level = cpu_matmul_level();
     if (level >= CPU_LEVEL_AVX512 && cpu_avx512_kernel(w, &k)) return k;
     if (level >= CPU_LEVEL_AVX2 && cpu_avx2_kernel(w, &k)) return k;
@@ -142,6 +142,10 @@ static void rows_task(void *ctx, int task, int thread) {
     int64_t nb = j->w->k / 32;
     for (int64_t r0 = n0; r0 < n1; r0 += j->tile_rows) {
         int64_t r1 = r0 + j->tile_rows < n1 ? r0 + j->tile_rows : n1;
+        if (j->kern.tile && j->T > 1) {
+            j->kern.tile(j->w, r0, r1, j->xq, nb, j->T, j->y, j->w->n);
+            continue;
+        }
         for (int t = 0; t < j->T; t++) {
             const void *xt = j->kern.act == CPU_ACT_F32 ? (const void *)(j->x + (int64_t)t * j->w->k)
                                                         : (const void *)(j->xq + t * nb);
@@ -161,7 +165,10 @@ hearth_status cpu_matmul(const cpu_weight *w, const float *x, int T, float *y, v
         if (!scratch || scratch_size < need)
             return err_set(err, HEARTH_ERR_INVALID, "matmul: scratch of %zu bytes, need %zu", scratch_size, need);
         j.xq = scratch;
-        tp_run(tp, T, quantize_task, &j);
+        /* One row takes well under a microsecond: a fork-join round of the pool would cost
+         * more than it saves (decode calls this for every weight, every token). */
+        if (T == 1) quantize_task(&j, 0, 0);
+        else tp_run(tp, T, quantize_task, &j);
     }
     int threads = tp_threads(tp);
     int64_t groups = (w->n + CPU_ROW_ALIGN - 1) / CPU_ROW_ALIGN;

@@ -1,9 +1,10 @@
 /* http.c: the libmicrohttpd side of `hearth serve`: binding, one thread per
  * connection (keep-alive, header/idle/connection limits), routing by method and
  * path, CORS, the API key, the body gate (Content-Length required, size limit)
- * and the logging. Knows no request fields: completions go to routes.c. */
+ * and the logging. Knows no request fields: completions go to routes.c,
+ * Anthropic messages to anthropic.c. */
 #define _GNU_SOURCE
-#include "server/server.h"
+#include "server/anthropic.h"
 #include <microhttpd.h>
 #include <netdb.h>
 #include <stdarg.h>
@@ -19,6 +20,8 @@ typedef enum route {
     ROUTE_MODELS,
     ROUTE_HEALTH,
     ROUTE_INDEX,
+    ROUTE_MESSAGES,     /* Anthropic: its errors take Anthropic's shape */
+    ROUTE_COUNT_TOKENS, /* Anthropic */
 } route;
 
 /* One HTTP request on a connection (MHD's per-request context). */
@@ -91,6 +94,8 @@ static route route_of(const char *url, const char **model_filter) {
     *model_filter = NULL;
     if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions")) return ROUTE_CHAT;
     if (!strcmp(url, "/v1/completions")) return ROUTE_TEXT;
+    if (!strcmp(url, "/v1/messages")) return ROUTE_MESSAGES;
+    if (!strcmp(url, "/v1/messages/count_tokens")) return ROUTE_COUNT_TOKENS;
     if (!strcmp(url, "/v1/models")) return ROUTE_MODELS;
     if (!strncmp(url, "/v1/models/", 11)) {
         *model_filter = url + 11;
@@ -110,8 +115,12 @@ static int key_equal(const char *given, const char *key) {
     return !diff;
 }
 
+/* The key may come as OpenAI's `Authorization: Bearer` or Anthropic's
+ * `x-api-key`. */
 static int authorized(const srv_server *s, struct MHD_Connection *c) {
     if (!s->cfg.api_key) return 1;
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (x && key_equal(x, s->cfg.api_key)) return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
     h += 7;
@@ -119,11 +128,14 @@ static int authorized(const srv_server *s, struct MHD_Connection *c) {
     return key_equal(h, s->cfg.api_key);
 }
 
-static int fail(struct MHD_Connection *c, const srv_server *s, const char *origin, int status, const char *type,
+static int is_anthropic(route r) { return r == ROUTE_MESSAGES || r == ROUTE_COUNT_TOKENS; }
+
+static int fail(struct MHD_Connection *c, const srv_server *s, const conn_ctx *cc, int status, const char *type,
                 const char *code, const char *fmt, const char *arg) {
     srv_error e = {0};
     srv_fail(&e, status, type, NULL, code, fmt, arg);
-    return srv_respond_error(c, s, &e, origin);
+    e.anthropic = is_anthropic(cc->route);
+    return srv_respond_error(c, s, &e, cc->origin);
 }
 
 /* Everything that can be answered from the request line and headers alone.
@@ -133,15 +145,16 @@ static int answer_headers(srv_server *s, struct MHD_Connection *c, conn_ctx *cc,
     cc->route = route_of(url, &filter);
     int is_post = !strcmp(method, "POST"), is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (!strcmp(method, "OPTIONS")) return srv_respond(c, s, 204, NULL, o);
-    if (cc->route == ROUTE_NONE) return fail(c, s, o, 404, "invalid_request_error", "not_found", "Not Found: %s", url);
+    if (cc->route == ROUTE_NONE) return fail(c, s, cc, 404, "invalid_request_error", "not_found", "Not Found: %s", url);
     if (cc->route == ROUTE_HEALTH && is_get) return srv_respond(c, s, 200, "{\"status\": \"ok\"}", o);
-    int wants_post = cc->route == ROUTE_CHAT || cc->route == ROUTE_TEXT;
+    int wants_post = cc->route == ROUTE_CHAT || cc->route == ROUTE_TEXT || is_anthropic(cc->route);
     if (wants_post ? !is_post : !is_get)
-        return fail(c, s, o, 405, "invalid_request_error", "method_not_allowed", "Method %s is not allowed here",
+        return fail(c, s, cc, 405, "invalid_request_error", "method_not_allowed", "Method %s is not allowed here",
                     method);
     if (!authorized(s, c))
-        return fail(c, s, o, 401, "authentication_error", "invalid_api_key", "%s",
-                    "Invalid or missing API key: send 'Authorization: Bearer <key>'");
+        return fail(c, s, cc, 401, "authentication_error", "invalid_api_key", "%s",
+                    "Invalid or missing API key: send 'Authorization: Bearer "
+                    "<key>' or 'x-api-key: <key>'");
     if (cc->route == ROUTE_MODELS || cc->route == ROUTE_INDEX) {
         char *body = cc->route == ROUTE_MODELS ? srv_models_body(s, filter) : srv_index_body();
         int rc = srv_respond(c, s, 200, body, o);
@@ -149,15 +162,15 @@ static int answer_headers(srv_server *s, struct MHD_Connection *c, conn_ctx *cc,
         return rc;
     }
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-    if (!cl) return fail(c, s, o, 411, "invalid_request_error", NULL, "%s", "Content-Length header is required");
+    if (!cl) return fail(c, s, cc, 411, "invalid_request_error", NULL, "%s", "Content-Length header is required");
     char *end;
     unsigned long long n = strtoull(cl, &end, 10);
     if (end == cl || *end || cl[0] == '-')
-        return fail(c, s, o, 400, "invalid_request_error", NULL, "%s", "Invalid Content-Length header");
+        return fail(c, s, cc, 400, "invalid_request_error", NULL, "%s", "Invalid Content-Length header");
     if (n > s->cfg.max_body) {
         char msg[96];
         snprintf(msg, sizeof msg, "%llu bytes (the limit is %zu)", n, s->cfg.max_body);
-        return fail(c, s, o, 413, "invalid_request_error", "request_too_large", "Request body too large: %s", msg);
+        return fail(c, s, cc, 413, "invalid_request_error", "request_too_large", "Request body too large: %s", msg);
     }
     return -1;
 }
@@ -184,8 +197,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return cc->body.oom ? MHD_NO : MHD_YES;
     }
-    srv_kind kind = cc->route == ROUTE_CHAT ? SRV_CHAT : SRV_TEXT;
-    int rc = srv_handle_completion(s, c, kind, cc->body.data ? cc->body.data : "", cc->body.len, cc->origin);
+    const char *body = cc->body.data ? cc->body.data : "";
+    int rc;
+    if (cc->route == ROUTE_MESSAGES)
+        rc = anth_handle_messages(s, c, body, cc->body.len, cc->origin);
+    else if (cc->route == ROUTE_COUNT_TOKENS)
+        rc = anth_handle_count_tokens(s, c, body, cc->body.len, cc->origin);
+    else
+        rc = srv_handle_completion(s, c, cc->route == ROUTE_CHAT ? SRV_CHAT : SRV_TEXT, body, cc->body.len, cc->origin);
     return rc ? MHD_YES : MHD_NO;
 }
 

@@ -3,7 +3,7 @@
  * Infinity/NaN), because mlx_lm.server clients may compare raw bytes; plus the
  * OpenAI error body. Must not reorder keys: jansson keeps insertion order and
  * mlx_lm.server's order is part of the contract. */
-#include "server/server.h"
+#include "server/anthropic.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,6 +25,7 @@ int srv_fail(srv_error *e, int http_status, const char *type, const char *param,
 }
 
 char *srv_error_body(const srv_error *e) {
+    if (e->anthropic) return anth_error_body(e);
     json_t *inner = json_object();
     /* messages may quote user bytes cut at a buffer edge: json_string refuses
      * invalid UTF-8, so fall back to a generic text rather than dropping the

@@ -18,13 +18,14 @@ typedef struct srv_error {
     const char *code; /* NULL or a short code ("model_not_found") */
     char param[64];   /* the offending request field, "" if none */
     char message[512];
+    int anthropic; /* written in Anthropic's shape (anthropic.h) */
 } srv_error;
 
 /* Fills e and returns -1, so parsers can `return srv_fail(...)`. */
 __attribute__((format(printf, 6, 7))) int srv_fail(srv_error *e, int http_status, const char *type, const char *param,
                                                    const char *code, const char *fmt, ...);
-/* {"error": {"message", "type", "param", "code"}} in Python json.dumps form;
- * caller frees. */
+/* {"error": {"message", "type", "param", "code"}} in Python json.dumps form
+ * (or the Anthropic shape when e->anthropic); caller frees. */
 char *srv_error_body(const srv_error *e);
 
 /* ---- JSON output exactly like Python's json.dumps defaults -------------- */

@@ -1,0 +1,197 @@
+/* generation.c: what every completion-style endpoint shares between a validated
+ * request and its token events: model and vocabulary checks, prompt rendering
+ * and tokenizing, sampling parameters, stop handling, queuing, and feeding
+ * tokens to the text state machine. Runs on HTTP threads; builds no response
+ * bodies. */
+#include "server/generation.h"
+#include <stdlib.h>
+#include <string.h>
+
+int srv_prompt_ids(srv_server *s, const srv_request *r, int32_t **ids, size_t *n, int *opens_think, srv_error *e) {
+    hearth_error err = {0};
+    char *prompt = NULL;
+    hearth_status st = HEARTH_OK;
+    *ids = NULL;
+    *n = 0;
+    *opens_think = 0;
+    pthread_mutex_lock(&s->render_mu);
+    if (r->kind == SRV_CHAT) {
+        char *msgs = json_dumps(r->messages, JSON_COMPACT);
+        char *tools = r->tools ? json_dumps(r->tools, JSON_COMPACT) : NULL;
+        char *extra = json_dumps(r->template_kwargs, JSON_COMPACT);
+        st = hearth_chat_render(s->model, msgs, tools, 1, extra, &prompt, &err);
+        free(msgs);
+        free(tools);
+        free(extra);
+        if (!st) st = hearth_tokenize(s->model, prompt, strlen(prompt), 0, ids, n, &err);
+        if (!st) *opens_think = ts_prompt_opens_think(s->text_config, prompt, strlen(prompt));
+    } else {
+        st = hearth_tokenize(s->model, r->prompt, strlen(r->prompt), 1, ids, n, &err);
+    }
+    pthread_mutex_unlock(&s->render_mu);
+    hearth_free(prompt);
+    const char *field = r->kind == SRV_CHAT ? "messages" : "prompt";
+    if (st) return srv_fail(e, 400, "invalid_request_error", field, NULL, "%s", err.message);
+    if (*n == 0) return srv_fail(e, 400, "invalid_request_error", "prompt", NULL, "the prompt is empty");
+    /* checked here, not by the engine, so a stream gets a 400 instead of a cut
+     * 200 */
+    if (*n >= (size_t)s->context_length)
+        return srv_fail(e, 400, "invalid_request_error", field, "context_length_exceeded",
+                        "the prompt has %zu tokens but the context holds %d "
+                        "(prompt and at least one new token)",
+                        *n, s->context_length);
+    return 0;
+}
+
+static void fill_params(const srv_request *r, hearth_generate_params *p) {
+    memset(p, 0, sizeof *p);
+    hearth_sampling *sp = &p->sampling;
+    sp->temperature = r->temperature;
+    sp->top_p = r->top_p;
+    sp->top_k = r->top_k;
+    sp->min_p = r->min_p;
+    sp->repetition_penalty = r->repetition_penalty;
+    sp->repetition_context_size = r->repetition_context_size;
+    sp->presence_penalty = r->presence_penalty;
+    sp->frequency_penalty = r->frequency_penalty;
+    sp->has_seed = r->has_seed;
+    sp->seed = r->seed;
+    sp->bias_ids = r->bias_ids;
+    sp->bias_values = r->bias_values;
+    sp->n_bias = r->n_bias;
+    /* logprobs: true needs the chosen token's logprob, which the engine reports
+     * with n >= 1 */
+    sp->top_logprobs = r->top_logprobs > 0 ? r->top_logprobs : r->logprobs ? 1 : 0;
+    p->max_tokens = r->max_tokens;
+    p->stop = (const char *const *)r->stop;
+    p->n_stop = r->n_stop;
+    p->trim_leading_space = 1;
+}
+
+static int check_request(srv_server *s, const srv_request *r, const srv_gen_options *o, srv_error *e) {
+    if (!o->any_model && !srv_model_matches(s, r->model))
+        return srv_fail(e, 404, "invalid_request_error", "model", "model_not_found",
+                        "The model '%s' is not served here: this server serves "
+                        "'%s' (or use \"default_model\"); "
+                        "loading other models per request is not supported",
+                        r->model, hearth_model_path(s->model));
+    if (r->xtc_probability > 0) srv_log(s, SRV_LOG_WARNING, "xtc_probability is not supported yet; ignored");
+    for (size_t i = 0; i < r->n_bias; i++)
+        if (r->bias_ids[i] >= hearth_vocab_size(s->model))
+            return srv_fail(e, 400, "invalid_request_error", "logit_bias", NULL,
+                            "logit_bias: token id %d is outside the vocabulary (%d tokens)", r->bias_ids[i],
+                            hearth_vocab_size(s->model));
+    if (r->top_k >= hearth_vocab_size(s->model))
+        return srv_fail(e, 400, "invalid_request_error", "top_k", NULL,
+                        "top_k must be less than the vocabulary size (%d)", hearth_vocab_size(s->model));
+    return 0;
+}
+
+/* mlx_lm.server stops at token level: each stop string encoded without special
+ * tokens and matched against the generated ids. Fills seqs/lens (caller frees).
+ */
+static size_t stop_token_seqs(srv_server *s, const srv_request *r, int32_t **seqs, size_t *lens) {
+    size_t n_seqs = 0;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        hearth_error err = {0};
+        int32_t *sid = NULL;
+        size_t sn = 0;
+        if (hearth_tokenize(s->model, r->stop[i], strlen(r->stop[i]), 0, &sid, &sn, &err) == HEARTH_OK && sn) {
+            seqs[n_seqs] = sid;
+            lens[n_seqs++] = sn;
+        } else {
+            hearth_free(sid);
+        }
+    }
+    return n_seqs;
+}
+
+int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_options *o, srv_generation *g,
+                         srv_error *e) {
+    memset(g, 0, sizeof *g);
+    if (check_request(s, r, o, e)) return -1;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int opens_think = 0;
+    if (srv_prompt_ids(s, r, &ids, &n, &opens_think, e)) {
+        hearth_free(ids);
+        return -1;
+    }
+    hearth_error err = {0};
+    /* with engine-level text stops the strings never reach the text, so the state
+     * machine need not hold anything back for them */
+    g->ts = ts_new(s->text_config, o->text_stops ? NULL : (const char *const *)r->stop, o->text_stops ? 0 : r->n_stop,
+                   r->kind == SRV_CHAT && opens_think, &err);
+    hearth_generate_params p;
+    fill_params(r, &p);
+    size_t n_seqs = 0, cap = r->n_stop ? r->n_stop : 1;
+    int32_t **seqs = calloc(cap, sizeof *seqs);
+    size_t *lens = calloc(cap, sizeof *lens);
+    if (!o->text_stops) {
+        if (seqs && lens) n_seqs = stop_token_seqs(s, r, seqs, lens);
+        p.stop = NULL; /* no text-level stop in the engine: the state machine strips
+                          them */
+        p.n_stop = 0;
+    }
+    p.stop_token_seqs = (const int32_t *const *)seqs;
+    p.stop_token_lens = lens;
+    p.n_stop_token_seqs = n_seqs;
+    /* the job owns ids from here (freed with free(), so copy out of hearth's
+     * allocation) */
+    int32_t *own = malloc((n ? n : 1) * sizeof *own);
+    if (own) memcpy(own, ids, n * sizeof *own);
+    hearth_free(ids);
+    g->job = g->ts && own && seqs && lens ? srv_job_new(own, n, &p) : NULL; /* copies the stop ids */
+    for (size_t i = 0; i < n_seqs; i++) hearth_free(seqs[i]);
+    free(seqs);
+    free(lens);
+    if (!g->job) {
+        free(own);
+        srv_generation_free(g);
+        return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    srv_queue_submit(s->queue, g->job);
+    return 0;
+}
+
+void srv_generation_feed(srv_generation *g, const srv_event *ev, const srv_gen_options *o) {
+    hearth_error err = {0};
+    size_t len = strlen(ev->text);
+    switch (ev->finish) {
+    case HEARTH_FINISH_STOP_STRING:
+        if (o->text_stops) { /* the text before the stop string is part of the
+                                answer */
+            ts_feed(g->ts, ev->text, len, TS_FINISH_NONE, &err);
+            len = 0;
+        }
+        /* fall through */
+    case HEARTH_FINISH_EOS:
+        /* Otherwise the terminating token's text (an EOS flush, or what preceded a
+         * stop string inside the final token) is dropped with the held-back buffer,
+         * as upstream's token-level stop does. */
+        g->last_finish = TS_FINISH_STOP;
+        ts_feed(g->ts, ev->text, len, TS_FINISH_STOP, &err);
+        break;
+    case HEARTH_FINISH_LENGTH:
+    case HEARTH_FINISH_CONTEXT:
+        g->last_finish = TS_FINISH_LENGTH;
+        ts_feed(g->ts, ev->text, len, TS_FINISH_LENGTH, &err);
+        break;
+    default: ts_feed(g->ts, ev->text, len, TS_FINISH_NONE, &err); break;
+    }
+}
+
+void srv_generation_free(srv_generation *g) {
+    if (g->job) {
+        atomic_store(&g->job->cancel, 1); /* a client that left stops the generation */
+        srv_job_release(g->job);
+    }
+    ts_free(g->ts);
+    memset(g, 0, sizeof *g);
+}
+
+int srv_engine_error(const srv_job *j, srv_error *e) {
+    int client = j->status == HEARTH_ERR_INVALID;
+    return srv_fail(e, client ? 400 : 500, client ? "invalid_request_error" : "server_error", NULL,
+                    client ? "context_length_exceeded" : NULL, "%s", j->err.message);
+}

@@ -36,6 +36,7 @@ typedef struct ops_attention_args {
     int window;
     float scale;
     float *scratch; /* tp_threads(tp) * ops_attention_scratch(kv) floats */
+    float (*dot)(const float *, const float *, int); /* set by ops_attention */
 } ops_attention_args;
 size_t ops_attention_scratch(const kv_cache *kv);
 void ops_attention(const ops_attention_args *a, threadpool *tp);

@@ -19,8 +19,17 @@ hearth_status sampler_init(sampler *s, int vocab, hearth_error *err) {
         sampler_free(s);
         return err_set(err, HEARTH_ERR_NOMEM, "sampler: out of memory");
     }
+    /* touch now: resident from the start, as fit predicts (calloc may leave fresh pages unmapped) */
+    memset(s->work, 0, (size_t)vocab * sizeof *s->work);
+    memset(s->cand, 0, (size_t)vocab * sizeof *s->cand);
+    memset(s->counts, 0, (size_t)vocab * sizeof *s->counts);
     sampler_seed(s, (uint64_t)time(NULL));
     return HEARTH_OK;
+}
+
+size_t sampler_bytes(int vocab) {
+    sampler s;
+    return (size_t)vocab * (sizeof *s.work + sizeof *s.cand + sizeof *s.counts);
 }
 
 void sampler_free(sampler *s) {
@@ -102,9 +111,6 @@ int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p
     for (int i = 1; i < V; i++)
         if (x[i] > x[best]) best = i;
     float mx = x[best];
-    double sum = 0;
-    for (int i = 0; i < V; i++) sum += exp((double)(x[i] - mx));
-    float lse = mx + (float)log(sum);
 
     int32_t chosen = best;
     if (p->temperature > 0) {
@@ -140,7 +146,10 @@ int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p
             if (r < acc) { chosen = s->cand[i]; break; }
         }
     }
-    if (lp) {
+    if (lp) { /* log-softmax only when asked: a pass of exp over the vocabulary per token */
+        double sum = 0;
+        for (int i = 0; i < V; i++) sum += exp((double)(x[i] - mx));
+        float lse = mx + (float)log(sum);
         lp->logprob = x[chosen] - lse;
         int n = lp->n < 0 ? 0 : lp->n > HEARTH_MAX_TOP_LOGPROBS ? HEARTH_MAX_TOP_LOGPROBS : lp->n;
         if (n > V) n = V;

@@ -57,6 +57,9 @@ $(BUILD)/obj/%.o: %.c
 	@$(if $(Q),echo "  CC    $<")
 	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# The chat page is pulled into web_assets.o by .incbin, which -MMD cannot see.
+$(BUILD)/obj/src/server/web_assets.o build/fuzz/obj/src/server/web_assets.o: $(wildcard web/*)
+
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC  $<")
@@ -122,12 +125,13 @@ deps:
 	@bash tools/deps.sh
 
 # Parity tests against the Python oracles (mlx-lm, HF tokenizers, gguf, jinja2) and the
-# API tests (the real mlx_lm.server, the openai SDK).
+# API tests (the real mlx_lm.server, the openai SDK), and the chat page (headless chromium).
 parity: all
 	@bash tools/get_models.sh
-	@# two runs: each folder's tests import helpers from its own conftest module
+	@# one run per folder: each folder's tests import helpers from its own conftest module
 	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/parity
 	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/api
+	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/ui
 
 test: deps
 	@$(MAKE) --no-print-directory all

@@ -124,6 +124,8 @@ typedef struct hearth_engine_options {
     int max_sequences;   /* sequences held at once; 0: 1 */
     int use_mmap;        /* use weights in place in the file mapping instead of copying
                             them into resident memory (for models larger than RAM) */
+    int kv_blocks;       /* KV pool size in blocks of 16 positions; 0: min(max_sequences, 2)
+                            x context (the batch scheduler admits requests as blocks free up) */
 } hearth_engine_options;
 
 /* Loads the weights into resident memory and allocates the KV pool and all scratch
@@ -140,6 +142,22 @@ double hearth_engine_measure_bandwidth(hearth_engine *e);
 /* Bytes one decode step reads with `context` tokens in the cache: every weight matrix
  * (the LM head in full, one embedding row) plus the keys and values attended to. */
 double hearth_engine_decode_bytes(const hearth_engine *e, int context);
+
+/* ---- fit: the memory contract ------------------------------------------ */
+
+typedef struct hearth_fit_options {
+    hearth_engine_options engine; /* the options hearth_engine_create would get */
+    int measure_bandwidth;        /* 1: measure the read bandwidth (about a second, a 1 GiB buffer) */
+    double bandwidth_gbs;         /* > 0: use this bandwidth (GB/s) for the decode prediction */
+} hearth_fit_options;
+
+/* Predicts, without creating the engine, the memory hearth_engine_create(m, &o->engine)
+ * would take (weights, KV pool, scratch, buffers, runtime overhead: each listed),
+ * predicted_peak_bytes (the process's resident high-water mark once the engine exists),
+ * whether it fits this machine's available memory, the largest context that would, and
+ * decode tok/s from the bandwidth model. *report_json: a JSON object (free with
+ * hearth_free). */
+hearth_status hearth_fit(hearth_model *m, const hearth_fit_options *o, char **report_json, hearth_error *err);
 
 /* Low-level sequences: append tokens (prefill or one decode token) and read the logits
  * of the last n_logits positions (n_logits <= 8) into logits[n_logits * vocab]. */
@@ -221,6 +239,40 @@ typedef struct hearth_generate_result {
 hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_prompt,
                               const hearth_generate_params *p, hearth_token_fn on_token, void *user,
                               hearth_generate_result *result, hearth_error *err);
+
+/* ---- continuous batching ---------------------------------------------------
+ * A batch runs many requests on one engine, one step at a time: each step packs the
+ * next token of every decoding request and chunks of waiting prompts (up to the
+ * engine's max_step_tokens) into one forward pass, then samples every row with its own
+ * parameters. Requests join at the next step and leave as soon as they finish. A
+ * request is admitted (FIFO) only when a sequence slot is free and the KV pool can
+ * hold its prompt + max_tokens. All calls on one thread (the one that owns the engine);
+ * the engine must not run hearth_generate while the batch holds requests. */
+typedef struct hearth_batch hearth_batch;
+
+typedef struct hearth_batch_request {
+    const int32_t *prompt;                 /* valid until on_done */
+    size_t n_prompt;
+    const hearth_generate_params *params;  /* valid until on_done; on_progress is honoured */
+    hearth_token_fn on_token;
+    int (*is_cancelled)(void *user);       /* optional: polled before every step */
+    /* Called once when the request ends (finished, cancelled or failed); *result is final. */
+    void (*on_done)(void *user, hearth_status status, const hearth_error *err);
+    hearth_generate_result *result;        /* caller-owned; finish is set before on_token */
+    void *user;
+} hearth_batch_request;
+
+hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_error *err);
+/* Ends every request still held as cancelled (calling on_done), then frees. */
+void hearth_batch_free(hearth_batch *b);
+/* Queues a request; an invalid one (empty prompt, max_tokens < 1, prompt too long for
+ * the context) fails here and on_done is never called. */
+hearth_status hearth_batch_submit(hearth_batch *b, const hearth_batch_request *r, hearth_error *err);
+/* Runs one step (admission, one forward pass, sampling); returns the requests still
+ * held, waiting or running. A failing forward pass fails the requests in it. */
+size_t hearth_batch_step(hearth_batch *b);
+size_t hearth_batch_waiting(const hearth_batch *b);
+size_t hearth_batch_running(const hearth_batch *b);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PKGS=(build-essential pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libcmocka-dev
-          libcurl4-openssl-dev libmicrohttpd-dev libsqlite3-dev clang libclang-rt-14-dev)
+          libcurl4-openssl-dev libmicrohttpd-dev libsqlite3-dev clang libclang-rt-14-dev
+          chromium)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,7 +22,8 @@ fi
 
 # Python tools pinned so goldens stay reproducible; bump together with the goldens.
 PY_PKGS=("mlx[cpu]==0.32.4" "mlx-lm==0.32.2" "transformers==5.23.0" "tokenizers==0.23.3"
-         "gguf==0.19.0" "jinja2==3.1.6" "pytest" "numpy" "sentencepiece" "protobuf" "openai==3.57.0" "anthropic==2.14.0")
+         "gguf==0.19.0" "jinja2==3.1.6" "pytest" "numpy" "sentencepiece" "protobuf" "openai==3.57.0" "anthropic==2.14.0"
+         "playwright==1.65.2")
 stamp=.venv/.hearth-deps
 want=$(printf '%s\n' "${PY_PKGS[@]}" | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

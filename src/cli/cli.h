@@ -16,6 +16,8 @@ int cli_trace(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_chat(int argc, char **argv);
 int cli_serve(int argc, char **argv);
+int cli_fit(int argc, char **argv);
+void cli_report_memory(const hearth_engine *e); /* {"peak_rss_bytes", ...} on stderr */
 
 /* Prints "hearth: <message>" to stderr and returns 1. */
 int cli_fail(const hearth_error *err);
@@ -26,4 +28,7 @@ int cli_is_help(const char *arg);
 char *cli_read_file(const char *path);
 /* Opens a model, printing the error; returns 0 on success, 1 on failure. */
 int cli_open_model(const char *name, hearth_model **m);
+/* Opens url with xdg-open when a display is available; returns 1 if launched,
+ * 0 otherwise (never an error: the caller has printed the URL). */
+int cli_open_browser(const char *url);
 #endif

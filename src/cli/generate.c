@@ -10,7 +10,7 @@
 static const char *gen_usage =
     "hearth generate <model> \"prompt\" [--max-tokens N] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--repetition-penalty R] [--seed S] [--system TEXT] [--no-chat-template] [--stop STR]...\n"
-    "       [--threads N] [--ctx N] [--mmap] [--verbose]";
+    "       [--threads N] [--ctx N] [--mmap] [--verbose] [--report-memory]";
 
 static int on_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
     (void)user; (void)id; (void)lp;
@@ -63,6 +63,7 @@ int cli_generate(int argc, char **argv) {
     float fv[6] = {0};
     int top_k = -1;
     long long seed = -1;
+    int report_memory = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -80,6 +81,7 @@ int cli_generate(int argc, char **argv) {
         else if (!strcmp(a, "--stop") && has && gp.n_stop < 16) stops[gp.n_stop++] = argv[++i];
         else if (!strcmp(a, "--no-chat-template")) use_template = 0;
         else if (!strcmp(a, "--verbose")) verbose = 1;
+        else if (!strcmp(a, "--report-memory")) report_memory = 1; /* JSON line for tests/parity/test_fit.py */
         else if (a[0] == '-' && a[1]) return cli_usage_error(gen_usage, "unknown or incomplete flag '%s'", a);
         else if (!model) model = a;
         else if (!prompt) prompt = a;
@@ -115,6 +117,7 @@ int cli_generate(int argc, char **argv) {
                         "time to first token: %.3f s | finish: %s | peak memory: %.1f MiB\n",
                 r.prompt_tokens, r.prompt_seconds > 0 ? r.prompt_tokens / r.prompt_seconds : 0, r.completion_tokens,
                 gen_tps, r.first_token_seconds, hearth_finish_name(r.finish), ru.ru_maxrss / 1024.0);
+        if (report_memory) cli_report_memory(e);
         if (verbose) fprintf(stderr, "engine memory: %.1f MiB\n", hearth_engine_bytes(e) / (1024.0 * 1024.0));
     }
     hearth_free(ids);

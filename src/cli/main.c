@@ -15,6 +15,7 @@ static const cli_verb verbs[] = {
     {"bench", cli_bench, "measure prefill and decode speed against the memory-bandwidth roofline"},
     {"trace", cli_trace, "print a prompt's logits and a greedy continuation as JSON (parity checks)"},
     {"tensors", cli_tensors, "list a model's tensors, or dump one as float32"},
+    {"fit", cli_fit, "predict the memory and decode speed of a model at a context, and whether it fits"},
     {"ls", cli_ls, "list the models hearth can find"},
 };
 
@@ -22,14 +23,29 @@ static void usage(FILE *f) {
     fprintf(f, "hearth %s: a local LLM runtime\n\nusage: hearth <command> [args]\n\ncommands:\n", HEARTH_VERSION);
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) fprintf(f, "  %-11s %s\n", verbs[i].name, verbs[i].help);
     fprintf(f, "\nRun 'hearth <command> --help' for a command's flags. Models are named by folder, .gguf file,\n"
-               "Hugging Face repo id (from the HF cache) or any unambiguous part of a known model's name.\n");
+               "Hugging Face repo id (from the HF cache) or any unambiguous part of a known model's name.\n"
+               "\nWith no command, hearth serves the default model and opens the chat page in a browser\n"
+               "('hearth serve' flags apply; --no-open just prints the page's address).\n");
+}
+
+/* `hearth` alone (or with only serve flags, e.g. `hearth --no-open --port 9000`) is
+ * the appliance: serve the default model and open the chat page. */
+static int appliance(int argc, char **argv) {
+    char *args[64] = {"serve", "--open"};
+    if (argc > 60) { /* args keeps a NULL after the last one */
+        fprintf(stderr, "hearth: too many arguments\n");
+        return 2;
+    }
+    for (int i = 1; i < argc; i++) args[i + 1] = argv[i];
+    return cli_serve(argc + 1, args);
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc >= 2 && (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        usage(stdout);
+        return 0;
     }
+    if (argc < 2 || (argv[1][0] == '-' && strcmp(argv[1], "--version"))) return appliance(argc, argv);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
 #ifdef HEARTH_HAVE_CUDA
         printf("hearth %s\nbackends: cpu cuda\n", HEARTH_VERSION);

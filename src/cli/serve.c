@@ -3,6 +3,7 @@
  * limits and API key, then the model, the engine, and the HTTP server until
  * SIGINT/SIGTERM. All request handling lives in src/server/. */
 #include "cli/cli.h"
+#include "server/responses.h"
 #include "server/server.h"
 #include "server/textstate.h"
 #include <errno.h>
@@ -29,7 +30,9 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "[--max-body 16M]\n"
                                  "             [--max-header 64K] [--timeout 300] [--max-connections 256] "
                                  "[--threads N] [--ctx N] [--mmap]\n"
-                                 "             [--prefill-step-size 2048]\n"
+                                 "             [--responses-ttl 3600] [--responses-max-bytes 64M]\n"
+                                 "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] [--kv-blocks N]\n"
+                                 "             [--open|--no-open (the chat page in a browser)]\n"
                                  "  accepted but not supported yet (a warning says so): --adapter-path "
                                  "--draft-model --num-draft-tokens\n"
                                  "  --trust-remote-code --use-default-chat-template --decode-concurrency "
@@ -119,6 +122,7 @@ typedef struct serve_opts {
     hearth_engine_options eo;
     const char *chat_template;
     const char *template_args;
+    int open_browser; /* --open (what `hearth` with no arguments passes); --no-open wins */
 } serve_opts;
 
 /* Splits --name=value so both argparse spellings work; returns the value or
@@ -147,7 +151,9 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         if (cli_parse_engine_flag(argc, argv, &i, &o->eo)) continue;
 #define VAL(name) (v = flag_value(argc, argv, &i, name, nb, sizeof nb))
 #define BADV(name) return cli_usage_error(serve_usage, "invalid value for " name ": '%s'", v)
-        if (VAL("--model"))
+        if (!strcmp(a, "--open") || !strcmp(a, "--no-open"))
+            o->open_browser = a[2] == 'o';
+        else if (VAL("--model"))
             c->model_arg = v;
         else if (VAL("--host"))
             c->host = v;
@@ -186,6 +192,20 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         } else if (VAL("--max-connections")) {
             if (parse_int(v, 1, 65535, &n)) BADV("--max-connections");
             c->max_connections = (unsigned)n;
+        } else if (VAL("--responses-ttl")) {
+            if (parse_int(v, 0, INT_MAX, &n)) BADV("--responses-ttl");
+            c->responses_ttl_s = (unsigned)n;
+        } else if (VAL("--responses-max-bytes")) {
+            if (parse_size(v, &c->responses_max_bytes)) BADV("--responses-max-bytes");
+        } else if (VAL("--max-step-tokens")) { /* tokens per batched step (decode rows + prompt chunks) */
+            if (parse_int(v, 1, 1 << 20, &n)) BADV("--max-step-tokens");
+            o->eo.max_step_tokens = (int)n;
+        } else if (VAL("--max-sequences")) { /* requests generating at once */
+            if (parse_int(v, 1, 4096, &n)) BADV("--max-sequences");
+            o->eo.max_sequences = (int)n;
+        } else if (VAL("--kv-blocks")) { /* KV pool in blocks of 16 positions; default: sequences x context */
+            if (parse_int(v, 1, 1 << 26, &n)) BADV("--kv-blocks");
+            o->eo.kv_blocks = (int)n;
         } else if (VAL("--prefill-step-size")) {
             if (parse_int(v, 1, 1 << 20, &n)) BADV("--prefill-step-size");
             o->eo.max_step_tokens = (int)n;
@@ -230,9 +250,12 @@ int cli_serve(int argc, char **argv) {
                             .timeout_s = 300,
                             .max_connections = 256,
                             .log_level = SRV_LOG_INFO,
+                            .responses_ttl_s = 3600,          /* an hour: long enough for an agent's session */
+                            .responses_max_bytes = 64u << 20, /* bounds the store on a small machine */
                             .defaults = {.max_tokens = 512, .top_p = 1.0f, .num_draft_tokens = 3}}};
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
+    if (!o.eo.max_sequences) o.eo.max_sequences = 8;
     srv_config *c = &o.cfg;
     if (!c->origins && parse_origins("*", c)) return 1;
     json_t *targs = NULL;
@@ -259,6 +282,10 @@ int cli_serve(int argc, char **argv) {
     s.context_length = hearth_engine_context_length(e);
     make_fingerprint(s.fingerprint, sizeof s.fingerprint);
     pthread_mutex_init(&s.render_mu, NULL);
+    if (!(s.responses = resp_store_new(c->responses_ttl_s, c->responses_max_bytes))) {
+        fprintf(stderr, "hearth serve: out of memory\n");
+        return 1;
+    }
     if (srv_queue_start(e, &s.queue, &err)) return cli_fail(&err);
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
@@ -270,6 +297,13 @@ int cli_serve(int argc, char **argv) {
     srv_log(&s, SRV_LOG_INFO, "Starting httpd at %s on port %d...", c->host, c->port);
     fprintf(stderr, "hearth serve: listening on http://%s%s%s:%d/v1\n", strchr(c->host, ':') ? "[" : "", c->host,
             strchr(c->host, ':') ? "]" : "", c->port);
+    /* 0.0.0.0 and :: are not addresses a browser can open; loopback reaches them */
+    const char *page_host = !strcmp(c->host, "0.0.0.0") ? "127.0.0.1" : !strcmp(c->host, "::") ? "::1" : c->host;
+    char page[320];
+    snprintf(page, sizeof page, "http://%s%s%s:%d/#/chat", strchr(page_host, ':') ? "[" : "", page_host,
+             strchr(page_host, ':') ? "]" : "", c->port);
+    fprintf(stderr, "hearth serve: chat page at %s\n", page);
+    if (o.open_browser) cli_open_browser(page);
     while (!stop_requested) pause();
     srv_log(&s, SRV_LOG_INFO, "shutting down");
     srv_stop(&s);
@@ -280,5 +314,6 @@ int cli_serve(int argc, char **argv) {
     for (size_t i = 0; i < c->n_origins; i++) free(c->origins[i]);
     free(c->origins);
     pthread_mutex_destroy(&s.render_mu);
+    resp_store_free(s.responses);
     return 0;
 }

@@ -1,15 +1,17 @@
 /* engine.c: the generation engine behind the public API: loads the weights, allocates
  * the KV pool and scratch once, runs sequences through model_forward in steps of at most
  * max_step_tokens, and drives sampling, streaming text and stop conditions. Runs on the
- * caller's thread; batching several sequences per step is the scheduler's job (next
- * milestone) and needs no change here below the step. */
+ * caller's thread; batching several sequences per step is scheduler.c's job, through
+ * engine_forward_rows. */
 #define _GNU_SOURCE
 #include "api/model_internal.h"
 #include "base/err.h"
+#include "base/mem_touch.h"
 #include "base/sbuf.h"
 #include "engine/sampler.h"
 #include "model/model.h"
 #include "backend/cpu/bandwidth.h"
+#include <malloc.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@
 #include <unistd.h>
 
 #include "engine/engine_internal.h"
+#include "engine/engine_plan.h"
 
 struct hearth_engine {
     hearth_model *hm;
@@ -24,9 +27,10 @@ struct hearth_engine {
     kv_cache kv;
     model_scratch *s;
     threadpool *tp;
-    int n_threads, context, step_tokens, max_seqs;
+    int n_threads, context, step_tokens, max_seqs, max_out;
     int32_t *step_tok, *step_pos, *step_slot, *out_rows; /* [step_tokens] */
-    float *logits;                                        /* [ENGINE_MAX_LOGITS_ROWS, vocab] */
+    float *logits;                                        /* [max_out, vocab] */
+    sampler *slot_smp;                                    /* [max_seqs], for the scheduler */
     int32_t *history;                                     /* [max_seqs, context] */
     uint8_t *seq_open;
     sampler smp;
@@ -73,47 +77,108 @@ static void collect_eos(hearth_engine *e) {
     }
 }
 
+void engine_trim_heap(void) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+}
+
+hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts, engine_plan *p,
+                               hearth_error *err) {
+    hearth_engine_options o = opts ? *opts : (hearth_engine_options){0};
+    const model_config *c = &m->cfg;
+    memset(p, 0, sizeof *p);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    p->n_threads = o.n_threads > 0 ? o.n_threads : (cores > 0 ? (int)cores : 1);
+    p->context = o.context_length > 0 ? o.context_length : (c->context_length < 8192 ? c->context_length : 8192);
+    p->step_tokens = o.max_step_tokens > 0 ? o.max_step_tokens : 256;
+    p->max_seqs = o.max_sequences > 0 ? o.max_sequences : 1;
+    /* 2^24 positions and 2^16 sequences/threads keep every product below in size_t and
+     * every block count in int, far beyond any real deployment */
+    if (o.context_length < 0 || o.max_step_tokens < 0 || o.max_sequences < 0 || o.n_threads < 0 ||
+        p->context > (1 << 24) || p->max_seqs > (1 << 16) || p->n_threads > (1 << 16) || p->step_tokens > (1 << 16) ||
+        (int64_t)(p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * p->max_seqs > INT32_MAX)
+        return err_set(err, HEARTH_ERR_INVALID, "engine: invalid options (context %d, sequences %d, threads %d)",
+                       p->context, p->max_seqs, p->n_threads);
+    /* a scheduler step returns one logits row per running sequence */
+    p->max_out = p->max_seqs > ENGINE_MAX_LOGITS_ROWS ? p->max_seqs : ENGINE_MAX_LOGITS_ROWS;
+    /* default KV pool: two full contexts (or one per sequence, if fewer): every request
+     * that fits the context can run, short ones share it (the batch scheduler admits as
+     * blocks free up), and eight sequences do not multiply resident KV memory by eight */
+    if (o.kv_blocks < 0) return err_set(err, HEARTH_ERR_INVALID, "engine: invalid KV pool size %d", o.kv_blocks);
+    p->n_blocks = o.kv_blocks > 0 ? o.kv_blocks
+                                  : (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * (p->max_seqs < 2 ? p->max_seqs : 2);
+    /* the shape model_scratch_bytes reads (ops_attention_scratch): no memory behind it */
+    kv_cache shape = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                      .n_blocks = p->n_blocks, .max_slots = p->max_seqs,
+                      .max_blocks_per_slot = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
+    size_t T = (size_t)p->step_tokens;
+    p->weights = model_weight_bytes(m);
+    p->kv = kv_bytes(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context, p->n_blocks);
+    p->scratch = model_scratch_bytes(m, &shape, p->step_tokens, p->max_out, p->n_threads);
+    p->buffers = sizeof(hearth_engine) + 3 * T * sizeof(int32_t) + ENGINE_MAX_LOGITS_ROWS * sizeof(int32_t) +
+                 (size_t)p->max_out * c->vocab * sizeof(float) + (size_t)p->max_seqs * sizeof(sampler) +
+                 (size_t)p->max_seqs * p->context * sizeof(int32_t) + (size_t)p->max_seqs;
+    p->sampler = sampler_bytes(c->vocab) * (size_t)(1 + p->max_seqs); /* the engine's + one per slot */
+    return HEARTH_OK;
+}
+
+size_t engine_plan_bytes(const engine_plan *p) { return p->weights + p->kv + p->scratch + p->buffers + p->sampler; }
+
 hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options *opts, hearth_engine **out,
                                    hearth_error *err) {
     *out = NULL;
     hearth_engine_options o = opts ? *opts : (hearth_engine_options){0};
+    /* hand freed heap (tokenizer loading's temporaries) back first, so the engine's
+     * allocations are fresh pages and the footprint is the sum fit predicts */
+    engine_trim_heap();
     hearth_engine *e = calloc(1, sizeof *e);
     if (!e) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     e->hm = hm;
     hearth_status st = model_load(hm, o.use_mmap, &e->m, err);
     if (st) { free(e); return st; }
     const model_config *c = &e->m->cfg;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    e->n_threads = o.n_threads > 0 ? o.n_threads : (cores > 0 ? (int)cores : 1);
-    e->context = o.context_length > 0 ? o.context_length : (c->context_length < 8192 ? c->context_length : 8192);
-    e->step_tokens = o.max_step_tokens > 0 ? o.max_step_tokens : 256;
-    e->max_seqs = o.max_sequences > 0 ? o.max_sequences : 1;
-    if (o.context_length < 0 || o.max_step_tokens < 0 || o.max_sequences < 0 || e->context > (1 << 24))
-        st = err_set(err, HEARTH_ERR_INVALID, "engine: invalid options (context %d)", e->context);
-    int blocks_per_seq = (e->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
-    if (!st) st = kv_create(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context,
-                            blocks_per_seq * e->max_seqs, err);
+    engine_plan p;
+    st = engine_plan_make(e->m, &o, &p, err);
+    e->n_threads = p.n_threads;
+    e->context = p.context;
+    e->step_tokens = p.step_tokens;
+    e->max_seqs = p.max_seqs;
+    e->max_out = p.max_out;
+    if (!st) st = kv_create(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks, err);
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
-    if (!st) st = model_scratch_create(e->m, &e->kv, e->step_tokens, ENGINE_MAX_LOGITS_ROWS, e->n_threads, &e->s, err);
+    if (!st) st = model_scratch_create(e->m, &e->kv, e->step_tokens, e->max_out, e->n_threads, &e->s, err);
     if (!st) st = sampler_init(&e->smp, c->vocab, err);
+    if (!st && !(e->slot_smp = calloc((size_t)e->max_seqs, sizeof *e->slot_smp)))
+        st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
+    for (int i = 0; !st && i < e->max_seqs; i++) {
+        st = sampler_init(&e->slot_smp[i], c->vocab, err);
+        /* distinct unseeded streams per slot, even when started in the same second */
+        if (!st) sampler_seed(&e->slot_smp[i], (uint64_t)time(NULL) ^ ((uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull));
+    }
     if (!st) {
         size_t T = (size_t)e->step_tokens;
+        size_t logits = (size_t)e->max_out * c->vocab * sizeof(float);
+        size_t history = (size_t)e->max_seqs * e->context * sizeof(int32_t);
         e->step_tok = malloc(T * sizeof(int32_t));
         e->step_pos = malloc(T * sizeof(int32_t));
         e->step_slot = malloc(T * sizeof(int32_t));
         e->out_rows = malloc(ENGINE_MAX_LOGITS_ROWS * sizeof(int32_t));
-        e->logits = malloc((size_t)ENGINE_MAX_LOGITS_ROWS * c->vocab * sizeof(float));
-        e->history = malloc((size_t)e->max_seqs * e->context * sizeof(int32_t));
+        e->logits = malloc(logits);
+        e->history = malloc(history);
         e->seq_open = calloc((size_t)e->max_seqs, 1);
         if (!e->step_tok || !e->step_pos || !e->step_slot || !e->out_rows || !e->logits || !e->history ||
             !e->seq_open)
             st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
+        else { /* touch now: resident from the start, so the footprint fit predicts is the real one */
+            memset(e->logits, 0, logits);
+            memset(e->history, 0, history);
+            mem_touch(e->logits, logits);
+            mem_touch(e->history, history);
+        }
     }
     if (st) { hearth_engine_free(e); return st; }
-    e->bytes = model_weight_bytes(e->m) +
-               kv_bytes(c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, e->kv.n_blocks) +
-               model_scratch_bytes(e->m, &e->kv, e->step_tokens, ENGINE_MAX_LOGITS_ROWS, e->n_threads) +
-               (size_t)ENGINE_MAX_LOGITS_ROWS * c->vocab * sizeof(float) * 2;
+    e->bytes = engine_plan_bytes(&p);
     collect_eos(e);
     *out = e;
     return HEARTH_OK;
@@ -125,6 +190,8 @@ void hearth_engine_free(hearth_engine *e) {
     kv_destroy(&e->kv);
     tp_destroy(e->tp);
     sampler_free(&e->smp);
+    for (int i = 0; e->slot_smp && i < e->max_seqs; i++) sampler_free(&e->slot_smp[i]);
+    free(e->slot_smp);
     model_free(e->m);
     free(e->step_tok);
     free(e->step_pos);
@@ -199,6 +266,36 @@ hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens
     return HEARTH_OK;
 }
 
+hearth_status engine_forward_rows(hearth_engine *e, int T, const int32_t *tokens, const int32_t *pos,
+                                  const int32_t *slot, int n_out, const int32_t *out_rows, const float **logits,
+                                  hearth_error *err) {
+    if (T <= 0 || T > e->step_tokens || n_out < 0 || n_out > e->max_out)
+        return err_set(err, HEARTH_ERR_INVALID, "engine step of %d tokens, %d logits rows", T, n_out);
+    for (int t = 0; t < T; t++) {
+        if (slot[t] < 0 || slot[t] >= e->max_seqs || !e->seq_open[slot[t]] || pos[t] < 0 || pos[t] >= e->context)
+            return err_set(err, HEARTH_ERR_INVALID, "engine step: token %d has slot %d position %d", t, slot[t],
+                           pos[t]);
+        e->history[(size_t)slot[t] * e->context + pos[t]] = tokens[t];
+    }
+    model_batch b = {.T = T, .tokens = tokens, .pos = pos, .slot = slot, .n_out = n_out, .out_rows = out_rows,
+                     .logits = e->logits};
+    hearth_status st = model_forward(e->m, &e->kv, e->s, &b, e->tp, err);
+    if (st) return st;
+    int vocab = e->m->cfg.vocab;
+    for (size_t i = 0; i < (size_t)n_out * vocab; i++)
+        if (!isfinite(e->logits[i]))
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: the model produced non-finite logits; its weights contain NaN or Inf values",
+                           e->hm->entry.path);
+    *logits = e->logits;
+    return HEARTH_OK;
+}
+
+int engine_max_out_rows(const hearth_engine *e) { return e->max_out; }
+int engine_max_sequences(const hearth_engine *e) { return e->max_seqs; }
+kv_cache *engine_kv(hearth_engine *e) { return &e->kv; }
+sampler *engine_slot_sampler(hearth_engine *e, int seq) { return &e->slot_smp[seq]; }
+
 int engine_eos_ids(const hearth_engine *e, const int32_t **ids) {
     *ids = e->eos;
     return e->n_eos;
@@ -219,8 +316,7 @@ static double weight_read_bytes(const cpu_weight *w) {
     return b;
 }
 
-double hearth_engine_decode_bytes(const hearth_engine *e, int context) {
-    const model *m = e->m;
+double engine_decode_bytes(const model *m, int context) {
     const model_config *c = &m->cfg;
     double b = weight_read_bytes(&m->lm_head) + weight_read_bytes(&m->embed) / (double)c->vocab;
     for (int i = 0; i < c->n_layers; i++) {
@@ -232,3 +328,5 @@ double hearth_engine_decode_bytes(const hearth_engine *e, int context) {
     }
     return b;
 }
+
+double hearth_engine_decode_bytes(const hearth_engine *e, int context) { return engine_decode_bytes(e->m, context); }

@@ -2,6 +2,8 @@
 #ifndef HEARTH_ENGINE_ENGINE_INTERNAL_H
 #define HEARTH_ENGINE_ENGINE_INTERNAL_H
 #include "hearth.h"
+#include "base/sbuf.h"
+#include "engine/kv_cache.h"
 #include "engine/sampler.h"
 
 #define ENGINE_MAX_LOGITS_ROWS 8 /* rows of logits one append may return; decode needs 1 */
@@ -16,4 +18,50 @@ float *engine_logits_buffer(hearth_engine *e);
 /* Tokens per forward step: the prefill chunk size. */
 int engine_step_tokens(const hearth_engine *e);
 const hearth_model *engine_model(const hearth_engine *e);
+/* Rows of logits one engine_forward_rows may return: max(ENGINE_MAX_LOGITS_ROWS, max_sequences). */
+int engine_max_out_rows(const hearth_engine *e);
+int engine_max_sequences(const hearth_engine *e);
+kv_cache *engine_kv(hearth_engine *e);
+/* The per-slot sampler the scheduler gives each running request (own seed, own RNG). */
+sampler *engine_slot_sampler(hearth_engine *e, int seq);
+/* One ragged step for the scheduler: T tokens (T <= step tokens) of open slots already
+ * reserved through pos+1; records them in each slot's history, runs model_forward and
+ * checks the n_out logits rows, left in *logits ([n_out, vocab], valid until the next call). */
+hearth_status engine_forward_rows(hearth_engine *e, int T, const int32_t *tokens, const int32_t *pos,
+                                  const int32_t *slot, int n_out, const int32_t *out_rows, const float **logits,
+                                  hearth_error *err);
+
+double gen_now_seconds(void);
+
+/* Pending output text, held back while its end could still begin a stop string. */
+typedef struct stop_filter {
+    sbuf pending;
+    const char *const *stop;
+    size_t n_stop;
+} stop_filter;
+
+/* The per-request token processing shared by hearth_generate and the scheduler: one
+ * sampled token at a time through EOS / stop sequences / the detokenizer / stop strings
+ * to the caller's callback, deciding the finish reason before the callback sees it. */
+typedef struct gen_stream {
+    hearth_engine *e;
+    const hearth_generate_params *p;
+    hearth_token_fn on_token;
+    void *user;
+    hearth_generate_result *res;
+    hearth_detok_stream *ds;
+    stop_filter f;
+    hearth_logprobs lp;
+    int trim;
+    size_t n_prompt;
+} gen_stream;
+
+/* Validates the request (prompt, max_tokens, context) and zeroes *res. */
+hearth_status gen_stream_init(gen_stream *g, hearth_engine *e, size_t n_prompt, const hearth_generate_params *p,
+                              hearth_token_fn on_token, void *user, hearth_generate_result *res, hearth_error *err);
+/* Samples the next token of seq from logits (seq_len tokens are in its history, all
+ * in the KV cache), emits its text and sets res->finish when it ends the request.
+ * t0: when the request started (for first_token_seconds). */
+int32_t gen_stream_step(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len, double t0);
+void gen_stream_free(gen_stream *g);
 #endif

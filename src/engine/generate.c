@@ -1,6 +1,7 @@
 /* generate.c: one request from prompt to finish: prefill, then sample / append one
- * token at a time, streaming text through the incremental detokenizer with stop strings
- * held back until they can no longer match, and the finish reason that ended it. */
+ * token at a time. The per-token processing (sampling, EOS and stop sequences, streaming
+ * text through the detokenizer with stop strings held back until they can no longer
+ * match, the finish reason) is gen_stream, shared with the batch scheduler. */
 #define _GNU_SOURCE
 #include "api/model_internal.h"
 #include "base/err.h"
@@ -10,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now_seconds(void) {
+double gen_now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -43,13 +44,6 @@ void hearth_sampling_defaults(const hearth_model *m, hearth_sampling *s) {
     }
     if (json_is_number(v = json_object_get(g, "repetition_penalty"))) s->repetition_penalty = (float)json_number_value(v);
 }
-
-/* Pending output text, held back while its end could still begin a stop string. */
-typedef struct stop_filter {
-    sbuf pending;
-    const char *const *stop;
-    size_t n_stop;
-} stop_filter;
 
 /* Appends piece; returns how many leading bytes of pending are final, and sets *hit
  * when a stop string occurs (pending is then cut at its start). */
@@ -120,9 +114,9 @@ static int ends_with_stop_seq(const hearth_generate_params *p, const int32_t *ge
     return 0;
 }
 
-hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_prompt,
-                              const hearth_generate_params *p, hearth_token_fn on_token, void *user,
-                              hearth_generate_result *res, hearth_error *err) {
+hearth_status gen_stream_init(gen_stream *g, hearth_engine *e, size_t n_prompt, const hearth_generate_params *p,
+                              hearth_token_fn on_token, void *user, hearth_generate_result *res, hearth_error *err) {
+    memset(g, 0, sizeof *g);
     memset(res, 0, sizeof *res);
     int ctx = hearth_engine_context_length(e);
     if (n_prompt == 0) return err_set(err, HEARTH_ERR_INVALID, "the prompt is empty");
@@ -132,63 +126,89 @@ hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_
                        "the prompt has %zu tokens but the context holds %d (prompt and at least one new token)",
                        n_prompt, ctx);
     const hearth_model *hm = engine_model(e);
-    hearth_detok_stream *ds = hearth_detok_stream_new(hm, 0);
-    if (!ds) return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: no tokenizer to decode the output", hm->entry.path);
-    int seq;
-    hearth_status st = hearth_seq_open(e, &seq, err);
-    if (st) { hearth_detok_stream_free(ds); return st; }
-    if (p->sampling.has_seed) sampler_seed(engine_sampler(e), p->sampling.seed);
+    g->ds = hearth_detok_stream_new(hm, 0);
+    if (!g->ds) return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: no tokenizer to decode the output", hm->entry.path);
+    g->e = e;
+    g->p = p;
+    g->on_token = on_token;
+    g->user = user;
+    g->res = res;
+    g->n_prompt = n_prompt;
+    g->f.stop = p->stop;
+    g->f.n_stop = p->n_stop;
+    sbuf_init(&g->f.pending);
+    g->lp.n = p->sampling.top_logprobs;
+    g->trim = p->trim_leading_space;
+    res->prompt_tokens = n_prompt;
+    return HEARTH_OK;
+}
+
+void gen_stream_free(gen_stream *g) {
+    hearth_detok_stream_free(g->ds);
+    sbuf_free(&g->f.pending);
+    memset(g, 0, sizeof *g);
+}
+
+int32_t gen_stream_step(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len, double t0) {
+    hearth_engine *e = g->e;
+    const hearth_generate_params *p = g->p;
+    hearth_generate_result *res = g->res;
     const int32_t *eos;
     int n_eos = engine_eos_ids(e, &eos);
-    float *logits = engine_logits_buffer(e);
-    stop_filter f = {.stop = p->stop, .n_stop = p->n_stop};
-    sbuf_init(&f.pending);
-    hearth_logprobs lp = {.n = p->sampling.top_logprobs};
-    int trim = p->trim_leading_space;
+    int32_t id = sampler_sample(smp, logits, &p->sampling, engine_history(e, seq), (size_t)seq_len, &g->lp);
+    if (res->completion_tokens == 0) {
+        res->first_token_seconds = gen_now_seconds() - t0;
+        if (p->on_progress && p->on_progress(g->user, g->n_prompt, g->n_prompt)) res->finish = HEARTH_FINISH_CANCELLED;
+    }
+    res->completion_tokens++;
+    int is_eos = 0;
+    for (int i = 0; i < n_eos && !p->ignore_eos; i++) is_eos |= eos[i] == id;
+    int token_stop = !is_eos && ends_with_stop_seq(p, engine_history(e, seq) + g->n_prompt,
+                                                   res->completion_tokens - 1, id);
+    is_eos |= token_stop; /* ends like EOS: nothing more of this token is shown */
+    int hit = 0;
+    const char *piece = is_eos ? "" : hearth_detok_stream_push(g->ds, id);
+    if (g->trim && piece[0]) { /* the first visible text: mlx-lm drops its leading space */
+        if (piece[0] == ' ') piece++;
+        g->trim = 0;
+    }
+    size_t ready = is_eos ? 0 : stop_feed(&g->f, piece, &hit);
+    if (token_stop) res->finish = HEARTH_FINISH_STOP_STRING;
+    else if (is_eos) res->finish = HEARTH_FINISH_EOS;
+    else if (hit) res->finish = HEARTH_FINISH_STOP_STRING;
+    else if (res->completion_tokens >= (size_t)p->max_tokens) res->finish = HEARTH_FINISH_LENGTH;
+    else if (seq_len + 1 > hearth_engine_context_length(e)) res->finish = HEARTH_FINISH_CONTEXT;
+    if (res->finish == HEARTH_FINISH_LENGTH || res->finish == HEARTH_FINISH_CONTEXT || is_eos) {
+        int h2 = 0; /* flush what the detokenizer held back, still honouring stop strings */
+        stop_feed(&g->f, hearth_detok_stream_finish(g->ds), &h2);
+        if (h2) res->finish = HEARTH_FINISH_STOP_STRING;
+        ready = g->f.pending.len;
+    }
+    if (emit(&g->f, ready, g->on_token, g->user, id, p->sampling.top_logprobs ? &g->lp : NULL) && !res->finish)
+        res->finish = HEARTH_FINISH_CANCELLED;
+    return id;
+}
 
-    double t0 = now_seconds();
+hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_prompt,
+                              const hearth_generate_params *p, hearth_token_fn on_token, void *user,
+                              hearth_generate_result *res, hearth_error *err) {
+    gen_stream g;
+    hearth_status st = gen_stream_init(&g, e, n_prompt, p, on_token, user, res, err);
+    if (st) return st;
+    int seq;
+    if ((st = hearth_seq_open(e, &seq, err))) { gen_stream_free(&g); return st; }
+    if (p->sampling.has_seed) sampler_seed(engine_sampler(e), p->sampling.seed);
+    float *logits = engine_logits_buffer(e);
+    double t0 = gen_now_seconds();
     st = prefill(e, seq, prompt, n_prompt, logits, p, user, res, err);
-    res->prompt_tokens = n_prompt;
-    res->prompt_seconds = now_seconds() - t0;
-    double t1 = now_seconds();
+    res->prompt_seconds = gen_now_seconds() - t0;
+    double t1 = gen_now_seconds();
     while (!st && !res->finish) {
-        int32_t id = sampler_sample(engine_sampler(e), logits, &p->sampling, engine_history(e, seq),
-                                    (size_t)engine_seq_length(e, seq), &lp);
-        if (res->completion_tokens == 0) {
-            res->first_token_seconds = now_seconds() - t0;
-            if (p->on_progress && p->on_progress(user, n_prompt, n_prompt)) res->finish = HEARTH_FINISH_CANCELLED;
-        }
-        res->completion_tokens++;
-        int is_eos = 0;
-        for (int i = 0; i < n_eos && !p->ignore_eos; i++) is_eos |= eos[i] == id;
-        int token_stop = !is_eos && ends_with_stop_seq(p, engine_history(e, seq) + n_prompt,
-                                                       res->completion_tokens - 1, id);
-        is_eos |= token_stop; /* ends like EOS: nothing more of this token is shown */
-        int hit = 0;
-        const char *piece = is_eos ? "" : hearth_detok_stream_push(ds, id);
-        if (trim && piece[0]) { /* the first visible text: mlx-lm drops its leading space */
-            if (piece[0] == ' ') piece++;
-            trim = 0;
-        }
-        size_t ready = is_eos ? 0 : stop_feed(&f, piece, &hit);
-        if (token_stop) res->finish = HEARTH_FINISH_STOP_STRING;
-        else if (is_eos) res->finish = HEARTH_FINISH_EOS;
-        else if (hit) res->finish = HEARTH_FINISH_STOP_STRING;
-        else if (res->completion_tokens >= (size_t)p->max_tokens) res->finish = HEARTH_FINISH_LENGTH;
-        else if (engine_seq_length(e, seq) + 1 > ctx) res->finish = HEARTH_FINISH_CONTEXT;
-        if (res->finish == HEARTH_FINISH_LENGTH || res->finish == HEARTH_FINISH_CONTEXT || is_eos) {
-            int h2 = 0; /* flush what the detokenizer held back, still honouring stop strings */
-            stop_feed(&f, hearth_detok_stream_finish(ds), &h2);
-            if (h2) res->finish = HEARTH_FINISH_STOP_STRING;
-            ready = f.pending.len;
-        }
-        if (emit(&f, ready, on_token, user, id, p->sampling.top_logprobs ? &lp : NULL) && !res->finish)
-            res->finish = HEARTH_FINISH_CANCELLED;
+        int32_t id = gen_stream_step(&g, engine_sampler(e), logits, seq, engine_seq_length(e, seq), t0);
         if (!res->finish) st = hearth_seq_append(e, seq, &id, 1, 1, logits, err);
     }
-    res->generate_seconds = now_seconds() - t1;
+    res->generate_seconds = gen_now_seconds() - t1;
     hearth_seq_close(e, seq);
-    hearth_detok_stream_free(ds);
-    sbuf_free(&f.pending);
+    gen_stream_free(&g);
     return st;
 }

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "engine/sampler.h"
 #include "base/err.h"
+#include "base/mem_touch.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,10 +20,12 @@ hearth_status sampler_init(sampler *s, int vocab, hearth_error *err) {
         sampler_free(s);
         return err_set(err, HEARTH_ERR_NOMEM, "sampler: out of memory");
     }
-    /* touch now: resident from the start, as fit predicts (calloc may leave fresh pages unmapped) */
+    /* resident from the start, as fit predicts (calloc leaves fresh pages unmapped) */
     memset(s->work, 0, (size_t)vocab * sizeof *s->work);
     memset(s->cand, 0, (size_t)vocab * sizeof *s->cand);
-    memset(s->counts, 0, (size_t)vocab * sizeof *s->counts);
+    mem_touch(s->work, (size_t)vocab * sizeof *s->work);
+    mem_touch(s->cand, (size_t)vocab * sizeof *s->cand);
+    mem_touch(s->counts, (size_t)vocab * sizeof *s->counts);
     sampler_seed(s, (uint64_t)time(NULL));
     return HEARTH_OK;
 }

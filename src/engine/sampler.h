@@ -16,6 +16,8 @@ typedef struct sampler {
 
 hearth_status sampler_init(sampler *s, int vocab, hearth_error *err);
 void sampler_free(sampler *s);
+/* Bytes sampler_init allocates for this vocabulary (for fit predictions). */
+size_t sampler_bytes(int vocab);
 void sampler_seed(sampler *s, uint64_t seed);
 /* Picks the next token from logits (not modified). history: the sequence so far
  * (prompt + generated) for the penalties. Fills lp (if not NULL) with the chosen

@@ -49,6 +49,7 @@ hearth_status model_scratch_create(const model *m, const kv_cache *kv, int max_t
     }
     s->mm_size = mm_scratch_need(m, max_tokens);
     if (ok && s->mm_size && posix_memalign(&s->mm, 64, s->mm_size)) ok = 0;
+    else if (ok && s->mm_size) memset(s->mm, 0, s->mm_size); /* resident from the start: fit predicts it */
     s->max_tokens = max_tokens;
     s->max_out = max_out;
     if (!ok) {

@@ -210,7 +210,7 @@ static hearth_status load_all(loader *L) {
 
 hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_error *err);
 
-hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hearth_error *err) {
+hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hearth_error *err) {
     *out = NULL;
     model *m = calloc(1, sizeof *m);
     if (!m) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
@@ -219,17 +219,27 @@ hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hear
         st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .use_mmap = use_mmap, .err = err};
     if (!st) st = load_all(&L); /* sizing pass: checks names and shapes, copies nothing */
-    if (!st) {
-        L.cap = L.used;
-        L.used = 0;
-        if (posix_memalign((void **)&L.arena, 64, L.cap ? L.cap : 64))
-            st = err_set(err, HEARTH_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the weights", hm->entry.path,
-                         (double)L.cap / (1024.0 * 1024.0));
-        else {
-            m->arena = L.arena;
-            m->arena_bytes = L.cap;
-            st = load_all(&L);
-        }
+    if (st) {
+        model_free(m);
+        return st;
+    }
+    m->arena_bytes = L.used;
+    *out = m;
+    return HEARTH_OK;
+}
+
+hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hearth_error *err) {
+    model *m;
+    hearth_status st = model_plan(hm, use_mmap, &m, err);
+    if (st) return st;
+    loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .use_mmap = use_mmap, .err = err,
+                .cap = m->arena_bytes};
+    if (posix_memalign((void **)&L.arena, 64, L.cap ? L.cap : 64))
+        st = err_set(err, HEARTH_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the weights", hm->entry.path,
+                     (double)L.cap / (1024.0 * 1024.0));
+    else {
+        m->arena = L.arena;
+        st = load_all(&L);
     }
     if (st) {
         model_free(m);

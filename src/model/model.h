@@ -47,6 +47,10 @@ typedef struct model {
  * in the file mapping instead (for models larger than RAM; on VMs whose memory daemon
  * evicts clean file pages, decode slows down badly). */
 hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hearth_error *err);
+/* Reads the config and sizes every weight (names and shapes checked) without
+ * allocating or copying them: m->arena is NULL, model_weight_bytes is what model_load
+ * would allocate, weights carry format and shape but no data. For fit predictions. */
+hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hearth_error *err);
 void model_free(model *m);
 /* Bytes model_load will allocate for this model (for fit predictions). */
 size_t model_weight_bytes(const model *m);

@@ -5,6 +5,8 @@
  * Anthropic messages to anthropic.c. */
 #define _GNU_SOURCE
 #include "server/anthropic.h"
+#include "server/responses.h"
+#include "server/web_assets.h"
 #include <microhttpd.h>
 #include <netdb.h>
 #include <stdarg.h>
@@ -22,6 +24,8 @@ typedef enum route {
     ROUTE_INDEX,
     ROUTE_MESSAGES,     /* Anthropic: its errors take Anthropic's shape */
     ROUTE_COUNT_TOKENS, /* Anthropic */
+    ROUTE_RESPONSES,    /* OpenAI Responses: POST /v1/responses */
+    ROUTE_RESPONSE_ID,  /* GET/DELETE /v1/responses/{id} (the id in *model_filter) */
 } route;
 
 /* One HTTP request on a connection (MHD's per-request context). */
@@ -96,6 +100,11 @@ static route route_of(const char *url, const char **model_filter) {
     if (!strcmp(url, "/v1/completions")) return ROUTE_TEXT;
     if (!strcmp(url, "/v1/messages")) return ROUTE_MESSAGES;
     if (!strcmp(url, "/v1/messages/count_tokens")) return ROUTE_COUNT_TOKENS;
+    if (!strcmp(url, "/v1/responses")) return ROUTE_RESPONSES;
+    if (!strncmp(url, "/v1/responses/", 14) && url[14]) {
+        *model_filter = url + 14;
+        return ROUTE_RESPONSE_ID;
+    }
     if (!strcmp(url, "/v1/models")) return ROUTE_MODELS;
     if (!strncmp(url, "/v1/models/", 11)) {
         *model_filter = url + 11;
@@ -145,16 +154,24 @@ static int answer_headers(srv_server *s, struct MHD_Connection *c, conn_ctx *cc,
     cc->route = route_of(url, &filter);
     int is_post = !strcmp(method, "POST"), is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (!strcmp(method, "OPTIONS")) return srv_respond(c, s, 204, NULL, o);
+    if (cc->route == ROUTE_NONE && is_get) {
+        /* the chat page: public, so a browser can load it and then ask for the key */
+        int rc = srv_web_respond(c, url);
+        if (rc >= 0) return rc;
+    }
     if (cc->route == ROUTE_NONE) return fail(c, s, cc, 404, "invalid_request_error", "not_found", "Not Found: %s", url);
     if (cc->route == ROUTE_HEALTH && is_get) return srv_respond(c, s, 200, "{\"status\": \"ok\"}", o);
-    int wants_post = cc->route == ROUTE_CHAT || cc->route == ROUTE_TEXT || is_anthropic(cc->route);
-    if (wants_post ? !is_post : !is_get)
+    int wants_post = cc->route == ROUTE_CHAT || cc->route == ROUTE_TEXT || is_anthropic(cc->route) ||
+                     cc->route == ROUTE_RESPONSES;
+    int is_delete = !strcmp(method, "DELETE");
+    if (cc->route == ROUTE_RESPONSE_ID ? !is_get && !is_delete : wants_post ? !is_post : !is_get)
         return fail(c, s, cc, 405, "invalid_request_error", "method_not_allowed", "Method %s is not allowed here",
                     method);
     if (!authorized(s, c))
         return fail(c, s, cc, 401, "authentication_error", "invalid_api_key", "%s",
                     "Invalid or missing API key: send 'Authorization: Bearer "
                     "<key>' or 'x-api-key: <key>'");
+    if (cc->route == ROUTE_RESPONSE_ID) return resp_handle_id(s, c, filter, is_delete, o);
     if (cc->route == ROUTE_MODELS || cc->route == ROUTE_INDEX) {
         char *body = cc->route == ROUTE_MODELS ? srv_models_body(s, filter) : srv_index_body();
         int rc = srv_respond(c, s, 200, body, o);
@@ -201,6 +218,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     int rc;
     if (cc->route == ROUTE_MESSAGES)
         rc = anth_handle_messages(s, c, body, cc->body.len, cc->origin);
+    else if (cc->route == ROUTE_RESPONSES)
+        rc = resp_handle_create(s, c, body, cc->body.len, cc->origin);
     else if (cc->route == ROUTE_COUNT_TOKENS)
         rc = anth_handle_count_tokens(s, c, body, cc->body.len, cc->origin);
     else

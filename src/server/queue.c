@@ -1,8 +1,8 @@
 /* queue.c: the engine thread and the per-request event channels. HTTP threads
- * submit jobs (FIFO, so requests are served in arrival order) and read events;
- * only the engine thread calls hearth_generate. Continuous batching will
- * replace the one-job-at-a-time loop here without changing the job/event
- * interface. Must not format HTTP output. */
+ * submit jobs (FIFO, so requests are admitted in arrival order) and read events;
+ * only the engine thread touches the engine: it hands new jobs to a hearth_batch
+ * (continuous batching: jobs join at the next step, leave when done) and runs
+ * steps while any job is held. Must not format HTTP output. */
 #include "server/server.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +14,9 @@ struct srv_queue {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     srv_job *head, *tail;
-    size_t depth;
+    size_t depth;        /* jobs not yet admitted: in this list or waiting in the batch */
     int stopping;
+    hearth_batch *batch; /* engine thread only */
 };
 
 /* The job outlives the HTTP request when the client leaves mid-generation, so it keeps
@@ -164,34 +165,60 @@ static void finish(srv_job *j) {
     push(j, ev);
 }
 
-static void run_job(srv_queue *q, srv_job *j) {
-    if (atomic_load(&j->cancel)) {
-        j->result.finish = HEARTH_FINISH_CANCELLED;
-    } else {
-        j->params.on_progress = on_progress;
-        j->status = hearth_generate(q->engine, j->ids, j->n_ids, &j->params, on_token, j, &j->result, &j->err);
-    }
+static int is_cancelled(void *user) {
+    srv_job *j = user;
+    return atomic_load(&j->cancel);
+}
+
+static void on_done(void *user, hearth_status st, const hearth_error *err) {
+    srv_job *j = user;
+    j->status = st;
+    if (st && err) j->err = *err;
     finish(j);
     srv_job_release(j);
 }
 
+/* Hands a job to the batch; one the batch refuses at once (invalid) ends here. */
+static void admit_job(srv_queue *q, srv_job *j) {
+    if (atomic_load(&j->cancel)) {
+        j->result.finish = HEARTH_FINISH_CANCELLED;
+        on_done(j, HEARTH_OK, NULL);
+        return;
+    }
+    j->params.on_progress = on_progress;
+    hearth_batch_request r = {.prompt = j->ids, .n_prompt = j->n_ids, .params = &j->params, .on_token = on_token,
+                              .is_cancelled = is_cancelled, .on_done = on_done, .result = &j->result, .user = j};
+    hearth_error err = {0};
+    hearth_status st = hearth_batch_submit(q->batch, &r, &err);
+    if (st) on_done(j, st, &err);
+}
+
 static void *engine_main(void *arg) {
     srv_queue *q = arg;
+    size_t held = 0; /* jobs in the batch */
     for (;;) {
         pthread_mutex_lock(&q->mu);
-        while (!q->head && !q->stopping) pthread_cond_wait(&q->cv, &q->mu);
-        srv_job *j = q->head;
-        if (j) {
-            q->head = j->next_in_queue;
-            if (!q->head) q->tail = NULL;
-            q->depth--;
-        }
+        while (!q->head && !held && !q->stopping) pthread_cond_wait(&q->cv, &q->mu);
+        srv_job *jobs = q->head; /* take every new job: they join at the next step */
+        q->head = q->tail = NULL;
         int stopping = q->stopping;
         pthread_mutex_unlock(&q->mu);
-        if (!j) break;
-        if (stopping) atomic_store(&j->cancel, 1);
-        run_job(q, j);
+        for (srv_job *j = jobs, *next; j; j = next) {
+            next = j->next_in_queue;
+            if (stopping) atomic_store(&j->cancel, 1);
+            admit_job(q, j);
+        }
+        if (stopping) break;
+        held = hearth_batch_step(q->batch);
+        pthread_mutex_lock(&q->mu);
+        /* depth: jobs still waiting, in the list or in the batch */
+        size_t listed = 0;
+        for (srv_job *j = q->head; j; j = j->next_in_queue) listed++;
+        q->depth = listed + hearth_batch_waiting(q->batch);
+        pthread_mutex_unlock(&q->mu);
     }
+    hearth_batch_free(q->batch); /* ends what is still held as cancelled */
+    q->batch = NULL;
     return NULL;
 }
 
@@ -203,9 +230,15 @@ hearth_status srv_queue_start(hearth_engine *e, srv_queue **out, hearth_error *e
         return HEARTH_ERR_NOMEM;
     }
     q->engine = e;
+    hearth_status st = hearth_batch_create(e, &q->batch, err);
+    if (st) {
+        free(q);
+        return st;
+    }
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
     if (pthread_create(&q->thread, NULL, engine_main, q)) {
+        hearth_batch_free(q->batch);
         free(q);
         err->status = HEARTH_ERR_NOMEM;
         snprintf(err->message, sizeof err->message, "could not start the engine thread");

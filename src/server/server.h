@@ -182,6 +182,8 @@ typedef struct srv_config {
     srv_log_level log_level;
     const char *model_arg; /* --model as given (NULL: the default model) */
     srv_defaults defaults;
+    unsigned responses_ttl_s;   /* --responses-ttl: how long stored responses live */
+    size_t responses_max_bytes; /* --responses-max-bytes: the store's cap */
 } srv_config;
 
 typedef struct srv_server {
@@ -194,6 +196,7 @@ typedef struct srv_server {
     pthread_mutex_t render_mu; /* template rendering and tokenizing, one HTTP
                                   thread at a time */
     struct MHD_Daemon *daemon;
+    struct resp_store *responses; /* the Responses API store (responses.h); NULL: none */
 } srv_server;
 
 struct MHD_Connection;

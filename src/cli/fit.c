@@ -1,0 +1,116 @@
+/* fit.c: `hearth fit`: whether a model fits this machine at a context / batch / thread
+ * count, the predicted peak memory part by part and decode speed (hearth_fit), as a
+ * table or JSON; and the --report-memory line other verbs print to check it. */
+#include "cli/cli.h"
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *fit_usage =
+    "hearth fit <model> [--ctx N] [--batch B] [--threads N] [--mmap] [--measure | --bandwidth GBS] [--json]";
+
+int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
+
+static long long status_bytes(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long long v = -1;
+    size_t n = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n) && line[n] == ':') {
+            v = strtoll(line + n + 1, NULL, 10) * 1024;
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+void cli_report_memory(const hearth_engine *e) {
+    fprintf(stderr, "{\"peak_rss_bytes\": %lld, \"rss_bytes\": %lld, \"engine_bytes\": %zu}\n", status_bytes("VmHWM"),
+            status_bytes("VmRSS"), e ? hearth_engine_bytes(e) : (size_t)0);
+}
+
+static double mib(const json_t *r, const char *key) {
+    return (double)json_integer_value(json_object_get(r, key)) / (1024.0 * 1024.0);
+}
+
+static void print_table(const json_t *r) {
+    const json_t *ro = json_object_get(r, "runtime_overhead");
+    printf("model:    %s\n", json_string_value(json_object_get(r, "model")));
+    printf("settings: context %lld, sequences %lld, threads %lld, step %lld tokens\n\n",
+           (long long)json_integer_value(json_object_get(r, "context_length")),
+           (long long)json_integer_value(json_object_get(r, "max_sequences")),
+           (long long)json_integer_value(json_object_get(r, "threads")),
+           (long long)json_integer_value(json_object_get(r, "step_tokens")));
+    printf("  %-34s %10.1f MiB\n", "weights", mib(r, "weights_bytes"));
+    printf("  %-34s %10.1f MiB\n", "KV pool", mib(r, "kv_pool_bytes"));
+    printf("  %-34s %10.1f MiB\n", "scratch", mib(r, "scratch_bytes"));
+    printf("  %-34s %10.1f MiB\n", "logits, history, sampler", mib(r, "buffers_bytes"));
+    printf("  %-34s %10.1f MiB\n", "runtime: process before the engine", mib(ro, "process_resident_bytes"));
+    printf("  %-34s %10.1f MiB\n", "runtime: model file pages", mib(ro, "model_file_pages_bytes"));
+    printf("  %-34s %10.1f MiB\n", "runtime: thread stacks", mib(ro, "thread_stacks_bytes"));
+    printf("  %-34s %10.1f MiB\n", "runtime: engine code pages", mib(ro, "code_pages_bytes"));
+    printf("  %-34s %10.1f MiB\n", "predicted peak", mib(r, "predicted_peak_bytes"));
+    printf("  %-34s %10.1f MiB\n\n", "available now", mib(r, "available_bytes"));
+    printf("fits: %s; largest context that fits: %lld (model maximum %lld)\n",
+           json_is_true(json_object_get(r, "fits")) ? "yes" : "NO",
+           (long long)json_integer_value(json_object_get(r, "max_context_that_fits")),
+           (long long)json_integer_value(json_object_get(r, "model_max_context")));
+    printf("decode: %.1f tok/s at a full context, %.1f tok/s at an empty one (%.2f MB read per token, %.1f GB/s %s)\n",
+           json_real_value(json_object_get(r, "decode_tok_s")),
+           json_real_value(json_object_get(r, "decode_tok_s_empty_cache")),
+           json_real_value(json_object_get(r, "decode_bytes_per_token")) / 1e6,
+           json_real_value(json_object_get(r, "bandwidth_gbs")),
+           json_string_value(json_object_get(r, "bandwidth_source")));
+}
+
+int cli_fit(int argc, char **argv) {
+    const char *model = NULL;
+    int as_json = 0;
+    hearth_fit_options fo = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (cli_is_help(a)) {
+            printf("usage: %s\n", fit_usage);
+            return 0;
+        }
+        if (cli_parse_engine_flag(argc, argv, &i, &fo.engine)) continue;
+        if (!strcmp(a, "--batch") && has)
+            fo.engine.max_sequences = atoi(argv[++i]);
+        else if (!strcmp(a, "--bandwidth") && has)
+            fo.bandwidth_gbs = atof(argv[++i]);
+        else if (!strcmp(a, "--measure"))
+            fo.measure_bandwidth = 1;
+        else if (!strcmp(a, "--json"))
+            as_json = 1;
+        else if (a[0] == '-')
+            return cli_usage_error(fit_usage, "unknown or incomplete flag '%s'", a);
+        else if (!model)
+            model = a;
+        else
+            return cli_usage_error(fit_usage, "unexpected argument '%s'", a);
+    }
+    if (!model) return cli_usage_error(fit_usage, "%s", "need a model");
+    if (fo.engine.context_length < 0 || fo.engine.max_sequences < 0 || fo.engine.n_threads < 0 || fo.bandwidth_gbs < 0)
+        return cli_usage_error(fit_usage, "%s", "--ctx, --batch, --threads and --bandwidth must be positive");
+    hearth_model *m;
+    if (cli_open_model(model, &m)) return 1;
+    hearth_error err = {0};
+    char *report = NULL;
+    int rc = 0;
+    if (hearth_fit(m, &fo, &report, &err))
+        rc = cli_fail(&err);
+    else if (as_json)
+        printf("%s\n", report);
+    else {
+        json_t *r = json_loads(report, 0, NULL);
+        if (r) print_table(r);
+        json_decref(r);
+    }
+    hearth_free(report);
+    hearth_model_close(m);
+    return rc;
+}

@@ -1,0 +1,208 @@
+/* fit.c: hearth_fit, the memory contract: predicts an engine's footprint without creating
+ * it, from the sizing function the engine allocates by (engine_plan) plus what this
+ * process already holds and the model file pages that loading will map. Reads /proc;
+ * allocates no engine memory (only the bandwidth probe's buffer when asked to measure). */
+#define _GNU_SOURCE
+#include "api/model_internal.h"
+#include "backend/cpu/bandwidth.h"
+#include "base/err.h"
+#include "base/threadpool.h"
+#include "engine/engine_plan.h"
+#include "model/model.h"
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Streaming read of a 1 GiB buffer on the development VM (bench/results/kernels.md,
+ * 9.9 GB/s with 1 and 2 threads): a conservative figure for a desktop or laptop with
+ * dual-channel DDR4. --measure replaces it with this machine's. */
+#define FIT_DEFAULT_BANDWIDTH_GBS 9.9
+
+/* Resident bytes one worker thread adds: the stack pages it touches plus its TLS and
+ * guard bookkeeping. Measured with tests/parity/test_fit.py (RSS with --threads 1 vs
+ * 2 vs 4); the engine's own thread adds nothing, it is the caller's. */
+#define FIT_THREAD_RESIDENT_BYTES (16 * 1024)
+
+/* hearth's own code pages that starting an engine and running the first step map in
+ * (loader, kernels, forward pass, threads): measured as the growth of RssFile beyond the
+ * model's file pages with the tiny test models, 190-250 KiB. Matters only for tiny
+ * models: 256 KiB is 2-3% of a 10 MiB process and noise for a real one. */
+#define FIT_ENGINE_CODE_BYTES (256 * 1024)
+
+/* A "Key:   123 kB" line of a /proc file, in bytes; -1 when absent or unreadable. */
+static long long proc_kb_field(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[256];
+    long long v = -1;
+    size_t n = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n) && line[n] == ':') {
+            v = strtoll(line + n + 1, NULL, 10) * 1024;
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+/* Resident bytes of the mapping that starts at addr (from /proc/self/smaps); 0 if none. */
+static size_t mapping_rss(const void *addr) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return 0;
+    char line[512];
+    int in = 0;
+    size_t rss = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *end;
+        unsigned long long start = strtoull(line, &end, 16);
+        if (end != line && *end == '-') { /* a mapping's header line */
+            in = start == (unsigned long long)(uintptr_t)addr;
+            continue;
+        }
+        if (in && !strncmp(line, "Rss:", 4)) {
+            rss = (size_t)strtoull(line + 4, NULL, 10) * 1024;
+            break;
+        }
+    }
+    fclose(f);
+    return rss;
+}
+
+static size_t page_round(size_t n) {
+    long ps = sysconf(_SC_PAGESIZE);
+    size_t p = ps > 0 ? (size_t)ps : 4096;
+    return (n + p - 1) / p * p;
+}
+
+/* File pages the loader will map in: it reads every tensor, and the kernel maps the
+ * pages around each fault too, so in practice the whole file ends up resident. */
+static size_t file_pages_to_come(const hearth_model *hm) {
+    size_t total = 0;
+    if (hm->entry.format == MODEL_FORMAT_GGUF) {
+        if (hm->gguf.map.data) {
+            size_t all = page_round(hm->gguf.map.size), now = mapping_rss(hm->gguf.map.data);
+            total += all > now ? all - now : 0;
+        }
+    } else {
+        for (size_t i = 0; i < hm->st.n_files; i++) {
+            const file_map *fm = &hm->st.files[i].map;
+            if (!fm->data) continue;
+            size_t all = page_round(fm->size), now = mapping_rss(fm->data);
+            total += all > now ? all - now : 0;
+        }
+    }
+    return total;
+}
+
+typedef struct fit_base {
+    size_t resident_now;  /* this process before the engine: binary, libraries, tokenizer, metadata */
+    size_t file_pages;    /* model file pages loading will add */
+    size_t thread_stacks; /* the pool's worker threads */
+    size_t code_pages;    /* hearth code first run when the engine starts */
+} fit_base;
+
+static size_t fit_peak(const fit_base *b, const engine_plan *p) {
+    return b->resident_now + b->file_pages + b->thread_stacks + b->code_pages + engine_plan_bytes(p);
+}
+
+/* The largest context (a multiple of the KV block, at most the model's) whose peak
+ * fits in `available` more bytes than the process holds now; 0 when none does. */
+static int largest_context(const model *m, const hearth_engine_options *eo, const fit_base *b, size_t available) {
+    int hi = m->cfg.context_length > 0 ? m->cfg.context_length : 8192, lo = 0;
+    if (hi > (1 << 24)) hi = 1 << 24;
+    while (lo < hi) { /* invariant: lo fits (or is 0), everything above hi does not */
+        int mid = lo + (hi - lo + 1) / 2;
+        hearth_engine_options o = *eo;
+        o.context_length = mid;
+        engine_plan p;
+        hearth_error ignore = {0};
+        if (engine_plan_make(m, &o, &p, &ignore) == HEARTH_OK && fit_peak(b, &p) - b->resident_now <= available)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+static double fit_bandwidth(const hearth_fit_options *o, int n_threads, const char **source, hearth_error *err,
+                            hearth_status *st) {
+    *st = HEARTH_OK;
+    if (o->bandwidth_gbs > 0) {
+        *source = "given";
+        return o->bandwidth_gbs;
+    }
+    if (!o->measure_bandwidth) {
+        *source = "default";
+        return FIT_DEFAULT_BANDWIDTH_GBS;
+    }
+    threadpool *tp;
+    if ((*st = tp_create(n_threads, &tp, err))) return 0;
+    double gbs = cpu_read_bandwidth_gbs(tp, (size_t)1 << 30, 5);
+    tp_destroy(tp);
+    if (gbs <= 0) *st = err_set(err, HEARTH_ERR_NOMEM, "fit: cannot allocate the 1 GiB bandwidth probe");
+    *source = "measured";
+    return gbs;
+}
+
+#define JSON_SIZE(v) json_integer((json_int_t)(v))
+
+hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char **report_json, hearth_error *err) {
+    *report_json = NULL;
+    hearth_fit_options o = opts ? *opts : (hearth_fit_options){0};
+    model *m;
+    hearth_status st = model_plan(hm, o.engine.use_mmap, &m, err);
+    if (st) return st;
+    engine_plan p;
+    if ((st = engine_plan_make(m, &o.engine, &p, err))) {
+        model_free(m);
+        return st;
+    }
+    engine_trim_heap();
+    long long rss = proc_kb_field("/proc/self/status", "VmRSS");
+    long long avail = proc_kb_field("/proc/meminfo", "MemAvailable");
+    fit_base b = {.resident_now = rss > 0 ? (size_t)rss : 0,
+                  .file_pages = file_pages_to_come(hm),
+                  .thread_stacks = (size_t)(p.n_threads - 1) * FIT_THREAD_RESIDENT_BYTES,
+                  .code_pages = FIT_ENGINE_CODE_BYTES};
+    size_t peak = fit_peak(&b, &p), available = avail > 0 ? (size_t)avail : 0;
+    const char *bw_source;
+    double bw = fit_bandwidth(&o, p.n_threads, &bw_source, err, &st);
+    if (st) {
+        model_free(m);
+        return st;
+    }
+    double full = engine_decode_bytes(m, p.context), empty = engine_decode_bytes(m, 1);
+    json_t *r = json_object();
+    json_object_set_new(r, "model", json_string(hm->entry.path));
+    json_object_set_new(r, "context_length", json_integer(p.context));
+    json_object_set_new(r, "max_sequences", json_integer(p.max_seqs));
+    json_object_set_new(r, "threads", json_integer(p.n_threads));
+    json_object_set_new(r, "step_tokens", json_integer(p.step_tokens));
+    json_object_set_new(r, "weights_bytes", JSON_SIZE(p.weights));
+    json_object_set_new(r, "kv_pool_bytes", JSON_SIZE(p.kv));
+    json_object_set_new(r, "scratch_bytes", JSON_SIZE(p.scratch));
+    json_object_set_new(r, "buffers_bytes", JSON_SIZE(p.buffers + p.sampler));
+    json_object_set_new(r, "engine_bytes", JSON_SIZE(engine_plan_bytes(&p)));
+    json_object_set_new(r, "runtime_overhead_bytes", JSON_SIZE(fit_peak(&b, &p) - engine_plan_bytes(&p)));
+    json_object_set_new(r, "runtime_overhead",
+                        json_pack("{s:I, s:I, s:I, s:I}", "process_resident_bytes", (json_int_t)b.resident_now,
+                                  "model_file_pages_bytes", (json_int_t)b.file_pages, "thread_stacks_bytes",
+                                  (json_int_t)b.thread_stacks, "code_pages_bytes", (json_int_t)b.code_pages));
+    json_object_set_new(r, "predicted_peak_bytes", JSON_SIZE(peak));
+    json_object_set_new(r, "available_bytes", JSON_SIZE(available));
+    json_object_set_new(r, "fits", json_boolean(peak - b.resident_now <= available));
+    json_object_set_new(r, "model_max_context", json_integer(m->cfg.context_length));
+    json_object_set_new(r, "max_context_that_fits", json_integer(largest_context(m, &o.engine, &b, available)));
+    json_object_set_new(r, "bandwidth_gbs", json_real(bw));
+    json_object_set_new(r, "bandwidth_source", json_string(bw_source));
+    json_object_set_new(r, "decode_bytes_per_token", json_real(full));
+    json_object_set_new(r, "decode_tok_s", json_real(bw * 1e9 / full));
+    json_object_set_new(r, "decode_tok_s_empty_cache", json_real(bw * 1e9 / empty));
+    model_free(m);
+    *report_json = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    json_decref(r);
+    return *report_json ? HEARTH_OK : err_set(err, HEARTH_ERR_NOMEM, "fit: out of memory");
+}

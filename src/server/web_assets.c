@@ -1,0 +1,96 @@
+/* web_assets.c: the chat page (web/index.html, app.js, style.css) embedded in the
+ * binary with the assembler's .incbin, so `make` needs no generator and no tools
+ * beyond the compiler; the Makefile makes this object depend on the files in web/. Serves
+ * them from memory with Content-Type, ETag and Cache-Control. Knows nothing of
+ * the APIs; it must never read files at run time. */
+#include "server/web_assets.h"
+#include <microhttpd.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Mach-O names its read-only section differently; hearth targets ELF first. */
+#ifdef __APPLE__
+#define WEB_SECTION ".const"
+#define WEB_SYM(name) "_" #name
+#define WEB_HIDDEN ".private_extern "
+#else
+#define WEB_SECTION ".section .rodata"
+#define WEB_SYM(name) #name
+#define WEB_HIDDEN ".hidden "
+#endif
+
+/* Paths are relative to the repository root, where make runs the compiler. The
+ * symbols are hidden so they stay out of libhearth.so's exports. */
+#define WEB_INCBIN(name, file)                                                                                         \
+    __asm__(WEB_SECTION                                                                                                \
+            "\n"                                                                                                       \
+            ".globl " WEB_SYM(name##_start) "\n" WEB_HIDDEN WEB_SYM(                                                   \
+                name##_start) "\n"                                                                                     \
+                              ".globl " WEB_SYM(name##_end) "\n" WEB_HIDDEN WEB_SYM(                                   \
+                                  name##_end) "\n"                                                                     \
+                                              ".balign 16\n" WEB_SYM(name##_start) ":\n"                               \
+                                                                                   ".incbin \"" file "\"\n" WEB_SYM(   \
+                                                                                       name##_end) ":\n"               \
+                                                                                                   ".byte 0\n"         \
+                                                                                                   ".text\n");         \
+    extern const unsigned char name##_start[], name##_end[]
+
+WEB_INCBIN(web_index_html, "web/index.html");
+WEB_INCBIN(web_app_js, "web/app.js");
+WEB_INCBIN(web_style_css, "web/style.css");
+
+typedef struct web_asset {
+    const char *path, *content_type;
+    const unsigned char *start, *end;
+} web_asset;
+
+static const web_asset assets[] = {
+    {"/index.html", "text/html; charset=utf-8", web_index_html_start, web_index_html_end},
+    {"/app.js", "text/javascript; charset=utf-8", web_app_js_start, web_app_js_end},
+    {"/style.css", "text/css; charset=utf-8", web_style_css_start, web_style_css_end},
+};
+
+const srv_web_asset_view *srv_web_find(const char *path, srv_web_asset_view *out) {
+    if (!path) return NULL;
+    /* `/` and the page's client-side routes (`/#/chat` never reaches us; the
+     * fragment stays in the browser) */
+    if (!strcmp(path, "/") || !strcmp(path, "/chat")) path = "/index.html";
+    for (size_t i = 0; i < sizeof assets / sizeof assets[0]; i++) {
+        if (strcmp(path, assets[i].path)) continue;
+        out->content_type = assets[i].content_type;
+        out->data = assets[i].start;
+        out->size = (size_t)(assets[i].end - assets[i].start);
+        /* FNV-1a 64 of the bytes: the ETag changes exactly when the file does */
+        uint64_t h = 14695981039346656037ull;
+        for (size_t k = 0; k < out->size; k++) h = (h ^ out->data[k]) * 1099511628211ull;
+        snprintf(out->etag, sizeof out->etag, "\"%016llx\"", (unsigned long long)h);
+        return out;
+    }
+    return NULL;
+}
+
+int srv_web_respond(struct MHD_Connection *c, const char *url) {
+    srv_web_asset_view v;
+    if (!srv_web_find(url, &v)) return -1;
+    const char *inm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "If-None-Match");
+    int not_modified = inm && strstr(inm, v.etag) != NULL;
+    /* the buffer is static, so MHD may send it in place */
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(not_modified ? 0 : v.size, (void *)v.data, MHD_RESPMEM_PERSISTENT);
+    if (!r) return 0;
+    MHD_add_response_header(r, "Content-Type", v.content_type);
+    MHD_add_response_header(r, "ETag", v.etag);
+    /* revalidate every time: the page must change when the binary does, and a 304
+     * costs one round trip on loopback */
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    /* the page talks only to this server; no inline scripts, no remote anything */
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+                            "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    int rc = MHD_queue_response(c, not_modified ? MHD_HTTP_NOT_MODIFIED : MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return rc == MHD_YES;
+}

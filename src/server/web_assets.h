@@ -1,0 +1,25 @@
+/* web_assets.h: the embedded chat page (web/), looked up by URL path and served
+ * from memory by http.c. No file access at run time. */
+#ifndef HEARTH_SERVER_WEB_ASSETS_H
+#define HEARTH_SERVER_WEB_ASSETS_H
+#include <stddef.h>
+
+struct MHD_Connection;
+
+typedef struct srv_web_asset_view {
+    const char *content_type;
+    const unsigned char *data;
+    size_t size;
+    char etag[24]; /* quoted 16 hex digits */
+} srv_web_asset_view;
+
+/* Fills out for a page path ("/" is index.html) and returns it, or NULL when
+ * the path is not part of the page. */
+const srv_web_asset_view *srv_web_find(const char *path, srv_web_asset_view *out);
+
+/* Answers a GET/HEAD for a page path (200, or 304 on a matching If-None-Match).
+ * Returns -1 when url is not part of the page (nothing sent), 1 when queued, 0
+ * when MHD failed. */
+int srv_web_respond(struct MHD_Connection *c, const char *url);
+
+#endif

@@ -1,0 +1,113 @@
+"""`hearth fit` against measurement: for each model we have at several contexts, the
+predicted_peak_bytes of `hearth fit --json` must be within 2% (the issue's target) of the
+peak RSS (VmHWM) of a separate process that creates the same engine and generates one
+token (`hearth generate --max-tokens 1 --report-memory`). The measured side is the kernel's
+count of resident pages, independent of hearth's arithmetic. Also checks the KV pool
+against the formula from the model's own config.json, and that fit is deterministic.
+Run with -s to see the accuracy table (model, ctx, threads, predicted, measured, error %).
+"""
+import json
+import subprocess
+
+import pytest
+
+from conftest import CACHE, REAL_GGUFS
+
+TOLERANCE = 0.02  # issue 7: predicted vs measured peak within 2%
+# The tiny test models run in a ~8-12 MiB process whose own baseline (which code pages and
+# heap the two processes' different paths touched) differs by up to ~300 KiB between the
+# fit process and the measured one: for processes under 64 MiB the bound is absolute.
+SMALL_PROCESS = 64 << 20
+SMALL_TOLERANCE_BYTES = 512 << 10
+KV_BLOCK = 16     # src/engine/kv_cache.h KV_BLOCK_SIZE
+
+CASES = [(f"models/{REAL_GGUFS[k]}", ctx, 2) for k in ("smollm2", "gemma3") for ctx in (256, 2048, 8192)]
+CASES += [(f"tiny/{name}", ctx, 2) for name in ("llama-f32", "qwen3-q4g64", "gemma3-bf16") for ctx in (256, 2048)]
+CASES += [(f"models/{REAL_GGUFS['smollm2']}", 2048, t) for t in (1, 4)]
+
+ROWS = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def accuracy_table():
+    yield
+    if ROWS:
+        print("\n| model | ctx | threads | predicted MiB | measured MiB | error % |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in ROWS:
+            print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3] / 2**20:.1f} | {r[4] / 2**20:.1f} | {r[5]:+.2f} |")
+        print(f"worst |error|: {max(abs(r[5]) for r in ROWS):.2f}%")
+
+
+def model_path(rel):
+    path = CACHE / rel
+    if not path.exists():
+        pytest.fail(f"model missing: {path}; run tools/get_models.sh (or `make parity`)", pytrace=False)
+    return path
+
+
+def run_fit(hearth_bin, model, *args):
+    p = subprocess.run([str(hearth_bin), "fit", str(model), "--json", *args], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def measure_peak(hearth_bin, model, ctx, threads):
+    p = subprocess.run([str(hearth_bin), "generate", str(model), "hi", "--no-chat-template", "--max-tokens", "1", "--ctx", str(ctx),
+                        "--threads", str(threads), "--report-memory"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    line = [l for l in p.stderr.splitlines() if l.startswith('{"peak_rss_bytes"')]
+    assert line, f"no --report-memory line in: {p.stderr[-500:]}"
+    return json.loads(line[-1])
+
+
+@pytest.mark.parametrize("rel,ctx,threads", CASES)
+def test_predicted_peak_within_2_percent(hearth_bin, rel, ctx, threads):
+    model = model_path(rel)
+    fit = run_fit(hearth_bin, model, "--ctx", str(ctx), "--threads", str(threads))
+    measured = measure_peak(hearth_bin, model, ctx, threads)
+    assert fit["context_length"] == ctx and fit["threads"] == threads
+    # the engine reports the bytes it allocated: the same sizing as the prediction's engine part
+    assert measured["engine_bytes"] == fit["engine_bytes"]
+    parts = ("weights_bytes", "kv_pool_bytes", "scratch_bytes", "buffers_bytes", "runtime_overhead_bytes")
+    assert sum(fit[k] for k in parts) == fit["predicted_peak_bytes"]
+    peak = measured["peak_rss_bytes"]
+    err = (fit["predicted_peak_bytes"] - peak) / peak
+    ROWS.append((rel.split("/")[-1], ctx, threads, fit["predicted_peak_bytes"], peak, 100 * err))
+    if peak < SMALL_PROCESS:
+        assert abs(fit["predicted_peak_bytes"] - peak) <= SMALL_TOLERANCE_BYTES
+        return
+    assert abs(err) <= TOLERANCE, f"predicted {fit['predicted_peak_bytes']} vs measured {peak} ({100 * err:+.2f}%)"
+
+
+@pytest.mark.parametrize("name", ["llama-f32", "gemma3-bf16"])
+def test_kv_pool_matches_config(hearth_bin, name):
+    """K and V for every layer, block-rounded positions, float32, from config.json; the rest
+    is the block tables (one int32 per block per sequence, plus the free list)."""
+    model = model_path(f"tiny/{name}")
+    cfg = json.loads((model / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    for ctx, batch in ((100, 1), (2048, 2)):  # the default pool holds min(batch, 2) contexts
+        fit = run_fit(hearth_bin, model, "--ctx", str(ctx), "--batch", str(batch))
+        blocks = -(-ctx // KV_BLOCK) * batch
+        tensors = 2 * cfg["num_hidden_layers"] * blocks * KV_BLOCK * kv_heads * head_dim * 4
+        tables = 4 * (blocks + batch + blocks)  # per-slot block tables, token counts, free list
+        assert fit["kv_pool_bytes"] == tensors + tables
+        assert fit["max_sequences"] == batch
+
+
+def test_fit_is_deterministic_and_flags_checked(hearth_bin):
+    model = model_path(f"models/{REAL_GGUFS['smollm2']}")
+    a = run_fit(hearth_bin, model, "--ctx", "1024", "--bandwidth", "20")
+    b = run_fit(hearth_bin, model, "--ctx", "1024", "--bandwidth", "20")
+    for k in ("weights_bytes", "kv_pool_bytes", "scratch_bytes", "buffers_bytes", "engine_bytes",
+              "decode_bytes_per_token", "decode_tok_s"):
+        assert a[k] == b[k], k
+    assert a["bandwidth_source"] == "given"
+    assert a["decode_tok_s"] == pytest.approx(20e9 / a["decode_bytes_per_token"])
+    # the largest context that fits is one whose need stays within the available memory
+    assert a["fits"] and a["max_context_that_fits"] == a["model_max_context"]
+    p = subprocess.run([str(hearth_bin), "fit", str(model), "--ctx", "-5"], capture_output=True, text=True)
+    assert p.returncode == 2 and "usage" in p.stderr

@@ -1,0 +1,120 @@
+"""Fixtures for the chat page tests: start hearth the way a person does, `hearth` with no
+command (the appliance: serve the default model, print the chat page URL), on a free
+loopback port. A missing binary, model or browser FAILS with what fixes it, never a skip.
+"""
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent.parent
+BIN = Path(os.environ.get("HEARTH_BIN", REPO / "bin" / "hearth"))
+CACHE = Path(os.environ.get("HEARTH_CACHE", Path.home() / ".cache" / "hearth"))
+SMOLLM2 = CACHE / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+WEB = REPO / "web"
+ARTIFACTS = REPO / "build" / "ui-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def need(path, what, fix):
+    if not Path(path).exists():
+        pytest.fail(f"{what} missing: {path}; {fix}", pytrace=False)
+    return Path(path)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def appliance(*flags, ready_timeout=60, env=None, no_open=True):
+    """Runs `hearth --no-open --port P --threads 1 <flags>` (no command: the default model)
+    and yields (base URL, path of its log). env: variables to set (None values unset)."""
+    need(BIN, "hearth binary", "run make (or set HEARTH_BIN)")
+    need(SMOLLM2, "default model", "run tools/get_models.sh (or `make run`)")
+    port = free_port()
+    log_path = f"/tmp/hearth-ui-{port}.log"
+    log = open(log_path, "w+b")
+    full_env = {**os.environ, "HEARTH_CACHE": str(CACHE)}
+    # never pop a browser on a developer's desktop from a test
+    full_env.pop("DISPLAY", None)
+    full_env.pop("WAYLAND_DISPLAY", None)
+    for k, v in (env or {}).items():
+        if v is None:
+            full_env.pop(k, None)
+        else:
+            full_env[k] = v
+    cmd = [str(BIN)] + (["--no-open"] if no_open else []) + ["--port", str(port), "--threads", "1", *flags]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + ready_timeout
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                pytest.fail(f"hearth exited with {proc.returncode}:\n{log.read().decode(errors='replace')}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"hearth did not answer /health within {ready_timeout}s")
+            time.sleep(0.1)
+        yield base, log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def hearth_app():
+    # DEBUG logs the server's side of a closed connection (the Stop test reads it)
+    with appliance("--log-level", "DEBUG") as (base, log_path):
+        yield base, log_path
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Debian chromium driven by Playwright (tools/deps.sh installs both)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("playwright is not installed in .venv; run tools/deps.sh", pytrace=False)
+    need(CHROMIUM, "chromium", "run tools/deps.sh (apt-get install chromium)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        try:
+            b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        except Exception as e:  # noqa: BLE001 - any launch failure is the same message
+            pytest.fail(f"could not start {CHROMIUM} through Playwright: {e}", pytrace=False)
+        yield b
+        b.close()
+
+
+def shot(page, name):
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def chat_url_in_log(log_path, timeout=5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        m = re.search(r"chat page at (\S+)", Path(log_path).read_text(errors="replace"))
+        if m:
+            return m.group(1)
+        time.sleep(0.1)
+    return None

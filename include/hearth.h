@@ -133,7 +133,7 @@ typedef struct hearth_engine_options {
 hearth_status hearth_engine_create(hearth_model *m, const hearth_engine_options *opts, hearth_engine **out,
                                    hearth_error *err);
 void hearth_engine_free(hearth_engine *e);
-/* Bytes held by the engine: weights, KV pool, scratch. */
+/* Bytes held by the engine: weights, KV pool, scratch, logits/history buffers, samplers. */
 size_t hearth_engine_bytes(const hearth_engine *e);
 int hearth_engine_context_length(const hearth_engine *e);
 /* Measures the memory read bandwidth (GB/s) with the engine's threads: the decode

@@ -120,7 +120,7 @@ typedef struct srv_queue srv_queue;
 
 /* Starts the engine thread. The engine stays owned by the caller. */
 hearth_status srv_queue_start(hearth_engine *e, srv_queue **out, hearth_error *err);
-/* Stops the thread after the running job; queued jobs finish as cancelled. */
+/* Stops the engine thread: running and queued jobs finish as cancelled. */
 void srv_queue_stop(srv_queue *q);
 /* Creates a job holding two references (HTTP side and engine side); takes ids.
  */

@@ -135,6 +135,9 @@ hearth_status hearth_engine_create(hearth_model *m, const hearth_engine_options 
 void hearth_engine_free(hearth_engine *e);
 /* Bytes held by the engine: weights, KV pool, scratch, logits/history buffers, samplers. */
 size_t hearth_engine_bytes(const hearth_engine *e);
+/* A "Key:   123 kB" field of a /proc file in bytes (e.g. "/proc/self/status", "VmHWM"),
+ * -1 when absent or unreadable: how fit and --report-memory read memory use. */
+long long hearth_proc_kb_field(const char *path, const char *key);
 int hearth_engine_context_length(const hearth_engine *e);
 /* Measures the memory read bandwidth (GB/s) with the engine's threads: the decode
  * roofline for benchmarks. Takes about a second; allocates a temporary 1 GiB buffer. */

@@ -12,24 +12,10 @@ static const char *fit_usage =
 
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 
-static long long status_bytes(const char *key) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
-    char line[256];
-    long long v = -1;
-    size_t n = strlen(key);
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, key, n) && line[n] == ':') {
-            v = strtoll(line + n + 1, NULL, 10) * 1024;
-            break;
-        }
-    fclose(f);
-    return v;
-}
-
 void cli_report_memory(const hearth_engine *e) {
-    fprintf(stderr, "{\"peak_rss_bytes\": %lld, \"rss_bytes\": %lld, \"engine_bytes\": %zu}\n", status_bytes("VmHWM"),
-            status_bytes("VmRSS"), e ? hearth_engine_bytes(e) : (size_t)0);
+    fprintf(stderr, "{\"peak_rss_bytes\": %lld, \"rss_bytes\": %lld, \"engine_bytes\": %zu}\n",
+            hearth_proc_kb_field("/proc/self/status", "VmHWM"), hearth_proc_kb_field("/proc/self/status", "VmRSS"),
+            e ? hearth_engine_bytes(e) : (size_t)0);
 }
 
 static double mib(const json_t *r, const char *key) {

@@ -33,7 +33,7 @@
 #define FIT_ENGINE_CODE_BYTES (256 * 1024)
 
 /* A "Key:   123 kB" line of a /proc file, in bytes; -1 when absent or unreadable. */
-static long long proc_kb_field(const char *path, const char *key) {
+long long hearth_proc_kb_field(const char *path, const char *key) {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     char line[256];
@@ -161,8 +161,8 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
         return st;
     }
     engine_trim_heap();
-    long long rss = proc_kb_field("/proc/self/status", "VmRSS");
-    long long avail = proc_kb_field("/proc/meminfo", "MemAvailable");
+    long long rss = hearth_proc_kb_field("/proc/self/status", "VmRSS");
+    long long avail = hearth_proc_kb_field("/proc/meminfo", "MemAvailable");
     fit_base b = {.resident_now = rss > 0 ? (size_t)rss : 0,
                   .file_pages = file_pages_to_come(hm),
                   .thread_stacks = (size_t)(p.n_threads - 1) * FIT_THREAD_RESIDENT_BYTES,

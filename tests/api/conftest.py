@@ -4,7 +4,7 @@ A missing binary or model FAILS with the command that fixes it, never a silent s
 """
 import contextlib
 import os
-import socket
+import sys
 import subprocess
 import time
 import urllib.request
@@ -12,23 +12,14 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hearth_process import free_port, need, running  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent.parent
 BIN = Path(os.environ.get("HEARTH_BIN", REPO / "bin" / "hearth"))
 CACHE = Path(os.environ.get("HEARTH_CACHE", Path.home() / ".cache" / "hearth"))
 # The default model of `hearth serve` / `make run` (tools/get_models.sh fetches it).
 SMOLLM2 = CACHE / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def need(path, what, fix):
-    if not Path(path).exists():
-        pytest.fail(f"{what} missing: {path}; {fix}", pytrace=False)
-    return Path(path)
 
 
 @contextlib.contextmanager
@@ -38,38 +29,13 @@ def server(model, *flags, ready_timeout=60, env=None):
     env: extra environment variables (e.g. HEARTH_CPU=scalar for the reference tier)."""
     need(BIN, "hearth binary", "run make (or set HEARTH_BIN)")
     port = free_port()
-    log = open(f"/tmp/hearth-serve-{port}.log", "w+b")
     cmd = [str(BIN), "serve", "--port", str(port), "--threads", "1"]
     if model is not None:
         cmd += ["--model", str(model)]
-    proc = subprocess.Popen(cmd + [str(f) for f in flags], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + ready_timeout
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"hearth serve exited with {proc.returncode}:\n{log.read().decode(errors='replace')}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"hearth serve did not answer /health within {ready_timeout}s")
-            time.sleep(0.1)
+    with open(f"/tmp/hearth-serve-{port}.log", "w+b") as log:
         server.last_log = log.name
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        with running(cmd + [str(f) for f in flags], port, log, {**os.environ, **(env or {})}, ready_timeout) as base:
+            yield base
 
 
 @pytest.fixture(scope="session")

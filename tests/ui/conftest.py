@@ -5,13 +5,14 @@ loopback port. A missing binary, model or browser FAILS with what fixes it, neve
 import contextlib
 import os
 import re
-import socket
-import subprocess
+import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hearth_process import free_port, need, running  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
 BIN = Path(os.environ.get("HEARTH_BIN", REPO / "bin" / "hearth"))
@@ -22,18 +23,6 @@ ARTIFACTS = REPO / "build" / "ui-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
 
 
-def need(path, what, fix):
-    if not Path(path).exists():
-        pytest.fail(f"{what} missing: {path}; {fix}", pytrace=False)
-    return Path(path)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def appliance(*flags, ready_timeout=60, env=None, no_open=True):
     """Runs `hearth --no-open --port P --threads 1 <flags>` (no command: the default model)
@@ -42,7 +31,6 @@ def appliance(*flags, ready_timeout=60, env=None, no_open=True):
     need(SMOLLM2, "default model", "run tools/get_models.sh (or `make run`)")
     port = free_port()
     log_path = f"/tmp/hearth-ui-{port}.log"
-    log = open(log_path, "w+b")
     full_env = {**os.environ, "HEARTH_CACHE": str(CACHE)}
     # never pop a browser on a developer's desktop from a test
     full_env.pop("DISPLAY", None)
@@ -53,32 +41,8 @@ def appliance(*flags, ready_timeout=60, env=None, no_open=True):
         else:
             full_env[k] = v
     cmd = [str(BIN)] + (["--no-open"] if no_open else []) + ["--port", str(port), "--threads", "1", *flags]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + ready_timeout
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"hearth exited with {proc.returncode}:\n{log.read().decode(errors='replace')}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"hearth did not answer /health within {ready_timeout}s")
-            time.sleep(0.1)
+    with open(log_path, "w+b") as log, running(cmd, port, log, full_env, ready_timeout, what="hearth") as base:
         yield base, log_path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")

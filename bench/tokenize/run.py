@@ -45,7 +45,7 @@ def corpus_text(megabytes):
 
 def tokenizers_under_test():
     """(name, path given to hearth, HF tokenizers.Tokenizer) for each tokenizer benchmarked."""
-    from tokenizers import AddedToken, Tokenizer
+    from tokenizers import Tokenizer
     out = []
     for fam in ("llama", "qwen3", "gemma3"):
         d = CACHE / "tiny" / f"{fam}-f32"
@@ -59,12 +59,11 @@ def tokenizers_under_test():
         out.append(("all-MiniLM-L6-v2 (WordPiece)", str(d), t))
     gguf = CACHE / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if gguf.exists():
-        sys.path.insert(0, str(REPO / "tools"))
-        from gguf import GGUFReader
-        from make_goldens import GGUFTokenizer
-        g = GGUFTokenizer(GGUFReader(str(gguf)), "smollm")
-        g.hf.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in g.special_ids])
-        out.append(("SmolLM2-135M (GGUF gpt2 BPE, 49k)", str(gguf), g.hf))
+        # The reference is transformers' own GGUF converter (the tokenizer the parity
+        # tests hold hearth to), through the parity suite's loader.
+        sys.path.insert(0, str(REPO / "tests" / "parity"))
+        from conftest import hf_tokenizer
+        out.append(("SmolLM2-135M (GGUF gpt2 BPE, 49k)", str(gguf), hf_tokenizer(str(gguf)).backend_tokenizer))
     if not out:
         sys.exit("bench: no tokenizers in the cache; run tools/get_models.sh")
     return out

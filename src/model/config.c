@@ -66,8 +66,17 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     c->vocab = (int)s->vocab_size;
     c->context_length = (int)s->context_length;
     c->norm_eps = (float)num(cfg, "rms_norm_eps", 1e-6);
-    double theta = num(cfg, "rope_theta", gemma ? 1e6 : 10000.0);
+    /* transformers 5 saves RoPE as "rope_parameters" (theta, type and factors in one
+     * object; Gemma 3: one object per layer type) instead of rope_theta + rope_scaling. */
+    const json_t *rp = json_object_get(cfg, "rope_parameters"), *rp_local = NULL;
+    if (json_is_object(json_object_get(rp, "full_attention"))) {
+        rp_local = json_object_get(rp, "sliding_attention");
+        rp = json_object_get(rp, "full_attention");
+    }
+    if (!json_is_object(rp)) rp = NULL;
+    double theta = num(cfg, "rope_theta", num(rp, "rope_theta", gemma ? 1e6 : 10000.0));
     const json_t *scaling = json_object_get(cfg, "rope_scaling");
+    if (!json_is_object(scaling)) scaling = rp;
     c->inv_freq_global = rope_inv_freq(c->head_dim, theta, scaling);
     c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
     c->embed_scale = 1.0f;
@@ -77,7 +86,8 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
         c->embed_scale = bf16_to_f32(f32_to_bf16(sqrtf((float)c->hidden)));
         c->sliding_window = (int)num(cfg, "sliding_window", 512);
         c->sliding_pattern = (int)num(cfg, "sliding_window_pattern", 6);
-        c->inv_freq_local = rope_inv_freq(c->head_dim, num(cfg, "rope_local_base_freq", 10000.0), NULL);
+        c->inv_freq_local = rope_inv_freq(c->head_dim, num(cfg, "rope_local_base_freq", num(rp_local, "rope_theta", 10000.0)),
+                                          NULL);
     }
     return HEARTH_OK;
 }

@@ -1,0 +1,53 @@
+"""Model configs as transformers 5 writes them.
+
+transformers 5 saves RoPE settings as "rope_parameters" (one object, or one per layer type
+for Gemma 3) instead of rope_theta / rope_scaling / rope_local_base_freq. The oracle for
+the format is transformers itself (AutoConfig.save_pretrained rewrites a tiny model's
+config); the oracle for the numbers is the mlx-lm golden of the same weights: with the
+RoPE settings read right, greedy tokens are unchanged (the tiny models use non-default
+bases and llama3 scaling, so a reader that fell back to defaults would diverge).
+"""
+import json
+import os
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "bin", "hearth"))
+CACHE = os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth"))
+
+
+def v5_copy(src, dst):
+    from transformers import AutoConfig
+
+    for name in os.listdir(src):
+        if name != "config.json":
+            os.symlink(os.path.join(src, name), os.path.join(dst, name))
+    AutoConfig.from_pretrained(src).save_pretrained(dst)
+    cfg = json.load(open(os.path.join(dst, "config.json")))
+    assert "rope_parameters" in cfg and "rope_theta" not in cfg and "rope_scaling" not in cfg, cfg
+    # mlx-lm's quantization block is not part of the transformers config
+    orig = json.load(open(os.path.join(src, "config.json")))
+    for k in ("quantization", "quantization_config"):
+        if k in orig:
+            cfg[k] = orig[k]
+    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+
+
+@pytest.mark.parametrize("name", ["llama-f32", "qwen3-f32", "gemma3-f32"])
+def test_transformers5_rope_parameters(name, tmp_path):
+    src = os.path.join(CACHE, "tiny", name)
+    assert os.path.isdir(src), f"{src} missing: run tools/get_models.sh"
+    v5_copy(src, str(tmp_path))
+    golden = json.load(open(os.path.join(REPO, "tests", "parity", "goldens", name + ".json")))
+    p = golden["prompts"][0]
+    steps = len(p["greedy_ids"]) - 1
+    out = subprocess.run([BIN, "trace", str(tmp_path), "--ids", json.dumps(p["ids"]), "--last", "1", "--top", "1",
+                          "--steps", str(steps), "--step-top", "1"], capture_output=True, timeout=600,
+                         env={**os.environ, "HEARTH_CPU": "scalar"})
+    assert out.returncode == 0, out.stderr.decode()
+    t = json.loads(out.stdout)
+    ours = [s["token"] for s in t["steps"]]
+    ours.append(t["steps"][-1]["top"][0][0])
+    assert ours == p["greedy_ids"]

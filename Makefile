@@ -8,9 +8,21 @@ BUILD   ?= build
 BINDIR  ?= bin
 LIBDIR  ?= lib
 CC      ?= gcc
-PKGS    := jansson libpcre2-8 libutf8proc libmicrohttpd
+PKGS    := jansson libpcre2-8 libutf8proc libmicrohttpd libcurl sqlite3 libcrypto
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+# A GPU machine without the -dev packages: tools/cuda_check_deps copies their headers and
+# libraries into GPUDEPS (DT_RPATH, so their own dependencies resolve there too); used
+# only when pkg-config finds nothing.
+GPUDEPS ?= build-gpudeps
+ifeq ($(PKG_LIBS),)
+ifneq ($(wildcard $(GPUDEPS)/lib),)
+GPUDEPS_DIR := $(abspath $(GPUDEPS))
+PKG_CFLAGS := -I$(GPUDEPS_DIR)/include
+PKG_LIBS   := -L$(GPUDEPS_DIR)/lib -Wl,--disable-new-dtags,-rpath,$(GPUDEPS_DIR)/lib,-rpath-link,$(GPUDEPS_DIR)/lib \
+              $(shell cat $(GPUDEPS_DIR)/libs.txt)
+endif
+endif
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fPIC -pthread -Iinclude -Isrc $(PKG_CFLAGS)
@@ -59,6 +71,8 @@ $(BUILD)/obj/%.o: %.c
 
 # The chat page is pulled into web_assets.o by .incbin, which -MMD cannot see.
 $(BUILD)/obj/src/server/web_assets.o build/fuzz/obj/src/server/web_assets.o: $(wildcard web/*)
+# Likewise data/*.json (the SKU table and the model catalogue) for hub_data.o.
+$(BUILD)/obj/src/hub/hub_data.o build/fuzz/obj/src/hub/hub_data.o: $(wildcard data/*)
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -140,8 +154,16 @@ test: deps
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory parity
 
-run: deps all
-	@bash tools/get_models.sh
+# `make run` builds only what this machine can use: no CUDA objects without a GPU
+# (nvidia-smi -L fails or there is no /dev/nvidia0), only the native GPU architecture
+# with one. Each in its own build folder, so these objects never mix with the
+# every-architecture ones of `make` / `make test`, which still build and check everything.
+RUN_GPU = $(shell nvidia-smi -L >/dev/null 2>&1 && [ -e /dev/nvidia0 ] && echo 1)
+RUN_FLAGS = $(if $(RUN_GPU),BUILD=build/run-native NVCCFLAGS="-O3 -std=c++17 -Xcompiler -fPIC -arch=native",BUILD=build/run-cpu NVCC=)
+run:
+	@bash tools/deps.sh --run
+	@$(MAKE) --no-print-directory -j$$(nproc) $(RUN_FLAGS) all
+	@bash tools/get_models.sh --default
 	@bash tools/run_default.sh
 
 format:

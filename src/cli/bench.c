@@ -7,7 +7,8 @@
 #include <string.h>
 #include <time.h>
 
-static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--json]";
+static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--kv-quant none|int8]\n"
+                                "       [--deterministic] [--json]";
 
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 
@@ -92,8 +93,10 @@ int cli_bench(int argc, char **argv) {
         double bw = hearth_engine_measure_bandwidth(e);
         double bytes = hearth_engine_decode_bytes(e, p + n / 2); /* mean context during decode */
         double roof = bw > 0 ? bw * 1e9 / bytes : 0;
-        json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "model",
-                              hearth_model_path(m), "threads", eo.n_threads, "prompt_tokens", p, "gen_tokens", n,
+        json_t *o = json_pack("{s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "model",
+                              hearth_model_path(m), "kv_quant", eo.kv_quant == HEARTH_KV_INT8 ? "int8" : "none",
+                              "deterministic", eo.deterministic,
+                              "threads", eo.n_threads, "prompt_tokens", p, "gen_tokens", n,
                               "runs", reps, "prefill_tps", prefill_tps, "decode_tps", decode_tps, "bandwidth_gbs", bw,
                               "decode_bytes_per_token", bytes, "roofline_tps", roof, "roofline_fraction",
                               roof > 0 ? decode_tps / roof : 0.0);
@@ -108,6 +111,13 @@ int cli_bench(int argc, char **argv) {
                    hearth_model_path(m), prefill_tps, p, reps, decode_tps, n, bw, bytes / 1e6, roof,
                    roof > 0 ? decode_tps / roof : 0.0);
         }
+        char *details = json_dumps(o, JSON_PRESERVE_ORDER); /* one evals row per bench run (hearth evals) */
+        hearth_eval_row row = {.kind = "bench", .model = hearth_model_path(m), .context = p + n,
+                               .predicted_peak_bytes = -1,
+                               .measured_peak_bytes = hearth_proc_kb_field("/proc/self/status", "VmHWM"),
+                               .tok_s = decode_tps, .details_json = details};
+        if (hearth_evals_record(&row, &err)) fprintf(stderr, "hearth: bench: not recorded: %s\n", err.message);
+        free(details);
         json_decref(o);
     }
     free(prompt);

@@ -17,6 +17,12 @@ int cli_bench(int argc, char **argv);
 int cli_chat(int argc, char **argv);
 int cli_serve(int argc, char **argv);
 int cli_fit(int argc, char **argv);
+int cli_pull(int argc, char **argv);
+int cli_rm(int argc, char **argv);
+int cli_evals(int argc, char **argv);
+/* The appliance's model for `hearth` without --model (choose.c); NULL: serve's default. */
+const char *cli_choose_model(int argc, char **argv);
+int cli_embed(int argc, char **argv);
 void cli_report_memory(const hearth_engine *e); /* {"peak_rss_bytes", ...} on stderr */
 
 /* Prints "hearth: <message>" to stderr and returns 1. */

@@ -8,9 +8,12 @@
 #include <string.h>
 
 static const char *fit_usage =
-    "hearth fit <model> [--ctx N] [--batch B] [--threads N] [--mmap] [--measure | --bandwidth GBS] [--json]";
+    "hearth fit <model> [--ctx N] [--batch B] [--threads N] [--mmap] [--measure | --bandwidth GBS]\n"
+    "       [--kv-quant none|int8] [--json] [--skus] [--record]";
 
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
+void cli_fit_print_skus(const char *report_json); /* fit_skus.c */
+int cli_fit_record(const char *report_json);
 
 void cli_report_memory(const hearth_engine *e) {
     fprintf(stderr, "{\"peak_rss_bytes\": %lld, \"rss_bytes\": %lld, \"engine_bytes\": %zu}\n",
@@ -54,7 +57,7 @@ static void print_table(const json_t *r) {
 
 int cli_fit(int argc, char **argv) {
     const char *model = NULL;
-    int as_json = 0;
+    int as_json = 0, skus = 0, record = 0;
     hearth_fit_options fo = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -72,6 +75,10 @@ int cli_fit(int argc, char **argv) {
             fo.measure_bandwidth = 1;
         else if (!strcmp(a, "--json"))
             as_json = 1;
+        else if (!strcmp(a, "--skus"))
+            skus = 1;
+        else if (!strcmp(a, "--record"))
+            record = 1;
         else if (a[0] == '-')
             return cli_usage_error(fit_usage, "unknown or incomplete flag '%s'", a);
         else if (!model)
@@ -87,8 +94,10 @@ int cli_fit(int argc, char **argv) {
     hearth_error err = {0};
     char *report = NULL;
     int rc = 0;
-    if (hearth_fit(m, &fo, &report, &err))
+    if ((skus ? hearth_fit_skus : hearth_fit)(m, &fo, &report, &err))
         rc = cli_fail(&err);
+    else if (skus && !as_json)
+        cli_fit_print_skus(report);
     else if (as_json)
         printf("%s\n", report);
     else {
@@ -96,6 +105,7 @@ int cli_fit(int argc, char **argv) {
         if (r) print_table(r);
         json_decref(r);
     }
+    if (!rc && record && !skus) rc = cli_fit_record(report); /* a prediction row in the evals db */
     hearth_free(report);
     hearth_model_close(m);
     return rc;

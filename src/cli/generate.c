@@ -10,7 +10,7 @@
 static const char *gen_usage =
     "hearth generate <model> \"prompt\" [--max-tokens N] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--repetition-penalty R] [--seed S] [--system TEXT] [--no-chat-template] [--stop STR]...\n"
-    "       [--threads N] [--ctx N] [--mmap] [--verbose] [--report-memory]";
+    "       [--threads N] [--ctx N] [--mmap] [--kv-quant none|int8] [--deterministic] [--verbose] [--report-memory]";
 
 static int on_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
     (void)user; (void)id; (void)lp;
@@ -21,13 +21,21 @@ static int on_token(void *user, int32_t id, const char *text, const hearth_logpr
 
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 
-/* --threads, --ctx and --mmap, shared by the verbs that run the engine. */
+/* --threads, --ctx, --mmap, --kv-quant and --deterministic, shared by the verbs that run
+ * the engine. An unknown --kv-quant name leaves -1, which the engine rejects by name. */
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o) {
     if (!strcmp(argv[*i], "--mmap")) return o->use_mmap = 1;
+    if (!strcmp(argv[*i], "--deterministic")) return o->deterministic = 1;
     if (*i + 1 >= argc) return 0;
+    if (!strcmp(argv[*i], "--device")) { /* cpu|cuda|auto; an unknown name is caught at engine start */
+        if (!hearth_device_parse(argv[++*i], &o->device)) o->device = -1;
+        return 1;
+    }
     if (!strcmp(argv[*i], "--threads") || !strcmp(argv[*i], "-t")) o->n_threads = atoi(argv[++*i]);
     else if (!strcmp(argv[*i], "--ctx")) o->context_length = atoi(argv[++*i]);
-    else return 0;
+    else if (!strcmp(argv[*i], "--kv-quant")) {
+        if (!hearth_kv_quant_parse(argv[++*i], &o->kv_quant)) o->kv_quant = -1;
+    } else return 0;
     return 1;
 }
 

@@ -1,5 +1,4 @@
-/* info.c: `hearth info <model> [--json]` and `hearth ls [--json]`: what a model is and
- * which models hearth can find. */
+/* info.c: `hearth info <model> [--json]`: what a model is (`hearth ls` lives in ls.c). */
 #include "cli/cli.h"
 #include <jansson.h>
 #include <stdio.h>
@@ -75,30 +74,5 @@ int cli_info(int argc, char **argv) {
     else print_human(j);
     hearth_free(j);
     hearth_model_close(m);
-    return 0;
-}
-
-int cli_ls(int argc, char **argv) {
-    int as_json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (cli_is_help(argv[i])) { printf("usage: hearth ls [--json]\n"); return 0; }
-        if (!strcmp(argv[i], "--json")) as_json = 1;
-        else return cli_usage_error("hearth ls [--json]", "unexpected argument '%s'", argv[i]);
-    }
-    char *j = hearth_model_list_json();
-    if (as_json) {
-        printf("%s\n", j);
-    } else {
-        json_t *arr = json_loads(j, 0, NULL);
-        size_t i;
-        json_t *e;
-        if (!json_array_size(arr))
-            printf("no models found (searched the HF cache, $HEARTH_MODELS and $HEARTH_CACHE/models)\n");
-        json_array_foreach(arr, i, e) printf("%-40s %-12s %s\n", json_string_value(json_object_get(e, "name")),
-                                             json_string_value(json_object_get(e, "format")),
-                                             json_string_value(json_object_get(e, "path")));
-        json_decref(arr);
-    }
-    hearth_free(j);
     return 0;
 }

@@ -13,10 +13,14 @@ static const cli_verb verbs[] = {
     {"chat", cli_chat, "talk with a model in the terminal"},
     {"serve", cli_serve, "serve an OpenAI-compatible HTTP API (a drop-in for mlx_lm.server)"},
     {"bench", cli_bench, "measure prefill and decode speed against the memory-bandwidth roofline"},
+    {"embed", cli_embed, "embed texts with an embedding model (BERT family, Qwen3-Embedding)"},
     {"trace", cli_trace, "print a prompt's logits and a greedy continuation as JSON (parity checks)"},
     {"tensors", cli_tensors, "list a model's tensors, or dump one as float32"},
     {"fit", cli_fit, "predict the memory and decode speed of a model at a context, and whether it fits"},
     {"ls", cli_ls, "list the models hearth can find"},
+    {"pull", cli_pull, "download a model from the Hugging Face hub into the HF cache"},
+    {"rm", cli_rm, "remove a model from the HF cache and reclaim its disk space"},
+    {"evals", cli_evals, "list recorded fit checks and benchmarks (the evals database)"},
 };
 
 static void usage(FILE *f) {
@@ -24,12 +28,14 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) fprintf(f, "  %-11s %s\n", verbs[i].name, verbs[i].help);
     fprintf(f, "\nRun 'hearth <command> --help' for a command's flags. Models are named by folder, .gguf file,\n"
                "Hugging Face repo id (from the HF cache) or any unambiguous part of a known model's name.\n"
-               "\nWith no command, hearth serves the default model and opens the chat page in a browser\n"
+               "\nWith no command, hearth serves the best model of its catalogue that is on disk and fits\n"
+               "this machine (else the default) and opens the chat page in a browser\n"
                "('hearth serve' flags apply; --no-open just prints the page's address).\n");
 }
 
 /* `hearth` alone (or with only serve flags, e.g. `hearth --no-open --port 9000`) is
- * the appliance: serve the default model and open the chat page. */
+ * the appliance: serve the best catalogue model on disk that fits (else the default)
+ * and open the chat page. */
 static int appliance(int argc, char **argv) {
     char *args[64] = {"serve", "--open"};
     if (argc > 60) { /* args keeps a NULL after the last one */
@@ -37,7 +43,13 @@ static int appliance(int argc, char **argv) {
         return 2;
     }
     for (int i = 1; i < argc; i++) args[i + 1] = argv[i];
-    return cli_serve(argc + 1, args);
+    int n = argc + 1;
+    const char *model = cli_choose_model(argc, argv); /* choose.c: the best catalogue model here */
+    if (model) {
+        args[n++] = "--model";
+        args[n++] = (char *)model;
+    }
+    return cli_serve(n, args);
 }
 
 int main(int argc, char **argv) {

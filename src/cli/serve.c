@@ -3,6 +3,7 @@
  * limits and API key, then the model, the engine, and the HTTP server until
  * SIGINT/SIGTERM. All request handling lives in src/server/. */
 #include "cli/cli.h"
+#include "server/embeddings.h"
 #include "server/responses.h"
 #include "server/server.h"
 #include "server/textstate.h"
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
+#include <time.h>
 #include <unistd.h>
 
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
@@ -31,8 +33,9 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "             [--max-header 64K] [--timeout 300] [--max-connections 256] "
                                  "[--threads N] [--ctx N] [--mmap]\n"
                                  "             [--responses-ttl 3600] [--responses-max-bytes 64M]\n"
-                                 "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] [--kv-blocks N]\n"
-                                 "             [--open|--no-open (the chat page in a browser)]\n"
+                                 "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] [--kv-blocks N] [--kv-budget 1.5GB|N]\n"
+                                 "             [--kv-quant none|int8] [--deterministic]\n"
+                                 "             [--open|--no-open (the chat page in a browser)] [--embedding-model M]\n"
                                  "  accepted but not supported yet (a warning says so): --adapter-path "
                                  "--draft-model --num-draft-tokens\n"
                                  "  --trust-remote-code --use-default-chat-template --decode-concurrency "
@@ -64,6 +67,28 @@ static int parse_size(const char *s, size_t *out) {
     if (*end == 'B') end++;
     if (*end || v > SIZE_MAX / mult) return -1;
     *out = (size_t)(v * mult);
+    return 0;
+}
+
+/* --kv-budget: "1.5GB" (bytes; K/M/G/T binary, as parse_size) or "4096" (blocks). */
+static int parse_kv_budget(const char *s, hearth_engine_options *eo) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v > 0) || s[0] == '-') return -1;
+    if (!*end) {
+        if (v != (double)(long)v || v > (1 << 26)) return -1;
+        eo->kv_blocks = (int)v;
+        return 0;
+    }
+    static const char units[] = "KMGT";
+    const char *u = strchr(units, *end >= 'a' ? *end - 32 : *end);
+    if (!u || !*u) return -1;
+    end++;
+    if (*end == 'i' || *end == 'I') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return -1;
+    eo->kv_budget_bytes = v * (double)(1ull << (10 * (u - units + 1)));
     return 0;
 }
 
@@ -123,6 +148,7 @@ typedef struct serve_opts {
     const char *chat_template;
     const char *template_args;
     int open_browser; /* --open (what `hearth` with no arguments passes); --no-open wins */
+    const char *embedding_model; /* --embedding-model: served at /v1/embeddings beside the chat model */
 } serve_opts;
 
 /* Splits --name=value so both argparse spellings work; returns the value or
@@ -155,6 +181,10 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             o->open_browser = a[2] == 'o';
         else if (VAL("--model"))
             c->model_arg = v;
+        else if (a[0] != '-' && !c->model_arg) /* hearth serve <model> */
+            c->model_arg = a;
+        else if (VAL("--embedding-model"))
+            o->embedding_model = v;
         else if (VAL("--host"))
             c->host = v;
         else if (VAL("--port")) {
@@ -206,6 +236,8 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         } else if (VAL("--kv-blocks")) { /* KV pool in blocks of 16 positions; default: sequences x context */
             if (parse_int(v, 1, 1 << 26, &n)) BADV("--kv-blocks");
             o->eo.kv_blocks = (int)n;
+        } else if (VAL("--kv-budget")) { /* the KV pool: bytes ("1.5GB") or blocks ("4096") */
+            if (parse_kv_budget(v, &o->eo)) BADV("--kv-budget");
         } else if (VAL("--prefill-step-size")) {
             if (parse_int(v, 1, 1 << 20, &n)) BADV("--prefill-step-size");
             o->eo.max_step_tokens = (int)n;
@@ -238,6 +270,20 @@ static void make_fingerprint(char *out, size_t cap) {
         snprintf(out, cap, "hearth-%s-cpu", HEARTH_VERSION);
     else
         snprintf(out, cap, "hearth-%s-%s-%s-%s-cpu", HEARTH_VERSION, u.sysname, u.release, u.machine);
+}
+
+/* hearth fit's predicted peak for these options (shown by /stats next to the real
+ * high-water mark); asked before the engine exists, as fit itself does. 0: unknown. */
+static size_t predicted_peak(hearth_model *m, const hearth_engine_options *eo) {
+    hearth_fit_options fo = {.engine = *eo};
+    char *report = NULL;
+    hearth_error err = {0};
+    if (hearth_fit(m, &fo, &report, &err)) return 0;
+    json_t *r = json_loads(report, 0, NULL);
+    hearth_free(report);
+    json_int_t peak = json_integer_value(json_object_get(r, "predicted_peak_bytes"));
+    json_decref(r);
+    return peak > 0 ? (size_t)peak : 0;
 }
 
 static bool has_token(void *ud, const char *piece) { return hearth_token_id(ud, piece) >= 0; }
@@ -277,21 +323,35 @@ int cli_serve(int argc, char **argv) {
                  hearth_model_tokenizer_config_string(s.model, "tool_parser_type"), has_token, s.model, false, &err))
         return cli_fail(&err);
     s.text_config = &tsc;
+    if (!hearth_model_is_embedding(s.model)) s.predicted_peak_bytes = predicted_peak(s.model, &o.eo);
     hearth_engine *e = NULL;
-    if (hearth_engine_create(s.model, &o.eo, &e, &err)) return cli_fail(&err);
-    s.context_length = hearth_engine_context_length(e);
+    /* an embedding model (BERT, Qwen3-Embedding) gets no engine: /v1/embeddings only */
+    int embed_only = hearth_model_is_embedding(s.model);
+    if (embed_only && o.embedding_model)
+        return cli_usage_error(serve_usage, "%s already serves embeddings: drop --embedding-model", name);
+    if (embed_only && srv_embed_open(s.model, 0, o.eo.n_threads, &s.embed, &err)) return cli_fail(&err);
+    if (o.embedding_model) {
+        hearth_model *em;
+        if (cli_open_model(o.embedding_model, &em)) return 1;
+        if (srv_embed_open(em, 1, o.eo.n_threads, &s.embed, &err)) return cli_fail(&err);
+    }
+    if (!embed_only && hearth_engine_create(s.model, &o.eo, &e, &err)) return cli_fail(&err);
+    s.context_length = e ? hearth_engine_context_length(e) : 0;
     make_fingerprint(s.fingerprint, sizeof s.fingerprint);
     pthread_mutex_init(&s.render_mu, NULL);
     if (!(s.responses = resp_store_new(c->responses_ttl_s, c->responses_max_bytes))) {
         fprintf(stderr, "hearth serve: out of memory\n");
         return 1;
     }
-    if (srv_queue_start(e, &s.queue, &err)) return cli_fail(&err);
+    if (e && srv_queue_start(e, &s.queue, &err)) return cli_fail(&err);
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not end the server */
     if (srv_start(&s, &err)) return cli_fail(&err);
+    struct timespec t_start;
+    clock_gettime(CLOCK_MONOTONIC, &t_start);
+    s.started = (double)t_start.tv_sec + t_start.tv_nsec * 1e-9;
     srv_log(&s, SRV_LOG_INFO, "model %s (%s tool parser, context %d)", hearth_model_path(s.model),
             tsc.tool_name ? tsc.tool_name : "no", s.context_length);
     srv_log(&s, SRV_LOG_INFO, "Starting httpd at %s on port %d...", c->host, c->port);
@@ -307,8 +367,9 @@ int cli_serve(int argc, char **argv) {
     while (!stop_requested) pause();
     srv_log(&s, SRV_LOG_INFO, "shutting down");
     srv_stop(&s);
-    srv_queue_stop(s.queue);
+    if (s.queue) srv_queue_stop(s.queue);
     hearth_engine_free(e);
+    srv_embed_close(s.embed);
     hearth_model_close(s.model);
     json_decref(targs);
     for (size_t i = 0; i < c->n_origins; i++) free(c->origins[i]);

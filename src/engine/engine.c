@@ -20,6 +20,8 @@
 
 #include "engine/engine_internal.h"
 #include "engine/engine_plan.h"
+#include "engine/kv_prefix.h"
+#include "engine/engine_device.h"
 
 struct hearth_engine {
     hearth_model *hm;
@@ -28,6 +30,8 @@ struct hearth_engine {
     model_scratch *s;
     threadpool *tp;
     int n_threads, context, step_tokens, max_seqs, max_out;
+    int deterministic; /* model_batch.batch_invariant for every step */
+    cuda_model *gpu;   /* set when the forward pass runs on the GPU (engine_device.c) */
     int32_t *step_tok, *step_pos, *step_slot, *out_rows; /* [step_tokens] */
     float *logits;                                        /* [max_out, vocab] */
     sampler *slot_smp;                                    /* [max_seqs], for the scheduler */
@@ -108,13 +112,28 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
     if (o.kv_blocks < 0) return err_set(err, HEARTH_ERR_INVALID, "engine: invalid KV pool size %d", o.kv_blocks);
     p->n_blocks = o.kv_blocks > 0 ? o.kv_blocks
                                   : (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * (p->max_seqs < 2 ? p->max_seqs : 2);
+    if (o.kv_blocks == 0 && o.kv_budget_bytes > 0) {
+        /* a byte budget: the pool's cost per block (storage and metadata) from its own size function */
+        double per_block = (double)(kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context,
+                                                   2, o.kv_quant) -
+                                    kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context,
+                                                   1, o.kv_quant));
+        double blocks = o.kv_budget_bytes / per_block;
+        if (blocks < 1 || blocks > INT32_MAX / 2)
+            return err_set(err, HEARTH_ERR_INVALID, "engine: a KV budget of %.0f bytes holds %.0f blocks of %.0f bytes",
+                           o.kv_budget_bytes, blocks, per_block);
+        p->n_blocks = (int)blocks;
+    }
     /* the shape model_scratch_bytes reads (ops_attention_scratch): no memory behind it */
     kv_cache shape = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                       .n_blocks = p->n_blocks, .max_slots = p->max_seqs,
                       .max_blocks_per_slot = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
     size_t T = (size_t)p->step_tokens;
     p->weights = model_weight_bytes(m);
-    p->kv = kv_bytes(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context, p->n_blocks);
+    if (o.kv_quant != HEARTH_KV_FLOAT && o.kv_quant != HEARTH_KV_INT8)
+        return err_set(err, HEARTH_ERR_INVALID, "engine: unknown KV quantization %d (--kv-quant takes none or int8)",
+                       o.kv_quant);
+    p->kv = kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context, p->n_blocks, o.kv_quant);
     p->scratch = model_scratch_bytes(m, &shape, p->step_tokens, p->max_out, p->n_threads);
     p->buffers = sizeof(hearth_engine) + 3 * T * sizeof(int32_t) + ENGINE_MAX_LOGITS_ROWS * sizeof(int32_t) +
                  (size_t)p->max_out * c->vocab * sizeof(float) + (size_t)p->max_seqs * sizeof(sampler) +
@@ -145,9 +164,13 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     e->step_tokens = p.step_tokens;
     e->max_seqs = p.max_seqs;
     e->max_out = p.max_out;
-    if (!st) st = kv_create(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks, err);
+    e->deterministic = o.deterministic != 0;
+    if (!st)
+        st = kv_create_quant(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
+                             o.kv_quant, err);
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
     if (!st) st = model_scratch_create(e->m, &e->kv, e->step_tokens, e->max_out, e->n_threads, &e->s, err);
+    if (!st) st = engine_device_open(e->m, &e->kv, o.device, e->step_tokens, e->max_out, &e->gpu, err);
     if (!st) st = sampler_init(&e->smp, c->vocab, err);
     if (!st && !(e->slot_smp = calloc((size_t)e->max_seqs, sizeof *e->slot_smp)))
         st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
@@ -192,6 +215,7 @@ void hearth_engine_free(hearth_engine *e) {
     sampler_free(&e->smp);
     for (int i = 0; e->slot_smp && i < e->max_seqs; i++) sampler_free(&e->slot_smp[i]);
     free(e->slot_smp);
+    engine_device_close(e->gpu);
     model_free(e->m);
     free(e->step_tok);
     free(e->step_pos);
@@ -223,6 +247,13 @@ void hearth_seq_close(hearth_engine *e, int seq) {
     e->seq_open[seq] = 0;
 }
 
+/* One step on whichever device holds the model. */
+static hearth_status engine_model_forward(hearth_engine *e, const model_batch *b, hearth_error *err) {
+    return e->gpu ? engine_device_forward(e->gpu, &e->kv, b, err) : model_forward(e->m, &e->kv, e->s, b, e->tp, err);
+}
+
+int hearth_engine_device(const hearth_engine *e) { return e->gpu ? HEARTH_DEVICE_CUDA : HEARTH_DEVICE_CPU; }
+
 hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens, size_t n, size_t n_logits,
                                 float *logits, hearth_error *err) {
     if (seq < 0 || seq >= e->max_seqs || !e->seq_open[seq])
@@ -250,8 +281,8 @@ hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens
         for (int t = 0; t < T; t++)
             if (done + t >= n - n_logits) e->out_rows[n_out++] = t;
         model_batch b = {.T = T, .tokens = e->step_tok, .pos = e->step_pos, .slot = e->step_slot, .n_out = n_out,
-                         .out_rows = e->out_rows, .logits = e->logits};
-        if ((st = model_forward(e->m, &e->kv, e->s, &b, e->tp, err))) return st;
+                         .out_rows = e->out_rows, .logits = e->logits, .batch_invariant = e->deterministic};
+        if ((st = engine_model_forward(e, &b, err))) return st;
         for (size_t i = 0; i < (size_t)n_out * vocab; i++)
             if (!isfinite(e->logits[i]))
                 return err_set(err, HEARTH_ERR_FORMAT,
@@ -275,11 +306,17 @@ hearth_status engine_forward_rows(hearth_engine *e, int T, const int32_t *tokens
         if (slot[t] < 0 || slot[t] >= e->max_seqs || !e->seq_open[slot[t]] || pos[t] < 0 || pos[t] >= e->context)
             return err_set(err, HEARTH_ERR_INVALID, "engine step: token %d has slot %d position %d", t, slot[t],
                            pos[t]);
+        /* prefix caching shares only full blocks and sequences only append, so a write
+         * never lands in a shared or cached block; checked since a broken invariant
+         * would silently corrupt other requests' KV */
+        if (!kv_position_writable(&e->kv, slot[t], pos[t]))
+            return err_set(err, HEARTH_ERR_INVALID, "engine step: position %d of slot %d is in a shared KV block",
+                           pos[t], slot[t]);
         e->history[(size_t)slot[t] * e->context + pos[t]] = tokens[t];
     }
     model_batch b = {.T = T, .tokens = tokens, .pos = pos, .slot = slot, .n_out = n_out, .out_rows = out_rows,
-                     .logits = e->logits};
-    hearth_status st = model_forward(e->m, &e->kv, e->s, &b, e->tp, err);
+                     .logits = e->logits, .batch_invariant = e->deterministic};
+    hearth_status st = engine_model_forward(e, &b, err);
     if (st) return st;
     int vocab = e->m->cfg.vocab;
     for (size_t i = 0; i < (size_t)n_out * vocab; i++)
@@ -294,6 +331,7 @@ hearth_status engine_forward_rows(hearth_engine *e, int T, const int32_t *tokens
 int engine_max_out_rows(const hearth_engine *e) { return e->max_out; }
 int engine_max_sequences(const hearth_engine *e) { return e->max_seqs; }
 kv_cache *engine_kv(hearth_engine *e) { return &e->kv; }
+threadpool *engine_threads(hearth_engine *e) { return e->tp; }
 sampler *engine_slot_sampler(hearth_engine *e, int seq) { return &e->slot_smp[seq]; }
 
 int engine_eos_ids(const hearth_engine *e, const int32_t **ids) {
@@ -302,6 +340,10 @@ int engine_eos_ids(const hearth_engine *e, const int32_t **ids) {
 }
 sampler *engine_sampler(hearth_engine *e) { return &e->smp; }
 const int32_t *engine_history(const hearth_engine *e, int seq) { return e->history + (size_t)seq * e->context; }
+void engine_history_write(hearth_engine *e, int seq, const int32_t *tokens, int n) {
+    if (seq >= 0 && seq < e->max_seqs && n > 0 && n <= e->context)
+        memcpy(e->history + (size_t)seq * e->context, tokens, (size_t)n * sizeof *tokens);
+}
 int engine_seq_length(const hearth_engine *e, int seq) { return e->kv.n_tokens[seq]; }
 int engine_step_tokens(const hearth_engine *e) { return e->step_tokens; }
 float *engine_logits_buffer(hearth_engine *e) { return e->logits + (size_t)(ENGINE_MAX_LOGITS_ROWS - 1) * e->m->cfg.vocab; }
@@ -316,7 +358,7 @@ static double weight_read_bytes(const cpu_weight *w) {
     return b;
 }
 
-double engine_decode_bytes(const model *m, int context) {
+double engine_decode_bytes(const model *m, int context, int kv_quant) {
     const model_config *c = &m->cfg;
     double b = weight_read_bytes(&m->lm_head) + weight_read_bytes(&m->embed) / (double)c->vocab;
     for (int i = 0; i < c->n_layers; i++) {
@@ -324,9 +366,13 @@ double engine_decode_bytes(const model *m, int context) {
         const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) b += weight_read_bytes(ws[j]);
         int span = l->sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
-        b += 2.0 * span * c->n_kv_heads * c->head_dim * sizeof(float);
+        /* int8 KV: head_dim bytes and one float scale per position and head */
+        double row = kv_quant == HEARTH_KV_INT8 ? (double)c->head_dim + sizeof(float) : (double)c->head_dim * sizeof(float);
+        b += 2.0 * span * c->n_kv_heads * row;
     }
     return b;
 }
 
-double hearth_engine_decode_bytes(const hearth_engine *e, int context) { return engine_decode_bytes(e->m, context); }
+double hearth_engine_decode_bytes(const hearth_engine *e, int context) {
+    return engine_decode_bytes(e->m, context, e->kv.quant);
+}

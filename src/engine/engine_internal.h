@@ -3,6 +3,7 @@
 #define HEARTH_ENGINE_ENGINE_INTERNAL_H
 #include "hearth.h"
 #include "base/sbuf.h"
+#include "base/threadpool.h"
 #include "engine/kv_cache.h"
 #include "engine/sampler.h"
 
@@ -13,6 +14,8 @@
 int engine_eos_ids(const hearth_engine *e, const int32_t **ids);
 sampler *engine_sampler(hearth_engine *e);
 const int32_t *engine_history(const hearth_engine *e, int seq);
+/* Sets the first n tokens of seq's history (a prompt prefix whose KV came from the prefix cache). */
+void engine_history_write(hearth_engine *e, int seq, const int32_t *tokens, int n);
 int engine_seq_length(const hearth_engine *e, int seq);
 float *engine_logits_buffer(hearth_engine *e);
 /* Tokens per forward step: the prefill chunk size. */
@@ -22,6 +25,8 @@ const hearth_model *engine_model(const hearth_engine *e);
 int engine_max_out_rows(const hearth_engine *e);
 int engine_max_sequences(const hearth_engine *e);
 kv_cache *engine_kv(hearth_engine *e);
+/* The engine's thread pool (for work between steps, e.g. sampling all rows at once). */
+threadpool *engine_threads(hearth_engine *e);
 /* The per-slot sampler the scheduler gives each running request (own seed, own RNG). */
 sampler *engine_slot_sampler(hearth_engine *e, int seq);
 /* One ragged step for the scheduler: T tokens (T <= step tokens) of open slots already
@@ -63,5 +68,10 @@ hearth_status gen_stream_init(gen_stream *g, hearth_engine *e, size_t n_prompt, 
  * in the KV cache), emits its text and sets res->finish when it ends the request.
  * t0: when the request started (for first_token_seconds). */
 int32_t gen_stream_step(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len, double t0);
+/* gen_stream_step in two halves, so a caller can sample many requests' rows in one pass
+ * (sampler_sample_rows) between them: the row to sample, then the sampled token's
+ * processing (returns id). */
+sampler_row gen_stream_row(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len);
+int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, double t0);
 void gen_stream_free(gen_stream *g);
 #endif

@@ -28,5 +28,5 @@ void engine_trim_heap(void);
 /* Sum of the plan's parts: what hearth_engine_bytes reports. */
 size_t engine_plan_bytes(const engine_plan *p);
 /* Bytes one decode step reads with `context` tokens cached (see hearth_engine_decode_bytes). */
-double engine_decode_bytes(const struct model *m, int context);
+double engine_decode_bytes(const struct model *m, int context, int kv_quant);
 #endif

@@ -149,13 +149,23 @@ void gen_stream_free(gen_stream *g) {
     memset(g, 0, sizeof *g);
 }
 
+sampler_row gen_stream_row(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len) {
+    return (sampler_row){.s = smp, .logits = logits, .p = &g->p->sampling, .history = engine_history(g->e, seq),
+                         .n_history = (size_t)seq_len, .lp = &g->lp, .token = -1};
+}
+
 int32_t gen_stream_step(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len, double t0) {
+    sampler_row r = gen_stream_row(g, smp, logits, seq, seq_len);
+    sampler_sample_rows(&r, 1, NULL);
+    return gen_stream_accept(g, r.token, seq, seq_len, t0);
+}
+
+int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, double t0) {
     hearth_engine *e = g->e;
     const hearth_generate_params *p = g->p;
     hearth_generate_result *res = g->res;
     const int32_t *eos;
     int n_eos = engine_eos_ids(e, &eos);
-    int32_t id = sampler_sample(smp, logits, &p->sampling, engine_history(e, seq), (size_t)seq_len, &g->lp);
     if (res->completion_tokens == 0) {
         res->first_token_seconds = gen_now_seconds() - t0;
         if (p->on_progress && p->on_progress(g->user, g->n_prompt, g->n_prompt)) res->finish = HEARTH_FINISH_CANCELLED;

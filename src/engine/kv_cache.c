@@ -1,21 +1,98 @@
 /* kv_cache.c: paged KV pool and block tables (see kv_cache.h). */
 #include "engine/kv_cache.h"
 #include "base/err.h"
+#include "engine/kv_prefix.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 static int blocks_for(int positions) { return (positions + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE; }
 
-size_t kv_bytes(int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context, int n_blocks) {
-    size_t block_floats = (size_t)KV_BLOCK_SIZE * n_kv_heads * head_dim;
-    size_t per_slot = (size_t)blocks_for(max_context);
-    return 2 * (size_t)n_layers * n_blocks * block_floats * sizeof(float) +
-           (size_t)max_slots * per_slot * sizeof(int32_t) + (size_t)max_slots * sizeof(int32_t) +
-           (size_t)n_blocks * sizeof(int32_t);
+/* int8 rows: head_dim bytes plus one float scale per position and head. Per row rather
+ * than per block: a row is quantized once when appended and never touched again (a block
+ * scale would have to requantize the block whenever a new row raised its maximum), and
+ * one outlier token does not flatten its 15 neighbours. Costs 4 / head_dim extra. */
+size_t kv_storage_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant) {
+    size_t rows = (size_t)n_layers * n_blocks * n_kv_heads * KV_BLOCK_SIZE;
+    if (quant == HEARTH_KV_INT8) return 2 * rows * ((size_t)head_dim * sizeof(int8_t) + sizeof(float));
+    return 2 * rows * (size_t)head_dim * sizeof(float);
 }
 
-hearth_status kv_create(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context,
-                        int n_blocks, hearth_error *err) {
+size_t kv_bytes_quant(int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context, int n_blocks,
+                      int quant) {
+    return kv_bytes(n_layers, n_kv_heads, head_dim, max_slots, max_context, n_blocks) -
+           kv_storage_bytes(n_layers, n_kv_heads, head_dim, n_blocks, HEARTH_KV_FLOAT) +
+           kv_storage_bytes(n_layers, n_kv_heads, head_dim, n_blocks, quant);
+}
+
+size_t kv_bytes(int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context, int n_blocks) {
+    size_t per_slot = (size_t)blocks_for(max_context);
+    return kv_storage_bytes(n_layers, n_kv_heads, head_dim, n_blocks, HEARTH_KV_FLOAT) +
+           (size_t)max_slots * per_slot * sizeof(int32_t) + (size_t)max_slots * sizeof(int32_t) +
+           (size_t)n_blocks * sizeof(int32_t) + kv_prefix_bytes(n_blocks, max_slots);
+}
+
+/* One 64-byte aligned (a cache line, what AVX-512 loads like), zeroed array: touched now
+ * so that it is resident from the start. */
+static void *storage_alloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64)) return NULL;
+    memset(p, 0, bytes);
+    return p;
+}
+
+static hearth_status storage_create(kv_cache *kv, int quant, hearth_error *err) {
+    size_t rows = (size_t)kv->n_layers * kv->n_blocks * kv->n_kv_heads * KV_BLOCK_SIZE;
+    size_t elems = rows * (size_t)kv->head_dim;
+    kv->quant = quant;
+    if (quant == HEARTH_KV_INT8) {
+        kv->k8 = storage_alloc(elems);
+        kv->v8 = storage_alloc(elems);
+        kv->k_scale = storage_alloc(rows * sizeof(float));
+        kv->v_scale = storage_alloc(rows * sizeof(float));
+        if (kv->k8 && kv->v8 && kv->k_scale && kv->v_scale) return HEARTH_OK;
+    } else if (quant == HEARTH_KV_FLOAT) {
+        kv->k = storage_alloc(elems * sizeof(float));
+        kv->v = storage_alloc(elems * sizeof(float));
+        if (kv->k && kv->v) return HEARTH_OK;
+    } else {
+        return err_set(err, HEARTH_ERR_INVALID, "kv cache: unknown quantization %d", quant);
+    }
+    return err_set(err, HEARTH_ERR_NOMEM, "kv cache: cannot allocate %.1f MiB",
+                   kv_storage_bytes(kv->n_layers, kv->n_kv_heads, kv->head_dim, kv->n_blocks, quant) /
+                       (1024.0 * 1024.0));
+}
+
+/* Symmetric absmax: q = round(x / s), s = max|x| / 127, so x = s * q to within s / 2. */
+static void quantize_row(int8_t *q, float *scale, const float *x, int n) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+    for (int i = 0; i < n; i++) q[i] = (int8_t)lrintf(x[i] * inv); /* |x * inv| <= 127 */
+    *scale = s;
+}
+
+int hearth_kv_quant_parse(const char *name, int *out) {
+    if (!name) return 0;
+    if (!strcmp(name, "none") || !strcmp(name, "float") || !strcmp(name, "f32")) *out = HEARTH_KV_FLOAT;
+    else if (!strcmp(name, "int8")) *out = HEARTH_KV_INT8;
+    else return 0;
+    return 1;
+}
+
+void kv_store(kv_cache *kv, int layer, int slot, int p, int head, const float *key, const float *value) {
+    size_t row = kv_row(kv, layer, slot, p, head), off = row * (size_t)kv->head_dim;
+    if (kv->quant == HEARTH_KV_INT8) {
+        quantize_row(kv->k8 + off, kv->k_scale + row, key, kv->head_dim);
+        quantize_row(kv->v8 + off, kv->v_scale + row, value, kv->head_dim);
+        return;
+    }
+    memcpy(kv->k + off, key, (size_t)kv->head_dim * sizeof(float));
+    memcpy(kv->v + off, value, (size_t)kv->head_dim * sizeof(float));
+}
+
+hearth_status kv_create_quant(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
+                              int max_context, int n_blocks, int quant, hearth_error *err) {
     memset(kv, 0, sizeof *kv);
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || max_slots <= 0 || max_context <= 0 || n_blocks <= 0)
         return err_set(err, HEARTH_ERR_INVALID, "kv cache: invalid sizes");
@@ -26,16 +103,11 @@ hearth_status kv_create(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim
     kv->max_slots = max_slots;
     kv->max_blocks_per_slot = blocks_for(max_context);
     kv->block_floats = (size_t)KV_BLOCK_SIZE * n_kv_heads * head_dim;
-    size_t floats = (size_t)n_layers * n_blocks * kv->block_floats;
-    /* 64-byte alignment: one cache line, and what AVX-512 loads like */
-    if (posix_memalign((void **)&kv->k, 64, floats * sizeof(float)) ||
-        posix_memalign((void **)&kv->v, 64, floats * sizeof(float))) {
+    hearth_status st = storage_create(kv, quant, err);
+    if (st) {
         kv_destroy(kv);
-        return err_set(err, HEARTH_ERR_NOMEM, "kv cache: cannot allocate %.1f MiB",
-                       2.0 * floats * sizeof(float) / (1024.0 * 1024.0));
+        return st;
     }
-    memset(kv->k, 0, floats * sizeof(float)); /* touch now: resident from the start */
-    memset(kv->v, 0, floats * sizeof(float));
     kv->tables = malloc((size_t)max_slots * kv->max_blocks_per_slot * sizeof(int32_t));
     kv->n_tokens = calloc((size_t)max_slots, sizeof(int32_t));
     kv->free_list = malloc((size_t)n_blocks * sizeof(int32_t));
@@ -46,15 +118,21 @@ hearth_status kv_create(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim
     memset(kv->tables, 0xff, (size_t)max_slots * kv->max_blocks_per_slot * sizeof(int32_t));
     for (int i = 0; i < n_blocks; i++) kv->free_list[i] = n_blocks - 1 - i; /* block 0 handed out first */
     kv->n_free = n_blocks;
-    return HEARTH_OK;
+    if ((st = kv_prefix_create(kv, err))) kv_destroy(kv);
+    return st;
 }
 
 void kv_destroy(kv_cache *kv) {
     free(kv->k);
     free(kv->v);
+    free(kv->k8);
+    free(kv->v8);
+    free(kv->k_scale);
+    free(kv->v_scale);
     free(kv->tables);
     free(kv->n_tokens);
     free(kv->free_list);
+    kv_prefix_free(kv);
     memset(kv, 0, sizeof *kv);
 }
 
@@ -67,9 +145,11 @@ hearth_status kv_reserve(kv_cache *kv, int slot, int n_positions, hearth_error *
     int32_t *table = kv->tables + (size_t)slot * kv->max_blocks_per_slot;
     int have = 0;
     while (have < kv->max_blocks_per_slot && table[have] >= 0) have++;
-    if (need - have > kv->n_free)
-        return err_set(err, HEARTH_ERR_NOMEM, "kv cache: %d more blocks needed, %d free", need - have, kv->n_free);
-    for (int i = have; i < need; i++) table[i] = kv->free_list[--kv->n_free];
+    /* cached blocks nobody holds count as free: taking one evicts it (LRU) */
+    if (need - have > kv_blocks_available(kv))
+        return err_set(err, HEARTH_ERR_NOMEM, "kv cache: %d more blocks needed, %d free", need - have,
+                       kv_blocks_available(kv));
+    for (int i = have; i < need; i++) table[i] = kv_block_take(kv);
     if (kv->n_tokens[slot] < n_positions) kv->n_tokens[slot] = n_positions;
     return HEARTH_OK;
 }
@@ -77,9 +157,14 @@ hearth_status kv_reserve(kv_cache *kv, int slot, int n_positions, hearth_error *
 void kv_release(kv_cache *kv, int slot) {
     if (slot < 0 || slot >= kv->max_slots) return;
     int32_t *table = kv->tables + (size_t)slot * kv->max_blocks_per_slot;
-    for (int i = 0; i < kv->max_blocks_per_slot && table[i] >= 0; i++) {
-        kv->free_list[kv->n_free++] = table[i];
+    int n = 0;
+    while (n < kv->max_blocks_per_slot && table[n] >= 0) n++;
+    /* last block first: the LRU then evicts a chain from its tail, keeping the shared
+     * beginnings (which every continuation needs) longest */
+    for (int i = n - 1; i >= 0; i--) {
+        kv_block_drop(kv, table[i]);
         table[i] = -1;
     }
     kv->n_tokens[slot] = 0;
+    kv_prefix_slot_reset(kv, slot);
 }

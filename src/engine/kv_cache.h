@@ -1,6 +1,6 @@
 /* kv_cache.h: the paged KV pool: for every layer, a fixed array of blocks of
- * KV_BLOCK_SIZE positions x n_kv_heads x head_dim keys and values (float32), and a block
- * table per sequence slot. Allocated once at engine start; adding or dropping a sequence
+ * KV_BLOCK_SIZE positions x n_kv_heads x head_dim keys and values (float32, or int8 with a
+ * scale per position and head: --kv-quant), and a block table per sequence slot. Allocated once at engine start; adding or dropping a sequence
  * is O(blocks), nothing is copied. Knows nothing of models or sampling. */
 #ifndef HEARTH_ENGINE_KV_CACHE_H
 #define HEARTH_ENGINE_KV_CACHE_H
@@ -17,24 +17,49 @@ typedef struct kv_cache {
     int n_layers, n_kv_heads, head_dim;
     int n_blocks, max_slots, max_blocks_per_slot;
     size_t block_floats;   /* KV_BLOCK_SIZE * n_kv_heads * head_dim */
-    float *k, *v;          /* [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE][head_dim] */
+    float *k, *v;          /* [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE][head_dim]; NULL when int8 */
+    int quant;             /* hearth_kv_quant */
+    int8_t *k8, *v8;       /* int8 storage: the same layout as k, v */
+    float *k_scale, *v_scale; /* int8: one scale per row, [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE] */
     int32_t *tables;       /* [max_slots][max_blocks_per_slot], -1 = none */
     int32_t *n_tokens;     /* positions stored per slot */
     int32_t *free_list;    /* stack of free block ids */
     int n_free;
+    struct kv_prefix *prefix; /* block refcounts, hash chain, LRU of cached blocks (kv_prefix.h) */
 } kv_cache;
 
-hearth_status kv_create(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context,
-                        int n_blocks, hearth_error *err);
+/* quant: hearth_kv_quant (kv_create: float). */
+hearth_status kv_create_quant(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
+                              int max_context, int n_blocks, int quant, hearth_error *err);
+static inline hearth_status kv_create(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
+                                      int max_context, int n_blocks, hearth_error *err) {
+    return kv_create_quant(kv, n_layers, n_kv_heads, head_dim, max_slots, max_context, n_blocks, HEARTH_KV_FLOAT,
+                           err);
+}
 void kv_destroy(kv_cache *kv);
 /* Bytes kv_create allocates for these sizes (for fit predictions). */
 size_t kv_bytes(int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context, int n_blocks);
+/* Bytes of the key and value storage alone for this quantization (part of kv_bytes'
+ * count when float; kv_bytes_quant swaps it for int8's). */
+size_t kv_storage_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant);
+size_t kv_bytes_quant(int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context, int n_blocks,
+                      int quant);
 /* Makes sure slot can hold n_positions, taking blocks from the pool; fails (nothing
  * taken) when the pool or the slot's table is too small. */
 hearth_status kv_reserve(kv_cache *kv, int slot, int n_positions, hearth_error *err);
 /* Returns all of slot's blocks to the pool. */
 void kv_release(kv_cache *kv, int slot);
 /* Pointers to position p of slot (which must be reserved) for a layer and KV head. */
+/* Row index of position p of slot for a layer and KV head: the key is head_dim values at
+ * k (or k8) + row * head_dim, its int8 scale k_scale[row]; the same for values. */
+static inline size_t kv_row(const kv_cache *kv, int layer, int slot, int p, int head) {
+    int32_t b = kv->tables[(size_t)slot * kv->max_blocks_per_slot + p / KV_BLOCK_SIZE];
+    return (((size_t)layer * kv->n_blocks + b) * kv->n_kv_heads + head) * KV_BLOCK_SIZE + (size_t)(p % KV_BLOCK_SIZE);
+}
+/* Writes one position's key and value (head_dim floats each), quantizing them when the
+ * pool is int8: the only way K/V enter the pool. */
+void kv_store(kv_cache *kv, int layer, int slot, int p, int head, const float *key, const float *value);
+/* Float pool only: */
 static inline float *kv_key(const kv_cache *kv, int layer, int slot, int p, int head) {
     int32_t b = kv->tables[(size_t)slot * kv->max_blocks_per_slot + p / KV_BLOCK_SIZE];
     return kv->k + (((size_t)layer * kv->n_blocks + b) * kv->n_kv_heads + head) * KV_BLOCK_SIZE * kv->head_dim +

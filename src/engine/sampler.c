@@ -162,3 +162,17 @@ int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p
     }
     return chosen;
 }
+
+static void sample_row_task(void *ctx, int task, int thread) {
+    (void)thread;
+    sampler_row *r = (sampler_row *)ctx + task;
+    r->token = sampler_sample(r->s, r->logits, r->p, r->history, r->n_history, r->lp);
+}
+
+void sampler_sample_rows(sampler_row *rows, int n, threadpool *tp) {
+    if (n <= 0) return;
+    /* one row: no fork-join round (a pool wake-up costs about what a small vocabulary's
+     * pass does) */
+    if (n == 1) sample_row_task(rows, 0, 0);
+    else tp_run(tp, n, sample_row_task, rows);
+}

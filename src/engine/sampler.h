@@ -5,6 +5,7 @@
 #ifndef HEARTH_ENGINE_SAMPLER_H
 #define HEARTH_ENGINE_SAMPLER_H
 #include "hearth.h"
+#include "base/threadpool.h"
 
 typedef struct sampler {
     int vocab;
@@ -24,4 +25,18 @@ void sampler_seed(sampler *s, uint64_t seed);
  * token's log-probability and the top lp->n alternatives (n <= HEARTH_MAX_TOP_LOGPROBS). */
 int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
                        size_t n_history, hearth_logprobs *lp);
+
+/* One row of a batched sampling pass: sampler_sample's arguments, and its result. */
+typedef struct sampler_row {
+    sampler *s; /* the row's own: its buffers and its seeded RNG (rows must not share one) */
+    const float *logits;
+    const hearth_sampling *p;
+    const int32_t *history;
+    size_t n_history;
+    hearth_logprobs *lp; /* may be NULL */
+    int32_t token;       /* out */
+} sampler_row;
+/* Samples every row in one pass, rows spread over the pool's threads when n > 1. Each
+ * row's token and log-probabilities are exactly what sampler_sample gives it alone. */
+void sampler_sample_rows(sampler_row *rows, int n, threadpool *tp);
 #endif

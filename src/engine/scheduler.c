@@ -1,13 +1,21 @@
 /* scheduler.c: continuous batching (hearth_batch_*): requests wait in FIFO order until
- * a sequence slot and the KV blocks for prompt + max_tokens are free, then every step
- * packs one token per decoding request plus prompt chunks under the step budget into a
- * single engine_forward_rows call and samples each row through the request's own
- * gen_stream and slot sampler. Owns no model or text logic; single-threaded by design. */
+ * a sequence slot and the KV blocks for their prompt (less what the prefix cache holds)
+ * are free, then every step packs one token per decoding request plus prompt chunks under
+ * the step budget into a single engine_forward_rows call and samples each row through the
+ * request's own gen_stream and slot sampler. A decoding request takes its next block when
+ * it needs one; when the pool is out, the youngest request is preempted (recompute: its
+ * blocks go back, it waits at the front of the queue with its tokens so far, and resumes
+ * where it stopped). Owns no model or text logic; single-threaded by design. */
 #include "engine/scheduler.h"
 #include "base/err.h"
 #include "engine/engine_internal.h"
+#include "engine/kv_prefix.h"
 #include <stdlib.h>
 #include <string.h>
+
+/* steps the tokens/s figures of /stats average over: about a second of decoding at
+ * small batch, so the numbers move with the load without jumping at every step */
+#define SCHED_STATS_WINDOW 32
 
 typedef struct sched_req {
     hearth_batch_request r;
@@ -18,6 +26,11 @@ typedef struct sched_req {
     int32_t next;     /* sampled token to feed at the next step (when decoding) */
     int decoding;
     double t0, t1;    /* admitted; prompt done */
+    double t_submit;  /* queued (for the wait /stats shows) */
+    size_t n_fill;    /* tokens to prefill: the prompt's, or the resume buffer's */
+    int32_t *resume;  /* preempted while decoding: prompt + generated tokens to compute again */
+    int admitted;     /* admitted before (so a readmission is a resume, not a new request) */
+    uint64_t rng[4];  /* preempted: the slot sampler's state, restored on readmission */
     struct sched_req *next_waiting;
 } sched_req;
 
@@ -31,6 +44,14 @@ struct hearth_batch {
     int *out_of;                          /* [max_run]: logits row of each running request, -1 none */
     size_t *remaining;                    /* [max_run] */
     int *take;                            /* [max_run] */
+    sampler_row *rows;                    /* [max_run]: this step's rows to sample */
+    struct sched_req **row_req;           /* [max_run]: the request of each row */
+    /* monitoring (hearth_batch_stats_get) */
+    unsigned long long prompt_tokens, cached_tokens, requests_done, steps, preemptions;
+    double last_step_seconds;
+    int last_step_tokens;
+    double win_seconds[SCHED_STATS_WINDOW];
+    int win_decode[SCHED_STATS_WINDOW], win_prefill[SCHED_STATS_WINDOW];
 };
 
 int sched_pack(const size_t *remaining, int n, int budget, int *take) {
@@ -77,7 +98,10 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
     b->out_of = malloc((size_t)max_run * sizeof *b->out_of);
     b->remaining = malloc((size_t)max_run * sizeof *b->remaining);
     b->take = malloc((size_t)max_run * sizeof *b->take);
-    if (!b->run || !b->tok || !b->pos || !b->slot || !b->out_rows || !b->out_of || !b->remaining || !b->take) {
+    b->rows = malloc((size_t)max_run * sizeof *b->rows);
+    b->row_req = malloc((size_t)max_run * sizeof *b->row_req);
+    if (!b->run || !b->tok || !b->pos || !b->slot || !b->out_rows || !b->out_of || !b->remaining || !b->take ||
+        !b->rows || !b->row_req) {
         hearth_batch_free(b);
         return err_set(err, HEARTH_ERR_NOMEM, "batching: out of memory");
     }
@@ -88,12 +112,14 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
 /* Ends a request: its slot and KV blocks go back at once, then the caller hears of it
  * (after which it may free what the request pointed to). */
 static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hearth_error *err) {
+    b->requests_done++;
     if (q->seq >= 0) {
         hearth_seq_close(b->e, q->seq);
         if (q->t1 > 0) q->r.result->generate_seconds = gen_now_seconds() - q->t1;
     }
     if (q->g.ds) gen_stream_free(&q->g);
     if (q->r.on_done) q->r.on_done(q->r.user, st, err);
+    free(q->resume);
     free(q);
 }
 
@@ -125,6 +151,8 @@ void hearth_batch_free(hearth_batch *b) {
     free(b->out_of);
     free(b->remaining);
     free(b->take);
+    free(b->rows);
+    free(b->row_req);
     free(b);
 }
 
@@ -134,6 +162,8 @@ hearth_status hearth_batch_submit(hearth_batch *b, const hearth_batch_request *r
     if (!q) return err_set(err, HEARTH_ERR_NOMEM, "batching: out of memory");
     q->r = *r;
     q->seq = -1;
+    q->t_submit = gen_now_seconds();
+    q->n_fill = r->n_prompt;
     hearth_status st = gen_stream_init(&q->g, b->e, r->n_prompt, r->params, r->on_token, r->user, r->result, err);
     if (st) {
         free(q);
@@ -183,30 +213,43 @@ static void drop_cancelled(hearth_batch *b) {
     }
 }
 
-/* Admits waiting requests in FIFO order while a slot and their KV blocks are free; the
- * head that does not fit yet blocks the ones behind it (no overtaking, so no starvation). */
+static const int32_t *fill_tokens(const sched_req *q) { return q->resume ? q->resume : q->r.prompt; }
+
+/* Admits waiting requests in FIFO order while a slot and the KV blocks for their prompt
+ * and first generated token are free (cached blocks of their prefix need none); the head
+ * that does not fit yet blocks the ones behind it (no overtaking, so no starvation). One
+ * block per running request is kept back so that admitting does not force a preemption
+ * at the next step. A request that could never fit the pool alone is refused. */
 static void admit(hearth_batch *b) {
     kv_cache *kv = engine_kv(b->e);
     int ctx = hearth_engine_context_length(b->e);
     while (b->wait_head && b->n_run < b->max_run) {
         sched_req *q = b->wait_head;
         const hearth_generate_params *p = q->r.params;
-        int need = sched_blocks_needed(q->r.n_prompt, p->max_tokens, ctx);
+        int worst = sched_blocks_needed(q->r.n_prompt, p->max_tokens, ctx);
         hearth_error err = {0};
-        if (need > kv->n_blocks) {
+        if (worst > kv->n_blocks) {
             pop_waiting(b);
             /* the caller's to fix (a smaller max_tokens), so INVALID: the server answers 400 */
             err_set(&err, HEARTH_ERR_INVALID,
                     "the request needs %d KV blocks (%zu prompt tokens + max_tokens %d) but the KV pool holds %d",
-                    need, q->r.n_prompt, p->max_tokens, kv->n_blocks);
+                    worst, q->r.n_prompt, p->max_tokens, kv->n_blocks);
             req_done(b, q, HEARTH_ERR_INVALID, &err);
             continue;
         }
-        if (need > kv->n_free) break;
+        int positions = (int)(q->n_fill + 1 < (size_t)ctx ? q->n_fill + 1 : (size_t)ctx);
+        int need = sched_blocks_needed((size_t)positions, 0, ctx);
         hearth_status st = hearth_seq_open(b->e, &q->seq, &err);
+        int reused = 0;
         if (!st) {
-            int positions = (int)(q->r.n_prompt + (size_t)p->max_tokens < (size_t)ctx
-                                      ? q->r.n_prompt + (size_t)p->max_tokens : (size_t)ctx);
+            /* the cached blocks of its prefix first: they need no new blocks (and no longer
+             * count as available once held) */
+            reused = kv_prefix_attach(kv, q->seq, fill_tokens(q), (int)q->n_fill);
+            if (need - reused / KV_BLOCK_SIZE + b->n_run > kv_blocks_available(kv)) {
+                hearth_seq_close(b->e, q->seq); /* the attached blocks go back to the cache */
+                q->seq = -1;
+                break;
+            }
             st = kv_reserve(kv, q->seq, positions, &err);
         }
         pop_waiting(b);
@@ -214,9 +257,20 @@ static void admit(hearth_batch *b) {
             req_done(b, q, st, &err);
             continue;
         }
+        engine_history_write(b->e, q->seq, fill_tokens(q), reused);
+        q->prefilled = (size_t)reused;
+        q->len = reused;
+        b->run[b->n_run++] = q;
+        if (q->admitted) { /* a preempted request resumes: same sampler state, no new events */
+            memcpy(engine_slot_sampler(b->e, q->seq)->rng, q->rng, sizeof q->rng);
+            continue;
+        }
+        q->admitted = 1;
+        q->r.result->cached_tokens = (size_t)reused;
+        b->prompt_tokens += q->r.n_prompt;
+        b->cached_tokens += (unsigned long long)reused;
         q->t0 = gen_now_seconds();
         if (p->sampling.has_seed) sampler_seed(engine_slot_sampler(b->e, q->seq), p->sampling.seed);
-        b->run[b->n_run++] = q;
         if (p->on_progress && p->on_progress(q->r.user, 0, q->r.n_prompt)) {
             q->r.result->finish = HEARTH_FINISH_CANCELLED;
             run_done(b, b->n_run - 1, HEARTH_OK, NULL);
@@ -224,12 +278,120 @@ static void admit(hearth_batch *b) {
     }
 }
 
+/* Preempts running request i by recompute: its tokens so far are kept, its blocks go back
+ * (the full ones into the prefix cache, so a resume soon after recomputes little), and it
+ * waits at the front of the queue. Swapping KV to host memory would save the recompute
+ * but on CPU the pool already is host memory: recompute is the only choice that frees
+ * anything. */
+static void preempt(hearth_batch *b, int i) {
+    sched_req *q = b->run[i];
+    if (q->decoding) { /* a request still in its prompt just starts that over */
+        int32_t *keep = malloc((size_t)q->len * sizeof *keep);
+        if (!keep) {
+            hearth_error err = {0};
+            run_done(b, i, err_set(&err, HEARTH_ERR_NOMEM, "batching: out of memory preempting a request"), &err);
+            return;
+        }
+        memcpy(keep, engine_history(b->e, q->seq), (size_t)q->len * sizeof *keep);
+        free(q->resume);
+        q->resume = keep;
+        q->n_fill = (size_t)q->len;
+        q->decoding = 0;
+    }
+    memcpy(q->rng, engine_slot_sampler(b->e, q->seq)->rng, sizeof q->rng);
+    hearth_seq_close(b->e, q->seq);
+    q->seq = -1;
+    q->prefilled = 0;
+    q->len = 0;
+    memmove(b->run + i, b->run + i + 1, (size_t)(b->n_run - i - 1) * sizeof *b->run);
+    b->n_run--;
+    q->next_waiting = b->wait_head;
+    b->wait_head = q;
+    if (!b->wait_tail) b->wait_tail = q;
+    b->n_waiting++;
+    b->preemptions++;
+}
+
+/* Gives every decoding request the block its next token needs, oldest first; when the
+ * pool is out, the youngest running request is preempted (possibly the one growing). */
+static void grow(hearth_batch *b) {
+    kv_cache *kv = engine_kv(b->e);
+    for (int i = 0; i < b->n_run; i++) {
+        sched_req *q = b->run[i];
+        if (!q->decoding) continue;
+        hearth_error err = {0};
+        hearth_status st;
+        while ((st = kv_reserve(kv, q->seq, q->len + 1, &err)) == HEARTH_ERR_NOMEM) {
+            int youngest = b->n_run - 1;
+            preempt(b, youngest);
+            if (youngest == i) break;
+        }
+        if (st && st != HEARTH_ERR_NOMEM) run_done(b, i--, st, &err);
+    }
+}
+
+/* Step time and token mix for /stats; decode rows are the running requests that decode. */
+static void record_step(hearth_batch *b, int T, double seconds) {
+    int decode = 0;
+    for (int i = 0; i < b->n_run; i++) decode += b->run[i]->decoding && b->take[i];
+    int k = (int)(b->steps++ % SCHED_STATS_WINDOW);
+    b->win_seconds[k] = seconds, b->win_decode[k] = decode, b->win_prefill[k] = T - decode;
+    b->last_step_seconds = seconds, b->last_step_tokens = T;
+}
+
+void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out) {
+    memset(out, 0, sizeof *out);
+    out->running = (size_t)b->n_run;
+    out->waiting = b->n_waiting;
+    for (const sched_req *q = b->wait_head; q && out->n_queued < HEARTH_STATS_MAX_QUEUED; q = q->next_waiting) {
+        out->queued_since[out->n_queued] = q->t_submit;
+        out->queued_prompt_tokens[out->n_queued++] = q->r.n_prompt;
+    }
+    const kv_cache *kv = engine_kv(b->e);
+    out->kv_blocks = kv->n_blocks;
+    out->kv_blocks_free = kv->n_free;
+    out->kv_blocks_cached = kv_blocks_cached(kv);
+    out->kv_blocks_used = kv->n_blocks - kv->n_free - out->kv_blocks_cached;
+    out->prompt_tokens = b->prompt_tokens, out->cached_tokens = b->cached_tokens;
+    out->requests_done = b->requests_done, out->steps = b->steps, out->preemptions = b->preemptions;
+    out->last_step_seconds = b->last_step_seconds, out->last_step_tokens = b->last_step_tokens;
+    /* a mixed step's time is split between its decode and prefill tokens by count */
+    double dsec = 0, psec = 0;
+    long decode = 0, prefill = 0;
+    for (int k = 0; k < SCHED_STATS_WINDOW && (unsigned long long)k < b->steps; k++) {
+        int T = b->win_decode[k] + b->win_prefill[k];
+        if (T <= 0) continue;
+        dsec += b->win_seconds[k] * b->win_decode[k] / T, psec += b->win_seconds[k] * b->win_prefill[k] / T;
+        decode += b->win_decode[k], prefill += b->win_prefill[k];
+    }
+    if (dsec > 0) out->decode_tok_s = decode / dsec;
+    if (psec > 0) out->prefill_tok_s = prefill / psec;
+}
+
+/* Samples every row of the step in one pass (sampler_sample_rows: each request with its
+ * own parameters, history and seeded sampler), then hands each token to its request. */
+static void sample_and_accept(hearth_batch *b, int n_rows) {
+    sampler_sample_rows(b->rows, n_rows, engine_threads(b->e));
+    for (int k = 0; k < n_rows; k++) {
+        sched_req *q = b->row_req[k];
+        q->next = gen_stream_accept(&q->g, b->rows[k].token, q->seq, q->len, q->t0);
+        q->decoding = 1;
+        if (!q->r.result->finish) continue;
+        for (int i = 0; i < b->n_run; i++)
+            if (b->run[i] == q) {
+                run_done(b, i, HEARTH_OK, NULL);
+                break;
+            }
+    }
+}
+
 size_t hearth_batch_step(hearth_batch *b) {
     drop_cancelled(b);
+    grow(b); /* running requests before new ones */
     admit(b);
     if (b->n_run == 0) return b->n_waiting;
     for (int i = 0; i < b->n_run; i++)
-        b->remaining[i] = b->run[i]->decoding ? 0 : b->run[i]->r.n_prompt - b->run[i]->prefilled;
+        b->remaining[i] = b->run[i]->decoding ? 0 : b->run[i]->n_fill - b->run[i]->prefilled;
     int T = sched_pack(b->remaining, b->n_run, b->budget, b->take), t = 0, n_out = 0;
     for (int i = 0; i < b->n_run; i++) {
         sched_req *q = b->run[i];
@@ -240,14 +402,21 @@ size_t hearth_batch_step(hearth_batch *b) {
             b->out_of[i] = n_out, b->out_rows[n_out++] = t++;
             continue;
         }
+        const int32_t *fill = fill_tokens(q);
         for (int k = 0; k < b->take[i]; k++, t++)
-            b->tok[t] = q->r.prompt[q->prefilled + k], b->pos[t] = (int32_t)q->prefilled + k, b->slot[t] = q->seq;
-        if (q->prefilled + b->take[i] == q->r.n_prompt) b->out_of[i] = n_out, b->out_rows[n_out++] = t - 1;
+            b->tok[t] = fill[q->prefilled + k], b->pos[t] = (int32_t)q->prefilled + k, b->slot[t] = q->seq;
+        /* a resumed request already sampled its next token: no logits at the end */
+        if (q->prefilled + b->take[i] == q->n_fill && !q->resume)
+            b->out_of[i] = n_out, b->out_rows[n_out++] = t - 1;
     }
     const float *logits = NULL;
     hearth_error err = {0};
+    int n_rows = 0; /* requests whose next token this step samples: b->rows, b->row_req */
+    double t_step = gen_now_seconds();
     hearth_status st = engine_forward_rows(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, &logits, &err);
+    record_step(b, T, gen_now_seconds() - t_step);
     size_t vocab = (size_t)hearth_model_vocab_rows(b->e);
+    kv_cache *kv = engine_kv(b->e);
     /* walk backwards so finishing request i does not move the ones still to visit */
     for (int i = b->n_run - 1; i >= 0; i--) {
         sched_req *q = b->run[i];
@@ -261,6 +430,11 @@ size_t hearth_batch_step(hearth_batch *b) {
         if (!q->decoding) {
             q->prefilled += (size_t)b->take[i];
             q->len += b->take[i];
+            kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len); /* reusable from now on */
+            if (q->resume) { /* recomputed what it had: decoding goes on with its pending token */
+                if (q->prefilled == q->n_fill) free(q->resume), q->resume = NULL, q->decoding = 1;
+                continue;
+            }
             size_t n = q->r.n_prompt;
             if (p->on_progress && p->on_progress(q->r.user, q->prefilled < n ? q->prefilled : n - 1, n)) {
                 res->finish = HEARTH_FINISH_CANCELLED;
@@ -273,11 +447,12 @@ size_t hearth_batch_step(hearth_batch *b) {
             res->prompt_seconds = q->t1 - q->t0;
         } else {
             q->len++;
+            kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len); /* a later turn reuses it */
         }
         const float *row = logits + (size_t)b->out_of[i] * vocab;
-        q->next = gen_stream_step(&q->g, engine_slot_sampler(b->e, q->seq), row, q->seq, q->len, q->t0);
-        q->decoding = 1;
-        if (res->finish) run_done(b, i, HEARTH_OK, NULL);
+        b->row_req[n_rows] = q;
+        b->rows[n_rows++] = gen_stream_row(&q->g, engine_slot_sampler(b->e, q->seq), row, q->seq, q->len);
     }
+    sample_and_accept(b, n_rows);
     return b->n_waiting + (size_t)b->n_run;
 }

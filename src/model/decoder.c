@@ -69,7 +69,16 @@ void model_scratch_free(model_scratch *s) {
 }
 
 static hearth_status matmul(const decoder_step *d, const cpu_weight *w, const float *x, int T, float *y) {
+    if (d->b->batch_invariant) return cpu_matmul_invariant(w, x, T, y, d->s->mm, d->s->mm_size, d->tp, d->err);
     return cpu_matmul(w, x, T, y, d->s->mm, d->s->mm_size, d->tp, d->err);
+}
+
+/* Weights that read the same input (q/k/v, gate/up) in one thread-pool round: decode of
+ * small models is bound by the number of rounds, not by the weights' bytes. */
+static hearth_status matmul_fused(const decoder_step *d, int count, const cpu_weight *const *ws, float *const *ys,
+                                  const float *x) {
+    return cpu_matmul_fused(count, ws, ys, x, d->b->T, d->s->mm, d->s->mm_size, d->tp, d->b->batch_invariant,
+                            d->err);
 }
 
 /* Row `token` of the embedding, dequantized a block at a time. */
@@ -106,9 +115,9 @@ hearth_status decoder_attention(const decoder_step *d, int layer) {
     model_scratch *s = d->s;
     int T = d->b->T, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
     hearth_status st;
-    if ((st = matmul(d, &l->q, s->xn, T, s->q)) || (st = matmul(d, &l->k, s->xn, T, s->k)) ||
-        (st = matmul(d, &l->v, s->xn, T, s->v)))
-        return st;
+    const cpu_weight *qkv[] = {&l->q, &l->k, &l->v};
+    float *const qkv_out[] = {s->q, s->k, s->v};
+    if ((st = matmul_fused(d, 3, qkv, qkv_out, s->xn))) return st;
     add_bias(s->q, l->q_bias, T, qd);
     add_bias(s->k, l->k_bias, T, kd);
     add_bias(s->v, l->v_bias, T, kd);
@@ -119,9 +128,8 @@ hearth_status decoder_attention(const decoder_step *d, int layer) {
     ops_rope(s->k, T, c->n_kv_heads, c->head_dim, d->b->pos, freq, c->rope_adjacent);
     for (int t = 0; t < T; t++) /* the new keys and values join the cache before attending */
         for (int h = 0; h < c->n_kv_heads; h++) {
-            size_t off = (size_t)t * kd + (size_t)h * c->head_dim, bytes = (size_t)c->head_dim * sizeof(float);
-            memcpy(kv_key(d->kv, layer, d->b->slot[t], d->b->pos[t], h), s->k + off, bytes);
-            memcpy(kv_value(d->kv, layer, d->b->slot[t], d->b->pos[t], h), s->v + off, bytes);
+            size_t off = (size_t)t * kd + (size_t)h * c->head_dim;
+            kv_store(d->kv, layer, d->b->slot[t], d->b->pos[t], h, s->k + off, s->v + off);
         }
     ops_attention_args a = {.kv = d->kv, .layer = layer, .q = s->q, .out = s->att, .T = T, .n_heads = c->n_heads,
                             .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .pos = d->b->pos,
@@ -136,7 +144,9 @@ hearth_status decoder_mlp(const decoder_step *d, int layer, decoder_act act) {
     model_scratch *s = d->s;
     int T = d->b->T;
     hearth_status st;
-    if ((st = matmul(d, &l->gate, s->xn, T, s->gate)) || (st = matmul(d, &l->up, s->xn, T, s->up))) return st;
+    const cpu_weight *gate_up[] = {&l->gate, &l->up};
+    float *const gate_up_out[] = {s->gate, s->up};
+    if ((st = matmul_fused(d, 2, gate_up, gate_up_out, s->xn))) return st;
     size_t n = (size_t)T * d->m->cfg.ffn;
     if (act == ACT_SILU) ops_silu_mul(s->gate, s->up, n);
     else ops_gelu_tanh_mul(s->gate, s->up, n);

@@ -30,6 +30,8 @@ typedef struct loader {
     uint8_t *arena;
     size_t used, cap; /* cap 0: sizing pass */
     int use_mmap;     /* matrices point into the file mapping instead of the arena */
+    const char *prefix; /* "model." (HF causal LM), or "" where the checkpoint holds the bare
+                           base model (Qwen3-Embedding: embed_tokens.weight, layers.N....) */
     hearth_error *err;
 } loader;
 
@@ -47,7 +49,7 @@ static const char *layer_name(loader *L, int layer, role r, const char *suffix, 
         if (r == R_POST_FFN_NORM) hf = "post_feedforward_layernorm";
     }
     if (L->gguf) snprintf(buf, n, "blk.%d.%s.%s", layer, gguf_names[r], suffix);
-    else snprintf(buf, n, "model.layers.%d.%s.%s", layer, hf, suffix);
+    else snprintf(buf, n, "%slayers.%d.%s.%s", L->prefix, layer, hf, suffix);
     return buf;
 }
 
@@ -192,13 +194,15 @@ static hearth_status load_all(loader *L) {
     model *m = L->m;
     const model_config *c = &m->cfg;
     hearth_status st;
-    if ((st = load_matrix(L, L->gguf ? "token_embd" : "model.embed_tokens", c->vocab, c->hidden, &m->embed)))
-        return st;
+    char embed_name[64], norm_name[64];
+    snprintf(embed_name, sizeof embed_name, "%sembed_tokens", L->prefix);
+    snprintf(norm_name, sizeof norm_name, "%snorm.weight", L->prefix);
+    if ((st = load_matrix(L, L->gguf ? "token_embd" : embed_name, c->vocab, c->hidden, &m->embed))) return st;
     for (int i = 0; i < c->n_layers; i++) {
         if ((st = load_layer(L, i, &m->layers[i]))) return st;
         m->layers[i].sliding = c->sliding_pattern > 0 && (i + 1) % c->sliding_pattern != 0;
     }
-    if ((st = load_vector(L, L->gguf ? "output_norm.weight" : "model.norm.weight", c->hidden, 1, &m->final_norm)))
+    if ((st = load_vector(L, L->gguf ? "output_norm.weight" : norm_name, c->hidden, 1, &m->final_norm)))
         return st;
     const char *head = L->gguf ? "output" : "lm_head";
     char name[64];
@@ -210,6 +214,12 @@ static hearth_status load_all(loader *L) {
 
 hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_error *err);
 
+static const char *weight_prefix(const hearth_model *hm) {
+    return !model_find_tensor(hm, "model.embed_tokens.weight") && model_find_tensor(hm, "embed_tokens.weight")
+               ? ""
+               : "model.";
+}
+
 hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hearth_error *err) {
     *out = NULL;
     model *m = calloc(1, sizeof *m);
@@ -217,7 +227,8 @@ hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hear
     hearth_status st = model_config_read(hm, &m->cfg, err);
     if (!st && !(m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers)))
         st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
-    loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .use_mmap = use_mmap, .err = err};
+    loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .use_mmap = use_mmap, .err = err,
+                .prefix = weight_prefix(hm)};
     if (!st) st = load_all(&L); /* sizing pass: checks names and shapes, copies nothing */
     if (st) {
         model_free(m);
@@ -233,7 +244,7 @@ hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hear
     hearth_status st = model_plan(hm, use_mmap, &m, err);
     if (st) return st;
     loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .use_mmap = use_mmap, .err = err,
-                .cap = m->arena_bytes};
+                .cap = m->arena_bytes, .prefix = weight_prefix(hm)};
     if (posix_memalign((void **)&L.arena, 64, L.cap ? L.cap : 64))
         st = err_set(err, HEARTH_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the weights", hm->entry.path,
                      (double)L.cap / (1024.0 * 1024.0));

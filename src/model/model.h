@@ -66,6 +66,7 @@ typedef struct model_batch {
     int n_out;
     const int32_t *out_rows;
     float *logits;
+    int batch_invariant; /* deterministic mode: every row computed as if it were alone (cpu_matmul_invariant) */
 } model_batch;
 
 hearth_status model_scratch_create(const model *m, const kv_cache *kv, int max_tokens, int max_out, int n_threads,

@@ -21,7 +21,8 @@ void ops_gelu_tanh_mul(float *gate, const float *up, size_t n);
 void ops_add(float *x, const float *y, size_t n);
 void ops_scale(float *x, float s, size_t n);
 
-/* Causal attention over the paged cache for one layer. For each token t (of sequence
+/* Causal attention over the paged cache for one layer (float or int8 KV: int8 rows are
+ * dequantized inside the dot products, never into a buffer). For each token t (of sequence
  * slot[t] at position pos[t]) and query head h, attends to that sequence's cached
  * positions max(0, pos[t] - window + 1) .. pos[t] (window 0 = unlimited), with grouped
  * KV heads (n_heads / n_kv_heads queries per KV head). q: [T, n_heads*head_dim];
@@ -36,7 +37,7 @@ typedef struct ops_attention_args {
     int window;
     float scale;
     float *scratch; /* tp_threads(tp) * ops_attention_scratch(kv) floats */
-    float (*dot)(const float *, const float *, int); /* set by ops_attention */
+    const struct ops_attention_kernels *kernels; /* set by ops_attention (ISA level, KV storage) */
 } ops_attention_args;
 size_t ops_attention_scratch(const kv_cache *kv);
 void ops_attention(const ops_attention_args *a, threadpool *tp);

@@ -1,7 +1,7 @@
 /* ops_cpu.c: CPU implementations of the ops in ops.h. Plain float32 loops the compiler
- * vectorises; attention is split over (token, head) pairs on the thread pool. The
- * arithmetic mirrors mlx's (f32 accumulation, max-subtracted softmax) so the reference
- * tier stays within float rounding of mlx-lm. */
+ * vectorises; attention (over float or int8 KV) is split over (token, head) pairs on the
+ * thread pool. The arithmetic mirrors mlx's (f32 accumulation, max-subtracted softmax)
+ * so the reference tier stays within float rounding of mlx-lm. */
 #include "ops/ops.h"
 #include "base/cpu_features.h"
 #include <immintrin.h>
@@ -17,22 +17,34 @@ static float dot_scalar(const float *a, const float *b, int n) {
     return s;
 }
 
-__attribute__((target("avx2,fma"))) static float dot_avx2(const float *a, const float *b, int n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+/* Two FMA chains of 8 lanes, then a horizontal sum; LOAD8 turns 8 entries of b into floats
+ * (float keys as they are, int8 keys widened). One body for both, so their summation
+ * orders stay the same. */
+#define DEFINE_DOT_AVX2(NAME, BTYPE, LOAD8)                                                        \
+    __attribute__((target("avx2,fma"))) static float NAME(const float *a, const BTYPE *b, int n) { \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                            \
+        int i = 0;                                                                                 \
+        for (; i + 16 <= n; i += 16) {                                                             \
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LOAD8(b + i), acc0);                    \
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), LOAD8(b + i + 8), acc1);            \
+        }                                                                                          \
+        for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LOAD8(b + i), acc0); \
+        __m256 acc = _mm256_add_ps(acc0, acc1);                                                    \
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));         \
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));                                                    \
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));                                                     \
+        float s = _mm_cvtss_f32(h);                                                                \
+        for (; i < n; i++) s += a[i] * (float)b[i];                                                \
+        return s;                                                                                  \
     }
-    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    float s = _mm_cvtss_f32(h);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
+
+__attribute__((target("avx2,fma"))) static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma"))) static inline __m256 load8_q8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
+
+DEFINE_DOT_AVX2(dot_avx2, float, load8_f32)
+DEFINE_DOT_AVX2(dot_q8_avx2, int8_t, load8_q8)
 
 /* x[i] = exp(x[i] - mx), returns the sum. Degree-6 polynomial on the reduced range
  * [-ln2/2, ln2/2] times 2^n: relative error ~2e-7, below float32 rounding of the sum. */
@@ -83,10 +95,69 @@ static void axpy_scalar(float *y, float w, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += w * x[i];
 }
 
-typedef float (*dot_fn)(const float *, const float *, int);
+/* int8 KV rows (kv_store's symmetric absmax): the dot product and the weighted sum take
+ * the int8 values and apply the row's scale once, outside the loop. The same order of
+ * operations for every batch size: a row's result never depends on the step around it. */
+static float dot_q8_scalar(const float *a, const int8_t *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * (float)b[i];
+    return s;
+}
 
-static dot_fn pick_dot(void) {
-    return cpu_level_active() >= CPU_LEVEL_AVX2 ? dot_avx2 : dot_scalar;
+static void axpy_q8_scalar(float *y, float w, const int8_t *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += w * (float)x[i];
+}
+
+__attribute__((target("avx2,fma"))) static void axpy_q8_avx2(float *y, float w, const int8_t *x, int n) {
+    __m256 vw = _mm256_set1_ps(w);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vw, load8_q8(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += w * (float)x[i];
+}
+
+/* 16 int8 values per step: one xmm load widened to a zmm of floats. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static float dot_q8_avx512(const float *a, const int8_t *b,
+                                                                                 int n) {
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i),
+                              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + i)))),
+                              acc);
+    float s = _mm512_reduce_add_ps(acc);
+    for (; i < n; i++) s += a[i] * (float)b[i];
+    return s;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void axpy_q8_avx512(float *y, float w, const int8_t *x,
+                                                                                int n) {
+    __m512 vw = _mm512_set1_ps(w);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x + i))));
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(vw, v, _mm512_loadu_ps(y + i)));
+    }
+    for (; i < n; i++) y[i] += w * (float)x[i];
+}
+
+/* The kernels one attention call uses, chosen once per call from the ISA level. */
+typedef struct ops_attention_kernels {
+    float (*dot)(const float *, const float *, int);
+    void (*axpy)(float *, float, const float *, int);
+    float (*dot_q8)(const float *, const int8_t *, int);
+    void (*axpy_q8)(float *, float, const int8_t *, int);
+    float (*exp_sum)(float *, int, float);
+} ops_attention_kernels;
+
+static const ops_attention_kernels kernels_scalar = {dot_scalar, axpy_scalar, dot_q8_scalar, axpy_q8_scalar,
+                                                     exp_sum_scalar};
+static const ops_attention_kernels kernels_avx2 = {dot_avx2, axpy_avx2, dot_q8_avx2, axpy_q8_avx2, exp_sum_avx2};
+static const ops_attention_kernels kernels_avx512 = {dot_avx2, axpy_avx2, dot_q8_avx512, axpy_q8_avx512,
+                                                     exp_sum_avx2};
+
+static const ops_attention_kernels *pick_kernels(void) {
+    cpu_level level = cpu_level_active();
+    return level >= CPU_LEVEL_AVX512 ? &kernels_avx512 : level >= CPU_LEVEL_AVX2 ? &kernels_avx2 : &kernels_scalar;
 }
 
 void ops_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps) {
@@ -146,35 +217,36 @@ size_t ops_attention_scratch(const kv_cache *kv) {
 
 static void attention_task(void *ctx, int task, int thread) {
     const ops_attention_args *a = ctx;
+    const ops_attention_kernels *k = a->kernels;
+    const kv_cache *kv = a->kv;
     int t = task / a->n_heads, h = task % a->n_heads;
     int kvh = h / (a->n_heads / a->n_kv_heads), d = a->head_dim;
-    float *scores = a->scratch + (size_t)thread * ops_attention_scratch(a->kv);
+    float *scores = a->scratch + (size_t)thread * ops_attention_scratch(kv);
     const float *q = a->q + ((size_t)t * a->n_heads + h) * d;
     float *out = a->out + ((size_t)t * a->n_heads + h) * d;
-    int p_end = a->pos[t], p_start = 0, slot = a->slot[t];
+    int p_end = a->pos[t], p_start = 0, slot = a->slot[t], q8 = kv->quant == HEARTH_KV_INT8;
     if (a->window > 0 && p_end - a->window + 1 > 0) p_start = p_end - a->window + 1;
     float mx = -INFINITY;
-    dot_fn dot = a->dot;
     for (int p = p_start; p <= p_end; p++) {
-        float s = dot(q, kv_key(a->kv, a->layer, slot, p, kvh), d) * a->scale;
+        size_t row = kv_row(kv, a->layer, slot, p, kvh), off = row * (size_t)d;
+        float s = q8 ? k->dot_q8(q, kv->k8 + off, d) * kv->k_scale[row] : k->dot(q, kv->k + off, d);
+        s *= a->scale;
         scores[p - p_start] = s;
         if (s > mx) mx = s;
     }
-    float sum = a->dot == dot_avx2 ? exp_sum_avx2(scores, p_end - p_start + 1, mx)
-                                   : exp_sum_scalar(scores, p_end - p_start + 1, mx);
+    float sum = k->exp_sum(scores, p_end - p_start + 1, mx);
     memset(out, 0, (size_t)d * sizeof *out);
     float inv = 1.0f / sum;
-    int vec = a->dot == dot_avx2;
     for (int p = p_start; p <= p_end; p++) {
-        const float *v = kv_value(a->kv, a->layer, slot, p, kvh);
+        size_t row = kv_row(kv, a->layer, slot, p, kvh), off = row * (size_t)d;
         float w = scores[p - p_start] * inv;
-        if (vec) axpy_avx2(out, w, v, d);
-        else axpy_scalar(out, w, v, d);
+        if (q8) k->axpy_q8(out, w * kv->v_scale[row], kv->v8 + off, d);
+        else k->axpy(out, w, kv->v + off, d);
     }
 }
 
 void ops_attention(const ops_attention_args *a, threadpool *tp) {
     ops_attention_args args = *a;
-    args.dot = pick_dot();
+    args.kernels = pick_kernels();
     tp_run(tp, a->T * a->n_heads, attention_task, &args);
 }

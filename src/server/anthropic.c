@@ -227,7 +227,11 @@ static const char *matched_stop(anth_state *st) {
 
 static json_t *usage_json(const anth_state *st, int input_only) {
     size_t out = input_only ? 0 : st->gen.job->result.completion_tokens;
-    return json_pack("{s:I,s:I}", "input_tokens", (json_int_t)st->gen.job->n_ids, "output_tokens", (json_int_t)out);
+    /* input_tokens stays the whole prompt (as count_tokens says); cache_read_input_tokens
+     * is the part whose KV came from the prefix cache */
+    return json_pack("{s:I,s:I,s:I,s:I}", "input_tokens", (json_int_t)st->gen.job->n_ids, "cache_creation_input_tokens",
+                     (json_int_t)0, "cache_read_input_tokens", (json_int_t)st->gen.job->result.cached_tokens,
+                     "output_tokens", (json_int_t)out);
 }
 
 /* stop_reason and stop_sequence of a finished job. */

@@ -5,6 +5,7 @@
  * Anthropic messages to anthropic.c. */
 #define _GNU_SOURCE
 #include "server/anthropic.h"
+#include "server/embeddings.h"
 #include "server/responses.h"
 #include "server/web_assets.h"
 #include <microhttpd.h>
@@ -26,6 +27,9 @@ typedef enum route {
     ROUTE_COUNT_TOKENS, /* Anthropic */
     ROUTE_RESPONSES,    /* OpenAI Responses: POST /v1/responses */
     ROUTE_RESPONSE_ID,  /* GET/DELETE /v1/responses/{id} (the id in *model_filter) */
+    ROUTE_STATS,        /* GET /stats: the engine's live numbers (stats.c) */
+    ROUTE_LIBRARY,      /* GET /library, /fit, /downloads; POST /downloads (library_routes.c) */
+    ROUTE_EMBEDDINGS,   /* OpenAI Embeddings: POST /v1/embeddings (embeddings.c) */
 } route;
 
 /* One HTTP request on a connection (MHD's per-request context). */
@@ -101,6 +105,7 @@ static route route_of(const char *url, const char **model_filter) {
     if (!strcmp(url, "/v1/messages")) return ROUTE_MESSAGES;
     if (!strcmp(url, "/v1/messages/count_tokens")) return ROUTE_COUNT_TOKENS;
     if (!strcmp(url, "/v1/responses")) return ROUTE_RESPONSES;
+    if (!strcmp(url, "/v1/embeddings") || !strcmp(url, "/embeddings")) return ROUTE_EMBEDDINGS;
     if (!strncmp(url, "/v1/responses/", 14) && url[14]) {
         *model_filter = url + 14;
         return ROUTE_RESPONSE_ID;
@@ -111,6 +116,8 @@ static route route_of(const char *url, const char **model_filter) {
         return ROUTE_MODELS;
     }
     if (!strcmp(url, "/health")) return ROUTE_HEALTH;
+    if (!strcmp(url, "/stats") || !strcmp(url, "/v1/stats")) return ROUTE_STATS;
+    if (!strcmp(url, "/library") || !strcmp(url, "/fit") || !strcmp(url, "/downloads")) return ROUTE_LIBRARY;
     if (!strcmp(url, "/v1") || !strcmp(url, "/v1/")) return ROUTE_INDEX;
     return ROUTE_NONE;
 }
@@ -162,7 +169,8 @@ static int answer_headers(srv_server *s, struct MHD_Connection *c, conn_ctx *cc,
     if (cc->route == ROUTE_NONE) return fail(c, s, cc, 404, "invalid_request_error", "not_found", "Not Found: %s", url);
     if (cc->route == ROUTE_HEALTH && is_get) return srv_respond(c, s, 200, "{\"status\": \"ok\"}", o);
     int wants_post = cc->route == ROUTE_CHAT || cc->route == ROUTE_TEXT || is_anthropic(cc->route) ||
-                     cc->route == ROUTE_RESPONSES;
+                     cc->route == ROUTE_RESPONSES || cc->route == ROUTE_EMBEDDINGS;
+    if (cc->route == ROUTE_LIBRARY && is_post && !strcmp(url, "/downloads")) wants_post = 1;
     int is_delete = !strcmp(method, "DELETE");
     if (cc->route == ROUTE_RESPONSE_ID ? !is_get && !is_delete : wants_post ? !is_post : !is_get)
         return fail(c, s, cc, 405, "invalid_request_error", "method_not_allowed", "Method %s is not allowed here",
@@ -171,9 +179,25 @@ static int answer_headers(srv_server *s, struct MHD_Connection *c, conn_ctx *cc,
         return fail(c, s, cc, 401, "authentication_error", "invalid_api_key", "%s",
                     "Invalid or missing API key: send 'Authorization: Bearer "
                     "<key>' or 'x-api-key: <key>'");
+    /* a server of an embedding-only model has no engine: everything that generates or
+     * reports on generation is refused up front */
+    if (!s->queue && (wants_post || cc->route == ROUTE_RESPONSE_ID || cc->route == ROUTE_STATS) &&
+        cc->route != ROUTE_EMBEDDINGS && cc->route != ROUTE_LIBRARY)
+        return fail(c, s, cc, 400, "invalid_request_error", "model_cannot_generate",
+                    "model %s is an embedding model and cannot generate text; use POST /v1/embeddings",
+                    hearth_model_path(s->model));
     if (cc->route == ROUTE_RESPONSE_ID) return resp_handle_id(s, c, filter, is_delete, o);
+    if (cc->route == ROUTE_LIBRARY && is_get) return srv_library_get(s, c, url, o);
     if (cc->route == ROUTE_MODELS || cc->route == ROUTE_INDEX) {
-        char *body = cc->route == ROUTE_MODELS ? srv_models_body(s, filter) : srv_index_body();
+        char *body = cc->route == ROUTE_MODELS ? srv_models_body(s, filter)
+                     : s->queue                ? srv_index_stats_body(s)
+                                               : srv_index_body(); /* embedding-only: no engine stats */
+        int rc = srv_respond(c, s, 200, body, o);
+        free(body);
+        return rc;
+    }
+    if (cc->route == ROUTE_STATS) {
+        char *body = srv_stats_body(s);
         int rc = srv_respond(c, s, 200, body, o);
         free(body);
         return rc;
@@ -222,6 +246,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rc = resp_handle_create(s, c, body, cc->body.len, cc->origin);
     else if (cc->route == ROUTE_COUNT_TOKENS)
         rc = anth_handle_count_tokens(s, c, body, cc->body.len, cc->origin);
+    else if (cc->route == ROUTE_LIBRARY)
+        rc = srv_library_post(s, c, body, cc->body.len, cc->origin);
+    else if (cc->route == ROUTE_EMBEDDINGS)
+        rc = srv_handle_embeddings(s, c, body, cc->body.len, cc->origin);
     else
         rc = srv_handle_completion(s, c, cc->route == ROUTE_CHAT ? SRV_CHAT : SRV_TEXT, body, cc->body.len, cc->origin);
     return rc ? MHD_YES : MHD_NO;

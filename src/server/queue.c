@@ -17,6 +17,7 @@ struct srv_queue {
     size_t depth;        /* jobs not yet admitted: in this list or waiting in the batch */
     int stopping;
     hearth_batch *batch; /* engine thread only */
+    hearth_batch_stats stats; /* the batch as of its last step, under mu (for /stats) */
 };
 
 /* The job outlives the HTTP request when the client leaves mid-generation, so it keeps
@@ -193,6 +194,22 @@ static void admit_job(srv_queue *q, srv_job *j) {
     if (st) on_done(j, st, &err);
 }
 
+/* Taken on the engine thread between steps, copied under mu: /stats never waits for a
+ * step, only for this copy. */
+static void publish_stats(srv_queue *q) {
+    hearth_batch_stats now;
+    hearth_batch_stats_get(q->batch, &now);
+    pthread_mutex_lock(&q->mu);
+    q->stats = now;
+    pthread_mutex_unlock(&q->mu);
+}
+
+void srv_queue_stats(srv_queue *q, hearth_batch_stats *out) {
+    pthread_mutex_lock(&q->mu);
+    *out = q->stats;
+    pthread_mutex_unlock(&q->mu);
+}
+
 static void *engine_main(void *arg) {
     srv_queue *q = arg;
     size_t held = 0; /* jobs in the batch */
@@ -216,6 +233,7 @@ static void *engine_main(void *arg) {
         for (srv_job *j = q->head; j; j = j->next_in_queue) listed++;
         q->depth = listed + hearth_batch_waiting(q->batch);
         pthread_mutex_unlock(&q->mu);
+        publish_stats(q);
     }
     hearth_batch_free(q->batch); /* ends what is still held as cancelled */
     q->batch = NULL;
@@ -237,6 +255,7 @@ hearth_status srv_queue_start(hearth_engine *e, srv_queue **out, hearth_error *e
     }
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
+    hearth_batch_stats_get(q->batch, &q->stats);
     if (pthread_create(&q->thread, NULL, engine_main, q)) {
         hearth_batch_free(q->batch);
         free(q);

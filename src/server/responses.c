@@ -175,8 +175,9 @@ static void on_token(resp_state *st, const srv_event *ev) {
 
 static json_t *usage_json(const resp_state *st) {
     json_int_t in = (json_int_t)st->gen.job->n_ids, out = (json_int_t)st->gen.job->result.completion_tokens;
-    return json_pack("{s:I,s:{s:i,s:i},s:I,s:{s:i},s:I}", "input_tokens", in, "input_tokens_details", "cached_tokens",
-                     0, "cache_write_tokens", 0, "output_tokens", out, "output_tokens_details", "reasoning_tokens", 0,
+    json_int_t cached = (json_int_t)st->gen.job->result.cached_tokens; /* the prefix cache's part of `in` */
+    return json_pack("{s:I,s:{s:I,s:i},s:I,s:{s:i},s:I}", "input_tokens", in, "input_tokens_details", "cached_tokens",
+                     cached, "cache_write_tokens", 0, "output_tokens", out, "output_tokens_details", "reasoning_tokens", 0,
                      "total_tokens", in + out);
 }
 

@@ -3,6 +3,7 @@
  * or an SSE stream through the reasoning/tool text state machine), and the
  * bodies of /v1/models and /v1.
  * Runs on HTTP threads; never calls the engine directly (queue.c owns it). */
+#include "server/embeddings.h"
 #include "server/generation.h"
 #include "server/toolparse.h"
 #include <microhttpd.h>
@@ -110,7 +111,7 @@ static json_t *on_done(gen_state *g) {
     srv_reply r = g->reply;
     r.prompt_tokens = j->n_ids;
     r.completion_tokens = j->result.completion_tokens;
-    r.cached_tokens = 0; /* no prompt cache yet */
+    r.cached_tokens = j->result.cached_tokens; /* served from the prefix cache */
     if (!g->req.stream) {
         r.finish_reason = finish;
         r.text = g->content.data ? g->content.data : "";
@@ -238,8 +239,11 @@ int srv_handle_completion(srv_server *s, struct MHD_Connection *c, srv_kind kind
 
 char *srv_models_body(const srv_server *s, const char *filter) {
     json_t *data = json_array();
-    const char *id = hearth_model_path(s->model);
-    if (!filter || !strcmp(filter, id)) {
+    /* the served model, then a --embedding-model beside it */
+    const char *ids[2] = {hearth_model_path(s->model), srv_embed_model_path(s->embed)};
+    for (int i = 0; i < 2; i++) {
+        const char *id = ids[i];
+        if (!id || (i && !strcmp(id, ids[0])) || (filter && strcmp(filter, id))) continue;
         json_t *m = json_object();
         json_object_set_new(m, "id", json_string(id));
         json_object_set_new(m, "object", json_string("model"));
@@ -260,10 +264,15 @@ char *srv_index_body(void) {
         {"POST", "/chat/completions", "alias of /v1/chat/completions"},
         {"POST", "/v1/completions", "text completions (OpenAI legacy)"},
         {"POST", "/v1/messages", "Anthropic Messages, streaming with \"stream\": true"},
+        {"POST", "/v1/embeddings", "embeddings (OpenAI) of an embedding model (hearth serve <it>, or --embedding-model)"},
         {"POST", "/v1/messages/count_tokens", "Anthropic token count of a Messages request"},
         {"GET", "/v1/models", "the model being served"},
         {"GET", "/v1/models/{id}", "the model list filtered by id"},
         {"GET", "/health", "liveness: {\"status\": \"ok\"}"},
+        {"GET", "/library", "every model hearth can find: size, parameters, quantization, fit (hearth ls --json)"},
+        {"GET", "/fit", "?model=&ctx=&batch=: the memory prediction of hearth fit --json"},
+        {"GET", "/downloads", "hub downloads of this process; POST {\"model\": \"org/name\"} starts one"},
+        {"GET", "/stats", "live engine numbers: rows, queue, KV blocks, prefix cache, tokens/s, memory"},
         {"GET", "/v1", "this index"},
         {"OPTIONS", "*", "CORS preflight"},
     };

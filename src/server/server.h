@@ -129,6 +129,8 @@ void srv_job_release(srv_job *j);
 void srv_queue_submit(srv_queue *q, srv_job *j);
 /* Jobs waiting (not counting the running one). */
 size_t srv_queue_depth(srv_queue *q);
+/* The batch's state as of the engine's last step (never waits for a step). */
+void srv_queue_stats(srv_queue *q, hearth_batch_stats *out);
 /* Blocks until an event is available; the caller frees it with free(). */
 srv_event *srv_job_next_event(srv_job *j);
 
@@ -197,6 +199,10 @@ typedef struct srv_server {
                                   thread at a time */
     struct MHD_Daemon *daemon;
     struct resp_store *responses; /* the Responses API store (responses.h); NULL: none */
+    double started;               /* CLOCK_MONOTONIC seconds when serving began (/stats uptime) */
+    size_t predicted_peak_bytes;  /* hearth fit's prediction for this configuration; 0: unknown */
+    struct srv_embed *embed;      /* POST /v1/embeddings (embeddings.h); NULL: none. queue is NULL
+                                     when the served model only embeds */
 } srv_server;
 
 struct MHD_Connection;
@@ -218,7 +224,14 @@ int srv_handle_completion(srv_server *s, struct MHD_Connection *c, srv_kind kind
                           const char *origin);
 char *srv_models_body(const srv_server *s, const char *filter); /* filter NULL: all */
 char *srv_index_body(void);
+/* stats.c: GET /stats: the engine's last snapshot, memory, the Responses store. */
+char *srv_stats_body(srv_server *s);
+/* The /v1 index (srv_index_body) with the same numbers under "stats". */
+char *srv_index_stats_body(srv_server *s);
 /* Whether a request's "model" names the model being served. */
 int srv_model_matches(const srv_server *s, const char *name);
+/* library_routes.c: GET /library, /fit, /downloads; POST /downloads. */
+int srv_library_get(srv_server *s, struct MHD_Connection *c, const char *url, const char *origin);
+int srv_library_post(srv_server *s, struct MHD_Connection *c, const char *body, size_t len, const char *origin);
 
 #endif

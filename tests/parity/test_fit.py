@@ -53,9 +53,9 @@ def run_fit(hearth_bin, model, *args):
     return json.loads(p.stdout)
 
 
-def measure_peak(hearth_bin, model, ctx, threads):
+def measure_peak(hearth_bin, model, ctx, threads, *extra):
     p = subprocess.run([str(hearth_bin), "generate", str(model), "hi", "--no-chat-template", "--max-tokens", "1", "--ctx", str(ctx),
-                        "--threads", str(threads), "--report-memory"], capture_output=True, text=True, timeout=300)
+                        "--threads", str(threads), "--report-memory", *extra], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     line = [l for l in p.stderr.splitlines() if l.startswith('{"peak_rss_bytes"')]
     assert line, f"no --report-memory line in: {p.stderr[-500:]}"
@@ -63,10 +63,10 @@ def measure_peak(hearth_bin, model, ctx, threads):
 
 
 @pytest.mark.parametrize("rel,ctx,threads", CASES)
-def test_predicted_peak_within_2_percent(hearth_bin, rel, ctx, threads):
+def test_predicted_peak_within_2_percent(hearth_bin, rel, ctx, threads, extra=()):
     model = model_path(rel)
-    fit = run_fit(hearth_bin, model, "--ctx", str(ctx), "--threads", str(threads))
-    measured = measure_peak(hearth_bin, model, ctx, threads)
+    fit = run_fit(hearth_bin, model, "--ctx", str(ctx), "--threads", str(threads), *extra)
+    measured = measure_peak(hearth_bin, model, ctx, threads, *extra)
     assert fit["context_length"] == ctx and fit["threads"] == threads
     # the engine reports the bytes it allocated: the same sizing as the prediction's engine part
     assert measured["engine_bytes"] == fit["engine_bytes"]
@@ -74,11 +74,29 @@ def test_predicted_peak_within_2_percent(hearth_bin, rel, ctx, threads):
     assert sum(fit[k] for k in parts) == fit["predicted_peak_bytes"]
     peak = measured["peak_rss_bytes"]
     err = (fit["predicted_peak_bytes"] - peak) / peak
-    ROWS.append((rel.split("/")[-1], ctx, threads, fit["predicted_peak_bytes"], peak, 100 * err))
+    ROWS.append((rel.split("/")[-1] + (" " + " ".join(extra) if extra else ""), ctx, threads,
+                 fit["predicted_peak_bytes"], peak, 100 * err))
+    # every check is also a row of the evals database (`hearth evals` lists them)
+    rec = subprocess.run([str(hearth_bin), "evals", "add", "--kind", "fit-check", "--model", str(model), "--ctx",
+                          str(ctx), "--predicted", str(fit["predicted_peak_bytes"]), "--measured", str(peak),
+                          "--details", json.dumps({"threads": threads, "fit": fit})],
+                         capture_output=True, text=True, timeout=60)
+    assert rec.returncode == 0, rec.stderr
     if peak < SMALL_PROCESS:
         assert abs(fit["predicted_peak_bytes"] - peak) <= SMALL_TOLERANCE_BYTES
         return
     assert abs(err) <= TOLERANCE, f"predicted {fit['predicted_peak_bytes']} vs measured {peak} ({100 * err:+.2f}%)"
+
+
+# int8 KV (--kv-quant int8): the same contract with the smaller pool; 8192 is where the
+# pool is the largest part of the process (SmolLM2: ~400 MiB float, ~105 MiB int8)
+INT8_CASES = [(f"models/{REAL_GGUFS[k]}", ctx, 2) for k in ("smollm2", "gemma3") for ctx in (2048, 8192)]
+INT8_CASES += [("tiny/llama-f32", 2048, 2)]
+
+
+@pytest.mark.parametrize("rel,ctx,threads", INT8_CASES)
+def test_int8_kv_predicted_peak_within_2_percent(hearth_bin, rel, ctx, threads):
+    test_predicted_peak_within_2_percent(hearth_bin, rel, ctx, threads, ("--kv-quant", "int8"))
 
 
 @pytest.mark.parametrize("name", ["llama-f32", "gemma3-bf16"])
@@ -94,7 +112,18 @@ def test_kv_pool_matches_config(hearth_bin, name):
         blocks = -(-ctx // KV_BLOCK) * batch
         tensors = 2 * cfg["num_hidden_layers"] * blocks * KV_BLOCK * kv_heads * head_dim * 4
         tables = 4 * (blocks + batch + blocks)  # per-slot block tables, token counts, free list
-        assert fit["kv_pool_bytes"] == tensors + tables
+        # int8 (--kv-quant int8): head_dim bytes plus one float32 scale per position, head,
+        # K and V instead of head_dim floats; the block metadata is the same
+        q8 = run_fit(hearth_bin, model, "--ctx", str(ctx), "--batch", str(batch), "--kv-quant", "int8")
+        assert q8["kv_quant"] == "int8" and fit["kv_quant"] == "none"
+        q8_tensors = 2 * cfg["num_hidden_layers"] * blocks * KV_BLOCK * kv_heads * (head_dim + 4)
+        assert fit["kv_pool_bytes"] - q8["kv_pool_bytes"] == tensors - q8_tensors
+        # prefix-cache metadata (src/engine/kv_prefix.c): per block 40 bytes of hash, generations,
+        # parent, refcount and list links plus its 16 token ids; a power-of-two bucket array of
+        # int32 with at least one bucket per block; 24 bytes of chain state per slot; 48 fixed
+        buckets = 1 << max(0, (blocks - 1).bit_length())
+        prefix = blocks * (40 + 4 * KV_BLOCK) + 4 * buckets + 24 * batch + 48
+        assert fit["kv_pool_bytes"] == tensors + tables + prefix
         assert fit["max_sequences"] == batch
 
 

@@ -307,6 +307,107 @@ static void test_mlx_affine(void **state) {
         }
 }
 
+/* ---------- (2b) fused calls (q/k/v, gate/up in one pool round) ---------- */
+
+/* cpu_matmul_fused must give every output row bit-identical to a separate call on its
+ * weight (same kernel, same activation preparation, rows split differently only), in both
+ * modes, on 1 and 2 threads, for weights that share the prepared x (same K and
+ * preparation) and for ones that fall back to separate calls (MLX 4-bit's even/odd x). */
+static void check_fused(const wcase *cs, int count, const int64_t *ns, int64_t k) {
+    cpu_weight w[4];
+    void *data[4], *sb[4];
+    float *y[4], *want[4];
+    const cpu_weight *wp[4];
+    static const int Ts[] = {1, 5};
+    for (int i = 0; i < count; i++) {
+        data[i] = make_weight(&cs[i], ns[i], k, &w[i], &sb[i]);
+        wp[i] = &w[i];
+    }
+    for (size_t ti = 0; ti < 2; ti++) {
+        int T = Ts[ti];
+        float *x = malloc((size_t)(T * k) * sizeof *x);
+        for (int64_t i = 0; i < T * k; i++) x[i] = rndf();
+        size_t ss = 0;
+        for (int i = 0; i < count; i++) {
+            size_t n = cpu_matmul_scratch_size(&w[i], T);
+            if (n > ss) ss = n;
+            y[i] = malloc((size_t)(T * ns[i]) * sizeof(float));
+            want[i] = malloc((size_t)(T * ns[i]) * sizeof(float));
+        }
+        void *scratch = ss ? malloc(ss) : NULL;
+        for (int inv = 0; inv <= 1; inv++)
+            for (int th = 1; th <= 2; th++) {
+                for (int i = 0; i < count; i++) {
+                    hearth_status st = inv ? cpu_matmul_invariant(&w[i], x, T, want[i], scratch, ss, pools[th], NULL)
+                                           : cpu_matmul(&w[i], x, T, want[i], scratch, ss, pools[th], NULL);
+                    assert_int_equal(st, HEARTH_OK);
+                    for (int64_t j = 0; j < T * ns[i]; j++) y[i][j] = NAN;
+                }
+                assert_int_equal(cpu_matmul_fused(count, wp, y, x, T, scratch, ss, pools[th], inv, NULL), HEARTH_OK);
+                for (int i = 0; i < count; i++)
+                    if (memcmp(y[i], want[i], (size_t)(T * ns[i]) * sizeof(float)))
+                        fail_msg("fused %s (part %d of %d) T %d threads %d invariant %d differs from a separate call",
+                                 cs[i].name, i, count, T, th, inv);
+            }
+        free(scratch);
+        free(x);
+        for (int i = 0; i < count; i++) {
+            free(y[i]);
+            free(want[i]);
+        }
+    }
+    for (int i = 0; i < count; i++) {
+        free(data[i]);
+        free(sb[i]);
+    }
+}
+
+static void test_fused_matches_separate(void **state) {
+    cpu_matmul_set_level(cpu_level_hardware());
+    const wcase q41 = {"q4_1", DT_Q4_1, 0, 0, 0}, q50 = {"q5_0", DT_Q5_0, 0, 0, 0}, q80 = {"q8_0", DT_Q8_0, 0, 0, 0};
+    const wcase q4k = {"q4_k", DT_Q4_K, 0, 0, 0}, q6k = {"q6_k", DT_Q6_K, 0, 0, 0};
+    const wcase f32 = {"f32", DT_F32, 0, 0, 0}, f16 = {"f16", DT_F16, 0, 0, 0};
+    const wcase mlx4 = {"mlx4", DT_U32, 4, 64, DT_F16};
+    /* sizes above the inline threshold (64 KiB) so both pool paths run; odd N for tails */
+    const wcase qkv[] = {q41, q41, q41}, gemma[] = {q50, q50, q80}, kq[] = {q4k, q6k};
+    const wcase dense[] = {f32, f16}, mixed[] = {mlx4, q80}, four[] = {q80, q41, q80, q50};
+    check_fused(qkv, 3, (const int64_t[]){301, 97, 97}, 512);
+    check_fused(gemma, 3, (const int64_t[]){257, 129, 129}, 512);
+    check_fused(kq, 2, (const int64_t[]){181, 93}, 512);
+    check_fused(dense, 2, (const int64_t[]){67, 33}, 160);
+    check_fused(mixed, 2, (const int64_t[]){200, 41}, 512);
+    check_fused(four, 4, (const int64_t[]){1, 17, 300, 5}, 256);
+    float x[64] = {0}, *ys[5] = {0};
+    const cpu_weight *ws[5] = {0};
+    hearth_error err = {0};
+    assert_int_equal(cpu_matmul_fused(0, ws, ys, x, 1, NULL, 0, NULL, 0, &err), HEARTH_ERR_INVALID);
+    assert_int_equal(cpu_matmul_fused(5, ws, ys, x, 1, NULL, 0, NULL, 0, &err), HEARTH_ERR_INVALID);
+}
+
+/* The vectorized activation quantizer must produce the reference's bytes exactly (the
+ * kernels' error bounds assume the reference rounding), including all-zero blocks, ties
+ * at .5 after scaling and values that hit the clamp. */
+static void test_quantize_row_matches_reference(void **state) {
+    if (cpu_level_hardware() < CPU_LEVEL_AVX512) {
+        print_message("no AVX-512 here: only the reference quantizer runs\n");
+        return;
+    }
+    enum { K = 32 * 40 };
+    float x[K];
+    cpu_q8_block a[K / 32], b[K / 32];
+    for (int rep = 0; rep < 50; rep++) {
+        for (int i = 0; i < K; i++) x[i] = rndf() * (rep % 5 == 0 ? 1e-30f : rep % 7 == 0 ? 1e6f : 3.0f);
+        for (int i = 0; i < 32; i++) x[i] = 0.0f;                        /* block 0: all zero */
+        for (int i = 32; i < 64; i++) x[i] = (float)(i - 48) * 0.5f;     /* block 1: exact halves */
+        for (int i = 64; i < 96; i++) x[i] = (i % 2 ? -1.0f : 1.0f) * 127; /* block 2: +-amax */
+        memset(a, 0x55, sizeof a);
+        memset(b, 0x55, sizeof b);
+        cpu_quantize_row_ref(x, K, a, 0);
+        cpu_avx512_quantize_row(x, K, b);
+        if (memcmp(a, b, sizeof a)) fail_msg("rep %d: AVX-512 quantizer differs from the reference", rep);
+    }
+}
+
 /* ---------- (3) errors ---------- */
 
 static void test_invalid_weights_fail_cleanly(void **state) {
@@ -350,6 +451,8 @@ int main(void) {
         cmocka_unit_test(test_reference_dequant_matches_fixtures),
         cmocka_unit_test(test_gguf_and_dense_formats),
         cmocka_unit_test(test_mlx_affine),
+        cmocka_unit_test(test_fused_matches_separate),
+        cmocka_unit_test(test_quantize_row_matches_reference),
         cmocka_unit_test(test_invalid_weights_fail_cleanly),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -63,12 +63,38 @@ static float *download(const void *d, size_t n) {
 
 /* Random bytes for the quant fields (every nibble/byte pattern occurs) with finite f16
  * scales written at the format's scale offsets, as test_cpu_matmul does. */
+static int mlx_group = 64;              /* MLX weights (DT_U32, 4-bit): the group size and */
+static tensor_dtype mlx_sb = DT_BF16;    /* scale/bias type the next make_weight uses */
+static float mlx_bias_max;               /* max |bias| of the last MLX weight made */
+
+/* MLX affine 4-bit: random words, scales in [0, 0.05) and biases in [-0.4, 0.4), all in
+ * one allocation (words, then scales, then biases). */
+static void *make_mlx4(int64_t n, int64_t k, cpu_weight *w) {
+    size_t words = (size_t)(n * k / 8), groups = (size_t)(n * (k / mlx_group));
+    uint8_t *d = malloc(words * 4 + 4 * groups);
+    for (size_t i = 0; i < words * 4; i++) d[i] = (uint8_t)rnd();
+    uint16_t *sc = (uint16_t *)(d + words * 4), *bi = sc + groups;
+    mlx_bias_max = 0.0f;
+    for (size_t g = 0; g < groups; g++) {
+        float s = (rndf() + 1.0f) * 0.025f, b = rndf() * 0.4f;
+        sc[g] = mlx_sb == DT_F16 ? f32_to_f16(s) : f32_to_bf16(s);
+        bi[g] = mlx_sb == DT_F16 ? f32_to_f16(b) : f32_to_bf16(b);
+        mlx_bias_max = fmaxf(mlx_bias_max, fabsf(b) * 1.01f); /* 1.01: the 16-bit rounding */
+    }
+    *w = (cpu_weight){.dtype = DT_U32, .data = d, .n = n, .k = k, .bits = 4, .group_size = mlx_group,
+                      .sb_dtype = mlx_sb, .scales = sc, .biases = bi};
+    return d;
+}
+
 static void *make_weight(tensor_dtype t, int64_t n, int64_t k, cpu_weight *w) {
+    if (t == DT_U32) return make_mlx4(n, k, w);
     *w = (cpu_weight){.dtype = t, .n = n, .k = k};
     int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K ? 256 : 1;
     size_t bytes = (size_t)(n * (k / be) * bb);
     uint8_t *d = malloc(bytes);
     for (size_t i = 0; i < bytes; i++) d[i] = (uint8_t)rnd();
+    if (t == DT_F32)
+        for (int64_t i = 0; i < n * k; i++) ((float *)d)[i] = rndf();
     if (t == DT_F16 || t == DT_BF16)
         for (int64_t i = 0; i < n * k; i++)
             ((uint16_t *)d)[i] = t == DT_F16 ? f32_to_f16(rndf()) : f32_to_bf16(rndf());
@@ -81,7 +107,12 @@ static void *make_weight(tensor_dtype t, int64_t n, int64_t k, cpu_weight *w) {
     return d;
 }
 
-static void check_gemv(tensor_dtype t, int64_t n, int64_t k, int T) {
+/* gemm: NULL tests cuda_gemv; else cuda_matmul through it (cuBLAS for T >= 9). bf16: the
+ * GEMM rounds its operands to bf16. */
+static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm *gemm, int bf16);
+static void check_gemv(tensor_dtype t, int64_t n, int64_t k, int T) { check_matmul(t, n, k, T, NULL, 0); }
+
+static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm *gemm, int bf16) {
     cpu_weight w;
     void *host = make_weight(t, n, k, &w);
     float *x = malloc((size_t)(T * k) * sizeof *x), *ref = malloc((size_t)(T * n) * sizeof *ref);
@@ -92,15 +123,19 @@ static void check_gemv(tensor_dtype t, int64_t n, int64_t k, int T) {
     hearth_error e = {0};
     assert_int_equal(cuda_weight_upload(&dw, &w, "test weight", &e), HEARTH_OK);
     float *dx = dev_from(x, (size_t)(T * k) * sizeof *x), *dy = dev_from(NULL, (size_t)(T * n) * sizeof(float));
-    assert_int_equal(cuda_gemv(&dw, dx, T, dy, &e), HEARTH_OK);
+    if (gemm) assert_int_equal(cuda_matmul(gemm, &dw, dx, T, dy, &e), HEARTH_OK);
+    else assert_int_equal(cuda_gemv(&dw, dx, T, dy, &e), HEARTH_OK);
     float *y = download(dy, (size_t)(T * n));
 
     float *row = malloc((size_t)k * sizeof *row);
     for (int64_t r = 0; r < n; r++) {
         float wmax = 0.0f;
-        for (int64_t k0 = 0; k0 < k; k0 += 256) {
-            int cnt = k - k0 < 256 ? (int)(k - k0) : 256;
-            if (t == DT_F16 || t == DT_BF16) {
+        int step = t == DT_U32 ? 32 : 256; /* one cpu_ref_dequant call stays inside one MLX group */
+        for (int64_t k0 = 0; k0 < k; k0 += step) {
+            int cnt = k - k0 < step ? (int)(k - k0) : step;
+            if (t == DT_F32) {
+                memcpy(row + k0, (const float *)w.data + r * k + k0, (size_t)cnt * sizeof(float));
+            } else if (t == DT_F16 || t == DT_BF16) {
                 for (int i = 0; i < cnt; i++) {
                     uint16_t h = ((const uint16_t *)w.data)[r * k + k0 + i];
                     row[k0 + i] = t == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
@@ -117,7 +152,12 @@ static void check_gemv(tensor_dtype t, int64_t n, int64_t k, int T) {
              * lane sums about k/32 partial dots of <= 32 products, then a 5-level warp tree;
              * the terms (including Q4_K's d·sc·q and dmin·m parts) are each <= 2·max|w|·|x|.
              * The CPU reference sums in double, so its own error is negligible. */
-            double tol = (double)(k / 32 + 32 + 5) * FLT_EPSILON * 2.0 * wmax * sx + 1e-30;
+            /* MLX: the kernel sums s·q·x and b·x apart, each term <= (max|w| + max|b|)·|x|. */
+            double wt = t == DT_U32 ? wmax + mlx_bias_max : wmax;
+            double tol = (double)(k / 32 + 32 + 5) * FLT_EPSILON * 2.0 * wt * sx + 1e-30;
+            /* bf16 GEMM: each operand is rounded to bf16 (relative 2^-9 each), so each
+             * product errs by <= 2^-8 of |w||x|; cuBLAS accumulates in f32 (k·eps, as above). */
+            if (bf16) tol += (1.0 / 256.0) * wmax * sx;
             float g = y[tt * n + r], c = ref[tt * n + r];
             if (!(fabs((double)g - c) <= tol))
                 fail_msg("%s n=%lld k=%lld T=%d: y[%d][%lld] = %.9g, reference %.9g (tol %.3g)",
@@ -145,6 +185,39 @@ static void test_gemv(void **state) {
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) check_gemv(shapes[s].t, shapes[s].n, shapes[s].k, Ts[i]);
+    /* MLX affine 4-bit: groups of 32, 64 and 128, bf16 and f16 scales, rows of one group
+     * up to 4096 columns (past the kernel's four-loads-in-flight loop) */
+    static const struct { int gs; tensor_dtype sb; int64_t n, k; } mlx[] = {
+        {64, DT_BF16, 37, 64}, {64, DT_BF16, 301, 4096}, {32, DT_F16, 19, 96}, {128, DT_F16, 129, 2048},
+        {64, DT_F16, 5, 4160},
+    };
+    for (size_t s = 0; s < sizeof mlx / sizeof mlx[0]; s++) {
+        mlx_group = mlx[s].gs;
+        mlx_sb = mlx[s].sb;
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) check_gemv(DT_U32, mlx[s].n, mlx[s].k, Ts[i]);
+    }
+    mlx_group = 64;
+    mlx_sb = DT_BF16;
+}
+
+/* The prefill path: cuda_matmul with T >= 9 dequantizes into the GEMM scratch and calls
+ * cuBLAS; checked in both operand modes on the same odd shapes. */
+static void test_gemm(void **state) {
+    (void)state;
+    static const int Ts[] = {9, 17, 40};
+    static const struct { tensor_dtype t; int64_t n, k; } shapes[] = {
+        {DT_BF16, 37, 200}, {DT_BF16, 19, 77}, {DT_F16, 129, 2048}, {DT_Q8_0, 37, 96},
+        {DT_Q8_0, 301, 4096}, {DT_Q4_K, 37, 256}, {DT_Q4_K, 129, 2304}, {DT_F32, 33, 100},
+        {DT_U32, 37, 128},    {DT_U32, 129, 2048}, /* MLX 4-bit, groups of 64, bf16 scales */
+    };
+    for (int exact = 0; exact < 2; exact++) {
+        cuda_gemm *g = NULL;
+        assert_int_equal(cuda_gemm_create(&g, 301 * 4096, 40 * 4096, exact, NULL), HEARTH_OK);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+                check_matmul(shapes[s].t, shapes[s].n, shapes[s].k, Ts[i], g, !exact);
+        cuda_gemm_free(g);
+    }
 }
 
 /* ---------- element-wise ops ---------- */
@@ -243,8 +316,12 @@ static void test_gated_activations(void **state) {
 
 /* ---------- paged decode attention ---------- */
 
-static void check_attention(int head_dim, int window) {
-    enum { LAYERS = 2, KVH = 2, HEADS = 6, SLOTS = 3, T = 4 };
+/* prefill: 45 consecutive tokens of slot 1 ending at its last position (the tiled
+ * prefill kernel, with a partial last tile and chunks crossing KV blocks); else 4 tokens of
+ * three slots (the decode kernel). */
+static void check_attention(int head_dim, int window, int prefill) {
+    enum { LAYERS = 2, KVH = 2, HEADS = 6, SLOTS = 3, TMAX = 45 };
+    int T = prefill ? TMAX : 4;
     kv_cache kv;
     hearth_error e = {0};
     assert_int_equal(kv_create(&kv, LAYERS, KVH, head_dim, SLOTS, 300, 64, &e), HEARTH_OK);
@@ -256,8 +333,11 @@ static void check_attention(int head_dim, int window) {
         kv.k[i] = rndf();
         kv.v[i] = rndf();
     }
-    int32_t slot[T] = {0, 1, 2, 1}, pos[T];
-    for (int t = 0; t < T; t++) pos[t] = lens[slot[t]] - 1 - (t == 3 ? 20 : 0); /* t=3: mid-sequence */
+    int32_t slot[TMAX] = {0, 1, 2, 1}, pos[TMAX] = {0};
+    for (int t = 0; t < T; t++) {
+        if (prefill) slot[t] = 1;
+        pos[t] = prefill ? lens[1] - T + t : lens[slot[t]] - 1 - (t == 3 ? 20 : 0); /* t=3: mid-sequence */
+    }
     size_t nq = (size_t)T * HEADS * head_dim;
     float *q = malloc(nq * 4), *ref = malloc(nq * 4), *scratch = malloc(ops_attention_scratch(&kv) * 4);
     for (size_t i = 0; i < nq; i++) q[i] = rndf();
@@ -272,7 +352,7 @@ static void check_attention(int head_dim, int window) {
     int32_t *dpos = dev_from(pos, sizeof pos), *dslot = dev_from(slot, sizeof slot);
     cuda_attention_args ga = {.kv = &dkv, .layer = 1, .q = dq, .out = dout, .T = T, .n_heads = HEADS,
                               .n_kv_heads = KVH, .head_dim = head_dim, .pos = dpos, .slot = dslot,
-                              .window = window, .scale = ca.scale};
+                              .window = window, .scale = ca.scale, .single_slot = prefill};
     assert_int_equal(cuda_attention(&ga, &e), HEARTH_OK);
     float *out = download(dout, nq);
     for (size_t i = 0; i < nq; i++)
@@ -281,8 +361,8 @@ static void check_attention(int head_dim, int window) {
          * weights by ~1e-6 relative; 2e-5 absolute leaves room and catches any wrong
          * position, head or block. */
         if (!(fabsf(out[i] - ref[i]) <= 2e-5f))
-            fail_msg("attention d=%d window=%d: out[%zu] = %.9g, reference %.9g", head_dim, window, i, out[i],
-                     ref[i]);
+            fail_msg("attention d=%d window=%d prefill=%d: out[%zu] = %.9g, reference %.9g", head_dim, window,
+                     prefill, i, out[i], ref[i]);
     free(out);
     cuda_free(dq);
     cuda_free(dout);
@@ -299,8 +379,11 @@ static void test_attention(void **state) {
     (void)state;
     static const int dims[] = {64, 40, 128, 256};
     for (int i = 0; i < 4; i++) {
-        check_attention(dims[i], 0);
-        check_attention(dims[i], 37);
+        for (int prefill = 0; prefill < 2; prefill++) {
+            check_attention(dims[i], 0, prefill);
+            check_attention(dims[i], 37, prefill);
+            check_attention(dims[i], 5, prefill); /* windows shorter than the tile and a chunk */
+        }
     }
 }
 
@@ -339,7 +422,7 @@ int main(void) {
     printf("test_cuda: device 0: %s (sm_%d%d, %d SMs, %.1f GiB); seed %llx\n", info.name, info.cc_major,
            info.cc_minor, info.n_sms, info.total_mem / 1073741824.0, (unsigned long long)rng_state);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemv),      cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_gemv),      cmocka_unit_test(test_gemm),     cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_rope),
         cmocka_unit_test(test_gated_activations), cmocka_unit_test(test_attention), cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -545,6 +545,28 @@ AVX512_INLINE void avx512_mlx_tile(const cpu_weight *w, int64_t n0, int64_t n1, 
 TILED_KERNELS(avx512_rows2_mlx4, avx512_tile2_mlx4, avx512_mlx_tile, 4, TILE_ROWS)
 TILED_KERNELS(avx512_rows2_mlx8, avx512_tile2_mlx8, avx512_mlx_tile, 8, TILE_ROWS)
 
+/* cpu_quantize_row_ref (in order) 16 values per instruction: the same amax, d, 1/d and
+ * float product, and the conversion rounds to nearest even like lrintf, so the bytes are
+ * identical (tests/unit/test_cpu_matmul.c checks it). */
+__attribute__((target(KTARGET))) void cpu_avx512_quantize_row(const float *x, int64_t k, cpu_q8_block *out) {
+    const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+    for (int64_t b = 0; b < k / 32; b++) {
+        __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+        q0 = _mm512_max_epi32(_mm512_min_epi32(q0, hi), lo);
+        q1 = _mm512_max_epi32(_mm512_min_epi32(q1, hi), lo);
+        cpu_q8_block *o = &out[b];
+        o->d = d;
+        o->sum16[0] = (int16_t)_mm512_reduce_add_epi32(q0);
+        o->sum16[1] = (int16_t)_mm512_reduce_add_epi32(q1);
+        _mm_storeu_si128((__m128i *)o->q, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(o->q + 16), _mm512_cvtepi32_epi8(q1));
+    }
+}
+
 int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
     cpu_rows_fn f = NULL;
     cpu_tile_fn tile = NULL;

@@ -99,7 +99,7 @@ size_t cpu_matmul_scratch_size(const cpu_weight *w, int T) {
 }
 
 /* Quantizes one row of k floats (k a multiple of 32) into int8 blocks. */
-static void quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd) {
+void cpu_quantize_row_ref(const float *x, int64_t k, cpu_q8_block *out, int evenodd) {
     for (int64_t b = 0; b < k / 32; b++) {
         const float *xb = x + b * 32;
         float amax = 0;
@@ -121,49 +121,90 @@ static void quantize_row(const float *x, int64_t k, cpu_q8_block *out, int eveno
     }
 }
 
-typedef struct mm_job {
+void cpu_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd) {
+    /* the scalar loop took ~4% of prefill and sits between pool rounds in decode */
+    if (!evenodd && cpu_matmul_level() >= CPU_LEVEL_AVX512) cpu_avx512_quantize_row(x, k, out);
+    else cpu_quantize_row_ref(x, k, out, evenodd);
+}
+
+/* One weight of a (possibly fused) matmul call: its kernel, output and row split. */
+typedef struct mm_part {
     const cpu_weight *w;
     cpu_kernel kern;
-    const float *x;
-    cpu_q8_block *xq;
-    int T;
     float *y;
     int64_t rows_per_task, tile_rows;
+    int first_task; /* tasks first_task.. of the job belong to this part */
+} mm_part;
+
+typedef struct mm_job {
+    mm_part part[CPU_MATMUL_MAX_FUSED];
+    int n_parts;
+    const float *x;
+    cpu_q8_block *xq; /* the activations quantized once for every part */
+    int64_t k;
+    cpu_act act;
+    int T;
+    int invariant; /* cpu_matmul_invariant: never the multi-token tile kernel */
 } mm_job;
 
 static void quantize_task(void *ctx, int t, int thread) {
     mm_job *j = ctx;
-    int64_t nb = j->w->k / 32;
-    quantize_row(j->x + (int64_t)t * j->w->k, j->w->k, j->xq + t * nb, j->kern.act == CPU_ACT_Q8_EVENODD);
+    int64_t nb = j->k / 32;
+    cpu_quantize_row(j->x + (int64_t)t * j->k, j->k, j->xq + t * nb, j->act == CPU_ACT_Q8_EVENODD);
 }
 
 static void rows_task(void *ctx, int task, int thread) {
     mm_job *j = ctx;
-    int64_t n0 = task * j->rows_per_task, n1 = n0 + j->rows_per_task;
-    if (n1 > j->w->n) n1 = j->w->n;
-    int64_t nb = j->w->k / 32;
-    for (int64_t r0 = n0; r0 < n1; r0 += j->tile_rows) {
-        int64_t r1 = r0 + j->tile_rows < n1 ? r0 + j->tile_rows : n1;
-        if (j->kern.tile && j->T > 1) {
-            j->kern.tile(j->w, r0, r1, j->xq, nb, j->T, j->y, j->w->n);
+    const mm_part *p = &j->part[0];
+    for (int i = 1; i < j->n_parts && task >= j->part[i].first_task; i++) p = &j->part[i];
+    int64_t n0 = (task - p->first_task) * p->rows_per_task, n1 = n0 + p->rows_per_task;
+    if (n1 > p->w->n) n1 = p->w->n;
+    int64_t nb = j->k / 32;
+    for (int64_t r0 = n0; r0 < n1; r0 += p->tile_rows) {
+        int64_t r1 = r0 + p->tile_rows < n1 ? r0 + p->tile_rows : n1;
+        if (p->kern.tile && j->T > 1 && !j->invariant) {
+            p->kern.tile(p->w, r0, r1, j->xq, nb, j->T, p->y, p->w->n);
             continue;
         }
         for (int t = 0; t < j->T; t++) {
-            const void *xt = j->kern.act == CPU_ACT_F32 ? (const void *)(j->x + (int64_t)t * j->w->k)
-                                                        : (const void *)(j->xq + t * nb);
-            j->kern.rows(j->w, r0, r1, xt, j->y + (int64_t)t * j->w->n);
+            const void *xt = j->act == CPU_ACT_F32 ? (const void *)(j->x + (int64_t)t * j->k)
+                                                   : (const void *)(j->xq + t * nb);
+            p->kern.rows(p->w, r0, r1, xt, p->y + (int64_t)t * p->w->n);
         }
     }
 }
 
-hearth_status cpu_matmul(const cpu_weight *w, const float *x, int T, float *y, void *scratch,
-                         size_t scratch_size, threadpool *tp, hearth_error *err) {
-    hearth_status st = cpu_weight_check(w, "matmul weight", err);
-    if (st) return st;
+/* invariant (deterministic mode, hearth_engine_options.deterministic): every token row is
+ * computed exactly as a T = 1 call would: the rows kernel (never the tile kernel, whose
+ * reduction may group differently). How output rows are split over threads and fused
+ * calls never changes a row's arithmetic (each output row is one kernel's full K loop,
+ * the same whether it runs in a 4-row pass or alone). Threads never split K in either mode.
+ * Note for kernel work: keep this flag's promise when changing kernels or splits. */
+static hearth_status matmul_run(int count, const cpu_weight *const *ws, float *const *ys, const float *x, int T,
+                                void *scratch, size_t scratch_size, threadpool *tp, int invariant,
+                                hearth_error *err) {
+    if (count < 1 || count > CPU_MATMUL_MAX_FUSED)
+        return err_set(err, HEARTH_ERR_INVALID, "matmul: %d fused weights (want 1..%d)", count,
+                       CPU_MATMUL_MAX_FUSED);
+    hearth_status st;
+    for (int i = 0; i < count; i++)
+        if ((st = cpu_weight_check(ws[i], "matmul weight", err))) return st;
     if (T <= 0) return T == 0 ? HEARTH_OK : err_set(err, HEARTH_ERR_INVALID, "matmul: T = %d", T);
-    mm_job j = {.w = w, .kern = pick_kernel(w), .x = x, .T = T, .y = y};
-    if (j.kern.act != CPU_ACT_F32) {
-        size_t need = cpu_matmul_scratch_size(w, T);
+    mm_job j = {.n_parts = count, .x = x, .k = ws[0]->k, .T = T, .invariant = invariant};
+    int64_t bytes = 0;
+    for (int i = 0; i < count; i++) {
+        j.part[i] = (mm_part){.w = ws[i], .kern = pick_kernel(ws[i]), .y = ys[i]};
+        bytes += cpu_weight_row_bytes(ws[i]) * ws[i]->n;
+    }
+    j.act = j.part[0].kern.act;
+    for (int i = 1; i < count; i++) /* one shared activation: same K and the same preparation */
+        if (ws[i]->k != j.k || j.part[i].kern.act != j.act) {
+            for (int p = 0; p < count && !st; p++)
+                st = matmul_run(1, &ws[p], &ys[p], x, T, scratch, scratch_size, tp, invariant, err);
+            return st;
+        }
+    if (j.act != CPU_ACT_F32) {
+        size_t need = cpu_matmul_scratch_size(ws[0], T);
         if (!scratch || scratch_size < need)
             return err_set(err, HEARTH_ERR_INVALID, "matmul: scratch of %zu bytes, need %zu", scratch_size, need);
         j.xq = scratch;
@@ -173,19 +214,41 @@ hearth_status cpu_matmul(const cpu_weight *w, const float *x, int T, float *y, v
         else tp_run(tp, T, quantize_task, &j);
     }
     int threads = tp_threads(tp);
-    int64_t rb = cpu_weight_row_bytes(w);
     /* Small work stays on the calling thread: waking the pool costs a few microseconds,
      * about what one core needs to stream 64 KiB (tiny models ran 20x slower with two
      * threads than with one before this). */
-    if (rb * w->n * T < CPU_INLINE_BYTES) threads = 1;
-    int64_t groups = (w->n + CPU_ROW_ALIGN - 1) / CPU_ROW_ALIGN;
-    int64_t tasks = (int64_t)threads * CPU_TASKS_PER_THREAD;
-    if (threads == 1) tasks = 1;
-    if (tasks > groups) tasks = groups;
-    j.rows_per_task = (groups + tasks - 1) / tasks * CPU_ROW_ALIGN;
-    tasks = (w->n + j.rows_per_task - 1) / j.rows_per_task;
-    j.tile_rows = T == 1 ? j.rows_per_task : (CPU_TILE_BYTES / rb > 0 ? CPU_TILE_BYTES / rb : 1);
-    if (tasks == 1) rows_task(&j, 0, 0);
-    else tp_run(tp, (int)tasks, rows_task, &j);
+    if (bytes * (invariant ? 1 : T) < CPU_INLINE_BYTES) threads = 1;
+    int tasks_total = 0;
+    for (int i = 0; i < count; i++) {
+        mm_part *p = &j.part[i];
+        int64_t rb = cpu_weight_row_bytes(p->w), n = p->w->n;
+        int64_t groups = (n + CPU_ROW_ALIGN - 1) / CPU_ROW_ALIGN;
+        int64_t tasks = (int64_t)threads * CPU_TASKS_PER_THREAD;
+        if (threads == 1) tasks = 1;
+        if (tasks > groups) tasks = groups;
+        p->rows_per_task = (groups + tasks - 1) / tasks * CPU_ROW_ALIGN;
+        p->tile_rows = T == 1 || invariant ? p->rows_per_task : (CPU_TILE_BYTES / rb > 0 ? CPU_TILE_BYTES / rb : 1);
+        p->first_task = tasks_total;
+        tasks_total += (int)((n + p->rows_per_task - 1) / p->rows_per_task);
+    }
+    if (threads == 1)
+        for (int t = 0; t < tasks_total; t++) rows_task(&j, t, 0);
+    else tp_run(tp, tasks_total, rows_task, &j);
     return HEARTH_OK;
+}
+
+hearth_status cpu_matmul(const cpu_weight *w, const float *x, int T, float *y, void *scratch,
+                         size_t scratch_size, threadpool *tp, hearth_error *err) {
+    return matmul_run(1, &w, &y, x, T, scratch, scratch_size, tp, 0, err);
+}
+
+hearth_status cpu_matmul_invariant(const cpu_weight *w, const float *x, int T, float *y, void *scratch,
+                                   size_t scratch_size, threadpool *tp, hearth_error *err) {
+    return matmul_run(1, &w, &y, x, T, scratch, scratch_size, tp, 1, err);
+}
+
+hearth_status cpu_matmul_fused(int count, const cpu_weight *const *ws, float *const *ys, const float *x, int T,
+                               void *scratch, size_t scratch_size, threadpool *tp, int invariant,
+                               hearth_error *err) {
+    return matmul_run(count, ws, ys, x, T, scratch, scratch_size, tp, invariant, err);
 }

@@ -37,6 +37,20 @@ size_t cpu_matmul_scratch_size(const cpu_weight *w, int T);
  * allocated. Fails only on an invalid weight or a too-small scratch. */
 hearth_status cpu_matmul(const cpu_weight *w, const float *x, int T, float *y, void *scratch,
                          size_t scratch_size, threadpool *tp, hearth_error *err);
+/* The same, batch-invariant (deterministic mode): row t of y is bit-identical to what a
+ * T = 1 call on row t of x gives, whatever T is. Slower for T > 1 (no weight reuse). */
+hearth_status cpu_matmul_invariant(const cpu_weight *w, const float *x, int T, float *y, void *scratch,
+                                   size_t scratch_size, threadpool *tp, hearth_error *err);
+/* Several weights applied to the same x (q/k/v, gate/up): ys[i] (T x ws[i]->n) = x ws[i]^T,
+ * with x prepared once and every weight's rows handed out in one thread-pool round instead
+ * of one round per weight (decode of small models is bound by those rounds). Weights with
+ * different K or activation preparation fall back to one call each. scratch as for
+ * cpu_matmul on ws[0]. invariant: as cpu_matmul_invariant. Row results are bit-identical
+ * to separate cpu_matmul / cpu_matmul_invariant calls. */
+#define CPU_MATMUL_MAX_FUSED 4
+hearth_status cpu_matmul_fused(int count, const cpu_weight *const *ws, float *const *ys, const float *x, int T,
+                               void *scratch, size_t scratch_size, threadpool *tp, int invariant,
+                               hearth_error *err);
 
 /* Kernel level used by cpu_matmul: chosen once from cpu_level_active() (HEARTH_CPU);
  * cpu_matmul_set_level changes it (for tests and benchmarks; not while a matmul runs).

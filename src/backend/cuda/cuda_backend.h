@@ -37,23 +37,70 @@ hearth_status cuda_upload(void *dev, const void *host, size_t bytes, hearth_erro
 hearth_status cuda_download(void *host, const void *dev, size_t bytes, hearth_error *err);
 /* Waits for all queued kernels; reports any asynchronous kernel fault. */
 hearth_status cuda_sync(hearth_error *err);
+/* Stream-ordered copies on the backend's stream (host memory pinned for a truly
+ * asynchronous copy; pageable works too) and a wait for that stream alone. */
+hearth_status cuda_upload_async(void *dev, const void *host, size_t bytes, hearth_error *err);
+hearth_status cuda_download_async(void *host, const void *dev, size_t bytes, hearth_error *err);
+hearth_status cuda_stream_sync(hearth_error *err);
+
+/* CUDA graphs: everything launched between cuda_capture_begin and cuda_capture_end is
+ * recorded (not run) and replayed by cuda_graph_launch with the same pointers and launch
+ * shapes; values behind the pointers (positions, block tables) may change between
+ * replays. cuda_capture_end with keep = 0 drops the capture (after a failed step). */
+typedef struct cuda_graph cuda_graph;
+hearth_status cuda_capture_begin(hearth_error *err);
+hearth_status cuda_capture_end(int keep, cuda_graph **out, hearth_error *err);
+hearth_status cuda_graph_launch(cuda_graph *g, hearth_error *err);
+void cuda_graph_free(cuda_graph *g);
 
 /* A weight matrix resident on the device. F16/BF16 rows are stored as on the host;
  * Q8_0 is split into an int8 plane [n][k] and an f16 scale plane [n][k/32] so every
  * quant load is a 16-byte aligned vector (the GGUF 34-byte block defeats that); Q4_K
- * keeps its 144-byte super-blocks, which are already 16-byte aligned. */
+ * keeps its 144-byte super-blocks, which are already 16-byte aligned. MLX affine 4-bit
+ * (dtype U32) keeps its packed words [n][k/8] and pairs each group's 16-bit scale (low
+ * half) and bias (high half) into one 32-bit word [n][k/group_size]: one load per group. */
 typedef struct cuda_weight {
     tensor_dtype dtype;
     int64_t n, k;
-    void *data;   /* rows (F16/BF16/Q4_K) or int8 quants (Q8_0) */
-    void *scales; /* Q8_0 only: f16 scales */
-    size_t bytes; /* device bytes read by one GEMV (data + scales) */
+    void *data;     /* rows (F16/BF16/Q4_K/MLX words) or int8 quants (Q8_0) */
+    void *scales;   /* Q8_0: f16 scales; MLX: (scale, bias) pairs */
+    int group_size; /* MLX only */
+    int sb_bf16;    /* MLX only: the pairs are bf16 (else f16) */
+    int mlx_tiled;  /* MLX only: nibbles permuted per 1024-weight tile (cuda_mlx4_nibble) */
+    size_t bytes;   /* device bytes read by one GEMV (data + scales) */
 } cuda_weight;
 
-/* Whether the GEMV kernels handle this host weight (F16, BF16, Q8_0, Q4_K for now). */
+/* MLX 4-bit rows with k % 1024 == 0 are stored "tiled": in each tile of 1024 weights, lane
+ * L of a warp reads one 16-byte vector holding weights 128m + 4L + j (m < 8, j < 4), so its
+ * eight float4 activation loads are coalesced across the warp (the plain layout makes each
+ * lane read 32 consecutive floats: 32 cache lines per warp-wide load). Returns the word
+ * (within the row) and bit shift of weight c. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline void cuda_mlx4_nibble(int64_t c, int tiled, int64_t *word, int *shift) {
+    if (!tiled) {
+        *word = c / 8;
+        *shift = (int)(c % 8) * 4;
+        return;
+    }
+    int64_t t = c / 1024;
+    int rem = (int)(c % 1024), m = rem / 128, lane = (rem % 128) / 4, j = rem % 4;
+    *word = t * 128 + lane * 4 + m / 2;
+    *shift = 16 * (m % 2) + 4 * j;
+}
+
+/* Whether the GEMV kernels handle this host weight natively (F32, F16, BF16, Q8_0, Q4_K,
+ * MLX affine 4-bit with f16/bf16 scales and groups of a multiple of 32). */
 int cuda_weight_supported(const cpu_weight *w);
 /* Uploads a host weight (any pointer alignment) once; fails for unsupported formats. */
 hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err);
+/* Any format cpu_matmul handles: native ones as cuda_weight_upload; the others (GGUF
+ * Q4_0/Q4_1/Q5_x/Q2_K/Q3_K/Q5_K/Q6_K, MLX affine) dequantized on the host with the CPU
+ * reference (bit-exact) and kept as F32 on the device: correct, but 32/bits times the
+ * memory and the decode bytes. *expanded is set to 1 when that happened. */
+hearth_status cuda_weight_upload_any(cuda_weight *dw, const cpu_weight *w, const char *what, int *expanded,
+                                     hearth_error *err);
 void cuda_weight_free(cuda_weight *dw);
 
 /* y[T, n] = x[T, k] · W^T, all pointers device memory, float32 activations. Meant for
@@ -68,6 +115,20 @@ hearth_status cuda_rope(float *x, int T, int n_heads, int head_dim, const int32_
 hearth_status cuda_silu_mul(float *gate, const float *up, size_t n, hearth_error *err);
 hearth_status cuda_gelu_tanh_mul(float *gate, const float *up, size_t n, hearth_error *err);
 
+/* x[t] += delta[t], then out[t] = rmsnorm(x[t]) for T rows of n: a residual add fused with
+ * the norm that follows it (bit-identical to cuda_add + cuda_rmsnorm). */
+hearth_status cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
+                               float eps, hearth_error *err);
+/* out[r] = the first index of the largest value of logits row r (the sampler's greedy
+ * rule, NaN never chosen): only token ids need to leave the device. */
+hearth_status cuda_argmax(const float *logits, int rows, int vocab, int32_t *out, hearth_error *err);
+
+/* y[i] += x[i]; y[t, :] += bias for T rows of n; dst[i, :] = src[rows[i], :] (rows on the device). */
+hearth_status cuda_add(float *y, const float *x, size_t n, hearth_error *err);
+hearth_status cuda_add_bias(float *y, const float *bias, int T, int n, hearth_error *err);
+hearth_status cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int n_rows, int width,
+                               hearth_error *err);
+
 /* Device copy of the paged KV pool: same block layout and tables as kv_cache. */
 typedef struct cuda_kv {
     int n_layers, n_kv_heads, head_dim;
@@ -77,7 +138,14 @@ typedef struct cuda_kv {
 } cuda_kv;
 /* Allocates the device pool for kv's sizes and copies keys, values and tables. */
 hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err);
+/* Allocates a zeroed float32 device pool of kv's sizes (whatever kv stores on the host)
+ * and copies only its block tables. */
+hearth_status cuda_kv_alloc(cuda_kv *dkv, const kv_cache *kv, hearth_error *err);
 void cuda_kv_free(cuda_kv *dkv);
+/* Writes T tokens' keys and values ([T, n_kv_heads * head_dim] each) into the pool at
+ * (slot[t], pos[t]) of `layer` through the device block tables. */
+hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const float *v, int T,
+                            const int32_t *pos, const int32_t *slot, hearth_error *err);
 
 /* Decode attention over the device pool: ops_attention's contract (causal, window,
  * grouped KV heads), q/out/pos/slot in device memory. head_dim <= 256. */
@@ -90,8 +158,21 @@ typedef struct cuda_attention_args {
     const int32_t *pos, *slot;
     int window;
     float scale;
+    int single_slot; /* 1: every token is in slot[0]'s sequence (a prefill chunk): with more
+                        than 8 tokens the tiled prefill kernel runs (K/V tiles shared by 8 tokens) */
 } cuda_attention_args;
 hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err);
+
+/* Prefill matmul: y[T, n] = x[T, k] · W^T through cuBLAS. The weight is dequantized into
+ * a device scratch (unless already in the GEMM's input type) and x converted; bf16
+ * operands with f32 accumulation by default, or f32 operands (exact_f32, no tensor-core
+ * rounding) for parity checks. T <= 8 goes to cuda_gemv instead. */
+typedef struct cuda_gemm cuda_gemm;
+hearth_status cuda_gemm_create(cuda_gemm **out, size_t max_weight_elems, size_t max_act_elems, int exact_f32,
+                               hearth_error *err);
+void cuda_gemm_free(cuda_gemm *g);
+size_t cuda_gemm_bytes(size_t max_weight_elems, size_t max_act_elems, int exact_f32);
+hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,7 @@
  * without a driver or GPU gets a "no CUDA device" status, never a crash. No kernels here. */
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
+#include "backend/cpu/kernels.h"
 #include "backend/cpu/matmul.h"
 }
 #include <stdio.h>
@@ -39,6 +40,83 @@ hearth_status cuda_device_open(int index, cuda_device_info *info, hearth_error *
     return HEARTH_OK;
 }
 
+cudaStream_t cuda_stream(void) {
+    /* Created on first use, after cuda_device_open selected the device; the engine thread
+     * is the only caller while serving. Blocking (default flags) so the legacy stream's
+     * cudaMemcpy/cudaMemset order with it. */
+    static cudaStream_t stream;
+    static int made;
+    if (!made) {
+        if (cudaStreamCreate(&stream) != cudaSuccess) {
+            cudaGetLastError();
+            stream = 0; /* falls back to the legacy stream: correct, only graphs fail */
+        }
+        made = 1;
+    }
+    return stream;
+}
+
+hearth_status cuda_upload_async(void *dev, const void *host, size_t bytes, hearth_error *err) {
+    return cuda_status(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, cuda_stream()), "upload", err);
+}
+
+hearth_status cuda_download_async(void *host, const void *dev, size_t bytes, hearth_error *err) {
+    return cuda_status(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, cuda_stream()), "download", err);
+}
+
+hearth_status cuda_stream_sync(hearth_error *err) {
+    return cuda_status(cudaStreamSynchronize(cuda_stream()), "kernel execution", err);
+}
+
+struct cuda_graph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+};
+
+hearth_status cuda_capture_begin(hearth_error *err) {
+    if (!cuda_stream())
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: no stream of its own: cannot capture a graph");
+    return cuda_status(cudaStreamBeginCapture(cuda_stream(), cudaStreamCaptureModeThreadLocal), "begin capture",
+                       err);
+}
+
+hearth_status cuda_capture_end(int keep, cuda_graph **out, hearth_error *err) {
+    *out = NULL;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(cuda_stream(), &graph);
+    if (e != cudaSuccess || !keep) {
+        cudaGetLastError();
+        if (graph) cudaGraphDestroy(graph);
+        return keep ? cuda_status(e, "end capture", err) : HEARTH_OK;
+    }
+    cuda_graph *g = (cuda_graph *)calloc(1, sizeof *g);
+    if (!g) {
+        cudaGraphDestroy(graph);
+        return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory for a graph");
+    }
+    g->graph = graph;
+    e = cudaGraphInstantiate(&g->exec, graph, 0);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaGraphDestroy(graph);
+        free(g);
+        return cuda_status(e, "graph instantiate", err);
+    }
+    *out = g;
+    return HEARTH_OK;
+}
+
+hearth_status cuda_graph_launch(cuda_graph *g, hearth_error *err) {
+    return cuda_status(cudaGraphLaunch(g->exec, cuda_stream()), "graph launch", err);
+}
+
+void cuda_graph_free(cuda_graph *g) {
+    if (!g) return;
+    cudaGraphExecDestroy(g->exec);
+    cudaGraphDestroy(g->graph);
+    free(g);
+}
+
 hearth_status cuda_alloc(void **dev, size_t bytes, const char *what, hearth_error *err) {
     *dev = NULL;
     cudaError_t e = cudaMalloc(dev, bytes ? bytes : 1);
@@ -70,10 +148,14 @@ hearth_status cuda_sync(hearth_error *err) {
 int cuda_weight_supported(const cpu_weight *w) {
     if (!w || w->n <= 0 || w->k <= 0) return 0;
     switch (w->dtype) {
+    case DT_F32:
     case DT_F16:
     case DT_BF16: return 1;
     case DT_Q8_0: return w->k % 32 == 0;
     case DT_Q4_K: return w->k % 256 == 0;
+    case DT_U32: /* MLX affine: the 4-bit kernel reads 32 weights (16 bytes) of one group per load */
+        return w->bits == 4 && w->group_size >= 32 && w->group_size % 32 == 0 && w->k % w->group_size == 0 &&
+               (w->sb_dtype == DT_F16 || w->sb_dtype == DT_BF16) && w->scales && w->biases;
     default: return 0;
     }
 }
@@ -102,6 +184,46 @@ static hearth_status upload_q8_0(cuda_weight *dw, const cpu_weight *w, const cha
     return s;
 }
 
+/* MLX 4-bit: the words as they are; each group's scale and bias paired into one word. */
+static hearth_status upload_mlx4(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
+    size_t words = (size_t)w->n * (size_t)w->k / 8, groups = (size_t)w->n * (size_t)(w->k / w->group_size);
+    uint32_t *sb = (uint32_t *)malloc(groups * 4);
+    if (!sb) return err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory to pair MLX scales", what);
+    for (size_t g = 0; g < groups; g++) { /* any alignment of the host pointers */
+        uint16_t s, b;
+        memcpy(&s, (const uint8_t *)w->scales + 2 * g, 2);
+        memcpy(&b, (const uint8_t *)w->biases + 2 * g, 2);
+        sb[g] = (uint32_t)s | (uint32_t)b << 16;
+    }
+    dw->group_size = w->group_size;
+    dw->sb_bf16 = w->sb_dtype == DT_BF16;
+    dw->mlx_tiled = w->k % 1024 == 0;
+    dw->bytes = words * 4 + groups * 4;
+    uint32_t *tiled = dw->mlx_tiled ? (uint32_t *)calloc(words, 4) : NULL;
+    hearth_status s = dw->mlx_tiled && !tiled ? err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory", what)
+                                              : HEARTH_OK;
+    if (tiled) {
+        const uint8_t *src = (const uint8_t *)w->data;
+        int64_t row_words = w->k / 8;
+        for (int64_t r = 0; r < w->n; r++)
+            for (int64_t c = 0; c < w->k; c++) {
+                uint8_t byte = src[(size_t)(r * row_words) * 4 + (size_t)(c / 2)];
+                uint32_t q = (byte >> (4 * (c % 2))) & 0xF; /* little-end nibble first */
+                int64_t wi;
+                int shift;
+                cuda_mlx4_nibble(c, 1, &wi, &shift);
+                tiled[r * row_words + wi] |= q << shift;
+            }
+    }
+    if (!s) s = cuda_alloc(&dw->data, words * 4, what, err);
+    if (!s) s = cuda_alloc(&dw->scales, groups * 4, what, err);
+    if (!s) s = cuda_upload(dw->data, tiled ? (const void *)tiled : w->data, words * 4, err);
+    if (!s) s = cuda_upload(dw->scales, sb, groups * 4, err);
+    free(tiled);
+    free(sb);
+    return s;
+}
+
 hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
     memset(dw, 0, sizeof *dw);
     if (!cuda_weight_supported(w))
@@ -114,9 +236,11 @@ hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const cha
     hearth_status s;
     if (w->dtype == DT_Q8_0) {
         s = upload_q8_0(dw, w, what, err);
+    } else if (w->dtype == DT_U32) {
+        s = upload_mlx4(dw, w, what, err);
     } else {
         size_t bytes = w->dtype == DT_Q4_K ? (size_t)w->n * (size_t)(w->k / 256) * 144
-                                           : (size_t)w->n * (size_t)w->k * 2;
+                                           : (size_t)w->n * (size_t)w->k * (w->dtype == DT_F32 ? 4 : 2);
         dw->bytes = bytes;
         s = cuda_alloc(&dw->data, bytes, what, err);
         if (!s) s = cuda_upload(dw->data, w->data, bytes, err);
@@ -129,4 +253,30 @@ void cuda_weight_free(cuda_weight *dw) {
     cuda_free(dw->data);
     cuda_free(dw->scales);
     memset(dw, 0, sizeof *dw);
+}
+
+/* Rows are dequantized in chunks of 256 columns (cpu_ref_dequant's limit, a multiple of
+ * every GGUF block) or 32 for MLX (one call must stay inside one group), then uploaded. */
+hearth_status cuda_weight_upload_any(cuda_weight *dw, const cpu_weight *w, const char *what, int *expanded,
+                                     hearth_error *err) {
+    if (expanded) *expanded = 0;
+    if (cuda_weight_supported(w)) return cuda_weight_upload(dw, w, what, err);
+    memset(dw, 0, sizeof *dw);
+    hearth_status s = cpu_weight_check(w, what, err);
+    if (s) return s;
+    size_t elems = (size_t)w->n * (size_t)w->k;
+    float *host = (float *)malloc(elems * sizeof(float));
+    if (!host) return err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory to expand %s to f32", what,
+                              tensor_dtype_name(w->dtype));
+    int step = w->dtype == DT_U32 ? 32 : 256;
+    for (int64_t r = 0; r < w->n; r++)
+        for (int64_t k0 = 0; k0 < w->k; k0 += step) {
+            int count = (int)(w->k - k0 < step ? w->k - k0 : step);
+            cpu_ref_dequant(w, r, k0, count, host + (size_t)r * w->k + k0);
+        }
+    cpu_weight f = {.dtype = DT_F32, .data = host, .n = w->n, .k = w->k};
+    s = cuda_weight_upload(dw, &f, what, err);
+    free(host);
+    if (!s && expanded) *expanded = 1;
+    return s;
 }

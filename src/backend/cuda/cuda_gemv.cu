@@ -1,5 +1,5 @@
-/* cuda_gemv.cu: decode GEMV y[T, n] = x[T, k] · W^T on the device for F16, BF16, Q8_0
- * and Q4_K weights (layouts: cuda_weight). One warp per output row; weights are read
+/* cuda_gemv.cu: decode GEMV y[T, n] = x[T, k] · W^T on the device for F32, F16, BF16, MLX 4-bit,
+ * Q8_0 and Q4_K weights (layouts: cuda_weight). One warp per output row; weights are read
  * once with 16-byte non-allocating loads and dequantized in registers, activations are
  * float32 and accumulation is float32. Must not allocate or synchronize. */
 #include "backend/cuda/cuda_internal.h"
@@ -23,6 +23,16 @@ static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+/* Each warp's T partial sums reduced across lanes; lane 0 writes column `row` of y[T, n]. */
+template <int T>
+static __device__ __forceinline__ void store_sums(float (&acc)[T], float *y, int n, int row, int lane) {
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)t * n + row] = s;
+    }
 }
 
 static __device__ __forceinline__ float half_bits(uint32_t h, bool bf16) {
@@ -69,11 +79,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_vec(const uint16_t 
 #pragma unroll
         for (int t = 0; t < T; t++) acc[t] += dot8_half(u, x + (size_t)t * k + (size_t)v * 8, BF16);
     }
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-        float s = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * n + row] = s;
-    }
+    store_sums<T>(acc, y, n, row, lane);
 }
 
 /* Any k or alignment (odd shapes): one 16-bit weight per lane per step. */
@@ -90,11 +96,37 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_scalar(const uint16
 #pragma unroll
         for (int t = 0; t < T; t++) acc[t] += w * x[(size_t)t * k + i];
     }
+    store_sums<T>(acc, y, n, row, lane);
+}
+
+/* F32 rows (formats expanded at upload, norms-sized odd weights): float4 loads when
+ * k % 4 == 0 and x is aligned, else one float per lane per step. */
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_f32(const float *W, const float *x, float *y, int n, int k, bool vec) {
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const float *wr = W + (size_t)row * k;
+    float acc[T];
 #pragma unroll
-    for (int t = 0; t < T; t++) {
-        float s = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * n + row] = s;
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    if (vec) {
+        for (int i = lane * 4; i < k; i += 128) {
+            uint4 u = load_stream((const uint4 *)(wr + i));
+            float4 w = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                const float4 a = *(const float4 *)(x + (size_t)t * k + i);
+                acc[t] += w.x * a.x + w.y * a.y + w.z * a.z + w.w * a.w;
+            }
+        }
+    } else {
+        for (int i = lane; i < k; i += 32) {
+            float w = wr[i];
+#pragma unroll
+            for (int t = 0; t < T; t++) acc[t] += w * x[(size_t)t * k + i];
+        }
     }
+    store_sums<T>(acc, y, n, row, lane);
 }
 
 /* Sixteen int8 quants in u dotted with x[0..15]. */
@@ -139,11 +171,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q8_0(const int8_t *Q, co
 #pragma unroll
         for (int t = 0; t < T; t++) acc[t] += d * dot16_i8(u, x + (size_t)t * k + (size_t)v * 16);
     }
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-        float s = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * n + row] = s;
-    }
+    store_sums<T>(acc, y, n, row, lane);
 }
 
 /* GGUF Q4_K super-block (256 weights, 144 bytes): f16 d, f16 dmin, 12 bytes of packed
@@ -203,11 +231,109 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q4_k(const uint8_t *W, c
             acc[t] += d * (sc0 * dl + sc1 * dh) - dmin * (m0 * sl + m1 * sh);
         }
     }
+    store_sums<T>(acc, y, n, row, lane);
+}
+
+/* MLX affine 4-bit: each lane loads 16 bytes = 32 weights of one group (groups are
+ * multiples of 32) plus that group's (scale, bias) word, four loads in flight like
+ * gemv_half_vec. sum_j (s*q_j + b)*x_j is computed as s*sum(q_j*x_j) + b*sum(x_j). */
+template <bool BF16>
+static __device__ __forceinline__ float dot32_mlx4(uint4 u, uint32_t sb, const float *x) {
+    float s = half_bits(sb & 0xffff, BF16), b = half_bits(sb >> 16, BF16);
+    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    float dq = 0.0f, sx = 0.0f;
 #pragma unroll
-    for (int t = 0; t < T; t++) {
-        float s = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * n + row] = s;
+    for (int i = 0; i < 4; i++) {
+        const float4 a = *(const float4 *)(x + 8 * i), c = *(const float4 *)(x + 8 * i + 4);
+        uint32_t q = w[i];
+        dq += (float)(q & 0xF) * a.x + (float)((q >> 4) & 0xF) * a.y + (float)((q >> 8) & 0xF) * a.z +
+              (float)((q >> 12) & 0xF) * a.w + (float)((q >> 16) & 0xF) * c.x + (float)((q >> 20) & 0xF) * c.y +
+              (float)((q >> 24) & 0xF) * c.z + (float)(q >> 28) * c.w;
+        sx += (a.x + a.y) + (a.z + a.w) + (c.x + c.y) + (c.z + c.w);
     }
+    return s * dq + b * sx;
+}
+
+template <int T, bool BF16>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_mlx4(const uint32_t *W, const uint32_t *SB, const float *x, float *y, int n, int k, int gs) {
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const uint4 *wr = (const uint4 *)(W + (size_t)row * (k / 8));
+    const uint32_t *sbr = SB + (size_t)row * (k / gs);
+    int nv = k / 32, per_group = gs / 32, v = lane;
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (; v + 96 < nv; v += 128) {
+        uint4 u[4];
+        uint32_t sb[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            u[j] = load_stream(wr + v + 32 * j);
+            sb[j] = __ldg(sbr + (v + 32 * j) / per_group);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                acc[t] += dot32_mlx4<BF16>(u[j], sb[j], x + (size_t)t * k + (size_t)(v + 32 * j) * 32);
+    }
+    for (; v < nv; v += 32) {
+        uint4 u = load_stream(wr + v);
+        uint32_t sb = __ldg(sbr + v / per_group);
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[t] += dot32_mlx4<BF16>(u, sb, x + (size_t)t * k + (size_t)v * 32);
+    }
+    store_sums<T>(acc, y, n, row, lane);
+}
+
+/* A nibble as an exact float without the quarter-rate int-to-float conversion:
+ * 0x4B000000 is 2^23, whose ulp is 1, so OR-ing q into its mantissa gives 2^23 + q. */
+static __device__ __forceinline__ float nib(uint32_t w, int shift) {
+    return __uint_as_float(0x4B000000u | ((w >> shift) & 0xFu)) - 8388608.0f;
+}
+
+/* MLX 4-bit, tiled layout (cuda_mlx4_nibble): per 1024-weight tile each lane loads one
+ * 16-byte vector; run m (4 weights) of it pairs with x[128m + 4L .. +3], one coalesced
+ * float4 across the warp, and with its group's (scale, bias) word (4 weights never cross
+ * a group: groups are multiples of 32). Four tiles are loaded before the first is used. */
+template <int T, bool BF16>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_mlx4_tiled(const uint32_t *W, const uint32_t *SB, const float *x, float *y, int n, int k, int gs) {
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const uint4 *wr = (const uint4 *)(W + (size_t)row * (k / 8));
+    const uint32_t *sbr = SB + (size_t)row * (k / gs);
+    int nt = k / 1024;
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (int t0 = 0; t0 < nt; t0 += 4) {
+        uint4 u[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (t0 + j < nt) u[j] = load_stream(wr + (size_t)(t0 + j) * 32 + lane);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (t0 + j >= nt) break;
+            uint32_t wd[4] = {u[j].x, u[j].y, u[j].z, u[j].w};
+#pragma unroll
+            for (int m = 0; m < 8; m++) {
+                int c0 = (t0 + j) * 1024 + 128 * m + 4 * lane, sh = 16 * (m % 2);
+                uint32_t q = wd[m / 2], sb = __ldg(sbr + c0 / gs);
+                float s = half_bits(sb & 0xffff, BF16), b = half_bits(sb >> 16, BF16);
+                float q0 = nib(q, sh), q1 = nib(q, sh + 4), q2 = nib(q, sh + 8), q3 = nib(q, sh + 12);
+#pragma unroll
+                for (int t = 0; t < T; t++) {
+                    const float4 a = *(const float4 *)(x + (size_t)t * k + c0);
+                    float dq = q0 * a.x + q1 * a.y + q2 * a.z + q3 * a.w;
+                    acc[t] += s * dq + b * ((a.x + a.y) + (a.z + a.w));
+                }
+            }
+        }
+    }
+    store_sums<T>(acc, y, n, row, lane);
 }
 
 template <int T>
@@ -215,16 +341,31 @@ static void launch_rows(const cuda_weight *w, const float *x, float *y, bool vec
     int n = (int)w->n, k = (int)w->k;
     dim3 grid((unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
     switch (w->dtype) {
+    case DT_F32: gemv_f32<T><<<grid, block, 0, cuda_stream()>>>((const float *)w->data, x, y, n, k, w->k % 4 == 0 && ((uintptr_t)x % 16) == 0); break;
     case DT_BF16:
-        if (vec) gemv_half_vec<T, true><<<grid, block>>>((const uint16_t *)w->data, x, y, n, k);
-        else gemv_half_scalar<T, true><<<grid, block>>>((const uint16_t *)w->data, x, y, n, k);
+        if (vec) gemv_half_vec<T, true><<<grid, block, 0, cuda_stream()>>>((const uint16_t *)w->data, x, y, n, k);
+        else gemv_half_scalar<T, true><<<grid, block, 0, cuda_stream()>>>((const uint16_t *)w->data, x, y, n, k);
         break;
     case DT_F16:
-        if (vec) gemv_half_vec<T, false><<<grid, block>>>((const uint16_t *)w->data, x, y, n, k);
-        else gemv_half_scalar<T, false><<<grid, block>>>((const uint16_t *)w->data, x, y, n, k);
+        if (vec) gemv_half_vec<T, false><<<grid, block, 0, cuda_stream()>>>((const uint16_t *)w->data, x, y, n, k);
+        else gemv_half_scalar<T, false><<<grid, block, 0, cuda_stream()>>>((const uint16_t *)w->data, x, y, n, k);
         break;
-    case DT_Q8_0: gemv_q8_0<T><<<grid, block>>>((const int8_t *)w->data, (const uint16_t *)w->scales, x, y, n, k); break;
-    case DT_Q4_K: gemv_q4_k<T><<<grid, block>>>((const uint8_t *)w->data, x, y, n, k); break;
+    case DT_Q8_0: gemv_q8_0<T><<<grid, block, 0, cuda_stream()>>>((const int8_t *)w->data, (const uint16_t *)w->scales, x, y, n, k); break;
+    case DT_Q4_K: gemv_q4_k<T><<<grid, block, 0, cuda_stream()>>>((const uint8_t *)w->data, x, y, n, k); break;
+    case DT_U32:
+        if (w->mlx_tiled && w->sb_bf16)
+            gemv_mlx4_tiled<T, true><<<grid, block, 0, cuda_stream()>>>(
+                (const uint32_t *)w->data, (const uint32_t *)w->scales, x, y, n, k, w->group_size);
+        else if (w->mlx_tiled)
+            gemv_mlx4_tiled<T, false><<<grid, block, 0, cuda_stream()>>>(
+                (const uint32_t *)w->data, (const uint32_t *)w->scales, x, y, n, k, w->group_size);
+        else if (w->sb_bf16)
+            gemv_mlx4<T, true><<<grid, block, 0, cuda_stream()>>>((const uint32_t *)w->data, (const uint32_t *)w->scales,
+                                                                 x, y, n, k, w->group_size);
+        else
+            gemv_mlx4<T, false><<<grid, block, 0, cuda_stream()>>>((const uint32_t *)w->data,
+                                                                  (const uint32_t *)w->scales, x, y, n, k, w->group_size);
+        break;
     default: break;
     }
 }
@@ -238,7 +379,7 @@ hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, h
     /* Vector loads need 16-byte aligned rows of x (k % 4 floats) and of W (k % 8 halves);
      * the quantized formats already guarantee k % 32 == 0. */
     bool vec = w->k % 8 == 0 && ((uintptr_t)x % 16) == 0;
-    if ((w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K) && ((uintptr_t)x % 16) != 0)
+    if ((w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K || w->dtype == DT_U32) && ((uintptr_t)x % 16) != 0)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv: activations must be 16-byte aligned for %s",
                        tensor_dtype_name(w->dtype));
     for (int t0 = 0; t0 < T;) {

@@ -9,6 +9,11 @@ extern "C" {
 }
 #include <cuda_runtime.h>
 
+/* The backend's one stream (cuda_device.cu): every kernel, cuBLAS call and step copy goes
+ * there so a decode step can be captured into a CUDA graph (the legacy default stream
+ * cannot be captured). It is a blocking stream: plain cudaMemcpy calls still order with it. */
+cudaStream_t cuda_stream(void);
+
 /* Fills err from a CUDA status; `what` says which call or kernel failed. */
 static inline hearth_status cuda_status(cudaError_t e, const char *what, hearth_error *err) {
     if (e == cudaSuccess) return HEARTH_OK;

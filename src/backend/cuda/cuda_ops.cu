@@ -1,11 +1,13 @@
 /* cuda_ops.cu: the element-wise ops (rmsnorm, rope, SiLU/GELU-tanh gating) and paged
  * decode attention on the device, with the same arithmetic contract as ops/ops_cpu.c
- * (float32 throughout, max-subtracted softmax). Must not allocate or synchronize, except
- * cuda_kv_upload, which runs once at start. */
+ * (float32 throughout, max-subtracted softmax), plus residual/bias adds, row gathers and
+ * K/V writes into the device pool. Must not allocate or synchronize, except
+ * cuda_kv_upload / cuda_kv_alloc, which run once at start. */
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
 #include "engine/kv_cache.h"
 }
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -15,26 +17,32 @@ static __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* One block of 256 threads per row: a row of a few thousand floats is one pass. */
-__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, float shift, int n, float eps) {
+/* 1 / rms of a row from each thread's partial sum of squares (blocks of 256 threads):
+ * one fixed reduction tree, shared by rmsnorm and add_rmsnorm so both round alike. */
+static __device__ __forceinline__ float block_inv_rms(float ss, int n, float eps) {
     __shared__ float part[8];
-    const float *xr = x + (size_t)blockIdx.x * n;
-    float *o = out + (size_t)blockIdx.x * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     ss = warp_sum(ss);
     if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
     __syncthreads();
     float tot = 0.0f;
     for (int i = 0; i < (int)blockDim.x / 32; i++) tot += part[i];
-    float inv = 1.0f / sqrtf(tot / (float)n + eps);
+    return 1.0f / sqrtf(tot / (float)n + eps);
+}
+
+/* One block of 256 threads per row: a row of a few thousand floats is one pass. */
+__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, float shift, int n, float eps) {
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *o = out + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    float inv = block_inv_rms(ss, n, eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * inv * (w[i] + shift);
 }
 
 hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps,
                            hearth_error *err) {
     if (T <= 0 || n <= 0) return HEARTH_OK;
-    rmsnorm_kernel<<<T, 256>>>(out, x, w, shift, n, eps);
+    rmsnorm_kernel<<<T, 256, 0, cuda_stream()>>>(out, x, w, shift, n, eps);
     return cuda_launched("rmsnorm", err);
 }
 
@@ -60,7 +68,7 @@ hearth_status cuda_rope(float *x, int T, int n_heads, int head_dim, const int32_
                         int adjacent, hearth_error *err) {
     size_t total = (size_t)T * n_heads * (head_dim / 2);
     if (total == 0) return HEARTH_OK;
-    rope_kernel<<<(unsigned)((total + 255) / 256), 256>>>(x, T, n_heads, head_dim, pos, inv_freq, adjacent);
+    rope_kernel<<<(unsigned)((total + 255) / 256), 256, 0, cuda_stream()>>>(x, T, n_heads, head_dim, pos, inv_freq, adjacent);
     return cuda_launched("rope", err);
 }
 
@@ -81,17 +89,111 @@ __global__ void gelu_tanh_mul_kernel(float *gate, const float *up, size_t n) {
 
 hearth_status cuda_silu_mul(float *gate, const float *up, size_t n, hearth_error *err) {
     if (n == 0) return HEARTH_OK;
-    silu_mul_kernel<<<(unsigned)((n + 255) / 256), 256>>>(gate, up, n);
+    silu_mul_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(gate, up, n);
     return cuda_launched("silu_mul", err);
 }
 
 hearth_status cuda_gelu_tanh_mul(float *gate, const float *up, size_t n, hearth_error *err) {
     if (n == 0) return HEARTH_OK;
-    gelu_tanh_mul_kernel<<<(unsigned)((n + 255) / 256), 256>>>(gate, up, n);
+    gelu_tanh_mul_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(gate, up, n);
     return cuda_launched("gelu_tanh_mul", err);
 }
 
-hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err) {
+/* The residual add and the next rmsnorm in one pass: x += delta, out = rmsnorm(x). The
+ * same reduction tree as rmsnorm_kernel, so the result equals the two separate kernels
+ * bit for bit; each thread re-reads only the x values it wrote itself. */
+__global__ void add_rmsnorm_kernel(float *out, float *x, const float *delta, const float *w, float shift, int n,
+                                   float eps) {
+    float *xr = x + (size_t)blockIdx.x * n, *o = out + (size_t)blockIdx.x * n;
+    const float *dr = delta + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i] + dr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    float inv = block_inv_rms(ss, n, eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * inv * (w[i] + shift);
+}
+
+hearth_status cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
+                               float eps, hearth_error *err) {
+    if (T <= 0 || n <= 0) return HEARTH_OK;
+    add_rmsnorm_kernel<<<T, 256, 0, cuda_stream()>>>(out, x, delta, w, shift, n, eps);
+    return cuda_launched("add_rmsnorm", err);
+}
+
+/* Greedy pick per row, the host sampler's rule: the first index of the largest value
+ * (NaN never wins). One block of 1024 threads per row; a strided scan, then a tree. */
+__global__ void argmax_kernel(const float *logits, int vocab, int32_t *out) {
+    __shared__ float sv[1024];
+    __shared__ int si[1024];
+    const float *r = logits + (size_t)blockIdx.x * vocab;
+    float best = -INFINITY;
+    int bi = INT_MAX;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+        if (r[i] > best || (bi == INT_MAX && r[i] == best)) best = r[i], bi = i;
+    sv[threadIdx.x] = best;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) {
+            float v = sv[threadIdx.x + stride];
+            int j = si[threadIdx.x + stride];
+            if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && j < si[threadIdx.x])) {
+                sv[threadIdx.x] = v;
+                si[threadIdx.x] = j;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = si[0] == INT_MAX ? 0 : si[0];
+}
+
+hearth_status cuda_argmax(const float *logits, int rows, int vocab, int32_t *out, hearth_error *err) {
+    if (rows <= 0 || vocab <= 0) return HEARTH_OK;
+    argmax_kernel<<<rows, 1024, 0, cuda_stream()>>>(logits, vocab, out);
+    return cuda_launched("argmax", err);
+}
+
+__global__ void add_kernel(float *y, const float *x, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += x[i];
+}
+
+__global__ void add_bias_kernel(float *y, const float *bias, size_t total, int n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) y[i] += bias[i % n];
+}
+
+__global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *rows, int width) {
+    const float *s = src + (size_t)rows[blockIdx.x] * width;
+    float *d = dst + (size_t)blockIdx.x * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
+}
+
+hearth_status cuda_add(float *y, const float *x, size_t n, hearth_error *err) {
+    if (n == 0) return HEARTH_OK;
+    add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(y, x, n);
+    return cuda_launched("add", err);
+}
+
+hearth_status cuda_add_bias(float *y, const float *bias, int T, int n, hearth_error *err) {
+    size_t total = (size_t)T * n;
+    if (!bias || total == 0) return HEARTH_OK;
+    add_bias_kernel<<<(unsigned)((total + 255) / 256), 256, 0, cuda_stream()>>>(y, bias, total, n);
+    return cuda_launched("add_bias", err);
+}
+
+/* rows are checked by the caller (cuda_model_forward validates out_rows on the host). */
+hearth_status cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int n_rows, int width,
+                               hearth_error *err) {
+    if (n_rows <= 0) return HEARTH_OK;
+    gather_rows_kernel<<<n_rows, 256, 0, cuda_stream()>>>(dst, src, rows, width);
+    return cuda_launched("gather_rows", err);
+}
+
+static void kv_shape(cuda_kv *dkv, const kv_cache *kv) {
     memset(dkv, 0, sizeof *dkv);
     dkv->n_layers = kv->n_layers;
     dkv->n_kv_heads = kv->n_kv_heads;
@@ -99,6 +201,50 @@ hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err
     dkv->n_blocks = kv->n_blocks;
     dkv->max_slots = kv->max_slots;
     dkv->max_blocks_per_slot = kv->max_blocks_per_slot;
+}
+
+hearth_status cuda_kv_alloc(cuda_kv *dkv, const kv_cache *kv, hearth_error *err) {
+    kv_shape(dkv, kv);
+    size_t kvb = (size_t)kv->n_layers * kv->n_blocks * KV_BLOCK_SIZE * kv->n_kv_heads * kv->head_dim * sizeof(float);
+    size_t tb = (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t);
+    hearth_status s = cuda_alloc((void **)&dkv->k, kvb, "KV keys", err);
+    if (!s) s = cuda_alloc((void **)&dkv->v, kvb, "KV values", err);
+    if (!s) s = cuda_alloc((void **)&dkv->tables, tb, "KV block tables", err);
+    /* zeroed so a position read before it was written is 0, never NaN from stale memory */
+    if (!s) s = cuda_status(cudaMemset(dkv->k, 0, kvb), "cudaMemset KV", err);
+    if (!s) s = cuda_status(cudaMemset(dkv->v, 0, kvb), "cudaMemset KV", err);
+    if (!s) s = cuda_upload(dkv->tables, kv->tables, tb, err);
+    if (s) cuda_kv_free(dkv);
+    return s;
+}
+
+/* One block per (token, KV head); pool rows of positions whose block is missing from the
+ * table are not written (the host reserved every position before the step). */
+__global__ void kv_write_kernel(cuda_kv kv, int layer, const float *k, const float *v, const int32_t *pos,
+                                const int32_t *slot) {
+    int t = blockIdx.x, h = blockIdx.y, d = kv.head_dim, p = pos[t];
+    int b = kv.tables[(size_t)slot[t] * kv.max_blocks_per_slot + p / KV_BLOCK_SIZE];
+    if (b < 0 || b >= kv.n_blocks) return;
+    size_t off = (((size_t)layer * kv.n_blocks + b) * kv.n_kv_heads + h) * KV_BLOCK_SIZE * d +
+                 (size_t)(p % KV_BLOCK_SIZE) * d;
+    size_t src = ((size_t)t * kv.n_kv_heads + h) * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        kv.k[off + i] = k[src + i];
+        kv.v[off + i] = v[src + i];
+    }
+}
+
+hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const float *v, int T,
+                            const int32_t *pos, const int32_t *slot, hearth_error *err) {
+    if (T <= 0) return HEARTH_OK;
+    if (layer < 0 || layer >= dkv->n_layers)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda_kv_write: layer %d of %d", layer, dkv->n_layers);
+    kv_write_kernel<<<dim3((unsigned)T, (unsigned)dkv->n_kv_heads), 128, 0, cuda_stream()>>>(*dkv, layer, k, v, pos, slot);
+    return cuda_launched("kv_write", err);
+}
+
+hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err) {
+    kv_shape(dkv, kv);
     size_t kvb = (size_t)kv->n_layers * kv->n_blocks * kv->block_floats * sizeof(float);
     size_t tb = (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t);
     hearth_status s = cuda_alloc((void **)&dkv->k, kvb, "KV keys", err);
@@ -118,7 +264,11 @@ void cuda_kv_free(cuda_kv *dkv) {
     memset(dkv, 0, sizeof *dkv);
 }
 
-#define ATT_WARPS 4
+/* Warps per (head, token) block: decode (few tokens) has only n_heads blocks, so each
+ * spreads its positions over 16 warps to keep enough loads in flight (4 left one warp
+ * per SM and decode latency-bound); prefill has T * n_heads blocks and keeps 4. */
+#define ATT_WARPS_DECODE 16
+#define ATT_WARPS_PREFILL 4
 #define ATT_DMAX 256 /* largest head_dim of the supported families (gemma3: 256) */
 #define ATT_PER_LANE (ATT_DMAX / 32)
 
@@ -126,6 +276,7 @@ void cuda_kv_free(cuda_kv *dkv) {
  * ATT_WARPS-th position with the head dims spread over its lanes, then the warps' partial
  * (max, sum, accumulator) triples are merged in shared memory. Positions whose block is
  * missing from the table are skipped rather than read out of bounds. */
+template <int ATT_WARPS>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_attention_args a, cuda_kv kv) {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS], s_acc[ATT_WARPS][ATT_DMAX];
     int h = blockIdx.x, t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, d = a.head_dim;
@@ -188,6 +339,108 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_attentio
     }
 }
 
+/* Prefill: one block per (query head, tile of PF_TOKENS consecutive batch tokens of one
+ * sequence), one warp per token. The block walks the union of its tokens' position ranges
+ * in chunks of 32: the chunk's keys and values are loaded once into shared memory (each
+ * read from the pool once per tile instead of once per token), then each warp scores the
+ * 32 positions with one position per lane, updates its online softmax once per chunk and
+ * accumulates values with the head dims spread over the lanes. */
+#define PF_TOKENS 8
+#define PF_CHUNK 32
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static size_t prefill_smem(int d) { /* K rows padded by one float: lanes read 32 rows at one column */
+    return ((size_t)PF_CHUNK * (d + 1) + (size_t)PF_CHUNK * d + (size_t)PF_TOKENS * d) * sizeof(float) +
+           PF_CHUNK * sizeof(int);
+}
+
+__global__ void __launch_bounds__(PF_TOKENS * 32) attention_prefill_kernel(cuda_attention_args a, cuda_kv kv) {
+    extern __shared__ float smem[];
+    int d = a.head_dim, h = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *sK = smem, *sV = sK + PF_CHUNK * (d + 1), *sQ = sV + PF_CHUNK * d;
+    int *sOk = (int *)(sQ + PF_TOKENS * d);
+    int t0 = blockIdx.y * PF_TOKENS, t = t0 + warp, slot = a.slot[0];
+    int kvh = h / (a.n_heads / a.n_kv_heads);
+    int tlast = min(t0 + PF_TOKENS, a.T) - 1;
+    bool active = t < a.T;
+    int p_end = active ? a.pos[t] : -1, p_start = 0;
+    if (active && a.window > 0 && p_end - a.window + 1 > 0) p_start = p_end - a.window + 1;
+    /* the tile's position range: every token's range lies inside it */
+    int lo = INT_MAX, hi = -1;
+    for (int u = t0; u <= tlast; u++) {
+        int pe = a.pos[u], ps = a.window > 0 && pe - a.window + 1 > 0 ? pe - a.window + 1 : 0;
+        lo = min(lo, ps);
+        hi = max(hi, pe);
+    }
+    if (active)
+        for (int i = lane; i < d; i += 32) sQ[warp * d + i] = a.q[((size_t)t * a.n_heads + h) * d + i];
+    float acc[ATT_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < ATT_PER_LANE; i++) acc[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    size_t head_stride = (size_t)KV_BLOCK_SIZE * d;
+    for (int c = lo; c <= hi; c += PF_CHUNK) {
+        __syncthreads(); /* the previous chunk is consumed (and sQ written, the first time) */
+        if (threadIdx.x < PF_CHUNK) {
+            int p = c + threadIdx.x, b = p <= hi ? kv.tables[(size_t)slot * kv.max_blocks_per_slot + p / KV_BLOCK_SIZE] : -1;
+            sOk[threadIdx.x] = b >= 0 && b < kv.n_blocks;
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < PF_CHUNK * d; idx += blockDim.x) {
+            int j = idx / d, i = idx % d, p = c + j;
+            float kx = 0.0f, vx = 0.0f;
+            if (sOk[j]) {
+                int b = kv.tables[(size_t)slot * kv.max_blocks_per_slot + p / KV_BLOCK_SIZE];
+                size_t off = (((size_t)a.layer * kv.n_blocks + b) * kv.n_kv_heads + kvh) * head_stride +
+                             (size_t)(p % KV_BLOCK_SIZE) * d + i;
+                kx = kv.k[off];
+                vx = kv.v[off];
+            }
+            sK[j * (d + 1) + i] = kx;
+            sV[j * d + i] = vx;
+        }
+        __syncthreads();
+        if (!active || c > p_end || c + PF_CHUNK - 1 < p_start) continue;
+        int p = c + lane;
+        bool ok = p >= p_start && p <= p_end && sOk[lane];
+        float s = -INFINITY;
+        if (ok) {
+            float dot = 0.0f;
+            const float *kr = sK + lane * (d + 1), *qr = sQ + warp * d;
+            for (int i = 0; i < d; i++) dot += qr[i] * kr[i];
+            s = dot * a.scale;
+        }
+        float m_new = fmaxf(m, warp_max(s));
+        if (m_new == -INFINITY) continue; /* nothing valid yet */
+        float corr = expf(m - m_new), w = ok ? expf(s - m_new) : 0.0f;
+        l = l * corr + warp_sum(w);
+#pragma unroll
+        for (int i = 0; i < ATT_PER_LANE; i++) acc[i] *= corr;
+        for (int j = 0; j < PF_CHUNK; j++) {
+            float wj = __shfl_sync(0xffffffffu, w, j);
+            if (wj == 0.0f) continue;
+#pragma unroll
+            for (int i = 0; i < ATT_PER_LANE; i++) {
+                int di = lane + 32 * i;
+                if (di < d) acc[i] += wj * sV[j * d + di];
+            }
+        }
+        m = m_new;
+    }
+    if (!active) return;
+    float *out = a.out + ((size_t)t * a.n_heads + h) * d;
+#pragma unroll
+    for (int i = 0; i < ATT_PER_LANE; i++) {
+        int di = lane + 32 * i;
+        if (di < d) out[di] = l > 0.0f ? acc[i] / l : 0.0f;
+    }
+}
+
 hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err) {
     if (!a || !a->kv || a->T <= 0) return HEARTH_OK;
     if (a->head_dim <= 0 || a->head_dim > ATT_DMAX || a->head_dim != a->kv->head_dim)
@@ -198,6 +451,21 @@ hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err) {
         return err_set(err, HEARTH_ERR_INVALID, "cuda_attention: heads %d/%d or layer %d do not fit the pool",
                        a->n_heads, a->n_kv_heads, a->layer);
     dim3 grid((unsigned)a->n_heads, (unsigned)a->T);
-    attention_kernel<<<grid, ATT_WARPS * 32>>>(*a, *a->kv);
+    if (a->single_slot && a->T > 8) {
+        static int smem_raised; /* > 48 KB of dynamic shared memory needs an opt-in, once */
+        size_t smem = prefill_smem(a->head_dim);
+        if (!smem_raised) {
+            if (cuda_status(cudaFuncSetAttribute(attention_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)prefill_smem(ATT_DMAX)),
+                            "cudaFuncSetAttribute(attention_prefill)", err))
+                return HEARTH_ERR_IO;
+            smem_raised = 1;
+        }
+        dim3 pgrid((unsigned)a->n_heads, (unsigned)((a->T + PF_TOKENS - 1) / PF_TOKENS));
+        attention_prefill_kernel<<<pgrid, PF_TOKENS * 32, smem, cuda_stream()>>>(*a, *a->kv);
+        return cuda_launched("attention_prefill", err);
+    }
+    if (a->T <= 8) attention_kernel<ATT_WARPS_DECODE><<<grid, ATT_WARPS_DECODE * 32, 0, cuda_stream()>>>(*a, *a->kv);
+    else attention_kernel<ATT_WARPS_PREFILL><<<grid, ATT_WARPS_PREFILL * 32, 0, cuda_stream()>>>(*a, *a->kv);
     return cuda_launched("attention", err);
 }

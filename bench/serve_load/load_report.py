@@ -1,0 +1,152 @@
+"""load_report.py: ratios and the markdown table of bench/serve_load from serve_load.py's raw results.
+
+It owns the definitions of the reported ratios (hearth / peer at the same N) and of the N=1 check
+against the engine (`hearth bench`); it must not measure anything itself.
+usage (rewrite the table from a results file): load_report.py bench/results/serve_load.json
+"""
+import json
+import sys
+
+PEERS = ("mlx_lm", "llama.cpp")
+ENGINE_TOLERANCE = 0.03  # issue 6: hearth serve at N=1 within 3% of the engine's single-stream rate
+
+
+def _level(entry, server, n):
+    lv = entry["servers"].get(server, {}).get("levels", {}).get(str(n))
+    return lv if lv and "skipped" not in lv else None
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def summarize(res):
+    out = {}
+    for entry in res["models"]:
+        s = {"ratios": {}}
+        for n in res["n"]:
+            h = _level(entry, "hearth", n)
+            r = {}
+            for peer in PEERS:
+                p = _level(entry, peer, n)
+                if h and p:
+                    r[peer] = {"aggregate_tps": _ratio(h["aggregate_tps"], p["aggregate_tps"]),
+                               "ttft_p50": _ratio(h["ttft_p50_ms"], p["ttft_p50_ms"])}
+            s["ratios"][str(n)] = r
+        # a sanity signal that the servers run the same weights, not a correctness test: greedy text of
+        # the N=1 requests (first 50 characters) next to hearth's
+        if h1 := _level(entry, "hearth", 1):
+            mine = [d["text_prefix"][:50] for d in h1["request_details"]]
+            s["same_text_as_hearth_n1"] = {
+                peer: sum(a == b for a, b in zip(mine, [d["text_prefix"][:50] for d in p["request_details"]]))
+                for peer in PEERS if (p := _level(entry, peer, 1))}
+            s["n1_requests"] = len(mine)
+        eng = entry.get("engine_bench")
+        if h1 and eng:
+            ratio = _ratio(h1["decode_tps_median"], eng["decode_tps"])
+            s["n1_vs_engine"] = {"serve_decode_tps": h1["decode_tps_median"], "bench_decode_tps": eng["decode_tps"],
+                                 "ratio": ratio, "within_3_percent": ratio is not None and ratio >= 1 - ENGINE_TOLERANCE}
+        out[entry["id"]] = s
+    return out
+
+
+def _same_text(s):
+    same = s.get("same_text_as_hearth_n1")
+    if not same:
+        return ""
+    return (" Same greedy text as hearth (first 50 characters) in the N=1 requests: "
+            + ", ".join(f"{k} {v}/{s['n1_requests']}" for k, v in same.items()) + ".")
+
+
+def _f(x, d=1):
+    return "-" if x is None else f"{x:.{d}f}"
+
+
+def _model_md(res, entry):
+    s = res["summary"][entry["id"]]
+    lines = [f"## {entry['label']}", "",
+             "| N | server | requests | aggregate tok/s | TTFT p50 ms | TTFT p95 ms | decode tok/s per stream (median) "
+             "| errors | load 1 min after level |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for n in res["n"]:
+        for name, srv in entry["servers"].items():
+            if "failed" in srv:
+                lines.append(f"| {n} | {name} | failed: {srv['failed'][:120]} | | | | | | |")
+                continue
+            lv = srv["levels"].get(str(n), {})
+            if "skipped" in lv:
+                lines.append(f"| {n} | {name} | skipped: {lv['skipped']} | | | | | | |")
+                continue
+            lines.append(f"| {n} | {name} | {lv['requests']} | {_f(lv['aggregate_tps'])} | {_f(lv['ttft_p50_ms'], 0)} | "
+                         f"{_f(lv['ttft_p95_ms'], 0)} | {_f(lv['decode_tps_median'])} | {lv['errors']} | "
+                         f"{lv['loadavg_after'][0]} |")
+    lines.append("")
+    ratio_parts = []
+    for n in res["n"]:
+        for peer, r in s["ratios"][str(n)].items():
+            ratio_parts.append(f"N={n} vs {peer}: aggregate ×{_f(r['aggregate_tps'], 2)}, TTFT p50 ×{_f(r['ttft_p50'], 2)}")
+    lines.append("Ratios hearth / peer (aggregate above 1: hearth faster; TTFT below 1: hearth faster): "
+                 + ("; ".join(ratio_parts) if ratio_parts else "none (a server was skipped or failed)") + ".")
+    e = s.get("n1_vs_engine")
+    if e:
+        eng = entry["engine_bench"]
+        lines.append(f"N=1 single stream vs the engine: hearth serve decode {_f(e['serve_decode_tps'])} tok/s (median of the "
+                     f"N=1 requests) vs `hearth bench -p {eng['prompt_tokens']} -n {res['max_tokens']} -t {res['threads']} -r 3` "
+                     f"decode {_f(eng['decode_tps'])} tok/s: ×{_f(e['ratio'], 3)} "
+                     f"({'meets' if e['within_3_percent'] else 'MISSES'} the target of at least 0.97× the engine; load at bench "
+                     f"{eng['loadavg'][0]}).")
+    lines += ["", "Files: hearth and llama.cpp read `" + entry["gguf"] + "`"
+              + (f"; mlx_lm.server read `{entry['mlx']}` ({entry['mlx_notes'].replace(chr(10), '; ')})" if entry.get("mlx") else "")
+              + f". Chat template: {entry['chat_template']}. End-of-turn ids banned with logit_bias -100: "
+              f"{entry['banned_ids']}." + _same_text(s), ""]
+    for name, srv in entry["servers"].items():
+        if "failed" in srv:
+            continue
+        w = srv["warm_up"]
+        lines.append(f"- {name}: started in {_f(srv['load_s'])} s, warm-up ({w['requests']} requests, {_f(w['seconds'], 0)} s) best decode {_f(w['decode_tps'])} tok/s, "
+                     f"{_f(srv['seconds'], 0)} s serving (warm-up + levels), load {srv['loadavg_before'][0]} -> {srv['loadavg_after'][0]}; "
+                     "`" + " ".join(srv["argv"][1:] if name == "hearth" else srv["argv"][2:]).replace(chr(10), "\\n") + "`")
+    lines.append("")
+    return lines
+
+
+def markdown(res):
+    v, m = res["versions"], res["machine"]
+    lines = [f"# hearth serve under concurrent load vs mlx_lm.server and llama.cpp's server (CPU, {res['threads']} threads)",
+             "", f"Streaming /v1/chat/completions, short chats from a fixed pool of 16 prompts, greedy, "
+             f"{res['max_tokens']} tokens per answer (end-of-turn banned so every stream has the same length); "
+             f"N clients released together, each sending 2 requests back to back (1 where 2N > {res['max_requests']}). A level whose projected time "
+             f"exceeded the server's {res['budget_s']} s budget per model was skipped, and says so.", ""]
+    for entry in res["models"]:
+        lines += _model_md(res, entry)
+    lines += [
+        "## Notes", "",
+        "- Client-side times (raw sockets, bench/serve_overhead/sse_client.py): TTFT = first SSE event with content; "
+        "decode tok/s per stream = (tokens − 1) / (last − first content event); aggregate = completion tokens of the "
+        "level / (last answer done − first request sent). TTFT p50/p95 are nearest-rank over the level's requests "
+        "(few samples: p95 is close to the maximum).",
+        "- llama.cpp's server here is llama-cpp-python's (`python -m llama_cpp.server`), the peer that installs from "
+        "PyPI: one `Llama` object behind a lock, so it **serializes requests** (no parallel slots; the C++ "
+        "`llama-server` with `--parallel` is not built here). Its N>1 numbers are a queue, not batching.",
+        "- mlx_lm.server batches (`--decode-concurrency`/`--prompt-concurrency` set to the largest N; requests carry "
+        "no seed because a seeded request is served alone). It runs on mlx's CPU backend here, which is far from its "
+        "Apple-GPU speed.",
+        f"- Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, shared with other engineers' builds and tests: "
+        f"/proc/loadavg before {' '.join(res['loadavg_before'])}, after {' '.join(res['loadavg_after'])}. Numbers on "
+        "this box are noisy (single run, per-level load shown above); compare ratios from the same run only.",
+        f"- Versions: hearth {v['hearth_commit'][:12]} ({v['hearth_tree_modified_files']} tracked files modified in the "
+        f"tree at run time; binary `{res['hearth']}`), mlx {v['mlx']}, mlx-lm {v['mlx_lm']}, llama-cpp-python "
+        f"{v['llama_cpp_python']} (llama.cpp built by bench/cpu_vs_llamacpp/install_llamacpp.sh).",
+        f"- Run {res['started']} .. {res['finished']}; command `serve_load.py {res['command']}`; server logs in "
+        f"{res['logs']}.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        results = json.load(f)
+    results["summary"] = summarize(results)
+    with open(sys.argv[1], "w") as f:
+        json.dump(results, f, indent=1)
+    with open(sys.argv[1].rsplit(".", 1)[0] + ".md", "w") as f:
+        f.write(markdown(results))

@@ -1,0 +1,154 @@
+/* cuda_gemm.cu: the prefill matmul y[T, n] = x[T, k] · W^T through cuBLAS (cublasGemmEx):
+ * the weight is dequantized into one device scratch sized at start for the largest
+ * weight, activations are converted alongside; bf16 operands with f32 accumulation, or
+ * f32 operands in exact mode. Small T goes to the GEMV kernels. Allocates only in
+ * cuda_gemm_create; never synchronizes. */
+#include "backend/cuda/cuda_internal.h"
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Up to 8 rows the GEMV reads the weight once (cuda_gemv chunks by 8); beyond that one
+ * GEMM pass over a dequantized copy is cheaper than re-reading the weight per chunk. */
+#define GEMM_MIN_T 9
+
+struct cuda_gemm {
+    cublasHandle_t handle;
+    int exact_f32;
+    void *w_scratch, *x_scratch; /* dequantized weight / converted activations */
+    size_t max_w, max_x;
+};
+
+size_t cuda_gemm_bytes(size_t max_weight_elems, size_t max_act_elems, int exact_f32) {
+    size_t e = exact_f32 ? 4 : 2;
+    return (max_weight_elems + max_act_elems) * e;
+}
+
+hearth_status cuda_gemm_create(cuda_gemm **out, size_t max_weight_elems, size_t max_act_elems, int exact_f32,
+                               hearth_error *err) {
+    *out = NULL;
+    cuda_gemm *g = (cuda_gemm *)calloc(1, sizeof *g);
+    if (!g) return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory for the GEMM state");
+    g->exact_f32 = exact_f32;
+    g->max_w = max_weight_elems;
+    g->max_x = max_act_elems;
+    size_t e = exact_f32 ? 4 : 2;
+    cublasStatus_t cs = cublasCreate(&g->handle);
+    if (cs != CUBLAS_STATUS_SUCCESS) {
+        free(g);
+        return err_set(err, HEARTH_ERR_IO, "cuda: cublasCreate failed (status %d)", (int)cs);
+    }
+    cublasSetStream(g->handle, cuda_stream()); /* ordered with the backend's kernels */
+    hearth_status s = cuda_alloc(&g->w_scratch, max_weight_elems * e, "GEMM weight scratch", err);
+    if (!s) s = cuda_alloc(&g->x_scratch, max_act_elems * e, "GEMM activation scratch", err);
+    if (s) {
+        cuda_gemm_free(g);
+        return s;
+    }
+    *out = g;
+    return HEARTH_OK;
+}
+
+void cuda_gemm_free(cuda_gemm *g) {
+    if (!g) return;
+    if (g->handle) cublasDestroy(g->handle);
+    cuda_free(g->w_scratch);
+    cuda_free(g->x_scratch);
+    free(g);
+}
+
+static __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+/* Element (r, c) of a weight in its device layout (cuda_weight), as float: the same
+ * arithmetic as the GEMV kernels and ggml's reference dequantizers. */
+static __device__ float weight_elem(tensor_dtype dt, const void *data, const void *scales, int64_t k, int64_t r,
+                                    int64_t c) {
+    switch (dt) {
+    case DT_F32: return ((const float *)data)[r * k + c];
+    case DT_F16: return h2f(((const uint16_t *)data)[r * k + c]);
+    case DT_BF16: return __uint_as_float((uint32_t)((const uint16_t *)data)[r * k + c] << 16);
+    case DT_Q8_0:
+        return h2f(((const uint16_t *)scales)[(r * k + c) / 32]) * (float)((const int8_t *)data)[r * k + c];
+    case DT_Q4_K: {
+        const uint8_t *blk = (const uint8_t *)data + (r * (k / 256) + c / 256) * 144;
+        int j = (int)(c % 256), chunk = j / 64, l = j % 64, sub = 2 * chunk + (l >= 32);
+        const uint8_t *sc = blk + 4;
+        int s, m;
+        if (sub < 4) {
+            s = sc[sub] & 63;
+            m = sc[sub + 4] & 63;
+        } else {
+            s = (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
+            m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+        }
+        uint8_t q = blk[16 + 32 * chunk + (l % 32)];
+        int v = l < 32 ? (q & 0xF) : (q >> 4);
+        float d = h2f((uint16_t)(blk[0] | blk[1] << 8)), dmin = h2f((uint16_t)(blk[2] | blk[3] << 8));
+        return d * (float)s * (float)v - dmin * (float)m;
+    }
+    default: return 0.0f;
+    }
+}
+
+/* MLX affine 4-bit element: nibble c % 8 of word c / 8, times the group's scale plus its
+ * bias, rounded as mx.dequantize and kernels_ref.c do (no fused multiply-add). */
+static __device__ float mlx4_elem(const cuda_weight &w, int64_t r, int64_t c) {
+    int64_t wi;
+    int shift;
+    cuda_mlx4_nibble(c, w.mlx_tiled, &wi, &shift);
+    uint32_t word = ((const uint32_t *)w.data)[r * (w.k / 8) + wi];
+    uint32_t sb = ((const uint32_t *)w.scales)[r * (w.k / w.group_size) + c / w.group_size];
+    float s = w.sb_bf16 ? __uint_as_float(sb << 16) : h2f((uint16_t)(sb & 0xffff));
+    float b = w.sb_bf16 ? __uint_as_float(sb & 0xffff0000u) : h2f((uint16_t)(sb >> 16));
+    return __fadd_rn(__fmul_rn(s, (float)((word >> shift) & 0xF)), b);
+}
+
+template <bool F32>
+__global__ void dequant_kernel(cuda_weight w, void *out) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, total = (size_t)w.n * (size_t)w.k;
+    if (i >= total) return;
+    int64_t r = (int64_t)(i / w.k), c = (int64_t)(i % w.k);
+    float v = w.dtype == DT_U32 ? mlx4_elem(w, r, c) : weight_elem(w.dtype, w.data, w.scales, w.k, r, c);
+    if (F32) ((float *)out)[i] = v;
+    else ((__nv_bfloat16 *)out)[i] = __float2bfloat16(v);
+}
+
+__global__ void to_bf16_kernel(const float *x, __nv_bfloat16 *y, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __float2bfloat16(x[i]);
+}
+
+hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
+    if (T < GEMM_MIN_T || !g) return cuda_gemv(w, x, T, y, err);
+    size_t wn = (size_t)w->n * (size_t)w->k, xn = (size_t)T * (size_t)w->k;
+    if (wn > g->max_w || xn > g->max_x)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda_matmul: [%lld, %lld] x %d rows exceeds the GEMM scratch",
+                       (long long)w->n, (long long)w->k, T);
+    const void *A, *B;
+    cudaDataType_t in_type = g->exact_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    if ((g->exact_f32 && w->dtype == DT_F32) || (!g->exact_f32 && w->dtype == DT_BF16)) {
+        A = w->data; /* already the GEMM's input type */
+    } else {
+        if (g->exact_f32) dequant_kernel<true><<<(unsigned)((wn + 255) / 256), 256, 0, cuda_stream()>>>(*w, g->w_scratch);
+        else dequant_kernel<false><<<(unsigned)((wn + 255) / 256), 256, 0, cuda_stream()>>>(*w, g->w_scratch);
+        if (cuda_launched("dequant", err)) return HEARTH_ERR_IO;
+        A = g->w_scratch;
+    }
+    if (g->exact_f32) {
+        B = x;
+    } else {
+        to_bf16_kernel<<<(unsigned)((xn + 255) / 256), 256, 0, cuda_stream()>>>(x, (__nv_bfloat16 *)g->x_scratch, xn);
+        if (cuda_launched("to_bf16", err)) return HEARTH_ERR_IO;
+        B = g->x_scratch;
+    }
+    /* Row-major y[T][n] is column-major n x T: y = W (k x n col-major, transposed) · x (k x T). */
+    const float alpha = 1.0f, beta = 0.0f;
+    int n = (int)w->n, k = (int)w->k;
+    cublasStatus_t cs = cublasGemmEx(g->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, T, k, &alpha, A, in_type, k, B, in_type,
+                                     k, &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (cs != CUBLAS_STATUS_SUCCESS)
+        return err_set(err, HEARTH_ERR_IO, "cuda: cublasGemmEx [%d x %d x %d] failed (status %d)", n, T, k, (int)cs);
+    return HEARTH_OK;
+}

@@ -1,0 +1,366 @@
+/* cuda_model.c: the decoder forward pass on the GPU: the same sequence of named steps as
+ * model/llama.c and model/gemma3.c (QK-norm, Gemma's four norms and embed scale, sliding
+ * windows with their own RoPE base, GeGLU or SwiGLU, tied lm_head), each step one call
+ * into the CUDA kernels. Weights, the KV pool and every scratch buffer are allocated in
+ * cuda_model_create; a forward pass allocates nothing, except the first decode step of each
+ * batch shape, which captures its CUDA graph once. Host-side C; no kernels here. */
+#ifdef HEARTH_HAVE_CUDA
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/cuda_backend.h"
+#include "base/err.h"
+#include "model/decoder.h"
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* cuda_matmul sends T <= 8 rows to the GEMV kernels (no cuBLAS, no workspace): those
+ * steps have fixed launch shapes and are the ones worth a graph. */
+#define GRAPH_MAX_T 8
+
+typedef struct cuda_layer {
+    cuda_weight q, k, v, o, gate, up, down;
+    float *q_bias, *k_bias, *v_bias, *attn_norm, *ffn_norm, *post_attn_norm, *post_ffn_norm, *q_norm, *k_norm;
+} cuda_layer;
+
+struct cuda_model {
+    const model *m;
+    cuda_layer *layers;
+    cuda_weight lm_head;
+    float *final_norm, *inv_global, *inv_local;
+    cuda_kv kv;
+    cuda_gemm *gemm;
+    int max_tokens, max_out;
+    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *rows, *logits; /* device scratch */
+    int32_t *ints;      /* device: pos | slot | out_rows, max_tokens each */
+    float *host_x;      /* pinned: the step's embeddings, made on the host */
+    int32_t *host_ints; /* pinned: staging for ints */
+    /* decode steps (T <= GRAPH_MAX_T tokens, n_out <= T rows) replay a captured graph, one
+     * per (T, n_out); HEARTH_CUDA_GRAPH=0 runs every step eagerly (A/B benchmarks) */
+    cuda_graph *graphs[GRAPH_MAX_T + 1][GRAPH_MAX_T + 1];
+    int graphs_off;
+    size_t bytes;
+    int n_expanded;
+    tensor_dtype expanded_from;
+};
+
+#define TRY(call)                                                                                                      \
+    do {                                                                                                               \
+        hearth_status s_ = (call);                                                                                     \
+        if (s_) return s_;                                                                                             \
+    } while (0)
+
+/* A float vector of n values on the device (NULL stays NULL: the step is skipped). */
+static hearth_status upload_vec(float **dst, const float *src, size_t n, cuda_model *cm, hearth_error *err) {
+    *dst = NULL;
+    if (!src) return HEARTH_OK;
+    TRY(cuda_alloc((void **)dst, n * sizeof(float), "norm/bias vector", err));
+    cm->bytes += n * sizeof(float);
+    return cuda_upload(*dst, src, n * sizeof(float), err);
+}
+
+static hearth_status upload_weight(cuda_weight *dw, const cpu_weight *w, const char *what, cuda_model *cm,
+                                   hearth_error *err) {
+    int expanded = 0;
+    TRY(cuda_weight_upload_any(dw, w, what, &expanded, err));
+    if (expanded) {
+        cm->n_expanded++;
+        cm->expanded_from = w->dtype;
+    }
+    cm->bytes += dw->bytes;
+    return HEARTH_OK;
+}
+
+static hearth_status upload_layer(cuda_model *cm, int i, hearth_error *err) {
+    const model_config *c = &cm->m->cfg;
+    const layer_weights *l = &cm->m->layers[i];
+    cuda_layer *d = &cm->layers[i];
+    const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+    cuda_weight *ds[] = {&d->q, &d->k, &d->v, &d->o, &d->gate, &d->up, &d->down};
+    static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    char what[64];
+    for (int j = 0; j < 7; j++) {
+        snprintf(what, sizeof what, "layer %d %s", i, names[j]);
+        TRY(upload_weight(ds[j], ws[j], what, cm, err));
+    }
+    size_t qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim, h = (size_t)c->hidden;
+    TRY(upload_vec(&d->q_bias, l->q_bias, qd, cm, err));
+    TRY(upload_vec(&d->k_bias, l->k_bias, kd, cm, err));
+    TRY(upload_vec(&d->v_bias, l->v_bias, kd, cm, err));
+    TRY(upload_vec(&d->attn_norm, l->attn_norm, h, cm, err));
+    TRY(upload_vec(&d->ffn_norm, l->ffn_norm, h, cm, err));
+    TRY(upload_vec(&d->post_attn_norm, l->post_attn_norm, h, cm, err));
+    TRY(upload_vec(&d->post_ffn_norm, l->post_ffn_norm, h, cm, err));
+    TRY(upload_vec(&d->q_norm, l->q_norm, (size_t)c->head_dim, cm, err));
+    return upload_vec(&d->k_norm, l->k_norm, (size_t)c->head_dim, cm, err);
+}
+
+static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
+    const model_config *c = &cm->m->cfg;
+    size_t T = (size_t)cm->max_tokens, qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t sizes[] = {T * c->hidden,
+                      T * c->hidden,
+                      T * qd,
+                      T * kd,
+                      T * kd,
+                      T * qd,
+                      T * c->hidden,
+                      T * c->ffn,
+                      T * c->ffn,
+                      (size_t)cm->max_out * c->hidden,
+                      (size_t)cm->max_out * c->vocab};
+    float **ptrs[] = {&cm->x,   &cm->xn,   &cm->q,  &cm->k,    &cm->v,     &cm->att,
+                      &cm->tmp, &cm->gate, &cm->up, &cm->rows, &cm->logits};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        TRY(cuda_alloc((void **)ptrs[i], sizes[i] * sizeof(float), "activation scratch", err));
+        cm->bytes += sizes[i] * sizeof(float);
+    }
+    TRY(cuda_alloc((void **)&cm->ints, 3 * T * sizeof(int32_t), "step indices", err));
+    if (cudaMallocHost((void **)&cm->host_x, T * c->hidden * sizeof(float)) != cudaSuccess ||
+        cudaMallocHost((void **)&cm->host_ints, 3 * T * sizeof(int32_t)) != cudaSuccess) {
+        cudaGetLastError();
+        return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host buffers for %d tokens",
+                       cm->max_tokens);
+    }
+    /* The GEMM scratch holds the largest layer weight dequantized and the widest input. */
+    size_t max_w = 0, max_k = (size_t)c->hidden;
+    if (qd > max_k) max_k = qd;
+    if ((size_t)c->ffn > max_k) max_k = c->ffn;
+    for (int i = 0; i < c->n_layers; i++) {
+        const cuda_layer *l = &cm->layers[i];
+        const cuda_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        for (int j = 0; j < 7; j++)
+            if ((size_t)(ws[j]->n * ws[j]->k) > max_w) max_w = (size_t)(ws[j]->n * ws[j]->k);
+    }
+    const char *mode = getenv("HEARTH_CUDA_GEMM");
+    int exact = mode && !strcmp(mode, "f32");
+    cm->bytes += cuda_gemm_bytes(max_w, max_k * T, exact);
+    return cuda_gemm_create(&cm->gemm, max_w, max_k * T, exact, err);
+}
+
+hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_tokens, int max_out, cuda_model **out,
+                                char *note, size_t note_size, hearth_error *err) {
+    *out = NULL;
+    const model_config *c = &m->cfg;
+    cuda_device_info info;
+    TRY(cuda_device_open(0, &info, err));
+    if (c->head_dim > 256 || c->head_dim % 2 || kv->head_dim != c->head_dim || kv->n_kv_heads != c->n_kv_heads)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: head_dim %d is not supported (at most 256, even)",
+                       c->head_dim);
+    cuda_model *cm = calloc(1, sizeof *cm);
+    if (!cm || !(cm->layers = calloc((size_t)c->n_layers, sizeof *cm->layers))) {
+        free(cm);
+        return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
+    }
+    cm->m = m;
+    cm->max_tokens = max_tokens;
+    cm->max_out = max_out;
+    const char *graph_env = getenv("HEARTH_CUDA_GRAPH");
+    cm->graphs_off = graph_env && !strcmp(graph_env, "0");
+    hearth_status st = HEARTH_OK;
+    for (int i = 0; !st && i < c->n_layers; i++) st = upload_layer(cm, i, err);
+    if (!st) st = upload_weight(&cm->lm_head, &m->lm_head, "lm_head", cm, err);
+    if (!st) st = upload_vec(&cm->final_norm, m->final_norm, (size_t)c->hidden, cm, err);
+    if (!st) st = upload_vec(&cm->inv_global, c->inv_freq_global, (size_t)c->head_dim / 2, cm, err);
+    if (!st) st = upload_vec(&cm->inv_local, c->inv_freq_local, (size_t)c->head_dim / 2, cm, err);
+    if (!st) st = cuda_kv_alloc(&cm->kv, kv, err);
+    if (!st) cm->bytes += 2 * (size_t)kv->n_layers * kv->n_blocks * KV_BLOCK_SIZE * kv->n_kv_heads * kv->head_dim * 4;
+    if (!st) st = alloc_scratch(cm, err);
+    if (!st) st = cuda_sync(err);
+    if (st) {
+        cuda_model_free(cm);
+        return st;
+    }
+    if (note && note_size) {
+        char expanded[96] = "";
+        if (cm->n_expanded)
+            snprintf(expanded, sizeof expanded, "; %d weights in %s have no CUDA kernel and were expanded to f32",
+                     cm->n_expanded, tensor_dtype_name(cm->expanded_from));
+        snprintf(note, note_size, "cuda: %s, %.2f GB on the device, decode graphs %s%s", info.name,
+                 (double)cm->bytes / 1e9, cm->graphs_off ? "off" : "on", expanded);
+    }
+    *out = cm;
+    return HEARTH_OK;
+}
+
+void cuda_model_free(cuda_model *cm) {
+    if (!cm) return;
+    for (int i = 0; cm->layers && i < cm->m->cfg.n_layers; i++) {
+        cuda_layer *l = &cm->layers[i];
+        cuda_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        for (int j = 0; j < 7; j++) cuda_weight_free(ws[j]);
+        float *vs[] = {l->q_bias,         l->k_bias,        l->v_bias, l->attn_norm, l->ffn_norm,
+                       l->post_attn_norm, l->post_ffn_norm, l->q_norm, l->k_norm};
+        for (int j = 0; j < 9; j++) cuda_free(vs[j]);
+    }
+    free(cm->layers);
+    cuda_weight_free(&cm->lm_head);
+    float *bufs[] = {cm->final_norm, cm->inv_global, cm->inv_local, cm->x,    cm->xn, cm->q,    cm->k,
+                     cm->v,          cm->att,        cm->tmp,       cm->gate, cm->up, cm->rows, cm->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cuda_free(bufs[i]);
+    cuda_free(cm->ints);
+    if (cm->host_x) cudaFreeHost(cm->host_x);
+    if (cm->host_ints) cudaFreeHost(cm->host_ints);
+    for (int t = 0; t <= GRAPH_MAX_T; t++)
+        for (int r = 0; r <= GRAPH_MAX_T; r++) cuda_graph_free(cm->graphs[t][r]);
+    cuda_kv_free(&cm->kv);
+    cuda_gemm_free(cm->gemm);
+    free(cm);
+}
+
+size_t cuda_model_device_bytes(const cuda_model *cm) { return cm->bytes; }
+
+/* in: cm->xn; out: cm->tmp (decoder_attention's contract). */
+static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos, const int32_t *slot, int single_slot,
+                               hearth_error *err) {
+    const model_config *c = &cm->m->cfg;
+    const cuda_layer *l = &cm->layers[i];
+    int sliding = cm->m->layers[i].sliding, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+    TRY(cuda_matmul(cm->gemm, &l->q, cm->xn, T, cm->q, err));
+    TRY(cuda_matmul(cm->gemm, &l->k, cm->xn, T, cm->k, err));
+    TRY(cuda_matmul(cm->gemm, &l->v, cm->xn, T, cm->v, err));
+    TRY(cuda_add_bias(cm->q, l->q_bias, T, qd, err));
+    TRY(cuda_add_bias(cm->k, l->k_bias, T, kd, err));
+    TRY(cuda_add_bias(cm->v, l->v_bias, T, kd, err));
+    if (l->q_norm)
+        TRY(cuda_rmsnorm(cm->q, cm->q, l->q_norm, c->norm_shift, T * c->n_heads, c->head_dim, c->norm_eps, err));
+    if (l->k_norm)
+        TRY(cuda_rmsnorm(cm->k, cm->k, l->k_norm, c->norm_shift, T * c->n_kv_heads, c->head_dim, c->norm_eps, err));
+    const float *freq = sliding ? cm->inv_local : cm->inv_global;
+    TRY(cuda_rope(cm->q, T, c->n_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
+    TRY(cuda_rope(cm->k, T, c->n_kv_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
+    TRY(cuda_kv_write(&cm->kv, i, cm->k, cm->v, T, pos, slot, err)); /* the new keys join before attending */
+    cuda_attention_args a = {.kv = &cm->kv,
+                             .layer = i,
+                             .q = cm->q,
+                             .out = cm->att,
+                             .T = T,
+                             .n_heads = c->n_heads,
+                             .n_kv_heads = c->n_kv_heads,
+                             .head_dim = c->head_dim,
+                             .pos = pos,
+                             .slot = slot,
+                             .window = sliding ? c->sliding_window : 0,
+                             .scale = c->attn_scale,
+                             .single_slot = single_slot};
+    TRY(cuda_attention(&a, err));
+    return cuda_matmul(cm->gemm, &l->o, cm->att, T, cm->tmp, err);
+}
+
+/* in: cm->xn; out: cm->tmp = down(act(gate(xn)) * up(xn)). */
+static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *err) {
+    const cuda_layer *l = &cm->layers[i];
+    size_t n = (size_t)T * cm->m->cfg.ffn;
+    TRY(cuda_matmul(cm->gemm, &l->gate, cm->xn, T, cm->gate, err));
+    TRY(cuda_matmul(cm->gemm, &l->up, cm->xn, T, cm->up, err));
+    TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
+    return cuda_matmul(cm->gemm, &l->down, cm->gate, T, cm->tmp, err);
+}
+
+/* One block: llama.c's two pre-norms, or gemma3.c's four (1 + weight) norms with GeGLU.
+ * On entry cm->xn already holds this block's attention norm of x (made by the previous
+ * block's fused residual add, or by run_layers for block 0); each residual add is fused
+ * with the norm that follows it, which saves a launch and a pass over x per add. */
+static hearth_status block(cuda_model *cm, int i, int T, const int32_t *pos, const int32_t *slot, int single_slot,
+                           hearth_error *err) {
+    const model_config *c = &cm->m->cfg;
+    const cuda_layer *l = &cm->layers[i];
+    int gemma = c->family == FAMILY_GEMMA3;
+    float shift = gemma ? c->norm_shift : 0.0f;
+    TRY(attention(cm, i, T, pos, slot, single_slot, err));
+    if (gemma) TRY(cuda_rmsnorm(cm->tmp, cm->tmp, l->post_attn_norm, shift, T, c->hidden, c->norm_eps, err));
+    TRY(cuda_add_rmsnorm(cm->xn, cm->x, cm->tmp, l->ffn_norm, shift, T, c->hidden, c->norm_eps, err));
+    TRY(mlp(cm, i, T, gemma, err));
+    if (gemma) TRY(cuda_rmsnorm(cm->tmp, cm->tmp, l->post_ffn_norm, shift, T, c->hidden, c->norm_eps, err));
+    if (i + 1 < c->n_layers)
+        return cuda_add_rmsnorm(cm->xn, cm->x, cm->tmp, cm->layers[i + 1].attn_norm, shift, T, c->hidden, c->norm_eps,
+                                err);
+    return cuda_add(cm->x, cm->tmp, (size_t)T * c->hidden, err);
+}
+
+/* Everything of a step after the inputs are on the device: the blocks, then the final
+ * norm and lm_head for the n_out requested rows into cm->logits. Only launches (no host
+ * sync, no host-dependent launch shapes for T <= GRAPH_MAX_T), so it can be captured. */
+static hearth_status run_layers(cuda_model *cm, int T, int n_out, int single_slot, hearth_error *err) {
+    const model_config *c = &cm->m->cfg;
+    const int32_t *pos = cm->ints, *slot = cm->ints + cm->max_tokens, *rows = cm->ints + 2 * cm->max_tokens;
+    float shift = c->family == FAMILY_GEMMA3 ? c->norm_shift : 0.0f;
+    TRY(cuda_rmsnorm(cm->xn, cm->x, cm->layers[0].attn_norm, shift, T, c->hidden, c->norm_eps, err));
+    for (int i = 0; i < c->n_layers; i++) TRY(block(cm, i, T, pos, slot, single_slot, err));
+    if (n_out == 0) return HEARTH_OK;
+    TRY(cuda_gather_rows(cm->rows, cm->x, rows, n_out, c->hidden, err));
+    TRY(cuda_rmsnorm(cm->rows, cm->rows, cm->final_norm, c->norm_shift, n_out, c->hidden, c->norm_eps, err));
+    return cuda_gemv(&cm->lm_head, cm->rows, n_out, cm->logits, err); /* few rows: the GEMV reads lm_head once */
+}
+
+/* A decode step through its graph: captured on the first step of this (T, n_out), then
+ * replayed. A capture that fails turns graphs off for this model (eager steps give the
+ * same results), with one line on stderr saying why. */
+static hearth_status run_graph(cuda_model *cm, int T, int n_out, hearth_error *err) {
+    cuda_graph **g = &cm->graphs[T][n_out];
+    if (!*g) {
+        hearth_error ce = {0};
+        hearth_status st = cuda_capture_begin(&ce);
+        if (!st) {
+            st = run_layers(cm, T, n_out, 0, &ce);
+            hearth_status end = cuda_capture_end(!st, g, st ? NULL : &ce);
+            if (!st) st = end;
+        }
+        if (st) {
+            fprintf(stderr, "hearth: cuda: decode graphs off (capture failed: %s)\n", ce.message);
+            cm->graphs_off = 1;
+            return run_layers(cm, T, n_out, 0, err);
+        }
+    }
+    return cuda_graph_launch(*g, err);
+}
+
+/* The checks model_forward makes, plus the pool shape the device copy was made for. */
+static hearth_status check_batch(const cuda_model *cm, const kv_cache *kv, const model_batch *b, hearth_error *err) {
+    if (b->T <= 0 || b->T > cm->max_tokens || b->n_out < 0 || b->n_out > cm->max_out)
+        return err_set(err, HEARTH_ERR_INVALID, "batch of %d tokens / %d logits rows exceeds the scratch (%d / %d)",
+                       b->T, b->n_out, cm->max_tokens, cm->max_out);
+    if (kv->n_blocks != cm->kv.n_blocks || kv->max_slots != cm->kv.max_slots ||
+        kv->max_blocks_per_slot != cm->kv.max_blocks_per_slot)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: the KV pool changed shape after the device copy was made");
+    for (int t = 0; t < b->T; t++)
+        if (b->slot[t] < 0 || b->slot[t] >= kv->max_slots || b->pos[t] < 0 || b->pos[t] >= kv->n_tokens[b->slot[t]])
+            return err_set(err, HEARTH_ERR_INVALID, "token %d: position %d of slot %d is not reserved", t, b->pos[t],
+                           b->slot[t]);
+    for (int i = 0; i < b->n_out; i++)
+        if (b->out_rows[i] < 0 || b->out_rows[i] >= b->T)
+            return err_set(err, HEARTH_ERR_INVALID, "logits row %d outside the batch", b->out_rows[i]);
+    return HEARTH_OK;
+}
+
+hearth_status cuda_model_forward(cuda_model *cm, const kv_cache *kv, const model_batch *b, hearth_error *err) {
+    const model *m = cm->m;
+    const model_config *c = &m->cfg;
+    TRY(check_batch(cm, kv, b, err));
+    int T = b->T;
+    /* Embeddings are made on the host by the CPU path itself (bit-exact, any format):
+     * T rows of hidden floats cross PCIe, not a device copy of the table. */
+    model_scratch hs = {.x = cm->host_x};
+    decoder_step d = {.m = m, .s = &hs, .b = b, .err = err};
+    TRY(decoder_embed(&d));
+    memcpy(cm->host_ints, b->pos, (size_t)T * sizeof(int32_t));
+    memcpy(cm->host_ints + cm->max_tokens, b->slot, (size_t)T * sizeof(int32_t));
+    memcpy(cm->host_ints + 2 * cm->max_tokens, b->out_rows, (size_t)b->n_out * sizeof(int32_t));
+    /* Stream-ordered: a replayed graph reads these same device buffers. The pinned ones
+     * are not rewritten before this step's final synchronization below. */
+    TRY(cuda_upload_async(cm->x, cm->host_x, (size_t)T * c->hidden * sizeof(float), err));
+    TRY(cuda_upload_async(cm->ints, cm->host_ints, 3 * (size_t)cm->max_tokens * sizeof(int32_t), err));
+    /* block tables change as sequences grow (kv_reserve on the host): sent every step */
+    TRY(cuda_upload_async(cm->kv.tables, kv->tables, (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t),
+                          err));
+    int single_slot = 1; /* a prefill chunk of one sequence: the tiled attention kernel applies */
+    for (int t = 1; t < T; t++) single_slot &= b->slot[t] == b->slot[0];
+    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off)
+        TRY(run_graph(cm, T, b->n_out, err));
+    else
+        TRY(run_layers(cm, T, b->n_out, single_slot, err));
+    if (b->n_out == 0) return cuda_stream_sync(err);
+    TRY(cuda_download_async(b->logits, cm->logits, (size_t)b->n_out * c->vocab * sizeof(float), err));
+    return cuda_stream_sync(err);
+}
+#endif

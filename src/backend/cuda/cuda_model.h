@@ -1,0 +1,23 @@
+/* cuda_model.h: a loaded model resident on the GPU (weights uploaded once, device KV pool
+ * and scratch allocated at start) and model_forward's contract run there: one ragged
+ * batch step, logits of the requested rows copied back to the host. Declared for every
+ * build; the functions exist only when the CUDA backend is compiled in (HEARTH_HAVE_CUDA). */
+#ifndef HEARTH_BACKEND_CUDA_MODEL_H
+#define HEARTH_BACKEND_CUDA_MODEL_H
+#include "model/model.h"
+
+typedef struct cuda_model cuda_model;
+
+/* Uploads m's weights (every format: see cuda_weight_upload_any) and allocates a float32
+ * device KV pool of kv's shape plus scratch for max_tokens per step and max_out logits
+ * rows. HEARTH_CUDA_GEMM=f32 in the environment selects exact f32 prefill GEMMs (parity
+ * checks) instead of bf16 tensor cores. *note (may be NULL) gets a one-line summary. */
+hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_tokens, int max_out, cuda_model **out,
+                                char *note, size_t note_size, hearth_error *err);
+void cuda_model_free(cuda_model *cm);
+/* model_forward's contract (see model.h) on the device. The host kv supplies the block
+ * tables and reserved lengths; keys and values live only in the device pool. */
+hearth_status cuda_model_forward(cuda_model *cm, const kv_cache *kv, const model_batch *b, hearth_error *err);
+/* Device bytes held (weights, KV pool, scratch). */
+size_t cuda_model_device_bytes(const cuda_model *cm);
+#endif

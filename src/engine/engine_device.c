@@ -1,0 +1,70 @@
+/* engine_device.c: where the engine's forward pass runs (--device cpu|cuda|auto): picks
+ * the device, creates the GPU copy of the model when it is the GPU, and says so in one
+ * line on stderr. Builds without CUDA too (then only the CPU exists). Must not contain
+ * forward-pass logic: that is model/ (CPU) and backend/cuda/cuda_model.c (GPU). */
+#include "engine/engine_device.h"
+#include "base/err.h"
+#include <stdio.h>
+#include <string.h>
+#ifdef HEARTH_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+int hearth_device_parse(const char *name, int *out) {
+    static const char *names[] = {"cpu", "cuda", "auto"};
+    for (int i = 0; name && i < 3; i++)
+        if (!strcmp(name, names[i])) return (*out = i), 1;
+    return 0;
+}
+
+hearth_status engine_device_open(const model *m, const kv_cache *kv, int device, int max_tokens, int max_out,
+                                 cuda_model **gpu, hearth_error *err) {
+    *gpu = NULL;
+    if (device == HEARTH_DEVICE_CPU) return HEARTH_OK;
+    if (device != HEARTH_DEVICE_CUDA && device != HEARTH_DEVICE_AUTO)
+        return err_set(err, HEARTH_ERR_INVALID, "engine: unknown device %d (--device takes cpu, cuda or auto)",
+                       device);
+#ifndef HEARTH_HAVE_CUDA
+    (void)m, (void)kv, (void)max_tokens, (void)max_out;
+    if (device == HEARTH_DEVICE_CUDA)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "--device cuda: this hearth was built without the CUDA backend "
+                                                    "(no nvcc at build time); use --device cpu");
+    fprintf(stderr, "hearth: device auto: cpu (built without the CUDA backend)\n");
+    return HEARTH_OK;
+#else
+    if (device == HEARTH_DEVICE_AUTO && cuda_device_count() == 0) {
+        fprintf(stderr, "hearth: device auto: cpu (no CUDA device found)\n");
+        return HEARTH_OK;
+    }
+    char note[256] = "";
+    hearth_error e2 = {0};
+    hearth_status st = cuda_model_create(m, kv, max_tokens, max_out, gpu, note, sizeof note, &e2);
+    if (st && device == HEARTH_DEVICE_AUTO) {
+        fprintf(stderr, "hearth: device auto: cpu (the GPU path failed: %s)\n", e2.message);
+        return HEARTH_OK;
+    }
+    if (st) {
+        if (err) *err = e2;
+        return st;
+    }
+    fprintf(stderr, "hearth: %s\n", note);
+    return HEARTH_OK;
+#endif
+}
+
+hearth_status engine_device_forward(cuda_model *gpu, const kv_cache *kv, const model_batch *b, hearth_error *err) {
+#ifdef HEARTH_HAVE_CUDA
+    return cuda_model_forward(gpu, kv, b, err);
+#else
+    (void)gpu, (void)kv, (void)b;
+    return err_set(err, HEARTH_ERR_UNSUPPORTED, "built without the CUDA backend");
+#endif
+}
+
+void engine_device_close(cuda_model *gpu) {
+#ifdef HEARTH_HAVE_CUDA
+    cuda_model_free(gpu);
+#else
+    (void)gpu;
+#endif
+}

@@ -1,0 +1,12 @@
+/* engine_device.h: the engine's choice of device and its GPU model (engine_device.c).
+ * Internal to src/engine. */
+#ifndef HEARTH_ENGINE_DEVICE_H
+#define HEARTH_ENGINE_DEVICE_H
+#include "backend/cuda/cuda_model.h"
+
+/* Resolves device (hearth_device); *gpu stays NULL when the CPU runs the model. */
+hearth_status engine_device_open(const model *m, const kv_cache *kv, int device, int max_tokens, int max_out,
+                                 cuda_model **gpu, hearth_error *err);
+hearth_status engine_device_forward(cuda_model *gpu, const kv_cache *kv, const model_batch *b, hearth_error *err);
+void engine_device_close(cuda_model *gpu);
+#endif

@@ -1,0 +1,45 @@
+/* kv_prefix.h: the block metadata of the paged KV pool (kv_cache.h): reference counts,
+ * the hash chain that names a full block by its tokens and everything before them
+ * (automatic prefix caching), and the LRU list of unreferenced cached blocks that are
+ * evicted when the free list runs dry. Touches no key or value storage. */
+#ifndef HEARTH_ENGINE_KV_PREFIX_H
+#define HEARTH_ENGINE_KV_PREFIX_H
+#include "engine/kv_cache.h"
+
+/* Bytes kv_prefix_create allocates (counted in kv_bytes, so fit stays exact). */
+size_t kv_prefix_bytes(int n_blocks, int max_slots);
+/* Allocates kv->prefix for kv's n_blocks and max_slots (called by kv_create). */
+hearth_status kv_prefix_create(kv_cache *kv, hearth_error *err);
+void kv_prefix_free(kv_cache *kv);
+
+/* The 64-bit name of a full block: its KV_BLOCK_SIZE tokens chained to the name of
+ * the block before it (parent 0 for the first block). */
+uint64_t kv_block_hash(uint64_t parent, const int32_t *tokens);
+
+/* Block lifecycle (kv_cache.c): a block for a slot, from the free list or else by
+ * evicting the least recently used cached block (-1: none left); and a reference
+ * dropped: at zero a cached block joins the LRU tail, any other the free list. */
+int32_t kv_block_take(kv_cache *kv);
+void kv_block_drop(kv_cache *kv, int32_t block);
+/* Blocks a reservation can get now: free plus cached-unreferenced. */
+int kv_blocks_available(const kv_cache *kv);
+/* Unreferenced blocks kept for their cached content. */
+int kv_blocks_cached(const kv_cache *kv);
+/* Forgets slot's chain (kv_release calls it after dropping the slot's blocks). */
+void kv_prefix_slot_reset(kv_cache *kv, int slot);
+
+/* Attaches to the empty slot every cached full block that starts tokens[0..n): block i
+ * matches when its hash, its 16 tokens and its parent block (id and generation) all
+ * agree, so a hash collision can never hand out wrong KV. The last token is never
+ * covered (its logits must be computed). Returns the positions attached (a multiple of
+ * KV_BLOCK_SIZE); the slot's n_tokens is set to them. */
+int kv_prefix_attach(kv_cache *kv, int slot, const int32_t *tokens, int n);
+/* Names every full block of slot among its first n positions (tokens: the slot's token
+ * history) that is not named yet, so later requests can reuse it. A block whose content
+ * is already cached under another id stays private (freed on release). */
+void kv_prefix_commit(kv_cache *kv, int slot, const int32_t *tokens, int n);
+/* Whether position p of slot may be written: its block is held by this slot alone and
+ * is not cached. Sequences only append and shared blocks are always full, so this
+ * holds for every write; the engine checks it (copy-on-write is never needed). */
+int kv_position_writable(const kv_cache *kv, int slot, int p);
+#endif

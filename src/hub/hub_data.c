@@ -1,0 +1,46 @@
+/* hub_data.c: the data files of the repo's data/ folder (skus.json, catalogue.json),
+ * embedded in the binary with .incbin so an installed hearth needs no data directory;
+ * $HEARTH_DATA (a folder) replaces them, for tests and for users with their own table.
+ * The Makefile makes this object depend on the files in data/. */
+#include "base/err.h"
+#include "base/file.h"
+#include "hub/hub.h"
+#include <stdlib.h>
+#include <string.h>
+
+/* The paths are relative to the repository root, where make runs the compiler. */
+#define HUB_INCBIN(name, file)                                                                                         \
+    __asm__(".section .rodata\n.globl " #name "_start\n.hidden " #name "_start\n.globl " #name "_end\n.hidden " #name  \
+            "_end\n.balign 16\n" #name "_start:\n.incbin \"" file "\"\n" #name "_end:\n.byte 0\n.text\n");             \
+    extern const char name##_start[], name##_end[]
+
+HUB_INCBIN(hub_skus_json, "data/skus.json");
+HUB_INCBIN(hub_catalogue_json, "data/catalogue.json");
+
+char *hub_data_load(const char *name, hearth_error *err) {
+    const char *dir = getenv("HEARTH_DATA");
+    if (dir && *dir) {
+        char *path = path_join(dir, name), *text = NULL;
+        size_t len = 0;
+        hearth_status st = path ? file_read_all(path, &text, &len, err) : HEARTH_ERR_NOMEM;
+        free(path);
+        return st ? NULL : text;
+    }
+    const char *start = NULL, *end = NULL;
+    if (!strcmp(name, "skus.json"))
+        start = hub_skus_json_start, end = hub_skus_json_end;
+    else if (!strcmp(name, "catalogue.json"))
+        start = hub_catalogue_json_start, end = hub_catalogue_json_end;
+    if (!start) {
+        err_set(err, HEARTH_ERR_NOT_FOUND, "data: no embedded file %s", name);
+        return NULL;
+    }
+    char *copy = malloc((size_t)(end - start) + 1);
+    if (!copy) {
+        err_set(err, HEARTH_ERR_NOMEM, "data: out of memory");
+        return NULL;
+    }
+    memcpy(copy, start, (size_t)(end - start));
+    copy[end - start] = 0;
+    return copy;
+}

@@ -77,6 +77,12 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     double theta = num(cfg, "rope_theta", num(rp, "rope_theta", gemma ? 1e6 : 10000.0));
     const json_t *scaling = json_object_get(cfg, "rope_scaling");
     if (!json_is_object(scaling)) scaling = rp;
+    const char *rtype = json_string_value(json_object_get(scaling, "rope_type"));
+    if (!rtype) rtype = json_string_value(json_object_get(scaling, "type"));
+    if (rtype && strcmp(rtype, "default") && strcmp(rtype, "llama3") && strcmp(rtype, "linear"))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: config.json: RoPE scaling type '%s' is not supported (default, linear, llama3 are)",
+                       hm->entry.path, rtype);
     c->inv_freq_global = rope_inv_freq(c->head_dim, theta, scaling);
     c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
     c->embed_scale = 1.0f;
@@ -120,6 +126,13 @@ static hearth_status read_gguf_config(const hearth_model *hm, model_config *c, h
     char *stype;
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     if ((stype = gguf_get_str(g, key))) {
+        if (strcmp(stype, "none") && strcmp(stype, "linear")) {
+            hearth_status st = err_set(err, HEARTH_ERR_UNSUPPORTED,
+                                       "%s: RoPE scaling type '%s' is not supported (none, linear are)",
+                                       hm->entry.path, stype);
+            free(stype);
+            return st;
+        }
         double factor = 1.0;
         snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
         gguf_get_f64(g, key, &factor);

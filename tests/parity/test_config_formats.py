@@ -51,3 +51,20 @@ def test_transformers5_rope_parameters(name, tmp_path):
     ours = [s["token"] for s in t["steps"]]
     ours.append(t["steps"][-1]["top"][0][0])
     assert ours == p["greedy_ids"]
+
+
+def test_unsupported_rope_type_is_refused(tmp_path):
+    """A RoPE scaling hearth does not implement (yarn) must be an error naming it, not a
+    silent fallback to plain RoPE that would give wrong logits."""
+    src = os.path.join(CACHE, "tiny", "llama-f32")
+    assert os.path.isdir(src), f"{src} missing: run tools/get_models.sh"
+    for name in os.listdir(src):
+        if name != "config.json":
+            os.symlink(os.path.join(src, name), os.path.join(tmp_path, name))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    json.dump(cfg, open(os.path.join(tmp_path, "config.json"), "w"))
+    out = subprocess.run([BIN, "trace", str(tmp_path), "--ids", "[1, 2, 3]", "--last", "1"], capture_output=True, timeout=120)
+    assert out.returncode != 0
+    err = out.stderr.decode()
+    assert "yarn" in err and "not supported" in err, err

@@ -41,7 +41,10 @@ NVCC := $(shell command -v nvcc 2>/dev/null)
 ifneq ($(NVCC),)
 CUDA_HOME ?= $(abspath $(dir $(NVCC))..)
 CU_SRC   := $(shell find src -name '*.cu' | sort)
-CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+# CU_BUILD: where the CUDA objects live. The sanitizer build reuses the main build's (nvcc
+# compiles host code without sanitizers anyway, and three architectures take minutes).
+CU_BUILD ?= $(BUILD)
+CU_OBJ   := $(CU_SRC:%.cu=$(CU_BUILD)/obj/%.o)
 LIB_OBJ  += $(CU_OBJ)
 NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
              -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_89,code=sm_89
@@ -79,6 +82,13 @@ $(BUILD)/obj/%.o: %.cu
 	@$(if $(Q),echo "  NVCC  $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -Iinclude -Isrc -MMD -MP -c $< -o $@
 
+ifneq ($(CU_BUILD),$(BUILD))
+$(CU_BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC  $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -Iinclude -Isrc -MMD -MP -c $< -o $@
+endif
+
 $(BUILD)/libhearth.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@rm -f $@
@@ -107,7 +117,7 @@ unit: $(UNIT_BIN)
 	  HEARTH_TEST_DATA=tests/data $$t || fail=1; done; exit $$fail
 
 asan:
-	@$(MAKE) --no-print-directory BUILD=build/asan BINDIR=build/asan/bin LIBDIR=build/asan/lib \
+	@$(MAKE) --no-print-directory BUILD=build/asan BINDIR=build/asan/bin LIBDIR=build/asan/lib CU_BUILD=$(CU_BUILD) \
 	  OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  LDLIBS="$(LDLIBS) -fsanitize=address,undefined" unit
 
@@ -147,11 +157,13 @@ parity: all
 	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/api
 	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/ui
 
+# Builds use every core (JOBS); the test runs themselves stay sequential.
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps
-	@$(MAKE) --no-print-directory all
-	@$(MAKE) --no-print-directory unit
-	@$(MAKE) --no-print-directory asan
-	@$(MAKE) --no-print-directory fuzz
+	@$(MAKE) --no-print-directory -j$(JOBS) all
+	@$(MAKE) --no-print-directory -j$(JOBS) unit
+	@$(MAKE) --no-print-directory -j$(JOBS) asan
+	@$(MAKE) --no-print-directory -j$(JOBS) fuzz
 	@$(MAKE) --no-print-directory parity
 
 # `make run` builds only what this machine can use: no CUDA objects without a GPU

@@ -159,7 +159,9 @@ size_t hearth_engine_bytes(const hearth_engine *e);
 long long hearth_proc_kb_field(const char *path, const char *key);
 int hearth_engine_context_length(const hearth_engine *e);
 /* Measures the memory read bandwidth (GB/s) with the engine's threads: the decode
- * roofline for benchmarks. Takes about a second; allocates a temporary 1 GiB buffer. */
+ * roofline for benchmarks. Takes about a second; allocates a temporary 1 GiB buffer.
+ * On the GPU (hearth_engine_device == cuda): the device-to-device copy rate, bytes read
+ * plus written, of two temporary 1 GiB device buffers. */
 double hearth_engine_measure_bandwidth(hearth_engine *e);
 /* Bytes one decode step reads with `context` tokens in the cache: every weight matrix
  * (the LM head in full, one embedding row) plus the keys and values attended to. */
@@ -191,6 +193,11 @@ hearth_status hearth_fit_skus(hearth_model *m, const hearth_fit_options *o, char
 hearth_status hearth_seq_open(hearth_engine *e, int *seq, hearth_error *err);
 hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens, size_t n, size_t n_logits,
                                 float *logits, hearth_error *err);
+/* hearth_seq_append for a greedy caller: *next gets the first index of the largest logit
+ * after the last appended token (the sampler's greedy rule). On the GPU the choice is made
+ * on the device and only the id leaves it (no logits row crosses PCIe). */
+hearth_status hearth_seq_append_greedy(hearth_engine *e, int seq, const int32_t *tokens, size_t n, int32_t *next,
+                                       hearth_error *err);
 void hearth_seq_close(hearth_engine *e, int seq);
 int32_t hearth_model_vocab_rows(const hearth_engine *e); /* rows of the logits (may exceed the tokenizer's) */
 

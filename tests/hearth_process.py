@@ -22,28 +22,34 @@ def need(path, what, fix):
     return Path(path)
 
 
+def log_tail(log, limit=4000):
+    """The last `limit` characters of an open log file, for failure messages."""
+    log.flush()
+    log.seek(0)
+    return log.read().decode(errors="replace")[-limit:]
+
+
 @contextlib.contextmanager
-def running(cmd, port, log, env, ready_timeout, what="hearth serve"):
-    """Runs cmd (writing to the open file `log`), waits until http://127.0.0.1:port/health
-    answers 200, yields the base URL, and stops the process afterwards."""
+def server_process(cmd, log, env, ready, ready_timeout, what, poll=0.1):
+    """Runs cmd (stdout and stderr into the open file `log`) and yields the process once
+    ready() returns true; stops it afterwards (SIGTERM, then SIGKILL after 20 s). Fails the
+    test, with the log's tail, if the process exits first or is not ready within
+    ready_timeout seconds. ready() may raise OSError (not listening yet: try again)."""
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + ready_timeout
         while True:
             if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"{what} exited with {proc.returncode}:\n{log.read().decode(errors='replace')}")
+                pytest.fail(f"{what} exited with {proc.returncode}:\n{log_tail(log)}")
             try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
+                if ready():
+                    break
             except OSError:
                 pass
             if time.time() > deadline:
-                pytest.fail(f"{what} did not answer /health within {ready_timeout}s")
-            time.sleep(0.1)
-        yield base
+                pytest.fail(f"{what} was not ready within {ready_timeout}s:\n{log_tail(log)}")
+            time.sleep(poll)
+        yield proc
     finally:
         proc.terminate()
         try:
@@ -51,3 +57,20 @@ def running(cmd, port, log, env, ready_timeout, what="hearth serve"):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def answers_health(base):
+    """A readiness probe: GET base/health answers 200."""
+    def ready():
+        with urllib.request.urlopen(base + "/health", timeout=2) as r:
+            return r.status == 200
+    return ready
+
+
+@contextlib.contextmanager
+def running(cmd, port, log, env, ready_timeout, what="hearth serve"):
+    """Runs cmd (writing to the open file `log`), waits until http://127.0.0.1:port/health
+    answers 200, yields the base URL, and stops the process afterwards."""
+    base = f"http://127.0.0.1:{port}"
+    with server_process(cmd, log, env, answers_health(base), ready_timeout, what):
+        yield base

@@ -197,13 +197,13 @@ const char *hearth_embedder_pooling(const hearth_embedder *e) {
     return e->plan.pooling == POOL_LAST ? "last" : e->plan.pooling == POOL_CLS ? "cls" : "mean";
 }
 
-hearth_status hearth_embed_tokenize(const hearth_embedder *e, const char *text, size_t len, int truncate, int32_t **ids,
-                                    size_t *n_ids, hearth_error *err) {
-    hearth_status st = hearth_tokenize(e->hm, text, len, 1, ids, n_ids, err);
-    if (st || *n_ids <= (size_t)e->max_tokens) return st;
-    if (!truncate) {
+hearth_status embed_tokenize_fit(embed_tokenize_fn tokenize, const void *ctx, const char *text, size_t len,
+                                 int max_tokens, int truncate, int32_t **ids, size_t *n_ids, hearth_error *err) {
+    hearth_status st = tokenize(ctx, text, len, ids, n_ids, err);
+    if (st || *n_ids <= (size_t)max_tokens) return st;
+    if (!truncate || max_tokens < 1) {
         st = err_set(err, HEARTH_ERR_INVALID, "input of %zu tokens is longer than the model's maximum of %d tokens",
-                     *n_ids, e->max_tokens);
+                     *n_ids, max_tokens);
         free(*ids);
         *ids = NULL;
         *n_ids = 0;
@@ -213,14 +213,24 @@ hearth_status hearth_embed_tokenize(const hearth_embedder *e, const char *text, 
      * keep the suffix ones ([SEP], <|endoftext|>) after the kept text, as HF truncation does */
     int32_t *sp = NULL;
     size_t n_sp = 0, n_pre = 0;
-    if (hearth_tokenize(e->hm, "", 0, 1, &sp, &n_sp, NULL) == HEARTH_OK)
+    if (tokenize(ctx, "", 0, &sp, &n_sp, NULL) == HEARTH_OK)
         while (n_pre < n_sp && n_pre < *n_ids && (*ids)[n_pre] == sp[n_pre]) n_pre++;
     free(sp);
-    size_t n_suf = n_sp - n_pre, keep = (size_t)e->max_tokens;
+    size_t n_suf = n_sp - n_pre, keep = (size_t)max_tokens;
     if (n_suf >= keep) n_suf = 0;
     memmove(*ids + keep - n_suf, *ids + *n_ids - n_suf, n_suf * sizeof(int32_t));
     *n_ids = keep;
     return HEARTH_OK;
+}
+
+static hearth_status model_tokenize(const void *model, const char *text, size_t len, int32_t **ids, size_t *n_ids,
+                                    hearth_error *err) {
+    return hearth_tokenize(model, text, len, 1, ids, n_ids, err);
+}
+
+hearth_status hearth_embed_tokenize(const hearth_embedder *e, const char *text, size_t len, int truncate, int32_t **ids,
+                                    size_t *n_ids, hearth_error *err) {
+    return embed_tokenize_fit(model_tokenize, e->hm, text, len, e->max_tokens, truncate, ids, n_ids, err);
 }
 
 static void l2_normalize(float *v, int n) {

@@ -1,6 +1,7 @@
 /* main.c: the hearth command line: dispatches to one function per verb (src/cli/).
  * Uses only include/hearth.h. */
 #include "cli/cli.h"
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -53,6 +54,10 @@ static int appliance(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    /* A file-size limit (ulimit -f) then makes write() fail with EFBIG, which every writer
+     * reports with the file's name (a download keeps its resumable .incomplete part),
+     * instead of killing the process mid-write. */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc >= 2 && (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         usage(stdout);
         return 0;

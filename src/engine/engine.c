@@ -32,6 +32,7 @@ struct hearth_engine {
     int n_threads, context, step_tokens, max_seqs, max_out;
     int deterministic; /* model_batch.batch_invariant for every step */
     cuda_model *gpu;   /* set when the forward pass runs on the GPU (engine_device.c) */
+    int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
     int32_t *step_tok, *step_pos, *step_slot, *out_rows; /* [step_tokens] */
     float *logits;                                        /* [max_out, vocab] */
     sampler *slot_smp;                                    /* [max_seqs], for the scheduler */
@@ -249,6 +250,7 @@ void hearth_seq_close(hearth_engine *e, int seq) {
 
 /* One step on whichever device holds the model. */
 static hearth_status engine_model_forward(hearth_engine *e, const model_batch *b, hearth_error *err) {
+    if (e->gpu && e->greedy_id && b->n_out == 1) return engine_device_forward_ids(e->gpu, &e->kv, b, e->greedy_id, err);
     return e->gpu ? engine_device_forward(e->gpu, &e->kv, b, err) : model_forward(e->m, &e->kv, e->s, b, e->tp, err);
 }
 
@@ -283,7 +285,7 @@ hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens
         model_batch b = {.T = T, .tokens = e->step_tok, .pos = e->step_pos, .slot = e->step_slot, .n_out = n_out,
                          .out_rows = e->out_rows, .logits = e->logits, .batch_invariant = e->deterministic};
         if ((st = engine_model_forward(e, &b, err))) return st;
-        for (size_t i = 0; i < (size_t)n_out * vocab; i++)
+        for (size_t i = 0; !e->greedy_id && i < (size_t)n_out * vocab; i++)
             if (!isfinite(e->logits[i]))
                 return err_set(err, HEARTH_ERR_FORMAT,
                                "%s: the model produced non-finite logits; its weights contain NaN or Inf values",
@@ -294,6 +296,26 @@ hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens
         }
         done += (size_t)T;
     }
+    return HEARTH_OK;
+}
+
+hearth_status hearth_seq_append_greedy(hearth_engine *e, int seq, const int32_t *tokens, size_t n, int32_t *next,
+                                       hearth_error *err) {
+    if (!next) return err_set(err, HEARTH_ERR_INVALID, "hearth_seq_append_greedy: no output");
+    int32_t id = -1;
+    e->greedy_id = e->gpu ? &id : NULL;
+    hearth_status st = hearth_seq_append(e, seq, tokens, n, 1, NULL, err);
+    e->greedy_id = NULL;
+    if (st) {
+        if (st == HEARTH_ERR_FORMAT && e->gpu) err_prefix(err, "%s", e->hm->entry.path);
+        return st;
+    }
+    if (!e->gpu) { /* the sampler's greedy rule: the first index of the largest logit */
+        id = 0;
+        for (int v = 1; v < e->m->cfg.vocab; v++)
+            if (e->logits[v] > e->logits[id]) id = v;
+    }
+    *next = id;
     return HEARTH_OK;
 }
 
@@ -349,7 +371,10 @@ int engine_step_tokens(const hearth_engine *e) { return e->step_tokens; }
 float *engine_logits_buffer(hearth_engine *e) { return e->logits + (size_t)(ENGINE_MAX_LOGITS_ROWS - 1) * e->m->cfg.vocab; }
 const hearth_model *engine_model(const hearth_engine *e) { return e->hm; }
 
-double hearth_engine_measure_bandwidth(hearth_engine *e) { return cpu_read_bandwidth_gbs(e->tp, (size_t)1 << 30, 5); }
+double hearth_engine_measure_bandwidth(hearth_engine *e) {
+    if (e->gpu) return engine_device_bandwidth_gbs(); /* the device's memory feeds the GPU decode */
+    return cpu_read_bandwidth_gbs(e->tp, (size_t)1 << 30, 5);
+}
 
 static double weight_read_bytes(const cpu_weight *w) {
     double b = (double)cpu_weight_row_bytes(w) * (double)w->n;
@@ -374,5 +399,5 @@ double engine_decode_bytes(const model *m, int context, int kv_quant) {
 }
 
 double hearth_engine_decode_bytes(const hearth_engine *e, int context) {
-    return engine_decode_bytes(e->m, context, e->kv.quant);
+    return engine_decode_bytes(e->m, context, e->gpu ? HEARTH_KV_FLOAT : e->kv.quant); /* the GPU pool is f32 */
 }

@@ -61,6 +61,24 @@ hearth_status engine_device_forward(cuda_model *gpu, const kv_cache *kv, const m
 #endif
 }
 
+hearth_status engine_device_forward_ids(cuda_model *gpu, const kv_cache *kv, const model_batch *b, int32_t *ids,
+                                        hearth_error *err) {
+#ifdef HEARTH_HAVE_CUDA
+    return cuda_model_forward_ids(gpu, kv, b, ids, err);
+#else
+    (void)gpu, (void)kv, (void)b, (void)ids;
+    return err_set(err, HEARTH_ERR_UNSUPPORTED, "built without the CUDA backend");
+#endif
+}
+
+double engine_device_bandwidth_gbs(void) {
+#ifdef HEARTH_HAVE_CUDA
+    return cuda_copy_bandwidth_gbs((size_t)1 << 30, 10);
+#else
+    return 0.0;
+#endif
+}
+
 void engine_device_close(cuda_model *gpu) {
 #ifdef HEARTH_HAVE_CUDA
     cuda_model_free(gpu);

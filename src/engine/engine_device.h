@@ -8,5 +8,10 @@
 hearth_status engine_device_open(const model *m, const kv_cache *kv, int device, int max_tokens, int max_out,
                                  cuda_model **gpu, hearth_error *err);
 hearth_status engine_device_forward(cuda_model *gpu, const kv_cache *kv, const model_batch *b, hearth_error *err);
+/* The step with the greedy id of each logits row chosen on the device (cuda_model_forward_ids). */
+hearth_status engine_device_forward_ids(cuda_model *gpu, const kv_cache *kv, const model_batch *b, int32_t *ids,
+                                        hearth_error *err);
+/* The GPU's copy bandwidth (GB/s, read + write; cuda_copy_bandwidth_gbs), 0 without CUDA. */
+double engine_device_bandwidth_gbs(void);
 void engine_device_close(cuda_model *gpu);
 #endif

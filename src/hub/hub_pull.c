@@ -283,7 +283,7 @@ static long long file_size(const char *path) {
     return stat(path, &st) == 0 ? (long long)st.st_size : -1;
 }
 
-static hearth_status check_space(const char *dir, long long need, hearth_error *err) {
+static hearth_status check_space(const char *dir, const char *file, long long need, hearth_error *err) {
     struct statvfs v;
     if (need <= 0 || statvfs(dir, &v)) return HEARTH_OK;
     long long free_bytes = (long long)v.f_bavail * (long long)v.f_frsize;
@@ -291,7 +291,10 @@ static hearth_status check_space(const char *dir, long long need, hearth_error *
     char a[32], b[32];
     hub_format_bytes(need, a, sizeof a);
     hub_format_bytes(free_bytes, b, sizeof b);
-    return err_set(err, HEARTH_ERR_IO, "pull: disk full: %s needs %s more but only %s is free", dir, a, b);
+    return err_set(err, HEARTH_ERR_IO,
+                   "pull: %s: disk full: it needs %s more in %s but only %s is free (free some space and run pull "
+                   "again; it resumes)",
+                   file, a, dir, b);
 }
 
 /* Downloads url into blob (via blob.incomplete), resuming and retrying. */
@@ -309,7 +312,7 @@ static hearth_status fetch_blob(pull_ctx *c, const char *url, const char *file, 
             have = 0;
         }
         if (size >= 0 && have == size) break;
-        if ((st = check_space(c->repo_dir, size >= 0 ? size - have : 0, err))) break;
+        if ((st = check_space(c->repo_dir, file, size >= 0 ? size - have : 0, err))) break;
         FILE *f = fopen(inc, "ab");
         if (!f) {
             st = err_set(err, HEARTH_ERR_IO, "pull: %s: %s", inc, strerror(errno));
@@ -320,8 +323,12 @@ static hearth_status fetch_blob(pull_ctx *c, const char *url, const char *file, 
         CURLcode rc = http_do(c, url, 0, 1, &s, have, &m);
         if (fclose(f) && !s.write_errno) s.write_errno = errno;
         if (s.write_errno) {
-            st = err_set(err, HEARTH_ERR_IO, "pull: writing %s: %s%s", inc, strerror(s.write_errno),
-                         s.write_errno == ENOSPC ? " (disk full: free some space and run pull again; it resumes)" : "");
+            /* EFBIG: a file size limit (ulimit -f, a quota) stops the write as a full disk does; what
+             * was written stays as the .incomplete prefix that the next pull resumes from */
+            int full = s.write_errno == ENOSPC || s.write_errno == EDQUOT || s.write_errno == EFBIG;
+            st = err_set(err, HEARTH_ERR_IO, "pull: %s: writing %s: %s%s", file, inc, strerror(s.write_errno),
+                         full ? " (disk full or over a size limit: free some space and run pull again; it resumes)"
+                              : "");
             break;
         }
         if (rc == CURLE_OK && m.status == 416) break; /* nothing left to send: check below */

@@ -17,8 +17,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* nftw has no user pointer: the walk's state lives here, one walk per thread. */
-static __thread json_t *walk_links; /* blob names linked from kept snapshots */
+/* nftw has no user pointer: the walks' state lives here, one walk per thread. */
+static __thread json_t *walk_links;    /* blob names linked from kept snapshots */
+static __thread json_t *walk_refs;     /* ref names found under refs/ */
+static __thread size_t walk_refs_root; /* strlen of "<repo>/refs/" */
 
 static int collect_link(const char *path, const struct stat *st, int type, struct FTW *f) {
     if (type != FTW_SL) return 0;
@@ -29,6 +31,37 @@ static int collect_link(const char *path, const struct stat *st, int type, struc
     const char *base = strrchr(target, '/');
     json_object_set_new(walk_links, base ? base + 1 : target, json_true());
     return 0;
+}
+
+/* Refs are files under refs/, nested for names with slashes: huggingface_hub writes
+ * revision "refs/pr/1" as refs/refs/pr/1. */
+static int collect_ref(const char *path, const struct stat *st, int type, struct FTW *f) {
+    if (type == FTW_F && strlen(path) > walk_refs_root)
+        json_array_append_new(walk_refs, json_string(path + walk_refs_root));
+    return 0;
+}
+
+static json_t *list_refs(const char *refs) {
+    walk_refs = json_array();
+    walk_refs_root = strlen(refs) + 1;
+    nftw(refs, collect_ref, 16, FTW_PHYS);
+    json_t *names = walk_refs;
+    walk_refs = NULL;
+    return names;
+}
+
+/* Removes the ref file refs/<name> and the folders its name made, as they empty. */
+static void remove_ref(const char *refs, const char *name) {
+    char *p = path_join(refs, name);
+    if (!p || unlink(p)) {
+        free(p);
+        return;
+    }
+    for (char *slash = strrchr(p, '/'); slash && (size_t)(slash - p) > strlen(refs); slash = strrchr(p, '/')) {
+        *slash = 0;
+        if (rmdir(p)) break;
+    }
+    free(p);
 }
 
 static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *f) {
@@ -154,13 +187,15 @@ hearth_status hearth_rm(const char *model, int dry_run, char **report_json, hear
         if (json_array_size(removed) == json_array_size(all)) {
             if (remove_tree(dir) && errno != ENOENT)
                 st = err_set(err, HEARTH_ERR_IO, "rm: %s: %s", dir, strerror(errno));
-        } else { /* refs that named a removed snapshot */
-            json_t *ref_names = list_dir(refs);
+        } else { /* refs that named a removed snapshot, nested ones (refs/pr/N) included */
+            json_t *ref_names = list_refs(refs);
             json_array_foreach(ref_names, i, name) {
                 char *p = path_join(refs, json_string_value(name)), *c = p ? read_ref(p) : NULL;
                 size_t j;
                 json_t *r;
-                json_array_foreach(removed, j, r) if (c && !strcmp(c, json_string_value(r))) unlink(p);
+                int named = 0;
+                json_array_foreach(removed, j, r) named |= c && !strcmp(c, json_string_value(r));
+                if (named) remove_ref(refs, json_string_value(name));
                 free(c);
                 free(p);
             }

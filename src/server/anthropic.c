@@ -7,6 +7,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "server/anthropic.h"
 #include "server/generation.h"
+#include "server/sse_events.h"
 #include "server/toolparse.h"
 #include <microhttpd.h>
 #include <stdlib.h>
@@ -32,14 +33,6 @@ void anth_make_id(char *out, size_t cap, const char *prefix) {
     }
 }
 
-void anth_sse_event(sbuf *out, json_t *o) {
-    const char *type = json_string_value(json_object_get(o, "type"));
-    sbuf_printf(out, "event: %s\ndata: ", type ? type : "message");
-    srv_json_write(out, o);
-    sbuf_puts(out, "\n\n");
-    json_decref(o);
-}
-
 /* ---- the block builder -------------------------------------------------- */
 
 void anth_blocks_init(anth_blocks *b, int stream, sbuf *out, json_t *content) {
@@ -62,18 +55,18 @@ static void block_start(anth_blocks *b, json_t *block) {
         return;
     }
     json_t *ev = json_pack("{s:s,s:i,s:o}", "type", "content_block_start", "index", b->index, "content_block", block);
-    if (ev) anth_sse_event(b->out, ev);
+    if (ev) sse_event(b->out, ev);
 }
 
 static void block_delta(anth_blocks *b, json_t *delta) {
     json_t *ev = json_pack("{s:s,s:i,s:o}", "type", "content_block_delta", "index", b->index, "delta", delta);
-    if (ev) anth_sse_event(b->out, ev);
+    if (ev) sse_event(b->out, ev);
 }
 
 void anth_blocks_close(anth_blocks *b) {
     if (b->open == ANTH_BLOCK_NONE) return;
     if (b->stream) {
-        anth_sse_event(b->out, json_pack("{s:s,s:i}", "type", "content_block_stop", "index", b->index));
+        sse_event(b->out, json_pack("{s:s,s:i}", "type", "content_block_stop", "index", b->index));
     } else {
         json_t *s = json_stringn(b->text.data ? b->text.data : "", b->text.len);
         json_object_set_new(json_array_get(b->content, (size_t)b->index), field_of(b->open), s ? s : json_string(""));
@@ -131,9 +124,8 @@ typedef struct anth_state {
     anth_blocks blocks;
     int32_t *ids; /* generated tokens, to tell which stop sequence matched */
     size_t n_ids, cap_ids;
-    sbuf out; /* streaming: event bytes not yet handed to MHD */
-    size_t out_pos;
-    int ended;
+    sse_stream ss; /* streaming: event bytes not yet handed to MHD */
+    int started;   /* streaming: message_start was written */
 } anth_state;
 
 static void state_free(anth_state *st) {
@@ -144,7 +136,7 @@ static void state_free(anth_state *st) {
     anth_blocks_free(&st->blocks);
     json_decref(st->content);
     free(st->ids);
-    sbuf_free(&st->out);
+    sbuf_free(&st->ss.out);
     free(st);
 }
 
@@ -209,6 +201,8 @@ static void on_token(anth_state *st, const srv_event *ev) {
     if (!ts_in_tool(st->gen.ts) && ts_has_pending(st->gen.ts)) take_pending(st);
 }
 
+static void token_event(void *cls, const srv_event *ev) { on_token(cls, ev); }
+
 /* The stop sequence that ended the generation: the earliest one in the decoded
  * output, as the engine's text stop finds it. NULL if it cannot be told. */
 static const char *matched_stop(anth_state *st) {
@@ -223,15 +217,6 @@ static const char *matched_stop(anth_state *st) {
     }
     hearth_free(text);
     return best;
-}
-
-static json_t *usage_json(const anth_state *st, int input_only) {
-    size_t out = input_only ? 0 : st->gen.job->result.completion_tokens;
-    /* input_tokens stays the whole prompt (as count_tokens says); cache_read_input_tokens
-     * is the part whose KV came from the prefix cache */
-    return json_pack("{s:I,s:I,s:I,s:I}", "input_tokens", (json_int_t)st->gen.job->n_ids, "cache_creation_input_tokens",
-                     (json_int_t)0, "cache_read_input_tokens", (json_int_t)st->gen.job->result.cached_tokens,
-                     "output_tokens", (json_int_t)out);
 }
 
 /* stop_reason and stop_sequence of a finished job. */
@@ -250,7 +235,8 @@ static json_t *message_json(anth_state *st, json_t *content, const char *reason,
     return json_pack("{s:s,s:s,s:s,s:o,s:o,s:o,s:o,s:o}", "id", st->id, "type", "message", "role", "assistant", "model",
                      model ? model : json_string(""), "content", content, "stop_reason",
                      reason ? json_string(reason) : json_null(), "stop_sequence",
-                     stop_seq ? json_string(stop_seq) : json_null(), "usage", usage_json(st, input_only));
+                     stop_seq ? json_string(stop_seq) : json_null(), "usage",
+                     sse_usage_anthropic(st->gen.job, input_only));
 }
 
 /* After the DONE event: closes the blocks and writes the stream's last events.
@@ -263,46 +249,45 @@ static json_t *on_done(anth_state *st) {
     if (!st->req.stream) return message_json(st, json_incref(st->content), reason, seq, 0);
     json_t *delta =
         json_pack("{s:s,s:o}", "stop_reason", reason, "stop_sequence", seq ? json_string(seq) : json_null());
-    anth_sse_event(&st->out,
-                   json_pack("{s:s,s:o,s:o}", "type", "message_delta", "delta", delta, "usage", usage_json(st, 0)));
-    anth_sse_event(&st->out, json_pack("{s:s}", "type", "message_stop"));
-    st->ended = 1;
+    sse_event(&st->ss.out, json_pack("{s:s,s:o,s:o}", "type", "message_delta", "delta", delta, "usage",
+                                     sse_usage_anthropic(st->gen.job, 0)));
+    sse_event(&st->ss.out, json_pack("{s:s}", "type", "message_stop"));
+    st->ss.ended = 1;
     return NULL;
 }
 
-/* MHD pulls stream bytes here, blocking on the job's channel between tokens
- * (every connection has its own thread). */
+/* One job event of a stream. message_start waits for the first event: the batch
+ * has admitted the job by then, so its usage says how much of the prompt the
+ * prefix cache held. */
+static void stream_event(void *cls, const srv_event *ev) {
+    anth_state *st = cls;
+    if (!st->started) {
+        st->started = 1;
+        sse_event(&st->ss.out, json_pack("{s:s,s:o}", "type", "message_start", "message",
+                                         message_json(st, json_array(), NULL, NULL, 1)));
+        sse_event(&st->ss.out, json_pack("{s:s}", "type", "ping"));
+    }
+    if (ev->kind == SRV_EV_PROGRESS) {
+        /* Anthropic's keep-alive while the prompt is processed */
+        if (ev->done) sse_event(&st->ss.out, json_pack("{s:s}", "type", "ping"));
+    } else if (ev->kind == SRV_EV_TOKEN) {
+        on_token(st, ev);
+    } else if (st->gen.job->status) { /* mid-stream failure: an error event ends the stream */
+        srv_log(st->s, SRV_LOG_ERROR, "generation failed: %s", st->gen.job->err.message);
+        srv_error e = {0};
+        srv_engine_error(st->gen.job, &e);
+        sse_event(&st->ss.out, json_pack("{s:s,s:{s:s,s:s}}", "type", "error", "error", "type",
+                                         anth_error_type(e.http_status), "message", e.message));
+        st->ss.ended = 1;
+    } else {
+        on_done(st);
+    }
+}
+
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     anth_state *st = cls;
     (void)pos;
-    while (st->out_pos == st->out.len) {
-        sbuf_reset(&st->out);
-        st->out_pos = 0;
-        if (st->ended) return MHD_CONTENT_READER_END_OF_STREAM;
-        srv_event *ev = srv_job_next_event(st->gen.job);
-        if (ev->kind == SRV_EV_PROGRESS) {
-            /* Anthropic's keep-alive while the prompt is processed */
-            if (ev->done) anth_sse_event(&st->out, json_pack("{s:s}", "type", "ping"));
-        } else if (ev->kind == SRV_EV_TOKEN) {
-            on_token(st, ev);
-        } else if (st->gen.job->status) { /* mid-stream failure: an error event ends
-                                             the stream */
-            srv_log(st->s, SRV_LOG_ERROR, "generation failed: %s", st->gen.job->err.message);
-            srv_error e = {0};
-            srv_engine_error(st->gen.job, &e);
-            anth_sse_event(&st->out, json_pack("{s:s,s:{s:s,s:s}}", "type", "error", "error", "type",
-                                               anth_error_type(e.http_status), "message", e.message));
-            st->ended = 1;
-        } else {
-            on_done(st);
-        }
-        free(ev);
-        if (st->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
-    }
-    size_t n = st->out.len - st->out_pos < max ? st->out.len - st->out_pos : max;
-    memcpy(buf, st->out.data + st->out_pos, n);
-    st->out_pos += n;
-    return (ssize_t)n;
+    return sse_stream_read(&st->ss, st->gen.job, stream_event, st, buf, max);
 }
 
 static void stream_free(void *cls) { state_free(cls); }
@@ -312,32 +297,12 @@ static int respond_error(srv_server *s, struct MHD_Connection *c, srv_error *e, 
     return srv_respond_error(c, s, e, origin);
 }
 
-static int respond_stream(srv_server *s, struct MHD_Connection *c, anth_state *st, const char *origin) {
-    anth_sse_event(&st->out, json_pack("{s:s,s:o}", "type", "message_start", "message",
-                                       message_json(st, json_array(), NULL, NULL, 1)));
-    anth_sse_event(&st->out, json_pack("{s:s}", "type", "ping"));
-    /* 4 KiB blocks: events are small and each should leave as soon as it exists
-     */
-    struct MHD_Response *resp =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, st, stream_free);
-    if (!resp) {
-        state_free(st);
-        return MHD_NO;
-    }
-    srv_add_headers(resp, s, "text/event-stream", origin);
-    MHD_add_response_header(resp, "Cache-Control", "no-cache");
-    int rc = MHD_queue_response(c, 200, resp);
-    MHD_destroy_response(resp);
-    srv_log(s, SRV_LOG_INFO, "POST /v1/messages 200 (stream)");
-    return rc;
-}
-
 int anth_handle_messages(srv_server *s, struct MHD_Connection *c, const char *body, size_t len, const char *origin) {
     srv_error e = {0};
     anth_state *st = calloc(1, sizeof *st);
     if (!st) return srv_fail(&e, 500, "api_error", NULL, NULL, "out of memory"), respond_error(s, c, &e, origin);
     st->s = s;
-    sbuf_init(&st->out);
+    sbuf_init(&st->ss.out);
     st->content = json_array();
     if (anth_request_parse(body, len, &s->cfg.defaults, 0, &st->req, &st->x, &e) ||
         srv_generation_start(s, &st->req, &anth_options, &st->gen, &e)) {
@@ -351,15 +316,9 @@ int anth_handle_messages(srv_server *s, struct MHD_Connection *c, const char *bo
                 "call a tool",
                 st->x.tool_choice == ANTH_TOOL_CHOICE_ANY ? "any" : "tool");
     anth_make_id(st->id, sizeof st->id, "msg_");
-    anth_blocks_init(&st->blocks, st->req.stream, &st->out, st->content);
-    if (st->req.stream) return respond_stream(s, c, st, origin);
-    for (;;) {
-        srv_event *ev = srv_job_next_event(st->gen.job);
-        srv_event_kind k = ev->kind;
-        if (k == SRV_EV_TOKEN) on_token(st, ev);
-        free(ev);
-        if (k == SRV_EV_DONE) break;
-    }
+    anth_blocks_init(&st->blocks, st->req.stream, &st->ss.out, st->content);
+    if (st->req.stream) return sse_respond_stream(s, c, stream_reader, st, stream_free, origin, "/v1/messages");
+    sse_wait_done(st->gen.job, token_event, st);
     int rc;
     if (st->gen.job->status) {
         srv_engine_error(st->gen.job, &e);

@@ -59,9 +59,6 @@ void anth_blocks_tool(anth_blocks *b, const char *id, const char *name, const js
 void anth_blocks_close(anth_blocks *b);
 void anth_blocks_free(anth_blocks *b);
 
-/* Appends "event: <type>\ndata: <json>\n\n" (o is stolen). */
-void anth_sse_event(sbuf *out, json_t *o);
-
 /* "msg_..." / "toolu_..." ids: the prefix and 24 random alphanumerics. */
 void anth_make_id(char *out, size_t cap, const char *prefix);
 

@@ -51,15 +51,7 @@ void srv_embed_close(srv_embed *se) {
 
 const char *srv_embed_model_path(const srv_embed *se) { return se ? hearth_model_path(se->m) : NULL; }
 
-/* The validated request: inputs as token ids (texts tokenized), the output options. */
-typedef struct emb_request {
-    int32_t **ids;
-    size_t *lens, n, tokens;
-    int base64, dims;
-    const char *model;
-} emb_request;
-
-static void emb_request_free(emb_request *r) {
+void emb_request_free(emb_request *r) {
     for (size_t i = 0; r->ids && i < r->n; i++) hearth_free(r->ids[i]);
     free(r->ids);
     free(r->lens);
@@ -70,19 +62,18 @@ static int bad(srv_error *e, const char *param, const char *fmt, const char *arg
 }
 
 /* One list of token ids; checked against the vocabulary and the longest input. */
-static int take_ids(srv_embed *se, const json_t *arr, emb_request *r, size_t k, srv_error *e) {
+static int take_ids(const emb_limits *m, const json_t *arr, emb_request *r, size_t k, srv_error *e) {
     size_t n = json_array_size(arr), i;
     const json_t *v;
     char where[48];
     snprintf(where, sizeof where, "%zu", k);
     if (!n) return bad(e, "input", "'$.input' is invalid: token list %s is empty", where);
-    if (n > (size_t)hearth_embedder_max_tokens(se->e))
+    if (n > (size_t)m->max_tokens)
         return srv_fail(e, 400, "invalid_request_error", "input", "context_length_exceeded",
-                        "input %zu has %zu tokens; this model's maximum is %d tokens", k, n,
-                        hearth_embedder_max_tokens(se->e));
+                        "input %zu has %zu tokens; this model's maximum is %d tokens", k, n, m->max_tokens);
     if (!(r->ids[k] = malloc(n * sizeof(int32_t))))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    int32_t vocab = hearth_vocab_size(se->m);
+    int32_t vocab = m->vocab;
     json_array_foreach(arr, i, v) {
         json_int_t id = json_integer_value(v);
         if (!json_is_integer(v) || id < 0 || id >= vocab)
@@ -95,11 +86,10 @@ static int take_ids(srv_embed *se, const json_t *arr, emb_request *r, size_t k, 
     return 0;
 }
 
-static int take_text(srv_embed *se, const json_t *s, int truncate, emb_request *r, size_t k, srv_error *e) {
+static int take_text(const emb_limits *m, const json_t *s, int truncate, emb_request *r, size_t k, srv_error *e) {
     if (!json_string_length(s)) return bad(e, "input", "%s", "'$.input' is invalid: an input string must not be empty");
     hearth_error err = {0};
-    if (hearth_embed_tokenize(se->e, json_string_value(s), json_string_length(s), truncate, &r->ids[k], &r->lens[k],
-                              &err))
+    if (m->tokenize(m->ctx, json_string_value(s), json_string_length(s), truncate, &r->ids[k], &r->lens[k], &err))
         return srv_fail(e, 400, "invalid_request_error", "input",
                         err.status == HEARTH_ERR_INVALID ? "context_length_exceeded" : NULL, "input %zu: %s", k,
                         err.message);
@@ -107,7 +97,7 @@ static int take_text(srv_embed *se, const json_t *s, int truncate, emb_request *
 }
 
 /* Classifies `input`: a string, a list of strings, a list of ids, a list of id lists. */
-static int parse_inputs(srv_embed *se, const json_t *in, int truncate, emb_request *r, srv_error *e) {
+static int parse_inputs(const emb_limits *m, const json_t *in, int truncate, emb_request *r, srv_error *e) {
     const json_t *list = in;
     int one_ids = 0;
     if (json_is_string(in))
@@ -127,13 +117,13 @@ static int parse_inputs(srv_embed *se, const json_t *in, int truncate, emb_reque
     }
     if (!(r->ids = calloc(r->n, sizeof *r->ids)) || !(r->lens = calloc(r->n, sizeof *r->lens)))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    if (!list) return take_text(se, in, truncate, r, 0, e);
-    if (one_ids) return take_ids(se, in, r, 0, e);
+    if (!list) return take_text(m, in, truncate, r, 0, e);
+    if (one_ids) return take_ids(m, in, r, 0, e);
     for (size_t k = 0; k < r->n; k++) {
         const json_t *item = json_array_get(list, k);
-        int rc = json_is_string(item) ? take_text(se, item, truncate, r, k, e)
+        int rc = json_is_string(item) ? take_text(m, item, truncate, r, k, e)
                  : json_is_array(item)
-                     ? take_ids(se, item, r, k, e)
+                     ? take_ids(m, item, r, k, e)
                      : bad(e, "input", "%s", "'$.input' is invalid: items must all be strings or all token-id lists");
         if (rc) return rc;
         if (json_is_string(item) != json_is_string(json_array_get(list, 0)))
@@ -142,7 +132,8 @@ static int parse_inputs(srv_embed *se, const json_t *in, int truncate, emb_reque
     return 0;
 }
 
-static int parse_request(srv_embed *se, const json_t *body, emb_request *r, srv_error *e) {
+int emb_request_parse(const json_t *body, const emb_limits *m, emb_request *r, srv_error *e) {
+    memset(r, 0, sizeof *r);
     if (!json_is_object(body)) return bad(e, NULL, "%s", "the request body must be a JSON object");
     const json_t *in = json_object_get(body, "input"), *fmt = json_object_get(body, "encoding_format");
     const json_t *dims = json_object_get(body, "dimensions"), *model = json_object_get(body, "model");
@@ -156,7 +147,7 @@ static int parse_request(srv_embed *se, const json_t *body, emb_request *r, srv_
             return bad(e, "encoding_format", "%s", "'encoding_format' must be 'float' or 'base64'");
         r->base64 = !strcmp(f, "base64");
     }
-    int dim = hearth_embedder_dim(se->e);
+    int dim = m->dim;
     r->dims = dim;
     if (dims && !json_is_null(dims)) {
         json_int_t d = json_integer_value(dims);
@@ -167,7 +158,12 @@ static int parse_request(srv_embed *se, const json_t *body, emb_request *r, srv_
         r->dims = (int)d;
     }
     if (trunc && !json_is_boolean(trunc)) return bad(e, "truncate", "%s", "'truncate' must be true or false");
-    return parse_inputs(se, in, json_is_true(trunc), r, e);
+    return parse_inputs(m, in, json_is_true(trunc), r, e);
+}
+
+static hearth_status embedder_tokenize(void *ctx, const char *text, size_t len, int truncate, int32_t **ids,
+                                       size_t *n_ids, hearth_error *err) {
+    return hearth_embed_tokenize(ctx, text, len, truncate, ids, n_ids, err);
 }
 
 static void put_base64(sbuf *b, const unsigned char *p, size_t n) {
@@ -246,7 +242,12 @@ int srv_handle_embeddings(srv_server *s, struct MHD_Connection *c, const char *b
     float *v = NULL;
     char *out = NULL;
     pthread_mutex_lock(&se->mu); /* one embedding request at a time: the embedder is not thread-safe */
-    int rc = parse_request(se, j, &r, &e);
+    emb_limits limits = {.vocab = hearth_vocab_size(se->m),
+                         .max_tokens = hearth_embedder_max_tokens(se->e),
+                         .dim = hearth_embedder_dim(se->e),
+                         .tokenize = embedder_tokenize,
+                         .ctx = se->e};
+    int rc = emb_request_parse(j, &limits, &r, &e);
     if (!rc && !(v = malloc(r.n * (size_t)hearth_embedder_dim(se->e) * sizeof *v)))
         rc = srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
     hearth_error err = {0};

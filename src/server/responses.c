@@ -7,6 +7,7 @@
 #include "server/responses.h"
 #include "server/anthropic.h" /* anth_make_id: the same random-suffix ids */
 #include "server/generation.h"
+#include "server/sse_events.h"
 #include "server/toolparse.h"
 #include <microhttpd.h>
 #include <stdlib.h>
@@ -24,10 +25,8 @@ typedef struct resp_state {
     json_t *context; /* the conversation items before this output */
     json_t *output;  /* the output items so far */
     int stream, seq; /* seq: the next event's sequence_number */
-    sbuf out;        /* streaming: event bytes not yet handed to MHD */
-    size_t out_pos;
-    int ended;
-    int msg_open; /* an output message item is being written */
+    sse_stream ss;   /* streaming: event bytes not yet handed to MHD */
+    int msg_open;    /* an output message item is being written */
     char msg_id[48];
     sbuf text; /* the open message's text so far */
 } resp_state;
@@ -38,21 +37,16 @@ static void state_free(resp_state *st) {
     resp_request_free(&st->rq);
     json_decref(st->context);
     json_decref(st->output);
-    sbuf_free(&st->out);
+    sbuf_free(&st->ss.out);
     sbuf_free(&st->text);
     free(st);
 }
 
-/* Appends "event: <type>\ndata: <json>\n\n" with the next sequence_number (o is
- * stolen). */
+/* Appends the event with the next sequence_number (o is stolen). */
 static void emit(resp_state *st, json_t *o) {
     if (!o) return;
     json_object_set_new(o, "sequence_number", json_integer(st->seq++));
-    const char *type = json_string_value(json_object_get(o, "type"));
-    sbuf_printf(&st->out, "event: %s\ndata: ", type ? type : "message");
-    srv_json_write(&st->out, o);
-    sbuf_puts(&st->out, "\n\n");
-    json_decref(o);
+    sse_event(&st->ss.out, o);
 }
 
 /* ---- the output item builder ---------------------------------------------------- */
@@ -171,15 +165,9 @@ static void on_token(resp_state *st, const srv_event *ev) {
     if (!ts_in_tool(st->gen.ts) && ts_has_pending(st->gen.ts)) take_pending(st);
 }
 
-/* ---- the Response object ----------------------------------------------------------- */
+static void token_event(void *cls, const srv_event *ev) { on_token(cls, ev); }
 
-static json_t *usage_json(const resp_state *st) {
-    json_int_t in = (json_int_t)st->gen.job->n_ids, out = (json_int_t)st->gen.job->result.completion_tokens;
-    json_int_t cached = (json_int_t)st->gen.job->result.cached_tokens; /* the prefix cache's part of `in` */
-    return json_pack("{s:I,s:{s:I,s:i},s:I,s:{s:i},s:I}", "input_tokens", in, "input_tokens_details", "cached_tokens",
-                     cached, "cache_write_tokens", 0, "output_tokens", out, "output_tokens_details", "reasoning_tokens", 0,
-                     "total_tokens", in + out);
-}
+/* ---- the Response object ----------------------------------------------------------- */
 
 static json_t *nullable_string(const char *s) { return s ? json_string(s) : json_null(); }
 
@@ -211,7 +199,7 @@ static json_t *response_json(resp_state *st, const char *status) {
     json_object_set_new(o, "tools", json_deep_copy(rq->tools_echo));
     json_object_set_new(o, "top_p", json_real(rq->req.top_p));
     json_object_set_new(o, "truncation", json_string("disabled"));
-    json_object_set_new(o, "usage", done ? usage_json(st) : json_null());
+    json_object_set_new(o, "usage", done ? sse_usage_responses(st->gen.job) : json_null());
     json_object_set_new(o, "user", json_null());
     json_object_set_new(o, "metadata", json_deep_copy(rq->metadata));
     return o;
@@ -241,40 +229,34 @@ static json_t *on_done(resp_state *st) {
         emit(st,
              json_pack("{s:s,s:O}", "type", strcmp(status, "completed") ? "response.incomplete" : "response.completed",
                        "response", response));
-        st->ended = 1;
+        st->ss.ended = 1;
     }
     return response;
 }
 
 /* ---- HTTP ------------------------------------------------------------------------- */
 
+/* One job event of a stream. */
+static void stream_event(void *cls, const srv_event *ev) {
+    resp_state *st = cls;
+    if (ev->kind == SRV_EV_TOKEN) {
+        on_token(st, ev);
+    } else if (ev->kind == SRV_EV_DONE && st->gen.job->status) { /* mid-stream failure: an error event */
+        srv_log(st->s, SRV_LOG_ERROR, "generation failed: %s", st->gen.job->err.message);
+        srv_error e = {0};
+        srv_engine_error(st->gen.job, &e);
+        emit(st, json_pack("{s:s,s:s,s:s,s:n}", "type", "error", "code", e.code ? e.code : e.type, "message", e.message,
+                           "param"));
+        st->ss.ended = 1;
+    } else if (ev->kind == SRV_EV_DONE) {
+        json_decref(on_done(st));
+    }
+}
+
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     resp_state *st = cls;
     (void)pos;
-    while (st->out_pos == st->out.len) {
-        sbuf_reset(&st->out);
-        st->out_pos = 0;
-        if (st->ended) return MHD_CONTENT_READER_END_OF_STREAM;
-        srv_event *ev = srv_job_next_event(st->gen.job);
-        if (ev->kind == SRV_EV_TOKEN) {
-            on_token(st, ev);
-        } else if (ev->kind == SRV_EV_DONE && st->gen.job->status) { /* mid-stream failure: an error event */
-            srv_log(st->s, SRV_LOG_ERROR, "generation failed: %s", st->gen.job->err.message);
-            srv_error e = {0};
-            srv_engine_error(st->gen.job, &e);
-            emit(st, json_pack("{s:s,s:s,s:s,s:n}", "type", "error", "code", e.code ? e.code : e.type, "message",
-                               e.message, "param"));
-            st->ended = 1;
-        } else if (ev->kind == SRV_EV_DONE) {
-            json_decref(on_done(st));
-        }
-        free(ev);
-        if (st->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
-    }
-    size_t n = st->out.len - st->out_pos < max ? st->out.len - st->out_pos : max;
-    memcpy(buf, st->out.data + st->out_pos, n);
-    st->out_pos += n;
-    return (ssize_t)n;
+    return sse_stream_read(&st->ss, st->gen.job, stream_event, st, buf, max);
 }
 
 static void stream_free(void *cls) { state_free(cls); }
@@ -282,19 +264,7 @@ static void stream_free(void *cls) { state_free(cls); }
 static int respond_stream(srv_server *s, struct MHD_Connection *c, resp_state *st, const char *origin) {
     emit(st, json_pack("{s:s,s:o}", "type", "response.created", "response", response_json(st, "in_progress")));
     emit(st, json_pack("{s:s,s:o}", "type", "response.in_progress", "response", response_json(st, "in_progress")));
-    /* 4 KiB blocks: events are small and each should leave as soon as it exists */
-    struct MHD_Response *resp =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, st, stream_free);
-    if (!resp) {
-        state_free(st);
-        return MHD_NO;
-    }
-    srv_add_headers(resp, s, "text/event-stream", origin);
-    MHD_add_response_header(resp, "Cache-Control", "no-cache");
-    int rc = MHD_queue_response(c, 200, resp);
-    MHD_destroy_response(resp);
-    srv_log(s, SRV_LOG_INFO, "POST /v1/responses 200 (stream)");
-    return rc;
+    return sse_respond_stream(s, c, stream_reader, st, stream_free, origin, "/v1/responses");
 }
 
 static int respond_json(srv_server *s, struct MHD_Connection *c, json_t *o, const char *origin) {
@@ -329,7 +299,7 @@ int resp_handle_create(srv_server *s, struct MHD_Connection *c, const char *body
     resp_state *st = calloc(1, sizeof *st);
     if (!st) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, s, &e, origin);
     st->s = s;
-    sbuf_init(&st->out);
+    sbuf_init(&st->ss.out);
     sbuf_init(&st->text);
     st->output = json_array();
     if (resp_request_parse(body, len, &s->cfg.defaults, &st->rq, &e) || build_context(s, st, &e) ||
@@ -343,13 +313,7 @@ int resp_handle_create(srv_server *s, struct MHD_Connection *c, const char *body
     st->created = (long long)time(NULL);
     st->stream = st->rq.req.stream;
     if (st->stream) return respond_stream(s, c, st, origin);
-    for (;;) {
-        srv_event *ev = srv_job_next_event(st->gen.job);
-        srv_event_kind k = ev->kind;
-        if (k == SRV_EV_TOKEN) on_token(st, ev);
-        free(ev);
-        if (k == SRV_EV_DONE) break;
-    }
+    sse_wait_done(st->gen.job, token_event, st);
     int rc;
     if (st->gen.job->status) {
         srv_engine_error(st->gen.job, &e);

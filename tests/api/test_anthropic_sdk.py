@@ -8,6 +8,7 @@ model or SDK fails with the fix, never skips."""
 
 import http.client
 import json
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -109,6 +110,14 @@ def check_grammar(events):
     return start, blocks, delta
 
 
+def prompt_tokens(usage):
+    """The whole prompt of an Anthropic usage: input_tokens counts only what was not read
+    from the cache (Anthropic's definition); hearth writes no explicit cache entries."""
+    u = usage if isinstance(usage, dict) else usage.model_dump()
+    assert u["cache_creation_input_tokens"] == 0, u
+    return u["input_tokens"] + u["cache_read_input_tokens"]
+
+
 def assert_anthropic_error(status, body, want_status, want_type, needle=None):
     assert status == want_status, (status, body)
     err = json.loads(body)
@@ -126,7 +135,7 @@ def test_create_knows_paris(client):
     assert [b.type for b in r.content] == ["text"]
     assert "Paris" in ANSWER and r.content[0].text == ANSWER
     assert r.stop_reason == "end_turn" and r.stop_sequence is None
-    assert r.usage.input_tokens == len(PROMPT_IDS)
+    assert prompt_tokens(r.usage) == len(PROMPT_IDS)
     # the answer's tokens plus the end-of-turn token
     assert 1 < r.usage.output_tokens <= 32
 
@@ -147,7 +156,7 @@ def test_stream_events_and_text(client, base):
     events = sse(data)
     assert events[1][0] == "ping"  # Anthropic sends one right after message_start
     start, blocks, delta = check_grammar(events)
-    assert start["usage"]["input_tokens"] == len(PROMPT_IDS)
+    assert prompt_tokens(start["usage"]) == len(PROMPT_IDS) == prompt_tokens(delta["usage"])
     assert blocks == [{"type": "text", "text": ANSWER}]
     assert delta["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
     assert delta["usage"]["output_tokens"] == full.usage.output_tokens
@@ -182,7 +191,7 @@ def test_system_prompt(client):
     as_blocks = client.messages.create(model=MODEL, max_tokens=32, messages=QUESTION,
                                        system=[{"type": "text", "text": sys_text}])
     for r in (as_string, as_blocks):
-        assert r.usage.input_tokens == len(PROMPT_IDS) and r.content[0].text == ANSWER
+        assert prompt_tokens(r.usage) == len(PROMPT_IDS) and r.content[0].text == ANSWER
     other = client.messages.count_tokens(model=MODEL, messages=QUESTION, system="Be brief.")
     assert other.input_tokens < len(PROMPT_IDS)
 
@@ -209,7 +218,7 @@ def test_tools_accepted_and_well_formed(client):
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01",
                                       "content": [{"type": "text", "text": "18 C, sunny"}]},
                                      {"type": "text", "text": "Summarize."}]}])
-    assert r2.type == "message" and r2.usage.input_tokens > r.usage.input_tokens
+    assert r2.type == "message" and prompt_tokens(r2.usage) > prompt_tokens(r.usage)
 
 
 BAD = [
@@ -320,5 +329,39 @@ def test_count_tokens_matches_transformers_with_tools():
         # and a generation on that conversation is a well-formed Message
         r = c.messages.create(model=MODEL, max_tokens=8, system="Be terse.", messages=anth_messages,
                               tools=[WEATHER])
-        assert r.usage.input_tokens == len(tok(want_tools, add_special_tokens=False)["input_ids"])
+        assert prompt_tokens(r.usage) == len(tok(want_tools, add_special_tokens=False)["input_ids"])
         assert r.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_usage_splits_cached_prompt():
+    """Anthropic's usage: input_tokens is the part of the prompt not read from the cache,
+    cache_read_input_tokens the part that was; their sum is the prompt as HF tokenizers
+    count it. The same long prompt twice: the second time hearth's prefix cache holds all
+    its full KV blocks, and the create, the stream's message_start and its message_delta
+    (as the SDK accumulates them) all say so."""
+    need(QWEN3, "tiny qwen3 model", "run tools/make_tiny_models.py")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(QWEN3))
+    text = "Remember these pairs. " + " ".join(f"key {i} maps to value {i * 7919 % 1000}" for i in range(60))
+    messages = [{"role": "user", "content": text}]
+    want = len(tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                   add_special_tokens=False)["input_ids"])
+    assert want > 300  # many KV blocks
+    with server(QWEN3) as b:
+        with urllib.request.urlopen(b + "/stats", timeout=30) as r:
+            block = json.loads(r.read())["kv_blocks"]["block_tokens"]
+        c = anthropic.Anthropic(base_url=b, api_key="unused", max_retries=0, timeout=120)
+        first = c.messages.create(model=MODEL, max_tokens=4, messages=messages)
+        second = c.messages.create(model=MODEL, max_tokens=4, messages=messages)
+        with c.messages.stream(model=MODEL, max_tokens=4, messages=messages) as stream:
+            start = next(e for e in stream if e.type == "message_start").message.usage
+            final = stream.get_final_message().usage
+    for u in (first, second):
+        assert prompt_tokens(u.usage) == want, u.usage
+    assert first.usage.cache_read_input_tokens == 0  # a fresh server: nothing was cached before
+    # every full block of the prompt but the last (one token is always computed) is reused
+    for u in (second.usage, start, final):
+        assert prompt_tokens(u) == want, u
+        assert u.cache_read_input_tokens > 0 and u.cache_read_input_tokens >= want - 2 * block, u
+        assert u.input_tokens == want - u.cache_read_input_tokens

@@ -396,6 +396,93 @@ def test_rm_reclaims_blobs_no_other_snapshot_uses(hub, env, tmp_path):
     assert r.returncode == 1 and "not in the Hugging Face cache" in r.stderr
 
 
+def test_rm_handles_pr_refs(hub, env, tmp_path):
+    """A PR revision is cached as refs/refs/pr/N (huggingface_hub's layout). rm of it
+    removes that nested ref and only its own blobs; rm of a revision whose snapshot a PR
+    ref also names removes that ref too, and never a blob another snapshot links."""
+    shared = b'{"shared": true}\n'
+    hub.repos[REPO_ID] = {"main": (COMMIT, {"config.json": shared, "a.txt": b"only in main\n"}),
+                          "refs/pr/1": (COMMIT2, {"config.json": shared, "b.txt": b"only in the PR\n"})}
+    for rev in ("", "@refs/pr/1"):
+        r = hearth(env, "pull", REPO_ID + rev)
+        assert r.returncode == 0, r.stderr
+    repo = tmp_path / "hub" / "models--hearth-test--tiny-llama"
+    pr_ref = repo / "refs" / "refs" / "pr" / "1"
+    assert pr_ref.read_text() == COMMIT2
+    hh = hf_hub()
+    refs = {rev.commit_hash: set(rev.refs) for rev in next(iter(hh.scan_cache_dir(tmp_path / "hub").repos)).revisions}
+    assert refs == {COMMIT: {"main"}, COMMIT2: {"refs/pr/1"}}  # huggingface_hub reads hearth's refs
+    r = hearth(env, "rm", REPO_ID + "@refs/pr/1", "-y", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["snapshots"] == [COMMIT2] and report["blobs"] == 1
+    assert report["freed_bytes"] == len(b"only in the PR\n")
+    assert not pr_ref.exists() and not (repo / "refs" / "refs").exists() and (repo / "refs" / "main").exists()
+    scan = hh.scan_cache_dir(tmp_path / "hub")
+    assert not scan.warnings, scan.warnings
+    assert Path(hh.try_to_load_from_cache(REPO_ID, "config.json", cache_dir=str(tmp_path / "hub"))).read_bytes() == shared
+    # a PR ref naming the same snapshot as main: rm @main takes the snapshot and both refs,
+    # but not the blobs of the snapshot that stays
+    del hub.repos[REPO_ID]["refs/pr/1"]  # the fake hub serves the first revision a commit matches
+    hub.repos[REPO_ID]["refs/pr/2"] = (COMMIT, hub.repos[REPO_ID]["main"][1])
+    hub.repos[REPO_ID]["v2"] = (COMMIT2, {"config.json": shared, "b.txt": b"only in v2\n"})
+    for rev in ("@refs/pr/2", "@v2"):
+        r = hearth(env, "pull", REPO_ID + rev)
+        assert r.returncode == 0, r.stderr
+    r = hearth(env, "rm", REPO_ID + "@main", "-y", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["snapshots"] == [COMMIT]
+    assert not (repo / "refs" / "main").exists() and not (repo / "refs" / "refs").exists()
+    assert (repo / "refs" / "v2").read_text() == COMMIT2
+    scan = hh.scan_cache_dir(tmp_path / "hub")
+    assert not scan.warnings, scan.warnings
+    for name, data in (("config.json", shared), ("b.txt", b"only in v2\n")):
+        got = hh.try_to_load_from_cache(REPO_ID, name, revision="v2", cache_dir=str(tmp_path / "hub"))
+        assert got and Path(got).read_bytes() == data, name
+
+
+def limit_file_size(limit):
+    """preexec_fn: writes past `limit` bytes fail with EFBIG (RLIMIT_FSIZE), as they would
+    with ENOSPC on a full disk; SIGXFSZ ignored so that the write fails instead of the
+    signal killing the process (an ignored signal stays ignored across exec)."""
+    import resource
+    import signal
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_pull_on_a_full_disk_fails_clearly_and_resumes(hub, env, tmp_path):
+    data = (SOURCE / "model.safetensors").read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    limit = 100_000
+    assert len(data) > 2 * limit
+    r = subprocess.run([str(BIN), "pull", REPO_ID, "--include", "model.safetensors"], env=env, capture_output=True,
+                       text=True, timeout=120, preexec_fn=limit_file_size(limit))
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "model.safetensors" in r.stderr and "File too large" in r.stderr and "resumes" in r.stderr, r.stderr
+    repo = tmp_path / "hub" / "models--hearth-test--tiny-llama"
+    # nothing presented as complete: no blob under its final name, no snapshot link, no ref
+    assert not (repo / "blobs" / sha).exists()
+    assert not (repo / "snapshots" / COMMIT / "model.safetensors").exists()
+    assert not (repo / "refs" / "main").exists()
+    hh = hf_hub()
+    assert hh.try_to_load_from_cache(REPO_ID, "model.safetensors", cache_dir=str(tmp_path / "hub")) is None
+    partial = repo / "blobs" / (sha + ".incomplete")
+    have = partial.stat().st_size
+    assert 0 < have <= limit and partial.read_bytes() == data[:have]  # a true prefix
+    # space again: the next pull resumes from the prefix and completes
+    hub.requests.clear()
+    r = hearth(env, "pull", REPO_ID, "--include", "model.safetensors")
+    assert r.returncode == 0, r.stderr
+    assert [rg for _, p, rg, _ in hub.requests if p == f"/cdn/{sha}"] == [f"bytes={have}-"]
+    got = hh.try_to_load_from_cache(REPO_ID, "model.safetensors", cache_dir=str(tmp_path / "hub"))
+    assert got and hashlib.sha256(Path(got).read_bytes()).hexdigest() == sha
+    assert not partial.exists()
+
+
 # ---- ls / library ------------------------------------------------------------------------
 
 

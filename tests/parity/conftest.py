@@ -28,6 +28,20 @@ REAL_GOLDENS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m
 FIX_MODELS = "run tools/get_models.sh (or `make parity`)"
 
 
+@functools.lru_cache(maxsize=4)
+def _gguf_reader(path, mtime_ns, size):
+    import gguf
+    return gguf.GGUFReader(path)
+
+
+def gguf_reader(path):
+    """gguf.GGUFReader(path), parsed once per file per test session: parsing Gemma 3's
+    262k-entry vocabulary takes ~30 s, and several test files read the same real GGUFs.
+    Keyed by path, mtime and size, so a file rewritten in place is parsed again."""
+    st = os.stat(path)
+    return _gguf_reader(str(path), st.st_mtime_ns, st.st_size)
+
+
 def _need(path, what, fix):
     if not Path(path).exists():
         pytest.fail(f"{what} missing: {path}; {fix}", pytrace=False)

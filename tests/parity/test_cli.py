@@ -12,7 +12,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import hf_tokenizer
+from conftest import gguf_reader, hf_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "bin", "hearth"))
@@ -67,7 +67,7 @@ def test_info_matches_config_and_mlx(model):
 def test_info_matches_gguf_reader(path):
     import gguf
 
-    r = gguf.GGUFReader(path)
+    r = gguf_reader(path)
 
     def field(key):
         f = r.fields[key]
@@ -140,7 +140,7 @@ def test_tensors_cli_dequant_matches_gguf(path, tmp_path):
     import gguf
     from gguf.quants import dequantize
 
-    r = gguf.GGUFReader(path)
+    r = gguf_reader(path)
     seen = set()
     for t in r.tensors:  # one tensor of every type present
         if t.tensor_type in seen:

@@ -18,6 +18,7 @@ import pytest
 import gguf
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
+from conftest import gguf_reader
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth")))
@@ -200,7 +201,7 @@ def assert_scalar_equal(got, want, vtype, what):
 
 def compare_file(dump, path):
     meta = json.loads(run(dump, path, "meta"))
-    r = gguf.GGUFReader(str(path))
+    r = gguf_reader(path)
     fields = {k: f for k, f in r.fields.items() if not k.startswith("GGUF.")}
     assert set(meta["metadata"]) == set(fields), "metadata keys differ"
     for key, field in fields.items():

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CACHE, REAL_GGUFS
+from conftest import CACHE, REAL_GGUFS, gguf_reader
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("HEARTH_BIN", ROOT / "bin" / "hearth"))
@@ -87,8 +87,7 @@ def test_int8_kv_kl_and_agreement(helper, text, key):
 
 
 def gguf_kv_shape(path):
-    from gguf import GGUFReader
-    rd = GGUFReader(str(path))
+    rd = gguf_reader(path)
     arch = bytes(rd.fields["general.architecture"].parts[-1]).decode()
 
     def num(key):

@@ -89,7 +89,7 @@ static void *make_mlx4(int64_t n, int64_t k, cpu_weight *w) {
 static void *make_weight(tensor_dtype t, int64_t n, int64_t k, cpu_weight *w) {
     if (t == DT_U32) return make_mlx4(n, k, w);
     *w = (cpu_weight){.dtype = t, .n = n, .k = k};
-    int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K ? 256 : 1;
+    int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K || t == DT_Q6_K ? 256 : 1;
     size_t bytes = (size_t)(n * (k / be) * bb);
     uint8_t *d = malloc(bytes);
     for (size_t i = 0; i < bytes; i++) d[i] = (uint8_t)rnd();
@@ -103,6 +103,10 @@ static void *make_weight(tensor_dtype t, int64_t n, int64_t k, cpu_weight *w) {
             uint16_t h = f32_to_f16(rndf() * 0.05f);
             memcpy(d + b * bb + 2 * j, &h, 2);
         }
+    for (size_t b = 0; t == DT_Q6_K && b < bytes / (size_t)bb; b++) { /* Q6_K: d at 208 (scales: random int8) */
+        uint16_t h = f32_to_f16(rndf() * 0.05f);
+        memcpy(d + b * bb + 208, &h, 2);
+    }
     w->data = d;
     return d;
 }
@@ -182,6 +186,7 @@ static void test_gemv(void **state) {
         {DT_F16, 37, 200},  {DT_F16, 19, 77},    {DT_F16, 129, 2048},
         {DT_Q8_0, 37, 96},  {DT_Q8_0, 301, 4096}, {DT_Q8_0, 5, 32},
         {DT_Q4_K, 37, 256}, {DT_Q4_K, 129, 2304}, {DT_Q4_K, 3, 1280},
+        {DT_Q6_K, 37, 256}, {DT_Q6_K, 129, 2304}, {DT_Q6_K, 3, 1280}, {DT_Q6_K, 5, 4096},
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) check_gemv(shapes[s].t, shapes[s].n, shapes[s].k, Ts[i]);
@@ -200,6 +205,64 @@ static void test_gemv(void **state) {
     mlx_sb = DT_BF16;
 }
 
+/* cuda_gemv_multi: q/k/v-like weights of one input in one launch (BF16 and F16, rows of
+ * 4096 and odd counts) and the per-weight fallback (mixed formats), against the CPU
+ * reference with check_matmul's tolerance. */
+static void check_multi(tensor_dtype t0, tensor_dtype t2, int64_t k, int T) {
+    const int64_t ns[3] = {37, 9, 11};
+    cpu_weight w[3];
+    void *host[3];
+    cuda_weight dw[3];
+    hearth_error e = {0};
+    float *x = malloc((size_t)(T * k) * sizeof *x), *dy[3];
+    for (int64_t i = 0; i < T * k; i++) x[i] = rndf();
+    for (int i = 0; i < 3; i++) {
+        host[i] = make_weight(i == 2 ? t2 : t0, ns[i], k, &w[i]);
+        assert_int_equal(cuda_weight_upload(&dw[i], &w[i], "multi", &e), HEARTH_OK);
+        dy[i] = dev_from(NULL, (size_t)(T * ns[i]) * sizeof(float));
+    }
+    float *dx = dev_from(x, (size_t)(T * k) * sizeof *x);
+    const cuda_weight *ws[3] = {&dw[0], &dw[1], &dw[2]};
+    assert_int_equal(cuda_gemv_multi(ws, dy, 3, dx, T, &e), HEARTH_OK);
+    float *row = malloc((size_t)k * sizeof *row), *ref = malloc((size_t)T * 64 * sizeof *ref);
+    for (int i = 0; i < 3; i++) {
+        float *y = download(dy[i], (size_t)(T * ns[i]));
+        for (int tt = 0; tt < T; tt++) cpu_ref_rows(&w[i], 0, ns[i], x + tt * k, ref + tt * ns[i]);
+        for (int64_t r = 0; r < ns[i]; r++) {
+            float wmax = 0.0f;
+            for (int64_t k0 = 0; k0 < k; k0 += 256) cpu_ref_dequant(&w[i], r, k0, k - k0 < 256 ? (int)(k - k0) : 256, row + k0);
+            for (int64_t c = 0; c < k; c++) wmax = fmaxf(wmax, fabsf(row[c]));
+            for (int tt = 0; tt < T; tt++) {
+                double sx = 0;
+                for (int64_t c = 0; c < k; c++) sx += fabs(x[tt * k + c]);
+                double tol = (double)(k / 32 + 32 + 5) * FLT_EPSILON * 2.0 * wmax * sx + 1e-30;
+                float g = y[tt * ns[i] + r], c = ref[tt * ns[i] + r];
+                if (!(fabs((double)g - c) <= tol))
+                    fail_msg("gemv_multi %s/%s k=%lld T=%d weight %d row %lld: %.9g, reference %.9g", tensor_dtype_name(t0),
+                             tensor_dtype_name(t2), (long long)k, T, i, (long long)r, g, c);
+            }
+        }
+        free(y);
+        cuda_free(dy[i]);
+        cuda_weight_free(&dw[i]);
+        free(host[i]);
+    }
+    free(row);
+    free(ref);
+    cuda_free(dx);
+    free(x);
+}
+
+static void test_gemv_multi(void **state) {
+    (void)state;
+    static const int Ts[] = {1, 3, 8, 11};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        check_multi(DT_BF16, DT_BF16, 4096, Ts[i]);
+        check_multi(DT_F16, DT_F16, 200, Ts[i]);
+        check_multi(DT_Q4_K, DT_Q6_K, 512, Ts[i]); /* Q4_K_M's mixed q/k/v: one launch each */
+    }
+}
+
 /* The prefill path: cuda_matmul with T >= 9 dequantizes into the GEMM scratch and calls
  * cuBLAS; checked in both operand modes on the same odd shapes. */
 static void test_gemm(void **state) {
@@ -207,7 +270,7 @@ static void test_gemm(void **state) {
     static const int Ts[] = {9, 17, 40};
     static const struct { tensor_dtype t; int64_t n, k; } shapes[] = {
         {DT_BF16, 37, 200}, {DT_BF16, 19, 77}, {DT_F16, 129, 2048}, {DT_Q8_0, 37, 96},
-        {DT_Q8_0, 301, 4096}, {DT_Q4_K, 37, 256}, {DT_Q4_K, 129, 2304}, {DT_F32, 33, 100},
+        {DT_Q8_0, 301, 4096}, {DT_Q4_K, 37, 256}, {DT_Q4_K, 129, 2304}, {DT_F32, 33, 100}, {DT_Q6_K, 37, 512},
         {DT_U32, 37, 128},    {DT_U32, 129, 2048}, /* MLX 4-bit, groups of 64, bf16 scales */
     };
     for (int exact = 0; exact < 2; exact++) {
@@ -319,8 +382,12 @@ static void test_gated_activations(void **state) {
 /* prefill: 45 consecutive tokens of slot 1 ending at its last position (the tiled
  * prefill kernel, with a partial last tile and chunks crossing KV blocks); else 4 tokens of
  * three slots (the decode kernel). */
+/* Decode runs with and without the split-K scratch; heads: 6 (3 per KV head), or 8 / 16. */
+static int att_heads = 6, att_split = 0;
+
 static void check_attention(int head_dim, int window, int prefill) {
-    enum { LAYERS = 2, KVH = 2, HEADS = 6, SLOTS = 3, TMAX = 45 };
+    enum { LAYERS = 2, KVH = 2, SLOTS = 3, TMAX = 45 };
+    int HEADS = att_heads;
     int T = prefill ? TMAX : 4;
     kv_cache kv;
     hearth_error e = {0};
@@ -353,7 +420,14 @@ static void check_attention(int head_dim, int window, int prefill) {
     cuda_attention_args ga = {.kv = &dkv, .layer = 1, .q = dq, .out = dout, .T = T, .n_heads = HEADS,
                               .n_kv_heads = KVH, .head_dim = head_dim, .pos = dpos, .slot = dslot,
                               .window = window, .scale = ca.scale, .single_slot = prefill};
+    float *dsplit = NULL;
+    if (att_split) {
+        ga.split_scratch_floats = cuda_attention_split_floats(T, HEADS, head_dim);
+        dsplit = dev_from(NULL, ga.split_scratch_floats * sizeof(float));
+        ga.split_scratch = dsplit;
+    }
     assert_int_equal(cuda_attention(&ga, &e), HEARTH_OK);
+    if (dsplit) cuda_free(dsplit);
     float *out = download(dout, nq);
     for (size_t i = 0; i < nq; i++)
         /* out is a convex combination of values in [-1, 1]; scores (<= head_dim products,
@@ -361,8 +435,8 @@ static void check_attention(int head_dim, int window, int prefill) {
          * weights by ~1e-6 relative; 2e-5 absolute leaves room and catches any wrong
          * position, head or block. */
         if (!(fabsf(out[i] - ref[i]) <= 2e-5f))
-            fail_msg("attention d=%d window=%d prefill=%d: out[%zu] = %.9g, reference %.9g", head_dim, window,
-                     prefill, i, out[i], ref[i]);
+            fail_msg("attention d=%d window=%d prefill=%d heads=%d split=%d: out[%zu] = %.9g, reference %.9g",
+                     head_dim, window, prefill, HEADS, att_split, i, out[i], ref[i]);
     free(out);
     cuda_free(dq);
     cuda_free(dout);
@@ -385,6 +459,20 @@ static void test_attention(void **state) {
             check_attention(dims[i], 5, prefill); /* windows shorter than the tile and a chunk */
         }
     }
+    /* decode: the GQA split-K kernel with 3, 4 and 8 query heads per KV head (8 x 256 and
+     * head_dim 40... fall back to the per-head kernel), with and without split scratch */
+    static const int heads[] = {6, 8, 16};
+    for (int sp = 0; sp < 2; sp++)
+        for (int hh = 0; hh < 3; hh++)
+            for (int i = 0; i < 4; i++) {
+                att_split = sp;
+                att_heads = heads[hh];
+                check_attention(dims[i], 0, 0);
+                check_attention(dims[i], 37, 0);
+                check_attention(dims[i], 5, 0);
+            }
+    att_split = 0;
+    att_heads = 6;
 }
 
 /* ---------- errors ---------- */
@@ -393,9 +481,9 @@ static void test_errors(void **state) {
     (void)state;
     hearth_error e = {0};
     cuda_weight dw;
-    uint8_t buf[210 * 4] = {0};
-    cpu_weight q6 = {.dtype = DT_Q6_K, .data = buf, .n = 4, .k = 256};
-    assert_int_equal(cuda_weight_upload(&dw, &q6, "blk.0.ffn_down.weight", &e), HEARTH_ERR_UNSUPPORTED);
+    uint8_t buf[176 * 4] = {0}; /* Q5_K: no native kernel (cuda_weight_upload_any expands it) */
+    cpu_weight q5 = {.dtype = DT_Q5_K, .data = buf, .n = 4, .k = 256};
+    assert_int_equal(cuda_weight_upload(&dw, &q5, "blk.0.ffn_down.weight", &e), HEARTH_ERR_UNSUPPORTED);
     assert_non_null(strstr(e.message, "blk.0.ffn_down.weight"));
     assert_int_equal(cuda_device_open(1000, NULL, &e), cuda_device_count() ? HEARTH_ERR_INVALID : HEARTH_ERR_UNSUPPORTED);
 }
@@ -422,7 +510,7 @@ int main(void) {
     printf("test_cuda: device 0: %s (sm_%d%d, %d SMs, %.1f GiB); seed %llx\n", info.name, info.cc_major,
            info.cc_minor, info.n_sms, info.total_mem / 1073741824.0, (unsigned long long)rng_state);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemv),      cmocka_unit_test(test_gemm),     cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_gemv),      cmocka_unit_test(test_gemv_multi),      cmocka_unit_test(test_gemm),     cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_rope),
         cmocka_unit_test(test_gated_activations), cmocka_unit_test(test_attention), cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -104,6 +104,18 @@ static void test_argmax(void **state) {
         for (int r = 0; r < rows; r++)
             if (ids[r] != host_argmax(x + (size_t)r * v, v))
                 fail_msg("argmax vocab %d row %d: device %d, host %d", v, r, ids[r], host_argmax(x + (size_t)r * v, v));
+        /* the engine's variant (hearth_seq_append_greedy on the GPU): the same ids, and -1
+         * for a row with a non-finite logit (row 2's -inf; row 4 gets a NaN), which the
+         * engine reports as its non-finite-logits error like its host check */
+        x[4 * (size_t)v + v / 2] = NAN;
+        cuda_free(dx);
+        dx = dev_copy(x, (size_t)rows * v * 4);
+        assert_int_equal(cuda_argmax_checked(dx, rows, v, dids, NULL), HEARTH_OK);
+        host_copy(ids, dids, sizeof ids);
+        for (int r = 0; r < rows; r++) {
+            int32_t want = r == 2 || r == 4 ? -1 : host_argmax(x + (size_t)r * v, v);
+            if (ids[r] != want) fail_msg("argmax_checked vocab %d row %d: device %d, want %d", v, r, ids[r], want);
+        }
         cuda_free(dx), cuda_free(dids);
         free(x);
     }

@@ -38,8 +38,12 @@ typedef struct cpu_kernel {
 /* Scalar reference: dequantizes each block to float and accumulates in double. Handles
  * every format cpu_weight_check accepts; x is a float row (CPU_ACT_F32). */
 void cpu_ref_rows(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, float *y);
+/* The same for T float rows (x row t at x + t * x_stride), bit-identical to T calls of
+ * cpu_ref_rows; matmul.c uses it for prefill on the scalar tier. */
+void cpu_ref_tile(const cpu_weight *w, int64_t n0, int64_t n1, const float *x, int64_t x_stride, int T, float *y,
+                  int64_t y_stride);
 /* Dequantizes elements [k0, k0 + count) of row n to out; count <= 256 and k0, count are
- * multiples of the format's block (32 for MLX affine, so one call stays in one group). */
+ * multiples of the format's block; for MLX affine, inside one group. */
 void cpu_ref_dequant(const cpu_weight *w, int64_t n, int64_t k0, int count, float *out);
 
 /* Fast kernels: fill *out and return 1 if the format has one at that level. */

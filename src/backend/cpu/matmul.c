@@ -166,6 +166,10 @@ static void rows_task(void *ctx, int task, int thread) {
             p->kern.tile(p->w, r0, r1, j->xq, nb, j->T, p->y, p->w->n);
             continue;
         }
+        if (p->kern.rows == cpu_ref_rows && j->T > 1) { /* bit-identical to the loop below */
+            cpu_ref_tile(p->w, r0, r1, j->x, j->k, j->T, p->y, p->w->n);
+            continue;
+        }
         for (int t = 0; t < j->T; t++) {
             const void *xt = j->act == CPU_ACT_F32 ? (const void *)(j->x + (int64_t)t * j->k)
                                                    : (const void *)(j->xq + t * nb);

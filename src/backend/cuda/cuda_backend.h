@@ -35,6 +35,10 @@ hearth_status cuda_alloc(void **dev, size_t bytes, const char *what, hearth_erro
 void cuda_free(void *dev);
 hearth_status cuda_upload(void *dev, const void *host, size_t bytes, hearth_error *err);
 hearth_status cuda_download(void *host, const void *dev, size_t bytes, hearth_error *err);
+/* Device memory bandwidth in GB/s, counting bytes read plus bytes written, of a
+ * device-to-device copy of `bytes` (the best of reps, timed with events): the decode
+ * roofline's ceiling on the GPU. 0 when it cannot be measured (no memory, no device). */
+double cuda_copy_bandwidth_gbs(size_t bytes, int reps);
 /* Waits for all queued kernels; reports any asynchronous kernel fault. */
 hearth_status cuda_sync(hearth_error *err);
 /* Stream-ordered copies on the backend's stream (host memory pinned for a truly
@@ -107,6 +111,12 @@ void cuda_weight_free(cuda_weight *dw);
  * decode (T small); any T works, in chunks of 8 rows. Launches on the default stream. */
 hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err);
 
+/* ys[i][T, n_i] = x[T, k] · ws[i]^T for nw <= 3 weights of one input (a layer's q, k, v):
+ * one launch when they are all F16 or all BF16 with the same k (16-byte aligned rows),
+ * else one cuda_gemv each. Same arithmetic as cuda_gemv per row. */
+hearth_status cuda_gemv_multi(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T,
+                              hearth_error *err);
+
 /* Element-wise ops: same semantics as ops.h, device pointers. */
 hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps,
                            hearth_error *err);
@@ -122,6 +132,9 @@ hearth_status cuda_add_rmsnorm(float *out, float *x, const float *delta, const f
 /* out[r] = the first index of the largest value of logits row r (the sampler's greedy
  * rule, NaN never chosen): only token ids need to leave the device. */
 hearth_status cuda_argmax(const float *logits, int rows, int vocab, int32_t *out, hearth_error *err);
+/* cuda_argmax, but a row holding any NaN or infinity gets -1 (the engine's non-finite
+ * logits error, which the host checks when the logits come back). */
+hearth_status cuda_argmax_checked(const float *logits, int rows, int vocab, int32_t *out, hearth_error *err);
 
 /* y[i] += x[i]; y[t, :] += bias for T rows of n; dst[i, :] = src[rows[i], :] (rows on the device). */
 hearth_status cuda_add(float *y, const float *x, size_t n, hearth_error *err);
@@ -160,7 +173,13 @@ typedef struct cuda_attention_args {
     float scale;
     int single_slot; /* 1: every token is in slot[0]'s sequence (a prefill chunk): with more
                         than 8 tokens the tiled prefill kernel runs (K/V tiles shared by 8 tokens) */
+    /* Decode (T <= 8): device scratch for the split-K partial results (may be NULL: one
+     * split per (KV head, token)); cuda_attention_split_floats gives the size to allocate. */
+    float *split_scratch;
+    size_t split_scratch_floats;
 } cuda_attention_args;
+/* Floats of split_scratch that let decode attention of up to max_T tokens use every split. */
+size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);
 hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err);
 
 /* Prefill matmul: y[T, n] = x[T, k] · W^T through cuBLAS. The weight is dequantized into

@@ -152,7 +152,8 @@ int cuda_weight_supported(const cpu_weight *w) {
     case DT_F16:
     case DT_BF16: return 1;
     case DT_Q8_0: return w->k % 32 == 0;
-    case DT_Q4_K: return w->k % 256 == 0;
+    case DT_Q4_K:
+    case DT_Q6_K: return w->k % 256 == 0;
     case DT_U32: /* MLX affine: the 4-bit kernel reads 32 weights (16 bytes) of one group per load */
         return w->bits == 4 && w->group_size >= 32 && w->group_size % 32 == 0 && w->k % w->group_size == 0 &&
                (w->sb_dtype == DT_F16 || w->sb_dtype == DT_BF16) && w->scales && w->biases;
@@ -181,6 +182,35 @@ static hearth_status upload_q8_0(cuda_weight *dw, const cpu_weight *w, const cha
     dw->bytes = nq + nb * 2;
     free(q);
     free(d);
+    return s;
+}
+
+/* Q6_K blocks are 210 bytes (ql[128], qh[64], int8 scales[16], f16 d): split into the
+ * four planes of cuda_weight so every quant load is a 16-byte aligned vector. */
+static hearth_status upload_q6_k(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
+    size_t nk = (size_t)w->n * (size_t)w->k, nb = nk / 256;
+    size_t data_bytes = nk / 2 + nk / 4, scale_bytes = nk / 16 + nb * 2;
+    uint8_t *q = (uint8_t *)malloc(data_bytes), *s8 = (uint8_t *)malloc(scale_bytes);
+    hearth_status s = HEARTH_OK;
+    if (!q || !s8) s = err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory to repack Q6_K", what);
+    if (!s) {
+        const uint8_t *src = (const uint8_t *)w->data;
+        uint8_t *ql = q, *qh = q + nk / 2, *sc = s8, *d = s8 + nk / 16;
+        for (size_t b = 0; b < nb; b++) {
+            const uint8_t *blk = src + b * 210;
+            memcpy(ql + b * 128, blk, 128);
+            memcpy(qh + b * 64, blk + 128, 64);
+            memcpy(sc + b * 16, blk + 192, 16);
+            memcpy(d + b * 2, blk + 208, 2);
+        }
+        s = cuda_alloc(&dw->data, data_bytes, what, err);
+    }
+    if (!s) s = cuda_alloc(&dw->scales, scale_bytes, what, err);
+    if (!s) s = cuda_upload(dw->data, q, data_bytes, err);
+    if (!s) s = cuda_upload(dw->scales, s8, scale_bytes, err);
+    dw->bytes = data_bytes + scale_bytes;
+    free(q);
+    free(s8);
     return s;
 }
 
@@ -236,6 +266,8 @@ hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const cha
     hearth_status s;
     if (w->dtype == DT_Q8_0) {
         s = upload_q8_0(dw, w, what, err);
+    } else if (w->dtype == DT_Q6_K) {
+        s = upload_q6_k(dw, w, what, err);
     } else if (w->dtype == DT_U32) {
         s = upload_mlx4(dw, w, what, err);
     } else {
@@ -279,4 +311,31 @@ hearth_status cuda_weight_upload_any(cuda_weight *dw, const cpu_weight *w, const
     free(host);
     if (!s && expanded) *expanded = 1;
     return s;
+}
+
+double cuda_copy_bandwidth_gbs(size_t bytes, int reps) {
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double best = 0.0;
+    if (cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess &&
+        cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess &&
+        cudaMemsetAsync(a, 1, bytes, cuda_stream()) == cudaSuccess) {
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, cuda_stream()); /* warm-up */
+        for (int r = 0; r < reps; r++) {
+            cudaEventRecord(e0, cuda_stream());
+            cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, cuda_stream());
+            cudaEventRecord(e1, cuda_stream());
+            float ms = 0.0f;
+            if (cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0) {
+                double gbs = 2.0 * (double)bytes / (ms * 1e-3) / 1e9;
+                if (gbs > best) best = gbs;
+            }
+        }
+    }
+    cudaGetLastError(); /* a failed measurement reports 0, it does not poison later calls */
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return best;
 }

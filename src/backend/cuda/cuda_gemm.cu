@@ -105,12 +105,28 @@ static __device__ float mlx4_elem(const cuda_weight &w, int64_t r, int64_t c) {
     return __fadd_rn(__fmul_rn(s, (float)((word >> shift) & 0xF)), b);
 }
 
+/* Q6_K element from the split planes (cuda_weight): the arithmetic of ggml's reference
+ * (d times the int8 sub-block scale, then times q - 32). */
+static __device__ float q6k_elem(const cuda_weight &w, int64_t r, int64_t c) {
+    size_t nk = (size_t)w.n * (size_t)w.k, bi = (size_t)(r * (w.k / 256) + c / 256);
+    const uint8_t *ql = (const uint8_t *)w.data, *qh = ql + nk / 2;
+    const int8_t *sc = (const int8_t *)w.scales;
+    const uint16_t *D = (const uint16_t *)(sc + nk / 16);
+    int i = (int)(c % 256), h = i / 128, rr = i % 128;
+    int lo = (ql[bi * 128 + 64 * h + rr % 64] >> (4 * (rr / 64))) & 0xF;
+    int hi = (qh[bi * 64 + 32 * h + rr % 32] >> (2 * (rr / 32))) & 3;
+    float dl = h2f(D[bi]) * (float)sc[(size_t)r * (w.k / 16) + c / 16];
+    return dl * (float)((lo | (hi << 4)) - 32);
+}
+
 template <bool F32>
 __global__ void dequant_kernel(cuda_weight w, void *out) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, total = (size_t)w.n * (size_t)w.k;
     if (i >= total) return;
     int64_t r = (int64_t)(i / w.k), c = (int64_t)(i % w.k);
-    float v = w.dtype == DT_U32 ? mlx4_elem(w, r, c) : weight_elem(w.dtype, w.data, w.scales, w.k, r, c);
+    float v = w.dtype == DT_U32   ? mlx4_elem(w, r, c)
+              : w.dtype == DT_Q6_K ? q6k_elem(w, r, c)
+                                   : weight_elem(w.dtype, w.data, w.scales, w.k, r, c);
     if (F32) ((float *)out)[i] = v;
     else ((__nv_bfloat16 *)out)[i] = __float2bfloat16(v);
 }

@@ -1,10 +1,12 @@
 /* cuda_gemv.cu: decode GEMV y[T, n] = x[T, k] · W^T on the device for F32, F16, BF16, MLX 4-bit,
- * Q8_0 and Q4_K weights (layouts: cuda_weight). One warp per output row; weights are read
+ * Q8_0, Q4_K and Q6_K weights (layouts: cuda_weight). One warp per output row; weights are read
  * once with 16-byte non-allocating loads and dequantized in registers, activations are
  * float32 and accumulation is float32. Must not allocate or synchronize. */
 #include "backend/cuda/cuda_internal.h"
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* 4 warps (rows) per block of 128 threads: small blocks let the scheduler fill every SM
  * with many independent rows, which is what keeps enough loads in flight for HBM. */
@@ -54,17 +56,44 @@ static __device__ __forceinline__ float dot8_half(uint4 u, const float *x, bool 
     return s;
 }
 
-/* F16/BF16 rows with k % 8 == 0: each lane takes 8 weights (16 bytes) at a time; four
- * loads are issued before the first is used so each warp keeps 2 KB in flight. */
-template <int T, bool BF16>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_vec(const uint16_t *W, const float *x, float *y, int n, int k) {
+/* Up to three weights of one input (q, k and v of a layer) in one launch: blocks are
+ * numbered over the rows of all three, so the small k/v projections no longer run as
+ * launches too short to reach full bandwidth. Row r of the whole belongs to segment s
+ * when r < end[s]; its output is y[s][t * n_s + r - start_s]. */
+struct gemv_segs {
+    const uint16_t *W[3];
+    float *y[3];
+    int end[3]; /* cumulative row counts */
+};
+
+/* F16/BF16 rows with k % 8 == 0: each lane takes 8 weights (16 bytes) at a time; DEPTH
+ * loads (4 by default) are issued before the first is used, then four, then one. DEPTH 8
+ * (HEARTH_CUDA_GEMV_DEPTH=8) decoded the 8B bf16 model at 196.5 tok/s against 200.7 at 4
+ * on the H200 (same call, 2026-11-30), so it stays an A/B option. */
+template <int T, bool BF16, int DEPTH>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_vec(gemv_segs sg, const float *x, int k) {
     int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= n) return;
-    const uint4 *wr = (const uint4 *)(W + (size_t)row * k);
+    /* selects, not a run-time index into the parameter struct (that copies it to local memory) */
+    if (row >= sg.end[2]) return;
+    int seg = row < sg.end[0] ? 0 : row < sg.end[1] ? 1 : 2;
+    int start = seg == 0 ? 0 : seg == 1 ? sg.end[0] : sg.end[1];
+    int n = (seg == 0 ? sg.end[0] : seg == 1 ? sg.end[1] : sg.end[2]) - start;
+    const uint16_t *W = seg == 0 ? sg.W[0] : seg == 1 ? sg.W[1] : sg.W[2];
+    float *y = seg == 0 ? sg.y[0] : seg == 1 ? sg.y[1] : sg.y[2];
+    const uint4 *wr = (const uint4 *)(W + (size_t)(row - start) * k);
     int nv = k / 8, v = lane;
     float acc[T];
 #pragma unroll
     for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (; DEPTH == 8 && v + 224 < nv; v += 256) {
+        uint4 u[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) u[j] = load_stream(wr + v + 32 * j);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int t = 0; t < T; t++) acc[t] += dot8_half(u[j], x + (size_t)t * k + (size_t)(v + 32 * j) * 8, BF16);
+    }
     for (; v + 96 < nv; v += 128) {
         uint4 u[4];
 #pragma unroll
@@ -79,7 +108,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_vec(const uint16_t 
 #pragma unroll
         for (int t = 0; t < T; t++) acc[t] += dot8_half(u, x + (size_t)t * k + (size_t)v * 8, BF16);
     }
-    store_sums<T>(acc, y, n, row, lane);
+    store_sums<T>(acc, y, n, row - start, lane);
 }
 
 /* Any k or alignment (odd shapes): one 16-bit weight per lane per step. */
@@ -234,6 +263,58 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q4_k(const uint8_t *W, c
     store_sums<T>(acc, y, n, row, lane);
 }
 
+/* GGUF Q6_K, split at upload into planes (cuda_weight): ql [n][k/2] low nibbles and qh
+ * [n][k/4] high 2-bit pairs in data, int8 sub-block scales [n][k/16] then f16 d [n][k/256]
+ * in scales. Super-block weight 128h + 32g + l (h < 2, g < 4, l < 32) takes nibble g/2 of
+ * ql[64h + 32(g%2) + l], bits 2g of qh[32h + l] and scale (128h + 32g + l)/16. Four lanes
+ * cover a super-block: lane part (h, j) takes l in [16j, 16j + 16) for all four g, with
+ * three 16-byte loads (two of ql, one of qh), so a warp reads 8 super-blocks per step. */
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q6_k(const uint8_t *QL, const uint8_t *QH, const int8_t *SC,
+                                                               const uint16_t *D, const float *x, float *y, int n,
+                                                               int k) {
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    int nsb = k / 256, part = lane % 4, h = part / 2, j = part % 2;
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (int sb = lane / 4; sb < nsb; sb += 8) {
+        size_t bi = (size_t)row * nsb + sb;
+        uint4 qa = load_stream((const uint4 *)(QL + bi * 128 + 64 * h + 16 * j));
+        uint4 qb = load_stream((const uint4 *)(QL + bi * 128 + 64 * h + 32 + 16 * j));
+        uint4 qh = load_stream((const uint4 *)(QH + bi * 64 + 32 * h + 16 * j));
+        uint2 scw = __ldg((const uint2 *)(SC + bi * 16 + 8 * h));
+        float d = half_bits(D[bi], false);
+        uint32_t la[4] = {qa.x, qa.y, qa.z, qa.w}, lb[4] = {qb.x, qb.y, qb.z, qb.w}, hh[4] = {qh.x, qh.y, qh.z, qh.w};
+        int base = sb * 256 + 128 * h + 16 * j;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            int sbyte = j + 2 * g; /* byte of the 8 scales of this half */
+            uint32_t sw = sbyte < 4 ? scw.x : scw.y;
+            float ds = d * (float)(int8_t)((sw >> (8 * (sbyte & 3))) & 0xff);
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                const float *xg = x + (size_t)t * k + base + 32 * g;
+                float dot = 0.0f;
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    const float4 a = *(const float4 *)(xg + 4 * w);
+                    uint32_t lo = g % 2 ? lb[w] : la[w], hi = hh[w];
+                    int sl = 4 * (g / 2), sh = 2 * g;
+                    float q0 = (float)((int)(((lo >> sl) & 0xF) | (((hi >> sh) & 3) << 4)) - 32);
+                    float q1 = (float)((int)(((lo >> (sl + 8)) & 0xF) | (((hi >> (sh + 8)) & 3) << 4)) - 32);
+                    float q2 = (float)((int)(((lo >> (sl + 16)) & 0xF) | (((hi >> (sh + 16)) & 3) << 4)) - 32);
+                    float q3 = (float)((int)(((lo >> (sl + 24)) & 0xF) | (((hi >> (sh + 24)) & 3) << 4)) - 32);
+                    dot += q0 * a.x + q1 * a.y + q2 * a.z + q3 * a.w;
+                }
+                acc[t] += ds * dot;
+            }
+        }
+    }
+    store_sums<T>(acc, y, n, row, lane);
+}
+
 /* MLX affine 4-bit: each lane loads 16 bytes = 32 weights of one group (groups are
  * multiples of 32) plus that group's (scale, bias) word, four loads in flight like
  * gemv_half_vec. sum_j (s*q_j + b)*x_j is computed as s*sum(q_j*x_j) + b*sum(x_j). */
@@ -337,21 +418,54 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 }
 
 template <int T>
+static void launch_half_segs(const cuda_weight *const *ws, float *const *ys, int nw, const float *x) {
+    gemv_segs sg = {};
+    int rows = 0;
+    for (int i = 0; i < 3; i++) {
+        if (i < nw) {
+            sg.W[i] = (const uint16_t *)ws[i]->data;
+            sg.y[i] = ys[i];
+            rows += (int)ws[i]->n;
+        }
+        sg.end[i] = rows;
+    }
+    dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
+    static int depth = 0;
+    if (!depth) {
+        const char *e = getenv("HEARTH_CUDA_GEMV_DEPTH");
+        depth = e && !strcmp(e, "8") ? 8 : 4;
+    }
+    bool bf = ws[0]->dtype == DT_BF16;
+    int k = (int)ws[0]->k;
+    if (bf && depth == 8) gemv_half_vec<T, true, 8><<<grid, block, 0, cuda_stream()>>>(sg, x, k);
+    else if (bf) gemv_half_vec<T, true, 4><<<grid, block, 0, cuda_stream()>>>(sg, x, k);
+    else if (depth == 8) gemv_half_vec<T, false, 8><<<grid, block, 0, cuda_stream()>>>(sg, x, k);
+    else gemv_half_vec<T, false, 4><<<grid, block, 0, cuda_stream()>>>(sg, x, k);
+}
+
+template <int T>
 static void launch_rows(const cuda_weight *w, const float *x, float *y, bool vec) {
     int n = (int)w->n, k = (int)w->k;
     dim3 grid((unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
     switch (w->dtype) {
     case DT_F32: gemv_f32<T><<<grid, block, 0, cuda_stream()>>>((const float *)w->data, x, y, n, k, w->k % 4 == 0 && ((uintptr_t)x % 16) == 0); break;
     case DT_BF16:
-        if (vec) gemv_half_vec<T, true><<<grid, block, 0, cuda_stream()>>>((const uint16_t *)w->data, x, y, n, k);
-        else gemv_half_scalar<T, true><<<grid, block, 0, cuda_stream()>>>((const uint16_t *)w->data, x, y, n, k);
-        break;
     case DT_F16:
-        if (vec) gemv_half_vec<T, false><<<grid, block, 0, cuda_stream()>>>((const uint16_t *)w->data, x, y, n, k);
+        if (vec) launch_half_segs<T>(&w, &y, 1, x);
+        else if (w->dtype == DT_BF16)
+            gemv_half_scalar<T, true><<<grid, block, 0, cuda_stream()>>>((const uint16_t *)w->data, x, y, n, k);
         else gemv_half_scalar<T, false><<<grid, block, 0, cuda_stream()>>>((const uint16_t *)w->data, x, y, n, k);
         break;
     case DT_Q8_0: gemv_q8_0<T><<<grid, block, 0, cuda_stream()>>>((const int8_t *)w->data, (const uint16_t *)w->scales, x, y, n, k); break;
     case DT_Q4_K: gemv_q4_k<T><<<grid, block, 0, cuda_stream()>>>((const uint8_t *)w->data, x, y, n, k); break;
+    case DT_Q6_K: {
+        size_t nk = (size_t)n * (size_t)k;
+        const uint8_t *ql = (const uint8_t *)w->data;
+        const int8_t *sc = (const int8_t *)w->scales;
+        gemv_q6_k<T><<<grid, block, 0, cuda_stream()>>>(ql, ql + nk / 2, sc, (const uint16_t *)(sc + nk / 16), x, y, n,
+                                                        k);
+        break;
+    }
     case DT_U32:
         if (w->mlx_tiled && w->sb_bf16)
             gemv_mlx4_tiled<T, true><<<grid, block, 0, cuda_stream()>>>(
@@ -379,7 +493,8 @@ hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, h
     /* Vector loads need 16-byte aligned rows of x (k % 4 floats) and of W (k % 8 halves);
      * the quantized formats already guarantee k % 32 == 0. */
     bool vec = w->k % 8 == 0 && ((uintptr_t)x % 16) == 0;
-    if ((w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K || w->dtype == DT_U32) && ((uintptr_t)x % 16) != 0)
+    if ((w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K || w->dtype == DT_Q6_K || w->dtype == DT_U32) &&
+        ((uintptr_t)x % 16) != 0)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv: activations must be 16-byte aligned for %s",
                        tensor_dtype_name(w->dtype));
     for (int t0 = 0; t0 < T;) {
@@ -394,6 +509,39 @@ hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, h
         default: launch_rows<1>(w, xc, yc, vec); break;
         }
         if (cuda_launched("gemv", err)) return HEARTH_ERR_IO;
+        t0 += c;
+    }
+    return HEARTH_OK;
+}
+
+hearth_status cuda_gemv_multi(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T,
+                              hearth_error *err) {
+    if (nw < 1 || nw > 3) return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_multi: %d weights (1 to 3)", nw);
+    bool fused = ((uintptr_t)x % 16) == 0 && ws[0]->k % 8 == 0 && (ws[0]->dtype == DT_BF16 || ws[0]->dtype == DT_F16);
+    long long rows = 0;
+    for (int i = 0; i < nw; i++) {
+        if (!ws[i] || !ws[i]->data || !ys[i]) return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_multi: missing weight");
+        fused = fused && ws[i]->dtype == ws[0]->dtype && ws[i]->k == ws[0]->k;
+        rows += ws[i]->n;
+    }
+    if (!fused || rows > INT32_MAX || ws[0]->k > INT32_MAX / 8) {
+        for (int i = 0; i < nw; i++)
+            if (cuda_gemv(ws[i], x, T, ys[i], err)) return HEARTH_ERR_INVALID;
+        return HEARTH_OK;
+    }
+    for (int t0 = 0; t0 < T;) {
+        int c = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0;
+        const float *xc = x + (size_t)t0 * ws[0]->k;
+        float *yc[3];
+        for (int i = 0; i < nw; i++) yc[i] = ys[i] + (size_t)t0 * ws[i]->n;
+        switch (c) {
+        case 8: launch_half_segs<8>(ws, yc, nw, xc); break;
+        case 4: launch_half_segs<4>(ws, yc, nw, xc); break;
+        case 3: launch_half_segs<3>(ws, yc, nw, xc); break;
+        case 2: launch_half_segs<2>(ws, yc, nw, xc); break;
+        default: launch_half_segs<1>(ws, yc, nw, xc); break;
+        }
+        if (cuda_launched("gemv_multi", err)) return HEARTH_ERR_IO;
         t0 += c;
     }
     return HEARTH_OK;

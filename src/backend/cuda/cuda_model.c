@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "base/err.h"
 #include "model/decoder.h"
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,13 +33,20 @@ struct cuda_model {
     cuda_gemm *gemm;
     int max_tokens, max_out;
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *rows, *logits; /* device scratch */
+    float *att_split;   /* decode attention's split-K partials (cuda_attention_split_floats) */
+    size_t att_split_floats;
     int32_t *ints;      /* device: pos | slot | out_rows, max_tokens each */
     float *host_x;      /* pinned: the step's embeddings, made on the host */
     int32_t *host_ints; /* pinned: staging for ints */
+    int32_t *ids_dev;   /* device: greedy ids of the logits rows (cuda_model_forward_ids) */
+    int32_t *host_ids;  /* pinned: their copy on the host */
     /* decode steps (T <= GRAPH_MAX_T tokens, n_out <= T rows) replay a captured graph, one
      * per (T, n_out); HEARTH_CUDA_GRAPH=0 runs every step eagerly (A/B benchmarks) */
-    cuda_graph *graphs[GRAPH_MAX_T + 1][GRAPH_MAX_T + 1];
+    cuda_graph *graphs[GRAPH_MAX_T + 1][GRAPH_MAX_T + 1][2]; /* [T][n_out][ids] */
     int graphs_off;
+    /* HEARTH_CUDA_PROFILE_STEP=N: the N-th single-token step (from 1) runs between
+     * cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off` */
+    int prof_step, decode_steps;
     size_t bytes;
     int n_expanded;
     tensor_dtype expanded_from;
@@ -116,8 +124,13 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
         cm->bytes += sizes[i] * sizeof(float);
     }
     TRY(cuda_alloc((void **)&cm->ints, 3 * T * sizeof(int32_t), "step indices", err));
+    cm->att_split_floats = cuda_attention_split_floats(T < GRAPH_MAX_T ? (int)T : GRAPH_MAX_T, c->n_heads, c->head_dim);
+    TRY(cuda_alloc((void **)&cm->att_split, cm->att_split_floats * sizeof(float), "attention split scratch", err));
+    cm->bytes += cm->att_split_floats * sizeof(float);
+    TRY(cuda_alloc((void **)&cm->ids_dev, (size_t)cm->max_out * sizeof(int32_t), "greedy ids", err));
     if (cudaMallocHost((void **)&cm->host_x, T * c->hidden * sizeof(float)) != cudaSuccess ||
-        cudaMallocHost((void **)&cm->host_ints, 3 * T * sizeof(int32_t)) != cudaSuccess) {
+        cudaMallocHost((void **)&cm->host_ints, 3 * T * sizeof(int32_t)) != cudaSuccess ||
+        cudaMallocHost((void **)&cm->host_ids, (size_t)cm->max_out * sizeof(int32_t)) != cudaSuccess) {
         cudaGetLastError();
         return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host buffers for %d tokens",
                        cm->max_tokens);
@@ -157,6 +170,8 @@ hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_toke
     cm->max_out = max_out;
     const char *graph_env = getenv("HEARTH_CUDA_GRAPH");
     cm->graphs_off = graph_env && !strcmp(graph_env, "0");
+    const char *prof_env = getenv("HEARTH_CUDA_PROFILE_STEP");
+    cm->prof_step = prof_env ? atoi(prof_env) : 0;
     hearth_status st = HEARTH_OK;
     for (int i = 0; !st && i < c->n_layers; i++) st = upload_layer(cm, i, err);
     if (!st) st = upload_weight(&cm->lm_head, &m->lm_head, "lm_head", cm, err);
@@ -199,10 +214,14 @@ void cuda_model_free(cuda_model *cm) {
                      cm->v,          cm->att,        cm->tmp,       cm->gate, cm->up, cm->rows, cm->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cuda_free(bufs[i]);
     cuda_free(cm->ints);
+    cuda_free(cm->ids_dev);
+    cuda_free(cm->att_split);
+    if (cm->host_ids) cudaFreeHost(cm->host_ids);
     if (cm->host_x) cudaFreeHost(cm->host_x);
     if (cm->host_ints) cudaFreeHost(cm->host_ints);
     for (int t = 0; t <= GRAPH_MAX_T; t++)
-        for (int r = 0; r <= GRAPH_MAX_T; r++) cuda_graph_free(cm->graphs[t][r]);
+        for (int r = 0; r <= GRAPH_MAX_T; r++)
+            for (int g = 0; g < 2; g++) cuda_graph_free(cm->graphs[t][r][g]);
     cuda_kv_free(&cm->kv);
     cuda_gemm_free(cm->gemm);
     free(cm);
@@ -216,9 +235,15 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
     const model_config *c = &cm->m->cfg;
     const cuda_layer *l = &cm->layers[i];
     int sliding = cm->m->layers[i].sliding, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-    TRY(cuda_matmul(cm->gemm, &l->q, cm->xn, T, cm->q, err));
-    TRY(cuda_matmul(cm->gemm, &l->k, cm->xn, T, cm->k, err));
-    TRY(cuda_matmul(cm->gemm, &l->v, cm->xn, T, cm->v, err));
+    if (T <= GRAPH_MAX_T) { /* decode: q, k and v in one GEMV launch where the formats allow */
+        const cuda_weight *ws[3] = {&l->q, &l->k, &l->v};
+        float *ys[3] = {cm->q, cm->k, cm->v};
+        TRY(cuda_gemv_multi(ws, ys, 3, cm->xn, T, err));
+    } else {
+        TRY(cuda_matmul(cm->gemm, &l->q, cm->xn, T, cm->q, err));
+        TRY(cuda_matmul(cm->gemm, &l->k, cm->xn, T, cm->k, err));
+        TRY(cuda_matmul(cm->gemm, &l->v, cm->xn, T, cm->v, err));
+    }
     TRY(cuda_add_bias(cm->q, l->q_bias, T, qd, err));
     TRY(cuda_add_bias(cm->k, l->k_bias, T, kd, err));
     TRY(cuda_add_bias(cm->v, l->v_bias, T, kd, err));
@@ -242,7 +267,9 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
                              .slot = slot,
                              .window = sliding ? c->sliding_window : 0,
                              .scale = c->attn_scale,
-                             .single_slot = single_slot};
+                             .single_slot = single_slot,
+                             .split_scratch = cm->att_split,
+                             .split_scratch_floats = cm->att_split_floats};
     TRY(cuda_attention(&a, err));
     return cuda_matmul(cm->gemm, &l->o, cm->att, T, cm->tmp, err);
 }
@@ -281,7 +308,7 @@ static hearth_status block(cuda_model *cm, int i, int T, const int32_t *pos, con
 /* Everything of a step after the inputs are on the device: the blocks, then the final
  * norm and lm_head for the n_out requested rows into cm->logits. Only launches (no host
  * sync, no host-dependent launch shapes for T <= GRAPH_MAX_T), so it can be captured. */
-static hearth_status run_layers(cuda_model *cm, int T, int n_out, int single_slot, hearth_error *err) {
+static hearth_status run_layers(cuda_model *cm, int T, int n_out, int single_slot, int ids, hearth_error *err) {
     const model_config *c = &cm->m->cfg;
     const int32_t *pos = cm->ints, *slot = cm->ints + cm->max_tokens, *rows = cm->ints + 2 * cm->max_tokens;
     float shift = c->family == FAMILY_GEMMA3 ? c->norm_shift : 0.0f;
@@ -290,26 +317,28 @@ static hearth_status run_layers(cuda_model *cm, int T, int n_out, int single_slo
     if (n_out == 0) return HEARTH_OK;
     TRY(cuda_gather_rows(cm->rows, cm->x, rows, n_out, c->hidden, err));
     TRY(cuda_rmsnorm(cm->rows, cm->rows, cm->final_norm, c->norm_shift, n_out, c->hidden, c->norm_eps, err));
-    return cuda_gemv(&cm->lm_head, cm->rows, n_out, cm->logits, err); /* few rows: the GEMV reads lm_head once */
+    TRY(cuda_gemv(&cm->lm_head, cm->rows, n_out, cm->logits, err)); /* few rows: the GEMV reads lm_head once */
+    /* greedy rows: only the ids leave the device (-1 marks a row with a non-finite logit) */
+    return ids ? cuda_argmax_checked(cm->logits, n_out, c->vocab, cm->ids_dev, err) : HEARTH_OK;
 }
 
 /* A decode step through its graph: captured on the first step of this (T, n_out), then
  * replayed. A capture that fails turns graphs off for this model (eager steps give the
  * same results), with one line on stderr saying why. */
-static hearth_status run_graph(cuda_model *cm, int T, int n_out, hearth_error *err) {
-    cuda_graph **g = &cm->graphs[T][n_out];
+static hearth_status run_graph(cuda_model *cm, int T, int n_out, int ids, hearth_error *err) {
+    cuda_graph **g = &cm->graphs[T][n_out][ids];
     if (!*g) {
         hearth_error ce = {0};
         hearth_status st = cuda_capture_begin(&ce);
         if (!st) {
-            st = run_layers(cm, T, n_out, 0, &ce);
+            st = run_layers(cm, T, n_out, 0, ids, &ce);
             hearth_status end = cuda_capture_end(!st, g, st ? NULL : &ce);
             if (!st) st = end;
         }
         if (st) {
             fprintf(stderr, "hearth: cuda: decode graphs off (capture failed: %s)\n", ce.message);
             cm->graphs_off = 1;
-            return run_layers(cm, T, n_out, 0, err);
+            return run_layers(cm, T, n_out, 0, ids, err);
         }
     }
     return cuda_graph_launch(*g, err);
@@ -333,7 +362,10 @@ static hearth_status check_batch(const cuda_model *cm, const kv_cache *kv, const
     return HEARTH_OK;
 }
 
-hearth_status cuda_model_forward(cuda_model *cm, const kv_cache *kv, const model_batch *b, hearth_error *err) {
+/* One step: inputs queued, the layers (a replayed graph for decode shapes, else eager),
+ * then either the logits rows (ids == NULL) or only their greedy token ids downloaded. */
+static hearth_status forward(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids,
+                             hearth_error *err) {
     const model *m = cm->m;
     const model_config *c = &m->cfg;
     TRY(check_batch(cm, kv, b, err));
@@ -355,12 +387,44 @@ hearth_status cuda_model_forward(cuda_model *cm, const kv_cache *kv, const model
                           err));
     int single_slot = 1; /* a prefill chunk of one sequence: the tiled attention kernel applies */
     for (int t = 1; t < T; t++) single_slot &= b->slot[t] == b->slot[0];
+    int want_ids = ids != NULL && b->n_out > 0;
     if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off)
-        TRY(run_graph(cm, T, b->n_out, err));
+        TRY(run_graph(cm, T, b->n_out, want_ids, err));
     else
-        TRY(run_layers(cm, T, b->n_out, single_slot, err));
+        TRY(run_layers(cm, T, b->n_out, single_slot, want_ids, err));
     if (b->n_out == 0) return cuda_stream_sync(err);
+    if (want_ids) {
+        TRY(cuda_download_async(cm->host_ids, cm->ids_dev, (size_t)b->n_out * sizeof(int32_t), err));
+        TRY(cuda_stream_sync(err));
+        for (int i = 0; i < b->n_out; i++) {
+            if (cm->host_ids[i] < 0)
+                return err_set(err, HEARTH_ERR_FORMAT,
+                               "the model produced non-finite logits; its weights contain NaN or Inf values");
+            ids[i] = cm->host_ids[i];
+        }
+        return HEARTH_OK;
+    }
     TRY(cuda_download_async(b->logits, cm->logits, (size_t)b->n_out * c->vocab * sizeof(float), err));
     return cuda_stream_sync(err);
+}
+
+/* HEARTH_CUDA_PROFILE_STEP: the chosen single-token step runs inside the profiler range. */
+static hearth_status profiled(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids,
+                              hearth_error *err) {
+    int prof = b->T == 1 && cm->prof_step > 0 && ++cm->decode_steps == cm->prof_step;
+    if (prof) cudaProfilerStart();
+    hearth_status st = forward(cm, kv, b, ids, err);
+    if (prof) cudaProfilerStop();
+    return st;
+}
+
+hearth_status cuda_model_forward(cuda_model *cm, const kv_cache *kv, const model_batch *b, hearth_error *err) {
+    return profiled(cm, kv, b, NULL, err);
+}
+
+hearth_status cuda_model_forward_ids(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids,
+                                     hearth_error *err) {
+    if (!ids) return err_set(err, HEARTH_ERR_INVALID, "cuda_model_forward_ids: no output array");
+    return profiled(cm, kv, b, ids, err);
 }
 #endif

@@ -18,6 +18,12 @@ void cuda_model_free(cuda_model *cm);
 /* model_forward's contract (see model.h) on the device. The host kv supplies the block
  * tables and reserved lengths; keys and values live only in the device pool. */
 hearth_status cuda_model_forward(cuda_model *cm, const kv_cache *kv, const model_batch *b, hearth_error *err);
+/* The same step for greedy rows: b->logits is not written; ids[i] gets the first index of
+ * the largest logit of row i (the sampler's greedy rule), chosen on the device, so only
+ * n_out ids cross PCIe. A row with a non-finite logit fails with HEARTH_ERR_FORMAT, as the
+ * engine's host-side check does. */
+hearth_status cuda_model_forward_ids(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids,
+                                     hearth_error *err);
 /* Device bytes held (weights, KV pool, scratch). */
 size_t cuda_model_device_bytes(const cuda_model *cm);
 #endif

@@ -9,6 +9,7 @@ extern "C" {
 }
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static __device__ __forceinline__ float warp_sum(float v) {
@@ -20,7 +21,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 /* 1 / rms of a row from each thread's partial sum of squares (blocks of 256 threads):
  * one fixed reduction tree, shared by rmsnorm and add_rmsnorm so both round alike. */
 static __device__ __forceinline__ float block_inv_rms(float ss, int n, float eps) {
-    __shared__ float part[8];
+    __shared__ float part[32];
     ss = warp_sum(ss);
     if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
     __syncthreads();
@@ -29,7 +30,10 @@ static __device__ __forceinline__ float block_inv_rms(float ss, int n, float eps
     return 1.0f / sqrtf(tot / (float)n + eps);
 }
 
-/* One block of 256 threads per row: a row of a few thousand floats is one pass. */
+/* One block of NORM_THREADS per row: a row of a few thousand floats is a handful of
+ * independent loads per thread (256 threads left 16 per thread for a 4096 row, and the
+ * fused residual + norm was 12% of a decode step). */
+#define NORM_THREADS 1024
 __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, float shift, int n, float eps) {
     const float *xr = x + (size_t)blockIdx.x * n;
     float *o = out + (size_t)blockIdx.x * n;
@@ -42,7 +46,7 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, float
 hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps,
                            hearth_error *err) {
     if (T <= 0 || n <= 0) return HEARTH_OK;
-    rmsnorm_kernel<<<T, 256, 0, cuda_stream()>>>(out, x, w, shift, n, eps);
+    rmsnorm_kernel<<<T, NORM_THREADS, 0, cuda_stream()>>>(out, x, w, shift, n, eps);
     return cuda_launched("rmsnorm", err);
 }
 
@@ -119,20 +123,28 @@ __global__ void add_rmsnorm_kernel(float *out, float *x, const float *delta, con
 hearth_status cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
                                float eps, hearth_error *err) {
     if (T <= 0 || n <= 0) return HEARTH_OK;
-    add_rmsnorm_kernel<<<T, 256, 0, cuda_stream()>>>(out, x, delta, w, shift, n, eps);
+    add_rmsnorm_kernel<<<T, NORM_THREADS, 0, cuda_stream()>>>(out, x, delta, w, shift, n, eps);
     return cuda_launched("add_rmsnorm", err);
 }
 
 /* Greedy pick per row, the host sampler's rule: the first index of the largest value
  * (NaN never wins). One block of 1024 threads per row; a strided scan, then a tree. */
+template <bool CHECKED>
 __global__ void argmax_kernel(const float *logits, int vocab, int32_t *out) {
     __shared__ float sv[1024];
     __shared__ int si[1024];
+    __shared__ int bad;
+    if (CHECKED && threadIdx.x == 0) bad = 0;
+    if (CHECKED) __syncthreads();
     const float *r = logits + (size_t)blockIdx.x * vocab;
     float best = -INFINITY;
-    int bi = INT_MAX;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-        if (r[i] > best || (bi == INT_MAX && r[i] == best)) best = r[i], bi = i;
+    int bi = INT_MAX, nonfinite = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float v = r[i];
+        if (CHECKED) nonfinite |= !isfinite(v);
+        if (v > best || (bi == INT_MAX && v == best)) best = v, bi = i;
+    }
+    if (CHECKED && nonfinite) bad = 1;
     sv[threadIdx.x] = best;
     si[threadIdx.x] = bi;
     __syncthreads();
@@ -147,12 +159,18 @@ __global__ void argmax_kernel(const float *logits, int vocab, int32_t *out) {
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = si[0] == INT_MAX ? 0 : si[0];
+    if (threadIdx.x == 0) out[blockIdx.x] = CHECKED && bad ? -1 : si[0] == INT_MAX ? 0 : si[0];
 }
 
 hearth_status cuda_argmax(const float *logits, int rows, int vocab, int32_t *out, hearth_error *err) {
     if (rows <= 0 || vocab <= 0) return HEARTH_OK;
-    argmax_kernel<<<rows, 1024, 0, cuda_stream()>>>(logits, vocab, out);
+    argmax_kernel<false><<<rows, 1024, 0, cuda_stream()>>>(logits, vocab, out);
+    return cuda_launched("argmax", err);
+}
+
+hearth_status cuda_argmax_checked(const float *logits, int rows, int vocab, int32_t *out, hearth_error *err) {
+    if (rows <= 0 || vocab <= 0) return HEARTH_OK;
+    argmax_kernel<true><<<rows, 1024, 0, cuda_stream()>>>(logits, vocab, out);
     return cuda_launched("argmax", err);
 }
 
@@ -339,6 +357,241 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_attentio
     }
 }
 
+/* Decode attention, GQA-shared and split over the sequence: one block of DA_WARPS warps
+ * per (KV head, token, split). The block serves all G query heads of its KV head, so each
+ * key and value row is read from the pool once per token instead of once per query head,
+ * and the S splits of the sequence run in parallel (S is fixed per launch shape, so a
+ * replayed graph stays valid as sequences grow: each split takes ceil(len / S) positions).
+ * Within a split, tiles of DA_TILE positions: warps score positions (lanes over the head
+ * dims, 16-byte loads, DA_UNROLL rows loaded before use), warp g updates head g's online
+ * softmax over the tile, then warps accumulate values for every head. With S > 1 each split
+ * writes (max, sum, unnormalized output) and attention_combine merges them. */
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+#define DA_WARPS 8
+#define DA_TILE 64
+#define DA_UNROLL 4
+#define DA_SPLITS_MAX 32
+
+template <int GM, int NV>
+__global__ void __launch_bounds__(DA_WARPS * 32) attention_decode_kernel(cuda_attention_args a, cuda_kv kv, int S) {
+    __shared__ float s_p[GM][DA_TILE];
+    __shared__ float s_m[GM], s_l[GM], s_corr[GM];
+    __shared__ float4 s_red[DA_WARPS][GM * NV * 32];
+    int kvh = blockIdx.x, t = blockIdx.y, split = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int d = a.head_dim, G = a.n_heads / a.n_kv_heads, slot = a.slot[t];
+    int p_end = a.pos[t], p_start = 0;
+    if (a.window > 0 && p_end - a.window + 1 > 0) p_start = p_end - a.window + 1;
+    int len = p_end - p_start + 1, chunk = (len + S - 1) / S;
+    int c0 = p_start + split * chunk, c1 = min(c0 + chunk, p_end + 1);
+    float4 q[GM][NV], acc[GM][NV];
+#pragma unroll
+    for (int g = 0; g < GM; g++)
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            int di = 4 * lane + 128 * v;
+            const float *qh = a.q + ((size_t)t * a.n_heads + (size_t)kvh * G + g) * d;
+            q[g][v] = g < G && di < d ? *(const float4 *)(qh + di) : make_float4(0.f, 0.f, 0.f, 0.f);
+            acc[g][v] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    if (threadIdx.x < GM) {
+        s_m[threadIdx.x] = -INFINITY;
+        s_l[threadIdx.x] = 0.0f;
+    }
+    const int32_t *table = kv.tables + (size_t)slot * kv.max_blocks_per_slot;
+    size_t layer_base = (size_t)a.layer * kv.n_blocks;
+    for (int t0 = c0; t0 < c1; t0 += DA_TILE) {
+        /* scores: warp w takes tile rows w, w + DA_WARPS, ... */
+        for (int j0 = warp; j0 < DA_TILE; j0 += DA_WARPS * DA_UNROLL) {
+            float4 kr[DA_UNROLL][NV];
+            bool ok[DA_UNROLL];
+#pragma unroll
+            for (int u = 0; u < DA_UNROLL; u++) {
+                int j = j0 + u * DA_WARPS, p = t0 + j;
+                int b = j < DA_TILE && p < c1 ? table[p / KV_BLOCK_SIZE] : -1;
+                ok[u] = b >= 0 && b < kv.n_blocks;
+                const float *kp = kv.k + (((layer_base + b) * kv.n_kv_heads + kvh) * KV_BLOCK_SIZE +
+                                          (size_t)(p % KV_BLOCK_SIZE)) * d;
+#pragma unroll
+                for (int v = 0; v < NV; v++) {
+                    int di = 4 * lane + 128 * v;
+                    kr[u][v] = ok[u] && di < d ? __ldg((const float4 *)(kp + di)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < DA_UNROLL; u++) {
+                int j = j0 + u * DA_WARPS;
+#pragma unroll
+                for (int g = 0; g < GM; g++) {
+                    float sc = 0.0f;
+#pragma unroll
+                    for (int v = 0; v < NV; v++)
+                        sc += q[g][v].x * kr[u][v].x + q[g][v].y * kr[u][v].y + q[g][v].z * kr[u][v].z +
+                              q[g][v].w * kr[u][v].w;
+                    sc = warp_sum(sc) * a.scale;
+                    if (lane == 0 && j < DA_TILE) s_p[g][j] = ok[u] ? sc : -INFINITY;
+                }
+            }
+        }
+        __syncthreads();
+        /* online softmax: warp g owns head g's running max and sum */
+        if (warp < G && warp < GM) {
+            int g = warp;
+            float x0 = s_p[g][lane], x1 = s_p[g][lane + 32];
+            float m_old = s_m[g], m_new = fmaxf(m_old, warp_max(fmaxf(x0, x1)));
+            float corr = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
+            float p0 = m_new == -INFINITY ? 0.0f : expf(x0 - m_new), p1 = m_new == -INFINITY ? 0.0f : expf(x1 - m_new);
+            s_p[g][lane] = p0;
+            s_p[g][lane + 32] = p1;
+            float sum = warp_sum(p0 + p1);
+            __syncwarp();
+            if (lane == 0) {
+                s_l[g] = s_l[g] * corr + sum;
+                s_m[g] = m_new;
+                s_corr[g] = corr;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            float c = g < G ? s_corr[g] : 1.0f;
+#pragma unroll
+            for (int v = 0; v < NV; v++) {
+                acc[g][v].x *= c;
+                acc[g][v].y *= c;
+                acc[g][v].z *= c;
+                acc[g][v].w *= c;
+            }
+        }
+        for (int j0 = warp; j0 < DA_TILE; j0 += DA_WARPS * DA_UNROLL) {
+            float4 vr[DA_UNROLL][NV];
+            bool ok[DA_UNROLL];
+#pragma unroll
+            for (int u = 0; u < DA_UNROLL; u++) {
+                int j = j0 + u * DA_WARPS, p = t0 + j;
+                int b = j < DA_TILE && p < c1 ? table[p / KV_BLOCK_SIZE] : -1;
+                ok[u] = b >= 0 && b < kv.n_blocks;
+                const float *vp = kv.v + (((layer_base + b) * kv.n_kv_heads + kvh) * KV_BLOCK_SIZE +
+                                          (size_t)(p % KV_BLOCK_SIZE)) * d;
+#pragma unroll
+                for (int v = 0; v < NV; v++) {
+                    int di = 4 * lane + 128 * v;
+                    vr[u][v] = ok[u] && di < d ? __ldg((const float4 *)(vp + di)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < DA_UNROLL; u++) {
+                int j = j0 + u * DA_WARPS;
+                if (!ok[u]) continue;
+#pragma unroll
+                for (int g = 0; g < GM; g++) {
+                    float w = s_p[g][j];
+#pragma unroll
+                    for (int v = 0; v < NV; v++) {
+                        acc[g][v].x += w * vr[u][v].x;
+                        acc[g][v].y += w * vr[u][v].y;
+                        acc[g][v].z += w * vr[u][v].z;
+                        acc[g][v].w += w * vr[u][v].w;
+                    }
+                }
+            }
+        }
+        __syncthreads(); /* s_p is rewritten by the next tile */
+    }
+#pragma unroll
+    for (int g = 0; g < GM; g++)
+#pragma unroll
+        for (int v = 0; v < NV; v++) s_red[warp][(g * NV + v) * 32 + lane] = acc[g][v];
+    __syncthreads();
+    /* thread i sums float4 i of every warp in a fixed order: (g, v, lane) */
+    for (int i = threadIdx.x; i < GM * NV * 32; i += blockDim.x) {
+        int g = i / (NV * 32), v = (i / 32) % NV, ln = i % 32, di = 4 * ln + 128 * v;
+        if (g >= G || di >= d) continue;
+        float4 o = s_red[0][i];
+        for (int w = 1; w < DA_WARPS; w++) {
+            float4 r = s_red[w][i];
+            o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
+        }
+        int h = kvh * G + g;
+        float l = s_l[g];
+        if (S == 1) {
+            float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            *(float4 *)(a.out + ((size_t)t * a.n_heads + h) * d + di) = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+        } else {
+            float *part = a.split_scratch + (((size_t)t * a.n_heads + h) * S + split) * (size_t)(d + 4);
+            if (di == 0) {
+                part[0] = s_m[g];
+                part[1] = l;
+            }
+            *(float4 *)(part + 4 + di) = o;
+        }
+    }
+}
+
+/* Merges the S split results of each (head, token): out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s. */
+__global__ void attention_combine_kernel(cuda_attention_args a, int S) {
+    int h = blockIdx.x, t = blockIdx.y, d = a.head_dim;
+    const float *part = a.split_scratch + ((size_t)t * a.n_heads + h) * S * (size_t)(d + 4);
+    float M = -INFINITY;
+    for (int s = 0; s < S; s++)
+        if (part[(size_t)s * (d + 4) + 1] > 0.0f) M = fmaxf(M, part[(size_t)s * (d + 4)]);
+    float L = 0.0f;
+    for (int s = 0; s < S; s++) {
+        const float *ps = part + (size_t)s * (d + 4);
+        if (ps[1] > 0.0f) L += ps[1] * expf(ps[0] - M);
+    }
+    for (int di = threadIdx.x; di < d; di += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < S; s++) {
+            const float *ps = part + (size_t)s * (d + 4);
+            if (ps[1] > 0.0f) o += ps[4 + di] * expf(ps[0] - M);
+        }
+        a.out[((size_t)t * a.n_heads + h) * d + di] = L > 0.0f ? o / L : 0.0f;
+    }
+}
+
+size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim) {
+    return (size_t)max_T * n_heads * DA_SPLITS_MAX * (size_t)(head_dim + 4);
+}
+
+/* The split count for a pool: about one split per DA_TILE positions of the longest
+ * sequence the pool holds, at most DA_SPLITS_MAX and what the scratch holds. */
+static int decode_splits(const cuda_attention_args *a) {
+    int maxpos = a->kv->max_blocks_per_slot * KV_BLOCK_SIZE;
+    if (a->window > 0 && a->window < maxpos) maxpos = a->window;
+    int S = (maxpos + DA_TILE - 1) / DA_TILE;
+    if (S > DA_SPLITS_MAX) S = DA_SPLITS_MAX;
+    if (S < 1) S = 1;
+    size_t per = (size_t)a->T * a->n_heads * (size_t)(a->head_dim + 4);
+    if (!a->split_scratch || per == 0) return 1;
+    while (S > 1 && per * (size_t)S > a->split_scratch_floats) S--;
+    return S;
+}
+
+static bool decode_kernel_fits(const cuda_attention_args *a) {
+    int G = a->n_heads / a->n_kv_heads;
+    /* the (8 heads, 256 dims) variant would need 64 KB for its cross-warp reduction */
+    static int old = -1; /* HEARTH_CUDA_ATT_OLD=1: the per-query-head kernel (A/B runs) */
+    if (old < 0) old = getenv("HEARTH_CUDA_ATT_OLD") != NULL;
+    return !old && a->head_dim % 4 == 0 && a->head_dim <= 256 && (G <= 4 || (G <= 8 && a->head_dim <= 128));
+}
+
+static hearth_status launch_decode_attention(const cuda_attention_args *a, hearth_error *err) {
+    int S = decode_splits(a), G = a->n_heads / a->n_kv_heads, nv = a->head_dim > 128 ? 2 : 1;
+    dim3 grid((unsigned)a->n_kv_heads, (unsigned)a->T, (unsigned)S);
+    if (G <= 4 && nv == 1) attention_decode_kernel<4, 1><<<grid, DA_WARPS * 32, 0, cuda_stream()>>>(*a, *a->kv, S);
+    else if (G <= 4) attention_decode_kernel<4, 2><<<grid, DA_WARPS * 32, 0, cuda_stream()>>>(*a, *a->kv, S);
+    else attention_decode_kernel<8, 1><<<grid, DA_WARPS * 32, 0, cuda_stream()>>>(*a, *a->kv, S);
+    if (cuda_launched("attention_decode", err)) return HEARTH_ERR_IO;
+    if (S == 1) return HEARTH_OK;
+    attention_combine_kernel<<<dim3((unsigned)a->n_heads, (unsigned)a->T), 128, 0, cuda_stream()>>>(*a, S);
+    return cuda_launched("attention_combine", err);
+}
+
 /* Prefill: one block per (query head, tile of PF_TOKENS consecutive batch tokens of one
  * sequence), one warp per token. The block walks the union of its tokens' position ranges
  * in chunks of 32: the chunk's keys and values are loaded once into shared memory (each
@@ -348,11 +601,6 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_attentio
 #define PF_TOKENS 8
 #define PF_CHUNK 32
 
-static __device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 static size_t prefill_smem(int d) { /* K rows padded by one float: lanes read 32 rows at one column */
     return ((size_t)PF_CHUNK * (d + 1) + (size_t)PF_CHUNK * d + (size_t)PF_TOKENS * d) * sizeof(float) +
@@ -465,6 +713,7 @@ hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err) {
         attention_prefill_kernel<<<pgrid, PF_TOKENS * 32, smem, cuda_stream()>>>(*a, *a->kv);
         return cuda_launched("attention_prefill", err);
     }
+    if (a->T <= 8 && decode_kernel_fits(a)) return launch_decode_attention(a, err);
     if (a->T <= 8) attention_kernel<ATT_WARPS_DECODE><<<grid, ATT_WARPS_DECODE * 32, 0, cuda_stream()>>>(*a, *a->kv);
     else attention_kernel<ATT_WARPS_PREFILL><<<grid, ATT_WARPS_PREFILL * 32, 0, cuda_stream()>>>(*a, *a->kv);
     return cuda_launched("attention", err);

@@ -188,8 +188,44 @@ void ops_rope(float *x, int T, int n_heads, int head_dim, const int32_t *pos, co
     }
 }
 
+/* exp(v) for 8 lanes, v clamped to [-87, 88] (finite, normal results): the range reduction
+ * and degree-6 polynomial of exp_sum_avx2, relative error ~2e-7. */
+__attribute__((target("avx2,fma"))) static inline __m256 exp8_avx2(__m256 v) {
+    const __m256 log2e = _mm256_set1_ps(1.44269504f), ln2_hi = _mm256_set1_ps(0.693359375f);
+    const __m256 ln2_lo = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.0f);
+    v = _mm256_max_ps(_mm256_min_ps(v, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, ln2_lo, _mm256_fnmadd_ps(k, ln2_hi, v));
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 720), r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, one);
+    p = _mm256_fmadd_ps(p, r, one);
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* gate = act(gate) * up, 8 lanes at a time: silu(g) = g / (1 + exp(-g)); the tanh GELU
+ * 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)), u = sqrt(2/pi) (g + 0.044715 g^3). The
+ * prefill of a 270M model spent as long in scalar tanhf as in all its matmuls. */
+__attribute__((target("avx2,fma"))) static size_t act_mul_avx2(float *gate, const float *up, size_t n, int gelu) {
+    const __m256 one = _mm256_set1_ps(1.0f), k2 = _mm256_set1_ps(-2.0f * 0.7978845608028654f);
+    const __m256 c = _mm256_set1_ps(0.044715f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i), z;
+        if (gelu) z = _mm256_mul_ps(k2, _mm256_fmadd_ps(_mm256_mul_ps(c, g), _mm256_mul_ps(g, g), g)); /* -2u */
+        else z = _mm256_sub_ps(_mm256_setzero_ps(), g);
+        __m256 a = _mm256_div_ps(g, _mm256_add_ps(one, exp8_avx2(z)));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(a, _mm256_loadu_ps(up + i)));
+    }
+    return i;
+}
+
 void ops_silu_mul(float *gate, const float *up, size_t n) {
-    for (size_t i = 0; i < n; i++) {
+    size_t i = cpu_level_active() >= CPU_LEVEL_AVX2 ? act_mul_avx2(gate, up, n, 0) : 0;
+    for (; i < n; i++) {
         float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];
     }
@@ -197,7 +233,8 @@ void ops_silu_mul(float *gate, const float *up, size_t n) {
 
 void ops_gelu_tanh_mul(float *gate, const float *up, size_t n) {
     const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-    for (size_t i = 0; i < n; i++) {
+    size_t i = cpu_level_active() >= CPU_LEVEL_AVX2 ? act_mul_avx2(gate, up, n, 1) : 0;
+    for (; i < n; i++) {
         float g = gate[i];
         gate[i] = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * up[i];
     }
@@ -245,8 +282,96 @@ static void attention_task(void *ctx, int task, int thread) {
     }
 }
 
+/* Float KV, AVX-512, head_dim a multiple of 16 (<= 512): the 16 positions of a KV block
+ * are contiguous rows, so up to 16 scores come from 16 FMA chains reduced together (one
+ * transposing reduction instead of a horizontal sum per key), and the weighted sum of
+ * values keeps 128 output floats in registers over all positions instead of loading and
+ * storing the output row once per position. Same two-pass softmax as attention_task. */
+#define ATT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,avx2")))
+_Static_assert(KV_BLOCK_SIZE == 16, "attention_task_f32_avx512 reduces one 16-position KV block per step");
+
+/* Lane p of the result = sum of the 16 lanes of v[p]. */
+ATT_AVX512 static inline __m512 att_reduce16(__m512 v[16]) {
+    __m512 w[8], x[4], y[2];
+    #pragma GCC unroll 8
+    for (int p = 0; p < 8; p++) /* lanes 0-7: key p (8 partials), 8-15: key p + 8 */
+        w[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[p], v[p + 8], 0x44), _mm512_shuffle_f32x4(v[p], v[p + 8], 0xEE));
+    #pragma GCC unroll 4
+    for (int p = 0; p < 4; p++) /* quarters: keys p, p + 8, p + 4, p + 12 (4 partials each) */
+        x[p] = _mm512_add_ps(_mm512_shuffle_f32x4(w[p], w[p + 4], 0x88), _mm512_shuffle_f32x4(w[p], w[p + 4], 0xDD));
+    #pragma GCC unroll 2
+    for (int p = 0; p < 2; p++) /* per quarter: 2 partials of x[p]'s key, then 2 of x[p + 2]'s */
+        y[p] = _mm512_add_ps(_mm512_shuffle_ps(x[p], x[p + 2], 0x44), _mm512_shuffle_ps(x[p], x[p + 2], 0xEE));
+    __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+    /* lane L now holds key perm[L] (an involution, so it is also its own inverse) */
+    const __m512i perm = _mm512_set_epi32(15, 13, 14, 12, 7, 5, 6, 4, 11, 9, 10, 8, 3, 1, 2, 0);
+    return _mm512_permutexvar_ps(perm, z);
+}
+
+/* out[i0 .. i0 + 16 NV) = sum over positions of weight * value, NV zmm accumulators
+ * (always_inline: a constant NV keeps them in registers without per-position branches). */
+__attribute__((target("avx512f,avx512bw,avx512vl,fma,avx2"), always_inline)) static inline void
+att_values_avx512(const ops_attention_args *a, int slot, int kvh, int p_start, int p_end, const float *scores,
+                  float inv, int i0, float *out, const int NV) {
+    const kv_cache *kv = a->kv;
+    __m512 o[8];
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) o[j] = _mm512_setzero_ps();
+    for (int p = p_start; p <= p_end; p++) {
+        const float *vrow = kv->v + (kv_key(kv, a->layer, slot, p, kvh) - kv->k) + i0;
+        __m512 w = _mm512_set1_ps(scores[p - p_start] * inv);
+        #pragma GCC unroll 8
+        for (int j = 0; j < NV; j++) o[j] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vrow + 16 * j), o[j]);
+    }
+    #pragma GCC unroll 8
+    for (int j = 0; j < NV; j++) _mm512_storeu_ps(out + i0 + 16 * j, o[j]);
+}
+
+ATT_AVX512 static void attention_task_f32_avx512(void *ctx, int task, int thread) {
+    const ops_attention_args *a = ctx;
+    const kv_cache *kv = a->kv;
+    int t = task / a->n_heads, h = task % a->n_heads;
+    int kvh = h / (a->n_heads / a->n_kv_heads), d = a->head_dim;
+    float *scores = a->scratch + (size_t)thread * ops_attention_scratch(kv);
+    const float *q = a->q + ((size_t)t * a->n_heads + h) * d;
+    float *out = a->out + ((size_t)t * a->n_heads + h) * d;
+    int p_end = a->pos[t], p_start = 0, slot = a->slot[t];
+    if (a->window > 0 && p_end - a->window + 1 > 0) p_start = p_end - a->window + 1;
+    __m512 vmx = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(a->scale);
+    for (int p = p_start; p <= p_end;) { /* runs of positions inside one KV block */
+        int run_end = (p / KV_BLOCK_SIZE + 1) * KV_BLOCK_SIZE - 1;
+        if (run_end > p_end) run_end = p_end;
+        int first = p % KV_BLOCK_SIZE, n = run_end - p + 1;
+        /* all 16 rows of the block (always allocated); lanes outside first..first+n-1 are
+         * never stored nor compared */
+        const float *krow = kv_key(kv, a->layer, slot, p, kvh) - (size_t)first * d;
+        __m512 acc[16];
+        #pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+        for (int i = 0; i < d; i += 16) {
+            __m512 qv = _mm512_loadu_ps(q + i);
+            #pragma GCC unroll 16
+            for (int r = 0; r < 16; r++) acc[r] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(krow + (size_t)r * d + i), acc[r]);
+        }
+        __mmask16 m = (__mmask16)(((1u << n) - 1) << first);
+        __m512 s = _mm512_mul_ps(att_reduce16(acc), vscale);
+        _mm512_mask_storeu_ps(scores + (p - p_start), (__mmask16)((1u << n) - 1), _mm512_maskz_compress_ps(m, s));
+        vmx = _mm512_mask_max_ps(vmx, m, vmx, s);
+        p = run_end + 1;
+    }
+    float mx = _mm512_reduce_max_ps(vmx);
+    float sum = exp_sum_avx2(scores, p_end - p_start + 1, mx), inv = 1.0f / sum;
+    for (int i0 = 0; i0 < d; i0 += 128) { /* 128 output floats in registers at a time */
+        int nv = d - i0 < 128 ? (d - i0) / 16 : 8;
+        if (nv == 8) att_values_avx512(a, slot, kvh, p_start, p_end, scores, inv, i0, out, 8);
+        else if (nv == 4) att_values_avx512(a, slot, kvh, p_start, p_end, scores, inv, i0, out, 4);
+        else att_values_avx512(a, slot, kvh, p_start, p_end, scores, inv, i0, out, nv);
+    }
+}
+
 void ops_attention(const ops_attention_args *a, threadpool *tp) {
     ops_attention_args args = *a;
     args.kernels = pick_kernels();
-    tp_run(tp, a->T * a->n_heads, attention_task, &args);
+    int fast = args.kernels == &kernels_avx512 && a->kv->quant != HEARTH_KV_INT8 && a->head_dim % 16 == 0;
+    tp_run(tp, a->T * a->n_heads, fast ? attention_task_f32_avx512 : attention_task, &args);
 }

@@ -207,18 +207,17 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-static void check_case(const wcase *c, int64_t n, int64_t k) {
+/* Checks every level and 1/2 threads against the reference for the token counts Ts. */
+static void check_case_ts(const wcase *c, int64_t n, int64_t k, const int *Ts, size_t nT) {
     cpu_weight w;
     void *sb;
     void *data = make_weight(c, n, k, &w, &sb);
     assert_int_equal(cpu_weight_check(&w, c->name, NULL), HEARTH_OK);
-    /* 1: decode kernels; 3: prefill with only leftover tokens; 17: four 4-token tiles + 1 */
-    static const int Ts[] = {1, 3, 17};
     float *wf = malloc((size_t)(n * k) * sizeof *wf);
     int step = w.dtype == DT_U32 ? 32 : tensor_dtype_block_elems(w.dtype) == 1 ? 1 : tensor_dtype_block_elems(w.dtype);
     for (int64_t r = 0; r < n; r++)
         for (int64_t k0 = 0; k0 < k; k0 += step) cpu_ref_dequant(&w, r, k0, step, wf + r * k + k0);
-    for (size_t ti = 0; ti < 3; ti++) {
+    for (size_t ti = 0; ti < nT; ti++) {
         int T = Ts[ti];
         float *x = malloc((size_t)(T * k) * sizeof *x), *ref = malloc((size_t)(T * n) * sizeof *ref);
         float *y = malloc((size_t)(T * n) * sizeof *y);
@@ -275,6 +274,12 @@ static void check_case(const wcase *c, int64_t n, int64_t k) {
     free(sb);
 }
 
+static void check_case(const wcase *c, int64_t n, int64_t k) {
+    /* 1: decode kernels; 3: prefill, one partial token tile; 17: two 8-token tiles + 1 */
+    static const int Ts[] = {1, 3, 17};
+    check_case_ts(c, n, k, Ts, 3);
+}
+
 static int64_t odd_n(void) { return 1 + 2 * (int64_t)(rnd() % 45); } /* 1..89, odd */
 
 static void test_gguf_and_dense_formats(void **state) {
@@ -305,6 +310,26 @@ static void test_mlx_affine(void **state) {
             wcase c = {name, DT_U32, bits[b], groups[g], sbts[i % 3]};
             check_case(&c, odd_n(), groups[g] * (1 + (int64_t)(rnd() % 3)));
         }
+}
+
+/* The AVX-512 prefill kernels pack 16 weight rows x up to 32 blocks of 32 columns and run
+ * 8 tokens per register tile: K of several packed chunks (partial last chunk), N not a
+ * multiple of 16 (partial row group, several groups and tasks per thread), T with a partial
+ * last token tile, for every format that has such a kernel. */
+static void test_prefill_tiles_long_k(void **state) {
+    static const wcase cases[] = {
+        {"q4_0", DT_Q4_0, 0, 0, 0}, {"q4_1", DT_Q4_1, 0, 0, 0},  {"q5_0", DT_Q5_0, 0, 0, 0},
+        {"q5_1", DT_Q5_1, 0, 0, 0}, {"q8_0", DT_Q8_0, 0, 0, 0},  {"q4_k", DT_Q4_K, 0, 0, 0},
+        {"q5_k", DT_Q5_K, 0, 0, 0}, {"q6_k", DT_Q6_K, 0, 0, 0},  {"mlx4_g64", DT_U32, 4, 64, DT_F16},
+        {"mlx8_g32", DT_U32, 8, 32, DT_BF16}, {"mlx4_g128", DT_U32, 4, 128, DT_F32},
+    };
+    static const int Ts[] = {2, 9, 23};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int be = cases[i].t == DT_U32 ? cases[i].group : tensor_dtype_block_elems(cases[i].t);
+        /* 65..~90 blocks of 32: two full chunks of 32 blocks and a partial one */
+        int64_t k = (2080 + (int64_t)(rnd() % 800)) / be * be + be;
+        check_case_ts(&cases[i], 37 + 2 * (int64_t)(rnd() % 20), k, Ts, 3);
+    }
 }
 
 /* ---------- (2b) fused calls (q/k/v, gate/up in one pool round) ---------- */
@@ -451,6 +476,7 @@ int main(void) {
         cmocka_unit_test(test_reference_dequant_matches_fixtures),
         cmocka_unit_test(test_gguf_and_dense_formats),
         cmocka_unit_test(test_mlx_affine),
+        cmocka_unit_test(test_prefill_tiles_long_k),
         cmocka_unit_test(test_fused_matches_separate),
         cmocka_unit_test(test_quantize_row_matches_reference),
         cmocka_unit_test(test_invalid_weights_fail_cleanly),

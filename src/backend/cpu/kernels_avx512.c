@@ -1,8 +1,9 @@
 /* kernels_avx512.c: AVX-512 (F/BW/VL/VNNI) kernels: the 256-bit x86 row kernels
  * (kernels_x86.inc) built with vpdpbusd, and 512-bit kernels that replace them for Q4_0,
- * Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K and MLX 4/8-bit: 4 rows x 1 token (decode) or
- * 4 rows x 4 tokens (prefill) per pass. Must not use extensions beyond F/BW/VL/VNNI (the
- * level cpu_features checks: no VBMI, no DQ). */
+ * Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K and MLX 4/8-bit: 4 rows x 1 token (decode) or, for
+ * prefill, 16 rows x 8 tokens on weights repacked per call into a row-interleaved stack
+ * buffer (Q4_0..Q8_0, Q4_K, Q5_K, Q6_K, MLX 4/8; Q2_K/Q3_K keep 4 rows x 4 tokens). Must not
+ * use extensions beyond F/BW/VL/VNNI (the level cpu_features checks: no VBMI, no DQ). */
 #include "backend/cpu/kernels.h"
 #include "base/half.h"
 #include <immintrin.h>
@@ -133,9 +134,9 @@ AVX512_INLINE __m512 avx512_pair_f16(const uint8_t *p0, const uint8_t *p1, int w
         FN(w, n0, n4, x, 0, 1, y, 0, ARG, R, 1);                                                       \
         FN(w, n4, n1, x, 0, 1, y, 0, ARG, 1, 1);                                                       \
     }                                                                                                  \
-    __attribute__((target(KTARGET))) static void TILE_NAME(const cpu_weight *w, int64_t n0, int64_t n1, \
-                                                           const void *xv, int64_t xstride, int T,     \
-                                                           float *y, int64_t ystride) {                \
+    __attribute__((target(KTARGET), unused)) static void TILE_NAME(                                    \
+        const cpu_weight *w, int64_t n0, int64_t n1, const void *xv, int64_t xstride, int T, float *y,  \
+        int64_t ystride) {                                                                             \
         const cpu_q8_block *x = xv;                                                                    \
         int64_t n4 = n0 + (n1 - n0) / (R) * (R);                                                       \
         int T4 = T / TILE_TOKENS * TILE_TOKENS;                                                        \
@@ -545,6 +546,259 @@ AVX512_INLINE void avx512_mlx_tile(const cpu_weight *w, int64_t n0, int64_t n1, 
 TILED_KERNELS(avx512_rows2_mlx4, avx512_tile2_mlx4, avx512_mlx_tile, 4, TILE_ROWS)
 TILED_KERNELS(avx512_rows2_mlx8, avx512_tile2_mlx8, avx512_mlx_tile, 8, TILE_ROWS)
 
+/* ---- Prefill GEMM on weights repacked per 16-row group (lanes = output rows) ----
+ * For T > 1 the tile kernels above spend ~3 float ops per vpdpbusd (each 64-element
+ * product is converted and scaled on its own). Here the weights of 16 rows and up to
+ * PK_CHUNK blocks of 32 are unpacked once per call into a stack buffer laid out so that
+ * zmm j of block b holds, in lane r, quants 4j..4j+3 of row r (unsigned bytes). A token's
+ * 32 int8 activations then enter as eight 4-byte broadcasts; one block costs 8 vpdpbusd
+ * and ~3 float ops for 16 rows x 32 columns, and the unpacked block is reused by every
+ * token (PK_TT tokens per register tile, all T tokens per packed chunk). The per-block
+ * float scale is a 16-lane vector (one value per row); formats with a min (Q4_1, Q5_1,
+ * Q4_K, Q5_K, MLX) add min * dx * sum(x); stored offsets (Q4_0 8, Q5_0 16, Q8_0 128 as
+ * unsigned, Q6_K 32) start the vpdpbusd chain at -offset * sum(x); Q6_K has a scale per 16
+ * columns, so its chain is split in two halves (HALVES). Results differ from the row
+ * kernels only in float summation order. */
+
+#define PK_ROWS 16
+#define PK_CHUNK 32 /* blocks of 32 columns per packed chunk: 22.5 KiB of buffer, L1-sized */
+#define PK_TT 8     /* tokens per register tile */
+
+typedef enum pk_fmt { PK_Q4_0, PK_Q4_1, PK_Q5_0, PK_Q5_1, PK_Q8_0, PK_Q4_K, PK_Q5_K, PK_Q6_K, PK_MLX4, PK_MLX8 } pk_fmt;
+enum { PK_PLAIN, PK_MIN, PK_HALVES };
+
+typedef struct pk_buf {
+    __m512i q[PK_CHUNK][8];  /* per block: first [16 rows][32 bytes] row-major, then transposed */
+    float d[PK_CHUNK][PK_ROWS];  /* scale (Q6_K: of columns 0..15 of the block) */
+    float d2[PK_CHUNK][PK_ROWS]; /* Q6_K: scale of columns 16..31 */
+    float m[PK_CHUNK][PK_ROWS];  /* min (w = d * q + m) */
+} pk_buf;
+
+AVX512_INLINE int pk_kind(pk_fmt f) {
+    return f == PK_Q6_K ? PK_HALVES
+           : (f == PK_Q4_1 || f == PK_Q5_1 || f == PK_Q4_K || f == PK_Q5_K || f == PK_MLX4 || f == PK_MLX8)
+               ? PK_MIN
+               : PK_PLAIN;
+}
+AVX512_INLINE int pk_offset(pk_fmt f) {
+    return f == PK_Q4_0 ? 8 : f == PK_Q5_0 ? 16 : f == PK_Q8_0 ? 128 : f == PK_Q6_K ? 32 : 0;
+}
+
+/* Unsigned quants of block b (32 columns, activation order) of one row, its scale(s) and min. */
+AVX512_INLINE __m256i pk_unpack(const cpu_weight *w, const uint8_t *row, int64_t n, int64_t b, pk_fmt f,
+                                float *d, float *d2, float *m) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    *d2 = 0;
+    *m = 0;
+    switch (f) {
+    case PK_Q4_0: {
+        const uint8_t *p = row + b * 18;
+        *d = avx512_f16(p);
+        return avx512_nibbles(p + 2);
+    }
+    case PK_Q4_1: {
+        const uint8_t *p = row + b * 20;
+        *d = avx512_f16(p);
+        *m = avx512_f16(p + 2);
+        return avx512_nibbles(p + 4);
+    }
+    case PK_Q5_0: {
+        const uint8_t *p = row + b * 22;
+        *d = avx512_f16(p);
+        return _mm256_or_si256(avx512_nibbles(p + 6), avx512_fifth_bits(p + 2));
+    }
+    case PK_Q5_1: {
+        const uint8_t *p = row + b * 24;
+        *d = avx512_f16(p);
+        *m = avx512_f16(p + 2);
+        return _mm256_or_si256(avx512_nibbles(p + 8), avx512_fifth_bits(p + 4));
+    }
+    case PK_Q8_0: {
+        const uint8_t *p = row + b * 34;
+        *d = avx512_f16(p);
+        return _mm256_xor_si256(avx512_load32(p + 2), _mm256_set1_epi8((char)0x80));
+    }
+    case PK_Q4_K:
+    case PK_Q5_K: {
+        const int high = f == PK_Q5_K, bytes = high ? 176 : 144;
+        const uint8_t *blk = row + (b / 8) * bytes, *s = blk + 4, *qs = blk + (high ? 48 : 16);
+        int c = (int)(b % 8), sc, mn;
+        if (c < 4) {
+            sc = s[c] & 63;
+            mn = s[c + 4] & 63;
+        } else {
+            sc = (s[c + 4] & 0xF) | ((s[c - 4] >> 6) << 4);
+            mn = (s[c + 4] >> 4) | ((s[c] >> 6) << 4);
+        }
+        *d = avx512_f16(blk) * (float)sc;
+        *m = -avx512_f16(blk + 2) * (float)mn;
+        __m256i raw = avx512_load32(qs + 32 * (c / 2));
+        __m256i q = _mm256_and_si256(c & 1 ? _mm256_srli_epi16(raw, 4) : raw, m4);
+        if (high) { /* bit c of qh[l] -> 0x10 */
+            __m256i qh = _mm256_srli_epi16(avx512_load32(blk + 16), c);
+            q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(1)), 4));
+        }
+        return q;
+    }
+    case PK_Q6_K: {
+        const uint8_t *blk = row + (b / 8) * 210;
+        int c = (int)(b % 8), h = c / 4, s = c % 4;
+        float dd = avx512_f16(blk + 208);
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        *d = dd * (float)sc[2 * c];
+        *d2 = dd * (float)sc[2 * c + 1];
+        __m256i ql = avx512_load32(blk + 64 * h + 32 * (s & 1));
+        __m256i lo = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(ql, 4) : ql, m4);
+        __m256i qh = _mm256_srli_epi16(avx512_load32(blk + 128 + 32 * h), 2 * s);
+        return _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4));
+    }
+    case PK_MLX4:
+    case PK_MLX8: {
+        int64_t gi = n * (w->k / w->group_size) + b * 32 / w->group_size;
+        *d = avx512_sb(w->sb_dtype, w->scales, gi);
+        *m = avx512_sb(w->sb_dtype, w->biases, gi);
+        return f == PK_MLX4 ? avx512_nibbles(row + 16 * b) : avx512_load32(row + 32 * b);
+    }
+    }
+    return _mm256_setzero_si256();
+}
+
+/* Packs rows g..g+rows-1 (rows <= 16; missing rows become zeros), blocks c0..c0+cb-1. */
+AVX512_INLINE void pk_pack(const cpu_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
+    int64_t rb = cpu_weight_row_bytes(w);
+    for (int r = 0; r < PK_ROWS; r++) {
+        if (r >= rows) {
+            for (int b = 0; b < cb; b++) {
+                _mm256_store_si256((__m256i *)((uint8_t *)buf->q[b] + 32 * r), _mm256_setzero_si256());
+                buf->d[b][r] = buf->d2[b][r] = buf->m[b][r] = 0;
+            }
+            continue;
+        }
+        const uint8_t *row = (const uint8_t *)w->data + (g + r) * rb;
+        for (int b = 0; b < cb; b++) {
+            __m256i q = pk_unpack(w, row, g + r, c0 + b, f, &buf->d[b][r], &buf->d2[b][r], &buf->m[b][r]);
+            _mm256_store_si256((__m256i *)((uint8_t *)buf->q[b] + 32 * r), q);
+        }
+    }
+    /* [16 rows][8 dwords] -> [8 dwords][16 rows], in place per block */
+    const __m512i vidx = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(32));
+    for (int b = 0; b < cb; b++) {
+        const int *base = (const int *)buf->q[b];
+        __m512i t[8];
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) t[j] = _mm512_i32gather_epi32(vidx, base + j, 1);
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) _mm512_store_si512(&buf->q[b][j], t[j]);
+    }
+}
+
+AVX512_INLINE __m512i pk_bcast(const int8_t *q) {
+    int32_t v;
+    memcpy(&v, q, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* y rows (16 lanes, mask: valid rows) of TT tokens += the packed chunk times their activations. */
+AVX512_INLINE void pk_compute(const pk_buf *buf, int cb, const cpu_q8_block *x, int64_t xstride, float *y,
+                              int64_t ystride, __mmask16 mask, int accumulate, int off, const int TT,
+                              const int kind) {
+    __m512 acc[PK_TT];
+    #pragma GCC unroll 8
+    for (int t = 0; t < TT; t++)
+        acc[t] = accumulate ? _mm512_maskz_loadu_ps(mask, y + t * ystride) : _mm512_setzero_ps();
+    for (int b = 0; b < cb; b++) {
+        const __m512i *W = buf->q[b];
+        __m512 d = _mm512_load_ps(buf->d[b]);
+        __m512 d2 = kind == PK_HALVES ? _mm512_load_ps(buf->d2[b]) : d;
+        __m512 mn = kind == PK_MIN ? _mm512_load_ps(buf->m[b]) : d;
+        #pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            const cpu_q8_block *xb = x + t * xstride + b;
+            int s0 = xb->sum16[0], s1 = xb->sum16[1];
+            __m512i a0, a1;
+            if (kind == PK_HALVES) {
+                a0 = _mm512_set1_epi32(-off * s0);
+                a1 = _mm512_set1_epi32(-off * s1);
+            } else {
+                a0 = _mm512_set1_epi32(-off * (s0 + s1));
+                a1 = _mm512_setzero_si512();
+            }
+            #pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                a0 = _mm512_dpbusd_epi32(a0, W[j], pk_bcast(xb->q + 4 * j));
+                a1 = _mm512_dpbusd_epi32(a1, W[j + 4], pk_bcast(xb->q + 16 + 4 * j));
+            }
+            __m512 dx = _mm512_set1_ps(xb->d);
+            if (kind == PK_HALVES) {
+                __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0), d, _mm512_mul_ps(_mm512_cvtepi32_ps(a1), d2));
+                acc[t] = _mm512_fmadd_ps(f, dx, acc[t]);
+            } else {
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), _mm512_mul_ps(d, dx), acc[t]);
+                if (kind == PK_MIN) acc[t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xb->d * (float)(s0 + s1)), acc[t]);
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) _mm512_mask_storeu_ps(y + t * ystride, mask, acc[t]);
+}
+
+typedef void (*pk_compute_fn)(const pk_buf *, int, const cpu_q8_block *, int64_t, float *, int64_t, __mmask16, int,
+                              int);
+#define PK_FN(KIND, TT)                                                                                     \
+    __attribute__((target(KTARGET))) static void pk_compute_##KIND##_##TT(                                 \
+        const pk_buf *buf, int cb, const cpu_q8_block *x, int64_t xs, float *y, int64_t ys, __mmask16 mask, \
+        int accumulate, int off) {                                                                          \
+        pk_compute(buf, cb, x, xs, y, ys, mask, accumulate, off, TT, KIND);                                 \
+    }
+#define PK_FNS(KIND) \
+    PK_FN(KIND, 1) PK_FN(KIND, 2) PK_FN(KIND, 3) PK_FN(KIND, 4) PK_FN(KIND, 5) PK_FN(KIND, 6) PK_FN(KIND, 7) PK_FN(KIND, 8)
+PK_FNS(PK_PLAIN)
+PK_FNS(PK_MIN)
+PK_FNS(PK_HALVES)
+#define PK_ROW(KIND)                                                                                             \
+    {NULL, pk_compute_##KIND##_1, pk_compute_##KIND##_2, pk_compute_##KIND##_3, pk_compute_##KIND##_4,           \
+     pk_compute_##KIND##_5, pk_compute_##KIND##_6, pk_compute_##KIND##_7, pk_compute_##KIND##_8}
+static const pk_compute_fn pk_fns[3][PK_TT + 1] = {PK_ROW(PK_PLAIN), PK_ROW(PK_MIN), PK_ROW(PK_HALVES)};
+
+AVX512_INLINE void pk_gemm(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv, int64_t xstride, int T,
+                           float *y, int64_t ystride, pk_fmt f) {
+    const cpu_q8_block *x = xv;
+    int64_t nb = w->k / 32;
+    pk_buf buf;
+    const pk_compute_fn *fns = pk_fns[pk_kind(f)];
+    int off = pk_offset(f);
+    for (int64_t g = n0; g < n1; g += PK_ROWS) {
+        int rows = n1 - g < PK_ROWS ? (int)(n1 - g) : PK_ROWS;
+        __mmask16 mask = (__mmask16)((1u << rows) - 1);
+        for (int64_t c0 = 0; c0 < nb; c0 += PK_CHUNK) {
+            int cb = nb - c0 < PK_CHUNK ? (int)(nb - c0) : PK_CHUNK;
+            pk_pack(w, g, rows, c0, cb, f, &buf);
+            for (int t0 = 0; t0 < T; t0 += PK_TT) {
+                int tt = T - t0 < PK_TT ? T - t0 : PK_TT;
+                fns[tt](&buf, cb, x + t0 * xstride + c0, xstride, y + t0 * ystride + g, ystride, mask, c0 > 0, off);
+            }
+        }
+    }
+}
+
+#define PK_TILE(NAME, FMT)                                                                                     \
+    __attribute__((target(KTARGET))) static void NAME(const cpu_weight *w, int64_t n0, int64_t n1,           \
+                                                      const void *x, int64_t xstride, int T, float *y,       \
+                                                      int64_t ystride) {                                     \
+        pk_gemm(w, n0, n1, x, xstride, T, y, ystride, FMT);                                                  \
+    }
+PK_TILE(avx512_pk_q4_0, PK_Q4_0)
+PK_TILE(avx512_pk_q4_1, PK_Q4_1)
+PK_TILE(avx512_pk_q5_0, PK_Q5_0)
+PK_TILE(avx512_pk_q5_1, PK_Q5_1)
+PK_TILE(avx512_pk_q8_0, PK_Q8_0)
+PK_TILE(avx512_pk_q4_k, PK_Q4_K)
+PK_TILE(avx512_pk_q5_k, PK_Q5_K)
+PK_TILE(avx512_pk_q6_k, PK_Q6_K)
+PK_TILE(avx512_pk_mlx4, PK_MLX4)
+PK_TILE(avx512_pk_mlx8, PK_MLX8)
+
 /* cpu_quantize_row_ref (in order) 16 values per instruction: the same amax, d, 1/d and
  * float product, and the conversion rounds to nearest even like lrintf, so the bytes are
  * identical (tests/unit/test_cpu_matmul.c checks it). */
@@ -571,22 +825,22 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
     cpu_rows_fn f = NULL;
     cpu_tile_fn tile = NULL;
     switch (w->dtype) {
-    case DT_Q4_0: f = avx512_rows2_q4_0, tile = avx512_tile2_q4_0; break;
-    case DT_Q4_1: f = avx512_rows2_q4_1, tile = avx512_tile2_q4_1; break;
-    case DT_Q5_0: f = avx512_rows2_q5_0, tile = avx512_tile2_q5_0; break;
-    case DT_Q5_1: f = avx512_rows2_q5_1, tile = avx512_tile2_q5_1; break;
-    case DT_Q8_0: f = avx512_rows2_q8_0, tile = avx512_tile2_q8_0; break;
+    case DT_Q4_0: f = avx512_rows2_q4_0, tile = avx512_pk_q4_0; break;
+    case DT_Q4_1: f = avx512_rows2_q4_1, tile = avx512_pk_q4_1; break;
+    case DT_Q5_0: f = avx512_rows2_q5_0, tile = avx512_pk_q5_0; break;
+    case DT_Q5_1: f = avx512_rows2_q5_1, tile = avx512_pk_q5_1; break;
+    case DT_Q8_0: f = avx512_rows2_q8_0, tile = avx512_pk_q8_0; break;
     case DT_Q2_K: f = avx512_rows2_q2_k, tile = avx512_tile2_q2_k; break;
     case DT_Q3_K: f = avx512_rows2_q3_k, tile = avx512_tile2_q3_k; break;
-    case DT_Q4_K: f = avx512_rows2_q4_k, tile = avx512_tile2_q4_k; break;
-    case DT_Q5_K: f = avx512_rows2_q5_k, tile = avx512_tile2_q5_k; break;
-    case DT_Q6_K: f = avx512_rows2_q6_k, tile = avx512_tile2_q6_k; break;
+    case DT_Q4_K: f = avx512_rows2_q4_k, tile = avx512_pk_q4_k; break;
+    case DT_Q5_K: f = avx512_rows2_q5_k, tile = avx512_pk_q5_k; break;
+    case DT_Q6_K: f = avx512_rows2_q6_k, tile = avx512_pk_q6_k; break;
     case DT_U32:
         if (w->bits == 4) {
-            *out = (cpu_kernel){avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_tile2_mlx4};
+            *out = (cpu_kernel){avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_pk_mlx4};
             return 1;
         }
-        if (w->bits == 8) f = avx512_rows2_mlx8, tile = avx512_tile2_mlx8;
+        if (w->bits == 8) f = avx512_rows2_mlx8, tile = avx512_pk_mlx8;
         break;
     default: break;
     }

@@ -231,7 +231,9 @@ static hearth_status matmul_run(int count, const cpu_weight *const *ws, float *c
         if (threads == 1) tasks = 1;
         if (tasks > groups) tasks = groups;
         p->rows_per_task = (groups + tasks - 1) / tasks * CPU_ROW_ALIGN;
-        p->tile_rows = T == 1 || invariant ? p->rows_per_task : (CPU_TILE_BYTES / rb > 0 ? CPU_TILE_BYTES / rb : 1);
+        /* Tiles of whole 16-row groups: the AVX-512 prefill kernels pack 16 rows at a time. */
+        int64_t tile = (CPU_TILE_BYTES / rb + CPU_ROW_ALIGN - 1) / CPU_ROW_ALIGN * CPU_ROW_ALIGN;
+        p->tile_rows = T == 1 || invariant ? p->rows_per_task : tile > 0 ? tile : CPU_ROW_ALIGN;
         p->first_task = tasks_total;
         tasks_total += (int)((n + p->rows_per_task - 1) / p->rows_per_task);
     }

@@ -1,0 +1,157 @@
+/* test_cpu_ops_kernels.c: the vectorized CPU ops. (1) attention over the paged float KV pool
+ * (ops_attention) against a naive double-precision softmax attention written here from the definition, at
+ * every ISA level the machine has: head_dim 64, 80 (not a multiple of 16: the generic
+ * path), 256 (the AVX-512 path's output in two 128-float passes); GQA (3 query heads per KV
+ * head); prefill of many tokens and decode of several slots whose lengths and windows start
+ * and end inside KV blocks; 1 and 2 threads. (2) ops_silu_mul / ops_gelu_tanh_mul against
+ * the textbook formulas in double (libm exp / tanh), at every level, odd lengths. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "base/cpu_features.h"
+#include "base/threadpool.h"
+#include "engine/kv_cache.h"
+#include "ops/ops.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_state = 0x853c49e6748fea9bull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
+}
+static float rndf(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; }
+
+/* softmax(q . k_p * scale) . v_p over p in the window ending at pos, in double. */
+static void naive(const kv_cache *kv, int layer, int slot, int pos, int kvh, int window, const float *q, int d,
+                  float scale, double *out) {
+    int p0 = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    double mx = -INFINITY, *s = malloc(sizeof(double) * (size_t)(pos + 1)), sum = 0;
+    for (int p = p0; p <= pos; p++) {
+        const float *k = kv_key(kv, layer, slot, p, kvh);
+        double dot = 0;
+        for (int i = 0; i < d; i++) dot += (double)q[i] * k[i];
+        s[p] = dot * scale;
+        mx = fmax(mx, s[p]);
+    }
+    for (int p = p0; p <= pos; p++) sum += s[p] = exp(s[p] - mx);
+    for (int i = 0; i < d; i++) out[i] = 0;
+    for (int p = p0; p <= pos; p++) {
+        const float *v = kv->v + (kv_key(kv, layer, slot, p, kvh) - kv->k);
+        for (int i = 0; i < d; i++) out[i] += s[p] / sum * v[i];
+    }
+    free(s);
+}
+
+static void check(int head_dim, int window, int prefill, threadpool *tp) {
+    enum { LAYERS = 2, KVH = 2, HEADS = 6, SLOTS = 3, TMAX = 45 };
+    int T = prefill ? TMAX : 4;
+    kv_cache kv;
+    assert_int_equal(kv_create(&kv, LAYERS, KVH, head_dim, SLOTS, 300, 64, NULL), HEARTH_OK);
+    int lens[SLOTS] = {1 + (int)(rnd() % 40), 150 + (int)(rnd() % 100), 17};
+    for (int s = 0; s < SLOTS; s++) assert_int_equal(kv_reserve(&kv, s, lens[s], NULL), HEARTH_OK);
+    size_t nf = (size_t)LAYERS * kv.n_blocks * kv.block_floats;
+    for (size_t i = 0; i < nf; i++) {
+        kv.k[i] = rndf() * 2;
+        kv.v[i] = rndf();
+    }
+    int32_t slot[TMAX] = {0, 1, 2, 1}, pos[TMAX] = {0};
+    for (int t = 0; t < T; t++) {
+        if (prefill) slot[t] = 1;
+        pos[t] = prefill ? lens[1] - T + t : lens[slot[t]] - 1 - (t == 3 ? 20 : 0);
+    }
+    size_t nq = (size_t)T * HEADS * head_dim;
+    float *q = malloc(nq * 4), *out = malloc(nq * 4);
+    float *scratch = malloc(ops_attention_scratch(&kv) * 4 * (size_t)tp_threads(tp));
+    for (size_t i = 0; i < nq; i++) q[i] = rndf();
+    ops_attention_args a = {.kv = &kv, .layer = 1, .q = q, .out = out, .T = T, .n_heads = HEADS,
+                            .n_kv_heads = KVH, .head_dim = head_dim, .pos = pos, .slot = slot,
+                            .window = window, .scale = 1.0f / sqrtf((float)head_dim), .scratch = scratch};
+    ops_attention(&a, tp);
+    double *want = malloc(sizeof(double) * (size_t)head_dim);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < HEADS; h++) {
+            const float *qh = q + ((size_t)t * HEADS + h) * head_dim;
+            naive(&kv, 1, slot[t], pos[t], h / (HEADS / KVH), window, qh, head_dim, a.scale, want);
+            for (int i = 0; i < head_dim; i++) {
+                float got = out[((size_t)t * HEADS + h) * head_dim + i];
+                /* a convex combination of values in [-1, 1]; float scores differ from double by
+                 * ~d * 2^-24 relative, which moves the weights by ~1e-5 at most */
+                if (!(fabs(got - want[i]) <= 2e-5))
+                    fail_msg("%s d=%d window=%d prefill=%d threads=%d: t %d head %d [%d] = %.8g, want %.8g",
+                             cpu_level_name(cpu_level_active()), head_dim, window, prefill, tp_threads(tp), t, h,
+                             i, got, want[i]);
+            }
+        }
+    free(want);
+    free(q);
+    free(out);
+    free(scratch);
+    kv_destroy(&kv);
+}
+
+static void test_attention_matches_naive(void **state) {
+    (void)state;
+    threadpool *tps[2];
+    assert_int_equal(tp_create(1, &tps[0], NULL), HEARTH_OK);
+    assert_int_equal(tp_create(2, &tps[1], NULL), HEARTH_OK);
+    static const char *levels[] = {"scalar", "avx2", "avx512"};
+    for (int lv = CPU_LEVEL_SCALAR; lv <= (int)cpu_level_hardware(); lv++) {
+        setenv("HEARTH_CPU", levels[lv], 1);
+        static const int dims[] = {64, 80, 256}, windows[] = {0, 20};
+        for (int di = 0; di < 3; di++)
+            for (int wi = 0; wi < 2; wi++)
+                for (int prefill = 0; prefill < 2; prefill++)
+                    for (int th = 0; th < 2; th++) check(dims[di], windows[wi], prefill, tps[th]);
+    }
+    unsetenv("HEARTH_CPU");
+    tp_destroy(tps[0]);
+    tp_destroy(tps[1]);
+}
+
+static void test_activations_match_double(void **state) {
+    (void)state;
+    static const char *levels[] = {"scalar", "avx2", "avx512"};
+    enum { N = 1003 };
+    float *g = malloc(N * 4), *u = malloc(N * 4), *out = malloc(N * 4);
+    for (int i = 0; i < N; i++) {
+        g[i] = rndf() * (i % 5 == 0 ? 40.0f : 6.0f); /* some far into both saturated tails */
+        u[i] = rndf() * 3;
+    }
+    g[0] = 0, g[1] = 100, g[2] = -100, g[3] = 1e-30f, g[4] = -88.5f;
+    for (int lv = CPU_LEVEL_SCALAR; lv <= (int)cpu_level_hardware(); lv++) {
+        setenv("HEARTH_CPU", levels[lv], 1);
+        for (int gelu = 0; gelu < 2; gelu++) {
+            memcpy(out, g, N * 4);
+            if (gelu) ops_gelu_tanh_mul(out, u, N);
+            else ops_silu_mul(out, u, N);
+            for (int i = 0; i < N; i++) {
+                double x = g[i], want;
+                if (gelu) want = 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) * u[i];
+                else want = x / (1 + exp(-x)) * u[i];
+                /* ~1e-6 relative (exp polynomial 2e-7, a division, products), plus float
+                 * rounding of 1 + tanh(u) near tanh = -1 (the scalar path's cancellation):
+                 * ~6e-8 absolute on the factor, so 1e-7 * |g * up| */
+                if (!(fabs(out[i] - want) <= 2e-6 * fabs(want) + 1e-7 * fabs(x * u[i]) + 1e-30))
+                    fail_msg("%s %s(%.9g) * %.9g = %.9g, want %.9g", levels[lv], gelu ? "gelu" : "silu", g[i], u[i],
+                             out[i], want);
+            }
+        }
+    }
+    unsetenv("HEARTH_CPU");
+    free(g);
+    free(u);
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_attention_matches_naive),
+                                       cmocka_unit_test(test_activations_match_double)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -58,6 +58,25 @@ def _same_text(s):
             + ", ".join(f"{k} {v}/{s['n1_requests']}" for k, v in same.items()) + ".")
 
 
+def _peer(res):
+    # results written before llama-server was the peer have no "llama_cpp_peer": llama-cpp-python's server
+    return res.get("llama_cpp_peer") or {"kind": "llama-cpp-python"}
+
+
+def _name(res, name):
+    if name == "llama.cpp" and _peer(res)["kind"] != "llama-server":
+        return "llama.cpp (fallback: llama-cpp-python, serialized)"
+    return name
+
+
+def _argv(name, argv):
+    if name == "hearth":
+        return argv[1:]
+    if argv[0].endswith("llama-server"):
+        return ["llama-server"] + argv[1:]
+    return argv[2:]  # python -m ...
+
+
 def _f(x, d=1):
     return "-" if x is None else f"{x:.{d}f}"
 
@@ -71,13 +90,13 @@ def _model_md(res, entry):
     for n in res["n"]:
         for name, srv in entry["servers"].items():
             if "failed" in srv:
-                lines.append(f"| {n} | {name} | failed: {srv['failed'][:120]} | | | | | | |")
+                lines.append(f"| {n} | {_name(res, name)} | failed: {srv['failed'][:120]} | | | | | | |")
                 continue
             lv = srv["levels"].get(str(n), {})
             if "skipped" in lv:
-                lines.append(f"| {n} | {name} | skipped: {lv['skipped']} | | | | | | |")
+                lines.append(f"| {n} | {_name(res, name)} | skipped: {lv['skipped']} | | | | | | |")
                 continue
-            lines.append(f"| {n} | {name} | {lv['requests']} | {_f(lv['aggregate_tps'])} | {_f(lv['ttft_p50_ms'], 0)} | "
+            lines.append(f"| {n} | {_name(res, name)} | {lv['requests']} | {_f(lv['aggregate_tps'])} | {_f(lv['ttft_p50_ms'], 0)} | "
                          f"{_f(lv['ttft_p95_ms'], 0)} | {_f(lv['decode_tps_median'])} | {lv['errors']} | "
                          f"{lv['loadavg_after'][0]} |")
     lines.append("")
@@ -105,9 +124,20 @@ def _model_md(res, entry):
         w = srv["warm_up"]
         lines.append(f"- {name}: started in {_f(srv['load_s'])} s, warm-up ({w['requests']} requests, {_f(w['seconds'], 0)} s) best decode {_f(w['decode_tps'])} tok/s, "
                      f"{_f(srv['seconds'], 0)} s serving (warm-up + levels), load {srv['loadavg_before'][0]} -> {srv['loadavg_after'][0]}; "
-                     "`" + " ".join(srv["argv"][1:] if name == "hearth" else srv["argv"][2:]).replace(chr(10), "\\n") + "`")
+                     "`" + " ".join(_argv(name, srv["argv"])).replace(chr(10), "\\n") + "`")
     lines.append("")
     return lines
+
+
+def _llama_note(res):
+    if _peer(res)["kind"] == "llama-server":
+        return ("- llama.cpp's server is its C++ `llama-server` (built from the vendored llama.cpp of the pinned "
+                "llama-cpp-python sdist, CPU, -march=native without AMX): `--parallel` slots (one per client at the "
+                "largest N, each with the same context per sequence as hearth), continuous batching, so concurrent "
+                "requests decode as one batch.")
+    return ("- llama.cpp's server here is the **fallback**, llama-cpp-python's (`python -m llama_cpp.server`): one "
+            "`Llama` object behind a lock, so it **serializes requests** (no parallel slots; the C++ `llama-server` "
+            "was not built, see bench/serve_load/build_llama_server.sh). Its N>1 numbers are a queue, not batching.")
 
 
 def markdown(res):
@@ -125,18 +155,21 @@ def markdown(res):
         "decode tok/s per stream = (tokens − 1) / (last − first content event); aggregate = completion tokens of the "
         "level / (last answer done − first request sent). TTFT p50/p95 are nearest-rank over the level's requests "
         "(few samples: p95 is close to the maximum).",
-        "- llama.cpp's server here is llama-cpp-python's (`python -m llama_cpp.server`), the peer that installs from "
-        "PyPI: one `Llama` object behind a lock, so it **serializes requests** (no parallel slots; the C++ "
-        "`llama-server` with `--parallel` is not built here). Its N>1 numbers are a queue, not batching.",
-        "- mlx_lm.server batches (`--decode-concurrency`/`--prompt-concurrency` set to the largest N; requests carry "
-        "no seed because a seeded request is served alone). It runs on mlx's CPU backend here, which is far from its "
-        "Apple-GPU speed.",
+        _llama_note(res),
+        "- mlx_lm.server batches: `--decode-concurrency`/`--prompt-concurrency` (set to the largest N) size its "
+        "BatchGenerator, which prefills up to that many prompts together and decodes up to that many streams as one "
+        "batch; a request joins it when the model's caches can merge (checked: both models' KVCache can), no draft "
+        "model, no --kv-bits and no seed (so the requests carry none). It runs on mlx's CPU backend here, which is "
+        "far from its Apple-GPU speed.",
         f"- Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, shared with other engineers' builds and tests: "
         f"/proc/loadavg before {' '.join(res['loadavg_before'])}, after {' '.join(res['loadavg_after'])}. Numbers on "
         "this box are noisy (single run, per-level load shown above); compare ratios from the same run only.",
         f"- Versions: hearth {v['hearth_commit'][:12]} ({v['hearth_tree_modified_files']} tracked files modified in the "
         f"tree at run time; binary `{res['hearth']}`), mlx {v['mlx']}, mlx-lm {v['mlx_lm']}, llama-cpp-python "
-        f"{v['llama_cpp_python']} (llama.cpp built by bench/cpu_vs_llamacpp/install_llamacpp.sh).",
+        f"{v['llama_cpp_python']} ("
+        + (f"its vendored llama.cpp's llama-server built by bench/serve_load/build_llama_server.sh: {_peer(res).get('version', '')}"
+           if _peer(res)["kind"] == "llama-server" else "llama.cpp built by bench/cpu_vs_llamacpp/install_llamacpp.sh")
+        + ").",
         f"- Run {res['started']} .. {res['finished']}; command `serve_load.py {res['command']}`; server logs in "
         f"{res['logs']}.", ""]
     return "\n".join(lines)

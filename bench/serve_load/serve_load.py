@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""serve_load.py: hearth serve vs mlx_lm.server vs llama.cpp's server (llama-cpp-python) under N concurrent chats.
+"""serve_load.py: hearth serve vs mlx_lm.server vs llama.cpp's llama-server under N concurrent chats.
 
 It owns the run: for each model, each server in turn on the same weights and threads, a warm-up request,
-then N = 1, 4, 16 concurrent streaming chats through load_gen.py; then `hearth bench` on the same model
+then N = 1, 4, 16 concurrent streaming chats through load_gen.py (llama.cpp's peer: its C++ `llama-server`
+with one slot per client and continuous batching, built by build_llama_server.sh; llama-cpp-python's
+serializing server only as a fallback when that binary is missing, labelled so in the results); then `hearth bench` on the same model
 as the engine reference for the N=1 single-stream rate. Writes bench/results/serve_load.{json,md}
 (load_report.py makes the table). A server whose projected time for a level exceeds its time budget skips
 that level and the results say so; it must not read any server's text as an expected value.
@@ -28,6 +30,7 @@ from run_bench import Server, engine_bench, eos_ids_gguf, free_port, loadavg, ma
 
 CACHE = os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth"))
 LLAMACPP_LIB = os.path.join(CACHE, "bench", "llamacpp", "lib")
+LLAMA_SERVER = os.path.join(CACHE, "bench", "llamacpp", "build-server", "bin", "llama-server")
 # The 1B-shaped model's GGUF has no chat template: every server gets this ChatML one (its <|im_*|>
 # markers are plain text to the synthetic vocabulary, the same for all three).
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -66,7 +69,16 @@ def server_argv(name, model, port, a):
         conc = str(max(a.n))
         return ([sys.executable, "-m", "mlx_lm", "server", "--model", model["mlx"], "--port", str(port),
                  "--decode-concurrency", conc, "--prompt-concurrency", conc, "--log-level", "WARNING"], None)
-    # llama-cpp-python's server: one Llama object behind a lock, so requests run one at a time;
+    if a.llama_server:
+        # llama.cpp's own server: --parallel slots (one per client at the largest N), each with the
+        # context hearth gets per sequence (-c is split between the slots), continuous batching;
+        # --load-mode none: no mmap (see below); the ChatML template given as text like to the others
+        n = max(a.n)
+        argv = [a.llama_server, "--model", model["gguf"], "--host", "127.0.0.1", "--port", str(port),
+                "--threads", t, "--threads-batch", t, "--ctx-size", str(a.ctx * n), "--parallel", str(n),
+                "--cont-batching", "--load-mode", "none", "--no-webui"]
+        return argv + (["--chat-template", model["template"]] if model["template"] else []), None
+    # fallback, llama-cpp-python's server: one Llama object behind a lock, so requests run one at a time;
     # interrupt_requests (default on) would cut a running stream short when another one waits;
     # use_mmap off: on these VMs clean mmap'd pages get evicted and decode collapses (DESIGN.md)
     argv = [sys.executable, "-m", "llama_cpp.server", "--model", model["gguf"], "--host", "127.0.0.1",
@@ -130,11 +142,25 @@ def run_server(name, model, a, banned, log_dir):
 
 
 def versions():
-    v = {k: md.version(p) for k, p in (("mlx", "mlx"), ("mlx_lm", "mlx-lm"), ("llama_cpp_python", "llama_cpp_python"))}
+    v = {}
+    for k, p in (("mlx", "mlx"), ("mlx_lm", "mlx-lm"), ("llama_cpp_python", "llama_cpp_python")):
+        try:
+            v[k] = md.version(p)
+        except md.PackageNotFoundError:
+            v[k] = "not installed"
     git = lambda *args: subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True).stdout.strip()  # noqa: E731
     v["hearth_commit"] = git("rev-parse", "HEAD")
     v["hearth_tree_modified_files"] = len(git("status", "--porcelain", "--untracked-files=no").splitlines())
     return v
+
+
+def llama_peer(path):
+    """What the "llama.cpp" rows measured: llama-server (its version line) or the fallback."""
+    if not path:
+        return {"kind": "llama-cpp-python", "label": "llama-cpp-python's server (fallback: serializes requests)"}
+    out = subprocess.run([path, "--version"], capture_output=True, text=True)
+    ver = " ".join(l.strip() for l in (out.stdout + out.stderr).splitlines() if "version" in l or "built with" in l)
+    return {"kind": "llama-server", "label": "llama.cpp's llama-server", "binary": path, "version": ver}
 
 
 def main():
@@ -144,13 +170,19 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=1024, help="context per sequence (prompts here are < 100 tokens)")
-    ap.add_argument("--budget", type=int, default=240, help="serving seconds (warm-up + levels) per server and model; a level projected to end "
+    ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER_BIN", LLAMA_SERVER),
+                    help="llama.cpp's llama-server binary (build_llama_server.sh); when missing, llama-cpp-python's "
+                    "serializing server is the fallback peer")
+    ap.add_argument("--budget", type=int, default=300, help="serving seconds (warm-up + levels) per server and model; a level projected to end "
                     "beyond it is skipped")
     ap.add_argument("--max-requests", type=int, default=16, help="requests per level: 2 per client up to this")
     ap.add_argument("--models", default="smollm2-135m-q4_1,llama1b-q4_0")
     ap.add_argument("--servers", default=",".join(SERVERS))
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "serve_load"))
     a = ap.parse_args()
+    if a.llama_server and not os.path.exists(a.llama_server):
+        log(f"no llama-server at {a.llama_server}: falling back to llama-cpp-python's server (serializes requests)")
+        a.llama_server = None
     models = [m for m in MODELS if m["id"] in a.models.split(",")]
     servers = [s for s in SERVERS if s in a.servers.split(",")]
     for path in [a.hearth] + [m["gguf"] for m in models]:
@@ -160,7 +192,7 @@ def main():
     res = {"machine": machine(), "versions": versions(), "hearth": a.hearth, "command": " ".join(sys.argv[1:]),
            "threads": a.threads, "max_tokens": a.max_tokens, "n": a.n, "max_requests": a.max_requests, "budget_s": a.budget, "logs": log_dir,
            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "loadavg_before": loadavg(), "models": []}
+           "loadavg_before": loadavg(), "models": [], "llama_cpp_peer": llama_peer(a.llama_server)}
     for m in models:
         banned = eos_ids_gguf(m["gguf"])
         if "mlx_lm" in servers:

@@ -250,7 +250,7 @@ void hearth_seq_close(hearth_engine *e, int seq) {
 
 /* One step on whichever device holds the model. */
 static hearth_status engine_model_forward(hearth_engine *e, const model_batch *b, hearth_error *err) {
-    if (e->gpu && e->greedy_id && b->n_out == 1) return engine_device_forward_ids(e->gpu, &e->kv, b, e->greedy_id, err);
+    if (e->gpu && e->greedy_id && b->n_out >= 1) return engine_device_forward_ids(e->gpu, &e->kv, b, e->greedy_id, err);
     return e->gpu ? engine_device_forward(e->gpu, &e->kv, b, err) : model_forward(e->m, &e->kv, e->s, b, e->tp, err);
 }
 
@@ -341,13 +341,25 @@ hearth_status engine_forward_rows(hearth_engine *e, int T, const int32_t *tokens
     hearth_status st = engine_model_forward(e, &b, err);
     if (st) return st;
     int vocab = e->m->cfg.vocab;
-    for (size_t i = 0; i < (size_t)n_out * vocab; i++)
+    for (size_t i = 0; !e->greedy_id && i < (size_t)n_out * vocab; i++) /* greedy ids: the device checked */
         if (!isfinite(e->logits[i]))
             return err_set(err, HEARTH_ERR_FORMAT,
                            "%s: the model produced non-finite logits; its weights contain NaN or Inf values",
                            e->hm->entry.path);
     *logits = e->logits;
     return HEARTH_OK;
+}
+
+hearth_status engine_forward_rows_greedy(hearth_engine *e, int T, const int32_t *tokens, const int32_t *pos,
+                                         const int32_t *slot, int n_out, const int32_t *out_rows, int32_t *ids,
+                                         hearth_error *err) {
+    if (!e->gpu || !ids) return err_set(err, HEARTH_ERR_UNSUPPORTED, "engine: device greedy ids need the GPU engine");
+    const float *unused;
+    e->greedy_id = n_out > 0 ? ids : NULL;
+    hearth_status st = engine_forward_rows(e, T, tokens, pos, slot, n_out, out_rows, &unused, err);
+    e->greedy_id = NULL;
+    if (st == HEARTH_ERR_FORMAT) err_prefix(err, "%s", e->hm->entry.path);
+    return st;
 }
 
 int engine_max_out_rows(const hearth_engine *e) { return e->max_out; }

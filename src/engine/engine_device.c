@@ -5,6 +5,7 @@
 #include "engine/engine_device.h"
 #include "base/err.h"
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef HEARTH_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -64,6 +65,11 @@ hearth_status engine_device_forward(cuda_model *gpu, const kv_cache *kv, const m
 hearth_status engine_device_forward_ids(cuda_model *gpu, const kv_cache *kv, const model_batch *b, int32_t *ids,
                                         hearth_error *err) {
 #ifdef HEARTH_HAVE_CUDA
+    static int said; /* HEARTH_DEVICE_GREEDY_LOG=1: one line, so tests can see this path ran */
+    if (!said && getenv("HEARTH_DEVICE_GREEDY_LOG")) {
+        said = 1;
+        fprintf(stderr, "hearth: greedy ids chosen on the device (%d rows)\n", b->n_out);
+    }
     return cuda_model_forward_ids(gpu, kv, b, ids, err);
 #else
     (void)gpu, (void)kv, (void)b, (void)ids;

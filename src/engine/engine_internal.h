@@ -36,6 +36,18 @@ hearth_status engine_forward_rows(hearth_engine *e, int T, const int32_t *tokens
                                   const int32_t *slot, int n_out, const int32_t *out_rows, const float **logits,
                                   hearth_error *err);
 
+/* engine_forward_rows for rows that are all plain greedy, on the GPU engine only: ids[i]
+ * gets the first index of the largest logit of row i, chosen on the device (no logits row
+ * leaves it; a non-finite row fails with HEARTH_ERR_FORMAT). UNSUPPORTED on the CPU. */
+hearth_status engine_forward_rows_greedy(hearth_engine *e, int T, const int32_t *tokens, const int32_t *pos,
+                                         const int32_t *slot, int n_out, const int32_t *out_rows, int32_t *ids,
+                                         hearth_error *err);
+/* Whether a request's tokens may come from engine_forward_rows_greedy /
+ * hearth_seq_append_greedy: the engine runs on the GPU and the sampling is greedy with no
+ * logprobs, penalties or logit bias (the sampler would then pick the same first-largest
+ * index). HEARTH_DEVICE_GREEDY=0 turns it off (A/B, parity). */
+int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p);
+
 double gen_now_seconds(void);
 
 /* Pending output text, held back while its end could still begin a stop string. */

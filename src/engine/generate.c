@@ -154,6 +154,16 @@ sampler_row gen_stream_row(gen_stream *g, sampler *smp, const float *logits, int
                          .n_history = (size_t)seq_len, .lp = &g->lp, .token = -1};
 }
 
+int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p) {
+    const hearth_sampling *s = &p->sampling;
+    if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA) return 0;
+    const char *env = getenv("HEARTH_DEVICE_GREEDY");
+    if (env && env[0] == '0') return 0;
+    return !(s->temperature > 0) && s->n_bias == 0 && s->top_logprobs == 0 &&
+           (s->repetition_penalty <= 0 || s->repetition_penalty == 1.0f) && s->presence_penalty == 0 &&
+           s->frequency_penalty == 0;
+}
+
 int32_t gen_stream_step(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len, double t0) {
     sampler_row r = gen_stream_row(g, smp, logits, seq, seq_len);
     sampler_sample_rows(&r, 1, NULL);
@@ -213,9 +223,16 @@ hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_
     st = prefill(e, seq, prompt, n_prompt, logits, p, user, res, err);
     res->prompt_seconds = gen_now_seconds() - t0;
     double t1 = gen_now_seconds();
+    /* plain greedy on the GPU: after the first token only the chosen id leaves the device */
+    int dev_greedy = gen_device_greedy(e, p);
+    int32_t next = -1;
     while (!st && !res->finish) {
-        int32_t id = gen_stream_step(&g, engine_sampler(e), logits, seq, engine_seq_length(e, seq), t0);
-        if (!res->finish) st = hearth_seq_append(e, seq, &id, 1, 1, logits, err);
+        int len = engine_seq_length(e, seq);
+        int32_t id = next >= 0 ? gen_stream_accept(&g, next, seq, len, t0)
+                               : gen_stream_step(&g, engine_sampler(e), logits, seq, len, t0);
+        if (res->finish) break;
+        st = dev_greedy ? hearth_seq_append_greedy(e, seq, &id, 1, &next, err)
+                        : hearth_seq_append(e, seq, &id, 1, 1, logits, err);
     }
     res->generate_seconds = gen_now_seconds() - t1;
     hearth_seq_close(e, seq);

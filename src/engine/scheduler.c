@@ -5,7 +5,9 @@
  * request's own gen_stream and slot sampler. A decoding request takes its next block when
  * it needs one; when the pool is out, the youngest request is preempted (recompute: its
  * blocks go back, it waits at the front of the queue with its tokens so far, and resumes
- * where it stopped). Owns no model or text logic; single-threaded by design. */
+ * where it stopped). A request whose long prefix another running request is prefilling
+ * right now waits for those blocks instead of computing them too (see
+ * SCHED_SHARE_MIN_BLOCKS). Owns no model or text logic; single-threaded by design. */
 #include "engine/scheduler.h"
 #include "base/err.h"
 #include "engine/engine_internal.h"
@@ -22,15 +24,16 @@ typedef struct sched_req {
     gen_stream g;
     int seq;          /* engine slot once admitted */
     size_t prefilled; /* prompt tokens in the KV cache */
+    size_t attached;  /* of those, taken from the prefix cache at admission */
     int len;          /* tokens in the KV cache: prompt + generated ones fed back */
     int32_t next;     /* sampled token to feed at the next step (when decoding) */
     int decoding;
-    double t0, t1;    /* admitted; prompt done */
-    double t_submit;  /* queued (for the wait /stats shows) */
-    size_t n_fill;    /* tokens to prefill: the prompt's, or the resume buffer's */
-    int32_t *resume;  /* preempted while decoding: prompt + generated tokens to compute again */
-    int admitted;     /* admitted before (so a readmission is a resume, not a new request) */
-    uint64_t rng[4];  /* preempted: the slot sampler's state, restored on readmission */
+    double t0, t1;   /* admitted; prompt done */
+    double t_submit; /* queued (for the wait /stats shows) */
+    size_t n_fill;   /* tokens to prefill: the prompt's, or the resume buffer's */
+    int32_t *resume; /* preempted while decoding: prompt + generated tokens to compute again */
+    int admitted;    /* admitted before (so a readmission is a resume, not a new request) */
+    uint64_t rng[4]; /* preempted: the slot sampler's state, restored on readmission */
     struct sched_req *next_waiting;
 } sched_req;
 
@@ -46,6 +49,7 @@ struct hearth_batch {
     int *take;                            /* [max_run] */
     sampler_row *rows;                    /* [max_run]: this step's rows to sample */
     struct sched_req **row_req;           /* [max_run]: the request of each row */
+    int32_t *greedy_ids;                  /* [max_run]: rows' ids chosen on the GPU (all plain greedy) */
     /* monitoring (hearth_batch_stats_get) */
     unsigned long long prompt_tokens, cached_tokens, requests_done, steps, preemptions;
     double last_step_seconds;
@@ -75,6 +79,16 @@ int sched_blocks_needed(size_t n_prompt, int max_tokens, int context) {
     return (int)((pos + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE);
 }
 
+int sched_shared_blocks(const int32_t *a, size_t n_a, const int32_t *b, size_t n_b) {
+    size_t lim = n_a > 0 ? n_a - 1 : 0;
+    if (n_b < lim) lim = n_b;
+    size_t i = 0;
+    while ((i + 1) * KV_BLOCK_SIZE <= lim &&
+           !memcmp(a + i * KV_BLOCK_SIZE, b + i * KV_BLOCK_SIZE, KV_BLOCK_SIZE * sizeof *a))
+        i++;
+    return (int)i;
+}
+
 hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_error *err) {
     *out = NULL;
     int max_run = engine_max_sequences(e), budget = engine_step_tokens(e);
@@ -100,8 +114,9 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
     b->take = malloc((size_t)max_run * sizeof *b->take);
     b->rows = malloc((size_t)max_run * sizeof *b->rows);
     b->row_req = malloc((size_t)max_run * sizeof *b->row_req);
+    b->greedy_ids = malloc((size_t)max_run * sizeof *b->greedy_ids);
     if (!b->run || !b->tok || !b->pos || !b->slot || !b->out_rows || !b->out_of || !b->remaining || !b->take ||
-        !b->rows || !b->row_req) {
+        !b->rows || !b->row_req || !b->greedy_ids) {
         hearth_batch_free(b);
         return err_set(err, HEARTH_ERR_NOMEM, "batching: out of memory");
     }
@@ -153,6 +168,7 @@ void hearth_batch_free(hearth_batch *b) {
     free(b->take);
     free(b->rows);
     free(b->row_req);
+    free(b->greedy_ids);
     free(b);
 }
 
@@ -181,10 +197,11 @@ hearth_status hearth_batch_submit(hearth_batch *b, const hearth_batch_request *r
 size_t hearth_batch_waiting(const hearth_batch *b) { return b->n_waiting; }
 size_t hearth_batch_running(const hearth_batch *b) { return (size_t)b->n_run; }
 
-static sched_req *pop_waiting(hearth_batch *b) {
-    sched_req *q = b->wait_head;
-    b->wait_head = q->next_waiting;
-    if (!b->wait_head) b->wait_tail = NULL;
+/* Unlinks waiting request *pp (prev: the one before it, NULL at the head). */
+static sched_req *unlink_waiting(hearth_batch *b, sched_req **pp, sched_req *prev) {
+    sched_req *q = *pp;
+    *pp = q->next_waiting;
+    if (b->wait_tail == q) b->wait_tail = prev;
     q->next_waiting = NULL;
     b->n_waiting--;
     return q;
@@ -215,26 +232,52 @@ static void drop_cancelled(hearth_batch *b) {
 
 static const int32_t *fill_tokens(const sched_req *q) { return q->resume ? q->resume : q->r.prompt; }
 
+/* Whether waiting request q should wait for a running request that is computing at
+ * least SCHED_SHARE_MIN_BLOCKS blocks q shares (beyond those it took from the cache) and
+ * has not computed all of them yet.
+ * Only running requests are waited for, and every running prefill advances each step
+ * (admission order is packing order), so this cannot deadlock: once the leader has
+ * committed the shared blocks, or is cancelled, preempted or fails, q goes ahead
+ * (attaching whatever the leader committed, computing the rest). */
+static int waits_for_shared_prefix(const hearth_batch *b, const sched_req *q) {
+    for (int i = 0; i < b->n_run; i++) {
+        const sched_req *l = b->run[i];
+        if (l->decoding || l->prefilled >= l->n_fill) continue;
+        int shared = sched_shared_blocks(fill_tokens(q), q->n_fill, fill_tokens(l), l->n_fill);
+        size_t end = (size_t)shared * KV_BLOCK_SIZE;
+        if (end >= l->attached + SCHED_SHARE_MIN_BLOCKS * KV_BLOCK_SIZE && l->prefilled < end) return 1;
+    }
+    return 0;
+}
+
 /* Admits waiting requests in FIFO order while a slot and the KV blocks for their prompt
- * and first generated token are free (cached blocks of their prefix need none); the head
+ * and first generated token are free (cached blocks of their prefix need none); the first
  * that does not fit yet blocks the ones behind it (no overtaking, so no starvation). One
  * block per running request is kept back so that admitting does not force a preemption
- * at the next step. A request that could never fit the pool alone is refused. */
+ * at the next step. A request that could never fit the pool alone is refused. A request
+ * waiting for a shared prefix another one is computing (waits_for_shared_prefix) is
+ * passed over for now: it holds nothing, and the ones behind it may go ahead. */
 static void admit(hearth_batch *b) {
     kv_cache *kv = engine_kv(b->e);
     int ctx = hearth_engine_context_length(b->e);
-    while (b->wait_head && b->n_run < b->max_run) {
-        sched_req *q = b->wait_head;
+    sched_req **pp = &b->wait_head, *prev = NULL;
+    while (*pp && b->n_run < b->max_run) {
+        sched_req *q = *pp;
         const hearth_generate_params *p = q->r.params;
         int worst = sched_blocks_needed(q->r.n_prompt, p->max_tokens, ctx);
         hearth_error err = {0};
         if (worst > kv->n_blocks) {
-            pop_waiting(b);
+            unlink_waiting(b, pp, prev);
             /* the caller's to fix (a smaller max_tokens), so INVALID: the server answers 400 */
             err_set(&err, HEARTH_ERR_INVALID,
                     "the request needs %d KV blocks (%zu prompt tokens + max_tokens %d) but the KV pool holds %d",
                     worst, q->r.n_prompt, p->max_tokens, kv->n_blocks);
             req_done(b, q, HEARTH_ERR_INVALID, &err);
+            continue;
+        }
+        if (waits_for_shared_prefix(b, q)) {
+            prev = q;
+            pp = &q->next_waiting;
             continue;
         }
         int positions = (int)(q->n_fill + 1 < (size_t)ctx ? q->n_fill + 1 : (size_t)ctx);
@@ -252,13 +295,13 @@ static void admit(hearth_batch *b) {
             }
             st = kv_reserve(kv, q->seq, positions, &err);
         }
-        pop_waiting(b);
+        unlink_waiting(b, pp, prev);
         if (st) {
             req_done(b, q, st, &err);
             continue;
         }
         engine_history_write(b->e, q->seq, fill_tokens(q), reused);
-        q->prefilled = (size_t)reused;
+        q->prefilled = q->attached = (size_t)reused;
         q->len = reused;
         b->run[b->n_run++] = q;
         if (q->admitted) { /* a preempted request resumes: same sampler state, no new events */
@@ -370,8 +413,8 @@ void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out) {
 
 /* Samples every row of the step in one pass (sampler_sample_rows: each request with its
  * own parameters, history and seeded sampler), then hands each token to its request. */
-static void sample_and_accept(hearth_batch *b, int n_rows) {
-    sampler_sample_rows(b->rows, n_rows, engine_threads(b->e));
+static void sample_and_accept(hearth_batch *b, int n_rows, int sampled) {
+    if (!sampled) sampler_sample_rows(b->rows, n_rows, engine_threads(b->e));
     for (int k = 0; k < n_rows; k++) {
         sched_req *q = b->row_req[k];
         q->next = gen_stream_accept(&q->g, b->rows[k].token, q->seq, q->len, q->t0);
@@ -413,7 +456,13 @@ size_t hearth_batch_step(hearth_batch *b) {
     hearth_error err = {0};
     int n_rows = 0; /* requests whose next token this step samples: b->rows, b->row_req */
     double t_step = gen_now_seconds();
-    hearth_status st = engine_forward_rows(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, &logits, &err);
+    /* every row plain greedy on the GPU: the device picks the ids, no logits row comes back */
+    int greedy = n_out > 0;
+    for (int i = 0; greedy && i < b->n_run; i++)
+        if (b->out_of[i] >= 0 && !gen_device_greedy(b->e, b->run[i]->r.params)) greedy = 0;
+    hearth_status st = greedy ? engine_forward_rows_greedy(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows,
+                                                           b->greedy_ids, &err)
+                              : engine_forward_rows(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, &logits, &err);
     record_step(b, T, gen_now_seconds() - t_step);
     size_t vocab = (size_t)hearth_model_vocab_rows(b->e);
     kv_cache *kv = engine_kv(b->e);
@@ -449,10 +498,12 @@ size_t hearth_batch_step(hearth_batch *b) {
             q->len++;
             kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len); /* a later turn reuses it */
         }
-        const float *row = logits + (size_t)b->out_of[i] * vocab;
+        const float *row = greedy ? NULL : logits + (size_t)b->out_of[i] * vocab;
         b->row_req[n_rows] = q;
-        b->rows[n_rows++] = gen_stream_row(&q->g, engine_slot_sampler(b->e, q->seq), row, q->seq, q->len);
+        b->rows[n_rows] = gen_stream_row(&q->g, engine_slot_sampler(b->e, q->seq), row, q->seq, q->len);
+        if (greedy) b->rows[n_rows].token = b->greedy_ids[b->out_of[i]];
+        n_rows++;
     }
-    sample_and_accept(b, n_rows);
+    sample_and_accept(b, n_rows, greedy);
     return b->n_waiting + (size_t)b->n_run;
 }

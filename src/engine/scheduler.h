@@ -4,6 +4,7 @@
 #ifndef HEARTH_ENGINE_SCHEDULER_H
 #define HEARTH_ENGINE_SCHEDULER_H
 #include <stddef.h>
+#include <stdint.h>
 
 /* remaining[i]: prompt tokens request i still has to prefill (0: it is decoding).
  * Fills take[i] with the tokens request i contributes to the step: 1 for every decoding
@@ -14,4 +15,17 @@ int sched_pack(const size_t *remaining, int n, int budget, int *take);
 /* KV blocks a request needs for its prompt and every token it may generate (capped by
  * the context, where it finishes with "length"). */
 int sched_blocks_needed(size_t n_prompt, int max_tokens, int context);
+
+/* Shared prefixes are computed once: a waiting request whose prompt shares at least
+ * SCHED_SHARE_MIN_BLOCKS full blocks with the prompt a running request is prefilling
+ * right now (counting only blocks that request computes, not those it found cached) is
+ * not admitted until that request has computed (and committed) them; it then attaches
+ * them from the prefix cache. Requests behind it are admitted meanwhile.
+ * Shorter common prefixes (a chat template's header) are not worth a step of waiting. */
+#define SCHED_SHARE_MIN_BLOCKS 4
+
+/* Full KV blocks a request with tokens a[0..n_a) could attach once a request prefilling
+ * b[0..n_b) has committed its blocks: the leading whole blocks on which both agree,
+ * never covering a's last token (its logits must be computed). */
+int sched_shared_blocks(const int32_t *a, size_t n_a, const int32_t *b, size_t n_b);
 #endif

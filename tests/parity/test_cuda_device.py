@@ -60,3 +60,88 @@ def test_cuda_greedy_matches_cpu_reference(hearth_bin, tiny_models, name):
     # difference seen on the H200 (1e-4 on these models) and far below any indexing error.
     for x, y in zip(a["prompt"] + a["steps"], b["prompt"] + b["steps"]):
         assert x["top"][0][0] == y["top"][0][0] and abs(x["top"][0][1] - y["top"][0][1]) < 1e-3
+
+
+# ---- device greedy in the real paths (serve's scheduler, generate) ----
+# A step whose rows are all plain greedy (temperature 0, no logprobs / penalties / bias) on
+# the GPU takes its ids from the device (engine_forward_rows_greedy / hearth_seq_append_
+# greedy); the oracle is again the CPU reference tier, which samples on the host.
+# HEARTH_DEVICE_GREEDY_LOG=1 makes the engine say once on stderr that the device chose ids,
+# so a test cannot pass by the host path alone.
+import sys  # noqa: E402
+import threading  # noqa: E402
+import urllib.request  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hearth_process import free_port, running  # noqa: E402
+
+GREEDY_MODELS = ["llama-f32", "qwen3-q4g64", "gemma3-bf16"]
+PROMPTS = ["Tell me about the sea.", "Count from one to ten.", "What is a prime number?"]
+DEVICE_NOTE = "greedy ids chosen on the device"
+
+
+def post(base, body):
+    r = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                               headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(r, timeout=120) as f:
+        return json.loads(f.read())
+
+
+def chat(prompt, **extra):
+    return dict({"model": "default_model", "messages": [{"role": "user", "content": prompt}], "max_tokens": 16,
+                 "temperature": 0}, **extra)
+
+
+def serve_answers(hearth_bin, model, device, env, concurrent, extra=None):
+    port = free_port()
+    cmd = [str(hearth_bin), "serve", "--model", str(model), "--port", str(port), "--device", device]
+    with open(f"/tmp/hearth-serve-{port}.log", "w+b") as log:
+        with running(cmd, port, log, dict(os.environ, **env), 120) as base:
+            out = [None] * len(PROMPTS)
+
+            def ask(i):
+                out[i] = post(base, chat(PROMPTS[i], **(extra or {})))["choices"][0]["message"]["content"]
+            if concurrent:  # several rows in one step: the scheduler's multi-row greedy path
+                ts = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
+                [t.start() for t in ts]
+                [t.join() for t in ts]
+            else:
+                for i in range(len(PROMPTS)):
+                    ask(i)
+        log.seek(0)
+        return out, log.read().decode(errors="replace")
+
+
+@pytest.mark.parametrize("name", GREEDY_MODELS)
+def test_cuda_serve_device_greedy_matches_cpu(hearth_bin, tiny_models, name):
+    m = tiny_models[name]
+    if not has_gpu(hearth_bin, m):
+        pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA serve path did NOT run")
+    ref, _ = serve_answers(hearth_bin, m, "cpu", {"HEARTH_CPU": "scalar"}, concurrent=False)
+    gpu, log = serve_answers(hearth_bin, m, "cuda", {"HEARTH_CUDA_GEMM": "f32", "HEARTH_DEVICE_GREEDY_LOG": "1"},
+                             concurrent=True)
+    assert DEVICE_NOTE in log, log[-2000:]
+    assert gpu == ref
+    # logprobs asked: the host sampler path on the same GPU, same greedy text, no device ids
+    host, log2 = serve_answers(hearth_bin, m, "cuda", {"HEARTH_CUDA_GEMM": "f32", "HEARTH_DEVICE_GREEDY_LOG": "1"},
+                               concurrent=False, extra={"logprobs": True})
+    assert DEVICE_NOTE not in log2, log2[-2000:]
+    assert host == ref
+
+
+@pytest.mark.parametrize("name", GREEDY_MODELS[:2])
+def test_cuda_generate_device_greedy_matches_cpu(hearth_bin, tiny_models, name):
+    m = tiny_models[name]
+    if not has_gpu(hearth_bin, m):
+        pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA generate path did NOT run")
+
+    def gen(device, env):
+        return subprocess.run([str(hearth_bin), "generate", str(m), PROMPTS[0], "--max-tokens", "16", "--temp", "0",
+                               "--device", device], capture_output=True, text=True,
+                              env=dict(os.environ, **env), timeout=120)
+    ref = gen("cpu", {"HEARTH_CPU": "scalar"})
+    gpu = gen("cuda", {"HEARTH_CUDA_GEMM": "f32", "HEARTH_DEVICE_GREEDY_LOG": "1"})
+    assert ref.returncode == 0 and gpu.returncode == 0, ref.stderr + gpu.stderr
+    assert DEVICE_NOTE in gpu.stderr, gpu.stderr
+    assert gpu.stdout == ref.stdout and ref.stdout.strip()

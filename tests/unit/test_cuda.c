@@ -111,6 +111,22 @@ static void *make_weight(tensor_dtype t, int64_t n, int64_t k, cpu_weight *w) {
     return d;
 }
 
+/* The int8-activation GEMVs (cuda_gemv_int8_act: Q8_0, Q4_K, Q6_K) compute W · x̂, x̂ = d·q
+ * per block of 32 by the CPU fast path's own quantizer, cpu_quantize_row_ref: the
+ * reference is the scalar CPU reference applied to that x̂ (xh). The device rounds with the
+ * same IEEE operations (max|x|/127, 1/d, x·(1/d), round half even), so every q should
+ * agree; *dmax (the largest block d) lets the tolerance absorb two elements off by one step
+ * anyway. A wrong block, scale or nibble errs by far more (about |w|·|x| per element). */
+static void int8_act_ref(const float *x, int64_t k, float *xh, float *dmax) {
+    cpu_q8_block *b = malloc((size_t)(k / 32) * sizeof *b);
+    cpu_quantize_row_ref(x, k, b, 0);
+    for (int64_t i = 0; i < k; i++) {
+        xh[i] = b[i / 32].d * (float)b[i / 32].q[i % 32];
+        *dmax = fmaxf(*dmax, b[i / 32].d);
+    }
+    free(b);
+}
+
 /* gemm: NULL tests cuda_gemv; else cuda_matmul through it (cuBLAS for T >= 9). bf16: the
  * GEMM rounds its operands to bf16. */
 static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm *gemm, int bf16);
@@ -121,12 +137,16 @@ static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm 
     void *host = make_weight(t, n, k, &w);
     float *x = malloc((size_t)(T * k) * sizeof *x), *ref = malloc((size_t)(T * n) * sizeof *ref);
     for (int64_t i = 0; i < T * k; i++) x[i] = rndf();
-    for (int tt = 0; tt < T; tt++) cpu_ref_rows(&w, 0, n, x + tt * k, ref + tt * n);
 
     cuda_weight dw;
     hearth_error e = {0};
     assert_int_equal(cuda_weight_upload(&dw, &w, "test weight", &e), HEARTH_OK);
     float *dx = dev_from(x, (size_t)(T * k) * sizeof *x), *dy = dev_from(NULL, (size_t)(T * n) * sizeof(float));
+    int i8 = cuda_gemv_int8_act(&dw) && (!gemm || T < 9); /* cuda_matmul: T < 9 is cuda_gemv */
+    float dmax = 0.0f;
+    if (i8) /* the reference sees the activations the kernel multiplies (int8_act_ref) */
+        for (int tt = 0; tt < T; tt++) int8_act_ref(x + tt * k, k, x + tt * k, &dmax);
+    for (int tt = 0; tt < T; tt++) cpu_ref_rows(&w, 0, n, x + tt * k, ref + tt * n);
     if (gemm) assert_int_equal(cuda_matmul(gemm, &dw, dx, T, dy, &e), HEARTH_OK);
     else assert_int_equal(cuda_gemv(&dw, dx, T, dy, &e), HEARTH_OK);
     float *y = download(dy, (size_t)(T * n));
@@ -162,6 +182,7 @@ static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm 
             /* bf16 GEMM: each operand is rounded to bf16 (relative 2^-9 each), so each
              * product errs by <= 2^-8 of |w||x|; cuBLAS accumulates in f32 (k·eps, as above). */
             if (bf16) tol += (1.0 / 256.0) * wmax * sx;
+            if (i8) tol += 2.0 * wmax * dmax;
             float g = y[tt * n + r], c = ref[tt * n + r];
             if (!(fabs((double)g - c) <= tol))
                 fail_msg("%s n=%lld k=%lld T=%d: y[%d][%lld] = %.9g, reference %.9g (tol %.3g)",
@@ -187,6 +208,10 @@ static void test_gemv(void **state) {
         {DT_Q8_0, 37, 96},  {DT_Q8_0, 301, 4096}, {DT_Q8_0, 5, 32},
         {DT_Q4_K, 37, 256}, {DT_Q4_K, 129, 2304}, {DT_Q4_K, 3, 1280},
         {DT_Q6_K, 37, 256}, {DT_Q6_K, 129, 2304}, {DT_Q6_K, 3, 1280}, {DT_Q6_K, 5, 4096},
+        /* int8-activation kernels: k = 14336 (an 8B's ffn), and n large enough for 2 and 4
+         * rows per warp (4229: 2 rows, 8467 / 8461: 4 rows, with a partial last warp) */
+        {DT_Q8_0, 37, 14336}, {DT_Q4_K, 129, 14336}, {DT_Q6_K, 37, 14336},
+        {DT_Q8_0, 4229, 256},  {DT_Q4_K, 8467, 512},  {DT_Q6_K, 8461, 256},
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) check_gemv(shapes[s].t, shapes[s].n, shapes[s].k, Ts[i]);
@@ -224,6 +249,10 @@ static void check_multi(tensor_dtype t0, tensor_dtype t2, int64_t k, int T) {
     float *dx = dev_from(x, (size_t)(T * k) * sizeof *x);
     const cuda_weight *ws[3] = {&dw[0], &dw[1], &dw[2]};
     assert_int_equal(cuda_gemv_multi(ws, dy, 3, dx, T, &e), HEARTH_OK);
+    int i8 = cuda_gemv_int8_act(&dw[0]) && cuda_gemv_int8_act(&dw[2]); /* as check_matmul */
+    float dmax = 0.0f;
+    if (i8)
+        for (int tt = 0; tt < T; tt++) int8_act_ref(x + tt * k, k, x + tt * k, &dmax);
     float *row = malloc((size_t)k * sizeof *row), *ref = malloc((size_t)T * 64 * sizeof *ref);
     for (int i = 0; i < 3; i++) {
         float *y = download(dy[i], (size_t)(T * ns[i]));
@@ -236,6 +265,7 @@ static void check_multi(tensor_dtype t0, tensor_dtype t2, int64_t k, int T) {
                 double sx = 0;
                 for (int64_t c = 0; c < k; c++) sx += fabs(x[tt * k + c]);
                 double tol = (double)(k / 32 + 32 + 5) * FLT_EPSILON * 2.0 * wmax * sx + 1e-30;
+                if (i8) tol += 2.0 * wmax * dmax;
                 float g = y[tt * ns[i] + r], c = ref[tt * ns[i] + r];
                 if (!(fabs((double)g - c) <= tol))
                     fail_msg("gemv_multi %s/%s k=%lld T=%d weight %d row %lld: %.9g, reference %.9g", tensor_dtype_name(t0),

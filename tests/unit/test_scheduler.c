@@ -2,7 +2,9 @@
  * rows first, then FIFO prompt chunks), KV admission arithmetic, and, on the tiny llama
  * model with the scalar kernels, that batched requests give exactly the tokens and
  * logprobs each gives alone through hearth_generate, that a burst beyond the KV pool
- * waits and completes, that a request that can never fit fails, and cancellation. */
+ * waits and completes, that a request that can never fit fails, and cancellation; and
+ * that requests submitted together with a long common prefix compute it once (the others
+ * wait for the first one's blocks), also when the first is cancelled mid-prompt. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -44,12 +46,30 @@ static void test_blocks_needed(void **st) {
     assert_int_equal(sched_blocks_needed(1, 0, 1024), 1);
 }
 
+static void test_shared_blocks(void **st) {
+    (void)st;
+    int32_t a[100], c[100];
+    for (int i = 0; i < 100; i++) a[i] = c[i] = i;
+    assert_int_equal(sched_shared_blocks(a, 100, c, 100), 6); /* 99 coverable tokens: 6 whole blocks */
+    assert_int_equal(sched_shared_blocks(a, 97, c, 100), 6);  /* 96 coverable */
+    assert_int_equal(sched_shared_blocks(a, 96, c, 100), 5);  /* the last token is never covered */
+    assert_int_equal(sched_shared_blocks(a, 100, c, 40), 2);  /* the other prompt is shorter */
+    c[47] = -1;
+    assert_int_equal(sched_shared_blocks(a, 100, c, 100), 2); /* differs inside block 2 */
+    c[47] = 47, c[48] = -1;
+    assert_int_equal(sched_shared_blocks(a, 100, c, 100), 3);
+    c[0] = -1;
+    assert_int_equal(sched_shared_blocks(a, 100, c, 100), 0);
+    assert_int_equal(sched_shared_blocks(a, 0, c, 100), 0);
+    assert_int_equal(sched_shared_blocks(a, 1, c, 100), 0);
+}
+
 /* ---- end to end on the tiny model -------------------------------------------------- */
 
 typedef struct rec {
     int32_t ids[256];
     float lps[256];
-    int n, done, cancel_after;
+    int n, done, cancel_after, cancel_now;
     hearth_status status;
     hearth_generate_result res;
 } rec;
@@ -65,7 +85,7 @@ static int rec_token(void *user, int32_t id, const char *text, const hearth_logp
 }
 static int rec_cancelled(void *user) {
     rec *r = user;
-    return r->cancel_after && r->n >= r->cancel_after;
+    return r->cancel_now || (r->cancel_after && r->n >= r->cancel_after);
 }
 static void rec_done(void *user, hearth_status s, const hearth_error *err) {
     (void)err;
@@ -178,13 +198,134 @@ static void test_batch_small_pool_and_budget(void **st) {
     run_batch_vs_alone(8, 7); /* 128 positions: requests wait; 7-token steps split prompts */
 }
 
+/* Common prefix of two token arrays in whole blocks, never covering b's last token: the
+ * positions a request with b can attach after one with a computed its prompt. */
+static size_t common_blocks(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    size_t c = 0;
+    while (c < na && c < nb && a[c] == b[c]) c++;
+    if (c > nb - 1) c = nb - 1;
+    return c / 16 * 16;
+}
+
+#define N_SHARE 4
+/* Four requests with a ~450-token common prefix submitted at once (plus one unrelated
+ * short request behind them): the prefix is computed once, the unrelated request is not
+ * held up, and every answer equals its lone run. With cancel_first, the first request is
+ * cancelled after its first 64-token step: the next one takes over from the blocks it had
+ * committed, and all others still finish with their lone answers. */
+static void run_shared_prefix(int cancel_first) {
+    hearth_model *m = open_tiny();
+    hearth_error err = {0};
+    hearth_engine *e = NULL;
+    hearth_engine_options o = {.n_threads = 1, .context_length = 1024, .max_sequences = 6, .kv_blocks = 256,
+                               .max_step_tokens = 64}; /* room for all five at once */
+    assert_int_equal(hearth_engine_create(m, &o, &e, &err), HEARTH_OK);
+    char prefix[4096] = "";
+    for (int i = 0; i < 90; i++) {
+        char w[32];
+        snprintf(w, sizeof w, "word%d alpha ", i % 13);
+        strcat(prefix, w);
+    }
+    static const char *tails[N_SHARE + 1] = {"first question?", "second one here", "and a third",
+                                             "the fourth and last", "unrelated short prompt"};
+    int32_t *ids[N_SHARE + 1];
+    size_t n_ids[N_SHARE + 1];
+    hearth_generate_params p;
+    memset(&p, 0, sizeof p);
+    hearth_sampling_defaults(NULL, &p.sampling);
+    p.sampling.top_logprobs = 1;
+    p.max_tokens = 8;
+    p.ignore_eos = 1;
+    static rec alone[N_SHARE + 1], batched[N_SHARE + 1];
+    memset(alone, 0, sizeof alone);
+    memset(batched, 0, sizeof batched);
+    for (int i = 0; i <= N_SHARE; i++) {
+        char text[4200];
+        snprintf(text, sizeof text, "%s%s", i < N_SHARE ? prefix : "", tails[i]);
+        assert_int_equal(hearth_tokenize(m, text, strlen(text), 1, &ids[i], &n_ids[i], &err), HEARTH_OK);
+        hearth_engine *e1 = NULL; /* a fresh engine each: nothing cached */
+        assert_int_equal(hearth_engine_create(m, &o, &e1, &err), HEARTH_OK);
+        assert_int_equal(hearth_generate(e1, ids[i], n_ids[i], &p, rec_token, &alone[i], &alone[i].res, &err),
+                         HEARTH_OK);
+        hearth_engine_free(e1);
+        assert_int_equal(alone[i].n, p.max_tokens);
+    }
+    assert_true(n_ids[0] > 400);
+    hearth_batch *b = NULL;
+    assert_int_equal(hearth_batch_create(e, &b, &err), HEARTH_OK);
+    for (int i = 0; i <= N_SHARE; i++) {
+        hearth_batch_request r = {.prompt = ids[i], .n_prompt = n_ids[i], .params = &p, .on_token = rec_token,
+                                  .is_cancelled = rec_cancelled, .on_done = rec_done, .result = &batched[i].res,
+                                  .user = &batched[i]};
+        assert_int_equal(hearth_batch_submit(b, &r, &err), HEARTH_OK);
+    }
+    assert_true(hearth_batch_step(b) > 0);
+    /* the first sharer and the unrelated request run; the other three wait for the prefix */
+    assert_int_equal(hearth_batch_running(b), 2);
+    assert_int_equal(hearth_batch_waiting(b), N_SHARE - 1);
+    if (cancel_first) batched[0].cancel_now = 1;
+    size_t steps = 0;
+    while (hearth_batch_step(b)) assert_true(++steps < 10000);
+    for (int i = 0; i <= N_SHARE; i++) {
+        assert_int_equal(batched[i].done, 1);
+        assert_int_equal(batched[i].status, HEARTH_OK);
+        if (i == 0 && cancel_first) {
+            assert_int_equal(batched[i].res.finish, HEARTH_FINISH_CANCELLED);
+            assert_int_equal(batched[i].n, 0);
+            continue;
+        }
+        assert_int_equal(batched[i].res.finish, HEARTH_FINISH_LENGTH);
+        assert_int_equal(batched[i].n, alone[i].n);
+        assert_memory_equal(batched[i].ids, alone[i].ids, sizeof(int32_t) * (size_t)alone[i].n);
+        assert_memory_equal(batched[i].lps, alone[i].lps, sizeof(float) * (size_t)alone[i].n);
+    }
+    /* who computed what: the unrelated request nothing cached; the first sharer (or, when
+     * it was cancelled, the second, from the 64 positions the first had committed) the
+     * whole prefix; every later one attaches the prefix it shares with that leader */
+    int lead = cancel_first ? 1 : 0;
+    assert_int_equal(batched[N_SHARE].res.cached_tokens, 0);
+    assert_int_equal(batched[lead].res.cached_tokens, cancel_first ? 64 : 0);
+    size_t computed = 0, alone_sum = 0;
+    for (int i = lead; i < N_SHARE; i++) {
+        if (i > lead) {
+            size_t want = common_blocks(ids[lead], n_ids[lead], ids[i], n_ids[i]);
+            assert_true(want > 400);
+            assert_true(batched[i].res.cached_tokens >= want);
+        }
+        computed += n_ids[i] - batched[i].res.cached_tokens;
+        alone_sum += n_ids[i];
+    }
+    /* one prefix plus tails: far below every request computing its own prompt */
+    size_t shared = common_blocks(ids[0], n_ids[0], ids[1], n_ids[1]);
+    assert_true(computed <= alone_sum - (size_t)(N_SHARE - 1 - lead) * shared);
+    hearth_batch_stats s;
+    hearth_batch_stats_get(b, &s);
+    assert_int_equal(s.preemptions, 0);
+    hearth_batch_free(b);
+    for (int i = 0; i <= N_SHARE; i++) hearth_free(ids[i]);
+    hearth_engine_free(e);
+    hearth_model_close(m);
+}
+
+static void test_shared_prefix_computed_once(void **st) {
+    (void)st;
+    run_shared_prefix(0);
+}
+static void test_shared_prefix_leader_cancelled(void **st) {
+    (void)st;
+    run_shared_prefix(1);
+}
+
 int main(void) {
     setenv("HEARTH_CPU", "scalar", 1); /* rows computed independently: bit-identical batches */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_decode_first_then_fifo_prompts),
         cmocka_unit_test(test_blocks_needed),
+        cmocka_unit_test(test_shared_blocks),
         cmocka_unit_test(test_batch_equals_alone),
         cmocka_unit_test(test_batch_small_pool_and_budget),
+        cmocka_unit_test(test_shared_prefix_computed_once),
+        cmocka_unit_test(test_shared_prefix_leader_cancelled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -111,9 +111,20 @@ void cuda_weight_free(cuda_weight *dw);
  * decode (T small); any T works, in chunks of 8 rows. Launches on the default stream. */
 hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err);
 
+/* Whether cuda_gemv quantizes x to int8 blocks of 32 for this weight (Q8_0, Q4_K, Q6_K,
+ * unless HEARTH_CUDA_GEMV_F32ACT=1): then y is W · x̂ with x̂ = d·q per block, d = max|x|/127,
+ * q = round-half-even(x/d) clamped to ±127 (cpu_quantize_row_ref's rule, as the CPU fast
+ * path does), summed in exact int32 per block. */
+int cuda_gemv_int8_act(const cuda_weight *w);
+/* Device scratch for the int8 activations of up to `floats` = T·k inputs (model creation:
+ * max decode tokens times the widest k). cuda_gemv grows it itself when it is too small,
+ * except during a graph capture, where it falls back to the float kernels. */
+hearth_status cuda_gemv_reserve(size_t floats, hearth_error *err);
+
 /* ys[i][T, n_i] = x[T, k] · ws[i]^T for nw <= 3 weights of one input (a layer's q, k, v):
  * one launch when they are all F16 or all BF16 with the same k (16-byte aligned rows),
- * else one cuda_gemv each. Same arithmetic as cuda_gemv per row. */
+ * else one cuda_gemv each (int8-activation weights: x quantized once for all). Same
+ * arithmetic as cuda_gemv per row. */
 hearth_status cuda_gemv_multi(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T,
                               hearth_error *err);
 

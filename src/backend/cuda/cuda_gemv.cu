@@ -1,9 +1,13 @@
 /* cuda_gemv.cu: decode GEMV y[T, n] = x[T, k] · W^T on the device for F32, F16, BF16, MLX 4-bit,
- * Q8_0, Q4_K and Q6_K weights (layouts: cuda_weight). One warp per output row; weights are read
- * once with 16-byte non-allocating loads and dequantized in registers, activations are
- * float32 and accumulation is float32. Must not allocate or synchronize. */
+ * Q8_0, Q4_K and Q6_K weights (layouts: cuda_weight). One warp per output row (the int8
+ * kernels: 1 to 4 rows); weights are read once with 16-byte non-allocating loads and
+ * dequantized in registers; accumulation is float32. Activations are float32, except for
+ * Q8_0 / Q4_K / Q6_K, whose kernels quantize them to int8 blocks once per call and use
+ * __dp4a (see "int8 activations" below). Must not synchronize; allocates only when its
+ * activation scratch (cuda_gemv_reserve) is too small and no graph is being captured. */
 #include "backend/cuda/cuda_internal.h"
 #include <cuda_fp16.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -484,6 +488,365 @@ static void launch_rows(const cuda_weight *w, const float *x, float *y, bool vec
     }
 }
 
+/* ---------- int8 activations: Q8_0 / Q4_K / Q6_K with dp4a ----------
+ * The float kernels above re-read 4 bytes of activations from L1 for every weight and
+ * convert every quant to float (a quarter-rate instruction): they are bound by that, not
+ * by HBM. Here the activations are quantized once per GEMV call (per block of 32: d =
+ * max|x| / 127, q = round-to-nearest-even(x / d), the CPU fast path's cpu_quantize_row_ref
+ * rule), and each kernel multiplies int8 by int8 with __dp4a (4 products per instruction,
+ * exact int32 sums per block) and scales the block sum by d_weight * d_x in float. A warp
+ * works on R rows (1, 2 or 4, chosen so the grid still covers every SM several times) and
+ * always keeps four 16-byte weight loads in flight ("slots": slot s serves row s % R at
+ * step s / R along the row). HEARTH_CUDA_GEMV_F32ACT=1 keeps the float kernels (A/B). */
+
+/* Scratch for the quantized activations: int8 [T][k] and (d, d * sum q) per block of 32.
+ * Sized by cuda_gemv_reserve at model creation; grown here only outside stream capture.
+ * A smaller old buffer is never freed: a captured decode graph may still point at it.
+ * g_xlock makes "quantize x, then launch the GEMVs that read it" one unit on the one
+ * stream when several host threads (engines) enqueue work. */
+static int8_t *g_xq;
+static float2 *g_xs;
+static size_t g_xcap; /* floats of x it holds */
+static pthread_mutex_t g_xlock = PTHREAD_MUTEX_INITIALIZER;
+
+static hearth_status reserve_locked(size_t floats, hearth_error *err) {
+    floats = (floats + 31) / 32 * 32;
+    if (floats <= g_xcap) return HEARTH_OK;
+    int8_t *q = NULL;
+    float2 *sc = NULL;
+    if (cuda_alloc((void **)&q, floats, "gemv int8 activations", err) ||
+        cuda_alloc((void **)&sc, floats / 32 * sizeof(float2), "gemv activation scales", err)) {
+        cuda_free(q);
+        return HEARTH_ERR_NOMEM;
+    }
+    g_xq = q, g_xs = sc, g_xcap = floats;
+    return HEARTH_OK;
+}
+
+hearth_status cuda_gemv_reserve(size_t floats, hearth_error *err) {
+    pthread_mutex_lock(&g_xlock);
+    hearth_status st = reserve_locked(floats, err);
+    pthread_mutex_unlock(&g_xlock);
+    return st;
+}
+
+static int q8act_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("HEARTH_CUDA_GEMV_F32ACT");
+        on = !(e && e[0] == '1');
+    }
+    return on;
+}
+
+int cuda_gemv_int8_act(const cuda_weight *w) {
+    return w && (w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) && w->k % 32 == 0 &&
+           q8act_enabled();
+}
+
+/* One warp per block of 32 activations. A NaN anywhere in the block makes its d NaN, so
+ * the GEMV output is NaN too (the engine's non-finite check must still see it). */
+__global__ void __launch_bounds__(256) quantize_x_q8(const float *x, int8_t *xq, float2 *xs, int nblocks) {
+    int b = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (b >= nblocks) return;
+    float v = x[(size_t)b * 32 + lane], a = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    float d = a / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    int q = __float2int_rn(v * id);
+    q = q > 127 ? 127 : q < -127 ? -127 : q;
+    xq[(size_t)b * 32 + lane] = (int8_t)q;
+    int s = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (__any_sync(0xffffffffu, v != v)) d = __int_as_float(0x7fc00000);
+    if (lane == 0) xs[b] = make_float2(d, d * (float)s);
+}
+
+#define QSLOTS 4
+
+/* Sums the slots of each of the warp's R rows, reduces across lanes, lane 0 writes. */
+template <int T>
+static __device__ __forceinline__ void store_slots(float (&acc)[QSLOTS][T], float *y, int n, int row0, int R, int lane) {
+#pragma unroll
+    for (int r = 0; r < QSLOTS; r++) {
+        if (r >= R || row0 + r >= n) break;
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int sl = 0; sl < QSLOTS; sl++)
+                if ((sl & (R - 1)) == r) s += acc[sl][t];
+            s = warp_sum(s);
+            if (lane == 0) y[(size_t)t * n + row0 + r] = s;
+        }
+    }
+}
+
+static __device__ __forceinline__ int dot16_dp4a(uint4 w, int4 a) {
+    int s = __dp4a((int)w.x, a.x, 0);
+    s = __dp4a((int)w.y, a.y, s);
+    s = __dp4a((int)w.z, a.z, s);
+    return __dp4a((int)w.w, a.w, s);
+}
+
+/* Q8_0 planes: a lane takes 16 quants (half a block) per slot. */
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_q8_0_i8(const int8_t *Q, const uint16_t *D, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R) {
+    int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
+    if (row0 >= n) return;
+    int nv = k / 16, nb = k / 32, lgR = R == 4 ? 2 : R == 2 ? 1 : 0, stride = 32 * (QSLOTS / R);
+    float acc[QSLOTS][T];
+#pragma unroll
+    for (int s = 0; s < QSLOTS; s++)
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[s][t] = 0.0f;
+    for (int v0 = lane; v0 < nv; v0 += stride) {
+        uint4 u[QSLOTS];
+        float dw[QSLOTS];
+        bool ok[QSLOTS];
+#pragma unroll
+        for (int s = 0; s < QSLOTS; s++) {
+            int row = row0 + (s & (R - 1)), v = v0 + 32 * (s >> lgR);
+            ok[s] = row < n && v < nv;
+            if (ok[s]) {
+                u[s] = load_stream((const uint4 *)(Q + (size_t)row * k) + v);
+                dw[s] = half_bits(__ldg(D + (size_t)row * nb + v / 2), false);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < QSLOTS; s++) {
+            if (!ok[s]) continue;
+            int v = v0 + 32 * (s >> lgR);
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                int4 a = *(const int4 *)(xq + (size_t)t * k + (size_t)v * 16);
+                float dx = xs[(size_t)t * nb + v / 2].x;
+                acc[s][t] += dw[s] * dx * (float)dot16_dp4a(u[s], a);
+            }
+        }
+    }
+    store_slots<T>(acc, y, n, row0, R, lane);
+}
+
+/* Q4_K super-blocks (layout: gemv_q4_k): 8 lanes per super-block, lane part (c, h) takes
+ * 16 nibble bytes = weights 64c + 16h + [0, 16) (low nibbles, x block 2c) and 64c + 32 +
+ * 16h + [0, 16) (high nibbles, x block 2c + 1). The min term -dmin * m * sum(x) of a
+ * sub-block is added once, by its h == 0 lane, from the precomputed block sums. */
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_q4_k_i8(const uint8_t *W, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R) {
+    int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
+    if (row0 >= n) return;
+    int nsb = k / 256, nb = k / 32, part = lane % 8, c = part / 2, h = part % 2;
+    int lgR = R == 4 ? 2 : R == 2 ? 1 : 0, stride = 4 * (QSLOTS / R);
+    float acc[QSLOTS][T];
+#pragma unroll
+    for (int s = 0; s < QSLOTS; s++)
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[s][t] = 0.0f;
+    for (int sb0 = lane / 8; sb0 < nsb; sb0 += stride) {
+        uint4 hdr[QSLOTS], qv[QSLOTS];
+        bool ok[QSLOTS];
+#pragma unroll
+        for (int s = 0; s < QSLOTS; s++) {
+            int row = row0 + (s & (R - 1)), sb = sb0 + 4 * (s >> lgR);
+            ok[s] = row < n && sb < nsb;
+            if (ok[s]) {
+                const uint8_t *blk = W + ((size_t)row * nsb + sb) * 144;
+                hdr[s] = __ldg((const uint4 *)blk);
+                qv[s] = load_stream((const uint4 *)(blk + 16 + 32 * c + 16 * h));
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < QSLOTS; s++) {
+            if (!ok[s]) continue;
+            int sb = sb0 + 4 * (s >> lgR), base = sb * 256 + 64 * c + 16 * h, bl = sb * 8 + 2 * c;
+            float d = half_bits(hdr[s].x & 0xffff, false), dmin = half_bits(hdr[s].x >> 16, false);
+            float sc0, m0, sc1, m1;
+            q4k_scale_min(hdr[s], 2 * c, &sc0, &m0);
+            q4k_scale_min(hdr[s], 2 * c + 1, &sc1, &m1);
+            uint4 lo = make_uint4(qv[s].x & 0x0F0F0F0Fu, qv[s].y & 0x0F0F0F0Fu, qv[s].z & 0x0F0F0F0Fu,
+                                  qv[s].w & 0x0F0F0F0Fu);
+            uint4 hi = make_uint4((qv[s].x >> 4) & 0x0F0F0F0Fu, (qv[s].y >> 4) & 0x0F0F0F0Fu,
+                                  (qv[s].z >> 4) & 0x0F0F0F0Fu, (qv[s].w >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                const int8_t *xt = xq + (size_t)t * k + base;
+                int4 a = *(const int4 *)xt, b = *(const int4 *)(xt + 32);
+                float2 x0 = xs[(size_t)t * nb + bl], x1 = xs[(size_t)t * nb + bl + 1];
+                float v = d * (sc0 * x0.x * (float)dot16_dp4a(lo, a) + sc1 * x1.x * (float)dot16_dp4a(hi, b));
+                if (h == 0) v -= dmin * (m0 * x0.y + m1 * x1.y);
+                acc[s][t] += v;
+            }
+        }
+    }
+    store_slots<T>(acc, y, n, row0, R, lane);
+}
+
+/* Q6_K planes (layout: gemv_q6_k): 4 lanes per super-block; lane part (h, j) takes, for
+ * each g < 4, the 16 weights 128h + 32g + 16j + [0, 16) (one sub-block scale, x block
+ * 8 sb + 4h + g). The 6-bit values 0..63 become q - 32 per byte with __vsub4. */
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_q6_k_i8(const uint8_t *QL, const uint8_t *QH, const int8_t *SC, const uint16_t *D, const int8_t *xq,
+                 const float2 *xs, float *y, int n, int k, int R) {
+    int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
+    if (row0 >= n) return;
+    int nsb = k / 256, nb = k / 32, part = lane % 4, h = part / 2, j = part % 2;
+    int lgR = R == 4 ? 2 : R == 2 ? 1 : 0, stride = 8 * (QSLOTS / R);
+    float acc[QSLOTS][T];
+#pragma unroll
+    for (int s = 0; s < QSLOTS; s++)
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[s][t] = 0.0f;
+    for (int sb0 = lane / 4; sb0 < nsb; sb0 += stride) {
+        uint4 qa[QSLOTS], qb[QSLOTS], qh[QSLOTS];
+        uint2 scw[QSLOTS];
+        float d[QSLOTS];
+        bool ok[QSLOTS];
+#pragma unroll
+        for (int s = 0; s < QSLOTS; s++) {
+            int row = row0 + (s & (R - 1)), sb = sb0 + 8 * (s >> lgR);
+            ok[s] = row < n && sb < nsb;
+            if (ok[s]) {
+                size_t bi = (size_t)row * nsb + sb;
+                qa[s] = load_stream((const uint4 *)(QL + bi * 128 + 64 * h + 16 * j));
+                qb[s] = load_stream((const uint4 *)(QL + bi * 128 + 64 * h + 32 + 16 * j));
+                qh[s] = load_stream((const uint4 *)(QH + bi * 64 + 32 * h + 16 * j));
+                scw[s] = __ldg((const uint2 *)(SC + bi * 16 + 8 * h));
+                d[s] = half_bits(__ldg(D + bi), false);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < QSLOTS; s++) {
+            if (!ok[s]) continue;
+            int sb = sb0 + 8 * (s >> lgR), base = sb * 256 + 128 * h + 16 * j;
+            uint32_t la[4] = {qa[s].x, qa[s].y, qa[s].z, qa[s].w}, lb[4] = {qb[s].x, qb[s].y, qb[s].z, qb[s].w},
+                     hh[4] = {qh[s].x, qh[s].y, qh[s].z, qh[s].w};
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                int sbyte = j + 2 * g;
+                uint32_t sw = sbyte < 4 ? scw[s].x : scw[s].y;
+                float ds = d[s] * (float)(int8_t)((sw >> (8 * (sbyte & 3))) & 0xff);
+                int q[4];
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    uint32_t lo = g % 2 ? lb[w] : la[w];
+                    uint32_t v6 = ((lo >> (4 * (g / 2))) & 0x0F0F0F0Fu) | (((hh[w] >> (2 * g)) & 0x03030303u) << 4);
+                    q[w] = (int)__vsub4(v6, 0x20202020u);
+                }
+#pragma unroll
+                for (int t = 0; t < T; t++) {
+                    int4 a = *(const int4 *)(xq + (size_t)t * k + base + 32 * g);
+                    int sum = __dp4a(q[0], a.x, 0);
+                    sum = __dp4a(q[1], a.y, sum);
+                    sum = __dp4a(q[2], a.z, sum);
+                    sum = __dp4a(q[3], a.w, sum);
+                    acc[s][t] += ds * xs[(size_t)t * nb + sb * 8 + 4 * h + g].x * (float)sum;
+                }
+            }
+        }
+    }
+    store_slots<T>(acc, y, n, row0, R, lane);
+}
+
+/* Rows per warp: as many as keep >= 4 blocks per SM of an H200 (132 SMs) in the grid;
+ * HEARTH_CUDA_QROWS=1|2|4 forces it (A/B). */
+static int q8act_rows(int n) {
+    static int forced = -1;
+    if (forced < 0) {
+        const char *e = getenv("HEARTH_CUDA_QROWS");
+        forced = e && (e[0] == '1' || e[0] == '2' || e[0] == '4') ? e[0] - '0' : 0;
+    }
+    if (forced) return forced;
+    int R = 4;
+    while (R > 1 && (n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R) < 4 * 132) R /= 2;
+    return R;
+}
+
+template <int T>
+static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y) {
+    int n = (int)w->n, k = (int)w->k, R = q8act_rows(n);
+    dim3 grid((unsigned)((n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R))), block(GEMV_WARPS * 32);
+    switch (w->dtype) {
+    case DT_Q8_0:
+        gemv_q8_0_i8<T><<<grid, block, 0, cuda_stream()>>>((const int8_t *)w->data, (const uint16_t *)w->scales, xq,
+                                                           xs, y, n, k, R);
+        break;
+    case DT_Q4_K: gemv_q4_k_i8<T><<<grid, block, 0, cuda_stream()>>>((const uint8_t *)w->data, xq, xs, y, n, k, R); break;
+    case DT_Q6_K: {
+        size_t nk = (size_t)n * (size_t)k;
+        const uint8_t *ql = (const uint8_t *)w->data;
+        const int8_t *sc = (const int8_t *)w->scales;
+        gemv_q6_k_i8<T><<<grid, block, 0, cuda_stream()>>>(ql, ql + nk / 2, sc, (const uint16_t *)(sc + nk / 16), xq, xs,
+                                                           y, n, k, R);
+        break;
+    }
+    default: break;
+    }
+}
+
+/* Quantizes x[T, k] into the scratch; false (nothing launched) when the scratch is too
+ * small and cannot grow now (inside a stream capture): the caller uses the float path. */
+static bool quantize_x(const float *x, int T, int64_t k, hearth_error *err, hearth_status *st) {
+    *st = HEARTH_OK;
+    size_t need = (size_t)T * (size_t)k;
+    if (need > g_xcap) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(cuda_stream(), &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+            cudaGetLastError();
+            return false;
+        }
+        if ((*st = reserve_locked(need, err))) return false;
+    }
+    int nblocks = (int)(need / 32);
+    quantize_x_q8<<<(unsigned)((nblocks + 7) / 8), 256, 0, cuda_stream()>>>(x, g_xq, g_xs, nblocks);
+    if (cuda_launched("quantize_x_q8", err)) *st = HEARTH_ERR_IO;
+    return *st == HEARTH_OK;
+}
+
+static bool gemv_i8_locked(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T, int64_t k,
+                           hearth_error *err, hearth_status *st);
+
+/* ys[i] = x · ws[i]^T for weights that all take int8 activations with the same k: x is
+ * quantized once. Returns false when it did nothing (use the float kernels). */
+static bool gemv_i8(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T, hearth_error *err,
+                    hearth_status *st) {
+    *st = HEARTH_OK;
+    for (int i = 0; i < nw; i++)
+        if (!cuda_gemv_int8_act(ws[i]) || ws[i]->k != ws[0]->k) return false;
+    int64_t k = ws[0]->k;
+    pthread_mutex_lock(&g_xlock);
+    bool done = gemv_i8_locked(ws, ys, nw, x, T, k, err, st);
+    pthread_mutex_unlock(&g_xlock);
+    return done;
+}
+
+static bool gemv_i8_locked(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T, int64_t k,
+                           hearth_error *err, hearth_status *st) {
+    if (!quantize_x(x, T, k, err, st)) return *st != HEARTH_OK;
+    for (int i = 0; i < nw; i++) {
+        for (int t0 = 0; t0 < T;) {
+            int c = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0;
+            const int8_t *xq = g_xq + (size_t)t0 * k;
+            const float2 *xs = g_xs + (size_t)t0 * (k / 32);
+            float *yc = ys[i] + (size_t)t0 * ws[i]->n;
+            switch (c) {
+            case 8: launch_i8<8>(ws[i], xq, xs, yc); break;
+            case 4: launch_i8<4>(ws[i], xq, xs, yc); break;
+            case 3: launch_i8<3>(ws[i], xq, xs, yc); break;
+            case 2: launch_i8<2>(ws[i], xq, xs, yc); break;
+            default: launch_i8<1>(ws[i], xq, xs, yc); break;
+            }
+            if (cuda_launched("gemv_i8", err)) return (*st = HEARTH_ERR_IO), true;
+            t0 += c;
+        }
+    }
+    return true;
+}
+
 hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
     if (!w || !w->data || !x || !y || T < 0)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv: missing weight or buffer");
@@ -497,6 +860,8 @@ hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, h
         ((uintptr_t)x % 16) != 0)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv: activations must be 16-byte aligned for %s",
                        tensor_dtype_name(w->dtype));
+    hearth_status st;
+    if (T > 0 && gemv_i8(&w, &y, 1, x, T, err, &st)) return st;
     for (int t0 = 0; t0 < T;) {
         int c = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0;
         const float *xc = x + (size_t)t0 * w->k;
@@ -525,6 +890,10 @@ hearth_status cuda_gemv_multi(const cuda_weight *const *ws, float *const *ys, in
         rows += ws[i]->n;
     }
     if (!fused || rows > INT32_MAX || ws[0]->k > INT32_MAX / 8) {
+        hearth_status st;
+        bool small = ((uintptr_t)x % 16) == 0 && ws[0]->k <= INT32_MAX / 8;
+        for (int i = 0; i < nw; i++) small = small && ws[i]->n <= INT32_MAX;
+        if (small && T > 0 && gemv_i8(ws, ys, nw, x, T, err, &st)) return st; /* x quantized once */
         for (int i = 0; i < nw; i++)
             if (cuda_gemv(ws[i], x, T, ys[i], err)) return HEARTH_ERR_INVALID;
         return HEARTH_OK;

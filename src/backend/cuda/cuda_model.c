@@ -128,6 +128,13 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
     TRY(cuda_alloc((void **)&cm->att_split, cm->att_split_floats * sizeof(float), "attention split scratch", err));
     cm->bytes += cm->att_split_floats * sizeof(float);
     TRY(cuda_alloc((void **)&cm->ids_dev, (size_t)cm->max_out * sizeof(int32_t), "greedy ids", err));
+    { /* int8 activations of the quantized GEMVs: decode steps and the logits rows */
+        size_t rows = T < GRAPH_MAX_T ? T : GRAPH_MAX_T, kmax = (size_t)c->hidden;
+        if ((size_t)cm->max_out > rows) rows = (size_t)cm->max_out;
+        if ((size_t)c->ffn > kmax) kmax = (size_t)c->ffn;
+        if (qd > kmax) kmax = qd;
+        TRY(cuda_gemv_reserve(rows * kmax, err));
+    }
     if (cudaMallocHost((void **)&cm->host_x, T * c->hidden * sizeof(float)) != cudaSuccess ||
         cudaMallocHost((void **)&cm->host_ints, 3 * T * sizeof(int32_t)) != cudaSuccess ||
         cudaMallocHost((void **)&cm->host_ids, (size_t)cm->max_out * sizeof(int32_t)) != cudaSuccess) {
@@ -278,8 +285,14 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
 static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *err) {
     const cuda_layer *l = &cm->layers[i];
     size_t n = (size_t)T * cm->m->cfg.ffn;
-    TRY(cuda_matmul(cm->gemm, &l->gate, cm->xn, T, cm->gate, err));
-    TRY(cuda_matmul(cm->gemm, &l->up, cm->xn, T, cm->up, err));
+    if (T <= GRAPH_MAX_T) { /* decode: one launch for 16-bit gate + up, one quantized x for int8 ones */
+        const cuda_weight *ws[2] = {&l->gate, &l->up};
+        float *ys[2] = {cm->gate, cm->up};
+        TRY(cuda_gemv_multi(ws, ys, 2, cm->xn, T, err));
+    } else {
+        TRY(cuda_matmul(cm->gemm, &l->gate, cm->xn, T, cm->gate, err));
+        TRY(cuda_matmul(cm->gemm, &l->up, cm->xn, T, cm->up, err));
+    }
     TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
     return cuda_matmul(cm->gemm, &l->down, cm->gate, T, cm->tmp, err);
 }

@@ -33,7 +33,13 @@ typedef struct cpu_kernel {
     cpu_rows_fn rows;
     cpu_act act;
     cpu_tile_fn tile; /* optional (NULL: rows is called once per activation row) */
+    /* optional: used instead of tile when T < CPU_TILE_SMALL_T (batched decode). The
+     * AVX-512 prefill tiles unpack 16 rows per pass, which pays off from about 8 tokens;
+     * below that the register-blocked 4x4 tiles are faster (1B Q4_0, 2 threads: T = 4
+     * 67 vs 43 tok/s; crossover near T = 7). */
+    cpu_tile_fn tile_small;
 } cpu_kernel;
+#define CPU_TILE_SMALL_T 7
 
 /* Scalar reference: dequantizes each block to float and accumulates in double. Handles
  * every format cpu_weight_check accepts; x is a float row (CPU_ACT_F32). */

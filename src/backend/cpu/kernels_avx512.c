@@ -823,28 +823,28 @@ __attribute__((target(KTARGET))) void cpu_avx512_quantize_row(const float *x, in
 
 int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
     cpu_rows_fn f = NULL;
-    cpu_tile_fn tile = NULL;
+    cpu_tile_fn tile = NULL, small = NULL;
     switch (w->dtype) {
-    case DT_Q4_0: f = avx512_rows2_q4_0, tile = avx512_pk_q4_0; break;
-    case DT_Q4_1: f = avx512_rows2_q4_1, tile = avx512_pk_q4_1; break;
-    case DT_Q5_0: f = avx512_rows2_q5_0, tile = avx512_pk_q5_0; break;
-    case DT_Q5_1: f = avx512_rows2_q5_1, tile = avx512_pk_q5_1; break;
-    case DT_Q8_0: f = avx512_rows2_q8_0, tile = avx512_pk_q8_0; break;
+    case DT_Q4_0: f = avx512_rows2_q4_0, tile = avx512_pk_q4_0, small = avx512_tile2_q4_0; break;
+    case DT_Q4_1: f = avx512_rows2_q4_1, tile = avx512_pk_q4_1, small = avx512_tile2_q4_1; break;
+    case DT_Q5_0: f = avx512_rows2_q5_0, tile = avx512_pk_q5_0, small = avx512_tile2_q5_0; break;
+    case DT_Q5_1: f = avx512_rows2_q5_1, tile = avx512_pk_q5_1, small = avx512_tile2_q5_1; break;
+    case DT_Q8_0: f = avx512_rows2_q8_0, tile = avx512_pk_q8_0, small = avx512_tile2_q8_0; break;
     case DT_Q2_K: f = avx512_rows2_q2_k, tile = avx512_tile2_q2_k; break;
     case DT_Q3_K: f = avx512_rows2_q3_k, tile = avx512_tile2_q3_k; break;
-    case DT_Q4_K: f = avx512_rows2_q4_k, tile = avx512_pk_q4_k; break;
-    case DT_Q5_K: f = avx512_rows2_q5_k, tile = avx512_pk_q5_k; break;
-    case DT_Q6_K: f = avx512_rows2_q6_k, tile = avx512_pk_q6_k; break;
+    case DT_Q4_K: f = avx512_rows2_q4_k, tile = avx512_pk_q4_k, small = avx512_tile2_q4_k; break;
+    case DT_Q5_K: f = avx512_rows2_q5_k, tile = avx512_pk_q5_k, small = avx512_tile2_q5_k; break;
+    case DT_Q6_K: f = avx512_rows2_q6_k, tile = avx512_pk_q6_k, small = avx512_tile2_q6_k; break;
     case DT_U32:
         if (w->bits == 4) {
-            *out = (cpu_kernel){avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_pk_mlx4};
+            *out = (cpu_kernel){avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_pk_mlx4, avx512_tile2_mlx4};
             return 1;
         }
-        if (w->bits == 8) f = avx512_rows2_mlx8, tile = avx512_pk_mlx8;
+        if (w->bits == 8) f = avx512_rows2_mlx8, tile = avx512_pk_mlx8, small = avx512_tile2_mlx8;
         break;
     default: break;
     }
     if (!f) return avx512_select(w, out);
-    *out = (cpu_kernel){f, CPU_ACT_Q8, tile};
+    *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small};
     return 1;
 }

@@ -377,15 +377,23 @@ static hearth_status verify_blob(const char *blob, const char *file, const char 
 
 static hearth_status link_snapshot(pull_ctx *c, const char *commit, const char *file, const char *etag,
                                    hearth_error *err) {
-    sbuf p;
+    sbuf p, tmp;
     sbuf_init(&p);
+    sbuf_init(&tmp);
     sbuf_printf(&p, "%s/snapshots/%s/%s", c->repo_dir, commit, file);
+    sbuf_printf(&tmp, "%s.tmp%d", p.data ? p.data : "", (int)getpid());
     char *target = hub_symlink_target(file, etag);
     hearth_status st = HEARTH_OK;
-    if (!p.data || !target || mkdirs_parent(p.data) || (unlink(p.data) && errno != ENOENT) || symlink(target, p.data))
+    /* made under a private name and renamed over the final one: two pulls of the same repo
+     * at once both succeed (unlink-then-symlink raced: the second symlink found EEXIST) */
+    if (!p.data || !tmp.data || !target || mkdirs_parent(p.data) || (unlink(tmp.data) && errno != ENOENT) ||
+        symlink(target, tmp.data) || rename(tmp.data, p.data)) {
         st = err_set(err, HEARTH_ERR_IO, "pull: linking %s: %s", p.data ? p.data : file, strerror(errno));
+        if (tmp.data) unlink(tmp.data);
+    }
     free(target);
     sbuf_free(&p);
+    sbuf_free(&tmp);
     return st;
 }
 

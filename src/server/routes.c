@@ -5,6 +5,7 @@
  * Runs on HTTP threads; never calls the engine directly (queue.c owns it). */
 #include "server/embeddings.h"
 #include "server/generation.h"
+#include "server/sse_events.h"
 #include "server/toolparse.h"
 #include <microhttpd.h>
 #include <stdlib.h>
@@ -198,22 +199,9 @@ int srv_handle_completion(srv_server *s, struct MHD_Connection *c, srv_kind kind
         gen_free(g);
         return srv_respond_error(c, s, &e, origin);
     }
-    if (g->req.stream) {
-        /* 4 KiB blocks: SSE events are small and each should leave as soon as it
-         * exists */
-        struct MHD_Response *resp =
-            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, g, stream_free);
-        if (!resp) {
-            gen_free(g);
-            return MHD_NO;
-        }
-        srv_add_headers(resp, s, "text/event-stream", origin);
-        MHD_add_response_header(resp, "Cache-Control", "no-cache");
-        int rc = MHD_queue_response(c, 200, resp);
-        MHD_destroy_response(resp);
-        srv_log(s, SRV_LOG_INFO, "POST %s 200 (stream)", kind == SRV_CHAT ? "chat" : "completions");
-        return rc;
-    }
+    if (g->req.stream)
+        return sse_respond_stream(s, c, stream_reader, g, stream_free, origin,
+                                  kind == SRV_CHAT ? "chat" : "completions");
     json_t *reply = NULL;
     for (;;) {
         srv_event *ev = srv_job_next_event(g->gen.job);

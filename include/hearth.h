@@ -130,6 +130,10 @@ typedef enum hearth_device { HEARTH_DEVICE_CPU = 0, HEARTH_DEVICE_CUDA = 1, HEAR
 int hearth_device_parse(const char *name, int *out);
 /* The device the engine runs on (HEARTH_DEVICE_CPU or HEARTH_DEVICE_CUDA). */
 int hearth_engine_device(const hearth_engine *e);
+/* The highest GPU memory in use seen so far (cudaMemGetInfo total - free, sampled now and
+ * kept as a high-water mark; it counts every process on the GPU): what /stats peak_bytes
+ * reports for a GPU engine. 0 without a GPU. Any thread. */
+size_t hearth_device_peak_bytes(void);
 
 typedef struct hearth_engine_options {
     int n_threads;       /* 0: all cores */
@@ -173,10 +177,17 @@ typedef struct hearth_fit_options {
     hearth_engine_options engine; /* the options hearth_engine_create would get */
     int measure_bandwidth;        /* 1: measure the read bandwidth (about a second, a 1 GiB buffer) */
     double bandwidth_gbs;         /* > 0: use this bandwidth (GB/s) for the decode prediction */
+    const char *sku;              /* a GPU of data/skus.json (any part of its name, e.g. "h200"):
+                                     the --device cuda report for it instead of the local GPU
+                                     (whatever engine.device says) */
 } hearth_fit_options;
 
 /* Predicts, without creating the engine, the memory hearth_engine_create(m, &o->engine)
- * would take (weights, KV pool, scratch, buffers, runtime overhead: each listed),
+ * would take (weights, KV pool, scratch, buffers, runtime overhead: each listed). With
+ * engine.device cuda (or auto with a GPU present, or o->sku set) the report is the GPU's:
+ * predicted_peak_bytes is device memory (weights as uploaded, device KV pool, scratch,
+ * CUDA context and cuBLAS: data/cuda_runtime.json) and "host" the process's resident
+ * memory; without a GPU here it needs o->sku. Otherwise
  * predicted_peak_bytes (the process's resident high-water mark once the engine exists),
  * whether it fits this machine's available memory, the largest context that would, and
  * decode tok/s from the bandwidth model. *report_json: a JSON object (free with

@@ -1,6 +1,7 @@
-/* fit.c: `hearth fit`: whether a model fits this machine at a context / batch / thread
- * count, the predicted peak memory part by part and decode speed (hearth_fit), as a
- * table or JSON; and the --report-memory line other verbs print to check it. */
+/* fit.c: `hearth fit`: whether a model fits this machine (or its GPU: --device cuda, or
+ * a named GPU: --sku) at a context / batch / thread count, the predicted peak memory part
+ * by part and decode speed (hearth_fit), as a table or JSON; and the --report-memory line other verbs print to check
+ * it. */
 #include "cli/cli.h"
 #include <jansson.h>
 #include <stdio.h>
@@ -9,7 +10,7 @@
 
 static const char *fit_usage =
     "hearth fit <model> [--ctx N] [--batch B] [--threads N] [--mmap] [--measure | --bandwidth GBS]\n"
-    "       [--kv-quant none|int8] [--json] [--skus] [--record]";
+    "       [--kv-quant none|int8] [--device cpu|cuda|auto] [--sku NAME] [--json] [--skus] [--record]";
 
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 void cli_fit_print_skus(const char *report_json); /* fit_skus.c */
@@ -25,7 +26,49 @@ static double mib(const json_t *r, const char *key) {
     return (double)json_integer_value(json_object_get(r, key)) / (1024.0 * 1024.0);
 }
 
+/* --device cuda: device memory part by part, then the host side. */
+static void print_cuda_table(const json_t *r) {
+    const json_t *h = json_object_get(r, "host");
+    printf("model:    %s\n", json_string_value(json_object_get(r, "model")));
+    printf("device:   %s (compute capability %s)%s\n", json_string_value(json_object_get(r, "gpu")),
+           json_string_value(json_object_get(r, "compute_capability")),
+           json_is_true(json_object_get(r, "device_present")) ? ", this machine's GPU"
+                                                              : ", a prediction (no such GPU here)");
+    printf("settings: context %lld, sequences %lld, step %lld tokens, device KV %s\n\n",
+           (long long)json_integer_value(json_object_get(r, "context_length")),
+           (long long)json_integer_value(json_object_get(r, "max_sequences")),
+           (long long)json_integer_value(json_object_get(r, "step_tokens")),
+           json_string_value(json_object_get(r, "kv_device_dtype")));
+    printf("  %-38s %10.1f MiB\n", "device: weights as uploaded", mib(r, "weights_bytes"));
+    printf("  %-38s %10.1f MiB\n", "device: KV pool", mib(r, "kv_pool_bytes"));
+    printf("  %-38s %10.1f MiB\n", "device: scratch (activations, GEMM)", mib(r, "scratch_bytes"));
+    printf("  %-38s %10.1f MiB\n", "device: CUDA context and cuBLAS", mib(r, "runtime_overhead_bytes"));
+    printf("  %-38s %10.1f MiB\n", "device: predicted peak", mib(r, "predicted_peak_bytes"));
+    printf("  %-38s %10.1f MiB\n", "device: available", mib(r, "available_bytes"));
+    printf("  %-38s %10.1f MiB\n\n", "host: predicted peak resident", mib(h, "predicted_peak_bytes"));
+    long long expanded = (long long)json_integer_value(json_object_get(r, "weights_expanded_to_f32"));
+    if (expanded)
+        printf("%lld weights in %s have no CUDA kernel: expanded to f32 on the device (4 bytes per weight)\n", expanded,
+               json_string_value(json_object_get(r, "expanded_format")));
+    printf("fits: %s; largest context that fits: %lld (model maximum %lld)\n",
+           json_is_true(json_object_get(r, "fits")) ? "yes" : "NO",
+           (long long)json_integer_value(json_object_get(r, "max_context_that_fits")),
+           (long long)json_integer_value(json_object_get(r, "model_max_context")));
+    if (json_object_get(r, "decode_tok_s"))
+        printf(
+            "decode: %.1f tok/s at a full context, %.1f tok/s at an empty one (%.2f MB read per token, %.1f GB/s %s)\n",
+            json_real_value(json_object_get(r, "decode_tok_s")),
+            json_real_value(json_object_get(r, "decode_tok_s_empty_cache")),
+            json_real_value(json_object_get(r, "decode_bytes_per_token")) / 1e6,
+            json_real_value(json_object_get(r, "bandwidth_gbs")),
+            json_string_value(json_object_get(r, "bandwidth_source")));
+}
+
 static void print_table(const json_t *r) {
+    if (json_object_get(r, "device")) {
+        print_cuda_table(r);
+        return;
+    }
     const json_t *ro = json_object_get(r, "runtime_overhead");
     printf("model:    %s\n", json_string_value(json_object_get(r, "model")));
     printf("settings: context %lld, sequences %lld, threads %lld, step %lld tokens\n\n",
@@ -77,6 +120,8 @@ int cli_fit(int argc, char **argv) {
             as_json = 1;
         else if (!strcmp(a, "--skus"))
             skus = 1;
+        else if (!strcmp(a, "--sku") && has)
+            fo.sku = argv[++i];
         else if (!strcmp(a, "--record"))
             record = 1;
         else if (a[0] == '-')
@@ -87,6 +132,11 @@ int cli_fit(int argc, char **argv) {
             return cli_usage_error(fit_usage, "unexpected argument '%s'", a);
     }
     if (!model) return cli_usage_error(fit_usage, "%s", "need a model");
+    if (fo.engine.device < 0) return cli_usage_error(fit_usage, "%s", "--device takes cpu, cuda or auto");
+    if (fo.sku && !*fo.sku) return cli_usage_error(fit_usage, "%s", "--sku needs a GPU name (e.g. h200)");
+    for (int i = 1; fo.sku && i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cpu"))
+            return cli_usage_error(fit_usage, "%s", "--sku names a GPU: it does not combine with --device cpu");
     if (fo.engine.context_length < 0 || fo.engine.max_sequences < 0 || fo.engine.n_threads < 0 || fo.bandwidth_gbs < 0)
         return cli_usage_error(fit_usage, "%s", "--ctx, --batch, --threads and --bandwidth must be positive");
     hearth_model *m;

@@ -275,7 +275,7 @@ static void make_fingerprint(char *out, size_t cap) {
 /* hearth fit's predicted peak for these options (shown by /stats next to the real
  * high-water mark); asked before the engine exists, as fit itself does. 0: unknown. */
 static size_t predicted_peak(hearth_model *m, const hearth_engine_options *eo) {
-    hearth_fit_options fo = {.engine = *eo};
+    hearth_fit_options fo = {.engine = *eo, .bandwidth_gbs = 1}; /* any rate: no bandwidth probe on the GPU */
     char *report = NULL;
     hearth_error err = {0};
     if (hearth_fit(m, &fo, &report, &err)) return 0;
@@ -337,6 +337,7 @@ int cli_serve(int argc, char **argv) {
     }
     if (!embed_only && hearth_engine_create(s.model, &o.eo, &e, &err)) return cli_fail(&err);
     s.context_length = e ? hearth_engine_context_length(e) : 0;
+    s.on_gpu = e && hearth_engine_device(e) == HEARTH_DEVICE_CUDA;
     make_fingerprint(s.fingerprint, sizeof s.fingerprint);
     pthread_mutex_init(&s.render_mu, NULL);
     if (!(s.responses = resp_store_new(c->responses_ttl_s, c->responses_max_bytes))) {

@@ -9,6 +9,7 @@
 #include <string.h>
 #ifdef HEARTH_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include <cuda_runtime_api.h>
 #endif
 
 int hearth_device_parse(const char *name, int *out) {
@@ -23,13 +24,13 @@ hearth_status engine_device_open(const model *m, const kv_cache *kv, int device,
     *gpu = NULL;
     if (device == HEARTH_DEVICE_CPU) return HEARTH_OK;
     if (device != HEARTH_DEVICE_CUDA && device != HEARTH_DEVICE_AUTO)
-        return err_set(err, HEARTH_ERR_INVALID, "engine: unknown device %d (--device takes cpu, cuda or auto)",
-                       device);
+        return err_set(err, HEARTH_ERR_INVALID, "engine: unknown device %d (--device takes cpu, cuda or auto)", device);
 #ifndef HEARTH_HAVE_CUDA
     (void)m, (void)kv, (void)max_tokens, (void)max_out;
     if (device == HEARTH_DEVICE_CUDA)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "--device cuda: this hearth was built without the CUDA backend "
-                                                    "(no nvcc at build time); use --device cpu");
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "--device cuda: this hearth was built without the CUDA backend "
+                       "(no nvcc at build time); use --device cpu");
     fprintf(stderr, "hearth: device auto: cpu (built without the CUDA backend)\n");
     return HEARTH_OK;
 #else
@@ -91,4 +92,44 @@ void engine_device_close(cuda_model *gpu) {
 #else
     (void)gpu;
 #endif
+}
+
+int engine_device_query(engine_gpu_info *info) {
+    memset(info, 0, sizeof *info);
+#ifdef HEARTH_HAVE_CUDA
+    cuda_device_info d;
+    hearth_error ignore = {0};
+    if (cuda_device_count() == 0 || cuda_device_open(0, &d, &ignore)) return 0;
+    snprintf(info->name, sizeof info->name, "%s", d.name);
+    info->cc_major = d.cc_major;
+    info->cc_minor = d.cc_minor;
+    if (cudaMemGetInfo(&info->free_bytes, &info->total_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        info->total_bytes = d.total_mem;
+    }
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+size_t engine_device_used_bytes(void) {
+#ifdef HEARTH_HAVE_CUDA
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return total - free_b;
+#else
+    return 0;
+#endif
+}
+
+size_t hearth_device_peak_bytes(void) {
+    static size_t peak; /* a high-water mark across HTTP threads: an atomic max */
+    size_t now = engine_device_used_bytes(), seen = __atomic_load_n(&peak, __ATOMIC_RELAXED);
+    while (now > seen && !__atomic_compare_exchange_n(&peak, &seen, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+    return now > seen ? now : seen;
 }

@@ -14,4 +14,15 @@ hearth_status engine_device_forward_ids(cuda_model *gpu, const kv_cache *kv, con
 /* The GPU's copy bandwidth (GB/s, read + write; cuda_copy_bandwidth_gbs), 0 without CUDA. */
 double engine_device_bandwidth_gbs(void);
 void engine_device_close(cuda_model *gpu);
+/* The local GPU (device 0): name, compute capability, total and free memory, as
+ * cudaMemGetInfo sees them (creating this process's context). 0 when there is none (or
+ * no CUDA backend), 1 when filled. */
+typedef struct engine_gpu_info {
+    char name[256];
+    int cc_major, cc_minor;
+    size_t total_bytes, free_bytes;
+} engine_gpu_info;
+int engine_device_query(engine_gpu_info *info);
+/* Device bytes in use now (cudaMemGetInfo total - free: every process on the GPU); 0 without one. */
+size_t engine_device_used_bytes(void);
 #endif

@@ -1,6 +1,7 @@
 /* fit.c: hearth_fit, the memory contract: predicts an engine's footprint without creating
  * it, from the sizing function the engine allocates by (engine_plan) plus what this
- * process already holds and the model file pages that loading will map. Reads /proc;
+ * process already holds and the model file pages that loading will map. The GPU's
+ * report (--device cuda) is fit_cuda.c's. Reads /proc;
  * allocates no engine memory (only the bandwidth probe's buffer when asked to measure). */
 #define _GNU_SOURCE
 #include "api/model_internal.h"
@@ -8,6 +9,7 @@
 #include "base/err.h"
 #include "base/threadpool.h"
 #include "engine/engine_plan.h"
+#include "engine/fit_internal.h"
 #include "model/model.h"
 #include <jansson.h>
 #include <stdint.h>
@@ -108,6 +110,20 @@ static size_t fit_peak(const fit_base *b, const engine_plan *p) {
     return b->resident_now + b->file_pages + b->thread_stacks + b->code_pages + engine_plan_bytes(p);
 }
 
+static fit_base fit_base_now(const hearth_model *hm, const engine_plan *p) {
+    engine_trim_heap();
+    long long rss = hearth_proc_kb_field("/proc/self/status", "VmRSS");
+    return (fit_base){.resident_now = rss > 0 ? (size_t)rss : 0,
+                      .file_pages = file_pages_to_come(hm),
+                      .thread_stacks = (size_t)(p->n_threads - 1) * FIT_THREAD_RESIDENT_BYTES,
+                      .code_pages = FIT_ENGINE_CODE_BYTES};
+}
+
+size_t fit_host_peak(const hearth_model *hm, const engine_plan *p) {
+    fit_base b = fit_base_now(hm, p);
+    return fit_peak(&b, p);
+}
+
 /* The largest context (a multiple of the KV block, at most the model's) whose peak
  * fits in `available` more bytes than the process holds now; 0 when none does. */
 static int largest_context(const model *m, const hearth_engine_options *eo, const fit_base *b, size_t available) {
@@ -152,21 +168,20 @@ static double fit_bandwidth(const hearth_fit_options *o, int n_threads, const ch
 hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char **report_json, hearth_error *err) {
     *report_json = NULL;
     hearth_fit_options o = opts ? *opts : (hearth_fit_options){0};
+    int device;
+    hearth_status st = fit_device(&o, &device, err);
+    if (st) return st;
+    if (device == HEARTH_DEVICE_CUDA) return fit_cuda(hm, &o, report_json, err);
     model *m;
-    hearth_status st = model_plan(hm, o.engine.use_mmap, &m, err);
+    st = model_plan(hm, o.engine.use_mmap, &m, err);
     if (st) return st;
     engine_plan p;
     if ((st = engine_plan_make(m, &o.engine, &p, err))) {
         model_free(m);
         return st;
     }
-    engine_trim_heap();
-    long long rss = hearth_proc_kb_field("/proc/self/status", "VmRSS");
+    fit_base b = fit_base_now(hm, &p);
     long long avail = hearth_proc_kb_field("/proc/meminfo", "MemAvailable");
-    fit_base b = {.resident_now = rss > 0 ? (size_t)rss : 0,
-                  .file_pages = file_pages_to_come(hm),
-                  .thread_stacks = (size_t)(p.n_threads - 1) * FIT_THREAD_RESIDENT_BYTES,
-                  .code_pages = FIT_ENGINE_CODE_BYTES};
     size_t peak = fit_peak(&b, &p), available = avail > 0 ? (size_t)avail : 0;
     const char *bw_source;
     double bw = fit_bandwidth(&o, p.n_threads, &bw_source, err, &st);

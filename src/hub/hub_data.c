@@ -1,4 +1,4 @@
-/* hub_data.c: the data files of the repo's data/ folder (skus.json, catalogue.json),
+/* hub_data.c: the data files of the repo's data/ folder (skus.json, catalogue.json, cuda_runtime.json),
  * embedded in the binary with .incbin so an installed hearth needs no data directory;
  * $HEARTH_DATA (a folder) replaces them, for tests and for users with their own table.
  * The Makefile makes this object depend on the files in data/. */
@@ -16,6 +16,7 @@
 
 HUB_INCBIN(hub_skus_json, "data/skus.json");
 HUB_INCBIN(hub_catalogue_json, "data/catalogue.json");
+HUB_INCBIN(hub_cuda_runtime_json, "data/cuda_runtime.json");
 
 char *hub_data_load(const char *name, hearth_error *err) {
     const char *dir = getenv("HEARTH_DATA");
@@ -31,6 +32,8 @@ char *hub_data_load(const char *name, hearth_error *err) {
         start = hub_skus_json_start, end = hub_skus_json_end;
     else if (!strcmp(name, "catalogue.json"))
         start = hub_catalogue_json_start, end = hub_catalogue_json_end;
+    else if (!strcmp(name, "cuda_runtime.json"))
+        start = hub_cuda_runtime_json_start, end = hub_cuda_runtime_json_end;
     if (!start) {
         err_set(err, HEARTH_ERR_NOT_FOUND, "data: no embedded file %s", name);
         return NULL;

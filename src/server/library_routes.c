@@ -1,5 +1,6 @@
 /* library_routes.c: the model library over HTTP: GET /library (hearth ls --json),
- * GET /fit?model=&ctx=&batch=[&skus=1] (hearth fit --json [--skus]), GET /downloads and
+ * GET /fit?model=&ctx=&batch=[&device=cuda][&sku=h200][&kv_quant=int8][&skus=1] (hearth fit --json
+ * [--device --sku --kv-quant --skus]), GET /downloads and
  * POST /downloads {"model": "org/name", "include"?: "*.gguf"} (a background hearth pull). Reads and starts
  * downloads only; never touches the engine the server is running. */
 #include "server/server.h"
@@ -37,6 +38,13 @@ static int fit(srv_server *s, struct MHD_Connection *c, const char *origin) {
     if (batch < 0) return fail(c, s, 400, "batch", "batch must be a positive integer", origin);
     fo.engine.context_length = (int)ctx;
     fo.engine.max_sequences = (int)batch;
+    const char *device = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "device");
+    if (device && *device && !hearth_device_parse(device, &fo.engine.device))
+        return fail(c, s, 400, "device", "device must be cpu, cuda or auto", origin);
+    const char *kvq = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "kv_quant");
+    if (kvq && *kvq && !hearth_kv_quant_parse(kvq, &fo.engine.kv_quant))
+        return fail(c, s, 400, "kv_quant", "kv_quant must be none or int8", origin);
+    fo.sku = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "sku"); /* a GPU of data/skus.json */
     hearth_model *m = s->model, *opened = NULL;
     hearth_error err = {0};
     if (name && *name && !srv_model_matches(s, name)) {

@@ -201,6 +201,7 @@ typedef struct srv_server {
     struct resp_store *responses; /* the Responses API store (responses.h); NULL: none */
     double started;               /* CLOCK_MONOTONIC seconds when serving began (/stats uptime) */
     size_t predicted_peak_bytes;  /* hearth fit's prediction for this configuration; 0: unknown */
+    int on_gpu;                   /* the engine runs on the GPU: /stats peak_bytes is device memory */
     struct srv_embed *embed;      /* POST /v1/embeddings (embeddings.h); NULL: none. queue is NULL
                                      when the served model only embeds */
 } srv_server;

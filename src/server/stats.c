@@ -23,7 +23,8 @@ static json_t *stats_json(srv_server *s) {
                                                (json_int_t)b.queued_prompt_tokens[i]));
     size_t entries = 0, bytes = 0;
     if (s->responses) resp_store_stats(s->responses, &entries, &bytes);
-    long long hwm = hearth_proc_kb_field("/proc/self/status", "VmHWM");
+    long long hwm = hearth_proc_kb_field("/proc/self/status", "VmHWM"), host_hwm = hwm;
+    if (s->on_gpu) hwm = (long long)hearth_device_peak_bytes(); /* device bytes, as fit --device cuda predicts */
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("stats"));
     json_object_set_new(o, "uptime_seconds", json_real(s->started > 0 ? now - s->started : 0));
@@ -44,6 +45,9 @@ static json_t *stats_json(srv_server *s) {
                                   b.last_step_seconds, "last_tokens", b.last_step_tokens, "decode_tokens_per_second",
                                   b.decode_tok_s, "prefill_tokens_per_second", b.prefill_tok_s));
     json_object_set_new(o, "peak_bytes", hwm > 0 ? json_integer((json_int_t)hwm) : json_null());
+    json_object_set_new(o, "peak_bytes_of", json_string(s->on_gpu ? "device" : "host"));
+    if (s->on_gpu)
+        json_object_set_new(o, "host_peak_bytes", host_hwm > 0 ? json_integer((json_int_t)host_hwm) : json_null());
     json_object_set_new(o, "predicted_peak_bytes",
                         s->predicted_peak_bytes ? json_integer((json_int_t)s->predicted_peak_bytes) : json_null());
     json_object_set_new(o, "responses_store",

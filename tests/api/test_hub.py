@@ -603,7 +603,13 @@ def test_fit_skus_arithmetic(env):
     assert [s["name"] for s in out["skus"]] == [s["name"] for s in table]
     for row, spec in zip(out["skus"], table):
         assert row["source"] == spec["source"] and spec["source"]
-        want = me["engine_bytes"] if spec["kind"] == "gpu" else me["predicted_peak_bytes"]
+        if spec["kind"] == "gpu":  # the --device cuda report for that GPU, CUDA runtime included
+            g = json.loads(hearth(env, "fit", str(SOURCE), "--ctx", "1024", "--sku", spec["name"], "--json").stdout)
+            assert row["predicted_bytes"] == g["predicted_peak_bytes"] and row["fits"] == g["fits"]
+            assert row["runtime_overhead_bytes"] == g["runtime_overhead_bytes"] > 0
+            assert row["decode_tok_s"] == pytest.approx(g["decode_tok_s"])
+            continue
+        want = me["predicted_peak_bytes"]
         assert row["predicted_bytes"] == want and row["fits"] == (want <= spec["memory_bytes"])
         assert row["decode_tok_s"] == pytest.approx(me["decode_tok_s"] * spec["bandwidth_gbs"] / me["bandwidth_gbs"])
     assert "predicted" in hearth(env, "fit", str(SOURCE), "--skus").stdout

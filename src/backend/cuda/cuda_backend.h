@@ -194,14 +194,14 @@ size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);
 hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err);
 
 /* Prefill matmul: y[T, n] = x[T, k] · W^T through cuBLAS. The weight is dequantized into
- * a device scratch (unless already in the GEMM's input type) and x converted; bf16
+ * a device scratch (max_weight_elems, plus max_act_elems for x: 2 bytes each, 4 in exact
+ * mode; cuda_plan.c sizes them) (unless already in the GEMM's input type) and x converted; bf16
  * operands with f32 accumulation by default, or f32 operands (exact_f32, no tensor-core
  * rounding) for parity checks. T <= 8 goes to cuda_gemv instead. */
 typedef struct cuda_gemm cuda_gemm;
 hearth_status cuda_gemm_create(cuda_gemm **out, size_t max_weight_elems, size_t max_act_elems, int exact_f32,
                                hearth_error *err);
 void cuda_gemm_free(cuda_gemm *g);
-size_t cuda_gemm_bytes(size_t max_weight_elems, size_t max_act_elems, int exact_f32);
 hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err);
 
 #ifdef __cplusplus

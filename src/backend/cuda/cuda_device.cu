@@ -3,6 +3,7 @@
  * without a driver or GPU gets a "no CUDA device" status, never a crash. No kernels here. */
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
+#include "backend/cuda/cuda_plan.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/matmul.h"
 }
@@ -146,24 +147,15 @@ hearth_status cuda_sync(hearth_error *err) {
 }
 
 int cuda_weight_supported(const cpu_weight *w) {
-    if (!w || w->n <= 0 || w->k <= 0) return 0;
-    switch (w->dtype) {
-    case DT_F32:
-    case DT_F16:
-    case DT_BF16: return 1;
-    case DT_Q8_0: return w->k % 32 == 0;
-    case DT_Q4_K:
-    case DT_Q6_K: return w->k % 256 == 0;
-    case DT_U32: /* MLX affine: the 4-bit kernel reads 32 weights (16 bytes) of one group per load */
-        return w->bits == 4 && w->group_size >= 32 && w->group_size % 32 == 0 && w->k % w->group_size == 0 &&
-               (w->sb_dtype == DT_F16 || w->sb_dtype == DT_BF16) && w->scales && w->biases;
-    default: return 0;
-    }
+    /* the format check is the plan's (cuda_plan.c); MLX also needs its scale/bias data */
+    return cuda_weight_format_native(w) && (w->dtype != DT_U32 || (w->scales && w->biases));
 }
 
 /* Q8_0 blocks are 34 bytes (f16 scale + 32 int8); split them into the two planes. */
 static hearth_status upload_q8_0(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
-    size_t nq = (size_t)w->n * (size_t)w->k, nb = nq / 32;
+    size_t nq, scale_bytes; /* the device layout's sizes (cuda_plan.c) */
+    cuda_weight_layout(w, &nq, &scale_bytes);
+    size_t nb = scale_bytes / 2;
     int8_t *q = (int8_t *)malloc(nq);
     uint16_t *d = (uint16_t *)malloc(nb * 2);
     hearth_status s = HEARTH_OK;
@@ -188,8 +180,8 @@ static hearth_status upload_q8_0(cuda_weight *dw, const cpu_weight *w, const cha
 /* Q6_K blocks are 210 bytes (ql[128], qh[64], int8 scales[16], f16 d): split into the
  * four planes of cuda_weight so every quant load is a 16-byte aligned vector. */
 static hearth_status upload_q6_k(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
-    size_t nk = (size_t)w->n * (size_t)w->k, nb = nk / 256;
-    size_t data_bytes = nk / 2 + nk / 4, scale_bytes = nk / 16 + nb * 2;
+    size_t nk = (size_t)w->n * (size_t)w->k, nb = nk / 256, data_bytes, scale_bytes;
+    cuda_weight_layout(w, &data_bytes, &scale_bytes); /* the device layout's sizes (cuda_plan.c) */
     uint8_t *q = (uint8_t *)malloc(data_bytes), *s8 = (uint8_t *)malloc(scale_bytes);
     hearth_status s = HEARTH_OK;
     if (!q || !s8) s = err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory to repack Q6_K", what);
@@ -216,7 +208,9 @@ static hearth_status upload_q6_k(cuda_weight *dw, const cpu_weight *w, const cha
 
 /* MLX 4-bit: the words as they are; each group's scale and bias paired into one word. */
 static hearth_status upload_mlx4(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
-    size_t words = (size_t)w->n * (size_t)w->k / 8, groups = (size_t)w->n * (size_t)(w->k / w->group_size);
+    size_t word_bytes, pair_bytes; /* the device layout's sizes (cuda_plan.c) */
+    cuda_weight_layout(w, &word_bytes, &pair_bytes);
+    size_t words = word_bytes / 4, groups = pair_bytes / 4;
     uint32_t *sb = (uint32_t *)malloc(groups * 4);
     if (!sb) return err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory to pair MLX scales", what);
     for (size_t g = 0; g < groups; g++) { /* any alignment of the host pointers */
@@ -271,8 +265,8 @@ hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const cha
     } else if (w->dtype == DT_U32) {
         s = upload_mlx4(dw, w, what, err);
     } else {
-        size_t bytes = w->dtype == DT_Q4_K ? (size_t)w->n * (size_t)(w->k / 256) * 144
-                                           : (size_t)w->n * (size_t)w->k * (w->dtype == DT_F32 ? 4 : 2);
+        size_t bytes, no_scales;
+        cuda_weight_layout(w, &bytes, &no_scales); /* the device layout's size (cuda_plan.c) */
         dw->bytes = bytes;
         s = cuda_alloc(&dw->data, bytes, what, err);
         if (!s) s = cuda_upload(dw->data, w->data, bytes, err);

@@ -21,11 +21,6 @@ struct cuda_gemm {
     size_t max_w, max_x;
 };
 
-size_t cuda_gemm_bytes(size_t max_weight_elems, size_t max_act_elems, int exact_f32) {
-    size_t e = exact_f32 ? 4 : 2;
-    return (max_weight_elems + max_act_elems) * e;
-}
-
 hearth_status cuda_gemm_create(cuda_gemm **out, size_t max_weight_elems, size_t max_act_elems, int exact_f32,
                                hearth_error *err) {
     *out = NULL;

@@ -6,6 +6,9 @@
  * __dp4a (see "int8 activations" below). Must not synchronize; allocates only when its
  * activation scratch (cuda_gemv_reserve) is too small and no graph is being captured. */
 #include "backend/cuda/cuda_internal.h"
+extern "C" {
+#include "backend/cuda/cuda_plan.h"
+}
 #include <cuda_fp16.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -510,12 +513,14 @@ static size_t g_xcap; /* floats of x it holds */
 static pthread_mutex_t g_xlock = PTHREAD_MUTEX_INITIALIZER;
 
 static hearth_status reserve_locked(size_t floats, hearth_error *err) {
-    floats = (floats + 31) / 32 * 32;
+    size_t quant_bytes, scale_bytes; /* the sizes hearth fit counts (cuda_plan.c) */
+    cuda_gemv_act_layout(floats, &quant_bytes, &scale_bytes);
+    floats = quant_bytes;
     if (floats <= g_xcap) return HEARTH_OK;
     int8_t *q = NULL;
     float2 *sc = NULL;
-    if (cuda_alloc((void **)&q, floats, "gemv int8 activations", err) ||
-        cuda_alloc((void **)&sc, floats / 32 * sizeof(float2), "gemv activation scales", err)) {
+    if (cuda_alloc((void **)&q, quant_bytes, "gemv int8 activations", err) ||
+        cuda_alloc((void **)&sc, scale_bytes, "gemv activation scales", err)) {
         cuda_free(q);
         return HEARTH_ERR_NOMEM;
     }

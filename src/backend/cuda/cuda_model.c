@@ -7,6 +7,7 @@
 #ifdef HEARTH_HAVE_CUDA
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_plan.h"
 #include "base/err.h"
 #include "model/decoder.h"
 #include <cuda_profiler_api.h>
@@ -17,7 +18,7 @@
 
 /* cuda_matmul sends T <= 8 rows to the GEMV kernels (no cuBLAS, no workspace): those
  * steps have fixed launch shapes and are the ones worth a graph. */
-#define GRAPH_MAX_T 8
+#define GRAPH_MAX_T CUDA_GRAPH_MAX_T
 
 typedef struct cuda_layer {
     cuda_weight q, k, v, o, gate, up, down;
@@ -47,9 +48,7 @@ struct cuda_model {
     /* HEARTH_CUDA_PROFILE_STEP=N: the N-th single-token step (from 1) runs between
      * cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off` */
     int prof_step, decode_steps;
-    size_t bytes;
-    int n_expanded;
-    tensor_dtype expanded_from;
+    cuda_plan plan; /* every buffer's size (cuda_plan.c: what hearth fit predicts) */
 };
 
 #define TRY(call)                                                                                                      \
@@ -60,23 +59,18 @@ struct cuda_model {
 
 /* A float vector of n values on the device (NULL stays NULL: the step is skipped). */
 static hearth_status upload_vec(float **dst, const float *src, size_t n, cuda_model *cm, hearth_error *err) {
+    (void)cm;
     *dst = NULL;
     if (!src) return HEARTH_OK;
     TRY(cuda_alloc((void **)dst, n * sizeof(float), "norm/bias vector", err));
-    cm->bytes += n * sizeof(float);
     return cuda_upload(*dst, src, n * sizeof(float), err);
 }
 
 static hearth_status upload_weight(cuda_weight *dw, const cpu_weight *w, const char *what, cuda_model *cm,
                                    hearth_error *err) {
-    int expanded = 0;
-    TRY(cuda_weight_upload_any(dw, w, what, &expanded, err));
-    if (expanded) {
-        cm->n_expanded++;
-        cm->expanded_from = w->dtype;
-    }
-    cm->bytes += dw->bytes;
-    return HEARTH_OK;
+    (void)cm;
+    int expanded = 0; /* counted by the plan (cuda_weight_layout) */
+    return cuda_weight_upload_any(dw, w, what, &expanded, err);
 }
 
 static hearth_status upload_layer(cuda_model *cm, int i, hearth_error *err) {
@@ -103,38 +97,20 @@ static hearth_status upload_layer(cuda_model *cm, int i, hearth_error *err) {
     return upload_vec(&d->k_norm, l->k_norm, (size_t)c->head_dim, cm, err);
 }
 
+/* The step's device buffers, each of the size the plan gives (cuda_plan.c). */
 static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
     const model_config *c = &cm->m->cfg;
-    size_t T = (size_t)cm->max_tokens, qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
-    size_t sizes[] = {T * c->hidden,
-                      T * c->hidden,
-                      T * qd,
-                      T * kd,
-                      T * kd,
-                      T * qd,
-                      T * c->hidden,
-                      T * c->ffn,
-                      T * c->ffn,
-                      (size_t)cm->max_out * c->hidden,
-                      (size_t)cm->max_out * c->vocab};
-    float **ptrs[] = {&cm->x,   &cm->xn,   &cm->q,  &cm->k,    &cm->v,     &cm->att,
-                      &cm->tmp, &cm->gate, &cm->up, &cm->rows, &cm->logits};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        TRY(cuda_alloc((void **)ptrs[i], sizes[i] * sizeof(float), "activation scratch", err));
-        cm->bytes += sizes[i] * sizeof(float);
-    }
-    TRY(cuda_alloc((void **)&cm->ints, 3 * T * sizeof(int32_t), "step indices", err));
-    cm->att_split_floats = cuda_attention_split_floats(T < GRAPH_MAX_T ? (int)T : GRAPH_MAX_T, c->n_heads, c->head_dim);
+    const cuda_plan *p = &cm->plan;
+    size_t T = (size_t)cm->max_tokens;
+    float **ptrs[CUDA_PLAN_N_ACT] = {&cm->x,   &cm->xn,   &cm->q,  &cm->k,    &cm->v,     &cm->att,
+                                     &cm->tmp, &cm->gate, &cm->up, &cm->rows, &cm->logits};
+    for (int i = 0; i < CUDA_PLAN_N_ACT; i++)
+        TRY(cuda_alloc((void **)ptrs[i], p->act_floats[i] * sizeof(float), "activation scratch", err));
+    TRY(cuda_alloc((void **)&cm->ints, p->ints * sizeof(int32_t), "step indices", err));
+    cm->att_split_floats = p->att_split_floats;
     TRY(cuda_alloc((void **)&cm->att_split, cm->att_split_floats * sizeof(float), "attention split scratch", err));
-    cm->bytes += cm->att_split_floats * sizeof(float);
-    TRY(cuda_alloc((void **)&cm->ids_dev, (size_t)cm->max_out * sizeof(int32_t), "greedy ids", err));
-    { /* int8 activations of the quantized GEMVs: decode steps and the logits rows */
-        size_t rows = T < GRAPH_MAX_T ? T : GRAPH_MAX_T, kmax = (size_t)c->hidden;
-        if ((size_t)cm->max_out > rows) rows = (size_t)cm->max_out;
-        if ((size_t)c->ffn > kmax) kmax = (size_t)c->ffn;
-        if (qd > kmax) kmax = qd;
-        TRY(cuda_gemv_reserve(rows * kmax, err));
-    }
+    TRY(cuda_alloc((void **)&cm->ids_dev, p->ids * sizeof(int32_t), "greedy ids", err));
+    TRY(cuda_gemv_reserve(p->gemv_floats, err)); /* int8 activations of the quantized GEMVs */
     if (cudaMallocHost((void **)&cm->host_x, T * c->hidden * sizeof(float)) != cudaSuccess ||
         cudaMallocHost((void **)&cm->host_ints, 3 * T * sizeof(int32_t)) != cudaSuccess ||
         cudaMallocHost((void **)&cm->host_ids, (size_t)cm->max_out * sizeof(int32_t)) != cudaSuccess) {
@@ -142,20 +118,7 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
         return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host buffers for %d tokens",
                        cm->max_tokens);
     }
-    /* The GEMM scratch holds the largest layer weight dequantized and the widest input. */
-    size_t max_w = 0, max_k = (size_t)c->hidden;
-    if (qd > max_k) max_k = qd;
-    if ((size_t)c->ffn > max_k) max_k = c->ffn;
-    for (int i = 0; i < c->n_layers; i++) {
-        const cuda_layer *l = &cm->layers[i];
-        const cuda_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
-        for (int j = 0; j < 7; j++)
-            if ((size_t)(ws[j]->n * ws[j]->k) > max_w) max_w = (size_t)(ws[j]->n * ws[j]->k);
-    }
-    const char *mode = getenv("HEARTH_CUDA_GEMM");
-    int exact = mode && !strcmp(mode, "f32");
-    cm->bytes += cuda_gemm_bytes(max_w, max_k * T, exact);
-    return cuda_gemm_create(&cm->gemm, max_w, max_k * T, exact, err);
+    return cuda_gemm_create(&cm->gemm, p->gemm_max_w, p->gemm_max_x, p->gemm_exact, err);
 }
 
 hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_tokens, int max_out, cuda_model **out,
@@ -179,6 +142,8 @@ hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_toke
     cm->graphs_off = graph_env && !strcmp(graph_env, "0");
     const char *prof_env = getenv("HEARTH_CUDA_PROFILE_STEP");
     cm->prof_step = prof_env ? atoi(prof_env) : 0;
+    const char *mode = getenv("HEARTH_CUDA_GEMM");
+    cuda_plan_make(m, kv, max_tokens, max_out, CUDA_KV_F32, mode && !strcmp(mode, "f32"), &cm->plan);
     hearth_status st = HEARTH_OK;
     for (int i = 0; !st && i < c->n_layers; i++) st = upload_layer(cm, i, err);
     if (!st) st = upload_weight(&cm->lm_head, &m->lm_head, "lm_head", cm, err);
@@ -186,7 +151,6 @@ hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_toke
     if (!st) st = upload_vec(&cm->inv_global, c->inv_freq_global, (size_t)c->head_dim / 2, cm, err);
     if (!st) st = upload_vec(&cm->inv_local, c->inv_freq_local, (size_t)c->head_dim / 2, cm, err);
     if (!st) st = cuda_kv_alloc(&cm->kv, kv, err);
-    if (!st) cm->bytes += 2 * (size_t)kv->n_layers * kv->n_blocks * KV_BLOCK_SIZE * kv->n_kv_heads * kv->head_dim * 4;
     if (!st) st = alloc_scratch(cm, err);
     if (!st) st = cuda_sync(err);
     if (st) {
@@ -195,11 +159,11 @@ hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_toke
     }
     if (note && note_size) {
         char expanded[96] = "";
-        if (cm->n_expanded)
+        if (cm->plan.n_expanded)
             snprintf(expanded, sizeof expanded, "; %d weights in %s have no CUDA kernel and were expanded to f32",
-                     cm->n_expanded, tensor_dtype_name(cm->expanded_from));
+                     cm->plan.n_expanded, tensor_dtype_name(cm->plan.expanded_from));
         snprintf(note, note_size, "cuda: %s, %.2f GB on the device, decode graphs %s%s", info.name,
-                 (double)cm->bytes / 1e9, cm->graphs_off ? "off" : "on", expanded);
+                 (double)cuda_plan_bytes(&cm->plan) / 1e9, cm->graphs_off ? "off" : "on", expanded);
     }
     *out = cm;
     return HEARTH_OK;
@@ -234,7 +198,7 @@ void cuda_model_free(cuda_model *cm) {
     free(cm);
 }
 
-size_t cuda_model_device_bytes(const cuda_model *cm) { return cm->bytes; }
+size_t cuda_model_device_bytes(const cuda_model *cm) { return cuda_plan_bytes(&cm->plan); }
 
 /* in: cm->xn; out: cm->tmp (decoder_attention's contract). */
 static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos, const int32_t *slot, int single_slot,

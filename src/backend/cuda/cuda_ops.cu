@@ -5,6 +5,9 @@
  * cuda_kv_upload / cuda_kv_alloc, which run once at start. */
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
+#include "backend/cuda/cuda_plan.h"
+}
+extern "C" {
 #include "engine/kv_cache.h"
 }
 #include <limits.h>
@@ -223,7 +226,8 @@ static void kv_shape(cuda_kv *dkv, const kv_cache *kv) {
 
 hearth_status cuda_kv_alloc(cuda_kv *dkv, const kv_cache *kv, hearth_error *err) {
     kv_shape(dkv, kv);
-    size_t kvb = (size_t)kv->n_layers * kv->n_blocks * KV_BLOCK_SIZE * kv->n_kv_heads * kv->head_dim * sizeof(float);
+    /* the size hearth fit counts (cuda_plan.c) */
+    size_t kvb = cuda_kv_plane_bytes(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, CUDA_KV_F32);
     size_t tb = (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t);
     hearth_status s = cuda_alloc((void **)&dkv->k, kvb, "KV keys", err);
     if (!s) s = cuda_alloc((void **)&dkv->v, kvb, "KV values", err);
@@ -375,7 +379,7 @@ static __device__ __forceinline__ float warp_max(float v) {
 #define DA_WARPS 8
 #define DA_TILE 64
 #define DA_UNROLL 4
-#define DA_SPLITS_MAX 32
+#define DA_SPLITS_MAX CUDA_ATT_SPLITS_MAX /* cuda_plan.h: the split scratch is sized by it */
 
 template <int GM, int NV>
 __global__ void __launch_bounds__(DA_WARPS * 32) attention_decode_kernel(cuda_attention_args a, cuda_kv kv, int S) {
@@ -552,10 +556,6 @@ __global__ void attention_combine_kernel(cuda_attention_args a, int S) {
         }
         a.out[((size_t)t * a.n_heads + h) * d + di] = L > 0.0f ? o / L : 0.0f;
     }
-}
-
-size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim) {
-    return (size_t)max_T * n_heads * DA_SPLITS_MAX * (size_t)(head_dim + 4);
 }
 
 /* The split count for a pool: about one split per DA_TILE positions of the longest

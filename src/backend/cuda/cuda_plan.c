@@ -1,0 +1,237 @@
+/* cuda_plan.c: sizes of every device buffer of cuda_model (cuda_plan.h): the device layout
+ * of each weight format, the KV pool per device dtype, the scratch of one step, and the
+ * allocator's page rounding. Shared by cuda_model_create (which allocates these sizes) and
+ * hearth fit --device cuda (which predicts from them). Pure arithmetic: no CUDA calls. */
+#include "backend/cuda/cuda_plan.h"
+#include "backend/cuda/cuda_backend.h"
+#include <string.h>
+
+/* The device allocator (cudaMalloc on Linux drivers since Pascal) backs memory with 2 MiB
+ * pages: an allocation of a page or more takes whole pages, smaller ones are packed into
+ * shared pages at 512-byte alignment. tools/gpu_round.d/gpu-fit.sh probes this on the
+ * device (cudaMemGetInfo before/after cudaMalloc of chosen sizes) and prints what it saw. */
+#define CUDA_ALLOC_PAGE ((size_t)2 << 20)
+#define CUDA_ALLOC_SMALL CUDA_ALLOC_PAGE
+#define CUDA_ALLOC_ALIGN ((size_t)512)
+
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void cuda_tally_add(cuda_alloc_tally *t, size_t bytes) {
+    if (!bytes) bytes = 1; /* cuda_alloc asks for at least one byte */
+    t->requested += bytes;
+    t->count++;
+    if (bytes >= CUDA_ALLOC_SMALL)
+        t->large += round_up(bytes, CUDA_ALLOC_PAGE);
+    else
+        t->small += round_up(bytes, CUDA_ALLOC_ALIGN);
+}
+
+size_t cuda_tally_bytes(const cuda_alloc_tally *t) { return t->large + round_up(t->small, CUDA_ALLOC_PAGE); }
+
+int cuda_kv_device_dtype(int kv_quant) {
+    (void)kv_quant; /* cuda_kv_alloc stores float32 for every --kv-quant today */
+    return CUDA_KV_F32;
+}
+
+const char *cuda_kv_dtype_name(int dtype) {
+    return dtype == CUDA_KV_INT8 ? "int8" : dtype == CUDA_KV_FP8 ? "fp8" : "f32";
+}
+
+size_t cuda_kv_plane_bytes(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype) {
+    size_t rows = (size_t)n_layers * n_blocks * KV_BLOCK_SIZE * n_kv_heads;
+    if (dtype == CUDA_KV_F32) return rows * head_dim * sizeof(float);
+    return rows * head_dim + rows * sizeof(float); /* one byte per element, a float scale per row */
+}
+
+double cuda_kv_position_bytes(int n_kv_heads, int head_dim, int dtype) {
+    double row = dtype == CUDA_KV_F32 ? (double)head_dim * sizeof(float) : (double)head_dim + sizeof(float);
+    return 2.0 * n_kv_heads * row;
+}
+
+int cuda_weight_format_native(const cpu_weight *w) {
+    if (!w || w->n <= 0 || w->k <= 0) return 0;
+    switch (w->dtype) {
+    case DT_F32:
+    case DT_F16:
+    case DT_BF16: return 1;
+    case DT_Q8_0: return w->k % 32 == 0;
+    case DT_Q4_K:
+    case DT_Q6_K: return w->k % 256 == 0;
+    case DT_U32: /* MLX affine: the 4-bit kernel reads 32 weights (16 bytes) of one group per load */
+        return w->bits == 4 && w->group_size >= 32 && w->group_size % 32 == 0 && w->k % w->group_size == 0 &&
+               (w->sb_dtype == DT_F16 || w->sb_dtype == DT_BF16);
+    default: return 0;
+    }
+}
+
+int cuda_weight_layout(const cpu_weight *w, size_t *data_bytes, size_t *scale_bytes) {
+    size_t nk = (size_t)w->n * (size_t)w->k;
+    *scale_bytes = 0;
+    if (!cuda_weight_format_native(w)) {
+        *data_bytes = nk * sizeof(float); /* expanded to F32 on the host */
+        return 1;
+    }
+    switch (w->dtype) {
+    case DT_Q8_0: /* int8 plane [n][k] + f16 scale plane [n][k/32] */
+        *data_bytes = nk;
+        *scale_bytes = nk / 32 * 2;
+        break;
+    case DT_Q6_K: /* ql + qh planes; int8 sub-block scales + f16 d per 256 */
+        *data_bytes = nk / 2 + nk / 4;
+        *scale_bytes = nk / 16 + nk / 256 * 2;
+        break;
+    case DT_Q4_K: *data_bytes = (size_t)w->n * (size_t)(w->k / 256) * 144; break; /* GGUF super-blocks as they are */
+    case DT_U32: /* packed words + one (scale, bias) word per group */
+        *data_bytes = nk / 8 * 4;
+        *scale_bytes = (size_t)w->n * (size_t)(w->k / w->group_size) * 4;
+        break;
+    default: *data_bytes = nk * (w->dtype == DT_F32 ? 4 : 2); break;
+    }
+    return 0;
+}
+
+size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim) {
+    return (size_t)max_T * n_heads * CUDA_ATT_SPLITS_MAX * (size_t)(head_dim + 4); /* (m, l, pad, pad, o[d]) each */
+}
+
+void cuda_gemv_act_layout(size_t floats, size_t *quant_bytes, size_t *scale_bytes) {
+    size_t f = round_up(floats, 32);
+    *quant_bytes = f;
+    *scale_bytes = f / 32 * 2 * sizeof(float);
+}
+
+/* The host buffer cuda_weight_upload(_any) needs while it repacks or expands w. */
+static size_t upload_host_bytes(const cpu_weight *w, size_t data, size_t scales, int expanded) {
+    if (expanded) return data;
+    if (w->dtype == DT_Q8_0 || w->dtype == DT_Q6_K) return data + scales;
+    if (w->dtype == DT_U32) return scales + (w->k % 1024 == 0 ? data : 0);
+    return 0;
+}
+
+static void add_weight(cuda_plan *p, cuda_alloc_tally *t, const cpu_weight *w) {
+    size_t data, scales;
+    int expanded = cuda_weight_layout(w, &data, &scales);
+    cuda_tally_add(t, data);
+    if (scales) cuda_tally_add(t, scales);
+    p->weights_read += data + scales;
+    size_t host = upload_host_bytes(w, data, scales, expanded);
+    if (host > p->upload_host) p->upload_host = host;
+    if (expanded) {
+        p->n_expanded++;
+        p->expanded_from = w->dtype;
+    }
+}
+
+/* A norm, bias or frequency vector: uploaded when the model has it. A planned model
+ * (model_plan) has no data pointers, so the family's norms are counted from the config;
+ * q/k/v biases only from a loaded model (no supported family's checkpoints carry them). */
+static void add_vec(cuda_alloc_tally *t, const void *ptr, int family_has, size_t floats) {
+    if (ptr || family_has) cuda_tally_add(t, floats * sizeof(float));
+}
+
+static void plan_weights(cuda_plan *p, const model *m, cuda_alloc_tally *t) {
+    const model_config *c = &m->cfg;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim, h = (size_t)c->hidden;
+    int gemma = c->family == FAMILY_GEMMA3, qk = c->family != FAMILY_LLAMA;
+    for (int i = 0; i < c->n_layers; i++) {
+        const layer_weights *l = &m->layers[i];
+        const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        for (int j = 0; j < 7; j++) add_weight(p, t, ws[j]);
+        add_vec(t, l->q_bias, 0, qd);
+        add_vec(t, l->k_bias, 0, kd);
+        add_vec(t, l->v_bias, 0, kd);
+        add_vec(t, l->attn_norm, 1, h);
+        add_vec(t, l->ffn_norm, 1, h);
+        add_vec(t, l->post_attn_norm, gemma, h);
+        add_vec(t, l->post_ffn_norm, gemma, h);
+        add_vec(t, l->q_norm, qk, (size_t)c->head_dim);
+        add_vec(t, l->k_norm, qk, (size_t)c->head_dim);
+    }
+    add_weight(p, t, &m->lm_head);
+    add_vec(t, m->final_norm, 1, h);
+    add_vec(t, c->inv_freq_global, 0, (size_t)c->head_dim / 2);
+    add_vec(t, c->inv_freq_local, 0, (size_t)c->head_dim / 2);
+}
+
+static void plan_scratch(cuda_plan *p, const model *m, int max_tokens, int max_out, cuda_alloc_tally *t) {
+    const model_config *c = &m->cfg;
+    size_t T = (size_t)max_tokens, qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t acts[CUDA_PLAN_N_ACT] = {T * c->hidden,
+                                    T * c->hidden,
+                                    T * qd,
+                                    T * kd,
+                                    T * kd,
+                                    T * qd,
+                                    T * c->hidden,
+                                    T * c->ffn,
+                                    T * c->ffn,
+                                    (size_t)max_out * c->hidden,
+                                    (size_t)max_out * c->vocab};
+    memcpy(p->act_floats, acts, sizeof acts);
+    for (int i = 0; i < CUDA_PLAN_N_ACT; i++) cuda_tally_add(t, acts[i] * sizeof(float));
+    p->ints = 3 * T;
+    cuda_tally_add(t, p->ints * sizeof(int32_t));
+    size_t decode_T = T < CUDA_GRAPH_MAX_T ? T : CUDA_GRAPH_MAX_T;
+    p->att_split_floats = cuda_attention_split_floats((int)decode_T, c->n_heads, c->head_dim);
+    cuda_tally_add(t, p->att_split_floats * sizeof(float));
+    p->ids = (size_t)max_out;
+    cuda_tally_add(t, p->ids * sizeof(int32_t));
+    /* int8 activations of the quantized GEMVs: decode steps and the logits rows, widest k */
+    size_t rows = decode_T > (size_t)max_out ? decode_T : (size_t)max_out, kmax = (size_t)c->hidden;
+    if ((size_t)c->ffn > kmax) kmax = (size_t)c->ffn;
+    if (qd > kmax) kmax = qd;
+    p->gemv_floats = rows * kmax;
+    size_t gq, gs;
+    cuda_gemv_act_layout(p->gemv_floats, &gq, &gs);
+    cuda_tally_add(t, gq);
+    cuda_tally_add(t, gs);
+    /* the GEMM scratch: the largest layer weight dequantized and the widest input */
+    size_t max_w = 0, max_k = kmax;
+    for (int i = 0; i < c->n_layers; i++) {
+        const layer_weights *l = &m->layers[i];
+        const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        for (int j = 0; j < 7; j++)
+            if ((size_t)(ws[j]->n * ws[j]->k) > max_w) max_w = (size_t)(ws[j]->n * ws[j]->k);
+    }
+    p->gemm_max_w = max_w;
+    p->gemm_max_x = max_k * T;
+    size_t e = p->gemm_exact ? 4 : 2;
+    cuda_tally_add(t, p->gemm_max_w * e);
+    cuda_tally_add(t, p->gemm_max_x * e);
+    /* pinned host staging: the step's embeddings, its indices, the greedy ids */
+    p->pinned_host = T * c->hidden * sizeof(float) + 3 * T * sizeof(int32_t) + (size_t)max_out * sizeof(int32_t);
+}
+
+void cuda_plan_make(const model *m, const kv_cache *kv, int max_tokens, int max_out, int kv_dtype, int gemm_exact,
+                    cuda_plan *p) {
+    memset(p, 0, sizeof *p);
+    p->kv_dtype = kv_dtype;
+    p->gemm_exact = gemm_exact;
+    /* one tally (the small allocations of all parts share pages); each part gets its own
+     * pages and aligned small bytes, the shared pages' rounding goes to scratch */
+    cuda_alloc_tally t = {0};
+    plan_weights(p, m, &t);
+    p->weights = t.large + t.small;
+    size_t plane = cuda_kv_plane_bytes(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, kv_dtype);
+    cuda_tally_add(&t, plane);
+    cuda_tally_add(&t, plane);
+    cuda_tally_add(&t, (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t));
+    p->kv = t.large + t.small - p->weights;
+    plan_scratch(p, m, max_tokens, max_out, &t);
+    p->scratch = cuda_tally_bytes(&t) - p->weights - p->kv;
+    p->requested = t.requested;
+    p->n_allocs = t.count;
+}
+
+size_t cuda_plan_bytes(const cuda_plan *p) { return p->weights + p->kv + p->scratch; }
+
+double cuda_plan_decode_bytes(const cuda_plan *p, const model *m, int context) {
+    const model_config *c = &m->cfg;
+    double b = (double)p->weights_read, per_pos = cuda_kv_position_bytes(c->n_kv_heads, c->head_dim, p->kv_dtype);
+    for (int i = 0; i < c->n_layers; i++) {
+        int span =
+            m->layers[i].sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
+        b += span * per_pos;
+    }
+    return b;
+}

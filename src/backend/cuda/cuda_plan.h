@@ -1,0 +1,93 @@
+/* cuda_plan.h: the CUDA backend's sizing: every device buffer cuda_model_create allocates
+ * (weights in their device layout, the KV pool, scratch), computed from the model's shapes
+ * alone. cuda_model_create allocates exactly these sizes and hearth fit --device cuda
+ * predicts from them, so the two cannot drift apart. Plain C, built with or without nvcc;
+ * allocates nothing. */
+#ifndef HEARTH_BACKEND_CUDA_PLAN_H
+#define HEARTH_BACKEND_CUDA_PLAN_H
+#include "model/model.h"
+#include <stddef.h>
+
+/* Decode steps of at most this many tokens use the GEMV kernels and CUDA graphs
+ * (cuda_matmul sends T <= 8 rows to the GEMVs: no cuBLAS, fixed launch shapes). */
+#define CUDA_GRAPH_MAX_T 8
+/* Most split-K partials per (head, token) of decode attention (cuda_ops.cu DA_SPLITS_MAX). */
+#define CUDA_ATT_SPLITS_MAX 32
+
+/* How the device KV pool stores keys and values. Today cuda_kv_alloc keeps float32
+ * whatever --kv-quant says; int8/fp8 (one byte per element plus one float scale per
+ * position and KV head, the host int8 layout) are the device formats being added. */
+typedef enum cuda_kv_dtype { CUDA_KV_F32 = 0, CUDA_KV_INT8 = 1, CUDA_KV_FP8 = 2 } cuda_kv_dtype;
+/* The device dtype the engine uses for a --kv-quant setting (hearth_kv_quant). */
+int cuda_kv_device_dtype(int kv_quant);
+const char *cuda_kv_dtype_name(int dtype);
+/* Bytes of one of the K or V planes of the device pool (per element plus per-row scales). */
+size_t cuda_kv_plane_bytes(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype);
+/* Bytes of K and V read per cached position and layer in a decode step. */
+double cuda_kv_position_bytes(int n_kv_heads, int head_dim, int dtype);
+
+/* Whether the GEMV kernels handle this format natively, from its dtype and shape alone
+ * (cuda_weight_supported also wants the MLX scale/bias pointers). */
+int cuda_weight_format_native(const cpu_weight *w);
+/* A weight's device layout (cuda_weight): bytes of its data plane and of its scales plane
+ * (0: none). Formats without a kernel are expanded to F32 (returns 1), else returns 0. */
+int cuda_weight_layout(const cpu_weight *w, size_t *data_bytes, size_t *scale_bytes);
+
+/* Floats of split_scratch that let decode attention of up to max_T tokens use every split
+ * (declared in cuda_backend.h). */
+/* The int8-activation scratch of cuda_gemv_reserve for `floats` inputs: the quant plane
+ * (floats rounded up to a block of 32) and the (d, d * sum q) float2 per block. */
+void cuda_gemv_act_layout(size_t floats, size_t *quant_bytes, size_t *scale_bytes);
+
+/* The device allocator's footprint: cudaMalloc hands out memory in pages of
+ * CUDA_ALLOC_PAGE; allocations below CUDA_ALLOC_SMALL share pages (aligned to
+ * CUDA_ALLOC_ALIGN), larger ones take whole pages. A tally of allocations, in the order
+ * cuda_model_create makes them. */
+typedef struct cuda_alloc_tally {
+    size_t requested; /* sum of the sizes asked for */
+    size_t large;     /* pages taken by large allocations */
+    size_t small;     /* bytes of small allocations, aligned */
+    int count;
+} cuda_alloc_tally;
+void cuda_tally_add(cuda_alloc_tally *t, size_t bytes);
+/* Device bytes the allocations take (pages), >= requested. */
+size_t cuda_tally_bytes(const cuda_alloc_tally *t);
+
+/* The activation buffers of cuda_model (x, xn, q, k, v, att, tmp, gate, up, rows, logits),
+ * in floats, in this order. */
+enum { CUDA_PLAN_N_ACT = 11 };
+
+typedef struct cuda_plan {
+    /* what cuda_model_create allocates, in its units */
+    size_t act_floats[CUDA_PLAN_N_ACT];
+    size_t ints;             /* step indices: pos | slot | out_rows, int32 */
+    size_t att_split_floats; /* decode attention split-K partials */
+    size_t ids;              /* greedy ids, int32 */
+    size_t gemv_floats;      /* cuda_gemv_reserve's argument */
+    size_t gemm_max_w, gemm_max_x;
+    int gemm_exact; /* HEARTH_CUDA_GEMM=f32 */
+    int kv_dtype;   /* cuda_kv_dtype */
+    int n_expanded; /* weights expanded to F32 (no kernel for their format) */
+    tensor_dtype expanded_from;
+    /* device bytes, each part with the allocator's page rounding */
+    size_t weights;      /* every matrix in its device layout, norms, RoPE frequencies */
+    size_t kv;           /* K and V planes and the block tables */
+    size_t scratch;      /* activations, indices, attention split, int8 activations, GEMM */
+    size_t requested;    /* the same allocations without rounding */
+    int n_allocs;        /* cudaMalloc calls */
+    size_t weights_read; /* device bytes one decode step reads from the weights (GEMV bytes) */
+    /* host memory the GPU path adds */
+    size_t pinned_host; /* cudaMallocHost staging buffers */
+    size_t upload_host; /* the largest temporary host buffer of an upload (repack, f32 expansion) */
+} cuda_plan;
+
+/* Sizes cuda_model_create's buffers for m (loaded or only planned: model_plan), a KV pool
+ * of kv's shape stored as kv_dtype, max_tokens per step and max_out logits rows. */
+void cuda_plan_make(const model *m, const kv_cache *kv, int max_tokens, int max_out, int kv_dtype, int gemm_exact,
+                    cuda_plan *p);
+/* Device bytes of the plan (weights + kv + scratch), without the runtime (context, cuBLAS). */
+size_t cuda_plan_bytes(const cuda_plan *p);
+/* Device bytes one decode step reads with `context` positions cached per layer (sliding
+ * layers read at most their window): the GPU's decode roofline denominator. */
+double cuda_plan_decode_bytes(const cuda_plan *p, const model *m, int context);
+#endif

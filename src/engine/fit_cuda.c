@@ -1,0 +1,279 @@
+/* fit_cuda.c: hearth_fit for --device cuda: the device memory `hearth serve --device cuda`
+ * will hold, from the sizing functions the engine allocates by (engine_plan for the host
+ * side and the pool shape, cuda_plan for every device buffer) plus the CUDA runtime's own
+ * share (data/cuda_runtime.json, per compute capability), for the local GPU or a GPU of
+ * data/skus.json. Allocates no engine memory; touches the GPU only to read its memory. */
+#include "api/model_internal.h"
+#include "backend/cuda/cuda_plan.h"
+#include "base/err.h"
+#include "engine/engine_device.h"
+#include "engine/fit_internal.h"
+#include "hub/hub.h"
+#include <ctype.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* The machine the prediction is for: the local GPU or a row of data/skus.json. */
+typedef struct fit_gpu {
+    char name[256], cc[16];
+    int present;         /* 1: the local device, measured now */
+    size_t memory, free; /* total; free now (local) or total (a SKU) */
+    double bandwidth_gbs;
+    const char *bandwidth_source;
+    size_t context_bytes, host_bytes; /* the runtime row of cuda_runtime.json */
+    int runtime_measured;
+    char runtime_source[512];
+} fit_gpu;
+
+hearth_status fit_device(const hearth_fit_options *o, int *device, hearth_error *err) {
+    int d = o->engine.device;
+    if (d != HEARTH_DEVICE_CPU && d != HEARTH_DEVICE_CUDA && d != HEARTH_DEVICE_AUTO)
+        return err_set(err, HEARTH_ERR_INVALID, "fit: unknown device (--device takes cpu, cuda or auto)");
+    if (o->sku && *o->sku) d = HEARTH_DEVICE_CUDA; /* a named GPU: its device report */
+    if (d == HEARTH_DEVICE_AUTO) {
+        engine_gpu_info info;
+        d = engine_device_query(&info) ? HEARTH_DEVICE_CUDA : HEARTH_DEVICE_CPU;
+    }
+    *device = d;
+    return HEARTH_OK;
+}
+
+/* needle in hay as whole words, any case ("l4" is in "NVIDIA L4 (24 GB)", not in "L40S"). */
+static int contains_words(const char *hay, const char *needle) {
+    size_t n = strlen(needle);
+    for (const char *h = hay; n && *h; h++) {
+        if (h > hay && isalnum((unsigned char)h[-1])) continue;
+        size_t i = 0;
+        while (i < n && h[i] && tolower((unsigned char)h[i]) == tolower((unsigned char)needle[i])) i++;
+        if (i == n && !isalnum((unsigned char)h[n])) return 1;
+    }
+    return 0;
+}
+
+/* The GPU row of skus.json named `want` (or whose name holds it as whole words): exactly one must match. */
+static hearth_status sku_lookup(const char *want, fit_gpu *g, hearth_error *err) {
+    char *text = hub_data_load("skus.json", err);
+    if (!text) return err->status ? err->status : HEARTH_ERR_IO;
+    json_t *t = json_loads(text, 0, NULL), *skus = json_object_get(t, "skus"), *found = NULL;
+    free(text);
+    char names[1024] = "";
+    int matches = 0;
+    size_t i;
+    json_t *s;
+    json_array_foreach(skus, i, s) {
+        const char *kind = json_string_value(json_object_get(s, "kind")),
+                   *name = json_string_value(json_object_get(s, "name"));
+        if (!kind || strcmp(kind, "gpu") || !name) continue;
+        size_t len = strlen(names);
+        snprintf(names + len, sizeof names - len, "%s'%s'", len ? ", " : "", name);
+        if (!strcasecmp(name, want)) { /* an exact name wins over parts of others */
+            found = s, matches = 1;
+            break;
+        }
+        if (contains_words(name, want)) found = s, matches++;
+    }
+    hearth_status st = HEARTH_OK;
+    if (matches != 1)
+        st = err_set(err, matches ? HEARTH_ERR_AMBIGUOUS : HEARTH_ERR_NOT_FOUND,
+                     "fit: --sku '%s' %s the GPUs of data/skus.json (%s)", want,
+                     matches ? "matches several of" : "matches none of", names);
+    else {
+        snprintf(g->name, sizeof g->name, "%s", json_string_value(json_object_get(found, "name")));
+        const char *cc = json_string_value(json_object_get(found, "compute_capability"));
+        snprintf(g->cc, sizeof g->cc, "%s", cc ? cc : "default");
+        g->memory = g->free = (size_t)json_integer_value(json_object_get(found, "memory_bytes"));
+        g->bandwidth_gbs = json_number_value(json_object_get(found, "bandwidth_gbs"));
+        g->bandwidth_source = "sku";
+    }
+    json_decref(t);
+    return st;
+}
+
+/* The runtime row of cuda_runtime.json for g->cc (else its "default" row). */
+static hearth_status runtime_lookup(fit_gpu *g, hearth_error *err) {
+    char *text = hub_data_load("cuda_runtime.json", err);
+    if (!text) return err->status ? err->status : HEARTH_ERR_IO;
+    json_t *t = json_loads(text, 0, NULL), *rows = json_object_get(t, "runtimes"), *pick = NULL;
+    free(text);
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        const char *cc = json_string_value(json_object_get(r, "compute_capability"));
+        if (cc && !strcmp(cc, g->cc)) pick = r;
+        if (cc && !strcmp(cc, "default") && !pick) pick = r;
+    }
+    hearth_status st = HEARTH_OK;
+    if (!pick || !json_is_integer(json_object_get(pick, "context_bytes")))
+        st = err_set(err, HEARTH_ERR_FORMAT, "cuda_runtime.json: no row for compute capability %s and no default",
+                     g->cc);
+    else {
+        g->context_bytes = (size_t)json_integer_value(json_object_get(pick, "context_bytes"));
+        g->host_bytes = (size_t)json_integer_value(json_object_get(pick, "host_bytes"));
+        g->runtime_measured = json_is_true(json_object_get(pick, "measured"));
+        const char *src = json_string_value(json_object_get(pick, "source"));
+        snprintf(g->runtime_source, sizeof g->runtime_source, "%s", src ? src : "");
+    }
+    json_decref(t);
+    return st;
+}
+
+static hearth_status fit_gpu_resolve(const hearth_fit_options *o, fit_gpu *g, hearth_error *err) {
+    memset(g, 0, sizeof *g);
+    hearth_status st;
+    if (o->sku && *o->sku) {
+        if ((st = sku_lookup(o->sku, g, err))) return st;
+    } else {
+        engine_gpu_info info;
+        if (!engine_device_query(&info))
+            return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                           "fit --device cuda: no CUDA device is present here (no driver, no GPU, or a build without "
+                           "the CUDA backend); name a GPU to predict for with --sku (e.g. --sku h200) or compare them "
+                           "all with --skus");
+        snprintf(g->name, sizeof g->name, "%s", info.name);
+        snprintf(g->cc, sizeof g->cc, "%d.%d", info.cc_major, info.cc_minor);
+        g->present = 1;
+        g->memory = info.total_bytes;
+        g->free = info.free_bytes;
+    }
+    if (g->present && o->bandwidth_gbs <= 0 && !o->measure_bandwidth) {
+        fit_gpu spec; /* the local GPU's spec-sheet row, when skus.json has it */
+        hearth_error ignore = {0};
+        if (sku_lookup(g->name, &spec, &ignore) == HEARTH_OK) {
+            g->bandwidth_gbs = spec.bandwidth_gbs;
+            g->bandwidth_source = "sku";
+        }
+    }
+    if (o->bandwidth_gbs > 0) {
+        g->bandwidth_gbs = o->bandwidth_gbs;
+        g->bandwidth_source = "given";
+    } else if (o->measure_bandwidth || (g->present && g->bandwidth_gbs <= 0)) {
+        if (!g->present)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "fit: --measure needs the GPU here; --sku uses its spec sheet");
+        g->bandwidth_gbs = engine_device_bandwidth_gbs(); /* the device copy rate, read + write */
+        g->bandwidth_source = "measured";
+        if (g->bandwidth_gbs <= 0) return err_set(err, HEARTH_ERR_NOMEM, "fit: cannot measure the GPU's copy rate");
+    }
+    return runtime_lookup(g, err);
+}
+
+typedef struct fit_cuda_sizes {
+    engine_plan host;
+    cuda_plan dev;
+    size_t peak; /* device: the plan plus the runtime */
+} fit_cuda_sizes;
+
+static int gemm_exact(void) {
+    const char *mode = getenv("HEARTH_CUDA_GEMM");
+    return mode && !strcmp(mode, "f32");
+}
+
+/* The engine's plan and the device plan cuda_model_create makes from it (engine.c hands
+ * the host pool's shape, step tokens and logits rows to cuda_model_create). */
+static hearth_status sizes_make(const model *m, const hearth_engine_options *eo, const fit_gpu *g, fit_cuda_sizes *z,
+                                hearth_error *err) {
+    hearth_status st = engine_plan_make(m, eo, &z->host, err);
+    if (st) return st;
+    const model_config *c = &m->cfg;
+    kv_cache shape = {.n_layers = c->n_layers,
+                      .n_kv_heads = c->n_kv_heads,
+                      .head_dim = c->head_dim,
+                      .n_blocks = z->host.n_blocks,
+                      .max_slots = z->host.max_seqs,
+                      .max_blocks_per_slot = (z->host.context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
+    cuda_plan_make(m, &shape, z->host.step_tokens, z->host.max_out, cuda_kv_device_dtype(eo->kv_quant), gemm_exact(),
+                   &z->dev);
+    z->peak = cuda_plan_bytes(&z->dev) + g->context_bytes;
+    return HEARTH_OK;
+}
+
+static int largest_context(const model *m, const hearth_engine_options *eo, const fit_gpu *g) {
+    int hi = m->cfg.context_length > 0 ? m->cfg.context_length : 8192, lo = 0;
+    if (hi > (1 << 24)) hi = 1 << 24;
+    while (lo < hi) { /* invariant: lo fits (or is 0), everything above hi does not */
+        int mid = lo + (hi - lo + 1) / 2;
+        hearth_engine_options o = *eo;
+        o.context_length = mid;
+        fit_cuda_sizes z;
+        hearth_error ignore = {0};
+        if (sizes_make(m, &o, g, &z, &ignore) == HEARTH_OK && z.peak <= g->free)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+#define JSON_SIZE(v) json_integer((json_int_t)(v))
+
+static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_options *o, const fit_gpu *g,
+                      const fit_cuda_sizes *z) {
+    const cuda_plan *d = &z->dev;
+    json_t *r = json_object();
+    json_object_set_new(r, "model", json_string(hm->entry.path));
+    json_object_set_new(r, "device", json_string("cuda"));
+    json_object_set_new(r, "gpu", json_string(g->name));
+    json_object_set_new(r, "compute_capability", json_string(g->cc));
+    json_object_set_new(r, "device_present", json_boolean(g->present));
+    json_object_set_new(r, "context_length", json_integer(z->host.context));
+    json_object_set_new(r, "max_sequences", json_integer(z->host.max_seqs));
+    json_object_set_new(r, "step_tokens", json_integer(z->host.step_tokens));
+    json_object_set_new(r, "weights_bytes", JSON_SIZE(d->weights));
+    json_object_set_new(r, "kv_pool_bytes", JSON_SIZE(d->kv));
+    json_object_set_new(r, "kv_quant", json_string(o->engine.kv_quant == HEARTH_KV_INT8 ? "int8" : "none"));
+    json_object_set_new(r, "kv_device_dtype", json_string(cuda_kv_dtype_name(d->kv_dtype)));
+    json_object_set_new(r, "scratch_bytes", JSON_SIZE(d->scratch));
+    json_object_set_new(r, "buffers_bytes", JSON_SIZE(0)); /* the logits rows are device scratch */
+    json_object_set_new(r, "engine_bytes", JSON_SIZE(cuda_plan_bytes(d)));
+    json_object_set_new(r, "runtime_overhead_bytes", JSON_SIZE(g->context_bytes));
+    json_object_set_new(r, "runtime_overhead",
+                        json_pack("{s:I, s:b, s:s}", "cuda_context_and_cublas_bytes", (json_int_t)g->context_bytes,
+                                  "measured", g->runtime_measured, "source", g->runtime_source));
+    json_object_set_new(r, "device_allocations",
+                        json_pack("{s:i, s:I, s:I}", "count", d->n_allocs, "requested_bytes", (json_int_t)d->requested,
+                                  "page_rounding_bytes", (json_int_t)(cuda_plan_bytes(d) - d->requested)));
+    json_object_set_new(r, "weights_expanded_to_f32", json_integer(d->n_expanded));
+    if (d->n_expanded) json_object_set_new(r, "expanded_format", json_string(tensor_dtype_name(d->expanded_from)));
+    json_object_set_new(r, "predicted_peak_bytes", JSON_SIZE(z->peak));
+    json_object_set_new(r, "device_memory_bytes", JSON_SIZE(g->memory));
+    json_object_set_new(r, "available_bytes", JSON_SIZE(g->free));
+    json_object_set_new(r, "fits", json_boolean(z->peak <= g->free));
+    json_object_set_new(r, "model_max_context", json_integer(m->cfg.context_length));
+    json_object_set_new(r, "max_context_that_fits", json_integer(largest_context(m, &o->engine, g)));
+    /* the host still holds the weights, its own KV pool and scratch (engine_plan), plus the
+     * pinned staging buffers, the largest upload's temporary and the driver's share */
+    size_t host = fit_host_peak(hm, &z->host) + d->pinned_host + d->upload_host + g->host_bytes;
+    json_object_set_new(r, "host",
+                        json_pack("{s:I, s:I, s:I, s:I, s:I}", "predicted_peak_bytes", (json_int_t)host, "engine_bytes",
+                                  (json_int_t)engine_plan_bytes(&z->host), "pinned_bytes", (json_int_t)d->pinned_host,
+                                  "upload_temporary_bytes", (json_int_t)d->upload_host, "cuda_runtime_bytes",
+                                  (json_int_t)g->host_bytes));
+    double full = cuda_plan_decode_bytes(d, m, z->host.context), empty = cuda_plan_decode_bytes(d, m, 1);
+    if (g->bandwidth_gbs > 0) {
+        json_object_set_new(r, "bandwidth_gbs", json_real(g->bandwidth_gbs));
+        json_object_set_new(r, "bandwidth_source", json_string(g->bandwidth_source));
+        json_object_set_new(r, "decode_bytes_per_token", json_real(full));
+        json_object_set_new(r, "decode_tok_s", json_real(g->bandwidth_gbs * 1e9 / full));
+        json_object_set_new(r, "decode_tok_s_empty_cache", json_real(g->bandwidth_gbs * 1e9 / empty));
+    }
+    return r;
+}
+
+hearth_status fit_cuda(hearth_model *hm, const hearth_fit_options *o, char **report_json, hearth_error *err) {
+    fit_gpu g;
+    hearth_status st = fit_gpu_resolve(o, &g, err);
+    if (st) return st;
+    model *m;
+    if ((st = model_plan(hm, o->engine.use_mmap, &m, err))) return st;
+    fit_cuda_sizes z;
+    if (!(st = sizes_make(m, &o->engine, &g, &z, err))) {
+        json_t *r = report(hm, m, o, &g, &z);
+        *report_json = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+        json_decref(r);
+        if (!*report_json) st = err_set(err, HEARTH_ERR_NOMEM, "fit: out of memory");
+    }
+    model_free(m);
+    return st;
+}

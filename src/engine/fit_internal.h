@@ -1,0 +1,16 @@
+/* fit_internal.h: what fit.c (the host report) and fit_cuda.c (the device report) share.
+ * Internal to src/engine. */
+#ifndef HEARTH_ENGINE_FIT_INTERNAL_H
+#define HEARTH_ENGINE_FIT_INTERNAL_H
+#include "engine/engine_plan.h"
+#include "hearth.h"
+
+/* The process's predicted resident high-water mark once an engine of plan p exists: what
+ * it holds now, the model file pages loading maps, worker stacks, code pages, the plan. */
+size_t fit_host_peak(const hearth_model *hm, const engine_plan *p);
+/* Resolves o->engine.device (and o->sku, which implies cuda) to HEARTH_DEVICE_CPU or
+ * HEARTH_DEVICE_CUDA: auto is cuda when a GPU is present. */
+hearth_status fit_device(const hearth_fit_options *o, int *device, hearth_error *err);
+/* hearth_fit for --device cuda (fit_cuda.c). */
+hearth_status fit_cuda(hearth_model *hm, const hearth_fit_options *o, char **report_json, hearth_error *err);
+#endif

@@ -124,23 +124,33 @@ size_t fit_host_peak(const hearth_model *hm, const engine_plan *p) {
     return fit_peak(&b, p);
 }
 
-/* The largest context (a multiple of the KV block, at most the model's) whose peak
- * fits in `available` more bytes than the process holds now; 0 when none does. */
-static int largest_context(const model *m, const hearth_engine_options *eo, const fit_base *b, size_t available) {
+int fit_largest_context(const model *m, const hearth_engine_options *eo,
+                        int (*fits)(const model *, const hearth_engine_options *, const void *), const void *arg) {
     int hi = m->cfg.context_length > 0 ? m->cfg.context_length : 8192, lo = 0;
     if (hi > (1 << 24)) hi = 1 << 24;
     while (lo < hi) { /* invariant: lo fits (or is 0), everything above hi does not */
         int mid = lo + (hi - lo + 1) / 2;
         hearth_engine_options o = *eo;
         o.context_length = mid;
-        engine_plan p;
-        hearth_error ignore = {0};
-        if (engine_plan_make(m, &o, &p, &ignore) == HEARTH_OK && fit_peak(b, &p) - b->resident_now <= available)
+        if (fits(m, &o, arg))
             lo = mid;
         else
             hi = mid - 1;
     }
     return lo;
+}
+
+typedef struct host_room {
+    const fit_base *b;
+    size_t available;
+} host_room;
+
+/* Whether the engine of these options fits in `available` more bytes than the process holds now. */
+static int fits_host(const model *m, const hearth_engine_options *o, const void *arg) {
+    const host_room *r = arg;
+    engine_plan p;
+    hearth_error ignore = {0};
+    return engine_plan_make(m, o, &p, &ignore) == HEARTH_OK && fit_peak(r->b, &p) - r->b->resident_now <= r->available;
 }
 
 static double fit_bandwidth(const hearth_fit_options *o, int n_threads, const char **source, hearth_error *err,
@@ -189,7 +199,8 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
         model_free(m);
         return st;
     }
-    double full = engine_decode_bytes(m, p.context, o.engine.kv_quant), empty = engine_decode_bytes(m, 1, o.engine.kv_quant);
+    double full = engine_decode_bytes(m, p.context, o.engine.kv_quant),
+           empty = engine_decode_bytes(m, 1, o.engine.kv_quant);
     json_t *r = json_object();
     json_object_set_new(r, "model", json_string(hm->entry.path));
     json_object_set_new(r, "context_length", json_integer(p.context));
@@ -211,7 +222,8 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     json_object_set_new(r, "available_bytes", JSON_SIZE(available));
     json_object_set_new(r, "fits", json_boolean(peak - b.resident_now <= available));
     json_object_set_new(r, "model_max_context", json_integer(m->cfg.context_length));
-    json_object_set_new(r, "max_context_that_fits", json_integer(largest_context(m, &o.engine, &b, available)));
+    json_object_set_new(r, "max_context_that_fits",
+                        json_integer(fit_largest_context(m, &o.engine, fits_host, &(host_room){&b, available})));
     json_object_set_new(r, "bandwidth_gbs", json_real(bw));
     json_object_set_new(r, "bandwidth_source", json_string(bw_source));
     json_object_set_new(r, "decode_bytes_per_token", json_real(full));

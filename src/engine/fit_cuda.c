@@ -189,21 +189,11 @@ static hearth_status sizes_make(const model *m, const hearth_engine_options *eo,
     return HEARTH_OK;
 }
 
-static int largest_context(const model *m, const hearth_engine_options *eo, const fit_gpu *g) {
-    int hi = m->cfg.context_length > 0 ? m->cfg.context_length : 8192, lo = 0;
-    if (hi > (1 << 24)) hi = 1 << 24;
-    while (lo < hi) { /* invariant: lo fits (or is 0), everything above hi does not */
-        int mid = lo + (hi - lo + 1) / 2;
-        hearth_engine_options o = *eo;
-        o.context_length = mid;
-        fit_cuda_sizes z;
-        hearth_error ignore = {0};
-        if (sizes_make(m, &o, g, &z, &ignore) == HEARTH_OK && z.peak <= g->free)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
+/* Whether the device peak of these options fits in the GPU's free memory. */
+static int fits_device(const model *m, const hearth_engine_options *o, const void *arg) {
+    fit_cuda_sizes z;
+    hearth_error ignore = {0};
+    return sizes_make(m, o, arg, &z, &ignore) == HEARTH_OK && z.peak <= ((const fit_gpu *)arg)->free;
 }
 
 #define JSON_SIZE(v) json_integer((json_int_t)(v))
@@ -241,7 +231,7 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
     json_object_set_new(r, "available_bytes", JSON_SIZE(g->free));
     json_object_set_new(r, "fits", json_boolean(z->peak <= g->free));
     json_object_set_new(r, "model_max_context", json_integer(m->cfg.context_length));
-    json_object_set_new(r, "max_context_that_fits", json_integer(largest_context(m, &o->engine, g)));
+    json_object_set_new(r, "max_context_that_fits", json_integer(fit_largest_context(m, &o->engine, fits_device, g)));
     /* the host still holds the weights, its own KV pool and scratch (engine_plan), plus the
      * pinned staging buffers, the largest upload's temporary and the driver's share */
     size_t host = fit_host_peak(hm, &z->host) + d->pinned_host + d->upload_host + g->host_bytes;

@@ -11,6 +11,12 @@ size_t fit_host_peak(const hearth_model *hm, const engine_plan *p);
 /* Resolves o->engine.device (and o->sku, which implies cuda) to HEARTH_DEVICE_CPU or
  * HEARTH_DEVICE_CUDA: auto is cuda when a GPU is present. */
 hearth_status fit_device(const hearth_fit_options *o, int *device, hearth_error *err);
+struct model;
+/* The largest context (at most the model's) for which fits(m, options with that context,
+ * arg) holds, by bisection (the footprint grows with the context); 0 when none does. */
+int fit_largest_context(const struct model *m, const hearth_engine_options *eo,
+                        int (*fits)(const struct model *, const hearth_engine_options *, const void *),
+                        const void *arg);
 /* hearth_fit for --device cuda (fit_cuda.c). */
 hearth_status fit_cuda(hearth_model *hm, const hearth_fit_options *o, char **report_json, hearth_error *err);
 #endif

@@ -1,0 +1,90 @@
+/* test_cuda_plan.c: the CUDA backend's sizing (cuda_plan.c), which hearth fit --device cuda
+ * predicts from and cuda_model_create allocates by: each format's device layout against
+ * its GGUF/MLX block definition, the f32 expansion, the KV planes per device dtype and the
+ * allocator's page rounding. Pure arithmetic: runs without a GPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+/* cmocka needs the four above first */
+#include <cmocka.h>
+
+#include "backend/cuda/cuda_plan.h"
+
+#define MIB ((size_t)1 << 20)
+
+static size_t total(const cpu_weight *w, int *expanded) {
+    size_t d, s;
+    *expanded = cuda_weight_layout(w, &d, &s);
+    return d + s;
+}
+
+static void test_layouts_keep_the_gguf_bytes(void **state) {
+    (void)state;
+    int ex;
+    /* GGUF blocks: Q8_0 34 bytes per 32 weights, Q6_K 210 per 256, Q4_K 144 per 256 (ggml's
+     * block_q8_0 / block_q6_K / block_q4_K): the device planes hold the same bytes */
+    cpu_weight q8 = {.dtype = DT_Q8_0, .n = 6, .k = 96};
+    assert_int_equal(total(&q8, &ex), 6 * 3 * 34);
+    assert_int_equal(ex, 0);
+    cpu_weight q6 = {.dtype = DT_Q6_K, .n = 3, .k = 512};
+    assert_int_equal(total(&q6, &ex), 3 * 2 * 210);
+    cpu_weight q4 = {.dtype = DT_Q4_K, .n = 5, .k = 256};
+    assert_int_equal(total(&q4, &ex), 5 * 144);
+    cpu_weight bf = {.dtype = DT_BF16, .n = 7, .k = 33};
+    assert_int_equal(total(&bf, &ex), 7 * 33 * 2);
+    /* MLX 4-bit, group 64: k/8 words per row plus one (scale, bias) word per group */
+    cpu_weight mlx = {.dtype = DT_U32, .n = 4, .k = 128, .bits = 4, .group_size = 64, .sb_dtype = DT_BF16};
+    assert_int_equal(total(&mlx, &ex), 4 * (128 / 8 * 4 + 2 * 4));
+    assert_int_equal(ex, 0);
+}
+
+static void test_formats_without_a_kernel_expand_to_f32(void **state) {
+    (void)state;
+    int ex;
+    cpu_weight q40 = {.dtype = DT_Q4_0, .n = 3, .k = 64};
+    assert_int_equal(total(&q40, &ex), 3 * 64 * 4);
+    assert_int_equal(ex, 1);
+    cpu_weight mlx8 = {.dtype = DT_U32, .n = 2, .k = 64, .bits = 8, .group_size = 64, .sb_dtype = DT_F16};
+    assert_int_equal(total(&mlx8, &ex), 2 * 64 * 4);
+    assert_int_equal(ex, 1);
+    cpu_weight q8_odd = {.dtype = DT_Q8_0, .n = 2, .k = 48}; /* k not a whole block: no kernel */
+    assert_int_equal(total(&q8_odd, &ex), 2 * 48 * 4);
+    assert_int_equal(ex, 1);
+}
+
+static void test_kv_planes_per_dtype(void **state) {
+    (void)state;
+    /* 2 layers, 10 blocks of 16 positions, 4 KV heads of 64 */
+    size_t rows = 2 * 10 * 16 * 4;
+    assert_int_equal(cuda_kv_plane_bytes(2, 10, 4, 64, CUDA_KV_F32), rows * 64 * 4);
+    assert_int_equal(cuda_kv_plane_bytes(2, 10, 4, 64, CUDA_KV_INT8), rows * 64 + rows * 4);
+    assert_int_equal(cuda_kv_device_dtype(HEARTH_KV_INT8), CUDA_KV_F32); /* cuda_kv_alloc: f32 today */
+    assert_true(cuda_kv_position_bytes(4, 64, CUDA_KV_F32) == 2.0 * 4 * 64 * 4);
+}
+
+static void test_page_rounding(void **state) {
+    (void)state;
+    cuda_alloc_tally t = {0};
+    cuda_tally_add(&t, 2 * MIB);     /* one page */
+    cuda_tally_add(&t, 2 * MIB + 1); /* two */
+    assert_int_equal(cuda_tally_bytes(&t), 6 * MIB);
+    for (int i = 0; i < 100; i++) cuda_tally_add(&t, 1000); /* 100 x 1024 aligned: share one page */
+    assert_int_equal(cuda_tally_bytes(&t), 8 * MIB);
+    assert_int_equal(t.requested, 4 * MIB + 1 + 100 * 1000);
+    assert_int_equal(t.count, 102);
+    size_t q, s;
+    cuda_gemv_act_layout(33, &q, &s); /* rounded up to whole blocks of 32 */
+    assert_int_equal(q, 64);
+    assert_int_equal(s, 2 * 8);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layouts_keep_the_gguf_bytes),
+        cmocka_unit_test(test_formats_without_a_kernel_expand_to_f32),
+        cmocka_unit_test(test_kv_planes_per_dtype),
+        cmocka_unit_test(test_page_rounding),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

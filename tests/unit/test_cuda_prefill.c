@@ -3,11 +3,13 @@
  * odd chunk lengths, head_dim 16/32/64/128/256, GQA groups 1/4/8, sliding windows starting
  * mid-block, chunks after earlier context, shuffled block tables with an unmapped block.
  * Outputs are NaN-poisoned first. Without a GPU it says loudly that nothing ran. */
+/* clang-format off: cmocka.h needs these first */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+/* clang-format on */
 
 #include <math.h>
 #include <stdio.h>
@@ -66,8 +68,8 @@ static void reference(const pf_case *c, const float *pk, const float *pv, const 
                 int b = table[p / KV_BLOCK_SIZE];
                 s[p] = -INFINITY;
                 if (b < 0 || b >= n_blocks) continue;
-                const float *kr = pk + ((((size_t)LAYER * n_blocks + b) * c->HK + kvh) * KV_BLOCK_SIZE +
-                                        p % KV_BLOCK_SIZE) * D;
+                const float *kr =
+                    pk + ((((size_t)LAYER * n_blocks + b) * c->HK + kvh) * KV_BLOCK_SIZE + p % KV_BLOCK_SIZE) * D;
                 double dot = 0.0;
                 for (int i = 0; i < D; i++) dot += (double)qr[i] * kr[i];
                 s[p] = dot * scale;
@@ -79,8 +81,10 @@ static void reference(const pf_case *c, const float *pk, const float *pv, const 
                 if (s[p] == -INFINITY) continue;
                 double w = exp(s[p] - mx);
                 sum += w;
-                const float *vr = pv + ((((size_t)LAYER * n_blocks + table[p / KV_BLOCK_SIZE]) * c->HK + kvh) *
-                                            KV_BLOCK_SIZE + p % KV_BLOCK_SIZE) * D;
+                const float *vr =
+                    pv + ((((size_t)LAYER * n_blocks + table[p / KV_BLOCK_SIZE]) * c->HK + kvh) * KV_BLOCK_SIZE +
+                          p % KV_BLOCK_SIZE) *
+                             D;
                 for (int i = 0; i < D; i++) o[i] += w * vr[i];
             }
             for (int i = 0; i < D; i++) o[i] = sum > 0.0 ? o[i] / sum : 0.0;
@@ -111,16 +115,30 @@ static void check_case(const pf_case *c, int via_dispatch) {
     for (int t = 0; t < T; t++) pos[t] = c->p0 + t, slot[t] = SLOT;
     float scale = 1.0f / sqrtf((float)D);
 
-    cuda_kv kv = {.n_layers = LAYERS, .n_kv_heads = c->HK, .head_dim = D, .n_blocks = n_blocks, .max_slots = 2,
+    cuda_kv kv = {.n_layers = LAYERS,
+                  .n_kv_heads = c->HK,
+                  .head_dim = D,
+                  .n_blocks = n_blocks,
+                  .max_slots = 2,
                   .max_blocks_per_slot = nbs};
     kv.k = dev_upload(pk, pool * sizeof(float));
     kv.v = dev_upload(pv, pool * sizeof(float));
     kv.tables = dev_upload(tables, sizeof(int32_t) * 2 * nbs);
     float *dq = dev_upload(q, nq * sizeof(float)), *dout = dev_upload(poison, nq * sizeof(float));
     int32_t *dpos = dev_upload(pos, sizeof(int32_t) * T), *dslot = dev_upload(slot, sizeof(int32_t) * T);
-    cuda_attention_args a = {.kv = &kv, .layer = LAYER, .q = dq, .out = dout, .T = T, .n_heads = H,
-                             .n_kv_heads = c->HK, .head_dim = D, .pos = dpos, .slot = dslot,
-                             .window = c->window, .scale = scale, .single_slot = 1};
+    cuda_attention_args a = {.kv = &kv,
+                             .layer = LAYER,
+                             .q = dq,
+                             .out = dout,
+                             .T = T,
+                             .n_heads = H,
+                             .n_kv_heads = c->HK,
+                             .head_dim = D,
+                             .pos = dpos,
+                             .slot = dslot,
+                             .window = c->window,
+                             .scale = scale,
+                             .single_slot = 1};
     hearth_error e = {0};
     hearth_status s = via_dispatch ? cuda_attention(&a, &e) : cuda_attention_prefill_tc(&a, &e);
     if (s == HEARTH_OK) s = cuda_sync(&e);
@@ -154,8 +172,7 @@ static void check_case(const pf_case *c, int via_dispatch) {
             if (sqrt(en) > tol * sqrt(rn) + 1e-6)
                 fail_msg("T=%d D=%d G=%d HK=%d window=%d p0=%d hole=%d: row t=%d h=%d: |out-ref| = %.3g, "
                          "|ref| = %.3g (rel %.3g > %.1g); out[0] %.6g ref[0] %.6g",
-                         T, D, c->G, c->HK, c->window, c->p0, c->hole, t, h, sqrt(en), sqrt(rn), rel, tol, g[0],
-                         r[0]);
+                         T, D, c->G, c->HK, c->window, c->p0, c->hole, t, h, sqrt(en), sqrt(rn), rel, tol, g[0], r[0]);
         }
     if (T == 333 && c->window == 0 && c->p0 > 0)
         printf("  T=%d D=%d G=%d HK=%d p0=%d hole=%d: worst row rel err %.2e\n", T, D, c->G, c->HK, c->p0, c->hole,
@@ -181,8 +198,12 @@ static void test_prefill_attention(void **state) {
                 for (size_t wi = 0; wi < 3; wi++)
                     for (size_t pi = 0; pi < 2; pi++) {
                         if (windows[wi] == 5 && Ts[ti] != 100) continue; /* a window shorter than a block */
-                        pf_case c = {.T = Ts[ti], .D = Ds[di], .G = Gs[gi], .HK = Gs[gi] == 8 ? 1 : 2,
-                                     .window = windows[wi], .p0 = p0s[pi]};
+                        pf_case c = {.T = Ts[ti],
+                                     .D = Ds[di],
+                                     .G = Gs[gi],
+                                     .HK = Gs[gi] == 8 ? 1 : 2,
+                                     .window = windows[wi],
+                                     .p0 = p0s[pi]};
                         c.hole = c.p0 >= KV_BLOCK_SIZE && c.window == 0; /* block 0 unmapped: its keys skipped */
                         check_case(&c, 0);
                     }

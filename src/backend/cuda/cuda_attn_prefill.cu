@@ -17,9 +17,10 @@ extern "C" {
 /* The one place that knows the pool's element type: 4 consecutive head dims [d0, d0 + 4)
  * of the key and the value at row `r` (position within the block) of block `b`, KV head
  * `h`, as packed bf16 pairs. The pool is float32 today ([layer][block][kv_head][r][d]). */
-static __device__ __forceinline__ void pf_load_kv4(const cuda_kv &kv, int layer, int b, int h, int r, int d0,
-                                                   uint2 *k4, uint2 *v4) {
-    size_t off = ((((size_t)layer * kv.n_blocks + b) * kv.n_kv_heads + h) * KV_BLOCK_SIZE + (size_t)r) * kv.head_dim + d0;
+static __device__ __forceinline__ void pf_load_kv4(const cuda_kv &kv, int layer, int b, int h, int r, int d0, uint2 *k4,
+                                                   uint2 *v4) {
+    size_t off =
+        ((((size_t)layer * kv.n_blocks + b) * kv.n_kv_heads + h) * KV_BLOCK_SIZE + (size_t)r) * kv.head_dim + d0;
     float4 k = __ldg((const float4 *)(kv.k + off)), v = __ldg((const float4 *)(kv.v + off));
     __nv_bfloat162 k01 = __floats2bfloat162_rn(k.x, k.y), k23 = __floats2bfloat162_rn(k.z, k.w);
     __nv_bfloat162 v01 = __floats2bfloat162_rn(v.x, v.y), v23 = __floats2bfloat162_rn(v.z, v.w);
@@ -55,8 +56,7 @@ static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 #define FA_PAD 8 /* bf16 per shared row beyond D: rows land 16 bytes apart in the banks */
 
-template <int D, int WARPS, int BN>
-struct fa_cfg {
+template <int D, int WARPS, int BN> struct fa_cfg {
     static constexpr int BM = 16 * WARPS, LD = D + FA_PAD;
     static constexpr size_t smem = ((size_t)BM * LD + 2 * (size_t)BN * LD) * 2 + BN * sizeof(int);
 };
@@ -68,7 +68,8 @@ struct fa_cfg {
  * union of its rows' ranges [max(0, pos - window + 1), pos]; masked or unmapped keys
  * score -inf. */
 template <int D, int WARPS, int BN>
-__global__ void __launch_bounds__(WARPS * 32, 2) attention_prefill_tc_kernel(cuda_attention_args a, cuda_kv kv, int tpt) {
+__global__ void __launch_bounds__(WARPS * 32, 2)
+    attention_prefill_tc_kernel(cuda_attention_args a, cuda_kv kv, int tpt) {
     typedef fa_cfg<D, WARPS, BN> C;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __nv_bfloat16 *sQ = (__nv_bfloat16 *)fa_smem, *sK = sQ + C::BM * C::LD, *sV = sK + BN * C::LD;
@@ -217,8 +218,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2) attention_prefill_tc_kernel(cud
     }
 }
 
-template <int D, int WARPS, int BN>
-static hearth_status launch_tc(const cuda_attention_args *a, hearth_error *err) {
+template <int D, int WARPS, int BN> static hearth_status launch_tc(const cuda_attention_args *a, hearth_error *err) {
     typedef fa_cfg<D, WARPS, BN> C;
     static int raised; /* > 48 KB of dynamic shared memory needs an opt-in, once per variant */
     if (!raised) {

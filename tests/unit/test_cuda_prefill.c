@@ -3,7 +3,8 @@
  * odd chunk lengths, head_dim 16/32/64/128/256, GQA groups 1/4/8, sliding windows starting
  * mid-block, chunks after earlier context, shuffled block tables with an unmapped block.
  * Outputs are NaN-poisoned first. Without a GPU it says loudly that nothing ran. */
-/* clang-format off: cmocka.h needs these first */
+/* cmocka.h needs these first */
+/* clang-format off */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -153,7 +153,7 @@ __global__ void dequant8_bf16_kernel(cuda_weight w, uint4 *out) {
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             int64_t c = c0 + j + u;
-            v[u] = w.dtype == DT_U32   ? mlx4_elem(w, r, c)
+            v[u] = w.dtype == DT_U32    ? mlx4_elem(w, r, c)
                    : w.dtype == DT_Q6_K ? q6k_elem(w, r, c)
                                         : weight_elem(w.dtype, w.data, w.scales, w.k, r, c);
         }
@@ -190,7 +190,8 @@ hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, in
     } else {
         if (g->exact_f32) dequant_kernel<true><<<(unsigned)((wn + 255) / 256), 256, 0, cuda_stream()>>>(*w, g->w_scratch);
         else if (w->k % 8 == 0)
-            dequant8_bf16_kernel<<<(unsigned)((wn / 8 + 255) / 256), 256, 0, cuda_stream()>>>(*w, (uint4 *)g->w_scratch);
+            dequant8_bf16_kernel<<<(unsigned)((wn / 8 + 255) / 256), 256, 0, cuda_stream()>>>(*w,
+                                                                                              (uint4 *)g->w_scratch);
         else dequant_kernel<false><<<(unsigned)((wn + 255) / 256), 256, 0, cuda_stream()>>>(*w, g->w_scratch);
         if (cuda_launched("dequant", err)) return HEARTH_ERR_IO;
         A = g->w_scratch;
@@ -199,9 +200,11 @@ hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, in
         B = x;
     } else {
         if (xn % 4 == 0 && ((uintptr_t)x & 15) == 0)
-            to_bf16x4_kernel<<<(unsigned)((xn / 4 + 255) / 256), 256, 0, cuda_stream()>>>((const float4 *)x,
-                                                                                          (uint2 *)g->x_scratch, xn / 4);
-        else to_bf16_kernel<<<(unsigned)((xn + 255) / 256), 256, 0, cuda_stream()>>>(x, (__nv_bfloat16 *)g->x_scratch, xn);
+            to_bf16x4_kernel<<<(unsigned)((xn / 4 + 255) / 256), 256, 0, cuda_stream()>>>(
+                (const float4 *)x, (uint2 *)g->x_scratch, xn / 4);
+        else
+            to_bf16_kernel<<<(unsigned)((xn + 255) / 256), 256, 0, cuda_stream()>>>(x, (__nv_bfloat16 *)g->x_scratch,
+                                                                                    xn);
         if (cuda_launched("to_bf16", err)) return HEARTH_ERR_IO;
         B = g->x_scratch;
     }

@@ -192,6 +192,12 @@ typedef struct cuda_attention_args {
 /* Floats of split_scratch that let decode attention of up to max_T tokens use every split. */
 size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);
 hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err);
+/* Prefill attention on the tensor cores (cuda_attn_prefill.cu): a single_slot chunk,
+ * head_dim 16/32/64/128/256, up to 64 query heads per KV head; bf16 Q/K/V operands, f32
+ * accumulation and softmax. cuda_attention takes it for single_slot chunks of more than
+ * 8 tokens whenever _fits says so (HEARTH_CUDA_ATT_PREFILL=old keeps the f32 kernel). */
+int cuda_attention_prefill_tc_fits(const cuda_attention_args *a);
+hearth_status cuda_attention_prefill_tc(const cuda_attention_args *a, hearth_error *err);
 
 /* Prefill matmul: y[T, n] = x[T, k] · W^T through cuBLAS. The weight is dequantized into
  * a device scratch (unless already in the GEMM's input type) and x converted; bf16

@@ -45,8 +45,9 @@ struct cuda_model {
     cuda_graph *graphs[GRAPH_MAX_T + 1][GRAPH_MAX_T + 1][2]; /* [T][n_out][ids] */
     int graphs_off;
     /* HEARTH_CUDA_PROFILE_STEP=N: the N-th single-token step (from 1) runs between
-     * cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off` */
-    int prof_step, decode_steps;
+     * cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`;
+     * HEARTH_CUDA_PROFILE_PREFILL=N likewise the N-th step of more than GRAPH_MAX_T tokens */
+    int prof_step, decode_steps, prof_prefill, prefill_steps;
     size_t bytes;
     int n_expanded;
     tensor_dtype expanded_from;
@@ -179,6 +180,8 @@ hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_toke
     cm->graphs_off = graph_env && !strcmp(graph_env, "0");
     const char *prof_env = getenv("HEARTH_CUDA_PROFILE_STEP");
     cm->prof_step = prof_env ? atoi(prof_env) : 0;
+    const char *prof_pf_env = getenv("HEARTH_CUDA_PROFILE_PREFILL");
+    cm->prof_prefill = prof_pf_env ? atoi(prof_pf_env) : 0;
     hearth_status st = HEARTH_OK;
     for (int i = 0; !st && i < c->n_layers; i++) st = upload_layer(cm, i, err);
     if (!st) st = upload_weight(&cm->lm_head, &m->lm_head, "lm_head", cm, err);
@@ -421,10 +424,11 @@ static hearth_status forward(cuda_model *cm, const kv_cache *kv, const model_bat
     return cuda_stream_sync(err);
 }
 
-/* HEARTH_CUDA_PROFILE_STEP: the chosen single-token step runs inside the profiler range. */
+/* HEARTH_CUDA_PROFILE_STEP / _PREFILL: the chosen step runs inside the profiler range. */
 static hearth_status profiled(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids,
                               hearth_error *err) {
-    int prof = b->T == 1 && cm->prof_step > 0 && ++cm->decode_steps == cm->prof_step;
+    int prof = (b->T == 1 && cm->prof_step > 0 && ++cm->decode_steps == cm->prof_step) ||
+               (b->T > GRAPH_MAX_T && cm->prof_prefill > 0 && ++cm->prefill_steps == cm->prof_prefill);
     if (prof) cudaProfilerStart();
     hearth_status st = forward(cm, kv, b, ids, err);
     if (prof) cudaProfilerStop();

@@ -699,6 +699,7 @@ hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err) {
         return err_set(err, HEARTH_ERR_INVALID, "cuda_attention: heads %d/%d or layer %d do not fit the pool",
                        a->n_heads, a->n_kv_heads, a->layer);
     dim3 grid((unsigned)a->n_heads, (unsigned)a->T);
+    if (a->T > 8 && cuda_attention_prefill_tc_fits(a)) return cuda_attention_prefill_tc(a, err);
     if (a->single_slot && a->T > 8) {
         static int smem_raised; /* > 48 KB of dynamic shared memory needs an opt-in, once */
         size_t smem = prefill_smem(a->head_dim);

@@ -37,6 +37,15 @@ static uint32_t rnd(void) { /* xorshift64*, reseeded from the clock in main */
 }
 static float rndf(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
 
+/* x rounded to bf16 (round to nearest even), as the kernel rounds q, k and v */
+static float bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 static void *dev_upload(const void *host, size_t bytes) {
     void *d = NULL;
     assert_int_equal(cuda_alloc(&d, bytes, "test buffer", NULL), HEARTH_OK);
@@ -146,14 +155,25 @@ static void check_case(const pf_case *c, int via_dispatch) {
     if (s) fail_msg("attention_prefill_tc T=%d D=%d G=%d: %s", T, D, c->G, e.message);
     assert_int_equal(cuda_download(got, dout, nq * sizeof(float), &e), HEARTH_OK);
 
+    /* the oracle sees the kernel's bf16 operands (q, k, v rounded), computed in double */
+    float *qb = malloc(nq * sizeof(float)), *pkb = malloc(pool * sizeof(float)), *pvb = malloc(pool * sizeof(float));
+    double vmax = 0.0; /* the largest value row norm in the pool */
+    for (size_t i = 0; i < nq; i++) qb[i] = bf16_round(q[i]);
+    for (size_t i = 0; i < pool; i++) pkb[i] = bf16_round(pk[i]), pvb[i] = bf16_round(pv[i]);
+    for (size_t r = 0; r < pool / (size_t)D; r++) {
+        double n2 = 0.0;
+        for (int i = 0; i < D; i++) n2 += (double)pvb[r * D + i] * pvb[r * D + i];
+        if (sqrt(n2) > vmax) vmax = sqrt(n2);
+    }
     double *ref = malloc(nq * sizeof(double));
-    reference(c, pk, pv, tables + SLOT * nbs, n_blocks, q, pos, scale, ref);
-    /* Tolerance, per (token, head) row, relative to the row's L2 norm: the kernel rounds
-     * q, k, v and the softmax weights p to bf16 (relative error <= 2^-9 each, ~1e-3 rms);
-     * the rounding of p and v enters the output linearly and averages over the keys, the
-     * rounding of q.k moves the scores by ~|s| 2^-8. 4e-3 leaves ~2x over the worst seen
-     * rms; a wrong key, mask or block moves a row by O(1) of its norm. */
-    const double tol = 4e-3;
+    reference(c, pkb, pvb, tables + SLOT * nbs, n_blocks, qb, pos, scale, ref);
+    /* Tolerance, per (token, head) row. The oracle already uses the bf16 q, k, v, so what is
+     * left is the kernel's rounding of the softmax weights p to bf16 before P.V (relative
+     * 2^-9 each; the output moves by at most 2^-9 of the largest value row, |v|max, and
+     * the f32 normaliser sums the unrounded p) and f32 accumulation (~1e-6). Bound:
+     * 2e-3 of the row's norm plus 1.1 * 2^-9 |v|max (the worst case of the p rounding,
+     * 10% over). A wrong key, mask or block moves rows by O(|v|/keys) or more. */
+    const double tol = 2e-3, tol_abs = 1.1 * vmax / 512.0;
     double worst = 0.0;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++) {
@@ -170,10 +190,10 @@ static void check_case(const pf_case *c, int via_dispatch) {
             }
             double rel = sqrt(en) / (sqrt(rn) + 1e-30);
             if (rel > worst) worst = rel;
-            if (sqrt(en) > tol * sqrt(rn) + 1e-6)
+            if (sqrt(en) > tol * sqrt(rn) + tol_abs)
                 fail_msg("T=%d D=%d G=%d HK=%d window=%d p0=%d hole=%d: row t=%d h=%d: |out-ref| = %.3g, "
-                         "|ref| = %.3g (rel %.3g > %.1g); out[0] %.6g ref[0] %.6g",
-                         T, D, c->G, c->HK, c->window, c->p0, c->hole, t, h, sqrt(en), sqrt(rn), rel, tol, g[0], r[0]);
+                         "|ref| = %.3g (rel %.3g > %.1g + %.3g abs); out[0] %.6g ref[0] %.6g",
+                         T, D, c->G, c->HK, c->window, c->p0, c->hole, t, h, sqrt(en), sqrt(rn), rel, tol, tol_abs, g[0], r[0]);
         }
     if (T == 333 && c->window == 0 && c->p0 > 0)
         printf("  T=%d D=%d G=%d HK=%d p0=%d hole=%d: worst row rel err %.2e\n", T, D, c->G, c->HK, c->p0, c->hole,
@@ -186,7 +206,7 @@ static void check_case(const pf_case *c, int via_dispatch) {
     cuda_free(dout);
     cuda_free(dpos);
     cuda_free(dslot);
-    free(ref), free(perm), free(tables), free(pk), free(pv), free(q), free(got), free(poison), free(pos), free(slot);
+    free(ref), free(qb), free(pkb), free(pvb), free(perm), free(tables), free(pk), free(pv), free(q), free(got), free(poison), free(pos), free(slot);
 }
 
 static void test_prefill_attention(void **state) {

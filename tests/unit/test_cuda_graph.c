@@ -155,15 +155,19 @@ static void test_fused_q8(void **state) {
                       *dw = dev_copy(w, (size_t)n * 4), *do1 = dev_copy(x, tn * 4), *do2 = dev_copy(x, tn * 4);
                 int8_t *dq = dev_copy(hq, tn);
                 float *ds = dev_copy(hs, tn / 32 * 8);
-                assert_int_equal(cuda_add_rmsnorm_q8(do1, dx1, add ? dd : NULL, dw, (float)add, T, n, 1e-6f, dq, ds, NULL),
-                                 HEARTH_OK);
-                if (add) assert_int_equal(cuda_add_rmsnorm(do2, dx2, dd, dw, 1.0f, T, n, 1e-6f, NULL), HEARTH_OK);
-                else assert_int_equal(cuda_rmsnorm(do2, dx2, dw, 0.0f, T, n, 1e-6f, NULL), HEARTH_OK);
+                assert_int_equal(
+                    cuda_add_rmsnorm_q8(do1, dx1, add ? dd : NULL, dw, (float)add, T, n, 1e-6f, dq, ds, NULL),
+                    HEARTH_OK);
+                if (add)
+                    assert_int_equal(cuda_add_rmsnorm(do2, dx2, dd, dw, 1.0f, T, n, 1e-6f, NULL), HEARTH_OK);
+                else
+                    assert_int_equal(cuda_rmsnorm(do2, dx2, dw, 0.0f, T, n, 1e-6f, NULL), HEARTH_OK);
                 host_copy(o1, do1, tn * 4), host_copy(o2, do2, tn * 4);
                 host_copy(x1, dx1, tn * 4), host_copy(x2, dx2, tn * 4);
                 host_copy(hq, dq, tn), host_copy(hs, ds, tn / 32 * 8);
                 if (memcmp(o1, o2, tn * 4) || memcmp(x1, x2, tn * 4))
-                    fail_msg("add_rmsnorm_q8 n=%d T=%d add=%d: float output differs from the unfused kernel", n, T, add);
+                    fail_msg("add_rmsnorm_q8 n=%d T=%d add=%d: float output differs from the unfused kernel", n, T,
+                             add);
                 check_q8("add_rmsnorm_q8", o1, hq, hs, T, n);
                 check_fused_gemv(do1, dq, ds, T, n);
                 /* the gate: gate <- act(gate) * up over the same T x n values */

@@ -12,8 +12,8 @@
 
 /* One thread per (token, head, pair) over the q heads then the k heads; each pair is
  * rotated exactly as rope_kernel (cuda_ops.cu) does it. */
-__global__ void rope_qk_kernel(float *q, float *k, int T, int n_heads, int n_kv_heads, int head_dim,
-                               const int32_t *pos, const float *inv_freq, int adjacent) {
+__global__ void rope_qk_kernel(float *q, float *k, int T, int n_heads, int n_kv_heads, int head_dim, const int32_t *pos,
+                               const float *inv_freq, int adjacent) {
     pdl_wait(); /* q and k come from the q/k/v GEMV */
     int half = head_dim / 2;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nq = (size_t)T * n_heads * half;
@@ -39,8 +39,8 @@ hearth_status cuda_rope_qk(float *q, float *k, int T, int n_heads, int n_kv_head
     if (total == 0) return HEARTH_OK;
     if (total > (size_t)INT32_MAX * 256)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_rope_qk: %zu rotations in one launch", total);
-    pdl_launch(rope_qk_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), q, k, T, n_heads, n_kv_heads,
-               head_dim, pos, inv_freq, adjacent);
+    pdl_launch(rope_qk_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), q, k, T, n_heads, n_kv_heads, head_dim,
+               pos, inv_freq, adjacent);
     return cuda_launched("rope_qk", err);
 }
 
@@ -111,7 +111,7 @@ hearth_status cuda_add_rmsnorm_q8(float *out, float *x, const float *delta, cons
     if (T <= 0 || n <= 0) return HEARTH_OK;
     if (n % 32) return err_set(err, HEARTH_ERR_INVALID, "cuda_add_rmsnorm_q8: row of %d (not a multiple of 32)", n);
     add_rmsnorm_q8_kernel<<<T, FUSED_NORM_THREADS, 0, cuda_stream()>>>(out, x, delta, w, shift, n, eps, xq,
-                                                                        (float2 *)xs);
+                                                                       (float2 *)xs);
     return cuda_launched("add_rmsnorm_q8", err);
 }
 
@@ -139,7 +139,9 @@ hearth_status cuda_gated_q8(float *gate, const float *up, size_t n, int gelu, in
     if (n == 0) return HEARTH_OK;
     if (n % 32) return err_set(err, HEARTH_ERR_INVALID, "cuda_gated_q8: %zu values (not a multiple of 32)", n);
     unsigned grid = (unsigned)((n + 255) / 256);
-    if (gelu) gated_q8_kernel<true><<<grid, 256, 0, cuda_stream()>>>(gate, up, n, xq, (float2 *)xs);
-    else gated_q8_kernel<false><<<grid, 256, 0, cuda_stream()>>>(gate, up, n, xq, (float2 *)xs);
+    if (gelu)
+        gated_q8_kernel<true><<<grid, 256, 0, cuda_stream()>>>(gate, up, n, xq, (float2 *)xs);
+    else
+        gated_q8_kernel<false><<<grid, 256, 0, cuda_stream()>>>(gate, up, n, xq, (float2 *)xs);
     return cuda_launched("gated_q8", err);
 }

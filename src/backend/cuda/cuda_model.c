@@ -33,10 +33,10 @@ struct cuda_model {
     cuda_gemm *gemm;
     int max_tokens, max_out;
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *rows, *logits; /* device scratch */
-    float *att_split;   /* decode attention's split-K partials (cuda_attention_split_floats) */
-    int8_t *xq;         /* decode: the next GEMV's int8 activations, written by the fused norm / gate */
-    float *xs;          /* and their (d, d * sum q) pairs per block of 32 (cuda_gemv_multi_q8) */
-    int q8_ready;       /* 1 while xq / xs hold the quantized cm->xn (step-building state, host side) */
+    float *att_split; /* decode attention's split-K partials (cuda_attention_split_floats) */
+    int8_t *xq;       /* decode: the next GEMV's int8 activations, written by the fused norm / gate */
+    float *xs;        /* and their (d, d * sum q) pairs per block of 32 (cuda_gemv_multi_q8) */
+    int q8_ready;     /* 1 while xq / xs hold the quantized cm->xn (step-building state, host side) */
     size_t att_split_floats;
     int32_t *ints;      /* device: pos | slot | out_rows, max_tokens each */
     float *host_x;      /* pinned: the step's embeddings, made on the host */
@@ -289,8 +289,10 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
     if (T <= GRAPH_MAX_T) { /* decode: q, k and v in one GEMV launch where the formats allow */
         const cuda_weight *ws[3] = {&l->q, &l->k, &l->v};
         float *ys[3] = {cm->q, cm->k, cm->v};
-        if (cm->q8_ready) TRY(cuda_gemv_multi_q8(ws, ys, 3, cm->xq, cm->xs, T, err));
-        else TRY(cuda_gemv_multi(ws, ys, 3, cm->xn, T, err));
+        if (cm->q8_ready)
+            TRY(cuda_gemv_multi_q8(ws, ys, 3, cm->xq, cm->xs, T, err));
+        else
+            TRY(cuda_gemv_multi(ws, ys, 3, cm->xn, T, err));
     } else {
         TRY(cuda_matmul(cm->gemm, &l->q, cm->xn, T, cm->q, err));
         TRY(cuda_matmul(cm->gemm, &l->k, cm->xn, T, cm->k, err));
@@ -337,8 +339,10 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *e
     if (T <= GRAPH_MAX_T) { /* decode: one launch for 16-bit gate + up, one quantized x for int8 ones */
         const cuda_weight *ws[2] = {&l->gate, &l->up};
         float *ys[2] = {cm->gate, cm->up};
-        if (cm->q8_ready) TRY(cuda_gemv_multi_q8(ws, ys, 2, cm->xq, cm->xs, T, err));
-        else TRY(cuda_gemv_multi(ws, ys, 2, cm->xn, T, err));
+        if (cm->q8_ready)
+            TRY(cuda_gemv_multi_q8(ws, ys, 2, cm->xq, cm->xs, T, err));
+        else
+            TRY(cuda_gemv_multi(ws, ys, 2, cm->xn, T, err));
     } else {
         TRY(cuda_matmul(cm->gemm, &l->gate, cm->xn, T, cm->gate, err));
         TRY(cuda_matmul(cm->gemm, &l->up, cm->xn, T, cm->up, err));

@@ -174,9 +174,28 @@ class Run:
             for key in [k for k in self.up if k[1] != fmt]:
                 self.stop(key)
 
+    def llama_state(self):
+        """'ready', 'pending' (its build, --llama-ready, has not finished) or 'failed: why'."""
+        if self.a.llama_ready:
+            try:
+                with open(self.a.llama_ready) as f:
+                    rc = (f.read().split() or ["?"])[0]
+            except OSError:
+                return "pending"
+            if rc != "0":
+                return f"failed: llama-server build rc {rc} (see its log)"
+        return "ready" if os.access(self.a.llama_server, os.X_OK) else f"failed: no {self.a.llama_server}"
+
     def ensure(self, keys):
-        """Start the servers of keys that are not up yet, side by side; warm each up."""
-        todo = [k for k in keys if k not in self.up and not self.res["servers"].get(self.name(k), {}).get("failed")]
+        """Start the servers of keys that are not up yet, side by side; warm each up. llama-server
+        keys wait while its build is pending (level() starts them once it is done)."""
+        state = self.llama_state() if any(k[0] == "llama.cpp" for k in keys) else "ready"
+        if state.startswith("failed"):
+            for k in keys:
+                if k[0] == "llama.cpp":
+                    self.res["servers"].setdefault(self.name(k), {})["failed"] = state[len("failed: "):]
+        todo = [k for k in keys if k not in self.up and not self.res["servers"].get(self.name(k), {}).get("failed")
+                and (k[0] != "llama.cpp" or state == "ready")]
         if not todo:
             return
         self.make_room(todo[0][1])
@@ -224,19 +243,25 @@ class Run:
         self.rate[key] = max(rates) if rates else 10.0
 
     def level(self, key, n, out, prefix=None):
-        """One level of n streams on the server of key into out[str(n)]; prefix: see Prompts.body."""
+        """One level of n streams on the server of key into out[str(n)]; prefix: see Prompts.body.
+        False when it could not run yet (llama-server still building): the caller runs it later."""
         name = self.name(key)
+        if key not in self.up and key[0] == "llama.cpp":
+            if self.llama_state() == "pending":
+                out[str(n)] = {"skipped": "llama-server still building when its turn came"}
+                return False
+            self.ensure([key])
         srv = self.up.get(key)
         if not srv or srv.proc.poll() is not None:
             why = self.res["servers"].get(name, {}).get("failed") or "server not running"
             out[str(n)] = {"skipped": why}
-            return
+            return True
         each = 2 if n == 1 else 1  # N=1: two requests back to back, so its p50 is not one sample
         projected = n * each * self.a.max_tokens / self.rate[key] + 3
         if projected > self.left() - 5:
             out[str(n)] = {"skipped": f"projected {projected:.0f} s at {self.rate[key]:.0f} tok/s > {self.left():.0f} s left"}
             log(f"{name} N={n}: skipped ({out[str(n)]['skipped']})")
-            return
+            return True
         reqs, summ = run_level(srv.port, n, each, self.a.max_tokens, [], path="/v1/completions",
                                make_body=lambda k: self.prompts.body(f"{n}-{k}", prefix=prefix), timeout=max(10.0, self.left()))
         summ["request_details"] = [{k: d[k] for k in ("ttft_s", "total_s", "completion_tokens", "prompt_tokens",
@@ -251,6 +276,7 @@ class Run:
         log(f"{name} N={n}: {fmt_num(summ['aggregate_tps'])} tok/s aggregate, TTFT p50 {fmt_num(summ['ttft_p50_ms'])} "
             f"p95 {fmt_num(summ['ttft_p95_ms'])} ms, cached {summ['cached_tokens_median']}, errors {summ['errors']}, "
             f"{summ['wall_s']:.1f} s")
+        return True
 
     def cold_prefix(self, fmt, servers):
         """N=32 (or the largest N below it) once more, the 32 requests sharing a prefix no server has
@@ -294,6 +320,8 @@ class Run:
         # so the servers still up from the last step go first)
         plan = [(f, small) for f in fmts] + [(f, big) for f in reversed(fmts) if big]
         step = self.a.max_step_tokens
+        out = lambda key: self.res["levels"].setdefault(key[1], {}).setdefault(key[0], {})  # noqa: E731
+        deferred = []  # llama-server levels whose turn came while it was still building
         try:
             for fmt, ns in plan:
                 if self.left() < 20:
@@ -302,8 +330,21 @@ class Run:
                 self.ensure([(s, fmt, step) for s in servers])
                 for n in ns:
                     for s in servers:
-                        self.level((s, fmt, step), n, self.res["levels"].setdefault(fmt, {}).setdefault(s, {}))
+                        if not self.level((s, fmt, step), n, out((s, fmt, step))):
+                            deferred.append(((s, fmt, step), n))
                         self.save()
+            waited = time.monotonic()
+            while deferred and self.left() > 30:
+                if self.llama_state() == "pending":
+                    if time.monotonic() - waited > self.a.llama_wait:
+                        break
+                    time.sleep(2)
+                    continue
+                key, n = deferred.pop(0)
+                self.level(key, n, out(key))
+                self.save()
+            if deferred:
+                self.res["notes"].append(f"llama-server was not built in time for {len(deferred)} levels")
             self.cold_prefix(fmts[0], servers)
             self.ab_step_tokens(fmts[0])
         finally:
@@ -398,7 +439,7 @@ def markdown(res):
     failed = [f"{k}: {v['failed']}" for k, v in res["servers"].items() if v.get("failed")]
     loads = [f"{k} {v['load_s']} s" for k, v in res["servers"].items() if "load_s" in v]
     lines += ["Server commands: " + "; ".join(f"`{' '.join(os.path.basename(x) if i == 0 else x for i, x in enumerate(v['argv']))}`"
-                                              for v in res["servers"].values()), "",
+                                              for v in res["servers"].values() if "argv" in v), "",
               "Load (wall, the pair side by side): " + (", ".join(loads) or "-"), ""]
     lines += [f"- skipped: {x}" for x in skipped] + [f"- failed: {x}" for x in failed] + [f"- {x}" for x in res["notes"]]
     return "\n".join(lines) + "\n"
@@ -408,6 +449,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hearth", required=True)
     ap.add_argument("--llama-server", default="", help="llama-server binary; empty: hearth only")
+    ap.add_argument("--llama-ready", default="", help="file that appears when llama-server's build ends (first "
+                    "word: its exit status); until then hearth's levels run and llama-server's wait")
+    ap.add_argument("--llama-wait", type=float, default=120, help="seconds to wait for that build after hearth's levels")
     ap.add_argument("--model", action="append", required=True, type=lambda s: tuple(s.split("=", 1)),
                     help="FORMAT=PATH.gguf, in priority order (repeat)")
     ap.add_argument("--servers", default=",".join(SERVERS))
@@ -434,7 +478,7 @@ def main():
     a.logs = a.logs or os.path.dirname(os.path.abspath(a.out))
     if a.prefix_tokens <= PROMPT_OVERHEAD or a.prompt_tokens <= a.prefix_tokens:
         sys.exit("gpu_load.py: need prompt-tokens > prefix-tokens > 4")
-    for p in [a.hearth] + list(a.model.values()) + ([a.llama_server] if a.llama_server else []):
+    for p in [a.hearth] + list(a.model.values()) + ([a.llama_server] if a.llama_server and not a.llama_ready else []):
         if not os.path.exists(p):
             sys.exit(f"gpu_load.py: {p} does not exist")
     os.makedirs(a.logs, exist_ok=True)

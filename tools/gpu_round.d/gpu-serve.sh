@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # gpu-serve.sh LOGDIR: the GPU half of bench/serve_load (issue 6), a part of tools/gpu_round
-# (budget 300 s, run last). Waits (bounded) for gpu-serve.pre.sh's llama-server build and for the
-# 8B GGUFs ($G8/.done), then bench/serve_load/gpu_load.py: hearth serve --device cuda and
-# llama-server on the same F16 and Q4_K_M files, N = 1, 8, 32, 64, 128 concurrent streams of
-# 512-token prompts (400 shared) and 128-token answers. Writes LOGDIR/serve_load_gpu.{json,md}
+# (budget 300 s, run last). Waits (bounded) for the 8B GGUFs ($G8/.done), then runs
+# bench/serve_load/gpu_load.py (it starts llama-server once gpu-serve.pre.sh's build is done):
+# hearth serve --device cuda and llama-server on the same F16 and Q4_K_M files, N = 1, 8, 32,
+# 64, 128 concurrent streams of 512-token prompts (400 shared) and 128-token answers. Writes LOGDIR/serve_load_gpu.{json,md}
 # (copy them to bench/results/) and the servers' logs; prints a short table last.
 # Env (set by the driver): H (hearth binary), G8 (GGUF folder). Optional: GPU_SERVE_BUDGET (s,
 # default 290), GPU_SERVE_N (default 1,8,32,64,128), GPU_SERVE_FORMATS (default "f16 q4_k_m"),
@@ -20,20 +20,13 @@ DIR=${LLAMA_SERVER_DIR:-/tmp/llamacpp-server}
 SERVERS=${GPU_SERVE_SERVERS:-hearth,llama.cpp}
 : "${H:?H (the hearth binary) is not set}" "${G8:?G8 (the GGUF folder) is not set}"
 
-# bounded waits: the models (written in the background by the driver) and the peer build
+# a bounded wait for the models (written in the background by the driver)
 for i in $(seq 1 120); do [ -f "$G8/.done" ] && break; sleep 1; done
 [ -f "$G8/.done" ] || echo "gpu-serve: $G8/.done not there after 120 s; using what exists"
-LS=""
-if [ "${SERVERS#*llama}" != "$SERVERS" ]; then
-    for i in $(seq 1 90); do [ -f "$DIR/.done" ] && break; sleep 1; done
-    if [ -f "$DIR/.done" ] && [ "$(cut -d' ' -f1 "$DIR/.done")" = 0 ] && [ -x "$DIR/b/bin/llama-server" ]; then
-        LS=$DIR/b/bin/llama-server
-        echo "llama-server: built in $(cut -d' ' -f2 "$DIR/.done") s"
-    else
-        echo "llama-server: NOT AVAILABLE ($([ -f "$DIR/.done" ] && echo "build rc $(cat "$DIR/.done")" || echo "build not finished after the wait")); hearth only"
-        tail -3 "$L/pre.txt" 2>/dev/null
-    fi
-fi
+# llama-server: its build (gpu-serve.pre.sh) may still run; gpu_load.py runs hearth's levels
+# meanwhile and llama-server's once DIR/.done says the build ended well
+LS=()
+case $SERVERS in *llama*) LS=(--llama-server "$DIR/b/bin/llama-server" --llama-ready "$DIR/.done") ;; esac
 MODELS=()
 for k in ${GPU_SERVE_FORMATS:-f16 q4_k_m}; do
     if [ -f "$G8/llama8b-$k.gguf" ]; then MODELS+=(--model "$k=$G8/llama8b-$k.gguf"); else echo "gpu-serve: no $G8/llama8b-$k.gguf"; fi
@@ -44,11 +37,12 @@ nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader >"$L/gpu_b
 LEFT=$((BUDGET - ($(date +%s) - T0)))
 # gpu_load.py stops at its own budget; the timeout is the backstop (results are rewritten after
 # every level, so a kill still leaves the table of the levels done)
-timeout -k 5 $((LEFT + 5)) python3 bench/serve_load/gpu_load.py --hearth "$H" --llama-server "$LS" "${MODELS[@]}" \
+timeout -k 5 $((LEFT + 5)) python3 bench/serve_load/gpu_load.py --hearth "$H" ${LS[@]+"${LS[@]}"} "${MODELS[@]}" \
     --servers "$SERVERS" --device "${GPU_SERVE_DEVICE:-cuda}" --n "${GPU_SERVE_N:-1,8,32,64,128}" \
     --ab-step-tokens "${GPU_SERVE_AB-1024,2048}" --budget $((LEFT - 5)) --out "$L/serve_load_gpu" --logs "$L/logs" ${GPU_SERVE_ARGS:-} >"$L/gpu_load.log" 2>&1
 rc=$?
-echo "gpu_load.py rc $rc after $(($(date +%s) - T0)) s (log: gpu_load.log)"
+echo "gpu_load.py rc $rc after $(($(date +%s) - T0)) s (log: gpu_load.log); llama-server build: $(
+    [ -f "$DIR/.done" ] && echo "rc, seconds: $(cat "$DIR/.done")" || echo "not finished"; tail -1 "$L/llama_server_build.log" 2>/dev/null | cut -c1-80)"
 [ $rc -ne 0 ] && grep -E "Error|error|Traceback" "$L/gpu_load.log" | head -3
 python3 - "$L/serve_load_gpu.json" <<'PY'
 import json, sys

@@ -136,7 +136,7 @@ class Run:
             "machine": machine(), "gpu": gpu_info(), "device": a.device,
             "hearth": a.hearth, "hearth_version": version_of([a.hearth, "--version"]),
             "llama_server": a.llama_server,
-            "llama_server_version": version_of([a.llama_server, "--version"]) if a.llama_server else None,
+            "llama_server_version": None,  # asked when it first starts (its build may still be running now)
             "command": " ".join(sys.argv[1:]), "budget_s": a.budget, "n": a.n,
             "prompt_tokens": a.prompt_tokens, "prefix_tokens": a.prefix_tokens, "max_tokens": a.max_tokens,
             "max_step_tokens": a.max_step_tokens, "ctx": a.ctx,
@@ -202,6 +202,8 @@ class Run:
         started = {}
         for key in todo:
             s, fmt, step = key
+            if s == "llama.cpp" and not self.res["llama_server_version"]:
+                self.res["llama_server_version"] = version_of([self.a.llama_server, "--version"])
             port = free_port()
             argv = server_argv(s, self.a, self.a.model[fmt], port, step)
             info = self.res["servers"][self.name(key)] = {"argv": argv, "port": port}

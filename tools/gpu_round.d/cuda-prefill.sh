@@ -4,7 +4,8 @@
 # the old f32 kernel (HEARTH_CUDA_ATT_PREFILL=old, the A/B), Q4_K_M prefill 4096, greedy
 # parity CUDA vs the scalar CPU on tiny models (40-token prompts: prefill attention runs),
 # and an ncu summary of one prefill step if time is left. Budget: 100 s (stops itself).
-# Env from tools/gpu_round: H, B, TINY, L8, G8. Prints a short summary last.
+# Env from tools/gpu_round: H, B, TINY, L8, G8; CP_SKIP_BENCH=1 skips the bf16 rows, CP_SKIP_Q4=1 the
+# Q4_K_M row (a rerun that checks the tests and parity only). Prints a short summary last.
 set -u
 LOG=${1:?usage: cuda-prefill.sh LOGDIR}
 mkdir -p "$LOG"
@@ -57,7 +58,7 @@ if [ -x "$B/tests/test_cuda" ]; then
 fi
 
 # 2. 8B bf16 prefill, new attention then the old f32 kernel (A/B in one call)
-if wait_done "$L8/.done" 60; then
+if [ -z "${CP_SKIP_BENCH:-}" ] && wait_done "$L8/.done" 60; then
     for att in new old; do
         for p in 4096 512; do
             [ "$(left)" -lt 20 ] && { row "l8 bf16 p$p att=$att" "NOT RUN (time)"; continue; }
@@ -72,7 +73,7 @@ else
 fi
 
 # 3. Q4_K_M prefill 4096
-if [ "$(left)" -gt 25 ] && wait_done "$G8/.done" 30 && [ -f "$G8/llama8b-q4_k_m.gguf" ]; then
+if [ "$(left)" -gt 25 ] && [ -z "${CP_SKIP_Q4:-}" ] && wait_done "$G8/.done" 30 && [ -f "$G8/llama8b-q4_k_m.gguf" ]; then
     timeout 30 $H bench "$G8/llama8b-q4_k_m.gguf" --device cuda -p 4096 -n 1 -r 1 --json \
         >"$LOG/q4km_p4096.json" 2>"$LOG/q4km_p4096.log"
     row "q4_k_m p4096 (rc $?)" "$(frac "$LOG/q4km_p4096.json" 4096) $(tail -1 "$LOG/q4km_p4096.log" | cut -c1-100)"

@@ -185,6 +185,12 @@ static void plan_scratch(cuda_plan *p, const model *m, int max_tokens, int max_o
     cuda_gemv_act_layout(p->gemv_floats, &gq, &gs);
     cuda_tally_add(t, gq);
     cuda_tally_add(t, gs);
+    /* decode: the int8 copy of a norm's or gate's output for the next GEMV (cuda_model.c xq, xs) */
+    size_t dk = (size_t)c->hidden > (size_t)c->ffn ? (size_t)c->hidden : (size_t)c->ffn;
+    p->decode_q8_bytes = decode_T * dk;
+    p->decode_q8_scale_bytes = decode_T * dk / 32 * 2 * sizeof(float);
+    cuda_tally_add(t, p->decode_q8_bytes);
+    cuda_tally_add(t, p->decode_q8_scale_bytes);
     /* the GEMM scratch: the largest layer weight dequantized and the widest input */
     size_t max_w = 0, max_k = kmax;
     for (int i = 0; i < c->n_layers; i++) {
@@ -198,6 +204,7 @@ static void plan_scratch(cuda_plan *p, const model *m, int max_tokens, int max_o
     size_t e = p->gemm_exact ? 4 : 2;
     cuda_tally_add(t, p->gemm_max_w * e);
     cuda_tally_add(t, p->gemm_max_x * e);
+    cuda_tally_add(t, CUDA_GEMM_WORKSPACE_BYTES);
     /* pinned host staging: the step's embeddings, its indices, the greedy ids */
     p->pinned_host = T * c->hidden * sizeof(float) + 3 * T * sizeof(int32_t) + (size_t)max_out * sizeof(int32_t);
 }

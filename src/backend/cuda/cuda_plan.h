@@ -11,6 +11,9 @@
 /* Decode steps of at most this many tokens use the GEMV kernels and CUDA graphs
  * (cuda_matmul sends T <= 8 rows to the GEMVs: no cuBLAS, fixed launch shapes). */
 #define CUDA_GRAPH_MAX_T 8
+/* cuBLAS workspace (cuda_gemm.cu, cublasSetWorkspace): NVIDIA recommends 32 MiB on Hopper
+ * (the default is smaller and keeps some of the faster GEMM kernels from being chosen). */
+#define CUDA_GEMM_WORKSPACE_BYTES ((size_t)32 << 20)
 /* Most split-K partials per (head, token) of decode attention (cuda_ops.cu DA_SPLITS_MAX). */
 #define CUDA_ATT_SPLITS_MAX 32
 
@@ -64,6 +67,7 @@ typedef struct cuda_plan {
     size_t att_split_floats; /* decode attention split-K partials */
     size_t ids;              /* greedy ids, int32 */
     size_t gemv_floats;      /* cuda_gemv_reserve's argument */
+    size_t decode_q8_bytes, decode_q8_scale_bytes; /* the fused norm / gate's int8 activations */
     size_t gemm_max_w, gemm_max_x;
     int gemm_exact; /* HEARTH_CUDA_GEMM=f32 */
     int kv_dtype;   /* cuda_kv_dtype */

@@ -195,8 +195,9 @@ typedef struct hearth_fit_options {
 hearth_status hearth_fit(hearth_model *m, const hearth_fit_options *o, char **report_json, hearth_error *err);
 /* hearth_fit carried over to the machines of data/skus.json (or $HEARTH_DATA/skus.json):
  * {"prediction": what the numbers mean, "skus": [{name, kind, memory_bytes, bandwidth_gbs,
- * predicted_bytes, fits, max_context_that_fits, decode_tok_s, source}], "this_machine":
- * the hearth_fit report}. Every row is a prediction. */
+ * predicted_bytes, fits, max_context_that_fits, decode_tok_s, source; GPU rows also
+ * runtime_overhead_bytes and compute_capability: the --device cuda report for that GPU}],
+ * "this_machine": the hearth_fit report}. Every row is a prediction. */
 hearth_status hearth_fit_skus(hearth_model *m, const hearth_fit_options *o, char **report_json, hearth_error *err);
 
 /* Low-level sequences: append tokens (prefill or one decode token) and read the logits

@@ -6,7 +6,7 @@
 L=$1; mkdir -p "$L"
 start=$(date +%s)
 export HEARTH_CACHE=$L/cache FIT_WAIT_DONE="$L8:$G8:$M4"  # this round's evals DB; folders with .done
-timeout 66 python3 tools/cuda_fit_check "$H" "$L" 62 \
+timeout -k 3 66 python3 tools/cuda_fit_check "$H" "$L" 62 \
   "$TINY/llama-bf16:512,4096" "$TINY/qwen3-q4g64:512" "$TINY/gemma3-q8g32:512" "$TINY/llama-f32:4096" \
   "$L8:512" "$G8/llama8b-q4_k_m.gguf:4096" "$L8:32768" "$M4:4096" >"$L/cuda_fit_check.log" 2>&1
 echo "cuda_fit_check rc $? ($(( $(date +%s) - start )) s; rows in $L/cuda_fit_check.json, evals in $L/cache)"

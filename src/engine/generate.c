@@ -7,6 +7,7 @@
 #include "base/err.h"
 #include "base/sbuf.h"
 #include "engine/engine_internal.h"
+#include "engine/engine_device.h"
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -168,7 +169,7 @@ int gen_device_sample(const hearth_engine *e, const hearth_generate_params *p) {
     if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || !engine_has_device_sampler(e)) return 0;
     const char *env = getenv("HEARTH_DEVICE_SAMPLER");
     if (env && env[0] == '0') return 0;
-    return cuda_sample_supported(&p->sampling);
+    return engine_device_sample_supported(&p->sampling);
 }
 
 uint64_t gen_device_seed(const hearth_sampling *s) {

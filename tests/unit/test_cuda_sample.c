@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
 #include <cmocka.h>
 
 #include <math.h>
@@ -111,7 +112,9 @@ static void check_rows(int V, int R, int kind, int greedy_every) {
         make_logits(x + (size_t)r * V, V, kind);
         make_params(&rows[r], V, greedy_every && r % greedy_every == 0);
         rows[r].lp.n = rows[r].p.top_logprobs;
-        req[r] = (cuda_sample_req){.p = &rows[r].p, .history = rows[r].hist, .n_history = HIST,
+        req[r] = (cuda_sample_req){.p = &rows[r].p,
+                                   .history = rows[r].hist,
+                                   .n_history = HIST,
                                    .seed = rnd() | (uint64_t)rnd() << 32,
                                    .lp = rows[r].p.top_logprobs || r % 2 ? &rows[r].lp : NULL};
     }
@@ -168,8 +171,8 @@ static void check_rows(int V, int R, int kind, int greedy_every) {
             assert_close(rows[r].lp.top_logprobs[i], hl.top_logprobs[i], 1e-5, "top logprob", r);
         }
     }
-    printf("  V %d, %d rows (logits kind %d): survivor sets 1:%d <=40:%d <=1000:%d more:%d, all equal the host's\n",
-           V, R, kind, sizes[0], sizes[1], sizes[2], sizes[3]);
+    printf("  V %d, %d rows (logits kind %d): survivor sets 1:%d <=40:%d <=1000:%d more:%d, all equal the host's\n", V,
+           R, kind, sizes[0], sizes[1], sizes[2], sizes[3]);
     sampler_free(&h);
     free(hm);
     cuda_free(dx);
@@ -184,9 +187,9 @@ static void test_rows_against_host(void **state) {
     (void)state;
     check_rows(32000, MAX_ROWS, 0, 4);
     check_rows(151, MAX_ROWS, 0, 4);
-    check_rows(151, MAX_ROWS, 1, 5);   /* ties everywhere: the id passes decide */
+    check_rows(151, MAX_ROWS, 1, 5); /* ties everywhere: the id passes decide */
     check_rows(32000, MAX_ROWS, 1, 5);
-    check_rows(128256, 16, 2, 4);      /* Llama-3's vocabulary: 17-bit ids */
+    check_rows(128256, 16, 2, 4); /* Llama-3's vocabulary: 17-bit ids */
 }
 
 /* Draws of one row under many (seed, position) keys against the host's probabilities. */
@@ -213,7 +216,8 @@ static void test_distribution(void **state) {
     int32_t ids[R];
     for (int k = 0; k < ROUNDS; k++) {
         for (int r = 0; r < R; r++) /* half vary the seed, half the position */
-            req[r] = (cuda_sample_req){.p = &p, .n_history = r % 2 ? (size_t)(k * R + r) : 7,
+            req[r] = (cuda_sample_req){.p = &p,
+                                       .n_history = r % 2 ? (size_t)(k * R + r) : 7,
                                        .seed = r % 2 ? 42 : (uint64_t)(k * R + r) * 0x9E3779B97F4A7C15ull};
         assert_int_equal(cuda_sampler_run(s, dx, R, req, ids, &e), HEARTH_OK);
         for (int r = 0; r < R; r++) count[ids[r]]++;
@@ -226,7 +230,10 @@ static void test_distribution(void **state) {
             assert_int_equal(count[v], 0);
             continue;
         }
-        if (prob[v] * N < 5) { pool_o += count[v], pool_e += prob[v] * N; continue; } /* chi-square needs >= 5 */
+        if (prob[v] * N < 5) {
+            pool_o += count[v], pool_e += prob[v] * N;
+            continue;
+        } /* chi-square needs >= 5 */
         chi += (count[v] - prob[v] * N) * (count[v] - prob[v] * N) / (prob[v] * N), bins++;
     }
     if (pool_e > 0) chi += (pool_o - pool_e) * (pool_o - pool_e) / pool_e, bins++;

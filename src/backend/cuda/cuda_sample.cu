@@ -47,8 +47,8 @@ struct cuda_sampler {
     int32_t *d_eid, *h_eid;          /* [max_rows * ROW_ENTRIES] entry ids */
     float *d_eval, *h_eval;          /* their bias values / penalty counts */
     row_out *d_out, *h_out;
-    int32_t *counts;                 /* host [vocab]: ids' counts in a penalty window */
-    int32_t *order;                  /* host [CUDA_SAMPLE_MAX_BIAS]: bias entries sorted */
+    int32_t *counts; /* host [vocab]: ids' counts in a penalty window */
+    int32_t *order;  /* host [CUDA_SAMPLE_MAX_BIAS]: bias entries sorted */
     size_t bytes;
 };
 
@@ -84,7 +84,9 @@ __device__ __forceinline__ float key_value(uint32_t k) {
 struct bound_t {
     uint32_t key, id;
 };
-__device__ __forceinline__ bool within(uint32_t k, uint32_t i, bound_t b) { return k < b.key || (k == b.key && i <= b.id); }
+__device__ __forceinline__ bool within(uint32_t k, uint32_t i, bound_t b) {
+    return k < b.key || (k == b.key && i <= b.id);
+}
 #define BOUND_ALL (bound_t{0xffffffffu, 0xffffffffu})
 
 /* Which tokens a selection counts: value >= floor and inside pre. */
@@ -123,8 +125,7 @@ struct smem_t {
 /* One histogram pass over the row: bucket_of(i, v) gives the 8-bit digit of token i or -1.
  * Runs of one digit within a thread are added at once (a flat row puts most tokens in a
  * few digits, and each atomic on one address serializes). */
-template <class F>
-__device__ void histogram(const row_ctx &c, smem_t &sm, bool mass_mode, F bucket_of) {
+template <class F> __device__ void histogram(const row_ctx &c, smem_t &sm, bool mass_mode, F bucket_of) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) sm.cnt[b] = 0, sm.mass[b] = 0;
     __syncthreads();
     int last = -1;
@@ -200,12 +201,15 @@ __device__ bound_t select_prefix(const row_ctx &c, smem_t &sm, pred_t pr, bool m
             if (!within(k, (uint32_t)i, pr.pre) || (d > 0 && (k >> (shift + 8)) != prefix)) return -1;
             return (int)((k >> shift) & 255u);
         });
-        find_digit(sm, mass_mode, mass_mode ? cum : 0, mass_mode ? goal : (double)need, mass_mode && d == 0 ? frac : -1.0);
+        find_digit(sm, mass_mode, mass_mode ? cum : 0, mass_mode ? goal : (double)need,
+                   mass_mode && d == 0 ? frac : -1.0);
         if (!sm.found) return BOUND_ALL;
         if (mass_mode && d == 0) goal = frac * (double)sm.total;
         prefix = (prefix << 8) | (uint32_t)sm.bucket;
-        if (mass_mode) cum += sm.before;
-        else need -= sm.before;
+        if (mass_mode)
+            cum += sm.before;
+        else
+            need -= sm.before;
         __syncthreads(); /* sm is rewritten by the next pass */
     }
     unsigned int group = sm.group;
@@ -419,7 +423,8 @@ extern "C" hearth_status cuda_sampler_create(int max_rows, int vocab, cuda_sampl
     size_t R = (size_t)max_rows, E = R * ROW_ENTRIES;
     s->counts = (int32_t *)calloc((size_t)vocab, sizeof *s->counts);
     s->order = (int32_t *)malloc(CUDA_SAMPLE_MAX_BIAS * sizeof *s->order);
-    hearth_status st = s->counts && s->order ? HEARTH_OK : err_set(err, HEARTH_ERR_NOMEM, "cuda sampler: out of memory");
+    hearth_status st =
+        s->counts && s->order ? HEARTH_OK : err_set(err, HEARTH_ERR_NOMEM, "cuda sampler: out of memory");
     if (!st) st = cuda_alloc((void **)&s->d_params, R * sizeof(row_params), "sampler parameters", err);
     if (!st) st = cuda_alloc((void **)&s->d_eid, E * sizeof(int32_t), "sampler entries", err);
     if (!st) st = cuda_alloc((void **)&s->d_eval, E * sizeof(float), "sampler entries", err);
@@ -470,9 +475,10 @@ static hearth_status pack_row(cuda_sampler *s, int r, const cuda_sample_req *q, 
     memset(rp, 0, sizeof *rp);
     int V = s->vocab;
     if (!cuda_sample_supported(p))
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda sampler: %zu logit-bias entries / penalty window %d "
-                       "exceed the device path's %d / %d", p->n_bias, window_of(p), CUDA_SAMPLE_MAX_BIAS,
-                       CUDA_SAMPLE_MAX_WINDOW);
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "cuda sampler: %zu logit-bias entries / penalty window %d "
+                       "exceed the device path's %d / %d",
+                       p->n_bias, window_of(p), CUDA_SAMPLE_MAX_BIAS, CUDA_SAMPLE_MAX_WINDOW);
     rp->temp = p->temperature;
     if (p->temperature > 0) {
         rp->inv_t = 1.0f / p->temperature;
@@ -495,7 +501,8 @@ static hearth_status pack_row(cuda_sampler *s, int r, const cuda_sample_req *q, 
         if (p->bias_ids[i] >= 0 && p->bias_ids[i] < V) s->order[nb++] = (int32_t)i;
     qsort_r(s->order, (size_t)nb, sizeof *s->order, cmp_bias, (void *)p->bias_ids);
     rp->bias_off = (int)at, rp->n_bias = nb;
-    for (int i = 0; i < nb; i++, at++) s->h_eid[at] = p->bias_ids[s->order[i]], s->h_eval[at] = p->bias_values[s->order[i]];
+    for (int i = 0; i < nb; i++, at++)
+        s->h_eid[at] = p->bias_ids[s->order[i]], s->h_eval[at] = p->bias_values[s->order[i]];
     if (penalties_on(p)) {
         size_t n = q->n_history, w = (size_t)window_of(p), start = n > w ? n - w : 0;
         const int32_t *h = q->history;
@@ -535,7 +542,7 @@ static hearth_status run_queued(cuda_sampler *s, float *logits, int rows, const 
     if (!st && n_entries) st = cuda_upload_async(s->d_eval, s->h_eval, n_entries * sizeof(float), err);
     if (st) return st;
     sample_rows_kernel<<<rows, SAMPLE_THREADS, 0, cuda_stream()>>>(logits, s->vocab, s->d_params, s->d_eid, s->d_eval,
-                                                                    s->d_out, mask, scale);
+                                                                   s->d_out, mask, scale);
     if ((st = cuda_launched("sample_rows", err))) return st;
     if ((st = cuda_download_async(s->h_out, s->d_out, (size_t)rows * sizeof(row_out), err))) return st;
     if ((st = cuda_stream_sync(err))) return st;
@@ -568,8 +575,7 @@ extern "C" hearth_status cuda_sampler_run(cuda_sampler *s, float *logits, int ro
     return run(s, logits, rows, req, ids, NULL, err);
 }
 
-extern "C" hearth_status cuda_sampler_run_masked(cuda_sampler *s, float *logits, int rows,
-                                                 const cuda_sample_req *req, int32_t *ids, uint8_t *mask,
-                                                 hearth_error *err) {
+extern "C" hearth_status cuda_sampler_run_masked(cuda_sampler *s, float *logits, int rows, const cuda_sample_req *req,
+                                                 int32_t *ids, uint8_t *mask, hearth_error *err) {
     return run(s, logits, rows, req, ids, mask, err);
 }

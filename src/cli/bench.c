@@ -12,7 +12,7 @@ static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t thr
                                 "       [--host-argmax]  (logits row to the host every step, as a sampler needing it)\n"
                                 "       [--temp T] [--top-p P] [--top-k K] [--min-p M] [--seed S]  (decode through the\n"
                                 "        sampler, as hearth generate: on the GPU the device sampler unless\n"
-                                "        HEARTH_DEVICE_SAMPLER=0)";
+                                "        HEARTH_DEVICE_SAMPLER=0) [--sampler-ab]  (then the same runs with the host sampler)";
 
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 
@@ -73,7 +73,8 @@ int cli_bench(int argc, char **argv) {
     int p = 512, n = 128, reps = 5, as_json = 0, host_argmax = 0;
     hearth_engine_options eo = {0};
     hearth_sampling sp = {.top_p = 1.0f, .repetition_penalty = 1.0f};
-    int sampled = 0;
+    int sampled = 0, sampler_ab = 0;
+    double host_decode_tps = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -84,6 +85,7 @@ int cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "-r") && has) reps = atoi(argv[++i]);
         else if (!strcmp(a, "--json")) as_json = 1;
         else if (!strcmp(a, "--host-argmax")) host_argmax = 1;
+        else if (!strcmp(a, "--sampler-ab")) sampler_ab = sampled = 1;
         else if (!strcmp(a, "--temp") && has) sp.temperature = (float)atof(argv[++i]), sampled = 1;
         else if (!strcmp(a, "--top-p") && has) sp.top_p = (float)atof(argv[++i]), sampled = 1;
         else if (!strcmp(a, "--top-k") && has) sp.top_k = atoi(argv[++i]), sampled = 1;
@@ -123,6 +125,20 @@ int cli_bench(int argc, char **argv) {
         else if (!as_json) fprintf(stderr, "run %d/%d: prefill %.1f tok/s, decode %.1f tok/s\n", r + 1, reps,
                                    p / pre[r], n / dec[r]);
     }
+    if (!rc && sampler_ab) { /* the same runs through the host sampler, same engine (A/B in one load) */
+        double *dec2 = calloc((size_t)reps, sizeof *dec2), unused;
+        const char *was = getenv("HEARTH_DEVICE_SAMPLER");
+        char *keep = was ? strdup(was) : NULL;
+        setenv("HEARTH_DEVICE_SAMPLER", "0", 1); /* gen_device_sample reads it per request */
+        for (int r = 0; !rc && r < reps; r++)
+            if (run_sampled(e, prompt, p, n, &sp, &unused, &dec2[r], &err)) rc = cli_fail(&err);
+        if (keep) setenv("HEARTH_DEVICE_SAMPLER", keep, 1);
+        else unsetenv("HEARTH_DEVICE_SAMPLER");
+        free(keep);
+        qsort(dec2, (size_t)reps, sizeof *dec2, cmp_double);
+        host_decode_tps = n / dec2[reps / 2];
+        free(dec2);
+    }
     if (!rc) {
         qsort(pre, (size_t)reps, sizeof *pre, cmp_double);
         qsort(dec, (size_t)reps, sizeof *dec, cmp_double);
@@ -147,6 +163,9 @@ int cli_bench(int argc, char **argv) {
             json_object_set_new(o, "sampling", json_pack("{s:f, s:f, s:i, s:f, s:s}", "temperature", sp.temperature,
                                                          "top_p", sp.top_p, "top_k", sp.top_k, "min_p", sp.min_p,
                                                          "sampler", on_gpu && !(env && env[0] == '0') ? "device" : "host"));
+            if (sampler_ab)
+                json_object_set_new(json_object_get(o, "sampling"), "host_sampler_decode_tps",
+                                    json_real(host_decode_tps));
         }
         if (on_gpu) /* the device pool keeps keys and values in float32 whatever --kv-quant says */
             json_object_set_new(o, "decode_bytes_note", json_string("weights as stored on the device + f32 KV"));
@@ -160,6 +179,7 @@ int cli_bench(int argc, char **argv) {
                    "roofline   %.1f tok/s: decode reaches %.2f of it\n",
                    hearth_model_path(m), prefill_tps, p, reps, decode_tps, n, bw, bytes / 1e6, roof,
                    roof > 0 ? decode_tps / roof : 0.0);
+            if (sampler_ab) printf("host       %.1f tok/s decode with the host sampler\n", host_decode_tps);
         }
         char *details = json_dumps(o, JSON_PRESERVE_ORDER); /* one evals row per bench run (hearth evals) */
         hearth_eval_row row = {.kind = "bench", .model = hearth_model_path(m), .context = p + n,

@@ -155,20 +155,28 @@ sampler_row gen_stream_row(gen_stream *g, sampler *smp, const float *logits, int
                          .n_history = (size_t)seq_len, .lp = &g->lp, .token = -1};
 }
 
-int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p) {
-    const hearth_sampling *s = &p->sampling;
-    if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA) return 0;
-    const char *env = getenv("HEARTH_DEVICE_GREEDY");
-    if (env && env[0] == '0') return 0;
+/* Greedy with no logprobs, penalties or bias: the argmax of the raw logits. */
+static int plain_greedy(const hearth_sampling *s) {
     return !(s->temperature > 0) && s->n_bias == 0 && s->top_logprobs == 0 &&
            (s->repetition_penalty <= 0 || s->repetition_penalty == 1.0f) && s->presence_penalty == 0 &&
            s->frequency_penalty == 0;
 }
 
+static int env_off(const char *name) {
+    const char *env = getenv(name);
+    return env && env[0] == '0';
+}
+
+int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p) {
+    if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || env_off("HEARTH_DEVICE_GREEDY")) return 0;
+    return plain_greedy(&p->sampling);
+}
+
 int gen_device_sample(const hearth_engine *e, const hearth_generate_params *p) {
     if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || !engine_has_device_sampler(e)) return 0;
-    const char *env = getenv("HEARTH_DEVICE_SAMPLER");
-    if (env && env[0] == '0') return 0;
+    if (env_off("HEARTH_DEVICE_SAMPLER")) return 0;
+    /* HEARTH_DEVICE_GREEDY=0 keeps plain greedy rows on the host too (its documented A/B) */
+    if (plain_greedy(&p->sampling) && env_off("HEARTH_DEVICE_GREEDY")) return 0;
     return engine_device_sample_supported(&p->sampling);
 }
 

@@ -7,7 +7,7 @@
 LOG=${1:?usage: gpu-sample.sh LOGDIR}
 mkdir -p "$LOG"; rm -f "$LOG/why.txt"
 cd "$(dirname "$0")/../.."
-BUDGET=60
+BUDGET=${GS_BUDGET:-60} # the lead's budget for this part
 left() { echo $((BUDGET - SECONDS)); }
 sum=()
 row() { sum+=("$(printf '%-34s %s' "$1" "$2")"); }

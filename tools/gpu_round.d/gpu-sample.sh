@@ -36,6 +36,20 @@ else
     row "pytest test_cuda_sample.py" "NOT RUN (budget)"
 fi
 
+# racecheck of the kernel on small rows (sync/race bugs); here when the 8B model is still
+# being written (the time would go to waiting), else with what is left at the end
+racecheck() {
+    [ -n "${raced:-}" ] && return
+    local t=$1
+    [ $t -ge 8 ] && command -v compute-sanitizer >/dev/null || return
+    raced=1
+    HEARTH_SAMPLE_QUICK=1 timeout $t compute-sanitizer --tool racecheck --error-exitcode 9 \
+        "$B/tests/test_cuda_sample" >"$LOG/racecheck.log" 2>&1
+    local rc=$?
+    row "racecheck (quick rows)" "rc $rc $(grep -o 'RACECHECK SUMMARY.*' "$LOG/racecheck.log" | head -1)"
+}
+[ -f "$L8/.done" ] || { t=$(( $(left) - 20 )); [ $t -gt 15 ] && t=15; racecheck $t; }
+
 # 3. decode tok/s with sampling: device sampler, then the host sampler, in one process (one
 # model load; bench --sampler-ab flips HEARTH_DEVICE_SAMPLER between the two halves)
 while [ ! -f "$L8/.done" ] && [ "$(left)" -gt 15 ]; do sleep 1; done
@@ -54,14 +68,7 @@ print('device %.1f / host %.1f tok/s decode = %.2fx (%s)' % (d, h, d / h, o['sam
     row "bench 8B bf16 T0.8 top-p 0.9" "${r:-FAIL rc $rc: $(tail -1 "$LOG/bench_sampled.log")}"
 fi
 
-# 4. with what is left: racecheck + memcheck of the kernel on small rows (sync/race bugs)
-t=$(( $(left) - 1 ))
-if [ $t -ge 8 ] && command -v compute-sanitizer >/dev/null; then
-    HEARTH_SAMPLE_QUICK=1 timeout $t compute-sanitizer --tool racecheck --error-exitcode 9 \
-        "$B/tests/test_cuda_sample" >"$LOG/racecheck.log" 2>&1
-    rc=$?
-    row "racecheck (quick rows)" "rc $rc $(grep -o 'RACECHECK SUMMARY.*' "$LOG/racecheck.log" | head -1)"
-fi
+racecheck $(( $(left) - 1 ))
 
 echo "== gpu-sample (${SECONDS}s of ${BUDGET}s; logs in $LOG)"
 printf '%s\n' "${sum[@]}"

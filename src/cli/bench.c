@@ -9,7 +9,10 @@
 
 static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--kv-quant none|int8]\n"
                                 "       [--deterministic] [--json]\n"
-                                "       [--host-argmax]  (logits row to the host every step, as a sampler needing it)";
+                                "       [--host-argmax]  (logits row to the host every step, as a sampler needing it)\n"
+                                "       [--temp T] [--top-p P] [--top-k K] [--min-p M] [--seed S]  (decode through the\n"
+                                "        sampler, as hearth generate: on the GPU the device sampler unless\n"
+                                "        HEARTH_DEVICE_SAMPLER=0) [--sampler-ab]  (then the same runs with the host sampler)";
 
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 
@@ -53,10 +56,25 @@ static int run_once(hearth_engine *e, const int32_t *prompt, int p, int n, float
     return rc;
 }
 
+/* A run through hearth_generate with sampling parameters (the serving path's sampler):
+ * decode time is its generate_seconds over the completion_tokens - 1 appended tokens. */
+static int run_sampled(hearth_engine *e, const int32_t *prompt, int p, int n, const hearth_sampling *sp,
+                       double *prefill_s, double *decode_s, hearth_error *err) {
+    hearth_generate_params gp = {.sampling = *sp, .max_tokens = n + 1, .ignore_eos = 1};
+    hearth_generate_result res;
+    if (hearth_generate(e, prompt, (size_t)p, &gp, NULL, NULL, &res, err)) return 1;
+    *prefill_s = res.prompt_seconds;
+    *decode_s = res.generate_seconds * (double)n / (double)(res.completion_tokens > 1 ? res.completion_tokens - 1 : 1);
+    return 0;
+}
+
 int cli_bench(int argc, char **argv) {
     const char *model = NULL;
     int p = 512, n = 128, reps = 5, as_json = 0, host_argmax = 0;
     hearth_engine_options eo = {0};
+    hearth_sampling sp = {.top_p = 1.0f, .repetition_penalty = 1.0f};
+    int sampled = 0, sampler_ab = 0;
+    double host_decode_tps = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -67,6 +85,12 @@ int cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "-r") && has) reps = atoi(argv[++i]);
         else if (!strcmp(a, "--json")) as_json = 1;
         else if (!strcmp(a, "--host-argmax")) host_argmax = 1;
+        else if (!strcmp(a, "--sampler-ab")) sampler_ab = sampled = 1;
+        else if (!strcmp(a, "--temp") && has) sp.temperature = (float)atof(argv[++i]), sampled = 1;
+        else if (!strcmp(a, "--top-p") && has) sp.top_p = (float)atof(argv[++i]), sampled = 1;
+        else if (!strcmp(a, "--top-k") && has) sp.top_k = atoi(argv[++i]), sampled = 1;
+        else if (!strcmp(a, "--min-p") && has) sp.min_p = (float)atof(argv[++i]), sampled = 1;
+        else if (!strcmp(a, "--seed") && has) sp.seed = strtoull(argv[++i], NULL, 10), sp.has_seed = 1, sampled = 1;
         else if (a[0] == '-') return cli_usage_error(bench_usage, "unknown or incomplete flag '%s'", a);
         else if (!model) model = a;
         else return cli_usage_error(bench_usage, "unexpected argument '%s'", a);
@@ -95,11 +119,29 @@ int cli_bench(int argc, char **argv) {
     }
     int rc = 0;
     double ps, ds;
-    if (run_once(e, prompt, p < 32 ? p : 32, 4, logits, host_argmax, &ps, &ds, &err)) rc = cli_fail(&err); /* warm-up */
+    if (sampled ? run_sampled(e, prompt, p < 32 ? p : 32, 4, &sp, &ps, &ds, &err)
+                : run_once(e, prompt, p < 32 ? p : 32, 4, logits, host_argmax, &ps, &ds, &err))
+        rc = cli_fail(&err); /* warm-up */
     for (int r = 0; !rc && r < reps; r++) {
-        if (run_once(e, prompt, p, n, logits, host_argmax, &pre[r], &dec[r], &err)) rc = cli_fail(&err);
+        if (sampled ? run_sampled(e, prompt, p, n, &sp, &pre[r], &dec[r], &err)
+                    : run_once(e, prompt, p, n, logits, host_argmax, &pre[r], &dec[r], &err))
+            rc = cli_fail(&err);
         else if (!as_json) fprintf(stderr, "run %d/%d: prefill %.1f tok/s, decode %.1f tok/s\n", r + 1, reps,
                                    p / pre[r], n / dec[r]);
+    }
+    if (!rc && sampler_ab) { /* the same runs through the host sampler, same engine (A/B in one load) */
+        double *dec2 = calloc((size_t)reps, sizeof *dec2), unused;
+        const char *was = getenv("HEARTH_DEVICE_SAMPLER");
+        char *keep = was ? strdup(was) : NULL;
+        setenv("HEARTH_DEVICE_SAMPLER", "0", 1); /* gen_device_sample reads it per request */
+        for (int r = 0; !rc && r < reps; r++)
+            if (run_sampled(e, prompt, p, n, &sp, &unused, &dec2[r], &err)) rc = cli_fail(&err);
+        if (keep) setenv("HEARTH_DEVICE_SAMPLER", keep, 1);
+        else unsetenv("HEARTH_DEVICE_SAMPLER");
+        free(keep);
+        qsort(dec2, (size_t)reps, sizeof *dec2, cmp_double);
+        host_decode_tps = n / dec2[reps / 2];
+        free(dec2);
     }
     if (!rc) {
         qsort(pre, (size_t)reps, sizeof *pre, cmp_double);
@@ -120,6 +162,15 @@ int cli_bench(int argc, char **argv) {
         json_object_set_new(o, "bandwidth_source",
                             json_string(on_gpu ? "cuda device-to-device copy, bytes read + written, best of 10 x 1 GiB"
                                                : "cpu read with the engine's threads, 1 GiB"));
+        if (sampled) {
+            const char *env = getenv("HEARTH_DEVICE_SAMPLER");
+            json_object_set_new(o, "sampling", json_pack("{s:f, s:f, s:i, s:f, s:s}", "temperature", sp.temperature,
+                                                         "top_p", sp.top_p, "top_k", sp.top_k, "min_p", sp.min_p,
+                                                         "sampler", on_gpu && !(env && env[0] == '0') ? "device" : "host"));
+            if (sampler_ab)
+                json_object_set_new(json_object_get(o, "sampling"), "host_sampler_decode_tps",
+                                    json_real(host_decode_tps));
+        }
         if (on_gpu) /* the device pool keeps keys and values in float32 whatever --kv-quant says */
             json_object_set_new(o, "decode_bytes_note", json_string("weights as stored on the device + f32 KV"));
         if (as_json) {
@@ -132,6 +183,7 @@ int cli_bench(int argc, char **argv) {
                    "roofline   %.1f tok/s: decode reaches %.2f of it\n",
                    hearth_model_path(m), prefill_tps, p, reps, decode_tps, n, bw, bytes / 1e6, roof,
                    roof > 0 ? decode_tps / roof : 0.0);
+            if (sampler_ab) printf("host       %.1f tok/s decode with the host sampler\n", host_decode_tps);
         }
         char *details = json_dumps(o, JSON_PRESERVE_ORDER); /* one evals row per bench run (hearth evals) */
         hearth_eval_row row = {.kind = "bench", .model = hearth_model_path(m), .context = p + n,

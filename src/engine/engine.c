@@ -33,6 +33,9 @@ struct hearth_engine {
     int deterministic; /* model_batch.batch_invariant for every step */
     cuda_model *gpu;   /* set when the forward pass runs on the GPU (engine_device.c) */
     int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
+    cuda_sampler *gsmp;                /* the device sampler (with gpu) */
+    const engine_sample_row *dev_rows; /* set for a step whose rows it samples (ids into greedy_id) */
+    cuda_sample_req *dev_req;          /* [max_out]: those rows' requests */
     int32_t *step_tok, *step_pos, *step_slot, *out_rows; /* [step_tokens] */
     float *logits;                                        /* [max_out, vocab] */
     sampler *slot_smp;                                    /* [max_seqs], for the scheduler */
@@ -172,6 +175,9 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
     if (!st) st = model_scratch_create(e->m, &e->kv, e->step_tokens, e->max_out, e->n_threads, &e->s, err);
     if (!st) st = engine_device_open(e->m, &e->kv, o.device, e->step_tokens, e->max_out, &e->gpu, err);
+    if (!st && e->gpu) st = engine_device_sampler_open(e->max_out, c->vocab, &e->gsmp, err);
+    if (!st && e->gpu && !(e->dev_req = calloc((size_t)e->max_out, sizeof *e->dev_req)))
+        st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
     if (!st) st = sampler_init(&e->smp, c->vocab, err);
     if (!st && !(e->slot_smp = calloc((size_t)e->max_seqs, sizeof *e->slot_smp)))
         st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
@@ -216,6 +222,8 @@ void hearth_engine_free(hearth_engine *e) {
     sampler_free(&e->smp);
     for (int i = 0; e->slot_smp && i < e->max_seqs; i++) sampler_free(&e->slot_smp[i]);
     free(e->slot_smp);
+    engine_device_sampler_close(e->gsmp);
+    free(e->dev_req);
     engine_device_close(e->gpu);
     model_free(e->m);
     free(e->step_tok);
@@ -250,6 +258,15 @@ void hearth_seq_close(hearth_engine *e, int seq) {
 
 /* One step on whichever device holds the model. */
 static hearth_status engine_model_forward(hearth_engine *e, const model_batch *b, hearth_error *err) {
+    if (e->gpu && e->dev_rows && b->n_out >= 1) { /* each row's history: its slot's tokens up to its position */
+        for (int i = 0; i < b->n_out; i++) {
+            int t = b->out_rows[i];
+            e->dev_req[i] = (cuda_sample_req){.p = e->dev_rows[i].p, .history = engine_history(e, b->slot[t]),
+                                              .n_history = (size_t)b->pos[t] + 1, .seed = e->dev_rows[i].seed,
+                                              .lp = e->dev_rows[i].lp};
+        }
+        return engine_device_forward_sample(e->gpu, e->gsmp, &e->kv, b, e->dev_req, e->greedy_id, err);
+    }
     if (e->gpu && e->greedy_id && b->n_out >= 1) return engine_device_forward_ids(e->gpu, &e->kv, b, e->greedy_id, err);
     return e->gpu ? engine_device_forward(e->gpu, &e->kv, b, err) : model_forward(e->m, &e->kv, e->s, b, e->tp, err);
 }
@@ -319,6 +336,21 @@ hearth_status hearth_seq_append_greedy(hearth_engine *e, int seq, const int32_t 
     return HEARTH_OK;
 }
 
+hearth_status engine_seq_append_sample(hearth_engine *e, int seq, const int32_t *tokens, size_t n,
+                                       const engine_sample_row *row, int32_t *next, hearth_error *err) {
+    if (!e->gpu || !e->gsmp || !row || !next)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "engine: device sampling needs the GPU engine");
+    int32_t id = -1;
+    e->greedy_id = &id;
+    e->dev_rows = row;
+    hearth_status st = hearth_seq_append(e, seq, tokens, n, 1, NULL, err);
+    e->greedy_id = NULL;
+    e->dev_rows = NULL;
+    if (st == HEARTH_ERR_FORMAT) err_prefix(err, "%s", e->hm->entry.path);
+    if (!st) *next = id;
+    return st;
+}
+
 hearth_status engine_forward_rows(hearth_engine *e, int T, const int32_t *tokens, const int32_t *pos,
                                   const int32_t *slot, int n_out, const int32_t *out_rows, const float **logits,
                                   hearth_error *err) {
@@ -362,6 +394,22 @@ hearth_status engine_forward_rows_greedy(hearth_engine *e, int T, const int32_t 
     return st;
 }
 
+hearth_status engine_forward_rows_sample(hearth_engine *e, int T, const int32_t *tokens, const int32_t *pos,
+                                         const int32_t *slot, int n_out, const int32_t *out_rows,
+                                         const engine_sample_row *rows, int32_t *ids, hearth_error *err) {
+    if (!e->gpu || !e->gsmp || !ids || !rows)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "engine: device sampling needs the GPU engine");
+    const float *unused;
+    e->greedy_id = n_out > 0 ? ids : NULL;
+    e->dev_rows = n_out > 0 ? rows : NULL;
+    hearth_status st = engine_forward_rows(e, T, tokens, pos, slot, n_out, out_rows, &unused, err);
+    e->greedy_id = NULL;
+    e->dev_rows = NULL;
+    if (st == HEARTH_ERR_FORMAT) err_prefix(err, "%s", e->hm->entry.path);
+    return st;
+}
+
+int engine_has_device_sampler(const hearth_engine *e) { return e->gsmp != NULL; }
 int engine_max_out_rows(const hearth_engine *e) { return e->max_out; }
 int engine_max_sequences(const hearth_engine *e) { return e->max_seqs; }
 kv_cache *engine_kv(hearth_engine *e) { return &e->kv; }

@@ -78,6 +78,51 @@ hearth_status engine_device_forward_ids(cuda_model *gpu, const kv_cache *kv, con
 #endif
 }
 
+hearth_status engine_device_sampler_open(int max_out, int vocab, cuda_sampler **smp, hearth_error *err) {
+    *smp = NULL;
+#ifdef HEARTH_HAVE_CUDA
+    return cuda_sampler_create(max_out, vocab, smp, err);
+#else
+    (void)max_out, (void)vocab, (void)err;
+    return HEARTH_OK;
+#endif
+}
+
+void engine_device_sampler_close(cuda_sampler *smp) {
+#ifdef HEARTH_HAVE_CUDA
+    cuda_sampler_free(smp);
+#else
+    (void)smp;
+#endif
+}
+
+int engine_device_sample_supported(const hearth_sampling *p) {
+#ifdef HEARTH_HAVE_CUDA
+    return cuda_sample_supported(p);
+#else
+    (void)p;
+    return 0;
+#endif
+}
+
+hearth_status engine_device_forward_sample(cuda_model *gpu, cuda_sampler *smp, const kv_cache *kv,
+                                           const model_batch *b, const cuda_sample_req *req, int32_t *ids,
+                                           hearth_error *err) {
+#ifdef HEARTH_HAVE_CUDA
+    static int said; /* HEARTH_DEVICE_SAMPLER_LOG=1: one line, so tests can see this path ran */
+    if (!said && getenv("HEARTH_DEVICE_SAMPLER_LOG")) {
+        said = 1;
+        fprintf(stderr, "hearth: tokens sampled on the device (%d rows)\n", b->n_out);
+    }
+    hearth_status st = cuda_model_forward_keep(gpu, kv, b, err);
+    if (st) return st;
+    return cuda_sampler_run(smp, cuda_model_device_logits(gpu), b->n_out, req, ids, err);
+#else
+    (void)gpu, (void)smp, (void)kv, (void)b, (void)req, (void)ids;
+    return err_set(err, HEARTH_ERR_UNSUPPORTED, "built without the CUDA backend");
+#endif
+}
+
 double engine_device_bandwidth_gbs(void) {
 #ifdef HEARTH_HAVE_CUDA
     return cuda_copy_bandwidth_gbs((size_t)1 << 30, 10);

@@ -3,6 +3,7 @@
 #ifndef HEARTH_ENGINE_DEVICE_H
 #define HEARTH_ENGINE_DEVICE_H
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/cuda_sample.h"
 
 /* Resolves device (hearth_device); *gpu stays NULL when the CPU runs the model. */
 hearth_status engine_device_open(const model *m, const kv_cache *kv, int device, int max_tokens, int max_out,
@@ -11,6 +12,17 @@ hearth_status engine_device_forward(cuda_model *gpu, const kv_cache *kv, const m
 /* The step with the greedy id of each logits row chosen on the device (cuda_model_forward_ids). */
 hearth_status engine_device_forward_ids(cuda_model *gpu, const kv_cache *kv, const model_batch *b, int32_t *ids,
                                         hearth_error *err);
+/* The device sampler (cuda_sample.h), made with the GPU model: rows up to max_out. *smp
+ * stays NULL without CUDA. */
+hearth_status engine_device_sampler_open(int max_out, int vocab, cuda_sampler **smp, hearth_error *err);
+void engine_device_sampler_close(cuda_sampler *smp);
+/* Whether the device sampler takes p (cuda_sample_supported); 0 without CUDA. */
+int engine_device_sample_supported(const hearth_sampling *p);
+/* The step with each logits row's token sampled on the device (req[i] for row i): only the
+ * ids (and the requested logprobs, into req[i].lp) come back. */
+hearth_status engine_device_forward_sample(cuda_model *gpu, cuda_sampler *smp, const kv_cache *kv,
+                                           const model_batch *b, const cuda_sample_req *req, int32_t *ids,
+                                           hearth_error *err);
 /* The GPU's copy bandwidth (GB/s, read + write; cuda_copy_bandwidth_gbs), 0 without CUDA. */
 double engine_device_bandwidth_gbs(void);
 void engine_device_close(cuda_model *gpu);

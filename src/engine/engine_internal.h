@@ -6,6 +6,7 @@
 #include "base/threadpool.h"
 #include "engine/kv_cache.h"
 #include "engine/sampler.h"
+#include "backend/cuda/cuda_sample.h"
 
 #define ENGINE_MAX_LOGITS_ROWS 8 /* rows of logits one append may return; decode needs 1 */
 #define ENGINE_MAX_EOS 8
@@ -42,6 +43,31 @@ hearth_status engine_forward_rows(hearth_engine *e, int T, const int32_t *tokens
 hearth_status engine_forward_rows_greedy(hearth_engine *e, int T, const int32_t *tokens, const int32_t *pos,
                                          const int32_t *slot, int n_out, const int32_t *out_rows, int32_t *ids,
                                          hearth_error *err);
+/* A logits row the device sampler draws (engine_forward_rows_sample): the request's
+ * parameters, its Philox key (gen_device_seed) and where its logprobs go (NULL: none). The
+ * row's history and position come from the step's slot and position. */
+typedef struct engine_sample_row {
+    const hearth_sampling *p;
+    uint64_t seed;
+    hearth_logprobs *lp;
+} engine_sample_row;
+/* engine_forward_rows with every logits row's token sampled on the GPU (cuda_sample.cu:
+ * sampler.c's semantics, its own draws): ids[i] for row i, logprobs into rows[i].lp; no
+ * logits row leaves the device; a non-finite row fails with HEARTH_ERR_FORMAT.
+ * UNSUPPORTED on the CPU. */
+hearth_status engine_forward_rows_sample(hearth_engine *e, int T, const int32_t *tokens, const int32_t *pos,
+                                         const int32_t *slot, int n_out, const int32_t *out_rows,
+                                         const engine_sample_row *rows, int32_t *ids, hearth_error *err);
+/* hearth_seq_append_greedy's counterpart for any sampling: *next is drawn on the device. */
+hearth_status engine_seq_append_sample(hearth_engine *e, int seq, const int32_t *tokens, size_t n,
+                                       const engine_sample_row *row, int32_t *next, hearth_error *err);
+int engine_has_device_sampler(const hearth_engine *e);
+/* Whether a request's tokens may come from engine_forward_rows_sample /
+ * engine_seq_append_sample: the GPU engine with its sampler, parameters the device path
+ * takes (cuda_sample_supported), and HEARTH_DEVICE_SAMPLER is not 0 (A/B: the host sampler). */
+int gen_device_sample(const hearth_engine *e, const hearth_generate_params *p);
+/* The Philox key of a request's device draws: its seed, or a fresh one when it has none. */
+uint64_t gen_device_seed(const hearth_sampling *s);
 /* Whether a request's tokens may come from engine_forward_rows_greedy /
  * hearth_seq_append_greedy: the engine runs on the GPU and the sampling is greedy with no
  * logprobs, penalties or logit bias (the sampler would then pick the same first-largest

@@ -7,6 +7,7 @@
 #include "base/err.h"
 #include "base/sbuf.h"
 #include "engine/engine_internal.h"
+#include "engine/engine_device.h"
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -154,14 +155,41 @@ sampler_row gen_stream_row(gen_stream *g, sampler *smp, const float *logits, int
                          .n_history = (size_t)seq_len, .lp = &g->lp, .token = -1};
 }
 
-int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p) {
-    const hearth_sampling *s = &p->sampling;
-    if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA) return 0;
-    const char *env = getenv("HEARTH_DEVICE_GREEDY");
-    if (env && env[0] == '0') return 0;
+/* Greedy with no logprobs, penalties or bias: the argmax of the raw logits. */
+static int plain_greedy(const hearth_sampling *s) {
     return !(s->temperature > 0) && s->n_bias == 0 && s->top_logprobs == 0 &&
            (s->repetition_penalty <= 0 || s->repetition_penalty == 1.0f) && s->presence_penalty == 0 &&
            s->frequency_penalty == 0;
+}
+
+static int env_off(const char *name) {
+    const char *env = getenv(name);
+    return env && env[0] == '0';
+}
+
+int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p) {
+    if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || env_off("HEARTH_DEVICE_GREEDY")) return 0;
+    return plain_greedy(&p->sampling);
+}
+
+int gen_device_sample(const hearth_engine *e, const hearth_generate_params *p) {
+    if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || !engine_has_device_sampler(e)) return 0;
+    if (env_off("HEARTH_DEVICE_SAMPLER")) return 0;
+    /* HEARTH_DEVICE_GREEDY=0 keeps plain greedy rows on the host too (its documented A/B) */
+    if (plain_greedy(&p->sampling) && env_off("HEARTH_DEVICE_GREEDY")) return 0;
+    return engine_device_sample_supported(&p->sampling);
+}
+
+uint64_t gen_device_seed(const hearth_sampling *s) {
+    if (s->has_seed) return s->seed;
+    static uint64_t calls; /* distinct keys for requests started in the same nanosecond */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t z = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec +
+                 __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finalizer */
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
 }
 
 int32_t gen_stream_step(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len, double t0) {
@@ -219,20 +247,26 @@ hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_
     if ((st = hearth_seq_open(e, &seq, err))) { gen_stream_free(&g); return st; }
     if (p->sampling.has_seed) sampler_seed(engine_sampler(e), p->sampling.seed);
     float *logits = engine_logits_buffer(e);
+    /* plain greedy on the GPU: after the first token only the chosen id leaves the device;
+     * any other sampling on the GPU: every token drawn there (the first too, without a
+     * progress callback), only ids and requested logprobs come back */
+    int dev_greedy = gen_device_greedy(e, p), dev_sample = !dev_greedy && gen_device_sample(e, p);
+    engine_sample_row row = {.p = &p->sampling, .seed = gen_device_seed(&p->sampling),
+                             .lp = p->sampling.top_logprobs ? &g.lp : NULL};
+    int32_t next = -1;
     double t0 = gen_now_seconds();
-    st = prefill(e, seq, prompt, n_prompt, logits, p, user, res, err);
+    st = dev_sample && !p->on_progress ? engine_seq_append_sample(e, seq, prompt, n_prompt, &row, &next, err)
+                                       : prefill(e, seq, prompt, n_prompt, logits, p, user, res, err);
     res->prompt_seconds = gen_now_seconds() - t0;
     double t1 = gen_now_seconds();
-    /* plain greedy on the GPU: after the first token only the chosen id leaves the device */
-    int dev_greedy = gen_device_greedy(e, p);
-    int32_t next = -1;
     while (!st && !res->finish) {
         int len = engine_seq_length(e, seq);
         int32_t id = next >= 0 ? gen_stream_accept(&g, next, seq, len, t0)
                                : gen_stream_step(&g, engine_sampler(e), logits, seq, len, t0);
         if (res->finish) break;
-        st = dev_greedy ? hearth_seq_append_greedy(e, seq, &id, 1, &next, err)
-                        : hearth_seq_append(e, seq, &id, 1, 1, logits, err);
+        st = dev_greedy   ? hearth_seq_append_greedy(e, seq, &id, 1, &next, err)
+             : dev_sample ? engine_seq_append_sample(e, seq, &id, 1, &row, &next, err)
+                          : hearth_seq_append(e, seq, &id, 1, 1, logits, err);
     }
     res->generate_seconds = gen_now_seconds() - t1;
     hearth_seq_close(e, seq);

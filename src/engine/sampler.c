@@ -101,46 +101,71 @@ static void top_n(const float *x, int vocab, int n, int32_t *ids) {
     }
 }
 
-int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
-                       size_t n_history, hearth_logprobs *lp) {
+/* The processed logits into s->work (bias, penalties); returns the best index. */
+static int32_t process(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
+                       size_t n_history) {
     float *x = s->work;
     int V = s->vocab;
     memcpy(x, logits, (size_t)V * sizeof *x);
     for (size_t i = 0; i < p->n_bias; i++)
         if (p->bias_ids[i] >= 0 && p->bias_ids[i] < V) x[p->bias_ids[i]] += p->bias_values[i];
     apply_penalties(s, x, p, history, n_history);
-
     int32_t best = 0;
     for (int i = 1; i < V; i++)
         if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Temperature > 0: the tokens the draw is made from into s->cand[0..n), sorted; returns n. */
+static int filter(sampler *s, const hearth_sampling *p, float mx) {
+    const float *x = s->work;
+    int V = s->vocab;
+    /* candidates: tokens within e^-40 of the best after temperature; the rest cannot
+     * carry probability mass that float sampling would see */
+    float inv_t = 1.0f / p->temperature, floor = mx - 40.0f * p->temperature;
+    int n = 0;
+    for (int i = 0; i < V; i++)
+        if (x[i] >= floor) s->cand[n++] = i;
+    qsort_r(s->cand, (size_t)n, sizeof *s->cand, cmp_desc, (void *)x);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    double total = 0;
+    for (int i = 0; i < n; i++) total += exp((double)(x[s->cand[i]] - mx) * inv_t);
+    if (p->top_p > 0 && p->top_p < 1) { /* smallest prefix with mass >= top_p */
+        double acc = 0;
+        for (int i = 0; i < n; i++) {
+            acc += exp((double)(x[s->cand[i]] - mx) * inv_t) / total;
+            if (acc >= p->top_p) { n = i + 1; break; }
+        }
+    }
+    if (p->min_p > 0) { /* drop tokens below min_p times the best's probability */
+        double lim = log((double)p->min_p) / inv_t;
+        int keep = 1;
+        while (keep < n && (double)(x[s->cand[keep]] - mx) >= lim) keep++;
+        n = keep;
+    }
+    return n;
+}
+
+int sampler_survivors(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
+                      size_t n_history) {
+    int32_t best = process(s, logits, p, history, n_history);
+    if (p->temperature > 0) return filter(s, p, s->work[best]);
+    s->cand[0] = best;
+    return 1;
+}
+
+int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
+                       size_t n_history, hearth_logprobs *lp) {
+    const float *x = s->work;
+    int V = s->vocab;
+    int32_t best = process(s, logits, p, history, n_history);
     float mx = x[best];
 
     int32_t chosen = best;
     if (p->temperature > 0) {
-        /* candidates: tokens within e^-40 of the best after temperature; the rest cannot
-         * carry probability mass that float sampling would see */
-        float inv_t = 1.0f / p->temperature, floor = mx - 40.0f * p->temperature;
-        int n = 0;
-        for (int i = 0; i < V; i++)
-            if (x[i] >= floor) s->cand[n++] = i;
-        qsort_r(s->cand, (size_t)n, sizeof *s->cand, cmp_desc, x);
-        if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+        float inv_t = 1.0f / p->temperature;
+        int n = filter(s, p, mx);
         double total = 0;
-        for (int i = 0; i < n; i++) total += exp((double)(x[s->cand[i]] - mx) * inv_t);
-        if (p->top_p > 0 && p->top_p < 1) { /* smallest prefix with mass >= top_p */
-            double acc = 0;
-            for (int i = 0; i < n; i++) {
-                acc += exp((double)(x[s->cand[i]] - mx) * inv_t) / total;
-                if (acc >= p->top_p) { n = i + 1; break; }
-            }
-        }
-        if (p->min_p > 0) { /* drop tokens below min_p times the best's probability */
-            double lim = log((double)p->min_p) / inv_t;
-            int keep = 1;
-            while (keep < n && (double)(x[s->cand[keep]] - mx) >= lim) keep++;
-            n = keep;
-        }
-        total = 0;
         for (int i = 0; i < n; i++) total += exp((double)(x[s->cand[i]] - mx) * inv_t);
         double r = next_uniform(s) * total, acc = 0;
         chosen = s->cand[n - 1];

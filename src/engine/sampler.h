@@ -26,6 +26,13 @@ void sampler_seed(sampler *s, uint64_t seed);
 int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
                        size_t n_history, hearth_logprobs *lp);
 
+/* The tokens sampler_sample would draw from (every filter applied; the argmax alone at
+ * temperature 0): returns n with their ids in s->cand[0..n) in the sampler's order (value
+ * descending, lower id first), and the processed logits (bias, penalties) in s->work. For
+ * checking other samplers (the GPU's) against this one. */
+int sampler_survivors(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
+                      size_t n_history);
+
 /* One row of a batched sampling pass: sampler_sample's arguments, and its result. */
 typedef struct sampler_row {
     sampler *s; /* the row's own: its buffers and its seeded RNG (rows must not share one) */

@@ -34,6 +34,7 @@ typedef struct sched_req {
     int32_t *resume; /* preempted while decoding: prompt + generated tokens to compute again */
     int admitted;    /* admitted before (so a readmission is a resume, not a new request) */
     uint64_t rng[4]; /* preempted: the slot sampler's state, restored on readmission */
+    uint64_t dev_seed; /* the device sampler's key (gen_device_seed), fixed at first admission */
     struct sched_req *next_waiting;
 } sched_req;
 
@@ -49,7 +50,8 @@ struct hearth_batch {
     int *take;                            /* [max_run] */
     sampler_row *rows;                    /* [max_run]: this step's rows to sample */
     struct sched_req **row_req;           /* [max_run]: the request of each row */
-    int32_t *greedy_ids;                  /* [max_run]: rows' ids chosen on the GPU (all plain greedy) */
+    int32_t *greedy_ids;                  /* [max_run]: rows' ids chosen on the GPU (greedy or sampled there) */
+    engine_sample_row *dev_rows;          /* [max_run]: rows for the device sampler */
     /* monitoring (hearth_batch_stats_get) */
     unsigned long long prompt_tokens, cached_tokens, requests_done, steps, preemptions;
     double last_step_seconds;
@@ -115,8 +117,9 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
     b->rows = malloc((size_t)max_run * sizeof *b->rows);
     b->row_req = malloc((size_t)max_run * sizeof *b->row_req);
     b->greedy_ids = malloc((size_t)max_run * sizeof *b->greedy_ids);
+    b->dev_rows = malloc((size_t)max_run * sizeof *b->dev_rows);
     if (!b->run || !b->tok || !b->pos || !b->slot || !b->out_rows || !b->out_of || !b->remaining || !b->take ||
-        !b->rows || !b->row_req || !b->greedy_ids) {
+        !b->rows || !b->row_req || !b->greedy_ids || !b->dev_rows) {
         hearth_batch_free(b);
         return err_set(err, HEARTH_ERR_NOMEM, "batching: out of memory");
     }
@@ -169,6 +172,7 @@ void hearth_batch_free(hearth_batch *b) {
     free(b->rows);
     free(b->row_req);
     free(b->greedy_ids);
+    free(b->dev_rows);
     free(b);
 }
 
@@ -313,6 +317,7 @@ static void admit(hearth_batch *b) {
         b->prompt_tokens += q->r.n_prompt;
         b->cached_tokens += (unsigned long long)reused;
         q->t0 = gen_now_seconds();
+        q->dev_seed = gen_device_seed(&p->sampling);
         if (p->sampling.has_seed) sampler_seed(engine_slot_sampler(b->e, q->seq), p->sampling.seed);
         if (p->on_progress && p->on_progress(q->r.user, 0, q->r.n_prompt)) {
             q->r.result->finish = HEARTH_FINISH_CANCELLED;
@@ -456,13 +461,23 @@ size_t hearth_batch_step(hearth_batch *b) {
     hearth_error err = {0};
     int n_rows = 0; /* requests whose next token this step samples: b->rows, b->row_req */
     double t_step = gen_now_seconds();
-    /* every row plain greedy on the GPU: the device picks the ids, no logits row comes back */
-    int greedy = n_out > 0;
-    for (int i = 0; greedy && i < b->n_run; i++)
-        if (b->out_of[i] >= 0 && !gen_device_greedy(b->e, b->run[i]->r.params)) greedy = 0;
-    hearth_status st = greedy ? engine_forward_rows_greedy(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows,
-                                                           b->greedy_ids, &err)
-                              : engine_forward_rows(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, &logits, &err);
+    /* every row plain greedy on the GPU: the device picks the ids, no logits row comes back;
+     * else every row within the device sampler's reach: it draws them all in one pass */
+    int greedy = n_out > 0, dev = n_out > 0;
+    for (int i = 0; (greedy || dev) && i < b->n_run; i++) {
+        if (b->out_of[i] < 0) continue;
+        const hearth_generate_params *p = b->run[i]->r.params;
+        greedy = greedy && gen_device_greedy(b->e, p);
+        dev = dev && gen_device_sample(b->e, p);
+        b->dev_rows[b->out_of[i]] = (engine_sample_row){
+            .p = &p->sampling, .seed = b->run[i]->dev_seed, .lp = p->sampling.top_logprobs ? &b->run[i]->g.lp : NULL};
+    }
+    hearth_status st =
+        greedy ? engine_forward_rows_greedy(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, b->greedy_ids, &err)
+        : dev  ? engine_forward_rows_sample(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, b->dev_rows,
+                                            b->greedy_ids, &err)
+               : engine_forward_rows(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, &logits, &err);
+    greedy |= dev; /* either way the ids are in b->greedy_ids */
     record_step(b, T, gen_now_seconds() - t_step);
     size_t vocab = (size_t)hearth_model_vocab_rows(b->e);
     kv_cache *kv = engine_kv(b->e);

@@ -402,7 +402,7 @@ static hearth_status check_batch(const cuda_model *cm, const kv_cache *kv, const
 
 /* One step: inputs queued, the layers (a replayed graph for decode shapes, else eager),
  * then either the logits rows (ids == NULL) or only their greedy token ids downloaded. */
-static hearth_status forward(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids,
+static hearth_status forward(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids, int keep,
                              hearth_error *err) {
     const model *m = cm->m;
     const model_config *c = &m->cfg;
@@ -431,6 +431,7 @@ static hearth_status forward(cuda_model *cm, const kv_cache *kv, const model_bat
     else
         TRY(run_layers(cm, T, b->n_out, single_slot, want_ids, err));
     if (b->n_out == 0) return cuda_stream_sync(err);
+    if (keep) return HEARTH_OK; /* the logits stay in cm->logits for the device sampler */
     if (want_ids) {
         TRY(cuda_download_async(cm->host_ids, cm->ids_dev, (size_t)b->n_out * sizeof(int32_t), err));
         TRY(cuda_stream_sync(err));
@@ -447,23 +448,29 @@ static hearth_status forward(cuda_model *cm, const kv_cache *kv, const model_bat
 }
 
 /* HEARTH_CUDA_PROFILE_STEP / _PREFILL: the chosen step runs inside the profiler range. */
-static hearth_status profiled(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids,
+static hearth_status profiled(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids, int keep,
                               hearth_error *err) {
     int prof = (b->T == 1 && cm->prof_step > 0 && ++cm->decode_steps == cm->prof_step) ||
                (b->T > GRAPH_MAX_T && cm->prof_prefill > 0 && ++cm->prefill_steps == cm->prof_prefill);
     if (prof) cudaProfilerStart();
-    hearth_status st = forward(cm, kv, b, ids, err);
+    hearth_status st = forward(cm, kv, b, ids, keep, err);
     if (prof) cudaProfilerStop();
     return st;
 }
 
 hearth_status cuda_model_forward(cuda_model *cm, const kv_cache *kv, const model_batch *b, hearth_error *err) {
-    return profiled(cm, kv, b, NULL, err);
+    return profiled(cm, kv, b, NULL, 0, err);
 }
+
+hearth_status cuda_model_forward_keep(cuda_model *cm, const kv_cache *kv, const model_batch *b, hearth_error *err) {
+    return profiled(cm, kv, b, NULL, 1, err);
+}
+
+float *cuda_model_device_logits(cuda_model *cm) { return cm->logits; }
 
 hearth_status cuda_model_forward_ids(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids,
                                      hearth_error *err) {
     if (!ids) return err_set(err, HEARTH_ERR_INVALID, "cuda_model_forward_ids: no output array");
-    return profiled(cm, kv, b, ids, err);
+    return profiled(cm, kv, b, ids, 0, err);
 }
 #endif

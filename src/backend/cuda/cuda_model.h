@@ -24,6 +24,11 @@ hearth_status cuda_model_forward(cuda_model *cm, const kv_cache *kv, const model
  * engine's host-side check does. */
 hearth_status cuda_model_forward_ids(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids,
                                      hearth_error *err);
+/* The step with its n_out logits rows left on the device (cuda_model_device_logits, [n_out,
+ * vocab]) and queued, not waited for: the device sampler (cuda_sample.h) runs next on the
+ * same stream. b->logits is not written. */
+hearth_status cuda_model_forward_keep(cuda_model *cm, const kv_cache *kv, const model_batch *b, hearth_error *err);
+float *cuda_model_device_logits(cuda_model *cm);
 /* Device bytes held (weights, KV pool, scratch). */
 size_t cuda_model_device_bytes(const cuda_model *cm);
 #endif

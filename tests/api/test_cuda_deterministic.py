@@ -32,9 +32,10 @@ def others(n):
 
 
 def gpu_present(model):
-    p = subprocess.run([str(BIN), "trace", str(model), "--ids", "[1,2,3]", "--device", "auto"], capture_output=True,
-                       text=True, timeout=120)
-    return p.returncode == 0 and "device auto: cpu" not in p.stderr
+    p = subprocess.run([str(BIN), "trace", str(model), "--ids", "[1,2,3]", "--last", "1", "--device", "auto"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return "device auto: cpu" not in p.stderr
 
 
 @pytest.fixture(scope="module", params=[(m, q) for m in MODELS for q in ("none", "fp8")],
@@ -61,3 +62,16 @@ def test_gpu_request_among_others_equals_alone(det_gpu_server, alone, n_others):
     assert len(alone["logprobs"]["content"]) == alone["completion_tokens"] > 0
     together = run_together(det_gpu_server, [TARGET] + others(n_others))
     assert together[0] == alone, f"the target request differs among {n_others} others on the GPU"
+
+
+def test_gpu_default_mode_depends_on_the_batch():
+    """The control that gives the test above its teeth: without --deterministic the same
+    request among 63 others is computed by other kernels (cuBLAS with bf16 operands, the
+    prefill attention tiles) in steps of more than 8 tokens, so its logprobs differ."""
+    path = TINY / MODELS[0]
+    if not path.exists() or not gpu_present(path):
+        pytest.skip("no CUDA device here (or tiny model missing): the GPU control did NOT run")
+    with server(path, "--device", "cuda", "--max-sequences", "64", "--ctx", "1024") as base:
+        alone = run_alone(base, [TARGET])[0]
+        together = run_together(base, [TARGET] + others(63))
+    assert together[0]["logprobs"] != alone["logprobs"], "batch-dependent kernels gave identical bits (control)"

@@ -106,7 +106,8 @@ int cli_bench(int argc, char **argv) {
         double roof = bw > 0 ? bw * 1e9 / bytes : 0;
         int on_gpu = hearth_engine_device(e) == HEARTH_DEVICE_CUDA;
         json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "model",
-                              hearth_model_path(m), "device", on_gpu ? "cuda" : "cpu", "kv_quant", hearth_kv_quant_name(eo.kv_quant),
+                              hearth_model_path(m), "device", on_gpu ? "cuda" : "cpu", "kv_quant",
+                              hearth_kv_quant_name(eo.kv_quant),
                               "deterministic", eo.deterministic,
                               "threads", eo.n_threads, "prompt_tokens", p, "gen_tokens", n,
                               "runs", reps, "prefill_tps", prefill_tps, "decode_tps", decode_tps, "bandwidth_gbs", bw,

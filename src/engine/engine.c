@@ -183,7 +183,8 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     if (!st && !e->gpu && o.kv_quant == HEARTH_KV_FP8) /* --device auto chose the CPU */
         st = err_set(err, HEARTH_ERR_UNSUPPORTED,
                      "--kv-quant fp8 needs the GPU, but the model runs on the CPU here (%s); use --kv-quant int8 "
-                     "or none", o.device == HEARTH_DEVICE_AUTO ? "--device auto found no usable CUDA device" : "--device cpu");
+                     "or none",
+                     o.device == HEARTH_DEVICE_AUTO ? "--device auto found no usable CUDA device" : "--device cpu");
     if (!st) st = sampler_init(&e->smp, c->vocab, err);
     if (!st && !(e->slot_smp = calloc((size_t)e->max_seqs, sizeof *e->slot_smp)))
         st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
@@ -416,7 +417,8 @@ double engine_decode_bytes(const model *m, int context, int kv_quant) {
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) b += weight_read_bytes(ws[j]);
         int span = l->sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
         /* int8 / fp8 KV: head_dim bytes and one float scale per position and head */
-        double row = kv_quant != HEARTH_KV_FLOAT ? (double)c->head_dim + sizeof(float) : (double)c->head_dim * sizeof(float);
+        double row = kv_quant != HEARTH_KV_FLOAT ? (double)c->head_dim + sizeof(float)
+                                                 : (double)c->head_dim * sizeof(float);
         b += 2.0 * span * c->n_kv_heads * row;
     }
     return b;

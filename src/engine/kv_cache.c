@@ -14,7 +14,8 @@ static int blocks_for(int positions) { return (positions + KV_BLOCK_SIZE - 1) / 
  * one outlier token does not flatten its 15 neighbours. Costs 4 / head_dim extra. */
 size_t kv_storage_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant) {
     size_t rows = (size_t)n_layers * n_blocks * n_kv_heads * KV_BLOCK_SIZE;
-    if (quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8) return 2 * rows * ((size_t)head_dim * sizeof(int8_t) + sizeof(float));
+    if (quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8)
+        return 2 * rows * ((size_t)head_dim * sizeof(int8_t) + sizeof(float));
     return 2 * rows * (size_t)head_dim * sizeof(float);
 }
 

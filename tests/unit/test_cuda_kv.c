@@ -8,7 +8,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+// clang-format off
 #include <cmocka.h>
+// clang-format on
 
 #include <math.h>
 #include <stdio.h>
@@ -38,7 +40,8 @@ static float rndf(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; } /
 static void *dev_from(const void *host, size_t bytes) {
     void *d = NULL;
     assert_int_equal(cuda_alloc(&d, bytes, "test buffer", NULL), HEARTH_OK);
-    if (host) assert_int_equal(cuda_upload(d, host, bytes, NULL), HEARTH_OK);
+    if (host)
+        assert_int_equal(cuda_upload(d, host, bytes, NULL), HEARTH_OK);
     else { /* NaN-poisoned: an output element never written fails */
         float *nan = malloc(bytes);
         for (size_t i = 0; i < bytes / sizeof(float); i++) nan[i] = NAN;
@@ -83,7 +86,7 @@ static uint8_t e4m3_encode(float x) {
 
 typedef struct pool {
     int quant, kvh, d, lens[SLOTS], first[SLOTS], total; /* token index of (slot, p) = first[slot] + p */
-    kv_cache kvf, kvi;   /* host: float (tables, float reference), int8 (kv_store's bytes) */
+    kv_cache kvf, kvi; /* host: float (tables, float reference), int8 (kv_store's bytes) */
     cuda_kv dkv;
     float *k[LAYERS], *v[LAYERS]; /* what was written: [total][kvh][d] per layer */
     double *kr, *vr;              /* layer 1 after the reference quantization, same layout */
@@ -206,15 +209,16 @@ static void check_stored(const pool *P) {
                             if (memcmp(&sc[row], &cs[row], 4) || memcmp(dev + row * d, cq, (size_t)d))
                                 fail_msg("int8 kv_write (%s) layer %d slot %d pos %d head %d d=%d: scale %.9g vs "
                                          "CPU %.9g, first bytes %d vs %d",
-                                         which ? "V" : "K", l, s, p, h, d, sc[row], cs[row], (int8_t)dev[row * d], cq[0]);
+                                         which ? "V" : "K", l, s, p, h, d, sc[row], cs[row], (int8_t)dev[row * d],
+                                         cq[0]);
                             continue;
                         }
                         float amax = 0.0f;
                         for (int i = 0; i < d; i++) amax = fmaxf(amax, fabsf(x[i]));
                         float rs = amax / 448.0f, inv = rs > 0 ? 1.0f / rs : 0.0f;
                         if (memcmp(&sc[row], &rs, 4))
-                            fail_msg("fp8 kv_write: layer %d slot %d pos %d head %d: scale %.9g, reference %.9g", l,
-                                     s, p, h, sc[row], rs);
+                            fail_msg("fp8 kv_write: layer %d slot %d pos %d head %d: scale %.9g, reference %.9g", l, s,
+                                     p, h, sc[row], rs);
                         for (int i = 0; i < d; i++) { /* +0 and -0 are the same value */
                             uint8_t want = e4m3_encode(x[i] * inv), got = dev[row * d + i];
                             if (e4m3_value(want) != e4m3_value(got))
@@ -248,7 +252,8 @@ static void ref_attention(const pool *P, const float *q, int heads, int slot, in
         for (int p = p0; p <= pos; p++) sum += (sc[p - p0] = exp(sc[p - p0] - mx));
         for (int i = 0; i < d; i++) {
             double o = 0.0;
-            for (int p = p0; p <= pos; p++) o += sc[p - p0] * P->vr[((size_t)(P->first[slot] + p) * P->kvh + h / G) * d + i];
+            for (int p = p0; p <= pos; p++)
+                o += sc[p - p0] * P->vr[((size_t)(P->first[slot] + p) * P->kvh + h / G) * d + i];
             out[(size_t)h * d + i] = o / sum;
         }
     }
@@ -263,10 +268,22 @@ static float *run_attention(const pool *P, int heads, int T, const float *q, con
     int32_t *dpos = dev_from(pos, T * 4), *dslot = dev_from(slot, T * 4);
     size_t split = cuda_attention_split_floats(8, heads, P->d); /* what cuda_model gives: 8 decode tokens */
     float *dsplit = dev_from(NULL, split * 4);
-    cuda_attention_args a = {.kv = &P->dkv, .layer = 1, .q = dq, .out = dout, .T = T, .n_heads = heads,
-                             .n_kv_heads = P->kvh, .head_dim = P->d, .pos = dpos, .slot = dslot, .window = window,
-                             .scale = 1.0f / sqrtf((float)P->d), .single_slot = single_slot,
-                             .split_scratch = dsplit, .split_scratch_floats = split, .batch_invariant = invariant};
+    cuda_attention_args a = {.kv = &P->dkv,
+                             .layer = 1,
+                             .q = dq,
+                             .out = dout,
+                             .T = T,
+                             .n_heads = heads,
+                             .n_kv_heads = P->kvh,
+                             .head_dim = P->d,
+                             .pos = dpos,
+                             .slot = dslot,
+                             .window = window,
+                             .scale = 1.0f / sqrtf((float)P->d),
+                             .single_slot = single_slot,
+                             .split_scratch = dsplit,
+                             .split_scratch_floats = split,
+                             .batch_invariant = invariant};
     hearth_error e = {0};
     assert_int_equal(cuda_attention(&a, &e), HEARTH_OK);
     float *out = download(dout, nq * 4);
@@ -415,8 +432,8 @@ static void test_e4m3_reference(void **state) {
     assert_int_equal(e4m3_encode(1000.0f), 0x7e);
     assert_int_equal(e4m3_encode(-448.0f), 0xfe);
     assert_int_equal(e4m3_encode(1.0f), 0x38);
-    assert_int_equal(e4m3_encode(1.0625f), 0x38); /* halfway 1 and 1.125: even code 0x38 */
-    assert_int_equal(e4m3_encode(1.1875f), 0x3a); /* halfway 1.125 and 1.25: even code 0x3a */
+    assert_int_equal(e4m3_encode(1.0625f), 0x38);  /* halfway 1 and 1.125: even code 0x38 */
+    assert_int_equal(e4m3_encode(1.1875f), 0x3a);  /* halfway 1.125 and 1.25: even code 0x3a */
     assert_int_equal(e4m3_encode(0x1p-9f), 0x01);  /* smallest subnormal */
     assert_int_equal(e4m3_encode(0x1p-10f), 0x00); /* halfway 0 and 2^-9: even code 0 */
     for (int c = 0; c < 0x7f; c++) assert_int_equal(e4m3_encode((float)e4m3_value((uint8_t)c)), c);

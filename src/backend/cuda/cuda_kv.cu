@@ -29,7 +29,8 @@ static hearth_status kv_create(cuda_kv *dkv, const kv_cache *kv, int quant, hear
     size_t tb = (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t);
     hearth_status s = cuda_alloc(&dkv->k, eb, "KV keys", err);
     if (!s) s = cuda_alloc(&dkv->v, eb, "KV values", err);
-    if (!s && quant != HEARTH_KV_FLOAT) s = cuda_alloc((void **)&dkv->k_scale, rows * sizeof(float), "KV key scales", err);
+    if (!s && quant != HEARTH_KV_FLOAT)
+        s = cuda_alloc((void **)&dkv->k_scale, rows * sizeof(float), "KV key scales", err);
     if (!s && quant != HEARTH_KV_FLOAT)
         s = cuda_alloc((void **)&dkv->v_scale, rows * sizeof(float), "KV value scales", err);
     if (!s) s = cuda_alloc((void **)&dkv->tables, tb, "KV block tables", err);
@@ -125,8 +126,8 @@ __global__ void __launch_bounds__(KVW_THREADS)
     }
 }
 
-hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const float *v, int T,
-                            const int32_t *pos, const int32_t *slot, hearth_error *err) {
+hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const float *v, int T, const int32_t *pos,
+                            const int32_t *slot, hearth_error *err) {
     if (T <= 0) return HEARTH_OK;
     if (layer < 0 || layer >= dkv->n_layers)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_kv_write: layer %d of %d", layer, dkv->n_layers);

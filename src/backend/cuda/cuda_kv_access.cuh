@@ -113,9 +113,11 @@ template <int KVQ> static __device__ __forceinline__ float cuda_kv_scale(float a
 template <int KVQ>
 static __device__ __forceinline__ void cuda_kv_store(void *data, size_t row, int d, int i, float x, float inv) {
     size_t off = row * (size_t)d + i;
-    if (KVQ == HEARTH_KV_INT8) ((int8_t *)data)[off] = (int8_t)__float2int_rn(x * inv); /* |x * inv| <= 127 */
+    if (KVQ == HEARTH_KV_INT8)
+        ((int8_t *)data)[off] = (int8_t)__float2int_rn(x * inv); /* |x * inv| <= 127 */
     else if (KVQ == HEARTH_KV_FP8)
         ((uint8_t *)data)[off] = (uint8_t)__nv_cvt_float_to_fp8(x * inv, __NV_SATFINITE, __NV_E4M3);
-    else ((float *)data)[off] = x;
+    else
+        ((float *)data)[off] = x;
 }
 #endif

@@ -251,7 +251,7 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
     const model_config *c = &cm->m->cfg;
     const cuda_layer *l = &cm->layers[i];
     int sliding = cm->m->layers[i].sliding, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-    if (T <= GRAPH_MAX_T || cm->invariant) { /* decode: q, k and v in one GEMV launch where the formats allow */
+    if (T <= GRAPH_MAX_T || cm->invariant) { /* q, k and v in one GEMV launch where the formats allow */
         const cuda_weight *ws[3] = {&l->q, &l->k, &l->v};
         float *ys[3] = {cm->q, cm->k, cm->v};
         TRY(cuda_gemv_multi(ws, ys, 3, cm->xn, T, err));
@@ -295,7 +295,8 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
 static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *err) {
     const cuda_layer *l = &cm->layers[i];
     size_t n = (size_t)T * cm->m->cfg.ffn;
-    if (T <= GRAPH_MAX_T || cm->invariant) { /* decode: one launch for 16-bit gate + up, one quantized x for int8 ones */
+    /* decode: one launch for 16-bit gate + up, one quantized x for int8 ones */
+    if (T <= GRAPH_MAX_T || cm->invariant) {
         const cuda_weight *ws[2] = {&l->gate, &l->up};
         float *ys[2] = {cm->gate, cm->up};
         TRY(cuda_gemv_multi(ws, ys, 2, cm->xn, T, err));

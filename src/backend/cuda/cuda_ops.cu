@@ -503,10 +503,11 @@ static bool decode_kernel_fits(const cuda_attention_args *a) {
 static hearth_status launch_decode_attention(const cuda_attention_args *a, hearth_error *err) {
     int S = decode_splits(a), G = a->n_heads / a->n_kv_heads, nv = a->head_dim > 128 ? 2 : 1;
     dim3 grid((unsigned)a->n_kv_heads, (unsigned)a->T, (unsigned)S);
+    unsigned threads = DA_WARPS * 32;
     CUDA_KV_DISPATCH(a->kv->quant, KVQ, {
-        if (G <= 4 && nv == 1) attention_decode_kernel<4, 1, KVQ><<<grid, DA_WARPS * 32, 0, cuda_stream()>>>(*a, *a->kv, S);
-        else if (G <= 4) attention_decode_kernel<4, 2, KVQ><<<grid, DA_WARPS * 32, 0, cuda_stream()>>>(*a, *a->kv, S);
-        else attention_decode_kernel<8, 1, KVQ><<<grid, DA_WARPS * 32, 0, cuda_stream()>>>(*a, *a->kv, S);
+        if (G <= 4 && nv == 1) attention_decode_kernel<4, 1, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S);
+        else if (G <= 4) attention_decode_kernel<4, 2, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S);
+        else attention_decode_kernel<8, 1, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S);
     });
     if (cuda_launched("attention_decode", err)) return HEARTH_ERR_IO;
     if (S == 1) return HEARTH_OK;

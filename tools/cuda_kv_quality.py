@@ -43,7 +43,11 @@ def main():
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     t0 = time.time()
-    rows, results = [], []
+    results, failed = [], False
+    # rows are printed as they complete: a run cut short by the caller's timeout keeps them
+    print(f"KV quality on {a.device} (f32 KV is the oracle; KL in nats over every teacher-forced position):")
+    print("| model | KV | positions | mean KL | p99 KL | argmax agreement | greedy identical prefix / same position |")
+    print("|---|---|---:|---:|---:|---:|---:|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         exe = build_helper(a.lib, tmp)
         text = Path(tmp) / "text.txt"
@@ -53,26 +57,23 @@ def main():
             for q in (qs.split(",") if qs else ["int8", "fp8"]):
                 name = Path(model).name
                 if time.time() - t0 > a.budget:
-                    rows.append(f"| {name} | {q} | not run (budget) | | | | |")
+                    print(f"| {name} | {q} | not run (budget) | | | | |", flush=True)
                     continue
                 t = time.time()
                 p = subprocess.run([str(exe), model, str(text), str(a.tokens), str(a.steps), "8", q, a.device],
                                    capture_output=True, text=True)
                 if p.returncode != 0:
-                    rows.append(f"| {name} | {q} | FAILED: {p.stderr.strip()[-160:]} | | | | |")
+                    failed = True
+                    print(f"| {name} | {q} | FAILED: {p.stderr.strip()[-160:]} | | | | |", flush=True)
                     continue
                 r = json.loads(p.stdout)
                 r.update(model=str(model), seconds=round(time.time() - t, 1))
                 results.append(r)
-                rows.append(f"| {name} | {q} | {r['tokens']} | {r['kl_mean']:.3g} | {r['kl_p99']:.3g} | "
-                            f"{r['argmax_agreement']:.3f} | {r['greedy_identical_prefix_fraction']:.3f} / "
-                            f"{r['greedy_same_position_fraction']:.3f} |")
-    Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
-    print(f"KV quality on {a.device} (f32 KV is the oracle; KL in nats over every teacher-forced position):")
-    print("| model | KV | positions | mean KL | p99 KL | argmax agreement | greedy identical prefix / same position |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    print("\n".join(rows))
-    return 0 if all("FAILED" not in r for r in rows) else 1
+                Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
+                print(f"| {name} | {q} | {r['tokens']} | {r['kl_mean']:.3g} | {r['kl_p99']:.3g} | "
+                      f"{r['argmax_agreement']:.3f} | {r['greedy_identical_prefix_fraction']:.3f} / "
+                      f"{r['greedy_same_position_fraction']:.3f} |", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -604,6 +604,8 @@ int main(void) {
     rng_state ^= (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull; /* fresh random inputs every run */
     printf("test_cuda: device 0: %s (sm_%d%d, %d SMs, %.1f GiB); seed %llx\n", info.name, info.cc_major,
            info.cc_minor, info.n_sms, info.total_mem / 1073741824.0, (unsigned long long)rng_state);
+    const char *only = getenv("HEARTH_TEST_FILTER"); /* e.g. test_gemv_batch_invariant: one test (device rounds) */
+    if (only) cmocka_set_test_filter(only);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemv),      cmocka_unit_test(test_gemv_multi), cmocka_unit_test(test_gemv_batch_invariant),      cmocka_unit_test(test_gemm),     cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_rope),
         cmocka_unit_test(test_gated_activations), cmocka_unit_test(test_attention), cmocka_unit_test(test_errors),

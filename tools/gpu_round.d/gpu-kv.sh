@@ -22,7 +22,7 @@ echo "test_cuda (GEMV batch invariance only) rc $?: $(grep -E '(OK|FAILED) +\] t
 grep -m2 -E 'among|alone' "$L/test_cuda.log" | cut -c1-250
 
 # 2. deterministic serve on the GPU (tiny llama-f32 and qwen3-q4g64, f32 and fp8 KV)
-(cd tests/api && HEARTH_BIN="$H" HEARTH_CACHE="$(dirname "$TINY")" timeout 45 ${PY:-python3} -m pytest -q -rs \
+(cd tests/api && HEARTH_BIN="$H" HEARTH_CACHE="$(dirname "$TINY")" timeout 50 ${PY:-python3} -m pytest -q -rs \
     test_cuda_deterministic.py) >"$L/deterministic.log" 2>&1
 echo "deterministic serve (alone vs 1/7/63 others) rc $?: $(tail -1 "$L/deterministic.log" | cut -c1-120)"
 grep -m2 -E '^E .*(differs|assert)' "$L/deterministic.log" | cut -c1-250

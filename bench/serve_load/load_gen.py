@@ -79,8 +79,16 @@ def tokens_of(r, max_tokens):
     return len(r.token_times), "content events"
 
 
-def run_level(port, n, per_client, max_tokens, banned, model=None, path="/v1/chat/completions"):
-    """n clients x per_client requests; returns the per-request records and the level summary."""
+def cached_tokens(r):
+    """Prompt tokens the server took from its prefix cache (usage.prompt_tokens_details), None if unsaid."""
+    return ((r.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+
+
+def run_level(port, n, per_client, max_tokens, banned, model=None, path="/v1/chat/completions", make_body=None,
+              timeout=900.0):
+    """n clients x per_client requests; returns the per-request records and the level summary.
+    make_body(k) gives request k's body (k < n * per_client; default: a chat from PROMPTS); timeout is
+    each socket's (a stalled server fails the level instead of hanging it)."""
     order = list(range(n * per_client))
     random.Random(SEED + n).shuffle(order)
     results = [[None] * per_client for _ in range(n)]
@@ -89,8 +97,9 @@ def run_level(port, n, per_client, max_tokens, banned, model=None, path="/v1/cha
     def client(i):
         gate.wait()
         for j in range(per_client):
-            prompt = PROMPTS[order[i * per_client + j] % len(PROMPTS)]
-            results[i][j] = stream_completion(port, path, request_body(prompt, max_tokens, banned, model))
+            k = order[i * per_client + j]
+            body = make_body(k) if make_body else request_body(PROMPTS[k % len(PROMPTS)], max_tokens, banned, model)
+            results[i][j] = stream_completion(port, path, body, timeout=timeout)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
     for t in threads:
@@ -106,6 +115,7 @@ def run_level(port, n, per_client, max_tokens, banned, model=None, path="/v1/cha
             r.usage = dict(r.usage or {}, completion_tokens=toks)  # per_request reads the count from usage
         d = per_request(r)
         d["decode_tps"] = 1.0 / d["decode_s_per_token"] if d["decode_s_per_token"] else None
+        d["cached_tokens"] = cached_tokens(r)
         reqs.append(d)
     ok = [d for d, r in zip(reqs, flat) if not d["error"] and r.status == 200]
     start = min(r.t_send for r in flat)
@@ -124,6 +134,7 @@ def run_level(port, n, per_client, max_tokens, banned, model=None, path="/v1/cha
         "ttft_p95_ms": None if not ttfts else pct(ttfts, 0.95) * 1e3,
         "decode_tps_median": median([d["decode_tps"] for d in ok]),
         "prompt_tokens_median": median([d["prompt_tokens"] for d in ok]),
+        "cached_tokens_median": median([d["cached_tokens"] for d in ok]),
     }
     return reqs, summary
 

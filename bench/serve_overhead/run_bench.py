@@ -88,21 +88,29 @@ def eos_ids_dir(path):
 
 
 class Server:
-    def __init__(self, name, argv, port, log_path):
-        self.name, self.port = name, port
+    """A server process on loopback; ready once GET /v1/models answers 200. wait=False returns at once
+    (several servers can load side by side); then call wait_ready()."""
+
+    def __init__(self, name, argv, port, log_path, wait=True, deadline_s=300.0):
+        self.name, self.port, self.log_path = name, port, log_path
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 300
+        if wait:
+            self.wait_ready(deadline_s)
+
+    def wait_ready(self, deadline_s=300.0):
+        deadline = time.time() + deadline_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {self.proc.returncode}; log: {log_path}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; log: {self.log_path}")
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=2).read()
                 return
-            except OSError:
-                time.sleep(0.5)
+            except OSError:  # refused while starting; llama-server answers 503 while it loads
+                time.sleep(0.25)
         self.stop()
-        raise RuntimeError(f"{name} did not answer on port {port} within 300 s; log: {log_path}")
+        raise RuntimeError(f"{self.name} did not answer on port {self.port} within {deadline_s:.0f} s; "
+                           f"log: {self.log_path}")
 
     def cpu_seconds(self):
         with open(f"/proc/{self.proc.pid}/stat") as f:

@@ -76,7 +76,11 @@ int cli_bench(int argc, char **argv) {
     hearth_model *m;
     if (cli_open_model(model, &m)) return 1;
     if (!eo.context_length) eo.context_length = p + n + 16;
-    if (!eo.max_step_tokens) eo.max_step_tokens = p < 512 ? p : 512;
+    /* The prefill chunk: 512 tokens on the CPU; on the GPU (--device cuda) up to 4096, so a
+     * long prompt is one step: larger GEMMs, a quantized weight dequantized once instead of
+     * once per 512-token chunk, and one attention launch over the whole prompt. */
+    int chunk = eo.device == HEARTH_DEVICE_CUDA ? 4096 : 512;
+    if (!eo.max_step_tokens) eo.max_step_tokens = p < chunk ? p : chunk;
     hearth_engine *e = NULL;
     hearth_error err = {0};
     if (hearth_engine_create(m, &eo, &e, &err)) { hearth_model_close(m); return cli_fail(&err); }

@@ -132,25 +132,12 @@ static void int8_act_ref(const float *x, int64_t k, float *xh, float *dmax) {
 static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm *gemm, int bf16);
 static void check_gemv(tensor_dtype t, int64_t n, int64_t k, int T) { check_matmul(t, n, k, T, NULL, 0); }
 
-static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm *gemm, int bf16) {
-    cpu_weight w;
-    void *host = make_weight(t, n, k, &w);
-    float *x = malloc((size_t)(T * k) * sizeof *x), *ref = malloc((size_t)(T * n) * sizeof *ref);
-    for (int64_t i = 0; i < T * k; i++) x[i] = rndf();
-
-    cuda_weight dw;
-    hearth_error e = {0};
-    assert_int_equal(cuda_weight_upload(&dw, &w, "test weight", &e), HEARTH_OK);
-    float *dx = dev_from(x, (size_t)(T * k) * sizeof *x), *dy = dev_from(NULL, (size_t)(T * n) * sizeof(float));
-    int i8 = cuda_gemv_int8_act(&dw) && (!gemm || T < 9); /* cuda_matmul: T < 9 is cuda_gemv */
-    float dmax = 0.0f;
-    if (i8) /* the reference sees the activations the kernel multiplies (int8_act_ref) */
-        for (int tt = 0; tt < T; tt++) int8_act_ref(x + tt * k, k, x + tt * k, &dmax);
-    for (int tt = 0; tt < T; tt++) cpu_ref_rows(&w, 0, n, x + tt * k, ref + tt * n);
-    if (gemm) assert_int_equal(cuda_matmul(gemm, &dw, dx, T, dy, &e), HEARTH_OK);
-    else assert_int_equal(cuda_gemv(&dw, dx, T, dy, &e), HEARTH_OK);
-    float *y = download(dy, (size_t)(T * n));
-
+/* y[T][n] of weight w (format t) against ref (the CPU reference on the activations x the
+ * kernel multiplied), with the tolerance derived below. dmax >= 0: int8 activations with
+ * that largest block scale; bf16: the GEMM rounded its operands to bf16. */
+static void verify_gemv(tensor_dtype t, const cpu_weight *w, int64_t n, int64_t k, int T, const float *x,
+                        const float *ref, const float *y, float dmax, int bf16, const char *what) {
+    int i8 = dmax >= 0.0f;
     float *row = malloc((size_t)k * sizeof *row);
     for (int64_t r = 0; r < n; r++) {
         float wmax = 0.0f;
@@ -158,14 +145,14 @@ static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm 
         for (int64_t k0 = 0; k0 < k; k0 += step) {
             int cnt = k - k0 < step ? (int)(k - k0) : step;
             if (t == DT_F32) {
-                memcpy(row + k0, (const float *)w.data + r * k + k0, (size_t)cnt * sizeof(float));
+                memcpy(row + k0, (const float *)w->data + r * k + k0, (size_t)cnt * sizeof(float));
             } else if (t == DT_F16 || t == DT_BF16) {
                 for (int i = 0; i < cnt; i++) {
-                    uint16_t h = ((const uint16_t *)w.data)[r * k + k0 + i];
+                    uint16_t h = ((const uint16_t *)w->data)[r * k + k0 + i];
                     row[k0 + i] = t == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
                 }
             } else {
-                cpu_ref_dequant(&w, r, k0, cnt, row + k0);
+                cpu_ref_dequant(w, r, k0, cnt, row + k0);
             }
         }
         for (int64_t i = 0; i < k; i++) wmax = fmaxf(wmax, fabsf(row[i]));
@@ -185,11 +172,33 @@ static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm 
             if (i8) tol += 2.0 * wmax * dmax;
             float g = y[tt * n + r], c = ref[tt * n + r];
             if (!(fabs((double)g - c) <= tol))
-                fail_msg("%s n=%lld k=%lld T=%d: y[%d][%lld] = %.9g, reference %.9g (tol %.3g)",
-                         tensor_dtype_name(t), (long long)n, (long long)k, T, tt, (long long)r, g, c, tol);
+                fail_msg("%s %s n=%lld k=%lld T=%d: y[%d][%lld] = %.9g, reference %.9g (tol %.3g)",
+                         what, tensor_dtype_name(t), (long long)n, (long long)k, T, tt, (long long)r, g, c, tol);
         }
     }
     free(row);
+}
+
+static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm *gemm, int bf16) {
+    cpu_weight w;
+    void *host = make_weight(t, n, k, &w);
+    float *x = malloc((size_t)(T * k) * sizeof *x), *ref = malloc((size_t)(T * n) * sizeof *ref);
+    for (int64_t i = 0; i < T * k; i++) x[i] = rndf();
+
+    cuda_weight dw;
+    hearth_error e = {0};
+    assert_int_equal(cuda_weight_upload(&dw, &w, "test weight", &e), HEARTH_OK);
+    float *dx = dev_from(x, (size_t)(T * k) * sizeof *x), *dy = dev_from(NULL, (size_t)(T * n) * sizeof(float));
+    int i8 = cuda_gemv_int8_act(&dw) && (!gemm || T < 9); /* cuda_matmul: T < 9 is cuda_gemv */
+    float dmax = 0.0f;
+    if (i8) /* the reference sees the activations the kernel multiplies (int8_act_ref) */
+        for (int tt = 0; tt < T; tt++) int8_act_ref(x + tt * k, k, x + tt * k, &dmax);
+    for (int tt = 0; tt < T; tt++) cpu_ref_rows(&w, 0, n, x + tt * k, ref + tt * n);
+    if (gemm) assert_int_equal(cuda_matmul(gemm, &dw, dx, T, dy, &e), HEARTH_OK);
+    else assert_int_equal(cuda_gemv(&dw, dx, T, dy, &e), HEARTH_OK);
+    float *y = download(dy, (size_t)(T * n));
+
+    verify_gemv(t, &w, n, k, T, x, ref, y, i8 ? dmax : -1.0f, bf16, "gemv");
     free(y);
     cuda_free(dx);
     cuda_free(dy);
@@ -228,6 +237,105 @@ static void test_gemv(void **state) {
     }
     mlx_group = 64;
     mlx_sb = DT_BF16;
+}
+
+/* Programmatic Dependent Launch (the decode GEMVs may start before the kernel before them
+ * ends): ITERS rounds of add_rmsnorm -> GEMV W1 -> GEMV W2 (W2's input is W1's output)
+ * enqueued with no host sync, every intermediate in its own NaN-poisoned buffer, so a GEMV
+ * reading its input early (or a quantize_x overwriting activations still in use) shows as
+ * NaN or a wrong row. Each GEMV is checked against the CPU reference on the input the GPU
+ * produced (check_matmul's tolerance), the norm against ops_rmsnorm (test_rmsnorm's). */
+static void check_chain(tensor_dtype t, int64_t n1, int64_t k, int T, int pdl) {
+    enum { ITERS = 2 };
+    const int64_t n2 = 37;
+    cpu_weight w1, w2;
+    void *h1 = make_weight(t, n1, k, &w1);
+    float bias1 = mlx_bias_max; /* verify_gemv reads one bound for both MLX weights */
+    void *h2 = make_weight(t, n2, n1, &w2);
+    mlx_bias_max = fmaxf(mlx_bias_max, bias1);
+    cuda_weight d1, d2;
+    hearth_error e = {0};
+    assert_int_equal(cuda_weight_upload(&d1, &w1, "chain w1", &e), HEARTH_OK);
+    assert_int_equal(cuda_weight_upload(&d2, &w2, "chain w2", &e), HEARTH_OK);
+    size_t nx = (size_t)T * k;
+    float *x = malloc(nx * 4), *g = malloc((size_t)k * 4), *delta[ITERS], *dd[ITERS], *dxn[ITERS], *dy1[ITERS],
+          *dy2[ITERS];
+    for (size_t i = 0; i < nx; i++) x[i] = rndf();
+    for (int64_t i = 0; i < k; i++) g[i] = rndf();
+    float *dx = dev_from(x, nx * 4), *dg = dev_from(g, (size_t)k * 4);
+    for (int it = 0; it < ITERS; it++) {
+        delta[it] = malloc(nx * 4);
+        for (size_t i = 0; i < nx; i++) delta[it][i] = rndf();
+        dd[it] = dev_from(delta[it], nx * 4);
+        dxn[it] = dev_from(NULL, nx * 4);
+        dy1[it] = dev_from(NULL, (size_t)T * n1 * 4);
+        dy2[it] = dev_from(NULL, (size_t)T * n2 * 4);
+    }
+    cuda_gemv_force_pdl(pdl);
+    for (int it = 0; it < ITERS; it++) {
+        assert_int_equal(cuda_add_rmsnorm(dxn[it], dx, dd[it], dg, 0.0f, T, (int)k, 1e-6f, &e), HEARTH_OK);
+        assert_int_equal(cuda_gemv(&d1, dxn[it], T, dy1[it], &e), HEARTH_OK);
+        assert_int_equal(cuda_gemv(&d2, dy1[it], T, dy2[it], &e), HEARTH_OK);
+    }
+    cuda_gemv_force_pdl(-1);
+    char what[64];
+    float *ref = malloc((size_t)T * (n1 > k ? n1 : k) * 4);
+    for (int it = 0; it < ITERS; it++) {
+        for (size_t i = 0; i < nx; i++) x[i] += delta[it][i]; /* the same float add as the kernel */
+        float *xn = download(dxn[it], nx), *y1 = download(dy1[it], (size_t)T * n1),
+              *y2 = download(dy2[it], (size_t)T * n2);
+        ops_rmsnorm(ref, x, g, 0.0f, T, (int)k, 1e-6f);
+        for (size_t i = 0; i < nx; i++)
+            if (!(fabsf(xn[i] - ref[i]) <= 1e-4f * fabsf(ref[i]) + 1e-7f)) /* test_rmsnorm's bound */
+                fail_msg("chain %s pdl=%d round %d: xn[%zu] = %.9g, reference %.9g", tensor_dtype_name(t), pdl, it, i,
+                         xn[i], ref[i]);
+        const cuda_weight *dws[2] = {&d1, &d2};
+        const cpu_weight *ws[2] = {&w1, &w2};
+        float *ins[2] = {xn, y1}, *outs[2] = {y1, y2};
+        int64_t ns[2] = {n1, n2}, ks[2] = {k, n1};
+        for (int s = 0; s < 2; s++) {
+            float dmax = -1.0f;
+            if (cuda_gemv_int8_act(dws[s])) {
+                dmax = 0.0f;
+                for (int tt = 0; tt < T; tt++) int8_act_ref(ins[s] + tt * ks[s], ks[s], ins[s] + tt * ks[s], &dmax);
+            }
+            for (int tt = 0; tt < T; tt++) cpu_ref_rows(ws[s], 0, ns[s], ins[s] + tt * ks[s], ref + tt * ns[s]);
+            snprintf(what, sizeof what, "chain pdl=%d round %d gemv %d", pdl, it, s + 1);
+            verify_gemv(t, ws[s], ns[s], ks[s], T, ins[s], ref, outs[s], dmax, 0, what);
+        }
+        free(xn);
+        free(y1);
+        free(y2);
+        free(delta[it]);
+        cuda_free(dd[it]);
+        cuda_free(dxn[it]);
+        cuda_free(dy1[it]);
+        cuda_free(dy2[it]);
+    }
+    free(ref);
+    cuda_free(dx);
+    cuda_free(dg);
+    cuda_weight_free(&d1);
+    cuda_weight_free(&d2);
+    free(x);
+    free(g);
+    free(h1);
+    free(h2);
+}
+
+static int pdl_capable; /* device 0 is sm_90+ (set in main) */
+
+static void test_gemv_pdl_chain(void **state) {
+    (void)state;
+    static const int Ts[] = {1, 8, 3}; /* PDL on: T = 1 and 8; off (and on pre-sm_90 GPUs): T = 3 */
+    for (int pdl = pdl_capable; pdl >= 0; pdl--)
+        for (size_t i = pdl ? 0 : 2; i < (pdl ? 2u : 3u); i++) {
+            check_chain(DT_BF16, 1280, 4096, Ts[i], pdl);
+            check_chain(DT_Q8_0, 1280, 4096, Ts[i], pdl);
+            check_chain(DT_Q4_K, 1280, 4096, Ts[i], pdl);
+            check_chain(DT_Q6_K, 1280, 4096, Ts[i], pdl);
+            check_chain(DT_U32, 2048, 4096, Ts[i], pdl); /* MLX 4-bit, group 64, tiled kernel (k % 1024) */
+        }
 }
 
 /* cuda_gemv_multi: q/k/v-like weights of one input in one launch (BF16 and F16, rows of
@@ -443,6 +551,61 @@ static void test_rope(void **state) {
         }
 }
 
+/* cuda_rope_qk (q and k in one launch) against ops_rope on each, and bit-identical to
+ * cuda_rope (the same per-pair arithmetic): head counts that are not multiples of
+ * anything, T = 1..8, head dims 6 / 64 / 128 / 256, both pair layouts. */
+static void test_rope_qk(void **state) {
+    (void)state;
+    static const int dims[] = {6, 64, 128, 256};
+    static const int Ts[] = {1, 2, 5, 8};
+    for (size_t c = 0; c < 4; c++)
+        for (size_t ti = 0; ti < 4; ti++)
+            for (int adjacent = 0; adjacent < 2; adjacent++) {
+                int T = Ts[ti], H = 7, KH = 3, d = dims[c];
+                size_t nq = (size_t)T * H * d, nk = (size_t)T * KH * d;
+                float *q = malloc(nq * 4), *k = malloc(nk * 4), *rq = malloc(nq * 4), *rk = malloc(nk * 4);
+                float *inv = malloc((size_t)d / 2 * 4);
+                int32_t pos[8];
+                for (size_t i = 0; i < nq; i++) rq[i] = q[i] = rndf();
+                for (size_t i = 0; i < nk; i++) rk[i] = k[i] = rndf();
+                for (int i = 0; i < d / 2; i++) inv[i] = powf(500000.0f, -2.0f * i / d);
+                for (int t = 0; t < T; t++) pos[t] = (int32_t)(rnd() % 131072);
+                ops_rope(rq, T, H, d, pos, inv, adjacent);
+                ops_rope(rk, T, KH, d, pos, inv, adjacent);
+                float *dq = dev_from(q, nq * 4), *dk = dev_from(k, nk * 4), *dq1 = dev_from(q, nq * 4),
+                      *dk1 = dev_from(k, nk * 4), *dinv = dev_from(inv, (size_t)d / 2 * 4);
+                int32_t *dpos = dev_from(pos, sizeof pos);
+                assert_int_equal(cuda_rope_qk(dq, dk, T, H, KH, d, dpos, dinv, adjacent, NULL), HEARTH_OK);
+                assert_int_equal(cuda_rope(dq1, T, H, d, dpos, dinv, adjacent, NULL), HEARTH_OK);
+                assert_int_equal(cuda_rope(dk1, T, KH, d, dpos, dinv, adjacent, NULL), HEARTH_OK);
+                float *oq = download(dq, nq), *ok = download(dk, nk), *oq1 = download(dq1, nq), *ok1 = download(dk1, nk);
+                for (size_t i = 0; i < nq + nk; i++) {
+                    float o = i < nq ? oq[i] : ok[i - nq], r = i < nq ? rq[i] : rk[i - nq];
+                    float u = i < nq ? oq1[i] : ok1[i - nq];
+                    /* test_rope's bound (cosf/sinf within 2 ulp on the GPU, 1 in glibc; at
+                     * positions up to 2^17 theta itself is the same float on both sides) */
+                    if (!(fabsf(o - r) <= 8.0f * FLT_EPSILON * 2.0f) || memcmp(&o, &u, 4))
+                        fail_msg("rope_qk d=%d T=%d adjacent=%d: %s[%zu] = %.9g, reference %.9g, cuda_rope %.9g", d, T,
+                                 adjacent, i < nq ? "q" : "k", i < nq ? i : i - nq, o, r, u);
+                }
+                free(oq);
+                free(ok);
+                free(oq1);
+                free(ok1);
+                cuda_free(dq);
+                cuda_free(dk);
+                cuda_free(dq1);
+                cuda_free(dk1);
+                cuda_free(dinv);
+                cuda_free(dpos);
+                free(q);
+                free(k);
+                free(rq);
+                free(rk);
+                free(inv);
+            }
+}
+
 static void test_gated_activations(void **state) {
     (void)state;
     size_t n = 10007;
@@ -584,6 +747,9 @@ static void test_errors(void **state) {
 }
 
 int main(void) {
+    /* test_attention checks the f32 kernels at f32 tolerance; the bf16 tensor-core prefill
+     * kernel has its own test (test_cuda_prefill.c) against a bf16-aware oracle */
+    setenv("HEARTH_CUDA_ATT_PREFILL", "old", 1);
     const struct CMUnitTest no_device[] = {cmocka_unit_test(test_errors)};
     int n = cuda_device_count();
     if (n == 0) {
@@ -601,13 +767,15 @@ int main(void) {
         printf("test_cuda: cannot open device 0: %s\n", e.message);
         return 1;
     }
+    pdl_capable = info.cc_major >= 9;
     rng_state ^= (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull; /* fresh random inputs every run */
     printf("test_cuda: device 0: %s (sm_%d%d, %d SMs, %.1f GiB); seed %llx\n", info.name, info.cc_major,
            info.cc_minor, info.n_sms, info.total_mem / 1073741824.0, (unsigned long long)rng_state);
     const char *only = getenv("HEARTH_TEST_FILTER"); /* e.g. test_gemv_batch_invariant: one test (device rounds) */
     if (only) cmocka_set_test_filter(only);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemv),      cmocka_unit_test(test_gemv_multi), cmocka_unit_test(test_gemv_batch_invariant),      cmocka_unit_test(test_gemm),     cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_gemv),      cmocka_unit_test(test_gemv_multi),      cmocka_unit_test(test_gemm),     cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_qk),   cmocka_unit_test(test_gemv_pdl_chain), cmocka_unit_test(test_gemv_batch_invariant),
         cmocka_unit_test(test_gated_activations), cmocka_unit_test(test_attention), cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,5 +1,6 @@
 /* test_cuda_graph.c: the decode-speed pieces of the CUDA backend against CPU references:
- * the fused residual add + rmsnorm (ops_rmsnorm after a host add), the on-device greedy
+ * the fused residual add + rmsnorm (ops_rmsnorm after a host add), the norm / gate kernels
+ * that also write int8 activations (cpu_quantize_row_ref), the on-device greedy
  * argmax (the sampler's first-maximum rule, ties and -inf rows included) and a CUDA graph
  * replayed with new input values (must equal the same kernels run eagerly). Where no GPU
  * exists it says loudly that nothing ran (exit 0, like test_cuda.c). */
@@ -25,6 +26,7 @@ int main(void) {
 #else
 #include "backend/cpu/kernels.h"
 #include "backend/cuda/cuda_backend.h"
+#include "base/half.h"
 #include "ops/ops.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -76,6 +78,116 @@ static void test_add_rmsnorm(void **state) {
             cuda_free(dx), cuda_free(dd), cuda_free(dw), cuda_free(dout);
             free(x), free(delta), free(w), free(sum), free(ref), free(out), free(xo);
         }
+}
+
+/* The int8 copy a fused kernel wrote for rows of n values (GPU float output `v`) against
+ * the CPU's quantizer (cpu_quantize_row_ref) on those same floats: the rule is the same
+ * float arithmetic (d = max / 127, q = lrint(x * (1 / d)), clamp), so bytes, d and d * sum q
+ * must be exactly equal. */
+static void check_q8(const char *what, const float *v, const int8_t *xq, const float *xs, int rows, int n) {
+    cpu_q8_block *b = malloc((size_t)(n / 32) * sizeof *b);
+    for (int r = 0; r < rows; r++) {
+        cpu_quantize_row_ref(v + (size_t)r * n, n, b, 0);
+        for (int j = 0; j < n / 32; j++) {
+            const float *sd = xs + 2 * ((size_t)r * (n / 32) + j);
+            float want_s = b[j].d * (float)(b[j].sum16[0] + b[j].sum16[1]);
+            if (memcmp(&sd[0], &b[j].d, 4) || memcmp(&sd[1], &want_s, 4))
+                fail_msg("%s n=%d row %d block %d: (d, d*sum) = (%.9g, %.9g), CPU (%.9g, %.9g)", what, n, r, j, sd[0],
+                         sd[1], b[j].d, want_s);
+            for (int i = 0; i < 32; i++)
+                if (xq[(size_t)r * n + 32 * j + i] != b[j].q[i])
+                    fail_msg("%s n=%d row %d: q[%d] = %d, CPU %d (x %.9g)", what, n, r, 32 * j + i,
+                             xq[(size_t)r * n + 32 * j + i], b[j].q[i], v[(size_t)r * n + 32 * j + i]);
+        }
+    }
+    free(b);
+}
+
+/* cuda_add_rmsnorm_q8 / cuda_gated_q8: the float output bit-identical to the unfused
+ * kernel, the int8 copy equal to the CPU quantizer's, and a Q8_0 GEMV fed the fused int8
+ * copy (cuda_gemv_multi_q8) bit-identical to cuda_gemv quantizing the float itself. Rows
+ * of 32 up to 14336 (an 8B's ffn), T = 1..8, with and without the residual add. */
+static void check_fused_gemv(const float *dv, const int8_t *dq, const float *ds, int T, int k) {
+    enum { N = 45 }; /* rows: not a multiple of the GEMV's rows per block */
+    size_t nb = (size_t)N * (k / 32);
+    uint8_t *wq = malloc(nb * 34);
+    for (size_t b = 0; b < nb; b++) {
+        uint16_t d = f32_to_f16(rndf() * 0.01f);
+        memcpy(wq + 34 * b, &d, 2);
+        for (int i = 0; i < 32; i++) wq[34 * b + 2 + i] = (uint8_t)(int8_t)(int)(rndf() * 127.0f);
+    }
+    cpu_weight w = {.dtype = DT_Q8_0, .data = wq, .n = N, .k = k};
+    cuda_weight dw;
+    assert_int_equal(cuda_weight_upload(&dw, &w, "fused q8 test", NULL), HEARTH_OK);
+    if (!cuda_gemv_int8_act(&dw)) { /* HEARTH_CUDA_GEMV_F32ACT=1: nothing to compare */
+        cuda_weight_free(&dw);
+        free(wq);
+        return;
+    }
+    float *y1 = NULL, *y2 = NULL;
+    assert_int_equal(cuda_alloc((void **)&y1, (size_t)T * N * 4, "y1", NULL), HEARTH_OK);
+    assert_int_equal(cuda_alloc((void **)&y2, (size_t)T * N * 4, "y2", NULL), HEARTH_OK);
+    const cuda_weight *ws[1] = {&dw};
+    assert_int_equal(cuda_gemv(&dw, dv, T, y1, NULL), HEARTH_OK);
+    assert_int_equal(cuda_gemv_multi_q8(ws, &y2, 1, dq, ds, T, NULL), HEARTH_OK);
+    float *h1 = malloc((size_t)T * N * 4), *h2 = malloc((size_t)T * N * 4);
+    host_copy(h1, y1, (size_t)T * N * 4);
+    host_copy(h2, y2, (size_t)T * N * 4);
+    if (memcmp(h1, h2, (size_t)T * N * 4)) fail_msg("gemv_multi_q8 k=%d T=%d differs from cuda_gemv", k, T);
+    cuda_free(y1), cuda_free(y2), cuda_weight_free(&dw);
+    free(h1), free(h2), free(wq);
+}
+
+static void test_fused_q8(void **state) {
+    (void)state;
+    static const int ns[] = {32, 4096, 5024, 14336};
+    static const int Ts[] = {1, 3, 8};
+    for (size_t c = 0; c < 4; c++)
+        for (size_t ti = 0; ti < 3; ti++)
+            for (int add = 0; add < 2; add++) {
+                int T = Ts[ti], n = ns[c];
+                size_t tn = (size_t)T * n;
+                float *x = rnd_vec(tn, 3.0f), *delta = rnd_vec(tn, 2.0f), *w = rnd_vec((size_t)n, 1.0f);
+                float *o1 = malloc(tn * 4), *o2 = malloc(tn * 4), *x1 = malloc(tn * 4), *x2 = malloc(tn * 4);
+                float *hs = calloc(tn / 32, 8);
+                int8_t *hq = calloc(tn, 1);
+                float *dx1 = dev_copy(x, tn * 4), *dx2 = dev_copy(x, tn * 4), *dd = dev_copy(delta, tn * 4),
+                      *dw = dev_copy(w, (size_t)n * 4), *do1 = dev_copy(x, tn * 4), *do2 = dev_copy(x, tn * 4);
+                int8_t *dq = dev_copy(hq, tn);
+                float *ds = dev_copy(hs, tn / 32 * 8);
+                assert_int_equal(
+                    cuda_add_rmsnorm_q8(do1, dx1, add ? dd : NULL, dw, (float)add, T, n, 1e-6f, dq, ds, NULL),
+                    HEARTH_OK);
+                if (add)
+                    assert_int_equal(cuda_add_rmsnorm(do2, dx2, dd, dw, 1.0f, T, n, 1e-6f, NULL), HEARTH_OK);
+                else
+                    assert_int_equal(cuda_rmsnorm(do2, dx2, dw, 0.0f, T, n, 1e-6f, NULL), HEARTH_OK);
+                host_copy(o1, do1, tn * 4), host_copy(o2, do2, tn * 4);
+                host_copy(x1, dx1, tn * 4), host_copy(x2, dx2, tn * 4);
+                host_copy(hq, dq, tn), host_copy(hs, ds, tn / 32 * 8);
+                if (memcmp(o1, o2, tn * 4) || memcmp(x1, x2, tn * 4))
+                    fail_msg("add_rmsnorm_q8 n=%d T=%d add=%d: float output differs from the unfused kernel", n, T,
+                             add);
+                check_q8("add_rmsnorm_q8", o1, hq, hs, T, n);
+                check_fused_gemv(do1, dq, ds, T, n);
+                /* the gate: gate <- act(gate) * up over the same T x n values */
+                for (int gelu = 0; gelu < 2; gelu++) {
+                    float *dg1 = dev_copy(x, tn * 4), *dg2 = dev_copy(x, tn * 4);
+                    assert_int_equal(cuda_gated_q8(dg1, dd, tn, gelu, dq, ds, NULL), HEARTH_OK);
+                    assert_int_equal(gelu ? cuda_gelu_tanh_mul(dg2, dd, tn, NULL) : cuda_silu_mul(dg2, dd, tn, NULL),
+                                     HEARTH_OK);
+                    host_copy(o1, dg1, tn * 4), host_copy(o2, dg2, tn * 4);
+                    host_copy(hq, dq, tn), host_copy(hs, ds, tn / 32 * 8);
+                    if (memcmp(o1, o2, tn * 4))
+                        fail_msg("gated_q8 gelu=%d n=%d T=%d: output differs from the unfused kernel", gelu, n, T);
+                    check_q8(gelu ? "gelu_q8" : "silu_q8", o1, hq, hs, T, n);
+                    check_fused_gemv(dg1, dq, ds, T, n);
+                    cuda_free(dg1), cuda_free(dg2);
+                }
+                cuda_free(dx1), cuda_free(dx2), cuda_free(dd), cuda_free(dw), cuda_free(do1), cuda_free(do2);
+                cuda_free(dq), cuda_free(ds);
+                free(x), free(delta), free(w), free(o1), free(o2), free(x1), free(x2), free(hs), free(hq);
+            }
 }
 
 static int32_t host_argmax(const float *x, int n) { /* sampler.c's greedy rule */
@@ -177,7 +289,7 @@ static void test_graph_replay(void **state) {
 
 int main(void) {
     if (cuda_device_count() == 0) {
-        printf("test_cuda_graph: skipped: no CUDA device; the fused-norm, argmax and graph tests did NOT run "
+        printf("test_cuda_graph: skipped: no CUDA device; the fused-norm (+ int8), argmax and graph tests did NOT run "
                "and do not count as passed\n");
         return 0;
     }
@@ -188,8 +300,8 @@ int main(void) {
     }
     rng_state ^= (uint64_t)time(NULL) * 0x2545f4914f6cdd1dull; /* fresh random inputs every run */
     printf("test_cuda_graph: seed %llx\n", (unsigned long long)rng_state);
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_add_rmsnorm), cmocka_unit_test(test_argmax),
-                                       cmocka_unit_test(test_graph_replay)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_add_rmsnorm), cmocka_unit_test(test_fused_q8),
+                                       cmocka_unit_test(test_argmax), cmocka_unit_test(test_graph_replay)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 #endif

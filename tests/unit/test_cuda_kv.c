@@ -261,14 +261,14 @@ static void ref_attention(const pool *P, const float *q, int heads, int slot, in
 }
 
 /* Runs cuda_attention for T tokens on layer 1; returns the downloaded output. */
-static float *run_attention(const pool *P, int heads, int T, const float *q, const int32_t *pos, const int32_t *slot,
-                            int window, int single_slot, int invariant) {
+static float *run_attention_on(const pool *P, const cuda_kv *kv, int tc, int heads, int T, const float *q,
+                               const int32_t *pos, const int32_t *slot, int window, int single_slot, int invariant) {
     size_t nq = (size_t)T * heads * P->d;
     float *dq = dev_from(q, nq * 4), *dout = dev_from(NULL, nq * 4);
     int32_t *dpos = dev_from(pos, T * 4), *dslot = dev_from(slot, T * 4);
     size_t split = cuda_attention_split_floats(8, heads, P->d); /* what cuda_model gives: 8 decode tokens */
     float *dsplit = dev_from(NULL, split * 4);
-    cuda_attention_args a = {.kv = &P->dkv,
+    cuda_attention_args a = {.kv = kv,
                              .layer = 1,
                              .q = dq,
                              .out = dout,
@@ -285,7 +285,7 @@ static float *run_attention(const pool *P, int heads, int T, const float *q, con
                              .split_scratch_floats = split,
                              .batch_invariant = invariant};
     hearth_error e = {0};
-    assert_int_equal(cuda_attention(&a, &e), HEARTH_OK);
+    assert_int_equal(tc ? cuda_attention_prefill_tc(&a, &e) : cuda_attention(&a, &e), HEARTH_OK);
     float *out = download(dout, nq * 4);
     cuda_free(dq);
     cuda_free(dout);
@@ -293,6 +293,11 @@ static float *run_attention(const pool *P, int heads, int T, const float *q, con
     cuda_free(dslot);
     cuda_free(dsplit);
     return out;
+}
+
+static float *run_attention(const pool *P, int heads, int T, const float *q, const int32_t *pos, const int32_t *slot,
+                            int window, int single_slot, int invariant) {
+    return run_attention_on(P, &P->dkv, 0, heads, T, q, pos, slot, window, single_slot, invariant);
 }
 
 enum { MODE_DECODE, MODE_PREFILL, MODE_MIXED };
@@ -363,6 +368,42 @@ static void check_invariant(const pool *P, int heads, int mode, int window) {
     free(q);
 }
 
+/* The tensor-core prefill kernel (cuda_attn_prefill.cu, bf16 operands: its own accuracy is
+ * test_cuda_prefill's) reads a quantized pool through cuda_kv_access.cuh: its output must equal,
+ * bit for bit, its output on a float32 pool holding the dequantized rows (scale x value in
+ * float, as the load computes them), since both then round the same floats to bf16. */
+static void check_prefill_tc(const pool *P, int heads, int window) {
+    int32_t pos[40], slot[40];
+    int T = make_tokens(P, MODE_PREFILL, pos, slot), d = P->d;
+    size_t rows = (size_t)LAYERS * P->kvf.n_blocks * P->kvh * KV_BLOCK_SIZE, n = rows * d;
+    cuda_kv fl;
+    assert_int_equal(cuda_kv_alloc(&fl, &P->kvf, HEARTH_KV_FLOAT, NULL), HEARTH_OK);
+    for (int which = 0; which < 2; which++) {
+        uint8_t *b = download(which ? P->dkv.v : P->dkv.k, n);
+        float *sc = download(which ? P->dkv.v_scale : P->dkv.k_scale, rows * 4), *f = malloc(n * 4);
+        for (size_t i = 0; i < n; i++)
+            f[i] = sc[i / d] * (P->quant == HEARTH_KV_INT8 ? (float)(int8_t)b[i] : (float)e4m3_value(b[i]));
+        assert_int_equal(cuda_upload(which ? fl.v : fl.k, f, n * 4, NULL), HEARTH_OK);
+        free(b);
+        free(sc);
+        free(f);
+    }
+    size_t nq = (size_t)T * heads * d;
+    float *q = malloc(nq * 4);
+    for (size_t i = 0; i < nq; i++) q[i] = rndf();
+    float *got = run_attention_on(P, &P->dkv, 1, heads, T, q, pos, slot, window, 1, 0);
+    float *want = run_attention_on(P, &fl, 1, heads, T, q, pos, slot, window, 1, 0);
+    for (size_t i = 0; i < nq; i++)
+        if (memcmp(&got[i], &want[i], 4))
+            fail_msg("tensor-core prefill kv=%s heads=%d/%d d=%d window=%d: out[%zu] = %.9g, on the dequantized "
+                     "float pool %.9g",
+                     qname(P->quant), heads, P->kvh, d, window, i, got[i], want[i]);
+    free(got);
+    free(want);
+    free(q);
+    cuda_kv_free(&fl);
+}
+
 typedef struct shape {
     int heads, kvh, d;
 } shape;
@@ -382,17 +423,30 @@ static void test_kv_write(void **state) {
         }
 }
 
+/* cuda_attention sends single-sequence chunks of more than 8 tokens to the tensor-core kernel
+ * where it fits; main sets HEARTH_CUDA_ATT_PREFILL=old so check_attention's prefill mode
+ * measures the f32 prefill kernel against the f32 tolerance, and check_prefill_tc covers the
+ * tensor-core kernel's quantized reads. */
 static void test_attention_quant(void **state) {
     (void)state;
     static const int windows[] = {0, 37, 5};
+    int tc_checked = 0;
     for (int qi = 0; qi < 3; qi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             pool P;
             pool_make(&P, quants[qi], shapes[si].kvh, shapes[si].d);
             for (int mode = 0; mode < 3; mode++)
                 for (int w = 0; w < 3; w++) check_attention(&P, shapes[si].heads, mode, windows[w]);
+            /* the head dims cuda_attention_prefill_tc_fits accepts (its HEARTH_CUDA_ATT_PREFILL
+             * switch is set to old here, so it is not asked) */
+            int d = shapes[si].d, tc_dim = d == 16 || d == 32 || d == 64 || d == 128 || d == 256;
+            if (quants[qi] != HEARTH_KV_FLOAT && tc_dim) {
+                tc_checked++;
+                for (int w = 0; w < 2; w++) check_prefill_tc(&P, shapes[si].heads, windows[w]);
+            }
             pool_free(&P);
         }
+    assert_true(tc_checked >= 6); /* d 64, 128, 256 with int8 and fp8 */
 }
 
 static void test_attention_invariant(void **state) {
@@ -453,6 +507,7 @@ int main(void) {
         printf("test_cuda_kv: cannot open device 0: %s\n", e.message);
         return 1;
     }
+    setenv("HEARTH_CUDA_ATT_PREFILL", "old", 1); /* see test_attention_quant */
     rng_state ^= (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull;
     printf("test_cuda_kv: device 0: %s; seed %llx\n", info.name, (unsigned long long)rng_state);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_kv_bytes), cmocka_unit_test(test_e4m3_reference),

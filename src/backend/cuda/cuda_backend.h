@@ -120,6 +120,14 @@ int cuda_gemv_int8_act(const cuda_weight *w);
  * max decode tokens times the widest k). cuda_gemv grows it itself when it is too small,
  * except during a graph capture, where it falls back to the float kernels. */
 hearth_status cuda_gemv_reserve(size_t floats, hearth_error *err);
+/* cuda_gemv_multi for int8-activation weights (cuda_gemv_int8_act, all of one k) whose
+ * activations are already quantized: xq int8 [T][k], xs (d, d * sum q) float pairs per
+ * block of 32 [T][k / 32], as cuda_add_rmsnorm_q8 / cuda_gated_q8 write them. */
+hearth_status cuda_gemv_multi_q8(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq,
+                                 const float *xs, int T, hearth_error *err);
+/* Tests: -1 leaves the GEMVs' Programmatic Dependent Launch as HEARTH_CUDA_PDL and the
+ * device say (on for sm_90+ unless HEARTH_CUDA_PDL=0), 0 / 1 force it off / on. */
+void cuda_gemv_force_pdl(int mode);
 
 /* ys[i][T, n_i] = x[T, k] · ws[i]^T for nw <= 3 weights of one input (a layer's q, k, v):
  * one launch when they are all F16 or all BF16 with the same k (16-byte aligned rows),
@@ -133,6 +141,18 @@ hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shi
                            hearth_error *err);
 hearth_status cuda_rope(float *x, int T, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
                         int adjacent, hearth_error *err);
+/* RoPE of q [T][n_heads][head_dim] and k [T][n_kv_heads][head_dim] in one launch, each
+ * value exactly as cuda_rope computes it (cuda_fused.cu). */
+hearth_status cuda_rope_qk(float *q, float *k, int T, int n_heads, int n_kv_heads, int head_dim, const int32_t *pos,
+                           const float *inv_freq, int adjacent, hearth_error *err);
+/* cuda_add_rmsnorm (delta NULL: cuda_rmsnorm of x) that also writes out quantized to int8
+ * blocks of 32 into xq / xs (layout: cuda_gemv_multi_q8); n % 32 == 0. Bit-identical out. */
+hearth_status cuda_add_rmsnorm_q8(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
+                                  float eps, int8_t *xq, float *xs, hearth_error *err);
+/* cuda_silu_mul (gelu: cuda_gelu_tanh_mul) that also writes the product quantized like
+ * cuda_add_rmsnorm_q8 (n values in rows whose length is a multiple of 32). */
+hearth_status cuda_gated_q8(float *gate, const float *up, size_t n, int gelu, int8_t *xq, float *xs,
+                            hearth_error *err);
 hearth_status cuda_silu_mul(float *gate, const float *up, size_t n, hearth_error *err);
 hearth_status cuda_gelu_tanh_mul(float *gate, const float *up, size_t n, hearth_error *err);
 
@@ -208,6 +228,12 @@ typedef struct cuda_attention_args {
 /* Floats of split_scratch that let decode attention of up to max_T tokens use every split. */
 size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);
 hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err);
+/* Prefill attention on the tensor cores (cuda_attn_prefill.cu): a single_slot chunk,
+ * head_dim 16/32/64/128/256, up to 64 query heads per KV head; bf16 Q/K/V operands, f32
+ * accumulation and softmax. cuda_attention takes it for single_slot chunks of more than
+ * 8 tokens whenever _fits says so (HEARTH_CUDA_ATT_PREFILL=old keeps the f32 kernel). */
+int cuda_attention_prefill_tc_fits(const cuda_attention_args *a);
+hearth_status cuda_attention_prefill_tc(const cuda_attention_args *a, hearth_error *err);
 
 /* Prefill matmul: y[T, n] = x[T, k] · W^T through cuBLAS. The weight is dequantized into
  * a device scratch (unless already in the GEMM's input type) and x converted; bf16

@@ -6,6 +6,7 @@
  * __dp4a (see "int8 activations" below). Must not synchronize; allocates only when its
  * activation scratch (cuda_gemv_reserve) is too small and no graph is being captured. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_pdl.cuh"
 #include <cuda_fp16.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -68,6 +69,7 @@ struct gemv_segs {
     const uint16_t *W[3];
     float *y[3];
     int end[3]; /* cumulative row counts */
+    int pf;     /* prefetch the row's start into L2 before pdl_wait (PDL launches) */
 };
 
 /* F16/BF16 rows with k % 8 == 0: each lane takes 8 weights (16 bytes) at a time; DEPTH
@@ -85,6 +87,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_vec(gemv_segs sg, c
     const uint16_t *W = seg == 0 ? sg.W[0] : seg == 1 ? sg.W[1] : sg.W[2];
     float *y = seg == 0 ? sg.y[0] : seg == 1 ? sg.y[1] : sg.y[2];
     const uint4 *wr = (const uint4 *)(W + (size_t)(row - start) * k);
+    if (sg.pf) pdl_prefetch_row(wr, (size_t)k * 2, lane);
+    pdl_wait(); /* x and y belong to the kernels before */
+    pdl_trigger();
     int nv = k / 8, v = lane;
     float acc[T];
 #pragma unroll
@@ -385,10 +390,13 @@ static __device__ __forceinline__ float nib(uint32_t w, int shift) {
  * a group: groups are multiples of 32). Four tiles are loaded before the first is used. */
 template <int T, bool BF16>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_mlx4_tiled(const uint32_t *W, const uint32_t *SB, const float *x, float *y, int n, int k, int gs) {
+    gemv_mlx4_tiled(const uint32_t *W, const uint32_t *SB, const float *x, float *y, int n, int k, int gs, int pf) {
     int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
     const uint4 *wr = (const uint4 *)(W + (size_t)row * (k / 8));
+    if (pf) pdl_prefetch_row(wr, (size_t)k / 2, lane);
+    pdl_wait();
+    pdl_trigger();
     const uint32_t *sbr = SB + (size_t)row * (k / gs);
     int nt = k / 1024;
     float acc[T];
@@ -441,10 +449,11 @@ static void launch_half_segs(const cuda_weight *const *ws, float *const *ys, int
     }
     bool bf = ws[0]->dtype == DT_BF16;
     int k = (int)ws[0]->k;
-    if (bf && depth == 8) gemv_half_vec<T, true, 8><<<grid, block, 0, cuda_stream()>>>(sg, x, k);
-    else if (bf) gemv_half_vec<T, true, 4><<<grid, block, 0, cuda_stream()>>>(sg, x, k);
-    else if (depth == 8) gemv_half_vec<T, false, 8><<<grid, block, 0, cuda_stream()>>>(sg, x, k);
-    else gemv_half_vec<T, false, 4><<<grid, block, 0, cuda_stream()>>>(sg, x, k);
+    sg.pf = pdl_on();
+    if (bf && depth == 8) pdl_launch(gemv_half_vec<T, true, 8>, grid, block, sg, x, k);
+    else if (bf) pdl_launch(gemv_half_vec<T, true, 4>, grid, block, sg, x, k);
+    else if (depth == 8) pdl_launch(gemv_half_vec<T, false, 8>, grid, block, sg, x, k);
+    else pdl_launch(gemv_half_vec<T, false, 4>, grid, block, sg, x, k);
 }
 
 template <int T>
@@ -472,11 +481,11 @@ static void launch_rows(const cuda_weight *w, const float *x, float *y, bool vec
     }
     case DT_U32:
         if (w->mlx_tiled && w->sb_bf16)
-            gemv_mlx4_tiled<T, true><<<grid, block, 0, cuda_stream()>>>(
-                (const uint32_t *)w->data, (const uint32_t *)w->scales, x, y, n, k, w->group_size);
+            pdl_launch(gemv_mlx4_tiled<T, true>, grid, block, (const uint32_t *)w->data, (const uint32_t *)w->scales,
+                       x, y, n, k, (int)w->group_size, pdl_on());
         else if (w->mlx_tiled)
-            gemv_mlx4_tiled<T, false><<<grid, block, 0, cuda_stream()>>>(
-                (const uint32_t *)w->data, (const uint32_t *)w->scales, x, y, n, k, w->group_size);
+            pdl_launch(gemv_mlx4_tiled<T, false>, grid, block, (const uint32_t *)w->data,
+                       (const uint32_t *)w->scales, x, y, n, k, (int)w->group_size, pdl_on());
         else if (w->sb_bf16)
             gemv_mlx4<T, true><<<grid, block, 0, cuda_stream()>>>((const uint32_t *)w->data, (const uint32_t *)w->scales,
                                                                  x, y, n, k, w->group_size);
@@ -523,7 +532,10 @@ static hearth_status reserve_locked(size_t floats, hearth_error *err) {
     return HEARTH_OK;
 }
 
+void cuda_gemv_force_pdl(int mode) { *pdl_force() = mode; }
+
 hearth_status cuda_gemv_reserve(size_t floats, hearth_error *err) {
+    (void)pdl_on(); /* its one device query happens here, at model creation, not inside a capture */
     pthread_mutex_lock(&g_xlock);
     hearth_status st = reserve_locked(floats, err);
     pthread_mutex_unlock(&g_xlock);
@@ -548,6 +560,8 @@ int cuda_gemv_int8_act(const cuda_weight *w) {
  * the GEMV output is NaN too (the engine's non-finite check must still see it). */
 __global__ void __launch_bounds__(256) quantize_x_q8(const float *x, int8_t *xq, float2 *xs, int nblocks) {
     int b = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    pdl_wait(); /* x comes from the kernel before; the GEMV before may still read xq */
+    pdl_trigger();
     if (b >= nblocks) return;
     float v = x[(size_t)b * 32 + lane], a = fabsf(v);
 #pragma unroll
@@ -593,9 +607,13 @@ static __device__ __forceinline__ int dot16_dp4a(uint4 w, int4 a) {
 /* Q8_0 planes: a lane takes 16 quants (half a block) per slot. */
 template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_q8_0_i8(const int8_t *Q, const uint16_t *D, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R) {
+    gemv_q8_0_i8(const int8_t *Q, const uint16_t *D, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R,
+                 int pf) {
     int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
     if (row0 >= n) return;
+    for (int r = 0; pf && r < R && row0 + r < n; r++) pdl_prefetch_row(Q + (size_t)(row0 + r) * k, (size_t)k, lane);
+    pdl_wait(); /* xq / xs come from quantize_x_q8 */
+    pdl_trigger();
     int nv = k / 16, nb = k / 32, lgR = R == 4 ? 2 : R == 2 ? 1 : 0, stride = 32 * (QSLOTS / R);
     float acc[QSLOTS][T];
 #pragma unroll
@@ -636,10 +654,14 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * sub-block is added once, by its h == 0 lane, from the precomputed block sums. */
 template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_q4_k_i8(const uint8_t *W, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R) {
+    gemv_q4_k_i8(const uint8_t *W, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R, int pf) {
     int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
     if (row0 >= n) return;
     int nsb = k / 256, nb = k / 32, part = lane % 8, c = part / 2, h = part % 2;
+    for (int r = 0; pf && r < R && row0 + r < n; r++)
+        pdl_prefetch_row(W + (size_t)(row0 + r) * nsb * 144, (size_t)nsb * 144, lane);
+    pdl_wait();
+    pdl_trigger();
     int lgR = R == 4 ? 2 : R == 2 ? 1 : 0, stride = 4 * (QSLOTS / R);
     float acc[QSLOTS][T];
 #pragma unroll
@@ -691,10 +713,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_q6_k_i8(const uint8_t *QL, const uint8_t *QH, const int8_t *SC, const uint16_t *D, const int8_t *xq,
-                 const float2 *xs, float *y, int n, int k, int R) {
+                 const float2 *xs, float *y, int n, int k, int R, int pf) {
     int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
     if (row0 >= n) return;
     int nsb = k / 256, nb = k / 32, part = lane % 4, h = part / 2, j = part % 2;
+    for (int r = 0; pf && r < R && row0 + r < n; r++) {
+        pdl_prefetch_row(QL + (size_t)(row0 + r) * (k / 2), (size_t)k / 2, lane);
+        pdl_prefetch_row(QH + (size_t)(row0 + r) * (k / 4), (size_t)k / 4, lane);
+    }
+    pdl_wait();
+    pdl_trigger();
     int lgR = R == 4 ? 2 : R == 2 ? 1 : 0, stride = 8 * (QSLOTS / R);
     float acc[QSLOTS][T];
 #pragma unroll
@@ -768,20 +796,20 @@ static int q8act_rows(int n) {
 
 template <int T>
 static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y) {
-    int n = (int)w->n, k = (int)w->k, R = q8act_rows(n);
+    int n = (int)w->n, k = (int)w->k, R = q8act_rows(n), pf = pdl_on();
     dim3 grid((unsigned)((n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R))), block(GEMV_WARPS * 32);
     switch (w->dtype) {
     case DT_Q8_0:
-        gemv_q8_0_i8<T><<<grid, block, 0, cuda_stream()>>>((const int8_t *)w->data, (const uint16_t *)w->scales, xq,
-                                                           xs, y, n, k, R);
+        pdl_launch(gemv_q8_0_i8<T>, grid, block, (const int8_t *)w->data, (const uint16_t *)w->scales, xq, xs, y, n, k,
+                   R, pf);
         break;
-    case DT_Q4_K: gemv_q4_k_i8<T><<<grid, block, 0, cuda_stream()>>>((const uint8_t *)w->data, xq, xs, y, n, k, R); break;
+    case DT_Q4_K: pdl_launch(gemv_q4_k_i8<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k, R, pf); break;
     case DT_Q6_K: {
         size_t nk = (size_t)n * (size_t)k;
         const uint8_t *ql = (const uint8_t *)w->data;
         const int8_t *sc = (const int8_t *)w->scales;
-        gemv_q6_k_i8<T><<<grid, block, 0, cuda_stream()>>>(ql, ql + nk / 2, sc, (const uint16_t *)(sc + nk / 16), xq, xs,
-                                                           y, n, k, R);
+        pdl_launch(gemv_q6_k_i8<T>, grid, block, ql, (const uint8_t *)(ql + nk / 2), sc,
+                   (const uint16_t *)(sc + nk / 16), xq, xs, y, n, k, R, pf);
         break;
     }
     default: break;
@@ -802,7 +830,7 @@ static bool quantize_x(const float *x, int T, int64_t k, hearth_error *err, hear
         if ((*st = reserve_locked(need, err))) return false;
     }
     int nblocks = (int)(need / 32);
-    quantize_x_q8<<<(unsigned)((nblocks + 7) / 8), 256, 0, cuda_stream()>>>(x, g_xq, g_xs, nblocks);
+    pdl_launch(quantize_x_q8, dim3((unsigned)((nblocks + 7) / 8)), dim3(256), x, g_xq, g_xs, nblocks);
     if (cuda_launched("quantize_x_q8", err)) *st = HEARTH_ERR_IO;
     return *st == HEARTH_OK;
 }
@@ -824,14 +852,14 @@ static bool gemv_i8(const cuda_weight *const *ws, float *const *ys, int nw, cons
     return done;
 }
 
-static bool gemv_i8_locked(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T, int64_t k,
-                           hearth_error *err, hearth_status *st) {
-    if (!quantize_x(x, T, k, err, st)) return *st != HEARTH_OK;
+/* The GEMVs of ws on activations already quantized into xq0 / xs0. */
+static hearth_status launch_i8_all(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq0,
+                                   const float2 *xs0, int T, int64_t k, hearth_error *err) {
     for (int i = 0; i < nw; i++) {
         for (int t0 = 0; t0 < T;) {
             int c = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0;
-            const int8_t *xq = g_xq + (size_t)t0 * k;
-            const float2 *xs = g_xs + (size_t)t0 * (k / 32);
+            const int8_t *xq = xq0 + (size_t)t0 * k;
+            const float2 *xs = xs0 + (size_t)t0 * (k / 32);
             float *yc = ys[i] + (size_t)t0 * ws[i]->n;
             switch (c) {
             case 8: launch_i8<8>(ws[i], xq, xs, yc); break;
@@ -840,11 +868,29 @@ static bool gemv_i8_locked(const cuda_weight *const *ws, float *const *ys, int n
             case 2: launch_i8<2>(ws[i], xq, xs, yc); break;
             default: launch_i8<1>(ws[i], xq, xs, yc); break;
             }
-            if (cuda_launched("gemv_i8", err)) return (*st = HEARTH_ERR_IO), true;
+            if (cuda_launched("gemv_i8", err)) return HEARTH_ERR_IO;
             t0 += c;
         }
     }
+    return HEARTH_OK;
+}
+
+static bool gemv_i8_locked(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T, int64_t k,
+                           hearth_error *err, hearth_status *st) {
+    if (!quantize_x(x, T, k, err, st)) return *st != HEARTH_OK;
+    *st = launch_i8_all(ws, ys, nw, g_xq, g_xs, T, k, err);
     return true;
+}
+
+hearth_status cuda_gemv_multi_q8(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq,
+                                 const float *xs, int T, hearth_error *err) {
+    if (nw < 1 || !xq || !xs || T < 0) return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_multi_q8: missing input");
+    for (int i = 0; i < nw; i++)
+        if (!ws[i] || !ws[i]->data || !ys[i] || !cuda_gemv_int8_act(ws[i]) || ws[i]->k != ws[0]->k ||
+            ws[i]->n > INT32_MAX || ws[i]->k > INT32_MAX / 8)
+            return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_multi_q8: weight %d does not take int8 activations of k=%lld",
+                           i, (long long)ws[0]->k);
+    return launch_i8_all(ws, ys, nw, xq, (const float2 *)xs, T, ws[0]->k, err);
 }
 
 hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {

@@ -33,7 +33,10 @@ struct cuda_model {
     cuda_gemm *gemm;
     int max_tokens, max_out;
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *rows, *logits; /* device scratch */
-    float *att_split;   /* decode attention's split-K partials (cuda_attention_split_floats) */
+    float *att_split; /* decode attention's split-K partials (cuda_attention_split_floats) */
+    int8_t *xq;       /* decode: the next GEMV's int8 activations, written by the fused norm / gate */
+    float *xs;        /* and their (d, d * sum q) pairs per block of 32 (cuda_gemv_multi_q8) */
+    int q8_ready;     /* 1 while xq / xs hold the quantized cm->xn (step-building state, host side) */
     size_t att_split_floats;
     int32_t *ints;      /* device: pos | slot | out_rows, max_tokens each */
     float *host_x;      /* pinned: the step's embeddings, made on the host */
@@ -48,9 +51,13 @@ struct cuda_model {
      * matmul goes to the GEMV kernels whatever T (a row's sums do not depend on how many
      * rows share the launch; cuBLAS's tiling does) and attention to the decode kernels */
     int invariant;
+    /* HEARTH_CUDA_FUSED=0: the unfused decode sequence (one rope launch for q, one for k;
+     * int8 activations quantized by each GEMV call instead of by the norm / gate before it) */
+    int unfused;
     /* HEARTH_CUDA_PROFILE_STEP=N: the N-th single-token step (from 1) runs between
-     * cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off` */
-    int prof_step, decode_steps;
+     * cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`;
+     * HEARTH_CUDA_PROFILE_PREFILL=N likewise the N-th step of more than GRAPH_MAX_T tokens */
+    int prof_step, decode_steps, prof_prefill, prefill_steps;
     size_t bytes;
     int n_expanded;
     tensor_dtype expanded_from;
@@ -138,6 +145,10 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
         if ((size_t)c->ffn > kmax) kmax = (size_t)c->ffn;
         if (qd > kmax) kmax = qd;
         TRY(cuda_gemv_reserve(rows * kmax, err));
+        size_t drows = T < GRAPH_MAX_T ? T : GRAPH_MAX_T, dk = (size_t)c->hidden > (size_t)c->ffn ? c->hidden : c->ffn;
+        TRY(cuda_alloc((void **)&cm->xq, drows * dk, "decode int8 activations", err));
+        TRY(cuda_alloc((void **)&cm->xs, drows * dk / 32 * 2 * sizeof(float), "decode activation scales", err));
+        cm->bytes += drows * dk + drows * dk / 32 * 2 * sizeof(float);
     }
     if (cudaMallocHost((void **)&cm->host_x, T * c->hidden * sizeof(float)) != cudaSuccess ||
         cudaMallocHost((void **)&cm->host_ints, 3 * T * sizeof(int32_t)) != cudaSuccess ||
@@ -181,8 +192,12 @@ hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_toke
     cm->max_out = max_out;
     const char *graph_env = getenv("HEARTH_CUDA_GRAPH");
     cm->graphs_off = graph_env && !strcmp(graph_env, "0");
+    const char *fused_env = getenv("HEARTH_CUDA_FUSED");
+    cm->unfused = fused_env && !strcmp(fused_env, "0");
     const char *prof_env = getenv("HEARTH_CUDA_PROFILE_STEP");
     cm->prof_step = prof_env ? atoi(prof_env) : 0;
+    const char *prof_pf_env = getenv("HEARTH_CUDA_PROFILE_PREFILL");
+    cm->prof_prefill = prof_pf_env ? atoi(prof_pf_env) : 0;
     hearth_status st = HEARTH_OK;
     for (int i = 0; !st && i < c->n_layers; i++) st = upload_layer(cm, i, err);
     if (!st) st = upload_weight(&cm->lm_head, &m->lm_head, "lm_head", cm, err);
@@ -227,6 +242,8 @@ void cuda_model_free(cuda_model *cm) {
     cuda_free(cm->ints);
     cuda_free(cm->ids_dev);
     cuda_free(cm->att_split);
+    cuda_free(cm->xq);
+    cuda_free(cm->xs);
     if (cm->host_ids) cudaFreeHost(cm->host_ids);
     if (cm->host_x) cudaFreeHost(cm->host_x);
     if (cm->host_ints) cudaFreeHost(cm->host_ints);
@@ -245,6 +262,36 @@ static hearth_status matmul(cuda_model *cm, const cuda_weight *w, const float *x
     return cm->invariant ? cuda_gemv(w, x, T, y, err) : cuda_matmul(cm->gemm, w, x, T, y, err);
 }
 
+/* Whether the decode GEMVs of ws (one input) take int8 activations that the kernel making
+ * that input can write itself (cuda_add_rmsnorm_q8 / cuda_gated_q8). */
+static int q8_fusable(const cuda_model *cm, const cuda_weight *const *ws, int nw, int T) {
+    if (cm->unfused || T > GRAPH_MAX_T || ws[0]->k % 32) return 0;
+    for (int i = 0; i < nw; i++)
+        if (!cuda_gemv_int8_act(ws[i]) || ws[i]->k != ws[0]->k) return 0;
+    return 1;
+}
+static int q8_fusable_qkv(const cuda_model *cm, int i, int T) {
+    const cuda_layer *l = &cm->layers[i];
+    const cuda_weight *ws[3] = {&l->q, &l->k, &l->v};
+    return q8_fusable(cm, ws, 3, T);
+}
+static int q8_fusable_gate_up(const cuda_model *cm, int i, int T) {
+    const cuda_layer *l = &cm->layers[i];
+    const cuda_weight *ws[2] = {&l->gate, &l->up};
+    return q8_fusable(cm, ws, 2, T);
+}
+
+/* cm->xn = rmsnorm(x (+= delta)), and its int8 copy in cm->xq when `quant` (q8_ready says which). */
+static hearth_status norm_into_xn(cuda_model *cm, const float *delta, const float *w, float shift, int T, int quant,
+                                  hearth_error *err) {
+    const model_config *c = &cm->m->cfg;
+    cm->q8_ready = quant;
+    if (quant)
+        return cuda_add_rmsnorm_q8(cm->xn, cm->x, delta, w, shift, T, c->hidden, c->norm_eps, cm->xq, cm->xs, err);
+    if (delta) return cuda_add_rmsnorm(cm->xn, cm->x, delta, w, shift, T, c->hidden, c->norm_eps, err);
+    return cuda_rmsnorm(cm->xn, cm->x, w, shift, T, c->hidden, c->norm_eps, err);
+}
+
 /* in: cm->xn; out: cm->tmp (decoder_attention's contract). */
 static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos, const int32_t *slot, int single_slot,
                                hearth_error *err) {
@@ -254,7 +301,10 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
     if (T <= GRAPH_MAX_T || cm->invariant) { /* q, k and v in one GEMV launch where the formats allow */
         const cuda_weight *ws[3] = {&l->q, &l->k, &l->v};
         float *ys[3] = {cm->q, cm->k, cm->v};
-        TRY(cuda_gemv_multi(ws, ys, 3, cm->xn, T, err));
+        if (cm->q8_ready)
+            TRY(cuda_gemv_multi_q8(ws, ys, 3, cm->xq, cm->xs, T, err));
+        else
+            TRY(cuda_gemv_multi(ws, ys, 3, cm->xn, T, err));
     } else {
         TRY(matmul(cm, &l->q, cm->xn, T, cm->q, err));
         TRY(matmul(cm, &l->k, cm->xn, T, cm->k, err));
@@ -268,8 +318,12 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
     if (l->k_norm)
         TRY(cuda_rmsnorm(cm->k, cm->k, l->k_norm, c->norm_shift, T * c->n_kv_heads, c->head_dim, c->norm_eps, err));
     const float *freq = sliding ? cm->inv_local : cm->inv_global;
-    TRY(cuda_rope(cm->q, T, c->n_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
-    TRY(cuda_rope(cm->k, T, c->n_kv_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
+    if (cm->unfused) {
+        TRY(cuda_rope(cm->q, T, c->n_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
+        TRY(cuda_rope(cm->k, T, c->n_kv_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
+    } else {
+        TRY(cuda_rope_qk(cm->q, cm->k, T, c->n_heads, c->n_kv_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
+    }
     TRY(cuda_kv_write(&cm->kv, i, cm->k, cm->v, T, pos, slot, err)); /* the new keys join before attending */
     cuda_attention_args a = {.kv = &cm->kv,
                              .layer = i,
@@ -299,10 +353,18 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *e
     if (T <= GRAPH_MAX_T || cm->invariant) {
         const cuda_weight *ws[2] = {&l->gate, &l->up};
         float *ys[2] = {cm->gate, cm->up};
-        TRY(cuda_gemv_multi(ws, ys, 2, cm->xn, T, err));
+        if (cm->q8_ready)
+            TRY(cuda_gemv_multi_q8(ws, ys, 2, cm->xq, cm->xs, T, err));
+        else
+            TRY(cuda_gemv_multi(ws, ys, 2, cm->xn, T, err));
     } else {
         TRY(matmul(cm, &l->gate, cm->xn, T, cm->gate, err));
         TRY(matmul(cm, &l->up, cm->xn, T, cm->up, err));
+    }
+    const cuda_weight *down = &l->down;
+    if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself */
+        TRY(cuda_gated_q8(cm->gate, cm->up, n, gelu, cm->xq, cm->xs, err));
+        return cuda_gemv_multi_q8(&down, &cm->tmp, 1, cm->xq, cm->xs, T, err);
     }
     TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
     return matmul(cm, &l->down, cm->gate, T, cm->tmp, err);
@@ -320,12 +382,12 @@ static hearth_status block(cuda_model *cm, int i, int T, const int32_t *pos, con
     float shift = gemma ? c->norm_shift : 0.0f;
     TRY(attention(cm, i, T, pos, slot, single_slot, err));
     if (gemma) TRY(cuda_rmsnorm(cm->tmp, cm->tmp, l->post_attn_norm, shift, T, c->hidden, c->norm_eps, err));
-    TRY(cuda_add_rmsnorm(cm->xn, cm->x, cm->tmp, l->ffn_norm, shift, T, c->hidden, c->norm_eps, err));
+    TRY(norm_into_xn(cm, cm->tmp, l->ffn_norm, shift, T, q8_fusable_gate_up(cm, i, T), err));
     TRY(mlp(cm, i, T, gemma, err));
     if (gemma) TRY(cuda_rmsnorm(cm->tmp, cm->tmp, l->post_ffn_norm, shift, T, c->hidden, c->norm_eps, err));
     if (i + 1 < c->n_layers)
-        return cuda_add_rmsnorm(cm->xn, cm->x, cm->tmp, cm->layers[i + 1].attn_norm, shift, T, c->hidden, c->norm_eps,
-                                err);
+        return norm_into_xn(cm, cm->tmp, cm->layers[i + 1].attn_norm, shift, T, q8_fusable_qkv(cm, i + 1, T), err);
+    cm->q8_ready = 0;
     return cuda_add(cm->x, cm->tmp, (size_t)T * c->hidden, err);
 }
 
@@ -336,7 +398,7 @@ static hearth_status run_layers(cuda_model *cm, int T, int n_out, int single_slo
     const model_config *c = &cm->m->cfg;
     const int32_t *pos = cm->ints, *slot = cm->ints + cm->max_tokens, *rows = cm->ints + 2 * cm->max_tokens;
     float shift = c->family == FAMILY_GEMMA3 ? c->norm_shift : 0.0f;
-    TRY(cuda_rmsnorm(cm->xn, cm->x, cm->layers[0].attn_norm, shift, T, c->hidden, c->norm_eps, err));
+    TRY(norm_into_xn(cm, NULL, cm->layers[0].attn_norm, shift, T, q8_fusable_qkv(cm, 0, T), err));
     for (int i = 0; i < c->n_layers; i++) TRY(block(cm, i, T, pos, slot, single_slot, err));
     if (n_out == 0) return HEARTH_OK;
     TRY(cuda_gather_rows(cm->rows, cm->x, rows, n_out, c->hidden, err));
@@ -434,10 +496,11 @@ static hearth_status forward(cuda_model *cm, const kv_cache *kv, const model_bat
     return cuda_stream_sync(err);
 }
 
-/* HEARTH_CUDA_PROFILE_STEP: the chosen single-token step runs inside the profiler range. */
+/* HEARTH_CUDA_PROFILE_STEP / _PREFILL: the chosen step runs inside the profiler range. */
 static hearth_status profiled(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids,
                               hearth_error *err) {
-    int prof = b->T == 1 && cm->prof_step > 0 && ++cm->decode_steps == cm->prof_step;
+    int prof = (b->T == 1 && cm->prof_step > 0 && ++cm->decode_steps == cm->prof_step) ||
+               (b->T > GRAPH_MAX_T && cm->prof_prefill > 0 && ++cm->prefill_steps == cm->prof_prefill);
     if (prof) cudaProfilerStart();
     hearth_status st = forward(cm, kv, b, ids, err);
     if (prof) cudaProfilerStop();

@@ -4,6 +4,7 @@
  * pool's float32 / int8 / fp8 storage), plus residual/bias adds and row gathers. Must not
  * allocate or synchronize. */
 #include "backend/cuda/cuda_kv_access.cuh"
+#include "backend/cuda/cuda_pdl.cuh"
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@ static __device__ __forceinline__ float block_inv_rms(float ss, int n, float eps
  * fused residual + norm was 12% of a decode step). */
 #define NORM_THREADS 1024
 __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, float shift, int n, float eps) {
+    pdl_trigger(); /* a decode GEMV launched after this may start prefetching its weights */
     const float *xr = x + (size_t)blockIdx.x * n;
     float *o = out + (size_t)blockIdx.x * n;
     float ss = 0.0f;
@@ -74,6 +76,7 @@ hearth_status cuda_rope(float *x, int T, int n_heads, int head_dim, const int32_
 }
 
 __global__ void silu_mul_kernel(float *gate, const float *up, size_t n) {
+    pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = gate[i];
@@ -82,6 +85,7 @@ __global__ void silu_mul_kernel(float *gate, const float *up, size_t n) {
 
 __global__ void gelu_tanh_mul_kernel(float *gate, const float *up, size_t n) {
     const float k = 0.7978845608028654f; /* sqrt(2 / pi), as ops_cpu.c */
+    pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = gate[i];
@@ -105,6 +109,7 @@ hearth_status cuda_gelu_tanh_mul(float *gate, const float *up, size_t n, hearth_
  * bit for bit; each thread re-reads only the x values it wrote itself. */
 __global__ void add_rmsnorm_kernel(float *out, float *x, const float *delta, const float *w, float shift, int n,
                                    float eps) {
+    pdl_trigger();
     float *xr = x + (size_t)blockIdx.x * n, *o = out + (size_t)blockIdx.x * n;
     const float *dr = delta + (size_t)blockIdx.x * n;
     float ss = 0.0f;
@@ -654,6 +659,7 @@ hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err) {
         }
         return HEARTH_OK;
     }
+    if (a->T > 8 && cuda_attention_prefill_tc_fits(a)) return cuda_attention_prefill_tc(a, err);
     if (a->single_slot && a->T > 8) {
         hearth_status st = HEARTH_OK;
         CUDA_KV_DISPATCH(a->kv->quant, KVQ, st = launch_prefill<KVQ>(a, err));

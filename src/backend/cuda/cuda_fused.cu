@@ -1,0 +1,147 @@
+/* cuda_fused.cu: decode-step kernels that do in one launch what cuda_ops.cu and
+ * cuda_gemv.cu do in several, with the same per-element arithmetic (results bit-identical
+ * to the unfused sequence): RoPE of q and k together; (residual add +) rmsnorm and the
+ * SwiGLU / GeGLU gate, each also writing its output quantized to int8 blocks of 32 for
+ * the int8-activation GEMVs (cuda_gemv_multi_q8). Must not allocate or synchronize; owns
+ * no KV or attention code. */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_pdl.cuh"
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+
+/* One thread per (token, head, pair) over the q heads then the k heads; each pair is
+ * rotated exactly as rope_kernel (cuda_ops.cu) does it. */
+__global__ void rope_qk_kernel(float *q, float *k, int T, int n_heads, int n_kv_heads, int head_dim, const int32_t *pos,
+                               const float *inv_freq, int adjacent) {
+    pdl_wait(); /* q and k come from the q/k/v GEMV */
+    int half = head_dim / 2;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nq = (size_t)T * n_heads * half;
+    size_t total = nq + (size_t)T * n_kv_heads * half;
+    if (idx >= total) return;
+    int kside = idx >= nq, heads = kside ? n_kv_heads : n_heads;
+    if (kside) idx -= nq;
+    int i = (int)(idx % half);
+    size_t th = idx / half; /* t * heads + h */
+    int t = (int)(th / heads);
+    float theta = (float)pos[t] * inv_freq[i];
+    float c = cosf(theta), s = sinf(theta);
+    float *v = (kside ? k : q) + th * head_dim;
+    int a = adjacent ? 2 * i : i, b = adjacent ? 2 * i + 1 : i + half;
+    float x0 = v[a], x1 = v[b];
+    v[a] = x0 * c - x1 * s;
+    v[b] = x0 * s + x1 * c;
+}
+
+hearth_status cuda_rope_qk(float *q, float *k, int T, int n_heads, int n_kv_heads, int head_dim, const int32_t *pos,
+                           const float *inv_freq, int adjacent, hearth_error *err) {
+    size_t total = (size_t)T * (n_heads + n_kv_heads) * (head_dim / 2);
+    if (total == 0) return HEARTH_OK;
+    if (total > (size_t)INT32_MAX * 256)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_rope_qk: %zu rotations in one launch", total);
+    pdl_launch(rope_qk_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), q, k, T, n_heads, n_kv_heads, head_dim,
+               pos, inv_freq, adjacent);
+    return cuda_launched("rope_qk", err);
+}
+
+static __device__ __forceinline__ float fused_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* One block of 32 consecutive values, one per lane, quantized exactly as quantize_x_q8
+ * (cuda_gemv.cu) does it: d = max|v| / 127, q = round-half-even(v / d) clamped to +-127,
+ * (d, d * sum q) per block; a NaN in the block makes d NaN. */
+static __device__ __forceinline__ void quant_block32(float v, int8_t *xq, float2 *xs, int lane) {
+    float a = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    float d = a / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    int q = __float2int_rn(v * id);
+    q = q > 127 ? 127 : q < -127 ? -127 : q;
+    xq[lane] = (int8_t)q;
+    int sq = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    if (__any_sync(0xffffffffu, v != v)) d = __int_as_float(0x7fc00000);
+    if (lane == 0) *xs = make_float2(d, d * (float)sq);
+}
+
+/* add_rmsnorm_kernel / rmsnorm_kernel of cuda_ops.cu (blocks of FUSED_NORM_THREADS = its
+ * NORM_THREADS, the same reduction tree: warp xor-tree, then the 32 warp sums in order),
+ * plus the int8 copy of out. n % 32 == 0, so the 32 lanes of a warp cover one quant block
+ * per step (element i = threadIdx.x + 1024 j). delta NULL: plain rmsnorm of x. */
+#define FUSED_NORM_THREADS 1024
+__global__ void __launch_bounds__(FUSED_NORM_THREADS)
+    add_rmsnorm_q8_kernel(float *out, float *x, const float *delta, const float *w, float shift, int n, float eps,
+                          int8_t *xq, float2 *xs) {
+    pdl_trigger(); /* the GEMV after this may start prefetching its weights */
+    __shared__ float part[32];
+    float *xr = x + (size_t)blockIdx.x * n, *o = out + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    if (delta) {
+        const float *dr = delta + (size_t)blockIdx.x * n;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            float v = xr[i] + dr[i];
+            xr[i] = v;
+            ss += v * v;
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    }
+    ss = fused_warp_sum(ss);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int i = 0; i < (int)blockDim.x / 32; i++) tot += part[i];
+    float inv = 1.0f / sqrtf(tot / (float)n + eps);
+    int lane = threadIdx.x % 32;
+    int8_t *qr = xq + (size_t)blockIdx.x * n;
+    float2 *sr = xs + (size_t)blockIdx.x * (n / 32);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) { /* uniform per warp: n % 32 == 0 */
+        float v = xr[i] * inv * (w[i] + shift);
+        o[i] = v;
+        quant_block32(v, qr + (i - lane), sr + i / 32, lane);
+    }
+}
+
+hearth_status cuda_add_rmsnorm_q8(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
+                                  float eps, int8_t *xq, float *xs, hearth_error *err) {
+    if (T <= 0 || n <= 0) return HEARTH_OK;
+    if (n % 32) return err_set(err, HEARTH_ERR_INVALID, "cuda_add_rmsnorm_q8: row of %d (not a multiple of 32)", n);
+    add_rmsnorm_q8_kernel<<<T, FUSED_NORM_THREADS, 0, cuda_stream()>>>(out, x, delta, w, shift, n, eps, xq,
+                                                                       (float2 *)xs);
+    return cuda_launched("add_rmsnorm_q8", err);
+}
+
+/* silu_mul_kernel / gelu_tanh_mul_kernel of cuda_ops.cu (same expressions), plus the int8
+ * copy of the product; n % 32 == 0 and blocks of 256, so each warp is one quant block. */
+template <bool GELU>
+__global__ void __launch_bounds__(256) gated_q8_kernel(float *gate, const float *up, size_t n, int8_t *xq, float2 *xs) {
+    pdl_trigger();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return; /* whole warps: n % 32 == 0 */
+    float g = gate[i], v;
+    if (GELU) {
+        const float k = 0.7978845608028654f; /* sqrt(2 / pi), as ops_cpu.c */
+        v = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * up[i];
+    } else {
+        v = g / (1.0f + expf(-g)) * up[i];
+    }
+    gate[i] = v;
+    int lane = threadIdx.x % 32;
+    quant_block32(v, xq + (i - lane), xs + i / 32, lane);
+}
+
+hearth_status cuda_gated_q8(float *gate, const float *up, size_t n, int gelu, int8_t *xq, float *xs,
+                            hearth_error *err) {
+    if (n == 0) return HEARTH_OK;
+    if (n % 32) return err_set(err, HEARTH_ERR_INVALID, "cuda_gated_q8: %zu values (not a multiple of 32)", n);
+    unsigned grid = (unsigned)((n + 255) / 256);
+    if (gelu)
+        gated_q8_kernel<true><<<grid, 256, 0, cuda_stream()>>>(gate, up, n, xq, (float2 *)xs);
+    else
+        gated_q8_kernel<false><<<grid, 256, 0, cuda_stream()>>>(gate, up, n, xq, (float2 *)xs);
+    return cuda_launched("gated_q8", err);
+}

@@ -1,0 +1,76 @@
+/* cuda_pdl.cuh: Programmatic Dependent Launch (sm_90+) for the decode GEMVs. A kernel
+ * launched with pdl_launch may start while the kernel before it on the stream is still
+ * running; it must call pdl_wait() before its first read of anything an earlier kernel
+ * writes and before its first global write (weights, which no kernel writes, may be
+ * prefetched before). pdl_trigger() lets the next PDL kernel's blocks start early. On
+ * older GPUs, or with HEARTH_CUDA_PDL=0, launches are ordinary and both calls do nothing.
+ * Header-only, C++; no state besides the cached on/off switch. */
+#ifndef HEARTH_BACKEND_CUDA_PDL_CUH
+#define HEARTH_BACKEND_CUDA_PDL_CUH
+#include "backend/cuda/cuda_internal.h"
+#include <stdlib.h>
+#include <string.h>
+#include <utility>
+
+/* Waits until every kernel before this one on the stream has finished and its writes are
+ * visible (returns at once when this kernel was not launched as a dependent). */
+static __device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Lets the next kernel (if launched with pdl_launch) be scheduled now; its own pdl_wait
+ * still waits for this kernel to complete, so this is only a scheduling hint. */
+static __device__ __forceinline__ void pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+/* The first min(bytes, 4 KB) of a weight row into L2, one 128-byte line per lane: issued
+ * before pdl_wait, so the weight stream starts while the previous kernel finishes. */
+static __device__ __forceinline__ void pdl_prefetch_row(const void *p, size_t bytes, int lane) {
+    size_t off = (size_t)lane * 128;
+    if (off < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + off));
+}
+
+/* The test override of pdl_on in this translation unit: -1 leaves the default, 0 / 1 force. */
+static inline int *pdl_force(void) {
+    static int force = -1;
+    return &force;
+}
+
+/* 1 when launches use PDL: HEARTH_CUDA_PDL unset or not "0", and device 0 is sm_90+. */
+static inline int pdl_on(void) {
+    static int on = -1;
+    if (*pdl_force() >= 0) return *pdl_force();
+    if (on < 0) {
+        const char *e = getenv("HEARTH_CUDA_PDL");
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
+            cudaGetLastError();
+            major = 0;
+        }
+        on = !(e && !strcmp(e, "0")) && major >= 9;
+    }
+    return on;
+}
+
+/* kernel<<<grid, block, 0, cuda_stream()>>>(args...), as a programmatic dependent of the
+ * previous kernel when pdl_on(); errors surface through cudaGetLastError as for <<<>>>. */
+template <typename... P, typename... A>
+static inline void pdl_launch(void (*kernel)(P...), dim3 grid, dim3 block, A &&...args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = cuda_stream();
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_on() ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+}
+#endif

@@ -222,7 +222,8 @@ typedef struct cuda_attention_args {
     size_t split_scratch_floats;
     /* 1 (deterministic mode): every token's result is independent of the batch: the decode
      * kernels for any T (in launches of at most 8 tokens, so the split count is the pool's
-     * fixed one), never the prefill tiles; costs prefill speed, see docs/server.md. */
+     * fixed one), never the prefill tiles or the tensor-core prefill; costs prefill speed,
+     * see docs/server.md. */
     int batch_invariant;
 } cuda_attention_args;
 /* Floats of split_scratch that let decode attention of up to max_T tokens use every split. */

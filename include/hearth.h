@@ -118,10 +118,13 @@ hearth_status hearth_template_render(const char *template_src, const char *conte
 typedef struct hearth_engine hearth_engine;
 
 /* KV storage: float32, or int8 with one float scale per position and KV head
- * (symmetric absmax, quantized once when the position is appended). */
-typedef enum hearth_kv_quant { HEARTH_KV_FLOAT = 0, HEARTH_KV_INT8 = 1 } hearth_kv_quant;
-/* "none"/"float"/"f32" or "int8" -> *out; 0 if the name is unknown. */
+ * (symmetric absmax, quantized once when the position is appended), or fp8 e4m3 with the
+ * same per-row scale (GPU only: the CPU engine refuses it). */
+typedef enum hearth_kv_quant { HEARTH_KV_FLOAT = 0, HEARTH_KV_INT8 = 1, HEARTH_KV_FP8 = 2 } hearth_kv_quant;
+/* "none"/"float"/"f32", "int8" or "fp8" -> *out; 0 if the name is unknown. */
 int hearth_kv_quant_parse(const char *name, int *out);
+/* "none", "int8" or "fp8" ("?" for an unknown value). */
+const char *hearth_kv_quant_name(int quant);
 
 /* Where the forward pass runs. auto: the GPU when the CUDA backend is compiled in and a
  * device is present, else the CPU. */

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--kv-quant none|int8]\n"
+static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--kv-quant none|int8|fp8]\n"
                                 "       [--deterministic] [--json]\n"
                                 "       [--host-argmax]  (logits row to the host every step, as a sampler needing it)\n"
                                 "       [--temp T] [--top-p P] [--top-k K] [--min-p M] [--seed S]  (decode through the\n"
@@ -152,7 +152,8 @@ int cli_bench(int argc, char **argv) {
         double roof = bw > 0 ? bw * 1e9 / bytes : 0;
         int on_gpu = hearth_engine_device(e) == HEARTH_DEVICE_CUDA;
         json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "model",
-                              hearth_model_path(m), "device", on_gpu ? "cuda" : "cpu", "kv_quant", eo.kv_quant == HEARTH_KV_INT8 ? "int8" : "none",
+                              hearth_model_path(m), "device", on_gpu ? "cuda" : "cpu", "kv_quant",
+                              hearth_kv_quant_name(eo.kv_quant),
                               "deterministic", eo.deterministic,
                               "threads", eo.n_threads, "prompt_tokens", p, "gen_tokens", n,
                               "runs", reps, "prefill_tps", prefill_tps, "decode_tps", decode_tps, "bandwidth_gbs", bw,
@@ -171,8 +172,8 @@ int cli_bench(int argc, char **argv) {
                 json_object_set_new(json_object_get(o, "sampling"), "host_sampler_decode_tps",
                                     json_real(host_decode_tps));
         }
-        if (on_gpu) /* the device pool keeps keys and values in float32 whatever --kv-quant says */
-            json_object_set_new(o, "decode_bytes_note", json_string("weights as stored on the device + f32 KV"));
+        if (on_gpu) /* the device pool stores keys and values as --kv-quant says */
+            json_object_set_new(o, "decode_bytes_note", json_string("weights as stored on the device + KV as --kv-quant"));
         if (as_json) {
             char *s = json_dumps(o, JSON_PRESERVE_ORDER);
             printf("%s\n", s);

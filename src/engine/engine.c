@@ -117,11 +117,15 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
     p->n_blocks = o.kv_blocks > 0 ? o.kv_blocks
                                   : (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * (p->max_seqs < 2 ? p->max_seqs : 2);
     if (o.kv_blocks == 0 && o.kv_budget_bytes > 0) {
-        /* a byte budget: the pool's cost per block (storage and metadata) from its own size function */
+        /* a byte budget: the pool's cost per block (storage and metadata) from its own size
+         * function; on the GPU the device bytes of a block (cuda_kv_bytes) when larger */
         double per_block = (double)(kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context,
                                                    2, o.kv_quant) -
                                     kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context,
                                                    1, o.kv_quant));
+        double dev_block = (double)engine_device_kv_bytes(c->n_layers, c->n_kv_heads, c->head_dim, 1, o.kv_quant,
+                                                          o.device);
+        if (dev_block > per_block) per_block = dev_block;
         double blocks = o.kv_budget_bytes / per_block;
         if (blocks < 1 || blocks > INT32_MAX / 2)
             return err_set(err, HEARTH_ERR_INVALID, "engine: a KV budget of %.0f bytes holds %.0f blocks of %.0f bytes",
@@ -134,9 +138,13 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                       .max_blocks_per_slot = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
     size_t T = (size_t)p->step_tokens;
     p->weights = model_weight_bytes(m);
-    if (o.kv_quant != HEARTH_KV_FLOAT && o.kv_quant != HEARTH_KV_INT8)
-        return err_set(err, HEARTH_ERR_INVALID, "engine: unknown KV quantization %d (--kv-quant takes none or int8)",
-                       o.kv_quant);
+    if (o.kv_quant != HEARTH_KV_FLOAT && o.kv_quant != HEARTH_KV_INT8 && o.kv_quant != HEARTH_KV_FP8)
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "engine: unknown KV quantization %d (--kv-quant takes none, int8 or fp8)", o.kv_quant);
+    if (o.kv_quant == HEARTH_KV_FP8 && o.device == HEARTH_DEVICE_CPU)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "--kv-quant fp8 is stored only by the CUDA backend (--device cuda); the CPU engine takes "
+                       "--kv-quant none or int8");
     p->kv = kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context, p->n_blocks, o.kv_quant);
     p->scratch = model_scratch_bytes(m, &shape, p->step_tokens, p->max_out, p->n_threads);
     p->buffers = sizeof(hearth_engine) + 3 * T * sizeof(int32_t) + ENGINE_MAX_LOGITS_ROWS * sizeof(int32_t) +
@@ -178,6 +186,11 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     if (!st && e->gpu) st = engine_device_sampler_open(e->max_out, c->vocab, &e->gsmp, err);
     if (!st && e->gpu && !(e->dev_req = calloc((size_t)e->max_out, sizeof *e->dev_req)))
         st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
+    if (!st && !e->gpu && o.kv_quant == HEARTH_KV_FP8) /* --device auto chose the CPU */
+        st = err_set(err, HEARTH_ERR_UNSUPPORTED,
+                     "--kv-quant fp8 needs the GPU, but the model runs on the CPU here (%s); use --kv-quant int8 "
+                     "or none",
+                     o.device == HEARTH_DEVICE_AUTO ? "--device auto found no usable CUDA device" : "--device cpu");
     if (!st) st = sampler_init(&e->smp, c->vocab, err);
     if (!st && !(e->slot_smp = calloc((size_t)e->max_seqs, sizeof *e->slot_smp)))
         st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
@@ -451,13 +464,14 @@ double engine_decode_bytes(const model *m, int context, int kv_quant) {
         const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) b += weight_read_bytes(ws[j]);
         int span = l->sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
-        /* int8 KV: head_dim bytes and one float scale per position and head */
-        double row = kv_quant == HEARTH_KV_INT8 ? (double)c->head_dim + sizeof(float) : (double)c->head_dim * sizeof(float);
+        /* int8 / fp8 KV: head_dim bytes and one float scale per position and head */
+        double row = kv_quant != HEARTH_KV_FLOAT ? (double)c->head_dim + sizeof(float)
+                                                 : (double)c->head_dim * sizeof(float);
         b += 2.0 * span * c->n_kv_heads * row;
     }
     return b;
 }
 
 double hearth_engine_decode_bytes(const hearth_engine *e, int context) {
-    return engine_decode_bytes(e->m, context, e->gpu ? HEARTH_KV_FLOAT : e->kv.quant); /* the GPU pool is f32 */
+    return engine_decode_bytes(e->m, context, e->kv.quant); /* the GPU pool stores the same quant */
 }

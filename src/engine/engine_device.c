@@ -123,6 +123,15 @@ hearth_status engine_device_forward_sample(cuda_model *gpu, cuda_sampler *smp, c
 #endif
 }
 
+size_t engine_device_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant, int device) {
+#ifdef HEARTH_HAVE_CUDA
+    if (device == HEARTH_DEVICE_CUDA || (device == HEARTH_DEVICE_AUTO && cuda_device_count() > 0))
+        return cuda_kv_bytes(n_layers, n_kv_heads, head_dim, n_blocks, quant);
+#endif
+    (void)n_layers, (void)n_kv_heads, (void)head_dim, (void)n_blocks, (void)quant, (void)device;
+    return 0;
+}
+
 double engine_device_bandwidth_gbs(void) {
 #ifdef HEARTH_HAVE_CUDA
     return cuda_copy_bandwidth_gbs((size_t)1 << 30, 10);

@@ -23,6 +23,9 @@ int engine_device_sample_supported(const hearth_sampling *p);
 hearth_status engine_device_forward_sample(cuda_model *gpu, cuda_sampler *smp, const kv_cache *kv,
                                            const model_batch *b, const cuda_sample_req *req, int32_t *ids,
                                            hearth_error *err);
+/* Device bytes of the KV storage of n_blocks blocks (cuda_kv_bytes) when the engine may run
+ * on the GPU (device cuda, or auto with a CUDA device present); 0 otherwise. */
+size_t engine_device_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant, int device);
 /* The GPU's copy bandwidth (GB/s, read + write; cuda_copy_bandwidth_gbs), 0 without CUDA. */
 double engine_device_bandwidth_gbs(void);
 void engine_device_close(cuda_model *gpu);

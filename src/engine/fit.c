@@ -209,7 +209,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     json_object_set_new(r, "step_tokens", json_integer(p.step_tokens));
     json_object_set_new(r, "weights_bytes", JSON_SIZE(p.weights));
     json_object_set_new(r, "kv_pool_bytes", JSON_SIZE(p.kv));
-    json_object_set_new(r, "kv_quant", json_string(o.engine.kv_quant == HEARTH_KV_INT8 ? "int8" : "none"));
+    json_object_set_new(r, "kv_quant", json_string(hearth_kv_quant_name(o.engine.kv_quant)));
     json_object_set_new(r, "scratch_bytes", JSON_SIZE(p.scratch));
     json_object_set_new(r, "buffers_bytes", JSON_SIZE(p.buffers + p.sampler));
     json_object_set_new(r, "engine_bytes", JSON_SIZE(engine_plan_bytes(&p)));

@@ -14,7 +14,8 @@ static int blocks_for(int positions) { return (positions + KV_BLOCK_SIZE - 1) / 
  * one outlier token does not flatten its 15 neighbours. Costs 4 / head_dim extra. */
 size_t kv_storage_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant) {
     size_t rows = (size_t)n_layers * n_blocks * n_kv_heads * KV_BLOCK_SIZE;
-    if (quant == HEARTH_KV_INT8) return 2 * rows * ((size_t)head_dim * sizeof(int8_t) + sizeof(float));
+    if (quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8)
+        return 2 * rows * ((size_t)head_dim * sizeof(int8_t) + sizeof(float));
     return 2 * rows * (size_t)head_dim * sizeof(float);
 }
 
@@ -45,7 +46,9 @@ static hearth_status storage_create(kv_cache *kv, int quant, hearth_error *err) 
     size_t rows = (size_t)kv->n_layers * kv->n_blocks * kv->n_kv_heads * KV_BLOCK_SIZE;
     size_t elems = rows * (size_t)kv->head_dim;
     kv->quant = quant;
-    if (quant == HEARTH_KV_INT8) {
+    /* fp8 is written only by the GPU into its own pool; the host copy keeps the same
+     * one-byte layout so every byte count (fit, --kv-budget) is the device's */
+    if (quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8) {
         kv->k8 = storage_alloc(elems);
         kv->v8 = storage_alloc(elems);
         kv->k_scale = storage_alloc(rows * sizeof(float));
@@ -76,8 +79,13 @@ int hearth_kv_quant_parse(const char *name, int *out) {
     if (!name) return 0;
     if (!strcmp(name, "none") || !strcmp(name, "float") || !strcmp(name, "f32")) *out = HEARTH_KV_FLOAT;
     else if (!strcmp(name, "int8")) *out = HEARTH_KV_INT8;
+    else if (!strcmp(name, "fp8") || !strcmp(name, "fp8_e4m3")) *out = HEARTH_KV_FP8;
     else return 0;
     return 1;
+}
+
+const char *hearth_kv_quant_name(int quant) {
+    return quant == HEARTH_KV_FLOAT ? "none" : quant == HEARTH_KV_INT8 ? "int8" : quant == HEARTH_KV_FP8 ? "fp8" : "?";
 }
 
 void kv_store(kv_cache *kv, int layer, int slot, int p, int head, const float *key, const float *value) {

@@ -83,7 +83,7 @@ def test_int8_kv_kl_and_agreement(helper, text, key):
     assert r["argmax_agreement"] >= agree_bound
     # not a no-op: int8 rounding must move the distributions a little somewhere
     assert r["kl_max"] > 0
-    assert r["engine_bytes_int8"] < r["engine_bytes_float"]
+    assert r["engine_bytes_quant"] < r["engine_bytes_float"]
 
 
 def gguf_kv_shape(path):
@@ -121,4 +121,11 @@ def test_int8_kv_pool_shrinks_as_predicted(key, ctx):
 def test_unknown_kv_quant_is_an_error():
     p = subprocess.run([str(BIN), "fit", str(model_path("smollm2")), "--kv-quant", "int3"], capture_output=True,
                        text=True, timeout=60)
-    assert p.returncode != 0 and "--kv-quant takes none or int8" in p.stderr
+    assert p.returncode != 0 and "--kv-quant takes none, int8 or fp8" in p.stderr
+
+
+def test_fp8_kv_is_refused_on_the_cpu():
+    """fp8 KV exists only in the CUDA pool: the CPU engine names the flag and the way out."""
+    p = subprocess.run([str(BIN), "generate", str(model_path("smollm2")), "--device", "cpu", "--kv-quant", "fp8",
+                        "hi", "--max-tokens", "1"], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "--kv-quant fp8" in p.stderr and "--device cuda" in p.stderr, p.stderr

@@ -401,6 +401,71 @@ static void test_gemv_multi(void **state) {
     }
 }
 
+/* Deterministic mode runs every matmul through cuda_gemv (and q/k/v, gate/up through
+ * cuda_gemv_multi) whatever the step's T: a row's output must not depend on how many rows
+ * share the launch (chunks of 8, 4, 3, 2, 1), so 13 rows together equal each row alone, bit
+ * for bit, in every weight format. The oracle is the same kernel on one row: any batch
+ * dependence (another accumulation order, another int8 block split) shows up as a bit. */
+static void check_gemv_invariant(tensor_dtype t, int64_t n, int64_t k, int multi) {
+    enum { T = 13 };
+    cpu_weight w[3];
+    void *host[3];
+    cuda_weight dw[3];
+    hearth_error e = {0};
+    int nw = multi ? 3 : 1;
+    float *x = malloc((size_t)(T * k) * sizeof *x), *dy_all[3], *dy_one[3];
+    for (int64_t i = 0; i < T * k; i++) x[i] = rndf();
+    for (int i = 0; i < nw; i++) {
+        host[i] = make_weight(t, n + i, k, &w[i]);
+        assert_int_equal(cuda_weight_upload(&dw[i], &w[i], "invariant", &e), HEARTH_OK);
+        dy_all[i] = dev_from(NULL, (size_t)(T * (n + i)) * sizeof(float));
+        dy_one[i] = dev_from(NULL, (size_t)(T * (n + i)) * sizeof(float));
+    }
+    float *dx = dev_from(x, (size_t)(T * k) * sizeof *x);
+    const cuda_weight *ws[3] = {&dw[0], &dw[1], &dw[2]};
+    if (multi) assert_int_equal(cuda_gemv_multi(ws, dy_all, 3, dx, T, &e), HEARTH_OK);
+    else assert_int_equal(cuda_gemv(&dw[0], dx, T, dy_all[0], &e), HEARTH_OK);
+    for (int tt = 0; tt < T; tt++) {
+        float *ys[3];
+        for (int i = 0; i < nw; i++) ys[i] = dy_one[i] + (size_t)tt * (n + i);
+        if (multi) assert_int_equal(cuda_gemv_multi(ws, ys, 3, dx + (size_t)tt * k, 1, &e), HEARTH_OK);
+        else assert_int_equal(cuda_gemv(&dw[0], dx + (size_t)tt * k, 1, ys[0], &e), HEARTH_OK);
+    }
+    for (int i = 0; i < nw; i++) {
+        size_t m = (size_t)T * (n + i);
+        float *a = download(dy_all[i], m), *b = download(dy_one[i], m);
+        for (size_t j = 0; j < m; j++)
+            if (memcmp(&a[j], &b[j], 4))
+                fail_msg("gemv%s %s n=%lld k=%lld: row %zu col %zu among %d = %.9g, alone %.9g", multi ? "_multi" : "",
+                         tensor_dtype_name(t), (long long)(n + i), (long long)k, j / (n + i), j % (n + i), T, a[j],
+                         b[j]);
+        free(a);
+        free(b);
+        cuda_free(dy_all[i]);
+        cuda_free(dy_one[i]);
+        cuda_weight_free(&dw[i]);
+        free(host[i]);
+    }
+    cuda_free(dx);
+    free(x);
+}
+
+static void test_gemv_batch_invariant(void **state) {
+    (void)state;
+    static const struct { tensor_dtype t; int64_t n, k; } shapes[] = {
+        {DT_F32, 37, 200}, {DT_BF16, 301, 4096}, {DT_BF16, 19, 77}, {DT_F16, 129, 2048}, {DT_Q8_0, 4229, 256},
+        {DT_Q8_0, 37, 14336}, {DT_Q4_K, 8467, 512}, {DT_Q4_K, 129, 2304}, {DT_Q6_K, 37, 4096},
+        {DT_U32, 301, 4096}, {DT_U32, 19, 96},
+    };
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        mlx_group = shapes[s].k % 64 ? 32 : 64;
+        check_gemv_invariant(shapes[s].t, shapes[s].n, shapes[s].k, 0);
+    }
+    mlx_group = 64;
+    check_gemv_invariant(DT_BF16, 300, 4096, 1); /* the fused q/k/v launch */
+    check_gemv_invariant(DT_Q4_K, 300, 512, 1);  /* x quantized once for all three */
+}
+
 /* The prefill path: cuda_matmul with T >= 9 dequantizes into the GEMM scratch and calls
  * cuBLAS; checked in both operand modes on the same odd shapes. */
 static void test_gemm(void **state) {
@@ -706,9 +771,11 @@ int main(void) {
     rng_state ^= (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull; /* fresh random inputs every run */
     printf("test_cuda: device 0: %s (sm_%d%d, %d SMs, %.1f GiB); seed %llx\n", info.name, info.cc_major,
            info.cc_minor, info.n_sms, info.total_mem / 1073741824.0, (unsigned long long)rng_state);
+    const char *only = getenv("HEARTH_TEST_FILTER"); /* e.g. test_gemv_batch_invariant: one test (device rounds) */
+    if (only) cmocka_set_test_filter(only);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemv),      cmocka_unit_test(test_gemv_multi),      cmocka_unit_test(test_gemm),     cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_rope_qk),   cmocka_unit_test(test_gemv_pdl_chain),
+        cmocka_unit_test(test_rope_qk),   cmocka_unit_test(test_gemv_pdl_chain), cmocka_unit_test(test_gemv_batch_invariant),
         cmocka_unit_test(test_gated_activations), cmocka_unit_test(test_attention), cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -3,10 +3,7 @@
  * values read from the paged device pool through the block table. bf16 operands on
  * mma.sync m16n8k16 with f32 accumulation, online softmax in f32. Must not allocate or
  * synchronize; the f32 kernels in cuda_ops.cu stay the reference and the ragged path. */
-#include "backend/cuda/cuda_internal.h"
-extern "C" {
-#include "engine/kv_cache.h"
-}
+#include "backend/cuda/cuda_kv_access.cuh"
 #include <cuda_bf16.h>
 #include <limits.h>
 #include <math.h>
@@ -14,14 +11,21 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
-/* The one place that knows the pool's element type: 4 consecutive head dims [d0, d0 + 4)
- * of the key and the value at row `r` (position within the block) of block `b`, KV head
- * `h`, as packed bf16 pairs. The pool is float32 today ([layer][block][kv_head][r][d]). */
+/* 4 consecutive head dims [d0, d0 + 4) of the key and the value at row `r` (position within
+ * the block) of block `b`, KV head `h`, as packed bf16 pairs, read through
+ * cuda_kv_access.cuh in the pool's format (float32, or int8 / fp8 dequantized with the
+ * row's scale; the branch on kv.quant is uniform over the grid). */
 static __device__ __forceinline__ void pf_load_kv4(const cuda_kv &kv, int layer, int b, int h, int r, int d0, uint2 *k4,
                                                    uint2 *v4) {
-    size_t off =
-        ((((size_t)layer * kv.n_blocks + b) * kv.n_kv_heads + h) * KV_BLOCK_SIZE + (size_t)r) * kv.head_dim + d0;
-    float4 k = __ldg((const float4 *)(kv.k + off)), v = __ldg((const float4 *)(kv.v + off));
+    size_t row = cuda_kv_row(kv, layer, b, h, r);
+    int d = kv.head_dim;
+    float4 k, v;
+    if (kv.quant == HEARTH_KV_INT8)
+        k = cuda_kv_k4<HEARTH_KV_INT8>(kv, row, d, d0), v = cuda_kv_v4<HEARTH_KV_INT8>(kv, row, d, d0);
+    else if (kv.quant == HEARTH_KV_FP8)
+        k = cuda_kv_k4<HEARTH_KV_FP8>(kv, row, d, d0), v = cuda_kv_v4<HEARTH_KV_FP8>(kv, row, d, d0);
+    else
+        k = cuda_kv_k4<HEARTH_KV_FLOAT>(kv, row, d, d0), v = cuda_kv_v4<HEARTH_KV_FLOAT>(kv, row, d, d0);
     __nv_bfloat162 k01 = __floats2bfloat162_rn(k.x, k.y), k23 = __floats2bfloat162_rn(k.z, k.w);
     __nv_bfloat162 v01 = __floats2bfloat162_rn(v.x, v.y), v23 = __floats2bfloat162_rn(v.z, v.w);
     *k4 = make_uint2(*(uint32_t *)&k01, *(uint32_t *)&k23);

@@ -173,21 +173,33 @@ hearth_status cuda_add_bias(float *y, const float *bias, int T, int n, hearth_er
 hearth_status cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int n_rows, int width,
                                hearth_error *err);
 
-/* Device copy of the paged KV pool: same block layout and tables as kv_cache. */
+/* Device copy of the paged KV pool: same block layout and tables as kv_cache; the element
+ * type is the pool's quant (hearth_kv_quant): float32, or int8 / fp8 e4m3 bytes with one
+ * float scale per (layer, block, KV head, position) row. Kernels read and write elements only
+ * through cuda_kv_access.cuh. */
 typedef struct cuda_kv {
     int n_layers, n_kv_heads, head_dim;
     int n_blocks, max_slots, max_blocks_per_slot;
-    float *k, *v;
+    int quant;                /* hearth_kv_quant */
+    void *k, *v;              /* [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE][head_dim] elements */
+    float *k_scale, *v_scale; /* int8 / fp8: [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE]; else NULL */
     int32_t *tables;
 } cuda_kv;
-/* Allocates the device pool for kv's sizes and copies keys, values and tables. */
+/* Device bytes of the key and value storage (elements and scales, no tables) of a pool of
+ * n_blocks blocks in this quant: what cuda_kv_alloc allocates besides the block tables. The
+ * one definition of device KV bytes (fit, --kv-budget and the model's byte count use it);
+ * 0 for an unknown quant. Pure arithmetic: needs no device. */
+size_t cuda_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant);
+/* Allocates the device pool for kv's sizes and quant and copies keys, values (float or
+ * int8 with their scales) and tables. */
 hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err);
-/* Allocates a zeroed float32 device pool of kv's sizes (whatever kv stores on the host)
+/* Allocates a zeroed device pool of kv's sizes in `quant` (whatever kv stores on the host)
  * and copies only its block tables. */
-hearth_status cuda_kv_alloc(cuda_kv *dkv, const kv_cache *kv, hearth_error *err);
+hearth_status cuda_kv_alloc(cuda_kv *dkv, const kv_cache *kv, int quant, hearth_error *err);
 void cuda_kv_free(cuda_kv *dkv);
 /* Writes T tokens' keys and values ([T, n_kv_heads * head_dim] each) into the pool at
- * (slot[t], pos[t]) of `layer` through the device block tables. */
+ * (slot[t], pos[t]) of `layer` through the device block tables, quantizing each row for an
+ * int8 / fp8 pool (rules in cuda_kv_access.cuh; int8 equals kv_store's bytes and scales). */
 hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const float *v, int T,
                             const int32_t *pos, const int32_t *slot, hearth_error *err);
 
@@ -208,6 +220,11 @@ typedef struct cuda_attention_args {
      * split per (KV head, token)); cuda_attention_split_floats gives the size to allocate. */
     float *split_scratch;
     size_t split_scratch_floats;
+    /* 1 (deterministic mode): every token's result is independent of the batch: the decode
+     * kernels for any T (in launches of at most 8 tokens, so the split count is the pool's
+     * fixed one), never the prefill tiles or the tensor-core prefill; costs prefill speed,
+     * see docs/server.md. */
+    int batch_invariant;
 } cuda_attention_args;
 /* Floats of split_scratch that let decode attention of up to max_T tokens use every split. */
 size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);

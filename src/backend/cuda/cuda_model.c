@@ -48,6 +48,10 @@ struct cuda_model {
      * per (T, n_out); HEARTH_CUDA_GRAPH=0 runs every step eagerly (A/B benchmarks) */
     cuda_graph *graphs[GRAPH_MAX_T + 1][GRAPH_MAX_T + 1][2]; /* [T][n_out][ids] */
     int graphs_off;
+    /* this step is batch-invariant (model_batch.batch_invariant, deterministic mode): every
+     * matmul goes to the GEMV kernels whatever T (a row's sums do not depend on how many
+     * rows share the launch; cuBLAS's tiling does) and attention to the decode kernels */
+    int invariant;
     /* HEARTH_CUDA_FUSED=0: the unfused decode sequence (one rope launch for q, one for k;
      * int8 activations quantized by each GEMV call instead of by the norm / gate before it) */
     int unfused;
@@ -157,14 +161,14 @@ hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_toke
     const char *prof_pf_env = getenv("HEARTH_CUDA_PROFILE_PREFILL");
     cm->prof_prefill = prof_pf_env ? atoi(prof_pf_env) : 0;
     const char *mode = getenv("HEARTH_CUDA_GEMM");
-    cuda_plan_make(m, kv, max_tokens, max_out, CUDA_KV_F32, mode && !strcmp(mode, "f32"), &cm->plan);
+    cuda_plan_make(m, kv, max_tokens, max_out, cuda_kv_device_dtype(kv->quant), mode && !strcmp(mode, "f32"), &cm->plan);
     hearth_status st = HEARTH_OK;
     for (int i = 0; !st && i < c->n_layers; i++) st = upload_layer(cm, i, err);
     if (!st) st = upload_weight(&cm->lm_head, &m->lm_head, "lm_head", cm, err);
     if (!st) st = upload_vec(&cm->final_norm, m->final_norm, (size_t)c->hidden, cm, err);
     if (!st) st = upload_vec(&cm->inv_global, c->inv_freq_global, (size_t)c->head_dim / 2, cm, err);
     if (!st) st = upload_vec(&cm->inv_local, c->inv_freq_local, (size_t)c->head_dim / 2, cm, err);
-    if (!st) st = cuda_kv_alloc(&cm->kv, kv, err);
+    if (!st) st = cuda_kv_alloc(&cm->kv, kv, kv->quant, err);
     if (!st) st = alloc_scratch(cm, err);
     if (!st) st = cuda_sync(err);
     if (st) {
@@ -216,6 +220,11 @@ void cuda_model_free(cuda_model *cm) {
 
 size_t cuda_model_device_bytes(const cuda_model *cm) { return cuda_plan_bytes(&cm->plan); }
 
+/* y = x · W^T: cuBLAS for prefill-sized T, except in a batch-invariant step. */
+static hearth_status matmul(cuda_model *cm, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
+    return cm->invariant ? cuda_gemv(w, x, T, y, err) : cuda_matmul(cm->gemm, w, x, T, y, err);
+}
+
 /* Whether the decode GEMVs of ws (one input) take int8 activations that the kernel making
  * that input can write itself (cuda_add_rmsnorm_q8 / cuda_gated_q8). */
 static int q8_fusable(const cuda_model *cm, const cuda_weight *const *ws, int nw, int T) {
@@ -252,7 +261,7 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
     const model_config *c = &cm->m->cfg;
     const cuda_layer *l = &cm->layers[i];
     int sliding = cm->m->layers[i].sliding, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-    if (T <= GRAPH_MAX_T) { /* decode: q, k and v in one GEMV launch where the formats allow */
+    if (T <= GRAPH_MAX_T || cm->invariant) { /* q, k and v in one GEMV launch where the formats allow */
         const cuda_weight *ws[3] = {&l->q, &l->k, &l->v};
         float *ys[3] = {cm->q, cm->k, cm->v};
         if (cm->q8_ready)
@@ -260,9 +269,9 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
         else
             TRY(cuda_gemv_multi(ws, ys, 3, cm->xn, T, err));
     } else {
-        TRY(cuda_matmul(cm->gemm, &l->q, cm->xn, T, cm->q, err));
-        TRY(cuda_matmul(cm->gemm, &l->k, cm->xn, T, cm->k, err));
-        TRY(cuda_matmul(cm->gemm, &l->v, cm->xn, T, cm->v, err));
+        TRY(matmul(cm, &l->q, cm->xn, T, cm->q, err));
+        TRY(matmul(cm, &l->k, cm->xn, T, cm->k, err));
+        TRY(matmul(cm, &l->v, cm->xn, T, cm->v, err));
     }
     TRY(cuda_add_bias(cm->q, l->q_bias, T, qd, err));
     TRY(cuda_add_bias(cm->k, l->k_bias, T, kd, err));
@@ -293,16 +302,18 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
                              .scale = c->attn_scale,
                              .single_slot = single_slot,
                              .split_scratch = cm->att_split,
-                             .split_scratch_floats = cm->att_split_floats};
+                             .split_scratch_floats = cm->att_split_floats,
+                             .batch_invariant = cm->invariant};
     TRY(cuda_attention(&a, err));
-    return cuda_matmul(cm->gemm, &l->o, cm->att, T, cm->tmp, err);
+    return matmul(cm, &l->o, cm->att, T, cm->tmp, err);
 }
 
 /* in: cm->xn; out: cm->tmp = down(act(gate(xn)) * up(xn)). */
 static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *err) {
     const cuda_layer *l = &cm->layers[i];
     size_t n = (size_t)T * cm->m->cfg.ffn;
-    if (T <= GRAPH_MAX_T) { /* decode: one launch for 16-bit gate + up, one quantized x for int8 ones */
+    /* decode: one launch for 16-bit gate + up, one quantized x for int8 ones */
+    if (T <= GRAPH_MAX_T || cm->invariant) {
         const cuda_weight *ws[2] = {&l->gate, &l->up};
         float *ys[2] = {cm->gate, cm->up};
         if (cm->q8_ready)
@@ -310,8 +321,8 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *e
         else
             TRY(cuda_gemv_multi(ws, ys, 2, cm->xn, T, err));
     } else {
-        TRY(cuda_matmul(cm->gemm, &l->gate, cm->xn, T, cm->gate, err));
-        TRY(cuda_matmul(cm->gemm, &l->up, cm->xn, T, cm->up, err));
+        TRY(matmul(cm, &l->gate, cm->xn, T, cm->gate, err));
+        TRY(matmul(cm, &l->up, cm->xn, T, cm->up, err));
     }
     const cuda_weight *down = &l->down;
     if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself */
@@ -319,7 +330,7 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *e
         return cuda_gemv_multi_q8(&down, &cm->tmp, 1, cm->xq, cm->xs, T, err);
     }
     TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
-    return cuda_matmul(cm->gemm, &l->down, cm->gate, T, cm->tmp, err);
+    return matmul(cm, &l->down, cm->gate, T, cm->tmp, err);
 }
 
 /* One block: llama.c's two pre-norms, or gemma3.c's four (1 + weight) norms with GeGLU.
@@ -426,6 +437,8 @@ static hearth_status forward(cuda_model *cm, const kv_cache *kv, const model_bat
     int single_slot = 1; /* a prefill chunk of one sequence: the tiled attention kernel applies */
     for (int t = 1; t < T; t++) single_slot &= b->slot[t] == b->slot[0];
     int want_ids = ids != NULL && b->n_out > 0;
+    /* T <= GRAPH_MAX_T runs the same kernels either way, so decode graphs are shared */
+    cm->invariant = b->batch_invariant != 0;
     if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off)
         TRY(run_graph(cm, T, b->n_out, want_ids, err));
     else

@@ -8,10 +8,11 @@
 
 typedef struct cuda_model cuda_model;
 
-/* Uploads m's weights (every format: see cuda_weight_upload_any) and allocates a float32
- * device KV pool of kv's shape plus scratch for max_tokens per step and max_out logits
- * rows. HEARTH_CUDA_GEMM=f32 in the environment selects exact f32 prefill GEMMs (parity
- * checks) instead of bf16 tensor cores. *note (may be NULL) gets a one-line summary. */
+/* Uploads m's weights (every format: see cuda_weight_upload_any) and allocates a device
+ * KV pool of kv's shape and quant (float32, int8 or fp8: cuda_kv) plus scratch for
+ * max_tokens per step and max_out logits rows. HEARTH_CUDA_GEMM=f32 in the environment
+ * selects exact f32 prefill GEMMs (parity checks) instead of bf16 tensor cores. *note (may
+ * be NULL) gets a one-line summary. */
 hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_tokens, int max_out, cuda_model **out,
                                 char *note, size_t note_size, hearth_error *err);
 void cuda_model_free(cuda_model *cm);

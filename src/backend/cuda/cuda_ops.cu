@@ -1,15 +1,12 @@
 /* cuda_ops.cu: the element-wise ops (rmsnorm, rope, SiLU/GELU-tanh gating) and paged
  * decode attention on the device, with the same arithmetic contract as ops/ops_cpu.c
- * (float32 throughout, max-subtracted softmax), plus residual/bias adds, row gathers and
- * K/V writes into the device pool. Must not allocate or synchronize, except
- * cuda_kv_upload / cuda_kv_alloc, which run once at start. */
-#include "backend/cuda/cuda_internal.h"
+ * (float32 arithmetic, max-subtracted softmax; K/V read through cuda_kv_access.cuh in the
+ * pool's float32 / int8 / fp8 storage), plus residual/bias adds and row gathers. Must not
+ * allocate or synchronize. */
+#include "backend/cuda/cuda_kv_access.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 extern "C" {
 #include "backend/cuda/cuda_plan.h"
-}
-extern "C" {
-#include "engine/kv_cache.h"
 }
 #include <limits.h>
 #include <math.h>
@@ -219,78 +216,6 @@ hearth_status cuda_gather_rows(float *dst, const float *src, const int32_t *rows
     return cuda_launched("gather_rows", err);
 }
 
-static void kv_shape(cuda_kv *dkv, const kv_cache *kv) {
-    memset(dkv, 0, sizeof *dkv);
-    dkv->n_layers = kv->n_layers;
-    dkv->n_kv_heads = kv->n_kv_heads;
-    dkv->head_dim = kv->head_dim;
-    dkv->n_blocks = kv->n_blocks;
-    dkv->max_slots = kv->max_slots;
-    dkv->max_blocks_per_slot = kv->max_blocks_per_slot;
-}
-
-hearth_status cuda_kv_alloc(cuda_kv *dkv, const kv_cache *kv, hearth_error *err) {
-    kv_shape(dkv, kv);
-    /* the size hearth fit counts (cuda_plan.c) */
-    size_t kvb = cuda_kv_plane_bytes(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, CUDA_KV_F32);
-    size_t tb = (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t);
-    hearth_status s = cuda_alloc((void **)&dkv->k, kvb, "KV keys", err);
-    if (!s) s = cuda_alloc((void **)&dkv->v, kvb, "KV values", err);
-    if (!s) s = cuda_alloc((void **)&dkv->tables, tb, "KV block tables", err);
-    /* zeroed so a position read before it was written is 0, never NaN from stale memory */
-    if (!s) s = cuda_status(cudaMemset(dkv->k, 0, kvb), "cudaMemset KV", err);
-    if (!s) s = cuda_status(cudaMemset(dkv->v, 0, kvb), "cudaMemset KV", err);
-    if (!s) s = cuda_upload(dkv->tables, kv->tables, tb, err);
-    if (s) cuda_kv_free(dkv);
-    return s;
-}
-
-/* One block per (token, KV head); pool rows of positions whose block is missing from the
- * table are not written (the host reserved every position before the step). */
-__global__ void kv_write_kernel(cuda_kv kv, int layer, const float *k, const float *v, const int32_t *pos,
-                                const int32_t *slot) {
-    int t = blockIdx.x, h = blockIdx.y, d = kv.head_dim, p = pos[t];
-    int b = kv.tables[(size_t)slot[t] * kv.max_blocks_per_slot + p / KV_BLOCK_SIZE];
-    if (b < 0 || b >= kv.n_blocks) return;
-    size_t off = (((size_t)layer * kv.n_blocks + b) * kv.n_kv_heads + h) * KV_BLOCK_SIZE * d +
-                 (size_t)(p % KV_BLOCK_SIZE) * d;
-    size_t src = ((size_t)t * kv.n_kv_heads + h) * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        kv.k[off + i] = k[src + i];
-        kv.v[off + i] = v[src + i];
-    }
-}
-
-hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const float *v, int T,
-                            const int32_t *pos, const int32_t *slot, hearth_error *err) {
-    if (T <= 0) return HEARTH_OK;
-    if (layer < 0 || layer >= dkv->n_layers)
-        return err_set(err, HEARTH_ERR_INVALID, "cuda_kv_write: layer %d of %d", layer, dkv->n_layers);
-    kv_write_kernel<<<dim3((unsigned)T, (unsigned)dkv->n_kv_heads), 128, 0, cuda_stream()>>>(*dkv, layer, k, v, pos, slot);
-    return cuda_launched("kv_write", err);
-}
-
-hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err) {
-    kv_shape(dkv, kv);
-    size_t kvb = (size_t)kv->n_layers * kv->n_blocks * kv->block_floats * sizeof(float);
-    size_t tb = (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t);
-    hearth_status s = cuda_alloc((void **)&dkv->k, kvb, "KV keys", err);
-    if (!s) s = cuda_alloc((void **)&dkv->v, kvb, "KV values", err);
-    if (!s) s = cuda_alloc((void **)&dkv->tables, tb, "KV block tables", err);
-    if (!s) s = cuda_upload(dkv->k, kv->k, kvb, err);
-    if (!s) s = cuda_upload(dkv->v, kv->v, kvb, err);
-    if (!s) s = cuda_upload(dkv->tables, kv->tables, tb, err);
-    if (s) cuda_kv_free(dkv);
-    return s;
-}
-
-void cuda_kv_free(cuda_kv *dkv) {
-    cuda_free(dkv->k);
-    cuda_free(dkv->v);
-    cuda_free(dkv->tables);
-    memset(dkv, 0, sizeof *dkv);
-}
-
 /* Warps per (head, token) block: decode (few tokens) has only n_heads blocks, so each
  * spreads its positions over 16 warps to keep enough loads in flight (4 left one warp
  * per SM and decode latency-bound); prefill has T * n_heads blocks and keeps 4. */
@@ -303,7 +228,7 @@ void cuda_kv_free(cuda_kv *dkv) {
  * ATT_WARPS-th position with the head dims spread over its lanes, then the warps' partial
  * (max, sum, accumulator) triples are merged in shared memory. Positions whose block is
  * missing from the table are skipped rather than read out of bounds. */
-template <int ATT_WARPS>
+template <int ATT_WARPS, int KVQ>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_attention_args a, cuda_kv kv) {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS], s_acc[ATT_WARPS][ATT_DMAX];
     int h = blockIdx.x, t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, d = a.head_dim;
@@ -319,18 +244,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_attentio
         acc[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    size_t head_stride = (size_t)KV_BLOCK_SIZE * d;
     for (int p = p_start + warp; p <= p_end; p += ATT_WARPS) {
-        int b = kv.tables[(size_t)slot * kv.max_blocks_per_slot + p / KV_BLOCK_SIZE];
-        if (b < 0 || b >= kv.n_blocks) continue;
-        size_t off = (((size_t)a.layer * kv.n_blocks + b) * kv.n_kv_heads + kvh) * head_stride +
-                     (size_t)(p % KV_BLOCK_SIZE) * d;
-        const float *kp = kv.k + off, *vp = kv.v + off;
+        int b = cuda_kv_block(kv, slot, p);
+        if (b < 0) continue;
+        size_t row = cuda_kv_row(kv, a.layer, b, kvh, p);
         float s = 0.0f;
 #pragma unroll
         for (int i = 0; i < ATT_PER_LANE; i++) {
             int di = lane + 32 * i;
-            if (di < d) s += qr[i] * kp[di];
+            if (di < d) s += qr[i] * cuda_kv_k<KVQ>(kv, row, d, di);
         }
         s = warp_sum(s) * a.scale;
         float m_new = fmaxf(m, s), corr = expf(m - m_new), w = expf(s - m_new);
@@ -338,7 +260,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_attentio
 #pragma unroll
         for (int i = 0; i < ATT_PER_LANE; i++) {
             int di = lane + 32 * i;
-            acc[i] = acc[i] * corr + (di < d ? w * vp[di] : 0.0f);
+            acc[i] = acc[i] * corr + (di < d ? w * cuda_kv_v<KVQ>(kv, row, d, di) : 0.0f);
         }
         m = m_new;
     }
@@ -386,7 +308,7 @@ static __device__ __forceinline__ float warp_max(float v) {
 #define DA_UNROLL 4
 #define DA_SPLITS_MAX CUDA_ATT_SPLITS_MAX /* cuda_plan.h: the split scratch is sized by it */
 
-template <int GM, int NV>
+template <int GM, int NV, int KVQ>
 __global__ void __launch_bounds__(DA_WARPS * 32) attention_decode_kernel(cuda_attention_args a, cuda_kv kv, int S) {
     __shared__ float s_p[GM][DA_TILE];
     __shared__ float s_m[GM], s_l[GM], s_corr[GM];
@@ -412,7 +334,6 @@ __global__ void __launch_bounds__(DA_WARPS * 32) attention_decode_kernel(cuda_at
         s_l[threadIdx.x] = 0.0f;
     }
     const int32_t *table = kv.tables + (size_t)slot * kv.max_blocks_per_slot;
-    size_t layer_base = (size_t)a.layer * kv.n_blocks;
     for (int t0 = c0; t0 < c1; t0 += DA_TILE) {
         /* scores: warp w takes tile rows w, w + DA_WARPS, ... */
         for (int j0 = warp; j0 < DA_TILE; j0 += DA_WARPS * DA_UNROLL) {
@@ -423,12 +344,11 @@ __global__ void __launch_bounds__(DA_WARPS * 32) attention_decode_kernel(cuda_at
                 int j = j0 + u * DA_WARPS, p = t0 + j;
                 int b = j < DA_TILE && p < c1 ? table[p / KV_BLOCK_SIZE] : -1;
                 ok[u] = b >= 0 && b < kv.n_blocks;
-                const float *kp = kv.k + (((layer_base + b) * kv.n_kv_heads + kvh) * KV_BLOCK_SIZE +
-                                          (size_t)(p % KV_BLOCK_SIZE)) * d;
+                size_t row = ok[u] ? cuda_kv_row(kv, a.layer, b, kvh, p) : 0;
 #pragma unroll
                 for (int v = 0; v < NV; v++) {
                     int di = 4 * lane + 128 * v;
-                    kr[u][v] = ok[u] && di < d ? __ldg((const float4 *)(kp + di)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    kr[u][v] = ok[u] && di < d ? cuda_kv_k4<KVQ>(kv, row, d, di) : make_float4(0.f, 0.f, 0.f, 0.f);
                 }
             }
 #pragma unroll
@@ -484,12 +404,11 @@ __global__ void __launch_bounds__(DA_WARPS * 32) attention_decode_kernel(cuda_at
                 int j = j0 + u * DA_WARPS, p = t0 + j;
                 int b = j < DA_TILE && p < c1 ? table[p / KV_BLOCK_SIZE] : -1;
                 ok[u] = b >= 0 && b < kv.n_blocks;
-                const float *vp = kv.v + (((layer_base + b) * kv.n_kv_heads + kvh) * KV_BLOCK_SIZE +
-                                          (size_t)(p % KV_BLOCK_SIZE)) * d;
+                size_t row = ok[u] ? cuda_kv_row(kv, a.layer, b, kvh, p) : 0;
 #pragma unroll
                 for (int v = 0; v < NV; v++) {
                     int di = 4 * lane + 128 * v;
-                    vr[u][v] = ok[u] && di < d ? __ldg((const float4 *)(vp + di)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    vr[u][v] = ok[u] && di < d ? cuda_kv_v4<KVQ>(kv, row, d, di) : make_float4(0.f, 0.f, 0.f, 0.f);
                 }
             }
 #pragma unroll
@@ -588,9 +507,12 @@ static bool decode_kernel_fits(const cuda_attention_args *a) {
 static hearth_status launch_decode_attention(const cuda_attention_args *a, hearth_error *err) {
     int S = decode_splits(a), G = a->n_heads / a->n_kv_heads, nv = a->head_dim > 128 ? 2 : 1;
     dim3 grid((unsigned)a->n_kv_heads, (unsigned)a->T, (unsigned)S);
-    if (G <= 4 && nv == 1) attention_decode_kernel<4, 1><<<grid, DA_WARPS * 32, 0, cuda_stream()>>>(*a, *a->kv, S);
-    else if (G <= 4) attention_decode_kernel<4, 2><<<grid, DA_WARPS * 32, 0, cuda_stream()>>>(*a, *a->kv, S);
-    else attention_decode_kernel<8, 1><<<grid, DA_WARPS * 32, 0, cuda_stream()>>>(*a, *a->kv, S);
+    unsigned threads = DA_WARPS * 32;
+    CUDA_KV_DISPATCH(a->kv->quant, KVQ, {
+        if (G <= 4 && nv == 1) attention_decode_kernel<4, 1, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S);
+        else if (G <= 4) attention_decode_kernel<4, 2, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S);
+        else attention_decode_kernel<8, 1, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S);
+    });
     if (cuda_launched("attention_decode", err)) return HEARTH_ERR_IO;
     if (S == 1) return HEARTH_OK;
     attention_combine_kernel<<<dim3((unsigned)a->n_heads, (unsigned)a->T), 128, 0, cuda_stream()>>>(*a, S);
@@ -612,6 +534,7 @@ static size_t prefill_smem(int d) { /* K rows padded by one float: lanes read 32
            PF_CHUNK * sizeof(int);
 }
 
+template <int KVQ>
 __global__ void __launch_bounds__(PF_TOKENS * 32) attention_prefill_kernel(cuda_attention_args a, cuda_kv kv) {
     extern __shared__ float smem[];
     int d = a.head_dim, h = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -636,23 +559,20 @@ __global__ void __launch_bounds__(PF_TOKENS * 32) attention_prefill_kernel(cuda_
 #pragma unroll
     for (int i = 0; i < ATT_PER_LANE; i++) acc[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    size_t head_stride = (size_t)KV_BLOCK_SIZE * d;
     for (int c = lo; c <= hi; c += PF_CHUNK) {
         __syncthreads(); /* the previous chunk is consumed (and sQ written, the first time) */
         if (threadIdx.x < PF_CHUNK) {
-            int p = c + threadIdx.x, b = p <= hi ? kv.tables[(size_t)slot * kv.max_blocks_per_slot + p / KV_BLOCK_SIZE] : -1;
-            sOk[threadIdx.x] = b >= 0 && b < kv.n_blocks;
+            int p = c + threadIdx.x;
+            sOk[threadIdx.x] = p <= hi && cuda_kv_block(kv, slot, p) >= 0;
         }
         __syncthreads();
         for (int idx = threadIdx.x; idx < PF_CHUNK * d; idx += blockDim.x) {
             int j = idx / d, i = idx % d, p = c + j;
             float kx = 0.0f, vx = 0.0f;
             if (sOk[j]) {
-                int b = kv.tables[(size_t)slot * kv.max_blocks_per_slot + p / KV_BLOCK_SIZE];
-                size_t off = (((size_t)a.layer * kv.n_blocks + b) * kv.n_kv_heads + kvh) * head_stride +
-                             (size_t)(p % KV_BLOCK_SIZE) * d + i;
-                kx = kv.k[off];
-                vx = kv.v[off];
+                size_t row = cuda_kv_row(kv, a.layer, cuda_kv_block(kv, slot, p), kvh, p);
+                kx = cuda_kv_k<KVQ>(kv, row, d, i);
+                vx = cuda_kv_v<KVQ>(kv, row, d, i);
             }
             sK[j * (d + 1) + i] = kx;
             sV[j * d + i] = vx;
@@ -694,6 +614,31 @@ __global__ void __launch_bounds__(PF_TOKENS * 32) attention_prefill_kernel(cuda_
     }
 }
 
+template <int KVQ> static hearth_status launch_prefill(const cuda_attention_args *a, hearth_error *err) {
+    static int smem_raised; /* > 48 KB of dynamic shared memory needs an opt-in, once per kernel */
+    size_t smem = prefill_smem(a->head_dim);
+    if (!smem_raised) {
+        if (cuda_status(cudaFuncSetAttribute(attention_prefill_kernel<KVQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)prefill_smem(ATT_DMAX)),
+                        "cudaFuncSetAttribute(attention_prefill)", err))
+            return HEARTH_ERR_IO;
+        smem_raised = 1;
+    }
+    dim3 pgrid((unsigned)a->n_heads, (unsigned)((a->T + PF_TOKENS - 1) / PF_TOKENS));
+    attention_prefill_kernel<KVQ><<<pgrid, PF_TOKENS * 32, smem, cuda_stream()>>>(*a, *a->kv);
+    return cuda_launched("attention_prefill", err);
+}
+
+/* T <= 8 tokens: the GQA-shared split-K kernel where it fits, else one block per (head, token). */
+static hearth_status launch_small(const cuda_attention_args *a, hearth_error *err) {
+    if (decode_kernel_fits(a)) return launch_decode_attention(a, err);
+    dim3 grid((unsigned)a->n_heads, (unsigned)a->T);
+    CUDA_KV_DISPATCH(a->kv->quant, KVQ,
+                     attention_kernel<ATT_WARPS_DECODE, KVQ><<<grid, ATT_WARPS_DECODE * 32, 0, cuda_stream()>>>(
+                         *a, *a->kv));
+    return cuda_launched("attention", err);
+}
+
 hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err) {
     if (!a || !a->kv || a->T <= 0) return HEARTH_OK;
     if (a->head_dim <= 0 || a->head_dim > ATT_DMAX || a->head_dim != a->kv->head_dim)
@@ -703,24 +648,26 @@ hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err) {
         a->layer < 0 || a->layer >= a->kv->n_layers)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_attention: heads %d/%d or layer %d do not fit the pool",
                        a->n_heads, a->n_kv_heads, a->layer);
-    dim3 grid((unsigned)a->n_heads, (unsigned)a->T);
+    if (a->batch_invariant) { /* the decode kernels only, at most 8 tokens per launch */
+        for (int t0 = 0; t0 < a->T; t0 += 8) {
+            cuda_attention_args c = *a;
+            size_t qoff = (size_t)t0 * a->n_heads * a->head_dim;
+            c.T = a->T - t0 < 8 ? a->T - t0 : 8;
+            c.q = a->q + qoff, c.out = a->out + qoff, c.pos = a->pos + t0, c.slot = a->slot + t0;
+            if (launch_small(&c, err)) return HEARTH_ERR_IO;
+        }
+        return HEARTH_OK;
+    }
     if (a->T > 8 && cuda_attention_prefill_tc_fits(a)) return cuda_attention_prefill_tc(a, err);
     if (a->single_slot && a->T > 8) {
-        static int smem_raised; /* > 48 KB of dynamic shared memory needs an opt-in, once */
-        size_t smem = prefill_smem(a->head_dim);
-        if (!smem_raised) {
-            if (cuda_status(cudaFuncSetAttribute(attention_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)prefill_smem(ATT_DMAX)),
-                            "cudaFuncSetAttribute(attention_prefill)", err))
-                return HEARTH_ERR_IO;
-            smem_raised = 1;
-        }
-        dim3 pgrid((unsigned)a->n_heads, (unsigned)((a->T + PF_TOKENS - 1) / PF_TOKENS));
-        attention_prefill_kernel<<<pgrid, PF_TOKENS * 32, smem, cuda_stream()>>>(*a, *a->kv);
-        return cuda_launched("attention_prefill", err);
+        hearth_status st = HEARTH_OK;
+        CUDA_KV_DISPATCH(a->kv->quant, KVQ, st = launch_prefill<KVQ>(a, err));
+        return st;
     }
-    if (a->T <= 8 && decode_kernel_fits(a)) return launch_decode_attention(a, err);
-    if (a->T <= 8) attention_kernel<ATT_WARPS_DECODE><<<grid, ATT_WARPS_DECODE * 32, 0, cuda_stream()>>>(*a, *a->kv);
-    else attention_kernel<ATT_WARPS_PREFILL><<<grid, ATT_WARPS_PREFILL * 32, 0, cuda_stream()>>>(*a, *a->kv);
+    if (a->T <= 8) return launch_small(a, err);
+    dim3 grid((unsigned)a->n_heads, (unsigned)a->T);
+    CUDA_KV_DISPATCH(a->kv->quant, KVQ,
+                     attention_kernel<ATT_WARPS_PREFILL, KVQ><<<grid, ATT_WARPS_PREFILL * 32, 0, cuda_stream()>>>(
+                         *a, *a->kv));
     return cuda_launched("attention", err);
 }

@@ -29,18 +29,30 @@ void cuda_tally_add(cuda_alloc_tally *t, size_t bytes) {
 size_t cuda_tally_bytes(const cuda_alloc_tally *t) { return t->large + round_up(t->small, CUDA_ALLOC_PAGE); }
 
 int cuda_kv_device_dtype(int kv_quant) {
-    (void)kv_quant; /* cuda_kv_alloc stores float32 for every --kv-quant today */
-    return CUDA_KV_F32;
+    /* the device pool stores what --kv-quant asks (cuda_kv.cu); the enums share values */
+    return kv_quant == HEARTH_KV_INT8 ? CUDA_KV_INT8 : kv_quant == HEARTH_KV_FP8 ? CUDA_KV_FP8 : CUDA_KV_F32;
 }
 
 const char *cuda_kv_dtype_name(int dtype) {
     return dtype == CUDA_KV_INT8 ? "int8" : dtype == CUDA_KV_FP8 ? "fp8" : "f32";
 }
 
-size_t cuda_kv_plane_bytes(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype) {
+void cuda_kv_plane_parts(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype, size_t *data,
+                         size_t *scales) {
     size_t rows = (size_t)n_layers * n_blocks * KV_BLOCK_SIZE * n_kv_heads;
-    if (dtype == CUDA_KV_F32) return rows * head_dim * sizeof(float);
-    return rows * head_dim + rows * sizeof(float); /* one byte per element, a float scale per row */
+    *data = rows * head_dim * (dtype == CUDA_KV_F32 ? sizeof(float) : 1);
+    *scales = dtype == CUDA_KV_F32 ? 0 : rows * sizeof(float); /* one float scale per row */
+}
+
+size_t cuda_kv_plane_bytes(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype) {
+    size_t data, scales;
+    cuda_kv_plane_parts(n_layers, n_blocks, n_kv_heads, head_dim, dtype, &data, &scales);
+    return data + scales;
+}
+
+size_t cuda_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant) {
+    if (quant != HEARTH_KV_FLOAT && quant != HEARTH_KV_INT8 && quant != HEARTH_KV_FP8) return 0;
+    return 2 * cuda_kv_plane_bytes(n_layers, n_blocks, n_kv_heads, head_dim, cuda_kv_device_dtype(quant));
 }
 
 double cuda_kv_position_bytes(int n_kv_heads, int head_dim, int dtype) {
@@ -219,9 +231,11 @@ void cuda_plan_make(const model *m, const kv_cache *kv, int max_tokens, int max_
     cuda_alloc_tally t = {0};
     plan_weights(p, m, &t);
     p->weights = t.large + t.small;
-    size_t plane = cuda_kv_plane_bytes(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, kv_dtype);
-    cuda_tally_add(&t, plane);
-    cuda_tally_add(&t, plane);
+    size_t data, scales; /* cuda_kv.cu allocates keys, values, then their scales */
+    cuda_kv_plane_parts(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, kv_dtype, &data, &scales);
+    cuda_tally_add(&t, data);
+    cuda_tally_add(&t, data);
+    if (scales) cuda_tally_add(&t, scales), cuda_tally_add(&t, scales);
     cuda_tally_add(&t, (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t));
     p->kv = t.large + t.small - p->weights;
     plan_scratch(p, m, max_tokens, max_out, &t);

@@ -26,6 +26,10 @@ int cuda_kv_device_dtype(int kv_quant);
 const char *cuda_kv_dtype_name(int dtype);
 /* Bytes of one of the K or V planes of the device pool (per element plus per-row scales). */
 size_t cuda_kv_plane_bytes(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype);
+/* The two allocations of one plane (keys or values): the elements, and (int8 / fp8) the
+ * float scale per row; cuda_kv.cu allocates by these, the plan counts them. */
+void cuda_kv_plane_parts(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype, size_t *data,
+                         size_t *scales);
 /* Bytes of K and V read per cached position and layer in a decode step. */
 double cuda_kv_position_bytes(int n_kv_heads, int head_dim, int dtype);
 

@@ -1,9 +1,10 @@
-/* kvq_helper.c: measures what int8 KV (--kv-quant int8) does to a model's predictions,
- * for tests/parity/test_kv_quant.py and docs/server.md: one engine with float KV, one
- * with int8 KV, the same text teacher-forced through both (8 positions per append, every
- * position's logits), then greedy continuations from a few prompts. Public API only.
- * usage: kvq_helper <model> <text file> <max tokens> <greedy steps> <threads>
- * prints JSON: KL(float || int8) mean / p99 / max per position, argmax agreement,
+/* kvq_helper.c: measures what quantized KV (--kv-quant int8, or fp8 on the GPU) does to a
+ * model's predictions, for tests/parity/test_kv_quant.py, tools/cuda_kv_quality.sh and
+ * docs/server.md: one engine with float KV, one with the quantized KV, on the same device,
+ * the same text teacher-forced through both (8 positions per append, every position's
+ * logits), then greedy continuations from a few prompts. Public API only.
+ * usage: kvq_helper <model> <text file> <max tokens> <greedy steps> <threads> [int8|fp8 [cpu|cuda]]
+ * prints JSON: KL(float || quant) mean / p99 / max per position, argmax agreement,
  * greedy agreement, engine bytes of both. */
 #include "hearth.h"
 #include <math.h>
@@ -54,8 +55,11 @@ static hearth_status greedy(hearth_engine *e, const int32_t *prompt, size_t n, i
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: kvq_helper <model> <text file> <max tokens> <greedy steps> <threads>\n");
+    int quant = HEARTH_KV_INT8, device = HEARTH_DEVICE_CPU;
+    if (argc < 6 || argc > 8 || (argc > 6 && !hearth_kv_quant_parse(argv[6], &quant)) ||
+        (argc > 7 && !hearth_device_parse(argv[7], &device))) {
+        fprintf(stderr, "usage: kvq_helper <model> <text file> <max tokens> <greedy steps> <threads> "
+                        "[int8|fp8 [cpu|cuda]]\n");
         return 2;
     }
     int max_tokens = atoi(argv[3]), steps = atoi(argv[4]), threads = atoi(argv[5]);
@@ -75,7 +79,8 @@ int main(int argc, char **argv) {
     hearth_engine *e[2];
     for (int q = 0; q < 2; q++) {
         hearth_engine_options o = {.n_threads = threads, .context_length = (int)n + steps + 64,
-                                   .max_step_tokens = 64, .kv_quant = q ? HEARTH_KV_INT8 : HEARTH_KV_FLOAT};
+                                   .max_step_tokens = 64, .kv_quant = q ? quant : HEARTH_KV_FLOAT,
+                                   .device = device};
         if (hearth_engine_create(m, &o, &e[q], &err)) return die("engine", &err);
     }
     int vocab = hearth_model_vocab_rows(e[0]);
@@ -106,9 +111,9 @@ int main(int argc, char **argv) {
     int32_t *g[2] = {malloc((size_t)steps * sizeof(int32_t)), malloc((size_t)steps * sizeof(int32_t))};
     size_t cuts[] = {32, 128, 256, 512};
     int same_prefix = 0, same_pos = 0, total = 0, prompts = 0;
-    printf("{\"tokens\": %zu, \"kl_mean\": %.6g, \"kl_p50\": %.6g, \"kl_p99\": %.6g, \"kl_max\": %.6g, "
+    printf("{\"quant\": \"%s\", \"device\": \"%s\", \"tokens\": %zu, \"kl_mean\": %.6g, \"kl_p50\": %.6g, \"kl_p99\": %.6g, \"kl_max\": %.6g, "
            "\"argmax_agreement\": %.6f, \"greedy\": [",
-           n, mean, kl[n / 2], kl[(size_t)(n * 0.99)], kl[n - 1], (double)agree / (double)n);
+           hearth_kv_quant_name(quant), device == HEARTH_DEVICE_CUDA ? "cuda" : "cpu", n, mean, kl[n / 2], kl[(size_t)(n * 0.99)], kl[n - 1], (double)agree / (double)n);
     for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
         if (cuts[c] > n) break;
         for (int q = 0; q < 2; q++)
@@ -121,7 +126,7 @@ int main(int argc, char **argv) {
         same_prefix += prefix, same_pos += pos, total += steps, prompts++;
     }
     printf("], \"greedy_steps\": %d, \"greedy_identical_prefix_fraction\": %.4f, "
-           "\"greedy_same_position_fraction\": %.4f, \"engine_bytes_float\": %zu, \"engine_bytes_int8\": %zu}\n",
+           "\"greedy_same_position_fraction\": %.4f, \"engine_bytes_float\": %zu, \"engine_bytes_quant\": %zu}\n",
            steps, total ? (double)same_prefix / total : 0.0, total ? (double)same_pos / total : 0.0,
            hearth_engine_bytes(e[0]), hearth_engine_bytes(e[1]));
     for (int q = 0; q < 2; q++) {

@@ -1,0 +1,134 @@
+/* cuda_kv.cu: the device KV pool: its byte count, allocation (zeroed, in the pool's quant),
+ * the upload of a host pool (tests), and kv_write, the only kernel that stores keys and
+ * values (quantizing int8 / fp8 rows by cuda_kv_access.cuh's rules). Allocates only in
+ * cuda_kv_alloc / cuda_kv_upload, which run once at start. */
+#include "backend/cuda/cuda_kv_access.cuh"
+extern "C" {
+#include "backend/cuda/cuda_plan.h"
+}
+#include <string.h>
+
+static hearth_status kv_create(cuda_kv *dkv, const kv_cache *kv, int quant, hearth_error *err) {
+    memset(dkv, 0, sizeof *dkv);
+    dkv->n_layers = kv->n_layers;
+    dkv->n_kv_heads = kv->n_kv_heads;
+    dkv->head_dim = kv->head_dim;
+    dkv->n_blocks = kv->n_blocks;
+    dkv->max_slots = kv->max_slots;
+    dkv->max_blocks_per_slot = kv->max_blocks_per_slot;
+    dkv->quant = quant;
+    if (quant != HEARTH_KV_FLOAT && quant != HEARTH_KV_INT8 && quant != HEARTH_KV_FP8)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: unknown KV quantization %d (--kv-quant takes none, int8 or fp8)",
+                       quant);
+    size_t eb, sb; /* the sizes hearth fit counts (cuda_plan.c) */
+    cuda_kv_plane_parts(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, cuda_kv_device_dtype(quant), &eb, &sb);
+    size_t tb = (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t);
+    hearth_status s = cuda_alloc(&dkv->k, eb, "KV keys", err);
+    if (!s) s = cuda_alloc(&dkv->v, eb, "KV values", err);
+    if (!s && quant != HEARTH_KV_FLOAT)
+        s = cuda_alloc((void **)&dkv->k_scale, sb, "KV key scales", err);
+    if (!s && quant != HEARTH_KV_FLOAT)
+        s = cuda_alloc((void **)&dkv->v_scale, sb, "KV value scales", err);
+    if (!s) s = cuda_alloc((void **)&dkv->tables, tb, "KV block tables", err);
+    /* zeroed so a position read before it was written is 0, never NaN from stale memory */
+    if (!s) s = cuda_status(cudaMemset(dkv->k, 0, eb), "cudaMemset KV", err);
+    if (!s) s = cuda_status(cudaMemset(dkv->v, 0, eb), "cudaMemset KV", err);
+    if (!s && dkv->k_scale) s = cuda_status(cudaMemset(dkv->k_scale, 0, sb), "cudaMemset KV", err);
+    if (!s && dkv->v_scale) s = cuda_status(cudaMemset(dkv->v_scale, 0, sb), "cudaMemset KV", err);
+    if (!s) s = cuda_upload(dkv->tables, kv->tables, tb, err);
+    if (s) cuda_kv_free(dkv);
+    return s;
+}
+
+hearth_status cuda_kv_alloc(cuda_kv *dkv, const kv_cache *kv, int quant, hearth_error *err) {
+    return kv_create(dkv, kv, quant, err);
+}
+
+hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err) {
+    if (kv->quant != HEARTH_KV_FLOAT && kv->quant != HEARTH_KV_INT8)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_kv_upload: a host pool holds float or int8 KV only");
+    hearth_status s = kv_create(dkv, kv, kv->quant, err);
+    if (s) return s;
+    size_t rows = (size_t)kv->n_layers * kv->n_blocks * kv->n_kv_heads * KV_BLOCK_SIZE;
+    if (kv->quant == HEARTH_KV_FLOAT) {
+        size_t eb = rows * kv->head_dim * sizeof(float);
+        s = cuda_upload(dkv->k, kv->k, eb, err);
+        if (!s) s = cuda_upload(dkv->v, kv->v, eb, err);
+    } else {
+        s = cuda_upload(dkv->k, kv->k8, rows * kv->head_dim, err);
+        if (!s) s = cuda_upload(dkv->v, kv->v8, rows * kv->head_dim, err);
+        if (!s) s = cuda_upload(dkv->k_scale, kv->k_scale, rows * sizeof(float), err);
+        if (!s) s = cuda_upload(dkv->v_scale, kv->v_scale, rows * sizeof(float), err);
+    }
+    if (s) cuda_kv_free(dkv);
+    return s;
+}
+
+void cuda_kv_free(cuda_kv *dkv) {
+    cuda_free(dkv->k);
+    cuda_free(dkv->v);
+    cuda_free(dkv->k_scale);
+    cuda_free(dkv->v_scale);
+    cuda_free(dkv->tables);
+    memset(dkv, 0, sizeof *dkv);
+}
+
+#define KVW_THREADS 128
+
+/* max |x| over the block's threads (KVW_THREADS), every thread gets it. */
+static __device__ __forceinline__ float block_amax(float a, float *part) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = a;
+    __syncthreads();
+    a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < KVW_THREADS / 32; i++) a = fmaxf(a, part[i]);
+    return a;
+}
+
+/* One block per (token, KV head); pool rows of positions whose block is missing from the
+ * table are not written (the host reserved every position before the step). Quantized
+ * pools: the row's max |x| (exact in any order), its scale, then every element. */
+template <int KVQ>
+__global__ void __launch_bounds__(KVW_THREADS)
+    kv_write_kernel(cuda_kv kv, int layer, const float *k, const float *v, const int32_t *pos, const int32_t *slot) {
+    __shared__ float part_k[KVW_THREADS / 32], part_v[KVW_THREADS / 32];
+    int t = blockIdx.x, h = blockIdx.y, d = kv.head_dim, p = pos[t];
+    int b = cuda_kv_block(kv, slot[t], p);
+    if (b < 0) return; /* the whole block leaves: no barrier below is half-reached */
+    size_t row = cuda_kv_row(kv, layer, b, h, p);
+    const float *ks = k + ((size_t)t * kv.n_kv_heads + h) * d, *vs = v + ((size_t)t * kv.n_kv_heads + h) * d;
+    float inv_k = 1.0f, inv_v = 1.0f;
+    if (KVQ != HEARTH_KV_FLOAT) {
+        float ak = 0.0f, av = 0.0f;
+        for (int i = threadIdx.x; i < d; i += KVW_THREADS) {
+            ak = fmaxf(ak, fabsf(ks[i]));
+            av = fmaxf(av, fabsf(vs[i]));
+        }
+        ak = block_amax(ak, part_k);
+        av = block_amax(av, part_v);
+        float sk = cuda_kv_scale<KVQ>(ak), sv = cuda_kv_scale<KVQ>(av);
+        inv_k = sk > 0.0f ? 1.0f / sk : 0.0f;
+        inv_v = sv > 0.0f ? 1.0f / sv : 0.0f;
+        if (threadIdx.x == 0) {
+            kv.k_scale[row] = sk;
+            kv.v_scale[row] = sv;
+        }
+    }
+    for (int i = threadIdx.x; i < d; i += KVW_THREADS) {
+        cuda_kv_store<KVQ>(kv.k, row, d, i, ks[i], inv_k);
+        cuda_kv_store<KVQ>(kv.v, row, d, i, vs[i], inv_v);
+    }
+}
+
+hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const float *v, int T, const int32_t *pos,
+                            const int32_t *slot, hearth_error *err) {
+    if (T <= 0) return HEARTH_OK;
+    if (layer < 0 || layer >= dkv->n_layers)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda_kv_write: layer %d of %d", layer, dkv->n_layers);
+    dim3 grid((unsigned)T, (unsigned)dkv->n_kv_heads);
+    CUDA_KV_DISPATCH(dkv->quant, KVQ,
+                     kv_write_kernel<KVQ><<<grid, KVW_THREADS, 0, cuda_stream()>>>(*dkv, layer, k, v, pos, slot));
+    return cuda_launched("kv_write", err);
+}

@@ -189,4 +189,9 @@ $(BUILD)/bench/gemv_bench: bench/cuda/gemv_bench.c $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS)
 
+# The batched-step microbenchmark (matmul paths, ragged attention; tools/gpu_round.d/cuda-batch.sh).
+$(BUILD)/bench/batch_bench: bench/cuda/batch_bench.c $(BUILD)/libhearth.a
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS)
+
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(FUZZ_OBJ:.o=.d)

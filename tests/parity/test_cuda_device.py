@@ -93,21 +93,22 @@ def chat(prompt, **extra):
                  "temperature": 0}, **extra)
 
 
-def serve_answers(hearth_bin, model, device, env, concurrent, extra=None):
+def serve_answers(hearth_bin, model, device, env, concurrent, extra=None, prompts=None, args=()):
+    prompts = prompts or PROMPTS
     port = free_port()
-    cmd = [str(hearth_bin), "serve", "--model", str(model), "--port", str(port), "--device", device]
+    cmd = [str(hearth_bin), "serve", "--model", str(model), "--port", str(port), "--device", device, *args]
     with open(f"/tmp/hearth-serve-{port}.log", "w+b") as log:
         with running(cmd, port, log, dict(os.environ, **env), 120) as base:
-            out = [None] * len(PROMPTS)
+            out = [None] * len(prompts)
 
             def ask(i):
-                out[i] = post(base, chat(PROMPTS[i], **(extra or {})))["choices"][0]["message"]["content"]
+                out[i] = post(base, chat(prompts[i], **(extra or {})))["choices"][0]["message"]["content"]
             if concurrent:  # several rows in one step: the scheduler's multi-row greedy path
-                ts = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
+                ts = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
                 [t.start() for t in ts]
                 [t.join() for t in ts]
             else:
-                for i in range(len(PROMPTS)):
+                for i in range(len(prompts)):
                     ask(i)
         log.seek(0)
         return out, log.read().decode(errors="replace")
@@ -145,3 +146,22 @@ def test_cuda_generate_device_greedy_matches_cpu(hearth_bin, tiny_models, name):
     assert ref.returncode == 0 and gpu.returncode == 0, ref.stderr + gpu.stderr
     assert DEVICE_NOTE in gpu.stderr, gpu.stderr
     assert gpu.stdout == ref.stdout and ref.stdout.strip()
+
+
+# ---- ragged steps: 12 concurrent requests (decode rows of many sequences beside prefill
+# chunks, T > 8: the split attention dispatch, cuBLAS matmuls, lm_head through the GEMM) ----
+PROMPTS12 = PROMPTS + ["Name three rivers.", "Why is the sky blue?", "Write a haiku about rain.",
+                       "What is two plus two?", "Describe a cat.", "List some colours.",
+                       "Say hello in French.", "What do bees make?", "Spell the word house."]
+
+
+@pytest.mark.parametrize("name", ["llama-f32", "qwen3-q4g64"])
+def test_cuda_serve_12_concurrent_equal_alone(hearth_bin, tiny_models, name):
+    m = tiny_models[name]
+    if not has_gpu(hearth_bin, m):
+        pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA serve path did NOT run")
+    env = {"HEARTH_CUDA_GEMM": "f32"}  # exact operands: only summation order may differ
+    args = ["--max-sequences", "12", "--max-step-tokens", "64"]  # all 12 in one step, prompts chunked
+    alone, _ = serve_answers(hearth_bin, m, "cuda", env, concurrent=False, prompts=PROMPTS12, args=args)
+    together, _ = serve_answers(hearth_bin, m, "cuda", env, concurrent=True, prompts=PROMPTS12, args=args)
+    assert together == alone

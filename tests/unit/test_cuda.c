@@ -189,7 +189,9 @@ static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm 
     hearth_error e = {0};
     assert_int_equal(cuda_weight_upload(&dw, &w, "test weight", &e), HEARTH_OK);
     float *dx = dev_from(x, (size_t)(T * k) * sizeof *x), *dy = dev_from(NULL, (size_t)(T * n) * sizeof(float));
-    int i8 = cuda_gemv_int8_act(&dw) && (!gemm || T < 9); /* cuda_matmul: T < 9 is cuda_gemv */
+    int via_gemv = !gemm || cuda_matmul_uses_gemv(gemm, &dw, T); /* T < 9, or the byte model's pick */
+    int i8 = cuda_gemv_int8_act(&dw) && via_gemv;
+    if (via_gemv) bf16 = 0; /* the GEMV multiplies the stored weight (int8 x where i8) */
     float dmax = 0.0f;
     if (i8) /* the reference sees the activations the kernel multiplies (int8_act_ref) */
         for (int tt = 0; tt < T; tt++) int8_act_ref(x + tt * k, k, x + tt * k, &dmax);
@@ -484,6 +486,18 @@ static void test_gemm(void **state) {
                 check_matmul(shapes[s].t, shapes[s].n, shapes[s].k, Ts[i], g, !exact);
         cuda_gemm_free(g);
     }
+    /* F16 weights at ragged-batch sizes: cuBLAS on the stored f16 weight with f16
+     * activations (x rounded to f16: relative 2^-11, inside the bf16 bound of verify_gemv) */
+    static const int Tf[] = {9, 33, 128};
+    cuda_gemm *g = NULL;
+    assert_int_equal(cuda_gemm_create(&g, 300 * 4096, 128 * 4096, 0, NULL), HEARTH_OK);
+    for (size_t i = 0; i < sizeof Tf / sizeof Tf[0]; i++) {
+        check_matmul(DT_F16, 129, 2048, Tf[i], g, 1);
+        check_matmul(DT_F16, 300, 4096, Tf[i], g, 1);
+        check_matmul(DT_Q4_K, 129, 2304, Tf[i], g, 1); /* GEMV or GEMM, as the byte model picks */
+        check_matmul(DT_Q8_0, 300, 4096, Tf[i], g, 1);
+    }
+    cuda_gemm_free(g);
 }
 
 /* ---------- element-wise ops ---------- */

@@ -1,7 +1,8 @@
 /* cuda_gemm.cu: the prefill matmul y[T, n] = x[T, k] · W^T through cuBLAS (cublasGemmEx):
- * the weight is dequantized into one device scratch sized at start for the largest
- * weight, activations are converted alongside; bf16 operands with f32 accumulation, or
- * f32 operands in exact mode. Small T goes to the GEMV kernels. Allocates only in
+ * BF16 / F16 weights are read as stored (activations converted to their type); other
+ * formats are dequantized into one bf16 scratch sized at start for the largest weight,
+ * or (quantized, moderate T) sent to the chunked GEMV by a byte model; f32 accumulation,
+ * or f32 operands in exact mode. Small T goes to the GEMV kernels. Allocates only in
  * cuda_gemm_create; never synchronizes. */
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
@@ -12,9 +13,10 @@ extern "C" {
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
-/* Up to 8 rows the GEMV reads the weight once (cuda_gemv chunks by 8); beyond that one
- * GEMM pass over a dequantized copy is cheaper than re-reading the weight per chunk. */
+/* Up to 8 rows the GEMV reads the weight once (cuda_gemv chunks by 8); beyond that see
+ * use_gemv's byte model. */
 #define GEMM_MIN_T 9
 
 #define GEMM_WORKSPACE_BYTES CUDA_GEMM_WORKSPACE_BYTES /* cuda_plan.h: counted by hearth fit */
@@ -173,15 +175,91 @@ __global__ void to_bf16x4_kernel(const float4 *x, uint2 *y, size_t n4) {
     y[i] = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
 }
 
+/* f32 -> f16, saturated to the f16 range (an activation beyond +-65504 becomes the largest
+ * finite half, not inf: the GEMM's sums stay finite). */
+static __device__ __forceinline__ __half f2h_sat(float v) {
+    return __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));
+}
+__global__ void to_f16_kernel(const float *x, __half *y, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = f2h_sat(x[i]);
+}
+__global__ void to_f16x4_kernel(const float4 *x, uint2 *y, size_t n4) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 v = x[i];
+    __half2 a = __halves2half2(f2h_sat(v.x), f2h_sat(v.y)), b = __halves2half2(f2h_sat(v.z), f2h_sat(v.w));
+    y[i] = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
+}
+
+/* HEARTH_CUDA_GEMM_OLD=1: every T >= 9 dequantizes / converts the weight to bf16 first (the
+ * path before the F16-direct GEMM and the GEMV byte model; A/B runs). */
+static int gemm_old(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("HEARTH_CUDA_GEMM_OLD");
+        v = e && strcmp(e, "0") != 0;
+    }
+    return v;
+}
+
+/* Device bytes per weight element of the formats the dequantize path would expand (0: not
+ * a quantized format). */
+static double quant_bytes_per_elem(const cuda_weight *w) {
+    switch (w->dtype) {
+    case DT_Q4_K: return 144.0 / 256.0;
+    case DT_Q6_K: return 210.0 / 256.0;
+    case DT_Q8_0: return 34.0 / 32.0;
+    case DT_U32: return 0.5 + 4.0 / (double)(w->group_size > 0 ? w->group_size : 64); /* nibbles + scale/bias */
+    default: return 0.0;
+    }
+}
+
+/* The byte model that picks GEMV or dequantize + GEMM for a quantized weight and T >= 9
+ * rows. cuda_gemv runs T rows in chunks of 8 (then 4, then the rest) and re-reads the
+ * quantized weight (q bytes per element) once per chunk; the GEMM path reads it once,
+ * writes a bf16 copy (2 bytes per element) and cuBLAS reads that copy back (2 more):
+ *     GEMV when  chunks(T) * q * F  <  q + 4,
+ * F being how much slower per byte the multi-row GEMV streams than the dequantize + GEMM
+ * pair (its dot products are not free at 8 rows). F = 2 is a first estimate (Q4_K: GEMV
+ * up to 32 rows; Q8_0: 16; Q6_K: 24); HEARTH_CUDA_GEMV_FUDGE overrides it, and the
+ * cuda-batch device part measures both paths to set it. At most CUDA_MATMUL_GEMV_MAX_T
+ * rows (the int8-activation scratch the plan sizes). */
+static int use_gemv(const cuda_weight *w, int T) {
+    static double fudge = -1.0;
+    if (fudge < 0) {
+        const char *e = getenv("HEARTH_CUDA_GEMV_FUDGE");
+        fudge = e ? atof(e) : 2.0;
+        if (!(fudge > 0)) fudge = 2.0;
+    }
+    double q = quant_bytes_per_elem(w);
+    if (q <= 0.0 || T > CUDA_MATMUL_GEMV_MAX_T || gemm_old()) return 0;
+    int chunks = T / 8 + (T % 8 >= 4) + (T % 4 > 0);
+    return (double)chunks * q * fudge < q + 4.0;
+}
+
+int cuda_matmul_direct(const cuda_gemm *g, const cuda_weight *w) {
+    if (!g || gemm_old()) return 0;
+    return g->exact_f32 ? w->dtype == DT_F32 : (w->dtype == DT_BF16 || w->dtype == DT_F16);
+}
+
+int cuda_matmul_uses_gemv(const cuda_gemm *g, const cuda_weight *w, int T) {
+    return T < GEMM_MIN_T || !g || (!g->exact_f32 && use_gemv(w, T));
+}
+
 hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
-    if (T < GEMM_MIN_T || !g) return cuda_gemv(w, x, T, y, err);
+    if (cuda_matmul_uses_gemv(g, w, T)) return cuda_gemv(w, x, T, y, err);
     size_t wn = (size_t)w->n * (size_t)w->k, xn = (size_t)T * (size_t)w->k;
-    if (wn > g->max_w || xn > g->max_x)
+    int f16_direct = !g->exact_f32 && w->dtype == DT_F16 && !gemm_old();
+    int as_stored = (g->exact_f32 && w->dtype == DT_F32) || (!g->exact_f32 && (w->dtype == DT_BF16 || f16_direct));
+    if ((!as_stored && wn > g->max_w) || xn > g->max_x)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_matmul: [%lld, %lld] x %d rows exceeds the GEMM scratch",
                        (long long)w->n, (long long)w->k, T);
     const void *A, *B;
     cudaDataType_t in_type = g->exact_f32 ? CUDA_R_32F : CUDA_R_16BF;
-    if ((g->exact_f32 && w->dtype == DT_F32) || (!g->exact_f32 && w->dtype == DT_BF16)) {
+    /* F16 weights: cuBLAS reads them as they are, with f16 activations (no weight pass) */
+    if (f16_direct) in_type = CUDA_R_16F;
+    if (as_stored) {
         A = w->data; /* already the GEMM's input type */
     } else {
         if (g->exact_f32) dequant_kernel<true><<<(unsigned)((wn + 255) / 256), 256, 0, cuda_stream()>>>(*w, g->w_scratch);
@@ -194,6 +272,14 @@ hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, in
     }
     if (g->exact_f32) {
         B = x;
+    } else if (f16_direct) {
+        if (xn % 4 == 0 && ((uintptr_t)x & 15) == 0)
+            to_f16x4_kernel<<<(unsigned)((xn / 4 + 255) / 256), 256, 0, cuda_stream()>>>((const float4 *)x,
+                                                                                         (uint2 *)g->x_scratch, xn / 4);
+        else
+            to_f16_kernel<<<(unsigned)((xn + 255) / 256), 256, 0, cuda_stream()>>>(x, (__half *)g->x_scratch, xn);
+        if (cuda_launched("to_f16", err)) return HEARTH_ERR_IO;
+        B = g->x_scratch;
     } else {
         if (xn % 4 == 0 && ((uintptr_t)x & 15) == 0)
             to_bf16x4_kernel<<<(unsigned)((xn / 4 + 255) / 256), 256, 0, cuda_stream()>>>(

@@ -303,7 +303,9 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
                              .single_slot = single_slot,
                              .split_scratch = cm->att_split,
                              .split_scratch_floats = cm->att_split_floats,
-                             .batch_invariant = cm->invariant};
+                             .batch_invariant = cm->invariant,
+                             /* eager steps only: host_ints is the step's pinned copy of slot */
+                             .host_slot = T > GRAPH_MAX_T && !single_slot ? cm->host_ints + cm->max_tokens : NULL};
     TRY(cuda_attention(&a, err));
     return matmul(cm, &l->o, cm->att, T, cm->tmp, err);
 }
@@ -366,7 +368,13 @@ static hearth_status run_layers(cuda_model *cm, int T, int n_out, int single_slo
     if (n_out == 0) return HEARTH_OK;
     TRY(cuda_gather_rows(cm->rows, cm->x, rows, n_out, c->hidden, err));
     TRY(cuda_rmsnorm(cm->rows, cm->rows, cm->final_norm, c->norm_shift, n_out, c->hidden, c->norm_eps, err));
-    TRY(cuda_gemv(&cm->lm_head, cm->rows, n_out, cm->logits, err)); /* few rows: the GEMV reads lm_head once */
+    /* few rows: the GEMV reads lm_head once; past 8 rows it would re-read it per 8, so a
+     * weight cuBLAS takes as stored (F16 / BF16) goes to the GEMM (its x scratch holds
+     * max_tokens rows of the widest k, and n_out <= max_tokens) */
+    if (n_out > GRAPH_MAX_T && !cm->invariant && n_out <= cm->max_tokens && cuda_matmul_direct(cm->gemm, &cm->lm_head))
+        TRY(cuda_matmul(cm->gemm, &cm->lm_head, cm->rows, n_out, cm->logits, err));
+    else
+        TRY(cuda_gemv(&cm->lm_head, cm->rows, n_out, cm->logits, err));
     /* greedy rows: only the ids leave the device (-1 marks a row with a non-finite logit) */
     return ids ? cuda_argmax_checked(cm->logits, n_out, c->vocab, cm->ids_dev, err) : HEARTH_OK;
 }

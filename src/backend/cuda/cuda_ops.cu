@@ -639,6 +639,56 @@ static hearth_status launch_small(const cuda_attention_args *a, hearth_error *er
     return cuda_launched("attention", err);
 }
 
+/* Tokens [t0, t0 + n) of a as a launch of their own (q, out, pos, slot offset). */
+static cuda_attention_args sub_range(const cuda_attention_args *a, int t0, int n, int single_slot) {
+    cuda_attention_args c = *a;
+    size_t qoff = (size_t)t0 * a->n_heads * a->head_dim;
+    c.T = n;
+    c.q = a->q + qoff, c.out = a->out + qoff, c.pos = a->pos + t0, c.slot = a->slot + t0;
+    c.host_slot = a->host_slot ? a->host_slot + t0 : NULL;
+    c.single_slot = single_slot;
+    return c;
+}
+
+static int ragged_old(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("HEARTH_CUDA_RAGGED_OLD");
+        v = e && strcmp(e, "0") != 0;
+    }
+    return v;
+}
+
+/* A ragged step (cuda_attention_args.host_slot): runs of more than 8 tokens of one slot go
+ * to the prefill kernels (tensor-core where it fits), the stretches between them (decode
+ * rows of many sequences, short chunks) to launch_small, whatever their length: the
+ * decode kernel handles any T, its split count shrinking to what the split scratch holds
+ * (at T > 8 the (KV head, token) blocks alone fill the GPU). Every token's result comes
+ * from its own position range, so the split changes no token's inputs. */
+static hearth_status attention_ragged(const cuda_attention_args *a, hearth_error *err) {
+    int small0 = 0; /* start of the pending stretch for launch_small */
+    for (int t = 0; t < a->T;) {
+        int e = t + 1;
+        while (e < a->T && a->host_slot[e] == a->host_slot[t]) e++;
+        if (e - t > 8) {
+            if (t > small0) {
+                cuda_attention_args c = sub_range(a, small0, t - small0, 0);
+                if (launch_small(&c, err)) return HEARTH_ERR_IO;
+            }
+            cuda_attention_args c = sub_range(a, t, e - t, 1);
+            c.host_slot = NULL;
+            if (cuda_attention(&c, err)) return HEARTH_ERR_IO;
+            small0 = e;
+        }
+        t = e;
+    }
+    if (a->T > small0) {
+        cuda_attention_args c = sub_range(a, small0, a->T - small0, 0);
+        if (launch_small(&c, err)) return HEARTH_ERR_IO;
+    }
+    return HEARTH_OK;
+}
+
 hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err) {
     if (!a || !a->kv || a->T <= 0) return HEARTH_OK;
     if (a->head_dim <= 0 || a->head_dim > ATT_DMAX || a->head_dim != a->kv->head_dim)
@@ -658,6 +708,7 @@ hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err) {
         }
         return HEARTH_OK;
     }
+    if (!a->single_slot && a->T > 8 && a->host_slot && !ragged_old()) return attention_ragged(a, err);
     if (a->T > 8 && cuda_attention_prefill_tc_fits(a)) return cuda_attention_prefill_tc(a, err);
     if (a->single_slot && a->T > 8) {
         hearth_status st = HEARTH_OK;

@@ -190,6 +190,8 @@ static void plan_scratch(cuda_plan *p, const model *m, int max_tokens, int max_o
     cuda_tally_add(t, p->ids * sizeof(int32_t));
     /* int8 activations of the quantized GEMVs: decode steps and the logits rows, widest k */
     size_t rows = decode_T > (size_t)max_out ? decode_T : (size_t)max_out, kmax = (size_t)c->hidden;
+    size_t gemv_T = T < CUDA_MATMUL_GEMV_MAX_T ? T : CUDA_MATMUL_GEMV_MAX_T; /* cuda_matmul's GEMV rows */
+    if (gemv_T > rows) rows = gemv_T;
     if ((size_t)c->ffn > kmax) kmax = (size_t)c->ffn;
     if (qd > kmax) kmax = qd;
     p->gemv_floats = rows * kmax;

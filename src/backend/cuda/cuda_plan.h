@@ -11,6 +11,9 @@
 /* Decode steps of at most this many tokens use the GEMV kernels and CUDA graphs
  * (cuda_matmul sends T <= 8 rows to the GEMVs: no cuBLAS, fixed launch shapes). */
 #define CUDA_GRAPH_MAX_T 8
+/* cuda_matmul may send up to this many rows of a quantized weight to the chunked GEMV
+ * (its byte model, cuda_gemm.cu): the GEMV's int8-activation scratch is sized for it. */
+#define CUDA_MATMUL_GEMV_MAX_T 64
 /* cuBLAS workspace (cuda_gemm.cu, cublasSetWorkspace): NVIDIA recommends 32 MiB on Hopper
  * (the default is smaller and keeps some of the faster GEMM kernels from being chosen). */
 #define CUDA_GEMM_WORKSPACE_BYTES ((size_t)32 << 20)

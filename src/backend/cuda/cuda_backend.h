@@ -225,6 +225,7 @@ typedef struct cuda_attention_args {
      * fixed one), never the prefill tiles or the tensor-core prefill; costs prefill speed,
      * see docs/server.md. */
     int batch_invariant;
+    int exact_f32; /* 1: f32 arithmetic only (HEARTH_CUDA_GEMM=f32, the parity tier): no bf16 tensor-core prefill */
 } cuda_attention_args;
 /* Floats of split_scratch that let decode attention of up to max_T tokens use every split. */
 size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);

@@ -303,7 +303,8 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
                              .single_slot = single_slot,
                              .split_scratch = cm->att_split,
                              .split_scratch_floats = cm->att_split_floats,
-                             .batch_invariant = cm->invariant};
+                             .batch_invariant = cm->invariant,
+                             .exact_f32 = cm->plan.gemm_exact};
     TRY(cuda_attention(&a, err));
     return matmul(cm, &l->o, cm->att, T, cm->tmp, err);
 }

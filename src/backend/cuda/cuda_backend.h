@@ -185,11 +185,6 @@ typedef struct cuda_kv {
     float *k_scale, *v_scale; /* int8 / fp8: [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE]; else NULL */
     int32_t *tables;
 } cuda_kv;
-/* Device bytes of the key and value storage (elements and scales, no tables) of a pool of
- * n_blocks blocks in this quant: what cuda_kv_alloc allocates besides the block tables. The
- * one definition of device KV bytes (fit, --kv-budget and the model's byte count use it);
- * 0 for an unknown quant. Pure arithmetic: needs no device. */
-size_t cuda_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant);
 /* Allocates the device pool for kv's sizes and quant and copies keys, values (float or
  * int8 with their scales) and tables. */
 hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err);

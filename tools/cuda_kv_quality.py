@@ -28,6 +28,9 @@ def build_helper(lib, tmp):
     cmd = ["cc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-I", str(ROOT / "include"),
            str(ROOT / "tests/parity/helpers/kvq_helper.c"), "-L", str(lib), "-lhearth", f"-Wl,-rpath,{lib}", "-lm",
            "-o", str(exe)]
+    deps = ROOT / "build-gpudeps" / "lib"  # a GPU machine without the -dev packages (tools/cuda_check_deps)
+    if deps.is_dir():
+        cmd[-2:-2] = [f"-Wl,-rpath-link,{deps}", f"-Wl,-rpath,{deps}"]
     subprocess.run(cmd, check=True)
     return exe
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #ifdef HEARTH_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_plan.h"
 #include <cuda_runtime_api.h>
 #endif
 

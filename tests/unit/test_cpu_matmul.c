@@ -226,7 +226,7 @@ static void check_case_ts(const wcase *c, int64_t n, int64_t k, const int *Ts, s
         for (int lv = CPU_LEVEL_SCALAR; lv <= (int)cpu_level_hardware(); lv++) {
             cpu_matmul_set_level((cpu_level)lv);
             int fast = cpu_matmul_is_fast(&w);
-            cpu_kernel kern = {cpu_ref_rows, CPU_ACT_F32, NULL};
+            cpu_kernel kern = {.rows = cpu_ref_rows, .act = CPU_ACT_F32};
             if (lv == CPU_LEVEL_AVX512 && !cpu_avx512_kernel(&w, &kern)) cpu_avx2_kernel(&w, &kern);
             else if (lv == CPU_LEVEL_AVX2) cpu_avx2_kernel(&w, &kern);
             int int8_act = fast && kern.act != CPU_ACT_F32;

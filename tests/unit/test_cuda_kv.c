@@ -26,6 +26,7 @@ int main(void) {
 }
 #else
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_plan.h"
 #include "engine/kv_cache.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;

@@ -59,7 +59,17 @@ static void test_kv_planes_per_dtype(void **state) {
     size_t rows = 2 * 10 * 16 * 4;
     assert_int_equal(cuda_kv_plane_bytes(2, 10, 4, 64, CUDA_KV_F32), rows * 64 * 4);
     assert_int_equal(cuda_kv_plane_bytes(2, 10, 4, 64, CUDA_KV_INT8), rows * 64 + rows * 4);
-    assert_int_equal(cuda_kv_device_dtype(HEARTH_KV_INT8), CUDA_KV_F32); /* cuda_kv_alloc: f32 today */
+    /* the device pool stores what --kv-quant says (cuda_kv.cu) */
+    assert_int_equal(cuda_kv_device_dtype(HEARTH_KV_FLOAT), CUDA_KV_F32);
+    assert_int_equal(cuda_kv_device_dtype(HEARTH_KV_INT8), CUDA_KV_INT8);
+    assert_int_equal(cuda_kv_device_dtype(HEARTH_KV_FP8), CUDA_KV_FP8);
+    size_t data, scales;
+    cuda_kv_plane_parts(2, 10, 4, 64, CUDA_KV_FP8, &data, &scales);
+    assert_int_equal(data, rows * 64);
+    assert_int_equal(scales, rows * 4);
+    /* both planes, keys and values: the function the KV budget uses */
+    assert_int_equal(cuda_kv_bytes(2, 4, 64, 10, HEARTH_KV_INT8), 2 * (rows * 64 + rows * 4));
+    assert_int_equal(cuda_kv_bytes(2, 4, 64, 10, 7), 0);
     assert_true(cuda_kv_position_bytes(4, 64, CUDA_KV_F32) == 2.0 * 4 * 64 * 4);
 }
 

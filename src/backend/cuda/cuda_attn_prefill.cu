@@ -245,7 +245,7 @@ int cuda_attention_prefill_tc_fits(const cuda_attention_args *a) {
         old = e && !strcmp(e, "old");
     }
     int d = a->head_dim, G = a->n_kv_heads > 0 ? a->n_heads / a->n_kv_heads : 0;
-    return !old && a->single_slot && (d == 16 || d == 32 || d == 64 || d == 128 || d == 256) && G >= 1 && G <= 64;
+    return !old && !a->exact_f32 && a->single_slot && (d == 16 || d == 32 || d == 64 || d == 128 || d == 256) && G >= 1 && G <= 64;
 }
 
 hearth_status cuda_attention_prefill_tc(const cuda_attention_args *a, hearth_error *err) {

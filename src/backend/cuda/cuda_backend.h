@@ -185,11 +185,6 @@ typedef struct cuda_kv {
     float *k_scale, *v_scale; /* int8 / fp8: [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE]; else NULL */
     int32_t *tables;
 } cuda_kv;
-/* Device bytes of the key and value storage (elements and scales, no tables) of a pool of
- * n_blocks blocks in this quant: what cuda_kv_alloc allocates besides the block tables. The
- * one definition of device KV bytes (fit, --kv-budget and the model's byte count use it);
- * 0 for an unknown quant. Pure arithmetic: needs no device. */
-size_t cuda_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant);
 /* Allocates the device pool for kv's sizes and quant and copies keys, values (float or
  * int8 with their scales) and tables. */
 hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err);
@@ -225,6 +220,7 @@ typedef struct cuda_attention_args {
      * fixed one), never the prefill tiles or the tensor-core prefill; costs prefill speed,
      * see docs/server.md. */
     int batch_invariant;
+    int exact_f32; /* 1: f32 arithmetic only (HEARTH_CUDA_GEMM=f32, the parity tier): no bf16 tensor-core prefill */
     /* Optional (NULL: unknown): slot[] on the host. With it, a ragged step (single_slot 0,
      * T > 8; a sequence's tokens consecutive) is split into runs: each run of more than 8
      * tokens of one slot goes to the prefill kernels, the rest (decode rows) to the GQA

@@ -304,6 +304,7 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
                              .split_scratch = cm->att_split,
                              .split_scratch_floats = cm->att_split_floats,
                              .batch_invariant = cm->invariant,
+                             .exact_f32 = cm->plan.gemm_exact,
                              /* eager steps only: host_ints is the step's pinned copy of slot */
                              .host_slot = T > GRAPH_MAX_T && !single_slot ? cm->host_ints + cm->max_tokens : NULL};
     TRY(cuda_attention(&a, err));

@@ -41,7 +41,9 @@ static inline int *pdl_force(void) {
     return &force;
 }
 
-/* 1 when launches use PDL: HEARTH_CUDA_PDL unset or not "0", and device 0 is sm_90+. */
+/* 1 when launches use PDL: HEARTH_CUDA_PDL=1 and device 0 is sm_90+. Off by default: on the
+ * H200 (2026-12-01, tools/gpu_round.d/decode-ab.sh, 8B decode p512 n128, same call) it made
+ * decode slower, Q8_0 244.9 vs 264.2 tok/s and bf16 196.1 vs 209.1. */
 static inline int pdl_on(void) {
     static int on = -1;
     if (*pdl_force() >= 0) return *pdl_force();
@@ -52,7 +54,7 @@ static inline int pdl_on(void) {
             cudaGetLastError();
             major = 0;
         }
-        on = !(e && !strcmp(e, "0")) && major >= 9;
+        on = e && !strcmp(e, "1") && major >= 9;
     }
     return on;
 }

@@ -29,6 +29,11 @@ int cuda_kv_device_dtype(int kv_quant);
 const char *cuda_kv_dtype_name(int dtype);
 /* Bytes of one of the K or V planes of the device pool (per element plus per-row scales). */
 size_t cuda_kv_plane_bytes(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype);
+/* Device bytes of the key and value storage (elements and scales, no tables) of a pool of
+ * n_blocks blocks in this quant: what cuda_kv_alloc allocates besides the block tables. The
+ * one definition of device KV bytes (fit, --kv-budget and the pool's allocation use it);
+ * 0 for an unknown quant. Pure arithmetic: needs no device. */
+size_t cuda_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant);
 /* The two allocations of one plane (keys or values): the elements, and (int8 / fp8) the
  * float scale per row; cuda_kv.cu allocates by these, the plan counts them. */
 void cuda_kv_plane_parts(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype, size_t *data,

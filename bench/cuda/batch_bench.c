@@ -55,7 +55,7 @@ static double time_mm(int gemv, cuda_gemm *g, cuda_weight *w, const float *x, in
 static void bench_matmul(void) {
     const int64_t n = 14336, k = 4096;
     static const tensor_dtype fmts[] = {DT_F16, DT_Q8_0, DT_Q4_K};
-    static const int Ts[] = {9, 16, 24, 32, 48, 64, 128};
+    static const int Ts[] = {1, 8, 9, 16, 24, 32, 48, 64, 128};
     const char *old = getenv("HEARTH_CUDA_GEMM_OLD");
     printf("matmul [%lld x %lld], us per call (HEARTH_CUDA_GEMM_OLD=%s)\n", (long long)n, (long long)k,
            old ? old : "unset");

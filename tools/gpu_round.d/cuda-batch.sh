@@ -42,7 +42,7 @@ if timeout 20 make -s BUILD="$B" BINDIR="$B/bin" LIBDIR="$B/lib" "$B/bench/batch
     [ "$(left)" -gt 12 ] && timeout 12 "$B/bench/batch_bench" >"$L/batch_bench.txt" 2>&1
     [ "$(left)" -gt 10 ] && BATCH_BENCH=matmul HEARTH_CUDA_GEMM_OLD=1 timeout 8 "$B/bench/batch_bench" >"$L/batch_bench_old.txt" 2>&1
     # per T: format gemv/matmul us (new picks), then the old dequantize+GEMM us
-    for T in 16 32 64 128; do
+    for T in 1 8 16 32 64 128; do
         say "T=$T gemv/new: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s/%s ", $1, $5, $8}' "$L/batch_bench.txt" 2>/dev/null)| old: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s ", $1, $8}' "$L/batch_bench_old.txt" 2>/dev/null)"
     done
     grep -q "skipped" "$L/batch_bench.txt" && say "batch_bench: $(head -1 "$L/batch_bench.txt")"
@@ -73,7 +73,7 @@ serve() { # tag [env...]
 import json,sys
 r=json.load(open(sys.argv[1]))['levels']['$F']['hearth']
 print('; '.join(f\"N={n} {v.get('aggregate_tps',0):.0f} tok/s p50 TTFT {v.get('ttft_p50_ms',0):.0f} ms\" for n,v in r.items() if v and 'aggregate_tps' in v))
-" "$L/serve_$tag.json" 2>/dev/null || echo "no result (see serve_$tag.log)")"
+" "$L/serve_$tag.json" 2>/dev/null || echo "no result (see serve_$tag.log)") [first run: f16 317 / 690, q4_k_m 480 / 512]"
 }
 if [ -z "${G8:-}" ]; then
     say "serve_load: NOT RUN (G8 unset)"
@@ -84,7 +84,6 @@ elif [ "$(left)" -ge 40 ]; then
     if [ -f "$G8/llama8b-$F.gguf" ]; then
         serve new
         [ "${CB_AB:-0}" = 1 ] && [ "$(left)" -ge 40 ] && serve old HEARTH_CUDA_GEMM_OLD=1 HEARTH_CUDA_RAGGED_OLD=1
-        say "  (first run, old paths: f16 N=8 317, N=32 690; q4_k_m N=8 480, N=32 512 tok/s)"
     else
         say "serve_load: no GGUF in $G8"
     fi

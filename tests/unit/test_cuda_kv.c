@@ -261,6 +261,10 @@ static void ref_attention(const pool *P, const float *q, int heads, int slot, in
     free(sc);
 }
 
+/* The host copy of slot[] the next run passes (cuda_attention_args.host_slot: the ragged
+ * split), NULL for none. */
+static const int32_t *g_host_slot;
+
 /* Runs cuda_attention for T tokens on layer 1; returns the downloaded output. */
 static float *run_attention_on(const pool *P, const cuda_kv *kv, int tc, int heads, int T, const float *q,
                                const int32_t *pos, const int32_t *slot, int window, int single_slot, int invariant) {
@@ -284,7 +288,8 @@ static float *run_attention_on(const pool *P, const cuda_kv *kv, int tc, int hea
                              .single_slot = single_slot,
                              .split_scratch = dsplit,
                              .split_scratch_floats = split,
-                             .batch_invariant = invariant};
+                             .batch_invariant = invariant,
+                             .host_slot = g_host_slot};
     hearth_error e = {0};
     assert_int_equal(tc ? cuda_attention_prefill_tc(&a, &e) : cuda_attention(&a, &e), HEARTH_OK);
     float *out = download(dout, nq * 4);
@@ -301,13 +306,22 @@ static float *run_attention(const pool *P, int heads, int T, const float *q, con
     return run_attention_on(P, &P->dkv, 0, heads, T, q, pos, slot, window, single_slot, invariant);
 }
 
-enum { MODE_DECODE, MODE_PREFILL, MODE_MIXED };
-static const char *mode_name[] = {"decode", "prefill", "mixed"};
+enum { MODE_DECODE, MODE_PREFILL, MODE_MIXED, MODE_RAGGED };
+static const char *mode_name[] = {"decode", "prefill", "mixed", "ragged"};
 
 /* Token positions per mode: decode, 4 tokens of all slots (one mid-sequence); prefill, the
  * last 40 of slot 1 (one sequence: the tiled kernel); mixed, 12 tokens of all slots (the
  * per-head kernel for > 8 tokens). */
 static int make_tokens(const pool *P, int mode, int32_t *pos, int32_t *slot) {
+    if (mode == MODE_RAGGED) { /* decode rows of slots 0 and 2 around the last 20 tokens of slot 1, then 3 of 0 */
+        int T = 0;
+        slot[T] = 0, pos[T++] = P->lens[0] - 1;
+        slot[T] = 2, pos[T++] = P->lens[2] - 1;
+        for (int t = 0; t < 20; t++) slot[T] = 1, pos[T++] = P->lens[1] - 20 + t;
+        slot[T] = 2, pos[T++] = P->lens[2] - 2;
+        for (int t = 0; t < 3; t++) slot[T] = 0, pos[T++] = (int)(rnd() % P->lens[0]);
+        return T;
+    }
     int T = mode == MODE_DECODE ? 4 : mode == MODE_PREFILL ? 40 : 12;
     for (int t = 0; t < T; t++) {
         slot[t] = mode == MODE_PREFILL ? 1 : t % SLOTS;
@@ -323,7 +337,9 @@ static void check_attention(const pool *P, int heads, int mode, int window) {
     size_t nq = (size_t)T * heads * d;
     float *q = malloc(nq * 4);
     for (size_t i = 0; i < nq; i++) q[i] = rndf();
+    g_host_slot = mode == MODE_RAGGED ? slot : NULL; /* the split: the run of 20 to the prefill kernel */
     float *out = run_attention(P, heads, T, q, pos, slot, window, mode == MODE_PREFILL, 0);
+    g_host_slot = NULL;
     double *ref = malloc((size_t)heads * d * sizeof *ref);
     for (int t = 0; t < T; t++) {
         ref_attention(P, q + (size_t)t * heads * d, heads, slot[t], pos[t], window, ref);
@@ -436,7 +452,7 @@ static void test_attention_quant(void **state) {
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             pool P;
             pool_make(&P, quants[qi], shapes[si].kvh, shapes[si].d);
-            for (int mode = 0; mode < 3; mode++)
+            for (int mode = 0; mode < 4; mode++)
                 for (int w = 0; w < 3; w++) check_attention(&P, shapes[si].heads, mode, windows[w]);
             /* the head dims cuda_attention_prefill_tc_fits accepts (its HEARTH_CUDA_ATT_PREFILL
              * switch is set to old here, so it is not asked) */

@@ -174,7 +174,9 @@ static int gemm_exact(void) {
  * the host pool's shape, step tokens and logits rows to cuda_model_create). */
 static hearth_status sizes_make(const model *m, const hearth_engine_options *eo, const fit_gpu *g, fit_cuda_sizes *z,
                                 hearth_error *err) {
-    hearth_status st = engine_plan_make(m, eo, &z->host, err);
+    hearth_engine_options on_gpu = *eo; /* the engine as it would be made on the GPU (fp8 KV is GPU-only) */
+    on_gpu.device = HEARTH_DEVICE_CUDA;
+    hearth_status st = engine_plan_make(m, &on_gpu, &z->host, err);
     if (st) return st;
     const model_config *c = &m->cfg;
     kv_cache shape = {.n_layers = c->n_layers,

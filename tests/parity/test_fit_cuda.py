@@ -86,9 +86,10 @@ def test_bf16_weights_two_bytes_each_and_f32_expansion_four(hearth_bin):
             assert r["weights_expanded_to_f32"] == 7 * c["num_hidden_layers"] + 1
 
 
-def test_kv_pool_f32_and_linear_in_context(hearth_bin):
-    """The device pool is float32 whatever --kv-quant says (cuda_kv_alloc); K and V per
-    layer in 16-position blocks, two contexts at --batch 2."""
+def test_kv_pool_per_dtype_and_linear_in_context(hearth_bin):
+    """The device pool stores what --kv-quant says (cuda_kv.cu): float32 by default, one
+    byte per element plus a float scale per (position, KV head) row for int8 and fp8; K and
+    V per layer in 16-position blocks."""
     model = tiny("llama-f32")
     c, hd, kvh = config(model)
     rows = {}
@@ -100,8 +101,12 @@ def test_kv_pool_f32_and_linear_in_context(hearth_bin):
         rows[ctx] = r["kv_pool_bytes"]
     # doubling the context doubles the pool (up to the page rounding of three buffers)
     assert abs((rows[32768] - rows[16384]) - 2 * (rows[16384] - rows[8192])) <= 6 * PAGE
-    q8 = fit(hearth_bin, model, "--sku", "h200", "--ctx", "8192", "--kv-quant", "int8")
-    assert q8["kv_device_dtype"] == "f32" and q8["kv_pool_bytes"] == rows[8192]
+    for quant in ("int8", "fp8"):
+        q = fit(hearth_bin, model, "--sku", "h200", "--ctx", "8192", "--kv-quant", quant)
+        n_rows = 2 * c["num_hidden_layers"] * (-(-8192 // KV_BLOCK)) * KV_BLOCK * kvh  # K and V rows
+        planes = n_rows * (hd + 4)
+        assert q["kv_device_dtype"] == quant, q["kv_device_dtype"]
+        assert planes <= q["kv_pool_bytes"] <= planes + 5 * PAGE, (quant, planes, q["kv_pool_bytes"])
 
 
 def test_largest_context_fits_on_a_small_gpu(hearth_bin):

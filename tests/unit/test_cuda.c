@@ -261,7 +261,7 @@ static void test_gemv_q4k_new(void **state) {
     cuda_weight dw;
     hearth_error e = {0};
     assert_int_equal(cuda_weight_upload(&dw, &w, "q4k", &e), HEARTH_OK);
-    assert_int_equal(dw.q4k_packed, 1); /* else the loop above tested the old kernel */
+    assert_int_equal(dw.q4k_packed, 1);              /* else the loop above tested the old kernel */
     assert_int_equal(dw.bytes, (size_t)3 * 2 * 144); /* same bytes as GGUF (cuda_plan.c) */
     cuda_weight_free(&dw);
     free(host);
@@ -808,9 +808,18 @@ int main(void) {
     const char *only = getenv("HEARTH_TEST_FILTER"); /* e.g. test_gemv_batch_invariant: one test (device rounds) */
     if (only) cmocka_set_test_filter(only);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemv),      cmocka_unit_test(test_gemv_q4k_new),    cmocka_unit_test(test_gemv_multi),      cmocka_unit_test(test_gemm),     cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_rope_qk),   cmocka_unit_test(test_gemv_pdl_chain), cmocka_unit_test(test_gemv_batch_invariant),
-        cmocka_unit_test(test_gated_activations), cmocka_unit_test(test_attention), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_gemv),
+        cmocka_unit_test(test_gemv_q4k_new),
+        cmocka_unit_test(test_gemv_multi),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_qk),
+        cmocka_unit_test(test_gemv_pdl_chain),
+        cmocka_unit_test(test_gemv_batch_invariant),
+        cmocka_unit_test(test_gated_activations),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

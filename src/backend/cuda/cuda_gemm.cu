@@ -122,7 +122,7 @@ __global__ void dequant_kernel(cuda_weight w, void *out) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, total = (size_t)w.n * (size_t)w.k;
     if (i >= total) return;
     int64_t r = (int64_t)(i / w.k), c = (int64_t)(i % w.k);
-    float v = w.dtype == DT_U32   ? mlx4_elem(w, r, c)
+    float v = w.dtype == DT_U32    ? mlx4_elem(w, r, c)
               : w.dtype == DT_Q6_K ? q6k_elem(w, r, c)
                                    : weight_elem(w.dtype, w.data, w.scales, w.k, r, c, w.q4k_packed);
     if (F32) ((float *)out)[i] = v;

@@ -239,8 +239,8 @@ static __device__ __forceinline__ void q4k_scale_min(uint4 hdr, int j, bool pack
  * (chunk p/2, half p%2) plus the 16-byte header, so 32 lanes read 4 super-blocks per step
  * with 16-byte loads; the header load is shared by 8 lanes through L1. */
 template <int T>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q4_k(const uint8_t *W, const float *x, float *y, int n, int k,
-                                                               bool packed) {
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_q4_k(const uint8_t *W, const float *x, float *y, int n, int k, bool packed) {
     int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
     int nsb = k / 256, part = lane % 8, c = part / 2, h = part % 2;
@@ -477,7 +477,9 @@ static void launch_rows(const cuda_weight *w, const float *x, float *y, bool vec
         else gemv_half_scalar<T, false><<<grid, block, 0, cuda_stream()>>>((const uint16_t *)w->data, x, y, n, k);
         break;
     case DT_Q8_0: gemv_q8_0<T><<<grid, block, 0, cuda_stream()>>>((const int8_t *)w->data, (const uint16_t *)w->scales, x, y, n, k); break;
-    case DT_Q4_K: gemv_q4_k<T><<<grid, block, 0, cuda_stream()>>>((const uint8_t *)w->data, x, y, n, k, w->q4k_packed); break;
+    case DT_Q4_K:
+        gemv_q4_k<T><<<grid, block, 0, cuda_stream()>>>((const uint8_t *)w->data, x, y, n, k, w->q4k_packed);
+        break;
     case DT_Q6_K: {
         size_t nk = (size_t)n * (size_t)k;
         const uint8_t *ql = (const uint8_t *)w->data;
@@ -761,10 +763,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             uint32_t hs = (hdr[s].w >> (4 * c)) & 0xF, hm = (hdr[s].w >> (16 + 4 * c)) & 0xF;
             float sc0 = (float)((lo4 & 0xF) | ((hs & 3) << 4)), sc1 = (float)((lo4 >> 4) | ((hs >> 2) << 4));
             float m0 = (float)((mlo4 & 0xF) | ((hm & 3) << 4)), m1 = (float)((mlo4 >> 4) | ((hm >> 2) << 4));
-            uint4 l0 = make_uint4(q0[s].x & 0x0F0F0F0Fu, q0[s].y & 0x0F0F0F0Fu, q0[s].z & 0x0F0F0F0Fu,
-                                  q0[s].w & 0x0F0F0F0Fu);
-            uint4 l1 = make_uint4(q1[s].x & 0x0F0F0F0Fu, q1[s].y & 0x0F0F0F0Fu, q1[s].z & 0x0F0F0F0Fu,
-                                  q1[s].w & 0x0F0F0F0Fu);
+            uint4 l0 =
+                make_uint4(q0[s].x & 0x0F0F0F0Fu, q0[s].y & 0x0F0F0F0Fu, q0[s].z & 0x0F0F0F0Fu, q0[s].w & 0x0F0F0F0Fu);
+            uint4 l1 =
+                make_uint4(q1[s].x & 0x0F0F0F0Fu, q1[s].y & 0x0F0F0F0Fu, q1[s].z & 0x0F0F0F0Fu, q1[s].w & 0x0F0F0F0Fu);
             uint4 h0 = make_uint4((q0[s].x >> 4) & 0x0F0F0F0Fu, (q0[s].y >> 4) & 0x0F0F0F0Fu,
                                   (q0[s].z >> 4) & 0x0F0F0F0Fu, (q0[s].w >> 4) & 0x0F0F0F0Fu);
             uint4 h1 = make_uint4((q1[s].x >> 4) & 0x0F0F0F0Fu, (q1[s].y >> 4) & 0x0F0F0F0Fu,
@@ -939,7 +941,8 @@ static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, 
     case DT_Q4_K:
         if (w->q4k_packed)
             pdl_launch(gemv_q4_k_i8p<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k, R, pf);
-        else pdl_launch(gemv_q4_k_i8<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k, R, pf);
+        else
+            pdl_launch(gemv_q4_k_i8<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k, R, pf);
         break;
     case DT_Q6_K: {
         size_t nk = (size_t)n * (size_t)k;

@@ -101,6 +101,22 @@ static inline void cuda_q4k_scale_min(const uint8_t *sc, int j, int packed, int 
     }
 }
 
+/* The 12 scale/min bytes of one super-block, GGUF order -> packed order (in may be out). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline void cuda_q4k_pack12(const uint8_t *in, uint8_t *out) {
+    uint32_t w[3] = {0, 0, 0};
+    for (int j = 0; j < 8; j++) {
+        int s, m;
+        cuda_q4k_scale_min(in, j, 0, &s, &m);
+        w[0] |= (uint32_t)(s & 15) << (4 * j);
+        w[1] |= (uint32_t)(m & 15) << (4 * j);
+        w[2] |= (uint32_t)(s >> 4) << (2 * j) | (uint32_t)(m >> 4) << (16 + 2 * j);
+    }
+    for (int i = 0; i < 12; i++) out[i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+}
+
 /* HEARTH_CUDA_Q4K=new: Q4_K weights uploaded from now on get the packed scale order and
  * the 4-lanes-per-super-block decode GEMV (gemv_q4_k_i8p); default (or =old) the GGUF
  * order and gemv_q4_k_i8. cuda_q4k_force(1 / 0) overrides it (tests), -1 re-reads it. */

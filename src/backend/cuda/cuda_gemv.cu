@@ -789,21 +789,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 /* GGUF -> packed scale order (cuda_q4k_scale_min), one thread per super-block, in place. */
 __global__ void q4k_pack_kernel(uint8_t *W, size_t nsb) {
     size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (b >= nsb) return;
-    uint8_t *sc = W + b * 144 + 4;
-    int s[8], m[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) cuda_q4k_scale_min(sc, j, 0, &s[j], &m[j]);
-    uint32_t w0 = 0, w1 = 0, w2 = 0;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        w0 |= (uint32_t)(s[j] & 15) << (4 * j);
-        w1 |= (uint32_t)(m[j] & 15) << (4 * j);
-        w2 |= (uint32_t)(s[j] >> 4) << (2 * j) | (uint32_t)(m[j] >> 4) << (16 + 2 * j);
-    }
-    uint32_t w[3] = {w0, w1, w2};
-#pragma unroll
-    for (int i = 0; i < 12; i++) sc[i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+    if (b < nsb) cuda_q4k_pack12(W + b * 144 + 4, W + b * 144 + 4);
 }
 
 static int g_q4k_mode = -1;

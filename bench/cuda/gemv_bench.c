@@ -1,7 +1,8 @@
 /* gemv_bench.c: times the CUDA decode GEMV (T = 1) for each supported weight format on
  * Llama-3.1-8B shapes with CUDA events, and reports GB/s against the device-to-device
  * copy bandwidth measured in the same run. Weights are rotated over enough copies to
- * exceed L2 several times, so the numbers are HBM numbers. Usage: gemv_bench [out.json] */
+ * exceed L2 several times, so the numbers are HBM numbers. Usage: gemv_bench [out.json];
+ * GEMV_BENCH_FORMATS=Q4_K,Q8_0 (format names) times only those formats. */
 #include "backend/cpu/matmul.h"
 #include "backend/cuda/cuda_backend.h"
 #include "base/half.h"
@@ -114,7 +115,9 @@ int main(int argc, char **argv) {
         fprintf(js, "{\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"copy_gbs\": %.1f,\n  \"rows\": [\n", info.name,
                 info.n_sms, copy_gbs);
     static const struct { int64_t n, k; const char *what; } shapes[] = {
-        {4096, 4096, "attn q/o"}, {14336, 4096, "ffn gate/up"}, {4096, 14336, "ffn down"}, {128256, 4096, "lm_head"}};
+        {4096, 4096, "attn q/o"},  {1024, 4096, "attn k/v"},      {14336, 4096, "ffn gate/up"},
+        {4096, 14336, "ffn down"}, {128256, 4096, "lm_head"}};
+    const char *only = getenv("GEMV_BENCH_FORMATS");
     static const tensor_dtype formats[] = {DT_BF16, DT_F16, DT_Q8_0, DT_Q4_K, DT_U32};
     printf("%-6s %-12s %8s %8s %10s %9s %8s\n", "format", "shape", "MB", "copies", "us/gemv", "GB/s", "of copy");
     int first = 1;
@@ -124,6 +127,7 @@ int main(int argc, char **argv) {
     for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             tensor_dtype t = formats[f];
+            if (only && !strstr(only, tensor_dtype_name(t))) continue;
             int64_t n = shapes[s].n, k = shapes[s].k;
             size_t hb;
             void *host = make_host(t, n, k, &hb);

@@ -241,6 +241,40 @@ static void test_gemv(void **state) {
     mlx_sb = DT_BF16;
 }
 
+/* HEARTH_CUDA_Q4K=new (forced here with cuda_q4k_force): Q4_K uploaded with the packed
+ * scale order and decoded by gemv_q4_k_i8p (4 lanes per super-block, rows per warp by
+ * q4k_rows). Same oracle and tolerance as test_gemv's Q4_K rows (verify_gemv: int8
+ * activations by cpu_quantize_row_ref, float summation bound + 2·max|w|·max d); shapes
+ * cover n = 1 (one partial warp), 37, 1024 (the 8B's k/v), 4229 (odd, 2 rows per warp at
+ * k = 4096), k = 256 (one super-block, R = 4 rows), 4096 (2 slot steps) and 14336 (7).
+ * Also the prefill path (cuda_matmul, T = 11: the dequantizer must read the packed order). */
+static void test_gemv_q4k_new(void **state) {
+    (void)state;
+    cuda_q4k_force(1);
+    static const int64_t ns[] = {1, 37, 1024, 4229}, ks[] = {256, 4096, 14336};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (size_t b = 0; b < sizeof ks / sizeof ks[0]; b++)
+            for (int T = 1; T <= 8; T++) {
+                if (ns[a] * ks[b] > 4096 * 4096 && T != 1 && T != 2 && T != 5 && T != 8) continue; /* CPU time */
+                check_gemv(DT_Q4_K, ns[a], ks[b], T);
+            }
+    cpu_weight w;
+    void *host = make_weight(DT_Q4_K, 3, 512, &w);
+    cuda_weight dw;
+    hearth_error e = {0};
+    assert_int_equal(cuda_weight_upload(&dw, &w, "q4k", &e), HEARTH_OK);
+    assert_int_equal(dw.q4k_packed, 1);              /* else the loop above tested the old kernel */
+    assert_int_equal(dw.bytes, (size_t)3 * 2 * 144); /* same bytes as GGUF (cuda_plan.c) */
+    cuda_weight_free(&dw);
+    free(host);
+    cuda_gemm *g = NULL;
+    assert_int_equal(cuda_gemm_create(&g, (size_t)301 * 4096, (size_t)16 * 4096, 1, &e), HEARTH_OK);
+    check_matmul(DT_Q4_K, 301, 4096, 11, g, 0);
+    check_matmul(DT_Q4_K, 37, 256, 9, g, 0);
+    cuda_gemm_free(g);
+    cuda_q4k_force(-1); /* back to HEARTH_CUDA_Q4K as set */
+}
+
 /* Programmatic Dependent Launch (the decode GEMVs may start before the kernel before them
  * ends): ITERS rounds of add_rmsnorm -> GEMV W1 -> GEMV W2 (W2's input is W1's output)
  * enqueued with no host sync, every intermediate in its own NaN-poisoned buffer, so a GEMV
@@ -788,9 +822,18 @@ int main(void) {
     const char *only = getenv("HEARTH_TEST_FILTER"); /* e.g. test_gemv_batch_invariant: one test (device rounds) */
     if (only) cmocka_set_test_filter(only);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemv),      cmocka_unit_test(test_gemv_multi),      cmocka_unit_test(test_gemm),     cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_rope_qk),   cmocka_unit_test(test_gemv_pdl_chain), cmocka_unit_test(test_gemv_batch_invariant),
-        cmocka_unit_test(test_gated_activations), cmocka_unit_test(test_attention), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_gemv),
+        cmocka_unit_test(test_gemv_q4k_new),
+        cmocka_unit_test(test_gemv_multi),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_qk),
+        cmocka_unit_test(test_gemv_pdl_chain),
+        cmocka_unit_test(test_gemv_batch_invariant),
+        cmocka_unit_test(test_gated_activations),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
 /* cmocka needs the four above first */
 #include <cmocka.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_plan.h"
 
 #define MIB ((size_t)1 << 20)
@@ -89,9 +90,38 @@ static void test_page_rounding(void **state) {
     assert_int_equal(s, 2 * 8);
 }
 
+/* HEARTH_CUDA_Q4K=new reorders each Q4_K super-block's 12 scale/min bytes at upload
+ * (cuda_q4k_pack12, run by the upload kernel); the prefill dequantizer and the GEMVs read
+ * them back with cuda_q4k_scale_min(packed = 1): every (scale, min) of random blocks must
+ * come back as GGUF's order gives it, and distinct blocks must stay distinct (a bijection). */
+static void test_q4k_packed_scales_round_trip(void **state) {
+    (void)state;
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    for (int it = 0; it < 20000; it++) {
+        uint8_t in[12], out[12];
+        for (int i = 0; i < 12; i++) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            in[i] = (uint8_t)(r >> 24);
+        }
+        cuda_q4k_pack12(in, out);
+        for (int j = 0; j < 8; j++) {
+            int s0, m0, s1, m1;
+            cuda_q4k_scale_min(in, j, 0, &s0, &m0);
+            cuda_q4k_scale_min(out, j, 1, &s1, &m1);
+            assert_int_equal(s1, s0);
+            assert_int_equal(m1, m0);
+        }
+        uint8_t same[12]; /* in place, as the kernel does it */
+        for (int i = 0; i < 12; i++) same[i] = in[i];
+        cuda_q4k_pack12(same, same);
+        assert_memory_equal(same, out, 12);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layouts_keep_the_gguf_bytes),
+        cmocka_unit_test(test_q4k_packed_scales_round_trip),
         cmocka_unit_test(test_formats_without_a_kernel_expand_to_f32),
         cmocka_unit_test(test_kv_planes_per_dtype),
         cmocka_unit_test(test_page_rounding),

@@ -60,7 +60,10 @@ void cuda_graph_free(cuda_graph *g);
 /* A weight matrix resident on the device. F16/BF16 rows are stored as on the host;
  * Q8_0 is split into an int8 plane [n][k] and an f16 scale plane [n][k/32] so every
  * quant load is a 16-byte aligned vector (the GGUF 34-byte block defeats that); Q4_K
- * keeps its 144-byte super-blocks, which are already 16-byte aligned. MLX affine 4-bit
+ * keeps its 144-byte super-blocks, which are already 16-byte aligned; with
+ * HEARTH_CUDA_Q4K=new (q4k_packed = 1) the 12 packed 6-bit scale/min bytes of each block
+ * are rearranged in place at upload (cuda_q4k_scale_min; same 144 bytes, so the byte count
+ * in cuda_plan.c is unchanged) for the decode GEMV's cheaper unpacking. MLX affine 4-bit
  * (dtype U32) keeps its packed words [n][k/8] and pairs each group's 16-bit scale (low
  * half) and bias (high half) into one 32-bit word [n][k/group_size]: one load per group. */
 typedef struct cuda_weight {
@@ -71,8 +74,56 @@ typedef struct cuda_weight {
     int group_size; /* MLX only */
     int sb_bf16;    /* MLX only: the pairs are bf16 (else f16) */
     int mlx_tiled;  /* MLX only: nibbles permuted per 1024-weight tile (cuda_mlx4_nibble) */
+    int q4k_packed; /* Q4_K only: scale/min bytes rearranged (cuda_q4k_scale_min) */
     size_t bytes;   /* device bytes read by one GEMV (data + scales) */
 } cuda_weight;
+
+/* Q4_K sub-block j < 8 scale s and min m (6 bits each) from the 12 bytes at offset 4 of a
+ * super-block. GGUF order (packed = 0): j < 4 in the low 6 bits of bytes j / j + 4, j >= 4
+ * split over byte j + 4 and the top 2 bits of bytes j - 4 / j. Packed order (the device
+ * layout with q4k_packed): little-endian words w0 = nibble j holds s_j & 15, w1 = nibble j
+ * holds m_j & 15, w2 = bits 2j..2j+1 hold s_j >> 4 and bits 16+2j.. hold m_j >> 4, so a
+ * lane's two sub-blocks 2c, 2c+1 come from byte c of w0 / w1 and nibbles c, c + 4 of w2. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline void cuda_q4k_scale_min(const uint8_t *sc, int j, int packed, int *s, int *m) {
+    if (packed) {
+        uint32_t w2 = (uint32_t)sc[8] | (uint32_t)sc[9] << 8 | (uint32_t)sc[10] << 16 | (uint32_t)sc[11] << 24;
+        *s = (int)(((sc[j / 2] >> (4 * (j % 2))) & 0xF) | (((w2 >> (2 * j)) & 3) << 4));
+        *m = (int)(((sc[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((w2 >> (16 + 2 * j)) & 3) << 4));
+    } else if (j < 4) {
+        *s = sc[j] & 63;
+        *m = sc[j + 4] & 63;
+    } else {
+        *s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
+        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
+/* The 12 scale/min bytes of one super-block, GGUF order -> packed order (in may be out). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline void cuda_q4k_pack12(const uint8_t *in, uint8_t *out) {
+    uint32_t w[3] = {0, 0, 0};
+    for (int j = 0; j < 8; j++) {
+        int s, m;
+        cuda_q4k_scale_min(in, j, 0, &s, &m);
+        w[0] |= (uint32_t)(s & 15) << (4 * j);
+        w[1] |= (uint32_t)(m & 15) << (4 * j);
+        w[2] |= (uint32_t)(s >> 4) << (2 * j) | (uint32_t)(m >> 4) << (16 + 2 * j);
+    }
+    for (int i = 0; i < 12; i++) out[i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+}
+
+/* HEARTH_CUDA_Q4K=new: Q4_K weights uploaded from now on get the packed scale order and
+ * the 4-lanes-per-super-block decode GEMV (gemv_q4_k_i8p); default (or =old) the GGUF
+ * order and gemv_q4_k_i8. cuda_q4k_force(1 / 0) overrides it (tests), -1 re-reads it. */
+int cuda_q4k_new(void);
+void cuda_q4k_force(int mode);
+/* Rearranges the scale bytes of w's super-blocks on the device (GGUF -> packed order). */
+hearth_status cuda_q4k_pack(cuda_weight *w, hearth_error *err);
 
 /* MLX 4-bit rows with k % 1024 == 0 are stored "tiled": in each tile of 1024 weights, lane
  * L of a warp reads one 16-byte vector holding weights 128m + 4L + j (m < 8, j < 4), so its

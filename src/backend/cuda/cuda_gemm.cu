@@ -71,7 +71,7 @@ static __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__
 /* Element (r, c) of a weight in its device layout (cuda_weight), as float: the same
  * arithmetic as the GEMV kernels and ggml's reference dequantizers. */
 static __device__ float weight_elem(tensor_dtype dt, const void *data, const void *scales, int64_t k, int64_t r,
-                                    int64_t c) {
+                                    int64_t c, int q4k_packed) {
     switch (dt) {
     case DT_F32: return ((const float *)data)[r * k + c];
     case DT_F16: return h2f(((const uint16_t *)data)[r * k + c]);
@@ -81,15 +81,8 @@ static __device__ float weight_elem(tensor_dtype dt, const void *data, const voi
     case DT_Q4_K: {
         const uint8_t *blk = (const uint8_t *)data + (r * (k / 256) + c / 256) * 144;
         int j = (int)(c % 256), chunk = j / 64, l = j % 64, sub = 2 * chunk + (l >= 32);
-        const uint8_t *sc = blk + 4;
         int s, m;
-        if (sub < 4) {
-            s = sc[sub] & 63;
-            m = sc[sub + 4] & 63;
-        } else {
-            s = (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
-            m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
-        }
+        cuda_q4k_scale_min(blk + 4, sub, q4k_packed, &s, &m);
         uint8_t q = blk[16 + 32 * chunk + (l % 32)];
         int v = l < 32 ? (q & 0xF) : (q >> 4);
         float d = h2f((uint16_t)(blk[0] | blk[1] << 8)), dmin = h2f((uint16_t)(blk[2] | blk[3] << 8));
@@ -131,9 +124,9 @@ __global__ void dequant_kernel(cuda_weight w, void *out) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, total = (size_t)w.n * (size_t)w.k;
     if (i >= total) return;
     int64_t r = (int64_t)(i / w.k), c = (int64_t)(i % w.k);
-    float v = w.dtype == DT_U32   ? mlx4_elem(w, r, c)
+    float v = w.dtype == DT_U32    ? mlx4_elem(w, r, c)
               : w.dtype == DT_Q6_K ? q6k_elem(w, r, c)
-                                   : weight_elem(w.dtype, w.data, w.scales, w.k, r, c);
+                                   : weight_elem(w.dtype, w.data, w.scales, w.k, r, c, w.q4k_packed);
     if (F32) ((float *)out)[i] = v;
     else ((__nv_bfloat16 *)out)[i] = __float2bfloat16(v);
 }
@@ -153,7 +146,7 @@ __global__ void dequant8_bf16_kernel(cuda_weight w, uint4 *out) {
             int64_t c = c0 + j + u;
             v[u] = w.dtype == DT_U32    ? mlx4_elem(w, r, c)
                    : w.dtype == DT_Q6_K ? q6k_elem(w, r, c)
-                                        : weight_elem(w.dtype, w.data, w.scales, w.k, r, c);
+                                        : weight_elem(w.dtype, w.data, w.scales, w.k, r, c, w.q4k_packed);
         }
         __nv_bfloat162 b = __floats2bfloat162_rn(v[0], v[1]);
         pk[j / 2] = *(uint32_t *)&b;

@@ -222,8 +222,11 @@ static __device__ __forceinline__ uint32_t scale_byte(uint4 hdr, int i) { /* byt
     uint32_t w = i < 4 ? hdr.y : i < 8 ? hdr.z : hdr.w;
     return (w >> (8 * (i & 3))) & 0xff;
 }
-static __device__ __forceinline__ void q4k_scale_min(uint4 hdr, int j, float *sc, float *m) {
-    if (j < 4) {
+static __device__ __forceinline__ void q4k_scale_min(uint4 hdr, int j, bool packed, float *sc, float *m) {
+    if (packed) { /* cuda_q4k_scale_min's packed order: w0 = hdr.y, w1 = hdr.z, w2 = hdr.w */
+        *sc = (float)(((hdr.y >> (4 * j)) & 0xF) | (((hdr.w >> (2 * j)) & 3) << 4));
+        *m = (float)(((hdr.z >> (4 * j)) & 0xF) | (((hdr.w >> (16 + 2 * j)) & 3) << 4));
+    } else if (j < 4) {
         *sc = (float)(scale_byte(hdr, j) & 63);
         *m = (float)(scale_byte(hdr, j + 4) & 63);
     } else {
@@ -236,7 +239,8 @@ static __device__ __forceinline__ void q4k_scale_min(uint4 hdr, int j, float *sc
  * (chunk p/2, half p%2) plus the 16-byte header, so 32 lanes read 4 super-blocks per step
  * with 16-byte loads; the header load is shared by 8 lanes through L1. */
 template <int T>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q4_k(const uint8_t *W, const float *x, float *y, int n, int k) {
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_q4_k(const uint8_t *W, const float *x, float *y, int n, int k, bool packed) {
     int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
     int nsb = k / 256, part = lane % 8, c = part / 2, h = part % 2;
@@ -250,8 +254,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q4_k(const uint8_t *W, c
         uint4 qv = load_stream((const uint4 *)(blk + 16 + 32 * c + 16 * h));
         float d = half_bits(hdr.x & 0xffff, false), dmin = half_bits(hdr.x >> 16, false);
         float sc0, m0, sc1, m1;
-        q4k_scale_min(hdr, 2 * c, &sc0, &m0);
-        q4k_scale_min(hdr, 2 * c + 1, &sc1, &m1);
+        q4k_scale_min(hdr, 2 * c, packed, &sc0, &m0);
+        q4k_scale_min(hdr, 2 * c + 1, packed, &sc1, &m1);
         uint32_t q[4] = {qv.x, qv.y, qv.z, qv.w};
         int base = sb * 256 + 64 * c + 16 * h;
 #pragma unroll
@@ -473,7 +477,9 @@ static void launch_rows(const cuda_weight *w, const float *x, float *y, bool vec
         else gemv_half_scalar<T, false><<<grid, block, 0, cuda_stream()>>>((const uint16_t *)w->data, x, y, n, k);
         break;
     case DT_Q8_0: gemv_q8_0<T><<<grid, block, 0, cuda_stream()>>>((const int8_t *)w->data, (const uint16_t *)w->scales, x, y, n, k); break;
-    case DT_Q4_K: gemv_q4_k<T><<<grid, block, 0, cuda_stream()>>>((const uint8_t *)w->data, x, y, n, k); break;
+    case DT_Q4_K:
+        gemv_q4_k<T><<<grid, block, 0, cuda_stream()>>>((const uint8_t *)w->data, x, y, n, k, w->q4k_packed);
+        break;
     case DT_Q6_K: {
         size_t nk = (size_t)n * (size_t)k;
         const uint8_t *ql = (const uint8_t *)w->data;
@@ -692,8 +698,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             int sb = sb0 + 4 * (s >> lgR), base = sb * 256 + 64 * c + 16 * h, bl = sb * 8 + 2 * c;
             float d = half_bits(hdr[s].x & 0xffff, false), dmin = half_bits(hdr[s].x >> 16, false);
             float sc0, m0, sc1, m1;
-            q4k_scale_min(hdr[s], 2 * c, &sc0, &m0);
-            q4k_scale_min(hdr[s], 2 * c + 1, &sc1, &m1);
+            q4k_scale_min(hdr[s], 2 * c, false, &sc0, &m0);
+            q4k_scale_min(hdr[s], 2 * c + 1, false, &sc1, &m1);
             uint4 lo = make_uint4(qv[s].x & 0x0F0F0F0Fu, qv[s].y & 0x0F0F0F0Fu, qv[s].z & 0x0F0F0F0Fu,
                                   qv[s].w & 0x0F0F0F0Fu);
             uint4 hi = make_uint4((qv[s].x >> 4) & 0x0F0F0F0Fu, (qv[s].y >> 4) & 0x0F0F0F0Fu,
@@ -710,6 +716,101 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         }
     }
     store_slots<T>(acc, y, n, row0, R, lane);
+}
+
+/* Q4_K with packed scales (q4k_packed, HEARTH_CUDA_Q4K=new): 4 lanes per super-block; lane
+ * c takes chunk c whole (32 nibble bytes, two 16-byte loads): low nibbles = weights 64c +
+ * [0, 32) (x block 8 sb + 2c), high = 64c + 32 + [0, 32) (block 8 sb + 2c + 1), so the
+ * scale/min unpacking (a few shifts, cuda_q4k_scale_min) serves 64 weights and a warp
+ * reads 8 super-blocks per slot step. Each 32-block: one exact int32 dp4a sum, then float
+ * multiplies by d * sc * d_x and the min term dmin * m * (d_x * sum q_x). */
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_q4_k_i8p(const uint8_t *W, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R, int pf) {
+    int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
+    if (row0 >= n) return;
+    int nsb = k / 256, nb = k / 32, c = lane % 4;
+    for (int r = 0; pf && r < R && row0 + r < n; r++)
+        pdl_prefetch_row(W + (size_t)(row0 + r) * nsb * 144, (size_t)nsb * 144, lane);
+    pdl_wait();
+    pdl_trigger();
+    int lgR = R == 4 ? 2 : R == 2 ? 1 : 0, stride = 8 * (QSLOTS / R);
+    float acc[QSLOTS][T];
+#pragma unroll
+    for (int s = 0; s < QSLOTS; s++)
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[s][t] = 0.0f;
+    for (int sb0 = lane / 4; sb0 < nsb; sb0 += stride) {
+        uint4 hdr[QSLOTS], q0[QSLOTS], q1[QSLOTS];
+        bool ok[QSLOTS];
+#pragma unroll
+        for (int s = 0; s < QSLOTS; s++) {
+            int row = row0 + (s & (R - 1)), sb = sb0 + 8 * (s >> lgR);
+            ok[s] = row < n && sb < nsb;
+            if (ok[s]) {
+                const uint8_t *blk = W + ((size_t)row * nsb + sb) * 144;
+                hdr[s] = __ldg((const uint4 *)blk);
+                q0[s] = load_stream((const uint4 *)(blk + 16 + 32 * c));
+                q1[s] = load_stream((const uint4 *)(blk + 32 + 32 * c));
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < QSLOTS; s++) {
+            if (!ok[s]) continue;
+            int sb = sb0 + 8 * (s >> lgR), base = sb * 256 + 64 * c, bl = sb * 8 + 2 * c;
+            float d = half_bits(hdr[s].x & 0xffff, false), dmin = half_bits(hdr[s].x >> 16, false);
+            uint32_t lo4 = (hdr[s].y >> (8 * c)) & 0xFF, mlo4 = (hdr[s].z >> (8 * c)) & 0xFF;
+            uint32_t hs = (hdr[s].w >> (4 * c)) & 0xF, hm = (hdr[s].w >> (16 + 4 * c)) & 0xF;
+            float sc0 = (float)((lo4 & 0xF) | ((hs & 3) << 4)), sc1 = (float)((lo4 >> 4) | ((hs >> 2) << 4));
+            float m0 = (float)((mlo4 & 0xF) | ((hm & 3) << 4)), m1 = (float)((mlo4 >> 4) | ((hm >> 2) << 4));
+            uint4 l0 =
+                make_uint4(q0[s].x & 0x0F0F0F0Fu, q0[s].y & 0x0F0F0F0Fu, q0[s].z & 0x0F0F0F0Fu, q0[s].w & 0x0F0F0F0Fu);
+            uint4 l1 =
+                make_uint4(q1[s].x & 0x0F0F0F0Fu, q1[s].y & 0x0F0F0F0Fu, q1[s].z & 0x0F0F0F0Fu, q1[s].w & 0x0F0F0F0Fu);
+            uint4 h0 = make_uint4((q0[s].x >> 4) & 0x0F0F0F0Fu, (q0[s].y >> 4) & 0x0F0F0F0Fu,
+                                  (q0[s].z >> 4) & 0x0F0F0F0Fu, (q0[s].w >> 4) & 0x0F0F0F0Fu);
+            uint4 h1 = make_uint4((q1[s].x >> 4) & 0x0F0F0F0Fu, (q1[s].y >> 4) & 0x0F0F0F0Fu,
+                                  (q1[s].z >> 4) & 0x0F0F0F0Fu, (q1[s].w >> 4) & 0x0F0F0F0Fu);
+            float ds0 = d * sc0, ds1 = d * sc1, dm0 = dmin * m0, dm1 = dmin * m1;
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                const int8_t *xt = xq + (size_t)t * k + base;
+                int4 a0 = *(const int4 *)xt, a1 = *(const int4 *)(xt + 16);
+                int4 b0 = *(const int4 *)(xt + 32), b1 = *(const int4 *)(xt + 48);
+                float2 x0 = xs[(size_t)t * nb + bl], x1 = xs[(size_t)t * nb + bl + 1];
+                int dl = dot16_dp4a(l0, a0) + dot16_dp4a(l1, a1), dh = dot16_dp4a(h0, b0) + dot16_dp4a(h1, b1);
+                acc[s][t] += ds0 * x0.x * (float)dl + ds1 * x1.x * (float)dh - (dm0 * x0.y + dm1 * x1.y);
+            }
+        }
+    }
+    store_slots<T>(acc, y, n, row0, R, lane);
+}
+
+/* GGUF -> packed scale order (cuda_q4k_scale_min), one thread per super-block, in place. */
+__global__ void q4k_pack_kernel(uint8_t *W, size_t nsb) {
+    size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b < nsb) cuda_q4k_pack12(W + b * 144 + 4, W + b * 144 + 4);
+}
+
+static int g_q4k_mode = -1;
+
+int cuda_q4k_new(void) {
+    if (g_q4k_mode < 0) {
+        const char *e = getenv("HEARTH_CUDA_Q4K");
+        g_q4k_mode = e && !strcmp(e, "new");
+    }
+    return g_q4k_mode;
+}
+
+void cuda_q4k_force(int mode) { g_q4k_mode = mode < 0 ? -1 : mode != 0; }
+
+hearth_status cuda_q4k_pack(cuda_weight *w, hearth_error *err) {
+    if (!w || w->dtype != DT_Q4_K || !w->data || w->q4k_packed) return HEARTH_OK;
+    size_t nsb = (size_t)w->n * (size_t)(w->k / 256);
+    q4k_pack_kernel<<<(unsigned)((nsb + 255) / 256), 256, 0, cuda_stream()>>>((uint8_t *)w->data, nsb);
+    if (cuda_launched("q4k_pack", err)) return HEARTH_ERR_IO;
+    w->q4k_packed = 1;
+    return HEARTH_OK;
 }
 
 /* Q6_K planes (layout: gemv_q6_k): 4 lanes per super-block; lane part (h, j) takes, for
@@ -787,28 +888,48 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 
 /* Rows per warp: as many as keep >= 4 blocks per SM of an H200 (132 SMs) in the grid;
  * HEARTH_CUDA_QROWS=1|2|4 forces it (A/B). */
-static int q8act_rows(int n) {
+static int qrows_forced(void) {
     static int forced = -1;
     if (forced < 0) {
         const char *e = getenv("HEARTH_CUDA_QROWS");
         forced = e && (e[0] == '1' || e[0] == '2' || e[0] == '4') ? e[0] - '0' : 0;
     }
-    if (forced) return forced;
+    return forced;
+}
+
+static int q8act_rows(int n) {
+    if (qrows_forced()) return qrows_forced();
     int R = 4;
     while (R > 1 && (n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R) < 4 * 132) R /= 2;
     return R;
 }
 
+/* Rows per warp for gemv_q4_k_i8p: enough that a row's 8-super-block steps fill the
+ * QSLOTS slots (k = 4096: 2 steps, so 2 rows), but not so many that the grid drops below
+ * 2 blocks per SM of an H200; HEARTH_CUDA_QROWS forces it as for the others. */
+static int q4k_rows(int n, int k) {
+    if (qrows_forced()) return qrows_forced();
+    int steps = (k / 256 + 7) / 8, R = 1;
+    while (R < 4 && R * steps < QSLOTS && (n + GEMV_WARPS * 2 * R - 1) / (GEMV_WARPS * 2 * R) >= 2 * 132) R *= 2;
+    return R;
+}
+
 template <int T>
 static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y) {
-    int n = (int)w->n, k = (int)w->k, R = q8act_rows(n), pf = pdl_on();
+    int n = (int)w->n, k = (int)w->k, pf = pdl_on();
+    int R = w->dtype == DT_Q4_K && w->q4k_packed ? q4k_rows(n, k) : q8act_rows(n);
     dim3 grid((unsigned)((n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R))), block(GEMV_WARPS * 32);
     switch (w->dtype) {
     case DT_Q8_0:
         pdl_launch(gemv_q8_0_i8<T>, grid, block, (const int8_t *)w->data, (const uint16_t *)w->scales, xq, xs, y, n, k,
                    R, pf);
         break;
-    case DT_Q4_K: pdl_launch(gemv_q4_k_i8<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k, R, pf); break;
+    case DT_Q4_K:
+        if (w->q4k_packed)
+            pdl_launch(gemv_q4_k_i8p<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k, R, pf);
+        else
+            pdl_launch(gemv_q4_k_i8<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k, R, pf);
+        break;
     case DT_Q6_K: {
         size_t nk = (size_t)n * (size_t)k;
         const uint8_t *ql = (const uint8_t *)w->data;

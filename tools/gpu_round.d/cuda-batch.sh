@@ -2,10 +2,10 @@
 # cuda-batch LOGDIR: batched serve steps on the GPU (issue #6), budget 70 s. Unit tests of the
 # new dispatch (test_cuda_ragged: ragged-step attention split; test_cuda: cuda_matmul F16 /
 # byte-model picks; test_cuda_kv: mixed batches), greedy parity of 12 concurrent serve requests
-# vs each alone, batch_bench (matmul GEMV vs GEMM per T with and without HEARTH_CUDA_GEMM_OLD=1,
+# vs each alone, batch_bench (matmul GEMV vs GEMM per T with and without HEARTH_CUDA_BATCH=1,
 # ragged attention split vs the old one launch), then, with the time left, a hearth-only
 # serve_load at N=8,32 on the 8B F16 GGUF (Q4_K_M when no F16 file). Env from tools/gpu_round:
-# H, B, TINY, G8. Old paths: HEARTH_CUDA_GEMM_OLD=1, HEARTH_CUDA_RAGGED_OLD=1.
+# H, B, TINY, G8. New paths: HEARTH_CUDA_BATCH=1 (opt-in until this part has run).
 L=${1:?usage: cuda-batch.sh LOGDIR}
 mkdir -p "$L" && L=$(cd "$L" && pwd)
 cd "$(dirname "$0")/../.."
@@ -32,15 +32,15 @@ unit() { # name timeout [env...]
     say "$n: $v ($(grep -c 'OK \]' "$L/$n.log") ok, $(grep -c 'FAILED \]' "$L/$n.log") failed) $(grep -m1 -oE 'ragged batches checked' "$L/$n.log")"
     [ $rc = 0 ] || grep -vE '^\[ (RUN|  OK) ' "$L/$n.log" | grep -m3 -iE 'error|fail|refer|differ|tol' | cut -c1-260 | tee -a "$SUM" >/dev/null
 }
-unit test_cuda_ragged 15
-unit test_cuda_ragged 10 HEARTH_CUDA_RAGGED_OLD=1 # the old path on the same test: both must pass
-unit test_cuda_kv 15
-unit test_cuda 25
+unit test_cuda_ragged 15 HEARTH_CUDA_BATCH=1
+unit test_cuda_ragged 10 # the default (old) path on the same test: both must pass
+unit test_cuda_kv 15 HEARTH_CUDA_BATCH=1
+unit test_cuda 25 HEARTH_CUDA_BATCH=1
 
 # microbenchmarks: build (libhearth.a is there) and run both matmul modes, then attention
 if timeout 20 make -s BUILD="$B" BINDIR="$B/bin" LIBDIR="$B/lib" "$B/bench/batch_bench" >"$L/batch_bench_build.log" 2>&1; then
-    [ "$(left)" -gt 12 ] && timeout 12 "$B/bench/batch_bench" >"$L/batch_bench.txt" 2>&1
-    [ "$(left)" -gt 10 ] && BATCH_BENCH=matmul HEARTH_CUDA_GEMM_OLD=1 timeout 8 "$B/bench/batch_bench" >"$L/batch_bench_old.txt" 2>&1
+    [ "$(left)" -gt 12 ] && HEARTH_CUDA_BATCH=1 timeout 12 "$B/bench/batch_bench" >"$L/batch_bench.txt" 2>&1
+    [ "$(left)" -gt 10 ] && BATCH_BENCH=matmul timeout 8 "$B/bench/batch_bench" >"$L/batch_bench_old.txt" 2>&1
     # per T: format gemv/matmul us (new picks), then the old dequantize+GEMM us
     for T in 1 8 16 32 64 128; do
         say "T=$T gemv/new: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s/%s ", $1, $5, $8}' "$L/batch_bench.txt" 2>/dev/null)| old: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s ", $1, $8}' "$L/batch_bench_old.txt" 2>/dev/null)"
@@ -82,8 +82,8 @@ elif [ "$(left)" -ge 40 ]; then
     F=f16
     [ -f "$G8/llama8b-f16.gguf" ] || F=q4_k_m
     if [ -f "$G8/llama8b-$F.gguf" ]; then
-        serve new
-        [ "${CB_AB:-0}" = 1 ] && [ "$(left)" -ge 40 ] && serve old HEARTH_CUDA_GEMM_OLD=1 HEARTH_CUDA_RAGGED_OLD=1
+        serve new HEARTH_CUDA_BATCH=1
+        [ "${CB_AB:-0}" = 1 ] && [ "$(left)" -ge 40 ] && serve old
     else
         say "serve_load: no GGUF in $G8"
     fi

@@ -275,7 +275,7 @@ typedef struct cuda_attention_args {
     /* Optional (NULL: unknown): slot[] on the host. With it, a ragged step (single_slot 0,
      * T > 8; a sequence's tokens consecutive) is split into runs: each run of more than 8
      * tokens of one slot goes to the prefill kernels, the rest (decode rows) to the GQA
-     * split-K decode kernel in one launch per stretch. HEARTH_CUDA_RAGGED_OLD=1 ignores it
+     * split-K decode kernel in one launch per stretch. Opt-in: without HEARTH_CUDA_BATCH=1 it is ignored
      * (one block per (head, token) for the whole step, the path before; A/B runs). */
     const int32_t *host_slot;
 } cuda_attention_args;
@@ -301,11 +301,11 @@ void cuda_gemm_free(cuda_gemm *g);
 hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err);
 /* Whether cuda_matmul sends this call to cuda_gemv: T <= 8, or a quantized weight at a T
  * where the GEMV reads fewer bytes than dequantize + GEMM (cuda_gemm.cu's byte model). F16
- * weights go to cuBLAS as stored with f16 activations (HEARTH_CUDA_GEMM_OLD=1: the bf16
+ * weights go to cuBLAS as stored with f16 activations (only with HEARTH_CUDA_BATCH=1, else the bf16
  * conversion of every weight and no GEMV above 8 rows, the path before). */
 int cuda_matmul_uses_gemv(const cuda_gemm *g, const cuda_weight *w, int T);
 /* Whether cuda_matmul hands this weight to cuBLAS as stored (no dequantized copy, so any
- * weight size fits the scratch, e.g. lm_head); 0 under HEARTH_CUDA_GEMM_OLD=1. */
+ * weight size fits the scratch, e.g. lm_head); 0 without HEARTH_CUDA_BATCH=1. */
 int cuda_matmul_direct(const cuda_gemm *g, const cuda_weight *w);
 
 #ifdef __cplusplus

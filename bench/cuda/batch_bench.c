@@ -1,7 +1,7 @@
 /* batch_bench.c: times the CUDA paths of a batched serve step (issue #6), wall clock
  * around back-to-back launches with a device sync either side, on Llama-3.1-8B shapes: cuda_matmul vs cuda_gemv on the
  * ffn gate weight (14336 x 4096) for T = 9..128 rows in F16 / Q8_0 / Q4_K (run it with and without
- * HEARTH_CUDA_GEMM_OLD=1 to see the dequantize + GEMM path), and the attention of a ragged step (decode rows of 127
+ * HEARTH_CUDA_BATCH=1: without it, the dequantize + GEMM path), and the attention of a ragged step (decode rows of 127
  * sequences of 600 positions + a 37-token chunk of another) with and without the run split (host_slot). Random data;
  * timing only. Usage: batch_bench */
 #include "backend/cuda/cuda_backend.h"
@@ -56,9 +56,9 @@ static void bench_matmul(void) {
     const int64_t n = 14336, k = 4096;
     static const tensor_dtype fmts[] = {DT_F16, DT_Q8_0, DT_Q4_K};
     static const int Ts[] = {1, 8, 9, 16, 24, 32, 48, 64, 128};
-    const char *old = getenv("HEARTH_CUDA_GEMM_OLD");
-    printf("matmul [%lld x %lld], us per call (HEARTH_CUDA_GEMM_OLD=%s)\n", (long long)n, (long long)k,
-           old ? old : "unset");
+    const char *batch = getenv("HEARTH_CUDA_BATCH");
+    printf("matmul [%lld x %lld], us per call (HEARTH_CUDA_BATCH=%s)\n", (long long)n, (long long)k,
+           batch ? batch : "unset");
     cuda_gemm *g = NULL;
     if (cuda_gemm_create(&g, (size_t)(n * k), (size_t)128 * k, 0, NULL)) exit(1);
     float *hx = malloc(sizeof(float) * 128 * k);

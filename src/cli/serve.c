@@ -264,12 +264,15 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
     return 0;
 }
 
-static void make_fingerprint(char *out, size_t cap) {
+/* mlx_lm.server's shape (version-platform-accelerator); the last part names the device the
+ * engine computes on. */
+static void make_fingerprint(char *out, size_t cap, int on_gpu) {
     struct utsname u;
+    const char *dev = on_gpu ? "cuda" : "cpu";
     if (uname(&u))
-        snprintf(out, cap, "hearth-%s-cpu", HEARTH_VERSION);
+        snprintf(out, cap, "hearth-%s-%s", HEARTH_VERSION, dev);
     else
-        snprintf(out, cap, "hearth-%s-%s-%s-%s-cpu", HEARTH_VERSION, u.sysname, u.release, u.machine);
+        snprintf(out, cap, "hearth-%s-%s-%s-%s-%s", HEARTH_VERSION, u.sysname, u.release, u.machine, dev);
 }
 
 /* hearth fit's predicted peak for these options (shown by /stats next to the real
@@ -338,7 +341,7 @@ int cli_serve(int argc, char **argv) {
     if (!embed_only && hearth_engine_create(s.model, &o.eo, &e, &err)) return cli_fail(&err);
     s.context_length = e ? hearth_engine_context_length(e) : 0;
     s.on_gpu = e && hearth_engine_device(e) == HEARTH_DEVICE_CUDA;
-    make_fingerprint(s.fingerprint, sizeof s.fingerprint);
+    make_fingerprint(s.fingerprint, sizeof s.fingerprint, s.on_gpu);
     pthread_mutex_init(&s.render_mu, NULL);
     if (!(s.responses = resp_store_new(c->responses_ttl_s, c->responses_max_bytes))) {
         fprintf(stderr, "hearth serve: out of memory\n");

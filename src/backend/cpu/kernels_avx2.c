@@ -1,6 +1,8 @@
-/* kernels_avx2.c: AVX2+FMA+F16C instances of the x86 row kernels (kernels_x86.inc).
- * Integer dots use maddubs (u8 x s8 -> saturating i16 pairs) + madd (-> i32); every
- * caller keeps the unsigned operand <= 128 so the i16 pair sum cannot saturate. */
+/* kernels_avx2.c: AVX2+FMA+F16C kernels: the x86 row kernels (kernels_x86.inc) plus
+ * multi-row kernels for the formats of common GGUF files (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
+ * and a vectorized activation quantizer. Integer dots use maddubs (u8 x s8 -> saturating
+ * i16 pairs) + madd (-> i32); every caller keeps the unsigned operand <= 128 (or the pair
+ * sums provably inside i16) so nothing saturates. Must not allocate. */
 #include "backend/cpu/kernels.h"
 #include "base/half.h"
 #include <immintrin.h>
@@ -28,4 +30,341 @@ __attribute__((target(KTARGET))) static inline __m256i avx2_mlx8_dot(__m256i u, 
 
 #include "backend/cpu/kernels_x86.inc"
 
-int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out) { return avx2_select(w, out); }
+/* ---- multi-row kernels ----
+ * Decode streams every weight once per token, so a row kernel must unpack and dot a block
+ * in a few cycles or one core cannot keep up with memory (the single-row kernels above took
+ * ~10 cycles per Q4_0 block on Zen 3, about a third of the memory rate). Here R rows share
+ * each activation block's load and offset terms, the stored offset (8 for Q4_0, 32 for
+ * Q6_K) is taken off in the integer domain instead of a scalar correction per block, and
+ * the Q4_K/Q6_K scales are unpacked once per super-block into float vectors. TT tokens
+ * (prefill, batched decode) share each unpacked weight block. */
+#define A2_ROWS 4
+#define A2_TOKENS 2
+#define A2_INLINE __attribute__((target(KTARGET), always_inline)) static inline
+
+/* Software prefetch distance along a row range: one pass of A2_ROWS rows ahead (rows are
+ * contiguous), at least 1 KiB, at most 16 KiB so lines are still cached when used. */
+A2_INLINE int64_t a2_prefetch_distance(int64_t row_bytes) {
+    int64_t d = A2_ROWS * row_bytes;
+    return d < 1024 ? 1024 : d > 16384 ? 16384 : d;
+}
+
+A2_INLINE float a2_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+A2_INLINE float a2_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* i32 lane i = sum of bytes 4i..4i+3 of u (unsigned) times s (signed). */
+A2_INLINE __m256i a2_dot(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+typedef enum a2_fmt { A2_Q4_0, A2_Q4_1, A2_Q8_0 } a2_fmt;
+
+/* One activation block as the 32-element kernels use it. */
+typedef struct a2_act {
+    __m256i q;    /* 32 int8 values */
+    __m256i init; /* Q4_0: -8 * lane sums of q (the stored offset); else 0 */
+    __m256 xs;    /* Q4_1: d * lane sums of q (for the min); else 0 */
+    float d;
+} a2_act;
+
+A2_INLINE a2_act a2_act_load(const cpu_q8_block *xb, a2_fmt f) {
+    a2_act a;
+    a.q = _mm256_loadu_si256((const __m256i *)xb->q);
+    a.d = xb->d;
+    a.init = _mm256_setzero_si256();
+    a.xs = _mm256_setzero_ps();
+    if (f == A2_Q4_0) /* 8 * (q_i + q_i+1) <= 2032: no saturation */
+        a.init = _mm256_sub_epi32(a.init, a2_dot(_mm256_set1_epi8(8), a.q));
+    if (f == A2_Q4_1) a.xs = _mm256_mul_ps(_mm256_cvtepi32_ps(a2_dot(_mm256_set1_epi8(1), a.q)), _mm256_set1_ps(a.d));
+    return a;
+}
+
+/* R rows x TT tokens of a 32-element block format (activation row t at x + t * xstride,
+ * output y[t * ystride + n]). */
+A2_INLINE void a2_b32_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride,
+                           int T, float *y, int64_t ystride, a2_fmt f, int R, int TT) {
+    const int bytes = f == A2_Q4_0 ? 18 : f == A2_Q4_1 ? 20 : 34, qo = f == A2_Q4_1 ? 4 : 2;
+    int64_t nb = w->k / 32, rb = nb * bytes, pf = a2_prefetch_distance(rb);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), shift = _mm256_set_epi64x(4, 4, 0, 0);
+    for (int64_t n = n0; n + R <= n1; n += R) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        for (int t0 = 0; t0 + TT <= T; t0 += TT) {
+            __m256 acc[A2_ROWS][A2_TOKENS];
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                a2_act a[A2_TOKENS];
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) a[t] = a2_act_load(x + (t0 + t) * xstride + b, f);
+                #pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *p = row + r * rb + b * bytes;
+                    if (f == A2_Q8_0 || !(b & 1)) _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
+                    __m256i z, zs = _mm256_setzero_si256();
+                    if (f == A2_Q8_0) { /* signed weights: |w| as the unsigned operand, sign onto x */
+                        zs = _mm256_loadu_si256((const __m256i *)(p + 2));
+                        z = _mm256_sign_epi8(zs, zs);
+                    } else { /* [qs, qs] >> [0, 4] per 64-bit lane: low nibbles, then high nibbles */
+                        __m256i raw = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + qo)));
+                        z = _mm256_and_si256(_mm256_srlv_epi64(raw, shift), m4);
+                    }
+                    float d = a2_f16(p), m = f == A2_Q4_1 ? a2_f16(p + 2) : 0.0f;
+                    #pragma GCC unroll 8
+                    for (int t = 0; t < TT; t++) {
+                        __m256i s = f == A2_Q8_0 ? _mm256_sign_epi8(a[t].q, zs) : a[t].q;
+                        __m256i dot = _mm256_add_epi32(a2_dot(z, s), a[t].init);
+                        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * a[t].d), acc[r][t]);
+                        if (f == A2_Q4_1) acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(m), a[t].xs, acc[r][t]);
+                    }
+                }
+            }
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) y[(t0 + t) * ystride + n + r] = a2_hsum(acc[r][t]);
+        }
+    }
+}
+
+/* Per super-block activation terms of the k-quants: dx_c and dx_c * sum(x_c) for its
+ * eight 32-element blocks c. */
+A2_INLINE void a2_k_act(const cpu_q8_block *xb, __m256 *dx, __m256 *xs) {
+    *dx = _mm256_set_ps(xb[7].d, xb[6].d, xb[5].d, xb[4].d, xb[3].d, xb[2].d, xb[1].d, xb[0].d);
+    __m256i s = _mm256_set_epi32(
+        xb[7].sum16[0] + xb[7].sum16[1], xb[6].sum16[0] + xb[6].sum16[1], xb[5].sum16[0] + xb[5].sum16[1],
+        xb[4].sum16[0] + xb[4].sum16[1], xb[3].sum16[0] + xb[3].sum16[1], xb[2].sum16[0] + xb[2].sum16[1],
+        xb[1].sum16[0] + xb[1].sum16[1], xb[0].sum16[0] + xb[0].sum16[1]);
+    *xs = _mm256_mul_ps(*dx, _mm256_cvtepi32_ps(s));
+}
+
+/* Q4_K: [d * sc_c] and [dmin * m_c] for c = 0..7 from a super-block header. */
+A2_INLINE void a2_q4k_scales(const uint8_t *blk, __m256 *sc, __m256 *mn) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, blk + 4, 4);
+    memcpy(&u1, blk + 8, 4);
+    memcpy(&u2, blk + 12, 4);
+    /* sub-blocks 0..3: low 6 bits of bytes 0..3 (scales) and 4..7 (mins); 4..7: a nibble of
+     * bytes 8..11 plus the top two bits of bytes 0..3 (scales) or 4..7 (mins) */
+    uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u);
+    uint32_t mn_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
+    __m128i v = _mm_set_epi32((int)mn_hi, (int)(u1 & 0x3f3f3f3fu), (int)sc_hi, (int)(u0 & 0x3f3f3f3fu));
+    *sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(a2_f16(blk)));
+    *mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
+                        _mm256_set1_ps(a2_f16(blk + 2)));
+}
+
+/* R rows x TT tokens of Q4_K. Per row and super-block: w = d*sc_c*q - dmin*m_c. */
+A2_INLINE void a2_q4k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride,
+                           int T, float *y, int64_t ystride, int unused, int R, int TT) {
+    (void)unused;
+    int64_t nsb = w->k / 256, rb = nsb * 144, pf = a2_prefetch_distance(rb);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t n = n0; n + R <= n1; n += R) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        for (int t0 = 0; t0 + TT <= T; t0 += TT) {
+            __m256 acc[A2_ROWS][A2_TOKENS];
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                __m256 dx[A2_TOKENS], xs[A2_TOKENS];
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) a2_k_act(x + (t0 + t) * xstride + sb * 8, &dx[t], &xs[t]);
+                #pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *blk = row + r * rb + sb * 144, *qs = blk + 16;
+                    _mm_prefetch((const char *)blk + pf, _MM_HINT_T0);
+                    _mm_prefetch((const char *)blk + pf + 64, _MM_HINT_T0);
+                    _mm_prefetch((const char *)blk + pf + 128, _MM_HINT_T0);
+                    __m256 sc, mn, sdx[A2_TOKENS];
+                    a2_q4k_scales(blk, &sc, &mn);
+                    #pragma GCC unroll 8
+                    for (int t = 0; t < TT; t++) {
+                        acc[r][t] = _mm256_fnmadd_ps(mn, xs[t], acc[r][t]);
+                        sdx[t] = _mm256_mul_ps(sc, dx[t]);
+                    }
+                    #pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) { /* 32 bytes: sub-block 2j (low), 2j+1 (high nibbles) */
+                        __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+                        __m256i q[2] = {_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)};
+                        #pragma GCC unroll 2
+                        for (int h = 0; h < 2; h++) {
+                            const __m256i idx = _mm256_set1_epi32(2 * j + h);
+                            #pragma GCC unroll 8
+                            for (int t = 0; t < TT; t++) {
+                                const cpu_q8_block *xb = x + (t0 + t) * xstride + sb * 8 + 2 * j + h;
+                                __m256i dot = a2_dot(q[h], _mm256_loadu_si256((const __m256i *)xb->q));
+                                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                                            _mm256_permutevar8x32_ps(sdx[t], idx), acc[r][t]);
+                            }
+                        }
+                    }
+                }
+            }
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) y[(t0 + t) * ystride + n + r] = a2_hsum(acc[r][t]);
+        }
+    }
+}
+
+/* R rows x TT tokens of Q6_K: 6-bit values stored as q + 32 (the -32 is taken off the
+ * i16 pair sums: |63 * 127 * 2| + |32 * 127 * 2| < 2^15), 16-element int8 scales. */
+A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride,
+                           int T, float *y, int64_t ystride, int unused, int R, int TT) {
+    (void)unused;
+    int64_t nsb = w->k / 256, rb = nsb * 210, pf = a2_prefetch_distance(rb);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+    for (int64_t n = n0; n + R <= n1; n += R) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        for (int t0 = 0; t0 + TT <= T; t0 += TT) {
+            __m256 acc[A2_ROWS][A2_TOKENS];
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                #pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *blk = row + r * rb + sb * 210;
+                    _mm_prefetch((const char *)blk + pf, _MM_HINT_T0);
+                    _mm_prefetch((const char *)blk + pf + 64, _MM_HINT_T0);
+                    _mm_prefetch((const char *)blk + pf + 128, _MM_HINT_T0);
+                    _mm_prefetch((const char *)blk + pf + 192, _MM_HINT_T0);
+                    __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+                    __m256 dd = _mm256_set1_ps(a2_f16(blk + 208));
+                    __m256 S[2] = {_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), dd),
+                                   _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), dd)};
+                    #pragma GCC unroll 2
+                    for (int h = 0; h < 2; h++) { /* two halves of 128: ql 64 bytes, qh 32 bytes each */
+                        __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+                        __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+                        __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+                        __m256i q[4];
+                        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+                        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+                        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+                        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+                        #pragma GCC unroll 4
+                        for (int c = 0; c < 4; c++) { /* activation block 4h + c; scales 8h + 2c, 8h + 2c + 1 */
+                            const __m256i idx = _mm256_set_epi32(2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c,
+                                                                 2 * c, 2 * c, 2 * c);
+                            __m256 sv = _mm256_permutevar8x32_ps(S[h], idx);
+                            #pragma GCC unroll 8
+                            for (int t = 0; t < TT; t++) {
+                                const cpu_q8_block *xb = x + (t0 + t) * xstride + sb * 8 + 4 * h + c;
+                                __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
+                                __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[c], xq), _mm256_maddubs_epi16(c32, xq));
+                                __m256i dot = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+                                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sv, _mm256_set1_ps(xb->d)),
+                                                            acc[r][t]);
+                            }
+                        }
+                    }
+                }
+            }
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) y[(t0 + t) * ystride + n + r] = a2_hsum(acc[r][t]);
+        }
+    }
+}
+
+/* Decode (rows) and prefill (tile) entry points of a multi-row kernel FN(w, n0, n1, x,
+ * xstride, T, y, ystride, ARG, rows, tokens): A2_ROWS rows at a time, the remainder
+ * one by one; A2_TOKENS tokens at a time, a last odd token alone. */
+#define A2_KERNELS(ROWS_NAME, TILE_NAME, FN, ARG)                                                          \
+    __attribute__((target(KTARGET))) static void ROWS_NAME(const cpu_weight *w, int64_t n0, int64_t n1,    \
+                                                           const void *x, float *y) {                     \
+        int64_t n4 = n0 + (n1 - n0) / A2_ROWS * A2_ROWS;                                                  \
+        FN(w, n0, n4, x, 0, 1, y, 0, ARG, A2_ROWS, 1);                                                    \
+        FN(w, n4, n1, x, 0, 1, y, 0, ARG, 1, 1);                                                          \
+    }                                                                                                     \
+    __attribute__((target(KTARGET))) static void TILE_NAME(const cpu_weight *w, int64_t n0, int64_t n1,    \
+                                                           const void *xv, int64_t xstride, int T, float *y, \
+                                                           int64_t ystride) {                             \
+        const cpu_q8_block *x = xv;                                                                       \
+        int64_t n4 = n0 + (n1 - n0) / A2_ROWS * A2_ROWS;                                                  \
+        int T2 = T / A2_TOKENS * A2_TOKENS;                                                               \
+        FN(w, n0, n4, x, xstride, T2, y, ystride, ARG, A2_ROWS, A2_TOKENS);                               \
+        FN(w, n4, n1, x, xstride, T2, y, ystride, ARG, 1, A2_TOKENS);                                     \
+        for (int t = T2; t < T; t++) /* a leftover token */                                               \
+            FN(w, n0, n1, x + t * xstride, xstride, 1, y + t * ystride, ystride, ARG, 1, 1);              \
+    }
+
+A2_KERNELS(a2_rows_q4_0, a2_tile_q4_0, a2_b32_tile, A2_Q4_0)
+A2_KERNELS(a2_rows_q4_1, a2_tile_q4_1, a2_b32_tile, A2_Q4_1)
+A2_KERNELS(a2_rows_q8_0, a2_tile_q8_0, a2_b32_tile, A2_Q8_0)
+A2_KERNELS(a2_rows_q4_k, a2_tile_q4_k, a2_q4k_tile, 0)
+A2_KERNELS(a2_rows_q6_k, a2_tile_q6_k, a2_q6k_tile, 0)
+
+/* cpu_quantize_row_ref (in order), 8 values per instruction: the same amax, d, 1/d and
+ * float product, and the conversion rounds to nearest even like lrintf, so the bytes are
+ * identical (tests/unit/test_cpu_matmul.c checks it). */
+__attribute__((target(KTARGET))) void cpu_avx2_quantize_row(const float *x, int64_t k, cpu_q8_block *out) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+    for (int64_t b = 0; b < k / 32; b++) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + 32 * b + 8 * i);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
+                                 _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++)
+            q[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid)), hi), lo);
+        cpu_q8_block *o = &out[b];
+        o->d = d;
+        __m256i s0 = _mm256_add_epi32(q[0], q[1]), s1 = _mm256_add_epi32(q[2], q[3]);
+        __m256i s = _mm256_hadd_epi32(s0, s1); /* [s0 pairs | s1 pairs] per 128-bit lane */
+        s = _mm256_hadd_epi32(s, s);
+        int32_t l[8];
+        _mm256_storeu_si256((__m256i *)l, s);
+        o->sum16[0] = (int16_t)(l[0] + l[4]);
+        o->sum16[1] = (int16_t)(l[1] + l[5]);
+        /* i32 -> i16 -> i8; packs work per 128-bit lane, the permute restores the order */
+        __m256i w16 = _mm256_packs_epi32(q[0], q[1]), w16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i b8 = _mm256_packs_epi16(w16, w16b);
+        b8 = _mm256_permutevar8x32_epi32(b8, _mm256_set_epi32(7, 3, 6, 2, 5, 1, 4, 0));
+        _mm256_storeu_si256((__m256i *)o->q, b8);
+    }
+}
+
+int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out) {
+    cpu_rows_fn f = NULL;
+    cpu_tile_fn tile = NULL;
+    switch (w->dtype) {
+    case DT_Q4_0: f = a2_rows_q4_0, tile = a2_tile_q4_0; break;
+    case DT_Q4_1: f = a2_rows_q4_1, tile = a2_tile_q4_1; break;
+    case DT_Q8_0: f = a2_rows_q8_0, tile = a2_tile_q8_0; break;
+    case DT_Q4_K: f = a2_rows_q4_k, tile = a2_tile_q4_k; break;
+    case DT_Q6_K: f = a2_rows_q6_k, tile = a2_tile_q6_k; break;
+    default: break;
+    }
+    if (!f) return avx2_select(w, out);
+    *out = (cpu_kernel){f, CPU_ACT_Q8, tile, NULL};
+    return 1;
+}

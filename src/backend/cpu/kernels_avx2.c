@@ -337,13 +337,16 @@ A2_INLINE void a2_q4k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
     }
 }
 
-/* R rows x TT tokens of Q6_K: 6-bit values stored as q + 32 (the -32 is taken off the
- * i16 pair sums: |63 * 127 * 2| + |32 * 127 * 2| < 2^15), 16-element int8 scales. */
+/* R rows x TT tokens of Q6_K: 6-bit values stored as q + 32, 16-element int8 scales. The
+ * -32 becomes one correction per row and super-block, 32 * sum_g d*sc_g * dx * sum(x_g) over
+ * the 16 groups g (the group sums come with the activations), and d*sc_g*dx is formed once
+ * per row and super-block, so a 32-element block costs its unpacking, maddubs, madd, one
+ * permute and one conversion and FMA. */
 A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride,
                            int T, float *y, int64_t ystride, int unused, int R, int TT) {
     (void)unused;
     int64_t nsb = w->k / 256, rb = nsb * 210, pf = a2_prefetch_distance(rb);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     for (int64_t n = n0; n + R <= n1; n += R) {
         const uint8_t *row = (const uint8_t *)w->data + n * rb;
         for (int t0 = 0; t0 + TT <= T; t0 += TT) {
@@ -353,6 +356,21 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
                 #pragma GCC unroll 8
                 for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
             for (int64_t sb = 0; sb < nsb; sb++) {
+                /* per token: dx of each scale group's block, and 32 * dx * sum(x) per group */
+                __m256 DX[A2_TOKENS][2], XS[A2_TOKENS][2];
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) {
+                    const cpu_q8_block *xb = x + (t0 + t) * xstride + sb * 8;
+                    #pragma GCC unroll 2
+                    for (int h = 0; h < 2; h++) {
+                        const cpu_q8_block *b = xb + 4 * h;
+                        DX[t][h] = _mm256_setr_ps(b[0].d, b[0].d, b[1].d, b[1].d, b[2].d, b[2].d, b[3].d, b[3].d);
+                        __m256 sums = _mm256_cvtepi32_ps(_mm256_setr_epi32(b[0].sum16[0], b[0].sum16[1], b[1].sum16[0],
+                                                                           b[1].sum16[1], b[2].sum16[0], b[2].sum16[1],
+                                                                           b[3].sum16[0], b[3].sum16[1]));
+                        XS[t][h] = _mm256_mul_ps(_mm256_mul_ps(sums, DX[t][h]), _mm256_set1_ps(32.0f));
+                    }
+                }
                 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
                     const uint8_t *blk = row + r * rb + sb * 210;
@@ -364,32 +382,38 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
                     __m256 dd = _mm256_set1_ps(a2_f16(blk + 208));
                     __m256 S[2] = {_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), dd),
                                    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), dd)};
+                    __m256 SD[A2_TOKENS][2];
+                    #pragma GCC unroll 8
+                    for (int t = 0; t < TT; t++) {
+                        acc[r][t] = _mm256_fnmadd_ps(S[0], XS[t][0], acc[r][t]);
+                        acc[r][t] = _mm256_fnmadd_ps(S[1], XS[t][1], acc[r][t]);
+                        SD[t][0] = _mm256_mul_ps(S[0], DX[t][0]);
+                        SD[t][1] = _mm256_mul_ps(S[1], DX[t][1]);
+                    }
                     #pragma GCC unroll 2
                     for (int h = 0; h < 2; h++) { /* two halves of 128: ql 64 bytes, qh 32 bytes each */
                         __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
                         __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
                         __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-                        __m256i q[4];
-                        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
-                        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
-                        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
-                        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+                        /* bits 2c, 2c+1 of qh become bits 4, 5 of value c (16-bit shifts: what crosses
+                         * into the neighbouring byte is masked off) */
+                        __m256i q[4] = {
+                            _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+                            _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
                         #pragma GCC unroll 4
                         for (int c = 0; c < 4; c++) { /* activation block 4h + c; scales 8h + 2c, 8h + 2c + 1 */
                             const __m256i idx = _mm256_set_epi32(2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c,
                                                                  2 * c, 2 * c, 2 * c);
-                            __m256 sv = _mm256_permutevar8x32_ps(S[h], idx);
                             #pragma GCC unroll 8
                             for (int t = 0; t < TT; t++) {
                                 const cpu_q8_block *xb = x + (t0 + t) * xstride + sb * 8 + 4 * h + c;
-                                __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
-                                __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[c], xq), _mm256_maddubs_epi16(c32, xq));
-                                __m256i dot = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-                                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sv, _mm256_set1_ps(xb->d)),
-                                                            acc[r][t]);
+                                /* q <= 63: pairs of q * x stay inside i16 */
+                                __m256i dot = a2_dot(q[c], _mm256_loadu_si256((const __m256i *)xb->q));
+                                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                                            _mm256_permutevar8x32_ps(SD[t][h], idx), acc[r][t]);
                             }
                         }
                     }

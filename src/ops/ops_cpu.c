@@ -385,8 +385,8 @@ ATT_AVX2 static inline __m256 att_reduce8(const __m256 v[8]) {
 
 /* out[i0 .. i0 + 8 NV) = sum over positions of weight * value (NV <= 8 accumulators). */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
-att_values_avx2(const ops_attention_args *a, int slot, int kvh, int p_start, int p_end, const float *scores,
-                float inv, int i0, float *out, const int NV) {
+att_values_avx2(const ops_attention_args *a, int slot, int kvh, int p_start, int p_end, const float *scores, float inv,
+                int i0, float *out, const int NV) {
     const kv_cache *kv = a->kv;
     __m256 o[8];
     #pragma GCC unroll 8
@@ -442,9 +442,12 @@ ATT_AVX2 static void attention_task_f32_avx2(void *ctx, int task, int thread) {
     float sum = exp_sum_avx2(scores, p_end - p_start + 1, mx), inv = 1.0f / sum;
     for (int i0 = 0; i0 < d; i0 += 64) { /* 64 output floats in registers at a time */
         int nv = d - i0 < 64 ? (d - i0) / 8 : 8;
-        if (nv == 8) att_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, i0, out, 8);
-        else if (nv == 4) att_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, i0, out, 4);
-        else att_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, i0, out, nv);
+        if (nv == 8)
+            att_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, i0, out, 8);
+        else if (nv == 4)
+            att_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, i0, out, 4);
+        else
+            att_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, i0, out, nv);
     }
 }
 
@@ -453,7 +456,9 @@ void ops_attention(const ops_attention_args *a, threadpool *tp) {
     args.kernels = pick_kernels();
     int f32 = a->kv->quant != HEARTH_KV_INT8;
     tp_task_fn fn = attention_task;
-    if (f32 && args.kernels == &kernels_avx512 && a->head_dim % 16 == 0) fn = attention_task_f32_avx512;
-    else if (f32 && args.kernels != &kernels_scalar && a->head_dim % 8 == 0) fn = attention_task_f32_avx2;
+    if (f32 && args.kernels == &kernels_avx512 && a->head_dim % 16 == 0)
+        fn = attention_task_f32_avx512;
+    else if (f32 && args.kernels != &kernels_scalar && a->head_dim % 8 == 0)
+        fn = attention_task_f32_avx2;
     tp_run(tp, a->T * a->n_heads, fn, &args);
 }

@@ -93,8 +93,8 @@ A2_INLINE a2_act a2_act_load(const cpu_q8_block *xb, a2_fmt f) {
 
 /* R rows x TT tokens of a 32-element block format (activation row t at x + t * xstride,
  * output y[t * ystride + n]). */
-A2_INLINE void a2_b32_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride,
-                           int T, float *y, int64_t ystride, a2_fmt f, int R, int TT) {
+A2_INLINE void a2_b32_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
+                           float *y, int64_t ystride, a2_fmt f, int R, int TT) {
     const int bytes = f == A2_Q4_0 ? 18 : f == A2_Q4_1 ? 20 : 34, qo = f == A2_Q4_1 ? 4 : 2;
     int64_t nb = w->k / 32, rb = nb * bytes, pf = a2_prefetch_distance(rb);
     const __m256i m4 = _mm256_set1_epi8(0x0F), shift = _mm256_set_epi64x(4, 4, 0, 0);
@@ -167,8 +167,8 @@ A2_INLINE void a2_nib_prepare(const cpu_q8_block *x, int64_t nb, a2_fmt f, a2_ni
         __m256i ls = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), o->lo),
                                                         _mm256_maddubs_epi16(_mm256_set1_epi8(1), o->hi)),
                                        _mm256_set1_epi16(1));
-        o->init = f == A2_Q4_0 ? _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(ls, 3))
-                               : _mm256_setzero_si256();
+        o->init =
+            f == A2_Q4_0 ? _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(ls, 3)) : _mm256_setzero_si256();
         o->xs = _mm256_cvtepi32_ps(ls);
         float d1 = have2 ? x[b + 1].d : 0.0f;
         o->dx = _mm256_setr_ps(x[b].d, d1, x[b].d, d1, x[b].d, d1, x[b].d, d1);
@@ -193,8 +193,8 @@ A2_INLINE __m256 a2_nib_f16x8(const uint8_t *p0, int64_t rb, int bytes, int have
     return _mm256_cvtph_ps(_mm_set_epi64x((long long)c, (long long)a));
 }
 
-A2_INLINE void a2_nib_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride,
-                           int T, float *y, int64_t ystride, a2_fmt f, int R, int TT) {
+A2_INLINE void a2_nib_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
+                           float *y, int64_t ystride, a2_fmt f, int R, int TT) {
     const int bytes = f == A2_Q4_0 ? 18 : 20, qo = f == A2_Q4_0 ? 2 : 4;
     int64_t nb = w->k / 32, np = (nb + 1) / 2, rb = nb * bytes, pf = a2_prefetch_distance(rb);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -222,12 +222,13 @@ A2_INLINE void a2_nib_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
                     const uint8_t *p1 = have2 ? p + bytes : p;
                     __m256i raw = _mm256_loadu2_m128i((const __m128i *)(p1 + qo), (const __m128i *)(p + qo));
                     __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-                    const __m256i idx = _mm256_setr_epi32(2 * r, 2 * r, 2 * r, 2 * r, 2 * r + 1, 2 * r + 1, 2 * r + 1,
-                                                          2 * r + 1);
+                    const __m256i idx =
+                        _mm256_setr_epi32(2 * r, 2 * r, 2 * r, 2 * r, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1);
                     #pragma GCC unroll 8
                     for (int t = 0; t < TT; t++) {
                         const a2_nib_pair *a = &xp[t][i];
-                        __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, a->lo), _mm256_maddubs_epi16(hi, a->hi));
+                        __m256i s16 =
+                            _mm256_add_epi16(_mm256_maddubs_epi16(lo, a->lo), _mm256_maddubs_epi16(hi, a->hi));
                         __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), a->init);
                         __m256 sc = _mm256_permutevar8x32_ps(_mm256_mul_ps(d8, a->dx), idx);
                         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[r][t]);
@@ -247,20 +248,22 @@ A2_INLINE void a2_nib_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
 }
 
 /* Q4_0/Q4_1 entry: the pair kernel where its stack buffer holds K, else the block kernel. */
-A2_INLINE void a2_q4_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride,
-                          int T, float *y, int64_t ystride, a2_fmt f, int R, int TT) {
-    if ((w->k / 32 + 1) / 2 <= A2_NIB_MAX_PAIRS) a2_nib_tile(w, n0, n1, x, xstride, T, y, ystride, f, R, TT);
-    else a2_b32_tile(w, n0, n1, x, xstride, T, y, ystride, f, R, TT);
+A2_INLINE void a2_q4_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
+                          float *y, int64_t ystride, a2_fmt f, int R, int TT) {
+    if ((w->k / 32 + 1) / 2 <= A2_NIB_MAX_PAIRS)
+        a2_nib_tile(w, n0, n1, x, xstride, T, y, ystride, f, R, TT);
+    else
+        a2_b32_tile(w, n0, n1, x, xstride, T, y, ystride, f, R, TT);
 }
 
 /* Per super-block activation terms of the k-quants: dx_c and dx_c * sum(x_c) for its
  * eight 32-element blocks c. */
 A2_INLINE void a2_k_act(const cpu_q8_block *xb, __m256 *dx, __m256 *xs) {
     *dx = _mm256_set_ps(xb[7].d, xb[6].d, xb[5].d, xb[4].d, xb[3].d, xb[2].d, xb[1].d, xb[0].d);
-    __m256i s = _mm256_set_epi32(
-        xb[7].sum16[0] + xb[7].sum16[1], xb[6].sum16[0] + xb[6].sum16[1], xb[5].sum16[0] + xb[5].sum16[1],
-        xb[4].sum16[0] + xb[4].sum16[1], xb[3].sum16[0] + xb[3].sum16[1], xb[2].sum16[0] + xb[2].sum16[1],
-        xb[1].sum16[0] + xb[1].sum16[1], xb[0].sum16[0] + xb[0].sum16[1]);
+    __m256i s = _mm256_set_epi32(xb[7].sum16[0] + xb[7].sum16[1], xb[6].sum16[0] + xb[6].sum16[1],
+                                 xb[5].sum16[0] + xb[5].sum16[1], xb[4].sum16[0] + xb[4].sum16[1],
+                                 xb[3].sum16[0] + xb[3].sum16[1], xb[2].sum16[0] + xb[2].sum16[1],
+                                 xb[1].sum16[0] + xb[1].sum16[1], xb[0].sum16[0] + xb[0].sum16[1]);
     *xs = _mm256_mul_ps(*dx, _mm256_cvtepi32_ps(s));
 }
 
@@ -276,13 +279,13 @@ A2_INLINE void a2_q4k_scales(const uint8_t *blk, __m256 *sc, __m256 *mn) {
     uint32_t mn_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
     __m128i v = _mm_set_epi32((int)mn_hi, (int)(u1 & 0x3f3f3f3fu), (int)sc_hi, (int)(u0 & 0x3f3f3f3fu));
     *sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(a2_f16(blk)));
-    *mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
-                        _mm256_set1_ps(a2_f16(blk + 2)));
+    *mn =
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))), _mm256_set1_ps(a2_f16(blk + 2)));
 }
 
 /* R rows x TT tokens of Q4_K. Per row and super-block: w = d*sc_c*q - dmin*m_c. */
-A2_INLINE void a2_q4k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride,
-                           int T, float *y, int64_t ystride, int unused, int R, int TT) {
+A2_INLINE void a2_q4k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
+                           float *y, int64_t ystride, int unused, int R, int TT) {
     (void)unused;
     int64_t nsb = w->k / 256, rb = nsb * 144, pf = a2_prefetch_distance(rb);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -342,8 +345,8 @@ A2_INLINE void a2_q4k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
  * the 16 groups g (the group sums come with the activations), and d*sc_g*dx is formed once
  * per row and super-block, so a 32-element block costs its unpacking, maddubs, madd, one
  * permute and one conversion and FMA. */
-A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride,
-                           int T, float *y, int64_t ystride, int unused, int R, int TT) {
+A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
+                           float *y, int64_t ystride, int unused, int R, int TT) {
     (void)unused;
     int64_t nsb = w->k / 256, rb = nsb * 210, pf = a2_prefetch_distance(rb);
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
@@ -430,23 +433,23 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
 /* Decode (rows) and prefill (tile) entry points of a multi-row kernel FN(w, n0, n1, x,
  * xstride, T, y, ystride, ARG, rows, tokens): A2_ROWS rows at a time, the remainder
  * one by one; A2_TOKENS tokens at a time, a last odd token alone. */
-#define A2_KERNELS(ROWS_NAME, TILE_NAME, FN, ARG)                                                          \
-    __attribute__((target(KTARGET))) static void ROWS_NAME(const cpu_weight *w, int64_t n0, int64_t n1,    \
-                                                           const void *x, float *y) {                     \
-        int64_t n4 = n0 + (n1 - n0) / A2_ROWS * A2_ROWS;                                                  \
-        FN(w, n0, n4, x, 0, 1, y, 0, ARG, A2_ROWS, 1);                                                    \
-        FN(w, n4, n1, x, 0, 1, y, 0, ARG, 1, 1);                                                          \
-    }                                                                                                     \
-    __attribute__((target(KTARGET))) static void TILE_NAME(const cpu_weight *w, int64_t n0, int64_t n1,    \
-                                                           const void *xv, int64_t xstride, int T, float *y, \
-                                                           int64_t ystride) {                             \
-        const cpu_q8_block *x = xv;                                                                       \
-        int64_t n4 = n0 + (n1 - n0) / A2_ROWS * A2_ROWS;                                                  \
-        int T2 = T / A2_TOKENS * A2_TOKENS;                                                               \
-        FN(w, n0, n4, x, xstride, T2, y, ystride, ARG, A2_ROWS, A2_TOKENS);                               \
-        FN(w, n4, n1, x, xstride, T2, y, ystride, ARG, 1, A2_TOKENS);                                     \
-        for (int t = T2; t < T; t++) /* a leftover token */                                               \
-            FN(w, n0, n1, x + t * xstride, xstride, 1, y + t * ystride, ystride, ARG, 1, 1);              \
+#define A2_KERNELS(ROWS_NAME, TILE_NAME, FN, ARG)                                                                      \
+    __attribute__((target(KTARGET))) static void ROWS_NAME(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, \
+                                                           float *y) {                                                 \
+        int64_t n4 = n0 + (n1 - n0) / A2_ROWS * A2_ROWS;                                                               \
+        FN(w, n0, n4, x, 0, 1, y, 0, ARG, A2_ROWS, 1);                                                                 \
+        FN(w, n4, n1, x, 0, 1, y, 0, ARG, 1, 1);                                                                       \
+    }                                                                                                                  \
+    __attribute__((target(KTARGET))) static void TILE_NAME(const cpu_weight *w, int64_t n0, int64_t n1,                \
+                                                           const void *xv, int64_t xstride, int T, float *y,           \
+                                                           int64_t ystride) {                                          \
+        const cpu_q8_block *x = xv;                                                                                    \
+        int64_t n4 = n0 + (n1 - n0) / A2_ROWS * A2_ROWS;                                                               \
+        int T2 = T / A2_TOKENS * A2_TOKENS;                                                                            \
+        FN(w, n0, n4, x, xstride, T2, y, ystride, ARG, A2_ROWS, A2_TOKENS);                                            \
+        FN(w, n4, n1, x, xstride, T2, y, ystride, ARG, 1, A2_TOKENS);                                                  \
+        for (int t = T2; t < T; t++) /* a leftover token */                                                            \
+            FN(w, n0, n1, x + t * xstride, xstride, 1, y + t * ystride, ystride, ARG, 1, 1);                           \
     }
 
 A2_KERNELS(a2_rows_q4_0, a2_tile_q4_0, a2_q4_tile, A2_Q4_0)

@@ -393,6 +393,11 @@ att_values_avx2(const ops_attention_args *a, int slot, int kvh, int p_start, int
     for (int j = 0; j < 8; j++) o[j] = _mm256_setzero_ps();
     for (int p = p_start; p <= p_end; p++) {
         const float *vrow = kv->v + (kv_key(kv, a->layer, slot, p, kvh) - kv->k) + i0;
+        if (p + KV_BLOCK_SIZE <= p_end) { /* the same row of the next block */
+            const float *nk = kv_key(kv, a->layer, slot, p + KV_BLOCK_SIZE, kvh);
+            const char *next = (const char *)(kv->v + (nk - kv->k) + i0);
+            for (int off = 0; off < NV * 32; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+        }
         __m256 w = _mm256_set1_ps(scores[p - p_start] * inv);
         #pragma GCC unroll 8
         for (int j = 0; j < NV; j++) o[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vrow + 8 * j), o[j]);
@@ -419,6 +424,11 @@ ATT_AVX2 static void attention_task_f32_avx2(void *ctx, int task, int thread) {
         /* the 8-key halves of the block that hold positions first..first+n-1 (all 16 rows are
          * allocated; scores of rows outside the run are computed and dropped) */
         const float *krow = kv_key(kv, a->layer, slot, p, kvh) - (size_t)first * d;
+        if (run_end < p_end) { /* the next block is elsewhere in the pool: fetch its keys now */
+            const char *next = (const char *)kv_key(kv, a->layer, slot, run_end + 1, kvh);
+            for (int off = 0; off < KV_BLOCK_SIZE * d * (int)sizeof(float); off += 64)
+                _mm_prefetch(next + off, _MM_HINT_T0);
+        }
         float s16[KV_BLOCK_SIZE];
         for (int r0 = first / 8 * 8; r0 < first + n; r0 += 8) {
             __m256 acc[8];

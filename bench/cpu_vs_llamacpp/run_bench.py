@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/cpu_vs_llamacpp/run_bench.py: CPU prefill and decode speed of hearth (`hearth bench --json`)
 against llama.cpp (llama-cpp-python, low-level eval loop) on the same GGUF files, same thread count,
-same prompt token ids, median of r runs each; both load weights into anonymous memory (hearth by
+same prompt token ids, median of r runs each (by default in interleaved rounds: one run of each engine
+per round, alternating which goes first, so both see the same machine); both load weights into anonymous memory (hearth by
 design, llama.cpp with use_mmap=False; checked through /proc/<pid>/maps). Writes
 bench/results/cpu_vs_llamacpp.json and .md. A benchmark, not a test: it asserts nothing about speed.
 usage: .venv/bin/python bench/cpu_vs_llamacpp/run_bench.py [-p 512] [-n 128] [-t 2] [-r 5] [--hearth BIN]
@@ -161,6 +162,48 @@ def llamacpp_worker(args):
                       "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}))
 
 
+def interleaved(row, hcmd, lcmd, model_path, runs, timeout):
+    """--interleave: `runs` rounds of one hearth run and one llama.cpp run (each a fresh process with
+    -r 1, the first of each round alternating), so both engines see the same neighbours on a shared
+    machine whose memory bandwidth drifts by 2-4x within minutes. Each hearth run measures the
+    bandwidth right after its decode, so its roofline fraction pairs numbers taken together; the
+    row reports medians over rounds (and keeps every round)."""
+    one = lambda cmd: [c if c != str(runs) or cmd[i - 1] != "-r" else "1" for i, c in enumerate(cmd)]
+    hs, ls, herr, lerr, hmap, lmap = [], [], None, None, False, False
+    for i in range(runs):
+        for side in (("h", "l") if i % 2 == 0 else ("l", "h")):
+            if side == "h":
+                d, e, mp = run_child(one(hcmd), model_path, timeout)
+                hmap |= mp
+                if d: hs.append(d)
+                else: herr = e
+            else:
+                d, e, mp = run_child(one(lcmd), model_path, timeout)
+                lmap |= mp
+                if d: ls.append(d)
+                else: lerr = e
+    med = lambda xs, k: statistics.median(x[k] for x in xs) if xs and all(k in x for x in xs) else None
+    h = None
+    if hs:
+        h = dict(hs[0])
+        for k in ("prefill_tps", "decode_tps", "bandwidth_gbs", "roofline_tps", "roofline_fraction"):
+            h[k] = med(hs, k)
+        h["runs"] = len(hs)
+        h["rounds"] = [{k: x.get(k) for k in ("prefill_tps", "decode_tps", "bandwidth_gbs", "roofline_fraction")}
+                       for x in hs]
+    l = None
+    if ls:
+        l = dict(ls[0])
+        l["prefill_tps"], l["decode_tps"] = med(ls, "prefill_tps"), med(ls, "decode_tps")
+        l["prefill_runs_tps"] = [x["prefill_tps"] for x in ls]
+        l["decode_runs_tps"] = [x["decode_tps"] for x in ls]
+        if hs and len(hs) == len(ls):  # each llama.cpp round against the hearth roofline of its round
+            row["llamacpp_roofline_fraction"] = statistics.median(
+                x["decode_tps"] / y["roofline_tps"] for x, y in zip(ls, hs) if y.get("roofline_tps"))
+    row["hearth"], row["hearth_error"], row["hearth_file_mapped"] = h, herr if not hs else None, hmap
+    row["llamacpp"], row["llamacpp_error"], row["llamacpp_file_mapped"] = l, lerr if not ls else None, lmap
+
+
 def fmt(x, spec):
     return "n/a" if x is None else format(x, spec)
 
@@ -172,10 +215,14 @@ def ratio(a, b):
 def write_markdown(res, path):
     s = res["settings"]
     lines = [f"# hearth vs llama.cpp on CPU ({s['threads']} threads, prompt {s['prompt_tokens']}, "
-             f"generate {s['gen_tokens']}, median of {s['runs']} runs, {s['runs_1b']} for the 1B-shaped models)", "",
+             f"generate {s['gen_tokens']}, median of {s['runs']} runs, {s['runs_1b']} for the 1B-shaped models"
+             f"{', interleaved rounds' if s.get('interleaved') else ''})", "",
              "Ratios are hearth / llama.cpp (above 1: hearth faster). Roofline fractions divide decode tok/s by "
              "hearth's roofline for the model (bandwidth measured by hearth in the same run / bytes read per "
-             "decode token).", "",
+             "decode token)." + (" Interleaved: each round runs hearth once and llama.cpp once (fresh processes, "
+             "alternating which goes first); every hearth run measures the bandwidth right after its decode, and "
+             "both engines' fractions use that round's roofline; medians over rounds." if s.get("interleaved")
+                                 else ""), "",
              "| model | format | hearth prefill tok/s | llama.cpp prefill tok/s | ratio | hearth decode tok/s | "
              "llama.cpp decode tok/s | ratio | hearth roofline frac | llama.cpp roofline frac | bandwidth GB/s | runs | "
              "load 1 min before -> after |",
@@ -216,7 +263,7 @@ def save(args, started, machine, rows):
     res = {"benchmark": "cpu_vs_llamacpp", "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
            "settings": {"prompt_tokens": args.prompt, "gen_tokens": args.gen, "threads": args.threads,
-                        "runs": args.runs, "runs_1b": args.runs_1b or args.runs,
+                        "runs": args.runs, "runs_1b": args.runs_1b or args.runs, "interleaved": args.interleave,
                         "llamacpp": {"n_batch": 512, "n_ubatch": 512, "use_mmap": False, "sampling": "greedy argmax"}},
            "machine": machine, "hearth": {"binary": args.hearth, "commit": git_describe()},
            "llamacpp": {"version": llama_cpp.__version__, "system_info": sysinfo}, "rows": rows}
@@ -239,6 +286,8 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated model ids (see prepare_models.py --list)")
     ap.add_argument("--no-1b", action="store_true")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per engine per model")
+    ap.add_argument("--no-interleave", dest="interleave", action="store_false",
+                    help="one process per engine with -r runs (default: rounds of one run each, alternating)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cpu_vs_llamacpp"))
     ap.add_argument("--llamacpp-worker", metavar="GGUF", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -266,15 +315,20 @@ def main():
         row = dict(m, runs=int(runs), load_before=loadavg())
         hcmd = [args.hearth, "bench", m["path"], "-p", str(args.prompt), "-n", str(args.gen), "-t", str(args.threads),
                 "-r", runs, "--json"]
-        row["hearth"], row["hearth_error"], row["hearth_file_mapped"] = run_child(hcmd, m["path"], args.timeout)
         lcmd = [sys.executable, str(Path(__file__).resolve()), "--llamacpp-worker", m["path"], "-p", str(args.prompt),
                 "-n", str(args.gen), "-t", str(args.threads), "-r", runs]
-        row["llamacpp"], row["llamacpp_error"], row["llamacpp_file_mapped"] = run_child(lcmd, m["path"], args.timeout)
+        if args.interleave:
+            interleaved(row, hcmd, lcmd, m["path"], int(runs), args.timeout)
+        else:
+            row["hearth"], row["hearth_error"], row["hearth_file_mapped"] = run_child(hcmd, m["path"], args.timeout)
+            row["llamacpp"], row["llamacpp_error"], row["llamacpp_file_mapped"] = run_child(lcmd, m["path"],
+                                                                                            args.timeout)
         row["load_after"] = loadavg()
         h, l = row["hearth"] or {}, row["llamacpp"] or {}
         row["prefill_ratio"] = ratio(h.get("prefill_tps"), l.get("prefill_tps"))
         row["decode_ratio"] = ratio(h.get("decode_tps"), l.get("decode_tps"))
-        row["llamacpp_roofline_fraction"] = ratio(l.get("decode_tps"), h.get("roofline_tps"))
+        row["llamacpp_roofline_fraction"] = row.get("llamacpp_roofline_fraction") or ratio(l.get("decode_tps"),
+                                                                                           h.get("roofline_tps"))
         for side in ("hearth", "llamacpp"):
             d = row[side] or {}
             print(f"   {side:9s} prefill {fmt(d.get('prefill_tps'), '8.1f')} decode {fmt(d.get('decode_tps'), '7.1f')}"

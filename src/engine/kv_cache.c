@@ -1,5 +1,6 @@
 /* kv_cache.c: paged KV pool and block tables (see kv_cache.h). */
 #include "engine/kv_cache.h"
+#include "base/mem.h"
 #include "base/err.h"
 #include "engine/kv_prefix.h"
 #include <math.h>
@@ -34,10 +35,11 @@ size_t kv_bytes(int n_layers, int n_kv_heads, int head_dim, int max_slots, int m
 }
 
 /* One 64-byte aligned (a cache line, what AVX-512 loads like), zeroed array: touched now
- * so that it is resident from the start. */
+ * so that it is resident from the start. Large pools go on transparent huge pages like the
+ * weights: decode attention jumps from one 16-position block to the next. */
 static void *storage_alloc(size_t bytes) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64)) return NULL;
+    void *p = mem_alloc_stream(bytes);
+    if (!p) return NULL;
     memset(p, 0, bytes);
     return p;
 }

@@ -6,6 +6,7 @@
 #include "api/model_internal.h"
 #include "base/err.h"
 #include "base/half.h"
+#include "base/mem.h"
 #include "model/model.h"
 #include <math.h>
 #include <stdio.h>
@@ -245,7 +246,7 @@ hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hear
     if (st) return st;
     loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .use_mmap = use_mmap, .err = err,
                 .cap = m->arena_bytes, .prefix = weight_prefix(hm)};
-    if (posix_memalign((void **)&L.arena, 64, L.cap ? L.cap : 64))
+    if (!(L.arena = mem_alloc_stream(L.cap)))
         st = err_set(err, HEARTH_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the weights", hm->entry.path,
                      (double)L.cap / (1024.0 * 1024.0));
     else {

@@ -369,9 +369,106 @@ ATT_AVX512 static void attention_task_f32_avx512(void *ctx, int task, int thread
     }
 }
 
+/* Float KV, AVX2, head_dim a multiple of 8: the AVX-512 scheme above on 256-bit
+ * registers: 8 keys' scores from 8 FMA chains reduced together, and the weighted sum of
+ * values keeps 64 output floats in registers over all positions. Per key and per output
+ * float it replaces a call, a horizontal sum and a load/store of the output row. */
+#define ATT_AVX2 __attribute__((target("avx2,fma")))
+
+/* Lane r of the result = sum of the 8 lanes of v[r]. */
+ATT_AVX2 static inline __m256 att_reduce8(const __m256 v[8]) {
+    __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3); /* [keys 0-3 | 0-3], [4-7 | 4-7] halves */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* out[i0 .. i0 + 8 NV) = sum over positions of weight * value (NV <= 8 accumulators). */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+att_values_avx2(const ops_attention_args *a, int slot, int kvh, int p_start, int p_end, const float *scores, float inv,
+                int i0, float *out, const int NV) {
+    const kv_cache *kv = a->kv;
+    __m256 o[8];
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) o[j] = _mm256_setzero_ps();
+    for (int p = p_start; p <= p_end; p++) {
+        const float *vrow = kv->v + (kv_key(kv, a->layer, slot, p, kvh) - kv->k) + i0;
+        if (p + KV_BLOCK_SIZE <= p_end) { /* the same row of the next block */
+            const float *nk = kv_key(kv, a->layer, slot, p + KV_BLOCK_SIZE, kvh);
+            const char *next = (const char *)(kv->v + (nk - kv->k) + i0);
+            for (int off = 0; off < NV * 32; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+        }
+        __m256 w = _mm256_set1_ps(scores[p - p_start] * inv);
+        #pragma GCC unroll 8
+        for (int j = 0; j < NV; j++) o[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vrow + 8 * j), o[j]);
+    }
+    #pragma GCC unroll 8
+    for (int j = 0; j < NV; j++) _mm256_storeu_ps(out + i0 + 8 * j, o[j]);
+}
+
+ATT_AVX2 static void attention_task_f32_avx2(void *ctx, int task, int thread) {
+    const ops_attention_args *a = ctx;
+    const kv_cache *kv = a->kv;
+    int t = task / a->n_heads, h = task % a->n_heads;
+    int kvh = h / (a->n_heads / a->n_kv_heads), d = a->head_dim;
+    float *scores = a->scratch + (size_t)thread * ops_attention_scratch(kv);
+    const float *q = a->q + ((size_t)t * a->n_heads + h) * d;
+    float *out = a->out + ((size_t)t * a->n_heads + h) * d;
+    int p_end = a->pos[t], p_start = 0, slot = a->slot[t];
+    if (a->window > 0 && p_end - a->window + 1 > 0) p_start = p_end - a->window + 1;
+    float mx = -INFINITY;
+    for (int p = p_start; p <= p_end;) { /* runs of positions inside one KV block */
+        int run_end = (p / KV_BLOCK_SIZE + 1) * KV_BLOCK_SIZE - 1;
+        if (run_end > p_end) run_end = p_end;
+        int first = p % KV_BLOCK_SIZE, n = run_end - p + 1;
+        /* the 8-key halves of the block that hold positions first..first+n-1 (all 16 rows are
+         * allocated; scores of rows outside the run are computed and dropped) */
+        const float *krow = kv_key(kv, a->layer, slot, p, kvh) - (size_t)first * d;
+        if (run_end < p_end) { /* the next block is elsewhere in the pool: fetch its keys now */
+            const char *next = (const char *)kv_key(kv, a->layer, slot, run_end + 1, kvh);
+            for (int off = 0; off < KV_BLOCK_SIZE * d * (int)sizeof(float); off += 64)
+                _mm_prefetch(next + off, _MM_HINT_T0);
+        }
+        float s16[KV_BLOCK_SIZE];
+        for (int r0 = first / 8 * 8; r0 < first + n; r0 += 8) {
+            __m256 acc[8];
+            #pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+            for (int i = 0; i < d; i += 8) {
+                __m256 qv = _mm256_loadu_ps(q + i);
+                #pragma GCC unroll 8
+                for (int r = 0; r < 8; r++)
+                    acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(krow + (size_t)(r0 + r) * d + i), acc[r]);
+            }
+            _mm256_storeu_ps(s16 + r0, _mm256_mul_ps(att_reduce8(acc), _mm256_set1_ps(a->scale)));
+        }
+        for (int j = 0; j < n; j++) {
+            float s = s16[first + j];
+            scores[p - p_start + j] = s;
+            if (s > mx) mx = s;
+        }
+        p = run_end + 1;
+    }
+    float sum = exp_sum_avx2(scores, p_end - p_start + 1, mx), inv = 1.0f / sum;
+    for (int i0 = 0; i0 < d; i0 += 64) { /* 64 output floats in registers at a time */
+        int nv = d - i0 < 64 ? (d - i0) / 8 : 8;
+        if (nv == 8)
+            att_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, i0, out, 8);
+        else if (nv == 4)
+            att_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, i0, out, 4);
+        else
+            att_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, i0, out, nv);
+    }
+}
+
 void ops_attention(const ops_attention_args *a, threadpool *tp) {
     ops_attention_args args = *a;
     args.kernels = pick_kernels();
-    int fast = args.kernels == &kernels_avx512 && a->kv->quant != HEARTH_KV_INT8 && a->head_dim % 16 == 0;
-    tp_run(tp, a->T * a->n_heads, fast ? attention_task_f32_avx512 : attention_task, &args);
+    int f32 = a->kv->quant != HEARTH_KV_INT8;
+    tp_task_fn fn = attention_task;
+    if (f32 && args.kernels == &kernels_avx512 && a->head_dim % 16 == 0)
+        fn = attention_task_f32_avx512;
+    else if (f32 && args.kernels != &kernels_scalar && a->head_dim % 8 == 0)
+        fn = attention_task_f32_avx2;
+    tp_run(tp, a->T * a->n_heads, fn, &args);
 }

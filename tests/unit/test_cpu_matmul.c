@@ -413,8 +413,8 @@ static void test_fused_matches_separate(void **state) {
  * kernels' error bounds assume the reference rounding), including all-zero blocks, ties
  * at .5 after scaling and values that hit the clamp. */
 static void test_quantize_row_matches_reference(void **state) {
-    if (cpu_level_hardware() < CPU_LEVEL_AVX512) {
-        print_message("no AVX-512 here: only the reference quantizer runs\n");
+    if (cpu_level_hardware() < CPU_LEVEL_AVX2) {
+        print_message("no AVX2 here: only the reference quantizer runs\n");
         return;
     }
     enum { K = 32 * 40 };
@@ -425,12 +425,18 @@ static void test_quantize_row_matches_reference(void **state) {
         for (int i = 0; i < 32; i++) x[i] = 0.0f;                        /* block 0: all zero */
         for (int i = 32; i < 64; i++) x[i] = (float)(i - 48) * 0.5f;     /* block 1: exact halves */
         for (int i = 64; i < 96; i++) x[i] = (i % 2 ? -1.0f : 1.0f) * 127; /* block 2: +-amax */
+        for (int i = 96; i < 128; i++) x[i] = i == 100 ? -5.0f : 0.01f * (float)(i - 112); /* amax negative */
         memset(a, 0x55, sizeof a);
-        memset(b, 0x55, sizeof b);
         cpu_quantize_row_ref(x, K, a, 0);
+        memset(b, 0x55, sizeof b);
+        cpu_avx2_quantize_row(x, K, b);
+        if (memcmp(a, b, sizeof a)) fail_msg("rep %d: AVX2 quantizer differs from the reference", rep);
+        if (cpu_level_hardware() < CPU_LEVEL_AVX512) continue;
+        memset(b, 0x55, sizeof b);
         cpu_avx512_quantize_row(x, K, b);
         if (memcmp(a, b, sizeof a)) fail_msg("rep %d: AVX-512 quantizer differs from the reference", rep);
     }
+    if (cpu_level_hardware() < CPU_LEVEL_AVX512) print_message("no AVX-512 here: AVX2 quantizer checked only\n");
 }
 
 /* ---------- (3) errors ---------- */

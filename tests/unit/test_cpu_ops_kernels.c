@@ -1,7 +1,8 @@
 /* test_cpu_ops_kernels.c: the vectorized CPU ops. (1) attention over the paged float KV pool
  * (ops_attention) against a naive double-precision softmax attention written here from the definition, at
  * every ISA level the machine has: head_dim 64, 80 (not a multiple of 16: the generic
- * path), 256 (the AVX-512 path's output in two 128-float passes); GQA (3 query heads per KV
+ * path on AVX-512; on AVX2 a 64-float and a 16-float output pass), 256 (the AVX-512 path's
+ * output in two 128-float passes, AVX2's in four of 64); GQA (3 query heads per KV
  * head); prefill of many tokens and decode of several slots whose lengths and windows start
  * and end inside KV blocks; 1 and 2 threads. (2) ops_silu_mul / ops_gelu_tanh_mul against
  * the textbook formulas in double (libm exp / tanh), at every level, odd lengths. */

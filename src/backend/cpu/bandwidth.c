@@ -2,6 +2,7 @@
  * with AVX2 where present so the loop is limited by memory, not by the core. */
 #include "backend/cpu/bandwidth.h"
 #include "base/cpu_features.h"
+#include "base/mem.h"
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -54,7 +55,9 @@ double cpu_read_bandwidth_gbs(threadpool *tp, size_t bytes, int reps) {
     j.chunk = bytes / (size_t)tasks / 65536 * 65536;
     if (!j.chunk) return 0;
     uint8_t *buf;
-    if (posix_memalign((void **)&buf, 64, j.chunk * tasks)) return 0;
+    /* the same allocation as the weight arena (model/load.c), so both stream from the same
+     * kind of pages */
+    if (!(buf = mem_alloc_stream(j.chunk * tasks))) return 0;
     memset(buf, 1, j.chunk * tasks); /* fault every page in before timing */
     j.buf = buf;
     double best = 0;

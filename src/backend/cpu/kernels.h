@@ -58,10 +58,11 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out);
 
 /* Quantizes a row of k floats (k a multiple of 32) to int8 blocks (per block d = amax / 127,
  * q = round-to-nearest-even(x / d) clamped to +-127), in order or CPU_ACT_Q8_EVENODD order.
- * cpu_quantize_row picks the AVX-512 form where it can; every form gives identical bytes. */
+ * cpu_quantize_row picks the AVX-512 or AVX2 form where it can; every form gives identical bytes. */
 void cpu_quantize_row_ref(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
 void cpu_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
 void cpu_avx512_quantize_row(const float *x, int64_t k, cpu_q8_block *out); /* in-order only */
+void cpu_avx2_quantize_row(const float *x, int64_t k, cpu_q8_block *out);   /* in-order only */
 
 /* Reads one MLX scale or bias (F32/F16/BF16) by element index. */
 float cpu_sb_load(tensor_dtype t, const void *p, int64_t i);

@@ -123,7 +123,9 @@ void cpu_quantize_row_ref(const float *x, int64_t k, cpu_q8_block *out, int even
 
 void cpu_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd) {
     /* the scalar loop took ~4% of prefill and sits between pool rounds in decode */
-    if (!evenodd && cpu_matmul_level() >= CPU_LEVEL_AVX512) cpu_avx512_quantize_row(x, k, out);
+    cpu_level level = cpu_matmul_level();
+    if (!evenodd && level >= CPU_LEVEL_AVX512) cpu_avx512_quantize_row(x, k, out);
+    else if (!evenodd && level >= CPU_LEVEL_AVX2) cpu_avx2_quantize_row(x, k, out);
     else cpu_quantize_row_ref(x, k, out, evenodd);
 }
 

@@ -28,15 +28,7 @@ int main(void) {
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_plan.h"
 #include "engine/kv_cache.h"
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void) { /* xorshift64*, reseeded from the clock in main */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
-}
-static float rndf(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
+#include "cuda_test_util.h"
 
 static void *dev_from(const void *host, size_t bytes) {
     void *d = NULL;

@@ -28,30 +28,7 @@ int main(void) {
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_plan.h"
 #include "engine/kv_cache.h"
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void) { /* xorshift64*, reseeded from the clock in main */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
-}
-static float rndf(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
-
-static float bf16_round(float x) { /* as the tensor-core prefill rounds q, k and v */
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
-static void *dev_upload(const void *host, size_t bytes) {
-    void *d = NULL;
-    assert_int_equal(cuda_alloc(&d, bytes, "test buffer", NULL), HEARTH_OK);
-    if (host) assert_int_equal(cuda_upload(d, host, bytes, NULL), HEARTH_OK);
-    return d;
-}
+#include "cuda_test_util.h"
 
 #define LAYERS 2
 #define LAYER 1

@@ -54,8 +54,8 @@ static double time_mm(int gemv, cuda_gemm *g, cuda_weight *w, const float *x, in
 
 static void bench_matmul(void) {
     const int64_t n = 14336, k = 4096;
-    static const tensor_dtype fmts[] = {DT_F16, DT_Q8_0, DT_Q4_K};
-    static const int Ts[] = {1, 8, 9, 16, 24, 32, 48, 64, 128};
+    static const tensor_dtype fmts[] = {DT_F16, DT_Q8_0, DT_Q4_K, DT_Q6_K};
+    static const int Ts[] = {1, 2, 4, 8, 9, 16, 24, 32, 48, 64, 128};
     const char *batch = getenv("HEARTH_CUDA_BATCH");
     printf("matmul [%lld x %lld], us per call (HEARTH_CUDA_BATCH=%s)\n", (long long)n, (long long)k,
            batch ? batch : "unset");
@@ -66,7 +66,7 @@ static void bench_matmul(void) {
     float *x = dev(hx, sizeof(float) * 128 * k), *y = dev(NULL, sizeof(float) * 128 * n);
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
         tensor_dtype t = fmts[f];
-        int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K ? 256 : 1;
+        int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K || t == DT_Q6_K ? 256 : 1;
         size_t bytes = (size_t)(n * (k / be) * bb);
         uint8_t *h = malloc(bytes);
         if (t == DT_F16)
@@ -74,15 +74,28 @@ static void bench_matmul(void) {
         else {
             for (size_t i = 0; i < bytes; i++) h[i] = (uint8_t)rnd();
             for (size_t b = 0; b < bytes / (size_t)bb; b++)
-                for (int j = 0; j < (t == DT_Q4_K ? 2 : 1); j++) {
+                for (int j = 0; j < (t == DT_Q4_K ? 2 : 1); j++) { /* Q6_K: d at 208 */
                     uint16_t hv = f32_to_f16(rndf() * 0.05f);
-                    memcpy(h + b * bb + 2 * j, &hv, 2);
+                    memcpy(h + b * bb + (t == DT_Q6_K ? 208 : 2 * j), &hv, 2);
                 }
         }
         cpu_weight cw = {.dtype = t, .data = h, .n = n, .k = k};
         cuda_weight w[ROT];
         for (int i = 0; i < ROT; i++)
             if (cuda_weight_upload(&w[i], &cw, "bench weight", NULL)) exit(1);
+        if (t != DT_F16) { /* the prefill dequantizer alone: weight bytes read + bf16 bytes written */
+            void *out = dev(NULL, (size_t)(n * k) * 2);
+            for (int i = 0; i < ROT; i++) cuda_dequant_bf16(&w[i], out, NULL);
+            cuda_sync(NULL);
+            double t0 = now_us();
+            for (int r = 0; r < REPS; r++)
+                for (int i = 0; i < ROT; i++) cuda_dequant_bf16(&w[i], out, NULL);
+            cuda_sync(NULL);
+            double us = (now_us() - t0) / (REPS * ROT);
+            printf("  %-5s dequant to bf16: %8.1f us, %.0f GB/s (read + write)\n", tensor_dtype_name(t), us,
+                   ((double)w[0].bytes + (double)(n * k) * 2) / us * 1e-3);
+            cuda_free(out);
+        }
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
             int T = Ts[ti];
             double us_gemv = time_mm(1, g, w, x, T, y), us_mm = time_mm(0, g, w, x, T, y);

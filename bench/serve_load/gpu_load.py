@@ -90,12 +90,14 @@ def server_argv(name, a, gguf, port, step_tokens):
                 "--max-step-tokens", str(step_tokens), "--max-connections", str(2 * n + 16),
                 "--log-level", "WARNING"] + a.hearth_arg
     # llama-server: --parallel slots (one per stream, each with a.ctx of the -c total), continuous
-    # batching, flash attention, every layer on the GPU, its prompt cache on (per slot, plus the host
-    # RAM cache, --cache-ram default); --fit off: keep the asked context even while another server
-    # holds GPU memory
+    # batching, flash attention, every layer on the GPU, its prompt cache on per slot (the shared
+    # prefix stays in each slot's KV); --cache-ram 0: no host-RAM prompt cache (hearth has none, the
+    # prefix fits on the GPU, and on 2026-12-01 a level run after N=128 on the same llama-server
+    # took 8-61 s to first token with it on); --fit off: keep the asked context even while another
+    # server holds GPU memory
     return [a.llama_server, "--model", gguf, "--host", "127.0.0.1", "--port", str(port), "-ngl", "99",
             "-fa", a.llama_fa, "--parallel", str(n), "--ctx-size", str(a.ctx * n), "--cont-batching",
-            "--cache-prompt", "--fit", "off", "--no-webui"] + a.llama_arg
+            "--cache-prompt", "--cache-ram", "0", "--fit", "off", "--no-webui"] + a.llama_arg
 
 
 def gpu_info():
@@ -343,6 +345,9 @@ class Run:
                     time.sleep(2)
                     continue
                 key, n = deferred.pop(0)
+                # a fresh llama-server (loaded and warmed up again) for a level run out of order,
+                # so it does not inherit the state of a larger level run just before
+                self.stop(key)
                 self.level(key, n, out(key))
                 self.save()
             if deferred:

@@ -275,6 +275,76 @@ static void test_gemv_q4k_new(void **state) {
     cuda_q4k_force(-1); /* back to HEARTH_CUDA_Q4K as set */
 }
 
+/* The prefill dequantizers (cuda_dequant_bf16: the flat eight-per-thread kernels of Q8_0,
+ * Q4_K in both scale orders, and Q6_K) against the CPU reference dequantizer rounded to
+ * bf16. Tolerance: one bf16 step of the value (2^-8 relative) plus 2^-24, because the
+ * device may fuse d*s*q - dmin*m into one FMA where the reference rounds twice; a wrong
+ * block, sub-block scale or nibble is off by a whole quant step (about 6% of the range). */
+static void check_dequant(tensor_dtype t, int64_t n, int64_t k, int packed) {
+    cpu_weight w;
+    void *host = make_weight(t, n, k, &w);
+    cuda_weight dw;
+    hearth_error e = {0};
+    cuda_q4k_force(packed);
+    assert_int_equal(cuda_weight_upload(&dw, &w, "dequant weight", &e), HEARTH_OK);
+    cuda_q4k_force(-1);
+    if (t == DT_Q4_K) assert_int_equal(dw.q4k_packed, packed);
+    size_t nk = (size_t)(n * k);
+    void *dout = dev_from(NULL, nk * 2);
+    assert_int_equal(cuda_dequant_bf16(&dw, dout, &e), HEARTH_OK);
+    uint16_t *got = malloc(nk * 2);
+    assert_int_equal(cuda_download(got, dout, nk * 2, &e), HEARTH_OK);
+    float *ref = malloc((size_t)k * sizeof *ref);
+    int bad = 0;
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t c0 = 0; c0 < k; c0 += 256) cpu_ref_dequant(&w, r, c0, (int)(k - c0 < 256 ? k - c0 : 256), ref + c0);
+        for (int64_t c = 0; c < k; c++) {
+            uint32_t u = (uint32_t)got[r * k + c] << 16;
+            float g, want = bf16_to_f32(f32_to_bf16(ref[c]));
+            memcpy(&g, &u, 4);
+            if (fabsf(g - want) > fabsf(want) * 0x1p-8f + 0x1p-24f && bad++ < 5)
+                print_error("dequant %s [%lld x %lld] packed %d: (%lld, %lld) = %g, reference %g\n",
+                            tensor_dtype_name(t), (long long)n, (long long)k, packed, (long long)r, (long long)c, g,
+                            want);
+        }
+    }
+    assert_int_equal(bad, 0);
+    free(ref);
+    free(got);
+    cuda_free(dout);
+    cuda_weight_free(&dw);
+    free(host);
+}
+
+static void test_dequant(void **state) {
+    (void)state;
+    check_dequant(DT_Q8_0, 37, 96, 0);
+    check_dequant(DT_Q8_0, 3, 4128, 0);
+    for (int packed = 0; packed < 2; packed++) {
+        check_dequant(DT_Q4_K, 37, 256, packed);
+        check_dequant(DT_Q4_K, 5, 2304, packed);
+    }
+    check_dequant(DT_Q6_K, 37, 512, 0);
+    check_dequant(DT_Q6_K, 3, 4352, 0);
+}
+
+/* F16 / BF16 weights at 2..8 rows: cuBLAS as stored (cuda_matmul_small_direct), not the
+ * multi-row GEMV; checked against the CPU reference like the prefill sizes. */
+static void test_matmul_small_direct(void **state) {
+    (void)state;
+    cuda_gemm *g = NULL;
+    assert_int_equal(cuda_gemm_create(&g, 300 * 4096, 8 * 4096, 0, NULL), HEARTH_OK);
+    static const int Ts[] = {2, 3, 5, 8};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        cuda_weight probe = {.dtype = DT_F16};
+        assert_true(cuda_matmul_small_direct(g, &probe, Ts[i])); /* else this tested the GEMV */
+        check_matmul(DT_F16, 129, 2048, Ts[i], g, 1);
+        check_matmul(DT_BF16, 37, 200, Ts[i], g, 1);
+        check_matmul(DT_BF16, 300, 4096, Ts[i], g, 1);
+    }
+    cuda_gemm_free(g);
+}
+
 /* Programmatic Dependent Launch (the decode GEMVs may start before the kernel before them
  * ends): ITERS rounds of add_rmsnorm -> GEMV W1 -> GEMV W2 (W2's input is W1's output)
  * enqueued with no host sync, every intermediate in its own NaN-poisoned buffer, so a GEMV
@@ -826,6 +896,8 @@ int main(void) {
         cmocka_unit_test(test_gemv_q4k_new),
         cmocka_unit_test(test_gemv_multi),
         cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_dequant),
+        cmocka_unit_test(test_matmul_small_direct),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_rope_qk),

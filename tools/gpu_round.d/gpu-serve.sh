@@ -9,7 +9,8 @@
 # default 290), GPU_SERVE_N (default 1,8,32,64,128), GPU_SERVE_FORMATS (default "f16 q4_k_m"),
 # GPU_SERVE_SERVERS (default hearth,llama.cpp; "hearth" skips llama.cpp), GPU_SERVE_DEVICE (cuda;
 # cpu for a dry run), GPU_SERVE_AB (hearth's other step budgets tried with the time left, default
-# 1024,2048; empty: none), GPU_SERVE_ARGS (more gpu_load.py flags), LLAMA_SERVER_DIR.
+# 1024,2048; empty: none), GPU_SERVE_ARGS (more gpu_load.py flags), GPU_SERVE_ENV (VAR=value ...
+# for both servers, e.g. HEARTH_CUDA_BATCH=1), LLAMA_SERVER_DIR.
 set -u
 L=${1:?usage: gpu-serve.sh LOGDIR}
 mkdir -p "$L" && L=$(cd "$L" && pwd)
@@ -37,7 +38,7 @@ nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader >"$L/gpu_b
 LEFT=$((BUDGET - ($(date +%s) - T0)))
 # gpu_load.py stops at its own budget; the timeout is the backstop (results are rewritten after
 # every level, so a kill still leaves the table of the levels done)
-timeout -k 5 $((LEFT + 5)) python3 bench/serve_load/gpu_load.py --hearth "$H" ${LS[@]+"${LS[@]}"} "${MODELS[@]}" \
+env ${GPU_SERVE_ENV:-} timeout -k 5 $((LEFT + 5)) python3 bench/serve_load/gpu_load.py --hearth "$H" ${LS[@]+"${LS[@]}"} "${MODELS[@]}" \
     --servers "$SERVERS" --device "${GPU_SERVE_DEVICE:-cuda}" --n "${GPU_SERVE_N:-1,8,32,64,128}" \
     --ab-step-tokens "${GPU_SERVE_AB-1024,2048}" --budget $((LEFT - 5)) --out "$L/serve_load_gpu" --logs "$L/logs" ${GPU_SERVE_ARGS:-} >"$L/gpu_load.log" 2>&1
 rc=$?

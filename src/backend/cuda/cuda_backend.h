@@ -60,8 +60,8 @@ void cuda_graph_free(cuda_graph *g);
 /* A weight matrix resident on the device. F16/BF16 rows are stored as on the host;
  * Q8_0 is split into an int8 plane [n][k] and an f16 scale plane [n][k/32] so every
  * quant load is a 16-byte aligned vector (the GGUF 34-byte block defeats that); Q4_K
- * keeps its 144-byte super-blocks, which are already 16-byte aligned; with
- * HEARTH_CUDA_Q4K=new (q4k_packed = 1) the 12 packed 6-bit scale/min bytes of each block
+ * keeps its 144-byte super-blocks, which are already 16-byte aligned; by default
+ * (q4k_packed = 1; HEARTH_CUDA_Q4K=old keeps the GGUF order) the 12 packed 6-bit scale/min bytes of each block
  * are rearranged in place at upload (cuda_q4k_scale_min; same 144 bytes, so the byte count
  * in cuda_plan.c is unchanged) for the decode GEMV's cheaper unpacking. MLX affine 4-bit
  * (dtype U32) keeps its packed words [n][k/8] and pairs each group's 16-bit scale (low
@@ -117,9 +117,9 @@ static inline void cuda_q4k_pack12(const uint8_t *in, uint8_t *out) {
     for (int i = 0; i < 12; i++) out[i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
 }
 
-/* HEARTH_CUDA_Q4K=new: Q4_K weights uploaded from now on get the packed scale order and
- * the 4-lanes-per-super-block decode GEMV (gemv_q4_k_i8p); default (or =old) the GGUF
- * order and gemv_q4_k_i8. cuda_q4k_force(1 / 0) overrides it (tests), -1 re-reads it. */
+/* Default (validated on the H200, 2026-12-01: 287.7 vs 260.1 tok/s on the 8B Q4_K_M): Q4_K
+ * weights uploaded from now on get the packed scale order and the 4-lanes-per-super-block
+ * decode GEMV (gemv_q4_k_i8p); HEARTH_CUDA_Q4K=old the GGUF order and gemv_q4_k_i8. cuda_q4k_force(1 / 0) overrides it (tests), -1 re-reads it. */
 int cuda_q4k_new(void);
 void cuda_q4k_force(int mode);
 /* Rearranges the scale bytes of w's super-blocks on the device (GGUF -> packed order). */
@@ -275,7 +275,7 @@ typedef struct cuda_attention_args {
     /* Optional (NULL: unknown): slot[] on the host. With it, a ragged step (single_slot 0,
      * T > 8; a sequence's tokens consecutive) is split into runs: each run of more than 8
      * tokens of one slot goes to the prefill kernels, the rest (decode rows) to the GQA
-     * split-K decode kernel in one launch per stretch. Opt-in: without HEARTH_CUDA_BATCH=1 it is ignored
+     * split-K decode kernel in one launch per stretch. HEARTH_CUDA_BATCH=0 ignores it
      * (one block per (head, token) for the whole step, the path before; A/B runs). */
     const int32_t *host_slot;
 } cuda_attention_args;
@@ -301,11 +301,16 @@ void cuda_gemm_free(cuda_gemm *g);
 hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err);
 /* Whether cuda_matmul sends this call to cuda_gemv: T <= 8, or a quantized weight at a T
  * where the GEMV reads fewer bytes than dequantize + GEMM (cuda_gemm.cu's byte model). F16
- * weights go to cuBLAS as stored with f16 activations (only with HEARTH_CUDA_BATCH=1, else the bf16
+ * weights go to cuBLAS as stored with f16 activations (HEARTH_CUDA_BATCH=0: the bf16
  * conversion of every weight and no GEMV above 8 rows, the path before). */
 int cuda_matmul_uses_gemv(const cuda_gemm *g, const cuda_weight *w, int T);
+/* Whether a call of T <= 8 rows on w goes to cuBLAS as stored (F16 / BF16 weights from 2
+ * rows, HEARTH_CUDA_DIRECT_MIN_T; never in exact mode or with HEARTH_CUDA_BATCH=0). */
+int cuda_matmul_small_direct(const cuda_gemm *g, const cuda_weight *w, int T);
+/* Dequantizes w (any device format) into out as bf16 [n][k], as the prefill GEMM does. */
+hearth_status cuda_dequant_bf16(const cuda_weight *w, void *out, hearth_error *err);
 /* Whether cuda_matmul hands this weight to cuBLAS as stored (no dequantized copy, so any
- * weight size fits the scratch, e.g. lm_head); 0 without HEARTH_CUDA_BATCH=1. */
+ * weight size fits the scratch, e.g. lm_head); 0 with HEARTH_CUDA_BATCH=0. */
 int cuda_matmul_direct(const cuda_gemm *g, const cuda_weight *w);
 
 #ifdef __cplusplus

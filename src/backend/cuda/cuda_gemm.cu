@@ -154,6 +154,92 @@ __global__ void dequant8_bf16_kernel(cuda_weight w, uint4 *out) {
     out[i8] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
 }
 
+/* Q8_0 / Q4_K / Q6_K to bf16, eight consecutive elements per thread (one 16-byte store):
+ * their device layouts (cuda_plan.c cuda_weight_layout) are flat over rows, so element e's
+ * block, sub-block and scale follow from e alone (no division by k), and the eight quants
+ * are one 8-byte (Q8_0, Q4_K) or 8 + 8-byte (Q6_K) load. Same per-element arithmetic as
+ * weight_elem / q6k_elem (the dequant8 kernel's): a test compares the two bit for bit. */
+template <int DT>
+__global__ void dequant_fast_bf16_kernel(cuda_weight w, uint4 *out, size_t total8) {
+    size_t i8 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i8 >= total8) return;
+    size_t e = i8 * 8;
+    float v[8];
+    if (DT == DT_Q8_0) {
+        uint2 q = *(const uint2 *)((const int8_t *)w.data + e);
+        float d = h2f(((const uint16_t *)w.scales)[e / 32]);
+        const int8_t *qb = (const int8_t *)&q;
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = d * (float)qb[u];
+    } else if (DT == DT_Q4_K) {
+        const uint8_t *blk = (const uint8_t *)w.data + (e / 256) * 144;
+        int j = (int)(e % 256), chunk = j / 64, l = j % 64, sub = 2 * chunk + (l >= 32);
+        int sc, m;
+        cuda_q4k_scale_min(blk + 4, sub, w.q4k_packed, &sc, &m);
+        uint2 q = *(const uint2 *)(blk + 16 + 32 * chunk + (l % 32));
+        const uint8_t *qb = (const uint8_t *)&q;
+        uint32_t dd = *(const uint32_t *)blk;
+        float d = h2f((uint16_t)(dd & 0xffff)), dmin = h2f((uint16_t)(dd >> 16));
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int x = l < 32 ? (qb[u] & 0xF) : (qb[u] >> 4);
+            v[u] = d * (float)sc * (float)x - dmin * (float)m;
+        }
+    } else { /* DT_Q6_K */
+        size_t nk = (size_t)w.n * (size_t)w.k, bi = e / 256;
+        const uint8_t *ql = (const uint8_t *)w.data, *qh = ql + nk / 2;
+        const int8_t *scp = (const int8_t *)w.scales;
+        const uint16_t *D = (const uint16_t *)(scp + nk / 16);
+        int i = (int)(e % 256), h = i / 128, rr = i % 128;
+        uint2 lo8 = *(const uint2 *)(ql + bi * 128 + 64 * h + rr % 64);
+        uint2 hi8 = *(const uint2 *)(qh + bi * 64 + 32 * h + rr % 32);
+        const uint8_t *lb = (const uint8_t *)&lo8, *hb = (const uint8_t *)&hi8;
+        float dl = h2f(D[bi]) * (float)scp[e / 16];
+        int ls = 4 * (rr / 64), hs = 2 * (rr / 32);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int lo = (lb[u] >> ls) & 0xF, hi = (hb[u] >> hs) & 3;
+            v[u] = dl * (float)((lo | (hi << 4)) - 32);
+        }
+    }
+    uint32_t pk[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * u], v[2 * u + 1]);
+        pk[u] = *(uint32_t *)&b;
+    }
+    out[i8] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+}
+
+/* HEARTH_CUDA_DEQUANT=old: the generic eight-per-thread kernel for every format (A/B). */
+static int dequant_old(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("HEARTH_CUDA_DEQUANT");
+        v = e && strcmp(e, "old") == 0;
+    }
+    return v;
+}
+
+/* Launches the bf16 dequantization of w into out (k % 8 == 0 for the fast kernels). */
+static void launch_dequant_bf16(const cuda_weight *w, void *out) {
+    size_t wn = (size_t)w->n * (size_t)w->k, total8 = wn / 8;
+    unsigned grid = (unsigned)((total8 + 255) / 256);
+    int fast = !dequant_old() && w->k % 8 == 0;
+    if (fast && w->dtype == DT_Q8_0) dequant_fast_bf16_kernel<DT_Q8_0><<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out, total8);
+    else if (fast && w->dtype == DT_Q4_K)
+        dequant_fast_bf16_kernel<DT_Q4_K><<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out, total8);
+    else if (fast && w->dtype == DT_Q6_K)
+        dequant_fast_bf16_kernel<DT_Q6_K><<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out, total8);
+    else if (w->k % 8 == 0) dequant8_bf16_kernel<<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out);
+    else dequant_kernel<false><<<(unsigned)((wn + 255) / 256), 256, 0, cuda_stream()>>>(*w, out);
+}
+
+hearth_status cuda_dequant_bf16(const cuda_weight *w, void *out, hearth_error *err) {
+    launch_dequant_bf16(w, out);
+    return cuda_launched("dequant", err) ? HEARTH_ERR_IO : HEARTH_OK;
+}
+
 __global__ void to_bf16_kernel(const float *x, __nv_bfloat16 *y, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __float2bfloat16(x[i]);
@@ -185,15 +271,30 @@ __global__ void to_f16x4_kernel(const float4 *x, uint2 *y, size_t n4) {
     y[i] = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
 }
 
-/* Unless HEARTH_CUDA_BATCH=1, every T >= 9 dequantizes / converts the weight to bf16 first:
- * the path measured on the H200. HEARTH_CUDA_BATCH=1 turns on the F16-direct GEMM and the
- * GEMV byte model below, which were written after the last device call of 2026-12-01 and
- * have not run on a GPU yet (opt-in until a device run validates and times them). */
+/* HEARTH_CUDA_BATCH=0 restores the serving path before 2026-12-01's device validation: every
+ * T >= 9 dequantizes / converts the weight to bf16, no GEMV byte model, no cuBLAS below 9
+ * rows (A/B runs). Default: F16 weights go to cuBLAS as stored, quantized ones by the byte
+ * model below, and F16 / BF16 ones to cuBLAS from DIRECT_MIN_T rows (validated and timed
+ * by the cuda-batch device part: bench/results/cuda_engine.md round 8). */
 static int gemm_old(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("HEARTH_CUDA_BATCH");
-        v = !(e && strcmp(e, "0") != 0);
+        v = e && strcmp(e, "0") == 0;
+    }
+    return v;
+}
+
+/* Rows from which a weight cuBLAS reads as stored (F16 / BF16) goes to the GEMM instead of
+ * the GEMV: the multi-row 16-bit GEMV pays its dot products per row (H200, 14336 x 4096
+ * F16: 32.6 us at 1 row, 131 us at 8) while cuBLAS streams the weight once (~35 us at 9..64
+ * rows). HEARTH_CUDA_DIRECT_MIN_T overrides it (>= 2). */
+static int direct_min_t(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("HEARTH_CUDA_DIRECT_MIN_T");
+        v = e ? atoi(e) : 2;
+        if (v < 2) v = 2;
     }
     return v;
 }
@@ -216,16 +317,18 @@ static double quant_bytes_per_elem(const cuda_weight *w) {
  * writes a bf16 copy (2 bytes per element) and cuBLAS reads that copy back (2 more):
  *     GEMV when  chunks(T) * q * F  <  q + 4,
  * F being how much slower per byte the multi-row GEMV streams than the dequantize + GEMM
- * pair (its dot products are not free at 8 rows). F = 2 is a first estimate (Q4_K: GEMV
- * up to 32 rows; Q8_0: 16; Q6_K: 24); HEARTH_CUDA_GEMV_FUDGE overrides it, and the
- * cuda-batch device part measures both paths to set it. At most CUDA_MATMUL_GEMV_MAX_T
- * rows (the int8-activation scratch the plan sizes). */
+ * pair (its dot products are not free at 8 rows). F = 4 since the flat dequantizers
+ * (dequant_fast_bf16_kernel): with the generic one, F = 2 matched the H200's crossovers
+ * (14336 x 4096: Q4_K GEMV 261 vs GEMM 257 us at 32 rows, Q8_0 127 vs 135 at 24), and the
+ * flat kernels cut the GEMM path's cost; Q4_K: GEMV up to 12 rows, Q8_0 and Q6_K: 8.
+ * HEARTH_CUDA_GEMV_FUDGE overrides it (the cuda-batch device part times both paths). At
+ * most CUDA_MATMUL_GEMV_MAX_T rows (the int8-activation scratch the plan sizes). */
 static int use_gemv(const cuda_weight *w, int T) {
     static double fudge = -1.0;
     if (fudge < 0) {
         const char *e = getenv("HEARTH_CUDA_GEMV_FUDGE");
-        fudge = e ? atof(e) : 2.0;
-        if (!(fudge > 0)) fudge = 2.0;
+        fudge = e ? atof(e) : 4.0;
+        if (!(fudge > 0)) fudge = 4.0;
     }
     double q = quant_bytes_per_elem(w);
     if (q <= 0.0 || T > CUDA_MATMUL_GEMV_MAX_T || gemm_old()) return 0;
@@ -238,8 +341,14 @@ int cuda_matmul_direct(const cuda_gemm *g, const cuda_weight *w) {
     return g->exact_f32 ? w->dtype == DT_F32 : (w->dtype == DT_BF16 || w->dtype == DT_F16);
 }
 
+int cuda_matmul_small_direct(const cuda_gemm *g, const cuda_weight *w, int T) {
+    return g && !g->exact_f32 && T >= direct_min_t() && cuda_matmul_direct(g, w);
+}
+
 int cuda_matmul_uses_gemv(const cuda_gemm *g, const cuda_weight *w, int T) {
-    return T < GEMM_MIN_T || !g || (!g->exact_f32 && use_gemv(w, T));
+    if (!g) return 1;
+    if (T < GEMM_MIN_T) return !cuda_matmul_small_direct(g, w, T);
+    return !g->exact_f32 && use_gemv(w, T);
 }
 
 hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
@@ -258,10 +367,7 @@ hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, in
         A = w->data; /* already the GEMM's input type */
     } else {
         if (g->exact_f32) dequant_kernel<true><<<(unsigned)((wn + 255) / 256), 256, 0, cuda_stream()>>>(*w, g->w_scratch);
-        else if (w->k % 8 == 0)
-            dequant8_bf16_kernel<<<(unsigned)((wn / 8 + 255) / 256), 256, 0, cuda_stream()>>>(*w,
-                                                                                              (uint4 *)g->w_scratch);
-        else dequant_kernel<false><<<(unsigned)((wn + 255) / 256), 256, 0, cuda_stream()>>>(*w, g->w_scratch);
+        else launch_dequant_bf16(w, g->w_scratch);
         if (cuda_launched("dequant", err)) return HEARTH_ERR_IO;
         A = g->w_scratch;
     }

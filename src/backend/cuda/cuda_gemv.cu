@@ -718,7 +718,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     store_slots<T>(acc, y, n, row0, R, lane);
 }
 
-/* Q4_K with packed scales (q4k_packed, HEARTH_CUDA_Q4K=new): 4 lanes per super-block; lane
+/* Q4_K with packed scales (q4k_packed, the default; HEARTH_CUDA_Q4K=old: GGUF order): 4 lanes per super-block; lane
  * c takes chunk c whole (32 nibble bytes, two 16-byte loads): low nibbles = weights 64c +
  * [0, 32) (x block 8 sb + 2c), high = 64c + 32 + [0, 32) (block 8 sb + 2c + 1), so the
  * scale/min unpacking (a few shifts, cuda_q4k_scale_min) serves 64 weights and a warp
@@ -797,7 +797,7 @@ static int g_q4k_mode = -1;
 int cuda_q4k_new(void) {
     if (g_q4k_mode < 0) {
         const char *e = getenv("HEARTH_CUDA_Q4K");
-        g_q4k_mode = e && !strcmp(e, "new");
+        g_q4k_mode = !(e && !strcmp(e, "old"));
     }
     return g_q4k_mode;
 }

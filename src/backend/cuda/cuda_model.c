@@ -220,6 +220,17 @@ void cuda_model_free(cuda_model *cm) {
 
 size_t cuda_model_device_bytes(const cuda_model *cm) { return cuda_plan_bytes(&cm->plan); }
 
+/* Whether the fused multi-weight GEMV takes these weights at T rows: decode-sized T (or a
+ * batch-invariant step), unless they are all F16 / BF16 at 2..8 rows, which cuBLAS reads
+ * once as stored (cuda_matmul_small_direct) while the GEMV pays its dot products per row. */
+static int multi_gemv(const cuda_model *cm, const cuda_weight *const *ws, int n, int T) {
+    if (cm->invariant) return 1;
+    if (T > GRAPH_MAX_T) return 0;
+    for (int i = 0; i < n; i++)
+        if (!cuda_matmul_small_direct(cm->gemm, ws[i], T)) return 1;
+    return 0;
+}
+
 /* y = x · W^T: cuBLAS for prefill-sized T, except in a batch-invariant step. */
 static hearth_status matmul(cuda_model *cm, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
     return cm->invariant ? cuda_gemv(w, x, T, y, err) : cuda_matmul(cm->gemm, w, x, T, y, err);
@@ -261,8 +272,8 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
     const model_config *c = &cm->m->cfg;
     const cuda_layer *l = &cm->layers[i];
     int sliding = cm->m->layers[i].sliding, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-    if (T <= GRAPH_MAX_T || cm->invariant) { /* q, k and v in one GEMV launch where the formats allow */
-        const cuda_weight *ws[3] = {&l->q, &l->k, &l->v};
+    const cuda_weight *ws[3] = {&l->q, &l->k, &l->v};
+    if (multi_gemv(cm, ws, 3, T)) { /* q, k and v in one GEMV launch where the formats allow */
         float *ys[3] = {cm->q, cm->k, cm->v};
         if (cm->q8_ready)
             TRY(cuda_gemv_multi_q8(ws, ys, 3, cm->xq, cm->xs, T, err));
@@ -316,8 +327,8 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *e
     const cuda_layer *l = &cm->layers[i];
     size_t n = (size_t)T * cm->m->cfg.ffn;
     /* decode: one launch for 16-bit gate + up, one quantized x for int8 ones */
-    if (T <= GRAPH_MAX_T || cm->invariant) {
-        const cuda_weight *ws[2] = {&l->gate, &l->up};
+    const cuda_weight *ws[2] = {&l->gate, &l->up};
+    if (multi_gemv(cm, ws, 2, T)) {
         float *ys[2] = {cm->gate, cm->up};
         if (cm->q8_ready)
             TRY(cuda_gemv_multi_q8(ws, ys, 2, cm->xq, cm->xs, T, err));
@@ -372,7 +383,9 @@ static hearth_status run_layers(cuda_model *cm, int T, int n_out, int single_slo
     /* few rows: the GEMV reads lm_head once; past 8 rows it would re-read it per 8, so a
      * weight cuBLAS takes as stored (F16 / BF16) goes to the GEMM (its x scratch holds
      * max_tokens rows of the widest k, and n_out <= max_tokens) */
-    if (n_out > GRAPH_MAX_T && !cm->invariant && n_out <= cm->max_tokens && cuda_matmul_direct(cm->gemm, &cm->lm_head))
+    if (!cm->invariant && n_out <= cm->max_tokens &&
+        (n_out > GRAPH_MAX_T ? cuda_matmul_direct(cm->gemm, &cm->lm_head)
+                             : cuda_matmul_small_direct(cm->gemm, &cm->lm_head, n_out)))
         TRY(cuda_matmul(cm->gemm, &cm->lm_head, cm->rows, n_out, cm->logits, err));
     else
         TRY(cuda_gemv(&cm->lm_head, cm->rows, n_out, cm->logits, err));

@@ -92,7 +92,7 @@ int cuda_weight_layout(const cpu_weight *w, size_t *data_bytes, size_t *scale_by
         *data_bytes = nk / 2 + nk / 4;
         *scale_bytes = nk / 16 + nk / 256 * 2;
         break;
-    case DT_Q4_K: /* GGUF super-blocks; HEARTH_CUDA_Q4K=new only reorders their scale bytes (same size) */
+    case DT_Q4_K: /* GGUF super-blocks; HEARTH_CUDA_Q4K=new / HEARTH_CUDA_GEMV=v2 only reorder their scale bytes (same size) */
         *data_bytes = (size_t)w->n * (size_t)(w->k / 256) * 144;
         break;
     case DT_U32: /* packed words + one (scale, bias) word per group */

@@ -2,7 +2,9 @@
  * Llama-3.1-8B shapes with CUDA events, and reports GB/s against the device-to-device
  * copy bandwidth measured in the same run. Weights are rotated over enough copies to
  * exceed L2 several times, so the numbers are HBM numbers. Usage: gemv_bench [out.json];
- * GEMV_BENCH_FORMATS=Q4_K,Q8_0 (format names) times only those formats. */
+ * GEMV_BENCH_FORMATS=Q4_K,Q8_0 (format names) times only those formats. With
+ * HEARTH_CUDA_GEMV=v2 each Q8_0 / Q4_K / Q6_K shape is timed twice in the same run, the
+ * default kernels ("path": "v1") then the v2 ones ("v2", cuda_gemv_v2.cu). */
 #include "backend/cpu/matmul.h"
 #include "backend/cuda/cuda_backend.h"
 #include "base/half.h"
@@ -67,7 +69,7 @@ static int time_copy(double *gbs) {
 }
 
 static void *make_host(tensor_dtype t, int64_t n, int64_t k, size_t *bytes) {
-    int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K ? 256 : 1;
+    int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K || t == DT_Q6_K ? 256 : 1;
     *bytes = (size_t)(n * (k / be) * bb);
     if (t == DT_U32) { /* MLX 4-bit, groups of 64: words, then bf16 scales and biases */
         size_t groups = (size_t)(n * (k / 64));
@@ -91,9 +93,9 @@ static void *make_host(tensor_dtype t, int64_t n, int64_t k, size_t *bytes) {
         memcpy(d + i, &r, 4);
     }
     for (size_t b = 0; b < *bytes / (size_t)bb; b++)
-        for (int j = 0; j < (t == DT_Q4_K ? 2 : 1); j++) {
+        for (int j = 0; j < (t == DT_Q4_K ? 2 : 1); j++) { /* Q8_0: d at 0; Q4_K: d, dmin at 0, 2; Q6_K: d at 208 */
             uint16_t h = f32_to_f16(rndf() * 0.05f);
-            memcpy(d + b * bb + 2 * j, &h, 2);
+            memcpy(d + b * bb + (t == DT_Q6_K ? 208 : 2 * j), &h, 2);
         }
     return d;
 }
@@ -118,8 +120,10 @@ int main(int argc, char **argv) {
         {4096, 4096, "attn q/o"},  {1024, 4096, "attn k/v"},      {14336, 4096, "ffn gate/up"},
         {4096, 14336, "ffn down"}, {128256, 4096, "lm_head"}};
     const char *only = getenv("GEMV_BENCH_FORMATS");
-    static const tensor_dtype formats[] = {DT_BF16, DT_F16, DT_Q8_0, DT_Q4_K, DT_U32};
-    printf("%-6s %-12s %8s %8s %10s %9s %8s\n", "format", "shape", "MB", "copies", "us/gemv", "GB/s", "of copy");
+    static const tensor_dtype formats[] = {DT_BF16, DT_F16, DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_U32};
+    int ab = cuda_gemv_v2_on(); /* HEARTH_CUDA_GEMV=v2: v1 and v2 rows */
+    printf("%-6s %-4s %-12s %8s %8s %10s %9s %8s\n", "format", "path", "shape", "MB", "copies", "us/gemv", "GB/s",
+           "of copy");
     int first = 1;
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -138,61 +142,68 @@ int main(int argc, char **argv) {
                 w.bits = 4, w.group_size = 64, w.sb_dtype = DT_BF16;
                 w.scales = sb, w.biases = sb + n * (k / 64);
             }
-            /* Enough copies that one rotation is >= 512 MB (~8x the 60 MB L2). */
-            int copies = (int)((512ull << 20) / hb) + 1;
-            if (copies > 16) copies = 16;
-            cuda_weight dw[16];
-            for (int c = 0; c < copies; c++)
-                if (cuda_weight_upload(&dw[c], &w, "bench weight", &err)) {
+            int paths = ab && (t == DT_Q8_0 || t == DT_Q4_K || t == DT_Q6_K) ? 2 : 1;
+            for (int path = 0; path < paths; path++) {
+                if (paths == 2) cuda_gemv_v2_force(path); /* before the upload: v2 packs Q4_K scales */
+                const char *pname = paths == 2 ? (path ? "v2" : "v1") : "-";
+                /* Enough copies that one rotation is >= 512 MB (~8x the 60 MB L2). */
+                int copies = (int)((512ull << 20) / hb) + 1;
+                if (copies > 16) copies = 16;
+                cuda_weight dw[16];
+                for (int c = 0; c < copies; c++)
+                    if (cuda_weight_upload(&dw[c], &w, "bench weight", &err)) {
+                        printf("gemv_bench: %s\n", err.message);
+                        return 1;
+                    }
+                float *x, *y;
+                CK(cudaMalloc((void **)&x, (size_t)k * 4));
+                CK(cudaMalloc((void **)&y, (size_t)n * 4));
+                float *xh = malloc((size_t)k * 4);
+                for (int64_t i = 0; i < k; i++) xh[i] = rndf();
+                CK(cudaMemcpy(x, xh, (size_t)k * 4, cudaMemcpyHostToDevice));
+                free(xh);
+                for (int c = 0; c < copies; c++)
+                    if (cuda_gemv(&dw[c], x, 1, y, &err)) {
+                        printf("gemv_bench: %s\n", err.message);
+                        return 1;
+                    }
+                if (cuda_sync(&err)) {
                     printf("gemv_bench: %s\n", err.message);
                     return 1;
                 }
+                float ms[BATCHES];
+                int it = 0;
+                for (int b = 0; b < BATCHES; b++) {
+                    CK(cudaEventRecord(e0, 0));
+                    for (int j = 0; j < PER_BATCH; j++, it++) cuda_gemv(&dw[it % copies], x, 1, y, &err);
+                    CK(cudaEventRecord(e1, 0));
+                    CK(cudaEventSynchronize(e1));
+                    CK(cudaGetLastError());
+                    CK(cudaEventElapsedTime(&ms[b], e0, e1));
+                    ms[b] /= PER_BATCH;
+                }
+                qsort(ms, BATCHES, sizeof ms[0], cmp_float);
+                double med = ms[BATCHES / 2], spread = ms[BATCHES - 1] - ms[0];
+                double bytes = (double)dw[0].bytes + 4.0 * (k + n);
+                double gbs = bytes / (med * 1e-3) / 1e9;
+                char shp[32];
+                snprintf(shp, sizeof shp, "%lldx%lld", (long long)n, (long long)k);
+                printf("%-6s %-4s %-12s %8.1f %8d %10.2f %9.0f %8.3f\n", tensor_dtype_name(t), pname, shp, bytes / 1e6,
+                       copies, med * 1e3, gbs, gbs / copy_gbs);
+                if (js)
+                    fprintf(js,
+                            "%s    {\"format\": \"%s\", \"path\": \"%s\", \"n\": %lld, \"k\": %lld, \"what\": \"%s\", "
+                            "\"bytes\": %.0f, "
+                            "\"us_median\": %.3f, \"us_spread\": %.3f, \"gbs\": %.1f, \"fraction_of_copy\": %.4f}",
+                            first ? "" : ",\n", tensor_dtype_name(t), pname, (long long)n, (long long)k, shapes[s].what,
+                            bytes, med * 1e3, spread * 1e3, gbs, gbs / copy_gbs);
+                first = 0;
+                for (int c = 0; c < copies; c++) cuda_weight_free(&dw[c]);
+                cudaFree(x);
+                cudaFree(y);
+            }
+            if (paths == 2) cuda_gemv_v2_force(-1);
             free(host);
-            float *x, *y;
-            CK(cudaMalloc((void **)&x, (size_t)k * 4));
-            CK(cudaMalloc((void **)&y, (size_t)n * 4));
-            float *xh = malloc((size_t)k * 4);
-            for (int64_t i = 0; i < k; i++) xh[i] = rndf();
-            CK(cudaMemcpy(x, xh, (size_t)k * 4, cudaMemcpyHostToDevice));
-            free(xh);
-            for (int c = 0; c < copies; c++)
-                if (cuda_gemv(&dw[c], x, 1, y, &err)) {
-                    printf("gemv_bench: %s\n", err.message);
-                    return 1;
-                }
-            if (cuda_sync(&err)) {
-                printf("gemv_bench: %s\n", err.message);
-                return 1;
-            }
-            float ms[BATCHES];
-            int it = 0;
-            for (int b = 0; b < BATCHES; b++) {
-                CK(cudaEventRecord(e0, 0));
-                for (int j = 0; j < PER_BATCH; j++, it++) cuda_gemv(&dw[it % copies], x, 1, y, &err);
-                CK(cudaEventRecord(e1, 0));
-                CK(cudaEventSynchronize(e1));
-                CK(cudaGetLastError());
-                CK(cudaEventElapsedTime(&ms[b], e0, e1));
-                ms[b] /= PER_BATCH;
-            }
-            qsort(ms, BATCHES, sizeof ms[0], cmp_float);
-            double med = ms[BATCHES / 2], spread = ms[BATCHES - 1] - ms[0];
-            double bytes = (double)dw[0].bytes + 4.0 * (k + n);
-            double gbs = bytes / (med * 1e-3) / 1e9;
-            char shp[32];
-            snprintf(shp, sizeof shp, "%lldx%lld", (long long)n, (long long)k);
-            printf("%-6s %-12s %8.1f %8d %10.2f %9.0f %8.3f\n", tensor_dtype_name(t), shp, bytes / 1e6, copies,
-                   med * 1e3, gbs, gbs / copy_gbs);
-            if (js)
-                fprintf(js,
-                        "%s    {\"format\": \"%s\", \"n\": %lld, \"k\": %lld, \"what\": \"%s\", \"bytes\": %.0f, "
-                        "\"us_median\": %.3f, \"us_spread\": %.3f, \"gbs\": %.1f, \"fraction_of_copy\": %.4f}",
-                        first ? "" : ",\n", tensor_dtype_name(t), (long long)n, (long long)k, shapes[s].what, bytes,
-                        med * 1e3, spread * 1e3, gbs, gbs / copy_gbs);
-            first = 0;
-            for (int c = 0; c < copies; c++) cuda_weight_free(&dw[c]);
-            cudaFree(x);
-            cudaFree(y);
         }
     if (js) {
         fprintf(js, "\n  ]\n}\n");

@@ -572,6 +572,53 @@ static void test_gemv_batch_invariant(void **state) {
     check_gemv_invariant(DT_Q4_K, 300, 512, 1);  /* x quantized once for all three */
 }
 
+/* HEARTH_CUDA_GEMV=v2 (forced with cuda_gemv_v2_force): the v2 int8-activation GEMVs of
+ * Q8_0, Q4_K (packed scales) and Q6_K against the CPU reference with test_gemv's oracle
+ * and tolerance (verify_gemv: activations by cpu_quantize_row_ref, float summation bound
+ * + 2·max|w|·max d). Shapes: n = 1, odd n (37; 1023: a partial last block of 4 rows), the
+ * smallest k (Q8_0 32, K-quants 256), k with a partial 4096-weight step (96, 4128, 2304,
+ * 4352, 768), exactly one step (4096) and 3.5 steps (14336); T = 5 and 11 run as chunks
+ * (4 + 1, 8 + 3). Then the multi-weight, batch-invariance and PDL-chain checks with v2 on. */
+static void test_gemv_v2(void **state) {
+    (void)state;
+    cuda_gemv_v2_force(1);
+    static const struct { tensor_dtype t; int64_t n, k; } shapes[] = {
+        {DT_Q8_0, 1, 32},    {DT_Q8_0, 37, 96},    {DT_Q8_0, 5, 4128},    {DT_Q8_0, 1023, 4096}, {DT_Q8_0, 37, 14336},
+        {DT_Q4_K, 1, 256},   {DT_Q4_K, 37, 2304},  {DT_Q4_K, 6, 4352},    {DT_Q4_K, 1023, 4096}, {DT_Q4_K, 37, 14336},
+        {DT_Q6_K, 1, 256},   {DT_Q6_K, 37, 2304},  {DT_Q6_K, 6, 768},     {DT_Q6_K, 1023, 4096}, {DT_Q6_K, 37, 14336},
+    };
+    static const int Ts[] = {1, 2, 3, 4, 5, 8, 11};
+    hearth_error e = {0};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        cpu_weight w;
+        void *host = make_weight(shapes[s].t, shapes[s].n, shapes[s].k, &w);
+        cuda_weight dw;
+        assert_int_equal(cuda_weight_upload(&dw, &w, "v2", &e), HEARTH_OK);
+        assert_int_equal(cuda_gemv_v2_takes(&dw), 1); /* else the checks below test the v1 kernels */
+        if (shapes[s].t == DT_Q4_K) assert_int_equal(dw.bytes, (size_t)shapes[s].n * (shapes[s].k / 256) * 144);
+        cuda_weight_free(&dw);
+        free(host);
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+            if (shapes[s].n * shapes[s].k > 1 << 20 && Ts[i] != 1 && Ts[i] != 5 && Ts[i] != 8) continue; /* CPU time */
+            check_gemv(shapes[s].t, shapes[s].n, shapes[s].k, Ts[i]);
+        }
+    }
+    static const int mTs[] = {1, 3, 8};
+    for (size_t i = 0; i < sizeof mTs / sizeof mTs[0]; i++) check_multi(DT_Q4_K, DT_Q6_K, 512, mTs[i]);
+    static const struct { tensor_dtype t; int64_t n, k; } inv[] = {
+        {DT_Q8_0, 4229, 256}, {DT_Q8_0, 37, 14336}, {DT_Q4_K, 8467, 512},
+        {DT_Q4_K, 129, 2304}, {DT_Q6_K, 37, 4096},  {DT_Q6_K, 301, 14336},
+    };
+    for (size_t s = 0; s < sizeof inv / sizeof inv[0]; s++) check_gemv_invariant(inv[s].t, inv[s].n, inv[s].k, 0);
+    check_gemv_invariant(DT_Q4_K, 300, 512, 1);
+    for (int pdl = pdl_capable; pdl >= 0; pdl--) { /* PDL on: T = 1; off: T = 3 */
+        check_chain(DT_Q8_0, 1280, 4096, pdl ? 1 : 3, pdl);
+        check_chain(DT_Q4_K, 1280, 4096, pdl ? 1 : 3, pdl);
+        check_chain(DT_Q6_K, 1280, 4096, pdl ? 1 : 3, pdl);
+    }
+    cuda_gemv_v2_force(-1); /* back to HEARTH_CUDA_GEMV as set */
+}
+
 /* The prefill path: cuda_matmul with T >= 9 dequantizes into the GEMM scratch and calls
  * cuBLAS; checked in both operand modes on the same odd shapes. */
 static void test_gemm(void **state) {
@@ -903,6 +950,7 @@ int main(void) {
         cmocka_unit_test(test_rope_qk),
         cmocka_unit_test(test_gemv_pdl_chain),
         cmocka_unit_test(test_gemv_batch_invariant),
+        cmocka_unit_test(test_gemv_v2),
         cmocka_unit_test(test_gated_activations),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_errors),

@@ -125,6 +125,17 @@ void cuda_q4k_force(int mode);
 /* Rearranges the scale bytes of w's super-blocks on the device (GGUF -> packed order). */
 hearth_status cuda_q4k_pack(cuda_weight *w, hearth_error *err);
 
+/* HEARTH_CUDA_GEMV=v2 (cuda_gemv_v2.cu, opt-in until measured): the int8-activation GEMVs
+ * of Q8_0, Q6_K and packed-scale Q4_K run the v2 kernels (one warp per row, a whole
+ * 4096-weight step of loads in flight per lane); Q4_K weights uploaded while it is on get
+ * the packed scale order as with HEARTH_CUDA_Q4K=new (same bytes). Same numerical
+ * contract as cuda_gemv_int8_act; batch-invariant like the others. cuda_gemv_v2_force(1
+ * / 0) overrides the variable (tests, gemv_bench), -1 re-reads it. cuda_gemv_v2_takes:
+ * whether w's int8-activation GEMV goes to a v2 kernel now. */
+int cuda_gemv_v2_on(void);
+void cuda_gemv_v2_force(int mode);
+int cuda_gemv_v2_takes(const cuda_weight *w);
+
 /* MLX 4-bit rows with k % 1024 == 0 are stored "tiled": in each tile of 1024 weights, lane
  * L of a warp reads one 16-byte vector holding weights 128m + 4L + j (m < 8, j < 4), so its
  * eight float4 activation loads are coalesced across the warp (the plain layout makes each

@@ -270,7 +270,8 @@ hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const cha
         dw->bytes = bytes;
         s = cuda_alloc(&dw->data, bytes, what, err);
         if (!s) s = cuda_upload(dw->data, w->data, bytes, err);
-        if (!s && w->dtype == DT_Q4_K && cuda_q4k_new()) s = cuda_q4k_pack(dw, err); /* in place, same bytes */
+        if (!s && w->dtype == DT_Q4_K && (cuda_q4k_new() || cuda_gemv_v2_on()))
+            s = cuda_q4k_pack(dw, err); /* in place, same bytes (the v2 GEMV reads the packed order) */
     }
     if (s) cuda_weight_free(dw);
     return s;

@@ -543,7 +543,10 @@ static hearth_status reserve_locked(size_t floats, hearth_error *err) {
     return HEARTH_OK;
 }
 
-void cuda_gemv_force_pdl(int mode) { *pdl_force() = mode; }
+void cuda_gemv_force_pdl(int mode) {
+    *pdl_force() = mode;
+    cuda_gemv_v2_force_pdl(mode); /* pdl_force is per translation unit */
+}
 
 hearth_status cuda_gemv_reserve(size_t floats, hearth_error *err) {
     (void)pdl_on(); /* its one device query happens here, at model creation, not inside a capture */
@@ -916,6 +919,7 @@ static int q4k_rows(int n, int k) {
 
 template <int T>
 static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y) {
+    if (cuda_gemv_v2_launch(w, xq, xs, y, T)) return; /* HEARTH_CUDA_GEMV=v2 */
     int n = (int)w->n, k = (int)w->k, pf = pdl_on();
     int R = w->dtype == DT_Q4_K && w->q4k_packed ? q4k_rows(n, k) : q8act_rows(n);
     dim3 grid((unsigned)((n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R))), block(GEMV_WARPS * 32);

@@ -14,6 +14,12 @@ extern "C" {
  * cannot be captured). It is a blocking stream: plain cudaMemcpy calls still order with it. */
 cudaStream_t cuda_stream(void);
 
+/* cuda_gemv_v2.cu, for cuda_gemv.cu's int8 path: launches the v2 GEMV of w (T = 1, 2, 3,
+ * 4 or 8 rows of quantized activations) and returns 1, or returns 0 (nothing launched)
+ * when v2 does not take w. _force_pdl: cuda_gemv_force_pdl for that file's launches. */
+int cuda_gemv_v2_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T);
+void cuda_gemv_v2_force_pdl(int mode);
+
 /* Fills err from a CUDA status; `what` says which call or kernel failed. */
 static inline hearth_status cuda_status(cudaError_t e, const char *what, hearth_error *err) {
     if (e == cudaSuccess) return HEARTH_OK;

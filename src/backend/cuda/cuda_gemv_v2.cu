@@ -1,0 +1,301 @@
+/* cuda_gemv_v2.cu: second-generation decode GEMVs with int8 activations for Q8_0, Q4_K
+ * (packed scale order) and Q6_K (HEARTH_CUDA_GEMV=v2, opt-in until measured): one warp
+ * per row, every load of a 4096-weight step issued before the first is used, lane
+ * mappings in which each warp load reads contiguous bytes of weights and of activations.
+ * Same contract as cuda_gemv.cu's int8 path (activations and their (d, d * sum q) pairs
+ * as quantize_x_q8 writes them); called only from there. Must not allocate or sync. */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_pdl.cuh"
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 4 warps (rows) per block: the block scheduler refills an SM as soon as four rows are
+ * done, so the end of a launch idles at most four rows' worth of an SM. */
+#define V2_WARPS 4
+/* Registers: at most 64 per thread for T = 1 (8 blocks = 32 warps per SM, enough for
+ * all 4096 rows of a 4096-row weight to be in flight at once on 132 SMs), 80 for T = 2
+ * (6 blocks), 128 above (4 blocks); fewer spill (ptxas -v, sm_90a). */
+#define V2_MIN_BLOCKS(T) ((T) == 1 ? 8 : (T) == 2 ? 6 : 4)
+
+/* Weights are read once: keep them out of L1 so the activations stay there. */
+static __device__ __forceinline__ uint4 v2_stream(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+static __device__ __forceinline__ float v2_f16(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+
+/* Sixteen signed int8 products (w and a both signed). */
+static __device__ __forceinline__ int v2_dot16(uint4 w, int4 a) {
+    int s = __dp4a((int)w.x, a.x, 0);
+    s = __dp4a((int)w.y, a.y, s);
+    s = __dp4a((int)w.z, a.z, s);
+    return __dp4a((int)w.w, a.w, s);
+}
+
+/* Sixteen products of unsigned weight bytes (0..255) with signed activation bytes. */
+static __device__ __forceinline__ int v2_dp4a_us(uint32_t w, int a, int c) {
+    int r;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(a), "r"(c));
+    return r;
+}
+static __device__ __forceinline__ int v2_dot16_us(uint4 w, int4 a) {
+    int s = v2_dp4a_us(w.x, a.x, 0);
+    s = v2_dp4a_us(w.y, a.y, s);
+    s = v2_dp4a_us(w.z, a.z, s);
+    return v2_dp4a_us(w.w, a.w, s);
+}
+
+/* Lane sums of the warp's row, reduced by a fixed butterfly (the same order whatever T,
+ * so a row's result does not depend on the batch: test_gemv_batch_invariant). */
+template <int T> static __device__ __forceinline__ void v2_store(float (&acc)[T], float *y, int n, int row, int lane) {
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        float s = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) y[(size_t)t * n + row] = s;
+    }
+}
+
+/* Q8_0 planes (int8 [n][k], f16 d [n][k/32]): lane L takes 16 quants (half a block) at
+ * uint4 32s + L of the step, s < 8: a warp load is 512 contiguous weight bytes and its
+ * activations 512 contiguous int8; 8 x 16 bytes in flight per lane, one 4096-weight step
+ * is a whole row of k = 4096. */
+#define Q8_SLOTS 8
+template <int T>
+__global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
+    gemv_v2_q8_0(const int8_t *Q, const uint16_t *D, const int8_t *xq, const float2 *xs, float *y, int n, int k) {
+    int row = blockIdx.x * V2_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const uint4 *qr = (const uint4 *)(Q + (size_t)row * k);
+    const uint16_t *dr = D + (size_t)row * (k / 32);
+    int nv = k / 16, nb = k / 32;
+    pdl_wait(); /* xq / xs come from the kernel before */
+    pdl_trigger();
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (int v0 = 0; v0 < nv; v0 += 32 * Q8_SLOTS) {
+        uint4 u[Q8_SLOTS];
+        uint32_t dw[Q8_SLOTS];
+#pragma unroll
+        for (int s = 0; s < Q8_SLOTS; s++) {
+            int v = v0 + 32 * s + lane;
+            if (v < nv) {
+                u[s] = v2_stream(qr + v);
+                dw[s] = __ldg(dr + v / 2);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < Q8_SLOTS; s++) {
+            int v = v0 + 32 * s + lane;
+            if (v >= nv) continue;
+            float w = v2_f16(dw[s]);
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                int4 a = __ldg((const int4 *)(xq + (size_t)t * k) + v);
+                float dx = __ldg(&xs[(size_t)t * nb + v / 2].x);
+                acc[t] += (w * dx) * (float)v2_dot16(u[s], a);
+            }
+        }
+    }
+    v2_store<T>(acc, y, n, row, lane);
+}
+
+/* Q4_K super-blocks with packed scales (cuda_q4k_scale_min, q4k_packed): 8 lanes per
+ * super-block; lane part p = 2c + h reads the 16 nibble bytes at 16 + 16p (chunk c, half
+ * h): weights 64c + 16h + [0, 16) (low nibbles, sub-block 2c) and 64c + 32 + 16h + [0, 16)
+ * (high nibbles, sub-block 2c + 1). A warp load covers 4 super-blocks (512 contiguous
+ * quant bytes out of 576); 4 slots = 16 super-blocks per step, with the 16-byte header
+ * of each (one broadcast load per 8 lanes). High nibbles stay in place (q & 0xF0..) and
+ * go through the unsigned x signed dp4a: the sum is 16x the nibble sum, shifted back
+ * exactly. Each sub-block's min term -dmin * m * d_x * sum(q_x) is added once, by lane
+ * h = 0 for sub-block 2c and by lane h = 1 for sub-block 2c + 1. */
+#define Q4_SLOTS 4
+template <int T>
+__global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
+    gemv_v2_q4_k(const uint8_t *W, const int8_t *xq, const float2 *xs, float *y, int n, int k) {
+    int row = blockIdx.x * V2_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    int nsb = k / 256, nb = k / 32, part = lane % 8, c = part / 2, h = part % 2;
+    const uint8_t *wr = W + (size_t)row * nsb * 144;
+    pdl_wait();
+    pdl_trigger();
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (int s0 = 0; s0 < nsb; s0 += 4 * Q4_SLOTS) {
+        uint4 hd[Q4_SLOTS], q[Q4_SLOTS];
+#pragma unroll
+        for (int s = 0; s < Q4_SLOTS; s++) {
+            int sb = s0 + 4 * s + lane / 8;
+            if (sb < nsb) {
+                const uint8_t *blk = wr + (size_t)sb * 144;
+                hd[s] = __ldg((const uint4 *)blk);
+                q[s] = v2_stream(blk + 16 + 16 * part);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < Q4_SLOTS; s++) {
+            int sb = s0 + 4 * s + lane / 8;
+            if (sb >= nsb) continue;
+            float d = v2_f16(hd[s].x & 0xffff), dmin = v2_f16(hd[s].x >> 16);
+            uint32_t b0 = (hd[s].y >> (8 * c)) & 0xFF, b1 = (hd[s].z >> (8 * c)) & 0xFF;
+            uint32_t hs = hd[s].w >> (4 * c), hm = hd[s].w >> (16 + 4 * c);
+            int sc0 = (int)((b0 & 0xF) | ((hs & 3) << 4)), sc1 = (int)((b0 >> 4) | ((hs & 0xC) << 2));
+            int m = (int)(((b1 >> (4 * h)) & 0xF) | (((hm >> (2 * h)) & 3) << 4));
+            float fm = dmin * (float)m;
+            uint4 lo =
+                make_uint4(q[s].x & 0x0F0F0F0Fu, q[s].y & 0x0F0F0F0Fu, q[s].z & 0x0F0F0F0Fu, q[s].w & 0x0F0F0F0Fu);
+            uint4 hi =
+                make_uint4(q[s].x & 0xF0F0F0F0u, q[s].y & 0xF0F0F0F0u, q[s].z & 0xF0F0F0F0u, q[s].w & 0xF0F0F0F0u);
+            int base = sb * 256 + 64 * c + 16 * h, xb = sb * 8 + 2 * c;
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                const int8_t *xt = xq + (size_t)t * k + base;
+                int4 a = __ldg((const int4 *)xt), b = __ldg((const int4 *)(xt + 32));
+                /* (d, d·Σq) of x blocks 2c and 2c + 1, one 16-byte load (xb even, k % 64 == 0) */
+                float4 p = __ldg((const float4 *)(xs + (size_t)t * nb + xb));
+                int dl = v2_dot16(lo, a), dh = v2_dot16_us(hi, b) >> 4; /* exact: a multiple of 16 */
+                /* |sc·dot| <= 63·16·15·127 < 2^24: the int products convert to float exactly */
+                acc[t] += d * ((float)(sc0 * dl) * p.x + (float)(sc1 * dh) * p.z) - fm * (h ? p.w : p.y);
+            }
+        }
+    }
+    v2_store<T>(acc, y, n, row, lane);
+}
+
+/* Q6_K planes (cuda_weight: ql [n][k/2], qh [n][k/4], int8 scales [n][k/16], f16 d
+ * [n][k/256]; weight 128h + 32g + l of a super-block is nibble g/2 of ql[64h + 32(g%2) +
+ * l] with bits 2g of qh[32h + l], scale (128h + 32g + l) / 16). 16 lanes per
+ * super-block: lane i = 8h + 2g + j takes weights 16i + [0, 16) = 128h + 32g + 16j + [0,
+ * 16), one sub-block, so a warp's 32 lanes cover 512 consecutive weights and read their
+ * int8 activations as one contiguous 512-byte load; its 16 ql bytes are shared with the
+ * lane of g ^ 2 and its 16 qh bytes with the lanes of the other three g (same address in
+ * one instruction: one transfer). 6-bit q - 32 per byte without a borrow: with bit 1 of
+ * each qh pair flipped, t = nibble | pair << 4 is q ^ 32, whose 6-bit two's complement
+ * sign-extended to 8 bits (t + (t & 0x20) * 6) is q - 32. 4 slots = 8 super-blocks. */
+#define Q6_SLOTS 4
+/* T = 1 at 64 registers spilled 16 bytes: 7 blocks (72 registers, 28 warps per SM) */
+template <int T>
+__global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T))
+    gemv_v2_q6_k(const uint8_t *QL, const uint8_t *QH, const int8_t *SC, const uint16_t *D, const int8_t *xq,
+                 const float2 *xs, float *y, int n, int k) {
+    int row = blockIdx.x * V2_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    int nsb = k / 256, nb = k / 32, li = lane % 16, h = li / 8, g = (li / 2) % 4, j = li % 2;
+    int lshift = 4 * (g / 2), hshift = 2 * g;
+    size_t b0 = (size_t)row * nsb;
+    /* this lane's bytes of super-block 0 of the row; super-block sb is sb * 128 / 64 / 16 / 1 further */
+    const uint8_t *qlr = QL + b0 * 128 + 64 * h + 32 * (g % 2) + 16 * j, *qhr = QH + b0 * 64 + 32 * h + 16 * j;
+    const int8_t *scr = SC + b0 * 16 + li;
+    const uint16_t *dr = D + b0;
+    pdl_wait();
+    pdl_trigger();
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (int s0 = 0; s0 < nsb; s0 += 2 * Q6_SLOTS) {
+        uint4 ql[Q6_SLOTS], qh[Q6_SLOTS];
+        int sc[Q6_SLOTS];
+        uint32_t dd[Q6_SLOTS];
+#pragma unroll
+        for (int s = 0; s < Q6_SLOTS; s++) {
+            int sb = s0 + 2 * s + lane / 16;
+            if (sb < nsb) {
+                ql[s] = v2_stream(qlr + sb * 128);
+                qh[s] = v2_stream(qhr + sb * 64);
+                sc[s] = __ldg(scr + sb * 16);
+                dd[s] = __ldg(dr + sb);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < Q6_SLOTS; s++) {
+            int sb = s0 + 2 * s + lane / 16;
+            if (sb >= nsb) continue;
+            uint32_t l[4] = {ql[s].x, ql[s].y, ql[s].z, ql[s].w}, hw[4] = {qh[s].x, qh[s].y, qh[s].z, qh[s].w};
+            int qv[4];
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                uint32_t t6 =
+                    ((l[w] >> lshift) & 0x0F0F0F0Fu) | ((((hw[w] ^ 0xAAAAAAAAu) >> hshift) & 0x03030303u) << 4);
+                qv[w] = (int)(t6 + (t6 & 0x20202020u) * 6u); /* disjoint bits: no carry between bytes */
+            }
+            float d = v2_f16(dd[s]);
+            int base = sb * 256 + 16 * li, xb = sb * 8 + li / 2;
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                int4 a = __ldg((const int4 *)(xq + (size_t)t * k + base));
+                int dot = __dp4a(qv[0], a.x, 0);
+                dot = __dp4a(qv[1], a.y, dot);
+                dot = __dp4a(qv[2], a.z, dot);
+                dot = __dp4a(qv[3], a.w, dot);
+                float dx = __ldg(&xs[(size_t)t * nb + xb].x);
+                /* |sc·dot| <= 128·16·32·127 < 2^24: exact as a float */
+                acc[t] += (d * dx) * (float)(sc[s] * dot);
+            }
+        }
+    }
+    v2_store<T>(acc, y, n, row, lane);
+}
+
+/* ---------- host side ---------- */
+
+static int g_v2_mode = -1;
+
+int cuda_gemv_v2_on(void) {
+    if (g_v2_mode < 0) {
+        const char *e = getenv("HEARTH_CUDA_GEMV");
+        g_v2_mode = e && !strcmp(e, "v2");
+    }
+    return g_v2_mode;
+}
+
+void cuda_gemv_v2_force(int mode) { g_v2_mode = mode < 0 ? -1 : mode != 0; }
+
+void cuda_gemv_v2_force_pdl(int mode) { *pdl_force() = mode; }
+
+int cuda_gemv_v2_takes(const cuda_weight *w) {
+    if (!w || !cuda_gemv_v2_on() || w->k % 32) return 0;
+    return w->dtype == DT_Q8_0 || (w->dtype == DT_Q4_K && w->q4k_packed && w->k % 256 == 0) ||
+           (w->dtype == DT_Q6_K && w->k % 256 == 0);
+}
+
+template <int T> static void launch_v2(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y) {
+    int n = (int)w->n, k = (int)w->k;
+    dim3 grid((unsigned)((n + V2_WARPS - 1) / V2_WARPS)), block(V2_WARPS * 32);
+    switch (w->dtype) {
+    case DT_Q8_0:
+        pdl_launch(gemv_v2_q8_0<T>, grid, block, (const int8_t *)w->data, (const uint16_t *)w->scales, xq, xs, y, n, k);
+        break;
+    case DT_Q4_K: pdl_launch(gemv_v2_q4_k<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k); break;
+    case DT_Q6_K: {
+        size_t nk = (size_t)n * (size_t)k;
+        const uint8_t *ql = (const uint8_t *)w->data;
+        const int8_t *sc = (const int8_t *)w->scales;
+        pdl_launch(gemv_v2_q6_k<T>, grid, block, ql, (const uint8_t *)(ql + nk / 2), sc,
+                   (const uint16_t *)(sc + nk / 16), xq, xs, y, n, k);
+        break;
+    }
+    default: break;
+    }
+}
+
+int cuda_gemv_v2_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T) {
+    /* the Q4_K kernel reads two (d, d·Σq) pairs as one float4 */
+    if (!cuda_gemv_v2_takes(w) || ((uintptr_t)xs % 16) != 0 || ((uintptr_t)xq % 16) != 0) return 0;
+    switch (T) {
+    case 1: launch_v2<1>(w, xq, xs, y); return 1;
+    case 2: launch_v2<2>(w, xq, xs, y); return 1;
+    case 3: launch_v2<3>(w, xq, xs, y); return 1;
+    case 4: launch_v2<4>(w, xq, xs, y); return 1;
+    case 8: launch_v2<8>(w, xq, xs, y); return 1;
+    default: return 0; /* cuda_gemv.cu's chunks are 8, 4, 3, 2, 1 */
+    }
+}

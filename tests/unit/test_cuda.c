@@ -318,20 +318,26 @@ static void check_dequant(tensor_dtype t, int64_t n, int64_t k, int packed) {
 
 static void test_dequant(void **state) {
     (void)state;
-    check_dequant(DT_Q8_0, 37, 96, 0);
-    check_dequant(DT_Q8_0, 3, 4128, 0);
-    for (int packed = 0; packed < 2; packed++) {
-        check_dequant(DT_Q4_K, 37, 256, packed);
-        check_dequant(DT_Q4_K, 5, 2304, packed);
+    for (int fast = 0; fast < 2; fast++) { /* the generic kernel and HEARTH_CUDA_DEQUANT=fast */
+        cuda_gemm_force(fast, -1);
+        check_dequant(DT_Q8_0, 37, 96, 0);
+        check_dequant(DT_Q8_0, 3, 4128, 0);
+        for (int packed = 0; packed < 2; packed++) {
+            check_dequant(DT_Q4_K, 37, 256, packed);
+            check_dequant(DT_Q4_K, 5, 2304, packed);
+        }
+        check_dequant(DT_Q6_K, 37, 512, 0);
+        check_dequant(DT_Q6_K, 3, 4352, 0);
     }
-    check_dequant(DT_Q6_K, 37, 512, 0);
-    check_dequant(DT_Q6_K, 3, 4352, 0);
+    cuda_gemm_force(-1, -1);
 }
 
-/* F16 / BF16 weights at 2..8 rows: cuBLAS as stored (cuda_matmul_small_direct), not the
- * multi-row GEMV; checked against the CPU reference like the prefill sizes. */
+/* F16 / BF16 weights at 2..8 rows with HEARTH_CUDA_DIRECT_MIN_T=2: cuBLAS as stored
+ * (cuda_matmul_small_direct), not the multi-row GEMV; checked against the CPU reference
+ * like the prefill sizes. */
 static void test_matmul_small_direct(void **state) {
     (void)state;
+    cuda_gemm_force(-1, 2);
     cuda_gemm *g = NULL;
     assert_int_equal(cuda_gemm_create(&g, 300 * 4096, 8 * 4096, 0, NULL), HEARTH_OK);
     static const int Ts[] = {2, 3, 5, 8};
@@ -343,6 +349,7 @@ static void test_matmul_small_direct(void **state) {
         check_matmul(DT_BF16, 300, 4096, Ts[i], g, 1);
     }
     cuda_gemm_free(g);
+    cuda_gemm_force(-1, -1);
 }
 
 /* Programmatic Dependent Launch (the decode GEMVs may start before the kernel before them

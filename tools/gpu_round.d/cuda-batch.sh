@@ -32,15 +32,24 @@ unit() { # name timeout [env...]
     say "$n: $v ($(grep -c 'OK \]' "$L/$n.log") ok, $(grep -c 'FAILED \]' "$L/$n.log") failed) $(grep -m1 -oE 'ragged batches checked' "$L/$n.log")"
     [ $rc = 0 ] || grep -vE '^\[ (RUN|  OK) ' "$L/$n.log" | grep -m3 -iE 'error|fail|refer|differ|tol' | cut -c1-260 | tee -a "$SUM" >/dev/null
 }
-unit test_cuda_ragged 15 HEARTH_CUDA_BATCH=1
-unit test_cuda_ragged 10 # the default (old) path on the same test: both must pass
-unit test_cuda_kv 15 HEARTH_CUDA_BATCH=1
-unit test_cuda 25 HEARTH_CUDA_BATCH=1
+unit test_cuda_ragged 15
+unit test_cuda_ragged 10 HEARTH_CUDA_BATCH=0 # the old path on the same test: both must pass
+unit test_cuda_kv 15
+unit test_cuda 30
+unit test_cuda 30 HEARTH_CUDA_DEQUANT=fast HEARTH_CUDA_DIRECT_MIN_T=2
+unit test_cuda_graph 15 # decode graphs now capture cuBLAS calls (F16 / BF16 at 2..8 rows)
 
 # microbenchmarks: build (libhearth.a is there) and run both matmul modes, then attention
 if timeout 20 make -s BUILD="$B" BINDIR="$B/bin" LIBDIR="$B/lib" "$B/bench/batch_bench" >"$L/batch_bench_build.log" 2>&1; then
-    [ "$(left)" -gt 12 ] && HEARTH_CUDA_BATCH=1 timeout 12 "$B/bench/batch_bench" >"$L/batch_bench.txt" 2>&1
-    [ "$(left)" -gt 10 ] && BATCH_BENCH=matmul timeout 8 "$B/bench/batch_bench" >"$L/batch_bench_old.txt" 2>&1
+    [ "$(left)" -gt 12 ] && timeout 14 "$B/bench/batch_bench" >"$L/batch_bench.txt" 2>&1
+    # the opt-in paths not yet timed: flat dequantizers, F16 / BF16 cuBLAS at 2..8 rows
+    [ "$(left)" -gt 12 ] && HEARTH_CUDA_DEQUANT=fast HEARTH_CUDA_DIRECT_MIN_T=2 BATCH_BENCH=matmul timeout 12 \
+        "$B/bench/batch_bench" >"$L/batch_bench_fast.txt" 2>&1
+    say "dequant generic: $(grep -h 'dequant to bf16' "$L/batch_bench.txt" 2>/dev/null | tr -s ' ' | tr '\n' ';')"
+    say "dequant fast:    $(grep -h 'dequant to bf16' "$L/batch_bench_fast.txt" 2>/dev/null | tr -s ' ' | tr '\n' ';')"
+    # every quantized T >= 9 on the dequantize + GEMM path (the byte model's other side)
+    [ "$(left)" -gt 10 ] && HEARTH_CUDA_GEMV_FUDGE=1000 BATCH_BENCH=matmul timeout 10 "$B/bench/batch_bench" >"$L/batch_bench_gemm.txt" 2>&1
+    [ "$(left)" -gt 10 ] && HEARTH_CUDA_BATCH=0 BATCH_BENCH=matmul timeout 10 "$B/bench/batch_bench" >"$L/batch_bench_old.txt" 2>&1
     # per T: format gemv/matmul us (new picks), then the old dequantize+GEMM us
     for T in 1 8 16 32 64 128; do
         say "T=$T gemv/new: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s/%s ", $1, $5, $8}' "$L/batch_bench.txt" 2>/dev/null)| old: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s ", $1, $8}' "$L/batch_bench_old.txt" 2>/dev/null)"
@@ -82,8 +91,8 @@ elif [ "$(left)" -ge 40 ]; then
     F=f16
     [ -f "$G8/llama8b-f16.gguf" ] || F=q4_k_m
     if [ -f "$G8/llama8b-$F.gguf" ]; then
-        serve new HEARTH_CUDA_BATCH=1
-        [ "${CB_AB:-0}" = 1 ] && [ "$(left)" -ge 40 ] && serve old
+        serve new
+        [ "${CB_AB:-0}" = 1 ] && [ "$(left)" -ge 40 ] && serve old HEARTH_CUDA_BATCH=0
     else
         say "serve_load: no GGUF in $G8"
     fi

@@ -315,11 +315,15 @@ hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, in
  * weights go to cuBLAS as stored with f16 activations (HEARTH_CUDA_BATCH=0: the bf16
  * conversion of every weight and no GEMV above 8 rows, the path before). */
 int cuda_matmul_uses_gemv(const cuda_gemm *g, const cuda_weight *w, int T);
-/* Whether a call of T <= 8 rows on w goes to cuBLAS as stored (F16 / BF16 weights from 2
- * rows, HEARTH_CUDA_DIRECT_MIN_T; never in exact mode or with HEARTH_CUDA_BATCH=0). */
+/* Whether a call of T <= 8 rows on w goes to cuBLAS as stored (F16 / BF16 weights from
+ * HEARTH_CUDA_DIRECT_MIN_T rows, opt-in: default 9, i.e. never; never in exact mode or with
+ * HEARTH_CUDA_BATCH=0). */
 int cuda_matmul_small_direct(const cuda_gemm *g, const cuda_weight *w, int T);
 /* Dequantizes w (any device format) into out as bf16 [n][k], as the prefill GEMM does. */
 hearth_status cuda_dequant_bf16(const cuda_weight *w, void *out, hearth_error *err);
+/* Tests: fast_dequant 1 / 0 forces HEARTH_CUDA_DEQUANT=fast / the generic kernel,
+ * direct_min_rows forces HEARTH_CUDA_DIRECT_MIN_T; -1 re-reads the variable. */
+void cuda_gemm_force(int fast_dequant, int direct_min_rows);
 /* Whether cuda_matmul hands this weight to cuBLAS as stored (no dequantized copy, so any
  * weight size fits the scratch, e.g. lm_head); 0 with HEARTH_CUDA_BATCH=0. */
 int cuda_matmul_direct(const cuda_gemm *g, const cuda_weight *w);

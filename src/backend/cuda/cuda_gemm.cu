@@ -211,14 +211,18 @@ __global__ void dequant_fast_bf16_kernel(cuda_weight w, uint4 *out, size_t total
     out[i8] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
 }
 
-/* HEARTH_CUDA_DEQUANT=old: the generic eight-per-thread kernel for every format (A/B). */
+/* HEARTH_CUDA_DEQUANT=fast: the flat kernels above for Q8_0 / Q4_K / Q6_K; default: the
+ * generic eight-per-thread kernel for every format (the one measured on the H200: 14336 x
+ * 4096 Q4_K ~220 us). Opt-in because the flat kernels were written after the last device
+ * call of 2026-12-01 and have not run on a GPU (test_cuda's test_dequant checks them). */
+static int g_dequant_old = -1, g_direct_min_t = -1;
+
 static int dequant_old(void) {
-    static int v = -1;
-    if (v < 0) {
+    if (g_dequant_old < 0) {
         const char *e = getenv("HEARTH_CUDA_DEQUANT");
-        v = e && strcmp(e, "old") == 0;
+        g_dequant_old = !(e && strcmp(e, "fast") == 0);
     }
-    return v;
+    return g_dequant_old;
 }
 
 /* Launches the bf16 dequantization of w into out (k % 8 == 0 for the fast kernels). */
@@ -286,17 +290,23 @@ static int gemm_old(void) {
 }
 
 /* Rows from which a weight cuBLAS reads as stored (F16 / BF16) goes to the GEMM instead of
- * the GEMV: the multi-row 16-bit GEMV pays its dot products per row (H200, 14336 x 4096
- * F16: 32.6 us at 1 row, 131 us at 8) while cuBLAS streams the weight once (~35 us at 9..64
- * rows). HEARTH_CUDA_DIRECT_MIN_T overrides it (>= 2). */
+ * the GEMV at 2..8 rows: the multi-row 16-bit GEMV pays its dot products per row (H200,
+ * 14336 x 4096 F16: 32.6 us at 1 row, 131 us at 8) while cuBLAS streams the weight once
+ * (~35 us at 9..64 rows). HEARTH_CUDA_DIRECT_MIN_T=2 turns it on; opt-in (default 9: off)
+ * because it was written after the last device call of 2026-12-01 and has not run on a GPU
+ * (decode graphs would then capture cuBLAS calls). */
 static int direct_min_t(void) {
-    static int v = -1;
-    if (v < 0) {
+    if (g_direct_min_t < 0) {
         const char *e = getenv("HEARTH_CUDA_DIRECT_MIN_T");
-        v = e ? atoi(e) : 2;
-        if (v < 2) v = 2;
+        g_direct_min_t = e ? atoi(e) : GEMM_MIN_T;
+        if (g_direct_min_t < 2) g_direct_min_t = 2;
     }
-    return v;
+    return g_direct_min_t;
+}
+
+void cuda_gemm_force(int fast_dequant, int direct_min_rows) {
+    g_dequant_old = fast_dequant < 0 ? -1 : !fast_dequant;
+    g_direct_min_t = direct_min_rows < 0 ? -1 : direct_min_rows < 2 ? 2 : direct_min_rows;
 }
 
 /* Device bytes per weight element of the formats the dequantize path would expand (0: not
@@ -317,18 +327,19 @@ static double quant_bytes_per_elem(const cuda_weight *w) {
  * writes a bf16 copy (2 bytes per element) and cuBLAS reads that copy back (2 more):
  *     GEMV when  chunks(T) * q * F  <  q + 4,
  * F being how much slower per byte the multi-row GEMV streams than the dequantize + GEMM
- * pair (its dot products are not free at 8 rows). F = 4 since the flat dequantizers
- * (dequant_fast_bf16_kernel): with the generic one, F = 2 matched the H200's crossovers
- * (14336 x 4096: Q4_K GEMV 261 vs GEMM 257 us at 32 rows, Q8_0 127 vs 135 at 24), and the
- * flat kernels cut the GEMM path's cost; Q4_K: GEMV up to 12 rows, Q8_0 and Q6_K: 8.
- * HEARTH_CUDA_GEMV_FUDGE overrides it (the cuda-batch device part times both paths). At
- * most CUDA_MATMUL_GEMV_MAX_T rows (the int8-activation scratch the plan sizes). */
+ * pair (its dot products are not free at 8 rows). F = 2 matched the H200's crossovers with
+ * the generic dequantizer (14336 x 4096: Q4_K GEMV 261 vs GEMM 257 us at 32 rows, Q8_0 127
+ * vs 135 at 24): Q4_K GEMV up to 32 rows, Q8_0 16, Q6_K 24. With HEARTH_CUDA_DEQUANT=fast
+ * the GEMM side gets cheaper and F = 4 is the estimate (Q4_K GEMV up to 12 rows, Q8_0 and
+ * Q6_K 8), unmeasured. HEARTH_CUDA_GEMV_FUDGE overrides either (the cuda-batch device part
+ * times both paths). At most CUDA_MATMUL_GEMV_MAX_T rows (the int8-activation scratch). */
 static int use_gemv(const cuda_weight *w, int T) {
     static double fudge = -1.0;
     if (fudge < 0) {
         const char *e = getenv("HEARTH_CUDA_GEMV_FUDGE");
-        fudge = e ? atof(e) : 4.0;
-        if (!(fudge > 0)) fudge = 4.0;
+        double dflt = dequant_old() ? 2.0 : 4.0;
+        fudge = e ? atof(e) : dflt;
+        if (!(fudge > 0)) fudge = dflt;
     }
     double q = quant_bytes_per_elem(w);
     if (q <= 0.0 || T > CUDA_MATMUL_GEMV_MAX_T || gemm_old()) return 0;

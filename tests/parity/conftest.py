@@ -152,11 +152,13 @@ def conversations():
     return {os.path.basename(f): json.loads(Path(f).read_text(encoding="utf-8")) for f in files}
 
 
+@functools.lru_cache(maxsize=None)
 def hf_tokenizer(model):
     """The transformers tokenizer of a model folder or .gguf file (the oracle for tokenize,
     detokenize and apply_chat_template). transformers' GGUF reader imports torch only for
     tensor dtypes, which tokenizer conversion never touches; torch is not installed here,
-    so a placeholder module stands in for that import."""
+    so a placeholder module stands in for that import. Built once per path per test session
+    (converting Gemma 3's 262k-entry GGUF vocabulary takes ~30 s); callers only read it."""
     import importlib.machinery
     import sys
     import types

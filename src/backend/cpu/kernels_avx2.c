@@ -475,8 +475,9 @@ A2_KERNELS(a2_rows_q6_k, a2_tile_q6_k, a2_q6k_tile, 0)
  * only in float summation order, and depend on K alone (never on T or the row split). */
 #define P2_ROWS 8
 #define P2_CHUNK 32 /* blocks of 32 columns per packed chunk */
-#define P2_GROUPS 4 /* 8-row groups packed per chunk: 4 x 12 KiB, so each token tile's activations
-                       (P2_TT x 32 blocks, 4.6 KiB) are read from L1 by 32 rows */
+/* 8-row groups packed per chunk: 8 x 12 KiB (L2), so each token tile's activations
+ * (P2_TT x 32 blocks, 5 KiB) are read from L1 by 64 rows */
+#define P2_GROUPS 8
 #define P2_TT 4     /* tokens per register tile: 4 accumulators + 4 i16 chains + weights */
 
 typedef struct p2_group {
@@ -565,6 +566,9 @@ A2_INLINE void p2_compute(const p2_group *buf, int cb, const cpu_q8_block *x, in
                 const cpu_q8_block *xb = x + t * xstride + b;
                 __m256i p = _mm256_maddubs_epi16(wj, p2_bcast(xb->q + 4 * j));
                 s16[t] = j % depth == 0 ? p : _mm256_add_epi16(s16[t], p);
+                /* keeps the chain in this order: GCC otherwise reassociates the sums into trees
+                 * whose live maddubs results push the accumulators out to the stack */
+                __asm__("" : "+x"(s16[t]));
                 if (j % depth == depth - 1) {
                     __m256i v = _mm256_madd_epi16(s16[t], ones);
                     a32[t] = j % seg == depth - 1 ? v : _mm256_add_epi32(a32[t], v);

@@ -478,7 +478,7 @@ A2_KERNELS(a2_rows_q6_k, a2_tile_q6_k, a2_q6k_tile, 0)
 /* 8-row groups packed per chunk: 8 x 12 KiB (L2), so each token tile's activations
  * (P2_TT x 32 blocks, 5 KiB) are read from L1 by 64 rows */
 #define P2_GROUPS 8
-#define P2_TT 4     /* tokens per register tile: 4 accumulators + 4 i16 chains + weights */
+#define P2_TT 4 /* tokens per register tile: 4 accumulators + 4 i16 chains + weights */
 
 typedef struct p2_group {
     __m256i q[P2_CHUNK][8];      /* per block: first [8 rows][32 bytes] row-major, then transposed */
@@ -595,11 +595,12 @@ typedef void (*p2_compute_fn)(const p2_group *, int, const cpu_q8_block *, int64
         float *y, int64_t ystride, int rows, int accumulate) {                                               \
         p2_compute(buf, cb, x, xstride, xs, y, ystride, rows, accumulate, TT, DEPTH, HALVES);               \
     }
-#define P2_FNS(NAME, DEPTH, HALVES) \
-    P2_FN(NAME, DEPTH, HALVES, 1) P2_FN(NAME, DEPTH, HALVES, 2) P2_FN(NAME, DEPTH, HALVES, 3) P2_FN(NAME, DEPTH, HALVES, 4)
-P2_FNS(q4, 8, 0)   /* quants <= 15 */
-P2_FNS(q5, 4, 0)   /* quants <= 31 */
-P2_FNS(q6k, 2, 1)  /* quants <= 63, a scale per 16 columns */
+#define P2_FNS(NAME, DEPTH, HALVES)                                                    \
+    P2_FN(NAME, DEPTH, HALVES, 1) P2_FN(NAME, DEPTH, HALVES, 2) P2_FN(NAME, DEPTH, HALVES, 3) \
+    P2_FN(NAME, DEPTH, HALVES, 4)
+P2_FNS(q4, 8, 0)  /* quants <= 15 */
+P2_FNS(q5, 4, 0)  /* quants <= 31 */
+P2_FNS(q6k, 2, 1) /* quants <= 63, a scale per 16 columns */
 #define P2_ROW(NAME) {NULL, p2_compute_##NAME##_1, p2_compute_##NAME##_2, p2_compute_##NAME##_3, p2_compute_##NAME##_4}
 static const p2_compute_fn p2_fns_q4[P2_TT + 1] = P2_ROW(q4), p2_fns_q5[P2_TT + 1] = P2_ROW(q5),
                            p2_fns_q6k[P2_TT + 1] = P2_ROW(q6k);
@@ -611,9 +612,9 @@ A2_INLINE void p2_gemm(const cpu_weight *w, int64_t n0, int64_t n1, const void *
     p2_group buf[P2_GROUPS];
     float xs[P2_TT][P2_CHUNK][2];
     int halves = pk_kind(f) == PK_HALVES;
-    const p2_compute_fn *fns = halves                                                       ? p2_fns_q6k
-                               : f == PK_Q5_0 || f == PK_Q5_1 || f == PK_Q5_K ? p2_fns_q5
-                                                                                            : p2_fns_q4;
+    const p2_compute_fn *fns = p2_fns_q4;
+    if (halves) fns = p2_fns_q6k;
+    else if (f == PK_Q5_0 || f == PK_Q5_1 || f == PK_Q5_K) fns = p2_fns_q5;
     for (int64_t g0 = n0; g0 < n1; g0 += P2_ROWS * P2_GROUPS) {
         int groups = (int)((n1 - g0 + P2_ROWS - 1) / P2_ROWS);
         if (groups > P2_GROUPS) groups = P2_GROUPS;

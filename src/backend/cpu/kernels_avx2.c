@@ -631,6 +631,9 @@ A2_INLINE void p2_gemm(const cpu_weight *w, int64_t n0, int64_t n1, const void *
                         const cpu_q8_block *xb = x + (t0 + t) * xstride + c0 + b;
                         xs[t][b][0] = xb->d * (float)(halves ? xb->sum16[0] : xb->sum16[0] + xb->sum16[1]);
                         xs[t][b][1] = xb->d * (float)xb->sum16[1];
+                        /* the next token tile's blocks (40 bytes each: every line gets one): T
+                         * tokens' activations outgrow L2, and this loop stalled on them */
+                        if (t0 + P2_TT + t < T) _mm_prefetch((const char *)(xb + P2_TT * xstride), _MM_HINT_T0);
                     }
                 for (int gi = 0; gi < groups; gi++) {
                     int64_t g = g0 + gi * P2_ROWS;

@@ -312,10 +312,11 @@ static void test_mlx_affine(void **state) {
         }
 }
 
-/* The AVX-512 prefill kernels pack 16 weight rows x up to 32 blocks of 32 columns and run
- * 8 tokens per register tile: K of several packed chunks (partial last chunk), N not a
- * multiple of 16 (partial row group, several groups and tasks per thread), T with a partial
- * last token tile, for every format that has such a kernel. */
+/* The prefill kernels pack weight rows x up to 32 blocks of 32 columns (AVX-512: 16 rows, 8
+ * tokens per register tile; AVX2: 8-row groups, up to 8 per chunk, 4 tokens per tile): K of
+ * several packed chunks (partial last chunk), N not a multiple of 16 (partial row group,
+ * several groups and tasks per thread), T with every partial last token tile (9, 10, 23:
+ * 1, 2 and 3 tokens past a multiple of 4 and 8), for every format that has such a kernel. */
 static void test_prefill_tiles_long_k(void **state) {
     static const wcase cases[] = {
         {"q4_0", DT_Q4_0, 0, 0, 0}, {"q4_1", DT_Q4_1, 0, 0, 0},  {"q5_0", DT_Q5_0, 0, 0, 0},
@@ -323,12 +324,12 @@ static void test_prefill_tiles_long_k(void **state) {
         {"q5_k", DT_Q5_K, 0, 0, 0}, {"q6_k", DT_Q6_K, 0, 0, 0},  {"mlx4_g64", DT_U32, 4, 64, DT_F16},
         {"mlx8_g32", DT_U32, 8, 32, DT_BF16}, {"mlx4_g128", DT_U32, 4, 128, DT_F32},
     };
-    static const int Ts[] = {2, 9, 23};
+    static const int Ts[] = {2, 9, 10, 23};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int be = cases[i].t == DT_U32 ? cases[i].group : tensor_dtype_block_elems(cases[i].t);
         /* 65..~90 blocks of 32: two full chunks of 32 blocks and a partial one */
         int64_t k = (2080 + (int64_t)(rnd() % 800)) / be * be + be;
-        check_case_ts(&cases[i], 37 + 2 * (int64_t)(rnd() % 20), k, Ts, 3);
+        check_case_ts(&cases[i], 37 + 2 * (int64_t)(rnd() % 20), k, Ts, 4);
     }
 }
 

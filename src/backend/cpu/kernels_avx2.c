@@ -458,6 +458,207 @@ A2_KERNELS(a2_rows_q8_0, a2_tile_q8_0, a2_b32_tile, A2_Q8_0)
 A2_KERNELS(a2_rows_q4_k, a2_tile_q4_k, a2_q4k_tile, 0)
 A2_KERNELS(a2_rows_q6_k, a2_tile_q6_k, a2_q6k_tile, 0)
 
+/* ---- Prefill GEMM on weights repacked per 8-row group (lanes = output rows) ----
+ * The tiles above spend ~5 vector ops per 32-element block, row and token (maddubs, madd,
+ * conversion, a scale permute, FMA); at 4 rows x 2 tokens the 2 vCPUs ran the 1B Q4_K_M
+ * prefill at 0.77x llama.cpp. Here, as in kernels_avx512.c's pk_* kernels, the quants of 8
+ * rows x P2_CHUNK blocks are unpacked once per call into a stack buffer where ymm j of
+ * block b holds, in 32-bit lane r, quants 4j..4j+3 of row r (unsigned bytes). A token's 32
+ * int8 activations enter as eight 4-byte broadcasts; eight maddubs summed in i16 and one
+ * madd give the 8 rows' integer dots in 8 lanes, so a block costs ~20 ops for 8 rows
+ * instead of ~40, and no horizontal sums are left. The i16 sums stay exact: a maddubs lane
+ * is at most 2 * qmax * 127, so chains of 8 (qmax 15), 4 (31) or 2 (63) maddubs fit in
+ * 32767 (P2 depth). Stored offsets (8, 16, 32) join the mins as m = -offset * d and enter
+ * as m * dx * sum(x), like Q4_1's min. Q6_K has a scale per 16 columns: its block is two
+ * halves (j 0..3, 4..7), each with its own scale and offset. Q8_0 is not here: as unsigned
+ * bytes (q + 128) its maddubs lanes would saturate. Results differ from the row kernels
+ * only in float summation order, and depend on K alone (never on T or the row split). */
+#define P2_ROWS 8
+#define P2_CHUNK 32 /* blocks of 32 columns per packed chunk */
+/* 8-row groups packed per chunk: 8 x 12 KiB (L2), so each token tile's activations
+ * (P2_TT x 32 blocks, 5 KiB) are read from L1 by 64 rows */
+#define P2_GROUPS 8
+#define P2_TT 4 /* tokens per register tile: 4 accumulators + 4 i16 chains + weights */
+
+typedef struct p2_group {
+    __m256i q[P2_CHUNK][8];      /* per block: first [8 rows][32 bytes] row-major, then transposed */
+    float d[P2_CHUNK][P2_ROWS];  /* scale (Q6_K: of columns 0..15) */
+    float d2[P2_CHUNK][P2_ROWS]; /* Q6_K: scale of columns 16..31 */
+    float m[P2_CHUNK][P2_ROWS];  /* w = d * q + m, stored offsets folded in (Q6_K: columns 0..15) */
+    float m2[P2_CHUNK][P2_ROWS]; /* Q6_K: of columns 16..31 */
+} p2_group;
+
+/* 8 rows x 8 dwords -> 8 dwords x 8 rows, in place. */
+A2_INLINE void p2_transpose8(__m256i *q) {
+    __m256i t[8], u[8];
+    #pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m256i a = _mm256_load_si256(&q[2 * i]), b = _mm256_load_si256(&q[2 * i + 1]);
+        t[2 * i] = _mm256_unpacklo_epi32(a, b);     /* r0d0 r1d0 r0d1 r1d1 | d4, d5 */
+        t[2 * i + 1] = _mm256_unpackhi_epi32(a, b); /* d2, d3 | d6, d7 */
+    }
+    #pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) { /* rows 4i..4i+3 */
+        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);     /* d0 | d4 */
+        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);     /* d1 | d5 */
+        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]); /* d2 | d6 */
+        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]); /* d3 | d7 */
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        _mm256_store_si256(&q[j], _mm256_permute2x128_si256(u[j], u[4 + j], 0x20));
+        _mm256_store_si256(&q[j + 4], _mm256_permute2x128_si256(u[j], u[4 + j], 0x31));
+    }
+}
+
+/* Packs rows g..g+rows-1 (rows <= 8; missing rows become zeros), blocks c0..c0+cb-1. */
+A2_INLINE void p2_pack(const cpu_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, p2_group *buf) {
+    int64_t rb = cpu_weight_row_bytes(w);
+    float off = (float)pk_offset(f);
+    for (int r = 0; r < P2_ROWS; r++) {
+        if (r >= rows) {
+            for (int b = 0; b < cb; b++) {
+                _mm256_store_si256((__m256i *)((uint8_t *)buf->q[b] + 32 * r), _mm256_setzero_si256());
+                buf->d[b][r] = buf->d2[b][r] = buf->m[b][r] = buf->m2[b][r] = 0;
+            }
+            continue;
+        }
+        const uint8_t *row = (const uint8_t *)w->data + (g + r) * rb;
+        for (int b = 0; b < cb; b++) {
+            float d, d2, m;
+            __m256i q = avx2_pk_unpack(w, row, g + r, c0 + b, f, &d, &d2, &m);
+            _mm256_store_si256((__m256i *)((uint8_t *)buf->q[b] + 32 * r), q);
+            buf->d[b][r] = d;
+            buf->d2[b][r] = d2;
+            buf->m[b][r] = m - off * d; /* formats have a min or an offset, never both */
+            buf->m2[b][r] = -off * d2;
+        }
+    }
+    for (int b = 0; b < cb; b++) p2_transpose8(buf->q[b]);
+}
+
+A2_INLINE __m256i p2_bcast(const int8_t *q) {
+    int32_t v;
+    memcpy(&v, q, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* y rows (8 lanes, the first `rows` valid) of TT tokens (+)= the packed chunk times their
+ * activations. xs[t][b][h]: dx * sum(x) of block b's half h (HALVES) or of the block ([0]). */
+A2_INLINE void p2_compute(const p2_group *buf, int cb, const cpu_q8_block *x, int64_t xstride,
+                          const float (*xs)[P2_CHUNK][2], float *y, int64_t ystride, int rows, int accumulate,
+                          const int TT, const int depth, const int halves) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256 acc[P2_TT];
+    #pragma GCC unroll 4
+    for (int t = 0; t < TT; t++)
+        acc[t] = accumulate ? _mm256_maskload_ps(y + t * ystride, mask) : _mm256_setzero_ps();
+    const int seg = halves ? 4 : 8; /* registers per scale segment */
+    for (int b = 0; b < cb; b++) {
+        const __m256i *W = buf->q[b];
+        __m256i s16[P2_TT], a32[P2_TT];
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i wj = _mm256_load_si256(&W[j]);
+            #pragma GCC unroll 4
+            for (int t = 0; t < TT; t++) {
+                const cpu_q8_block *xb = x + t * xstride + b;
+                __m256i p = _mm256_maddubs_epi16(wj, p2_bcast(xb->q + 4 * j));
+                s16[t] = j % depth == 0 ? p : _mm256_add_epi16(s16[t], p);
+                /* keeps the chain in this order: GCC otherwise reassociates the sums into trees
+                 * whose live maddubs results push the accumulators out to the stack */
+                __asm__("" : "+x"(s16[t]));
+                if (j % depth == depth - 1) {
+                    __m256i v = _mm256_madd_epi16(s16[t], ones);
+                    a32[t] = j % seg == depth - 1 ? v : _mm256_add_epi32(a32[t], v);
+                }
+                if (j % seg == seg - 1) { /* a scale segment is complete */
+                    __m256 dx = _mm256_set1_ps(xb->d);
+                    __m256 d = _mm256_load_ps(halves && j >= 4 ? buf->d2[b] : buf->d[b]);
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a32[t]), _mm256_mul_ps(d, dx), acc[t]);
+                    __m256 m = _mm256_load_ps(halves && j >= 4 ? buf->m2[b] : buf->m[b]);
+                    acc[t] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(&xs[t][b][halves && j >= 4]), acc[t]);
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < TT; t++) _mm256_maskstore_ps(y + t * ystride, mask, acc[t]);
+}
+
+typedef void (*p2_compute_fn)(const p2_group *, int, const cpu_q8_block *, int64_t, const float (*)[P2_CHUNK][2],
+                              float *, int64_t, int, int);
+#define P2_FN(NAME, DEPTH, HALVES, TT)                                                                        \
+    __attribute__((target(KTARGET))) static void p2_compute_##NAME##_##TT(                                   \
+        const p2_group *buf, int cb, const cpu_q8_block *x, int64_t xstride, const float (*xs)[P2_CHUNK][2], \
+        float *y, int64_t ystride, int rows, int accumulate) {                                               \
+        p2_compute(buf, cb, x, xstride, xs, y, ystride, rows, accumulate, TT, DEPTH, HALVES);               \
+    }
+#define P2_FNS(NAME, DEPTH, HALVES)                                                    \
+    P2_FN(NAME, DEPTH, HALVES, 1) P2_FN(NAME, DEPTH, HALVES, 2) P2_FN(NAME, DEPTH, HALVES, 3) \
+    P2_FN(NAME, DEPTH, HALVES, 4)
+P2_FNS(q4, 8, 0)  /* quants <= 15 */
+P2_FNS(q5, 4, 0)  /* quants <= 31 */
+P2_FNS(q6k, 2, 1) /* quants <= 63, a scale per 16 columns */
+#define P2_ROW(NAME) {NULL, p2_compute_##NAME##_1, p2_compute_##NAME##_2, p2_compute_##NAME##_3, p2_compute_##NAME##_4}
+static const p2_compute_fn p2_fns_q4[P2_TT + 1] = P2_ROW(q4), p2_fns_q5[P2_TT + 1] = P2_ROW(q5),
+                           p2_fns_q6k[P2_TT + 1] = P2_ROW(q6k);
+
+A2_INLINE void p2_gemm(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv, int64_t xstride, int T, float *y,
+                       int64_t ystride, pk_fmt f) {
+    const cpu_q8_block *x = xv;
+    int64_t nb = w->k / 32;
+    p2_group buf[P2_GROUPS];
+    float xs[P2_TT][P2_CHUNK][2];
+    int halves = pk_kind(f) == PK_HALVES;
+    const p2_compute_fn *fns = p2_fns_q4;
+    if (halves) fns = p2_fns_q6k;
+    else if (f == PK_Q5_0 || f == PK_Q5_1 || f == PK_Q5_K) fns = p2_fns_q5;
+    for (int64_t g0 = n0; g0 < n1; g0 += P2_ROWS * P2_GROUPS) {
+        int groups = (int)((n1 - g0 + P2_ROWS - 1) / P2_ROWS);
+        if (groups > P2_GROUPS) groups = P2_GROUPS;
+        for (int64_t c0 = 0; c0 < nb; c0 += P2_CHUNK) {
+            int cb = nb - c0 < P2_CHUNK ? (int)(nb - c0) : P2_CHUNK;
+            for (int gi = 0; gi < groups; gi++) {
+                int64_t g = g0 + gi * P2_ROWS;
+                p2_pack(w, g, n1 - g < P2_ROWS ? (int)(n1 - g) : P2_ROWS, c0, cb, f, &buf[gi]);
+            }
+            for (int t0 = 0; t0 < T; t0 += P2_TT) {
+                int tt = T - t0 < P2_TT ? T - t0 : P2_TT;
+                for (int t = 0; t < tt; t++)
+                    for (int b = 0; b < cb; b++) {
+                        const cpu_q8_block *xb = x + (t0 + t) * xstride + c0 + b;
+                        xs[t][b][0] = xb->d * (float)(halves ? xb->sum16[0] : xb->sum16[0] + xb->sum16[1]);
+                        xs[t][b][1] = xb->d * (float)xb->sum16[1];
+                        /* the next token tile's blocks (40 bytes each: every line gets one): T
+                         * tokens' activations outgrow L2, and this loop stalled on them */
+                        if (t0 + P2_TT + t < T) _mm_prefetch((const char *)(xb + P2_TT * xstride), _MM_HINT_T0);
+                    }
+                for (int gi = 0; gi < groups; gi++) {
+                    int64_t g = g0 + gi * P2_ROWS;
+                    fns[tt](&buf[gi], cb, x + t0 * xstride + c0, xstride, (const float(*)[P2_CHUNK][2])xs,
+                            y + t0 * ystride + g, ystride, n1 - g < P2_ROWS ? (int)(n1 - g) : P2_ROWS, c0 > 0);
+                }
+            }
+        }
+    }
+}
+
+#define P2_TILE(NAME, FMT)                                                                                     \
+    __attribute__((target(KTARGET))) static void NAME(const cpu_weight *w, int64_t n0, int64_t n1,           \
+                                                      const void *x, int64_t xstride, int T, float *y,       \
+                                                      int64_t ystride) {                                     \
+        p2_gemm(w, n0, n1, x, xstride, T, y, ystride, FMT);                                                  \
+    }
+P2_TILE(p2_tile_q4_0, PK_Q4_0)
+P2_TILE(p2_tile_q4_1, PK_Q4_1)
+P2_TILE(p2_tile_q5_0, PK_Q5_0)
+P2_TILE(p2_tile_q5_1, PK_Q5_1)
+P2_TILE(p2_tile_q4_k, PK_Q4_K)
+P2_TILE(p2_tile_q5_k, PK_Q5_K)
+P2_TILE(p2_tile_q6_k, PK_Q6_K)
+
 /* cpu_quantize_row_ref (in order), 8 values per instruction: the same amax, d, 1/d and
  * float product, and the conversion rounds to nearest even like lrintf, so the bytes are
  * identical (tests/unit/test_cpu_matmul.c checks it). */
@@ -497,16 +698,23 @@ __attribute__((target(KTARGET))) void cpu_avx2_quantize_row(const float *x, int6
 
 int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out) {
     cpu_rows_fn f = NULL;
-    cpu_tile_fn tile = NULL;
-    switch (w->dtype) {
-    case DT_Q4_0: f = a2_rows_q4_0, tile = a2_tile_q4_0; break;
-    case DT_Q4_1: f = a2_rows_q4_1, tile = a2_tile_q4_1; break;
+    cpu_tile_fn tile = NULL, small = NULL;
+    switch (w->dtype) { /* small: batched decode, where packing would not pay (see kernels.h) */
+    case DT_Q4_0: f = a2_rows_q4_0, tile = p2_tile_q4_0, small = a2_tile_q4_0; break;
+    case DT_Q4_1: f = a2_rows_q4_1, tile = p2_tile_q4_1, small = a2_tile_q4_1; break;
     case DT_Q8_0: f = a2_rows_q8_0, tile = a2_tile_q8_0; break;
-    case DT_Q4_K: f = a2_rows_q4_k, tile = a2_tile_q4_k; break;
-    case DT_Q6_K: f = a2_rows_q6_k, tile = a2_tile_q6_k; break;
+    case DT_Q4_K: f = a2_rows_q4_k, tile = p2_tile_q4_k, small = a2_tile_q4_k; break;
+    case DT_Q6_K: f = a2_rows_q6_k, tile = p2_tile_q6_k, small = a2_tile_q6_k; break;
     default: break;
     }
-    if (!f) return avx2_select(w, out);
-    *out = (cpu_kernel){f, CPU_ACT_Q8, tile, NULL};
+    if (!f) {
+        if (!avx2_select(w, out)) return 0;
+        /* Q5 formats: the x86 row kernels for decode, the packed GEMM for prefill */
+        if (w->dtype == DT_Q5_0) out->tile = p2_tile_q5_0;
+        if (w->dtype == DT_Q5_1) out->tile = p2_tile_q5_1;
+        if (w->dtype == DT_Q5_K) out->tile = p2_tile_q5_k;
+        return 1;
+    }
+    *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small};
     return 1;
 }

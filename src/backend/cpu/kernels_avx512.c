@@ -472,13 +472,6 @@ TILED_KERNELS(avx512_rows2_q3_k, avx512_tile2_q3_k, avx512_q23k_tile, 1, TILE_RO
  * (two 32-element blocks per zmm, four rows per pass). MLX 4-bit takes CPU_ACT_Q8_EVENODD
  * activations, whose order matches the low/high nibble unpacking. */
 
-AVX512_INLINE float avx512_sb(tensor_dtype t, const void *p, int64_t i) {
-    if (t == DT_F32) return ((const float *)p)[i];
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)p + 2 * i, 2);
-    return t == DT_F16 ? _cvtsh_ss(h) : bf16_to_f32(h);
-}
-
 AVX512_INLINE __m512 avx512_lanes2(float a, float b) {
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(a)),
                                                _mm256_castps_pd(_mm256_set1_ps(b)), 1));
@@ -519,13 +512,13 @@ AVX512_INLINE void avx512_mlx_tile(const cpu_weight *w, int64_t n0, int64_t n1, 
                     int64_t gi = (n + r) * ng;
                     __m512 s, bias;
                     if (g0 == g1) { /* group size >= 64: one group covers the pair */
-                        s = _mm512_set1_ps(avx512_sb(w->sb_dtype, w->scales, gi + g0));
-                        bias = _mm512_set1_ps(avx512_sb(w->sb_dtype, w->biases, gi + g0));
+                        s = _mm512_set1_ps(PFX(sb)(w->sb_dtype, w->scales, gi + g0));
+                        bias = _mm512_set1_ps(PFX(sb)(w->sb_dtype, w->biases, gi + g0));
                     } else {
-                        s = avx512_lanes2(avx512_sb(w->sb_dtype, w->scales, gi + g0),
-                                          avx512_sb(w->sb_dtype, w->scales, gi + g1));
-                        bias = avx512_lanes2(avx512_sb(w->sb_dtype, w->biases, gi + g0),
-                                             avx512_sb(w->sb_dtype, w->biases, gi + g1));
+                        s = avx512_lanes2(PFX(sb)(w->sb_dtype, w->scales, gi + g0),
+                                          PFX(sb)(w->sb_dtype, w->scales, gi + g1));
+                        bias = avx512_lanes2(PFX(sb)(w->sb_dtype, w->biases, gi + g0),
+                                             PFX(sb)(w->sb_dtype, w->biases, gi + g1));
                     }
                     #pragma GCC unroll 8
                     for (int t = 0; t < TT; t++) {
@@ -564,104 +557,12 @@ TILED_KERNELS(avx512_rows2_mlx8, avx512_tile2_mlx8, avx512_mlx_tile, 8, TILE_ROW
 #define PK_CHUNK 32 /* blocks of 32 columns per packed chunk: 22.5 KiB of buffer, L1-sized */
 #define PK_TT 8     /* tokens per register tile */
 
-typedef enum pk_fmt { PK_Q4_0, PK_Q4_1, PK_Q5_0, PK_Q5_1, PK_Q8_0, PK_Q4_K, PK_Q5_K, PK_Q6_K, PK_MLX4, PK_MLX8 } pk_fmt;
-enum { PK_PLAIN, PK_MIN, PK_HALVES };
-
 typedef struct pk_buf {
     __m512i q[PK_CHUNK][8];  /* per block: first [16 rows][32 bytes] row-major, then transposed */
     float d[PK_CHUNK][PK_ROWS];  /* scale (Q6_K: of columns 0..15 of the block) */
     float d2[PK_CHUNK][PK_ROWS]; /* Q6_K: scale of columns 16..31 */
     float m[PK_CHUNK][PK_ROWS];  /* min (w = d * q + m) */
 } pk_buf;
-
-AVX512_INLINE int pk_kind(pk_fmt f) {
-    return f == PK_Q6_K ? PK_HALVES
-           : (f == PK_Q4_1 || f == PK_Q5_1 || f == PK_Q4_K || f == PK_Q5_K || f == PK_MLX4 || f == PK_MLX8)
-               ? PK_MIN
-               : PK_PLAIN;
-}
-AVX512_INLINE int pk_offset(pk_fmt f) {
-    return f == PK_Q4_0 ? 8 : f == PK_Q5_0 ? 16 : f == PK_Q8_0 ? 128 : f == PK_Q6_K ? 32 : 0;
-}
-
-/* Unsigned quants of block b (32 columns, activation order) of one row, its scale(s) and min. */
-AVX512_INLINE __m256i pk_unpack(const cpu_weight *w, const uint8_t *row, int64_t n, int64_t b, pk_fmt f,
-                                float *d, float *d2, float *m) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    *d2 = 0;
-    *m = 0;
-    switch (f) {
-    case PK_Q4_0: {
-        const uint8_t *p = row + b * 18;
-        *d = avx512_f16(p);
-        return avx512_nibbles(p + 2);
-    }
-    case PK_Q4_1: {
-        const uint8_t *p = row + b * 20;
-        *d = avx512_f16(p);
-        *m = avx512_f16(p + 2);
-        return avx512_nibbles(p + 4);
-    }
-    case PK_Q5_0: {
-        const uint8_t *p = row + b * 22;
-        *d = avx512_f16(p);
-        return _mm256_or_si256(avx512_nibbles(p + 6), avx512_fifth_bits(p + 2));
-    }
-    case PK_Q5_1: {
-        const uint8_t *p = row + b * 24;
-        *d = avx512_f16(p);
-        *m = avx512_f16(p + 2);
-        return _mm256_or_si256(avx512_nibbles(p + 8), avx512_fifth_bits(p + 4));
-    }
-    case PK_Q8_0: {
-        const uint8_t *p = row + b * 34;
-        *d = avx512_f16(p);
-        return _mm256_xor_si256(avx512_load32(p + 2), _mm256_set1_epi8((char)0x80));
-    }
-    case PK_Q4_K:
-    case PK_Q5_K: {
-        const int high = f == PK_Q5_K, bytes = high ? 176 : 144;
-        const uint8_t *blk = row + (b / 8) * bytes, *s = blk + 4, *qs = blk + (high ? 48 : 16);
-        int c = (int)(b % 8), sc, mn;
-        if (c < 4) {
-            sc = s[c] & 63;
-            mn = s[c + 4] & 63;
-        } else {
-            sc = (s[c + 4] & 0xF) | ((s[c - 4] >> 6) << 4);
-            mn = (s[c + 4] >> 4) | ((s[c] >> 6) << 4);
-        }
-        *d = avx512_f16(blk) * (float)sc;
-        *m = -avx512_f16(blk + 2) * (float)mn;
-        __m256i raw = avx512_load32(qs + 32 * (c / 2));
-        __m256i q = _mm256_and_si256(c & 1 ? _mm256_srli_epi16(raw, 4) : raw, m4);
-        if (high) { /* bit c of qh[l] -> 0x10 */
-            __m256i qh = _mm256_srli_epi16(avx512_load32(blk + 16), c);
-            q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(1)), 4));
-        }
-        return q;
-    }
-    case PK_Q6_K: {
-        const uint8_t *blk = row + (b / 8) * 210;
-        int c = (int)(b % 8), h = c / 4, s = c % 4;
-        float dd = avx512_f16(blk + 208);
-        const int8_t *sc = (const int8_t *)(blk + 192);
-        *d = dd * (float)sc[2 * c];
-        *d2 = dd * (float)sc[2 * c + 1];
-        __m256i ql = avx512_load32(blk + 64 * h + 32 * (s & 1));
-        __m256i lo = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(ql, 4) : ql, m4);
-        __m256i qh = _mm256_srli_epi16(avx512_load32(blk + 128 + 32 * h), 2 * s);
-        return _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4));
-    }
-    case PK_MLX4:
-    case PK_MLX8: {
-        int64_t gi = n * (w->k / w->group_size) + b * 32 / w->group_size;
-        *d = avx512_sb(w->sb_dtype, w->scales, gi);
-        *m = avx512_sb(w->sb_dtype, w->biases, gi);
-        return f == PK_MLX4 ? avx512_nibbles(row + 16 * b) : avx512_load32(row + 32 * b);
-    }
-    }
-    return _mm256_setzero_si256();
-}
 
 /* Packs rows g..g+rows-1 (rows <= 16; missing rows become zeros), blocks c0..c0+cb-1. */
 AVX512_INLINE void pk_pack(const cpu_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
@@ -676,7 +577,7 @@ AVX512_INLINE void pk_pack(const cpu_weight *w, int64_t g, int rows, int64_t c0,
         }
         const uint8_t *row = (const uint8_t *)w->data + (g + r) * rb;
         for (int b = 0; b < cb; b++) {
-            __m256i q = pk_unpack(w, row, g + r, c0 + b, f, &buf->d[b][r], &buf->d2[b][r], &buf->m[b][r]);
+            __m256i q = PFX(pk_unpack)(w, row, g + r, c0 + b, f, &buf->d[b][r], &buf->d2[b][r], &buf->m[b][r]);
             _mm256_store_si256((__m256i *)((uint8_t *)buf->q[b] + 32 * r), q);
         }
     }

@@ -17,6 +17,10 @@
 /* For T > 1, rows are processed in tiles of about this many weight bytes so a tile stays
  * in L1/L2 while every activation row passes over it (weight reuse for prefill). */
 #define CPU_TILE_BYTES (32 * 1024)
+/* ...but at least this many rows: the packed prefill GEMMs (kernels_avx2.c p2_*,
+ * kernels_avx512.c pk_*) re-read every token's activations once per tile pass, so a tile of
+ * 16 long rows (K = 8192) streamed T x 10 KiB of activations per 16 rows from L3. */
+#define CPU_TILE_MIN_ROWS 64
 /* Below this many weight bytes per call a matmul runs on the calling thread alone. */
 #define CPU_INLINE_BYTES (64 * 1024)
 
@@ -236,6 +240,7 @@ static hearth_status matmul_run(int count, const cpu_weight *const *ws, float *c
         p->rows_per_task = (groups + tasks - 1) / tasks * CPU_ROW_ALIGN;
         /* Tiles of whole 16-row groups: the AVX-512 prefill kernels pack 16 rows at a time. */
         int64_t tile = (CPU_TILE_BYTES / rb + CPU_ROW_ALIGN - 1) / CPU_ROW_ALIGN * CPU_ROW_ALIGN;
+        if (tile < CPU_TILE_MIN_ROWS) tile = CPU_TILE_MIN_ROWS;
         p->tile_rows = T == 1 || invariant ? p->rows_per_task : tile > 0 ? tile : CPU_ROW_ALIGN;
         p->first_task = tasks_total;
         tasks_total += (int)((n + p->rows_per_task - 1) / p->rows_per_task);

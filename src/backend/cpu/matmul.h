@@ -1,8 +1,8 @@
 /* matmul.h: y[T, N] = x[T, K] · W[N, K]^T on the CPU for every weight format hearth
  * loads (F32, F16, BF16, GGUF Q4_0..Q8_0 and Q2_K..Q6_K, MLX affine 2/3/4/6/8-bit),
- * split over a thread pool. Weights stay in their native layout in memory (the AVX-512
- * prefill kernels unpack 16-row chunks into a ~23 KiB stack buffer during a call; nothing
- * is allocated or kept). Tolerances of the fast kernels: see tests/unit/test_cpu_matmul.c. */
+ * split over a thread pool. Weights stay in their native layout in memory (the prefill
+ * kernels unpack row chunks into a stack buffer during a call, AVX-512 ~23 KiB, AVX2
+ * ~97 KiB; nothing is allocated or kept). Tolerances of the fast kernels: see tests/unit/test_cpu_matmul.c. */
 #ifndef HEARTH_BACKEND_CPU_MATMUL_H
 #define HEARTH_BACKEND_CPU_MATMUL_H
 #include "base/cpu_features.h"

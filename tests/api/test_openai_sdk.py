@@ -101,8 +101,10 @@ TOOLS = [{"type": "function", "function": {
 
 def test_tools_accepted_and_well_formed(client):
     msgs = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+    # 24 tokens: the server runs the scalar reference kernels (~2.5 tok/s), and the checks are
+    # of shape and of streaming agreeing with non-streaming, not of a long answer
     r = client.chat.completions.create(model="default_model", messages=msgs, tools=TOOLS,
-                                       temperature=0, max_tokens=64)
+                                       temperature=0, max_tokens=24)
     choice = r.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     for call in choice.message.tool_calls or []:
@@ -110,7 +112,7 @@ def test_tools_accepted_and_well_formed(client):
         json.loads(call.function.arguments)  # arguments are a JSON string
     # streaming with tools: the SDK must parse every chunk
     chunks = list(client.chat.completions.create(model="default_model", messages=msgs, tools=TOOLS,
-                                                 temperature=0, max_tokens=64, stream=True))
+                                                 temperature=0, max_tokens=24, stream=True))
     assert chunks and chunks[-1].choices[0].finish_reason == choice.finish_reason
 
 

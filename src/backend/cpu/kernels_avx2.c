@@ -144,14 +144,20 @@ A2_INLINE void a2_b32_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
  * The 16 packed bytes of blocks b and b + 1 fill one register as [qs_b | qs_b+1]; its low
  * nibbles are elements 0..15 of both blocks and its high nibbles elements 16..31. The
  * activations are rearranged to match once per call (a2_nib_pair, on the stack), so a
- * block pair costs one load, three unpack operations, two maddubs and one conversion and
- * FMA per row (lanes 0-3: block b, 4-7: block b + 1) instead of twice that, and the f16
- * scales of 4 rows x 2 blocks become floats with one conversion. */
+ * block pair costs one load, three unpack operations, two maddubs and a madd per row. The
+ * four rows' integer dots (lanes 0-3: block b, 4-7: block b + 1) are then summed across
+ * lanes by an unpack-and-add transpose into one register [rows 0..3 of b | rows 0..3 of
+ * b + 1], which takes the stored offset (-8 * sum(x), exact in i32), one conversion and one
+ * FMA by the rows' scales for all four rows: per row and pair that is ~2.5 operations
+ * instead of an offset add, a scale permute, a conversion and an FMA (Zen 3: vpermps and
+ * vphaddd issue at a half and a quarter of the rate of an add). A row's arithmetic is the
+ * same in a 4-row pass and alone (rows past R repeat row 0), so results do not depend on
+ * the row split. */
 typedef struct a2_nib_pair {
     __m256i lo, hi; /* [x_b[0..15] | x_b+1[0..15]], [x_b[16..31] | x_b+1[16..31]] */
-    __m256i init;   /* Q4_0: -8 * lane sums (the stored offset) */
-    __m256 xs;      /* Q4_1: lane sums as floats (for the min) */
-    __m256 dx;      /* [d_b, d_b+1] x 4: the activation scales beside 4 rows' weight scales */
+    __m256i off;    /* Q4_0: [8 * sum(x_b) x 4 | 8 * sum(x_b+1) x 4] (the stored offset) */
+    __m256 xs;      /* Q4_1: [sum(x_b) x 4 | sum(x_b+1) x 4] as floats (for the min) */
+    __m256 dx;      /* [d_b x 4 | d_b+1 x 4]: the activation scales beside 4 rows' weight scales */
 } a2_nib_pair;
 /* Pairs on the stack per token: K up to 16384 (larger K falls back to the block kernel). */
 #define A2_NIB_MAX_PAIRS 256
@@ -164,14 +170,12 @@ A2_INLINE void a2_nib_prepare(const cpu_q8_block *x, int64_t nb, a2_fmt f, a2_ni
         a2_nib_pair *o = &out[b / 2];
         o->lo = _mm256_permute2x128_si256(q0, q1, 0x20);
         o->hi = _mm256_permute2x128_si256(q0, q1, 0x31);
-        __m256i ls = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), o->lo),
-                                                        _mm256_maddubs_epi16(_mm256_set1_epi8(1), o->hi)),
-                                       _mm256_set1_epi16(1));
-        o->init =
-            f == A2_Q4_0 ? _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(ls, 3)) : _mm256_setzero_si256();
+        int s0 = x[b].sum16[0] + x[b].sum16[1], s1 = have2 ? x[b + 1].sum16[0] + x[b + 1].sum16[1] : 0;
+        __m256i ls = _mm256_setr_epi32(s0, s0, s0, s0, s1, s1, s1, s1);
+        o->off = f == A2_Q4_0 ? _mm256_slli_epi32(ls, 3) : _mm256_setzero_si256();
         o->xs = _mm256_cvtepi32_ps(ls);
-        float d1 = have2 ? x[b + 1].d : 0.0f;
-        o->dx = _mm256_setr_ps(x[b].d, d1, x[b].d, d1, x[b].d, d1, x[b].d, d1);
+        float d0 = x[b].d, d1 = have2 ? x[b + 1].d : 0.0f;
+        o->dx = _mm256_setr_ps(d0, d0, d0, d0, d1, d1, d1, d1);
     }
 }
 
@@ -182,39 +186,46 @@ A2_INLINE uint64_t a2_ld16(const uint8_t *p) {
 }
 
 /* The f16 fields at offset off of blocks b, b + 1 of rows r0..r0+3 (rows past R repeat row 0)
- * as floats [r0 b, r0 b+1, r1 b, ...]; a lone last block repeats b. */
+ * as floats [r0 b, r1 b, r2 b, r3 b, r0 b+1, ...]; a lone last block repeats b. */
 A2_INLINE __m256 a2_nib_f16x8(const uint8_t *p0, int64_t rb, int bytes, int have2, int R, int off) {
     const uint8_t *p[4];
     #pragma GCC unroll 4
     for (int r = 0; r < 4; r++) p[r] = p0 + (r < R ? r : 0) * rb + off;
     int n1 = have2 ? bytes : 0;
-    uint64_t a = a2_ld16(p[0]) | a2_ld16(p[0] + n1) << 16 | a2_ld16(p[1]) << 32 | a2_ld16(p[1] + n1) << 48;
-    uint64_t c = a2_ld16(p[2]) | a2_ld16(p[2] + n1) << 16 | a2_ld16(p[3]) << 32 | a2_ld16(p[3] + n1) << 48;
+    uint64_t a = a2_ld16(p[0]) | a2_ld16(p[1]) << 16 | a2_ld16(p[2]) << 32 | a2_ld16(p[3]) << 48;
+    uint64_t c = a2_ld16(p[0] + n1) | a2_ld16(p[1] + n1) << 16 | a2_ld16(p[2] + n1) << 32 | a2_ld16(p[3] + n1) << 48;
     return _mm256_cvtph_ps(_mm_set_epi64x((long long)c, (long long)a));
+}
+
+/* [sum of v[r]'s lanes 0..3 for r = 0..3 | the same of lanes 4..7]. */
+A2_INLINE __m256i a2_sum4x4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+    __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(v0, v1), _mm256_unpackhi_epi32(v0, v1));
+    __m256i b = _mm256_add_epi32(_mm256_unpacklo_epi32(v2, v3), _mm256_unpackhi_epi32(v2, v3));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
 }
 
 A2_INLINE void a2_nib_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
                            float *y, int64_t ystride, a2_fmt f, int R, int TT) {
     const int bytes = f == A2_Q4_0 ? 18 : 20, qo = f == A2_Q4_0 ? 2 : 4;
     int64_t nb = w->k / 32, np = (nb + 1) / 2, rb = nb * bytes, pf = a2_prefetch_distance(rb);
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     a2_nib_pair xp[A2_TOKENS][A2_NIB_MAX_PAIRS];
+    if (n0 + R > n1) return; /* no row group: nothing to prepare */
     for (int t0 = 0; t0 + TT <= T; t0 += TT) {
         #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) a2_nib_prepare(x + (t0 + t) * xstride, nb, f, xp[t]);
         for (int64_t n = n0; n + R <= n1; n += R) {
             const uint8_t *row = (const uint8_t *)w->data + n * rb;
-            __m256 acc[A2_ROWS][A2_TOKENS];
+            __m256 acc[A2_TOKENS]; /* [rows 0..3: even blocks | rows 0..3: odd blocks] */
             #pragma GCC unroll 8
-            for (int r = 0; r < R; r++)
-                #pragma GCC unroll 8
-                for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
+            for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
             for (int64_t i = 0; i < np; i++) {
                 int64_t b = 2 * i;
                 int have2 = b + 1 < nb;
                 const uint8_t *p0 = row + b * bytes;
                 __m256 d8 = a2_nib_f16x8(p0, rb, bytes, have2, R, 0);
                 __m256 m8 = f == A2_Q4_1 ? a2_nib_f16x8(p0, rb, bytes, have2, R, 2) : _mm256_setzero_ps();
+                __m256i v[A2_ROWS][A2_TOKENS];
                 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
                     const uint8_t *p = p0 + r * rb;
@@ -222,27 +233,30 @@ A2_INLINE void a2_nib_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
                     const uint8_t *p1 = have2 ? p + bytes : p;
                     __m256i raw = _mm256_loadu2_m128i((const __m128i *)(p1 + qo), (const __m128i *)(p + qo));
                     __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-                    const __m256i idx =
-                        _mm256_setr_epi32(2 * r, 2 * r, 2 * r, 2 * r, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1);
                     #pragma GCC unroll 8
                     for (int t = 0; t < TT; t++) {
                         const a2_nib_pair *a = &xp[t][i];
                         __m256i s16 =
                             _mm256_add_epi16(_mm256_maddubs_epi16(lo, a->lo), _mm256_maddubs_epi16(hi, a->hi));
-                        __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), a->init);
-                        __m256 sc = _mm256_permutevar8x32_ps(_mm256_mul_ps(d8, a->dx), idx);
-                        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[r][t]);
-                        if (f == A2_Q4_1) {
-                            __m256 mv = _mm256_permutevar8x32_ps(_mm256_mul_ps(m8, a->dx), idx);
-                            acc[r][t] = _mm256_fmadd_ps(mv, a->xs, acc[r][t]);
-                        }
+                        v[r][t] = _mm256_madd_epi16(s16, ones);
                     }
+                }
+                #pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) {
+                    const a2_nib_pair *a = &xp[t][i];
+                    __m256i dot = a2_sum4x4(v[0][t], v[R > 1 ? 1 : 0][t], v[R > 2 ? 2 : 0][t], v[R > 3 ? 3 : 0][t]);
+                    dot = _mm256_sub_epi32(dot, a->off);
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d8, a->dx), acc[t]);
+                    if (f == A2_Q4_1) acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(m8, a->dx), a->xs, acc[t]);
                 }
             }
             #pragma GCC unroll 8
-            for (int r = 0; r < R; r++)
+            for (int t = 0; t < TT; t++) {
+                float s[4];
+                _mm_storeu_ps(s, _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps(acc[t], 1)));
                 #pragma GCC unroll 8
-                for (int t = 0; t < TT; t++) y[(t0 + t) * ystride + n + r] = a2_hsum(acc[r][t]);
+                for (int r = 0; r < R; r++) y[(t0 + t) * ystride + n + r] = s[r];
+            }
         }
     }
 }

@@ -291,8 +291,9 @@ A2_INLINE void a2_k_act(const cpu_q8_block *xb, __m256 *dx, __m256 *xs) {
     *xs = _mm256_mul_ps(*dx, _mm256_cvtepi32_ps(s));
 }
 
-/* Q4_K: [d * sc_c] and [dmin * m_c] for c = 0..7 from a super-block header. */
-A2_INLINE void a2_q4k_scales(const uint8_t *blk, __m256 *sc, __m256 *mn) {
+/* Q4_K: the 6-bit scales sc_c as i16 [sc_0..sc_7 | sc_0..sc_7] and [dmin * m_c] for
+ * c = 0..7 from a super-block header. */
+A2_INLINE void a2_q4k_scales(const uint8_t *blk, __m256i *sc16, __m256 *mn) {
     uint32_t u0, u1, u2;
     memcpy(&u0, blk + 4, 4);
     memcpy(&u1, blk + 8, 4);
@@ -302,25 +303,32 @@ A2_INLINE void a2_q4k_scales(const uint8_t *blk, __m256 *sc, __m256 *mn) {
     uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u);
     uint32_t mn_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
     __m128i v = _mm_set_epi32((int)mn_hi, (int)(u1 & 0x3f3f3f3fu), (int)sc_hi, (int)(u0 & 0x3f3f3f3fu));
-    *sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(a2_f16(blk)));
+    *sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(v, v));
     *mn =
         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))), _mm256_set1_ps(a2_f16(blk + 2)));
 }
 
-/* R rows x TT tokens of Q4_K. Per row and super-block: w = d*sc_c*q - dmin*m_c. */
+/* R rows x TT tokens of Q4_K. Per row and super-block: w = d*sc_c*q - dmin*m_c. The 6-bit
+ * scale sc_c enters in the integer domain (madd of the maddubs pairs by sc_c, picked by one
+ * shuffle from the row's widened scales), so a sub-block's float step is a conversion and
+ * an FMA by the activation scale dx_c, which every row shares (a broadcast load); d
+ * multiplies each row's super-block sums once. Two sums per super-block (even and odd
+ * sub-blocks) keep the FMA chains short. */
 A2_INLINE void a2_q4k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
                            float *y, int64_t ystride, int unused, int R, int TT) {
     (void)unused;
     int64_t nsb = w->k / 256, rb = nsb * 144, pf = a2_prefetch_distance(rb);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const int staged = nsb <= A2_K_MAX_SB;
-    __m256 xa[A2_TOKENS][A2_K_MAX_SB][2]; /* per token and super-block: dx, xs of a2_k_act */
-    if (n0 + R > n1) return;              /* no row group: nothing to prepare */
+    __m256 xa[A2_TOKENS][A2_K_MAX_SB]; /* per token and super-block: xs of a2_k_act */
+    if (n0 + R > n1) return;           /* no row group: nothing to prepare */
     for (int t0 = 0; t0 + TT <= T; t0 += TT) {
         #pragma GCC unroll 8
         for (int t = 0; t < TT; t++)
-            for (int64_t sb = 0; staged && sb < nsb; sb++)
-                a2_k_act(x + (t0 + t) * xstride + sb * 8, &xa[t][sb][0], &xa[t][sb][1]);
+            for (int64_t sb = 0; staged && sb < nsb; sb++) {
+                __m256 dx;
+                a2_k_act(x + (t0 + t) * xstride + sb * 8, &dx, &xa[t][sb]);
+            }
         for (int64_t n = n0; n + R <= n1; n += R) {
             const uint8_t *row = (const uint8_t *)w->data + n * rb;
             __m256 acc[A2_ROWS][A2_TOKENS];
@@ -329,14 +337,14 @@ A2_INLINE void a2_q4k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
                 #pragma GCC unroll 8
                 for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
             for (int64_t sb = 0; sb < nsb; sb++) {
-                __m256 dx[A2_TOKENS], xs[A2_TOKENS];
+                __m256 xs[A2_TOKENS];
                 #pragma GCC unroll 8
                 for (int t = 0; t < TT; t++) {
                     if (staged) {
-                        dx[t] = xa[t][sb][0];
-                        xs[t] = xa[t][sb][1];
+                        xs[t] = xa[t][sb];
                     } else {
-                        a2_k_act(x + (t0 + t) * xstride + sb * 8, &dx[t], &xs[t]);
+                        __m256 dx;
+                        a2_k_act(x + (t0 + t) * xstride + sb * 8, &dx, &xs[t]);
                     }
                 }
                 #pragma GCC unroll 8
@@ -345,28 +353,35 @@ A2_INLINE void a2_q4k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
                     _mm_prefetch((const char *)blk + pf, _MM_HINT_T0);
                     _mm_prefetch((const char *)blk + pf + 64, _MM_HINT_T0);
                     _mm_prefetch((const char *)blk + pf + 128, _MM_HINT_T0);
-                    __m256 sc, mn, sdx[A2_TOKENS];
-                    a2_q4k_scales(blk, &sc, &mn);
-                    #pragma GCC unroll 8
-                    for (int t = 0; t < TT; t++) {
-                        acc[r][t] = _mm256_fnmadd_ps(mn, xs[t], acc[r][t]);
-                        sdx[t] = _mm256_mul_ps(sc, dx[t]);
-                    }
+                    __m256i sc16;
+                    __m256 mn, sa[2][A2_TOKENS];
+                    a2_q4k_scales(blk, &sc16, &mn);
                     #pragma GCC unroll 4
                     for (int j = 0; j < 4; j++) { /* 32 bytes: sub-block 2j (low), 2j+1 (high nibbles) */
                         __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
                         __m256i q[2] = {_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)};
                         #pragma GCC unroll 2
                         for (int h = 0; h < 2; h++) {
-                            const __m256i idx = _mm256_set1_epi32(2 * j + h);
+                            const int c = 2 * j + h;
+                            /* i16 sc_c in every lane: q <= 15 and sc_c <= 63 keep the dot < 2^19 */
+                            __m256i scv =
+                                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(2 * c | (2 * c + 1) << 8)));
                             #pragma GCC unroll 8
                             for (int t = 0; t < TT; t++) {
-                                const cpu_q8_block *xb = x + (t0 + t) * xstride + sb * 8 + 2 * j + h;
-                                __m256i dot = a2_dot(q[h], _mm256_loadu_si256((const __m256i *)xb->q));
-                                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                                            _mm256_permutevar8x32_ps(sdx[t], idx), acc[r][t]);
+                                const cpu_q8_block *xb = x + (t0 + t) * xstride + sb * 8 + c;
+                                __m256i p16 = _mm256_maddubs_epi16(q[h], _mm256_loadu_si256((const __m256i *)xb->q));
+                                __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, scv));
+                                __m256 dx = _mm256_broadcast_ss(&xb->d);
+                                sa[h][t] = j == 0 ? _mm256_mul_ps(dot, dx) : _mm256_fmadd_ps(dot, dx, sa[h][t]);
                             }
                         }
+                    }
+                    __m256 dd = _mm256_set1_ps(a2_f16(blk));
+                    #pragma GCC unroll 8
+                    for (int t = 0; t < TT; t++) {
+                        acc[r][t] = _mm256_fnmadd_ps(mn, xs[t], acc[r][t]);
+                        acc[r][t] = _mm256_fmadd_ps(sa[0][t], dd, acc[r][t]);
+                        acc[r][t] = _mm256_fmadd_ps(sa[1][t], dd, acc[r][t]);
                     }
                 }
             }

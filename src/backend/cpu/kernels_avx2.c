@@ -393,24 +393,25 @@ A2_INLINE void a2_q4k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
     }
 }
 
-/* R rows x TT tokens of Q6_K: 6-bit values stored as q + 32, 16-element int8 scales. The
- * -32 becomes one correction per row and super-block, 32 * sum_g d*sc_g * dx * sum(x_g) over
- * the 16 groups g (the group sums come with the activations), and d*sc_g*dx is formed once
- * per row and super-block, so a 32-element block costs its unpacking, maddubs, madd, one
- * permute and one conversion and FMA. */
-/* Per super-block activation terms of Q6_K, per half h: dx of each 16-element scale group's
- * block and 32 * dx * sum(x) per group. */
+/* R rows x TT tokens of Q6_K: 6-bit values stored as q + 32, 16-element int8 scales, one f16
+ * d per super-block. As in Q4_K, the int8 scales enter in the integer domain (madd of the
+ * maddubs pairs by [sc_2c x 8 | sc_2c+1 x 8], one shuffle per block from the row's scales
+ * widened once), a block's float step is a conversion and an FMA by the activation scale
+ * dx that every row shares, and d multiplies each half super-block's sum once. The -32
+ * becomes sum_g sc_g * -32 * dx * sum(x_g) per half (the group sums come with the
+ * activations, prepared once per call). */
 typedef struct a2_q6k_act {
-    __m256 dx[2], xs[2];
+    __m256 xs[2]; /* per half h: -32 * dx * sum(x) of each 16-element scale group */
 } a2_q6k_act;
+
 A2_INLINE void a2_q6k_prepare(const cpu_q8_block *xb, a2_q6k_act *o) {
     #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         const cpu_q8_block *b = xb + 4 * h;
-        o->dx[h] = _mm256_setr_ps(b[0].d, b[0].d, b[1].d, b[1].d, b[2].d, b[2].d, b[3].d, b[3].d);
+        __m256 dx = _mm256_setr_ps(b[0].d, b[0].d, b[1].d, b[1].d, b[2].d, b[2].d, b[3].d, b[3].d);
         __m256 sums = _mm256_cvtepi32_ps(_mm256_setr_epi32(b[0].sum16[0], b[0].sum16[1], b[1].sum16[0], b[1].sum16[1],
                                                            b[2].sum16[0], b[2].sum16[1], b[3].sum16[0], b[3].sum16[1]));
-        o->xs[h] = _mm256_mul_ps(_mm256_mul_ps(sums, o->dx[h]), _mm256_set1_ps(32.0f));
+        o->xs[h] = _mm256_mul_ps(_mm256_mul_ps(sums, dx), _mm256_set1_ps(-32.0f)); /* the stored q + 32 */
     }
 }
 
@@ -434,16 +435,14 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
                 #pragma GCC unroll 8
                 for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
             for (int64_t sb = 0; sb < nsb; sb++) {
-                __m256 DX[A2_TOKENS][2], XS[A2_TOKENS][2];
+                a2_q6k_act XA[A2_TOKENS];
                 #pragma GCC unroll 8
                 for (int t = 0; t < TT; t++) {
-                    a2_q6k_act tmp;
-                    const a2_q6k_act *a = &xa[t][staged ? sb : 0];
-                    if (!staged) {
-                        a2_q6k_prepare(x + (t0 + t) * xstride + sb * 8, &tmp);
-                        a = &tmp;
+                    if (staged) {
+                        XA[t] = xa[t][sb];
+                    } else {
+                        a2_q6k_prepare(x + (t0 + t) * xstride + sb * 8, &XA[t]);
                     }
-                    DX[t][0] = a->dx[0], DX[t][1] = a->dx[1], XS[t][0] = a->xs[0], XS[t][1] = a->xs[1];
                 }
                 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
@@ -453,19 +452,15 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
                     _mm_prefetch((const char *)blk + pf + 128, _MM_HINT_T0);
                     _mm_prefetch((const char *)blk + pf + 192, _MM_HINT_T0);
                     __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+                    __m256i s16 = _mm256_cvtepi8_epi16(s8); /* [sc_0..7 | sc_8..15] */
                     __m256 dd = _mm256_set1_ps(a2_f16(blk + 208));
-                    __m256 S[2] = {_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), dd),
-                                   _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), dd)};
-                    __m256 SD[A2_TOKENS][2];
-                    #pragma GCC unroll 8
-                    for (int t = 0; t < TT; t++) {
-                        acc[r][t] = _mm256_fnmadd_ps(S[0], XS[t][0], acc[r][t]);
-                        acc[r][t] = _mm256_fnmadd_ps(S[1], XS[t][1], acc[r][t]);
-                        SD[t][0] = _mm256_mul_ps(S[0], DX[t][0]);
-                        SD[t][1] = _mm256_mul_ps(S[1], DX[t][1]);
-                    }
                     #pragma GCC unroll 2
                     for (int h = 0; h < 2; h++) { /* two halves of 128: ql 64 bytes, qh 32 bytes each */
+                        __m256i sh = _mm256_permute4x64_epi64(s16, h ? 0xEE : 0x44); /* the half's 8, twice */
+                        __m256 S = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(s8, 8) : s8));
+                        __m256 sa[A2_TOKENS];
+                        #pragma GCC unroll 8
+                        for (int t = 0; t < TT; t++) sa[t] = _mm256_mul_ps(S, XA[t].xs[h]);
                         __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
                         __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
                         __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
@@ -479,17 +474,23 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
                                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
                         #pragma GCC unroll 4
                         for (int c = 0; c < 4; c++) { /* activation block 4h + c; scales 8h + 2c, 8h + 2c + 1 */
-                            const __m256i idx = _mm256_set_epi32(2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c,
-                                                                 2 * c, 2 * c, 2 * c);
+                            /* i16 scale 2c in the low lane, 2c + 1 in the high lane */
+                            const short lo = (short)(4 * c | (4 * c + 1) << 8),
+                                        hi = (short)((4 * c + 2) | (4 * c + 3) << 8);
+                            __m256i scv = _mm256_shuffle_epi8(
+                                sh, _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi));
                             #pragma GCC unroll 8
                             for (int t = 0; t < TT; t++) {
                                 const cpu_q8_block *xb = x + (t0 + t) * xstride + sb * 8 + 4 * h + c;
-                                /* q <= 63: pairs of q * x stay inside i16 */
-                                __m256i dot = a2_dot(q[c], _mm256_loadu_si256((const __m256i *)xb->q));
-                                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                                            _mm256_permutevar8x32_ps(SD[t][h], idx), acc[r][t]);
+                                /* q <= 63: maddubs pairs stay inside i16 (<= 16002); times |sc| <= 128, two
+                                 * pairs per i32 lane: < 2^23, exact as a float too */
+                                __m256i p16 = _mm256_maddubs_epi16(q[c], _mm256_loadu_si256((const __m256i *)xb->q));
+                                __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, scv));
+                                sa[t] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&xb->d), sa[t]);
                             }
                         }
+                        #pragma GCC unroll 8
+                        for (int t = 0; t < TT; t++) acc[r][t] = _mm256_fmadd_ps(sa[t], dd, acc[r][t]);
                     }
                 }
             }

@@ -451,6 +451,75 @@ ATT_AVX2 static void att_row_values_avx2(const ops_attention_args *a, int slot, 
     }
 }
 
+/* Lanes r < 4 of the result = sum of the 8 lanes of v[r]: att_reduce8's tree for 4 keys. */
+ATT_AVX2 static inline __m128 att_reduce4(const __m256 v[4]) {
+    __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+/* att_block_scores_avx2 for two query rows at once, in 4-key quarters of the block: each
+ * key load feeds both rows (6 loads per 8 FMAs instead of 9). Every score is the same
+ * FMA chain and reduction tree as there, so the same bits. */
+ATT_AVX2 static inline void att_block_scores2_avx2(const float *qa, const float *qb, const float *krow, int d,
+                                                   int first, int n, float scale, float sa[KV_BLOCK_SIZE],
+                                                   float sb[KV_BLOCK_SIZE]) {
+    for (int r0 = first / 4 * 4; r0 < first + n; r0 += 4) {
+        __m256 acc_a[4], acc_b[4];
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) acc_a[r] = acc_b[r] = _mm256_setzero_ps();
+        for (int i = 0; i < d; i += 8) {
+            __m256 qva = _mm256_loadu_ps(qa + i), qvb = _mm256_loadu_ps(qb + i);
+            #pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                __m256 k = _mm256_loadu_ps(krow + (size_t)(r0 + r) * d + i);
+                acc_a[r] = _mm256_fmadd_ps(qva, k, acc_a[r]);
+                acc_b[r] = _mm256_fmadd_ps(qvb, k, acc_b[r]);
+            }
+        }
+        _mm_storeu_ps(sa + r0, _mm_mul_ps(att_reduce4(acc_a), _mm_set1_ps(scale)));
+        _mm_storeu_ps(sb + r0, _mm_mul_ps(att_reduce4(acc_b), _mm_set1_ps(scale)));
+    }
+}
+
+/* att_values_avx2 (accumulating) for two rows over the same positions: each value load
+ * feeds both rows' accumulators, 4 x 8 floats per row (NV <= 4). */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+att_values2_avx2(const ops_attention_args *a, int slot, int kvh, int p_first, int p_last, const float *wa, float inva,
+                 const float *wb, float invb, int i0, float *outa, float *outb, const int NV) {
+    const kv_cache *kv = a->kv;
+    __m256 oa[4], ob[4];
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        oa[j] = j < NV ? _mm256_loadu_ps(outa + i0 + 8 * j) : _mm256_setzero_ps();
+        ob[j] = j < NV ? _mm256_loadu_ps(outb + i0 + 8 * j) : _mm256_setzero_ps();
+    }
+    const float *vrow = kv->v + (kv_key(kv, a->layer, slot, p_first, kvh) - kv->k) + i0;
+    for (int p = p_first; p <= p_last; p++, vrow += a->head_dim) { /* rows of one block */
+        __m256 wva = _mm256_set1_ps(wa[p - p_first] * inva), wvb = _mm256_set1_ps(wb[p - p_first] * invb);
+        #pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) {
+            __m256 v = _mm256_loadu_ps(vrow + 8 * j);
+            oa[j] = _mm256_fmadd_ps(wva, v, oa[j]);
+            ob[j] = _mm256_fmadd_ps(wvb, v, ob[j]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < NV; j++) _mm256_storeu_ps(outa + i0 + 8 * j, oa[j]), _mm256_storeu_ps(outb + i0 + 8 * j, ob[j]);
+}
+
+/* Positions p_first..p_last inside one KV block, for two rows. */
+ATT_AVX2 static void att_rows2_values_avx2(const ops_attention_args *a, int slot, int kvh, int p_first, int p_last,
+                                           const float *wa, float inva, const float *wb, float invb, float *outa,
+                                           float *outb) {
+    for (int i0 = 0; i0 < a->head_dim; i0 += 32) {
+        int nv = a->head_dim - i0 < 32 ? (a->head_dim - i0) / 8 : 4;
+        if (nv == 4)
+            att_values2_avx2(a, slot, kvh, p_first, p_last, wa, inva, wb, invb, i0, outa, outb, 4);
+        else
+            att_values2_avx2(a, slot, kvh, p_first, p_last, wa, inva, wb, invb, i0, outa, outb, nv);
+    }
+}
+
 /* Prefetches the keys of the KV block holding position p. */
 static inline void att_prefetch_block(const kv_cache *kv, int layer, int slot, int p, int kvh) {
     const char *next = (const char *)kv_key(kv, layer, slot, p / KV_BLOCK_SIZE * KV_BLOCK_SIZE, kvh);
@@ -497,9 +566,10 @@ ATT_AVX2 static void attention_task_f32_avx2(void *ctx, int task, int thread) {
  * attention_task_f32_avx2's operation for operation (att_block_scores_avx2 per block, the
  * same exp_sum_avx2 over the row's buffered scores, att_row_values_avx2 in position order),
  * so a row's result is bit-identical whichever kernel runs and whichever tokens share its
- * tile: batch invariance (--deterministic) holds with either. 16 rows: 16 reads of a block
- * from L1 per read from L3, for 16 x context floats of scores per thread. */
-/* A tile: tile_tokens consecutive tokens x tile_heads query heads of one KV head (a
+ * tile: batch invariance (--deterministic) holds with either. Rows go in pairs through
+ * the block kernels, which then load each key and value once for two rows.
+ *
+ * A tile: tile_tokens consecutive tokens x tile_heads query heads of one KV head (a
  * group wider than ATT_TILE_ROWS is cut into head_chunks). */
 typedef struct att_tiling {
     int group, tile_heads, head_chunks, tile_tokens, n_token_tiles;
@@ -522,6 +592,13 @@ typedef struct att_row {
     float mx;
 } att_row;
 
+/* Row r's positions inside the KV block that starts at position bp, as offsets
+ * first..last into the block (first > last: none). */
+static inline void att_run_in_block(const att_row *r, int bp, int *first, int *last) {
+    *first = r->p_start > bp ? r->p_start - bp : 0;
+    *last = r->p_end < bp + KV_BLOCK_SIZE - 1 ? r->p_end - bp : KV_BLOCK_SIZE - 1;
+}
+
 /* rows[0..n) of one sequence (slot) and KV head kvh: scores block by block, softmax per
  * row, then the weighted values block by block. */
 ATT_AVX2 static void attention_tile_rows_avx2(const ops_attention_args *a, att_row *rows, int n, int slot, int kvh) {
@@ -534,17 +611,28 @@ ATT_AVX2 static void attention_tile_rows_avx2(const ops_attention_args *a, att_r
     for (int bp = lo / KV_BLOCK_SIZE * KV_BLOCK_SIZE; bp <= hi; bp += KV_BLOCK_SIZE) { /* scores */
         const float *krow = kv_key(kv, a->layer, slot, bp, kvh);
         if (bp + KV_BLOCK_SIZE <= hi) att_prefetch_block(kv, a->layer, slot, bp + KV_BLOCK_SIZE, kvh);
-        for (int j = 0; j < n; j++) {
-            att_row *r = &rows[j];
-            int first = r->p_start > bp ? r->p_start - bp : 0;
-            int last = r->p_end < bp + KV_BLOCK_SIZE - 1 ? r->p_end - bp : KV_BLOCK_SIZE - 1;
+        for (int j = 0; j < n; j += 2) { /* rows in pairs, over the union of their runs */
+            int first = KV_BLOCK_SIZE, last = -1, pair = j + 1 < n, f, l;
+            for (int k = j; k <= j + pair; k++) {
+                att_run_in_block(&rows[k], bp, &f, &l);
+                if (f <= l && f < first) first = f;
+                if (f <= l && l > last) last = l;
+            }
             if (first > last) continue;
-            float s16[KV_BLOCK_SIZE];
-            att_block_scores_avx2(r->q, krow, a->head_dim, first, last - first + 1, a->scale, s16);
-            for (int i = first; i <= last; i++) {
-                float s = s16[i];
-                r->scores[bp + i - r->p_start] = s;
-                if (s > r->mx) r->mx = s;
+            float s16[2][KV_BLOCK_SIZE];
+            if (pair)
+                att_block_scores2_avx2(rows[j].q, rows[j + 1].q, krow, a->head_dim, first, last - first + 1, a->scale,
+                                       s16[0], s16[1]);
+            else
+                att_block_scores_avx2(rows[j].q, krow, a->head_dim, first, last - first + 1, a->scale, s16[0]);
+            for (int k = j; k <= j + pair; k++) {
+                att_row *r = &rows[k];
+                att_run_in_block(r, bp, &f, &l);
+                for (int i = f; i <= l; i++) {
+                    float sc = s16[k - j][i];
+                    r->scores[bp + i - r->p_start] = sc;
+                    if (sc > r->mx) r->mx = sc;
+                }
             }
         }
     }
@@ -555,12 +643,21 @@ ATT_AVX2 static void attention_tile_rows_avx2(const ops_attention_args *a, att_r
         memset(r->out, 0, (size_t)a->head_dim * sizeof *r->out);
     }
     for (int bp = lo / KV_BLOCK_SIZE * KV_BLOCK_SIZE; bp <= hi; bp += KV_BLOCK_SIZE) /* weighted values */
-        for (int j = 0; j < n; j++) {
-            att_row *r = &rows[j];
-            int first = r->p_start > bp ? r->p_start : bp;
-            int last = r->p_end < bp + KV_BLOCK_SIZE - 1 ? r->p_end : bp + KV_BLOCK_SIZE - 1;
-            if (first > last) continue;
-            att_row_values_avx2(a, slot, kvh, first, last, r->scores + (first - r->p_start), inv[j], r->out, 1);
+        for (int j = 0; j < n;) {
+            att_row *r = &rows[j], *r2 = &rows[j + 1];
+            int first, last, first2 = 0, last2 = -1;
+            att_run_in_block(r, bp, &first, &last);
+            if (j + 1 < n) att_run_in_block(r2, bp, &first2, &last2);
+            first += bp, last += bp, first2 += bp, last2 += bp;
+            if (j + 1 < n && first <= last && first == first2 && last == last2) { /* the same positions */
+                att_rows2_values_avx2(a, slot, kvh, first, last, r->scores + (first - r->p_start), inv[j],
+                                      r2->scores + (first - r2->p_start), inv[j + 1], r->out, r2->out);
+                j += 2;
+                continue;
+            }
+            if (first <= last)
+                att_row_values_avx2(a, slot, kvh, first, last, r->scores + (first - r->p_start), inv[j], r->out, 1);
+            j++;
         }
 }
 

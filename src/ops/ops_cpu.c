@@ -1,7 +1,8 @@
 /* ops_cpu.c: CPU implementations of the ops in ops.h. Plain float32 loops the compiler
  * vectorises; attention (over float or int8 KV) is split over (token, head) pairs on the
- * thread pool. The arithmetic mirrors mlx's (f32 accumulation, max-subtracted softmax)
- * so the reference tier stays within float rounding of mlx-lm. */
+ * thread pool, or for prefill on AVX2 over tiles of tokens x the query heads of one KV
+ * head. The arithmetic mirrors mlx's (f32 accumulation, max-subtracted softmax) so the
+ * reference tier stays within float rounding of mlx-lm. */
 #include "ops/ops.h"
 #include "base/cpu_features.h"
 #include <immintrin.h>
@@ -248,8 +249,14 @@ void ops_scale(float *x, float s, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
+/* Query rows per prefill tile (attention_tile_f32_avx2), and the scores a thread buffers
+ * for one: 16 rows of 2048 positions (128 KiB). A tile whose rows see more positions than
+ * that is cut into tiles of fewer rows; one row always fits (a slot's whole context). */
+enum { ATT_TILE_ROWS = 16, ATT_TILE_SCORES = ATT_TILE_ROWS * 2048 };
+
 size_t ops_attention_scratch(const kv_cache *kv) {
-    return (size_t)kv->max_blocks_per_slot * KV_BLOCK_SIZE + (size_t)kv->head_dim;
+    size_t context = (size_t)kv->max_blocks_per_slot * KV_BLOCK_SIZE;
+    return (context > ATT_TILE_SCORES ? context : ATT_TILE_SCORES) + (size_t)kv->head_dim;
 }
 
 static void attention_task(void *ctx, int task, int thread) {
@@ -371,8 +378,10 @@ ATT_AVX512 static void attention_task_f32_avx512(void *ctx, int task, int thread
 
 /* Float KV, AVX2, head_dim a multiple of 8: the AVX-512 scheme above on 256-bit
  * registers: 8 keys' scores from 8 FMA chains reduced together, and the weighted sum of
- * values keeps 64 output floats in registers over all positions. Per key and per output
- * float it replaces a call, a horizontal sum and a load/store of the output row. */
+ * values keeps 64 output floats in registers over a run of positions. Per key and per
+ * output float it replaces a call, a horizontal sum and a load/store of the output row.
+ * Two task shapes share these helpers: one (token, head) per task (decode), and a tile of
+ * query rows that share a KV head (prefill, attention_tile_f32_avx2 below). */
 #define ATT_AVX2 __attribute__((target("avx2,fma")))
 
 /* Lane r of the result = sum of the 8 lanes of v[r]. */
@@ -383,27 +392,139 @@ ATT_AVX2 static inline __m256 att_reduce8(const __m256 v[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* out[i0 .. i0 + 8 NV) = sum over positions of weight * value (NV <= 8 accumulators). */
+/* s16[first .. first + n) = scale * q . key for the rows of one KV block (krow: its row 0),
+ * computed in the 8-key halves that hold them (all 16 rows are allocated; scores of rows
+ * outside the run are computed and left unused). */
+ATT_AVX2 static inline void att_block_scores_avx2(const float *q, const float *krow, int d, int first, int n,
+                                                  float scale, float s16[KV_BLOCK_SIZE]) {
+    for (int r0 = first / 8 * 8; r0 < first + n; r0 += 8) {
+        __m256 acc[8];
+        #pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+        for (int i = 0; i < d; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + i);
+            #pragma GCC unroll 8
+            for (int r = 0; r < 8; r++)
+                acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(krow + (size_t)(r0 + r) * d + i), acc[r]);
+        }
+        _mm256_storeu_ps(s16 + r0, _mm256_mul_ps(att_reduce8(acc), _mm256_set1_ps(scale)));
+    }
+}
+
+/* out[i0 .. i0 + 8 NV) (+)= sum over positions p_first..p_last of w[p - p_first] * inv *
+ * value, NV <= 8 accumulators in registers. accumulate: start from out's values (a tile's
+ * row, one KV block at a time) instead of zero; the FMAs of one output float run in
+ * position order either way, so a row split over blocks gets the same bits as one pass. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
-att_values_avx2(const ops_attention_args *a, int slot, int kvh, int p_start, int p_end, const float *scores, float inv,
-                int i0, float *out, const int NV) {
+att_values_avx2(const ops_attention_args *a, int slot, int kvh, int p_first, int p_last, const float *w, float inv,
+                int i0, float *out, const int NV, int accumulate) {
     const kv_cache *kv = a->kv;
     __m256 o[8];
     #pragma GCC unroll 8
-    for (int j = 0; j < 8; j++) o[j] = _mm256_setzero_ps();
-    for (int p = p_start; p <= p_end; p++) {
+    for (int j = 0; j < 8; j++) o[j] = accumulate && j < NV ? _mm256_loadu_ps(out + i0 + 8 * j) : _mm256_setzero_ps();
+    for (int p = p_first; p <= p_last; p++) {
         const float *vrow = kv->v + (kv_key(kv, a->layer, slot, p, kvh) - kv->k) + i0;
-        if (p + KV_BLOCK_SIZE <= p_end) { /* the same row of the next block */
+        if (p + KV_BLOCK_SIZE <= p_last) { /* the same row of the next block */
             const float *nk = kv_key(kv, a->layer, slot, p + KV_BLOCK_SIZE, kvh);
             const char *next = (const char *)(kv->v + (nk - kv->k) + i0);
             for (int off = 0; off < NV * 32; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
         }
-        __m256 w = _mm256_set1_ps(scores[p - p_start] * inv);
+        __m256 wv = _mm256_set1_ps(w[p - p_first] * inv);
         #pragma GCC unroll 8
-        for (int j = 0; j < NV; j++) o[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vrow + 8 * j), o[j]);
+        for (int j = 0; j < NV; j++) o[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vrow + 8 * j), o[j]);
     }
     #pragma GCC unroll 8
     for (int j = 0; j < NV; j++) _mm256_storeu_ps(out + i0 + 8 * j, o[j]);
+}
+
+/* The whole output row, 64 floats in registers at a time. */
+ATT_AVX2 static void att_row_values_avx2(const ops_attention_args *a, int slot, int kvh, int p_first, int p_last,
+                                         const float *w, float inv, float *out, int accumulate) {
+    for (int i0 = 0; i0 < a->head_dim; i0 += 64) {
+        int nv = a->head_dim - i0 < 64 ? (a->head_dim - i0) / 8 : 8;
+        if (nv == 8)
+            att_values_avx2(a, slot, kvh, p_first, p_last, w, inv, i0, out, 8, accumulate);
+        else if (nv == 4)
+            att_values_avx2(a, slot, kvh, p_first, p_last, w, inv, i0, out, 4, accumulate);
+        else
+            att_values_avx2(a, slot, kvh, p_first, p_last, w, inv, i0, out, nv, accumulate);
+    }
+}
+
+/* Lanes r < 4 of the result = sum of the 8 lanes of v[r]: att_reduce8's tree for 4 keys. */
+ATT_AVX2 static inline __m128 att_reduce4(const __m256 v[4]) {
+    __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+/* att_block_scores_avx2 for two query rows at once, in 4-key quarters of the block: each
+ * key load feeds both rows (6 loads per 8 FMAs instead of 9). Every score is the same
+ * FMA chain and reduction tree as there, so the same bits. */
+ATT_AVX2 static inline void att_block_scores2_avx2(const float *qa, const float *qb, const float *krow, int d,
+                                                   int first, int n, float scale, float sa[KV_BLOCK_SIZE],
+                                                   float sb[KV_BLOCK_SIZE]) {
+    for (int r0 = first / 4 * 4; r0 < first + n; r0 += 4) {
+        __m256 acc_a[4], acc_b[4];
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) acc_a[r] = acc_b[r] = _mm256_setzero_ps();
+        for (int i = 0; i < d; i += 8) {
+            __m256 qva = _mm256_loadu_ps(qa + i), qvb = _mm256_loadu_ps(qb + i);
+            #pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                __m256 k = _mm256_loadu_ps(krow + (size_t)(r0 + r) * d + i);
+                acc_a[r] = _mm256_fmadd_ps(qva, k, acc_a[r]);
+                acc_b[r] = _mm256_fmadd_ps(qvb, k, acc_b[r]);
+            }
+        }
+        _mm_storeu_ps(sa + r0, _mm_mul_ps(att_reduce4(acc_a), _mm_set1_ps(scale)));
+        _mm_storeu_ps(sb + r0, _mm_mul_ps(att_reduce4(acc_b), _mm_set1_ps(scale)));
+    }
+}
+
+/* att_values_avx2 (accumulating) for two rows over the same positions: each value load
+ * feeds both rows' accumulators, 4 x 8 floats per row (NV <= 4). */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+att_values2_avx2(const ops_attention_args *a, int slot, int kvh, int p_first, int p_last, const float *wa, float inva,
+                 const float *wb, float invb, int i0, float *outa, float *outb, const int NV) {
+    const kv_cache *kv = a->kv;
+    __m256 oa[4], ob[4];
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        oa[j] = j < NV ? _mm256_loadu_ps(outa + i0 + 8 * j) : _mm256_setzero_ps();
+        ob[j] = j < NV ? _mm256_loadu_ps(outb + i0 + 8 * j) : _mm256_setzero_ps();
+    }
+    const float *vrow = kv->v + (kv_key(kv, a->layer, slot, p_first, kvh) - kv->k) + i0;
+    for (int p = p_first; p <= p_last; p++, vrow += a->head_dim) { /* rows of one block */
+        __m256 wva = _mm256_set1_ps(wa[p - p_first] * inva), wvb = _mm256_set1_ps(wb[p - p_first] * invb);
+        #pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) {
+            __m256 v = _mm256_loadu_ps(vrow + 8 * j);
+            oa[j] = _mm256_fmadd_ps(wva, v, oa[j]);
+            ob[j] = _mm256_fmadd_ps(wvb, v, ob[j]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < NV; j++) _mm256_storeu_ps(outa + i0 + 8 * j, oa[j]), _mm256_storeu_ps(outb + i0 + 8 * j, ob[j]);
+}
+
+/* Positions p_first..p_last inside one KV block, for two rows. */
+ATT_AVX2 static void att_rows2_values_avx2(const ops_attention_args *a, int slot, int kvh, int p_first, int p_last,
+                                           const float *wa, float inva, const float *wb, float invb, float *outa,
+                                           float *outb) {
+    for (int i0 = 0; i0 < a->head_dim; i0 += 32) {
+        int nv = a->head_dim - i0 < 32 ? (a->head_dim - i0) / 8 : 4;
+        if (nv == 4)
+            att_values2_avx2(a, slot, kvh, p_first, p_last, wa, inva, wb, invb, i0, outa, outb, 4);
+        else
+            att_values2_avx2(a, slot, kvh, p_first, p_last, wa, inva, wb, invb, i0, outa, outb, nv);
+    }
+}
+
+/* Prefetches the keys of the KV block holding position p. */
+static inline void att_prefetch_block(const kv_cache *kv, int layer, int slot, int p, int kvh) {
+    const char *next = (const char *)kv_key(kv, layer, slot, p / KV_BLOCK_SIZE * KV_BLOCK_SIZE, kvh);
+    for (int off = 0; off < KV_BLOCK_SIZE * kv->head_dim * (int)sizeof(float); off += 64)
+        _mm_prefetch(next + off, _MM_HINT_T0);
 }
 
 ATT_AVX2 static void attention_task_f32_avx2(void *ctx, int task, int thread) {
@@ -421,27 +542,11 @@ ATT_AVX2 static void attention_task_f32_avx2(void *ctx, int task, int thread) {
         int run_end = (p / KV_BLOCK_SIZE + 1) * KV_BLOCK_SIZE - 1;
         if (run_end > p_end) run_end = p_end;
         int first = p % KV_BLOCK_SIZE, n = run_end - p + 1;
-        /* the 8-key halves of the block that hold positions first..first+n-1 (all 16 rows are
-         * allocated; scores of rows outside the run are computed and dropped) */
         const float *krow = kv_key(kv, a->layer, slot, p, kvh) - (size_t)first * d;
-        if (run_end < p_end) { /* the next block is elsewhere in the pool: fetch its keys now */
-            const char *next = (const char *)kv_key(kv, a->layer, slot, run_end + 1, kvh);
-            for (int off = 0; off < KV_BLOCK_SIZE * d * (int)sizeof(float); off += 64)
-                _mm_prefetch(next + off, _MM_HINT_T0);
-        }
+        /* the next block is elsewhere in the pool: fetch its keys now */
+        if (run_end < p_end) att_prefetch_block(kv, a->layer, slot, run_end + 1, kvh);
         float s16[KV_BLOCK_SIZE];
-        for (int r0 = first / 8 * 8; r0 < first + n; r0 += 8) {
-            __m256 acc[8];
-            #pragma GCC unroll 8
-            for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
-            for (int i = 0; i < d; i += 8) {
-                __m256 qv = _mm256_loadu_ps(q + i);
-                #pragma GCC unroll 8
-                for (int r = 0; r < 8; r++)
-                    acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(krow + (size_t)(r0 + r) * d + i), acc[r]);
-            }
-            _mm256_storeu_ps(s16 + r0, _mm256_mul_ps(att_reduce8(acc), _mm256_set1_ps(a->scale)));
-        }
+        att_block_scores_avx2(q, krow, d, first, n, a->scale, s16);
         for (int j = 0; j < n; j++) {
             float s = s16[first + j];
             scores[p - p_start + j] = s;
@@ -450,15 +555,143 @@ ATT_AVX2 static void attention_task_f32_avx2(void *ctx, int task, int thread) {
         p = run_end + 1;
     }
     float sum = exp_sum_avx2(scores, p_end - p_start + 1, mx), inv = 1.0f / sum;
-    for (int i0 = 0; i0 < d; i0 += 64) { /* 64 output floats in registers at a time */
-        int nv = d - i0 < 64 ? (d - i0) / 8 : 8;
-        if (nv == 8)
-            att_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, i0, out, 8);
-        else if (nv == 4)
-            att_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, i0, out, 4);
-        else
-            att_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, i0, out, nv);
+    att_row_values_avx2(a, slot, kvh, p_start, p_end, scores, inv, out, 0);
+}
+
+/* Prefill, float KV on AVX2 (head_dim a multiple of 8): a task takes a tile of up to
+ * ATT_TILE_ROWS query rows that share one KV head (consecutive tokens x the query heads of
+ * its GQA group) and reads each KV block once for all of them, while it sits in L1; the
+ * per-(token, head) task streams the sequence's whole K/V from L3 for every row (1 MiB at
+ * 512 positions for Gemma 3 270M's head_dim 256). Each row's arithmetic is
+ * attention_task_f32_avx2's operation for operation (att_block_scores_avx2 per block, the
+ * same exp_sum_avx2 over the row's buffered scores, att_row_values_avx2 in position order),
+ * so a row's result is bit-identical whichever kernel runs and whichever tokens share its
+ * tile: batch invariance (--deterministic) holds with either. Rows go in pairs through
+ * the block kernels, which then load each key and value once for two rows.
+ *
+ * A tile: tile_tokens consecutive tokens x tile_heads query heads of one KV head (a
+ * group wider than ATT_TILE_ROWS is cut into head_chunks). */
+typedef struct att_tiling {
+    int group, tile_heads, head_chunks, tile_tokens, n_token_tiles;
+} att_tiling;
+
+static att_tiling att_tiling_of(const ops_attention_args *a) {
+    att_tiling tl;
+    tl.group = a->n_heads / a->n_kv_heads;
+    tl.tile_heads = tl.group < ATT_TILE_ROWS ? tl.group : ATT_TILE_ROWS;
+    tl.head_chunks = (tl.group + tl.tile_heads - 1) / tl.tile_heads;
+    tl.tile_tokens = ATT_TILE_ROWS / tl.tile_heads;
+    tl.n_token_tiles = (a->T + tl.tile_tokens - 1) / tl.tile_tokens;
+    return tl;
+}
+
+typedef struct att_row {
+    const float *q;
+    float *out, *scores;
+    int p_start, p_end;
+    float mx;
+} att_row;
+
+/* Row r's positions inside the KV block that starts at position bp, as offsets
+ * first..last into the block (first > last: none). */
+static inline void att_run_in_block(const att_row *r, int bp, int *first, int *last) {
+    *first = r->p_start > bp ? r->p_start - bp : 0;
+    *last = r->p_end < bp + KV_BLOCK_SIZE - 1 ? r->p_end - bp : KV_BLOCK_SIZE - 1;
+}
+
+/* rows[0..n) of one sequence (slot) and KV head kvh: scores block by block, softmax per
+ * row, then the weighted values block by block. */
+ATT_AVX2 static void attention_tile_rows_avx2(const ops_attention_args *a, att_row *rows, int n, int slot, int kvh) {
+    const kv_cache *kv = a->kv;
+    int lo = INT32_MAX, hi = -1;
+    for (int j = 0; j < n; j++) {
+        if (rows[j].p_start < lo) lo = rows[j].p_start;
+        if (rows[j].p_end > hi) hi = rows[j].p_end;
     }
+    for (int bp = lo / KV_BLOCK_SIZE * KV_BLOCK_SIZE; bp <= hi; bp += KV_BLOCK_SIZE) { /* scores */
+        const float *krow = kv_key(kv, a->layer, slot, bp, kvh);
+        if (bp + KV_BLOCK_SIZE <= hi) att_prefetch_block(kv, a->layer, slot, bp + KV_BLOCK_SIZE, kvh);
+        for (int j = 0; j < n; j += 2) { /* rows in pairs, over the union of their runs */
+            int first = KV_BLOCK_SIZE, last = -1, pair = j + 1 < n, f, l;
+            for (int k = j; k <= j + pair; k++) {
+                att_run_in_block(&rows[k], bp, &f, &l);
+                if (f <= l && f < first) first = f;
+                if (f <= l && l > last) last = l;
+            }
+            if (first > last) continue;
+            float s16[2][KV_BLOCK_SIZE];
+            if (pair)
+                att_block_scores2_avx2(rows[j].q, rows[j + 1].q, krow, a->head_dim, first, last - first + 1, a->scale,
+                                       s16[0], s16[1]);
+            else
+                att_block_scores_avx2(rows[j].q, krow, a->head_dim, first, last - first + 1, a->scale, s16[0]);
+            for (int k = j; k <= j + pair; k++) {
+                att_row *r = &rows[k];
+                att_run_in_block(r, bp, &f, &l);
+                for (int i = f; i <= l; i++) {
+                    float sc = s16[k - j][i];
+                    r->scores[bp + i - r->p_start] = sc;
+                    if (sc > r->mx) r->mx = sc;
+                }
+            }
+        }
+    }
+    float inv[ATT_TILE_ROWS];
+    for (int j = 0; j < n; j++) {
+        att_row *r = &rows[j];
+        inv[j] = 1.0f / exp_sum_avx2(r->scores, r->p_end - r->p_start + 1, r->mx);
+        memset(r->out, 0, (size_t)a->head_dim * sizeof *r->out);
+    }
+    for (int bp = lo / KV_BLOCK_SIZE * KV_BLOCK_SIZE; bp <= hi; bp += KV_BLOCK_SIZE) /* weighted values */
+        for (int j = 0; j < n;) {
+            att_row *r = &rows[j], *r2 = &rows[j + 1];
+            int first, last, first2 = 0, last2 = -1;
+            att_run_in_block(r, bp, &first, &last);
+            if (j + 1 < n) att_run_in_block(r2, bp, &first2, &last2);
+            first += bp, last += bp, first2 += bp, last2 += bp;
+            if (j + 1 < n && first <= last && first == first2 && last == last2) { /* the same positions */
+                att_rows2_values_avx2(a, slot, kvh, first, last, r->scores + (first - r->p_start), inv[j],
+                                      r2->scores + (first - r2->p_start), inv[j + 1], r->out, r2->out);
+                j += 2;
+                continue;
+            }
+            if (first <= last)
+                att_row_values_avx2(a, slot, kvh, first, last, r->scores + (first - r->p_start), inv[j], r->out, 1);
+            j++;
+        }
+}
+
+/* Tiles are handed out last tokens first: with causal masking they have the most
+ * positions, and dynamic hand-out then balances the threads. The rows of a tile are cut
+ * where the sequence changes and where their scores would overflow the thread's scratch. */
+ATT_AVX2 static void attention_tile_f32_avx2(void *ctx, int task, int thread) {
+    const ops_attention_args *a = ctx;
+    att_tiling tl = att_tiling_of(a);
+    int per_tile = a->n_kv_heads * tl.head_chunks;
+    int tile = tl.n_token_tiles - 1 - task / per_tile, kvh = task % per_tile / tl.head_chunks;
+    int chunk = task % tl.head_chunks, h0 = kvh * tl.group + chunk * tl.tile_heads;
+    int nh = tl.group - chunk * tl.tile_heads < tl.tile_heads ? tl.group - chunk * tl.tile_heads : tl.tile_heads;
+    int t0 = tile * tl.tile_tokens, t1 = t0 + tl.tile_tokens < a->T ? t0 + tl.tile_tokens : a->T;
+    size_t capacity = ops_attention_scratch(a->kv), used = 0;
+    float *scratch = a->scratch + (size_t)thread * capacity;
+    att_row rows[ATT_TILE_ROWS];
+    int n = 0, run_slot = a->slot[t0]; /* the sequence of rows[0..n) */
+    for (int t = t0; t < t1; t++) {
+        int p_end = a->pos[t], p_start = a->window > 0 && p_end - a->window + 1 > 0 ? p_end - a->window + 1 : 0;
+        size_t len = (size_t)(p_end - p_start + 1);
+        for (int h = h0; h < h0 + nh; h++) {
+            if (n > 0 && (a->slot[t] != run_slot || used + len > capacity)) {
+                attention_tile_rows_avx2(a, rows, n, run_slot, kvh);
+                n = 0, used = 0;
+            }
+            run_slot = a->slot[t];
+            const float *q = a->q + ((size_t)t * a->n_heads + h) * a->head_dim;
+            float *out = a->out + ((size_t)t * a->n_heads + h) * a->head_dim;
+            rows[n++] = (att_row){q, out, scratch + used, p_start, p_end, -INFINITY};
+            used += len;
+        }
+    }
+    if (n > 0) attention_tile_rows_avx2(a, rows, n, run_slot, kvh);
 }
 
 void ops_attention(const ops_attention_args *a, threadpool *tp) {
@@ -466,9 +699,16 @@ void ops_attention(const ops_attention_args *a, threadpool *tp) {
     args.kernels = pick_kernels();
     int f32 = a->kv->quant != HEARTH_KV_INT8;
     tp_task_fn fn = attention_task;
-    if (f32 && args.kernels == &kernels_avx512 && a->head_dim % 16 == 0)
+    int n_tasks = a->T * a->n_heads;
+    if (f32 && args.kernels == &kernels_avx512 && a->head_dim % 16 == 0) {
         fn = attention_task_f32_avx512;
-    else if (f32 && args.kernels != &kernels_scalar && a->head_dim % 8 == 0)
+    } else if (f32 && args.kernels != &kernels_scalar && a->head_dim % 8 == 0) {
+        /* tiles when there are enough of them to keep every thread busy (a prefill chunk);
+         * decode keeps one task per (token, head). Same bits either way. */
+        att_tiling tl = att_tiling_of(a);
+        int n_tiles = tl.n_token_tiles * a->n_kv_heads * tl.head_chunks;
         fn = attention_task_f32_avx2;
-    tp_run(tp, a->T * a->n_heads, fn, &args);
+        if (n_tiles >= 4 * tp_threads(tp)) fn = attention_tile_f32_avx2, n_tasks = n_tiles;
+    }
+    tp_run(tp, n_tasks, fn, &args);
 }

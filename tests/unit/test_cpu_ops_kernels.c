@@ -4,7 +4,9 @@
  * path on AVX-512; on AVX2 a 64-float and a 16-float output pass), 256 (the AVX-512 path's
  * output in two 128-float passes, AVX2's in four of 64); GQA (3 query heads per KV
  * head); prefill of many tokens and decode of several slots whose lengths and windows start
- * and end inside KV blocks; 1 and 2 threads. (2) ops_silu_mul / ops_gelu_tanh_mul against
+ * and end inside KV blocks; 1 and 2 threads. Prefill tiles against the same tokens one at
+ * a time, bit for bit (batch invariance), over head_dim 64/80/256 and GQA groups 1/4/8/20.
+ * (2) ops_silu_mul / ops_gelu_tanh_mul against
  * the textbook formulas in double (libm exp / tanh), at every level, odd lengths. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -116,6 +118,102 @@ static void test_attention_matches_naive(void **state) {
     tp_destroy(tps[1]);
 }
 
+/* Prefill tiles (several tokens x the query heads of one KV head per task) against the
+ * same tokens one at a time (one task per (token, head)) and against naive(). The batch:
+ * a prefill chunk of slot 0 starting inside a KV block, one of slot 1, a decode token of
+ * slot 2, back to back, so tiles straddle sequences and T is not a multiple of any tile.
+ * The tile path wants 4 tiles per thread: with 2 KV heads a lone token makes at most 4
+ * (group 20: two head chunks), too few for the 2 threads it runs on, and the 45-token batch
+ * at least 6 (group 1: 16 tokens per tile), enough for 1 thread; so the two calls take the
+ * two paths with 1 batch thread, and with 2 for every group but 1. */
+static void check_tiles(int head_dim, int group, int window, int context, threadpool *tp_batch,
+                        threadpool *tp_single) {
+    enum { LAYERS = 2, KVH = 2, SLOTS = 3, TMAX = 45 };
+    int heads = KVH * group;
+    kv_cache kv;
+    assert_int_equal(kv_create(&kv, LAYERS, KVH, head_dim, SLOTS, context, context / KV_BLOCK_SIZE + 16, NULL),
+                     HEARTH_OK);
+    int lens[SLOTS] = {40 + (int)(rnd() % 30), context - 100 + (int)(rnd() % 90), 1 + (int)(rnd() % 50)};
+    int chunk0 = 13 + (int)(rnd() % 20), T = TMAX;
+    for (int s = 0; s < SLOTS; s++) assert_int_equal(kv_reserve(&kv, s, lens[s], NULL), HEARTH_OK);
+    size_t nf = (size_t)LAYERS * kv.n_blocks * kv.block_floats;
+    for (size_t i = 0; i < nf; i++) {
+        kv.k[i] = rndf() * 2;
+        kv.v[i] = rndf();
+    }
+    int32_t slot[TMAX], pos[TMAX];
+    for (int t = 0; t < T; t++) {
+        int s = t < chunk0 ? 0 : t < T - 1 ? 1 : 2;
+        int first = s == 0 ? lens[0] - chunk0 : s == 1 ? lens[1] - (T - 1 - chunk0) : lens[2] - 1;
+        int index = s == 0 ? t : s == 1 ? t - chunk0 : 0;
+        slot[t] = s;
+        pos[t] = first + index;
+    }
+    size_t row = (size_t)heads * head_dim, nq = (size_t)T * row;
+    float *q = malloc(nq * 4), *out = malloc(nq * 4), *one = malloc(row * 4);
+    int threads = tp_threads(tp_batch) > tp_threads(tp_single) ? tp_threads(tp_batch) : tp_threads(tp_single);
+    float *scratch = malloc(ops_attention_scratch(&kv) * 4 * (size_t)threads);
+    for (size_t i = 0; i < nq; i++) q[i] = rndf();
+    ops_attention_args a = {.kv = &kv, .layer = 1, .q = q, .out = out, .T = T, .n_heads = heads,
+                            .n_kv_heads = KVH, .head_dim = head_dim, .pos = pos, .slot = slot,
+                            .window = window, .scale = 1.0f / sqrtf((float)head_dim), .scratch = scratch};
+    ops_attention(&a, tp_batch);
+    double *want = malloc(sizeof(double) * (size_t)head_dim);
+    for (int t = 0; t < T; t++) {
+        ops_attention_args a1 = a;
+        a1.q = q + t * row, a1.out = one, a1.T = 1, a1.pos = pos + t, a1.slot = slot + t;
+        ops_attention(&a1, tp_single);
+        for (int h = 0; h < heads; h++) {
+            const float *got = out + t * row + (size_t)h * head_dim;
+            naive(&kv, 1, slot[t], pos[t], h / group, window, q + t * row + (size_t)h * head_dim, head_dim, a.scale,
+                  want);
+            for (int i = 0; i < head_dim; i++) {
+                /* the same operations in the same order on both paths (batch invariance):
+                 * bit for bit, not within a tolerance */
+                if (memcmp(&got[i], &one[(size_t)h * head_dim + i], sizeof(float)))
+                    fail_msg("%s d=%d group=%d window=%d: token %d (slot %d pos %d) head %d [%d]: tile %.9g, alone "
+                             "%.9g",
+                             cpu_level_name(cpu_level_active()), head_dim, group, window, t, slot[t], pos[t], h, i,
+                             got[i], one[(size_t)h * head_dim + i]);
+                /* the bound of check(): float scores against double move the weights ~1e-5 */
+                if (!(fabs(got[i] - want[i]) <= 2e-5))
+                    fail_msg("%s d=%d group=%d window=%d: token %d head %d [%d] = %.8g, want %.8g",
+                             cpu_level_name(cpu_level_active()), head_dim, group, window, t, h, i, got[i], want[i]);
+            }
+        }
+    }
+    free(want);
+    free(q);
+    free(out);
+    free(one);
+    free(scratch);
+    kv_destroy(&kv);
+}
+
+static void test_attention_tiles_match_tokens(void **state) {
+    (void)state;
+    threadpool *tps[2];
+    assert_int_equal(tp_create(1, &tps[0], NULL), HEARTH_OK);
+    assert_int_equal(tp_create(2, &tps[1], NULL), HEARTH_OK);
+    static const char *levels[] = {"scalar", "avx2", "avx512"};
+    /* groups: MHA, Gemma 3's 4, Llama 3's 8, and 20 > ATT_TILE_ROWS (a group cut in two) */
+    static const int dims[] = {64, 80, 256}, groups[] = {1, 4, 8, 20}, windows[] = {0, 37};
+    for (int lv = CPU_LEVEL_SCALAR; lv <= (int)cpu_level_hardware(); lv++) {
+        setenv("HEARTH_CPU", levels[lv], 1);
+        for (int di = 0; di < 3; di++)
+            for (int gi = 0; gi < 4; gi++)
+                for (int wi = 0; wi < 2; wi++)
+                    for (int th = 0; th < 2; th++)
+                        check_tiles(dims[di], groups[gi], windows[wi], 300, tps[th], tps[1]);
+        /* a context past the tile's 2048 positions of scratch per row: rows of slot 1 see
+         * ~2500 positions and go one per tile */
+        check_tiles(64, 4, 0, 2600, tps[0], tps[1]);
+    }
+    unsetenv("HEARTH_CPU");
+    tp_destroy(tps[0]);
+    tp_destroy(tps[1]);
+}
+
 static void test_activations_match_double(void **state) {
     (void)state;
     static const char *levels[] = {"scalar", "avx2", "avx512"};
@@ -153,6 +251,7 @@ static void test_activations_match_double(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_attention_matches_naive),
+                                       cmocka_unit_test(test_attention_tiles_match_tokens),
                                        cmocka_unit_test(test_activations_match_double)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -457,7 +457,8 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
                     __m256 dd = _mm256_set1_ps(a2_f16(blk + 208));
                     #pragma GCC unroll 2
                     for (int h = 0; h < 2; h++) { /* two halves of 128: ql 64 bytes, qh 32 bytes each */
-                        __m256i sh = _mm256_permute4x64_epi64(s16, h ? 0xEE : 0x44); /* the half's 8, twice */
+                        __m256i sh = h ? _mm256_permute4x64_epi64(s16, 0xEE) /* the half's 8, twice */
+                                       : _mm256_permute4x64_epi64(s16, 0x44);
                         __m256 S = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(s8, 8) : s8));
                         __m256 sa[A2_TOKENS];
                         #pragma GCC unroll 8

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# cuda-batch LOGDIR: batched serve steps on the GPU (issue #6), budget 70 s. Unit tests of the
-# new dispatch (test_cuda_ragged: ragged-step attention split; test_cuda: cuda_matmul F16 /
-# byte-model picks; test_cuda_kv: mixed batches), greedy parity of 12 concurrent serve requests
-# vs each alone, batch_bench (matmul GEMV vs GEMM per T with and without HEARTH_CUDA_BATCH=1,
-# ragged attention split vs the old one launch), then, with the time left, a hearth-only
-# serve_load at N=8,32 on the 8B F16 GGUF (Q4_K_M when no F16 file). Env from tools/gpu_round:
-# H, B, TINY, G8. New paths: HEARTH_CUDA_BATCH=1 (opt-in until this part has run).
+# cuda-batch LOGDIR: batched serve steps on the GPU (issue #6), budget ~70 s. Unit tests of the
+# dispatch (test_cuda_ragged: ragged-step attention split, also with HEARTH_CUDA_BATCH=0;
+# test_cuda: cuda_matmul picks, dequantizers, v2 GEMVs, with the defaults and with the paths
+# before 2026-12-02; test_cuda_kv: mixed batches; test_cuda_graph), batch_bench (matmul GEMV
+# vs the chosen path per T, default / prior / every T >= 9 on the GEMM; ragged attention),
+# greedy parity of 12 concurrent serve requests vs each alone, then, with the time left, a
+# hearth-only serve_load at N=8,32 on the 8B F16 GGUF (Q4_K_M when no F16 file). Env from
+# tools/gpu_round: H, B, TINY, G8.
 L=${1:?usage: cuda-batch.sh LOGDIR}
 mkdir -p "$L" && L=$(cd "$L" && pwd)
 cd "$(dirname "$0")/../.."
@@ -35,24 +36,23 @@ unit() { # name timeout [env...]
 unit test_cuda_ragged 15
 unit test_cuda_ragged 10 HEARTH_CUDA_BATCH=0 # the old path on the same test: both must pass
 unit test_cuda_kv 15
-unit test_cuda 30
-unit test_cuda 30 HEARTH_CUDA_DEQUANT=fast HEARTH_CUDA_DIRECT_MIN_T=2
-unit test_cuda_graph 15 # decode graphs now capture cuBLAS calls (F16 / BF16 at 2..8 rows)
+unit test_cuda 30 # the defaults since 2026-12-02: flat dequantizers, F16/BF16 cuBLAS from 2 rows, v2 GEMVs
+unit test_cuda 30 HEARTH_CUDA_DEQUANT=generic HEARTH_CUDA_DIRECT_MIN_T=9 HEARTH_CUDA_GEMV=v1 # the paths before
+unit test_cuda_graph 15 # decode graphs capture cuBLAS calls (F16 / BF16 at 2..8 rows)
 
 # microbenchmarks: build (libhearth.a is there) and run both matmul modes, then attention
 if timeout 20 make -s BUILD="$B" BINDIR="$B/bin" LIBDIR="$B/lib" "$B/bench/batch_bench" >"$L/batch_bench_build.log" 2>&1; then
     [ "$(left)" -gt 12 ] && timeout 14 "$B/bench/batch_bench" >"$L/batch_bench.txt" 2>&1
-    # the opt-in paths not yet timed: flat dequantizers, F16 / BF16 cuBLAS at 2..8 rows
-    [ "$(left)" -gt 12 ] && HEARTH_CUDA_DEQUANT=fast HEARTH_CUDA_DIRECT_MIN_T=2 BATCH_BENCH=matmul timeout 12 \
-        "$B/bench/batch_bench" >"$L/batch_bench_fast.txt" 2>&1
-    say "dequant generic: $(grep -h 'dequant to bf16' "$L/batch_bench.txt" 2>/dev/null | tr -s ' ' | tr '\n' ';')"
-    say "dequant fast:    $(grep -h 'dequant to bf16' "$L/batch_bench_fast.txt" 2>/dev/null | tr -s ' ' | tr '\n' ';')"
+    # the paths before 2026-12-02: generic dequantizer, the GEMV up to 8 rows, v1 GEMVs
+    [ "$(left)" -gt 12 ] && HEARTH_CUDA_DEQUANT=generic HEARTH_CUDA_DIRECT_MIN_T=9 HEARTH_CUDA_GEMV=v1 BATCH_BENCH=matmul timeout 12 \
+        "$B/bench/batch_bench" >"$L/batch_bench_prior.txt" 2>&1
+    say "dequant default: $(grep -h 'dequant to bf16' "$L/batch_bench.txt" 2>/dev/null | tr -s ' ' | tr '\n' ';')"
+    say "dequant generic: $(grep -h 'dequant to bf16' "$L/batch_bench_prior.txt" 2>/dev/null | tr -s ' ' | tr '\n' ';')"
     # every quantized T >= 9 on the dequantize + GEMM path (the byte model's other side)
     [ "$(left)" -gt 10 ] && HEARTH_CUDA_GEMV_FUDGE=1000 BATCH_BENCH=matmul timeout 10 "$B/bench/batch_bench" >"$L/batch_bench_gemm.txt" 2>&1
-    [ "$(left)" -gt 10 ] && HEARTH_CUDA_BATCH=0 BATCH_BENCH=matmul timeout 10 "$B/bench/batch_bench" >"$L/batch_bench_old.txt" 2>&1
-    # per T: format gemv/matmul us (new picks), then the old dequantize+GEMM us
+    # per T: format gemv/matmul us (default picks), then the prior paths' picks
     for T in 1 8 16 32 64 128; do
-        say "T=$T gemv/new: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s/%s ", $1, $5, $8}' "$L/batch_bench.txt" 2>/dev/null)| old: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s ", $1, $8}' "$L/batch_bench_old.txt" 2>/dev/null)"
+        say "T=$T gemv/new: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s/%s ", $1, $5, $8}' "$L/batch_bench.txt" 2>/dev/null)| prior: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s ", $1, $8}' "$L/batch_bench_prior.txt" 2>/dev/null)"
     done
     grep -q "skipped" "$L/batch_bench.txt" && say "batch_bench: $(head -1 "$L/batch_bench.txt")"
     grep -h "attention ragged" "$L/batch_bench.txt" | sed 's/.*one layer: //' | tr '\n' ';' | sed 's/^/attention: /' | tee -a "$SUM" >/dev/null

@@ -2,7 +2,7 @@
 # final-bench: issue #5's table rows in one call: the two ceilings (bench/cuda/roofline.py:
 # torch copy bandwidth and bf16 GEMM rate), then hearth bench on the 8B shapes: bf16 and
 # Q4_K_M prefill at 4096 tokens, bf16 and Q8_0 decode (128 after 512). Rows print as they
-# finish; every JSON stays in LOGDIR. Env from tools/gpu_round. Usage: final-bench.sh LOGDIR
+# finish; every JSON stays in LOGDIR. FB_ROWS picks rows (also q4km_decode, m4_*, q3m4_*). Env from tools/gpu_round. Usage: final-bench.sh LOGDIR
 L=${1:?usage: final-bench.sh LOGDIR}; mkdir -p $L
 cd "$(dirname "$0")/../.."
 T0=$(date +%s); BUDGET=${FB_BUDGET:-60}
@@ -20,14 +20,28 @@ try:
     j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 except Exception as e:
     print(sys.argv[1].split('/')[-1], "no result"); sys.exit()
+import os
 tf, T = float(sys.argv[2]), j["prompt_tokens"]
-fl = 2 * (8.03e9 - 128256 * 4096) * T + 4 * 32 * 32 * 128 * T * T / 2
+# matmul FLOPs without the embedding table, plus causal attention (4 * layers * heads * head_dim * T^2 / 2)
+params, vocab, layers = (8.19e9, 151936, 36) if os.environ.get("QWEN") else (8.03e9, 128256, 32)
+fl = 2 * (params - vocab * 4096) * T + 4 * layers * 32 * 128 * T * T / 2
 print("%s: prefill %.0f tok/s (%.3f of %.0f TFLOP/s), decode %.1f tok/s (%.3f of roofline)" % (
     sys.argv[1].split('/')[-1][:-5], j["prefill_tps"], fl / (T / j["prefill_tps"]) / (tf * 1e12), tf, j["decode_tps"], j["roofline_fraction"]))
 PY
 }
 for i in $(seq 1 60); do [ -f $G8/.done ] && [ -f $L8/.done ] && break; sleep 1; done
-row bf16_p4096 $L8 -p 4096 -n 1 -r 2
-row q4km_p4096 $G8/llama8b-q4_k_m.gguf -p 4096 -n 1 -r 1
-row bf16_decode $L8 -p 512 -n 128 -r 3
-row q8_0_decode $G8/llama8b-q8_0.gguf -p 512 -n 128 -r 3
+# FB_ROWS: which rows, in order (default the four of round 8)
+for r in ${FB_ROWS:-bf16_p4096 q4km_p4096 bf16_decode q8_0_decode}; do
+  case $r in
+    bf16_p4096) row $r $L8 -p 4096 -n 1 -r 2 ;;
+    bf16_decode) row $r $L8 -p 512 -n 128 -r 3 ;;
+    q4km_p4096) row $r $G8/llama8b-q4_k_m.gguf -p 4096 -n 1 -r 1 ;;
+    q4km_decode) row $r $G8/llama8b-q4_k_m.gguf -p 512 -n 128 -r 3 ;;
+    q8_0_decode) row $r $G8/llama8b-q8_0.gguf -p 512 -n 128 -r 3 ;;
+    m4_decode) [ -f $M4/.done ] && row $r $M4 -p 512 -n 128 -r 3 || echo "$r: NOT RUN (no model)" ;;
+    m4_p4096) [ -f $M4/.done ] && row $r $M4 -p 4096 -n 1 -r 1 || echo "$r: NOT RUN (no model)" ;;
+    q3m4_decode) [ -f $Q3M4/.done ] && QWEN=1 row $r $Q3M4 -p 512 -n 128 -r 3 || echo "$r: NOT RUN (no model)" ;;
+    q3m4_p4096) [ -f $Q3M4/.done ] && QWEN=1 row $r $Q3M4 -p 4096 -n 1 -r 1 || echo "$r: NOT RUN (no model)" ;;
+    *) echo "$r: unknown row" ;;
+  esac
+done

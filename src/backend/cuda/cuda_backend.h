@@ -125,13 +125,14 @@ void cuda_q4k_force(int mode);
 /* Rearranges the scale bytes of w's super-blocks on the device (GGUF -> packed order). */
 hearth_status cuda_q4k_pack(cuda_weight *w, hearth_error *err);
 
-/* HEARTH_CUDA_GEMV=v2 (cuda_gemv_v2.cu, opt-in until measured): the int8-activation GEMVs
- * of Q8_0, Q6_K and packed-scale Q4_K run the v2 kernels (one warp per row, a whole
- * 4096-weight step of loads in flight per lane); Q4_K weights uploaded while it is on get
- * the packed scale order as with HEARTH_CUDA_Q4K=new (same bytes). Same numerical
- * contract as cuda_gemv_int8_act; batch-invariant like the others. cuda_gemv_v2_force(1
- * / 0) overrides the variable (tests, gemv_bench), -1 re-reads it. cuda_gemv_v2_takes:
- * whether w's int8-activation GEMV goes to a v2 kernel now. */
+/* The v2 int8-activation GEMVs (cuda_gemv_v2.cu: one warp per row, a whole 4096-weight
+ * step of loads in flight per lane). Default (auto): packed-scale Q4_K and Q6_K with
+ * n >= 2k; HEARTH_CUDA_GEMV=v2 every Q8_0 / Q6_K / packed Q4_K weight (and Q4_K weights
+ * uploaded then get the packed scale order even with HEARTH_CUDA_Q4K=old), =v1 none. Same
+ * numerical contract as cuda_gemv_int8_act; batch-invariant like the others.
+ * cuda_gemv_v2_on: whether the v2-everywhere mode is on. cuda_gemv_v2_force(1 / 0 / 2)
+ * forces v2 / v1 / auto (tests, gemv_bench), -1 re-reads the variable.
+ * cuda_gemv_v2_takes: whether w's int8-activation GEMV goes to a v2 kernel now. */
 int cuda_gemv_v2_on(void);
 void cuda_gemv_v2_force(int mode);
 int cuda_gemv_v2_takes(const cuda_weight *w);
@@ -316,12 +317,11 @@ hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, in
  * conversion of every weight and no GEMV above 8 rows, the path before). */
 int cuda_matmul_uses_gemv(const cuda_gemm *g, const cuda_weight *w, int T);
 /* Whether a call of T <= 8 rows on w goes to cuBLAS as stored (F16 / BF16 weights from
- * HEARTH_CUDA_DIRECT_MIN_T rows, opt-in: default 9, i.e. never; never in exact mode or with
- * HEARTH_CUDA_BATCH=0). */
+ * HEARTH_CUDA_DIRECT_MIN_T rows, default 2; never in exact mode or with HEARTH_CUDA_BATCH=0). */
 int cuda_matmul_small_direct(const cuda_gemm *g, const cuda_weight *w, int T);
 /* Dequantizes w (any device format) into out as bf16 [n][k], as the prefill GEMM does. */
 hearth_status cuda_dequant_bf16(const cuda_weight *w, void *out, hearth_error *err);
-/* Tests: fast_dequant 1 / 0 forces HEARTH_CUDA_DEQUANT=fast / the generic kernel,
+/* Tests: fast_dequant 1 / 0 forces the flat dequantizers (the default) / the generic kernel,
  * direct_min_rows forces HEARTH_CUDA_DIRECT_MIN_T; -1 re-reads the variable. */
 void cuda_gemm_force(int fast_dequant, int direct_min_rows);
 /* Whether cuda_matmul hands this weight to cuBLAS as stored (no dequantized copy, so any

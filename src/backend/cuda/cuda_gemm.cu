@@ -211,16 +211,15 @@ __global__ void dequant_fast_bf16_kernel(cuda_weight w, uint4 *out, size_t total
     out[i8] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
 }
 
-/* HEARTH_CUDA_DEQUANT=fast: the flat kernels above for Q8_0 / Q4_K / Q6_K; default: the
- * generic eight-per-thread kernel for every format (the one measured on the H200: 14336 x
- * 4096 Q4_K ~220 us). Opt-in because the flat kernels were written after the last device
- * call of 2026-12-01 and have not run on a GPU (test_cuda's test_dequant checks them). */
+/* Default: the flat kernels above for Q8_0 / Q4_K / Q6_K (H200, 2026-12-02, 14336 x 4096 to
+ * bf16: Q4_K 53.6 us vs 236 for the generic kernel, Q8_0 47.8 vs 97.0, Q6_K 56.4 vs 220.9);
+ * HEARTH_CUDA_DEQUANT=generic: the eight-per-thread kernel for every format (A/B runs). */
 static int g_dequant_old = -1, g_direct_min_t = -1;
 
 static int dequant_old(void) {
     if (g_dequant_old < 0) {
         const char *e = getenv("HEARTH_CUDA_DEQUANT");
-        g_dequant_old = !(e && strcmp(e, "fast") == 0);
+        g_dequant_old = e && strcmp(e, "generic") == 0;
     }
     return g_dequant_old;
 }
@@ -290,15 +289,14 @@ static int gemm_old(void) {
 }
 
 /* Rows from which a weight cuBLAS reads as stored (F16 / BF16) goes to the GEMM instead of
- * the GEMV at 2..8 rows: the multi-row 16-bit GEMV pays its dot products per row (H200,
- * 14336 x 4096 F16: 32.6 us at 1 row, 131 us at 8) while cuBLAS streams the weight once
- * (~35 us at 9..64 rows). HEARTH_CUDA_DIRECT_MIN_T=2 turns it on; opt-in (default 9: off)
- * because it was written after the last device call of 2026-12-01 and has not run on a GPU
- * (decode graphs would then capture cuBLAS calls). */
+ * the GEMV: the multi-row 16-bit GEMV pays its dot products per row while cuBLAS streams the
+ * weight once (H200, 14336 x 4096 F16: GEMV 32.9 us at 1 row, 39.1 at 2, 131.5 at 8; cuBLAS
+ * 34.6 at 2, 35.2 at 8), so from 2 rows by default, inside the decode graphs too.
+ * HEARTH_CUDA_DIRECT_MIN_T=N moves the threshold (9: the GEMV up to 8 rows, as before). */
 static int direct_min_t(void) {
     if (g_direct_min_t < 0) {
         const char *e = getenv("HEARTH_CUDA_DIRECT_MIN_T");
-        g_direct_min_t = e ? atoi(e) : GEMM_MIN_T;
+        g_direct_min_t = e ? atoi(e) : 2;
         if (g_direct_min_t < 2) g_direct_min_t = 2;
     }
     return g_direct_min_t;
@@ -321,30 +319,34 @@ static double quant_bytes_per_elem(const cuda_weight *w) {
     }
 }
 
-/* The byte model that picks GEMV or dequantize + GEMM for a quantized weight and T >= 9
- * rows. cuda_gemv runs T rows in chunks of 8 (then 4, then the rest) and re-reads the
- * quantized weight (q bytes per element) once per chunk; the GEMM path reads it once,
- * writes a bf16 copy (2 bytes per element) and cuBLAS reads that copy back (2 more):
- *     GEMV when  chunks(T) * q * F  <  q + 4,
- * F being how much slower per byte the multi-row GEMV streams than the dequantize + GEMM
- * pair (its dot products are not free at 8 rows). F = 2 matched the H200's crossovers with
- * the generic dequantizer (14336 x 4096: Q4_K GEMV 261 vs GEMM 257 us at 32 rows, Q8_0 127
- * vs 135 at 24): Q4_K GEMV up to 32 rows, Q8_0 16, Q6_K 24. With HEARTH_CUDA_DEQUANT=fast
- * the GEMM side gets cheaper and F = 4 is the estimate (Q4_K GEMV up to 12 rows, Q8_0 and
- * Q6_K 8), unmeasured. HEARTH_CUDA_GEMV_FUDGE overrides either (the cuda-batch device part
- * times both paths). At most CUDA_MATMUL_GEMV_MAX_T rows (the int8-activation scratch). */
+/* GEMV or dequantize + GEMM for a quantized weight and T >= 9 rows. cuda_gemv runs T rows
+ * in chunks of 8 (then 4, then the rest) and re-reads the quantized weight (q bytes per
+ * element) once per chunk; the GEMM path reads it once, writes a bf16 copy (2 bytes per
+ * element) and cuBLAS reads that copy back (2 more). With the flat dequantizers (the
+ * default) the crossovers are measured (H200, 2026-12-02, 14336 x 4096, us per call):
+ *     Q8_0  GEMV 60.9 at 9 rows, 84.2 at 16, 125.8 at 24; dequant + GEMM 85-87: GEMV up to 16
+ *     Q4_K  GEMV 81.3 at 8, 97.3 at 9;                 dequant + GEMM 91-95: GEMM from 9
+ *     Q6_K  GEMV 102.9 at 8, 124.7 at 9;               dequant + GEMM 95-99: GEMM from 9
+ * Other formats (MLX 4-bit, generic dequantizer) and HEARTH_CUDA_DEQUANT=generic use the
+ * byte model, GEMV when chunks(T) * q * F < q + 4 with F = 2 (it matched the generic
+ * dequantizer's crossovers: Q4_K GEMV up to 32 rows, Q8_0 16, Q6_K 24).
+ * HEARTH_CUDA_GEMV_FUDGE=F applies the byte model with F to every format (A/B runs; 1000
+ * sends every T >= 9 to the GEMM). At most CUDA_MATMUL_GEMV_MAX_T rows (the scratch). */
 static int use_gemv(const cuda_weight *w, int T) {
-    static double fudge = -1.0;
-    if (fudge < 0) {
+    static double fudge = -2.0; /* -2: unread; 0: no override */
+    if (fudge < -1.0) {
         const char *e = getenv("HEARTH_CUDA_GEMV_FUDGE");
-        double dflt = dequant_old() ? 2.0 : 4.0;
-        fudge = e ? atof(e) : dflt;
-        if (!(fudge > 0)) fudge = dflt;
+        fudge = e ? atof(e) : 0.0;
+        if (!(fudge > 0)) fudge = 0.0;
     }
     double q = quant_bytes_per_elem(w);
     if (q <= 0.0 || T > CUDA_MATMUL_GEMV_MAX_T || gemm_old()) return 0;
+    if (fudge == 0.0 && !dequant_old() && w->k % 8 == 0) {
+        if (w->dtype == DT_Q8_0) return T <= 16;
+        if (w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) return T <= 8;
+    }
     int chunks = T / 8 + (T % 8 >= 4) + (T % 4 > 0);
-    return (double)chunks * q * fudge < q + 4.0;
+    return (double)chunks * q * (fudge > 0.0 ? fudge : 2.0) < q + 4.0;
 }
 
 int cuda_matmul_direct(const cuda_gemm *g, const cuda_weight *w) {

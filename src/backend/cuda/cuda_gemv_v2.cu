@@ -1,5 +1,5 @@
 /* cuda_gemv_v2.cu: second-generation decode GEMVs with int8 activations for Q8_0, Q4_K
- * (packed scale order) and Q6_K (HEARTH_CUDA_GEMV=v2, opt-in until measured): one warp
+ * (packed scale order) and Q6_K (chosen per format and shape: see v2_mode below): one warp
  * per row, every load of a 4096-weight step issued before the first is used, lane
  * mappings in which each warp load reads contiguous bytes of weights and of activations.
  * Same contract as cuda_gemv.cu's int8 path (activations and their (d, d * sum q) pairs
@@ -247,24 +247,33 @@ __global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T)
 
 /* ---------- host side ---------- */
 
+/* 0: v1 everywhere (HEARTH_CUDA_GEMV=v1); 1: v2 for every format it has (HEARTH_CUDA_GEMV=v2);
+ * 2: auto, the default since the H200 run of 2026-12-02 (gemv_bench, v2 / v1 GB/s): packed
+ * Q4_K on v2 at every shape (14336 x 4096: 2244 / 1649; the 8B Q4_K_M decode 327.4 vs
+ * 286.9 tok/s), Q6_K on v2 only for wide rows, n >= 2k (14336 x 4096: 2280 / 1916, lm_head
+ * 3433 / 2941; 4096 x 14336: 1646 / 1997, 4096 x 4096 about even), Q8_0 on v1 (even). */
 static int g_v2_mode = -1;
 
-int cuda_gemv_v2_on(void) {
+static int v2_mode(void) {
     if (g_v2_mode < 0) {
         const char *e = getenv("HEARTH_CUDA_GEMV");
-        g_v2_mode = e && !strcmp(e, "v2");
+        g_v2_mode = !e ? 2 : !strcmp(e, "v2") ? 1 : !strcmp(e, "v1") ? 0 : 2;
     }
     return g_v2_mode;
 }
 
-void cuda_gemv_v2_force(int mode) { g_v2_mode = mode < 0 ? -1 : mode != 0; }
+int cuda_gemv_v2_on(void) { return v2_mode() == 1; }
+
+void cuda_gemv_v2_force(int mode) { g_v2_mode = mode < 0 ? -1 : mode == 0 ? 0 : mode == 1 ? 1 : 2; }
 
 void cuda_gemv_v2_force_pdl(int mode) { *pdl_force() = mode; }
 
 int cuda_gemv_v2_takes(const cuda_weight *w) {
-    if (!w || !cuda_gemv_v2_on() || w->k % 32) return 0;
-    return w->dtype == DT_Q8_0 || (w->dtype == DT_Q4_K && w->q4k_packed && w->k % 256 == 0) ||
-           (w->dtype == DT_Q6_K && w->k % 256 == 0);
+    int m = v2_mode();
+    if (!w || !m || w->k % 32) return 0;
+    int q4k = w->dtype == DT_Q4_K && w->q4k_packed && w->k % 256 == 0, q6k = w->dtype == DT_Q6_K && w->k % 256 == 0;
+    if (m == 1) return w->dtype == DT_Q8_0 || q4k || q6k;
+    return q4k || (q6k && w->n >= 2 * w->k);
 }
 
 template <int T> static void launch_v2(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y) {

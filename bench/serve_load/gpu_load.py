@@ -244,7 +244,9 @@ class Run:
                 rates.append(15 / (r.t_done - r.ttft))
             info.setdefault("warm_up", []).append({"ttft_ms": r.ttft and r.ttft * 1e3, "total_s": r.t_done,
                                                    "usage": r.usage})
-        self.rate[key] = max(rates) if rates else 10.0
+        # a restarted server keeps the best rate its key has measured (the projection that skips a
+        # level must not fall back to a 15-token warm-up's rate)
+        self.rate[key] = max([self.rate.get(key, 0.0)] + rates) if rates else self.rate.get(key, 10.0)
 
     def level(self, key, n, out, prefix=None):
         """One level of n streams on the server of key into out[str(n)]; prefix: see Prompts.body.

@@ -2,7 +2,8 @@
  * the fused residual add + rmsnorm (ops_rmsnorm after a host add), the norm / gate kernels
  * that also write int8 activations (cpu_quantize_row_ref), the on-device greedy
  * argmax (the sampler's first-maximum rule, ties and -inf rows included) and a CUDA graph
- * replayed with new input values (must equal the same kernels run eagerly). Where no GPU
+ * replayed with new input values (must equal the same kernels run eagerly), also one
+ * holding cuBLAS calls (F16 / BF16 at 2..8 rows). Where no GPU
  * exists it says loudly that nothing ran (exit 0, like test_cuda.c). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -287,6 +288,71 @@ static void test_graph_replay(void **state) {
     free(wh), free(norm), free(y_graph), free(y_eager);
 }
 
+/* F16 / BF16 weights at 2..8 rows go to cuBLAS inside the decode graphs (the default since
+ * 2026-12-02): a captured cuda_matmul replayed with new inputs must equal the eager call
+ * bitwise, and the CPU reference (double sums of the rounded weights) within the rounding
+ * of the activations to bf16 / f16 (relative <= 2^-9 each, independent signs): six
+ * standard deviations, 6 * 2^-9 * sqrt(sum (w x)^2), plus 1e-3 for the f32 sums. A dropped
+ * or misread block of 8 weights is ~30 times that. */
+static void test_graph_cublas(void **state) {
+    (void)state;
+    static const int dts[] = {DT_F16, DT_BF16}, Ts[] = {2, 5, 8};
+    int n = 515, k = 1024;
+    cuda_gemm *gm = NULL;
+    assert_int_equal(cuda_gemm_create(&gm, (size_t)n * k, 8 * (size_t)k, 0, NULL), HEARTH_OK);
+    for (int di = 0; di < 2; di++) {
+        float *wf = rnd_vec((size_t)n * k, 1.0f);
+        uint16_t *wh = malloc((size_t)n * k * 2);
+        for (size_t i = 0; i < (size_t)n * k; i++) {
+            wh[i] = dts[di] == DT_F16 ? f32_to_f16(wf[i]) : f32_to_bf16(wf[i]);
+            wf[i] = dts[di] == DT_F16 ? f16_to_f32(wh[i]) : bf16_to_f32(wh[i]); /* the reference's weights */
+        }
+        cpu_weight w = {.dtype = dts[di], .data = wh, .n = n, .k = k};
+        cuda_weight dw;
+        assert_int_equal(cuda_weight_upload(&dw, &w, "graph cublas weight", NULL), HEARTH_OK);
+        for (int ti = 0; ti < 3; ti++) {
+            int T = Ts[ti];
+            assert_false(cuda_matmul_uses_gemv(gm, &dw, T)); /* else this tested the GEMV again */
+            float *dx, *dy;
+            assert_int_equal(cuda_alloc((void **)&dx, (size_t)T * k * 4, "x", NULL), HEARTH_OK);
+            assert_int_equal(cuda_alloc((void **)&dy, (size_t)T * n * 4, "y", NULL), HEARTH_OK);
+            hearth_error e = {0};
+            assert_int_equal(cuda_capture_begin(&e), HEARTH_OK);
+            hearth_status st = cuda_matmul(gm, &dw, dx, T, dy, &e);
+            cuda_graph *g = NULL;
+            if (cuda_capture_end(!st, &g, &e) || st) fail_msg("capture of cuBLAS at T=%d: %s", T, e.message);
+            float *yg = malloc((size_t)T * n * 4), *ye = malloc((size_t)T * n * 4);
+            for (int rep = 0; rep < 2; rep++) {
+                float *x = rnd_vec((size_t)T * k, 1.0f);
+                assert_int_equal(cuda_upload(dx, x, (size_t)T * k * 4, NULL), HEARTH_OK);
+                assert_int_equal(cuda_graph_launch(g, &e), HEARTH_OK);
+                assert_int_equal(cuda_stream_sync(&e), HEARTH_OK);
+                host_copy(yg, dy, (size_t)T * n * 4);
+                assert_int_equal(cuda_matmul(gm, &dw, dx, T, dy, NULL), HEARTH_OK);
+                host_copy(ye, dy, (size_t)T * n * 4);
+                if (memcmp(yg, ye, (size_t)T * n * 4)) fail_msg("T=%d rep %d: graph replay differs from eager", T, rep);
+                for (int t = 0; t < T; t++)
+                    for (int r = 0; r < n; r++) {
+                        double ref = 0, sq = 0;
+                        for (int j = 0; j < k; j++) {
+                            double p = (double)wf[(size_t)r * k + j] * x[(size_t)t * k + j];
+                            ref += p, sq += p * p;
+                        }
+                        if (fabs(ref - ye[(size_t)t * n + r]) > 6.0 / 512.0 * sqrt(sq) + 1e-3)
+                            fail_msg("dtype %d T=%d y[%d][%d] = %g, reference %g", dts[di], T, t, r, ye[(size_t)t * n + r], ref);
+                    }
+                free(x);
+            }
+            cuda_graph_free(g);
+            cuda_free(dx), cuda_free(dy);
+            free(yg), free(ye);
+        }
+        cuda_weight_free(&dw);
+        free(wf), free(wh);
+    }
+    cuda_gemm_free(gm);
+}
+
 int main(void) {
     if (cuda_device_count() == 0) {
         printf("test_cuda_graph: skipped: no CUDA device; the fused-norm (+ int8), argmax and graph tests did NOT run "
@@ -301,7 +367,8 @@ int main(void) {
     rng_state ^= (uint64_t)time(NULL) * 0x2545f4914f6cdd1dull; /* fresh random inputs every run */
     printf("test_cuda_graph: seed %llx\n", (unsigned long long)rng_state);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_add_rmsnorm), cmocka_unit_test(test_fused_q8),
-                                       cmocka_unit_test(test_argmax), cmocka_unit_test(test_graph_replay)};
+                                       cmocka_unit_test(test_argmax), cmocka_unit_test(test_graph_replay),
+                                       cmocka_unit_test(test_graph_cublas)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 #endif

@@ -120,7 +120,12 @@ typedef struct hearth_engine hearth_engine;
 /* KV storage: float32, or int8 with one float scale per position and KV head
  * (symmetric absmax, quantized once when the position is appended), or fp8 e4m3 with the
  * same per-row scale (GPU only: the CPU engine refuses it). */
-typedef enum hearth_kv_quant { HEARTH_KV_FLOAT = 0, HEARTH_KV_INT8 = 1, HEARTH_KV_FP8 = 2 } hearth_kv_quant;
+typedef enum hearth_kv_quant {
+    HEARTH_KV_FLOAT = 0,
+    HEARTH_KV_INT8 = 1,
+    HEARTH_KV_FP8 = 2, /* the CUDA backend only */
+    HEARTH_KV_F16 = 3  /* the CUDA backend only: IEEE half, no scales */
+} hearth_kv_quant;
 /* "none"/"float"/"f32", "int8" or "fp8" -> *out; 0 if the name is unknown. */
 int hearth_kv_quant_parse(const char *name, int *out);
 /* "none", "int8" or "fp8" ("?" for an unknown value). */

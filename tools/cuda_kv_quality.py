@@ -8,7 +8,7 @@ prompts. Prints a markdown table (the rows of bench/results/kv_quant.md) and wri
 
 usage: cuda_kv_quality.py --lib DIR --out FILE.json [--device cuda] [--tokens N] [--steps N]
                           [--budget S] MODEL[:quant,quant] ...
-A model without :quants runs int8 and fp8. Models run in order; one that would start after
+A model without :quants runs f16, int8 and fp8. Models run in order; one that would start after
 --budget seconds is reported as not run."""
 import argparse
 import json
@@ -57,7 +57,7 @@ def main():
         text.write_text("".join((CORPUS / f).read_text() for f in TEXT_FILES))
         for spec in a.models:
             model, _, qs = spec.partition(":")
-            for q in (qs.split(",") if qs else ["int8", "fp8"]):
+            for q in (qs.split(",") if qs else ["f16", "int8", "fp8"]):
                 name = Path(model).name
                 if time.time() - t0 > a.budget:
                     print(f"| {name} | {q} | not run (budget) | | | | |", flush=True)

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--kv-quant none|int8|fp8]\n"
+static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--kv-quant none|int8|fp8|f16]\n"
                                 "       [--deterministic] [--json]\n"
                                 "       [--host-argmax]  (logits row to the host every step, as a sampler needing it)\n"
                                 "       [--temp T] [--top-p P] [--top-k K] [--min-p M] [--seed S]  (decode through the\n"

@@ -34,7 +34,7 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "[--threads N] [--ctx N] [--mmap]\n"
                                  "             [--responses-ttl 3600] [--responses-max-bytes 64M]\n"
                                  "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] [--kv-blocks N] [--kv-budget 1.5GB|N]\n"
-                                 "             [--kv-quant none|int8|fp8] [--deterministic]\n"
+                                 "             [--kv-quant none|int8|fp8|f16] [--deterministic]\n"
                                  "             [--open|--no-open (the chat page in a browser)] [--embedding-model M]\n"
                                  "  accepted but not supported yet (a warning says so): --adapter-path "
                                  "--draft-model --num-draft-tokens\n"

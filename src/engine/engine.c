@@ -138,13 +138,16 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                       .max_blocks_per_slot = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
     size_t T = (size_t)p->step_tokens;
     p->weights = model_weight_bytes(m);
-    if (o.kv_quant != HEARTH_KV_FLOAT && o.kv_quant != HEARTH_KV_INT8 && o.kv_quant != HEARTH_KV_FP8)
+    if (o.kv_quant != HEARTH_KV_FLOAT && o.kv_quant != HEARTH_KV_INT8 && o.kv_quant != HEARTH_KV_FP8 &&
+        o.kv_quant != HEARTH_KV_F16)
         return err_set(err, HEARTH_ERR_INVALID,
-                       "engine: unknown KV quantization %d (--kv-quant takes none, int8 or fp8)", o.kv_quant);
-    if (o.kv_quant == HEARTH_KV_FP8 && o.device == HEARTH_DEVICE_CPU)
+                       "engine: unknown KV quantization %d (--kv-quant takes none, int8, fp8 or f16)", o.kv_quant);
+    int gpu_only_kv = o.kv_quant == HEARTH_KV_FP8 || o.kv_quant == HEARTH_KV_F16;
+    if (gpu_only_kv && o.device == HEARTH_DEVICE_CPU)
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                       "--kv-quant fp8 is stored only by the CUDA backend (--device cuda); the CPU engine takes "
-                       "--kv-quant none or int8");
+                       "--kv-quant %s is stored only by the CUDA backend (--device cuda); the CPU engine takes "
+                       "--kv-quant none or int8",
+                       hearth_kv_quant_name(o.kv_quant));
     p->kv = kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context, p->n_blocks, o.kv_quant);
     p->scratch = model_scratch_bytes(m, &shape, p->step_tokens, p->max_out, p->n_threads);
     p->buffers = sizeof(hearth_engine) + 3 * T * sizeof(int32_t) + ENGINE_MAX_LOGITS_ROWS * sizeof(int32_t) +
@@ -186,10 +189,11 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     if (!st && e->gpu) st = engine_device_sampler_open(e->max_out, c->vocab, &e->gsmp, err);
     if (!st && e->gpu && !(e->dev_req = calloc((size_t)e->max_out, sizeof *e->dev_req)))
         st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
-    if (!st && !e->gpu && o.kv_quant == HEARTH_KV_FP8) /* --device auto chose the CPU */
+    if (!st && !e->gpu && (o.kv_quant == HEARTH_KV_FP8 || o.kv_quant == HEARTH_KV_F16)) /* --device auto chose the CPU */
         st = err_set(err, HEARTH_ERR_UNSUPPORTED,
-                     "--kv-quant fp8 needs the GPU, but the model runs on the CPU here (%s); use --kv-quant int8 "
+                     "--kv-quant %s needs the GPU, but the model runs on the CPU here (%s); use --kv-quant int8 "
                      "or none",
+                     hearth_kv_quant_name(o.kv_quant),
                      o.device == HEARTH_DEVICE_AUTO ? "--device auto found no usable CUDA device" : "--device cpu");
     if (!st) st = sampler_init(&e->smp, c->vocab, err);
     if (!st && !(e->slot_smp = calloc((size_t)e->max_seqs, sizeof *e->slot_smp)))
@@ -465,8 +469,9 @@ double engine_decode_bytes(const model *m, int context, int kv_quant) {
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) b += weight_read_bytes(ws[j]);
         int span = l->sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
         /* int8 / fp8 KV: head_dim bytes and one float scale per position and head */
-        double row = kv_quant != HEARTH_KV_FLOAT ? (double)c->head_dim + sizeof(float)
-                                                 : (double)c->head_dim * sizeof(float);
+        double row = kv_quant == HEARTH_KV_F16     ? (double)c->head_dim * 2.0
+                     : kv_quant != HEARTH_KV_FLOAT ? (double)c->head_dim + sizeof(float)
+                                                   : (double)c->head_dim * sizeof(float);
         b += 2.0 * span * c->n_kv_heads * row;
     }
     return b;

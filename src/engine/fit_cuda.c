@@ -214,7 +214,7 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
     json_object_set_new(r, "step_tokens", json_integer(z->host.step_tokens));
     json_object_set_new(r, "weights_bytes", JSON_SIZE(d->weights));
     json_object_set_new(r, "kv_pool_bytes", JSON_SIZE(d->kv));
-    json_object_set_new(r, "kv_quant", json_string(o->engine.kv_quant == HEARTH_KV_INT8 ? "int8" : "none"));
+    json_object_set_new(r, "kv_quant", json_string(hearth_kv_quant_name(o->engine.kv_quant)));
     json_object_set_new(r, "kv_device_dtype", json_string(cuda_kv_dtype_name(d->kv_dtype)));
     json_object_set_new(r, "scratch_bytes", JSON_SIZE(d->scratch));
     json_object_set_new(r, "buffers_bytes", JSON_SIZE(0)); /* the logits rows are device scratch */

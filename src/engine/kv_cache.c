@@ -17,6 +17,7 @@ size_t kv_storage_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks
     size_t rows = (size_t)n_layers * n_blocks * n_kv_heads * KV_BLOCK_SIZE;
     if (quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8)
         return 2 * rows * ((size_t)head_dim * sizeof(int8_t) + sizeof(float));
+    if (quant == HEARTH_KV_F16) return 2 * rows * (size_t)head_dim * sizeof(uint16_t);
     return 2 * rows * (size_t)head_dim * sizeof(float);
 }
 
@@ -48,14 +49,18 @@ static hearth_status storage_create(kv_cache *kv, int quant, hearth_error *err) 
     size_t rows = (size_t)kv->n_layers * kv->n_blocks * kv->n_kv_heads * KV_BLOCK_SIZE;
     size_t elems = rows * (size_t)kv->head_dim;
     kv->quant = quant;
-    /* fp8 is written only by the GPU into its own pool; the host copy keeps the same
-     * one-byte layout so every byte count (fit, --kv-budget) is the device's */
+    /* fp8 and f16 are written only by the GPU into its own pool; the host copy keeps the
+     * same layout so every byte count (fit, --kv-budget) is the device's */
     if (quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8) {
         kv->k8 = storage_alloc(elems);
         kv->v8 = storage_alloc(elems);
         kv->k_scale = storage_alloc(rows * sizeof(float));
         kv->v_scale = storage_alloc(rows * sizeof(float));
         if (kv->k8 && kv->v8 && kv->k_scale && kv->v_scale) return HEARTH_OK;
+    } else if (quant == HEARTH_KV_F16) { /* GPU only, like fp8: two bytes per element */
+        kv->k8 = storage_alloc(elems * sizeof(uint16_t));
+        kv->v8 = storage_alloc(elems * sizeof(uint16_t));
+        if (kv->k8 && kv->v8) return HEARTH_OK;
     } else if (quant == HEARTH_KV_FLOAT) {
         kv->k = storage_alloc(elems * sizeof(float));
         kv->v = storage_alloc(elems * sizeof(float));
@@ -82,12 +87,17 @@ int hearth_kv_quant_parse(const char *name, int *out) {
     if (!strcmp(name, "none") || !strcmp(name, "float") || !strcmp(name, "f32")) *out = HEARTH_KV_FLOAT;
     else if (!strcmp(name, "int8")) *out = HEARTH_KV_INT8;
     else if (!strcmp(name, "fp8") || !strcmp(name, "fp8_e4m3")) *out = HEARTH_KV_FP8;
+    else if (!strcmp(name, "f16") || !strcmp(name, "fp16") || !strcmp(name, "float16")) *out = HEARTH_KV_F16;
     else return 0;
     return 1;
 }
 
 const char *hearth_kv_quant_name(int quant) {
-    return quant == HEARTH_KV_FLOAT ? "none" : quant == HEARTH_KV_INT8 ? "int8" : quant == HEARTH_KV_FP8 ? "fp8" : "?";
+    return quant == HEARTH_KV_FLOAT  ? "none"
+           : quant == HEARTH_KV_INT8 ? "int8"
+           : quant == HEARTH_KV_FP8  ? "fp8"
+           : quant == HEARTH_KV_F16  ? "f16"
+                                     : "?";
 }
 
 void kv_store(kv_cache *kv, int layer, int slot, int p, int head, const float *key, const float *value) {

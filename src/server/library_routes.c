@@ -43,7 +43,7 @@ static int fit(srv_server *s, struct MHD_Connection *c, const char *origin) {
         return fail(c, s, 400, "device", "device must be cpu, cuda or auto", origin);
     const char *kvq = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "kv_quant");
     if (kvq && *kvq && !hearth_kv_quant_parse(kvq, &fo.engine.kv_quant))
-        return fail(c, s, 400, "kv_quant", "kv_quant must be none, int8 or fp8 (fp8 on the GPU only)", origin);
+        return fail(c, s, 400, "kv_quant", "kv_quant must be none, int8, fp8 or f16 (fp8 and f16 on the GPU only)", origin);
     fo.sku = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "sku"); /* a GPU of data/skus.json */
     hearth_model *m = s->model, *opened = NULL;
     hearth_error err = {0};

@@ -88,8 +88,8 @@ def test_bf16_weights_two_bytes_each_and_f32_expansion_four(hearth_bin):
 
 def test_kv_pool_per_dtype_and_linear_in_context(hearth_bin):
     """The device pool stores what --kv-quant says (cuda_kv.cu): float32 by default, one
-    byte per element plus a float scale per (position, KV head) row for int8 and fp8; K and
-    V per layer in 16-position blocks."""
+    byte per element plus a float scale per (position, KV head) row for int8 and fp8, two
+    bytes per element for f16; K and V per layer in 16-position blocks."""
     model = tiny("llama-f32")
     c, hd, kvh = config(model)
     rows = {}
@@ -107,6 +107,11 @@ def test_kv_pool_per_dtype_and_linear_in_context(hearth_bin):
         planes = n_rows * (hd + 4)
         assert q["kv_device_dtype"] == quant, q["kv_device_dtype"]
         assert planes <= q["kv_pool_bytes"] <= planes + 5 * PAGE, (quant, planes, q["kv_pool_bytes"])
+    # f16: two bytes per element, no scales (three buffers as for float32)
+    h = fit(hearth_bin, model, "--sku", "h200", "--ctx", "8192", "--kv-quant", "f16")
+    planes = 2 * c["num_hidden_layers"] * (-(-8192 // KV_BLOCK)) * KV_BLOCK * kvh * hd * 2
+    assert h["kv_device_dtype"] == "f16" and h["kv_quant"] == "f16", (h["kv_device_dtype"], h["kv_quant"])
+    assert planes <= h["kv_pool_bytes"] <= planes + 3 * PAGE, (planes, h["kv_pool_bytes"])
 
 
 def test_largest_context_fits_on_a_small_gpu(hearth_bin):

@@ -121,11 +121,12 @@ def test_int8_kv_pool_shrinks_as_predicted(key, ctx):
 def test_unknown_kv_quant_is_an_error():
     p = subprocess.run([str(BIN), "fit", str(model_path("smollm2")), "--kv-quant", "int3"], capture_output=True,
                        text=True, timeout=60)
-    assert p.returncode != 0 and "--kv-quant takes none, int8 or fp8" in p.stderr
+    assert p.returncode != 0 and "--kv-quant takes none, int8, fp8 or f16" in p.stderr
 
 
-def test_fp8_kv_is_refused_on_the_cpu():
-    """fp8 KV exists only in the CUDA pool: the CPU engine names the flag and the way out."""
-    p = subprocess.run([str(BIN), "generate", str(model_path("smollm2")), "--device", "cpu", "--kv-quant", "fp8",
+@pytest.mark.parametrize("quant", ["fp8", "f16"])
+def test_gpu_only_kv_is_refused_on_the_cpu(quant):
+    """fp8 and f16 KV exist only in the CUDA pool: the CPU engine names the flag and the way out."""
+    p = subprocess.run([str(BIN), "generate", str(model_path("smollm2")), "--device", "cpu", "--kv-quant", quant,
                         "hi", "--max-tokens", "1"], capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0 and "--kv-quant fp8" in p.stderr and "--device cuda" in p.stderr, p.stderr
+    assert p.returncode != 0 and f"--kv-quant {quant}" in p.stderr and "--device cuda" in p.stderr, p.stderr

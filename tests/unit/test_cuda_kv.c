@@ -27,6 +27,7 @@ int main(void) {
 #else
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_plan.h"
+#include "base/half.h"
 #include "engine/kv_cache.h"
 #include "cuda_test_util.h"
 
@@ -92,11 +93,16 @@ static float row_gain(void) {
 }
 
 /* The reference quantization of one row (head_dim values) into doubles. int8: the CPU pool's
- * own kv_store result (kvi); fp8: e4m3_encode with s = max|x| / 448, x * (1 / s). */
+ * own kv_store result (kvi); fp8: e4m3_encode with s = max|x| / 448, x * (1 / s); f16: the
+ * CPU's f32_to_f16 (round to nearest even) of x saturated to +-65504. */
+static uint16_t ref_f16(float x) { return f32_to_f16(fminf(fmaxf(x, -65504.0f), 65504.0f)); }
+
 static void ref_row(const pool *P, int slot, int p, int h, const float *x, int is_v, double *out) {
     int d = P->d;
     if (P->quant == HEARTH_KV_FLOAT) {
         for (int i = 0; i < d; i++) out[i] = x[i];
+    } else if (P->quant == HEARTH_KV_F16) {
+        for (int i = 0; i < d; i++) out[i] = f16_to_f32(ref_f16(x[i]));
     } else if (P->quant == HEARTH_KV_INT8) {
         size_t row = kv_row(&P->kvi, 1, slot, p, h);
         const int8_t *q = (is_v ? P->kvi.v8 : P->kvi.k8) + row * d;
@@ -181,10 +187,11 @@ static const char *qname(int q) { return hearth_kv_quant_name(q); }
 static void check_stored(const pool *P) {
     int d = P->d;
     size_t rows = (size_t)LAYERS * P->kvf.n_blocks * P->kvh * KV_BLOCK_SIZE;
-    size_t eb = P->quant == HEARTH_KV_FLOAT ? 4 : 1;
+    int scaled = P->quant == HEARTH_KV_INT8 || P->quant == HEARTH_KV_FP8;
+    size_t eb = P->quant == HEARTH_KV_FLOAT ? 4 : P->quant == HEARTH_KV_F16 ? 2 : 1;
     for (int which = 0; which < 2; which++) {
         uint8_t *dev = download(which ? P->dkv.v : P->dkv.k, rows * d * eb);
-        float *sc = P->quant == HEARTH_KV_FLOAT ? NULL : download(which ? P->dkv.v_scale : P->dkv.k_scale, rows * 4);
+        float *sc = scaled ? download(which ? P->dkv.v_scale : P->dkv.k_scale, rows * 4) : NULL;
         for (int l = 0; l < LAYERS; l++)
             for (int s = 0; s < SLOTS; s++)
                 for (int p = 0; p < P->lens[s]; p++)
@@ -194,6 +201,15 @@ static void check_stored(const pool *P) {
                         if (P->quant == HEARTH_KV_FLOAT) {
                             if (memcmp(dev + row * d * 4, x, (size_t)d * 4))
                                 fail_msg("f32 kv_write: layer %d slot %d pos %d head %d differs", l, s, p, h);
+                            continue;
+                        }
+                        if (P->quant == HEARTH_KV_F16) { /* the CPU's rounding, bit for bit */
+                            const uint16_t *got = (const uint16_t *)(dev + row * d * 2);
+                            for (int i = 0; i < d; i++)
+                                if (got[i] != ref_f16(x[i]) && f16_to_f32(got[i]) != f16_to_f32(ref_f16(x[i])))
+                                    fail_msg("f16 kv_write: layer %d slot %d pos %d head %d elem %d: 0x%04x, "
+                                             "reference 0x%04x (x = %.9g)",
+                                             l, s, p, h, i, got[i], ref_f16(x[i]), x[i]);
                             continue;
                         }
                         if (P->quant == HEARTH_KV_INT8) { /* the CPU pool's bytes and scale, exactly */
@@ -388,10 +404,12 @@ static void check_prefill_tc(const pool *P, int heads, int window) {
     cuda_kv fl;
     assert_int_equal(cuda_kv_alloc(&fl, &P->kvf, HEARTH_KV_FLOAT, NULL), HEARTH_OK);
     for (int which = 0; which < 2; which++) {
-        uint8_t *b = download(which ? P->dkv.v : P->dkv.k, n);
-        float *sc = download(which ? P->dkv.v_scale : P->dkv.k_scale, rows * 4), *f = malloc(n * 4);
+        int f16 = P->quant == HEARTH_KV_F16;
+        uint8_t *b = download(which ? P->dkv.v : P->dkv.k, n * (f16 ? 2 : 1));
+        float *sc = f16 ? NULL : download(which ? P->dkv.v_scale : P->dkv.k_scale, rows * 4), *f = malloc(n * 4);
         for (size_t i = 0; i < n; i++)
-            f[i] = sc[i / d] * (P->quant == HEARTH_KV_INT8 ? (float)(int8_t)b[i] : (float)e4m3_value(b[i]));
+            f[i] = f16 ? f16_to_f32(((const uint16_t *)b)[i])
+                       : sc[i / d] * (P->quant == HEARTH_KV_INT8 ? (float)(int8_t)b[i] : (float)e4m3_value(b[i]));
         assert_int_equal(cuda_upload(which ? fl.v : fl.k, f, n * 4, NULL), HEARTH_OK);
         free(b);
         free(sc);
@@ -419,11 +437,12 @@ typedef struct shape {
 /* GQA 4 (d 64), 8 (d 128), 2 (d 256: two float4 per lane), 3 with d 36 (partial lanes), 12
  * with d 34 (not a multiple of 4: the per-head kernel), 1 with d 80. */
 static const shape shapes[] = {{8, 2, 64}, {16, 2, 128}, {4, 2, 256}, {6, 2, 36}, {12, 1, 34}, {2, 2, 80}};
-static const int quants[] = {HEARTH_KV_FLOAT, HEARTH_KV_INT8, HEARTH_KV_FP8};
+static const int quants[] = {HEARTH_KV_FLOAT, HEARTH_KV_INT8, HEARTH_KV_FP8, HEARTH_KV_F16};
+#define NQUANTS ((int)(sizeof quants / sizeof quants[0]))
 
 static void test_kv_write(void **state) {
     (void)state;
-    for (int qi = 0; qi < 3; qi++)
+    for (int qi = 0; qi < NQUANTS; qi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             pool P;
             pool_make(&P, quants[qi], shapes[si].kvh, shapes[si].d);
@@ -440,7 +459,7 @@ static void test_attention_quant(void **state) {
     (void)state;
     static const int windows[] = {0, 37, 5};
     int tc_checked = 0;
-    for (int qi = 0; qi < 3; qi++)
+    for (int qi = 0; qi < NQUANTS; qi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             pool P;
             pool_make(&P, quants[qi], shapes[si].kvh, shapes[si].d);
@@ -455,12 +474,12 @@ static void test_attention_quant(void **state) {
             }
             pool_free(&P);
         }
-    assert_true(tc_checked >= 6); /* d 64, 128, 256 with int8 and fp8 */
+    assert_true(tc_checked >= 9); /* d 64, 128, 256 with int8, fp8 and f16 */
 }
 
 static void test_attention_invariant(void **state) {
     (void)state;
-    for (int qi = 0; qi < 3; qi++)
+    for (int qi = 0; qi < NQUANTS; qi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             pool P;
             pool_make(&P, quants[qi], shapes[si].kvh, shapes[si].d);
@@ -476,7 +495,7 @@ static void test_attention_invariant(void **state) {
  * (what --kv-budget and fit count); fp8 and int8 rows cost head_dim + 4 bytes. */
 static void test_kv_bytes(void **state) {
     (void)state;
-    for (int qi = 0; qi < 3; qi++)
+    for (int qi = 0; qi < NQUANTS; qi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const shape *s = &shapes[si];
             assert_int_equal(cuda_kv_bytes(3, s->kvh, s->d, 10, quants[qi]),
@@ -484,6 +503,7 @@ static void test_kv_bytes(void **state) {
         }
     assert_int_equal(cuda_kv_bytes(32, 8, 128, 1, HEARTH_KV_FP8), 2 * 32 * 8 * 16 * (128 + 4));
     assert_int_equal(cuda_kv_bytes(32, 8, 128, 1, HEARTH_KV_FLOAT), 2 * 32 * 8 * 16 * 128 * 4);
+    assert_int_equal(cuda_kv_bytes(32, 8, 128, 1, HEARTH_KV_F16), 2 * 32 * 8 * 16 * 128 * 2);
     assert_int_equal(cuda_kv_bytes(1, 1, 64, 1, 7), 0);
 }
 

@@ -29,14 +29,14 @@ grep -m2 -E '^E .*(differs|assert)' "$L/deterministic.log" | cut -c1-250
 
 # 3. quality: int8 / fp8 vs f32 KV on the GPU; the 8B only if written and time is left
 models="$TINY/llama-bf16 $TINY/qwen3-q4g64 $TINY/gemma3-bf16"
-[ -f "$L8/.done" ] && models="$models $L8:fp8,int8"
+[ -f "$L8/.done" ] && models="$models $L8:f16,int8"
 b=$(left)
 if [ "$b" -gt 8 ]; then
     timeout $((b - 2)) python3 tools/cuda_kv_quality.py --lib "$B/lib" --out "$L/kv_quality.json" --tokens 256 \
         --steps 16 --budget $((b - 20)) $models >"$L/kv_quality.md" 2>"$L/kv_quality.err"
     echo "kv quality rc $? ($L/kv_quality.md):"
     # | model | KV | positions | mean KL | p99 KL | argmax | greedy prefix / same |
-    grep -E '^\| [^ ]+ \| (int8|fp8) ' "$L/kv_quality.md" | tr -s ' ' | cut -c1-160
+    grep -E '^\| [^ ]+ \| (int8|fp8|f16) ' "$L/kv_quality.md" | tr -s ' ' | cut -c1-160
     tail -2 "$L/kv_quality.err" | cut -c1-200
 else
     echo "kv quality: NOT RUN (no time left)"

@@ -24,6 +24,8 @@ static __device__ __forceinline__ void pf_load_kv4(const cuda_kv &kv, int layer,
         k = cuda_kv_k4<HEARTH_KV_INT8>(kv, row, d, d0), v = cuda_kv_v4<HEARTH_KV_INT8>(kv, row, d, d0);
     else if (kv.quant == HEARTH_KV_FP8)
         k = cuda_kv_k4<HEARTH_KV_FP8>(kv, row, d, d0), v = cuda_kv_v4<HEARTH_KV_FP8>(kv, row, d, d0);
+    else if (kv.quant == HEARTH_KV_F16)
+        k = cuda_kv_k4<HEARTH_KV_F16>(kv, row, d, d0), v = cuda_kv_v4<HEARTH_KV_F16>(kv, row, d, d0);
     else
         k = cuda_kv_k4<HEARTH_KV_FLOAT>(kv, row, d, d0), v = cuda_kv_v4<HEARTH_KV_FLOAT>(kv, row, d, d0);
     __nv_bfloat162 k01 = __floats2bfloat162_rn(k.x, k.y), k23 = __floats2bfloat162_rn(k.z, k.w);

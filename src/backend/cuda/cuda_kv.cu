@@ -1,6 +1,6 @@
 /* cuda_kv.cu: the device KV pool: its byte count, allocation (zeroed, in the pool's quant),
  * the upload of a host pool (tests), and kv_write, the only kernel that stores keys and
- * values (quantizing int8 / fp8 rows by cuda_kv_access.cuh's rules). Allocates only in
+ * values (quantizing int8 / fp8 rows, rounding f16 ones, by cuda_kv_access.cuh's rules). Allocates only in
  * cuda_kv_alloc / cuda_kv_upload, which run once at start. */
 #include "backend/cuda/cuda_kv_access.cuh"
 extern "C" {
@@ -17,18 +17,17 @@ static hearth_status kv_create(cuda_kv *dkv, const kv_cache *kv, int quant, hear
     dkv->max_slots = kv->max_slots;
     dkv->max_blocks_per_slot = kv->max_blocks_per_slot;
     dkv->quant = quant;
-    if (quant != HEARTH_KV_FLOAT && quant != HEARTH_KV_INT8 && quant != HEARTH_KV_FP8)
-        return err_set(err, HEARTH_ERR_INVALID, "cuda: unknown KV quantization %d (--kv-quant takes none, int8 or fp8)",
-                       quant);
+    if (quant != HEARTH_KV_FLOAT && quant != HEARTH_KV_INT8 && quant != HEARTH_KV_FP8 && quant != HEARTH_KV_F16)
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "cuda: unknown KV quantization %d (--kv-quant takes none, int8, fp8 or f16)", quant);
+    int scaled = quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8;
     size_t eb, sb; /* the sizes hearth fit counts (cuda_plan.c) */
     cuda_kv_plane_parts(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, cuda_kv_device_dtype(quant), &eb, &sb);
     size_t tb = (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t);
     hearth_status s = cuda_alloc(&dkv->k, eb, "KV keys", err);
     if (!s) s = cuda_alloc(&dkv->v, eb, "KV values", err);
-    if (!s && quant != HEARTH_KV_FLOAT)
-        s = cuda_alloc((void **)&dkv->k_scale, sb, "KV key scales", err);
-    if (!s && quant != HEARTH_KV_FLOAT)
-        s = cuda_alloc((void **)&dkv->v_scale, sb, "KV value scales", err);
+    if (!s && scaled) s = cuda_alloc((void **)&dkv->k_scale, sb, "KV key scales", err);
+    if (!s && scaled) s = cuda_alloc((void **)&dkv->v_scale, sb, "KV value scales", err);
     if (!s) s = cuda_alloc((void **)&dkv->tables, tb, "KV block tables", err);
     /* zeroed so a position read before it was written is 0, never NaN from stale memory */
     if (!s) s = cuda_status(cudaMemset(dkv->k, 0, eb), "cudaMemset KV", err);
@@ -100,7 +99,7 @@ __global__ void __launch_bounds__(KVW_THREADS)
     size_t row = cuda_kv_row(kv, layer, b, h, p);
     const float *ks = k + ((size_t)t * kv.n_kv_heads + h) * d, *vs = v + ((size_t)t * kv.n_kv_heads + h) * d;
     float inv_k = 1.0f, inv_v = 1.0f;
-    if (KVQ != HEARTH_KV_FLOAT) {
+    if (KVQ == HEARTH_KV_INT8 || KVQ == HEARTH_KV_FP8) {
         float ak = 0.0f, av = 0.0f;
         for (int i = threadIdx.x; i < d; i += KVW_THREADS) {
             ak = fmaxf(ak, fabsf(ks[i]));

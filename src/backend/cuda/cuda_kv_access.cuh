@@ -1,6 +1,6 @@
 /* cuda_kv_access.cuh: the one place that knows how a key/value element is stored in the
- * device KV pool (cuda_kv): float32, int8 or fp8 e4m3, the last two with one float scale
- * per (layer, block, KV head, position) row. Every kernel that reads or writes the pool goes
+ * device KV pool (cuda_kv): float32, IEEE half (f16), int8 or fp8 e4m3, the last two with
+ * one float scale per (layer, block, KV head, position) row. Every kernel that reads or writes the pool goes
  * through these inline functions; none of them allocates, synchronizes or launches.
  *
  * API (device code; KVQ is a hearth_kv_quant value as a template argument):
@@ -21,6 +21,8 @@
  *   fp8 (e4m3, OCP "fn": max 448, no inf): s = max|x| / 448, q = e4m3(x * (1 / s)) rounded
  *         to nearest even, saturating; a row's largest element becomes 448, so a row keeps
  *         4 mantissa bits of relative precision whatever its magnitude.
+ *   f16: x rounded to nearest even, saturated to +-65504 (no inf: a huge key stays finite);
+ *         no scale (cuda_kv_scale gives 1, the scale arrays are NULL).
  *   A row of zeros has s = 0 and stores zeros. */
 #ifndef HEARTH_BACKEND_CUDA_KV_ACCESS_CUH
 #define HEARTH_BACKEND_CUDA_KV_ACCESS_CUH
@@ -39,6 +41,9 @@ extern "C" {
             __VA_ARGS__;                                                                                               \
         } else if ((quant) == HEARTH_KV_FP8) {                                                                         \
             constexpr int KVQ = HEARTH_KV_FP8;                                                                         \
+            __VA_ARGS__;                                                                                               \
+        } else if ((quant) == HEARTH_KV_F16) {                                                                         \
+            constexpr int KVQ = HEARTH_KV_F16;                                                                         \
             __VA_ARGS__;                                                                                               \
         } else {                                                                                                       \
             constexpr int KVQ = HEARTH_KV_FLOAT;                                                                       \
@@ -73,6 +78,7 @@ static __device__ __forceinline__ float cuda_kv_load(const void *data, const flo
     size_t off = row * (size_t)d + i;
     if (KVQ == HEARTH_KV_INT8) return __ldg(scales + row) * (float)__ldg((const int8_t *)data + off);
     if (KVQ == HEARTH_KV_FP8) return __ldg(scales + row) * cuda_kv_fp8_to_float(__ldg((const uint8_t *)data + off));
+    if (KVQ == HEARTH_KV_F16) return __half2float(__ldg((const __half *)data + off));
     return __ldg((const float *)data + off);
 }
 
@@ -81,6 +87,11 @@ static __device__ __forceinline__ float4 cuda_kv_load4(const void *data, const f
                                                        int i) {
     size_t off = row * (size_t)d + i;
     if (KVQ == HEARTH_KV_FLOAT) return __ldg((const float4 *)((const float *)data + off));
+    if (KVQ == HEARTH_KV_F16) { /* 8-byte load of 4 halves */
+        uint2 u = __ldg((const uint2 *)((const __half *)data + off));
+        float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+        return make_float4(a.x, a.y, b.x, b.y);
+    }
     float s = __ldg(scales + row);
     if (KVQ == HEARTH_KV_INT8) {
         char4 c = __ldg((const char4 *)((const int8_t *)data + off));
@@ -117,6 +128,8 @@ static __device__ __forceinline__ void cuda_kv_store(void *data, size_t row, int
         ((int8_t *)data)[off] = (int8_t)__float2int_rn(x * inv); /* |x * inv| <= 127 */
     else if (KVQ == HEARTH_KV_FP8)
         ((uint8_t *)data)[off] = (uint8_t)__nv_cvt_float_to_fp8(x * inv, __NV_SATFINITE, __NV_E4M3);
+    else if (KVQ == HEARTH_KV_F16)
+        ((__half *)data)[off] = __float2half_rn(fminf(fmaxf(x, -65504.0f), 65504.0f));
     else
         ((float *)data)[off] = x;
 }

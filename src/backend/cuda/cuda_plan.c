@@ -30,18 +30,22 @@ size_t cuda_tally_bytes(const cuda_alloc_tally *t) { return t->large + round_up(
 
 int cuda_kv_device_dtype(int kv_quant) {
     /* the device pool stores what --kv-quant asks (cuda_kv.cu); the enums share values */
-    return kv_quant == HEARTH_KV_INT8 ? CUDA_KV_INT8 : kv_quant == HEARTH_KV_FP8 ? CUDA_KV_FP8 : CUDA_KV_F32;
+    return kv_quant == HEARTH_KV_INT8  ? CUDA_KV_INT8
+           : kv_quant == HEARTH_KV_FP8 ? CUDA_KV_FP8
+           : kv_quant == HEARTH_KV_F16 ? CUDA_KV_F16
+                                       : CUDA_KV_F32;
 }
 
 const char *cuda_kv_dtype_name(int dtype) {
-    return dtype == CUDA_KV_INT8 ? "int8" : dtype == CUDA_KV_FP8 ? "fp8" : "f32";
+    return dtype == CUDA_KV_INT8 ? "int8" : dtype == CUDA_KV_FP8 ? "fp8" : dtype == CUDA_KV_F16 ? "f16" : "f32";
 }
 
 void cuda_kv_plane_parts(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype, size_t *data,
                          size_t *scales) {
     size_t rows = (size_t)n_layers * n_blocks * KV_BLOCK_SIZE * n_kv_heads;
-    *data = rows * head_dim * (dtype == CUDA_KV_F32 ? sizeof(float) : 1);
-    *scales = dtype == CUDA_KV_F32 ? 0 : rows * sizeof(float); /* one float scale per row */
+    *data = rows * head_dim * (dtype == CUDA_KV_F32 ? sizeof(float) : dtype == CUDA_KV_F16 ? 2 : 1);
+    /* one float scale per row for the 8-bit formats */
+    *scales = dtype == CUDA_KV_F32 || dtype == CUDA_KV_F16 ? 0 : rows * sizeof(float);
 }
 
 size_t cuda_kv_plane_bytes(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype) {
@@ -51,12 +55,15 @@ size_t cuda_kv_plane_bytes(int n_layers, int n_blocks, int n_kv_heads, int head_
 }
 
 size_t cuda_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant) {
-    if (quant != HEARTH_KV_FLOAT && quant != HEARTH_KV_INT8 && quant != HEARTH_KV_FP8) return 0;
+    if (quant != HEARTH_KV_FLOAT && quant != HEARTH_KV_INT8 && quant != HEARTH_KV_FP8 && quant != HEARTH_KV_F16)
+        return 0;
     return 2 * cuda_kv_plane_bytes(n_layers, n_blocks, n_kv_heads, head_dim, cuda_kv_device_dtype(quant));
 }
 
 double cuda_kv_position_bytes(int n_kv_heads, int head_dim, int dtype) {
-    double row = dtype == CUDA_KV_F32 ? (double)head_dim * sizeof(float) : (double)head_dim + sizeof(float);
+    double row = dtype == CUDA_KV_F32   ? (double)head_dim * sizeof(float)
+                 : dtype == CUDA_KV_F16 ? (double)head_dim * 2.0
+                                        : (double)head_dim + sizeof(float);
     return 2.0 * n_kv_heads * row;
 }
 

@@ -23,7 +23,7 @@
 /* How the device KV pool stores keys and values. Today cuda_kv_alloc keeps float32
  * whatever --kv-quant says; int8/fp8 (one byte per element plus one float scale per
  * position and KV head, the host int8 layout) are the device formats being added. */
-typedef enum cuda_kv_dtype { CUDA_KV_F32 = 0, CUDA_KV_INT8 = 1, CUDA_KV_FP8 = 2 } cuda_kv_dtype;
+typedef enum cuda_kv_dtype { CUDA_KV_F32 = 0, CUDA_KV_INT8 = 1, CUDA_KV_FP8 = 2, CUDA_KV_F16 = 3 } cuda_kv_dtype;
 /* The device dtype the engine uses for a --kv-quant setting (hearth_kv_quant). */
 int cuda_kv_device_dtype(int kv_quant);
 const char *cuda_kv_dtype_name(int dtype);

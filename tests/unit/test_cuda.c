@@ -276,7 +276,7 @@ static void test_gemv_q4k_new(void **state) {
 }
 
 /* The prefill dequantizers (cuda_dequant_bf16: the flat eight-per-thread kernels of Q8_0,
- * Q4_K in both scale orders, and Q6_K) against the CPU reference dequantizer rounded to
+ * Q4_K in both scale orders, and Q6_K; the tiled MLX 4-bit kernel) against the CPU reference dequantizer rounded to
  * bf16. Tolerance: one bf16 step of the value (2^-8 relative) plus 2^-24, because the
  * device may fuse d*s*q - dmin*m into one FMA where the reference rounds twice; a wrong
  * block, sub-block scale or nibble is off by a whole quant step (about 6% of the range). */
@@ -297,7 +297,8 @@ static void check_dequant(tensor_dtype t, int64_t n, int64_t k, int packed) {
     float *ref = malloc((size_t)k * sizeof *ref);
     int bad = 0;
     for (int64_t r = 0; r < n; r++) {
-        for (int64_t c0 = 0; c0 < k; c0 += 256) cpu_ref_dequant(&w, r, c0, (int)(k - c0 < 256 ? k - c0 : 256), ref + c0);
+        int step = t == DT_U32 ? 32 : 256; /* one cpu_ref_dequant call stays inside one MLX group */
+        for (int64_t c0 = 0; c0 < k; c0 += step) cpu_ref_dequant(&w, r, c0, (int)(k - c0 < step ? k - c0 : step), ref + c0);
         for (int64_t c = 0; c < k; c++) {
             uint32_t u = (uint32_t)got[r * k + c] << 16;
             float g, want = bf16_to_f32(f32_to_bf16(ref[c]));
@@ -328,6 +329,17 @@ static void test_dequant(void **state) {
         }
         check_dequant(DT_Q6_K, 37, 512, 0);
         check_dequant(DT_Q6_K, 3, 4352, 0);
+        /* MLX 4-bit: tiled (k % 1024 == 0: the flat tiled kernel) and not; groups 64 and 32;
+         * bf16 and f16 scales */
+        static const int groups[] = {64, 32};
+        static const tensor_dtype sbs[] = {DT_BF16, DT_F16};
+        for (int gi = 0; gi < 2; gi++) {
+            mlx_group = groups[gi], mlx_sb = sbs[gi];
+            check_dequant(DT_U32, 37, 2048, 0);
+            check_dequant(DT_U32, 5, 3072, 0);
+            check_dequant(DT_U32, 3, 640, 0);
+        }
+        mlx_group = 64, mlx_sb = DT_BF16;
     }
     cuda_gemm_force(-1, -1);
 }

@@ -211,8 +211,35 @@ __global__ void dequant_fast_bf16_kernel(cuda_weight w, uint4 *out, size_t total
     out[i8] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
 }
 
+/* MLX affine 4-bit in the tiled layout (k % 1024 == 0, cuda_mlx4_nibble) to bf16: one
+ * thread per (row, 1024-weight tile, lane) reads the lane's 16-byte vector of that tile
+ * (eight 16-bit halves m = 0..7, each the 4 weights 128 m + 4 lane + j) and writes eight
+ * 8-byte runs; a warp's lanes write 256 contiguous bytes per m. Four consecutive weights
+ * share a group (gs % 4 == 0). Same arithmetic as mlx4_elem: s * q + b, each rounded. */
+__global__ void dequant_mlx4_tiled_bf16_kernel(cuda_weight w, uint2 *out, size_t lanes) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= lanes) return;
+    size_t per_row = (size_t)w.k / 1024 * 32, r = i / per_row;
+    int t = (int)(i % per_row / 32), lane = (int)(i % 32), gpr = (int)(w.k / w.group_size);
+    uint4 u = ((const uint4 *)w.data)[(r * (size_t)w.k / 8 + (size_t)t * 128) / 4 + lane];
+    const uint32_t *uw = (const uint32_t *)&u, *sbr = (const uint32_t *)w.scales + r * (size_t)gpr;
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+        int c = t * 1024 + m * 128 + lane * 4;
+        uint32_t sb = sbr[c / w.group_size], half = uw[m / 2] >> (16 * (m % 2));
+        float sc = w.sb_bf16 ? __uint_as_float(sb << 16) : h2f((uint16_t)(sb & 0xffff));
+        float bi = w.sb_bf16 ? __uint_as_float(sb & 0xffff0000u) : h2f((uint16_t)(sb >> 16));
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = __fadd_rn(__fmul_rn(sc, (float)((half >> (4 * j)) & 0xF)), bi);
+        __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+        out[(r * (size_t)w.k + (size_t)c) / 4] = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
+    }
+}
+
 /* Default: the flat kernels above for Q8_0 / Q4_K / Q6_K (H200, 2026-12-02, 14336 x 4096 to
- * bf16: Q4_K 53.6 us vs 236 for the generic kernel, Q8_0 47.8 vs 97.0, Q6_K 56.4 vs 220.9);
+ * bf16: Q4_K 53.6 us vs 236 for the generic kernel, Q8_0 47.8 vs 97.0, Q6_K 56.4 vs 220.9)
+ * and the tiled MLX 4-bit one (written after that run: not yet timed on a GPU);
  * HEARTH_CUDA_DEQUANT=generic: the eight-per-thread kernel for every format (A/B runs). */
 static int g_dequant_old = -1, g_direct_min_t = -1;
 
@@ -234,6 +261,10 @@ static void launch_dequant_bf16(const cuda_weight *w, void *out) {
         dequant_fast_bf16_kernel<DT_Q4_K><<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out, total8);
     else if (fast && w->dtype == DT_Q6_K)
         dequant_fast_bf16_kernel<DT_Q6_K><<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out, total8);
+    else if (fast && w->dtype == DT_U32 && w->mlx_tiled && w->group_size % 4 == 0) {
+        size_t lanes = (size_t)w->n * (size_t)(w->k / 1024) * 32;
+        dequant_mlx4_tiled_bf16_kernel<<<(unsigned)((lanes + 255) / 256), 256, 0, cuda_stream()>>>(*w, (uint2 *)out, lanes);
+    }
     else if (w->k % 8 == 0) dequant8_bf16_kernel<<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out);
     else dequant_kernel<false><<<(unsigned)((wn + 255) / 256), 256, 0, cuda_stream()>>>(*w, out);
 }
@@ -327,7 +358,8 @@ static double quant_bytes_per_elem(const cuda_weight *w) {
  *     Q8_0  GEMV 60.9 at 9 rows, 84.2 at 16, 125.8 at 24; dequant + GEMM 85-87: GEMV up to 16
  *     Q4_K  GEMV 81.3 at 8, 97.3 at 9;                 dequant + GEMM 91-95: GEMM from 9
  *     Q6_K  GEMV 102.9 at 8, 124.7 at 9;               dequant + GEMM 95-99: GEMM from 9
- * Other formats (MLX 4-bit, generic dequantizer) and HEARTH_CUDA_DEQUANT=generic use the
+ * Tiled MLX 4-bit (its flat dequantizer written after that run) takes Q4_K's rule until timed.
+ * Other formats (untiled MLX 4-bit, generic dequantizer) and HEARTH_CUDA_DEQUANT=generic use the
  * byte model, GEMV when chunks(T) * q * F < q + 4 with F = 2 (it matched the generic
  * dequantizer's crossovers: Q4_K GEMV up to 32 rows, Q8_0 16, Q6_K 24).
  * HEARTH_CUDA_GEMV_FUDGE=F applies the byte model with F to every format (A/B runs; 1000
@@ -344,6 +376,7 @@ static int use_gemv(const cuda_weight *w, int T) {
     if (fudge == 0.0 && !dequant_old() && w->k % 8 == 0) {
         if (w->dtype == DT_Q8_0) return T <= 16;
         if (w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) return T <= 8;
+        if (w->dtype == DT_U32 && w->mlx_tiled && w->group_size % 4 == 0) return T <= 8; /* as Q4_K (not yet timed) */
     }
     int chunks = T / 8 + (T % 8 >= 4) + (T % 4 > 0);
     return (double)chunks * q * (fudge > 0.0 ? fudge : 2.0) < q + 4.0;

@@ -33,12 +33,18 @@ unit() { # name timeout [env...]
     say "$n: $v ($(grep -c 'OK \]' "$L/$n.log") ok, $(grep -c 'FAILED \]' "$L/$n.log") failed) $(grep -m1 -oE 'ragged batches checked' "$L/$n.log")"
     [ $rc = 0 ] || grep -vE '^\[ (RUN|  OK) ' "$L/$n.log" | grep -m3 -iE 'error|fail|refer|differ|tol' | cut -c1-260 | tee -a "$SUM" >/dev/null
 }
-unit test_cuda_ragged 15
-unit test_cuda_ragged 10 HEARTH_CUDA_BATCH=0 # the old path on the same test: both must pass
-unit test_cuda_kv 15
-unit test_cuda 30 # the defaults since 2026-12-02: flat dequantizers, F16/BF16 cuBLAS from 2 rows, v2 GEMVs
-unit test_cuda 30 HEARTH_CUDA_DEQUANT=generic HEARTH_CUDA_DIRECT_MIN_T=9 HEARTH_CUDA_GEMV=v1 # the paths before
-unit test_cuda_graph 15 # decode graphs capture cuBLAS calls (F16 / BF16 at 2..8 rows)
+# CB_UNITS: which unit runs, in order (default: all of them; "old" entries run the paths
+# before 2026-12-02 on the same test)
+for u in ${CB_UNITS:-ragged ragged-old kv cuda cuda-old graph}; do
+    case $u in
+    ragged) unit test_cuda_ragged 15 ;;
+    ragged-old) unit test_cuda_ragged 10 HEARTH_CUDA_BATCH=0 ;; # the old path on the same test: both must pass
+    kv) unit test_cuda_kv 15 ;;
+    cuda) unit test_cuda 30 ;; # the defaults: flat dequantizers, F16/BF16 cuBLAS from 2 rows, v2 GEMVs
+    cuda-old) unit test_cuda 30 HEARTH_CUDA_DEQUANT=generic HEARTH_CUDA_DIRECT_MIN_T=9 HEARTH_CUDA_GEMV=v1 ;;
+    graph) unit test_cuda_graph 15 ;; # decode graphs capture cuBLAS calls (F16 / BF16 at 2..8 rows)
+    esac
+done
 
 # microbenchmarks: build (libhearth.a is there) and run both matmul modes, then attention
 if timeout 20 make -s BUILD="$B" BINDIR="$B/bin" LIBDIR="$B/lib" "$B/bench/batch_bench" >"$L/batch_bench_build.log" 2>&1; then
@@ -48,6 +54,9 @@ if timeout 20 make -s BUILD="$B" BINDIR="$B/bin" LIBDIR="$B/lib" "$B/bench/batch
         "$B/bench/batch_bench" >"$L/batch_bench_prior.txt" 2>&1
     say "dequant default: $(grep -h 'dequant to bf16' "$L/batch_bench.txt" 2>/dev/null | tr -s ' ' | tr '\n' ';')"
     say "dequant generic: $(grep -h 'dequant to bf16' "$L/batch_bench_prior.txt" 2>/dev/null | tr -s ' ' | tr '\n' ';')"
+    # CB_MMQ=1: the int8 tensor-core GEMM (HEARTH_CUDA_MMQ=1) per T beside the others
+    [ "${CB_MMQ:-0}" = 1 ] && [ "$(left)" -gt 12 ] && HEARTH_CUDA_MMQ=1 BATCH_BENCH=matmul timeout 12 \
+        "$B/bench/batch_bench" >"$L/batch_bench_mmq.txt" 2>&1
     # every quantized T >= 9 on the dequantize + GEMM path (the byte model's other side)
     [ "$(left)" -gt 10 ] && HEARTH_CUDA_GEMV_FUDGE=1000 BATCH_BENCH=matmul timeout 10 "$B/bench/batch_bench" >"$L/batch_bench_gemm.txt" 2>&1
     # per T: format gemv/matmul us (default picks), then the prior paths' picks

@@ -2,7 +2,8 @@
 # final-bench: issue #5's table rows in one call: the two ceilings (bench/cuda/roofline.py:
 # torch copy bandwidth and bf16 GEMM rate), then hearth bench on the 8B shapes: bf16 and
 # Q4_K_M prefill at 4096 tokens, bf16 and Q8_0 decode (128 after 512). Rows print as they
-# finish; every JSON stays in LOGDIR. FB_ROWS picks rows (also q4km_decode, m4_*, q3m4_*). Env from tools/gpu_round. Usage: final-bench.sh LOGDIR
+# finish; every JSON stays in LOGDIR. FB_ROWS picks rows (also q4km_decode, m4_*, q3m4_*,
+# bf16_decode_kvf16, bf16_decode_2k[_kvf16]). Env from tools/gpu_round. Usage: final-bench.sh LOGDIR
 L=${1:?usage: final-bench.sh LOGDIR}; mkdir -p $L
 cd "$(dirname "$0")/../.."
 T0=$(date +%s); BUDGET=${FB_BUDGET:-60}
@@ -35,6 +36,9 @@ for r in ${FB_ROWS:-bf16_p4096 q4km_p4096 bf16_decode q8_0_decode}; do
   case $r in
     bf16_p4096) row $r $L8 -p 4096 -n 1 -r 2 ;;
     bf16_decode) row $r $L8 -p 512 -n 128 -r 3 ;;
+    bf16_decode_kvf16) row $r $L8 -p 512 -n 128 -r 3 --kv-quant f16 ;;
+    bf16_decode_2k) row $r $L8 -p 2048 -n 128 -r 2 ;;
+    bf16_decode_2k_kvf16) row $r $L8 -p 2048 -n 128 -r 2 --kv-quant f16 ;;
     q4km_p4096) row $r $G8/llama8b-q4_k_m.gguf -p 4096 -n 1 -r 1 ;;
     q4km_decode) row $r $G8/llama8b-q4_k_m.gguf -p 512 -n 128 -r 3 ;;
     q8_0_decode) row $r $G8/llama8b-q8_0.gguf -p 512 -n 128 -r 3 ;;

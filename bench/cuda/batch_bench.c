@@ -1,9 +1,10 @@
 /* batch_bench.c: times the CUDA paths of a batched serve step (issue #6), wall clock
  * around back-to-back launches with a device sync either side, on Llama-3.1-8B shapes: cuda_matmul vs cuda_gemv on the
  * ffn gate weight (14336 x 4096) for T = 9..128 rows in F16 / Q8_0 / Q4_K (run it with and without
- * HEARTH_CUDA_BATCH=1: without it, the dequantize + GEMM path), and the attention of a ragged step (decode rows of 127
- * sequences of 600 positions + a 37-token chunk of another) with and without the run split (host_slot). Random data;
- * timing only. Usage: batch_bench */
+ * HEARTH_CUDA_BATCH=1: without it, the dequantize + GEMM path; with HEARTH_CUDA_MMQ=1 an mmq column too: the int8
+ * tensor-core kernel against the weight read once at this run's copy bandwidth), and the attention of a ragged step
+ * (decode rows of 127 sequences of 600 positions + a 37-token chunk of another) with and without the run split
+ * (host_slot). Random data; timing only. Usage: batch_bench */
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_plan.h"
 #include "base/half.h"
@@ -37,17 +38,26 @@ static double now_us(void) {
 #define REPS 10
 #define ROT 4 /* weight copies rotated: > L2 for every format */
 
-static double time_mm(int gemv, cuda_gemm *g, cuda_weight *w, const float *x, int T, float *y) {
+enum { PATH_MATMUL, PATH_GEMV, PATH_MMQ };
+
+static hearth_status run_path(int path, cuda_gemm *g, cuda_weight *w, const float *x, int T, float *y,
+                              hearth_error *err) {
+    if (path == PATH_GEMV) return cuda_gemv(w, x, T, y, err);
+    if (path == PATH_MMQ) return cuda_gemv_mmq(w, x, T, y, err);
+    return cuda_matmul(g, w, x, T, y, err);
+}
+
+static double time_mm(int path, cuda_gemm *g, cuda_weight *w, const float *x, int T, float *y) {
     hearth_error err = {0};
     for (int i = 0; i < ROT; i++) /* warm-up (cuBLAS heuristics, scratch) */
-        if (gemv ? cuda_gemv(&w[i], x, T, y, &err) : cuda_matmul(g, &w[i], x, T, y, &err)) {
+        if (run_path(path, g, &w[i], x, T, y, &err)) {
             printf("batch_bench: %s\n", err.message);
             exit(1);
         }
     cuda_sync(NULL);
     double t0 = now_us();
     for (int r = 0; r < REPS; r++)
-        for (int i = 0; i < ROT; i++) gemv ? cuda_gemv(&w[i], x, T, y, &err) : cuda_matmul(g, &w[i], x, T, y, &err);
+        for (int i = 0; i < ROT; i++) run_path(path, g, &w[i], x, T, y, &err);
     cuda_sync(NULL);
     return (now_us() - t0) / (REPS * ROT);
 }
@@ -56,9 +66,13 @@ static void bench_matmul(void) {
     const int64_t n = 14336, k = 4096;
     static const tensor_dtype fmts[] = {DT_F16, DT_Q8_0, DT_Q4_K, DT_Q6_K};
     static const int Ts[] = {1, 2, 4, 8, 9, 16, 24, 32, 48, 64, 128};
-    const char *batch = getenv("HEARTH_CUDA_BATCH");
-    printf("matmul [%lld x %lld], us per call (HEARTH_CUDA_BATCH=%s)\n", (long long)n, (long long)k,
-           batch ? batch : "unset");
+    const char *batch = getenv("HEARTH_CUDA_BATCH"), *mmq_env = getenv("HEARTH_CUDA_MMQ");
+    int mmq = mmq_env && !strcmp(mmq_env, "1");
+    /* the weight-streaming roofline of the MMQ column: device copy bandwidth, this run */
+    double copy_gbs = mmq ? cuda_copy_bandwidth_gbs((size_t)256 << 20, 5) : 0.0;
+    printf("matmul [%lld x %lld], us per call (HEARTH_CUDA_BATCH=%s, HEARTH_CUDA_MMQ=%s)\n", (long long)n, (long long)k,
+           batch ? batch : "unset", mmq_env ? mmq_env : "unset");
+    if (mmq) printf("  device copy bandwidth %.0f GB/s (read + write)\n", copy_gbs);
     cuda_gemm *g = NULL;
     if (cuda_gemm_create(&g, (size_t)(n * k), (size_t)128 * k, 0, NULL)) exit(1);
     float *hx = malloc(sizeof(float) * 128 * k);
@@ -98,9 +112,21 @@ static void bench_matmul(void) {
         }
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
             int T = Ts[ti];
-            double us_gemv = time_mm(1, g, w, x, T, y), us_mm = time_mm(0, g, w, x, T, y);
-            printf("  %-5s T=%3d: gemv %8.1f us  matmul %8.1f us (%s)\n", tensor_dtype_name(t), T, us_gemv, us_mm,
-                   cuda_matmul_uses_gemv(g, &w[0], T) ? "picks gemv" : "gemm");
+            cuda_mmq_force(0); /* the matmul column: the paths before MMQ */
+            double us_gemv = time_mm(PATH_GEMV, g, w, x, T, y), us_mm = time_mm(PATH_MATMUL, g, w, x, T, y);
+            const char *pick = cuda_matmul_uses_gemv(g, &w[0], T) ? "picks gemv" : "gemm";
+            cuda_mmq_force(-1); /* HEARTH_CUDA_MMQ as set */
+            if (mmq && cuda_mmq_takes(&w[0], T)) {
+                double us_mmq = time_mm(PATH_MMQ, g, w, x, T, y);
+                /* the weight read once at copy bandwidth (copy_gbs counts read + write: half of it reads) */
+                double stream_us = (double)w[0].bytes / (copy_gbs * 0.5e3);
+                printf("  %-5s T=%3d: gemv %8.1f us  matmul %8.1f us (%s)  mmq %8.1f us (%.2fx the weight-stream "
+                       "time %.1f us)\n",
+                       tensor_dtype_name(t), T, us_gemv, us_mm, pick, us_mmq, us_mmq / stream_us, stream_us);
+            } else {
+                printf("  %-5s T=%3d: gemv %8.1f us  matmul %8.1f us (%s)\n", tensor_dtype_name(t), T, us_gemv, us_mm,
+                       pick);
+            }
         }
         for (int i = 0; i < ROT; i++) cuda_weight_free(&w[i]);
         free(h);

@@ -189,9 +189,12 @@ static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm 
     hearth_error e = {0};
     assert_int_equal(cuda_weight_upload(&dw, &w, "test weight", &e), HEARTH_OK);
     float *dx = dev_from(x, (size_t)(T * k) * sizeof *x), *dy = dev_from(NULL, (size_t)(T * n) * sizeof(float));
-    int via_gemv = !gemm || cuda_matmul_uses_gemv(gemm, &dw, T); /* T < 9, or the byte model's pick */
-    int i8 = cuda_gemv_int8_act(&dw) && via_gemv;
-    if (via_gemv) bf16 = 0; /* the GEMV multiplies the stored weight (int8 x where i8) */
+    /* HEARTH_CUDA_MMQ: the tensor-core kernel, int8 x as the GEMV */
+    int mmq = gemm && cuda_matmul_uses_mmq(gemm, &dw, T);
+    int via_gemv = !mmq && (!gemm || cuda_matmul_uses_gemv(gemm, &dw, T)); /* T < 9, or the byte model's pick */
+    int i8 = cuda_gemv_int8_act(&dw) && (via_gemv || mmq);
+    if (via_gemv || mmq) bf16 = 0; /* the GEMV multiplies the stored weight (int8 x where i8) */
+    unsigned long mmq_before = cuda_mmq_launch_count();
     float dmax = 0.0f;
     if (i8) /* the reference sees the activations the kernel multiplies (int8_act_ref) */
         for (int tt = 0; tt < T; tt++) int8_act_ref(x + tt * k, k, x + tt * k, &dmax);
@@ -199,8 +202,10 @@ static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm 
     if (gemm) assert_int_equal(cuda_matmul(gemm, &dw, dx, T, dy, &e), HEARTH_OK);
     else assert_int_equal(cuda_gemv(&dw, dx, T, dy, &e), HEARTH_OK);
     float *y = download(dy, (size_t)(T * n));
+    /* cuda_matmul_uses_mmq promised the MMQ kernel: exactly one launch of it, no fallback */
+    if (mmq) assert_int_equal(cuda_mmq_launch_count() - mmq_before, 1);
 
-    verify_gemv(t, &w, n, k, T, x, ref, y, i8 ? dmax : -1.0f, bf16, "gemv");
+    verify_gemv(t, &w, n, k, T, x, ref, y, i8 ? dmax : -1.0f, bf16, mmq ? "mmq" : "gemv");
     free(y);
     cuda_free(dx);
     cuda_free(dy);
@@ -638,6 +643,51 @@ static void test_gemv_v2(void **state) {
     cuda_gemv_v2_force(-1); /* back to HEARTH_CUDA_GEMV as set */
 }
 
+/* HEARTH_CUDA_MMQ (forced with cuda_mmq_force): cuda_matmul of packed-scale Q4_K at 2..64
+ * rows goes to the int8 tensor-core kernel (one launch, counted) and matches the CPU
+ * reference of the int8-activation semantics with test_gemv's tolerance (verify_gemv:
+ * activations by cpu_quantize_row_ref, plus 2·max|w|·max d for a q off by one step). The
+ * kernel's float error is within that bound's summation term: each lane sums the k/32
+ * sub-block terms d·sc·dx·C - dmin·m·(dx·Σq) serially (C an exact int32 mma sum, each term
+ * a few roundings of <= 2·max|w|·|x| parts), no warp tree at all. Shapes: n = 129 and
+ * 1000 (partial last block of 64 rows), k = 256 (one super-block: fewer than the pipeline's
+ * stages), 4096, 4352 (17 super-blocks: the stage ring wraps unevenly); T covers one to
+ * eight n-tiles of 8 tokens with ragged last tiles. Outside 2..64, without the force, or in
+ * exact mode the old paths take the call. */
+static void test_mmq(void **state) {
+    (void)state;
+    cuda_mmq_force(1);
+    cuda_gemm *g = NULL, *gx = NULL;
+    assert_int_equal(cuda_gemm_create(&g, 1000 * 4352, 65 * 4352, 0, NULL), HEARTH_OK);
+    assert_int_equal(cuda_gemm_create(&gx, 16, 16, 1, NULL), HEARTH_OK);
+    static const int64_t ns[] = {129, 1000}, ks[] = {256, 4096, 4352};
+    static const int Ts[] = {2, 3, 7, 8, 9, 16, 33, 64};
+    hearth_error e = {0};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (size_t b = 0; b < sizeof ks / sizeof ks[0]; b++) {
+            cpu_weight w;
+            void *host = make_weight(DT_Q4_K, ns[a], ks[b], &w);
+            cuda_weight dw;
+            assert_int_equal(cuda_weight_upload(&dw, &w, "mmq", &e), HEARTH_OK);
+            assert_int_equal(dw.q4k_packed, 1); /* the default upload; the kernel reads only this order */
+            for (int T = 1; T <= 65; T++) assert_int_equal(cuda_matmul_uses_mmq(g, &dw, T), T >= 2 && T <= 64);
+            assert_int_equal(cuda_matmul_uses_mmq(gx, &dw, 8), 0);
+            cuda_mmq_force(0);
+            assert_int_equal(cuda_matmul_uses_mmq(g, &dw, 8), 0);
+            cuda_mmq_force(1);
+            cuda_weight_free(&dw);
+            free(host);
+            for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+                int few = Ts[i] == 3 || Ts[i] == 8 || Ts[i] == 33 || Ts[i] == 64;
+                if (ns[a] * ks[b] > 1 << 20 && !few) continue; /* CPU time */
+                check_matmul(DT_Q4_K, ns[a], ks[b], Ts[i], g, 1);
+            }
+        }
+    cuda_gemm_free(g);
+    cuda_gemm_free(gx);
+    cuda_mmq_force(-1); /* back to HEARTH_CUDA_MMQ as set */
+}
+
 /* The prefill path: cuda_matmul with T >= 9 dequantizes into the GEMM scratch and calls
  * cuBLAS; checked in both operand modes on the same odd shapes. */
 static void test_gemm(void **state) {
@@ -970,6 +1020,7 @@ int main(void) {
         cmocka_unit_test(test_gemv_pdl_chain),
         cmocka_unit_test(test_gemv_batch_invariant),
         cmocka_unit_test(test_gemv_v2),
+        cmocka_unit_test(test_mmq),
         cmocka_unit_test(test_gated_activations),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_errors),

@@ -188,6 +188,20 @@ hearth_status cuda_gemv_reserve(size_t floats, hearth_error *err);
  * block of 32 [T][k / 32], as cuda_add_rmsnorm_q8 / cuda_gated_q8 write them. */
 hearth_status cuda_gemv_multi_q8(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq,
                                  const float *xs, int T, hearth_error *err);
+/* The batched int8 tensor-core matmul ("MMQ", cuda_mmq.cu), opt-in with HEARTH_CUDA_MMQ=1:
+ * packed-scale Q4_K weights (k % 256 == 0) at 2..64 rows read the weight once for all rows
+ * (the GEMVs re-read it per chunk of 8); same int8-activation semantics as
+ * cuda_gemv_int8_act, but NOT batch-invariant: never for deterministic steps.
+ * cuda_mmq_takes: whether it takes w at T now. cuda_mmq_force(1 / 0) overrides the
+ * variable (tests, benches), -1 re-reads it. cuda_gemv_mmq: cuda_gemv, with MMQ for a
+ * weight it takes. cuda_matmul_q8: cuda_gemv_multi_q8, with MMQ for the weights it takes. */
+int cuda_mmq_takes(const cuda_weight *w, int T);
+void cuda_mmq_force(int mode);
+/* MMQ kernel launches so far (host count; tests check the routing with it). */
+unsigned long cuda_mmq_launch_count(void);
+hearth_status cuda_gemv_mmq(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err);
+hearth_status cuda_matmul_q8(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float *xs,
+                             int T, hearth_error *err);
 /* Tests: -1 leaves the GEMVs' Programmatic Dependent Launch as HEARTH_CUDA_PDL and the
  * device say (on for sm_90+ unless HEARTH_CUDA_PDL=0), 0 / 1 force it off / on. */
 void cuda_gemv_force_pdl(int mode);
@@ -316,6 +330,9 @@ hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, in
  * weights go to cuBLAS as stored with f16 activations (HEARTH_CUDA_BATCH=0: the bf16
  * conversion of every weight and no GEMV above 8 rows, the path before). */
 int cuda_matmul_uses_gemv(const cuda_gemm *g, const cuda_weight *w, int T);
+/* Whether cuda_matmul sends this call to the MMQ kernel (cuda_mmq_takes; never in exact
+ * mode); it is checked before cuda_matmul_uses_gemv. */
+int cuda_matmul_uses_mmq(const cuda_gemm *g, const cuda_weight *w, int T);
 /* Whether a call of T <= 8 rows on w goes to cuBLAS as stored (F16 / BF16 weights from
  * HEARTH_CUDA_DIRECT_MIN_T rows, default 2; never in exact mode or with HEARTH_CUDA_BATCH=0). */
 int cuda_matmul_small_direct(const cuda_gemm *g, const cuda_weight *w, int T);

@@ -397,7 +397,12 @@ int cuda_matmul_uses_gemv(const cuda_gemm *g, const cuda_weight *w, int T) {
     return !g->exact_f32 && use_gemv(w, T);
 }
 
+int cuda_matmul_uses_mmq(const cuda_gemm *g, const cuda_weight *w, int T) {
+    return g && !g->exact_f32 && cuda_gemv_int8_act(w) && cuda_mmq_takes(w, T);
+}
+
 hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
+    if (((uintptr_t)x % 16) == 0 && cuda_matmul_uses_mmq(g, w, T)) return cuda_gemv_mmq(w, x, T, y, err);
     if (cuda_matmul_uses_gemv(g, w, T)) return cuda_gemv(w, x, T, y, err);
     size_t wn = (size_t)w->n * (size_t)w->k, xn = (size_t)T * (size_t)w->k;
     int f16_direct = !g->exact_f32 && w->dtype == DT_F16 && !gemm_old();

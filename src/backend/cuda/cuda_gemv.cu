@@ -550,6 +550,7 @@ void cuda_gemv_force_pdl(int mode) {
 
 hearth_status cuda_gemv_reserve(size_t floats, hearth_error *err) {
     (void)pdl_on(); /* its one device query happens here, at model creation, not inside a capture */
+    cuda_mmq_prepare(); /* likewise the MMQ kernels' shared-memory opt-in */
     pthread_mutex_lock(&g_xlock);
     hearth_status st = reserve_locked(floats, err);
     pthread_mutex_unlock(&g_xlock);
@@ -966,26 +967,32 @@ static bool quantize_x(const float *x, int T, int64_t k, hearth_error *err, hear
 }
 
 static bool gemv_i8_locked(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T, int64_t k,
-                           hearth_error *err, hearth_status *st);
+                           int mmq, hearth_error *err, hearth_status *st);
 
 /* ys[i] = x · ws[i]^T for weights that all take int8 activations with the same k: x is
- * quantized once. Returns false when it did nothing (use the float kernels). */
-static bool gemv_i8(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T, hearth_error *err,
-                    hearth_status *st) {
+ * quantized once (mmq: launch_i8_all's). Returns false when it did nothing (use the float
+ * kernels). */
+static bool gemv_i8(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T, int mmq,
+                    hearth_error *err, hearth_status *st) {
     *st = HEARTH_OK;
     for (int i = 0; i < nw; i++)
         if (!cuda_gemv_int8_act(ws[i]) || ws[i]->k != ws[0]->k) return false;
     int64_t k = ws[0]->k;
     pthread_mutex_lock(&g_xlock);
-    bool done = gemv_i8_locked(ws, ys, nw, x, T, k, err, st);
+    bool done = gemv_i8_locked(ws, ys, nw, x, T, k, mmq, err, st);
     pthread_mutex_unlock(&g_xlock);
     return done;
 }
 
-/* The GEMVs of ws on activations already quantized into xq0 / xs0. */
+/* The GEMVs of ws on activations already quantized into xq0 / xs0; with mmq, the batched
+ * tensor-core kernel (cuda_mmq.cu) for each weight it takes at T, in one launch. */
 static hearth_status launch_i8_all(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq0,
-                                   const float2 *xs0, int T, int64_t k, hearth_error *err) {
+                                   const float2 *xs0, int T, int64_t k, int mmq, hearth_error *err) {
     for (int i = 0; i < nw; i++) {
+        if (mmq && cuda_mmq_launch(ws[i], xq0, xs0, ys[i], T)) {
+            if (cuda_launched("mmq", err)) return HEARTH_ERR_IO;
+            continue;
+        }
         for (int t0 = 0; t0 < T;) {
             int c = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0;
             const int8_t *xq = xq0 + (size_t)t0 * k;
@@ -1006,24 +1013,36 @@ static hearth_status launch_i8_all(const cuda_weight *const *ws, float *const *y
 }
 
 static bool gemv_i8_locked(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T, int64_t k,
-                           hearth_error *err, hearth_status *st) {
+                           int mmq, hearth_error *err, hearth_status *st) {
     if (!quantize_x(x, T, k, err, st)) return *st != HEARTH_OK;
-    *st = launch_i8_all(ws, ys, nw, g_xq, g_xs, T, k, err);
+    *st = launch_i8_all(ws, ys, nw, g_xq, g_xs, T, k, mmq, err);
     return true;
+}
+
+/* cuda_gemv_multi_q8 (mmq 0) and cuda_matmul_q8 (mmq 1): `what` names the caller in errors. */
+static hearth_status multi_q8(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float *xs,
+                              int T, int mmq, const char *what, hearth_error *err) {
+    if (nw < 1 || !xq || !xs || T < 0) return err_set(err, HEARTH_ERR_INVALID, "%s: missing input", what);
+    for (int i = 0; i < nw; i++)
+        if (!ws[i] || !ws[i]->data || !ys[i] || !cuda_gemv_int8_act(ws[i]) || ws[i]->k != ws[0]->k ||
+            ws[i]->n > INT32_MAX || ws[i]->k > INT32_MAX / 8)
+            return err_set(err, HEARTH_ERR_INVALID, "%s: weight %d does not take int8 activations of k=%lld", what, i,
+                           (long long)ws[0]->k);
+    return launch_i8_all(ws, ys, nw, xq, (const float2 *)xs, T, ws[0]->k, mmq, err);
 }
 
 hearth_status cuda_gemv_multi_q8(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq,
                                  const float *xs, int T, hearth_error *err) {
-    if (nw < 1 || !xq || !xs || T < 0) return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_multi_q8: missing input");
-    for (int i = 0; i < nw; i++)
-        if (!ws[i] || !ws[i]->data || !ys[i] || !cuda_gemv_int8_act(ws[i]) || ws[i]->k != ws[0]->k ||
-            ws[i]->n > INT32_MAX || ws[i]->k > INT32_MAX / 8)
-            return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_multi_q8: weight %d does not take int8 activations of k=%lld",
-                           i, (long long)ws[0]->k);
-    return launch_i8_all(ws, ys, nw, xq, (const float2 *)xs, T, ws[0]->k, err);
+    return multi_q8(ws, ys, nw, xq, xs, T, 0, "cuda_gemv_multi_q8", err);
 }
 
-hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
+hearth_status cuda_matmul_q8(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float *xs,
+                             int T, hearth_error *err) {
+    return multi_q8(ws, ys, nw, xq, xs, T, 1, "cuda_matmul_q8", err);
+}
+
+/* cuda_gemv; mmq: cuda_gemv_mmq. */
+static hearth_status gemv_any(const cuda_weight *w, const float *x, int T, float *y, int mmq, hearth_error *err) {
     if (!w || !w->data || !x || !y || T < 0)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv: missing weight or buffer");
     if (w->n > INT32_MAX || w->k > INT32_MAX / 8)
@@ -1037,7 +1056,7 @@ hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, h
         return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv: activations must be 16-byte aligned for %s",
                        tensor_dtype_name(w->dtype));
     hearth_status st;
-    if (T > 0 && gemv_i8(&w, &y, 1, x, T, err, &st)) return st;
+    if (T > 0 && gemv_i8(&w, &y, 1, x, T, mmq, err, &st)) return st;
     for (int t0 = 0; t0 < T;) {
         int c = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0;
         const float *xc = x + (size_t)t0 * w->k;
@@ -1055,6 +1074,14 @@ hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, h
     return HEARTH_OK;
 }
 
+hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
+    return gemv_any(w, x, T, y, 0, err);
+}
+
+hearth_status cuda_gemv_mmq(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
+    return gemv_any(w, x, T, y, 1, err);
+}
+
 hearth_status cuda_gemv_multi(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T,
                               hearth_error *err) {
     if (nw < 1 || nw > 3) return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_multi: %d weights (1 to 3)", nw);
@@ -1069,7 +1096,7 @@ hearth_status cuda_gemv_multi(const cuda_weight *const *ws, float *const *ys, in
         hearth_status st;
         bool small = ((uintptr_t)x % 16) == 0 && ws[0]->k <= INT32_MAX / 8;
         for (int i = 0; i < nw; i++) small = small && ws[i]->n <= INT32_MAX;
-        if (small && T > 0 && gemv_i8(ws, ys, nw, x, T, err, &st)) return st; /* x quantized once */
+        if (small && T > 0 && gemv_i8(ws, ys, nw, x, T, 0, err, &st)) return st; /* x quantized once */
         for (int i = 0; i < nw; i++)
             if (cuda_gemv(ws[i], x, T, ys[i], err)) return HEARTH_ERR_INVALID;
         return HEARTH_OK;

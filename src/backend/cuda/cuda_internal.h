@@ -20,6 +20,14 @@ cudaStream_t cuda_stream(void);
 int cuda_gemv_v2_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T);
 void cuda_gemv_v2_force_pdl(int mode);
 
+/* cuda_mmq.cu, for cuda_gemv.cu's int8 path: launches the batched tensor-core matmul of w
+ * on T rows of quantized activations (one launch for all T) and returns 1, or returns 0
+ * (nothing launched) when it does not take w at T (cuda_mmq_takes, alignment, shared memory
+ * of this device, or not yet prepared while a graph is being captured). _prepare: sets the
+ * kernels' shared-memory opt-in (outside a capture; cuda_gemv_reserve calls it). */
+int cuda_mmq_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T);
+void cuda_mmq_prepare(void);
+
 /* Fills err from a CUDA status; `what` says which call or kernel failed. */
 static inline hearth_status cuda_status(cudaError_t e, const char *what, hearth_error *err) {
     if (e == cudaSuccess) return HEARTH_OK;

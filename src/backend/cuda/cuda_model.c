@@ -236,6 +236,14 @@ static hearth_status matmul(cuda_model *cm, const cuda_weight *w, const float *x
     return cm->invariant ? cuda_gemv(w, x, T, y, err) : cuda_matmul(cm->gemm, w, x, T, y, err);
 }
 
+/* ys[i] = the quantized cm->xn (xq / xs) · ws[i]^T: the GEMVs in a batch-invariant step,
+ * else the MMQ kernel for the weights it takes (HEARTH_CUDA_MMQ=1). */
+static hearth_status q8_matmul(cuda_model *cm, const cuda_weight *const *ws, float *const *ys, int nw, int T,
+                               hearth_error *err) {
+    if (cm->invariant) return cuda_gemv_multi_q8(ws, ys, nw, cm->xq, cm->xs, T, err);
+    return cuda_matmul_q8(ws, ys, nw, cm->xq, cm->xs, T, err);
+}
+
 /* Whether the decode GEMVs of ws (one input) take int8 activations that the kernel making
  * that input can write itself (cuda_add_rmsnorm_q8 / cuda_gated_q8). */
 static int q8_fusable(const cuda_model *cm, const cuda_weight *const *ws, int nw, int T) {
@@ -276,7 +284,7 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
     if (multi_gemv(cm, ws, 3, T)) { /* q, k and v in one GEMV launch where the formats allow */
         float *ys[3] = {cm->q, cm->k, cm->v};
         if (cm->q8_ready)
-            TRY(cuda_gemv_multi_q8(ws, ys, 3, cm->xq, cm->xs, T, err));
+            TRY(q8_matmul(cm, ws, ys, 3, T, err));
         else
             TRY(cuda_gemv_multi(ws, ys, 3, cm->xn, T, err));
     } else {
@@ -331,7 +339,7 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *e
     if (multi_gemv(cm, ws, 2, T)) {
         float *ys[2] = {cm->gate, cm->up};
         if (cm->q8_ready)
-            TRY(cuda_gemv_multi_q8(ws, ys, 2, cm->xq, cm->xs, T, err));
+            TRY(q8_matmul(cm, ws, ys, 2, T, err));
         else
             TRY(cuda_gemv_multi(ws, ys, 2, cm->xn, T, err));
     } else {
@@ -341,7 +349,7 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *e
     const cuda_weight *down = &l->down;
     if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself */
         TRY(cuda_gated_q8(cm->gate, cm->up, n, gelu, cm->xq, cm->xs, err));
-        return cuda_gemv_multi_q8(&down, &cm->tmp, 1, cm->xq, cm->xs, T, err);
+        return q8_matmul(cm, &down, &cm->tmp, 1, T, err);
     }
     TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
     return matmul(cm, &l->down, cm->gate, T, cm->tmp, err);

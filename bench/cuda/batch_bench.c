@@ -64,7 +64,7 @@ static double time_mm(int path, cuda_gemm *g, cuda_weight *w, const float *x, in
 
 static void bench_matmul(void) {
     const int64_t n = 14336, k = 4096;
-    static const tensor_dtype fmts[] = {DT_F16, DT_Q8_0, DT_Q4_K, DT_Q6_K};
+    static const tensor_dtype fmts[] = {DT_F16, DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_U32}; /* U32: MLX 4-bit, g64 */
     static const int Ts[] = {1, 2, 4, 8, 9, 16, 24, 32, 48, 64, 128};
     const char *batch = getenv("HEARTH_CUDA_BATCH"), *mmq_env = getenv("HEARTH_CUDA_MMQ");
     int mmq = mmq_env && !strcmp(mmq_env, "1");
@@ -81,9 +81,15 @@ static void bench_matmul(void) {
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
         tensor_dtype t = fmts[f];
         int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K || t == DT_Q6_K ? 256 : 1;
-        size_t bytes = (size_t)(n * (k / be) * bb);
+        /* MLX 4-bit: packed words, then bf16 scales and biases per group of 64 */
+        size_t groups = (size_t)(n * (k / 64)), bytes = t == DT_U32 ? (size_t)(n * k / 2) + 4 * groups
+                                                                     : (size_t)(n * (k / be) * bb);
         uint8_t *h = malloc(bytes);
-        if (t == DT_F16)
+        if (t == DT_U32) {
+            for (size_t i = 0; i < (size_t)(n * k / 2); i++) h[i] = (uint8_t)rnd();
+            uint16_t *sb = (uint16_t *)(h + n * k / 2);
+            for (size_t i = 0; i < 2 * groups; i++) sb[i] = f32_to_bf16(rndf() * 0.05f);
+        } else if (t == DT_F16)
             for (int64_t i = 0; i < n * k; i++) ((uint16_t *)h)[i] = f32_to_f16(rndf());
         else {
             for (size_t i = 0; i < bytes; i++) h[i] = (uint8_t)rnd();
@@ -94,6 +100,10 @@ static void bench_matmul(void) {
                 }
         }
         cpu_weight cw = {.dtype = t, .data = h, .n = n, .k = k};
+        if (t == DT_U32) {
+            cw.bits = 4, cw.group_size = 64, cw.sb_dtype = DT_BF16;
+            cw.scales = h + n * k / 2, cw.biases = (uint16_t *)cw.scales + groups;
+        }
         cuda_weight w[ROT];
         for (int i = 0; i < ROT; i++)
             if (cuda_weight_upload(&w[i], &cw, "bench weight", NULL)) exit(1);

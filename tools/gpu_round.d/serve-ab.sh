@@ -2,9 +2,10 @@
 # serve-ab LOGDIR: hearth-only A/B runs of bench/serve_load/gpu_load.py on the 8B GGUFs, one
 # server per variant, same prompts and levels: which hearth serve flags or environment move
 # aggregate tok/s and TTFT (e.g. --kv-quant f16 against the float32 KV default). A part of
-# tools/gpu_round (env: H, G8). Variants: SA_VARIANTS, space-separated NAME=SPEC where SPEC is
-# comma-separated hearth serve arguments and VAR:value environment settings, "-" for none
-# (default "f32kv=- f16kv=--kv-quant,f16"); SA_FORMATS (default f16), SA_N (default 64,128),
+# tools/gpu_round (env: H, G8). Variants: SA_VARIANTS, space-separated NAME=SPEC[@FORMATS[@N]]
+# where SPEC is comma-separated hearth serve arguments and VAR:value environment settings, "-"
+# for none, FORMATS comma-separated GGUF kinds (default SA_FORMATS) and N the levels
+# (default SA_N) (default "f32kv=- f16kv=--kv-quant,f16"); SA_FORMATS (default f16), SA_N (default 64,128),
 # SA_BUDGET (s, default 150), SA_DEVICE (cuda; cpu for a dry run). Prints one line per (format, N, variant) last.
 set -u
 L=${1:?usage: serve-ab.sh LOGDIR}
@@ -19,7 +20,9 @@ VARIANTS=(${SA_VARIANTS:-f32kv=- f16kv=--kv-quant,f16})
 nv=${#VARIANTS[@]}
 i=0
 for v in "${VARIANTS[@]}"; do
-    name=${v%%=*} spec=${v#*=}
+    name=${v%%=*} rest=${v#*=}
+    spec=${rest%%@*} fmts=${SA_FORMATS:-f16} levels=${SA_N:-64,128}
+    case $rest in *@*) r2=${rest#*@}; fmts=${r2%%@*}; case $r2 in *@*) levels=${r2#*@} ;; esac ;; esac
     args=() envs=()
     if [ "$spec" != "-" ]; then
         IFS=, read -ra parts <<<"$spec"
@@ -28,13 +31,13 @@ for v in "${VARIANTS[@]}"; do
         done
     fi
     models=()
-    for f in ${SA_FORMATS:-f16}; do [ -f "$G8/llama8b-$f.gguf" ] && models+=(--model "$f=$G8/llama8b-$f.gguf"); done
+    for f in ${fmts//,/ }; do [ -f "$G8/llama8b-$f.gguf" ] && models+=(--model "$f=$G8/llama8b-$f.gguf"); done
     # an equal share of what is left for each remaining variant
     share=$(($(left) / (nv - i)))
     i=$((i + 1))
     [ "$share" -lt 25 ] && { echo "$name: NOT RUN ($(left) s left)"; continue; }
     env "${envs[@]}" timeout $((share + 5)) python3 bench/serve_load/gpu_load.py --hearth "$H" "${models[@]}" \
-        --servers hearth --device "${SA_DEVICE:-cuda}" --n "${SA_N:-64,128}" --budget $((share - 3)) "${args[@]}" \
+        --servers hearth --device "${SA_DEVICE:-cuda}" --n "$levels" --budget $((share - 3)) "${args[@]}" \
         --out "$L/serve_$name" --logs "$L/logs_$name" >"$L/serve_$name.log" 2>&1
     python3 - "$L/serve_$name.json" "$name" "$spec" <<'PY' || echo "$name: no result (see serve_$name.log)"
 import json, sys

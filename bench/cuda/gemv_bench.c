@@ -4,7 +4,10 @@
  * exceed L2 several times, so the numbers are HBM numbers. Usage: gemv_bench [out.json];
  * GEMV_BENCH_FORMATS=Q4_K,Q8_0 (format names) times only those formats. With
  * HEARTH_CUDA_GEMV=v2 each Q8_0 / Q4_K / Q6_K shape is timed twice in the same run, the
- * default kernels ("path": "v1") then the v2 ones ("v2", cuda_gemv_v2.cu). */
+ * default kernels ("path": "v1") then the v2 ones ("v2", cuda_gemv_v2.cu). Likewise for the
+ * MLX 4-bit (U32) shapes with HEARTH_CUDA_MLX4=v2 or GEMV_BENCH_FORMATS=mlx4 (which times
+ * only U32): "v1" the float-activation tiled kernel, "v2" cuda_gemv_mlx4.cu. The int8 rows
+ * include their activation quantizer launch, as a decode step's unfused GEMV does. */
 #include "backend/cpu/matmul.h"
 #include "backend/cuda/cuda_backend.h"
 #include "base/half.h"
@@ -121,7 +124,8 @@ int main(int argc, char **argv) {
         {4096, 14336, "ffn down"}, {128256, 4096, "lm_head"}};
     const char *only = getenv("GEMV_BENCH_FORMATS");
     static const tensor_dtype formats[] = {DT_BF16, DT_F16, DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_U32};
-    int ab = cuda_gemv_v2_on(); /* HEARTH_CUDA_GEMV=v2: v1 and v2 rows */
+    int ab = cuda_gemv_v2_on();                                        /* HEARTH_CUDA_GEMV=v2: v1 and v2 rows */
+    int ab_mlx4 = cuda_mlx4_v2_on() || (only && strstr(only, "mlx4")); /* the same for U32 */
     printf("%-6s %-4s %-12s %8s %8s %10s %9s %8s\n", "format", "path", "shape", "MB", "copies", "us/gemv", "GB/s",
            "of copy");
     int first = 1;
@@ -131,7 +135,7 @@ int main(int argc, char **argv) {
     for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             tensor_dtype t = formats[f];
-            if (only && !strstr(only, tensor_dtype_name(t))) continue;
+            if (only && !strstr(only, tensor_dtype_name(t)) && !(t == DT_U32 && strstr(only, "mlx4"))) continue;
             int64_t n = shapes[s].n, k = shapes[s].k;
             size_t hb;
             void *host = make_host(t, n, k, &hb);
@@ -142,9 +146,11 @@ int main(int argc, char **argv) {
                 w.bits = 4, w.group_size = 64, w.sb_dtype = DT_BF16;
                 w.scales = sb, w.biases = sb + n * (k / 64);
             }
-            int paths = ab && (t == DT_Q8_0 || t == DT_Q4_K || t == DT_Q6_K) ? 2 : 1;
+            int mlx4 = t == DT_U32 && ab_mlx4;
+            int paths = mlx4 || (ab && (t == DT_Q8_0 || t == DT_Q4_K || t == DT_Q6_K)) ? 2 : 1;
             for (int path = 0; path < paths; path++) {
-                if (paths == 2) cuda_gemv_v2_force(path); /* before the upload: v2 packs Q4_K scales */
+                if (mlx4) cuda_mlx4_v2_force(path);
+                else if (paths == 2) cuda_gemv_v2_force(path); /* before the upload: v2 packs Q4_K scales */
                 const char *pname = paths == 2 ? (path ? "v2" : "v1") : "-";
                 /* Enough copies that one rotation is >= 512 MB (~8x the 60 MB L2). */
                 int copies = (int)((512ull << 20) / hb) + 1;
@@ -202,7 +208,8 @@ int main(int argc, char **argv) {
                 cudaFree(x);
                 cudaFree(y);
             }
-            if (paths == 2) cuda_gemv_v2_force(-1);
+            if (mlx4) cuda_mlx4_v2_force(-1);
+            else if (paths == 2) cuda_gemv_v2_force(-1);
             free(host);
         }
     if (js) {

@@ -688,6 +688,63 @@ static void test_mmq(void **state) {
     cuda_mmq_force(-1); /* back to HEARTH_CUDA_MMQ as set */
 }
 
+/* HEARTH_CUDA_MLX4=v2 (forced with cuda_mlx4_v2_force): MLX 4-bit weights in the tiled
+ * layout (k % 1024 == 0) take int8 activations and gemv_v2_mlx4 (cuda_gemv_mlx4.cu).
+ * Oracle and tolerance are test_gemv's for int8 activations (verify_gemv: x̂ by
+ * cpu_quantize_row_ref and the scalar CPU reference on it, float summation bound with
+ * max|w| + max|bias| per term, plus 2·max|w|·max d for an element one int8 step off).
+ * Shapes: n = 1, odd n (37; 1023: a partial last block of 4 rows), k = 1024 (one tile: a
+ * quarter of the lanes), 4096 (one step), 5120 (a partial step), 14336 (3.5 steps); groups
+ * of 32 and 64 (and 128, which it takes too), bf16 and f16 pairs; T = 1..9 (5, 6, 7, 9 run
+ * as chunks 4 + 1, 4 + 2, 4 + 3, 8 + 1). Then: k % 1024 != 0 keeps the float kernels, a
+ * row among 13 equals itself alone bit for bit, and the PDL chain. */
+static void test_gemv_mlx4_v2(void **state) {
+    (void)state;
+    cuda_mlx4_v2_force(1);
+    static const struct { int gs; tensor_dtype sb; int64_t n, k; } shapes[] = {
+        {64, DT_BF16, 1, 1024},   {64, DT_BF16, 37, 4096},  {64, DT_F16, 1023, 4096}, {64, DT_BF16, 37, 14336},
+        {32, DT_BF16, 37, 1024},  {32, DT_F16, 37, 5120},   {32, DT_BF16, 1023, 4096}, {32, DT_F16, 5, 14336},
+        {128, DT_BF16, 37, 4096}, {128, DT_F16, 3, 2048},
+    };
+    hearth_error e = {0};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        mlx_group = shapes[s].gs;
+        mlx_sb = shapes[s].sb;
+        cpu_weight w;
+        void *host = make_weight(DT_U32, shapes[s].n, shapes[s].k, &w);
+        cuda_weight dw;
+        assert_int_equal(cuda_weight_upload(&dw, &w, "mlx4 v2", &e), HEARTH_OK);
+        assert_int_equal(cuda_mlx4_v2_takes(&dw), 1); /* else the checks below test the float kernels */
+        assert_int_equal(cuda_gemv_int8_act(&dw), 1);
+        cuda_weight_free(&dw);
+        free(host);
+        for (int T = 1; T <= 9; T++) {
+            if (shapes[s].n * shapes[s].k > 1 << 20 && T != 1 && T != 5 && T != 8) continue; /* CPU time */
+            check_gemv(DT_U32, shapes[s].n, shapes[s].k, T);
+        }
+    }
+    mlx_group = 64;
+    mlx_sb = DT_BF16;
+    cpu_weight w;
+    void *host = make_weight(DT_U32, 19, 96, &w); /* not tiled: the float kernel, float activations */
+    cuda_weight dw;
+    assert_int_equal(cuda_weight_upload(&dw, &w, "mlx4 plain", &e), HEARTH_OK);
+    assert_int_equal(cuda_mlx4_v2_takes(&dw), 0);
+    assert_int_equal(cuda_gemv_int8_act(&dw), 0);
+    cuda_weight_free(&dw);
+    free(host);
+    check_gemv(DT_U32, 19, 96, 3);
+    static const struct { int gs; int64_t n, k; } inv[] = {{64, 301, 4096}, {64, 37, 14336}, {32, 129, 5120}};
+    for (size_t s = 0; s < sizeof inv / sizeof inv[0]; s++) {
+        mlx_group = inv[s].gs;
+        check_gemv_invariant(DT_U32, inv[s].n, inv[s].k, 0);
+    }
+    mlx_group = 64;
+    for (int pdl = pdl_capable; pdl >= 0; pdl--) /* PDL on: T = 1; off: T = 3 */
+        check_chain(DT_U32, 2048, 4096, pdl ? 1 : 3, pdl);
+    cuda_mlx4_v2_force(-1); /* back to HEARTH_CUDA_MLX4 as set */
+}
+
 /* The prefill path: cuda_matmul with T >= 9 dequantizes into the GEMM scratch and calls
  * cuBLAS; checked in both operand modes on the same odd shapes. */
 static void test_gemm(void **state) {
@@ -1021,6 +1078,7 @@ int main(void) {
         cmocka_unit_test(test_gemv_batch_invariant),
         cmocka_unit_test(test_gemv_v2),
         cmocka_unit_test(test_mmq),
+        cmocka_unit_test(test_gemv_mlx4_v2),
         cmocka_unit_test(test_gated_activations),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_errors),

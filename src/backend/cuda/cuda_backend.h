@@ -137,6 +137,16 @@ int cuda_gemv_v2_on(void);
 void cuda_gemv_v2_force(int mode);
 int cuda_gemv_v2_takes(const cuda_weight *w);
 
+/* HEARTH_CUDA_MLX4=v2 (off by default: float activations and gemv_mlx4 / gemv_mlx4_tiled):
+ * MLX 4-bit weights stored tiled (k % 1024 == 0) with power-of-two groups >= 32 (MLX's 32,
+ * 64, 128) take int8 activations (cuda_gemv_int8_act's contract) and the v2 GEMV of
+ * cuda_gemv_mlx4.cu; the others keep the float kernels. cuda_mlx4_v2_on: whether the
+ * variable (or the force) says v2; cuda_mlx4_v2_force(1 / 0) forces it on / off (tests,
+ * gemv_bench), -1 re-reads the variable; cuda_mlx4_v2_takes: whether w goes to it now. */
+int cuda_mlx4_v2_on(void);
+void cuda_mlx4_v2_force(int mode);
+int cuda_mlx4_v2_takes(const cuda_weight *w);
+
 /* MLX 4-bit rows with k % 1024 == 0 are stored "tiled": in each tile of 1024 weights, lane
  * L of a warp reads one 16-byte vector holding weights 128m + 4L + j (m < 8, j < 4), so its
  * eight float4 activation loads are coalesced across the warp (the plain layout makes each
@@ -175,9 +185,10 @@ void cuda_weight_free(cuda_weight *dw);
 hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err);
 
 /* Whether cuda_gemv quantizes x to int8 blocks of 32 for this weight (Q8_0, Q4_K, Q6_K,
- * unless HEARTH_CUDA_GEMV_F32ACT=1): then y is W · x̂ with x̂ = d·q per block, d = max|x|/127,
- * q = round-half-even(x/d) clamped to ±127 (cpu_quantize_row_ref's rule, as the CPU fast
- * path does), summed in exact int32 per block. */
+ * and MLX 4-bit where cuda_mlx4_v2_takes it; none with HEARTH_CUDA_GEMV_F32ACT=1): then y
+ * is W · x̂ with x̂ = d·q per block, d = max|x|/127, q = round-half-even(x/d) clamped to
+ * ±127 (cpu_quantize_row_ref's rule, as the CPU fast path does), summed in exact int32 per
+ * block. */
 int cuda_gemv_int8_act(const cuda_weight *w);
 /* Device scratch for the int8 activations of up to `floats` = T·k inputs (model creation:
  * max decode tokens times the widest k). cuda_gemv grows it itself when it is too small,

@@ -2,13 +2,15 @@
  * Q8_0, Q4_K and Q6_K weights (layouts: cuda_weight). One warp per output row (the int8
  * kernels: 1 to 4 rows); weights are read once with 16-byte non-allocating loads and
  * dequantized in registers; accumulation is float32. Activations are float32, except for
- * Q8_0 / Q4_K / Q6_K, whose kernels quantize them to int8 blocks once per call and use
- * __dp4a (see "int8 activations" below). Must not synchronize; allocates only when its
- * activation scratch (cuda_gemv_reserve) is too small and no graph is being captured. */
+ * Q8_0 / Q4_K / Q6_K (and MLX 4-bit with HEARTH_CUDA_MLX4=v2), whose kernels quantize them
+ * to int8 blocks once per call and use __dp4a (see "int8 activations" below). Must not
+ * synchronize; allocates only when its activation scratch (cuda_gemv_reserve) is too small
+ * and no graph is being captured. */
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
 #include "backend/cuda/cuda_plan.h"
 }
+#include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include <cuda_fp16.h>
 #include <pthread.h>
@@ -19,15 +21,6 @@ extern "C" {
 /* 4 warps (rows) per block of 128 threads: small blocks let the scheduler fill every SM
  * with many independent rows, which is what keeps enough loads in flight for HBM. */
 #define GEMV_WARPS 4
-
-/* Weight bytes are touched once per GEMV: keep them out of L1 so activations stay there. */
-static __device__ __forceinline__ uint4 load_stream(const uint4 *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
 
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -546,6 +539,7 @@ static hearth_status reserve_locked(size_t floats, hearth_error *err) {
 void cuda_gemv_force_pdl(int mode) {
     *pdl_force() = mode;
     cuda_gemv_v2_force_pdl(mode); /* pdl_force is per translation unit */
+    cuda_gemv_mlx4_force_pdl(mode);
 }
 
 hearth_status cuda_gemv_reserve(size_t floats, hearth_error *err) {
@@ -567,8 +561,8 @@ static int q8act_enabled(void) {
 }
 
 int cuda_gemv_int8_act(const cuda_weight *w) {
-    return w && (w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) && w->k % 32 == 0 &&
-           q8act_enabled();
+    return w && (w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K || w->dtype == DT_Q6_K || cuda_mlx4_v2_takes(w)) &&
+           w->k % 32 == 0 && q8act_enabled();
 }
 
 /* One warp per block of 32 activations. A NaN anywhere in the block makes its d NaN, so
@@ -920,7 +914,8 @@ static int q4k_rows(int n, int k) {
 
 template <int T>
 static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y) {
-    if (cuda_gemv_v2_launch(w, xq, xs, y, T)) return; /* HEARTH_CUDA_GEMV=v2 */
+    if (cuda_gemv_mlx4_launch(w, xq, xs, y, T)) return; /* HEARTH_CUDA_MLX4=v2: every U32 weight here */
+    if (cuda_gemv_v2_launch(w, xq, xs, y, T)) return;   /* HEARTH_CUDA_GEMV=v2 */
     int n = (int)w->n, k = (int)w->k, pf = pdl_on();
     int R = w->dtype == DT_Q4_K && w->q4k_packed ? q4k_rows(n, k) : q8act_rows(n);
     dim3 grid((unsigned)((n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R))), block(GEMV_WARPS * 32);

@@ -5,28 +5,12 @@
  * Same contract as cuda_gemv.cu's int8 path (activations and their (d, d * sum q) pairs
  * as quantize_x_q8 writes them); called only from there. Must not allocate or sync. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* 4 warps (rows) per block: the block scheduler refills an SM as soon as four rows are
- * done, so the end of a launch idles at most four rows' worth of an SM. */
-#define V2_WARPS 4
-/* Registers: at most 64 per thread for T = 1 (8 blocks = 32 warps per SM, enough for
- * all 4096 rows of a 4096-row weight to be in flight at once on 132 SMs), 80 for T = 2
- * (6 blocks), 128 above (4 blocks); fewer spill (ptxas -v, sm_90a). */
-#define V2_MIN_BLOCKS(T) ((T) == 1 ? 8 : (T) == 2 ? 6 : 4)
-
-/* Weights are read once: keep them out of L1 so the activations stay there. */
-static __device__ __forceinline__ uint4 v2_stream(const void *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
 
 static __device__ __forceinline__ float v2_f16(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 
@@ -49,18 +33,6 @@ static __device__ __forceinline__ int v2_dot16_us(uint4 w, int4 a) {
     s = v2_dp4a_us(w.y, a.y, s);
     s = v2_dp4a_us(w.z, a.z, s);
     return v2_dp4a_us(w.w, a.w, s);
-}
-
-/* Lane sums of the warp's row, reduced by a fixed butterfly (the same order whatever T,
- * so a row's result does not depend on the batch: test_gemv_batch_invariant). */
-template <int T> static __device__ __forceinline__ void v2_store(float (&acc)[T], float *y, int n, int row, int lane) {
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-        float s = acc[t];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) y[(size_t)t * n + row] = s;
-    }
 }
 
 /* Q8_0 planes (int8 [n][k], f16 d [n][k/32]): lane L takes 16 quants (half a block) at
@@ -88,7 +60,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
         for (int s = 0; s < Q8_SLOTS; s++) {
             int v = v0 + 32 * s + lane;
             if (v < nv) {
-                u[s] = v2_stream(qr + v);
+                u[s] = load_stream(qr + v);
                 dw[s] = __ldg(dr + v / 2);
             }
         }
@@ -138,7 +110,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
             if (sb < nsb) {
                 const uint8_t *blk = wr + (size_t)sb * 144;
                 hd[s] = __ldg((const uint4 *)blk);
-                q[s] = v2_stream(blk + 16 + 16 * part);
+                q[s] = load_stream(blk + 16 + 16 * part);
             }
         }
 #pragma unroll
@@ -209,8 +181,8 @@ __global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T)
         for (int s = 0; s < Q6_SLOTS; s++) {
             int sb = s0 + 2 * s + lane / 16;
             if (sb < nsb) {
-                ql[s] = v2_stream(qlr + sb * 128);
-                qh[s] = v2_stream(qhr + sb * 64);
+                ql[s] = load_stream(qlr + sb * 128);
+                qh[s] = load_stream(qhr + sb * 64);
                 sc[s] = __ldg(scr + sb * 16);
                 dd[s] = __ldg(dr + sb);
             }
@@ -299,12 +271,5 @@ template <int T> static void launch_v2(const cuda_weight *w, const int8_t *xq, c
 int cuda_gemv_v2_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T) {
     /* the Q4_K kernel reads two (d, d·Σq) pairs as one float4 */
     if (!cuda_gemv_v2_takes(w) || ((uintptr_t)xs % 16) != 0 || ((uintptr_t)xq % 16) != 0) return 0;
-    switch (T) {
-    case 1: launch_v2<1>(w, xq, xs, y); return 1;
-    case 2: launch_v2<2>(w, xq, xs, y); return 1;
-    case 3: launch_v2<3>(w, xq, xs, y); return 1;
-    case 4: launch_v2<4>(w, xq, xs, y); return 1;
-    case 8: launch_v2<8>(w, xq, xs, y); return 1;
-    default: return 0; /* cuda_gemv.cu's chunks are 8, 4, 3, 2, 1 */
-    }
+    return v2_for_rows(T, [&](auto rows) { launch_v2<decltype(rows)::value>(w, xq, xs, y); });
 }

@@ -19,6 +19,9 @@ cudaStream_t cuda_stream(void);
  * when v2 does not take w. _force_pdl: cuda_gemv_force_pdl for that file's launches. */
 int cuda_gemv_v2_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T);
 void cuda_gemv_v2_force_pdl(int mode);
+/* cuda_gemv_mlx4.cu, the same for MLX 4-bit weights that cuda_mlx4_v2_takes. */
+int cuda_gemv_mlx4_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T);
+void cuda_gemv_mlx4_force_pdl(int mode);
 
 /* cuda_mmq.cu, for cuda_gemv.cu's int8 path: launches the batched tensor-core matmul of w
  * on T rows of quantized activations (one launch for all T) and returns 1, or returns 0

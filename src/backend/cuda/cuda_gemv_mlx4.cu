@@ -1,0 +1,146 @@
+/* cuda_gemv_mlx4.cu: the v2 decode GEMV for MLX affine 4-bit weights (DT_U32) in the tiled
+ * nibble layout, on int8 activations with __dp4a; opt-in with HEARTH_CUDA_MLX4=v2 (off by
+ * default: the float-activation kernels of cuda_gemv.cu stay). Same contract as the other
+ * int8-activation GEMVs (xq / xs as quantize_x_q8 writes them); called only from
+ * cuda_gemv.cu, which keeps the float kernels for the weights this file does not take.
+ * Must not allocate or sync. */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_gemv.cuh"
+#include "backend/cuda/cuda_pdl.cuh"
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A group's (scale, bias) word (cuda_weight: scale in the low half) as two floats. */
+template <bool BF16> static __device__ __forceinline__ float2 mlx4_scale_bias(uint32_t sb) {
+    if (BF16) return make_float2(__uint_as_float(sb << 16), __uint_as_float(sb & 0xffff0000u));
+    __half2 p;
+    memcpy(&p, &sb, 4);
+    return __half22float2(p);
+}
+
+/* gemv_v2_mlx4. The math: w = s * q + b per group (q in 0..15), x ≈ d_x * qx per int8
+ * block of 32, so a block's share of the row is s * d_x * Σ q·qx + b * (d_x * Σ qx): one
+ * exact int32 dp4a sum and the block's xs pair (d_x, d_x * Σ qx). A block lies inside one
+ * group (groups are powers of two >= 32), so groups of 32, 64 and 128 are the same loop.
+ *
+ * The tiled layout (cuda_mlx4_nibble): a tile of 1024 weights is 32 vectors of 16 bytes;
+ * vector V holds, for m < 8, the run of 4 weights 128m + 4V + [0, 4) in half m % 2 of its
+ * word m / 2 (weight j at bit 4j of the half). So the 8 vectors 8q .. 8q + 7 (one 128-byte
+ * line) hold the 8 int8 blocks 4m + q of the tile whole, vector 8q + r giving run r (weights
+ * 4r .. 4r + 3) of each of them.
+ *
+ * Lane mapping. Lanes 2p and 2p + 1 (a pair, h = lane % 2) share line q = p % 4 of tile
+ * p / 4 of the step (4 tiles = 4096 weights, all four loads of a lane issued before the
+ * first is used); lane h loads vectors 8q + 2i + h, i < 4. Each warp load thus reads both
+ * 16-byte halves of 16 sectors of 32 bytes: 512 useful bytes, no sector fetched twice. (One
+ * lane per line would own whole blocks, but each of its loads would use half a sector, and
+ * with L1 bypassed every weight sector would cross L2 -> SM twice.) Lane h holds runs
+ * 2i + h of the blocks 4m + q: per block and row of x, four 4-byte activation loads (words
+ * 2i + h of the block's 32 int8: every other word, so no 16-byte load fits, and two of them
+ * plus selects cost more instructions and registers: T = 8 spilled), 4 dp4a, one int to
+ * float, an FMA with s * d_x and one with b * (d_x Σ qx), the latter on lane h = 0 only (b
+ * is 0 on h = 1), so each block's bias term is added once. The order of a lane's sums and
+ * of the warp reduction does not depend on T: batch-invariant. ptxas (sm_90a, CUDA 13):
+ * 64 / 80 / 128 registers for T = 1 / 2 / >= 3, no spills.
+ *
+ * Nibbles to bytes: for word u, lo = u & 0x0F0F0F0F holds weights (0, 2) of run 2w and (0,
+ * 2) of run 2w + 1 in its bytes, hi = (u >> 4) & 0x0F0F0F0F weights (1, 3) of each; two
+ * byte_perms interleave them into run 2w = (lo0, hi0, lo1, hi1) and run 2w + 1 = (lo2, hi2,
+ * lo3, hi3): 5 instructions per 8 weights, shared by the T rows. The bytes are 0..15, so
+ * the signed dp4a reads them as they are. |Σ| <= 16 · 15 · 127 per lane and block: exact.
+ *
+ * W: the row-major tiled words as uint4 [n][k / 32]; SB: (scale, bias) words [n][k / gs],
+ * gs = 1 << lg; xq int8 [T][k], xs [T][k / 32]; k % 1024 == 0. */
+template <int T, bool BF16>
+__global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
+    gemv_v2_mlx4(const uint4 *W, const uint32_t *SB, const int8_t *xq, const float2 *xs, float *y, int n, int k,
+                 int lg) {
+    int row = blockIdx.x * V2_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    int nt = k / 1024, nb = k / 32, h = lane % 2, q = (lane / 2) % 4, tp = lane / 8;
+    const uint4 *wr = W + (size_t)row * (k / 32) + 8 * q + h;
+    const uint32_t *sbr = SB + (size_t)row * (k >> lg);
+    const int8_t *xr = xq + 4 * h;
+    pdl_wait(); /* xq / xs come from the kernel before */
+    pdl_trigger();
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (int tile = tp; tile < nt; tile += 4) {
+        uint4 u[4];
+        uint32_t sb[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) u[i] = load_stream(wr + (size_t)tile * 32 + 2 * i);
+#pragma unroll
+        for (int m = 0; m < 8; m++) sb[m] = __ldg(sbr + ((tile * 1024 + 128 * m + 32 * q) >> lg));
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            uint32_t run[2][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint32_t x = w == 0 ? u[i].x : w == 1 ? u[i].y : w == 2 ? u[i].z : u[i].w;
+                uint32_t lo = x & 0x0F0F0F0Fu, hi = (x >> 4) & 0x0F0F0F0Fu;
+                run[0][i] = __byte_perm(lo, hi, 0x5140);
+                run[1][i] = __byte_perm(lo, hi, 0x7362);
+            }
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int m = 2 * w + e, blk = tile * 32 + 4 * m + q;
+                float2 sbf = mlx4_scale_bias<BF16>(sb[m]);
+                float s = sbf.x, b = h ? 0.0f : sbf.y;
+#pragma unroll
+                for (int t = 0; t < T; t++) {
+                    const int *xa = (const int *)(xr + (size_t)t * k) + 8 * blk; /* run h of the block */
+                    float2 d = __ldg(xs + (size_t)t * nb + blk);
+                    int dot = __dp4a((int)run[e][0], __ldg(xa), 0);
+                    dot = __dp4a((int)run[e][1], __ldg(xa + 2), dot);
+                    dot = __dp4a((int)run[e][2], __ldg(xa + 4), dot);
+                    dot = __dp4a((int)run[e][3], __ldg(xa + 6), dot);
+                    acc[t] += (s * d.x) * (float)dot + b * d.y;
+                }
+            }
+        }
+    }
+    v2_store<T>(acc, y, n, row, lane);
+}
+
+/* ---------- host side ---------- */
+
+/* -1: read HEARTH_CUDA_MLX4 on first use; 0: off (the default); 1: v2. */
+static int g_mlx4_mode = -1;
+
+int cuda_mlx4_v2_on(void) {
+    if (g_mlx4_mode < 0) {
+        const char *e = getenv("HEARTH_CUDA_MLX4");
+        g_mlx4_mode = e && !strcmp(e, "v2");
+    }
+    return g_mlx4_mode;
+}
+
+void cuda_mlx4_v2_force(int mode) { g_mlx4_mode = mode < 0 ? -1 : mode != 0; }
+
+void cuda_gemv_mlx4_force_pdl(int mode) { *pdl_force() = mode; }
+
+int cuda_mlx4_v2_takes(const cuda_weight *w) {
+    if (!w || w->dtype != DT_U32 || !cuda_mlx4_v2_on()) return 0;
+    int gs = w->group_size;
+    return w->mlx_tiled && w->k % 1024 == 0 && gs >= 32 && (gs & (gs - 1)) == 0 && w->k % gs == 0;
+}
+
+template <int T> static void launch_mlx4(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y) {
+    int n = (int)w->n, k = (int)w->k, lg = __builtin_ctz((unsigned)w->group_size);
+    dim3 grid((unsigned)((n + V2_WARPS - 1) / V2_WARPS)), block(V2_WARPS * 32);
+    const uint4 *W = (const uint4 *)w->data;
+    const uint32_t *SB = (const uint32_t *)w->scales;
+    if (w->sb_bf16)
+        pdl_launch(gemv_v2_mlx4<T, true>, grid, block, W, SB, xq, xs, y, n, k, lg);
+    else
+        pdl_launch(gemv_v2_mlx4<T, false>, grid, block, W, SB, xq, xs, y, n, k, lg);
+}
+
+int cuda_gemv_mlx4_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T) {
+    if (!cuda_mlx4_v2_takes(w)) return 0;
+    return v2_for_rows(T, [&](auto rows) { launch_mlx4<decltype(rows)::value>(w, xq, xs, y); });
+}

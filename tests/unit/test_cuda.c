@@ -726,7 +726,7 @@ static void test_gemv_mlx4_v2(void **state) {
     mlx_group = 64;
     mlx_sb = DT_BF16;
     cpu_weight w;
-    void *host = make_weight(DT_U32, 19, 96, &w); /* not tiled: the float kernel, float activations */
+    void *host = make_weight(DT_U32, 19, 128, &w); /* not tiled: the float kernel, float activations */
     cuda_weight dw;
     assert_int_equal(cuda_weight_upload(&dw, &w, "mlx4 plain", &e), HEARTH_OK);
     assert_int_equal(cuda_mlx4_v2_takes(&dw), 0);

@@ -199,12 +199,13 @@ hearth_status cuda_gemv_reserve(size_t floats, hearth_error *err);
  * block of 32 [T][k / 32], as cuda_add_rmsnorm_q8 / cuda_gated_q8 write them. */
 hearth_status cuda_gemv_multi_q8(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq,
                                  const float *xs, int T, hearth_error *err);
-/* The batched int8 tensor-core matmul ("MMQ", cuda_mmq.cu), opt-in with HEARTH_CUDA_MMQ=1:
- * packed-scale Q4_K weights (k % 256 == 0) at 2..64 rows read the weight once for all rows
+/* The batched int8 tensor-core matmul ("MMQ", cuda_mmq.cu), on by default for packed-scale
+ * Q4_K weights (k % 256 == 0) at 5..64 rows (HEARTH_CUDA_MMQ=1: 2..64, =0: off): it reads
+ * the weight once for all rows
  * (the GEMVs re-read it per chunk of 8); same int8-activation semantics as
  * cuda_gemv_int8_act, but NOT batch-invariant: never for deterministic steps.
- * cuda_mmq_takes: whether it takes w at T now. cuda_mmq_force(1 / 0) overrides the
- * variable (tests, benches), -1 re-reads it. cuda_gemv_mmq: cuda_gemv, with MMQ for a
+ * cuda_mmq_takes: whether it takes w at T now. cuda_mmq_force(1 / 0 / 2) forces 2..64 rows /
+ * off / the default 5..64 (tests, benches), -1 re-reads the variable. cuda_gemv_mmq: cuda_gemv, with MMQ for a
  * weight it takes. cuda_matmul_q8: cuda_gemv_multi_q8, with MMQ for the weights it takes. */
 int cuda_mmq_takes(const cuda_weight *w, int T);
 void cuda_mmq_force(int mode);

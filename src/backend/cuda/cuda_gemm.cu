@@ -358,6 +358,8 @@ static double quant_bytes_per_elem(const cuda_weight *w) {
  *     Q8_0  GEMV 60.9 at 9 rows, 84.2 at 16, 125.8 at 24; dequant + GEMM 85-87: GEMV up to 16
  *     Q4_K  GEMV 81.3 at 8, 97.3 at 9;                 dequant + GEMM 91-95: GEMM from 9
  *     Q6_K  GEMV 102.9 at 8, 124.7 at 9;               dequant + GEMM 95-99: GEMM from 9
+ *     Q6_K on the v2 GEMV (n >= 2k; 2026-12-02, call C): 72.9 at 16, 108.2 at 24: GEMV up to 16
+ * (Q4_K from 5 to 64 rows goes to the MMQ kernel before this rule is asked: cuda_matmul).
  * Tiled MLX 4-bit (its flat dequantizer written after that run) takes Q4_K's rule until timed.
  * Other formats (untiled MLX 4-bit, generic dequantizer) and HEARTH_CUDA_DEQUANT=generic use the
  * byte model, GEMV when chunks(T) * q * F < q + 4 with F = 2 (it matched the generic
@@ -375,7 +377,8 @@ static int use_gemv(const cuda_weight *w, int T) {
     if (q <= 0.0 || T > CUDA_MATMUL_GEMV_MAX_T || gemm_old()) return 0;
     if (fudge == 0.0 && !dequant_old() && w->k % 8 == 0) {
         if (w->dtype == DT_Q8_0) return T <= 16;
-        if (w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) return T <= 8;
+        if (w->dtype == DT_Q6_K) return T <= (cuda_gemv_v2_takes(w) ? 16 : 8);
+        if (w->dtype == DT_Q4_K) return T <= 8;
         if (w->dtype == DT_U32 && w->mlx_tiled && w->group_size % 4 == 0) return T <= 8; /* as Q4_K (not yet timed) */
     }
     int chunks = T / 8 + (T % 8 >= 4) + (T % 4 > 0);

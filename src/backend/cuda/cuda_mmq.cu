@@ -1,7 +1,7 @@
 /* cuda_mmq.cu: the batched int8 tensor-core matmul ("MMQ") for packed-scale Q4_K weights
- * and 2..64 rows of int8 activations (quantize_x_q8's layout), opt-in with
- * HEARTH_CUDA_MMQ=1: the weight is streamed once for all rows, where the GEMVs re-read it
- * per chunk of 8. Not batch-invariant (a row's float sums do not depend on T, but the
+ * and 5..64 rows of int8 activations (quantize_x_q8's layout; HEARTH_CUDA_MMQ=1: from 2,
+ * =0: off): the weight is streamed once for all rows, where the GEMVs re-read it per
+ * chunk of 8 (validated and timed on the H200 on 2026-12-02: see g_mmq_mode below). Not batch-invariant (a row's float sums do not depend on T, but the
  * callers never use it in deterministic mode anyway). Called only from cuda_gemv.cu; must
  * not allocate or synchronize (it runs inside decode graph captures).
  *
@@ -194,7 +194,13 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32, 2)
 
 /* ---------- host side ---------- */
 
-static int g_mmq_mode = -1; /* -1: unread; 0 off; 1 on */
+/* -1: unread; 0 off (HEARTH_CUDA_MMQ=0); 1 forced, 2..64 rows (HEARTH_CUDA_MMQ=1, tests);
+ * 2 the default since the H200 run of 2026-12-02, 5..64 rows. batch_bench there, 14336 x
+ * 4096 Q4_K, us per call, MMQ vs the path it replaces: T=2 30.3 vs GEMV 19.3, T=4 28.9 vs
+ * 28.8, T=8 26.6 vs 49.6, T=16 31.4 vs dequantize + GEMM 93.3, T=32 41.0 vs 91.7, T=64 65.6
+ * vs 92.9 (it pads to 8 tokens, so 5..7 cost what 8 does while the GEMVs run 4 + the rest). */
+#define MMQ_AUTO_MIN_T 5
+static int g_mmq_mode = -1;
 static unsigned long g_mmq_launches;
 
 unsigned long cuda_mmq_launch_count(void) { return g_mmq_launches; }
@@ -202,18 +208,19 @@ unsigned long cuda_mmq_launch_count(void) { return g_mmq_launches; }
 static int mmq_on(void) {
     if (g_mmq_mode < 0) {
         const char *e = getenv("HEARTH_CUDA_MMQ");
-        g_mmq_mode = e && !strcmp(e, "1");
+        g_mmq_mode = !e ? 2 : !strcmp(e, "1") ? 1 : !strcmp(e, "0") ? 0 : 2;
     }
     return g_mmq_mode;
 }
 
-void cuda_mmq_force(int mode) { g_mmq_mode = mode < 0 ? -1 : mode != 0; }
+void cuda_mmq_force(int mode) { g_mmq_mode = mode < 0 ? -1 : mode == 0 ? 0 : mode == 1 ? 1 : 2; }
 
 static int mmq_fits(int T);
 
 int cuda_mmq_takes(const cuda_weight *w, int T) {
     return mmq_on() && w && w->dtype == DT_Q4_K && w->q4k_packed && w->k % 256 == 0 && w->n > 0 &&
-           w->n <= INT32_MAX - MMQ_ROWS && w->k <= INT32_MAX / 64 && T >= MMQ_MIN_T && T <= MMQ_MAX_T && mmq_fits(T);
+           w->n <= INT32_MAX - MMQ_ROWS && w->k <= INT32_MAX / 64 && T >= (g_mmq_mode == 2 ? MMQ_AUTO_MIN_T : MMQ_MIN_T) && T <= MMQ_MAX_T &&
+           mmq_fits(T);
 }
 
 typedef void (*mmq_kernel)(const uint8_t *, const int8_t *, const float2 *, float *, int, int, int);

@@ -237,7 +237,7 @@ static hearth_status matmul(cuda_model *cm, const cuda_weight *w, const float *x
 }
 
 /* ys[i] = the quantized cm->xn (xq / xs) · ws[i]^T: the GEMVs in a batch-invariant step,
- * else the MMQ kernel for the weights it takes (HEARTH_CUDA_MMQ=1). */
+ * else the MMQ kernel for the weights it takes (cuda_mmq_takes: packed Q4_K at 5..64 rows). */
 static hearth_status q8_matmul(cuda_model *cm, const cuda_weight *const *ws, float *const *ys, int nw, int T,
                                hearth_error *err) {
     if (cm->invariant) return cuda_gemv_multi_q8(ws, ys, nw, cm->xq, cm->xs, T, err);

@@ -133,6 +133,7 @@ class Run:
         self.prompts = Prompts(a.prompt_tokens, a.prefix_tokens, a.max_tokens)
         self.up = {}  # (server, fmt, hearth's step budget) -> Server
         self.rate = {}  # same keys -> best tokens/s seen (projection of a level's time)
+        self.level_rate = set()  # keys whose rate came from a level (aggregate), not only a warm-up
         self.res = {
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": machine(), "gpu": gpu_info(), "device": a.device,
@@ -263,9 +264,13 @@ class Run:
             out[str(n)] = {"skipped": why}
             return True
         each = 2 if n == 1 else 1  # N=1: two requests back to back, so its p50 is not one sample
-        projected = n * each * self.a.max_tokens / self.rate[key] + 3
+        # a rate measured by a level is aggregate tok/s; one from the warm-up is a single stream's,
+        # and N streams run together: assume aggregate grows at least as sqrt(N) (batched decode
+        # on a GPU grows faster), so a server's first level is not skipped on a 1-stream rate
+        rate = self.rate[key] * (1.0 if key in self.level_rate else max(1.0, n ** 0.5))
+        projected = n * each * self.a.max_tokens / rate + 3
         if projected > self.left() - 5:
-            out[str(n)] = {"skipped": f"projected {projected:.0f} s at {self.rate[key]:.0f} tok/s > {self.left():.0f} s left"}
+            out[str(n)] = {"skipped": f"projected {projected:.0f} s at {rate:.0f} tok/s > {self.left():.0f} s left"}
             log(f"{name} N={n}: skipped ({out[str(n)]['skipped']})")
             return True
         reqs, summ = run_level(srv.port, n, each, self.a.max_tokens, [], path="/v1/completions",
@@ -279,6 +284,7 @@ class Run:
         out[str(n)] = summ
         if summ["aggregate_tps"]:
             self.rate[key] = max(self.rate[key], summ["aggregate_tps"])
+            self.level_rate.add(key)
         log(f"{name} N={n}: {fmt_num(summ['aggregate_tps'])} tok/s aggregate, TTFT p50 {fmt_num(summ['ttft_p50_ms'])} "
             f"p95 {fmt_num(summ['ttft_p95_ms'])} ms, cached {summ['cached_tokens_median']}, errors {summ['errors']}, "
             f"{summ['wall_s']:.1f} s")

@@ -30,12 +30,14 @@ fi
 # Python tools pinned so goldens stay reproducible; bump together with the goldens.
 PY_PKGS=("mlx[cpu]==0.32.4" "mlx-lm==0.32.2" "transformers==5.23.0" "tokenizers==0.23.3"
          "gguf==0.19.0" "jinja2==3.1.6" "pytest" "numpy" "sentencepiece" "protobuf" "openai==3.57.0" "anthropic==2.14.0"
-         "playwright==1.65.2")
+         "playwright==1.65.2" "pytest-xdist==3.8.0")
 stamp=.venv/.hearth-deps
 want=$(printf '%s\n' "${PY_PKGS[@]}" | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "deps: setting up .venv (Python test tools from PyPI)"
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check "${PY_PKGS[@]}"
+  # through the venv's python, not its pip script: a copied .venv's pip still has the
+  # original's path in its #! line and would install there
+  .venv/bin/python -m pip install -q --disable-pip-version-check "${PY_PKGS[@]}"
   echo "$want" > "$stamp"
 fi

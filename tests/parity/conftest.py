@@ -157,8 +157,9 @@ def hf_tokenizer(model):
     """The transformers tokenizer of a model folder or .gguf file (the oracle for tokenize,
     detokenize and apply_chat_template). transformers' GGUF reader imports torch only for
     tensor dtypes, which tokenizer conversion never touches; torch is not installed here,
-    so a placeholder module stands in for that import. Built once per path per test session
-    (converting Gemma 3's 262k-entry GGUF vocabulary takes ~30 s); callers only read it."""
+    so a placeholder module stands in for that import. Built once per path (converting Gemma
+    3's 262k-entry GGUF vocabulary takes ~30 s), then reloaded from transformers' own saved
+    form; callers only read it."""
     import importlib.machinery
     import sys
     import types
@@ -178,4 +179,24 @@ def hf_tokenizer(model):
     import transformers.modeling_gguf_pytorch_utils as mg
 
     mg.is_torch_available = lambda: True
-    return AutoTokenizer.from_pretrained(os.path.dirname(model), gguf_file=os.path.basename(model))
+    # The conversion's result, saved by transformers itself (tokenizer.json + config), is
+    # reloaded by later sessions and by the other pytest-xdist workers of this one instead of
+    # converting again: keyed by the file's path, size and mtime and the transformers
+    # version; a lock makes a second worker wait for the first one's save.
+    import fcntl
+
+    import transformers
+
+    st = os.stat(model)
+    key = hashlib.sha256(f"{os.path.abspath(model)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}".encode())
+    saved = CACHE / "oracle" / "hf-gguf-tokenizer" / key.hexdigest()[:24]
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(saved) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (saved / "tokenizer.json").is_file():
+            return AutoTokenizer.from_pretrained(str(saved))
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(model), gguf_file=os.path.basename(model))
+        tmp = Path(str(saved) + ".tmp")
+        tok.save_pretrained(str(tmp))
+        os.replace(tmp, saved)
+        return tok

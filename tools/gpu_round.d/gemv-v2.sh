@@ -23,15 +23,7 @@ utest() { # name env-prefix timeout
 utest test_gemv_v2 forced 25
 HEARTH_CUDA_PDL=0 HEARTH_CUDA_GEMV=v2 GEMV_BENCH_FORMATS=Q8_0,Q4_K,Q6_K timeout 25 $B/bench/gemv_bench $L/gemv_ab.json >$L/gemv_ab.log 2>&1 \
   || echo "gemv_bench: rc $? (see gemv_ab.log)"
-python3 - $L <<'PY' 2>/dev/null || echo "gemv_bench: no result (see gemv_ab.log)"
-import json, sys
-j = json.load(open(sys.argv[1] + "/gemv_ab.json")); r = {}
-for x in j["rows"]: r.setdefault(x["format"], {}).setdefault((x["n"], x["k"]), {})[x["path"]] = x["gbs"]
-print("copy %.0f GB/s" % j["copy_gbs"])
-for f, shapes in r.items():
-    print("%s GEMV GB/s v2/v1: " % f + ", ".join("%dx%d %s/%s" % (n, k, "%.0f" % p["v2"] if "v2" in p else "-",
-          "%.0f" % p["v1"] if "v1" in p else "-") for (n, k), p in sorted(shapes.items(), key=lambda s: (s[0][1], s[0][0]))))
-PY
+python3 bench/cuda/gemv_ab_summary.py $L/gemv_ab.json 2>/dev/null || echo "gemv_bench: no result (see gemv_ab.log)"
 for i in $(seq 1 60); do [ -f $G8/.done ] && break; [ $(left) -lt 30 ] && break; sleep 1; done
 for m in q4_k_m q8_0; do
   for v in v2 default; do

@@ -4,10 +4,10 @@
 # odd shapes, groups 32/64/128, alone vs among 13) and, with v2 on, test_gemv_batch_invariant;
 # gemv_bench's v1 / v2 GB/s at the 8B shapes; then the 8B MLX 4-bit decode (Llama $M4, Qwen3
 # $Q3M4 when written) default vs v2, back to back. Env from tools/gpu_round (H, B, M4, Q3M4).
-# Budget: MX_BUDGET (s, default 60). Usage: mlx4.sh LOGDIR
+# Budget: MX_BUDGET (s, default 200: the 8B MLX load alone took over 25 s on 2026-12-02). Usage: mlx4.sh LOGDIR
 L=${1:?usage: mlx4.sh LOGDIR}; mkdir -p $L
 cd "$(dirname "$0")/../.."
-T0=$(date +%s); BUDGET=${MX_BUDGET:-60}
+T0=$(date +%s); BUDGET=${MX_BUDGET:-200}
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
 tps() { python3 -c "import json,sys; j=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print('decode %.1f tok/s %.3f, prefill %.0f tok/s' % (j['decode_tps'], j['roofline_fraction'], j['prefill_tps']))" $1 2>/dev/null || echo "no result"; }
 utest() { # name tag timeout [env]
@@ -21,24 +21,16 @@ utest() { # name tag timeout [env]
 }
 utest test_gemv_mlx4_v2 forced 25
 utest test_gemv_batch_invariant v2env 15 HEARTH_CUDA_MLX4=v2
-HEARTH_CUDA_MLX4=v2 GEMV_BENCH_FORMATS=mlx4 timeout 20 $B/bench/gemv_bench $L/gemv_mlx4.json >$L/gemv_mlx4.log 2>&1 \
+HEARTH_CUDA_MLX4=v2 GEMV_BENCH_FORMATS=mlx4 timeout 60 $B/bench/gemv_bench $L/gemv_mlx4.json >$L/gemv_mlx4.log 2>&1 \
   || echo "gemv_bench: rc $? (see gemv_mlx4.log)"
-python3 - $L <<'PY' 2>/dev/null || echo "gemv_bench: no result (see gemv_mlx4.log)"
-import json, sys
-j = json.load(open(sys.argv[1] + "/gemv_mlx4.json")); r = {}
-for x in j["rows"]: r.setdefault(x["format"], {}).setdefault((x["n"], x["k"]), {})[x["path"]] = x["gbs"]
-print("copy %.0f GB/s" % j["copy_gbs"])
-for f, shapes in r.items():
-    print("%s GEMV GB/s v2/v1: " % f + ", ".join("%dx%d %s/%s" % (n, k, "%.0f" % p["v2"] if "v2" in p else "-",
-          "%.0f" % p["v1"] if "v1" in p else "-") for (n, k), p in sorted(shapes.items(), key=lambda s: (s[0][1], s[0][0]))))
-PY
+python3 bench/cuda/gemv_ab_summary.py $L/gemv_mlx4.json 2>/dev/null || echo "gemv_bench: no result (see gemv_mlx4.log)"
 for m in M4 Q3M4; do
   d=${!m}
   for i in $(seq 1 40); do [ -f $d/.done ] && break; [ $(left) -lt 30 ] && break; sleep 1; done
   for v in v2 default; do
-    [ $(left) -lt 14 ] && { echo "8B $m decode $v: NOT RUN (time)"; continue; }
+    [ $(left) -lt 40 ] && { echo "8B $m decode $v: NOT RUN (time)"; continue; }
     [ -f $d/.done ] || { echo "8B $m decode $v: NOT RUN (no model)"; continue; }
-    env $([ $v = v2 ] && echo HEARTH_CUDA_MLX4=v2) timeout $(( $(left) > 27 ? 25 : $(left) - 2 )) $H bench $d --device cuda -p 512 -n 128 -r 3 --json >$L/${m}_$v.json 2>$L/${m}_$v.log
+    env $([ $v = v2 ] && echo HEARTH_CUDA_MLX4=v2) timeout $(( $(left) > 62 ? 60 : $(left) - 2 )) $H bench $d --device cuda -p 512 -n 128 -r 3 --json >$L/${m}_$v.json 2>$L/${m}_$v.log
     echo "8B $m $v: $(tps $L/${m}_$v.json)"
   done
 done

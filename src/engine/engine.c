@@ -138,12 +138,10 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                       .max_blocks_per_slot = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
     size_t T = (size_t)p->step_tokens;
     p->weights = model_weight_bytes(m);
-    if (o.kv_quant != HEARTH_KV_FLOAT && o.kv_quant != HEARTH_KV_INT8 && o.kv_quant != HEARTH_KV_FP8 &&
-        o.kv_quant != HEARTH_KV_F16)
+    if (!kv_quant_known(o.kv_quant))
         return err_set(err, HEARTH_ERR_INVALID,
                        "engine: unknown KV quantization %d (--kv-quant takes none, int8, fp8 or f16)", o.kv_quant);
-    int gpu_only_kv = o.kv_quant == HEARTH_KV_FP8 || o.kv_quant == HEARTH_KV_F16;
-    if (gpu_only_kv && o.device == HEARTH_DEVICE_CPU)
+    if (kv_quant_gpu_only(o.kv_quant) && o.device == HEARTH_DEVICE_CPU)
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
                        "--kv-quant %s is stored only by the CUDA backend (--device cuda); the CPU engine takes "
                        "--kv-quant none or int8",
@@ -189,7 +187,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     if (!st && e->gpu) st = engine_device_sampler_open(e->max_out, c->vocab, &e->gsmp, err);
     if (!st && e->gpu && !(e->dev_req = calloc((size_t)e->max_out, sizeof *e->dev_req)))
         st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
-    if (!st && !e->gpu && (o.kv_quant == HEARTH_KV_FP8 || o.kv_quant == HEARTH_KV_F16)) /* --device auto chose the CPU */
+    if (!st && !e->gpu && kv_quant_gpu_only(o.kv_quant)) /* --device auto chose the CPU */
         st = err_set(err, HEARTH_ERR_UNSUPPORTED,
                      "--kv-quant %s needs the GPU, but the model runs on the CPU here (%s); use --kv-quant int8 "
                      "or none",
@@ -468,10 +466,7 @@ double engine_decode_bytes(const model *m, int context, int kv_quant) {
         const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) b += weight_read_bytes(ws[j]);
         int span = l->sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
-        /* int8 / fp8 KV: head_dim bytes and one float scale per position and head */
-        double row = kv_quant == HEARTH_KV_F16     ? (double)c->head_dim * 2.0
-                     : kv_quant != HEARTH_KV_FLOAT ? (double)c->head_dim + sizeof(float)
-                                                   : (double)c->head_dim * sizeof(float);
+        double row = (double)kv_row_bytes(kv_quant, c->head_dim);
         b += 2.0 * span * c->n_kv_heads * row;
     }
     return b;

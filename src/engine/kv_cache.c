@@ -15,10 +15,7 @@ static int blocks_for(int positions) { return (positions + KV_BLOCK_SIZE - 1) / 
  * one outlier token does not flatten its 15 neighbours. Costs 4 / head_dim extra. */
 size_t kv_storage_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant) {
     size_t rows = (size_t)n_layers * n_blocks * n_kv_heads * KV_BLOCK_SIZE;
-    if (quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8)
-        return 2 * rows * ((size_t)head_dim * sizeof(int8_t) + sizeof(float));
-    if (quant == HEARTH_KV_F16) return 2 * rows * (size_t)head_dim * sizeof(uint16_t);
-    return 2 * rows * (size_t)head_dim * sizeof(float);
+    return 2 * rows * kv_row_bytes(quant, head_dim);
 }
 
 size_t kv_bytes_quant(int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context, int n_blocks,
@@ -51,7 +48,7 @@ static hearth_status storage_create(kv_cache *kv, int quant, hearth_error *err) 
     kv->quant = quant;
     /* fp8 and f16 are written only by the GPU into its own pool; the host copy keeps the
      * same layout so every byte count (fit, --kv-budget) is the device's */
-    if (quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8) {
+    if (kv_quant_scaled(quant)) {
         kv->k8 = storage_alloc(elems);
         kv->v8 = storage_alloc(elems);
         kv->k_scale = storage_alloc(rows * sizeof(float));

@@ -28,6 +28,18 @@ typedef struct kv_cache {
     struct kv_prefix *prefix; /* block refcounts, hash chain, LRU of cached blocks (kv_prefix.h) */
 } kv_cache;
 
+/* hearth_kv_quant properties, the one place that says them: a value the engine knows;
+ * stored only by the CUDA backend (fp8, f16); rows carrying one float scale (int8, fp8);
+ * bytes of one (position, KV head) row of head_dim keys or values. */
+static inline int kv_quant_known(int q) { return q >= HEARTH_KV_FLOAT && q <= HEARTH_KV_F16; }
+static inline int kv_quant_gpu_only(int q) { return q == HEARTH_KV_FP8 || q == HEARTH_KV_F16; }
+static inline int kv_quant_scaled(int q) { return q == HEARTH_KV_INT8 || q == HEARTH_KV_FP8; }
+static inline size_t kv_row_bytes(int q, int head_dim) {
+    return kv_quant_scaled(q) ? (size_t)head_dim + sizeof(float)
+           : q == HEARTH_KV_F16 ? (size_t)head_dim * sizeof(uint16_t)
+                                : (size_t)head_dim * sizeof(float);
+}
+
 /* quant: hearth_kv_quant (kv_create: float). */
 hearth_status kv_create_quant(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
                               int max_context, int n_blocks, int quant, hearth_error *err);

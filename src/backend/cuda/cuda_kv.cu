@@ -17,10 +17,10 @@ static hearth_status kv_create(cuda_kv *dkv, const kv_cache *kv, int quant, hear
     dkv->max_slots = kv->max_slots;
     dkv->max_blocks_per_slot = kv->max_blocks_per_slot;
     dkv->quant = quant;
-    if (quant != HEARTH_KV_FLOAT && quant != HEARTH_KV_INT8 && quant != HEARTH_KV_FP8 && quant != HEARTH_KV_F16)
+    if (!kv_quant_known(quant))
         return err_set(err, HEARTH_ERR_INVALID,
                        "cuda: unknown KV quantization %d (--kv-quant takes none, int8, fp8 or f16)", quant);
-    int scaled = quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8;
+    int scaled = kv_quant_scaled(quant);
     size_t eb, sb; /* the sizes hearth fit counts (cuda_plan.c) */
     cuda_kv_plane_parts(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, cuda_kv_device_dtype(quant), &eb, &sb);
     size_t tb = (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t);

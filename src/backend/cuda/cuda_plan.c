@@ -4,6 +4,7 @@
  * hearth fit --device cuda (which predicts from them). Pure arithmetic: no CUDA calls. */
 #include "backend/cuda/cuda_plan.h"
 #include "backend/cuda/cuda_backend.h"
+#include "engine/kv_cache.h"
 #include <string.h>
 
 /* The device allocator (cudaMalloc on Linux drivers since Pascal) backs memory with 2 MiB
@@ -55,8 +56,7 @@ size_t cuda_kv_plane_bytes(int n_layers, int n_blocks, int n_kv_heads, int head_
 }
 
 size_t cuda_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant) {
-    if (quant != HEARTH_KV_FLOAT && quant != HEARTH_KV_INT8 && quant != HEARTH_KV_FP8 && quant != HEARTH_KV_F16)
-        return 0;
+    if (!kv_quant_known(quant)) return 0;
     return 2 * cuda_kv_plane_bytes(n_layers, n_blocks, n_kv_heads, head_dim, cuda_kv_device_dtype(quant));
 }
 

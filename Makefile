@@ -118,9 +118,9 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS) -lcmocka
 
-# Runs every unit test binary; each prints cmocka's summary.
-unit: $(UNIT_BIN)
+# Builds (unit-build) or builds and runs (unit) every unit test binary; each prints cmocka's summary.
 unit-build: $(UNIT_BIN)
+unit: $(UNIT_BIN)
 	@fail=0; for t in $(UNIT_BIN); do \
 	  HEARTH_TEST_DATA=tests/data $$t || fail=1; done; exit $$fail
 

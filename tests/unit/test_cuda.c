@@ -293,7 +293,8 @@ static void check_dequant(tensor_dtype t, int64_t n, int64_t k, int packed) {
     cuda_q4k_force(packed);
     assert_int_equal(cuda_weight_upload(&dw, &w, "dequant weight", &e), HEARTH_OK);
     cuda_q4k_force(-1);
-    if (t == DT_Q4_K) assert_int_equal(dw.q4k_packed, packed);
+    /* HEARTH_CUDA_GEMV=v2 packs every Q4_K weight whatever the force (the v2 GEMV reads that order) */
+    if (t == DT_Q4_K) assert_int_equal(dw.q4k_packed, packed || cuda_gemv_v2_on());
     size_t nk = (size_t)(n * k);
     void *dout = dev_from(NULL, nk * 2);
     assert_int_equal(cuda_dequant_bf16(&dw, dout, &e), HEARTH_OK);
@@ -487,6 +488,21 @@ static void check_multi(tensor_dtype t0, tensor_dtype t2, int64_t k, int T) {
     float *dx = dev_from(x, (size_t)(T * k) * sizeof *x);
     const cuda_weight *ws[3] = {&dw[0], &dw[1], &dw[2]};
     assert_int_equal(cuda_gemv_multi(ws, dy, 3, dx, T, &e), HEARTH_OK);
+    /* Weights of one format share a launch (rows numbered across them): each output must be
+     * bit for bit what the weight gives in a launch of its own (the same per-row arithmetic),
+     * so a wrong segment boundary, pointer or output stride shows as a differing bit. */
+    for (int i = 0; i < 3; i++) {
+        float *alone = dev_from(NULL, (size_t)(T * ns[i]) * sizeof(float));
+        assert_int_equal(cuda_gemv(&dw[i], dx, T, alone, &e), HEARTH_OK);
+        float *a = download(dy[i], (size_t)(T * ns[i])), *b = download(alone, (size_t)(T * ns[i]));
+        for (int64_t j = 0; j < T * ns[i]; j++)
+            if (memcmp(&a[j], &b[j], 4))
+                fail_msg("gemv_multi %s/%s k=%lld T=%d weight %d: y[%lld] = %.9g, alone %.9g", tensor_dtype_name(t0),
+                         tensor_dtype_name(t2), (long long)k, T, i, (long long)j, a[j], b[j]);
+        free(a);
+        free(b);
+        cuda_free(alone);
+    }
     int i8 = cuda_gemv_int8_act(&dw[0]) && cuda_gemv_int8_act(&dw[2]); /* as check_matmul */
     float dmax = 0.0f;
     if (i8)
@@ -527,7 +543,16 @@ static void test_gemv_multi(void **state) {
     for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
         check_multi(DT_BF16, DT_BF16, 4096, Ts[i]);
         check_multi(DT_F16, DT_F16, 200, Ts[i]);
-        check_multi(DT_Q4_K, DT_Q6_K, 512, Ts[i]); /* Q4_K_M's mixed q/k/v: one launch each */
+        check_multi(DT_Q4_K, DT_Q6_K, 512, Ts[i]);  /* Q4_K_M's mixed q/k/v: q and k share a launch, v its own */
+        check_multi(DT_Q4_K, DT_Q4_K, 4096, Ts[i]); /* all three in one v2 launch */
+        check_multi(DT_U32, DT_U32, 4096, Ts[i]);   /* MLX 4-bit, tiled: one v2 launch */
+        mlx_group = 32;
+        check_multi(DT_U32, DT_U32, 2048, Ts[i]);
+        mlx_group = 64;
+        cuda_gemv_v2_force(1); /* Q8_0 and every Q6_K on v2 too */
+        check_multi(DT_Q8_0, DT_Q8_0, 1024, Ts[i]);
+        check_multi(DT_Q6_K, DT_Q6_K, 512, Ts[i]);
+        cuda_gemv_v2_force(-1);
     }
 }
 
@@ -733,7 +758,7 @@ static void test_gemv_mlx4_v2(void **state) {
     assert_int_equal(cuda_gemv_int8_act(&dw), 0);
     cuda_weight_free(&dw);
     free(host);
-    check_gemv(DT_U32, 19, 96, 3);
+    check_gemv(DT_U32, 19, 128, 3);
     static const struct { int gs; int64_t n, k; } inv[] = {{64, 301, 4096}, {64, 37, 14336}, {32, 129, 5120}};
     for (size_t s = 0; s < sizeof inv / sizeof inv[0]; s++) {
         mlx_group = inv[s].gs;
@@ -779,35 +804,41 @@ static void test_gemm(void **state) {
 
 /* ---------- element-wise ops ---------- */
 
+/* heads: cuda_rmsnorm_heads (a warp per row up to 256, in place as the q / k norms run). */
+static void check_rmsnorm(int n, int T, int shift, int heads) {
+    float *x = malloc((size_t)T * n * 4), *w = malloc((size_t)n * 4), *ref = malloc((size_t)T * n * 4);
+    for (int i = 0; i < T * n; i++) x[i] = rndf() * 3.0f;
+    for (int i = 0; i < n; i++) w[i] = rndf();
+    ops_rmsnorm(ref, x, w, (float)shift, T, n, 1e-6f);
+    float *dx = dev_from(x, (size_t)T * n * 4), *dw = dev_from(w, (size_t)n * 4),
+          *dout = heads ? dx : dev_from(NULL, (size_t)T * n * 4);
+    if (heads) assert_int_equal(cuda_rmsnorm_heads(dout, dx, dw, (float)shift, T, n, 1e-6f, NULL), HEARTH_OK);
+    else assert_int_equal(cuda_rmsnorm(dout, dx, dw, (float)shift, T, n, 1e-6f, NULL), HEARTH_OK);
+    float *out = download(dout, (size_t)T * n);
+    for (int i = 0; i < T * n; i++)
+        /* Both sum n positive squares (CPU in order, GPU in a 256-way tree), so they
+         * differ by <= n·eps relative in the worst case, ~sqrt(n)·eps in practice;
+         * 1e-4 covers n = 4097's worst case (4.9e-4 is not reachable with random
+         * signs of rounding) and is far below any indexing error. */
+        if (!(fabsf(out[i] - ref[i]) <= 1e-4f * fabsf(ref[i]) + 1e-7f))
+            fail_msg("rmsnorm%s n=%d T=%d shift=%d: out[%d] = %.9g, reference %.9g", heads ? "_heads" : "", n, T,
+                     shift, i, out[i], ref[i]);
+    free(out);
+    cuda_free(dx);
+    cuda_free(dw);
+    if (!heads) cuda_free(dout);
+    free(x);
+    free(w);
+    free(ref);
+}
+
 static void test_rmsnorm(void **state) {
     (void)state;
-    static const int ns[] = {1, 1000, 4097};
-    for (size_t c = 0; c < 3; c++)
-        for (int shift = 0; shift < 2; shift++) {
-            int T = 3, n = ns[c];
-            float *x = malloc((size_t)T * n * 4), *w = malloc((size_t)n * 4), *ref = malloc((size_t)T * n * 4);
-            for (int i = 0; i < T * n; i++) x[i] = rndf() * 3.0f;
-            for (int i = 0; i < n; i++) w[i] = rndf();
-            ops_rmsnorm(ref, x, w, (float)shift, T, n, 1e-6f);
-            float *dx = dev_from(x, (size_t)T * n * 4), *dw = dev_from(w, (size_t)n * 4),
-                  *dout = dev_from(NULL, (size_t)T * n * 4);
-            assert_int_equal(cuda_rmsnorm(dout, dx, dw, (float)shift, T, n, 1e-6f, NULL), HEARTH_OK);
-            float *out = download(dout, (size_t)T * n);
-            for (int i = 0; i < T * n; i++)
-                /* Both sum n positive squares (CPU in order, GPU in a 256-way tree), so they
-                 * differ by <= n·eps relative in the worst case, ~sqrt(n)·eps in practice;
-                 * 1e-4 covers n = 4097's worst case (4.9e-4 is not reachable with random
-                 * signs of rounding) and is far below any indexing error. */
-                if (!(fabsf(out[i] - ref[i]) <= 1e-4f * fabsf(ref[i]) + 1e-7f))
-                    fail_msg("rmsnorm n=%d shift=%d: out[%d] = %.9g, reference %.9g", n, shift, i, out[i], ref[i]);
-            free(out);
-            cuda_free(dx);
-            cuda_free(dw);
-            cuda_free(dout);
-            free(x);
-            free(w);
-            free(ref);
-        }
+    static const int ns[] = {1, 1000, 4097}, hn[] = {1, 77, 128, 256, 300};
+    for (int shift = 0; shift < 2; shift++) {
+        for (size_t c = 0; c < 3; c++) check_rmsnorm(ns[c], 3, shift, 0);
+        for (size_t c = 0; c < 5; c++) check_rmsnorm(hn[c], 37, shift, 1); /* 37 rows: a partial block of 8 */
+    }
 }
 
 static void test_rope(void **state) {

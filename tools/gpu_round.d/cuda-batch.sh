@@ -44,6 +44,10 @@ for u in ${CB_UNITS:-ragged ragged-old kv cuda cuda-old graph}; do
     cuda-old) unit test_cuda 30 HEARTH_CUDA_DEQUANT=generic HEARTH_CUDA_DIRECT_MIN_T=9 HEARTH_CUDA_GEMV=v1 ;;
     graph) unit test_cuda_graph 15 ;; # decode graphs capture cuBLAS calls (F16 / BF16 at 2..8 rows)
     cuda-mmq) unit test_cuda 30 HEARTH_CUDA_MMQ=1 ;; # every cuda_matmul through the int8 tensor-core GEMM where it takes
+    cuda-att64) unit test_cuda 30 HEARTH_CUDA_ATT_MIN_CHUNK=64 ;; # decode attention in full-tile splits
+    kv-att64) unit test_cuda_kv 15 HEARTH_CUDA_ATT_MIN_CHUNK=64 ;;
+    ragged-att64) unit test_cuda_ragged 15 HEARTH_CUDA_ATT_MIN_CHUNK=64 ;;
+    cuda-v2) unit test_cuda 30 HEARTH_CUDA_GEMV=v2 ;; # Q8_0 and every Q6_K on the v2 GEMVs (grouped launches)
     esac
 done
 

@@ -3,7 +3,7 @@
 # torch copy bandwidth and bf16 GEMM rate), then hearth bench on the 8B shapes: bf16 and
 # Q4_K_M prefill at 4096 tokens, bf16 and Q8_0 decode (128 after 512). Rows print as they
 # finish; every JSON stays in LOGDIR. FB_ROWS picks rows (also q4km_decode, m4_*, q3m4_*,
-# bf16_decode_kvf16, bf16_decode_2k[_kvf16]). Env from tools/gpu_round. Usage: final-bench.sh LOGDIR
+# bf16_decode_kvf16, bf16_decode_2k[_kvf16], q3_<f16|q4_k_m|q8_0>_<decode|p4096>). Env from tools/gpu_round. Usage: final-bench.sh LOGDIR
 L=${1:?usage: final-bench.sh LOGDIR}; mkdir -p $L
 cd "$(dirname "$0")/../.."
 T0=$(date +%s); BUDGET=${FB_BUDGET:-60}
@@ -46,6 +46,11 @@ for r in ${FB_ROWS:-bf16_p4096 q4km_p4096 bf16_decode q8_0_decode}; do
     m4_p4096) [ -f $M4/.done ] && row $r $M4 -p 4096 -n 1 -r 1 || echo "$r: NOT RUN (no model)" ;;
     q3m4_decode) [ -f $Q3M4/.done ] && QWEN=1 row $r $Q3M4 -p 512 -n 128 -r 3 || echo "$r: NOT RUN (no model)" ;;
     q3m4_p4096) [ -f $Q3M4/.done ] && QWEN=1 row $r $Q3M4 -p 4096 -n 1 -r 1 || echo "$r: NOT RUN (no model)" ;;
+    q3_*_decode | q3_*_p4096) # Qwen3-8B-shaped GGUFs (GR_MODELS q3_f16, q3_q4_k_m, q3_q8_0)
+        f=${r#q3_}; f=${f%_*}; g=$G8/qwen3-8b-$f.gguf
+        if [ ! -f $g ]; then echo "$r: NOT RUN (no model)"
+        elif [ ${r##*_} = decode ]; then QWEN=1 row $r $g -p 512 -n 128 -r 3
+        else QWEN=1 row $r $g -p 4096 -n 1 -r 1; fi ;;
     *) echo "$r: unknown row" ;;
   esac
 done

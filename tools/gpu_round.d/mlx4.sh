@@ -27,10 +27,10 @@ python3 bench/cuda/gemv_ab_summary.py $L/gemv_mlx4.json 2>/dev/null || echo "gem
 for m in M4 Q3M4; do
   d=${!m}
   for i in $(seq 1 40); do [ -f $d/.done ] && break; [ $(left) -lt 30 ] && break; sleep 1; done
-  for v in v2 default; do
+  for v in default v1; do
     [ $(left) -lt 40 ] && { echo "8B $m decode $v: NOT RUN (time)"; continue; }
     [ -f $d/.done ] || { echo "8B $m decode $v: NOT RUN (no model)"; continue; }
-    env $([ $v = v2 ] && echo HEARTH_CUDA_MLX4=v2) timeout $(( $(left) > 62 ? 60 : $(left) - 2 )) $H bench $d --device cuda -p 512 -n 128 -r 3 --json >$L/${m}_$v.json 2>$L/${m}_$v.log
+    env $([ $v = v1 ] && echo HEARTH_CUDA_MLX4=v1) timeout $(( $(left) > 62 ? 60 : $(left) - 2 )) $H bench $d --device cuda -p 512 -n 128 -r 3 --json >$L/${m}_$v.json 2>$L/${m}_$v.log
     echo "8B $m $v: $(tps $L/${m}_$v.json)"
   done
 done

@@ -137,11 +137,11 @@ int cuda_gemv_v2_on(void);
 void cuda_gemv_v2_force(int mode);
 int cuda_gemv_v2_takes(const cuda_weight *w);
 
-/* HEARTH_CUDA_MLX4=v2 (off by default: float activations and gemv_mlx4 / gemv_mlx4_tiled):
+/* By default (HEARTH_CUDA_MLX4=v1: float activations and gemv_mlx4 / gemv_mlx4_tiled instead)
  * MLX 4-bit weights stored tiled (k % 1024 == 0) with power-of-two groups >= 32 (MLX's 32,
  * 64, 128) take int8 activations (cuda_gemv_int8_act's contract) and the v2 GEMV of
  * cuda_gemv_mlx4.cu; the others keep the float kernels. cuda_mlx4_v2_on: whether the
- * variable (or the force) says v2; cuda_mlx4_v2_force(1 / 0) forces it on / off (tests,
+ * variable (or the force) leaves v2 on; cuda_mlx4_v2_force(1 / 0) forces it on / off (tests,
  * gemv_bench), -1 re-reads the variable; cuda_mlx4_v2_takes: whether w goes to it now. */
 int cuda_mlx4_v2_on(void);
 void cuda_mlx4_v2_force(int mode);
@@ -228,6 +228,10 @@ hearth_status cuda_gemv_multi(const cuda_weight *const *ws, float *const *ys, in
 /* Element-wise ops: same semantics as ops.h, device pointers. */
 hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps,
                            hearth_error *err);
+/* cuda_rmsnorm for many short rows (n <= 256: the per-head q / k norms), one warp per row;
+ * the same for every T, but not the same rounding as cuda_rmsnorm (longer rows go there). */
+hearth_status cuda_rmsnorm_heads(float *out, const float *x, const float *w, float shift, int rows, int n, float eps,
+                                 hearth_error *err);
 hearth_status cuda_rope(float *x, int T, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
                         int adjacent, hearth_error *err);
 /* RoPE of q [T][n_heads][head_dim] and k [T][n_kv_heads][head_dim] in one launch, each

@@ -5,6 +5,7 @@
  * the int8-activation GEMVs (cuda_gemv_multi_q8). Must not allocate or synchronize; owns
  * no KV or attention code. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include <limits.h>
 #include <math.h>
@@ -44,12 +45,6 @@ hearth_status cuda_rope_qk(float *q, float *k, int T, int n_heads, int n_kv_head
     return cuda_launched("rope_qk", err);
 }
 
-static __device__ __forceinline__ float fused_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 /* One block of 32 consecutive values, one per lane, quantized exactly as quantize_x_q8
  * (cuda_gemv.cu) does it: d = max|v| / 127, q = round-half-even(v / d) clamped to +-127,
  * (d, d * sum q) per block; a NaN in the block makes d NaN. */
@@ -68,49 +63,29 @@ static __device__ __forceinline__ void quant_block32(float v, int8_t *xq, float2
     if (lane == 0) *xs = make_float2(d, d * (float)sq);
 }
 
-/* add_rmsnorm_kernel / rmsnorm_kernel of cuda_ops.cu (blocks of FUSED_NORM_THREADS = its
- * NORM_THREADS, the same reduction tree: warp xor-tree, then the 32 warp sums in order),
- * plus the int8 copy of out. n % 32 == 0, so the 32 lanes of a warp cover one quant block
- * per step (element i = threadIdx.x + 1024 j). delta NULL: plain rmsnorm of x. */
-#define FUSED_NORM_THREADS 1024
-__global__ void __launch_bounds__(FUSED_NORM_THREADS)
+/* add_rmsnorm_kernel / rmsnorm_kernel of cuda_ops.cu (the reduction of cuda_norm.cuh), plus
+ * the int8 copy of out. n % 32 == 0, so the 32 lanes of a warp cover one quant block per
+ * step (element i = threadIdx.x + NORM_THREADS j). delta NULL: plain rmsnorm of x. */
+__global__ void __launch_bounds__(NORM_THREADS)
     add_rmsnorm_q8_kernel(float *out, float *x, const float *delta, const float *w, float shift, int n, float eps,
                           int8_t *xq, float2 *xs) {
     pdl_trigger(); /* the GEMV after this may start prefetching its weights */
-    __shared__ float part[32];
-    float *xr = x + (size_t)blockIdx.x * n, *o = out + (size_t)blockIdx.x * n;
-    float ss = 0.0f;
-    if (delta) {
-        const float *dr = delta + (size_t)blockIdx.x * n;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            float v = xr[i] + dr[i];
-            xr[i] = v;
-            ss += v * v;
-        }
-    } else {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    }
-    ss = fused_warp_sum(ss);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-    for (int i = 0; i < (int)blockDim.x / 32; i++) tot += part[i];
-    float inv = 1.0f / sqrtf(tot / (float)n + eps);
+    float *o = out + (size_t)blockIdx.x * n;
     int lane = threadIdx.x % 32;
     int8_t *qr = xq + (size_t)blockIdx.x * n;
     float2 *sr = xs + (size_t)blockIdx.x * (n / 32);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) { /* uniform per warp: n % 32 == 0 */
-        float v = xr[i] * inv * (w[i] + shift);
-        o[i] = v;
-        quant_block32(v, qr + (i - lane), sr + i / 32, lane);
-    }
+    norm_row(x + (size_t)blockIdx.x * n, delta ? delta + (size_t)blockIdx.x * n : NULL, w, shift, n, eps,
+             [&](int i, float y) { /* uniform per warp: n % 32 == 0 */
+                 o[i] = y;
+                 quant_block32(y, qr + (i - lane), sr + i / 32, lane);
+             });
 }
 
 hearth_status cuda_add_rmsnorm_q8(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
                                   float eps, int8_t *xq, float *xs, hearth_error *err) {
     if (T <= 0 || n <= 0) return HEARTH_OK;
     if (n % 32) return err_set(err, HEARTH_ERR_INVALID, "cuda_add_rmsnorm_q8: row of %d (not a multiple of 32)", n);
-    add_rmsnorm_q8_kernel<<<T, FUSED_NORM_THREADS, 0, cuda_stream()>>>(out, x, delta, w, shift, n, eps, xq,
+    add_rmsnorm_q8_kernel<<<T, NORM_THREADS, 0, cuda_stream()>>>(out, x, delta, w, shift, n, eps, xq,
                                                                        (float2 *)xs);
     return cuda_launched("add_rmsnorm_q8", err);
 }

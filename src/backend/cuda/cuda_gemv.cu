@@ -2,7 +2,7 @@
  * Q8_0, Q4_K and Q6_K weights (layouts: cuda_weight). One warp per output row (the int8
  * kernels: 1 to 4 rows); weights are read once with 16-byte non-allocating loads and
  * dequantized in registers; accumulation is float32. Activations are float32, except for
- * Q8_0 / Q4_K / Q6_K (and MLX 4-bit with HEARTH_CUDA_MLX4=v2), whose kernels quantize them
+ * Q8_0 / Q4_K / Q6_K and tiled MLX 4-bit (unless HEARTH_CUDA_MLX4=v1), whose kernels quantize them
  * to int8 blocks once per call and use __dp4a (see "int8 activations" below). Must not
  * synchronize; allocates only when its activation scratch (cuda_gemv_reserve) is too small
  * and no graph is being captured. */
@@ -914,8 +914,8 @@ static int q4k_rows(int n, int k) {
 
 template <int T>
 static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y) {
-    if (cuda_gemv_mlx4_launch(w, xq, xs, y, T)) return; /* HEARTH_CUDA_MLX4=v2: every U32 weight here */
-    if (cuda_gemv_v2_launch(w, xq, xs, y, T)) return;   /* HEARTH_CUDA_GEMV=v2 */
+    if (cuda_gemv_mlx4_launch(&w, &y, 1, xq, xs, T)) return; /* every U32 weight here, unless HEARTH_CUDA_MLX4=v1 */
+    if (cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T)) return;   /* cuda_gemv_v2_takes */
     int n = (int)w->n, k = (int)w->k, pf = pdl_on();
     int R = w->dtype == DT_Q4_K && w->q4k_packed ? q4k_rows(n, k) : q8act_rows(n);
     dim3 grid((unsigned)((n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R))), block(GEMV_WARPS * 32);
@@ -979,6 +979,17 @@ static bool gemv_i8(const cuda_weight *const *ws, float *const *ys, int nw, cons
     return done;
 }
 
+/* Whether launch_i8_all puts weights of one v2 format into one launch (HEARTH_CUDA_GEMV_GROUP=0:
+ * one launch per weight, for A/B runs; the results are the same bits either way). */
+static int group_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("HEARTH_CUDA_GEMV_GROUP");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
 /* The GEMVs of ws on activations already quantized into xq0 / xs0; with mmq, the batched
  * tensor-core kernel (cuda_mmq.cu) for each weight it takes at T, in one launch. */
 static hearth_status launch_i8_all(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq0,
@@ -986,6 +997,26 @@ static hearth_status launch_i8_all(const cuda_weight *const *ws, float *const *y
     for (int i = 0; i < nw; i++) {
         if (mmq && cuda_mmq_launch(ws[i], xq0, xs0, ys[i], T)) {
             if (cuda_launched("mmq", err)) return HEARTH_ERR_IO;
+            continue;
+        }
+        /* ws[i] and the v2 weights after it of the same format (q, k, v; gate, up) in one launch per chunk */
+        int g = 1;
+        while (group_on() && i + g < nw && g < 3 && (!mmq || !cuda_mmq_takes(ws[i + g], T)) &&
+               (cuda_gemv_v2_groups(ws[i], ws[i + g]) || cuda_gemv_mlx4_groups(ws[i], ws[i + g])))
+            g++;
+        if (g > 1) {
+            for (int t0 = 0; t0 < T;) {
+                int c = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0;
+                float *yc[3];
+                for (int j = 0; j < g; j++) yc[j] = ys[i + j] + (size_t)t0 * ws[i + j]->n;
+                const int8_t *xq = xq0 + (size_t)t0 * k;
+                const float2 *xs = xs0 + (size_t)t0 * (k / 32);
+                if (!cuda_gemv_mlx4_launch(ws + i, yc, g, xq, xs, c) && !cuda_gemv_v2_launch(ws + i, yc, g, xq, xs, c))
+                    return err_set(err, HEARTH_ERR_INVALID, "gemv_i8: %d weights could not share a launch", g);
+                if (cuda_launched("gemv_i8 group", err)) return HEARTH_ERR_IO;
+                t0 += c;
+            }
+            i += g - 1;
             continue;
         }
         for (int t0 = 0; t0 < T;) {

@@ -35,6 +35,64 @@ template <int T> static __device__ __forceinline__ void v2_store(float (&acc)[T]
     }
 }
 
+/* Up to three weights of one format that read the same activations (q, k and v of a layer;
+ * gate and up) in one launch: warps are numbered over the rows of all of them, so a small
+ * projection (k / v: 1024 rows) is no launch of its own, too short to reach the HBM rate.
+ * Row r of the whole is segment s's when r < end[s] (cumulative counts; unused segments
+ * repeat the last end); its output is y[s][t * n_s + r - start_s]. W: the weight's data, S:
+ * its scale plane where the format has one (Q8_0 d, Q6_K int8 scales, MLX scale/bias
+ * words). A row's arithmetic does not depend on its segment or neighbours: grouping
+ * changes no result bit. */
+struct v2_segs {
+    const void *W[3], *S[3];
+    float *y[3];
+    int end[3];
+};
+struct v2_row {
+    const void *W, *S;
+    float *y;
+    int n, row;
+};
+/* Segment lookup by selects, not a run-time index into the parameter struct (that would
+ * copy it to local memory); false past the last row. */
+static __device__ __forceinline__ bool v2_seg_row(const v2_segs &sg, int grow, v2_row &r) {
+    if (grow >= sg.end[2]) return false;
+    int s = grow < sg.end[0] ? 0 : grow < sg.end[1] ? 1 : 2;
+    int start = s == 0 ? 0 : s == 1 ? sg.end[0] : sg.end[1];
+    r.n = (s == 0 ? sg.end[0] : s == 1 ? sg.end[1] : sg.end[2]) - start;
+    r.W = s == 0 ? sg.W[0] : s == 1 ? sg.W[1] : sg.W[2];
+    r.S = s == 0 ? sg.S[0] : s == 1 ? sg.S[1] : sg.S[2];
+    r.y = s == 0 ? sg.y[0] : s == 1 ? sg.y[1] : sg.y[2];
+    r.row = grow - start;
+    return true;
+}
+/* The segments of ws[0..nw) (nw <= 3) with outputs ys; returns the total row count. */
+static inline int v2_segs_fill(v2_segs *sg, const void *const *W, const void *const *S, float *const *ys,
+                               const int64_t *n, int nw) {
+    int rows = 0;
+    for (int i = 0; i < 3; i++) {
+        if (i < nw) {
+            sg->W[i] = W[i];
+            sg->S[i] = S[i];
+            sg->y[i] = ys[i];
+            rows += (int)n[i];
+        } else {
+            sg->W[i] = sg->S[i] = NULL;
+            sg->y[i] = NULL;
+        }
+        sg->end[i] = rows;
+    }
+    return rows;
+}
+
+/* v2_store to the row's segment, looked up again here rather than kept in registers
+ * through the kernel's loop (the lookup is a few selects on the parameter bank). */
+template <int T> static __device__ __forceinline__ void v2_seg_store(float (&acc)[T], const v2_segs &sg, int grow, int lane) {
+    v2_row r;
+    v2_seg_row(sg, grow, r);
+    v2_store<T>(acc, r.y, r.n, r.row, lane);
+}
+
 /* launch(std::integral_constant<int, T>()) for the row counts the v2 kernels are built for
  * (cuda_gemv.cu's chunks: 8, 4, 3, 2, 1); 0 (nothing launched) for any other T. */
 template <typename F> static inline int v2_for_rows(int T, F &&launch) {

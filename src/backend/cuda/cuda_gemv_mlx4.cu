@@ -1,6 +1,6 @@
 /* cuda_gemv_mlx4.cu: the v2 decode GEMV for MLX affine 4-bit weights (DT_U32) in the tiled
- * nibble layout, on int8 activations with __dp4a; opt-in with HEARTH_CUDA_MLX4=v2 (off by
- * default: the float-activation kernels of cuda_gemv.cu stay). Same contract as the other
+ * nibble layout, on int8 activations with __dp4a; the default (HEARTH_CUDA_MLX4=v1 keeps the
+ * float-activation kernels of cuda_gemv.cu instead). Same contract as the other
  * int8-activation GEMVs (xq / xs as quantize_x_q8 writes them); called only from
  * cuda_gemv.cu, which keeps the float kernels for the weights this file does not take.
  * Must not allocate or sync. */
@@ -55,10 +55,14 @@ template <bool BF16> static __device__ __forceinline__ float2 mlx4_scale_bias(ui
  * gs = 1 << lg; xq int8 [T][k], xs [T][k / 32]; k % 1024 == 0. */
 template <int T, bool BF16>
 __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
-    gemv_v2_mlx4(const uint4 *W, const uint32_t *SB, const int8_t *xq, const float2 *xs, float *y, int n, int k,
-                 int lg) {
-    int row = blockIdx.x * V2_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= n) return;
+    gemv_v2_mlx4(v2_segs sg, const int8_t *xq, const float2 *xs, int k, int lg) {
+    int lane = threadIdx.x % 32;
+    int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
+    v2_row r;
+    if (!v2_seg_row(sg, grow, r)) return;
+    const uint4 *W = (const uint4 *)r.W;
+    const uint32_t *SB = (const uint32_t *)r.S;
+    int row = r.row;
     int nt = k / 1024, nb = k / 32, h = lane % 2, q = (lane / 2) % 4, tp = lane / 8;
     const uint4 *wr = W + (size_t)row * (k / 32) + 8 * q + h;
     const uint32_t *sbr = SB + (size_t)row * (k >> lg);
@@ -103,18 +107,20 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
             }
         }
     }
-    v2_store<T>(acc, y, n, row, lane);
+    v2_seg_store<T>(acc, sg, grow, lane);
 }
 
 /* ---------- host side ---------- */
 
-/* -1: read HEARTH_CUDA_MLX4 on first use; 0: off (the default); 1: v2. */
+/* -1: read HEARTH_CUDA_MLX4 on first use; 1: v2 (the default since the H200 run of
+ * 2026-12-02: 8B MLX 4-bit decode 264.1 vs 181.4 tok/s on the float kernels, Qwen3-8B shape
+ * 243.6 vs 170.7, same call); 0: the float kernels (HEARTH_CUDA_MLX4=v1). */
 static int g_mlx4_mode = -1;
 
 int cuda_mlx4_v2_on(void) {
     if (g_mlx4_mode < 0) {
         const char *e = getenv("HEARTH_CUDA_MLX4");
-        g_mlx4_mode = e && !strcmp(e, "v2");
+        g_mlx4_mode = !(e && !strcmp(e, "v1"));
     }
     return g_mlx4_mode;
 }
@@ -129,18 +135,33 @@ int cuda_mlx4_v2_takes(const cuda_weight *w) {
     return w->mlx_tiled && w->k % 1024 == 0 && gs >= 32 && (gs & (gs - 1)) == 0 && w->k % gs == 0;
 }
 
-template <int T> static void launch_mlx4(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y) {
-    int n = (int)w->n, k = (int)w->k, lg = __builtin_ctz((unsigned)w->group_size);
-    dim3 grid((unsigned)((n + V2_WARPS - 1) / V2_WARPS)), block(V2_WARPS * 32);
-    const uint4 *W = (const uint4 *)w->data;
-    const uint32_t *SB = (const uint32_t *)w->scales;
-    if (w->sb_bf16)
-        pdl_launch(gemv_v2_mlx4<T, true>, grid, block, W, SB, xq, xs, y, n, k, lg);
+template <int T> static void launch_mlx4(const v2_segs &sg, int rows, bool bf16, const int8_t *xq, const float2 *xs,
+                                         int k, int lg) {
+    dim3 grid((unsigned)((rows + V2_WARPS - 1) / V2_WARPS)), block(V2_WARPS * 32);
+    if (bf16)
+        pdl_launch(gemv_v2_mlx4<T, true>, grid, block, sg, xq, xs, k, lg);
     else
-        pdl_launch(gemv_v2_mlx4<T, false>, grid, block, W, SB, xq, xs, y, n, k, lg);
+        pdl_launch(gemv_v2_mlx4<T, false>, grid, block, sg, xq, xs, k, lg);
 }
 
-int cuda_gemv_mlx4_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T) {
-    if (!cuda_mlx4_v2_takes(w)) return 0;
-    return v2_for_rows(T, [&](auto rows) { launch_mlx4<decltype(rows)::value>(w, xq, xs, y); });
+int cuda_gemv_mlx4_groups(const cuda_weight *a, const cuda_weight *b) {
+    return cuda_mlx4_v2_takes(a) && cuda_mlx4_v2_takes(b) && a->k == b->k && a->group_size == b->group_size &&
+           a->sb_bf16 == b->sb_bf16;
+}
+
+int cuda_gemv_mlx4_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
+                          int T) {
+    if (nw < 1 || nw > 3) return 0;
+    const void *W[3], *S[3];
+    int64_t n[3];
+    for (int i = 0; i < nw; i++) {
+        if (!cuda_gemv_mlx4_groups(ws[0], ws[i]) || ws[i]->n > INT32_MAX / 4) return 0;
+        W[i] = ws[i]->data;
+        S[i] = ws[i]->scales;
+        n[i] = ws[i]->n;
+    }
+    v2_segs sg;
+    int rows = v2_segs_fill(&sg, W, S, ys, n, nw), k = (int)ws[0]->k, lg = __builtin_ctz((unsigned)ws[0]->group_size);
+    bool bf16 = ws[0]->sb_bf16;
+    return v2_for_rows(T, [&](auto r) { launch_mlx4<decltype(r)::value>(sg, rows, bf16, xq, xs, k, lg); });
 }

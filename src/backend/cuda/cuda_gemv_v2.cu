@@ -42,9 +42,14 @@ static __device__ __forceinline__ int v2_dot16_us(uint4 w, int4 a) {
 #define Q8_SLOTS 8
 template <int T>
 __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
-    gemv_v2_q8_0(const int8_t *Q, const uint16_t *D, const int8_t *xq, const float2 *xs, float *y, int n, int k) {
-    int row = blockIdx.x * V2_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= n) return;
+    gemv_v2_q8_0(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
+    int lane = threadIdx.x % 32;
+    int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
+    v2_row r;
+    if (!v2_seg_row(sg, grow, r)) return;
+    const int8_t *Q = (const int8_t *)r.W;
+    const uint16_t *D = (const uint16_t *)r.S;
+    int row = r.row;
     const uint4 *qr = (const uint4 *)(Q + (size_t)row * k);
     const uint16_t *dr = D + (size_t)row * (k / 32);
     int nv = k / 16, nb = k / 32;
@@ -77,7 +82,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
             }
         }
     }
-    v2_store<T>(acc, y, n, row, lane);
+    v2_seg_store<T>(acc, sg, grow, lane);
 }
 
 /* Q4_K super-blocks with packed scales (cuda_q4k_scale_min, q4k_packed): 8 lanes per
@@ -92,9 +97,13 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
 #define Q4_SLOTS 4
 template <int T>
 __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
-    gemv_v2_q4_k(const uint8_t *W, const int8_t *xq, const float2 *xs, float *y, int n, int k) {
-    int row = blockIdx.x * V2_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= n) return;
+    gemv_v2_q4_k(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
+    int lane = threadIdx.x % 32;
+    int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
+    v2_row r;
+    if (!v2_seg_row(sg, grow, r)) return;
+    const uint8_t *W = (const uint8_t *)r.W;
+    int row = r.row;
     int nsb = k / 256, nb = k / 32, part = lane % 8, c = part / 2, h = part % 2;
     const uint8_t *wr = W + (size_t)row * nsb * 144;
     pdl_wait();
@@ -140,7 +149,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
             }
         }
     }
-    v2_store<T>(acc, y, n, row, lane);
+    v2_seg_store<T>(acc, sg, grow, lane);
 }
 
 /* Q6_K planes (cuda_weight: ql [n][k/2], qh [n][k/4], int8 scales [n][k/16], f16 d
@@ -157,10 +166,17 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
 /* T = 1 at 64 registers spilled 16 bytes: 7 blocks (72 registers, 28 warps per SM) */
 template <int T>
 __global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T))
-    gemv_v2_q6_k(const uint8_t *QL, const uint8_t *QH, const int8_t *SC, const uint16_t *D, const int8_t *xq,
-                 const float2 *xs, float *y, int n, int k) {
-    int row = blockIdx.x * V2_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= n) return;
+    gemv_v2_q6_k(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
+    int lane = threadIdx.x % 32;
+    int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
+    v2_row r;
+    if (!v2_seg_row(sg, grow, r)) return;
+    /* the planes of this row's weight (cuda_weight: ql, then qh after n k / 2 bytes; scales, then d) */
+    size_t nk = (size_t)r.n * (size_t)k;
+    const uint8_t *QL = (const uint8_t *)r.W, *QH = QL + nk / 2;
+    const int8_t *SC = (const int8_t *)r.S;
+    const uint16_t *D = (const uint16_t *)(SC + nk / 16);
+    int row = r.row;
     int nsb = k / 256, nb = k / 32, li = lane % 16, h = li / 8, g = (li / 2) % 4, j = li % 2;
     int lshift = 4 * (g / 2), hshift = 2 * g;
     size_t b0 = (size_t)row * nsb;
@@ -214,7 +230,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T)
             }
         }
     }
-    v2_store<T>(acc, y, n, row, lane);
+    v2_seg_store<T>(acc, sg, grow, lane);
 }
 
 /* ---------- host side ---------- */
@@ -248,28 +264,37 @@ int cuda_gemv_v2_takes(const cuda_weight *w) {
     return q4k || (q6k && w->n >= 2 * w->k);
 }
 
-template <int T> static void launch_v2(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y) {
-    int n = (int)w->n, k = (int)w->k;
-    dim3 grid((unsigned)((n + V2_WARPS - 1) / V2_WARPS)), block(V2_WARPS * 32);
-    switch (w->dtype) {
-    case DT_Q8_0:
-        pdl_launch(gemv_v2_q8_0<T>, grid, block, (const int8_t *)w->data, (const uint16_t *)w->scales, xq, xs, y, n, k);
-        break;
-    case DT_Q4_K: pdl_launch(gemv_v2_q4_k<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k); break;
-    case DT_Q6_K: {
-        size_t nk = (size_t)n * (size_t)k;
-        const uint8_t *ql = (const uint8_t *)w->data;
-        const int8_t *sc = (const int8_t *)w->scales;
-        pdl_launch(gemv_v2_q6_k<T>, grid, block, ql, (const uint8_t *)(ql + nk / 2), sc,
-                   (const uint16_t *)(sc + nk / 16), xq, xs, y, n, k);
-        break;
-    }
+/* The planes a v2 kernel reads of w: its data and, for Q8_0 / Q6_K, its scales. */
+static const void *v2_scales(const cuda_weight *w) { return w->dtype == DT_Q4_K ? NULL : w->scales; }
+
+template <int T> static void launch_v2(const v2_segs &sg, int rows, tensor_dtype dt, const int8_t *xq,
+                                       const float2 *xs, int k) {
+    dim3 grid((unsigned)((rows + V2_WARPS - 1) / V2_WARPS)), block(V2_WARPS * 32);
+    switch (dt) {
+    case DT_Q8_0: pdl_launch(gemv_v2_q8_0<T>, grid, block, sg, xq, xs, k); break;
+    case DT_Q4_K: pdl_launch(gemv_v2_q4_k<T>, grid, block, sg, xq, xs, k); break;
+    case DT_Q6_K: pdl_launch(gemv_v2_q6_k<T>, grid, block, sg, xq, xs, k); break;
     default: break;
     }
 }
 
-int cuda_gemv_v2_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T) {
+int cuda_gemv_v2_groups(const cuda_weight *a, const cuda_weight *b) {
+    return cuda_gemv_v2_takes(a) && cuda_gemv_v2_takes(b) && a->dtype == b->dtype && a->k == b->k;
+}
+
+int cuda_gemv_v2_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
+                        int T) {
     /* the Q4_K kernel reads two (d, d·Σq) pairs as one float4 */
-    if (!cuda_gemv_v2_takes(w) || ((uintptr_t)xs % 16) != 0 || ((uintptr_t)xq % 16) != 0) return 0;
-    return v2_for_rows(T, [&](auto rows) { launch_v2<decltype(rows)::value>(w, xq, xs, y); });
+    if (nw < 1 || nw > 3 || ((uintptr_t)xs % 16) != 0 || ((uintptr_t)xq % 16) != 0) return 0;
+    const void *W[3], *S[3];
+    int64_t n[3];
+    for (int i = 0; i < nw; i++) {
+        if (!cuda_gemv_v2_groups(ws[0], ws[i]) || ws[i]->n > INT32_MAX / 4) return 0;
+        W[i] = ws[i]->data;
+        S[i] = v2_scales(ws[i]);
+        n[i] = ws[i]->n;
+    }
+    v2_segs sg;
+    int rows = v2_segs_fill(&sg, W, S, ys, n, nw), k = (int)ws[0]->k;
+    return v2_for_rows(T, [&](auto r) { launch_v2<decltype(r)::value>(sg, rows, ws[0]->dtype, xq, xs, k); });
 }

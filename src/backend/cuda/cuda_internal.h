@@ -14,13 +14,20 @@ extern "C" {
  * cannot be captured). It is a blocking stream: plain cudaMemcpy calls still order with it. */
 cudaStream_t cuda_stream(void);
 
-/* cuda_gemv_v2.cu, for cuda_gemv.cu's int8 path: launches the v2 GEMV of w (T = 1, 2, 3,
- * 4 or 8 rows of quantized activations) and returns 1, or returns 0 (nothing launched)
- * when v2 does not take w. _force_pdl: cuda_gemv_force_pdl for that file's launches. */
-int cuda_gemv_v2_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T);
+/* cuda_gemv_v2.cu, for cuda_gemv.cu's int8 path: launches the v2 GEMV of ws[0..nw) (nw <= 3
+ * weights of one format and k on the same T = 1, 2, 3, 4 or 8 rows of quantized
+ * activations, ys[i] = x · ws[i]^T, all in one launch) and returns 1, or returns 0 (nothing
+ * launched) when v2 does not take them together. _groups: whether a and b can share a
+ * launch. _force_pdl: cuda_gemv_force_pdl for that file's launches. */
+int cuda_gemv_v2_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
+                        int T);
+int cuda_gemv_v2_groups(const cuda_weight *a, const cuda_weight *b);
 void cuda_gemv_v2_force_pdl(int mode);
-/* cuda_gemv_mlx4.cu, the same for MLX 4-bit weights that cuda_mlx4_v2_takes. */
-int cuda_gemv_mlx4_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T);
+/* cuda_gemv_mlx4.cu, the same for MLX 4-bit weights that cuda_mlx4_v2_takes (one group size
+ * and scale type per launch). */
+int cuda_gemv_mlx4_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
+                          int T);
+int cuda_gemv_mlx4_groups(const cuda_weight *a, const cuda_weight *b);
 void cuda_gemv_mlx4_force_pdl(int mode);
 
 /* cuda_mmq.cu, for cuda_gemv.cu's int8 path: launches the batched tensor-core matmul of w

@@ -296,9 +296,9 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
     TRY(cuda_add_bias(cm->k, l->k_bias, T, kd, err));
     TRY(cuda_add_bias(cm->v, l->v_bias, T, kd, err));
     if (l->q_norm)
-        TRY(cuda_rmsnorm(cm->q, cm->q, l->q_norm, c->norm_shift, T * c->n_heads, c->head_dim, c->norm_eps, err));
+        TRY(cuda_rmsnorm_heads(cm->q, cm->q, l->q_norm, c->norm_shift, T * c->n_heads, c->head_dim, c->norm_eps, err));
     if (l->k_norm)
-        TRY(cuda_rmsnorm(cm->k, cm->k, l->k_norm, c->norm_shift, T * c->n_kv_heads, c->head_dim, c->norm_eps, err));
+        TRY(cuda_rmsnorm_heads(cm->k, cm->k, l->k_norm, c->norm_shift, T * c->n_kv_heads, c->head_dim, c->norm_eps, err));
     const float *freq = sliding ? cm->inv_local : cm->inv_global;
     if (cm->unfused) {
         TRY(cuda_rope(cm->q, T, c->n_heads, c->head_dim, pos, freq, c->rope_adjacent, err));

@@ -4,6 +4,7 @@
  * pool's float32 / int8 / fp8 storage), plus residual/bias adds and row gathers. Must not
  * allocate or synchronize. */
 #include "backend/cuda/cuda_kv_access.cuh"
+#include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 extern "C" {
 #include "backend/cuda/cuda_plan.h"
@@ -19,30 +20,12 @@ static __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* 1 / rms of a row from each thread's partial sum of squares (blocks of 256 threads):
- * one fixed reduction tree, shared by rmsnorm and add_rmsnorm so both round alike. */
-static __device__ __forceinline__ float block_inv_rms(float ss, int n, float eps) {
-    __shared__ float part[32];
-    ss = warp_sum(ss);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-    for (int i = 0; i < (int)blockDim.x / 32; i++) tot += part[i];
-    return 1.0f / sqrtf(tot / (float)n + eps);
-}
-
-/* One block of NORM_THREADS per row: a row of a few thousand floats is a handful of
- * independent loads per thread (256 threads left 16 per thread for a 4096 row, and the
- * fused residual + norm was 12% of a decode step). */
-#define NORM_THREADS 1024
+/* One block of NORM_THREADS per row (cuda_norm.cuh). */
 __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, float shift, int n, float eps) {
     pdl_trigger(); /* a decode GEMV launched after this may start prefetching its weights */
-    const float *xr = x + (size_t)blockIdx.x * n;
     float *o = out + (size_t)blockIdx.x * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    float inv = block_inv_rms(ss, n, eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * inv * (w[i] + shift);
+    /* x is not written: no delta */
+    norm_row((float *)x + (size_t)blockIdx.x * n, NULL, w, shift, n, eps, [&](int i, float y) { o[i] = y; });
 }
 
 hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps,
@@ -50,6 +33,41 @@ hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shi
     if (T <= 0 || n <= 0) return HEARTH_OK;
     rmsnorm_kernel<<<T, NORM_THREADS, 0, cuda_stream()>>>(out, x, w, shift, n, eps);
     return cuda_launched("rmsnorm", err);
+}
+
+/* Rows of at most 256 (the per-head q / k norms: T * heads rows of head_dim): one warp per
+ * row, 8 rows per block, lane l summing elements l, l + 32, ... then the warp's xor-tree. A
+ * block of NORM_THREADS per 128-value row left 7/8 of its threads idle and made 131072
+ * blocks per layer for a 4096-token Qwen3 prefill. */
+#define HEADNORM_ROWS 8
+__global__ void __launch_bounds__(HEADNORM_ROWS * 32)
+    rmsnorm_heads_kernel(float *out, const float *x, const float *w, float shift, int rows, int n, float eps) {
+    int row = blockIdx.x * HEADNORM_ROWS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const float *xr = x + (size_t)row * n;
+    float *o = out + (size_t)row * n;
+    float v[8], ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int i = lane + 32 * j;
+        v[j] = i < n ? xr[i] : 0.0f;
+        if (i < n) ss += v[j] * v[j];
+    }
+    float inv = 1.0f / sqrtf(warp_sum(ss) / (float)n + eps);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int i = lane + 32 * j;
+        if (i < n) o[i] = v[j] * inv * (w[i] + shift);
+    }
+}
+
+hearth_status cuda_rmsnorm_heads(float *out, const float *x, const float *w, float shift, int rows, int n, float eps,
+                                 hearth_error *err) {
+    if (rows <= 0 || n <= 0) return HEARTH_OK;
+    if (n > 256) return cuda_rmsnorm(out, x, w, shift, rows, n, eps, err);
+    rmsnorm_heads_kernel<<<(unsigned)((rows + HEADNORM_ROWS - 1) / HEADNORM_ROWS), HEADNORM_ROWS * 32, 0,
+                           cuda_stream()>>>(out, x, w, shift, rows, n, eps);
+    return cuda_launched("rmsnorm_heads", err);
 }
 
 /* One thread per (token, head, pair). */
@@ -108,21 +126,14 @@ hearth_status cuda_gelu_tanh_mul(float *gate, const float *up, size_t n, hearth_
 }
 
 /* The residual add and the next rmsnorm in one pass: x += delta, out = rmsnorm(x). The
- * same reduction tree as rmsnorm_kernel, so the result equals the two separate kernels
- * bit for bit; each thread re-reads only the x values it wrote itself. */
+ * same reduction as rmsnorm_kernel (cuda_norm.cuh), so the result equals the two separate
+ * kernels bit for bit. */
 __global__ void add_rmsnorm_kernel(float *out, float *x, const float *delta, const float *w, float shift, int n,
                                    float eps) {
     pdl_trigger();
-    float *xr = x + (size_t)blockIdx.x * n, *o = out + (size_t)blockIdx.x * n;
-    const float *dr = delta + (size_t)blockIdx.x * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = xr[i] + dr[i];
-        xr[i] = v;
-        ss += v * v;
-    }
-    float inv = block_inv_rms(ss, n, eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * inv * (w[i] + shift);
+    float *o = out + (size_t)blockIdx.x * n;
+    norm_row(x + (size_t)blockIdx.x * n, delta + (size_t)blockIdx.x * n, w, shift, n, eps,
+             [&](int i, float y) { o[i] = y; });
 }
 
 hearth_status cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
@@ -309,7 +320,8 @@ static __device__ __forceinline__ float warp_max(float v) {
 #define DA_SPLITS_MAX CUDA_ATT_SPLITS_MAX /* cuda_plan.h: the split scratch is sized by it */
 
 template <int GM, int NV, int KVQ>
-__global__ void __launch_bounds__(DA_WARPS * 32) attention_decode_kernel(cuda_attention_args a, cuda_kv kv, int S) {
+__global__ void __launch_bounds__(DA_WARPS * 32)
+    attention_decode_kernel(cuda_attention_args a, cuda_kv kv, int S, int min_chunk) {
     __shared__ float s_p[GM][DA_TILE];
     __shared__ float s_m[GM], s_l[GM], s_corr[GM];
     __shared__ float4 s_red[DA_WARPS][GM * NV * 32];
@@ -317,8 +329,9 @@ __global__ void __launch_bounds__(DA_WARPS * 32) attention_decode_kernel(cuda_at
     int d = a.head_dim, G = a.n_heads / a.n_kv_heads, slot = a.slot[t];
     int p_end = a.pos[t], p_start = 0;
     if (a.window > 0 && p_end - a.window + 1 > 0) p_start = p_end - a.window + 1;
-    int len = p_end - p_start + 1, chunk = (len + S - 1) / S;
+    int len = p_end - p_start + 1, chunk = max((len + S - 1) / S, min_chunk);
     int c0 = p_start + split * chunk, c1 = min(c0 + chunk, p_end + 1);
+    if (S > 1 && c0 >= c1) return; /* past the sequence: attention_combine reads only the splits before */
     float4 q[GM][NV], acc[GM][NV];
 #pragma unroll
     for (int g = 0; g < GM; g++)
@@ -460,10 +473,15 @@ __global__ void __launch_bounds__(DA_WARPS * 32) attention_decode_kernel(cuda_at
     }
 }
 
-/* Merges the S split results of each (head, token): out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s. */
-__global__ void attention_combine_kernel(cuda_attention_args a, int S) {
+/* Merges the split results of each (head, token): out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s,
+ * over the splits that hold positions of the sequence (the same chunking as attention_decode). */
+__global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int min_chunk) {
     int h = blockIdx.x, t = blockIdx.y, d = a.head_dim;
-    const float *part = a.split_scratch + ((size_t)t * a.n_heads + h) * S * (size_t)(d + 4);
+    const float *part = a.split_scratch + ((size_t)t * a.n_heads + h) * S_all * (size_t)(d + 4);
+    int p_end = a.pos[t], p_start = 0;
+    if (a.window > 0 && p_end - a.window + 1 > 0) p_start = p_end - a.window + 1;
+    int len = p_end - p_start + 1, chunk = max((len + S_all - 1) / S_all, min_chunk);
+    int S = min(S_all, (len + chunk - 1) / chunk);
     float M = -INFINITY;
     for (int s = 0; s < S; s++)
         if (part[(size_t)s * (d + 4) + 1] > 0.0f) M = fmaxf(M, part[(size_t)s * (d + 4)]);
@@ -504,18 +522,32 @@ static bool decode_kernel_fits(const cuda_attention_args *a) {
     return !old && a->head_dim % 4 == 0 && a->head_dim <= 256 && (G <= 4 || (G <= 8 && a->head_dim <= 128));
 }
 
+/* The fewest positions a split takes: 1 (the default) spreads every sequence over all S
+ * splits (a 520-token sequence in 32 splits of 17 positions); HEARTH_CUDA_ATT_MIN_CHUNK=64
+ * (DA_TILE) gives short sequences fewer, full-tile splits and a shorter combine (A/B). */
+static int decode_min_chunk(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("HEARTH_CUDA_ATT_MIN_CHUNK");
+        v = e ? atoi(e) : 1;
+        if (v < 1) v = 1;
+    }
+    return v;
+}
+
 static hearth_status launch_decode_attention(const cuda_attention_args *a, hearth_error *err) {
-    int S = decode_splits(a), G = a->n_heads / a->n_kv_heads, nv = a->head_dim > 128 ? 2 : 1;
+    int S = decode_splits(a), G = a->n_heads / a->n_kv_heads, nv = a->head_dim > 128 ? 2 : 1, mc = decode_min_chunk();
     dim3 grid((unsigned)a->n_kv_heads, (unsigned)a->T, (unsigned)S);
     unsigned threads = DA_WARPS * 32;
     CUDA_KV_DISPATCH(a->kv->quant, KVQ, {
-        if (G <= 4 && nv == 1) attention_decode_kernel<4, 1, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S);
-        else if (G <= 4) attention_decode_kernel<4, 2, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S);
-        else attention_decode_kernel<8, 1, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S);
+        if (G <= 4 && nv == 1)
+            attention_decode_kernel<4, 1, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S, mc);
+        else if (G <= 4) attention_decode_kernel<4, 2, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S, mc);
+        else attention_decode_kernel<8, 1, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S, mc);
     });
     if (cuda_launched("attention_decode", err)) return HEARTH_ERR_IO;
     if (S == 1) return HEARTH_OK;
-    attention_combine_kernel<<<dim3((unsigned)a->n_heads, (unsigned)a->T), 128, 0, cuda_stream()>>>(*a, S);
+    attention_combine_kernel<<<dim3((unsigned)a->n_heads, (unsigned)a->T), 128, 0, cuda_stream()>>>(*a, S, mc);
     return cuda_launched("attention_combine", err);
 }
 

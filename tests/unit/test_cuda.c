@@ -1007,8 +1007,8 @@ static void check_attention(int head_dim, int window, int prefill) {
         ga.split_scratch = dsplit;
     }
     assert_int_equal(cuda_attention(&ga, &e), HEARTH_OK);
-    if (dsplit) cuda_free(dsplit);
     float *out = download(dout, nq);
+    if (dsplit) cuda_free(dsplit);
     for (size_t i = 0; i < nq; i++)
         /* out is a convex combination of values in [-1, 1]; scores (<= head_dim products,
          * scaled by 1/sqrt(d)) differ by ~d·eps between summation orders, which moves the

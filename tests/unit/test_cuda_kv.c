@@ -451,6 +451,69 @@ static void test_kv_write(void **state) {
         }
 }
 
+/* cuda_rope_kv_write (the decode steps' RoPE + KV write in one launch) against cuda_rope_qk
+ * then cuda_kv_write, each checked against the CPU elsewhere (test_rope, test_kv_write): q,
+ * the rotated k and every written pool row (and scale) must be the same bits, in every pool
+ * format, GQA shape and both RoPE orders. */
+static void test_rope_kv_write(void **state) {
+    (void)state;
+    hearth_error e = {0};
+    for (int qi = 0; qi < NQUANTS; qi++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            for (int adjacent = 0; adjacent < 2; adjacent++) {
+                int heads = shapes[si].heads, kvh = shapes[si].kvh, d = shapes[si].d, quant = quants[qi];
+                pool P;
+                pool_make(&P, quant, kvh, d);
+                cuda_kv two;
+                assert_int_equal(cuda_kv_alloc(&two, &P.kvf, quant, &e), HEARTH_OK);
+                int T = P.total;
+                int32_t *pos = malloc(T * 4), *slot = malloc(T * 4);
+                for (int s = 0; s < SLOTS; s++)
+                    for (int p = 0; p < P.lens[s]; p++) pos[P.first[s] + p] = p, slot[P.first[s] + p] = s;
+                size_t nq = (size_t)T * heads * d, nk = (size_t)T * kvh * d;
+                float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *inv = malloc((size_t)d / 2 * 4);
+                for (size_t i = 0; i < nq; i++) q[i] = rndf();
+                for (size_t i = 0; i < nk; i++) k[i] = 3.0f * rndf(), v[i] = rndf();
+                for (int i = 0; i < d / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / d);
+                float *dq1 = dev_from(q, nq * 4), *dq2 = dev_from(q, nq * 4), *dk1 = dev_from(k, nk * 4),
+                      *dk2 = dev_from(k, nk * 4), *dv = dev_from(v, nk * 4), *dinv = dev_from(inv, (size_t)d / 2 * 4);
+                int32_t *dpos = dev_from(pos, T * 4), *dslot = dev_from(slot, T * 4);
+                assert_int_equal(cuda_rope_qk(dq1, dk1, T, heads, kvh, d, dpos, dinv, adjacent, &e), HEARTH_OK);
+                assert_int_equal(cuda_kv_write(&P.dkv, 1, dk1, dv, T, dpos, dslot, &e), HEARTH_OK);
+                assert_int_equal(cuda_rope_kv_write(&two, 1, dq2, dk2, dv, T, heads, dpos, dslot, dinv, adjacent, &e),
+                                 HEARTH_OK);
+                float *q1 = download(dq1, nq * 4), *q2 = download(dq2, nq * 4), *k1 = download(dk1, nk * 4),
+                      *k2 = download(dk2, nk * 4);
+                assert_memory_equal(q1, q2, nq * 4);
+                assert_memory_equal(k1, k2, nk * 4);
+                size_t rows = (size_t)LAYERS * P.kvf.n_blocks * kvh * KV_BLOCK_SIZE;
+                int scaled = quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8;
+                size_t eb = quant == HEARTH_KV_FLOAT ? 4 : quant == HEARTH_KV_F16 ? 2 : 1;
+                for (int which = 0; which < 2; which++) {
+                    uint8_t *a = download(which ? P.dkv.v : P.dkv.k, rows * d * eb),
+                            *b = download(which ? two.v : two.k, rows * d * eb);
+                    float *sa = scaled ? download(which ? P.dkv.v_scale : P.dkv.k_scale, rows * 4) : NULL,
+                          *sb = scaled ? download(which ? two.v_scale : two.k_scale, rows * 4) : NULL;
+                    for (int t = 0; t < T; t++)
+                        for (int h = 0; h < kvh; h++) {
+                            size_t row = kv_row(&P.kvf, 1, slot[t], pos[t], h);
+                            if (memcmp(a + row * d * eb, b + row * d * eb, (size_t)d * eb) ||
+                                (scaled && memcmp(&sa[row], &sb[row], 4)))
+                                fail_msg("rope_kv_write quant %d heads %d/%d d=%d adjacent=%d: %s row of token %d "
+                                         "head %d differs from rope_qk + kv_write",
+                                         quant, heads, kvh, d, adjacent, which ? "V" : "K", t, h);
+                        }
+                    free(a), free(b), free(sa), free(sb);
+                }
+                free(q1), free(q2), free(k1), free(k2);
+                cuda_free(dq1), cuda_free(dq2), cuda_free(dk1), cuda_free(dk2), cuda_free(dv), cuda_free(dinv);
+                cuda_free(dpos), cuda_free(dslot);
+                free(q), free(k), free(v), free(inv), free(pos), free(slot);
+                cuda_kv_free(&two);
+                pool_free(&P);
+            }
+}
+
 /* cuda_attention sends single-sequence chunks of more than 8 tokens to the tensor-core kernel
  * where it fits; main sets HEARTH_CUDA_ATT_PREFILL=old so check_attention's prefill mode
  * measures the f32 prefill kernel against the f32 tolerance, and check_prefill_tc covers the
@@ -540,7 +603,8 @@ int main(void) {
     rng_state ^= (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull;
     printf("test_cuda_kv: device 0: %s; seed %llx\n", info.name, (unsigned long long)rng_state);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_kv_bytes), cmocka_unit_test(test_e4m3_reference),
-                                       cmocka_unit_test(test_kv_write), cmocka_unit_test(test_attention_quant),
+                                       cmocka_unit_test(test_kv_write), cmocka_unit_test(test_rope_kv_write),
+                                       cmocka_unit_test(test_attention_quant),
                                        cmocka_unit_test(test_attention_invariant)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_rope.cuh"
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -25,13 +26,7 @@ __global__ void rope_qk_kernel(float *q, float *k, int T, int n_heads, int n_kv_
     int i = (int)(idx % half);
     size_t th = idx / half; /* t * heads + h */
     int t = (int)(th / heads);
-    float theta = (float)pos[t] * inv_freq[i];
-    float c = cosf(theta), s = sinf(theta);
-    float *v = (kside ? k : q) + th * head_dim;
-    int a = adjacent ? 2 * i : i, b = adjacent ? 2 * i + 1 : i + half;
-    float x0 = v[a], x1 = v[b];
-    v[a] = x0 * c - x1 * s;
-    v[b] = x0 * s + x1 * c;
+    rope_rotate_pair((kside ? k : q) + th * head_dim, i, half, pos[t], inv_freq, adjacent);
 }
 
 hearth_status cuda_rope_qk(float *q, float *k, int T, int n_heads, int n_kv_heads, int head_dim, const int32_t *pos,

@@ -3,6 +3,7 @@
  * values (quantizing int8 / fp8 rows, rounding f16 ones, by cuda_kv_access.cuh's rules). Allocates only in
  * cuda_kv_alloc / cuda_kv_upload, which run once at start. */
 #include "backend/cuda/cuda_kv_access.cuh"
+#include "backend/cuda/cuda_rope.cuh"
 extern "C" {
 #include "backend/cuda/cuda_plan.h"
 }
@@ -86,18 +87,17 @@ static __device__ __forceinline__ float block_amax(float a, float *part) {
     return a;
 }
 
-/* One block per (token, KV head); pool rows of positions whose block is missing from the
- * table are not written (the host reserved every position before the step). Quantized
- * pools: the row's max |x| (exact in any order), its scale, then every element. */
+/* Token t's key and value rows of KV head h (ks, vs: head_dim floats) into the pool of
+ * `layer`, by one block of KVW_THREADS; a position whose block is missing from the table is
+ * not written (the host reserved every position before the step). Quantized pools: the
+ * row's max |x| (exact in any order), its scale, then every element. */
 template <int KVQ>
-__global__ void __launch_bounds__(KVW_THREADS)
-    kv_write_kernel(cuda_kv kv, int layer, const float *k, const float *v, const int32_t *pos, const int32_t *slot) {
+static __device__ __forceinline__ void kv_write_row(const cuda_kv &kv, int layer, const float *ks, const float *vs,
+                                                    int h, int p, int slot) {
     __shared__ float part_k[KVW_THREADS / 32], part_v[KVW_THREADS / 32];
-    int t = blockIdx.x, h = blockIdx.y, d = kv.head_dim, p = pos[t];
-    int b = cuda_kv_block(kv, slot[t], p);
+    int d = kv.head_dim, b = cuda_kv_block(kv, slot, p);
     if (b < 0) return; /* the whole block leaves: no barrier below is half-reached */
     size_t row = cuda_kv_row(kv, layer, b, h, p);
-    const float *ks = k + ((size_t)t * kv.n_kv_heads + h) * d, *vs = v + ((size_t)t * kv.n_kv_heads + h) * d;
     float inv_k = 1.0f, inv_v = 1.0f;
     if (KVQ == HEARTH_KV_INT8 || KVQ == HEARTH_KV_FP8) {
         float ak = 0.0f, av = 0.0f;
@@ -119,6 +119,50 @@ __global__ void __launch_bounds__(KVW_THREADS)
         cuda_kv_store<KVQ>(kv.k, row, d, i, ks[i], inv_k);
         cuda_kv_store<KVQ>(kv.v, row, d, i, vs[i], inv_v);
     }
+}
+
+/* One block per (token, KV head). */
+template <int KVQ>
+__global__ void __launch_bounds__(KVW_THREADS)
+    kv_write_kernel(cuda_kv kv, int layer, const float *k, const float *v, const int32_t *pos, const int32_t *slot) {
+    int t = blockIdx.x, h = blockIdx.y;
+    size_t off = ((size_t)t * kv.n_kv_heads + h) * kv.head_dim;
+    kv_write_row<KVQ>(kv, layer, k + off, v + off, h, pos[t], slot[t]);
+}
+
+/* RoPE of q and k (cuda_rope_qk) and kv_write in one launch, for the decode steps: blocks
+ * (t, h) with h < n_kv_heads rotate key head h of token t in place, then store it and its
+ * value row; the others rotate query head h - n_kv_heads in place. Every rotation is
+ * rope_rotate_pair, so q, k and the pool rows equal those of the two launches bit for bit. */
+template <int KVQ>
+__global__ void __launch_bounds__(KVW_THREADS)
+    rope_kv_write_kernel(cuda_kv kv, int layer, float *q, float *k, const float *v, int n_heads, const int32_t *pos,
+                         const int32_t *slot, const float *inv_freq, int adjacent) {
+    int t = blockIdx.x, h = blockIdx.y, d = kv.head_dim, half = d / 2, p = pos[t];
+    if (h >= kv.n_kv_heads) {
+        float *qh = q + ((size_t)t * n_heads + (h - kv.n_kv_heads)) * d;
+        for (int i = threadIdx.x; i < half; i += KVW_THREADS) rope_rotate_pair(qh, i, half, p, inv_freq, adjacent);
+        return;
+    }
+    size_t off = ((size_t)t * kv.n_kv_heads + h) * d;
+    for (int i = threadIdx.x; i < half; i += KVW_THREADS) rope_rotate_pair(k + off, i, half, p, inv_freq, adjacent);
+    __syncthreads(); /* the rotated row, written by other threads of the block */
+    kv_write_row<KVQ>(kv, layer, k + off, v + off, h, p, slot[t]);
+}
+
+hearth_status cuda_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float *k, const float *v, int T, int n_heads,
+                                 const int32_t *pos, const int32_t *slot, const float *inv_freq, int adjacent,
+                                 hearth_error *err) {
+    if (T <= 0) return HEARTH_OK;
+    if (layer < 0 || layer >= dkv->n_layers)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda_rope_kv_write: layer %d of %d", layer, dkv->n_layers);
+    if (dkv->head_dim % 2)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_rope_kv_write: odd head_dim %d", dkv->head_dim);
+    dim3 grid((unsigned)T, (unsigned)(dkv->n_kv_heads + n_heads));
+    CUDA_KV_DISPATCH(dkv->quant, KVQ,
+                     rope_kv_write_kernel<KVQ><<<grid, KVW_THREADS, 0, cuda_stream()>>>(*dkv, layer, q, k, v, n_heads,
+                                                                                        pos, slot, inv_freq, adjacent));
+    return cuda_launched("rope_kv_write", err);
 }
 
 hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const float *v, int T, const int32_t *pos,

@@ -274,6 +274,17 @@ static hearth_status norm_into_xn(cuda_model *cm, const float *delta, const floa
     return cuda_rmsnorm(cm->xn, cm->x, w, shift, T, c->hidden, c->norm_eps, err);
 }
 
+/* RoPE and the KV write in one launch (cuda_rope_kv_write; HEARTH_CUDA_ROPE_KV=0: the two
+ * launches, for A/B runs; the same bits either way). */
+static int rope_kv_fused(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("HEARTH_CUDA_ROPE_KV");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
 /* in: cm->xn; out: cm->tmp (decoder_attention's contract). */
 static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos, const int32_t *slot, int single_slot,
                                hearth_error *err) {
@@ -300,13 +311,17 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
     if (l->k_norm)
         TRY(cuda_rmsnorm_heads(cm->k, cm->k, l->k_norm, c->norm_shift, T * c->n_kv_heads, c->head_dim, c->norm_eps, err));
     const float *freq = sliding ? cm->inv_local : cm->inv_global;
+    /* the new keys join before attending */
     if (cm->unfused) {
         TRY(cuda_rope(cm->q, T, c->n_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
         TRY(cuda_rope(cm->k, T, c->n_kv_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
-    } else {
+        TRY(cuda_kv_write(&cm->kv, i, cm->k, cm->v, T, pos, slot, err));
+    } else if (!rope_kv_fused()) {
         TRY(cuda_rope_qk(cm->q, cm->k, T, c->n_heads, c->n_kv_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
+        TRY(cuda_kv_write(&cm->kv, i, cm->k, cm->v, T, pos, slot, err));
+    } else {
+        TRY(cuda_rope_kv_write(&cm->kv, i, cm->q, cm->k, cm->v, T, c->n_heads, pos, slot, freq, c->rope_adjacent, err));
     }
-    TRY(cuda_kv_write(&cm->kv, i, cm->k, cm->v, T, pos, slot, err)); /* the new keys join before attending */
     cuda_attention_args a = {.kv = &cm->kv,
                              .layer = i,
                              .q = cm->q,

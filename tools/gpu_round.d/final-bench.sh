@@ -30,7 +30,10 @@ print("%s: prefill %.0f tok/s (%.3f of %.0f TFLOP/s), decode %.1f tok/s (%.3f of
     sys.argv[1].split('/')[-1][:-5], j["prefill_tps"], fl / (T / j["prefill_tps"]) / (tf * 1e12), tf, j["decode_tps"], j["roofline_fraction"]))
 PY
 }
-for i in $(seq 1 60); do [ -f $G8/.done ] && [ -f $L8/.done ] && break; sleep 1; done
+# wait (bounded) for the GGUFs, and for the bf16 folder only when a row reads it
+need_l8=0
+case " ${FB_ROWS:-bf16_p4096} " in *" bf16_"*) need_l8=1 ;; esac
+for i in $(seq 1 60); do [ -f $G8/.done ] && { [ $need_l8 = 0 ] || [ -f $L8/.done ]; } && break; sleep 1; done
 # FB_ROWS: which rows, in order (default the four of round 8)
 for r in ${FB_ROWS:-bf16_p4096 q4km_p4096 bf16_decode q8_0_decode}; do
   case $r in

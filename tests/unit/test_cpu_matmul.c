@@ -153,48 +153,39 @@ static void *make_weight(const wcase *c, int64_t n, int64_t k, cpu_weight *w, vo
 }
 
 /* Error bound of a kernel against the double-accumulated reference, for output row n of
- * activation row x. group: how many consecutive x share one int8 scale (32: CPU_ACT_Q8, 256:
- * CPU_ACT_Q8K), 0 for float activations.
- *  - integer-dot kernels quantize x per group to int8 with d = amax/127 and round to
- *    nearest, so each x moves by at most amax_g/254: |err| <= sum_g amax_g/254 *
- *    sum_{i in g} |w_i| (1% slack for the rounding of d and 1/d); plus float rounding of
- *    the per-block (or per super-block) products and offset terms, 1e-5 * sum_b max|w_b| *
- *    sum_{i in b} |x_i| over blocks b of 32 (K <= 512 here: at most 16 block terms per lane
- *    of ~6e-8 each, with margin; a super-block term of the Q8K kernels is one exact integer
- *    sum and a few roundings, bounded by the same sum over its eight blocks);
+ * activation row x:
+ *  - integer-dot kernels quantize x per 32 values to int8 with d = amax/127 and round to
+ *    nearest, so each x moves by at most amax_b/254: |err| <= sum_b amax_b/254 *
+ *    sum_{i in b} |w_i| (1% slack for the rounding of d and 1/d); plus float rounding of
+ *    the per-block products and offset terms, 1e-5 * sum_b max|w_b| * sum_{i in b} |x_i|
+ *    (K <= 512 here: at most 16 block terms per lane of ~6e-8 each, with margin);
  *  - f32 FMA kernels (F32/F16/BF16): only summation order differs: 32 partial sums of
  *    <= K/32 terms plus a tree: <= (K/32 + 8) * 2^-24 * sum|w x|, below 1e-5 * sum|w x|. */
-static double error_bound(const float *wrow, const float *x, int64_t k, int group) {
+static double error_bound(const float *wrow, const float *x, int64_t k, int int8_act) {
     double b_act = 0, b_float = 0, sum_abs = 0;
-    for (int64_t g0 = 0; group && g0 < k; g0 += group) {
-        double ax = 0, sw = 0;
-        for (int64_t i = g0; i < g0 + group && i < k; i++) {
-            ax = fmax(ax, fabs(x[i]));
-            sw += fabs(wrow[i]);
-        }
-        b_act += ax / 254.0 * sw * 1.01;
-    }
     for (int64_t b0 = 0; b0 < k; b0 += 32) {
-        double aw = 0, sx = 0;
+        double ax = 0, aw = 0, sw = 0, sx = 0;
         for (int64_t i = b0; i < b0 + 32 && i < k; i++) {
+            ax = fmax(ax, fabs(x[i]));
             aw = fmax(aw, fabs(wrow[i]));
+            sw += fabs(wrow[i]);
             sx += fabs(x[i]);
             sum_abs += fabs((double)wrow[i] * x[i]);
         }
+        b_act += ax / 254.0 * sw * 1.01;
         b_float += 2 * aw * sx;
     }
-    if (!group) return 1e-5 * sum_abs + 1e-30;
+    if (!int8_act) return 1e-5 * sum_abs + 1e-30;
     return b_act + 1e-5 * b_float + 1e-30;
 }
 
 /* Expected squared error of an int8-activation dot: rounding errors are close to
- * independent and uniform in [-d_g/2, d_g/2] (d_g = amax_g/127 of the scale group), variance
- * d_g^2/12 each. */
-static double int8_error_variance(const float *wrow, const float *x, int64_t k, int group) {
+ * independent and uniform in [-d_b/2, d_b/2] (d_b = amax_b/127), variance d_b^2/12 each. */
+static double int8_error_variance(const float *wrow, const float *x, int64_t k) {
     double v = 0;
-    for (int64_t g0 = 0; g0 < k; g0 += group) {
+    for (int64_t b0 = 0; b0 < k; b0 += 32) {
         double ax = 0, sw2 = 0;
-        for (int64_t i = g0; i < g0 + group && i < k; i++) {
+        for (int64_t i = b0; i < b0 + 32 && i < k; i++) {
             ax = fmax(ax, fabs(x[i]));
             sw2 += (double)wrow[i] * wrow[i];
         }
@@ -239,9 +230,6 @@ static void check_case_ts(const wcase *c, int64_t n, int64_t k, const int *Ts, s
             if (lv == CPU_LEVEL_AVX512 && !cpu_avx512_kernel(&w, &kern)) cpu_avx2_kernel(&w, &kern);
             else if (lv == CPU_LEVEL_AVX2) cpu_avx2_kernel(&w, &kern);
             int int8_act = fast && kern.act != CPU_ACT_F32;
-            /* the x scale group of this call: a CPU_ACT_Q8K kernel's multi-token tiles take
-             * CPU_ACT_Q8 (matmul.c part_act) */
-            int group = !int8_act ? 0 : kern.act == CPU_ACT_Q8K && !(T > 1 && kern.tile) ? 256 : 32;
             size_t ss = cpu_matmul_scratch_size(&w, T);
             void *scratch = ss ? malloc(ss) : NULL;
             /* Formats with a fast kernel at this level must not fall back to the reference. */
@@ -256,7 +244,7 @@ static void check_case_ts(const wcase *c, int64_t n, int64_t k, const int *Ts, s
                     for (int64_t r = 0; r < n; r++) {
                         double got = y[t * n + r], want = ref[t * n + r];
                         /* Scalar level runs the reference itself: identical results. */
-                        double bound = fast ? error_bound(wf + r * k, x + t * k, k, group) : 0;
+                        double bound = fast ? error_bound(wf + r * k, x + t * k, k, int8_act) : 0;
                         if (!(fabs(got - want) <= bound))
                             fail_msg("%s level %s threads %d N %lld K %lld T %d: y[%d][%lld] = %.7g, ref %.7g, "
                                      "bound %.3g",
@@ -264,7 +252,7 @@ static void check_case_ts(const wcase *c, int64_t n, int64_t k, const int *Ts, s
                                      (long long)r, got, want, bound);
                         if (int8_act) {
                             sq_err += (got - want) * (got - want);
-                            sq_expected += int8_error_variance(wf + r * k, x + t * k, k, group);
+                            sq_expected += int8_error_variance(wf + r * k, x + t * k, k);
                         }
                     }
                 /* The worst-case bound above is loose; this catches systematic errors (a wrong
@@ -345,7 +333,7 @@ static void test_prefill_tiles_long_k(void **state) {
     }
 }
 
-/* The k-quant row kernels stage per-call activation terms on the stack for K up to 64
+/* The AVX2 k-quant kernels stage per-call activation terms on the stack for K up to 64
  * super-blocks (kernels_avx2.c A2_K_MAX_SB) and form them per row group beyond: K of 65
  * super-blocks, N of a 4-row pass and 3 lone rows. */
 static void test_k_quants_beyond_staged_k(void **state) {
@@ -447,14 +435,6 @@ static void test_quantize_row_matches_reference(void **state) {
         for (int i = 32; i < 64; i++) x[i] = (float)(i - 48) * 0.5f;     /* block 1: exact halves */
         for (int i = 64; i < 96; i++) x[i] = (i % 2 ? -1.0f : 1.0f) * 127; /* block 2: +-amax */
         for (int i = 96; i < 128; i++) x[i] = i == 100 ? -5.0f : 0.01f * (float)(i - 112); /* amax negative */
-        for (int i = K - 256; i < K; i++) x[i] = 0.0f; /* last 256 (a CPU_ACT_Q8K scale group): all zero */
-        memset(a, 0x55, sizeof a);
-        cpu_quantize_row_q8k_ref(x, K, a);
-        memset(b, 0x55, sizeof b);
-        cpu_avx2_quantize_row_q8k(x, K, b);
-        if (memcmp(a, b, sizeof a)) fail_msg("rep %d: AVX2 Q8K quantizer differs from the reference", rep);
-        for (int i = 0; i < K / 32; i++) /* one d per 256 */
-            if (a[i].d != a[i / 8 * 8].d) fail_msg("rep %d: Q8K block %d has its own scale", rep, i);
         memset(a, 0x55, sizeof a);
         cpu_quantize_row_ref(x, K, a, 0);
         memset(b, 0x55, sizeof b);

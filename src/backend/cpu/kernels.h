@@ -16,15 +16,10 @@ typedef struct cpu_q8_block {
 
 /* How a kernel wants its activation row. */
 typedef enum cpu_act {
-    CPU_ACT_F32,        /* the float row as given */
-    CPU_ACT_Q8,         /* cpu_q8_block per 32 values, in order */
-    CPU_ACT_Q8_EVENODD, /* per block: the 16 even-indexed values, then the 16 odd ones (MLX 4-bit
-                           packs element 2i and 2i+1 into one byte's low and high nibble) */
-    CPU_ACT_Q8K         /* cpu_q8_block per 32 values, in order, but the eight blocks of each 256-value
-                           super-block share one d (amax of the 256 / 127), so a k-quant super-block's
-                           sub-block dots add up in integer (k a multiple of 256). Coarser than
-                           CPU_ACT_Q8 where one block's amax is far below its neighbours'. Only the
-                           rows kernel takes it: the tile kernels of such a kernel get CPU_ACT_Q8. */
+    CPU_ACT_F32,       /* the float row as given */
+    CPU_ACT_Q8,        /* cpu_q8_block per 32 values, in order */
+    CPU_ACT_Q8_EVENODD /* per block: the 16 even-indexed values, then the 16 odd ones (MLX 4-bit
+                          packs element 2i and 2i+1 into one byte's low and high nibble) */
 } cpu_act;
 
 typedef void (*cpu_rows_fn)(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, float *y);
@@ -69,10 +64,6 @@ void cpu_quantize_row_ref(const float *x, int64_t k, cpu_q8_block *out, int even
 void cpu_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
 void cpu_avx512_quantize_row(const float *x, int64_t k, cpu_q8_block *out); /* in-order only */
 void cpu_avx2_quantize_row(const float *x, int64_t k, cpu_q8_block *out);   /* in-order only */
-/* The same rule for CPU_ACT_Q8K (k a multiple of 256): d = amax of each 256 values / 127,
- * written into each of its eight blocks. Both forms give identical bytes. */
-void cpu_quantize_row_q8k_ref(const float *x, int64_t k, cpu_q8_block *out);
-void cpu_avx2_quantize_row_q8k(const float *x, int64_t k, cpu_q8_block *out);
 
 /* Reads one MLX scale or bias (F32/F16/BF16) by element index. */
 float cpu_sb_load(tensor_dtype t, const void *p, int64_t i);

@@ -505,16 +505,16 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
 }
 
 /* Decode (rows) and prefill (tile) entry points of a multi-row kernel FN(w, n0, n1, x,
- * xstride, T, y, ystride, ARG, rows, tokens): A2_ROWS rows at a time, the remainder
- * one by one; A2_TOKENS tokens at a time, a last odd token alone. */
-#define A2_ROWS_KERNEL(ROWS_NAME, FN, ARG)                                                                             \
+ * xstride, T, y, ystride, ARG, rows, tokens): decode DR rows at a time (A2_ROWS or 1), the
+ * remainder one by one; prefill A2_ROWS rows and A2_TOKENS tokens at a time, a last odd
+ * token alone. */
+#define A2_KERNELS(ROWS_NAME, TILE_NAME, FN, ARG, DR)                                                                  \
     __attribute__((target(KTARGET))) static void ROWS_NAME(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, \
                                                            float *y) {                                                 \
-        int64_t n4 = n0 + (n1 - n0) / A2_ROWS * A2_ROWS;                                                               \
-        FN(w, n0, n4, x, 0, 1, y, 0, ARG, A2_ROWS, 1);                                                                 \
-        FN(w, n4, n1, x, 0, 1, y, 0, ARG, 1, 1);                                                                       \
-    }
-#define A2_TILE_KERNEL(TILE_NAME, FN, ARG)                                                                             \
+        int64_t nr = n0 + (n1 - n0) / (DR) * (DR);                                                                     \
+        FN(w, n0, nr, x, 0, 1, y, 0, ARG, DR, 1);                                                                      \
+        if ((DR) > 1) FN(w, nr, n1, x, 0, 1, y, 0, ARG, 1, 1);                                                         \
+    }                                                                                                                  \
     __attribute__((target(KTARGET))) static void TILE_NAME(const cpu_weight *w, int64_t n0, int64_t n1,                \
                                                            const void *xv, int64_t xstride, int T, float *y,           \
                                                            int64_t ystride) {                                          \
@@ -526,178 +526,17 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
         for (int t = T2; t < T; t++) /* a leftover token */                                                            \
             FN(w, n0, n1, x + t * xstride, xstride, 1, y + t * ystride, ystride, ARG, 1, 1);                           \
     }
-#define A2_KERNELS(ROWS_NAME, TILE_NAME, FN, ARG) A2_ROWS_KERNEL(ROWS_NAME, FN, ARG) A2_TILE_KERNEL(TILE_NAME, FN, ARG)
 
-A2_KERNELS(a2_rows_q4_0, a2_tile_q4_0, a2_q4_tile, A2_Q4_0)
-A2_KERNELS(a2_rows_q4_1, a2_tile_q4_1, a2_q4_tile, A2_Q4_1)
-A2_KERNELS(a2_rows_q8_0, a2_tile_q8_0, a2_b32_tile, A2_Q8_0)
-A2_TILE_KERNEL(a2_tile_q4_k, a2_q4k_tile, 0) /* decode: a2_rows_q4_k_q8k below */
-A2_TILE_KERNEL(a2_tile_q6_k, a2_q6k_tile, 0) /* decode: a2_rows_q6_k_q8k below */
-
-/* ---- Q4_K / Q6_K decode on CPU_ACT_Q8K activations (one scale per 256 values) ----
- * With the activation scale dx shared by a super-block's eight 32-element blocks, a k-quant
- * super-block's dot is one integer sum (the sub-block scales applied by madd of the maddubs
- * pairs, the sub-block sums added in i32) and one conversion and one FMA by d * dx, instead
- * of a conversion, a broadcast and an FMA per 32 elements as in a2_q4k_tile / a2_q6k_tile.
- * The headers are unpacked in vector registers and the scales broadcast by vpshufd with an
- * immediate (llvm-mca znver3, Q4_K: a block throughput of 13 cycles per super-block,
- * against 19 with the header decoded in scalar registers as a2_q4k_scales does, which is
- * bound by loads and GPR-to-vector moves). One row at a time, not four: a single sequential
- * stream per thread is what the memory system serves best (Zen 3, DRAM, 1B Q4_K shapes,
- * medians of interleaved rounds, the same arithmetic: 1 row ~9.5-10.5 GB/s, 4 rows ~7-9 on
- * one thread; see bench/results/cpu_q4k_decode.md). */
-
-/* The 16 activation half-block sums (sum16) of super-block xb as i16 lanes, in order. */
-A2_INLINE __m256i a2_q8k_bsums(const cpu_q8_block *xb) {
-    uint32_t s[8];
-    #pragma GCC unroll 8
-    for (int c = 0; c < 8; c++) memcpy(&s[c], xb[c].sum16, 4);
-    return _mm256_setr_epi32((int)s[0], (int)s[1], (int)s[2], (int)s[3], (int)s[4], (int)s[5], (int)s[6], (int)s[7]);
-}
-
-/* Q4_K super-block header (16 bytes at blk: f16 d, f16 dmin, 12 bytes of 6-bit scales and
- * mins) -> bytes [sc_0..sc_7, m_0..m_7], in vector registers: sub-blocks 0..3 take the low 6
- * bits of header bytes 4..7 (scales) and 8..11 (mins); 4..7 a nibble of bytes 12..15 plus
- * the top two bits of bytes 4..7 (scales) or 8..11 (mins). Also returns [d, dmin] in lanes
- * 0, 1 of *dm. */
-A2_INLINE __m128i a2_q4k_header(const uint8_t *blk, __m128 *dm) {
-    __m128i h = _mm_loadu_si128((const __m128i *)blk); /* dwords: [d | dmin], u0, u1, u2 */
-    *dm = _mm_cvtph_ps(h);
-    __m128i a = _mm_srlv_epi32(_mm_shuffle_epi32(h, _MM_SHUFFLE(3, 2, 3, 1)), _mm_setr_epi32(0, 0, 0, 4));
-    __m128i b = _mm_srli_epi32(_mm_shuffle_epi32(h, _MM_SHUFFLE(2, 2, 1, 1)), 2); /* [., u0, ., u1] >> 2 */
-    return _mm_or_si128(_mm_and_si128(a, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f)),
-                        _mm_and_si128(b, _mm_setr_epi32(0, 0x30303030, 0, 0x30303030)));
-}
-
-/* Rows n0..n1-1 of Q4_K (w = d*sc_c*q - dmin*m_c) against one CPU_ACT_Q8K row. Per
- * super-block: the scale term is 8 madds of the maddubs pairs by sc_c, added in i32 (a lane
- * is at most 8 sub-blocks x 2 pairs x 63 x 3810 < 2^22, exact as a float too); the min term
- * one madd of the 16 activation half-block sums by [m_c, m_c] (< 2^20); then a conversion
- * and an FMA each, by d * dx and dmin * dx. */
-A2_INLINE void a2_q4k_q8k_rows(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y) {
-    int64_t nsb = w->k / 256, rb = nsb * 144, pf = a2_prefetch_distance(rb);
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const int staged = nsb <= A2_K_MAX_SB;
-    __m256i bs[A2_K_MAX_SB];
-    for (int64_t sb = 0; staged && sb < nsb && n0 < n1; sb++) bs[sb] = a2_q8k_bsums(x + sb * 8);
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *row = (const uint8_t *)w->data + n * rb;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t sb = 0; sb < nsb; sb++) {
-            const cpu_q8_block *xb = x + sb * 8;
-            const uint8_t *blk = row + sb * 144, *qs = blk + 16;
-            _mm_prefetch((const char *)blk + pf, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + pf + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + pf + 128, _MM_HINT_T0);
-            __m128 dm;
-            __m128i sm = a2_q4k_header(blk, &dm);
-            /* mins [m_0, m_0, ..., m_7, m_7] (i16) against the 16 half-block sums */
-            __m256i imin =
-                _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)), staged ? bs[sb] : a2_q8k_bsums(xb));
-            /* scales as i16 pairs: dword c of [sc_0..sc_3] (lo) or [sc_4..sc_7] (hi) = sc_c | sc_c << 16,
-             * both 128-bit halves alike, so vpshufd broadcasts one without a constant */
-            __m128i s16 = _mm_cvtepu8_epi16(sm);
-            __m256i slo = _mm256_broadcastsi128_si256(_mm_unpacklo_epi16(s16, s16));
-            __m256i shi = _mm256_broadcastsi128_si256(_mm_unpackhi_epi16(s16, s16));
-            __m256i s = _mm256_setzero_si256();
-            #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) { /* 32 bytes: sub-block 2j (low), 2j+1 (high nibbles) */
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-                __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-                __m256i sv = j < 2 ? slo : shi;
-                __m256i sc0, sc1;
-                if (j % 2 == 0) {
-                    sc0 = _mm256_shuffle_epi32(sv, _MM_SHUFFLE(0, 0, 0, 0));
-                    sc1 = _mm256_shuffle_epi32(sv, _MM_SHUFFLE(1, 1, 1, 1));
-                } else {
-                    sc0 = _mm256_shuffle_epi32(sv, _MM_SHUFFLE(2, 2, 2, 2));
-                    sc1 = _mm256_shuffle_epi32(sv, _MM_SHUFFLE(3, 3, 3, 3));
-                }
-                __m256i p0 =
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xb[2 * j].q)), sc0);
-                __m256i p1 = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)xb[2 * j + 1].q)), sc1);
-                s = _mm256_add_epi32(s, _mm256_add_epi32(p0, p1));
-            }
-            __m128 f = _mm_mul_ps(dm, _mm_set1_ps(xb->d)); /* [d * dx, dmin * dx] */
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcastss_ps(f), acc);
-            acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_broadcastss_ps(_mm_movehdup_ps(f)), acc);
-        }
-        y[n] = a2_hsum(acc);
-    }
-}
-
-__attribute__((target(KTARGET))) static void a2_rows_q4_k_q8k(const cpu_weight *w, int64_t n0, int64_t n1,
-                                                              const void *x, float *y) {
-    a2_q4k_q8k_rows(w, n0, n1, x, y);
-}
-
-/* Rows n0..n1-1 of Q6_K (w = d * sc_g * (q - 32), 16-element groups g) against one
- * CPU_ACT_Q8K row. The stored offset enters in i32 as -32 * sum_g sc_g * xsum_g (one madd of
- * the 16 scales by the 16 activation half-block sums), so a super-block is one integer sum,
- * one conversion and one FMA by d * dx. A lane of the sum is at most 8 blocks x 2 pairs x
- * 128 x 16002 plus 32 x 2 x 128 x 2032 < 2^26: exact in i32, rounded once by the conversion
- * (2^-24 relative). */
-A2_INLINE void a2_q6k_q8k_rows(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y) {
-    int64_t nsb = w->k / 256, rb = nsb * 210, pf = a2_prefetch_distance(rb);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    /* even-indexed scales to bytes 0..7, odd ones to 8..15 */
-    const __m128i evenodd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    const int staged = nsb <= A2_K_MAX_SB;
-    __m256i bs[A2_K_MAX_SB];
-    for (int64_t sb = 0; staged && sb < nsb && n0 < n1; sb++) bs[sb] = a2_q8k_bsums(x + sb * 8);
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *row = (const uint8_t *)w->data + n * rb;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t sb = 0; sb < nsb; sb++) {
-            const cpu_q8_block *xb = x + sb * 8;
-            const uint8_t *blk = row + sb * 210;
-            _mm_prefetch((const char *)blk + pf, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + pf + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + pf + 128, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + pf + 192, _MM_HINT_T0);
-            __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
-            __m256i s =
-                _mm256_slli_epi32(/* the stored q + 32 */
-                                  _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), staged ? bs[sb] : a2_q8k_bsums(xb)), 5);
-            s = _mm256_sub_epi32(_mm256_setzero_si256(), s);
-            /* dword c of e[h] = sc_g | sc_g << 16 for g = 8h + 2c (low 128 bits) and g + 1 (high):
-             * block 4h + c's two 16-element scales, broadcast by vpshufd */
-            __m256i t = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, evenodd));
-            __m256i e[2] = {_mm256_unpacklo_epi16(t, t), _mm256_unpackhi_epi16(t, t)};
-            #pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) { /* two halves of 128: ql 64 bytes, qh 32 bytes each */
-                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
-                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
-                __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-                /* bits 2c, 2c+1 of qh become bits 4, 5 of value c (as in a2_q6k_tile) */
-                __m256i q[4] = {
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
-                #pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    __m256i scv = c == 0   ? _mm256_shuffle_epi32(e[h], _MM_SHUFFLE(0, 0, 0, 0))
-                                  : c == 1 ? _mm256_shuffle_epi32(e[h], _MM_SHUFFLE(1, 1, 1, 1))
-                                  : c == 2 ? _mm256_shuffle_epi32(e[h], _MM_SHUFFLE(2, 2, 2, 2))
-                                           : _mm256_shuffle_epi32(e[h], _MM_SHUFFLE(3, 3, 3, 3));
-                    /* q <= 63: maddubs pairs stay inside i16 (<= 16002) */
-                    __m256i p16 = _mm256_maddubs_epi16(q[c], _mm256_loadu_si256((const __m256i *)xb[4 * h + c].q));
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(p16, scv));
-                }
-            }
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(a2_f16(blk + 208) * xb->d), acc);
-        }
-        y[n] = a2_hsum(acc);
-    }
-}
-
-__attribute__((target(KTARGET))) static void a2_rows_q6_k_q8k(const cpu_weight *w, int64_t n0, int64_t n1,
-                                                              const void *x, float *y) {
-    a2_q6k_q8k_rows(w, n0, n1, x, y);
-}
+A2_KERNELS(a2_rows_q4_0, a2_tile_q4_0, a2_q4_tile, A2_Q4_0, A2_ROWS)
+A2_KERNELS(a2_rows_q4_1, a2_tile_q4_1, a2_q4_tile, A2_Q4_1, A2_ROWS)
+A2_KERNELS(a2_rows_q8_0, a2_tile_q8_0, a2_b32_tile, A2_Q8_0, A2_ROWS)
+/* Q4_K / Q6_K decode one row at a time: from DRAM one sequential stream per thread ran
+ * faster than four rows' streams side by side (Zen 3, 1B Q4_K shapes, medians of interleaved
+ * rounds, 2 threads: ~13-15 vs ~9.5-12.8 GB/s; 1B Q4_K_M decode ~22 vs ~16 tok/s; see
+ * bench/results/cpu_q4k_decode.md). A row's arithmetic is that of a 4-row pass (rows past R
+ * repeat row 0), so the results are bit-identical. */
+A2_KERNELS(a2_rows_q4_k, a2_tile_q4_k, a2_q4k_tile, 0, 1)
+A2_KERNELS(a2_rows_q6_k, a2_tile_q6_k, a2_q6k_tile, 0, 1)
 
 /* ---- Prefill GEMM on weights repacked per 8-row group (lanes = output rows) ----
  * The tiles above spend ~5 vector ops per 32-element block, row and token (maddubs, madd,
@@ -900,52 +739,41 @@ P2_TILE(p2_tile_q4_k, PK_Q4_K)
 P2_TILE(p2_tile_q5_k, PK_Q5_K)
 P2_TILE(p2_tile_q6_k, PK_Q6_K)
 
-/* cpu_quantize_row_ref (in order; per = 1) and cpu_quantize_row_q8k_ref (per = 8 blocks
- * sharing one d), 8 values per instruction: the same amax, d, 1/d and float product, and
- * the conversion rounds to nearest even like lrintf, so the bytes are identical
- * (tests/unit/test_cpu_matmul.c checks it). */
-A2_INLINE void a2_quantize(const float *x, int64_t k, cpu_q8_block *out, const int per) {
+/* cpu_quantize_row_ref (in order), 8 values per instruction: the same amax, d, 1/d and
+ * float product, and the conversion rounds to nearest even like lrintf, so the bytes are
+ * identical (tests/unit/test_cpu_matmul.c checks it). */
+__attribute__((target(KTARGET))) void cpu_avx2_quantize_row(const float *x, int64_t k, cpu_q8_block *out) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
-    for (int64_t g = 0; g < k / (32 * per); g++) {
-        const float *xg = x + 32 * per * g;
-        __m256 m = _mm256_setzero_ps();
-        for (int i = 0; i < 4 * per; i++) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xg + 8 * i), absmask));
+    for (int64_t b = 0; b < k / 32; b++) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + 32 * b + 8 * i);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
+                                 _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)));
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         float amax = _mm_cvtss_f32(m4);
         float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
         __m256 vid = _mm256_set1_ps(id);
-        for (int b = 0; b < per; b++) {
-            __m256i q[4];
-            for (int i = 0; i < 4; i++)
-                q[i] = _mm256_max_epi32(
-                    _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 32 * b + 8 * i), vid)), hi),
-                    lo);
-            cpu_q8_block *o = &out[g * per + b];
-            o->d = d;
-            __m256i s0 = _mm256_add_epi32(q[0], q[1]), s1 = _mm256_add_epi32(q[2], q[3]);
-            __m256i s = _mm256_hadd_epi32(s0, s1); /* [s0 pairs | s1 pairs] per 128-bit lane */
-            s = _mm256_hadd_epi32(s, s);
-            int32_t l[8];
-            _mm256_storeu_si256((__m256i *)l, s);
-            o->sum16[0] = (int16_t)(l[0] + l[4]);
-            o->sum16[1] = (int16_t)(l[1] + l[5]);
-            /* i32 -> i16 -> i8; packs work per 128-bit lane, the permute restores the order */
-            __m256i w16 = _mm256_packs_epi32(q[0], q[1]), w16b = _mm256_packs_epi32(q[2], q[3]);
-            __m256i b8 = _mm256_packs_epi16(w16, w16b);
-            b8 = _mm256_permutevar8x32_epi32(b8, _mm256_set_epi32(7, 3, 6, 2, 5, 1, 4, 0));
-            _mm256_storeu_si256((__m256i *)o->q, b8);
-        }
+        __m256i q[4];
+        for (int i = 0; i < 4; i++)
+            q[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid)), hi), lo);
+        cpu_q8_block *o = &out[b];
+        o->d = d;
+        __m256i s0 = _mm256_add_epi32(q[0], q[1]), s1 = _mm256_add_epi32(q[2], q[3]);
+        __m256i s = _mm256_hadd_epi32(s0, s1); /* [s0 pairs | s1 pairs] per 128-bit lane */
+        s = _mm256_hadd_epi32(s, s);
+        int32_t l[8];
+        _mm256_storeu_si256((__m256i *)l, s);
+        o->sum16[0] = (int16_t)(l[0] + l[4]);
+        o->sum16[1] = (int16_t)(l[1] + l[5]);
+        /* i32 -> i16 -> i8; packs work per 128-bit lane, the permute restores the order */
+        __m256i w16 = _mm256_packs_epi32(q[0], q[1]), w16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i b8 = _mm256_packs_epi16(w16, w16b);
+        b8 = _mm256_permutevar8x32_epi32(b8, _mm256_set_epi32(7, 3, 6, 2, 5, 1, 4, 0));
+        _mm256_storeu_si256((__m256i *)o->q, b8);
     }
-}
-
-__attribute__((target(KTARGET))) void cpu_avx2_quantize_row(const float *x, int64_t k, cpu_q8_block *out) {
-    a2_quantize(x, k, out, 1);
-}
-__attribute__((target(KTARGET))) void cpu_avx2_quantize_row_q8k(const float *x, int64_t k, cpu_q8_block *out) {
-    a2_quantize(x, k, out, 8);
 }
 
 int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out) {
@@ -955,8 +783,8 @@ int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out) {
     case DT_Q4_0: f = a2_rows_q4_0, tile = p2_tile_q4_0, small = a2_tile_q4_0; break;
     case DT_Q4_1: f = a2_rows_q4_1, tile = p2_tile_q4_1, small = a2_tile_q4_1; break;
     case DT_Q8_0: f = a2_rows_q8_0, tile = a2_tile_q8_0; break;
-    case DT_Q4_K: f = a2_rows_q4_k_q8k, tile = p2_tile_q4_k, small = a2_tile_q4_k; break;
-    case DT_Q6_K: f = a2_rows_q6_k_q8k, tile = p2_tile_q6_k, small = a2_tile_q6_k; break;
+    case DT_Q4_K: f = a2_rows_q4_k, tile = p2_tile_q4_k, small = a2_tile_q4_k; break;
+    case DT_Q6_K: f = a2_rows_q6_k, tile = p2_tile_q6_k, small = a2_tile_q6_k; break;
     default: break;
     }
     if (!f) {
@@ -969,8 +797,6 @@ int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out) {
         if (w->dtype == DT_Q5_K) out->tile = p2_tile_q5_k;
         return 1;
     }
-    /* Q4_K and Q6_K decode sum each super-block in integer on a shared activation scale */
-    int q8k = w->dtype == DT_Q4_K || w->dtype == DT_Q6_K;
-    *out = (cpu_kernel){f, q8k ? CPU_ACT_Q8K : CPU_ACT_Q8, tile, small};
+    *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small};
     return 1;
 }

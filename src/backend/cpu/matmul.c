@@ -102,24 +102,6 @@ size_t cpu_matmul_scratch_size(const cpu_weight *w, int T) {
     return (size_t)T * (size_t)(w->k / 32) * sizeof(cpu_q8_block);
 }
 
-/* Quantizes 32 values xb with scale d (reciprocal id) into o, in order or even/odd. */
-static void quantize_block_ref(const float *xb, float d, float id, cpu_q8_block *o, int evenodd) {
-    o->d = d;
-    int s0 = 0, s1 = 0;
-    for (int j = 0; j < 32; j++) {
-        int src = evenodd ? (j < 16 ? 2 * j : 2 * (j - 16) + 1) : j;
-        int q = (int)lrintf(xb[src] * id); /* |x * id| <= 127 (+ rounding) */
-        q = q > 127 ? 127 : q < -127 ? -127 : q;
-        o->q[j] = (int8_t)q;
-        if (j < 16)
-            s0 += q;
-        else
-            s1 += q;
-    }
-    o->sum16[0] = (int16_t)s0;
-    o->sum16[1] = (int16_t)s1;
-}
-
 /* Quantizes one row of k floats (k a multiple of 32) into int8 blocks. */
 void cpu_quantize_row_ref(const float *x, int64_t k, cpu_q8_block *out, int evenodd) {
     for (int64_t b = 0; b < k / 32; b++) {
@@ -127,17 +109,19 @@ void cpu_quantize_row_ref(const float *x, int64_t k, cpu_q8_block *out, int even
         float amax = 0;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
         float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
-        quantize_block_ref(xb, d, id, &out[b], evenodd);
-    }
-}
-
-void cpu_quantize_row_q8k_ref(const float *x, int64_t k, cpu_q8_block *out) {
-    for (int64_t sb = 0; sb < k / 256; sb++) {
-        const float *xs = x + sb * 256;
-        float amax = 0;
-        for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(xs[j]));
-        float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
-        for (int b = 0; b < 8; b++) quantize_block_ref(xs + 32 * b, d, id, &out[sb * 8 + b], 0);
+        cpu_q8_block *o = &out[b];
+        o->d = d;
+        int s0 = 0, s1 = 0;
+        for (int j = 0; j < 32; j++) {
+            int src = evenodd ? (j < 16 ? 2 * j : 2 * (j - 16) + 1) : j;
+            int q = (int)lrintf(xb[src] * id); /* |x * id| <= 127 (+ rounding) */
+            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            o->q[j] = (int8_t)q;
+            if (j < 16) s0 += q;
+            else s1 += q;
+        }
+        o->sum16[0] = (int16_t)s0;
+        o->sum16[1] = (int16_t)s1;
     }
 }
 
@@ -172,22 +156,7 @@ typedef struct mm_job {
 static void quantize_task(void *ctx, int t, int thread) {
     mm_job *j = ctx;
     int64_t nb = j->k / 32;
-    const float *x = j->x + (int64_t)t * j->k;
-    if (j->act == CPU_ACT_Q8K) { /* only AVX2-level kernels take it */
-        if (cpu_matmul_level() >= CPU_LEVEL_AVX2)
-            cpu_avx2_quantize_row_q8k(x, j->k, j->xq + t * nb);
-        else
-            cpu_quantize_row_q8k_ref(x, j->k, j->xq + t * nb);
-        return;
-    }
-    cpu_quantize_row(x, j->k, j->xq + t * nb, j->act == CPU_ACT_Q8_EVENODD);
-}
-
-/* The activation form a part's kernel reads in this call: a CPU_ACT_Q8K kernel's tile
- * kernels (the multi-token path, see rows_task) take CPU_ACT_Q8. */
-static cpu_act part_act(const cpu_kernel *k, int T, int invariant) {
-    if (k->act == CPU_ACT_Q8K && k->tile && T > 1 && !invariant) return CPU_ACT_Q8;
-    return k->act;
+    cpu_quantize_row(j->x + (int64_t)t * j->k, j->k, j->xq + t * nb, j->act == CPU_ACT_Q8_EVENODD);
 }
 
 static void rows_task(void *ctx, int task, int thread) {
@@ -238,9 +207,9 @@ static hearth_status matmul_run(int count, const cpu_weight *const *ws, float *c
         j.part[i] = (mm_part){.w = ws[i], .kern = pick_kernel(ws[i]), .y = ys[i]};
         bytes += cpu_weight_row_bytes(ws[i]) * ws[i]->n;
     }
-    j.act = part_act(&j.part[0].kern, T, invariant);
+    j.act = j.part[0].kern.act;
     for (int i = 1; i < count; i++) /* one shared activation: same K and the same preparation */
-        if (ws[i]->k != j.k || part_act(&j.part[i].kern, T, invariant) != j.act) {
+        if (ws[i]->k != j.k || j.part[i].kern.act != j.act) {
             for (int p = 0; p < count && !st; p++)
                 st = matmul_run(1, &ws[p], &ys[p], x, T, scratch, scratch_size, tp, invariant, err);
             return st;

@@ -531,10 +531,11 @@ A2_KERNELS(a2_rows_q4_0, a2_tile_q4_0, a2_q4_tile, A2_Q4_0, A2_ROWS)
 A2_KERNELS(a2_rows_q4_1, a2_tile_q4_1, a2_q4_tile, A2_Q4_1, A2_ROWS)
 A2_KERNELS(a2_rows_q8_0, a2_tile_q8_0, a2_b32_tile, A2_Q8_0, A2_ROWS)
 /* Q4_K / Q6_K decode one row at a time: from DRAM one sequential stream per thread ran
- * faster than four rows' streams side by side (Zen 3, 1B Q4_K shapes, medians of interleaved
- * rounds, 2 threads: ~13-15 vs ~9.5-12.8 GB/s; 1B Q4_K_M decode ~22 vs ~16 tok/s; see
- * bench/results/cpu_q4k_decode.md). A row's arithmetic is that of a 4-row pass (rows past R
- * repeat row 0), so the results are bit-identical. */
+ * faster than four rows' streams side by side (Zen 3, Q4_K 1B shapes, medians of interleaved
+ * rounds: one thread 9.1-11.1 vs 6.5-8.9 GB/s, two 12.4-17.4 vs 10.4-15.2; 1B Q4_K_M decode
+ * 20.9 vs 15.5 tok/s; bench/results/cpu_q4k_decode.md), though from cache the 1-row form
+ * computes ~10% slower. A row's arithmetic is that of a 4-row pass (rows past R repeat row 0),
+ * so the results are bit-identical. */
 A2_KERNELS(a2_rows_q4_k, a2_tile_q4_k, a2_q4k_tile, 0, 1)
 A2_KERNELS(a2_rows_q6_k, a2_tile_q6_k, a2_q6k_tile, 0, 1)
 

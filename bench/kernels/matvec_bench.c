@@ -2,7 +2,8 @@
  * weight bytes read, next to this machine's streaming read bandwidth measured in the same
  * run (1 and 2 threads); prints the fraction of that roofline. Weights are cycled over
  * copies filling ~1 GiB so they come from DRAM, not cache, as in a real decode step.
- * Usage: matvec_bench [out_dir|-] [MiB] [formats] ; writes out_dir/kernels.json and kernels.md. */
+ * Usage: matvec_bench [out_dir|-] [MiB] [formats] [shapes] ; writes out_dir/kernels.json and kernels.md.
+ * shapes: NxK[,NxK...] (default 2048x2048,8192x2048). */
 #include "backend/cpu/matmul.h"
 #include "base/half.h"
 #include <immintrin.h>
@@ -159,7 +160,21 @@ int main(int argc, char **argv) {
     double stream[3] = {0, stream_gbs(pools[1], buf, arena), stream_gbs(pools[2], buf, arena)};
     printf("cpu level %s; streaming read of %zu MiB: 1 thread %.1f GB/s, 2 threads %.1f GB/s\n",
            cpu_level_name(cpu_matmul_level()), arena >> 20, stream[1], stream[2]);
-    static const int shapes[][2] = {{2048, 2048}, {8192, 2048}};
+    int shapes[16][2] = {{2048, 2048}, {8192, 2048}}, nshapes = 2;
+    if (argc > 4) { /* e.g. "2048x2048,2048x8192" */
+        nshapes = 0;
+        for (const char *s = argv[4]; *s && nshapes < 16;) {
+            int n, k, used;
+            if (sscanf(s, "%dx%d%n", &n, &k, &used) != 2 || n <= 0 || n > 8192 || k <= 0 || k > 8192) {
+                fprintf(stderr, "bad shape list '%s' (want NxK,NxK with N, K <= 8192)\n", argv[4]);
+                return 1;
+            }
+            shapes[nshapes][0] = n;
+            shapes[nshapes++][1] = k;
+            s += used;
+            if (*s == ',') s++;
+        }
+    }
     result res[128];
     int nres = 0;
     float *x = malloc(8192 * sizeof *x), *y = malloc(8192 * sizeof *y);
@@ -167,7 +182,7 @@ int main(int argc, char **argv) {
     static uint8_t scratch[1 << 16];
     printf("%-10s %5s %5s %3s %4s %8s %9s %9s\n", "format", "N", "K", "thr", "fast", "GB/s", "us/call", "roofline");
     for (size_t fi = 0; fi < sizeof formats / sizeof formats[0]; fi++)
-        for (int si = 0; si < 2; si++) {
+        for (int si = 0; si < nshapes; si++) {
             const fmt *f = &formats[fi];
             if (only && !strstr(only, f->name)) continue;
             cpu_weight w = {.dtype = f->t, .n = shapes[si][0], .k = shapes[si][1], .bits = f->bits,

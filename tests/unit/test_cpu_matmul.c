@@ -333,6 +333,14 @@ static void test_prefill_tiles_long_k(void **state) {
     }
 }
 
+/* The AVX2 k-quant kernels stage per-call activation terms on the stack for K up to 64
+ * super-blocks (kernels_avx2.c A2_K_MAX_SB) and form them per row group beyond: K of 65
+ * super-blocks, N of a 4-row pass and 3 lone rows. */
+static void test_k_quants_beyond_staged_k(void **state) {
+    static const wcase cases[] = {{"q4_k", DT_Q4_K, 0, 0, 0}, {"q6_k", DT_Q6_K, 0, 0, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], 7, 65 * 256);
+}
+
 /* ---------- (2b) fused calls (q/k/v, gate/up in one pool round) ---------- */
 
 /* cpu_matmul_fused must give every output row bit-identical to a separate call on its
@@ -484,6 +492,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_and_dense_formats),
         cmocka_unit_test(test_mlx_affine),
         cmocka_unit_test(test_prefill_tiles_long_k),
+        cmocka_unit_test(test_k_quants_beyond_staged_k),
         cmocka_unit_test(test_fused_matches_separate),
         cmocka_unit_test(test_quantize_row_matches_reference),
         cmocka_unit_test(test_invalid_weights_fail_cleanly),

@@ -505,14 +505,15 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
 }
 
 /* Decode (rows) and prefill (tile) entry points of a multi-row kernel FN(w, n0, n1, x,
- * xstride, T, y, ystride, ARG, rows, tokens): A2_ROWS rows at a time, the remainder
- * one by one; A2_TOKENS tokens at a time, a last odd token alone. */
-#define A2_KERNELS(ROWS_NAME, TILE_NAME, FN, ARG)                                                                      \
+ * xstride, T, y, ystride, ARG, rows, tokens): decode DR rows at a time (A2_ROWS or 1), the
+ * remainder one by one; prefill A2_ROWS rows and A2_TOKENS tokens at a time, a last odd
+ * token alone. */
+#define A2_KERNELS(ROWS_NAME, TILE_NAME, FN, ARG, DR)                                                                  \
     __attribute__((target(KTARGET))) static void ROWS_NAME(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, \
                                                            float *y) {                                                 \
-        int64_t n4 = n0 + (n1 - n0) / A2_ROWS * A2_ROWS;                                                               \
-        FN(w, n0, n4, x, 0, 1, y, 0, ARG, A2_ROWS, 1);                                                                 \
-        FN(w, n4, n1, x, 0, 1, y, 0, ARG, 1, 1);                                                                       \
+        int64_t nr = n0 + (n1 - n0) / (DR) * (DR);                                                                     \
+        FN(w, n0, nr, x, 0, 1, y, 0, ARG, DR, 1);                                                                      \
+        if ((DR) > 1) FN(w, nr, n1, x, 0, 1, y, 0, ARG, 1, 1);                                                         \
     }                                                                                                                  \
     __attribute__((target(KTARGET))) static void TILE_NAME(const cpu_weight *w, int64_t n0, int64_t n1,                \
                                                            const void *xv, int64_t xstride, int T, float *y,           \
@@ -526,11 +527,17 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
             FN(w, n0, n1, x + t * xstride, xstride, 1, y + t * ystride, ystride, ARG, 1, 1);                           \
     }
 
-A2_KERNELS(a2_rows_q4_0, a2_tile_q4_0, a2_q4_tile, A2_Q4_0)
-A2_KERNELS(a2_rows_q4_1, a2_tile_q4_1, a2_q4_tile, A2_Q4_1)
-A2_KERNELS(a2_rows_q8_0, a2_tile_q8_0, a2_b32_tile, A2_Q8_0)
-A2_KERNELS(a2_rows_q4_k, a2_tile_q4_k, a2_q4k_tile, 0)
-A2_KERNELS(a2_rows_q6_k, a2_tile_q6_k, a2_q6k_tile, 0)
+A2_KERNELS(a2_rows_q4_0, a2_tile_q4_0, a2_q4_tile, A2_Q4_0, A2_ROWS)
+A2_KERNELS(a2_rows_q4_1, a2_tile_q4_1, a2_q4_tile, A2_Q4_1, A2_ROWS)
+A2_KERNELS(a2_rows_q8_0, a2_tile_q8_0, a2_b32_tile, A2_Q8_0, A2_ROWS)
+/* Q4_K / Q6_K decode one row at a time: from DRAM one sequential stream per thread ran
+ * faster than four rows' streams side by side (Zen 3, Q4_K 1B shapes, medians of interleaved
+ * rounds: one thread 9.1-11.1 vs 6.5-8.9 GB/s, two 12.4-17.4 vs 10.4-15.2; 1B Q4_K_M decode
+ * 20.9 vs 15.5 tok/s; bench/results/cpu_q4k_decode.md), though from cache the 1-row form
+ * computes ~10% slower. A row's arithmetic is that of a 4-row pass (rows past R repeat row 0),
+ * so the results are bit-identical. */
+A2_KERNELS(a2_rows_q4_k, a2_tile_q4_k, a2_q4k_tile, 0, 1)
+A2_KERNELS(a2_rows_q6_k, a2_tile_q6_k, a2_q6k_tile, 0, 1)
 
 /* ---- Prefill GEMM on weights repacked per 8-row group (lanes = output rows) ----
  * The tiles above spend ~5 vector ops per 32-element block, row and token (maddubs, madd,

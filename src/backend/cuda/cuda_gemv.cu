@@ -999,9 +999,11 @@ static hearth_status launch_i8_all(const cuda_weight *const *ws, float *const *y
             if (cuda_launched("mmq", err)) return HEARTH_ERR_IO;
             continue;
         }
-        /* ws[i] and the v2 weights after it of the same format (q, k, v; gate, up) in one launch per chunk */
-        int g = 1;
-        while (group_on() && i + g < nw && g < 3 && (!mmq || !cuda_mmq_takes(ws[i + g], T)) &&
+        /* ws[i] and the v2 weights after it of the same format (q, k, v; gate, up) in one launch per
+         * chunk (the v2 kernels' 16-byte activation loads: chunks start at even rows, so every
+         * chunk is aligned when the first is) */
+        int g = 1, aligned = ((uintptr_t)xq0 % 16) == 0 && ((uintptr_t)xs0 % 16) == 0;
+        while (group_on() && aligned && i + g < nw && g < 3 && (!mmq || !cuda_mmq_takes(ws[i + g], T)) &&
                (cuda_gemv_v2_groups(ws[i], ws[i + g]) || cuda_gemv_mlx4_groups(ws[i], ws[i + g])))
             g++;
         if (g > 1) {

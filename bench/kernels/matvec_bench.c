@@ -3,7 +3,7 @@
  * run (1 and 2 threads); prints the fraction of that roofline. Weights are cycled over
  * copies filling ~1 GiB so they come from DRAM, not cache, as in a real decode step.
  * Usage: matvec_bench [out_dir|-] [MiB] [formats] [shapes] ; writes out_dir/kernels.json and kernels.md.
- * shapes: NxK[,NxK...] (default 2048x2048,8192x2048). */
+ * shapes: NxK[,NxK...] (default 2048x2048,8192x2048; N up to 65536 for vocabulary heads, K up to 8192). */
 #include "backend/cpu/matmul.h"
 #include "base/half.h"
 #include <immintrin.h>
@@ -165,8 +165,8 @@ int main(int argc, char **argv) {
         nshapes = 0;
         for (const char *s = argv[4]; *s && nshapes < 16;) {
             int n, k, used;
-            if (sscanf(s, "%dx%d%n", &n, &k, &used) != 2 || n <= 0 || n > 8192 || k <= 0 || k > 8192) {
-                fprintf(stderr, "bad shape list '%s' (want NxK,NxK with N, K <= 8192)\n", argv[4]);
+            if (sscanf(s, "%dx%d%n", &n, &k, &used) != 2 || n <= 0 || n > 65536 || k <= 0 || k > 8192) {
+                fprintf(stderr, "bad shape list '%s' (want NxK,NxK with N <= 65536, K <= 8192)\n", argv[4]);
                 return 1;
             }
             shapes[nshapes][0] = n;
@@ -177,7 +177,7 @@ int main(int argc, char **argv) {
     }
     result res[128];
     int nres = 0;
-    float *x = malloc(8192 * sizeof *x), *y = malloc(8192 * sizeof *y);
+    float *x = malloc(8192 * sizeof *x), *y = malloc(65536 * sizeof *y); /* K <= 8192, N <= 65536 */
     for (int i = 0; i < 8192; i++) x[i] = rndf();
     static uint8_t scratch[1 << 16];
     printf("%-10s %5s %5s %3s %4s %8s %9s %9s\n", "format", "N", "K", "thr", "fast", "GB/s", "us/call", "roofline");

@@ -341,6 +341,53 @@ static void test_k_quants_beyond_staged_k(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], 7, 65 * 256);
 }
 
+/* The AVX2 decode kernels of Q4_0/Q4_1/Q8_0/Q4_K/Q6_K read one row at a time; their per-row
+ * arithmetic is that of the 4-row x 2-token tiles used for small batches (kernels_avx2.c),
+ * so a token's outputs must be bit-identical to the tile's. K of 1..17 blocks covers every
+ * tail of the decode kernels' groups of four blocks (Q8_0) or block pairs (Q4, an odd last
+ * block alone), 104 blocks full groups only, 513 blocks the Q4 fallback past the staged
+ * pairs; N = 11: two 4-row passes and 3 lone rows in the tile. */
+static void test_avx2_decode_rows_match_tiles(void **state) {
+    if (cpu_level_hardware() < CPU_LEVEL_AVX2) {
+        print_message("no AVX2 here: skipped\n");
+        return;
+    }
+    static const wcase cases[] = {{"q4_0", DT_Q4_0, 0, 0, 0},
+                                  {"q4_1", DT_Q4_1, 0, 0, 0},
+                                  {"q8_0", DT_Q8_0, 0, 0, 0},
+                                  {"q4_k", DT_Q4_K, 0, 0, 0},
+                                  {"q6_k", DT_Q6_K, 0, 0, 0}};
+    static const int64_t blocks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 104, 513};
+    const int64_t n = 11;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+            int be = tensor_dtype_block_elems(cases[ci].t);
+            int64_t k = blocks[bi] * 32;
+            if (be == 256 && (k % 256 || blocks[bi] > 104)) continue; /* k-quants: whole super-blocks */
+            cpu_weight w;
+            void *sb;
+            void *data = make_weight(&cases[ci], n, k, &w, &sb);
+            cpu_kernel kern = {0};
+            assert_true(cpu_avx2_kernel(&w, &kern));
+            cpu_tile_fn tile = kern.tile_small ? kern.tile_small : kern.tile;
+            assert_true(kern.act == CPU_ACT_Q8 && tile);
+            float *x = malloc((size_t)(2 * k) * sizeof *x), y1[2 * 11], y2[2 * 11];
+            cpu_q8_block *xq = malloc((size_t)(2 * k / 32) * sizeof *xq);
+            for (int64_t i = 0; i < 2 * k; i++) x[i] = rndf() * (i % 7 == 0 ? 4.0f : 1.0f);
+            for (int t = 0; t < 2; t++) cpu_quantize_row_ref(x + t * k, k, xq + t * (k / 32), 0);
+            for (int t = 0; t < 2; t++) kern.rows(&w, 0, n, xq + t * (k / 32), y1 + t * n);
+            tile(&w, 0, n, xq, k / 32, 2, y2, n);
+            for (int64_t i = 0; i < 2 * n; i++)
+                if (memcmp(&y1[i], &y2[i], sizeof(float)))
+                    fail_msg("%s K %lld: decode y[%lld] = %.9g, 4-row tile %.9g", cases[ci].name, (long long)k,
+                             (long long)i, y1[i], y2[i]);
+            free(x);
+            free(xq);
+            free(data);
+            free(sb);
+        }
+}
+
 /* ---------- (2b) fused calls (q/k/v, gate/up in one pool round) ---------- */
 
 /* cpu_matmul_fused must give every output row bit-identical to a separate call on its
@@ -493,6 +540,7 @@ int main(void) {
         cmocka_unit_test(test_mlx_affine),
         cmocka_unit_test(test_prefill_tiles_long_k),
         cmocka_unit_test(test_k_quants_beyond_staged_k),
+        cmocka_unit_test(test_avx2_decode_rows_match_tiles),
         cmocka_unit_test(test_fused_matches_separate),
         cmocka_unit_test(test_quantize_row_matches_reference),
         cmocka_unit_test(test_invalid_weights_fail_cleanly),

@@ -276,6 +276,180 @@ A2_INLINE void a2_q4_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu
         a2_b32_tile(w, n0, n1, x, xstride, T, y, ystride, f, R, TT);
 }
 
+/* ---- Q4_0 / Q4_1 / Q8_0 decode, one row at a time ----
+ * From DRAM one sequential weight stream per thread runs faster than four rows side by side
+ * (see the note at the decode entry points below), but the tiles above with R = 1 waste most of a pass on
+ * a single row (a transpose of four copies, eight f16 loads per block pair), and measured
+ * slower than four rows for Q4_0/Q4_1 (bench/results/cpu_rows_decode.md). Here the transpose
+ * takes four consecutive block pairs (Q4) or blocks (Q8_0) of one row instead of four rows:
+ * lane j of the summed register is pair (block) j's even (first-half) dot, lane 4 + j its odd
+ * (second-half) dot, then the scale products are formed for all four at once. To keep a row's
+ * result bit-identical to the tiles' (where lane 0 and lane 4 accumulate the even and odd
+ * chains block by block), the FMAs are then applied in the same order, lane j broadcast to
+ * lanes 0 and 4 for j = 0..G-1. */
+
+/* acc (+)= lane j of f * p (and of m * xs) for j < G, in that order, within each 128-bit
+ * half: lane 0 and lane 4 carry the tiles' two accumulation chains of one row. */
+A2_INLINE __m256 a2_chain(__m256 acc, __m256 f, __m256 p, __m256 m, __m256 xs, int has_min, int G) {
+#define A2_CHAIN_STEP(IMM)                                                                                             \
+    do {                                                                                                               \
+        acc = _mm256_fmadd_ps(_mm256_permute_ps(f, IMM), _mm256_permute_ps(p, IMM), acc);                              \
+        if (has_min) acc = _mm256_fmadd_ps(_mm256_permute_ps(m, IMM), _mm256_permute_ps(xs, IMM), acc);                \
+    } while (0)
+    A2_CHAIN_STEP(0x00);
+    if (G > 1) A2_CHAIN_STEP(0x55);
+    if (G > 2) A2_CHAIN_STEP(0xAA);
+    if (G > 3) A2_CHAIN_STEP(0xFF);
+#undef A2_CHAIN_STEP
+    return acc;
+}
+
+/* Activation terms of four consecutive block pairs, laid out for a2_chain; pairs past the
+ * row's end are zero (and never reach the chain). */
+typedef struct a2_nib_quad {
+    __m256i lo[4], hi[4]; /* pair j as a2_nib_pair's lo, hi */
+    __m256i off;          /* Q4_0: [8 * sum(x) of pair j's even block, j = 0..3 | of its odd block] */
+    __m256 xs, dx;        /* the same layout: sum(x) as floats (Q4_1), the activation scales */
+} a2_nib_quad;
+
+A2_INLINE void a2_nib_prepare_quads(const cpu_q8_block *x, int64_t nb, a2_fmt f, a2_nib_quad *out) {
+    int64_t np = (nb + 1) / 2;
+    for (int64_t q = 0; q < (np + 3) / 4; q++) {
+        int s[8] = {0};
+        float d[8] = {0};
+        a2_nib_quad *o = &out[q];
+        #pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            int64_t b = 8 * q + 2 * j;
+            if (b >= nb) {
+                o->lo[j] = o->hi[j] = _mm256_setzero_si256();
+                continue;
+            }
+            int have2 = b + 1 < nb; /* a lone last block pairs with zero activations */
+            __m256i q0 = _mm256_loadu_si256((const __m256i *)x[b].q);
+            __m256i q1 = have2 ? _mm256_loadu_si256((const __m256i *)x[b + 1].q) : _mm256_setzero_si256();
+            o->lo[j] = _mm256_permute2x128_si256(q0, q1, 0x20);
+            o->hi[j] = _mm256_permute2x128_si256(q0, q1, 0x31);
+            s[j] = x[b].sum16[0] + x[b].sum16[1];
+            d[j] = x[b].d;
+            if (have2) s[4 + j] = x[b + 1].sum16[0] + x[b + 1].sum16[1], d[4 + j] = x[b + 1].d;
+        }
+        __m256i ls = _mm256_loadu_si256((const __m256i *)s);
+        o->off = f == A2_Q4_0 ? _mm256_slli_epi32(ls, 3) : _mm256_setzero_si256();
+        o->xs = _mm256_cvtepi32_ps(ls);
+        o->dx = _mm256_loadu_ps(d);
+    }
+}
+
+/* acc (+)= the dots of G block pairs of one row (blocks starting at p0, nleft blocks left in
+ * the row) with quad a, in the tiles' order. */
+A2_INLINE __m256 a2_nib_quad_dot(const uint8_t *p0, const a2_nib_quad *a, int64_t nleft, int64_t pf, a2_fmt f,
+                                 __m256 acc, int G) {
+    const int bytes = f == A2_Q4_0 ? 18 : 20, qo = f == A2_Q4_0 ? 2 : 4;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256i v[4];
+    uint64_t de = 0, dd = 0, me = 0, mo = 0; /* f16 d (and m) of the even and odd blocks */
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm256_setzero_si256();
+        if (j >= G) continue;
+        const uint8_t *p = p0 + 2 * j * bytes, *p1 = 2 * j + 1 < nleft ? p + bytes : p; /* lone: repeat b */
+        _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
+        __m256i raw = _mm256_loadu2_m128i((const __m128i *)(p1 + qo), (const __m128i *)(p + qo));
+        __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, a->lo[j]), _mm256_maddubs_epi16(hi, a->hi[j]));
+        v[j] = _mm256_madd_epi16(s16, ones);
+        de |= a2_ld16(p) << 16 * j, dd |= a2_ld16(p1) << 16 * j;
+        if (f == A2_Q4_1) me |= a2_ld16(p + 2) << 16 * j, mo |= a2_ld16(p1 + 2) << 16 * j;
+    }
+    __m256i dot = _mm256_sub_epi32(a2_sum4x4(v[0], v[1], v[2], v[3]), a->off);
+    __m256 d8 = _mm256_cvtph_ps(_mm_set_epi64x((long long)dd, (long long)de));
+    __m256 m8 = f == A2_Q4_1 ? _mm256_cvtph_ps(_mm_set_epi64x((long long)mo, (long long)me)) : _mm256_setzero_ps();
+    return a2_chain(acc, _mm256_cvtepi32_ps(dot), _mm256_mul_ps(d8, a->dx), _mm256_mul_ps(m8, a->dx), a->xs,
+                    f == A2_Q4_1, G);
+}
+
+/* a2_nib_quad_dot for a row's last quad of `last` (1..4) pairs. */
+A2_INLINE __m256 a2_nib_quad_last(const uint8_t *p0, const a2_nib_quad *a, int64_t nleft, int64_t pf, a2_fmt f,
+                                  __m256 acc, int last) {
+    switch (last) {
+    case 1: return a2_nib_quad_dot(p0, a, nleft, pf, f, acc, 1);
+    case 2: return a2_nib_quad_dot(p0, a, nleft, pf, f, acc, 2);
+    case 3: return a2_nib_quad_dot(p0, a, nleft, pf, f, acc, 3);
+    default: return a2_nib_quad_dot(p0, a, nleft, pf, f, acc, 4);
+    }
+}
+
+/* The lanes 0 + 4 sum of acc, as the tiles store a row's result. */
+A2_INLINE float a2_chain_result(__m256 acc) {
+    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
+}
+
+A2_INLINE void a2_q4_rows1(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y, a2_fmt f) {
+    const int bytes = f == A2_Q4_0 ? 18 : 20;
+    int64_t nb = w->k / 32, np = (nb + 1) / 2, nq = (np + 3) / 4, rb = nb * bytes, pf = a2_prefetch_distance(rb);
+    if ((nb + 1) / 2 > A2_NIB_MAX_PAIRS) { /* K beyond the stack buffer: the 4-row block kernel */
+        int64_t n4 = n0 + (n1 - n0) / A2_ROWS * A2_ROWS;
+        a2_b32_tile(w, n0, n4, x, 0, 1, y, 0, f, A2_ROWS, 1);
+        a2_b32_tile(w, n4, n1, x, 0, 1, y, 0, f, 1, 1);
+        return;
+    }
+    a2_nib_quad xq[A2_NIB_MAX_PAIRS / 4];
+    if (n0 >= n1 || nb == 0) return; /* nb = 0: no quad to read (weights always have K >= 32) */
+    a2_nib_prepare_quads(x, nb, f, xq);
+    int last = (int)(np - 4 * (nq - 1)); /* pairs in the last quad, 1..4 */
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t q = 0;
+        for (; q + 1 < nq; q++) acc = a2_nib_quad_dot(row + 8 * q * bytes, &xq[q], nb - 8 * q, pf, f, acc, 4);
+        acc = a2_nib_quad_last(row + 8 * q * bytes, &xq[q], nb - 8 * q, pf, f, acc, last);
+        y[n] = a2_chain_result(acc);
+    }
+}
+
+/* acc (+)= the dots of G Q8_0 blocks of one row (at p0) with activation blocks xb, in the
+ * b32 tile's order: lanes 0..3 of the sum are the blocks' first halves, 4..7 their second. */
+A2_INLINE __m256 a2_q8_quad_dot(const uint8_t *p0, const cpu_q8_block *xb, int64_t pf, __m256 acc, int G) {
+    __m256i v[4];
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm256_setzero_si256();
+        if (j >= G) continue;
+        const uint8_t *p = p0 + 34 * j;
+        _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
+        __m256i zs = _mm256_loadu_si256((const __m256i *)(p + 2));
+        __m256i q = _mm256_loadu_si256((const __m256i *)xb[j].q);
+        v[j] = a2_dot(_mm256_sign_epi8(zs, zs), _mm256_sign_epi8(q, zs));
+    }
+    float d0 = xb[0].d, d1 = G > 1 ? xb[1].d : 0, d2 = G > 2 ? xb[2].d : 0, d3 = G > 3 ? xb[3].d : 0;
+    __m256 dx = _mm256_setr_ps(d0, d1, d2, d3, d0, d1, d2, d3);
+    __m256 p = _mm256_mul_ps(a2_f16x4x2(p0, 34, G), dx);
+    __m256 f = _mm256_cvtepi32_ps(a2_sum4x4(v[0], v[1], v[2], v[3]));
+    return a2_chain(acc, f, p, p, p, 0, G);
+}
+
+/* a2_q8_quad_dot over a row of nb blocks. */
+A2_INLINE __m256 a2_q8_quad_row(const uint8_t *row, const cpu_q8_block *x, int64_t nb, int64_t b, int64_t pf,
+                                __m256 acc) {
+    switch (nb - b) {
+    case 1: return a2_q8_quad_dot(row + 34 * b, x + b, pf, acc, 1);
+    case 2: return a2_q8_quad_dot(row + 34 * b, x + b, pf, acc, 2);
+    case 3: return a2_q8_quad_dot(row + 34 * b, x + b, pf, acc, 3);
+    default: return acc;
+    }
+}
+
+A2_INLINE void a2_q8_rows1(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y) {
+    int64_t nb = w->k / 32, rb = nb * 34, pf = a2_prefetch_distance(rb), nb4 = nb / 4 * 4;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb4; b += 4) acc = a2_q8_quad_dot(row + 34 * b, x + b, pf, acc, 4);
+        y[n] = a2_chain_result(a2_q8_quad_row(row, x, nb, nb4, pf, acc));
+    }
+}
+
 /* Super-blocks whose activation terms a k-quant call prepares once on the stack per token:
  * K up to 16384 (larger K forms them per row group and super-block, ~1 vector op per block
  * and row more; Zen 3 L3-resident Q6_K 1024 x 2048, one thread: ~7% faster staged). */
@@ -504,17 +678,10 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
     }
 }
 
-/* Decode (rows) and prefill (tile) entry points of a multi-row kernel FN(w, n0, n1, x,
- * xstride, T, y, ystride, ARG, rows, tokens): decode DR rows at a time (A2_ROWS or 1), the
- * remainder one by one; prefill A2_ROWS rows and A2_TOKENS tokens at a time, a last odd
- * token alone. */
-#define A2_KERNELS(ROWS_NAME, TILE_NAME, FN, ARG, DR)                                                                  \
-    __attribute__((target(KTARGET))) static void ROWS_NAME(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, \
-                                                           float *y) {                                                 \
-        int64_t nr = n0 + (n1 - n0) / (DR) * (DR);                                                                     \
-        FN(w, n0, nr, x, 0, 1, y, 0, ARG, DR, 1);                                                                      \
-        if ((DR) > 1) FN(w, nr, n1, x, 0, 1, y, 0, ARG, 1, 1);                                                         \
-    }                                                                                                                  \
+/* Prefill (tile) entry point of a multi-row kernel FN(w, n0, n1, x, xstride, T, y, ystride,
+ * ARG, rows, tokens): A2_ROWS rows and A2_TOKENS tokens at a time, the remaining rows one by
+ * one, a last odd token alone. */
+#define A2_TILE_KERNEL(TILE_NAME, FN, ARG)                                                                             \
     __attribute__((target(KTARGET))) static void TILE_NAME(const cpu_weight *w, int64_t n0, int64_t n1,                \
                                                            const void *xv, int64_t xstride, int T, float *y,           \
                                                            int64_t ystride) {                                          \
@@ -526,18 +693,29 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
         for (int t = T2; t < T; t++) /* a leftover token */                                                            \
             FN(w, n0, n1, x + t * xstride, xstride, 1, y + t * ystride, ystride, ARG, 1, 1);                           \
     }
+/* Decode (rows) entry point: CALL on the row range n0..n1-1 of w, activation x, output y. */
+#define A2_ROWS_KERNEL(ROWS_NAME, CALL)                                                                                \
+    __attribute__((target(KTARGET))) static void ROWS_NAME(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, \
+                                                           float *y) {                                                 \
+        CALL;                                                                                                          \
+    }
 
-A2_KERNELS(a2_rows_q4_0, a2_tile_q4_0, a2_q4_tile, A2_Q4_0, A2_ROWS)
-A2_KERNELS(a2_rows_q4_1, a2_tile_q4_1, a2_q4_tile, A2_Q4_1, A2_ROWS)
-A2_KERNELS(a2_rows_q8_0, a2_tile_q8_0, a2_b32_tile, A2_Q8_0, A2_ROWS)
-/* Q4_K / Q6_K decode one row at a time: from DRAM one sequential stream per thread ran
- * faster than four rows' streams side by side (Zen 3, Q4_K 1B shapes, medians of interleaved
- * rounds: one thread 9.1-11.1 vs 6.5-8.9 GB/s, two 12.4-17.4 vs 10.4-15.2; 1B Q4_K_M decode
- * 20.9 vs 15.5 tok/s; bench/results/cpu_q4k_decode.md), though from cache the 1-row form
- * computes ~10% slower. A row's arithmetic is that of a 4-row pass (rows past R repeat row 0),
- * so the results are bit-identical. */
-A2_KERNELS(a2_rows_q4_k, a2_tile_q4_k, a2_q4k_tile, 0, 1)
-A2_KERNELS(a2_rows_q6_k, a2_tile_q6_k, a2_q6k_tile, 0, 1)
+/* Decode one row at a time: from DRAM one sequential stream per thread ran faster than four
+ * rows' streams side by side. Q4_K (1B shapes, medians of interleaved rounds): one thread
+ * 9.1-11.1 vs 6.5-8.9 GB/s, two 12.4-17.4 vs 10.4-15.2, 1B Q4_K_M decode 20.9 vs 15.5 tok/s
+ * (bench/results/cpu_q4k_decode.md), though from cache the 1-row form computes ~10% slower.
+ * A row's arithmetic is that of a 4-row pass (rows past R repeat row 0; a2_q4_rows1 and
+ * a2_q8_rows1 keep the tiles' order), so the results are bit-identical to the tiles'. */
+A2_TILE_KERNEL(a2_tile_q4_0, a2_q4_tile, A2_Q4_0)
+A2_TILE_KERNEL(a2_tile_q4_1, a2_q4_tile, A2_Q4_1)
+A2_TILE_KERNEL(a2_tile_q8_0, a2_b32_tile, A2_Q8_0)
+A2_TILE_KERNEL(a2_tile_q4_k, a2_q4k_tile, 0)
+A2_TILE_KERNEL(a2_tile_q6_k, a2_q6k_tile, 0)
+A2_ROWS_KERNEL(a2_rows_q4_0, a2_q4_rows1(w, n0, n1, x, y, A2_Q4_0))
+A2_ROWS_KERNEL(a2_rows_q4_1, a2_q4_rows1(w, n0, n1, x, y, A2_Q4_1))
+A2_ROWS_KERNEL(a2_rows_q8_0, a2_q8_rows1(w, n0, n1, x, y))
+A2_ROWS_KERNEL(a2_rows_q4_k, a2_q4k_tile(w, n0, n1, x, 0, 1, y, 0, 0, 1, 1))
+A2_ROWS_KERNEL(a2_rows_q6_k, a2_q6k_tile(w, n0, n1, x, 0, 1, y, 0, 0, 1, 1))
 
 /* ---- Prefill GEMM on weights repacked per 8-row group (lanes = output rows) ----
  * The tiles above spend ~5 vector ops per 32-element block, row and token (maddubs, madd,
@@ -579,7 +757,7 @@ A2_INLINE void p2_transpose8(__m256i *q) {
         t[2 * i + 1] = _mm256_unpackhi_epi32(a, b); /* d2, d3 | d6, d7 */
     }
     #pragma GCC unroll 2
-    for (int i = 0; i < 2; i++) { /* rows 4i..4i+3 */
+    for (int i = 0; i < 2; i++) {                                         /* rows 4i..4i+3 */
         u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);     /* d0 | d4 */
         u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);     /* d1 | d5 */
         u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]); /* d2 | d6 */
@@ -633,8 +811,7 @@ A2_INLINE void p2_compute(const p2_group *buf, int cb, const cpu_q8_block *x, in
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256 acc[P2_TT];
     #pragma GCC unroll 4
-    for (int t = 0; t < TT; t++)
-        acc[t] = accumulate ? _mm256_maskload_ps(y + t * ystride, mask) : _mm256_setzero_ps();
+    for (int t = 0; t < TT; t++) acc[t] = accumulate ? _mm256_maskload_ps(y + t * ystride, mask) : _mm256_setzero_ps();
     const int seg = halves ? 4 : 8; /* registers per scale segment */
     for (int b = 0; b < cb; b++) {
         const __m256i *W = buf->q[b];
@@ -670,21 +847,22 @@ A2_INLINE void p2_compute(const p2_group *buf, int cb, const cpu_q8_block *x, in
 
 typedef void (*p2_compute_fn)(const p2_group *, int, const cpu_q8_block *, int64_t, const float (*)[P2_CHUNK][2],
                               float *, int64_t, int, int);
-#define P2_FN(NAME, DEPTH, HALVES, TT)                                                                        \
-    __attribute__((target(KTARGET))) static void p2_compute_##NAME##_##TT(                                   \
-        const p2_group *buf, int cb, const cpu_q8_block *x, int64_t xstride, const float (*xs)[P2_CHUNK][2], \
-        float *y, int64_t ystride, int rows, int accumulate) {                                               \
-        p2_compute(buf, cb, x, xstride, xs, y, ystride, rows, accumulate, TT, DEPTH, HALVES);               \
+#define P2_FN(NAME, DEPTH, HALVES, TT)                                                                                 \
+    __attribute__((target(KTARGET))) static void p2_compute_##NAME##_##TT(                                             \
+        const p2_group *buf, int cb, const cpu_q8_block *x, int64_t xstride, const float(*xs)[P2_CHUNK][2], float *y,  \
+        int64_t ystride, int rows, int accumulate) {                                                                   \
+        p2_compute(buf, cb, x, xstride, xs, y, ystride, rows, accumulate, TT, DEPTH, HALVES);                          \
     }
-#define P2_FNS(NAME, DEPTH, HALVES)                                                    \
-    P2_FN(NAME, DEPTH, HALVES, 1) P2_FN(NAME, DEPTH, HALVES, 2) P2_FN(NAME, DEPTH, HALVES, 3) \
-    P2_FN(NAME, DEPTH, HALVES, 4)
+#define P2_FNS(NAME, DEPTH, HALVES)                                                                                    \
+    P2_FN(NAME, DEPTH, HALVES, 1)                                                                                      \
+    P2_FN(NAME, DEPTH, HALVES, 2) P2_FN(NAME, DEPTH, HALVES, 3) P2_FN(NAME, DEPTH, HALVES, 4)
 P2_FNS(q4, 8, 0)  /* quants <= 15 */
 P2_FNS(q5, 4, 0)  /* quants <= 31 */
 P2_FNS(q6k, 2, 1) /* quants <= 63, a scale per 16 columns */
-#define P2_ROW(NAME) {NULL, p2_compute_##NAME##_1, p2_compute_##NAME##_2, p2_compute_##NAME##_3, p2_compute_##NAME##_4}
+#define P2_ROW(NAME)                                                                                                   \
+    { NULL, p2_compute_##NAME##_1, p2_compute_##NAME##_2, p2_compute_##NAME##_3, p2_compute_##NAME##_4 }
 static const p2_compute_fn p2_fns_q4[P2_TT + 1] = P2_ROW(q4), p2_fns_q5[P2_TT + 1] = P2_ROW(q5),
-                           p2_fns_q6k[P2_TT + 1] = P2_ROW(q6k);
+                                             p2_fns_q6k[P2_TT + 1] = P2_ROW(q6k);
 
 A2_INLINE void p2_gemm(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv, int64_t xstride, int T, float *y,
                        int64_t ystride, pk_fmt f) {
@@ -694,8 +872,10 @@ A2_INLINE void p2_gemm(const cpu_weight *w, int64_t n0, int64_t n1, const void *
     float xs[P2_TT][P2_CHUNK][2];
     int halves = pk_kind(f) == PK_HALVES;
     const p2_compute_fn *fns = p2_fns_q4;
-    if (halves) fns = p2_fns_q6k;
-    else if (f == PK_Q5_0 || f == PK_Q5_1 || f == PK_Q5_K) fns = p2_fns_q5;
+    if (halves)
+        fns = p2_fns_q6k;
+    else if (f == PK_Q5_0 || f == PK_Q5_1 || f == PK_Q5_K)
+        fns = p2_fns_q5;
     for (int64_t g0 = n0; g0 < n1; g0 += P2_ROWS * P2_GROUPS) {
         int groups = (int)((n1 - g0 + P2_ROWS - 1) / P2_ROWS);
         if (groups > P2_GROUPS) groups = P2_GROUPS;
@@ -726,11 +906,10 @@ A2_INLINE void p2_gemm(const cpu_weight *w, int64_t n0, int64_t n1, const void *
     }
 }
 
-#define P2_TILE(NAME, FMT)                                                                                     \
-    __attribute__((target(KTARGET))) static void NAME(const cpu_weight *w, int64_t n0, int64_t n1,           \
-                                                      const void *x, int64_t xstride, int T, float *y,       \
-                                                      int64_t ystride) {                                     \
-        p2_gemm(w, n0, n1, x, xstride, T, y, ystride, FMT);                                                  \
+#define P2_TILE(NAME, FMT)                                                                                             \
+    __attribute__((target(KTARGET))) static void NAME(const cpu_weight *w, int64_t n0, int64_t n1, const void *x,      \
+                                                      int64_t xstride, int T, float *y, int64_t ystride) {             \
+        p2_gemm(w, n0, n1, x, xstride, T, y, ystride, FMT);                                                            \
     }
 P2_TILE(p2_tile_q4_0, PK_Q4_0)
 P2_TILE(p2_tile_q4_1, PK_Q4_1)

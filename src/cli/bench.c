@@ -1,5 +1,6 @@
 /* bench.c: `hearth bench`: prefill and decode speed of a model on this machine, median of
  * r runs, next to the memory-bandwidth roofline measured in the same run. */
+#include "base/err.h"
 #include "cli/cli.h"
 #include <jansson.h>
 #include <stdio.h>
@@ -8,7 +9,9 @@
 #include <time.h>
 
 static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--kv-quant none|int8|fp8|f16]\n"
-                                "       [--deterministic] [--json]\n"
+                                "       [--deterministic] [--json] [--batch B[,B...]]  (B requests at once through the\n"
+                                "        batch scheduler, as hearth serve runs them: aggregate prefill and decode tok/s;\n"
+                                "        a list runs each count in turn on one engine, one report each)\n"
                                 "       [--host-argmax]  (logits row to the host every step, as a sampler needing it)\n"
                                 "       [--temp T] [--top-p P] [--top-k K] [--min-p M] [--seed S]  (decode through the\n"
                                 "        sampler, as hearth generate: on the GPU the device sampler unless\n"
@@ -68,12 +71,133 @@ static int run_sampled(hearth_engine *e, const int32_t *prompt, int p, int n, co
     return 0;
 }
 
+/* --batch B: B requests with distinct prompts of p tokens (no shared prefix) and n tokens
+ * each, submitted at once to one hearth_batch, stepped until all are done. Prefill: B * p
+ * tokens over the time until every request has its first token. Decode: the tokens made
+ * after that moment over the time until the last request ends (every row decoding; the
+ * early finishers' tail is the only part with fewer than B rows), as llama-batched-bench. */
+typedef struct bench_batch_req {
+    struct bench_batch_run *run;
+    int ntok, done;
+    hearth_status st;
+    hearth_error err;
+} bench_batch_req;
+typedef struct bench_batch_run {
+    int B, started;
+    long long tokens, tokens_at_all;
+    double t_all, t_end;
+} bench_batch_run;
+
+static int bench_batch_token(void *user, int32_t token, const char *text, const hearth_logprobs *lp) {
+    (void)token, (void)text, (void)lp;
+    bench_batch_req *r = user;
+    r->run->tokens++;
+    if (!r->ntok++ && ++r->run->started == r->run->B) {
+        r->run->t_all = now_seconds();
+        r->run->tokens_at_all = r->run->tokens;
+    }
+    return 0;
+}
+
+static void bench_batch_done(void *user, hearth_status st, const hearth_error *err) {
+    bench_batch_req *r = user;
+    r->done = 1, r->st = st;
+    if (err) r->err = *err;
+    r->run->t_end = now_seconds();
+}
+
+static int run_batch(hearth_engine *e, int B, int p, int n, int vocab, uint64_t seed, double *prefill_tps,
+                     double *decode_tps, hearth_error *err) {
+    int32_t *prompts = malloc((size_t)B * (size_t)p * sizeof *prompts);
+    bench_batch_req *reqs = calloc((size_t)B, sizeof *reqs);
+    hearth_generate_result *res = calloc((size_t)B, sizeof *res);
+    hearth_batch *b = NULL;
+    bench_batch_run run = {.B = B};
+    hearth_generate_params gp = {.sampling = {.top_p = 1.0f, .repetition_penalty = 1.0f},
+                                 .max_tokens = n,
+                                 .ignore_eos = 1};
+    int rc = !prompts || !reqs || !res;
+    if (rc) err_set(err, HEARTH_ERR_NOMEM, "bench: out of memory");
+    uint64_t x = seed;
+    for (size_t i = 0; !rc && i < (size_t)B * (size_t)p; i++) { /* distinct: no prefix-cache hits */
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        prompts[i] = (int32_t)(x % (uint64_t)vocab);
+    }
+    if (!rc && hearth_batch_create(e, &b, err)) rc = 1;
+    double t0 = now_seconds();
+    for (int i = 0; !rc && i < B; i++) {
+        reqs[i].run = &run;
+        hearth_batch_request r = {.prompt = prompts + (size_t)i * (size_t)p, .n_prompt = (size_t)p, .params = &gp,
+                                  .on_token = bench_batch_token, .on_done = bench_batch_done,
+                                  .result = &res[i], .user = &reqs[i]};
+        if (hearth_batch_submit(b, &r, err)) rc = 1;
+    }
+    while (!rc && hearth_batch_step(b) > 0) {}
+    for (int i = 0; !rc && i < B; i++)
+        if (reqs[i].st) *err = reqs[i].err, rc = 1;
+    if (!rc && run.started < B) rc = 1, err_set(err, HEARTH_ERR_INVALID, "bench: %d of %d requests made no token", B - run.started, B);
+    if (!rc) {
+        *prefill_tps = (double)B * p / (run.t_all - t0);
+        double dt = run.t_end - run.t_all;
+        *decode_tps = dt > 0 ? (double)(run.tokens - run.tokens_at_all) / dt : 0;
+    }
+    hearth_batch_free(b);
+    free(prompts);
+    free(reqs);
+    free(res);
+    return rc;
+}
+
+/* bench --batch: a warm-up batch, then reps batches; the medians, as one report. */
+static int bench_batch_main(hearth_engine *e, hearth_model *m, const hearth_engine_options *eo, int B, int p, int n,
+                            int reps, int vocab, int as_json) {
+    hearth_error err = {0};
+    double pre[1000], dec[1000], unused;
+    if (run_batch(e, B, p < 32 ? p : 32, 4, vocab, 0x51ed27a3ULL, &unused, &unused, &err)) return cli_fail(&err);
+    for (int r = 0; r < reps; r++) {
+        if (run_batch(e, B, p, n, vocab, 0x9e3779b97f4a7c15ULL + (uint64_t)r * 7919, &pre[r], &dec[r], &err))
+            return cli_fail(&err);
+        if (!as_json)
+            fprintf(stderr, "run %d/%d: %d requests: prefill %.1f tok/s, decode %.1f tok/s\n", r + 1, reps, B, pre[r],
+                    dec[r]);
+    }
+    qsort(pre, (size_t)reps, sizeof *pre, cmp_double);
+    qsort(dec, (size_t)reps, sizeof *dec, cmp_double);
+    double prefill_tps = pre[reps / 2], decode_tps = dec[reps / 2];
+    double bw = hearth_engine_measure_bandwidth(e);
+    /* one step reads the weights once and each row's KV: B x (bytes at a context) less (B - 1) x the weights */
+    double w = hearth_engine_decode_bytes(e, 0), one = hearth_engine_decode_bytes(e, p + n / 2);
+    double step_bytes = w + B * (one - w), roof = bw > 0 ? B * bw * 1e9 / step_bytes : 0;
+    int on_gpu = hearth_engine_device(e) == HEARTH_DEVICE_CUDA;
+    if (as_json) {
+        json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
+                              "model", hearth_model_path(m), "device", on_gpu ? "cuda" : "cpu", "kv_quant",
+                              hearth_kv_quant_name(eo->kv_quant), "deterministic", eo->deterministic, "threads",
+                              eo->n_threads, "batch", B, "prompt_tokens", p, "gen_tokens", n, "runs", reps,
+                              "prefill_tps", prefill_tps, "decode_tps", decode_tps, "decode_step_ms",
+                              decode_tps > 0 ? 1e3 * B / decode_tps : 0.0, "bandwidth_gbs", bw,
+                              "decode_bytes_per_step", step_bytes, "roofline_tps", roof, "roofline_fraction",
+                              roof > 0 ? decode_tps / roof : 0.0);
+        char *s = json_dumps(o, JSON_PRESERVE_ORDER);
+        printf("%s\n", s);
+        free(s);
+        json_decref(o);
+    } else {
+        printf("model      %s\nbatch      %d requests of %d + %d tokens (median of %d)\n"
+               "prefill    %.1f tok/s aggregate\ndecode     %.1f tok/s aggregate (%.2f ms per step)\n"
+               "bandwidth  %.1f GB/s read, %.1f MB per decode step\nroofline   %.1f tok/s: decode reaches %.2f of it\n",
+               hearth_model_path(m), B, p, n, reps, prefill_tps, decode_tps, decode_tps > 0 ? 1e3 * B / decode_tps : 0.0,
+               bw, step_bytes / 1e6, roof, roof > 0 ? decode_tps / roof : 0.0);
+    }
+    return 0;
+}
+
 int cli_bench(int argc, char **argv) {
     const char *model = NULL;
     int p = 512, n = 128, reps = 5, as_json = 0, host_argmax = 0;
     hearth_engine_options eo = {0};
     hearth_sampling sp = {.top_p = 1.0f, .repetition_penalty = 1.0f};
-    int sampled = 0, sampler_ab = 0;
+    int sampled = 0, sampler_ab = 0, batch = 0, batches[16], n_batches = 0;
     double host_decode_tps = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -85,6 +209,19 @@ int cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "-r") && has) reps = atoi(argv[++i]);
         else if (!strcmp(a, "--json")) as_json = 1;
         else if (!strcmp(a, "--host-argmax")) host_argmax = 1;
+        else if (!strcmp(a, "--batch") && has) {
+            const char *v = argv[++i];
+            for (n_batches = 0; *v && n_batches < 16;) { /* a comma-separated list */
+                char *end;
+                long b = strtol(v, &end, 10);
+                if (end == v || b < 1 || b > 1024) { n_batches = -1; break; }
+                batches[n_batches++] = (int)b;
+                if (b > batch) batch = (int)b;
+                v = *end == ',' ? end + 1 : end;
+                if (*end && *end != ',') { n_batches = -1; break; }
+            }
+            if (n_batches <= 0) return cli_usage_error(bench_usage, "--batch '%s': need 1..16 counts of 1..1024, comma-separated", argv[i]);
+        }
         else if (!strcmp(a, "--sampler-ab")) sampler_ab = sampled = 1;
         else if (!strcmp(a, "--temp") && has) sp.temperature = (float)atof(argv[++i]), sampled = 1;
         else if (!strcmp(a, "--top-p") && has) sp.top_p = (float)atof(argv[++i]), sampled = 1;
@@ -97,9 +234,16 @@ int cli_bench(int argc, char **argv) {
     }
     if (!model || p < 1 || n < 1 || reps < 1 || p > 1000000 || n > 1000000 || reps > 1000)
         return cli_usage_error(bench_usage, "%s", "need a model; -p, -n and -r must be positive");
+    if (batch && (sampled || host_argmax))
+        return cli_usage_error(bench_usage, "%s", "--batch runs greedy requests (no sampler flags)");
+    if (batch && n < 2) return cli_usage_error(bench_usage, "%s", "--batch needs -n 2 or more");
     hearth_model *m;
     if (cli_open_model(model, &m)) return 1;
     if (!eo.context_length) eo.context_length = p + n + 16;
+    if (batch) {
+        if (!eo.max_sequences) eo.max_sequences = batch;
+        if (!eo.kv_blocks && eo.kv_budget_bytes <= 0) eo.kv_blocks = batch * ((eo.context_length + 15) / 16);
+    }
     /* The prefill chunk: 512 tokens on the CPU; on the GPU (--device cuda) up to 4096, so a
      * long prompt is one step: larger GEMMs, a quantized weight dequantized once instead of
      * once per 512-token chunk, and one attention launch over the whole prompt. */
@@ -119,17 +263,19 @@ int cli_bench(int argc, char **argv) {
     }
     int rc = 0;
     double ps, ds;
-    if (sampled ? run_sampled(e, prompt, p < 32 ? p : 32, 4, &sp, &ps, &ds, &err)
-                : run_once(e, prompt, p < 32 ? p : 32, 4, logits, host_argmax, &ps, &ds, &err))
+    /* --batch: its own runs and report; the rest below is the single-stream bench */
+    for (int j = 0; !rc && j < n_batches; j++) rc = bench_batch_main(e, m, &eo, batches[j], p, n, reps, vocab, as_json);
+    if (!batch && (sampled ? run_sampled(e, prompt, p < 32 ? p : 32, 4, &sp, &ps, &ds, &err)
+                           : run_once(e, prompt, p < 32 ? p : 32, 4, logits, host_argmax, &ps, &ds, &err)))
         rc = cli_fail(&err); /* warm-up */
-    for (int r = 0; !rc && r < reps; r++) {
+    for (int r = 0; !rc && !batch && r < reps; r++) {
         if (sampled ? run_sampled(e, prompt, p, n, &sp, &pre[r], &dec[r], &err)
                     : run_once(e, prompt, p, n, logits, host_argmax, &pre[r], &dec[r], &err))
             rc = cli_fail(&err);
         else if (!as_json) fprintf(stderr, "run %d/%d: prefill %.1f tok/s, decode %.1f tok/s\n", r + 1, reps,
                                    p / pre[r], n / dec[r]);
     }
-    if (!rc && sampler_ab) { /* the same runs through the host sampler, same engine (A/B in one load) */
+    if (!rc && !batch && sampler_ab) { /* the same runs through the host sampler, same engine (A/B in one load) */
         double *dec2 = calloc((size_t)reps, sizeof *dec2), unused;
         const char *was = getenv("HEARTH_DEVICE_SAMPLER");
         char *keep = was ? strdup(was) : NULL;
@@ -143,7 +289,7 @@ int cli_bench(int argc, char **argv) {
         host_decode_tps = n / dec2[reps / 2];
         free(dec2);
     }
-    if (!rc) {
+    if (!rc && !batch) {
         qsort(pre, (size_t)reps, sizeof *pre, cmp_double);
         qsort(dec, (size_t)reps, sizeof *dec, cmp_double);
         double prefill_tps = p / pre[reps / 2], decode_tps = n / dec[reps / 2];

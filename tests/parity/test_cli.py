@@ -218,3 +218,25 @@ def test_bad_safetensors_models(tmp_path):
 def test_unknown_model_lists_candidates():
     p = hearth("info", "no-such-model-anywhere", check=False)
     assert_clean_error(p, "no model matches 'no-such-model-anywhere'")
+
+
+def test_bench_batch_reports_each_count():
+    """hearth bench --batch B1,B2: one JSON report per count from one engine, each with
+    aggregate rates for that many concurrent requests; the step time is B / decode rate; a
+    bad count is a usage error naming the value, not a crash."""
+    model = next(m for m in TINY if m.endswith("llama-bf16"))
+    p = hearth("bench", model, "--batch", "1,3", "-p", "24", "-n", "6", "-r", "1", "-t", "1", "--json")
+    rows = [json.loads(line) for line in p.stdout.decode().splitlines() if line.strip()]
+    assert [r["batch"] for r in rows] == [1, 3]
+    for r in rows:
+        assert r["prompt_tokens"] == 24 and r["gen_tokens"] == 6 and r["device"] == "cpu"
+        assert r["decode_tps"] > 0 and r["prefill_tps"] > 0
+        assert r["decode_step_ms"] == pytest.approx(1e3 * r["batch"] / r["decode_tps"], rel=1e-6)
+        assert 0 < r["roofline_fraction"] and r["decode_bytes_per_step"] > 0
+    # one step reads the weights once: three rows' step reads more than one row's, less than 3x
+    assert rows[0]["decode_bytes_per_step"] < rows[1]["decode_bytes_per_step"] < 3 * rows[0]["decode_bytes_per_step"]
+    for bad in ("0", "2,x", "1025", ""):
+        q = hearth("bench", model, "--batch", bad, "-p", "8", "-n", "4", check=False)
+        assert q.returncode != 0 and b"--batch" in q.stderr and b"Traceback" not in q.stderr
+    q = hearth("bench", model, "--batch", "2", "--temp", "0.7", check=False)
+    assert q.returncode != 0 and b"greedy" in q.stderr

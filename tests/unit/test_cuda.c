@@ -710,6 +710,32 @@ static void test_mmq(void **state) {
         }
     cuda_gemm_free(g);
     cuda_gemm_free(gx);
+    /* split-k (n = 1000: 16 row tiles, so k = 4096 splits 16 ways): each split's partials
+     * are summed in split order by the tile's last block, which resets its arrival count;
+     * so a second launch (a graph replay) gives the very same bits */
+    {
+        cpu_weight w;
+        void *host = make_weight(DT_Q4_K, 1000, 4096, &w);
+        cuda_weight dw;
+        assert_int_equal(cuda_weight_upload(&dw, &w, "mmq", &e), HEARTH_OK);
+        enum { T = 8 };
+        float *x = malloc(sizeof(float) * T * 4096), *y1 = malloc(sizeof(float) * T * 1000),
+              *y2 = malloc(sizeof(float) * T * 1000);
+        for (int i = 0; i < T * 4096; i++) x[i] = rndf();
+        float *dx = dev_from(x, sizeof(float) * T * 4096), *dy = dev_from(NULL, sizeof(float) * T * 1000);
+        unsigned long before = cuda_mmq_launch_count();
+        assert_int_equal(cuda_gemv_mmq(&dw, dx, T, dy, &e), HEARTH_OK);
+        assert_int_equal(cuda_download(y1, dy, sizeof(float) * T * 1000, NULL), HEARTH_OK);
+        memset(y2, 0, sizeof(float) * T * 1000);
+        assert_int_equal(cuda_upload(dy, y2, sizeof(float) * T * 1000, NULL), HEARTH_OK);
+        assert_int_equal(cuda_gemv_mmq(&dw, dx, T, dy, &e), HEARTH_OK);
+        assert_int_equal(cuda_download(y2, dy, sizeof(float) * T * 1000, NULL), HEARTH_OK);
+        assert_int_equal(cuda_mmq_launch_count() - before, 2);
+        assert_memory_equal(y1, y2, sizeof(float) * T * 1000);
+        cuda_free(dx), cuda_free(dy);
+        cuda_weight_free(&dw);
+        free(x), free(y1), free(y2), free(host);
+    }
     cuda_mmq_force(-1); /* back to HEARTH_CUDA_MMQ as set */
 }
 

@@ -19,7 +19,7 @@ T0=$(date +%s)
 done_with() { echo "$1 $(($(date +%s) - T0))" >"$DIR/.done"; echo "llama-server build: rc $1 in $(($(date +%s) - T0)) s (-j$JOBS)"; exit "$1"; }
 
 mkdir -p "$DIR" && rm -f "$DIR/.done"
-if [ -x "$DIR/b/bin/llama-server" ] && "$DIR/b/bin/llama-server" --version >/dev/null 2>&1; then done_with 0; fi
+if [ -x "$DIR/b/bin/llama-server" ] && [ -x "$DIR/b/bin/llama-bench" ] && "$DIR/b/bin/llama-server" --version >/dev/null 2>&1; then done_with 0; fi
 [ -f "$TGZ" ] || { echo "no $TGZ: make it here with tools/cuda_llamacpp_src and carry it"; done_with 3; }
 rm -rf "$DIR/src" "$DIR/b" && mkdir -p "$DIR/src" && tar xzf "$TGZ" -C "$DIR/src" || done_with 4
 # llama-server's build embeds its web UI through scripts/ui-assets.cmake (an empty table without a UI)
@@ -34,7 +34,9 @@ nice -n 10 cmake -S "$DIR/src" -B "$DIR/b" -G Ninja -DCMAKE_BUILD_TYPE=Release -
     >"$LOG/llama_server_cmake.log" 2>&1 || { tail -20 "$LOG/llama_server_cmake.log"; done_with 6; }
 echo "configured at $(($(date +%s) - T0)) s; building llama-server with -j$JOBS"
 # bounded: the driver's call is 10 minutes; a build still running at 480 s is of no use to it
-timeout 480 nice -n 10 cmake --build "$DIR/b" --target llama-server -j "$JOBS" >"$LOG/llama_server_build.log" 2>&1
+# GPU_SERVE_TARGETS: llama-server, plus llama-bench for tools/gpu_round.d/llama-bench.sh (same libraries)
+timeout 480 nice -n 10 cmake --build "$DIR/b" --target ${GPU_SERVE_TARGETS:-llama-server llama-bench} -j "$JOBS" \
+    >"$LOG/llama_server_build.log" 2>&1
 rc=$?
 tail -1 "$LOG/llama_server_build.log"
 [ $rc -eq 0 ] && "$DIR/b/bin/llama-server" --version 2>&1 | head -2

@@ -912,10 +912,13 @@ static int q4k_rows(int n, int k) {
     return R;
 }
 
+/* batched: not a batch-invariant call (cuda_matmul_q8, cuda_gemv_mmq), so the kernel may
+ * depend on T (cuda_gemv_v2_launch_rows). */
 template <int T>
-static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y) {
+static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int batched = 0) {
     if (cuda_gemv_mlx4_launch(&w, &y, 1, xq, xs, T)) return; /* every U32 weight here, unless HEARTH_CUDA_MLX4=v1 */
-    if (cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T)) return;   /* cuda_gemv_v2_takes */
+    if (batched ? cuda_gemv_v2_launch_rows(w, y, xq, xs, T) : cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T))
+        return; /* cuda_gemv_v2_takes */
     int n = (int)w->n, k = (int)w->k, pf = pdl_on();
     int R = w->dtype == DT_Q4_K && w->q4k_packed ? q4k_rows(n, k) : q8act_rows(n);
     dim3 grid((unsigned)((n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R))), block(GEMV_WARPS * 32);
@@ -1027,11 +1030,11 @@ static hearth_status launch_i8_all(const cuda_weight *const *ws, float *const *y
             const float2 *xs = xs0 + (size_t)t0 * (k / 32);
             float *yc = ys[i] + (size_t)t0 * ws[i]->n;
             switch (c) {
-            case 8: launch_i8<8>(ws[i], xq, xs, yc); break;
-            case 4: launch_i8<4>(ws[i], xq, xs, yc); break;
-            case 3: launch_i8<3>(ws[i], xq, xs, yc); break;
-            case 2: launch_i8<2>(ws[i], xq, xs, yc); break;
-            default: launch_i8<1>(ws[i], xq, xs, yc); break;
+            case 8: launch_i8<8>(ws[i], xq, xs, yc, mmq); break;
+            case 4: launch_i8<4>(ws[i], xq, xs, yc, mmq); break;
+            case 3: launch_i8<3>(ws[i], xq, xs, yc, mmq); break;
+            case 2: launch_i8<2>(ws[i], xq, xs, yc, mmq); break;
+            default: launch_i8<1>(ws[i], xq, xs, yc, mmq); break;
             }
             if (cuda_launched("gemv_i8", err)) return HEARTH_ERR_IO;
             t0 += c;

@@ -282,14 +282,17 @@ int cuda_gemv_v2_groups(const cuda_weight *a, const cuda_weight *b) {
     return cuda_gemv_v2_takes(a) && cuda_gemv_v2_takes(b) && a->dtype == b->dtype && a->k == b->k;
 }
 
-int cuda_gemv_v2_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
-                        int T) {
+/* The v2 kernel over ws (checked: one format the kernels have, one k, aligned activations). */
+static int v2_launch_segs(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
+                          int T, int any_q6k) {
     /* the Q4_K kernel reads two (d, d·Σq) pairs as one float4 */
     if (nw < 1 || nw > 3 || ((uintptr_t)xs % 16) != 0 || ((uintptr_t)xq % 16) != 0) return 0;
     const void *W[3], *S[3];
     int64_t n[3];
     for (int i = 0; i < nw; i++) {
-        if (!cuda_gemv_v2_groups(ws[0], ws[i]) || ws[i]->n > INT32_MAX / 4) return 0;
+        int q6k = any_q6k && v2_mode() && ws[i]->dtype == DT_Q6_K && ws[0]->dtype == DT_Q6_K && ws[i]->k % 256 == 0 &&
+                  ws[i]->k == ws[0]->k;
+        if ((!q6k && !cuda_gemv_v2_groups(ws[0], ws[i])) || ws[i]->n > INT32_MAX / 4) return 0;
         W[i] = ws[i]->data;
         S[i] = v2_scales(ws[i]);
         n[i] = ws[i]->n;
@@ -297,4 +300,17 @@ int cuda_gemv_v2_launch(const cuda_weight *const *ws, float *const *ys, int nw, 
     v2_segs sg;
     int rows = v2_segs_fill(&sg, W, S, ys, n, nw), k = (int)ws[0]->k;
     return v2_for_rows(T, [&](auto r) { launch_v2<decltype(r)::value>(sg, rows, ws[0]->dtype, xq, xs, k); });
+}
+
+int cuda_gemv_v2_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
+                        int T) {
+    return v2_launch_segs(ws, ys, nw, xq, xs, T, 0);
+}
+
+/* Every Q6_K weight goes to v2 at 2..8 rows outside batch-invariant steps: the v1 kernel's
+ * cost grows with the rows (H200, 14336 x 4096 Q6_K at 8 rows: v2 37.7 us, v1 102.9; the 8B
+ * Q4_K_M decode step of 8 rows spent 1.59 ms in v1 Q6_K GEMVs against 0.42 at one row). */
+int cuda_gemv_v2_launch_rows(const cuda_weight *w, float *y, const int8_t *xq, const float2 *xs, int T) {
+    if (T < 2) return cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T);
+    return v2_launch_segs(&w, &y, 1, xq, xs, T, v2_mode() == 2);
 }

@@ -22,6 +22,9 @@ cudaStream_t cuda_stream(void);
 int cuda_gemv_v2_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
                         int T);
 int cuda_gemv_v2_groups(const cuda_weight *a, const cuda_weight *b);
+/* One weight at T rows where batch invariance is not asked for: as cuda_gemv_v2_launch, and
+ * in the auto mode also every Q6_K weight from 2 rows on (v1's cost grows with the rows). */
+int cuda_gemv_v2_launch_rows(const cuda_weight *w, float *y, const int8_t *xq, const float2 *xs, int T);
 void cuda_gemv_v2_force_pdl(int mode);
 /* cuda_gemv_mlx4.cu, the same for MLX 4-bit weights that cuda_mlx4_v2_takes (one group size
  * and scale type per launch). */

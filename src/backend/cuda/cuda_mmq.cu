@@ -25,9 +25,14 @@
  * a lane's accumulators are one 16-byte load. The float epilogue (per accumulator: int to
  * float, two FMAs) costs about as much issue as the tensor cores: at T = 64 it, not the
  * weight stream, is the expected bound (about 2x the streaming time on an H200, still
- * well under dequantize + cuBLAS). Not done (yet): split-k for short-n, long-k weights
- * (4096 x 14336 gets only 64 blocks), Q8_0 and Q6_K. */
+ * well under dequantize + cuBLAS). A weight with too few 64-row tiles to fill the GPU
+ * splits k across blockIdx.y (mmq_splits; HEARTH_CUDA_MMQ_SPLIT=0: never): each split
+ * writes partial sums to a scratch and the tile's last split to arrive adds them in split
+ * order (fixed, so a launch gives the same bits every run). Not done (yet): Q8_0, Q6_K. */
 #include "backend/cuda/cuda_internal.h"
+extern "C" {
+#include "backend/cuda/cuda_plan.h"
+}
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -121,11 +126,14 @@ static __device__ __forceinline__ void mmq_q4k_sm(uint4 h, int j, float *s, floa
 
 template <int NT>
 __global__ void __launch_bounds__(MMQ_WARPS * 32, 2)
-    mmq_q4_k(const uint8_t *W, const int8_t *xq, const float2 *xs, float *y, int n, int k, int T) {
+    mmq_q4_k(const uint8_t *W, const int8_t *xq, const float2 *xs, float *y, int n, int k, int T, float *part,
+             unsigned *count) {
     constexpr int STAGES = mmq_stages(NT), SBYTES = mmq_stage_bytes(NT);
     static_assert(STAGES >= 2, "one stage does not pipeline");
     extern __shared__ __align__(16) uint8_t mmq_smem[];
-    const int nsb = k / 256, row0 = blockIdx.x * MMQ_ROWS;
+    /* split-k: blockIdx.y takes super-blocks [sb0, sb0 + nsb) of the row tile's k */
+    const int KS = gridDim.y, per = (k / 256 + KS - 1) / KS, sb0 = blockIdx.y * per;
+    const int nsb = max(0, min(k / 256, sb0 + per) - sb0), row0 = blockIdx.x * MMQ_ROWS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     float acc[NT][4];
 #pragma unroll
@@ -135,14 +143,14 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32, 2)
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < nsb) mmq_load_stage<NT>(mmq_smem + s * SBYTES, W, xq, xs, row0, n, k, T, s);
+        if (s < nsb) mmq_load_stage<NT>(mmq_smem + s * SBYTES, W, xq, xs, row0, n, k, T, sb0 + s);
         mmq_commit(); /* empty groups keep the wait count uniform */
     }
     for (int sb = 0; sb < nsb; sb++) {
         mmq_wait<STAGES - 2>(); /* this thread's copies of super-block sb have landed */
         __syncthreads();        /* everyone's have; and everyone is done with sb - 1's stage */
         int next = sb + STAGES - 1;
-        if (next < nsb) mmq_load_stage<NT>(mmq_smem + (next % STAGES) * SBYTES, W, xq, xs, row0, n, k, T, next);
+        if (next < nsb) mmq_load_stage<NT>(mmq_smem + (next % STAGES) * SBYTES, W, xq, xs, row0, n, k, T, sb0 + next);
         mmq_commit();
 
         const uint8_t *st = mmq_smem + (sb % STAGES) * SBYTES;
@@ -182,14 +190,32 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32, 2)
         }
     }
     mmq_wait<0>();
-    /* accumulator i: row g (+ 8 for i >= 2), token 8nt + 2q + (i & 1) */
+    /* accumulator i: row g (+ 8 for i >= 2), token 8nt + 2q + (i & 1); with splits, the
+     * split's partial sums, and the tile's last split to finish adds them up in split order */
+    float *dst = KS == 1 ? y : part + (size_t)blockIdx.y * T * n;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int row = row0 + warp * 16 + g + (i >= 2 ? 8 : 0), tok = nt * 8 + 2 * q + (i & 1);
-            if (row < n && tok < T) y[(size_t)tok * n + row] = acc[nt][i];
+            if (row < n && tok < T) dst[(size_t)tok * n + row] = acc[nt][i];
         }
+    if (KS == 1) return;
+    __shared__ unsigned s_last;
+    __threadfence(); /* this block's partials are visible before its count */
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(&count[blockIdx.x], 1u) == (unsigned)KS - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int e = threadIdx.x; e < MMQ_ROWS * T; e += blockDim.x) {
+        int row = row0 + e % MMQ_ROWS, tok = e / MMQ_ROWS;
+        if (row >= n) continue;
+        float sum = 0.0f;
+        for (int s = 0; s < KS; s++) sum += __ldcg(part + ((size_t)s * T + tok) * n + row);
+        y[(size_t)tok * n + row] = sum;
+    }
+    if (threadIdx.x == 0) count[blockIdx.x] = 0; /* ready for the next launch (graph replays) */
 }
 
 /* ---------- host side ---------- */
@@ -223,7 +249,8 @@ int cuda_mmq_takes(const cuda_weight *w, int T) {
            mmq_fits(T);
 }
 
-typedef void (*mmq_kernel)(const uint8_t *, const int8_t *, const float2 *, float *, int, int, int);
+typedef void (*mmq_kernel)(const uint8_t *, const int8_t *, const float2 *, float *, int, int, int, float *,
+                           unsigned *);
 static const mmq_kernel mmq_kernels[8] = {mmq_q4_k<1>, mmq_q4_k<2>, mmq_q4_k<3>, mmq_q4_k<4>,
                                           mmq_q4_k<5>, mmq_q4_k<6>, mmq_q4_k<7>, mmq_q4_k<8>};
 static const int mmq_smem_bytes[8] = {mmq_stages(1) * mmq_stage_bytes(1), mmq_stages(2) * mmq_stage_bytes(2),
@@ -236,7 +263,46 @@ static int mmq_ready[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
 /* The kernels need more than the 48 KB of shared memory a launch gets by default; the
  * opt-in is a function attribute, set here outside any capture (cuda_gemv_reserve calls
  * this at model creation; the first launch otherwise). */
+/* Split-k scratch (cuda_plan.h: CUDA_MMQ_PART_FLOATS partial sums, CUDA_MMQ_TILES_MAX
+ * counters, counted by hearth fit), allocated once with the first prepare, outside any
+ * capture; without it (allocation failed, HEARTH_CUDA_MMQ_SPLIT=0) no launch splits. */
+static float *g_part;
+static unsigned *g_count;
+static int g_sms, g_split = -1;
+
+static void mmq_scratch(void) {
+    if (g_split < 0) {
+        const char *e = getenv("HEARTH_CUDA_MMQ_SPLIT");
+        g_split = !(e && !strcmp(e, "0"));
+    }
+    if (g_part || !g_split) return;
+    if (cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) g_sms = 0;
+    if (cuda_alloc((void **)&g_part, CUDA_MMQ_PART_FLOATS * sizeof(float), "mmq split-k partials", NULL) ||
+        cuda_alloc((void **)&g_count, CUDA_MMQ_TILES_MAX * sizeof(unsigned), "mmq split-k counts", NULL) ||
+        cudaMemset(g_count, 0, CUDA_MMQ_TILES_MAX * sizeof(unsigned)) != cudaSuccess) {
+        cudaGetLastError();
+        cuda_free(g_part);
+        cuda_free(g_count);
+        g_part = NULL, g_count = NULL;
+    }
+}
+
+/* Splits of k for a launch with fewer row tiles than SMs: enough that the grid fills every
+ * SM twice, at most one per super-block and what the scratch holds. H200, 8 rows, under
+ * ncu: 1024 x 4096 Q4_K 15.5 us in 16 blocks, 7.6 us in 16 x 16 splits; 4096 x 4096 19.0
+ * us, 15.8 in 64 x 5; but 14336 x 4096 (224 tiles) 25 us unsplit, 32 in 224 x 2. */
+static int mmq_splits(int n, int k, int T) {
+    int tiles = (n + MMQ_ROWS - 1) / MMQ_ROWS, nsb = k / 256;
+    if (!g_part || g_sms <= 0 || tiles > CUDA_MMQ_TILES_MAX || tiles >= g_sms) return 1;
+    int ks = (2 * g_sms + tiles - 1) / tiles;
+    if (ks > 16) ks = 16;
+    if (ks > nsb) ks = nsb;
+    while (ks > 1 && (size_t)ks * T * n > CUDA_MMQ_PART_FLOATS) ks--;
+    return ks < 1 ? 1 : ks;
+}
+
 void cuda_mmq_prepare(void) {
+    mmq_scratch();
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0) != cudaSuccess) {
         cudaGetLastError();
@@ -274,9 +340,9 @@ static int mmq_fits(int T) {
 int cuda_mmq_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int T) {
     if (!cuda_mmq_takes(w, T) || ((uintptr_t)xq % 16) != 0 || ((uintptr_t)xs % 16) != 0) return 0;
     int i = (T + 7) / 8 - 1, n = (int)w->n, k = (int)w->k;
-    dim3 grid((unsigned)((n + MMQ_ROWS - 1) / MMQ_ROWS)), block(MMQ_WARPS * 32);
+    dim3 grid((unsigned)((n + MMQ_ROWS - 1) / MMQ_ROWS), (unsigned)mmq_splits(n, k, T)), block(MMQ_WARPS * 32);
     g_mmq_launches++;
     mmq_kernels[i]<<<grid, block, (size_t)mmq_smem_bytes[i], cuda_stream()>>>((const uint8_t *)w->data, xq, xs, y, n, k,
-                                                                              T);
+                                                                              T, g_part, g_count);
     return 1;
 }

@@ -55,10 +55,11 @@ struct cuda_model {
     /* HEARTH_CUDA_FUSED=0: the unfused decode sequence (one rope launch for q, one for k;
      * int8 activations quantized by each GEMV call instead of by the norm / gate before it) */
     int unfused;
-    /* HEARTH_CUDA_PROFILE_STEP=N: the N-th single-token step (from 1) runs between
+    /* HEARTH_CUDA_PROFILE_STEP=N: the N-th step of HEARTH_CUDA_PROFILE_T tokens (default 1;
+     * 8: a decode step of 8 rows, as `hearth bench --batch 8` runs) runs between
      * cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`;
      * HEARTH_CUDA_PROFILE_PREFILL=N likewise the N-th step of more than GRAPH_MAX_T tokens */
-    int prof_step, decode_steps, prof_prefill, prefill_steps;
+    int prof_step, prof_t, decode_steps, prof_prefill, prefill_steps;
     cuda_plan plan; /* every buffer's size (cuda_plan.c: what hearth fit predicts) */
 };
 
@@ -158,6 +159,8 @@ hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_toke
     cm->unfused = fused_env && !strcmp(fused_env, "0");
     const char *prof_env = getenv("HEARTH_CUDA_PROFILE_STEP");
     cm->prof_step = prof_env ? atoi(prof_env) : 0;
+    const char *prof_t_env = getenv("HEARTH_CUDA_PROFILE_T");
+    cm->prof_t = prof_t_env && atoi(prof_t_env) > 0 ? atoi(prof_t_env) : 1;
     const char *prof_pf_env = getenv("HEARTH_CUDA_PROFILE_PREFILL");
     cm->prof_prefill = prof_pf_env ? atoi(prof_pf_env) : 0;
     const char *mode = getenv("HEARTH_CUDA_GEMM");
@@ -508,7 +511,7 @@ static hearth_status forward(cuda_model *cm, const kv_cache *kv, const model_bat
 /* HEARTH_CUDA_PROFILE_STEP / _PREFILL: the chosen step runs inside the profiler range. */
 static hearth_status profiled(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids, int keep,
                               hearth_error *err) {
-    int prof = (b->T == 1 && cm->prof_step > 0 && ++cm->decode_steps == cm->prof_step) ||
+    int prof = (b->T == cm->prof_t && cm->prof_step > 0 && ++cm->decode_steps == cm->prof_step) ||
                (b->T > GRAPH_MAX_T && cm->prof_prefill > 0 && ++cm->prefill_steps == cm->prof_prefill);
     if (prof) cudaProfilerStart();
     hearth_status st = forward(cm, kv, b, ids, keep, err);

@@ -139,38 +139,80 @@ hearth_status cuda_add_rmsnorm(float *out, float *x, const float *delta, const f
 }
 
 /* Greedy pick per row, the host sampler's rule: the first index of the largest value
- * (NaN never wins). One block of 1024 threads per row; a strided scan, then a tree. */
+ * (NaN never wins). One block of 1024 threads per row: each thread scans its elements in
+ * index order (four 16-byte loads in flight when the row is aligned), then warp shuffles
+ * and one warp merge the threads' picks; a pick beats another when its value is larger
+ * or equal with a lower index, so the merge order does not change the answer. */
+struct argmax_pick {
+    float v;
+    int i;
+};
+static __device__ __forceinline__ void argmax_take(argmax_pick &b, float v, int i) {
+    if (v > b.v || (b.i == INT_MAX && v == b.v)) b.v = v, b.i = i;
+}
+static __device__ __forceinline__ argmax_pick argmax_merge(argmax_pick a, argmax_pick b) {
+    return b.v > a.v || (b.v == a.v && b.i < a.i) ? b : a;
+}
+static __device__ __forceinline__ argmax_pick argmax_warp(argmax_pick p) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        argmax_pick q = {__shfl_xor_sync(0xffffffffu, p.v, o), __shfl_xor_sync(0xffffffffu, p.i, o)};
+        p = argmax_merge(p, q);
+    }
+    return p;
+}
+
 template <bool CHECKED>
-__global__ void argmax_kernel(const float *logits, int vocab, int32_t *out) {
-    __shared__ float sv[1024];
-    __shared__ int si[1024];
+__global__ void __launch_bounds__(1024) argmax_kernel(const float *logits, int vocab, int32_t *out) {
+    __shared__ argmax_pick s_w[32];
     __shared__ int bad;
     if (CHECKED && threadIdx.x == 0) bad = 0;
     if (CHECKED) __syncthreads();
     const float *r = logits + (size_t)blockIdx.x * vocab;
-    float best = -INFINITY;
-    int bi = INT_MAX, nonfinite = 0;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = r[i];
-        if (CHECKED) nonfinite |= !isfinite(v);
-        if (v > best || (bi == INT_MAX && v == best)) best = v, bi = i;
-    }
-    if (CHECKED && nonfinite) bad = 1;
-    sv[threadIdx.x] = best;
-    si[threadIdx.x] = bi;
-    __syncthreads();
-    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-        if (threadIdx.x < stride) {
-            float v = sv[threadIdx.x + stride];
-            int j = si[threadIdx.x + stride];
-            if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && j < si[threadIdx.x])) {
-                sv[threadIdx.x] = v;
-                si[threadIdx.x] = j;
+    argmax_pick b = {-INFINITY, INT_MAX};
+    int nonfinite = 0, i0 = 0, nt = blockDim.x;
+    if (((uintptr_t)r & 15) == 0) {
+        const float4 *r4 = (const float4 *)r;
+        int n4 = vocab / 4, j = threadIdx.x;
+        for (; j + 3 * nt < n4; j += 4 * nt) {
+            float4 a[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) a[u] = r4[j + u * nt];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int i = 4 * (j + u * nt);
+                if (CHECKED) nonfinite |= !isfinite(a[u].x) | !isfinite(a[u].y) | !isfinite(a[u].z) | !isfinite(a[u].w);
+                argmax_take(b, a[u].x, i);
+                argmax_take(b, a[u].y, i + 1);
+                argmax_take(b, a[u].z, i + 2);
+                argmax_take(b, a[u].w, i + 3);
             }
         }
-        __syncthreads();
+        for (; j < n4; j += nt) {
+            float4 a = r4[j];
+            if (CHECKED) nonfinite |= !isfinite(a.x) | !isfinite(a.y) | !isfinite(a.z) | !isfinite(a.w);
+            argmax_take(b, a.x, 4 * j);
+            argmax_take(b, a.y, 4 * j + 1);
+            argmax_take(b, a.z, 4 * j + 2);
+            argmax_take(b, a.w, 4 * j + 3);
+        }
+        i0 = 4 * n4;
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = CHECKED && bad ? -1 : si[0] == INT_MAX ? 0 : si[0];
+    for (int i = i0 + threadIdx.x; i < vocab; i += nt) {
+        float v = r[i];
+        if (CHECKED) nonfinite |= !isfinite(v);
+        argmax_take(b, v, i);
+    }
+    if (CHECKED && nonfinite) bad = 1;
+    b = argmax_warp(b);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = (nt + 31) / 32;
+    if (lane == 0) s_w[warp] = b;
+    __syncthreads();
+    if (warp == 0) {
+        argmax_pick p = lane < nw ? s_w[lane] : argmax_pick{-INFINITY, INT_MAX};
+        p = argmax_warp(p);
+        if (lane == 0) out[blockIdx.x] = CHECKED && bad ? -1 : p.i == INT_MAX ? 0 : p.i;
+    }
 }
 
 hearth_status cuda_argmax(const float *logits, int rows, int vocab, int32_t *out, hearth_error *err) {
@@ -314,33 +356,9 @@ static __device__ __forceinline__ float warp_max(float v) {
 #define DA_UNROLL 4
 #define DA_SPLITS_MAX CUDA_ATT_SPLITS_MAX /* cuda_plan.h: the split scratch is sized by it */
 
-/* The merge of split partials (m, l, pad, pad, o[d]) of one (head, token): M = the largest
- * m of the splits that saw positions (l > 0), L = sum e^(m - M) l, and output element di =
- * sum e^(m - M) o[di] / L, in split order. (Merging inside the attention launch instead, by
- * the last split of each token and KV head to finish, measured slower on the H200: 338.0
- * against 365.3 tok/s for the 8B Q4_K_M decode; a single block's serial merge outlasted
- * this kernel's launch.) */
-static __device__ __forceinline__ void merge_ml(const float *part, int nact, int d, float *M_, float *L_) {
-    float M = -INFINITY;
-    for (int s = 0; s < nact; s++)
-        if (part[(size_t)s * (d + 4) + 1] > 0.0f) M = fmaxf(M, part[(size_t)s * (d + 4)]);
-    float L = 0.0f;
-    for (int s = 0; s < nact; s++) {
-        const float *ps = part + (size_t)s * (d + 4);
-        if (ps[1] > 0.0f) L += ps[1] * expf(ps[0] - M);
-    }
-    *M_ = M;
-    *L_ = L;
-}
-static __device__ __forceinline__ float merge_out(const float *part, int nact, int d, int di, float M, float L) {
-    float o = 0.0f;
-    for (int s = 0; s < nact; s++) {
-        const float *ps = part + (size_t)s * (d + 4);
-        if (ps[1] > 0.0f) o += ps[4 + di] * expf(ps[0] - M);
-    }
-    return L > 0.0f ? o / L : 0.0f;
-}
-
+/* (Merging the split partials inside the attention launch instead, by the last split of
+ * each token and KV head to finish, measured slower on the H200: 338.0 against 365.3 tok/s
+ * for the 8B Q4_K_M decode; a single block's serial merge outlasted this kernel's launch.) */
 template <int GM, int NV, int KVQ>
 __global__ void __launch_bounds__(DA_WARPS * 32)
     attention_decode_kernel(cuda_attention_args a, cuda_kv kv, int S, int min_chunk) {
@@ -496,26 +514,51 @@ __global__ void __launch_bounds__(DA_WARPS * 32)
 }
 
 /* Merges the split results of each (head, token): out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s,
- * over the splits that hold positions of the sequence (the same chunking as attention_decode). */
+ * over the splits that hold positions of the sequence (the same chunking as attention_decode).
+ * Warp 0 reads every split's (m, l) at once (lane s: split s) and leaves the weights
+ * e^(m_s - M) / L in shared memory; then each output element's loads over the splits are
+ * independent of each other (no chain of dependent reads). Fixed order throughout. */
 __global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int min_chunk) {
+    __shared__ float s_w[DA_SPLITS_MAX];
     int h = blockIdx.x, t = blockIdx.y, d = a.head_dim;
     const float *part = a.split_scratch + ((size_t)t * a.n_heads + h) * S_all * (size_t)(d + 4);
     int p_end = a.pos[t], p_start = 0;
     if (a.window > 0 && p_end - a.window + 1 > 0) p_start = p_end - a.window + 1;
     int len = p_end - p_start + 1, chunk = max((len + S_all - 1) / S_all, min_chunk);
     int S = min(S_all, (len + chunk - 1) / chunk);
-    float M, L;
-    merge_ml(part, S, d, &M, &L);
-    for (int di = threadIdx.x; di < d; di += blockDim.x)
-        a.out[((size_t)t * a.n_heads + h) * d + di] = merge_out(part, S, d, di, M, L);
+    if (threadIdx.x < 32) {
+        int s = threadIdx.x;
+        float m = -INFINITY, l = 0.0f;
+        if (s < S) {
+            m = part[(size_t)s * (d + 4)];
+            l = part[(size_t)s * (d + 4) + 1];
+        }
+        bool live = s < S && l > 0.0f;
+        float M = warp_max(live ? m : -INFINITY);
+        float e = live ? expf(m - M) : 0.0f;
+        float L = warp_sum(e * l);
+        if (s < S) s_w[s] = L > 0.0f ? e / L : 0.0f;
+    }
+    __syncthreads();
+    for (int di = threadIdx.x; di < d; di += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < S; s++) o += s_w[s] * part[(size_t)s * (d + 4) + 4 + di];
+        a.out[((size_t)t * a.n_heads + h) * d + di] = o;
+    }
 }
 
 /* The split count for a pool: about one split per DA_TILE positions of the longest
  * sequence the pool holds, at most DA_SPLITS_MAX and what the scratch holds. */
 static int decode_splits(const cuda_attention_args *a) {
+    static int forced = -1; /* HEARTH_CUDA_ATT_SPLITS=N: N splits whatever the pool (A/B runs) */
+    if (forced < 0) {
+        const char *e = getenv("HEARTH_CUDA_ATT_SPLITS");
+        forced = e && atoi(e) > 0 ? atoi(e) : 0;
+    }
     int maxpos = a->kv->max_blocks_per_slot * KV_BLOCK_SIZE;
     if (a->window > 0 && a->window < maxpos) maxpos = a->window;
-    int S = (maxpos + DA_TILE - 1) / DA_TILE;
+    int S = forced ? forced : (maxpos + DA_TILE - 1) / DA_TILE;
     if (S > DA_SPLITS_MAX) S = DA_SPLITS_MAX;
     if (S < 1) S = 1;
     size_t per = (size_t)a->T * a->n_heads * (size_t)(a->head_dim + 4);

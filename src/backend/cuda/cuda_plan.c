@@ -228,6 +228,9 @@ static void plan_scratch(cuda_plan *p, const model *m, int max_tokens, int max_o
     cuda_tally_add(t, p->gemm_max_w * e);
     cuda_tally_add(t, p->gemm_max_x * e);
     cuda_tally_add(t, CUDA_GEMM_WORKSPACE_BYTES);
+    /* the MMQ split-k scratch (cuda_mmq.cu), allocated once per process at model creation */
+    cuda_tally_add(t, CUDA_MMQ_PART_FLOATS * sizeof(float));
+    cuda_tally_add(t, CUDA_MMQ_TILES_MAX * sizeof(unsigned));
     /* pinned host staging: the step's embeddings, its indices, the greedy ids */
     p->pinned_host = T * c->hidden * sizeof(float) + 3 * T * sizeof(int32_t) + (size_t)max_out * sizeof(int32_t);
 }

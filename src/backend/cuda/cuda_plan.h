@@ -19,6 +19,10 @@
 #define CUDA_GEMM_WORKSPACE_BYTES ((size_t)32 << 20)
 /* Most split-K partials per (head, token) of decode attention (cuda_ops.cu DA_SPLITS_MAX). */
 #define CUDA_ATT_SPLITS_MAX 32
+/* The MMQ kernel's split-k scratch (cuda_mmq.cu): partial sums of up to 64 rows x 20480
+ * outputs, and one arrival count per 64-row tile of a weight up to 65536 rows. */
+#define CUDA_MMQ_PART_FLOATS ((size_t)64 * 20480)
+#define CUDA_MMQ_TILES_MAX 1024
 
 /* How the device KV pool stores keys and values. Today cuda_kv_alloc keeps float32
  * whatever --kv-quant says; int8/fp8 (one byte per element plus one float scale per

@@ -2,7 +2,8 @@
 # final-bench: issue #5's table rows in one call: the two ceilings (bench/cuda/roofline.py:
 # torch copy bandwidth and bf16 GEMM rate), then hearth bench on the 8B shapes: bf16 and
 # Q4_K_M prefill at 4096 tokens, bf16 and Q8_0 decode (128 after 512). Rows print as they
-# finish; every JSON stays in LOGDIR. FB_ROWS picks rows (also q4km_decode, m4_*, q3m4_*,
+# finish; every JSON stays in LOGDIR. FB_ROWS picks rows (also q4km_decode, f16_decode, f16_p4096 (the
+# F16 GGUF), m4_*, q3m4_*,
 # bf16_decode_kvf16, bf16_decode_2k[_kvf16], q3_<f16|q4_k_m|q8_0>_<decode|p4096>). Env from tools/gpu_round. Usage: final-bench.sh LOGDIR
 L=${1:?usage: final-bench.sh LOGDIR}; mkdir -p $L
 cd "$(dirname "$0")/../.."
@@ -45,6 +46,8 @@ for r in ${FB_ROWS:-bf16_p4096 q4km_p4096 bf16_decode q8_0_decode}; do
     q4km_p4096) row $r $G8/llama8b-q4_k_m.gguf -p 4096 -n 1 -r 1 ;;
     q4km_decode) row $r $G8/llama8b-q4_k_m.gguf -p 512 -n 128 -r 3 ;;
     q8_0_decode) row $r $G8/llama8b-q8_0.gguf -p 512 -n 128 -r 3 ;;
+    f16_decode) row $r $G8/llama8b-f16.gguf -p 512 -n 128 -r 3 ;;
+    f16_p4096) row $r $G8/llama8b-f16.gguf -p 4096 -n 1 -r 1 ;;
     m4_decode) [ -f $M4/.done ] && row $r $M4 -p 512 -n 128 -r 3 || echo "$r: NOT RUN (no model)" ;;
     m4_p4096) [ -f $M4/.done ] && row $r $M4 -p 4096 -n 1 -r 1 || echo "$r: NOT RUN (no model)" ;;
     q3m4_decode) [ -f $Q3M4/.done ] && QWEN=1 row $r $Q3M4 -p 512 -n 128 -r 3 || echo "$r: NOT RUN (no model)" ;;

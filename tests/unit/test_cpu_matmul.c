@@ -381,6 +381,16 @@ static void test_avx2_decode_rows_match_tiles(void **state) {
                 if (memcmp(&y1[i], &y2[i], sizeof(float)))
                     fail_msg("%s K %lld: decode y[%lld] = %.9g, 4-row tile %.9g", cases[ci].name, (long long)k,
                              (long long)i, y1[i], y2[i]);
+            /* AVX-512 machines decode with these one-row kernels too (Q4_0 / Q4_1 with VNNI
+             * dots): the same bits */
+            kern = (cpu_kernel){0};
+            if (cpu_level_hardware() >= CPU_LEVEL_AVX512 && cpu_avx512_kernel(&w, &kern)) {
+                for (int t = 0; t < 2; t++) kern.rows(&w, 0, n, xq + t * (k / 32), y1 + t * n);
+                for (int64_t i = 0; i < 2 * n; i++)
+                    if (memcmp(&y1[i], &y2[i], sizeof(float)))
+                        fail_msg("%s K %lld: AVX-512 decode y[%lld] = %.9g, AVX2 4-row tile %.9g", cases[ci].name,
+                                 (long long)k, (long long)i, y1[i], y2[i]);
+            }
             free(x);
             free(xq);
             free(data);

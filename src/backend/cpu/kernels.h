@@ -56,6 +56,9 @@ void cpu_ref_dequant(const cpu_weight *w, int64_t n, int64_t k0, int count, floa
 /* Fast kernels: fill *out and return 1 if the format has one at that level. */
 int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out);
 int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out);
+/* The AVX2 one-row decode kernel built with AVX-512 VNNI dots (same bits as its AVX2 form),
+ * for the formats that have one (Q4_0, Q4_1), else NULL; only on CPUs with AVX-512 VNNI. */
+cpu_rows_fn cpu_avx2_vnni_rows(const cpu_weight *w);
 
 /* Quantizes a row of k floats (k a multiple of 32) to int8 blocks (per block d = amax / 127,
  * q = round-to-nearest-even(x / d) clamped to +-127), in order or CPU_ACT_Q8_EVENODD order.

@@ -341,72 +341,30 @@ A2_INLINE void a2_nib_prepare_quads(const cpu_q8_block *x, int64_t nb, a2_fmt f,
     }
 }
 
-/* acc (+)= the dots of G block pairs of one row (blocks starting at p0, nleft blocks left in
- * the row) with quad a, in the tiles' order. */
-A2_INLINE __m256 a2_nib_quad_dot(const uint8_t *p0, const a2_nib_quad *a, int64_t nleft, int64_t pf, a2_fmt f,
-                                 __m256 acc, int G) {
-    const int bytes = f == A2_Q4_0 ? 18 : 20, qo = f == A2_Q4_0 ? 2 : 4;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    __m256i v[4];
-    uint64_t de = 0, dd = 0, me = 0, mo = 0; /* f16 d (and m) of the even and odd blocks */
-    #pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
-        v[j] = _mm256_setzero_si256();
-        if (j >= G) continue;
-        const uint8_t *p = p0 + 2 * j * bytes, *p1 = 2 * j + 1 < nleft ? p + bytes : p; /* lone: repeat b */
-        _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
-        __m256i raw = _mm256_loadu2_m128i((const __m128i *)(p1 + qo), (const __m128i *)(p + qo));
-        __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-        __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, a->lo[j]), _mm256_maddubs_epi16(hi, a->hi[j]));
-        v[j] = _mm256_madd_epi16(s16, ones);
-        de |= a2_ld16(p) << 16 * j, dd |= a2_ld16(p1) << 16 * j;
-        if (f == A2_Q4_1) me |= a2_ld16(p + 2) << 16 * j, mo |= a2_ld16(p1 + 2) << 16 * j;
-    }
-    __m256i dot = _mm256_sub_epi32(a2_sum4x4(v[0], v[1], v[2], v[3]), a->off);
-    __m256 d8 = _mm256_cvtph_ps(_mm_set_epi64x((long long)dd, (long long)de));
-    __m256 m8 = f == A2_Q4_1 ? _mm256_cvtph_ps(_mm_set_epi64x((long long)mo, (long long)me)) : _mm256_setzero_ps();
-    return a2_chain(acc, _mm256_cvtepi32_ps(dot), _mm256_mul_ps(d8, a->dx), _mm256_mul_ps(m8, a->dx), a->xs,
-                    f == A2_Q4_1, G);
-}
-
-/* a2_nib_quad_dot for a row's last quad of `last` (1..4) pairs. */
-A2_INLINE __m256 a2_nib_quad_last(const uint8_t *p0, const a2_nib_quad *a, int64_t nleft, int64_t pf, a2_fmt f,
-                                  __m256 acc, int last) {
-    switch (last) {
-    case 1: return a2_nib_quad_dot(p0, a, nleft, pf, f, acc, 1);
-    case 2: return a2_nib_quad_dot(p0, a, nleft, pf, f, acc, 2);
-    case 3: return a2_nib_quad_dot(p0, a, nleft, pf, f, acc, 3);
-    default: return a2_nib_quad_dot(p0, a, nleft, pf, f, acc, 4);
-    }
-}
-
 /* The lanes 0 + 4 sum of acc, as the tiles store a row's result. */
 A2_INLINE float a2_chain_result(__m256 acc) {
     return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
 }
 
-A2_INLINE void a2_q4_rows1(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y, a2_fmt f) {
-    const int bytes = f == A2_Q4_0 ? 18 : 20;
-    int64_t nb = w->k / 32, np = (nb + 1) / 2, nq = (np + 3) / 4, rb = nb * bytes, pf = a2_prefetch_distance(rb);
-    if ((nb + 1) / 2 > A2_NIB_MAX_PAIRS) { /* K beyond the stack buffer: the 4-row block kernel */
-        int64_t n4 = n0 + (n1 - n0) / A2_ROWS * A2_ROWS;
-        a2_b32_tile(w, n0, n4, x, 0, 1, y, 0, f, A2_ROWS, 1);
-        a2_b32_tile(w, n4, n1, x, 0, 1, y, 0, f, 1, 1);
-        return;
-    }
-    a2_nib_quad xq[A2_NIB_MAX_PAIRS / 4];
-    if (n0 >= n1 || nb == 0) return; /* nb = 0: no quad to read (weights always have K >= 32) */
-    a2_nib_prepare_quads(x, nb, f, xq);
-    int last = (int)(np - 4 * (nq - 1)); /* pairs in the last quad, 1..4 */
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *row = (const uint8_t *)w->data + n * rb;
-        __m256 acc = _mm256_setzero_ps();
-        int64_t q = 0;
-        for (; q + 1 < nq; q++) acc = a2_nib_quad_dot(row + 8 * q * bytes, &xq[q], nb - 8 * q, pf, f, acc, 4);
-        acc = a2_nib_quad_last(row + 8 * q * bytes, &xq[q], nb - 8 * q, pf, f, acc, last);
-        y[n] = a2_chain_result(acc);
-    }
-}
+/* The one-row Q4_0 / Q4_1 kernel (kernels_avx2_q4rows.inc): maddubs + madd here, and a
+ * vpdpbusd copy for CPUs with AVX-512 VNNI (kernels_avx512.c takes it for decode). */
+#define Q4R(name) a2_##name
+#define Q4R_INLINE A2_INLINE
+#define Q4R_DOT2(lo, alo, hi, ahi)                                                                                     \
+    _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi)),                  \
+                      _mm256_set1_epi16(1))
+#include "backend/cpu/kernels_avx2_q4rows.inc"
+#undef Q4R
+#undef Q4R_INLINE
+#undef Q4R_DOT2
+#define A2V_TARGET KTARGET ",avx512f,avx512vl,avx512vnni"
+#define Q4R(name) a2v_##name
+#define Q4R_INLINE __attribute__((target(A2V_TARGET), always_inline)) static inline
+#define Q4R_DOT2(lo, alo, hi, ahi) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, alo), hi, ahi)
+#include "backend/cpu/kernels_avx2_q4rows.inc"
+#undef Q4R
+#undef Q4R_INLINE
+#undef Q4R_DOT2
 
 /* acc (+)= the dots of G Q8_0 blocks of one row (at p0) with activation blocks xb, in the
  * b32 tile's order: lanes 0..3 of the sum are the blocks' first halves, 4..7 their second. */
@@ -714,6 +672,18 @@ A2_TILE_KERNEL(a2_tile_q6_k, a2_q6k_tile, 0)
 A2_ROWS_KERNEL(a2_rows_q4_0, a2_q4_rows1(w, n0, n1, x, y, A2_Q4_0))
 A2_ROWS_KERNEL(a2_rows_q4_1, a2_q4_rows1(w, n0, n1, x, y, A2_Q4_1))
 A2_ROWS_KERNEL(a2_rows_q8_0, a2_q8_rows1(w, n0, n1, x, y))
+__attribute__((target(A2V_TARGET))) static void a2v_rows_q4_0(const cpu_weight *w, int64_t n0, int64_t n1,
+                                                               const void *x, float *y) {
+    a2v_q4_rows1(w, n0, n1, x, y, A2_Q4_0);
+}
+__attribute__((target(A2V_TARGET))) static void a2v_rows_q4_1(const cpu_weight *w, int64_t n0, int64_t n1,
+                                                               const void *x, float *y) {
+    a2v_q4_rows1(w, n0, n1, x, y, A2_Q4_1);
+}
+
+cpu_rows_fn cpu_avx2_vnni_rows(const cpu_weight *w) {
+    return w->dtype == DT_Q4_0 ? a2v_rows_q4_0 : w->dtype == DT_Q4_1 ? a2v_rows_q4_1 : NULL;
+}
 A2_ROWS_KERNEL(a2_rows_q4_k, a2_q4k_tile(w, n0, n1, x, 0, 1, y, 0, 0, 1, 1))
 A2_ROWS_KERNEL(a2_rows_q6_k, a2_q6k_tile(w, n0, n1, x, 0, 1, y, 0, 0, 1, 1))
 

@@ -7,6 +7,7 @@
 #include "backend/cpu/kernels.h"
 #include "base/half.h"
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define KTARGET "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
@@ -722,6 +723,18 @@ __attribute__((target(KTARGET))) void cpu_avx512_quantize_row(const float *x, in
     }
 }
 
+/* Which decode kernels: 1 the AVX2 one-row kernels, with VNNI dots where they have them
+ * (default); 2 the same without VNNI (HEARTH_CPU_DECODE=avx2); 0 this file's 4-row kernels
+ * (HEARTH_CPU_DECODE=avx512). Read once. */
+static int avx512_row1_decode(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("HEARTH_CPU_DECODE");
+        on = e && !strcmp(e, "avx512") ? 0 : e && !strcmp(e, "avx2") ? 2 : 1;
+    }
+    return on;
+}
+
 int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
     cpu_rows_fn f = NULL;
     cpu_tile_fn tile = NULL, small = NULL;
@@ -746,6 +759,19 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
     default: break;
     }
     if (!f) return avx512_select(w, out);
+    /* Decode (the rows kernel): the AVX2 kernels that stream one weight row at a time, for
+     * the formats that have them. On a 2-vCPU AMD EPYC with AVX-512 VNNI (2026-12-02,
+     * `hearth bench -p 64 -n 64 -r 3 -t 2`, decode tok/s, these 4-row kernels -> AVX2 rows):
+     * 1B Q4_0 21.6 -> 28.2, 1B Q4_K_M 17.7 -> 26.1, SmolLM2-135M Q8_0 88.1 -> 141.1; the
+     * four side-by-side row streams of a 4-row pass are what loses, as on Zen 3 (kernels_avx2.c).
+     * Prefill keeps the 512-bit tiles (1B Q4_0 prefill 150 vs 106 tok/s with the AVX2 ones).
+     * HEARTH_CPU_DECODE=avx512 keeps these 4-row kernels for decode, =avx2 the AVX2 rows without
+ * VNNI (A/B runs). */
+    cpu_kernel a2;
+    if (avx512_row1_decode() && (w->dtype == DT_Q4_0 || w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ||
+                                 w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) &&
+        cpu_avx2_kernel(w, &a2) && a2.act == CPU_ACT_Q8)
+        f = avx512_row1_decode() == 1 && cpu_avx2_vnni_rows(w) ? cpu_avx2_vnni_rows(w) : a2.rows;
     *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small};
     return 1;
 }

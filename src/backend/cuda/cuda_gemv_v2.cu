@@ -6,6 +6,7 @@
  * as quantize_x_q8 writes them); called only from there. Must not allocate or sync. */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_gemv.cuh"
+#define PDL_AUTO 1 /* PDL on by default for these kernels (cuda_pdl.cuh: pdl_on) */
 #include "backend/cuda/cuda_pdl.cuh"
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -35,6 +36,14 @@ static __device__ __forceinline__ int v2_dot16_us(uint4 w, int4 a) {
     return v2_dp4a_us(w.w, a.w, s);
 }
 
+/* Under PDL (cuda_pdl.cuh) the kernels issue their first step of weight loads (no kernel
+ * writes weights) before waiting for the kernel before, whose outputs (xq, xs) they read
+ * next: the weight stream of a GEMV starts while the norm or quantizer before it drains. */
+static __device__ __forceinline__ void v2_pdl_start(void) {
+    pdl_wait();
+    pdl_trigger();
+}
+
 /* Q8_0 planes (int8 [n][k], f16 d [n][k/32]): lane L takes 16 quants (half a block) at
  * uint4 32s + L of the step, s < 8: a warp load is 512 contiguous weight bytes and its
  * activations 512 contiguous int8; 8 x 16 bytes in flight per lane, one 4096-weight step
@@ -53,8 +62,6 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
     const uint4 *qr = (const uint4 *)(Q + (size_t)row * k);
     const uint16_t *dr = D + (size_t)row * (k / 32);
     int nv = k / 16, nb = k / 32;
-    pdl_wait(); /* xq / xs come from the kernel before */
-    pdl_trigger();
     float acc[T];
 #pragma unroll
     for (int t = 0; t < T; t++) acc[t] = 0.0f;
@@ -69,6 +76,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
                 dw[s] = __ldg(dr + v / 2);
             }
         }
+        if (v0 == 0) v2_pdl_start(); /* xq / xs below come from the kernel before */
 #pragma unroll
         for (int s = 0; s < Q8_SLOTS; s++) {
             int v = v0 + 32 * s + lane;
@@ -106,8 +114,6 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
     int row = r.row;
     int nsb = k / 256, nb = k / 32, part = lane % 8, c = part / 2, h = part % 2;
     const uint8_t *wr = W + (size_t)row * nsb * 144;
-    pdl_wait();
-    pdl_trigger();
     float acc[T];
 #pragma unroll
     for (int t = 0; t < T; t++) acc[t] = 0.0f;
@@ -122,6 +128,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
                 q[s] = load_stream(blk + 16 + 16 * part);
             }
         }
+        if (s0 == 0) v2_pdl_start();
 #pragma unroll
         for (int s = 0; s < Q4_SLOTS; s++) {
             int sb = s0 + 4 * s + lane / 8;
@@ -184,8 +191,6 @@ __global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T)
     const uint8_t *qlr = QL + b0 * 128 + 64 * h + 32 * (g % 2) + 16 * j, *qhr = QH + b0 * 64 + 32 * h + 16 * j;
     const int8_t *scr = SC + b0 * 16 + li;
     const uint16_t *dr = D + b0;
-    pdl_wait();
-    pdl_trigger();
     float acc[T];
 #pragma unroll
     for (int t = 0; t < T; t++) acc[t] = 0.0f;
@@ -203,6 +208,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T)
                 dd[s] = __ldg(dr + sb);
             }
         }
+        if (s0 == 0) v2_pdl_start();
 #pragma unroll
         for (int s = 0; s < Q6_SLOTS; s++) {
             int sb = s0 + 2 * s + lane / 16;

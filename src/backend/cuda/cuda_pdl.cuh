@@ -41,9 +41,18 @@ static inline int *pdl_force(void) {
     return &force;
 }
 
-/* 1 when launches use PDL: HEARTH_CUDA_PDL=1 and device 0 is sm_90+. Off by default: on the
- * H200 (2026-12-01, tools/gpu_round.d/decode-ab.sh, 8B decode p512 n128, same call) it made
- * decode slower, Q8_0 244.9 vs 264.2 tok/s and bf16 196.1 vs 209.1. */
+/* The default of this translation unit when HEARTH_CUDA_PDL is unset: cuda_gemv_v2.cu defines
+ * PDL_AUTO 1 before including this header, every other file leaves it 0. */
+#ifndef PDL_AUTO
+#define PDL_AUTO 0
+#endif
+
+/* 1 when launches use PDL: device 0 is sm_90+ and HEARTH_CUDA_PDL=1, or the variable is unset
+ * and this file's PDL_AUTO is 1; HEARTH_CUDA_PDL=0 turns it off everywhere. Measured on the
+ * H200 (2026-12-02, tools/gpu_round.d/ab.sh, 8B decode p512 n128, rows back to back): the v2
+ * int8 GEMVs, which issue their first weight loads before pdl_wait, gain (Q4_K_M 379.1 ->
+ * 398.8 tok/s), while the float GEMVs lose (F16 218.7 -> 206.1; 2026-12-01: Q8_0 on v1 244.9
+ * vs 264.2, bf16 196.1 vs 209.1), so only cuda_gemv_v2.cu is on by default. */
 static inline int pdl_on(void) {
     static int on = -1;
     if (*pdl_force() >= 0) return *pdl_force();
@@ -54,7 +63,7 @@ static inline int pdl_on(void) {
             cudaGetLastError();
             major = 0;
         }
-        on = e && !strcmp(e, "1") && major >= 9;
+        on = (e ? !strcmp(e, "1") : PDL_AUTO) && major >= 9;
     }
     return on;
 }

@@ -260,9 +260,6 @@ static const int mmq_smem_bytes[8] = {mmq_stages(1) * mmq_stage_bytes(1), mmq_st
 /* per NT: -1 not prepared; 0 does not fit this device; 1 ready */
 static int mmq_ready[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
 
-/* The kernels need more than the 48 KB of shared memory a launch gets by default; the
- * opt-in is a function attribute, set here outside any capture (cuda_gemv_reserve calls
- * this at model creation; the first launch otherwise). */
 /* Split-k scratch (cuda_plan.h: CUDA_MMQ_PART_FLOATS partial sums, CUDA_MMQ_TILES_MAX
  * counters, counted by hearth fit), allocated once with the first prepare, outside any
  * capture; without it (allocation failed, HEARTH_CUDA_MMQ_SPLIT=0) no launch splits. */
@@ -301,6 +298,9 @@ static int mmq_splits(int n, int k, int T) {
     return ks < 1 ? 1 : ks;
 }
 
+/* The kernels need more than the 48 KB of shared memory a launch gets by default; the
+ * opt-in is a function attribute, set here outside any capture (cuda_gemv_reserve calls
+ * this at model creation; the first launch otherwise). */
 void cuda_mmq_prepare(void) {
     mmq_scratch();
     int optin = 0;

@@ -150,9 +150,16 @@ void gen_stream_free(gen_stream *g) {
     memset(g, 0, sizeof *g);
 }
 
+/* The log-softmax (a pass of exp over the vocabulary) only when the request reports logprobs:
+ * emit hands g->lp on only then. */
 sampler_row gen_stream_row(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len) {
-    return (sampler_row){.s = smp, .logits = logits, .p = &g->p->sampling, .history = engine_history(g->e, seq),
-                         .n_history = (size_t)seq_len, .lp = &g->lp, .token = -1};
+    return (sampler_row){.s = smp,
+                         .logits = logits,
+                         .p = &g->p->sampling,
+                         .history = engine_history(g->e, seq),
+                         .n_history = (size_t)seq_len,
+                         .lp = g->p->sampling.top_logprobs ? &g->lp : NULL,
+                         .token = -1};
 }
 
 /* Greedy with no logprobs, penalties or bias: the argmax of the raw logits. */

@@ -111,5 +111,8 @@ int32_t gen_stream_step(gen_stream *g, sampler *smp, const float *logits, int se
  * processing (returns id). */
 sampler_row gen_stream_row(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len);
 int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, double t0);
+/* Where the sampler leaves the stream's logprobs: g->lp when the request reports them, else
+ * NULL (no log-softmax over the vocabulary per token). */
+hearth_logprobs *gen_stream_lp(gen_stream *g);
 void gen_stream_free(gen_stream *g);
 #endif

@@ -150,15 +150,15 @@ void gen_stream_free(gen_stream *g) {
     memset(g, 0, sizeof *g);
 }
 
-/* The log-softmax (a pass of exp over the vocabulary) only when the request reports logprobs:
- * emit hands g->lp on only then. */
+hearth_logprobs *gen_stream_lp(gen_stream *g) { return g->p->sampling.top_logprobs ? &g->lp : NULL; }
+
 sampler_row gen_stream_row(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len) {
     return (sampler_row){.s = smp,
                          .logits = logits,
                          .p = &g->p->sampling,
                          .history = engine_history(g->e, seq),
                          .n_history = (size_t)seq_len,
-                         .lp = g->p->sampling.top_logprobs ? &g->lp : NULL,
+                         .lp = gen_stream_lp(g),
                          .token = -1};
 }
 
@@ -239,7 +239,7 @@ int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, doubl
         if (h2) res->finish = HEARTH_FINISH_STOP_STRING;
         ready = g->f.pending.len;
     }
-    if (emit(&g->f, ready, g->on_token, g->user, id, p->sampling.top_logprobs ? &g->lp : NULL) && !res->finish)
+    if (emit(&g->f, ready, g->on_token, g->user, id, gen_stream_lp(g)) && !res->finish)
         res->finish = HEARTH_FINISH_CANCELLED;
     return id;
 }
@@ -258,8 +258,7 @@ hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_
      * any other sampling on the GPU: every token drawn there (the first too, without a
      * progress callback), only ids and requested logprobs come back */
     int dev_greedy = gen_device_greedy(e, p), dev_sample = !dev_greedy && gen_device_sample(e, p);
-    engine_sample_row row = {.p = &p->sampling, .seed = gen_device_seed(&p->sampling),
-                             .lp = p->sampling.top_logprobs ? &g.lp : NULL};
+    engine_sample_row row = {.p = &p->sampling, .seed = gen_device_seed(&p->sampling), .lp = gen_stream_lp(&g)};
     int32_t next = -1;
     double t0 = gen_now_seconds();
     st = dev_sample && !p->on_progress ? engine_seq_append_sample(e, seq, prompt, n_prompt, &row, &next, err)

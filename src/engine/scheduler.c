@@ -469,8 +469,8 @@ size_t hearth_batch_step(hearth_batch *b) {
         const hearth_generate_params *p = b->run[i]->r.params;
         greedy = greedy && gen_device_greedy(b->e, p);
         dev = dev && gen_device_sample(b->e, p);
-        b->dev_rows[b->out_of[i]] = (engine_sample_row){
-            .p = &p->sampling, .seed = b->run[i]->dev_seed, .lp = p->sampling.top_logprobs ? &b->run[i]->g.lp : NULL};
+        b->dev_rows[b->out_of[i]] =
+            (engine_sample_row){.p = &p->sampling, .seed = b->run[i]->dev_seed, .lp = gen_stream_lp(&b->run[i]->g)};
     }
     hearth_status st =
         greedy ? engine_forward_rows_greedy(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, b->greedy_ids, &err)

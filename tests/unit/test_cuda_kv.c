@@ -273,7 +273,36 @@ static void ref_attention(const pool *P, const float *q, int heads, int slot, in
  * split), NULL for none. */
 static const int32_t *g_host_slot;
 
-/* Runs cuda_attention for T tokens on layer 1; returns the downloaded output. */
+/* Decode launches whose int8 copy of the output (cuda_attention_writes_q8) was checked. */
+static int g_q8_checked;
+
+/* The merge's int8 copy of out against the rule of quantize_x_q8 (cuda_q8.cuh) applied on
+ * the host to the downloaded floats: every IEEE operation of that rule (a division by 127,
+ * a reciprocal, a product, round-half-even) gives the same bits on both sides, so the
+ * comparison is exact. */
+static void check_q8_copy(const float *out, const int8_t *xq, const float *xs, size_t n, int T, int heads, int d) {
+    for (size_t b = 0; b < n / 32; b++) {
+        const float *v = out + 32 * b;
+        float a = 0.0f;
+        for (int i = 0; i < 32; i++) a = fmaxf(a, fabsf(v[i]));
+        float dd = a / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; i++) {
+            int q = (int)nearbyintf(v[i] * id);
+            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            sum += q;
+            if (xq[32 * b + i] != q)
+                fail_msg("attention merge int8 copy T=%d heads=%d d=%d: block %zu element %d is %d, want %d (of %.9g)",
+                         T, heads, d, b, i, xq[32 * b + i], q, v[i]);
+        }
+        if (xs[2 * b] != dd || xs[2 * b + 1] != dd * (float)sum)
+            fail_msg("attention merge int8 copy T=%d heads=%d d=%d: block %zu scale pair (%.9g, %.9g), want (%.9g, %.9g)",
+                     T, heads, d, b, xs[2 * b], xs[2 * b + 1], dd, dd * (float)sum);
+    }
+}
+
+/* Runs cuda_attention for T tokens on layer 1; returns the downloaded output. Decode launches
+ * also ask for the int8 copy of the output, checked by check_q8_copy where it is made. */
 static float *run_attention_on(const pool *P, const cuda_kv *kv, int tc, int heads, int T, const float *q,
                                const int32_t *pos, const int32_t *slot, int window, int single_slot, int invariant) {
     size_t nq = (size_t)T * heads * P->d;
@@ -281,6 +310,8 @@ static float *run_attention_on(const pool *P, const cuda_kv *kv, int tc, int hea
     int32_t *dpos = dev_from(pos, T * 4), *dslot = dev_from(slot, T * 4);
     size_t split = cuda_attention_split_floats(8, heads, P->d); /* what cuda_model gives: 8 decode tokens */
     float *dsplit = dev_from(NULL, split * 4);
+    int8_t *dxq = dev_from(NULL, nq);
+    float *dxs = dev_from(NULL, nq / 32 * 8 + 8);
     cuda_attention_args a = {.kv = kv,
                              .layer = 1,
                              .q = dq,
@@ -297,10 +328,22 @@ static float *run_attention_on(const pool *P, const cuda_kv *kv, int tc, int hea
                              .split_scratch = dsplit,
                              .split_scratch_floats = split,
                              .batch_invariant = invariant,
-                             .host_slot = g_host_slot};
+                             .host_slot = g_host_slot,
+                             .out_xq = tc ? NULL : dxq,
+                             .out_xs = tc ? NULL : dxs};
     hearth_error e = {0};
     assert_int_equal(tc ? cuda_attention_prefill_tc(&a, &e) : cuda_attention(&a, &e), HEARTH_OK);
     float *out = download(dout, nq * 4);
+    if (cuda_attention_writes_q8(&a)) {
+        int8_t *xq = download(dxq, nq);
+        float *xs = download(dxs, nq / 32 * 8);
+        check_q8_copy(out, xq, xs, nq, T, heads, P->d);
+        g_q8_checked++;
+        free(xq);
+        free(xs);
+    }
+    cuda_free(dxq);
+    cuda_free(dxs);
     cuda_free(dq);
     cuda_free(dout);
     cuda_free(dpos);
@@ -538,6 +581,8 @@ static void test_attention_quant(void **state) {
             pool_free(&P);
         }
     assert_true(tc_checked >= 9); /* d 64, 128, 256 with int8, fp8 and f16 */
+    /* decode with several splits at d 64, 128 and 256, every pool format and window */
+    assert_true(g_q8_checked >= 3 * NQUANTS);
 }
 
 static void test_attention_invariant(void **state) {

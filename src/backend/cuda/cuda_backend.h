@@ -325,7 +325,18 @@ typedef struct cuda_attention_args {
      * split-K decode kernel in one launch per stretch. HEARTH_CUDA_BATCH=0 ignores it
      * (one block per (head, token) for the whole step, the path before; A/B runs). */
     const int32_t *host_slot;
+    /* Optional (NULL: not wanted): where a decode launch whose splits are merged (see
+     * cuda_attention_writes_q8) also writes out as int8 blocks of 32 with their (d, d * sum q)
+     * pairs, bit for bit what quantize_x_q8 makes of out: the o projection's int8
+     * activations without a quantizer launch. out_xq [T][n_heads * head_dim], out_xs
+     * [T][n_heads * head_dim / 32] float pairs. */
+    int8_t *out_xq;
+    float *out_xs;
 } cuda_attention_args;
+/* Whether cuda_attention(a) writes a->out_xq / out_xs (a decode launch of at most 8 tokens
+ * through the GQA split-K kernel with more than one split, head_dim % 32 == 0); when 0 they
+ * are left untouched and out must be quantized by the caller. */
+int cuda_attention_writes_q8(const cuda_attention_args *a);
 /* Floats of split_scratch that let decode attention of up to max_T tokens use every split. */
 size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);
 hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err);

@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_q8.cuh"
 #include "backend/cuda/cuda_rope.cuh"
 #include <limits.h>
 #include <math.h>
@@ -38,24 +39,6 @@ hearth_status cuda_rope_qk(float *q, float *k, int T, int n_heads, int n_kv_head
     pdl_launch(rope_qk_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), q, k, T, n_heads, n_kv_heads, head_dim,
                pos, inv_freq, adjacent);
     return cuda_launched("rope_qk", err);
-}
-
-/* One block of 32 consecutive values, one per lane, quantized exactly as quantize_x_q8
- * (cuda_gemv.cu) does it: d = max|v| / 127, q = round-half-even(v / d) clamped to +-127,
- * (d, d * sum q) per block; a NaN in the block makes d NaN. */
-static __device__ __forceinline__ void quant_block32(float v, int8_t *xq, float2 *xs, int lane) {
-    float a = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    float d = a / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-    int q = __float2int_rn(v * id);
-    q = q > 127 ? 127 : q < -127 ? -127 : q;
-    xq[lane] = (int8_t)q;
-    int sq = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-    if (__any_sync(0xffffffffu, v != v)) d = __int_as_float(0x7fc00000);
-    if (lane == 0) *xs = make_float2(d, d * (float)sq);
 }
 
 /* add_rmsnorm_kernel / rmsnorm_kernel of cuda_ops.cu (the reduction of cuda_norm.cuh), plus

@@ -12,6 +12,7 @@ extern "C" {
 }
 #include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_q8.cuh"
 #include <cuda_fp16.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -565,25 +566,13 @@ int cuda_gemv_int8_act(const cuda_weight *w) {
            w->k % 32 == 0 && q8act_enabled();
 }
 
-/* One warp per block of 32 activations. A NaN anywhere in the block makes its d NaN, so
- * the GEMV output is NaN too (the engine's non-finite check must still see it). */
+/* One warp per block of 32 activations (quant_block32). */
 __global__ void __launch_bounds__(256) quantize_x_q8(const float *x, int8_t *xq, float2 *xs, int nblocks) {
     int b = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
     pdl_wait(); /* x comes from the kernel before; the GEMV before may still read xq */
     pdl_trigger();
     if (b >= nblocks) return;
-    float v = x[(size_t)b * 32 + lane], a = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    float d = a / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-    int q = __float2int_rn(v * id);
-    q = q > 127 ? 127 : q < -127 ? -127 : q;
-    xq[(size_t)b * 32 + lane] = (int8_t)q;
-    int s = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (__any_sync(0xffffffffu, v != v)) d = __int_as_float(0x7fc00000);
-    if (lane == 0) xs[b] = make_float2(d, d * (float)s);
+    quant_block32(x[(size_t)b * 32 + lane], xq + (size_t)b * 32, xs + b, lane);
 }
 
 #define QSLOTS 4

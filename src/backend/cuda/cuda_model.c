@@ -277,15 +277,27 @@ static hearth_status norm_into_xn(cuda_model *cm, const float *delta, const floa
     return cuda_rmsnorm(cm->xn, cm->x, w, shift, T, c->hidden, c->norm_eps, err);
 }
 
+/* A fusion switch for A/B runs: on unless the variable is "0"; *cache holds the answer. */
+static int fusion_on(const char *var, int *cache) {
+    if (*cache < 0) {
+        const char *e = getenv(var);
+        *cache = !(e && !strcmp(e, "0"));
+    }
+    return *cache;
+}
+
 /* RoPE and the KV write in one launch (cuda_rope_kv_write; HEARTH_CUDA_ROPE_KV=0: the two
- * launches, for A/B runs; the same bits either way). */
+ * launches; the same bits either way). */
 static int rope_kv_fused(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("HEARTH_CUDA_ROPE_KV");
-        on = !(e && !strcmp(e, "0"));
-    }
-    return on;
+    return fusion_on("HEARTH_CUDA_ROPE_KV", &on);
+}
+
+/* The split-attention merge writes the o projection's int8 activations (HEARTH_CUDA_ATT_Q8=0:
+ * quantize_x_q8 does, one launch more per layer; the same bits either way). */
+static int att_q8_fused(void) {
+    static int on = -1;
+    return fusion_on("HEARTH_CUDA_ATT_Q8", &on);
 }
 
 /* in: cm->xn; out: cm->tmp (decoder_attention's contract). */
@@ -344,8 +356,13 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
                              .exact_f32 = cm->plan.gemm_exact,
                              /* eager steps only: host_ints is the step's pinned copy of slot */
                              .host_slot = T > GRAPH_MAX_T && !single_slot ? cm->host_ints + cm->max_tokens : NULL};
+    /* decode: the split merge writes o's int8 activations itself (no quantizer launch; the
+     * qkv GEMV that read cm->xq has finished before attention starts) */
+    const cuda_weight *o = &l->o;
+    if (att_q8_fused() && q8_fusable(cm, &o, 1, T)) a.out_xq = cm->xq, a.out_xs = cm->xs, cm->q8_ready = 0;
     TRY(cuda_attention(&a, err));
-    return matmul(cm, &l->o, cm->att, T, cm->tmp, err);
+    if (cuda_attention_writes_q8(&a)) return q8_matmul(cm, &o, &cm->tmp, 1, T, err);
+    return matmul(cm, o, cm->att, T, cm->tmp, err);
 }
 
 /* in: cm->xn; out: cm->tmp = down(act(gate(xn)) * up(xn)). */

@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_rope.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_q8.cuh"
 extern "C" {
 #include "backend/cuda/cuda_plan.h"
 }
@@ -519,6 +520,7 @@ __global__ void __launch_bounds__(DA_WARPS * 32)
  * e^(m_s - M) / L in shared memory; then each output element's loads over the splits are
  * independent of each other (no chain of dependent reads). Fixed order throughout. */
 __global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int min_chunk) {
+    pdl_trigger(); /* the o projection's GEMV may start prefetching its weights */
     __shared__ float s_w[DA_SPLITS_MAX];
     int h = blockIdx.x, t = blockIdx.y, d = a.head_dim;
     const float *part = a.split_scratch + ((size_t)t * a.n_heads + h) * S_all * (size_t)(d + 4);
@@ -544,7 +546,11 @@ __global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int m
         float o = 0.0f;
 #pragma unroll 8
         for (int s = 0; s < S; s++) o += s_w[s] * part[(size_t)s * (d + 4) + 4 + di];
-        a.out[((size_t)t * a.n_heads + h) * d + di] = o;
+        size_t i = ((size_t)t * a.n_heads + h) * d + di;
+        a.out[i] = o;
+        /* d % 32 == 0 (cuda_attention_writes_q8) and blockDim.x % 32 == 0: whole warps, one
+         * quant block of the row per warp and step */
+        if (a.out_xq) quant_block32(o, a.out_xq + (i - threadIdx.x % 32), (float2 *)a.out_xs + i / 32, threadIdx.x % 32);
     }
 }
 
@@ -586,6 +592,11 @@ static int decode_min_chunk(void) {
         if (v < 1) v = 1;
     }
     return v;
+}
+
+int cuda_attention_writes_q8(const cuda_attention_args *a) {
+    return a && a->out_xq && a->out_xs && a->T > 0 && a->T <= 8 && a->head_dim % 32 == 0 &&
+           ((uintptr_t)a->out_xs % 8) == 0 && decode_kernel_fits(a) && decode_splits(a) > 1;
 }
 
 static hearth_status launch_decode_attention(const cuda_attention_args *a, hearth_error *err) {
@@ -778,8 +789,11 @@ static hearth_status attention_ragged(const cuda_attention_args *a, hearth_error
     return HEARTH_OK;
 }
 
-hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err) {
-    if (!a || !a->kv || a->T <= 0) return HEARTH_OK;
+hearth_status cuda_attention(const cuda_attention_args *args, hearth_error *err) {
+    if (!args || !args->kv || args->T <= 0) return HEARTH_OK;
+    cuda_attention_args local = *args; /* the int8 copy only where the caller is told it is made */
+    if (!cuda_attention_writes_q8(args)) local.out_xq = NULL, local.out_xs = NULL;
+    const cuda_attention_args *a = &local;
     if (a->head_dim <= 0 || a->head_dim > ATT_DMAX || a->head_dim != a->kv->head_dim)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_attention: head_dim %d (max %d, pool %d)", a->head_dim,
                        ATT_DMAX, a->kv->head_dim);

@@ -208,8 +208,10 @@ static void plan_scratch(cuda_plan *p, const model *m, int max_tokens, int max_o
     cuda_gemv_act_layout(p->gemv_floats, &gq, &gs);
     cuda_tally_add(t, gq);
     cuda_tally_add(t, gs);
-    /* decode: the int8 copy of a norm's or gate's output for the next GEMV (cuda_model.c xq, xs) */
+    /* decode: the int8 copy of a norm's, gate's or attention merge's output for the next
+     * GEMV (cuda_model.c xq, xs) */
     size_t dk = (size_t)c->hidden > (size_t)c->ffn ? (size_t)c->hidden : (size_t)c->ffn;
+    if (qd > dk) dk = qd;
     p->decode_q8_bytes = decode_T * dk;
     p->decode_q8_scale_bytes = decode_T * dk / 32 * 2 * sizeof(float);
     cuda_tally_add(t, p->decode_q8_bytes);

@@ -627,7 +627,8 @@ static void test_gemv_batch_invariant(void **state) {
  * + 2·max|w|·max d). Shapes: n = 1, odd n (37; 1023: a partial last block of 4 rows), the
  * smallest k (Q8_0 32, K-quants 256), k with a partial 4096-weight step (96, 4128, 2304,
  * 4352, 768), exactly one step (4096) and 3.5 steps (14336); T = 5 and 11 run as chunks
- * (4 + 1, 8 + 3). Then the multi-weight, batch-invariance and PDL-chain checks with v2 on. */
+ * (4 + 1, 8 + 3); 8448 (33 super-blocks: two full steps and one super-block). Then the
+ * multi-weight, batch-invariance and PDL-chain checks with v2 on. */
 static void test_gemv_v2(void **state) {
     (void)state;
     cuda_gemv_v2_force(1);
@@ -635,6 +636,7 @@ static void test_gemv_v2(void **state) {
         {DT_Q8_0, 1, 32},    {DT_Q8_0, 37, 96},    {DT_Q8_0, 5, 4128},    {DT_Q8_0, 1023, 4096}, {DT_Q8_0, 37, 14336},
         {DT_Q4_K, 1, 256},   {DT_Q4_K, 37, 2304},  {DT_Q4_K, 6, 4352},    {DT_Q4_K, 1023, 4096}, {DT_Q4_K, 37, 14336},
         {DT_Q6_K, 1, 256},   {DT_Q6_K, 37, 2304},  {DT_Q6_K, 6, 768},     {DT_Q6_K, 1023, 4096}, {DT_Q6_K, 37, 14336},
+        {DT_Q4_K, 5, 8448},  {DT_Q6_K, 5, 8448},
     };
     static const int Ts[] = {1, 2, 3, 4, 5, 8, 11};
     hearth_error e = {0};
@@ -656,7 +658,7 @@ static void test_gemv_v2(void **state) {
     for (size_t i = 0; i < sizeof mTs / sizeof mTs[0]; i++) check_multi(DT_Q4_K, DT_Q6_K, 512, mTs[i]);
     static const struct { tensor_dtype t; int64_t n, k; } inv[] = {
         {DT_Q8_0, 4229, 256}, {DT_Q8_0, 37, 14336}, {DT_Q4_K, 8467, 512},
-        {DT_Q4_K, 129, 2304}, {DT_Q6_K, 37, 4096},  {DT_Q6_K, 301, 14336},
+        {DT_Q4_K, 129, 2304}, {DT_Q6_K, 37, 4096},  {DT_Q6_K, 301, 14336}, {DT_Q4_K, 301, 14336},
     };
     for (size_t s = 0; s < sizeof inv / sizeof inv[0]; s++) check_gemv_invariant(inv[s].t, inv[s].n, inv[s].k, 0);
     check_gemv_invariant(DT_Q4_K, 300, 512, 1);
@@ -664,6 +666,9 @@ static void test_gemv_v2(void **state) {
         check_chain(DT_Q8_0, 1280, 4096, pdl ? 1 : 3, pdl);
         check_chain(DT_Q4_K, 1280, 4096, pdl ? 1 : 3, pdl);
         check_chain(DT_Q6_K, 1280, 4096, pdl ? 1 : 3, pdl);
+        /* W2 [37, 8448]: a row of three load steps (the wait sits in the first) */
+        check_chain(DT_Q4_K, 8448, 1024, pdl ? 1 : 3, pdl);
+        check_chain(DT_Q6_K, 8448, 1024, pdl ? 1 : 3, pdl);
     }
     cuda_gemv_v2_force(-1); /* back to HEARTH_CUDA_GEMV as set */
 }

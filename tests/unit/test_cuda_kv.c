@@ -310,6 +310,8 @@ static float *run_attention_on(const pool *P, const cuda_kv *kv, int tc, int hea
     int32_t *dpos = dev_from(pos, T * 4), *dslot = dev_from(slot, T * 4);
     size_t split = cuda_attention_split_floats(8, heads, P->d); /* what cuda_model gives: 8 decode tokens */
     float *dsplit = dev_from(NULL, split * 4);
+    size_t stage_bytes = cuda_attention_stage_bytes(kv->max_blocks_per_slot, kv->n_kv_heads, P->d);
+    void *dstage = stage_bytes ? dev_from(NULL, stage_bytes) : NULL; /* the tensor-core prefill's */
     int8_t *dxq = dev_from(NULL, nq);
     float *dxs = dev_from(NULL, nq / 32 * 8 + 8);
     cuda_attention_args a = {.kv = kv,
@@ -330,7 +332,9 @@ static float *run_attention_on(const pool *P, const cuda_kv *kv, int tc, int hea
                              .batch_invariant = invariant,
                              .host_slot = g_host_slot,
                              .out_xq = tc ? NULL : dxq,
-                             .out_xs = tc ? NULL : dxs};
+                             .out_xs = tc ? NULL : dxs,
+                             .stage = dstage,
+                             .stage_bytes = stage_bytes};
     hearth_error e = {0};
     assert_int_equal(tc ? cuda_attention_prefill_tc(&a, &e) : cuda_attention(&a, &e), HEARTH_OK);
     float *out = download(dout, nq * 4);
@@ -344,6 +348,7 @@ static float *run_attention_on(const pool *P, const cuda_kv *kv, int tc, int hea
     }
     cuda_free(dxq);
     cuda_free(dxs);
+    cuda_free(dstage);
     cuda_free(dq);
     cuda_free(dout);
     cuda_free(dpos);

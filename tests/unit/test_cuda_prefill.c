@@ -124,7 +124,9 @@ static void check_case(const pf_case *c, int via_dispatch) {
                              .slot = dslot,
                              .window = c->window,
                              .scale = scale,
-                             .single_slot = 1};
+                             .single_slot = 1,
+                             .stage_bytes = cuda_attention_stage_bytes(nbs, c->HK, D)};
+    a.stage = dev_upload(NULL, a.stage_bytes);
     hearth_error e = {0};
     hearth_status s = via_dispatch ? cuda_attention(&a, &e) : cuda_attention_prefill_tc(&a, &e);
     if (s == HEARTH_OK) s = cuda_sync(&e);
@@ -182,6 +184,7 @@ static void check_case(const pf_case *c, int via_dispatch) {
     cuda_free(dout);
     cuda_free(dpos);
     cuda_free(dslot);
+    cuda_free(a.stage);
     free(ref), free(qb), free(pkb), free(pvb), free(perm), free(tables), free(pk), free(pv), free(q), free(got), free(poison), free(pos), free(slot);
 }
 

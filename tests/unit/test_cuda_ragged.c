@@ -142,7 +142,9 @@ static void check_ragged(int D, int G, int HK, int window) {
                              .single_slot = 0,
                              .split_scratch = dsplit,
                              .split_scratch_floats = split_floats,
-                             .host_slot = slot};
+                             .host_slot = slot,
+                             .stage_bytes = cuda_attention_stage_bytes(mbps, HK, D)};
+    a.stage = a.stage_bytes ? dev_upload(NULL, a.stage_bytes) : NULL; /* the tensor-core prefill runs */
     hearth_error e = {0};
     hearth_status st = cuda_attention(&a, &e);
     if (!st) st = cuda_sync(&e);
@@ -198,7 +200,7 @@ static void check_ragged(int D, int G, int HK, int window) {
     }
     n_checked++;
     cuda_free(kv.k), cuda_free(kv.v), cuda_free(kv.tables), cuda_free(dq), cuda_free(dout), cuda_free(dpos);
-    cuda_free(dslot), cuda_free(dsplit);
+    cuda_free(dslot), cuda_free(dsplit), cuda_free(a.stage);
     free(ref), free(qb), free(pkb), free(pvb), free(perm), free(tables), free(pk), free(pv), free(q), free(got);
     free(poison);
 }

@@ -7,14 +7,7 @@
 L=${1:?usage: att-q8.sh LOGDIR}; mkdir -p $L
 cd "$(dirname "$0")/../.."
 T0=$(date +%s); BUDGET=${AQ_BUDGET:-200}
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-res() { if grep -q "skipped: no CUDA device" $2; then echo "SKIPPED (no device: NOT a pass)";
-  elif [ $1 -eq 0 ] && grep -q "PASSED" $2; then echo "PASS ($(grep -c 'OK \]' $2) ok)";
-  elif [ $1 -ge 124 ]; then echo "TIMEOUT(rc=$1)"; else echo "FAIL(rc=$1)"; fi; }
-for u in ${AQ_UNITS-test_cuda_kv test_cuda test_cuda_graph test_cuda_ragged}; do
-  [ $(left) -lt 60 ] && { echo "$u: NOT RUN (time)"; continue; }
-  timeout 60 $B/tests/$u >$L/$u.log 2>&1; r=$?
-  echo "$u: $(res $r $L/$u.log)"; [ $r -ne 0 ] && grep -m4 -i "fail\|error" $L/$u.log | cut -c1-240
-done
+. tools/gpu_round.d/units.inc
+run_units ${AQ_UNITS-test_cuda_kv test_cuda test_cuda_graph test_cuda_ragged}
 AB_BUDGET=$(( $(left) - 5 )) AB_ROWS="${AQ_ROWS:-q4km=q4km q4km_off=q4km,HEARTH_CUDA_ATT_Q8=0 q4km_2=q4km q4km_off_2=q4km,HEARTH_CUDA_ATT_Q8=0}" \
   bash tools/gpu_round.d/ab.sh $L/ab

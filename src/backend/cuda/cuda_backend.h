@@ -332,6 +332,11 @@ typedef struct cuda_attention_args {
      * [T][n_heads * head_dim / 32] float pairs. */
     int8_t *out_xq;
     float *out_xs;
+    /* Prefill (the tensor-core kernel, which needs it): device scratch of at least
+     * cuda_attention_stage_bytes(kv) bytes for the bf16 copy of the sequence's keys and
+     * values; NULL leaves single-sequence chunks to the f32 prefill kernel. */
+    void *stage;
+    size_t stage_bytes;
 } cuda_attention_args;
 /* Whether cuda_attention(a) writes a->out_xq / out_xs (a decode launch of at most 8 tokens
  * through the GQA split-K kernel with more than one split, head_dim % 32 == 0); when 0 they
@@ -339,6 +344,9 @@ typedef struct cuda_attention_args {
 int cuda_attention_writes_q8(const cuda_attention_args *a);
 /* Floats of split_scratch that let decode attention of up to max_T tokens use every split. */
 size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);
+/* Bytes of the stage the tensor-core prefill attention copies a sequence's keys and values
+ * into (bf16, rows of every position a slot can hold; 0 for a head_dim it has no kernel for). */
+size_t cuda_attention_stage_bytes(int max_blocks_per_slot, int n_kv_heads, int head_dim);
 hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err);
 /* Prefill attention on the tensor cores (cuda_attn_prefill.cu): a single_slot chunk,
  * head_dim 16/32/64/128/256, up to 64 query heads per KV head; bf16 Q/K/V operands, f32

@@ -35,6 +35,7 @@ struct cuda_model {
     int max_tokens, max_out;
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *rows, *logits; /* device scratch */
     float *att_split; /* decode attention's split-K partials (cuda_attention_split_floats) */
+    void *att_stage;  /* prefill attention's bf16 keys and values (cuda_attention_stage_bytes; NULL: none) */
     int8_t *xq;       /* decode: the next GEMV's int8 activations, written by the fused norm / gate */
     float *xs;        /* and their (d, d * sum q) pairs per block of 32 (cuda_gemv_multi_q8) */
     int q8_ready;     /* 1 while xq / xs hold the quantized cm->xn (step-building state, host side) */
@@ -121,6 +122,8 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
     TRY(cuda_alloc((void **)&cm->ints, p->ints * sizeof(int32_t), "step indices", err));
     cm->att_split_floats = p->att_split_floats;
     TRY(cuda_alloc((void **)&cm->att_split, cm->att_split_floats * sizeof(float), "attention split scratch", err));
+    if (p->att_stage_bytes)
+        TRY(cuda_alloc(&cm->att_stage, p->att_stage_bytes, "prefill attention stage", err));
     TRY(cuda_alloc((void **)&cm->ids_dev, p->ids * sizeof(int32_t), "greedy ids", err));
     TRY(cuda_gemv_reserve(p->gemv_floats, err)); /* int8 activations of the quantized GEMVs */
     /* decode: the int8 activations the fused norm / gate write for the next GEMV */
@@ -208,6 +211,7 @@ void cuda_model_free(cuda_model *cm) {
     cuda_free(cm->ints);
     cuda_free(cm->ids_dev);
     cuda_free(cm->att_split);
+    cuda_free(cm->att_stage);
     cuda_free(cm->xq);
     cuda_free(cm->xs);
     if (cm->host_ids) cudaFreeHost(cm->host_ids);
@@ -352,6 +356,8 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
                              .single_slot = single_slot,
                              .split_scratch = cm->att_split,
                              .split_scratch_floats = cm->att_split_floats,
+                             .stage = cm->att_stage,
+                             .stage_bytes = cm->plan.att_stage_bytes,
                              .batch_invariant = cm->invariant,
                              .exact_f32 = cm->plan.gemm_exact,
                              /* eager steps only: host_ints is the step's pinned copy of slot */

@@ -115,6 +115,16 @@ size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim) {
     return (size_t)max_T * n_heads * CUDA_ATT_SPLITS_MAX * (size_t)(head_dim + 4); /* (m, l, pad, pad, o[d]) each */
 }
 
+/* Rows of the stage per KV head: every position of a sequence, rounded up to the widest key
+ * tile (64) so the last tile's rows past the sequence lie inside it. */
+static size_t stage_rows(int max_blocks_per_slot) { return round_up((size_t)max_blocks_per_slot * KV_BLOCK_SIZE, 64); }
+
+size_t cuda_attention_stage_bytes(int max_blocks_per_slot, int n_kv_heads, int head_dim) {
+    if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != 256) return 0;
+    size_t rows = stage_rows(max_blocks_per_slot);
+    return 2 * (size_t)n_kv_heads * rows * (size_t)head_dim * 2 + rows; /* bf16 K and V planes, a flag per row */
+}
+
 void cuda_gemv_act_layout(size_t floats, size_t *quant_bytes, size_t *scale_bytes) {
     size_t f = round_up(floats, 32);
     *quant_bytes = f;
@@ -174,7 +184,8 @@ static void plan_weights(cuda_plan *p, const model *m, cuda_alloc_tally *t) {
     add_vec(t, c->inv_freq_local, 0, (size_t)c->head_dim / 2);
 }
 
-static void plan_scratch(cuda_plan *p, const model *m, int max_tokens, int max_out, cuda_alloc_tally *t) {
+static void plan_scratch(cuda_plan *p, const model *m, const kv_cache *kv, int max_tokens, int max_out,
+                         cuda_alloc_tally *t) {
     const model_config *c = &m->cfg;
     size_t T = (size_t)max_tokens, qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
     size_t acts[CUDA_PLAN_N_ACT] = {T * c->hidden,
@@ -195,6 +206,10 @@ static void plan_scratch(cuda_plan *p, const model *m, int max_tokens, int max_o
     size_t decode_T = T < CUDA_GRAPH_MAX_T ? T : CUDA_GRAPH_MAX_T;
     p->att_split_floats = cuda_attention_split_floats((int)decode_T, c->n_heads, c->head_dim);
     cuda_tally_add(t, p->att_split_floats * sizeof(float));
+    /* the tensor-core prefill attention's staged keys and values (not in exact mode, where
+     * prefill attention stays in f32) */
+    p->att_stage_bytes = p->gemm_exact ? 0 : cuda_attention_stage_bytes(kv->max_blocks_per_slot, c->n_kv_heads, c->head_dim);
+    if (p->att_stage_bytes) cuda_tally_add(t, p->att_stage_bytes);
     p->ids = (size_t)max_out;
     cuda_tally_add(t, p->ids * sizeof(int32_t));
     /* int8 activations of the quantized GEMVs: decode steps and the logits rows, widest k */
@@ -254,7 +269,7 @@ void cuda_plan_make(const model *m, const kv_cache *kv, int max_tokens, int max_
     if (scales) cuda_tally_add(&t, scales), cuda_tally_add(&t, scales);
     cuda_tally_add(&t, (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t));
     p->kv = t.large + t.small - p->weights;
-    plan_scratch(p, m, max_tokens, max_out, &t);
+    plan_scratch(p, m, kv, max_tokens, max_out, &t);
     p->scratch = cuda_tally_bytes(&t) - p->weights - p->kv;
     p->requested = t.requested;
     p->n_allocs = t.count;

@@ -81,6 +81,7 @@ typedef struct cuda_plan {
     size_t act_floats[CUDA_PLAN_N_ACT];
     size_t ints;             /* step indices: pos | slot | out_rows, int32 */
     size_t att_split_floats; /* decode attention split-K partials */
+    size_t att_stage_bytes;  /* prefill attention's bf16 copy of a sequence's keys and values (0: none) */
     size_t ids;              /* greedy ids, int32 */
     size_t gemv_floats;      /* cuda_gemv_reserve's argument */
     size_t decode_q8_bytes, decode_q8_scale_bytes; /* the fused norm / gate's int8 activations */

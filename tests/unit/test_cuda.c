@@ -988,6 +988,61 @@ static void test_gated_activations(void **state) {
     }
 }
 
+/* cuda_matmul in halves (the prefill path that converts one input for q, k and v, and feeds
+ * the gated MLP product to the down GEMM without an f32 pass): load_x + loaded equals
+ * cuda_matmul, and load_gated + loaded equals cuda_silu_mul / cuda_gelu_tanh_mul then
+ * cuda_matmul, bit for bit (the same conversions and the same cuBLAS call), for a bf16, an
+ * F16 (f16 activations), a Q4_K and a Q8_0 weight at 80 rows (past the GEMV and MMQ rows). */
+static void test_matmul_loaded(void **state) {
+    (void)state;
+    enum { N = 96, K = 512, T = 80 };
+    static const tensor_dtype types[] = {DT_BF16, DT_F16, DT_Q4_K, DT_Q8_0};
+    cuda_gemm *g = NULL;
+    hearth_error e = {0};
+    assert_int_equal(cuda_gemm_create(&g, (size_t)N * K, (size_t)T * K, 0, &e), HEARTH_OK);
+    float *x = malloc(sizeof(float) * T * K), *u = malloc(sizeof(float) * T * K);
+    for (int i = 0; i < T * K; i++) x[i] = rndf() * 4.0f, u[i] = rndf();
+    float *dx = dev_from(x, sizeof(float) * T * K), *du = dev_from(u, sizeof(float) * T * K);
+    float *dg = dev_from(NULL, sizeof(float) * T * K), *y1 = dev_from(NULL, sizeof(float) * T * N),
+          *y2 = dev_from(NULL, sizeof(float) * T * N);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        cpu_weight w;
+        void *host = make_weight(types[ti], N, K, &w);
+        cuda_weight dw;
+        assert_int_equal(cuda_weight_upload(&dw, &w, "loaded", &e), HEARTH_OK);
+        int act = cuda_matmul_act(g, &dw, dx, T);
+        assert_int_equal(act, types[ti] == DT_F16 ? CUDA_ACT_F16 : CUDA_ACT_BF16);
+        assert_int_equal(cuda_matmul_act(g, &dw, dx, 1), CUDA_ACT_NONE); /* one row: the GEMV */
+        assert_int_equal(cuda_matmul(g, &dw, dx, T, y1, &e), HEARTH_OK);
+        assert_int_equal(cuda_matmul_load_x(g, act, dx, T, K, &e), HEARTH_OK);
+        assert_int_equal(cuda_matmul_loaded(g, &dw, act, T, y2, &e), HEARTH_OK);
+        float *a = download(y1, (size_t)T * N), *b = download(y2, (size_t)T * N);
+        if (memcmp(a, b, sizeof(float) * T * N))
+            fail_msg("%s: load_x + loaded differs from cuda_matmul", tensor_dtype_name(types[ti]));
+        free(a), free(b);
+        for (int gelu = 0; gelu < 2; gelu++) {
+            assert_int_equal(cuda_upload(dg, x, sizeof(float) * T * K, &e), HEARTH_OK);
+            assert_int_equal(gelu ? cuda_gelu_tanh_mul(dg, du, (size_t)T * K, &e) : cuda_silu_mul(dg, du, (size_t)T * K, &e),
+                             HEARTH_OK);
+            assert_int_equal(cuda_matmul(g, &dw, dg, T, y1, &e), HEARTH_OK);
+            assert_int_equal(cuda_matmul_load_gated(g, act, dx, du, T, K, gelu, &e), HEARTH_OK);
+            assert_int_equal(cuda_matmul_loaded(g, &dw, act, T, y2, &e), HEARTH_OK);
+            a = download(y1, (size_t)T * N), b = download(y2, (size_t)T * N);
+            if (memcmp(a, b, sizeof(float) * T * N))
+                fail_msg("%s %s: load_gated + loaded differs from the gated kernel + cuda_matmul",
+                         tensor_dtype_name(types[ti]), gelu ? "gelu" : "silu");
+            free(a), free(b);
+        }
+        assert_int_not_equal(cuda_matmul_loaded(g, &dw, CUDA_ACT_NONE, T, y2, &e), HEARTH_OK);
+        assert_int_not_equal(cuda_matmul_load_x(g, act, dx, T + 1, K, &e), HEARTH_OK); /* past the scratch */
+        cuda_weight_free(&dw);
+        free(host);
+    }
+    cuda_free(dx), cuda_free(du), cuda_free(dg), cuda_free(y1), cuda_free(y2);
+    free(x), free(u);
+    cuda_gemm_free(g);
+}
+
 /* ---------- paged decode attention ---------- */
 
 /* prefill: 45 consecutive tokens of slot 1 ending at its last position (the tiled
@@ -1142,6 +1197,7 @@ int main(void) {
         cmocka_unit_test(test_mmq),
         cmocka_unit_test(test_gemv_mlx4_v2),
         cmocka_unit_test(test_gated_activations),
+        cmocka_unit_test(test_matmul_loaded),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_errors),
     };

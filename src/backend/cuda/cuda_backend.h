@@ -365,6 +365,20 @@ hearth_status cuda_gemm_create(cuda_gemm **out, size_t max_weight_elems, size_t 
                                hearth_error *err);
 void cuda_gemm_free(cuda_gemm *g);
 hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err);
+/* cuda_matmul in two halves, so that weights reading one input convert it once (q, k, v;
+ * gate, up) and the gated MLP product reaches the GEMM without an f32 pass: _act says the
+ * type cuda_matmul converts x to for w at T rows (CUDA_ACT_BF16, CUDA_ACT_F16 for F16
+ * weights), CUDA_ACT_NONE where it takes another path (GEMV, MMQ, exact f32); _load_x
+ * converts x [T][k] into the GEMM's activation scratch, _load_gated writes act(gate) * up
+ * there (cuda_act.cuh's value, rounded once: what cuda_silu_mul / cuda_gelu_tanh_mul then
+ * _load_x give), and _loaded multiplies what is loaded by w (w's _act must be `act`).
+ * The same bits as cuda_matmul. */
+enum { CUDA_ACT_NONE = 0, CUDA_ACT_BF16 = 1, CUDA_ACT_F16 = 2 };
+int cuda_matmul_act(const cuda_gemm *g, const cuda_weight *w, const float *x, int T);
+hearth_status cuda_matmul_load_x(cuda_gemm *g, int act, const float *x, int T, int64_t k, hearth_error *err);
+hearth_status cuda_matmul_load_gated(cuda_gemm *g, int act, const float *gate, const float *up, int T, int64_t k,
+                                     int gelu, hearth_error *err);
+hearth_status cuda_matmul_loaded(cuda_gemm *g, const cuda_weight *w, int act, int T, float *y, hearth_error *err);
 /* Whether cuda_matmul sends this call to cuda_gemv: T <= 8, or a quantized weight at a T
  * where the GEMV reads fewer bytes than dequantize + GEMM (cuda_gemm.cu's byte model). F16
  * weights go to cuBLAS as stored with f16 activations (HEARTH_CUDA_BATCH=0: the bf16

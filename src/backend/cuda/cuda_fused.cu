@@ -5,6 +5,7 @@
  * the int8-activation GEMVs (cuda_gemv_multi_q8). Must not allocate or synchronize; owns
  * no KV or attention code. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_q8.cuh"
@@ -68,20 +69,14 @@ hearth_status cuda_add_rmsnorm_q8(float *out, float *x, const float *delta, cons
     return cuda_launched("add_rmsnorm_q8", err);
 }
 
-/* silu_mul_kernel / gelu_tanh_mul_kernel of cuda_ops.cu (same expressions), plus the int8
+/* silu_mul_kernel / gelu_tanh_mul_kernel of cuda_ops.cu (cuda_act.cuh), plus the int8
  * copy of the product; n % 32 == 0 and blocks of 256, so each warp is one quant block. */
 template <bool GELU>
 __global__ void __launch_bounds__(256) gated_q8_kernel(float *gate, const float *up, size_t n, int8_t *xq, float2 *xs) {
     pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return; /* whole warps: n % 32 == 0 */
-    float g = gate[i], v;
-    if (GELU) {
-        const float k = 0.7978845608028654f; /* sqrt(2 / pi), as ops_cpu.c */
-        v = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * up[i];
-    } else {
-        v = g / (1.0f + expf(-g)) * up[i];
-    }
+    float v = GELU ? gelu_tanh_mul_value(gate[i], up[i]) : silu_mul_value(gate[i], up[i]);
     gate[i] = v;
     int lane = threadIdx.x % 32;
     quant_block32(v, xq + (i - lane), xs + i / 32, lane);

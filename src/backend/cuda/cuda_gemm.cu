@@ -5,6 +5,7 @@
  * or f32 operands in exact mode. Small T goes to the GEMV kernels. Allocates only in
  * cuda_gemm_create; never synchronizes. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_act.cuh"
 extern "C" {
 #include "backend/cuda/cuda_plan.h"
 }
@@ -404,46 +405,73 @@ int cuda_matmul_uses_mmq(const cuda_gemm *g, const cuda_weight *w, int T) {
     return g && !g->exact_f32 && cuda_gemv_int8_act(w) && cuda_mmq_takes(w, T);
 }
 
-hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
-    if (((uintptr_t)x % 16) == 0 && cuda_matmul_uses_mmq(g, w, T)) return cuda_gemv_mmq(w, x, T, y, err);
-    if (cuda_matmul_uses_gemv(g, w, T)) return cuda_gemv(w, x, T, y, err);
-    size_t wn = (size_t)w->n * (size_t)w->k, xn = (size_t)T * (size_t)w->k;
-    int f16_direct = !g->exact_f32 && w->dtype == DT_F16 && !gemm_old();
-    int as_stored = (g->exact_f32 && w->dtype == DT_F32) || (!g->exact_f32 && (w->dtype == DT_BF16 || f16_direct));
-    if ((!as_stored && wn > g->max_w) || xn > g->max_x)
+int cuda_matmul_act(const cuda_gemm *g, const cuda_weight *w, const float *x, int T) {
+    if (!g || g->exact_f32 || T <= 0) return CUDA_ACT_NONE;
+    if (((uintptr_t)x % 16) == 0 && cuda_matmul_uses_mmq(g, w, T)) return CUDA_ACT_NONE;
+    if (cuda_matmul_uses_gemv(g, w, T)) return CUDA_ACT_NONE;
+    /* F16 weights: cuBLAS reads them as they are, with f16 activations (no weight pass) */
+    return w->dtype == DT_F16 && !gemm_old() ? CUDA_ACT_F16 : CUDA_ACT_BF16;
+}
+
+static hearth_status act_fits(const cuda_gemm *g, int act, size_t n, const char *what, hearth_error *err) {
+    if (act != CUDA_ACT_BF16 && act != CUDA_ACT_F16) return err_set(err, HEARTH_ERR_INVALID, "%s: no activation type", what);
+    if (n > g->max_x) return err_set(err, HEARTH_ERR_INVALID, "%s: %zu activations exceed the GEMM scratch", what, n);
+    return HEARTH_OK;
+}
+
+hearth_status cuda_matmul_load_x(cuda_gemm *g, int act, const float *x, int T, int64_t k, hearth_error *err) {
+    size_t xn = (size_t)T * (size_t)k;
+    if (act_fits(g, act, xn, "cuda_matmul_load_x", err)) return HEARTH_ERR_INVALID;
+    int v4 = xn % 4 == 0 && ((uintptr_t)x & 15) == 0;
+    unsigned blocks = (unsigned)(((v4 ? xn / 4 : xn) + 255) / 256);
+    if (act == CUDA_ACT_F16 && v4)
+        to_f16x4_kernel<<<blocks, 256, 0, cuda_stream()>>>((const float4 *)x, (uint2 *)g->x_scratch, xn / 4);
+    else if (act == CUDA_ACT_F16)
+        to_f16_kernel<<<blocks, 256, 0, cuda_stream()>>>(x, (__half *)g->x_scratch, xn);
+    else if (v4)
+        to_bf16x4_kernel<<<blocks, 256, 0, cuda_stream()>>>((const float4 *)x, (uint2 *)g->x_scratch, xn / 4);
+    else
+        to_bf16_kernel<<<blocks, 256, 0, cuda_stream()>>>(x, (__nv_bfloat16 *)g->x_scratch, xn);
+    return cuda_launched("to_bf16", err) ? HEARTH_ERR_IO : HEARTH_OK;
+}
+
+/* act(gate) * up (cuda_act.cuh) rounded once to the GEMM's input type, as silu_mul then
+ * to_bf16 / to_f16 would give it: the f32 product never goes to memory. */
+template <bool GELU, bool F16> __global__ void gated_to_kernel(const float *gate, const float *up, void *out, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = GELU ? gelu_tanh_mul_value(gate[i], up[i]) : silu_mul_value(gate[i], up[i]);
+    if (F16) ((__half *)out)[i] = f2h_sat(v);
+    else ((__nv_bfloat16 *)out)[i] = __float2bfloat16(v);
+}
+
+hearth_status cuda_matmul_load_gated(cuda_gemm *g, int act, const float *gate, const float *up, int T, int64_t k,
+                                     int gelu, hearth_error *err) {
+    size_t n = (size_t)T * (size_t)k;
+    if (act_fits(g, act, n, "cuda_matmul_load_gated", err)) return HEARTH_ERR_INVALID;
+    unsigned blocks = (unsigned)((n + 255) / 256);
+    if (gelu && act == CUDA_ACT_F16) gated_to_kernel<true, true><<<blocks, 256, 0, cuda_stream()>>>(gate, up, g->x_scratch, n);
+    else if (gelu) gated_to_kernel<true, false><<<blocks, 256, 0, cuda_stream()>>>(gate, up, g->x_scratch, n);
+    else if (act == CUDA_ACT_F16) gated_to_kernel<false, true><<<blocks, 256, 0, cuda_stream()>>>(gate, up, g->x_scratch, n);
+    else gated_to_kernel<false, false><<<blocks, 256, 0, cuda_stream()>>>(gate, up, g->x_scratch, n);
+    return cuda_launched("gated_to", err) ? HEARTH_ERR_IO : HEARTH_OK;
+}
+
+/* y[T][n] = W · x with W in cuBLAS's input type (dequantized into the scratch unless stored so). */
+static hearth_status gemm_run(cuda_gemm *g, const cuda_weight *w, const void *B, cudaDataType_t in_type, int T, float *y,
+                              hearth_error *err) {
+    size_t wn = (size_t)w->n * (size_t)w->k;
+    int as_stored = (in_type == CUDA_R_32F && w->dtype == DT_F32) || (in_type == CUDA_R_16BF && w->dtype == DT_BF16) ||
+                    (in_type == CUDA_R_16F && w->dtype == DT_F16);
+    if (!as_stored && wn > g->max_w)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_matmul: [%lld, %lld] x %d rows exceeds the GEMM scratch",
                        (long long)w->n, (long long)w->k, T);
-    const void *A, *B;
-    cudaDataType_t in_type = g->exact_f32 ? CUDA_R_32F : CUDA_R_16BF;
-    /* F16 weights: cuBLAS reads them as they are, with f16 activations (no weight pass) */
-    if (f16_direct) in_type = CUDA_R_16F;
-    if (as_stored) {
-        A = w->data; /* already the GEMM's input type */
-    } else {
-        if (g->exact_f32) dequant_kernel<true><<<(unsigned)((wn + 255) / 256), 256, 0, cuda_stream()>>>(*w, g->w_scratch);
+    const void *A = w->data;
+    if (!as_stored) {
+        if (in_type == CUDA_R_32F) dequant_kernel<true><<<(unsigned)((wn + 255) / 256), 256, 0, cuda_stream()>>>(*w, g->w_scratch);
         else launch_dequant_bf16(w, g->w_scratch);
         if (cuda_launched("dequant", err)) return HEARTH_ERR_IO;
         A = g->w_scratch;
-    }
-    if (g->exact_f32) {
-        B = x;
-    } else if (f16_direct) {
-        if (xn % 4 == 0 && ((uintptr_t)x & 15) == 0)
-            to_f16x4_kernel<<<(unsigned)((xn / 4 + 255) / 256), 256, 0, cuda_stream()>>>((const float4 *)x,
-                                                                                         (uint2 *)g->x_scratch, xn / 4);
-        else
-            to_f16_kernel<<<(unsigned)((xn + 255) / 256), 256, 0, cuda_stream()>>>(x, (__half *)g->x_scratch, xn);
-        if (cuda_launched("to_f16", err)) return HEARTH_ERR_IO;
-        B = g->x_scratch;
-    } else {
-        if (xn % 4 == 0 && ((uintptr_t)x & 15) == 0)
-            to_bf16x4_kernel<<<(unsigned)((xn / 4 + 255) / 256), 256, 0, cuda_stream()>>>(
-                (const float4 *)x, (uint2 *)g->x_scratch, xn / 4);
-        else
-            to_bf16_kernel<<<(unsigned)((xn + 255) / 256), 256, 0, cuda_stream()>>>(x, (__nv_bfloat16 *)g->x_scratch,
-                                                                                    xn);
-        if (cuda_launched("to_bf16", err)) return HEARTH_ERR_IO;
-        B = g->x_scratch;
     }
     /* Row-major y[T][n] is column-major n x T: y = W (k x n col-major, transposed) · x (k x T). */
     const float alpha = 1.0f, beta = 0.0f;
@@ -453,4 +481,24 @@ hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, in
     if (cs != CUBLAS_STATUS_SUCCESS)
         return err_set(err, HEARTH_ERR_IO, "cuda: cublasGemmEx [%d x %d x %d] failed (status %d)", n, T, k, (int)cs);
     return HEARTH_OK;
+}
+
+hearth_status cuda_matmul_loaded(cuda_gemm *g, const cuda_weight *w, int act, int T, float *y, hearth_error *err) {
+    if (act_fits(g, act, (size_t)T * (size_t)w->k, "cuda_matmul_loaded", err)) return HEARTH_ERR_INVALID;
+    return gemm_run(g, w, g->x_scratch, act == CUDA_ACT_F16 ? CUDA_R_16F : CUDA_R_16BF, T, y, err);
+}
+
+hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
+    int act = cuda_matmul_act(g, w, x, T);
+    if (act) {
+        if (cuda_matmul_load_x(g, act, x, T, w->k, err)) return HEARTH_ERR_INVALID;
+        return cuda_matmul_loaded(g, w, act, T, y, err);
+    }
+    if (((uintptr_t)x % 16) == 0 && cuda_matmul_uses_mmq(g, w, T)) return cuda_gemv_mmq(w, x, T, y, err);
+    if (cuda_matmul_uses_gemv(g, w, T)) return cuda_gemv(w, x, T, y, err);
+    /* exact mode: f32 operands */
+    if ((size_t)T * (size_t)w->k > g->max_x)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda_matmul: [%lld, %lld] x %d rows exceeds the GEMM scratch",
+                       (long long)w->n, (long long)w->k, T);
+    return gemm_run(g, w, x, CUDA_R_32F, T, y, err);
 }

@@ -243,6 +243,39 @@ static hearth_status matmul(cuda_model *cm, const cuda_weight *w, const float *x
     return cm->invariant ? cuda_gemv(w, x, T, y, err) : cuda_matmul(cm->gemm, w, x, T, y, err);
 }
 
+/* A fusion switch for A/B runs: on unless the variable is "0"; *cache holds the answer. */
+static int fusion_on(const char *var, int *cache) {
+    if (*cache < 0) {
+        const char *e = getenv(var);
+        *cache = !(e && !strcmp(e, "0"));
+    }
+    return *cache;
+}
+
+/* Prefill GEMM inputs converted once per input (q, k, v; gate, up) and the gated product
+ * written in the GEMM's type (HEARTH_CUDA_GEMM_SHARED=0: a conversion per weight and an f32
+ * gated pass, the path before; the same bits either way). */
+static int gemm_shared(const cuda_model *cm) {
+    static int on = -1;
+    return !cm->invariant && fusion_on("HEARTH_CUDA_GEMM_SHARED", &on);
+}
+
+/* ys[i] = x · ws[i]^T for weights that read one input: x converted for the GEMM once when
+ * every weight takes the same prefill activation type (cuda_matmul_act), else a matmul each. */
+static hearth_status matmul_shared(cuda_model *cm, const cuda_weight *const *ws, float *const *ys, int nw,
+                                   const float *x, int T, hearth_error *err) {
+    int act = gemm_shared(cm) ? cuda_matmul_act(cm->gemm, ws[0], x, T) : CUDA_ACT_NONE;
+    for (int i = 1; i < nw; i++)
+        if (cuda_matmul_act(cm->gemm, ws[i], x, T) != act || ws[i]->k != ws[0]->k) act = CUDA_ACT_NONE;
+    if (!act) {
+        for (int i = 0; i < nw; i++) TRY(matmul(cm, ws[i], x, T, ys[i], err));
+        return HEARTH_OK;
+    }
+    TRY(cuda_matmul_load_x(cm->gemm, act, x, T, ws[0]->k, err));
+    for (int i = 0; i < nw; i++) TRY(cuda_matmul_loaded(cm->gemm, ws[i], act, T, ys[i], err));
+    return HEARTH_OK;
+}
+
 /* ys[i] = the quantized cm->xn (xq / xs) · ws[i]^T: the GEMVs in a batch-invariant step,
  * else the MMQ kernel for the weights it takes (cuda_mmq_takes: packed Q4_K at 5..64 rows). */
 static hearth_status q8_matmul(cuda_model *cm, const cuda_weight *const *ws, float *const *ys, int nw, int T,
@@ -281,14 +314,6 @@ static hearth_status norm_into_xn(cuda_model *cm, const float *delta, const floa
     return cuda_rmsnorm(cm->xn, cm->x, w, shift, T, c->hidden, c->norm_eps, err);
 }
 
-/* A fusion switch for A/B runs: on unless the variable is "0"; *cache holds the answer. */
-static int fusion_on(const char *var, int *cache) {
-    if (*cache < 0) {
-        const char *e = getenv(var);
-        *cache = !(e && !strcmp(e, "0"));
-    }
-    return *cache;
-}
 
 /* RoPE and the KV write in one launch (cuda_rope_kv_write; HEARTH_CUDA_ROPE_KV=0: the two
  * launches; the same bits either way). */
@@ -318,9 +343,8 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
         else
             TRY(cuda_gemv_multi(ws, ys, 3, cm->xn, T, err));
     } else {
-        TRY(matmul(cm, &l->q, cm->xn, T, cm->q, err));
-        TRY(matmul(cm, &l->k, cm->xn, T, cm->k, err));
-        TRY(matmul(cm, &l->v, cm->xn, T, cm->v, err));
+        float *ys[3] = {cm->q, cm->k, cm->v};
+        TRY(matmul_shared(cm, ws, ys, 3, cm->xn, T, err));
     }
     TRY(cuda_add_bias(cm->q, l->q_bias, T, qd, err));
     TRY(cuda_add_bias(cm->k, l->k_bias, T, kd, err));
@@ -384,13 +408,18 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *e
         else
             TRY(cuda_gemv_multi(ws, ys, 2, cm->xn, T, err));
     } else {
-        TRY(matmul(cm, &l->gate, cm->xn, T, cm->gate, err));
-        TRY(matmul(cm, &l->up, cm->xn, T, cm->up, err));
+        float *ys[2] = {cm->gate, cm->up};
+        TRY(matmul_shared(cm, ws, ys, 2, cm->xn, T, err));
     }
     const cuda_weight *down = &l->down;
     if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself */
         TRY(cuda_gated_q8(cm->gate, cm->up, n, gelu, cm->xq, cm->xs, err));
         return q8_matmul(cm, &down, &cm->tmp, 1, T, err);
+    }
+    int act = gemm_shared(cm) ? cuda_matmul_act(cm->gemm, down, cm->gate, T) : CUDA_ACT_NONE;
+    if (act) { /* prefill: the gated product goes to the GEMM's input type directly */
+        TRY(cuda_matmul_load_gated(cm->gemm, act, cm->gate, cm->up, T, down->k, gelu, err));
+        return cuda_matmul_loaded(cm->gemm, down, act, T, cm->tmp, err);
     }
     TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
     return matmul(cm, &l->down, cm->gate, T, cm->tmp, err);

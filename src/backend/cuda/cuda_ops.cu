@@ -3,6 +3,7 @@
  * (float32 arithmetic, max-subtracted softmax; K/V read through cuda_kv_access.cuh in the
  * pool's float32 / int8 / fp8 storage), plus residual/bias adds and row gathers. Must not
  * allocate or synchronize. */
+#include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_kv_access.cuh"
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_rope.cuh"
@@ -96,17 +97,14 @@ __global__ void silu_mul_kernel(float *gate, const float *up, size_t n) {
     pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float g = gate[i];
-    gate[i] = g / (1.0f + expf(-g)) * up[i];
+    gate[i] = silu_mul_value(gate[i], up[i]);
 }
 
 __global__ void gelu_tanh_mul_kernel(float *gate, const float *up, size_t n) {
-    const float k = 0.7978845608028654f; /* sqrt(2 / pi), as ops_cpu.c */
     pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float g = gate[i];
-    gate[i] = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * up[i];
+    gate[i] = gelu_tanh_mul_value(gate[i], up[i]);
 }
 
 hearth_status cuda_silu_mul(float *gate, const float *up, size_t n, hearth_error *err) {

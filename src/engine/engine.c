@@ -183,7 +183,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
                              o.kv_quant, err);
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
     if (!st) st = model_scratch_create(e->m, &e->kv, e->step_tokens, e->max_out, e->n_threads, &e->s, err);
-    if (!st) st = engine_device_open(e->m, &e->kv, o.device, e->step_tokens, e->max_out, &e->gpu, err);
+    if (!st) st = engine_device_open(e->m, &e->kv, o.device, e->step_tokens, e->max_out, e->tp, &e->gpu, err);
     if (!st && e->gpu) st = engine_device_sampler_open(e->max_out, c->vocab, &e->gsmp, err);
     if (!st && e->gpu && !(e->dev_req = calloc((size_t)e->max_out, sizeof *e->dev_req)))
         st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");

@@ -21,13 +21,13 @@ int hearth_device_parse(const char *name, int *out) {
 }
 
 hearth_status engine_device_open(const model *m, const kv_cache *kv, int device, int max_tokens, int max_out,
-                                 cuda_model **gpu, hearth_error *err) {
+                                 threadpool *tp, cuda_model **gpu, hearth_error *err) {
     *gpu = NULL;
     if (device == HEARTH_DEVICE_CPU) return HEARTH_OK;
     if (device != HEARTH_DEVICE_CUDA && device != HEARTH_DEVICE_AUTO)
         return err_set(err, HEARTH_ERR_INVALID, "engine: unknown device %d (--device takes cpu, cuda or auto)", device);
 #ifndef HEARTH_HAVE_CUDA
-    (void)m, (void)kv, (void)max_tokens, (void)max_out;
+    (void)m, (void)kv, (void)max_tokens, (void)max_out, (void)tp;
     if (device == HEARTH_DEVICE_CUDA)
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
                        "--device cuda: this hearth was built without the CUDA backend "
@@ -50,6 +50,7 @@ hearth_status engine_device_open(const model *m, const kv_cache *kv, int device,
         if (err) *err = e2;
         return st;
     }
+    cuda_model_set_threads(*gpu, tp);
     fprintf(stderr, "hearth: %s\n", note);
     return HEARTH_OK;
 #endif

@@ -5,9 +5,11 @@
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_sample.h"
 
-/* Resolves device (hearth_device); *gpu stays NULL when the CPU runs the model. */
+/* Resolves device (hearth_device); *gpu stays NULL when the CPU runs the model. tp: the
+ * engine's host threads, which the GPU model's steps use for their host work (embedding
+ * rows). */
 hearth_status engine_device_open(const model *m, const kv_cache *kv, int device, int max_tokens, int max_out,
-                                 cuda_model **gpu, hearth_error *err);
+                                 threadpool *tp, cuda_model **gpu, hearth_error *err);
 hearth_status engine_device_forward(cuda_model *gpu, const kv_cache *kv, const model_batch *b, hearth_error *err);
 /* The step with the greedy id of each logits row chosen on the device (cuda_model_forward_ids). */
 hearth_status engine_device_forward_ids(cuda_model *gpu, const kv_cache *kv, const model_batch *b, int32_t *ids,

@@ -91,6 +91,20 @@ static void embed_row(const cpu_weight *w, int64_t token, float *out) {
     }
 }
 
+/* Rows [EMBED_ROWS * task, +EMBED_ROWS) of a step's embeddings, scaled (Gemma) as a whole
+ * pass would: each element is its own dequantization and product, so any split of the rows
+ * gives the same bits. */
+#define EMBED_ROWS 32
+static void embed_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const decoder_step *d = ctx;
+    const model *m = d->m;
+    int t0 = task * EMBED_ROWS, t1 = t0 + EMBED_ROWS < d->b->T ? t0 + EMBED_ROWS : d->b->T;
+    float *x = d->s->x + (size_t)t0 * m->cfg.hidden;
+    for (int t = t0; t < t1; t++) embed_row(&m->embed, d->b->tokens[t], d->s->x + (size_t)t * m->cfg.hidden);
+    if (m->cfg.embed_scale != 1.0f) ops_scale(x, m->cfg.embed_scale, (size_t)(t1 - t0) * m->cfg.hidden);
+}
+
 hearth_status decoder_embed(const decoder_step *d) {
     const model *m = d->m;
     for (int t = 0; t < d->b->T; t++) {
@@ -98,9 +112,13 @@ hearth_status decoder_embed(const decoder_step *d) {
         if (tok < 0 || tok >= m->cfg.vocab)
             return err_set(d->err, HEARTH_ERR_INVALID, "token id %d is outside the vocabulary (0..%d)", tok,
                            m->cfg.vocab - 1);
-        embed_row(&m->embed, tok, d->s->x + (size_t)t * m->cfg.hidden);
     }
-    if (m->cfg.embed_scale != 1.0f) ops_scale(d->s->x, m->cfg.embed_scale, (size_t)d->b->T * m->cfg.hidden);
+    /* A prefill chunk's rows are dequantized across the pool (on the GPU path the device
+     * waits for them: 4096 rows of an 8B model's table took tens of ms on one core); a
+     * decode step's few rows stay on this thread (waking the pool costs more). */
+    int tasks = (d->b->T + EMBED_ROWS - 1) / EMBED_ROWS;
+    if (tasks > 1) tp_run(d->tp, tasks, embed_task, (void *)d);
+    else if (tasks == 1) embed_task((void *)d, 0, 0);
     return HEARTH_OK;
 }
 

@@ -42,6 +42,7 @@ struct cuda_model {
     size_t att_split_floats;
     int32_t *ints;      /* device: pos | slot | out_rows, max_tokens each */
     float *host_x;      /* pinned: the step's embeddings, made on the host */
+    threadpool *tp;     /* host threads for them (cuda_model_set_threads; NULL: this thread) */
     int32_t *host_ints; /* pinned: staging for ints */
     int32_t *ids_dev;   /* device: greedy ids of the logits rows (cuda_model_forward_ids) */
     int32_t *host_ids;  /* pinned: their copy on the host */
@@ -226,6 +227,8 @@ void cuda_model_free(cuda_model *cm) {
 }
 
 size_t cuda_model_device_bytes(const cuda_model *cm) { return cuda_plan_bytes(&cm->plan); }
+
+void cuda_model_set_threads(cuda_model *cm, threadpool *tp) { cm->tp = tp; }
 
 /* Whether the fused multi-weight GEMV takes these weights at T rows: decode-sized T (or a
  * batch-invariant step), unless they are all F16 / BF16 at 2..8 rows, which cuBLAS reads
@@ -522,7 +525,7 @@ static hearth_status forward(cuda_model *cm, const kv_cache *kv, const model_bat
     /* Embeddings are made on the host by the CPU path itself (bit-exact, any format):
      * T rows of hidden floats cross PCIe, not a device copy of the table. */
     model_scratch hs = {.x = cm->host_x};
-    decoder_step d = {.m = m, .s = &hs, .b = b, .err = err};
+    decoder_step d = {.m = m, .s = &hs, .b = b, .tp = cm->tp, .err = err};
     TRY(decoder_embed(&d));
     memcpy(cm->host_ints, b->pos, (size_t)T * sizeof(int32_t));
     memcpy(cm->host_ints + cm->max_tokens, b->slot, (size_t)T * sizeof(int32_t));

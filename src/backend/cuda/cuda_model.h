@@ -16,6 +16,9 @@ typedef struct cuda_model cuda_model;
 hearth_status cuda_model_create(const model *m, const kv_cache *kv, int max_tokens, int max_out, cuda_model **out,
                                 char *note, size_t note_size, hearth_error *err);
 void cuda_model_free(cuda_model *cm);
+/* The host threads a step may use for its host work (the embedding rows of a prefill
+ * chunk); NULL (the default): the calling thread alone. */
+void cuda_model_set_threads(cuda_model *cm, threadpool *tp);
 /* model_forward's contract (see model.h) on the device. The host kv supplies the block
  * tables and reserved lengths; keys and values live only in the device pool. */
 hearth_status cuda_model_forward(cuda_model *cm, const kv_cache *kv, const model_batch *b, hearth_error *err);

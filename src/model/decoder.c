@@ -116,9 +116,7 @@ hearth_status decoder_embed(const decoder_step *d) {
     /* A prefill chunk's rows are dequantized across the pool (on the GPU path the device
      * waits for them: 4096 rows of an 8B model's table took tens of ms on one core); a
      * decode step's few rows stay on this thread (waking the pool costs more). */
-    int tasks = (d->b->T + EMBED_ROWS - 1) / EMBED_ROWS;
-    if (tasks > 1) tp_run(d->tp, tasks, embed_task, (void *)d);
-    else if (tasks == 1) embed_task((void *)d, 0, 0);
+    tp_run(d->tp, (d->b->T + EMBED_ROWS - 1) / EMBED_ROWS, embed_task, (void *)d); /* one task: inline */
     return HEARTH_OK;
 }
 

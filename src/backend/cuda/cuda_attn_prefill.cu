@@ -84,7 +84,7 @@ struct fa_stage {
 };
 static inline fa_stage stage_of(const cuda_attention_args *a) {
     fa_stage st;
-    st.rows = (a->kv->max_blocks_per_slot * KV_BLOCK_SIZE + 63) / 64 * 64; /* cuda_plan.c stage_rows */
+    st.rows = (int)cuda_attention_stage_rows(a->kv->max_blocks_per_slot);
     size_t plane = (size_t)a->kv->n_kv_heads * st.rows * a->head_dim;
     st.k = (__nv_bfloat16 *)a->stage;
     st.v = st.k + plane;

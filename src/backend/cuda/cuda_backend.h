@@ -347,6 +347,8 @@ size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);
 /* Bytes of the stage the tensor-core prefill attention copies a sequence's keys and values
  * into (bf16, rows of every position a slot can hold; 0 for a head_dim it has no kernel for). */
 size_t cuda_attention_stage_bytes(int max_blocks_per_slot, int n_kv_heads, int head_dim);
+/* Its rows per KV head (positions). */
+size_t cuda_attention_stage_rows(int max_blocks_per_slot);
 hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err);
 /* Prefill attention on the tensor cores (cuda_attn_prefill.cu): a single_slot chunk,
  * head_dim 16/32/64/128/256, up to 64 query heads per KV head; bf16 Q/K/V operands, f32

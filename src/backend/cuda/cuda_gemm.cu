@@ -405,12 +405,21 @@ int cuda_matmul_uses_mmq(const cuda_gemm *g, const cuda_weight *w, int T) {
     return g && !g->exact_f32 && cuda_gemv_int8_act(w) && cuda_mmq_takes(w, T);
 }
 
-int cuda_matmul_act(const cuda_gemm *g, const cuda_weight *w, const float *x, int T) {
-    if (!g || g->exact_f32 || T <= 0) return CUDA_ACT_NONE;
-    if (((uintptr_t)x % 16) == 0 && cuda_matmul_uses_mmq(g, w, T)) return CUDA_ACT_NONE;
-    if (cuda_matmul_uses_gemv(g, w, T)) return CUDA_ACT_NONE;
+/* Where cuda_matmul sends x · w^T at T rows: the MMQ kernel, the GEMV, or cuBLAS with f32
+ * operands (exact mode) or with x converted to bf16 / f16 (CUDA_ACT_BF16 / CUDA_ACT_F16). */
+enum { PATH_MMQ = -2, PATH_GEMV = -1, PATH_F32 = 0 };
+static int matmul_path(const cuda_gemm *g, const cuda_weight *w, const float *x, int T) {
+    if (((uintptr_t)x % 16) == 0 && cuda_matmul_uses_mmq(g, w, T)) return PATH_MMQ;
+    if (cuda_matmul_uses_gemv(g, w, T)) return PATH_GEMV;
+    if (g->exact_f32) return PATH_F32;
     /* F16 weights: cuBLAS reads them as they are, with f16 activations (no weight pass) */
     return w->dtype == DT_F16 && !gemm_old() ? CUDA_ACT_F16 : CUDA_ACT_BF16;
+}
+
+int cuda_matmul_act(const cuda_gemm *g, const cuda_weight *w, const float *x, int T) {
+    if (!g || T <= 0) return CUDA_ACT_NONE;
+    int path = matmul_path(g, w, x, T);
+    return path > 0 ? path : CUDA_ACT_NONE;
 }
 
 static hearth_status act_fits(const cuda_gemm *g, int act, size_t n, const char *what, hearth_error *err) {
@@ -489,14 +498,13 @@ hearth_status cuda_matmul_loaded(cuda_gemm *g, const cuda_weight *w, int act, in
 }
 
 hearth_status cuda_matmul(cuda_gemm *g, const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
-    int act = cuda_matmul_act(g, w, x, T);
-    if (act) {
-        if (cuda_matmul_load_x(g, act, x, T, w->k, err)) return HEARTH_ERR_INVALID;
-        return cuda_matmul_loaded(g, w, act, T, y, err);
+    int path = matmul_path(g, w, x, T);
+    if (path == PATH_MMQ) return cuda_gemv_mmq(w, x, T, y, err);
+    if (path == PATH_GEMV) return cuda_gemv(w, x, T, y, err);
+    if (path != PATH_F32) {
+        if (cuda_matmul_load_x(g, path, x, T, w->k, err)) return HEARTH_ERR_INVALID;
+        return cuda_matmul_loaded(g, w, path, T, y, err);
     }
-    if (((uintptr_t)x % 16) == 0 && cuda_matmul_uses_mmq(g, w, T)) return cuda_gemv_mmq(w, x, T, y, err);
-    if (cuda_matmul_uses_gemv(g, w, T)) return cuda_gemv(w, x, T, y, err);
-    /* exact mode: f32 operands */
     if ((size_t)T * (size_t)w->k > g->max_x)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_matmul: [%lld, %lld] x %d rows exceeds the GEMM scratch",
                        (long long)w->n, (long long)w->k, T);

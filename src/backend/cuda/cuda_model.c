@@ -317,7 +317,6 @@ static hearth_status norm_into_xn(cuda_model *cm, const float *delta, const floa
     return cuda_rmsnorm(cm->xn, cm->x, w, shift, T, c->hidden, c->norm_eps, err);
 }
 
-
 /* RoPE and the KV write in one launch (cuda_rope_kv_write; HEARTH_CUDA_ROPE_KV=0: the two
  * launches; the same bits either way). */
 static int rope_kv_fused(void) {
@@ -392,7 +391,10 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
     /* decode: the split merge writes o's int8 activations itself (no quantizer launch; the
      * qkv GEMV that read cm->xq has finished before attention starts) */
     const cuda_weight *o = &l->o;
-    if (att_q8_fused() && q8_fusable(cm, &o, 1, T)) a.out_xq = cm->xq, a.out_xs = cm->xs, cm->q8_ready = 0;
+    if (att_q8_fused() && q8_fusable(cm, &o, 1, T)) {
+        a.out_xq = cm->xq, a.out_xs = cm->xs;
+        cm->q8_ready = 0; /* xq no longer holds xn's copy */
+    }
     TRY(cuda_attention(&a, err));
     if (cuda_attention_writes_q8(&a)) return q8_matmul(cm, &o, &cm->tmp, 1, T, err);
     return matmul(cm, o, cm->att, T, cm->tmp, err);

@@ -115,13 +115,15 @@ size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim) {
     return (size_t)max_T * n_heads * CUDA_ATT_SPLITS_MAX * (size_t)(head_dim + 4); /* (m, l, pad, pad, o[d]) each */
 }
 
-/* Rows of the stage per KV head: every position of a sequence, rounded up to the widest key
- * tile (64) so the last tile's rows past the sequence lie inside it. */
-static size_t stage_rows(int max_blocks_per_slot) { return round_up((size_t)max_blocks_per_slot * KV_BLOCK_SIZE, 64); }
+/* Every position of a sequence, rounded up to the widest key tile (64) so the last tile's
+ * rows past the sequence lie inside it. */
+size_t cuda_attention_stage_rows(int max_blocks_per_slot) {
+    return round_up((size_t)max_blocks_per_slot * KV_BLOCK_SIZE, 64);
+}
 
 size_t cuda_attention_stage_bytes(int max_blocks_per_slot, int n_kv_heads, int head_dim) {
     if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != 256) return 0;
-    size_t rows = stage_rows(max_blocks_per_slot);
+    size_t rows = cuda_attention_stage_rows(max_blocks_per_slot);
     return 2 * (size_t)n_kv_heads * rows * (size_t)head_dim * 2 + rows; /* bf16 K and V planes, a flag per row */
 }
 

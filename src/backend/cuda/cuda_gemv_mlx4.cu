@@ -53,7 +53,15 @@ template <bool BF16> static __device__ __forceinline__ float2 mlx4_scale_bias(ui
  *
  * W: the row-major tiled words as uint4 [n][k / 32]; SB: (scale, bias) words [n][k / gs],
  * gs = 1 << lg; xq int8 [T][k], xs [T][k / 32]; k % 1024 == 0. */
-template <int T, bool BF16>
+/* SHFL (the default, HEARTH_CUDA_MLX4_SHFL=0 for the mapping above): the same weight loads,
+ * then each pair trades half of them (two uint4 through __shfl_xor) so that lane h holds
+ * runs 4h .. 4h + 3 of its blocks: their activations are one contiguous 16-byte load per
+ * block and row of x instead of four 4-byte ones (per step and row of x, 8 loads where
+ * there were 32, for 8 shuffles). Run 4h + j comes from vector 8q + 2(2h + j / 2) + j % 2:
+ * lane 0 keeps runs 0 and 2 (its u[0], u[1]) and takes 1 and 3 (the partner's u[0], u[1]);
+ * lane 1 keeps 5 and 7 (u[2], u[3]) and takes 4 and 6 (the partner's u[2], u[3]). The sums
+ * are integers per block, so only the float order of the lane partials changes. */
+template <int T, bool BF16, bool SHFL>
 __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
     gemv_v2_mlx4(v2_segs sg, const int8_t *xq, const float2 *xs, int k, int lg) {
     int lane = threadIdx.x % 32;
@@ -79,6 +87,17 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
         for (int i = 0; i < 4; i++) u[i] = load_stream(wr + (size_t)tile * 32 + 2 * i);
 #pragma unroll
         for (int m = 0; m < 8; m++) sb[m] = __ldg(sbr + ((tile * 1024 + 128 * m + 32 * q) >> lg));
+        if (SHFL) { /* u[j] becomes run 4h + j (see above); the 8 lanes of tile group tp run
+                     * the same trip count (k / 1024 need not be a multiple of 4) */
+            unsigned pm = 0xffu << (8 * tp);
+            uint4 s0 = h ? u[0] : u[2], s1 = h ? u[1] : u[3], a, b;
+            a.x = __shfl_xor_sync(pm, s0.x, 1), a.y = __shfl_xor_sync(pm, s0.y, 1);
+            a.z = __shfl_xor_sync(pm, s0.z, 1), a.w = __shfl_xor_sync(pm, s0.w, 1);
+            b.x = __shfl_xor_sync(pm, s1.x, 1), b.y = __shfl_xor_sync(pm, s1.y, 1);
+            b.z = __shfl_xor_sync(pm, s1.z, 1), b.w = __shfl_xor_sync(pm, s1.w, 1);
+            uint4 r0 = h ? a : u[0], r1 = h ? u[2] : a, r2 = h ? b : u[1], r3 = h ? u[3] : b;
+            u[0] = r0, u[1] = r1, u[2] = r2, u[3] = r3;
+        }
 #pragma unroll
         for (int w = 0; w < 4; w++) {
             uint32_t run[2][4];
@@ -96,12 +115,21 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
                 float s = sbf.x, b = h ? 0.0f : sbf.y;
 #pragma unroll
                 for (int t = 0; t < T; t++) {
-                    const int *xa = (const int *)(xr + (size_t)t * k) + 8 * blk; /* run h of the block */
                     float2 d = __ldg(xs + (size_t)t * nb + blk);
-                    int dot = __dp4a((int)run[e][0], __ldg(xa), 0);
-                    dot = __dp4a((int)run[e][1], __ldg(xa + 2), dot);
-                    dot = __dp4a((int)run[e][2], __ldg(xa + 4), dot);
-                    dot = __dp4a((int)run[e][3], __ldg(xa + 6), dot);
+                    int dot;
+                    if (SHFL) { /* runs 4h .. 4h + 3: words 4h .. 4h + 3 of the block */
+                        int4 a = __ldg((const int4 *)(xq + (size_t)t * k) + 2 * blk + h);
+                        dot = __dp4a((int)run[e][0], a.x, 0);
+                        dot = __dp4a((int)run[e][1], a.y, dot);
+                        dot = __dp4a((int)run[e][2], a.z, dot);
+                        dot = __dp4a((int)run[e][3], a.w, dot);
+                    } else {
+                        const int *xa = (const int *)(xr + (size_t)t * k) + 8 * blk; /* run h of the block */
+                        dot = __dp4a((int)run[e][0], __ldg(xa), 0);
+                        dot = __dp4a((int)run[e][1], __ldg(xa + 2), dot);
+                        dot = __dp4a((int)run[e][2], __ldg(xa + 4), dot);
+                        dot = __dp4a((int)run[e][3], __ldg(xa + 6), dot);
+                    }
                     acc[t] += (s * d.x) * (float)dot + b * d.y;
                 }
             }
@@ -115,7 +143,16 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
 /* -1: read HEARTH_CUDA_MLX4 on first use; 1: v2 (the default since the H200 run of
  * 2026-12-02: 8B MLX 4-bit decode 264.1 vs 181.4 tok/s on the float kernels, Qwen3-8B shape
  * 243.6 vs 170.7, same call); 0: the float kernels (HEARTH_CUDA_MLX4=v1). */
-static int g_mlx4_mode = -1;
+static int g_mlx4_mode = -1, g_mlx4_shfl = -1;
+
+/* HEARTH_CUDA_MLX4_SHFL=0: gemv_v2_mlx4 without the pair shuffle (A/B runs). */
+static bool mlx4_shfl(void) {
+    if (g_mlx4_shfl < 0) {
+        const char *e = getenv("HEARTH_CUDA_MLX4_SHFL");
+        g_mlx4_shfl = !(e && !strcmp(e, "0"));
+    }
+    return g_mlx4_shfl;
+}
 
 int cuda_mlx4_v2_on(void) {
     if (g_mlx4_mode < 0) {
@@ -138,10 +175,17 @@ int cuda_mlx4_v2_takes(const cuda_weight *w) {
 template <int T> static void launch_mlx4(const v2_segs &sg, int rows, bool bf16, const int8_t *xq, const float2 *xs,
                                          int k, int lg) {
     dim3 grid((unsigned)((rows + V2_WARPS - 1) / V2_WARPS)), block(V2_WARPS * 32);
-    if (bf16)
-        pdl_launch(gemv_v2_mlx4<T, true>, grid, block, sg, xq, xs, k, lg);
+    /* every T alike (T = 8 spills 16 bytes with it, ptxas sm_90a): a row's float order must
+     * not depend on the batch (test_gemv_batch_invariant, --deterministic) */
+    bool shfl = mlx4_shfl();
+    if (bf16 && shfl)
+        pdl_launch(gemv_v2_mlx4<T, true, true>, grid, block, sg, xq, xs, k, lg);
+    else if (bf16)
+        pdl_launch(gemv_v2_mlx4<T, true, false>, grid, block, sg, xq, xs, k, lg);
+    else if (shfl)
+        pdl_launch(gemv_v2_mlx4<T, false, true>, grid, block, sg, xq, xs, k, lg);
     else
-        pdl_launch(gemv_v2_mlx4<T, false>, grid, block, sg, xq, xs, k, lg);
+        pdl_launch(gemv_v2_mlx4<T, false, false>, grid, block, sg, xq, xs, k, lg);
 }
 
 int cuda_gemv_mlx4_groups(const cuda_weight *a, const cuda_weight *b) {

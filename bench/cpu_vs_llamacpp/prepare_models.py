@@ -235,6 +235,8 @@ def main():
     link(SMOL_SRC, BENCH / "smollm2-135m-instruct-q4_1.gguf")
     link(GEMMA_SRC, BENCH / "gemma-3-270m-q4_k_m.gguf")
     quantize(SMOL_SRC, BENCH / "smollm2-135m-instruct-q8_0.gguf", "LLAMA_FTYPE_MOSTLY_Q8_0", requantize=True)
+    # not a row of this table: bench/serve_load's 16-bit row (the batching target is for bf16)
+    quantize(SMOL_SRC, BENCH / "smollm2-135m-instruct-bf16.gguf", "LLAMA_FTYPE_MOSTLY_BF16", requantize=True)
     if not args.no_1b:
         f16 = BENCH / "random-llama-3.2-1b-f16.gguf"
         write_random_llama_1b(f16)

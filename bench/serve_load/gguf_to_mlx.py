@@ -55,6 +55,12 @@ def hf_name(gguf_name):
 def convert_weights(path, config):
     raw = mx.load(str(path))
     out, quant, notes = {}, {"group_size": GROUP, "bits": PACKED_BITS}, []
+    # a 16-bit GGUF (no packed blocks at all): keep every matrix as bf16, no quantization
+    # (mlx's reader hands BF16 back as float16, which holds those values exactly at weight magnitudes)
+    float_model = not any(k.endswith(".scales") for k in raw)
+    if float_model:
+        quant = None
+        notes.append("16-bit GGUF: matrices kept unquantized, as bf16")
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     for key in sorted(raw):
         base, kind = key.rsplit(".", 1)
@@ -65,6 +71,9 @@ def convert_weights(path, config):
         role = base.rsplit(".", 1)[-1]
         if role in heads:
             arr = mx.array(unpermute_rope(np.array(arr), heads[role]))
+        if float_model:
+            out[f"{name}.{kind}"] = arr.astype(mx.bfloat16) if arr.ndim == 2 else arr
+            continue
         if kind == "weight" and arr.dtype in (mx.float16, mx.bfloat16, mx.float32) and arr.ndim == 2:
             # a block type mlx does not keep packed: re-quantize, and say so
             w, s, b = mx.quantize(arr, group_size=GROUP, bits=REQUANT_BITS)
@@ -131,7 +140,8 @@ def main():
                                   "original_max_position_embeddings": L1B["rope_orig_ctx"]}
     config["tie_word_embeddings"] = "output.weight" not in [t.name for t in reader.tensors]
     weights, quant, notes = convert_weights(a.gguf, config)
-    config["quantization"] = quant
+    if quant:
+        config["quantization"] = quant
     config["bos_token_id"] = int(gguf_field(reader, "tokenizer.ggml.bos_token_id"))
     config["eos_token_id"] = int(gguf_field(reader, "tokenizer.ggml.eos_token_id"))
     tmp = out.with_name(out.name + ".tmp")

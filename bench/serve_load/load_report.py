@@ -5,6 +5,7 @@ against the engine (`hearth bench`); it must not measure anything itself.
 usage (rewrite the table from a results file): load_report.py bench/results/serve_load.json
 """
 import json
+from statistics import median
 import sys
 
 PEERS = ("mlx_lm", "llama.cpp")
@@ -46,6 +47,15 @@ def summarize(res):
             ratio = _ratio(h1["decode_tps_median"], eng["decode_tps"])
             s["n1_vs_engine"] = {"serve_decode_tps": h1["decode_tps_median"], "bench_decode_tps": eng["decode_tps"],
                                  "ratio": ratio, "within_3_percent": ratio is not None and ratio >= 1 - ENGINE_TOLERANCE}
+        pairs = entry.get("servers", {}).get("hearth", {}).get("n1_pairs")
+        if pairs:
+            # the judged figure when present: the median of paired ratios (serve_load.n1_pairs says why)
+            ratio = median([q["ratio"] for q in pairs])
+            s["n1_vs_engine_paired"] = {"pairs": len(pairs), "ratio_median": ratio,
+                                        "ratios": [round(q["ratio"], 3) for q in pairs],
+                                        "serve_decode_tps_median": median([q["serve_decode_tps"] for q in pairs]),
+                                        "bench_decode_tps_median": median([q["bench_decode_tps"] for q in pairs]),
+                                        "within_3_percent": ratio >= 1 - ENGINE_TOLERANCE}
         out[entry["id"]] = s
     return out
 
@@ -114,6 +124,14 @@ def _model_md(res, entry):
                      f"decode {_f(eng['decode_tps'])} tok/s: ×{_f(e['ratio'], 3)} "
                      f"({'meets' if e['within_3_percent'] else 'MISSES'} the target of at least 0.97× the engine; load at bench "
                      f"{eng['loadavg'][0]}).")
+    e = s.get("n1_vs_engine_paired")
+    if e:
+        lines.append(f"Paired ({e['pairs']} times: one streamed N=1 request, then `hearth bench -r 1` at its prompt and answer "
+                     f"length, server idle): median serve/bench ×{_f(e['ratio_median'], 3)} (each: "
+                     f"{', '.join(_f(r, 3) for r in e['ratios'])}; serve {_f(e['serve_decode_tps_median'])} vs bench "
+                     f"{_f(e['bench_decode_tps_median'])} tok/s medians): "
+                     f"{'meets' if e['within_3_percent'] else 'MISSES'} the target of at least 0.97× the engine. This paired "
+                     "figure is the judged one; the line above compares runs minutes apart.")
     lines += ["", "Files: hearth and llama.cpp read `" + entry["gguf"] + "`"
               + (f"; mlx_lm.server read `{entry['mlx']}` ({entry['mlx_notes'].replace(chr(10), '; ')})" if entry.get("mlx") else "")
               + f". Chat template: {entry['chat_template']}. End-of-turn ids banned with logit_bias -100: "

@@ -198,8 +198,8 @@ def measure_http(port, body, n_clients, n, who):
 # ---------------------------------------------------------------- engine (no HTTP)
 
 
-def engine_bench(hearth, model, p, n, threads):
-    out = subprocess.run([hearth, "bench", model, "-p", str(p), "-n", str(n), "-t", str(threads), "-r", "3", "--json"],
+def engine_bench(hearth, model, p, n, threads, runs=3):
+    out = subprocess.run([hearth, "bench", model, "-p", str(p), "-n", str(n), "-t", str(threads), "-r", str(runs), "--json"],
                          capture_output=True, text=True, check=True)
     j = json.loads(out.stdout)
     return {"decode_tps": j["decode_tps"], "prefill_tps": j["prefill_tps"], "s_per_token": 1.0 / j["decode_tps"]}

@@ -398,6 +398,50 @@ static void test_avx2_decode_rows_match_tiles(void **state) {
         }
 }
 
+/* The dense tiles (F32 / F16 / BF16, T tokens per weight pass) keep each token's
+ * arithmetic that of the rows kernel: four 8-wide sums over 32-weight chunks, then 8-wide
+ * chunks, then single weights. So every output must be bit-identical to the rows kernel of
+ * the same ISA, for any T (a partial last token group included) and any K (every tail). */
+static void test_dense_tiles_match_rows(void **state) {
+    (void)state;
+    if (cpu_level_hardware() < CPU_LEVEL_AVX2) {
+        print_message("no AVX2 here: skipped\n");
+        return;
+    }
+    static const wcase cases[] = {{"f32", DT_F32, 0, 0, 0}, {"f16", DT_F16, 0, 0, 0}, {"bf16", DT_BF16, 0, 0, 0}};
+    static const int64_t ks[] = {1, 7, 8, 31, 32, 33, 40, 71, 576, 1539};
+    static const int Ts[] = {1, 2, 3, 4, 5, 7, 9};
+    const int64_t n = 5;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            int64_t k = ks[ki];
+            cpu_weight w;
+            void *sb;
+            void *data = make_weight(&cases[ci], n, k, &w, &sb);
+            float *x = malloc((size_t)(9 * k) * sizeof *x), y1[9 * 5], y2[9 * 5];
+            for (int64_t i = 0; i < 9 * k; i++) x[i] = rndf() * (i % 7 == 0 ? 4.0f : 1.0f);
+            for (int isa = 0; isa < 2; isa++) {
+                cpu_kernel kern = {0};
+                if (isa == 0) assert_true(cpu_avx2_kernel(&w, &kern));
+                else if (cpu_level_hardware() < CPU_LEVEL_AVX512 || !cpu_avx512_kernel(&w, &kern)) continue;
+                assert_true(kern.act == CPU_ACT_F32 && kern.tile);
+                for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                    int T = Ts[ti];
+                    for (int t = 0; t < T; t++) kern.rows(&w, 0, n, x + t * k, y1 + t * n);
+                    memset(y2, 0xff, sizeof y2);
+                    kern.tile(&w, 0, n, x, k, T, y2, n);
+                    for (int64_t i = 0; i < T * n; i++)
+                        if (memcmp(&y1[i], &y2[i], sizeof(float)))
+                            fail_msg("%s %s K %lld T %d: rows y[%lld] = %.9g, tile %.9g", isa ? "avx512" : "avx2",
+                                     cases[ci].name, (long long)k, T, (long long)i, y1[i], y2[i]);
+                }
+            }
+            free(x);
+            free(data);
+            free(sb);
+        }
+}
+
 /* ---------- (2b) fused calls (q/k/v, gate/up in one pool round) ---------- */
 
 /* cpu_matmul_fused must give every output row bit-identical to a separate call on its
@@ -551,6 +595,7 @@ int main(void) {
         cmocka_unit_test(test_prefill_tiles_long_k),
         cmocka_unit_test(test_k_quants_beyond_staged_k),
         cmocka_unit_test(test_avx2_decode_rows_match_tiles),
+        cmocka_unit_test(test_dense_tiles_match_rows),
         cmocka_unit_test(test_fused_matches_separate),
         cmocka_unit_test(test_quantize_row_matches_reference),
         cmocka_unit_test(test_invalid_weights_fail_cleanly),

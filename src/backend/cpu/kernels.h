@@ -24,7 +24,7 @@ typedef enum cpu_act {
 
 typedef void (*cpu_rows_fn)(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, float *y);
 /* The same for T activation rows at once (prefill): row t of x starts x_stride activation
- * blocks after row t - 1, and y[t * y_stride + n] receives row n. Lets a kernel reuse each
+ * blocks (CPU_ACT_F32: floats) after row t - 1, and y[t * y_stride + n] receives row n. Lets a kernel reuse each
  * unpacked weight block across several tokens. */
 typedef void (*cpu_tile_fn)(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, int64_t x_stride, int T,
                             float *y, int64_t y_stride);

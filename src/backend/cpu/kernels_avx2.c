@@ -28,6 +28,7 @@ __attribute__((target(KTARGET))) static inline __m256i avx2_mlx8_dot(__m256i u, 
 #define MLX8_DOT avx2_mlx8_dot
 #define MLX8_OFFSET 128
 
+#define DENSE_TT 2 /* tokens per pass of the dense tile (kernels_x86.inc) */
 #include "backend/cpu/kernels_x86.inc"
 
 /* ---- multi-row kernels ----

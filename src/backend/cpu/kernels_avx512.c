@@ -25,6 +25,7 @@ __attribute__((target(KTARGET))) static inline __m256i avx512_dot_s8s8(__m256i a
 #define MLX8_DOT avx512_dot_u8s8
 #define MLX8_OFFSET 0
 
+#define DENSE_TT 4 /* tokens per pass of the dense tile (kernels_x86.inc) */
 #include "backend/cpu/kernels_x86.inc"
 
 /* ---- 512-bit kernels for the 32-element GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) ----

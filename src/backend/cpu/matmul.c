@@ -170,7 +170,10 @@ static void rows_task(void *ctx, int task, int thread) {
         int64_t r1 = r0 + p->tile_rows < n1 ? r0 + p->tile_rows : n1;
         if (p->kern.tile && j->T > 1 && !j->invariant) {
             cpu_tile_fn tile = j->T < CPU_TILE_SMALL_T && p->kern.tile_small ? p->kern.tile_small : p->kern.tile;
-            tile(p->w, r0, r1, j->xq, nb, j->T, p->y, p->w->n);
+            if (j->act == CPU_ACT_F32) /* dense formats: the float rows, k floats apart */
+                tile(p->w, r0, r1, j->x, j->k, j->T, p->y, p->w->n);
+            else
+                tile(p->w, r0, r1, j->xq, nb, j->T, p->y, p->w->n);
             continue;
         }
         if (p->kern.rows == cpu_ref_rows && j->T > 1) { /* bit-identical to the loop below */

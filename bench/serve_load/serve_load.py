@@ -199,7 +199,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=7, help="paired N=1 samples (a streamed request, then hearth bench -r 1) "
                     "for the serve-vs-engine ratio; 0: off")
     ap.add_argument("--max-requests", type=int, default=16, help="requests per level: 2 per client up to this")
-    ap.add_argument("--models", default="smollm2-135m-q4_1,llama1b-q4_0")
+    ap.add_argument("--models", default="smollm2-135m-q4_1,smollm2-135m-bf16,llama1b-q4_0")
     ap.add_argument("--servers", default=",".join(SERVERS))
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "serve_load"))
     a = ap.parse_args()

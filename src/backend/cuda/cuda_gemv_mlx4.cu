@@ -178,14 +178,9 @@ template <int T> static void launch_mlx4(const v2_segs &sg, int rows, bool bf16,
     /* every T alike (T = 8 spills 16 bytes with it, ptxas sm_90a): a row's float order must
      * not depend on the batch (test_gemv_batch_invariant, --deterministic) */
     bool shfl = mlx4_shfl();
-    if (bf16 && shfl)
-        pdl_launch(gemv_v2_mlx4<T, true, true>, grid, block, sg, xq, xs, k, lg);
-    else if (bf16)
-        pdl_launch(gemv_v2_mlx4<T, true, false>, grid, block, sg, xq, xs, k, lg);
-    else if (shfl)
-        pdl_launch(gemv_v2_mlx4<T, false, true>, grid, block, sg, xq, xs, k, lg);
-    else
-        pdl_launch(gemv_v2_mlx4<T, false, false>, grid, block, sg, xq, xs, k, lg);
+    auto kernel = bf16 ? (shfl ? gemv_v2_mlx4<T, true, true> : gemv_v2_mlx4<T, true, false>)
+                       : (shfl ? gemv_v2_mlx4<T, false, true> : gemv_v2_mlx4<T, false, false>);
+    pdl_launch(kernel, grid, block, sg, xq, xs, k, lg);
 }
 
 int cuda_gemv_mlx4_groups(const cuda_weight *a, const cuda_weight *b) {

@@ -8,7 +8,7 @@
 # server (pinned extras into .venv; it serializes requests) is the fallback peer and the results say so.
 # Writes bench/results/serve_load.{json,md}. Takes ~12-15 min on 2 cores.
 # usage: bench/serve_load/run.sh [serve_load.py flags: --n 1,4,16 --max-tokens 64 --threads 2 --budget 240
-#        --models smollm2-135m-q4_1,llama1b-q4_0 --servers hearth,mlx_lm,llama.cpp --out PREFIX]
+#        --models smollm2-135m-q4_1,smollm2-135m-bf16,llama1b-q4_0 --servers hearth,mlx_lm,llama.cpp --out PREFIX]
 #        --pairs 7 (paired N=1 serve-vs-bench samples; 0: off)
 #   env: LLAMA_SERVER_BIN (use this llama-server; empty: the llama-cpp-python fallback), HEARTH_BIN (skip the build and use this binary), HEARTH_BUILD (make build dir, default build-bench),
 #        HEARTH_CACHE (model cache, default ~/.cache/hearth)

@@ -341,6 +341,28 @@ static void test_k_quants_beyond_staged_k(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], 7, 65 * 256);
 }
 
+/* The 512-bit one-row decode kernels (kernels_avx512_rows.c) stage one call's activations
+ * for K up to 64 x 256. Q4_K / Q6_K: K of 1, 3, 9, 33 and exactly 64 super-blocks (the last
+ * staged one). Q8_0 takes K in groups of eight blocks of 32: 8, 16, 24 blocks, 64 and 512
+ * (the largest staged); at other K it keeps the 256-bit kernel. Odd N, so two threads
+ * split unevenly; decode only (T = 1), where they run. Without AVX-512 this checks the AVX2
+ * kernels at these shapes instead. */
+static void test_avx512_decode_rows_staged_k(void **state) {
+    static const struct { wcase c; int64_t blocks[5]; } cases[] = {
+        {{"q4_k", DT_Q4_K, 0, 0, 0}, {8, 24, 72, 264, 512}},
+        {{"q6_k", DT_Q6_K, 0, 0, 0}, {8, 24, 72, 264, 512}},
+        {{"q8_0", DT_Q8_0, 0, 0, 0}, {8, 16, 24, 64, 512}},
+    };
+    static const int Ts[] = {1};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (size_t j = 0; j < 5; j++) {
+            int64_t k = cases[i].blocks[j] * 32;
+            cpu_weight w = {.dtype = cases[i].c.t, .n = 1, .k = k, .data = ""};
+            if (cpu_level_hardware() >= CPU_LEVEL_AVX512) assert_non_null(cpu_avx512_rows1(&w));
+            check_case_ts(&cases[i].c, k >= 8192 ? 19 : odd_n(), k, Ts, 1);
+        }
+}
+
 /* The AVX2 decode kernels of Q4_0/Q4_1/Q8_0/Q4_K/Q6_K read one row at a time; their per-row
  * arithmetic is that of the 4-row x 2-token tiles used for small batches (kernels_avx2.c),
  * so a token's outputs must be bit-identical to the tile's. K of 1..17 blocks covers every
@@ -382,9 +404,10 @@ static void test_avx2_decode_rows_match_tiles(void **state) {
                     fail_msg("%s K %lld: decode y[%lld] = %.9g, 4-row tile %.9g", cases[ci].name, (long long)k,
                              (long long)i, y1[i], y2[i]);
             /* AVX-512 machines decode with these one-row kernels too (Q4_0 / Q4_1 with VNNI
-             * dots): the same bits */
+             * dots): the same bits; except where a 512-bit one-row kernel takes the format
+             * (test_avx512_decode_rows_staged_k checks those against the reference) */
             kern = (cpu_kernel){0};
-            if (cpu_level_hardware() >= CPU_LEVEL_AVX512 && cpu_avx512_kernel(&w, &kern)) {
+            if (cpu_level_hardware() >= CPU_LEVEL_AVX512 && !cpu_avx512_rows1(&w) && cpu_avx512_kernel(&w, &kern)) {
                 for (int t = 0; t < 2; t++) kern.rows(&w, 0, n, xq + t * (k / 32), y1 + t * n);
                 for (int64_t i = 0; i < 2 * n; i++)
                     if (memcmp(&y1[i], &y2[i], sizeof(float)))
@@ -594,6 +617,7 @@ int main(void) {
         cmocka_unit_test(test_mlx_affine),
         cmocka_unit_test(test_prefill_tiles_long_k),
         cmocka_unit_test(test_k_quants_beyond_staged_k),
+        cmocka_unit_test(test_avx512_decode_rows_staged_k),
         cmocka_unit_test(test_avx2_decode_rows_match_tiles),
         cmocka_unit_test(test_dense_tiles_match_rows),
         cmocka_unit_test(test_fused_matches_separate),

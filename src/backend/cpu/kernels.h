@@ -4,6 +4,7 @@
 #ifndef HEARTH_BACKEND_CPU_KERNELS_H
 #define HEARTH_BACKEND_CPU_KERNELS_H
 #include "backend/cpu/matmul.h"
+#include <string.h>
 
 /* One activation block of 32 values quantized to int8 (q = round(x / d), d = amax / 127),
  * with the sums of q over each half, which the unsigned-weight formats need to undo their
@@ -59,6 +60,9 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out);
 /* The AVX2 one-row decode kernel built with AVX-512 VNNI dots (same bits as its AVX2 form),
  * for the formats that have one (Q4_0, Q4_1), else NULL; only on CPUs with AVX-512 VNNI. */
 cpu_rows_fn cpu_avx2_vnni_rows(const cpu_weight *w);
+/* The 512-bit one-row decode kernel (kernels_avx512_rows.c) for the formats and K that have
+ * one (Q4_K, Q6_K up to K = 16384), else NULL; only on CPUs with AVX-512 VNNI. */
+cpu_rows_fn cpu_avx512_rows1(const cpu_weight *w);
 
 /* Quantizes a row of k floats (k a multiple of 32) to int8 blocks (per block d = amax / 127,
  * q = round-to-nearest-even(x / d) clamped to +-127), in order or CPU_ACT_Q8_EVENODD order.
@@ -67,6 +71,21 @@ void cpu_quantize_row_ref(const float *x, int64_t k, cpu_q8_block *out, int even
 void cpu_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
 void cpu_avx512_quantize_row(const float *x, int64_t k, cpu_q8_block *out); /* in-order only */
 void cpu_avx2_quantize_row(const float *x, int64_t k, cpu_q8_block *out);   /* in-order only */
+
+/* The eight 6-bit scales sc_c (byte c of *sc) and mins m_c (byte c of *mn) of a Q4_K / Q5_K
+ * super-block at blk (f16 d, f16 dmin, then 12 bytes): sub-blocks 0..3 are the low 6 bits
+ * of bytes 0..3 (scales) and 4..7 (mins); 4..7 a nibble of bytes 8..11 plus the top two bits
+ * of bytes 0..3 (scales) or 4..7 (mins). */
+static inline void cpu_q4k_scales_mins(const uint8_t *blk, uint64_t *sc, uint64_t *mn) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, blk + 4, 4);
+    memcpy(&u1, blk + 8, 4);
+    memcpy(&u2, blk + 12, 4);
+    uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u);
+    uint32_t mn_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
+    *sc = (uint64_t)(u0 & 0x3f3f3f3fu) | (uint64_t)sc_hi << 32;
+    *mn = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)mn_hi << 32;
+}
 
 /* Reads one MLX scale or bias (F32/F16/BF16) by element index. */
 float cpu_sb_load(tensor_dtype t, const void *p, int64_t i);

@@ -428,15 +428,9 @@ A2_INLINE void a2_k_act(const cpu_q8_block *xb, __m256 *dx, __m256 *xs) {
 /* Q4_K: the 6-bit scales sc_c as i16 [sc_0..sc_7 | sc_0..sc_7] and [dmin * m_c] for
  * c = 0..7 from a super-block header. */
 A2_INLINE void a2_q4k_scales(const uint8_t *blk, __m256i *sc16, __m256 *mn) {
-    uint32_t u0, u1, u2;
-    memcpy(&u0, blk + 4, 4);
-    memcpy(&u1, blk + 8, 4);
-    memcpy(&u2, blk + 12, 4);
-    /* sub-blocks 0..3: low 6 bits of bytes 0..3 (scales) and 4..7 (mins); 4..7: a nibble of
-     * bytes 8..11 plus the top two bits of bytes 0..3 (scales) or 4..7 (mins) */
-    uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u);
-    uint32_t mn_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
-    __m128i v = _mm_set_epi32((int)mn_hi, (int)(u1 & 0x3f3f3f3fu), (int)sc_hi, (int)(u0 & 0x3f3f3f3fu));
+    uint64_t sc, mins;
+    cpu_q4k_scales_mins(blk, &sc, &mins);
+    __m128i v = _mm_set_epi64x((long long)mins, (long long)sc);
     *sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(v, v));
     *mn =
         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))), _mm256_set1_ps(a2_f16(blk + 2)));

@@ -207,16 +207,8 @@ TILED_KERNELS(avx512_rows2_q8_0, avx512_tile2_q8_0, avx512_pair_tile, PAIR_Q8_0,
 
 /* [d*sc_c for c = 0..7, dmin*m_c for c = 0..7] from a Q4_K/Q5_K super-block header. */
 AVX512_INLINE __m512 avx512_k45_scales(const uint8_t *blk) {
-    uint32_t u0, u1, u2;
-    memcpy(&u0, blk + 4, 4);
-    memcpy(&u1, blk + 8, 4);
-    memcpy(&u2, blk + 12, 4);
-    /* sub-blocks 0..3: low 6 bits of bytes 0..3 (scales) and 4..7 (mins); 4..7: a nibble of
-     * bytes 8..11 plus the top two bits of bytes 0..3 (scales) or 4..7 (mins) */
-    uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u);
-    uint32_t mn_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
-    uint64_t sc = (uint64_t)(u0 & 0x3f3f3f3fu) | (uint64_t)sc_hi << 32;
-    uint64_t mn = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)mn_hi << 32;
+    uint64_t sc, mn;
+    cpu_q4k_scales_mins(blk, &sc, &mn);
     __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi64x((long long)mn, (long long)sc)));
     return _mm512_mul_ps(v, avx512_pair_f16(blk, blk + 2, 0)); /* [d x8, dmin x8] */
 }
@@ -731,7 +723,7 @@ static int avx512_row1_decode(void) {
     static int on = -1;
     if (on < 0) {
         const char *e = getenv("HEARTH_CPU_DECODE");
-        on = e && !strcmp(e, "avx512") ? 0 : e && !strcmp(e, "avx2") ? 2 : 1;
+        on = !e ? 1 : !strcmp(e, "avx512") ? 0 : !strcmp(e, "avx2") ? 2 : !strcmp(e, "avx2vnni") ? 3 : 1;
     }
     return on;
 }
@@ -772,7 +764,10 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
     if (avx512_row1_decode() && (w->dtype == DT_Q4_0 || w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ||
                                  w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) &&
         cpu_avx2_kernel(w, &a2) && a2.act == CPU_ACT_Q8)
-        f = avx512_row1_decode() == 1 && cpu_avx2_vnni_rows(w) ? cpu_avx2_vnni_rows(w) : a2.rows;
+        f = avx512_row1_decode() == 2                             ? a2.rows
+            : avx512_row1_decode() == 1 && cpu_avx512_rows1(w) ? cpu_avx512_rows1(w)
+            : cpu_avx2_vnni_rows(w)                             ? cpu_avx2_vnni_rows(w)
+                                                                : a2.rows;
     *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small};
     return 1;
 }

@@ -1,0 +1,280 @@
+/* kernels_avx512_rows.c: 512-bit one-row decode (T = 1) kernels for Q8_0, Q4_K and Q6_K,
+ * chosen by kernels_avx512.c on CPUs with AVX-512 VNNI. One weight row at a time (one
+ * sequential stream per thread, which the hardware prefetcher follows best), 64 weight bytes
+ * per zmm, activations staged once per call in the order the weights' nibbles come in. Must
+ * not use extensions beyond F/BW/VL/VNNI, like kernels_avx512.c. */
+#include "backend/cpu/kernels.h"
+#include <immintrin.h>
+#include <string.h>
+
+#define R1_TARGET "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+#define R1_INLINE __attribute__((target(R1_TARGET), always_inline)) static inline
+
+/* Why these exist (2-vCPU AMD EPYC Zen 4, 2026-12-03, bench/kernels/matvec_bench, one thread,
+ * weights in L2): one core streams 29 GB/s from DRAM, but the 256-bit one-row kernels computed
+ * only 12.5-14 (Q4_K), 16-17 (Q6_K) and 18-25 (Q8_0, K = 2048) GB/s: ~100 instructions per
+ * Q4_K super-block, most of them per 32-element block (a scale shuffle, an activation-scale
+ * broadcast, a pair of integer dots, a conversion and an FMA). Here a zmm holds two blocks,
+ * and the integer sums of eight blocks are folded into one vector before the float work:
+ * 18-19 (Q4_K), 26-27 (Q6_K), 33 (Q8_0) GB/s. The summation order differs from the 256-bit
+ * kernels (test_cpu_matmul checks both against the scalar reference). */
+
+/* Super-blocks whose staged activations fit the stack (K <= 16384, 33 KiB): larger K keeps
+ * the 256-bit rows kernel (cpu_avx512_rows1 returns NULL). */
+#define R1_MAX_SB 64
+
+/* Software prefetch distance: about two rows of 1B-class weights ahead, as the 256-bit rows
+ * kernels do (a2_prefetch_distance), capped so the lines are still in L1/L2 when used. */
+R1_INLINE int64_t r1_prefetch_distance(int64_t row_bytes) {
+    int64_t d = 2 * row_bytes;
+    return d < 1024 ? 1024 : d > 8192 ? 8192 : d;
+}
+
+/* 64 int8 activations of blocks b0 and b1 (b0's 32 in the low half). */
+R1_INLINE __m512i r1_pair_q(const cpu_q8_block *b0, const cpu_q8_block *b1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b0->q)),
+                              _mm256_loadu_si256((const __m256i *)b1->q), 1);
+}
+
+/* ---- Q4_K: 144 bytes per 256 weights: f16 d, f16 dmin, 12 bytes of 6-bit scales sc_c and
+ * mins m_c (c = 0..7), then 128 bytes where byte i of 32-byte chunk j holds element i of
+ * sub-block 2j (low nibble) and of 2j + 1 (high). w = d * sc_c * q - dmin * m_c.
+ * zmm u (0, 1) holds chunks 2u, 2u + 1: its low nibbles are sub-blocks [4u | 4u + 2], its
+ * high nibbles [4u + 1 | 4u + 3], so the staged activations come in those four pairs. The
+ * four vpdpbusd lane sums are then folded in the integer domain (shuffles and adds, off the
+ * multiply pipes) into one vector of per-sub-block sums, and only that one is converted and
+ * scaled: lanes [c0 c1 c4 c5 | c0 c1 c4 c5 | c2 c3 c6 c7 | c2 c3 c6 c7], each sub-block's sum
+ * split over two lanes (elements 0-15 and 16-31). */
+typedef struct r1_q4k_act {
+    __m512i q[4]; /* sub-block pairs (0,2) (1,3) (4,6) (5,7) */
+    __m512 d;     /* the activation scale of each lane of the folded sums */
+    __m256 xs;    /* dx_c * sum(x_c), c = 0..7: the mins' term */
+} r1_q4k_act;
+
+/* The folded lane order: sub-block of lane l. */
+static const int r1_q4k_lane[16] = {0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7};
+
+R1_INLINE void r1_q4k_prepare(const cpu_q8_block *x, int64_t nsb, r1_q4k_act *a) {
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const cpu_q8_block *xb = x + sb * 8;
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            int c = (i >> 1) * 4 + (i & 1); /* 0, 1, 4, 5 with partner c + 2 */
+            a[sb].q[i] = r1_pair_q(&xb[c], &xb[c + 2]);
+        }
+        float d[16], xs[8];
+        for (int l = 0; l < 16; l++) d[l] = xb[r1_q4k_lane[l]].d;
+        for (int c = 0; c < 8; c++) xs[c] = xb[c].d * (float)(xb[c].sum16[0] + xb[c].sum16[1]);
+        a[sb].d = _mm512_loadu_ps(d);
+        a[sb].xs = _mm256_loadu_ps(xs);
+    }
+}
+
+/* Folds the lane sums of the four pair dots into r1_q4k_lane order (exact: |sum| < 2^17). */
+R1_INLINE __m512i r1_fold4(__m512i p0, __m512i p1, __m512i p2, __m512i p3) {
+    __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
+    __m512i b = _mm512_add_epi32(_mm512_unpacklo_epi32(p2, p3), _mm512_unpackhi_epi32(p2, p3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+
+__attribute__((target(R1_TARGET))) static void r1_rows_q4_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                            float *y) {
+    int64_t nsb = w->k / 256, rb = nsb * 144, pf = r1_prefetch_distance(rb);
+    r1_q4k_act a[R1_MAX_SB];
+    if (n0 >= n1) return;
+    r1_q4k_prepare(xv, nsb, a);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lane = _mm512_loadu_si512((const void *)r1_q4k_lane);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        __m512 acc = _mm512_setzero_ps();
+        __m256 accm = _mm256_setzero_ps();
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            const uint8_t *blk = row + sb * 144;
+            _mm_prefetch((const char *)blk + pf, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + pf + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + pf + 128, _MM_HINT_T0);
+            uint32_t dm;
+            uint64_t sc, mins;
+            memcpy(&dm, blk, 4);
+            cpu_q4k_scales_mins(blk, &sc, &mins);
+            __m128i v = _mm_set_epi64x((long long)mins, (long long)sc);
+            __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); /* sc_0..7 */
+            __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+            __m128 ddm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)); /* d, dmin */
+            accm = _mm256_fnmadd_ps(_mm256_mul_ps(mn, _mm256_broadcastss_ps(_mm_movehdup_ps(ddm))), a[sb].xs, accm);
+            __m512 scale =
+                _mm512_permutexvar_ps(lane, _mm512_castps256_ps512(_mm256_mul_ps(f, _mm256_broadcastss_ps(ddm))));
+            __m512i raw0 = _mm512_loadu_si512((const void *)(blk + 16));
+            __m512i raw1 = _mm512_loadu_si512((const void *)(blk + 80));
+            __m512i z = _mm512_setzero_si512();
+            __m512i p0 = _mm512_dpbusd_epi32(z, _mm512_and_si512(raw0, m4), a[sb].q[0]);
+            __m512i p1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4), a[sb].q[1]);
+            __m512i p2 = _mm512_dpbusd_epi32(z, _mm512_and_si512(raw1, m4), a[sb].q[2]);
+            __m512i p3 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4), a[sb].q[3]);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r1_fold4(p0, p1, p2, p3)), _mm512_mul_ps(scale, a[sb].d), acc);
+        }
+        __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
+        m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        y[n] = _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(m);
+    }
+}
+
+/* ---- Q6_K: 210 bytes per 256 weights: ql[128] low nibbles, qh[64] high two bits, 16 int8
+ * scales (one per 16 elements), f16 d; stored q + 32. Half h (128 elements) takes ql[64h..+64)
+ * as one zmm Z and qh[32h..+32): zmm A = low nibbles of Z with qh bits (<< 4 | << 2) is
+ * elements 0..63 of the half (activation blocks 4h, 4h + 1), zmm B = high nibbles with qh
+ * bits (>> 0 | >> 2) elements 64..127 (blocks 4h + 2, 4h + 3). Each 128-bit lane of a dot is
+ * one 16-element scale group, so r1_fold4(A0, B0, A1, B1) has group 4j + k in lane 4k + j:
+ * the 16 full group sums, no lane wasted. The stored + 32 is taken off in the integer domain
+ * (- 32 * the group's activation sum, staged). */
+typedef struct r1_q6k_act {
+    __m512i q[4]; /* blocks (0,1) (2,3) (4,5) (6,7): A0, B0, A1, B1 */
+    __m512i off;  /* -32 * sum(x) of each lane's group */
+    __m512 d;     /* the activation scale of each lane's group */
+} r1_q6k_act;
+
+/* Scale group of folded lane l (= 4k + j). */
+static const int r1_q6k_group[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+R1_INLINE void r1_q6k_prepare(const cpu_q8_block *x, int64_t nsb, r1_q6k_act *a) {
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const cpu_q8_block *xb = x + sb * 8;
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) a[sb].q[i] = r1_pair_q(&xb[2 * i], &xb[2 * i + 1]);
+        int32_t off[16];
+        float d[16];
+        for (int l = 0; l < 16; l++) {
+            int g = r1_q6k_group[l];
+            off[l] = -32 * xb[g / 2].sum16[g % 2];
+            d[l] = xb[g / 2].d;
+        }
+        a[sb].off = _mm512_loadu_si512((const void *)off);
+        a[sb].d = _mm512_loadu_ps(d);
+    }
+}
+
+__attribute__((target(R1_TARGET))) static void r1_rows_q6_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                            float *y) {
+    int64_t nsb = w->k / 256, rb = nsb * 210, pf = r1_prefetch_distance(rb);
+    r1_q6k_act a[R1_MAX_SB];
+    if (n0 >= n1) return;
+    r1_q6k_prepare(xv, nsb, a);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i group = _mm512_loadu_si512((const void *)r1_q6k_group);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            const uint8_t *blk = row + sb * 210;
+            _mm_prefetch((const char *)blk + pf, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + pf + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + pf + 128, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + pf + 192, _MM_HINT_T0);
+            __m512i p[4];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m512i z = _mm512_loadu_si512((const void *)(blk + 64 * h));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+                /* [qh << 2 | qh]: << 2 puts bits (0,1) (low half) or (2,3) (high) at 4, 5 for A;
+                 * >> 2 puts bits (4,5) (low) or (6,7) (high) there for B */
+                __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_slli_epi16(qh, 2)), qh, 1);
+                __m512i qa = _mm512_or_si512(_mm512_and_si512(z, m4), _mm512_and_si512(_mm512_slli_epi16(qq, 2), m30));
+                __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(z, 4), m4),
+                                             _mm512_and_si512(_mm512_srli_epi16(qq, 2), m30));
+                /* q <= 63, |x| <= 127: a lane's four products < 2^15 */
+                p[2 * h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qa, a[sb].q[2 * h]);
+                p[2 * h + 1] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qb, a[sb].q[2 * h + 1]);
+            }
+            /* group sums (< 2^18) less 32 * sum(x): exact in int32 and as floats */
+            __m512i g = _mm512_add_epi32(r1_fold4(p[0], p[1], p[2], p[3]), a[sb].off);
+            __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192))));
+            uint16_t dh;
+            memcpy(&dh, blk + 208, 2);
+            __m512 dd = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dh)));
+            __m512 f = _mm512_mul_ps(_mm512_permutexvar_ps(group, _mm512_mul_ps(sc, dd)), a[sb].d);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(g), f, acc);
+        }
+        y[n] = _mm512_reduce_add_ps(acc);
+    }
+}
+
+/* ---- Q8_0: 34 bytes per 32 weights: f16 d, then 32 int8. A zmm holds two consecutive blocks
+ * in element order, read as unsigned (xor 0x80: offset 128), so a pair is one vpdpbusd
+ * against the activations as they come. Eight blocks (four pairs) fold into one vector
+ * (r1_fold4: lane 4k + j is half k % 2 of block 2j + k / 2), where the offset, the weights'
+ * d and the activations' d apply once per lane. Only for K a multiple of 256 (whole groups):
+ * with SmolLM2's K = 576 (two groups and two blocks) this measured no faster than the
+ * 256-bit rows kernel (~21-24 vs ~25 GB/s from L2, one thread), and the same scheme for Q4_0
+ * measured no faster at any K (K = 2048: 13.7-16.7 vs 15.6-22.6 GB/s), so Q4_0 keeps it. */
+typedef struct r1_q8_act {
+    __m512i q[4]; /* pairs (0,1) (2,3) (4,5) (6,7) of the group's activation blocks */
+    __m512i off;  /* -128 * sum(x) of each folded lane's half block */
+    __m512 d;     /* the activation scale of each folded lane */
+} r1_q8_act;
+
+/* Block of folded lane l within its group (r1_fold4's order). */
+static const int r1_q8_block[16] = {0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7};
+
+R1_INLINE void r1_q8_prepare(const cpu_q8_block *x, int64_t ng, r1_q8_act *a) {
+    for (int64_t g = 0; g < ng; g++) {
+        const cpu_q8_block *xb = x + 8 * g;
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) a[g].q[i] = r1_pair_q(&xb[2 * i], &xb[2 * i + 1]);
+        int32_t off[16];
+        float d[16];
+        for (int l = 0; l < 16; l++) {
+            const cpu_q8_block *b = &xb[r1_q8_block[l]];
+            off[l] = -128 * b->sum16[(l >> 2) & 1]; /* lanes 4-7, 12-15: the blocks' second halves */
+            d[l] = b->d;
+        }
+        a[g].off = _mm512_loadu_si512((const void *)off);
+        a[g].d = _mm512_loadu_ps(d);
+    }
+}
+
+__attribute__((target(R1_TARGET))) static void r1_rows_q8_0(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                            float *y) {
+    int64_t nb = w->k / 32, ng = nb / 8, rb = nb * 34, pf = r1_prefetch_distance(rb);
+    r1_q8_act a[R1_MAX_SB];
+    if (n0 >= n1) return;
+    r1_q8_prepare(xv, ng, a);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i dup = _mm512_set_epi32(7, 6, 5, 4, 7, 6, 5, 4, 3, 2, 1, 0, 3, 2, 1, 0);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const uint8_t *p = row + g * 8 * 34;
+            for (int off = 0; off < 8 * 34; off += 64) _mm_prefetch((const char *)p + pf + off, _MM_HINT_T0);
+            __m512i q[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const uint8_t *p0 = p + 2 * i * 34;
+                __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0 + 2))),
+                                               _mm256_loadu_si256((const __m256i *)(p0 + 36)), 1);
+                q[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(z, flip), a[g].q[i]);
+            }
+            /* the weights' d in folded order: [b0 b2 b4 b6 b1 b3 b5 b7] */
+            uint16_t dh[8];
+#pragma GCC unroll 8
+            for (int b = 0; b < 8; b++) memcpy(&dh[(b & 1) * 4 + b / 2], p + b * 34, 2);
+            __m512 dw = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)));
+            /* half-block sums < 2^20 (16 x 255 x 127), less the offsets: exact, also as floats */
+            __m512i s = _mm512_add_epi32(r1_fold4(q[0], q[1], q[2], q[3]), a[g].off);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_permutexvar_ps(dup, dw), a[g].d), acc);
+        }
+        y[n] = _mm512_reduce_add_ps(acc);
+    }
+}
+
+cpu_rows_fn cpu_avx512_rows1(const cpu_weight *w) {
+    if (w->k <= 0 || w->k % 256 || w->k / 256 > R1_MAX_SB) return NULL;
+    switch (w->dtype) {
+    case DT_Q8_0: return r1_rows_q8_0;
+    case DT_Q4_K: return r1_rows_q4_k;
+    case DT_Q6_K: return r1_rows_q6_k;
+    default: return NULL;
+    }
+}

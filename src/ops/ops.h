@@ -38,6 +38,7 @@ typedef struct ops_attention_args {
     float scale;
     float *scratch; /* tp_threads(tp) * ops_attention_scratch(kv) floats */
     const struct ops_attention_kernels *kernels; /* set by ops_attention (ISA level, KV storage) */
+    int heads_per_task; /* set by ops_attention: query heads of one KV head that a task takes */
 } ops_attention_args;
 size_t ops_attention_scratch(const kv_cache *kv);
 void ops_attention(const ops_attention_args *a, threadpool *tp);

@@ -122,10 +122,11 @@ static void test_attention_matches_naive(void **state) {
  * same tokens one at a time (one task per (token, head)) and against naive(). The batch:
  * a prefill chunk of slot 0 starting inside a KV block, one of slot 1, a decode token of
  * slot 2, back to back, so tiles straddle sequences and T is not a multiple of any tile.
- * The tile path wants 4 tiles per thread: with 2 KV heads a lone token makes at most 4
- * (group 20: two head chunks), too few for the 2 threads it runs on, and the 45-token batch
- * at least 6 (group 1: 16 tokens per tile), enough for 1 thread; so the two calls take the
- * two paths with 1 batch thread, and with 2 for every group but 1. */
+ * The AVX2 tile path takes a call with at least one tile per thread: with 2 KV heads a lone
+ * token makes at most 4 (group 20: two head chunks), fewer than the 8 threads it runs on,
+ * and the 45-token batch at least 6 (group 1: 16 tokens per tile), enough for its 1 or 2; so
+ * the two calls take the two paths. On AVX-512 both take the grouped kernel, the lone token
+ * with its query heads split over tasks (fewer KV heads than threads). */
 static void check_tiles(int head_dim, int group, int window, int context, threadpool *tp_batch,
                         threadpool *tp_single) {
     enum { LAYERS = 2, KVH = 2, SLOTS = 3, TMAX = 45 };
@@ -192,9 +193,10 @@ static void check_tiles(int head_dim, int group, int window, int context, thread
 
 static void test_attention_tiles_match_tokens(void **state) {
     (void)state;
-    threadpool *tps[2];
+    threadpool *tps[3];
     assert_int_equal(tp_create(1, &tps[0], NULL), HEARTH_OK);
     assert_int_equal(tp_create(2, &tps[1], NULL), HEARTH_OK);
+    assert_int_equal(tp_create(8, &tps[2], NULL), HEARTH_OK); /* the lone tokens (check_tiles) */
     static const char *levels[] = {"scalar", "avx2", "avx512"};
     /* groups: MHA, Gemma 3's 4, Llama 3's 8, and 20 > ATT_TILE_ROWS (a group cut in two) */
     static const int dims[] = {64, 80, 256}, groups[] = {1, 4, 8, 20}, windows[] = {0, 37};
@@ -204,14 +206,13 @@ static void test_attention_tiles_match_tokens(void **state) {
             for (int gi = 0; gi < 4; gi++)
                 for (int wi = 0; wi < 2; wi++)
                     for (int th = 0; th < 2; th++)
-                        check_tiles(dims[di], groups[gi], windows[wi], 300, tps[th], tps[1]);
+                        check_tiles(dims[di], groups[gi], windows[wi], 300, tps[th], tps[2]);
         /* a context past the tile's 2048 positions of scratch per row: rows of slot 1 see
          * ~2500 positions and go one per tile */
-        check_tiles(64, 4, 0, 2600, tps[0], tps[1]);
+        check_tiles(64, 4, 0, 2600, tps[0], tps[2]);
     }
     unsetenv("HEARTH_CPU");
-    tp_destroy(tps[0]);
-    tp_destroy(tps[1]);
+    for (int i = 0; i < 3; i++) tp_destroy(tps[i]);
 }
 
 static void test_activations_match_double(void **state) {

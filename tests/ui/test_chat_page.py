@@ -45,18 +45,28 @@ def test_streamed_answer_then_reload(page):
     expect(pg.locator("#model")).to_contain_text("SmolLM2", timeout=10000)
     assert pg.evaluate("document.activeElement.id") == "prompt", "the page must start in the message box"
     set_greedy(pg, 60)
-    # record every text the answer shows while it streams
+    # record every text the answer shows while it streams, and every time the page shows
+    # Stop (its assignments to stop.hidden): a short answer can start and finish between two
+    # polls of a wait for that transient state (a clean-clone CI run timed out waiting for
+    # #stop to be visible while the answer was already done)
     pg.evaluate("""() => { window.__seen = []; new MutationObserver(() => {
         const b = [...document.querySelectorAll('article.msg.assistant .body')].pop();
         if (b && b.textContent && window.__seen[window.__seen.length - 1] !== b.textContent)
           window.__seen.push(b.textContent); }).observe(document.getElementById('messages'),
-        {subtree: true, childList: true, characterData: true}); }""")
+        {subtree: true, childList: true, characterData: true});
+        const stop = document.getElementById('stop'), send = document.getElementById('send');
+        const hidden = Object.getOwnPropertyDescriptor(HTMLElement.prototype, 'hidden');
+        window.__stop_shown = false; window.__send_hidden_with_stop = false;
+        Object.defineProperty(stop, 'hidden', {configurable: true, get() { return hidden.get.call(this); },
+          set(v) { if (!v) { window.__stop_shown = true; if (send.hidden) window.__send_hidden_with_stop = true; }
+                   hidden.set.call(this, v); }}); }""")
     pg.focus("#prompt")
     pg.keyboard.type(QUESTION)
     pg.keyboard.press("Enter")
-    pg.wait_for_selector("#stop:not([hidden])", timeout=10000)
     shot(pg, "01-streaming")
+    pg.wait_for_function("window.__stop_shown", timeout=10000)
     pg.wait_for_selector("#send:not([hidden])", timeout=60000)
+    assert pg.evaluate("window.__send_hidden_with_stop"), "Send must give way to Stop while the answer streams"
     answer = last_answer(pg).inner_text()
     shot(pg, "02-answer")
     assert "Paris" in answer, answer

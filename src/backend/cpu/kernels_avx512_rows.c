@@ -11,16 +11,17 @@
 #define R1_INLINE __attribute__((target(R1_TARGET), always_inline)) static inline
 
 /* Why these exist (2-vCPU AMD EPYC Zen 4, 2026-12-03, bench/kernels/matvec_bench, one thread,
- * weights in L2): one core streams 29 GB/s from DRAM, but the 256-bit one-row kernels computed
- * only 12.5-14 (Q4_K), 16-17 (Q6_K) and 18-25 (Q8_0, K = 2048) GB/s: ~100 instructions per
- * Q4_K super-block, most of them per 32-element block (a scale shuffle, an activation-scale
- * broadcast, a pair of integer dots, a conversion and an FMA). Here a zmm holds two blocks,
- * and the integer sums of eight blocks are folded into one vector before the float work:
- * 18-19 (Q4_K), 26-27 (Q6_K), 33 (Q8_0) GB/s. The summation order differs from the 256-bit
- * kernels (test_cpu_matmul checks both against the scalar reference). */
+ * 512 x 2048 weights in L2, medians of 3): one core streams 29 GB/s from DRAM, but the 256-bit
+ * one-row kernels computed only 13.3 (Q4_K), 20.5 (Q6_K) and 18.4 (Q8_0) GB/s: ~100
+ * instructions per Q4_K super-block, most of them per 32-element block (a scale shuffle, an
+ * activation-scale broadcast, a pair of integer dots, a conversion and an FMA). Here a zmm
+ * holds two blocks, and the integer sums of eight blocks are folded into one vector before
+ * the float work: 17.5, 24.5 and 29.9 GB/s (bench/results/cpu_avx512_rows.md, with the DRAM
+ * rows). The summation order differs from the 256-bit kernels (test_cpu_matmul checks both
+ * against the scalar reference). */
 
-/* Super-blocks whose staged activations fit the stack (K <= 16384, 33 KiB): larger K keeps
- * the 256-bit rows kernel (cpu_avx512_rows1 returns NULL). */
+/* Super-blocks whose staged activations fit the stack (K <= 16384: 64 x 384 bytes, 24 KiB):
+ * larger K keeps the 256-bit rows kernel (cpu_avx512_rows1 returns NULL). */
 #define R1_MAX_SB 64
 
 /* Software prefetch distance: about two rows of 1B-class weights ahead, as the 256-bit rows

@@ -61,7 +61,8 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out);
  * for the formats that have one (Q4_0, Q4_1), else NULL; only on CPUs with AVX-512 VNNI. */
 cpu_rows_fn cpu_avx2_vnni_rows(const cpu_weight *w);
 /* The 512-bit one-row decode kernel (kernels_avx512_rows.c) for the formats and K that have
- * one (Q4_K, Q6_K up to K = 16384), else NULL; only on CPUs with AVX-512 VNNI. */
+ * one (Q8_0, Q4_K, Q6_K; K a multiple of 256 up to 16384), else NULL; only on CPUs with
+ * AVX-512 VNNI. */
 cpu_rows_fn cpu_avx512_rows1(const cpu_weight *w);
 
 /* Quantizes a row of k floats (k a multiple of 32) to int8 blocks (per block d = amax / 127,

@@ -758,16 +758,18 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
      * 1B Q4_0 21.6 -> 28.2, 1B Q4_K_M 17.7 -> 26.1, SmolLM2-135M Q8_0 88.1 -> 141.1; the
      * four side-by-side row streams of a 4-row pass are what loses, as on Zen 3 (kernels_avx2.c).
      * Prefill keeps the 512-bit tiles (1B Q4_0 prefill 150 vs 106 tok/s with the AVX2 ones).
-     * HEARTH_CPU_DECODE=avx512 keeps these 4-row kernels for decode, =avx2 the AVX2 rows without
- * VNNI (A/B runs). */
+     * Where kernels_avx512_rows.c has a 512-bit one-row kernel (Q8_0, Q4_K, Q6_K), that one.
+     * HEARTH_CPU_DECODE=avx512 keeps these 4-row kernels for decode, =avx2vnni the 256-bit
+     * one-row kernels for every format, =avx2 those without VNNI (A/B runs). */
     cpu_kernel a2;
     if (avx512_row1_decode() && (w->dtype == DT_Q4_0 || w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ||
                                  w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) &&
-        cpu_avx2_kernel(w, &a2) && a2.act == CPU_ACT_Q8)
-        f = avx512_row1_decode() == 2                             ? a2.rows
-            : avx512_row1_decode() == 1 && cpu_avx512_rows1(w) ? cpu_avx512_rows1(w)
-            : cpu_avx2_vnni_rows(w)                             ? cpu_avx2_vnni_rows(w)
-                                                                : a2.rows;
+        cpu_avx2_kernel(w, &a2) && a2.act == CPU_ACT_Q8) {
+        int mode = avx512_row1_decode(); /* 1 default, 2 avx2, 3 avx2vnni */
+        cpu_rows_fn r = mode == 1 ? cpu_avx512_rows1(w) : NULL;
+        if (!r && mode != 2) r = cpu_avx2_vnni_rows(w);
+        f = r ? r : a2.rows;
+    }
     *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small};
     return 1;
 }

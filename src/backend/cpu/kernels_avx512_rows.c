@@ -78,6 +78,38 @@ R1_INLINE __m512i r1_fold4(__m512i p0, __m512i p1, __m512i p2, __m512i p3) {
     return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
 }
 
+/* Eight consecutive activation blocks staged for kernels whose zmm pairs are blocks (0,1)
+ * (2,3) (4,5) (6,7) (Q6_K, Q8_0). Lane 4k + j of r1_fold4 over the four pair dots sums 128-bit
+ * lane k of pair j, which is half-block 4j + k (16 values: half (4j + k) % 2 of block
+ * (4j + k) / 2), so the offsets and scales are staged in that order. */
+typedef struct r1_oct_act {
+    __m512i q[4]; /* the pairs' 64 int8 activations */
+    __m512i off;  /* -offset * sum(x) of each folded lane's half block */
+    __m512 d;     /* the activation scale of each folded lane */
+} r1_oct_act;
+
+/* Half-block of folded lane l. */
+static const int r1_oct_half[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+/* Stages n groups of eight blocks; offset is the weights' stored offset (Q6_K 32, Q8_0 read
+ * as unsigned 128). */
+R1_INLINE void r1_oct_prepare(const cpu_q8_block *x, int64_t n, int offset, r1_oct_act *a) {
+    for (int64_t g = 0; g < n; g++) {
+        const cpu_q8_block *xb = x + g * 8;
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) a[g].q[i] = r1_pair_q(&xb[2 * i], &xb[2 * i + 1]);
+        int32_t off[16];
+        float d[16];
+        for (int l = 0; l < 16; l++) {
+            int h = r1_oct_half[l];
+            off[l] = -offset * xb[h / 2].sum16[h % 2];
+            d[l] = xb[h / 2].d;
+        }
+        a[g].off = _mm512_loadu_si512((const void *)off);
+        a[g].d = _mm512_loadu_ps(d);
+    }
+}
+
 __attribute__((target(R1_TARGET))) static void r1_rows_q4_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     int64_t nsb = w->k / 256, rb = nsb * 144, pf = r1_prefetch_distance(rb);
@@ -127,43 +159,17 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q4_k(const cpu_weight *w,
  * as one zmm Z and qh[32h..+32): zmm A = low nibbles of Z with qh bits (<< 4 | << 2) is
  * elements 0..63 of the half (activation blocks 4h, 4h + 1), zmm B = high nibbles with qh
  * bits (>> 0 | >> 2) elements 64..127 (blocks 4h + 2, 4h + 3). Each 128-bit lane of a dot is
- * one 16-element scale group, so r1_fold4(A0, B0, A1, B1) has group 4j + k in lane 4k + j:
- * the 16 full group sums, no lane wasted. The stored + 32 is taken off in the integer domain
- * (- 32 * the group's activation sum, staged). */
-typedef struct r1_q6k_act {
-    __m512i q[4]; /* blocks (0,1) (2,3) (4,5) (6,7): A0, B0, A1, B1 */
-    __m512i off;  /* -32 * sum(x) of each lane's group */
-    __m512 d;     /* the activation scale of each lane's group */
-} r1_q6k_act;
-
-/* Scale group of folded lane l (= 4k + j). */
-static const int r1_q6k_group[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
-
-R1_INLINE void r1_q6k_prepare(const cpu_q8_block *x, int64_t nsb, r1_q6k_act *a) {
-    for (int64_t sb = 0; sb < nsb; sb++) {
-        const cpu_q8_block *xb = x + sb * 8;
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) a[sb].q[i] = r1_pair_q(&xb[2 * i], &xb[2 * i + 1]);
-        int32_t off[16];
-        float d[16];
-        for (int l = 0; l < 16; l++) {
-            int g = r1_q6k_group[l];
-            off[l] = -32 * xb[g / 2].sum16[g % 2];
-            d[l] = xb[g / 2].d;
-        }
-        a[sb].off = _mm512_loadu_si512((const void *)off);
-        a[sb].d = _mm512_loadu_ps(d);
-    }
-}
-
+ * one 16-element scale group (a half block), so r1_fold4(A0, B0, A1, B1) is the 16 full group
+ * sums in r1_oct_half order, no lane wasted. The stored + 32 is taken off in the integer
+ * domain (- 32 * the group's activation sum, staged). */
 __attribute__((target(R1_TARGET))) static void r1_rows_q6_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     int64_t nsb = w->k / 256, rb = nsb * 210, pf = r1_prefetch_distance(rb);
-    r1_q6k_act a[R1_MAX_SB];
+    r1_oct_act a[R1_MAX_SB];
     if (n0 >= n1) return;
-    r1_q6k_prepare(xv, nsb, a);
+    r1_oct_prepare(xv, nsb, 32, a);
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i group = _mm512_loadu_si512((const void *)r1_q6k_group);
+    const __m512i group = _mm512_loadu_si512((const void *)r1_oct_half);
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = (const uint8_t *)w->data + n * rb;
         __m512 acc = _mm512_setzero_ps();
@@ -203,44 +209,18 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q6_k(const cpu_weight *w,
 
 /* ---- Q8_0: 34 bytes per 32 weights: f16 d, then 32 int8. A zmm holds two consecutive blocks
  * in element order, read as unsigned (xor 0x80: offset 128), so a pair is one vpdpbusd
- * against the activations as they come. Eight blocks (four pairs) fold into one vector
- * (r1_fold4: lane 4k + j is half k % 2 of block 2j + k / 2), where the offset, the weights'
- * d and the activations' d apply once per lane. Only for K a multiple of 256 (whole groups):
+ * against the activations as they come. Eight blocks (four pairs) fold into one vector of
+ * half-block sums (r1_fold4, r1_oct_half order), where the offset, the weights' d and the
+ * activations' d apply once per lane. Only for K a multiple of 256 (whole groups):
  * with SmolLM2's K = 576 (two groups and two blocks) this measured no faster than the
  * 256-bit rows kernel (~21-24 vs ~25 GB/s from L2, one thread), and the same scheme for Q4_0
  * measured no faster at any K (K = 2048: 13.7-16.7 vs 15.6-22.6 GB/s), so Q4_0 keeps it. */
-typedef struct r1_q8_act {
-    __m512i q[4]; /* pairs (0,1) (2,3) (4,5) (6,7) of the group's activation blocks */
-    __m512i off;  /* -128 * sum(x) of each folded lane's half block */
-    __m512 d;     /* the activation scale of each folded lane */
-} r1_q8_act;
-
-/* Block of folded lane l within its group (r1_fold4's order). */
-static const int r1_q8_block[16] = {0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7};
-
-R1_INLINE void r1_q8_prepare(const cpu_q8_block *x, int64_t ng, r1_q8_act *a) {
-    for (int64_t g = 0; g < ng; g++) {
-        const cpu_q8_block *xb = x + 8 * g;
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) a[g].q[i] = r1_pair_q(&xb[2 * i], &xb[2 * i + 1]);
-        int32_t off[16];
-        float d[16];
-        for (int l = 0; l < 16; l++) {
-            const cpu_q8_block *b = &xb[r1_q8_block[l]];
-            off[l] = -128 * b->sum16[(l >> 2) & 1]; /* lanes 4-7, 12-15: the blocks' second halves */
-            d[l] = b->d;
-        }
-        a[g].off = _mm512_loadu_si512((const void *)off);
-        a[g].d = _mm512_loadu_ps(d);
-    }
-}
-
 __attribute__((target(R1_TARGET))) static void r1_rows_q8_0(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     int64_t nb = w->k / 32, ng = nb / 8, rb = nb * 34, pf = r1_prefetch_distance(rb);
-    r1_q8_act a[R1_MAX_SB];
+    r1_oct_act a[R1_MAX_SB];
     if (n0 >= n1) return;
-    r1_q8_prepare(xv, ng, a);
+    r1_oct_prepare(xv, ng, 128, a);
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const __m512i dup = _mm512_set_epi32(7, 6, 5, 4, 7, 6, 5, 4, 3, 2, 1, 0, 3, 2, 1, 0);
     for (int64_t n = n0; n < n1; n++) {

@@ -37,7 +37,7 @@ hearth_status cuda_rope_qk(float *q, float *k, int T, int n_heads, int n_kv_head
     if (total == 0) return HEARTH_OK;
     if (total > (size_t)INT32_MAX * 256)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_rope_qk: %zu rotations in one launch", total);
-    pdl_launch(rope_qk_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), q, k, T, n_heads, n_kv_heads, head_dim,
+    pdl_launch_small(rope_qk_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), q, k, T, n_heads, n_kv_heads, head_dim,
                pos, inv_freq, adjacent);
     return cuda_launched("rope_qk", err);
 }
@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
     add_rmsnorm_q8_kernel(float *out, float *x, const float *delta, const float *w, float shift, int n, float eps,
                           int8_t *xq, float2 *xs) {
     pdl_trigger(); /* the GEMV after this may start prefetching its weights */
+    pdl_wait();    /* x and delta come from the kernels before (pdl_launch_small) */
     float *o = out + (size_t)blockIdx.x * n;
     int lane = threadIdx.x % 32;
     int8_t *qr = xq + (size_t)blockIdx.x * n;
@@ -64,8 +65,8 @@ hearth_status cuda_add_rmsnorm_q8(float *out, float *x, const float *delta, cons
                                   float eps, int8_t *xq, float *xs, hearth_error *err) {
     if (T <= 0 || n <= 0) return HEARTH_OK;
     if (n % 32) return err_set(err, HEARTH_ERR_INVALID, "cuda_add_rmsnorm_q8: row of %d (not a multiple of 32)", n);
-    add_rmsnorm_q8_kernel<<<T, NORM_THREADS, 0, cuda_stream()>>>(out, x, delta, w, shift, n, eps, xq,
-                                                                       (float2 *)xs);
+    pdl_launch_small(add_rmsnorm_q8_kernel, dim3((unsigned)T), dim3(NORM_THREADS), out, x, delta, w, shift, n, eps, xq,
+                     (float2 *)xs);
     return cuda_launched("add_rmsnorm_q8", err);
 }
 
@@ -74,6 +75,7 @@ hearth_status cuda_add_rmsnorm_q8(float *out, float *x, const float *delta, cons
 template <bool GELU>
 __global__ void __launch_bounds__(256) gated_q8_kernel(float *gate, const float *up, size_t n, int8_t *xq, float2 *xs) {
     pdl_trigger();
+    pdl_wait(); /* gate and up come from the GEMV before (pdl_launch_small) */
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return; /* whole warps: n % 32 == 0 */
     float v = GELU ? gelu_tanh_mul_value(gate[i], up[i]) : silu_mul_value(gate[i], up[i]);
@@ -88,8 +90,8 @@ hearth_status cuda_gated_q8(float *gate, const float *up, size_t n, int gelu, in
     if (n % 32) return err_set(err, HEARTH_ERR_INVALID, "cuda_gated_q8: %zu values (not a multiple of 32)", n);
     unsigned grid = (unsigned)((n + 255) / 256);
     if (gelu)
-        gated_q8_kernel<true><<<grid, 256, 0, cuda_stream()>>>(gate, up, n, xq, (float2 *)xs);
+        pdl_launch_small(gated_q8_kernel<true>, dim3(grid), dim3(256), gate, up, n, xq, (float2 *)xs);
     else
-        gated_q8_kernel<false><<<grid, 256, 0, cuda_stream()>>>(gate, up, n, xq, (float2 *)xs);
+        pdl_launch_small(gated_q8_kernel<false>, dim3(grid), dim3(256), gate, up, n, xq, (float2 *)xs);
     return cuda_launched("gated_q8", err);
 }

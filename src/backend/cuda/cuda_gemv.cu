@@ -545,6 +545,7 @@ void cuda_gemv_force_pdl(int mode) {
 
 hearth_status cuda_gemv_reserve(size_t floats, hearth_error *err) {
     (void)pdl_on(); /* its one device query happens here, at model creation, not inside a capture */
+    (void)pdl_small_on();
     cuda_mmq_prepare(); /* likewise the MMQ kernels' shared-memory opt-in */
     pthread_mutex_lock(&g_xlock);
     hearth_status st = reserve_locked(floats, err);

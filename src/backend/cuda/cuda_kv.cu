@@ -3,6 +3,7 @@
  * values (quantizing int8 / fp8 rows, rounding f16 ones, by cuda_kv_access.cuh's rules). Allocates only in
  * cuda_kv_alloc / cuda_kv_upload, which run once at start. */
 #include "backend/cuda/cuda_kv_access.cuh"
+#include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_rope.cuh"
 extern "C" {
 #include "backend/cuda/cuda_plan.h"
@@ -125,6 +126,8 @@ static __device__ __forceinline__ void kv_write_row(const cuda_kv &kv, int layer
 template <int KVQ>
 __global__ void __launch_bounds__(KVW_THREADS)
     kv_write_kernel(cuda_kv kv, int layer, const float *k, const float *v, const int32_t *pos, const int32_t *slot) {
+    pdl_wait(); /* k and v come from the kernels before (pdl_launch_small) */
+    pdl_trigger();
     int t = blockIdx.x, h = blockIdx.y;
     size_t off = ((size_t)t * kv.n_kv_heads + h) * kv.head_dim;
     kv_write_row<KVQ>(kv, layer, k + off, v + off, h, pos[t], slot[t]);
@@ -138,6 +141,8 @@ template <int KVQ>
 __global__ void __launch_bounds__(KVW_THREADS)
     rope_kv_write_kernel(cuda_kv kv, int layer, float *q, float *k, const float *v, int n_heads, const int32_t *pos,
                          const int32_t *slot, const float *inv_freq, int adjacent) {
+    pdl_wait(); /* q, k and v come from the q/k/v GEMV (pdl_launch_small) */
+    pdl_trigger();
     int t = blockIdx.x, h = blockIdx.y, d = kv.head_dim, half = d / 2, p = pos[t];
     if (h >= kv.n_kv_heads) {
         float *qh = q + ((size_t)t * n_heads + (h - kv.n_kv_heads)) * d;
@@ -160,8 +165,8 @@ hearth_status cuda_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float 
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_rope_kv_write: odd head_dim %d", dkv->head_dim);
     dim3 grid((unsigned)T, (unsigned)(dkv->n_kv_heads + n_heads));
     CUDA_KV_DISPATCH(dkv->quant, KVQ,
-                     rope_kv_write_kernel<KVQ><<<grid, KVW_THREADS, 0, cuda_stream()>>>(*dkv, layer, q, k, v, n_heads,
-                                                                                        pos, slot, inv_freq, adjacent));
+                     pdl_launch_small(rope_kv_write_kernel<KVQ>, grid, dim3(KVW_THREADS), *dkv, layer, q, k, v, n_heads,
+                                      pos, slot, inv_freq, adjacent));
     return cuda_launched("rope_kv_write", err);
 }
 
@@ -172,6 +177,6 @@ hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const
         return err_set(err, HEARTH_ERR_INVALID, "cuda_kv_write: layer %d of %d", layer, dkv->n_layers);
     dim3 grid((unsigned)T, (unsigned)dkv->n_kv_heads);
     CUDA_KV_DISPATCH(dkv->quant, KVQ,
-                     kv_write_kernel<KVQ><<<grid, KVW_THREADS, 0, cuda_stream()>>>(*dkv, layer, k, v, pos, slot));
+                     pdl_launch_small(kv_write_kernel<KVQ>, grid, dim3(KVW_THREADS), *dkv, layer, k, v, pos, slot));
     return cuda_launched("kv_write", err);
 }

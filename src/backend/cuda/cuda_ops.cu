@@ -17,6 +17,20 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
+int cuda_pdl_small_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("HEARTH_CUDA_PDL_SMALL"), *all = getenv("HEARTH_CUDA_PDL");
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
+            cudaGetLastError();
+            major = 0;
+        }
+        on = (!e || strcmp(e, "0")) && (!all || strcmp(all, "0")) && major >= 9;
+    }
+    return on;
+}
+
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -26,6 +40,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 /* One block of NORM_THREADS per row (cuda_norm.cuh). */
 __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, float shift, int n, float eps) {
     pdl_trigger(); /* a decode GEMV launched after this may start prefetching its weights */
+    pdl_wait(); /* a programmatic dependent (pdl_launch_small): inputs come from the kernel before */
     float *o = out + (size_t)blockIdx.x * n;
     /* x is not written: no delta */
     norm_row((float *)x + (size_t)blockIdx.x * n, NULL, w, shift, n, eps, [&](int i, float y) { o[i] = y; });
@@ -34,7 +49,7 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, float
 hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps,
                            hearth_error *err) {
     if (T <= 0 || n <= 0) return HEARTH_OK;
-    rmsnorm_kernel<<<T, NORM_THREADS, 0, cuda_stream()>>>(out, x, w, shift, n, eps);
+    pdl_launch_small(rmsnorm_kernel, dim3((unsigned)T), dim3(NORM_THREADS), out, x, w, shift, n, eps);
     return cuda_launched("rmsnorm", err);
 }
 
@@ -45,6 +60,7 @@ hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shi
 #define HEADNORM_ROWS 8
 __global__ void __launch_bounds__(HEADNORM_ROWS * 32)
     rmsnorm_heads_kernel(float *out, const float *x, const float *w, float shift, int rows, int n, float eps) {
+    pdl_wait();
     int row = blockIdx.x * HEADNORM_ROWS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     const float *xr = x + (size_t)row * n;
@@ -68,14 +84,15 @@ hearth_status cuda_rmsnorm_heads(float *out, const float *x, const float *w, flo
                                  hearth_error *err) {
     if (rows <= 0 || n <= 0) return HEARTH_OK;
     if (n > 256) return cuda_rmsnorm(out, x, w, shift, rows, n, eps, err);
-    rmsnorm_heads_kernel<<<(unsigned)((rows + HEADNORM_ROWS - 1) / HEADNORM_ROWS), HEADNORM_ROWS * 32, 0,
-                           cuda_stream()>>>(out, x, w, shift, rows, n, eps);
+    pdl_launch_small(rmsnorm_heads_kernel, dim3((unsigned)((rows + HEADNORM_ROWS - 1) / HEADNORM_ROWS)),
+                     dim3(HEADNORM_ROWS * 32), out, x, w, shift, rows, n, eps);
     return cuda_launched("rmsnorm_heads", err);
 }
 
 /* One thread per (token, head, pair). */
 __global__ void rope_kernel(float *x, int T, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
                             int adjacent) {
+    pdl_wait();
     int half = head_dim / 2;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x, total = (size_t)T * n_heads * half;
     if (idx >= total) return;
@@ -89,12 +106,14 @@ hearth_status cuda_rope(float *x, int T, int n_heads, int head_dim, const int32_
                         int adjacent, hearth_error *err) {
     size_t total = (size_t)T * n_heads * (head_dim / 2);
     if (total == 0) return HEARTH_OK;
-    rope_kernel<<<(unsigned)((total + 255) / 256), 256, 0, cuda_stream()>>>(x, T, n_heads, head_dim, pos, inv_freq, adjacent);
+    pdl_launch_small(rope_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), x, T, n_heads, head_dim, pos, inv_freq,
+                     adjacent);
     return cuda_launched("rope", err);
 }
 
 __global__ void silu_mul_kernel(float *gate, const float *up, size_t n) {
     pdl_trigger();
+    pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     gate[i] = silu_mul_value(gate[i], up[i]);
@@ -102,6 +121,7 @@ __global__ void silu_mul_kernel(float *gate, const float *up, size_t n) {
 
 __global__ void gelu_tanh_mul_kernel(float *gate, const float *up, size_t n) {
     pdl_trigger();
+    pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     gate[i] = gelu_tanh_mul_value(gate[i], up[i]);
@@ -109,13 +129,13 @@ __global__ void gelu_tanh_mul_kernel(float *gate, const float *up, size_t n) {
 
 hearth_status cuda_silu_mul(float *gate, const float *up, size_t n, hearth_error *err) {
     if (n == 0) return HEARTH_OK;
-    silu_mul_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(gate, up, n);
+    pdl_launch_small(silu_mul_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), gate, up, n);
     return cuda_launched("silu_mul", err);
 }
 
 hearth_status cuda_gelu_tanh_mul(float *gate, const float *up, size_t n, hearth_error *err) {
     if (n == 0) return HEARTH_OK;
-    gelu_tanh_mul_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(gate, up, n);
+    pdl_launch_small(gelu_tanh_mul_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), gate, up, n);
     return cuda_launched("gelu_tanh_mul", err);
 }
 
@@ -125,6 +145,7 @@ hearth_status cuda_gelu_tanh_mul(float *gate, const float *up, size_t n, hearth_
 __global__ void add_rmsnorm_kernel(float *out, float *x, const float *delta, const float *w, float shift, int n,
                                    float eps) {
     pdl_trigger();
+    pdl_wait();
     float *o = out + (size_t)blockIdx.x * n;
     norm_row(x + (size_t)blockIdx.x * n, delta + (size_t)blockIdx.x * n, w, shift, n, eps,
              [&](int i, float y) { o[i] = y; });
@@ -133,7 +154,7 @@ __global__ void add_rmsnorm_kernel(float *out, float *x, const float *delta, con
 hearth_status cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
                                float eps, hearth_error *err) {
     if (T <= 0 || n <= 0) return HEARTH_OK;
-    add_rmsnorm_kernel<<<T, NORM_THREADS, 0, cuda_stream()>>>(out, x, delta, w, shift, n, eps);
+    pdl_launch_small(add_rmsnorm_kernel, dim3((unsigned)T), dim3(NORM_THREADS), out, x, delta, w, shift, n, eps);
     return cuda_launched("add_rmsnorm", err);
 }
 
@@ -165,6 +186,7 @@ template <bool CHECKED>
 __global__ void __launch_bounds__(1024) argmax_kernel(const float *logits, int vocab, int32_t *out) {
     __shared__ argmax_pick s_w[32];
     __shared__ int bad;
+    pdl_wait();
     if (CHECKED && threadIdx.x == 0) bad = 0;
     if (CHECKED) __syncthreads();
     const float *r = logits + (size_t)blockIdx.x * vocab;
@@ -216,27 +238,30 @@ __global__ void __launch_bounds__(1024) argmax_kernel(const float *logits, int v
 
 hearth_status cuda_argmax(const float *logits, int rows, int vocab, int32_t *out, hearth_error *err) {
     if (rows <= 0 || vocab <= 0) return HEARTH_OK;
-    argmax_kernel<false><<<rows, 1024, 0, cuda_stream()>>>(logits, vocab, out);
+    pdl_launch_small(argmax_kernel<false>, dim3((unsigned)rows), dim3(1024), logits, vocab, out);
     return cuda_launched("argmax", err);
 }
 
 hearth_status cuda_argmax_checked(const float *logits, int rows, int vocab, int32_t *out, hearth_error *err) {
     if (rows <= 0 || vocab <= 0) return HEARTH_OK;
-    argmax_kernel<true><<<rows, 1024, 0, cuda_stream()>>>(logits, vocab, out);
+    pdl_launch_small(argmax_kernel<true>, dim3((unsigned)rows), dim3(1024), logits, vocab, out);
     return cuda_launched("argmax", err);
 }
 
 __global__ void add_kernel(float *y, const float *x, size_t n) {
+    pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
 }
 
 __global__ void add_bias_kernel(float *y, const float *bias, size_t total, int n) {
+    pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total) y[i] += bias[i % n];
 }
 
 __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *rows, int width) {
+    pdl_wait();
     const float *s = src + (size_t)rows[blockIdx.x] * width;
     float *d = dst + (size_t)blockIdx.x * width;
     for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
@@ -244,14 +269,14 @@ __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *
 
 hearth_status cuda_add(float *y, const float *x, size_t n, hearth_error *err) {
     if (n == 0) return HEARTH_OK;
-    add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(y, x, n);
+    pdl_launch_small(add_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), y, x, n);
     return cuda_launched("add", err);
 }
 
 hearth_status cuda_add_bias(float *y, const float *bias, int T, int n, hearth_error *err) {
     size_t total = (size_t)T * n;
     if (!bias || total == 0) return HEARTH_OK;
-    add_bias_kernel<<<(unsigned)((total + 255) / 256), 256, 0, cuda_stream()>>>(y, bias, total, n);
+    pdl_launch_small(add_bias_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), y, bias, total, n);
     return cuda_launched("add_bias", err);
 }
 
@@ -259,7 +284,7 @@ hearth_status cuda_add_bias(float *y, const float *bias, int T, int n, hearth_er
 hearth_status cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int n_rows, int width,
                                hearth_error *err) {
     if (n_rows <= 0) return HEARTH_OK;
-    gather_rows_kernel<<<n_rows, 256, 0, cuda_stream()>>>(dst, src, rows, width);
+    pdl_launch_small(gather_rows_kernel, dim3((unsigned)n_rows), dim3(256), dst, src, rows, width);
     return cuda_launched("gather_rows", err);
 }
 
@@ -364,6 +389,8 @@ __global__ void __launch_bounds__(DA_WARPS * 32)
     __shared__ float s_p[GM][DA_TILE];
     __shared__ float s_m[GM], s_l[GM], s_corr[GM];
     __shared__ float4 s_red[DA_WARPS][GM * NV * 32];
+    pdl_wait(); /* q and the new KV rows come from the kernels before */
+    pdl_trigger();
     int kvh = blockIdx.x, t = blockIdx.y, split = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int d = a.head_dim, G = a.n_heads / a.n_kv_heads, slot = a.slot[t];
     int p_end = a.pos[t], p_start = 0;
@@ -519,6 +546,7 @@ __global__ void __launch_bounds__(DA_WARPS * 32)
  * independent of each other (no chain of dependent reads). Fixed order throughout. */
 __global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int min_chunk) {
     pdl_trigger(); /* the o projection's GEMV may start prefetching its weights */
+    pdl_wait();    /* the split partials come from attention_decode */
     __shared__ float s_w[DA_SPLITS_MAX];
     int h = blockIdx.x, t = blockIdx.y, d = a.head_dim;
     const float *part = a.split_scratch + ((size_t)t * a.n_heads + h) * S_all * (size_t)(d + 4);
@@ -603,14 +631,14 @@ static hearth_status launch_decode_attention(const cuda_attention_args *a, heart
     unsigned threads = DA_WARPS * 32;
     CUDA_KV_DISPATCH(a->kv->quant, KVQ, {
         if (G <= 4 && nv == 1)
-            attention_decode_kernel<4, 1, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S, mc);
+            pdl_launch_small(attention_decode_kernel<4, 1, KVQ>, grid, dim3(threads), *a, *a->kv, S, mc);
         else if (G <= 4)
-            attention_decode_kernel<4, 2, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S, mc);
-        else attention_decode_kernel<8, 1, KVQ><<<grid, threads, 0, cuda_stream()>>>(*a, *a->kv, S, mc);
+            pdl_launch_small(attention_decode_kernel<4, 2, KVQ>, grid, dim3(threads), *a, *a->kv, S, mc);
+        else pdl_launch_small(attention_decode_kernel<8, 1, KVQ>, grid, dim3(threads), *a, *a->kv, S, mc);
     });
     if (cuda_launched("attention_decode", err)) return HEARTH_ERR_IO;
     if (S == 1) return HEARTH_OK;
-    attention_combine_kernel<<<dim3((unsigned)a->n_heads, (unsigned)a->T), 128, 0, cuda_stream()>>>(*a, S, mc);
+    pdl_launch_small(attention_combine_kernel, dim3((unsigned)a->n_heads, (unsigned)a->T), dim3(128), *a, S, mc);
     return cuda_launched("attention_combine", err);
 }
 

@@ -68,10 +68,18 @@ static inline int pdl_on(void) {
     return on;
 }
 
+/* 1 when the decode step's small kernels (norms, RoPE + KV write, attention and its merge,
+ * the gated product, bias, gather, argmax) are launched as programmatic dependents: each of
+ * them calls pdl_wait() before its first global access, so its blocks may be scheduled
+ * while the kernel before it drains. On by default on sm_90+ (HEARTH_CUDA_PDL_SMALL=0, or
+ * HEARTH_CUDA_PDL=0, turns it off); asked once, at model creation (cuda_gemv_reserve). */
+int cuda_pdl_small_on(void); /* cuda_ops.cu: one cached answer for every translation unit */
+static inline int pdl_small_on(void) { return cuda_pdl_small_on(); }
+
 /* kernel<<<grid, block, 0, cuda_stream()>>>(args...), as a programmatic dependent of the
- * previous kernel when pdl_on(); errors surface through cudaGetLastError as for <<<>>>. */
+ * previous kernel when `on`; errors surface through cudaGetLastError as for <<<>>>. */
 template <typename... P, typename... A>
-static inline void pdl_launch(void (*kernel)(P...), dim3 grid, dim3 block, A &&...args) {
+static inline void pdl_launch_if(int on, void (*kernel)(P...), dim3 grid, dim3 block, A &&...args) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -81,7 +89,19 @@ static inline void pdl_launch(void (*kernel)(P...), dim3 grid, dim3 block, A &&.
     cfg.dynamicSmemBytes = 0;
     cfg.stream = cuda_stream();
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_on() ? 1 : 0;
+    cfg.numAttrs = on ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+}
+
+/* pdl_launch_if(pdl_on(), ...): the GEMVs' switch. */
+template <typename... P, typename... A>
+static inline void pdl_launch(void (*kernel)(P...), dim3 grid, dim3 block, A &&...args) {
+    pdl_launch_if(pdl_on(), kernel, grid, block, std::forward<A>(args)...);
+}
+
+/* pdl_launch_if(pdl_small_on(), ...): the small kernels' switch. */
+template <typename... P, typename... A>
+static inline void pdl_launch_small(void (*kernel)(P...), dim3 grid, dim3 block, A &&...args) {
+    pdl_launch_if(pdl_small_on(), kernel, grid, block, std::forward<A>(args)...);
 }
 #endif

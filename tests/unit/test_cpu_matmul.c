@@ -223,13 +223,20 @@ static void check_case_ts(const wcase *c, int64_t n, int64_t k, const int *Ts, s
         float *y = malloc((size_t)(T * n) * sizeof *y);
         for (int64_t i = 0; i < T * k; i++) x[i] = rndf() * (i % 7 == 0 ? 4.0f : 1.0f); /* some outliers */
         for (int t = 0; t < T; t++) cpu_ref_rows(&w, 0, n, x + t * k, ref + t * n);
+        /* BF16 weights with vdpbf16ps round the activations to bf16 first: their oracle is the
+         * double-accumulated reference on those rounded activations, which leaves only the
+         * kernel's float summation order (bound 1e-5 * sum |w x|, as for the FMA kernels). */
+        float *xb = malloc((size_t)(T * k) * sizeof *xb), *refb = malloc((size_t)(T * n) * sizeof *refb);
+        for (int64_t i = 0; i < T * k; i++) xb[i] = bf16_to_f32(f32_to_bf16(x[i]));
+        for (int t = 0; t < T; t++) cpu_ref_rows(&w, 0, n, xb + t * k, refb + t * n);
         for (int lv = CPU_LEVEL_SCALAR; lv <= (int)cpu_level_hardware(); lv++) {
             cpu_matmul_set_level((cpu_level)lv);
             int fast = cpu_matmul_is_fast(&w);
             cpu_kernel kern = {.rows = cpu_ref_rows, .act = CPU_ACT_F32};
             if (lv == CPU_LEVEL_AVX512 && !cpu_avx512_kernel(&w, &kern)) cpu_avx2_kernel(&w, &kern);
             else if (lv == CPU_LEVEL_AVX2) cpu_avx2_kernel(&w, &kern);
-            int int8_act = fast && kern.act != CPU_ACT_F32;
+            int bf16_act = fast && kern.act == CPU_ACT_BF16;
+            int int8_act = fast && kern.act != CPU_ACT_F32 && !bf16_act;
             size_t ss = cpu_matmul_scratch_size(&w, T);
             void *scratch = ss ? malloc(ss) : NULL;
             /* Formats with a fast kernel at this level must not fall back to the reference. */
@@ -242,9 +249,9 @@ static void check_case_ts(const wcase *c, int64_t n, int64_t k, const int *Ts, s
                 assert_int_equal(cpu_matmul(&w, x, T, y, scratch, ss, pools[th], &err), HEARTH_OK);
                 for (int t = 0; t < T; t++)
                     for (int64_t r = 0; r < n; r++) {
-                        double got = y[t * n + r], want = ref[t * n + r];
+                        double got = y[t * n + r], want = bf16_act ? refb[t * n + r] : ref[t * n + r];
                         /* Scalar level runs the reference itself: identical results. */
-                        double bound = fast ? error_bound(wf + r * k, x + t * k, k, int8_act) : 0;
+                        double bound = fast ? error_bound(wf + r * k, (bf16_act ? xb : x) + t * k, k, int8_act) : 0;
                         if (!(fabs(got - want) <= bound))
                             fail_msg("%s level %s threads %d N %lld K %lld T %d: y[%d][%lld] = %.7g, ref %.7g, "
                                      "bound %.3g",
@@ -266,6 +273,8 @@ static void check_case_ts(const wcase *c, int64_t n, int64_t k, const int *Ts, s
         }
         free(x);
         free(ref);
+        free(xb);
+        free(refb);
         free(y);
     }
     cpu_matmul_set_level(cpu_level_hardware());
@@ -421,6 +430,27 @@ static void test_avx2_decode_rows_match_tiles(void **state) {
         }
 }
 
+/* BF16 weights on AVX512_BF16 CPUs (vdpbf16ps on bf16-rounded activations): K with an odd
+ * number of 32-chunks (the last chunk alone in the even accumulator), rows left over by the
+ * 2-row tile passes and tokens by the 4-token ones, against the reference on the rounded
+ * activations (check_case_ts). Skipped, and said so, where the CPU lacks the instruction. */
+static void test_bf16_dot_kernels(void **state) {
+    (void)state;
+    if (!cpu_features_get()->avx512bf16 || cpu_level_hardware() < CPU_LEVEL_AVX512) {
+        print_message("no AVX512_BF16 here: the vdpbf16ps kernels did NOT run\n");
+        return;
+    }
+    static const wcase bf = {"bf16", DT_BF16, 0, 0, 0};
+    static const int Ts[] = {1, 2, 5, 8, 17};
+    static const int64_t ks[] = {32, 96, 576, 1568};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+        cpu_weight w = {.dtype = DT_BF16, .n = 3, .k = ks[i]};
+        cpu_kernel kern;
+        assert_true(cpu_avx512_kernel(&w, &kern) && kern.act == CPU_ACT_BF16);
+        check_case_ts(&bf, 37, ks[i], Ts, sizeof Ts / sizeof Ts[0]);
+    }
+}
+
 /* The dense tiles (F32 / F16 / BF16, T tokens per weight pass) keep each token's
  * arithmetic that of the rows kernel: four 8-wide sums over 32-weight chunks, then 8-wide
  * chunks, then single weights. So every output must be bit-identical to the rows kernel of
@@ -447,17 +477,24 @@ static void test_dense_tiles_match_rows(void **state) {
                 cpu_kernel kern = {0};
                 if (isa == 0) assert_true(cpu_avx2_kernel(&w, &kern));
                 else if (cpu_level_hardware() < CPU_LEVEL_AVX512 || !cpu_avx512_kernel(&w, &kern)) continue;
-                assert_true(kern.act == CPU_ACT_F32 && kern.tile);
+                /* BF16 on AVX512_BF16 CPUs (k % 32 == 0): the vdpbf16ps kernels on bf16 rows */
+                int bf = kern.act == CPU_ACT_BF16;
+                assert_true((kern.act == CPU_ACT_F32 || (bf && w.dtype == DT_BF16 && k % 32 == 0)) && kern.tile);
+                uint16_t *xh = malloc((size_t)(9 * k) * sizeof *xh);
+                for (int t = 0; bf && t < 9; t++) cpu_avx512_bf16_row(x + t * k, k, xh + t * k);
+                const void *xa = bf ? (const void *)xh : (const void *)x;
                 for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
                     int T = Ts[ti];
-                    for (int t = 0; t < T; t++) kern.rows(&w, 0, n, x + t * k, y1 + t * n);
+                    for (int t = 0; t < T; t++)
+                        kern.rows(&w, 0, n, bf ? (const void *)(xh + t * k) : (const void *)(x + t * k), y1 + t * n);
                     memset(y2, 0xff, sizeof y2);
-                    kern.tile(&w, 0, n, x, k, T, y2, n);
+                    kern.tile(&w, 0, n, xa, k, T, y2, n);
                     for (int64_t i = 0; i < T * n; i++)
                         if (memcmp(&y1[i], &y2[i], sizeof(float)))
                             fail_msg("%s %s K %lld T %d: rows y[%lld] = %.9g, tile %.9g", isa ? "avx512" : "avx2",
                                      cases[ci].name, (long long)k, T, (long long)i, y1[i], y2[i]);
                 }
+                free(xh);
             }
             free(x);
             free(data);
@@ -619,6 +656,7 @@ int main(void) {
         cmocka_unit_test(test_k_quants_beyond_staged_k),
         cmocka_unit_test(test_avx512_decode_rows_staged_k),
         cmocka_unit_test(test_avx2_decode_rows_match_tiles),
+        cmocka_unit_test(test_bf16_dot_kernels),
         cmocka_unit_test(test_dense_tiles_match_rows),
         cmocka_unit_test(test_fused_matches_separate),
         cmocka_unit_test(test_quantize_row_matches_reference),

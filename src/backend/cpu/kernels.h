@@ -19,13 +19,14 @@ typedef struct cpu_q8_block {
 typedef enum cpu_act {
     CPU_ACT_F32,       /* the float row as given */
     CPU_ACT_Q8,        /* cpu_q8_block per 32 values, in order */
-    CPU_ACT_Q8_EVENODD /* per block: the 16 even-indexed values, then the 16 odd ones (MLX 4-bit
-                          packs element 2i and 2i+1 into one byte's low and high nibble) */
+    CPU_ACT_Q8_EVENODD, /* per block: the 16 even-indexed values, then the 16 odd ones (MLX 4-bit
+                           packs element 2i and 2i+1 into one byte's low and high nibble) */
+    CPU_ACT_BF16        /* the row rounded to bf16 (nearest even), k values; k % 32 == 0 */
 } cpu_act;
 
 typedef void (*cpu_rows_fn)(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, float *y);
 /* The same for T activation rows at once (prefill): row t of x starts x_stride activation
- * blocks (CPU_ACT_F32: floats) after row t - 1, and y[t * y_stride + n] receives row n. Lets a kernel reuse each
+ * blocks (CPU_ACT_F32: floats; CPU_ACT_BF16: bf16 values) after row t - 1, and y[t * y_stride + n] receives row n. Lets a kernel reuse each
  * unpacked weight block across several tokens. */
 typedef void (*cpu_tile_fn)(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, int64_t x_stride, int T,
                             float *y, int64_t y_stride);
@@ -57,6 +58,11 @@ void cpu_ref_dequant(const cpu_weight *w, int64_t n, int64_t k0, int count, floa
 /* Fast kernels: fill *out and return 1 if the format has one at that level. */
 int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out);
 int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out);
+/* BF16 weights with vdpbf16ps (kernels_avx512_bf16.c): 1 when the CPU has AVX512_BF16, k % 32
+ * == 0 and HEARTH_CPU_BF16 is not f32; the activations are CPU_ACT_BF16 rows, made by
+ * cpu_avx512_bf16_row (k % 32 == 0; only where the kernel was chosen). */
+int cpu_avx512_bf16_kernel(const cpu_weight *w, cpu_kernel *out);
+void cpu_avx512_bf16_row(const float *x, int64_t k, uint16_t *out);
 /* The AVX2 one-row decode kernel built with AVX-512 VNNI dots (same bits as its AVX2 form),
  * for the formats that have one (Q4_0, Q4_1), else NULL; only on CPUs with AVX-512 VNNI. */
 cpu_rows_fn cpu_avx2_vnni_rows(const cpu_weight *w);

@@ -729,6 +729,7 @@ static int avx512_row1_decode(void) {
 }
 
 int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
+    if (w->dtype == DT_BF16 && cpu_avx512_bf16_kernel(w, out)) return 1; /* where the CPU has vdpbf16ps */
     cpu_rows_fn f = NULL;
     cpu_tile_fn tile = NULL, small = NULL;
     switch (w->dtype) {

@@ -98,7 +98,10 @@ static cpu_kernel pick_kernel(const cpu_weight *w) {
 int cpu_matmul_is_fast(const cpu_weight *w) { return pick_kernel(w).rows != cpu_ref_rows; }
 
 size_t cpu_matmul_scratch_size(const cpu_weight *w, int T) {
-    if (T <= 0 || w->k <= 0 || w->k % 32 || pick_kernel(w).act == CPU_ACT_F32) return 0;
+    if (T <= 0 || w->k <= 0 || w->k % 32) return 0;
+    cpu_act act = pick_kernel(w).act;
+    if (act == CPU_ACT_F32) return 0;
+    if (act == CPU_ACT_BF16) return (size_t)T * (size_t)w->k * sizeof(uint16_t);
     return (size_t)T * (size_t)(w->k / 32) * sizeof(cpu_q8_block);
 }
 
@@ -147,6 +150,7 @@ typedef struct mm_job {
     int n_parts;
     const float *x;
     cpu_q8_block *xq; /* the activations quantized once for every part */
+    uint16_t *xb;     /* or rounded to bf16 once (CPU_ACT_BF16), k per row */
     int64_t k;
     cpu_act act;
     int T;
@@ -156,6 +160,10 @@ typedef struct mm_job {
 static void quantize_task(void *ctx, int t, int thread) {
     mm_job *j = ctx;
     int64_t nb = j->k / 32;
+    if (j->act == CPU_ACT_BF16) {
+        cpu_avx512_bf16_row(j->x + (int64_t)t * j->k, j->k, j->xb + (int64_t)t * j->k);
+        return;
+    }
     cpu_quantize_row(j->x + (int64_t)t * j->k, j->k, j->xq + t * nb, j->act == CPU_ACT_Q8_EVENODD);
 }
 
@@ -172,6 +180,8 @@ static void rows_task(void *ctx, int task, int thread) {
             cpu_tile_fn tile = j->T < CPU_TILE_SMALL_T && p->kern.tile_small ? p->kern.tile_small : p->kern.tile;
             if (j->act == CPU_ACT_F32) /* dense formats: the float rows, k floats apart */
                 tile(p->w, r0, r1, j->x, j->k, j->T, p->y, p->w->n);
+            else if (j->act == CPU_ACT_BF16) /* or their bf16 copies, k values apart */
+                tile(p->w, r0, r1, j->xb, j->k, j->T, p->y, p->w->n);
             else
                 tile(p->w, r0, r1, j->xq, nb, j->T, p->y, p->w->n);
             continue;
@@ -181,8 +191,9 @@ static void rows_task(void *ctx, int task, int thread) {
             continue;
         }
         for (int t = 0; t < j->T; t++) {
-            const void *xt = j->act == CPU_ACT_F32 ? (const void *)(j->x + (int64_t)t * j->k)
-                                                   : (const void *)(j->xq + t * nb);
+            const void *xt = j->act == CPU_ACT_F32    ? (const void *)(j->x + (int64_t)t * j->k)
+                             : j->act == CPU_ACT_BF16 ? (const void *)(j->xb + (int64_t)t * j->k)
+                                                      : (const void *)(j->xq + t * nb);
             p->kern.rows(p->w, r0, r1, xt, p->y + (int64_t)t * p->w->n);
         }
     }
@@ -222,6 +233,7 @@ static hearth_status matmul_run(int count, const cpu_weight *const *ws, float *c
         if (!scratch || scratch_size < need)
             return err_set(err, HEARTH_ERR_INVALID, "matmul: scratch of %zu bytes, need %zu", scratch_size, need);
         j.xq = scratch;
+        j.xb = scratch;
         /* One row takes well under a microsecond: a fork-join round of the pool would cost
          * more than it saves (decode calls this for every weight, every token). */
         if (T == 1) quantize_task(&j, 0, 0);

@@ -1,0 +1,122 @@
+/* kernels_avx512_bf16.c: BF16 weights on CPUs with AVX512_BF16 (vdpbf16ps): activations
+ * rounded once per call to bf16 (round-to-nearest-even, CPU_ACT_BF16), each instruction 32
+ * bf16 products summed pairwise into 16 float lanes. The float kernels (kernels_x86.inc)
+ * widen every weight to f32 and spend one FMA per 8 products; here the weights go into the
+ * dot as stored, which is what batched decode and prefill of BF16 models are bound by (a
+ * 16-row SmolLM2 BF16 decode step spent 63% of its time in the float tile). mlx computes a
+ * bf16 model's matmuls on bf16 activations too; llama.cpp does the same on these CPUs.
+ *
+ * One order for every (row, token) whatever the batch: the 32-element chunks of K alternate
+ * between two accumulators (even chunks, odd chunks), then one reduce of their sum. The rows
+ * kernel (T = 1) and the tile (2 rows x 4 tokens per pass) run that same sequence, so a
+ * token's outputs are bit-identical at every batch size. K must be a multiple of 32 (other
+ * shapes keep the float kernels). HEARTH_CPU_BF16=f32 keeps the float kernels (A/B runs). */
+#include "backend/cpu/kernels.h"
+#include "base/cpu_features.h"
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BTARGET "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16"
+#define BF_TT 4 /* tokens per tile pass */
+#define BF_TR 2 /* rows per tile pass: 2 x 4 x 2 accumulators = 16 zmm */
+/* full unrolling of the constant-bound loops, so the sums stay in registers */
+#define BF_UNROLL _Pragma("GCC unroll 8")
+
+__attribute__((target(BTARGET))) void cpu_avx512_bf16_row(const float *x, int64_t k, uint16_t *out) {
+    for (int64_t i = 0; i < k; i += 32) {
+        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+        _mm512_storeu_si512((void *)(out + i), (__m512i)v);
+    }
+}
+
+static inline __attribute__((target(BTARGET), always_inline)) __m512bh bf_load(const uint16_t *p) {
+    return (__m512bh)_mm512_loadu_si512((const void *)p);
+}
+
+/* R rows (r[0..R)) x TT tokens (x[0..TT)) over k: out[t * ys + i] = row i . token t. */
+static inline __attribute__((target(BTARGET), always_inline)) void bf_block(const uint16_t *const *r, int R,
+                                                                          const uint16_t *const *x, int TT,
+                                                                          int64_t k, float *out, int64_t ys) {
+    __m512 acc[BF_TR][BF_TT][2];
+    BF_UNROLL for (int i = 0; i < R; i++)
+        BF_UNROLL for (int t = 0; t < TT; t++) acc[i][t][0] = acc[i][t][1] = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 64 <= k; c += 64) {
+        __m512bh w0[BF_TR], w1[BF_TR];
+        BF_UNROLL for (int i = 0; i < R; i++) w0[i] = bf_load(r[i] + c), w1[i] = bf_load(r[i] + c + 32);
+        BF_UNROLL for (int t = 0; t < TT; t++) {
+            __m512bh x0 = bf_load(x[t] + c), x1 = bf_load(x[t] + c + 32);
+            BF_UNROLL for (int i = 0; i < R; i++) {
+                acc[i][t][0] = _mm512_dpbf16_ps(acc[i][t][0], w0[i], x0);
+                acc[i][t][1] = _mm512_dpbf16_ps(acc[i][t][1], w1[i], x1);
+            }
+        }
+    }
+    if (c < k) /* one last even chunk (k % 64 == 32) */
+        BF_UNROLL for (int t = 0; t < TT; t++) {
+            __m512bh x0 = bf_load(x[t] + c);
+            BF_UNROLL for (int i = 0; i < R; i++) acc[i][t][0] = _mm512_dpbf16_ps(acc[i][t][0], bf_load(r[i] + c), x0);
+        }
+    BF_UNROLL for (int t = 0; t < TT; t++)
+        BF_UNROLL for (int i = 0; i < R; i++) out[t * ys + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][t][0], acc[i][t][1]));
+}
+
+/* x: one bf16 row (CPU_ACT_BF16). */
+__attribute__((target(BTARGET))) static void bf16_rows(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                       float *y) {
+    const uint16_t *x = xv, *base = w->data;
+    int64_t k = w->k;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint16_t *r = base + n * k;
+        bf_block(&r, 1, &x, 1, k, y + n, 0);
+    }
+}
+
+/* x: T bf16 rows, x_stride elements apart; y row t at y + t * ys. */
+__attribute__((target(BTARGET))) static void bf16_tile(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                       int64_t xs, int T, float *y, int64_t ys) {
+    const uint16_t *x = xv, *base = w->data;
+    int64_t k = w->k;
+    for (int t0 = 0; t0 < T; t0 += BF_TT) {
+        int tn = T - t0 < BF_TT ? T - t0 : BF_TT;
+        const uint16_t *xt[BF_TT];
+        for (int t = 0; t < tn; t++) xt[t] = x + (int64_t)(t0 + t) * xs;
+        float *yt = y + (int64_t)t0 * ys;
+        int64_t n = n0;
+        for (; n + BF_TR <= n1; n += BF_TR) {
+            const uint16_t *r[BF_TR] = {base + n * k, base + (n + 1) * k};
+            switch (tn) { /* constant shapes, so each block keeps its sums in registers */
+            case 4: bf_block(r, BF_TR, xt, 4, k, yt + n, ys); break;
+            case 3: bf_block(r, BF_TR, xt, 3, k, yt + n, ys); break;
+            case 2: bf_block(r, BF_TR, xt, 2, k, yt + n, ys); break;
+            default: bf_block(r, BF_TR, xt, 1, k, yt + n, ys); break;
+            }
+        }
+        for (; n < n1; n++) {
+            const uint16_t *r = base + n * k;
+            switch (tn) {
+            case 4: bf_block(&r, 1, xt, 4, k, yt + n, ys); break;
+            case 3: bf_block(&r, 1, xt, 3, k, yt + n, ys); break;
+            case 2: bf_block(&r, 1, xt, 2, k, yt + n, ys); break;
+            default: bf_block(&r, 1, xt, 1, k, yt + n, ys); break;
+            }
+        }
+    }
+}
+
+/* On unless HEARTH_CPU_BF16=f32 (read once). */
+static int bf16_dot_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("HEARTH_CPU_BF16");
+        on = !(e && !strcmp(e, "f32"));
+    }
+    return on;
+}
+
+int cpu_avx512_bf16_kernel(const cpu_weight *w, cpu_kernel *out) {
+    if (w->dtype != DT_BF16 || w->k <= 0 || w->k % 32 || !cpu_features_get()->avx512bf16 || !bf16_dot_on()) return 0;
+    *out = (cpu_kernel){bf16_rows, CPU_ACT_BF16, bf16_tile, NULL};
+    return 1;
+}

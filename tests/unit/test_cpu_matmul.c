@@ -463,7 +463,8 @@ static void test_dense_tiles_match_rows(void **state) {
     }
     static const wcase cases[] = {{"f32", DT_F32, 0, 0, 0}, {"f16", DT_F16, 0, 0, 0}, {"bf16", DT_BF16, 0, 0, 0}};
     static const int64_t ks[] = {1, 7, 8, 31, 32, 33, 40, 71, 576, 1539};
-    static const int Ts[] = {1, 2, 3, 4, 5, 7, 9};
+    /* 17 and 21: past the BF16 tile's 16-token streaming pass, into its 2-row passes */
+    static const int Ts[] = {1, 2, 3, 4, 5, 7, 9, 17, 21};
     const int64_t n = 5;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
@@ -471,8 +472,8 @@ static void test_dense_tiles_match_rows(void **state) {
             cpu_weight w;
             void *sb;
             void *data = make_weight(&cases[ci], n, k, &w, &sb);
-            float *x = malloc((size_t)(9 * k) * sizeof *x), y1[9 * 5], y2[9 * 5];
-            for (int64_t i = 0; i < 9 * k; i++) x[i] = rndf() * (i % 7 == 0 ? 4.0f : 1.0f);
+            float *x = malloc((size_t)(21 * k) * sizeof *x), y1[21 * 5], y2[21 * 5];
+            for (int64_t i = 0; i < 21 * k; i++) x[i] = rndf() * (i % 7 == 0 ? 4.0f : 1.0f);
             for (int isa = 0; isa < 2; isa++) {
                 cpu_kernel kern = {0};
                 if (isa == 0) assert_true(cpu_avx2_kernel(&w, &kern));
@@ -480,8 +481,8 @@ static void test_dense_tiles_match_rows(void **state) {
                 /* BF16 on AVX512_BF16 CPUs (k % 32 == 0): the vdpbf16ps kernels on bf16 rows */
                 int bf = kern.act == CPU_ACT_BF16;
                 assert_true((kern.act == CPU_ACT_F32 || (bf && w.dtype == DT_BF16 && k % 32 == 0)) && kern.tile);
-                uint16_t *xh = malloc((size_t)(9 * k) * sizeof *xh);
-                for (int t = 0; bf && t < 9; t++) cpu_avx512_bf16_row(x + t * k, k, xh + t * k);
+                uint16_t *xh = malloc((size_t)(21 * k) * sizeof *xh);
+                for (int t = 0; bf && t < 21; t++) cpu_avx512_bf16_row(x + t * k, k, xh + t * k);
                 const void *xa = bf ? (const void *)xh : (const void *)x;
                 for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
                     int T = Ts[ti];

@@ -8,7 +8,7 @@
  *
  * One order for every (row, token) whatever the batch: the 32-element chunks of K alternate
  * between two accumulators (even chunks, odd chunks), then one reduce of their sum. The rows
- * kernel (T = 1) and the tile (2 rows x 4 tokens per pass) run that same sequence, so a
+ * kernel (T = 1) and the tile (1 row x 8 or 2 rows x 4 tokens per pass) run that same sequence, so a
  * token's outputs are bit-identical at every batch size. K must be a multiple of 32 (other
  * shapes keep the float kernels). HEARTH_CPU_BF16=f32 keeps the float kernels (A/B runs). */
 #include "backend/cpu/kernels.h"
@@ -18,8 +18,16 @@
 #include <string.h>
 
 #define BTARGET "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16"
-#define BF_TT 4 /* tokens per tile pass */
-#define BF_TR 2 /* rows per tile pass: 2 x 4 x 2 accumulators = 16 zmm */
+/* Tile passes: 2 rows x 4 tokens (prefill: the weight tile comes from L2 once per 4 tokens,
+ * 12 loads per 16 dots), or up to BF_STREAM_T tokens 1 row x 8 tokens (batched decode: one
+ * weight stream from memory; two rows side by side streamed slower on Zen 4, 16-request
+ * SmolLM2 decode 338 / 363 -> 392 / 426 tok/s, while 512-token prefill lost 690 -> 610 when
+ * every pass was 1 x 8; this split measured 341 / 366 -> 390 / 422 and prefill 750 / 705 ->
+ * 852 / 956 against 2 x 4 everywhere).
+ * Both are 16 zmm of sums. */
+#define BF_TT 8
+#define BF_TR 2
+#define BF_STREAM_T 16
 /* full unrolling of the constant-bound loops, so the sums stay in registers */
 #define BF_UNROLL _Pragma("GCC unroll 8")
 
@@ -38,7 +46,7 @@ static inline __attribute__((target(BTARGET), always_inline)) __m512bh bf_load(c
 static inline __attribute__((target(BTARGET), always_inline)) void bf_block(const uint16_t *const *r, int R,
                                                                           const uint16_t *const *x, int TT,
                                                                           int64_t k, float *out, int64_t ys) {
-    __m512 acc[BF_TR][BF_TT][2];
+    __m512 acc[BF_TR][BF_TT][2]; /* R x TT of them used (R * TT <= 8) */
     BF_UNROLL for (int i = 0; i < R; i++)
         BF_UNROLL for (int t = 0; t < TT; t++) acc[i][t][0] = acc[i][t][1] = _mm512_setzero_ps();
     int64_t c = 0;
@@ -73,33 +81,43 @@ __attribute__((target(BTARGET))) static void bf16_rows(const cpu_weight *w, int6
     }
 }
 
+/* R rows x up to TT tokens at t0 (tn of them), with tn a compile-time constant per case. */
+#define BF_CASES(R, TT)                                                                          \
+    switch (tn) {                                                                                \
+    case 8: if (TT >= 8) { bf_block(r, R, xt, 8, k, yt, ys); break; } /* fallthrough */          \
+    case 7: if (TT >= 7) { bf_block(r, R, xt, 7, k, yt, ys); break; } /* fallthrough */          \
+    case 6: if (TT >= 6) { bf_block(r, R, xt, 6, k, yt, ys); break; } /* fallthrough */          \
+    case 5: if (TT >= 5) { bf_block(r, R, xt, 5, k, yt, ys); break; } /* fallthrough */          \
+    case 4: bf_block(r, R, xt, 4, k, yt, ys); break;                                             \
+    case 3: bf_block(r, R, xt, 3, k, yt, ys); break;                                             \
+    case 2: bf_block(r, R, xt, 2, k, yt, ys); break;                                             \
+    default: bf_block(r, R, xt, 1, k, yt, ys); break;                                            \
+    }
+
 /* x: T bf16 rows, x_stride elements apart; y row t at y + t * ys. */
 __attribute__((target(BTARGET))) static void bf16_tile(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                        int64_t xs, int T, float *y, int64_t ys) {
     const uint16_t *x = xv, *base = w->data;
     int64_t k = w->k;
-    for (int t0 = 0; t0 < T; t0 += BF_TT) {
-        int tn = T - t0 < BF_TT ? T - t0 : BF_TT;
+    int stream = T <= BF_STREAM_T, tt = stream ? 8 : 4;
+    for (int t0 = 0; t0 < T; t0 += tt) {
+        int tn = T - t0 < tt ? T - t0 : tt;
         const uint16_t *xt[BF_TT];
         for (int t = 0; t < tn; t++) xt[t] = x + (int64_t)(t0 + t) * xs;
-        float *yt = y + (int64_t)t0 * ys;
         int64_t n = n0;
-        for (; n + BF_TR <= n1; n += BF_TR) {
-            const uint16_t *r[BF_TR] = {base + n * k, base + (n + 1) * k};
-            switch (tn) { /* constant shapes, so each block keeps its sums in registers */
-            case 4: bf_block(r, BF_TR, xt, 4, k, yt + n, ys); break;
-            case 3: bf_block(r, BF_TR, xt, 3, k, yt + n, ys); break;
-            case 2: bf_block(r, BF_TR, xt, 2, k, yt + n, ys); break;
-            default: bf_block(r, BF_TR, xt, 1, k, yt + n, ys); break;
+        if (!stream)
+            for (; n + 2 <= n1; n += 2) {
+                const uint16_t *r[2] = {base + n * k, base + (n + 1) * k};
+                float *yt = y + (int64_t)t0 * ys + n;
+                BF_CASES(2, 4)
             }
-        }
         for (; n < n1; n++) {
-            const uint16_t *r = base + n * k;
-            switch (tn) {
-            case 4: bf_block(&r, 1, xt, 4, k, yt + n, ys); break;
-            case 3: bf_block(&r, 1, xt, 3, k, yt + n, ys); break;
-            case 2: bf_block(&r, 1, xt, 2, k, yt + n, ys); break;
-            default: bf_block(&r, 1, xt, 1, k, yt + n, ys); break;
+            const uint16_t *r[1] = {base + n * k};
+            float *yt = y + (int64_t)t0 * ys + n;
+            if (stream) {
+                BF_CASES(1, 8)
+            } else {
+                BF_CASES(1, 4)
             }
         }
     }

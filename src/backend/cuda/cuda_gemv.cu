@@ -11,7 +11,23 @@ extern "C" {
 #include "backend/cuda/cuda_plan.h"
 }
 #include "backend/cuda/cuda_gemv.cuh"
+/* PDL on by default here too, without the row prefetch (pdl_pf_on): H200, 2026-12-03, 8B
+ * decode back to back: Q8_0 283.9 / 285.3 -> 290.1 tok/s, bf16 221.0 / 220.4 -> 221.5, while
+ * PDL with the prefetch lost (Q8_0 259.1, bf16 205.0): the prefetch, not the early launch,
+ * is what cost the float GEMVs before. */
+#define PDL_AUTO 1
 #include "backend/cuda/cuda_pdl.cuh"
+
+/* Whether this file's GEMVs, when launched as programmatic dependents, prefetch the start of
+ * their rows into L2 before pdl_wait: only with HEARTH_CUDA_PDL_PF=1 (A/B runs; see above). */
+static inline int pdl_pf_on(void) {
+    static int pf = -1;
+    if (pf < 0) {
+        const char *e = getenv("HEARTH_CUDA_PDL_PF");
+        pf = e && !strcmp(e, "1");
+    }
+    return pdl_on() && pf;
+}
 #include "backend/cuda/cuda_q8.cuh"
 #include <cuda_fp16.h>
 #include <pthread.h>
@@ -450,7 +466,7 @@ static void launch_half_segs(const cuda_weight *const *ws, float *const *ys, int
     }
     bool bf = ws[0]->dtype == DT_BF16;
     int k = (int)ws[0]->k;
-    sg.pf = pdl_on();
+    sg.pf = pdl_pf_on();
     if (bf && depth == 8) pdl_launch(gemv_half_vec<T, true, 8>, grid, block, sg, x, k);
     else if (bf) pdl_launch(gemv_half_vec<T, true, 4>, grid, block, sg, x, k);
     else if (depth == 8) pdl_launch(gemv_half_vec<T, false, 8>, grid, block, sg, x, k);
@@ -485,10 +501,10 @@ static void launch_rows(const cuda_weight *w, const float *x, float *y, bool vec
     case DT_U32:
         if (w->mlx_tiled && w->sb_bf16)
             pdl_launch(gemv_mlx4_tiled<T, true>, grid, block, (const uint32_t *)w->data, (const uint32_t *)w->scales,
-                       x, y, n, k, (int)w->group_size, pdl_on());
+                       x, y, n, k, (int)w->group_size, pdl_pf_on());
         else if (w->mlx_tiled)
             pdl_launch(gemv_mlx4_tiled<T, false>, grid, block, (const uint32_t *)w->data,
-                       (const uint32_t *)w->scales, x, y, n, k, (int)w->group_size, pdl_on());
+                       (const uint32_t *)w->scales, x, y, n, k, (int)w->group_size, pdl_pf_on());
         else if (w->sb_bf16)
             gemv_mlx4<T, true><<<grid, block, 0, cuda_stream()>>>((const uint32_t *)w->data, (const uint32_t *)w->scales,
                                                                  x, y, n, k, w->group_size);
@@ -909,7 +925,7 @@ static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, 
     if (cuda_gemv_mlx4_launch(&w, &y, 1, xq, xs, T)) return; /* every U32 weight here, unless HEARTH_CUDA_MLX4=v1 */
     if (batched ? cuda_gemv_v2_launch_rows(w, y, xq, xs, T) : cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T))
         return; /* cuda_gemv_v2_takes */
-    int n = (int)w->n, k = (int)w->k, pf = pdl_on();
+    int n = (int)w->n, k = (int)w->k, pf = pdl_pf_on();
     int R = w->dtype == DT_Q4_K && w->q4k_packed ? q4k_rows(n, k) : q8act_rows(n);
     dim3 grid((unsigned)((n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R))), block(GEMV_WARPS * 32);
     switch (w->dtype) {

@@ -41,8 +41,9 @@ static inline int *pdl_force(void) {
     return &force;
 }
 
-/* The default of this translation unit when HEARTH_CUDA_PDL is unset: cuda_gemv_v2.cu defines
- * PDL_AUTO 1 before including this header, every other file leaves it 0. */
+/* The default of this translation unit when HEARTH_CUDA_PDL is unset: cuda_gemv_v2.cu and
+ * cuda_gemv.cu define PDL_AUTO 1 before including this header, every other file leaves it 0
+ * (the small kernels have their own switch, pdl_small_on). */
 #ifndef PDL_AUTO
 #define PDL_AUTO 0
 #endif
@@ -52,7 +53,8 @@ static inline int *pdl_force(void) {
  * H200 (2026-12-02, tools/gpu_round.d/ab.sh, 8B decode p512 n128, rows back to back): the v2
  * int8 GEMVs, which issue their first weight loads before pdl_wait, gain (Q4_K_M 379.1 ->
  * 398.8 tok/s), while the float GEMVs lose (F16 218.7 -> 206.1; 2026-12-01: Q8_0 on v1 244.9
- * vs 264.2, bf16 196.1 vs 209.1), so only cuda_gemv_v2.cu is on by default. */
+ * vs 264.2, bf16 196.1 vs 209.1), so only cuda_gemv_v2.cu was on by default; 2026-12-03 showed
+ * that cuda_gemv.cu's L2 row prefetch was the loss, and its GEMVs are on without it. */
 static inline int pdl_on(void) {
     static int on = -1;
     if (*pdl_force() >= 0) return *pdl_force();

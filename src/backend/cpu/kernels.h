@@ -41,8 +41,16 @@ typedef struct cpu_kernel {
      * 67 vs 43 tok/s; crossover near T = 7). The AVX2 packed tiles likewise (Zen 3, Q4_K
      * 2048 x 2048, one thread, T = 4: 4x2 tiles ~20, packed ~14 GMAC/s). */
     cpu_tile_fn tile_small;
+    /* tile_small runs below this T (0: CPU_TILE_SMALL_T). The AVX-512 kernels set
+     * CPU_TILE_SMALL_T_AVX512: on a 2-vCPU Zen 4 (2026-12-03, `hearth bench --batch`, decode
+     * tok/s, pk tiles from T = 7 -> small tiles up to 16) 1B Q4_0 T = 8 32 / 38 -> 57 / 51,
+     * T = 12 41 / 40 -> 62 / 58, T = 16 49 / 51 -> 56 / 57; 1B Q4_K_M T = 8 26 -> 39, T = 16
+     * 40 -> 43; 1B Q8_0 T = 8 32 -> 62, T = 16 45 -> 54; SmolLM2 Q4_1 (L2-sized matrices)
+     * T = 8 230 -> 311 but T = 16 367 -> 322. */
+    int small_below;
 } cpu_kernel;
 #define CPU_TILE_SMALL_T 7
+#define CPU_TILE_SMALL_T_AVX512 17
 
 /* Scalar reference: dequantizes each block to float and accumulates in double. Handles
  * every format cpu_weight_check accepts; x is a float row (CPU_ACT_F32). */

@@ -942,6 +942,6 @@ int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out) {
         if (w->dtype == DT_Q5_K) out->tile = p2_tile_q5_k;
         return 1;
     }
-    *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small};
+    *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small, 0};
     return 1;
 }

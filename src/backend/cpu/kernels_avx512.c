@@ -745,7 +745,8 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
     case DT_Q6_K: f = avx512_rows2_q6_k, tile = avx512_pk_q6_k, small = avx512_tile2_q6_k; break;
     case DT_U32:
         if (w->bits == 4) {
-            *out = (cpu_kernel){avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_pk_mlx4, avx512_tile2_mlx4};
+            *out = (cpu_kernel){avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_pk_mlx4, avx512_tile2_mlx4,
+                                CPU_TILE_SMALL_T_AVX512};
             return 1;
         }
         if (w->bits == 8) f = avx512_rows2_mlx8, tile = avx512_pk_mlx8, small = avx512_tile2_mlx8;
@@ -771,6 +772,6 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
         if (!r && mode != 2) r = cpu_avx2_vnni_rows(w);
         f = r ? r : a2.rows;
     }
-    *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small};
+    *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small, CPU_TILE_SMALL_T_AVX512};
     return 1;
 }

@@ -135,6 +135,6 @@ static int bf16_dot_on(void) {
 
 int cpu_avx512_bf16_kernel(const cpu_weight *w, cpu_kernel *out) {
     if (w->dtype != DT_BF16 || w->k <= 0 || w->k % 32 || !cpu_features_get()->avx512bf16 || !bf16_dot_on()) return 0;
-    *out = (cpu_kernel){bf16_rows, CPU_ACT_BF16, bf16_tile, NULL};
+    *out = (cpu_kernel){bf16_rows, CPU_ACT_BF16, bf16_tile, NULL, 0};
     return 1;
 }

@@ -88,7 +88,7 @@ hearth_status cpu_weight_check(const cpu_weight *w, const char *what, hearth_err
 }
 
 static cpu_kernel pick_kernel(const cpu_weight *w) {
-    cpu_kernel k = {cpu_ref_rows, CPU_ACT_F32, NULL, NULL};
+    cpu_kernel k = {cpu_ref_rows, CPU_ACT_F32, NULL, NULL, 0};
     cpu_level level = cpu_matmul_level();
     if (level >= CPU_LEVEL_AVX512 && cpu_avx512_kernel(w, &k)) return k;
     if (level >= CPU_LEVEL_AVX2 && cpu_avx2_kernel(w, &k)) return k;
@@ -177,7 +177,8 @@ static void rows_task(void *ctx, int task, int thread) {
     for (int64_t r0 = n0; r0 < n1; r0 += p->tile_rows) {
         int64_t r1 = r0 + p->tile_rows < n1 ? r0 + p->tile_rows : n1;
         if (p->kern.tile && j->T > 1 && !j->invariant) {
-            cpu_tile_fn tile = j->T < CPU_TILE_SMALL_T && p->kern.tile_small ? p->kern.tile_small : p->kern.tile;
+            int below = p->kern.small_below ? p->kern.small_below : CPU_TILE_SMALL_T;
+            cpu_tile_fn tile = j->T < below && p->kern.tile_small ? p->kern.tile_small : p->kern.tile;
             if (j->act == CPU_ACT_F32) /* dense formats: the float rows, k floats apart */
                 tile(p->w, r0, r1, j->x, j->k, j->T, p->y, p->w->n);
             else if (j->act == CPU_ACT_BF16) /* or their bf16 copies, k values apart */

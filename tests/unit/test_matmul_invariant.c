@@ -70,13 +70,17 @@ static void check_level(cpu_level level) {
     int Ts[] = {2, 5, 16, 37};
     float *x = malloc(37 * K_COLS * sizeof(float)), *y = malloc(37 * N_ROWS * sizeof(float));
     float *y1 = malloc(N_ROWS * sizeof(float));
-    size_t ss = 37 * (K_COLS / 32) * sizeof(cpu_q8_block);
+    /* the largest activation scratch any format asks for at T = 37 (BF16 on AVX512_BF16: the
+     * rows rounded to bf16, 2 bytes per value; the int8 formats: a q8 block per 32 values) */
+    size_t ss = 37 * (size_t)K_COLS * 2;
+    if (ss < 37 * (K_COLS / 32) * sizeof(cpu_q8_block)) ss = 37 * (K_COLS / 32) * sizeof(cpu_q8_block);
     void *scratch = malloc(ss);
     for (int i = 0; i < 37 * K_COLS; i++) x[i] = rndf() * (i % 97 == 0 ? 8.0f : 1.0f); /* a few outliers */
     for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
         cpu_weight w;
         float *sb;
         void *d = make_weight(formats[f].t, formats[f].f16, formats[f].n_f16, &w, &sb);
+        assert_true(cpu_matmul_scratch_size(&w, 37) <= ss);
         for (int th = 1; th <= 3; th++)
             for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
                 int T = Ts[ti];

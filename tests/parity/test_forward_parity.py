@@ -9,7 +9,7 @@ Two tiers (DESIGN.md, "Parity tiers"):
 - reference (HEARTH_CPU=scalar: f32 activations, weights dequantized exactly): greedy
   tokens identical; logits within REF_TOL.
 - fast (the kernels this CPU selects: int8-quantized activations for quantized weights,
-  as llama.cpp does): the golden's best token stays among hearth's top 3 and the logits
+  as llama.cpp does, and bf16-rounded ones for BF16 weights on AVX512_BF16 CPUs): the golden's best token stays among hearth's top 3 and the logits
   stay within FAST_REL of the golden's top logit; on the real GGUF the best token is the
   same at every position (either of the golden's top two where they are closer than
   FAST_TIE_REAL) and logits are within FAST_ABS_REAL. Greedy agreement is printed.

@@ -81,7 +81,8 @@ __attribute__((target(BTARGET))) static void bf16_rows(const cpu_weight *w, int6
     }
 }
 
-/* R rows x up to TT tokens at t0 (tn of them), with tn a compile-time constant per case. */
+/* R rows x tn <= TT tokens, tn a compile-time constant in each case (cases above TT compile
+ * to nothing: a 2-row pass never instantiates more than 4 tokens of sums). */
 #define BF_CASES(R, TT)                                                                          \
     switch (tn) {                                                                                \
     case 8: if (TT >= 8) { bf_block(r, R, xt, 8, k, yt, ys); break; } /* fallthrough */          \
@@ -114,11 +115,7 @@ __attribute__((target(BTARGET))) static void bf16_tile(const cpu_weight *w, int6
         for (; n < n1; n++) {
             const uint16_t *r[1] = {base + n * k};
             float *yt = y + (int64_t)t0 * ys + n;
-            if (stream) {
-                BF_CASES(1, 8)
-            } else {
-                BF_CASES(1, 4)
-            }
+            BF_CASES(1, 8) /* tn <= 4 outside the streaming passes */
         }
     }
 }

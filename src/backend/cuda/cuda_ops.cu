@@ -21,12 +21,7 @@ int cuda_pdl_small_on(void) {
     static int on = -1;
     if (on < 0) {
         const char *e = getenv("HEARTH_CUDA_PDL_SMALL"), *all = getenv("HEARTH_CUDA_PDL");
-        int major = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
-            cudaGetLastError();
-            major = 0;
-        }
-        on = (!e || strcmp(e, "0")) && (!all || strcmp(all, "0")) && major >= 9;
+        on = (!e || strcmp(e, "0")) && (!all || strcmp(all, "0")) && pdl_device_ok();
     }
     return on;
 }

@@ -48,6 +48,16 @@ static inline int *pdl_force(void) {
 #define PDL_AUTO 0
 #endif
 
+/* Whether device 0 can launch programmatic dependents (sm_90+); 0 when it cannot be asked. */
+static inline int pdl_device_ok(void) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
+        cudaGetLastError();
+        major = 0;
+    }
+    return major >= 9;
+}
+
 /* 1 when launches use PDL: device 0 is sm_90+ and HEARTH_CUDA_PDL=1, or the variable is unset
  * and this file's PDL_AUTO is 1; HEARTH_CUDA_PDL=0 turns it off everywhere. Measured on the
  * H200 (2026-12-02, tools/gpu_round.d/ab.sh, 8B decode p512 n128, rows back to back): the v2
@@ -60,12 +70,7 @@ static inline int pdl_on(void) {
     if (*pdl_force() >= 0) return *pdl_force();
     if (on < 0) {
         const char *e = getenv("HEARTH_CUDA_PDL");
-        int major = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
-            cudaGetLastError();
-            major = 0;
-        }
-        on = (e ? !strcmp(e, "1") : PDL_AUTO) && major >= 9;
+        on = (e ? !strcmp(e, "1") : PDL_AUTO) && pdl_device_ok();
     }
     return on;
 }

@@ -342,6 +342,11 @@ typedef struct cuda_attention_args {
  * through the GQA split-K kernel with more than one split, head_dim % 32 == 0); when 0 they
  * are left untouched and out must be quantized by the caller. */
 int cuda_attention_writes_q8(const cuda_attention_args *a);
+/* HEARTH_CUDA_PROFILE_SKIP=mask (timing only: the outputs are wrong): steps leave out kernel
+ * classes, 1 the norms, 2 RoPE + KV write, 4 attention, 8 its split merge, 16 the gated
+ * product, so a decode run beside the full step gives each class's cost inside the replayed
+ * graph (tools/gpu_round.d/ablate.sh). Nonzero when `bit` is in the mask. */
+int cuda_profile_skip(int bit);
 /* Floats of split_scratch that let decode attention of up to max_T tokens use every split. */
 size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);
 /* Bytes of the stage the tensor-core prefill attention copies a sequence's keys and values

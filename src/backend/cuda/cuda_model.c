@@ -311,6 +311,7 @@ static hearth_status norm_into_xn(cuda_model *cm, const float *delta, const floa
                                   hearth_error *err) {
     const model_config *c = &cm->m->cfg;
     cm->q8_ready = quant;
+    if (cuda_profile_skip(1)) return HEARTH_OK;
     if (quant)
         return cuda_add_rmsnorm_q8(cm->xn, cm->x, delta, w, shift, T, c->hidden, c->norm_eps, cm->xq, cm->xs, err);
     if (delta) return cuda_add_rmsnorm(cm->xn, cm->x, delta, w, shift, T, c->hidden, c->norm_eps, err);
@@ -357,7 +358,9 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
         TRY(cuda_rmsnorm_heads(cm->k, cm->k, l->k_norm, c->norm_shift, T * c->n_kv_heads, c->head_dim, c->norm_eps, err));
     const float *freq = sliding ? cm->inv_local : cm->inv_global;
     /* the new keys join before attending */
-    if (cm->unfused) {
+    if (cuda_profile_skip(2)) {
+        /* timing runs only (HEARTH_CUDA_PROFILE_SKIP): no RoPE, no KV write */
+    } else if (cm->unfused) {
         TRY(cuda_rope(cm->q, T, c->n_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
         TRY(cuda_rope(cm->k, T, c->n_kv_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
         TRY(cuda_kv_write(&cm->kv, i, cm->k, cm->v, T, pos, slot, err));
@@ -395,7 +398,7 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
         a.out_xq = cm->xq, a.out_xs = cm->xs;
         cm->q8_ready = 0; /* xq no longer holds xn's copy */
     }
-    TRY(cuda_attention(&a, err));
+    if (!cuda_profile_skip(4)) TRY(cuda_attention(&a, err));
     if (cuda_attention_writes_q8(&a)) return q8_matmul(cm, &o, &cm->tmp, 1, T, err);
     return matmul(cm, o, cm->att, T, cm->tmp, err);
 }
@@ -418,7 +421,7 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *e
     }
     const cuda_weight *down = &l->down;
     if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself */
-        TRY(cuda_gated_q8(cm->gate, cm->up, n, gelu, cm->xq, cm->xs, err));
+        if (!cuda_profile_skip(16)) TRY(cuda_gated_q8(cm->gate, cm->up, n, gelu, cm->xq, cm->xs, err));
         return q8_matmul(cm, &down, &cm->tmp, 1, T, err);
     }
     int act = gemm_shared(cm) ? cuda_matmul_act(cm->gemm, down, cm->gate, T) : CUDA_ACT_NONE;
@@ -426,7 +429,8 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *e
         TRY(cuda_matmul_load_gated(cm->gemm, act, cm->gate, cm->up, T, down->k, gelu, err));
         return cuda_matmul_loaded(cm->gemm, down, act, T, cm->tmp, err);
     }
-    TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
+    if (!cuda_profile_skip(16))
+        TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
     return matmul(cm, &l->down, cm->gate, T, cm->tmp, err);
 }
 

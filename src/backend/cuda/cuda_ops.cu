@@ -26,6 +26,16 @@ int cuda_pdl_small_on(void) {
     return on;
 }
 
+/* HEARTH_CUDA_PROFILE_SKIP (cuda_backend.h): read once. */
+int cuda_profile_skip(int bit) {
+    static int mask = -1;
+    if (mask < 0) {
+        const char *e = getenv("HEARTH_CUDA_PROFILE_SKIP");
+        mask = e ? atoi(e) : 0;
+    }
+    return (mask & bit) != 0;
+}
+
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -376,8 +386,12 @@ static __device__ __forceinline__ float warp_max(float v) {
 #define DA_SPLITS_MAX CUDA_ATT_SPLITS_MAX /* cuda_plan.h: the split scratch is sized by it */
 
 /* (Merging the split partials inside the attention launch instead, by the last split of
- * each token and KV head to finish, measured slower on the H200: 338.0 against 365.3 tok/s
- * for the 8B Q4_K_M decode; a single block's serial merge outlasted this kernel's launch.) */
+ * each token and KV head to finish, measured slower on the H200 twice: 338.0 against 365.3
+ * tok/s for the 8B Q4_K_M decode on 2026-12-02, when that block summed the splits with
+ * dependent loads; and on 2026-12-03 with all of a thread's split loads issued before the
+ * first use, bit-identical to attention_combine: Q4_K_M 392.1 / 392.0 against 410.7 / 407.7,
+ * Q8_0 281.0 / 290.9, bf16 220.4 / 220.6 against 223.8 / 224.9, MLX 4-bit 359.1 / 374.5;
+ * bench/results/cuda_engine.md round 17.) */
 template <int GM, int NV, int KVQ>
 __global__ void __launch_bounds__(DA_WARPS * 32)
     attention_decode_kernel(cuda_attention_args a, cuda_kv kv, int S, int min_chunk) {
@@ -632,7 +646,7 @@ static hearth_status launch_decode_attention(const cuda_attention_args *a, heart
         else pdl_launch_small(attention_decode_kernel<8, 1, KVQ>, grid, dim3(threads), *a, *a->kv, S, mc);
     });
     if (cuda_launched("attention_decode", err)) return HEARTH_ERR_IO;
-    if (S == 1) return HEARTH_OK;
+    if (S == 1 || cuda_profile_skip(8)) return HEARTH_OK;
     pdl_launch_small(attention_combine_kernel, dim3((unsigned)a->n_heads, (unsigned)a->T), dim3(128), *a, S, mc);
     return cuda_launched("attention_combine", err);
 }

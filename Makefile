@@ -199,6 +199,8 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test-build: all unit-build asan-build fuzz-build
 test: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) test-build
+	@# the unit tests of the scheduler load the tiny models: made before they run
+	@bash tools/get_models.sh
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory asan
 	@$(MAKE) --no-print-directory -j$(JOBS) fuzz

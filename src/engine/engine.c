@@ -428,6 +428,12 @@ int engine_has_device_sampler(const hearth_engine *e) { return e->gsmp != NULL; 
 int engine_max_out_rows(const hearth_engine *e) { return e->max_out; }
 int engine_max_sequences(const hearth_engine *e) { return e->max_seqs; }
 kv_cache *engine_kv(hearth_engine *e) { return &e->kv; }
+
+hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, int rows, hearth_error *err) {
+    if (e->gpu) return engine_device_kv_copy(e->gpu, src, dst, rows, err);
+    kv_copy_rows(&e->kv, src, dst, rows);
+    return HEARTH_OK;
+}
 threadpool *engine_threads(hearth_engine *e) { return e->tp; }
 sampler *engine_slot_sampler(hearth_engine *e, int seq) { return &e->slot_smp[seq]; }
 

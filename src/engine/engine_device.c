@@ -125,6 +125,15 @@ hearth_status engine_device_forward_sample(cuda_model *gpu, cuda_sampler *smp, c
 #endif
 }
 
+hearth_status engine_device_kv_copy(cuda_model *gpu, int32_t src, int32_t dst, int rows, hearth_error *err) {
+#ifdef HEARTH_HAVE_CUDA
+    return cuda_model_kv_copy(gpu, src, dst, rows, err);
+#else
+    (void)gpu, (void)src, (void)dst, (void)rows;
+    return err_set(err, HEARTH_ERR_UNSUPPORTED, "built without the CUDA backend");
+#endif
+}
+
 size_t engine_device_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant, int device) {
 #ifdef HEARTH_HAVE_CUDA
     if (device == HEARTH_DEVICE_CUDA || (device == HEARTH_DEVICE_AUTO && cuda_device_count() > 0))

@@ -25,6 +25,8 @@ int engine_device_sample_supported(const hearth_sampling *p);
 hearth_status engine_device_forward_sample(cuda_model *gpu, cuda_sampler *smp, const kv_cache *kv,
                                            const model_batch *b, const cuda_sample_req *req, int32_t *ids,
                                            hearth_error *err);
+/* cuda_model_kv_copy: rows of block src into block dst in the GPU's KV pool. */
+hearth_status engine_device_kv_copy(cuda_model *gpu, int32_t src, int32_t dst, int rows, hearth_error *err);
 /* Device bytes of the KV storage of n_blocks blocks (cuda_kv_bytes) when the engine may run
  * on the GPU (device cuda, or auto with a CUDA device present); 0 otherwise. */
 size_t engine_device_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant, int device);

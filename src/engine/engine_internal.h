@@ -26,6 +26,9 @@ const hearth_model *engine_model(const hearth_engine *e);
 int engine_max_out_rows(const hearth_engine *e);
 int engine_max_sequences(const hearth_engine *e);
 kv_cache *engine_kv(hearth_engine *e);
+/* Copies rows positions of KV block src into block dst wherever the pool lives (host, or
+ * the GPU's copy): a partial prefix match (kv_prefix_attach_partial). */
+hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, int rows, hearth_error *err);
 /* The engine's thread pool (for work between steps, e.g. sampling all rows at once). */
 threadpool *engine_threads(hearth_engine *e);
 /* The per-slot sampler the scheduler gives each running request (own seed, own RNG). */

@@ -108,6 +108,24 @@ void kv_store(kv_cache *kv, int layer, int slot, int p, int head, const float *k
     memcpy(kv->v + off, value, (size_t)kv->head_dim * sizeof(float));
 }
 
+void kv_copy_rows(kv_cache *kv, int32_t src, int32_t dst, int rows) {
+    size_t d = (size_t)kv->head_dim;
+    /* element bytes of this pool's keys and values; fp8 and f16 live in k8 / v8 too */
+    size_t eb = kv->quant == HEARTH_KV_FLOAT ? sizeof(float) : kv->quant == HEARTH_KV_F16 ? sizeof(uint16_t) : 1;
+    char *k = kv->k ? (char *)kv->k : (char *)kv->k8, *v = kv->v ? (char *)kv->v : (char *)kv->v8;
+    for (int l = 0; l < kv->n_layers; l++)
+        for (int h = 0; h < kv->n_kv_heads; h++) {
+            size_t from = (((size_t)l * kv->n_blocks + src) * kv->n_kv_heads + h) * KV_BLOCK_SIZE;
+            size_t to = (((size_t)l * kv->n_blocks + dst) * kv->n_kv_heads + h) * KV_BLOCK_SIZE;
+            memcpy(k + to * d * eb, k + from * d * eb, (size_t)rows * d * eb);
+            memcpy(v + to * d * eb, v + from * d * eb, (size_t)rows * d * eb);
+            if (kv->k_scale) {
+                memcpy(kv->k_scale + to, kv->k_scale + from, (size_t)rows * sizeof(float));
+                memcpy(kv->v_scale + to, kv->v_scale + from, (size_t)rows * sizeof(float));
+            }
+        }
+}
+
 hearth_status kv_create_quant(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
                               int max_context, int n_blocks, int quant, hearth_error *err) {
     memset(kv, 0, sizeof *kv);

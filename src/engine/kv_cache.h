@@ -71,6 +71,10 @@ static inline size_t kv_row(const kv_cache *kv, int layer, int slot, int p, int 
 /* Writes one position's key and value (head_dim floats each), quantizing them when the
  * pool is int8: the only way K/V enter the pool. */
 void kv_store(kv_cache *kv, int layer, int slot, int p, int head, const float *key, const float *value);
+/* Copies positions 0..rows of block src into block dst for every layer and KV head
+ * (keys, values, int8 scales): a partial prefix match (kv_prefix_attach_partial) on the
+ * host pool. */
+void kv_copy_rows(kv_cache *kv, int32_t src, int32_t dst, int rows);
 /* Float pool only: */
 static inline float *kv_key(const kv_cache *kv, int layer, int slot, int p, int head) {
     int32_t b = kv->tables[(size_t)slot * kv->max_blocks_per_slot + p / KV_BLOCK_SIZE];

@@ -38,8 +38,27 @@ int kv_prefix_attach(kv_cache *kv, int slot, const int32_t *tokens, int n);
  * history) that is not named yet, so later requests can reuse it. A block whose content
  * is already cached under another id stays private (freed on release). */
 void kv_prefix_commit(kv_cache *kv, int slot, const int32_t *tokens, int n);
+/* Partial blocks. After kv_prefix_attach, the block that follows the attached ones may
+ * still share its first tokens with a cached block: a full one whose chain went on
+ * differently (the prompt diverges inside the block), or the tail a finished sequence
+ * left (kv_prefix_commit_tail). Sequences append to their last block, so that content
+ * is copied, not shared: kv_prefix_attach_partial takes a fresh block for the slot and
+ * returns the rows to copy into it (src is held until the caller, having copied rows
+ * positions of every layer and KV head, drops it with kv_block_drop). */
+typedef struct kv_block_copy {
+    int32_t src, dst; /* -1: nothing to copy */
+    int rows;
+} kv_block_copy;
+/* Rows matched (0: none, copy->src = -1) of tokens[0..n) after the full blocks attached;
+ * never covers the last token; the slot's n_tokens grows by them. */
+int kv_prefix_attach_partial(kv_cache *kv, int slot, const int32_t *tokens, int n, kv_block_copy *copy);
+/* kv_prefix_commit, then keeps the slot's last, partly filled block (positions
+ * n / KV_BLOCK_SIZE * KV_BLOCK_SIZE .. n) findable for kv_prefix_attach_partial once the
+ * slot is released (called just before kv_release, with the positions computed). A
+ * tail whose content is held already stays private. */
+void kv_prefix_commit_tail(kv_cache *kv, int slot, const int32_t *tokens, int n);
 /* Whether position p of slot may be written: its block is held by this slot alone and
- * is not cached. Sequences only append and shared blocks are always full, so this
- * holds for every write; the engine checks it (copy-on-write is never needed). */
+ * is not cached. Sequences only append, shared blocks are always full and partial
+ * matches are copied, so this holds for every write; the engine checks it. */
 int kv_position_writable(const kv_cache *kv, int slot, int p);
 #endif

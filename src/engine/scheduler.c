@@ -7,7 +7,10 @@
  * blocks go back, it waits at the front of the queue with its tokens so far, and resumes
  * where it stopped). A request whose long prefix another running request is prefilling
  * right now waits for those blocks instead of computing them too (see
- * SCHED_SHARE_MIN_BLOCKS). Owns no model or text logic; single-threaded by design. */
+ * SCHED_SHARE_MIN_BLOCKS). A new request reuses the longest token prefix the cache holds:
+ * whole shared blocks, then a copy of the leading rows of the block after them (a prompt
+ * that diverges inside a block, or the last partial block a finished request left).
+ * Owns no model or text logic; single-threaded by design. */
 #include "engine/scheduler.h"
 #include "base/err.h"
 #include "engine/engine_internal.h"
@@ -129,10 +132,17 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
 
 /* Ends a request: its slot and KV blocks go back at once, then the caller hears of it
  * (after which it may free what the request pointed to). */
+/* Closes q's slot, keeping the KV it computed findable: its full blocks are named
+ * already, its last partial block is kept for a later request that starts the same way. */
+static void close_slot(hearth_batch *b, sched_req *q) {
+    kv_prefix_commit_tail(engine_kv(b->e), q->seq, engine_history(b->e, q->seq), q->len);
+    hearth_seq_close(b->e, q->seq);
+}
+
 static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hearth_error *err) {
     b->requests_done++;
     if (q->seq >= 0) {
-        hearth_seq_close(b->e, q->seq);
+        close_slot(b, q);
         if (q->t1 > 0) q->r.result->generate_seconds = gen_now_seconds() - q->t1;
     }
     if (q->g.ds) gen_stream_free(&q->g);
@@ -292,12 +302,20 @@ static void admit(hearth_batch *b) {
             /* the cached blocks of its prefix first: they need no new blocks (and no longer
              * count as available once held) */
             reused = kv_prefix_attach(kv, q->seq, fill_tokens(q), (int)q->n_fill);
-            if (need - reused / KV_BLOCK_SIZE + b->n_run > kv_blocks_available(kv)) {
+            kv_block_copy cp;
+            int part = kv_prefix_attach_partial(kv, q->seq, fill_tokens(q), (int)q->n_fill, &cp);
+            if (part) { /* the next block's leading rows, copied before src may be evicted */
+                st = engine_kv_copy_rows(b->e, cp.src, cp.dst, cp.rows, &err);
+                kv_block_drop(kv, cp.src);
+                reused += part;
+            }
+            int held = (reused + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
+            if (!st && need - held + b->n_run > kv_blocks_available(kv)) {
                 hearth_seq_close(b->e, q->seq); /* the attached blocks go back to the cache */
                 q->seq = -1;
                 break;
             }
-            st = kv_reserve(kv, q->seq, positions, &err);
+            if (!st) st = kv_reserve(kv, q->seq, positions, &err);
         }
         unlink_waiting(b, pp, prev);
         if (st) {
@@ -327,8 +345,8 @@ static void admit(hearth_batch *b) {
 }
 
 /* Preempts running request i by recompute: its tokens so far are kept, its blocks go back
- * (the full ones into the prefix cache, so a resume soon after recomputes little), and it
- * waits at the front of the queue. Swapping KV to host memory would save the recompute
+ * (into the prefix cache, its last partial block too, so a resume soon after recomputes
+ * little), and it waits at the front of the queue. Swapping KV to host memory would save the recompute
  * but on CPU the pool already is host memory: recompute is the only choice that frees
  * anything. */
 static void preempt(hearth_batch *b, int i) {
@@ -347,7 +365,7 @@ static void preempt(hearth_batch *b, int i) {
         q->decoding = 0;
     }
     memcpy(q->rng, engine_slot_sampler(b->e, q->seq)->rng, sizeof q->rng);
-    hearth_seq_close(b->e, q->seq);
+    close_slot(b, q);
     q->seq = -1;
     q->prefilled = 0;
     q->len = 0;

@@ -1,6 +1,8 @@
 /* test_kv_prefix.c: the prefix cache's block metadata (kv_prefix.c): hash chains,
  * attach/commit, reference counts shared between slots, the LRU order of eviction,
- * stale chains after eviction, and that every block is always free, cached or held. */
+ * stale chains after eviction, partial matches (a prompt that diverges inside a block,
+ * the kept tail of a finished sequence) with their row copies, and that every block is
+ * always free, cached or held. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,6 +38,57 @@ static void fill(int32_t *t, int n, int32_t base) {
 static void compute(kv_cache *kv, int slot, const int32_t *tokens, int n) {
     assert_int_equal(kv_reserve(kv, slot, n, NULL), HEARTH_OK);
     kv_prefix_commit(kv, slot, tokens, n);
+}
+
+/* The KV row these tests store at position p of a prompt t: its token, its position and
+ * a hash of every token up to it (two 24-bit halves, exact as floats). A row found in the
+ * cache must have been computed from exactly this prompt's prefix: the oracle for what
+ * attach and the partial copy hand out. */
+static void row_of(const int32_t *t, int p, float key[4], float value[4]) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (int i = 0; i <= p; i++) h = (h ^ (uint32_t)t[i]) * 1099511628211ull;
+    key[0] = (float)t[p], key[1] = (float)p, key[2] = (float)(h & 0xffffff), key[3] = (float)((h >> 24) & 0xffffff);
+    for (int i = 0; i < 4; i++) value[i] = -key[3 - i];
+}
+
+static void write_rows(kv_cache *kv, int slot, const int32_t *t, int from, int to) {
+    float k[4], v[4];
+    for (int p = from; p < to; p++) row_of(t, p, k, v), kv_store(kv, 0, slot, p, 0, k, v);
+}
+
+static void check_rows(const kv_cache *kv, int slot, const int32_t *t, int n) {
+    float k[4], v[4];
+    for (int p = 0; p < n; p++) {
+        row_of(t, p, k, v);
+        assert_memory_equal(kv_key(kv, 0, slot, p, 0), k, sizeof k);
+        assert_memory_equal(kv_value(kv, 0, slot, p, 0), v, sizeof v);
+    }
+}
+
+/* attach, then the partial block with its copy done as the scheduler does it */
+static int attach_all(kv_cache *kv, int slot, const int32_t *t, int n) {
+    int got = kv_prefix_attach(kv, slot, t, n);
+    kv_block_copy cp;
+    int part = kv_prefix_attach_partial(kv, slot, t, n, &cp);
+    if (part) {
+        assert_int_equal(cp.rows, part);
+        assert_true(cp.src >= 0 && cp.dst >= 0 && cp.src != cp.dst && part < B);
+        assert_int_equal(block_of(kv, slot, got / B), cp.dst);
+        kv_copy_rows(kv, cp.src, cp.dst, cp.rows);
+        kv_block_drop(kv, cp.src);
+    } else {
+        assert_int_equal(cp.src, -1);
+    }
+    assert_int_equal(kv->n_tokens[slot], got + part);
+    return got + part;
+}
+
+/* A slot that computed tokens[0..n) with rows, named its full blocks and kept its tail. */
+static void compute_rows(kv_cache *kv, int slot, const int32_t *t, int n) {
+    int have = attach_all(kv, slot, t, n);
+    assert_int_equal(kv_reserve(kv, slot, n, NULL), HEARTH_OK);
+    write_rows(kv, slot, t, have, n);
+    kv_prefix_commit_tail(kv, slot, t, n);
 }
 
 static void test_hash(void **state) {
@@ -218,15 +271,148 @@ static void test_churn(void **state) {
     int32_t t[200];
     for (int round = 0; round < 2000; round++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        int family = (int)(rng >> 60) % 4, n = 1 + (int)((rng >> 33) % 150);
-        for (int i = 0; i < n; i++) t[i] = family * 1000 + i; /* 4 prompt families sharing prefixes */
-        int got = kv_prefix_attach(&kv, 0, t, n);
-        assert_true(got % B == 0 && got < n);
-        if (kv_reserve(&kv, 0, n, NULL) == HEARTH_OK) kv_prefix_commit(&kv, 0, t, n);
+        int family = (int)(rng >> 60) % 4, n = 1 + (int)((rng >> 33) % 150), split = (int)((rng >> 20) % 160);
+        /* 4 prompt families sharing prefixes, each prompt leaving its family at a random point */
+        for (int i = 0; i < n; i++) t[i] = i < split ? family * 1000 + i : 100000 + (int)(rng >> 45) % 3;
+        int got;
+        if (round % 2) { /* every other round with partial matches */
+            got = attach_all(&kv, 0, t, n);
+            assert_true(got < n);
+            check_rows(&kv, 0, t, got);
+            if (kv_reserve(&kv, 0, n, NULL) == HEARTH_OK) {
+                write_rows(&kv, 0, t, got, n);
+                kv_prefix_commit_tail(&kv, 0, t, n);
+            }
+        } else {
+            got = kv_prefix_attach(&kv, 0, t, n);
+            assert_true(got % B == 0 && got < n);
+            check_rows(&kv, 0, t, got);
+            if (kv_reserve(&kv, 0, n, NULL) == HEARTH_OK) {
+                write_rows(&kv, 0, t, got, n);
+                kv_prefix_commit(&kv, 0, t, n);
+            }
+        }
         assert_accounted(&kv);
         kv_release(&kv, 0);
         assert_int_equal(kv.n_free + kv_blocks_cached(&kv), kv.n_blocks);
     }
+    kv_destroy(&kv);
+}
+
+/* A prompt that diverges inside a cached block reuses that block's leading rows as a
+ * private copy; a finished sequence's last partial block is kept (once per content) and
+ * reused by a prompt that starts the same way; the last token is never covered. */
+static void test_partial_blocks(void **state) {
+    (void)state;
+    kv_cache kv;
+    assert_int_equal(kv_create(&kv, 1, 1, 4, 3, 128, 16, NULL), HEARTH_OK);
+    int32_t t[64], u[64];
+    fill(t, 64, 7);
+    compute_rows(&kv, 0, t, 40); /* blocks 0, 1 full, block 2 holds 8 */
+    int32_t b1 = block_of(&kv, 0, 1);
+    kv_release(&kv, 0);
+    assert_int_equal(kv_blocks_cached(&kv), 3); /* the tail is kept */
+    assert_accounted(&kv);
+    memcpy(u, t, sizeof u);
+    u[21] = 99999; /* diverges at position 21: 16 shared + 5 rows of block 1 */
+    assert_int_equal(attach_all(&kv, 1, u, 40), 21);
+    assert_true(block_of(&kv, 1, 1) != b1);
+    assert_true(kv_position_writable(&kv, 1, 21)); /* the copy is the slot's own */
+    check_rows(&kv, 1, u, 21);
+    assert_int_equal(kv_blocks_cached(&kv), 2); /* block 1 went back to the LRU after the copy */
+    kv_release(&kv, 1);
+    /* the same 40 tokens: 32 attached, 7 rows of the kept tail (not the last token) */
+    assert_int_equal(attach_all(&kv, 1, t, 40), 39);
+    check_rows(&kv, 1, t, 39);
+    kv_release(&kv, 1);
+    /* a longer prompt: the whole tail (8 rows) */
+    assert_int_equal(attach_all(&kv, 1, t, 60), 40);
+    check_rows(&kv, 1, t, 40);
+    kv_release(&kv, 1);
+    /* a tail whose content is kept already stays private; a longer one is kept too */
+    compute_rows(&kv, 1, t, 38);
+    kv_release(&kv, 1);
+    assert_int_equal(kv_blocks_cached(&kv), 3);
+    compute_rows(&kv, 1, t, 45);
+    kv_release(&kv, 1);
+    assert_int_equal(kv_blocks_cached(&kv), 4);
+    assert_int_equal(attach_all(&kv, 2, t, 60), 45); /* the longest of the two tails */
+    check_rows(&kv, 2, t, 45);
+    kv_release(&kv, 2);
+    /* a prompt shorter than a block: a tail with no parent */
+    fill(u, 10, 5000);
+    compute_rows(&kv, 0, u, 10);
+    kv_release(&kv, 0);
+    assert_int_equal(attach_all(&kv, 0, u, 10), 9);
+    check_rows(&kv, 0, u, 9);
+    kv_release(&kv, 0);
+    assert_int_equal(attach_all(&kv, 0, u, 1), 0); /* one token: its logits are needed */
+    kv_release(&kv, 0);
+    assert_accounted(&kv);
+    kv_destroy(&kv);
+}
+
+/* The partial source is held while the destination is taken: with no free block and only
+ * the source evictable, there is no partial match (and the source survives); evicted
+ * tails and tails of evicted chains are never matched. */
+static void test_partial_eviction(void **state) {
+    (void)state;
+    kv_cache kv;
+    assert_int_equal(kv_create(&kv, 1, 1, 4, 3, 64, 3, NULL), HEARTH_OK);
+    int32_t t[40], x[40];
+    fill(t, 40, 100);
+    fill(x, 40, 900);
+    compute_rows(&kv, 0, t, 20); /* a full block and a tail of 4 */
+    kv_release(&kv, 0);
+    assert_int_equal(kv_blocks_cached(&kv), 2);
+    assert_int_equal(kv_reserve(&kv, 2, 1, NULL), HEARTH_OK); /* the last free block */
+    assert_int_equal(kv.n_free, 0);
+    /* 16 attached; the tail is the only evictable block: no copy into itself */
+    assert_int_equal(attach_all(&kv, 1, t, 30), 16);
+    assert_int_equal(kv_blocks_cached(&kv), 1);
+    kv_release(&kv, 1);
+    kv_release(&kv, 2);
+    assert_int_equal(attach_all(&kv, 1, t, 30), 20); /* the tail was kept */
+    kv_release(&kv, 1);
+    /* x evicts the tail first (released first: the LRU's oldest), then t's full block */
+    compute_rows(&kv, 0, x, 17);
+    kv_release(&kv, 0);
+    assert_int_equal(attach_all(&kv, 1, t, 30), 16);
+    check_rows(&kv, 1, t, 16);
+    kv_release(&kv, 1);
+    compute_rows(&kv, 0, x, 40);
+    kv_release(&kv, 0);
+    assert_int_equal(attach_all(&kv, 1, t, 30), 0);
+    kv_release(&kv, 1);
+    assert_accounted(&kv);
+    kv_destroy(&kv);
+}
+
+/* int8 pools copy the rows' bytes and their scales. */
+static void test_copy_rows_int8(void **state) {
+    (void)state;
+    kv_cache kv;
+    assert_int_equal(kv_create_quant(&kv, 2, 2, 8, 2, 64, 4, HEARTH_KV_INT8, NULL), HEARTH_OK);
+    assert_int_equal(kv_reserve(&kv, 0, 16, NULL), HEARTH_OK);
+    float k[8], v[8];
+    for (int l = 0; l < 2; l++)
+        for (int h = 0; h < 2; h++)
+            for (int p = 0; p < 16; p++) {
+                for (int i = 0; i < 8; i++) k[i] = (float)(l * 100 + h * 10 + p + i), v[i] = -k[i] * 0.5f;
+                kv_store(&kv, l, 0, p, h, k, v);
+            }
+    int32_t src = block_of(&kv, 0, 0);
+    assert_int_equal(kv_reserve(&kv, 1, 16, NULL), HEARTH_OK);
+    int32_t dst = block_of(&kv, 1, 0);
+    kv_copy_rows(&kv, src, dst, 5);
+    for (int l = 0; l < 2; l++)
+        for (int h = 0; h < 2; h++)
+            for (int p = 0; p < 16; p++) {
+                size_t a = kv_row(&kv, l, 0, p, h), b = kv_row(&kv, l, 1, p, h);
+                int same = !memcmp(kv.k8 + a * 8, kv.k8 + b * 8, 8) && !memcmp(kv.v8 + a * 8, kv.v8 + b * 8, 8) &&
+                           kv.k_scale[a] == kv.k_scale[b] && kv.v_scale[a] == kv.v_scale[b];
+                assert_int_equal(same, p < 5); /* rows past 5 stay as they were (zero) */
+            }
     kv_destroy(&kv);
 }
 
@@ -239,6 +425,9 @@ int main(void) {
         cmocka_unit_test(test_stale_parent),
         cmocka_unit_test(test_duplicate_commit),
         cmocka_unit_test(test_churn),
+        cmocka_unit_test(test_partial_blocks),
+        cmocka_unit_test(test_partial_eviction),
+        cmocka_unit_test(test_copy_rows_int8),
     };
     return cmocka_run_group_tests_name("kv_prefix", tests, NULL, NULL);
 }

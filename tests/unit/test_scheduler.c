@@ -4,7 +4,9 @@
  * logprobs each gives alone through hearth_generate, that a burst beyond the KV pool
  * waits and completes, that a request that can never fit fails, and cancellation; and
  * that requests submitted together with a long common prefix compute it once (the others
- * wait for the first one's blocks), also when the first is cancelled mid-prompt. */
+ * wait for the first one's blocks), also when the first is cancelled mid-prompt; and that
+ * requests run one after another reuse the longest token prefix any earlier one computed,
+ * partial blocks included, with answers equal to their lone runs. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -316,6 +318,105 @@ static void test_shared_prefix_leader_cancelled(void **st) {
     run_shared_prefix(1);
 }
 
+/* Longest common prefix of two token arrays. */
+static size_t common_tokens(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    size_t c = 0;
+    while (c < na && c < nb && a[c] == b[c]) c++;
+    return c;
+}
+
+/* Requests one after another on one engine: each must find in the cache exactly the
+ * longest prefix it shares with what an earlier request computed (its prompt and the
+ * tokens it generated and fed back: all but the last), never its own last token, whether
+ * that prefix ends on a block boundary, inside a block another prompt went on from, or
+ * inside the last block a finished request left; and each answer must equal its run on a
+ * fresh engine, token for token and logprob for logprob. */
+static void test_partial_prefix_reuse(void **st) {
+    (void)st;
+    hearth_model *m = open_tiny();
+    hearth_error err = {0};
+    hearth_engine_options o = {.n_threads = 1, .context_length = 512, .max_sequences = 2, .kv_blocks = 256};
+    hearth_engine *e = NULL;
+    assert_int_equal(hearth_engine_create(m, &o, &e, &err), HEARTH_OK);
+    hearth_batch *b = NULL;
+    assert_int_equal(hearth_batch_create(e, &b, &err), HEARTH_OK);
+    const char *text = "The quick brown fox jumps over the lazy dog while seven wizards quietly vex the jolly king.";
+    int32_t *base;
+    size_t n_base;
+    assert_int_equal(hearth_tokenize(m, text, strlen(text), 1, &base, &n_base, &err), HEARTH_OK);
+    assert_true(n_base > 20 && n_base % 16 != 0 && n_base < 100);
+    hearth_generate_params p;
+    memset(&p, 0, sizeof p);
+    hearth_sampling_defaults(NULL, &p.sampling);
+    p.sampling.top_logprobs = 1;
+    p.max_tokens = 8;
+    p.ignore_eos = 1;
+    enum { N_RUNS = 6, MAXT = 160 };
+    static int32_t seqs[N_RUNS][MAXT]; /* what each run computed: prompt + generated, less the last */
+    size_t n_seqs[N_RUNS];
+    int32_t prompt[MAXT];
+    static rec got, alone;
+    for (int r = 0; r < N_RUNS; r++) {
+        size_t n = n_base;
+        memcpy(prompt, base, n_base * sizeof *prompt);
+        switch (r) {
+        case 0: break; /* computes everything */
+        case 1: break; /* the same prompt: all but its last token */
+        case 2:        /* first run's prompt and 5 of its answer's tokens, then its own */
+            memcpy(prompt + n, seqs[0] + n_base, 5 * sizeof *prompt), n += 5;
+            prompt[n] = (seqs[0][n] + 1) % 600, n++;
+            prompt[n++] = 42;
+            break;
+        case 3: /* diverges inside the prompt's second block */
+            n = 30;
+            prompt[21] = (prompt[21] + 1) % 600;
+            break;
+        case 4: /* the first answer in full (past the last token it fed back) and more */
+            memcpy(prompt + n, got.ids, 8 * sizeof *prompt), n += 8;
+            prompt[n++] = 7, prompt[n++] = 8;
+            break;
+        case 5: /* shorter than one block */
+            n = 9;
+            break;
+        }
+        size_t want = 0;
+        for (int j = 0; j < r; j++) {
+            size_t c = common_tokens(seqs[j], n_seqs[j], prompt, n);
+            if (c > want) want = c;
+        }
+        if (want > n - 1) want = n - 1;
+        memset(&got, 0, sizeof got);
+        memset(&alone, 0, sizeof alone);
+        hearth_batch_request q = {.prompt = prompt, .n_prompt = n, .params = &p, .on_token = rec_token,
+                                  .on_done = rec_done, .result = &got.res, .user = &got};
+        assert_int_equal(hearth_batch_submit(b, &q, &err), HEARTH_OK);
+        size_t steps = 0;
+        while (hearth_batch_step(b)) assert_true(++steps < 1000);
+        assert_int_equal(got.done, 1);
+        assert_int_equal(got.status, HEARTH_OK);
+        assert_int_equal(got.res.cached_tokens, want);
+        hearth_engine *e1 = NULL;
+        assert_int_equal(hearth_engine_create(m, &o, &e1, &err), HEARTH_OK);
+        assert_int_equal(hearth_generate(e1, prompt, n, &p, rec_token, &alone, &alone.res, &err), HEARTH_OK);
+        hearth_engine_free(e1);
+        assert_int_equal(got.n, 8);
+        assert_int_equal(alone.n, 8);
+        assert_memory_equal(got.ids, alone.ids, sizeof(int32_t) * 8);
+        assert_memory_equal(got.lps, alone.lps, sizeof(float) * 8);
+        memcpy(seqs[r], prompt, n * sizeof *prompt);
+        memcpy(seqs[r] + n, got.ids, 7 * sizeof *prompt);
+        n_seqs[r] = n + 7;
+    }
+    hearth_batch_stats s;
+    hearth_batch_stats_get(b, &s);
+    assert_int_equal(s.kv_blocks_used, 0);
+    assert_int_equal(s.kv_blocks_free + s.kv_blocks_cached, s.kv_blocks);
+    hearth_batch_free(b);
+    hearth_free(base);
+    hearth_engine_free(e);
+    hearth_model_close(m);
+}
+
 int main(void) {
     setenv("HEARTH_CPU", "scalar", 1); /* rows computed independently: bit-identical batches */
     const struct CMUnitTest tests[] = {
@@ -326,6 +427,7 @@ int main(void) {
         cmocka_unit_test(test_batch_small_pool_and_budget),
         cmocka_unit_test(test_shared_prefix_computed_once),
         cmocka_unit_test(test_shared_prefix_leader_cancelled),
+        cmocka_unit_test(test_partial_prefix_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

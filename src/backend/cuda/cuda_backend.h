@@ -290,6 +290,9 @@ void cuda_kv_free(cuda_kv *dkv);
  * int8 / fp8 pool (rules in cuda_kv_access.cuh; int8 equals kv_store's bytes and scales). */
 hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const float *v, int T,
                             const int32_t *pos, const int32_t *slot, hearth_error *err);
+/* Copies positions [0, rows) of block src into block dst, every layer and KV head (keys,
+ * values, scales), on the backend's stream: kv_copy_rows for the device pool. */
+hearth_status cuda_kv_copy_rows(const cuda_kv *dkv, int32_t src, int32_t dst, int rows, hearth_error *err);
 /* cuda_rope_qk of q [T][n_heads][head_dim] and k, then cuda_kv_write of the rotated k and v,
  * in one launch: the same q, k and pool bytes, bit for bit (head_dim even). */
 hearth_status cuda_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float *k, const float *v, int T, int n_heads,

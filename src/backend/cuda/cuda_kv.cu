@@ -180,3 +180,28 @@ hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const
                      pdl_launch_small(kv_write_kernel<KVQ>, grid, dim3(KVW_THREADS), *dkv, layer, k, v, pos, slot));
     return cuda_launched("kv_write", err);
 }
+
+/* Positions [0, rows) of block src into block dst, one CUDA block per (layer, KV head):
+ * the rows' bytes in the pool's own element type, and their scales. */
+__global__ void kv_copy_rows_kernel(cuda_kv kv, size_t row_bytes, int src, int dst, int rows) {
+    int l = blockIdx.x / kv.n_kv_heads, h = blockIdx.x % kv.n_kv_heads;
+    size_t from = (((size_t)l * kv.n_blocks + src) * kv.n_kv_heads + h) * KV_BLOCK_SIZE;
+    size_t to = (((size_t)l * kv.n_blocks + dst) * kv.n_kv_heads + h) * KV_BLOCK_SIZE;
+    const char *ks = (const char *)kv.k + from * row_bytes, *vs = (const char *)kv.v + from * row_bytes;
+    char *kd = (char *)kv.k + to * row_bytes, *vd = (char *)kv.v + to * row_bytes;
+    for (size_t i = threadIdx.x; i < (size_t)rows * row_bytes; i += blockDim.x) kd[i] = ks[i], vd[i] = vs[i];
+    if (kv.k_scale)
+        for (int i = threadIdx.x; i < rows; i += blockDim.x)
+            kv.k_scale[to + i] = kv.k_scale[from + i], kv.v_scale[to + i] = kv.v_scale[from + i];
+}
+
+hearth_status cuda_kv_copy_rows(const cuda_kv *dkv, int32_t src, int32_t dst, int rows, hearth_error *err) {
+    if (src < 0 || dst < 0 || src >= dkv->n_blocks || dst >= dkv->n_blocks || rows < 0 || rows > KV_BLOCK_SIZE)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda_kv_copy_rows: blocks %d -> %d, %d rows", src, dst, rows);
+    if (rows == 0) return HEARTH_OK;
+    int dtype = cuda_kv_device_dtype(dkv->quant);
+    size_t eb = dtype == CUDA_KV_F32 ? sizeof(float) : dtype == CUDA_KV_F16 ? 2 : 1;
+    kv_copy_rows_kernel<<<dkv->n_layers * dkv->n_kv_heads, 256, 0, cuda_stream()>>>(*dkv, eb * dkv->head_dim, src,
+                                                                                    dst, rows);
+    return cuda_launched("kv_copy_rows", err);
+}

@@ -590,6 +590,10 @@ hearth_status cuda_model_forward_keep(cuda_model *cm, const kv_cache *kv, const 
 
 float *cuda_model_device_logits(cuda_model *cm) { return cm->logits; }
 
+hearth_status cuda_model_kv_copy(cuda_model *cm, int32_t src, int32_t dst, int rows, hearth_error *err) {
+    return cuda_kv_copy_rows(&cm->kv, src, dst, rows, err);
+}
+
 hearth_status cuda_model_forward_ids(cuda_model *cm, const kv_cache *kv, const model_batch *b, int32_t *ids,
                                      hearth_error *err) {
     if (!ids) return err_set(err, HEARTH_ERR_INVALID, "cuda_model_forward_ids: no output array");

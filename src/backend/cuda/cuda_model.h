@@ -33,6 +33,9 @@ hearth_status cuda_model_forward_ids(cuda_model *cm, const kv_cache *kv, const m
  * same stream. b->logits is not written. */
 hearth_status cuda_model_forward_keep(cuda_model *cm, const kv_cache *kv, const model_batch *b, hearth_error *err);
 float *cuda_model_device_logits(cuda_model *cm);
+/* kv_copy_rows in the model's device KV pool (a partial prefix match), ordered before the
+ * next step on the backend's stream. */
+hearth_status cuda_model_kv_copy(cuda_model *cm, int32_t src, int32_t dst, int rows, hearth_error *err);
 /* Device bytes held (weights, KV pool, scratch). */
 size_t cuda_model_device_bytes(const cuda_model *cm);
 #endif

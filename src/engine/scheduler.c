@@ -84,14 +84,15 @@ int sched_blocks_needed(size_t n_prompt, int max_tokens, int context) {
     return (int)((pos + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE);
 }
 
-int sched_shared_blocks(const int32_t *a, size_t n_a, const int32_t *b, size_t n_b) {
-    size_t lim = n_a > 0 ? n_a - 1 : 0;
+size_t sched_shared_tokens(const int32_t *a, size_t n_a, const int32_t *b, size_t n_b) {
+    size_t lim = n_a > 0 ? n_a - 1 : 0, i = 0;
     if (n_b < lim) lim = n_b;
-    size_t i = 0;
-    while ((i + 1) * KV_BLOCK_SIZE <= lim &&
-           !memcmp(a + i * KV_BLOCK_SIZE, b + i * KV_BLOCK_SIZE, KV_BLOCK_SIZE * sizeof *a))
-        i++;
-    return (int)i;
+    while (i < lim && a[i] == b[i]) i++;
+    return i;
+}
+
+int sched_shared_blocks(const int32_t *a, size_t n_a, const int32_t *b, size_t n_b) {
+    return (int)(sched_shared_tokens(a, n_a, b, n_b) / KV_BLOCK_SIZE);
 }
 
 hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_error *err) {
@@ -257,9 +258,12 @@ static int waits_for_shared_prefix(const hearth_batch *b, const sched_req *q) {
     for (int i = 0; i < b->n_run; i++) {
         const sched_req *l = b->run[i];
         if (l->decoding || l->prefilled >= l->n_fill) continue;
-        int shared = sched_shared_blocks(fill_tokens(q), q->n_fill, fill_tokens(l), l->n_fill);
-        size_t end = (size_t)shared * KV_BLOCK_SIZE;
-        if (end >= l->attached + SCHED_SHARE_MIN_BLOCKS * KV_BLOCK_SIZE && l->prefilled < end) return 1;
+        size_t common = sched_shared_tokens(fill_tokens(q), q->n_fill, fill_tokens(l), l->n_fill);
+        size_t full = common / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
+        /* the leader's block holding the last shared token, once it is full and committed */
+        size_t end = (common + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
+        if (end > l->n_fill) end = full;
+        if (full >= l->attached + SCHED_SHARE_MIN_BLOCKS * KV_BLOCK_SIZE && l->prefilled < end) return 1;
     }
     return 0;
 }

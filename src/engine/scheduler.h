@@ -21,11 +21,16 @@ int sched_blocks_needed(size_t n_prompt, int max_tokens, int context);
  * right now (counting only blocks that request computes, not those it found cached) is
  * not admitted until that request has computed (and committed) them; it then attaches
  * them from the prefix cache. Requests behind it are admitted meanwhile.
- * Shorter common prefixes (a chat template's header) are not worth a step of waiting. */
+ * It waits until the leader has committed the block holding the last shared token too
+ * (unless the leader's prompt ends inside that block), so it copies the shared part of
+ * that block instead of computing it. Shorter common prefixes (a chat template's header)
+ * are not worth a step of waiting. */
 #define SCHED_SHARE_MIN_BLOCKS 4
 
-/* Full KV blocks a request with tokens a[0..n_a) could attach once a request prefilling
- * b[0..n_b) has committed its blocks: the leading whole blocks on which both agree,
- * never covering a's last token (its logits must be computed). */
+/* Tokens a request with a[0..n_a) could take from the cache once a request prefilling
+ * b[0..n_b) has committed the blocks holding them: the longest common prefix, never
+ * covering a's last token (its logits must be computed). */
+size_t sched_shared_tokens(const int32_t *a, size_t n_a, const int32_t *b, size_t n_b);
+/* Of those, the leading whole blocks (sched_shared_tokens / KV_BLOCK_SIZE). */
 int sched_shared_blocks(const int32_t *a, size_t n_a, const int32_t *b, size_t n_b);
 #endif

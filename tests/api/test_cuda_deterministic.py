@@ -6,6 +6,11 @@ without the mode, T > 8 goes to cuBLAS and the prefill attention tiles, whose ar
 depends on the batch. The oracle is the same request alone on the same server; logprobs are
 printed as 17-digit doubles of the float32 values, so equal JSON means equal bits.
 
+The prefix cache on the GPU: a repeated prompt takes all but its last token from the
+cache (the rows of its last, partial block copied on the device from the block the first
+run left) and a prompt that diverges inside a block copies that block's shared rows; both
+must give the bits of an uncached run (the oracle: a fresh server), in float and fp8 KV.
+
 Skipped (with the reason) where no CUDA device exists; tools/gpu_round.d/gpu-kv.sh runs it
 on the GPU machine with HEARTH_CACHE pointing at the tiny models' parent folder.
 """
@@ -14,7 +19,8 @@ import subprocess
 import pytest
 
 from conftest import BIN, TINY, server
-from test_batching import PROMPTS, chat, run_alone, run_together
+from test_batching import PROMPTS, answer, chat, post, run_alone, run_together
+from test_prefix_cache import expected_cached, hf_tokenizer, prompt_ids
 
 MODELS = ["llama-f32", "qwen3-q4g64"]  # f32 GEMVs; MLX 4-bit GEMVs with QK-norm
 TARGET = chat("Explain what a hash table is in one sentence.", 24)
@@ -75,3 +81,28 @@ def test_gpu_default_mode_depends_on_the_batch():
         alone = run_alone(base, [TARGET])[0]
         together = run_together(base, [TARGET] + others(63))
     assert together[0]["logprobs"] != alone["logprobs"], "batch-dependent kernels gave identical bits (control)"
+
+
+FOX = "The quick brown fox jumps over the lazy dog while seven wizards quietly vex the jolly king of the hills."
+
+
+def test_gpu_prefix_cache_copies_partial_blocks(det_gpu_server, request):
+    model, kvq = request.node.callspec.params["det_gpu_server"]
+    first, other = chat(FOX, 8), chat(FOX.replace("jolly", "grumpy"), 8)
+    with server(TINY / model, "--device", "cuda", "--deterministic", "--kv-quant", kvq, "--max-sequences", "64",
+                "--ctx", "1024") as fresh:  # nothing cached there: the oracle
+        want_first, want_other = run_alone(fresh, [first])[0], run_alone(fresh, [other])[0]
+    tok = hf_tokenizer(TINY / model)
+    ids = [prompt_ids(tok, r["messages"]) for r in (first, other)]
+    got = []
+    for r in (first, first, other):
+        status, body = post(det_gpu_server, r)
+        assert status == 200, body
+        got.append(body)
+    n = got[0]["usage"]["prompt_tokens"]
+    assert n == len(ids[0]) and n % 16 != 0
+    cached = [b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in got]
+    assert cached[1] == n - 1  # the last block's rows copied from the first run's tail
+    assert cached[2] == expected_cached(ids[0], ids[1]) and cached[2] % 16 != 0  # diverges inside a block
+    assert answer(got[0]) == want_first and answer(got[1]) == want_first
+    assert answer(got[2]) == want_other

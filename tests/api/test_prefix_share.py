@@ -3,7 +3,8 @@ waits_for_shared_prefix): a request whose long prefix another running request is
 waits for those KV blocks and attaches them, instead of computing them a second time.
 
 Oracles: HF transformers' chat template + tokenizer give each prompt's tokens, hence the
-prefix two prompts share in whole 16-token blocks; each answer must equal the same request
+token prefix two prompts share (a waiting request takes all of it: it waits for the
+leader's block that holds the last shared token); each answer must equal the same request
 run alone on a fresh server (nothing cached, nothing concurrent). --deterministic makes a
 sequence's numerics independent of its batch, so tokens and logprobs must be identical.
 Small steps (--max-step-tokens 64) spread the 2k-token prefill over ~30 steps, so the
@@ -58,7 +59,7 @@ def check_computed_once(got, ids, qs):
     assert len(leaders) == 1, {q: cached(got[q]) for q in qs}
     lead = leaders[0]
     for q in qs:
-        assert cached(got[q]) % BLOCK == 0 and got[q]["usage"]["prompt_tokens"] == len(ids[q])
+        assert got[q]["usage"]["prompt_tokens"] == len(ids[q])
         if q != lead:
             assert cached(got[q]) >= share[q][lead]
     # computed prompt tokens: one prefix plus the tails (plus what the leader got from the cache)

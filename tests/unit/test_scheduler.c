@@ -60,8 +60,14 @@ static void test_shared_blocks(void **st) {
     assert_int_equal(sched_shared_blocks(a, 100, c, 100), 2); /* differs inside block 2 */
     c[47] = 47, c[48] = -1;
     assert_int_equal(sched_shared_blocks(a, 100, c, 100), 3);
+    assert_int_equal(sched_shared_tokens(a, 100, c, 100), 48); /* the same, in tokens */
+    c[48] = 48;
+    assert_int_equal(sched_shared_tokens(a, 100, c, 100), 99);
+    assert_int_equal(sched_shared_tokens(a, 100, c, 40), 40);
+    assert_int_equal(sched_shared_tokens(a, 1, c, 100), 0);
     c[0] = -1;
     assert_int_equal(sched_shared_blocks(a, 100, c, 100), 0);
+    assert_int_equal(sched_shared_tokens(a, 100, c, 100), 0);
     assert_int_equal(sched_shared_blocks(a, 0, c, 100), 0);
     assert_int_equal(sched_shared_blocks(a, 1, c, 100), 0);
 }
@@ -200,13 +206,13 @@ static void test_batch_small_pool_and_budget(void **st) {
     run_batch_vs_alone(8, 7); /* 128 positions: requests wait; 7-token steps split prompts */
 }
 
-/* Common prefix of two token arrays in whole blocks, never covering b's last token: the
- * positions a request with b can attach after one with a computed its prompt. */
-static size_t common_blocks(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+/* Longest common prefix of two token arrays, never covering b's last token: the positions
+ * a request with b can take from the cache after one with a computed its tokens. */
+static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
     size_t c = 0;
     while (c < na && c < nb && a[c] == b[c]) c++;
     if (c > nb - 1) c = nb - 1;
-    return c / 16 * 16;
+    return c;
 }
 
 #define N_SHARE 4
@@ -283,14 +289,15 @@ static void run_shared_prefix(int cancel_first) {
     }
     /* who computed what: the unrelated request nothing cached; the first sharer (or, when
      * it was cancelled, the second, from the 64 positions the first had committed) the
-     * whole prefix; every later one attaches the prefix it shares with that leader */
+     * whole prefix; every later one takes at least the token prefix it shares with that
+     * leader (it waited for the leader's block holding the last shared token) */
     int lead = cancel_first ? 1 : 0;
     assert_int_equal(batched[N_SHARE].res.cached_tokens, 0);
     assert_int_equal(batched[lead].res.cached_tokens, cancel_first ? 64 : 0);
     size_t computed = 0, alone_sum = 0;
     for (int i = lead; i < N_SHARE; i++) {
         if (i > lead) {
-            size_t want = common_blocks(ids[lead], n_ids[lead], ids[i], n_ids[i]);
+            size_t want = common_prefix(ids[lead], n_ids[lead], ids[i], n_ids[i]);
             assert_true(want > 400);
             assert_true(batched[i].res.cached_tokens >= want);
         }
@@ -298,7 +305,7 @@ static void run_shared_prefix(int cancel_first) {
         alone_sum += n_ids[i];
     }
     /* one prefix plus tails: far below every request computing its own prompt */
-    size_t shared = common_blocks(ids[0], n_ids[0], ids[1], n_ids[1]);
+    size_t shared = common_prefix(ids[0], n_ids[0], ids[1], n_ids[1]);
     assert_true(computed <= alone_sum - (size_t)(N_SHARE - 1 - lead) * shared);
     hearth_batch_stats s;
     hearth_batch_stats_get(b, &s);
@@ -316,13 +323,6 @@ static void test_shared_prefix_computed_once(void **st) {
 static void test_shared_prefix_leader_cancelled(void **st) {
     (void)st;
     run_shared_prefix(1);
-}
-
-/* Longest common prefix of two token arrays. */
-static size_t common_tokens(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
-    size_t c = 0;
-    while (c < na && c < nb && a[c] == b[c]) c++;
-    return c;
 }
 
 /* Requests one after another on one engine: each must find in the cache exactly the
@@ -381,10 +381,9 @@ static void test_partial_prefix_reuse(void **st) {
         }
         size_t want = 0;
         for (int j = 0; j < r; j++) {
-            size_t c = common_tokens(seqs[j], n_seqs[j], prompt, n);
+            size_t c = common_prefix(seqs[j], n_seqs[j], prompt, n);
             if (c > want) want = c;
         }
-        if (want > n - 1) want = n - 1;
         memset(&got, 0, sizeof got);
         memset(&alone, 0, sizeof alone);
         hearth_batch_request q = {.prompt = prompt, .n_prompt = n, .params = &p, .on_token = rec_token,

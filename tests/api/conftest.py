@@ -79,3 +79,28 @@ def upstream_server(model, *flags, ready_timeout=120):
             server_process(cmd + [str(f) for f in flags], log, env, answers_completion, ready_timeout,
                            "mlx_lm server", poll=0.2):
         yield base
+
+
+def hf_tokenizer(model):
+    """The HF transformers tokenizer of a model (tests/parity/conftest.py's, loaded by path:
+    the two suites run as separate pytest sessions)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("parity_conftest", REPO / "tests/parity/conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.hf_tokenizer(str(model))
+
+
+def prompt_ids(tok, msgs):
+    """A chat's prompt tokens as transformers renders and tokenizes them."""
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def expected_cached(cached_ids, ids):
+    """Tokens a request with `ids` takes from hearth's prefix cache after a request computed
+    `cached_ids`: the longest common prefix, never covering the last prompt token."""
+    common = 0
+    while common < min(len(ids), len(cached_ids)) and ids[common] == cached_ids[common]:
+        common += 1
+    return min(common, len(ids) - 1)

@@ -18,9 +18,8 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, TINY, server
+from conftest import BIN, TINY, expected_cached, hf_tokenizer, prompt_ids, server
 from test_batching import PROMPTS, answer, chat, post, run_alone, run_together
-from test_prefix_cache import expected_cached, hf_tokenizer, prompt_ids
 
 MODELS = ["llama-f32", "qwen3-q4g64"]  # f32 GEMVs; MLX 4-bit GEMVs with QK-norm
 TARGET = chat("Explain what a hash table is in one sentence.", 24)

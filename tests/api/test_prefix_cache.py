@@ -10,7 +10,6 @@ on a fresh server that has nothing cached. With the scalar reference kernels
 step they were in, so text and logprobs must be bit-identical.
 """
 import http.client
-import importlib.util
 import json
 import os
 import statistics
@@ -18,14 +17,13 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from urllib.parse import urlparse
 
 import anthropic
 import openai
 import pytest
 
-from conftest import CACHE, need, server
+from conftest import CACHE, expected_cached, hf_tokenizer, need, prompt_ids, server
 
 SCALAR = {"HEARTH_CPU": "scalar"}
 BLOCK = 16
@@ -40,30 +38,8 @@ QUESTIONS = ["What is the first word?", "Count the Greek letters.", "Say somethi
              "Which letter comes after pi?", "Repeat the last word.", "Is this a list?"]
 
 
-def hf_tokenizer(model):
-    spec = importlib.util.spec_from_file_location("parity_conftest",
-                                                  Path(__file__).resolve().parents[1] / "parity/conftest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.hf_tokenizer(str(model))
-
-
 def messages(question, system=LONG_SYSTEM):
     return [{"role": "system", "content": system}, {"role": "user", "content": question}]
-
-
-def prompt_ids(tok, msgs):
-    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    return tok(text, add_special_tokens=False)["input_ids"]
-
-
-def expected_cached(cached_ids, ids):
-    """Tokens a request with `ids` reuses after a request computed `cached_ids`: the
-    longest common prefix, never covering the last prompt token."""
-    common = 0
-    while common < min(len(ids), len(cached_ids)) and ids[common] == cached_ids[common]:
-        common += 1
-    return min(common, len(ids) - 1)
 
 
 def post(base, path, body, timeout=600):

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import pytest
 
 from conftest import need, server
-from test_prefix_cache import (BLOCK, NO_EOS, QUESTIONS, TINY_LLAMA, answer, cached, chat, expected_cached,
+from test_prefix_cache import (NO_EOS, QUESTIONS, TINY_LLAMA, answer, cached, chat, expected_cached,
                                hf_tokenizer, messages, prompt_ids, wait_idle)
 
 FLAGS = ("--ctx", "4096", "--max-sequences", "4", "--max-step-tokens", "64", "--deterministic")

@@ -215,6 +215,17 @@ static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_
     return c;
 }
 
+/* Greedy, 8 tokens whatever the model would end with, the chosen token's logprob. */
+static hearth_generate_params greedy_eight(void) {
+    hearth_generate_params p;
+    memset(&p, 0, sizeof p);
+    hearth_sampling_defaults(NULL, &p.sampling);
+    p.sampling.top_logprobs = 1;
+    p.max_tokens = 8;
+    p.ignore_eos = 1;
+    return p;
+}
+
 #define N_SHARE 4
 /* Four requests with a ~450-token common prefix submitted at once (plus one unrelated
  * short request behind them): the prefix is computed once, the unrelated request is not
@@ -238,12 +249,7 @@ static void run_shared_prefix(int cancel_first) {
                                              "the fourth and last", "unrelated short prompt"};
     int32_t *ids[N_SHARE + 1];
     size_t n_ids[N_SHARE + 1];
-    hearth_generate_params p;
-    memset(&p, 0, sizeof p);
-    hearth_sampling_defaults(NULL, &p.sampling);
-    p.sampling.top_logprobs = 1;
-    p.max_tokens = 8;
-    p.ignore_eos = 1;
+    hearth_generate_params p = greedy_eight();
     static rec alone[N_SHARE + 1], batched[N_SHARE + 1];
     memset(alone, 0, sizeof alone);
     memset(batched, 0, sizeof batched);
@@ -345,12 +351,7 @@ static void test_partial_prefix_reuse(void **st) {
     size_t n_base;
     assert_int_equal(hearth_tokenize(m, text, strlen(text), 1, &base, &n_base, &err), HEARTH_OK);
     assert_true(n_base > 20 && n_base % 16 != 0 && n_base < 100);
-    hearth_generate_params p;
-    memset(&p, 0, sizeof p);
-    hearth_sampling_defaults(NULL, &p.sampling);
-    p.sampling.top_logprobs = 1;
-    p.max_tokens = 8;
-    p.ignore_eos = 1;
+    hearth_generate_params p = greedy_eight();
     enum { N_RUNS = 6, MAXT = 160 };
     static int32_t seqs[N_RUNS][MAXT]; /* what each run computed: prompt + generated, less the last */
     size_t n_seqs[N_RUNS];

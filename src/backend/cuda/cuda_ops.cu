@@ -371,8 +371,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_attentio
  * and the S splits of the sequence run in parallel (S is fixed per launch shape, so a
  * replayed graph stays valid as sequences grow: each split takes ceil(len / S) positions).
  * Within a split, tiles of DA_TILE positions: warps score positions (lanes over the head
- * dims, 16-byte loads, DA_UNROLL rows loaded before use), warp g updates head g's online
- * softmax over the tile, then warps accumulate values for every head. With S > 1 each split
+ * dims, 16-byte loads, all of a warp's rows of the tile loaded before use, their values too
+ * where they fit in registers), warp g updates head g's online softmax over the tile, then
+ * warps accumulate values for every head. With S > 1 each split
  * writes (max, sum, unnormalized output) and attention_combine merges them. */
 static __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
@@ -383,6 +384,7 @@ static __device__ __forceinline__ float warp_max(float v) {
 #define DA_WARPS 8
 #define DA_TILE 64
 #define DA_UNROLL 4
+#define DA_ROWS (DA_TILE / DA_WARPS)      /* tile rows per warp */
 #define DA_SPLITS_MAX CUDA_ATT_SPLITS_MAX /* cuda_plan.h: the split scratch is sized by it */
 
 /* (Merging the split partials inside the attention launch instead, by the last split of
@@ -392,14 +394,17 @@ static __device__ __forceinline__ float warp_max(float v) {
  * first use, bit-identical to attention_combine: Q4_K_M 392.1 / 392.0 against 410.7 / 407.7,
  * Q8_0 281.0 / 290.9, bf16 220.4 / 220.6 against 223.8 / 224.9, MLX 4-bit 359.1 / 374.5;
  * bench/results/cuda_engine.md round 17.) */
-template <int GM, int NV, int KVQ>
-__global__ void __launch_bounds__(DA_WARPS * 32)
-    attention_decode_kernel(cuda_attention_args a, cuda_kv kv, int S, int min_chunk) {
+template <int GM, int NV, int KVQ, bool HOLD>
+__global__ void __launch_bounds__(DA_WARPS * 32, (HOLD && GM <= 4) ? 2 : 1)
+    attention_decode_kernel(cuda_attention_args a, cuda_kv kv, int S, int min_chunk, int early) {
     __shared__ float s_p[GM][DA_TILE];
     __shared__ float s_m[GM], s_l[GM], s_corr[GM];
     __shared__ float4 s_red[DA_WARPS][GM * NV * 32];
-    pdl_wait(); /* q and the new KV rows come from the kernels before */
-    pdl_trigger();
+    /* Before pdl_wait only what the host uploaded before the step (pos, slot, the block
+     * tables) and pool rows that earlier steps wrote are read: this step's KV write (the
+     * kernel before) adds rows at the positions of its tokens, so with early > 1 (the launch
+     * holds the whole step) the rows of the first tile below the lowest position the
+     * sequence has in this batch are loaded before the wait. */
     int kvh = blockIdx.x, t = blockIdx.y, split = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int d = a.head_dim, G = a.n_heads / a.n_kv_heads, slot = a.slot[t];
     int p_end = a.pos[t], p_start = 0;
@@ -407,6 +412,54 @@ __global__ void __launch_bounds__(DA_WARPS * 32)
     int len = p_end - p_start + 1, chunk = max((len + S - 1) / S, min_chunk);
     int c0 = p_start + split * chunk, c1 = min(c0 + chunk, p_end + 1);
     if (S > 1 && c0 >= c1) return; /* past the sequence: attention_combine reads only the splits before */
+    const bool pre = HOLD && early > 1;
+    int p_pre = c0; /* positions [c0, p_pre) of the first tile are loaded before the wait */
+    if (pre) {
+        p_pre = p_end;
+        for (int u = 0; u < a.T; u++)
+            if (a.slot[u] == slot) p_pre = min(p_pre, a.pos[u]);
+        p_pre = max(c0, min(p_pre, c1));
+    }
+    const int32_t *table = kv.tables + (size_t)slot * kv.max_blocks_per_slot;
+    /* Warp w takes tile rows w + DA_WARPS * r, r < DA_ROWS, in RG-row groups whose loads
+     * are all issued before any is used. HOLD (head_dim <= 128): one group, keys and values
+     * together, the values kept in registers across the softmax; else groups of DA_UNROLL
+     * keys, and the values loaded again after the softmax (the registers of 256 dims). The
+     * rows are used in the same order either way, so both give the same bits. */
+    constexpr int RG = HOLD ? DA_ROWS : DA_UNROLL;
+    float4 kr[RG][NV], vr[RG][NV];
+    bool ok[RG];
+    auto reset = [&]() {
+#pragma unroll
+        for (int u = 0; u < RG; u++) {
+            ok[u] = false;
+#pragma unroll
+            for (int v = 0; v < NV; v++) kr[u][v] = vr[u][v] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    };
+    /* rows of group g0 at positions [lo, hi): keys and / or values */
+    auto load = [&](int t0, int g0, int lo, int hi, bool keys, bool values) {
+#pragma unroll
+        for (int u = 0; u < RG; u++) {
+            int p = t0 + warp + DA_WARPS * (g0 + u);
+            if (p < lo || p >= hi) continue;
+            int b = table[p / KV_BLOCK_SIZE];
+            ok[u] = b >= 0 && b < kv.n_blocks;
+            if (!ok[u]) continue;
+            size_t row = cuda_kv_row(kv, a.layer, b, kvh, p);
+#pragma unroll
+            for (int v = 0; v < NV; v++) {
+                int di = 4 * lane + 128 * v;
+                if (di >= d) continue;
+                if (keys) kr[u][v] = cuda_kv_k4<KVQ>(kv, row, d, di);
+                if (values) vr[u][v] = cuda_kv_v4<KVQ>(kv, row, d, di);
+            }
+        }
+    };
+    reset();
+    if (pre) load(c0, 0, c0, p_pre, true, true);
+    pdl_wait(); /* q and the new KV rows come from the kernels before */
+    pdl_trigger();
     float4 q[GM][NV], acc[GM][NV];
 #pragma unroll
     for (int g = 0; g < GM; g++)
@@ -421,27 +474,14 @@ __global__ void __launch_bounds__(DA_WARPS * 32)
         s_m[threadIdx.x] = -INFINITY;
         s_l[threadIdx.x] = 0.0f;
     }
-    const int32_t *table = kv.tables + (size_t)slot * kv.max_blocks_per_slot;
     for (int t0 = c0; t0 < c1; t0 += DA_TILE) {
-        /* scores: warp w takes tile rows w, w + DA_WARPS, ... */
-        for (int j0 = warp; j0 < DA_TILE; j0 += DA_WARPS * DA_UNROLL) {
-            float4 kr[DA_UNROLL][NV];
-            bool ok[DA_UNROLL];
+        /* scores */
+        for (int g0 = 0; g0 < DA_ROWS; g0 += RG) {
+            if (!pre || t0 != c0) reset();
+            load(t0, g0, t0 == c0 ? p_pre : t0, c1, true, HOLD);
 #pragma unroll
-            for (int u = 0; u < DA_UNROLL; u++) {
-                int j = j0 + u * DA_WARPS, p = t0 + j;
-                int b = j < DA_TILE && p < c1 ? table[p / KV_BLOCK_SIZE] : -1;
-                ok[u] = b >= 0 && b < kv.n_blocks;
-                size_t row = ok[u] ? cuda_kv_row(kv, a.layer, b, kvh, p) : 0;
-#pragma unroll
-                for (int v = 0; v < NV; v++) {
-                    int di = 4 * lane + 128 * v;
-                    kr[u][v] = ok[u] && di < d ? cuda_kv_k4<KVQ>(kv, row, d, di) : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < DA_UNROLL; u++) {
-                int j = j0 + u * DA_WARPS;
+            for (int u = 0; u < RG; u++) {
+                int j = warp + DA_WARPS * (g0 + u);
 #pragma unroll
                 for (int g = 0; g < GM; g++) {
                     float sc = 0.0f;
@@ -450,7 +490,7 @@ __global__ void __launch_bounds__(DA_WARPS * 32)
                         sc += q[g][v].x * kr[u][v].x + q[g][v].y * kr[u][v].y + q[g][v].z * kr[u][v].z +
                               q[g][v].w * kr[u][v].w;
                     sc = warp_sum(sc) * a.scale;
-                    if (lane == 0 && j < DA_TILE) s_p[g][j] = ok[u] ? sc : -INFINITY;
+                    if (lane == 0) s_p[g][j] = ok[u] ? sc : -INFINITY;
                 }
             }
         }
@@ -484,24 +524,15 @@ __global__ void __launch_bounds__(DA_WARPS * 32)
                 acc[g][v].w *= c;
             }
         }
-        for (int j0 = warp; j0 < DA_TILE; j0 += DA_WARPS * DA_UNROLL) {
-            float4 vr[DA_UNROLL][NV];
-            bool ok[DA_UNROLL];
-#pragma unroll
-            for (int u = 0; u < DA_UNROLL; u++) {
-                int j = j0 + u * DA_WARPS, p = t0 + j;
-                int b = j < DA_TILE && p < c1 ? table[p / KV_BLOCK_SIZE] : -1;
-                ok[u] = b >= 0 && b < kv.n_blocks;
-                size_t row = ok[u] ? cuda_kv_row(kv, a.layer, b, kvh, p) : 0;
-#pragma unroll
-                for (int v = 0; v < NV; v++) {
-                    int di = 4 * lane + 128 * v;
-                    vr[u][v] = ok[u] && di < d ? cuda_kv_v4<KVQ>(kv, row, d, di) : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
+        /* values */
+        for (int g0 = 0; g0 < DA_ROWS; g0 += RG) {
+            if (!HOLD) {
+                reset();
+                load(t0, g0, t0, c1, false, true);
             }
 #pragma unroll
-            for (int u = 0; u < DA_UNROLL; u++) {
-                int j = j0 + u * DA_WARPS;
+            for (int u = 0; u < RG; u++) {
+                int j = warp + DA_WARPS * (g0 + u);
                 if (!ok[u]) continue;
 #pragma unroll
                 for (int g = 0; g < GM; g++) {
@@ -552,8 +583,11 @@ __global__ void __launch_bounds__(DA_WARPS * 32)
  * over the splits that hold positions of the sequence (the same chunking as attention_decode).
  * Warp 0 reads every split's (m, l) at once (lane s: split s) and leaves the weights
  * e^(m_s - M) / L in shared memory; then each output element's loads over the splits are
- * independent of each other (no chain of dependent reads). Fixed order throughout. */
-__global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int min_chunk) {
+ * independent of each other (no chain of dependent reads). With early, each thread issues
+ * the loads of its first element's partials together with warp 0's (m, l) loads, before the
+ * barrier, instead of after it: one round trip to L2 instead of two. Fixed order throughout
+ * (the same bits either way). */
+__global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int min_chunk, int early) {
     pdl_trigger(); /* the o projection's GEMV may start prefetching its weights */
     pdl_wait();    /* the split partials come from attention_decode */
     __shared__ float s_w[DA_SPLITS_MAX];
@@ -563,6 +597,11 @@ __global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int m
     if (a.window > 0 && p_end - a.window + 1 > 0) p_start = p_end - a.window + 1;
     int len = p_end - p_start + 1, chunk = max((len + S_all - 1) / S_all, min_chunk);
     int S = min(S_all, (len + chunk - 1) / chunk);
+    float pv[DA_SPLITS_MAX];
+    if (early && (int)threadIdx.x < d) {
+#pragma unroll
+        for (int s = 0; s < DA_SPLITS_MAX; s++) pv[s] = s < S ? part[(size_t)s * (d + 4) + 4 + threadIdx.x] : 0.0f;
+    }
     if (threadIdx.x < 32) {
         int s = threadIdx.x;
         float m = -INFINITY, l = 0.0f;
@@ -579,8 +618,14 @@ __global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int m
     __syncthreads();
     for (int di = threadIdx.x; di < d; di += blockDim.x) {
         float o = 0.0f;
+        if (early && di == (int)threadIdx.x) {
+#pragma unroll
+            for (int s = 0; s < DA_SPLITS_MAX; s++)
+                if (s < S) o += s_w[s] * pv[s];
+        } else {
 #pragma unroll 8
-        for (int s = 0; s < S; s++) o += s_w[s] * part[(size_t)s * (d + 4) + 4 + di];
+            for (int s = 0; s < S; s++) o += s_w[s] * part[(size_t)s * (d + 4) + 4 + di];
+        }
         size_t i = ((size_t)t * a.n_heads + h) * d + di;
         a.out[i] = o;
         /* d % 32 == 0 (cuda_attention_writes_q8) and blockDim.x % 32 == 0: whole warps, one
@@ -634,20 +679,48 @@ int cuda_attention_writes_q8(const cuda_attention_args *a) {
            ((uintptr_t)a->out_xs % 8) == 0 && decode_kernel_fits(a) && decode_splits(a) > 1;
 }
 
-static hearth_status launch_decode_attention(const cuda_attention_args *a, hearth_error *err) {
+/* HEARTH_CUDA_ATT_EARLY (A/B runs): 0 the loads as before (values after the softmax, the
+ * merge's partials after its barrier); 1 the values loaded with the keys and the merge's
+ * partials with its weights; 2 (the default) also the first tile's rows that earlier steps
+ * wrote loaded before pdl_wait. Every level gives the same bits. H200, 8B decode p512 n128,
+ * back to back (bench/results/cuda_engine.md round 18): attention + merge 10.9 / 8.5 / 7.0
+ * us per layer at levels 0 / 1 / 2; Q4_K_M 409.7 -> 432.5 tok/s, Q8_0 289.2 -> 298.4, bf16
+ * 222.8 -> 226.7, MLX 4-bit 372.3 -> 388.1. (HOLD && GM <= 4: 128 registers, 8 bytes
+ * spilled, two blocks per SM for batched steps; the 8-head variant would spill ~700 bytes.) */
+static int decode_early(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("HEARTH_CUDA_ATT_EARLY");
+        v = e ? atoi(e) : 2;
+        if (v < 0 || v > 2) v = 2;
+    }
+    return v;
+}
+
+/* whole_step: a holds every token of the step (not a slice of it), so a sequence's lowest
+ * position in a is its lowest in the step and the rows below it are from earlier steps. */
+static hearth_status launch_decode_attention(const cuda_attention_args *a, int whole_step, hearth_error *err) {
     int S = decode_splits(a), G = a->n_heads / a->n_kv_heads, nv = a->head_dim > 128 ? 2 : 1, mc = decode_min_chunk();
+    int early = decode_early();
+    if (early > 1 && !(whole_step && a->T <= 8)) early = 1; /* the kernel scans a's tokens before the wait */
     dim3 grid((unsigned)a->n_kv_heads, (unsigned)a->T, (unsigned)S);
     unsigned threads = DA_WARPS * 32;
     CUDA_KV_DISPATCH(a->kv->quant, KVQ, {
-        if (G <= 4 && nv == 1)
-            pdl_launch_small(attention_decode_kernel<4, 1, KVQ>, grid, dim3(threads), *a, *a->kv, S, mc);
+        if (G <= 4 && nv == 1 && early)
+            pdl_launch_small(attention_decode_kernel<4, 1, KVQ, true>, grid, dim3(threads), *a, *a->kv, S, mc, early);
+        else if (G <= 4 && nv == 1)
+            pdl_launch_small(attention_decode_kernel<4, 1, KVQ, false>, grid, dim3(threads), *a, *a->kv, S, mc, 0);
         else if (G <= 4)
-            pdl_launch_small(attention_decode_kernel<4, 2, KVQ>, grid, dim3(threads), *a, *a->kv, S, mc);
-        else pdl_launch_small(attention_decode_kernel<8, 1, KVQ>, grid, dim3(threads), *a, *a->kv, S, mc);
+            pdl_launch_small(attention_decode_kernel<4, 2, KVQ, false>, grid, dim3(threads), *a, *a->kv, S, mc, 0);
+        else if (early)
+            pdl_launch_small(attention_decode_kernel<8, 1, KVQ, true>, grid, dim3(threads), *a, *a->kv, S, mc, early);
+        else
+            pdl_launch_small(attention_decode_kernel<8, 1, KVQ, false>, grid, dim3(threads), *a, *a->kv, S, mc, 0);
     });
     if (cuda_launched("attention_decode", err)) return HEARTH_ERR_IO;
     if (S == 1 || cuda_profile_skip(8)) return HEARTH_OK;
-    pdl_launch_small(attention_combine_kernel, dim3((unsigned)a->n_heads, (unsigned)a->T), dim3(128), *a, S, mc);
+    pdl_launch_small(attention_combine_kernel, dim3((unsigned)a->n_heads, (unsigned)a->T), dim3(128), *a, S, mc,
+                     early > 0);
     return cuda_launched("attention_combine", err);
 }
 
@@ -762,8 +835,8 @@ template <int KVQ> static hearth_status launch_prefill(const cuda_attention_args
 }
 
 /* T <= 8 tokens: the GQA-shared split-K kernel where it fits, else one block per (head, token). */
-static hearth_status launch_small(const cuda_attention_args *a, hearth_error *err) {
-    if (decode_kernel_fits(a)) return launch_decode_attention(a, err);
+static hearth_status launch_small(const cuda_attention_args *a, int whole_step, hearth_error *err) {
+    if (decode_kernel_fits(a)) return launch_decode_attention(a, whole_step, err);
     dim3 grid((unsigned)a->n_heads, (unsigned)a->T);
     CUDA_KV_DISPATCH(a->kv->quant, KVQ,
                      attention_kernel<ATT_WARPS_DECODE, KVQ><<<grid, ATT_WARPS_DECODE * 32, 0, cuda_stream()>>>(
@@ -808,7 +881,7 @@ static hearth_status attention_ragged(const cuda_attention_args *a, hearth_error
         if (e - t > 8) {
             if (t > small0) {
                 cuda_attention_args c = sub_range(a, small0, t - small0, 0);
-                if (launch_small(&c, err)) return HEARTH_ERR_IO;
+                if (launch_small(&c, 0, err)) return HEARTH_ERR_IO;
             }
             cuda_attention_args c = sub_range(a, t, e - t, 1);
             c.host_slot = NULL;
@@ -819,7 +892,7 @@ static hearth_status attention_ragged(const cuda_attention_args *a, hearth_error
     }
     if (a->T > small0) {
         cuda_attention_args c = sub_range(a, small0, a->T - small0, 0);
-        if (launch_small(&c, err)) return HEARTH_ERR_IO;
+        if (launch_small(&c, 0, err)) return HEARTH_ERR_IO;
     }
     return HEARTH_OK;
 }
@@ -842,7 +915,7 @@ hearth_status cuda_attention(const cuda_attention_args *args, hearth_error *err)
             size_t qoff = (size_t)t0 * a->n_heads * a->head_dim;
             c.T = a->T - t0 < 8 ? a->T - t0 : 8;
             c.q = a->q + qoff, c.out = a->out + qoff, c.pos = a->pos + t0, c.slot = a->slot + t0;
-            if (launch_small(&c, err)) return HEARTH_ERR_IO;
+            if (launch_small(&c, a->T <= 8, err)) return HEARTH_ERR_IO;
         }
         return HEARTH_OK;
     }
@@ -853,7 +926,7 @@ hearth_status cuda_attention(const cuda_attention_args *args, hearth_error *err)
         CUDA_KV_DISPATCH(a->kv->quant, KVQ, st = launch_prefill<KVQ>(a, err));
         return st;
     }
-    if (a->T <= 8) return launch_small(a, err);
+    if (a->T <= 8) return launch_small(a, 1, err);
     dim3 grid((unsigned)a->n_heads, (unsigned)a->T);
     CUDA_KV_DISPATCH(a->kv->quant, KVQ,
                      attention_kernel<ATT_WARPS_PREFILL, KVQ><<<grid, ATT_WARPS_PREFILL * 32, 0, cuda_stream()>>>(

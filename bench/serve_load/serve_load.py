@@ -62,8 +62,12 @@ def mlx_dir(model):
 def server_argv(name, model, port, a):
     t = str(a.threads)
     if name == "hearth":
+        # the KV pool holds as many positions as llama-server's slots together (--ctx-size below):
+        # hearth's default pool (two contexts, 2048 positions at --ctx 1024) would hold only the
+        # prompts and answers of 13 of the 16 streams, and preempt and evict where llama.cpp does not
         argv = [a.hearth, "serve", "--model", model["gguf"], "--port", str(port), "--threads", t,
-                "--max-sequences", str(max(16, max(a.n))), "--ctx", str(a.ctx), "--log-level", "WARNING"]
+                "--max-sequences", str(max(16, max(a.n))), "--ctx", str(a.ctx),
+                "--kv-blocks", str(a.ctx * max(a.n) // 16), "--log-level", "WARNING"]
         return argv + (["--chat-template", model["template"]] if model["template"] else []), None
     if name == "mlx_lm":
         # batching on: every request is batchable (no seed, no draft model, no KV bits) and up to 16

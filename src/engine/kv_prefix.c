@@ -171,7 +171,8 @@ int32_t kv_block_take(kv_cache *kv) {
     else if (p->lru_head >= 0) { /* evict: its content is given up, its children become unreachable */
         b = p->lru_head;
         lru_unlink(p, b);
-        if (p->meta[b].n_valid == KV_BLOCK_SIZE) bucket_unlink(p, &p->buckets[p->meta[b].hash & p->bucket_mask], b, 0);
+        if (p->meta[b].n_valid == KV_BLOCK_SIZE)
+            bucket_unlink(p, &p->buckets[p->meta[b].hash & p->bucket_mask], b, 0);
         bucket_unlink(p, &p->part_buckets[p->meta[b].part_key & p->bucket_mask], b, 1);
         p->meta[b].cached = 0;
         p->meta[b].gen++;
@@ -200,8 +201,8 @@ static int32_t find_block(const struct kv_prefix *p, uint64_t h, const int32_t *
                           uint32_t parent_gen) {
     for (int32_t b = p->buckets[h & p->bucket_mask]; b >= 0; b = p->meta[b].hash_next) {
         const kv_block_meta *m = &p->meta[b];
-        if (m->hash == h && m->cached && m->n_valid == KV_BLOCK_SIZE && m->parent == parent && (parent < 0 || m->parent_gen == parent_gen) &&
-            !memcmp(m->tokens, tokens, sizeof m->tokens))
+        if (m->hash == h && m->cached && m->n_valid == KV_BLOCK_SIZE && m->parent == parent &&
+            (parent < 0 || m->parent_gen == parent_gen) && !memcmp(m->tokens, tokens, sizeof m->tokens))
             return b;
     }
     return -1;

@@ -110,8 +110,7 @@ void kv_store(kv_cache *kv, int layer, int slot, int p, int head, const float *k
 
 void kv_copy_rows(kv_cache *kv, int32_t src, int32_t dst, int rows) {
     size_t d = (size_t)kv->head_dim;
-    /* element bytes of this pool's keys and values; fp8 and f16 live in k8 / v8 too */
-    size_t eb = kv->quant == HEARTH_KV_FLOAT ? sizeof(float) : kv->quant == HEARTH_KV_F16 ? sizeof(uint16_t) : 1;
+    size_t eb = kv_elem_bytes(kv->quant); /* fp8 and f16 live in k8 / v8 too */
     char *k = kv->k ? (char *)kv->k : (char *)kv->k8, *v = kv->v ? (char *)kv->v : (char *)kv->v8;
     for (int l = 0; l < kv->n_layers; l++)
         for (int h = 0; h < kv->n_kv_heads; h++) {

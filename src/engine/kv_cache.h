@@ -30,14 +30,16 @@ typedef struct kv_cache {
 
 /* hearth_kv_quant properties, the one place that says them: a value the engine knows;
  * stored only by the CUDA backend (fp8, f16); rows carrying one float scale (int8, fp8);
- * bytes of one (position, KV head) row of head_dim keys or values. */
+ * bytes of one key or value element; bytes of one (position, KV head) row of head_dim keys
+ * or values with its scale. */
 static inline int kv_quant_known(int q) { return q >= HEARTH_KV_FLOAT && q <= HEARTH_KV_F16; }
 static inline int kv_quant_gpu_only(int q) { return q == HEARTH_KV_FP8 || q == HEARTH_KV_F16; }
 static inline int kv_quant_scaled(int q) { return q == HEARTH_KV_INT8 || q == HEARTH_KV_FP8; }
+static inline size_t kv_elem_bytes(int q) {
+    return kv_quant_scaled(q) ? 1 : q == HEARTH_KV_F16 ? sizeof(uint16_t) : sizeof(float);
+}
 static inline size_t kv_row_bytes(int q, int head_dim) {
-    return kv_quant_scaled(q) ? (size_t)head_dim + sizeof(float)
-           : q == HEARTH_KV_F16 ? (size_t)head_dim * sizeof(uint16_t)
-                                : (size_t)head_dim * sizeof(float);
+    return (size_t)head_dim * kv_elem_bytes(q) + (kv_quant_scaled(q) ? sizeof(float) : 0);
 }
 
 /* quant: hearth_kv_quant (kv_create: float). */

@@ -872,6 +872,133 @@ static void test_rmsnorm(void **state) {
     }
 }
 
+/* cuda_gemv_norm: a decode GEMV whose last block also does the residual add and norm must
+ * give the bits of the GEMV followed by cuda_add_rmsnorm (_q8): y, x, out and the int8
+ * copy compared byte for byte, on fresh random inputs. Each case runs the fused launch
+ * twice (the arrival ticket must be back at zero after a launch). q8: the GEMV reads int8
+ * activations (made by cuda_add_rmsnorm_q8 from random x); quant: the norm writes them. */
+static void check_gemv_norm(tensor_dtype t, int64_t n, int64_t k, int q8, int quant, float shift) {
+    hearth_error e = {0};
+    cpu_weight w;
+    void *host = make_weight(t, n, k, &w);
+    cuda_weight dw;
+    assert_int_equal(cuda_weight_upload(&dw, &w, "gemv_norm", &e), HEARTH_OK);
+    float *x = malloc((size_t)k * sizeof *x), *res = malloc((size_t)n * sizeof *res), *g = malloc((size_t)n * sizeof *g);
+    for (int64_t i = 0; i < k; i++) x[i] = rndf();
+    for (int64_t i = 0; i < n; i++) res[i] = rndf() * 4.0f, g[i] = 1.0f + 0.25f * rndf();
+    float *dx = dev_from(x, (size_t)k * 4), *dg = dev_from(g, (size_t)n * 4), *ones = dev_from(NULL, (size_t)k * 4);
+    float *xn_in = dev_from(NULL, (size_t)k * 4), *xs_in = dev_from(NULL, (size_t)k / 32 * 8);
+    int8_t *xq_in = dev_from(NULL, (size_t)k);
+    if (q8) { /* the GEMV's int8 input as the fused norms write it (weight 1 + 0: ones = g's row of 1s) */
+        float *one = malloc((size_t)k * sizeof *one);
+        for (int64_t i = 0; i < k; i++) one[i] = 1.0f;
+        assert_int_equal(cuda_upload(ones, one, (size_t)k * 4, &e), HEARTH_OK);
+        free(one);
+        assert_int_equal(cuda_add_rmsnorm_q8(xn_in, dx, NULL, ones, 0.0f, 1, (int)k, 1e-5f, xq_in, xs_in, &e), HEARTH_OK);
+    }
+    float *y[2], *r[2], *out[2], *xs[2];
+    int8_t *xq[2];
+    for (int v = 0; v < 2; v++) {
+        y[v] = dev_from(NULL, (size_t)n * 4), r[v] = dev_from(res, (size_t)n * 4), out[v] = dev_from(NULL, (size_t)n * 4);
+        xs[v] = dev_from(NULL, (size_t)(n / 32 + 1) * 8);
+        int8_t *fill = malloc((size_t)n); /* unwritten bytes differ between the two */
+        memset(fill, v ? 0x33 : 0x55, (size_t)n);
+        xq[v] = dev_from(fill, (size_t)n);
+        free(fill);
+    }
+    const cuda_weight *ws = &dw;
+    if (q8)
+        assert_int_equal(cuda_gemv_multi_q8(&ws, &y[0], 1, xq_in, xs_in, 1, &e), HEARTH_OK);
+    else
+        assert_int_equal(cuda_gemv(&dw, dx, 1, y[0], &e), HEARTH_OK);
+    if (quant)
+        assert_int_equal(cuda_add_rmsnorm_q8(out[0], r[0], y[0], dg, shift, 1, (int)n, 1e-5f, xq[0], xs[0], &e), HEARTH_OK);
+    else
+        assert_int_equal(cuda_add_rmsnorm(out[0], r[0], y[0], dg, shift, 1, (int)n, 1e-5f, &e), HEARTH_OK);
+    cuda_norm_after na = {.x = r[1], .out = out[1], .w = dg, .xq = quant ? xq[1] : NULL, .xs = quant ? xs[1] : NULL,
+                          .shift = shift, .eps = 1e-5f, .n = (int)n};
+    assert_int_equal(cuda_gemv_norm_takes(&dw, q8, &na), 1);
+    for (int rep = 0; rep < 2; rep++) {
+        assert_int_equal(cuda_upload(r[1], res, (size_t)n * 4, &e), HEARTH_OK);
+        assert_int_equal(cuda_gemv_norm(&dw, dx, q8 ? xq_in : NULL, q8 ? xs_in : NULL, y[1], &na, &e), HEARTH_OK);
+        const char *what[] = {"y", "x", "out", "xs"};
+        float *bufs[2][4] = {{y[0], r[0], out[0], xs[0]}, {y[1], r[1], out[1], xs[1]}};
+        for (int b = 0; b < (quant ? 4 : 3); b++) {
+            size_t cnt = b == 3 ? (size_t)n / 32 * 2 : (size_t)n;
+            float *ha = download(bufs[0][b], cnt), *hb = download(bufs[1][b], cnt);
+            for (size_t i = 0; i < cnt; i++)
+                if (memcmp(&ha[i], &hb[i], 4))
+                    fail_msg("gemv_norm %s [%lld, %lld] q8 %d quant %d rep %d: %s[%zu] = %.9g, unfused %.9g",
+                             tensor_dtype_name(t), (long long)n, (long long)k, q8, quant, rep, what[b], i, hb[i], ha[i]);
+            free(ha);
+            free(hb);
+        }
+        if (quant) {
+            int8_t *qa = malloc((size_t)n), *qb = malloc((size_t)n);
+            assert_int_equal(cuda_download(qa, xq[0], (size_t)n, &e), HEARTH_OK);
+            assert_int_equal(cuda_download(qb, xq[1], (size_t)n, &e), HEARTH_OK);
+            for (int64_t i = 0; i < n; i++)
+                if (qa[i] != qb[i])
+                    fail_msg("gemv_norm %s [%lld, %lld] rep %d: xq[%lld] = %d, unfused %d", tensor_dtype_name(t),
+                             (long long)n, (long long)k, rep, (long long)i, qb[i], qa[i]);
+            free(qa);
+            free(qb);
+        }
+    }
+    for (int v = 0; v < 2; v++) {
+        cuda_free(y[v]), cuda_free(r[v]), cuda_free(out[v]), cuda_free(xq[v]), cuda_free(xs[v]);
+    }
+    cuda_free(dx), cuda_free(dg), cuda_free(ones), cuda_free(xn_in), cuda_free(xs_in), cuda_free(xq_in);
+    cuda_weight_free(&dw);
+    free(host), free(x), free(res), free(g);
+}
+
+/* Every format with a fused kernel, on both stand-in layouts of the last block (n <= 4096:
+ * two stand-in warps of 4 values per step; up to 8192: one of 8), rows that leave stand-in
+ * warps empty (64, 576) or partial (200, float only); v1 and v2 kernels; Gemma's shift. */
+static void test_gemv_norm(void **state) {
+    (void)state;
+    check_gemv_norm(DT_BF16, 4096, 4096, 0, 0, 0.0f);
+    check_gemv_norm(DT_BF16, 4096, 1024, 0, 1, 0.0f); /* int8 copy of a float GEMV's norm */
+    check_gemv_norm(DT_F16, 576, 1536, 0, 0, 1.0f);
+    check_gemv_norm(DT_BF16, 200, 64, 0, 0, 0.0f);
+    check_gemv_norm(DT_Q8_0, 4096, 14336, 1, 1, 0.0f); /* v1 */
+    check_gemv_norm(DT_Q8_0, 5120, 4096, 1, 1, 0.0f);
+    check_gemv_norm(DT_Q4_K, 4096, 4096, 1, 1, 0.0f); /* v2 */
+    check_gemv_norm(DT_Q4_K, 8192, 1024, 1, 1, 1.0f);
+    check_gemv_norm(DT_Q4_K, 64, 256, 1, 1, 0.0f);
+    check_gemv_norm(DT_Q6_K, 4096, 14336, 1, 1, 0.0f); /* v1 (n < 2k) */
+    check_gemv_norm(DT_Q6_K, 2048, 1024, 1, 1, 0.0f);  /* v2 */
+    check_gemv_norm(DT_U32, 4096, 4096, 1, 1, 0.0f);   /* MLX 4-bit, tiled, group 64 */
+    check_gemv_norm(DT_U32, 576, 2048, 1, 0, 0.0f);
+    cuda_gemv_v2_force(1); /* the v2 Q8_0 kernel */
+    check_gemv_norm(DT_Q8_0, 1056, 4096, 1, 1, 0.0f);
+    cuda_gemv_v2_force(-1);
+    /* no fused kernel: rows past 8192, an int8 copy of a row not of 32s, F32 weights, float
+     * input to an int8 GEMV */
+    hearth_error e = {0};
+    cpu_weight w;
+    cuda_weight dw;
+    void *host = make_weight(DT_F32, 64, 32, &w);
+    assert_int_equal(cuda_weight_upload(&dw, &w, "gemv_norm", &e), HEARTH_OK);
+    cuda_norm_after na = {.n = 64};
+    assert_int_equal(cuda_gemv_norm_takes(&dw, 0, &na), 0);
+    dw.dtype = DT_BF16;
+    assert_int_equal(cuda_gemv_norm_takes(&dw, 0, &na), 1);
+    assert_int_equal(cuda_gemv_norm_takes(&dw, 1, &na), 0);
+    na.n = 65;
+    assert_int_equal(cuda_gemv_norm_takes(&dw, 0, &na), 0); /* n must be w's rows */
+    dw.n = 65;
+    assert_int_equal(cuda_gemv_norm_takes(&dw, 0, &na), 1);
+    na.xq = (int8_t *)1;
+    assert_int_equal(cuda_gemv_norm_takes(&dw, 0, &na), 0);
+    dw.n = na.n = 8224, na.xq = NULL;
+    assert_int_equal(cuda_gemv_norm_takes(&dw, 0, &na), 0);
+    dw.dtype = DT_F32, dw.n = 64;
+    cuda_weight_free(&dw);
+    free(host);
+}
+
 static void test_rope(void **state) {
     (void)state;
     static const int dims[] = {64, 6, 128};
@@ -1189,6 +1316,7 @@ int main(void) {
         cmocka_unit_test(test_dequant),
         cmocka_unit_test(test_matmul_small_direct),
         cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_gemv_norm),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_rope_qk),
         cmocka_unit_test(test_gemv_pdl_chain),

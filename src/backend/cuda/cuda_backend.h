@@ -225,27 +225,6 @@ void cuda_gemv_force_pdl(int mode);
 hearth_status cuda_gemv_multi(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T,
                               hearth_error *err);
 
-/* The residual add and norm after a decode GEMV that makes the residual delta y (o_proj,
- * down): x += y, out = rmsnorm(x) with weight w (+ shift), eps, over one row of n values,
- * and out's int8 blocks in xq / xs when xq is not NULL (layout: cuda_gemv_multi_q8). */
-typedef struct cuda_norm_after {
-    float *x, *out;
-    const float *w;
-    int8_t *xq;
-    float *xs;
-    float shift, eps;
-    int n;
-} cuda_norm_after;
-/* y[1, n] = x · w^T at T = 1 (q8: on xq / xs, cuda_gemv_multi_q8's input; x unused), then na
- * in the same launch, done by its last block to finish (cuda_norm_tail.cuh): bit for bit
- * cuda_gemv / cuda_gemv_multi_q8 followed by cuda_add_rmsnorm / cuda_add_rmsnorm_q8, one
- * kernel boundary fewer. _takes: whether w has such a kernel (BF16 / F16 on float input;
- * Q8_0, Q6_K, v2 Q4_K, tiled MLX 4-bit on int8 input) for na (n = w's rows, at most 8192,
- * a multiple of 32 with xq). */
-int cuda_gemv_norm_takes(const cuda_weight *w, int q8, const cuda_norm_after *na);
-hearth_status cuda_gemv_norm(const cuda_weight *w, const float *x, const int8_t *xq, const float *xs, float *y,
-                             const cuda_norm_after *na, hearth_error *err);
-
 /* Element-wise ops: same semantics as ops.h, device pointers. */
 hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps,
                            hearth_error *err);

@@ -29,7 +29,6 @@ static inline int pdl_pf_on(void) {
     return pdl_on() && pf;
 }
 #include "backend/cuda/cuda_q8.cuh"
-#include "backend/cuda/cuda_norm_tail.cuh"
 #include <cuda_fp16.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -90,9 +89,9 @@ struct gemv_segs {
  * loads (4 by default) are issued before the first is used, then four, then one. DEPTH 8
  * (HEARTH_CUDA_GEMV_DEPTH=8) decoded the 8B bf16 model at 196.5 tok/s against 200.7 at 4
  * on the H200 (same call, 2026-11-30), so it stays an A/B option. */
-template <int T, bool BF16, int DEPTH, int WARPS = GEMV_WARPS>
-static __device__ __forceinline__ void gemv_half_vec_rows(gemv_segs sg, const float *x, int k) {
-    int row = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+template <int T, bool BF16, int DEPTH>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_vec(gemv_segs sg, const float *x, int k) {
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     /* selects, not a run-time index into the parameter struct (that copies it to local memory) */
     if (row >= sg.end[2]) return;
     int seg = row < sg.end[0] ? 0 : row < sg.end[1] ? 1 : 2;
@@ -132,18 +131,6 @@ static __device__ __forceinline__ void gemv_half_vec_rows(gemv_segs sg, const fl
         for (int t = 0; t < T; t++) acc[t] += dot8_half(u, x + (size_t)t * k + (size_t)v * 8, BF16);
     }
     store_sums<T>(acc, y, n, row - start, lane);
-}
-
-template <int T, bool BF16, int DEPTH>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_vec(gemv_segs sg, const float *x, int k) {
-    gemv_half_vec_rows<T, BF16, DEPTH>(sg, x, k);
-}
-/* One row, then the residual add and norm of tail (cuda_norm_tail.cuh). */
-template <bool BF16>
-__global__ void __launch_bounds__(NORM_TAIL_WARPS * 32)
-    gemv_half_vec_norm(gemv_segs sg, const float *x, int k, norm_tail tail) {
-    gemv_half_vec_rows<1, BF16, 4, NORM_TAIL_WARPS>(sg, x, k);
-    norm_tail_run(tail);
 }
 
 /* Any k or alignment (odd shapes): one 16-bit weight per lane per step. */
@@ -459,10 +446,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     store_sums<T>(acc, y, n, row, lane);
 }
 
-/* tail (T = 1, else NULL): the kernel that ends with its residual add and norm. */
 template <int T>
-static void launch_half_segs(const cuda_weight *const *ws, float *const *ys, int nw, const float *x,
-                             const norm_tail *tail = NULL) {
+static void launch_half_segs(const cuda_weight *const *ws, float *const *ys, int nw, const float *x) {
     gemv_segs sg = {};
     int rows = 0;
     for (int i = 0; i < 3; i++) {
@@ -482,13 +467,6 @@ static void launch_half_segs(const cuda_weight *const *ws, float *const *ys, int
     bool bf = ws[0]->dtype == DT_BF16;
     int k = (int)ws[0]->k;
     sg.pf = pdl_pf_on();
-    if constexpr (T == 1)
-        if (tail) {
-            grid = dim3((unsigned)((rows + NORM_TAIL_WARPS - 1) / NORM_TAIL_WARPS)), block = dim3(NORM_TAIL_WARPS * 32);
-            if (bf) pdl_launch(gemv_half_vec_norm<true>, grid, block, sg, x, k, *tail);
-            else pdl_launch(gemv_half_vec_norm<false>, grid, block, sg, x, k, *tail);
-            return;
-        }
     if (bf && depth == 8) pdl_launch(gemv_half_vec<T, true, 8>, grid, block, sg, x, k);
     else if (bf) pdl_launch(gemv_half_vec<T, true, 4>, grid, block, sg, x, k);
     else if (depth == 8) pdl_launch(gemv_half_vec<T, false, 8>, grid, block, sg, x, k);
@@ -642,10 +620,11 @@ static __device__ __forceinline__ int dot16_dp4a(uint4 w, int4 a) {
 }
 
 /* Q8_0 planes: a lane takes 16 quants (half a block) per slot. */
-template <int T, int WARPS = GEMV_WARPS>
-static __device__ __forceinline__ void gemv_q8_0_i8_rows(const int8_t *Q, const uint16_t *D, const int8_t *xq,
-                                                         const float2 *xs, float *y, int n, int k, int R, int pf) {
-    int warp = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_q8_0_i8(const int8_t *Q, const uint16_t *D, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R,
+                 int pf) {
+    int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
     if (row0 >= n) return;
     for (int r = 0; pf && r < R && row0 + r < n; r++) pdl_prefetch_row(Q + (size_t)(row0 + r) * k, (size_t)k, lane);
     pdl_wait(); /* xq / xs come from quantize_x_q8 */
@@ -682,19 +661,6 @@ static __device__ __forceinline__ void gemv_q8_0_i8_rows(const int8_t *Q, const 
         }
     }
     store_slots<T>(acc, y, n, row0, R, lane);
-}
-
-template <int T>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_q8_0_i8(const int8_t *Q, const uint16_t *D, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R,
-                 int pf) {
-    gemv_q8_0_i8_rows<T>(Q, D, xq, xs, y, n, k, R, pf);
-}
-__global__ void __launch_bounds__(NORM_TAIL_WARPS * 32, 2) /* 64 registers, as gemv_q8_0_i8<1> */
-    gemv_q8_0_i8_norm(const int8_t *Q, const uint16_t *D, const int8_t *xq, const float2 *xs, float *y, int n, int k,
-                      int R, int pf, norm_tail tail) {
-    gemv_q8_0_i8_rows<1, NORM_TAIL_WARPS>(Q, D, xq, xs, y, n, k, R, pf);
-    norm_tail_run(tail);
 }
 
 /* Q4_K super-blocks (layout: gemv_q4_k): 8 lanes per super-block, lane part (c, h) takes
@@ -854,11 +820,11 @@ hearth_status cuda_q4k_pack(cuda_weight *w, hearth_error *err) {
 /* Q6_K planes (layout: gemv_q6_k): 4 lanes per super-block; lane part (h, j) takes, for
  * each g < 4, the 16 weights 128h + 32g + 16j + [0, 16) (one sub-block scale, x block
  * 8 sb + 4h + g). The 6-bit values 0..63 become q - 32 per byte with __vsub4. */
-template <int T, int WARPS = GEMV_WARPS>
-static __device__ __forceinline__ void gemv_q6_k_i8_rows(const uint8_t *QL, const uint8_t *QH, const int8_t *SC,
-                                                         const uint16_t *D, const int8_t *xq, const float2 *xs, float *y,
-                                                         int n, int k, int R, int pf) {
-    int warp = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_q6_k_i8(const uint8_t *QL, const uint8_t *QH, const int8_t *SC, const uint16_t *D, const int8_t *xq,
+                 const float2 *xs, float *y, int n, int k, int R, int pf) {
+    int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
     if (row0 >= n) return;
     int nsb = k / 256, nb = k / 32, part = lane % 4, h = part / 2, j = part % 2;
     for (int r = 0; pf && r < R && row0 + r < n; r++) {
@@ -924,19 +890,6 @@ static __device__ __forceinline__ void gemv_q6_k_i8_rows(const uint8_t *QL, cons
     store_slots<T>(acc, y, n, row0, R, lane);
 }
 
-template <int T>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_q6_k_i8(const uint8_t *QL, const uint8_t *QH, const int8_t *SC, const uint16_t *D, const int8_t *xq,
-                 const float2 *xs, float *y, int n, int k, int R, int pf) {
-    gemv_q6_k_i8_rows<T>(QL, QH, SC, D, xq, xs, y, n, k, R, pf);
-}
-__global__ void __launch_bounds__(NORM_TAIL_WARPS * 32)
-    gemv_q6_k_i8_norm(const uint8_t *QL, const uint8_t *QH, const int8_t *SC, const uint16_t *D, const int8_t *xq,
-                      const float2 *xs, float *y, int n, int k, int R, int pf, norm_tail tail) {
-    gemv_q6_k_i8_rows<1, NORM_TAIL_WARPS>(QL, QH, SC, D, xq, xs, y, n, k, R, pf);
-    norm_tail_run(tail);
-}
-
 /* Rows per warp: as many as keep >= 4 blocks per SM of an H200 (132 SMs) in the grid;
  * HEARTH_CUDA_QROWS=1|2|4 forces it (A/B). */
 static int qrows_forced(void) {
@@ -966,32 +919,15 @@ static int q4k_rows(int n, int k) {
 }
 
 /* batched: not a batch-invariant call (cuda_matmul_q8, cuda_gemv_mmq), so the kernel may
- * depend on T (cuda_gemv_v2_launch_rows). tail (T = 1, else NULL): the kernels that end with
- * its residual add and norm (Q8_0, Q6_K here; Q4_K only on v2: norm_tail_kernel). */
+ * depend on T (cuda_gemv_v2_launch_rows). */
 template <int T>
-static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int batched = 0,
-                      const norm_tail *tail = NULL) {
-    if (cuda_gemv_mlx4_launch(&w, &y, 1, xq, xs, T, tail)) return; /* every U32 weight here, unless HEARTH_CUDA_MLX4=v1 */
-    if (tail ? cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T, tail)
-             : batched ? cuda_gemv_v2_launch_rows(w, y, xq, xs, T) : cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T, NULL))
+static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int batched = 0) {
+    if (cuda_gemv_mlx4_launch(&w, &y, 1, xq, xs, T)) return; /* every U32 weight here, unless HEARTH_CUDA_MLX4=v1 */
+    if (batched ? cuda_gemv_v2_launch_rows(w, y, xq, xs, T) : cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T))
         return; /* cuda_gemv_v2_takes */
     int n = (int)w->n, k = (int)w->k, pf = pdl_pf_on();
     int R = w->dtype == DT_Q4_K && w->q4k_packed ? q4k_rows(n, k) : q8act_rows(n);
     dim3 grid((unsigned)((n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R))), block(GEMV_WARPS * 32);
-    if constexpr (T == 1)
-        if (tail) {
-            grid = dim3((unsigned)((n + NORM_TAIL_WARPS * R - 1) / (NORM_TAIL_WARPS * R))), block = dim3(NORM_TAIL_WARPS * 32);
-            size_t nk = (size_t)n * (size_t)k;
-            const int8_t *sc = (const int8_t *)w->scales;
-            if (w->dtype == DT_Q8_0)
-                pdl_launch(gemv_q8_0_i8_norm, grid, block, (const int8_t *)w->data, (const uint16_t *)w->scales, xq,
-                           xs, y, n, k, R, pf, *tail);
-            else if (w->dtype == DT_Q6_K)
-                pdl_launch(gemv_q6_k_i8_norm, grid, block, (const uint8_t *)w->data,
-                           (const uint8_t *)w->data + nk / 2, sc, (const uint16_t *)(sc + nk / 16), xq, xs, y, n, k, R,
-                           pf, *tail);
-            return;
-        }
     switch (w->dtype) {
     case DT_Q8_0:
         pdl_launch(gemv_q8_0_i8<T>, grid, block, (const int8_t *)w->data, (const uint16_t *)w->scales, xq, xs, y, n, k,
@@ -1086,8 +1022,7 @@ static hearth_status launch_i8_all(const cuda_weight *const *ws, float *const *y
                 for (int j = 0; j < g; j++) yc[j] = ys[i + j] + (size_t)t0 * ws[i + j]->n;
                 const int8_t *xq = xq0 + (size_t)t0 * k;
                 const float2 *xs = xs0 + (size_t)t0 * (k / 32);
-                if (!cuda_gemv_mlx4_launch(ws + i, yc, g, xq, xs, c, NULL) &&
-                    !cuda_gemv_v2_launch(ws + i, yc, g, xq, xs, c, NULL))
+                if (!cuda_gemv_mlx4_launch(ws + i, yc, g, xq, xs, c) && !cuda_gemv_v2_launch(ws + i, yc, g, xq, xs, c))
                     return err_set(err, HEARTH_ERR_INVALID, "gemv_i8: %d weights could not share a launch", g);
                 if (cuda_launched("gemv_i8 group", err)) return HEARTH_ERR_IO;
                 t0 += c;
@@ -1182,39 +1117,6 @@ hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, h
 
 hearth_status cuda_gemv_mmq(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err) {
     return gemv_any(w, x, T, y, 1, err);
-}
-
-int cuda_gemv_norm_takes(const cuda_weight *w, int q8, const cuda_norm_after *na) {
-    if (!w || !na || na->n <= 0 || w->n != na->n || na->n > NORM_TAIL_MAX || (na->xq && na->n % 32) ||
-        w->k > INT32_MAX / 8)
-        return 0;
-    if (!q8) return (w->dtype == DT_BF16 || w->dtype == DT_F16) && w->k % 8 == 0; /* gemv_half_vec */
-    if (!cuda_gemv_int8_act(w)) return 0;
-    /* launch_i8's kernels at T = 1, except v1 Q4_K (HEARTH_CUDA_GEMV=v1), which has no tail */
-    return cuda_mlx4_v2_takes(w) || cuda_gemv_v2_takes(w) || w->dtype == DT_Q8_0 || w->dtype == DT_Q6_K;
-}
-
-hearth_status cuda_gemv_norm(const cuda_weight *w, const float *x, const int8_t *xq, const float *xs, float *y,
-                             const cuda_norm_after *na, hearth_error *err) {
-    int q8 = xq != NULL;
-    /* 16-byte aligned inputs: else the v2 kernels would not take them and no kernel would norm */
-    int aligned = q8 ? xs && (uintptr_t)xq % 16 == 0 && (uintptr_t)xs % 16 == 0 : x && (uintptr_t)x % 16 == 0;
-    if (!cuda_gemv_norm_takes(w, q8, na) || !aligned || !w->data || !y || !na->x || !na->out || !na->w ||
-        (na->xq && !na->xs))
-        return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_norm: no fused kernel for a %s [%lld, %lld] weight (%s input)",
-                       w ? tensor_dtype_name(w->dtype) : "missing", w ? (long long)w->n : 0LL,
-                       w ? (long long)w->k : 0LL, q8 ? "int8" : "float");
-    static int mode = -1; /* HEARTH_CUDA_NORM_TAIL (cuda_norm_tail.cuh; 2 and 3 leave the norm out: timing only) */
-    if (mode < 0) {
-        const char *e = getenv("HEARTH_CUDA_NORM_TAIL");
-        mode = e && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 0;
-    }
-    norm_tail nt = {na->x, na->out, y, na->w, na->xq, (float2 *)na->xs, na->shift, na->eps, na->n, mode};
-    if (q8)
-        launch_i8<1>(w, xq, (const float2 *)xs, y, 1, &nt);
-    else
-        launch_half_segs<1>(&w, &y, 1, x, &nt);
-    return cuda_launched("gemv_norm", err);
 }
 
 hearth_status cuda_gemv_multi(const cuda_weight *const *ws, float *const *ys, int nw, const float *x, int T,

@@ -7,7 +7,6 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
-#include "backend/cuda/cuda_norm_tail.cuh"
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -62,10 +61,11 @@ template <bool BF16> static __device__ __forceinline__ float2 mlx4_scale_bias(ui
  * lane 0 keeps runs 0 and 2 (its u[0], u[1]) and takes 1 and 3 (the partner's u[0], u[1]);
  * lane 1 keeps 5 and 7 (u[2], u[3]) and takes 4 and 6 (the partner's u[2], u[3]). The sums
  * are integers per block, so only the float order of the lane partials changes. */
-template <int T, bool BF16, bool SHFL, int WARPS = V2_WARPS>
-static __device__ __forceinline__ void gemv_v2_mlx4_rows(v2_segs sg, const int8_t *xq, const float2 *xs, int k, int lg) {
+template <int T, bool BF16, bool SHFL>
+__global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
+    gemv_v2_mlx4(v2_segs sg, const int8_t *xq, const float2 *xs, int k, int lg) {
     int lane = threadIdx.x % 32;
-    int grow = blockIdx.x * WARPS + threadIdx.x / 32;
+    int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
     v2_row r;
     if (!v2_seg_row(sg, grow, r)) return;
     const uint4 *W = (const uint4 *)r.W;
@@ -138,19 +138,6 @@ static __device__ __forceinline__ void gemv_v2_mlx4_rows(v2_segs sg, const int8_
     v2_seg_store<T>(acc, sg, grow, lane);
 }
 
-template <int T, bool BF16, bool SHFL>
-__global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
-    gemv_v2_mlx4(v2_segs sg, const int8_t *xq, const float2 *xs, int k, int lg) {
-    gemv_v2_mlx4_rows<T, BF16, SHFL>(sg, xq, xs, k, lg);
-}
-/* One row, then the residual add and norm of tail (cuda_norm_tail.cuh). */
-template <bool BF16, bool SHFL>
-__global__ void __launch_bounds__(NORM_TAIL_WARPS * 32, V2_MIN_BLOCKS(1) * V2_WARPS / NORM_TAIL_WARPS)
-    gemv_v2_mlx4_norm(v2_segs sg, const int8_t *xq, const float2 *xs, int k, int lg, norm_tail tail) {
-    gemv_v2_mlx4_rows<1, BF16, SHFL, NORM_TAIL_WARPS>(sg, xq, xs, k, lg);
-    norm_tail_run(tail);
-}
-
 /* ---------- host side ---------- */
 
 /* -1: read HEARTH_CUDA_MLX4 on first use; 1: v2 (the default since the H200 run of
@@ -186,18 +173,11 @@ int cuda_mlx4_v2_takes(const cuda_weight *w) {
 }
 
 template <int T> static void launch_mlx4(const v2_segs &sg, int rows, bool bf16, const int8_t *xq, const float2 *xs,
-                                         int k, int lg, const norm_tail *tail) {
+                                         int k, int lg) {
     dim3 grid((unsigned)((rows + V2_WARPS - 1) / V2_WARPS)), block(V2_WARPS * 32);
     /* every T alike (T = 8 spills 16 bytes with it, ptxas sm_90a): a row's float order must
      * not depend on the batch (test_gemv_batch_invariant, --deterministic) */
     bool shfl = mlx4_shfl();
-    if constexpr (T == 1)
-        if (tail) { /* the kernels that end with its norm, NORM_TAIL_WARPS rows per block */
-            grid = dim3((unsigned)((rows + NORM_TAIL_WARPS - 1) / NORM_TAIL_WARPS)), block = dim3(NORM_TAIL_WARPS * 32);
-            auto kernel = bf16 ? (shfl ? gemv_v2_mlx4_norm<true, true> : gemv_v2_mlx4_norm<true, false>)
-                               : (shfl ? gemv_v2_mlx4_norm<false, true> : gemv_v2_mlx4_norm<false, false>);
-            return pdl_launch(kernel, grid, block, sg, xq, xs, k, lg, *tail);
-        }
     auto kernel = bf16 ? (shfl ? gemv_v2_mlx4<T, true, true> : gemv_v2_mlx4<T, true, false>)
                        : (shfl ? gemv_v2_mlx4<T, false, true> : gemv_v2_mlx4<T, false, false>);
     pdl_launch(kernel, grid, block, sg, xq, xs, k, lg);
@@ -209,7 +189,7 @@ int cuda_gemv_mlx4_groups(const cuda_weight *a, const cuda_weight *b) {
 }
 
 int cuda_gemv_mlx4_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
-                          int T, const norm_tail *tail) {
+                          int T) {
     if (nw < 1 || nw > 3) return 0;
     const void *W[3], *S[3];
     int64_t n[3];
@@ -222,5 +202,5 @@ int cuda_gemv_mlx4_launch(const cuda_weight *const *ws, float *const *ys, int nw
     v2_segs sg;
     int rows = v2_segs_fill(&sg, W, S, ys, n, nw), k = (int)ws[0]->k, lg = __builtin_ctz((unsigned)ws[0]->group_size);
     bool bf16 = ws[0]->sb_bf16;
-    return v2_for_rows(T, [&](auto r) { launch_mlx4<decltype(r)::value>(sg, rows, bf16, xq, xs, k, lg, tail); });
+    return v2_for_rows(T, [&](auto r) { launch_mlx4<decltype(r)::value>(sg, rows, bf16, xq, xs, k, lg); });
 }

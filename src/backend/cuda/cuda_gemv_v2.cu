@@ -8,7 +8,6 @@
 #include "backend/cuda/cuda_gemv.cuh"
 #define PDL_AUTO 1 /* PDL on by default for these kernels (cuda_pdl.cuh: pdl_on) */
 #include "backend/cuda/cuda_pdl.cuh"
-#include "backend/cuda/cuda_norm_tail.cuh"
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -50,10 +49,11 @@ static __device__ __forceinline__ void v2_pdl_start(void) {
  * activations 512 contiguous int8; 8 x 16 bytes in flight per lane, one 4096-weight step
  * is a whole row of k = 4096. */
 #define Q8_SLOTS 8
-template <int T, int WARPS = V2_WARPS>
-static __device__ __forceinline__ void gemv_v2_q8_0_rows(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
+template <int T>
+__global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
+    gemv_v2_q8_0(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
     int lane = threadIdx.x % 32;
-    int grow = blockIdx.x * WARPS + threadIdx.x / 32;
+    int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
     v2_row r;
     if (!v2_seg_row(sg, grow, r)) return;
     const int8_t *Q = (const int8_t *)r.W;
@@ -93,17 +93,6 @@ static __device__ __forceinline__ void gemv_v2_q8_0_rows(v2_segs sg, const int8_
     v2_seg_store<T>(acc, sg, grow, lane);
 }
 
-template <int T>
-__global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T)) gemv_v2_q8_0(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
-    gemv_v2_q8_0_rows<T>(sg, xq, xs, k);
-}
-/* One row, then the residual add and norm of tail (cuda_norm_tail.cuh). */
-__global__ void __launch_bounds__(NORM_TAIL_WARPS * 32, V2_MIN_BLOCKS(1) * V2_WARPS / NORM_TAIL_WARPS)
-    gemv_v2_q8_0_norm(v2_segs sg, const int8_t *xq, const float2 *xs, int k, norm_tail tail) {
-    gemv_v2_q8_0_rows<1, NORM_TAIL_WARPS>(sg, xq, xs, k);
-    norm_tail_run(tail);
-}
-
 /* Q4_K super-blocks with packed scales (cuda_q4k_scale_min, q4k_packed): 8 lanes per
  * super-block; lane part p = 2c + h reads the 16 nibble bytes at 16 + 16p (chunk c, half
  * h): weights 64c + 16h + [0, 16) (low nibbles, sub-block 2c) and 64c + 32 + 16h + [0, 16)
@@ -114,10 +103,11 @@ __global__ void __launch_bounds__(NORM_TAIL_WARPS * 32, V2_MIN_BLOCKS(1) * V2_WA
  * exactly. Each sub-block's min term -dmin * m * d_x * sum(q_x) is added once, by lane
  * h = 0 for sub-block 2c and by lane h = 1 for sub-block 2c + 1. */
 #define Q4_SLOTS 4
-template <int T, int WARPS = V2_WARPS>
-static __device__ __forceinline__ void gemv_v2_q4_k_rows(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
+template <int T>
+__global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
+    gemv_v2_q4_k(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
     int lane = threadIdx.x % 32;
-    int grow = blockIdx.x * WARPS + threadIdx.x / 32;
+    int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
     v2_row r;
     if (!v2_seg_row(sg, grow, r)) return;
     const uint8_t *W = (const uint8_t *)r.W;
@@ -169,17 +159,6 @@ static __device__ __forceinline__ void gemv_v2_q4_k_rows(v2_segs sg, const int8_
     v2_seg_store<T>(acc, sg, grow, lane);
 }
 
-template <int T>
-__global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T)) gemv_v2_q4_k(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
-    gemv_v2_q4_k_rows<T>(sg, xq, xs, k);
-}
-/* One row, then the residual add and norm of tail (cuda_norm_tail.cuh). */
-__global__ void __launch_bounds__(NORM_TAIL_WARPS * 32, V2_MIN_BLOCKS(1) * V2_WARPS / NORM_TAIL_WARPS)
-    gemv_v2_q4_k_norm(v2_segs sg, const int8_t *xq, const float2 *xs, int k, norm_tail tail) {
-    gemv_v2_q4_k_rows<1, NORM_TAIL_WARPS>(sg, xq, xs, k);
-    norm_tail_run(tail);
-}
-
 /* Q6_K planes (cuda_weight: ql [n][k/2], qh [n][k/4], int8 scales [n][k/16], f16 d
  * [n][k/256]; weight 128h + 32g + l of a super-block is nibble g/2 of ql[64h + 32(g%2) +
  * l] with bits 2g of qh[32h + l], scale (128h + 32g + l) / 16). 16 lanes per
@@ -192,10 +171,11 @@ __global__ void __launch_bounds__(NORM_TAIL_WARPS * 32, V2_MIN_BLOCKS(1) * V2_WA
  * sign-extended to 8 bits (t + (t & 0x20) * 6) is q - 32. 4 slots = 8 super-blocks. */
 #define Q6_SLOTS 4
 /* T = 1 at 64 registers spilled 16 bytes: 7 blocks (72 registers, 28 warps per SM) */
-template <int T, int WARPS = V2_WARPS>
-static __device__ __forceinline__ void gemv_v2_q6_k_rows(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
+template <int T>
+__global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T))
+    gemv_v2_q6_k(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
     int lane = threadIdx.x % 32;
-    int grow = blockIdx.x * WARPS + threadIdx.x / 32;
+    int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
     v2_row r;
     if (!v2_seg_row(sg, grow, r)) return;
     /* the planes of this row's weight (cuda_weight: ql, then qh after n k / 2 bytes; scales, then d) */
@@ -259,17 +239,6 @@ static __device__ __forceinline__ void gemv_v2_q6_k_rows(v2_segs sg, const int8_
     v2_seg_store<T>(acc, sg, grow, lane);
 }
 
-template <int T>
-__global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T)) gemv_v2_q6_k(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
-    gemv_v2_q6_k_rows<T>(sg, xq, xs, k);
-}
-/* One row, then the residual add and norm of tail (cuda_norm_tail.cuh). */
-__global__ void __launch_bounds__(NORM_TAIL_WARPS * 32, 1)
-    gemv_v2_q6_k_norm(v2_segs sg, const int8_t *xq, const float2 *xs, int k, norm_tail tail) {
-    gemv_v2_q6_k_rows<1, NORM_TAIL_WARPS>(sg, xq, xs, k);
-    norm_tail_run(tail);
-}
-
 /* ---------- host side ---------- */
 
 /* 0: v1 everywhere (HEARTH_CUDA_GEMV=v1); 1: v2 for every format it has (HEARTH_CUDA_GEMV=v2);
@@ -304,21 +273,9 @@ int cuda_gemv_v2_takes(const cuda_weight *w) {
 /* The planes a v2 kernel reads of w: its data and, for Q8_0 / Q6_K, its scales. */
 static const void *v2_scales(const cuda_weight *w) { return w->dtype == DT_Q4_K ? NULL : w->scales; }
 
-/* tail (T = 1 only): the kernels that end with its norm (cuda_norm_tail.cuh). */
 template <int T> static void launch_v2(const v2_segs &sg, int rows, tensor_dtype dt, const int8_t *xq,
-                                       const float2 *xs, int k, const norm_tail *tail) {
+                                       const float2 *xs, int k) {
     dim3 grid((unsigned)((rows + V2_WARPS - 1) / V2_WARPS)), block(V2_WARPS * 32);
-    if constexpr (T == 1)
-        if (tail) {
-            grid = dim3((unsigned)((rows + NORM_TAIL_WARPS - 1) / NORM_TAIL_WARPS)), block = dim3(NORM_TAIL_WARPS * 32);
-            switch (dt) {
-            case DT_Q8_0: pdl_launch(gemv_v2_q8_0_norm, grid, block, sg, xq, xs, k, *tail); break;
-            case DT_Q4_K: pdl_launch(gemv_v2_q4_k_norm, grid, block, sg, xq, xs, k, *tail); break;
-            case DT_Q6_K: pdl_launch(gemv_v2_q6_k_norm, grid, block, sg, xq, xs, k, *tail); break;
-            default: break;
-            }
-            return;
-        }
     switch (dt) {
     case DT_Q8_0: pdl_launch(gemv_v2_q8_0<T>, grid, block, sg, xq, xs, k); break;
     case DT_Q4_K: pdl_launch(gemv_v2_q4_k<T>, grid, block, sg, xq, xs, k); break;
@@ -333,7 +290,7 @@ int cuda_gemv_v2_groups(const cuda_weight *a, const cuda_weight *b) {
 
 /* The v2 kernel over ws (checked: one format the kernels have, one k, aligned activations). */
 static int v2_launch_segs(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
-                          int T, int any_q6k, const norm_tail *tail) {
+                          int T, int any_q6k) {
     /* the Q4_K kernel reads two (d, d·Σq) pairs as one float4 */
     if (nw < 1 || nw > 3 || ((uintptr_t)xs % 16) != 0 || ((uintptr_t)xq % 16) != 0) return 0;
     const void *W[3], *S[3];
@@ -348,18 +305,18 @@ static int v2_launch_segs(const cuda_weight *const *ws, float *const *ys, int nw
     }
     v2_segs sg;
     int rows = v2_segs_fill(&sg, W, S, ys, n, nw), k = (int)ws[0]->k;
-    return v2_for_rows(T, [&](auto r) { launch_v2<decltype(r)::value>(sg, rows, ws[0]->dtype, xq, xs, k, tail); });
+    return v2_for_rows(T, [&](auto r) { launch_v2<decltype(r)::value>(sg, rows, ws[0]->dtype, xq, xs, k); });
 }
 
 int cuda_gemv_v2_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
-                        int T, const norm_tail *tail) {
-    return v2_launch_segs(ws, ys, nw, xq, xs, T, 0, tail);
+                        int T) {
+    return v2_launch_segs(ws, ys, nw, xq, xs, T, 0);
 }
 
 /* Every Q6_K weight goes to v2 at 2..8 rows outside batch-invariant steps: the v1 kernel's
  * cost grows with the rows (H200, 14336 x 4096 Q6_K at 8 rows: v2 37.7 us, v1 102.9; the 8B
  * Q4_K_M decode step of 8 rows spent 1.59 ms in v1 Q6_K GEMVs against 0.42 at one row). */
 int cuda_gemv_v2_launch_rows(const cuda_weight *w, float *y, const int8_t *xq, const float2 *xs, int T) {
-    if (T < 2) return cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T, NULL);
-    return v2_launch_segs(&w, &y, 1, xq, xs, T, v2_mode() == 2, NULL);
+    if (T < 2) return cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T);
+    return v2_launch_segs(&w, &y, 1, xq, xs, T, v2_mode() == 2);
 }

@@ -19,9 +19,8 @@ cudaStream_t cuda_stream(void);
  * activations, ys[i] = x · ws[i]^T, all in one launch) and returns 1, or returns 0 (nothing
  * launched) when v2 does not take them together. _groups: whether a and b can share a
  * launch. _force_pdl: cuda_gemv_force_pdl for that file's launches. */
-struct norm_tail; /* cuda_norm_tail.cuh */
 int cuda_gemv_v2_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
-                        int T, const norm_tail *tail);
+                        int T);
 int cuda_gemv_v2_groups(const cuda_weight *a, const cuda_weight *b);
 /* One weight at T rows where batch invariance is not asked for: as cuda_gemv_v2_launch, and
  * in the auto mode also every Q6_K weight from 2 rows on (v1's cost grows with the rows). */
@@ -30,7 +29,7 @@ void cuda_gemv_v2_force_pdl(int mode);
 /* cuda_gemv_mlx4.cu, the same for MLX 4-bit weights that cuda_mlx4_v2_takes (one group size
  * and scale type per launch). */
 int cuda_gemv_mlx4_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
-                          int T, const norm_tail *tail);
+                          int T);
 int cuda_gemv_mlx4_groups(const cuda_weight *a, const cuda_weight *b);
 void cuda_gemv_mlx4_force_pdl(int mode);
 

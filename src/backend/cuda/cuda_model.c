@@ -318,51 +318,6 @@ static hearth_status norm_into_xn(cuda_model *cm, const float *delta, const floa
     return cuda_rmsnorm(cm->xn, cm->x, w, shift, T, c->hidden, c->norm_eps, err);
 }
 
-/* The norm that follows a residual delta in cm->tmp (the block's ffn_norm after o_proj, the
- * next block's attn_norm after down): x += tmp, cm->xn = rmsnorm(x) (+ its int8 copy when
- * quant), as norm_into_xn does it. */
-typedef struct after_norm {
-    const float *w; /* NULL: no norm follows the delta directly (Gemma's post-norms, the last block) */
-    float shift;
-    int quant;
-    int done; /* set when the delta's GEMV did it itself (cuda_gemv_norm) */
-} after_norm;
-
-/* The norm done by the delta GEMV's last block at T = 1 (cuda_gemv_norm), only with
- * HEARTH_CUDA_FUSE_NORM=1: else norm_into_xn's launch after the GEMV (the same bits either
- * way). Off by default: slower on every 8B format on the H200 (round 19, cuda_engine.md). */
-static int norm_in_gemv(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("HEARTH_CUDA_FUSE_NORM");
-        on = e && !strcmp(e, "1");
-    }
-    return on;
-}
-
-/* cm->tmp = in · w^T (q8: the input is cm->xq / cm->xs), with an's norm in the same launch
- * where the GEMV has a kernel for it: one row (decode at batch 1), the GEMV the unfused step
- * would run (cuda_gemv_norm_takes, and the GEMV path of cuda_matmul), norms not left out. */
-static hearth_status delta_matmul(cuda_model *cm, const cuda_weight *w, const float *in, int q8, int T, after_norm *an,
-                                  hearth_error *err) {
-    const model_config *c = &cm->m->cfg;
-    cuda_norm_after na = {.x = cm->x,
-                          .out = cm->xn,
-                          .w = an->w,
-                          .xq = an->quant ? cm->xq : NULL,
-                          .xs = an->quant ? cm->xs : NULL,
-                          .shift = an->shift,
-                          .eps = c->norm_eps,
-                          .n = c->hidden};
-    if (T == 1 && an->w && norm_in_gemv() && !cuda_profile_skip(1) && cuda_gemv_norm_takes(w, q8, &na) &&
-        (q8 || cm->invariant || cuda_matmul_uses_gemv(cm->gemm, w, T))) {
-        an->done = 1;
-        cm->q8_ready = an->quant;
-        return cuda_gemv_norm(w, in, q8 ? cm->xq : NULL, q8 ? cm->xs : NULL, cm->tmp, &na, err);
-    }
-    return q8 ? q8_matmul(cm, &w, &cm->tmp, 1, T, err) : matmul(cm, w, in, T, cm->tmp, err);
-}
-
 /* RoPE and the KV write in one launch (cuda_rope_kv_write; HEARTH_CUDA_ROPE_KV=0: the two
  * launches; the same bits either way). */
 static int rope_kv_fused(void) {
@@ -377,9 +332,9 @@ static int att_q8_fused(void) {
     return fusion_on("HEARTH_CUDA_ATT_Q8", &on);
 }
 
-/* in: cm->xn; out: cm->tmp (decoder_attention's contract), then an's norm if the o GEMV did it. */
+/* in: cm->xn; out: cm->tmp (decoder_attention's contract). */
 static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos, const int32_t *slot, int single_slot,
-                               after_norm *an, hearth_error *err) {
+                               hearth_error *err) {
     const model_config *c = &cm->m->cfg;
     const cuda_layer *l = &cm->layers[i];
     int sliding = cm->m->layers[i].sliding, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
@@ -444,11 +399,12 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
         cm->q8_ready = 0; /* xq no longer holds xn's copy */
     }
     if (!cuda_profile_skip(4)) TRY(cuda_attention(&a, err));
-    return delta_matmul(cm, o, cm->att, cuda_attention_writes_q8(&a), T, an, err);
+    if (cuda_attention_writes_q8(&a)) return q8_matmul(cm, &o, &cm->tmp, 1, T, err);
+    return matmul(cm, o, cm->att, T, cm->tmp, err);
 }
 
-/* in: cm->xn; out: cm->tmp = down(act(gate(xn)) * up(xn)), then an's norm if the down GEMV did it. */
-static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, after_norm *an, hearth_error *err) {
+/* in: cm->xn; out: cm->tmp = down(act(gate(xn)) * up(xn)). */
+static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *err) {
     const cuda_layer *l = &cm->layers[i];
     size_t n = (size_t)T * cm->m->cfg.ffn;
     /* decode: one launch for 16-bit gate + up, one quantized x for int8 ones */
@@ -466,7 +422,7 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, after_norm *an,
     const cuda_weight *down = &l->down;
     if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself */
         if (!cuda_profile_skip(16)) TRY(cuda_gated_q8(cm->gate, cm->up, n, gelu, cm->xq, cm->xs, err));
-        return delta_matmul(cm, down, NULL, 1, T, an, err);
+        return q8_matmul(cm, &down, &cm->tmp, 1, T, err);
     }
     int act = gemm_shared(cm) ? cuda_matmul_act(cm->gemm, down, cm->gate, T) : CUDA_ACT_NONE;
     if (act) { /* prefill: the gated product goes to the GEMM's input type directly */
@@ -475,7 +431,7 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, after_norm *an,
     }
     if (!cuda_profile_skip(16))
         TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
-    return delta_matmul(cm, down, cm->gate, 0, T, an, err);
+    return matmul(cm, &l->down, cm->gate, T, cm->tmp, err);
 }
 
 /* One block: llama.c's two pre-norms, or gemma3.c's four (1 + weight) norms with GeGLU.
@@ -488,18 +444,13 @@ static hearth_status block(cuda_model *cm, int i, int T, const int32_t *pos, con
     const cuda_layer *l = &cm->layers[i];
     int gemma = c->family == FAMILY_GEMMA3;
     float shift = gemma ? c->norm_shift : 0.0f;
-    int last = i + 1 == c->n_layers;
-    after_norm ffn = {.w = gemma ? NULL : l->ffn_norm, .shift = shift, .quant = q8_fusable_gate_up(cm, i, T)};
-    TRY(attention(cm, i, T, pos, slot, single_slot, &ffn, err));
+    TRY(attention(cm, i, T, pos, slot, single_slot, err));
     if (gemma) TRY(cuda_rmsnorm(cm->tmp, cm->tmp, l->post_attn_norm, shift, T, c->hidden, c->norm_eps, err));
-    if (!ffn.done) TRY(norm_into_xn(cm, cm->tmp, l->ffn_norm, shift, T, ffn.quant, err));
-    after_norm next = {.w = gemma || last ? NULL : cm->layers[i + 1].attn_norm,
-                       .shift = shift,
-                       .quant = !last && q8_fusable_qkv(cm, i + 1, T)};
-    TRY(mlp(cm, i, T, gemma, &next, err));
+    TRY(norm_into_xn(cm, cm->tmp, l->ffn_norm, shift, T, q8_fusable_gate_up(cm, i, T), err));
+    TRY(mlp(cm, i, T, gemma, err));
     if (gemma) TRY(cuda_rmsnorm(cm->tmp, cm->tmp, l->post_ffn_norm, shift, T, c->hidden, c->norm_eps, err));
-    if (!last)
-        return next.done ? HEARTH_OK : norm_into_xn(cm, cm->tmp, cm->layers[i + 1].attn_norm, shift, T, next.quant, err);
+    if (i + 1 < c->n_layers)
+        return norm_into_xn(cm, cm->tmp, cm->layers[i + 1].attn_norm, shift, T, q8_fusable_qkv(cm, i + 1, T), err);
     cm->q8_ready = 0;
     return cuda_add(cm->x, cm->tmp, (size_t)T * c->hidden, err);
 }

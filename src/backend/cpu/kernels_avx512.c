@@ -558,8 +558,89 @@ typedef struct pk_buf {
     float m[PK_CHUNK][PK_ROWS];  /* min (w = d * q + m) */
 } pk_buf;
 
+/* 16 rows' 16 bytes at p + r * rb (r = 0..15) as four vectors: vector j holds dword j of row
+ * r in lane r. Loads place rows k, 4 + k, 8 + k, 12 + k in the 128-bit lanes of a[k]; an
+ * in-lane 4x4 dword transpose then leaves rows 4L..4L+3 in lane group L, in order. */
+AVX512_INLINE void pk_load16x4(const uint8_t *p, int64_t rb, __m512i out[4]) {
+    __m512i a[4];
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + k * rb)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (4 + k) * rb)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (8 + k) * rb)), 2);
+        a[k] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (12 + k) * rb)), 3);
+    }
+    __m512i t0 = _mm512_unpacklo_epi32(a[0], a[1]), t1 = _mm512_unpackhi_epi32(a[0], a[1]);
+    __m512i t2 = _mm512_unpacklo_epi32(a[2], a[3]), t3 = _mm512_unpackhi_epi32(a[2], a[3]);
+    out[0] = _mm512_unpacklo_epi64(t0, t2);
+    out[1] = _mm512_unpackhi_epi64(t0, t2);
+    out[2] = _mm512_unpacklo_epi64(t1, t3);
+    out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* Blocks ahead that pk_pack_direct prefetches each of its 16 row streams (one touch per two
+ * blocks): the hardware prefetchers do not follow 16 streams rb bytes apart. gemm_small_bench,
+ * Q4_0 8192x2048 from DRAM, one thread, GMAC/s without -> with: T = 8 45-47 -> 59-61, T = 16
+ * 63-79 -> 83-90; 4 and 16 blocks ahead measured the same as 8 within the noise. */
+#define PK_PREFETCH 8
+
+/* HEARTH_CPU_PK_DIRECT=0 turns pk_pack_direct off (A/B runs); read once. */
+static int pk_direct_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("HEARTH_CPU_PK_DIRECT");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
+/* Q4_0, Q4_1 and Q8_0 with all 16 rows present: the packed layout straight from the
+ * weights. The 16 rows' quant bytes load and transpose as 16 x 4 dwords (pk_load16x4), so
+ * dword j of the block arrives with row r in lane r: Q4_0 / Q4_1 nibbles 4j.. (low) and
+ * 16 + 4j.. (high), Q8_0 bytes 4j.. (two such loads). One 16-lane gather brings the f16
+ * scales (and the Q4_1 mins beside them). Bytes and scales are those of pk_unpack + the
+ * transpose below, so results are bit-identical; the cost is what changes: ~60 simple
+ * instructions per 16 rows x 32 columns instead of 16 row unpacks, 16 stores and 8
+ * gathers. It is paid once per call for all T tokens, so it decides batched-decode speed
+ * (on Zen 4, 1B Q4_0, T = 16: the old pack took twice the time of the dot products, and a
+ * version gathering every dword was still slower than the pair tiles). 0: other formats. */
+AVX512_INLINE int pk_pack_direct(const cpu_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
+    int bytes = f == PK_Q4_0 ? 18 : f == PK_Q4_1 ? 20 : f == PK_Q8_0 ? 34 : 0;
+    int64_t rb = cpu_weight_row_bytes(w);
+    if (!bytes || rb > INT32_MAX / PK_ROWS || !pk_direct_on()) return 0;
+    const int qoff = f == PK_Q4_1 ? 4 : 2;
+    const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32((int)rb));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    const uint8_t *base = (const uint8_t *)w->data + g * rb + c0 * bytes;
+    for (int b = 0; b < cb; b++, base += bytes) {
+        if (!(b & 1))
+            for (int r = 0; r < PK_ROWS; r++) _mm_prefetch((const char *)(base + r * rb + PK_PREFETCH * bytes), _MM_HINT_T0);
+        __m512i dm = _mm512_i32gather_epi32(vidx, base, 1); /* d (low half), Q4_1 m (high half) */
+        _mm512_store_ps(buf->d[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
+        if (f == PK_Q4_1) _mm512_store_ps(buf->m[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
+        __m512i q[4];
+        pk_load16x4(base + qoff, rb, q);
+        if (f == PK_Q8_0) {
+            #pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) _mm512_store_si512(&buf->q[b][j], _mm512_xor_si512(q[j], flip));
+            pk_load16x4(base + qoff + 16, rb, q);
+            #pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) _mm512_store_si512(&buf->q[b][j + 4], _mm512_xor_si512(q[j], flip));
+            continue;
+        }
+        #pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            _mm512_store_si512(&buf->q[b][j], _mm512_and_si512(q[j], m4));
+            _mm512_store_si512(&buf->q[b][j + 4], _mm512_and_si512(_mm512_srli_epi32(q[j], 4), m4));
+        }
+    }
+    return 1;
+}
+
 /* Packs rows g..g+rows-1 (rows <= 16; missing rows become zeros), blocks c0..c0+cb-1. */
 AVX512_INLINE void pk_pack(const cpu_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
+    if (rows == PK_ROWS && pk_pack_direct(w, g, c0, cb, f, buf)) return;
     int64_t rb = cpu_weight_row_bytes(w);
     for (int r = 0; r < PK_ROWS; r++) {
         if (r >= rows) {
@@ -772,6 +853,13 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
         if (!r && mode != 2) r = cpu_avx2_vnni_rows(w);
         f = r ? r : a2.rows;
     }
-    *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small, CPU_TILE_SMALL_T_AVX512};
+    /* Q4_0 / Q4_1 / Q8_0 pack 16 rows straight from the weights (pk_pack_direct), so the
+     * packed GEMM takes over from the pair tiles at a smaller T. bench/kernels/
+     * gemm_small_bench, one thread, Zen 4 (2026-12-03), GMAC/s pair tiles -> packed:
+     * Q4_0 8192x2048 T = 6 32 -> 50, T = 8 42 -> 50-60, T = 16 44-50 -> 73-89, 1536x576 T = 6
+     * 27 -> 39; Q4_1 8192x2048 T = 8 38 -> 47, 1536x576 T = 8 35 -> 31, T = 12 33 -> 52; Q8_0
+     * 8192x2048 T = 8 48 -> 52, T = 16 53 -> 67, 1536x576 T = 12 45 -> 45. */
+    int below = w->dtype == DT_Q4_0 ? 6 : w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ? 9 : CPU_TILE_SMALL_T_AVX512;
+    *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small, below};
     return 1;
 }

@@ -1,0 +1,81 @@
+/* gemm_small_bench.c: the CPU matmul at small T (batched decode: T = 2..32 token rows
+ * against one weight matrix, as a scheduler step of T running sequences), in G
+ * multiply-adds per second, for GGUF block formats. Weights are random quants with f16
+ * scales of 2^-8, cycled over copies filling ~256 MiB so they do not sit in the caches.
+ * A/B: run it twice with the kernel switches in the environment (HEARTH_CPU_PK_DIRECT,
+ * HEARTH_CPU_SMALL_BELOW) and compare the lines.
+ * Usage: gemm_small_bench [threads] [formats: q4_0,q4_1,q8_0] [NxK] [T,T,...] */
+#include "backend/cpu/matmul.h"
+#include "base/threadpool.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t next(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)rng;
+}
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 1;
+    const char *formats = argc > 2 ? argv[2] : "q4_0,q4_1,q8_0";
+    long n = 8192, k = 2048;
+    if (argc > 3 && sscanf(argv[3], "%ldx%ld", &n, &k) != 2) return fprintf(stderr, "bad shape %s\n", argv[3]), 2;
+    const char *ts = argc > 4 ? argv[4] : "1,4,8,12,16,24,32";
+    threadpool *tp;
+    if (tp_create(threads, &tp, NULL)) return 1;
+    char fl[256];
+    snprintf(fl, sizeof fl, "%s", formats);
+    for (char *f = strtok(fl, ","); f; f = strtok(NULL, ",")) {
+        tensor_dtype dt = !strcmp(f, "q4_0") ? DT_Q4_0 : !strcmp(f, "q4_1") ? DT_Q4_1 : !strcmp(f, "q8_0") ? DT_Q8_0 : -1;
+        if ((int)dt < 0) return fprintf(stderr, "unknown format %s\n", f), 2;
+        int bb = tensor_dtype_block_bytes(dt), scales = dt == DT_Q4_1 ? 2 : 1;
+        size_t bytes = (size_t)n * (k / 32) * bb;
+        int copies = (int)((256u << 20) / bytes) + 1;
+        uint8_t *w = malloc(bytes * copies);
+        for (size_t i = 0; i < bytes * copies; i++) w[i] = (uint8_t)next();
+        for (size_t b = 0; b < (size_t)n * (k / 32) * copies; b++)
+            for (int s = 0; s < scales; s++) { /* f16 2^-8 (and a min of -2^-8 for Q4_1) */
+                uint16_t h = s ? 0x9C00 : 0x1C00;
+                memcpy(w + b * bb + 2 * s, &h, 2);
+            }
+        int tmax = 64;
+        float *x = malloc(sizeof(float) * tmax * k), *y = malloc(sizeof(float) * tmax * n);
+        for (long i = 0; i < tmax * k; i++) x[i] = (float)(next() % 2001) / 1000.0f - 1.0f;
+        char tl[256];
+        snprintf(tl, sizeof tl, "%s", ts);
+        char *save = NULL;
+        for (char *t = strtok_r(tl, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            int T = atoi(t);
+            if (T < 1 || T > tmax) continue;
+            cpu_weight cw = {.dtype = dt, .n = n, .k = k};
+            size_t sz = cpu_matmul_scratch_size(&cw, T);
+            void *scratch = malloc(sz ? sz : 1);
+            double best = 1e30;
+            for (int rep = 0; rep < 3; rep++) {
+                double t0 = now_s();
+                int calls = 0;
+                for (int c = 0; c < copies * 2; c++, calls++) {
+                    cw.data = w + (size_t)(c % copies) * bytes;
+                    if (cpu_matmul(&cw, x, T, y, scratch, sz, tp, NULL)) return 1;
+                }
+                double dt_s = (now_s() - t0) / calls;
+                if (dt_s < best) best = dt_s;
+            }
+            printf("%s %ldx%ld T=%-2d threads=%d: %7.2f GMAC/s  %7.1f GB/s of weights  %.3f ms/call\n", f, n, k, T,
+                   threads, (double)n * k * T / best / 1e9, bytes / best / 1e9, best * 1e3);
+            free(scratch);
+        }
+        free(w), free(x), free(y);
+    }
+    tp_destroy(tp);
+    return 0;
+}

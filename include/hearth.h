@@ -150,8 +150,10 @@ typedef struct hearth_engine_options {
     int max_sequences;   /* sequences held at once; 0: 1 */
     int use_mmap;        /* use weights in place in the file mapping instead of copying
                             them into resident memory (for models larger than RAM) */
-    int kv_blocks;       /* KV pool size in blocks of 16 positions; 0: min(max_sequences, 2)
-                            x context (the batch scheduler admits requests as blocks free up) */
+    int kv_blocks;       /* KV pool size in blocks of 16 positions; 0 (and no kv_budget_bytes):
+                            max_sequences x context, cut to what fits in free memory after the
+                            weights, scratch and buffers (at least one context; the batch
+                            scheduler admits requests as blocks free up) */
     double kv_budget_bytes; /* > 0 and kv_blocks 0: as many blocks as fit in these bytes */
     int kv_quant;        /* hearth_kv_quant: how the KV pool stores keys and values */
     int deterministic;   /* 1: batch-invariant numerics: a sequence's logits do not depend on
@@ -170,6 +172,10 @@ size_t hearth_engine_bytes(const hearth_engine *e);
  * -1 when absent or unreadable: how fit and --report-memory read memory use. */
 long long hearth_proc_kb_field(const char *path, const char *key);
 int hearth_engine_context_length(const hearth_engine *e);
+/* The KV pool's size in blocks of 16 positions. *cut_from (when not NULL): for the default
+ * pool, the block count it was cut from to fit memory (every sequence's whole context),
+ * else 0. */
+int hearth_engine_kv_blocks(const hearth_engine *e, int *cut_from);
 /* Measures the memory read bandwidth (GB/s) with the engine's threads: the decode
  * roofline for benchmarks. Takes about a second; allocates a temporary 1 GiB buffer.
  * On the GPU (hearth_engine_device == cuda): the device-to-device copy rate, bytes read

@@ -27,6 +27,15 @@ static double mib(const json_t *r, const char *key) {
 }
 
 /* --device cuda: device memory part by part, then the host side. */
+/* A line when the default KV pool was cut to fit free memory (fit.c, engine_plan_room). */
+static void print_kv_cut(const json_t *r) {
+    long long cut = (long long)json_integer_value(json_object_get(r, "kv_blocks_cut_from"));
+    if (cut)
+        printf("KV pool: %lld blocks of 16 positions, cut from %lld (every sequence's whole context) to fit free "
+               "memory; --kv-budget sets it\n",
+               (long long)json_integer_value(json_object_get(r, "kv_blocks")), cut);
+}
+
 static void print_cuda_table(const json_t *r) {
     const json_t *h = json_object_get(r, "host");
     printf("model:    %s\n", json_string_value(json_object_get(r, "model")));
@@ -50,6 +59,7 @@ static void print_cuda_table(const json_t *r) {
     if (expanded)
         printf("%lld weights in %s have no CUDA kernel: expanded to f32 on the device (4 bytes per weight)\n", expanded,
                json_string_value(json_object_get(r, "expanded_format")));
+    print_kv_cut(r);
     printf("fits: %s; largest context that fits: %lld (model maximum %lld)\n",
            json_is_true(json_object_get(r, "fits")) ? "yes" : "NO",
            (long long)json_integer_value(json_object_get(r, "max_context_that_fits")),
@@ -86,6 +96,7 @@ static void print_table(const json_t *r) {
     printf("  %-34s %10.1f MiB\n", "runtime: engine code pages", mib(ro, "code_pages_bytes"));
     printf("  %-34s %10.1f MiB\n", "predicted peak", mib(r, "predicted_peak_bytes"));
     printf("  %-34s %10.1f MiB\n\n", "available now", mib(r, "available_bytes"));
+    print_kv_cut(r);
     printf("fits: %s; largest context that fits: %lld (model maximum %lld)\n",
            json_is_true(json_object_get(r, "fits")) ? "yes" : "NO",
            (long long)json_integer_value(json_object_get(r, "max_context_that_fits")),

@@ -35,6 +35,8 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "             [--responses-ttl 3600] [--responses-max-bytes 64M]\n"
                                  "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] [--kv-blocks N] [--kv-budget 1.5GB|N]\n"
                                  "             [--kv-quant none|int8|fp8|f16] [--deterministic]\n"
+                                 "             (KV pool default: --max-sequences x --ctx positions, cut to fit "
+                                 "free memory)\n"
                                  "             [--open|--no-open (the chat page in a browser)] [--embedding-model M]\n"
                                  "  accepted but not supported yet (a warning says so): --adapter-path "
                                  "--draft-model --num-draft-tokens\n"
@@ -340,6 +342,14 @@ int cli_serve(int argc, char **argv) {
     }
     if (!embed_only && hearth_engine_create(s.model, &o.eo, &e, &err)) return cli_fail(&err);
     s.context_length = e ? hearth_engine_context_length(e) : 0;
+    if (e) {
+        int cut, blocks = hearth_engine_kv_blocks(e, &cut);
+        if (cut)
+            fprintf(stderr,
+                    "hearth serve: KV pool cut to %d blocks (%d positions) to fit free memory; %d sequences x %d "
+                    "positions would take %d blocks: long requests wait for blocks (--kv-budget sets the pool)\n",
+                    blocks, blocks * 16, o.eo.max_sequences, s.context_length, cut);
+    }
     s.on_gpu = e && hearth_engine_device(e) == HEARTH_DEVICE_CUDA;
     make_fingerprint(s.fingerprint, sizeof s.fingerprint, s.on_gpu);
     pthread_mutex_init(&s.render_mu, NULL);

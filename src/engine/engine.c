@@ -30,6 +30,7 @@ struct hearth_engine {
     model_scratch *s;
     threadpool *tp;
     int n_threads, context, step_tokens, max_seqs, max_out;
+    int kv_cut_from;   /* engine_plan.kv_cut_from: the default pool was cut to fit memory */
     int deterministic; /* model_batch.batch_invariant for every step */
     cuda_model *gpu;   /* set when the forward pass runs on the GPU (engine_device.c) */
     int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
@@ -110,12 +111,10 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                        p->context, p->max_seqs, p->n_threads);
     /* a scheduler step returns one logits row per running sequence */
     p->max_out = p->max_seqs > ENGINE_MAX_LOGITS_ROWS ? p->max_seqs : ENGINE_MAX_LOGITS_ROWS;
-    /* default KV pool: two full contexts (or one per sequence, if fewer): every request
-     * that fits the context can run, short ones share it (the batch scheduler admits as
-     * blocks free up), and eight sequences do not multiply resident KV memory by eight */
+    /* default KV pool: every sequence its whole context, so admission never waits on the
+     * pool below the sequence limit; engine_plan_room cuts it to what fits in memory */
     if (o.kv_blocks < 0) return err_set(err, HEARTH_ERR_INVALID, "engine: invalid KV pool size %d", o.kv_blocks);
-    p->n_blocks = o.kv_blocks > 0 ? o.kv_blocks
-                                  : (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * (p->max_seqs < 2 ? p->max_seqs : 2);
+    p->n_blocks = o.kv_blocks > 0 ? o.kv_blocks : (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * p->max_seqs;
     if (o.kv_blocks == 0 && o.kv_budget_bytes > 0) {
         /* a byte budget: the pool's cost per block (storage and metadata) from its own size
          * function; on the GPU the device bytes of a block (cuda_kv_bytes) when larger */
@@ -157,6 +156,75 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
 
 size_t engine_plan_bytes(const engine_plan *p) { return p->weights + p->kv + p->scratch + p->buffers + p->sampler; }
 
+size_t engine_host_room(void) {
+    long long avail = hearth_proc_kb_field("/proc/meminfo", "MemAvailable"),
+              total = hearth_proc_kb_field("/proc/meminfo", "MemTotal");
+    if (avail <= 0 || total <= 0) return 0; /* unknown: no cut */
+    long long room = avail - total / ENGINE_HOST_RESERVE_DIV;
+    return room > 0 ? (size_t)room * 1024 : 1; /* 1: nothing left, the pool keeps its floor */
+}
+
+int engine_plan_is_auto(const hearth_engine_options *o) {
+    return !o || (o->kv_blocks == 0 && !(o->kv_budget_bytes > 0));
+}
+
+hearth_status engine_plan_room(const model *m, const hearth_engine_options *opts, engine_plan_fits_fn fits,
+                               const void *arg, engine_plan *p, hearth_error *err) {
+    hearth_engine_options o = opts ? *opts : (hearth_engine_options){0};
+    hearth_status st = engine_plan_make(m, &o, p, err);
+    if (st || !engine_plan_is_auto(&o) || !fits || fits(m, p, arg)) return st;
+    /* the largest pool from one context up that fits: plans allocate nothing, and bytes
+     * grow with blocks, so a bisection over the block count (~16 plans) */
+    int lo = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE, hi = p->n_blocks;
+    engine_plan t;
+    while (lo < hi) { /* invariant: lo is the floor or fits; everything above hi does not */
+        int mid = lo + (hi - lo + 1) / 2;
+        o.kv_blocks = mid;
+        if ((st = engine_plan_make(m, &o, &t, err))) return st;
+        if (fits(m, &t, arg)) lo = mid;
+        else hi = mid - 1;
+    }
+    o.kv_blocks = lo;
+    int full = p->n_blocks;
+    if ((st = engine_plan_make(m, &o, p, err))) return st;
+    p->kv_cut_from = full;
+    return HEARTH_OK;
+}
+
+/* The default pool on the host: the plan within engine_host_room(). */
+static int fits_host_room(const model *m, const engine_plan *p, const void *arg) {
+    (void)m;
+    size_t room = *(const size_t *)arg;
+    return !room || engine_plan_bytes(p) <= room;
+}
+
+hearth_status engine_plan_host(const model *m, const hearth_engine_options *o, size_t room, engine_plan *p,
+                               hearth_error *err) {
+    return engine_plan_room(m, o, fits_host_room, &room, p, err);
+}
+
+size_t engine_device_room(size_t free_bytes, size_t total_bytes) {
+    size_t reserve = total_bytes / 20 > ((size_t)1 << 30) ? total_bytes / 20 : (size_t)1 << 30;
+    return free_bytes > reserve ? free_bytes - reserve : 1;
+}
+
+typedef struct plan_rooms {
+    size_t host, dev;
+    int kv_quant;
+} plan_rooms;
+
+static int fits_rooms(const model *m, const engine_plan *p, const void *arg) {
+    const plan_rooms *r = arg;
+    return (!r->host || engine_plan_bytes(p) <= r->host) &&
+           (!r->dev || engine_device_plan_bytes(m, p, r->kv_quant) <= r->dev);
+}
+
+hearth_status engine_plan_rooms(const model *m, const hearth_engine_options *o, size_t host_room, size_t dev_room,
+                                engine_plan *p, hearth_error *err) {
+    plan_rooms r = {host_room, dev_room, o ? o->kv_quant : 0};
+    return engine_plan_room(m, o, fits_rooms, &r, p, err);
+}
+
 hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options *opts, hearth_engine **out,
                                    hearth_error *err) {
     *out = NULL;
@@ -167,21 +235,30 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     hearth_engine *e = calloc(1, sizeof *e);
     if (!e) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     e->hm = hm;
+    /* the default KV pool's rooms, read before the weights take their share (as fit reads them) */
+    size_t host_room = 0, dev_room = 0;
+    if (engine_plan_is_auto(&o)) {
+        host_room = engine_host_room();
+        engine_gpu_info gi;
+        if (o.device != HEARTH_DEVICE_CPU && engine_device_query(&gi))
+            dev_room = engine_device_room(gi.free_bytes, gi.total_bytes);
+    }
     hearth_status st = model_load(hm, o.use_mmap, &e->m, err);
     if (st) { free(e); return st; }
     const model_config *c = &e->m->cfg;
     engine_plan p;
-    st = engine_plan_make(e->m, &o, &p, err);
+    st = engine_plan_rooms(e->m, &o, host_room, dev_room, &p, err);
     e->n_threads = p.n_threads;
     e->context = p.context;
     e->step_tokens = p.step_tokens;
     e->max_seqs = p.max_seqs;
     e->max_out = p.max_out;
+    e->kv_cut_from = p.kv_cut_from;
     e->deterministic = o.deterministic != 0;
-    if (!st)
-        st = kv_create_quant(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
-                             o.kv_quant, err);
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
+    if (!st)
+        st = kv_create_quant_tp(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
+                                o.kv_quant, e->tp, err);
     if (!st) st = model_scratch_create(e->m, &e->kv, e->step_tokens, e->max_out, e->n_threads, &e->s, err);
     if (!st) st = engine_device_open(e->m, &e->kv, o.device, e->step_tokens, e->max_out, e->tp, &e->gpu, err);
     if (!st && e->gpu) st = engine_device_sampler_open(e->max_out, c->vocab, &e->gsmp, err);
@@ -253,6 +330,11 @@ void hearth_engine_free(hearth_engine *e) {
 
 size_t hearth_engine_bytes(const hearth_engine *e) { return e->bytes; }
 int hearth_engine_context_length(const hearth_engine *e) { return e->context; }
+
+int hearth_engine_kv_blocks(const hearth_engine *e, int *cut_from) {
+    if (cut_from) *cut_from = e->kv_cut_from;
+    return e->kv.n_blocks;
+}
 int32_t hearth_model_vocab_rows(const hearth_engine *e) { return e->m->cfg.vocab; }
 
 hearth_status hearth_seq_open(hearth_engine *e, int *seq, hearth_error *err) {

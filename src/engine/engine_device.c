@@ -3,13 +3,15 @@
  * line on stderr. Builds without CUDA too (then only the CPU exists). Must not contain
  * forward-pass logic: that is model/ (CPU) and backend/cuda/cuda_model.c (GPU). */
 #include "engine/engine_device.h"
+#include "backend/cuda/cuda_plan.h"
 #include "base/err.h"
+#include "engine/engine_plan.h"
+#include "model/model.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef HEARTH_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_plan.h"
 #include <cuda_runtime_api.h>
 #endif
 
@@ -157,6 +159,21 @@ void engine_device_close(cuda_model *gpu) {
 #else
     (void)gpu;
 #endif
+}
+
+size_t engine_device_plan_bytes(const model *m, const engine_plan *p, int kv_quant) {
+    const model_config *c = &m->cfg;
+    kv_cache shape = {.n_layers = c->n_layers,
+                      .n_kv_heads = c->n_kv_heads,
+                      .head_dim = c->head_dim,
+                      .n_blocks = p->n_blocks,
+                      .max_slots = p->max_seqs,
+                      .max_blocks_per_slot = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
+    const char *mode = getenv("HEARTH_CUDA_GEMM"); /* f32: quantized weights expanded (cuda_model.c) */
+    cuda_plan d;
+    cuda_plan_make(m, &shape, p->step_tokens, p->max_out, cuda_kv_device_dtype(kv_quant), mode && !strcmp(mode, "f32"),
+                   &d);
+    return cuda_plan_bytes(&d);
 }
 
 int engine_device_query(engine_gpu_info *info) {

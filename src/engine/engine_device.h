@@ -30,6 +30,11 @@ hearth_status engine_device_kv_copy(cuda_model *gpu, int32_t src, int32_t dst, i
 /* Device bytes of the KV storage of n_blocks blocks (cuda_kv_bytes) when the engine may run
  * on the GPU (device cuda, or auto with a CUDA device present); 0 otherwise. */
 size_t engine_device_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant, int device);
+struct engine_plan;
+/* Device bytes cuda_model_create allocates for the engine of plan p (cuda_plan_make with the
+ * pool's shape, as `hearth fit --device cuda` sizes it; weights + KV + scratch, without the
+ * runtime). Computable in any build: it allocates nothing. */
+size_t engine_device_plan_bytes(const model *m, const struct engine_plan *p, int kv_quant);
 /* The GPU's copy bandwidth (GB/s, read + write; cuda_copy_bandwidth_gbs), 0 without CUDA. */
 double engine_device_bandwidth_gbs(void);
 void engine_device_close(cuda_model *gpu);

@@ -16,7 +16,33 @@ typedef struct engine_plan {
     size_t scratch; /* activations and matmul scratch for the largest step */
     size_t buffers; /* step arrays, logits rows, token history, sequence flags */
     size_t sampler; /* the sampler's vocab-sized buffers */
+    int kv_cut_from; /* the default pool was cut from this many blocks to fit memory; 0: not cut */
 } engine_plan;
+
+/* The default KV pool (neither kv_blocks nor kv_budget_bytes given) holds every sequence's
+ * whole context, cut where the engine would not fit in memory: on the host, to
+ * engine_host_room() (MemAvailable less a tenth of MemTotal, read before the weights load);
+ * on the GPU also to the device's free memory (engine_device_room). Never below one
+ * context: a model that does not fit with one context fails at allocation, and
+ * `hearth fit` says so first. */
+#define ENGINE_HOST_RESERVE_DIV 10
+size_t engine_host_room(void); /* bytes; 0 when unknown (no cut) */
+int engine_plan_is_auto(const hearth_engine_options *o);
+typedef int (*engine_plan_fits_fn)(const struct model *m, const engine_plan *p, const void *arg);
+/* engine_plan_make, then for the default pool the largest block count (one context at
+ * least) whose plan `fits` says fits. */
+hearth_status engine_plan_room(const struct model *m, const hearth_engine_options *o, engine_plan_fits_fn fits,
+                               const void *arg, engine_plan *p, hearth_error *err);
+/* engine_plan_room with the host rule: the plan's bytes within room (0: no cut). */
+hearth_status engine_plan_host(const struct model *m, const hearth_engine_options *o, size_t room, engine_plan *p,
+                               hearth_error *err);
+/* The device's share: free bytes (with this process's CUDA context made) less a reserve
+ * for cuBLAS workspaces, graphs and other processes: max(1 GiB, a twentieth of the total). */
+size_t engine_device_room(size_t free_bytes, size_t total_bytes);
+/* engine_plan_room with both rules: host bytes within host_room and the GPU's
+ * (engine_device_plan_bytes) within dev_room; a room of 0 does not cut. */
+hearth_status engine_plan_rooms(const struct model *m, const hearth_engine_options *o, size_t host_room,
+                                size_t dev_room, engine_plan *p, hearth_error *err);
 
 /* Resolves the options against the model (defaults, limits) and sizes every allocation
  * hearth_engine_create makes. m may come from model_plan (no weights loaded). */

@@ -142,7 +142,7 @@ int fit_largest_context(const model *m, const hearth_engine_options *eo,
 
 typedef struct host_room {
     const fit_base *b;
-    size_t available;
+    size_t available, room; /* room: engine_host_room(), the default pool's cut */
 } host_room;
 
 /* Whether the engine of these options fits in `available` more bytes than the process holds now. */
@@ -150,7 +150,8 @@ static int fits_host(const model *m, const hearth_engine_options *o, const void 
     const host_room *r = arg;
     engine_plan p;
     hearth_error ignore = {0};
-    return engine_plan_make(m, o, &p, &ignore) == HEARTH_OK && fit_peak(r->b, &p) - r->b->resident_now <= r->available;
+    return engine_plan_host(m, o, r->room, &p, &ignore) == HEARTH_OK &&
+           fit_peak(r->b, &p) - r->b->resident_now <= r->available;
 }
 
 static double fit_bandwidth(const hearth_fit_options *o, int n_threads, const char **source, hearth_error *err,
@@ -186,7 +187,8 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     st = model_plan(hm, o.engine.use_mmap, &m, err);
     if (st) return st;
     engine_plan p;
-    if ((st = engine_plan_make(m, &o.engine, &p, err))) {
+    size_t room = engine_plan_is_auto(&o.engine) ? engine_host_room() : 0; /* as hearth_engine_create reads it */
+    if ((st = engine_plan_host(m, &o.engine, room, &p, err))) {
         model_free(m);
         return st;
     }
@@ -209,6 +211,8 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     json_object_set_new(r, "step_tokens", json_integer(p.step_tokens));
     json_object_set_new(r, "weights_bytes", JSON_SIZE(p.weights));
     json_object_set_new(r, "kv_pool_bytes", JSON_SIZE(p.kv));
+    json_object_set_new(r, "kv_blocks", json_integer(p.n_blocks));
+    json_object_set_new(r, "kv_blocks_cut_from", json_integer(p.kv_cut_from));
     json_object_set_new(r, "kv_quant", json_string(hearth_kv_quant_name(o.engine.kv_quant)));
     json_object_set_new(r, "scratch_bytes", JSON_SIZE(p.scratch));
     json_object_set_new(r, "buffers_bytes", JSON_SIZE(p.buffers + p.sampler));
@@ -223,7 +227,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     json_object_set_new(r, "fits", json_boolean(peak - b.resident_now <= available));
     json_object_set_new(r, "model_max_context", json_integer(m->cfg.context_length));
     json_object_set_new(r, "max_context_that_fits",
-                        json_integer(fit_largest_context(m, &o.engine, fits_host, &(host_room){&b, available})));
+                        json_integer(fit_largest_context(m, &o.engine, fits_host, &(host_room){&b, available, room})));
     json_object_set_new(r, "bandwidth_gbs", json_real(bw));
     json_object_set_new(r, "bandwidth_source", json_string(bw_source));
     json_object_set_new(r, "decode_bytes_per_token", json_real(full));

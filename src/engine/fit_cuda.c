@@ -176,7 +176,15 @@ static hearth_status sizes_make(const model *m, const hearth_engine_options *eo,
                                 hearth_error *err) {
     hearth_engine_options on_gpu = *eo; /* the engine as it would be made on the GPU (fp8 KV is GPU-only) */
     on_gpu.device = HEARTH_DEVICE_CUDA;
-    hearth_status st = engine_plan_make(m, &on_gpu, &z->host, err);
+    /* the default pool's cut, as hearth_engine_create makes it: the host's room and the
+     * device's free memory (a SKU's total less the runtime's share) */
+    size_t host_room = 0, dev_room = 0;
+    if (engine_plan_is_auto(eo)) {
+        host_room = engine_host_room();
+        size_t free_b = g->present ? g->free : g->free > g->context_bytes ? g->free - g->context_bytes : 1;
+        dev_room = engine_device_room(free_b, g->memory);
+    }
+    hearth_status st = engine_plan_rooms(m, &on_gpu, host_room, dev_room, &z->host, err);
     if (st) return st;
     const model_config *c = &m->cfg;
     kv_cache shape = {.n_layers = c->n_layers,
@@ -214,6 +222,8 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
     json_object_set_new(r, "step_tokens", json_integer(z->host.step_tokens));
     json_object_set_new(r, "weights_bytes", JSON_SIZE(d->weights));
     json_object_set_new(r, "kv_pool_bytes", JSON_SIZE(d->kv));
+    json_object_set_new(r, "kv_blocks", json_integer(z->host.n_blocks));
+    json_object_set_new(r, "kv_blocks_cut_from", json_integer(z->host.kv_cut_from));
     json_object_set_new(r, "kv_quant", json_string(hearth_kv_quant_name(o->engine.kv_quant)));
     json_object_set_new(r, "kv_device_dtype", json_string(cuda_kv_dtype_name(d->kv_dtype)));
     json_object_set_new(r, "scratch_bytes", JSON_SIZE(d->scratch));

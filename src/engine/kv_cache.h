@@ -4,6 +4,7 @@
  * is O(blocks), nothing is copied. Knows nothing of models or sampling. */
 #ifndef HEARTH_ENGINE_KV_CACHE_H
 #define HEARTH_ENGINE_KV_CACHE_H
+#include "base/threadpool.h"
 #include "hearth.h"
 #include <stddef.h>
 #include <stdint.h>
@@ -45,6 +46,9 @@ static inline size_t kv_row_bytes(int q, int head_dim) {
 /* quant: hearth_kv_quant (kv_create: float). */
 hearth_status kv_create_quant(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
                               int max_context, int n_blocks, int quant, hearth_error *err);
+/* The same, zeroing (touching) the storage on tp's threads (NULL: the caller's alone). */
+hearth_status kv_create_quant_tp(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
+                                 int max_context, int n_blocks, int quant, threadpool *tp, hearth_error *err);
 static inline hearth_status kv_create(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
                                       int max_context, int n_blocks, hearth_error *err) {
     return kv_create_quant(kv, n_layers, n_kv_heads, head_dim, max_slots, max_context, n_blocks, HEARTH_KV_FLOAT,

@@ -107,7 +107,8 @@ def test_kv_pool_matches_config(hearth_bin, name):
     cfg = json.loads((model / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    for ctx, batch in ((100, 1), (2048, 2)):  # the default pool holds min(batch, 2) contexts
+    # the default pool holds every sequence's whole context (these fit: no cut to free memory)
+    for ctx, batch in ((100, 1), (2048, 2), (512, 5)):
         fit = run_fit(hearth_bin, model, "--ctx", str(ctx), "--batch", str(batch))
         blocks = -(-ctx // KV_BLOCK) * batch
         tensors = 2 * cfg["num_hidden_layers"] * blocks * KV_BLOCK * kv_heads * head_dim * 4
@@ -126,6 +127,7 @@ def test_kv_pool_matches_config(hearth_bin, name):
         prefix = blocks * (56 + 4 * KV_BLOCK) + 2 * 4 * buckets + 24 * batch + 56
         assert fit["kv_pool_bytes"] == tensors + tables + prefix
         assert fit["max_sequences"] == batch
+        assert fit["kv_blocks"] == blocks and fit["kv_blocks_cut_from"] == 0
 
 
 def test_fit_is_deterministic_and_flags_checked(hearth_bin):

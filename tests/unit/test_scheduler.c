@@ -14,6 +14,7 @@
 #include <cmocka.h>
 #include "engine/scheduler.h"
 #include "hearth.h"
+#include "tiny_model_path.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,11 +105,7 @@ static void rec_done(void *user, hearth_status s, const hearth_error *err) {
 
 static hearth_model *open_tiny(void) {
     char path[1024];
-    const char *cache = getenv("HEARTH_CACHE");
-    if (cache)
-        snprintf(path, sizeof path, "%s/tiny/llama-f32", cache);
-    else
-        snprintf(path, sizeof path, "%s/.cache/hearth/tiny/llama-f32", getenv("HOME") ? getenv("HOME") : "");
+    tiny_model_path(path, sizeof path, "llama-f32");
     hearth_model *m = NULL;
     hearth_error err = {0};
     if (hearth_model_open(path, &m, &err)) fail_msg("tiny model missing (%s): %s; run tools/make_tiny_models.py", path, err.message);

@@ -1,0 +1,131 @@
+/* The default KV pool (engine_plan_room): every sequence's whole context, cut to the
+ * largest block count whose plan fits the host's room (and the GPU's, from the device plan
+ * cuda_plan_make computes without a device), never below one context; a pool the caller
+ * sized (kv_blocks, kv_budget_bytes) is never cut. On the tiny llama-f32 model. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include "engine/engine_device.h"
+#include "engine/engine_plan.h"
+#include "hearth.h"
+#include "tiny_model_path.h"
+#include "model/model.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+static hearth_model *hm;
+static model *m;
+
+static int setup(void **state) {
+    (void)state;
+    char path[1024];
+    tiny_model_path(path, sizeof path, "llama-f32");
+    hearth_error err = {0};
+    if (hearth_model_open(path, &hm, &err) || model_plan(hm, 0, &m, &err)) {
+        fprintf(stderr, "tiny model missing (%s): %s; run tools/make_tiny_models.py\n", path, err.message);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    model_free(m);
+    hearth_model_close(hm);
+    return 0;
+}
+
+static const hearth_engine_options opts = {.context_length = 1000, .max_sequences = 6, .n_threads = 1};
+#define CTX_BLOCKS 63 /* 1000 positions in blocks of 16 */
+
+static engine_plan host_plan(const hearth_engine_options *o, size_t room) {
+    engine_plan p;
+    hearth_error err = {0};
+    assert_int_equal(engine_plan_host(m, o, room, &p, &err), HEARTH_OK);
+    return p;
+}
+
+static void test_full_pool_when_it_fits(void **state) {
+    (void)state;
+    engine_plan p = host_plan(&opts, 0); /* 0: room unknown, no cut */
+    assert_int_equal(p.n_blocks, 6 * CTX_BLOCKS);
+    assert_int_equal(p.kv_cut_from, 0);
+    engine_plan q = host_plan(&opts, engine_plan_bytes(&p)); /* exactly enough */
+    assert_int_equal(q.n_blocks, 6 * CTX_BLOCKS);
+    assert_int_equal(q.kv_cut_from, 0);
+}
+
+static void test_cut_is_the_largest_that_fits(void **state) {
+    (void)state;
+    engine_plan full = host_plan(&opts, 0);
+    for (int shrink = 1; shrink <= 4; shrink++) {
+        size_t room = engine_plan_bytes(&full) - full.kv * (size_t)shrink / 5; /* a fifth of the pool less, ... */
+        engine_plan p = host_plan(&opts, room);
+        assert_int_equal(p.kv_cut_from, 6 * CTX_BLOCKS);
+        assert_true(p.n_blocks < 6 * CTX_BLOCKS && p.n_blocks >= CTX_BLOCKS);
+        assert_true(engine_plan_bytes(&p) <= room);
+        hearth_engine_options one_more = opts;
+        one_more.kv_blocks = p.n_blocks + 1;
+        engine_plan q = host_plan(&one_more, 0);
+        assert_true(engine_plan_bytes(&q) > room); /* maximal */
+        /* everything else in the plan is the full plan's */
+        assert_int_equal(p.context, full.context);
+        assert_int_equal(p.max_seqs, full.max_seqs);
+        assert_true(p.weights == full.weights && p.buffers == full.buffers);
+    }
+}
+
+static void test_floor_is_one_context(void **state) {
+    (void)state;
+    engine_plan p = host_plan(&opts, 1); /* no room at all */
+    assert_int_equal(p.n_blocks, CTX_BLOCKS);
+    assert_int_equal(p.kv_cut_from, 6 * CTX_BLOCKS);
+}
+
+static void test_sized_pools_are_not_cut(void **state) {
+    (void)state;
+    hearth_engine_options o = opts;
+    o.kv_blocks = 500;
+    engine_plan p = host_plan(&o, 1);
+    assert_int_equal(p.n_blocks, 500);
+    assert_int_equal(p.kv_cut_from, 0);
+    o.kv_blocks = 0;
+    o.kv_budget_bytes = 64.0 * 1024 * 1024;
+    engine_plan q = host_plan(&o, 1);
+    assert_int_equal(q.kv_cut_from, 0);
+    assert_true(q.n_blocks > CTX_BLOCKS); /* what 64 MiB holds, not the floor */
+}
+
+static void test_device_room_cuts_too(void **state) {
+    (void)state;
+    engine_plan full = host_plan(&opts, 0);
+    size_t dev_full = engine_device_plan_bytes(m, &full, HEARTH_KV_FLOAT);
+    assert_true(dev_full > 0);
+    engine_plan p;
+    hearth_error err = {0};
+    size_t room = dev_full - dev_full / 10;
+    assert_int_equal(engine_plan_rooms(m, &opts, 0, room, &p, &err), HEARTH_OK);
+    assert_int_equal(p.kv_cut_from, 6 * CTX_BLOCKS);
+    assert_true(p.n_blocks < 6 * CTX_BLOCKS);
+    assert_true(engine_device_plan_bytes(m, &p, HEARTH_KV_FLOAT) <= room);
+    /* both rooms: the tighter one decides */
+    engine_plan h = host_plan(&opts, engine_plan_bytes(&full) - full.kv / 2);
+    assert_int_equal(engine_plan_rooms(m, &opts, engine_plan_bytes(&h), room, &p, &err), HEARTH_OK);
+    assert_true(p.n_blocks <= h.n_blocks);
+    assert_true(engine_device_plan_bytes(m, &p, HEARTH_KV_FLOAT) <= room);
+    /* the device reserve: a twentieth of the total, at least 1 GiB */
+    assert_int_equal(engine_device_room((size_t)100 << 30, (size_t)140 << 30), ((size_t)100 << 30) - ((size_t)7 << 30));
+    assert_int_equal(engine_device_room((size_t)8 << 30, (size_t)8 << 30), (size_t)7 << 30);
+    assert_int_equal(engine_device_room((size_t)512 << 20, (size_t)8 << 30), 1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full_pool_when_it_fits), cmocka_unit_test(test_cut_is_the_largest_that_fits),
+        cmocka_unit_test(test_floor_is_one_context),   cmocka_unit_test(test_sized_pools_are_not_cut),
+        cmocka_unit_test(test_device_room_cuts_too),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -4,7 +4,7 @@
  * scales of 2^-8, cycled over copies filling ~256 MiB so they do not sit in the caches.
  * A/B: run it twice with the kernel switches in the environment (HEARTH_CPU_PK_DIRECT,
  * HEARTH_CPU_SMALL_BELOW) and compare the lines.
- * Usage: gemm_small_bench [threads] [formats: q4_0,q4_1,q8_0] [NxK] [T,T,...] */
+ * Usage: gemm_small_bench [threads] [formats: q4_0,q4_1,q8_0,q6_k] [NxK] [T,T,...] */
 #include "backend/cpu/matmul.h"
 #include "base/threadpool.h"
 #include <stdio.h>
@@ -35,17 +35,22 @@ int main(int argc, char **argv) {
     char fl[256];
     snprintf(fl, sizeof fl, "%s", formats);
     for (char *f = strtok(fl, ","); f; f = strtok(NULL, ",")) {
-        tensor_dtype dt = !strcmp(f, "q4_0") ? DT_Q4_0 : !strcmp(f, "q4_1") ? DT_Q4_1 : !strcmp(f, "q8_0") ? DT_Q8_0 : -1;
+        tensor_dtype dt = !strcmp(f, "q4_0")   ? DT_Q4_0
+                          : !strcmp(f, "q4_1") ? DT_Q4_1
+                          : !strcmp(f, "q8_0") ? DT_Q8_0
+                          : !strcmp(f, "q6_k") ? DT_Q6_K
+                                               : -1;
         if ((int)dt < 0) return fprintf(stderr, "unknown format %s\n", f), 2;
-        int bb = tensor_dtype_block_bytes(dt), scales = dt == DT_Q4_1 ? 2 : 1;
-        size_t bytes = (size_t)n * (k / 32) * bb;
+        int bb = tensor_dtype_block_bytes(dt), be = tensor_dtype_block_elems(dt), scales = dt == DT_Q4_1 ? 2 : 1;
+        int d_at = dt == DT_Q6_K ? 208 : 0; /* where the f16 scale sits in a block */
+        size_t bytes = (size_t)n * (k / be) * bb;
         int copies = (int)((256u << 20) / bytes) + 1;
         uint8_t *w = malloc(bytes * copies);
         for (size_t i = 0; i < bytes * copies; i++) w[i] = (uint8_t)next();
-        for (size_t b = 0; b < (size_t)n * (k / 32) * copies; b++)
+        for (size_t b = 0; b < (size_t)n * (k / be) * copies; b++)
             for (int s = 0; s < scales; s++) { /* f16 2^-8 (and a min of -2^-8 for Q4_1) */
                 uint16_t h = s ? 0x9C00 : 0x1C00;
-                memcpy(w + b * bb + 2 * s, &h, 2);
+                memcpy(w + b * bb + d_at + 2 * s, &h, 2);
             }
         int tmax = 64;
         float *x = malloc(sizeof(float) * tmax * k), *y = malloc(sizeof(float) * tmax * n);

@@ -638,9 +638,59 @@ AVX512_INLINE int pk_pack_direct(const cpu_weight *w, int64_t g, int64_t c0, int
     return 1;
 }
 
+/* Q6_K the same way, a 256-column super-block (8 blocks of 32) per step: its 128 bytes of
+ * low nibbles and 64 bytes of high bit pairs load and transpose as 12 x (16 x 4 dwords), and
+ * block c = 4h + s of the super-block takes the low (s < 2) or high nibbles of ql half
+ * 64h + 32(s & 1) and bits 2s, 2s + 1 of qh half 32h (as pk_unpack); the 16 int8 scales
+ * load and transpose once, the f16 d comes by one gather. Bit-identical to pk_unpack + the
+ * transpose. c0 and cb are whole super-blocks (PK_CHUNK is a multiple of 8, K of 256). */
+AVX512_INLINE int pk_pack_direct_q6k(const cpu_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
+    int64_t rb = cpu_weight_row_bytes(w);
+    if (f != PK_Q6_K || rb > INT32_MAX / PK_ROWS || (c0 | cb) % 8 || !pk_direct_on()) return 0;
+    const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32((int)rb));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+    const uint8_t *blk = (const uint8_t *)w->data + g * rb + c0 / 8 * 210;
+    for (int sb = 0; sb < cb / 8; sb++, blk += 210) {
+        for (int r = 0; r < PK_ROWS; r++) _mm_prefetch((const char *)(blk + r * rb + 2 * 210), _MM_HINT_T0);
+        /* d: the f16 in the high half of the dword at 206 (reading past 210 could leave the tensor) */
+        __m512 dd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(vidx, blk + 206, 1), 16)));
+        __m512i sc[4];
+        pk_load16x4(blk + 192, rb, sc); /* dword j: scales 4j..4j+3, row r in lane r */
+        for (int h = 0; h < 2; h++) {
+            __m512i qh[8];
+            pk_load16x4(blk + 128 + 32 * h, rb, qh);
+            pk_load16x4(blk + 128 + 32 * h + 16, rb, qh + 4);
+            for (int half = 0; half < 2; half++) { /* ql bytes 64h + 32 half .. + 31 */
+                __m512i ql[8];
+                pk_load16x4(blk + 64 * h + 32 * half, rb, ql);
+                pk_load16x4(blk + 64 * h + 32 * half + 16, rb, ql + 4);
+                for (int hi = 0; hi < 2; hi++) { /* s = 2 hi + half */
+                    int s = 2 * hi + half, c = 4 * h + s, b = sb * 8 + c;
+                    #pragma GCC unroll 8
+                    for (int j = 0; j < 8; j++) {
+                        __m512i lo = _mm512_and_si512(hi ? _mm512_srli_epi32(ql[j], 4) : ql[j], m4);
+                        __m512i top = _mm512_and_si512(_mm512_srlv_epi32(qh[j], _mm512_set1_epi32(2 * s)), m2);
+                        _mm512_store_si512(&buf->q[b][j], _mm512_or_si512(lo, _mm512_slli_epi32(top, 4)));
+                    }
+                    /* scales 2c and 2c + 1: bytes (2c) % 4 and + 1 of dword c / 2, sign-extended */
+                    int k = (2 * c) % 4;
+                    __m512i v = sc[c / 2];
+                    __m512i s0 = _mm512_srai_epi32(_mm512_sllv_epi32(v, _mm512_set1_epi32(24 - 8 * k)), 24);
+                    __m512i s1 = _mm512_srai_epi32(_mm512_sllv_epi32(v, _mm512_set1_epi32(16 - 8 * k)), 24);
+                    _mm512_store_ps(buf->d[b], _mm512_mul_ps(dd, _mm512_cvtepi32_ps(s0)));
+                    _mm512_store_ps(buf->d2[b], _mm512_mul_ps(dd, _mm512_cvtepi32_ps(s1)));
+                }
+            }
+        }
+    }
+    return 1;
+}
+
 /* Packs rows g..g+rows-1 (rows <= 16; missing rows become zeros), blocks c0..c0+cb-1. */
 AVX512_INLINE void pk_pack(const cpu_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
-    if (rows == PK_ROWS && pk_pack_direct(w, g, c0, cb, f, buf)) return;
+    if (rows == PK_ROWS && (pk_pack_direct(w, g, c0, cb, f, buf) || pk_pack_direct_q6k(w, g, c0, cb, f, buf)))
+        return;
     int64_t rb = cpu_weight_row_bytes(w);
     for (int r = 0; r < PK_ROWS; r++) {
         if (r >= rows) {
@@ -858,8 +908,12 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
      * gemm_small_bench, one thread, Zen 4 (2026-12-03), GMAC/s pair tiles -> packed:
      * Q4_0 8192x2048 T = 6 32 -> 50, T = 8 42 -> 50-60, T = 16 44-50 -> 73-89, 1536x576 T = 6
      * 27 -> 39; Q4_1 8192x2048 T = 8 38 -> 47, 1536x576 T = 8 35 -> 31, T = 12 33 -> 52; Q8_0
-     * 8192x2048 T = 8 48 -> 52, T = 16 53 -> 67, 1536x576 T = 12 45 -> 45. */
-    int below = w->dtype == DT_Q4_0 ? 6 : w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ? 9 : CPU_TILE_SMALL_T_AVX512;
+     * 8192x2048 T = 8 48 -> 52, T = 16 53 -> 67, 1536x576 T = 12 45 -> 45; Q6_K
+     * (pk_pack_direct_q6k) 8192x2048 T = 8 40-42 -> 37-38, T = 12 41-42 -> 51, T = 16 43-44 -> 59-62. */
+    int below = w->dtype == DT_Q4_0                          ? 6
+                : w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ? 9
+                : w->dtype == DT_Q6_K                        ? 10
+                                                             : CPU_TILE_SMALL_T_AVX512;
     *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small, below};
     return 1;
 }

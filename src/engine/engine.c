@@ -146,6 +146,8 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                        "--kv-quant none or int8",
                        hearth_kv_quant_name(o.kv_quant));
     p->kv = kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context, p->n_blocks, o.kv_quant);
+    /* on the GPU keys and values live in the device pool: the host keeps the tables only */
+    if (o.device == HEARTH_DEVICE_CUDA) p->kv -= kv_storage_bytes(c->n_layers, c->n_kv_heads, c->head_dim, p->n_blocks, o.kv_quant);
     p->scratch = model_scratch_bytes(m, &shape, p->step_tokens, p->max_out, p->n_threads);
     p->buffers = sizeof(hearth_engine) + 3 * T * sizeof(int32_t) + ENGINE_MAX_LOGITS_ROWS * sizeof(int32_t) +
                  (size_t)p->max_out * c->vocab * sizeof(float) + (size_t)p->max_seqs * sizeof(sampler) +
@@ -237,17 +239,20 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     e->hm = hm;
     /* the default KV pool's rooms, read before the weights take their share (as fit reads them) */
     size_t host_room = 0, dev_room = 0;
+    engine_gpu_info gi;
+    int gpu_here = o.device != HEARTH_DEVICE_CPU && engine_device_query(&gi);
     if (engine_plan_is_auto(&o)) {
         host_room = engine_host_room();
-        engine_gpu_info gi;
-        if (o.device != HEARTH_DEVICE_CPU && engine_device_query(&gi))
-            dev_room = engine_device_room(gi.free_bytes, gi.total_bytes);
+        if (gpu_here) dev_room = engine_device_room(gi.free_bytes, gi.total_bytes);
     }
+    /* the plan for where the forward pass will run (auto: the GPU when there is one) */
+    hearth_engine_options po = o;
+    if (po.device == HEARTH_DEVICE_AUTO) po.device = gpu_here ? HEARTH_DEVICE_CUDA : HEARTH_DEVICE_CPU;
     hearth_status st = model_load(hm, o.use_mmap, &e->m, err);
     if (st) { free(e); return st; }
     const model_config *c = &e->m->cfg;
     engine_plan p;
-    st = engine_plan_rooms(e->m, &o, host_room, dev_room, &p, err);
+    st = engine_plan_rooms(e->m, &po, host_room, dev_room, &p, err);
     e->n_threads = p.n_threads;
     e->context = p.context;
     e->step_tokens = p.step_tokens;
@@ -256,11 +261,14 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     e->kv_cut_from = p.kv_cut_from;
     e->deterministic = o.deterministic != 0;
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
+    /* host K/V storage only where the CPU runs the forward pass (after the device is open:
+     * --device auto falls back to the CPU when the GPU path fails) */
     if (!st)
-        st = kv_create_quant_tp(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
-                                o.kv_quant, e->tp, err);
+        st = kv_create_meta(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
+                            o.kv_quant, po.device != HEARTH_DEVICE_CUDA, e->tp, err);
     if (!st) st = model_scratch_create(e->m, &e->kv, e->step_tokens, e->max_out, e->n_threads, &e->s, err);
     if (!st) st = engine_device_open(e->m, &e->kv, o.device, e->step_tokens, e->max_out, e->tp, &e->gpu, err);
+    if (!st && !e->gpu && po.device == HEARTH_DEVICE_CUDA) st = kv_storage_attach(&e->kv, e->tp, err);
     if (!st && e->gpu) st = engine_device_sampler_open(e->max_out, c->vocab, &e->gsmp, err);
     if (!st && e->gpu && !(e->dev_req = calloc((size_t)e->max_out, sizeof *e->dev_req)))
         st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
@@ -301,6 +309,8 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     }
     if (st) { hearth_engine_free(e); return st; }
     e->bytes = engine_plan_bytes(&p);
+    if (po.device == HEARTH_DEVICE_CUDA && !e->gpu) /* auto fell back to the CPU: host storage after all */
+        e->bytes += kv_storage_bytes(c->n_layers, c->n_kv_heads, c->head_dim, p.n_blocks, o.kv_quant);
     collect_eos(e);
     *out = e;
     return HEARTH_OK;

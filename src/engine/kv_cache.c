@@ -163,8 +163,23 @@ hearth_status kv_create_quant(kv_cache *kv, int n_layers, int n_kv_heads, int he
     return kv_create_quant_tp(kv, n_layers, n_kv_heads, head_dim, max_slots, max_context, n_blocks, quant, NULL, err);
 }
 
+hearth_status kv_storage_attach(kv_cache *kv, threadpool *tp, hearth_error *err) {
+    hearth_status st = storage_create(kv, kv->quant, err);
+    if (st) {
+        kv_destroy(kv);
+        return st;
+    }
+    kv_zero(kv, tp);
+    return HEARTH_OK;
+}
+
 hearth_status kv_create_quant_tp(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
                                  int max_context, int n_blocks, int quant, threadpool *tp, hearth_error *err) {
+    return kv_create_meta(kv, n_layers, n_kv_heads, head_dim, max_slots, max_context, n_blocks, quant, 1, tp, err);
+}
+
+hearth_status kv_create_meta(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context,
+                             int n_blocks, int quant, int with_storage, threadpool *tp, hearth_error *err) {
     memset(kv, 0, sizeof *kv);
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || max_slots <= 0 || max_context <= 0 || n_blocks <= 0)
         return err_set(err, HEARTH_ERR_INVALID, "kv cache: invalid sizes");
@@ -175,12 +190,13 @@ hearth_status kv_create_quant_tp(kv_cache *kv, int n_layers, int n_kv_heads, int
     kv->max_slots = max_slots;
     kv->max_blocks_per_slot = blocks_for(max_context);
     kv->block_floats = (size_t)KV_BLOCK_SIZE * n_kv_heads * head_dim;
-    hearth_status st = storage_create(kv, quant, err);
-    if (st) {
+    kv->quant = quant;
+    hearth_status st = HEARTH_OK;
+    if (!kv_quant_known(quant)) {
         kv_destroy(kv);
-        return st;
+        return err_set(err, HEARTH_ERR_INVALID, "kv cache: unknown quantization %d", quant);
     }
-    kv_zero(kv, tp);
+    if (with_storage && (st = kv_storage_attach(kv, tp, err))) return st;
     kv->tables = malloc((size_t)max_slots * kv->max_blocks_per_slot * sizeof(int32_t));
     kv->n_tokens = calloc((size_t)max_slots, sizeof(int32_t));
     kv->free_list = malloc((size_t)n_blocks * sizeof(int32_t));

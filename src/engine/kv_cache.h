@@ -46,6 +46,12 @@ static inline size_t kv_row_bytes(int q, int head_dim) {
 /* quant: hearth_kv_quant (kv_create: float). */
 hearth_status kv_create_quant(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
                               int max_context, int n_blocks, int quant, hearth_error *err);
+/* The block tables, free list and prefix cache of a pool, with its K/V storage when
+ * with_storage (else kv_storage_attach adds it later; a pool whose keys and values live
+ * on the GPU needs none on the host). kv_storage_attach frees the pool on failure. */
+hearth_status kv_create_meta(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context,
+                             int n_blocks, int quant, int with_storage, threadpool *tp, hearth_error *err);
+hearth_status kv_storage_attach(kv_cache *kv, threadpool *tp, hearth_error *err);
 /* The same, zeroing (touching) the storage on tp's threads (NULL: the caller's alone). */
 hearth_status kv_create_quant_tp(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
                                  int max_context, int n_blocks, int quant, threadpool *tp, hearth_error *err);

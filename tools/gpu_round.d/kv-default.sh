@@ -24,5 +24,6 @@ curl -s localhost:$port/stats >$L/stats.json
 echo "serve 8B defaults: stats kv_blocks $(python3 -c 'import json; print(json.load(open("'$L/stats.json'"))["kv_blocks"]["total"])' 2>&1) vs fit $(python3 -c 'import json; print(json.load(open("'$L/fit_serve.json'"))["kv_blocks"])' 2>&1)"
 curl -s localhost:$port/v1/completions -H 'Content-Type: application/json' -d '{"prompt":"Hello","max_tokens":8}' | head -c 300; echo
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+echo "serve host VmHWM MiB $(($(grep VmHWM /proc/$pid/status | awk '{print $2}') / 1024)) vs fit host predicted MiB $(python3 -c 'import json; print(json.load(open("'$L/fit_serve.json'"))["host"]["predicted_peak_bytes"] >> 20)' 2>&1)"
 grep -i 'kv\|error' $L/serve.log | head -5
 kill $pid; wait $pid 2>/dev/null

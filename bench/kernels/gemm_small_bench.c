@@ -4,7 +4,7 @@
  * scales of 2^-8, cycled over copies filling ~256 MiB so they do not sit in the caches.
  * A/B: run it twice with the kernel switches in the environment (HEARTH_CPU_PK_DIRECT,
  * HEARTH_CPU_SMALL_BELOW) and compare the lines.
- * Usage: gemm_small_bench [threads] [formats: q4_0,q4_1,q8_0,q6_k] [NxK] [T,T,...] */
+ * Usage: gemm_small_bench [threads] [formats: q4_0,q4_1,q8_0,q6_k,q4_k] [NxK] [T,T,...] */
 #include "backend/cpu/matmul.h"
 #include "base/threadpool.h"
 #include <stdio.h>
@@ -39,9 +39,10 @@ int main(int argc, char **argv) {
                           : !strcmp(f, "q4_1") ? DT_Q4_1
                           : !strcmp(f, "q8_0") ? DT_Q8_0
                           : !strcmp(f, "q6_k") ? DT_Q6_K
+                          : !strcmp(f, "q4_k") ? DT_Q4_K
                                                : -1;
         if ((int)dt < 0) return fprintf(stderr, "unknown format %s\n", f), 2;
-        int bb = tensor_dtype_block_bytes(dt), be = tensor_dtype_block_elems(dt), scales = dt == DT_Q4_1 ? 2 : 1;
+        int bb = tensor_dtype_block_bytes(dt), be = tensor_dtype_block_elems(dt), scales = dt == DT_Q4_1 || dt == DT_Q4_K ? 2 : 1;
         int d_at = dt == DT_Q6_K ? 208 : 0; /* where the f16 scale sits in a block */
         size_t bytes = (size_t)n * (k / be) * bb;
         int copies = (int)((256u << 20) / bytes) + 1;

@@ -687,9 +687,67 @@ AVX512_INLINE int pk_pack_direct_q6k(const cpu_weight *w, int64_t g, int64_t c0,
     return 1;
 }
 
+/* Byte i (0..11) of 16 rows' Q4_K scale bytes, lane r = row r, from their dword transpose. */
+AVX512_INLINE __m512i pk_q4k_byte(const __m512i s[4], int i) {
+    return _mm512_and_si512(_mm512_srlv_epi32(s[i / 4], _mm512_set1_epi32(8 * (i % 4))), _mm512_set1_epi32(0xFF));
+}
+
+/* Q4_K the same way, a 256-column super-block per step: d and dmin by one gather, the 12
+ * scale bytes by one load-transpose and unpacked to the 6-bit scale and min of each block
+ * in the lanes (as pk_unpack: d = d * sc, m = -dmin * mn), the 128 bytes of nibbles by
+ * 8 load-transposes, block 2p taking the low and 2p + 1 the high nibbles of bytes 32p...
+ * Bit-identical to pk_unpack + the transpose. */
+AVX512_INLINE int pk_pack_direct_q4k(const cpu_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
+    int64_t rb = cpu_weight_row_bytes(w);
+    if (f != PK_Q4_K || rb > INT32_MAX / PK_ROWS || (c0 | cb) % 8 || !pk_direct_on()) return 0;
+    const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32((int)rb));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    const uint8_t *blk = (const uint8_t *)w->data + g * rb + c0 / 8 * 144;
+    for (int sb = 0; sb < cb / 8; sb++, blk += 144) {
+        for (int r = 0; r < PK_ROWS; r++) _mm_prefetch((const char *)(blk + r * rb + 2 * 144), _MM_HINT_T0);
+        __m512i dm = _mm512_i32gather_epi32(vidx, blk, 1);
+        __m512 dd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+        __m512 ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
+            _mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)))), sign));
+        __m512i sc4[4];
+        pk_load16x4(blk + 4, rb, sc4); /* dwords 0..2: the 12 scale bytes */
+        for (int c = 0; c < 8; c++) {
+            __m512i sc, mn;
+            if (c < 4) {
+                sc = _mm512_and_si512(pk_q4k_byte(sc4, c), m63);
+                mn = _mm512_and_si512(pk_q4k_byte(sc4, c + 4), m63);
+            } else {
+                __m512i hi = pk_q4k_byte(sc4, c + 4);
+                sc = _mm512_or_si512(_mm512_and_si512(hi, m15),
+                                     _mm512_slli_epi32(_mm512_srli_epi32(pk_q4k_byte(sc4, c - 4), 6), 4));
+                mn = _mm512_or_si512(_mm512_srli_epi32(hi, 4),
+                                     _mm512_slli_epi32(_mm512_srli_epi32(pk_q4k_byte(sc4, c), 6), 4));
+            }
+            int b = sb * 8 + c;
+            _mm512_store_ps(buf->d[b], _mm512_mul_ps(dd, _mm512_cvtepi32_ps(sc)));
+            _mm512_store_ps(buf->m[b], _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(mn)));
+        }
+        for (int p = 0; p < 4; p++) {
+            __m512i q[8];
+            pk_load16x4(blk + 16 + 32 * p, rb, q);
+            pk_load16x4(blk + 16 + 32 * p + 16, rb, q + 4);
+            int b = sb * 8 + 2 * p;
+            #pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                _mm512_store_si512(&buf->q[b][j], _mm512_and_si512(q[j], m4));
+                _mm512_store_si512(&buf->q[b + 1][j], _mm512_and_si512(_mm512_srli_epi32(q[j], 4), m4));
+            }
+        }
+    }
+    return 1;
+}
+
 /* Packs rows g..g+rows-1 (rows <= 16; missing rows become zeros), blocks c0..c0+cb-1. */
 AVX512_INLINE void pk_pack(const cpu_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
-    if (rows == PK_ROWS && (pk_pack_direct(w, g, c0, cb, f, buf) || pk_pack_direct_q6k(w, g, c0, cb, f, buf)))
+    if (rows == PK_ROWS && (pk_pack_direct(w, g, c0, cb, f, buf) || pk_pack_direct_q6k(w, g, c0, cb, f, buf) ||
+                            pk_pack_direct_q4k(w, g, c0, cb, f, buf)))
         return;
     int64_t rb = cpu_weight_row_bytes(w);
     for (int r = 0; r < PK_ROWS; r++) {
@@ -909,10 +967,13 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
      * Q4_0 8192x2048 T = 6 32 -> 50, T = 8 42 -> 50-60, T = 16 44-50 -> 73-89, 1536x576 T = 6
      * 27 -> 39; Q4_1 8192x2048 T = 8 38 -> 47, 1536x576 T = 8 35 -> 31, T = 12 33 -> 52; Q8_0
      * 8192x2048 T = 8 48 -> 52, T = 16 53 -> 67, 1536x576 T = 12 45 -> 45; Q6_K
-     * (pk_pack_direct_q6k) 8192x2048 T = 8 40-42 -> 37-38, T = 12 41-42 -> 51, T = 16 43-44 -> 59-62. */
+     * (pk_pack_direct_q6k) 8192x2048 T = 8 40-42 -> 37-38, T = 12 41-42 -> 51, T = 16 43-44 -> 59-62;
+     * Q4_K (pk_pack_direct_q4k) 8192x2048 T = 4 35-38 -> 28-31, T = 6 23-26 -> 36-40, T = 8 35-37 ->
+     * 45-46, T = 16 36-38 -> 62-73. */
     int below = w->dtype == DT_Q4_0                          ? 6
                 : w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ? 9
                 : w->dtype == DT_Q6_K                        ? 10
+                : w->dtype == DT_Q4_K                        ? 6
                                                              : CPU_TILE_SMALL_T_AVX512;
     *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small, below};
     return 1;

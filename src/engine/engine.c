@@ -193,17 +193,6 @@ hearth_status engine_plan_room(const model *m, const hearth_engine_options *opts
     return HEARTH_OK;
 }
 
-/* The default pool on the host: the plan within engine_host_room(). */
-static int fits_host_room(const model *m, const engine_plan *p, const void *arg) {
-    (void)m;
-    size_t room = *(const size_t *)arg;
-    return !room || engine_plan_bytes(p) <= room;
-}
-
-hearth_status engine_plan_host(const model *m, const hearth_engine_options *o, size_t room, engine_plan *p,
-                               hearth_error *err) {
-    return engine_plan_room(m, o, fits_host_room, &room, p, err);
-}
 
 size_t engine_device_room(size_t free_bytes, size_t total_bytes) {
     size_t reserve = total_bytes / 20 > ((size_t)1 << 30) ? total_bytes / 20 : (size_t)1 << 30;
@@ -225,6 +214,11 @@ hearth_status engine_plan_rooms(const model *m, const hearth_engine_options *o, 
                                 engine_plan *p, hearth_error *err) {
     plan_rooms r = {host_room, dev_room, o ? o->kv_quant : 0};
     return engine_plan_room(m, o, fits_rooms, &r, p, err);
+}
+
+hearth_status engine_plan_host(const model *m, const hearth_engine_options *o, size_t room, engine_plan *p,
+                               hearth_error *err) {
+    return engine_plan_rooms(m, o, room, 0, p, err);
 }
 
 hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options *opts, hearth_engine **out,

@@ -558,6 +558,17 @@ typedef struct pk_buf {
     float m[PK_CHUNK][PK_ROWS];  /* min (w = d * q + m) */
 } pk_buf;
 
+/* r * stride in lane r: the byte offsets of 16 rows, for gathers. */
+AVX512_INLINE __m512i pk_lane_offsets(int stride) {
+    return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                              _mm512_set1_epi32(stride));
+}
+
+/* Touches p + r * rb for the 16 rows (the direct packs' row streams, ahead of their loads). */
+AVX512_INLINE void pk_prefetch16(const uint8_t *p, int64_t rb) {
+    for (int r = 0; r < PK_ROWS; r++) _mm_prefetch((const char *)(p + r * rb), _MM_HINT_T0);
+}
+
 /* 16 rows' 16 bytes at p + r * rb (r = 0..15) as four vectors: vector j holds dword j of row
  * r in lane r. Loads place rows k, 4 + k, 8 + k, 12 + k in the 128-bit lanes of a[k]; an
  * in-lane 4x4 dword transpose then leaves rows 4L..4L+3 in lane group L, in order. */
@@ -607,15 +618,14 @@ static int pk_direct_on(void) {
 AVX512_INLINE int pk_pack_direct(const cpu_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
     int bytes = f == PK_Q4_0 ? 18 : f == PK_Q4_1 ? 20 : f == PK_Q8_0 ? 34 : 0;
     int64_t rb = cpu_weight_row_bytes(w);
-    if (!bytes || rb > INT32_MAX / PK_ROWS || !pk_direct_on()) return 0;
+    if (!bytes) return 0;
     const int qoff = f == PK_Q4_1 ? 4 : 2;
-    const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32((int)rb));
+    const __m512i vidx = pk_lane_offsets((int)rb);
     const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
     const uint8_t *base = (const uint8_t *)w->data + g * rb + c0 * bytes;
     for (int b = 0; b < cb; b++, base += bytes) {
         if (!(b & 1))
-            for (int r = 0; r < PK_ROWS; r++) _mm_prefetch((const char *)(base + r * rb + PK_PREFETCH * bytes), _MM_HINT_T0);
+            pk_prefetch16(base + PK_PREFETCH * bytes, rb);
         __m512i dm = _mm512_i32gather_epi32(vidx, base, 1); /* d (low half), Q4_1 m (high half) */
         _mm512_store_ps(buf->d[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
         if (f == PK_Q4_1) _mm512_store_ps(buf->m[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
@@ -646,13 +656,12 @@ AVX512_INLINE int pk_pack_direct(const cpu_weight *w, int64_t g, int64_t c0, int
  * transpose. c0 and cb are whole super-blocks (PK_CHUNK is a multiple of 8, K of 256). */
 AVX512_INLINE int pk_pack_direct_q6k(const cpu_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
     int64_t rb = cpu_weight_row_bytes(w);
-    if (f != PK_Q6_K || rb > INT32_MAX / PK_ROWS || (c0 | cb) % 8 || !pk_direct_on()) return 0;
-    const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32((int)rb));
+    if (f != PK_Q6_K || (c0 | cb) % 8) return 0;
+    const __m512i vidx = pk_lane_offsets((int)rb);
     const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
     const uint8_t *blk = (const uint8_t *)w->data + g * rb + c0 / 8 * 210;
     for (int sb = 0; sb < cb / 8; sb++, blk += 210) {
-        for (int r = 0; r < PK_ROWS; r++) _mm_prefetch((const char *)(blk + r * rb + 2 * 210), _MM_HINT_T0);
+        pk_prefetch16(blk + 2 * 210, rb);
         /* d: the f16 in the high half of the dword at 206 (reading past 210 could leave the tensor) */
         __m512 dd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(vidx, blk + 206, 1), 16)));
         __m512i sc[4];
@@ -699,14 +708,13 @@ AVX512_INLINE __m512i pk_q4k_byte(const __m512i s[4], int i) {
  * Bit-identical to pk_unpack + the transpose. */
 AVX512_INLINE int pk_pack_direct_q4k(const cpu_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
     int64_t rb = cpu_weight_row_bytes(w);
-    if (f != PK_Q4_K || rb > INT32_MAX / PK_ROWS || (c0 | cb) % 8 || !pk_direct_on()) return 0;
-    const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32((int)rb));
+    if (f != PK_Q4_K || (c0 | cb) % 8) return 0;
+    const __m512i vidx = pk_lane_offsets((int)rb);
     const __m512i m4 = _mm512_set1_epi8(0x0F), m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
     const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
     const uint8_t *blk = (const uint8_t *)w->data + g * rb + c0 / 8 * 144;
     for (int sb = 0; sb < cb / 8; sb++, blk += 144) {
-        for (int r = 0; r < PK_ROWS; r++) _mm_prefetch((const char *)(blk + r * rb + 2 * 144), _MM_HINT_T0);
+        pk_prefetch16(blk + 2 * 144, rb);
         __m512i dm = _mm512_i32gather_epi32(vidx, blk, 1);
         __m512 dd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
         __m512 ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
@@ -746,10 +754,12 @@ AVX512_INLINE int pk_pack_direct_q4k(const cpu_weight *w, int64_t g, int64_t c0,
 
 /* Packs rows g..g+rows-1 (rows <= 16; missing rows become zeros), blocks c0..c0+cb-1. */
 AVX512_INLINE void pk_pack(const cpu_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
-    if (rows == PK_ROWS && (pk_pack_direct(w, g, c0, cb, f, buf) || pk_pack_direct_q6k(w, g, c0, cb, f, buf) ||
-                            pk_pack_direct_q4k(w, g, c0, cb, f, buf)))
-        return;
     int64_t rb = cpu_weight_row_bytes(w);
+    /* all 16 rows, lane offsets in int32: straight from the weights where the format has a direct pack */
+    if (rows == PK_ROWS && rb <= INT32_MAX / PK_ROWS && pk_direct_on() &&
+        (pk_pack_direct(w, g, c0, cb, f, buf) || pk_pack_direct_q6k(w, g, c0, cb, f, buf) ||
+         pk_pack_direct_q4k(w, g, c0, cb, f, buf)))
+        return;
     for (int r = 0; r < PK_ROWS; r++) {
         if (r >= rows) {
             for (int b = 0; b < cb; b++) {
@@ -765,8 +775,7 @@ AVX512_INLINE void pk_pack(const cpu_weight *w, int64_t g, int rows, int64_t c0,
         }
     }
     /* [16 rows][8 dwords] -> [8 dwords][16 rows], in place per block */
-    const __m512i vidx = _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(32));
+    const __m512i vidx = pk_lane_offsets(32);
     for (int b = 0; b < cb; b++) {
         const int *base = (const int *)buf->q[b];
         __m512i t[8];

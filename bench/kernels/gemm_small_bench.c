@@ -4,7 +4,7 @@
  * scales of 2^-8, cycled over copies filling ~256 MiB so they do not sit in the caches.
  * A/B: run it twice with the kernel switches in the environment (HEARTH_CPU_PK_DIRECT,
  * HEARTH_CPU_SMALL_BELOW) and compare the lines.
- * Usage: gemm_small_bench [threads] [formats: q4_0,q4_1,q8_0,q6_k,q4_k] [NxK] [T,T,...] */
+ * Usage: gemm_small_bench [threads] [formats: q4_0,q4_1,q8_0,q6_k,q4_k,bf16] [NxK] [T,T,...] */
 #include "backend/cpu/matmul.h"
 #include "base/threadpool.h"
 #include <stdio.h>
@@ -40,6 +40,7 @@ int main(int argc, char **argv) {
                           : !strcmp(f, "q8_0") ? DT_Q8_0
                           : !strcmp(f, "q6_k") ? DT_Q6_K
                           : !strcmp(f, "q4_k") ? DT_Q4_K
+                          : !strcmp(f, "bf16") ? DT_BF16
                                                : -1;
         if ((int)dt < 0) return fprintf(stderr, "unknown format %s\n", f), 2;
         int bb = tensor_dtype_block_bytes(dt), be = tensor_dtype_block_elems(dt), scales = dt == DT_Q4_1 || dt == DT_Q4_K ? 2 : 1;
@@ -48,7 +49,9 @@ int main(int argc, char **argv) {
         int copies = (int)((256u << 20) / bytes) + 1;
         uint8_t *w = malloc(bytes * copies);
         for (size_t i = 0; i < bytes * copies; i++) w[i] = (uint8_t)next();
-        for (size_t b = 0; b < (size_t)n * (k / be) * copies; b++)
+        if (dt == DT_BF16) /* finite values in +-[2^-8, 2^-7): sign and mantissa random */
+            for (size_t i = 0; i < bytes * copies; i += 2) w[i + 1] = (uint8_t)((w[i + 1] & 0x80) | 0x3B);
+        else for (size_t b = 0; b < (size_t)n * (k / be) * copies; b++)
             for (int s = 0; s < scales; s++) { /* f16 2^-8 (and a min of -2^-8 for Q4_1) */
                 uint16_t h = s ? 0x9C00 : 0x1C00;
                 memcpy(w + b * bb + d_at + 2 * s, &h, 2);

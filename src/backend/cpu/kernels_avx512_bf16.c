@@ -28,6 +28,14 @@
 #define BF_TT 8
 #define BF_TR 2
 #define BF_STREAM_T 16
+/* Software prefetch distance of the tile passes, in bytes along a weight row (about two
+ * SmolLM2 rows of K = 576). A pass of 8 tokens consumes a row at ~10-16 GB/s per core, too
+ * slowly for the hardware prefetcher to keep ahead; 2-thread GMAC/s, in-process A/B on
+ * Zen 4, weights from DRAM, without -> with (1152 and 4608 bytes measured about the same):
+ * 1536x576 T = 8 58.5 -> 68.1, T = 16 80.8 -> 92.8; 576x1536 T = 8 44.2 -> 61.7, T = 16
+ * 62.0 -> 76.3; 576x576 T = 8 65.4 -> 83.2, T = 16 86.3 -> 104.3. The rows kernel (T = 1)
+ * streams at the copy rate without it. */
+#define BF_PREFETCH 2304
 /* full unrolling of the constant-bound loops, so the sums stay in registers */
 #define BF_UNROLL _Pragma("GCC unroll 8")
 
@@ -42,16 +50,51 @@ static inline __attribute__((target(BTARGET), always_inline)) __m512bh bf_load(c
     return (__m512bh)_mm512_loadu_si512((const void *)p);
 }
 
-/* R rows (r[0..R)) x TT tokens (x[0..TT)) over k: out[t * ys + i] = row i . token t. */
+/* The sums of TT <= 8 tokens' pairs (a0[t] + a1[t]), each reduced over its 16 lanes with
+ * _mm512_reduce_add_ps's pairing (lane i + lane i + 8, then + 4, then 0 + 2 / 1 + 3, then
+ * those two), so every sum has the bits of the one-vector reduce the rows kernel uses; the
+ * eight reductions share their shuffles (33 vector operations instead of ~70). With the
+ * prefetch, gemm_small_bench (2 threads, bf16, GMAC/s, three alternating runs each) went
+ * 1536x576 T = 8 52-87 -> 83-104, T = 16 60-92 -> 95-120; 576x1536 T = 8 49-53 -> 49-75,
+ * T = 16 74-78 -> 54-96; 576x576 T = 8 53-71 -> 78-94, T = 16 59-95 -> 99-107. */
+static inline __attribute__((target(BTARGET), always_inline)) void bf_reduce_tokens(const __m512 *a0, const __m512 *a1,
+                                                                                  int TT, float *out, int64_t ys) {
+    __m512 s[8], h[4], q[2];
+    BF_UNROLL for (int t = 0; t < 8; t++) s[t] = t < TT ? _mm512_add_ps(a0[t], a1[t]) : _mm512_setzero_ps();
+    /* [t.c0 + t.c2, t.c1 + t.c3, u.c0 + u.c2, u.c1 + u.c3] in 128-bit chunks, pairs (t, u) */
+    BF_UNROLL for (int p = 0; p < 4; p++)
+        h[p] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * p], s[2 * p + 1], 0x44),
+                             _mm512_shuffle_f32x4(s[2 * p], s[2 * p + 1], 0xEE));
+    /* chunk j of q[p] = token 4p + j's four lanes i + (i + 4) */
+    BF_UNROLL for (int p = 0; p < 2; p++)
+        q[p] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * p], h[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(h[2 * p], h[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    BF_UNROLL for (int p = 0; p < 2; p++) /* lanes 0 + 2, 1 + 3 */
+        q[p] = _mm512_add_ps(q[p], _mm512_permute_ps(q[p], _MM_SHUFFLE(1, 0, 3, 2)));
+    /* chunk j: [token j, -, token 4 + j, -] */
+    __m512 r = _mm512_add_ps(_mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    float v[16];
+    _mm512_storeu_ps(v, r);
+    BF_UNROLL for (int t = 0; t < TT; t++) out[t * ys] = v[(t % 4) * 4 + (t / 4) * 2];
+}
+
+/* R rows (r[0..R)) x TT tokens (x[0..TT)) over k: out[t * ys + i] = row i . token t. pf: the
+ * software prefetch distance in bytes (0: none), a compile-time constant per caller. */
 static inline __attribute__((target(BTARGET), always_inline)) void bf_block(const uint16_t *const *r, int R,
                                                                           const uint16_t *const *x, int TT,
-                                                                          int64_t k, float *out, int64_t ys) {
+                                                                          int64_t k, float *out, int64_t ys, int pf) {
     __m512 acc[BF_TR][BF_TT][2]; /* R x TT of them used (R * TT <= 8) */
     BF_UNROLL for (int i = 0; i < R; i++)
         BF_UNROLL for (int t = 0; t < TT; t++) acc[i][t][0] = acc[i][t][1] = _mm512_setzero_ps();
     int64_t c = 0;
     for (; c + 64 <= k; c += 64) {
         __m512bh w0[BF_TR], w1[BF_TR];
+        if (pf)
+            BF_UNROLL for (int i = 0; i < R; i++) {
+                _mm_prefetch((const char *)(r[i] + c) + pf, _MM_HINT_T0);
+                _mm_prefetch((const char *)(r[i] + c) + pf + 64, _MM_HINT_T0);
+            }
         BF_UNROLL for (int i = 0; i < R; i++) w0[i] = bf_load(r[i] + c), w1[i] = bf_load(r[i] + c + 32);
         BF_UNROLL for (int t = 0; t < TT; t++) {
             __m512bh x0 = bf_load(x[t] + c), x1 = bf_load(x[t] + c + 32);
@@ -66,6 +109,12 @@ static inline __attribute__((target(BTARGET), always_inline)) void bf_block(cons
             __m512bh x0 = bf_load(x[t] + c);
             BF_UNROLL for (int i = 0; i < R; i++) acc[i][t][0] = _mm512_dpbf16_ps(acc[i][t][0], bf_load(r[i] + c), x0);
         }
+    if (R == 1 && TT > 1) {
+        __m512 a0[BF_TT], a1[BF_TT];
+        BF_UNROLL for (int t = 0; t < TT; t++) a0[t] = acc[0][t][0], a1[t] = acc[0][t][1];
+        bf_reduce_tokens(a0, a1, TT, out, ys);
+        return;
+    }
     BF_UNROLL for (int t = 0; t < TT; t++)
         BF_UNROLL for (int i = 0; i < R; i++) out[t * ys + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][t][0], acc[i][t][1]));
 }
@@ -77,22 +126,23 @@ __attribute__((target(BTARGET))) static void bf16_rows(const cpu_weight *w, int6
     int64_t k = w->k;
     for (int64_t n = n0; n < n1; n++) {
         const uint16_t *r = base + n * k;
-        bf_block(&r, 1, &x, 1, k, y + n, 0);
+        bf_block(&r, 1, &x, 1, k, y + n, 0, 0);
     }
 }
 
 /* R rows x tn <= TT tokens, tn a compile-time constant in each case (cases above TT compile
  * to nothing: a 2-row pass never instantiates more than 4 tokens of sums). */
+#define BF_B(R, TN) bf_block(r, R, xt, TN, k, yt, ys, BF_PREFETCH)
 #define BF_CASES(R, TT)                                                                          \
     switch (tn) {                                                                                \
-    case 8: if (TT >= 8) { bf_block(r, R, xt, 8, k, yt, ys); break; } /* fallthrough */          \
-    case 7: if (TT >= 7) { bf_block(r, R, xt, 7, k, yt, ys); break; } /* fallthrough */          \
-    case 6: if (TT >= 6) { bf_block(r, R, xt, 6, k, yt, ys); break; } /* fallthrough */          \
-    case 5: if (TT >= 5) { bf_block(r, R, xt, 5, k, yt, ys); break; } /* fallthrough */          \
-    case 4: bf_block(r, R, xt, 4, k, yt, ys); break;                                             \
-    case 3: bf_block(r, R, xt, 3, k, yt, ys); break;                                             \
-    case 2: bf_block(r, R, xt, 2, k, yt, ys); break;                                             \
-    default: bf_block(r, R, xt, 1, k, yt, ys); break;                                            \
+    case 8: if (TT >= 8) { BF_B(R, 8); break; } /* fallthrough */                                \
+    case 7: if (TT >= 7) { BF_B(R, 7); break; } /* fallthrough */                                \
+    case 6: if (TT >= 6) { BF_B(R, 6); break; } /* fallthrough */                                \
+    case 5: if (TT >= 5) { BF_B(R, 5); break; } /* fallthrough */                                \
+    case 4: BF_B(R, 4); break;                                                                   \
+    case 3: BF_B(R, 3); break;                                                                   \
+    case 2: BF_B(R, 2); break;                                                                   \
+    default: BF_B(R, 1); break;                                                                  \
     }
 
 /* x: T bf16 rows, x_stride elements apart; y row t at y + t * ys. */

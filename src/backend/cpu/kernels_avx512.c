@@ -970,6 +970,12 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
         if (!r && mode != 2) r = cpu_avx2_vnni_rows(w);
         f = r ? r : a2.rows;
     }
+    /* Q5_0 / Q5_1 have no 256-bit one-row kernel: the 512-bit one where K is whole groups of
+     * 256 (kernels_avx512_rows.c), else these 4-row kernels. */
+    if (avx512_row1_decode() == 1 && (w->dtype == DT_Q5_0 || w->dtype == DT_Q5_1)) {
+        cpu_rows_fn r = cpu_avx512_rows1(w);
+        if (r) f = r;
+    }
     /* Q4_0 / Q4_1 / Q8_0 pack 16 rows straight from the weights (pk_pack_direct), so the
      * packed GEMM takes over from the pair tiles at a smaller T. bench/kernels/
      * gemm_small_bench, one thread, Zen 4 (2026-12-03), GMAC/s pair tiles -> packed:

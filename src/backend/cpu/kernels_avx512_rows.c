@@ -250,8 +250,109 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q8_0(const cpu_weight *w,
     }
 }
 
+/* ---- Q5_0 (22 bytes per 32 weights: f16 d, u32 qh, 16 bytes qs) and Q5_1 (24: f16 d, f16 m,
+ * u32 qh, qs): element j is the nibble of qs[j % 16] (low for j < 16) plus 16 if bit j of qh
+ * is set; w = d * (q - 16) (Q5_0) or d * q + m (Q5_1). As Q8_0 above: a zmm holds two
+ * consecutive blocks in element order (unpacked as the 4-row kernels of kernels_avx512.c
+ * do), eight blocks fold into one vector of half-block sums, and the float work is once per
+ * eight blocks. bench/kernels/matvec_bench, one Zen 4 core, GB/s, the 4-row pair kernels ->
+ * this: Q5_0 8192x2048 11.0-11.3 -> 15.2-16.3, 640x2048 10.9-11.0 -> 15.9-16.0; Q5_1
+ * 8192x2048 11.7-12.3 -> 15.4-19.3. Only for K a multiple of 256: at Gemma 3's K = 640 (2.5
+ * groups, the last one half empty) it measured no faster (Q5_0 2048x640 11-16 both ways)
+ * and Gemma 3 270M Q4_K_M decode lost 81 -> 78 tok/s; with K = 640 left to the pair kernels
+ * (its K = 1024 and 2048 weights here) it gained, 77.5 -> 81.6 (medians of 5 alternating). */
+R1_INLINE __m512i r1_q5_pair(const uint8_t *p0, const uint8_t *p1, int qo) {
+    __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p0 + qo)));
+    z = _mm512_mask_broadcast_i32x4(z, 0xFF00, _mm_loadu_si128((const __m128i *)(p1 + qo)));
+    z = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xFF00FF00u, z, 4), _mm512_set1_epi8(0x0F));
+    uint32_t h0, h1;
+    memcpy(&h0, p0 + qo - 4, 4);
+    memcpy(&h1, p1 + qo - 4, 4);
+    return _mm512_mask_add_epi8(z, _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), z, _mm512_set1_epi8(0x10));
+}
+
+/* Word indices, within the 8 blocks of a group (stride words apart), of the word at +off of
+ * block blk[l] for lanes l < n (the rest 0). */
+R1_INLINE __m512i r1_word_index(const int *blk, int n, int stride, int off) {
+    int16_t idx[32] = {0};
+    for (int l = 0; l < n; l++) idx[l] = (int16_t)(blk[l] * stride + off);
+    return _mm512_loadu_si512((const void *)idx);
+}
+
+/* Lanes of the 16-bit words gathered from the group's 3 zmm (words 0..95): words below 64 by
+ * one two-source permute, the rest from z2. */
+R1_INLINE __m512i r1_words(__m512i z0, __m512i z1, __m512i z2, __m512i idx) {
+    __m512i t = _mm512_permutex2var_epi16(z0, idx, z1);
+    __mmask32 hi = _mm512_cmpge_epi16_mask(idx, _mm512_set1_epi16(64));
+    return _mm512_mask_permutexvar_epi16(t, hi, _mm512_sub_epi16(idx, _mm512_set1_epi16(64)), z2);
+}
+
+R1_INLINE void r1_rows_q5(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y, int with_min) {
+    const int bytes = with_min ? 24 : 22, qo = with_min ? 8 : 6;
+    int64_t nb = w->k / 32, ng = nb / 8, rb = nb * bytes;
+    r1_oct_act a[R1_MAX_SB];
+    __m256 xs[R1_MAX_SB]; /* Q5_1: dx * sum(x) of each block, for the mins */
+    if (n0 >= n1) return;
+    r1_oct_prepare(x, ng, with_min ? 0 : 16, a);
+    if (with_min)
+        for (int64_t g = 0; g < ng; g++) {
+            float v[8];
+            for (int b = 0; b < 8; b++) {
+                const cpu_q8_block *xb = x + g * 8 + b;
+                v[b] = xb->d * (float)(xb->sum16[0] + xb->sum16[1]);
+            }
+            xs[g] = _mm256_loadu_ps(v);
+        }
+    /* the weights' f16 d in the folded lane order (block of lane l: r1_oct_half[l] / 2), and
+     * the Q5_1 mins in block order, gathered from the group's bytes by word permutes (a
+     * store-and-reload of eight 16-bit values stalled every group on the failed forwarding) */
+    static const int fold_blk[16] = {0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7}, seq[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    const __m512i d_idx = r1_word_index(fold_blk, 16, bytes / 2, 0), m_idx = r1_word_index(seq, 8, bytes / 2, 1);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        __m512 acc = _mm512_setzero_ps();
+        __m256 accm = _mm256_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const uint8_t *p = row + g * 8 * bytes;
+            __m512i q[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++)
+                q[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                           r1_q5_pair(p + 2 * i * bytes, p + (2 * i + 1) * bytes, qo), a[g].q[i]);
+            /* the group's 176 (Q5_0) or 192 bytes; the last load masked to the group, so
+             * nothing past the last row is read */
+            __m512i z0 = _mm512_loadu_si512((const void *)p), z1 = _mm512_loadu_si512((const void *)(p + 64));
+            __m512i z2 = _mm512_maskz_loadu_epi8(with_min ? ~0ull : (1ull << 48) - 1, p + 128);
+            __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(r1_words(z0, z1, z2, d_idx)));
+            /* half-block sums < 2^16 (16 x 31 x 127), less 16 x sum(x) for Q5_0: exact */
+            __m512i s = _mm512_add_epi32(r1_fold4(q[0], q[1], q[2], q[3]), a[g].off);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, a[g].d), acc);
+            if (with_min)
+                accm = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm512_castsi512_si128(r1_words(z0, z1, z2, m_idx))), xs[g], accm);
+        }
+        float m = 0.0f;
+        if (with_min) {
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            m = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        }
+        y[n] = _mm512_reduce_add_ps(acc) + m;
+    }
+}
+
+__attribute__((target(R1_TARGET))) static void r1_rows_q5_0(const cpu_weight *w, int64_t n0, int64_t n1, const void *x,
+                                                            float *y) {
+    r1_rows_q5(w, n0, n1, x, y, 0);
+}
+
+__attribute__((target(R1_TARGET))) static void r1_rows_q5_1(const cpu_weight *w, int64_t n0, int64_t n1, const void *x,
+                                                            float *y) {
+    r1_rows_q5(w, n0, n1, x, y, 1);
+}
+
 cpu_rows_fn cpu_avx512_rows1(const cpu_weight *w) {
     if (w->k <= 0 || w->k % 256 || w->k / 256 > R1_MAX_SB) return NULL;
+    if (w->dtype == DT_Q5_0 || w->dtype == DT_Q5_1) return w->dtype == DT_Q5_0 ? r1_rows_q5_0 : r1_rows_q5_1;
     switch (w->dtype) {
     case DT_Q8_0: return r1_rows_q8_0;
     case DT_Q4_K: return r1_rows_q4_k;

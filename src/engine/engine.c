@@ -10,6 +10,7 @@
 #include "base/sbuf.h"
 #include "engine/sampler.h"
 #include "model/model.h"
+#include "ops/ops.h"
 #include "backend/cpu/bandwidth.h"
 #include <malloc.h>
 #include <math.h>
@@ -428,11 +429,7 @@ hearth_status hearth_seq_append_greedy(hearth_engine *e, int seq, const int32_t 
         if (st == HEARTH_ERR_FORMAT && e->gpu) err_prefix(err, "%s", e->hm->entry.path);
         return st;
     }
-    if (!e->gpu) { /* the sampler's greedy rule: the first index of the largest logit */
-        id = 0;
-        for (int v = 1; v < e->m->cfg.vocab; v++)
-            if (e->logits[v] > e->logits[id]) id = v;
-    }
+    if (!e->gpu) id = ops_argmax(e->logits, e->m->cfg.vocab); /* the sampler's greedy rule */
     *next = id;
     return HEARTH_OK;
 }

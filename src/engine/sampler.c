@@ -5,6 +5,7 @@
 #include "engine/sampler.h"
 #include "base/err.h"
 #include "base/mem_touch.h"
+#include "ops/ops.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,10 +111,7 @@ static int32_t process(sampler *s, const float *logits, const hearth_sampling *p
     for (size_t i = 0; i < p->n_bias; i++)
         if (p->bias_ids[i] >= 0 && p->bias_ids[i] < V) x[p->bias_ids[i]] += p->bias_values[i];
     apply_penalties(s, x, p, history, n_history);
-    int32_t best = 0;
-    for (int i = 1; i < V; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
+    return ops_argmax(x, V);
 }
 
 /* Temperature > 0: the tokens the draw is made from into s->cand[0..n), sorted; returns n. */

@@ -18,6 +18,9 @@ void ops_rope(float *x, int T, int n_heads, int head_dim, const int32_t *pos, co
 /* x[i] = act(gate[i]) * up[i]: SiLU (llama, qwen3) or tanh-approximated GELU (gemma3). */
 void ops_silu_mul(float *gate, const float *up, size_t n);
 void ops_gelu_tanh_mul(float *gate, const float *up, size_t n);
+/* The first index of the largest of x[0..n), NaN never above anything (x[0] NaN: 0): the
+ * greedy rule, as the loop `if (x[i] > x[best]) best = i` gives it. */
+int ops_argmax(const float *x, int n);
 void ops_add(float *x, const float *y, size_t n);
 void ops_scale(float *x, float s, size_t n);
 

@@ -241,6 +241,45 @@ void ops_gelu_tanh_mul(float *gate, const float *up, size_t n) {
     }
 }
 
+/* The largest of x[0..n) ignoring NaN (x[0] not NaN), 8 lanes at a time: vmaxps returns its
+ * second operand when the first is NaN. */
+__attribute__((target("avx2"))) static float max_avx2(const float *x, int n, int *done) {
+    __m256 m = _mm256_set1_ps(x[0]);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    *done = i;
+    return _mm_cvtss_f32(h);
+}
+
+/* The first i < n with x[i] == m, 8 lanes at a time (n if none). */
+__attribute__((target("avx2"))) static int find_avx2(const float *x, int n, float m) {
+    __m256 v = _mm256_set1_ps(m);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), v, _CMP_EQ_OQ));
+        if (hit) return i + __builtin_ctz((unsigned)hit);
+    }
+    for (; i < n; i++)
+        if (x[i] == m) return i;
+    return n;
+}
+
+int ops_argmax(const float *x, int n) {
+    if (n <= 1 || x[0] != x[0]) return 0; /* a NaN first: nothing compares above it */
+    int i = 0, avx2 = cpu_level_active() >= CPU_LEVEL_AVX2;
+    float m = x[0];
+    if (avx2) m = max_avx2(x, n, &i);
+    for (; i < n; i++)
+        if (x[i] > m) m = x[i];
+    if (avx2) return find_avx2(x, n, m);
+    for (i = 0; i < n; i++)
+        if (x[i] == m) break;
+    return i;
+}
+
 void ops_add(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }

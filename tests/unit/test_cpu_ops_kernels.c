@@ -7,7 +7,9 @@
  * and end inside KV blocks; 1 and 2 threads. Prefill tiles against the same tokens one at
  * a time, bit for bit (batch invariance), over head_dim 64/80/256 and GQA groups 1/4/8/20.
  * (2) ops_silu_mul / ops_gelu_tanh_mul against
- * the textbook formulas in double (libm exp / tanh), at every level, odd lengths. */
+ * the textbook formulas in double (libm exp / tanh), at every level, odd lengths.
+ * (3) ops_argmax against the greedy rule written as its loop, at every level: ties, NaN
+ * (first and elsewhere), -inf rows, lengths around the 8-lane step. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -250,9 +252,44 @@ static void test_activations_match_double(void **state) {
     free(out);
 }
 
+
+/* The rule ops_argmax promises: the loop `if (x[i] > x[best]) best = i`. */
+static int argmax_rule(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static void test_argmax_matches_rule(void **state) {
+    (void)state;
+    static const char *levels[] = {"scalar", "avx2", "avx512"};
+    enum { N = 262144 + 5 };
+    float *x = malloc(N * sizeof *x);
+    for (int lv = CPU_LEVEL_SCALAR; lv <= (int)cpu_level_hardware(); lv++) {
+        setenv("HEARTH_CPU", levels[lv], 1);
+        for (int c = 0; c < 400; c++) {
+            int n = c < 40 ? 1 + c : c < 399 ? 1 + (int)(rnd() % 3000) : N;
+            int kind = c % 5;
+            for (int i = 0; i < n; i++) {
+                x[i] = kind == 1 ? (float)(rnd() % 4) : rndf() * 10; /* kind 1: many ties */
+                if (kind == 2 && rnd() % 7 == 0) x[i] = NAN;
+                if (kind == 3) x[i] = -INFINITY;
+            }
+            if (kind == 4) x[0] = NAN; /* nothing compares above a NaN first */
+            if (kind == 2 && n > 1) x[rnd() % n] = 1e30f;
+            int got = ops_argmax(x, n), want = argmax_rule(x, n);
+            if (got != want) fail_msg("%s n %d kind %d: argmax %d, rule %d", levels[lv], n, kind, got, want);
+        }
+    }
+    unsetenv("HEARTH_CPU");
+    free(x);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_attention_matches_naive),
                                        cmocka_unit_test(test_attention_tiles_match_tokens),
-                                       cmocka_unit_test(test_activations_match_double)};
+                                       cmocka_unit_test(test_activations_match_double),
+                                       cmocka_unit_test(test_argmax_matches_rule)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

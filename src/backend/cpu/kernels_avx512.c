@@ -943,7 +943,9 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
     case DT_Q6_K: f = avx512_rows2_q6_k, tile = avx512_pk_q6_k, small = avx512_tile2_q6_k; break;
     case DT_U32:
         if (w->bits == 4) {
-            *out = (cpu_kernel){avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_pk_mlx4, avx512_tile2_mlx4,
+            /* decode: the one-row kernel where it takes the weights (kernels_avx512_rows.c) */
+            cpu_rows_fn r = avx512_row1_decode() == 1 ? cpu_avx512_rows1(w) : NULL;
+            *out = (cpu_kernel){r ? r : avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_pk_mlx4, avx512_tile2_mlx4,
                                 CPU_TILE_SMALL_T_AVX512};
             return 1;
         }

@@ -90,6 +90,8 @@ typedef struct r1_oct_act {
 
 /* Half-block of folded lane l. */
 static const int r1_oct_half[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+/* The block of each folded lane (r1_oct_half[l] / 2). */
+static const int r1_fold_blk[16] = {0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7};
 
 /* Stages n groups of eight blocks; offset is the weights' stored offset (Q6_K 32, Q8_0 read
  * as unsigned 128). */
@@ -306,8 +308,8 @@ R1_INLINE void r1_rows_q5(const cpu_weight *w, int64_t n0, int64_t n1, const cpu
     /* the weights' f16 d in the folded lane order (block of lane l: r1_oct_half[l] / 2), and
      * the Q5_1 mins in block order, gathered from the group's bytes by word permutes (a
      * store-and-reload of eight 16-bit values stalled every group on the failed forwarding) */
-    static const int fold_blk[16] = {0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7}, seq[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    const __m512i d_idx = r1_word_index(fold_blk, 16, bytes / 2, 0), m_idx = r1_word_index(seq, 8, bytes / 2, 1);
+    static const int seq[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    const __m512i d_idx = r1_word_index(r1_fold_blk, 16, bytes / 2, 0), m_idx = r1_word_index(seq, 8, bytes / 2, 1);
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = (const uint8_t *)w->data + n * rb;
         __m512 acc = _mm512_setzero_ps();
@@ -350,8 +352,82 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q5_1(const cpu_weight *w,
     r1_rows_q5(w, n0, n1, x, y, 1);
 }
 
+/* ---- MLX affine 4-bit (DT_U32, bits 4): 16 bytes per 32 weights (weight e at bits 4e of
+ * its little-endian word, so byte j holds weights 2j (low nibble) and 2j + 1), and a (scale,
+ * bias) pair per group of 32, 64 or 128 weights in two separate arrays [n][k / group] of
+ * f16, bf16 or f32; w = scale * q + bias. The activations come even-odd (CPU_ACT_Q8_EVENODD),
+ * so a block's low nibbles then its high ones are its 32 values in activation order, and a
+ * zmm holds two blocks as the Q5_0 kernel above does. Eight blocks fold into one vector of
+ * half-block sums, scaled by their groups' scales (one permute of the group's 2-8 scales);
+ * the biases meet dx * sum(x) of each block in an 8-lane sum. One row at a time: the 4-row
+ * pair kernels read 12 streams (weights, scales, biases of 4 rows). */
+R1_INLINE __m256 r1_sb8(tensor_dtype t, const void *base, int64_t i, __mmask8 m) {
+    if (t == DT_F32) return _mm256_maskz_loadu_ps(m, (const float *)base + i);
+    __m128i h = _mm_maskz_loadu_epi16(m, (const uint16_t *)base + i);
+    if (t == DT_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); /* bf16 */
+}
+
+__attribute__((target(R1_TARGET))) static void r1_rows_mlx4(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                            float *y) {
+    const cpu_q8_block *x = xv;
+    int64_t nb = w->k / 32, ng = nb / 8, rb = w->k / 2, gpr = w->k / w->group_size;
+    int bpg = (int)(w->group_size / 32), gpo = 8 / bpg; /* blocks per group, groups per 8 blocks */
+    r1_oct_act a[R1_MAX_SB];
+    __m256 xs[R1_MAX_SB]; /* dx * sum(x) of each block, for the biases */
+    if (n0 >= n1) return;
+    r1_oct_prepare(x, ng, 0, a);
+    for (int64_t g = 0; g < ng; g++) {
+        float v[8];
+        for (int b = 0; b < 8; b++) v[b] = x[g * 8 + b].d * (float)(x[g * 8 + b].sum16[0] + x[g * 8 + b].sum16[1]);
+        xs[g] = _mm256_loadu_ps(v);
+    }
+    int32_t li[16], bi[8];
+    for (int l = 0; l < 16; l++) li[l] = r1_fold_blk[l] / bpg;
+    for (int b = 0; b < 8; b++) bi[b] = b / bpg;
+    const __m512i lidx = _mm512_loadu_si512((const void *)li);
+    const __m256i bidx = _mm256_loadu_si256((const __m256i *)bi);
+    const __mmask8 gm = (__mmask8)((1u << gpo) - 1);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        int64_t gi = n * gpr;
+        __m512 acc = _mm512_setzero_ps();
+        __m256 accm = _mm256_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const uint8_t *p = row + g * 128;
+            __m512i q[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                /* [blk 2i lo | blk 2i hi | blk 2i+1 lo | blk 2i+1 hi] nibbles */
+                __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 32 * i)));
+                z = _mm512_mask_broadcast_i32x4(z, 0xFF00, _mm_loadu_si128((const __m128i *)(p + 32 * i + 16)));
+                z = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xFF00FF00u, z, 4), m4);
+                q[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z, a[g].q[i]);
+            }
+            __m256 s8 = r1_sb8(w->sb_dtype, w->scales, gi + g * gpo, gm);
+            __m256 b8 = r1_sb8(w->sb_dtype, w->biases, gi + g * gpo, gm);
+            /* half-block sums <= 16 x 15 x 127: exact */
+            __m512 sc = _mm512_permutexvar_ps(lidx, _mm512_castps256_ps512(s8));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r1_fold4(q[0], q[1], q[2], q[3])), _mm512_mul_ps(sc, a[g].d), acc);
+            accm = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(b8, bidx), xs[g], accm);
+        }
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        y[n] = _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
+}
+
+/* The one-row MLX 4-bit kernel takes these weights (K in whole groups of 256). */
+static int r1_mlx4_takes(const cpu_weight *w) {
+    return w->dtype == DT_U32 && w->bits == 4 &&
+           (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
+           (w->sb_dtype == DT_F16 || w->sb_dtype == DT_BF16 || w->sb_dtype == DT_F32);
+}
+
 cpu_rows_fn cpu_avx512_rows1(const cpu_weight *w) {
     if (w->k <= 0 || w->k % 256 || w->k / 256 > R1_MAX_SB) return NULL;
+    if (r1_mlx4_takes(w)) return r1_rows_mlx4;
     if (w->dtype == DT_Q5_0 || w->dtype == DT_Q5_1) return w->dtype == DT_Q5_0 ? r1_rows_q5_0 : r1_rows_q5_1;
     switch (w->dtype) {
     case DT_Q8_0: return r1_rows_q8_0;

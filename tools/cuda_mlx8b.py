@@ -5,7 +5,7 @@ chosen so each weight has mean ~0 and std ~0.02 like an HF init, bf16 norms of o
 layout is mlx-lm's (weight U32 [n, k/8], scales/biases [n, k/64]); a speed fixture, not
 a parity oracle (the tiny MLX models and their mlx-lm goldens are that).
 
-  python3 tools/cuda_mlx8b.py llama|qwen3 OUT_DIR TOKENIZER_DIR
+  python3 tools/cuda_mlx8b.py llama|qwen3|llama1b OUT_DIR TOKENIZER_DIR
 """
 import json
 import os
@@ -21,6 +21,12 @@ SHAPES = {
                   extra={"rope_theta": 500000.0, "rms_norm_eps": 1e-5,
                          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}),
+    # the CPU benchmark's 1B shape (bench/results/cpu_mlx4_decode.md): Llama-3.2-1B, lm_head untied
+    "llama1b": dict(arch="LlamaForCausalLM", model_type="llama", vocab=128256, hidden=2048, ffn=8192, layers=16,
+                    heads=32, kv_heads=8, head_dim=64, qk_norm=False,
+                    extra={"rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+                           "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}),
     "qwen3": dict(arch="Qwen3ForCausalLM", model_type="qwen3", vocab=151936, hidden=4096, ffn=12288, layers=36,
                   heads=32, kv_heads=8, head_dim=128, qk_norm=True,
                   extra={"rope_theta": 1000000.0, "rms_norm_eps": 1e-6}),

@@ -356,9 +356,10 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q5_1(const cpu_weight *w,
  * its little-endian word, so byte j holds weights 2j (low nibble) and 2j + 1), and a (scale,
  * bias) pair per group of 32, 64 or 128 weights in two separate arrays [n][k / group] of
  * f16, bf16 or f32; w = scale * q + bias. The activations come even-odd (CPU_ACT_Q8_EVENODD),
- * so a block's low nibbles then its high ones are its 32 values in activation order, and a
- * zmm holds two blocks as the Q5_0 kernel above does. Eight blocks fold into one vector of
- * half-block sums, scaled by their groups' scales (one permute of the group's 2-8 scales);
+ * so a block's low nibbles then its high ones are its 32 values in activation order: 64
+ * weight bytes (four blocks) load as one zmm whose low and high nibbles are two dots against
+ * staged activations (r1_mlx_act). Eight blocks fold into one vector of half-block sums,
+ * scaled by their groups' scales (one permute of the group's 2-8 scales);
  * the biases meet dx * sum(x) of each block in an 8-lane sum. One row at a time: the 4-row
  * pair kernels read 12 streams (weights, scales, biases of 4 rows). */
 R1_INLINE __m256 r1_sb8(tensor_dtype t, const void *base, int64_t i, __mmask8 m) {
@@ -368,22 +369,44 @@ R1_INLINE __m256 r1_sb8(tensor_dtype t, const void *base, int64_t i, __mmask8 m)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); /* bf16 */
 }
 
+/* Eight activation blocks staged for 64-byte weight loads: e[h] / o[h] hold the even / odd
+ * 16 values of blocks 4h .. 4h + 3 (the first / second half of each even-odd block), so
+ * the low and high nibbles of 64 weight bytes (four blocks) meet them as they load. Lane
+ * 4k + j of r1_fold4(e0 dot, o0 dot, e1 dot, o1 dot) is then block 4 (j / 2) + k. */
+typedef struct r1_mlx_act {
+    __m512i e[2], o[2];
+    __m512 d; /* the activation scale of each folded lane's block */
+} r1_mlx_act;
+
+R1_INLINE int r1_mlx_blk(int l) { return 4 * ((l % 4) / 2) + l / 4; }
+
 __attribute__((target(R1_TARGET))) static void r1_rows_mlx4(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     const cpu_q8_block *x = xv;
     int64_t nb = w->k / 32, ng = nb / 8, rb = w->k / 2, gpr = w->k / w->group_size;
     int bpg = (int)(w->group_size / 32), gpo = 8 / bpg; /* blocks per group, groups per 8 blocks */
-    r1_oct_act a[R1_MAX_SB];
+    r1_mlx_act a[R1_MAX_SB];
     __m256 xs[R1_MAX_SB]; /* dx * sum(x) of each block, for the biases */
     if (n0 >= n1) return;
-    r1_oct_prepare(x, ng, 0, a);
     for (int64_t g = 0; g < ng; g++) {
-        float v[8];
-        for (int b = 0; b < 8; b++) v[b] = x[g * 8 + b].d * (float)(x[g * 8 + b].sum16[0] + x[g * 8 + b].sum16[1]);
+        const cpu_q8_block *xb = x + g * 8;
+        for (int h = 0; h < 2; h++) {
+            int8_t e[64], o[64];
+            for (int k = 0; k < 4; k++) {
+                memcpy(e + 16 * k, xb[4 * h + k].q, 16);
+                memcpy(o + 16 * k, xb[4 * h + k].q + 16, 16);
+            }
+            a[g].e[h] = _mm512_loadu_si512((const void *)e);
+            a[g].o[h] = _mm512_loadu_si512((const void *)o);
+        }
+        float d[16], v[8];
+        for (int l = 0; l < 16; l++) d[l] = xb[r1_mlx_blk(l)].d;
+        for (int b = 0; b < 8; b++) v[b] = xb[b].d * (float)(xb[b].sum16[0] + xb[b].sum16[1]);
+        a[g].d = _mm512_loadu_ps(d);
         xs[g] = _mm256_loadu_ps(v);
     }
     int32_t li[16], bi[8];
-    for (int l = 0; l < 16; l++) li[l] = r1_fold_blk[l] / bpg;
+    for (int l = 0; l < 16; l++) li[l] = r1_mlx_blk(l) / bpg;
     for (int b = 0; b < 8; b++) bi[b] = b / bpg;
     const __m512i lidx = _mm512_loadu_si512((const void *)li);
     const __m256i bidx = _mm256_loadu_si256((const __m256i *)bi);
@@ -396,20 +419,17 @@ __attribute__((target(R1_TARGET))) static void r1_rows_mlx4(const cpu_weight *w,
         __m256 accm = _mm256_setzero_ps();
         for (int64_t g = 0; g < ng; g++) {
             const uint8_t *p = row + g * 128;
-            __m512i q[4];
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) {
-                /* [blk 2i lo | blk 2i hi | blk 2i+1 lo | blk 2i+1 hi] nibbles */
-                __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 32 * i)));
-                z = _mm512_mask_broadcast_i32x4(z, 0xFF00, _mm_loadu_si128((const __m128i *)(p + 32 * i + 16)));
-                z = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xFF00FF00u, z, 4), m4);
-                q[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z, a[g].q[i]);
-            }
+            __m512i z0 = _mm512_loadu_si512((const void *)p), z1 = _mm512_loadu_si512((const void *)(p + 64));
+            __m512i zero = _mm512_setzero_si512();
+            __m512i q0 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(z0, m4), a[g].e[0]);
+            __m512i q1 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4), a[g].o[0]);
+            __m512i q2 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(z1, m4), a[g].e[1]);
+            __m512i q3 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4), a[g].o[1]);
             __m256 s8 = r1_sb8(w->sb_dtype, w->scales, gi + g * gpo, gm);
             __m256 b8 = r1_sb8(w->sb_dtype, w->biases, gi + g * gpo, gm);
             /* half-block sums <= 16 x 15 x 127: exact */
             __m512 sc = _mm512_permutexvar_ps(lidx, _mm512_castps256_ps512(s8));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r1_fold4(q[0], q[1], q[2], q[3])), _mm512_mul_ps(sc, a[g].d), acc);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r1_fold4(q0, q1, q2, q3)), _mm512_mul_ps(sc, a[g].d), acc);
             accm = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(b8, bidx), xs[g], accm);
         }
         __m128 h = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));

@@ -322,15 +322,16 @@ static void test_mlx_affine(void **state) {
             wcase c = {name, DT_U32, bits[b], groups[g], sbts[i % 3]};
             check_case(&c, odd_n(), groups[g] * (1 + (int64_t)(rnd() % 3)));
         }
-    /* 4-bit at K in whole groups of 256, every group size and scale type: the one-row decode
-     * kernel of kernels_avx512_rows.c */
-    for (int g = 0; g < 3; g++)
-        for (int t = 0; t < 3; t++) {
-            char name[32];
-            snprintf(name, sizeof name, "mlx4_g%d_%s_k256", groups[g], tensor_dtype_name(sbts[t]));
-            wcase c = {name, DT_U32, 4, groups[g], sbts[t]};
-            check_case(&c, odd_n(), 256 * (1 + (int64_t)(rnd() % 3)));
-        }
+    /* 4- and 8-bit at K in whole groups of 256, every group size and scale type: the one-row
+     * decode kernels of kernels_avx512_rows.c */
+    for (int b = 4; b <= 8; b += 4)
+        for (int g = 0; g < 3; g++)
+            for (int t = 0; t < 3; t++) {
+                char name[32];
+                snprintf(name, sizeof name, "mlx%d_g%d_%s_k256", b, groups[g], tensor_dtype_name(sbts[t]));
+                wcase c = {name, DT_U32, b, groups[g], sbts[t]};
+                check_case(&c, odd_n(), 256 * (1 + (int64_t)(rnd() % 3)));
+            }
 }
 
 /* The prefill kernels pack weight rows x up to 32 blocks of 32 columns (AVX-512: 16 rows, 8

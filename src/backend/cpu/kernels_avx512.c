@@ -949,7 +949,10 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
                                 CPU_TILE_SMALL_T_AVX512};
             return 1;
         }
-        if (w->bits == 8) f = avx512_rows2_mlx8, tile = avx512_pk_mlx8, small = avx512_tile2_mlx8;
+        if (w->bits == 8) {
+            cpu_rows_fn r = avx512_row1_decode() == 1 ? cpu_avx512_rows1(w) : NULL; /* one-row decode */
+            f = r ? r : avx512_rows2_mlx8, tile = avx512_pk_mlx8, small = avx512_tile2_mlx8;
+        }
         break;
     default: break;
     }

@@ -438,16 +438,64 @@ __attribute__((target(R1_TARGET))) static void r1_rows_mlx4(const cpu_weight *w,
     }
 }
 
-/* The one-row MLX 4-bit kernel takes these weights (K in whole groups of 256). */
-static int r1_mlx4_takes(const cpu_weight *w) {
-    return w->dtype == DT_U32 && w->bits == 4 &&
+/* MLX affine 8-bit: 32 bytes per block, the unsigned q as stored (w = scale * q + bias); a
+ * zmm holds two blocks in element order against in-order activations (CPU_ACT_Q8), folded
+ * as Q8_0's (r1_oct_act, no offset), scales and biases as for 4-bit. */
+__attribute__((target(R1_TARGET))) static void r1_rows_mlx8(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                            float *y) {
+    const cpu_q8_block *x = xv;
+    int64_t nb = w->k / 32, ng = nb / 8, rb = w->k, gpr = w->k / w->group_size;
+    int bpg = (int)(w->group_size / 32), gpo = 8 / bpg;
+    r1_oct_act a[R1_MAX_SB];
+    __m256 xs[R1_MAX_SB];
+    if (n0 >= n1) return;
+    r1_oct_prepare(x, ng, 0, a);
+    for (int64_t g = 0; g < ng; g++) {
+        float v[8];
+        for (int b = 0; b < 8; b++) v[b] = x[g * 8 + b].d * (float)(x[g * 8 + b].sum16[0] + x[g * 8 + b].sum16[1]);
+        xs[g] = _mm256_loadu_ps(v);
+    }
+    int32_t li[16], bi[8];
+    for (int l = 0; l < 16; l++) li[l] = r1_fold_blk[l] / bpg;
+    for (int b = 0; b < 8; b++) bi[b] = b / bpg;
+    const __m512i lidx = _mm512_loadu_si512((const void *)li);
+    const __m256i bidx = _mm256_loadu_si256((const __m256i *)bi);
+    const __mmask8 gm = (__mmask8)((1u << gpo) - 1);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        int64_t gi = n * gpr;
+        __m512 acc = _mm512_setzero_ps();
+        __m256 accm = _mm256_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const uint8_t *p = row + g * 256;
+            __m512i q[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++)
+                q[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)(p + 64 * i)),
+                                           a[g].q[i]);
+            __m256 s8 = r1_sb8(w->sb_dtype, w->scales, gi + g * gpo, gm);
+            __m256 b8 = r1_sb8(w->sb_dtype, w->biases, gi + g * gpo, gm);
+            /* half-block sums <= 16 x 255 x 127 < 2^20: exact */
+            __m512 sc = _mm512_permutexvar_ps(lidx, _mm512_castps256_ps512(s8));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r1_fold4(q[0], q[1], q[2], q[3])), _mm512_mul_ps(sc, a[g].d), acc);
+            accm = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(b8, bidx), xs[g], accm);
+        }
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        y[n] = _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
+}
+
+/* The one-row MLX 4- and 8-bit kernels take these weights (K in whole groups of 256). */
+static int r1_mlx_takes(const cpu_weight *w) {
+    return w->dtype == DT_U32 && (w->bits == 4 || w->bits == 8) &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
            (w->sb_dtype == DT_F16 || w->sb_dtype == DT_BF16 || w->sb_dtype == DT_F32);
 }
 
 cpu_rows_fn cpu_avx512_rows1(const cpu_weight *w) {
     if (w->k <= 0 || w->k % 256 || w->k / 256 > R1_MAX_SB) return NULL;
-    if (r1_mlx4_takes(w)) return r1_rows_mlx4;
+    if (r1_mlx_takes(w)) return w->bits == 4 ? r1_rows_mlx4 : r1_rows_mlx8;
     if (w->dtype == DT_Q5_0 || w->dtype == DT_Q5_1) return w->dtype == DT_Q5_0 ? r1_rows_q5_0 : r1_rows_q5_1;
     switch (w->dtype) {
     case DT_Q8_0: return r1_rows_q8_0;

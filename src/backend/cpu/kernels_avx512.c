@@ -753,12 +753,53 @@ AVX512_INLINE int pk_pack_direct_q4k(const cpu_weight *w, int64_t g, int64_t c0,
 }
 
 /* Packs rows g..g+rows-1 (rows <= 16; missing rows become zeros), blocks c0..c0+cb-1. */
+/* MLX affine 4- and 8-bit the same way: a block's 16 nibble bytes (4-bit: low nibbles are
+ * the even-odd activations' first 16, high ones the last 16, as Q4_0's in-order halves) or
+ * 32 bytes load and transpose as Q4_0's / Q8_0's (without Q8_0's sign flip: MLX 8-bit
+ * bytes are unsigned already); each row's (scale, bias) of the block's group, from the
+ * separate scale and bias arrays, once per group. Bit-identical to pk_unpack. */
+AVX512_INLINE int pk_pack_direct_mlx(const cpu_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
+    if (f != PK_MLX4 && f != PK_MLX8) return 0;
+    const int bytes = f == PK_MLX4 ? 16 : 32;
+    int64_t rb = cpu_weight_row_bytes(w), ng = w->k / w->group_size, bpg = w->group_size / 32;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const uint8_t *base = (const uint8_t *)w->data + g * rb + c0 * bytes;
+    float sc[PK_ROWS], bi[PK_ROWS];
+    for (int b = 0; b < cb; b++, base += bytes) {
+        if (!(b & 1)) pk_prefetch16(base + PK_PREFETCH * bytes, rb);
+        int64_t grp = (c0 + b) / bpg;
+        if (b == 0 || (c0 + b) % bpg == 0)
+            for (int r = 0; r < PK_ROWS; r++) {
+                sc[r] = PFX(sb)(w->sb_dtype, w->scales, (g + r) * ng + grp);
+                bi[r] = PFX(sb)(w->sb_dtype, w->biases, (g + r) * ng + grp);
+            }
+        _mm512_store_ps(buf->d[b], _mm512_loadu_ps(sc));
+        _mm512_store_ps(buf->m[b], _mm512_loadu_ps(bi));
+        __m512i q[4];
+        pk_load16x4(base, rb, q);
+        if (f == PK_MLX8) {
+            #pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) _mm512_store_si512(&buf->q[b][j], q[j]);
+            pk_load16x4(base + 16, rb, q);
+            #pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) _mm512_store_si512(&buf->q[b][j + 4], q[j]);
+            continue;
+        }
+        #pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            _mm512_store_si512(&buf->q[b][j], _mm512_and_si512(q[j], m4));
+            _mm512_store_si512(&buf->q[b][j + 4], _mm512_and_si512(_mm512_srli_epi32(q[j], 4), m4));
+        }
+    }
+    return 1;
+}
+
 AVX512_INLINE void pk_pack(const cpu_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
     int64_t rb = cpu_weight_row_bytes(w);
     /* all 16 rows, lane offsets in int32: straight from the weights where the format has a direct pack */
     if (rows == PK_ROWS && rb <= INT32_MAX / PK_ROWS && pk_direct_on() &&
         (pk_pack_direct(w, g, c0, cb, f, buf) || pk_pack_direct_q6k(w, g, c0, cb, f, buf) ||
-         pk_pack_direct_q4k(w, g, c0, cb, f, buf)))
+         pk_pack_direct_q4k(w, g, c0, cb, f, buf) || pk_pack_direct_mlx(w, g, c0, cb, f, buf)))
         return;
     for (int r = 0; r < PK_ROWS; r++) {
         if (r >= rows) {
@@ -943,10 +984,13 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
     case DT_Q6_K: f = avx512_rows2_q6_k, tile = avx512_pk_q6_k, small = avx512_tile2_q6_k; break;
     case DT_U32:
         if (w->bits == 4) {
-            /* decode: the one-row kernel where it takes the weights (kernels_avx512_rows.c) */
+            /* decode: the one-row kernel where it takes the weights (kernels_avx512_rows.c); the
+             * packed GEMM from T = 6, as Q4_0's, since it packs straight from the weights
+             * (pk_pack_direct_mlx): 1B-shaped MLX 4-bit, hearth bench --batch, aggregate
+             * decode tok/s with the pair tiles below 17 -> below 6, two alternating runs:
+             * B = 8 57 / 48 -> 81 / 68, B = 16 58 / 44 -> 96 / 94 */
             cpu_rows_fn r = avx512_row1_decode() == 1 ? cpu_avx512_rows1(w) : NULL;
-            *out = (cpu_kernel){r ? r : avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_pk_mlx4, avx512_tile2_mlx4,
-                                CPU_TILE_SMALL_T_AVX512};
+            *out = (cpu_kernel){r ? r : avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_pk_mlx4, avx512_tile2_mlx4, 6};
             return 1;
         }
         if (w->bits == 8) {

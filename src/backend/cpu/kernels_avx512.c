@@ -1019,9 +1019,9 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
         if (!r && mode != 2) r = cpu_avx2_vnni_rows(w);
         f = r ? r : a2.rows;
     }
-    /* Q5_0 / Q5_1 have no 256-bit one-row kernel: the 512-bit one where K is whole groups of
-     * 256 (kernels_avx512_rows.c), else these 4-row kernels. */
-    if (avx512_row1_decode() == 1 && (w->dtype == DT_Q5_0 || w->dtype == DT_Q5_1)) {
+    /* Q5_0 / Q5_1 / Q5_K have no 256-bit one-row kernel: the 512-bit one where K is whole
+     * groups of 256 (kernels_avx512_rows.c), else these 4-row kernels. */
+    if (avx512_row1_decode() == 1 && (w->dtype == DT_Q5_0 || w->dtype == DT_Q5_1 || w->dtype == DT_Q5_K)) {
         cpu_rows_fn r = cpu_avx512_rows1(w);
         if (r) f = r;
     }

@@ -112,20 +112,28 @@ R1_INLINE void r1_oct_prepare(const cpu_q8_block *x, int64_t n, int offset, r1_o
     }
 }
 
-__attribute__((target(R1_TARGET))) static void r1_rows_q4_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
-                                                            float *y) {
-    int64_t nsb = w->k / 256, rb = nsb * 144, pf = r1_prefetch_distance(rb);
+R1_INLINE void r1_rows_q45_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv, float *y, int q5) {
+    const int bytes = q5 ? 176 : 144, qs = q5 ? 48 : 16; /* Q5_K: 32 bytes of fifth bits before the nibbles */
+    int64_t nsb = w->k / 256, rb = nsb * bytes, pf = r1_prefetch_distance(rb);
     r1_q4k_act a[R1_MAX_SB];
     if (n0 >= n1) return;
     r1_q4k_prepare(xv, nsb, a);
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(0x10);
     const __m512i lane = _mm512_loadu_si512((const void *)r1_q4k_lane);
+    /* Q5_K: the qh bit of each byte of the four nibble vectors: vector i (0: low nibbles of
+     * chunks 0, 1; 1: their high nibbles; 2, 3: chunks 2, 3) holds sub-blocks [c | c + 2],
+     * c = 4 (i / 2) + i % 2 */
+    __m512i h5[4];
+    for (int i = 0; i < 4; i++) {
+        int c = 4 * (i / 2) + i % 2;
+        h5[i] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << c)), _mm256_set1_epi8((char)(1 << (c + 2))), 1);
+    }
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = (const uint8_t *)w->data + n * rb;
         __m512 acc = _mm512_setzero_ps();
         __m256 accm = _mm256_setzero_ps();
         for (int64_t sb = 0; sb < nsb; sb++) {
-            const uint8_t *blk = row + sb * 144;
+            const uint8_t *blk = row + sb * bytes;
             _mm_prefetch((const char *)blk + pf, _MM_HINT_T0);
             _mm_prefetch((const char *)blk + pf + 64, _MM_HINT_T0);
             _mm_prefetch((const char *)blk + pf + 128, _MM_HINT_T0);
@@ -140,13 +148,23 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q4_k(const cpu_weight *w,
             accm = _mm256_fnmadd_ps(_mm256_mul_ps(mn, _mm256_broadcastss_ps(_mm_movehdup_ps(ddm))), a[sb].xs, accm);
             __m512 scale =
                 _mm512_permutexvar_ps(lane, _mm512_castps256_ps512(_mm256_mul_ps(f, _mm256_broadcastss_ps(ddm))));
-            __m512i raw0 = _mm512_loadu_si512((const void *)(blk + 16));
-            __m512i raw1 = _mm512_loadu_si512((const void *)(blk + 80));
+            __m512i raw0 = _mm512_loadu_si512((const void *)(blk + qs));
+            __m512i raw1 = _mm512_loadu_si512((const void *)(blk + qs + 64));
             __m512i z = _mm512_setzero_si512();
-            __m512i p0 = _mm512_dpbusd_epi32(z, _mm512_and_si512(raw0, m4), a[sb].q[0]);
-            __m512i p1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4), a[sb].q[1]);
-            __m512i p2 = _mm512_dpbusd_epi32(z, _mm512_and_si512(raw1, m4), a[sb].q[2]);
-            __m512i p3 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4), a[sb].q[3]);
+            __m512i w0 = _mm512_and_si512(raw0, m4), w1 = _mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4);
+            __m512i w2 = _mm512_and_si512(raw1, m4), w3 = _mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4);
+            if (q5) { /* + 16 where bit c of qh[l] is set, c the sub-block of the byte (lanes as above) */
+                __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));
+                w0 = _mm512_mask_add_epi8(w0, _mm512_test_epi8_mask(qh, h5[0]), w0, b16);
+                w1 = _mm512_mask_add_epi8(w1, _mm512_test_epi8_mask(qh, h5[1]), w1, b16);
+                w2 = _mm512_mask_add_epi8(w2, _mm512_test_epi8_mask(qh, h5[2]), w2, b16);
+                w3 = _mm512_mask_add_epi8(w3, _mm512_test_epi8_mask(qh, h5[3]), w3, b16);
+            }
+            /* q <= 31, |x| <= 127: a lane's four products < 2^14 */
+            __m512i p0 = _mm512_dpbusd_epi32(z, w0, a[sb].q[0]);
+            __m512i p1 = _mm512_dpbusd_epi32(z, w1, a[sb].q[1]);
+            __m512i p2 = _mm512_dpbusd_epi32(z, w2, a[sb].q[2]);
+            __m512i p3 = _mm512_dpbusd_epi32(z, w3, a[sb].q[3]);
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r1_fold4(p0, p1, p2, p3)), _mm512_mul_ps(scale, a[sb].d), acc);
         }
         __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
@@ -154,6 +172,18 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q4_k(const cpu_weight *w,
         m = _mm_add_ss(m, _mm_movehdup_ps(m));
         y[n] = _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(m);
     }
+}
+
+__attribute__((target(R1_TARGET))) static void r1_rows_q4_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                            float *y) {
+    r1_rows_q45_k(w, n0, n1, xv, y, 0);
+}
+
+/* Q5_K: Q4_K's layout with 32 bytes qh between the scales and the nibbles; element l of
+ * sub-block c gains 16 where bit c of qh[l] is set (ggml's dequantize_row_q5_K). */
+__attribute__((target(R1_TARGET))) static void r1_rows_q5_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                            float *y) {
+    r1_rows_q45_k(w, n0, n1, xv, y, 1);
 }
 
 /* ---- Q6_K: 210 bytes per 256 weights: ql[128] low nibbles, qh[64] high two bits, 16 int8
@@ -500,6 +530,7 @@ cpu_rows_fn cpu_avx512_rows1(const cpu_weight *w) {
     switch (w->dtype) {
     case DT_Q8_0: return r1_rows_q8_0;
     case DT_Q4_K: return r1_rows_q4_k;
+    case DT_Q5_K: return r1_rows_q5_k;
     case DT_Q6_K: return r1_rows_q6_k;
     default: return NULL;
     }

@@ -996,6 +996,12 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
         if (w->bits == 8) {
             cpu_rows_fn r = avx512_row1_decode() == 1 ? cpu_avx512_rows1(w) : NULL; /* one-row decode */
             f = r ? r : avx512_rows2_mlx8, tile = avx512_pk_mlx8, small = avx512_tile2_mlx8;
+        } else if (w->bits != 4) { /* 2, 3, 6 bits: the one-row kernel for every token (no tile) */
+            cpu_rows_fn r = cpu_avx512_rows1(w);
+            if (r) {
+                *out = (cpu_kernel){r, CPU_ACT_Q8, NULL, NULL, 0};
+                return 1;
+            }
         }
         break;
     default: break;

@@ -516,16 +516,93 @@ __attribute__((target(R1_TARGET))) static void r1_rows_mlx8(const cpu_weight *w,
     }
 }
 
-/* The one-row MLX 4- and 8-bit kernels take these weights (K in whole groups of 256). */
+/* MLX affine 2, 3 and 6 bits (the formats with no other fast kernel: before this, the
+ * scalar reference at ~0.1-0.2 GB/s). Element j of a row sits at bits [j b, (j + 1) b) of
+ * its little-endian bit stream, so the 8 elements 8L .. 8L + 7 of a block are exactly bytes
+ * [L b, L b + b) of it: 128-bit lane L of a zmm takes 16 bytes from there, one in-lane byte
+ * shuffle puts the two bytes holding element i in 16-bit word i (the same control in every
+ * lane), a per-word shift and mask leave the element, and vpmovwb packs the block's 32
+ * values in element order. Then as MLX 8-bit: in-order activations, two blocks per
+ * vpdpbusd, eight folded, group scales and biases per row. */
+R1_INLINE __m256i r1_mlxb_block(const uint8_t *p, int b, __m512i ctl, __m512i sh, __m512i mask) {
+    /* only the lane's b bytes (masked loads: nothing read past the row; a word's second
+     * byte past them reads 0, whose bits the mask drops) */
+    const __mmask16 m = (__mmask16)((1u << b) - 1);
+    __m512i z = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(m, p));
+    z = _mm512_inserti32x4(z, _mm_maskz_loadu_epi8(m, p + b), 1);
+    z = _mm512_inserti32x4(z, _mm_maskz_loadu_epi8(m, p + 2 * b), 2);
+    z = _mm512_inserti32x4(z, _mm_maskz_loadu_epi8(m, p + 3 * b), 3);
+    return _mm512_cvtepi16_epi8(_mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_epi8(z, ctl), sh), mask));
+}
+
+__attribute__((target(R1_TARGET))) static void r1_rows_mlxb(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                            float *y) {
+    const cpu_q8_block *x = xv;
+    const int b = w->bits;
+    int64_t nb = w->k / 32, ng = nb / 8, rb = w->k * b / 8, gpr = w->k / w->group_size;
+    int bpg = (int)(w->group_size / 32), gpo = 8 / bpg;
+    r1_oct_act a[R1_MAX_SB];
+    __m256 xs[R1_MAX_SB];
+    if (n0 >= n1) return;
+    r1_oct_prepare(x, ng, 0, a);
+    for (int64_t g = 0; g < ng; g++) {
+        float v[8];
+        for (int j = 0; j < 8; j++) v[j] = x[g * 8 + j].d * (float)(x[g * 8 + j].sum16[0] + x[g * 8 + j].sum16[1]);
+        xs[g] = _mm256_loadu_ps(v);
+    }
+    int8_t ctl[64];
+    int16_t shv[32];
+    for (int l = 0; l < 4; l++)
+        for (int i = 0; i < 8; i++) {
+            ctl[16 * l + 2 * i] = (int8_t)(i * b / 8), ctl[16 * l + 2 * i + 1] = (int8_t)(i * b / 8 + 1);
+            shv[8 * l + i] = (int16_t)(i * b % 8);
+        }
+    const __m512i vctl = _mm512_loadu_si512((const void *)ctl), vsh = _mm512_loadu_si512((const void *)shv);
+    const __m512i vmask = _mm512_set1_epi16((short)((1 << b) - 1));
+    int32_t li[16], bi[8];
+    for (int l = 0; l < 16; l++) li[l] = r1_fold_blk[l] / bpg;
+    for (int j = 0; j < 8; j++) bi[j] = j / bpg;
+    const __m512i lidx = _mm512_loadu_si512((const void *)li);
+    const __m256i bidx = _mm256_loadu_si256((const __m256i *)bi);
+    const __mmask8 gm = (__mmask8)((1u << gpo) - 1);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        int64_t gi = n * gpr;
+        __m512 acc = _mm512_setzero_ps();
+        __m256 accm = _mm256_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const uint8_t *p = row + g * 32 * b; /* 8 blocks of 4 b bytes */
+            __m512i q[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                __m256i lo = r1_mlxb_block(p + 8 * i * b, b, vctl, vsh, vmask);
+                __m256i hi = r1_mlxb_block(p + (8 * i + 4) * b, b, vctl, vsh, vmask);
+                q[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                           _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), a[g].q[i]);
+            }
+            __m256 s8 = r1_sb8(w->sb_dtype, w->scales, gi + g * gpo, gm);
+            __m256 b8 = r1_sb8(w->sb_dtype, w->biases, gi + g * gpo, gm);
+            /* half-block sums <= 16 x 63 x 127: exact */
+            __m512 sc = _mm512_permutexvar_ps(lidx, _mm512_castps256_ps512(s8));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r1_fold4(q[0], q[1], q[2], q[3])), _mm512_mul_ps(sc, a[g].d), acc);
+            accm = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(b8, bidx), xs[g], accm);
+        }
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        y[n] = _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
+}
+
+/* The one-row MLX kernels take these weights (K in whole groups of 256). */
 static int r1_mlx_takes(const cpu_weight *w) {
-    return w->dtype == DT_U32 && (w->bits == 4 || w->bits == 8) &&
+    return w->dtype == DT_U32 && (w->bits == 2 || w->bits == 3 || w->bits == 4 || w->bits == 6 || w->bits == 8) &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
            (w->sb_dtype == DT_F16 || w->sb_dtype == DT_BF16 || w->sb_dtype == DT_F32);
 }
 
 cpu_rows_fn cpu_avx512_rows1(const cpu_weight *w) {
     if (w->k <= 0 || w->k % 256 || w->k / 256 > R1_MAX_SB) return NULL;
-    if (r1_mlx_takes(w)) return w->bits == 4 ? r1_rows_mlx4 : r1_rows_mlx8;
+    if (r1_mlx_takes(w)) return w->bits == 4 ? r1_rows_mlx4 : w->bits == 8 ? r1_rows_mlx8 : r1_rows_mlxb;
     if (w->dtype == DT_Q5_0 || w->dtype == DT_Q5_1) return w->dtype == DT_Q5_0 ? r1_rows_q5_0 : r1_rows_q5_1;
     switch (w->dtype) {
     case DT_Q8_0: return r1_rows_q8_0;

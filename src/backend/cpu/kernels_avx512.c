@@ -605,6 +605,28 @@ static int pk_direct_on(void) {
     return on;
 }
 
+/* Block b of the packed layout from the 16 rows' quant bytes at p (rows rb apart): 4-bit
+ * (nib): 16 bytes whose low nibbles are dwords 0..3 and high nibbles 4..7; else 32 bytes,
+ * xor flip (Q8_0's signed bytes read as unsigned; 0 for MLX 8-bit). */
+AVX512_INLINE void pk_pack_quads(pk_buf *buf, int b, const uint8_t *p, int64_t rb, int nib, __m512i flip) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i q[4];
+    pk_load16x4(p, rb, q);
+    if (!nib) {
+        #pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) _mm512_store_si512(&buf->q[b][j], _mm512_xor_si512(q[j], flip));
+        pk_load16x4(p + 16, rb, q);
+        #pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) _mm512_store_si512(&buf->q[b][j + 4], _mm512_xor_si512(q[j], flip));
+        return;
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        _mm512_store_si512(&buf->q[b][j], _mm512_and_si512(q[j], m4));
+        _mm512_store_si512(&buf->q[b][j + 4], _mm512_and_si512(_mm512_srli_epi32(q[j], 4), m4));
+    }
+}
+
 /* Q4_0, Q4_1 and Q8_0 with all 16 rows present: the packed layout straight from the
  * weights. The 16 rows' quant bytes load and transpose as 16 x 4 dwords (pk_load16x4), so
  * dword j of the block arrives with row r in lane r: Q4_0 / Q4_1 nibbles 4j.. (low) and
@@ -621,7 +643,7 @@ AVX512_INLINE int pk_pack_direct(const cpu_weight *w, int64_t g, int64_t c0, int
     if (!bytes) return 0;
     const int qoff = f == PK_Q4_1 ? 4 : 2;
     const __m512i vidx = pk_lane_offsets((int)rb);
-    const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
     const uint8_t *base = (const uint8_t *)w->data + g * rb + c0 * bytes;
     for (int b = 0; b < cb; b++, base += bytes) {
         if (!(b & 1))
@@ -629,21 +651,7 @@ AVX512_INLINE int pk_pack_direct(const cpu_weight *w, int64_t g, int64_t c0, int
         __m512i dm = _mm512_i32gather_epi32(vidx, base, 1); /* d (low half), Q4_1 m (high half) */
         _mm512_store_ps(buf->d[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
         if (f == PK_Q4_1) _mm512_store_ps(buf->m[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
-        __m512i q[4];
-        pk_load16x4(base + qoff, rb, q);
-        if (f == PK_Q8_0) {
-            #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) _mm512_store_si512(&buf->q[b][j], _mm512_xor_si512(q[j], flip));
-            pk_load16x4(base + qoff + 16, rb, q);
-            #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) _mm512_store_si512(&buf->q[b][j + 4], _mm512_xor_si512(q[j], flip));
-            continue;
-        }
-        #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            _mm512_store_si512(&buf->q[b][j], _mm512_and_si512(q[j], m4));
-            _mm512_store_si512(&buf->q[b][j + 4], _mm512_and_si512(_mm512_srli_epi32(q[j], 4), m4));
-        }
+        pk_pack_quads(buf, b, base + qoff, rb, f != PK_Q8_0, flip);
     }
     return 1;
 }
@@ -762,7 +770,6 @@ AVX512_INLINE int pk_pack_direct_mlx(const cpu_weight *w, int64_t g, int64_t c0,
     if (f != PK_MLX4 && f != PK_MLX8) return 0;
     const int bytes = f == PK_MLX4 ? 16 : 32;
     int64_t rb = cpu_weight_row_bytes(w), ng = w->k / w->group_size, bpg = w->group_size / 32;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
     const uint8_t *base = (const uint8_t *)w->data + g * rb + c0 * bytes;
     float sc[PK_ROWS], bi[PK_ROWS];
     for (int b = 0; b < cb; b++, base += bytes) {
@@ -775,21 +782,7 @@ AVX512_INLINE int pk_pack_direct_mlx(const cpu_weight *w, int64_t g, int64_t c0,
             }
         _mm512_store_ps(buf->d[b], _mm512_loadu_ps(sc));
         _mm512_store_ps(buf->m[b], _mm512_loadu_ps(bi));
-        __m512i q[4];
-        pk_load16x4(base, rb, q);
-        if (f == PK_MLX8) {
-            #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) _mm512_store_si512(&buf->q[b][j], q[j]);
-            pk_load16x4(base + 16, rb, q);
-            #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) _mm512_store_si512(&buf->q[b][j + 4], q[j]);
-            continue;
-        }
-        #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            _mm512_store_si512(&buf->q[b][j], _mm512_and_si512(q[j], m4));
-            _mm512_store_si512(&buf->q[b][j + 4], _mm512_and_si512(_mm512_srli_epi32(q[j], 4), m4));
-        }
+        pk_pack_quads(buf, b, base, rb, f == PK_MLX4, _mm512_setzero_si512());
     }
     return 1;
 }

@@ -37,6 +37,13 @@ R1_INLINE __m512i r1_pair_q(const cpu_q8_block *b0, const cpu_q8_block *b1) {
                               _mm256_loadu_si256((const __m256i *)b1->q), 1);
 }
 
+/* A row's result: the 16 lanes of acc plus the 8 of accm (the mins' or biases' term). */
+R1_INLINE float r1_total(__m512 acc, __m256 accm) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
 /* ---- Q4_K: 144 bytes per 256 weights: f16 d, f16 dmin, 12 bytes of 6-bit scales sc_c and
  * mins m_c (c = 0..7), then 128 bytes where byte i of 32-byte chunk j holds element i of
  * sub-block 2j (low nibble) and of 2j + 1 (high). w = d * sc_c * q - dmin * m_c.
@@ -167,10 +174,7 @@ R1_INLINE void r1_rows_q45_k(const cpu_weight *w, int64_t n0, int64_t n1, const 
             __m512i p3 = _mm512_dpbusd_epi32(z, w3, a[sb].q[3]);
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r1_fold4(p0, p1, p2, p3)), _mm512_mul_ps(scale, a[sb].d), acc);
         }
-        __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
-        m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        y[n] = _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(m);
+        y[n] = r1_total(acc, accm);
     }
 }
 
@@ -362,13 +366,7 @@ R1_INLINE void r1_rows_q5(const cpu_weight *w, int64_t n0, int64_t n1, const cpu
             if (with_min)
                 accm = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm512_castsi512_si128(r1_words(z0, z1, z2, m_idx))), xs[g], accm);
         }
-        float m = 0.0f;
-        if (with_min) {
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            m = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-        }
-        y[n] = _mm512_reduce_add_ps(acc) + m;
+        y[n] = with_min ? r1_total(acc, accm) : _mm512_reduce_add_ps(acc);
     }
 }
 
@@ -399,6 +397,45 @@ R1_INLINE __m256 r1_sb8(tensor_dtype t, const void *base, int64_t i, __mmask8 m)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); /* bf16 */
 }
 
+/* The per-group (scale, bias) side of the MLX kernels: lane l of the folded sums belongs to
+ * block lane_blk[l] of the 8, which lies in group lane_blk[l] / bpg of the window. */
+typedef struct r1_mlx_sb {
+    __m512i lidx;   /* each folded lane's group in the window */
+    __m256i bidx;   /* each block's group in the window */
+    __mmask8 gm;    /* the window's groups: 8 / bpg */
+    int gpo;        /* groups per 8 blocks */
+    int64_t gpr;    /* groups per row */
+} r1_mlx_sb;
+
+R1_INLINE r1_mlx_sb r1_mlx_sb_init(const cpu_weight *w, const int *lane_blk) {
+    int bpg = (int)(w->group_size / 32);
+    int32_t li[16], bi[8];
+    for (int l = 0; l < 16; l++) li[l] = lane_blk[l] / bpg;
+    for (int b = 0; b < 8; b++) bi[b] = b / bpg;
+    return (r1_mlx_sb){_mm512_loadu_si512((const void *)li), _mm256_loadu_si256((const __m256i *)bi),
+                       (__mmask8)((1u << (8 / bpg)) - 1), 8 / bpg, w->k / w->group_size};
+}
+
+/* dx * sum(x) of each block of ng groups of eight, for the biases. */
+R1_INLINE void r1_mlx_xs(const cpu_q8_block *x, int64_t ng, __m256 *xs) {
+    for (int64_t g = 0; g < ng; g++) {
+        float v[8];
+        for (int b = 0; b < 8; b++) v[b] = x[g * 8 + b].d * (float)(x[g * 8 + b].sum16[0] + x[g * 8 + b].sum16[1]);
+        xs[g] = _mm256_loadu_ps(v);
+    }
+}
+
+/* Window g of row n: acc += the folded integer sums (exact) * scale * dx, accm += bias * xs. */
+R1_INLINE void r1_mlx_group(const cpu_weight *w, const r1_mlx_sb *sb, int64_t n, int64_t g, __m512i folded, __m512 dx,
+                            __m256 xs, __m512 *acc, __m256 *accm) {
+    int64_t gi = n * sb->gpr + g * sb->gpo;
+    __m256 s8 = r1_sb8(w->sb_dtype, w->scales, gi, sb->gm), b8 = r1_sb8(w->sb_dtype, w->biases, gi, sb->gm);
+    __m512 sc = _mm512_permutexvar_ps(sb->lidx, _mm512_castps256_ps512(s8));
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(folded), _mm512_mul_ps(sc, dx), *acc);
+    *accm = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(b8, sb->bidx), xs, *accm);
+}
+
+
 /* Eight activation blocks staged for 64-byte weight loads: e[h] / o[h] hold the even / odd
  * 16 values of blocks 4h .. 4h + 3 (the first / second half of each even-odd block), so
  * the low and high nibbles of 64 weight bytes (four blocks) meet them as they load. Lane
@@ -413,10 +450,9 @@ R1_INLINE int r1_mlx_blk(int l) { return 4 * ((l % 4) / 2) + l / 4; }
 __attribute__((target(R1_TARGET))) static void r1_rows_mlx4(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     const cpu_q8_block *x = xv;
-    int64_t nb = w->k / 32, ng = nb / 8, rb = w->k / 2, gpr = w->k / w->group_size;
-    int bpg = (int)(w->group_size / 32), gpo = 8 / bpg; /* blocks per group, groups per 8 blocks */
+    int64_t ng = w->k / 256, rb = w->k / 2;
     r1_mlx_act a[R1_MAX_SB];
-    __m256 xs[R1_MAX_SB]; /* dx * sum(x) of each block, for the biases */
+    __m256 xs[R1_MAX_SB];
     if (n0 >= n1) return;
     for (int64_t g = 0; g < ng; g++) {
         const cpu_q8_block *xb = x + g * 8;
@@ -429,22 +465,17 @@ __attribute__((target(R1_TARGET))) static void r1_rows_mlx4(const cpu_weight *w,
             a[g].e[h] = _mm512_loadu_si512((const void *)e);
             a[g].o[h] = _mm512_loadu_si512((const void *)o);
         }
-        float d[16], v[8];
+        float d[16];
         for (int l = 0; l < 16; l++) d[l] = xb[r1_mlx_blk(l)].d;
-        for (int b = 0; b < 8; b++) v[b] = xb[b].d * (float)(xb[b].sum16[0] + xb[b].sum16[1]);
         a[g].d = _mm512_loadu_ps(d);
-        xs[g] = _mm256_loadu_ps(v);
     }
-    int32_t li[16], bi[8];
-    for (int l = 0; l < 16; l++) li[l] = r1_mlx_blk(l) / bpg;
-    for (int b = 0; b < 8; b++) bi[b] = b / bpg;
-    const __m512i lidx = _mm512_loadu_si512((const void *)li);
-    const __m256i bidx = _mm256_loadu_si256((const __m256i *)bi);
-    const __mmask8 gm = (__mmask8)((1u << gpo) - 1);
+    r1_mlx_xs(x, ng, xs);
+    int lane_blk[16];
+    for (int l = 0; l < 16; l++) lane_blk[l] = r1_mlx_blk(l);
+    const r1_mlx_sb sb = r1_mlx_sb_init(w, lane_blk);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = (const uint8_t *)w->data + n * rb;
-        int64_t gi = n * gpr;
         __m512 acc = _mm512_setzero_ps();
         __m256 accm = _mm256_setzero_ps();
         for (int64_t g = 0; g < ng; g++) {
@@ -455,75 +486,20 @@ __attribute__((target(R1_TARGET))) static void r1_rows_mlx4(const cpu_weight *w,
             __m512i q1 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4), a[g].o[0]);
             __m512i q2 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(z1, m4), a[g].e[1]);
             __m512i q3 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4), a[g].o[1]);
-            __m256 s8 = r1_sb8(w->sb_dtype, w->scales, gi + g * gpo, gm);
-            __m256 b8 = r1_sb8(w->sb_dtype, w->biases, gi + g * gpo, gm);
             /* half-block sums <= 16 x 15 x 127: exact */
-            __m512 sc = _mm512_permutexvar_ps(lidx, _mm512_castps256_ps512(s8));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r1_fold4(q0, q1, q2, q3)), _mm512_mul_ps(sc, a[g].d), acc);
-            accm = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(b8, bidx), xs[g], accm);
+            r1_mlx_group(w, &sb, n, g, r1_fold4(q0, q1, q2, q3), a[g].d, xs[g], &acc, &accm);
         }
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        y[n] = _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-    }
-}
-
-/* MLX affine 8-bit: 32 bytes per block, the unsigned q as stored (w = scale * q + bias); a
- * zmm holds two blocks in element order against in-order activations (CPU_ACT_Q8), folded
- * as Q8_0's (r1_oct_act, no offset), scales and biases as for 4-bit. */
-__attribute__((target(R1_TARGET))) static void r1_rows_mlx8(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
-                                                            float *y) {
-    const cpu_q8_block *x = xv;
-    int64_t nb = w->k / 32, ng = nb / 8, rb = w->k, gpr = w->k / w->group_size;
-    int bpg = (int)(w->group_size / 32), gpo = 8 / bpg;
-    r1_oct_act a[R1_MAX_SB];
-    __m256 xs[R1_MAX_SB];
-    if (n0 >= n1) return;
-    r1_oct_prepare(x, ng, 0, a);
-    for (int64_t g = 0; g < ng; g++) {
-        float v[8];
-        for (int b = 0; b < 8; b++) v[b] = x[g * 8 + b].d * (float)(x[g * 8 + b].sum16[0] + x[g * 8 + b].sum16[1]);
-        xs[g] = _mm256_loadu_ps(v);
-    }
-    int32_t li[16], bi[8];
-    for (int l = 0; l < 16; l++) li[l] = r1_fold_blk[l] / bpg;
-    for (int b = 0; b < 8; b++) bi[b] = b / bpg;
-    const __m512i lidx = _mm512_loadu_si512((const void *)li);
-    const __m256i bidx = _mm256_loadu_si256((const __m256i *)bi);
-    const __mmask8 gm = (__mmask8)((1u << gpo) - 1);
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *row = (const uint8_t *)w->data + n * rb;
-        int64_t gi = n * gpr;
-        __m512 acc = _mm512_setzero_ps();
-        __m256 accm = _mm256_setzero_ps();
-        for (int64_t g = 0; g < ng; g++) {
-            const uint8_t *p = row + g * 256;
-            __m512i q[4];
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++)
-                q[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)(p + 64 * i)),
-                                           a[g].q[i]);
-            __m256 s8 = r1_sb8(w->sb_dtype, w->scales, gi + g * gpo, gm);
-            __m256 b8 = r1_sb8(w->sb_dtype, w->biases, gi + g * gpo, gm);
-            /* half-block sums <= 16 x 255 x 127 < 2^20: exact */
-            __m512 sc = _mm512_permutexvar_ps(lidx, _mm512_castps256_ps512(s8));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r1_fold4(q[0], q[1], q[2], q[3])), _mm512_mul_ps(sc, a[g].d), acc);
-            accm = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(b8, bidx), xs[g], accm);
-        }
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        y[n] = _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        y[n] = r1_total(acc, accm);
     }
 }
 
 /* MLX affine 2, 3 and 6 bits (the formats with no other fast kernel: before this, the
  * scalar reference at ~0.1-0.2 GB/s). Element j of a row sits at bits [j b, (j + 1) b) of
  * its little-endian bit stream, so the 8 elements 8L .. 8L + 7 of a block are exactly bytes
- * [L b, L b + b) of it: 128-bit lane L of a zmm takes 16 bytes from there, one in-lane byte
- * shuffle puts the two bytes holding element i in 16-bit word i (the same control in every
- * lane), a per-word shift and mask leave the element, and vpmovwb packs the block's 32
- * values in element order. Then as MLX 8-bit: in-order activations, two blocks per
- * vpdpbusd, eight folded, group scales and biases per row. */
+ * [L b, L b + b) of it: 128-bit lane L of a zmm takes those bytes, one in-lane byte shuffle
+ * puts the two bytes holding element i in 16-bit word i (the same control in every lane),
+ * a per-word shift and mask leave the element, and vpmovwb packs the block's 32 values in
+ * element order; r1_rows_mlx_oct below then runs them as MLX 8-bit. */
 R1_INLINE __m256i r1_mlxb_block(const uint8_t *p, int b, __m512i ctl, __m512i sh, __m512i mask) {
     /* only the lane's b bytes (masked loads: nothing read past the row; a word's second
      * byte past them reads 0, whose bits the mask drops) */
@@ -535,21 +511,18 @@ R1_INLINE __m256i r1_mlxb_block(const uint8_t *p, int b, __m512i ctl, __m512i sh
     return _mm512_cvtepi16_epi8(_mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_epi8(z, ctl), sh), mask));
 }
 
-__attribute__((target(R1_TARGET))) static void r1_rows_mlxb(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
-                                                            float *y) {
-    const cpu_q8_block *x = xv;
+/* MLX affine 8-bit (32 bytes per block, the unsigned q as stored) and 2/3/6-bit (unpacked
+ * by r1_mlxb_block): a zmm holds two blocks in element order against in-order activations
+ * (CPU_ACT_Q8), folded as Q8_0's (r1_oct_act, no offset). */
+R1_INLINE void r1_rows_mlx_oct(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y) {
     const int b = w->bits;
-    int64_t nb = w->k / 32, ng = nb / 8, rb = w->k * b / 8, gpr = w->k / w->group_size;
-    int bpg = (int)(w->group_size / 32), gpo = 8 / bpg;
+    int64_t ng = w->k / 256, rb = w->k * b / 8;
     r1_oct_act a[R1_MAX_SB];
     __m256 xs[R1_MAX_SB];
     if (n0 >= n1) return;
     r1_oct_prepare(x, ng, 0, a);
-    for (int64_t g = 0; g < ng; g++) {
-        float v[8];
-        for (int j = 0; j < 8; j++) v[j] = x[g * 8 + j].d * (float)(x[g * 8 + j].sum16[0] + x[g * 8 + j].sum16[1]);
-        xs[g] = _mm256_loadu_ps(v);
-    }
+    r1_mlx_xs(x, ng, xs);
+    const r1_mlx_sb sb = r1_mlx_sb_init(w, r1_fold_blk);
     int8_t ctl[64];
     int16_t shv[32];
     for (int l = 0; l < 4; l++)
@@ -559,15 +532,8 @@ __attribute__((target(R1_TARGET))) static void r1_rows_mlxb(const cpu_weight *w,
         }
     const __m512i vctl = _mm512_loadu_si512((const void *)ctl), vsh = _mm512_loadu_si512((const void *)shv);
     const __m512i vmask = _mm512_set1_epi16((short)((1 << b) - 1));
-    int32_t li[16], bi[8];
-    for (int l = 0; l < 16; l++) li[l] = r1_fold_blk[l] / bpg;
-    for (int j = 0; j < 8; j++) bi[j] = j / bpg;
-    const __m512i lidx = _mm512_loadu_si512((const void *)li);
-    const __m256i bidx = _mm256_loadu_si256((const __m256i *)bi);
-    const __mmask8 gm = (__mmask8)((1u << gpo) - 1);
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = (const uint8_t *)w->data + n * rb;
-        int64_t gi = n * gpr;
         __m512 acc = _mm512_setzero_ps();
         __m256 accm = _mm256_setzero_ps();
         for (int64_t g = 0; g < ng; g++) {
@@ -575,22 +541,28 @@ __attribute__((target(R1_TARGET))) static void r1_rows_mlxb(const cpu_weight *w,
             __m512i q[4];
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
-                __m256i lo = r1_mlxb_block(p + 8 * i * b, b, vctl, vsh, vmask);
-                __m256i hi = r1_mlxb_block(p + (8 * i + 4) * b, b, vctl, vsh, vmask);
-                q[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                           _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), a[g].q[i]);
+                __m512i z;
+                if (b == 8) z = _mm512_loadu_si512((const void *)(p + 64 * i));
+                else
+                    z = _mm512_inserti64x4(_mm512_castsi256_si512(r1_mlxb_block(p + 8 * i * b, b, vctl, vsh, vmask)),
+                                           r1_mlxb_block(p + (8 * i + 4) * b, b, vctl, vsh, vmask), 1);
+                q[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z, a[g].q[i]);
             }
-            __m256 s8 = r1_sb8(w->sb_dtype, w->scales, gi + g * gpo, gm);
-            __m256 b8 = r1_sb8(w->sb_dtype, w->biases, gi + g * gpo, gm);
-            /* half-block sums <= 16 x 63 x 127: exact */
-            __m512 sc = _mm512_permutexvar_ps(lidx, _mm512_castps256_ps512(s8));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r1_fold4(q[0], q[1], q[2], q[3])), _mm512_mul_ps(sc, a[g].d), acc);
-            accm = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(b8, bidx), xs[g], accm);
+            /* half-block sums <= 16 x 255 x 127 < 2^20: exact */
+            r1_mlx_group(w, &sb, n, g, r1_fold4(q[0], q[1], q[2], q[3]), a[g].d, xs[g], &acc, &accm);
         }
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        y[n] = _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        y[n] = r1_total(acc, accm);
     }
+}
+
+__attribute__((target(R1_TARGET))) static void r1_rows_mlx8(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                            float *y) {
+    r1_rows_mlx_oct(w, n0, n1, xv, y);
+}
+
+__attribute__((target(R1_TARGET))) static void r1_rows_mlxb(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                            float *y) {
+    r1_rows_mlx_oct(w, n0, n1, xv, y);
 }
 
 /* The one-row MLX kernels take these weights (K in whole groups of 256). */

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 
 GROUP = 64
+BITS = int(os.environ.get("MLX_BITS", "4"))  # MLX_BITS=2|3|4|6|8 for the CPU kernels' other widths
 SHAPES = {
     "llama": dict(arch="LlamaForCausalLM", model_type="llama", vocab=128256, hidden=4096, ffn=14336, layers=32,
                   heads=32, kv_heads=8, head_dim=128, qk_norm=False,
@@ -40,13 +41,16 @@ def bf16_bytes(a):
 
 
 def quantized(rng, n, k):
-    """(words, scales, biases) bytes of a random 4-bit [n, k] matrix."""
-    words = rng.bytes(n * k // 2)
+    """(words, scales, biases) bytes of a random BITS-bit [n, k] matrix."""
+    words = rng.bytes(n * k * BITS // 8)
     g = n * (k // GROUP)
-    # q uniform in 0..15 has mean 7.5 and std 4.61: s = 0.02 / 4.61 gives std 0.02; the
-    # bias centres it; a +-50% jitter per group keeps groups distinct
-    s = (0.02 / 4.61) * (0.5 + rng.random(g, dtype=np.float32))
-    return words, bf16_bytes(s), bf16_bytes(-7.5 * s)
+    # q uniform in 0..L (L = 2^BITS - 1) has mean L/2 and std ~L/3.46 (4-bit: 7.5 and 4.61):
+    # s = 0.02 / std gives std 0.02; the bias centres it; a +-50% jitter per group keeps
+    # groups distinct
+    top = (1 << BITS) - 1
+    std = ((top + 1) ** 2 - 1) ** 0.5 / 12 ** 0.5
+    s = (0.02 / std) * (0.5 + rng.random(g, dtype=np.float32))
+    return words, bf16_bytes(s), bf16_bytes(-top / 2 * s)
 
 
 def main(shape, out, tok_dir):
@@ -75,7 +79,7 @@ def main(shape, out, tok_dir):
 
     for name, n, k in mats:
         w, s, b = quantized(rng, n, k)
-        add(name + ".weight", "U32", [n, k // 8], w)
+        add(name + ".weight", "U32", [n, k * BITS // 32], w)
         add(name + ".scales", "BF16", [n, k // GROUP], s)
         add(name + ".biases", "BF16", [n, k // GROUP], b)
     for name, n in norms:
@@ -87,7 +91,7 @@ def main(shape, out, tok_dir):
         fh.write(hj)
         for blob in blobs:
             fh.write(blob)
-    q = {"group_size": GROUP, "bits": 4, "mode": "affine"}
+    q = {"group_size": GROUP, "bits": BITS, "mode": "affine"}
     cfg = {"architectures": [c["arch"]], "model_type": c["model_type"], "vocab_size": c["vocab"], "hidden_size": h,
            "intermediate_size": f, "num_hidden_layers": c["layers"], "num_attention_heads": c["heads"],
            "num_key_value_heads": c["kv_heads"], "head_dim": d, "max_position_embeddings": 40960,

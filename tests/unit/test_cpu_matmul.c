@@ -356,6 +356,13 @@ static void test_prefill_tiles_long_k(void **state) {
         int64_t k = (2080 + (int64_t)(rnd() % 800)) / be * be + be;
         check_case_ts(&cases[i], 37 + 2 * (int64_t)(rnd() % 20), k, Ts, 4);
     }
+    /* MLX 2/3/6-bit: fast only at K in groups of 256 (the one-row kernel below 17 tokens, the
+     * packed GEMM from there): 72-96 blocks, a partial last chunk */
+    static const wcase narrow[] = {{"mlx3_g64", DT_U32, 3, 64, DT_F16},
+                                   {"mlx6_g32", DT_U32, 6, 32, DT_BF16},
+                                   {"mlx2_g128", DT_U32, 2, 128, DT_F32}};
+    for (size_t i = 0; i < sizeof narrow / sizeof narrow[0]; i++)
+        check_case_ts(&narrow[i], 37 + 2 * (int64_t)(rnd() % 20), 256 * (9 + (int64_t)(rnd() % 4)), Ts, 4);
 }
 
 /* The AVX2 k-quant kernels stage per-call activation terms on the stack for K up to 64

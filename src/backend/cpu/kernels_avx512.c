@@ -978,6 +978,8 @@ static int avx512_row1_decode(void) {
 
 int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
     if (w->dtype == DT_BF16 && cpu_avx512_bf16_kernel(w, out)) return 1; /* where the CPU has vdpbf16ps */
+    /* decode: the 512-bit one-row kernel (kernels_avx512_rows.c) wherever it takes w */
+    cpu_rows_fn r1 = avx512_row1_decode() == 1 ? cpu_avx512_rows1(w) : NULL;
     cpu_rows_fn f = NULL;
     cpu_tile_fn tile = NULL, small = NULL;
     switch (w->dtype) {
@@ -998,14 +1000,11 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
              * (pk_pack_direct_mlx): 1B-shaped MLX 4-bit, hearth bench --batch, aggregate
              * decode tok/s with the pair tiles below 17 -> below 6, two alternating runs:
              * B = 8 57 / 48 -> 81 / 68, B = 16 58 / 44 -> 96 / 94 */
-            cpu_rows_fn r = avx512_row1_decode() == 1 ? cpu_avx512_rows1(w) : NULL;
-            *out = (cpu_kernel){r ? r : avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_pk_mlx4, avx512_tile2_mlx4, 6};
+            *out = (cpu_kernel){r1 ? r1 : avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_pk_mlx4, avx512_tile2_mlx4, 6};
             return 1;
         }
-        if (w->bits == 8) {
-            cpu_rows_fn r = avx512_row1_decode() == 1 ? cpu_avx512_rows1(w) : NULL; /* one-row decode */
-            f = r ? r : avx512_rows2_mlx8, tile = avx512_pk_mlx8, small = avx512_tile2_mlx8;
-        } else if (w->bits != 4) { /* 2, 3, 6 bits: the one-row kernel, the packed GEMM from 17 tokens */
+        if (w->bits == 8) f = avx512_rows2_mlx8, tile = avx512_pk_mlx8, small = avx512_tile2_mlx8;
+        else { /* 2, 3, 6 bits: the one-row kernel, the packed GEMM from 17 tokens */
             cpu_rows_fn r = cpu_avx512_rows1(w);
             if (r) {
                 *out = (cpu_kernel){r, CPU_ACT_Q8, avx512_pk_mlxb, avx512_mlxb_tokens, MLXB_PACKED_FROM};
@@ -1022,23 +1021,16 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
      * 1B Q4_0 21.6 -> 28.2, 1B Q4_K_M 17.7 -> 26.1, SmolLM2-135M Q8_0 88.1 -> 141.1; the
      * four side-by-side row streams of a 4-row pass are what loses, as on Zen 3 (kernels_avx2.c).
      * Prefill keeps the 512-bit tiles (1B Q4_0 prefill 150 vs 106 tok/s with the AVX2 ones).
-     * Where kernels_avx512_rows.c has a 512-bit one-row kernel (Q8_0, Q4_K, Q6_K), that one.
+     * Where kernels_avx512_rows.c has a 512-bit one-row kernel (r1), that one.
      * HEARTH_CPU_DECODE=avx512 keeps these 4-row kernels for decode, =avx2vnni the 256-bit
      * one-row kernels for every format, =avx2 those without VNNI (A/B runs). */
     cpu_kernel a2;
-    if (avx512_row1_decode() && (w->dtype == DT_Q4_0 || w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ||
-                                 w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) &&
-        cpu_avx2_kernel(w, &a2) && a2.act == CPU_ACT_Q8) {
-        int mode = avx512_row1_decode(); /* 1 default, 2 avx2, 3 avx2vnni */
-        cpu_rows_fn r = mode == 1 ? cpu_avx512_rows1(w) : NULL;
-        if (!r && mode != 2) r = cpu_avx2_vnni_rows(w);
+    if (r1) f = r1;
+    else if (avx512_row1_decode() && (w->dtype == DT_Q4_0 || w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ||
+                                      w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) &&
+             cpu_avx2_kernel(w, &a2) && a2.act == CPU_ACT_Q8) {
+        cpu_rows_fn r = avx512_row1_decode() != 2 ? cpu_avx2_vnni_rows(w) : NULL; /* 1 default, 2 avx2, 3 avx2vnni */
         f = r ? r : a2.rows;
-    }
-    /* Q5_0 / Q5_1 / Q5_K have no 256-bit one-row kernel: the 512-bit one where K is whole
-     * groups of 256 (kernels_avx512_rows.c), else these 4-row kernels. */
-    if (avx512_row1_decode() == 1 && (w->dtype == DT_Q5_0 || w->dtype == DT_Q5_1 || w->dtype == DT_Q5_K)) {
-        cpu_rows_fn r = cpu_avx512_rows1(w);
-        if (r) f = r;
     }
     /* Q4_0 / Q4_1 / Q8_0 pack 16 rows straight from the weights (pk_pack_direct), so the
      * packed GEMM takes over from the pair tiles at a smaller T. bench/kernels/

@@ -100,6 +100,15 @@ static const int r1_oct_half[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7
 /* The block of each folded lane (r1_oct_half[l] / 2). */
 static const int r1_fold_blk[16] = {0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7};
 
+/* dx * sum(x) of each block of ng groups of eight, for the mins' or biases' term. */
+R1_INLINE void r1_block_xs(const cpu_q8_block *x, int64_t ng, __m256 *xs) {
+    for (int64_t g = 0; g < ng; g++) {
+        float v[8];
+        for (int b = 0; b < 8; b++) v[b] = x[g * 8 + b].d * (float)(x[g * 8 + b].sum16[0] + x[g * 8 + b].sum16[1]);
+        xs[g] = _mm256_loadu_ps(v);
+    }
+}
+
 /* Stages n groups of eight blocks; offset is the weights' stored offset (Q6_K 32, Q8_0 read
  * as unsigned 128). */
 R1_INLINE void r1_oct_prepare(const cpu_q8_block *x, int64_t n, int offset, r1_oct_act *a) {
@@ -330,15 +339,7 @@ R1_INLINE void r1_rows_q5(const cpu_weight *w, int64_t n0, int64_t n1, const cpu
     __m256 xs[R1_MAX_SB]; /* Q5_1: dx * sum(x) of each block, for the mins */
     if (n0 >= n1) return;
     r1_oct_prepare(x, ng, with_min ? 0 : 16, a);
-    if (with_min)
-        for (int64_t g = 0; g < ng; g++) {
-            float v[8];
-            for (int b = 0; b < 8; b++) {
-                const cpu_q8_block *xb = x + g * 8 + b;
-                v[b] = xb->d * (float)(xb->sum16[0] + xb->sum16[1]);
-            }
-            xs[g] = _mm256_loadu_ps(v);
-        }
+    if (with_min) r1_block_xs(x, ng, xs);
     /* the weights' f16 d in the folded lane order (block of lane l: r1_oct_half[l] / 2), and
      * the Q5_1 mins in block order, gathered from the group's bytes by word permutes (a
      * store-and-reload of eight 16-bit values stalled every group on the failed forwarding) */
@@ -416,15 +417,6 @@ R1_INLINE r1_mlx_sb r1_mlx_sb_init(const cpu_weight *w, const int *lane_blk) {
                        (__mmask8)((1u << (8 / bpg)) - 1), 8 / bpg, w->k / w->group_size};
 }
 
-/* dx * sum(x) of each block of ng groups of eight, for the biases. */
-R1_INLINE void r1_mlx_xs(const cpu_q8_block *x, int64_t ng, __m256 *xs) {
-    for (int64_t g = 0; g < ng; g++) {
-        float v[8];
-        for (int b = 0; b < 8; b++) v[b] = x[g * 8 + b].d * (float)(x[g * 8 + b].sum16[0] + x[g * 8 + b].sum16[1]);
-        xs[g] = _mm256_loadu_ps(v);
-    }
-}
-
 /* Window g of row n: acc += the folded integer sums (exact) * scale * dx, accm += bias * xs. */
 R1_INLINE void r1_mlx_group(const cpu_weight *w, const r1_mlx_sb *sb, int64_t n, int64_t g, __m512i folded, __m512 dx,
                             __m256 xs, __m512 *acc, __m256 *accm) {
@@ -469,7 +461,7 @@ __attribute__((target(R1_TARGET))) static void r1_rows_mlx4(const cpu_weight *w,
         for (int l = 0; l < 16; l++) d[l] = xb[r1_mlx_blk(l)].d;
         a[g].d = _mm512_loadu_ps(d);
     }
-    r1_mlx_xs(x, ng, xs);
+    r1_block_xs(x, ng, xs);
     int lane_blk[16];
     for (int l = 0; l < 16; l++) lane_blk[l] = r1_mlx_blk(l);
     const r1_mlx_sb sb = r1_mlx_sb_init(w, lane_blk);
@@ -521,7 +513,7 @@ R1_INLINE void r1_rows_mlx_oct(const cpu_weight *w, int64_t n0, int64_t n1, cons
     __m256 xs[R1_MAX_SB];
     if (n0 >= n1) return;
     r1_oct_prepare(x, ng, 0, a);
-    r1_mlx_xs(x, ng, xs);
+    r1_block_xs(x, ng, xs);
     const r1_mlx_sb sb = r1_mlx_sb_init(w, r1_fold_blk);
     int8_t ctl[64];
     int16_t shv[32];

@@ -5,8 +5,9 @@
  * GEMV_BENCH_FORMATS=Q4_K,Q8_0 (format names) times only those formats. With
  * HEARTH_CUDA_GEMV=v2 each Q8_0 / Q4_K / Q6_K shape is timed twice in the same run, the
  * default kernels ("path": "v1") then the v2 ones ("v2", cuda_gemv_v2.cu). Likewise for the
- * MLX 4-bit (U32) shapes with HEARTH_CUDA_MLX4=v2 or GEMV_BENCH_FORMATS=mlx4 (which times
- * only U32): "v1" the float-activation tiled kernel, "v2" cuda_gemv_mlx4.cu. The int8 rows
+ * MLX 4-bit (U32) shapes, three times, whenever U32 is timed (GEMV_BENCH_FORMATS=mlx4 times
+ * only U32): "v1" the float-activation tiled kernel, "v2" gemv_v2_mlx4 on the tiled layout,
+ * "v3" gemv_v3_mlx4 on the chunked layout (cuda_gemv_mlx4.cu). The int8 rows
  * include their activation quantizer launch, as a decode step's unfused GEMV does. */
 #include "backend/cpu/matmul.h"
 #include "backend/cuda/cuda_backend.h"
@@ -125,7 +126,7 @@ int main(int argc, char **argv) {
     const char *only = getenv("GEMV_BENCH_FORMATS");
     static const tensor_dtype formats[] = {DT_BF16, DT_F16, DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_U32};
     int ab = cuda_gemv_v2_on();                                        /* HEARTH_CUDA_GEMV=v2: v1 and v2 rows */
-    int ab_mlx4 = cuda_mlx4_v2_on() || (only && strstr(only, "mlx4")); /* the same for U32 */
+    int ab_mlx4 = 1; /* U32: every MLX 4-bit path */
     printf("%-6s %-4s %-12s %8s %8s %10s %9s %8s\n", "format", "path", "shape", "MB", "copies", "us/gemv", "GB/s",
            "of copy");
     int first = 1;
@@ -147,11 +148,11 @@ int main(int argc, char **argv) {
                 w.scales = sb, w.biases = sb + n * (k / 64);
             }
             int mlx4 = t == DT_U32 && ab_mlx4;
-            int paths = mlx4 || (ab && (t == DT_Q8_0 || t == DT_Q4_K || t == DT_Q6_K)) ? 2 : 1;
+            int paths = mlx4 ? 3 : (ab && (t == DT_Q8_0 || t == DT_Q4_K || t == DT_Q6_K)) ? 2 : 1;
             for (int path = 0; path < paths; path++) {
                 if (mlx4) cuda_mlx4_v2_force(path);
                 else if (paths == 2) cuda_gemv_v2_force(path); /* before the upload: v2 packs Q4_K scales */
-                const char *pname = paths == 2 ? (path ? "v2" : "v1") : "-";
+                const char *pname = paths >= 2 ? (path == 2 ? "v3" : path ? "v2" : "v1") : "-";
                 /* Enough copies that one rotation is >= 512 MB (~8x the 60 MB L2). */
                 int copies = (int)((512ull << 20) / hb) + 1;
                 if (copies > 16) copies = 16;

@@ -335,16 +335,21 @@ static void test_dequant(void **state) {
         }
         check_dequant(DT_Q6_K, 37, 512, 0);
         check_dequant(DT_Q6_K, 3, 4352, 0);
-        /* MLX 4-bit: tiled (k % 1024 == 0: the flat tiled kernel) and not; groups 64 and 32;
-         * bf16 and f16 scales */
-        static const int groups[] = {64, 32};
-        static const tensor_dtype sbs[] = {DT_BF16, DT_F16};
-        for (int gi = 0; gi < 2; gi++) {
-            mlx_group = groups[gi], mlx_sb = sbs[gi];
-            check_dequant(DT_U32, 37, 2048, 0);
-            check_dequant(DT_U32, 5, 3072, 0);
-            check_dequant(DT_U32, 3, 640, 0);
+        /* MLX 4-bit: k % 1024 == 0 in the tiled layout (mode v2: the flat tiled kernel) and
+         * the chunked one (mode v3: its own kernel), and k % 1024 != 0 (MLX's order); groups
+         * 64, 32 and 128; bf16 and f16 scales */
+        static const int groups[] = {64, 32, 128};
+        static const tensor_dtype sbs[] = {DT_BF16, DT_F16, DT_BF16};
+        for (int mode = 1; mode <= 2; mode++) {
+            cuda_mlx4_v2_force(mode);
+            for (int gi = 0; gi < 3; gi++) {
+                mlx_group = groups[gi], mlx_sb = sbs[gi];
+                check_dequant(DT_U32, 37, 2048, 0);
+                check_dequant(DT_U32, 5, 3072, 0);
+                check_dequant(DT_U32, 3, 640, 0);
+            }
         }
+        cuda_mlx4_v2_force(-1);
         mlx_group = 64, mlx_sb = DT_BF16;
     }
     cuda_gemm_force(-1, -1);
@@ -744,8 +749,9 @@ static void test_mmq(void **state) {
     cuda_mmq_force(-1); /* back to HEARTH_CUDA_MMQ as set */
 }
 
-/* HEARTH_CUDA_MLX4=v2 (forced with cuda_mlx4_v2_force): MLX 4-bit weights in the tiled
- * layout (k % 1024 == 0) take int8 activations and gemv_v2_mlx4 (cuda_gemv_mlx4.cu).
+/* HEARTH_CUDA_MLX4=v2 and v3 (forced with cuda_mlx4_v2_force): MLX 4-bit weights with k %
+ * 1024 == 0, in the tiled layout (v2) or the chunked one (v3), take int8 activations and
+ * gemv_v2_mlx4 or gemv_v3_mlx4 (cuda_gemv_mlx4.cu); every check below runs for both.
  * Oracle and tolerance are test_gemv's for int8 activations (verify_gemv: x̂ by
  * cpu_quantize_row_ref and the scalar CPU reference on it, float summation bound with
  * max|w| + max|bias| per term, plus 2·max|w|·max d for an element one int8 step off).
@@ -754,9 +760,8 @@ static void test_mmq(void **state) {
  * of 32 and 64 (and 128, which it takes too), bf16 and f16 pairs; T = 1..9 (5, 6, 7, 9 run
  * as chunks 4 + 1, 4 + 2, 4 + 3, 8 + 1). Then: k % 1024 != 0 keeps the float kernels, a
  * row among 13 equals itself alone bit for bit, and the PDL chain. */
-static void test_gemv_mlx4_v2(void **state) {
-    (void)state;
-    cuda_mlx4_v2_force(1);
+static void check_gemv_mlx4_mode(int mode) {
+    cuda_mlx4_v2_force(mode);
     static const struct { int gs; tensor_dtype sb; int64_t n, k; } shapes[] = {
         {64, DT_BF16, 1, 1024},   {64, DT_BF16, 37, 4096},  {64, DT_F16, 1023, 4096}, {64, DT_BF16, 37, 14336},
         {32, DT_BF16, 37, 1024},  {32, DT_F16, 37, 5120},   {32, DT_BF16, 1023, 4096}, {32, DT_F16, 5, 14336},
@@ -771,6 +776,7 @@ static void test_gemv_mlx4_v2(void **state) {
         cuda_weight dw;
         assert_int_equal(cuda_weight_upload(&dw, &w, "mlx4 v2", &e), HEARTH_OK);
         assert_int_equal(cuda_mlx4_v2_takes(&dw), 1); /* else the checks below test the float kernels */
+        assert_int_equal(dw.mlx_tiled, mode);        /* the layout of the mode's kernel */
         assert_int_equal(cuda_gemv_int8_act(&dw), 1);
         cuda_weight_free(&dw);
         free(host);
@@ -799,6 +805,11 @@ static void test_gemv_mlx4_v2(void **state) {
     for (int pdl = pdl_capable; pdl >= 0; pdl--) /* PDL on: T = 1; off: T = 3 */
         check_chain(DT_U32, 2048, 4096, pdl ? 1 : 3, pdl);
     cuda_mlx4_v2_force(-1); /* back to HEARTH_CUDA_MLX4 as set */
+}
+
+static void test_gemv_mlx4_v2(void **state) {
+    (void)state;
+    for (int mode = 1; mode <= 2; mode++) check_gemv_mlx4_mode(mode);
 }
 
 /* The prefill path: cuda_matmul with T >= 9 dequantizes into the GEMM scratch and calls

@@ -73,7 +73,7 @@ typedef struct cuda_weight {
     void *scales;   /* Q8_0: f16 scales; MLX: (scale, bias) pairs */
     int group_size; /* MLX only */
     int sb_bf16;    /* MLX only: the pairs are bf16 (else f16) */
-    int mlx_tiled;  /* MLX only: nibbles permuted per 1024-weight tile (cuda_mlx4_nibble) */
+    int mlx_tiled;  /* MLX only: the nibble layout, 0 / 1 tiled / 2 chunked (cuda_mlx4_nibble) */
     int q4k_packed; /* Q4_K only: scale/min bytes rearranged (cuda_q4k_scale_min) */
     size_t bytes;   /* device bytes read by one GEMV (data + scales) */
 } cuda_weight;
@@ -81,17 +81,19 @@ typedef struct cuda_weight {
 /* Q4_K sub-block j < 8 scale s and min m (6 bits each) from the 12 bytes at offset 4 of a
  * super-block. GGUF order (packed = 0): j < 4 in the low 6 bits of bytes j / j + 4, j >= 4
  * split over byte j + 4 and the top 2 bits of bytes j - 4 / j. Packed order (the device
- * layout with q4k_packed): little-endian words w0 = nibble j holds s_j & 15, w1 = nibble j
- * holds m_j & 15, w2 = bits 2j..2j+1 hold s_j >> 4 and bits 16+2j.. hold m_j >> 4, so a
- * lane's two sub-blocks 2c, 2c+1 come from byte c of w0 / w1 and nibbles c, c + 4 of w2. */
+ * layout with q4k_packed): the 24 bits G_c = s_2c | s_2c+1 << 6 | m_2c << 12 | m_2c+1 << 18
+ * of chunk c (sub-blocks 2c, 2c + 1) are bytes c, 4 + c and 8 + c, i.e. byte c of each
+ * little-endian word w0, w1, w2: a lane working on chunk c gathers its G with two byte
+ * permutes (cuda_q4k_group_dev) and takes each field with a shift and a mask. */
 #ifdef __CUDACC__
 __host__ __device__
 #endif
 static inline void cuda_q4k_scale_min(const uint8_t *sc, int j, int packed, int *s, int *m) {
     if (packed) {
-        uint32_t w2 = (uint32_t)sc[8] | (uint32_t)sc[9] << 8 | (uint32_t)sc[10] << 16 | (uint32_t)sc[11] << 24;
-        *s = (int)(((sc[j / 2] >> (4 * (j % 2))) & 0xF) | (((w2 >> (2 * j)) & 3) << 4));
-        *m = (int)(((sc[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((w2 >> (16 + 2 * j)) & 3) << 4));
+        int c = j / 2, sh = 6 * (j % 2);
+        uint32_t g = (uint32_t)sc[c] | (uint32_t)sc[4 + c] << 8 | (uint32_t)sc[8 + c] << 16;
+        *s = (int)((g >> sh) & 63);
+        *m = (int)((g >> (12 + sh)) & 63);
     } else if (j < 4) {
         *s = sc[j] & 63;
         *m = sc[j + 4] & 63;
@@ -101,20 +103,31 @@ static inline void cuda_q4k_scale_min(const uint8_t *sc, int j, int packed, int 
     }
 }
 
+#ifdef __CUDACC__
+/* G_c of a packed-order header loaded as a uint4 (x: d and dmin; y, z, w: w0, w1, w2). */
+static __device__ __forceinline__ uint32_t cuda_q4k_group_dev(uint4 hdr, int c) {
+    uint32_t t = __byte_perm(hdr.y, hdr.z, (unsigned)(c | (4 + c) << 4));
+    return __byte_perm(t, hdr.w, (unsigned)(0x10 | (4 + c) << 8));
+}
+#endif
+
 /* The 12 scale/min bytes of one super-block, GGUF order -> packed order (in may be out). */
 #ifdef __CUDACC__
 __host__ __device__
 #endif
 static inline void cuda_q4k_pack12(const uint8_t *in, uint8_t *out) {
-    uint32_t w[3] = {0, 0, 0};
-    for (int j = 0; j < 8; j++) {
-        int s, m;
-        cuda_q4k_scale_min(in, j, 0, &s, &m);
-        w[0] |= (uint32_t)(s & 15) << (4 * j);
-        w[1] |= (uint32_t)(m & 15) << (4 * j);
-        w[2] |= (uint32_t)(s >> 4) << (2 * j) | (uint32_t)(m >> 4) << (16 + 2 * j);
+    uint32_t g[4];
+    for (int c = 0; c < 4; c++) {
+        int s0, m0, s1, m1;
+        cuda_q4k_scale_min(in, 2 * c, 0, &s0, &m0);
+        cuda_q4k_scale_min(in, 2 * c + 1, 0, &s1, &m1);
+        g[c] = (uint32_t)s0 | (uint32_t)s1 << 6 | (uint32_t)m0 << 12 | (uint32_t)m1 << 18;
     }
-    for (int i = 0; i < 12; i++) out[i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+    for (int c = 0; c < 4; c++) {
+        out[c] = (uint8_t)g[c];
+        out[4 + c] = (uint8_t)(g[c] >> 8);
+        out[8 + c] = (uint8_t)(g[c] >> 16);
+    }
 }
 
 /* Default (validated on the H200, 2026-12-01: 287.7 vs 260.1 tok/s on the 8B Q4_K_M): Q4_K
@@ -137,25 +150,39 @@ int cuda_gemv_v2_on(void);
 void cuda_gemv_v2_force(int mode);
 int cuda_gemv_v2_takes(const cuda_weight *w);
 
-/* By default (HEARTH_CUDA_MLX4=v1: float activations and gemv_mlx4 / gemv_mlx4_tiled instead)
- * MLX 4-bit weights stored tiled (k % 1024 == 0) with power-of-two groups >= 32 (MLX's 32,
- * 64, 128) take int8 activations (cuda_gemv_int8_act's contract) and the v2 GEMV of
- * cuda_gemv_mlx4.cu; the others keep the float kernels. cuda_mlx4_v2_on: whether the
- * variable (or the force) leaves v2 on; cuda_mlx4_v2_force(1 / 0) forces it on / off (tests,
- * gemv_bench), -1 re-reads the variable; cuda_mlx4_v2_takes: whether w goes to it now. */
+/* MLX 4-bit weights with k % 1024 == 0 and power-of-two groups >= 32 (MLX's 32, 64, 128)
+ * take int8 activations (cuda_gemv_int8_act's contract) and a GEMV of cuda_gemv_mlx4.cu;
+ * the others keep the float kernels. The mode (HEARTH_CUDA_MLX4) also picks the device
+ * layout at upload (cuda_mlx4_nibble): v3 (the default) the chunked layout and gemv_v3_mlx4,
+ * v2 the tiled layout and gemv_v2_mlx4, v1 the tiled layout and the float kernels.
+ * cuda_mlx4_v2_on: the mode now (0 = v1, 1 = v2, 2 = v3); cuda_mlx4_v2_force(0 / 1 / 2)
+ * forces one (tests, gemv_bench; weights uploaded before keep their layout and kernel), -1
+ * re-reads the variable; cuda_mlx4_v2_takes: whether w goes to an int8 kernel (always for
+ * a chunked weight: no float kernel reads that layout). */
 int cuda_mlx4_v2_on(void);
 void cuda_mlx4_v2_force(int mode);
 int cuda_mlx4_v2_takes(const cuda_weight *w);
 
-/* MLX 4-bit rows with k % 1024 == 0 are stored "tiled": in each tile of 1024 weights, lane
- * L of a warp reads one 16-byte vector holding weights 128m + 4L + j (m < 8, j < 4), so its
- * eight float4 activation loads are coalesced across the warp (the plain layout makes each
- * lane read 32 consecutive floats: 32 cache lines per warp-wide load). Returns the word
- * (within the row) and bit shift of weight c. */
+/* The device layouts of MLX 4-bit rows (cuda_weight.mlx_tiled), for k % 1024 == 0:
+ * 1, tiled: in each tile of 1024 weights, lane L of a warp reads one 16-byte vector holding
+ *    weights 128m + 4L + j (m < 8, j < 4), so its eight float4 activation loads are
+ *    coalesced across the warp (the plain layout makes each lane read 32 consecutive
+ *    floats: 32 cache lines per warp-wide load);
+ * 2, chunked (GGUF Q4_K's nibble order): in each chunk of 64 weights (32 bytes), byte i
+ *    holds weight i in its low nibble and weight 32 + i in its high nibble, so a 16-byte
+ *    vector is two runs of 16 consecutive weights, unpacked by one mask each.
+ * 0: MLX's own order (weight c is nibble c % 8 of word c / 8). Returns the word (within the
+ * row) and bit shift of weight c. */
 #ifdef __CUDACC__
 __host__ __device__
 #endif
 static inline void cuda_mlx4_nibble(int64_t c, int tiled, int64_t *word, int *shift) {
+    if (tiled == 2) {
+        int64_t byte = c / 64 * 32 + c % 32;
+        *word = byte / 4;
+        *shift = (int)(byte % 4) * 8 + (c % 64 >= 32 ? 4 : 0);
+        return;
+    }
     if (!tiled) {
         *word = c / 8;
         *shift = (int)(c % 8) * 4;

@@ -252,6 +252,34 @@ static int dequant_old(void) {
     return g_dequant_old;
 }
 
+/* MLX affine 4-bit in the chunked layout (cuda_mlx4_nibble, tiled == 2) to bf16: one thread
+ * per 8 consecutive weights 8i .. 8i + 7, which are the low nibbles (i % 8 < 4) or the high
+ * ones (i % 8 >= 4) of the 8 bytes 8 (i % 4) of their 64-weight chunk: a warp reads 4 whole
+ * chunks (each 8-byte word by two threads, one transaction) and writes 512 contiguous
+ * bytes. Eight weights share a group (gs >= 32). Same arithmetic as mlx4_elem. */
+__global__ void dequant_mlx4_chunked_bf16_kernel(cuda_weight w, uint4 *out, unsigned total8) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total8) return;
+    /* 32-bit division (the caller checks total8 fits): a 64-bit one per 8 weights cost
+     * more issue slots than this store-bound kernel has to spare (MLX prefill -6%) */
+    unsigned per_row = (unsigned)(w.k / 8), r = i / per_row, col = (i - r * per_row) * 8, p = i % 8;
+    uint2 u = *(const uint2 *)((const uint8_t *)w.data + (size_t)r * (size_t)(w.k / 2) + col / 64 * 32 + 8 * (p % 4));
+    uint32_t sb = ((const uint32_t *)w.scales)[(size_t)r * (size_t)(w.k / w.group_size) + col / w.group_size];
+    float sc = w.sb_bf16 ? __uint_as_float(sb << 16) : h2f((uint16_t)(sb & 0xffff));
+    float bi = w.sb_bf16 ? __uint_as_float(sb & 0xffff0000u) : h2f((uint16_t)(sb >> 16));
+    int shift = p >= 4 ? 4 : 0;
+    uint32_t pk[4];
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+        uint32_t wd = j < 4 ? u.x : u.y;
+        float a = __fadd_rn(__fmul_rn(sc, (float)((wd >> (8 * (j % 4) + shift)) & 0xF)), bi);
+        float b = __fadd_rn(__fmul_rn(sc, (float)((wd >> (8 * (j % 4 + 1) + shift)) & 0xF)), bi);
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        pk[j / 2] = *(uint32_t *)&h;
+    }
+    out[i] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+}
+
 /* Launches the bf16 dequantization of w into out (k % 8 == 0 for the fast kernels). */
 static void launch_dequant_bf16(const cuda_weight *w, void *out) {
     size_t wn = (size_t)w->n * (size_t)w->k, total8 = wn / 8;
@@ -262,7 +290,9 @@ static void launch_dequant_bf16(const cuda_weight *w, void *out) {
         dequant_fast_bf16_kernel<DT_Q4_K><<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out, total8);
     else if (fast && w->dtype == DT_Q6_K)
         dequant_fast_bf16_kernel<DT_Q6_K><<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out, total8);
-    else if (fast && w->dtype == DT_U32 && w->mlx_tiled && w->group_size % 4 == 0) {
+    else if (fast && w->dtype == DT_U32 && w->mlx_tiled == 2 && total8 <= 0xffffffffu)
+        dequant_mlx4_chunked_bf16_kernel<<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out, (unsigned)total8);
+    else if (fast && w->dtype == DT_U32 && w->mlx_tiled == 1 && w->group_size % 4 == 0) {
         size_t lanes = (size_t)w->n * (size_t)(w->k / 1024) * 32;
         dequant_mlx4_tiled_bf16_kernel<<<(unsigned)((lanes + 255) / 256), 256, 0, cuda_stream()>>>(*w, (uint2 *)out, lanes);
     }

@@ -233,9 +233,10 @@ static __device__ __forceinline__ uint32_t scale_byte(uint4 hdr, int i) { /* byt
     return (w >> (8 * (i & 3))) & 0xff;
 }
 static __device__ __forceinline__ void q4k_scale_min(uint4 hdr, int j, bool packed, float *sc, float *m) {
-    if (packed) { /* cuda_q4k_scale_min's packed order: w0 = hdr.y, w1 = hdr.z, w2 = hdr.w */
-        *sc = (float)(((hdr.y >> (4 * j)) & 0xF) | (((hdr.w >> (2 * j)) & 3) << 4));
-        *m = (float)(((hdr.z >> (4 * j)) & 0xF) | (((hdr.w >> (16 + 2 * j)) & 3) << 4));
+    if (packed) { /* cuda_q4k_scale_min's packed order */
+        uint32_t g = cuda_q4k_group_dev(hdr, j / 2);
+        *sc = (float)((g >> (6 * (j % 2))) & 63);
+        *m = (float)((g >> (12 + 6 * (j % 2))) & 63);
     } else if (j < 4) {
         *sc = (float)(scale_byte(hdr, j) & 63);
         *m = (float)(scale_byte(hdr, j + 4) & 63);
@@ -578,6 +579,8 @@ static int q8act_enabled(void) {
     return on;
 }
 
+int cuda_gemv_q8act_on(void) { return q8act_enabled(); }
+
 int cuda_gemv_int8_act(const cuda_weight *w) {
     return w && (w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K || w->dtype == DT_Q6_K || cuda_mlx4_v2_takes(w)) &&
            w->k % 32 == 0 && q8act_enabled();
@@ -763,10 +766,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             if (!ok[s]) continue;
             int sb = sb0 + 8 * (s >> lgR), base = sb * 256 + 64 * c, bl = sb * 8 + 2 * c;
             float d = half_bits(hdr[s].x & 0xffff, false), dmin = half_bits(hdr[s].x >> 16, false);
-            uint32_t lo4 = (hdr[s].y >> (8 * c)) & 0xFF, mlo4 = (hdr[s].z >> (8 * c)) & 0xFF;
-            uint32_t hs = (hdr[s].w >> (4 * c)) & 0xF, hm = (hdr[s].w >> (16 + 4 * c)) & 0xF;
-            float sc0 = (float)((lo4 & 0xF) | ((hs & 3) << 4)), sc1 = (float)((lo4 >> 4) | ((hs >> 2) << 4));
-            float m0 = (float)((mlo4 & 0xF) | ((hm & 3) << 4)), m1 = (float)((mlo4 >> 4) | ((hm >> 2) << 4));
+            uint32_t g = cuda_q4k_group_dev(hdr[s], c); /* cuda_q4k_scale_min's packed order */
+            float sc0 = (float)(g & 63), sc1 = (float)((g >> 6) & 63);
+            float m0 = (float)((g >> 12) & 63), m1 = (float)((g >> 18) & 63);
             uint4 l0 =
                 make_uint4(q0[s].x & 0x0F0F0F0Fu, q0[s].y & 0x0F0F0F0Fu, q0[s].z & 0x0F0F0F0Fu, q0[s].w & 0x0F0F0F0Fu);
             uint4 l1 =

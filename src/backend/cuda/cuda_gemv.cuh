@@ -23,6 +23,27 @@ static __device__ __forceinline__ uint4 load_stream(const void *p) {
     return r;
 }
 
+/* Sixteen signed int8 products (w and a both signed). */
+static __device__ __forceinline__ int v2_dot16(uint4 w, int4 a) {
+    int s = __dp4a((int)w.x, a.x, 0);
+    s = __dp4a((int)w.y, a.y, s);
+    s = __dp4a((int)w.z, a.z, s);
+    return __dp4a((int)w.w, a.w, s);
+}
+
+/* Sixteen products of unsigned weight bytes (0..255) with signed activation bytes. */
+static __device__ __forceinline__ int v2_dp4a_us(uint32_t w, int a, int c) {
+    int r;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(a), "r"(c));
+    return r;
+}
+static __device__ __forceinline__ int v2_dot16_us(uint4 w, int4 a) {
+    int s = v2_dp4a_us(w.x, a.x, 0);
+    s = v2_dp4a_us(w.y, a.y, s);
+    s = v2_dp4a_us(w.z, a.z, s);
+    return v2_dp4a_us(w.w, a.w, s);
+}
+
 /* Lane sums of the warp's row, reduced by a fixed butterfly (the same order whatever T,
  * so a row's result does not depend on the batch: test_gemv_batch_invariant). */
 template <int T> static __device__ __forceinline__ void v2_store(float (&acc)[T], float *y, int n, int row, int lane) {

@@ -1,6 +1,6 @@
-/* cuda_gemv_mlx4.cu: the v2 decode GEMV for MLX affine 4-bit weights (DT_U32) in the tiled
- * nibble layout, on int8 activations with __dp4a; the default (HEARTH_CUDA_MLX4=v1 keeps the
- * float-activation kernels of cuda_gemv.cu instead). Same contract as the other
+/* cuda_gemv_mlx4.cu: the decode GEMVs for MLX affine 4-bit weights (DT_U32) on int8
+ * activations with __dp4a: v3 (the default) on the chunked nibble layout, v2 on the tiled
+ * one (HEARTH_CUDA_MLX4=v2; =v1 keeps the float-activation kernels of cuda_gemv.cu). Same contract as the other
  * int8-activation GEMVs (xq / xs as quantize_x_q8 writes them); called only from
  * cuda_gemv.cu, which keeps the float kernels for the weights this file does not take.
  * Must not allocate or sync. */
@@ -138,11 +138,93 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
     v2_seg_store<T>(acc, sg, grow, lane);
 }
 
+/* gemv_v3_mlx4: the chunked layout (cuda_mlx4_nibble, tiled == 2), read as gemv_v2_q4_k
+ * reads Q4_K: a chunk of 64 weights is 32 bytes, byte i holding weight i (low nibble) and
+ * 32 + i (high), so the 16-byte vector h of chunk c holds the runs 64c + 16h + [0, 16) (low
+ * nibbles, int8 block 2c) and 64c + 32 + 16h + [0, 16) (high nibbles, block 2c + 1). Lane L
+ * reads vector L of each 512-byte slot (chunk L / 2, h = L % 2): every warp load is 512
+ * contiguous weight bytes, and each run's activations one contiguous 16-byte load (the
+ * warp's: 1 KB contiguous per run). Unpacking is one mask per run (v2 needed two masks, a
+ * shift and two byte_perms per 8 weights): the low run through the signed dp4a (bytes 0..15
+ * are the same signed), the high run kept in place (q & 0xF0..) through the unsigned x
+ * signed dp4a, its sum 16x the nibble sum, shifted back exactly.
+ *
+ * Math as v2: a run's share is s * d_x * Σ q·qx, and each int8 block's bias term b * (d_x
+ * Σ qx) is added once, block 2c's by lane h = 0 and block 2c + 1's by lane h = 1. A block of
+ * 32 lies in one group (groups >= 32), so a run's group is that of its block: groups of 64
+ * and more give both runs one (scale, bias) word, groups of 32 two adjacent words (one
+ * 8-byte load). Four slots (4096 weights) per step, every load of a step issued before the
+ * first is used, and under PDL the first step's weight and scale loads before pdl_wait.
+ * The order of a lane's sums does not depend on T (batch-invariant).
+ *
+ * W: the chunked bytes as uint4 [n][k / 32]; SB: (scale, bias) words [n][k / gs]; k % 1024
+ * == 0 (a slot is 1024 weights); xq int8 [T][k], xs [T][k / 32]. */
+#define M3_SLOTS 4
+template <int T, bool BF16, bool G32>
+__global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
+    gemv_v3_mlx4(v2_segs sg, const int8_t *xq, const float2 *xs, int k, int lg) {
+    int lane = threadIdx.x % 32;
+    int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
+    v2_row r;
+    if (!v2_seg_row(sg, grow, r)) return;
+    const uint4 *wr = (const uint4 *)r.W + (size_t)r.row * (k / 32) + lane;
+    const uint32_t *sbr = (const uint32_t *)r.S + (size_t)r.row * (k >> lg);
+    int nslot = k / 1024, nb = k / 32, h = lane % 2;
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (int s0 = 0; s0 < nslot; s0 += M3_SLOTS) {
+        uint4 q[M3_SLOTS];
+        uint2 sb[M3_SLOTS]; /* the low run's word, then the high run's (the same unless G32) */
+#pragma unroll
+        for (int s = 0; s < M3_SLOTS; s++) {
+            if (s0 + s < nslot) {
+                int c = (s0 + s) * 16 + lane / 2; /* the chunk in the row */
+                q[s] = load_stream(wr + (size_t)(s0 + s) * 32);
+                if (G32) {
+                    sb[s] = __ldg((const uint2 *)(sbr + 2 * c));
+                } else {
+                    uint32_t v = __ldg(sbr + ((64 * c) >> lg));
+                    sb[s] = make_uint2(v, v);
+                }
+            }
+        }
+        if (s0 == 0) {
+            pdl_wait(); /* xq / xs come from the kernel before */
+            pdl_trigger();
+        }
+#pragma unroll
+        for (int s = 0; s < M3_SLOTS; s++) {
+            if (s0 + s >= nslot) continue;
+            int c = (s0 + s) * 16 + lane / 2;
+            float2 lo_sb = mlx4_scale_bias<BF16>(sb[s].x), hi_sb = mlx4_scale_bias<BF16>(sb[s].y);
+            float bias = h ? hi_sb.y : lo_sb.y;
+            uint4 lo = make_uint4(q[s].x & 0x0F0F0F0Fu, q[s].y & 0x0F0F0F0Fu, q[s].z & 0x0F0F0F0Fu,
+                                  q[s].w & 0x0F0F0F0Fu);
+            uint4 hi = make_uint4(q[s].x & 0xF0F0F0F0u, q[s].y & 0xF0F0F0F0u, q[s].z & 0xF0F0F0F0u,
+                                  q[s].w & 0xF0F0F0F0u);
+            int base = 64 * c + 16 * h;
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                const int8_t *xt = xq + (size_t)t * k + base;
+                int4 a = __ldg((const int4 *)xt), b = __ldg((const int4 *)(xt + 32));
+                /* (d, d·Σq) of blocks 2c and 2c + 1, one 16-byte load */
+                float4 p = __ldg((const float4 *)(xs + (size_t)t * nb + 2 * c));
+                int dl = v2_dot16(lo, a), dh = v2_dot16_us(hi, b) >> 4; /* exact: a multiple of 16 */
+                /* |dot| <= 16·15·127 < 2^24: exact as floats */
+                acc[t] += lo_sb.x * (p.x * (float)dl) + hi_sb.x * (p.z * (float)dh) + bias * (h ? p.w : p.y);
+            }
+        }
+    }
+    v2_seg_store<T>(acc, sg, grow, lane);
+}
+
 /* ---------- host side ---------- */
 
-/* -1: read HEARTH_CUDA_MLX4 on first use; 1: v2 (the default since the H200 run of
- * 2026-12-02: 8B MLX 4-bit decode 264.1 vs 181.4 tok/s on the float kernels, Qwen3-8B shape
- * 243.6 vs 170.7, same call); 0: the float kernels (HEARTH_CUDA_MLX4=v1). */
+/* -1: read HEARTH_CUDA_MLX4 on first use; 2: v3 on the chunked layout (the default since the
+ * H200 run of 2026-12-04, numbers in bench/results/cuda_engine.md, round 20); 1: v2 on the
+ * tiled layout (HEARTH_CUDA_MLX4=v2; the default from 2026-12-02: 8B MLX 4-bit decode 264.1
+ * vs 181.4 tok/s on the float kernels); 0: the float kernels (HEARTH_CUDA_MLX4=v1). */
 static int g_mlx4_mode = -1, g_mlx4_shfl = -1;
 
 /* HEARTH_CUDA_MLX4_SHFL=0: gemv_v2_mlx4 without the pair shuffle (A/B runs). */
@@ -154,27 +236,49 @@ static bool mlx4_shfl(void) {
     return g_mlx4_shfl;
 }
 
+/* Whether gemv_v3_mlx4 launches as a programmatic dependent (it issues its first weight
+ * loads before pdl_wait, as the v2 Q4_K GEMV does; gemv_v2_mlx4, which waits first, stays a
+ * plain launch as cuda_pdl.cuh says): on sm_90+ unless HEARTH_CUDA_PDL=0 or
+ * HEARTH_CUDA_MLX4_PDL=0; cuda_gemv_mlx4_force_pdl overrides. Read with the mode, at the
+ * first upload (no device query inside a graph capture). */
+static int g_v3_pdl = -1;
+
 int cuda_mlx4_v2_on(void) {
     if (g_mlx4_mode < 0) {
         const char *e = getenv("HEARTH_CUDA_MLX4");
-        g_mlx4_mode = !(e && !strcmp(e, "v1"));
+        g_mlx4_mode = e && !strcmp(e, "v1") ? 0 : e && !strcmp(e, "v2") ? 1 : 2;
+    }
+    if (g_v3_pdl < 0) {
+        const char *e = getenv("HEARTH_CUDA_PDL"), *m = getenv("HEARTH_CUDA_MLX4_PDL");
+        g_v3_pdl = !(e && !strcmp(e, "0")) && !(m && !strcmp(m, "0")) && pdl_device_ok();
     }
     return g_mlx4_mode;
 }
 
-void cuda_mlx4_v2_force(int mode) { g_mlx4_mode = mode < 0 ? -1 : mode != 0; }
+static int v3_pdl(void) { return *pdl_force() >= 0 ? *pdl_force() : g_v3_pdl > 0; }
+
+void cuda_mlx4_v2_force(int mode) { g_mlx4_mode = mode < 0 ? -1 : mode > 2 ? 2 : mode; }
 
 void cuda_gemv_mlx4_force_pdl(int mode) { *pdl_force() = mode; }
 
 int cuda_mlx4_v2_takes(const cuda_weight *w) {
-    if (!w || w->dtype != DT_U32 || !cuda_mlx4_v2_on()) return 0;
+    if (!w || w->dtype != DT_U32) return 0;
+    if (w->mlx_tiled == 2) return 1; /* upload checked the shape; only gemv_v3_mlx4 reads it */
+    if (!cuda_mlx4_v2_on()) return 0;
     int gs = w->group_size;
-    return w->mlx_tiled && w->k % 1024 == 0 && gs >= 32 && (gs & (gs - 1)) == 0 && w->k % gs == 0;
+    return w->mlx_tiled == 1 && w->k % 1024 == 0 && gs >= 32 && (gs & (gs - 1)) == 0 && w->k % gs == 0;
 }
 
-template <int T> static void launch_mlx4(const v2_segs &sg, int rows, bool bf16, const int8_t *xq, const float2 *xs,
-                                         int k, int lg) {
+template <int T> static void launch_mlx4(const v2_segs &sg, int rows, int layout, bool bf16, const int8_t *xq,
+                                         const float2 *xs, int k, int lg) {
     dim3 grid((unsigned)((rows + V2_WARPS - 1) / V2_WARPS)), block(V2_WARPS * 32);
+    if (layout == 2) {
+        bool g32 = lg == 5;
+        auto kernel = bf16 ? (g32 ? gemv_v3_mlx4<T, true, true> : gemv_v3_mlx4<T, true, false>)
+                           : (g32 ? gemv_v3_mlx4<T, false, true> : gemv_v3_mlx4<T, false, false>);
+        pdl_launch_if(v3_pdl(), kernel, grid, block, sg, xq, xs, k, lg);
+        return;
+    }
     /* every T alike (T = 8 spills 16 bytes with it, ptxas sm_90a): a row's float order must
      * not depend on the batch (test_gemv_batch_invariant, --deterministic) */
     bool shfl = mlx4_shfl();
@@ -185,7 +289,7 @@ template <int T> static void launch_mlx4(const v2_segs &sg, int rows, bool bf16,
 
 int cuda_gemv_mlx4_groups(const cuda_weight *a, const cuda_weight *b) {
     return cuda_mlx4_v2_takes(a) && cuda_mlx4_v2_takes(b) && a->k == b->k && a->group_size == b->group_size &&
-           a->sb_bf16 == b->sb_bf16;
+           a->sb_bf16 == b->sb_bf16 && a->mlx_tiled == b->mlx_tiled;
 }
 
 int cuda_gemv_mlx4_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
@@ -202,5 +306,6 @@ int cuda_gemv_mlx4_launch(const cuda_weight *const *ws, float *const *ys, int nw
     v2_segs sg;
     int rows = v2_segs_fill(&sg, W, S, ys, n, nw), k = (int)ws[0]->k, lg = __builtin_ctz((unsigned)ws[0]->group_size);
     bool bf16 = ws[0]->sb_bf16;
-    return v2_for_rows(T, [&](auto r) { launch_mlx4<decltype(r)::value>(sg, rows, bf16, xq, xs, k, lg); });
+    int layout = ws[0]->mlx_tiled;
+    return v2_for_rows(T, [&](auto r) { launch_mlx4<decltype(r)::value>(sg, rows, layout, bf16, xq, xs, k, lg); });
 }

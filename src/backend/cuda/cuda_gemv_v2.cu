@@ -15,27 +15,6 @@
 
 static __device__ __forceinline__ float v2_f16(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 
-/* Sixteen signed int8 products (w and a both signed). */
-static __device__ __forceinline__ int v2_dot16(uint4 w, int4 a) {
-    int s = __dp4a((int)w.x, a.x, 0);
-    s = __dp4a((int)w.y, a.y, s);
-    s = __dp4a((int)w.z, a.z, s);
-    return __dp4a((int)w.w, a.w, s);
-}
-
-/* Sixteen products of unsigned weight bytes (0..255) with signed activation bytes. */
-static __device__ __forceinline__ int v2_dp4a_us(uint32_t w, int a, int c) {
-    int r;
-    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(a), "r"(c));
-    return r;
-}
-static __device__ __forceinline__ int v2_dot16_us(uint4 w, int4 a) {
-    int s = v2_dp4a_us(w.x, a.x, 0);
-    s = v2_dp4a_us(w.y, a.y, s);
-    s = v2_dp4a_us(w.z, a.z, s);
-    return v2_dp4a_us(w.w, a.w, s);
-}
-
 /* Under PDL (cuda_pdl.cuh) the kernels issue their first step of weight loads (no kernel
  * writes weights) before waiting for the kernel before, whose outputs (xq, xs) they read
  * next: the weight stream of a GEMV starts while the norm or quantizer before it drains. */
@@ -134,10 +113,9 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
             int sb = s0 + 4 * s + lane / 8;
             if (sb >= nsb) continue;
             float d = v2_f16(hd[s].x & 0xffff), dmin = v2_f16(hd[s].x >> 16);
-            uint32_t b0 = (hd[s].y >> (8 * c)) & 0xFF, b1 = (hd[s].z >> (8 * c)) & 0xFF;
-            uint32_t hs = hd[s].w >> (4 * c), hm = hd[s].w >> (16 + 4 * c);
-            int sc0 = (int)((b0 & 0xF) | ((hs & 3) << 4)), sc1 = (int)((b0 >> 4) | ((hs & 0xC) << 2));
-            int m = (int)(((b1 >> (4 * h)) & 0xF) | (((hm >> (2 * h)) & 3) << 4));
+            /* the chunk's scales and mins, two byte permutes (cuda_q4k_scale_min's packed order) */
+            uint32_t g = cuda_q4k_group_dev(hd[s], c);
+            int sc0 = (int)(g & 63), sc1 = (int)((g >> 6) & 63), m = (int)((g >> (12 + 6 * h)) & 63);
             float fm = dmin * (float)m;
             uint4 lo =
                 make_uint4(q[s].x & 0x0F0F0F0Fu, q[s].y & 0x0F0F0F0Fu, q[s].z & 0x0F0F0F0Fu, q[s].w & 0x0F0F0F0Fu);

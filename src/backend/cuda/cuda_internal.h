@@ -32,6 +32,8 @@ int cuda_gemv_mlx4_launch(const cuda_weight *const *ws, float *const *ys, int nw
                           int T);
 int cuda_gemv_mlx4_groups(const cuda_weight *a, const cuda_weight *b);
 void cuda_gemv_mlx4_force_pdl(int mode);
+/* cuda_gemv.cu: whether the GEMVs take int8 activations at all (HEARTH_CUDA_GEMV_F32ACT unset). */
+int cuda_gemv_q8act_on(void);
 
 /* cuda_mmq.cu, for cuda_gemv.cu's int8 path: launches the batched tensor-core matmul of w
  * on T rows of quantized activations (one launch for all T) and returns 1, or returns 0

@@ -117,11 +117,11 @@ static __device__ __forceinline__ void mmq_load_stage(uint8_t *st, const uint8_t
     }
 }
 
-/* Sub-block j's 6-bit scale and min from a packed-order header (cuda_q4k_scale_min, packed):
- * h.y = w0 (scale low nibbles), h.z = w1 (min low nibbles), h.w = w2 (their top 2 bits). */
+/* Sub-block j's 6-bit scale and min from a packed-order header (cuda_q4k_scale_min, packed). */
 static __device__ __forceinline__ void mmq_q4k_sm(uint4 h, int j, float *s, float *m) {
-    *s = (float)(((h.y >> (4 * j)) & 0xF) | (((h.w >> (2 * j)) & 3) << 4));
-    *m = (float)(((h.z >> (4 * j)) & 0xF) | (((h.w >> (16 + 2 * j)) & 3) << 4));
+    uint32_t g = cuda_q4k_group_dev(h, j / 2);
+    *s = (float)((g >> (6 * (j % 2))) & 63);
+    *m = (float)((g >> (12 + 6 * (j % 2))) & 63);
 }
 
 template <int NT>

@@ -241,6 +241,14 @@ INIT = {
 
 
 FORMS = {"f32": None, "bf16": None, "q4g64": (4, 64), "q4g32": (4, 32), "q8g64": (8, 64), "q8g32": (8, 32)}
+# One more width per family for MLX's other affine widths (5, 3 and 6 bits), whose bit streams
+# cross byte boundaries: quantized from the same seeded bf16 weights, so adding them changes no
+# other model's bytes.
+EXTRA_FORMS = {"llama": {"q5g64": (5, 64)}, "qwen3": {"q3g32": (3, 32)}, "gemma3": {"q6g64": (6, 64)}}
+
+
+def family_forms(family):
+    return {**FORMS, **EXTRA_FORMS.get(family, {})}
 
 
 def save_form(family, spec, form, src_dir, out_dir):
@@ -256,8 +264,8 @@ def save_form(family, spec, form, src_dir, out_dir):
         # so scales/biases and the unquantized norms are bf16 too.
         model.set_dtype(mx.bfloat16)
         config["torch_dtype"] = "bfloat16"
-    if FORMS[form]:
-        bits, group = FORMS[form]
+    if family_forms(family)[form]:
+        bits, group = family_forms(family)[form]
         model, config = quantize_model(model, config, group_size=group, bits=bits)
     tokenizer = load_tokenizer_wrapper(src_dir)
     if out_dir.exists():
@@ -296,7 +304,7 @@ def main():
             (src / "tokenizer_config.json").write_text(json.dumps(spec["tokenizer_config"], indent=2))
             (src / "generation_config.json").write_text(json.dumps(spec["generation_config"], indent=2))
             (src / "config.json").write_text(json.dumps(spec["config"], indent=2))
-            for form in FORMS:
+            for form in family_forms(family):
                 dst = out / f"{family}-{form}"
                 sink = io.StringIO()
                 with contextlib.redirect_stdout(sink):  # quantize_model prints [INFO] lines

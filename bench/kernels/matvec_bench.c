@@ -104,7 +104,8 @@ static const fmt formats[] = {
     {"q3_k", DT_Q3_K, 0, {108, -1}},   {"q4_k", DT_Q4_K, 0, {0, 2}},     {"q5_k", DT_Q5_K, 0, {0, 2}},
     {"q6_k", DT_Q6_K, 0, {208, -1}},
     {"mlx4_g64", DT_U32, 4, {-1, -1}}, {"mlx8_g64", DT_U32, 8, {-1, -1}},
-    {"mlx2_g64", DT_U32, 2, {-1, -1}}, {"mlx3_g64", DT_U32, 3, {-1, -1}}, {"mlx6_g64", DT_U32, 6, {-1, -1}},
+    {"mlx2_g64", DT_U32, 2, {-1, -1}}, {"mlx3_g64", DT_U32, 3, {-1, -1}}, {"mlx5_g64", DT_U32, 5, {-1, -1}},
+    {"mlx6_g64", DT_U32, 6, {-1, -1}},
 };
 
 /* Fills one copy: realistic magnitudes (no denormals, which would make float math slow). */

@@ -51,8 +51,12 @@ def summarize(res):
         if pairs:
             # the judged figure when present: the median of paired ratios (serve_load.n1_pairs says why)
             ratio = median([q["ratio"] for q in pairs])
+            inside = [q["client_vs_server_steps"] for q in pairs if q.get("client_vs_server_steps")]
             s["n1_vs_engine_paired"] = {"pairs": len(pairs), "ratio_median": ratio,
                                         "ratios": [round(q["ratio"], 3) for q in pairs],
+                                        "orders": [q.get("order", "serve,bench") for q in pairs],
+                                        "client_vs_server_steps_median": median(inside) if inside else None,
+                                        "client_vs_server_steps": [round(x, 3) for x in inside],
                                         "serve_decode_tps_median": median([q["serve_decode_tps"] for q in pairs]),
                                         "bench_decode_tps_median": median([q["bench_decode_tps"] for q in pairs]),
                                         "within_3_percent": ratio >= 1 - ENGINE_TOLERANCE}
@@ -126,12 +130,19 @@ def _model_md(res, entry):
                      f"{eng['loadavg'][0]}).")
     e = s.get("n1_vs_engine_paired")
     if e:
-        lines.append(f"Paired ({e['pairs']} times: one streamed N=1 request, then `hearth bench -r 1` at its prompt and answer "
-                     f"length, server idle): median serve/bench ×{_f(e['ratio_median'], 3)} (each: "
+        alt = len(set(e.get("orders", []))) > 1
+        lines.append(f"Paired ({e['pairs']} times: one streamed N=1 request and `hearth bench -r 1` at its prompt and answer "
+                     f"length, server idle{', in alternating order (ABBA)' if alt else ', the request first'}): "
+                     f"median serve/bench ×{_f(e['ratio_median'], 3)} (each: "
                      f"{', '.join(_f(r, 3) for r in e['ratios'])}; serve {_f(e['serve_decode_tps_median'])} vs bench "
                      f"{_f(e['bench_decode_tps_median'])} tok/s medians): "
                      f"{'meets' if e['within_3_percent'] else 'MISSES'} the target of at least 0.97× the engine. This paired "
                      "figure is the judged one; the line above compares runs minutes apart.")
+        if e.get("client_vs_server_steps_median"):
+            lines.append(f"Same requests, the client's decode rate over the engine's own step rate inside the server "
+                         f"(/stats, the request's last 32 steps: what serving adds per token, free of the drift between "
+                         f"processes): median ×{_f(e['client_vs_server_steps_median'], 3)} (each: "
+                         f"{', '.join(_f(r, 3) for r in e['client_vs_server_steps'])}).")
     lines += ["", "Files: hearth and llama.cpp read `" + entry["gguf"] + "`"
               + (f"; mlx_lm.server read `{entry['mlx']}` ({entry['mlx_notes'].replace(chr(10), '; ')})" if entry.get("mlx") else "")
               + f". Chat template: {entry['chat_template']}. End-of-turn ids banned with logit_bias -100: "

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -149,20 +150,44 @@ def run_server(name, model, a, banned, log_dir):
     return out
 
 
+def server_step_rate(port):
+    """The engine's own decode rate inside the server: /stats' decode tokens per second over its last
+    32 steps (the forward passes only: no sampling, detokenizing or HTTP), None when unavailable."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as r:
+            return json.load(r)["steps"]["decode_tokens_per_second"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def n1_pairs(port, model, a, banned):
-    """The N=1 target (serve within 3% of the engine) as paired samples: one streamed request, then
-    `hearth bench -r 1` at that request's prompt length and answer length, a.pairs times, the server up and
-    idle during the bench. On a shared 2-core box the rate drifts by 10-25% within minutes; pairing takes
-    that drift out of the ratio (a serve level and a bench run minutes apart did not)."""
-    pairs = []
+    """The N=1 target (serve within 3% of the engine) as paired samples: one streamed request and
+    `hearth bench -r 1` at that request's prompt length and answer length, a.pairs times, the server up
+    and idle during the bench. On a shared 2-core box the rate drifts by 10-25% within minutes; pairing
+    takes that drift out of the ratio (a serve level and a bench run minutes apart did not). The order
+    within a pair alternates ABBA (serve first, bench first, bench first, serve first, ...): with the
+    serve always first (before 2026-12-04) the ratios split by position (12 pairs on 2 vCPUs: median
+    0.84 with the serve first, 1.01 with the bench first). Each pair also records the engine's own
+    step rate inside the server during the request (/stats), so client rate / step rate is the
+    server's per-token overhead measured on the same tokens, free of drift between processes."""
+    pairs, p = [], None
     for i in range(a.pairs):
+        serve_first = p is None or i % 4 in (0, 3)
+        if not serve_first:
+            eng = engine_bench(a.hearth, model["gguf"], p, a.max_tokens, a.threads, runs=1)
         reqs, s = run_level(port, 1, 1, a.max_tokens, banned)
+        inside = server_step_rate(port)
         p = int(reqs[0]["prompt_tokens"] or 40)
-        eng = engine_bench(a.hearth, model["gguf"], p, a.max_tokens, a.threads, runs=1)
-        pairs.append({"serve_decode_tps": s["decode_tps_median"], "bench_decode_tps": eng["decode_tps"],
-                      "prompt_tokens": p, "ratio": s["decode_tps_median"] / eng["decode_tps"], "loadavg": loadavg()[0]})
-        log(f"hearth {model['id']} pair {i + 1}: serve {s['decode_tps_median']:.1f} tok/s, bench "
-            f"{eng['decode_tps']:.1f} tok/s, x{pairs[-1]['ratio']:.3f}")
+        if serve_first:
+            eng = engine_bench(a.hearth, model["gguf"], p, a.max_tokens, a.threads, runs=1)
+        client = s["decode_tps_median"]
+        pairs.append({"serve_decode_tps": client, "bench_decode_tps": eng["decode_tps"], "prompt_tokens": p,
+                      "order": "serve,bench" if serve_first else "bench,serve", "ratio": client / eng["decode_tps"],
+                      "server_step_decode_tps": inside,
+                      "client_vs_server_steps": client / inside if client and inside else None,
+                      "loadavg": loadavg()[0]})
+        log(f"hearth {model['id']} pair {i + 1} ({pairs[-1]['order']}): serve {client:.1f} tok/s (steps inside "
+            f"{inside or 0:.1f}), bench {eng['decode_tps']:.1f} tok/s, x{pairs[-1]['ratio']:.3f}")
     return pairs
 
 
@@ -200,7 +225,7 @@ def main():
                     "serializing server is the fallback peer")
     ap.add_argument("--budget", type=int, default=300, help="serving seconds (warm-up + levels) per server and model; a level projected to end "
                     "beyond it is skipped")
-    ap.add_argument("--pairs", type=int, default=7, help="paired N=1 samples (a streamed request, then hearth bench -r 1) "
+    ap.add_argument("--pairs", type=int, default=12, help="paired N=1 samples (a streamed request and hearth bench -r 1, order alternating) "
                     "for the serve-vs-engine ratio; 0: off")
     ap.add_argument("--max-requests", type=int, default=16, help="requests per level: 2 per client up to this")
     ap.add_argument("--models", default="smollm2-135m-q4_1,smollm2-135m-bf16,llama1b-q4_0")

@@ -21,7 +21,9 @@ REAL_GGUFS = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma-3-2
 REAL_DIRS = {"minilm": "all-MiniLM-L6-v2"}
 TINY_FAMILIES = ("llama", "qwen3", "gemma3")
 TINY_FORMS = ("f32", "bf16", "q4g64", "q4g32", "q8g64", "q8g32")
-TINY_MODELS = tuple(f"{family}-{form}" for family in TINY_FAMILIES for form in TINY_FORMS)
+# tools/make_tiny_models.py's EXTRA_FORMS: one of MLX's other widths per family
+TINY_EXTRA = ("llama-q5g64", "qwen3-q3g32", "gemma3-q6g64")
+TINY_MODELS = tuple(f"{family}-{form}" for family in TINY_FAMILIES for form in TINY_FORMS) + TINY_EXTRA
 # Golden file name (tests/parity/goldens/<name>.json) for each real GGUF.
 REAL_GOLDENS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m-q4_k_m"}
 
@@ -83,7 +85,7 @@ def real_ggufs(real_models):
 
 @pytest.fixture(scope="session")
 def tiny_models():
-    """{"llama-f32": <dir>, ..., "gemma3-q8g32": <dir>}: all 18 tiny mlx-lm model folders."""
+    """{"llama-f32": <dir>, ..., "gemma3-q6g64": <dir>}: all 21 tiny mlx-lm model folders."""
     return {name: _need(CACHE / "tiny" / name / "config.json", f"tiny model {name}", FIX_MODELS).parent
             for name in TINY_MODELS}
 

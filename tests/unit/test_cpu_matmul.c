@@ -240,7 +240,7 @@ static void check_case_ts(const wcase *c, int64_t n, int64_t k, const int *Ts, s
             size_t ss = cpu_matmul_scratch_size(&w, T);
             void *scratch = ss ? malloc(ss) : NULL;
             /* Formats with a fast kernel at this level must not fall back to the reference. */
-            /* MLX 2/3/6-bit: only the AVX-512 one-row kernel, at K in whole groups of 256 */
+            /* MLX 2/3/5/6-bit: only the AVX-512 one-row kernel, at K in whole groups of 256 */
             int want_fast = lv > CPU_LEVEL_SCALAR && (w.dtype != DT_U32 || w.bits == 4 || w.bits == 8 ||
                                                       (lv == CPU_LEVEL_AVX512 && k % 256 == 0));
             assert_int_equal(fast, want_fast);
@@ -314,10 +314,10 @@ static void test_gguf_and_dense_formats(void **state) {
 }
 
 static void test_mlx_affine(void **state) {
-    static const int bits[] = {2, 3, 4, 6, 8}, groups[] = {32, 64, 128};
+    static const int bits[] = {2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128};
     static const tensor_dtype sbts[] = {DT_F16, DT_BF16, DT_F32};
     int i = 0;
-    for (int b = 0; b < 5; b++)
+    for (int b = 0; b < 6; b++)
         for (int g = 0; g < 3; g++, i++) {
             char name[32];
             snprintf(name, sizeof name, "mlx%d_g%d_%s", bits[b], groups[g], tensor_dtype_name(sbts[i % 3]));
@@ -326,8 +326,8 @@ static void test_mlx_affine(void **state) {
         }
     /* K in whole groups of 256, every width, group size and scale type: the one-row decode
      * kernels of kernels_avx512_rows.c */
-    static const int kbits[] = {2, 3, 4, 6, 8};
-    for (int bi = 0; bi < 5; bi++)
+    static const int kbits[] = {2, 3, 4, 5, 6, 8};
+    for (int bi = 0; bi < 6; bi++)
         for (int g = 0, b = kbits[bi]; g < 3; g++)
             for (int t = 0; t < 3; t++) {
                 char name[32];
@@ -356,11 +356,12 @@ static void test_prefill_tiles_long_k(void **state) {
         int64_t k = (2080 + (int64_t)(rnd() % 800)) / be * be + be;
         check_case_ts(&cases[i], 37 + 2 * (int64_t)(rnd() % 20), k, Ts, 4);
     }
-    /* MLX 2/3/6-bit: fast only at K in groups of 256 (the one-row kernel below 17 tokens, the
-     * packed GEMM from there): 72-96 blocks, a partial last chunk */
+    /* MLX 2/3/5/6-bit: fast only at K in groups of 256 (the one-row kernel below 17 tokens,
+     * the packed GEMM from there): 72-96 blocks, a partial last chunk */
     static const wcase narrow[] = {{"mlx3_g64", DT_U32, 3, 64, DT_F16},
                                    {"mlx6_g32", DT_U32, 6, 32, DT_BF16},
-                                   {"mlx2_g128", DT_U32, 2, 128, DT_F32}};
+                                   {"mlx2_g128", DT_U32, 2, 128, DT_F32},
+                                   {"mlx5_g64", DT_U32, 5, 64, DT_BF16}};
     for (size_t i = 0; i < sizeof narrow / sizeof narrow[0]; i++)
         check_case_ts(&narrow[i], 37 + 2 * (int64_t)(rnd() % 20), 256 * (9 + (int64_t)(rnd() % 4)), Ts, 4);
 }
@@ -642,7 +643,7 @@ static void test_invalid_weights_fail_cleanly(void **state) {
     cpu_weight w = {.dtype = DT_Q4_K, .data = buf, .n = 1, .k = 100};
     assert_int_equal(cpu_weight_check(&w, "blk.0.ffn_up.weight", &err), HEARTH_ERR_FORMAT);
     assert_non_null(strstr(err.message, "blk.0.ffn_up.weight"));
-    w = (cpu_weight){.dtype = DT_U32, .data = buf, .n = 1, .k = 64, .bits = 5, .group_size = 64, .sb_dtype = DT_F16,
+    w = (cpu_weight){.dtype = DT_U32, .data = buf, .n = 1, .k = 64, .bits = 7, .group_size = 64, .sb_dtype = DT_F16,
                      .scales = buf, .biases = buf};
     assert_int_equal(cpu_matmul(&w, x, 1, y, NULL, 0, NULL, &err), HEARTH_ERR_UNSUPPORTED);
     w.bits = 4;

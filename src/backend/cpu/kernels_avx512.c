@@ -926,13 +926,13 @@ PK_TILE(avx512_pk_q6_k, PK_Q6_K)
 PK_TILE(avx512_pk_mlx4, PK_MLX4)
 PK_TILE(avx512_pk_mlx8, PK_MLX8)
 PK_TILE(avx512_pk_mlxb, PK_MLXB)
-/* From how many tokens MLX 2/3/6-bit take the packed GEMM: its pack unpacks the bit streams
+/* From how many tokens MLX 2/3/5/6-bit take the packed GEMM: its pack unpacks the bit streams
  * with scalar code (pk_unpack), 16 rows per block. 1B-shaped MLX 3-bit, hearth bench --batch
  * 4,8,16 aggregate decode tok/s, packed from 17 / 6 / 2 tokens: 20.8 / 20.9 / 5.5, 21.8 / 10.1
  * / 9.5, 22.0 / 17.6 / 10.4; prefill of 256 tokens 107-148 tok/s packed, 20-24 token by token. */
 #define MLXB_PACKED_FROM 17
 
-/* MLX 2/3/6-bit below the packed GEMM's threshold: the one-row kernel token by token (the
+/* MLX 2/3/5/6-bit below the packed GEMM's threshold: the one-row kernel token by token (the
  * packed GEMM unpacks their bit streams with scalar code, paid back only by many tokens). */
 __attribute__((target(KTARGET))) static void avx512_mlxb_tokens(const cpu_weight *w, int64_t n0, int64_t n1,
                                                                 const void *xv, int64_t xstride, int T, float *y,
@@ -1004,7 +1004,7 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
             return 1;
         }
         if (w->bits == 8) f = avx512_rows2_mlx8, tile = avx512_pk_mlx8, small = avx512_tile2_mlx8;
-        else { /* 2, 3, 6 bits: the one-row kernel, the packed GEMM from 17 tokens */
+        else { /* 2, 3, 5, 6 bits: the one-row kernel, the packed GEMM from 17 tokens */
             cpu_rows_fn r = cpu_avx512_rows1(w);
             if (r) {
                 *out = (cpu_kernel){r, CPU_ACT_Q8, avx512_pk_mlxb, avx512_mlxb_tokens, MLXB_PACKED_FROM};

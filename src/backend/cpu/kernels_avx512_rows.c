@@ -485,7 +485,7 @@ __attribute__((target(R1_TARGET))) static void r1_rows_mlx4(const cpu_weight *w,
     }
 }
 
-/* MLX affine 2, 3 and 6 bits (the formats with no other fast kernel: before this, the
+/* MLX affine 2, 3, 5 and 6 bits (the formats with no other fast kernel: before this, the
  * scalar reference at ~0.1-0.2 GB/s). Element j of a row sits at bits [j b, (j + 1) b) of
  * its little-endian bit stream, so the 8 elements 8L .. 8L + 7 of a block are exactly bytes
  * [L b, L b + b) of it: 128-bit lane L of a zmm takes those bytes, one in-lane byte shuffle
@@ -503,7 +503,7 @@ R1_INLINE __m256i r1_mlxb_block(const uint8_t *p, int b, __m512i ctl, __m512i sh
     return _mm512_cvtepi16_epi8(_mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_epi8(z, ctl), sh), mask));
 }
 
-/* MLX affine 8-bit (32 bytes per block, the unsigned q as stored) and 2/3/6-bit (unpacked
+/* MLX affine 8-bit (32 bytes per block, the unsigned q as stored) and 2/3/5/6-bit (unpacked
  * by r1_mlxb_block): a zmm holds two blocks in element order against in-order activations
  * (CPU_ACT_Q8), folded as Q8_0's (r1_oct_act, no offset). */
 R1_INLINE void r1_rows_mlx_oct(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y) {
@@ -559,7 +559,7 @@ __attribute__((target(R1_TARGET))) static void r1_rows_mlxb(const cpu_weight *w,
 
 /* The one-row MLX kernels take these weights (K in whole groups of 256). */
 static int r1_mlx_takes(const cpu_weight *w) {
-    return w->dtype == DT_U32 && (w->bits == 2 || w->bits == 3 || w->bits == 4 || w->bits == 6 || w->bits == 8) &&
+    return w->dtype == DT_U32 && w->bits >= 2 && w->bits <= 8 && w->bits != 7 &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
            (w->sb_dtype == DT_F16 || w->sb_dtype == DT_BF16 || w->sb_dtype == DT_F32);
 }

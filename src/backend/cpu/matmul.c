@@ -58,8 +58,8 @@ hearth_status cpu_weight_check(const cpu_weight *w, const char *what, hearth_err
                        (long long)w->k);
     if (!w->data) return err_set(err, HEARTH_ERR_INVALID, "%s: no data", what);
     if (is_mlx(w)) {
-        if (w->bits != 2 && w->bits != 3 && w->bits != 4 && w->bits != 6 && w->bits != 8)
-            return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: MLX affine bits %d (want 2, 3, 4, 6 or 8)", what,
+        if (w->bits < 2 || w->bits > 8 || w->bits == 7)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: MLX affine bits %d (want 2, 3, 4, 5, 6 or 8)", what,
                            w->bits);
         if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128)
             return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: MLX group size %d (want 32, 64 or 128)", what,

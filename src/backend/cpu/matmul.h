@@ -1,5 +1,5 @@
 /* matmul.h: y[T, N] = x[T, K] · W[N, K]^T on the CPU for every weight format hearth
- * loads (F32, F16, BF16, GGUF Q4_0..Q8_0 and Q2_K..Q6_K, MLX affine 2/3/4/6/8-bit),
+ * loads (F32, F16, BF16, GGUF Q4_0..Q8_0 and Q2_K..Q6_K, MLX affine 2/3/4/5/6/8-bit),
  * split over a thread pool. Weights stay in their native layout in memory (the prefill
  * kernels unpack row chunks into a stack buffer during a call, AVX-512 ~23 KiB, AVX2
  * ~97 KiB; nothing is allocated or kept). Tolerances of the fast kernels: see tests/unit/test_cpu_matmul.c. */
@@ -19,7 +19,7 @@ typedef struct cpu_weight {
     const void *data;
     int64_t n, k;          /* output rows, input columns */
     /* MLX affine only: w = scale * q + bias, per group of group_size columns. */
-    int bits;              /* 2, 3, 4, 6, 8 */
+    int bits;              /* 2, 3, 4, 5, 6, 8 */
     int group_size;        /* 32, 64, 128 */
     tensor_dtype sb_dtype; /* F32, F16 or BF16 scales and biases, each [n, k / group_size] */
     const void *scales, *biases;

@@ -165,9 +165,9 @@ def n1_pairs(port, model, a, banned):
     `hearth bench -r 1` at that request's prompt length and answer length, a.pairs times, the server up
     and idle during the bench. On a shared 2-core box the rate drifts by 10-25% within minutes; pairing
     takes that drift out of the ratio (a serve level and a bench run minutes apart did not). The order
-    within a pair alternates ABBA (serve first, bench first, bench first, serve first, ...): with the
-    serve always first (before 2026-12-04) the ratios split by position (12 pairs on 2 vCPUs: median
-    0.84 with the serve first, 1.01 with the bench first). Each pair also records the engine's own
+    within a pair alternates ABBA (serve first, bench first, bench first, serve first, ...): the order
+    moved the ratio (12 pairs on 2 vCPUs alternating it: median 0.84 where the request ran first,
+    1.01 where the bench did), and until 2026-12-04 the request always ran first. Each pair also records the engine's own
     step rate inside the server during the request (/stats), so client rate / step rate is the
     server's per-token overhead measured on the same tokens, free of drift between processes."""
     pairs, p = [], None

@@ -375,7 +375,7 @@ static void test_k_quants_beyond_staged_k(void **state) {
 }
 
 /* The 512-bit one-row decode kernels (kernels_avx512_rows.c) stage one call's activations
- * for K up to 64 x 256. Q4_K / Q6_K: K of 1, 3, 9, 33 and exactly 64 super-blocks (the last
+ * for K up to 64 x 256. Q3_K / Q4_K / Q6_K: K of 1, 3, 9, 33 and exactly 64 super-blocks (the last
  * staged one). Q8_0 takes K in groups of eight blocks of 32: 8, 16, 24 blocks, 64 and 512
  * (the largest staged); at other K it keeps the 256-bit kernel. Odd N, so two threads
  * split unevenly; decode only (T = 1), where they run. Without AVX-512 this checks the AVX2
@@ -384,6 +384,7 @@ static void test_avx512_decode_rows_staged_k(void **state) {
     static const struct { wcase c; int64_t blocks[5]; } cases[] = {
         {{"q4_k", DT_Q4_K, 0, 0, 0}, {8, 24, 72, 264, 512}},
         {{"q6_k", DT_Q6_K, 0, 0, 0}, {8, 24, 72, 264, 512}},
+        {{"q3_k", DT_Q3_K, 0, 0, 0}, {8, 24, 72, 264, 512}},
         {{"q8_0", DT_Q8_0, 0, 0, 0}, {8, 16, 24, 64, 512}},
     };
     static const int Ts[] = {1};

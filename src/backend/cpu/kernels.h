@@ -102,6 +102,20 @@ static inline void cpu_q4k_scales_mins(const uint8_t *blk, uint64_t *sc, uint64_
     *mn = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)mn_hi << 32;
 }
 
+/* Q3_K: the 16 6-bit sub-block scales (stored + 32, 0..63) from the 12 bytes at offset 96 of
+ * a 110-byte super-block, as bytes in sub-block order (word i holds sub-blocks 4i..4i+3). */
+static inline void cpu_q3k_scales(const uint8_t *blk, uint32_t out[4]) {
+    uint32_t a0, a1, a2;
+    memcpy(&a0, blk + 96, 4);
+    memcpy(&a1, blk + 100, 4);
+    memcpy(&a2, blk + 104, 4);
+    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    out[0] = (a0 & m4) | ((a2 & m2) << 4);
+    out[1] = (a1 & m4) | (((a2 >> 2) & m2) << 4);
+    out[2] = ((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4);
+    out[3] = ((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4);
+}
+
 /* Reads one MLX scale or bias (F32/F16/BF16) by element index. */
 float cpu_sb_load(tensor_dtype t, const void *p, int64_t i);
 #endif

@@ -363,15 +363,10 @@ TILED_KERNELS(avx512_rows2_q6_k, avx512_tile2_q6_k, avx512_q6k_tile, 0, TILE_ROW
 /* d * scale of the 16 sub-blocks; for Q2_K also dmin * min (*mins). */
 AVX512_INLINE __m512 avx512_q23k_scales(const uint8_t *blk, int three, __m512 *mins) {
     if (three) {
-        uint32_t a0, a1, a2;
-        memcpy(&a0, blk + 96, 4);
-        memcpy(&a1, blk + 100, 4);
-        memcpy(&a2, blk + 104, 4);
-        const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u; /* word i: sub-blocks 4i..4i+3 */
-        __m128i v = _mm_set_epi32((int)(((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4)),
-                                  (int)(((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4)),
-                                  (int)((a1 & m4) | (((a2 >> 2) & m2) << 4)), (int)((a0 & m4) | ((a2 & m2) << 4)));
-        v = _mm_sub_epi8(v, _mm_set1_epi8(32));
+        uint32_t sw[4];
+        cpu_q3k_scales(blk, sw); /* into a vector from registers (a 16-byte load of the four
+                                  * words just stored would stall on store forwarding) */
+        __m128i v = _mm_sub_epi8(_mm_set_epi32((int)sw[3], (int)sw[2], (int)sw[1], (int)sw[0]), _mm_set1_epi8(32));
         uint16_t h;
         memcpy(&h, blk + 108, 2);
         return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), _mm512_set1_ps(_cvtsh_ss(h)));

@@ -1,4 +1,4 @@
-/* kernels_avx512_rows.c: 512-bit one-row decode (T = 1) kernels for Q8_0, Q4_K and Q6_K,
+/* kernels_avx512_rows.c: 512-bit one-row decode (T = 1) kernels (Q8_0, Q5_0/1, Q3_K..Q6_K, MLX),
  * chosen by kernels_avx512.c on CPUs with AVX-512 VNNI. One weight row at a time (one
  * sequential stream per thread, which the hardware prefetcher follows best), 64 weight bytes
  * per zmm, activations staged once per call in the order the weights' nibbles come in. Must
@@ -246,6 +246,80 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q6_k(const cpu_weight *w,
             memcpy(&dh, blk + 208, 2);
             __m512 dd = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dh)));
             __m512 f = _mm512_mul_ps(_mm512_permutexvar_ps(group, _mm512_mul_ps(sc, dd)), a[sb].d);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(g), f, acc);
+        }
+        y[n] = _mm512_reduce_add_ps(acc);
+    }
+}
+
+/* ---- Q3_K: 110 bytes per 256 weights: hmask[32], qs[64], 12 bytes of 6-bit sub-block scales
+ * (+ 32), f16 d. Element 128n + 32j + l (n < 2, j < 4, l < 32) has its 2 low bits at bits 2j
+ * of qs[32n + l] and its third bit at bit 4n + j of hmask[l]; w = d (s_g - 32) (q - 4), q =
+ * low | third << 2 in 0..7, sub-block g = 8n + 2j + l / 16. So zmm j = (qs >> 2j) & 3 holds
+ * elements 32j + l in its low half and 128 + 32j + l in its high half (activation blocks j and
+ * 4 + j), and the third bits come from hmask in both halves, tested against bit j (low half)
+ * and 4 + j (high). The four pair dots fold (r1_fold4) into lane 4k + j = half k % 2 of block
+ * j (k < 2) or 4 + j (k >= 2), i.e. sub-block r1_q3k_sub[lane]; the stored + 4 comes off in
+ * the integer domain (- 4 * that half-block's activation sum, staged). The 4-row kernels spent
+ * a scale permute, a conversion and two float ops per 64 weights and row; here one of each
+ * per super-block. */
+static const int r1_q3k_sub[16] = {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15};
+
+R1_INLINE void r1_q3k_prepare(const cpu_q8_block *x, int64_t nsb, r1_oct_act *a) {
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const cpu_q8_block *xb = x + sb * 8;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) a[sb].q[j] = r1_pair_q(&xb[j], &xb[4 + j]);
+        int32_t off[16];
+        float d[16];
+        for (int l = 0; l < 16; l++) {
+            int g = r1_q3k_sub[l];
+            off[l] = -4 * xb[g / 2].sum16[g % 2];
+            d[l] = xb[g / 2].d;
+        }
+        a[sb].off = _mm512_loadu_si512((const void *)off);
+        a[sb].d = _mm512_loadu_ps(d);
+    }
+}
+
+__attribute__((target(R1_TARGET))) static void r1_rows_q3_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                            float *y) {
+    int64_t nsb = w->k / 256, rb = nsb * 110, pf = r1_prefetch_distance(rb);
+    r1_oct_act a[R1_MAX_SB];
+    if (n0 >= n1) return;
+    r1_q3k_prepare(xv, nsb, a);
+    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    const __m512i sub = _mm512_loadu_si512((const void *)r1_q3k_sub);
+    __m512i hsel[4];
+    for (int j = 0; j < 4; j++)
+        hsel[j] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << j)), _mm256_set1_epi8((char)(1 << (4 + j))), 1);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            const uint8_t *blk = row + sb * 110;
+            _mm_prefetch((const char *)blk + pf, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + pf + 64, _MM_HINT_T0);
+            __m512i qs = _mm512_loadu_si512((const void *)(blk + 32));
+            __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk));
+            __m512i p[4];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m512i q = _mm512_and_si512(_mm512_srli_epi16(qs, 2 * j), m3);
+                q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(hm, hsel[j]), q, four);
+                /* q <= 7, |x| <= 127: a lane's four products < 2^12 */
+                p[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a[sb].q[j]);
+            }
+            /* sub-block sums (< 2^15) less 4 * sum(x): exact in int32 and as floats */
+            __m512i g = _mm512_add_epi32(r1_fold4(p[0], p[1], p[2], p[3]), a[sb].off);
+            uint32_t sw[4];
+            cpu_q3k_scales(blk, sw);
+            __m128i v = _mm_sub_epi8(_mm_set_epi32((int)sw[3], (int)sw[2], (int)sw[1], (int)sw[0]), _mm_set1_epi8(32));
+            uint16_t dh;
+            memcpy(&dh, blk + 108, 2);
+            __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)),
+                                      _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dh))));
+            __m512 f = _mm512_mul_ps(_mm512_permutexvar_ps(sub, sc), a[sb].d);
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(g), f, acc);
         }
         y[n] = _mm512_reduce_add_ps(acc);
@@ -570,6 +644,7 @@ cpu_rows_fn cpu_avx512_rows1(const cpu_weight *w) {
     if (w->dtype == DT_Q5_0 || w->dtype == DT_Q5_1) return w->dtype == DT_Q5_0 ? r1_rows_q5_0 : r1_rows_q5_1;
     switch (w->dtype) {
     case DT_Q8_0: return r1_rows_q8_0;
+    case DT_Q3_K: return r1_rows_q3_k;
     case DT_Q4_K: return r1_rows_q4_k;
     case DT_Q5_K: return r1_rows_q5_k;
     case DT_Q6_K: return r1_rows_q6_k;

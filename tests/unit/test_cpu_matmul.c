@@ -346,7 +346,8 @@ static void test_prefill_tiles_long_k(void **state) {
     static const wcase cases[] = {
         {"q4_0", DT_Q4_0, 0, 0, 0}, {"q4_1", DT_Q4_1, 0, 0, 0},  {"q5_0", DT_Q5_0, 0, 0, 0},
         {"q5_1", DT_Q5_1, 0, 0, 0}, {"q8_0", DT_Q8_0, 0, 0, 0},  {"q4_k", DT_Q4_K, 0, 0, 0},
-        {"q5_k", DT_Q5_K, 0, 0, 0}, {"q6_k", DT_Q6_K, 0, 0, 0},  {"mlx4_g64", DT_U32, 4, 64, DT_F16},
+        {"q5_k", DT_Q5_K, 0, 0, 0}, {"q6_k", DT_Q6_K, 0, 0, 0},  {"q3_k", DT_Q3_K, 0, 0, 0},
+        {"mlx4_g64", DT_U32, 4, 64, DT_F16},
         {"mlx8_g32", DT_U32, 8, 32, DT_BF16}, {"mlx4_g128", DT_U32, 4, 128, DT_F32},
     };
     static const int Ts[] = {2, 9, 10, 23};
@@ -375,7 +376,7 @@ static void test_k_quants_beyond_staged_k(void **state) {
 }
 
 /* The 512-bit one-row decode kernels (kernels_avx512_rows.c) stage one call's activations
- * for K up to 64 x 256. Q3_K / Q4_K / Q6_K: K of 1, 3, 9, 33 and exactly 64 super-blocks (the last
+ * for K up to 64 x 256. Q2_K..Q6_K: K of 1, 3, 9, 33 and exactly 64 super-blocks (the last
  * staged one). Q8_0 takes K in groups of eight blocks of 32: 8, 16, 24 blocks, 64 and 512
  * (the largest staged); at other K it keeps the 256-bit kernel. Odd N, so two threads
  * split unevenly; decode only (T = 1), where they run. Without AVX-512 this checks the AVX2
@@ -385,6 +386,7 @@ static void test_avx512_decode_rows_staged_k(void **state) {
         {{"q4_k", DT_Q4_K, 0, 0, 0}, {8, 24, 72, 264, 512}},
         {{"q6_k", DT_Q6_K, 0, 0, 0}, {8, 24, 72, 264, 512}},
         {{"q3_k", DT_Q3_K, 0, 0, 0}, {8, 24, 72, 264, 512}},
+        {{"q2_k", DT_Q2_K, 0, 0, 0}, {8, 24, 72, 264, 512}},
         {{"q8_0", DT_Q8_0, 0, 0, 0}, {8, 16, 24, 64, 512}},
     };
     static const int Ts[] = {1};

@@ -2,7 +2,7 @@
  * (kernels_x86.inc) built with vpdpbusd, and 512-bit kernels that replace them for Q4_0,
  * Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K and MLX 4/8-bit: 4 rows x 1 token (decode) or, for
  * prefill, 16 rows x 8 tokens on weights repacked per call into a row-interleaved stack
- * buffer (Q4_0..Q8_0, Q4_K, Q5_K, Q6_K, MLX 4/8; Q2_K/Q3_K keep 4 rows x 4 tokens). Must not
+ * buffer (Q4_0..Q8_0, Q3_K..Q6_K, MLX 2-8 bits; Q2_K keeps 4 rows x 4 tokens). Must not
  * use extensions beyond F/BW/VL/VNNI (the level cpu_features checks: no VBMI, no DQ). */
 #include "backend/cpu/kernels.h"
 #include "base/half.h"
@@ -918,6 +918,7 @@ PK_TILE(avx512_pk_q8_0, PK_Q8_0)
 PK_TILE(avx512_pk_q4_k, PK_Q4_K)
 PK_TILE(avx512_pk_q5_k, PK_Q5_K)
 PK_TILE(avx512_pk_q6_k, PK_Q6_K)
+PK_TILE(avx512_pk_q3_k, PK_Q3_K)
 PK_TILE(avx512_pk_mlx4, PK_MLX4)
 PK_TILE(avx512_pk_mlx8, PK_MLX8)
 PK_TILE(avx512_pk_mlxb, PK_MLXB)
@@ -984,7 +985,7 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
     case DT_Q5_1: f = avx512_rows2_q5_1, tile = avx512_pk_q5_1, small = avx512_tile2_q5_1; break;
     case DT_Q8_0: f = avx512_rows2_q8_0, tile = avx512_pk_q8_0, small = avx512_tile2_q8_0; break;
     case DT_Q2_K: f = avx512_rows2_q2_k, tile = avx512_tile2_q2_k; break;
-    case DT_Q3_K: f = avx512_rows2_q3_k, tile = avx512_tile2_q3_k; break;
+    case DT_Q3_K: f = avx512_rows2_q3_k, tile = avx512_pk_q3_k, small = avx512_tile2_q3_k; break;
     case DT_Q4_K: f = avx512_rows2_q4_k, tile = avx512_pk_q4_k, small = avx512_tile2_q4_k; break;
     case DT_Q5_K: f = avx512_rows2_q5_k, tile = avx512_pk_q5_k, small = avx512_tile2_q5_k; break;
     case DT_Q6_K: f = avx512_rows2_q6_k, tile = avx512_pk_q6_k, small = avx512_tile2_q6_k; break;

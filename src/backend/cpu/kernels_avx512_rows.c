@@ -1,4 +1,4 @@
-/* kernels_avx512_rows.c: 512-bit one-row decode (T = 1) kernels (Q8_0, Q5_0/1, Q3_K..Q6_K, MLX),
+/* kernels_avx512_rows.c: 512-bit one-row decode (T = 1) kernels (Q8_0, Q5_0/1, Q2_K..Q6_K, MLX),
  * chosen by kernels_avx512.c on CPUs with AVX-512 VNNI. One weight row at a time (one
  * sequential stream per thread, which the hardware prefetcher follows best), 64 weight bytes
  * per zmm, activations staged once per call in the order the weights' nibbles come in. Must
@@ -265,21 +265,43 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q6_k(const cpu_weight *w,
  * per super-block. */
 static const int r1_q3k_sub[16] = {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15};
 
-R1_INLINE void r1_q3k_prepare(const cpu_q8_block *x, int64_t nsb, r1_oct_act *a) {
+/* Stages the activations of the Q2_K / Q3_K one-row kernels: pairs (j, 4 + j), the offset
+ * -offset * sum(x) and the activation scale of each folded lane; for Q2_K (xs16 not NULL) also
+ * d_x * sum(x) of each sub-block of 16 in natural order, for the mins' term. */
+R1_INLINE void r1_q23k_prepare(const cpu_q8_block *x, int64_t nsb, int offset, r1_oct_act *a, __m512 *xs16) {
     for (int64_t sb = 0; sb < nsb; sb++) {
         const cpu_q8_block *xb = x + sb * 8;
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) a[sb].q[j] = r1_pair_q(&xb[j], &xb[4 + j]);
         int32_t off[16];
-        float d[16];
+        float d[16], xs[16];
         for (int l = 0; l < 16; l++) {
             int g = r1_q3k_sub[l];
-            off[l] = -4 * xb[g / 2].sum16[g % 2];
+            off[l] = -offset * xb[g / 2].sum16[g % 2];
             d[l] = xb[g / 2].d;
+            xs[l] = xb[l / 2].d * (float)xb[l / 2].sum16[l % 2];
         }
         a[sb].off = _mm512_loadu_si512((const void *)off);
         a[sb].d = _mm512_loadu_ps(d);
+        if (xs16) xs16[sb] = _mm512_loadu_ps(xs);
     }
+}
+
+/* The four pair dots of one Q2_K / Q3_K super-block's 2-bit planes (qs, 64 bytes at q), with
+ * Q3_K's third bits (hm: hmask in both halves, tested against hsel[j]) when hsel is given,
+ * folded into r1_q3k_sub lane order, plus the staged offsets. */
+R1_INLINE __m512i r1_q23k_dots(__m512i qs, __m512i hm, const __m512i *hsel, const r1_oct_act *a) {
+    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    __m512i p[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m512i q = _mm512_and_si512(_mm512_srli_epi16(qs, 2 * j), m3);
+        if (hsel) q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(hm, hsel[j]), q, four);
+        /* q <= 7, |x| <= 127: a lane's four products < 2^12 */
+        p[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a->q[j]);
+    }
+    /* sub-block sums (< 2^15) less offset * sum(x): exact in int32 and as floats */
+    return _mm512_add_epi32(r1_fold4(p[0], p[1], p[2], p[3]), a->off);
 }
 
 __attribute__((target(R1_TARGET))) static void r1_rows_q3_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
@@ -287,8 +309,7 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q3_k(const cpu_weight *w,
     int64_t nsb = w->k / 256, rb = nsb * 110, pf = r1_prefetch_distance(rb);
     r1_oct_act a[R1_MAX_SB];
     if (n0 >= n1) return;
-    r1_q3k_prepare(xv, nsb, a);
-    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    r1_q23k_prepare(xv, nsb, 4, a, NULL);
     const __m512i sub = _mm512_loadu_si512((const void *)r1_q3k_sub);
     __m512i hsel[4];
     for (int j = 0; j < 4; j++)
@@ -302,16 +323,7 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q3_k(const cpu_weight *w,
             _mm_prefetch((const char *)blk + pf + 64, _MM_HINT_T0);
             __m512i qs = _mm512_loadu_si512((const void *)(blk + 32));
             __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk));
-            __m512i p[4];
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                __m512i q = _mm512_and_si512(_mm512_srli_epi16(qs, 2 * j), m3);
-                q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(hm, hsel[j]), q, four);
-                /* q <= 7, |x| <= 127: a lane's four products < 2^12 */
-                p[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a[sb].q[j]);
-            }
-            /* sub-block sums (< 2^15) less 4 * sum(x): exact in int32 and as floats */
-            __m512i g = _mm512_add_epi32(r1_fold4(p[0], p[1], p[2], p[3]), a[sb].off);
+            __m512i g = r1_q23k_dots(qs, hm, hsel, &a[sb]);
             uint32_t sw[4];
             cpu_q3k_scales(blk, sw);
             __m128i v = _mm_sub_epi8(_mm_set_epi32((int)sw[3], (int)sw[2], (int)sw[1], (int)sw[0]), _mm_set1_epi8(32));
@@ -323,6 +335,40 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q3_k(const cpu_weight *w,
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(g), f, acc);
         }
         y[n] = _mm512_reduce_add_ps(acc);
+    }
+}
+
+/* ---- Q2_K: 84 bytes per 256 weights: 16 bytes of sub-block scales (low nibble) and mins
+ * (high), qs[64] as Q3_K's, f16 d, f16 dmin; w = d sc_g q - dmin m_g, q in 0..3. The 2-bit
+ * planes as Q3_K (no third bit, no offset); the mins' term is one FMA per super-block against
+ * the staged d_x * sum(x) of each sub-block, in natural order as the stored mins. */
+__attribute__((target(R1_TARGET))) static void r1_rows_q2_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+                                                            float *y) {
+    int64_t nsb = w->k / 256, rb = nsb * 84, pf = r1_prefetch_distance(rb);
+    r1_oct_act a[R1_MAX_SB];
+    __m512 xs16[R1_MAX_SB];
+    if (n0 >= n1) return;
+    r1_q23k_prepare(xv, nsb, 0, a, xs16);
+    const __m512i sub = _mm512_loadu_si512((const void *)r1_q3k_sub), m4 = _mm512_set1_epi32(15);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)w->data + n * rb;
+        __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            const uint8_t *blk = row + sb * 84;
+            _mm_prefetch((const char *)blk + pf, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + pf + 64, _MM_HINT_T0);
+            __m512i g = r1_q23k_dots(_mm512_loadu_si512((const void *)(blk + 16)), _mm512_setzero_si512(), NULL, &a[sb]);
+            __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk));
+            uint32_t dd;
+            memcpy(&dd, blk + 80, 4);
+            __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)); /* d, dmin */
+            __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(sm, m4)), _mm512_broadcastss_ps(dm));
+            __m512 mn = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4)),
+                                      _mm512_broadcastss_ps(_mm_movehdup_ps(dm)));
+            accm = _mm512_fmadd_ps(mn, xs16[sb], accm);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(g), _mm512_mul_ps(_mm512_permutexvar_ps(sub, sc), a[sb].d), acc);
+        }
+        y[n] = _mm512_reduce_add_ps(_mm512_sub_ps(acc, accm));
     }
 }
 
@@ -644,6 +690,7 @@ cpu_rows_fn cpu_avx512_rows1(const cpu_weight *w) {
     if (w->dtype == DT_Q5_0 || w->dtype == DT_Q5_1) return w->dtype == DT_Q5_0 ? r1_rows_q5_0 : r1_rows_q5_1;
     switch (w->dtype) {
     case DT_Q8_0: return r1_rows_q8_0;
+    case DT_Q2_K: return r1_rows_q2_k;
     case DT_Q3_K: return r1_rows_q3_k;
     case DT_Q4_K: return r1_rows_q4_k;
     case DT_Q5_K: return r1_rows_q5_k;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """cuda_gguf8b.py: writes a random-weight GGUF with the exact Llama-3.1-8B shapes (or
-Qwen3-8B's) in F16, Q8_0 or Q4_K_M layout, with numpy only (the GPU machine has no `gguf`
+Qwen3-8B's) in F16, Q4_0, Q8_0 or Q4_K_M layout, with numpy only (the GPU machine has no `gguf`
 package and nothing can be fetched there).
 
 No float is quantized: every block is written directly as random but valid bytes (random
@@ -14,7 +14,7 @@ every other matrix, token_embd included; norms F32.
 The tokenizer is a stand-in SentencePiece ("llama") vocabulary of distinct pieces (both
 hearth and llama.cpp need one to open the file; no text is tokenized by the benchmarks).
 
-Usage: cuda_gguf8b.py OUT.gguf f16|q8_0|q4_k_m [--arch llama|qwen3|tiny]
+Usage: cuda_gguf8b.py OUT.gguf f16|q4_0|q8_0|q4_k_m [--arch llama|qwen3|tiny]
 """
 import struct
 import sys
@@ -23,9 +23,9 @@ import time
 import numpy as np
 
 GGUF_ALIGN = 32
-T_F32, T_F16, T_Q8_0, T_Q4_K, T_Q6_K = 0, 1, 8, 12, 14
-BLOCK = {T_F32: (1, 4), T_F16: (1, 2), T_Q8_0: (32, 34), T_Q4_K: (256, 144), T_Q6_K: (256, 210)}
-FILE_TYPE = {"f16": 1, "q8_0": 7, "q4_k_m": 15}
+T_F32, T_F16, T_Q4_0, T_Q8_0, T_Q4_K, T_Q6_K = 0, 1, 2, 8, 12, 14
+BLOCK = {T_F32: (1, 4), T_F16: (1, 2), T_Q4_0: (32, 18), T_Q8_0: (32, 34), T_Q4_K: (256, 144), T_Q6_K: (256, 210)}
+FILE_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_m": 15}
 
 SHAPES = {
     "llama": dict(hidden=4096, ffn=14336, layers=32, heads=32, kv_heads=8, head_dim=128, vocab=128256,
@@ -78,8 +78,8 @@ def tensors(shape, arch, kind):
     c = SHAPES[shape]
     h, f, L, qd, kd, V = c["hidden"], c["ffn"], c["layers"], c["heads"] * c["head_dim"], \
         c["kv_heads"] * c["head_dim"], c["vocab"]
-    base = {"f16": T_F16, "q8_0": T_Q8_0, "q4_k_m": T_Q4_K}[kind]
-    six = T_Q6_K if kind == "q4_k_m" else base
+    base = {"f16": T_F16, "q4_0": T_Q4_0, "q8_0": T_Q8_0, "q4_k_m": T_Q4_K}[kind]
+    six = T_Q6_K if kind in ("q4_k_m", "q4_0") else base  # llama.cpp keeps output.weight in Q6_K for these
     out = [("token_embd.weight", [h, V], base), ("output_norm.weight", [h], T_F32), ("output.weight", [h, V], six)]
     for i in range(L):
         more = kind == "q4_k_m" and use_more_bits(i, L)
@@ -118,7 +118,9 @@ def pool(t, rng, n_blocks):
     if t == T_F32:
         return np.ones(n_blocks, np.float32).view(np.uint8)
     b = rng.integers(0, 256, (n_blocks, bb), dtype=np.uint8)
-    if t == T_Q8_0:  # d (f16) then 32 int8 quants: |w| <= 127 d ~ 0.03
+    if t == T_Q4_0:  # d (f16) then 16 bytes of nibbles: |w| <= 8 d ~ 0.03
+        b[:, 0:2] = f16_bits(rng.uniform(2e-3, 4e-3, n_blocks)).view(np.uint8).reshape(-1, 2)
+    elif t == T_Q8_0:  # d (f16) then 32 int8 quants: |w| <= 127 d ~ 0.03
         b[:, 0:2] = f16_bits(rng.uniform(1e-4, 2.5e-4, n_blocks)).view(np.uint8).reshape(-1, 2)
     elif t == T_Q4_K:  # d, dmin (f16), 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
         b[:, 0:2] = f16_bits(rng.uniform(2e-5, 6e-5, n_blocks)).view(np.uint8).reshape(-1, 2)

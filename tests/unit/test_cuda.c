@@ -89,7 +89,8 @@ static void *make_mlx4(int64_t n, int64_t k, cpu_weight *w) {
 static void *make_weight(tensor_dtype t, int64_t n, int64_t k, cpu_weight *w) {
     if (t == DT_U32) return make_mlx4(n, k, w);
     *w = (cpu_weight){.dtype = t, .n = n, .k = k};
-    int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K || t == DT_Q6_K ? 256 : 1;
+    int64_t bb = tensor_dtype_block_bytes(t),
+            be = t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 ? 32 : t == DT_Q4_K || t == DT_Q6_K ? 256 : 1;
     size_t bytes = (size_t)(n * (k / be) * bb);
     uint8_t *d = malloc(bytes);
     for (size_t i = 0; i < bytes; i++) d[i] = (uint8_t)rnd();
@@ -103,6 +104,14 @@ static void *make_weight(tensor_dtype t, int64_t n, int64_t k, cpu_weight *w) {
             uint16_t h = f32_to_f16(rndf() * 0.05f);
             memcpy(d + b * bb + 2 * j, &h, 2);
         }
+    if (t == DT_Q4_0 || t == DT_Q4_1) mlx_bias_max = 0.0f; /* the bias of the MLX form they are uploaded in */
+    for (size_t b = 0; (t == DT_Q4_0 || t == DT_Q4_1) && b < bytes / (size_t)bb; b++) {
+        float dv = rndf() * 0.05f, mv = rndf() * 0.4f; /* Q4_0: d at 0 (bias -8 d); Q4_1: d at 0, m at 2 */
+        uint16_t h = f32_to_f16(dv), hm = f32_to_f16(mv);
+        memcpy(d + b * bb, &h, 2);
+        if (t == DT_Q4_1) memcpy(d + b * bb + 2, &hm, 2);
+        mlx_bias_max = fmaxf(mlx_bias_max, t == DT_Q4_1 ? fabsf(f16_to_f32(hm)) : 8.0f * fabsf(f16_to_f32(h)));
+    }
     for (size_t b = 0; t == DT_Q6_K && b < bytes / (size_t)bb; b++) { /* Q6_K: d at 208 (scales: random int8) */
         uint16_t h = f32_to_f16(rndf() * 0.05f);
         memcpy(d + b * bb + 208, &h, 2);
@@ -164,7 +173,8 @@ static void verify_gemv(tensor_dtype t, const cpu_weight *w, int64_t n, int64_t 
              * the terms (including Q4_K's d·sc·q and dmin·m parts) are each <= 2·max|w|·|x|.
              * The CPU reference sums in double, so its own error is negligible. */
             /* MLX: the kernel sums s·q·x and b·x apart, each term <= (max|w| + max|b|)·|x|. */
-            double wt = t == DT_U32 ? wmax + mlx_bias_max : wmax;
+            /* GGUF Q4_0 / Q4_1 go to the device as MLX 4-bit (bias -8 d / m): the same. */
+            double wt = t == DT_U32 || t == DT_Q4_0 || t == DT_Q4_1 ? wmax + mlx_bias_max : wmax;
             double tol = (double)(k / 32 + 32 + 5) * FLT_EPSILON * 2.0 * wt * sx + 1e-30;
             /* bf16 GEMM: each operand is rounded to bf16 (relative 2^-9 each), so each
              * product errs by <= 2^-8 of |w||x|; cuBLAS accumulates in f32 (k·eps, as above). */
@@ -812,6 +822,39 @@ static void test_gemv_mlx4_v2(void **state) {
     for (int mode = 1; mode <= 2; mode++) check_gemv_mlx4_mode(mode);
 }
 
+/* GGUF Q4_0 and Q4_1 are uploaded as MLX 4-bit with groups of 32 and f16 (scale, bias)
+ * (cuda_device.cu): the CPU scalar reference on the GGUF bytes is the oracle. k % 1024 == 0
+ * takes the v3 int8 GEMV on the chunked layout, other k the float MLX kernel; T >= 9 the
+ * dequantizer and cuBLAS (bf16 and exact f32 modes). Also: the device weight is U32 of the
+ * MLX size (16 bytes of nibbles + 4 of scale and bias per 32 weights). */
+static void test_gemv_q4_legacy(void **state) {
+    (void)state;
+    static const tensor_dtype ts[] = {DT_Q4_0, DT_Q4_1};
+    static const struct { int64_t n, k; } shapes[] = {{37, 1024}, {1023, 4096}, {5, 14336}, {19, 96}, {33, 2080}};
+    static const int Ts[] = {1, 2, 5, 8};
+    hearth_error e = {0};
+    for (int i = 0; i < 2; i++) {
+        cpu_weight w;
+        void *host = make_weight(ts[i], 3, 1024, &w);
+        cuda_weight dw;
+        assert_int_equal(cuda_weight_upload(&dw, &w, "q4 legacy", &e), HEARTH_OK);
+        assert_int_equal(dw.dtype, DT_U32);
+        assert_int_equal((long long)dw.bytes, 3LL * 1024 / 32 * 20);
+        assert_int_equal(cuda_gemv_int8_act(&dw), 1);
+        cuda_weight_free(&dw);
+        free(host);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (size_t j = 0; j < sizeof Ts / sizeof Ts[0]; j++) check_gemv(ts[i], shapes[s].n, shapes[s].k, Ts[j]);
+        for (int exact = 0; exact < 2; exact++) {
+            cuda_gemm *g = NULL;
+            assert_int_equal(cuda_gemm_create(&g, 1023 * 4096, 40 * 14336, exact, NULL), HEARTH_OK);
+            check_matmul(ts[i], 1023, 4096, 17, g, !exact);
+            check_matmul(ts[i], 33, 2080, 40, g, !exact);
+            cuda_gemm_free(g);
+        }
+    }
+}
+
 /* The prefill path: cuda_matmul with T >= 9 dequantizes into the GEMM scratch and calls
  * cuBLAS; checked in both operand modes on the same odd shapes. */
 static void test_gemm(void **state) {
@@ -1207,6 +1250,7 @@ int main(void) {
         cmocka_unit_test(test_gemv_v2),
         cmocka_unit_test(test_mmq),
         cmocka_unit_test(test_gemv_mlx4_v2),
+        cmocka_unit_test(test_gemv_q4_legacy),
         cmocka_unit_test(test_gated_activations),
         cmocka_unit_test(test_matmul_loaded),
         cmocka_unit_test(test_attention),

@@ -38,13 +38,20 @@ static void test_layouts_keep_the_gguf_bytes(void **state) {
     cpu_weight mlx = {.dtype = DT_U32, .n = 4, .k = 128, .bits = 4, .group_size = 64, .sb_dtype = DT_BF16};
     assert_int_equal(total(&mlx, &ex), 4 * (128 / 8 * 4 + 2 * 4));
     assert_int_equal(ex, 0);
+    /* GGUF Q4_0 / Q4_1 as MLX 4-bit with groups of 32: 16 bytes of nibbles and a (scale, bias)
+     * word per block of 32 (the GGUF's 18 / 20 bytes) */
+    cpu_weight q40 = {.dtype = DT_Q4_0, .n = 3, .k = 64}, q41 = {.dtype = DT_Q4_1, .n = 3, .k = 64};
+    assert_int_equal(total(&q40, &ex), 3 * 2 * (16 + 4));
+    assert_int_equal(ex, 0);
+    assert_int_equal(total(&q41, &ex), 3 * 2 * (16 + 4));
+    assert_int_equal(ex, 0);
 }
 
 static void test_formats_without_a_kernel_expand_to_f32(void **state) {
     (void)state;
     int ex;
-    cpu_weight q40 = {.dtype = DT_Q4_0, .n = 3, .k = 64};
-    assert_int_equal(total(&q40, &ex), 3 * 64 * 4);
+    cpu_weight q50 = {.dtype = DT_Q5_0, .n = 3, .k = 64};
+    assert_int_equal(total(&q50, &ex), 3 * 64 * 4);
     assert_int_equal(ex, 1);
     cpu_weight mlx8 = {.dtype = DT_U32, .n = 2, .k = 64, .bits = 8, .group_size = 64, .sb_dtype = DT_F16};
     assert_int_equal(total(&mlx8, &ex), 2 * 64 * 4);

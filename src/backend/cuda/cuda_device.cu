@@ -6,6 +6,7 @@ extern "C" {
 #include "backend/cuda/cuda_plan.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/matmul.h"
+#include "base/half.h"
 }
 #include <stdio.h>
 #include <stdlib.h>
@@ -251,6 +252,49 @@ static hearth_status upload_mlx4(cuda_weight *dw, const cpu_weight *w, const cha
     return s;
 }
 
+/* GGUF Q4_0 / Q4_1 as MLX affine 4-bit with groups of 32 and f16 (scale, bias): Q4_0's
+ * d (q - 8) is d q + (-8 d), Q4_1's d q + m is itself; -8 d is exact in f16 and every product
+ * and sum is exact in f32, so the device dequantizes to the same values as the CPU reference,
+ * and the MLX kernels (the v3 GEMV, the dequantizer) serve these files too. A block's 16 bytes
+ * hold element i in the low nibble of byte i and element 16 + i in its high nibble; MLX wants
+ * element j at nibble j % 8 of word j / 8. */
+static hearth_status upload_q4_as_mlx4(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
+    int one = w->dtype == DT_Q4_1, bb = one ? 20 : 18;
+    size_t nb = (size_t)w->n * (size_t)(w->k / 32);
+    uint8_t *words = (uint8_t *)malloc(nb * 16);
+    uint16_t *sc = (uint16_t *)malloc(nb * 2), *bi = (uint16_t *)malloc(nb * 2);
+    if (!words || !sc || !bi) {
+        free(words), free(sc), free(bi);
+        return err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory to repack %s", what, tensor_dtype_name(w->dtype));
+    }
+    const uint8_t *src = (const uint8_t *)w->data;
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *blk = src + b * bb, *qs = blk + (one ? 4 : 2);
+        uint16_t d, m;
+        memcpy(&d, blk, 2);
+        if (one) memcpy(&m, blk + 2, 2);
+        else m = f32_to_f16(-8.0f * f16_to_f32(d));
+        if (!one && !(f16_to_f32(m) == -8.0f * f16_to_f32(d))) { /* |d| > 8188: -8 d overflows f16 */
+            free(words), free(sc), free(bi);
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: %s: Q4_0 block %zu has scale %g, too large for the device layout",
+                           what, b, (double)f16_to_f32(d));
+        }
+        sc[b] = d, bi[b] = m;
+        uint8_t *o = words + b * 16;
+        for (int i = 0; i < 16; i++) { /* elements 2i, 2i + 1 of the block into byte i */
+            int e0 = 2 * i, e1 = 2 * i + 1;
+            uint8_t q0 = e0 < 16 ? qs[e0] & 0xF : qs[e0 - 16] >> 4, q1 = e1 < 16 ? qs[e1] & 0xF : qs[e1 - 16] >> 4;
+            o[i] = (uint8_t)(q0 | q1 << 4);
+        }
+    }
+    cpu_weight m = {.dtype = DT_U32, .data = words, .n = w->n, .k = w->k, .bits = 4, .group_size = 32,
+                    .sb_dtype = DT_F16, .scales = sc, .biases = bi};
+    hearth_status s = upload_mlx4(dw, &m, what, err);
+    dw->dtype = DT_U32;
+    free(words), free(sc), free(bi);
+    return s;
+}
+
 hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
     memset(dw, 0, sizeof *dw);
     if (!cuda_weight_supported(w))
@@ -267,6 +311,8 @@ hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const cha
         s = upload_q6_k(dw, w, what, err);
     } else if (w->dtype == DT_U32) {
         s = upload_mlx4(dw, w, what, err);
+    } else if (w->dtype == DT_Q4_0 || w->dtype == DT_Q4_1) {
+        s = upload_q4_as_mlx4(dw, w, what, err);
     } else {
         size_t bytes, no_scales;
         cuda_weight_layout(w, &bytes, &no_scales); /* the device layout's size (cuda_plan.c) */

@@ -74,6 +74,8 @@ int cuda_weight_format_native(const cpu_weight *w) {
     case DT_F16:
     case DT_BF16: return 1;
     case DT_Q8_0: return w->k % 32 == 0;
+    case DT_Q4_0:
+    case DT_Q4_1: return w->k % 32 == 0; /* uploaded as MLX 4-bit, groups of 32 (cuda_device.cu) */
     case DT_Q4_K:
     case DT_Q6_K: return w->k % 256 == 0;
     case DT_U32: /* MLX affine: the 4-bit kernel reads 32 weights (16 bytes) of one group per load */
@@ -105,6 +107,11 @@ int cuda_weight_layout(const cpu_weight *w, size_t *data_bytes, size_t *scale_by
     case DT_U32: /* packed words + one (scale, bias) word per group */
         *data_bytes = nk / 8 * 4;
         *scale_bytes = (size_t)w->n * (size_t)(w->k / w->group_size) * 4;
+        break;
+    case DT_Q4_0: /* as MLX 4-bit with groups of 32: the nibbles, one (d, bias) word per block */
+    case DT_Q4_1:
+        *data_bytes = nk / 2;
+        *scale_bytes = nk / 32 * 4;
         break;
     default: *data_bytes = nk * (w->dtype == DT_F32 ? 4 : 2); break;
     }
@@ -138,6 +145,8 @@ static size_t upload_host_bytes(const cpu_weight *w, size_t data, size_t scales,
     if (expanded) return data;
     if (w->dtype == DT_Q8_0 || w->dtype == DT_Q6_K) return data + scales;
     if (w->dtype == DT_U32) return scales + (w->k % 1024 == 0 ? data : 0);
+    /* Q4_0 / Q4_1: the MLX-order words and f16 scale and bias arrays, then what the MLX upload needs */
+    if (w->dtype == DT_Q4_0 || w->dtype == DT_Q4_1) return data + scales + scales + (w->k % 1024 == 0 ? data : 0);
     return 0;
 }
 

@@ -104,23 +104,33 @@ typedef struct fit_base {
     size_t file_pages;    /* model file pages loading will add */
     size_t thread_stacks; /* the pool's worker threads */
     size_t code_pages;    /* hearth code first run when the engine starts */
+    int keeps_file;       /* --mmap: the weights are the file pages, which stay */
 } fit_base;
 
+/* Two moments: the end of the load, when the file's tensor pages are resident beside the
+ * weight arena (model_load then drops them from the process), and the running engine (the
+ * arena, KV pool, scratch and threads). With --mmap the pages stay: both at once. */
 static size_t fit_peak(const fit_base *b, const engine_plan *p) {
-    return b->resident_now + b->file_pages + b->thread_stacks + b->code_pages + engine_plan_bytes(p);
+    size_t run = engine_plan_bytes(p) + b->thread_stacks, load = b->file_pages + p->weights;
+    if (b->keeps_file) return b->resident_now + b->code_pages + b->file_pages + run;
+    return b->resident_now + b->code_pages + (load > run ? load : run);
 }
 
-static fit_base fit_base_now(const hearth_model *hm, const engine_plan *p) {
+static fit_base fit_base_now(const hearth_model *hm, const engine_plan *p, int use_mmap) {
     engine_trim_heap();
+    /* the loader drops the tensor pages it copied: measure this process without them too
+     * (opening the model may have faulted some in), so file_pages counts all of them */
+    if (!use_mmap) model_drop_file_pages(hm);
     long long rss = hearth_proc_kb_field("/proc/self/status", "VmRSS");
     return (fit_base){.resident_now = rss > 0 ? (size_t)rss : 0,
                       .file_pages = file_pages_to_come(hm),
                       .thread_stacks = (size_t)(p->n_threads - 1) * FIT_THREAD_RESIDENT_BYTES,
-                      .code_pages = FIT_ENGINE_CODE_BYTES};
+                      .code_pages = FIT_ENGINE_CODE_BYTES,
+                      .keeps_file = use_mmap != 0};
 }
 
-size_t fit_host_peak(const hearth_model *hm, const engine_plan *p) {
-    fit_base b = fit_base_now(hm, p);
+size_t fit_host_peak(const hearth_model *hm, const engine_plan *p, int use_mmap) {
+    fit_base b = fit_base_now(hm, p, use_mmap);
     return fit_peak(&b, p);
 }
 
@@ -192,7 +202,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
         model_free(m);
         return st;
     }
-    fit_base b = fit_base_now(hm, &p);
+    fit_base b = fit_base_now(hm, &p, o.engine.use_mmap);
     long long avail = hearth_proc_kb_field("/proc/meminfo", "MemAvailable");
     size_t peak = fit_peak(&b, &p), available = avail > 0 ? (size_t)avail : 0;
     const char *bw_source;

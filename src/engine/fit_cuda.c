@@ -246,7 +246,7 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
     json_object_set_new(r, "max_context_that_fits", json_integer(fit_largest_context(m, &o->engine, fits_device, g)));
     /* the host still holds the weights, its own KV pool and scratch (engine_plan), plus the
      * pinned staging buffers, the largest upload's temporary and the driver's share */
-    size_t host = fit_host_peak(hm, &z->host) + d->pinned_host + d->upload_host + g->host_bytes;
+    size_t host = fit_host_peak(hm, &z->host, o->engine.use_mmap) + d->pinned_host + d->upload_host + g->host_bytes;
     json_object_set_new(r, "host",
                         json_pack("{s:I, s:I, s:I, s:I, s:I}", "predicted_peak_bytes", (json_int_t)host, "engine_bytes",
                                   (json_int_t)engine_plan_bytes(&z->host), "pinned_bytes", (json_int_t)d->pinned_host,

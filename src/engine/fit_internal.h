@@ -7,7 +7,7 @@
 
 /* The process's predicted resident high-water mark once an engine of plan p exists: what
  * it holds now, the model file pages loading maps, worker stacks, code pages, the plan. */
-size_t fit_host_peak(const hearth_model *hm, const engine_plan *p);
+size_t fit_host_peak(const hearth_model *hm, const engine_plan *p, int use_mmap);
 /* Resolves o->engine.device (and o->sku, which implies cuda) to HEARTH_DEVICE_CPU or
  * HEARTH_DEVICE_CUDA: auto is cuda when a GPU is present. */
 hearth_status fit_device(const hearth_fit_options *o, int *device, hearth_error *err);

@@ -47,6 +47,10 @@ typedef struct model {
  * in the file mapping instead (for models larger than RAM; on VMs whose memory daemon
  * evicts clean file pages, decode slows down badly). */
 hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hearth_error *err);
+/* Drops the tensor pages of the model's file mappings from this process (model_load does,
+ * once the weights are copied; fit does before it measures this process, so both start the
+ * engine from the same resident set). Metadata pages stay; a later read faults pages back. */
+void model_drop_file_pages(const struct hearth_model *hm);
 /* Reads the config and sizes every weight (names and shapes checked) without
  * allocating or copying them: m->arena is NULL, model_weight_bytes is what model_load
  * would allocate, weights carry format and shape but no data. For fit predictions. */

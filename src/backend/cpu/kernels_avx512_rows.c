@@ -679,7 +679,7 @@ __attribute__((target(R1_TARGET))) static void r1_rows_mlxb(const cpu_weight *w,
 
 /* The one-row MLX kernels take these weights (K in whole groups of 256). */
 static int r1_mlx_takes(const cpu_weight *w) {
-    return w->dtype == DT_U32 && w->bits >= 2 && w->bits <= 8 && w->bits != 7 &&
+    return w->dtype == DT_U32 && cpu_mlx_bits_ok(w->bits) &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
            (w->sb_dtype == DT_F16 || w->sb_dtype == DT_BF16 || w->sb_dtype == DT_F32);
 }

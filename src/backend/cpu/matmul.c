@@ -58,7 +58,7 @@ hearth_status cpu_weight_check(const cpu_weight *w, const char *what, hearth_err
                        (long long)w->k);
     if (!w->data) return err_set(err, HEARTH_ERR_INVALID, "%s: no data", what);
     if (is_mlx(w)) {
-        if (w->bits < 2 || w->bits > 8 || w->bits == 7)
+        if (!cpu_mlx_bits_ok(w->bits))
             return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: MLX affine bits %d (want 2, 3, 4, 5, 6 or 8)", what,
                            w->bits);
         if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128)

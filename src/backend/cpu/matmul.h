@@ -19,11 +19,14 @@ typedef struct cpu_weight {
     const void *data;
     int64_t n, k;          /* output rows, input columns */
     /* MLX affine only: w = scale * q + bias, per group of group_size columns. */
-    int bits;              /* 2, 3, 4, 5, 6, 8 */
+    int bits;              /* 2, 3, 4, 5, 6, 8 (cpu_mlx_bits_ok) */
     int group_size;        /* 32, 64, 128 */
     tensor_dtype sb_dtype; /* F32, F16 or BF16 scales and biases, each [n, k / group_size] */
     const void *scales, *biases;
 } cpu_weight;
+
+/* The MLX affine widths hearth runs: 2, 3, 4, 5, 6 and 8 bits (MLX's own set). */
+static inline int cpu_mlx_bits_ok(int bits) { return bits >= 2 && bits <= 8 && bits != 7; }
 
 /* Checks that the description is one the kernels handle (format, K a multiple of the
  * block or group, pointers set). The message names `what` (e.g. the tensor name). */

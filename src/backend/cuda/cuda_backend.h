@@ -161,6 +161,11 @@ int cuda_gemv_v2_takes(const cuda_weight *w);
  * a chunked weight: no float kernel reads that layout). */
 int cuda_mlx4_v2_on(void);
 void cuda_mlx4_v2_force(int mode);
+/* The rows the int8 MLX 4-bit GEMVs (v2, v3) take: k in whole 1024-weight slots and power-of-
+ * two groups of at least one activation block (32) that divide k. */
+static inline int cuda_mlx4_int8_shape(int64_t k, int gs) {
+    return k % 1024 == 0 && gs >= 32 && (gs & (gs - 1)) == 0 && k % gs == 0;
+}
 int cuda_mlx4_v2_takes(const cuda_weight *w);
 
 /* The device layouts of MLX 4-bit rows (cuda_weight.mlx_tiled), for k % 1024 == 0:

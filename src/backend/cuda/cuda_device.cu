@@ -224,8 +224,8 @@ static hearth_status upload_mlx4(cuda_weight *dw, const cpu_weight *w, const cha
     dw->sb_bf16 = w->sb_dtype == DT_BF16;
     /* the layout the GEMV of the mode reads (cuda_mlx4_nibble); chunked only where that
      * GEMV will take it, since no float kernel reads it */
-    int gs = (int)w->group_size, v3_groups = gs >= 32 && (gs & (gs - 1)) == 0 && w->k % gs == 0;
-    dw->mlx_tiled = w->k % 1024 != 0 ? 0 : v3_groups && cuda_mlx4_v2_on() == 2 && cuda_gemv_q8act_on() ? 2 : 1;
+    int v3 = cuda_mlx4_int8_shape(w->k, (int)w->group_size) && cuda_mlx4_v2_on() == 2 && cuda_gemv_q8act_on();
+    dw->mlx_tiled = w->k % 1024 != 0 ? 0 : v3 ? 2 : 1;
     dw->bytes = words * 4 + groups * 4;
     uint32_t *tiled = dw->mlx_tiled ? (uint32_t *)calloc(words, 4) : NULL;
     hearth_status s = dw->mlx_tiled && !tiled ? err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory", what)

@@ -265,8 +265,7 @@ int cuda_mlx4_v2_takes(const cuda_weight *w) {
     if (!w || w->dtype != DT_U32) return 0;
     if (w->mlx_tiled == 2) return 1; /* upload checked the shape; only gemv_v3_mlx4 reads it */
     if (!cuda_mlx4_v2_on()) return 0;
-    int gs = w->group_size;
-    return w->mlx_tiled == 1 && w->k % 1024 == 0 && gs >= 32 && (gs & (gs - 1)) == 0 && w->k % gs == 0;
+    return w->mlx_tiled == 1 && cuda_mlx4_int8_shape(w->k, w->group_size);
 }
 
 template <int T> static void launch_mlx4(const v2_segs &sg, int rows, int layout, bool bf16, const int8_t *xq,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """cuda_gguf8b.py: writes a random-weight GGUF with the exact Llama-3.1-8B shapes (or
-Qwen3-8B's) in F16, Q4_0, Q8_0 or Q4_K_M layout, with numpy only (the GPU machine has no `gguf`
+Qwen3-8B's) in F16, Q4_0, Q8_0, Q4_K_M, Q5_K_M, Q3_K_M, Q2_K, Q5_0 or Q5_1 layout, with numpy only (the GPU machine has no `gguf`
 package and nothing can be fetched there).
 
 No float is quantized: every block is written directly as random but valid bytes (random
@@ -9,12 +9,15 @@ anyway. Bytes come from a pool of random blocks, tiled with a per-tensor rotatio
 16 GB file is written at disk speed. Q4_K_M follows llama.cpp's choice of types for that
 file type (read from its quantizer for the facts only): Q6_K for output.weight and for
 attn_v / ffn_down of the layers where i < n/8, i >= 7n/8 or (i - n/8) % 3 == 2; Q4_K for
-every other matrix, token_embd included; norms F32.
+every other matrix, token_embd included; norms F32. The other k-quant mixes are simpler
+stand-ins with the same structure (the formats are what the GPU kernels care about): Q5_K_M
+is Q5_K with Q6_K where Q4_K_M has it; Q3_K_M Q3_K with Q5_K there and output Q6_K; Q2_K
+Q2_K with Q3_K there and output Q6_K; Q5_0 / Q5_1 one format with output Q6_K.
 
 The tokenizer is a stand-in SentencePiece ("llama") vocabulary of distinct pieces (both
 hearth and llama.cpp need one to open the file; no text is tokenized by the benchmarks).
 
-Usage: cuda_gguf8b.py OUT.gguf f16|q4_0|q8_0|q4_k_m [--arch llama|qwen3|tiny]
+Usage: cuda_gguf8b.py OUT.gguf f16|q4_0|q8_0|q4_k_m|q5_k_m|q3_k_m|q2_k|q5_0|q5_1 [--arch llama|qwen3|tiny]
 """
 import struct
 import sys
@@ -24,8 +27,15 @@ import numpy as np
 
 GGUF_ALIGN = 32
 T_F32, T_F16, T_Q4_0, T_Q8_0, T_Q4_K, T_Q6_K = 0, 1, 2, 8, 12, 14
-BLOCK = {T_F32: (1, 4), T_F16: (1, 2), T_Q4_0: (32, 18), T_Q8_0: (32, 34), T_Q4_K: (256, 144), T_Q6_K: (256, 210)}
-FILE_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_m": 15}
+T_Q5_0, T_Q5_1, T_Q2_K, T_Q3_K, T_Q5_K = 6, 7, 10, 11, 13
+BLOCK = {T_F32: (1, 4), T_F16: (1, 2), T_Q4_0: (32, 18), T_Q8_0: (32, 34), T_Q4_K: (256, 144), T_Q6_K: (256, 210),
+         T_Q5_0: (32, 22), T_Q5_1: (32, 24), T_Q2_K: (256, 84), T_Q3_K: (256, 110), T_Q5_K: (256, 176)}
+FILE_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_m": 15, "q5_k_m": 17, "q3_k_m": 12, "q2_k": 10, "q5_0": 8,
+             "q5_1": 9}
+# (base type, type of the "more bits" tensors, type of output.weight)
+MIX = {"f16": (T_F16, T_F16, T_F16), "q8_0": (T_Q8_0, T_Q8_0, T_Q8_0), "q4_0": (T_Q4_0, T_Q4_0, T_Q6_K),
+       "q4_k_m": (T_Q4_K, T_Q6_K, T_Q6_K), "q5_k_m": (T_Q5_K, T_Q6_K, T_Q6_K), "q3_k_m": (T_Q3_K, T_Q5_K, T_Q6_K),
+       "q2_k": (T_Q2_K, T_Q3_K, T_Q6_K), "q5_0": (T_Q5_0, T_Q5_0, T_Q6_K), "q5_1": (T_Q5_1, T_Q5_1, T_Q6_K)}
 
 SHAPES = {
     "llama": dict(hidden=4096, ffn=14336, layers=32, heads=32, kv_heads=8, head_dim=128, vocab=128256,
@@ -78,21 +88,20 @@ def tensors(shape, arch, kind):
     c = SHAPES[shape]
     h, f, L, qd, kd, V = c["hidden"], c["ffn"], c["layers"], c["heads"] * c["head_dim"], \
         c["kv_heads"] * c["head_dim"], c["vocab"]
-    base = {"f16": T_F16, "q4_0": T_Q4_0, "q8_0": T_Q8_0, "q4_k_m": T_Q4_K}[kind]
-    six = T_Q6_K if kind in ("q4_k_m", "q4_0") else base  # llama.cpp keeps output.weight in Q6_K for these
+    base, hi, six = MIX[kind]  # llama.cpp keeps output.weight in Q6_K for the quantized mixes
     out = [("token_embd.weight", [h, V], base), ("output_norm.weight", [h], T_F32), ("output.weight", [h, V], six)]
     for i in range(L):
-        more = kind == "q4_k_m" and use_more_bits(i, L)
+        more = hi != base and use_more_bits(i, L)
         p = f"blk.{i}."
         out += [(p + "attn_norm.weight", [h], T_F32),
                 (p + "attn_q.weight", [h, qd], base),
                 (p + "attn_k.weight", [h, kd], base),
-                (p + "attn_v.weight", [h, kd], T_Q6_K if more else base),
+                (p + "attn_v.weight", [h, kd], hi if more else base),
                 (p + "attn_output.weight", [qd, h], base),
                 (p + "ffn_norm.weight", [h], T_F32),
                 (p + "ffn_gate.weight", [h, f], base),
                 (p + "ffn_up.weight", [h, f], base),
-                (p + "ffn_down.weight", [f, h], T_Q6_K if more else base)]
+                (p + "ffn_down.weight", [f, h], hi if more else base)]
         if arch == "qwen3":
             out += [(p + "attn_q_norm.weight", [c["head_dim"]], T_F32),
                     (p + "attn_k_norm.weight", [c["head_dim"]], T_F32)]
@@ -127,6 +136,18 @@ def pool(t, rng, n_blocks):
         b[:, 2:4] = f16_bits(rng.uniform(2e-5, 6e-5, n_blocks)).view(np.uint8).reshape(-1, 2)
     elif t == T_Q6_K:  # ql[128], qh[64], int8 scales[16], d (f16)
         b[:, 208:210] = f16_bits(rng.uniform(2e-5, 6e-5, n_blocks)).view(np.uint8).reshape(-1, 2)
+    elif t in (T_Q5_0, T_Q5_1):  # d (Q5_1: then m), qh, 16 bytes of nibbles: |w| <= 16 d ~ 0.03
+        b[:, 0:2] = f16_bits(rng.uniform(1e-3, 2e-3, n_blocks)).view(np.uint8).reshape(-1, 2)
+        if t == T_Q5_1:
+            b[:, 2:4] = f16_bits(rng.uniform(-0.03, -0.015, n_blocks)).view(np.uint8).reshape(-1, 2)
+    elif t == T_Q2_K:  # scales[16], qs[64], d, dmin: d sc q <= 45 d
+        b[:, 80:82] = f16_bits(rng.uniform(3e-4, 7e-4, n_blocks)).view(np.uint8).reshape(-1, 2)
+        b[:, 82:84] = f16_bits(rng.uniform(1e-4, 1e-3, n_blocks)).view(np.uint8).reshape(-1, 2)
+    elif t == T_Q3_K:  # hmask[32], qs[64], scales[12], d: |d (sc - 32)(q - 4)| <= 128 d
+        b[:, 108:110] = f16_bits(rng.uniform(1e-4, 2.5e-4, n_blocks)).view(np.uint8).reshape(-1, 2)
+    elif t == T_Q5_K:  # d, dmin, scales[12], qh[32], qs[128]: d sc q <= 1953 d
+        b[:, 0:2] = f16_bits(rng.uniform(8e-6, 1.6e-5, n_blocks)).view(np.uint8).reshape(-1, 2)
+        b[:, 2:4] = f16_bits(rng.uniform(8e-6, 1.6e-5, n_blocks)).view(np.uint8).reshape(-1, 2)
     return b.reshape(-1)
 
 

@@ -16,7 +16,10 @@ static const struct { const char *name; int elems, bytes; } dtype_table[DT_COUNT
 
 int tensor_dtype_block_elems(tensor_dtype t) { return (unsigned)t < DT_COUNT ? dtype_table[t].elems : 0; }
 int tensor_dtype_block_bytes(tensor_dtype t) { return (unsigned)t < DT_COUNT ? dtype_table[t].bytes : 0; }
-const char *tensor_dtype_name(tensor_dtype t) { return (unsigned)t < DT_COUNT ? dtype_table[t].name : "?"; }
+const char *tensor_dtype_name(tensor_dtype t) {
+    if (t == DT_AFFINE) return "affine";
+    return (unsigned)t < DT_COUNT ? dtype_table[t].name : "?";
+}
 
 uint64_t tensor_dtype_nbytes(tensor_dtype t, uint64_t n) {
     int be = tensor_dtype_block_elems(t), bb = tensor_dtype_block_bytes(t);

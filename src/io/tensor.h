@@ -14,7 +14,10 @@ typedef enum tensor_dtype {
     /* GGUF block-quantized types */
     DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q8_0,
     DT_Q2_K, DT_Q3_K, DT_Q4_K, DT_Q5_K, DT_Q6_K,
-    DT_COUNT
+    DT_COUNT,
+    /* not a file format: the CUDA backend's device layout for the quantized formats it
+     * keeps as n-bit codes with an f32 (scale, bias) per group (backend/cuda/cuda_affine.h) */
+    DT_AFFINE
 } tensor_dtype;
 
 #define TENSOR_MAX_DIMS 8

@@ -70,14 +70,15 @@ def test_sku_prediction_parts_and_determinism(hearth_bin):
     assert a["decode_tok_s"] > 0 and a["bandwidth_source"] == "sku"
 
 
-def test_bf16_weights_two_bytes_each_and_f32_expansion_four(hearth_bin):
-    """bf16 matrices stay bf16 (2 bytes); MLX 8-bit has no CUDA kernel and is expanded to
-    f32 (4 bytes): computed from config.json, the device layout rules of cuda_backend.h."""
-    for name, per_weight, expanded in (("llama-bf16", 2, 0), ("llama-q8g64", 4, 1)):
+def test_bf16_weights_two_bytes_each_and_mlx8_nine_bits(hearth_bin):
+    """bf16 matrices stay bf16 (2 bytes); MLX 8-bit in groups of 64 goes to the generic affine
+    layout (cuda_affine.h: one byte per code plus an f32 scale and bias per 64 weights, 9/8
+    bytes), nothing expanded to f32: computed from config.json, the device layout rules."""
+    for name, per_weight, expanded in (("llama-bf16", 2, 0), ("llama-q8g64", 1 + 8 / 64, 0)):
         model = tiny(name)
         c, hd, kvh = config(model)
         r = fit(hearth_bin, model, "--sku", "h200", "--ctx", "256")
-        matrices = matrix_elems(c, hd, kvh) * per_weight
+        matrices = int(matrix_elems(c, hd, kvh) * per_weight)
         n = r["device_allocations"]["count"]
         # every allocation rounds up by less than a page; small vectors add under a page
         assert matrices <= r["weights_bytes"] <= matrices + (n + 1) * PAGE, (name, matrices, r["weights_bytes"])

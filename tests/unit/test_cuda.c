@@ -25,6 +25,7 @@ int main(void) {
 #else
 #include "backend/cpu/kernels.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_affine.h"
 #include "base/half.h"
 #include "ops/ops.h"
 
@@ -63,25 +64,35 @@ static float *download(const void *d, size_t n) {
 
 /* Random bytes for the quant fields (every nibble/byte pattern occurs) with finite f16
  * scales written at the format's scale offsets, as test_cpu_matmul does. */
-static int mlx_group = 64;              /* MLX weights (DT_U32, 4-bit): the group size and */
+static int mlx_bits = 4;                /* MLX weights (DT_U32): the bits, */
+static int mlx_group = 64;              /* the group size and */
 static tensor_dtype mlx_sb = DT_BF16;    /* scale/bias type the next make_weight uses */
 static float mlx_bias_max;               /* max |bias| of the last MLX weight made */
+static int aff_f32act;                  /* check_matmul: DT_AFFINE weights on their float kernel */
 
-/* MLX affine 4-bit: random words, scales in [0, 0.05) and biases in [-0.4, 0.4), all in
- * one allocation (words, then scales, then biases). */
+/* MLX affine (mlx_bits): random words, scales in [0, 0.05) and biases in [-0.4, 0.4) in
+ * mlx_sb (f16, bf16 or f32), all in one allocation (words, then scales, then biases). */
 static void *make_mlx4(int64_t n, int64_t k, cpu_weight *w) {
-    size_t words = (size_t)(n * k / 8), groups = (size_t)(n * (k / mlx_group));
-    uint8_t *d = malloc(words * 4 + 4 * groups);
+    size_t words = (size_t)(n * k / 32 * mlx_bits), groups = (size_t)(n * (k / mlx_group));
+    size_t es = mlx_sb == DT_F32 ? 4 : 2;
+    uint8_t *d = malloc(words * 4 + 2 * es * groups);
     for (size_t i = 0; i < words * 4; i++) d[i] = (uint8_t)rnd();
-    uint16_t *sc = (uint16_t *)(d + words * 4), *bi = sc + groups;
+    uint8_t *sc = d + words * 4, *bi = sc + es * groups;
     mlx_bias_max = 0.0f;
     for (size_t g = 0; g < groups; g++) {
         float s = (rndf() + 1.0f) * 0.025f, b = rndf() * 0.4f;
-        sc[g] = mlx_sb == DT_F16 ? f32_to_f16(s) : f32_to_bf16(s);
-        bi[g] = mlx_sb == DT_F16 ? f32_to_f16(b) : f32_to_bf16(b);
+        if (mlx_sb == DT_F32) {
+            memcpy(sc + 4 * g, &s, 4);
+            memcpy(bi + 4 * g, &b, 4);
+        } else {
+            uint16_t hs = mlx_sb == DT_F16 ? f32_to_f16(s) : f32_to_bf16(s);
+            uint16_t hb = mlx_sb == DT_F16 ? f32_to_f16(b) : f32_to_bf16(b);
+            memcpy(sc + 2 * g, &hs, 2);
+            memcpy(bi + 2 * g, &hb, 2);
+        }
         mlx_bias_max = fmaxf(mlx_bias_max, fabsf(b) * 1.01f); /* 1.01: the 16-bit rounding */
     }
-    *w = (cpu_weight){.dtype = DT_U32, .data = d, .n = n, .k = k, .bits = 4, .group_size = mlx_group,
+    *w = (cpu_weight){.dtype = DT_U32, .data = d, .n = n, .k = k, .bits = mlx_bits, .group_size = mlx_group,
                       .sb_dtype = mlx_sb, .scales = sc, .biases = bi};
     return d;
 }
@@ -90,7 +101,7 @@ static void *make_weight(tensor_dtype t, int64_t n, int64_t k, cpu_weight *w) {
     if (t == DT_U32) return make_mlx4(n, k, w);
     *w = (cpu_weight){.dtype = t, .n = n, .k = k};
     int64_t bb = tensor_dtype_block_bytes(t),
-            be = t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 ? 32 : t == DT_Q4_K || t == DT_Q6_K ? 256 : 1;
+            be = tensor_dtype_block_elems(t);
     size_t bytes = (size_t)(n * (k / be) * bb);
     uint8_t *d = malloc(bytes);
     for (size_t i = 0; i < bytes; i++) d[i] = (uint8_t)rnd();
@@ -112,12 +123,37 @@ static void *make_weight(tensor_dtype t, int64_t n, int64_t k, cpu_weight *w) {
         if (t == DT_Q4_1) memcpy(d + b * bb + 2, &hm, 2);
         mlx_bias_max = fmaxf(mlx_bias_max, t == DT_Q4_1 ? fabsf(f16_to_f32(hm)) : 8.0f * fabsf(f16_to_f32(h)));
     }
+    /* the formats of the generic affine layout: d (and dmin / m) at these offsets */
+    static const int aff_off[][2] = {[DT_Q5_0] = {0, -1}, [DT_Q5_1] = {0, 2}, [DT_Q2_K] = {80, 82},
+                                     [DT_Q3_K] = {108, -1}, [DT_Q5_K] = {0, 2}};
+    int aff = t == DT_Q5_0 || t == DT_Q5_1 || t == DT_Q2_K || t == DT_Q3_K || t == DT_Q5_K;
+    for (size_t b = 0; aff && b < bytes / (size_t)bb; b++)
+        for (int j = 0; j < 2; j++)
+            if (aff_off[t][j] >= 0) {
+                uint16_t h = f32_to_f16(rndf() * 0.05f);
+                memcpy(d + b * bb + aff_off[t][j], &h, 2);
+            }
     for (size_t b = 0; t == DT_Q6_K && b < bytes / (size_t)bb; b++) { /* Q6_K: d at 208 (scales: random int8) */
         uint16_t h = f32_to_f16(rndf() * 0.05f);
         memcpy(d + b * bb + 208, &h, 2);
     }
     w->data = d;
     return d;
+}
+
+/* max |bias| of a weight the device keeps in the generic affine layout (the kernels sum
+ * scale · codes and bias · x apart, so the summation error scales with it), or 0. */
+static float affine_bias_max(const cpu_weight *w) {
+    int bits, group;
+    if (!cuda_affine_takes(w, &bits, &group) || (w->dtype == DT_U32 && w->bits == 4)) return 0.0f;
+    uint8_t *codes = malloc((size_t)w->k);
+    float *sb = malloc((size_t)(w->k / group) * 2 * sizeof(float)), m = 0.0f;
+    for (int64_t r = 0; r < w->n; r++) {
+        cuda_affine_row(w, r, bits, group, codes, sb);
+        for (int64_t g = 0; g < w->k / group; g++) m = fmaxf(m, fabsf(sb[2 * g + 1]));
+    }
+    free(codes), free(sb);
+    return m;
 }
 
 /* The int8-activation GEMVs (cuda_gemv_int8_act: Q8_0, Q4_K, Q6_K) compute W · x̂, x̂ = d·q
@@ -147,10 +183,10 @@ static void check_gemv(tensor_dtype t, int64_t n, int64_t k, int T) { check_matm
 static void verify_gemv(tensor_dtype t, const cpu_weight *w, int64_t n, int64_t k, int T, const float *x,
                         const float *ref, const float *y, float dmax, int bf16, const char *what) {
     int i8 = dmax >= 0.0f;
-    float *row = malloc((size_t)k * sizeof *row);
+    float *row = malloc((size_t)k * sizeof *row), abias = affine_bias_max(w);
     for (int64_t r = 0; r < n; r++) {
         float wmax = 0.0f;
-        int step = t == DT_U32 ? 32 : 256; /* one cpu_ref_dequant call stays inside one MLX group */
+        int step = t == DT_U32 ? 16 : 256; /* one cpu_ref_dequant call stays inside one MLX group */
         for (int64_t k0 = 0; k0 < k; k0 += step) {
             int cnt = k - k0 < step ? (int)(k - k0) : step;
             if (t == DT_F32) {
@@ -174,7 +210,8 @@ static void verify_gemv(tensor_dtype t, const cpu_weight *w, int64_t n, int64_t 
              * The CPU reference sums in double, so its own error is negligible. */
             /* MLX: the kernel sums s·q·x and b·x apart, each term <= (max|w| + max|b|)·|x|. */
             /* GGUF Q4_0 / Q4_1 go to the device as MLX 4-bit (bias -8 d / m): the same. */
-            double wt = t == DT_U32 || t == DT_Q4_0 || t == DT_Q4_1 ? wmax + mlx_bias_max : wmax;
+            /* The generic affine layout (cuda_affine.h): the same, with its biases. */
+            double wt = t == DT_U32 || t == DT_Q4_0 || t == DT_Q4_1 ? wmax + mlx_bias_max : wmax + abias;
             double tol = (double)(k / 32 + 32 + 5) * FLT_EPSILON * 2.0 * wt * sx + 1e-30;
             /* bf16 GEMM: each operand is rounded to bf16 (relative 2^-9 each), so each
              * product errs by <= 2^-8 of |w||x|; cuBLAS accumulates in f32 (k·eps, as above). */
@@ -198,6 +235,7 @@ static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm 
     cuda_weight dw;
     hearth_error e = {0};
     assert_int_equal(cuda_weight_upload(&dw, &w, "test weight", &e), HEARTH_OK);
+    if (dw.dtype == DT_AFFINE) dw.aff_f32act = aff_f32act;
     float *dx = dev_from(x, (size_t)(T * k) * sizeof *x), *dy = dev_from(NULL, (size_t)(T * n) * sizeof(float));
     /* HEARTH_CUDA_MMQ: the tensor-core kernel, int8 x as the GEMV */
     int mmq = gemm && cuda_matmul_uses_mmq(gemm, &dw, T);
@@ -313,7 +351,7 @@ static void check_dequant(tensor_dtype t, int64_t n, int64_t k, int packed) {
     float *ref = malloc((size_t)k * sizeof *ref);
     int bad = 0;
     for (int64_t r = 0; r < n; r++) {
-        int step = t == DT_U32 ? 32 : 256; /* one cpu_ref_dequant call stays inside one MLX group */
+        int step = t == DT_U32 ? 16 : 256; /* one cpu_ref_dequant call stays inside one MLX group */
         for (int64_t c0 = 0; c0 < k; c0 += step) cpu_ref_dequant(&w, r, c0, (int)(k - c0 < step ? k - c0 : step), ref + c0);
         for (int64_t c = 0; c < k; c++) {
             uint32_t u = (uint32_t)got[r * k + c] << 16;
@@ -855,6 +893,59 @@ static void test_gemv_q4_legacy(void **state) {
     }
 }
 
+/* The generic affine layout (cuda_affine.h): MLX 2/3/5/6/8-bit (and 4-bit in groups of 16)
+ * and GGUF Q5_0/Q5_1/Q2_K/Q3_K/Q5_K are uploaded as DT_AFFINE with b-bit codes, take int8
+ * activations (verify_gemv's int8 oracle and bound), and go through the decode GEMV (T up to
+ * 8 per launch, chunks above; also its float-activation kernel, aff_f32act, which the exact
+ * tier uses), the bf16 dequantizer (check_dequant) and the prefill GEMM
+ * (bf16 and exact f32 operands) against the CPU reference. Shapes: one chunk per lane or
+ * fewer (k = 256, 384), past the four-chunk load batch (4096, 14336), odd row counts. */
+static void test_gemv_affine(void **state) {
+    (void)state;
+    static const struct { tensor_dtype t; int bits, gs; tensor_dtype sb; } fs[] = {
+        {DT_U32, 8, 64, DT_BF16}, {DT_U32, 8, 32, DT_F16}, {DT_U32, 6, 64, DT_BF16}, {DT_U32, 5, 32, DT_F16},
+        {DT_U32, 3, 128, DT_BF16}, {DT_U32, 2, 64, DT_F16}, {DT_U32, 4, 16, DT_F32}, {DT_U32, 8, 16, DT_BF16},
+        {DT_Q5_0, 0, 0, DT_F16},   {DT_Q5_1, 0, 0, DT_F16}, {DT_Q2_K, 0, 0, DT_F16}, {DT_Q3_K, 0, 0, DT_F16},
+        {DT_Q5_K, 0, 0, DT_F16},
+    };
+    static const struct { int64_t n, k; } shapes[] = {{37, 256}, {129, 4096}, {5, 14336}, {19, 768}};
+    static const int Ts[] = {1, 2, 3, 5, 8, 11};
+    hearth_error e = {0};
+    for (size_t f = 0; f < sizeof fs / sizeof fs[0]; f++) {
+        mlx_bits = fs[f].bits ? fs[f].bits : 4, mlx_group = fs[f].gs ? fs[f].gs : 64, mlx_sb = fs[f].sb;
+        cpu_weight w;
+        void *host = make_weight(fs[f].t, 3, 256, &w);
+        cuda_weight dw;
+        assert_int_equal(cuda_weight_upload(&dw, &w, "affine", &e), HEARTH_OK);
+        int bits, group;
+        assert_true(cuda_affine_takes(&w, &bits, &group));
+        assert_int_equal(dw.dtype, DT_AFFINE);
+        assert_int_equal(dw.aff_bits, bits);
+        assert_int_equal((long long)dw.bytes, 3LL * 256 * bits / 8 + 3LL * (256 / group) * 8);
+        assert_int_equal(cuda_gemv_int8_act(&dw), 1);
+        cuda_weight_free(&dw);
+        free(host);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            if (fs[f].t >= DT_Q2_K && shapes[s].k % 256) continue;
+            for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) check_gemv(fs[f].t, shapes[s].n, shapes[s].k, Ts[i]);
+            aff_f32act = 1; /* the float kernel (the exact tier): float oracle, no int8 term */
+            check_gemv(fs[f].t, shapes[s].n, shapes[s].k, 1);
+            check_gemv(fs[f].t, shapes[s].n, shapes[s].k, 3);
+            check_gemv(fs[f].t, shapes[s].n, shapes[s].k, 8);
+            aff_f32act = 0;
+        }
+        check_dequant(fs[f].t, 19, 768, 0);
+        for (int exact = 0; exact < 2; exact++) {
+            cuda_gemm *g = NULL;
+            assert_int_equal(cuda_gemm_create(&g, 129 * 4096, 40 * 4096, exact, NULL), HEARTH_OK);
+            check_matmul(fs[f].t, 129, 4096, 40, g, !exact);
+            check_matmul(fs[f].t, 37, 256, 17, g, !exact);
+            cuda_gemm_free(g);
+        }
+    }
+    mlx_bits = 4, mlx_group = 64, mlx_sb = DT_BF16;
+}
+
 /* The prefill path: cuda_matmul with T >= 9 dequantizes into the GEMM scratch and calls
  * cuBLAS; checked in both operand modes on the same odd shapes. */
 static void test_gemm(void **state) {
@@ -1201,9 +1292,10 @@ static void test_errors(void **state) {
     (void)state;
     hearth_error e = {0};
     cuda_weight dw;
-    uint8_t buf[176 * 4] = {0}; /* Q5_K: no native kernel (cuda_weight_upload_any expands it) */
-    cpu_weight q5 = {.dtype = DT_Q5_K, .data = buf, .n = 4, .k = 256};
-    assert_int_equal(cuda_weight_upload(&dw, &q5, "blk.0.ffn_down.weight", &e), HEARTH_ERR_UNSUPPORTED);
+    uint8_t buf[96 * 4] = {0}; /* MLX 8-bit in groups of 48: no kernel (cuda_weight_upload_any expands it) */
+    cpu_weight q8 = {.dtype = DT_U32, .data = buf, .n = 4, .k = 96, .bits = 8, .group_size = 48, .sb_dtype = DT_F16,
+                     .scales = buf, .biases = buf};
+    assert_int_equal(cuda_weight_upload(&dw, &q8, "blk.0.ffn_down.weight", &e), HEARTH_ERR_UNSUPPORTED);
     assert_non_null(strstr(e.message, "blk.0.ffn_down.weight"));
     assert_int_equal(cuda_device_open(1000, NULL, &e), cuda_device_count() ? HEARTH_ERR_INVALID : HEARTH_ERR_UNSUPPORTED);
 }
@@ -1251,6 +1343,7 @@ int main(void) {
         cmocka_unit_test(test_mmq),
         cmocka_unit_test(test_gemv_mlx4_v2),
         cmocka_unit_test(test_gemv_q4_legacy),
+        cmocka_unit_test(test_gemv_affine),
         cmocka_unit_test(test_gated_activations),
         cmocka_unit_test(test_matmul_loaded),
         cmocka_unit_test(test_attention),

@@ -47,14 +47,33 @@ static void test_layouts_keep_the_gguf_bytes(void **state) {
     assert_int_equal(ex, 0);
 }
 
+/* The generic affine layout (cuda_affine.h): b-bit codes, an f32 (scale, bias) pair per group. */
+static void test_affine_layout_bits_plus_pairs(void **state) {
+    (void)state;
+    int ex;
+    cpu_weight q50 = {.dtype = DT_Q5_0, .n = 3, .k = 64}; /* 5 bits, groups of 32 */
+    assert_int_equal(total(&q50, &ex), 3 * 64 * 5 / 8 + 3 * 2 * 8);
+    assert_int_equal(ex, 0);
+    cpu_weight q3k = {.dtype = DT_Q3_K, .n = 2, .k = 512}; /* 3 bits, groups of 16 */
+    assert_int_equal(total(&q3k, &ex), 2 * 512 * 3 / 8 + 2 * 32 * 8);
+    cpu_weight q2k = {.dtype = DT_Q2_K, .n = 2, .k = 256}, q5k = {.dtype = DT_Q5_K, .n = 2, .k = 256};
+    assert_int_equal(total(&q2k, &ex), 2 * 256 * 2 / 8 + 2 * 16 * 8);
+    assert_int_equal(total(&q5k, &ex), 2 * 256 * 5 / 8 + 2 * 8 * 8);
+    cpu_weight mlx8 = {.dtype = DT_U32, .n = 2, .k = 64, .bits = 8, .group_size = 64, .sb_dtype = DT_F16};
+    assert_int_equal(total(&mlx8, &ex), 2 * 64 + 2 * 8);
+    assert_int_equal(ex, 0);
+    cpu_weight mlx6 = {.dtype = DT_U32, .n = 2, .k = 128, .bits = 6, .group_size = 32, .sb_dtype = DT_BF16};
+    assert_int_equal(total(&mlx6, &ex), 2 * 128 * 6 / 8 + 2 * 4 * 8);
+}
+
 static void test_formats_without_a_kernel_expand_to_f32(void **state) {
     (void)state;
     int ex;
-    cpu_weight q50 = {.dtype = DT_Q5_0, .n = 3, .k = 64};
-    assert_int_equal(total(&q50, &ex), 3 * 64 * 4);
+    cpu_weight q5k_odd = {.dtype = DT_Q5_K, .n = 3, .k = 288}; /* not whole super-blocks */
+    assert_int_equal(total(&q5k_odd, &ex), 3 * 288 * 4);
     assert_int_equal(ex, 1);
-    cpu_weight mlx8 = {.dtype = DT_U32, .n = 2, .k = 64, .bits = 8, .group_size = 64, .sb_dtype = DT_F16};
-    assert_int_equal(total(&mlx8, &ex), 2 * 64 * 4);
+    cpu_weight mlx8 = {.dtype = DT_U32, .n = 2, .k = 96, .bits = 8, .group_size = 48, .sb_dtype = DT_F16};
+    assert_int_equal(total(&mlx8, &ex), 2 * 96 * 4); /* a group the kernels have no instance for */
     assert_int_equal(ex, 1);
     cpu_weight q8_odd = {.dtype = DT_Q8_0, .n = 2, .k = 48}; /* k not a whole block: no kernel */
     assert_int_equal(total(&q8_odd, &ex), 2 * 48 * 4);
@@ -129,7 +148,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layouts_keep_the_gguf_bytes),
         cmocka_unit_test(test_q4k_packed_scales_round_trip),
-        cmocka_unit_test(test_formats_without_a_kernel_expand_to_f32),
+        cmocka_unit_test(test_affine_layout_bits_plus_pairs), cmocka_unit_test(test_formats_without_a_kernel_expand_to_f32),
         cmocka_unit_test(test_kv_planes_per_dtype),
         cmocka_unit_test(test_page_rounding),
     };

@@ -71,10 +71,13 @@ typedef struct cuda_weight {
     int64_t n, k;
     void *data;     /* rows (F16/BF16/Q4_K/MLX words) or int8 quants (Q8_0) */
     void *scales;   /* Q8_0: f16 scales; MLX: (scale, bias) pairs */
-    int group_size; /* MLX only */
+    int group_size; /* MLX and affine only */
     int sb_bf16;    /* MLX only: the pairs are bf16 (else f16) */
     int mlx_tiled;  /* MLX only: the nibble layout, 0 / 1 tiled / 2 chunked (cuda_mlx4_nibble) */
     int q4k_packed; /* Q4_K only: scale/min bytes rearranged (cuda_q4k_scale_min) */
+    int aff_bits;   /* DT_AFFINE only: bits per code (cuda_affine.h) */
+    tensor_dtype aff_from; /* DT_AFFINE only: the file's format */
+    int aff_f32act;        /* DT_AFFINE only: float activations, not int8 (the exact tier, HEARTH_CUDA_GEMM=f32) */
     size_t bytes;   /* device bytes read by one GEMV (data + scales) */
 } cuda_weight;
 
@@ -199,15 +202,18 @@ static inline void cuda_mlx4_nibble(int64_t c, int tiled, int64_t *word, int *sh
     *shift = 16 * (m % 2) + 4 * j;
 }
 
-/* Whether the GEMV kernels handle this host weight natively (F32, F16, BF16, Q8_0, Q4_K,
- * MLX affine 4-bit with f16/bf16 scales and groups of a multiple of 32). */
+/* Whether the device keeps this host weight in a format its kernels read (F32, F16, BF16,
+ * Q8_0, Q4_K, Q6_K, Q4_0/Q4_1 as MLX 4-bit, MLX affine 4-bit with f16/bf16 scales and groups
+ * of a multiple of 32, and in the generic affine layout (cuda_affine.h) MLX 2/3/5/6/8-bit,
+ * Q5_0, Q5_1, Q2_K, Q3_K and Q5_K). */
 int cuda_weight_supported(const cpu_weight *w);
 /* Uploads a host weight (any pointer alignment) once; fails for unsupported formats. */
 hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err);
-/* Any format cpu_matmul handles: native ones as cuda_weight_upload; the others (GGUF
- * Q4_0/Q4_1/Q5_x/Q2_K/Q3_K/Q5_K/Q6_K, MLX affine) dequantized on the host with the CPU
- * reference (bit-exact) and kept as F32 on the device: correct, but 32/bits times the
- * memory and the decode bytes. *expanded is set to 1 when that happened. */
+/* Any format cpu_matmul handles: supported ones as cuda_weight_upload; the rest (shapes
+ * the kernels do not take: k % 32 != 0, K-quants with k % 256 != 0, MLX groups other than
+ * 16/32/64/128) dequantized on the host with the CPU reference (bit-exact) and kept as F32
+ * on the device: correct, but 32/bits times the memory and the decode bytes. *expanded is
+ * set to 1 when that happened. */
 hearth_status cuda_weight_upload_any(cuda_weight *dw, const cpu_weight *w, const char *what, int *expanded,
                                      hearth_error *err);
 void cuda_weight_free(cuda_weight *dw);

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
 #include "backend/cuda/cuda_plan.h"
+#include "backend/cuda/cuda_affine.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/matmul.h"
 #include "base/half.h"
@@ -295,6 +296,36 @@ static hearth_status upload_q4_as_mlx4(cuda_weight *dw, const cpu_weight *w, con
     return s;
 }
 
+/* The generic affine layout (cuda_affine.h): each row's codes and (scale, bias) pairs from
+ * the file's format, packed into the planes on the host, uploaded in one copy each. */
+static hearth_status upload_affine(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
+    int bits, group;
+    cuda_affine_takes(w, &bits, &group);
+    size_t code_bytes, pair_bytes;
+    cuda_weight_layout(w, &code_bytes, &pair_bytes); /* the device layout's sizes (cuda_plan.c) */
+    uint8_t *planes = (uint8_t *)malloc(code_bytes), *codes = (uint8_t *)malloc((size_t)w->k);
+    float *sb = (float *)malloc(pair_bytes);
+    hearth_status s = HEARTH_OK;
+    if (!planes || !codes || !sb)
+        s = err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory to repack %s", what, tensor_dtype_name(w->dtype));
+    int64_t groups = w->k / group;
+    for (int64_t r = 0; !s && r < w->n; r++) {
+        cuda_affine_row(w, r, bits, group, codes, sb + (size_t)r * (size_t)groups * 2);
+        cuda_affine_pack_row(codes, w->n, w->k, bits, r, planes);
+    }
+    dw->dtype = DT_AFFINE;
+    dw->aff_bits = bits;
+    dw->aff_from = w->dtype;
+    dw->group_size = group;
+    dw->bytes = code_bytes + pair_bytes;
+    if (!s) s = cuda_alloc(&dw->data, code_bytes, what, err);
+    if (!s) s = cuda_alloc(&dw->scales, pair_bytes, what, err);
+    if (!s) s = cuda_upload(dw->data, planes, code_bytes, err);
+    if (!s) s = cuda_upload(dw->scales, sb, pair_bytes, err);
+    free(planes), free(codes), free(sb);
+    return s;
+}
+
 hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
     memset(dw, 0, sizeof *dw);
     if (!cuda_weight_supported(w))
@@ -305,7 +336,9 @@ hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const cha
     dw->n = w->n;
     dw->k = w->k;
     hearth_status s;
-    if (w->dtype == DT_Q8_0) {
+    if (cuda_weight_goes_affine(w)) {
+        s = upload_affine(dw, w, what, err);
+    } else if (w->dtype == DT_Q8_0) {
         s = upload_q8_0(dw, w, what, err);
     } else if (w->dtype == DT_Q6_K) {
         s = upload_q6_k(dw, w, what, err);

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_act.cuh"
 extern "C" {
 #include "backend/cuda/cuda_plan.h"
+#include "backend/cuda/cuda_affine.h"
 }
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -120,13 +121,30 @@ static __device__ float q6k_elem(const cuda_weight &w, int64_t r, int64_t c) {
     return dl * (float)((lo | (hi << 4)) - 32);
 }
 
+/* Element (r, c) of the generic affine layout (cuda_affine.h): code · scale + bias, rounded
+ * once as the reference dequantizers do. */
+static __device__ float aff_elem(const cuda_weight &w, int64_t r, int64_t c) {
+    int lo = cuda_affine_lo_bits(w.aff_bits), hi = w.aff_bits - lo, word, bit;
+    size_t chunk = (size_t)(r * (w.k / 32) + c / 32);
+    const uint32_t *pl = (const uint32_t *)w.data;
+    cuda_affine_slot((int)(c % 32), lo, &word, &bit);
+    uint32_t code = (pl[chunk * lo + word] >> bit) & ((1u << lo) - 1);
+    if (hi) {
+        cuda_affine_slot((int)(c % 32), hi, &word, &bit);
+        code |= ((pl[(size_t)w.n * (size_t)(w.k / 32) * lo + chunk * hi + word] >> bit) & ((1u << hi) - 1)) << lo;
+    }
+    float2 p = ((const float2 *)w.scales)[r * (w.k / w.group_size) + c / w.group_size];
+    return __fadd_rn(__fmul_rn((float)code, p.x), p.y);
+}
+
 template <bool F32>
 __global__ void dequant_kernel(cuda_weight w, void *out) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, total = (size_t)w.n * (size_t)w.k;
     if (i >= total) return;
     int64_t r = (int64_t)(i / w.k), c = (int64_t)(i % w.k);
-    float v = w.dtype == DT_U32    ? mlx4_elem(w, r, c)
-              : w.dtype == DT_Q6_K ? q6k_elem(w, r, c)
+    float v = w.dtype == DT_U32      ? mlx4_elem(w, r, c)
+              : w.dtype == DT_AFFINE ? aff_elem(w, r, c)
+              : w.dtype == DT_Q6_K   ? q6k_elem(w, r, c)
                                    : weight_elem(w.dtype, w.data, w.scales, w.k, r, c, w.q4k_packed);
     if (F32) ((float *)out)[i] = v;
     else ((__nv_bfloat16 *)out)[i] = __float2bfloat16(v);
@@ -145,8 +163,9 @@ __global__ void dequant8_bf16_kernel(cuda_weight w, uint4 *out) {
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             int64_t c = c0 + j + u;
-            v[u] = w.dtype == DT_U32    ? mlx4_elem(w, r, c)
-                   : w.dtype == DT_Q6_K ? q6k_elem(w, r, c)
+            v[u] = w.dtype == DT_U32      ? mlx4_elem(w, r, c)
+                   : w.dtype == DT_AFFINE ? aff_elem(w, r, c)
+                   : w.dtype == DT_Q6_K   ? q6k_elem(w, r, c)
                                         : weight_elem(w.dtype, w.data, w.scales, w.k, r, c, w.q4k_packed);
         }
         __nv_bfloat162 b = __floats2bfloat162_rn(v[0], v[1]);
@@ -285,7 +304,8 @@ static void launch_dequant_bf16(const cuda_weight *w, void *out) {
     size_t wn = (size_t)w->n * (size_t)w->k, total8 = wn / 8;
     unsigned grid = (unsigned)((total8 + 255) / 256);
     int fast = !dequant_old() && w->k % 8 == 0;
-    if (fast && w->dtype == DT_Q8_0) dequant_fast_bf16_kernel<DT_Q8_0><<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out, total8);
+    if (fast && w->dtype == DT_AFFINE) cuda_dequant_affine_launch(w, out);
+    else if (fast && w->dtype == DT_Q8_0) dequant_fast_bf16_kernel<DT_Q8_0><<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out, total8);
     else if (fast && w->dtype == DT_Q4_K)
         dequant_fast_bf16_kernel<DT_Q4_K><<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out, total8);
     else if (fast && w->dtype == DT_Q6_K)
@@ -377,6 +397,7 @@ static double quant_bytes_per_elem(const cuda_weight *w) {
     case DT_Q6_K: return 210.0 / 256.0;
     case DT_Q8_0: return 34.0 / 32.0;
     case DT_U32: return 0.5 + 4.0 / (double)(w->group_size > 0 ? w->group_size : 64); /* nibbles + scale/bias */
+    case DT_AFFINE: return w->aff_bits / 8.0 + 8.0 / (double)w->group_size; /* codes + f32 scale/bias */
     default: return 0.0;
     }
 }

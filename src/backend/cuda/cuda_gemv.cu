@@ -1,5 +1,6 @@
 /* cuda_gemv.cu: decode GEMV y[T, n] = x[T, k] · W^T on the device for F32, F16, BF16, MLX 4-bit,
- * Q8_0, Q4_K and Q6_K weights (layouts: cuda_weight). One warp per output row (the int8
+ * Q8_0, Q4_K and Q6_K weights (layouts: cuda_weight; the generic affine layout's kernels are
+ * in cuda_gemv_affine.cu). One warp per output row (the int8
  * kernels: 1 to 4 rows); weights are read once with 16-byte non-allocating loads and
  * dequantized in registers; accumulation is float32. Activations are float32, except for
  * Q8_0 / Q4_K / Q6_K and tiled MLX 4-bit (unless HEARTH_CUDA_MLX4=v1), whose kernels quantize them
@@ -499,6 +500,7 @@ static void launch_rows(const cuda_weight *w, const float *x, float *y, bool vec
                                                         k);
         break;
     }
+    case DT_AFFINE: cuda_gemv_affine_launch(w, NULL, NULL, x, y, T); break;
     case DT_U32:
         if (w->mlx_tiled && w->sb_bf16)
             pdl_launch(gemv_mlx4_tiled<T, true>, grid, block, (const uint32_t *)w->data, (const uint32_t *)w->scales,
@@ -582,7 +584,9 @@ static int q8act_enabled(void) {
 int cuda_gemv_q8act_on(void) { return q8act_enabled(); }
 
 int cuda_gemv_int8_act(const cuda_weight *w) {
-    return w && (w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K || w->dtype == DT_Q6_K || cuda_mlx4_v2_takes(w)) &&
+    return w &&
+           (w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K || w->dtype == DT_Q6_K ||
+            (w->dtype == DT_AFFINE && !w->aff_f32act) || cuda_mlx4_v2_takes(w)) &&
            w->k % 32 == 0 && q8act_enabled();
 }
 
@@ -927,6 +931,10 @@ static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, 
     if (cuda_gemv_mlx4_launch(&w, &y, 1, xq, xs, T)) return; /* every U32 weight here, unless HEARTH_CUDA_MLX4=v1 */
     if (batched ? cuda_gemv_v2_launch_rows(w, y, xq, xs, T) : cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T))
         return; /* cuda_gemv_v2_takes */
+    if (w->dtype == DT_AFFINE) {
+        cuda_gemv_affine_launch(w, xq, xs, NULL, y, T);
+        return;
+    }
     int n = (int)w->n, k = (int)w->k, pf = pdl_pf_on();
     int R = w->dtype == DT_Q4_K && w->q4k_packed ? q4k_rows(n, k) : q8act_rows(n);
     dim3 grid((unsigned)((n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R))), block(GEMV_WARPS * 32);
@@ -1090,7 +1098,8 @@ static hearth_status gemv_any(const cuda_weight *w, const float *x, int T, float
     /* Vector loads need 16-byte aligned rows of x (k % 4 floats) and of W (k % 8 halves);
      * the quantized formats already guarantee k % 32 == 0. */
     bool vec = w->k % 8 == 0 && ((uintptr_t)x % 16) == 0;
-    if ((w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K || w->dtype == DT_Q6_K || w->dtype == DT_U32) &&
+    if ((w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K || w->dtype == DT_Q6_K || w->dtype == DT_U32 ||
+         w->dtype == DT_AFFINE) &&
         ((uintptr_t)x % 16) != 0)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv: activations must be 16-byte aligned for %s",
                        tensor_dtype_name(w->dtype));

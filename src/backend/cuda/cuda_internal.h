@@ -32,6 +32,12 @@ int cuda_gemv_mlx4_launch(const cuda_weight *const *ws, float *const *ys, int nw
                           int T);
 int cuda_gemv_mlx4_groups(const cuda_weight *a, const cuda_weight *b);
 void cuda_gemv_mlx4_force_pdl(int mode);
+/* cuda_gemv_affine.cu: the GEMV of a DT_AFFINE weight on T <= 8 rows (T = 1, 2, 3, 4, 8)
+ * of int8 activations xq / xs, or, with xq NULL, of float activations x; and its bf16
+ * dequantization into out (n * k elements). */
+void cuda_gemv_affine_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, const float *x, float *y,
+                             int T);
+void cuda_dequant_affine_launch(const cuda_weight *w, void *out);
 /* cuda_gemv.cu: whether the GEMVs take int8 activations at all (HEARTH_CUDA_GEMV_F32ACT unset). */
 int cuda_gemv_q8act_on(void);
 

@@ -4,6 +4,7 @@
  * hearth fit --device cuda (which predicts from them). Pure arithmetic: no CUDA calls. */
 #include "backend/cuda/cuda_plan.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_affine.h"
 #include "engine/kv_cache.h"
 #include <string.h>
 
@@ -67,7 +68,8 @@ double cuda_kv_position_bytes(int n_kv_heads, int head_dim, int dtype) {
     return 2.0 * n_kv_heads * row;
 }
 
-int cuda_weight_format_native(const cpu_weight *w) {
+/* The formats with kernels of their own (the rest that cuda_affine_takes go to DT_AFFINE). */
+static int format_own(const cpu_weight *w) {
     if (!w || w->n <= 0 || w->k <= 0) return 0;
     switch (w->dtype) {
     case DT_F32:
@@ -85,12 +87,22 @@ int cuda_weight_format_native(const cpu_weight *w) {
     }
 }
 
+int cuda_weight_format_native(const cpu_weight *w) { return format_own(w) || cuda_affine_takes(w, NULL, NULL); }
+
+int cuda_weight_goes_affine(const cpu_weight *w) { return !format_own(w) && cuda_affine_takes(w, NULL, NULL); }
+
 int cuda_weight_layout(const cpu_weight *w, size_t *data_bytes, size_t *scale_bytes) {
     size_t nk = (size_t)w->n * (size_t)w->k;
     *scale_bytes = 0;
     if (!cuda_weight_format_native(w)) {
         *data_bytes = nk * sizeof(float); /* expanded to F32 on the host */
         return 1;
+    }
+    int bits, group;
+    if (cuda_weight_goes_affine(w) && cuda_affine_takes(w, &bits, &group)) { /* code planes + (scale, bias) f32 pairs */
+        *data_bytes = cuda_affine_code_bytes(w->n, w->k, bits);
+        *scale_bytes = cuda_affine_pair_bytes(w->n, w->k, group);
+        return 0;
     }
     switch (w->dtype) {
     case DT_Q8_0: /* int8 plane [n][k] + f16 scale plane [n][k/32] */
@@ -143,6 +155,7 @@ void cuda_gemv_act_layout(size_t floats, size_t *quant_bytes, size_t *scale_byte
 /* The host buffer cuda_weight_upload(_any) needs while it repacks or expands w. */
 static size_t upload_host_bytes(const cpu_weight *w, size_t data, size_t scales, int expanded) {
     if (expanded) return data;
+    if (cuda_weight_goes_affine(w)) return data + scales + (size_t)w->k; /* the planes, the pairs, one row's codes */
     if (w->dtype == DT_Q8_0 || w->dtype == DT_Q6_K) return data + scales;
     if (w->dtype == DT_U32) return scales + (w->k % 1024 == 0 ? data : 0);
     /* Q4_0 / Q4_1: the MLX-order words and f16 scale and bias arrays, then what the MLX upload needs */

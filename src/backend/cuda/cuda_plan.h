@@ -48,6 +48,8 @@ double cuda_kv_position_bytes(int n_kv_heads, int head_dim, int dtype);
 /* Whether the GEMV kernels handle this format natively, from its dtype and shape alone
  * (cuda_weight_supported also wants the MLX scale/bias pointers). */
 int cuda_weight_format_native(const cpu_weight *w);
+/* Whether it is kept in the generic affine layout (DT_AFFINE, cuda_affine.h). */
+int cuda_weight_goes_affine(const cpu_weight *w);
 /* A weight's device layout (cuda_weight): bytes of its data plane and of its scales plane
  * (0: none). Formats without a kernel are expanded to F32 (returns 1), else returns 0. */
 int cuda_weight_layout(const cpu_weight *w, size_t *data_bytes, size_t *scale_bytes);

@@ -883,6 +883,7 @@ P2_TILE(p2_tile_q5_1, PK_Q5_1)
 P2_TILE(p2_tile_q4_k, PK_Q4_K)
 P2_TILE(p2_tile_q5_k, PK_Q5_K)
 P2_TILE(p2_tile_q6_k, PK_Q6_K)
+P2_TILE(p2_tile_mlxb, PK_MLXB)
 
 /* cpu_quantize_row_ref (in order), 8 values per instruction: the same amax, d, 1/d and
  * float product, and the conversion rounds to nearest even like lrintf, so the bytes are
@@ -940,6 +941,7 @@ int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out) {
         if (w->dtype == DT_Q5_0) out->tile = p2_tile_q5_0;
         if (w->dtype == DT_Q5_1) out->tile = p2_tile_q5_1;
         if (w->dtype == DT_Q5_K) out->tile = p2_tile_q5_k;
+        if (w->dtype == DT_U32 && w->bits != 4 && w->bits != 8) out->tile = p2_tile_mlxb; /* MLX 2/3/5/6 */
         return 1;
     }
     *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small, 0};

@@ -138,6 +138,7 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                       .max_blocks_per_slot = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
     size_t T = (size_t)p->step_tokens;
     p->weights = model_weight_bytes(m);
+    p->weights_load_peak = model_load_peak_bytes(m);
     if (!kv_quant_known(o.kv_quant))
         return err_set(err, HEARTH_ERR_INVALID,
                        "engine: unknown KV quantization %d (--kv-quant takes none, int8, fp8 or f16)", o.kv_quant);

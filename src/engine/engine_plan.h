@@ -12,6 +12,7 @@ typedef struct engine_plan {
     int n_threads, context, step_tokens, max_seqs, n_blocks;
     int max_out;    /* logits rows per step: max(ENGINE_MAX_LOGITS_ROWS, max_seqs) */
     size_t weights; /* the weight arena (model_load) */
+    size_t weights_load_peak; /* the arena + one tensor's file pages at the load's worst (model_load_peak_bytes) */
     size_t kv;      /* the KV pool and its block tables */
     size_t scratch; /* activations and matmul scratch for the largest step */
     size_t buffers; /* step arrays, logits rows, token history, sequence flags */

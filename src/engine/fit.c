@@ -107,11 +107,12 @@ typedef struct fit_base {
     int keeps_file;       /* --mmap: the weights are the file pages, which stay */
 } fit_base;
 
-/* Two moments: the end of the load, when the file's tensor pages are resident beside the
- * weight arena (model_load then drops them from the process), and the running engine (the
- * arena, KV pool, scratch and threads). With --mmap the pages stay: both at once. */
+/* Two moments: the worst point of the load, when the arena written so far and the file pages
+ * of the tensor being copied are resident (model_load drops each tensor's pages once it is
+ * copied: model_load_peak_bytes), and the running engine (the arena, KV pool, scratch and
+ * threads). With --mmap the pages stay: both at once. */
 static size_t fit_peak(const fit_base *b, const engine_plan *p) {
-    size_t run = engine_plan_bytes(p) + b->thread_stacks, load = b->file_pages + p->weights;
+    size_t run = engine_plan_bytes(p) + b->thread_stacks, load = p->weights_load_peak;
     if (b->keeps_file) return b->resident_now + b->code_pages + b->file_pages + run;
     return b->resident_now + b->code_pages + (load > run ? load : run);
 }
@@ -220,6 +221,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     json_object_set_new(r, "threads", json_integer(p.n_threads));
     json_object_set_new(r, "step_tokens", json_integer(p.step_tokens));
     json_object_set_new(r, "weights_bytes", JSON_SIZE(p.weights));
+    json_object_set_new(r, "weights_load_peak_bytes", JSON_SIZE(p.weights_load_peak));
     json_object_set_new(r, "kv_pool_bytes", JSON_SIZE(p.kv));
     json_object_set_new(r, "kv_blocks", json_integer(p.n_blocks));
     json_object_set_new(r, "kv_blocks_cut_from", json_integer(p.kv_cut_from));

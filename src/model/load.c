@@ -32,11 +32,40 @@ typedef struct loader {
     int gguf;
     uint8_t *arena;
     size_t used, cap; /* cap 0: sizing pass */
+    size_t load_peak; /* max over tensors of arena bytes so far + the file pages of that tensor */
     int use_mmap;     /* matrices point into the file mapping instead of the arena */
     const char *prefix; /* "model." (HF causal LM), or "" where the checkpoint holds the bare
                            base model (Qwen3-Embedding: embed_tokens.weight, layers.N....) */
     hearth_error *err;
 } loader;
+
+/* The file pages [p, p + n) spans. */
+static size_t page_span(const void *p, size_t n) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(page - 1);
+    uintptr_t b = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+    return n ? (size_t)(b - a) : 0;
+}
+
+/* Drops the pages of one tensor's file bytes from this process once they are copied (and,
+ * in the sizing pass, once the NaN check has read them): MADV_DONTNEED on the private
+ * read-only mapping, the page cache keeps them and a later read faults them back (a page
+ * shared with the next tensor simply comes back when that one is read). So the load holds
+ * one tensor's file pages beside the arena, not the whole file: the peak is the arena plus
+ * the largest tensor, not twice the weights (model_load_peak_bytes). */
+static void drop_span(const loader *L, const void *p, size_t n) {
+    if (L->use_mmap || !n) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(page - 1);
+    uintptr_t b = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+    (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+/* After tensor t's bytes went into the arena (or were sized): the load's peak so far, then
+ * its pages leave the process. */
+static void tensor_copied(loader *L, const tensor_info *t) {
+    size_t at = L->used + page_span(t->data, t->nbytes);
+    if (at > L->load_peak) L->load_peak = at;
+    drop_span(L, t->data, t->nbytes);
+}
 
 static void *arena_take(loader *L, size_t bytes) {
     size_t at = (L->used + 63) & ~(size_t)63;
@@ -81,6 +110,7 @@ static hearth_status load_vector(loader *L, const char *name, int64_t n, int req
         }
         *out = dst;
     }
+    tensor_copied(L, t);
     return HEARTH_OK;
 }
 
@@ -88,6 +118,7 @@ static const void *copy_bytes(loader *L, const tensor_info *t) {
     if (L->use_mmap) return t->data;
     void *dst = arena_take(L, t->nbytes);
     if (dst) memcpy(dst, t->data, t->nbytes);
+    tensor_copied(L, t);
     return dst;
 }
 
@@ -147,6 +178,7 @@ static hearth_status load_matrix(loader *L, const char *module, int64_t n_out, i
     w->data = copy_bytes(L, t);
     if (!L->cap) {
         int64_t bad = first_non_finite(t);
+        drop_span(L, t->data, t->nbytes); /* the check read them */
         if (bad >= 0)
             return err_set(L->err, HEARTH_ERR_FORMAT, "%s: tensor '%s' holds a non-finite value at index %lld", file,
                            name, (long long)bad);
@@ -238,6 +270,7 @@ hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hear
         return st;
     }
     m->arena_bytes = L.used;
+    m->load_peak_bytes = L.load_peak;
     *out = m;
     return HEARTH_OK;
 }
@@ -287,6 +320,7 @@ hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hear
 }
 
 size_t model_weight_bytes(const model *m) { return m->arena_bytes; }
+size_t model_load_peak_bytes(const model *m) { return m->load_peak_bytes; }
 
 void model_free(model *m) {
     if (!m) return;

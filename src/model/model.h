@@ -40,6 +40,7 @@ typedef struct model {
     const float *final_norm;
     uint8_t *arena;            /* every weight byte, resident */
     size_t arena_bytes;
+    size_t load_peak_bytes;    /* model_load_peak_bytes */
 } model;
 
 /* Loads the weights of an open model (folder or GGUF) into resident anonymous memory
@@ -58,6 +59,10 @@ hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hear
 void model_free(model *m);
 /* Bytes model_load will allocate for this model (for fit predictions). */
 size_t model_weight_bytes(const model *m);
+/* The weights' part of the load's peak resident memory: the largest (arena bytes written so
+ * far + the file pages of the tensor being copied) over the load, since each tensor's file
+ * pages leave the process once copied (without --mmap). Known from model_plan too. */
+size_t model_load_peak_bytes(const model *m);
 
 /* One step over a ragged batch of T tokens: tokens[t] of sequence slot[t] at position
  * pos[t]. Writes K/V of every token into the cache (slots must be reserved through

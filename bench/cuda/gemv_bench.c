@@ -7,7 +7,9 @@
  * default kernels ("path": "v1") then the v2 ones ("v2", cuda_gemv_v2.cu). Likewise for the
  * MLX 4-bit (U32) shapes, three times, whenever U32 is timed (GEMV_BENCH_FORMATS=mlx4 times
  * only U32): "v1" the float-activation tiled kernel, "v2" gemv_v2_mlx4 on the tiled layout,
- * "v3" gemv_v3_mlx4 on the chunked layout (cuda_gemv_mlx4.cu). The int8 rows
+ * "v3" gemv_v3_mlx4 on the chunked layout (cuda_gemv_mlx4.cu). GEMV_BENCH_MLX_BITS=2|3|5|6|8
+ * makes the MLX rows that width (the generic affine layout, cuda_affine.h), and
+ * GEMV_BENCH_FORMATS=Q5_K times Q5_K (affine too; not in the default list). The int8 rows
  * include their activation quantizer launch, as a decode step's unfused GEMV does. */
 #include "backend/cpu/matmul.h"
 #include "backend/cuda/cuda_backend.h"
@@ -72,17 +74,19 @@ static int time_copy(double *gbs) {
     return 0;
 }
 
+static int mlx_bits = 4; /* GEMV_BENCH_MLX_BITS: 2..8 (not 4: the generic affine kernels) */
+
 static void *make_host(tensor_dtype t, int64_t n, int64_t k, size_t *bytes) {
-    int64_t bb = tensor_dtype_block_bytes(t), be = t == DT_Q8_0 ? 32 : t == DT_Q4_K || t == DT_Q6_K ? 256 : 1;
+    int64_t bb = tensor_dtype_block_bytes(t), be = tensor_dtype_block_elems(t);
     *bytes = (size_t)(n * (k / be) * bb);
-    if (t == DT_U32) { /* MLX 4-bit, groups of 64: words, then bf16 scales and biases */
-        size_t groups = (size_t)(n * (k / 64));
-        uint8_t *d = malloc((size_t)(n * k / 2) + 4 * groups);
+    if (t == DT_U32) { /* MLX, groups of 64: words, then bf16 scales and biases */
+        size_t groups = (size_t)(n * (k / 64)), wb = (size_t)(n * k / 8 * mlx_bits);
+        uint8_t *d = malloc(wb + 4 * groups);
         if (!d) return NULL;
-        for (size_t i = 0; i < (size_t)(n * k / 2); i++) d[i] = (uint8_t)rnd();
-        uint16_t *sb = (uint16_t *)(d + n * k / 2);
+        for (size_t i = 0; i < wb; i++) d[i] = (uint8_t)rnd();
+        uint16_t *sb = (uint16_t *)(d + wb);
         for (size_t g = 0; g < 2 * groups; g++) sb[g] = f32_to_bf16(rndf() * 0.01f);
-        *bytes = (size_t)(n * k / 2) + 4 * groups;
+        *bytes = wb + 4 * groups;
         return d;
     }
     uint8_t *d = malloc(*bytes);
@@ -97,7 +101,7 @@ static void *make_host(tensor_dtype t, int64_t n, int64_t k, size_t *bytes) {
         memcpy(d + i, &r, 4);
     }
     for (size_t b = 0; b < *bytes / (size_t)bb; b++)
-        for (int j = 0; j < (t == DT_Q4_K ? 2 : 1); j++) { /* Q8_0: d at 0; Q4_K: d, dmin at 0, 2; Q6_K: d at 208 */
+        for (int j = 0; j < (t == DT_Q4_K || t == DT_Q5_K ? 2 : 1); j++) { /* Q8_0: d at 0; Q4_K / Q5_K: d, dmin at 0, 2; Q6_K: d at 208 */
             uint16_t h = f32_to_f16(rndf() * 0.05f);
             memcpy(d + b * bb + (t == DT_Q6_K ? 208 : 2 * j), &h, 2);
         }
@@ -124,9 +128,11 @@ int main(int argc, char **argv) {
         {4096, 4096, "attn q/o"},  {1024, 4096, "attn k/v"},      {14336, 4096, "ffn gate/up"},
         {4096, 14336, "ffn down"}, {128256, 4096, "lm_head"}};
     const char *only = getenv("GEMV_BENCH_FORMATS");
-    static const tensor_dtype formats[] = {DT_BF16, DT_F16, DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_U32};
+    static const tensor_dtype formats[] = {DT_BF16, DT_F16, DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_U32, DT_Q5_K};
+    const char *mb = getenv("GEMV_BENCH_MLX_BITS");
+    if (mb && atoi(mb) >= 2 && atoi(mb) <= 8 && atoi(mb) != 7) mlx_bits = atoi(mb);
     int ab = cuda_gemv_v2_on();                                        /* HEARTH_CUDA_GEMV=v2: v1 and v2 rows */
-    int ab_mlx4 = 1; /* U32: every MLX 4-bit path */
+    int ab_mlx4 = mlx_bits == 4; /* U32: every MLX 4-bit path */
     printf("%-6s %-4s %-12s %8s %8s %10s %9s %8s\n", "format", "path", "shape", "MB", "copies", "us/gemv", "GB/s",
            "of copy");
     int first = 1;
@@ -136,15 +142,16 @@ int main(int argc, char **argv) {
     for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             tensor_dtype t = formats[f];
-            if (only && !strstr(only, tensor_dtype_name(t)) && !(t == DT_U32 && strstr(only, "mlx4"))) continue;
+            if (only && !strstr(only, tensor_dtype_name(t)) && !(t == DT_U32 && strstr(only, "mlx"))) continue;
+            if (!only && t == DT_Q5_K) continue; /* the generic affine layout: by name only */
             int64_t n = shapes[s].n, k = shapes[s].k;
             size_t hb;
             void *host = make_host(t, n, k, &hb);
             if (!host) return 1;
             cpu_weight w = {.dtype = t, .data = host, .n = n, .k = k};
             if (t == DT_U32) { /* the MLX fields: make_host's scales and biases follow the words */
-                const uint16_t *sb = (const uint16_t *)((const uint8_t *)host + n * k / 2);
-                w.bits = 4, w.group_size = 64, w.sb_dtype = DT_BF16;
+                const uint16_t *sb = (const uint16_t *)((const uint8_t *)host + n * k / 8 * mlx_bits);
+                w.bits = mlx_bits, w.group_size = 64, w.sb_dtype = DT_BF16;
                 w.scales = sb, w.biases = sb + n * (k / 64);
             }
             int mlx4 = t == DT_U32 && ab_mlx4;

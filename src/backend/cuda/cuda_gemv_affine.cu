@@ -1,7 +1,8 @@
 /* cuda_gemv_affine.cu: decode GEMV and the bf16 dequantizer for the generic affine layout
  * (DT_AFFINE, cuda_affine.h: MLX 2/3/5/6/8-bit, GGUF Q5_0/Q5_1/Q2_K/Q3_K/Q5_K). One warp per
- * output row; lane L takes chunks L, L + 32, ... of 32 weights, four chunks' loads issued
- * before any is used. A chunk's codes come out as bytes, four weights per shift-and-mask,
+ * output row; lane L takes chunks L, L + 32, ... of 32 weights, four chunks' loads (eight
+ * for 8-bit codes: aff_depth) issued before any is used, the first batch before the PDL
+ * wait. A chunk's codes come out as bytes, four weights per shift-and-mask,
  * and meet the int8 activations of the same block of 32 in __dp4a (unsigned codes times
  * signed activations: PTX dp4a.u32.s32), so
  *   y += scale · d_x · Σ code·q_x + bias · d_x · Σ q_x
@@ -11,11 +12,23 @@
 extern "C" {
 #include "backend/cuda/cuda_affine.h"
 }
+/* the int8 GEMV is a programmatic dependent on sm_90+ (HEARTH_CUDA_PDL=0: not): its first
+ * chunks' weight and pair loads go out before it waits for the activations */
+#define PDL_AUTO 1
+#include "backend/cuda/cuda_pdl.cuh"
 #include <cuda_bf16.h>
 #include <stdint.h>
 
 #define AFF_WARPS 4 /* rows per block of 128 threads, as cuda_gemv.cu's GEMV_WARPS */
-#define AFF_U 4     /* chunks per lane whose loads are in flight together */
+
+/* Chunks per lane whose loads are in flight together in the int8 GEMV. H200, 2026-12-04
+ * (bench/results/cuda_engine.md round 21): 8 for 8-bit codes (8B MLX 8-bit decode 274.8 ->
+ * 310.0 tok/s against 4; gemv_bench 4096x14336 2429 -> 2832 GB/s), 4 below (Q5_K 4096x14336
+ * 3031 GB/s with 4, 2367 with 8: the 20-byte chunks keep enough bytes in flight at 4). */
+template <int BITS>
+struct aff_depth {
+    static constexpr int U = BITS == 8 ? 8 : 4;
+};
 
 static __device__ __forceinline__ float aff_warp_sum(float v) {
 #pragma unroll
@@ -81,24 +94,33 @@ static __device__ __forceinline__ void aff_row_planes(const uint32_t *planes, in
 template <int T, int BITS, int G>
 __global__ void __launch_bounds__(AFF_WARPS * 32)
     gemv_affine_i8(const uint32_t *planes, const float2 *sb, const int8_t *xq, const float2 *xs, float *y, int n, int k) {
+    constexpr int U = aff_depth<BITS>::U;
     int row = blockIdx.x * AFF_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, chunks = k / 32;
-    if (row >= n) return;
+    if (row >= n) {
+        pdl_wait();
+        return;
+    }
     const uint32_t *lp, *hp;
     aff_row_planes<BITS>(planes, n, chunks, row, &lp, &hp);
     float acc[T] = {};
-    for (int c0 = lane; c0 < chunks; c0 += 32 * AFF_U) {
-        aff_chunk<BITS> ch[AFF_U];
-        float4 p[AFF_U];
+    aff_chunk<BITS> ch[U];
+    float4 p[U];
+    auto load = [&](int c0) {
 #pragma unroll
-        for (int u = 0; u < AFF_U; u++) {
+        for (int u = 0; u < U; u++) {
             int c = c0 + 32 * u;
             if (c < chunks) {
                 ch[u].load(lp, hp, (size_t)c);
                 p[u] = aff_pairs<G>(sb, (size_t)row, k, c);
             }
         }
+    };
+    load(lane); /* weights: no kernel writes them, so before the wait */
+    pdl_wait(); /* xq / xs come from the kernel before */
+    pdl_trigger();
+    for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
 #pragma unroll
-        for (int u = 0; u < AFF_U; u++) {
+        for (int u = 0; u < U; u++) {
             int c = c0 + 32 * u;
             if (c >= chunks) break;
 #pragma unroll
@@ -125,6 +147,7 @@ __global__ void __launch_bounds__(AFF_WARPS * 32)
                 }
             }
         }
+        if (c0 + 32 * U < chunks) load(c0 + 32 * U);
     }
 #pragma unroll
     for (int t = 0; t < T; t++) {
@@ -178,7 +201,7 @@ static void launch_bits(const cuda_weight *w, const int8_t *xq, const float2 *xs
     cudaStream_t s = cuda_stream();
 #define AFF_GO(G)                                                                                     \
     do {                                                                                              \
-        if (xq) gemv_affine_i8<T, BITS, G><<<grid, block, 0, s>>>(pl, sb, xq, xs, y, n, k);           \
+        if (xq) pdl_launch(gemv_affine_i8<T, BITS, G>, grid, block, pl, sb, xq, xs, y, n, k);         \
         else gemv_affine_f32<T, BITS, G><<<grid, block, 0, s>>>(pl, sb, x, y, n, k);                  \
     } while (0)
     switch (w->group_size) {

@@ -1006,6 +1006,11 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
                 *out = (cpu_kernel){r, CPU_ACT_Q8, avx512_pk_mlxb, avx512_mlxb_tokens, MLXB_PACKED_FROM};
                 return 1;
             }
+            /* K not in whole 256-weight slots: the 256-bit row kernel (kernels_x86.inc rows_mlxb,
+             * token by token for small batches) and the packed GEMM from MLXB_PACKED_FROM */
+            if (!avx512_select(w, out)) return 0;
+            out->tile = avx512_pk_mlxb;
+            return 1;
         }
         break;
     default: break;

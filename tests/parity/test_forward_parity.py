@@ -37,6 +37,13 @@ REF_TOL = 2e-3
 # 9% of the larger of the top logit and the top-20 logit range (qwen3 4-bit); bound 15%. The real SmolLM2 model measured 0.68
 # logits worst over 12 positions, Gemma 3 270M 1.18; bound 1.5.
 FAST_REL = 0.15
+# llama 5-bit (K = 64 / 128, so until 2026-12-04 it ran on the scalar reference even in the
+# fast tier, with exact activations) measured 29% at its first 'plain' position and 15% at
+# another once its row kernel (rows_mlxb) took int8 activations; the same kernel matches the
+# scalar reference on the same quantized activations to ~1e-7 relative (test_cpu_matmul's
+# check, and by hand: max |y - ref(x̂)| 4.8e-7 at |ref| 9.2), so the spread is the int8
+# activations through this random model, not the kernel. Its own bound: 35%.
+FAST_REL_MODEL = {"llama-q5g64": 0.35}
 FAST_ABS_REAL = 1.5
 # Where mlx's top two logits on a real GGUF are closer than this, either may come out on
 # top: int8 activations make the fast tier's logits jump by a rounding step whenever any
@@ -84,7 +91,7 @@ def test_logits_and_greedy_match_mlx_lm(golden, level):
                 tol = REF_TOL
             else:
                 scale = max(abs(gl["top_logits"][0]), gl["top_logits"][0] - gl["top_logits"][-1])
-                tol = FAST_ABS_REAL if real else FAST_REL * scale
+                tol = FAST_ABS_REAL if real else FAST_REL_MODEL.get(os.path.basename(golden)[:-5], FAST_REL) * scale
                 best3 = [i for i, _ in ol["top"][:3]]
                 assert gl["top_ids"][0] in best3, (p["name"], gl["position"], best3)
                 if real:

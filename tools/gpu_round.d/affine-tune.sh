@@ -24,7 +24,7 @@ for round in $(seq 1 ${AT_ROUNDS:-2}); do
     for m in $M8 $G8/llama8b-q5_k_m.gguf; do
       [ $(left) -gt 70 ] || continue
       n=$(basename $m)
-      env $E timeout 100 $H bench $m --device cuda -p 512 -n 128 -r 2 --json >$L/b_${n}_${v}_$round.json 2>$L/b_${n}_${v}_$round.log
+      env $E timeout 100 $H bench $m --device cuda -p 512 -n 128 -r 3 --json >$L/b_${n}_${v}_$round.json 2>$L/b_${n}_${v}_$round.log
       echo "$n $v (round $round): $(tps $L/b_${n}_${v}_$round.json)"
     done
   done

@@ -922,11 +922,13 @@ PK_TILE(avx512_pk_q3_k, PK_Q3_K)
 PK_TILE(avx512_pk_mlx4, PK_MLX4)
 PK_TILE(avx512_pk_mlx8, PK_MLX8)
 PK_TILE(avx512_pk_mlxb, PK_MLXB)
-/* From how many tokens MLX 2/3/5/6-bit take the packed GEMM: its pack unpacks the bit streams
- * with scalar code (pk_unpack), 16 rows per block. 1B-shaped MLX 3-bit, hearth bench --batch
- * 4,8,16 aggregate decode tok/s, packed from 17 / 6 / 2 tokens: 20.8 / 20.9 / 5.5, 21.8 / 10.1
- * / 9.5, 22.0 / 17.6 / 10.4; prefill of 256 tokens 107-148 tok/s packed, 20-24 token by token. */
-#define MLXB_PACKED_FROM 17
+/* From how many tokens MLX 2/3/5/6-bit take the packed GEMM. While its pack unpacked the bit
+ * streams one code at a time, from 17 (1B-shaped MLX 3-bit, hearth bench --batch 4,8,16
+ * aggregate decode tok/s, packed from 17 / 6 / 2 tokens: 20.8 / 20.9 / 5.5, 21.8 / 10.1 / 9.5,
+ * 22.0 / 17.6 / 10.4). With the shuffle/multiply unpack (mlxb_unpack, 2026-12-04, same model,
+ * 2 threads, packed from 17 -> from 2): B = 2 19.6 / 18.3 -> 14.7 / 15.1, B = 3 19.6 / 20.3 ->
+ * 18.8 / 21.1, B = 4 21.6 -> 24.7, B = 8 20.3 -> 43.1, B = 16 19.9 -> 37.4: from 3. */
+#define MLXB_PACKED_FROM 3
 
 /* MLX 2/3/5/6-bit below the packed GEMM's threshold: the one-row kernel token by token (the
  * packed GEMM unpacks their bit streams with scalar code, paid back only by many tokens). */
@@ -1006,8 +1008,8 @@ int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
                 *out = (cpu_kernel){r, CPU_ACT_Q8, avx512_pk_mlxb, avx512_mlxb_tokens, MLXB_PACKED_FROM};
                 return 1;
             }
-            /* K not in whole 256-weight slots: the 256-bit row kernel (kernels_x86.inc rows_mlxb,
-             * token by token for small batches) and the packed GEMM from MLXB_PACKED_FROM */
+            /* K not in whole 256-weight slots: the 256-bit row kernel (kernels_x86.inc rows_mlxb)
+             * for one token, the packed GEMM for batches */
             if (!avx512_select(w, out)) return 0;
             out->tile = avx512_pk_mlxb;
             return 1;

@@ -39,10 +39,16 @@ typedef struct loader {
     hearth_error *err;
 } loader;
 
-/* The file pages [p, p + n) spans. */
+/* The whole pages [*a, *b) that [p, p + n) touches. */
+static void page_range(const void *p, size_t n, uintptr_t *a, uintptr_t *b) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    *a = (uintptr_t)p & ~(page - 1);
+    *b = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+}
+
 static size_t page_span(const void *p, size_t n) {
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(page - 1);
-    uintptr_t b = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+    uintptr_t a, b;
+    page_range(p, n, &a, &b);
     return n ? (size_t)(b - a) : 0;
 }
 
@@ -54,17 +60,17 @@ static size_t page_span(const void *p, size_t n) {
  * the largest tensor, not twice the weights (model_load_peak_bytes). */
 static void drop_span(const loader *L, const void *p, size_t n) {
     if (L->use_mmap || !n) return;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(page - 1);
-    uintptr_t b = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+    uintptr_t a, b;
+    page_range(p, n, &a, &b);
     (void)madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
 /* After tensor t's bytes went into the arena (or were sized): the load's peak so far, then
- * its pages leave the process. */
+ * (loading) its pages leave the process. */
 static void tensor_copied(loader *L, const tensor_info *t) {
     size_t at = L->used + page_span(t->data, t->nbytes);
     if (at > L->load_peak) L->load_peak = at;
-    drop_span(L, t->data, t->nbytes);
+    if (L->cap) drop_span(L, t->data, t->nbytes); /* the sizing pass drops after its NaN check */
 }
 
 static void *arena_take(loader *L, size_t bytes) {

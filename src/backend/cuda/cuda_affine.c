@@ -2,6 +2,7 @@
  * weights take it, its sizes, and each format's codes, scales and biases. Plain C, built
  * with or without nvcc (hearth fit plans GPU footprints on any machine). */
 #include "backend/cuda/cuda_affine.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cpu/kernels.h"
 #include "base/half.h"
 #include <string.h>
@@ -39,17 +40,6 @@ size_t cuda_affine_pair_bytes(int64_t n, int64_t k, int group) {
 static float rd_f16(const uint8_t *p) { return f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 static uint32_t rd32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* The Q4_K / Q5_K 6-bit scale and min of sub-block j from the 12 bytes at s. */
-static void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[4 + j] & 63;
-    } else {
-        *sc = (s[4 + j] & 15) | (s[j - 4] >> 6) << 4;
-        *mn = (s[4 + j] >> 4) | (s[j] >> 6) << 4;
-    }
 }
 
 /* One super-block / block of a GGUF format: codes[be], sb[2 * be / group]. */
@@ -97,7 +87,7 @@ static void gguf_block(tensor_dtype t, const uint8_t *b, uint8_t *codes, float *
         float d = rd_f16(b), dmin = rd_f16(b + 2);
         for (int j = 0; j < 8; j++) {
             int sc, mn;
-            k_scale_min(b + 4, j, &sc, &mn);
+            cuda_q4k_scale_min(b + 4, j, 0, &sc, &mn); /* Q5_K packs them as Q4_K does (GGUF order) */
             sb[2 * j] = d * (float)sc;
             sb[2 * j + 1] = -(dmin * (float)mn);
             for (int l = 0; l < 32; l++)

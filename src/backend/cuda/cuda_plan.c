@@ -99,7 +99,7 @@ int cuda_weight_layout(const cpu_weight *w, size_t *data_bytes, size_t *scale_by
         return 1;
     }
     int bits, group;
-    if (cuda_weight_goes_affine(w) && cuda_affine_takes(w, &bits, &group)) { /* code planes + (scale, bias) f32 pairs */
+    if (!format_own(w) && cuda_affine_takes(w, &bits, &group)) { /* code planes + (scale, bias) f32 pairs */
         *data_bytes = cuda_affine_code_bytes(w->n, w->k, bits);
         *scale_bytes = cuda_affine_pair_bytes(w->n, w->k, group);
         return 0;

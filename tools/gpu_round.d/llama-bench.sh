@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # llama-bench LOGDIR: llama.cpp's llama-bench (CUDA, flash attention, all layers on the GPU) on the
-# 8B GGUFs of LB_FORMATS (default "q4_k_m f16"): decode 128 tokens and prefill 512, the same shapes
-# as hearth bench -p 512 -n 128, in the same device call as hearth's rows (the ratio's other half).
+# 8B GGUFs of LB_FORMATS (default "q4_k_m f16"; q3_<kind> is the Qwen3-8B-shaped file): decode 128
+# tokens and prefill 512 and 4096, the shapes of hearth bench -p 512 -n 128 and -p 4096, in the same
+# device call as hearth's rows (the ratio's other half).
 # Uses the llama-bench that gpu-serve.pre.sh builds beside llama-server (waits for DIR/.done).
 # A part of tools/gpu_round (env: G8). LB_BUDGET (s, default 90).
 set -u
@@ -15,10 +16,10 @@ DIR=${LLAMA_SERVER_DIR:-/tmp/llamacpp-server}
 for i in $(seq 1 $((BUDGET / 2))); do [ -f "$DIR/.done" ] && break; sleep 1; done
 [ -x "$DIR/b/bin/llama-bench" ] || { echo "llama-bench: NOT RUN (not built: $(cat "$DIR/.done" 2>/dev/null))"; exit 0; }
 for k in ${LB_FORMATS:-q4_k_m f16}; do
-    f=$G8/llama8b-$k.gguf
+    case $k in q3_*) f=$G8/qwen3-8b-${k#q3_}.gguf ;; *) f=$G8/llama8b-$k.gguf ;; esac
     [ -f "$f" ] || { echo "$k: NOT RUN (no model)"; continue; }
     [ "$(left)" -lt 15 ] && { echo "$k: NOT RUN ($(left) s left)"; continue; }
-    timeout $(($(left) - 3)) "$DIR/b/bin/llama-bench" -m "$f" -p 512 -n 128 -fa 1 -ngl 99 -r 2 -o json \
+    timeout $(($(left) - 3)) "$DIR/b/bin/llama-bench" -m "$f" -p ${LB_PROMPTS:-512,4096} -n 128 -fa 1 -ngl 99 -r 2 -o json \
         >"$L/llama_bench_$k.json" 2>"$L/llama_bench_$k.log"
     echo "$k: rc $?"
     python3 - "$L/llama_bench_$k.json" "$k" <<'PY'

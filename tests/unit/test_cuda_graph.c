@@ -67,7 +67,7 @@ static void test_add_rmsnorm(void **state) {
             ops_rmsnorm(ref, sum, w, (float)shift, T, n, 1e-6f);
             float *dx = dev_copy(x, tn * 4), *dd = dev_copy(delta, tn * 4), *dw = dev_copy(w, (size_t)n * 4),
                   *dout = dev_copy(x, tn * 4);
-            assert_int_equal(cuda_add_rmsnorm(dout, dx, dd, dw, (float)shift, T, n, 1e-6f, NULL, NULL), HEARTH_OK);
+            assert_int_equal(cuda_add_rmsnorm(dout, dx, dd, dw, (float)shift, T, n, 1e-6f, NULL), HEARTH_OK);
             host_copy(out, dout, tn * 4);
             host_copy(xo, dx, tn * 4);
             for (size_t i = 0; i < tn; i++) {
@@ -139,22 +139,8 @@ static void check_fused_gemv(const float *dv, const int8_t *dq, const float *ds,
     free(h1), free(h2), free(wq);
 }
 
-/* A prefetch (cuda_l2pf) over a 3 MB device buffer standing in for the next GEMV's weights:
- * all of it, or its first third. The fused kernels below run with it and must still give
- * the unfused kernels' bits (its extra blocks only prefetch). */
-static void fake_next_weights(cuda_l2pf *pf, void **buf, int part) {
-    static cuda_weight w;
-    if (!*buf) assert_int_equal(cuda_alloc(buf, 3u << 20, "prefetch target", NULL), HEARTH_OK);
-    w = (cuda_weight){.dtype = DT_BF16, .n = 768, .k = 2048, .data = *buf, .bytes = 3u << 20};
-    const cuda_weight *ws[1] = {&w};
-    cuda_l2pf_plan(pf, ws, 1, part ? 1u << 20 : 8u << 20);
-    assert_true(pf->spans == 1 && pf->blocks > 0);
-}
-
 static void test_fused_q8(void **state) {
     (void)state;
-    void *pfbuf = NULL;
-    cuda_l2pf pf;
     static const int ns[] = {32, 4096, 5024, 14336};
     static const int Ts[] = {1, 3, 8};
     for (size_t c = 0; c < 4; c++)
@@ -170,12 +156,11 @@ static void test_fused_q8(void **state) {
                       *dw = dev_copy(w, (size_t)n * 4), *do1 = dev_copy(x, tn * 4), *do2 = dev_copy(x, tn * 4);
                 int8_t *dq = dev_copy(hq, tn);
                 float *ds = dev_copy(hs, tn / 32 * 8);
-                fake_next_weights(&pf, &pfbuf, add);
                 assert_int_equal(
-                    cuda_add_rmsnorm_q8(do1, dx1, add ? dd : NULL, dw, (float)add, T, n, 1e-6f, dq, ds, &pf, NULL),
+                    cuda_add_rmsnorm_q8(do1, dx1, add ? dd : NULL, dw, (float)add, T, n, 1e-6f, dq, ds, NULL),
                     HEARTH_OK);
                 if (add)
-                    assert_int_equal(cuda_add_rmsnorm(do2, dx2, dd, dw, 1.0f, T, n, 1e-6f, NULL, NULL), HEARTH_OK);
+                    assert_int_equal(cuda_add_rmsnorm(do2, dx2, dd, dw, 1.0f, T, n, 1e-6f, NULL), HEARTH_OK);
                 else
                     assert_int_equal(cuda_rmsnorm(do2, dx2, dw, 0.0f, T, n, 1e-6f, NULL), HEARTH_OK);
                 host_copy(o1, do1, tn * 4), host_copy(o2, do2, tn * 4);
@@ -189,10 +174,8 @@ static void test_fused_q8(void **state) {
                 /* the gate: gate <- act(gate) * up over the same T x n values */
                 for (int gelu = 0; gelu < 2; gelu++) {
                     float *dg1 = dev_copy(x, tn * 4), *dg2 = dev_copy(x, tn * 4);
-                    /* one of the two launches prefetches: still the same bits */
-                    assert_int_equal(cuda_gated_q8(dg1, dd, tn, gelu, dq, ds, add ? NULL : &pf, NULL), HEARTH_OK);
-                    assert_int_equal(gelu ? cuda_gelu_tanh_mul(dg2, dd, tn, NULL)
-                                          : cuda_silu_mul(dg2, dd, tn, add ? &pf : NULL, NULL),
+                    assert_int_equal(cuda_gated_q8(dg1, dd, tn, gelu, dq, ds, NULL), HEARTH_OK);
+                    assert_int_equal(gelu ? cuda_gelu_tanh_mul(dg2, dd, tn, NULL) : cuda_silu_mul(dg2, dd, tn, NULL),
                                      HEARTH_OK);
                     host_copy(o1, dg1, tn * 4), host_copy(o2, dg2, tn * 4);
                     host_copy(hq, dq, tn), host_copy(hs, ds, tn / 32 * 8);
@@ -206,7 +189,6 @@ static void test_fused_q8(void **state) {
                 cuda_free(dq), cuda_free(ds);
                 free(x), free(delta), free(w), free(o1), free(o2), free(x1), free(x2), free(hs), free(hq);
             }
-    cuda_free(pfbuf);
 }
 
 static int32_t host_argmax(const float *x, int n) { /* sampler.c's greedy rule */
@@ -271,7 +253,7 @@ static void test_graph_replay(void **state) {
     assert_int_equal(cuda_alloc((void **)&dids, (size_t)T * 4, "ids", NULL), HEARTH_OK);
     hearth_error e = {0};
     assert_int_equal(cuda_capture_begin(&e), HEARTH_OK);
-    hearth_status st = cuda_add_rmsnorm(dxn, dx, dd, dnorm, 0.0f, T, k, 1e-6f, NULL, &e);
+    hearth_status st = cuda_add_rmsnorm(dxn, dx, dd, dnorm, 0.0f, T, k, 1e-6f, &e);
     if (!st) st = cuda_gemv(&dw, dxn, T, dy, &e);
     if (!st) st = cuda_argmax(dy, T, n, dids, &e);
     cuda_graph *g = NULL;
@@ -288,7 +270,7 @@ static void test_graph_replay(void **state) {
         host_copy(y_graph, dy, (size_t)T * n * 4);
         host_copy(ids_graph, dids, sizeof ids_graph);
         assert_int_equal(cuda_upload(dx, x, (size_t)T * k * 4, NULL), HEARTH_OK);
-        assert_int_equal(cuda_add_rmsnorm(dxn, dx, dd, dnorm, 0.0f, T, k, 1e-6f, NULL, NULL), HEARTH_OK);
+        assert_int_equal(cuda_add_rmsnorm(dxn, dx, dd, dnorm, 0.0f, T, k, 1e-6f, NULL), HEARTH_OK);
         assert_int_equal(cuda_gemv(&dw, dxn, T, dy, NULL), HEARTH_OK);
         assert_int_equal(cuda_argmax(dy, T, n, dids, NULL), HEARTH_OK);
         host_copy(y_eager, dy, (size_t)T * n * 4);

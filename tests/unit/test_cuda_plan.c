@@ -80,69 +80,6 @@ static void test_formats_without_a_kernel_expand_to_f32(void **state) {
     assert_int_equal(ex, 1);
 }
 
-/* cuda_l2pf_plan: the prefetch spans of a weight are prefixes of its row-major planes
- * (Q6_K: low bits, high bits, scales, d; the affine layout: low plane, high plane, pairs),
- * 16-byte aligned, never past a plane, together at most the cap, and the same fraction of
- * rows of each plane. No device: the pointers are never dereferenced. */
-static void check_spans(const cuda_l2pf *pf, const char *const *starts, const size_t *lens, int np, size_t cap,
-                        double frac) {
-    assert_int_equal(pf->spans, np);
-    size_t sum = 0;
-    for (int i = 0; i < np; i++) {
-        const char *p = (const char *)pf->p[i];
-        assert_true((uintptr_t)p % 16 == 0);
-        assert_true(pf->n[i] % 16 == 0);
-        assert_true(p >= starts[i] && p + pf->n[i] <= starts[i] + lens[i]); /* inside its plane */
-        assert_true(p - starts[i] < 16);                                      /* from the plane's first row */
-        double want = (double)lens[i] * frac;
-        assert_true((double)pf->n[i] <= want + 1 && (double)pf->n[i] >= want - 32);
-        sum += pf->n[i];
-    }
-    assert_true(sum <= cap);
-    assert_true(pf->blocks >= 1 && pf->blocks <= 32);
-}
-
-static void test_l2_prefetch_spans(void **state) {
-    (void)state;
-    const size_t n = 4096, k = 4096, nk = n * k;
-    char *D = (char *)(uintptr_t)0x100000000ull, *S = (char *)(uintptr_t)0x200000000ull;
-    cuda_l2pf pf;
-    /* Q6_K: four planes */
-    cuda_weight q6 = {.dtype = DT_Q6_K, .n = n, .k = k, .data = D, .scales = S};
-    q6.scale_bytes = nk / 16 + nk / 128;
-    q6.bytes = nk / 2 + nk / 4 + q6.scale_bytes;
-    const cuda_weight *w1[1] = {&q6};
-    const char *q6s[4] = {D, D + nk / 2, S, S + nk / 16};
-    const size_t q6l[4] = {nk / 2, nk / 4, nk / 16, nk / 128};
-    cuda_l2pf_plan(&pf, w1, 1, (size_t)1 << 30); /* the cap above the weight: all of it */
-    check_spans(&pf, q6s, q6l, 4, (size_t)1 << 30, 1.0);
-    cuda_l2pf_plan(&pf, w1, 1, q6.bytes / 4); /* a quarter of each plane */
-    check_spans(&pf, q6s, q6l, 4, q6.bytes / 4, 0.25);
-    /* the affine layout, 3 bits: a 2-bit plane, a 1-bit plane, the pairs */
-    cuda_weight a3 = {.dtype = DT_AFFINE, .n = n, .k = k, .data = D, .scales = S, .aff_bits = 3, .group_size = 16};
-    a3.scale_bytes = n * (k / 16) * 8;
-    a3.bytes = nk / 8 * 3 + a3.scale_bytes;
-    const cuda_weight *w2[1] = {&a3};
-    const char *a3s[3] = {D, D + nk / 4, S};
-    const size_t a3l[3] = {nk / 4, nk / 8, a3.scale_bytes};
-    cuda_l2pf_plan(&pf, w2, 1, a3.bytes / 2);
-    check_spans(&pf, a3s, a3l, 3, a3.bytes / 2, 0.5);
-    /* q, k, v of 16-bit weights (one plane each): one fraction for the three */
-    cuda_weight q = {.dtype = DT_BF16, .n = n, .k = k, .data = D, .bytes = nk * 2},
-                kk = {.dtype = DT_BF16, .n = 1024, .k = k, .data = S, .bytes = 1024 * k * 2},
-                v = {.dtype = DT_BF16, .n = 1024, .k = k, .data = S + (64 << 20), .bytes = 1024 * k * 2};
-    const cuda_weight *w3[3] = {&q, &kk, &v};
-    const char *qs[3] = {D, S, S + (64 << 20)};
-    const size_t ql[3] = {nk * 2, 1024 * k * 2, 1024 * k * 2};
-    size_t all = q.bytes + kk.bytes + v.bytes;
-    cuda_l2pf_plan(&pf, w3, 3, all / 8);
-    check_spans(&pf, qs, ql, 3, all / 8, 0.125);
-    /* off: no spans, no extra blocks */
-    cuda_l2pf_plan(&pf, w3, 3, 0);
-    assert_int_equal(pf.spans, 0);
-    assert_int_equal(pf.blocks, 0);
-}
-
 static void test_kv_planes_per_dtype(void **state) {
     (void)state;
     /* 2 layers, 10 blocks of 16 positions, 4 KV heads of 64 */
@@ -213,7 +150,6 @@ int main(void) {
         cmocka_unit_test(test_q4k_packed_scales_round_trip),
         cmocka_unit_test(test_affine_layout_bits_plus_pairs), cmocka_unit_test(test_formats_without_a_kernel_expand_to_f32),
         cmocka_unit_test(test_kv_planes_per_dtype),
-        cmocka_unit_test(test_l2_prefetch_spans),
         cmocka_unit_test(test_page_rounding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -79,25 +79,7 @@ typedef struct cuda_weight {
     tensor_dtype aff_from; /* DT_AFFINE only: the file's format */
     int aff_f32act;        /* DT_AFFINE only: float activations, not int8 (the exact tier, HEARTH_CUDA_GEMM=f32) */
     size_t bytes;   /* device bytes read by one GEMV (data + scales) */
-    size_t scale_bytes; /* of which in the scales buffer */
 } cuda_weight;
-
-/* An L2 prefetch of the weights the next GEMV reads, issued by the small kernel before it
- * (a norm, RoPE + KV write, the gated product) while the memory system would otherwise sit
- * idle: up to CUDA_L2PF_SPANS row-major planes, a prefix of each (the rows the GEMV's first
- * blocks take), spread over `blocks` extra blocks of that kernel that only prefetch
- * (cp.async.bulk.prefetch.L2 on sm_90; nothing elsewhere). A hint: no result depends on it.
- * cuda_l2pf_plan fills one for ws with at most cap bytes; NULL or spans 0: no prefetch. */
-#define CUDA_L2PF_SPANS 12
-#define CUDA_L2PF_CHUNK (64u << 10) /* bytes per prefetch instruction */
-typedef struct cuda_l2pf {
-    const void *p[CUDA_L2PF_SPANS];
-    uint32_t n[CUDA_L2PF_SPANS]; /* bytes, multiples of 16 from 16-byte aligned p */
-    int spans, blocks;
-} cuda_l2pf;
-void cuda_l2pf_plan(cuda_l2pf *pf, const cuda_weight *const *ws, int nw, size_t cap);
-/* HEARTH_CUDA_L2PF: the cap in MB per prefetch (0: off, the default). */
-size_t cuda_l2pf_cap(void);
 
 /* Q4_K sub-block j < 8 scale s and min m (6 bits each) from the 12 bytes at offset 4 of a
  * super-block. GGUF order (packed = 0): j < 4 in the low 6 bits of bytes j / j + 4, j >= 4
@@ -297,18 +279,18 @@ hearth_status cuda_rope_qk(float *q, float *k, int T, int n_heads, int n_kv_head
 /* cuda_add_rmsnorm (delta NULL: cuda_rmsnorm of x) that also writes out quantized to int8
  * blocks of 32 into xq / xs (layout: cuda_gemv_multi_q8); n % 32 == 0. Bit-identical out. */
 hearth_status cuda_add_rmsnorm_q8(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
-                                  float eps, int8_t *xq, float *xs, const cuda_l2pf *pf, hearth_error *err);
+                                  float eps, int8_t *xq, float *xs, hearth_error *err);
 /* cuda_silu_mul (gelu: cuda_gelu_tanh_mul) that also writes the product quantized like
  * cuda_add_rmsnorm_q8 (n values in rows whose length is a multiple of 32). */
 hearth_status cuda_gated_q8(float *gate, const float *up, size_t n, int gelu, int8_t *xq, float *xs,
-                            const cuda_l2pf *pf, hearth_error *err);
-hearth_status cuda_silu_mul(float *gate, const float *up, size_t n, const cuda_l2pf *pf, hearth_error *err);
+                            hearth_error *err);
+hearth_status cuda_silu_mul(float *gate, const float *up, size_t n, hearth_error *err);
 hearth_status cuda_gelu_tanh_mul(float *gate, const float *up, size_t n, hearth_error *err);
 
 /* x[t] += delta[t], then out[t] = rmsnorm(x[t]) for T rows of n: a residual add fused with
  * the norm that follows it (bit-identical to cuda_add + cuda_rmsnorm). */
 hearth_status cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
-                               float eps, const cuda_l2pf *pf, hearth_error *err);
+                               float eps, hearth_error *err);
 /* out[r] = the first index of the largest value of logits row r (the sampler's greedy
  * rule, NaN never chosen): only token ids need to leave the device. */
 hearth_status cuda_argmax(const float *logits, int rows, int vocab, int32_t *out, hearth_error *err);
@@ -353,7 +335,7 @@ hearth_status cuda_kv_copy_rows(const cuda_kv *dkv, int32_t src, int32_t dst, in
  * in one launch: the same q, k and pool bytes, bit for bit (head_dim even). */
 hearth_status cuda_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float *k, const float *v, int T, int n_heads,
                                  const int32_t *pos, const int32_t *slot, const float *inv_freq, int adjacent,
-                                 const cuda_l2pf *pf, hearth_error *err);
+                                 hearth_error *err);
 
 /* Decode attention over the device pool: ops_attention's contract (causal, window,
  * grouped KV heads), q/out/pos/slot in device memory. head_dim <= 256. */

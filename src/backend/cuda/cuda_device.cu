@@ -174,7 +174,6 @@ static hearth_status upload_q8_0(cuda_weight *dw, const cpu_weight *w, const cha
     if (!s) s = cuda_upload(dw->data, q, nq, err);
     if (!s) s = cuda_upload(dw->scales, d, nb * 2, err);
     dw->bytes = nq + nb * 2;
-    dw->scale_bytes = nb * 2;
     free(q);
     free(d);
     return s;
@@ -204,7 +203,6 @@ static hearth_status upload_q6_k(cuda_weight *dw, const cpu_weight *w, const cha
     if (!s) s = cuda_upload(dw->data, q, data_bytes, err);
     if (!s) s = cuda_upload(dw->scales, s8, scale_bytes, err);
     dw->bytes = data_bytes + scale_bytes;
-    dw->scale_bytes = scale_bytes;
     free(q);
     free(s8);
     return s;
@@ -230,7 +228,6 @@ static hearth_status upload_mlx4(cuda_weight *dw, const cpu_weight *w, const cha
     int v3 = cuda_mlx4_int8_shape(w->k, (int)w->group_size) && cuda_mlx4_v2_on() == 2 && cuda_gemv_q8act_on();
     dw->mlx_tiled = w->k % 1024 != 0 ? 0 : v3 ? 2 : 1;
     dw->bytes = words * 4 + groups * 4;
-    dw->scale_bytes = groups * 4;
     uint32_t *tiled = dw->mlx_tiled ? (uint32_t *)calloc(words, 4) : NULL;
     hearth_status s = dw->mlx_tiled && !tiled ? err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory", what)
                                               : HEARTH_OK;
@@ -321,7 +318,6 @@ static hearth_status upload_affine(cuda_weight *dw, const cpu_weight *w, const c
     dw->aff_from = w->dtype;
     dw->group_size = group;
     dw->bytes = code_bytes + pair_bytes;
-    dw->scale_bytes = pair_bytes;
     if (!s) s = cuda_alloc(&dw->data, code_bytes, what, err);
     if (!s) s = cuda_alloc(&dw->scales, pair_bytes, what, err);
     if (!s) s = cuda_upload(dw->data, planes, code_bytes, err);

@@ -6,7 +6,6 @@
  * no KV or attention code. */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_act.cuh"
-#include "backend/cuda/cuda_l2pf.cuh"
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_q8.cuh"
@@ -48,13 +47,9 @@ hearth_status cuda_rope_qk(float *q, float *k, int T, int n_heads, int n_kv_head
  * step (element i = threadIdx.x + NORM_THREADS j). delta NULL: plain rmsnorm of x. */
 __global__ void __launch_bounds__(NORM_THREADS)
     add_rmsnorm_q8_kernel(float *out, float *x, const float *delta, const float *w, float shift, int n, float eps,
-                          int8_t *xq, float2 *xs, int rows, cuda_l2pf pf) {
+                          int8_t *xq, float2 *xs) {
     pdl_trigger(); /* the GEMV after this may start prefetching its weights */
     pdl_wait();    /* x and delta come from the kernels before (pdl_launch_small) */
-    if ((int)blockIdx.x >= rows) { /* a prefetch block (cuda_l2pf) */
-        l2pf_run(pf, (int)blockIdx.x - rows);
-        return;
-    }
     float *o = out + (size_t)blockIdx.x * n;
     int lane = threadIdx.x % 32;
     int8_t *qr = xq + (size_t)blockIdx.x * n;
@@ -67,26 +62,20 @@ __global__ void __launch_bounds__(NORM_THREADS)
 }
 
 hearth_status cuda_add_rmsnorm_q8(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
-                                  float eps, int8_t *xq, float *xs, const cuda_l2pf *pf, hearth_error *err) {
+                                  float eps, int8_t *xq, float *xs, hearth_error *err) {
     if (T <= 0 || n <= 0) return HEARTH_OK;
     if (n % 32) return err_set(err, HEARTH_ERR_INVALID, "cuda_add_rmsnorm_q8: row of %d (not a multiple of 32)", n);
-    cuda_l2pf none = {};
-    pdl_launch_small(add_rmsnorm_q8_kernel, dim3((unsigned)(T + l2pf_blocks(pf))), dim3(NORM_THREADS), out, x, delta, w,
-                     shift, n, eps, xq, (float2 *)xs, T, pf ? *pf : none);
+    pdl_launch_small(add_rmsnorm_q8_kernel, dim3((unsigned)T), dim3(NORM_THREADS), out, x, delta, w, shift, n, eps, xq,
+                     (float2 *)xs);
     return cuda_launched("add_rmsnorm_q8", err);
 }
 
 /* silu_mul_kernel / gelu_tanh_mul_kernel of cuda_ops.cu (cuda_act.cuh), plus the int8
  * copy of the product; n % 32 == 0 and blocks of 256, so each warp is one quant block. */
 template <bool GELU>
-__global__ void __launch_bounds__(256)
-    gated_q8_kernel(float *gate, const float *up, size_t n, int8_t *xq, float2 *xs, unsigned main_blocks, cuda_l2pf pf) {
+__global__ void __launch_bounds__(256) gated_q8_kernel(float *gate, const float *up, size_t n, int8_t *xq, float2 *xs) {
     pdl_trigger();
     pdl_wait(); /* gate and up come from the GEMV before (pdl_launch_small) */
-    if (blockIdx.x >= main_blocks) { /* a prefetch block (cuda_l2pf) */
-        l2pf_run(pf, (int)(blockIdx.x - main_blocks));
-        return;
-    }
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return; /* whole warps: n % 32 == 0 */
     float v = GELU ? gelu_tanh_mul_value(gate[i], up[i]) : silu_mul_value(gate[i], up[i]);
@@ -96,14 +85,13 @@ __global__ void __launch_bounds__(256)
 }
 
 hearth_status cuda_gated_q8(float *gate, const float *up, size_t n, int gelu, int8_t *xq, float *xs,
-                            const cuda_l2pf *pf, hearth_error *err) {
+                            hearth_error *err) {
     if (n == 0) return HEARTH_OK;
     if (n % 32) return err_set(err, HEARTH_ERR_INVALID, "cuda_gated_q8: %zu values (not a multiple of 32)", n);
-    unsigned grid = (unsigned)((n + 255) / 256), all = grid + (unsigned)l2pf_blocks(pf);
-    cuda_l2pf none = {};
+    unsigned grid = (unsigned)((n + 255) / 256);
     if (gelu)
-        pdl_launch_small(gated_q8_kernel<true>, dim3(all), dim3(256), gate, up, n, xq, (float2 *)xs, grid, pf ? *pf : none);
+        pdl_launch_small(gated_q8_kernel<true>, dim3(grid), dim3(256), gate, up, n, xq, (float2 *)xs);
     else
-        pdl_launch_small(gated_q8_kernel<false>, dim3(all), dim3(256), gate, up, n, xq, (float2 *)xs, grid, pf ? *pf : none);
+        pdl_launch_small(gated_q8_kernel<false>, dim3(grid), dim3(256), gate, up, n, xq, (float2 *)xs);
     return cuda_launched("gated_q8", err);
 }

@@ -3,7 +3,6 @@
  * values (quantizing int8 / fp8 rows, rounding f16 ones, by cuda_kv_access.cuh's rules). Allocates only in
  * cuda_kv_alloc / cuda_kv_upload, which run once at start. */
 #include "backend/cuda/cuda_kv_access.cuh"
-#include "backend/cuda/cuda_l2pf.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_rope.cuh"
 extern "C" {
@@ -141,15 +140,10 @@ __global__ void __launch_bounds__(KVW_THREADS)
 template <int KVQ>
 __global__ void __launch_bounds__(KVW_THREADS)
     rope_kv_write_kernel(cuda_kv kv, int layer, float *q, float *k, const float *v, int n_heads, const int32_t *pos,
-                         const int32_t *slot, const float *inv_freq, int adjacent, cuda_l2pf pf) {
+                         const int32_t *slot, const float *inv_freq, int adjacent) {
     pdl_wait(); /* q, k and v come from the q/k/v GEMV (pdl_launch_small) */
     pdl_trigger();
-    int t = blockIdx.x, h = blockIdx.y, d = kv.head_dim, half = d / 2;
-    if (h >= kv.n_kv_heads + n_heads) { /* a prefetch row of blocks (cuda_l2pf): token 0's only */
-        if (t == 0) l2pf_run(pf, h - kv.n_kv_heads - n_heads);
-        return;
-    }
-    int p = pos[t];
+    int t = blockIdx.x, h = blockIdx.y, d = kv.head_dim, half = d / 2, p = pos[t];
     if (h >= kv.n_kv_heads) {
         float *qh = q + ((size_t)t * n_heads + (h - kv.n_kv_heads)) * d;
         for (int i = threadIdx.x; i < half; i += KVW_THREADS) rope_rotate_pair(qh, i, half, p, inv_freq, adjacent);
@@ -163,17 +157,16 @@ __global__ void __launch_bounds__(KVW_THREADS)
 
 hearth_status cuda_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float *k, const float *v, int T, int n_heads,
                                  const int32_t *pos, const int32_t *slot, const float *inv_freq, int adjacent,
-                                 const cuda_l2pf *pf, hearth_error *err) {
+                                 hearth_error *err) {
     if (T <= 0) return HEARTH_OK;
     if (layer < 0 || layer >= dkv->n_layers)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_rope_kv_write: layer %d of %d", layer, dkv->n_layers);
     if (dkv->head_dim % 2)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_rope_kv_write: odd head_dim %d", dkv->head_dim);
-    dim3 grid((unsigned)T, (unsigned)(dkv->n_kv_heads + n_heads + l2pf_blocks(pf)));
-    cuda_l2pf none = {};
+    dim3 grid((unsigned)T, (unsigned)(dkv->n_kv_heads + n_heads));
     CUDA_KV_DISPATCH(dkv->quant, KVQ,
                      pdl_launch_small(rope_kv_write_kernel<KVQ>, grid, dim3(KVW_THREADS), *dkv, layer, q, k, v, n_heads,
-                                      pos, slot, inv_freq, adjacent, pf ? *pf : none));
+                                      pos, slot, inv_freq, adjacent));
     return cuda_launched("rope_kv_write", err);
 }
 

@@ -57,7 +57,6 @@ struct cuda_model {
     /* HEARTH_CUDA_FUSED=0: the unfused decode sequence (one rope launch for q, one for k;
      * int8 activations quantized by each GEMV call instead of by the norm / gate before it) */
     int unfused;
-    cuda_l2pf l2pf; /* the prefetch being built for the next small kernel's launch (next_weights) */
     /* HEARTH_CUDA_PROFILE_STEP=N: the N-th step of HEARTH_CUDA_PROFILE_T tokens (default 1;
      * 8: a decode step of 8 rows, as `hearth bench --batch 8` runs) runs between
      * cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`;
@@ -311,26 +310,15 @@ static int q8_fusable_gate_up(const cuda_model *cm, int i, int T) {
     return q8_fusable(cm, ws, 2, T);
 }
 
-/* The L2 prefetch of ws (the GEMV after a small decode kernel) for that kernel to issue:
- * decode steps only (HEARTH_CUDA_L2PF, cuda_l2pf); NULL when off. */
-static const cuda_l2pf *next_weights(cuda_model *cm, const cuda_weight *const *ws, int nw, int T) {
-    size_t cap = cuda_l2pf_cap();
-    if (!cap || T > GRAPH_MAX_T || cm->unfused) return NULL;
-    cuda_l2pf_plan(&cm->l2pf, ws, nw, cap);
-    return &cm->l2pf;
-}
-
-/* cm->xn = rmsnorm(x (+= delta)), and its int8 copy in cm->xq when `quant` (q8_ready says
- * which); the norm's launch also prefetches next (the nn weights of the GEMV after it). */
+/* cm->xn = rmsnorm(x (+= delta)), and its int8 copy in cm->xq when `quant` (q8_ready says which). */
 static hearth_status norm_into_xn(cuda_model *cm, const float *delta, const float *w, float shift, int T, int quant,
-                                  const cuda_weight *const *next, int nn, hearth_error *err) {
+                                  hearth_error *err) {
     const model_config *c = &cm->m->cfg;
     cm->q8_ready = quant;
     if (cuda_profile_skip(1)) return HEARTH_OK;
-    const cuda_l2pf *pf = delta || quant ? next_weights(cm, next, nn, T) : NULL;
     if (quant)
-        return cuda_add_rmsnorm_q8(cm->xn, cm->x, delta, w, shift, T, c->hidden, c->norm_eps, cm->xq, cm->xs, pf, err);
-    if (delta) return cuda_add_rmsnorm(cm->xn, cm->x, delta, w, shift, T, c->hidden, c->norm_eps, pf, err);
+        return cuda_add_rmsnorm_q8(cm->xn, cm->x, delta, w, shift, T, c->hidden, c->norm_eps, cm->xq, cm->xs, err);
+    if (delta) return cuda_add_rmsnorm(cm->xn, cm->x, delta, w, shift, T, c->hidden, c->norm_eps, err);
     return cuda_rmsnorm(cm->xn, cm->x, w, shift, T, c->hidden, c->norm_eps, err);
 }
 
@@ -384,9 +372,7 @@ static hearth_status attention(cuda_model *cm, int i, int T, const int32_t *pos,
         TRY(cuda_rope_qk(cm->q, cm->k, T, c->n_heads, c->n_kv_heads, c->head_dim, pos, freq, c->rope_adjacent, err));
         TRY(cuda_kv_write(&cm->kv, i, cm->k, cm->v, T, pos, slot, err));
     } else {
-        const cuda_weight *o = &l->o; /* the launch prefetches o's weights for after attention */
-        TRY(cuda_rope_kv_write(&cm->kv, i, cm->q, cm->k, cm->v, T, c->n_heads, pos, slot, freq, c->rope_adjacent,
-                               next_weights(cm, &o, 1, T), err));
+        TRY(cuda_rope_kv_write(&cm->kv, i, cm->q, cm->k, cm->v, T, c->n_heads, pos, slot, freq, c->rope_adjacent, err));
     }
     cuda_attention_args a = {.kv = &cm->kv,
                              .layer = i,
@@ -439,8 +425,7 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *e
     }
     const cuda_weight *down = &l->down;
     if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself */
-        if (!cuda_profile_skip(16))
-            TRY(cuda_gated_q8(cm->gate, cm->up, n, gelu, cm->xq, cm->xs, next_weights(cm, &down, 1, T), err));
+        if (!cuda_profile_skip(16)) TRY(cuda_gated_q8(cm->gate, cm->up, n, gelu, cm->xq, cm->xs, err));
         return q8_matmul(cm, &down, &cm->tmp, 1, T, err);
     }
     int act = gemm_shared(cm) ? cuda_matmul_act(cm->gemm, down, cm->gate, T) : CUDA_ACT_NONE;
@@ -449,8 +434,7 @@ static hearth_status mlp(cuda_model *cm, int i, int T, int gelu, hearth_error *e
         return cuda_matmul_loaded(cm->gemm, down, act, T, cm->tmp, err);
     }
     if (!cuda_profile_skip(16))
-        TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err)
-                 : cuda_silu_mul(cm->gate, cm->up, n, next_weights(cm, &down, 1, T), err));
+        TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
     return matmul(cm, &l->down, cm->gate, T, cm->tmp, err);
 }
 
@@ -466,15 +450,11 @@ static hearth_status block(cuda_model *cm, int i, int T, const int32_t *pos, con
     float shift = gemma ? c->norm_shift : 0.0f;
     TRY(attention(cm, i, T, pos, slot, single_slot, err));
     if (gemma) TRY(cuda_rmsnorm(cm->tmp, cm->tmp, l->post_attn_norm, shift, T, c->hidden, c->norm_eps, err));
-    const cuda_weight *gate_up[2] = {&l->gate, &l->up};
-    TRY(norm_into_xn(cm, cm->tmp, l->ffn_norm, shift, T, q8_fusable_gate_up(cm, i, T), gate_up, 2, err));
+    TRY(norm_into_xn(cm, cm->tmp, l->ffn_norm, shift, T, q8_fusable_gate_up(cm, i, T), err));
     TRY(mlp(cm, i, T, gemma, err));
     if (gemma) TRY(cuda_rmsnorm(cm->tmp, cm->tmp, l->post_ffn_norm, shift, T, c->hidden, c->norm_eps, err));
-    if (i + 1 < c->n_layers) {
-        const cuda_layer *nx = &cm->layers[i + 1];
-        const cuda_weight *qkv[3] = {&nx->q, &nx->k, &nx->v};
-        return norm_into_xn(cm, cm->tmp, nx->attn_norm, shift, T, q8_fusable_qkv(cm, i + 1, T), qkv, 3, err);
-    }
+    if (i + 1 < c->n_layers)
+        return norm_into_xn(cm, cm->tmp, cm->layers[i + 1].attn_norm, shift, T, q8_fusable_qkv(cm, i + 1, T), err);
     cm->q8_ready = 0;
     return cuda_add(cm->x, cm->tmp, (size_t)T * c->hidden, err);
 }
@@ -486,8 +466,7 @@ static hearth_status run_layers(cuda_model *cm, int T, int n_out, int single_slo
     const model_config *c = &cm->m->cfg;
     const int32_t *pos = cm->ints, *slot = cm->ints + cm->max_tokens, *rows = cm->ints + 2 * cm->max_tokens;
     float shift = c->family == FAMILY_GEMMA3 ? c->norm_shift : 0.0f;
-    const cuda_weight *qkv0[3] = {&cm->layers[0].q, &cm->layers[0].k, &cm->layers[0].v};
-    TRY(norm_into_xn(cm, NULL, cm->layers[0].attn_norm, shift, T, q8_fusable_qkv(cm, 0, T), qkv0, 3, err));
+    TRY(norm_into_xn(cm, NULL, cm->layers[0].attn_norm, shift, T, q8_fusable_qkv(cm, 0, T), err));
     for (int i = 0; i < c->n_layers; i++) TRY(block(cm, i, T, pos, slot, single_slot, err));
     if (n_out == 0) return HEARTH_OK;
     TRY(cuda_gather_rows(cm->rows, cm->x, rows, n_out, c->hidden, err));

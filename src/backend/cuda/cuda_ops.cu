@@ -5,7 +5,6 @@
  * allocate or synchronize. */
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_kv_access.cuh"
-#include "backend/cuda/cuda_l2pf.cuh"
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_rope.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
@@ -117,13 +116,9 @@ hearth_status cuda_rope(float *x, int T, int n_heads, int head_dim, const int32_
     return cuda_launched("rope", err);
 }
 
-__global__ void silu_mul_kernel(float *gate, const float *up, size_t n, unsigned main_blocks, cuda_l2pf pf) {
+__global__ void silu_mul_kernel(float *gate, const float *up, size_t n) {
     pdl_trigger();
     pdl_wait();
-    if (blockIdx.x >= main_blocks) { /* a prefetch block (cuda_l2pf) */
-        l2pf_run(pf, (int)(blockIdx.x - main_blocks));
-        return;
-    }
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     gate[i] = silu_mul_value(gate[i], up[i]);
@@ -137,12 +132,9 @@ __global__ void gelu_tanh_mul_kernel(float *gate, const float *up, size_t n) {
     gate[i] = gelu_tanh_mul_value(gate[i], up[i]);
 }
 
-hearth_status cuda_silu_mul(float *gate, const float *up, size_t n, const cuda_l2pf *pf, hearth_error *err) {
+hearth_status cuda_silu_mul(float *gate, const float *up, size_t n, hearth_error *err) {
     if (n == 0) return HEARTH_OK;
-    unsigned grid = (unsigned)((n + 255) / 256);
-    cuda_l2pf none = {};
-    pdl_launch_small(silu_mul_kernel, dim3(grid + (unsigned)l2pf_blocks(pf)), dim3(256), gate, up, n, grid,
-                     pf ? *pf : none);
+    pdl_launch_small(silu_mul_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), gate, up, n);
     return cuda_launched("silu_mul", err);
 }
 
@@ -156,24 +148,18 @@ hearth_status cuda_gelu_tanh_mul(float *gate, const float *up, size_t n, hearth_
  * same reduction as rmsnorm_kernel (cuda_norm.cuh), so the result equals the two separate
  * kernels bit for bit. */
 __global__ void add_rmsnorm_kernel(float *out, float *x, const float *delta, const float *w, float shift, int n,
-                                   float eps, int rows, cuda_l2pf pf) {
+                                   float eps) {
     pdl_trigger();
     pdl_wait();
-    if ((int)blockIdx.x >= rows) { /* a prefetch block (cuda_l2pf) */
-        l2pf_run(pf, (int)blockIdx.x - rows);
-        return;
-    }
     float *o = out + (size_t)blockIdx.x * n;
     norm_row(x + (size_t)blockIdx.x * n, delta + (size_t)blockIdx.x * n, w, shift, n, eps,
              [&](int i, float y) { o[i] = y; });
 }
 
 hearth_status cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
-                               float eps, const cuda_l2pf *pf, hearth_error *err) {
+                               float eps, hearth_error *err) {
     if (T <= 0 || n <= 0) return HEARTH_OK;
-    cuda_l2pf none = {};
-    pdl_launch_small(add_rmsnorm_kernel, dim3((unsigned)(T + l2pf_blocks(pf))), dim3(NORM_THREADS), out, x, delta, w, shift,
-                     n, eps, T, pf ? *pf : none);
+    pdl_launch_small(add_rmsnorm_kernel, dim3((unsigned)T), dim3(NORM_THREADS), out, x, delta, w, shift, n, eps);
     return cuda_launched("add_rmsnorm", err);
 }
 

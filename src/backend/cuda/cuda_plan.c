@@ -6,7 +6,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_affine.h"
 #include "engine/kv_cache.h"
-#include <stdlib.h>
 #include <string.h>
 
 /* The device allocator (cudaMalloc on Linux drivers since Pascal) backs memory with 2 MiB
@@ -311,68 +310,4 @@ double cuda_plan_decode_bytes(const cuda_plan *p, const model *m, int context) {
         b += span * per_pos;
     }
     return b;
-}
-
-/* ---------- L2 prefetch of the next GEMV's weights (cuda_l2pf) ---------- */
-
-size_t cuda_l2pf_cap(void) {
-    static long mb = -1;
-    if (mb < 0) {
-        const char *e = getenv("HEARTH_CUDA_L2PF");
-        long v = e && *e ? strtol(e, NULL, 10) : 0;
-        mb = v > 0 && v <= 4096 ? v : 0;
-    }
-    return (size_t)mb << 20;
-}
-
-/* The row-major planes of w (each holds all n rows in order): the data buffer split where
- * the layout stacks planes (Q6_K: low bits then high bits; the affine layout: low then high
- * code plane), then the scales buffer likewise (Q6_K: int8 scales then f16 d). */
-static int weight_planes(const cuda_weight *w, const char **p, size_t *n) {
-    size_t data = w->bytes - w->scale_bytes, nk = (size_t)w->n * (size_t)w->k;
-    const char *d = (const char *)w->data, *s = (const char *)w->scales;
-    int c = 0;
-    if (w->dtype == DT_Q6_K) {
-        p[c] = d, n[c++] = nk / 2;
-        p[c] = d + nk / 2, n[c++] = data - nk / 2;
-        p[c] = s, n[c++] = nk / 16;
-        p[c] = s + nk / 16, n[c++] = w->scale_bytes - nk / 16;
-        return c;
-    }
-    if (w->dtype == DT_AFFINE && w->aff_bits != cuda_affine_lo_bits(w->aff_bits)) {
-        size_t lo = nk / 8 * (size_t)cuda_affine_lo_bits(w->aff_bits);
-        p[c] = d, n[c++] = lo;
-        p[c] = d + lo, n[c++] = data - lo;
-    } else {
-        p[c] = d, n[c++] = data;
-    }
-    if (w->scale_bytes) p[c] = s, n[c++] = w->scale_bytes;
-    return c;
-}
-
-void cuda_l2pf_plan(cuda_l2pf *pf, const cuda_weight *const *ws, int nw, size_t cap) {
-    memset(pf, 0, sizeof *pf);
-    size_t total = 0;
-    for (int i = 0; i < nw; i++) total += ws[i]->bytes;
-    if (!cap || !total) return;
-    double f = total > cap ? (double)cap / (double)total : 1.0;
-    size_t chunks = 0;
-    for (int i = 0; i < nw; i++) {
-        const char *p[4];
-        size_t n[4];
-        int np = weight_planes(ws[i], p, n);
-        for (int j = 0; j < np && pf->spans < CUDA_L2PF_SPANS; j++) {
-            /* the prefix of the plane's rows, inside the plane and on 16-byte bounds */
-            uintptr_t a = ((uintptr_t)p[j] + 15) & ~(uintptr_t)15;
-            uintptr_t end = ((uintptr_t)p[j] + (uintptr_t)((double)n[j] * f)) & ~(uintptr_t)15;
-            if (!p[j] || end <= a) continue;
-            size_t len = end - a;
-            if (len > 0xFFFF0000u) len = 0xFFFF0000u; /* the instruction's 32-bit size */
-            pf->p[pf->spans] = (const void *)a;
-            pf->n[pf->spans++] = (uint32_t)len;
-            chunks += (len + CUDA_L2PF_CHUNK - 1) / CUDA_L2PF_CHUNK;
-        }
-    }
-    /* up to 32 blocks, so the instructions spread over as many SMs */
-    pf->blocks = pf->spans ? (int)(chunks < 32 ? chunks : 32) : 0;
 }

@@ -39,27 +39,27 @@ for i in $(seq 1 60); do [ -f $G8/.done ] && { [ $need_l8 = 0 ] || [ -f $L8/.don
 # FB_ROWS: which rows, in order (default the four of round 8)
 for r in ${FB_ROWS:-bf16_p4096 q4km_p4096 bf16_decode q8_0_decode}; do
   case $r in
-    bf16_p4096) row $r $L8 -p 4096 -n 1 -r 2 ;;
+    bf16_p4096) row $r $L8 -p 4096 -n 1 -r 3 ;;
     bf16_decode) row $r $L8 -p 512 -n 128 -r 3 ;;
     bf16_decode_kvf16) row $r $L8 -p 512 -n 128 -r 3 --kv-quant f16 ;;
     bf16_decode_2k) row $r $L8 -p 2048 -n 128 -r 2 ;;
     bf16_decode_2k_kvf16) row $r $L8 -p 2048 -n 128 -r 2 --kv-quant f16 ;;
-    q4km_p4096) row $r $G8/llama8b-q4_k_m.gguf -p 4096 -n 1 -r 1 ;;
+    q4km_p4096) row $r $G8/llama8b-q4_k_m.gguf -p 4096 -n 1 -r 3 ;;
     q4km_decode) row $r $G8/llama8b-q4_k_m.gguf -p 512 -n 128 -r 3 ;;
     q8_0_decode) row $r $G8/llama8b-q8_0.gguf -p 512 -n 128 -r 3 ;;
     q8_0_decode_v2) HEARTH_CUDA_GEMV=v2 row $r $G8/llama8b-q8_0.gguf -p 512 -n 128 -r 3 ;; # the v2 GEMV for every Q8_0 matrix
-    q8_0_p4096) row $r $G8/llama8b-q8_0.gguf -p 4096 -n 1 -r 1 ;;
+    q8_0_p4096) row $r $G8/llama8b-q8_0.gguf -p 4096 -n 1 -r 3 ;;
     f16_decode) row $r $G8/llama8b-f16.gguf -p 512 -n 128 -r 3 ;;
-    f16_p4096) row $r $G8/llama8b-f16.gguf -p 4096 -n 1 -r 1 ;;
+    f16_p4096) row $r $G8/llama8b-f16.gguf -p 4096 -n 1 -r 3 ;;
     m4_decode) [ -f $M4/.done ] && row $r $M4 -p 512 -n 128 -r 3 || echo "$r: NOT RUN (no model)" ;;
-    m4_p4096) [ -f $M4/.done ] && row $r $M4 -p 4096 -n 1 -r 1 || echo "$r: NOT RUN (no model)" ;;
+    m4_p4096) [ -f $M4/.done ] && row $r $M4 -p 4096 -n 1 -r 3 || echo "$r: NOT RUN (no model)" ;;
     q3m4_decode) [ -f $Q3M4/.done ] && QWEN=1 row $r $Q3M4 -p 512 -n 128 -r 3 || echo "$r: NOT RUN (no model)" ;;
-    q3m4_p4096) [ -f $Q3M4/.done ] && QWEN=1 row $r $Q3M4 -p 4096 -n 1 -r 1 || echo "$r: NOT RUN (no model)" ;;
+    q3m4_p4096) [ -f $Q3M4/.done ] && QWEN=1 row $r $Q3M4 -p 4096 -n 1 -r 3 || echo "$r: NOT RUN (no model)" ;;
     q3_*_decode | q3_*_p4096) # Qwen3-8B-shaped GGUFs (GR_MODELS q3_f16, q3_q4_k_m, q3_q8_0)
         f=${r#q3_}; f=${f%_*}; g=$G8/qwen3-8b-$f.gguf
         if [ ! -f $g ]; then echo "$r: NOT RUN (no model)"
         elif [ ${r##*_} = decode ]; then QWEN=1 row $r $g -p 512 -n 128 -r 3
-        else QWEN=1 row $r $g -p 4096 -n 1 -r 1; fi ;;
+        else QWEN=1 row $r $g -p 4096 -n 1 -r 3; fi ;;
     *) echo "$r: unknown row" ;;
   esac
 done

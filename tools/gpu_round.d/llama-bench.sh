@@ -13,7 +13,9 @@ T0=$(date +%s)
 BUDGET=${LB_BUDGET:-90}
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
 DIR=${LLAMA_SERVER_DIR:-/tmp/llamacpp-server}
-for i in $(seq 1 $((BUDGET / 2))); do [ -f "$DIR/.done" ] && break; sleep 1; done
+# the build (gpu-serve.pre.sh, started with the call) may take most of the budget: wait while a
+# row still fits after it (~60 s for one GGUF's three shapes)
+while [ ! -f "$DIR/.done" ] && [ "$(left)" -gt 60 ]; do sleep 1; done
 [ -x "$DIR/b/bin/llama-bench" ] || { echo "llama-bench: NOT RUN (not built: $(cat "$DIR/.done" 2>/dev/null))"; exit 0; }
 for k in ${LB_FORMATS:-q4_k_m f16}; do
     case $k in q3_*) f=$G8/qwen3-8b-${k#q3_}.gguf ;; *) f=$G8/llama8b-$k.gguf ;; esac

@@ -9,9 +9,7 @@ L=${1:?usage: affine-tune.sh LOGDIR}; mkdir -p $L
 cd "$(dirname "$0")/../.."
 T0=$(date +%s); BUDGET=${AT_BUDGET:-420}
 . tools/gpu_round.d/base.inc
-timeout 150 $B/tests/test_cuda >$L/test_cuda.log 2>&1; r=$?
-echo "test_cuda rc $r: $(grep -c 'OK \]' $L/test_cuda.log) ok, $(grep -c 'FAILED \]' $L/test_cuda.log) failed"
-grep -m6 -iE "^\[  FAILED|y\[" $L/test_cuda.log | cut -c1-240
+test_cuda_run 150 6 "^\[  FAILED|y\["
 for v in default nopdl; do
   case $v in default) E="" ;; nopdl) E="HEARTH_CUDA_PDL=0" ;; esac
   env $E GEMV_BENCH_FORMATS=mlx,Q5_K GEMV_BENCH_MLX_BITS=8 timeout 60 $B/bench/gemv_bench $L/gemv_$v.json >$L/gemv_$v.txt 2>&1

@@ -15,9 +15,7 @@ T0=$(date +%s); BUDGET=${AF_BUDGET:-480}
 [ -n "${AF_BASE:-}" ] && base_build # the rows before this layout (f32 expansion): AF_BASE=1
 timeout 60 $B/tests/test_cuda_affine >$L/test_cuda_affine.log 2>&1
 echo "test_cuda_affine rc $?: $(grep -c 'OK \]' $L/test_cuda_affine.log) ok"
-timeout 150 $B/tests/test_cuda >$L/test_cuda.log 2>&1; r=$?
-echo "test_cuda rc $r: $(grep -c 'OK \]' $L/test_cuda.log) ok, $(grep -c 'FAILED \]' $L/test_cuda.log) failed"
-grep -m8 -iE "^\[  FAILED|error|mismatch|y\[|reference" $L/test_cuda.log | cut -c1-240
+test_cuda_run 150 8 "^\[  FAILED|error|mismatch|y\[|reference"
 IDS='[1,5,9,13,17,21,25,29,33,37,41,45,49,53,57,61,65,69,73,77,81,85,89,93,97,101,105,109,113,117,121,125,129,133,137,141,145,149,153,157]'
 pair() { # MODEL NAME: CPU scalar vs GPU exact / default
   HEARTH_CPU=scalar timeout 30 $H trace $1 --ids "$IDS" --last 4 --top 8 --steps 24 --step-top 8 --device cpu >$L/t_$2_cpu.json 2>$L/t_$2.log

@@ -11,9 +11,7 @@ cd "$(dirname "$0")/../.."
 T0=$(date +%s); BUDGET=${MF_BUDGET:-480}
 . tools/gpu_round.d/base.inc
 base_build
-timeout 150 $B/tests/test_cuda >$L/test_cuda.log 2>&1; r=$?
-echo "test_cuda rc $r: $(grep -c 'OK \]' $L/test_cuda.log) ok, $(grep -c 'FAILED \]' $L/test_cuda.log) failed"
-grep -m6 -iE "^\[  FAILED|error|mismatch|y\[" $L/test_cuda.log | cut -c1-240
+test_cuda_run 150 6 "^\[  FAILED|error|mismatch|y\["
 wait
 [ -x $HB ] || { echo "base build FAILED"; tail -5 $L/base_build.log; }
 row() { # label binary model [bench flags]

@@ -9,9 +9,7 @@ L=${1:?usage: q4-legacy.sh LOGDIR}; mkdir -p $L
 cd "$(dirname "$0")/../.."
 T0=$(date +%s); BUDGET=${QL_BUDGET:-240}
 . tools/gpu_round.d/base.inc
-timeout 120 $B/tests/test_cuda >$L/test_cuda.log 2>&1; r=$?
-echo "test_cuda rc $r: $(grep -c 'OK \]' $L/test_cuda.log) ok, $(grep -c 'FAILED \]' $L/test_cuda.log) failed"
-grep -m6 -iE "^\[  FAILED|error|mismatch|y\[" $L/test_cuda.log | cut -c1-240
+test_cuda_run 120 6 "^\[  FAILED|error|mismatch|y\["
 python3 tools/cuda_gguf8b.py /tmp/tq40.gguf q4_0 --arch tiny >/dev/null 2>&1
 IDS='[1,5,9,13,17,21,25,29,33,37,41,45,49,53,57,61,65,69,73,77]'
 HEARTH_CPU=scalar timeout 20 $H trace /tmp/tq40.gguf --ids "$IDS" --last 4 --top 8 --steps 24 --step-top 8 --device cpu >$L/tiny_cpu.json 2>$L/tiny.log

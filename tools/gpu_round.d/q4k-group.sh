@@ -10,9 +10,7 @@ cd "$(dirname "$0")/../.."
 T0=$(date +%s); BUDGET=${QG_BUDGET:-480}
 . tools/gpu_round.d/base.inc
 base_build
-timeout 150 $B/tests/test_cuda >$L/test_cuda.log 2>&1; r=$?
-echo "test_cuda rc $r: $(grep -c 'OK \]' $L/test_cuda.log) ok, $(grep -c 'FAILED \]' $L/test_cuda.log) failed"
-grep -m6 -iE "^\[  FAILED|error|mismatch|y\[" $L/test_cuda.log | cut -c1-240
+test_cuda_run 150 6 "^\[  FAILED|error|mismatch|y\["
 HEARTH_CUDA_GEMV=v2 GEMV_BENCH_FORMATS=Q4_K,mlx4 timeout 120 $B/bench/gemv_bench $L/gemv.json >$L/gemv.log 2>&1 || echo "gemv_bench: rc $?"
 python3 bench/cuda/gemv_ab_summary.py $L/gemv.json 2>/dev/null || tail -5 $L/gemv.log
 wait

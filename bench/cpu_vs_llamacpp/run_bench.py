@@ -81,11 +81,15 @@ def bench_prompt(n_tokens, vocab):
 
 
 class MapWatcher:
-    """Polls /proc/<pid>/maps of a child while it runs and remembers whether the model file was
-    ever mapped: the issue requires weights in anonymous memory, not page cache behind mmap."""
+    """Polls /proc/<pid>/smaps of a child while it runs: whether the model file was ever mapped
+    and the most of it resident through that mapping (MiB). The issue requires the weights in
+    anonymous memory, not page cache behind mmap; hearth keeps the file mapped for its metadata
+    (tokenizer, config) and drops the weights' file pages after copying them, so `mapped` alone
+    says little: the resident MiB of the mapping is the figure to read."""
 
     def __init__(self, pid, path):
         self.pid, self.path, self.mapped, self.samples = pid, os.path.realpath(path), False, 0
+        self.rss_mib = 0.0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
@@ -93,9 +97,15 @@ class MapWatcher:
     def _run(self):
         while not self._stop.is_set():
             try:
-                with open(f"/proc/{self.pid}/maps") as f:
-                    if self.path in f.read():
-                        self.mapped = True
+                rss_kb, inside = 0, False
+                with open(f"/proc/{self.pid}/smaps") as f:
+                    for line in f:
+                        if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                            inside = line.rstrip("\n").endswith(self.path)
+                            self.mapped |= inside
+                        elif inside and line.startswith("Rss:"):
+                            rss_kb += int(line.split()[1])
+                self.rss_mib = max(self.rss_mib, rss_kb / 1024)
                 self.samples += 1
             except OSError:
                 pass
@@ -105,9 +115,21 @@ class MapWatcher:
         self._stop.set()
         self._t.join()
 
+    def report(self):
+        return {"mapped": self.mapped, "rss_mib": round(self.rss_mib, 1)}
+
+
+def _map_summary(res, who):
+    """Max resident MiB of the model file's mapping over the rows (older JSON: a bool per row)."""
+    vals = [r.get(f"{who}_file_mapped") for r in res["rows"]]
+    if any(isinstance(v, dict) for v in vals):
+        return "max %.1f MiB" % max(v["rss_mib"] for v in vals if isinstance(v, dict))
+    return "mapped " + str(sorted({str(v) for v in vals}))
+
 
 def run_child(cmd, model_path, timeout):
-    """Runs one measuring process; returns (parsed last JSON line or None, error text, mapped)."""
+    """Runs one measuring process; returns (parsed last JSON line or None, error text,
+    {"mapped": bool, "rss_mib": most of the file resident through its mapping})."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     w = MapWatcher(p.pid, model_path)
     try:
@@ -116,14 +138,14 @@ def run_child(cmd, model_path, timeout):
         p.kill()
         out, errtxt = p.communicate()
         w.stop()
-        return None, f"timed out after {timeout} s", w.mapped
+        return None, f"timed out after {timeout} s", w.report()
     w.stop()
     if p.returncode != 0:
-        return None, f"exit {p.returncode}: {errtxt.strip()[-400:]}", w.mapped
+        return None, f"exit {p.returncode}: {errtxt.strip()[-400:]}", w.report()
     for line in reversed(out.strip().splitlines()):
         if line.startswith("{"):
-            return json.loads(line), None, w.mapped
-    return None, f"no JSON in output: {out.strip()[-200:]}", w.mapped
+            return json.loads(line), None, w.report()
+    return None, f"no JSON in output: {out.strip()[-200:]}", w.report()
 
 
 def llamacpp_worker(args):
@@ -169,17 +191,19 @@ def interleaved(row, hcmd, lcmd, model_path, runs, timeout):
     bandwidth right after its decode, so its roofline fraction pairs numbers taken together; the
     row reports medians over rounds (and keeps every round)."""
     one = lambda cmd: [c if c != str(runs) or cmd[i - 1] != "-r" else "1" for i, c in enumerate(cmd)]
-    hs, ls, herr, lerr, hmap, lmap = [], [], None, None, False, False
+    hs, ls, herr, lerr = [], [], None, None
+    hmap, lmap = {"mapped": False, "rss_mib": 0.0}, {"mapped": False, "rss_mib": 0.0}
+    merge = lambda a, b: {"mapped": a["mapped"] or b["mapped"], "rss_mib": max(a["rss_mib"], b["rss_mib"])}
     for i in range(runs):
         for side in (("h", "l") if i % 2 == 0 else ("l", "h")):
             if side == "h":
                 d, e, mp = run_child(one(hcmd), model_path, timeout)
-                hmap |= mp
+                hmap = merge(hmap, mp)
                 if d: hs.append(d)
                 else: herr = e
             else:
                 d, e, mp = run_child(one(lcmd), model_path, timeout)
-                lmap |= mp
+                lmap = merge(lmap, mp)
                 if d: ls.append(d)
                 else: lerr = e
     med = lambda xs, k: statistics.median(x[k] for x in xs) if xs and all(k in x for x in xs) else None
@@ -244,9 +268,10 @@ def write_markdown(res, path):
               f"hearth {res['hearth']['commit']} ({res['hearth']['binary']}); llama-cpp-python "
               f"{res['llamacpp']['version']} built by install_llamacpp.sh from its vendored source: GGML_NATIVE=ON with AMX off (ggml AMX kernels crash here), CPU only, OpenMP "
               f"({res['llamacpp'].get('system_info', '')}).",
-              f"Weights in anonymous memory: model file mapped by hearth: "
-              f"{sorted({str(r.get('hearth_file_mapped')) for r in res['rows']})}, by llama.cpp: "
-              f"{sorted({str(r.get('llamacpp_file_mapped')) for r in res['rows']})} (polled /proc/<pid>/maps).",
+              "Weights in anonymous memory: the most of the model file resident through a file mapping (MiB, polled "
+              "/proc/<pid>/smaps once a second; hearth keeps the file mapped for its metadata and drops the weights' "
+              "file pages after copying them): hearth " + _map_summary(res, "hearth") + ", llama.cpp "
+              + _map_summary(res, "llamacpp") + ".",
               f"Run {res['started']} .. {res['finished']}; command: `{res['command']}`."]
     if errs:
         lines += ["", "Errors:"] + errs

@@ -52,7 +52,8 @@ def summarize(res):
             # the judged figure when present: the median of paired ratios (serve_load.n1_pairs says why)
             ratio = median([q["ratio"] for q in pairs])
             inside = [q["client_vs_server_steps"] for q in pairs if q.get("client_vs_server_steps")]
-            s["n1_vs_engine_paired"] = {"pairs": len(pairs), "ratio_median": ratio,
+            lo, hi = _median_ci([q["ratio"] for q in pairs])
+            s["n1_vs_engine_paired"] = {"pairs": len(pairs), "ratio_median": ratio, "ratio_median_ci95": [lo, hi],
                                         "ratios": [round(q["ratio"], 3) for q in pairs],
                                         "orders": [q.get("order", "serve,bench") for q in pairs],
                                         "client_vs_server_steps_median": median(inside) if inside else None,
@@ -62,6 +63,29 @@ def summarize(res):
                                         "within_3_percent": ratio >= 1 - ENGINE_TOLERANCE}
         out[entry["id"]] = s
     return out
+
+
+def _median_ci(xs, rounds=4000, seed=1):
+    """A percentile-bootstrap 95% interval of the median of xs (fixed seed: the report is
+    reproducible from the JSON). On this shared 2-vCPU box single pairs spread by +-30%, so the
+    interval says whether a miss of the 3% target is a measured one or noise."""
+    import random
+    if len(xs) < 4:
+        return None, None
+    rng = random.Random(seed)
+    meds = sorted(median(rng.choices(xs, k=len(xs))) for _ in range(rounds))
+    return meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
+
+
+def _verdict(ratio, ci):
+    target = 1 - ENGINE_TOLERANCE
+    if ci and ci[0] is not None:
+        if ci[0] >= target:
+            return "meets"
+        if ci[1] < target:
+            return "MISSES"
+        return ("meets (median)" if ratio >= target else "MISSES at the median, though not outside the 95% interval,")
+    return "meets" if ratio >= target else "MISSES"
 
 
 def _same_text(s):
@@ -133,10 +157,12 @@ def _model_md(res, entry):
         alt = len(set(e.get("orders", []))) > 1
         lines.append(f"Paired ({e['pairs']} times: one streamed N=1 request and `hearth bench -r 1` at its prompt and answer "
                      f"length, server idle{', in alternating order (ABBA)' if alt else ', the request first'}): "
-                     f"median serve/bench ×{_f(e['ratio_median'], 3)} (each: "
+                     f"median serve/bench ×{_f(e['ratio_median'], 3)}"
+                     + (f", bootstrap 95% interval [{_f(e['ratio_median_ci95'][0], 3)}, {_f(e['ratio_median_ci95'][1], 3)}]"
+                        if (e.get('ratio_median_ci95') or [None])[0] is not None else "") + " (each: "
                      f"{', '.join(_f(r, 3) for r in e['ratios'])}; serve {_f(e['serve_decode_tps_median'])} vs bench "
                      f"{_f(e['bench_decode_tps_median'])} tok/s medians): "
-                     f"{'meets' if e['within_3_percent'] else 'MISSES'} the target of at least 0.97× the engine. This paired "
+                     f"{_verdict(e['ratio_median'], e.get('ratio_median_ci95'))} the target of at least 0.97× the engine. This paired "
                      "figure is the judged one; the line above compares runs minutes apart.")
         if e.get("client_vs_server_steps_median"):
             lines.append(f"Same requests, the client's decode rate over the engine's own step rate inside the server "

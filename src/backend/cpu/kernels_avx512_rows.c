@@ -56,11 +56,13 @@ R1_INLINE float r1_total(__m512 acc, __m256 accm) {
 typedef struct r1_q4k_act {
     __m512i q[4]; /* sub-block pairs (0,2) (1,3) (4,6) (5,7) */
     __m512 d;     /* the activation scale of each lane of the folded sums */
-    __m256 xs;    /* dx_c * sum(x_c), c = 0..7: the mins' term */
+    __m512 xs;    /* dx_c * sum(x_c) at the lanes of m_c in g (4-7: c = 0..3, 12-15: c = 4..7), else 0 */
 } r1_q4k_act;
 
 /* The folded lane order: sub-block of lane l. */
 static const int r1_q4k_lane[16] = {0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7};
+/* The same sub-blocks' lanes in the unpacked scale vector [sc0-3 m0-3 | sc4-7 m4-7]. */
+static const int r1_q4k_glane[16] = {0, 1, 8, 9, 0, 1, 8, 9, 2, 3, 10, 11, 2, 3, 10, 11};
 
 R1_INLINE void r1_q4k_prepare(const cpu_q8_block *x, int64_t nsb, r1_q4k_act *a) {
     for (int64_t sb = 0; sb < nsb; sb++) {
@@ -70,11 +72,11 @@ R1_INLINE void r1_q4k_prepare(const cpu_q8_block *x, int64_t nsb, r1_q4k_act *a)
             int c = (i >> 1) * 4 + (i & 1); /* 0, 1, 4, 5 with partner c + 2 */
             a[sb].q[i] = r1_pair_q(&xb[c], &xb[c + 2]);
         }
-        float d[16], xs[8];
+        float d[16], xs[16] = {0};
         for (int l = 0; l < 16; l++) d[l] = xb[r1_q4k_lane[l]].d;
-        for (int c = 0; c < 8; c++) xs[c] = xb[c].d * (float)(xb[c].sum16[0] + xb[c].sum16[1]);
+        for (int c = 0; c < 8; c++) xs[c < 4 ? 4 + c : 8 + c] = xb[c].d * (float)(xb[c].sum16[0] + xb[c].sum16[1]);
         a[sb].d = _mm512_loadu_ps(d);
-        a[sb].xs = _mm256_loadu_ps(xs);
+        a[sb].xs = _mm512_loadu_ps(xs);
     }
 }
 
@@ -135,7 +137,8 @@ R1_INLINE void r1_rows_q45_k(const cpu_weight *w, int64_t n0, int64_t n1, const 
     if (n0 >= n1) return;
     r1_q4k_prepare(xv, nsb, a);
     const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(0x10);
-    const __m512i lane = _mm512_loadu_si512((const void *)r1_q4k_lane);
+    const __m512i lane = _mm512_loadu_si512((const void *)r1_q4k_glane);
+    const __m512i dsel = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
     /* Q5_K: the qh bit of each byte of the four nibble vectors: vector i (0: low nibbles of
      * chunks 0, 1; 1: their high nibbles; 2, 3: chunks 2, 3) holds sub-blocks [c | c + 2],
      * c = 4 (i / 2) + i % 2 */
@@ -147,23 +150,29 @@ R1_INLINE void r1_rows_q45_k(const cpu_weight *w, int64_t n0, int64_t n1, const 
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = (const uint8_t *)w->data + n * rb;
         __m512 acc = _mm512_setzero_ps();
-        __m256 accm = _mm256_setzero_ps();
+        __m512 accm = _mm512_setzero_ps();
         for (int64_t sb = 0; sb < nsb; sb++) {
             const uint8_t *blk = row + sb * bytes;
             _mm_prefetch((const char *)blk + pf, _MM_HINT_T0);
             _mm_prefetch((const char *)blk + pf + 64, _MM_HINT_T0);
             _mm_prefetch((const char *)blk + pf + 128, _MM_HINT_T0);
-            uint32_t dm;
-            uint64_t sc, mins;
+            /* sc_c and m_c as bytes [sc0-3 m0-3 | sc4-7 m4-7]: cpu_q4k_scales_mins's 6-bit
+             * unpack on both words at once, in the integer unit; then 16 float lanes times
+             * [d x4, dmin x4, d x4, dmin x4] (g), from which the scales go to r1_q4k_glane
+             * order and the mins' products to the zero-padded staged xs */
+            uint32_t dm, u2;
+            uint64_t w01;
             memcpy(&dm, blk, 4);
-            cpu_q4k_scales_mins(blk, &sc, &mins);
-            __m128i v = _mm_set_epi64x((long long)mins, (long long)sc);
-            __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); /* sc_0..7 */
-            __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
-            __m128 ddm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)); /* d, dmin */
-            accm = _mm256_fnmadd_ps(_mm256_mul_ps(mn, _mm256_broadcastss_ps(_mm_movehdup_ps(ddm))), a[sb].xs, accm);
-            __m512 scale =
-                _mm512_permutexvar_ps(lane, _mm512_castps256_ps512(_mm256_mul_ps(f, _mm256_broadcastss_ps(ddm))));
+            memcpy(&w01, blk + 4, 8);
+            memcpy(&u2, blk + 12, 4);
+            uint64_t lo = w01 & 0x3f3f3f3f3f3f3f3full;
+            uint64_t hi = (((uint64_t)u2 | (uint64_t)u2 << 28) & 0x0f0f0f0f0f0f0f0full) |
+                          ((w01 >> 2) & 0x3030303030303030ull);
+            __m512 g = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi64x((long long)hi, (long long)lo)));
+            __m512 ddm = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dm))); /* d, dmin */
+            g = _mm512_mul_ps(g, _mm512_permutexvar_ps(dsel, ddm));
+            accm = _mm512_fnmadd_ps(g, a[sb].xs, accm);
+            __m512 scale = _mm512_permutexvar_ps(lane, g);
             __m512i raw0 = _mm512_loadu_si512((const void *)(blk + qs));
             __m512i raw1 = _mm512_loadu_si512((const void *)(blk + qs + 64));
             __m512i z = _mm512_setzero_si512();
@@ -183,7 +192,7 @@ R1_INLINE void r1_rows_q45_k(const cpu_weight *w, int64_t n0, int64_t n1, const 
             __m512i p3 = _mm512_dpbusd_epi32(z, w3, a[sb].q[3]);
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r1_fold4(p0, p1, p2, p3)), _mm512_mul_ps(scale, a[sb].d), acc);
         }
-        y[n] = r1_total(acc, accm);
+        y[n] = _mm512_reduce_add_ps(_mm512_add_ps(acc, accm));
     }
 }
 

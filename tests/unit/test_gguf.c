@@ -487,6 +487,41 @@ static void test_dequant_known_blocks(void **state) {
     assert_true(y[0] == 1.0f && y[1] == -5.0f);
 }
 
+/* Every F16 bit pattern through ggml_dequantize (the F16C path eight at a time where the CPU
+ * has it, groups holding a NaN element by element) against the format's definition, computed
+ * here with ldexp: (-1)^s 2^(e-15) (1 + m/1024), subnormals 2^-14 m/1024, infinities, and NaNs
+ * keeping their payload (m << 13, as numpy's and the gguf package's conversion does). Also an
+ * odd count, so the tail after the last group of eight is covered. */
+static void test_f16_every_pattern(void **state) {
+    (void)state;
+    enum { N = 65536 };
+    uint16_t *h = malloc(N * sizeof *h);
+    float *y = malloc(N * sizeof *y);
+    assert_non_null(h);
+    assert_non_null(y);
+    for (int i = 0; i < N; i++) h[i] = (uint16_t)(i * 40503u); /* odd multiplier: a permutation */
+    for (int n = N; n >= N - 5; n -= 5) {
+        hearth_error err = {0};
+        memset(y, 0, N * sizeof *y);
+        assert_int_equal(ggml_dequantize(DT_F16, h, (uint64_t)n * 2, y, (uint64_t)n, &err), HEARTH_OK);
+        for (int i = 0; i < n; i++) {
+            uint32_t s = h[i] >> 15, e = (h[i] >> 10) & 31, m = h[i] & 1023, want;
+            if (e == 31) {
+                want = s << 31 | 0x7f800000u | m << 13;
+            } else {
+                float v = e ? ldexpf(1.0f + (float)m / 1024.0f, (int)e - 15) : ldexpf((float)m / 1024.0f, -14);
+                memcpy(&want, &v, 4);
+                want |= s << 31;
+            }
+            uint32_t got;
+            memcpy(&got, &y[i], 4);
+            if (got != want) fail_msg("f16 0x%04x: got 0x%08x, want 0x%08x", h[i], got, want);
+        }
+    }
+    free(h);
+    free(y);
+}
+
 static void test_quant_errors_and_roundtrip(void **state) {
     float x[64], y[64];
     uint8_t q[68] = {0};
@@ -528,6 +563,7 @@ int main(void) {
         cmocka_unit_test(test_open_file),
         cmocka_unit_test(test_json_invalid_utf8),
         cmocka_unit_test(test_dequant_known_blocks),
+        cmocka_unit_test(test_f16_every_pattern),
         cmocka_unit_test(test_quant_errors_and_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -89,7 +89,7 @@ class MapWatcher:
 
     def __init__(self, pid, path):
         self.pid, self.path, self.mapped, self.samples = pid, os.path.realpath(path), False, 0
-        self.rss_mib = 0.0
+        self.rss_mib = self.rss_last_mib = 0.0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
@@ -106,6 +106,7 @@ class MapWatcher:
                         elif inside and line.startswith("Rss:"):
                             rss_kb += int(line.split()[1])
                 self.rss_mib = max(self.rss_mib, rss_kb / 1024)
+                self.rss_last_mib = rss_kb / 1024  # the last poll: while decoding, after loading
                 self.samples += 1
             except OSError:
                 pass
@@ -116,14 +117,16 @@ class MapWatcher:
         self._t.join()
 
     def report(self):
-        return {"mapped": self.mapped, "rss_mib": round(self.rss_mib, 1)}
+        return {"mapped": self.mapped, "rss_mib": round(self.rss_mib, 1), "rss_last_mib": round(self.rss_last_mib, 1)}
 
 
 def _map_summary(res, who):
     """Max resident MiB of the model file's mapping over the rows (older JSON: a bool per row)."""
     vals = [r.get(f"{who}_file_mapped") for r in res["rows"]]
     if any(isinstance(v, dict) for v in vals):
-        return "max %.1f MiB" % max(v["rss_mib"] for v in vals if isinstance(v, dict))
+        d = [v for v in vals if isinstance(v, dict)]
+        return "%.1f MiB at the last poll (at most %.1f while loading)" % (
+            max(v.get("rss_last_mib", 0.0) for v in d), max(v["rss_mib"] for v in d))
     return "mapped " + str(sorted({str(v) for v in vals}))
 
 
@@ -192,8 +195,9 @@ def interleaved(row, hcmd, lcmd, model_path, runs, timeout):
     row reports medians over rounds (and keeps every round)."""
     one = lambda cmd: [c if c != str(runs) or cmd[i - 1] != "-r" else "1" for i, c in enumerate(cmd)]
     hs, ls, herr, lerr = [], [], None, None
-    hmap, lmap = {"mapped": False, "rss_mib": 0.0}, {"mapped": False, "rss_mib": 0.0}
-    merge = lambda a, b: {"mapped": a["mapped"] or b["mapped"], "rss_mib": max(a["rss_mib"], b["rss_mib"])}
+    hmap = lmap = {"mapped": False, "rss_mib": 0.0, "rss_last_mib": 0.0}
+    merge = lambda a, b: {"mapped": a["mapped"] or b["mapped"], "rss_mib": max(a["rss_mib"], b["rss_mib"]),
+                          "rss_last_mib": max(a["rss_last_mib"], b["rss_last_mib"])}
     for i in range(runs):
         for side in (("h", "l") if i % 2 == 0 else ("l", "h")):
             if side == "h":
@@ -268,9 +272,9 @@ def write_markdown(res, path):
               f"hearth {res['hearth']['commit']} ({res['hearth']['binary']}); llama-cpp-python "
               f"{res['llamacpp']['version']} built by install_llamacpp.sh from its vendored source: GGML_NATIVE=ON with AMX off (ggml AMX kernels crash here), CPU only, OpenMP "
               f"({res['llamacpp'].get('system_info', '')}).",
-              "Weights in anonymous memory: the most of the model file resident through a file mapping (MiB, polled "
-              "/proc/<pid>/smaps once a second; hearth keeps the file mapped for its metadata and drops the weights' "
-              "file pages after copying them): hearth " + _map_summary(res, "hearth") + ", llama.cpp "
+              "Weights in anonymous memory: the model file resident through a file mapping (MiB, polled "
+              "/proc/<pid>/smaps once a second, the largest over the rows; hearth keeps the file mapped for its metadata "
+              "and drops each tensor's file pages after copying it): hearth " + _map_summary(res, "hearth") + ", llama.cpp "
               + _map_summary(res, "llamacpp") + ".",
               f"Run {res['started']} .. {res['finished']}; command: `{res['command']}`."]
     if errs:

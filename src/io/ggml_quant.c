@@ -4,6 +4,7 @@
  * bitwise equal to it. Must stay plain scalar C: fast kernels live in backend/cpu. */
 #include "io/ggml_quant.h"
 #include "base/err.h"
+#include "base/cpu_features.h"
 #include "base/half.h"
 #include <math.h>
 #include <string.h>
@@ -219,12 +220,9 @@ __attribute__((target("avx,f16c,sse4.1"))) static void f16_row_f16c(const uint8_
 
 static void f16_row(const uint8_t *s, float *dst, uint64_t n) {
 #if defined(__x86_64__)
-    static int f16c = -1; /* any thread may fill it in: the same value */
-    int have = __atomic_load_n(&f16c, __ATOMIC_RELAXED);
-    if (have < 0) {
-        have = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-        __atomic_store_n(&f16c, have, __ATOMIC_RELAXED);
-    }
+    /* the hardware's features, not HEARTH_CPU's level: the bits are the same either way */
+    const cpu_features *f = cpu_features_get();
+    int have = f->f16c && f->avx2;
     if (have) {
         f16_row_f16c(s, dst, n);
         return;

@@ -42,6 +42,11 @@ typedef struct ops_attention_args {
     float *scratch; /* tp_threads(tp) * ops_attention_scratch(kv) floats */
     const struct ops_attention_kernels *kernels; /* set by ops_attention (ISA level, KV storage) */
     int heads_per_task; /* set by ops_attention: query heads of one KV head that a task takes */
+    /* set by ops_attention when the rows' splits run as tasks of their own (few rows): the
+     * shared partials and arrival counts (in thread 0's scratch) and the scores' room */
+    float *split_part;
+    int *split_count;
+    size_t split_cap;
 } ops_attention_args;
 size_t ops_attention_scratch(const kv_cache *kv);
 void ops_attention(const ops_attention_args *a, threadpool *tp);

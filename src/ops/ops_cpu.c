@@ -338,7 +338,10 @@ static void attention_task(void *ctx, int task, int thread) {
  * value row comes from memory once for the group, not once per query head: SmolLM2-135M
  * (3 query heads per KV head) decode at a 512-token context spent ~2.8 ms per token more
  * than at 16 tokens with one task per head, re-reading float32 K/V from DRAM. Each head's
- * arithmetic is the per-head kernel's, in the same order: the same bits. */
+ * arithmetic is the per-head kernel's, in the same order: the same bits, for rows of up to
+ * ATT_SPLIT positions; longer rows are computed in splits merged in order (below), which
+ * differs from the one-pass kernels by float rounding (test_cpu_ops_kernels: within the same
+ * bound of a double-precision softmax). */
 #define ATT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,avx2")))
 _Static_assert(KV_BLOCK_SIZE == 16, "attention_group_f32_avx512 reduces one 16-position KV block per step");
 /* Query heads of one group processed together (more share a KV head only in models that
@@ -454,18 +457,131 @@ ATT_AVX512 static inline __m512 att_block_scores_avx512(const float *q, const fl
     return _mm512_mask_max_ps(vmx, m, vmx, s);
 }
 
-ATT_AVX512 static void attention_group_f32_avx512(void *ctx, int task, int thread) {
-    const ops_attention_args *a = ctx;
+/* Rows longer than ATT_SPLIT positions are computed in splits: the fewest doublings of
+ * ATT_SPLIT positions that make at most ATT_SPLITS_MAX of them. Each split softmaxes its own
+ * positions (its max m_s, sum l_s and unnormalized weighted values o_s), and the splits merge
+ * in order: out = sum_s (e^(m_s - M) / L) o_s with M = max m_s, L = sum_s e^(m_s - M) l_s.
+ * The splits depend on the row's length only, so a row's bits are the same whatever the
+ * batch, the thread count, and whether one task computes every split (prefill, many rows)
+ * or each split is its own task (decode with few KV heads: SmolLM2's 3 on 2 threads left
+ * one thread with two of them; attention_split_f32_avx512). Rows of up to ATT_SPLIT
+ * positions take the one-pass code as before. 2-vCPU Zen 4, decode tok/s, old -> new
+ * (bench/results/cpu_attention_splits.md): SmolLM2 Q4_1 after 2048 prompt tokens 73-86 ->
+ * 89-109, Q8_0 after 512 141-144 -> 149-155; 128 or 64 positions per split measured no
+ * better than 256. */
+enum { ATT_SPLIT = 256, ATT_SPLITS_MAX = 8 };
+
+static int att_split_positions(int len) {
+    int c = ATT_SPLIT;
+    while ((len + c - 1) / c > ATT_SPLITS_MAX) c *= 2;
+    return c;
+}
+
+/* Floats of one unit's (token, KV head) partials: per split, group rows of o then group (m, l). */
+static size_t att_partial_floats(int nsplit, int group, int d) { return (size_t)nsplit * group * (d + 2); }
+
+/* Splits of a row of len positions (1: the one-pass code): also 1 where a thread's scratch
+ * could not hold the partials beside one split's scores (very wide groups). */
+static int att_nsplit(const ops_attention_args *a, size_t len) {
+    if (len <= ATT_SPLIT) return 1;
+    int split = att_split_positions((int)len), nsplit = (int)((len + split - 1) / split);
+    size_t cap = ops_attention_scratch(a->kv) - (size_t)a->head_dim;
+    return att_partial_floats(nsplit, a->n_heads / a->n_kv_heads, a->head_dim) + (size_t)split > cap ? 1 : nsplit;
+}
+
+static size_t att_row_len(const ops_attention_args *a, int t) {
+    int p_end = a->pos[t], p_start = a->window > 0 && p_end - a->window + 1 > 0 ? p_end - a->window + 1 : 0;
+    return (size_t)(p_end - p_start + 1);
+}
+
+/* The partials of split s of row (t, kvh) for query heads [h_lo, h_hi) of the group, in
+ * passes of as many heads as `cap` floats of scores (this thread's) hold. part: the unit's
+ * partials (att_partial_floats). */
+ATT_AVX512 static void att_split_partials(const ops_attention_args *a, int t, int kvh, int h_lo, int h_hi, int s,
+                                          int split, float *scores, size_t cap, float *part) {
     const kv_cache *kv = a->kv;
-    int group = a->n_heads / a->n_kv_heads, parts = (group + a->heads_per_task - 1) / a->heads_per_task;
-    int t = task / (a->n_kv_heads * parts), kvh = task / parts % a->n_kv_heads, part = task % parts;
-    int h_first = part * a->heads_per_task, h_end = h_first + a->heads_per_task < group ? h_first + a->heads_per_task : group;
-    int d = a->head_dim;
-    size_t cap = ops_attention_scratch(kv) - (size_t)d; /* floats of scores this thread may use */
-    float *scratch = a->scratch + (size_t)thread * ops_attention_scratch(kv);
+    int group = a->n_heads / a->n_kv_heads, d = a->head_dim;
+    int p_end = a->pos[t], p_start = 0, slot = a->slot[t];
+    if (a->window > 0 && p_end - a->window + 1 > 0) p_start = p_end - a->window + 1;
+    int p_lo = p_start + s * split, p_hi = p_lo + split - 1 < p_end ? p_lo + split - 1 : p_end;
+    size_t n = (size_t)(p_hi - p_lo + 1);
+    int per_pass = cap / n < ATT_GROUP_MAX ? (int)(cap / n) : ATT_GROUP_MAX;
+    int vchunk = 16384 / (d * (int)sizeof(float)) < KV_BLOCK_SIZE ? KV_BLOCK_SIZE : 16384 / (d * (int)sizeof(float));
+    float *o = part + (size_t)s * group * (d + 2), *ml = o + (size_t)group * d;
+    const __m512 vscale = _mm512_set1_ps(a->scale);
+    for (int g0 = h_lo; g0 < h_hi; g0 += per_pass) {
+        int ng = h_hi - g0 < per_pass ? h_hi - g0 : per_pass;
+        const float *q = a->q + ((size_t)t * a->n_heads + kvh * group + g0) * d;
+        __m512 vmx[ATT_GROUP_MAX];
+        float one[ATT_GROUP_MAX];
+        for (int g = 0; g < ng; g++) vmx[g] = _mm512_set1_ps(-INFINITY), one[g] = 1.0f;
+        for (int p = p_lo; p <= p_hi;) {
+            int run_end = (p / KV_BLOCK_SIZE + 1) * KV_BLOCK_SIZE - 1;
+            if (run_end > p_hi) run_end = p_hi;
+            int first = p % KV_BLOCK_SIZE, nr = run_end - p + 1;
+            const float *krow = kv_key(kv, a->layer, slot, p, kvh) - (size_t)first * d;
+            for (int g = 0; g < ng; g++)
+                vmx[g] = att_block_scores_avx512(q + (size_t)g * d, krow, d, first, nr, vscale,
+                                                 scores + g * n + (p - p_lo), vmx[g]);
+            p = run_end + 1;
+        }
+        for (int g = 0; g < ng; g++) {
+            float m = _mm512_reduce_max_ps(vmx[g]);
+            ml[2 * (g0 + g)] = m;
+            ml[2 * (g0 + g) + 1] = exp_sum_avx2(scores + g * n, (int)n, m);
+        }
+        for (int p0 = p_lo; p0 <= p_hi; p0 += vchunk) {
+            int p1 = p0 + vchunk - 1 < p_hi ? p0 + vchunk - 1 : p_hi;
+            att_values_heads_avx512(a, slot, kvh, p_lo, p0, p1, scores, n, one, o + (size_t)g0 * d, ng, p0 > p_lo);
+        }
+    }
+}
+
+/* out of row (t, kvh)'s heads [h_lo, h_hi) from its nsplit partials, in split order. */
+ATT_AVX512 static void att_split_merge(const ops_attention_args *a, int t, int kvh, int h_lo, int h_hi, int nsplit,
+                                       const float *part) {
+    int group = a->n_heads / a->n_kv_heads, d = a->head_dim;
+    size_t stride = (size_t)group * (d + 2);
+    for (int g = h_lo; g < h_hi; g++) {
+        float mx = -INFINITY, w[ATT_SPLITS_MAX], sum = 0.0f;
+        for (int s = 0; s < nsplit; s++) {
+            float m = part[s * stride + (size_t)group * d + 2 * g];
+            mx = m > mx ? m : mx;
+        }
+        for (int s = 0; s < nsplit; s++) {
+            const float *ml = part + s * stride + (size_t)group * d + 2 * g;
+            w[s] = expf(ml[0] - mx);
+            sum += w[s] * ml[1];
+        }
+        float *out = a->out + ((size_t)t * a->n_heads + kvh * group + g) * d;
+        for (int i = 0; i < d; i += 16) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int s = 0; s < nsplit; s++)
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(w[s] / sum), _mm512_loadu_ps(part + s * stride + (size_t)g * d + i),
+                                      acc);
+            _mm512_storeu_ps(out + i, acc);
+        }
+    }
+}
+
+/* Row t's query heads [h_first, h_end) of KV head kvh, with `cap` floats of this thread's
+ * scratch (at `scratch`) for scores and, for a row in splits, the partials above them. */
+ATT_AVX512 static void att_group_row(const ops_attention_args *a, int t, int kvh, int h_first, int h_end, float *scratch,
+                                     size_t cap) {
+    const kv_cache *kv = a->kv;
+    int group = a->n_heads / a->n_kv_heads, d = a->head_dim;
     int p_end = a->pos[t], p_start = 0, slot = a->slot[t];
     if (a->window > 0 && p_end - a->window + 1 > 0) p_start = p_end - a->window + 1;
     size_t len = (size_t)(p_end - p_start + 1);
+    int nsplit = att_nsplit(a, len);
+    if (nsplit > 1) { /* in splits, every one by this task: partials at the top of its scratch */
+        int split = att_split_positions((int)len);
+        size_t pf = att_partial_floats(nsplit, group, d);
+        float *part = scratch + cap - pf;
+        for (int s = 0; s < nsplit; s++) att_split_partials(a, t, kvh, h_first, h_end, s, split, scratch, cap - pf, part);
+        att_split_merge(a, t, kvh, h_first, h_end, nsplit, part);
+        return;
+    }
     int per_pass = cap / len < ATT_GROUP_MAX ? (int)(cap / len) : ATT_GROUP_MAX; /* >= 1: a context fits */
     /* values in chunks of positions whose rows stay in L1 while every head of the pass reads them */
     int chunk = 16384 / (d * (int)sizeof(float)) < KV_BLOCK_SIZE ? KV_BLOCK_SIZE : 16384 / (d * (int)sizeof(float));
@@ -495,6 +611,40 @@ ATT_AVX512 static void attention_group_f32_avx512(void *ctx, int task, int threa
             int p1 = p0 + chunk - 1 < p_end ? p0 + chunk - 1 : p_end;
             att_values_heads_avx512(a, slot, kvh, p_start, p0, p1, scratch, len, inv, out, ng, p0 > p_start);
         }
+    }
+}
+
+ATT_AVX512 static void attention_group_f32_avx512(void *ctx, int task, int thread) {
+    const ops_attention_args *a = ctx;
+    int group = a->n_heads / a->n_kv_heads, parts = (group + a->heads_per_task - 1) / a->heads_per_task;
+    int t = task / (a->n_kv_heads * parts), kvh = task / parts % a->n_kv_heads, part = task % parts;
+    int h_first = part * a->heads_per_task, h_end = h_first + a->heads_per_task < group ? h_first + a->heads_per_task : group;
+    att_group_row(a, t, kvh, h_first, h_end, a->scratch + (size_t)thread * ops_attention_scratch(a->kv),
+                  ops_attention_scratch(a->kv) - (size_t)a->head_dim);
+}
+
+/* Few rows (decode): one task per (token, KV head, split), ATT_SPLITS_MAX tasks per row
+ * (those past its splits return at once). Each writes its split's partials into the shared
+ * area (split_part, at the top of thread 0's scratch, set by ops_attention) and counts its
+ * arrival; the row's last split to arrive merges, in split order, and resets the count.
+ * Rows of one split run whole in their task 0. Same bits as attention_group_f32_avx512. */
+ATT_AVX512 static void attention_split_f32_avx512(void *ctx, int task, int thread) {
+    const ops_attention_args *a = ctx;
+    int group = a->n_heads / a->n_kv_heads, d = a->head_dim;
+    int u = task / ATT_SPLITS_MAX, s = task % ATT_SPLITS_MAX, t = u / a->n_kv_heads, kvh = u % a->n_kv_heads;
+    float *scratch = a->scratch + (size_t)thread * ops_attention_scratch(a->kv);
+    size_t len = att_row_len(a, t);
+    int nsplit = att_nsplit(a, len);
+    if (s >= nsplit) return;
+    if (nsplit == 1) {
+        att_group_row(a, t, kvh, 0, group, scratch, a->split_cap);
+        return;
+    }
+    float *part = a->split_part + (size_t)u * att_partial_floats(ATT_SPLITS_MAX, group, d);
+    att_split_partials(a, t, kvh, 0, group, s, att_split_positions((int)len), scratch, a->split_cap, part);
+    if (__atomic_add_fetch(&a->split_count[u], 1, __ATOMIC_ACQ_REL) == nsplit) {
+        att_split_merge(a, t, kvh, 0, group, nsplit, part);
+        __atomic_store_n(&a->split_count[u], 0, __ATOMIC_RELAXED);
     }
 }
 
@@ -823,9 +973,31 @@ void ops_attention(const ops_attention_args *a, threadpool *tp) {
     tp_task_fn fn = attention_task;
     int n_tasks = a->T * a->n_heads;
     if (f32 && args.kernels == &kernels_avx512 && a->head_dim % 16 == 0) {
+        int group = a->n_heads / a->n_kv_heads, units = a->T * a->n_kv_heads, parts = 1;
+        /* few rows, some long: their splits as tasks of their own (the same bits either way) */
+        if (units < 2 * tp_threads(tp)) {
+            size_t S = ops_attention_scratch(a->kv), need = 0;
+            size_t region = (size_t)units * (att_partial_floats(ATT_SPLITS_MAX, group, a->head_dim) + 1);
+            int any = 0;
+            for (int t = 0; t < a->T; t++) {
+                size_t len = att_row_len(a, t);
+                int ns = att_nsplit(a, len);
+                size_t room = ns > 1 ? (size_t)att_split_positions((int)len) : len;
+                any |= ns > 1;
+                need = room > need ? room : need;
+            }
+            if (any && region + (size_t)a->head_dim + need <= S) {
+                args.split_part = a->scratch + S - region;
+                args.split_count = (int *)(args.split_part + (size_t)units * att_partial_floats(ATT_SPLITS_MAX, group,
+                                                                                                  a->head_dim));
+                memset(args.split_count, 0, (size_t)units * sizeof(int));
+                args.split_cap = S - (size_t)a->head_dim - region;
+                tp_run(tp, units * ATT_SPLITS_MAX, attention_split_f32_avx512, &args);
+                return;
+            }
+        }
         /* every query head of a KV head in one task, unless that leaves a thread idle (a
          * decode step of a model with fewer KV heads than threads: Gemma 3 270M has one) */
-        int group = a->n_heads / a->n_kv_heads, units = a->T * a->n_kv_heads, parts = 1;
         if (units < tp_threads(tp)) parts = (tp_threads(tp) + units - 1) / units;
         if (parts > group) parts = group;
         args.heads_per_task = (group + parts - 1) / parts;

@@ -217,6 +217,86 @@ static void test_attention_tiles_match_tokens(void **state) {
     for (int i = 0; i < 3; i++) tp_destroy(tps[i]);
 }
 
+/* Decode rows long enough to run in splits (more than 256 positions; ops_cpu.c
+ * attention_split_f32_avx512 when rows are few): one or two tokens, 1 or 3 KV heads with 3
+ * query heads each (SmolLM2's shape), windows, on 1, 2 and 8 threads. Within the bound of
+ * check() against naive(), and bit for bit the same on every thread count and whether the
+ * splits ran as tasks of their own or inside one task (a batch of 12 rows of the same
+ * tokens: too many rows for split tasks). */
+static void check_splits(int head_dim, int kvh, int window, int context, threadpool **tps, int ntp) {
+    enum { LAYERS = 2, GROUP = 3, TB = 12 };
+    int heads = kvh * GROUP;
+    kv_cache kv;
+    assert_int_equal(kv_create(&kv, LAYERS, kvh, head_dim, 2, context, 2 * (context / KV_BLOCK_SIZE) + 4, NULL),
+                     HEARTH_OK);
+    int lens[2] = {context - (int)(rnd() % 200), 257 + (int)(rnd() % 300)};
+    for (int s = 0; s < 2; s++) assert_int_equal(kv_reserve(&kv, s, lens[s], NULL), HEARTH_OK);
+    size_t nf = (size_t)LAYERS * kv.n_blocks * kv.block_floats;
+    for (size_t i = 0; i < nf; i++) {
+        kv.k[i] = rndf() * 2;
+        kv.v[i] = rndf();
+    }
+    int32_t slot[TB], pos[TB];
+    for (int t = 0; t < TB; t++) slot[t] = t % 2, pos[t] = lens[t % 2] - 1;
+    size_t row = (size_t)heads * head_dim;
+    float *q = malloc(TB * row * 4), *first = malloc(2 * row * 4), *out = malloc(TB * row * 4);
+    for (size_t i = 0; i < 2 * row; i++) q[i] = rndf();
+    for (int t = 2; t < TB; t++) memcpy(q + t * row, q + (t % 2) * row, row * 4);
+    float *scratch = malloc(ops_attention_scratch(&kv) * 4 * 8);
+    double *want = malloc(sizeof(double) * (size_t)head_dim);
+    for (int i = 0; i <= ntp; i++) {
+        int T = i < ntp ? 2 : TB; /* the last run: the batch */
+        threadpool *tp = tps[i < ntp ? i : 0];
+        ops_attention_args a = {.kv = &kv, .layer = 1, .q = q, .out = out, .T = T, .n_heads = heads,
+                                .n_kv_heads = kvh, .head_dim = head_dim, .pos = pos, .slot = slot,
+                                .window = window, .scale = 1.0f / sqrtf((float)head_dim), .scratch = scratch};
+        for (size_t j = 0; j < TB * row; j++) out[j] = NAN; /* nothing left over from the run before */
+        ops_attention(&a, tp);
+        if (i == 0) memcpy(first, out, 2 * row * 4);
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < heads; h++) {
+                naive(&kv, 1, slot[t], pos[t], h / GROUP, window, q + t * row + (size_t)h * head_dim, head_dim, a.scale,
+                      want);
+                for (int j = 0; j < head_dim; j++) {
+                    size_t o = t * row + (size_t)h * head_dim + j;
+                    if (memcmp(&out[o], &first[(t % 2) * row + (size_t)h * head_dim + j], 4))
+                        fail_msg("%s d=%d kvh=%d window=%d run %d (T=%d, %d threads): token %d head %d [%d] %.9g, "
+                                 "first run %.9g",
+                                 cpu_level_name(cpu_level_active()), head_dim, kvh, window, i, T, tp_threads(tp), t, h,
+                                 j, out[o], first[(t % 2) * row + (size_t)h * head_dim + j]);
+                    if (!(fabs(out[o] - want[j]) <= 2e-5))
+                        fail_msg("%s d=%d kvh=%d window=%d: token %d head %d [%d] = %.8g, want %.8g",
+                                 cpu_level_name(cpu_level_active()), head_dim, kvh, window, t, h, j, out[o], want[j]);
+                }
+            }
+    }
+    free(want);
+    free(q);
+    free(first);
+    free(out);
+    free(scratch);
+    kv_destroy(&kv);
+}
+
+static void test_attention_splits(void **state) {
+    (void)state;
+    threadpool *tps[3];
+    assert_int_equal(tp_create(1, &tps[0], NULL), HEARTH_OK);
+    assert_int_equal(tp_create(2, &tps[1], NULL), HEARTH_OK);
+    assert_int_equal(tp_create(8, &tps[2], NULL), HEARTH_OK);
+    static const char *levels[] = {"scalar", "avx2", "avx512"};
+    for (int lv = CPU_LEVEL_SCALAR; lv <= (int)cpu_level_hardware(); lv++) {
+        setenv("HEARTH_CPU", levels[lv], 1);
+        static const int dims[] = {64, 256}, kvhs[] = {1, 3}, windows[] = {0, 700}, contexts[] = {1200, 4100};
+        for (int di = 0; di < 2; di++)
+            for (int ki = 0; ki < 2; ki++)
+                for (int wi = 0; wi < 2; wi++)
+                    for (int ci = 0; ci < 2; ci++) check_splits(dims[di], kvhs[ki], windows[wi], contexts[ci], tps, 3);
+    }
+    unsetenv("HEARTH_CPU");
+    for (int i = 0; i < 3; i++) tp_destroy(tps[i]);
+}
+
 static void test_activations_match_double(void **state) {
     (void)state;
     static const char *levels[] = {"scalar", "avx2", "avx512"};
@@ -289,6 +369,7 @@ static void test_argmax_matches_rule(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_attention_matches_naive),
                                        cmocka_unit_test(test_attention_tiles_match_tokens),
+                                       cmocka_unit_test(test_attention_splits),
                                        cmocka_unit_test(test_activations_match_double),
                                        cmocka_unit_test(test_argmax_matches_rule)};
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -457,6 +457,26 @@ ATT_AVX512 static inline __m512 att_block_scores_avx512(const float *q, const fl
     return _mm512_mask_max_ps(vmx, m, vmx, s);
 }
 
+/* Scores of ng query heads (q, rows d apart) over positions [p_lo, p_hi] of (slot, kvh), KV
+ * block by block, at scores + g * stride + (p - p_lo); vmx[g] gathers each head's maximum. */
+ATT_AVX512 static void att_range_scores(const ops_attention_args *a, const float *q, int ng, int slot, int kvh, int p_lo,
+                                        int p_hi, float *scores, size_t stride, __m512 *vmx) {
+    const int d = a->head_dim;
+    const __m512 vscale = _mm512_set1_ps(a->scale);
+    for (int p = p_lo; p <= p_hi;) { /* runs of positions inside one KV block */
+        int run_end = (p / KV_BLOCK_SIZE + 1) * KV_BLOCK_SIZE - 1;
+        if (run_end > p_hi) run_end = p_hi;
+        int first = p % KV_BLOCK_SIZE, n = run_end - p + 1;
+        /* all 16 rows of the block (always allocated); lanes outside first..first+n-1 are
+         * never stored nor compared */
+        const float *krow = kv_key(a->kv, a->layer, slot, p, kvh) - (size_t)first * d;
+        for (int g = 0; g < ng; g++)
+            vmx[g] = att_block_scores_avx512(q + (size_t)g * d, krow, d, first, n, vscale, scores + g * stride + (p - p_lo),
+                                             vmx[g]);
+        p = run_end + 1;
+    }
+}
+
 /* Rows longer than ATT_SPLIT positions are computed in splits: the fewest doublings of
  * ATT_SPLIT positions that make at most ATT_SPLITS_MAX of them. Each split softmaxes its own
  * positions (its max m_s, sum l_s and unnormalized weighted values o_s), and the splits merge
@@ -489,42 +509,33 @@ static int att_nsplit(const ops_attention_args *a, size_t len) {
     return att_partial_floats(nsplit, a->n_heads / a->n_kv_heads, a->head_dim) + (size_t)split > cap ? 1 : nsplit;
 }
 
-static size_t att_row_len(const ops_attention_args *a, int t) {
-    int p_end = a->pos[t], p_start = a->window > 0 && p_end - a->window + 1 > 0 ? p_end - a->window + 1 : 0;
-    return (size_t)(p_end - p_start + 1);
+/* The first position row t attends to (its window's start), and how many it attends to. */
+static int att_row_start(const ops_attention_args *a, int t) {
+    int p_end = a->pos[t];
+    return a->window > 0 && p_end - a->window + 1 > 0 ? p_end - a->window + 1 : 0;
 }
+
+static size_t att_row_len(const ops_attention_args *a, int t) { return (size_t)(a->pos[t] - att_row_start(a, t) + 1); }
 
 /* The partials of split s of row (t, kvh) for query heads [h_lo, h_hi) of the group, in
  * passes of as many heads as `cap` floats of scores (this thread's) hold. part: the unit's
  * partials (att_partial_floats). */
 ATT_AVX512 static void att_split_partials(const ops_attention_args *a, int t, int kvh, int h_lo, int h_hi, int s,
                                           int split, float *scores, size_t cap, float *part) {
-    const kv_cache *kv = a->kv;
     int group = a->n_heads / a->n_kv_heads, d = a->head_dim;
-    int p_end = a->pos[t], p_start = 0, slot = a->slot[t];
-    if (a->window > 0 && p_end - a->window + 1 > 0) p_start = p_end - a->window + 1;
+    int p_end = a->pos[t], p_start = att_row_start(a, t), slot = a->slot[t];
     int p_lo = p_start + s * split, p_hi = p_lo + split - 1 < p_end ? p_lo + split - 1 : p_end;
     size_t n = (size_t)(p_hi - p_lo + 1);
     int per_pass = cap / n < ATT_GROUP_MAX ? (int)(cap / n) : ATT_GROUP_MAX;
     int vchunk = 16384 / (d * (int)sizeof(float)) < KV_BLOCK_SIZE ? KV_BLOCK_SIZE : 16384 / (d * (int)sizeof(float));
     float *o = part + (size_t)s * group * (d + 2), *ml = o + (size_t)group * d;
-    const __m512 vscale = _mm512_set1_ps(a->scale);
     for (int g0 = h_lo; g0 < h_hi; g0 += per_pass) {
         int ng = h_hi - g0 < per_pass ? h_hi - g0 : per_pass;
         const float *q = a->q + ((size_t)t * a->n_heads + kvh * group + g0) * d;
         __m512 vmx[ATT_GROUP_MAX];
         float one[ATT_GROUP_MAX];
         for (int g = 0; g < ng; g++) vmx[g] = _mm512_set1_ps(-INFINITY), one[g] = 1.0f;
-        for (int p = p_lo; p <= p_hi;) {
-            int run_end = (p / KV_BLOCK_SIZE + 1) * KV_BLOCK_SIZE - 1;
-            if (run_end > p_hi) run_end = p_hi;
-            int first = p % KV_BLOCK_SIZE, nr = run_end - p + 1;
-            const float *krow = kv_key(kv, a->layer, slot, p, kvh) - (size_t)first * d;
-            for (int g = 0; g < ng; g++)
-                vmx[g] = att_block_scores_avx512(q + (size_t)g * d, krow, d, first, nr, vscale,
-                                                 scores + g * n + (p - p_lo), vmx[g]);
-            p = run_end + 1;
-        }
+        att_range_scores(a, q, ng, slot, kvh, p_lo, p_hi, scores, n, vmx);
         for (int g = 0; g < ng; g++) {
             float m = _mm512_reduce_max_ps(vmx[g]);
             ml[2 * (g0 + g)] = m;
@@ -568,10 +579,8 @@ ATT_AVX512 static void att_split_merge(const ops_attention_args *a, int t, int k
  * scratch (at `scratch`) for scores and, for a row in splits, the partials above them. */
 ATT_AVX512 static void att_group_row(const ops_attention_args *a, int t, int kvh, int h_first, int h_end, float *scratch,
                                      size_t cap) {
-    const kv_cache *kv = a->kv;
     int group = a->n_heads / a->n_kv_heads, d = a->head_dim;
-    int p_end = a->pos[t], p_start = 0, slot = a->slot[t];
-    if (a->window > 0 && p_end - a->window + 1 > 0) p_start = p_end - a->window + 1;
+    int p_end = a->pos[t], p_start = att_row_start(a, t), slot = a->slot[t];
     size_t len = (size_t)(p_end - p_start + 1);
     int nsplit = att_nsplit(a, len);
     if (nsplit > 1) { /* in splits, every one by this task: partials at the top of its scratch */
@@ -585,7 +594,6 @@ ATT_AVX512 static void att_group_row(const ops_attention_args *a, int t, int kvh
     int per_pass = cap / len < ATT_GROUP_MAX ? (int)(cap / len) : ATT_GROUP_MAX; /* >= 1: a context fits */
     /* values in chunks of positions whose rows stay in L1 while every head of the pass reads them */
     int chunk = 16384 / (d * (int)sizeof(float)) < KV_BLOCK_SIZE ? KV_BLOCK_SIZE : 16384 / (d * (int)sizeof(float));
-    const __m512 vscale = _mm512_set1_ps(a->scale);
     for (int g0 = h_first; g0 < h_end; g0 += per_pass) {
         int ng = h_end - g0 < per_pass ? h_end - g0 : per_pass, h0 = kvh * group + g0;
         const float *q = a->q + ((size_t)t * a->n_heads + h0) * d;
@@ -593,18 +601,7 @@ ATT_AVX512 static void att_group_row(const ops_attention_args *a, int t, int kvh
         __m512 vmx[ATT_GROUP_MAX];
         float inv[ATT_GROUP_MAX];
         for (int g = 0; g < ng; g++) vmx[g] = _mm512_set1_ps(-INFINITY);
-        for (int p = p_start; p <= p_end;) { /* runs of positions inside one KV block */
-            int run_end = (p / KV_BLOCK_SIZE + 1) * KV_BLOCK_SIZE - 1;
-            if (run_end > p_end) run_end = p_end;
-            int first = p % KV_BLOCK_SIZE, n = run_end - p + 1;
-            /* all 16 rows of the block (always allocated); lanes outside first..first+n-1 are
-             * never stored nor compared */
-            const float *krow = kv_key(kv, a->layer, slot, p, kvh) - (size_t)first * d;
-            for (int g = 0; g < ng; g++)
-                vmx[g] = att_block_scores_avx512(q + (size_t)g * d, krow, d, first, n, vscale,
-                                                 scratch + g * len + (p - p_start), vmx[g]);
-            p = run_end + 1;
-        }
+        att_range_scores(a, q, ng, slot, kvh, p_start, p_end, scratch, len, vmx);
         for (int g = 0; g < ng; g++)
             inv[g] = 1.0f / exp_sum_avx2(scratch + g * len, (int)len, _mm512_reduce_max_ps(vmx[g]));
         for (int p0 = p_start; p0 <= p_end; p0 += chunk) {

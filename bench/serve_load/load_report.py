@@ -5,6 +5,7 @@ against the engine (`hearth bench`); it must not measure anything itself.
 usage (rewrite the table from a results file): load_report.py bench/results/serve_load.json
 """
 import json
+import random
 from statistics import median
 import sys
 
@@ -69,7 +70,6 @@ def _median_ci(xs, rounds=4000, seed=1):
     """A percentile-bootstrap 95% interval of the median of xs (fixed seed: the report is
     reproducible from the JSON). On this shared 2-vCPU box single pairs spread by +-30%, so the
     interval says whether a miss of the 3% target is a measured one or noise."""
-    import random
     if len(xs) < 4:
         return None, None
     rng = random.Random(seed)

@@ -477,6 +477,13 @@ ATT_AVX512 static void att_range_scores(const ops_attention_args *a, const float
     }
 }
 
+/* Positions per pass of the weighted sum of values: rows that stay in L1 (16 KiB) while
+ * every head of the pass reads them, at least one KV block. */
+static int att_value_chunk(int d) {
+    int c = 16384 / (d * (int)sizeof(float));
+    return c < KV_BLOCK_SIZE ? KV_BLOCK_SIZE : c;
+}
+
 /* Rows longer than ATT_SPLIT positions are computed in splits: the fewest doublings of
  * ATT_SPLIT positions that make at most ATT_SPLITS_MAX of them. Each split softmaxes its own
  * positions (its max m_s, sum l_s and unnormalized weighted values o_s), and the splits merge
@@ -527,7 +534,7 @@ ATT_AVX512 static void att_split_partials(const ops_attention_args *a, int t, in
     int p_lo = p_start + s * split, p_hi = p_lo + split - 1 < p_end ? p_lo + split - 1 : p_end;
     size_t n = (size_t)(p_hi - p_lo + 1);
     int per_pass = cap / n < ATT_GROUP_MAX ? (int)(cap / n) : ATT_GROUP_MAX;
-    int vchunk = 16384 / (d * (int)sizeof(float)) < KV_BLOCK_SIZE ? KV_BLOCK_SIZE : 16384 / (d * (int)sizeof(float));
+    int vchunk = att_value_chunk(d);
     float *o = part + (size_t)s * group * (d + 2), *ml = o + (size_t)group * d;
     for (int g0 = h_lo; g0 < h_hi; g0 += per_pass) {
         int ng = h_hi - g0 < per_pass ? h_hi - g0 : per_pass;
@@ -554,7 +561,7 @@ ATT_AVX512 static void att_split_merge(const ops_attention_args *a, int t, int k
     int group = a->n_heads / a->n_kv_heads, d = a->head_dim;
     size_t stride = (size_t)group * (d + 2);
     for (int g = h_lo; g < h_hi; g++) {
-        float mx = -INFINITY, w[ATT_SPLITS_MAX], sum = 0.0f;
+        float mx = -INFINITY, w[ATT_SPLITS_MAX], sum = 0.0f, coef[ATT_SPLITS_MAX];
         for (int s = 0; s < nsplit; s++) {
             float m = part[s * stride + (size_t)group * d + 2 * g];
             mx = m > mx ? m : mx;
@@ -564,12 +571,12 @@ ATT_AVX512 static void att_split_merge(const ops_attention_args *a, int t, int k
             w[s] = expf(ml[0] - mx);
             sum += w[s] * ml[1];
         }
+        for (int s = 0; s < nsplit; s++) coef[s] = w[s] / sum;
         float *out = a->out + ((size_t)t * a->n_heads + kvh * group + g) * d;
         for (int i = 0; i < d; i += 16) {
             __m512 acc = _mm512_setzero_ps();
             for (int s = 0; s < nsplit; s++)
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(w[s] / sum), _mm512_loadu_ps(part + s * stride + (size_t)g * d + i),
-                                      acc);
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(coef[s]), _mm512_loadu_ps(part + s * stride + (size_t)g * d + i), acc);
             _mm512_storeu_ps(out + i, acc);
         }
     }
@@ -592,8 +599,7 @@ ATT_AVX512 static void att_group_row(const ops_attention_args *a, int t, int kvh
         return;
     }
     int per_pass = cap / len < ATT_GROUP_MAX ? (int)(cap / len) : ATT_GROUP_MAX; /* >= 1: a context fits */
-    /* values in chunks of positions whose rows stay in L1 while every head of the pass reads them */
-    int chunk = 16384 / (d * (int)sizeof(float)) < KV_BLOCK_SIZE ? KV_BLOCK_SIZE : 16384 / (d * (int)sizeof(float));
+    int chunk = att_value_chunk(d);
     for (int g0 = h_first; g0 < h_end; g0 += per_pass) {
         int ng = h_end - g0 < per_pass ? h_end - g0 : per_pass, h0 = kvh * group + g0;
         const float *q = a->q + ((size_t)t * a->n_heads + h0) * d;
@@ -623,7 +629,8 @@ ATT_AVX512 static void attention_group_f32_avx512(void *ctx, int task, int threa
 /* Few rows (decode): one task per (token, KV head, split), ATT_SPLITS_MAX tasks per row
  * (those past its splits return at once). Each writes its split's partials into the shared
  * area (split_part, at the top of thread 0's scratch, set by ops_attention) and counts its
- * arrival; the row's last split to arrive merges, in split order, and resets the count.
+ * arrival (ops_attention zeroes the counts before each call: the area holds other calls'
+ * scores in between); the row's last split to arrive merges, in split order.
  * Rows of one split run whole in their task 0. Same bits as attention_group_f32_avx512. */
 ATT_AVX512 static void attention_split_f32_avx512(void *ctx, int task, int thread) {
     const ops_attention_args *a = ctx;
@@ -639,10 +646,7 @@ ATT_AVX512 static void attention_split_f32_avx512(void *ctx, int task, int threa
     }
     float *part = a->split_part + (size_t)u * att_partial_floats(ATT_SPLITS_MAX, group, d);
     att_split_partials(a, t, kvh, 0, group, s, att_split_positions((int)len), scratch, a->split_cap, part);
-    if (__atomic_add_fetch(&a->split_count[u], 1, __ATOMIC_ACQ_REL) == nsplit) {
-        att_split_merge(a, t, kvh, 0, group, nsplit, part);
-        __atomic_store_n(&a->split_count[u], 0, __ATOMIC_RELAXED);
-    }
+    if (__atomic_add_fetch(&a->split_count[u], 1, __ATOMIC_ACQ_REL) == nsplit) att_split_merge(a, t, kvh, 0, group, nsplit, part);
 }
 
 /* Float KV, AVX2, head_dim a multiple of 8: the AVX-512 scheme above on 256-bit

@@ -8,7 +8,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_plan.h"
 #include "base/half.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,7 +99,7 @@ static void bench_matmul(void) {
                     memcpy(h + b * bb + (t == DT_Q6_K ? 208 : 2 * j), &hv, 2);
                 }
         }
-        cpu_weight cw = {.dtype = t, .data = h, .n = n, .k = k};
+        op_weight cw = {.dtype = t, .data = h, .n = n, .k = k};
         if (t == DT_U32) {
             cw.bits = 4, cw.group_size = 64, cw.sb_dtype = DT_BF16;
             cw.scales = h + n * k / 2, cw.biases = (uint16_t *)cw.scales + groups;

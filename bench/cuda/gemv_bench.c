@@ -148,7 +148,7 @@ int main(int argc, char **argv) {
             size_t hb;
             void *host = make_host(t, n, k, &hb);
             if (!host) return 1;
-            cpu_weight w = {.dtype = t, .data = host, .n = n, .k = k};
+            op_weight w = {.dtype = t, .data = host, .n = n, .k = k};
             if (t == DT_U32) { /* the MLX fields: make_host's scales and biases follow the words */
                 const uint16_t *sb = (const uint16_t *)((const uint8_t *)host + n * k / 8 * mlx_bits);
                 w.bits = mlx_bits, w.group_size = 64, w.sb_dtype = DT_BF16;

@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
         for (char *t = strtok_r(tl, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             int T = atoi(t);
             if (T < 1 || T > tmax) continue;
-            cpu_weight cw = {.dtype = dt, .n = n, .k = k};
+            op_weight cw = {.dtype = dt, .n = n, .k = k};
             size_t sz = cpu_matmul_scratch_size(&cw, T);
             void *scratch = malloc(sz ? sz : 1);
             double best = 1e30;

@@ -109,8 +109,8 @@ static const fmt formats[] = {
 };
 
 /* Fills one copy: realistic magnitudes (no denormals, which would make float math slow). */
-static void fill_copy(const fmt *f, cpu_weight *w, uint8_t *p) {
-    int64_t rb = cpu_weight_row_bytes(w), total = rb * w->n;
+static void fill_copy(const fmt *f, op_weight *w, uint8_t *p) {
+    int64_t rb = op_weight_row_bytes(w), total = rb * w->n;
     if (f->t == DT_F32)
         for (int64_t i = 0; i < w->n * w->k; i++) ((float *)p)[i] = rndf();
     else if (f->t == DT_F16 || f->t == DT_BF16)
@@ -135,8 +135,8 @@ static void fill_copy(const fmt *f, cpu_weight *w, uint8_t *p) {
     }
 }
 
-static int64_t copy_bytes(const fmt *f, cpu_weight *w) {
-    int64_t b = cpu_weight_row_bytes(w) * w->n;
+static int64_t copy_bytes(const fmt *f, op_weight *w) {
+    int64_t b = op_weight_row_bytes(w) * w->n;
     if (f->t == DT_U32) b += 2 * w->n * (w->k / w->group_size) * 2; /* bf16 scales + biases */
     return (b + 4095) / 4096 * 4096;
 }
@@ -187,9 +187,9 @@ int main(int argc, char **argv) {
         for (int si = 0; si < nshapes; si++) {
             const fmt *f = &formats[fi];
             if (only && !strstr(only, f->name)) continue;
-            cpu_weight w = {.dtype = f->t, .n = shapes[si][0], .k = shapes[si][1], .bits = f->bits,
+            op_weight w = {.dtype = f->t, .n = shapes[si][0], .k = shapes[si][1], .bits = f->bits,
                             .group_size = 64, .sb_dtype = DT_BF16};
-            int64_t cb = copy_bytes(f, &w), wbytes = cpu_weight_row_bytes(&w) * w.n;
+            int64_t cb = copy_bytes(f, &w), wbytes = op_weight_row_bytes(&w) * w.n;
             int copies = (int)(arena / (size_t)cb);
             if (copies < 1) continue; /* shape does not fit the arena */
             fill_copy(f, &w, buf);

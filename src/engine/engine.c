@@ -21,7 +21,7 @@
 
 #include "engine/engine_internal.h"
 #include "engine/engine_plan.h"
-#include "engine/kv_prefix.h"
+#include "kv/kv_prefix.h"
 #include "engine/engine_device.h"
 
 struct hearth_engine {
@@ -541,8 +541,8 @@ double hearth_engine_measure_bandwidth(hearth_engine *e) {
     return cpu_read_bandwidth_gbs(e->tp, (size_t)1 << 30, 5);
 }
 
-static double weight_read_bytes(const cpu_weight *w) {
-    double b = (double)cpu_weight_row_bytes(w) * (double)w->n;
+static double weight_read_bytes(const op_weight *w) {
+    double b = (double)op_weight_row_bytes(w) * (double)w->n;
     if (w->dtype == DT_U32 && w->group_size > 0) /* MLX scales and biases */
         b += 2.0 * (double)w->n * (double)(w->k / w->group_size) * tensor_dtype_block_bytes(w->sb_dtype);
     return b;
@@ -553,7 +553,7 @@ double engine_decode_bytes(const model *m, int context, int kv_quant) {
     double b = weight_read_bytes(&m->lm_head) + weight_read_bytes(&m->embed) / (double)c->vocab;
     for (int i = 0; i < c->n_layers; i++) {
         const layer_weights *l = &m->layers[i];
-        const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) b += weight_read_bytes(ws[j]);
         int span = l->sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
         double row = (double)kv_row_bytes(kv_quant, c->head_dim);

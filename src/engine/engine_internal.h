@@ -4,7 +4,7 @@
 #include "hearth.h"
 #include "base/sbuf.h"
 #include "base/threadpool.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include "engine/sampler.h"
 #include "backend/cuda/cuda_sample.h"
 

@@ -14,7 +14,7 @@
 #include "engine/scheduler.h"
 #include "base/err.h"
 #include "engine/engine_internal.h"
-#include "engine/kv_prefix.h"
+#include "kv/kv_prefix.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -60,17 +60,17 @@ static hearth_status take(bert_loader *L, const char *name, int64_t rows, int64_
     return HEARTH_OK;
 }
 
-static hearth_status take_matrix(bert_loader *L, const char *module, int64_t n_out, int64_t n_in, cpu_weight *w,
+static hearth_status take_matrix(bert_loader *L, const char *module, int64_t n_out, int64_t n_in, op_weight *w,
                                  float **bias) {
     char name[256];
     float *data;
     snprintf(name, sizeof name, "%s.weight", module);
     hearth_status st = take(L, name, n_out, n_in, &data);
     if (st) return st;
-    *w = (cpu_weight){.dtype = DT_F32, .data = data, .n = n_out, .k = n_in};
+    *w = (op_weight){.dtype = DT_F32, .data = data, .n = n_out, .k = n_in};
     snprintf(name, sizeof name, "%s.bias", module);
     if ((st = take(L, name, n_out, 0, bias))) return st;
-    return cpu_weight_check(w, name, L->err);
+    return op_weight_check(w, name, L->err);
 }
 
 static hearth_status load_layer(bert_loader *L, int i, bert_layer *l) {
@@ -185,7 +185,7 @@ hearth_status bert_scratch_create(const bert_model *b, int max_tokens, int max_l
         if (!(*ptrs[i] = calloc(sizes[i] ? sizes[i] : 1, sizeof(float)))) ok = 0;
     for (int i = 0; i < b->n_layers; i++) {
         const bert_layer *l = &b->layers[i];
-        const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->up, &l->down};
+        const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->up, &l->down};
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) {
             size_t n = cpu_matmul_scratch_size(ws[j], max_tokens);
             if (n > s->mm_size) s->mm_size = n;
@@ -211,7 +211,7 @@ void bert_scratch_free(bert_scratch *s) {
 }
 
 /* y = x W^T + bias */
-static hearth_status linear(bert_scratch *s, const cpu_weight *w, const float *bias, const float *x, int T, float *y,
+static hearth_status linear(bert_scratch *s, const op_weight *w, const float *bias, const float *x, int T, float *y,
                             threadpool *tp, hearth_error *err) {
     hearth_status st = cpu_matmul(w, x, T, y, s->mm, s->mm_size, tp, err);
     if (!st) ops_add_rows(y, bias, T, (int)w->n);

@@ -8,7 +8,7 @@
 #include "hearth.h"
 
 typedef struct bert_layer {
-    cpu_weight q, k, v, o, up, down;
+    op_weight q, k, v, o, up, down;
     float *q_b, *k_b, *v_b, *o_b, *up_b, *down_b;
     float *attn_ln_w, *attn_ln_b, *out_ln_w, *out_ln_b;
 } bert_layer;

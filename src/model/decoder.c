@@ -11,7 +11,7 @@ static size_t mm_scratch_need(const model *m, int T) {
     size_t need = cpu_matmul_scratch_size(&m->lm_head, T);
     for (int i = 0; i < m->cfg.n_layers; i++) {
         const layer_weights *l = &m->layers[i];
-        const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) {
             size_t n = cpu_matmul_scratch_size(ws[j], T);
             if (n > need) need = n;
@@ -68,26 +68,26 @@ void model_scratch_free(model_scratch *s) {
     free(s);
 }
 
-static hearth_status matmul(const decoder_step *d, const cpu_weight *w, const float *x, int T, float *y) {
+static hearth_status matmul(const decoder_step *d, const op_weight *w, const float *x, int T, float *y) {
     if (d->b->batch_invariant) return cpu_matmul_invariant(w, x, T, y, d->s->mm, d->s->mm_size, d->tp, d->err);
     return cpu_matmul(w, x, T, y, d->s->mm, d->s->mm_size, d->tp, d->err);
 }
 
 /* Weights that read the same input (q/k/v, gate/up) in one thread-pool round: decode of
  * small models is bound by the number of rounds, not by the weights' bytes. */
-static hearth_status matmul_fused(const decoder_step *d, int count, const cpu_weight *const *ws, float *const *ys,
+static hearth_status matmul_fused(const decoder_step *d, int count, const op_weight *const *ws, float *const *ys,
                                   const float *x) {
     return cpu_matmul_fused(count, ws, ys, x, d->b->T, d->s->mm, d->s->mm_size, d->tp, d->b->batch_invariant,
                             d->err);
 }
 
 /* Row `token` of the embedding, dequantized a block at a time. */
-static void embed_row(const cpu_weight *w, int64_t token, float *out) {
+static void embed_row(const op_weight *w, int64_t token, float *out) {
     int chunk = w->dtype == DT_U32 ? 32 : tensor_dtype_block_elems(w->dtype);
     if (chunk <= 1) chunk = 256;
     for (int64_t k0 = 0; k0 < w->k; k0 += chunk) {
         int count = (int)(w->k - k0 < chunk ? w->k - k0 : chunk);
-        cpu_ref_dequant(w, token, k0, count, out + k0);
+        op_weight_dequant(w, token, k0, count, out + k0);
     }
 }
 
@@ -131,7 +131,7 @@ hearth_status decoder_attention(const decoder_step *d, int layer) {
     model_scratch *s = d->s;
     int T = d->b->T, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
     hearth_status st;
-    const cpu_weight *qkv[] = {&l->q, &l->k, &l->v};
+    const op_weight *qkv[] = {&l->q, &l->k, &l->v};
     float *const qkv_out[] = {s->q, s->k, s->v};
     if ((st = matmul_fused(d, 3, qkv, qkv_out, s->xn))) return st;
     add_bias(s->q, l->q_bias, T, qd);
@@ -160,7 +160,7 @@ hearth_status decoder_mlp(const decoder_step *d, int layer, decoder_act act) {
     model_scratch *s = d->s;
     int T = d->b->T;
     hearth_status st;
-    const cpu_weight *gate_up[] = {&l->gate, &l->up};
+    const op_weight *gate_up[] = {&l->gate, &l->up};
     float *const gate_up_out[] = {s->gate, s->up};
     if ((st = matmul_fused(d, 2, gate_up, gate_up_out, s->xn))) return st;
     size_t n = (size_t)T * d->m->cfg.ffn;

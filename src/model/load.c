@@ -149,7 +149,7 @@ static int64_t first_non_finite(const tensor_info *t) {
 
 /* A matrix [n_out, n_in] in any format: plain, GGUF block-quantized, or MLX affine
  * (module.weight uint32 + module.scales + module.biases). */
-static hearth_status load_matrix(loader *L, const char *module, int64_t n_out, int64_t n_in, cpu_weight *w) {
+static hearth_status load_matrix(loader *L, const char *module, int64_t n_out, int64_t n_in, op_weight *w) {
     char name[512];
     memset(w, 0, sizeof *w);
     snprintf(name, sizeof name, "%s.weight", module);
@@ -190,7 +190,7 @@ static hearth_status load_matrix(loader *L, const char *module, int64_t n_out, i
                            name, (long long)bad);
         return HEARTH_OK;
     }
-    return cpu_weight_check(w, name, L->err);
+    return op_weight_check(w, name, L->err);
     return HEARTH_OK;
 }
 
@@ -198,7 +198,7 @@ static hearth_status load_layer(loader *L, int i, layer_weights *lw) {
     const model_config *c = &L->m->cfg;
     char name[512], module[512];
     hearth_status st;
-    struct { role r; cpu_weight *w; int64_t n_out, n_in; } mats[] = {
+    struct { role r; op_weight *w; int64_t n_out, n_in; } mats[] = {
         {R_Q, &lw->q, (int64_t)c->n_heads * c->head_dim, c->hidden},
         {R_K, &lw->k, (int64_t)c->n_kv_heads * c->head_dim, c->hidden},
         {R_V, &lw->v, (int64_t)c->n_kv_heads * c->head_dim, c->hidden},

@@ -5,7 +5,7 @@
 #ifndef HEARTH_MODEL_MODEL_H
 #define HEARTH_MODEL_MODEL_H
 #include "backend/cpu/matmul.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include "hearth.h"
 
 typedef enum model_family { FAMILY_LLAMA, FAMILY_QWEN3, FAMILY_GEMMA3 } model_family;
@@ -25,7 +25,7 @@ typedef struct model_config {
 } model_config;
 
 typedef struct layer_weights {
-    cpu_weight q, k, v, o, gate, up, down;
+    op_weight q, k, v, o, gate, up, down;
     const float *q_bias, *k_bias, *v_bias; /* NULL when absent */
     const float *attn_norm, *ffn_norm;     /* before attention / before the MLP */
     const float *post_attn_norm, *post_ffn_norm; /* Gemma's extra norms, else NULL */
@@ -36,7 +36,7 @@ typedef struct layer_weights {
 typedef struct model {
     model_config cfg;
     layer_weights *layers;
-    cpu_weight embed, lm_head; /* lm_head = embed when tied */
+    op_weight embed, lm_head; /* lm_head = embed when tied */
     const float *final_norm;
     uint8_t *arena;            /* every weight byte, resident */
     size_t arena_bytes;

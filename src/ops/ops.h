@@ -4,7 +4,7 @@
 #ifndef HEARTH_OPS_OPS_H
 #define HEARTH_OPS_OPS_H
 #include "base/threadpool.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include <stddef.h>
 #include <stdint.h>
 

@@ -19,7 +19,7 @@ TOLERANCE = 0.02  # issue 7: predicted vs measured peak within 2%
 # fit process and the measured one: for processes under 64 MiB the bound is absolute.
 SMALL_PROCESS = 64 << 20
 SMALL_TOLERANCE_BYTES = 512 << 10
-KV_BLOCK = 16     # src/engine/kv_cache.h KV_BLOCK_SIZE
+KV_BLOCK = 16     # src/kv/kv_cache.h KV_BLOCK_SIZE
 
 CASES = [(f"models/{REAL_GGUFS[k]}", ctx, 2) for k in ("smollm2", "gemma3") for ctx in (256, 2048, 8192)]
 CASES += [(f"tiny/{name}", ctx, 2) for name in ("llama-f32", "qwen3-q4g64", "gemma3-bf16") for ctx in (256, 2048)]

@@ -33,7 +33,7 @@ CORPUS = ROOT / "tests" / "parity" / "corpus" / "tokenizer"
 TEXT_FILES = ["english.txt", "markdown_urls.txt", "numbers.txt", "code.txt"]
 TOKENS = 512          # teacher-forced positions per model (a multiple of 8)
 GREEDY_STEPS = 16
-KV_BLOCK = 16         # src/engine/kv_cache.h KV_BLOCK_SIZE
+KV_BLOCK = 16         # src/kv/kv_cache.h KV_BLOCK_SIZE
 
 BOUNDS = {  # model: (mean KL, p99 KL, min argmax agreement)
     "smollm2": (0.012, 0.06, 0.90),

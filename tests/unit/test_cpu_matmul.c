@@ -61,7 +61,7 @@ static void test_reference_dequant_matches_fixtures(void **state) {
     for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
         size_t len, pos = 0;
         uint8_t *buf = read_file(fixtures[f].file, &len);
-        cpu_weight w = {.dtype = fixtures[f].t};
+        op_weight w = {.dtype = fixtures[f].t};
         w.n = u32_at(buf, len, &pos);
         w.k = u32_at(buf, len, &pos);
         uint32_t data_bytes = u32_at(buf, len, &pos);
@@ -75,14 +75,14 @@ static void test_reference_dequant_matches_fixtures(void **state) {
         w.biases = buf + pos + sb_bytes;
         pos += 2 * (size_t)sb_bytes;
         assert_true(pos + (size_t)(w.n * w.k) * 4 == len);
-        assert_int_equal(cpu_weight_check(&w, fixtures[f].file, NULL), HEARTH_OK);
-        assert_int_equal(cpu_weight_row_bytes(&w) * w.n, data_bytes);
+        assert_int_equal(op_weight_check(&w, fixtures[f].file, NULL), HEARTH_OK);
+        assert_int_equal(op_weight_row_bytes(&w) * w.n, data_bytes);
         const float *expected = (const float *)(buf + pos);
         float out[256];
         int step = w.dtype == DT_U32 ? 32 : tensor_dtype_block_elems(w.dtype);
         for (int64_t n = 0; n < w.n; n++)
             for (int64_t k0 = 0; k0 < w.k; k0 += step) {
-                cpu_ref_dequant(&w, n, k0, step, out);
+                op_weight_dequant(&w, n, k0, step, out);
                 for (int j = 0; j < step; j++) {
                     float e;
                     memcpy(&e, expected + n * w.k + k0 + j, 4);
@@ -107,9 +107,9 @@ typedef struct wcase {
 
 /* Fills a weight with random bytes (so every bit pattern of the quants occurs) and finite
  * random f16 scales at the format's scale offsets. */
-static void *make_weight(const wcase *c, int64_t n, int64_t k, cpu_weight *w, void **sb) {
-    *w = (cpu_weight){.dtype = c->t, .n = n, .k = k, .bits = c->bits, .group_size = c->group, .sb_dtype = c->sbt};
-    int64_t rb = cpu_weight_row_bytes(w);
+static void *make_weight(const wcase *c, int64_t n, int64_t k, op_weight *w, void **sb) {
+    *w = (op_weight){.dtype = c->t, .n = n, .k = k, .bits = c->bits, .group_size = c->group, .sb_dtype = c->sbt};
+    int64_t rb = op_weight_row_bytes(w);
     uint8_t *d = malloc((size_t)(rb * n));
     for (int64_t i = 0; i < rb * n; i++) d[i] = (uint8_t)rnd();
     static const struct { tensor_dtype t; int off[2]; } f16_fields[] = {
@@ -209,14 +209,14 @@ static int group_teardown(void **state) {
 
 /* Checks every level and 1/2 threads against the reference for the token counts Ts. */
 static void check_case_ts(const wcase *c, int64_t n, int64_t k, const int *Ts, size_t nT) {
-    cpu_weight w;
+    op_weight w;
     void *sb;
     void *data = make_weight(c, n, k, &w, &sb);
-    assert_int_equal(cpu_weight_check(&w, c->name, NULL), HEARTH_OK);
+    assert_int_equal(op_weight_check(&w, c->name, NULL), HEARTH_OK);
     float *wf = malloc((size_t)(n * k) * sizeof *wf);
     int step = w.dtype == DT_U32 ? 32 : tensor_dtype_block_elems(w.dtype) == 1 ? 1 : tensor_dtype_block_elems(w.dtype);
     for (int64_t r = 0; r < n; r++)
-        for (int64_t k0 = 0; k0 < k; k0 += step) cpu_ref_dequant(&w, r, k0, step, wf + r * k + k0);
+        for (int64_t k0 = 0; k0 < k; k0 += step) op_weight_dequant(&w, r, k0, step, wf + r * k + k0);
     for (size_t ti = 0; ti < nT; ti++) {
         int T = Ts[ti];
         float *x = malloc((size_t)(T * k) * sizeof *x), *ref = malloc((size_t)(T * n) * sizeof *ref);
@@ -391,7 +391,7 @@ static void test_avx512_decode_rows_staged_k(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (size_t j = 0; j < 5; j++) {
             int64_t k = cases[i].blocks[j] * 32;
-            cpu_weight w = {.dtype = cases[i].c.t, .n = 1, .k = k, .data = ""};
+            op_weight w = {.dtype = cases[i].c.t, .n = 1, .k = k, .data = ""};
             if (cpu_level_hardware() >= CPU_LEVEL_AVX512) assert_non_null(cpu_avx512_rows1(&w));
             check_case_ts(&cases[i].c, k >= 8192 ? 19 : odd_n(), k, Ts, 1);
         }
@@ -420,7 +420,7 @@ static void test_avx2_decode_rows_match_tiles(void **state) {
             int be = tensor_dtype_block_elems(cases[ci].t);
             int64_t k = blocks[bi] * 32;
             if (be == 256 && (k % 256 || blocks[bi] > 104)) continue; /* k-quants: whole super-blocks */
-            cpu_weight w;
+            op_weight w;
             void *sb;
             void *data = make_weight(&cases[ci], n, k, &w, &sb);
             cpu_kernel kern = {0};
@@ -469,7 +469,7 @@ static void test_bf16_dot_kernels(void **state) {
     static const int Ts[] = {1, 2, 5, 8, 17};
     static const int64_t ks[] = {32, 96, 576, 1568};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
-        cpu_weight w = {.dtype = DT_BF16, .n = 3, .k = ks[i]};
+        op_weight w = {.dtype = DT_BF16, .n = 3, .k = ks[i]};
         cpu_kernel kern;
         assert_true(cpu_avx512_kernel(&w, &kern) && kern.act == CPU_ACT_BF16);
         check_case_ts(&bf, 37, ks[i], Ts, sizeof Ts / sizeof Ts[0]);
@@ -494,7 +494,7 @@ static void test_dense_tiles_match_rows(void **state) {
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
             int64_t k = ks[ki];
-            cpu_weight w;
+            op_weight w;
             void *sb;
             void *data = make_weight(&cases[ci], n, k, &w, &sb);
             float *x = malloc((size_t)(21 * k) * sizeof *x), y1[21 * 5], y2[21 * 5];
@@ -535,10 +535,10 @@ static void test_dense_tiles_match_rows(void **state) {
  * modes, on 1 and 2 threads, for weights that share the prepared x (same K and
  * preparation) and for ones that fall back to separate calls (MLX 4-bit's even/odd x). */
 static void check_fused(const wcase *cs, int count, const int64_t *ns, int64_t k) {
-    cpu_weight w[4];
+    op_weight w[4];
     void *data[4], *sb[4];
     float *y[4], *want[4];
-    const cpu_weight *wp[4];
+    const op_weight *wp[4];
     static const int Ts[] = {1, 5};
     for (int i = 0; i < count; i++) {
         data[i] = make_weight(&cs[i], ns[i], k, &w[i], &sb[i]);
@@ -599,7 +599,7 @@ static void test_fused_matches_separate(void **state) {
     check_fused(mixed, 2, (const int64_t[]){200, 41}, 512);
     check_fused(four, 4, (const int64_t[]){1, 17, 300, 5}, 256);
     float x[64] = {0}, *ys[5] = {0};
-    const cpu_weight *ws[5] = {0};
+    const op_weight *ws[5] = {0};
     hearth_error err = {0};
     assert_int_equal(cpu_matmul_fused(0, ws, ys, x, 1, NULL, 0, NULL, 0, &err), HEARTH_ERR_INVALID);
     assert_int_equal(cpu_matmul_fused(5, ws, ys, x, 1, NULL, 0, NULL, 0, &err), HEARTH_ERR_INVALID);
@@ -641,27 +641,27 @@ static void test_invalid_weights_fail_cleanly(void **state) {
     uint8_t buf[1024] = {0};
     float x[256] = {0}, y[4];
     hearth_error err = {0};
-    cpu_weight w = {.dtype = DT_Q4_K, .data = buf, .n = 1, .k = 100};
-    assert_int_equal(cpu_weight_check(&w, "blk.0.ffn_up.weight", &err), HEARTH_ERR_FORMAT);
+    op_weight w = {.dtype = DT_Q4_K, .data = buf, .n = 1, .k = 100};
+    assert_int_equal(op_weight_check(&w, "blk.0.ffn_up.weight", &err), HEARTH_ERR_FORMAT);
     assert_non_null(strstr(err.message, "blk.0.ffn_up.weight"));
-    w = (cpu_weight){.dtype = DT_U32, .data = buf, .n = 1, .k = 64, .bits = 7, .group_size = 64, .sb_dtype = DT_F16,
+    w = (op_weight){.dtype = DT_U32, .data = buf, .n = 1, .k = 64, .bits = 7, .group_size = 64, .sb_dtype = DT_F16,
                      .scales = buf, .biases = buf};
     assert_int_equal(cpu_matmul(&w, x, 1, y, NULL, 0, NULL, &err), HEARTH_ERR_UNSUPPORTED);
     w.bits = 4;
     w.group_size = 48;
-    assert_int_equal(cpu_weight_check(&w, NULL, &err), HEARTH_ERR_UNSUPPORTED);
+    assert_int_equal(op_weight_check(&w, NULL, &err), HEARTH_ERR_UNSUPPORTED);
     w.group_size = 64;
     w.scales = NULL;
-    assert_int_equal(cpu_weight_check(&w, NULL, &err), HEARTH_ERR_INVALID);
-    w = (cpu_weight){.dtype = DT_I32, .data = buf, .n = 1, .k = 4};
-    assert_int_equal(cpu_weight_check(&w, NULL, &err), HEARTH_ERR_UNSUPPORTED);
-    w = (cpu_weight){.dtype = DT_F32, .data = NULL, .n = 1, .k = 4};
-    assert_int_equal(cpu_weight_check(&w, NULL, &err), HEARTH_ERR_INVALID);
-    w = (cpu_weight){.dtype = DT_F32, .data = buf, .n = -1, .k = 4};
-    assert_int_equal(cpu_weight_check(&w, NULL, &err), HEARTH_ERR_INVALID);
+    assert_int_equal(op_weight_check(&w, NULL, &err), HEARTH_ERR_INVALID);
+    w = (op_weight){.dtype = DT_I32, .data = buf, .n = 1, .k = 4};
+    assert_int_equal(op_weight_check(&w, NULL, &err), HEARTH_ERR_UNSUPPORTED);
+    w = (op_weight){.dtype = DT_F32, .data = NULL, .n = 1, .k = 4};
+    assert_int_equal(op_weight_check(&w, NULL, &err), HEARTH_ERR_INVALID);
+    w = (op_weight){.dtype = DT_F32, .data = buf, .n = -1, .k = 4};
+    assert_int_equal(op_weight_check(&w, NULL, &err), HEARTH_ERR_INVALID);
     /* Too little scratch for the int8 activations is an error, not an overflow. */
     cpu_matmul_set_level(cpu_level_hardware());
-    w = (cpu_weight){.dtype = DT_Q8_0, .data = buf, .n = 2, .k = 64};
+    w = (op_weight){.dtype = DT_Q8_0, .data = buf, .n = 2, .k = 64};
     size_t need = cpu_matmul_scratch_size(&w, 2);
     if (need) {
         uint8_t scratch[512];

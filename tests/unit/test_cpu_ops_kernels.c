@@ -18,7 +18,7 @@
 
 #include "base/cpu_features.h"
 #include "base/threadpool.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include "ops/ops.h"
 #include <math.h>
 #include <stdlib.h>

@@ -72,7 +72,7 @@ static int aff_f32act;                  /* check_matmul: DT_AFFINE weights on th
 
 /* MLX affine (mlx_bits): random words, scales in [0, 0.05) and biases in [-0.4, 0.4) in
  * mlx_sb (f16, bf16 or f32), all in one allocation (words, then scales, then biases). */
-static void *make_mlx4(int64_t n, int64_t k, cpu_weight *w) {
+static void *make_mlx4(int64_t n, int64_t k, op_weight *w) {
     size_t words = (size_t)(n * k / 32 * mlx_bits), groups = (size_t)(n * (k / mlx_group));
     size_t es = mlx_sb == DT_F32 ? 4 : 2;
     uint8_t *d = malloc(words * 4 + 2 * es * groups);
@@ -92,14 +92,14 @@ static void *make_mlx4(int64_t n, int64_t k, cpu_weight *w) {
         }
         mlx_bias_max = fmaxf(mlx_bias_max, fabsf(b) * 1.01f); /* 1.01: the 16-bit rounding */
     }
-    *w = (cpu_weight){.dtype = DT_U32, .data = d, .n = n, .k = k, .bits = mlx_bits, .group_size = mlx_group,
+    *w = (op_weight){.dtype = DT_U32, .data = d, .n = n, .k = k, .bits = mlx_bits, .group_size = mlx_group,
                       .sb_dtype = mlx_sb, .scales = sc, .biases = bi};
     return d;
 }
 
-static void *make_weight(tensor_dtype t, int64_t n, int64_t k, cpu_weight *w) {
+static void *make_weight(tensor_dtype t, int64_t n, int64_t k, op_weight *w) {
     if (t == DT_U32) return make_mlx4(n, k, w);
-    *w = (cpu_weight){.dtype = t, .n = n, .k = k};
+    *w = (op_weight){.dtype = t, .n = n, .k = k};
     int64_t bb = tensor_dtype_block_bytes(t),
             be = tensor_dtype_block_elems(t);
     size_t bytes = (size_t)(n * (k / be) * bb);
@@ -143,7 +143,7 @@ static void *make_weight(tensor_dtype t, int64_t n, int64_t k, cpu_weight *w) {
 
 /* max |bias| of a weight the device keeps in the generic affine layout (the kernels sum
  * scale · codes and bias · x apart, so the summation error scales with it), or 0. */
-static float affine_bias_max(const cpu_weight *w) {
+static float affine_bias_max(const op_weight *w) {
     int bits, group;
     if (!cuda_affine_takes(w, &bits, &group) || (w->dtype == DT_U32 && w->bits == 4)) return 0.0f;
     uint8_t *codes = malloc((size_t)w->k);
@@ -180,13 +180,13 @@ static void check_gemv(tensor_dtype t, int64_t n, int64_t k, int T) { check_matm
 /* y[T][n] of weight w (format t) against ref (the CPU reference on the activations x the
  * kernel multiplied), with the tolerance derived below. dmax >= 0: int8 activations with
  * that largest block scale; bf16: the GEMM rounded its operands to bf16. */
-static void verify_gemv(tensor_dtype t, const cpu_weight *w, int64_t n, int64_t k, int T, const float *x,
+static void verify_gemv(tensor_dtype t, const op_weight *w, int64_t n, int64_t k, int T, const float *x,
                         const float *ref, const float *y, float dmax, int bf16, const char *what) {
     int i8 = dmax >= 0.0f;
     float *row = malloc((size_t)k * sizeof *row), abias = affine_bias_max(w);
     for (int64_t r = 0; r < n; r++) {
         float wmax = 0.0f;
-        int step = t == DT_U32 ? 16 : 256; /* one cpu_ref_dequant call stays inside one MLX group */
+        int step = t == DT_U32 ? 16 : 256; /* one op_weight_dequant call stays inside one MLX group */
         for (int64_t k0 = 0; k0 < k; k0 += step) {
             int cnt = k - k0 < step ? (int)(k - k0) : step;
             if (t == DT_F32) {
@@ -197,7 +197,7 @@ static void verify_gemv(tensor_dtype t, const cpu_weight *w, int64_t n, int64_t 
                     row[k0 + i] = t == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
                 }
             } else {
-                cpu_ref_dequant(w, r, k0, cnt, row + k0);
+                op_weight_dequant(w, r, k0, cnt, row + k0);
             }
         }
         for (int64_t i = 0; i < k; i++) wmax = fmaxf(wmax, fabsf(row[i]));
@@ -227,7 +227,7 @@ static void verify_gemv(tensor_dtype t, const cpu_weight *w, int64_t n, int64_t 
 }
 
 static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm *gemm, int bf16) {
-    cpu_weight w;
+    op_weight w;
     void *host = make_weight(t, n, k, &w);
     float *x = malloc((size_t)(T * k) * sizeof *x), *ref = malloc((size_t)(T * n) * sizeof *ref);
     for (int64_t i = 0; i < T * k; i++) x[i] = rndf();
@@ -311,7 +311,7 @@ static void test_gemv_q4k_new(void **state) {
                 if (ns[a] * ks[b] > 4096 * 4096 && T != 1 && T != 2 && T != 5 && T != 8) continue; /* CPU time */
                 check_gemv(DT_Q4_K, ns[a], ks[b], T);
             }
-    cpu_weight w;
+    op_weight w;
     void *host = make_weight(DT_Q4_K, 3, 512, &w);
     cuda_weight dw;
     hearth_error e = {0};
@@ -334,7 +334,7 @@ static void test_gemv_q4k_new(void **state) {
  * device may fuse d*s*q - dmin*m into one FMA where the reference rounds twice; a wrong
  * block, sub-block scale or nibble is off by a whole quant step (about 6% of the range). */
 static void check_dequant(tensor_dtype t, int64_t n, int64_t k, int packed) {
-    cpu_weight w;
+    op_weight w;
     void *host = make_weight(t, n, k, &w);
     cuda_weight dw;
     hearth_error e = {0};
@@ -351,8 +351,8 @@ static void check_dequant(tensor_dtype t, int64_t n, int64_t k, int packed) {
     float *ref = malloc((size_t)k * sizeof *ref);
     int bad = 0;
     for (int64_t r = 0; r < n; r++) {
-        int step = t == DT_U32 ? 16 : 256; /* one cpu_ref_dequant call stays inside one MLX group */
-        for (int64_t c0 = 0; c0 < k; c0 += step) cpu_ref_dequant(&w, r, c0, (int)(k - c0 < step ? k - c0 : step), ref + c0);
+        int step = t == DT_U32 ? 16 : 256; /* one op_weight_dequant call stays inside one MLX group */
+        for (int64_t c0 = 0; c0 < k; c0 += step) op_weight_dequant(&w, r, c0, (int)(k - c0 < step ? k - c0 : step), ref + c0);
         for (int64_t c = 0; c < k; c++) {
             uint32_t u = (uint32_t)got[r * k + c] << 16;
             float g, want = bf16_to_f32(f32_to_bf16(ref[c]));
@@ -432,7 +432,7 @@ static void test_matmul_small_direct(void **state) {
 static void check_chain(tensor_dtype t, int64_t n1, int64_t k, int T, int pdl) {
     enum { ITERS = 2 };
     const int64_t n2 = 37;
-    cpu_weight w1, w2;
+    op_weight w1, w2;
     void *h1 = make_weight(t, n1, k, &w1);
     float bias1 = mlx_bias_max; /* verify_gemv reads one bound for both MLX weights */
     void *h2 = make_weight(t, n2, n1, &w2);
@@ -474,7 +474,7 @@ static void check_chain(tensor_dtype t, int64_t n1, int64_t k, int T, int pdl) {
                 fail_msg("chain %s pdl=%d round %d: xn[%zu] = %.9g, reference %.9g", tensor_dtype_name(t), pdl, it, i,
                          xn[i], ref[i]);
         const cuda_weight *dws[2] = {&d1, &d2};
-        const cpu_weight *ws[2] = {&w1, &w2};
+        const op_weight *ws[2] = {&w1, &w2};
         float *ins[2] = {xn, y1}, *outs[2] = {y1, y2};
         int64_t ns[2] = {n1, n2}, ks[2] = {k, n1};
         for (int s = 0; s < 2; s++) {
@@ -527,7 +527,7 @@ static void test_gemv_pdl_chain(void **state) {
  * reference with check_matmul's tolerance. */
 static void check_multi(tensor_dtype t0, tensor_dtype t2, int64_t k, int T) {
     const int64_t ns[3] = {37, 9, 11};
-    cpu_weight w[3];
+    op_weight w[3];
     void *host[3];
     cuda_weight dw[3];
     hearth_error e = {0};
@@ -566,7 +566,7 @@ static void check_multi(tensor_dtype t0, tensor_dtype t2, int64_t k, int T) {
         for (int tt = 0; tt < T; tt++) cpu_ref_rows(&w[i], 0, ns[i], x + tt * k, ref + tt * ns[i]);
         for (int64_t r = 0; r < ns[i]; r++) {
             float wmax = 0.0f;
-            for (int64_t k0 = 0; k0 < k; k0 += 256) cpu_ref_dequant(&w[i], r, k0, k - k0 < 256 ? (int)(k - k0) : 256, row + k0);
+            for (int64_t k0 = 0; k0 < k; k0 += 256) op_weight_dequant(&w[i], r, k0, k - k0 < 256 ? (int)(k - k0) : 256, row + k0);
             for (int64_t c = 0; c < k; c++) wmax = fmaxf(wmax, fabsf(row[c]));
             for (int tt = 0; tt < T; tt++) {
                 double sx = 0;
@@ -616,7 +616,7 @@ static void test_gemv_multi(void **state) {
  * dependence (another accumulation order, another int8 block split) shows up as a bit. */
 static void check_gemv_invariant(tensor_dtype t, int64_t n, int64_t k, int multi) {
     enum { T = 13 };
-    cpu_weight w[3];
+    op_weight w[3];
     void *host[3];
     cuda_weight dw[3];
     hearth_error e = {0};
@@ -694,7 +694,7 @@ static void test_gemv_v2(void **state) {
     static const int Ts[] = {1, 2, 3, 4, 5, 8, 11};
     hearth_error e = {0};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        cpu_weight w;
+        op_weight w;
         void *host = make_weight(shapes[s].t, shapes[s].n, shapes[s].k, &w);
         cuda_weight dw;
         assert_int_equal(cuda_weight_upload(&dw, &w, "v2", &e), HEARTH_OK);
@@ -748,7 +748,7 @@ static void test_mmq(void **state) {
     hearth_error e = {0};
     for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
         for (size_t b = 0; b < sizeof ks / sizeof ks[0]; b++) {
-            cpu_weight w;
+            op_weight w;
             void *host = make_weight(DT_Q4_K, ns[a], ks[b], &w);
             cuda_weight dw;
             assert_int_equal(cuda_weight_upload(&dw, &w, "mmq", &e), HEARTH_OK);
@@ -772,7 +772,7 @@ static void test_mmq(void **state) {
      * are summed in split order by the tile's last block, which resets its arrival count;
      * so a second launch (a graph replay) gives the very same bits */
     {
-        cpu_weight w;
+        op_weight w;
         void *host = make_weight(DT_Q4_K, 1000, 4096, &w);
         cuda_weight dw;
         assert_int_equal(cuda_weight_upload(&dw, &w, "mmq", &e), HEARTH_OK);
@@ -819,7 +819,7 @@ static void check_gemv_mlx4_mode(int mode) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         mlx_group = shapes[s].gs;
         mlx_sb = shapes[s].sb;
-        cpu_weight w;
+        op_weight w;
         void *host = make_weight(DT_U32, shapes[s].n, shapes[s].k, &w);
         cuda_weight dw;
         assert_int_equal(cuda_weight_upload(&dw, &w, "mlx4 v2", &e), HEARTH_OK);
@@ -835,7 +835,7 @@ static void check_gemv_mlx4_mode(int mode) {
     }
     mlx_group = 64;
     mlx_sb = DT_BF16;
-    cpu_weight w;
+    op_weight w;
     void *host = make_weight(DT_U32, 19, 128, &w); /* not tiled: the float kernel, float activations */
     cuda_weight dw;
     assert_int_equal(cuda_weight_upload(&dw, &w, "mlx4 plain", &e), HEARTH_OK);
@@ -872,7 +872,7 @@ static void test_gemv_q4_legacy(void **state) {
     static const int Ts[] = {1, 2, 5, 8};
     hearth_error e = {0};
     for (int i = 0; i < 2; i++) {
-        cpu_weight w;
+        op_weight w;
         void *host = make_weight(ts[i], 3, 1024, &w);
         cuda_weight dw;
         assert_int_equal(cuda_weight_upload(&dw, &w, "q4 legacy", &e), HEARTH_OK);
@@ -913,7 +913,7 @@ static void test_gemv_affine(void **state) {
     hearth_error e = {0};
     for (size_t f = 0; f < sizeof fs / sizeof fs[0]; f++) {
         mlx_bits = fs[f].bits ? fs[f].bits : 4, mlx_group = fs[f].gs ? fs[f].gs : 64, mlx_sb = fs[f].sb;
-        cpu_weight w;
+        op_weight w;
         void *host = make_weight(fs[f].t, 3, 256, &w);
         cuda_weight dw;
         assert_int_equal(cuda_weight_upload(&dw, &w, "affine", &e), HEARTH_OK);
@@ -1151,7 +1151,7 @@ static void test_matmul_loaded(void **state) {
     float *dg = dev_from(NULL, sizeof(float) * T * K), *y1 = dev_from(NULL, sizeof(float) * T * N),
           *y2 = dev_from(NULL, sizeof(float) * T * N);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        cpu_weight w;
+        op_weight w;
         void *host = make_weight(types[ti], N, K, &w);
         cuda_weight dw;
         assert_int_equal(cuda_weight_upload(&dw, &w, "loaded", &e), HEARTH_OK);
@@ -1293,7 +1293,7 @@ static void test_errors(void **state) {
     hearth_error e = {0};
     cuda_weight dw;
     uint8_t buf[96 * 4] = {0}; /* MLX 8-bit in groups of 48: no kernel (cuda_weight_upload_any expands it) */
-    cpu_weight q8 = {.dtype = DT_U32, .data = buf, .n = 4, .k = 96, .bits = 8, .group_size = 48, .sb_dtype = DT_F16,
+    op_weight q8 = {.dtype = DT_U32, .data = buf, .n = 4, .k = 96, .bits = 8, .group_size = 48, .sb_dtype = DT_F16,
                      .scales = buf, .biases = buf};
     assert_int_equal(cuda_weight_upload(&dw, &q8, "blk.0.ffn_down.weight", &e), HEARTH_ERR_UNSUPPORTED);
     assert_non_null(strstr(e.message, "blk.0.ffn_down.weight"));

@@ -1,7 +1,7 @@
 /* The host side of the CUDA backend's generic affine layout (cuda_affine.c), on any machine:
  * for every format it takes (MLX 2/3/4/5/6/8-bit with f16, bf16 and f32 scales, GGUF Q5_0,
  * Q5_1, Q2_K, Q3_K, Q5_K), code * scale + bias of each element must equal the CPU reference
- * dequantizer (cpu_ref_dequant, itself checked against the gguf package and mlx by the
+ * dequantizer (op_weight_dequant, itself checked against the gguf package and mlx by the
  * parity tests) bit for bit, and the packed planes must give back every code. The device
  * kernels reading these planes are tested against the CPU reference in test_cuda.c. */
 #include <setjmp.h>
@@ -26,8 +26,8 @@ static float rndf(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; }
 
 /* A random weight of format t: random quant bytes, finite f16 scales where the format
  * keeps them (the offsets of each block's d / dmin / m). */
-static void *make(tensor_dtype t, int64_t n, int64_t k, int bits, int group, tensor_dtype sb, cpu_weight *w) {
-    *w = (cpu_weight){.dtype = t, .n = n, .k = k, .bits = bits, .group_size = group, .sb_dtype = sb};
+static void *make(tensor_dtype t, int64_t n, int64_t k, int bits, int group, tensor_dtype sb, op_weight *w) {
+    *w = (op_weight){.dtype = t, .n = n, .k = k, .bits = bits, .group_size = group, .sb_dtype = sb};
     if (t == DT_U32) {
         size_t code_bytes = (size_t)(n * k) / 8 * (size_t)bits, groups = (size_t)(n * (k / group));
         size_t es = sb == DT_F32 ? 4 : 2;
@@ -65,7 +65,7 @@ static void *make(tensor_dtype t, int64_t n, int64_t k, int bits, int group, ten
 }
 
 static void check(tensor_dtype t, int64_t n, int64_t k, int bits, int group, tensor_dtype sbt) {
-    cpu_weight w;
+    op_weight w;
     void *host = make(t, n, k, bits, group, sbt, &w);
     int b = 0, g = 0;
     assert_true(cuda_affine_takes(&w, &b, &g));
@@ -77,7 +77,7 @@ static void check(tensor_dtype t, int64_t n, int64_t k, int bits, int group, ten
         cuda_affine_row(&w, r, b, g, codes, sb);
         cuda_affine_pack_row(codes, n, k, b, r, planes);
         int step = t == DT_U32 ? group : 256; /* one reference call stays inside one MLX group */
-        for (int64_t c0 = 0; c0 < k; c0 += step) cpu_ref_dequant(&w, r, c0, step, ref + c0);
+        for (int64_t c0 = 0; c0 < k; c0 += step) op_weight_dequant(&w, r, c0, step, ref + c0);
         for (int64_t c = 0; c < k; c++) {
             assert_true(codes[c] < (1u << b));
             float a = (float)codes[c] * sb[2 * (c / g)], v = a + sb[2 * (c / g) + 1];
@@ -111,21 +111,21 @@ static void test_formats_match_reference(void **state) {
 
 static void test_takes(void **state) {
     (void)state;
-    cpu_weight w = {.dtype = DT_Q5_K, .n = 4, .k = 256};
+    op_weight w = {.dtype = DT_Q5_K, .n = 4, .k = 256};
     int b, g;
     assert_true(cuda_affine_takes(&w, &b, &g) && b == 5 && g == 32);
     w.k = 288; /* not whole super-blocks */
     assert_false(cuda_affine_takes(&w, NULL, NULL));
-    w = (cpu_weight){.dtype = DT_Q3_K, .n = 4, .k = 512};
+    w = (op_weight){.dtype = DT_Q3_K, .n = 4, .k = 512};
     assert_true(cuda_affine_takes(&w, &b, &g) && b == 3 && g == 16);
-    w = (cpu_weight){.dtype = DT_U32, .n = 4, .k = 96, .bits = 8, .group_size = 48, .sb_dtype = DT_F16};
+    w = (op_weight){.dtype = DT_U32, .n = 4, .k = 96, .bits = 8, .group_size = 48, .sb_dtype = DT_F16};
     assert_false(cuda_affine_takes(&w, NULL, NULL)); /* a group the kernels have no instance for (16, 32, 64, 128) */
     w.group_size = 32;
     assert_true(cuda_affine_takes(&w, &b, &g) && b == 8 && g == 32);
     w.k = 80; /* k % 32 != 0 */
     w.group_size = 16;
     assert_false(cuda_affine_takes(&w, NULL, NULL));
-    w = (cpu_weight){.dtype = DT_Q8_0, .n = 4, .k = 256}; /* has its own kernels */
+    w = (op_weight){.dtype = DT_Q8_0, .n = 4, .k = 256}; /* has its own kernels */
     assert_false(cuda_affine_takes(&w, NULL, NULL));
     assert_int_equal(cuda_affine_code_bytes(4, 256, 6), 4 * 256 * 6 / 8);
     assert_int_equal(cuda_affine_pair_bytes(4, 256, 16), 4 * 16 * 8);

@@ -117,7 +117,7 @@ static void check_fused_gemv(const float *dv, const int8_t *dq, const float *ds,
         memcpy(wq + 34 * b, &d, 2);
         for (int i = 0; i < 32; i++) wq[34 * b + 2 + i] = (uint8_t)(int8_t)(int)(rndf() * 127.0f);
     }
-    cpu_weight w = {.dtype = DT_Q8_0, .data = wq, .n = N, .k = k};
+    op_weight w = {.dtype = DT_Q8_0, .data = wq, .n = N, .k = k};
     cuda_weight dw;
     assert_int_equal(cuda_weight_upload(&dw, &w, "fused q8 test", NULL), HEARTH_OK);
     if (!cuda_gemv_int8_act(&dw)) { /* HEARTH_CUDA_GEMV_F32ACT=1: nothing to compare */
@@ -241,7 +241,7 @@ static void test_graph_replay(void **state) {
     (void)state;
     int n = 1000, k = 777, T = 2;
     float *wh = rnd_vec((size_t)n * k, 1.0f), *norm = rnd_vec((size_t)k, 1.0f);
-    cpu_weight w = {.dtype = DT_F32, .data = wh, .n = n, .k = k};
+    op_weight w = {.dtype = DT_F32, .data = wh, .n = n, .k = k};
     cuda_weight dw;
     assert_int_equal(cuda_weight_upload(&dw, &w, "graph test weight", NULL), HEARTH_OK);
     float *dx, *dd, *dxn, *dy, *dnorm = dev_copy(norm, (size_t)k * 4);
@@ -307,7 +307,7 @@ static void test_graph_cublas(void **state) {
             wh[i] = dts[di] == DT_F16 ? f32_to_f16(wf[i]) : f32_to_bf16(wf[i]);
             wf[i] = dts[di] == DT_F16 ? f16_to_f32(wh[i]) : bf16_to_f32(wh[i]); /* the reference's weights */
         }
-        cpu_weight w = {.dtype = dts[di], .data = wh, .n = n, .k = k};
+        op_weight w = {.dtype = dts[di], .data = wh, .n = n, .k = k};
         cuda_weight dw;
         assert_int_equal(cuda_weight_upload(&dw, &w, "graph cublas weight", NULL), HEARTH_OK);
         for (int ti = 0; ti < 3; ti++) {

@@ -28,7 +28,7 @@ int main(void) {
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_plan.h"
 #include "base/half.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include "cuda_test_util.h"
 
 static void *dev_from(const void *host, size_t bytes) {

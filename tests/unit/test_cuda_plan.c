@@ -14,7 +14,7 @@
 
 #define MIB ((size_t)1 << 20)
 
-static size_t total(const cpu_weight *w, int *expanded) {
+static size_t total(const op_weight *w, int *expanded) {
     size_t d, s;
     *expanded = cuda_weight_layout(w, &d, &s);
     return d + s;
@@ -25,22 +25,22 @@ static void test_layouts_keep_the_gguf_bytes(void **state) {
     int ex;
     /* GGUF blocks: Q8_0 34 bytes per 32 weights, Q6_K 210 per 256, Q4_K 144 per 256 (ggml's
      * block_q8_0 / block_q6_K / block_q4_K): the device planes hold the same bytes */
-    cpu_weight q8 = {.dtype = DT_Q8_0, .n = 6, .k = 96};
+    op_weight q8 = {.dtype = DT_Q8_0, .n = 6, .k = 96};
     assert_int_equal(total(&q8, &ex), 6 * 3 * 34);
     assert_int_equal(ex, 0);
-    cpu_weight q6 = {.dtype = DT_Q6_K, .n = 3, .k = 512};
+    op_weight q6 = {.dtype = DT_Q6_K, .n = 3, .k = 512};
     assert_int_equal(total(&q6, &ex), 3 * 2 * 210);
-    cpu_weight q4 = {.dtype = DT_Q4_K, .n = 5, .k = 256};
+    op_weight q4 = {.dtype = DT_Q4_K, .n = 5, .k = 256};
     assert_int_equal(total(&q4, &ex), 5 * 144);
-    cpu_weight bf = {.dtype = DT_BF16, .n = 7, .k = 33};
+    op_weight bf = {.dtype = DT_BF16, .n = 7, .k = 33};
     assert_int_equal(total(&bf, &ex), 7 * 33 * 2);
     /* MLX 4-bit, group 64: k/8 words per row plus one (scale, bias) word per group */
-    cpu_weight mlx = {.dtype = DT_U32, .n = 4, .k = 128, .bits = 4, .group_size = 64, .sb_dtype = DT_BF16};
+    op_weight mlx = {.dtype = DT_U32, .n = 4, .k = 128, .bits = 4, .group_size = 64, .sb_dtype = DT_BF16};
     assert_int_equal(total(&mlx, &ex), 4 * (128 / 8 * 4 + 2 * 4));
     assert_int_equal(ex, 0);
     /* GGUF Q4_0 / Q4_1 as MLX 4-bit with groups of 32: 16 bytes of nibbles and a (scale, bias)
      * word per block of 32 (the GGUF's 18 / 20 bytes) */
-    cpu_weight q40 = {.dtype = DT_Q4_0, .n = 3, .k = 64}, q41 = {.dtype = DT_Q4_1, .n = 3, .k = 64};
+    op_weight q40 = {.dtype = DT_Q4_0, .n = 3, .k = 64}, q41 = {.dtype = DT_Q4_1, .n = 3, .k = 64};
     assert_int_equal(total(&q40, &ex), 3 * 2 * (16 + 4));
     assert_int_equal(ex, 0);
     assert_int_equal(total(&q41, &ex), 3 * 2 * (16 + 4));
@@ -51,31 +51,31 @@ static void test_layouts_keep_the_gguf_bytes(void **state) {
 static void test_affine_layout_bits_plus_pairs(void **state) {
     (void)state;
     int ex;
-    cpu_weight q50 = {.dtype = DT_Q5_0, .n = 3, .k = 64}; /* 5 bits, groups of 32 */
+    op_weight q50 = {.dtype = DT_Q5_0, .n = 3, .k = 64}; /* 5 bits, groups of 32 */
     assert_int_equal(total(&q50, &ex), 3 * 64 * 5 / 8 + 3 * 2 * 8);
     assert_int_equal(ex, 0);
-    cpu_weight q3k = {.dtype = DT_Q3_K, .n = 2, .k = 512}; /* 3 bits, groups of 16 */
+    op_weight q3k = {.dtype = DT_Q3_K, .n = 2, .k = 512}; /* 3 bits, groups of 16 */
     assert_int_equal(total(&q3k, &ex), 2 * 512 * 3 / 8 + 2 * 32 * 8);
-    cpu_weight q2k = {.dtype = DT_Q2_K, .n = 2, .k = 256}, q5k = {.dtype = DT_Q5_K, .n = 2, .k = 256};
+    op_weight q2k = {.dtype = DT_Q2_K, .n = 2, .k = 256}, q5k = {.dtype = DT_Q5_K, .n = 2, .k = 256};
     assert_int_equal(total(&q2k, &ex), 2 * 256 * 2 / 8 + 2 * 16 * 8);
     assert_int_equal(total(&q5k, &ex), 2 * 256 * 5 / 8 + 2 * 8 * 8);
-    cpu_weight mlx8 = {.dtype = DT_U32, .n = 2, .k = 64, .bits = 8, .group_size = 64, .sb_dtype = DT_F16};
+    op_weight mlx8 = {.dtype = DT_U32, .n = 2, .k = 64, .bits = 8, .group_size = 64, .sb_dtype = DT_F16};
     assert_int_equal(total(&mlx8, &ex), 2 * 64 + 2 * 8);
     assert_int_equal(ex, 0);
-    cpu_weight mlx6 = {.dtype = DT_U32, .n = 2, .k = 128, .bits = 6, .group_size = 32, .sb_dtype = DT_BF16};
+    op_weight mlx6 = {.dtype = DT_U32, .n = 2, .k = 128, .bits = 6, .group_size = 32, .sb_dtype = DT_BF16};
     assert_int_equal(total(&mlx6, &ex), 2 * 128 * 6 / 8 + 2 * 4 * 8);
 }
 
 static void test_formats_without_a_kernel_expand_to_f32(void **state) {
     (void)state;
     int ex;
-    cpu_weight q5k_odd = {.dtype = DT_Q5_K, .n = 3, .k = 288}; /* not whole super-blocks */
+    op_weight q5k_odd = {.dtype = DT_Q5_K, .n = 3, .k = 288}; /* not whole super-blocks */
     assert_int_equal(total(&q5k_odd, &ex), 3 * 288 * 4);
     assert_int_equal(ex, 1);
-    cpu_weight mlx8 = {.dtype = DT_U32, .n = 2, .k = 96, .bits = 8, .group_size = 48, .sb_dtype = DT_F16};
+    op_weight mlx8 = {.dtype = DT_U32, .n = 2, .k = 96, .bits = 8, .group_size = 48, .sb_dtype = DT_F16};
     assert_int_equal(total(&mlx8, &ex), 2 * 96 * 4); /* a group the kernels have no instance for */
     assert_int_equal(ex, 1);
-    cpu_weight q8_odd = {.dtype = DT_Q8_0, .n = 2, .k = 48}; /* k not a whole block: no kernel */
+    op_weight q8_odd = {.dtype = DT_Q8_0, .n = 2, .k = 48}; /* k not a whole block: no kernel */
     assert_int_equal(total(&q8_odd, &ex), 2 * 48 * 4);
     assert_int_equal(ex, 1);
 }

@@ -26,7 +26,7 @@ int main(void) {
 }
 #else
 #include "backend/cuda/cuda_backend.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include "cuda_test_util.h"
 
 #define LAYERS 2

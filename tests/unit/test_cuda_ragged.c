@@ -27,7 +27,7 @@ int main(void) {
 #else
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_plan.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include "cuda_test_util.h"
 
 #define LAYERS 2

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 
 static void test_reserve_release(void **state) {
     (void)state;

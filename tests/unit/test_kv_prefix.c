@@ -11,7 +11,7 @@
 
 #include <cmocka.h> /* after the headers it needs */
 
-#include "engine/kv_prefix.h"
+#include "kv/kv_prefix.h"
 
 #define B KV_BLOCK_SIZE
 

@@ -32,7 +32,7 @@ static const struct { tensor_dtype t; int f16[2], n_f16; } formats[] = {
 #define N_ROWS 200 /* not a multiple of the kernels' 4-row tiles nor of the 16-row task unit */
 #define K_COLS 512
 
-static void *make_weight(tensor_dtype t, const int *f16, int n_f16, cpu_weight *w, float **sb) {
+static void *make_weight(tensor_dtype t, const int *f16, int n_f16, op_weight *w, float **sb) {
     memset(w, 0, sizeof *w);
     w->dtype = t, w->n = N_ROWS, w->k = K_COLS;
     *sb = NULL;
@@ -43,7 +43,7 @@ static void *make_weight(tensor_dtype t, const int *f16, int n_f16, cpu_weight *
         for (size_t i = 0; i < 2 * ng; i++) (*sb)[i] = rndf() * 0.1f;
         w->scales = *sb, w->biases = *sb + ng;
     }
-    size_t bytes = (size_t)cpu_weight_row_bytes(w) * N_ROWS;
+    size_t bytes = (size_t)op_weight_row_bytes(w) * N_ROWS;
     uint8_t *d = malloc(bytes);
     for (size_t i = 0; i < bytes; i++) d[i] = (uint8_t)rnd();
     if (t == DT_F32)
@@ -77,7 +77,7 @@ static void check_level(cpu_level level) {
     void *scratch = malloc(ss);
     for (int i = 0; i < 37 * K_COLS; i++) x[i] = rndf() * (i % 97 == 0 ? 8.0f : 1.0f); /* a few outliers */
     for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
-        cpu_weight w;
+        op_weight w;
         float *sb;
         void *d = make_weight(formats[f].t, formats[f].f16, formats[f].n_f16, &w, &sb);
         assert_true(cpu_matmul_scratch_size(&w, 37) <= ss);

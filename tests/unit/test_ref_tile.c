@@ -32,7 +32,7 @@ static const struct { const char *file; tensor_dtype t; } fixtures[] = {
     {"mlx2_g32", DT_U32}, {"mlx4_g32", DT_U32}, {"mlx6_g64", DT_U32}, {"mlx8_g64", DT_U32},
 };
 
-static uint8_t *load(const char *name, cpu_weight *w) {
+static uint8_t *load(const char *name, op_weight *w) {
     const char *dir = getenv("HEARTH_TEST_DATA");
     char path[512];
     snprintf(path, sizeof path, "%s/cpu_quant/%s.bin", dir ? dir : "tests/data", name);
@@ -68,9 +68,9 @@ static void test_tile_equals_rows(void **state) {
     for (int i = 0; i < 2; i++) assert_int_equal(tp_create(i + 1, &tps[i], NULL), HEARTH_OK);
     static const int Ts[] = {2, 5, 16, 17, 37};
     for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
-        cpu_weight w = {.dtype = fixtures[f].t};
+        op_weight w = {.dtype = fixtures[f].t};
         uint8_t *buf = load(fixtures[f].file, &w);
-        assert_int_equal(cpu_weight_check(&w, fixtures[f].file, NULL), HEARTH_OK);
+        assert_int_equal(op_weight_check(&w, fixtures[f].file, NULL), HEARTH_OK);
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
             int T = Ts[ti];
             float *x = malloc(sizeof(float) * (size_t)(T * w.k));
@@ -103,12 +103,12 @@ static void test_tile_equals_rows(void **state) {
 }
 
 /* the definition of the reference: block by block, one row at a time */
-static float definition(const cpu_weight *w, int64_t n, const float *x) {
+static float definition(const op_weight *w, int64_t n, const float *x) {
     int be = w->dtype == DT_U32 ? 32 : tensor_dtype_block_elems(w->dtype);
     float buf[256];
     double acc = 0;
     for (int64_t k0 = 0; k0 < w->k; k0 += be) {
-        cpu_ref_dequant(w, n, k0, be, buf);
+        op_weight_dequant(w, n, k0, be, buf);
         for (int j = 0; j < be; j++) acc += (double)buf[j] * (double)x[k0 + j];
     }
     return (float)acc;
@@ -117,7 +117,7 @@ static float definition(const cpu_weight *w, int64_t n, const float *x) {
 static void test_rows_equal_definition(void **state) {
     assert_int_equal(cpu_matmul_set_level(CPU_LEVEL_SCALAR), CPU_LEVEL_SCALAR);
     for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
-        cpu_weight w = {.dtype = fixtures[f].t};
+        op_weight w = {.dtype = fixtures[f].t};
         uint8_t *buf = load(fixtures[f].file, &w);
         float *x = malloc(sizeof(float) * (size_t)w.k), *y = malloc(sizeof(float) * (size_t)w.n);
         for (int64_t i = 0; i < w.k; i++) x[i] = rndf();

@@ -24,11 +24,11 @@ typedef enum cpu_act {
     CPU_ACT_BF16        /* the row rounded to bf16 (nearest even), k values; k % 32 == 0 */
 } cpu_act;
 
-typedef void (*cpu_rows_fn)(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, float *y);
+typedef void (*cpu_rows_fn)(const op_weight *w, int64_t n0, int64_t n1, const void *x, float *y);
 /* The same for T activation rows at once (prefill): row t of x starts x_stride activation
  * blocks (CPU_ACT_F32: floats; CPU_ACT_BF16: bf16 values) after row t - 1, and y[t * y_stride + n] receives row n. Lets a kernel reuse each
  * unpacked weight block across several tokens. */
-typedef void (*cpu_tile_fn)(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, int64_t x_stride, int T,
+typedef void (*cpu_tile_fn)(const op_weight *w, int64_t n0, int64_t n1, const void *x, int64_t x_stride, int T,
                             float *y, int64_t y_stride);
 
 typedef struct cpu_kernel {
@@ -53,31 +53,28 @@ typedef struct cpu_kernel {
 #define CPU_TILE_SMALL_T_AVX512 17
 
 /* Scalar reference: dequantizes each block to float and accumulates in double. Handles
- * every format cpu_weight_check accepts; x is a float row (CPU_ACT_F32). */
-void cpu_ref_rows(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, float *y);
+ * every format op_weight_check accepts; x is a float row (CPU_ACT_F32). */
+void cpu_ref_rows(const op_weight *w, int64_t n0, int64_t n1, const void *x, float *y);
 /* The same for T float rows (x row t at x + t * x_stride), bit-identical to T calls of
  * cpu_ref_rows; matmul.c uses it for prefill on the scalar tier. */
-void cpu_ref_tile(const cpu_weight *w, int64_t n0, int64_t n1, const float *x, int64_t x_stride, int T, float *y,
+void cpu_ref_tile(const op_weight *w, int64_t n0, int64_t n1, const float *x, int64_t x_stride, int T, float *y,
                   int64_t y_stride);
-/* Dequantizes elements [k0, k0 + count) of row n to out; count <= 256 and k0, count are
- * multiples of the format's block; for MLX affine, inside one group. */
-void cpu_ref_dequant(const cpu_weight *w, int64_t n, int64_t k0, int count, float *out);
 
 /* Fast kernels: fill *out and return 1 if the format has one at that level. */
-int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out);
-int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out);
+int cpu_avx2_kernel(const op_weight *w, cpu_kernel *out);
+int cpu_avx512_kernel(const op_weight *w, cpu_kernel *out);
 /* BF16 weights with vdpbf16ps (kernels_avx512_bf16.c): 1 when the CPU has AVX512_BF16, k % 32
  * == 0 and HEARTH_CPU_BF16 is not f32; the activations are CPU_ACT_BF16 rows, made by
  * cpu_avx512_bf16_row (k % 32 == 0; only where the kernel was chosen). */
-int cpu_avx512_bf16_kernel(const cpu_weight *w, cpu_kernel *out);
+int cpu_avx512_bf16_kernel(const op_weight *w, cpu_kernel *out);
 void cpu_avx512_bf16_row(const float *x, int64_t k, uint16_t *out);
 /* The AVX2 one-row decode kernel built with AVX-512 VNNI dots (same bits as its AVX2 form),
  * for the formats that have one (Q4_0, Q4_1), else NULL; only on CPUs with AVX-512 VNNI. */
-cpu_rows_fn cpu_avx2_vnni_rows(const cpu_weight *w);
+cpu_rows_fn cpu_avx2_vnni_rows(const op_weight *w);
 /* The 512-bit one-row decode kernel (kernels_avx512_rows.c) for the formats and K that have
  * one (Q8_0, Q4_K, Q6_K; K a multiple of 256 up to 16384), else NULL; only on CPUs with
  * AVX-512 VNNI. */
-cpu_rows_fn cpu_avx512_rows1(const cpu_weight *w);
+cpu_rows_fn cpu_avx512_rows1(const op_weight *w);
 
 /* Quantizes a row of k floats (k a multiple of 32) to int8 blocks (per block d = amax / 127,
  * q = round-to-nearest-even(x / d) clamped to +-127), in order or CPU_ACT_Q8_EVENODD order.
@@ -102,20 +99,4 @@ static inline void cpu_q4k_scales_mins(const uint8_t *blk, uint64_t *sc, uint64_
     *mn = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)mn_hi << 32;
 }
 
-/* Q3_K: the 16 6-bit sub-block scales (stored + 32, 0..63) from the 12 bytes at offset 96 of
- * a 110-byte super-block, as bytes in sub-block order (word i holds sub-blocks 4i..4i+3). */
-static inline void cpu_q3k_scales(const uint8_t *blk, uint32_t out[4]) {
-    uint32_t a0, a1, a2;
-    memcpy(&a0, blk + 96, 4);
-    memcpy(&a1, blk + 100, 4);
-    memcpy(&a2, blk + 104, 4);
-    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-    out[0] = (a0 & m4) | ((a2 & m2) << 4);
-    out[1] = (a1 & m4) | (((a2 >> 2) & m2) << 4);
-    out[2] = ((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4);
-    out[3] = ((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4);
-}
-
-/* Reads one MLX scale or bias (F32/F16/BF16) by element index. */
-float cpu_sb_load(tensor_dtype t, const void *p, int64_t i);
 #endif

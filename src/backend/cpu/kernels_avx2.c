@@ -102,7 +102,7 @@ A2_INLINE __m256 a2_f16x4x2(const uint8_t *p, int64_t rb, int R) {
  * cycles per 4 row-blocks; one thread, CPU time, 8 interleaved rounds: 576 x 576 from L2
  * 28.9 vs 21.4 GB/s, 1536 x 576 26.0 vs 19.2, 1024 x 2048 from L3 about even). Rows past
  * R repeat row 0, so a row's arithmetic is the same in a 4-row pass and alone. */
-A2_INLINE void a2_b32_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
+A2_INLINE void a2_b32_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
                            float *y, int64_t ystride, a2_fmt f, int R, int TT) {
     const int bytes = f == A2_Q4_0 ? 18 : f == A2_Q4_1 ? 20 : 34, qo = f == A2_Q4_1 ? 4 : 2;
     int64_t nb = w->k / 32, rb = nb * bytes, pf = a2_prefetch_distance(rb);
@@ -211,7 +211,7 @@ A2_INLINE __m256 a2_nib_f16x8(const uint8_t *p0, int64_t rb, int bytes, int have
     return _mm256_cvtph_ps(_mm_set_epi64x((long long)c, (long long)a));
 }
 
-A2_INLINE void a2_nib_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
+A2_INLINE void a2_nib_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
                            float *y, int64_t ystride, a2_fmt f, int R, int TT) {
     const int bytes = f == A2_Q4_0 ? 18 : 20, qo = f == A2_Q4_0 ? 2 : 4;
     int64_t nb = w->k / 32, np = (nb + 1) / 2, rb = nb * bytes, pf = a2_prefetch_distance(rb);
@@ -269,7 +269,7 @@ A2_INLINE void a2_nib_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
 }
 
 /* Q4_0/Q4_1 entry: the pair kernel where its stack buffer holds K, else the block kernel. */
-A2_INLINE void a2_q4_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
+A2_INLINE void a2_q4_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
                           float *y, int64_t ystride, a2_fmt f, int R, int TT) {
     if ((w->k / 32 + 1) / 2 <= A2_NIB_MAX_PAIRS)
         a2_nib_tile(w, n0, n1, x, xstride, T, y, ystride, f, R, TT);
@@ -399,7 +399,7 @@ A2_INLINE __m256 a2_q8_quad_row(const uint8_t *row, const cpu_q8_block *x, int64
     }
 }
 
-A2_INLINE void a2_q8_rows1(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y) {
+A2_INLINE void a2_q8_rows1(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y) {
     int64_t nb = w->k / 32, rb = nb * 34, pf = a2_prefetch_distance(rb), nb4 = nb / 4 * 4;
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = (const uint8_t *)w->data + n * rb;
@@ -442,7 +442,7 @@ A2_INLINE void a2_q4k_scales(const uint8_t *blk, __m256i *sc16, __m256 *mn) {
  * an FMA by the activation scale dx_c, which every row shares (a broadcast load); d
  * multiplies each row's super-block sums once. Two sums per super-block (even and odd
  * sub-blocks) keep the FMA chains short. */
-A2_INLINE void a2_q4k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
+A2_INLINE void a2_q4k_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
                            float *y, int64_t ystride, int unused, int R, int TT) {
     (void)unused;
     int64_t nsb = w->k / 256, rb = nsb * 144, pf = a2_prefetch_distance(rb);
@@ -543,7 +543,7 @@ A2_INLINE void a2_q6k_prepare(const cpu_q8_block *xb, a2_q6k_act *o) {
     }
 }
 
-A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
+A2_INLINE void a2_q6k_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, int64_t xstride, int T,
                            float *y, int64_t ystride, int unused, int R, int TT) {
     (void)unused;
     int64_t nsb = w->k / 256, rb = nsb * 210, pf = a2_prefetch_distance(rb);
@@ -635,7 +635,7 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
  * ARG, rows, tokens): A2_ROWS rows and A2_TOKENS tokens at a time, the remaining rows one by
  * one, a last odd token alone. */
 #define A2_TILE_KERNEL(TILE_NAME, FN, ARG)                                                                             \
-    __attribute__((target(KTARGET))) static void TILE_NAME(const cpu_weight *w, int64_t n0, int64_t n1,                \
+    __attribute__((target(KTARGET))) static void TILE_NAME(const op_weight *w, int64_t n0, int64_t n1,                \
                                                            const void *xv, int64_t xstride, int T, float *y,           \
                                                            int64_t ystride) {                                          \
         const cpu_q8_block *x = xv;                                                                                    \
@@ -648,7 +648,7 @@ A2_INLINE void a2_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cp
     }
 /* Decode (rows) entry point: CALL on the row range n0..n1-1 of w, activation x, output y. */
 #define A2_ROWS_KERNEL(ROWS_NAME, CALL)                                                                                \
-    __attribute__((target(KTARGET))) static void ROWS_NAME(const cpu_weight *w, int64_t n0, int64_t n1, const void *x, \
+    __attribute__((target(KTARGET))) static void ROWS_NAME(const op_weight *w, int64_t n0, int64_t n1, const void *x, \
                                                            float *y) {                                                 \
         CALL;                                                                                                          \
     }
@@ -667,16 +667,16 @@ A2_TILE_KERNEL(a2_tile_q6_k, a2_q6k_tile, 0)
 A2_ROWS_KERNEL(a2_rows_q4_0, a2_q4_rows1(w, n0, n1, x, y, A2_Q4_0))
 A2_ROWS_KERNEL(a2_rows_q4_1, a2_q4_rows1(w, n0, n1, x, y, A2_Q4_1))
 A2_ROWS_KERNEL(a2_rows_q8_0, a2_q8_rows1(w, n0, n1, x, y))
-__attribute__((target(A2V_TARGET))) static void a2v_rows_q4_0(const cpu_weight *w, int64_t n0, int64_t n1,
+__attribute__((target(A2V_TARGET))) static void a2v_rows_q4_0(const op_weight *w, int64_t n0, int64_t n1,
                                                                const void *x, float *y) {
     a2v_q4_rows1(w, n0, n1, x, y, A2_Q4_0);
 }
-__attribute__((target(A2V_TARGET))) static void a2v_rows_q4_1(const cpu_weight *w, int64_t n0, int64_t n1,
+__attribute__((target(A2V_TARGET))) static void a2v_rows_q4_1(const op_weight *w, int64_t n0, int64_t n1,
                                                                const void *x, float *y) {
     a2v_q4_rows1(w, n0, n1, x, y, A2_Q4_1);
 }
 
-cpu_rows_fn cpu_avx2_vnni_rows(const cpu_weight *w) {
+cpu_rows_fn cpu_avx2_vnni_rows(const op_weight *w) {
     return w->dtype == DT_Q4_0 ? a2v_rows_q4_0 : w->dtype == DT_Q4_1 ? a2v_rows_q4_1 : NULL;
 }
 A2_ROWS_KERNEL(a2_rows_q4_k, a2_q4k_tile(w, n0, n1, x, 0, 1, y, 0, 0, 1, 1))
@@ -736,8 +736,8 @@ A2_INLINE void p2_transpose8(__m256i *q) {
 }
 
 /* Packs rows g..g+rows-1 (rows <= 8; missing rows become zeros), blocks c0..c0+cb-1. */
-A2_INLINE void p2_pack(const cpu_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, p2_group *buf) {
-    int64_t rb = cpu_weight_row_bytes(w);
+A2_INLINE void p2_pack(const op_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, p2_group *buf) {
+    int64_t rb = op_weight_row_bytes(w);
     float off = (float)pk_offset(f);
     for (int r = 0; r < P2_ROWS; r++) {
         if (r >= rows) {
@@ -829,7 +829,7 @@ P2_FNS(q6k, 2, 1) /* quants <= 63, a scale per 16 columns */
 static const p2_compute_fn p2_fns_q4[P2_TT + 1] = P2_ROW(q4), p2_fns_q5[P2_TT + 1] = P2_ROW(q5),
                                              p2_fns_q6k[P2_TT + 1] = P2_ROW(q6k);
 
-A2_INLINE void p2_gemm(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv, int64_t xstride, int T, float *y,
+A2_INLINE void p2_gemm(const op_weight *w, int64_t n0, int64_t n1, const void *xv, int64_t xstride, int T, float *y,
                        int64_t ystride, pk_fmt f) {
     const cpu_q8_block *x = xv;
     int64_t nb = w->k / 32;
@@ -872,7 +872,7 @@ A2_INLINE void p2_gemm(const cpu_weight *w, int64_t n0, int64_t n1, const void *
 }
 
 #define P2_TILE(NAME, FMT)                                                                                             \
-    __attribute__((target(KTARGET))) static void NAME(const cpu_weight *w, int64_t n0, int64_t n1, const void *x,      \
+    __attribute__((target(KTARGET))) static void NAME(const op_weight *w, int64_t n0, int64_t n1, const void *x,      \
                                                       int64_t xstride, int T, float *y, int64_t ystride) {             \
         p2_gemm(w, n0, n1, x, xstride, T, y, ystride, FMT);                                                            \
     }
@@ -922,7 +922,7 @@ __attribute__((target(KTARGET))) void cpu_avx2_quantize_row(const float *x, int6
     }
 }
 
-int cpu_avx2_kernel(const cpu_weight *w, cpu_kernel *out) {
+int cpu_avx2_kernel(const op_weight *w, cpu_kernel *out) {
     cpu_rows_fn f = NULL;
     cpu_tile_fn tile = NULL, small = NULL;
     switch (w->dtype) { /* small: batched decode, where packing would not pay (see kernels.h) */

@@ -130,14 +130,14 @@ AVX512_INLINE __m512 avx512_pair_f16(const uint8_t *p0, const uint8_t *p1, int w
 /* Decode (rows) and prefill (tile) entry points of a 512-bit row-tile kernel FN(w, n0, n1,
  * x, xstride, T, y, ystride, ARG, rows, tokens). */
 #define TILED_KERNELS(ROWS_NAME, TILE_NAME, FN, ARG, R)                                                 \
-    __attribute__((target(KTARGET))) static void ROWS_NAME(const cpu_weight *w, int64_t n0, int64_t n1, \
+    __attribute__((target(KTARGET))) static void ROWS_NAME(const op_weight *w, int64_t n0, int64_t n1, \
                                                            const void *x, float *y) {                  \
         int64_t n4 = n0 + (n1 - n0) / (R) * (R);                                                       \
         FN(w, n0, n4, x, 0, 1, y, 0, ARG, R, 1);                                                       \
         FN(w, n4, n1, x, 0, 1, y, 0, ARG, 1, 1);                                                       \
     }                                                                                                  \
     __attribute__((target(KTARGET), unused)) static void TILE_NAME(                                    \
-        const cpu_weight *w, int64_t n0, int64_t n1, const void *xv, int64_t xstride, int T, float *y,  \
+        const op_weight *w, int64_t n0, int64_t n1, const void *xv, int64_t xstride, int T, float *y,  \
         int64_t ystride) {                                                                             \
         const cpu_q8_block *x = xv;                                                                    \
         int64_t n4 = n0 + (n1 - n0) / (R) * (R);                                                       \
@@ -152,7 +152,7 @@ AVX512_INLINE __m512 avx512_pair_f16(const uint8_t *p0, const uint8_t *p1, int w
  * TILE_TOKENS for prefill). */
 #define TILE_TOKENS 4
 
-AVX512_INLINE void avx512_pair_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
+AVX512_INLINE void avx512_pair_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
                                     int64_t xstride, int T, float *y, int64_t ystride, pair_fmt f, int R, int TT) {
     const int bytes = f == PAIR_Q4_0 ? 18 : f == PAIR_Q4_1 ? 20 : f == PAIR_Q5_0 ? 22 : f == PAIR_Q5_1 ? 24 : 34;
     const int with_min = f == PAIR_Q4_1 || f == PAIR_Q5_1;
@@ -214,7 +214,7 @@ AVX512_INLINE __m512 avx512_k45_scales(const uint8_t *blk) {
 }
 
 /* R rows x TT tokens (activation row t at x + t * xstride, output at y + t * ystride). */
-AVX512_INLINE void avx512_k45_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
+AVX512_INLINE void avx512_k45_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
                                    int64_t xstride, int T, float *y, int64_t ystride, int high, int R, int TT) {
     const int bytes = high ? 176 : 144;
     int64_t nsb = w->k / 256, rb = nsb * bytes, pf = avx512_prefetch_distance(rb);
@@ -290,7 +290,7 @@ TILED_KERNELS(avx512_rows2_q5_k, avx512_tile2_q5_k, avx512_k45_tile, 1, TILE_ROW
  * The stored value is q + 32: the -32 is folded into the vpdpbusd start value, and each
  * 4-lane group takes its sub-block's d * scale from one per-row vector of 16 scales. */
 
-AVX512_INLINE void avx512_q6k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
+AVX512_INLINE void avx512_q6k_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
                                    int64_t xstride, int T, float *y, int64_t ystride, int unused, int R, int TT) {
     (void)unused;
     int64_t nsb = w->k / 256, rb = nsb * 210, pf = avx512_prefetch_distance(rb);
@@ -364,7 +364,7 @@ TILED_KERNELS(avx512_rows2_q6_k, avx512_tile2_q6_k, avx512_q6k_tile, 0, TILE_ROW
 AVX512_INLINE __m512 avx512_q23k_scales(const uint8_t *blk, int three, __m512 *mins) {
     if (three) {
         uint32_t sw[4];
-        cpu_q3k_scales(blk, sw); /* into a vector from registers (a 16-byte load of the four
+        op_q3k_scales(blk, sw); /* into a vector from registers (a 16-byte load of the four
                                   * words just stored would stall on store forwarding) */
         __m128i v = _mm_sub_epi8(_mm_set_epi32((int)sw[3], (int)sw[2], (int)sw[1], (int)sw[0]), _mm_set1_epi8(32));
         uint16_t h;
@@ -380,7 +380,7 @@ AVX512_INLINE __m512 avx512_q23k_scales(const uint8_t *blk, int three, __m512 *m
                          _mm512_set1_ps(_cvtsh_ss(d)));
 }
 
-AVX512_INLINE void avx512_q23k_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
+AVX512_INLINE void avx512_q23k_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
                                     int64_t xstride, int T, float *y, int64_t ystride, int three, int R, int TT) {
     const int bytes = three ? 110 : 84, qso = three ? 32 : 16;
     int64_t nsb = w->k / 256, rb = nsb * bytes, pf = avx512_prefetch_distance(rb);
@@ -466,7 +466,7 @@ AVX512_INLINE __m512 avx512_lanes2(float a, float b) {
                                                _mm256_castps_pd(_mm256_set1_ps(b)), 1));
 }
 
-AVX512_INLINE void avx512_mlx_tile(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
+AVX512_INLINE void avx512_mlx_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x,
                                    int64_t xstride, int T, float *y, int64_t ystride, int bits, int R, int TT) {
     int64_t nb = w->k / 32, rb = w->k * bits / 8, ng = w->k / w->group_size, bpg = w->group_size / 32;
     int64_t pf = avx512_prefetch_distance(rb);
@@ -632,9 +632,9 @@ AVX512_INLINE void pk_pack_quads(pk_buf *buf, int b, const uint8_t *p, int64_t r
  * gathers. It is paid once per call for all T tokens, so it decides batched-decode speed
  * (on Zen 4, 1B Q4_0, T = 16: the old pack took twice the time of the dot products, and a
  * version gathering every dword was still slower than the pair tiles). 0: other formats. */
-AVX512_INLINE int pk_pack_direct(const cpu_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
+AVX512_INLINE int pk_pack_direct(const op_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
     int bytes = f == PK_Q4_0 ? 18 : f == PK_Q4_1 ? 20 : f == PK_Q8_0 ? 34 : 0;
-    int64_t rb = cpu_weight_row_bytes(w);
+    int64_t rb = op_weight_row_bytes(w);
     if (!bytes) return 0;
     const int qoff = f == PK_Q4_1 ? 4 : 2;
     const __m512i vidx = pk_lane_offsets((int)rb);
@@ -657,8 +657,8 @@ AVX512_INLINE int pk_pack_direct(const cpu_weight *w, int64_t g, int64_t c0, int
  * 64h + 32(s & 1) and bits 2s, 2s + 1 of qh half 32h (as pk_unpack); the 16 int8 scales
  * load and transpose once, the f16 d comes by one gather. Bit-identical to pk_unpack + the
  * transpose. c0 and cb are whole super-blocks (PK_CHUNK is a multiple of 8, K of 256). */
-AVX512_INLINE int pk_pack_direct_q6k(const cpu_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
-    int64_t rb = cpu_weight_row_bytes(w);
+AVX512_INLINE int pk_pack_direct_q6k(const op_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
+    int64_t rb = op_weight_row_bytes(w);
     if (f != PK_Q6_K || (c0 | cb) % 8) return 0;
     const __m512i vidx = pk_lane_offsets((int)rb);
     const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
@@ -709,8 +709,8 @@ AVX512_INLINE __m512i pk_q4k_byte(const __m512i s[4], int i) {
  * in the lanes (as pk_unpack: d = d * sc, m = -dmin * mn), the 128 bytes of nibbles by
  * 8 load-transposes, block 2p taking the low and 2p + 1 the high nibbles of bytes 32p...
  * Bit-identical to pk_unpack + the transpose. */
-AVX512_INLINE int pk_pack_direct_q4k(const cpu_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
-    int64_t rb = cpu_weight_row_bytes(w);
+AVX512_INLINE int pk_pack_direct_q4k(const op_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
+    int64_t rb = op_weight_row_bytes(w);
     if (f != PK_Q4_K || (c0 | cb) % 8) return 0;
     const __m512i vidx = pk_lane_offsets((int)rb);
     const __m512i m4 = _mm512_set1_epi8(0x0F), m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
@@ -761,10 +761,10 @@ AVX512_INLINE int pk_pack_direct_q4k(const cpu_weight *w, int64_t g, int64_t c0,
  * 32 bytes load and transpose as Q4_0's / Q8_0's (without Q8_0's sign flip: MLX 8-bit
  * bytes are unsigned already); each row's (scale, bias) of the block's group, from the
  * separate scale and bias arrays, once per group. Bit-identical to pk_unpack. */
-AVX512_INLINE int pk_pack_direct_mlx(const cpu_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
+AVX512_INLINE int pk_pack_direct_mlx(const op_weight *w, int64_t g, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
     if (f != PK_MLX4 && f != PK_MLX8) return 0;
     const int bytes = f == PK_MLX4 ? 16 : 32;
-    int64_t rb = cpu_weight_row_bytes(w), ng = w->k / w->group_size, bpg = w->group_size / 32;
+    int64_t rb = op_weight_row_bytes(w), ng = w->k / w->group_size, bpg = w->group_size / 32;
     const uint8_t *base = (const uint8_t *)w->data + g * rb + c0 * bytes;
     float sc[PK_ROWS], bi[PK_ROWS];
     for (int b = 0; b < cb; b++, base += bytes) {
@@ -782,8 +782,8 @@ AVX512_INLINE int pk_pack_direct_mlx(const cpu_weight *w, int64_t g, int64_t c0,
     return 1;
 }
 
-AVX512_INLINE void pk_pack(const cpu_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
-    int64_t rb = cpu_weight_row_bytes(w);
+AVX512_INLINE void pk_pack(const op_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
+    int64_t rb = op_weight_row_bytes(w);
     /* all 16 rows, lane offsets in int32: straight from the weights where the format has a direct pack */
     if (rows == PK_ROWS && rb <= INT32_MAX / PK_ROWS && pk_direct_on() &&
         (pk_pack_direct(w, g, c0, cb, f, buf) || pk_pack_direct_q6k(w, g, c0, cb, f, buf) ||
@@ -883,7 +883,7 @@ PK_FNS(PK_HALVES)
      pk_compute_##KIND##_5, pk_compute_##KIND##_6, pk_compute_##KIND##_7, pk_compute_##KIND##_8}
 static const pk_compute_fn pk_fns[3][PK_TT + 1] = {PK_ROW(PK_PLAIN), PK_ROW(PK_MIN), PK_ROW(PK_HALVES)};
 
-AVX512_INLINE void pk_gemm(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv, int64_t xstride, int T,
+AVX512_INLINE void pk_gemm(const op_weight *w, int64_t n0, int64_t n1, const void *xv, int64_t xstride, int T,
                            float *y, int64_t ystride, pk_fmt f) {
     const cpu_q8_block *x = xv;
     int64_t nb = w->k / 32;
@@ -905,7 +905,7 @@ AVX512_INLINE void pk_gemm(const cpu_weight *w, int64_t n0, int64_t n1, const vo
 }
 
 #define PK_TILE(NAME, FMT)                                                                                     \
-    __attribute__((target(KTARGET))) static void NAME(const cpu_weight *w, int64_t n0, int64_t n1,           \
+    __attribute__((target(KTARGET))) static void NAME(const op_weight *w, int64_t n0, int64_t n1,           \
                                                       const void *x, int64_t xstride, int T, float *y,       \
                                                       int64_t ystride) {                                     \
         pk_gemm(w, n0, n1, x, xstride, T, y, ystride, FMT);                                                  \
@@ -932,7 +932,7 @@ PK_TILE(avx512_pk_mlxb, PK_MLXB)
 
 /* MLX 2/3/5/6-bit below the packed GEMM's threshold: the one-row kernel token by token (the
  * packed GEMM unpacks their bit streams with scalar code, paid back only by many tokens). */
-__attribute__((target(KTARGET))) static void avx512_mlxb_tokens(const cpu_weight *w, int64_t n0, int64_t n1,
+__attribute__((target(KTARGET))) static void avx512_mlxb_tokens(const op_weight *w, int64_t n0, int64_t n1,
                                                                 const void *xv, int64_t xstride, int T, float *y,
                                                                 int64_t ystride) {
     cpu_rows_fn r = cpu_avx512_rows1(w);
@@ -974,7 +974,7 @@ static int avx512_row1_decode(void) {
     return on;
 }
 
-int cpu_avx512_kernel(const cpu_weight *w, cpu_kernel *out) {
+int cpu_avx512_kernel(const op_weight *w, cpu_kernel *out) {
     if (w->dtype == DT_BF16 && cpu_avx512_bf16_kernel(w, out)) return 1; /* where the CPU has vdpbf16ps */
     /* decode: the 512-bit one-row kernel (kernels_avx512_rows.c) wherever it takes w */
     cpu_rows_fn r1 = avx512_row1_decode() == 1 ? cpu_avx512_rows1(w) : NULL;

@@ -120,7 +120,7 @@ static inline __attribute__((target(BTARGET), always_inline)) void bf_block(cons
 }
 
 /* x: one bf16 row (CPU_ACT_BF16). */
-__attribute__((target(BTARGET))) static void bf16_rows(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+__attribute__((target(BTARGET))) static void bf16_rows(const op_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                        float *y) {
     const uint16_t *x = xv, *base = w->data;
     int64_t k = w->k;
@@ -146,7 +146,7 @@ __attribute__((target(BTARGET))) static void bf16_rows(const cpu_weight *w, int6
     }
 
 /* x: T bf16 rows, x_stride elements apart; y row t at y + t * ys. */
-__attribute__((target(BTARGET))) static void bf16_tile(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+__attribute__((target(BTARGET))) static void bf16_tile(const op_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                        int64_t xs, int T, float *y, int64_t ys) {
     const uint16_t *x = xv, *base = w->data;
     int64_t k = w->k;
@@ -180,7 +180,7 @@ static int bf16_dot_on(void) {
     return on;
 }
 
-int cpu_avx512_bf16_kernel(const cpu_weight *w, cpu_kernel *out) {
+int cpu_avx512_bf16_kernel(const op_weight *w, cpu_kernel *out) {
     if (w->dtype != DT_BF16 || w->k <= 0 || w->k % 32 || !cpu_features_get()->avx512bf16 || !bf16_dot_on()) return 0;
     *out = (cpu_kernel){bf16_rows, CPU_ACT_BF16, bf16_tile, NULL, 0};
     return 1;

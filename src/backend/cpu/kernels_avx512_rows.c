@@ -130,7 +130,7 @@ R1_INLINE void r1_oct_prepare(const cpu_q8_block *x, int64_t n, int offset, r1_o
     }
 }
 
-R1_INLINE void r1_rows_q45_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv, float *y, int q5) {
+R1_INLINE void r1_rows_q45_k(const op_weight *w, int64_t n0, int64_t n1, const void *xv, float *y, int q5) {
     const int bytes = q5 ? 176 : 144, qs = q5 ? 48 : 16; /* Q5_K: 32 bytes of fifth bits before the nibbles */
     int64_t nsb = w->k / 256, rb = nsb * bytes, pf = r1_prefetch_distance(rb);
     r1_q4k_act a[R1_MAX_SB];
@@ -196,14 +196,14 @@ R1_INLINE void r1_rows_q45_k(const cpu_weight *w, int64_t n0, int64_t n1, const 
     }
 }
 
-__attribute__((target(R1_TARGET))) static void r1_rows_q4_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+__attribute__((target(R1_TARGET))) static void r1_rows_q4_k(const op_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     r1_rows_q45_k(w, n0, n1, xv, y, 0);
 }
 
 /* Q5_K: Q4_K's layout with 32 bytes qh between the scales and the nibbles; element l of
  * sub-block c gains 16 where bit c of qh[l] is set (ggml's dequantize_row_q5_K). */
-__attribute__((target(R1_TARGET))) static void r1_rows_q5_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+__attribute__((target(R1_TARGET))) static void r1_rows_q5_k(const op_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     r1_rows_q45_k(w, n0, n1, xv, y, 1);
 }
@@ -216,7 +216,7 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q5_k(const cpu_weight *w,
  * one 16-element scale group (a half block), so r1_fold4(A0, B0, A1, B1) is the 16 full group
  * sums in r1_oct_half order, no lane wasted. The stored + 32 is taken off in the integer
  * domain (- 32 * the group's activation sum, staged). */
-__attribute__((target(R1_TARGET))) static void r1_rows_q6_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+__attribute__((target(R1_TARGET))) static void r1_rows_q6_k(const op_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     int64_t nsb = w->k / 256, rb = nsb * 210, pf = r1_prefetch_distance(rb);
     r1_oct_act a[R1_MAX_SB];
@@ -313,7 +313,7 @@ R1_INLINE __m512i r1_q23k_dots(__m512i qs, __m512i hm, const __m512i *hsel, cons
     return _mm512_add_epi32(r1_fold4(p[0], p[1], p[2], p[3]), a->off);
 }
 
-__attribute__((target(R1_TARGET))) static void r1_rows_q3_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+__attribute__((target(R1_TARGET))) static void r1_rows_q3_k(const op_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     int64_t nsb = w->k / 256, rb = nsb * 110, pf = r1_prefetch_distance(rb);
     r1_oct_act a[R1_MAX_SB];
@@ -334,7 +334,7 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q3_k(const cpu_weight *w,
             __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk));
             __m512i g = r1_q23k_dots(qs, hm, hsel, &a[sb]);
             uint32_t sw[4];
-            cpu_q3k_scales(blk, sw);
+            op_q3k_scales(blk, sw);
             __m128i v = _mm_sub_epi8(_mm_set_epi32((int)sw[3], (int)sw[2], (int)sw[1], (int)sw[0]), _mm_set1_epi8(32));
             uint16_t dh;
             memcpy(&dh, blk + 108, 2);
@@ -351,7 +351,7 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q3_k(const cpu_weight *w,
  * (high), qs[64] as Q3_K's, f16 d, f16 dmin; w = d sc_g q - dmin m_g, q in 0..3. The 2-bit
  * planes as Q3_K (no third bit, no offset); the mins' term is one FMA per super-block against
  * the staged d_x * sum(x) of each sub-block, in natural order as the stored mins. */
-__attribute__((target(R1_TARGET))) static void r1_rows_q2_k(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+__attribute__((target(R1_TARGET))) static void r1_rows_q2_k(const op_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     int64_t nsb = w->k / 256, rb = nsb * 84, pf = r1_prefetch_distance(rb);
     r1_oct_act a[R1_MAX_SB];
@@ -389,7 +389,7 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q2_k(const cpu_weight *w,
  * with SmolLM2's K = 576 (two groups and two blocks) this measured no faster than the
  * 256-bit rows kernel (~21-24 vs ~25 GB/s from L2, one thread), and the same scheme for Q4_0
  * measured no faster at any K (K = 2048: 13.7-16.7 vs 15.6-22.6 GB/s), so Q4_0 keeps it. */
-__attribute__((target(R1_TARGET))) static void r1_rows_q8_0(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+__attribute__((target(R1_TARGET))) static void r1_rows_q8_0(const op_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     int64_t nb = w->k / 32, ng = nb / 8, rb = nb * 34, pf = r1_prefetch_distance(rb);
     r1_oct_act a[R1_MAX_SB];
@@ -461,7 +461,7 @@ R1_INLINE __m512i r1_words(__m512i z0, __m512i z1, __m512i z2, __m512i idx) {
     return _mm512_mask_permutexvar_epi16(t, hi, _mm512_sub_epi16(idx, _mm512_set1_epi16(64)), z2);
 }
 
-R1_INLINE void r1_rows_q5(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y, int with_min) {
+R1_INLINE void r1_rows_q5(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y, int with_min) {
     const int bytes = with_min ? 24 : 22, qo = with_min ? 8 : 6;
     int64_t nb = w->k / 32, ng = nb / 8, rb = nb * bytes;
     r1_oct_act a[R1_MAX_SB];
@@ -500,12 +500,12 @@ R1_INLINE void r1_rows_q5(const cpu_weight *w, int64_t n0, int64_t n1, const cpu
     }
 }
 
-__attribute__((target(R1_TARGET))) static void r1_rows_q5_0(const cpu_weight *w, int64_t n0, int64_t n1, const void *x,
+__attribute__((target(R1_TARGET))) static void r1_rows_q5_0(const op_weight *w, int64_t n0, int64_t n1, const void *x,
                                                             float *y) {
     r1_rows_q5(w, n0, n1, x, y, 0);
 }
 
-__attribute__((target(R1_TARGET))) static void r1_rows_q5_1(const cpu_weight *w, int64_t n0, int64_t n1, const void *x,
+__attribute__((target(R1_TARGET))) static void r1_rows_q5_1(const op_weight *w, int64_t n0, int64_t n1, const void *x,
                                                             float *y) {
     r1_rows_q5(w, n0, n1, x, y, 1);
 }
@@ -537,7 +537,7 @@ typedef struct r1_mlx_sb {
     int64_t gpr;    /* groups per row */
 } r1_mlx_sb;
 
-R1_INLINE r1_mlx_sb r1_mlx_sb_init(const cpu_weight *w, const int *lane_blk) {
+R1_INLINE r1_mlx_sb r1_mlx_sb_init(const op_weight *w, const int *lane_blk) {
     int bpg = (int)(w->group_size / 32);
     int32_t li[16], bi[8];
     for (int l = 0; l < 16; l++) li[l] = lane_blk[l] / bpg;
@@ -547,7 +547,7 @@ R1_INLINE r1_mlx_sb r1_mlx_sb_init(const cpu_weight *w, const int *lane_blk) {
 }
 
 /* Window g of row n: acc += the folded integer sums (exact) * scale * dx, accm += bias * xs. */
-R1_INLINE void r1_mlx_group(const cpu_weight *w, const r1_mlx_sb *sb, int64_t n, int64_t g, __m512i folded, __m512 dx,
+R1_INLINE void r1_mlx_group(const op_weight *w, const r1_mlx_sb *sb, int64_t n, int64_t g, __m512i folded, __m512 dx,
                             __m256 xs, __m512 *acc, __m256 *accm) {
     int64_t gi = n * sb->gpr + g * sb->gpo;
     __m256 s8 = r1_sb8(w->sb_dtype, w->scales, gi, sb->gm), b8 = r1_sb8(w->sb_dtype, w->biases, gi, sb->gm);
@@ -568,7 +568,7 @@ typedef struct r1_mlx_act {
 
 R1_INLINE int r1_mlx_blk(int l) { return 4 * ((l % 4) / 2) + l / 4; }
 
-__attribute__((target(R1_TARGET))) static void r1_rows_mlx4(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+__attribute__((target(R1_TARGET))) static void r1_rows_mlx4(const op_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     const cpu_q8_block *x = xv;
     int64_t ng = w->k / 256, rb = w->k / 2;
@@ -635,7 +635,7 @@ R1_INLINE __m256i r1_mlxb_block(const uint8_t *p, int b, __m512i ctl, __m512i sh
 /* MLX affine 8-bit (32 bytes per block, the unsigned q as stored) and 2/3/5/6-bit (unpacked
  * by r1_mlxb_block): a zmm holds two blocks in element order against in-order activations
  * (CPU_ACT_Q8), folded as Q8_0's (r1_oct_act, no offset). */
-R1_INLINE void r1_rows_mlx_oct(const cpu_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y) {
+R1_INLINE void r1_rows_mlx_oct(const op_weight *w, int64_t n0, int64_t n1, const cpu_q8_block *x, float *y) {
     const int b = w->bits;
     int64_t ng = w->k / 256, rb = w->k * b / 8;
     r1_oct_act a[R1_MAX_SB];
@@ -676,24 +676,24 @@ R1_INLINE void r1_rows_mlx_oct(const cpu_weight *w, int64_t n0, int64_t n1, cons
     }
 }
 
-__attribute__((target(R1_TARGET))) static void r1_rows_mlx8(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+__attribute__((target(R1_TARGET))) static void r1_rows_mlx8(const op_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     r1_rows_mlx_oct(w, n0, n1, xv, y);
 }
 
-__attribute__((target(R1_TARGET))) static void r1_rows_mlxb(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv,
+__attribute__((target(R1_TARGET))) static void r1_rows_mlxb(const op_weight *w, int64_t n0, int64_t n1, const void *xv,
                                                             float *y) {
     r1_rows_mlx_oct(w, n0, n1, xv, y);
 }
 
 /* The one-row MLX kernels take these weights (K in whole groups of 256). */
-static int r1_mlx_takes(const cpu_weight *w) {
-    return w->dtype == DT_U32 && cpu_mlx_bits_ok(w->bits) &&
+static int r1_mlx_takes(const op_weight *w) {
+    return w->dtype == DT_U32 && op_mlx_bits_ok(w->bits) &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
            (w->sb_dtype == DT_F16 || w->sb_dtype == DT_BF16 || w->sb_dtype == DT_F32);
 }
 
-cpu_rows_fn cpu_avx512_rows1(const cpu_weight *w) {
+cpu_rows_fn cpu_avx512_rows1(const op_weight *w) {
     if (w->k <= 0 || w->k % 256 || w->k / 256 > R1_MAX_SB) return NULL;
     if (r1_mlx_takes(w)) return w->bits == 4 ? r1_rows_mlx4 : w->bits == 8 ? r1_rows_mlx8 : r1_rows_mlxb;
     if (w->dtype == DT_Q5_0 || w->dtype == DT_Q5_1) return w->dtype == DT_Q5_0 ? r1_rows_q5_0 : r1_rows_q5_1;

@@ -7,51 +7,15 @@
 #include "io/ggml_quant.h"
 #include <string.h>
 
-float cpu_sb_load(tensor_dtype t, const void *p, int64_t i) {
-    if (t == DT_F32) return ((const float *)p)[i];
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)p + 2 * i, 2);
-    return t == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
-}
-
-/* MLX affine: element j of a row sits at bits [j*bits, (j+1)*bits) of the row's
- * little-endian bit stream (for 4 bits: bits 4*(j%8) of word j/8). */
-static void dq_mlx(const cpu_weight *w, int64_t n, int64_t k0, int count, float *o) {
-    const uint8_t *row = (const uint8_t *)w->data + n * cpu_weight_row_bytes(w);
-    int64_t gi = n * (w->k / w->group_size) + k0 / w->group_size;
-    float s = cpu_sb_load(w->sb_dtype, w->scales, gi), bias = cpu_sb_load(w->sb_dtype, w->biases, gi);
-    uint32_t mask = (1u << w->bits) - 1;
-    for (int j = 0; j < count; j++) {
-        uint64_t bit = (uint64_t)(k0 + j) * (uint64_t)w->bits;
-        const uint8_t *p = row + bit / 8;
-        uint32_t v = p[0] | (bit % 8 + w->bits > 8 ? (uint32_t)p[1] << 8 : 0);
-        o[j] = s * (float)((v >> (bit % 8)) & mask) + bias;
-    }
-}
-
-void cpu_ref_dequant(const cpu_weight *w, int64_t n, int64_t k0, int count, float *out) {
-    if (w->dtype == DT_U32) {
-        dq_mlx(w, n, k0, count, out);
-        return;
-    }
-    /* GGUF and dense formats: io/ggml_quant.c's dequantizer is the bit-exact one (tested
-     * against the gguf package); count elements of one row are contiguous blocks. */
-    const uint8_t *row = (const uint8_t *)w->data + n * cpu_weight_row_bytes(w);
-    int be = tensor_dtype_block_elems(w->dtype), bb = tensor_dtype_block_bytes(w->dtype);
-    if (ggml_dequantize(w->dtype, row + k0 / be * bb, (uint64_t)(count / be) * (uint64_t)bb, out, (uint64_t)count,
-                        NULL))
-        memset(out, 0, (size_t)count * sizeof *out); /* unreachable: cpu_weight_check accepted w */
-}
-
 /* Elements dequantized per call: whole 256-element runs (8 blocks of 32 or one k-quant
  * super-block), one group for MLX affine. Only the call overhead depends on this: every
  * output is the same double sum over k in order, whatever the step. */
-static int ref_step(const cpu_weight *w) { return w->dtype == DT_U32 ? w->group_size : 256; }
+static int ref_step(const op_weight *w) { return w->dtype == DT_U32 ? w->group_size : 256; }
 
 /* Four rows at a time: four independent accumulation chains instead of one (each row's
  * sum is still its own, in k order). */
 #define REF_ROWS 4
-void cpu_ref_rows(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv, float *y) {
+void cpu_ref_rows(const op_weight *w, int64_t n0, int64_t n1, const void *xv, float *y) {
     const float *x = xv;
     int step = ref_step(w);
     float buf[REF_ROWS][256];
@@ -60,7 +24,7 @@ void cpu_ref_rows(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv, f
         double acc[REF_ROWS] = {0};
         for (int64_t k0 = 0; k0 < w->k; k0 += step) {
             int count = w->k - k0 < step ? (int)(w->k - k0) : step;
-            for (int r = 0; r < nr; r++) cpu_ref_dequant(w, n + r, k0, count, buf[r]);
+            for (int r = 0; r < nr; r++) op_weight_dequant(w, n + r, k0, count, buf[r]);
             const float *xk = x + k0;
             if (nr == REF_ROWS)
                 for (int j = 0; j < count; j++) {
@@ -84,7 +48,7 @@ void cpu_ref_rows(const cpu_weight *w, int64_t n0, int64_t n1, const void *xv, f
  * are bit-identical; only the repeated dequantization is saved. x row t starts at
  * x + t * x_stride floats; y[t * y_stride + n] receives row n. */
 #define REF_TILE_T 16
-void cpu_ref_tile(const cpu_weight *w, int64_t n0, int64_t n1, const float *x, int64_t x_stride, int T, float *y,
+void cpu_ref_tile(const op_weight *w, int64_t n0, int64_t n1, const float *x, int64_t x_stride, int T, float *y,
                   int64_t y_stride) {
     int step = ref_step(w);
     float buf[256];
@@ -94,7 +58,7 @@ void cpu_ref_tile(const cpu_weight *w, int64_t n0, int64_t n1, const float *x, i
             double acc[REF_TILE_T] = {0};
             for (int64_t k0 = 0; k0 < w->k; k0 += step) {
                 int count = w->k - k0 < step ? (int)(w->k - k0) : step;
-                cpu_ref_dequant(w, n, k0, count, buf);
+                op_weight_dequant(w, n, k0, count, buf);
                 int t = 0;
                 for (; t + 4 <= nt; t += 4) { /* four independent chains */
                     const float *x0 = x + (int64_t)(t0 + t) * x_stride + k0, *x1 = x0 + x_stride,

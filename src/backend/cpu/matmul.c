@@ -40,54 +40,7 @@ cpu_level cpu_matmul_set_level(cpu_level level) {
     return g_level;
 }
 
-static int is_mlx(const cpu_weight *w) { return w->dtype == DT_U32; }
-
-int64_t cpu_weight_row_bytes(const cpu_weight *w) {
-    if (w->k <= 0) return 0;
-    if (is_mlx(w)) return w->k * w->bits / 8; /* k is a multiple of 32: whole words */
-    int be = tensor_dtype_block_elems(w->dtype), bb = tensor_dtype_block_bytes(w->dtype);
-    if (be <= 0 || w->k % be) return 0;
-    return w->k / be * bb;
-}
-
-hearth_status cpu_weight_check(const cpu_weight *w, const char *what, hearth_error *err) {
-    if (!what) what = "weight";
-    /* 2^40 elements per side is far beyond any model and keeps n * row_bytes in int64. */
-    if (w->n <= 0 || w->k <= 0 || w->n > ((int64_t)1 << 40) || w->k > ((int64_t)1 << 40))
-        return err_set(err, HEARTH_ERR_INVALID, "%s: bad shape [%lld, %lld]", what, (long long)w->n,
-                       (long long)w->k);
-    if (!w->data) return err_set(err, HEARTH_ERR_INVALID, "%s: no data", what);
-    if (is_mlx(w)) {
-        if (!cpu_mlx_bits_ok(w->bits))
-            return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: MLX affine bits %d (want 2, 3, 4, 5, 6 or 8)", what,
-                           w->bits);
-        if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128)
-            return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: MLX group size %d (want 32, 64 or 128)", what,
-                           w->group_size);
-        if (w->k % w->group_size)
-            return err_set(err, HEARTH_ERR_FORMAT, "%s: %lld columns is not a multiple of group size %d", what,
-                           (long long)w->k, w->group_size);
-        if (w->sb_dtype != DT_F32 && w->sb_dtype != DT_F16 && w->sb_dtype != DT_BF16)
-            return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: scales/biases dtype %s (want F32, F16, BF16)",
-                           what, tensor_dtype_name(w->sb_dtype));
-        if (!w->scales || !w->biases) return err_set(err, HEARTH_ERR_INVALID, "%s: no scales/biases", what);
-        return HEARTH_OK;
-    }
-    switch (w->dtype) {
-    case DT_F32: case DT_F16: case DT_BF16: case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1:
-    case DT_Q8_0: case DT_Q2_K: case DT_Q3_K: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: break;
-    default:
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: no matmul for dtype %s", what,
-                       tensor_dtype_name(w->dtype));
-    }
-    int be = tensor_dtype_block_elems(w->dtype);
-    if (w->k % be)
-        return err_set(err, HEARTH_ERR_FORMAT, "%s: %lld columns is not a multiple of the %s block (%d)", what,
-                       (long long)w->k, tensor_dtype_name(w->dtype), be);
-    return HEARTH_OK;
-}
-
-static cpu_kernel pick_kernel(const cpu_weight *w) {
+static cpu_kernel pick_kernel(const op_weight *w) {
     cpu_kernel k = {cpu_ref_rows, CPU_ACT_F32, NULL, NULL, 0};
     cpu_level level = cpu_matmul_level();
     if (level >= CPU_LEVEL_AVX512 && cpu_avx512_kernel(w, &k)) return k;
@@ -95,9 +48,9 @@ static cpu_kernel pick_kernel(const cpu_weight *w) {
     return k;
 }
 
-int cpu_matmul_is_fast(const cpu_weight *w) { return pick_kernel(w).rows != cpu_ref_rows; }
+int cpu_matmul_is_fast(const op_weight *w) { return pick_kernel(w).rows != cpu_ref_rows; }
 
-size_t cpu_matmul_scratch_size(const cpu_weight *w, int T) {
+size_t cpu_matmul_scratch_size(const op_weight *w, int T) {
     if (T <= 0 || w->k <= 0 || w->k % 32) return 0;
     cpu_act act = pick_kernel(w).act;
     if (act == CPU_ACT_F32) return 0;
@@ -138,7 +91,7 @@ void cpu_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd)
 
 /* One weight of a (possibly fused) matmul call: its kernel, output and row split. */
 typedef struct mm_part {
-    const cpu_weight *w;
+    const op_weight *w;
     cpu_kernel kern;
     float *y;
     int64_t rows_per_task, tile_rows;
@@ -206,7 +159,7 @@ static void rows_task(void *ctx, int task, int thread) {
  * calls never changes a row's arithmetic (each output row is one kernel's full K loop,
  * the same whether it runs in a 4-row pass or alone). Threads never split K in either mode.
  * Note for kernel work: keep this flag's promise when changing kernels or splits. */
-static hearth_status matmul_run(int count, const cpu_weight *const *ws, float *const *ys, const float *x, int T,
+static hearth_status matmul_run(int count, const op_weight *const *ws, float *const *ys, const float *x, int T,
                                 void *scratch, size_t scratch_size, threadpool *tp, int invariant,
                                 hearth_error *err) {
     if (count < 1 || count > CPU_MATMUL_MAX_FUSED)
@@ -214,13 +167,13 @@ static hearth_status matmul_run(int count, const cpu_weight *const *ws, float *c
                        CPU_MATMUL_MAX_FUSED);
     hearth_status st;
     for (int i = 0; i < count; i++)
-        if ((st = cpu_weight_check(ws[i], "matmul weight", err))) return st;
+        if ((st = op_weight_check(ws[i], "matmul weight", err))) return st;
     if (T <= 0) return T == 0 ? HEARTH_OK : err_set(err, HEARTH_ERR_INVALID, "matmul: T = %d", T);
     mm_job j = {.n_parts = count, .x = x, .k = ws[0]->k, .T = T, .invariant = invariant};
     int64_t bytes = 0;
     for (int i = 0; i < count; i++) {
         j.part[i] = (mm_part){.w = ws[i], .kern = pick_kernel(ws[i]), .y = ys[i]};
-        bytes += cpu_weight_row_bytes(ws[i]) * ws[i]->n;
+        bytes += op_weight_row_bytes(ws[i]) * ws[i]->n;
     }
     j.act = j.part[0].kern.act;
     for (int i = 1; i < count; i++) /* one shared activation: same K and the same preparation */
@@ -248,7 +201,7 @@ static hearth_status matmul_run(int count, const cpu_weight *const *ws, float *c
     int tasks_total = 0;
     for (int i = 0; i < count; i++) {
         mm_part *p = &j.part[i];
-        int64_t rb = cpu_weight_row_bytes(p->w), n = p->w->n;
+        int64_t rb = op_weight_row_bytes(p->w), n = p->w->n;
         int64_t groups = (n + CPU_ROW_ALIGN - 1) / CPU_ROW_ALIGN;
         int64_t tasks = (int64_t)threads * CPU_TASKS_PER_THREAD;
         if (threads == 1) tasks = 1;
@@ -267,17 +220,17 @@ static hearth_status matmul_run(int count, const cpu_weight *const *ws, float *c
     return HEARTH_OK;
 }
 
-hearth_status cpu_matmul(const cpu_weight *w, const float *x, int T, float *y, void *scratch,
+hearth_status cpu_matmul(const op_weight *w, const float *x, int T, float *y, void *scratch,
                          size_t scratch_size, threadpool *tp, hearth_error *err) {
     return matmul_run(1, &w, &y, x, T, scratch, scratch_size, tp, 0, err);
 }
 
-hearth_status cpu_matmul_invariant(const cpu_weight *w, const float *x, int T, float *y, void *scratch,
+hearth_status cpu_matmul_invariant(const op_weight *w, const float *x, int T, float *y, void *scratch,
                                    size_t scratch_size, threadpool *tp, hearth_error *err) {
     return matmul_run(1, &w, &y, x, T, scratch, scratch_size, tp, 1, err);
 }
 
-hearth_status cpu_matmul_fused(int count, const cpu_weight *const *ws, float *const *ys, const float *x, int T,
+hearth_status cpu_matmul_fused(int count, const op_weight *const *ws, float *const *ys, const float *x, int T,
                                void *scratch, size_t scratch_size, threadpool *tp, int invariant,
                                hearth_error *err) {
     return matmul_run(count, ws, ys, x, T, scratch, scratch_size, tp, invariant, err);

@@ -8,42 +8,21 @@
 #include "base/cpu_features.h"
 #include "base/threadpool.h"
 #include "io/tensor.h"
+#include "ops/op_weight.h"
 #include <stddef.h>
 #include <stdint.h>
 
-/* One weight matrix. dtype is the storage format; MLX affine weights use DT_U32 (the
- * packed words) and fill the mlx fields. Rows are contiguous, row n at
- * data + n * cpu_weight_row_bytes(w). */
-typedef struct cpu_weight {
-    tensor_dtype dtype;
-    const void *data;
-    int64_t n, k;          /* output rows, input columns */
-    /* MLX affine only: w = scale * q + bias, per group of group_size columns. */
-    int bits;              /* 2, 3, 4, 5, 6, 8 (cpu_mlx_bits_ok) */
-    int group_size;        /* 32, 64, 128 */
-    tensor_dtype sb_dtype; /* F32, F16 or BF16 scales and biases, each [n, k / group_size] */
-    const void *scales, *biases;
-} cpu_weight;
-
-/* The MLX affine widths hearth runs: 2, 3, 4, 5, 6 and 8 bits (MLX's own set). */
-static inline int cpu_mlx_bits_ok(int bits) { return bits >= 2 && bits <= 8 && bits != 7; }
-
-/* Checks that the description is one the kernels handle (format, K a multiple of the
- * block or group, pointers set). The message names `what` (e.g. the tensor name). */
-hearth_status cpu_weight_check(const cpu_weight *w, const char *what, hearth_error *err);
-/* Bytes of one row of packed weight data (0 if the weight is invalid). */
-int64_t cpu_weight_row_bytes(const cpu_weight *w);
 
 /* Scratch bytes cpu_matmul needs for T rows of x (quantized activations); may be 0. */
-size_t cpu_matmul_scratch_size(const cpu_weight *w, int T);
+size_t cpu_matmul_scratch_size(const op_weight *w, int T);
 /* y (T x N floats, row-major) = x (T x K floats) times W^T. scratch must hold
  * cpu_matmul_scratch_size(w, T) bytes. tp may be NULL (one thread). Nothing is
  * allocated. Fails only on an invalid weight or a too-small scratch. */
-hearth_status cpu_matmul(const cpu_weight *w, const float *x, int T, float *y, void *scratch,
+hearth_status cpu_matmul(const op_weight *w, const float *x, int T, float *y, void *scratch,
                          size_t scratch_size, threadpool *tp, hearth_error *err);
 /* The same, batch-invariant (deterministic mode): row t of y is bit-identical to what a
  * T = 1 call on row t of x gives, whatever T is. Slower for T > 1 (no weight reuse). */
-hearth_status cpu_matmul_invariant(const cpu_weight *w, const float *x, int T, float *y, void *scratch,
+hearth_status cpu_matmul_invariant(const op_weight *w, const float *x, int T, float *y, void *scratch,
                                    size_t scratch_size, threadpool *tp, hearth_error *err);
 /* Several weights applied to the same x (q/k/v, gate/up): ys[i] (T x ws[i]->n) = x ws[i]^T,
  * with x prepared once and every weight's rows handed out in one thread-pool round instead
@@ -52,7 +31,7 @@ hearth_status cpu_matmul_invariant(const cpu_weight *w, const float *x, int T, f
  * cpu_matmul on ws[0]. invariant: as cpu_matmul_invariant. Row results are bit-identical
  * to separate cpu_matmul / cpu_matmul_invariant calls. */
 #define CPU_MATMUL_MAX_FUSED 4
-hearth_status cpu_matmul_fused(int count, const cpu_weight *const *ws, float *const *ys, const float *x, int T,
+hearth_status cpu_matmul_fused(int count, const op_weight *const *ws, float *const *ys, const float *x, int T,
                                void *scratch, size_t scratch_size, threadpool *tp, int invariant,
                                hearth_error *err);
 
@@ -62,5 +41,5 @@ hearth_status cpu_matmul_fused(int count, const cpu_weight *const *ws, float *co
 cpu_level cpu_matmul_level(void);
 cpu_level cpu_matmul_set_level(cpu_level level);
 /* Whether w runs a vectorized kernel at the current level (1) or the scalar reference (0). */
-int cpu_matmul_is_fast(const cpu_weight *w);
+int cpu_matmul_is_fast(const op_weight *w);
 #endif

@@ -3,18 +3,18 @@
  * with or without nvcc (hearth fit plans GPU footprints on any machine). */
 #include "backend/cuda/cuda_affine.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cpu/kernels.h"
+#include "ops/op_weight.h"
 #include "base/half.h"
 #include <string.h>
 
 static int group_ok(int g) { return g == 16 || g == 32 || g == 64 || g == 128; }
 
-int cuda_affine_takes(const cpu_weight *w, int *bits, int *group) {
+int cuda_affine_takes(const op_weight *w, int *bits, int *group) {
     int b = 0, g = 0;
     if (!w || w->n <= 0 || w->k <= 0 || w->k % 32) return 0;
     switch (w->dtype) {
     case DT_U32:
-        if (!cpu_mlx_bits_ok(w->bits) || !group_ok(w->group_size) || w->k % w->group_size) return 0;
+        if (!op_mlx_bits_ok(w->bits) || !group_ok(w->group_size) || w->k % w->group_size) return 0;
         if (w->sb_dtype != DT_F16 && w->sb_dtype != DT_BF16 && w->sb_dtype != DT_F32) return 0;
         b = w->bits, g = w->group_size;
         break;
@@ -70,7 +70,7 @@ static void gguf_block(tensor_dtype t, const uint8_t *b, uint8_t *codes, float *
     }
     case DT_Q3_K: {
         uint32_t s[4];
-        cpu_q3k_scales(b, s);
+        op_q3k_scales(b, s);
         float d = rd_f16(b + 108);
         for (int i = 0; i < 256; i++) {
             int low = (b[32 + i / 128 * 32 + i % 32] >> (i % 128 / 32 * 2)) & 3, hbit = (b[i % 32] >> (i / 32)) & 1;
@@ -99,8 +99,8 @@ static void gguf_block(tensor_dtype t, const uint8_t *b, uint8_t *codes, float *
     }
 }
 
-void cuda_affine_row(const cpu_weight *w, int64_t r, int bits, int group, uint8_t *codes, float *sb) {
-    const uint8_t *row = (const uint8_t *)w->data + r * cpu_weight_row_bytes(w);
+void cuda_affine_row(const op_weight *w, int64_t r, int bits, int group, uint8_t *codes, float *sb) {
+    const uint8_t *row = (const uint8_t *)w->data + r * op_weight_row_bytes(w);
     if (w->dtype == DT_U32) {
         uint32_t mask = (1u << bits) - 1;
         for (int64_t c = 0; c < w->k; c++) {
@@ -111,8 +111,8 @@ void cuda_affine_row(const cpu_weight *w, int64_t r, int bits, int group, uint8_
         }
         int64_t groups = w->k / group, g0 = r * groups;
         for (int64_t g = 0; g < groups; g++) {
-            sb[2 * g] = cpu_sb_load(w->sb_dtype, w->scales, g0 + g);
-            sb[2 * g + 1] = cpu_sb_load(w->sb_dtype, w->biases, g0 + g);
+            sb[2 * g] = op_sb_load(w->sb_dtype, w->scales, g0 + g);
+            sb[2 * g + 1] = op_sb_load(w->sb_dtype, w->biases, g0 + g);
         }
         return;
     }

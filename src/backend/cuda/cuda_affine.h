@@ -14,7 +14,7 @@
  * Every scale and bias is exact in f32 (a f16 times a small integer), and so is code times
  * scale; code * scale + bias rounds once, as the reference dequantizers do, so the device
  * dequantizes to the CPU reference's values (tests/unit/test_cuda_affine.c checks every
- * format against cpu_ref_dequant, on any machine).
+ * format against op_weight_dequant, on any machine).
  *
  * Device layout of an [n, k] weight (k % 32 == 0): the codes split into a low plane of
  * lo = cuda_affine_lo_bits(b) bits (8, 4 or 2) and, for b = 6, 5, 3, a high plane of
@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 /* Whether w goes to the device in this layout; *bits and *group then say how. */
-int cuda_affine_takes(const cpu_weight *w, int *bits, int *group);
+int cuda_affine_takes(const op_weight *w, int *bits, int *group);
 
 #ifdef __CUDACC__
 __host__ __device__
@@ -59,7 +59,7 @@ size_t cuda_affine_code_bytes(int64_t n, int64_t k, int bits);
 size_t cuda_affine_pair_bytes(int64_t n, int64_t k, int group);
 
 /* Row r of w as codes[k] (0 .. 2^bits - 1) and sb[2 * (k / group)] (scale, bias). */
-void cuda_affine_row(const cpu_weight *w, int64_t r, int bits, int group, uint8_t *codes, float *sb);
+void cuda_affine_row(const op_weight *w, int64_t r, int bits, int group, uint8_t *codes, float *sb);
 
 /* Packs row r's codes[k] into the planes of an [n, k] weight whose code bytes start at planes
  * (the row's words are overwritten, other rows' left alone). */

@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-typedef struct cpu_weight cpu_weight;
+typedef struct op_weight op_weight;
 typedef struct kv_cache kv_cache;
 
 typedef struct cuda_device_info {
@@ -206,15 +206,15 @@ static inline void cuda_mlx4_nibble(int64_t c, int tiled, int64_t *word, int *sh
  * Q8_0, Q4_K, Q6_K, Q4_0/Q4_1 as MLX 4-bit, MLX affine 4-bit with f16/bf16 scales and groups
  * of a multiple of 32, and in the generic affine layout (cuda_affine.h) MLX 2/3/5/6/8-bit,
  * Q5_0, Q5_1, Q2_K, Q3_K and Q5_K). */
-int cuda_weight_supported(const cpu_weight *w);
+int cuda_weight_supported(const op_weight *w);
 /* Uploads a host weight (any pointer alignment) once; fails for unsupported formats. */
-hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err);
+hearth_status cuda_weight_upload(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err);
 /* Any format cpu_matmul handles: supported ones as cuda_weight_upload; the rest (shapes
  * the kernels do not take: k % 32 != 0, K-quants with k % 256 != 0, MLX groups other than
  * 16/32/64/128) dequantized on the host with the CPU reference (bit-exact) and kept as F32
  * on the device: correct, but 32/bits times the memory and the decode bytes. *expanded is
  * set to 1 when that happened. */
-hearth_status cuda_weight_upload_any(cuda_weight *dw, const cpu_weight *w, const char *what, int *expanded,
+hearth_status cuda_weight_upload_any(cuda_weight *dw, const op_weight *w, const char *what, int *expanded,
                                      hearth_error *err);
 void cuda_weight_free(cuda_weight *dw);
 

@@ -5,8 +5,7 @@
 extern "C" {
 #include "backend/cuda/cuda_plan.h"
 #include "backend/cuda/cuda_affine.h"
-#include "backend/cpu/kernels.h"
-#include "backend/cpu/matmul.h"
+#include "ops/op_weight.h"
 #include "base/half.h"
 }
 #include <stdio.h>
@@ -148,13 +147,13 @@ hearth_status cuda_sync(hearth_error *err) {
     return cuda_status(cudaDeviceSynchronize(), "kernel execution", err);
 }
 
-int cuda_weight_supported(const cpu_weight *w) {
+int cuda_weight_supported(const op_weight *w) {
     /* the format check is the plan's (cuda_plan.c); MLX also needs its scale/bias data */
     return cuda_weight_format_native(w) && (w->dtype != DT_U32 || (w->scales && w->biases));
 }
 
 /* Q8_0 blocks are 34 bytes (f16 scale + 32 int8); split them into the two planes. */
-static hearth_status upload_q8_0(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
+static hearth_status upload_q8_0(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err) {
     size_t nq, scale_bytes; /* the device layout's sizes (cuda_plan.c) */
     cuda_weight_layout(w, &nq, &scale_bytes);
     size_t nb = scale_bytes / 2;
@@ -181,7 +180,7 @@ static hearth_status upload_q8_0(cuda_weight *dw, const cpu_weight *w, const cha
 
 /* Q6_K blocks are 210 bytes (ql[128], qh[64], int8 scales[16], f16 d): split into the
  * four planes of cuda_weight so every quant load is a 16-byte aligned vector. */
-static hearth_status upload_q6_k(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
+static hearth_status upload_q6_k(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err) {
     size_t nk = (size_t)w->n * (size_t)w->k, nb = nk / 256, data_bytes, scale_bytes;
     cuda_weight_layout(w, &data_bytes, &scale_bytes); /* the device layout's sizes (cuda_plan.c) */
     uint8_t *q = (uint8_t *)malloc(data_bytes), *s8 = (uint8_t *)malloc(scale_bytes);
@@ -209,7 +208,7 @@ static hearth_status upload_q6_k(cuda_weight *dw, const cpu_weight *w, const cha
 }
 
 /* MLX 4-bit: the words as they are; each group's scale and bias paired into one word. */
-static hearth_status upload_mlx4(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
+static hearth_status upload_mlx4(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err) {
     size_t word_bytes, pair_bytes; /* the device layout's sizes (cuda_plan.c) */
     cuda_weight_layout(w, &word_bytes, &pair_bytes);
     size_t words = word_bytes / 4, groups = pair_bytes / 4;
@@ -259,7 +258,7 @@ static hearth_status upload_mlx4(cuda_weight *dw, const cpu_weight *w, const cha
  * and the MLX kernels (the v3 GEMV, the dequantizer) serve these files too. A block's 16 bytes
  * hold element i in the low nibble of byte i and element 16 + i in its high nibble; MLX wants
  * element j at nibble j % 8 of word j / 8. */
-static hearth_status upload_q4_as_mlx4(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
+static hearth_status upload_q4_as_mlx4(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err) {
     int one = w->dtype == DT_Q4_1, bb = one ? 20 : 18;
     size_t nb = (size_t)w->n * (size_t)(w->k / 32);
     uint8_t *words = (uint8_t *)malloc(nb * 16);
@@ -288,7 +287,7 @@ static hearth_status upload_q4_as_mlx4(cuda_weight *dw, const cpu_weight *w, con
             o[i] = (uint8_t)(q0 | q1 << 4);
         }
     }
-    cpu_weight m = {.dtype = DT_U32, .data = words, .n = w->n, .k = w->k, .bits = 4, .group_size = 32,
+    op_weight m = {.dtype = DT_U32, .data = words, .n = w->n, .k = w->k, .bits = 4, .group_size = 32,
                     .sb_dtype = DT_F16, .scales = sc, .biases = bi};
     hearth_status s = upload_mlx4(dw, &m, what, err);
     dw->dtype = DT_U32;
@@ -298,7 +297,7 @@ static hearth_status upload_q4_as_mlx4(cuda_weight *dw, const cpu_weight *w, con
 
 /* The generic affine layout (cuda_affine.h): each row's codes and (scale, bias) pairs from
  * the file's format, packed into the planes on the host, uploaded in one copy each. */
-static hearth_status upload_affine(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
+static hearth_status upload_affine(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err) {
     int bits, group;
     cuda_affine_takes(w, &bits, &group);
     size_t code_bytes, pair_bytes;
@@ -326,7 +325,7 @@ static hearth_status upload_affine(cuda_weight *dw, const cpu_weight *w, const c
     return s;
 }
 
-hearth_status cuda_weight_upload(cuda_weight *dw, const cpu_weight *w, const char *what, hearth_error *err) {
+hearth_status cuda_weight_upload(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err) {
     memset(dw, 0, sizeof *dw);
     if (!cuda_weight_supported(w))
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: %s: weight format %s [%lld, %lld] has no CUDA kernel yet",
@@ -365,14 +364,14 @@ void cuda_weight_free(cuda_weight *dw) {
     memset(dw, 0, sizeof *dw);
 }
 
-/* Rows are dequantized in chunks of 256 columns (cpu_ref_dequant's limit, a multiple of
+/* Rows are dequantized in chunks of 256 columns (op_weight_dequant's limit, a multiple of
  * every GGUF block) or 32 for MLX (one call must stay inside one group), then uploaded. */
-hearth_status cuda_weight_upload_any(cuda_weight *dw, const cpu_weight *w, const char *what, int *expanded,
+hearth_status cuda_weight_upload_any(cuda_weight *dw, const op_weight *w, const char *what, int *expanded,
                                      hearth_error *err) {
     if (expanded) *expanded = 0;
     if (cuda_weight_supported(w)) return cuda_weight_upload(dw, w, what, err);
     memset(dw, 0, sizeof *dw);
-    hearth_status s = cpu_weight_check(w, what, err);
+    hearth_status s = op_weight_check(w, what, err);
     if (s) return s;
     size_t elems = (size_t)w->n * (size_t)w->k;
     float *host = (float *)malloc(elems * sizeof(float));
@@ -382,9 +381,9 @@ hearth_status cuda_weight_upload_any(cuda_weight *dw, const cpu_weight *w, const
     for (int64_t r = 0; r < w->n; r++)
         for (int64_t k0 = 0; k0 < w->k; k0 += step) {
             int count = (int)(w->k - k0 < step ? w->k - k0 : step);
-            cpu_ref_dequant(w, r, k0, count, host + (size_t)r * w->k + k0);
+            op_weight_dequant(w, r, k0, count, host + (size_t)r * w->k + k0);
         }
-    cpu_weight f = {.dtype = DT_F32, .data = host, .n = w->n, .k = w->k};
+    op_weight f = {.dtype = DT_F32, .data = host, .n = w->n, .k = w->k};
     s = cuda_weight_upload(dw, &f, what, err);
     free(host);
     if (!s && expanded) *expanded = 1;

@@ -28,7 +28,7 @@
 #define HEARTH_BACKEND_CUDA_KV_ACCESS_CUH
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 }
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

@@ -80,7 +80,7 @@ static hearth_status upload_vec(float **dst, const float *src, size_t n, cuda_mo
     return cuda_upload(*dst, src, n * sizeof(float), err);
 }
 
-static hearth_status upload_weight(cuda_weight *dw, const cpu_weight *w, const char *what, cuda_model *cm,
+static hearth_status upload_weight(cuda_weight *dw, const op_weight *w, const char *what, cuda_model *cm,
                                    hearth_error *err) {
     int expanded = 0; /* counted by the plan (cuda_weight_layout) */
     hearth_status s = cuda_weight_upload_any(dw, w, what, &expanded, err);
@@ -95,7 +95,7 @@ static hearth_status upload_layer(cuda_model *cm, int i, hearth_error *err) {
     const model_config *c = &cm->m->cfg;
     const layer_weights *l = &cm->m->layers[i];
     cuda_layer *d = &cm->layers[i];
-    const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+    const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
     cuda_weight *ds[] = {&d->q, &d->k, &d->v, &d->o, &d->gate, &d->up, &d->down};
     static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
     char what[64];

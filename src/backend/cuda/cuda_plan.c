@@ -5,7 +5,7 @@
 #include "backend/cuda/cuda_plan.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_affine.h"
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include <string.h>
 
 /* The device allocator (cudaMalloc on Linux drivers since Pascal) backs memory with 2 MiB
@@ -69,7 +69,7 @@ double cuda_kv_position_bytes(int n_kv_heads, int head_dim, int dtype) {
 }
 
 /* The formats with kernels of their own (the rest that cuda_affine_takes go to DT_AFFINE). */
-static int format_own(const cpu_weight *w) {
+static int format_own(const op_weight *w) {
     if (!w || w->n <= 0 || w->k <= 0) return 0;
     switch (w->dtype) {
     case DT_F32:
@@ -87,11 +87,11 @@ static int format_own(const cpu_weight *w) {
     }
 }
 
-int cuda_weight_format_native(const cpu_weight *w) { return format_own(w) || cuda_affine_takes(w, NULL, NULL); }
+int cuda_weight_format_native(const op_weight *w) { return format_own(w) || cuda_affine_takes(w, NULL, NULL); }
 
-int cuda_weight_goes_affine(const cpu_weight *w) { return !format_own(w) && cuda_affine_takes(w, NULL, NULL); }
+int cuda_weight_goes_affine(const op_weight *w) { return !format_own(w) && cuda_affine_takes(w, NULL, NULL); }
 
-int cuda_weight_layout(const cpu_weight *w, size_t *data_bytes, size_t *scale_bytes) {
+int cuda_weight_layout(const op_weight *w, size_t *data_bytes, size_t *scale_bytes) {
     size_t nk = (size_t)w->n * (size_t)w->k;
     *scale_bytes = 0;
     if (!cuda_weight_format_native(w)) {
@@ -153,7 +153,7 @@ void cuda_gemv_act_layout(size_t floats, size_t *quant_bytes, size_t *scale_byte
 }
 
 /* The host buffer cuda_weight_upload(_any) needs while it repacks or expands w. */
-static size_t upload_host_bytes(const cpu_weight *w, size_t data, size_t scales, int expanded) {
+static size_t upload_host_bytes(const op_weight *w, size_t data, size_t scales, int expanded) {
     if (expanded) return data;
     if (cuda_weight_goes_affine(w)) return data + scales + (size_t)w->k; /* the planes, the pairs, one row's codes */
     if (w->dtype == DT_Q8_0 || w->dtype == DT_Q6_K) return data + scales;
@@ -163,7 +163,7 @@ static size_t upload_host_bytes(const cpu_weight *w, size_t data, size_t scales,
     return 0;
 }
 
-static void add_weight(cuda_plan *p, cuda_alloc_tally *t, const cpu_weight *w) {
+static void add_weight(cuda_plan *p, cuda_alloc_tally *t, const op_weight *w) {
     size_t data, scales;
     int expanded = cuda_weight_layout(w, &data, &scales);
     cuda_tally_add(t, data);
@@ -190,7 +190,7 @@ static void plan_weights(cuda_plan *p, const model *m, cuda_alloc_tally *t) {
     int gemma = c->family == FAMILY_GEMMA3, qk = c->family != FAMILY_LLAMA;
     for (int i = 0; i < c->n_layers; i++) {
         const layer_weights *l = &m->layers[i];
-        const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         for (int j = 0; j < 7; j++) add_weight(p, t, ws[j]);
         add_vec(t, l->q_bias, 0, qd);
         add_vec(t, l->k_bias, 0, kd);
@@ -259,7 +259,7 @@ static void plan_scratch(cuda_plan *p, const model *m, const kv_cache *kv, int m
     size_t max_w = 0, max_k = kmax;
     for (int i = 0; i < c->n_layers; i++) {
         const layer_weights *l = &m->layers[i];
-        const cpu_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         for (int j = 0; j < 7; j++)
             if ((size_t)(ws[j]->n * ws[j]->k) > max_w) max_w = (size_t)(ws[j]->n * ws[j]->k);
     }

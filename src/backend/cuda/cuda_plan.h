@@ -47,12 +47,12 @@ double cuda_kv_position_bytes(int n_kv_heads, int head_dim, int dtype);
 
 /* Whether the GEMV kernels handle this format natively, from its dtype and shape alone
  * (cuda_weight_supported also wants the MLX scale/bias pointers). */
-int cuda_weight_format_native(const cpu_weight *w);
+int cuda_weight_format_native(const op_weight *w);
 /* Whether it is kept in the generic affine layout (DT_AFFINE, cuda_affine.h). */
-int cuda_weight_goes_affine(const cpu_weight *w);
+int cuda_weight_goes_affine(const op_weight *w);
 /* A weight's device layout (cuda_weight): bytes of its data plane and of its scales plane
  * (0: none). Formats without a kernel are expanded to F32 (returns 1), else returns 0. */
-int cuda_weight_layout(const cpu_weight *w, size_t *data_bytes, size_t *scale_bytes);
+int cuda_weight_layout(const op_weight *w, size_t *data_bytes, size_t *scale_bytes);
 
 /* Floats of split_scratch that let decode attention of up to max_T tokens use every split
  * (declared in cuda_backend.h). */

@@ -2,8 +2,8 @@
  * KV_BLOCK_SIZE positions x n_kv_heads x head_dim keys and values (float32, or int8 with a
  * scale per position and head: --kv-quant), and a block table per sequence slot. Allocated once at engine start; adding or dropping a sequence
  * is O(blocks), nothing is copied. Knows nothing of models or sampling. */
-#ifndef HEARTH_ENGINE_KV_CACHE_H
-#define HEARTH_ENGINE_KV_CACHE_H
+#ifndef HEARTH_KV_KV_CACHE_H
+#define HEARTH_KV_KV_CACHE_H
 #include "base/threadpool.h"
 #include "hearth.h"
 #include <stddef.h>

@@ -3,7 +3,7 @@
  * finds a cached block by its parent and first token (partial matches), and the LRU list
  * of unreferenced cached blocks (see kv_prefix.h). Must not touch key/value storage nor
  * know about requests: the scheduler decides what to attach and when to commit. */
-#include "engine/kv_prefix.h"
+#include "kv/kv_prefix.h"
 #include "base/err.h"
 #include <stdlib.h>
 #include <string.h>

@@ -2,9 +2,9 @@
  * the hash chain that names a full block by its tokens and everything before them
  * (automatic prefix caching), and the LRU list of unreferenced cached blocks that are
  * evicted when the free list runs dry. Touches no key or value storage. */
-#ifndef HEARTH_ENGINE_KV_PREFIX_H
-#define HEARTH_ENGINE_KV_PREFIX_H
-#include "engine/kv_cache.h"
+#ifndef HEARTH_KV_KV_PREFIX_H
+#define HEARTH_KV_KV_PREFIX_H
+#include "kv/kv_cache.h"
 
 /* Bytes kv_prefix_create allocates (counted in kv_bytes, so fit stays exact). */
 size_t kv_prefix_bytes(int n_blocks, int max_slots);

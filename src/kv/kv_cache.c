@@ -1,8 +1,8 @@
 /* kv_cache.c: paged KV pool and block tables (see kv_cache.h). */
-#include "engine/kv_cache.h"
+#include "kv/kv_cache.h"
 #include "base/mem.h"
 #include "base/err.h"
-#include "engine/kv_prefix.h"
+#include "kv/kv_prefix.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -8,7 +8,8 @@
 #include "base/err.h"
 #include "base/file.h"
 #include "model/bert.h"
-#include "model/decoder_hidden.h"
+#include "backend/cpu/cpu_backend.h"
+#include "model/model.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +41,7 @@ struct hearth_embedder {
     bert_scratch *bs;
     model *dec;
     kv_cache kv;
-    model_scratch *ds;
+    op_backend *be; /* the decoder's CPU backend */
     int32_t *tokens, *seq_start, *pos, *slot, *rows; /* [batch_tokens (+1)] */
     float *pooled;                                   /* [max_seqs, dim]: decoder rows */
 };
@@ -133,7 +134,7 @@ static hearth_status create_decoder(hearth_embedder *e, int n_threads, hearth_er
         return st;
     if (!(e->pooled = malloc((size_t)e->max_seqs * e->dim * sizeof(float))))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
-    return model_scratch_create(e->dec, &e->kv, e->batch_tokens, 1, n_threads, &e->ds, err);
+    return cpu_backend_create(model_ops(e->dec), &e->kv, e->batch_tokens, e->max_seqs, n_threads, e->tp, &e->be, err);
 }
 
 hearth_status hearth_embedder_create(hearth_model *m, const hearth_embedder_options *o, hearth_embedder **out,
@@ -177,7 +178,7 @@ void hearth_embedder_free(hearth_embedder *e) {
     if (!e) return;
     bert_scratch_free(e->bs);
     bert_free(e->bert);
-    model_scratch_free(e->ds);
+    if (e->be) e->be->t->free(e->be);
     if (e->dec) kv_destroy(&e->kv);
     model_free(e->dec);
     tp_destroy(e->tp);
@@ -275,8 +276,10 @@ static hearth_status run_decoder(hearth_embedder *e, int n, float *out, hearth_e
         }
         e->rows[s] = e->plan.pooling == POOL_CLS ? e->seq_start[s] : e->seq_start[s + 1] - 1;
     }
-    model_batch b = {.T = e->seq_start[n], .tokens = e->tokens, .pos = e->pos, .slot = e->slot};
-    if (!st) st = model_forward_hidden(e->dec, &e->kv, e->ds, &b, e->tp, e->rows, n, out, err);
+    /* the final-normed hidden rows to pool, instead of logits */
+    op_batch b = {.T = e->seq_start[n], .tokens = e->tokens, .pos = e->pos, .slot = e->slot, .n_out = n,
+                  .out_rows = e->rows, .logits = out};
+    if (!st) st = model_forward(e->dec, e->be, &e->kv, &b, OP_OUT_HIDDEN, NULL, err);
     for (int s = 0; s < n; s++) kv_release(&e->kv, s);
     return st;
 }

@@ -10,7 +10,9 @@
 #include "base/sbuf.h"
 #include "engine/sampler.h"
 #include "model/model.h"
-#include "ops/ops.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_ops.h"
+#include <stdio.h>
 #include "backend/cpu/bandwidth.h"
 #include <malloc.h>
 #include <math.h>
@@ -28,12 +30,12 @@ struct hearth_engine {
     hearth_model *hm;
     model *m;
     kv_cache kv;
-    model_scratch *s;
+    op_backend *be;    /* where the forward pass runs: the CPU backend, or the GPU's (then gpu = 1) */
+    int gpu;
     threadpool *tp;
     int n_threads, context, step_tokens, max_seqs, max_out;
     int kv_cut_from;   /* engine_plan.kv_cut_from: the default pool was cut to fit memory */
-    int deterministic; /* model_batch.batch_invariant for every step */
-    cuda_model *gpu;   /* set when the forward pass runs on the GPU (engine_device.c) */
+    int deterministic; /* op_batch.batch_invariant for every step */
     int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
     cuda_sampler *gsmp;                /* the device sampler (with gpu) */
     const engine_sample_row *dev_rows; /* set for a step whose rows it samples (ids into greedy_id) */
@@ -132,7 +134,7 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                            o.kv_budget_bytes, blocks, per_block);
         p->n_blocks = (int)blocks;
     }
-    /* the shape model_scratch_bytes reads (ops_attention_scratch): no memory behind it */
+    /* the shape cpu_backend_bytes reads (ops_attention_scratch): no memory behind it */
     kv_cache shape = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                       .n_blocks = p->n_blocks, .max_slots = p->max_seqs,
                       .max_blocks_per_slot = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
@@ -150,7 +152,10 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
     p->kv = kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context, p->n_blocks, o.kv_quant);
     /* on the GPU keys and values live in the device pool: the host keeps the tables only */
     if (o.device == HEARTH_DEVICE_CUDA) p->kv -= kv_storage_bytes(c->n_layers, c->n_kv_heads, c->head_dim, p->n_blocks, o.kv_quant);
-    p->scratch = model_scratch_bytes(m, &shape, p->step_tokens, p->max_out, p->n_threads);
+    /* the CPU backend's scratch; on the GPU the device holds it (engine_device_plan_bytes) */
+    p->scratch = o.device == HEARTH_DEVICE_CUDA ? 0
+                                                : cpu_backend_bytes(model_ops(m), &shape, p->step_tokens, p->max_out,
+                                                                    p->n_threads);
     p->buffers = sizeof(hearth_engine) + 3 * T * sizeof(int32_t) + ENGINE_MAX_LOGITS_ROWS * sizeof(int32_t) +
                  (size_t)p->max_out * c->vocab * sizeof(float) + (size_t)p->max_seqs * sizeof(sampler) +
                  (size_t)p->max_seqs * p->context * sizeof(int32_t) + (size_t)p->max_seqs;
@@ -209,7 +214,7 @@ typedef struct plan_rooms {
 static int fits_rooms(const model *m, const engine_plan *p, const void *arg) {
     const plan_rooms *r = arg;
     return (!r->host || engine_plan_bytes(p) <= r->host) &&
-           (!r->dev || engine_device_plan_bytes(m, p, r->kv_quant) <= r->dev);
+           (!r->dev || engine_device_plan_bytes(model_ops(m), p, r->kv_quant) <= r->dev);
 }
 
 hearth_status engine_plan_rooms(const model *m, const hearth_engine_options *o, size_t host_room, size_t dev_room,
@@ -262,9 +267,11 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     if (!st)
         st = kv_create_meta(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
                             o.kv_quant, po.device != HEARTH_DEVICE_CUDA, e->tp, err);
-    if (!st) st = model_scratch_create(e->m, &e->kv, e->step_tokens, e->max_out, e->n_threads, &e->s, err);
-    if (!st) st = engine_device_open(e->m, &e->kv, o.device, e->step_tokens, e->max_out, e->tp, &e->gpu, err);
+    if (!st) st = engine_device_open(model_ops(e->m), &e->kv, o.device, e->step_tokens, e->max_out, e->tp, &e->be, err);
+    e->gpu = e->be != NULL;
     if (!st && !e->gpu && po.device == HEARTH_DEVICE_CUDA) st = kv_storage_attach(&e->kv, e->tp, err);
+    if (!st && !e->gpu)
+        st = cpu_backend_create(model_ops(e->m), &e->kv, e->step_tokens, e->max_out, e->n_threads, e->tp, &e->be, err);
     if (!st && e->gpu) st = engine_device_sampler_open(e->max_out, c->vocab, &e->gsmp, err);
     if (!st && e->gpu && !(e->dev_req = calloc((size_t)e->max_out, sizeof *e->dev_req)))
         st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
@@ -305,8 +312,10 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     }
     if (st) { hearth_engine_free(e); return st; }
     e->bytes = engine_plan_bytes(&p);
-    if (po.device == HEARTH_DEVICE_CUDA && !e->gpu) /* auto fell back to the CPU: host storage after all */
+    if (po.device == HEARTH_DEVICE_CUDA && !e->gpu) { /* auto fell back to the CPU: host storage and scratch after all */
         e->bytes += kv_storage_bytes(c->n_layers, c->n_kv_heads, c->head_dim, p.n_blocks, o.kv_quant);
+        e->bytes += cpu_backend_bytes(model_ops(e->m), &e->kv, e->step_tokens, e->max_out, e->n_threads);
+    }
     collect_eos(e);
     *out = e;
     return HEARTH_OK;
@@ -314,7 +323,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
 
 void hearth_engine_free(hearth_engine *e) {
     if (!e) return;
-    model_scratch_free(e->s);
+    if (e->be) e->be->t->free(e->be);
     kv_destroy(&e->kv);
     tp_destroy(e->tp);
     sampler_free(&e->smp);
@@ -322,7 +331,6 @@ void hearth_engine_free(hearth_engine *e) {
     free(e->slot_smp);
     engine_device_sampler_close(e->gsmp);
     free(e->dev_req);
-    engine_device_close(e->gpu);
     model_free(e->m);
     free(e->step_tok);
     free(e->step_pos);
@@ -359,8 +367,9 @@ void hearth_seq_close(hearth_engine *e, int seq) {
     e->seq_open[seq] = 0;
 }
 
-/* One step on whichever device holds the model. */
-static hearth_status engine_model_forward(hearth_engine *e, const model_batch *b, hearth_error *err) {
+/* One step on whichever backend holds the model: on the GPU, rows sampled there (dev_rows)
+ * or greedy ids chosen there (greedy_id) when the step asks, else logits to the host. */
+static hearth_status engine_model_forward(hearth_engine *e, const op_batch *b, hearth_error *err) {
     if (e->gpu && e->dev_rows && b->n_out >= 1) { /* each row's history: its slot's tokens up to its position */
         for (int i = 0; i < b->n_out; i++) {
             int t = b->out_rows[i];
@@ -368,10 +377,18 @@ static hearth_status engine_model_forward(hearth_engine *e, const model_batch *b
                                               .n_history = (size_t)b->pos[t] + 1, .seed = e->dev_rows[i].seed,
                                               .lp = e->dev_rows[i].lp};
         }
-        return engine_device_forward_sample(e->gpu, e->gsmp, &e->kv, b, e->dev_req, e->greedy_id, err);
+        hearth_status st = model_forward(e->m, e->be, &e->kv, b, OP_OUT_KEEP, NULL, err);
+        return st ? st : engine_device_sample(e->be, e->gsmp, b->n_out, e->dev_req, e->greedy_id, err);
     }
-    if (e->gpu && e->greedy_id && b->n_out >= 1) return engine_device_forward_ids(e->gpu, &e->kv, b, e->greedy_id, err);
-    return e->gpu ? engine_device_forward(e->gpu, &e->kv, b, err) : model_forward(e->m, &e->kv, e->s, b, e->tp, err);
+    if (e->gpu && e->greedy_id && b->n_out >= 1) {
+        static int said; /* HEARTH_DEVICE_GREEDY_LOG=1: one line, so tests can see this path ran */
+        if (!said && getenv("HEARTH_DEVICE_GREEDY_LOG")) {
+            said = 1;
+            fprintf(stderr, "hearth: greedy ids chosen on the device (%d rows)\n", b->n_out);
+        }
+        return model_forward(e->m, e->be, &e->kv, b, OP_OUT_IDS, e->greedy_id, err);
+    }
+    return model_forward(e->m, e->be, &e->kv, b, OP_OUT_LOGITS, NULL, err);
 }
 
 int hearth_engine_device(const hearth_engine *e) { return e->gpu ? HEARTH_DEVICE_CUDA : HEARTH_DEVICE_CPU; }
@@ -402,7 +419,7 @@ hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens
         int n_out = 0;
         for (int t = 0; t < T; t++)
             if (done + t >= n - n_logits) e->out_rows[n_out++] = t;
-        model_batch b = {.T = T, .tokens = e->step_tok, .pos = e->step_pos, .slot = e->step_slot, .n_out = n_out,
+        op_batch b = {.T = T, .tokens = e->step_tok, .pos = e->step_pos, .slot = e->step_slot, .n_out = n_out,
                          .out_rows = e->out_rows, .logits = e->logits, .batch_invariant = e->deterministic};
         if ((st = engine_model_forward(e, &b, err))) return st;
         for (size_t i = 0; !e->greedy_id && i < (size_t)n_out * vocab; i++)
@@ -467,7 +484,7 @@ hearth_status engine_forward_rows(hearth_engine *e, int T, const int32_t *tokens
                            pos[t], slot[t]);
         e->history[(size_t)slot[t] * e->context + pos[t]] = tokens[t];
     }
-    model_batch b = {.T = T, .tokens = tokens, .pos = pos, .slot = slot, .n_out = n_out, .out_rows = out_rows,
+    op_batch b = {.T = T, .tokens = tokens, .pos = pos, .slot = slot, .n_out = n_out, .out_rows = out_rows,
                      .logits = e->logits, .batch_invariant = e->deterministic};
     hearth_status st = engine_model_forward(e, &b, err);
     if (st) return st;
@@ -514,7 +531,7 @@ int engine_max_sequences(const hearth_engine *e) { return e->max_seqs; }
 kv_cache *engine_kv(hearth_engine *e) { return &e->kv; }
 
 hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, int rows, hearth_error *err) {
-    if (e->gpu) return engine_device_kv_copy(e->gpu, src, dst, rows, err);
+    if (e->be->t->kv_copy) return e->be->t->kv_copy(e->be, src, dst, rows, err);
     kv_copy_rows(&e->kv, src, dst, rows);
     return HEARTH_OK;
 }

@@ -1,12 +1,11 @@
 /* engine_device.c: where the engine's forward pass runs (--device cpu|cuda|auto): picks
- * the device, creates the GPU copy of the model when it is the GPU, and says so in one
- * line on stderr. Builds without CUDA too (then only the CPU exists). Must not contain
- * forward-pass logic: that is model/ (CPU) and backend/cuda/cuda_model.c (GPU). */
+ * the device, opens the CUDA backend of the op table when it is the GPU, and says so in
+ * one line on stderr. Builds without CUDA too (then only the CPU exists). Must not contain
+ * forward-pass logic: that is model/, the same on every backend. */
 #include "engine/engine_device.h"
 #include "backend/cuda/cuda_plan.h"
 #include "base/err.h"
 #include "engine/engine_plan.h"
-#include "model/model.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,14 +21,19 @@ int hearth_device_parse(const char *name, int *out) {
     return 0;
 }
 
-hearth_status engine_device_open(const model *m, const kv_cache *kv, int device, int max_tokens, int max_out,
-                                 threadpool *tp, cuda_model **gpu, hearth_error *err) {
+int engine_device_gemm_exact(void) {
+    const char *mode = getenv("HEARTH_CUDA_GEMM");
+    return mode && !strcmp(mode, "f32");
+}
+
+hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int device, int max_tokens, int max_out,
+                                 threadpool *tp, op_backend **gpu, hearth_error *err) {
     *gpu = NULL;
     if (device == HEARTH_DEVICE_CPU) return HEARTH_OK;
     if (device != HEARTH_DEVICE_CUDA && device != HEARTH_DEVICE_AUTO)
         return err_set(err, HEARTH_ERR_INVALID, "engine: unknown device %d (--device takes cpu, cuda or auto)", device);
 #ifndef HEARTH_HAVE_CUDA
-    (void)m, (void)kv, (void)max_tokens, (void)max_out, (void)tp;
+    (void)om, (void)kv, (void)max_tokens, (void)max_out, (void)tp;
     if (device == HEARTH_DEVICE_CUDA)
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
                        "--device cuda: this hearth was built without the CUDA backend "
@@ -43,7 +47,8 @@ hearth_status engine_device_open(const model *m, const kv_cache *kv, int device,
     }
     char note[256] = "";
     hearth_error e2 = {0};
-    hearth_status st = cuda_model_create(m, kv, max_tokens, max_out, gpu, note, sizeof note, &e2);
+    hearth_status st =
+        cuda_model_create(om, kv, max_tokens, max_out, engine_device_gemm_exact(), tp, gpu, note, sizeof note, &e2);
     if (st && device == HEARTH_DEVICE_AUTO) {
         fprintf(stderr, "hearth: device auto: cpu (the GPU path failed: %s)\n", e2.message);
         return HEARTH_OK;
@@ -52,33 +57,8 @@ hearth_status engine_device_open(const model *m, const kv_cache *kv, int device,
         if (err) *err = e2;
         return st;
     }
-    cuda_model_set_threads(*gpu, tp);
     fprintf(stderr, "hearth: %s\n", note);
     return HEARTH_OK;
-#endif
-}
-
-hearth_status engine_device_forward(cuda_model *gpu, const kv_cache *kv, const model_batch *b, hearth_error *err) {
-#ifdef HEARTH_HAVE_CUDA
-    return cuda_model_forward(gpu, kv, b, err);
-#else
-    (void)gpu, (void)kv, (void)b;
-    return err_set(err, HEARTH_ERR_UNSUPPORTED, "built without the CUDA backend");
-#endif
-}
-
-hearth_status engine_device_forward_ids(cuda_model *gpu, const kv_cache *kv, const model_batch *b, int32_t *ids,
-                                        hearth_error *err) {
-#ifdef HEARTH_HAVE_CUDA
-    static int said; /* HEARTH_DEVICE_GREEDY_LOG=1: one line, so tests can see this path ran */
-    if (!said && getenv("HEARTH_DEVICE_GREEDY_LOG")) {
-        said = 1;
-        fprintf(stderr, "hearth: greedy ids chosen on the device (%d rows)\n", b->n_out);
-    }
-    return cuda_model_forward_ids(gpu, kv, b, ids, err);
-#else
-    (void)gpu, (void)kv, (void)b, (void)ids;
-    return err_set(err, HEARTH_ERR_UNSUPPORTED, "built without the CUDA backend");
 #endif
 }
 
@@ -109,29 +89,17 @@ int engine_device_sample_supported(const hearth_sampling *p) {
 #endif
 }
 
-hearth_status engine_device_forward_sample(cuda_model *gpu, cuda_sampler *smp, const kv_cache *kv,
-                                           const model_batch *b, const cuda_sample_req *req, int32_t *ids,
-                                           hearth_error *err) {
+hearth_status engine_device_sample(op_backend *gpu, cuda_sampler *smp, int n_out, const cuda_sample_req *req,
+                                   int32_t *ids, hearth_error *err) {
 #ifdef HEARTH_HAVE_CUDA
     static int said; /* HEARTH_DEVICE_SAMPLER_LOG=1: one line, so tests can see this path ran */
     if (!said && getenv("HEARTH_DEVICE_SAMPLER_LOG")) {
         said = 1;
-        fprintf(stderr, "hearth: tokens sampled on the device (%d rows)\n", b->n_out);
+        fprintf(stderr, "hearth: tokens sampled on the device (%d rows)\n", n_out);
     }
-    hearth_status st = cuda_model_forward_keep(gpu, kv, b, err);
-    if (st) return st;
-    return cuda_sampler_run(smp, cuda_model_device_logits(gpu), b->n_out, req, ids, err);
+    return cuda_sampler_run(smp, cuda_model_device_logits(gpu), n_out, req, ids, err);
 #else
-    (void)gpu, (void)smp, (void)kv, (void)b, (void)req, (void)ids;
-    return err_set(err, HEARTH_ERR_UNSUPPORTED, "built without the CUDA backend");
-#endif
-}
-
-hearth_status engine_device_kv_copy(cuda_model *gpu, int32_t src, int32_t dst, int rows, hearth_error *err) {
-#ifdef HEARTH_HAVE_CUDA
-    return cuda_model_kv_copy(gpu, src, dst, rows, err);
-#else
-    (void)gpu, (void)src, (void)dst, (void)rows;
+    (void)gpu, (void)smp, (void)n_out, (void)req, (void)ids;
     return err_set(err, HEARTH_ERR_UNSUPPORTED, "built without the CUDA backend");
 #endif
 }
@@ -153,25 +121,20 @@ double engine_device_bandwidth_gbs(void) {
 #endif
 }
 
-void engine_device_close(cuda_model *gpu) {
-#ifdef HEARTH_HAVE_CUDA
-    cuda_model_free(gpu);
-#else
-    (void)gpu;
-#endif
+void engine_device_close(op_backend *gpu) {
+    if (gpu) gpu->t->free(gpu);
 }
 
-size_t engine_device_plan_bytes(const model *m, const engine_plan *p, int kv_quant) {
-    const model_config *c = &m->cfg;
+size_t engine_device_plan_bytes(const op_model *om, const engine_plan *p, int kv_quant) {
+    const op_dims *c = &om->dims;
     kv_cache shape = {.n_layers = c->n_layers,
                       .n_kv_heads = c->n_kv_heads,
                       .head_dim = c->head_dim,
                       .n_blocks = p->n_blocks,
                       .max_slots = p->max_seqs,
                       .max_blocks_per_slot = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
-    const char *mode = getenv("HEARTH_CUDA_GEMM"); /* f32: quantized weights expanded (cuda_model.c) */
     cuda_plan d;
-    cuda_plan_make(m, &shape, p->step_tokens, p->max_out, cuda_kv_device_dtype(kv_quant), mode && !strcmp(mode, "f32"),
+    cuda_plan_make(om, &shape, p->step_tokens, p->max_out, cuda_kv_device_dtype(kv_quant), engine_device_gemm_exact(),
                    &d);
     return cuda_plan_bytes(&d);
 }

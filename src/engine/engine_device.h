@@ -5,39 +5,36 @@
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_sample.h"
 
-/* Resolves device (hearth_device); *gpu stays NULL when the CPU runs the model. tp: the
- * engine's host threads, which the GPU model's steps use for their host work (embedding
- * rows). */
-hearth_status engine_device_open(const model *m, const kv_cache *kv, int device, int max_tokens, int max_out,
-                                 threadpool *tp, cuda_model **gpu, hearth_error *err);
-hearth_status engine_device_forward(cuda_model *gpu, const kv_cache *kv, const model_batch *b, hearth_error *err);
-/* The step with the greedy id of each logits row chosen on the device (cuda_model_forward_ids). */
-hearth_status engine_device_forward_ids(cuda_model *gpu, const kv_cache *kv, const model_batch *b, int32_t *ids,
-                                        hearth_error *err);
+/* Resolves device (hearth_device): opens the CUDA backend of the op table for model om into
+ * *gpu, or leaves *gpu NULL when the CPU runs the model. tp: the engine's host threads,
+ * which the GPU steps use for their host work (embedding rows). */
+hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int device, int max_tokens, int max_out,
+                                 threadpool *tp, op_backend **gpu, hearth_error *err);
 /* The device sampler (cuda_sample.h), made with the GPU model: rows up to max_out. *smp
  * stays NULL without CUDA. */
 hearth_status engine_device_sampler_open(int max_out, int vocab, cuda_sampler **smp, hearth_error *err);
 void engine_device_sampler_close(cuda_sampler *smp);
 /* Whether the device sampler takes p (cuda_sample_supported); 0 without CUDA. */
 int engine_device_sample_supported(const hearth_sampling *p);
-/* The step with each logits row's token sampled on the device (req[i] for row i): only the
- * ids (and the requested logprobs, into req[i].lp) come back. */
-hearth_status engine_device_forward_sample(cuda_model *gpu, cuda_sampler *smp, const kv_cache *kv,
-                                           const model_batch *b, const cuda_sample_req *req, int32_t *ids,
-                                           hearth_error *err);
-/* cuda_model_kv_copy: rows of block src into block dst in the GPU's KV pool. */
-hearth_status engine_device_kv_copy(cuda_model *gpu, int32_t src, int32_t dst, int rows, hearth_error *err);
+/* After a step whose logits stayed on the device (OP_OUT_KEEP): each row's token sampled
+ * there (req[i] for row i); only the ids (and the requested logprobs, into req[i].lp) come
+ * back. */
+hearth_status engine_device_sample(op_backend *gpu, cuda_sampler *smp, int n_out, const cuda_sample_req *req,
+                                   int32_t *ids, hearth_error *err);
 /* Device bytes of the KV storage of n_blocks blocks (cuda_kv_bytes) when the engine may run
  * on the GPU (device cuda, or auto with a CUDA device present); 0 otherwise. */
 size_t engine_device_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant, int device);
 struct engine_plan;
+/* Whether the exact parity tier was asked for (HEARTH_CUDA_GEMM=f32: f32 GEMMs and prefill
+ * attention on the GPU), read once here for the engine and fit. */
+int engine_device_gemm_exact(void);
 /* Device bytes cuda_model_create allocates for the engine of plan p (cuda_plan_make with the
  * pool's shape, as `hearth fit --device cuda` sizes it; weights + KV + scratch, without the
  * runtime). Computable in any build: it allocates nothing. */
-size_t engine_device_plan_bytes(const model *m, const struct engine_plan *p, int kv_quant);
+size_t engine_device_plan_bytes(const op_model *om, const struct engine_plan *p, int kv_quant);
 /* The GPU's copy bandwidth (GB/s, read + write; cuda_copy_bandwidth_gbs), 0 without CUDA. */
 double engine_device_bandwidth_gbs(void);
-void engine_device_close(cuda_model *gpu);
+void engine_device_close(op_backend *gpu);
 /* The local GPU (device 0): name, compute capability, total and free memory, as
  * cudaMemGetInfo sees them (creating this process's context). 0 when there is none (or
  * no CUDA backend), 1 when filled. */

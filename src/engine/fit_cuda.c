@@ -8,6 +8,7 @@
 #include "base/err.h"
 #include "engine/engine_device.h"
 #include "engine/fit_internal.h"
+#include "model/model.h"
 #include "hub/hub.h"
 #include <ctype.h>
 #include <jansson.h>
@@ -165,11 +166,6 @@ typedef struct fit_cuda_sizes {
     size_t peak; /* device: the plan plus the runtime */
 } fit_cuda_sizes;
 
-static int gemm_exact(void) {
-    const char *mode = getenv("HEARTH_CUDA_GEMM");
-    return mode && !strcmp(mode, "f32");
-}
-
 /* The engine's plan and the device plan cuda_model_create makes from it (engine.c hands
  * the host pool's shape, step tokens and logits rows to cuda_model_create). */
 static hearth_status sizes_make(const model *m, const hearth_engine_options *eo, const fit_gpu *g, fit_cuda_sizes *z,
@@ -193,8 +189,8 @@ static hearth_status sizes_make(const model *m, const hearth_engine_options *eo,
                       .n_blocks = z->host.n_blocks,
                       .max_slots = z->host.max_seqs,
                       .max_blocks_per_slot = (z->host.context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
-    cuda_plan_make(m, &shape, z->host.step_tokens, z->host.max_out, cuda_kv_device_dtype(eo->kv_quant), gemm_exact(),
-                   &z->dev);
+    cuda_plan_make(model_ops(m), &shape, z->host.step_tokens, z->host.max_out, cuda_kv_device_dtype(eo->kv_quant),
+                   engine_device_gemm_exact(), &z->dev);
     z->peak = cuda_plan_bytes(&z->dev) + g->context_bytes;
     return HEARTH_OK;
 }
@@ -252,7 +248,7 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
                                   (json_int_t)engine_plan_bytes(&z->host), "pinned_bytes", (json_int_t)d->pinned_host,
                                   "upload_temporary_bytes", (json_int_t)d->upload_host, "cuda_runtime_bytes",
                                   (json_int_t)g->host_bytes));
-    double full = cuda_plan_decode_bytes(d, m, z->host.context), empty = cuda_plan_decode_bytes(d, m, 1);
+    double full = cuda_plan_decode_bytes(d, model_ops(m), z->host.context), empty = cuda_plan_decode_bytes(d, model_ops(m), 1);
     if (g->bandwidth_gbs > 0) {
         json_object_set_new(r, "bandwidth_gbs", json_real(g->bandwidth_gbs));
         json_object_set_new(r, "bandwidth_source", json_string(g->bandwidth_source));

@@ -5,7 +5,7 @@
 #include "engine/sampler.h"
 #include "base/err.h"
 #include "base/mem_touch.h"
-#include "ops/ops.h"
+#include "backend/cpu/cpu_ops.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

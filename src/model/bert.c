@@ -6,7 +6,7 @@
 #include "model/bert.h"
 #include "api/model_internal.h"
 #include "base/err.h"
-#include "ops/ops.h"
+#include "backend/cpu/cpu_ops.h"
 #include "ops/ops_encoder.h"
 #include <math.h>
 #include <stdio.h>

@@ -1,40 +1,32 @@
-/* decoder.h: the building blocks shared by the family forward passes (llama.c,
- * gemma3.c): embedding, the attention block over the paged cache, the gated MLP, the
- * logits. Internal to src/model. */
+/* decoder.h: what the family forward passes (llama.c, qwen3.c, gemma3.c) share: a
+ * layer's attention and MLP as op-table arguments, and each family's layers function.
+ * Internal to src/model. */
 #ifndef HEARTH_MODEL_DECODER_H
 #define HEARTH_MODEL_DECODER_H
 #include "model/model.h"
-#include "ops/ops.h"
 
-struct model_scratch {
-    int max_tokens, max_out;
-    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up; /* [max_tokens, width] each */
-    float *rows;                                       /* [max_out, hidden]: rows that need logits */
-    float *attn;                                       /* attention scratch, per thread */
-    void *mm;                                          /* matmul scratch (quantized activations) */
-    size_t mm_size;
-};
+/* Layer i's attention as the ops take it (its window and RoPE table from the config). */
+op_attn decoder_attn(const model *m, int i);
+/* Layer i's gated MLP with activation act. */
+op_mlp decoder_mlp(const model *m, int i, op_act act);
 
-typedef enum decoder_act { ACT_SILU, ACT_GELU_TANH } decoder_act;
+/* Returns on a failed op. */
+#define OP_TRY(call)                                                                                                   \
+    do {                                                                                                               \
+        hearth_status st_ = (call);                                                                                    \
+        if (st_) return st_;                                                                                           \
+    } while (0)
 
-/* The step's context: everything the blocks need besides the layer. */
-typedef struct decoder_step {
-    const model *m;
-    kv_cache *kv;
-    model_scratch *s;
-    const model_batch *b;
-    threadpool *tp;
-    hearth_error *err;
-} decoder_step;
+/* The weights that read a layer's attention input (q, k, v) and its MLP input (gate, up):
+ * what add_norm is told will consume xn. */
+#define DECODER_QKV(l) ((const op_weight *const[]){&(l)->q, &(l)->k, &(l)->v}), 3
+#define DECODER_GATE_UP(l) ((const op_weight *const[]){&(l)->gate, &(l)->up}), 2
 
-hearth_status decoder_embed(const decoder_step *d);
-/* in: normalized hidden [T, hidden] in s->xn; out: attention output [T, hidden] in s->tmp. */
-hearth_status decoder_attention(const decoder_step *d, int layer);
-/* in: s->xn; out: s->tmp = down(act(gate(xn)) * up(xn)). */
-hearth_status decoder_mlp(const decoder_step *d, int layer, decoder_act act);
-/* Final norm of the requested rows of s->x and the logits into b->logits. */
-hearth_status decoder_logits(const decoder_step *d);
+/* Builds m->ops (model_ops); model_plan and model_load call it. */
+hearth_status model_ops_build(model *m, hearth_error *err);
 
-hearth_status llama_forward(const decoder_step *d);
-hearth_status gemma3_forward(const decoder_step *d);
+/* Everything after the embedding, for ctx = the model: op_layers_fn. */
+hearth_status llama_layers(const op_step *s, const void *ctx);
+hearth_status qwen3_layers(const op_step *s, const void *ctx);
+hearth_status gemma3_layers(const op_step *s, const void *ctx);
 #endif

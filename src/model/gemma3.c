@@ -1,26 +1,29 @@
-/* gemma3.c: the forward pass of Gemma 3 (text): embeddings scaled by sqrt(hidden),
- * four norms per block (before and after attention, before and after the MLP),
- * (1 + weight) RMSNorms in HF/MLX form, GELU(tanh)-gated MLP, QK-norm, and sliding-window
- * layers with their own RoPE base interleaved with global ones. */
+/* gemma3.c: the forward pass of Gemma 3 (text): embeddings scaled by sqrt(hidden) (the
+ * step's embed scale), four norms per block (before and after attention, before and after
+ * the MLP), (1 + weight) RMSNorms in HF/MLX form, QK-norm, GELU(tanh)-gated MLP, and
+ * sliding-window layers with their own RoPE base interleaved with global ones (in each
+ * layer's attention arguments). Op-table calls only: the same code on every backend. */
 #include "model/decoder.h"
 
-hearth_status gemma3_forward(const decoder_step *d) {
-    const model_config *c = &d->m->cfg;
-    model_scratch *s = d->s;
-    int T = d->b->T;
-    size_t n = (size_t)T * c->hidden;
+hearth_status gemma3_layers(const op_step *s, const void *ctx) {
+    const model *m = ctx;
+    const model_config *c = &m->cfg;
     float shift = c->norm_shift;
-    hearth_status st = decoder_embed(d);
-    for (int i = 0; !st && i < c->n_layers; i++) {
-        const layer_weights *l = &d->m->layers[i];
-        ops_rmsnorm(s->xn, s->x, l->attn_norm, shift, T, c->hidden, c->norm_eps);
-        if ((st = decoder_attention(d, i))) break;
-        ops_rmsnorm(s->tmp, s->tmp, l->post_attn_norm, shift, T, c->hidden, c->norm_eps);
-        ops_add(s->x, s->tmp, n);
-        ops_rmsnorm(s->xn, s->x, l->ffn_norm, shift, T, c->hidden, c->norm_eps);
-        if ((st = decoder_mlp(d, i, ACT_GELU_TANH))) break;
-        ops_rmsnorm(s->tmp, s->tmp, l->post_ffn_norm, shift, T, c->hidden, c->norm_eps);
-        ops_add(s->x, s->tmp, n);
+    OP_TRY(op_add_norm(s, OP_NONE, m->layers[0].attn_norm, shift, DECODER_QKV(&m->layers[0])));
+    for (int i = 0; i < c->n_layers; i++) {
+        const layer_weights *l = &m->layers[i];
+        op_attn attn = decoder_attn(m, i);
+        op_mlp mlp = decoder_mlp(m, i, OP_ACT_GELU_TANH);
+        OP_TRY(op_qkv_rope_store(s, i, &attn));
+        OP_TRY(op_attention(s, i, &attn));
+        OP_TRY(op_norm(s, OP_TMP, l->post_attn_norm, shift));
+        OP_TRY(op_add_norm(s, OP_TMP, l->ffn_norm, shift, DECODER_GATE_UP(l)));
+        OP_TRY(op_mlp_run(s, &mlp));
+        OP_TRY(op_norm(s, OP_TMP, l->post_ffn_norm, shift));
+        if (i + 1 < c->n_layers)
+            OP_TRY(op_add_norm(s, OP_TMP, m->layers[i + 1].attn_norm, shift, DECODER_QKV(&m->layers[i + 1])));
+        else
+            OP_TRY(op_add(s, OP_X, OP_TMP));
     }
-    return st ? st : decoder_logits(d);
+    return op_logits(s, m->final_norm, shift, &m->lm_head);
 }

@@ -7,7 +7,7 @@
 #include "base/err.h"
 #include "base/half.h"
 #include "base/mem.h"
-#include "model/model.h"
+#include "model/decoder.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,6 +271,7 @@ hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hear
     loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .use_mmap = use_mmap, .err = err,
                 .prefix = weight_prefix(hm)};
     if (!st) st = load_all(&L); /* sizing pass: checks names and shapes, copies nothing */
+    if (!st) st = model_ops_build(m, err);
     if (st) {
         model_free(m);
         return st;
@@ -316,6 +317,7 @@ hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hear
         m->arena = L.arena;
         st = load_all(&L);
     }
+    if (!st) st = model_ops_build(m, err); /* the vectors' pointers are set now */
     if (st) {
         model_free(m);
         return st;
@@ -332,6 +334,8 @@ void model_free(model *m) {
     if (!m) return;
     free(m->arena);
     free(m->layers);
+    free(m->items);
+    free(m->layer_window);
     if (m->cfg.inv_freq_local != m->cfg.inv_freq_global) free(m->cfg.inv_freq_local);
     free(m->cfg.inv_freq_global);
     free(m);

@@ -1,11 +1,11 @@
 /* model.h: a loaded decoder-only transformer: its configuration and its weights,
  * resident in anonymous memory in their native formats, plus the per-family forward
- * passes (llama.c, qwen3.c, gemma3.c) over a ragged batch. Contains no kernels: the
- * forward passes compose ops/ops.h and backend/cpu/matmul.h. */
+ * passes (llama.c, qwen3.c, gemma3.c) over a ragged batch. Contains no kernels: a forward
+ * pass is a sequence of op-table calls (ops/ops.h), the same code on every backend. */
 #ifndef HEARTH_MODEL_MODEL_H
 #define HEARTH_MODEL_MODEL_H
-#include "backend/cpu/matmul.h"
 #include "kv/kv_cache.h"
+#include "ops/ops.h"
 #include "hearth.h"
 
 typedef enum model_family { FAMILY_LLAMA, FAMILY_QWEN3, FAMILY_GEMMA3 } model_family;
@@ -38,6 +38,9 @@ typedef struct model {
     layer_weights *layers;
     op_weight embed, lm_head; /* lm_head = embed when tied */
     const float *final_norm;
+    op_model ops;              /* shapes and every item the backends hold (model_ops) */
+    op_item *items;
+    int *layer_window;
     uint8_t *arena;            /* every weight byte, resident */
     size_t arena_bytes;
     size_t load_peak_bytes;    /* model_load_peak_bytes */
@@ -64,24 +67,16 @@ size_t model_weight_bytes(const model *m);
  * pages leave the process once copied (without --mmap). Known from model_plan too. */
 size_t model_load_peak_bytes(const model *m);
 
-/* One step over a ragged batch of T tokens: tokens[t] of sequence slot[t] at position
- * pos[t]. Writes K/V of every token into the cache (slots must be reserved through
- * max(pos)+1), then logits for the n_out rows listed in out_rows into logits
- * [n_out, vocab]. */
-typedef struct model_scratch model_scratch;
-typedef struct model_batch {
-    int T;
-    const int32_t *tokens, *pos, *slot;
-    int n_out;
-    const int32_t *out_rows;
-    float *logits;
-    int batch_invariant; /* deterministic mode: every row computed as if it were alone (cpu_matmul_invariant) */
-} model_batch;
+/* What a backend must hold of m (op_model: shapes, every weight and vector in upload
+ * order, each layer's attention window); valid while m lives. */
+const op_model *model_ops(const model *m);
 
-hearth_status model_scratch_create(const model *m, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
-                                   model_scratch **out, hearth_error *err);
-void model_scratch_free(model_scratch *s);
-size_t model_scratch_bytes(const model *m, const kv_cache *kv, int max_tokens, int max_out, int n_threads);
-hearth_status model_forward(const model *m, kv_cache *kv, model_scratch *s, const model_batch *b, threadpool *tp,
+/* One step over a ragged batch (op_batch): the tokens' K/V join the cache (slots must be
+ * reserved through max(pos)+1), then the logits of the n_out rows listed in out_rows go
+ * where `out` says (OP_OUT_LOGITS: b->logits [n_out, vocab]; OP_OUT_IDS: their greedy ids
+ * into ids; OP_OUT_KEEP: left in the backend for its sampler; OP_OUT_HIDDEN: the
+ * final-normed hidden rows into b->logits [n_out, hidden], for embedding models). Runs the
+ * family's forward pass on backend be. */
+hearth_status model_forward(const model *m, op_backend *be, kv_cache *kv, const op_batch *b, op_out out, int32_t *ids,
                             hearth_error *err);
 #endif

@@ -1,53 +1,175 @@
-/* ops.h: the fixed set of element-wise and attention operations a forward pass is made
- * of (matmul lives in backend/cpu/matmul.h). CPU implementations over float32 rows of a
- * ragged batch; every op writes into caller-owned buffers and allocates nothing. */
+/* ops.h: the op table: the fixed set of (fused) operations a forward pass is written in,
+ * their argument structs, and the dispatch to the backend that runs them. Every backend
+ * (backend/cpu, backend/cuda) implements every op; a family's forward pass
+ * (model/<family>.c) is a straight sequence of these calls and never sees a kernel, a
+ * device pointer or which backend runs it. No SIMD or CUDA code here. */
 #ifndef HEARTH_OPS_OPS_H
 #define HEARTH_OPS_OPS_H
 #include "base/threadpool.h"
+#include "hearth.h"
 #include "kv/kv_cache.h"
+#include "ops/op_weight.h"
 #include <stddef.h>
 #include <stdint.h>
 
-/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * (w + shift), for T rows of n. shift is 1 for
- * Gemma's (1 + weight) norms, else 0. out may equal x. */
-void ops_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps);
-/* Applies RoPE in place to n_heads heads of head_dim in each of T rows at positions pos.
- * inv_freq has head_dim/2 entries (theta_i = pos * inv_freq[i]). adjacent: rotate pairs
- * (2i, 2i+1) as GGUF llama weights expect; else pairs (i, i + head_dim/2) as HF/MLX do. */
-void ops_rope(float *x, int T, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq, int adjacent);
-/* x[i] = act(gate[i]) * up[i]: SiLU (llama, qwen3) or tanh-approximated GELU (gemma3). */
-void ops_silu_mul(float *gate, const float *up, size_t n);
-void ops_gelu_tanh_mul(float *gate, const float *up, size_t n);
-/* The first index of the largest of x[0..n), NaN never above anything (x[0] NaN: 0): the
- * greedy rule, as the loop `if (x[i] > x[best]) best = i` gives it. */
-int ops_argmax(const float *x, int n);
-void ops_add(float *x, const float *y, size_t n);
-void ops_scale(float *x, float s, size_t n);
+/* The shapes every op of a decoder model needs. */
+typedef struct op_dims {
+    int n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab;
+    float norm_eps;
+    int rope_adjacent; /* GGUF llama weights are permuted for adjacent-pair RoPE */
+} op_dims;
 
-/* Causal attention over the paged cache for one layer (float or int8 KV: int8 rows are
- * dequantized inside the dot products, never into a buffer). For each token t (of sequence
- * slot[t] at position pos[t]) and query head h, attends to that sequence's cached
- * positions max(0, pos[t] - window + 1) .. pos[t] (window 0 = unlimited), with grouped
- * KV heads (n_heads / n_kv_heads queries per KV head). q: [T, n_heads*head_dim];
- * out: same shape. scratch holds ops_attention_scratch floats per thread. */
-typedef struct ops_attention_args {
-    const kv_cache *kv;
-    int layer;
-    const float *q;
-    float *out;
-    int T, n_heads, n_kv_heads, head_dim;
-    const int32_t *pos, *slot;
+/* One item a backend must hold a copy of (weights and vectors that ops are passed): a
+ * matrix, or a float vector of n values. A planned model (sized, not loaded) has vector
+ * data NULL and weight data NULL. logits marks the output projection (sized apart: it is
+ * not a layer weight). */
+typedef struct op_item {
+    const op_weight *w; /* a matrix, or NULL for a vector */
+    const float *vec;
+    int64_t n;
+    int logits;
+} op_item;
+
+/* What a backend is told of a model when it starts: shapes, every item its ops will be
+ * passed (in the order a device copy allocates them), and per layer the attention window
+ * (0: every position), which bounds what a decode step reads. */
+typedef struct op_model {
+    op_dims dims;
+    const op_item *items;
+    int n_items;
+    const int *layer_window;
+} op_model;
+
+/* One step over a ragged batch of T tokens: tokens[t] of sequence slot[t] at position
+ * pos[t]; logits for the n_out rows listed in out_rows (into logits [n_out, vocab] when
+ * the step's output goes to the host). batch_invariant: deterministic mode, every row
+ * computed as if it were alone. */
+typedef struct op_batch {
+    int T;
+    const int32_t *tokens, *pos, *slot;
+    int n_out;
+    const int32_t *out_rows;
+    float *logits;
+    int batch_invariant;
+} op_batch;
+
+/* The activation buffers ops name, [T, hidden] each, owned by the backend: the residual
+ * stream x, its normalized copy xn (the input of attention and the MLP), and tmp (their
+ * output, added back into x). */
+typedef enum op_buf { OP_NONE = -1, OP_X = 0, OP_XN, OP_TMP } op_buf;
+
+typedef enum op_act { OP_ACT_SILU, OP_ACT_GELU_TANH } op_act;
+
+/* One attention layer: q/k/v/o projections, optional biases, optional per-head RMSNorms of
+ * queries and keys (scaled by w + norm_shift), RoPE with inv_freq (head_dim/2 entries), a
+ * window (0: causal over every position) and the softmax scale. */
+typedef struct op_attn {
+    const op_weight *q, *k, *v, *o;
+    const float *q_bias, *k_bias, *v_bias; /* NULL when absent */
+    const float *q_norm, *k_norm;          /* NULL when absent */
+    float norm_shift, norm_eps;
+    const float *inv_freq;
     int window;
     float scale;
-    float *scratch; /* tp_threads(tp) * ops_attention_scratch(kv) floats */
-    const struct ops_attention_kernels *kernels; /* set by ops_attention (ISA level, KV storage) */
-    int heads_per_task; /* set by ops_attention: query heads of one KV head that a task takes */
-    /* set by ops_attention when the rows' splits run as tasks of their own (few rows): the
-     * shared partials and arrival counts (in thread 0's scratch) and the scores' room */
-    float *split_part;
-    int *split_count;
-    size_t split_cap;
-} ops_attention_args;
-size_t ops_attention_scratch(const kv_cache *kv);
-void ops_attention(const ops_attention_args *a, threadpool *tp);
+} op_attn;
+
+/* A gated MLP: down(act(gate · x) * (up · x)). */
+typedef struct op_mlp {
+    const op_weight *gate, *up, *down;
+    op_act act;
+} op_mlp;
+
+/* How the step's logits leave it: to the host (batch.logits), only each row's greedy id
+ * (ids; the first index of the largest logit), kept where the backend computed them for a
+ * sampler that runs there, or (embedding models) the final-normed hidden rows instead of
+ * logits, to the host (batch.logits as [n_out, hidden]). */
+typedef enum op_out { OP_OUT_LOGITS, OP_OUT_IDS, OP_OUT_KEEP, OP_OUT_HIDDEN } op_out;
+
+typedef struct op_backend op_backend; /* a backend instance: its buffers, its copy of the items */
+typedef struct op_table op_table;
+
+/* What every op of one step sees. */
+typedef struct op_step {
+    const op_table *t;
+    op_backend *be;
+    const op_dims *dims;
+    kv_cache *kv;
+    const op_batch *b;
+    op_out out;
+    hearth_error *err;
+} op_step;
+
+/* The part of a forward pass after the embedding (the blocks and the logits): the backend
+ * calls it once per step, or once per captured graph that it then replays. */
+typedef hearth_status (*op_layers_fn)(const op_step *s, const void *ctx);
+
+/* x = table[token] * scale for every token of the step. */
+typedef struct op_embed {
+    const op_weight *table;
+    float scale;
+} op_embed;
+
+struct op_table {
+    const char *name;
+    /* One step: embeds b's tokens into x, runs layers(s, ctx), and delivers the logits as
+     * `out` says (ids: n_out entries). Checks b against the sizes the backend was made for. */
+    hearth_status (*step)(op_backend *be, kv_cache *kv, const op_batch *b, const op_dims *dims, const op_embed *embed,
+                          op_layers_fn layers, const void *ctx, op_out out, int32_t *ids, hearth_error *err);
+    /* x += delta (unless OP_NONE); xn = rmsnorm(x) * (w + shift). next: the weights that
+     * will read xn (a backend may prepare xn for them, e.g. quantize it once). */
+    hearth_status (*add_norm)(const op_step *s, op_buf delta, const float *w, float shift, const op_weight *const *next,
+                              int n_next);
+    /* buf = rmsnorm(buf) * (w + shift), in place. */
+    hearth_status (*norm)(const op_step *s, op_buf buf, const float *w, float shift);
+    /* dst += src. */
+    hearth_status (*add)(const op_step *s, op_buf dst, op_buf src);
+    /* q, k, v = projections of xn (+ bias, per-head norm, RoPE at each token's position);
+     * the keys and values join layer `layer` of the KV pool. */
+    hearth_status (*qkv_rope_store)(const op_step *s, int layer, const op_attn *a);
+    /* tmp = o · attention(q over the cached keys and values of each token's sequence). */
+    hearth_status (*attention)(const op_step *s, int layer, const op_attn *a);
+    /* tmp = the gated MLP of xn. */
+    hearth_status (*mlp)(const op_step *s, const op_mlp *m);
+    /* logits of the step's out_rows: lm_head · rmsnorm(x[row]) * (w + shift) (OP_OUT_HIDDEN:
+     * the normed rows themselves). */
+    hearth_status (*logits)(const op_step *s, const float *w, float shift, const op_weight *lm_head);
+    /* The device copy of kv rows (a partial prefix match), ordered before the next step;
+     * NULL where the KV pool is the host's own. */
+    hearth_status (*kv_copy)(op_backend *be, int32_t src, int32_t dst, int rows, hearth_error *err);
+    void (*free)(op_backend *be);
+};
+
+/* Every backend instance starts with its table. */
+struct op_backend {
+    const op_table *t;
+};
+
+/* The op calls a forward pass makes, one per table entry. */
+static inline hearth_status op_add_norm(const op_step *s, op_buf delta, const float *w, float shift,
+                                        const op_weight *const *next, int n_next) {
+    return s->t->add_norm(s, delta, w, shift, next, n_next);
+}
+static inline hearth_status op_norm(const op_step *s, op_buf buf, const float *w, float shift) {
+    return s->t->norm(s, buf, w, shift);
+}
+static inline hearth_status op_add(const op_step *s, op_buf dst, op_buf src) { return s->t->add(s, dst, src); }
+static inline hearth_status op_qkv_rope_store(const op_step *s, int layer, const op_attn *a) {
+    return s->t->qkv_rope_store(s, layer, a);
+}
+static inline hearth_status op_attention(const op_step *s, int layer, const op_attn *a) {
+    return s->t->attention(s, layer, a);
+}
+static inline hearth_status op_mlp_run(const op_step *s, const op_mlp *m) { return s->t->mlp(s, m); }
+static inline hearth_status op_logits(const op_step *s, const float *w, float shift, const op_weight *lm_head) {
+    return s->t->logits(s, w, shift, lm_head);
+}
+
+/* The checks every backend's step makes before it runs: T and n_out within its sizes,
+ * every position reserved in kv, every out_row inside the batch. */
+hearth_status op_batch_check(const op_batch *b, const kv_cache *kv, int max_tokens, int max_out, hearth_error *err);
+/* x[t] = e->table[tokens[t]] * e->scale for T tokens (hidden floats each), made with the
+ * scalar dequantizer on the host (bit-exact, every format), rows spread over tp; fails on
+ * a token outside [0, vocab). Every backend's step starts with it. */
+hearth_status op_embed_rows(const op_embed *e, const int32_t *tokens, int T, int vocab, float *x, threadpool *tp,
+                            hearth_error *err);
 #endif

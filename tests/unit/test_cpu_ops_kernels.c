@@ -19,7 +19,7 @@
 #include "base/cpu_features.h"
 #include "base/threadpool.h"
 #include "kv/kv_cache.h"
-#include "ops/ops.h"
+#include "backend/cpu/cpu_ops.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

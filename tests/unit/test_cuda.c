@@ -27,7 +27,7 @@ int main(void) {
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_affine.h"
 #include "base/half.h"
-#include "ops/ops.h"
+#include "backend/cpu/cpu_ops.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 static uint32_t rnd(void) { /* xorshift64*, reseeded from the clock in main: fresh inputs each run */

@@ -28,7 +28,7 @@ int main(void) {
 #include "backend/cpu/kernels.h"
 #include "backend/cuda/cuda_backend.h"
 #include "base/half.h"
-#include "ops/ops.h"
+#include "backend/cpu/cpu_ops.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float rndf(void) { /* xorshift64*, [-1, 1) */

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "base/cpu_features.h"
-#include "ops/ops.h"
+#include "backend/cpu/cpu_ops.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -177,40 +177,19 @@ static void add_weight(cuda_plan *p, cuda_alloc_tally *t, const op_weight *w) {
     }
 }
 
-/* A norm, bias or frequency vector: uploaded when the model has it. A planned model
- * (model_plan) has no data pointers, so the family's norms are counted from the config;
- * q/k/v biases only from a loaded model (no supported family's checkpoints carry them). */
-static void add_vec(cuda_alloc_tally *t, const void *ptr, int family_has, size_t floats) {
-    if (ptr || family_has) cuda_tally_add(t, floats * sizeof(float));
-}
-
-static void plan_weights(cuda_plan *p, const model *m, cuda_alloc_tally *t) {
-    const model_config *c = &m->cfg;
-    size_t qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim, h = (size_t)c->hidden;
-    int gemma = c->family == FAMILY_GEMMA3, qk = c->family != FAMILY_LLAMA;
-    for (int i = 0; i < c->n_layers; i++) {
-        const layer_weights *l = &m->layers[i];
-        const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
-        for (int j = 0; j < 7; j++) add_weight(p, t, ws[j]);
-        add_vec(t, l->q_bias, 0, qd);
-        add_vec(t, l->k_bias, 0, kd);
-        add_vec(t, l->v_bias, 0, kd);
-        add_vec(t, l->attn_norm, 1, h);
-        add_vec(t, l->ffn_norm, 1, h);
-        add_vec(t, l->post_attn_norm, gemma, h);
-        add_vec(t, l->post_ffn_norm, gemma, h);
-        add_vec(t, l->q_norm, qk, (size_t)c->head_dim);
-        add_vec(t, l->k_norm, qk, (size_t)c->head_dim);
+/* Every item of the model in cuda_model_create's upload order: weights in their device
+ * layout, vectors as floats (a planned model lists the vectors its family has, without data). */
+static void plan_weights(cuda_plan *p, const op_model *om, cuda_alloc_tally *t) {
+    for (int i = 0; i < om->n_items; i++) {
+        const op_item *it = &om->items[i];
+        if (it->w) add_weight(p, t, it->w);
+        else cuda_tally_add(t, (size_t)it->n * sizeof(float));
     }
-    add_weight(p, t, &m->lm_head);
-    add_vec(t, m->final_norm, 1, h);
-    add_vec(t, c->inv_freq_global, 0, (size_t)c->head_dim / 2);
-    add_vec(t, c->inv_freq_local, 0, (size_t)c->head_dim / 2);
 }
 
-static void plan_scratch(cuda_plan *p, const model *m, const kv_cache *kv, int max_tokens, int max_out,
+static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, int max_tokens, int max_out,
                          cuda_alloc_tally *t) {
-    const model_config *c = &m->cfg;
+    const op_dims *c = &om->dims;
     size_t T = (size_t)max_tokens, qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
     size_t acts[CUDA_PLAN_N_ACT] = {T * c->hidden,
                                     T * c->hidden,
@@ -257,11 +236,9 @@ static void plan_scratch(cuda_plan *p, const model *m, const kv_cache *kv, int m
     cuda_tally_add(t, p->decode_q8_scale_bytes);
     /* the GEMM scratch: the largest layer weight dequantized and the widest input */
     size_t max_w = 0, max_k = kmax;
-    for (int i = 0; i < c->n_layers; i++) {
-        const layer_weights *l = &m->layers[i];
-        const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
-        for (int j = 0; j < 7; j++)
-            if ((size_t)(ws[j]->n * ws[j]->k) > max_w) max_w = (size_t)(ws[j]->n * ws[j]->k);
+    for (int i = 0; i < om->n_items; i++) { /* the layers' weights (not lm_head: it never goes to the GEMM scratch) */
+        const op_weight *w = om->items[i].w;
+        if (w && !om->items[i].logits && (size_t)(w->n * w->k) > max_w) max_w = (size_t)(w->n * w->k);
     }
     p->gemm_max_w = max_w;
     p->gemm_max_x = max_k * T;
@@ -276,7 +253,7 @@ static void plan_scratch(cuda_plan *p, const model *m, const kv_cache *kv, int m
     p->pinned_host = T * c->hidden * sizeof(float) + 3 * T * sizeof(int32_t) + (size_t)max_out * sizeof(int32_t);
 }
 
-void cuda_plan_make(const model *m, const kv_cache *kv, int max_tokens, int max_out, int kv_dtype, int gemm_exact,
+void cuda_plan_make(const op_model *om, const kv_cache *kv, int max_tokens, int max_out, int kv_dtype, int gemm_exact,
                     cuda_plan *p) {
     memset(p, 0, sizeof *p);
     p->kv_dtype = kv_dtype;
@@ -284,7 +261,7 @@ void cuda_plan_make(const model *m, const kv_cache *kv, int max_tokens, int max_
     /* one tally (the small allocations of all parts share pages); each part gets its own
      * pages and aligned small bytes, the shared pages' rounding goes to scratch */
     cuda_alloc_tally t = {0};
-    plan_weights(p, m, &t);
+    plan_weights(p, om, &t);
     p->weights = t.large + t.small;
     size_t data, scales; /* cuda_kv.cu allocates keys, values, then their scales */
     cuda_kv_plane_parts(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, kv_dtype, &data, &scales);
@@ -293,7 +270,7 @@ void cuda_plan_make(const model *m, const kv_cache *kv, int max_tokens, int max_
     if (scales) cuda_tally_add(&t, scales), cuda_tally_add(&t, scales);
     cuda_tally_add(&t, (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t));
     p->kv = t.large + t.small - p->weights;
-    plan_scratch(p, m, kv, max_tokens, max_out, &t);
+    plan_scratch(p, om, kv, max_tokens, max_out, &t);
     p->scratch = cuda_tally_bytes(&t) - p->weights - p->kv;
     p->requested = t.requested;
     p->n_allocs = t.count;
@@ -301,12 +278,11 @@ void cuda_plan_make(const model *m, const kv_cache *kv, int max_tokens, int max_
 
 size_t cuda_plan_bytes(const cuda_plan *p) { return p->weights + p->kv + p->scratch; }
 
-double cuda_plan_decode_bytes(const cuda_plan *p, const model *m, int context) {
-    const model_config *c = &m->cfg;
+double cuda_plan_decode_bytes(const cuda_plan *p, const op_model *om, int context) {
+    const op_dims *c = &om->dims;
     double b = (double)p->weights_read, per_pos = cuda_kv_position_bytes(c->n_kv_heads, c->head_dim, p->kv_dtype);
     for (int i = 0; i < c->n_layers; i++) {
-        int span =
-            m->layers[i].sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
+        int w = om->layer_window[i], span = w > 0 && w < context ? w : context;
         b += span * per_pos;
     }
     return b;

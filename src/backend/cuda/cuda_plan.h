@@ -5,7 +5,7 @@
  * allocates nothing. */
 #ifndef HEARTH_BACKEND_CUDA_PLAN_H
 #define HEARTH_BACKEND_CUDA_PLAN_H
-#include "model/model.h"
+#include "ops/ops.h"
 #include <stddef.h>
 
 /* Decode steps of at most this many tokens use the GEMV kernels and CUDA graphs
@@ -104,13 +104,13 @@ typedef struct cuda_plan {
     size_t upload_host; /* the largest temporary host buffer of an upload (repack, f32 expansion) */
 } cuda_plan;
 
-/* Sizes cuda_model_create's buffers for m (loaded or only planned: model_plan), a KV pool
+/* Sizes cuda_model_create's buffers for om (a loaded or only planned model), a KV pool
  * of kv's shape stored as kv_dtype, max_tokens per step and max_out logits rows. */
-void cuda_plan_make(const model *m, const kv_cache *kv, int max_tokens, int max_out, int kv_dtype, int gemm_exact,
+void cuda_plan_make(const op_model *om, const kv_cache *kv, int max_tokens, int max_out, int kv_dtype, int gemm_exact,
                     cuda_plan *p);
 /* Device bytes of the plan (weights + kv + scratch), without the runtime (context, cuBLAS). */
 size_t cuda_plan_bytes(const cuda_plan *p);
 /* Device bytes one decode step reads with `context` positions cached per layer (sliding
  * layers read at most their window): the GPU's decode roofline denominator. */
-double cuda_plan_decode_bytes(const cuda_plan *p, const model *m, int context);
+double cuda_plan_decode_bytes(const cuda_plan *p, const op_model *om, int context);
 #endif

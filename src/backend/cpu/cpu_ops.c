@@ -1,9 +1,9 @@
-/* ops_cpu.c: CPU implementations of the ops in ops.h. Plain float32 loops the compiler
+/* cpu_ops.c: the CPU kernels of cpu_ops.h. Plain float32 loops the compiler
  * vectorises; attention (over float or int8 KV) is split over (token, head) pairs on the
  * thread pool, or for prefill on AVX2 over tiles of tokens x the query heads of one KV
  * head. The arithmetic mirrors mlx's (f32 accumulation, max-subtracted softmax) so the
  * reference tier stays within float rounding of mlx-lm. */
-#include "ops/ops.h"
+#include "backend/cpu/cpu_ops.h"
 #include "base/cpu_features.h"
 #include <immintrin.h>
 #include <math.h>

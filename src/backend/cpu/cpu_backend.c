@@ -1,0 +1,217 @@
+/* cpu_backend.c: the op table on the CPU. Each op is the plain sequence of kernels
+ * (matmul.h, cpu_ops.h) over float32 activation rows held here; weights are read in place
+ * from the model's memory. Scratch is sized once for the largest step; a step allocates
+ * nothing. Knows no model family: the forward pass comes from model/ as op calls. */
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/matmul.h"
+#include "base/err.h"
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cpu_backend {
+    op_backend base;
+    threadpool *tp;
+    int max_tokens, max_out;
+    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up; /* [max_tokens, width] each */
+    float *rows;                                       /* [max_out, hidden]: rows that need logits */
+    float *attn;                                       /* attention scratch, per thread */
+    void *mm;                                          /* matmul scratch (quantized activations) */
+    size_t mm_size;
+} cpu_backend;
+
+static cpu_backend *cb(const op_step *s) { return (cpu_backend *)s->be; }
+
+static size_t mm_scratch_need(const op_model *om, int T) {
+    size_t need = 0;
+    for (int i = 0; i < om->n_items; i++) {
+        if (!om->items[i].w) continue;
+        size_t n = cpu_matmul_scratch_size(om->items[i].w, T);
+        if (n > need) need = n;
+    }
+    return need;
+}
+
+/* The widths of the activation buffers, in floats per token, in cpu_backend's order. */
+enum { CPU_N_ACT = 11 };
+static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
+                      size_t sizes[CPU_N_ACT]) {
+    size_t T = (size_t)max_tokens, qd = (size_t)d->n_heads * d->head_dim, kd = (size_t)d->n_kv_heads * d->head_dim;
+    size_t s[CPU_N_ACT] = {T * d->hidden, T * d->hidden, T * qd, T * kd, T * kd, T * qd, T * d->hidden, T * d->ffn,
+                           T * d->ffn, (size_t)max_out * d->hidden, (size_t)n_threads * ops_attention_scratch(kv)};
+    memcpy(sizes, s, sizeof s);
+}
+
+size_t cpu_backend_bytes(const op_model *om, const kv_cache *kv, int max_tokens, int max_out, int n_threads) {
+    size_t sizes[CPU_N_ACT], total = sizeof(cpu_backend) + mm_scratch_need(om, max_tokens) + 64 * (CPU_N_ACT + 1);
+    act_sizes(&om->dims, kv, max_tokens, max_out, n_threads, sizes);
+    for (int i = 0; i < CPU_N_ACT; i++) total += sizes[i] * sizeof(float);
+    return total;
+}
+
+static void cpu_free(op_backend *be) {
+    cpu_backend *c = (cpu_backend *)be;
+    if (!c) return;
+    float *ptrs[] = {c->x, c->xn, c->q, c->k, c->v, c->att, c->tmp, c->gate, c->up, c->rows, c->attn};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
+    free(c->mm);
+    free(c);
+}
+
+static float *buf(const op_step *s, op_buf b) {
+    cpu_backend *c = cb(s);
+    return b == OP_X ? c->x : b == OP_XN ? c->xn : b == OP_TMP ? c->tmp : NULL;
+}
+
+static hearth_status matmul(const op_step *s, const op_weight *w, const float *x, int T, float *y) {
+    cpu_backend *c = cb(s);
+    if (s->b->batch_invariant) return cpu_matmul_invariant(w, x, T, y, c->mm, c->mm_size, c->tp, s->err);
+    return cpu_matmul(w, x, T, y, c->mm, c->mm_size, c->tp, s->err);
+}
+
+/* Weights that read the same input (q/k/v, gate/up) in one thread-pool round: decode of
+ * small models is bound by the number of rounds, not by the weights' bytes. */
+static hearth_status matmul_fused(const op_step *s, int count, const op_weight *const *ws, float *const *ys,
+                                  const float *x) {
+    cpu_backend *c = cb(s);
+    return cpu_matmul_fused(count, ws, ys, x, s->b->T, c->mm, c->mm_size, c->tp, s->b->batch_invariant, s->err);
+}
+
+static hearth_status cpu_add_norm(const op_step *s, op_buf delta, const float *w, float shift,
+                                  const op_weight *const *next, int n_next) {
+    (void)next, (void)n_next;
+    cpu_backend *c = cb(s);
+    int T = s->b->T, H = s->dims->hidden;
+    if (delta != OP_NONE) ops_add(c->x, buf(s, delta), (size_t)T * H);
+    ops_rmsnorm(c->xn, c->x, w, shift, T, H, s->dims->norm_eps);
+    return HEARTH_OK;
+}
+
+static hearth_status cpu_norm(const op_step *s, op_buf b, const float *w, float shift) {
+    float *x = buf(s, b);
+    ops_rmsnorm(x, x, w, shift, s->b->T, s->dims->hidden, s->dims->norm_eps);
+    return HEARTH_OK;
+}
+
+static hearth_status cpu_add(const op_step *s, op_buf dst, op_buf src) {
+    ops_add(buf(s, dst), buf(s, src), (size_t)s->b->T * s->dims->hidden);
+    return HEARTH_OK;
+}
+
+static void add_bias(float *y, const float *bias, int T, int n) {
+    if (!bias) return;
+    for (int t = 0; t < T; t++) ops_add(y + (size_t)t * n, bias, (size_t)n);
+}
+
+static hearth_status cpu_qkv_rope_store(const op_step *s, int layer, const op_attn *a) {
+    cpu_backend *c = cb(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T, qd = d->n_heads * d->head_dim, kd = d->n_kv_heads * d->head_dim;
+    const op_weight *qkv[] = {a->q, a->k, a->v};
+    float *const qkv_out[] = {c->q, c->k, c->v};
+    hearth_status st = matmul_fused(s, 3, qkv, qkv_out, c->xn);
+    if (st) return st;
+    add_bias(c->q, a->q_bias, T, qd);
+    add_bias(c->k, a->k_bias, T, kd);
+    add_bias(c->v, a->v_bias, T, kd);
+    if (a->q_norm) ops_rmsnorm(c->q, c->q, a->q_norm, a->norm_shift, T * d->n_heads, d->head_dim, a->norm_eps);
+    if (a->k_norm) ops_rmsnorm(c->k, c->k, a->k_norm, a->norm_shift, T * d->n_kv_heads, d->head_dim, a->norm_eps);
+    ops_rope(c->q, T, d->n_heads, d->head_dim, s->b->pos, a->inv_freq, d->rope_adjacent);
+    ops_rope(c->k, T, d->n_kv_heads, d->head_dim, s->b->pos, a->inv_freq, d->rope_adjacent);
+    for (int t = 0; t < T; t++) /* the new keys and values join the cache before attending */
+        for (int h = 0; h < d->n_kv_heads; h++) {
+            size_t off = (size_t)t * kd + (size_t)h * d->head_dim;
+            kv_store(s->kv, layer, s->b->slot[t], s->b->pos[t], h, c->k + off, c->v + off);
+        }
+    return HEARTH_OK;
+}
+
+static hearth_status cpu_attention(const op_step *s, int layer, const op_attn *a) {
+    cpu_backend *c = cb(s);
+    const op_dims *d = s->dims;
+    ops_attention_args args = {.kv = s->kv, .layer = layer, .q = c->q, .out = c->att, .T = s->b->T,
+                               .n_heads = d->n_heads, .n_kv_heads = d->n_kv_heads, .head_dim = d->head_dim,
+                               .pos = s->b->pos, .slot = s->b->slot, .window = a->window, .scale = a->scale,
+                               .scratch = c->attn};
+    ops_attention(&args, c->tp);
+    return matmul(s, a->o, c->att, s->b->T, c->tmp);
+}
+
+static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
+    cpu_backend *c = cb(s);
+    const op_weight *gate_up[] = {m->gate, m->up};
+    float *const gate_up_out[] = {c->gate, c->up};
+    hearth_status st = matmul_fused(s, 2, gate_up, gate_up_out, c->xn);
+    if (st) return st;
+    size_t n = (size_t)s->b->T * s->dims->ffn;
+    if (m->act == OP_ACT_SILU) ops_silu_mul(c->gate, c->up, n);
+    else ops_gelu_tanh_mul(c->gate, c->up, n);
+    return matmul(s, m->down, c->gate, s->b->T, c->tmp);
+}
+
+static hearth_status cpu_logits(const op_step *s, const float *w, float shift, const op_weight *lm_head) {
+    cpu_backend *c = cb(s);
+    const op_batch *b = s->b;
+    int H = s->dims->hidden;
+    /* the hidden rows go straight to the caller; logits rows via the normed copies */
+    float *rows = s->out == OP_OUT_HIDDEN ? b->logits : c->rows;
+    for (int i = 0; i < b->n_out; i++)
+        memcpy(rows + (size_t)i * H, c->x + (size_t)b->out_rows[i] * H, (size_t)H * sizeof(float));
+    ops_rmsnorm(rows, rows, w, shift, b->n_out, H, s->dims->norm_eps);
+    if (s->out == OP_OUT_HIDDEN || b->n_out == 0) return HEARTH_OK;
+    return matmul(s, lm_head, rows, b->n_out, b->logits);
+}
+
+static hearth_status cpu_step(op_backend *be, kv_cache *kv, const op_batch *b, const op_dims *dims,
+                              const op_embed *embed, op_layers_fn layers, const void *ctx, op_out out, int32_t *ids,
+                              hearth_error *err) {
+    (void)ids;
+    cpu_backend *c = (cpu_backend *)be;
+    if (out == OP_OUT_IDS || out == OP_OUT_KEEP)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cpu: the logits of a step always come back to the host");
+    hearth_status st = op_batch_check(b, kv, c->max_tokens, c->max_out, err);
+    if (!st) st = op_embed_rows(embed, b->tokens, b->T, dims->vocab, c->x, c->tp, err);
+    if (st) return st;
+    op_step s = {.t = be->t, .be = be, .dims = dims, .kv = kv, .b = b, .out = out, .err = err};
+    return layers(&s, ctx);
+}
+
+static const op_table cpu_table = {.name = "cpu",
+                                   .step = cpu_step,
+                                   .add_norm = cpu_add_norm,
+                                   .norm = cpu_norm,
+                                   .add = cpu_add,
+                                   .qkv_rope_store = cpu_qkv_rope_store,
+                                   .attention = cpu_attention,
+                                   .mlp = cpu_mlp,
+                                   .logits = cpu_logits,
+                                   .kv_copy = NULL,
+                                   .free = cpu_free};
+
+hearth_status cpu_backend_create(const op_model *om, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
+                                 threadpool *tp, op_backend **out, hearth_error *err) {
+    *out = NULL;
+    cpu_backend *c = calloc(1, sizeof *c);
+    if (!c) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    c->base.t = &cpu_table;
+    c->tp = tp;
+    size_t sizes[CPU_N_ACT];
+    act_sizes(&om->dims, kv, max_tokens, max_out, n_threads, sizes);
+    float **ptrs[CPU_N_ACT] = {&c->x, &c->xn, &c->q, &c->k, &c->v, &c->att, &c->tmp, &c->gate, &c->up, &c->rows, &c->attn};
+    int ok = 1;
+    for (int i = 0; i < CPU_N_ACT; i++) {
+        if (posix_memalign((void **)ptrs[i], 64, sizes[i] * sizeof(float) + 64)) ok = 0;
+        else memset(*ptrs[i], 0, sizes[i] * sizeof(float)); /* resident from the start */
+    }
+    c->mm_size = mm_scratch_need(om, max_tokens);
+    if (ok && c->mm_size && posix_memalign(&c->mm, 64, c->mm_size)) ok = 0;
+    else if (ok && c->mm_size) memset(c->mm, 0, c->mm_size); /* resident from the start: fit predicts it */
+    c->max_tokens = max_tokens;
+    c->max_out = max_out;
+    if (!ok) {
+        cpu_free(&c->base);
+        return err_set(err, HEARTH_ERR_NOMEM, "cannot allocate scratch for %d tokens", max_tokens);
+    }
+    *out = &c->base;
+    return HEARTH_OK;
+}

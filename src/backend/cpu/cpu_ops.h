@@ -1,0 +1,53 @@
+/* cpu_ops.h: the CPU backend's element-wise and attention kernels over float32 rows of a
+ * ragged batch (matmul lives in matmul.h); cpu_backend.c composes them into the op table
+ * (ops/ops.h). Every kernel writes into caller-owned buffers and allocates nothing. */
+#ifndef HEARTH_BACKEND_CPU_OPS_H
+#define HEARTH_BACKEND_CPU_OPS_H
+#include "base/threadpool.h"
+#include "kv/kv_cache.h"
+#include <stddef.h>
+#include <stdint.h>
+
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * (w + shift), for T rows of n. shift is 1 for
+ * Gemma's (1 + weight) norms, else 0. out may equal x. */
+void ops_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps);
+/* Applies RoPE in place to n_heads heads of head_dim in each of T rows at positions pos.
+ * inv_freq has head_dim/2 entries (theta_i = pos * inv_freq[i]). adjacent: rotate pairs
+ * (2i, 2i+1) as GGUF llama weights expect; else pairs (i, i + head_dim/2) as HF/MLX do. */
+void ops_rope(float *x, int T, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq, int adjacent);
+/* x[i] = act(gate[i]) * up[i]: SiLU (llama, qwen3) or tanh-approximated GELU (gemma3). */
+void ops_silu_mul(float *gate, const float *up, size_t n);
+void ops_gelu_tanh_mul(float *gate, const float *up, size_t n);
+/* The first index of the largest of x[0..n), NaN never above anything (x[0] NaN: 0): the
+ * greedy rule, as the loop `if (x[i] > x[best]) best = i` gives it. */
+int ops_argmax(const float *x, int n);
+void ops_add(float *x, const float *y, size_t n);
+void ops_scale(float *x, float s, size_t n);
+
+/* Causal attention over the paged cache for one layer (float or int8 KV: int8 rows are
+ * dequantized inside the dot products, never into a buffer). For each token t (of sequence
+ * slot[t] at position pos[t]) and query head h, attends to that sequence's cached
+ * positions max(0, pos[t] - window + 1) .. pos[t] (window 0 = unlimited), with grouped
+ * KV heads (n_heads / n_kv_heads queries per KV head). q: [T, n_heads*head_dim];
+ * out: same shape. scratch holds ops_attention_scratch floats per thread. */
+typedef struct ops_attention_args {
+    const kv_cache *kv;
+    int layer;
+    const float *q;
+    float *out;
+    int T, n_heads, n_kv_heads, head_dim;
+    const int32_t *pos, *slot;
+    int window;
+    float scale;
+    float *scratch; /* tp_threads(tp) * ops_attention_scratch(kv) floats */
+    const struct ops_attention_kernels *kernels; /* set by ops_attention (ISA level, KV storage) */
+    int heads_per_task; /* set by ops_attention: query heads of one KV head that a task takes */
+    /* set by ops_attention when the rows' splits run as tasks of their own (few rows): the
+     * shared partials and arrival counts (in thread 0's scratch) and the scores' room */
+    float *split_part;
+    int *split_count;
+    size_t split_cap;
+} ops_attention_args;
+size_t ops_attention_scratch(const kv_cache *kv);
+void ops_attention(const ops_attention_args *a, threadpool *tp);
+#endif

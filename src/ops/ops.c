@@ -1,0 +1,66 @@
+/* ops.c: the parts of a step every backend shares, in plain C: the batch checks and the
+ * embedding rows (made on the host with the scalar dequantizer, so every backend starts
+ * from the same bits). The ops themselves are the backends'. */
+#include "ops/ops.h"
+#include "base/err.h"
+
+hearth_status op_batch_check(const op_batch *b, const kv_cache *kv, int max_tokens, int max_out, hearth_error *err) {
+    if (b->T <= 0 || b->T > max_tokens || b->n_out < 0 || b->n_out > max_out)
+        return err_set(err, HEARTH_ERR_INVALID, "batch of %d tokens / %d logits rows exceeds the scratch (%d / %d)",
+                       b->T, b->n_out, max_tokens, max_out);
+    for (int t = 0; t < b->T; t++)
+        if (b->slot[t] < 0 || b->slot[t] >= kv->max_slots || b->pos[t] < 0 || b->pos[t] >= kv->n_tokens[b->slot[t]])
+            return err_set(err, HEARTH_ERR_INVALID, "token %d: position %d of slot %d is not reserved", t, b->pos[t],
+                           b->slot[t]);
+    for (int i = 0; i < b->n_out; i++)
+        if (b->out_rows[i] < 0 || b->out_rows[i] >= b->T)
+            return err_set(err, HEARTH_ERR_INVALID, "logits row %d outside the batch", b->out_rows[i]);
+    return HEARTH_OK;
+}
+
+/* Row `token` of the table, dequantized a block at a time. */
+static void embed_row(const op_weight *w, int64_t token, float *out) {
+    int chunk = w->dtype == DT_U32 ? 32 : tensor_dtype_block_elems(w->dtype);
+    if (chunk <= 1) chunk = 256;
+    for (int64_t k0 = 0; k0 < w->k; k0 += chunk) {
+        int count = (int)(w->k - k0 < chunk ? w->k - k0 : chunk);
+        op_weight_dequant(w, token, k0, count, out + k0);
+    }
+}
+
+typedef struct embed_job {
+    const op_embed *e;
+    const int32_t *tokens;
+    int T;
+    float *x;
+} embed_job;
+
+/* Rows [EMBED_ROWS * task, +EMBED_ROWS) of a step's embeddings, scaled (Gemma) as a whole
+ * pass would: each element is its own dequantization and product, so any split of the rows
+ * gives the same bits. */
+#define EMBED_ROWS 32
+static void embed_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const embed_job *j = ctx;
+    int64_t H = j->e->table->k;
+    int t0 = task * EMBED_ROWS, t1 = t0 + EMBED_ROWS < j->T ? t0 + EMBED_ROWS : j->T;
+    for (int t = t0; t < t1; t++) {
+        float *row = j->x + (size_t)t * H;
+        embed_row(j->e->table, j->tokens[t], row);
+        if (j->e->scale != 1.0f)
+            for (int64_t i = 0; i < H; i++) row[i] *= j->e->scale;
+    }
+}
+
+hearth_status op_embed_rows(const op_embed *e, const int32_t *tokens, int T, int vocab, float *x, threadpool *tp,
+                            hearth_error *err) {
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= vocab)
+            return err_set(err, HEARTH_ERR_INVALID, "token id %d is outside the vocabulary (0..%d)", tokens[t],
+                           vocab - 1);
+    /* A prefill chunk's rows are dequantized across the pool (on the GPU the device waits
+     * for them); a decode step's few rows stay on this thread (waking the pool costs more). */
+    embed_job j = {.e = e, .tokens = tokens, .T = T, .x = x};
+    tp_run(tp, (T + EMBED_ROWS - 1) / EMBED_ROWS, embed_task, &j); /* one task: inline */
+    return HEARTH_OK;
+}

@@ -81,8 +81,8 @@ $(BUILD)/obj/src/io/ggml_quant.o $(BUILD)/obj/src/backend/cpu/kernels_ref.o: OPT
 
 # The chat page is pulled into web_assets.o by .incbin, which -MMD cannot see.
 $(BUILD)/obj/src/server/web_assets.o build/fuzz/obj/src/server/web_assets.o: $(wildcard web/*)
-# Likewise data/*.json (the SKU table and the model catalogue) for hub_data.o.
-$(BUILD)/obj/src/hub/hub_data.o build/fuzz/obj/src/hub/hub_data.o: $(wildcard data/*)
+# Likewise data/*.json (the SKU table and the model catalogue) for data_files.o.
+$(BUILD)/obj/src/io/data_files.o build/fuzz/obj/src/io/data_files.o: $(wildcard data/*)
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)

@@ -158,10 +158,6 @@ void hearth_model_close(hearth_model *m) {
 
 const char *hearth_model_path(const hearth_model *m) { return m->entry.path; }
 
-const tensor_info *model_find_tensor(const hearth_model *m, const char *name) {
-    return m->entry.format == MODEL_FORMAT_GGUF ? gguf_find_tensor(&m->gguf, name) : st_set_find(&m->st, name);
-}
-
 char *hearth_model_list_json(void) {
     model_list l;
     resolve_list_models(&l);

@@ -4,7 +4,7 @@
  * caller's thread; batching several sequences per step is scheduler.c's job, through
  * engine_forward_rows. */
 #define _GNU_SOURCE
-#include "api/model_internal.h"
+#include "model/model_handle.h"
 #include "base/err.h"
 #include "base/mem_touch.h"
 #include "base/sbuf.h"

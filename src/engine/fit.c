@@ -4,7 +4,7 @@
  * report (--device cuda) is fit_cuda.c's. Reads /proc;
  * allocates no engine memory (only the bandwidth probe's buffer when asked to measure). */
 #define _GNU_SOURCE
-#include "api/model_internal.h"
+#include "model/model_handle.h"
 #include "backend/cpu/bandwidth.h"
 #include "base/err.h"
 #include "base/threadpool.h"

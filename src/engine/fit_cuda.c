@@ -3,13 +3,13 @@
  * side and the pool shape, cuda_plan for every device buffer) plus the CUDA runtime's own
  * share (data/cuda_runtime.json, per compute capability), for the local GPU or a GPU of
  * data/skus.json. Allocates no engine memory; touches the GPU only to read its memory. */
-#include "api/model_internal.h"
+#include "model/model_handle.h"
 #include "backend/cuda/cuda_plan.h"
 #include "base/err.h"
 #include "engine/engine_device.h"
 #include "engine/fit_internal.h"
 #include "model/model.h"
-#include "hub/hub.h"
+#include "io/data_files.h"
 #include <ctype.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -56,7 +56,7 @@ static int contains_words(const char *hay, const char *needle) {
 
 /* The GPU row of skus.json named `want` (or whose name holds it as whole words): exactly one must match. */
 static hearth_status sku_lookup(const char *want, fit_gpu *g, hearth_error *err) {
-    char *text = hub_data_load("skus.json", err);
+    char *text = data_file_load("skus.json", err);
     if (!text) return err->status ? err->status : HEARTH_ERR_IO;
     json_t *t = json_loads(text, 0, NULL), *skus = json_object_get(t, "skus"), *found = NULL;
     free(text);
@@ -95,7 +95,7 @@ static hearth_status sku_lookup(const char *want, fit_gpu *g, hearth_error *err)
 
 /* The runtime row of cuda_runtime.json for g->cc (else its "default" row). */
 static hearth_status runtime_lookup(fit_gpu *g, hearth_error *err) {
-    char *text = hub_data_load("cuda_runtime.json", err);
+    char *text = data_file_load("cuda_runtime.json", err);
     if (!text) return err->status ? err->status : HEARTH_ERR_IO;
     json_t *t = json_loads(text, 0, NULL), *rows = json_object_get(t, "runtimes"), *pick = NULL;
     free(text);

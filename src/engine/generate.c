@@ -3,7 +3,7 @@
  * text through the detokenizer with stop strings held back until they can no longer
  * match, the finish reason) is gen_stream, shared with the batch scheduler. */
 #define _GNU_SOURCE
-#include "api/model_internal.h"
+#include "model/model_handle.h"
 #include "base/err.h"
 #include "base/sbuf.h"
 #include "engine/engine_internal.h"

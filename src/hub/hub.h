@@ -6,6 +6,7 @@
 #ifndef HEARTH_HUB_HUB_H
 #define HEARTH_HUB_HUB_H
 #include "hearth.h"
+#include "io/data_files.h"
 #include <stddef.h>
 
 /* Hub repo ids are at most 96 characters per part (the hub's own limit); revisions
@@ -60,10 +61,6 @@ typedef struct hub_file_list {
  * error (a hostile endpoint must not write outside the snapshot). */
 hearth_status hub_parse_file_list(const char *json, size_t len, hub_file_list *out, hearth_error *err);
 void hub_file_list_free(hub_file_list *l);
-
-/* data/<name> (skus.json, catalogue.json) as embedded at build time, or read from
- * $HEARTH_DATA/<name> when that is set; NUL-terminated, malloc'd; NULL with err set. */
-char *hub_data_load(const char *name, hearth_error *err);
 
 /* hearth_pull reporting into registry slot dl_id (from hub_downloads_begin; -2: take
  * one itself, -1: none). */

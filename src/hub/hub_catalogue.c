@@ -81,7 +81,7 @@ static int present(const char *hub_id, char *path, size_t cap) {
 
 hearth_status hearth_choose_model(hearth_choice *c, hearth_error *err) {
     memset(c, 0, sizeof *c);
-    char *text = hub_data_load("catalogue.json", err);
+    char *text = data_file_load("catalogue.json", err);
     if (!text) return err->status;
     json_error_t je;
     json_t *cat = json_loads(text, 0, &je), *models = json_object_get(cat, "models");

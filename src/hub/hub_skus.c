@@ -85,7 +85,7 @@ hearth_status hearth_fit_skus(hearth_model *m, const hearth_fit_options *o, char
     char *mine = NULL;
     hearth_error ignore = {0};
     if (o->engine.device != HEARTH_DEVICE_CPU && !o->sku && hearth_fit(m, o, &mine, &ignore)) mine = NULL;
-    if (!(table = hub_data_load("skus.json", err))) {
+    if (!(table = data_file_load("skus.json", err))) {
         hearth_free(report);
         return err->status ? err->status : HEARTH_ERR_IO;
     }

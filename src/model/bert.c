@@ -4,7 +4,7 @@
  * pooler and task heads are not loaded: sentence-transformers pools the last hidden state. */
 #define _GNU_SOURCE
 #include "model/bert.h"
-#include "api/model_internal.h"
+#include "model/model_handle.h"
 #include "base/err.h"
 #include "backend/cpu/cpu_ops.h"
 #include "ops/ops_encoder.h"

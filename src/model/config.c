@@ -2,7 +2,7 @@
  * metadata, with mlx-lm's defaults where a key is absent, and the RoPE inverse
  * frequencies (plain, llama3-scaled, linear-scaled, or GGUF rope_freqs factors). */
 #define _GNU_SOURCE
-#include "api/model_internal.h"
+#include "model/model_handle.h"
 #include "base/err.h"
 #include "base/half.h"
 #include "model/model.h"

@@ -3,7 +3,7 @@
  * native formats (norm vectors converted to float32). Every shape is checked against the
  * config; a mismatch names the tensor. No compute. */
 #define _GNU_SOURCE
-#include "api/model_internal.h"
+#include "model/model_handle.h"
 #include "base/err.h"
 #include "base/half.h"
 #include "base/mem.h"

@@ -28,7 +28,7 @@
  * 9 against 8.5); the f32 expansion it replaces took 32. */
 #ifndef HEARTH_CUDA_AFFINE_H
 #define HEARTH_CUDA_AFFINE_H
-#include "backend/cpu/matmul.h"
+#include "ops/op_weight.h"
 #include <stddef.h>
 #include <stdint.h>
 #ifdef __cplusplus

@@ -1,24 +1,24 @@
-/* hub_data.c: the data files of the repo's data/ folder (skus.json, catalogue.json, cuda_runtime.json),
+/* data_files.c: the data files of the repo's data/ folder (skus.json, catalogue.json, cuda_runtime.json),
  * embedded in the binary with .incbin so an installed hearth needs no data directory;
  * $HEARTH_DATA (a folder) replaces them, for tests and for users with their own table.
  * The Makefile makes this object depend on the files in data/. */
 #include "base/err.h"
 #include "base/file.h"
-#include "hub/hub.h"
+#include "io/data_files.h"
 #include <stdlib.h>
 #include <string.h>
 
 /* The paths are relative to the repository root, where make runs the compiler. */
-#define HUB_INCBIN(name, file)                                                                                         \
+#define DATA_INCBIN(name, file)                                                                                         \
     __asm__(".section .rodata\n.globl " #name "_start\n.hidden " #name "_start\n.globl " #name "_end\n.hidden " #name  \
             "_end\n.balign 16\n" #name "_start:\n.incbin \"" file "\"\n" #name "_end:\n.byte 0\n.text\n");             \
     extern const char name##_start[], name##_end[]
 
-HUB_INCBIN(hub_skus_json, "data/skus.json");
-HUB_INCBIN(hub_catalogue_json, "data/catalogue.json");
-HUB_INCBIN(hub_cuda_runtime_json, "data/cuda_runtime.json");
+DATA_INCBIN(hub_skus_json, "data/skus.json");
+DATA_INCBIN(hub_catalogue_json, "data/catalogue.json");
+DATA_INCBIN(hub_cuda_runtime_json, "data/cuda_runtime.json");
 
-char *hub_data_load(const char *name, hearth_error *err) {
+char *data_file_load(const char *name, hearth_error *err) {
     const char *dir = getenv("HEARTH_DATA");
     if (dir && *dir) {
         char *path = path_join(dir, name), *text = NULL;

@@ -198,6 +198,7 @@ parity: all
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test-build: all unit-build asan-build fuzz-build
 test: deps
+	@python3 tools/check_layers.py
 	@$(MAKE) --no-print-directory -j$(JOBS) test-build
 	@# the unit tests of the scheduler load the tiny models: made before they run
 	@bash tools/get_models.sh

@@ -20,14 +20,14 @@ op_mlp decoder_mlp(const model *m, int i, op_act act) {
     return (op_mlp){.gate = &l->gate, .up = &l->up, .down = &l->down, .act = act};
 }
 
-static void add_weight(model *m, const op_weight *w, int logits) {
-    m->items[m->ops.n_items++] = (op_item){.w = w, .logits = logits};
+static void add_weight(model *m, const op_weight *w, int logits, const char *name, int layer) {
+    m->items[m->ops.n_items++] = (op_item){.w = w, .logits = logits, .name = name, .layer = layer};
 }
 
 /* A vector the backends hold when the model has it; a planned model (no data yet) lists
  * the ones its family always has, so a device plan sizes them too. */
-static void add_vec(model *m, const float *v, int family_has, int64_t n) {
-    if (v || family_has) m->items[m->ops.n_items++] = (op_item){.vec = v, .n = n};
+static void add_vec(model *m, const float *v, int family_has, int64_t n, const char *name, int layer) {
+    if (v || family_has) m->items[m->ops.n_items++] = (op_item){.vec = v, .n = n, .name = name, .layer = layer};
 }
 
 /* (Re)builds m->ops after model_plan and again after model_load (the vectors' pointers). */
@@ -47,22 +47,23 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
     for (int i = 0; i < c->n_layers; i++) {
         const layer_weights *l = &m->layers[i];
         const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
-        for (int j = 0; j < 7; j++) add_weight(m, ws[j], 0);
-        add_vec(m, l->q_bias, 0, qd);
-        add_vec(m, l->k_bias, 0, kd);
-        add_vec(m, l->v_bias, 0, kd);
-        add_vec(m, l->attn_norm, 1, h);
-        add_vec(m, l->ffn_norm, 1, h);
-        add_vec(m, l->post_attn_norm, gemma, h);
-        add_vec(m, l->post_ffn_norm, gemma, h);
-        add_vec(m, l->q_norm, qk, c->head_dim);
-        add_vec(m, l->k_norm, qk, c->head_dim);
+        static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+        for (int j = 0; j < 7; j++) add_weight(m, ws[j], 0, names[j], i);
+        add_vec(m, l->q_bias, 0, qd, "q_bias", i);
+        add_vec(m, l->k_bias, 0, kd, "k_bias", i);
+        add_vec(m, l->v_bias, 0, kd, "v_bias", i);
+        add_vec(m, l->attn_norm, 1, h, "attn_norm", i);
+        add_vec(m, l->ffn_norm, 1, h, "ffn_norm", i);
+        add_vec(m, l->post_attn_norm, gemma, h, "post_attn_norm", i);
+        add_vec(m, l->post_ffn_norm, gemma, h, "post_ffn_norm", i);
+        add_vec(m, l->q_norm, qk, c->head_dim, "q_norm", i);
+        add_vec(m, l->k_norm, qk, c->head_dim, "k_norm", i);
         m->layer_window[i] = l->sliding ? c->sliding_window : 0;
     }
-    add_weight(m, &m->lm_head, 1);
-    add_vec(m, m->final_norm, 1, h);
-    add_vec(m, c->inv_freq_global, 0, c->head_dim / 2);
-    add_vec(m, c->inv_freq_local, 0, c->head_dim / 2);
+    add_weight(m, &m->lm_head, 1, "lm_head", -1);
+    add_vec(m, m->final_norm, 1, h, "final_norm", -1);
+    add_vec(m, c->inv_freq_global, 0, c->head_dim / 2, "rope_inv_freq", -1);
+    add_vec(m, c->inv_freq_local, 0, c->head_dim / 2, "rope_inv_freq_local", -1);
     return HEARTH_OK;
 }
 

@@ -28,6 +28,8 @@ typedef struct op_item {
     const float *vec;
     int64_t n;
     int logits;
+    const char *name; /* for messages: "q_proj", "attn_norm", ... */
+    int layer;        /* -1: not in a layer */
 } op_item;
 
 /* What a backend is told of a model when it starts: shapes, every item its ops will be

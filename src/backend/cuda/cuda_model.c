@@ -106,8 +106,9 @@ static float *dbuf(const cuda_model *cm, op_buf b) {
 /* Uploads item i: a weight in its device layout, or a vector of floats. */
 static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, hearth_error *err) {
     char what[64];
+    if (it->layer >= 0) snprintf(what, sizeof what, "layer %d %s", it->layer, it->name ? it->name : "?");
+    else snprintf(what, sizeof what, "%s", it->name ? it->name : "?");
     if (it->w) {
-        snprintf(what, sizeof what, "weight %d of %d", i, cm->n_items);
         int expanded = 0; /* counted by the plan (cuda_weight_layout) */
         cuda_weight *d = &cm->weights[i];
         TRY(cuda_weight_upload_any(d, it->w, what, &expanded, err));
@@ -118,8 +119,8 @@ static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, heart
         map_put(cm, it->w, d);
         return HEARTH_OK;
     }
-    if (!it->vec) return err_set(err, HEARTH_ERR_INVALID, "cuda: item %d is a vector without data", i);
-    TRY(cuda_alloc((void **)&cm->vecs[i], (size_t)it->n * sizeof(float), "norm/bias vector", err));
+    if (!it->vec) return err_set(err, HEARTH_ERR_INVALID, "cuda: %s has no data (a planned model, not a loaded one)", what);
+    TRY(cuda_alloc((void **)&cm->vecs[i], (size_t)it->n * sizeof(float), what, err));
     TRY(cuda_upload(cm->vecs[i], it->vec, (size_t)it->n * sizeof(float), err));
     map_put(cm, it->vec, cm->vecs[i]);
     return HEARTH_OK;

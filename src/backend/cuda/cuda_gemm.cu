@@ -359,7 +359,7 @@ __global__ void to_f16x4_kernel(const float4 *x, uint2 *y, size_t n4) {
  * converts the weight to bf16, no GEMV byte model, no cuBLAS below 9 rows (A/B runs).
  * Default: F16 weights go to cuBLAS as stored, quantized ones by the byte model below, and
  * F16 / BF16 ones to cuBLAS from DIRECT_MIN_T rows (timed by tools/gpu_run's cuda-batch
- * phase: bench/results/cuda_engine.md). */
+ * phase: bench/results/kernel_choices.md, "CUDA GEMV or GEMM"). */
 static int gemm_old(void) {
     static int v = -1;
     if (v < 0) {

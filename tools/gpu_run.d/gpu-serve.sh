@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-serve.sh LOGDIR: the GPU half of bench/serve_load (issue 6), a part of tools/gpu_round
+# gpu-serve.sh LOGDIR: the GPU half of bench/serve_load (issue 6), a part of tools/gpu_run
 # (budget 300 s, run last). Waits (bounded) for the 8B GGUFs ($G8/.done), then runs
 # bench/serve_load/gpu_load.py (it starts llama-server once gpu-serve.pre.sh's build is done):
 # hearth serve --device cuda and llama-server on the same F16 and Q4_K_M files, N = 1, 8, 32,
@@ -14,7 +14,7 @@
 set -u
 L=${1:?usage: gpu-serve.sh LOGDIR}
 mkdir -p "$L" && L=$(cd "$L" && pwd)
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 T0=$(date +%s)
 BUDGET=${GPU_SERVE_BUDGET:-290}
 DIR=${LLAMA_SERVER_DIR:-/tmp/llamacpp-server}
@@ -22,7 +22,7 @@ SERVERS=${GPU_SERVE_SERVERS:-hearth,llama.cpp}
 : "${H:?H (the hearth binary) is not set}" "${G8:?G8 (the GGUF folder) is not set}"
 
 # a bounded wait for the models (written in the background by the driver)
-for i in $(seq 1 120); do [ -f "$G8/.done" ] && break; sleep 1; done
+for _ in $(seq 1 120); do [ -f "$G8/.done" ] && break; sleep 1; done
 [ -f "$G8/.done" ] || echo "gpu-serve: $G8/.done not there after 120 s; using what exists"
 # llama-server: its build (gpu-serve.pre.sh) may still run; gpu_load.py runs hearth's levels
 # meanwhile and llama-server's once DIR/.done says the build ended well
@@ -38,6 +38,7 @@ nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader >"$L/gpu_b
 LEFT=$((BUDGET - ($(date +%s) - T0)))
 # gpu_load.py stops at its own budget; the timeout is the backstop (results are rewritten after
 # every level, so a kill still leaves the table of the levels done)
+# shellcheck disable=SC2086 # GPU_SERVE_ENV and GPU_SERVE_ARGS are word lists
 env ${GPU_SERVE_ENV:-} timeout -k 5 $((LEFT + 5)) python3 bench/serve_load/gpu_load.py --hearth "$H" ${LS[@]+"${LS[@]}"} "${MODELS[@]}" \
     --servers "$SERVERS" --device "${GPU_SERVE_DEVICE:-cuda}" --n "${GPU_SERVE_N:-1,8,32,64,128}" \
     --ab-step-tokens "${GPU_SERVE_AB-1024,2048}" --budget $((LEFT - 5)) --out "$L/serve_load_gpu" --logs "$L/logs" ${GPU_SERVE_ARGS:-} >"$L/gpu_load.log" 2>&1

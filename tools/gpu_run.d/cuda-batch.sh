@@ -6,10 +6,10 @@
 # vs the chosen path per T, default / prior / every T >= 9 on the GEMM; ragged attention),
 # greedy parity of 12 concurrent serve requests vs each alone, then, with the time left, a
 # hearth-only serve_load at N=8,32 on the 8B F16 GGUF (Q4_K_M when no F16 file). Env from
-# tools/gpu_round: H, B, TINY, G8.
+# tools/gpu_run: H, B, TINY, G8.
 L=${1:?usage: cuda-batch.sh LOGDIR}
 mkdir -p "$L" && L=$(cd "$L" && pwd)
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 T0=$(date +%s)
 BUDGET=${CB_BUDGET:-70}
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
@@ -101,7 +101,7 @@ print('; '.join(f\"N={n} {v.get('aggregate_tps',0):.0f} tok/s p50 TTFT {v.get('t
 if [ -z "${G8:-}" ]; then
     say "serve_load: NOT RUN (G8 unset)"
 elif [ "$(left)" -ge 40 ]; then
-    for i in $(seq 1 10); do [ -f "$G8/.done" ] && break; sleep 1; done
+    for _ in $(seq 1 10); do [ -f "$G8/.done" ] && break; sleep 1; done
     F=f16
     [ -f "$G8/llama8b-f16.gguf" ] || F=q4_k_m
     if [ -f "$G8/llama8b-$F.gguf" ]; then

@@ -4,20 +4,20 @@
 # as llama-batched-bench reports them), the single-stream bench beside it, then one decode step
 # of BB_PROFILE_T rows (and of one row) under the profilers: nsys (real timings, graph nodes
 # traced, --capture-range cudaProfilerApi) when it is there, and ncu per kernel (eager
-# launches, caches not flushed). A part of tools/gpu_round (env: H, G8).
+# launches, caches not flushed). A part of tools/gpu_run (env: H, G8).
 # Env: BB_MODELS (default "q4_k_m f16"), BB_B (default 1,8,32,64), BB_PROFILE (models to
 # profile, default q4_k_m), BB_PROFILE_T (default 8), BB_BUDGET (s, default 200).
 set -u
 L=${1:?usage: batch-bench.sh LOGDIR}
 mkdir -p "$L" && L=$(cd "$L" && pwd)
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 T0=$(date +%s)
 BUDGET=${BB_BUDGET:-200}
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
 : "${H:?H (the hearth binary) is not set}" "${G8:?G8 (the GGUF folder) is not set}"
-for i in $(seq 1 240); do [ -f "$G8/.done" ] && break; sleep 1; done
+for _ in $(seq 1 240); do [ -f "$G8/.done" ] && break; sleep 1; done
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+NSYS=$(command -v nsys || for n in /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys; do [ -x "$n" ] && echo "$n"; done | head -1)
 echo "nsys: ${NSYS:-none}; ncu: $NCU"
 for m in ${BB_MODELS:-q4_k_m f16}; do
     f=$G8/llama8b-$m.gguf

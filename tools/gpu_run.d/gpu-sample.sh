@@ -3,10 +3,10 @@
 # against the host sampler (test_cuda_sample), the serving-path pytest
 # (tests/parity/test_cuda_sample.py), then decode tok/s on the 8B bf16 model with sampling
 # (temperature 0.8, top-p 0.9): device sampler vs host sampler (HEARTH_DEVICE_SAMPLER=0).
-# Env from tools/gpu_round: H (hearth), B (build dir), TINY, L8. Prints a short summary.
+# Env from tools/gpu_run: H (hearth), B (build dir), TINY, L8. Prints a short summary.
 LOG=${1:?usage: gpu-sample.sh LOGDIR}
 mkdir -p "$LOG"; rm -f "$LOG/why.txt"
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 BUDGET=${GS_BUDGET:-60} # the lead's budget for this part
 left() { echo $((BUDGET - SECONDS)); }
 sum=()
@@ -41,9 +41,9 @@ fi
 racecheck() {
     [ -n "${raced:-}" ] && return
     local t=$1
-    [ $t -ge 8 ] && command -v compute-sanitizer >/dev/null || return
+    [ "$t" -ge 8 ] && command -v compute-sanitizer >/dev/null || return
     raced=1
-    HEARTH_SAMPLE_QUICK=1 timeout $t compute-sanitizer --tool racecheck --error-exitcode 9 \
+    HEARTH_SAMPLE_QUICK=1 timeout "$t" compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$B/tests/test_cuda_sample" >"$LOG/racecheck.log" 2>&1
     local rc=$?
     row "racecheck (quick rows)" "rc $rc $(grep -o 'RACECHECK SUMMARY.*' "$LOG/racecheck.log" | head -1)"

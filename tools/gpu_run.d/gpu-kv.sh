@@ -10,7 +10,7 @@ L=${1:?usage: gpu-kv.sh LOGDIR}
 mkdir -p "$L"
 T0=$(date +%s)
 left() { echo $((${GK_BUDGET:-78} - ($(date +%s) - T0))); }
-: "${H:?H (the hearth binary) must be set by tools/gpu_round}" "${B:?B must be set}" "${TINY:?TINY must be set}"
+: "${H:?H (the hearth binary) must be set by tools/gpu_run}" "${B:?B must be set}" "${TINY:?TINY must be set}"
 
 # 1. unit tests (prints failing assertions with shapes and values into the log)
 timeout 30 "$B/tests/test_cuda_kv" >"$L/test_cuda_kv.log" 2>&1
@@ -25,6 +25,7 @@ grep -m2 -E 'among|alone' "$L/test_cuda.log" | cut -c1-250
 if [ "${GK_DET:-1}" = 0 ]; then
     echo "deterministic serve: NOT RUN (GK_DET=0)"
 else
+    # shellcheck disable=SC2086 # PY may carry interpreter flags
     (cd tests/api && HEARTH_BIN="$H" HEARTH_CACHE="$(dirname "$TINY")" timeout 50 ${PY:-python3} -m pytest -q -rs \
         test_cuda_deterministic.py) >"$L/deterministic.log" 2>&1
     echo "deterministic serve (alone vs 1/7/63 others) rc $?: $(tail -1 "$L/deterministic.log" | cut -c1-120)"
@@ -38,6 +39,7 @@ models="$TINY/llama-bf16:$q $TINY/qwen3-q4g64:$q $TINY/gemma3-bf16:$q"
 [ -f "$L8/.done" ] && models="$models $L8:f16,int8"
 b=$(left)
 if [ "$b" -gt 8 ]; then
+    # shellcheck disable=SC2086 # models is a list of MODEL:KINDS words
     timeout $((b - 2)) python3 tools/cuda_kv_quality.py --lib "$B/lib" --out "$L/kv_quality.json" --tokens 256 \
         --steps 16 --budget $((b - 20)) $models >"$L/kv_quality.md" 2>"$L/kv_quality.err"
     echo "kv quality rc $? ($L/kv_quality.md):"

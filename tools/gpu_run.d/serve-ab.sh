@@ -2,7 +2,7 @@
 # serve-ab LOGDIR: hearth-only A/B runs of bench/serve_load/gpu_load.py on the 8B GGUFs, one
 # server per variant, same prompts and levels: which hearth serve flags or environment move
 # aggregate tok/s and TTFT (e.g. --kv-quant f16 against the float32 KV default). A part of
-# tools/gpu_round (env: H, G8). Variants: SA_VARIANTS, space-separated NAME=SPEC[@FORMATS[@N]]
+# tools/gpu_run (env: H, G8). Variants: SA_VARIANTS, space-separated NAME=SPEC[@FORMATS[@N]]
 # where SPEC is comma-separated hearth serve arguments and VAR:value environment settings, "-"
 # for none, FORMATS comma-separated GGUF kinds (default SA_FORMATS) and N the levels
 # (default SA_N) (default "f32kv=- f16kv=--kv-quant,f16"); SA_FORMATS (default f16), SA_N (default 64,128),
@@ -10,13 +10,13 @@
 set -u
 L=${1:?usage: serve-ab.sh LOGDIR}
 mkdir -p "$L" && L=$(cd "$L" && pwd)
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 T0=$(date +%s)
 BUDGET=${SA_BUDGET:-150}
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
 : "${H:?H (the hearth binary) is not set}" "${G8:?G8 (the GGUF folder) is not set}"
-for i in $(seq 1 120); do [ -f "$G8/.done" ] && break; sleep 1; done
-VARIANTS=(${SA_VARIANTS:-f32kv=- f16kv=--kv-quant,f16})
+for _ in $(seq 1 120); do [ -f "$G8/.done" ] && break; sleep 1; done
+read -ra VARIANTS <<<"${SA_VARIANTS:-f32kv=- f16kv=--kv-quant,f16}"
 nv=${#VARIANTS[@]}
 i=0
 for v in "${VARIANTS[@]}"; do

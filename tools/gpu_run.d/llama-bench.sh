@@ -4,11 +4,11 @@
 # tokens and prefill 512 and 4096, the shapes of hearth bench -p 512 -n 128 and -p 4096, in the same
 # device call as hearth's rows (the ratio's other half).
 # Uses the llama-bench that gpu-serve.pre.sh builds beside llama-server (waits for DIR/.done).
-# A part of tools/gpu_round (env: G8). LB_BUDGET (s, default 90).
+# A part of tools/gpu_run (env: G8). LB_BUDGET (s, default 90).
 set -u
 L=${1:?usage: llama-bench.sh LOGDIR}
 mkdir -p "$L" && L=$(cd "$L" && pwd)
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 T0=$(date +%s)
 BUDGET=${LB_BUDGET:-90}
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
@@ -21,7 +21,7 @@ for k in ${LB_FORMATS:-q4_k_m f16}; do
     case $k in q3_*) f=$G8/qwen3-8b-${k#q3_}.gguf ;; *) f=$G8/llama8b-$k.gguf ;; esac
     [ -f "$f" ] || { echo "$k: NOT RUN (no model)"; continue; }
     [ "$(left)" -lt 15 ] && { echo "$k: NOT RUN ($(left) s left)"; continue; }
-    timeout $(($(left) - 3)) "$DIR/b/bin/llama-bench" -m "$f" -p ${LB_PROMPTS:-512,4096} -n 128 -fa 1 -ngl 99 -r 2 -o json \
+    timeout $(($(left) - 3)) "$DIR/b/bin/llama-bench" -m "$f" -p "${LB_PROMPTS:-512,4096}" -n 128 -fa 1 -ngl 99 -r 2 -o json \
         >"$L/llama_bench_$k.json" 2>"$L/llama_bench_$k.log"
     echo "$k: rc $?"
     python3 - "$L/llama_bench_$k.json" "$k" <<'PY'

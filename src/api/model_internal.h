@@ -1,6 +1,7 @@
-/* model_internal.h: the hearth_model struct behind the opaque public handle, shared by
- * the files of src/api/ only. Holds what opening a model reads: config, tensor
- * catalog, tokenizer, chat templates. */
+/* model_internal.h: the hearth_model struct behind the opaque public handle. Holds what
+ * opening a model reads: config, tensor catalog, tokenizer, chat templates. Meant for
+ * src/api/ only, but src/model and src/engine read it too (upward includes that a lower
+ * model-handle header is to replace: docs/design.md, "Layers"). */
 #ifndef HEARTH_API_MODEL_INTERNAL_H
 #define HEARTH_API_MODEL_INTERNAL_H
 #include "hearth.h"

@@ -44,9 +44,8 @@ __attribute__((target(KTARGET))) static inline __m256i avx2_mlx8_dot(__m256i u, 
 #define A2_INLINE __attribute__((target(KTARGET), always_inline)) static inline
 
 /* Software prefetch distance along a row range: one pass of A2_ROWS rows ahead (rows are
- * contiguous), at least 1 KiB, at most 16 KiB so lines are still cached when used. Zen 3,
- * 2 threads, Q4_0 rows of 1152 bytes streamed from DRAM: 13.4 GB/s with it, 7.7 without;
- * 2 rows or 2 KiB ahead ~4.5-5, 8 rows / 8-16 KiB about the same as 4 rows. */
+ * contiguous), at least 1 KiB, at most 16 KiB so lines are still cached when used (nearer
+ * is slower, farther the same: bench/results/kernel_choices.md, "CPU prefetch distances"). */
 A2_INLINE int64_t a2_prefetch_distance(int64_t row_bytes) {
     int64_t d = A2_ROWS * row_bytes;
     return d < 1024 ? 1024 : d > 16384 ? 16384 : d;

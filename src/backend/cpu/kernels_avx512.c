@@ -585,9 +585,8 @@ AVX512_INLINE void pk_load16x4(const uint8_t *p, int64_t rb, __m512i out[4]) {
 }
 
 /* Blocks ahead that pk_pack_direct prefetches each of its 16 row streams (one touch per two
- * blocks): the hardware prefetchers do not follow 16 streams rb bytes apart. gemm_small_bench,
- * Q4_0 8192x2048 from DRAM, one thread, GMAC/s without -> with: T = 8 45-47 -> 59-61, T = 16
- * 63-79 -> 83-90; 4 and 16 blocks ahead measured the same as 8 within the noise. */
+ * blocks): the hardware prefetchers do not follow 16 streams rb bytes apart (4 and 16 blocks
+ * ahead measured the same as 8: bench/results/kernel_choices.md, "CPU prefetch distances"). */
 #define PK_PREFETCH 8
 
 /* HEARTH_CPU_PK_DIRECT=0 turns pk_pack_direct off (A/B runs); read once. */

@@ -49,10 +49,8 @@ static inline __attribute__((target(BTARGET), always_inline)) __m512bh bf_load(c
 /* The sums of TT <= 8 tokens' pairs (a0[t] + a1[t]), each reduced over its 16 lanes with
  * _mm512_reduce_add_ps's pairing (lane i + lane i + 8, then + 4, then 0 + 2 / 1 + 3, then
  * those two), so every sum has the bits of the one-vector reduce the rows kernel uses; the
- * eight reductions share their shuffles (33 vector operations instead of ~70). With the
- * prefetch, gemm_small_bench (2 threads, bf16, GMAC/s, three alternating runs each) went
- * 1536x576 T = 8 52-87 -> 83-104, T = 16 60-92 -> 95-120; 576x1536 T = 8 49-53 -> 49-75,
- * T = 16 74-78 -> 54-96; 576x576 T = 8 53-71 -> 78-94, T = 16 59-95 -> 99-107. */
+ * eight reductions share their shuffles (33 vector operations instead of ~70;
+ * bench/results/kernel_choices.md, "CPU BF16 tiles"). */
 static inline __attribute__((target(BTARGET), always_inline)) void bf_reduce_tokens(const __m512 *a0, const __m512 *a1,
                                                                                   int TT, float *out, int64_t ys) {
     __m512 s[8], h[4], q[2];

@@ -230,7 +230,7 @@ $(BUILD)/bench/gemv_bench: bench/cuda/gemv_bench.c $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS)
 
-# The batched-step microbenchmark (matmul paths, ragged attention; tools/gpu_round.d/cuda-batch.sh).
+# The batched-step microbenchmark (matmul paths, ragged attention; tools/gpu_run.d/cuda-batch.sh).
 $(BUILD)/bench/batch_bench: bench/cuda/batch_bench.c $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS)

@@ -1,7 +1,10 @@
 /* kv_cache.h: the paged KV pool: for every layer, a fixed array of blocks of
- * KV_BLOCK_SIZE positions x n_kv_heads x head_dim keys and values (float32, or int8 with a
- * scale per position and head: --kv-quant), and a block table per sequence slot. Allocated once at engine start; adding or dropping a sequence
- * is O(blocks), nothing is copied. Knows nothing of models or sampling. */
+ * KV_BLOCK_SIZE positions x n_kv_heads x head_dim keys and values (--kv-quant: float32;
+ * int8 with a scale per position and head; fp8 and f16 on the GPU only, whose host copy
+ * keeps the layout for the byte counts), and a block table per sequence slot. Full blocks
+ * are shared between sequences by content (kv_prefix.h). Allocated once at engine start;
+ * adding or dropping a sequence is O(blocks), nothing is copied. Knows nothing of models
+ * or sampling. */
 #ifndef HEARTH_KV_KV_CACHE_H
 #define HEARTH_KV_KV_CACHE_H
 #include "base/threadpool.h"
@@ -10,7 +13,7 @@
 #include <stdint.h>
 
 /* 16 positions per block: small enough that a sequence wastes at most 15 slots and that
- * prefix sharing (next milestone) matches at a fine grain, large enough that the block
+ * prefix sharing (kv_prefix.h) matches at a fine grain, large enough that the block
  * lookup is amortised over 16 dot products per head. (vLLM's default is 16 too.) */
 #define KV_BLOCK_SIZE 16
 

@@ -11,7 +11,7 @@ cache (the rows of its last, partial block copied on the device from the block t
 run left) and a prompt that diverges inside a block copies that block's shared rows; both
 must give the bits of an uncached run (the oracle: a fresh server), in float and fp8 KV.
 
-Skipped (with the reason) where no CUDA device exists; tools/gpu_round.d/gpu-kv.sh runs it
+Skipped (with the reason) where no CUDA device exists; tools/gpu_run.d/gpu-kv.sh runs it
 on the GPU machine with HEARTH_CACHE pointing at the tiny models' parent folder.
 """
 import subprocess

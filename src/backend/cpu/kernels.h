@@ -37,16 +37,13 @@ typedef struct cpu_kernel {
     cpu_tile_fn tile; /* optional (NULL: rows is called once per activation row) */
     /* optional: used instead of tile when T < CPU_TILE_SMALL_T (batched decode). The
      * AVX-512 prefill tiles unpack 16 rows per pass, which pays off from about 8 tokens;
-     * below that the register-blocked 4x4 tiles are faster (1B Q4_0, 2 threads: T = 4
-     * 67 vs 43 tok/s; crossover near T = 7). The AVX2 packed tiles likewise (Zen 3, Q4_K
-     * 2048 x 2048, one thread, T = 4: 4x2 tiles ~20, packed ~14 GMAC/s). */
+     * below that the register-blocked 4x4 tiles are faster (crossover near T = 7, for the
+     * AVX2 packed tiles too: bench/results/kernel_choices.md, "CPU small tiles"). */
     cpu_tile_fn tile_small;
     /* tile_small runs below this T (0: CPU_TILE_SMALL_T). The AVX-512 kernels set
-     * CPU_TILE_SMALL_T_AVX512: on a 2-vCPU Zen 4 (2026-12-03, `hearth bench --batch`, decode
-     * tok/s, pk tiles from T = 7 -> small tiles up to 16) 1B Q4_0 T = 8 32 / 38 -> 57 / 51,
-     * T = 12 41 / 40 -> 62 / 58, T = 16 49 / 51 -> 56 / 57; 1B Q4_K_M T = 8 26 -> 39, T = 16
-     * 40 -> 43; 1B Q8_0 T = 8 32 -> 62, T = 16 45 -> 54; SmolLM2 Q4_1 (L2-sized matrices)
-     * T = 8 230 -> 311 but T = 16 367 -> 322. */
+     * CPU_TILE_SMALL_T_AVX512: for batched decode of 1B-class weights from DRAM the small
+     * tiles stay faster up to 16 tokens (bench/results/kernel_choices.md, "CPU small
+     * tiles"). */
     int small_below;
 } cpu_kernel;
 #define CPU_TILE_SMALL_T 7

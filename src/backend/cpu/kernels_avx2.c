@@ -44,9 +44,8 @@ __attribute__((target(KTARGET))) static inline __m256i avx2_mlx8_dot(__m256i u, 
 #define A2_INLINE __attribute__((target(KTARGET), always_inline)) static inline
 
 /* Software prefetch distance along a row range: one pass of A2_ROWS rows ahead (rows are
- * contiguous), at least 1 KiB, at most 16 KiB so lines are still cached when used. Zen 3,
- * 2 threads, Q4_0 rows of 1152 bytes streamed from DRAM: 13.4 GB/s with it, 7.7 without;
- * 2 rows or 2 KiB ahead ~4.5-5, 8 rows / 8-16 KiB about the same as 4 rows. */
+ * contiguous), at least 1 KiB, at most 16 KiB so lines are still cached when used (nearer
+ * is slower, farther the same: bench/results/kernel_choices.md, "CPU prefetch distances"). */
 A2_INLINE int64_t a2_prefetch_distance(int64_t row_bytes) {
     int64_t d = A2_ROWS * row_bytes;
     return d < 1024 ? 1024 : d > 16384 ? 16384 : d;
@@ -653,10 +652,9 @@ A2_INLINE void a2_q6k_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu
         CALL;                                                                                                          \
     }
 
-/* Decode one row at a time: from DRAM one sequential stream per thread ran faster than four
- * rows' streams side by side. Q4_K (1B shapes, medians of interleaved rounds): one thread
- * 9.1-11.1 vs 6.5-8.9 GB/s, two 12.4-17.4 vs 10.4-15.2, 1B Q4_K_M decode 20.9 vs 15.5 tok/s
- * (bench/results/cpu_q4k_decode.md), though from cache the 1-row form computes ~10% slower.
+/* Decode one row at a time: from DRAM one sequential stream per thread runs faster than four
+ * rows' streams side by side (bench/results/cpu_q4k_decode.md), though from cache the
+ * 1-row form computes ~10% slower.
  * A row's arithmetic is that of a 4-row pass (rows past R repeat row 0; a2_q4_rows1 and
  * a2_q8_rows1 keep the tiles' order), so the results are bit-identical to the tiles'. */
 A2_TILE_KERNEL(a2_tile_q4_0, a2_q4_tile, A2_Q4_0)
@@ -941,9 +939,8 @@ int cpu_avx2_kernel(const op_weight *w, cpu_kernel *out) {
         if (w->dtype == DT_Q5_0) out->tile = p2_tile_q5_0;
         if (w->dtype == DT_Q5_1) out->tile = p2_tile_q5_1;
         if (w->dtype == DT_Q5_K) out->tile = p2_tile_q5_k;
-        /* MLX 2/3/5/6, every batch (1B MLX 3-bit, 2 threads, --batch 2 / 3 / 4 / 8 / 16 aggregate
-         * decode tok/s, token by token -> packed: 15.7-16.5 -> 16.2-19.5, 16.5-17.0 -> 24.6,
-         * 17.5 -> 33.2, 16.8 -> 48.3, 18.8 -> 35.2) */
+        /* MLX 2/3/5/6, every batch: the packed GEMM beats the row kernel token by token from
+         * 2 tokens on (bench/results/kernel_choices.md, "CPU MLX 2/3/5/6-bit") */
         if (w->dtype == DT_U32 && w->bits != 4 && w->bits != 8) out->tile = p2_tile_mlxb;
         return 1;
     }

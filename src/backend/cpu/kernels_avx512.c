@@ -585,9 +585,8 @@ AVX512_INLINE void pk_load16x4(const uint8_t *p, int64_t rb, __m512i out[4]) {
 }
 
 /* Blocks ahead that pk_pack_direct prefetches each of its 16 row streams (one touch per two
- * blocks): the hardware prefetchers do not follow 16 streams rb bytes apart. gemm_small_bench,
- * Q4_0 8192x2048 from DRAM, one thread, GMAC/s without -> with: T = 8 45-47 -> 59-61, T = 16
- * 63-79 -> 83-90; 4 and 16 blocks ahead measured the same as 8 within the noise. */
+ * blocks): the hardware prefetchers do not follow 16 streams rb bytes apart (4 and 16 blocks
+ * ahead measured the same as 8: bench/results/kernel_choices.md, "CPU prefetch distances"). */
 #define PK_PREFETCH 8
 
 /* HEARTH_CPU_PK_DIRECT=0 turns pk_pack_direct off (A/B runs); read once. */
@@ -922,12 +921,9 @@ PK_TILE(avx512_pk_q3_k, PK_Q3_K)
 PK_TILE(avx512_pk_mlx4, PK_MLX4)
 PK_TILE(avx512_pk_mlx8, PK_MLX8)
 PK_TILE(avx512_pk_mlxb, PK_MLXB)
-/* From how many tokens MLX 2/3/5/6-bit take the packed GEMM. While its pack unpacked the bit
- * streams one code at a time, from 17 (1B-shaped MLX 3-bit, hearth bench --batch 4,8,16
- * aggregate decode tok/s, packed from 17 / 6 / 2 tokens: 20.8 / 20.9 / 5.5, 21.8 / 10.1 / 9.5,
- * 22.0 / 17.6 / 10.4). With the shuffle/multiply unpack (mlxb_unpack, 2026-12-04, same model,
- * 2 threads, packed from 17 -> from 2): B = 2 19.6 / 18.3 -> 14.7 / 15.1, B = 3 19.6 / 20.3 ->
- * 18.8 / 21.1, B = 4 21.6 -> 24.7, B = 8 20.3 -> 43.1, B = 16 19.9 -> 37.4: from 3. */
+/* From how many tokens MLX 2/3/5/6-bit take the packed GEMM: with the shuffle/multiply
+ * unpack (mlxb_unpack) it wins from 3 tokens on, and loses at 2 to the one-row kernel token
+ * by token (bench/results/kernel_choices.md, "CPU MLX 2/3/5/6-bit"). */
 #define MLXB_PACKED_FROM 3
 
 /* MLX 2/3/5/6-bit below the packed GEMM's threshold: the one-row kernel token by token (the
@@ -995,9 +991,7 @@ int cpu_avx512_kernel(const op_weight *w, cpu_kernel *out) {
         if (w->bits == 4) {
             /* decode: the one-row kernel where it takes the weights (kernels_avx512_rows.c); the
              * packed GEMM from T = 6, as Q4_0's, since it packs straight from the weights
-             * (pk_pack_direct_mlx): 1B-shaped MLX 4-bit, hearth bench --batch, aggregate
-             * decode tok/s with the pair tiles below 17 -> below 6, two alternating runs:
-             * B = 8 57 / 48 -> 81 / 68, B = 16 58 / 44 -> 96 / 94 */
+             * (pk_pack_direct_mlx; bench/results/kernel_choices.md, "CPU MLX 4-bit") */
             *out = (cpu_kernel){r1 ? r1 : avx512_rows2_mlx4, CPU_ACT_Q8_EVENODD, avx512_pk_mlx4, avx512_tile2_mlx4, 6};
             return 1;
         }
@@ -1019,11 +1013,9 @@ int cpu_avx512_kernel(const op_weight *w, cpu_kernel *out) {
     }
     if (!f) return avx512_select(w, out);
     /* Decode (the rows kernel): the AVX2 kernels that stream one weight row at a time, for
-     * the formats that have them. On a 2-vCPU AMD EPYC with AVX-512 VNNI (2026-12-02,
-     * `hearth bench -p 64 -n 64 -r 3 -t 2`, decode tok/s, these 4-row kernels -> AVX2 rows):
-     * 1B Q4_0 21.6 -> 28.2, 1B Q4_K_M 17.7 -> 26.1, SmolLM2-135M Q8_0 88.1 -> 141.1; the
-     * four side-by-side row streams of a 4-row pass are what loses, as on Zen 3 (kernels_avx2.c).
-     * Prefill keeps the 512-bit tiles (1B Q4_0 prefill 150 vs 106 tok/s with the AVX2 ones).
+     * the formats that have them: the four side-by-side row streams of a 4-row pass lose
+     * from DRAM, as on Zen 3 (kernels_avx2.c). Prefill keeps the 512-bit tiles, which are
+     * faster there (bench/results/kernel_choices.md, "CPU AVX-512 decode rows").
      * Where kernels_avx512_rows.c has a 512-bit one-row kernel (r1), that one.
      * HEARTH_CPU_DECODE=avx512 keeps these 4-row kernels for decode, =avx2vnni the 256-bit
      * one-row kernels for every format, =avx2 those without VNNI (A/B runs). */
@@ -1036,14 +1028,9 @@ int cpu_avx512_kernel(const op_weight *w, cpu_kernel *out) {
         f = r ? r : a2.rows;
     }
     /* Q4_0 / Q4_1 / Q8_0 pack 16 rows straight from the weights (pk_pack_direct), so the
-     * packed GEMM takes over from the pair tiles at a smaller T. bench/kernels/
-     * gemm_small_bench, one thread, Zen 4 (2026-12-03), GMAC/s pair tiles -> packed:
-     * Q4_0 8192x2048 T = 6 32 -> 50, T = 8 42 -> 50-60, T = 16 44-50 -> 73-89, 1536x576 T = 6
-     * 27 -> 39; Q4_1 8192x2048 T = 8 38 -> 47, 1536x576 T = 8 35 -> 31, T = 12 33 -> 52; Q8_0
-     * 8192x2048 T = 8 48 -> 52, T = 16 53 -> 67, 1536x576 T = 12 45 -> 45; Q6_K
-     * (pk_pack_direct_q6k) 8192x2048 T = 8 40-42 -> 37-38, T = 12 41-42 -> 51, T = 16 43-44 -> 59-62;
-     * Q4_K (pk_pack_direct_q4k) 8192x2048 T = 4 35-38 -> 28-31, T = 6 23-26 -> 36-40, T = 8 35-37 ->
-     * 45-46, T = 16 36-38 -> 62-73. */
+     * packed GEMM takes over from the pair tiles at a smaller T; each format's T below is
+     * its crossover in bench/kernels/gemm_small_bench (bench/results/kernel_choices.md,
+     * "CPU packed GEMM crossovers"). */
     int below = w->dtype == DT_Q4_0                          ? 6
                 : w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ? 9
                 : w->dtype == DT_Q6_K                        ? 10

@@ -20,21 +20,17 @@
 #define BTARGET "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16"
 /* Tile passes: 2 rows x 4 tokens (prefill: the weight tile comes from L2 once per 4 tokens,
  * 12 loads per 16 dots), or up to BF_STREAM_T tokens 1 row x 8 tokens (batched decode: one
- * weight stream from memory; two rows side by side streamed slower on Zen 4, 16-request
- * SmolLM2 decode 338 / 363 -> 392 / 426 tok/s, while 512-token prefill lost 690 -> 610 when
- * every pass was 1 x 8; this split measured 341 / 366 -> 390 / 422 and prefill 750 / 705 ->
- * 852 / 956 against 2 x 4 everywhere).
+ * weight stream from memory: two rows side by side stream slower, while prefill loses when
+ * every pass is 1 x 8; bench/results/kernel_choices.md, "CPU BF16 tiles").
  * Both are 16 zmm of sums. */
 #define BF_TT 8
 #define BF_TR 2
 #define BF_STREAM_T 16
 /* Software prefetch distance of the tile passes, in bytes along a weight row (about two
  * SmolLM2 rows of K = 576). A pass of 8 tokens consumes a row at ~10-16 GB/s per core, too
- * slowly for the hardware prefetcher to keep ahead; 2-thread GMAC/s, in-process A/B on
- * Zen 4, weights from DRAM, without -> with (1152 and 4608 bytes measured about the same):
- * 1536x576 T = 8 58.5 -> 68.1, T = 16 80.8 -> 92.8; 576x1536 T = 8 44.2 -> 61.7, T = 16
- * 62.0 -> 76.3; 576x576 T = 8 65.4 -> 83.2, T = 16 86.3 -> 104.3. The rows kernel (T = 1)
- * streams at the copy rate without it. */
+ * slowly for the hardware prefetcher to keep ahead (half and twice this distance measured
+ * about the same: bench/results/kernel_choices.md, "CPU BF16 tiles"). The rows kernel
+ * (T = 1) streams at the copy rate without it. */
 #define BF_PREFETCH 2304
 /* full unrolling of the constant-bound loops, so the sums stay in registers */
 #define BF_UNROLL _Pragma("GCC unroll 8")
@@ -53,10 +49,8 @@ static inline __attribute__((target(BTARGET), always_inline)) __m512bh bf_load(c
 /* The sums of TT <= 8 tokens' pairs (a0[t] + a1[t]), each reduced over its 16 lanes with
  * _mm512_reduce_add_ps's pairing (lane i + lane i + 8, then + 4, then 0 + 2 / 1 + 3, then
  * those two), so every sum has the bits of the one-vector reduce the rows kernel uses; the
- * eight reductions share their shuffles (33 vector operations instead of ~70). With the
- * prefetch, gemm_small_bench (2 threads, bf16, GMAC/s, three alternating runs each) went
- * 1536x576 T = 8 52-87 -> 83-104, T = 16 60-92 -> 95-120; 576x1536 T = 8 49-53 -> 49-75,
- * T = 16 74-78 -> 54-96; 576x576 T = 8 53-71 -> 78-94, T = 16 59-95 -> 99-107. */
+ * eight reductions share their shuffles (33 vector operations instead of ~70;
+ * bench/results/kernel_choices.md, "CPU BF16 tiles"). */
 static inline __attribute__((target(BTARGET), always_inline)) void bf_reduce_tokens(const __m512 *a0, const __m512 *a1,
                                                                                   int TT, float *out, int64_t ys) {
     __m512 s[8], h[4], q[2];

@@ -10,14 +10,12 @@
 #define R1_TARGET "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
 #define R1_INLINE __attribute__((target(R1_TARGET), always_inline)) static inline
 
-/* Why these exist (2-vCPU AMD EPYC Zen 4, 2026-12-03, bench/kernels/matvec_bench, one thread,
- * 512 x 2048 weights in L2, medians of 3): one core streams 29 GB/s from DRAM, but the 256-bit
- * one-row kernels computed only 13.3 (Q4_K), 20.5 (Q6_K) and 18.4 (Q8_0) GB/s: ~100
- * instructions per Q4_K super-block, most of them per 32-element block (a scale shuffle, an
- * activation-scale broadcast, a pair of integer dots, a conversion and an FMA). Here a zmm
- * holds two blocks, and the integer sums of eight blocks are folded into one vector before
- * the float work: 17.5, 24.5 and 29.9 GB/s (bench/results/cpu_avx512_rows.md, with the DRAM
- * rows). The summation order differs from the 256-bit kernels (test_cpu_matmul checks both
+/* Why these exist: one core streams weights from DRAM faster than the 256-bit one-row
+ * kernels compute them (~100 instructions per Q4_K super-block, most of them per 32-element
+ * block: a scale shuffle, an activation-scale broadcast, a pair of integer dots, a
+ * conversion and an FMA). Here a zmm holds two blocks, and the integer sums of eight blocks
+ * are folded into one vector before the float work (bench/results/cpu_avx512_rows.md).
+ * The summation order differs from the 256-bit kernels (test_cpu_matmul checks both
  * against the scalar reference). */
 
 /* Super-blocks whose staged activations fit the stack (K <= 16384: 64 x 384 bytes, 24 KiB):
@@ -429,12 +427,9 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q8_0(const op_weight *w, 
  * is set; w = d * (q - 16) (Q5_0) or d * q + m (Q5_1). As Q8_0 above: a zmm holds two
  * consecutive blocks in element order (unpacked as the 4-row kernels of kernels_avx512.c
  * do), eight blocks fold into one vector of half-block sums, and the float work is once per
- * eight blocks. bench/kernels/matvec_bench, one Zen 4 core, GB/s, the 4-row pair kernels ->
- * this: Q5_0 8192x2048 11.0-11.3 -> 15.2-16.3, 640x2048 10.9-11.0 -> 15.9-16.0; Q5_1
- * 8192x2048 11.7-12.3 -> 15.4-19.3. Only for K a multiple of 256: at Gemma 3's K = 640 (2.5
- * groups, the last one half empty) it measured no faster (Q5_0 2048x640 11-16 both ways)
- * and Gemma 3 270M Q4_K_M decode lost 81 -> 78 tok/s; with K = 640 left to the pair kernels
- * (its K = 1024 and 2048 weights here) it gained, 77.5 -> 81.6 (medians of 5 alternating). */
+ * eight blocks. Only for K a multiple of 256: at Gemma 3's K = 640 (2.5 groups, the last
+ * one half empty) it is no faster than the 4-row pair kernels, which keep that K
+ * (bench/results/kernel_choices.md, "CPU Q5 one-row kernels"). */
 R1_INLINE __m512i r1_q5_pair(const uint8_t *p0, const uint8_t *p1, int qo) {
     __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p0 + qo)));
     z = _mm512_mask_broadcast_i32x4(z, 0xFF00, _mm_loadu_si128((const __m128i *)(p1 + qo)));

@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         const uint8_t *sOk = sOk0 + sb * BN;
         if (!(c0 > whi || c0 + BN - 1 < wlo)) { /* else nothing of this warp's rows here */
             /* S = Q K^T for the warp's 16 rows by BN keys (K fragments by 32-bit shared loads:
-             * ldmatrix.x4 measured no faster, 28 139 vs 28 961 tok/s bf16 prefill 4096, H200) */
+             * ldmatrix.x4 measured no faster: bench/results/kernel_choices.md) */
             float s[BN / 8][4];
 #pragma unroll
             for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;

@@ -133,7 +133,7 @@ static inline void cuda_q4k_pack12(const uint8_t *in, uint8_t *out) {
     }
 }
 
-/* Default (validated on the H200, 2026-12-01: 287.7 vs 260.1 tok/s on the 8B Q4_K_M): Q4_K
+/* Default (faster on the H200: bench/results/kernel_choices.md, "CUDA Q4_K packed scales"): Q4_K
  * weights uploaded from now on get the packed scale order and the 4-lanes-per-super-block
  * decode GEMV (gemv_q4_k_i8p); HEARTH_CUDA_Q4K=old the GGUF order and gemv_q4_k_i8. cuda_q4k_force(1 / 0) overrides it (tests), -1 re-reads it. */
 int cuda_q4k_new(void);
@@ -386,7 +386,7 @@ int cuda_attention_writes_q8(const cuda_attention_args *a);
 /* HEARTH_CUDA_PROFILE_SKIP=mask (timing only: the outputs are wrong): steps leave out kernel
  * classes, 1 the norms, 2 RoPE + KV write, 4 attention, 8 its split merge, 16 the gated
  * product, so a decode run beside the full step gives each class's cost inside the replayed
- * graph (tools/gpu_round.d/ablate.sh). Nonzero when `bit` is in the mask. */
+ * graph. Nonzero when `bit` is in the mask. */
 int cuda_profile_skip(int bit);
 /* Floats of split_scratch that let decode attention of up to max_T tokens use every split. */
 size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);

@@ -257,9 +257,8 @@ __global__ void dequant_mlx4_tiled_bf16_kernel(cuda_weight w, uint2 *out, size_t
     }
 }
 
-/* Default: the flat kernels above for Q8_0 / Q4_K / Q6_K (H200, 2026-12-02, 14336 x 4096 to
- * bf16: Q4_K 53.6 us vs 236 for the generic kernel, Q8_0 47.8 vs 97.0, Q6_K 56.4 vs 220.9)
- * and the tiled MLX 4-bit one (written after that run: not yet timed on a GPU);
+/* Default: the flat kernels above for Q8_0 / Q4_K / Q6_K (2-4x faster than the generic
+ * kernel: bench/results/kernel_choices.md, "CUDA dequantizers") and the tiled MLX 4-bit one;
  * HEARTH_CUDA_DEQUANT=generic: the eight-per-thread kernel for every format (A/B runs). */
 static int g_dequant_old = -1, g_direct_min_t = -1;
 
@@ -356,11 +355,11 @@ __global__ void to_f16x4_kernel(const float4 *x, uint2 *y, size_t n4) {
     y[i] = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
 }
 
-/* HEARTH_CUDA_BATCH=0 restores the serving path before 2026-12-01's device validation: every
- * T >= 9 dequantizes / converts the weight to bf16, no GEMV byte model, no cuBLAS below 9
- * rows (A/B runs). Default: F16 weights go to cuBLAS as stored, quantized ones by the byte
- * model below, and F16 / BF16 ones to cuBLAS from DIRECT_MIN_T rows (validated and timed
- * by the cuda-batch device part: bench/results/cuda_engine.md round 8). */
+/* HEARTH_CUDA_BATCH=0 restores the older serving path: every T >= 9 dequantizes /
+ * converts the weight to bf16, no GEMV byte model, no cuBLAS below 9 rows (A/B runs).
+ * Default: F16 weights go to cuBLAS as stored, quantized ones by the byte model below, and
+ * F16 / BF16 ones to cuBLAS from DIRECT_MIN_T rows (timed by tools/gpu_run's cuda-batch
+ * phase: bench/results/kernel_choices.md, "CUDA GEMV or GEMM"). */
 static int gemm_old(void) {
     static int v = -1;
     if (v < 0) {
@@ -406,13 +405,13 @@ static double quant_bytes_per_elem(const cuda_weight *w) {
  * in chunks of 8 (then 4, then the rest) and re-reads the quantized weight (q bytes per
  * element) once per chunk; the GEMM path reads it once, writes a bf16 copy (2 bytes per
  * element) and cuBLAS reads that copy back (2 more). With the flat dequantizers (the
- * default) the crossovers are measured (H200, 2026-12-02, 14336 x 4096, us per call):
- *     Q8_0  GEMV 60.9 at 9 rows, 84.2 at 16, 125.8 at 24; dequant + GEMM 85-87: GEMV up to 16
- *     Q4_K  GEMV 81.3 at 8, 97.3 at 9;                 dequant + GEMM 91-95: GEMM from 9
- *     Q6_K  GEMV 102.9 at 8, 124.7 at 9;               dequant + GEMM 95-99: GEMM from 9
- *     Q6_K on the v2 GEMV (n >= 2k; 2026-12-02, call C): 72.9 at 16, 108.2 at 24: GEMV up to 16
+ * default) the crossovers are measured on the H200 (14336 x 4096; the timings are in
+ * bench/results/kernel_choices.md, "CUDA GEMV or GEMM"):
+ *     Q8_0  GEMV up to 16 rows
+ *     Q4_K  GEMM from 9
+ *     Q6_K  GEMM from 9; on the v2 GEMV (n >= 2k) GEMV up to 16
  * (Q4_K from 5 to 64 rows goes to the MMQ kernel before this rule is asked: cuda_matmul).
- * Tiled MLX 4-bit (its flat dequantizer written after that run) takes Q4_K's rule until timed.
+ * Tiled MLX 4-bit takes Q4_K's rule (its flat dequantizer is not timed on its own).
  * Other formats (untiled MLX 4-bit, generic dequantizer) and HEARTH_CUDA_DEQUANT=generic use the
  * byte model, GEMV when chunks(T) * q * F < q + 4 with F = 2 (it matched the generic
  * dequantizer's crossovers: Q4_K GEMV up to 32 rows, Q8_0 16, Q6_K 24).

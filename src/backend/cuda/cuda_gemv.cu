@@ -12,10 +12,9 @@ extern "C" {
 #include "backend/cuda/cuda_plan.h"
 }
 #include "backend/cuda/cuda_gemv.cuh"
-/* PDL on by default here too, without the row prefetch (pdl_pf_on): H200, 2026-12-03, 8B
- * decode back to back: Q8_0 283.9 / 285.3 -> 290.1 tok/s, bf16 221.0 / 220.4 -> 221.5, while
- * PDL with the prefetch lost (Q8_0 259.1, bf16 205.0): the prefetch, not the early launch,
- * is what cost the float GEMVs before. */
+/* PDL on by default here too, without the row prefetch (pdl_pf_on): with the prefetch the
+ * float GEMVs lose, without it they gain a little (bench/results/kernel_choices.md, "CUDA
+ * PDL"). */
 #define PDL_AUTO 1
 #include "backend/cuda/cuda_pdl.cuh"
 
@@ -88,8 +87,8 @@ struct gemv_segs {
 
 /* F16/BF16 rows with k % 8 == 0: each lane takes 8 weights (16 bytes) at a time; DEPTH
  * loads (4 by default) are issued before the first is used, then four, then one. DEPTH 8
- * (HEARTH_CUDA_GEMV_DEPTH=8) decoded the 8B bf16 model at 196.5 tok/s against 200.7 at 4
- * on the H200 (same call, 2026-11-30), so it stays an A/B option. */
+ * (HEARTH_CUDA_GEMV_DEPTH=8) measured slightly slower on the H200 (bench/results/
+ * kernel_choices.md, "CUDA float GEMV depth"), so it stays an A/B option. */
 template <int T, bool BF16, int DEPTH>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_vec(gemv_segs sg, const float *x, int k) {
     int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -21,10 +21,9 @@ extern "C" {
 
 #define AFF_WARPS 4 /* rows per block of 128 threads, as cuda_gemv.cu's GEMV_WARPS */
 
-/* Chunks per lane whose loads are in flight together in the int8 GEMV. H200, 2026-12-04
- * (bench/results/cuda_engine.md round 21): 8 for 8-bit codes (8B MLX 8-bit decode 274.8 ->
- * 310.0 tok/s against 4; gemv_bench 4096x14336 2429 -> 2832 GB/s), 4 below (Q5_K 4096x14336
- * 3031 GB/s with 4, 2367 with 8: the 20-byte chunks keep enough bytes in flight at 4). */
+/* Chunks per lane whose loads are in flight together in the int8 GEMV: 8 for 8-bit codes,
+ * 4 below (the 20-byte chunks of Q5_K keep enough bytes in flight at 4, and 8 is slower
+ * there; bench/results/kernel_choices.md, "CUDA int8 GEMV depth"). */
 template <int BITS>
 struct aff_depth {
     static constexpr int U = BITS == 8 ? 8 : 4;

@@ -221,10 +221,9 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
 
 /* ---------- host side ---------- */
 
-/* -1: read HEARTH_CUDA_MLX4 on first use; 2: v3 on the chunked layout (the default since the
- * H200 run of 2026-12-04, numbers in bench/results/cuda_engine.md, round 20); 1: v2 on the
- * tiled layout (HEARTH_CUDA_MLX4=v2; the default from 2026-12-02: 8B MLX 4-bit decode 264.1
- * vs 181.4 tok/s on the float kernels); 0: the float kernels (HEARTH_CUDA_MLX4=v1). */
+/* -1: read HEARTH_CUDA_MLX4 on first use; 2: v3 on the chunked layout (the default, the
+ * fastest: bench/results/kernel_choices.md, "CUDA MLX 4-bit GEMV"); 1: v2 on the tiled
+ * layout (HEARTH_CUDA_MLX4=v2); 0: the float kernels (HEARTH_CUDA_MLX4=v1). */
 static int g_mlx4_mode = -1, g_mlx4_shfl = -1;
 
 /* HEARTH_CUDA_MLX4_SHFL=0: gemv_v2_mlx4 without the pair shuffle (A/B runs). */

@@ -220,10 +220,9 @@ __global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T)
 /* ---------- host side ---------- */
 
 /* 0: v1 everywhere (HEARTH_CUDA_GEMV=v1); 1: v2 for every format it has (HEARTH_CUDA_GEMV=v2);
- * 2: auto, the default since the H200 run of 2026-12-02 (gemv_bench, v2 / v1 GB/s): packed
- * Q4_K on v2 at every shape (14336 x 4096: 2244 / 1649; the 8B Q4_K_M decode 327.4 vs
- * 286.9 tok/s), Q6_K on v2 only for wide rows, n >= 2k (14336 x 4096: 2280 / 1916, lm_head
- * 3433 / 2941; 4096 x 14336: 1646 / 1997, 4096 x 4096 about even), Q8_0 on v1 (even). */
+ * 2: auto, the default, where each is faster in gemv_bench: packed Q4_K on v2 at every
+ * shape, Q6_K on v2 only for wide rows, n >= 2k, Q8_0 on v1 (even)
+ * (bench/results/kernel_choices.md, "CUDA v2 GEMV"). */
 static int g_v2_mode = -1;
 
 static int v2_mode(void) {

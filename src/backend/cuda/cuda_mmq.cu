@@ -1,7 +1,7 @@
 /* cuda_mmq.cu: the batched int8 tensor-core matmul ("MMQ") for packed-scale Q4_K weights
  * and 5..64 rows of int8 activations (quantize_x_q8's layout; HEARTH_CUDA_MMQ=1: from 2,
  * =0: off): the weight is streamed once for all rows, where the GEMVs re-read it per
- * chunk of 8 (validated and timed on the H200 on 2026-12-02: see g_mmq_mode below). Not batch-invariant (a row's float sums do not depend on T, but the
+ * chunk of 8 (timed on the H200: see g_mmq_mode below). Not batch-invariant (a row's float sums do not depend on T, but the
  * callers never use it in deterministic mode anyway). Called only from cuda_gemv.cu; must
  * not allocate or synchronize (it runs inside decode graph captures).
  *
@@ -221,10 +221,9 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32, 2)
 /* ---------- host side ---------- */
 
 /* -1: unread; 0 off (HEARTH_CUDA_MMQ=0); 1 forced, 2..64 rows (HEARTH_CUDA_MMQ=1, tests);
- * 2 the default since the H200 run of 2026-12-02, 5..64 rows. batch_bench there, 14336 x
- * 4096 Q4_K, us per call, MMQ vs the path it replaces: T=2 30.3 vs GEMV 19.3, T=4 28.9 vs
- * 28.8, T=8 26.6 vs 49.6, T=16 31.4 vs dequantize + GEMM 93.3, T=32 41.0 vs 91.7, T=64 65.6
- * vs 92.9 (it pads to 8 tokens, so 5..7 cost what 8 does while the GEMVs run 4 + the rest). */
+ * 2 the default, 5..64 rows: batch_bench on the H200 has MMQ even with the GEMVs at 4 rows
+ * and ahead from 8 (it pads to 8 tokens, so 5..7 cost what 8 does while the GEMVs run 4 +
+ * the rest; bench/results/kernel_choices.md, "CUDA MMQ"). */
 #define MMQ_AUTO_MIN_T 5
 static int g_mmq_mode = -1;
 static unsigned long g_mmq_launches;

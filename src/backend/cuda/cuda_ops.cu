@@ -388,12 +388,9 @@ static __device__ __forceinline__ float warp_max(float v) {
 #define DA_SPLITS_MAX CUDA_ATT_SPLITS_MAX /* cuda_plan.h: the split scratch is sized by it */
 
 /* (Merging the split partials inside the attention launch instead, by the last split of
- * each token and KV head to finish, measured slower on the H200 twice: 338.0 against 365.3
- * tok/s for the 8B Q4_K_M decode on 2026-12-02, when that block summed the splits with
- * dependent loads; and on 2026-12-03 with all of a thread's split loads issued before the
- * first use, bit-identical to attention_combine: Q4_K_M 392.1 / 392.0 against 410.7 / 407.7,
- * Q8_0 281.0 / 290.9, bf16 220.4 / 220.6 against 223.8 / 224.9, MLX 4-bit 359.1 / 374.5;
- * bench/results/cuda_engine.md round 17.) */
+ * each token and KV head to finish, measured slower on the H200, with dependent loads and
+ * with every split load issued before the first use: bench/results/kernel_choices.md,
+ * "CUDA split merge".) */
 template <int GM, int NV, int KVQ, bool HOLD>
 __global__ void __launch_bounds__(DA_WARPS * 32, (HOLD && GM <= 4) ? 2 : 1)
     attention_decode_kernel(cuda_attention_args a, cuda_kv kv, int S, int min_chunk, int early) {
@@ -682,10 +679,8 @@ int cuda_attention_writes_q8(const cuda_attention_args *a) {
 /* HEARTH_CUDA_ATT_EARLY (A/B runs): 0 the loads as before (values after the softmax, the
  * merge's partials after its barrier); 1 the values loaded with the keys and the merge's
  * partials with its weights; 2 (the default) also the first tile's rows that earlier steps
- * wrote loaded before pdl_wait. Every level gives the same bits. H200, 8B decode p512 n128,
- * back to back (bench/results/cuda_engine.md round 18): attention + merge 10.9 / 8.5 / 7.0
- * us per layer at levels 0 / 1 / 2; Q4_K_M 409.7 -> 432.5 tok/s, Q8_0 289.2 -> 298.4, bf16
- * 222.8 -> 226.7, MLX 4-bit 372.3 -> 388.1. (HOLD && GM <= 4: 128 registers, 8 bytes
+ * wrote loaded before pdl_wait. Every level gives the same bits; each level is faster than
+ * the one before (bench/results/kernel_choices.md, "CUDA early loads"). (HOLD && GM <= 4: 128 registers, 8 bytes
  * spilled, two blocks per SM for batched steps; the 8-head variant would spill ~700 bytes.) */
 static int decode_early(void) {
     static int v = -1;

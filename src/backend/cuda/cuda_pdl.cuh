@@ -59,12 +59,10 @@ static inline int pdl_device_ok(void) {
 }
 
 /* 1 when launches use PDL: device 0 is sm_90+ and HEARTH_CUDA_PDL=1, or the variable is unset
- * and this file's PDL_AUTO is 1; HEARTH_CUDA_PDL=0 turns it off everywhere. Measured on the
- * H200 (2026-12-02, tools/gpu_round.d/ab.sh, 8B decode p512 n128, rows back to back): the v2
- * int8 GEMVs, which issue their first weight loads before pdl_wait, gain (Q4_K_M 379.1 ->
- * 398.8 tok/s), while the float GEMVs lose (F16 218.7 -> 206.1; 2026-12-01: Q8_0 on v1 244.9
- * vs 264.2, bf16 196.1 vs 209.1), so only cuda_gemv_v2.cu was on by default; 2026-12-03 showed
- * that cuda_gemv.cu's L2 row prefetch was the loss, and its GEMVs are on without it. */
+ * and this file's PDL_AUTO is 1; HEARTH_CUDA_PDL=0 turns it off everywhere. The v2 int8
+ * GEMVs, which issue their first weight loads before pdl_wait, gain from it; cuda_gemv.cu's
+ * float GEMVs gain only without their L2 row prefetch (bench/results/kernel_choices.md,
+ * "CUDA PDL"). */
 static inline int pdl_on(void) {
     static int on = -1;
     if (*pdl_force() >= 0) return *pdl_force();

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# ncu-steps LOGDIR: per-kernel device time of one single-token decode step (the 10th, ~520
+# tokens of context) of each 8B model in NS_MODELS (default "q4_k_m bf16": the GGUF in $G8
+# or the bf16 folder $L8), eager launches, under `ncu --clock-control none` with
+# gpu__time_duration and dram__bytes_read; bench/cuda/ncu_summary.py groups the kernels
+# (launches, us, share, GB/s). ncu serializes kernels and flushes caches between them, so
+# the sum reads above the real step. NS_PREFILL=1: the 4096-token prefill step (the second:
+# bench warms up with a 32-token one) instead. A part of tools/gpu_run (env: H, G8, L8). Budget:
+# NS_BUDGET (s, default 90).
+set -u
+L=${1:?usage: ncu-steps.sh LOGDIR}
+mkdir -p "$L" && L=$(cd "$L" && pwd)
+cd "$(dirname "$0")/../.." || exit 1
+T0=$(date +%s)
+BUDGET=${NS_BUDGET:-90}
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+for m in ${NS_MODELS:-q4_k_m bf16}; do
+    case $m in bf16) f=$L8 ok=$L8/.done ;; *) f=$G8/llama8b-$m.gguf ok=$G8/.done ;; esac
+    for _ in $(seq 1 60); do [ -e "$ok" ] && break; sleep 1; done
+    [ -e "$f" ] || { echo "$m: NOT RUN (no model)"; continue; }
+    [ "$(left)" -lt 25 ] && { echo "$m: NOT RUN ($(left) s left)"; continue; }
+    if [ "${NS_PREFILL:-0}" = 1 ]; then prof="HEARTH_CUDA_PROFILE_PREFILL=2" args="-p 4096 -n 1 -r 1"
+    else prof="HEARTH_CUDA_GRAPH=0 HEARTH_CUDA_PROFILE_STEP=10" args="-p 512 -n 16 -r 1"; fi
+    # shellcheck disable=SC2086 # prof (VAR=value settings) and args (bench flags) are word lists
+    env $prof timeout $(($(left) - 3)) $NCU --clock-control none \
+        --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \
+        --log-file "$L/ncu_$m.csv" "$H" bench "$f" --device cuda $args --json \
+        >"$L/ncu_$m.json" 2>"$L/ncu_$m.log"
+    echo "$m: rc $?"
+    python3 bench/cuda/ncu_summary.py "$L/ncu_$m.csv" >"$L/ncu_$m.txt" 2>&1
+    head -14 "$L/ncu_$m.txt"
+done

@@ -1,7 +1,7 @@
 /* embed.c: embedders (public API): decides how a model embeds (encoder or decoder,
  * pooling, normalization, longest input) from config.json and the sentence-transformers
  * files beside it, tokenizes inputs, packs them into ragged batches, runs the encoder
- * (model/bert.c) or the decoder's hidden-state pass (model/decoder_hidden.c), then pools
+ * (model/bert.c) or the decoder forward pass with its final-normed hidden rows as output (OP_OUT_HIDDEN), then pools
  * and normalizes. Knows nothing of HTTP; one call at a time per embedder. */
 #define _GNU_SOURCE
 #include "api/model_internal.h"

@@ -1,7 +1,7 @@
 /* hub.h: the model library's internals: hub names, URLs and cache paths (hub_path.c),
  * the hub's file-list JSON (hub_api.c), downloads (hub_pull.c) and their registry
  * (hub_downloads.c), removal (hub_rm.c); hub_library.c, hub_evals.c, hub_skus.c,
- * hub_catalogue.c and hub_data.c implement the rest of hearth.h's library section.
+ * hub_catalogue.c implements the rest of hearth.h's library section.
  * Nothing in this folder serves HTTP; the pure helpers here are unit-tested. */
 #ifndef HEARTH_HUB_HUB_H
 #define HEARTH_HUB_HUB_H

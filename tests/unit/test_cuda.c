@@ -1,5 +1,5 @@
 /* test_cuda.c: every CUDA kernel against its CPU reference (backend/cpu scalar matmul
- * reference, ops/ops_cpu.c) on fresh random inputs with odd shapes; outputs are poisoned
+ * reference, backend/cpu/cpu_ops.c) on fresh random inputs with odd shapes; outputs are poisoned
  * with NaN first so an unwritten element fails. Where no GPU exists it says loudly that
  * the device tests did NOT run (exit 0 so `make test` stays green on GPU-less CI) and
  * only checks that the no-device paths fail cleanly. */

@@ -1,5 +1,5 @@
 /* cuda_ops.cu: the element-wise ops (rmsnorm, rope, SiLU/GELU-tanh gating) and paged
- * decode attention on the device, with the same arithmetic contract as ops/ops_cpu.c
+ * decode attention on the device, with the same arithmetic contract as backend/cpu/cpu_ops.c
  * (float32 arithmetic, max-subtracted softmax; K/V read through cuda_kv_access.cuh in the
  * pool's float32 / int8 / fp8 storage), plus residual/bias adds and row gathers. Must not
  * allocate or synchronize. */

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text) in every
+"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text, minicpm) in every
 weight form hearth reads (f32, bf16, MLX affine q4/q8 with group 64/32) under
 $HEARTH_CACHE/tiny/<family>-<form>/, written by mlx-lm's own save path so the layout is what
 mlx-lm produces. Tokenizers are small but real-format, trained offline with HF `tokenizers`.
@@ -150,6 +150,20 @@ def family_specs():
                 "attention_bias": False, "mlp_bias": False,
                 "bos_token_id": ids["<|begin_of_text|>"], "eos_token_id": eos})
 
+    # MiniCPM (mlx-lm models/minicpm.py) on the llama tokenizer and template: what the tiny
+    # model checks is the forward pass (scale_emb, the scaled residual, the lm_head divisor;
+    # tie_word_embeddings false, so the divisor applies). head_dim = hidden / heads.
+    specs["minicpm"] = dict(
+        tokenizer=specs["llama"]["tokenizer"],
+        tokenizer_config=dict(specs["llama"]["tokenizer_config"]),
+        generation_config=dict(specs["llama"]["generation_config"]),
+        config={"model_type": "minicpm", "architectures": ["MiniCPMForCausalLM"], "hidden_size": 64,
+                "num_hidden_layers": 3, "intermediate_size": 128, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                "max_position_embeddings": 4096, "scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 256,
+                "tie_word_embeddings": False, "hidden_act": "silu",
+                "bos_token_id": ids["<|begin_of_text|>"], "eos_token_id": eos})
+
     qwen_specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     qwen_added = ["<tool_call>", "</tool_call>", "<think>", "</think>"]  # not special in Qwen3
     tok = train_byte_level(QWEN2_REGEX, 700, qwen_specials, qwen_added, ignore_merges=False)
@@ -237,6 +251,9 @@ INIT = {
     "llama": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=4.0, lm_head_scale=1.0),
     "qwen3": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=4.0, lm_head_scale=6.0),
     "gemma3": dict(norm=0.0, post_norm=5.0, final_norm=3.0, embed_std=0.125, proj_scale=1.0, lm_head_scale=1.0),
+    # scale_emb 12 multiplies the embeddings: small ones keep the residual from drowning the
+    # blocks; projections at 2x (not 4x) keep the int8-activation tier near the golden (q4g64)
+    "minicpm": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=0.25, proj_scale=2.0, lm_head_scale=1.0),
 }
 
 
@@ -247,8 +264,16 @@ FORMS = {"f32": None, "bf16": None, "q4g64": (4, 64), "q4g32": (4, 32), "q8g64":
 EXTRA_FORMS = {"llama": {"q5g64": (5, 64)}, "qwen3": {"q3g32": (3, 32)}, "gemma3": {"q6g64": (6, 64)}}
 
 
+# Families added later take three forms (float, bf16, one quantization): the formats
+# themselves are covered by the families above.
+FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64")}
+
+
 def family_forms(family):
-    return {**FORMS, **EXTRA_FORMS.get(family, {})}
+    forms = {**FORMS, **EXTRA_FORMS.get(family, {})}
+    if family in FEW_FORMS:
+        forms = {k: v for k, v in forms.items() if k in FEW_FORMS[family]}
+    return forms
 
 
 def save_form(family, spec, form, src_dir, out_dir):

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, gemma3_text (GGUF: llama, qwen3, gemma3)"
+#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, gemma3_text, minicpm (GGUF: llama, qwen3, gemma3)"
 
 static double num(const json_t *o, const char *k, double dflt) {
     const json_t *v = json_object_get(o, k);
@@ -45,6 +45,24 @@ static float *rope_inv_freq(int head_dim, double base, const json_t *scaling) {
     return f;
 }
 
+/* MiniCPM (mlx-lm models/minicpm.py): embeddings times scale_emb, each block's attention
+ * and MLP outputs times scale_depth / sqrt(layers) before they join the residual, and (when
+ * lm_head is not tied by the config) the normed rows divided by hidden / dim_model_base
+ * before lm_head. Python computes these constants in double; mlx applies them as float32. */
+static hearth_status read_minicpm(const hearth_model *hm, const json_t *cfg, model_config *c, hearth_error *err) {
+    const char *keys[] = {"scale_emb", "scale_depth", "dim_model_base"};
+    for (int i = 0; i < 3; i++)
+        if (!json_is_number(json_object_get(cfg, keys[i])))
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: minicpm needs a number '%s'", hm->entry.path,
+                           keys[i]);
+    double base = num(cfg, "dim_model_base", 0);
+    if (base <= 0) return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: dim_model_base must be positive", hm->entry.path);
+    c->embed_scale = (float)num(cfg, "scale_emb", 1);
+    c->residual_scale = (float)(num(cfg, "scale_depth", 1) / sqrt((double)c->n_layers));
+    c->logits_div = json_is_true(json_object_get(cfg, "tie_word_embeddings")) ? 1.0f : (float)((double)c->hidden / base);
+    return HEARTH_OK;
+}
+
 static hearth_status read_dir_config(const hearth_model *hm, model_config *c, hearth_error *err) {
     const json_t *cfg = hm->config, *text = json_object_get(cfg, "text_config");
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
@@ -53,6 +71,7 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     if (!strcmp(mt, "llama")) c->family = FAMILY_LLAMA;
     else if (!strcmp(mt, "qwen3")) c->family = FAMILY_QWEN3;
     else if (!strcmp(mt, "gemma3_text") || !strcmp(mt, "gemma3")) c->family = FAMILY_GEMMA3;
+    else if (!strcmp(mt, "minicpm")) c->family = FAMILY_MINICPM;
     else return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported; " SUPPORTED,
                         hm->entry.path, mt);
     int gemma = c->family == FAMILY_GEMMA3;
@@ -95,6 +114,7 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
         c->inv_freq_local = rope_inv_freq(c->head_dim, num(cfg, "rope_local_base_freq", num(rp_local, "rope_theta", 10000.0)),
                                           NULL);
     }
+    if (c->family == FAMILY_MINICPM) return read_minicpm(hm, cfg, c, err);
     return HEARTH_OK;
 }
 
@@ -178,6 +198,8 @@ hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_
                        c->vocab);
     if (!c->inv_freq_global) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (!c->inv_freq_local) c->inv_freq_local = c->inv_freq_global;
+    if (c->residual_scale == 0.0f) c->residual_scale = 1.0f;
+    if (c->logits_div == 0.0f) c->logits_div = 1.0f;
     if (c->context_length <= 0) c->context_length = 4096;
     return HEARTH_OK;
 }

@@ -38,7 +38,7 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
     if (!m->layer_window && !(m->layer_window = calloc((size_t)c->n_layers, sizeof *m->layer_window)))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     int64_t qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim, h = c->hidden;
-    int gemma = c->family == FAMILY_GEMMA3, qk = c->family != FAMILY_LLAMA;
+    int gemma = c->family == FAMILY_GEMMA3, qk = c->family == FAMILY_QWEN3 || gemma;
     m->ops = (op_model){.dims = {.n_layers = c->n_layers, .hidden = c->hidden, .n_heads = c->n_heads,
                                  .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .ffn = c->ffn,
                                  .vocab = c->vocab, .norm_eps = c->norm_eps, .rope_adjacent = c->rope_adjacent},
@@ -72,7 +72,7 @@ const op_model *model_ops(const model *m) { return &m->ops; }
 hearth_status model_forward(const model *m, op_backend *be, kv_cache *kv, const op_batch *b, op_out out, int32_t *ids,
                             hearth_error *err) {
     static const op_layers_fn layers[] = {[FAMILY_LLAMA] = llama_layers, [FAMILY_QWEN3] = qwen3_layers,
-                                          [FAMILY_GEMMA3] = gemma3_layers};
+                                          [FAMILY_GEMMA3] = gemma3_layers, [FAMILY_MINICPM] = minicpm_layers};
     op_embed embed = {.table = &m->embed, .scale = m->cfg.embed_scale};
     return be->t->step(be, kv, b, &m->ops.dims, &embed, layers[m->cfg.family], m, out, ids, err);
 }

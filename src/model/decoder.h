@@ -1,4 +1,4 @@
-/* decoder.h: what the family forward passes (llama.c, qwen3.c, gemma3.c) share: a
+/* decoder.h: what the family forward passes (llama.c, qwen3.c, gemma3.c, minicpm.c) share: a
  * layer's attention and MLP as op-table arguments, and each family's layers function.
  * Internal to src/model. */
 #ifndef HEARTH_MODEL_DECODER_H
@@ -29,4 +29,5 @@ hearth_status model_ops_build(model *m, hearth_error *err);
 hearth_status llama_layers(const op_step *s, const void *ctx);
 hearth_status qwen3_layers(const op_step *s, const void *ctx);
 hearth_status gemma3_layers(const op_step *s, const void *ctx);
+hearth_status minicpm_layers(const op_step *s, const void *ctx);
 #endif

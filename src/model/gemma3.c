@@ -25,5 +25,5 @@ hearth_status gemma3_layers(const op_step *s, const void *ctx) {
         else
             OP_TRY(op_add(s, OP_X, OP_TMP));
     }
-    return op_logits(s, m->final_norm, shift, &m->lm_head);
+    return op_logits(s, m->final_norm, shift, 1.0f, &m->lm_head);
 }

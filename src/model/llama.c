@@ -20,5 +20,5 @@ hearth_status llama_layers(const op_step *s, const void *ctx) {
         else
             OP_TRY(op_add(s, OP_X, OP_TMP));
     }
-    return op_logits(s, m->final_norm, c->norm_shift, &m->lm_head);
+    return op_logits(s, m->final_norm, c->norm_shift, 1.0f, &m->lm_head);
 }

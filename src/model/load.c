@@ -212,7 +212,7 @@ static hearth_status load_layer(loader *L, int i, layer_weights *lw) {
         snprintf(module, sizeof module, "%.*s", (int)(strlen(name) - 7), name);
         if ((st = load_matrix(L, module, mats[j].n_out, mats[j].n_in, mats[j].w))) return st;
     }
-    int gemma = c->family == FAMILY_GEMMA3, qk = c->family != FAMILY_LLAMA;
+    int gemma = c->family == FAMILY_GEMMA3, qk = c->family == FAMILY_QWEN3 || gemma; /* per-head q/k norms */
     if ((st = load_vector(L, layer_name(L, i, R_ATTN_NORM, "weight", name, sizeof name), c->hidden, 1, &lw->attn_norm)) ||
         (st = load_vector(L, layer_name(L, i, R_FFN_NORM, "weight", name, sizeof name), c->hidden, 1, &lw->ffn_norm)) ||
         (st = load_vector(L, layer_name(L, i, R_POST_ATTN_NORM, "weight", name, sizeof name), c->hidden, gemma,

@@ -1,6 +1,6 @@
 /* model.h: a loaded decoder-only transformer: its configuration and its weights,
  * resident in anonymous memory in their native formats, plus the per-family forward
- * passes (llama.c, qwen3.c, gemma3.c) over a ragged batch. Contains no kernels: a forward
+ * passes (llama.c, qwen3.c, gemma3.c, minicpm.c) over a ragged batch. Contains no kernels: a forward
  * pass is a sequence of op-table calls (ops/ops.h), the same code on every backend. */
 #ifndef HEARTH_MODEL_MODEL_H
 #define HEARTH_MODEL_MODEL_H
@@ -8,7 +8,7 @@
 #include "ops/ops.h"
 #include "hearth.h"
 
-typedef enum model_family { FAMILY_LLAMA, FAMILY_QWEN3, FAMILY_GEMMA3 } model_family;
+typedef enum model_family { FAMILY_LLAMA, FAMILY_QWEN3, FAMILY_GEMMA3, FAMILY_MINICPM } model_family;
 
 typedef struct model_config {
     model_family family;
@@ -16,7 +16,9 @@ typedef struct model_config {
     float norm_eps;
     float norm_shift;       /* 1 where norms scale by (1 + weight): Gemma in HF/MLX form */
     float attn_scale;       /* softmax scale: head_dim^-0.5, or query_pre_attn_scalar^-0.5 */
-    float embed_scale;      /* Gemma multiplies embeddings by sqrt(hidden) (rounded to bf16 like mlx-lm) */
+    float embed_scale;      /* Gemma multiplies embeddings by sqrt(hidden) (rounded to bf16 like mlx-lm), MiniCPM by scale_emb */
+    float residual_scale;   /* MiniCPM: each block's output joins the residual times scale_depth / sqrt(layers); else 1 */
+    float logits_div;       /* MiniCPM (untied lm_head): the normed rows are divided by hidden / dim_model_base; else 1 */
     int rope_adjacent;      /* GGUF llama weights are permuted for adjacent-pair RoPE */
     int sliding_window;     /* 0: none */
     int sliding_pattern;    /* Gemma: every pattern-th layer is global, the rest slide */

@@ -18,5 +18,5 @@ hearth_status qwen3_layers(const op_step *s, const void *ctx) {
         OP_TRY(op_mlp_run(s, &mlp));
         OP_TRY(next ? op_add_norm(s, OP_TMP, next->attn_norm, 0.0f, DECODER_QKV(next)) : op_add(s, OP_X, OP_TMP));
     }
-    return op_logits(s, m->final_norm, c->norm_shift, &m->lm_head);
+    return op_logits(s, m->final_norm, c->norm_shift, 1.0f, &m->lm_head);
 }

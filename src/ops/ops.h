@@ -125,6 +125,8 @@ struct op_table {
     hearth_status (*norm)(const op_step *s, op_buf buf, const float *w, float shift);
     /* dst += src. */
     hearth_status (*add)(const op_step *s, op_buf dst, op_buf src);
+    /* buf *= factor (each element, one rounding). */
+    hearth_status (*scale)(const op_step *s, op_buf buf, float factor);
     /* q, k, v = projections of xn (+ bias, per-head norm, RoPE at each token's position);
      * the keys and values join layer `layer` of the KV pool. */
     hearth_status (*qkv_rope_store)(const op_step *s, int layer, const op_attn *a);
@@ -132,9 +134,9 @@ struct op_table {
     hearth_status (*attention)(const op_step *s, int layer, const op_attn *a);
     /* tmp = the gated MLP of xn. */
     hearth_status (*mlp)(const op_step *s, const op_mlp *m);
-    /* logits of the step's out_rows: lm_head · rmsnorm(x[row]) * (w + shift) (OP_OUT_HIDDEN:
-     * the normed rows themselves). */
-    hearth_status (*logits)(const op_step *s, const float *w, float shift, const op_weight *lm_head);
+    /* logits of the step's out_rows: lm_head · (rmsnorm(x[row]) * (w + shift) / div) (div 1:
+     * none; OP_OUT_HIDDEN: the normed rows themselves, undivided). */
+    hearth_status (*logits)(const op_step *s, const float *w, float shift, float div, const op_weight *lm_head);
     /* The device copy of kv rows (a partial prefix match), ordered before the next step;
      * NULL where the KV pool is the host's own. */
     hearth_status (*kv_copy)(op_backend *be, int32_t src, int32_t dst, int rows, hearth_error *err);
@@ -155,6 +157,9 @@ static inline hearth_status op_norm(const op_step *s, op_buf buf, const float *w
     return s->t->norm(s, buf, w, shift);
 }
 static inline hearth_status op_add(const op_step *s, op_buf dst, op_buf src) { return s->t->add(s, dst, src); }
+static inline hearth_status op_scale(const op_step *s, op_buf buf, float factor) {
+    return s->t->scale(s, buf, factor);
+}
 static inline hearth_status op_qkv_rope_store(const op_step *s, int layer, const op_attn *a) {
     return s->t->qkv_rope_store(s, layer, a);
 }
@@ -162,8 +167,9 @@ static inline hearth_status op_attention(const op_step *s, int layer, const op_a
     return s->t->attention(s, layer, a);
 }
 static inline hearth_status op_mlp_run(const op_step *s, const op_mlp *m) { return s->t->mlp(s, m); }
-static inline hearth_status op_logits(const op_step *s, const float *w, float shift, const op_weight *lm_head) {
-    return s->t->logits(s, w, shift, lm_head);
+static inline hearth_status op_logits(const op_step *s, const float *w, float shift, float div,
+                                      const op_weight *lm_head) {
+    return s->t->logits(s, w, shift, div, lm_head);
 }
 
 /* The checks every backend's step makes before it runs: T and n_out within its sizes,

@@ -98,6 +98,11 @@ static hearth_status cpu_add(const op_step *s, op_buf dst, op_buf src) {
     return HEARTH_OK;
 }
 
+static hearth_status cpu_scale(const op_step *s, op_buf b, float factor) {
+    ops_scale(buf(s, b), factor, (size_t)s->b->T * s->dims->hidden);
+    return HEARTH_OK;
+}
+
 static void add_bias(float *y, const float *bias, int T, int n) {
     if (!bias) return;
     for (int t = 0; t < T; t++) ops_add(y + (size_t)t * n, bias, (size_t)n);
@@ -149,7 +154,7 @@ static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
     return matmul(s, m->down, c->gate, s->b->T, c->tmp);
 }
 
-static hearth_status cpu_logits(const op_step *s, const float *w, float shift, const op_weight *lm_head) {
+static hearth_status cpu_logits(const op_step *s, const float *w, float shift, float div, const op_weight *lm_head) {
     cpu_backend *c = cb(s);
     const op_batch *b = s->b;
     int H = s->dims->hidden;
@@ -159,6 +164,8 @@ static hearth_status cpu_logits(const op_step *s, const float *w, float shift, c
         memcpy(rows + (size_t)i * H, c->x + (size_t)b->out_rows[i] * H, (size_t)H * sizeof(float));
     ops_rmsnorm(rows, rows, w, shift, b->n_out, H, s->dims->norm_eps);
     if (s->out == OP_OUT_HIDDEN || b->n_out == 0) return HEARTH_OK;
+    if (div != 1.0f) /* a division, not a product by 1/div: the reference's rounding */
+        for (size_t i = 0; i < (size_t)b->n_out * H; i++) rows[i] /= div;
     return matmul(s, lm_head, rows, b->n_out, b->logits);
 }
 
@@ -181,6 +188,7 @@ static const op_table cpu_table = {.name = "cpu",
                                    .add_norm = cpu_add_norm,
                                    .norm = cpu_norm,
                                    .add = cpu_add,
+                                   .scale = cpu_scale,
                                    .qkv_rope_store = cpu_qkv_rope_store,
                                    .attention = cpu_attention,
                                    .mlp = cpu_mlp,

@@ -300,6 +300,8 @@ hearth_status cuda_argmax_checked(const float *logits, int rows, int vocab, int3
 
 /* y[i] += x[i]; y[t, :] += bias for T rows of n; dst[i, :] = src[rows[i], :] (rows on the device). */
 hearth_status cuda_add(float *y, const float *x, size_t n, hearth_error *err);
+/* x[i] *= s, or (divide) x[i] /= s: one IEEE rounding per element, as the host's loop. */
+hearth_status cuda_scale(float *x, float s, int divide, size_t n, hearth_error *err);
 hearth_status cuda_add_bias(float *y, const float *bias, int T, int n, hearth_error *err);
 hearth_status cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int n_rows, int width,
                                hearth_error *err);

@@ -217,6 +217,11 @@ static hearth_status cu_add(const op_step *s, op_buf dst, op_buf src) {
     return cuda_add(dbuf(cm, dst), dbuf(cm, src), (size_t)s->b->T * s->dims->hidden, s->err);
 }
 
+static hearth_status cu_scale(const op_step *s, op_buf b, float factor) {
+    cuda_model *cm = cmod(s);
+    return cuda_scale(dbuf(cm, b), factor, 0, (size_t)s->b->T * s->dims->hidden, s->err);
+}
+
 /* in: xn; out: q, and the layer's keys and values in the pool (RoPE and the KV write in
  * one launch). */
 static hearth_status cu_qkv_rope_store(const op_step *s, int layer, const op_attn *a) {
@@ -302,7 +307,7 @@ static hearth_status cu_mlp(const op_step *s, const op_mlp *m) {
 }
 
 /* The final norm of the out_rows and lm_head into logits (and, for greedy steps, the ids). */
-static hearth_status cu_logits(const op_step *s, const float *w, float shift, const op_weight *lm_head) {
+static hearth_status cu_logits(const op_step *s, const float *w, float shift, float div, const op_weight *lm_head) {
     cuda_model *cm = cmod(s);
     const op_dims *c = s->dims;
     hearth_error *err = s->err;
@@ -312,6 +317,7 @@ static hearth_status cu_logits(const op_step *s, const float *w, float shift, co
     TRY(cuda_gather_rows(cm->rows, cm->x, cm->ints + 2 * cm->max_tokens, n_out, c->hidden, err));
     TRY(cuda_rmsnorm(cm->rows, cm->rows, dv(cm, w), shift, n_out, c->hidden, c->norm_eps, err));
     if (s->out == OP_OUT_HIDDEN) return HEARTH_OK;
+    if (div != 1.0f) TRY(cuda_scale(cm->rows, div, 1, (size_t)n_out * c->hidden, err));
     const cuda_weight *head = dw(cm, lm_head);
     /* few rows: the GEMV reads lm_head once; past 8 rows it would re-read it per 8, so a
      * weight cuBLAS takes as stored (F16 / BF16) goes to the GEMM (its x scratch holds
@@ -422,6 +428,7 @@ static const op_table cuda_table = {.name = "cuda",
                                     .add_norm = cu_add_norm,
                                     .norm = cu_norm,
                                     .add = cu_add,
+                                    .scale = cu_scale,
                                     .qkv_rope_store = cu_qkv_rope_store,
                                     .attention = cu_attention,
                                     .mlp = cu_mlp,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text, minicpm) in every
+"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text, minicpm, qwen3_moe) in every
 weight form hearth reads (f32, bf16, MLX affine q4/q8 with group 64/32) under
 $HEARTH_CACHE/tiny/<family>-<form>/, written by mlx-lm's own save path so the layout is what
 mlx-lm produces. Tokenizers are small but real-format, trained offline with HF `tokenizers`.
@@ -183,6 +183,21 @@ def family_specs():
                 "attention_bias": False, "bos_token_id": ids["<|endoftext|>"],
                 "eos_token_id": ids["<|im_end|>"]})
 
+    # Qwen3-MoE on the qwen3 tokenizer and template: 8 experts, 2 per token, layer 1 dense
+    # (mlp_only_layers) so both MLP kinds run; mlx-lm keeps the router at 8 bits when quantizing.
+    specs["qwen3_moe"] = dict(
+        tokenizer=specs["qwen3"]["tokenizer"],
+        tokenizer_config=dict(specs["qwen3"]["tokenizer_config"]),
+        generation_config=dict(specs["qwen3"]["generation_config"]),
+        config={"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
+                "num_hidden_layers": 3, "intermediate_size": 128, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                "decoder_sparse_step": 1, "mlp_only_layers": [1], "norm_topk_prob": True,
+                "max_position_embeddings": 40960, "tie_word_embeddings": False, "hidden_act": "silu",
+                "bos_token_id": specs["qwen3"]["config"]["bos_token_id"],
+                "eos_token_id": specs["qwen3"]["config"]["eos_token_id"]})
+
     gemma_specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
     tok = train_sentencepiece_bpe(500, gemma_specials)
     ids = {s: tok.token_to_id(s) for s in gemma_specials}
@@ -254,6 +269,7 @@ INIT = {
     # scale_emb 12 multiplies the embeddings: small ones keep the residual from drowning the
     # blocks; projections at 2x (not 4x) keep the int8-activation tier near the golden (q4g64)
     "minicpm": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=0.25, proj_scale=2.0, lm_head_scale=1.0),
+    "qwen3_moe": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=4.0, lm_head_scale=6.0),
 }
 
 
@@ -264,9 +280,10 @@ FORMS = {"f32": None, "bf16": None, "q4g64": (4, 64), "q4g32": (4, 32), "q8g64":
 EXTRA_FORMS = {"llama": {"q5g64": (5, 64)}, "qwen3": {"q3g32": (3, 32)}, "gemma3": {"q6g64": (6, 64)}}
 
 
-# Families added later take three forms (float, bf16, one quantization): the formats
-# themselves are covered by the families above.
-FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64")}
+# Families added later take few forms (float, bf16, one quantization): the formats
+# themselves are covered by the families above. qwen3_moe has no bf16 form: mlx's CPU
+# gather_mm (the experts' matmul) takes float32 only, so mlx-lm could not be its oracle.
+FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64"), "qwen3_moe": ("f32", "q4g64")}
 
 
 def family_forms(family):

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, gemma3_text, minicpm (GGUF: llama, qwen3, gemma3)"
+#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, gemma3_text, minicpm (GGUF: llama, qwen3, gemma3)"
 
 static double num(const json_t *o, const char *k, double dflt) {
     const json_t *v = json_object_get(o, k);
@@ -63,6 +63,22 @@ static hearth_status read_minicpm(const hearth_model *hm, const json_t *cfg, mod
     return HEARTH_OK;
 }
 
+/* Qwen3-MoE (mlx-lm models/qwen3_moe.py): which layers are MoE (every decoder_sparse_step-th,
+ * not in mlp_only_layers: model_layer_is_moe), the experts and how many a token takes. */
+static hearth_status read_qwen3_moe(const hearth_model *hm, const json_t *cfg, model_config *c, hearth_error *err) {
+    c->n_experts = (int)num(cfg, "num_experts", 0);
+    c->top_k_experts = (int)num(cfg, "num_experts_per_tok", 0);
+    c->moe_ffn = (int)num(cfg, "moe_intermediate_size", 0);
+    c->norm_topk = json_is_true(json_object_get(cfg, "norm_topk_prob"));
+    if (c->n_experts <= 0 || c->n_experts > 4096 || c->top_k_experts <= 0 || c->top_k_experts > c->n_experts ||
+        c->moe_ffn <= 0)
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: qwen3_moe needs num_experts (1..4096), num_experts_per_tok (1..num_experts) "
+                       "and moe_intermediate_size (got %d, %d, %d)",
+                       hm->entry.path, c->n_experts, c->top_k_experts, c->moe_ffn);
+    return HEARTH_OK;
+}
+
 static hearth_status read_dir_config(const hearth_model *hm, model_config *c, hearth_error *err) {
     const json_t *cfg = hm->config, *text = json_object_get(cfg, "text_config");
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
@@ -72,6 +88,7 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     else if (!strcmp(mt, "qwen3")) c->family = FAMILY_QWEN3;
     else if (!strcmp(mt, "gemma3_text") || !strcmp(mt, "gemma3")) c->family = FAMILY_GEMMA3;
     else if (!strcmp(mt, "minicpm")) c->family = FAMILY_MINICPM;
+    else if (!strcmp(mt, "qwen3_moe")) c->family = FAMILY_QWEN3_MOE;
     else return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported; " SUPPORTED,
                         hm->entry.path, mt);
     int gemma = c->family == FAMILY_GEMMA3;
@@ -115,6 +132,7 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
                                           NULL);
     }
     if (c->family == FAMILY_MINICPM) return read_minicpm(hm, cfg, c, err);
+    if (c->family == FAMILY_QWEN3_MOE) return read_qwen3_moe(hm, cfg, c, err);
     return HEARTH_OK;
 }
 
@@ -182,6 +200,18 @@ static hearth_status read_gguf_config(const hearth_model *hm, model_config *c, h
         c->inv_freq_local = rope_inv_freq(c->head_dim, 10000.0, NULL); /* Gemma 3's local base */
     }
     return HEARTH_OK;
+}
+
+int model_layer_is_moe(const hearth_model *hm, const model_config *c, int i) {
+    if (c->family != FAMILY_QWEN3_MOE || c->n_experts <= 0) return 0;
+    const json_t *cfg = hm->config, *text = json_object_get(cfg, "text_config"), *only;
+    if (json_is_object(text)) cfg = text;
+    int step = (int)num(cfg, "decoder_sparse_step", 1);
+    size_t j;
+    json_t *v;
+    only = json_object_get(cfg, "mlp_only_layers");
+    json_array_foreach(only, j, v) if (json_integer_value(v) == i) return 0;
+    return step > 0 && (i + 1) % step == 0;
 }
 
 hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_error *err);

@@ -20,6 +20,12 @@ op_mlp decoder_mlp(const model *m, int i, op_act act) {
     return (op_mlp){.gate = &l->gate, .up = &l->up, .down = &l->down, .act = act};
 }
 
+op_moe decoder_moe(const model *m, int i) {
+    const layer_weights *l = &m->layers[i];
+    return (op_moe){.router = &l->router, .gate = &l->experts_gate, .up = &l->experts_up, .down = &l->experts_down,
+                    .norm_topk = m->cfg.norm_topk, .act = OP_ACT_SILU};
+}
+
 static void add_weight(model *m, const op_weight *w, int logits, const char *name, int layer) {
     m->items[m->ops.n_items++] = (op_item){.w = w, .logits = logits, .name = name, .layer = layer};
 }
@@ -33,22 +39,29 @@ static void add_vec(model *m, const float *v, int family_has, int64_t n, const c
 /* (Re)builds m->ops after model_plan and again after model_load (the vectors' pointers). */
 hearth_status model_ops_build(model *m, hearth_error *err) {
     const model_config *c = &m->cfg;
-    size_t cap = (size_t)c->n_layers * 16 + 8;
+    size_t cap = (size_t)c->n_layers * 20 + 8;
     if (!m->items && !(m->items = calloc(cap, sizeof *m->items))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (!m->layer_window && !(m->layer_window = calloc((size_t)c->n_layers, sizeof *m->layer_window)))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     int64_t qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim, h = c->hidden;
-    int gemma = c->family == FAMILY_GEMMA3, qk = c->family == FAMILY_QWEN3 || gemma;
+    int gemma = c->family == FAMILY_GEMMA3, qk = c->family == FAMILY_QWEN3 || c->family == FAMILY_QWEN3_MOE || gemma;
     m->ops = (op_model){.dims = {.n_layers = c->n_layers, .hidden = c->hidden, .n_heads = c->n_heads,
                                  .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .ffn = c->ffn,
-                                 .vocab = c->vocab, .norm_eps = c->norm_eps, .rope_adjacent = c->rope_adjacent},
+                                 .vocab = c->vocab, .norm_eps = c->norm_eps, .rope_adjacent = c->rope_adjacent,
+                                 .n_experts = c->n_experts, .top_k_experts = c->top_k_experts, .moe_ffn = c->moe_ffn},
                         .items = m->items,
                         .layer_window = m->layer_window};
     for (int i = 0; i < c->n_layers; i++) {
         const layer_weights *l = &m->layers[i];
         const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-        for (int j = 0; j < 7; j++) add_weight(m, ws[j], 0, names[j], i);
+        for (int j = 0; j < (l->moe ? 4 : 7); j++) add_weight(m, ws[j], 0, names[j], i);
+        if (l->moe) {
+            add_weight(m, &l->router, 0, "router", i);
+            add_weight(m, &l->experts_gate, 0, "experts.gate_proj", i);
+            add_weight(m, &l->experts_up, 0, "experts.up_proj", i);
+            add_weight(m, &l->experts_down, 0, "experts.down_proj", i);
+        }
         add_vec(m, l->q_bias, 0, qd, "q_bias", i);
         add_vec(m, l->k_bias, 0, kd, "k_bias", i);
         add_vec(m, l->v_bias, 0, kd, "v_bias", i);
@@ -72,7 +85,8 @@ const op_model *model_ops(const model *m) { return &m->ops; }
 hearth_status model_forward(const model *m, op_backend *be, kv_cache *kv, const op_batch *b, op_out out, int32_t *ids,
                             hearth_error *err) {
     static const op_layers_fn layers[] = {[FAMILY_LLAMA] = llama_layers, [FAMILY_QWEN3] = qwen3_layers,
-                                          [FAMILY_GEMMA3] = gemma3_layers, [FAMILY_MINICPM] = minicpm_layers};
+                                          [FAMILY_GEMMA3] = gemma3_layers, [FAMILY_MINICPM] = minicpm_layers,
+                                          [FAMILY_QWEN3_MOE] = qwen3_moe_layers};
     op_embed embed = {.table = &m->embed, .scale = m->cfg.embed_scale};
     return be->t->step(be, kv, b, &m->ops.dims, &embed, layers[m->cfg.family], m, out, ids, err);
 }

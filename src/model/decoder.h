@@ -22,6 +22,11 @@ op_mlp decoder_mlp(const model *m, int i, op_act act);
 #define DECODER_QKV(l) ((const op_weight *const[]){&(l)->q, &(l)->k, &(l)->v}), 3
 #define DECODER_GATE_UP(l) ((const op_weight *const[]){&(l)->gate, &(l)->up}), 2
 
+/* Whether layer i of a Qwen3-MoE model has the mixture-of-experts MLP (config.c). */
+int model_layer_is_moe(const hearth_model *hm, const model_config *c, int i);
+/* Layer i's mixture-of-experts MLP. */
+op_moe decoder_moe(const model *m, int i);
+
 /* Builds m->ops (model_ops); model_plan and model_load call it. */
 hearth_status model_ops_build(model *m, hearth_error *err);
 
@@ -30,4 +35,5 @@ hearth_status llama_layers(const op_step *s, const void *ctx);
 hearth_status qwen3_layers(const op_step *s, const void *ctx);
 hearth_status gemma3_layers(const op_step *s, const void *ctx);
 hearth_status minicpm_layers(const op_step *s, const void *ctx);
+hearth_status qwen3_moe_layers(const op_step *s, const void *ctx);
 #endif

@@ -157,12 +157,14 @@ static hearth_status load_matrix(loader *L, const char *module, int64_t n_out, i
     const char *file = t && t->file ? t->file : L->hm->entry.path;
     if (!t) return err_set(L->err, HEARTH_ERR_FORMAT, "%s: missing tensor '%s'", L->hm->entry.path, name);
     int bits = 0, group = 0;
-    int64_t cols = t->ndim == 2 ? t->shape[1] : -1;
+    /* stacked experts [experts, rows, cols] are one matrix of experts * rows rows */
+    int64_t cols = t->ndim == 2 || t->ndim == 3 ? t->shape[t->ndim - 1] : -1;
+    int64_t rows = t->ndim == 3 ? t->shape[0] * t->shape[1] : t->shape[0];
     int quant = !L->gguf && t->dtype == DT_U32 && mlxq_lookup(&L->hm->quant, module, &bits, &group);
     if (quant && bits > 0) cols = cols * 32 / bits;
-    if (t->ndim != 2 || t->shape[0] != n_out || cols != n_in)
+    if ((t->ndim != 2 && t->ndim != 3) || rows != n_out || cols != n_in)
         return err_set(L->err, HEARTH_ERR_FORMAT, "%s: tensor '%s' has shape [%lld,%lld], expected [%lld,%lld]", file,
-                       name, (long long)t->shape[0], (long long)cols, (long long)n_out, (long long)n_in);
+                       name, (long long)rows, (long long)cols, (long long)n_out, (long long)n_in);
     w->dtype = t->dtype;
     w->n = n_out;
     w->k = n_in;
@@ -194,6 +196,29 @@ static hearth_status load_matrix(loader *L, const char *module, int64_t n_out, i
     return HEARTH_OK;
 }
 
+/* A Qwen3-MoE layer's router (mlp.gate) and its experts stacked as mlx-lm stores them
+ * (mlp.switch_mlp.{gate,up,down}_proj: [experts, rows, cols]). */
+static hearth_status load_moe(loader *L, int i, layer_weights *lw) {
+    const model_config *c = &L->m->cfg;
+    char module[512];
+    hearth_status st;
+    int64_t E = c->n_experts;
+    if (L->gguf) return err_set(L->err, HEARTH_ERR_UNSUPPORTED, "%s: MoE layers from GGUF are not supported yet",
+                                L->hm->entry.path);
+    snprintf(module, sizeof module, "%slayers.%d.mlp.gate", L->prefix, i);
+    if ((st = load_matrix(L, module, E, c->hidden, &lw->router))) return st;
+    struct { const char *name; op_weight *w; int64_t rows, cols; } ex[] = {
+        {"gate_proj", &lw->experts_gate, c->moe_ffn, c->hidden},
+        {"up_proj", &lw->experts_up, c->moe_ffn, c->hidden},
+        {"down_proj", &lw->experts_down, c->hidden, c->moe_ffn},
+    };
+    for (int j = 0; j < 3; j++) {
+        snprintf(module, sizeof module, "%slayers.%d.mlp.switch_mlp.%s", L->prefix, i, ex[j].name);
+        if ((st = load_matrix(L, module, E * ex[j].rows, ex[j].cols, ex[j].w))) return st;
+    }
+    return HEARTH_OK;
+}
+
 static hearth_status load_layer(loader *L, int i, layer_weights *lw) {
     const model_config *c = &L->m->cfg;
     char name[512], module[512];
@@ -207,12 +232,15 @@ static hearth_status load_layer(loader *L, int i, layer_weights *lw) {
         {R_UP, &lw->up, c->ffn, c->hidden},
         {R_DOWN, &lw->down, c->hidden, c->ffn},
     };
+    lw->moe = model_layer_is_moe(L->hm, c, i);
+    if (lw->moe && (st = load_moe(L, i, lw))) return st;
     for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) {
+        if (lw->moe && mats[j].r >= R_GATE && mats[j].r <= R_DOWN) continue; /* experts instead */
         layer_name(L, i, mats[j].r, "weight", name, sizeof name);
         snprintf(module, sizeof module, "%.*s", (int)(strlen(name) - 7), name);
         if ((st = load_matrix(L, module, mats[j].n_out, mats[j].n_in, mats[j].w))) return st;
     }
-    int gemma = c->family == FAMILY_GEMMA3, qk = c->family == FAMILY_QWEN3 || gemma; /* per-head q/k norms */
+    int gemma = c->family == FAMILY_GEMMA3, qk = c->family == FAMILY_QWEN3 || c->family == FAMILY_QWEN3_MOE || gemma;
     if ((st = load_vector(L, layer_name(L, i, R_ATTN_NORM, "weight", name, sizeof name), c->hidden, 1, &lw->attn_norm)) ||
         (st = load_vector(L, layer_name(L, i, R_FFN_NORM, "weight", name, sizeof name), c->hidden, 1, &lw->ffn_norm)) ||
         (st = load_vector(L, layer_name(L, i, R_POST_ATTN_NORM, "weight", name, sizeof name), c->hidden, gemma,

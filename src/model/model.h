@@ -1,6 +1,6 @@
 /* model.h: a loaded decoder-only transformer: its configuration and its weights,
  * resident in anonymous memory in their native formats, plus the per-family forward
- * passes (llama.c, qwen3.c, gemma3.c, minicpm.c) over a ragged batch. Contains no kernels: a forward
+ * passes (llama.c, qwen3.c, qwen3_moe.c, gemma3.c, minicpm.c) over a ragged batch. Contains no kernels: a forward
  * pass is a sequence of op-table calls (ops/ops.h), the same code on every backend. */
 #ifndef HEARTH_MODEL_MODEL_H
 #define HEARTH_MODEL_MODEL_H
@@ -8,7 +8,7 @@
 #include "ops/ops.h"
 #include "hearth.h"
 
-typedef enum model_family { FAMILY_LLAMA, FAMILY_QWEN3, FAMILY_GEMMA3, FAMILY_MINICPM } model_family;
+typedef enum model_family { FAMILY_LLAMA, FAMILY_QWEN3, FAMILY_GEMMA3, FAMILY_MINICPM, FAMILY_QWEN3_MOE } model_family;
 
 typedef struct model_config {
     model_family family;
@@ -22,6 +22,7 @@ typedef struct model_config {
     int rope_adjacent;      /* GGUF llama weights are permuted for adjacent-pair RoPE */
     int sliding_window;     /* 0: none */
     int sliding_pattern;    /* Gemma: every pattern-th layer is global, the rest slide */
+    int n_experts, top_k_experts, moe_ffn, norm_topk; /* Qwen3-MoE: experts per MoE layer, chosen per token, their width */
     float *inv_freq_global; /* head_dim/2 RoPE inverse frequencies */
     float *inv_freq_local;  /* for sliding layers (Gemma's local base), else = global */
 } model_config;
@@ -33,6 +34,8 @@ typedef struct layer_weights {
     const float *post_attn_norm, *post_ffn_norm; /* Gemma's extra norms, else NULL */
     const float *q_norm, *k_norm;          /* per-head QK norms (qwen3, gemma3), else NULL */
     int sliding;                           /* attends within cfg.sliding_window */
+    int moe;                               /* a mixture-of-experts MLP: router and stacked experts, no gate/up/down */
+    op_weight router, experts_gate, experts_up, experts_down;
 } layer_weights;
 
 typedef struct model {

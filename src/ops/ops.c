@@ -64,3 +64,15 @@ hearth_status op_embed_rows(const op_embed *e, const int32_t *tokens, int T, int
     tp_run(tp, (T + EMBED_ROWS - 1) / EMBED_ROWS, embed_task, &j); /* one task: inline */
     return HEARTH_OK;
 }
+
+op_weight op_weight_rows(const op_weight *w, int64_t row0, int64_t rows) {
+    op_weight v = *w;
+    v.n = rows;
+    if (w->data) v.data = (const uint8_t *)w->data + row0 * op_weight_row_bytes(w);
+    if (w->dtype == DT_U32 && w->scales) { /* MLX affine: [n, k / group] scales and biases */
+        size_t sb = w->sb_dtype == DT_F32 ? 4 : 2, per_row = (size_t)(w->k / w->group_size) * sb;
+        v.scales = (const uint8_t *)w->scales + (size_t)row0 * per_row;
+        v.biases = (const uint8_t *)w->biases + (size_t)row0 * per_row;
+    }
+    return v;
+}

@@ -15,6 +15,7 @@
 /* The shapes every op of a decoder model needs. */
 typedef struct op_dims {
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab;
+    int n_experts, top_k_experts, moe_ffn; /* mixture-of-experts layers (0 experts: none) */
     float norm_eps;
     int rope_adjacent; /* GGUF llama weights are permuted for adjacent-pair RoPE */
 } op_dims;
@@ -81,6 +82,17 @@ typedef struct op_mlp {
     op_act act;
 } op_mlp;
 
+/* A mixture-of-experts MLP (Qwen3-MoE, mlx-lm SwitchGLU): router logits = router · x,
+ * softmax over the experts, the top_k of them per token (weights renormalized to sum 1
+ * when norm_topk), and the weighted sum of those experts' gated MLPs. gate / up / down hold
+ * every expert's matrix stacked: expert e is rows [e * rows, (e + 1) * rows) (rows = moe_ffn
+ * for gate / up, hidden for down). */
+typedef struct op_moe {
+    const op_weight *router, *gate, *up, *down;
+    int norm_topk;
+    op_act act;
+} op_moe;
+
 /* How the step's logits leave it: to the host (batch.logits), only each row's greedy id
  * (ids; the first index of the largest logit), kept where the backend computed them for a
  * sampler that runs there, or (embedding models) the final-normed hidden rows instead of
@@ -134,6 +146,8 @@ struct op_table {
     hearth_status (*attention)(const op_step *s, int layer, const op_attn *a);
     /* tmp = the gated MLP of xn. */
     hearth_status (*mlp)(const op_step *s, const op_mlp *m);
+    /* tmp = the mixture-of-experts MLP of xn (dims.n_experts, top_k_experts, moe_ffn). */
+    hearth_status (*moe)(const op_step *s, const op_moe *m);
     /* logits of the step's out_rows: lm_head · (rmsnorm(x[row]) * (w + shift) / div) (div 1:
      * none; OP_OUT_HIDDEN: the normed rows themselves, undivided). */
     hearth_status (*logits)(const op_step *s, const float *w, float shift, float div, const op_weight *lm_head);
@@ -167,6 +181,10 @@ static inline hearth_status op_attention(const op_step *s, int layer, const op_a
     return s->t->attention(s, layer, a);
 }
 static inline hearth_status op_mlp_run(const op_step *s, const op_mlp *m) { return s->t->mlp(s, m); }
+static inline hearth_status op_moe_run(const op_step *s, const op_moe *m) { return s->t->moe(s, m); }
+
+/* Expert e's rows of a stacked expert weight (op_moe): a view, no copy. */
+op_weight op_weight_rows(const op_weight *w, int64_t row0, int64_t rows);
 static inline hearth_status op_logits(const op_step *s, const float *w, float shift, float div,
                                       const op_weight *lm_head) {
     return s->t->logits(s, w, shift, div, lm_head);

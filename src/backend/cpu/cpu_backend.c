@@ -6,6 +6,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/matmul.h"
 #include "base/err.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,12 @@ typedef struct cpu_backend {
     int max_tokens, max_out;
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up; /* [max_tokens, width] each */
     float *rows;                                       /* [max_out, hidden]: rows that need logits */
+    /* mixture of experts (op_moe): router logits [T, experts]; an expert's tokens' inputs
+     * [T, hidden], gate and up [T, moe_ffn], output [T, hidden]; each token's chosen
+     * experts and weights [T, top_k]; the tokens of one expert [T] */
+    float *moe_logits, *moe_x, *moe_gate, *moe_up, *moe_out, *moe_w;
+    int32_t *moe_sel, *moe_tok;
+    float *moe_tokw;
     float *attn;                                       /* attention scratch, per thread */
     void *mm;                                          /* matmul scratch (quantized activations) */
     size_t mm_size;
@@ -32,13 +39,16 @@ static size_t mm_scratch_need(const op_model *om, int T) {
     return need;
 }
 
-/* The widths of the activation buffers, in floats per token, in cpu_backend's order. */
-enum { CPU_N_ACT = 11 };
+/* The sizes of the buffers, in floats (4 bytes) each, in cpu_backend's order. */
+enum { CPU_N_ACT = 20 };
 static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
                       size_t sizes[CPU_N_ACT]) {
     size_t T = (size_t)max_tokens, qd = (size_t)d->n_heads * d->head_dim, kd = (size_t)d->n_kv_heads * d->head_dim;
+    size_t E = (size_t)d->n_experts, K = (size_t)d->top_k_experts, F = (size_t)d->moe_ffn, moe = E > 0;
     size_t s[CPU_N_ACT] = {T * d->hidden, T * d->hidden, T * qd, T * kd, T * kd, T * qd, T * d->hidden, T * d->ffn,
-                           T * d->ffn, (size_t)max_out * d->hidden, (size_t)n_threads * ops_attention_scratch(kv)};
+                           T * d->ffn, (size_t)max_out * d->hidden, (size_t)n_threads * ops_attention_scratch(kv),
+                           moe * T * E, moe * T * d->hidden, moe * T * F, moe * T * F, moe * T * d->hidden,
+                           moe * T * K, moe * T * K, moe * T, moe * T};
     memcpy(sizes, s, sizeof s);
 }
 
@@ -52,7 +62,9 @@ size_t cpu_backend_bytes(const op_model *om, const kv_cache *kv, int max_tokens,
 static void cpu_free(op_backend *be) {
     cpu_backend *c = (cpu_backend *)be;
     if (!c) return;
-    float *ptrs[] = {c->x, c->xn, c->q, c->k, c->v, c->att, c->tmp, c->gate, c->up, c->rows, c->attn};
+    void *ptrs[] = {c->x,      c->xn,    c->q,      c->k,      c->v,   c->att,  c->tmp,
+                    c->gate,   c->up,    c->rows,   c->attn,   c->moe_logits, c->moe_x, c->moe_gate,
+                    c->moe_up, c->moe_out, c->moe_w, c->moe_sel, c->moe_tok, c->moe_tokw};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     free(c->mm);
     free(c);
@@ -154,6 +166,72 @@ static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
     return matmul(s, m->down, c->gate, s->b->T, c->tmp);
 }
 
+/* The experts of each token: softmax over the router's logits (in float, max first, as
+ * mlx's precise softmax), the top_k by weight (ties: the lower expert index), those weights
+ * renormalized to sum 1 when asked. */
+static void moe_route(cpu_backend *c, const op_step *s, const op_moe *m) {
+    int T = s->b->T, E = s->dims->n_experts, K = s->dims->top_k_experts;
+    for (int t = 0; t < T; t++) {
+        float *g = c->moe_logits + (size_t)t * E, mx = g[0], sum = 0.0f;
+        for (int e = 1; e < E; e++) mx = g[e] > mx ? g[e] : mx;
+        for (int e = 0; e < E; e++) sum += (g[e] = expf(g[e] - mx));
+        for (int e = 0; e < E; e++) g[e] /= sum;
+        int32_t *sel = c->moe_sel + (size_t)t * K;
+        float *w = c->moe_w + (size_t)t * K, total = 0.0f;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= sel[j] == e;
+                if (!taken && (best < 0 || g[e] > g[best])) best = e;
+            }
+            sel[k] = best;
+            total += (w[k] = g[best]);
+        }
+        if (m->norm_topk)
+            for (int k = 0; k < K; k++) w[k] /= total;
+    }
+}
+
+/* tmp = sum over each token's chosen experts of weight * down_e(act(gate_e x) * up_e x): the
+ * tokens of one expert gathered into one matmul per weight, their outputs added back. */
+static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
+    cpu_backend *c = cb(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T, H = d->hidden, E = d->n_experts, K = d->top_k_experts, F = d->moe_ffn;
+    hearth_status st = matmul(s, m->router, c->xn, T, c->moe_logits);
+    if (st) return st;
+    moe_route(c, s, m);
+    memset(c->tmp, 0, (size_t)T * H * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < K; k++)
+                if (c->moe_sel[(size_t)t * K + k] == e) {
+                    c->moe_tok[n] = t;
+                    c->moe_tokw[n] = c->moe_w[(size_t)t * K + k];
+                    memcpy(c->moe_x + (size_t)n * H, c->xn + (size_t)t * H, (size_t)H * sizeof(float));
+                    n++;
+                }
+        if (!n) continue;
+        op_weight g = op_weight_rows(m->gate, (int64_t)e * F, F), u = op_weight_rows(m->up, (int64_t)e * F, F),
+                  dn = op_weight_rows(m->down, (int64_t)e * H, H);
+        const op_weight *gu[] = {&g, &u};
+        float *const gu_out[] = {c->moe_gate, c->moe_up};
+        if ((st = cpu_matmul_fused(2, gu, gu_out, c->moe_x, n, c->mm, c->mm_size, c->tp, s->b->batch_invariant,
+                                   s->err)))
+            return st;
+        if (m->act == OP_ACT_SILU) ops_silu_mul(c->moe_gate, c->moe_up, (size_t)n * F);
+        else ops_gelu_tanh_mul(c->moe_gate, c->moe_up, (size_t)n * F);
+        if ((st = matmul(s, &dn, c->moe_gate, n, c->moe_out))) return st;
+        for (int i = 0; i < n; i++) {
+            float *y = c->tmp + (size_t)c->moe_tok[i] * H, *o = c->moe_out + (size_t)i * H, w = c->moe_tokw[i];
+            for (int h = 0; h < H; h++) y[h] += o[h] * w;
+        }
+    }
+    return HEARTH_OK;
+}
+
 static hearth_status cpu_logits(const op_step *s, const float *w, float shift, float div, const op_weight *lm_head) {
     cpu_backend *c = cb(s);
     const op_batch *b = s->b;
@@ -192,6 +270,7 @@ static const op_table cpu_table = {.name = "cpu",
                                    .qkv_rope_store = cpu_qkv_rope_store,
                                    .attention = cpu_attention,
                                    .mlp = cpu_mlp,
+                                   .moe = cpu_moe,
                                    .logits = cpu_logits,
                                    .kv_copy = NULL,
                                    .free = cpu_free};
@@ -205,10 +284,14 @@ hearth_status cpu_backend_create(const op_model *om, const kv_cache *kv, int max
     c->tp = tp;
     size_t sizes[CPU_N_ACT];
     act_sizes(&om->dims, kv, max_tokens, max_out, n_threads, sizes);
-    float **ptrs[CPU_N_ACT] = {&c->x, &c->xn, &c->q, &c->k, &c->v, &c->att, &c->tmp, &c->gate, &c->up, &c->rows, &c->attn};
+    void **ptrs[CPU_N_ACT] = {(void **)&c->x,          (void **)&c->xn,      (void **)&c->q,        (void **)&c->k,
+                              (void **)&c->v,          (void **)&c->att,     (void **)&c->tmp,      (void **)&c->gate,
+                              (void **)&c->up,         (void **)&c->rows,    (void **)&c->attn,     (void **)&c->moe_logits,
+                              (void **)&c->moe_x,      (void **)&c->moe_gate, (void **)&c->moe_up,  (void **)&c->moe_out,
+                              (void **)&c->moe_w,      (void **)&c->moe_sel, (void **)&c->moe_tok,  (void **)&c->moe_tokw};
     int ok = 1;
     for (int i = 0; i < CPU_N_ACT; i++) {
-        if (posix_memalign((void **)ptrs[i], 64, sizes[i] * sizeof(float) + 64)) ok = 0;
+        if (posix_memalign(ptrs[i], 64, sizes[i] * sizeof(float) + 64)) ok = 0;
         else memset(*ptrs[i], 0, sizes[i] * sizeof(float)); /* resident from the start */
     }
     c->mm_size = mm_scratch_need(om, max_tokens);

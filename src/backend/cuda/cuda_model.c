@@ -306,6 +306,13 @@ static hearth_status cu_mlp(const op_step *s, const op_mlp *m) {
     return matmul(cm, down, cm->gate, T, cm->tmp, err);
 }
 
+/* Mixture-of-experts layers are not on the GPU yet: cuda_model_create refuses such a model,
+ * so a step never gets here. */
+static hearth_status cu_moe(const op_step *s, const op_moe *m) {
+    (void)m;
+    return err_set(s->err, HEARTH_ERR_UNSUPPORTED, "cuda: mixture-of-experts layers run on the CPU backend only");
+}
+
 /* The final norm of the out_rows and lm_head into logits (and, for greedy steps, the ids). */
 static hearth_status cu_logits(const op_step *s, const float *w, float shift, float div, const op_weight *lm_head) {
     cuda_model *cm = cmod(s);
@@ -432,6 +439,7 @@ static const op_table cuda_table = {.name = "cuda",
                                     .qkv_rope_store = cu_qkv_rope_store,
                                     .attention = cu_attention,
                                     .mlp = cu_mlp,
+                                    .moe = cu_moe,
                                     .logits = cu_logits,
                                     .kv_copy = cu_kv_copy,
                                     .free = cuda_model_free};
@@ -474,6 +482,10 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
     if (c->head_dim > 256 || c->head_dim % 2 || kv->head_dim != c->head_dim || kv->n_kv_heads != c->n_kv_heads)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: head_dim %d is not supported (at most 256, even)",
                        c->head_dim);
+    if (c->n_experts > 0)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "cuda: mixture-of-experts models (%d experts) run on the CPU backend only for now; use --device cpu",
+                       c->n_experts);
     cuda_model *cm = calloc(1, sizeof *cm);
     if (!cm) return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
     cm->base.t = &cuda_table;

@@ -1,6 +1,8 @@
 /* tok_stream.c: incremental detokenization. Each push re-decodes a short window of
  * recent ids and emits only text that is final: nothing while the window's text ends
  * in U+FFFD (an incomplete UTF-8 sequence may still be completed by the next id).
+ * With a ByteLevel decoder a lone-space token is held back until the next id, as
+ * mlx-lm's BPEStreamingDetokenizer does, so streamed chunks split where upstream's do.
  * The window restarts at the last id after each clean emit, so the work per id stays
  * small and the concatenated output equals tok_decode of the whole sequence. */
 #include "tok/tok_internal.h"
@@ -13,6 +15,7 @@ struct tok_stream {
     tok_ids win;       /* ids since the window start */
     size_t prefix_len; /* bytes of decode(win) already emitted (or owned by the prefix) */
     int byte_runs;     /* the decoder chain has ByteFallback */
+    int byte_level;    /* the decoder is ByteLevel (GPT-2 style: a space is the piece "\u0120") */
     char *out;         /* last returned chunk */
 };
 
@@ -30,6 +33,7 @@ tok_stream *tok_stream_new(const tok_tokenizer *t, int skip_special) {
     s->t = t;
     s->skip_special = skip_special;
     s->byte_runs = has_byte_fallback(t->dec);
+    s->byte_level = t->dec && t->dec->kind == TOK_DEC_BYTELEVEL; /* mlx-lm's test: the top decoder's type */
     return s;
 }
 
@@ -85,10 +89,17 @@ static const char *step(tok_stream *s, int final) {
     return r;
 }
 
+/* The piece "\u0120" alone: one space, which upstream holds back in case the next
+ * token's decoding cleans it up. */
+static int is_lone_space(const tok_tokenizer *t, int32_t id) {
+    return t->str_lens[id] == 2 && !memcmp(t->strs[id], "\xC4\xA0", 2);
+}
+
 const char *tok_stream_push(tok_stream *s, int32_t id) {
     if (s->skip_special && tok_is_special(s->t, id)) return "";
     if (id < 0 || id >= s->t->n_strs || !s->t->strs[id]) return ""; /* tok_decode skips these too */
     if (!tok_ids_push(&s->win, id)) return "";
+    if (s->byte_level && is_lone_space(s->t, id)) return "";
     return step(s, 0);
 }
 

@@ -450,6 +450,30 @@ def test_stream_chunk_boundaries(servers, bias):
         assert_same_json(a, b)
 
 
+def test_stream_chunk_boundaries_sentencepiece():
+    """Gemma 3's SentencePiece decoder chain (byte fallback): upstream's SPM detokenizer
+    sends each character once its byte tokens are complete and replaces each invalid
+    byte sequence; the same byte chains forced as above must stream the same deltas."""
+    from conftest import server
+    model = TINY / "gemma3-f32"
+    need(model, "tiny model", "run tools/make_tiny_models.py")
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(model))
+    biases = [{"<0xC3>": 60.0, "<0xA9>": 59.0}, {"<0xE2>": 60.0, "<0x82>": 59.5, "<0xAC>": 59.0},
+              {"<0xC3>": 60.0, "<0xA9>": 59.0, "▁": 58.0}]
+    with upstream_server(model) as up, server(model) as hz:
+        for bias in biases:
+            body = {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 12,
+                    "temperature": 0, "stream": True, "presence_penalty": 61.0, "presence_context_size": 2,
+                    "logit_bias": {str(tok.convert_tokens_to_ids(k)): v for k, v in bias.items()}}
+            (_, _, b1), (_, _, b2) = both((up, hz), "POST", "/v1/chat/completions", body)
+            (eu, _), (eh, _) = sse(b1), sse(b2)
+            assert [e["choices"][0]["delta"].get("content") for e in eh[:-1]] == \
+                [e["choices"][0]["delta"].get("content") for e in eu[:-1]], bias
+            for a, b in zip(eu[:-1], eh[:-1]):
+                assert_same_json(a, b)
+
+
 MLX_FLAG_VALUES = {
     # every flag `python -m mlx_lm server --help` lists, with a valid value (None: a switch)
     "--model": None, "--port": None, "--host": "127.0.0.1", "--adapter-path": "adapters",

@@ -474,6 +474,103 @@ def test_stream_chunk_boundaries_sentencepiece():
                 assert_same_json(a, b)
 
 
+# ---- forced token chains: thinking and tool calls ----------------------------------
+# logit_bias gives the chain's tokens 1000, 990, 980, ... and a presence penalty of 5000
+# over a window longer than the chain pushes each one down once emitted, so greedy decoding
+# emits the chain in order whatever the random weights say (every token distinct, and
+# none among the prompt's last WINDOW tokens, which the window sees from the start: so
+# no <|im_end|>, max_tokens ends the chain).
+WINDOW = 48
+FILLER = "Q" * 100  # few distinct tokens at the prompt's end
+
+
+def chain_ids(tok, parts, used):
+    """parts: special token names (<...>) or text; the ids of a segmentation of the whole
+    into distinct tokens outside `used` (longest tokens first), or None."""
+    pieces = {}
+    for i in range(len(tok)):
+        t = tok.decode([i])
+        if t and "\ufffd" not in t:
+            pieces.setdefault(t, i)
+
+    def seg(text, used):
+        if not text:
+            return []
+        for n in range(min(len(text), 24), 0, -1):
+            i = pieces.get(text[:n])
+            if i is not None and i not in used:
+                rest = seg(text[n:], used | {i})
+                if rest is not None:
+                    return [i] + rest
+        return None
+
+    out = []
+    for p in parts:
+        ids = [tok.convert_tokens_to_ids(p)] if p.startswith("<") else seg(p, frozenset(used) | set(out))
+        if ids is None or (p.startswith("<") and ids[0] in used):
+            return None
+        out += ids
+    return out
+
+
+def forced_body(tok, msgs, parts_options, **extra):
+    prompt = tok.apply_chat_template(msgs, tools=extra.get("tools"), add_generation_prompt=True, tokenize=True)
+    prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
+    used = set(prompt[-WINDOW:])
+    ids = next(c for c in (chain_ids(tok, parts, used) for parts in parts_options) if c)
+    assert len(ids) < WINDOW
+    return {"messages": msgs, "max_tokens": len(ids), "temperature": 0,
+            "logit_bias": {str(t): 1000.0 - 10 * k for k, t in enumerate(ids)},
+            "presence_penalty": 5000.0, "presence_context_size": WINDOW, **extra}
+
+
+def without_call_ids(d):
+    d = strip_random(d)
+    for c in d.get("choices", []):
+        for m in (c.get("message"), c.get("delta")):
+            for call in (m or {}).get("tool_calls") or []:
+                assert call.pop("id", "x")
+    return d
+
+
+def compare_forced(servers, body):
+    (s1, _, b1), (s2, _, b2) = both(servers, "POST", "/v1/chat/completions", body)
+    assert s1 == s2 == 200
+    up, hz = json.loads(b1), json.loads(b2)
+    assert shape(hz) == shape(up)
+    assert without_call_ids(hz) == without_call_ids(up)
+    eu, eh = stream_events(servers, body)
+    assert len(eh) == len(eu), (eu, eh)
+    for a, b in zip(eu[:-1], eh[:-1]):
+        assert without_call_ids(b) == without_call_ids(a)
+    return up
+
+
+def test_forced_thinking(servers):
+    tok = hf_tok()
+    msgs = [{"role": "user", "content": FILLER}]
+    body = forced_body(tok, msgs, [["<think>", "Hello world", "</think>", "The weather is nice."],
+                                   ["<think>", "Hmm", "</think>", "Sunny."]])
+    up = compare_forced(servers, body)
+    m = up["choices"][0]["message"]
+    assert m.get("reasoning") and m.get("content"), m  # the chain did make a thinking turn
+
+
+def test_forced_tool_call(servers):
+    tok = hf_tok()
+    msgs = [{"role": "user", "content": FILLER}]
+    # JSON spaced so that every token of the call is a different one
+    tools = [{"type": "function", "function": dict(TOOLS[0]["function"], name="weather")}]
+    calls = ['{"name": "weather", "arguments"\n:{}}\n', '{"name":"weather","arguments"\n:{}}\n']
+    body = forced_body(tok, msgs, [["<tool_call>", c, "</tool_call>"] for c in calls], tools=tools)
+    up = compare_forced(servers, body)
+    c = up["choices"][0]
+    # max_tokens ends the chain: "length" on both, with the parsed call
+    assert c["message"]["tool_calls"][0]["function"] == {"name": "weather", "arguments": "{}"}, c
+    cut = dict(body, max_tokens=6)  # cut short inside the call
+    compare_forced(servers, cut)
+
+
 MLX_FLAG_VALUES = {
     # every flag `python -m mlx_lm server --help` lists, with a valid value (None: a switch)
     "--model": None, "--port": None, "--host": "127.0.0.1", "--adapter-path": "adapters",

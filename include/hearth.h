@@ -242,8 +242,10 @@ typedef struct hearth_sampling {
     int top_k;                    /* 0: off */
     float min_p;                  /* 0: off */
     float repetition_penalty;     /* 1 (or 0): off */
-    int repetition_context_size;  /* window for all penalties; 0: 20 as mlx-lm */
+    int repetition_context_size;  /* the last N tokens the repetition penalty sees; 0: 20 (mlx-lm's default) */
     float presence_penalty, frequency_penalty;
+    int presence_context_size;  /* the presence penalty's window; 0: repetition_context_size's */
+    int frequency_context_size; /* the frequency penalty's window; 0: repetition_context_size's */
     int has_seed;
     uint64_t seed;
     const int32_t *bias_ids;      /* logit bias: add bias_values[i] to bias_ids[i] */

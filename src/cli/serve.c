@@ -33,8 +33,11 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "             [--max-header 64K] [--timeout 300] [--max-connections 256] "
                                  "[--threads N] [--ctx N] [--mmap]\n"
                                  "             [--responses-ttl 3600] [--responses-max-bytes 64M]\n"
-                                 "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] [--kv-blocks N] [--kv-budget 1.5GB|N]\n"
+                                 "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] "
+                                 "[--kv-blocks N] [--kv-budget 1.5GB|N]\n"
                                  "             [--kv-quant none|int8|fp8|f16] [--deterministic]\n"
+                                 "             [--kv-bits 8 (= --kv-quant int8; 2-6 also take int8)] "
+                                 "[--kv-group-size 64] [--quantized-kv-start 5000]\n"
                                  "             (KV pool default: --max-sequences x --ctx positions, cut to fit "
                                  "free memory)\n"
                                  "             [--open|--no-open (the chat page in a browser)] [--embedding-model M]\n"
@@ -138,10 +141,22 @@ static int parse_log_level(const char *s, srv_log_level *out) {
     return -1;
 }
 
-/* Flags of mlx_lm.server that hearth accepts without acting on them yet. */
-static const char *const unsupported_valued[] = {"--adapter-path",       "--draft-model",        "--num-draft-tokens",
-                                                 "--decode-concurrency", "--prompt-concurrency", "--prompt-cache-size",
-                                                 "--prompt-cache-bytes"};
+/* Flags of mlx_lm.server that take a value and that hearth accepts without acting on
+ * them: why, for the warning. */
+#define NOT_YET "is not supported yet"
+static const struct {
+    const char *flag, *why;
+} unsupported_valued[] = {
+    {"--adapter-path", NOT_YET},
+    {"--draft-model", NOT_YET},
+    {"--num-draft-tokens", NOT_YET},
+    {"--decode-concurrency", NOT_YET},
+    {"--prompt-concurrency", NOT_YET},
+    {"--prompt-cache-size", NOT_YET},
+    {"--prompt-cache-bytes", NOT_YET},
+    {"--kv-group-size", "has no use: the int8 KV cache keeps one scale per position and KV head"},
+    {"--quantized-kv-start", "has no use: a quantized KV cache (--kv-bits, --kv-quant) quantizes every position"},
+};
 static const char *const unsupported_switches[] = {"--trust-remote-code", "--use-default-chat-template", "--pipeline"};
 
 typedef struct serve_opts {
@@ -240,17 +255,23 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             o->eo.kv_blocks = (int)n;
         } else if (VAL("--kv-budget")) { /* the KV pool: bytes ("1.5GB") or blocks ("4096") */
             if (parse_kv_budget(v, &o->eo)) BADV("--kv-budget");
+        } else if (VAL("--kv-bits")) { /* mlx-lm's quantized KV: int8 is the nearest hearth has */
+            if (parse_int(v, 2, 8, &n) || n == 7) BADV("--kv-bits");
+            o->eo.kv_quant = HEARTH_KV_INT8;
+            if (n < 8)
+                fprintf(stderr,
+                        "hearth serve: warning: no %ld-bit KV cache in hearth; --kv-bits %ld stores int8 "
+                        "(--kv-quant int8), the nearest it has\n",
+                        n, n);
         } else if (VAL("--prefill-step-size")) {
             if (parse_int(v, 1, 1 << 20, &n)) BADV("--prefill-step-size");
             o->eo.max_step_tokens = (int)n;
         } else {
             int known = 0;
             for (size_t k = 0; k < sizeof unsupported_valued / sizeof *unsupported_valued && !known; k++)
-                if (VAL(unsupported_valued[k])) {
-                    fprintf(stderr,
-                            "hearth serve: warning: %s is not supported yet; '%s' is "
-                            "ignored\n",
-                            unsupported_valued[k], v);
+                if (VAL(unsupported_valued[k].flag)) {
+                    fprintf(stderr, "hearth serve: warning: %s %s; '%s' is ignored\n", unsupported_valued[k].flag,
+                            unsupported_valued[k].why, v);
                     known = 1;
                 }
             for (size_t k = 0; k < sizeof unsupported_switches / sizeof *unsupported_switches && !known; k++)

@@ -205,6 +205,15 @@ int32_t gen_stream_step(gen_stream *g, sampler *smp, const float *logits, int se
     return gen_stream_accept(g, r.token, seq, seq_len, t0);
 }
 
+/* mlx-lm drops a leading space of every piece while no text has been shown yet (the
+ * held-back text flushed at the end included). */
+static const char *trim_leading(gen_stream *g, const char *piece) {
+    if (!g->trim) return piece;
+    if (piece[0] == ' ') piece++;
+    if (piece[0]) g->trim = 0;
+    return piece;
+}
+
 int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, double t0) {
     hearth_engine *e = g->e;
     const hearth_generate_params *p = g->p;
@@ -222,11 +231,7 @@ int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, doubl
                                                    res->completion_tokens - 1, id);
     is_eos |= token_stop; /* ends like EOS: nothing more of this token is shown */
     int hit = 0;
-    const char *piece = is_eos ? "" : hearth_detok_stream_push(g->ds, id);
-    if (g->trim && piece[0]) { /* the first visible text: mlx-lm drops its leading space */
-        if (piece[0] == ' ') piece++;
-        g->trim = 0;
-    }
+    const char *piece = is_eos ? "" : trim_leading(g, hearth_detok_stream_push(g->ds, id));
     size_t ready = is_eos ? 0 : stop_feed(&g->f, piece, &hit);
     if (token_stop) res->finish = HEARTH_FINISH_STOP_STRING;
     else if (is_eos) res->finish = HEARTH_FINISH_EOS;
@@ -235,7 +240,7 @@ int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, doubl
     else if (seq_len + 1 > hearth_engine_context_length(e)) res->finish = HEARTH_FINISH_CONTEXT;
     if (res->finish == HEARTH_FINISH_LENGTH || res->finish == HEARTH_FINISH_CONTEXT || is_eos) {
         int h2 = 0; /* flush what the detokenizer held back, still honouring stop strings */
-        stop_feed(&g->f, hearth_detok_stream_finish(g->ds), &h2);
+        stop_feed(&g->f, trim_leading(g, hearth_detok_stream_finish(g->ds)), &h2);
         if (h2) res->finish = HEARTH_FINISH_STOP_STRING;
         ready = g->f.pending.len;
     }

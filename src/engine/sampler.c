@@ -68,18 +68,34 @@ static double next_uniform(sampler *s) {
     return (double)(result >> 11) * (1.0 / 9007199254740992.0);
 }
 
+/* First history index of the window of the last `size` (> 0) tokens. */
+static size_t window_start(size_t n, int size) { return n > (size_t)size ? n - (size_t)size : 0; }
+
+/* mlx-lm's three penalties, each over its own window of the history: the repetition
+ * factor (sign-aware) once per id in its window, presence once per id in its window,
+ * frequency once per occurrence in its window. One subtraction per id (presence +
+ * frequency x count), the arithmetic the device sampler does too. */
 static void apply_penalties(sampler *s, float *x, const hearth_sampling *p, const int32_t *hist, size_t n) {
-    int window = p->repetition_context_size > 0 ? p->repetition_context_size : 20;
-    size_t start = n > (size_t)window ? n - (size_t)window : 0;
     int rep = p->repetition_penalty > 0 && p->repetition_penalty != 1.0f;
     if (!rep && p->presence_penalty == 0 && p->frequency_penalty == 0) return;
-    for (size_t i = start; i < n; i++)
-        if (hist[i] >= 0 && hist[i] < s->vocab) s->counts[hist[i]]++;
-    for (size_t i = start; i < n; i++) {
+    int rep_size = p->repetition_context_size > 0 ? p->repetition_context_size : 20;
+    size_t from_rep = window_start(n, rep_size),
+           from_pres = window_start(n, p->presence_context_size > 0 ? p->presence_context_size : rep_size),
+           from_freq = window_start(n, p->frequency_context_size > 0 ? p->frequency_context_size : rep_size);
+    size_t from = from_rep < from_pres ? from_rep : from_pres;
+    if (from_freq < from) from = from_freq;
+    /* counts[id]: bit 0 in the repetition window, bit 1 in the presence window, the bits
+     * above the occurrences in the frequency window */
+    for (size_t i = from; i < n; i++)
+        if (hist[i] >= 0 && hist[i] < s->vocab)
+            s->counts[hist[i]] =
+                (s->counts[hist[i]] | (i >= from_rep) | (i >= from_pres) << 1) + ((i >= from_freq) << 2);
+    for (size_t i = from; i < n; i++) {
         int32_t id = hist[i];
         if (id < 0 || id >= s->vocab || s->counts[id] == 0) continue; /* each id once */
-        if (rep) x[id] = x[id] < 0 ? x[id] * p->repetition_penalty : x[id] / p->repetition_penalty;
-        x[id] -= p->presence_penalty + p->frequency_penalty * (float)s->counts[id];
+        int32_t c = s->counts[id];
+        if (rep && (c & 1)) x[id] = x[id] < 0 ? x[id] * p->repetition_penalty : x[id] / p->repetition_penalty;
+        x[id] -= ((c & 2) ? p->presence_penalty : 0) + p->frequency_penalty * (float)(c >> 2);
         s->counts[id] = 0;
     }
 }

@@ -194,11 +194,11 @@ static int convert_message(const json_t *m, size_t idx, json_t *out, json_t *pre
     int assistant = !strcmp(r, "assistant");
     if (!assistant && strcmp(r, "user"))
         return BAD(e, "messages", "%s.role: Input should be 'user' or 'assistant'", where);
-    if (!content) return BAD(e, "messages", "%s.content: Field required", where);
     sbuf text;
     sbuf_init(&text);
-    if (json_is_string(content)) {
-        sbuf_append(&text, json_string_value(content), json_string_length(content));
+    /* a missing or null content is "", as mlx_lm.server's chat endpoint takes it */
+    if (!content || json_is_null(content) || json_is_string(content)) {
+        if (json_is_string(content)) sbuf_append(&text, json_string_value(content), json_string_length(content));
         int rc = push_message(out, r, &text, NULL, e);
         sbuf_free(&text);
         if (assistant) json_object_clear(prev_ids);

@@ -4,6 +4,7 @@
  * tokens to the text state machine. Runs on HTTP threads; builds no response
  * bodies. */
 #include "server/generation.h"
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,7 +52,10 @@ static void fill_params(const srv_request *r, hearth_generate_params *p) {
     sp->top_k = r->top_k;
     sp->min_p = r->min_p;
     sp->repetition_penalty = r->repetition_penalty;
-    sp->repetition_context_size = r->repetition_context_size;
+    /* a window of 0 is every token so far upstream (Python's tokens[-0:]) */
+    sp->repetition_context_size = r->repetition_context_size ? r->repetition_context_size : INT_MAX;
+    sp->presence_context_size = r->presence_context_size ? r->presence_context_size : INT_MAX;
+    sp->frequency_context_size = r->frequency_context_size ? r->frequency_context_size : INT_MAX;
     sp->presence_penalty = r->presence_penalty;
     sp->frequency_penalty = r->frequency_penalty;
     sp->has_seed = r->has_seed;

@@ -145,13 +145,15 @@ static int parse_stop(const json_t *root, srv_request *r, srv_error *e) {
     return 0;
 }
 
-/* One message's content as the template wants it: a string ("" for null). */
+/* One message's content as the template wants it: a string. A missing or null
+ * content is "" as upstream (an assistant turn that only carries tool_calls, what
+ * agent loops send back); templates index message.content unconditionally. */
 static int prepare_content(json_t *msg, size_t idx, srv_error *e) {
     json_t *c = json_object_get(msg, "content");
-    if (!c || json_is_null(c)) {
-        if (c) json_object_set_new(msg, "content", json_string(""));
-        return 0;
-    }
+    if (!c || json_is_null(c))
+        return json_object_set_new(msg, "content", json_string(""))
+                   ? srv_fail(e, 500, "server_error", NULL, NULL, "out of memory")
+                   : 0;
     if (json_is_string(c)) return 0;
     if (!json_is_array(c))
         return BAD(e, "messages", "messages[%zu].content must be a string, null or a list of text parts", idx);

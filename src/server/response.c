@@ -111,14 +111,11 @@ json_t *srv_logprob_entry(const hearth_model *m, int32_t token, const hearth_log
         json_object_set_new(t, "logprob", logprob_real(lp->top_logprobs[i]));
         json_array_append_new(top, t);
     }
-    /* upstream copies the entry's own fields from the first alternative, not the
-     * sampled token */
-    json_t *first = json_array_get(top, 0);
-    if (first) {
-        json_object_set(o, "id", json_object_get(first, "id"));
-        json_object_set(o, "token", json_object_get(first, "token"));
-        json_object_set(o, "logprob", json_object_get(first, "logprob"));
-    }
+    /* the entry is the emitted token (upstream copies its first alternative, which is
+     * another token whenever sampling did not pick the top one) */
+    json_object_set_new(o, "id", json_integer(token));
+    json_object_set_new(o, "token", piece_string(m, token));
+    json_object_set_new(o, "logprob", logprob_real(lp->logprob));
     json_object_set_new(o, "top_logprobs", top);
     return o;
 }

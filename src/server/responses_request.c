@@ -30,8 +30,10 @@ static int is_nonempty_text(const json_t *v) { return is_text(v) && json_string_
 
 /* ---- items ------------------------------------------------------------------ */
 
-/* Joins a message's content (a string or a list of text parts) into sb. */
+/* Joins a message's content (a string or a list of text parts) into sb. A missing
+ * or null content is "", as mlx_lm.server's chat endpoint takes it. */
 static int join_parts(const json_t *content, const char *where, sbuf *sb, srv_error *e) {
+    if (!content || json_is_null(content)) return 0;
     if (json_is_string(content)) {
         sbuf_append(sb, json_string_value(content), json_string_length(content));
         return 0;
@@ -69,11 +71,9 @@ static int check_item(json_t *it, size_t i, srv_error *e) {
         const char *r = json_is_string(role) ? json_string_value(role) : "";
         if (strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "system") && strcmp(r, "developer"))
             return BAD(e, "input", "%s.role: Input should be 'user', 'assistant', 'system' or 'developer'", where);
-        const json_t *content = json_object_get(it, "content");
-        if (!content) return BAD(e, "input", "%s.content: Field required", where);
         sbuf sb;
         sbuf_init(&sb);
-        int rc = join_parts(content, where, &sb, e);
+        int rc = join_parts(json_object_get(it, "content"), where, &sb, e);
         sbuf_free(&sb);
         return rc;
     }

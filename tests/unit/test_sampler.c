@@ -34,28 +34,46 @@ static void test_greedy_and_bias(void **state) {
     sampler_free(&s);
 }
 
+/* Samples x = {2, -1, 1, 0.5} after hist under p; the reported logprobs must be those of
+ * the processed logits `want`, whose best is `best`. */
+static void expect_penalized(const hearth_sampling *p, const int32_t *hist, size_t n, const float want[4], int best) {
+    sampler s;
+    sampler_init(&s, 4, NULL);
+    float x[4] = {2.0f, -1.0f, 1.0f, 0.5f};
+    hearth_logprobs lp = {.n = 4};
+    sampler_sample(&s, x, p, hist, n, &lp);
+    double lse = 0;
+    for (int i = 0; i < 4; i++) lse += exp(want[i]);
+    lse = log(lse);
+    for (int i = 0; i < lp.n; i++) assert_float_equal(lp.top_logprobs[i], want[lp.top_ids[i]] - lse, 1e-5);
+    assert_int_equal(lp.top_ids[0], best);
+    sampler_free(&s);
+}
+
 /* mlx-lm: repetition divides positive / multiplies negative logits of ids in the window
  * once; presence subtracts once; frequency subtracts per occurrence. */
 static void test_penalties(void **state) {
     (void)state;
-    sampler s;
-    sampler_init(&s, 4, NULL);
-    float x[4] = {2.0f, -1.0f, 1.0f, 0.5f};
     int32_t hist[] = {3, 0, 1, 0, 0}; /* window 3: {1, 0, 0} */
     hearth_sampling p = base();
     p.repetition_penalty = 2.0f;
     p.repetition_context_size = 3;
     p.presence_penalty = 0.25f;
     p.frequency_penalty = 0.5f;
-    hearth_logprobs lp = {.n = 4};
-    sampler_sample(&s, x, &p, hist, 5, &lp);
     float want[4] = {2.0f / 2 - 0.25f - 0.5f * 2, -1.0f * 2 - 0.25f - 0.5f, 1.0f, 0.5f};
-    double lse = 0;
-    for (int i = 0; i < 4; i++) lse += exp(want[i]);
-    lse = log(lse);
-    for (int i = 0; i < lp.n; i++) assert_float_equal(lp.top_logprobs[i], want[lp.top_ids[i]] - lse, 1e-5);
-    assert_int_equal(lp.top_ids[0], 2); /* 1.0 is now the best */
-    sampler_free(&s);
+    expect_penalized(&p, hist, 5, want, 2); /* 1.0 is now the best */
+}
+
+/* mlx-lm's make_logits_processors: each penalty over its own window of the history. */
+static void test_penalty_windows(void **state) {
+    (void)state;
+    int32_t hist[] = {1, 3, 0, 1, 0, 2};
+    hearth_sampling p = base();
+    p.repetition_penalty = 2.0f, p.repetition_context_size = 2; /* {0, 2} */
+    p.presence_penalty = 0.25f, p.presence_context_size = 4;    /* {0, 1, 2} */
+    p.frequency_penalty = 0.5f, p.frequency_context_size = 5;   /* 3 once, 0 twice, 1 once, 2 once */
+    float want[4] = {2.0f / 2 - 0.25f - 0.5f * 2, -1.0f - 0.25f - 0.5f, 1.0f / 2 - 0.25f - 0.5f, 0.5f - 0.5f};
+    expect_penalized(&p, hist, 6, want, 3); /* 0.0 is now the best */
 }
 
 static void test_logprobs(void **state) {
@@ -161,9 +179,10 @@ static void test_seed_reproducible(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_greedy_and_bias),       cmocka_unit_test(test_penalties),
-        cmocka_unit_test(test_logprobs),              cmocka_unit_test(test_temperature_distribution),
-        cmocka_unit_test(test_filters),               cmocka_unit_test(test_seed_reproducible),
+        cmocka_unit_test(test_greedy_and_bias),          cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_penalty_windows),          cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_temperature_distribution), cmocka_unit_test(test_filters),
+        cmocka_unit_test(test_seed_reproducible),
     };
     return cmocka_run_group_tests_name("sampler", tests, NULL, NULL);
 }

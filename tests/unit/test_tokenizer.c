@@ -157,9 +157,15 @@ static void test_bad_input(void **state) {
     tok_free(t);
 }
 
-/* Concatenated stream output equals tok_decode, and every chunk is valid UTF-8. */
+/* Concatenated stream output equals tok_decode where that has no U+FFFD (with the
+ * SentencePiece chain the stream replaces invalid bytes as mlx-lm's streaming
+ * detokenizer does: tests/parity/test_tokenizer_parity.py checks those against it), and
+ * every chunk is valid UTF-8. */
 static void check_stream(const tok_tokenizer *t, unsigned seed) {
     srand(seed);
+    int byte_fallback = 0; /* the SentencePiece chain: Replace, ByteFallback, Fuse[, Strip] */
+    for (size_t k = 0; t->dec && t->dec->kind == TOK_DEC_SEQUENCE && k < t->dec->n_kids; k++)
+        byte_fallback |= t->dec->kids[k]->kind == TOK_DEC_BYTEFALLBACK;
     int32_t nv = tok_vocab_size(t);
     for (int round = 0; round < 300; round++) {
         int32_t ids[24];
@@ -177,7 +183,7 @@ static void check_stream(const tok_tokenizer *t, unsigned seed) {
                 assert_true(tok_utf8_valid(c, strlen(c)));
                 sbuf_puts(&acc, c);
             }
-            assert_string_equal(acc.data ? acc.data : "", full);
+            if (!byte_fallback || !strstr(full, "\xEF\xBF\xBD")) assert_string_equal(acc.data ? acc.data : "", full);
             sbuf_free(&acc);
             tok_stream_free(s);
             free(full);

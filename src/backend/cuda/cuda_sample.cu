@@ -409,8 +409,17 @@ static int window_of(const hearth_sampling *p) {
     return p->repetition_context_size > 0 ? p->repetition_context_size : 20; /* sampler.c's default */
 }
 
+/* The device packs one window for all three penalties: a presence or frequency window of
+ * its own (0 follows the repetition window) is sampled on the host. */
+static int one_window(const hearth_sampling *p) {
+    int w = window_of(p);
+    return (p->presence_context_size <= 0 || p->presence_context_size == w) &&
+           (p->frequency_context_size <= 0 || p->frequency_context_size == w);
+}
+
 extern "C" int cuda_sample_supported(const hearth_sampling *p) {
-    return p->n_bias <= CUDA_SAMPLE_MAX_BIAS && (!penalties_on(p) || window_of(p) <= CUDA_SAMPLE_MAX_WINDOW);
+    return p->n_bias <= CUDA_SAMPLE_MAX_BIAS &&
+           (!penalties_on(p) || (window_of(p) <= CUDA_SAMPLE_MAX_WINDOW && one_window(p)));
 }
 
 extern "C" hearth_status cuda_sampler_create(int max_rows, int vocab, cuda_sampler **out, hearth_error *err) {

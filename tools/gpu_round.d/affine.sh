@@ -2,8 +2,7 @@
 # affine LOGDIR: the generic affine device layout (cuda_affine.h: MLX 2/3/5/6/8-bit, GGUF
 # Q5_0/Q5_1/Q2_K/Q3_K/Q5_K kept as b-bit codes instead of f32): test_cuda_affine (host
 # packing against the CPU reference) and test_cuda (test_gemv_affine: GEMV, dequantizer and
-# prefill GEMM against the CPU reference; then the whole file again with the float kernels,
-# HEARTH_CUDA_GEMV_F32ACT=1); greedy traces on the GPU (exact and default tiers) against the
+# prefill GEMM against the CPU reference); greedy traces on the GPU (exact and default tiers) against the
 # CPU scalar tier for a tiny GGUF of each new format and the tiny MLX 3/5/6/8-bit models; the
 # 8B MLX 8-bit and Q5_K_M models: decode/prefill rows, the same rows on the commit before
 # (f32 expansion; AF_BASE=1), and an 8-step greedy trace GPU vs CPU. Env from tools/gpu_round (GR_MODELS
@@ -29,9 +28,6 @@ for k in q5_k_m q3_k_m q2_k q5_0 q5_1; do
   python3 tools/cuda_gguf8b.py /tmp/t_$k.gguf $k --arch tiny >/dev/null 2>&1 && pair /tmp/t_$k.gguf gguf_$k
 done
 for m in llama-q5g64 qwen3-q3g32 gemma3-q6g64 llama-q8g64 qwen3-q8g32 gemma3-q8g64; do pair $TINY/$m $m; done
-[ $(left) -gt 150 ] && { HEARTH_CUDA_GEMV_F32ACT=1 timeout 150 $B/tests/test_cuda >$L/test_cuda_f32act.log 2>&1; r=$?
-  echo "test_cuda (HEARTH_CUDA_GEMV_F32ACT=1) rc $r: $(grep -c 'OK \]' $L/test_cuda_f32act.log) ok, $(grep -c 'FAILED \]' $L/test_cuda_f32act.log) failed"
-  grep -m4 -iE "^\[  FAILED|y\[" $L/test_cuda_f32act.log | cut -c1-240; }
 [ $(left) -gt 100 ] && for i in $(seq 1 120); do [ -f $M8/.done ] && [ -f $G8/llama8b-q5_k_m.gguf ] && break; sleep 1; done
 for m in $M8 $G8/llama8b-q5_k_m.gguf; do
   n=$(basename $m)

@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # cuda-decode: the batch-1 decode work of issue #5 on the H200, inside tools/gpu_round
 # (which exports H, B, TINY, L8, G8, M4). In order: the two CUDA unit binaries, then each 8B
-# decode row (`hearth bench -p 512 -n 128 -r 3`) with the new path and, right after, the
-# old one (HEARTH_CUDA_PDL=0 HEARTH_CUDA_FUSED=0: no programmatic dependent launches, two
-# rope launches, activations quantized by a launch of their own), CUDA-vs-CPU-scalar greedy
+# decode row (`hearth bench -p 512 -n 128 -r 3`), CUDA-vs-CPU-scalar greedy
 # parity on six tiny models between the quantized and the bf16/MLX rows, then, if time is
 # left, ncu per-kernel times of one Q4_K_M decode step. Stops starting phases before its
 # budget (CD_BUDGET, default 110 s) and always prints the summary (<= 15 lines) last.
@@ -29,7 +27,6 @@ finish() {
     exit 0
 }
 trap finish EXIT TERM INT
-OLD="HEARTH_CUDA_PDL=0 HEARTH_CUDA_FUSED=0"
 
 # 1. unit tests (failing assertions land in the logs; their first lines in the summary)
 for t in test_cuda test_cuda_graph; do
@@ -42,21 +39,18 @@ for t in test_cuda test_cuda_graph; do
     elif [ $rc = 0 ]; then say "$t PASS ($ok ok)"; else say "$t FAIL rc $rc ($ok ok) $bad $(grep -m1 -E 'y\[|x\[|xn\[|q\[|k\[|rope|chain' "$L/$t.log" | cut -c1-160)"; fi
 done
 
-# 2. decode rows, new then old, back to back
+# 2. decode rows
 wait_done() { # bounded wait for the driver's background model writers
     for i in $(seq 1 "$2"); do [ -f "$1/.done" ] && return 0; sleep 1; done
     return 1
 }
 field() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.1f %.2f' % (d['decode_tps'], d['roofline_fraction']))" "$1" 2>/dev/null; }
 bench_row() { # name model
-    local name=$1 model=$2 new old
+    local name=$1 model=$2 new
     if [ "$(left)" -lt 30 ]; then say "$name: NOT RUN (time)"; return; fi
     timeout $(cap 40) "$H" bench "$model" --device cuda -p 512 -n 128 -r 3 --json >"$L/bench_${name}_new.json" 2>"$L/bench_${name}_new.log"
     new=$(field "$L/bench_${name}_new.json")
-    if [ "$(left)" -lt 20 ]; then say "$name: new ${new:-FAIL} tok/s,frac; old NOT RUN (time)"; return; fi
-    env $OLD timeout $(cap 40) "$H" bench "$model" --device cuda -p 512 -n 128 -r 3 --json >"$L/bench_${name}_old.json" 2>"$L/bench_${name}_old.log"
-    old=$(field "$L/bench_${name}_old.json")
-    say "$name decode: new ${new:-FAIL} | old ${old:-FAIL} (tok/s roofline-fraction)$(python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(' x%.3f' % (a/b))" ${new%% *} ${old%% *} 2>/dev/null)"
+    say "$name decode: ${new:-FAIL} (tok/s roofline-fraction)"
 }
 parity() { # greedy ids, CUDA (new path; f32 GEMM prefill) vs the CPU scalar reference, a few tiny models
     if [ "$(left)" -lt 25 ] || [ ! -d "$TINY" ]; then say "parity: NOT RUN (time or no \$TINY)"; return; fi

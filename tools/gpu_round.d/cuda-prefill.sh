@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # cuda-prefill.sh LOGDIR: the device part of the tensor-core prefill attention work (issue
-# #5): test_cuda_prefill, then 8B bf16 prefill 4096 / 512 with the new attention and with
-# the old f32 kernel (HEARTH_CUDA_ATT_PREFILL=old, the A/B), Q4_K_M prefill 4096, greedy
+# #5): test_cuda_prefill, then 8B bf16 prefill 4096 / 512, Q4_K_M prefill 4096, greedy
 # parity CUDA vs the scalar CPU on tiny models (40-token prompts: prefill attention runs),
 # and an ncu summary of one prefill step if time is left. Budget: 100 s (stops itself).
 # Env from tools/gpu_round: H, B, TINY, L8, G8; CP_SKIP_BENCH=1 skips the bf16 rows, CP_SKIP_Q4=1 the
@@ -57,16 +56,13 @@ if [ -x "$B/tests/test_cuda" ]; then
     [ $rc = 0 ] || grep -E 'FAILED|fail|error' "$LOG/test_cuda.log" | head -3 | cut -c1-300 | tee -a "$SUM" >/dev/null
 fi
 
-# 2. 8B bf16 prefill, new attention then the old f32 kernel (A/B in one call)
+# 2. 8B bf16 prefill
 if [ -z "${CP_SKIP_BENCH:-}" ] && wait_done "$L8/.done" 60; then
-    for att in new old; do
-        for p in 4096 512; do
-            [ "$(left)" -lt 20 ] && { row "l8 bf16 p$p att=$att" "NOT RUN (time)"; continue; }
-            r=3; [ $p = 4096 ] && r=2; [ $p = 4096 ] && [ $att = old ] && r=1
-            env $([ $att = old ] && echo HEARTH_CUDA_ATT_PREFILL=old) timeout 30 \
-                $H bench "$L8" --device cuda -p $p -n 1 -r $r --json >"$LOG/l8_p${p}_$att.json" 2>"$LOG/l8_p${p}_$att.log"
-            row "l8 bf16 p$p att=$att (rc $?)" "$(frac "$LOG/l8_p${p}_$att.json" $p) $(tail -1 "$LOG/l8_p${p}_$att.log" | cut -c1-100)"
-        done
+    for p in 4096 512; do
+        [ "$(left)" -lt 20 ] && { row "l8 bf16 p$p" "NOT RUN (time)"; continue; }
+        r=3; [ $p = 4096 ] && r=2
+        timeout 30 $H bench "$L8" --device cuda -p $p -n 1 -r $r --json >"$LOG/l8_p$p.json" 2>"$LOG/l8_p$p.log"
+        row "l8 bf16 p$p (rc $?)" "$(frac "$LOG/l8_p$p.json" $p) $(tail -1 "$LOG/l8_p$p.log" | cut -c1-100)"
     done
 else
     row "l8 bf16" "NOT RUN: $L8/.done missing"
@@ -81,7 +77,8 @@ else
     row "q4_k_m p4096" "NOT RUN (time or model missing)"
 fi
 
-# 4. greedy parity on tiny models: CUDA (new prefill attention) vs the scalar CPU tier
+# 4. greedy parity on tiny models: CUDA (exact f32 GEMMs, so the f32 prefill attention too)
+# vs the scalar CPU tier
 IDS=$(python3 -c "import random; random.seed(5); print(str([random.randrange(1,600) for _ in range(40)]).replace(' ',''))")
 ok=0 bad=""
 for n in llama-f32 gemma3-f32 qwen3-bf16 llama-q8g64; do
@@ -90,17 +87,11 @@ for n in llama-f32 gemma3-f32 qwen3-bf16 llama-q8g64; do
     [ "$(left)" -lt 12 ] && break
     HEARTH_CPU=scalar timeout 10 $H trace "$m" --ids "$IDS" --last 4 --top 8 --steps 24 --step-top 8 --device cpu \
         >"$LOG/p_${n}_cpu.json" 2>>"$LOG/parity.log"
-    # exact f32 GEMMs: the new attention is the only bf16 step; on a difference the old
-    # f32 attention kernel runs as the control
-    for att in new old; do
-        HEARTH_CUDA_GEMM=f32 env $([ $att = old ] && echo HEARTH_CUDA_ATT_PREFILL=old) timeout 10 $H trace "$m" \
-            --ids "$IDS" --last 4 --top 8 --steps 24 --step-top 8 --device cuda \
-            >"$LOG/p_${n}_cuda_$att.json" 2>>"$LOG/parity.log"
-        r=$(python3 tools/cuda_check_parity.py "$LOG/p_${n}_cpu.json" "$LOG/p_${n}_cuda_$att.json" 2>&1 | tail -1)
-        echo "$n att=$att $r" >>"$LOG/parity.log"
-        case "$r" in *'"greedy_identical": true'*) [ $att = new ] && ok=$((ok + 1)); break ;; esac
-        [ $att = new ] && bad="$bad $n" || bad="$bad(old: also differs)"
-    done
+    HEARTH_CUDA_GEMM=f32 timeout 10 $H trace "$m" --ids "$IDS" --last 4 --top 8 --steps 24 --step-top 8 --device cuda \
+        >"$LOG/p_${n}_cuda.json" 2>>"$LOG/parity.log"
+    r=$(python3 tools/cuda_check_parity.py "$LOG/p_${n}_cpu.json" "$LOG/p_${n}_cuda.json" 2>&1 | tail -1)
+    echo "$n $r" >>"$LOG/parity.log"
+    case "$r" in *'"greedy_identical": true'*) ok=$((ok + 1)) ;; *) bad="$bad $n" ;; esac
 done
 row "tiny greedy CUDA==CPU (gemm f32)" "$ok identical; differ:${bad:- none}"
 

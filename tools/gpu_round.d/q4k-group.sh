@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # q4k-group LOGDIR: this tree against a base tree built beside it (BASE_SRC, a `git archive`
 # tarball of the commit before; default build-base-src.tgz): the whole test_cuda, gemv_bench
-# Q4_K (v1 / v2) and MLX 4-bit (v1 / v2 / v3), 8B decode rows of both binaries alternated
+# Q4_K and MLX 4-bit, 8B decode rows of both binaries alternated
 # (Q4_K_M, MLX 4-bit Llama), and greedy traces of the 8B Q4_K_M and MLX 4-bit models (this
 # tree on the GPU, the base on the GPU, this tree on the CPU) compared token by token.
 # Env from tools/gpu_round. Budget: QG_BUDGET (s, default 480). Usage: q4k-group.sh LOGDIR
@@ -11,8 +11,8 @@ T0=$(date +%s); BUDGET=${QG_BUDGET:-480}
 . tools/gpu_round.d/base.inc
 base_build
 test_cuda_run 150 6 "^\[  FAILED|error|mismatch|y\["
-HEARTH_CUDA_GEMV=v2 GEMV_BENCH_FORMATS=Q4_K,mlx4 timeout 120 $B/bench/gemv_bench $L/gemv.json >$L/gemv.log 2>&1 || echo "gemv_bench: rc $?"
-python3 bench/cuda/gemv_ab_summary.py $L/gemv.json 2>/dev/null || tail -5 $L/gemv.log
+GEMV_BENCH_FORMATS=Q4_K,mlx4 timeout 120 $B/bench/gemv_bench $L/gemv.json >$L/gemv.log 2>&1 || echo "gemv_bench: rc $?"
+tail -12 $L/gemv.log
 wait
 [ -x $HB ] || { echo "base build FAILED"; tail -5 $L/base_build.log; }
 row() { # label binary model

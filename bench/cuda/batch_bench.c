@@ -1,8 +1,8 @@
 /* batch_bench.c: times the CUDA paths of a batched serve step (issue #6), wall clock
  * around back-to-back launches with a device sync either side, on Llama-3.1-8B shapes: cuda_matmul vs cuda_gemv on the
- * ffn gate weight (14336 x 4096) for T = 9..128 rows in F16 / Q8_0 / Q4_K (run it with and without
- * HEARTH_CUDA_BATCH=1: without it, the dequantize + GEMM path; with HEARTH_CUDA_MMQ=1 an mmq column too: the int8
- * tensor-core kernel against the weight read once at this run's copy bandwidth), and the attention of a ragged step
+ * ffn gate weight (14336 x 4096) for T = 1..128 rows in F16 / Q8_0 / Q4_K / Q6_K / MLX 4-bit (with an mmq column
+ * where the int8 tensor-core kernel takes the weight at 2..64 rows, against the weight read once at this run's copy
+ * bandwidth), and the attention of a ragged step
  * (decode rows of 127 sequences of 600 positions + a 37-token chunk of another) with and without the run split
  * (host_slot). Random data; timing only. Usage: batch_bench */
 #include "backend/cuda/cuda_backend.h"
@@ -66,13 +66,10 @@ static void bench_matmul(void) {
     const int64_t n = 14336, k = 4096;
     static const tensor_dtype fmts[] = {DT_F16, DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_U32}; /* U32: MLX 4-bit, g64 */
     static const int Ts[] = {1, 2, 4, 8, 9, 16, 24, 32, 48, 64, 128};
-    const char *batch = getenv("HEARTH_CUDA_BATCH"), *mmq_env = getenv("HEARTH_CUDA_MMQ");
-    int mmq = mmq_env && !strcmp(mmq_env, "1");
     /* the weight-streaming roofline of the MMQ column: device copy bandwidth, this run */
-    double copy_gbs = mmq ? cuda_copy_bandwidth_gbs((size_t)256 << 20, 5) : 0.0;
-    printf("matmul [%lld x %lld], us per call (HEARTH_CUDA_BATCH=%s, HEARTH_CUDA_MMQ=%s)\n", (long long)n, (long long)k,
-           batch ? batch : "unset", mmq_env ? mmq_env : "unset");
-    if (mmq) printf("  device copy bandwidth %.0f GB/s (read + write)\n", copy_gbs);
+    double copy_gbs = cuda_copy_bandwidth_gbs((size_t)256 << 20, 5);
+    printf("matmul [%lld x %lld], us per call\n", (long long)n, (long long)k);
+    printf("  device copy bandwidth %.0f GB/s (read + write)\n", copy_gbs);
     cuda_gemm *g = NULL;
     if (cuda_gemm_create(&g, (size_t)(n * k), (size_t)128 * k, 0, NULL)) exit(1);
     float *hx = malloc(sizeof(float) * 128 * k);
@@ -125,8 +122,8 @@ static void bench_matmul(void) {
             cuda_mmq_force(0); /* the matmul column: the paths before MMQ */
             double us_gemv = time_mm(PATH_GEMV, g, w, x, T, y), us_mm = time_mm(PATH_MATMUL, g, w, x, T, y);
             const char *pick = cuda_matmul_uses_gemv(g, &w[0], T) ? "picks gemv" : "gemm";
-            cuda_mmq_force(-1); /* HEARTH_CUDA_MMQ as set */
-            if (mmq && cuda_mmq_takes(&w[0], T)) {
+            cuda_mmq_force(1); /* the mmq column from 2 rows (the product takes it from 5) */
+            if (cuda_mmq_takes(&w[0], T)) {
                 double us_mmq = time_mm(PATH_MMQ, g, w, x, T, y);
                 /* the weight read once at copy bandwidth (copy_gbs counts read + write: half of it reads) */
                 double stream_us = (double)w[0].bytes / (copy_gbs * 0.5e3);
@@ -137,6 +134,7 @@ static void bench_matmul(void) {
                 printf("  %-5s T=%3d: gemv %8.1f us  matmul %8.1f us (%s)\n", tensor_dtype_name(t), T, us_gemv, us_mm,
                        pick);
             }
+            cuda_mmq_force(-1); /* the default */
         }
         for (int i = 0; i < ROT; i++) cuda_weight_free(&w[i]);
         free(h);

@@ -2,12 +2,8 @@
  * Llama-3.1-8B shapes with CUDA events, and reports GB/s against the device-to-device
  * copy bandwidth measured in the same run. Weights are rotated over enough copies to
  * exceed L2 several times, so the numbers are HBM numbers. Usage: gemv_bench [out.json];
- * GEMV_BENCH_FORMATS=Q4_K,Q8_0 (format names) times only those formats. With
- * HEARTH_CUDA_GEMV=v2 each Q8_0 / Q4_K / Q6_K shape is timed twice in the same run, the
- * default kernels ("path": "v1") then the v2 ones ("v2", cuda_gemv_v2.cu). Likewise for the
- * MLX 4-bit (U32) shapes, three times, whenever U32 is timed (GEMV_BENCH_FORMATS=mlx4 times
- * only U32): "v1" the float-activation tiled kernel, "v2" gemv_v2_mlx4 on the tiled layout,
- * "v3" gemv_v3_mlx4 on the chunked layout (cuda_gemv_mlx4.cu). GEMV_BENCH_MLX_BITS=2|3|5|6|8
+ * GEMV_BENCH_FORMATS=Q4_K,Q8_0 (format names) times only those formats
+ * (GEMV_BENCH_FORMATS=mlx4: only the MLX 4-bit (U32) shapes). GEMV_BENCH_MLX_BITS=2|3|5|6|8
  * makes the MLX rows that width (the generic affine layout, cuda_affine.h), and
  * GEMV_BENCH_FORMATS=Q5_K times Q5_K (affine too; not in the default list). The int8 rows
  * include their activation quantizer launch, as a decode step's unfused GEMV does. */
@@ -131,9 +127,7 @@ int main(int argc, char **argv) {
     static const tensor_dtype formats[] = {DT_BF16, DT_F16, DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_U32, DT_Q5_K};
     const char *mb = getenv("GEMV_BENCH_MLX_BITS");
     if (mb && atoi(mb) >= 2 && atoi(mb) <= 8 && atoi(mb) != 7) mlx_bits = atoi(mb);
-    int ab = cuda_gemv_v2_on();                                        /* HEARTH_CUDA_GEMV=v2: v1 and v2 rows */
-    int ab_mlx4 = mlx_bits == 4; /* U32: every MLX 4-bit path */
-    printf("%-6s %-4s %-12s %8s %8s %10s %9s %8s\n", "format", "path", "shape", "MB", "copies", "us/gemv", "GB/s",
+    printf("%-6s %-12s %8s %8s %10s %9s %8s\n", "format", "shape", "MB", "copies", "us/gemv", "GB/s",
            "of copy");
     int first = 1;
     cudaEvent_t e0, e1;
@@ -154,70 +148,61 @@ int main(int argc, char **argv) {
                 w.bits = mlx_bits, w.group_size = 64, w.sb_dtype = DT_BF16;
                 w.scales = sb, w.biases = sb + n * (k / 64);
             }
-            int mlx4 = t == DT_U32 && ab_mlx4;
-            int paths = mlx4 ? 3 : (ab && (t == DT_Q8_0 || t == DT_Q4_K || t == DT_Q6_K)) ? 2 : 1;
-            for (int path = 0; path < paths; path++) {
-                if (mlx4) cuda_mlx4_v2_force(path);
-                else if (paths == 2) cuda_gemv_v2_force(path); /* before the upload: v2 packs Q4_K scales */
-                const char *pname = paths >= 2 ? (path == 2 ? "v3" : path ? "v2" : "v1") : "-";
-                /* Enough copies that one rotation is >= 512 MB (~8x the 60 MB L2). */
-                int copies = (int)((512ull << 20) / hb) + 1;
-                if (copies > 16) copies = 16;
-                cuda_weight dw[16];
-                for (int c = 0; c < copies; c++)
-                    if (cuda_weight_upload(&dw[c], &w, "bench weight", &err)) {
-                        printf("gemv_bench: %s\n", err.message);
-                        return 1;
-                    }
-                float *x, *y;
-                CK(cudaMalloc((void **)&x, (size_t)k * 4));
-                CK(cudaMalloc((void **)&y, (size_t)n * 4));
-                float *xh = malloc((size_t)k * 4);
-                for (int64_t i = 0; i < k; i++) xh[i] = rndf();
-                CK(cudaMemcpy(x, xh, (size_t)k * 4, cudaMemcpyHostToDevice));
-                free(xh);
-                for (int c = 0; c < copies; c++)
-                    if (cuda_gemv(&dw[c], x, 1, y, &err)) {
-                        printf("gemv_bench: %s\n", err.message);
-                        return 1;
-                    }
-                if (cuda_sync(&err)) {
+            /* Enough copies that one rotation is >= 512 MB (~8x the 60 MB L2). */
+            int copies = (int)((512ull << 20) / hb) + 1;
+            if (copies > 16) copies = 16;
+            cuda_weight dw[16];
+            for (int c = 0; c < copies; c++)
+                if (cuda_weight_upload(&dw[c], &w, "bench weight", &err)) {
                     printf("gemv_bench: %s\n", err.message);
                     return 1;
                 }
-                float ms[BATCHES];
-                int it = 0;
-                for (int b = 0; b < BATCHES; b++) {
-                    CK(cudaEventRecord(e0, 0));
-                    for (int j = 0; j < PER_BATCH; j++, it++) cuda_gemv(&dw[it % copies], x, 1, y, &err);
-                    CK(cudaEventRecord(e1, 0));
-                    CK(cudaEventSynchronize(e1));
-                    CK(cudaGetLastError());
-                    CK(cudaEventElapsedTime(&ms[b], e0, e1));
-                    ms[b] /= PER_BATCH;
+            float *x, *y;
+            CK(cudaMalloc((void **)&x, (size_t)k * 4));
+            CK(cudaMalloc((void **)&y, (size_t)n * 4));
+            float *xh = malloc((size_t)k * 4);
+            for (int64_t i = 0; i < k; i++) xh[i] = rndf();
+            CK(cudaMemcpy(x, xh, (size_t)k * 4, cudaMemcpyHostToDevice));
+            free(xh);
+            for (int c = 0; c < copies; c++)
+                if (cuda_gemv(&dw[c], x, 1, y, &err)) {
+                    printf("gemv_bench: %s\n", err.message);
+                    return 1;
                 }
-                qsort(ms, BATCHES, sizeof ms[0], cmp_float);
-                double med = ms[BATCHES / 2], spread = ms[BATCHES - 1] - ms[0];
-                double bytes = (double)dw[0].bytes + 4.0 * (k + n);
-                double gbs = bytes / (med * 1e-3) / 1e9;
-                char shp[32];
-                snprintf(shp, sizeof shp, "%lldx%lld", (long long)n, (long long)k);
-                printf("%-6s %-4s %-12s %8.1f %8d %10.2f %9.0f %8.3f\n", tensor_dtype_name(t), pname, shp, bytes / 1e6,
-                       copies, med * 1e3, gbs, gbs / copy_gbs);
-                if (js)
-                    fprintf(js,
-                            "%s    {\"format\": \"%s\", \"path\": \"%s\", \"n\": %lld, \"k\": %lld, \"what\": \"%s\", "
-                            "\"bytes\": %.0f, "
-                            "\"us_median\": %.3f, \"us_spread\": %.3f, \"gbs\": %.1f, \"fraction_of_copy\": %.4f}",
-                            first ? "" : ",\n", tensor_dtype_name(t), pname, (long long)n, (long long)k, shapes[s].what,
-                            bytes, med * 1e3, spread * 1e3, gbs, gbs / copy_gbs);
-                first = 0;
-                for (int c = 0; c < copies; c++) cuda_weight_free(&dw[c]);
-                cudaFree(x);
-                cudaFree(y);
+            if (cuda_sync(&err)) {
+                printf("gemv_bench: %s\n", err.message);
+                return 1;
             }
-            if (mlx4) cuda_mlx4_v2_force(-1);
-            else if (paths == 2) cuda_gemv_v2_force(-1);
+            float ms[BATCHES];
+            int it = 0;
+            for (int b = 0; b < BATCHES; b++) {
+                CK(cudaEventRecord(e0, 0));
+                for (int j = 0; j < PER_BATCH; j++, it++) cuda_gemv(&dw[it % copies], x, 1, y, &err);
+                CK(cudaEventRecord(e1, 0));
+                CK(cudaEventSynchronize(e1));
+                CK(cudaGetLastError());
+                CK(cudaEventElapsedTime(&ms[b], e0, e1));
+                ms[b] /= PER_BATCH;
+            }
+            qsort(ms, BATCHES, sizeof ms[0], cmp_float);
+            double med = ms[BATCHES / 2], spread = ms[BATCHES - 1] - ms[0];
+            double bytes = (double)dw[0].bytes + 4.0 * (k + n);
+            double gbs = bytes / (med * 1e-3) / 1e9;
+            char shp[32];
+            snprintf(shp, sizeof shp, "%lldx%lld", (long long)n, (long long)k);
+            printf("%-6s %-12s %8.1f %8d %10.2f %9.0f %8.3f\n", tensor_dtype_name(t), shp, bytes / 1e6,
+                   copies, med * 1e3, gbs, gbs / copy_gbs);
+            if (js)
+                fprintf(js,
+                        "%s    {\"format\": \"%s\", \"n\": %lld, \"k\": %lld, \"what\": \"%s\", "
+                        "\"bytes\": %.0f, "
+                        "\"us_median\": %.3f, \"us_spread\": %.3f, \"gbs\": %.1f, \"fraction_of_copy\": %.4f}",
+                        first ? "" : ",\n", tensor_dtype_name(t), (long long)n, (long long)k, shapes[s].what,
+                        bytes, med * 1e3, spread * 1e3, gbs, gbs / copy_gbs);
+            first = 0;
+            for (int c = 0; c < copies; c++) cuda_weight_free(&dw[c]);
+            cudaFree(x);
+            cudaFree(y);
             free(host);
         }
     if (js) {

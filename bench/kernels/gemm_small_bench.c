@@ -2,8 +2,7 @@
  * against one weight matrix, as a scheduler step of T running sequences), in G
  * multiply-adds per second, for GGUF block formats. Weights are random quants with f16
  * scales of 2^-8, cycled over copies filling ~256 MiB so they do not sit in the caches.
- * A/B: run it twice with the kernel switches in the environment (HEARTH_CPU_PK_DIRECT,
- * HEARTH_CPU_SMALL_BELOW) and compare the lines.
+ * A/B: run it with two builds (before and after a kernel change) and compare the lines.
  * Usage: gemm_small_bench [threads] [formats: q4_0,q4_1,q8_0,q6_k,q4_k,bf16] [NxK] [T,T,...] */
 #include "backend/cpu/matmul.h"
 #include "base/threadpool.h"

@@ -237,7 +237,7 @@ static void check_matmul(tensor_dtype t, int64_t n, int64_t k, int T, cuda_gemm 
     assert_int_equal(cuda_weight_upload(&dw, &w, "test weight", &e), HEARTH_OK);
     if (dw.dtype == DT_AFFINE) dw.aff_f32act = aff_f32act;
     float *dx = dev_from(x, (size_t)(T * k) * sizeof *x), *dy = dev_from(NULL, (size_t)(T * n) * sizeof(float));
-    /* HEARTH_CUDA_MMQ: the tensor-core kernel, int8 x as the GEMV */
+    /* MMQ: the tensor-core kernel, int8 x as the GEMV */
     int mmq = gemm && cuda_matmul_uses_mmq(gemm, &dw, T);
     int via_gemv = !mmq && (!gemm || cuda_matmul_uses_gemv(gemm, &dw, T)); /* T < 9, or the byte model's pick */
     int i8 = cuda_gemv_int8_act(&dw) && (via_gemv || mmq);
@@ -294,8 +294,8 @@ static void test_gemv(void **state) {
     mlx_sb = DT_BF16;
 }
 
-/* HEARTH_CUDA_Q4K=new (forced here with cuda_q4k_force): Q4_K uploaded with the packed
- * scale order and decoded by gemv_q4_k_i8p (4 lanes per super-block, rows per warp by
+/* Q4_K uploaded with the packed scale order (every upload) and decoded by the int8 GEMVs
+ * (gemv_v2_q4_k; gemv_q4_k_i8p (4 lanes per super-block, rows per warp by
  * q4k_rows). Same oracle and tolerance as test_gemv's Q4_K rows (verify_gemv: int8
  * activations by cpu_quantize_row_ref, float summation bound + 2·max|w|·max d); shapes
  * cover n = 1 (one partial warp), 37, 1024 (the 8B's k/v), 4229 (odd, 2 rows per warp at
@@ -303,7 +303,6 @@ static void test_gemv(void **state) {
  * Also the prefill path (cuda_matmul, T = 11: the dequantizer must read the packed order). */
 static void test_gemv_q4k_new(void **state) {
     (void)state;
-    cuda_q4k_force(1);
     static const int64_t ns[] = {1, 37, 1024, 4229}, ks[] = {256, 4096, 14336};
     for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
         for (size_t b = 0; b < sizeof ks / sizeof ks[0]; b++)
@@ -316,7 +315,7 @@ static void test_gemv_q4k_new(void **state) {
     cuda_weight dw;
     hearth_error e = {0};
     assert_int_equal(cuda_weight_upload(&dw, &w, "q4k", &e), HEARTH_OK);
-    assert_int_equal(dw.q4k_packed, 1);              /* else the loop above tested the old kernel */
+    assert_int_equal(dw.q4k_packed, 1);              /* the order the int8 kernels read */
     assert_int_equal(dw.bytes, (size_t)3 * 2 * 144); /* same bytes as GGUF (cuda_plan.c) */
     cuda_weight_free(&dw);
     free(host);
@@ -325,24 +324,22 @@ static void test_gemv_q4k_new(void **state) {
     check_matmul(DT_Q4_K, 301, 4096, 11, g, 0);
     check_matmul(DT_Q4_K, 37, 256, 9, g, 0);
     cuda_gemm_free(g);
-    cuda_q4k_force(-1); /* back to HEARTH_CUDA_Q4K as set */
 }
 
 /* The prefill dequantizers (cuda_dequant_bf16: the flat eight-per-thread kernels of Q8_0,
- * Q4_K in both scale orders, and Q6_K; the tiled MLX 4-bit kernel) against the CPU reference dequantizer rounded to
+ * Q4_K (packed scale order) and Q6_K; the chunked MLX 4-bit kernel; the generic kernel for
+ * MLX 4-bit in MLX's order) against the CPU reference dequantizer rounded to
  * bf16. Tolerance: one bf16 step of the value (2^-8 relative) plus 2^-24, because the
  * device may fuse d*s*q - dmin*m into one FMA where the reference rounds twice; a wrong
  * block, sub-block scale or nibble is off by a whole quant step (about 6% of the range). */
-static void check_dequant(tensor_dtype t, int64_t n, int64_t k, int packed) {
+static void check_dequant(tensor_dtype t, int64_t n, int64_t k, int mlx_tiled) {
     op_weight w;
     void *host = make_weight(t, n, k, &w);
     cuda_weight dw;
     hearth_error e = {0};
-    cuda_q4k_force(packed);
     assert_int_equal(cuda_weight_upload(&dw, &w, "dequant weight", &e), HEARTH_OK);
-    cuda_q4k_force(-1);
-    /* HEARTH_CUDA_GEMV=v2 packs every Q4_K weight whatever the force (the v2 GEMV reads that order) */
-    if (t == DT_Q4_K) assert_int_equal(dw.q4k_packed, packed || cuda_gemv_v2_on());
+    if (t == DT_Q4_K) assert_int_equal(dw.q4k_packed, 1);
+    if (t == DT_U32) assert_int_equal(dw.mlx_tiled, mlx_tiled); /* the layout (and kernel) under test */
     size_t nk = (size_t)(n * k);
     void *dout = dev_from(NULL, nk * 2);
     assert_int_equal(cuda_dequant_bf16(&dw, dout, &e), HEARTH_OK);
@@ -358,9 +355,8 @@ static void check_dequant(tensor_dtype t, int64_t n, int64_t k, int packed) {
             float g, want = bf16_to_f32(f32_to_bf16(ref[c]));
             memcpy(&g, &u, 4);
             if (fabsf(g - want) > fabsf(want) * 0x1p-8f + 0x1p-24f && bad++ < 5)
-                print_error("dequant %s [%lld x %lld] packed %d: (%lld, %lld) = %g, reference %g\n",
-                            tensor_dtype_name(t), (long long)n, (long long)k, packed, (long long)r, (long long)c, g,
-                            want);
+                print_error("dequant %s [%lld x %lld]: (%lld, %lld) = %g, reference %g\n", tensor_dtype_name(t),
+                            (long long)n, (long long)k, (long long)r, (long long)c, g, want);
         }
     }
     assert_int_equal(bad, 0);
@@ -373,42 +369,30 @@ static void check_dequant(tensor_dtype t, int64_t n, int64_t k, int packed) {
 
 static void test_dequant(void **state) {
     (void)state;
-    for (int fast = 0; fast < 2; fast++) { /* the generic kernel and HEARTH_CUDA_DEQUANT=fast */
-        cuda_gemm_force(fast, -1);
-        check_dequant(DT_Q8_0, 37, 96, 0);
-        check_dequant(DT_Q8_0, 3, 4128, 0);
-        for (int packed = 0; packed < 2; packed++) {
-            check_dequant(DT_Q4_K, 37, 256, packed);
-            check_dequant(DT_Q4_K, 5, 2304, packed);
-        }
-        check_dequant(DT_Q6_K, 37, 512, 0);
-        check_dequant(DT_Q6_K, 3, 4352, 0);
-        /* MLX 4-bit: k % 1024 == 0 in the tiled layout (mode v2: the flat tiled kernel) and
-         * the chunked one (mode v3: its own kernel), and k % 1024 != 0 (MLX's order); groups
-         * 64, 32 and 128; bf16 and f16 scales */
-        static const int groups[] = {64, 32, 128};
-        static const tensor_dtype sbs[] = {DT_BF16, DT_F16, DT_BF16};
-        for (int mode = 1; mode <= 2; mode++) {
-            cuda_mlx4_v2_force(mode);
-            for (int gi = 0; gi < 3; gi++) {
-                mlx_group = groups[gi], mlx_sb = sbs[gi];
-                check_dequant(DT_U32, 37, 2048, 0);
-                check_dequant(DT_U32, 5, 3072, 0);
-                check_dequant(DT_U32, 3, 640, 0);
-            }
-        }
-        cuda_mlx4_v2_force(-1);
-        mlx_group = 64, mlx_sb = DT_BF16;
+    check_dequant(DT_Q8_0, 37, 96, 0);
+    check_dequant(DT_Q8_0, 3, 4128, 0);
+    check_dequant(DT_Q4_K, 37, 256, 0);
+    check_dequant(DT_Q4_K, 5, 2304, 0);
+    check_dequant(DT_Q6_K, 37, 512, 0);
+    check_dequant(DT_Q6_K, 3, 4352, 0);
+    /* MLX 4-bit: k % 1024 == 0 in the chunked layout (its own kernel) and k % 1024 != 0
+     * (MLX's order); groups 64, 32 and 128; bf16 and f16 scales */
+    static const int groups[] = {64, 32, 128};
+    static const tensor_dtype sbs[] = {DT_BF16, DT_F16, DT_BF16};
+    for (int gi = 0; gi < 3; gi++) {
+        mlx_group = groups[gi], mlx_sb = sbs[gi];
+        check_dequant(DT_U32, 37, 2048, 2);
+        check_dequant(DT_U32, 5, 3072, 2);
+        check_dequant(DT_U32, 3, 640, 0);
     }
-    cuda_gemm_force(-1, -1);
+    mlx_group = 64, mlx_sb = DT_BF16;
 }
 
-/* F16 / BF16 weights at 2..8 rows with HEARTH_CUDA_DIRECT_MIN_T=2: cuBLAS as stored
+/* F16 / BF16 weights at 2..8 rows: cuBLAS as stored
  * (cuda_matmul_small_direct), not the multi-row GEMV; checked against the CPU reference
  * like the prefill sizes. */
 static void test_matmul_small_direct(void **state) {
     (void)state;
-    cuda_gemm_force(-1, 2);
     cuda_gemm *g = NULL;
     assert_int_equal(cuda_gemm_create(&g, 300 * 4096, 8 * 4096, 0, NULL), HEARTH_OK);
     static const int Ts[] = {2, 3, 5, 8};
@@ -420,7 +404,6 @@ static void test_matmul_small_direct(void **state) {
         check_matmul(DT_BF16, 300, 4096, Ts[i], g, 1);
     }
     cuda_gemm_free(g);
-    cuda_gemm_force(-1, -1);
 }
 
 /* Programmatic Dependent Launch (the decode GEMVs may start before the kernel before them
@@ -602,10 +585,8 @@ static void test_gemv_multi(void **state) {
         mlx_group = 32;
         check_multi(DT_U32, DT_U32, 2048, Ts[i]);
         mlx_group = 64;
-        cuda_gemv_v2_force(1); /* Q8_0 and every Q6_K on v2 too */
         check_multi(DT_Q8_0, DT_Q8_0, 1024, Ts[i]);
         check_multi(DT_Q6_K, DT_Q6_K, 512, Ts[i]);
-        cuda_gemv_v2_force(-1);
     }
 }
 
@@ -674,19 +655,18 @@ static void test_gemv_batch_invariant(void **state) {
     check_gemv_invariant(DT_Q4_K, 300, 512, 1);  /* x quantized once for all three */
 }
 
-/* HEARTH_CUDA_GEMV=v2 (forced with cuda_gemv_v2_force): the v2 int8-activation GEMVs of
- * Q8_0, Q4_K (packed scales) and Q6_K against the CPU reference with test_gemv's oracle
- * and tolerance (verify_gemv: activations by cpu_quantize_row_ref, float summation bound
- * + 2·max|w|·max d). Shapes: n = 1, odd n (37; 1023: a partial last block of 4 rows), the
- * smallest k (Q8_0 32, K-quants 256), k with a partial 4096-weight step (96, 4128, 2304,
- * 4352, 768), exactly one step (4096) and 3.5 steps (14336); T = 5 and 11 run as chunks
- * (4 + 1, 8 + 3); 8448 (33 super-blocks: two full steps and one super-block). Then the
- * multi-weight, batch-invariance and PDL-chain checks with v2 on. */
+/* The v2 int8-activation GEMVs of Q4_K (packed scales, every shape) and Q6_K (n >= 2k at
+ * one row; every shape at 2..8 rows outside batch-invariant steps) against the CPU
+ * reference with test_gemv's oracle and tolerance (verify_gemv: activations by
+ * cpu_quantize_row_ref, float summation bound + 2·max|w|·max d). Shapes: n = 1, odd n (37;
+ * 1023: a partial last block of 4 rows), the smallest k (256), k with a partial
+ * 4096-weight step (2304, 4352, 768), exactly one step (4096) and 3.5 steps (14336); T = 5
+ * and 11 run as chunks (4 + 1, 8 + 3); 8448 (33 super-blocks: two full steps and one
+ * super-block). Then the multi-weight, batch-invariance and PDL-chain checks (Q8_0 there
+ * on cuda_gemv.cu's kernel). */
 static void test_gemv_v2(void **state) {
     (void)state;
-    cuda_gemv_v2_force(1);
     static const struct { tensor_dtype t; int64_t n, k; } shapes[] = {
-        {DT_Q8_0, 1, 32},    {DT_Q8_0, 37, 96},    {DT_Q8_0, 5, 4128},    {DT_Q8_0, 1023, 4096}, {DT_Q8_0, 37, 14336},
         {DT_Q4_K, 1, 256},   {DT_Q4_K, 37, 2304},  {DT_Q4_K, 6, 4352},    {DT_Q4_K, 1023, 4096}, {DT_Q4_K, 37, 14336},
         {DT_Q6_K, 1, 256},   {DT_Q6_K, 37, 2304},  {DT_Q6_K, 6, 768},     {DT_Q6_K, 1023, 4096}, {DT_Q6_K, 37, 14336},
         {DT_Q4_K, 5, 8448},  {DT_Q6_K, 5, 8448},
@@ -698,7 +678,8 @@ static void test_gemv_v2(void **state) {
         void *host = make_weight(shapes[s].t, shapes[s].n, shapes[s].k, &w);
         cuda_weight dw;
         assert_int_equal(cuda_weight_upload(&dw, &w, "v2", &e), HEARTH_OK);
-        assert_int_equal(cuda_gemv_v2_takes(&dw), 1); /* else the checks below test the v1 kernels */
+        /* one row: Q6_K on v2 only for n >= 2k */
+        assert_int_equal(cuda_gemv_v2_takes(&dw), shapes[s].t == DT_Q4_K || shapes[s].n >= 2 * shapes[s].k);
         if (shapes[s].t == DT_Q4_K) assert_int_equal(dw.bytes, (size_t)shapes[s].n * (shapes[s].k / 256) * 144);
         cuda_weight_free(&dw);
         free(host);
@@ -723,10 +704,9 @@ static void test_gemv_v2(void **state) {
         check_chain(DT_Q4_K, 8448, 1024, pdl ? 1 : 3, pdl);
         check_chain(DT_Q6_K, 8448, 1024, pdl ? 1 : 3, pdl);
     }
-    cuda_gemv_v2_force(-1); /* back to HEARTH_CUDA_GEMV as set */
 }
 
-/* HEARTH_CUDA_MMQ (forced with cuda_mmq_force): cuda_matmul of packed-scale Q4_K at 2..64
+/* MMQ (forced from 2 rows with cuda_mmq_force): cuda_matmul of packed-scale Q4_K at 2..64
  * rows goes to the int8 tensor-core kernel (one launch, counted) and matches the CPU
  * reference of the int8-activation semantics with test_gemv's tolerance (verify_gemv:
  * activations by cpu_quantize_row_ref, plus 2·max|w|·max d for a q off by one step). The
@@ -794,13 +774,11 @@ static void test_mmq(void **state) {
         cuda_weight_free(&dw);
         free(x), free(y1), free(y2), free(host);
     }
-    cuda_mmq_force(-1); /* back to HEARTH_CUDA_MMQ as set */
+    cuda_mmq_force(-1); /* back to the default */
 }
 
-/* HEARTH_CUDA_MLX4=v2 and v3 (forced with cuda_mlx4_v2_force): MLX 4-bit weights with k %
- * 1024 == 0, in the tiled layout (v2) or the chunked one (v3), take int8 activations and
- * gemv_v2_mlx4 or gemv_v3_mlx4 (cuda_gemv_mlx4.cu); every check below runs for both.
- * Oracle and tolerance are test_gemv's for int8 activations (verify_gemv: x̂ by
+/* MLX 4-bit weights with k % 1024 == 0 and power-of-two groups >= 32, in the chunked
+ * layout, take int8 activations and gemv_v3_mlx4 (cuda_gemv_mlx4.cu). Oracle and tolerance are test_gemv's for int8 activations (verify_gemv: x̂ by
  * cpu_quantize_row_ref and the scalar CPU reference on it, float summation bound with
  * max|w| + max|bias| per term, plus 2·max|w|·max d for an element one int8 step off).
  * Shapes: n = 1, odd n (37; 1023: a partial last block of 4 rows), k = 1024 (one tile: a
@@ -808,8 +786,8 @@ static void test_mmq(void **state) {
  * of 32 and 64 (and 128, which it takes too), bf16 and f16 pairs; T = 1..9 (5, 6, 7, 9 run
  * as chunks 4 + 1, 4 + 2, 4 + 3, 8 + 1). Then: k % 1024 != 0 keeps the float kernels, a
  * row among 13 equals itself alone bit for bit, and the PDL chain. */
-static void check_gemv_mlx4_mode(int mode) {
-    cuda_mlx4_v2_force(mode);
+static void test_gemv_mlx4_v2(void **state) {
+    (void)state;
     static const struct { int gs; tensor_dtype sb; int64_t n, k; } shapes[] = {
         {64, DT_BF16, 1, 1024},   {64, DT_BF16, 37, 4096},  {64, DT_F16, 1023, 4096}, {64, DT_BF16, 37, 14336},
         {32, DT_BF16, 37, 1024},  {32, DT_F16, 37, 5120},   {32, DT_BF16, 1023, 4096}, {32, DT_F16, 5, 14336},
@@ -822,9 +800,9 @@ static void check_gemv_mlx4_mode(int mode) {
         op_weight w;
         void *host = make_weight(DT_U32, shapes[s].n, shapes[s].k, &w);
         cuda_weight dw;
-        assert_int_equal(cuda_weight_upload(&dw, &w, "mlx4 v2", &e), HEARTH_OK);
-        assert_int_equal(cuda_mlx4_v2_takes(&dw), 1); /* else the checks below test the float kernels */
-        assert_int_equal(dw.mlx_tiled, mode);        /* the layout of the mode's kernel */
+        assert_int_equal(cuda_weight_upload(&dw, &w, "mlx4 int8", &e), HEARTH_OK);
+        assert_int_equal(cuda_mlx4_int8_takes(&dw), 1); /* else the checks below test the float kernels */
+        assert_int_equal(dw.mlx_tiled, 2);              /* the chunked layout the kernel reads */
         assert_int_equal(cuda_gemv_int8_act(&dw), 1);
         cuda_weight_free(&dw);
         free(host);
@@ -839,7 +817,7 @@ static void check_gemv_mlx4_mode(int mode) {
     void *host = make_weight(DT_U32, 19, 128, &w); /* not tiled: the float kernel, float activations */
     cuda_weight dw;
     assert_int_equal(cuda_weight_upload(&dw, &w, "mlx4 plain", &e), HEARTH_OK);
-    assert_int_equal(cuda_mlx4_v2_takes(&dw), 0);
+    assert_int_equal(cuda_mlx4_int8_takes(&dw), 0);
     assert_int_equal(cuda_gemv_int8_act(&dw), 0);
     cuda_weight_free(&dw);
     free(host);
@@ -852,12 +830,6 @@ static void check_gemv_mlx4_mode(int mode) {
     mlx_group = 64;
     for (int pdl = pdl_capable; pdl >= 0; pdl--) /* PDL on: T = 1; off: T = 3 */
         check_chain(DT_U32, 2048, 4096, pdl ? 1 : 3, pdl);
-    cuda_mlx4_v2_force(-1); /* back to HEARTH_CUDA_MLX4 as set */
-}
-
-static void test_gemv_mlx4_v2(void **state) {
-    (void)state;
-    for (int mode = 1; mode <= 2; mode++) check_gemv_mlx4_mode(mode);
 }
 
 /* GGUF Q4_0 and Q4_1 are uploaded as MLX 4-bit with groups of 32 and f16 (scale, bias)
@@ -1301,9 +1273,9 @@ static void test_errors(void **state) {
 }
 
 int main(void) {
-    /* test_attention checks the f32 kernels at f32 tolerance; the bf16 tensor-core prefill
-     * kernel has its own test (test_cuda_prefill.c) against a bf16-aware oracle */
-    setenv("HEARTH_CUDA_ATT_PREFILL", "old", 1);
+    /* test_attention checks the f32 kernels at f32 tolerance (its arguments have no stage,
+     * so no chunk goes to the bf16 tensor-core prefill kernel, which has its own test,
+     * test_cuda_prefill.c, against a bf16-aware oracle) */
     const struct CMUnitTest no_device[] = {cmocka_unit_test(test_errors)};
     int n = cuda_device_count();
     if (n == 0) {

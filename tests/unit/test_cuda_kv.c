@@ -333,7 +333,7 @@ static float *run_attention_on(const pool *P, const cuda_kv *kv, int tc, int hea
                              .host_slot = g_host_slot,
                              .out_xq = tc ? NULL : dxq,
                              .out_xs = tc ? NULL : dxs,
-                             .stage = dstage,
+                             .stage = tc ? dstage : NULL, /* cuda_attention: the f32 prefill kernel */
                              .stage_bytes = stage_bytes};
     hearth_error e = {0};
     assert_int_equal(tc ? cuda_attention_prefill_tc(&a, &e) : cuda_attention(&a, &e), HEARTH_OK);
@@ -563,9 +563,9 @@ static void test_rope_kv_write(void **state) {
 }
 
 /* cuda_attention sends single-sequence chunks of more than 8 tokens to the tensor-core kernel
- * where it fits; main sets HEARTH_CUDA_ATT_PREFILL=old so check_attention's prefill mode
- * measures the f32 prefill kernel against the f32 tolerance, and check_prefill_tc covers the
- * tensor-core kernel's quantized reads. */
+ * where it fits (a stage is given); run_attention_on gives cuda_attention no stage, so
+ * check_attention's prefill mode measures the f32 prefill kernel against the f32 tolerance,
+ * and check_prefill_tc covers the tensor-core kernel's quantized reads. */
 static void test_attention_quant(void **state) {
     (void)state;
     static const int windows[] = {0, 37, 5};
@@ -576,8 +576,7 @@ static void test_attention_quant(void **state) {
             pool_make(&P, quants[qi], shapes[si].kvh, shapes[si].d);
             for (int mode = 0; mode < 4; mode++)
                 for (int w = 0; w < 3; w++) check_attention(&P, shapes[si].heads, mode, windows[w]);
-            /* the head dims cuda_attention_prefill_tc_fits accepts (its HEARTH_CUDA_ATT_PREFILL
-             * switch is set to old here, so it is not asked) */
+            /* the head dims cuda_attention_prefill_tc_fits accepts (not asked here: no stage) */
             int d = shapes[si].d, tc_dim = d == 16 || d == 32 || d == 64 || d == 128 || d == 256;
             if (quants[qi] != HEARTH_KV_FLOAT && tc_dim) {
                 tc_checked++;
@@ -649,7 +648,6 @@ int main(void) {
         printf("test_cuda_kv: cannot open device 0: %s\n", e.message);
         return 1;
     }
-    setenv("HEARTH_CUDA_ATT_PREFILL", "old", 1); /* see test_attention_quant */
     rng_state ^= (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull;
     printf("test_cuda_kv: device 0: %s; seed %llx\n", info.name, (unsigned long long)rng_state);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_kv_bytes), cmocka_unit_test(test_e4m3_reference),

@@ -116,7 +116,7 @@ static void test_page_rounding(void **state) {
     assert_int_equal(s, 2 * 8);
 }
 
-/* HEARTH_CUDA_Q4K=new reorders each Q4_K super-block's 12 scale/min bytes at upload
+/* The upload reorders each Q4_K super-block's 12 scale/min bytes at upload
  * (cuda_q4k_pack12, run by the upload kernel); the prefill dequantizer and the GEMVs read
  * them back with cuda_q4k_scale_min(packed = 1): every (scale, min) of random blocks must
  * come back as GGUF's order gives it, and distinct blocks must stay distinct (a bijection). */

@@ -52,8 +52,8 @@ for m in ${BB_PROFILE:-q4_k_m}; do
         args=(--batch "$t")
         [ "$t" = 1 ] && args=()
         if [ -n "$NSYS" ]; then
-            HEARTH_CUDA_PROFILE_STEP=10 HEARTH_CUDA_PROFILE_T=$t timeout $(($(left) / 2)) "$NSYS" profile \
-                --capture-range=cudaProfilerApi --capture-range-end=stop --cuda-graph-trace=node --trace=cuda \
+            # the whole short run (prefill and 16 decode steps), every graph node traced
+            timeout $(($(left) / 2)) "$NSYS" profile --cuda-graph-trace=node --trace=cuda \
                 -o "$L/nsys_${m}_t$t" --force-overwrite true "$H" bench "$f" --device cuda "${args[@]}" -p 512 -n 16 -r 1 \
                 --json >"$L/nsys_${m}_t$t.json" 2>"$L/nsys_${m}_t$t.log"
             echo "nsys $m T=$t: rc $?"
@@ -73,8 +73,9 @@ for r in rows[:14]:
 EOF
         fi
         [ "$(left)" -lt 30 ] && continue
-        HEARTH_CUDA_GRAPH=0 HEARTH_CUDA_PROFILE_STEP=10 HEARTH_CUDA_PROFILE_T=$t timeout $(($(left) - 5)) "$NCU" \
-            --clock-control none --cache-control none --profile-from-start off \
+        # about one decode step's kernels after the first few (graph nodes count one each)
+        timeout $(($(left) - 5)) "$NCU" --graph-profiling node --launch-skip 3000 --launch-count 300 \
+            --clock-control none --cache-control none \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw --log-file "$L/ncu_${m}_t$t.csv" \
             "$H" bench "$f" --device cuda "${args[@]}" -p 512 -n 16 -r 1 --json >"$L/ncu_${m}_t$t.json" 2>"$L/ncu_${m}_t$t.log"
         echo "ncu $m T=$t: rc $?"

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # cuda-batch LOGDIR: batched serve steps on the GPU (issue #6), budget ~70 s. Unit tests of the
-# dispatch (test_cuda_ragged: ragged-step attention split, also with HEARTH_CUDA_BATCH=0;
-# test_cuda: cuda_matmul picks, dequantizers, v2 GEMVs, with the defaults and with the paths
-# before 2026-12-02; test_cuda_kv: mixed batches; test_cuda_graph), batch_bench (matmul GEMV
-# vs the chosen path per T, default / prior / every T >= 9 on the GEMM; ragged attention),
+# dispatch (test_cuda_ragged: ragged-step attention split; test_cuda: cuda_matmul picks,
+# dequantizers, v2 GEMVs; test_cuda_kv: mixed batches; test_cuda_graph), batch_bench (matmul
+# GEMV vs the chosen path per T; ragged attention),
 # greedy parity of 12 concurrent serve requests vs each alone, then, with the time left, a
 # hearth-only serve_load at N=8,32 on the 8B F16 GGUF (Q4_K_M when no F16 file). Env from
 # tools/gpu_run: H, B, TINY, G8.
@@ -33,40 +32,23 @@ unit() { # name timeout [env...]
     say "$n: $v ($(grep -c 'OK \]' "$L/$n.log") ok, $(grep -c 'FAILED \]' "$L/$n.log") failed) $(grep -m1 -oE 'ragged batches checked' "$L/$n.log")"
     [ $rc = 0 ] || grep -vE '^\[ (RUN|  OK) ' "$L/$n.log" | grep -m3 -iE 'error|fail|refer|differ|tol' | cut -c1-260 | tee -a "$SUM" >/dev/null
 }
-# CB_UNITS: which unit runs, in order (default: all of them; "old" entries run the paths
-# before 2026-12-02 on the same test)
-for u in ${CB_UNITS:-ragged ragged-old kv cuda cuda-old graph}; do
+# CB_UNITS: which unit runs, in order (default: all of them)
+for u in ${CB_UNITS:-ragged kv cuda graph}; do
     case $u in
     ragged) unit test_cuda_ragged 15 ;;
-    ragged-old) unit test_cuda_ragged 10 HEARTH_CUDA_BATCH=0 ;; # the old path on the same test: both must pass
     kv) unit test_cuda_kv 15 ;;
-    cuda) unit test_cuda 60 ;; # the defaults: flat dequantizers, F16/BF16 cuBLAS from 2 rows, v2 GEMVs
-    cuda-old) unit test_cuda 30 HEARTH_CUDA_DEQUANT=generic HEARTH_CUDA_DIRECT_MIN_T=9 HEARTH_CUDA_GEMV=v1 ;;
+    cuda) unit test_cuda 60 ;; # flat dequantizers, F16/BF16 cuBLAS from 2 rows, v2 GEMVs, MMQ
     graph) unit test_cuda_graph 15 ;; # decode graphs capture cuBLAS calls (F16 / BF16 at 2..8 rows)
-    cuda-mmq) unit test_cuda 30 HEARTH_CUDA_MMQ=1 ;; # every cuda_matmul through the int8 tensor-core GEMM where it takes
-    cuda-att64) unit test_cuda 30 HEARTH_CUDA_ATT_MIN_CHUNK=64 ;; # decode attention in full-tile splits
-    kv-att64) unit test_cuda_kv 15 HEARTH_CUDA_ATT_MIN_CHUNK=64 ;;
-    ragged-att64) unit test_cuda_ragged 15 HEARTH_CUDA_ATT_MIN_CHUNK=64 ;;
-    cuda-v2) unit test_cuda 30 HEARTH_CUDA_GEMV=v2 ;; # Q8_0 and every Q6_K on the v2 GEMVs (grouped launches)
     esac
 done
 
-# microbenchmarks: build (libhearth.a is there) and run both matmul modes, then attention
+# microbenchmarks: build (libhearth.a is there) and run them: matmul paths per T, then attention
 if timeout 20 make -s BUILD="$B" BINDIR="$B/bin" LIBDIR="$B/lib" "$B/bench/batch_bench" >"$L/batch_bench_build.log" 2>&1; then
     [ "$(left)" -gt 12 ] && timeout 14 "$B/bench/batch_bench" >"$L/batch_bench.txt" 2>&1
-    # the paths before 2026-12-02: generic dequantizer, the GEMV up to 8 rows, v1 GEMVs
-    [ "$(left)" -gt 12 ] && HEARTH_CUDA_DEQUANT=generic HEARTH_CUDA_DIRECT_MIN_T=9 HEARTH_CUDA_GEMV=v1 BATCH_BENCH=matmul timeout 12 \
-        "$B/bench/batch_bench" >"$L/batch_bench_prior.txt" 2>&1
-    say "dequant default: $(grep -h 'dequant to bf16' "$L/batch_bench.txt" 2>/dev/null | tr -s ' ' | tr '\n' ';')"
-    say "dequant generic: $(grep -h 'dequant to bf16' "$L/batch_bench_prior.txt" 2>/dev/null | tr -s ' ' | tr '\n' ';')"
-    # CB_MMQ=1: the int8 tensor-core GEMM (HEARTH_CUDA_MMQ=1) per T beside the others
-    [ "${CB_MMQ:-0}" = 1 ] && [ "$(left)" -gt 12 ] && HEARTH_CUDA_MMQ=1 BATCH_BENCH=matmul timeout 12 \
-        "$B/bench/batch_bench" >"$L/batch_bench_mmq.txt" 2>&1
-    # every quantized T >= 9 on the dequantize + GEMM path (the byte model's other side)
-    [ "$(left)" -gt 10 ] && HEARTH_CUDA_GEMV_FUDGE=1000 BATCH_BENCH=matmul timeout 10 "$B/bench/batch_bench" >"$L/batch_bench_gemm.txt" 2>&1
-    # per T: format gemv/matmul us (default picks), then the prior paths' picks
+    say "dequant: $(grep -h 'dequant to bf16' "$L/batch_bench.txt" 2>/dev/null | tr -s ' ' | tr '\n' ';')"
+    # per T: format gemv/matmul us (the default picks)
     for T in 1 8 16 32 64 128; do
-        say "T=$T gemv/new: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s/%s ", $1, $5, $8}' "$L/batch_bench.txt" 2>/dev/null)| prior: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s ", $1, $8}' "$L/batch_bench_prior.txt" 2>/dev/null)"
+        say "T=$T gemv/matmul: $(awk -v T="T=$(printf '%3d' $T):" 'index($0, T) {printf "%s %s/%s ", $1, $5, $8}' "$L/batch_bench.txt" 2>/dev/null)"
     done
     grep -q "skipped" "$L/batch_bench.txt" && say "batch_bench: $(head -1 "$L/batch_bench.txt")"
     grep -h "attention ragged" "$L/batch_bench.txt" | sed 's/.*one layer: //' | tr '\n' ';' | sed 's/^/attention: /' | tee -a "$SUM" >/dev/null
@@ -84,8 +66,7 @@ else
     say "parity 12 concurrent: NOT RUN (time or TINY unset)"
 fi
 
-# end to end: hearth-only serve_load, N=8,32 (needs ~40 s for the load and two levels); with
-# CB_AB=1 (and the time: give CB_BUDGET ~150) the old paths again in a second server
+# end to end: hearth-only serve_load, N=8,32 (needs ~40 s for the load and two levels)
 serve() { # tag [env...]
     local tag=$1
     shift
@@ -106,7 +87,6 @@ elif [ "$(left)" -ge 40 ]; then
     [ -f "$G8/llama8b-f16.gguf" ] || F=q4_k_m
     if [ -f "$G8/llama8b-$F.gguf" ]; then
         serve new
-        [ "${CB_AB:-0}" = 1 ] && [ "$(left)" -ge 40 ] && serve old HEARTH_CUDA_BATCH=0
     else
         say "serve_load: no GGUF in $G8"
     fi

@@ -4,8 +4,7 @@
 # Q4_K_M prefill at 4096 tokens, bf16 and Q8_0 decode (128 after 512). Rows print as they
 # finish; every JSON stays in LOGDIR. FB_ROWS picks rows (also q4km_decode, f16_decode, f16_p4096 (the
 # F16 GGUF), m4_*, q3m4_*,
-# bf16_decode_kvf16, bf16_decode_2k[_kvf16], q3_<f16|q4_k_m|q8_0>_<decode|p4096>, q8_0_p4096, q8_0_decode_v2
-# (HEARTH_CUDA_GEMV=v2)). Env from tools/gpu_run. Usage: final-bench.sh LOGDIR
+# bf16_decode_kvf16, bf16_decode_2k[_kvf16], q3_<f16|q4_k_m|q8_0>_<decode|p4096>, q8_0_p4096). Env from tools/gpu_run. Usage: final-bench.sh LOGDIR
 L=${1:?usage: final-bench.sh LOGDIR}; mkdir -p "$L"
 cd "$(dirname "$0")/../.." || exit 1
 T0=$(date +%s); BUDGET=${FB_BUDGET:-60}
@@ -47,7 +46,6 @@ for r in ${FB_ROWS:-bf16_p4096 q4km_p4096 bf16_decode q8_0_decode}; do
     q4km_p4096) row "$r" "$G8"/llama8b-q4_k_m.gguf -p 4096 -n 1 -r 3 ;;
     q4km_decode) row "$r" "$G8"/llama8b-q4_k_m.gguf -p 512 -n 128 -r 3 ;;
     q8_0_decode) row "$r" "$G8"/llama8b-q8_0.gguf -p 512 -n 128 -r 3 ;;
-    q8_0_decode_v2) HEARTH_CUDA_GEMV=v2 row "$r" "$G8"/llama8b-q8_0.gguf -p 512 -n 128 -r 3 ;; # the v2 GEMV for every Q8_0 matrix
     q8_0_p4096) row "$r" "$G8"/llama8b-q8_0.gguf -p 4096 -n 1 -r 3 ;;
     f16_decode) row "$r" "$G8"/llama8b-f16.gguf -p 512 -n 128 -r 3 ;;
     f16_p4096) row "$r" "$G8"/llama8b-f16.gguf -p 4096 -n 1 -r 3 ;;

@@ -10,7 +10,7 @@
 # GPU_SERVE_SERVERS (default hearth,llama.cpp; "hearth" skips llama.cpp), GPU_SERVE_DEVICE (cuda;
 # cpu for a dry run), GPU_SERVE_AB (hearth's other step budgets tried with the time left, default
 # 1024,2048; empty: none), GPU_SERVE_ARGS (more gpu_load.py flags), GPU_SERVE_ENV (VAR=value ...
-# for both servers, e.g. HEARTH_CUDA_BATCH=1), LLAMA_SERVER_DIR.
+# for both servers), LLAMA_SERVER_DIR.
 set -u
 L=${1:?usage: gpu-serve.sh LOGDIR}
 mkdir -p "$L" && L=$(cd "$L" && pwd)

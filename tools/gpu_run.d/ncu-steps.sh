@@ -20,11 +20,13 @@ for m in ${NS_MODELS:-q4_k_m bf16}; do
     for _ in $(seq 1 60); do [ -e "$ok" ] && break; sleep 1; done
     [ -e "$f" ] || { echo "$m: NOT RUN (no model)"; continue; }
     [ "$(left)" -lt 25 ] && { echo "$m: NOT RUN ($(left) s left)"; continue; }
-    if [ "${NS_PREFILL:-0}" = 1 ]; then prof="HEARTH_CUDA_PROFILE_PREFILL=2" args="-p 4096 -n 1 -r 1"
-    else prof="HEARTH_CUDA_GRAPH=0 HEARTH_CUDA_PROFILE_STEP=10" args="-p 512 -n 16 -r 1"; fi
-    # shellcheck disable=SC2086 # prof (VAR=value settings) and args (bench flags) are word lists
-    env $prof timeout $(($(left) - 3)) $NCU --clock-control none \
-        --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \
+    # a window of kernel launches (graph nodes count one each): the second prefill step, or
+    # about one decode step after the first few
+    if [ "${NS_PREFILL:-0}" = 1 ]; then win="--launch-skip 300 --launch-count 300" args="-p 4096 -n 1 -r 1"
+    else win="--launch-skip 3000 --launch-count 300" args="-p 512 -n 16 -r 1"; fi
+    # shellcheck disable=SC2086 # win (ncu flags) and args (bench flags) are word lists
+    timeout $(($(left) - 3)) $NCU --clock-control none --graph-profiling node $win \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \
         --log-file "$L/ncu_$m.csv" "$H" bench "$f" --device cuda $args --json \
         >"$L/ncu_$m.json" 2>"$L/ncu_$m.log"
     echo "$m: rc $?"

@@ -492,10 +492,8 @@ static int att_value_chunk(int d) {
  * batch, the thread count, and whether one task computes every split (prefill, many rows)
  * or each split is its own task (decode with few KV heads: SmolLM2's 3 on 2 threads left
  * one thread with two of them; attention_split_f32_avx512). Rows of up to ATT_SPLIT
- * positions take the one-pass code as before. 2-vCPU Zen 4, decode tok/s, old -> new
- * (bench/results/cpu_attention_splits.md): SmolLM2 Q4_1 after 2048 prompt tokens 73-86 ->
- * 89-109, Q8_0 after 512 141-144 -> 149-155; 128 or 64 positions per split measured no
- * better than 256. */
+ * positions take the one-pass code as before. The split size (256 beat 128 and 64) and the
+ * gain are measured in bench/results/cpu_attention_splits.md. */
 enum { ATT_SPLIT = 256, ATT_SPLITS_MAX = 8 };
 
 static int att_split_positions(int len) {
@@ -1006,9 +1004,8 @@ void ops_attention(const ops_attention_args *a, threadpool *tp) {
     } else if (f32 && args.kernels != &kernels_scalar && a->head_dim % 8 == 0) {
         /* tiles (the query heads of one KV head read each key and value row once) when
          * there are at least as many as threads; else one task per (token, head). Same bits
-         * either way. Decode took one task per head before 2026-12-03 (tiles only from 4 per
-         * thread): on a 2-vCPU Zen 4 at HEARTH_CPU=avx2, SmolLM2 Q4_1 -p 512 -n 128 decode
-         * 110-127 tok/s with tiles, 96-117 per head (4 rounds each, a noisy host). */
+         * either way (tiles beat one task per head in decode too: bench/results/kernel_choices.md,
+         * "CPU attention tiles"). */
         att_tiling tl = att_tiling_of(a);
         int n_tiles = tl.n_token_tiles * a->n_kv_heads * tl.head_chunks;
         fn = attention_task_f32_avx2;

@@ -60,8 +60,8 @@ void cpu_ref_tile(const op_weight *w, int64_t n0, int64_t n1, const float *x, in
 /* Fast kernels: fill *out and return 1 if the format has one at that level. */
 int cpu_avx2_kernel(const op_weight *w, cpu_kernel *out);
 int cpu_avx512_kernel(const op_weight *w, cpu_kernel *out);
-/* BF16 weights with vdpbf16ps (kernels_avx512_bf16.c): 1 when the CPU has AVX512_BF16, k % 32
- * == 0 and HEARTH_CPU_BF16 is not f32; the activations are CPU_ACT_BF16 rows, made by
+/* BF16 weights with vdpbf16ps (kernels_avx512_bf16.c): 1 when the CPU has AVX512_BF16 and k %
+ * 32 == 0; the activations are CPU_ACT_BF16 rows, made by
  * cpu_avx512_bf16_row (k % 32 == 0; only where the kernel was chosen). */
 int cpu_avx512_bf16_kernel(const op_weight *w, cpu_kernel *out);
 void cpu_avx512_bf16_row(const float *x, int64_t k, uint16_t *out);

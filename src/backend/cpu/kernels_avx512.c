@@ -589,16 +589,6 @@ AVX512_INLINE void pk_load16x4(const uint8_t *p, int64_t rb, __m512i out[4]) {
  * ahead measured the same as 8: bench/results/kernel_choices.md, "CPU prefetch distances"). */
 #define PK_PREFETCH 8
 
-/* HEARTH_CPU_PK_DIRECT=0 turns pk_pack_direct off (A/B runs); read once. */
-static int pk_direct_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("HEARTH_CPU_PK_DIRECT");
-        on = !(e && !strcmp(e, "0"));
-    }
-    return on;
-}
-
 /* Block b of the packed layout from the 16 rows' quant bytes at p (rows rb apart): 4-bit
  * (nib): 16 bytes whose low nibbles are dwords 0..3 and high nibbles 4..7; else 32 bytes,
  * xor flip (Q8_0's signed bytes read as unsigned; 0 for MLX 8-bit). */
@@ -784,7 +774,7 @@ AVX512_INLINE int pk_pack_direct_mlx(const op_weight *w, int64_t g, int64_t c0, 
 AVX512_INLINE void pk_pack(const op_weight *w, int64_t g, int rows, int64_t c0, int cb, pk_fmt f, pk_buf *buf) {
     int64_t rb = op_weight_row_bytes(w);
     /* all 16 rows, lane offsets in int32: straight from the weights where the format has a direct pack */
-    if (rows == PK_ROWS && rb <= INT32_MAX / PK_ROWS && pk_direct_on() &&
+    if (rows == PK_ROWS && rb <= INT32_MAX / PK_ROWS &&
         (pk_pack_direct(w, g, c0, cb, f, buf) || pk_pack_direct_q6k(w, g, c0, cb, f, buf) ||
          pk_pack_direct_q4k(w, g, c0, cb, f, buf) || pk_pack_direct_mlx(w, g, c0, cb, f, buf)))
         return;
@@ -958,22 +948,10 @@ __attribute__((target(KTARGET))) void cpu_avx512_quantize_row(const float *x, in
     }
 }
 
-/* Which decode kernels: 1 the AVX2 one-row kernels, with VNNI dots where they have them
- * (default); 2 the same without VNNI (HEARTH_CPU_DECODE=avx2); 0 this file's 4-row kernels
- * (HEARTH_CPU_DECODE=avx512). Read once. */
-static int avx512_row1_decode(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("HEARTH_CPU_DECODE");
-        on = !e ? 1 : !strcmp(e, "avx512") ? 0 : !strcmp(e, "avx2") ? 2 : !strcmp(e, "avx2vnni") ? 3 : 1;
-    }
-    return on;
-}
-
 int cpu_avx512_kernel(const op_weight *w, cpu_kernel *out) {
     if (w->dtype == DT_BF16 && cpu_avx512_bf16_kernel(w, out)) return 1; /* where the CPU has vdpbf16ps */
     /* decode: the 512-bit one-row kernel (kernels_avx512_rows.c) wherever it takes w */
-    cpu_rows_fn r1 = avx512_row1_decode() == 1 ? cpu_avx512_rows1(w) : NULL;
+    cpu_rows_fn r1 = cpu_avx512_rows1(w);
     cpu_rows_fn f = NULL;
     cpu_tile_fn tile = NULL, small = NULL;
     switch (w->dtype) {
@@ -1016,15 +994,14 @@ int cpu_avx512_kernel(const op_weight *w, cpu_kernel *out) {
      * the formats that have them: the four side-by-side row streams of a 4-row pass lose
      * from DRAM, as on Zen 3 (kernels_avx2.c). Prefill keeps the 512-bit tiles, which are
      * faster there (bench/results/kernel_choices.md, "CPU AVX-512 decode rows").
-     * Where kernels_avx512_rows.c has a 512-bit one-row kernel (r1), that one.
-     * HEARTH_CPU_DECODE=avx512 keeps these 4-row kernels for decode, =avx2vnni the 256-bit
-     * one-row kernels for every format, =avx2 those without VNNI (A/B runs). */
+     * Where kernels_avx512_rows.c has a 512-bit one-row kernel (r1), that one; else the AVX2
+     * one-row kernel with VNNI dots where it has them. */
     cpu_kernel a2;
     if (r1) f = r1;
-    else if (avx512_row1_decode() && (w->dtype == DT_Q4_0 || w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ||
+    else if ((w->dtype == DT_Q4_0 || w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ||
                                       w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) &&
              cpu_avx2_kernel(w, &a2) && a2.act == CPU_ACT_Q8) {
-        cpu_rows_fn r = avx512_row1_decode() != 2 ? cpu_avx2_vnni_rows(w) : NULL; /* 1 default, 2 avx2, 3 avx2vnni */
+        cpu_rows_fn r = cpu_avx2_vnni_rows(w);
         f = r ? r : a2.rows;
     }
     /* Q4_0 / Q4_1 / Q8_0 pack 16 rows straight from the weights (pk_pack_direct), so the

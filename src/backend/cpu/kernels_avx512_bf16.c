@@ -10,12 +10,10 @@
  * between two accumulators (even chunks, odd chunks), then one reduce of their sum. The rows
  * kernel (T = 1) and the tile (1 row x 8 or 2 rows x 4 tokens per pass) run that same sequence, so a
  * token's outputs are bit-identical at every batch size. K must be a multiple of 32 (other
- * shapes keep the float kernels). HEARTH_CPU_BF16=f32 keeps the float kernels (A/B runs). */
+ * shapes keep the float kernels). */
 #include "backend/cpu/kernels.h"
 #include "base/cpu_features.h"
 #include <immintrin.h>
-#include <stdlib.h>
-#include <string.h>
 
 #define BTARGET "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16"
 /* Tile passes: 2 rows x 4 tokens (prefill: the weight tile comes from L2 once per 4 tokens,
@@ -164,18 +162,8 @@ __attribute__((target(BTARGET))) static void bf16_tile(const op_weight *w, int64
     }
 }
 
-/* On unless HEARTH_CPU_BF16=f32 (read once). */
-static int bf16_dot_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("HEARTH_CPU_BF16");
-        on = !(e && !strcmp(e, "f32"));
-    }
-    return on;
-}
-
 int cpu_avx512_bf16_kernel(const op_weight *w, cpu_kernel *out) {
-    if (w->dtype != DT_BF16 || w->k <= 0 || w->k % 32 || !cpu_features_get()->avx512bf16 || !bf16_dot_on()) return 0;
+    if (w->dtype != DT_BF16 || w->k <= 0 || w->k % 32 || !cpu_features_get()->avx512bf16) return 0;
     *out = (cpu_kernel){bf16_rows, CPU_ACT_BF16, bf16_tile, NULL, 0};
     return 1;
 }

@@ -329,13 +329,8 @@ template <int D, int WARPS, int BN> static hearth_status launch_tc(const cuda_at
 }
 
 int cuda_attention_prefill_tc_fits(const cuda_attention_args *a) {
-    static int old = -1; /* HEARTH_CUDA_ATT_PREFILL=old: the f32 CUDA-core kernel (A/B runs) */
-    if (old < 0) {
-        const char *e = getenv("HEARTH_CUDA_ATT_PREFILL");
-        old = e && !strcmp(e, "old");
-    }
     int d = a->head_dim, G = a->n_kv_heads > 0 ? a->n_heads / a->n_kv_heads : 0;
-    return !old && !a->exact_f32 && a->single_slot && (d == 16 || d == 32 || d == 64 || d == 128 || d == 256) &&
+    return !a->exact_f32 && a->single_slot && (d == 16 || d == 32 || d == 64 || d == 128 || d == 256) &&
            G >= 1 && G <= 64 && a->stage &&
            a->stage_bytes >= cuda_attention_stage_bytes(a->kv->max_blocks_per_slot, a->kv->n_kv_heads, d);
 }

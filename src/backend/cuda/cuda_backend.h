@@ -60,9 +60,8 @@ void cuda_graph_free(cuda_graph *g);
 /* A weight matrix resident on the device. F16/BF16 rows are stored as on the host;
  * Q8_0 is split into an int8 plane [n][k] and an f16 scale plane [n][k/32] so every
  * quant load is a 16-byte aligned vector (the GGUF 34-byte block defeats that); Q4_K
- * keeps its 144-byte super-blocks, which are already 16-byte aligned; by default
- * (q4k_packed = 1; HEARTH_CUDA_Q4K=old keeps the GGUF order) the 12 packed 6-bit scale/min bytes of each block
- * are rearranged in place at upload (cuda_q4k_scale_min; same 144 bytes, so the byte count
+ * keeps its 144-byte super-blocks, which are already 16-byte aligned; the 12 packed 6-bit
+ * scale/min bytes of each block (q4k_packed = 1) are rearranged in place at upload (cuda_q4k_scale_min; same 144 bytes, so the byte count
  * in cuda_plan.c is unchanged) for the decode GEMV's cheaper unpacking. MLX affine 4-bit
  * (dtype U32) keeps its packed words [n][k/8] and pairs each group's 16-bit scale (low
  * half) and bias (high half) into one 32-bit word [n][k/group_size]: one load per group. */
@@ -133,43 +132,31 @@ static inline void cuda_q4k_pack12(const uint8_t *in, uint8_t *out) {
     }
 }
 
-/* Default (faster on the H200: bench/results/kernel_choices.md, "CUDA Q4_K packed scales"): Q4_K
- * weights uploaded from now on get the packed scale order and the 4-lanes-per-super-block
- * decode GEMV (gemv_q4_k_i8p); HEARTH_CUDA_Q4K=old the GGUF order and gemv_q4_k_i8. cuda_q4k_force(1 / 0) overrides it (tests), -1 re-reads it. */
-int cuda_q4k_new(void);
-void cuda_q4k_force(int mode);
+/* Q4_K weights get the packed scale order at upload, which the int8 decode GEMVs and MMQ
+ * read (gemv_v2_q4_k, gemv_q4_k_i8p, mmq_q4_k; bench/results/kernel_choices.md, "CUDA Q4_K
+ * packed scales"). */
 /* Rearranges the scale bytes of w's super-blocks on the device (GGUF -> packed order). */
 hearth_status cuda_q4k_pack(cuda_weight *w, hearth_error *err);
 
 /* The v2 int8-activation GEMVs (cuda_gemv_v2.cu: one warp per row, a whole 4096-weight
- * step of loads in flight per lane). Default (auto): packed-scale Q4_K and Q6_K with
- * n >= 2k; HEARTH_CUDA_GEMV=v2 every Q8_0 / Q6_K / packed Q4_K weight (and Q4_K weights
- * uploaded then get the packed scale order even with HEARTH_CUDA_Q4K=old), =v1 none. Same
- * numerical contract as cuda_gemv_int8_act; batch-invariant like the others.
- * cuda_gemv_v2_on: whether the v2-everywhere mode is on. cuda_gemv_v2_force(1 / 0 / 2)
- * forces v2 / v1 / auto (tests, gemv_bench), -1 re-reads the variable.
- * cuda_gemv_v2_takes: whether w's int8-activation GEMV goes to a v2 kernel now. */
-int cuda_gemv_v2_on(void);
-void cuda_gemv_v2_force(int mode);
+ * step of loads in flight per lane) for packed-scale Q4_K and Q6_K with n >= 2k (the shapes
+ * where they beat the one-warp-per-1-4-rows kernels of cuda_gemv.cu on the H200:
+ * bench/results/kernel_choices.md, "CUDA v2 GEMV"). Same numerical contract as cuda_gemv_int8_act;
+ * batch-invariant like the others. cuda_gemv_v2_takes: whether w's GEMV is a v2 kernel. */
 int cuda_gemv_v2_takes(const cuda_weight *w);
 
 /* MLX 4-bit weights with k % 1024 == 0 and power-of-two groups >= 32 (MLX's 32, 64, 128)
- * take int8 activations (cuda_gemv_int8_act's contract) and a GEMV of cuda_gemv_mlx4.cu;
- * the others keep the float kernels. The mode (HEARTH_CUDA_MLX4) also picks the device
- * layout at upload (cuda_mlx4_nibble): v3 (the default) the chunked layout and gemv_v3_mlx4,
- * v2 the tiled layout and gemv_v2_mlx4, v1 the tiled layout and the float kernels.
- * cuda_mlx4_v2_on: the mode now (0 = v1, 1 = v2, 2 = v3); cuda_mlx4_v2_force(0 / 1 / 2)
- * forces one (tests, gemv_bench; weights uploaded before keep their layout and kernel), -1
- * re-reads the variable; cuda_mlx4_v2_takes: whether w goes to an int8 kernel (always for
- * a chunked weight: no float kernel reads that layout). */
-int cuda_mlx4_v2_on(void);
-void cuda_mlx4_v2_force(int mode);
-/* The rows the int8 MLX 4-bit GEMVs (v2, v3) take: k in whole 1024-weight slots and power-of-
- * two groups of at least one activation block (32) that divide k. */
+ * are uploaded in the chunked layout (cuda_mlx4_nibble) and take int8 activations
+ * (cuda_gemv_int8_act's contract) and gemv_v3_mlx4 (cuda_gemv_mlx4.cu); the others keep the
+ * float kernels (the tiled layout where k % 1024 == 0). cuda_mlx4_int8_shape: the shapes
+ * the int8 GEMV takes; cuda_mlx4_int8_takes: whether w goes to it (a chunked weight: no
+ * float kernel reads that layout); cuda_mlx4_prepare: asks the device whether it launches
+ * as a programmatic dependent (at upload, outside any graph capture). */
 static inline int cuda_mlx4_int8_shape(int64_t k, int gs) {
     return k % 1024 == 0 && gs >= 32 && (gs & (gs - 1)) == 0 && k % gs == 0;
 }
-int cuda_mlx4_v2_takes(const cuda_weight *w);
+int cuda_mlx4_int8_takes(const cuda_weight *w);
+void cuda_mlx4_prepare(void);
 
 /* The device layouts of MLX 4-bit rows (cuda_weight.mlx_tiled), for k % 1024 == 0:
  * 1, tiled: in each tile of 1024 weights, lane L of a warp reads one 16-byte vector holding
@@ -223,7 +210,7 @@ void cuda_weight_free(cuda_weight *dw);
 hearth_status cuda_gemv(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err);
 
 /* Whether cuda_gemv quantizes x to int8 blocks of 32 for this weight (Q8_0, Q4_K, Q6_K,
- * and MLX 4-bit where cuda_mlx4_v2_takes it; none with HEARTH_CUDA_GEMV_F32ACT=1): then y
+ * and MLX 4-bit where cuda_mlx4_int8_takes it): then y
  * is W · x̂ with x̂ = d·q per block, d = max|x|/127, q = round-half-even(x/d) clamped to
  * ±127 (cpu_quantize_row_ref's rule, as the CPU fast path does), summed in exact int32 per
  * block. */
@@ -237,13 +224,12 @@ hearth_status cuda_gemv_reserve(size_t floats, hearth_error *err);
  * block of 32 [T][k / 32], as cuda_add_rmsnorm_q8 / cuda_gated_q8 write them. */
 hearth_status cuda_gemv_multi_q8(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq,
                                  const float *xs, int T, hearth_error *err);
-/* The batched int8 tensor-core matmul ("MMQ", cuda_mmq.cu), on by default for packed-scale
- * Q4_K weights (k % 256 == 0) at 5..64 rows (HEARTH_CUDA_MMQ=1: 2..64, =0: off): it reads
- * the weight once for all rows
+/* The batched int8 tensor-core matmul ("MMQ", cuda_mmq.cu) for packed-scale Q4_K weights
+ * (k % 256 == 0) at 5..64 rows: it reads the weight once for all rows
  * (the GEMVs re-read it per chunk of 8); same int8-activation semantics as
  * cuda_gemv_int8_act, but NOT batch-invariant: never for deterministic steps.
  * cuda_mmq_takes: whether it takes w at T now. cuda_mmq_force(1 / 0 / 2) forces 2..64 rows /
- * off / the default 5..64 (tests, benches), -1 re-reads the variable. cuda_gemv_mmq: cuda_gemv, with MMQ for a
+ * off / the default 5..64 (tests, benches), -1 the default. cuda_gemv_mmq: cuda_gemv, with MMQ for a
  * weight it takes. cuda_matmul_q8: cuda_gemv_multi_q8, with MMQ for the weights it takes. */
 int cuda_mmq_takes(const cuda_weight *w, int T);
 void cuda_mmq_force(int mode);
@@ -252,8 +238,8 @@ unsigned long cuda_mmq_launch_count(void);
 hearth_status cuda_gemv_mmq(const cuda_weight *w, const float *x, int T, float *y, hearth_error *err);
 hearth_status cuda_matmul_q8(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float *xs,
                              int T, hearth_error *err);
-/* Tests: -1 leaves the GEMVs' Programmatic Dependent Launch as HEARTH_CUDA_PDL and the
- * device say (on for sm_90+ unless HEARTH_CUDA_PDL=0), 0 / 1 force it off / on. */
+/* Tests: -1 leaves the GEMVs' Programmatic Dependent Launch as the device says (on for
+ * sm_90+), 0 / 1 force it off / on. */
 void cuda_gemv_force_pdl(int mode);
 
 /* ys[i][T, n_i] = x[T, k] · ws[i]^T for nw <= 3 weights of one input (a layer's q, k, v):
@@ -365,8 +351,7 @@ typedef struct cuda_attention_args {
     /* Optional (NULL: unknown): slot[] on the host. With it, a ragged step (single_slot 0,
      * T > 8; a sequence's tokens consecutive) is split into runs: each run of more than 8
      * tokens of one slot goes to the prefill kernels, the rest (decode rows) to the GQA
-     * split-K decode kernel in one launch per stretch. HEARTH_CUDA_BATCH=0 ignores it
-     * (one block per (head, token) for the whole step, the path before; A/B runs). */
+     * split-K decode kernel in one launch per stretch. */
     const int32_t *host_slot;
     /* Optional (NULL: not wanted): where a decode launch whose splits are merged (see
      * cuda_attention_writes_q8) also writes out as int8 blocks of 32 with their (d, d * sum q)
@@ -385,11 +370,6 @@ typedef struct cuda_attention_args {
  * through the GQA split-K kernel with more than one split, head_dim % 32 == 0); when 0 they
  * are left untouched and out must be quantized by the caller. */
 int cuda_attention_writes_q8(const cuda_attention_args *a);
-/* HEARTH_CUDA_PROFILE_SKIP=mask (timing only: the outputs are wrong): steps leave out kernel
- * classes, 1 the norms, 2 RoPE + KV write, 4 attention, 8 its split merge, 16 the gated
- * product, so a decode run beside the full step gives each class's cost inside the replayed
- * graph. Nonzero when `bit` is in the mask. */
-int cuda_profile_skip(int bit);
 /* Floats of split_scratch that let decode attention of up to max_T tokens use every split. */
 size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);
 /* Bytes of the stage the tensor-core prefill attention copies a sequence's keys and values
@@ -401,7 +381,7 @@ hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err);
 /* Prefill attention on the tensor cores (cuda_attn_prefill.cu): a single_slot chunk,
  * head_dim 16/32/64/128/256, up to 64 query heads per KV head; bf16 Q/K/V operands, f32
  * accumulation and softmax. cuda_attention takes it for single_slot chunks of more than
- * 8 tokens whenever _fits says so (HEARTH_CUDA_ATT_PREFILL=old keeps the f32 kernel). */
+ * 8 tokens whenever _fits says so. */
 int cuda_attention_prefill_tc_fits(const cuda_attention_args *a);
 hearth_status cuda_attention_prefill_tc(const cuda_attention_args *a, hearth_error *err);
 
@@ -431,22 +411,18 @@ hearth_status cuda_matmul_load_gated(cuda_gemm *g, int act, const float *gate, c
 hearth_status cuda_matmul_loaded(cuda_gemm *g, const cuda_weight *w, int act, int T, float *y, hearth_error *err);
 /* Whether cuda_matmul sends this call to cuda_gemv: T <= 8, or a quantized weight at a T
  * where the GEMV reads fewer bytes than dequantize + GEMM (cuda_gemm.cu's byte model). F16
- * weights go to cuBLAS as stored with f16 activations (HEARTH_CUDA_BATCH=0: the bf16
- * conversion of every weight and no GEMV above 8 rows, the path before). */
+ * weights go to cuBLAS as stored with f16 activations. */
 int cuda_matmul_uses_gemv(const cuda_gemm *g, const cuda_weight *w, int T);
 /* Whether cuda_matmul sends this call to the MMQ kernel (cuda_mmq_takes; never in exact
  * mode); it is checked before cuda_matmul_uses_gemv. */
 int cuda_matmul_uses_mmq(const cuda_gemm *g, const cuda_weight *w, int T);
 /* Whether a call of T <= 8 rows on w goes to cuBLAS as stored (F16 / BF16 weights from
- * HEARTH_CUDA_DIRECT_MIN_T rows, default 2; never in exact mode or with HEARTH_CUDA_BATCH=0). */
+ * 2 rows; never in exact mode). */
 int cuda_matmul_small_direct(const cuda_gemm *g, const cuda_weight *w, int T);
 /* Dequantizes w (any device format) into out as bf16 [n][k], as the prefill GEMM does. */
 hearth_status cuda_dequant_bf16(const cuda_weight *w, void *out, hearth_error *err);
-/* Tests: fast_dequant 1 / 0 forces the flat dequantizers (the default) / the generic kernel,
- * direct_min_rows forces HEARTH_CUDA_DIRECT_MIN_T; -1 re-reads the variable. */
-void cuda_gemm_force(int fast_dequant, int direct_min_rows);
 /* Whether cuda_matmul hands this weight to cuBLAS as stored (no dequantized copy, so any
- * weight size fits the scratch, e.g. lm_head); 0 with HEARTH_CUDA_BATCH=0. */
+ * weight size fits the scratch, e.g. lm_head). */
 int cuda_matmul_direct(const cuda_gemm *g, const cuda_weight *w);
 
 #ifdef __cplusplus

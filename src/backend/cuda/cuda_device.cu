@@ -222,9 +222,10 @@ static hearth_status upload_mlx4(cuda_weight *dw, const op_weight *w, const char
     }
     dw->group_size = w->group_size;
     dw->sb_bf16 = w->sb_dtype == DT_BF16;
-    /* the layout the GEMV of the mode reads (cuda_mlx4_nibble); chunked only where that
-     * GEMV will take it, since no float kernel reads it */
-    int v3 = cuda_mlx4_int8_shape(w->k, (int)w->group_size) && cuda_mlx4_v2_on() == 2 && cuda_gemv_q8act_on();
+    /* the layout its GEMV reads (cuda_mlx4_nibble): chunked only where the int8 GEMV takes
+     * the shape, since no float kernel reads that layout */
+    int v3 = cuda_mlx4_int8_shape(w->k, (int)w->group_size);
+    if (v3) cuda_mlx4_prepare();
     dw->mlx_tiled = w->k % 1024 != 0 ? 0 : v3 ? 2 : 1;
     dw->bytes = words * 4 + groups * 4;
     uint32_t *tiled = dw->mlx_tiled ? (uint32_t *)calloc(words, 4) : NULL;
@@ -351,8 +352,8 @@ hearth_status cuda_weight_upload(cuda_weight *dw, const op_weight *w, const char
         dw->bytes = bytes;
         s = cuda_alloc(&dw->data, bytes, what, err);
         if (!s) s = cuda_upload(dw->data, w->data, bytes, err);
-        if (!s && w->dtype == DT_Q4_K && (cuda_q4k_new() || cuda_gemv_v2_on()))
-            s = cuda_q4k_pack(dw, err); /* in place, same bytes (the v2 GEMV reads the packed order) */
+        if (!s && w->dtype == DT_Q4_K)
+            s = cuda_q4k_pack(dw, err); /* in place, same bytes (the int8 GEMVs and MMQ read the packed order) */
     }
     if (s) cuda_weight_free(dw);
     return s;

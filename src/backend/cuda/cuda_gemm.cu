@@ -257,19 +257,6 @@ __global__ void dequant_mlx4_tiled_bf16_kernel(cuda_weight w, uint2 *out, size_t
     }
 }
 
-/* Default: the flat kernels above for Q8_0 / Q4_K / Q6_K (2-4x faster than the generic
- * kernel: bench/results/kernel_choices.md, "CUDA dequantizers") and the tiled MLX 4-bit one;
- * HEARTH_CUDA_DEQUANT=generic: the eight-per-thread kernel for every format (A/B runs). */
-static int g_dequant_old = -1, g_direct_min_t = -1;
-
-static int dequant_old(void) {
-    if (g_dequant_old < 0) {
-        const char *e = getenv("HEARTH_CUDA_DEQUANT");
-        g_dequant_old = e && strcmp(e, "generic") == 0;
-    }
-    return g_dequant_old;
-}
-
 /* MLX affine 4-bit in the chunked layout (cuda_mlx4_nibble, tiled == 2) to bf16: one thread
  * per 8 consecutive weights 8i .. 8i + 7, which are the low nibbles (i % 8 < 4) or the high
  * ones (i % 8 >= 4) of the 8 bytes 8 (i % 4) of their 64-weight chunk: a warp reads 4 whole
@@ -298,11 +285,13 @@ __global__ void dequant_mlx4_chunked_bf16_kernel(cuda_weight w, uint4 *out, unsi
     out[i] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
 }
 
-/* Launches the bf16 dequantization of w into out (k % 8 == 0 for the fast kernels). */
+/* Launches the bf16 dequantization of w into out: the flat kernels above where the format
+ * has one (k % 8 == 0; 2-4x faster than the generic kernel: bench/results/kernel_choices.md,
+ * "CUDA dequantizers"), else the generic kernels. */
 static void launch_dequant_bf16(const cuda_weight *w, void *out) {
     size_t wn = (size_t)w->n * (size_t)w->k, total8 = wn / 8;
     unsigned grid = (unsigned)((total8 + 255) / 256);
-    int fast = !dequant_old() && w->k % 8 == 0;
+    int fast = w->k % 8 == 0;
     if (fast && w->dtype == DT_AFFINE) cuda_dequant_affine_launch(w, out);
     else if (fast && w->dtype == DT_Q8_0) dequant_fast_bf16_kernel<DT_Q8_0><<<grid, 256, 0, cuda_stream()>>>(*w, (uint4 *)out, total8);
     else if (fast && w->dtype == DT_Q4_K)
@@ -355,38 +344,11 @@ __global__ void to_f16x4_kernel(const float4 *x, uint2 *y, size_t n4) {
     y[i] = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
 }
 
-/* HEARTH_CUDA_BATCH=0 restores the older serving path: every T >= 9 dequantizes /
- * converts the weight to bf16, no GEMV byte model, no cuBLAS below 9 rows (A/B runs).
- * Default: F16 weights go to cuBLAS as stored, quantized ones by the byte model below, and
- * F16 / BF16 ones to cuBLAS from DIRECT_MIN_T rows (timed by tools/gpu_run's cuda-batch
- * phase: bench/results/kernel_choices.md, "CUDA GEMV or GEMM"). */
-static int gemm_old(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("HEARTH_CUDA_BATCH");
-        v = e && strcmp(e, "0") == 0;
-    }
-    return v;
-}
-
 /* Rows from which a weight cuBLAS reads as stored (F16 / BF16) goes to the GEMM instead of
  * the GEMV: the multi-row 16-bit GEMV pays its dot products per row while cuBLAS streams the
  * weight once (H200, 14336 x 4096 F16: GEMV 32.9 us at 1 row, 39.1 at 2, 131.5 at 8; cuBLAS
- * 34.6 at 2, 35.2 at 8), so from 2 rows by default, inside the decode graphs too.
- * HEARTH_CUDA_DIRECT_MIN_T=N moves the threshold (9: the GEMV up to 8 rows, as before). */
-static int direct_min_t(void) {
-    if (g_direct_min_t < 0) {
-        const char *e = getenv("HEARTH_CUDA_DIRECT_MIN_T");
-        g_direct_min_t = e ? atoi(e) : 2;
-        if (g_direct_min_t < 2) g_direct_min_t = 2;
-    }
-    return g_direct_min_t;
-}
-
-void cuda_gemm_force(int fast_dequant, int direct_min_rows) {
-    g_dequant_old = fast_dequant < 0 ? -1 : !fast_dequant;
-    g_direct_min_t = direct_min_rows < 0 ? -1 : direct_min_rows < 2 ? 2 : direct_min_rows;
-}
+ * 34.6 at 2, 35.2 at 8), so from 2 rows, inside the decode graphs too. */
+#define DIRECT_MIN_T 2
 
 /* Device bytes per weight element of the formats the dequantize path would expand (0: not
  * a quantized format). */
@@ -411,38 +373,31 @@ static double quant_bytes_per_elem(const cuda_weight *w) {
  *     Q4_K  GEMM from 9
  *     Q6_K  GEMM from 9; on the v2 GEMV (n >= 2k) GEMV up to 16
  * (Q4_K from 5 to 64 rows goes to the MMQ kernel before this rule is asked: cuda_matmul).
- * Tiled MLX 4-bit takes Q4_K's rule (its flat dequantizer is not timed on its own).
- * Other formats (untiled MLX 4-bit, generic dequantizer) and HEARTH_CUDA_DEQUANT=generic use the
- * byte model, GEMV when chunks(T) * q * F < q + 4 with F = 2 (it matched the generic
- * dequantizer's crossovers: Q4_K GEMV up to 32 rows, Q8_0 16, Q6_K 24).
- * HEARTH_CUDA_GEMV_FUDGE=F applies the byte model with F to every format (A/B runs; 1000
- * sends every T >= 9 to the GEMM). At most CUDA_MATMUL_GEMV_MAX_T rows (the scratch). */
+ * Tiled and chunked MLX 4-bit (their flat dequantizers written after that run) take Q4_K's
+ * rule until timed. Other formats (untiled MLX 4-bit, the generic dequantizer) use the byte
+ * model, GEMV when chunks(T) * q * 2 < q + 4 (the factor 2 matched the generic
+ * dequantizer's crossovers: Q4_K GEMV up to 32 rows, Q8_0 16, Q6_K 24). At most
+ * CUDA_MATMUL_GEMV_MAX_T rows (the scratch). */
 static int use_gemv(const cuda_weight *w, int T) {
-    static double fudge = -2.0; /* -2: unread; 0: no override */
-    if (fudge < -1.0) {
-        const char *e = getenv("HEARTH_CUDA_GEMV_FUDGE");
-        fudge = e ? atof(e) : 0.0;
-        if (!(fudge > 0)) fudge = 0.0;
-    }
     double q = quant_bytes_per_elem(w);
-    if (q <= 0.0 || T > CUDA_MATMUL_GEMV_MAX_T || gemm_old()) return 0;
-    if (fudge == 0.0 && !dequant_old() && w->k % 8 == 0) {
+    if (q <= 0.0 || T > CUDA_MATMUL_GEMV_MAX_T) return 0;
+    if (w->k % 8 == 0) {
         if (w->dtype == DT_Q8_0) return T <= 16;
         if (w->dtype == DT_Q6_K) return T <= (cuda_gemv_v2_takes(w) ? 16 : 8);
         if (w->dtype == DT_Q4_K) return T <= 8;
         if (w->dtype == DT_U32 && w->mlx_tiled && w->group_size % 4 == 0) return T <= 8; /* as Q4_K (not yet timed) */
     }
     int chunks = T / 8 + (T % 8 >= 4) + (T % 4 > 0);
-    return (double)chunks * q * (fudge > 0.0 ? fudge : 2.0) < q + 4.0;
+    return (double)chunks * q * 2.0 < q + 4.0;
 }
 
 int cuda_matmul_direct(const cuda_gemm *g, const cuda_weight *w) {
-    if (!g || gemm_old()) return 0;
+    if (!g) return 0;
     return g->exact_f32 ? w->dtype == DT_F32 : (w->dtype == DT_BF16 || w->dtype == DT_F16);
 }
 
 int cuda_matmul_small_direct(const cuda_gemm *g, const cuda_weight *w, int T) {
-    return g && !g->exact_f32 && T >= direct_min_t() && cuda_matmul_direct(g, w);
+    return g && !g->exact_f32 && T >= DIRECT_MIN_T && cuda_matmul_direct(g, w);
 }
 
 int cuda_matmul_uses_gemv(const cuda_gemm *g, const cuda_weight *w, int T) {
@@ -463,7 +418,7 @@ static int matmul_path(const cuda_gemm *g, const cuda_weight *w, const float *x,
     if (cuda_matmul_uses_gemv(g, w, T)) return PATH_GEMV;
     if (g->exact_f32) return PATH_F32;
     /* F16 weights: cuBLAS reads them as they are, with f16 activations (no weight pass) */
-    return w->dtype == DT_F16 && !gemm_old() ? CUDA_ACT_F16 : CUDA_ACT_BF16;
+    return w->dtype == DT_F16 ? CUDA_ACT_F16 : CUDA_ACT_BF16;
 }
 
 int cuda_matmul_act(const cuda_gemm *g, const cuda_weight *w, const float *x, int T) {

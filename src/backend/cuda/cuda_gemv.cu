@@ -3,7 +3,7 @@
  * in cuda_gemv_affine.cu). One warp per output row (the int8
  * kernels: 1 to 4 rows); weights are read once with 16-byte non-allocating loads and
  * dequantized in registers; accumulation is float32. Activations are float32, except for
- * Q8_0 / Q4_K / Q6_K and tiled MLX 4-bit (unless HEARTH_CUDA_MLX4=v1), whose kernels quantize them
+ * Q8_0 / Q4_K / Q6_K and chunked MLX 4-bit (cuda_gemv_mlx4.cu), whose kernels quantize them
  * to int8 blocks once per call and use __dp4a (see "int8 activations" below). Must not
  * synchronize; allocates only when its activation scratch (cuda_gemv_reserve) is too small
  * and no graph is being captured. */
@@ -12,22 +12,9 @@ extern "C" {
 #include "backend/cuda/cuda_plan.h"
 }
 #include "backend/cuda/cuda_gemv.cuh"
-/* PDL on by default here too, without the row prefetch (pdl_pf_on): with the prefetch the
- * float GEMVs lose, without it they gain a little (bench/results/kernel_choices.md, "CUDA
- * PDL"). */
-#define PDL_AUTO 1
+/* PDL (pdl_on) without an L2 row prefetch: with the prefetch the float GEMVs lose, without
+ * it they gain a little (bench/results/kernel_choices.md, "CUDA PDL"). */
 #include "backend/cuda/cuda_pdl.cuh"
-
-/* Whether this file's GEMVs, when launched as programmatic dependents, prefetch the start of
- * their rows into L2 before pdl_wait: only with HEARTH_CUDA_PDL_PF=1 (A/B runs; see above). */
-static inline int pdl_pf_on(void) {
-    static int pf = -1;
-    if (pf < 0) {
-        const char *e = getenv("HEARTH_CUDA_PDL_PF");
-        pf = e && !strcmp(e, "1");
-    }
-    return pdl_on() && pf;
-}
 #include "backend/cuda/cuda_q8.cuh"
 #include <cuda_fp16.h>
 #include <pthread.h>
@@ -82,13 +69,11 @@ struct gemv_segs {
     const uint16_t *W[3];
     float *y[3];
     int end[3]; /* cumulative row counts */
-    int pf;     /* prefetch the row's start into L2 before pdl_wait (PDL launches) */
 };
 
 /* F16/BF16 rows with k % 8 == 0: each lane takes 8 weights (16 bytes) at a time; DEPTH
- * loads (4 by default) are issued before the first is used, then four, then one. DEPTH 8
- * (HEARTH_CUDA_GEMV_DEPTH=8) measured slightly slower on the H200 (bench/results/
- * kernel_choices.md, "CUDA float GEMV depth"), so it stays an A/B option. */
+ * loads (launch_half_segs: 4, which beat 8 on the H200: bench/results/kernel_choices.md,
+ * "CUDA float GEMV depth") are issued before the first is used, then four, then one. */
 template <int T, bool BF16, int DEPTH>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_vec(gemv_segs sg, const float *x, int k) {
     int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -100,7 +85,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_half_vec(gemv_segs sg, c
     const uint16_t *W = seg == 0 ? sg.W[0] : seg == 1 ? sg.W[1] : sg.W[2];
     float *y = seg == 0 ? sg.y[0] : seg == 1 ? sg.y[1] : sg.y[2];
     const uint4 *wr = (const uint4 *)(W + (size_t)(row - start) * k);
-    if (sg.pf) pdl_prefetch_row(wr, (size_t)k * 2, lane);
     pdl_wait(); /* x and y belong to the kernels before */
     pdl_trigger();
     int nv = k / 8, v = lane;
@@ -408,11 +392,10 @@ static __device__ __forceinline__ float nib(uint32_t w, int shift) {
  * a group: groups are multiples of 32). Four tiles are loaded before the first is used. */
 template <int T, bool BF16>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_mlx4_tiled(const uint32_t *W, const uint32_t *SB, const float *x, float *y, int n, int k, int gs, int pf) {
+    gemv_mlx4_tiled(const uint32_t *W, const uint32_t *SB, const float *x, float *y, int n, int k, int gs) {
     int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
     const uint4 *wr = (const uint4 *)(W + (size_t)row * (k / 8));
-    if (pf) pdl_prefetch_row(wr, (size_t)k / 2, lane);
     pdl_wait();
     pdl_trigger();
     const uint32_t *sbr = SB + (size_t)row * (k / gs);
@@ -460,17 +443,9 @@ static void launch_half_segs(const cuda_weight *const *ws, float *const *ys, int
         sg.end[i] = rows;
     }
     dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
-    static int depth = 0;
-    if (!depth) {
-        const char *e = getenv("HEARTH_CUDA_GEMV_DEPTH");
-        depth = e && !strcmp(e, "8") ? 8 : 4;
-    }
     bool bf = ws[0]->dtype == DT_BF16;
     int k = (int)ws[0]->k;
-    sg.pf = pdl_pf_on();
-    if (bf && depth == 8) pdl_launch(gemv_half_vec<T, true, 8>, grid, block, sg, x, k);
-    else if (bf) pdl_launch(gemv_half_vec<T, true, 4>, grid, block, sg, x, k);
-    else if (depth == 8) pdl_launch(gemv_half_vec<T, false, 8>, grid, block, sg, x, k);
+    if (bf) pdl_launch(gemv_half_vec<T, true, 4>, grid, block, sg, x, k);
     else pdl_launch(gemv_half_vec<T, false, 4>, grid, block, sg, x, k);
 }
 
@@ -503,10 +478,10 @@ static void launch_rows(const cuda_weight *w, const float *x, float *y, bool vec
     case DT_U32:
         if (w->mlx_tiled && w->sb_bf16)
             pdl_launch(gemv_mlx4_tiled<T, true>, grid, block, (const uint32_t *)w->data, (const uint32_t *)w->scales,
-                       x, y, n, k, (int)w->group_size, pdl_pf_on());
+                       x, y, n, k, (int)w->group_size);
         else if (w->mlx_tiled)
             pdl_launch(gemv_mlx4_tiled<T, false>, grid, block, (const uint32_t *)w->data,
-                       (const uint32_t *)w->scales, x, y, n, k, (int)w->group_size, pdl_pf_on());
+                       (const uint32_t *)w->scales, x, y, n, k, (int)w->group_size);
         else if (w->sb_bf16)
             gemv_mlx4<T, true><<<grid, block, 0, cuda_stream()>>>((const uint32_t *)w->data, (const uint32_t *)w->scales,
                                                                  x, y, n, k, w->group_size);
@@ -527,7 +502,7 @@ static void launch_rows(const cuda_weight *w, const float *x, float *y, bool vec
  * exact int32 sums per block) and scales the block sum by d_weight * d_x in float. A warp
  * works on R rows (1, 2 or 4, chosen so the grid still covers every SM several times) and
  * always keeps four 16-byte weight loads in flight ("slots": slot s serves row s % R at
- * step s / R along the row). HEARTH_CUDA_GEMV_F32ACT=1 keeps the float kernels (A/B). */
+ * step s / R along the row). */
 
 /* Scratch for the quantized activations: int8 [T][k] and (d, d * sum q) per block of 32.
  * Sized by cuda_gemv_reserve at model creation; grown here only outside stream capture.
@@ -571,22 +546,11 @@ hearth_status cuda_gemv_reserve(size_t floats, hearth_error *err) {
     return st;
 }
 
-static int q8act_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("HEARTH_CUDA_GEMV_F32ACT");
-        on = !(e && e[0] == '1');
-    }
-    return on;
-}
-
-int cuda_gemv_q8act_on(void) { return q8act_enabled(); }
-
 int cuda_gemv_int8_act(const cuda_weight *w) {
     return w &&
            (w->dtype == DT_Q8_0 || w->dtype == DT_Q4_K || w->dtype == DT_Q6_K ||
-            (w->dtype == DT_AFFINE && !w->aff_f32act) || cuda_mlx4_v2_takes(w)) &&
-           w->k % 32 == 0 && q8act_enabled();
+            (w->dtype == DT_AFFINE && !w->aff_f32act) || cuda_mlx4_int8_takes(w)) &&
+           w->k % 32 == 0;
 }
 
 /* One warp per block of 32 activations (quant_block32). */
@@ -628,11 +592,9 @@ static __device__ __forceinline__ int dot16_dp4a(uint4 w, int4 a) {
 /* Q8_0 planes: a lane takes 16 quants (half a block) per slot. */
 template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_q8_0_i8(const int8_t *Q, const uint16_t *D, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R,
-                 int pf) {
+    gemv_q8_0_i8(const int8_t *Q, const uint16_t *D, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R) {
     int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
     if (row0 >= n) return;
-    for (int r = 0; pf && r < R && row0 + r < n; r++) pdl_prefetch_row(Q + (size_t)(row0 + r) * k, (size_t)k, lane);
     pdl_wait(); /* xq / xs come from quantize_x_q8 */
     pdl_trigger();
     int nv = k / 16, nb = k / 32, lgR = R == 4 ? 2 : R == 2 ? 1 : 0, stride = 32 * (QSLOTS / R);
@@ -669,66 +631,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     store_slots<T>(acc, y, n, row0, R, lane);
 }
 
-/* Q4_K super-blocks (layout: gemv_q4_k): 8 lanes per super-block, lane part (c, h) takes
- * 16 nibble bytes = weights 64c + 16h + [0, 16) (low nibbles, x block 2c) and 64c + 32 +
- * 16h + [0, 16) (high nibbles, x block 2c + 1). The min term -dmin * m * sum(x) of a
- * sub-block is added once, by its h == 0 lane, from the precomputed block sums. */
-template <int T>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_q4_k_i8(const uint8_t *W, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R, int pf) {
-    int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
-    if (row0 >= n) return;
-    int nsb = k / 256, nb = k / 32, part = lane % 8, c = part / 2, h = part % 2;
-    for (int r = 0; pf && r < R && row0 + r < n; r++)
-        pdl_prefetch_row(W + (size_t)(row0 + r) * nsb * 144, (size_t)nsb * 144, lane);
-    pdl_wait();
-    pdl_trigger();
-    int lgR = R == 4 ? 2 : R == 2 ? 1 : 0, stride = 4 * (QSLOTS / R);
-    float acc[QSLOTS][T];
-#pragma unroll
-    for (int s = 0; s < QSLOTS; s++)
-#pragma unroll
-        for (int t = 0; t < T; t++) acc[s][t] = 0.0f;
-    for (int sb0 = lane / 8; sb0 < nsb; sb0 += stride) {
-        uint4 hdr[QSLOTS], qv[QSLOTS];
-        bool ok[QSLOTS];
-#pragma unroll
-        for (int s = 0; s < QSLOTS; s++) {
-            int row = row0 + (s & (R - 1)), sb = sb0 + 4 * (s >> lgR);
-            ok[s] = row < n && sb < nsb;
-            if (ok[s]) {
-                const uint8_t *blk = W + ((size_t)row * nsb + sb) * 144;
-                hdr[s] = __ldg((const uint4 *)blk);
-                qv[s] = load_stream((const uint4 *)(blk + 16 + 32 * c + 16 * h));
-            }
-        }
-#pragma unroll
-        for (int s = 0; s < QSLOTS; s++) {
-            if (!ok[s]) continue;
-            int sb = sb0 + 4 * (s >> lgR), base = sb * 256 + 64 * c + 16 * h, bl = sb * 8 + 2 * c;
-            float d = half_bits(hdr[s].x & 0xffff, false), dmin = half_bits(hdr[s].x >> 16, false);
-            float sc0, m0, sc1, m1;
-            q4k_scale_min(hdr[s], 2 * c, false, &sc0, &m0);
-            q4k_scale_min(hdr[s], 2 * c + 1, false, &sc1, &m1);
-            uint4 lo = make_uint4(qv[s].x & 0x0F0F0F0Fu, qv[s].y & 0x0F0F0F0Fu, qv[s].z & 0x0F0F0F0Fu,
-                                  qv[s].w & 0x0F0F0F0Fu);
-            uint4 hi = make_uint4((qv[s].x >> 4) & 0x0F0F0F0Fu, (qv[s].y >> 4) & 0x0F0F0F0Fu,
-                                  (qv[s].z >> 4) & 0x0F0F0F0Fu, (qv[s].w >> 4) & 0x0F0F0F0Fu);
-#pragma unroll
-            for (int t = 0; t < T; t++) {
-                const int8_t *xt = xq + (size_t)t * k + base;
-                int4 a = *(const int4 *)xt, b = *(const int4 *)(xt + 32);
-                float2 x0 = xs[(size_t)t * nb + bl], x1 = xs[(size_t)t * nb + bl + 1];
-                float v = d * (sc0 * x0.x * (float)dot16_dp4a(lo, a) + sc1 * x1.x * (float)dot16_dp4a(hi, b));
-                if (h == 0) v -= dmin * (m0 * x0.y + m1 * x1.y);
-                acc[s][t] += v;
-            }
-        }
-    }
-    store_slots<T>(acc, y, n, row0, R, lane);
-}
-
-/* Q4_K with packed scales (q4k_packed, the default; HEARTH_CUDA_Q4K=old: GGUF order): 4 lanes per super-block; lane
+/* Q4_K with packed scales (q4k_packed, which every upload sets): 4 lanes per super-block; lane
  * c takes chunk c whole (32 nibble bytes, two 16-byte loads): low nibbles = weights 64c +
  * [0, 32) (x block 8 sb + 2c), high = 64c + 32 + [0, 32) (block 8 sb + 2c + 1), so the
  * scale/min unpacking (a few shifts, cuda_q4k_scale_min) serves 64 weights and a warp
@@ -736,12 +639,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * multiplies by d * sc * d_x and the min term dmin * m * (d_x * sum q_x). */
 template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_q4_k_i8p(const uint8_t *W, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R, int pf) {
+    gemv_q4_k_i8p(const uint8_t *W, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R) {
     int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
     if (row0 >= n) return;
     int nsb = k / 256, nb = k / 32, c = lane % 4;
-    for (int r = 0; pf && r < R && row0 + r < n; r++)
-        pdl_prefetch_row(W + (size_t)(row0 + r) * nsb * 144, (size_t)nsb * 144, lane);
     pdl_wait();
     pdl_trigger();
     int lgR = R == 4 ? 2 : R == 2 ? 1 : 0, stride = 8 * (QSLOTS / R);
@@ -801,18 +702,6 @@ __global__ void q4k_pack_kernel(uint8_t *W, size_t nsb) {
     if (b < nsb) cuda_q4k_pack12(W + b * 144 + 4, W + b * 144 + 4);
 }
 
-static int g_q4k_mode = -1;
-
-int cuda_q4k_new(void) {
-    if (g_q4k_mode < 0) {
-        const char *e = getenv("HEARTH_CUDA_Q4K");
-        g_q4k_mode = !(e && !strcmp(e, "old"));
-    }
-    return g_q4k_mode;
-}
-
-void cuda_q4k_force(int mode) { g_q4k_mode = mode < 0 ? -1 : mode != 0; }
-
 hearth_status cuda_q4k_pack(cuda_weight *w, hearth_error *err) {
     if (!w || w->dtype != DT_Q4_K || !w->data || w->q4k_packed) return HEARTH_OK;
     size_t nsb = (size_t)w->n * (size_t)(w->k / 256);
@@ -828,14 +717,10 @@ hearth_status cuda_q4k_pack(cuda_weight *w, hearth_error *err) {
 template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_q6_k_i8(const uint8_t *QL, const uint8_t *QH, const int8_t *SC, const uint16_t *D, const int8_t *xq,
-                 const float2 *xs, float *y, int n, int k, int R, int pf) {
+                 const float2 *xs, float *y, int n, int k, int R) {
     int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
     if (row0 >= n) return;
     int nsb = k / 256, nb = k / 32, part = lane % 4, h = part / 2, j = part % 2;
-    for (int r = 0; pf && r < R && row0 + r < n; r++) {
-        pdl_prefetch_row(QL + (size_t)(row0 + r) * (k / 2), (size_t)k / 2, lane);
-        pdl_prefetch_row(QH + (size_t)(row0 + r) * (k / 4), (size_t)k / 4, lane);
-    }
     pdl_wait();
     pdl_trigger();
     int lgR = R == 4 ? 2 : R == 2 ? 1 : 0, stride = 8 * (QSLOTS / R);
@@ -895,19 +780,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     store_slots<T>(acc, y, n, row0, R, lane);
 }
 
-/* Rows per warp: as many as keep >= 4 blocks per SM of an H200 (132 SMs) in the grid;
- * HEARTH_CUDA_QROWS=1|2|4 forces it (A/B). */
-static int qrows_forced(void) {
-    static int forced = -1;
-    if (forced < 0) {
-        const char *e = getenv("HEARTH_CUDA_QROWS");
-        forced = e && (e[0] == '1' || e[0] == '2' || e[0] == '4') ? e[0] - '0' : 0;
-    }
-    return forced;
-}
-
+/* Rows per warp: as many as keep >= 4 blocks per SM of an H200 (132 SMs) in the grid. */
 static int q8act_rows(int n) {
-    if (qrows_forced()) return qrows_forced();
     int R = 4;
     while (R > 1 && (n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R) < 4 * 132) R /= 2;
     return R;
@@ -915,9 +789,8 @@ static int q8act_rows(int n) {
 
 /* Rows per warp for gemv_q4_k_i8p: enough that a row's 8-super-block steps fill the
  * QSLOTS slots (k = 4096: 2 steps, so 2 rows), but not so many that the grid drops below
- * 2 blocks per SM of an H200; HEARTH_CUDA_QROWS forces it as for the others. */
+ * 2 blocks per SM of an H200. */
 static int q4k_rows(int n, int k) {
-    if (qrows_forced()) return qrows_forced();
     int steps = (k / 256 + 7) / 8, R = 1;
     while (R < 4 && R * steps < QSLOTS && (n + GEMV_WARPS * 2 * R - 1) / (GEMV_WARPS * 2 * R) >= 2 * 132) R *= 2;
     return R;
@@ -927,33 +800,30 @@ static int q4k_rows(int n, int k) {
  * depend on T (cuda_gemv_v2_launch_rows). */
 template <int T>
 static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, float *y, int batched = 0) {
-    if (cuda_gemv_mlx4_launch(&w, &y, 1, xq, xs, T)) return; /* every U32 weight here, unless HEARTH_CUDA_MLX4=v1 */
+    if (cuda_gemv_mlx4_launch(&w, &y, 1, xq, xs, T)) return; /* every U32 weight that reaches here */
     if (batched ? cuda_gemv_v2_launch_rows(w, y, xq, xs, T) : cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T))
         return; /* cuda_gemv_v2_takes */
     if (w->dtype == DT_AFFINE) {
         cuda_gemv_affine_launch(w, xq, xs, NULL, y, T);
         return;
     }
-    int n = (int)w->n, k = (int)w->k, pf = pdl_pf_on();
-    int R = w->dtype == DT_Q4_K && w->q4k_packed ? q4k_rows(n, k) : q8act_rows(n);
+    int n = (int)w->n, k = (int)w->k;
+    int R = w->dtype == DT_Q4_K ? q4k_rows(n, k) : q8act_rows(n);
     dim3 grid((unsigned)((n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R))), block(GEMV_WARPS * 32);
     switch (w->dtype) {
     case DT_Q8_0:
         pdl_launch(gemv_q8_0_i8<T>, grid, block, (const int8_t *)w->data, (const uint16_t *)w->scales, xq, xs, y, n, k,
-                   R, pf);
+                   R);
         break;
     case DT_Q4_K:
-        if (w->q4k_packed)
-            pdl_launch(gemv_q4_k_i8p<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k, R, pf);
-        else
-            pdl_launch(gemv_q4_k_i8<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k, R, pf);
+        pdl_launch(gemv_q4_k_i8p<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k, R);
         break;
     case DT_Q6_K: {
         size_t nk = (size_t)n * (size_t)k;
         const uint8_t *ql = (const uint8_t *)w->data;
         const int8_t *sc = (const int8_t *)w->scales;
         pdl_launch(gemv_q6_k_i8<T>, grid, block, ql, (const uint8_t *)(ql + nk / 2), sc,
-                   (const uint16_t *)(sc + nk / 16), xq, xs, y, n, k, R, pf);
+                   (const uint16_t *)(sc + nk / 16), xq, xs, y, n, k, R);
         break;
     }
     default: break;
@@ -997,17 +867,6 @@ static bool gemv_i8(const cuda_weight *const *ws, float *const *ys, int nw, cons
     return done;
 }
 
-/* Whether launch_i8_all puts weights of one v2 format into one launch (HEARTH_CUDA_GEMV_GROUP=0:
- * one launch per weight, for A/B runs; the results are the same bits either way). */
-static int group_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("HEARTH_CUDA_GEMV_GROUP");
-        on = !(e && !strcmp(e, "0"));
-    }
-    return on;
-}
-
 /* The GEMVs of ws on activations already quantized into xq0 / xs0; with mmq, the batched
  * tensor-core kernel (cuda_mmq.cu) for each weight it takes at T, in one launch. */
 static hearth_status launch_i8_all(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq0,
@@ -1021,7 +880,7 @@ static hearth_status launch_i8_all(const cuda_weight *const *ws, float *const *y
          * chunk (the v2 kernels' 16-byte activation loads: chunks start at even rows, so every
          * chunk is aligned when the first is) */
         int g = 1, aligned = ((uintptr_t)xq0 % 16) == 0 && ((uintptr_t)xs0 % 16) == 0;
-        while (group_on() && aligned && i + g < nw && g < 3 && (!mmq || !cuda_mmq_takes(ws[i + g], T)) &&
+        while (aligned && i + g < nw && g < 3 && (!mmq || !cuda_mmq_takes(ws[i + g], T)) &&
                (cuda_gemv_v2_groups(ws[i], ws[i + g]) || cuda_gemv_mlx4_groups(ws[i], ws[i + g])))
             g++;
         if (g > 1) {

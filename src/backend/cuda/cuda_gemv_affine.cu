@@ -6,15 +6,14 @@
  * and meet the int8 activations of the same block of 32 in __dp4a (unsigned codes times
  * signed activations: PTX dp4a.u32.s32), so
  *   y += scale · d_x · Σ code·q_x + bias · d_x · Σ q_x
- * per group (cuda_gemv_int8_act's contract). The float kernel (HEARTH_CUDA_GEMV_F32ACT=1, or
- * inside a capture whose int8 scratch is too small) does the same with float activations. */
+ * per group (cuda_gemv_int8_act's contract). The float kernel (the exact tier's aff_f32act,
+ * or inside a capture whose int8 scratch is too small) does the same with float activations. */
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
 #include "backend/cuda/cuda_affine.h"
 }
-/* the int8 GEMV is a programmatic dependent on sm_90+ (HEARTH_CUDA_PDL=0: not): its first
- * chunks' weight and pair loads go out before it waits for the activations */
-#define PDL_AUTO 1
+/* the int8 GEMV is a programmatic dependent on sm_90+ (pdl_on): its first chunks' weight
+ * and pair loads go out before it waits for the activations */
 #include "backend/cuda/cuda_pdl.cuh"
 #include <cuda_bf16.h>
 #include <stdint.h>

@@ -1,17 +1,14 @@
-/* cuda_gemv_v2.cu: second-generation decode GEMVs with int8 activations for Q8_0, Q4_K
- * (packed scale order) and Q6_K (chosen per format and shape: see v2_mode below): one warp
+/* cuda_gemv_v2.cu: second-generation decode GEMVs with int8 activations for Q4_K (packed
+ * scale order) and Q6_K (chosen per format and shape: cuda_gemv_v2_takes): one warp
  * per row, every load of a 4096-weight step issued before the first is used, lane
  * mappings in which each warp load reads contiguous bytes of weights and of activations.
  * Same contract as cuda_gemv.cu's int8 path (activations and their (d, d * sum q) pairs
  * as quantize_x_q8 writes them); called only from there. Must not allocate or sync. */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_gemv.cuh"
-#define PDL_AUTO 1 /* PDL on by default for these kernels (cuda_pdl.cuh: pdl_on) */
 #include "backend/cuda/cuda_pdl.cuh"
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 static __device__ __forceinline__ float v2_f16(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 
@@ -21,55 +18,6 @@ static __device__ __forceinline__ float v2_f16(uint32_t h) { return __half2float
 static __device__ __forceinline__ void v2_pdl_start(void) {
     pdl_wait();
     pdl_trigger();
-}
-
-/* Q8_0 planes (int8 [n][k], f16 d [n][k/32]): lane L takes 16 quants (half a block) at
- * uint4 32s + L of the step, s < 8: a warp load is 512 contiguous weight bytes and its
- * activations 512 contiguous int8; 8 x 16 bytes in flight per lane, one 4096-weight step
- * is a whole row of k = 4096. */
-#define Q8_SLOTS 8
-template <int T>
-__global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
-    gemv_v2_q8_0(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
-    int lane = threadIdx.x % 32;
-    int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
-    v2_row r;
-    if (!v2_seg_row(sg, grow, r)) return;
-    const int8_t *Q = (const int8_t *)r.W;
-    const uint16_t *D = (const uint16_t *)r.S;
-    int row = r.row;
-    const uint4 *qr = (const uint4 *)(Q + (size_t)row * k);
-    const uint16_t *dr = D + (size_t)row * (k / 32);
-    int nv = k / 16, nb = k / 32;
-    float acc[T];
-#pragma unroll
-    for (int t = 0; t < T; t++) acc[t] = 0.0f;
-    for (int v0 = 0; v0 < nv; v0 += 32 * Q8_SLOTS) {
-        uint4 u[Q8_SLOTS];
-        uint32_t dw[Q8_SLOTS];
-#pragma unroll
-        for (int s = 0; s < Q8_SLOTS; s++) {
-            int v = v0 + 32 * s + lane;
-            if (v < nv) {
-                u[s] = load_stream(qr + v);
-                dw[s] = __ldg(dr + v / 2);
-            }
-        }
-        if (v0 == 0) v2_pdl_start(); /* xq / xs below come from the kernel before */
-#pragma unroll
-        for (int s = 0; s < Q8_SLOTS; s++) {
-            int v = v0 + 32 * s + lane;
-            if (v >= nv) continue;
-            float w = v2_f16(dw[s]);
-#pragma unroll
-            for (int t = 0; t < T; t++) {
-                int4 a = __ldg((const int4 *)(xq + (size_t)t * k) + v);
-                float dx = __ldg(&xs[(size_t)t * nb + v / 2].x);
-                acc[t] += (w * dx) * (float)v2_dot16(u[s], a);
-            }
-        }
-    }
-    v2_seg_store<T>(acc, sg, grow, lane);
 }
 
 /* Q4_K super-blocks with packed scales (cuda_q4k_scale_min, q4k_packed): 8 lanes per
@@ -219,42 +167,24 @@ __global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T)
 
 /* ---------- host side ---------- */
 
-/* 0: v1 everywhere (HEARTH_CUDA_GEMV=v1); 1: v2 for every format it has (HEARTH_CUDA_GEMV=v2);
- * 2: auto, the default, where each is faster in gemv_bench: packed Q4_K on v2 at every
- * shape, Q6_K on v2 only for wide rows, n >= 2k, Q8_0 on v1 (even)
+/* Which int8 weights go to v2, where each is faster in gemv_bench: packed Q4_K at every
+ * shape, Q6_K only for wide rows (n >= 2k), Q8_0 stays on cuda_gemv.cu's kernel (even)
  * (bench/results/kernel_choices.md, "CUDA v2 GEMV"). */
-static int g_v2_mode = -1;
-
-static int v2_mode(void) {
-    if (g_v2_mode < 0) {
-        const char *e = getenv("HEARTH_CUDA_GEMV");
-        g_v2_mode = !e ? 2 : !strcmp(e, "v2") ? 1 : !strcmp(e, "v1") ? 0 : 2;
-    }
-    return g_v2_mode;
-}
-
-int cuda_gemv_v2_on(void) { return v2_mode() == 1; }
-
-void cuda_gemv_v2_force(int mode) { g_v2_mode = mode < 0 ? -1 : mode == 0 ? 0 : mode == 1 ? 1 : 2; }
-
-void cuda_gemv_v2_force_pdl(int mode) { *pdl_force() = mode; }
-
 int cuda_gemv_v2_takes(const cuda_weight *w) {
-    int m = v2_mode();
-    if (!w || !m || w->k % 32) return 0;
+    if (!w || w->k % 32) return 0;
     int q4k = w->dtype == DT_Q4_K && w->q4k_packed && w->k % 256 == 0, q6k = w->dtype == DT_Q6_K && w->k % 256 == 0;
-    if (m == 1) return w->dtype == DT_Q8_0 || q4k || q6k;
     return q4k || (q6k && w->n >= 2 * w->k);
 }
 
-/* The planes a v2 kernel reads of w: its data and, for Q8_0 / Q6_K, its scales. */
+void cuda_gemv_v2_force_pdl(int mode) { *pdl_force() = mode; }
+
+/* The planes a v2 kernel reads of w: its data and, for Q6_K, its scales. */
 static const void *v2_scales(const cuda_weight *w) { return w->dtype == DT_Q4_K ? NULL : w->scales; }
 
 template <int T> static void launch_v2(const v2_segs &sg, int rows, tensor_dtype dt, const int8_t *xq,
                                        const float2 *xs, int k) {
     dim3 grid((unsigned)((rows + V2_WARPS - 1) / V2_WARPS)), block(V2_WARPS * 32);
     switch (dt) {
-    case DT_Q8_0: pdl_launch(gemv_v2_q8_0<T>, grid, block, sg, xq, xs, k); break;
     case DT_Q4_K: pdl_launch(gemv_v2_q4_k<T>, grid, block, sg, xq, xs, k); break;
     case DT_Q6_K: pdl_launch(gemv_v2_q6_k<T>, grid, block, sg, xq, xs, k); break;
     default: break;
@@ -273,7 +203,7 @@ static int v2_launch_segs(const cuda_weight *const *ws, float *const *ys, int nw
     const void *W[3], *S[3];
     int64_t n[3];
     for (int i = 0; i < nw; i++) {
-        int q6k = any_q6k && v2_mode() && ws[i]->dtype == DT_Q6_K && ws[0]->dtype == DT_Q6_K && ws[i]->k % 256 == 0 &&
+        int q6k = any_q6k && ws[i]->dtype == DT_Q6_K && ws[0]->dtype == DT_Q6_K && ws[i]->k % 256 == 0 &&
                   ws[i]->k == ws[0]->k;
         if ((!q6k && !cuda_gemv_v2_groups(ws[0], ws[i])) || ws[i]->n > INT32_MAX / 4) return 0;
         W[i] = ws[i]->data;
@@ -290,10 +220,10 @@ int cuda_gemv_v2_launch(const cuda_weight *const *ws, float *const *ys, int nw, 
     return v2_launch_segs(ws, ys, nw, xq, xs, T, 0);
 }
 
-/* Every Q6_K weight goes to v2 at 2..8 rows outside batch-invariant steps: the v1 kernel's
- * cost grows with the rows (H200, 14336 x 4096 Q6_K at 8 rows: v2 37.7 us, v1 102.9; the 8B
- * Q4_K_M decode step of 8 rows spent 1.59 ms in v1 Q6_K GEMVs against 0.42 at one row). */
+/* Every Q6_K weight goes to v2 at 2..8 rows outside batch-invariant steps: gemv_q6_k_i8's
+ * cost grows with the rows (H200, 14336 x 4096 Q6_K at 8 rows: v2 37.7 us, gemv_q6_k_i8 102.9; the 8B
+ * Q4_K_M decode step of 8 rows spent 1.59 ms in gemv_q6_k_i8 against 0.42 at one row). */
 int cuda_gemv_v2_launch_rows(const cuda_weight *w, float *y, const int8_t *xq, const float2 *xs, int T) {
     if (T < 2) return cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T);
-    return v2_launch_segs(&w, &y, 1, xq, xs, T, v2_mode() == 2);
+    return v2_launch_segs(&w, &y, 1, xq, xs, T, 1);
 }

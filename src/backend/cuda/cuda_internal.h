@@ -23,10 +23,10 @@ int cuda_gemv_v2_launch(const cuda_weight *const *ws, float *const *ys, int nw, 
                         int T);
 int cuda_gemv_v2_groups(const cuda_weight *a, const cuda_weight *b);
 /* One weight at T rows where batch invariance is not asked for: as cuda_gemv_v2_launch, and
- * in the auto mode also every Q6_K weight from 2 rows on (v1's cost grows with the rows). */
+ * also every Q6_K weight from 2 rows on (gemv_q6_k_i8's cost grows with the rows). */
 int cuda_gemv_v2_launch_rows(const cuda_weight *w, float *y, const int8_t *xq, const float2 *xs, int T);
 void cuda_gemv_v2_force_pdl(int mode);
-/* cuda_gemv_mlx4.cu, the same for MLX 4-bit weights that cuda_mlx4_v2_takes (one group size
+/* cuda_gemv_mlx4.cu, the same for MLX 4-bit weights that cuda_mlx4_int8_takes (one group size
  * and scale type per launch). */
 int cuda_gemv_mlx4_launch(const cuda_weight *const *ws, float *const *ys, int nw, const int8_t *xq, const float2 *xs,
                           int T);
@@ -38,8 +38,6 @@ void cuda_gemv_mlx4_force_pdl(int mode);
 void cuda_gemv_affine_launch(const cuda_weight *w, const int8_t *xq, const float2 *xs, const float *x, float *y,
                              int T);
 void cuda_dequant_affine_launch(const cuda_weight *w, void *out);
-/* cuda_gemv.cu: whether the GEMVs take int8 activations at all (HEARTH_CUDA_GEMV_F32ACT unset). */
-int cuda_gemv_q8act_on(void);
 
 /* cuda_mmq.cu, for cuda_gemv.cu's int8 path: launches the batched tensor-core matmul of w
  * on T rows of quantized activations (one launch for all T) and returns 1, or returns 0

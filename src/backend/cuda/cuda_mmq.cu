@@ -1,6 +1,6 @@
 /* cuda_mmq.cu: the batched int8 tensor-core matmul ("MMQ") for packed-scale Q4_K weights
- * and 5..64 rows of int8 activations (quantize_x_q8's layout; HEARTH_CUDA_MMQ=1: from 2,
- * =0: off): the weight is streamed once for all rows, where the GEMVs re-read it per
+ * and 5..64 rows of int8 activations (quantize_x_q8's layout; cuda_mmq_force for tests):
+ * the weight is streamed once for all rows, where the GEMVs re-read it per
  * chunk of 8 (timed on the H200: see g_mmq_mode below). Not batch-invariant (a row's float sums do not depend on T, but the
  * callers never use it in deterministic mode anyway). Called only from cuda_gemv.cu; must
  * not allocate or synchronize (it runs inside decode graph captures).
@@ -26,7 +26,7 @@
  * float, two FMAs) costs about as much issue as the tensor cores: at T = 64 it, not the
  * weight stream, is the expected bound (about 2x the streaming time on an H200, still
  * well under dequantize + cuBLAS). A weight with too few 64-row tiles to fill the GPU
- * splits k across blockIdx.y (mmq_splits; HEARTH_CUDA_MMQ_SPLIT=0: never): each split
+ * splits k across blockIdx.y (mmq_splits): each split
  * writes partial sums to a scratch and the tile's last split to arrive adds them in split
  * order (fixed, so a launch gives the same bits every run). Not done (yet): Q8_0, Q6_K. */
 #include "backend/cuda/cuda_internal.h"
@@ -220,30 +220,22 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32, 2)
 
 /* ---------- host side ---------- */
 
-/* -1: unread; 0 off (HEARTH_CUDA_MMQ=0); 1 forced, 2..64 rows (HEARTH_CUDA_MMQ=1, tests);
- * 2 the default, 5..64 rows: batch_bench on the H200 has MMQ even with the GEMVs at 4 rows
+/* 2, the default: 5..64 rows; 1 (cuda_mmq_force, tests): 2..64 rows; 0 (cuda_mmq_force,
+ * tests and batch_bench): off. batch_bench on the H200 has MMQ even with the GEMVs at 4 rows
  * and ahead from 8 (it pads to 8 tokens, so 5..7 cost what 8 does while the GEMVs run 4 +
  * the rest; bench/results/kernel_choices.md, "CUDA MMQ"). */
 #define MMQ_AUTO_MIN_T 5
-static int g_mmq_mode = -1;
+static int g_mmq_mode = 2;
 static unsigned long g_mmq_launches;
 
 unsigned long cuda_mmq_launch_count(void) { return g_mmq_launches; }
 
-static int mmq_on(void) {
-    if (g_mmq_mode < 0) {
-        const char *e = getenv("HEARTH_CUDA_MMQ");
-        g_mmq_mode = !e ? 2 : !strcmp(e, "1") ? 1 : !strcmp(e, "0") ? 0 : 2;
-    }
-    return g_mmq_mode;
-}
-
-void cuda_mmq_force(int mode) { g_mmq_mode = mode < 0 ? -1 : mode == 0 ? 0 : mode == 1 ? 1 : 2; }
+void cuda_mmq_force(int mode) { g_mmq_mode = mode == 0 ? 0 : mode == 1 ? 1 : 2; }
 
 static int mmq_fits(int T);
 
 int cuda_mmq_takes(const cuda_weight *w, int T) {
-    return mmq_on() && w && w->dtype == DT_Q4_K && w->q4k_packed && w->k % 256 == 0 && w->n > 0 &&
+    return g_mmq_mode && w && w->dtype == DT_Q4_K && w->q4k_packed && w->k % 256 == 0 && w->n > 0 &&
            w->n <= INT32_MAX - MMQ_ROWS && w->k <= INT32_MAX / 64 && T >= (g_mmq_mode == 2 ? MMQ_AUTO_MIN_T : MMQ_MIN_T) && T <= MMQ_MAX_T &&
            mmq_fits(T);
 }
@@ -261,17 +253,13 @@ static int mmq_ready[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
 
 /* Split-k scratch (cuda_plan.h: CUDA_MMQ_PART_FLOATS partial sums, CUDA_MMQ_TILES_MAX
  * counters, counted by hearth fit), allocated once with the first prepare, outside any
- * capture; without it (allocation failed, HEARTH_CUDA_MMQ_SPLIT=0) no launch splits. */
+ * capture; without it (allocation failed) no launch splits. */
 static float *g_part;
 static unsigned *g_count;
-static int g_sms, g_split = -1;
+static int g_sms;
 
 static void mmq_scratch(void) {
-    if (g_split < 0) {
-        const char *e = getenv("HEARTH_CUDA_MMQ_SPLIT");
-        g_split = !(e && !strcmp(e, "0"));
-    }
-    if (g_part || !g_split) return;
+    if (g_part) return;
     if (cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) g_sms = 0;
     if (cuda_alloc((void **)&g_part, CUDA_MMQ_PART_FLOATS * sizeof(float), "mmq split-k partials", NULL) ||
         cuda_alloc((void **)&g_count, CUDA_MMQ_TILES_MAX * sizeof(unsigned), "mmq split-k counts", NULL) ||

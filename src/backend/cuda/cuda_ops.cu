@@ -19,21 +19,8 @@ extern "C" {
 
 int cuda_pdl_small_on(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("HEARTH_CUDA_PDL_SMALL"), *all = getenv("HEARTH_CUDA_PDL");
-        on = (!e || strcmp(e, "0")) && (!all || strcmp(all, "0")) && pdl_device_ok();
-    }
+    if (on < 0) on = pdl_device_ok();
     return on;
-}
-
-/* HEARTH_CUDA_PROFILE_SKIP (cuda_backend.h): read once. */
-int cuda_profile_skip(int bit) {
-    static int mask = -1;
-    if (mask < 0) {
-        const char *e = getenv("HEARTH_CUDA_PROFILE_SKIP");
-        mask = e ? atoi(e) : 0;
-    }
-    return (mask & bit) != 0;
 }
 
 static __device__ __forceinline__ float warp_sum(float v) {
@@ -393,7 +380,7 @@ static __device__ __forceinline__ float warp_max(float v) {
  * "CUDA split merge".) */
 template <int GM, int NV, int KVQ, bool HOLD>
 __global__ void __launch_bounds__(DA_WARPS * 32, (HOLD && GM <= 4) ? 2 : 1)
-    attention_decode_kernel(cuda_attention_args a, cuda_kv kv, int S, int min_chunk, int early) {
+    attention_decode_kernel(cuda_attention_args a, cuda_kv kv, int S, int early) {
     __shared__ float s_p[GM][DA_TILE];
     __shared__ float s_m[GM], s_l[GM], s_corr[GM];
     __shared__ float4 s_red[DA_WARPS][GM * NV * 32];
@@ -406,7 +393,7 @@ __global__ void __launch_bounds__(DA_WARPS * 32, (HOLD && GM <= 4) ? 2 : 1)
     int d = a.head_dim, G = a.n_heads / a.n_kv_heads, slot = a.slot[t];
     int p_end = a.pos[t], p_start = 0;
     if (a.window > 0 && p_end - a.window + 1 > 0) p_start = p_end - a.window + 1;
-    int len = p_end - p_start + 1, chunk = max((len + S - 1) / S, min_chunk);
+    int len = p_end - p_start + 1, chunk = max((len + S - 1) / S, 1);
     int c0 = p_start + split * chunk, c1 = min(c0 + chunk, p_end + 1);
     if (S > 1 && c0 >= c1) return; /* past the sequence: attention_combine reads only the splits before */
     const bool pre = HOLD && early > 1;
@@ -580,11 +567,10 @@ __global__ void __launch_bounds__(DA_WARPS * 32, (HOLD && GM <= 4) ? 2 : 1)
  * over the splits that hold positions of the sequence (the same chunking as attention_decode).
  * Warp 0 reads every split's (m, l) at once (lane s: split s) and leaves the weights
  * e^(m_s - M) / L in shared memory; then each output element's loads over the splits are
- * independent of each other (no chain of dependent reads). With early, each thread issues
- * the loads of its first element's partials together with warp 0's (m, l) loads, before the
- * barrier, instead of after it: one round trip to L2 instead of two. Fixed order throughout
- * (the same bits either way). */
-__global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int min_chunk, int early) {
+ * independent of each other (no chain of dependent reads). Each thread issues the loads of
+ * its first element's partials together with warp 0's (m, l) loads, before the barrier:
+ * one round trip to L2 instead of two. Fixed order throughout. */
+__global__ void attention_combine_kernel(cuda_attention_args a, int S_all) {
     pdl_trigger(); /* the o projection's GEMV may start prefetching its weights */
     pdl_wait();    /* the split partials come from attention_decode */
     __shared__ float s_w[DA_SPLITS_MAX];
@@ -592,10 +578,10 @@ __global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int m
     const float *part = a.split_scratch + ((size_t)t * a.n_heads + h) * S_all * (size_t)(d + 4);
     int p_end = a.pos[t], p_start = 0;
     if (a.window > 0 && p_end - a.window + 1 > 0) p_start = p_end - a.window + 1;
-    int len = p_end - p_start + 1, chunk = max((len + S_all - 1) / S_all, min_chunk);
+    int len = p_end - p_start + 1, chunk = max((len + S_all - 1) / S_all, 1);
     int S = min(S_all, (len + chunk - 1) / chunk);
     float pv[DA_SPLITS_MAX];
-    if (early && (int)threadIdx.x < d) {
+    if ((int)threadIdx.x < d) {
 #pragma unroll
         for (int s = 0; s < DA_SPLITS_MAX; s++) pv[s] = s < S ? part[(size_t)s * (d + 4) + 4 + threadIdx.x] : 0.0f;
     }
@@ -615,7 +601,7 @@ __global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int m
     __syncthreads();
     for (int di = threadIdx.x; di < d; di += blockDim.x) {
         float o = 0.0f;
-        if (early && di == (int)threadIdx.x) {
+        if (di == (int)threadIdx.x) {
 #pragma unroll
             for (int s = 0; s < DA_SPLITS_MAX; s++)
                 if (s < S) o += s_w[s] * pv[s];
@@ -634,14 +620,9 @@ __global__ void attention_combine_kernel(cuda_attention_args a, int S_all, int m
 /* The split count for a pool: about one split per DA_TILE positions of the longest
  * sequence the pool holds, at most DA_SPLITS_MAX and what the scratch holds. */
 static int decode_splits(const cuda_attention_args *a) {
-    static int forced = -1; /* HEARTH_CUDA_ATT_SPLITS=N: N splits whatever the pool (A/B runs) */
-    if (forced < 0) {
-        const char *e = getenv("HEARTH_CUDA_ATT_SPLITS");
-        forced = e && atoi(e) > 0 ? atoi(e) : 0;
-    }
     int maxpos = a->kv->max_blocks_per_slot * KV_BLOCK_SIZE;
     if (a->window > 0 && a->window < maxpos) maxpos = a->window;
-    int S = forced ? forced : (maxpos + DA_TILE - 1) / DA_TILE;
+    int S = (maxpos + DA_TILE - 1) / DA_TILE;
     if (S > DA_SPLITS_MAX) S = DA_SPLITS_MAX;
     if (S < 1) S = 1;
     size_t per = (size_t)a->T * a->n_heads * (size_t)(a->head_dim + 4);
@@ -653,22 +634,7 @@ static int decode_splits(const cuda_attention_args *a) {
 static bool decode_kernel_fits(const cuda_attention_args *a) {
     int G = a->n_heads / a->n_kv_heads;
     /* the (8 heads, 256 dims) variant would need 64 KB for its cross-warp reduction */
-    static int old = -1; /* HEARTH_CUDA_ATT_OLD=1: the per-query-head kernel (A/B runs) */
-    if (old < 0) old = getenv("HEARTH_CUDA_ATT_OLD") != NULL;
-    return !old && a->head_dim % 4 == 0 && a->head_dim <= 256 && (G <= 4 || (G <= 8 && a->head_dim <= 128));
-}
-
-/* The fewest positions a split takes: 1 (the default) spreads every sequence over all S
- * splits (a 520-token sequence in 32 splits of 17 positions); HEARTH_CUDA_ATT_MIN_CHUNK=64
- * (DA_TILE) gives short sequences fewer, full-tile splits and a shorter combine (A/B). */
-static int decode_min_chunk(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("HEARTH_CUDA_ATT_MIN_CHUNK");
-        v = e ? atoi(e) : 1;
-        if (v < 1) v = 1;
-    }
-    return v;
+    return a->head_dim % 4 == 0 && a->head_dim <= 256 && (G <= 4 || (G <= 8 && a->head_dim <= 128));
 }
 
 int cuda_attention_writes_q8(const cuda_attention_args *a) {
@@ -676,46 +642,32 @@ int cuda_attention_writes_q8(const cuda_attention_args *a) {
            ((uintptr_t)a->out_xs % 8) == 0 && decode_kernel_fits(a) && decode_splits(a) > 1;
 }
 
-/* HEARTH_CUDA_ATT_EARLY (A/B runs): 0 the loads as before (values after the softmax, the
- * merge's partials after its barrier); 1 the values loaded with the keys and the merge's
- * partials with its weights; 2 (the default) also the first tile's rows that earlier steps
- * wrote loaded before pdl_wait. Every level gives the same bits; each level is faster than
- * the one before (bench/results/kernel_choices.md, "CUDA early loads"). (HOLD && GM <= 4: 128 registers, 8 bytes
- * spilled, two blocks per SM for batched steps; the 8-head variant would spill ~700 bytes.) */
-static int decode_early(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("HEARTH_CUDA_ATT_EARLY");
-        v = e ? atoi(e) : 2;
-        if (v < 0 || v > 2) v = 2;
-    }
-    return v;
-}
-
+/* How early the GQA decode kernel loads (head_dim <= 128, one value group): 1 the values
+ * with the keys and the merge's partials with its weights; 2 also the first tile's rows
+ * that earlier steps wrote, before pdl_wait (only when the launch holds the whole step).
+ * Each level is faster than the one before (bench/results/kernel_choices.md, "CUDA early
+ * loads"). (HOLD && GM <= 4: 128
+ * registers, 8 bytes spilled, two blocks per SM for batched steps; the 8-head variant
+ * would spill ~700 bytes.) A split takes at least one position: short sequences spread
+ * over all S splits. */
 /* whole_step: a holds every token of the step (not a slice of it), so a sequence's lowest
  * position in a is its lowest in the step and the rows below it are from earlier steps. */
 static hearth_status launch_decode_attention(const cuda_attention_args *a, int whole_step, hearth_error *err) {
-    int S = decode_splits(a), G = a->n_heads / a->n_kv_heads, nv = a->head_dim > 128 ? 2 : 1, mc = decode_min_chunk();
-    int early = decode_early();
-    if (early > 1 && !(whole_step && a->T <= 8)) early = 1; /* the kernel scans a's tokens before the wait */
+    int S = decode_splits(a), G = a->n_heads / a->n_kv_heads, nv = a->head_dim > 128 ? 2 : 1;
+    int early = whole_step && a->T <= 8 ? 2 : 1; /* at 2 the kernel scans a's tokens before the wait */
     dim3 grid((unsigned)a->n_kv_heads, (unsigned)a->T, (unsigned)S);
     unsigned threads = DA_WARPS * 32;
     CUDA_KV_DISPATCH(a->kv->quant, KVQ, {
-        if (G <= 4 && nv == 1 && early)
-            pdl_launch_small(attention_decode_kernel<4, 1, KVQ, true>, grid, dim3(threads), *a, *a->kv, S, mc, early);
-        else if (G <= 4 && nv == 1)
-            pdl_launch_small(attention_decode_kernel<4, 1, KVQ, false>, grid, dim3(threads), *a, *a->kv, S, mc, 0);
+        if (G <= 4 && nv == 1)
+            pdl_launch_small(attention_decode_kernel<4, 1, KVQ, true>, grid, dim3(threads), *a, *a->kv, S, early);
         else if (G <= 4)
-            pdl_launch_small(attention_decode_kernel<4, 2, KVQ, false>, grid, dim3(threads), *a, *a->kv, S, mc, 0);
-        else if (early)
-            pdl_launch_small(attention_decode_kernel<8, 1, KVQ, true>, grid, dim3(threads), *a, *a->kv, S, mc, early);
+            pdl_launch_small(attention_decode_kernel<4, 2, KVQ, false>, grid, dim3(threads), *a, *a->kv, S, 0);
         else
-            pdl_launch_small(attention_decode_kernel<8, 1, KVQ, false>, grid, dim3(threads), *a, *a->kv, S, mc, 0);
+            pdl_launch_small(attention_decode_kernel<8, 1, KVQ, true>, grid, dim3(threads), *a, *a->kv, S, early);
     });
     if (cuda_launched("attention_decode", err)) return HEARTH_ERR_IO;
-    if (S == 1 || cuda_profile_skip(8)) return HEARTH_OK;
-    pdl_launch_small(attention_combine_kernel, dim3((unsigned)a->n_heads, (unsigned)a->T), dim3(128), *a, S, mc,
-                     early > 0);
+    if (S == 1) return HEARTH_OK;
+    pdl_launch_small(attention_combine_kernel, dim3((unsigned)a->n_heads, (unsigned)a->T), dim3(128), *a, S);
     return cuda_launched("attention_combine", err);
 }
 
@@ -850,18 +802,6 @@ static cuda_attention_args sub_range(const cuda_attention_args *a, int t0, int n
     return c;
 }
 
-/* HEARTH_CUDA_BATCH=0: no ragged split (one generic launch for the whole step, the path
- * before; A/B runs). The split is the default since the cuda-batch device part validated
- * it (test_cuda_ragged; 371 vs 2003 us for 127 decode rows + a 37-token chunk). */
-static int ragged_old(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("HEARTH_CUDA_BATCH");
-        v = e && strcmp(e, "0") == 0;
-    }
-    return v;
-}
-
 /* A ragged step (cuda_attention_args.host_slot): runs of more than 8 tokens of one slot go
  * to the prefill kernels (tensor-core where it fits), the stretches between them (decode
  * rows of many sequences, short chunks) to launch_small, whatever their length: the
@@ -914,7 +854,7 @@ hearth_status cuda_attention(const cuda_attention_args *args, hearth_error *err)
         }
         return HEARTH_OK;
     }
-    if (!a->single_slot && a->T > 8 && a->host_slot && !ragged_old()) return attention_ragged(a, err);
+    if (!a->single_slot && a->T > 8 && a->host_slot) return attention_ragged(a, err);
     if (a->T > 8 && cuda_attention_prefill_tc_fits(a)) return cuda_attention_prefill_tc(a, err);
     if (a->single_slot && a->T > 8) {
         hearth_status st = HEARTH_OK;

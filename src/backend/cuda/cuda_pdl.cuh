@@ -2,14 +2,12 @@
  * launched with pdl_launch may start while the kernel before it on the stream is still
  * running; it must call pdl_wait() before its first read of anything an earlier kernel
  * writes and before its first global write (weights, which no kernel writes, may be
- * prefetched before). pdl_trigger() lets the next PDL kernel's blocks start early. On
- * older GPUs, or with HEARTH_CUDA_PDL=0, launches are ordinary and both calls do nothing.
- * Header-only, C++; no state besides the cached on/off switch. */
+ * loaded before). pdl_trigger() lets the next PDL kernel's blocks start early. On older
+ * GPUs launches are ordinary and both calls do nothing. Header-only, C++; no state besides
+ * the cached device answer and the tests' override. */
 #ifndef HEARTH_BACKEND_CUDA_PDL_CUH
 #define HEARTH_BACKEND_CUDA_PDL_CUH
 #include "backend/cuda/cuda_internal.h"
-#include <stdlib.h>
-#include <string.h>
 #include <utility>
 
 /* Waits until every kernel before this one on the stream has finished and its writes are
@@ -28,25 +26,11 @@ static __device__ __forceinline__ void pdl_trigger(void) {
 #endif
 }
 
-/* The first min(bytes, 4 KB) of a weight row into L2, one 128-byte line per lane: issued
- * before pdl_wait, so the weight stream starts while the previous kernel finishes. */
-static __device__ __forceinline__ void pdl_prefetch_row(const void *p, size_t bytes, int lane) {
-    size_t off = (size_t)lane * 128;
-    if (off < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + off));
-}
-
 /* The test override of pdl_on in this translation unit: -1 leaves the default, 0 / 1 force. */
 static inline int *pdl_force(void) {
     static int force = -1;
     return &force;
 }
-
-/* The default of this translation unit when HEARTH_CUDA_PDL is unset: cuda_gemv_v2.cu and
- * cuda_gemv.cu define PDL_AUTO 1 before including this header, every other file leaves it 0
- * (the small kernels have their own switch, pdl_small_on). */
-#ifndef PDL_AUTO
-#define PDL_AUTO 0
-#endif
 
 /* Whether device 0 can launch programmatic dependents (sm_90+); 0 when it cannot be asked. */
 static inline int pdl_device_ok(void) {
@@ -58,26 +42,22 @@ static inline int pdl_device_ok(void) {
     return major >= 9;
 }
 
-/* 1 when launches use PDL: device 0 is sm_90+ and HEARTH_CUDA_PDL=1, or the variable is unset
- * and this file's PDL_AUTO is 1; HEARTH_CUDA_PDL=0 turns it off everywhere. The v2 int8
- * GEMVs, which issue their first weight loads before pdl_wait, gain from it; cuda_gemv.cu's
- * float GEMVs gain only without their L2 row prefetch (bench/results/kernel_choices.md,
- * "CUDA PDL"). */
+/* 1 when the GEMVs launch as programmatic dependents: device 0 is sm_90+ (or the tests'
+ * override says so). The int8 GEMVs, which issue their first weight loads before pdl_wait,
+ * gain, and the float GEMVs gain too once they do not prefetch rows into L2
+ * (bench/results/kernel_choices.md, "CUDA PDL"). */
 static inline int pdl_on(void) {
     static int on = -1;
     if (*pdl_force() >= 0) return *pdl_force();
-    if (on < 0) {
-        const char *e = getenv("HEARTH_CUDA_PDL");
-        on = (e ? !strcmp(e, "1") : PDL_AUTO) && pdl_device_ok();
-    }
+    if (on < 0) on = pdl_device_ok();
     return on;
 }
 
 /* 1 when the decode step's small kernels (norms, RoPE + KV write, attention and its merge,
  * the gated product, bias, gather, argmax) are launched as programmatic dependents: each of
  * them calls pdl_wait() before its first global access, so its blocks may be scheduled
- * while the kernel before it drains. On by default on sm_90+ (HEARTH_CUDA_PDL_SMALL=0, or
- * HEARTH_CUDA_PDL=0, turns it off); asked once, at model creation (cuda_gemv_reserve). */
+ * while the kernel before it drains. On wherever the device is sm_90+; asked once, at model
+ * creation (cuda_gemv_reserve). */
 int cuda_pdl_small_on(void); /* cuda_ops.cu: one cached answer for every translation unit */
 static inline int pdl_small_on(void) { return cuda_pdl_small_on(); }
 

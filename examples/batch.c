@@ -69,8 +69,13 @@ int main(int argc, char **argv) {
         hearth_sampling_defaults(model, &r->params.sampling);
         r->params.sampling.temperature = 0;
         r->text = calloc(1, 1);
-        hearth_batch_request br = {.prompt = r->ids, .n_prompt = r->n_ids, .params = &r->params,
-                                   .on_token = on_token, .on_done = on_done, .result = &r->result, .user = r};
+        hearth_batch_request br = {.prompt = r->ids,
+                                   .n_prompt = r->n_ids,
+                                   .params = &r->params,
+                                   .on_token = on_token,
+                                   .on_done = on_done,
+                                   .result = &r->result,
+                                   .user = r};
         if (hearth_batch_submit(batch, &br, &err)) return fail(&err);
     }
     size_t steps = 0; /* each step: admit, one forward pass, sample; returns the requests still held */

@@ -29,9 +29,12 @@ static void json_string(char *out, const char *s) {
     *out++ = '"';
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') *out++ = '\\', *out++ = (char)c;
-        else if (c < 0x20) out += sprintf(out, "\\u%04x", c);
-        else *out++ = (char)c;
+        if (c == '"' || c == '\\')
+            *out++ = '\\', *out++ = (char)c;
+        else if (c < 0x20)
+            out += sprintf(out, "\\u%04x", c);
+        else
+            *out++ = (char)c;
     }
     *out++ = '"';
     *out = 0;

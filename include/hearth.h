@@ -127,9 +127,10 @@ typedef enum hearth_kv_quant {
     HEARTH_KV_FP8 = 2, /* the CUDA backend only */
     HEARTH_KV_F16 = 3  /* the CUDA backend only: IEEE half, no scales */
 } hearth_kv_quant;
-/* "none"/"float"/"f32", "int8" or "fp8" -> *out; 0 if the name is unknown. */
+/* "none"/"float"/"f32", "int8", "fp8"/"fp8_e4m3" or "f16"/"fp16"/"float16" -> *out (a
+ * hearth_kv_quant); returns 0 if the name is unknown. */
 int hearth_kv_quant_parse(const char *name, int *out);
-/* "none", "int8" or "fp8" ("?" for an unknown value). */
+/* "none", "int8", "fp8" or "f16" ("?" for an unknown value). */
 const char *hearth_kv_quant_name(int quant);
 
 /* Where the forward pass runs. auto: the GPU when the CUDA backend is compiled in and a

@@ -211,6 +211,20 @@ struct MHD_Connection;
 
 void srv_log(const srv_server *s, srv_log_level level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* server_setup.c: after cfg and model are set, before srv_start: the text configuration
+ * of the model (its tool parser and thinking markers), the Responses store and the render
+ * lock. srv_teardown frees them and the embedder, after srv_stop and srv_queue_stop. */
+hearth_status srv_setup(srv_server *s, hearth_error *err);
+void srv_teardown(srv_server *s);
+/* The tool parser the chat template asked for (e.g. "json_tools"), or NULL. */
+const char *srv_tool_parser_name(const srv_server *s);
+
+/* embeddings.c: the embedder of m for POST /v1/embeddings (n_threads 0: all cores), in
+ * s->embed; owns_model: srv_embed_close closes m. */
+typedef struct srv_embed srv_embed;
+hearth_status srv_embed_open(hearth_model *m, int owns_model, int n_threads, srv_embed **out, hearth_error *err);
+void srv_embed_close(srv_embed *e);
+
 /* http.c: binds and starts serving (returns at once); srv_stop ends it. */
 hearth_status srv_start(srv_server *s, hearth_error *err);
 void srv_stop(srv_server *s);

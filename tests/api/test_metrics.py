@@ -136,6 +136,13 @@ def test_errors_are_counted_by_endpoint_and_status(base):
     assert value(after, "hearth_requests_total", endpoint="/metrics", status="200") >= 1
 
 
+def test_index_lists_metrics(base):
+    c = conn(base)
+    c.request("GET", "/v1")
+    index = json.loads(c.getresponse().read())
+    assert any(e["path"] == "/metrics" and e["method"] == "GET" for e in index["data"])
+
+
 def test_prefix_cache_hits_equal_the_cached_tokens_reported(base):
     body = {"messages": [{"role": "system", "content": "You are a careful assistant. " * 20},
                          {"role": "user", "content": "Name three colours."}], "max_tokens": 4, "temperature": 0}

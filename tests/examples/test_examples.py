@@ -97,6 +97,15 @@ def test_install_layout():
     assert "-ljansson" in pkg_config("--static", "--libs") and "-ljansson" not in pkg_config("--libs")
 
 
+@pytest.mark.parametrize("lang", [["cc", "-std=c99", "-x", "c"], ["c++", "-std=c++11", "-x", "c++"]])
+def test_installed_header_stands_alone(tmp_path, lang):
+    # strict C99 and C++ (extern "C") consumers, with nothing but the installed header
+    src = tmp_path / "use.c"
+    src.write_text("#include <hearth.h>\nint main(void) { return HEARTH_API_VERSION - 1; }\n")
+    run([*lang[:2], "-pedantic", "-Wall", "-Wextra", "-Werror", *pkg_config("--cflags"), lang[2], lang[3], src,
+         "-fsyntax-only"])
+
+
 def test_shared_library_exports_the_header_only():
     declared = set(re.findall(r"\b(hearth_[a-z0-9_]+)\s*\(", HEADER))
     nm = run(["nm", "-D", "--defined-only", PREFIX / "lib" / f"libhearth.so.{VERSION}"]).stdout.decode()

@@ -55,7 +55,7 @@ UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all lib test test-build unit unit-build asan asan-build fuzz fuzz-build parity deps run clean format
+.PHONY: all lib install examples test test-build unit unit-build asan asan-build fuzz fuzz-build parity deps run clean format
 all: $(BINDIR)/hearth $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
 
 lib: $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
@@ -105,9 +105,26 @@ $(LIBDIR)/libhearth.a: $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
 	@cp $< $@
 
-$(LIBDIR)/libhearth.so: $(LIB_OBJ)
+# The shared library carries a soname (libhearth.so.<API version - 1>, include/hearth.h) and
+# exports only what hearth.h declares (a version script made from the header), so that
+# internal symbols (tok_*, kv_*, ...) never clash with a program's own. lib/ holds it as
+# install puts it: the real file and the two links.
+VERSION    := $(shell sed -n 's/^\#define HEARTH_VERSION "\(.*\)"/\1/p' include/hearth.h)
+API_VERSION := $(shell sed -n 's/^\#define HEARTH_API_VERSION \([0-9]*\)/\1/p' include/hearth.h)
+SONAME     := libhearth.so.$(shell echo $$(($(API_VERSION) - 1)))
+SO_REAL    := libhearth.so.$(VERSION)
+$(BUILD)/hearth.map: include/hearth.h
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) -shared -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+	@{ echo '{ global:'; grep -oE '\bhearth_[a-z0-9_]+ *\(' $< | sed 's/ *($$/;/' | sort -u; echo 'local: *; };'; } >$@
+
+$(LIBDIR)/$(SO_REAL): $(LIB_OBJ) $(BUILD)/hearth.map
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LINK  $@")
+	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script,$(BUILD)/hearth.map -o $@ $(LIB_OBJ) \
+	  $(LDLIBS) $(CUDA_LIBS)
+$(LIBDIR)/libhearth.so: $(LIBDIR)/$(SO_REAL)
+	@ln -sf $(SO_REAL) $(LIBDIR)/$(SONAME)
+	@ln -sf $(SONAME) $@
 
 $(BINDIR)/hearth: $(CLI_OBJ) $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
@@ -176,6 +193,30 @@ build/fuzz/%: tests/fuzz/%.c build/fuzz/libhearth-fuzz.a
 deps:
 	@bash tools/deps.sh
 
+# `make install PREFIX=/usr/local DESTDIR=`: the binary, both libraries (the shared one as
+# real file + soname link + dev link), the header and hearth.pc for pkg-config.
+PREFIX ?= /usr/local
+DESTDIR ?=
+INSTALL_LIB := $(DESTDIR)$(PREFIX)/lib
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include $(INSTALL_LIB)/pkgconfig
+	install -m 755 $(BINDIR)/hearth $(DESTDIR)$(PREFIX)/bin/hearth
+	install -m 644 include/hearth.h $(DESTDIR)$(PREFIX)/include/hearth.h
+	install -m 644 $(LIBDIR)/libhearth.a $(INSTALL_LIB)/libhearth.a
+	install -m 755 $(LIBDIR)/$(SO_REAL) $(INSTALL_LIB)/$(SO_REAL)
+	ln -sf $(SO_REAL) $(INSTALL_LIB)/$(SONAME)
+	ln -sf $(SONAME) $(INSTALL_LIB)/libhearth.so
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@REQUIRES_PRIVATE@|$(PKGS)|' \
+	    -e 's|@LIBS_PRIVATE@|-lm -pthread $(CUDA_LIBS)|' hearth.pc.in >$(INSTALL_LIB)/pkgconfig/hearth.pc
+
+# examples/ built against the installed library through pkg-config and run on the tiny
+# models by tests/examples/test_examples.py (which also checks the install's layout).
+EXAMPLES_PREFIX := $(abspath build/install-test)
+examples:
+	@rm -rf $(EXAMPLES_PREFIX)
+	@$(MAKE) --no-print-directory install PREFIX=$(EXAMPLES_PREFIX) >/dev/null
+	@HEARTH_PREFIX=$(EXAMPLES_PREFIX) $(PYTHON) -m pytest -q -p no:cacheprovider tests/examples
+
 # Parity tests against the Python oracles (mlx-lm, HF tokenizers, gguf, jinja2) and the
 # API tests (the real mlx_lm.server, the openai SDK), and the chat page (headless chromium).
 # PYTEST_JOBS pytest-xdist workers per suite: most tests wait on one single-threaded
@@ -203,6 +244,7 @@ test: deps
 	@# the unit tests of the scheduler load the tiny models: made before they run
 	@bash tools/get_models.sh
 	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory examples
 	@$(MAKE) --no-print-directory asan
 	@$(MAKE) --no-print-directory -j$(JOBS) fuzz
 	@$(MAKE) --no-print-directory parity

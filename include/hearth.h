@@ -1,7 +1,9 @@
-/* hearth.h: the public C API of libhearth, a local LLM runtime.
+/* hearth.h: the public C API of libhearth, a local LLM runtime, and nothing else.
  * Everything a consumer (the CLI, the server, an embedding app) may call lives here;
- * internal structs stay opaque. Functions that can fail return a hearth_status and
- * fill a caller-owned hearth_error with a message a user can act on. */
+ * internal structs stay opaque and internal functions live in headers under src/.
+ * Functions that can fail return a hearth_status and fill a caller-owned hearth_error
+ * with a message a user can act on. Build against it with `pkg-config --cflags --libs
+ * hearth`; examples/ shows each part in use. */
 #ifndef HEARTH_H
 #define HEARTH_H
 
@@ -13,6 +15,10 @@ extern "C" {
 #endif
 
 #define HEARTH_VERSION "0.1.0"
+/* The version of this API: raised when a declaration here changes incompatibly (a
+ * removed or changed function, a struct whose layout changes), which also changes the
+ * shared library's soname (libhearth.so.<HEARTH_API_VERSION - 1>). */
+#define HEARTH_API_VERSION 1
 
 typedef enum hearth_status {
     HEARTH_OK = 0,
@@ -33,6 +39,7 @@ typedef struct hearth_error {
 
 /* Frees memory returned by any hearth_* function (strings, id arrays). */
 void hearth_free(void *p);
+/* The name of a status ("ok", "io_error", "format_error", ...), for messages and logs. */
 const char *hearth_status_name(hearth_status s);
 
 /* ---- models ------------------------------------------------------------ */
@@ -45,6 +52,7 @@ typedef struct hearth_model hearth_model;
  * HF cache (org/name), or an unambiguous substring of a known model's name
  * (searched in the HF cache and in the folders listed in $HEARTH_MODELS). */
 hearth_status hearth_model_open(const char *name_or_path, hearth_model **out, hearth_error *err);
+/* Frees the model (NULL is fine); every engine or embedder made from it must be freed first. */
 void hearth_model_close(hearth_model *m);
 
 /* A JSON object describing the model: architecture, sizes, quantization, tokenizer,
@@ -59,9 +67,6 @@ char *hearth_model_tensors_json(const hearth_model *m);
 /* Dequantizes one tensor to float32 (caller frees *data with hearth_free). */
 hearth_status hearth_model_tensor_f32(const hearth_model *m, const char *name, float **data, size_t *n_elems,
                                       hearth_error *err);
-
-/* Lists every model hearth can find, as a JSON array of {name, path, format}. */
-char *hearth_model_list_json(void);
 
 /* ---- tokenizer --------------------------------------------------------- */
 
@@ -85,6 +90,7 @@ const char *hearth_detok_stream_push(hearth_detok_stream *s, int32_t id);
 const char *hearth_detok_stream_finish(hearth_detok_stream *s);
 void hearth_detok_stream_free(hearth_detok_stream *s);
 
+/* The tokenizer's vocabulary size (ids 0..size-1 decode). */
 int32_t hearth_vocab_size(const hearth_model *m);
 /* The raw vocabulary string of a token (e.g. "\u0120word" for byte-level BPE), or NULL. */
 const char *hearth_token_piece(const hearth_model *m, int32_t id);
@@ -108,11 +114,6 @@ hearth_status hearth_chat_render(const hearth_model *m, const char *messages_jso
 /* Replaces the model's chat template (e.g. from --chat-template); NULL restores none. */
 hearth_status hearth_model_set_chat_template(hearth_model *m, const char *template_src, hearth_error *err);
 
-/* Renders an arbitrary template source with a JSON context object (for tests and
- * --chat-template overrides). */
-hearth_status hearth_template_render(const char *template_src, const char *context_json, char **out,
-                                     hearth_error *err);
-
 /* ---- generation -------------------------------------------------------- */
 
 typedef struct hearth_engine hearth_engine;
@@ -126,9 +127,10 @@ typedef enum hearth_kv_quant {
     HEARTH_KV_FP8 = 2, /* the CUDA backend only */
     HEARTH_KV_F16 = 3  /* the CUDA backend only: IEEE half, no scales */
 } hearth_kv_quant;
-/* "none"/"float"/"f32", "int8" or "fp8" -> *out; 0 if the name is unknown. */
+/* "none"/"float"/"f32", "int8", "fp8"/"fp8_e4m3" or "f16"/"fp16"/"float16" -> *out (a
+ * hearth_kv_quant); returns 0 if the name is unknown. */
 int hearth_kv_quant_parse(const char *name, int *out);
-/* "none", "int8" or "fp8" ("?" for an unknown value). */
+/* "none", "int8", "fp8" or "f16" ("?" for an unknown value). */
 const char *hearth_kv_quant_name(int quant);
 
 /* Where the forward pass runs. auto: the GPU when the CUDA backend is compiled in and a
@@ -165,12 +167,11 @@ typedef struct hearth_engine_options {
  * memory: nothing is allocated while generating. The model must outlive the engine. */
 hearth_status hearth_engine_create(hearth_model *m, const hearth_engine_options *opts, hearth_engine **out,
                                    hearth_error *err);
+/* Frees the engine and everything it allocated (NULL is fine). */
 void hearth_engine_free(hearth_engine *e);
 /* Bytes held by the engine: weights, KV pool, scratch, logits/history buffers, samplers. */
 size_t hearth_engine_bytes(const hearth_engine *e);
-/* A "Key:   123 kB" field of a /proc file in bytes (e.g. "/proc/self/status", "VmHWM"),
- * -1 when absent or unreadable: how fit and --report-memory read memory use. */
-long long hearth_proc_kb_field(const char *path, const char *key);
+/* The context length every sequence of the engine may reach, in tokens. */
 int hearth_engine_context_length(const hearth_engine *e);
 /* The KV pool's size in blocks of 16 positions. *cut_from (when not NULL): for the default
  * pool, the block count it was cut from to fit memory (every sequence's whole context),
@@ -186,6 +187,15 @@ double hearth_engine_measure_bandwidth(hearth_engine *e);
 double hearth_engine_decode_bytes(const hearth_engine *e, int context);
 
 /* ---- fit: the memory contract ------------------------------------------ */
+
+/* This process's memory and the machine's, in bytes; -1 where the system does not say
+ * (Linux: /proc/self/status VmRSS and VmHWM, /proc/meminfo MemAvailable). */
+typedef struct hearth_process_memory {
+    long long resident_bytes;      /* resident now */
+    long long peak_resident_bytes; /* the resident high-water mark: what fit predicts */
+    long long available_bytes;     /* what the machine could still give without swapping */
+} hearth_process_memory;
+void hearth_process_memory_get(hearth_process_memory *out);
 
 typedef struct hearth_fit_options {
     hearth_engine_options engine; /* the options hearth_engine_create would get */
@@ -215,7 +225,8 @@ hearth_status hearth_fit(hearth_model *m, const hearth_fit_options *o, char **re
 hearth_status hearth_fit_skus(hearth_model *m, const hearth_fit_options *o, char **report_json, hearth_error *err);
 
 /* Low-level sequences: append tokens (prefill or one decode token) and read the logits
- * of the last n_logits positions (n_logits <= 8) into logits[n_logits * vocab]. */
+ * of the last n_logits positions (n_logits <= 8) into logits[n_logits * vocab].
+ * hearth_seq_open takes a free sequence slot (fails when all max_sequences are held). */
 hearth_status hearth_seq_open(hearth_engine *e, int *seq, hearth_error *err);
 hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens, size_t n, size_t n_logits,
                                 float *logits, hearth_error *err);
@@ -224,6 +235,7 @@ hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens
  * on the device and only the id leaves it (no logits row crosses PCIe). */
 hearth_status hearth_seq_append_greedy(hearth_engine *e, int seq, const int32_t *tokens, size_t n, int32_t *next,
                                        hearth_error *err);
+/* Releases the sequence's slot and KV blocks. */
 void hearth_seq_close(hearth_engine *e, int seq);
 int32_t hearth_model_vocab_rows(const hearth_engine *e); /* rows of the logits (may exceed the tokenizer's) */
 
@@ -299,6 +311,9 @@ typedef struct hearth_generate_result {
     size_t cached_tokens; /* prompt tokens whose KV came from the prefix cache (batch only) */
 } hearth_generate_result;
 
+/* Generates from prompt[n_prompt] on a fresh sequence of the engine (closed at the end),
+ * calling on_token for every sampled token; *result (optional) gets the counts, timings
+ * and finish reason. Not while a hearth_batch of the same engine holds requests. */
 hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_prompt,
                               const hearth_generate_params *p, hearth_token_fn on_token, void *user,
                               hearth_generate_result *result, hearth_error *err);
@@ -327,6 +342,7 @@ typedef struct hearth_batch_request {
     void *user;
 } hearth_batch_request;
 
+/* A batch on engine e, which must outlive it. */
 hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_error *err);
 /* Ends every request still held as cancelled (calling on_done), then frees. */
 void hearth_batch_free(hearth_batch *b);
@@ -336,7 +352,9 @@ hearth_status hearth_batch_submit(hearth_batch *b, const hearth_batch_request *r
 /* Runs one step (admission, one forward pass, sampling); returns the requests still
  * held, waiting or running. A failing forward pass fails the requests in it. */
 size_t hearth_batch_step(hearth_batch *b);
+/* Requests submitted but not yet admitted (no prefill done). */
 size_t hearth_batch_waiting(const hearth_batch *b);
+/* Requests admitted and not finished (prefilling or decoding). */
 size_t hearth_batch_running(const hearth_batch *b);
 
 /* A snapshot of the batch for monitoring (/stats): taken by the thread that steps it. */
@@ -430,6 +448,7 @@ typedef struct hearth_eval_row {
     double tok_s;
     const char *details_json; /* NULL or a JSON object kept as text */
 } hearth_eval_row;
+/* Appends one row to the evals database. */
 hearth_status hearth_evals_record(const hearth_eval_row *row, hearth_error *err);
 /* All rows, newest first, as a JSON array (hearth_free). */
 hearth_status hearth_evals_json(char **out_json, hearth_error *err);
@@ -454,7 +473,9 @@ int hearth_model_is_embedding(const hearth_model *m);
 /* Fails (HEARTH_ERR_UNSUPPORTED) for a model that is not an embedding model. */
 hearth_status hearth_embedder_create(hearth_model *m, const hearth_embedder_options *o, hearth_embedder **out,
                                      hearth_error *err);
+/* Frees the embedder (NULL is fine). */
 void hearth_embedder_free(hearth_embedder *e);
+/* The length of each vector hearth_embed writes. */
 int hearth_embedder_dim(const hearth_embedder *e);
 /* The longest input in tokens, specials included (sentence_bert_config.json's
  * max_seq_length, else the model's positions; at most max_batch_tokens). */

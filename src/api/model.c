@@ -157,17 +157,3 @@ void hearth_model_close(hearth_model *m) {
 }
 
 const char *hearth_model_path(const hearth_model *m) { return m->entry.path; }
-
-char *hearth_model_list_json(void) {
-    model_list l;
-    resolve_list_models(&l);
-    json_t *arr = json_array();
-    for (size_t i = 0; i < l.count; i++)
-        json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:s}", "name", l.items[i].name, "path", l.items[i].path,
-                                             "format", l.items[i].format == MODEL_FORMAT_GGUF ? "gguf" : "safetensors",
-                                             "source", l.items[i].source));
-    resolve_list_free(&l);
-    char *s = json_dumps(arr, JSON_INDENT(2));
-    json_decref(arr);
-    return s;
-}

@@ -111,14 +111,3 @@ hearth_status hearth_model_set_chat_template(hearth_model *m, const char *templa
     m->chat_template_source = copy ? "override" : NULL;
     return HEARTH_OK;
 }
-
-hearth_status hearth_template_render(const char *template_src, const char *context_json, char **out,
-                                     hearth_error *err) {
-    *out = NULL;
-    json_t *ctx = NULL;
-    hearth_status st = parse_json_arg("template context", context_json ? context_json : "{}", &ctx, 0, err);
-    if (st) return st;
-    st = tpl_render(template_src, strlen(template_src), ctx, out, err);
-    json_decref(ctx);
-    return st;
-}

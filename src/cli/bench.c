@@ -341,9 +341,11 @@ int cli_bench(int argc, char **argv) {
             if (sampler_ab) printf("host       %.1f tok/s decode with the host sampler\n", host_decode_tps);
         }
         char *details = json_dumps(o, JSON_PRESERVE_ORDER); /* one evals row per bench run (hearth evals) */
+        hearth_process_memory pm;
+        hearth_process_memory_get(&pm);
         hearth_eval_row row = {.kind = "bench", .model = hearth_model_path(m), .context = p + n,
                                .predicted_peak_bytes = -1,
-                               .measured_peak_bytes = hearth_proc_kb_field("/proc/self/status", "VmHWM"),
+                               .measured_peak_bytes = pm.peak_resident_bytes,
                                .tok_s = decode_tps, .details_json = details};
         if (hearth_evals_record(&row, &err)) fprintf(stderr, "hearth: bench: not recorded: %s\n", err.message);
         free(details);

@@ -17,9 +17,10 @@ void cli_fit_print_skus(const char *report_json); /* fit_skus.c */
 int cli_fit_record(const char *report_json);
 
 void cli_report_memory(const hearth_engine *e) {
+    hearth_process_memory pm;
+    hearth_process_memory_get(&pm);
     fprintf(stderr, "{\"peak_rss_bytes\": %lld, \"rss_bytes\": %lld, \"engine_bytes\": %zu}\n",
-            hearth_proc_kb_field("/proc/self/status", "VmHWM"), hearth_proc_kb_field("/proc/self/status", "VmRSS"),
-            e ? hearth_engine_bytes(e) : (size_t)0);
+            pm.peak_resident_bytes, pm.resident_bytes, e ? hearth_engine_bytes(e) : (size_t)0);
 }
 
 static double mib(const json_t *r, const char *key) {

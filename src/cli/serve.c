@@ -3,10 +3,7 @@
  * limits and API key, then the model, the engine, and the HTTP server until
  * SIGINT/SIGTERM. All request handling lives in src/server/. */
 #include "cli/cli.h"
-#include "server/embeddings.h"
-#include "server/responses.h"
 #include "server/server.h"
-#include "server/textstate.h"
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -312,8 +309,6 @@ static size_t predicted_peak(hearth_model *m, const hearth_engine_options *eo) {
     return peak > 0 ? (size_t)peak : 0;
 }
 
-static bool has_token(void *ud, const char *piece) { return hearth_token_id(ud, piece) >= 0; }
-
 int cli_serve(int argc, char **argv) {
     serve_opts o = {.cfg = {.host = "127.0.0.1",
                             .port = 8080,
@@ -344,11 +339,7 @@ int cli_serve(int argc, char **argv) {
     if (cli_open_model(name, &s.model)) return 1;
     if (o.chat_template && o.chat_template[0] && hearth_model_set_chat_template(s.model, o.chat_template, &err))
         return cli_fail(&err);
-    ts_config tsc;
-    if (ts_infer(&tsc, hearth_model_chat_template(s.model),
-                 hearth_model_tokenizer_config_string(s.model, "tool_parser_type"), has_token, s.model, false, &err))
-        return cli_fail(&err);
-    s.text_config = &tsc;
+    if (srv_setup(&s, &err)) return cli_fail(&err);
     if (!hearth_model_is_embedding(s.model)) s.predicted_peak_bytes = predicted_peak(s.model, &o.eo);
     hearth_engine *e = NULL;
     /* an embedding model (BERT, Qwen3-Embedding) gets no engine: /v1/embeddings only */
@@ -373,11 +364,6 @@ int cli_serve(int argc, char **argv) {
     }
     s.on_gpu = e && hearth_engine_device(e) == HEARTH_DEVICE_CUDA;
     make_fingerprint(s.fingerprint, sizeof s.fingerprint, s.on_gpu);
-    pthread_mutex_init(&s.render_mu, NULL);
-    if (!(s.responses = resp_store_new(c->responses_ttl_s, c->responses_max_bytes))) {
-        fprintf(stderr, "hearth serve: out of memory\n");
-        return 1;
-    }
     if (e && srv_queue_start(e, &s.queue, &err)) return cli_fail(&err);
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
@@ -388,7 +374,7 @@ int cli_serve(int argc, char **argv) {
     clock_gettime(CLOCK_MONOTONIC, &t_start);
     s.started = (double)t_start.tv_sec + t_start.tv_nsec * 1e-9;
     srv_log(&s, SRV_LOG_INFO, "model %s (%s tool parser, context %d)", hearth_model_path(s.model),
-            tsc.tool_name ? tsc.tool_name : "no", s.context_length);
+            srv_tool_parser_name(&s) ? srv_tool_parser_name(&s) : "no", s.context_length);
     srv_log(&s, SRV_LOG_INFO, "Starting httpd at %s on port %d...", c->host, c->port);
     fprintf(stderr, "hearth serve: listening on http://%s%s%s:%d/v1\n", strchr(c->host, ':') ? "[" : "", c->host,
             strchr(c->host, ':') ? "]" : "", c->port);
@@ -404,12 +390,10 @@ int cli_serve(int argc, char **argv) {
     srv_stop(&s);
     if (s.queue) srv_queue_stop(s.queue);
     hearth_engine_free(e);
-    srv_embed_close(s.embed);
+    srv_teardown(&s);
     hearth_model_close(s.model);
     json_decref(targs);
     for (size_t i = 0; i < c->n_origins; i++) free(c->origins[i]);
     free(c->origins);
-    pthread_mutex_destroy(&s.render_mu);
-    resp_store_free(s.responses);
     return 0;
 }

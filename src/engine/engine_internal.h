@@ -6,6 +6,7 @@
 #include "base/threadpool.h"
 #include "kv/kv_cache.h"
 #include "engine/sampler.h"
+#include "engine/fit_internal.h"
 #include "backend/cuda/cuda_sample.h"
 
 #define ENGINE_MAX_LOGITS_ROWS 8 /* rows of logits one append may return; decode needs 1 */

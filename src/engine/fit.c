@@ -50,6 +50,12 @@ long long hearth_proc_kb_field(const char *path, const char *key) {
     return v;
 }
 
+void hearth_process_memory_get(hearth_process_memory *out) {
+    out->resident_bytes = hearth_proc_kb_field("/proc/self/status", "VmRSS");
+    out->peak_resident_bytes = hearth_proc_kb_field("/proc/self/status", "VmHWM");
+    out->available_bytes = hearth_proc_kb_field("/proc/meminfo", "MemAvailable");
+}
+
 /* Resident bytes of the mapping that starts at addr (from /proc/self/smaps); 0 if none. */
 static size_t mapping_rss(const void *addr) {
     FILE *f = fopen("/proc/self/smaps", "r");

@@ -5,6 +5,9 @@
 #include "engine/engine_plan.h"
 #include "hearth.h"
 
+/* A "Key:   123 kB" field of a /proc file in bytes (e.g. "/proc/meminfo", "MemTotal"), -1
+ * when absent or unreadable. Internal: consumers read hearth_process_memory_get. */
+long long hearth_proc_kb_field(const char *path, const char *key);
 /* The process's predicted resident high-water mark once an engine of plan p exists: what
  * it holds now, the model file pages loading maps, worker stacks, code pages, the plan. */
 size_t fit_host_peak(const hearth_model *hm, const engine_plan *p, int use_mmap);

@@ -36,8 +36,9 @@ typedef struct machine {
 
 static void read_machine(machine *m, char *text, size_t cap) {
     m->cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    long long avail = hearth_proc_kb_field("/proc/meminfo", "MemAvailable");
-    m->budget_bytes = avail > 0 ? (double)avail : 0;
+    hearth_process_memory pm;
+    hearth_process_memory_get(&pm);
+    m->budget_bytes = pm.available_bytes > 0 ? (double)pm.available_bytes : 0;
     m->bandwidth_gbs = 0;
     threadpool *tp = NULL;
     if (!tp_create(m->cores > 0 ? m->cores : 1, &tp, NULL)) {

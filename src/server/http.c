@@ -30,6 +30,7 @@ typedef enum route {
     ROUTE_STATS,        /* GET /stats: the engine's live numbers (stats.c) */
     ROUTE_LIBRARY,      /* GET /library, /fit, /downloads; POST /downloads (library_routes.c) */
     ROUTE_EMBEDDINGS,   /* OpenAI Embeddings: POST /v1/embeddings (embeddings.c) */
+    ROUTE_METRICS,      /* GET /metrics: Prometheus text format (metrics.c) */
 } route;
 
 /* One HTTP request on a connection (MHD's per-request context). */
@@ -38,6 +39,7 @@ typedef struct conn_ctx {
     int body_phase; /* the headers passed the gate; body bytes are arriving */
     sbuf body;
     char origin[512];
+    char endpoint[40]; /* its label in /metrics */
 } conn_ctx;
 
 void srv_log(const srv_server *s, srv_log_level level, const char *fmt, ...) {
@@ -116,6 +118,7 @@ static route route_of(const char *url, const char **model_filter) {
         return ROUTE_MODELS;
     }
     if (!strcmp(url, "/health")) return ROUTE_HEALTH;
+    if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
     if (!strcmp(url, "/stats") || !strcmp(url, "/v1/stats")) return ROUTE_STATS;
     if (!strcmp(url, "/library") || !strcmp(url, "/fit") || !strcmp(url, "/downloads")) return ROUTE_LIBRARY;
     if (!strcmp(url, "/v1") || !strcmp(url, "/v1/")) return ROUTE_INDEX;
@@ -186,6 +189,7 @@ static int answer_headers(srv_server *s, struct MHD_Connection *c, conn_ctx *cc,
         return fail(c, s, cc, 400, "invalid_request_error", "model_cannot_generate",
                     "model %s is an embedding model and cannot generate text; use POST /v1/embeddings",
                     hearth_model_path(s->model));
+    if (cc->route == ROUTE_METRICS) return srv_metrics_respond(s, c, o);
     if (cc->route == ROUTE_RESPONSE_ID) return resp_handle_id(s, c, filter, is_delete, o);
     if (cc->route == ROUTE_LIBRARY && is_get) return srv_library_get(s, c, url, o);
     if (cc->route == ROUTE_MODELS || cc->route == ROUTE_INDEX) {
@@ -228,6 +232,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         snprintf(cc->origin, sizeof cc->origin, "%s", origin ? origin : "");
         srv_log(s, SRV_LOG_DEBUG, "%s %s %s", method, url, version);
         int rc = answer_headers(s, c, cc, url, method);
+        srv_metrics_label(cc->endpoint, sizeof cc->endpoint, url, cc->route != ROUTE_NONE);
         if (rc >= 0) return rc ? MHD_YES : MHD_NO;
         cc->body_phase = 1;
         return MHD_YES; /* wait for the body */
@@ -260,6 +265,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         srv_log(cls, SRV_LOG_DEBUG, "request ended early (code %d): its generation is cancelled", (int)toe);
     if (!cc) return;
+    srv_metrics_request(cc->endpoint, c);
     sbuf_free(&cc->body);
     free(cc);
     *con_cls = NULL;

@@ -142,6 +142,7 @@ static int on_token(void *user, int32_t token, const char *text, const hearth_lo
         ev->lp = *lp;
     }
     memcpy(ev->text, text, n + 1);
+    srv_metrics_token(j);
     push(j, ev);
     return atomic_load(&j->cancel);
 }
@@ -268,6 +269,7 @@ hearth_status srv_queue_start(hearth_engine *e, srv_queue **out, hearth_error *e
 }
 
 void srv_queue_submit(srv_queue *q, srv_job *j) {
+    srv_metrics_submitted(j);
     pthread_mutex_lock(&q->mu);
     j->next_in_queue = NULL;
     if (q->tail)

@@ -261,6 +261,7 @@ char *srv_index_body(void) {
         {"GET", "/fit", "?model=&ctx=&batch=: the memory prediction of hearth fit --json"},
         {"GET", "/downloads", "hub downloads of this process; POST {\"model\": \"org/name\"} starts one"},
         {"GET", "/stats", "live engine numbers: rows, queue, KV blocks, prefix cache, tokens/s, memory"},
+        {"GET", "/metrics", "Prometheus text format: requests, tokens, latency histograms, queue, KV blocks, memory"},
         {"GET", "/v1", "this index"},
         {"OPTIONS", "*", "CORS preflight"},
     };

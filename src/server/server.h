@@ -113,6 +113,7 @@ typedef struct srv_job {
     hearth_status status;
     hearth_error err;
     hearth_generate_result result;
+    double submitted_at, last_token_at; /* CLOCK_MONOTONIC seconds, for the latency metrics */
     int refs;
 } srv_job;
 
@@ -210,6 +211,20 @@ struct MHD_Connection;
 
 void srv_log(const srv_server *s, srv_log_level level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* server_setup.c: after cfg and model are set, before srv_start: the text configuration
+ * of the model (its tool parser and thinking markers), the Responses store and the render
+ * lock. srv_teardown frees them and the embedder, after srv_stop and srv_queue_stop. */
+hearth_status srv_setup(srv_server *s, hearth_error *err);
+void srv_teardown(srv_server *s);
+/* The tool parser the chat template asked for (e.g. "json_tools"), or NULL. */
+const char *srv_tool_parser_name(const srv_server *s);
+
+/* embeddings.c: the embedder of m for POST /v1/embeddings (n_threads 0: all cores), in
+ * s->embed; owns_model: srv_embed_close closes m. */
+typedef struct srv_embed srv_embed;
+hearth_status srv_embed_open(hearth_model *m, int owns_model, int n_threads, srv_embed **out, hearth_error *err);
+void srv_embed_close(srv_embed *e);
+
 /* http.c: binds and starts serving (returns at once); srv_stop ends it. */
 hearth_status srv_start(srv_server *s, hearth_error *err);
 void srv_stop(srv_server *s);
@@ -231,6 +246,17 @@ char *srv_stats_body(srv_server *s);
 char *srv_index_stats_body(srv_server *s);
 /* Whether a request's "model" names the model being served. */
 int srv_model_matches(const srv_server *s, const char *name);
+/* metrics.c: GET /metrics (Prometheus text format). The counters are process-wide. */
+int srv_metrics_respond(srv_server *s, struct MHD_Connection *c, const char *origin);
+/* The endpoint label of a request path: the path of a known route with ids folded
+ * ("/v1/responses/{id}"), else "other". */
+void srv_metrics_label(char *out, size_t cap, const char *url, int known_route);
+/* Counts a finished HTTP request under its label and the status it was answered with. */
+void srv_metrics_request(const char *endpoint, struct MHD_Connection *c);
+/* A job enters the queue: its prompt tokens count, its time-to-first-token starts. */
+void srv_metrics_submitted(srv_job *j);
+/* The engine emitted one token of j: counted, and timed since the submission or the last. */
+void srv_metrics_token(srv_job *j);
 /* library_routes.c: GET /library, /fit, /downloads; POST /downloads. */
 int srv_library_get(srv_server *s, struct MHD_Connection *c, const char *url, const char *origin);
 int srv_library_post(srv_server *s, struct MHD_Connection *c, const char *body, size_t len, const char *origin);

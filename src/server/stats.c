@@ -23,7 +23,9 @@ static json_t *stats_json(srv_server *s) {
                                                (json_int_t)b.queued_prompt_tokens[i]));
     size_t entries = 0, bytes = 0;
     if (s->responses) resp_store_stats(s->responses, &entries, &bytes);
-    long long hwm = hearth_proc_kb_field("/proc/self/status", "VmHWM"), host_hwm = hwm;
+    hearth_process_memory pm;
+    hearth_process_memory_get(&pm);
+    long long hwm = pm.peak_resident_bytes, host_hwm = hwm;
     if (s->on_gpu) hwm = (long long)hearth_device_peak_bytes(); /* device bytes, as fit --device cuda predicts */
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("stats"));

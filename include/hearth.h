@@ -177,6 +177,8 @@ size_t hearth_engine_bytes(const hearth_engine *e);
  * -1 when absent or unreadable: how fit and --report-memory read memory use. */
 long long hearth_proc_kb_field(const char *path, const char *key);
 int hearth_engine_context_length(const hearth_engine *e);
+/* The worker threads the engine computes with (n_threads, or all cores when 0 was asked). */
+int hearth_engine_threads(const hearth_engine *e);
 /* The model's own context limit when the default context was cut from it to fit memory;
  * 0 when not cut (the context is the model's, or the one asked for). */
 int hearth_engine_context_cut_from(const hearth_engine *e);

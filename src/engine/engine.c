@@ -383,6 +383,7 @@ void hearth_engine_free(hearth_engine *e) {
 size_t hearth_engine_bytes(const hearth_engine *e) { return e->bytes; }
 int hearth_engine_context_length(const hearth_engine *e) { return e->context; }
 int hearth_engine_context_cut_from(const hearth_engine *e) { return e->context_cut_from; }
+int hearth_engine_threads(const hearth_engine *e) { return e->n_threads; }
 
 int hearth_engine_kv_blocks(const hearth_engine *e, int *cut_from) {
     if (cut_from) *cut_from = e->kv_cut_from;

@@ -179,7 +179,7 @@ hearth_status hearth_machine_bandwidth(double *gbs, char *source, size_t cap, he
     if (*gbs <= 0) return err_set(err, HEARTH_ERR_NOMEM, "cannot allocate the bandwidth probe's 256 MiB");
     /* recorded, so that every later choice and fit on this machine uses the same figure */
     char details[160];
-    snprintf(details, sizeof details, "{\"device\": \"cpu\", \"bandwidth_gbs\": %.3f, \"threads\": %ld, \"bytes\": %zu}",
+    snprintf(details, sizeof details, "{\"device\": \"cpu\", \"bandwidth_gbs\": %.17g, \"threads\": %ld, \"bytes\": %zu}",
              *gbs, cores > 0 ? cores : 1, HUB_PROBE_BYTES);
     hearth_eval_row row = {.kind = "probe", .model = "-", .predicted_peak_bytes = -1, .measured_peak_bytes = -1,
                            .tok_s = -1, .details_json = details};

@@ -64,10 +64,19 @@ def fit(*args, env=None):
     return json.loads(p.stdout)
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of a process (/proc/<pid>/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_appliance_answers_health_fast_and_holds_the_model_only(smollm2):
     """Before the pool was reserved untouched: 2.5-10.9 s to /health and 3.2 GB resident for
-    a 92 MB model (issue 30). The first start probes the bandwidth (recorded); the second
-    is the one timed."""
+    a 92 MB model (issue 30), 94% of it the kernel zeroing the pool. The first start probes
+    the bandwidth (recorded); the second is the one measured. The CPU time the process
+    spent until /health answered is the bound (under a second): unlike the wall time it
+    does not grow with what else the machine runs (2-core test machines shared with
+    builds saw 1-2.4 s wall for 0.2 s of CPU)."""
     for attempt in range(2):
         port = free_port()
         cmd = [str(BIN), "--no-open", "--port", str(port), "--threads", "1"]
@@ -76,9 +85,11 @@ def test_appliance_answers_health_fast_and_holds_the_model_only(smollm2):
             t0 = time.monotonic()
             with running(cmd, port, log, env, 60, what="hearth --no-open") as base:
                 elapsed = time.monotonic() - t0
-                rss = status_kb(pid_of(port), "VmRSS")
+                pid = pid_of(port)
+                cpu = cpu_seconds(pid)
+                rss = status_kb(pid, "VmRSS")
                 stats = get(base, "/stats")
-    assert elapsed < 1.0, f"/health after {elapsed:.2f} s"
+    assert cpu < 1.0, f"{cpu:.2f} s of CPU until /health ({elapsed:.2f} s wall)"
     model_bytes = smollm2.stat().st_size
     # the model (weights copied once) plus the runtime; the default pool (8 x 8192 positions,
     # about 2.9 GiB for this model) is not resident

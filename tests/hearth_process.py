@@ -27,6 +27,9 @@ def isolate_cache():
     own = Path(tempfile.mkdtemp(prefix="hearth-test-cache-"))
     atexit.register(shutil.rmtree, own, True)
     if user.is_dir():
+        # the oracles' own cache (tokenizers converted from GGUF, tests/parity/conftest.py)
+        # persists across sessions there, as it did before: it is the tests', not the user's
+        (user / "oracle").mkdir(exist_ok=True)
         for entry in user.iterdir():
             if entry.name != "evals.sqlite":
                 (own / entry.name).symlink_to(entry)

@@ -103,8 +103,8 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
     p->n_threads = o.n_threads > 0 ? o.n_threads : (cores > 0 ? (int)cores : 1);
     /* the model's own limit: the pool is reserved, not touched, so a long limit costs memory
      * only when requests use it (engine_plan_room cuts it where even one sequence of it would
-     * not fit) */
-    p->context = o.context_length > 0 ? o.context_length : c->context_length > 0 ? c->context_length : 4096;
+     * not fit); model_config_read gives every model one (4096 where the config states none) */
+    p->context = o.context_length > 0 ? o.context_length : c->context_length;
     if (!o.context_length && p->context > (1 << 24)) p->context = 1 << 24;
     p->step_tokens = o.max_step_tokens > 0 ? o.max_step_tokens : 256;
     p->max_seqs = o.max_sequences > 0 ? o.max_sequences : 1;

@@ -128,13 +128,14 @@ def test_fit_predicts_the_servers_peak_at_start_and_full(smollm2):
         start_peak = get(base, "/stats")["peak_bytes"]
         for measured in (rss, start_peak):
             assert abs(predicted["predicted_start_bytes"] - measured) <= TOLERANCE * measured, (predicted, measured)
-        # two prompts of distinct text, each filling one sequence's 16 blocks (240 positions
-        # and the generated one: the 16th block written): every block of the pool
+        # two prompts of distinct text, each writing all 16 blocks of one sequence (more than
+        # 240 prompt positions: the 16th block is written; the generated token's is not):
+        # every block of the pool
         for word in ("the", "a"):
-            r = post(base, "/v1/completions", {"prompt": " ".join([word] * 240), "max_tokens": 1, "temperature": 0})
-            assert 240 <= r["usage"]["prompt_tokens"] <= 254, r["usage"]
+            r = post(base, "/v1/completions", {"prompt": " ".join([word] * 250), "max_tokens": 1, "temperature": 0})
+            assert 241 <= r["usage"]["prompt_tokens"] <= 255, r["usage"]
         stats = get(base, "/stats")
-        assert stats["kv_blocks"]["total"] == predicted["kv_blocks"]
+        assert stats["kv_blocks"]["total"] == predicted["kv_blocks"] and stats["kv_blocks"]["free"] == 0
         full = stats["peak_bytes"]
     err = (predicted["predicted_peak_bytes"] - full) / full
     assert abs(err) <= TOLERANCE, (predicted["predicted_peak_bytes"], full, err)

@@ -55,7 +55,7 @@ UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all lib install examples test test-build unit unit-build asan asan-build fuzz fuzz-build parity deps run clean format
+.PHONY: all lib install examples test test-quick test-build unit unit-build asan asan-build fuzz fuzz-build parity deps run clean format
 all: $(BINDIR)/hearth $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
 
 lib: $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
@@ -144,12 +144,14 @@ unit: $(UNIT_BIN)
 ASAN_MAKE = $(MAKE) --no-print-directory BUILD=build/asan BINDIR=build/asan/bin LIBDIR=build/asan/lib \
   CU_BUILD=$(CU_BUILD) OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
   LDLIBS="$(LDLIBS) -fsanitize=address,undefined"
+# '+': the sub-make is reached through ASAN_MAKE, so make would not see $(MAKE) in the
+# recipe and would not hand it the jobserver (the sub-make then warned and ran at -j1)
 asan:
-	@$(ASAN_MAKE) unit
+	+@$(ASAN_MAKE) unit
 # Builds the sanitizer tests without running them. After the CUDA objects: the sub-make
 # reuses them (CU_BUILD) and must not compile the same object next to this make.
 asan-build: $(CU_OBJ)
-	@$(ASAN_MAKE) unit-build
+	+@$(ASAN_MAKE) unit-build
 
 # libFuzzer targets, built with clang against the library sources, run a few seconds each.
 # One make target per fuzzer: each runs single-threaded for FUZZ_SECONDS, so under -jN
@@ -248,6 +250,13 @@ test: deps
 	@$(MAKE) --no-print-directory asan
 	@$(MAKE) --no-print-directory -j$(JOBS) fuzz
 	@$(MAKE) --no-print-directory parity
+
+# The inner loop: the unit tests, then the CLI's error table and the fit / start-up checks
+# that need no oracle server (a couple of minutes on 2 cores); `make test` runs everything.
+test-quick: all unit-build
+	@$(MAKE) --no-print-directory unit
+	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/parity/test_cli_errors.py
+	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/api/test_startup.py
 
 # `make run` builds only what this machine can use: no CUDA objects without a GPU
 # (nvidia-smi -L fails or there is no /dev/nvidia0), only the native GPU architecture

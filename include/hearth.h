@@ -145,9 +145,14 @@ int hearth_engine_device(const hearth_engine *e);
  * reports for a GPU engine. 0 without a GPU. Any thread. */
 size_t hearth_device_peak_bytes(void);
 
+/* Requests `hearth serve` generates at once when --max-sequences is not given; `hearth fit`
+ * and the model library assume the same. */
+#define HEARTH_SERVE_MAX_SEQUENCES 8
+
 typedef struct hearth_engine_options {
     int n_threads;       /* 0: all cores */
-    int context_length;  /* 0: the model's, capped at 8192 */
+    int context_length;  /* 0: the model's own limit, cut to the largest that fits in free
+                            memory when one sequence of it would not (with the default pool) */
     int max_step_tokens; /* tokens per forward step (prefill chunk); 0: 256 */
     int max_sequences;   /* sequences held at once; 0: 1 */
     int use_mmap;        /* use weights in place in the file mapping instead of copying
@@ -173,6 +178,11 @@ void hearth_engine_free(hearth_engine *e);
 size_t hearth_engine_bytes(const hearth_engine *e);
 /* The context length every sequence of the engine may reach, in tokens. */
 int hearth_engine_context_length(const hearth_engine *e);
+/* The worker threads the engine computes with (n_threads, or all cores when 0 was asked). */
+int hearth_engine_threads(const hearth_engine *e);
+/* The model's own context limit when the default context was cut from it to fit memory;
+ * 0 when not cut (the context is the model's, or the one asked for). */
+int hearth_engine_context_cut_from(const hearth_engine *e);
 /* The KV pool's size in blocks of 16 positions. *cut_from (when not NULL): for the default
  * pool, the block count it was cut from to fit memory (every sequence's whole context),
  * else 0. */
@@ -199,7 +209,8 @@ void hearth_process_memory_get(hearth_process_memory *out);
 
 typedef struct hearth_fit_options {
     hearth_engine_options engine; /* the options hearth_engine_create would get */
-    int measure_bandwidth;        /* 1: measure the read bandwidth (about a second, a 1 GiB buffer) */
+    int measure_bandwidth;        /* 1: measure the read bandwidth (about a second, a 1 GiB buffer);
+                                     else (and no bandwidth_gbs) hearth_machine_bandwidth's */
     double bandwidth_gbs;         /* > 0: use this bandwidth (GB/s) for the decode prediction */
     const char *sku;              /* a GPU of data/skus.json (any part of its name, e.g. "h200"):
                                      the --device cuda report for it instead of the local GPU
@@ -426,7 +437,8 @@ hearth_status hearth_rm(const char *model, int dry_run, char **report_json, hear
 /* The appliance's choice (data/catalogue.json against this machine): the best catalogue
  * model that fits and decodes at a readable speed and is on disk now, else the `make run`
  * default; plus the best suitable one when it is not on disk (for a background pull).
- * Measures read bandwidth briefly (~0.1 s); never touches the network. */
+ * Reads the bandwidth with hearth_machine_bandwidth (a stable figure per machine); never
+ * touches the network. */
 typedef struct hearth_choice {
     char model[4096];       /* what to serve: a model path */
     char name[256];         /* its catalogue name */
@@ -434,6 +446,7 @@ typedef struct hearth_choice {
     char better[256];       /* hub id of a better suitable model not on disk, or "" */
     char better_include[128]; /* its --include pattern, or "" */
     char better_name[256];
+    double better_bytes;    /* its download size (the catalogue's approx_bytes) */
 } hearth_choice;
 hearth_status hearth_choose_model(hearth_choice *c, hearth_error *err);
 
@@ -452,6 +465,12 @@ typedef struct hearth_eval_row {
 hearth_status hearth_evals_record(const hearth_eval_row *row, hearth_error *err);
 /* All rows, newest first, as a JSON array (hearth_free). */
 hearth_status hearth_evals_json(char **out_json, hearth_error *err);
+/* This machine's memory read bandwidth (GB/s) for predictions: the newest one the evals
+ * database holds (a CPU `hearth bench` run, else an earlier probe), else a quick probe
+ * (256 MiB, about 0.1 s) that is recorded there (kind "probe"), so every later call on
+ * this machine gives the same figure. source: where it came from, e.g. "hearth bench
+ * 2026-12-04T22:10:00Z", "probe 2026-...", "probe now (recorded in the evals db)". */
+hearth_status hearth_machine_bandwidth(double *gbs, char *source, size_t cap, hearth_error *err);
 
 /* ---- embeddings ------------------------------------------------------------
  * An embedder turns inputs into vectors: BERT-family encoders (the pooling and

@@ -1,13 +1,40 @@
-"""Starting a hearth server process for a test and stopping it: shared by tests/api and
-tests/ui (their conftest modules add this folder to sys.path)."""
+"""Starting a hearth server process for a test and stopping it, and the test session's own
+cache folder: shared by tests/api, tests/parity and tests/ui (their conftest modules add
+this folder to sys.path)."""
+import atexit
 import contextlib
+import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+
+def isolate_cache():
+    """Points HEARTH_CACHE of this process (and so of every hearth it starts, and of pytest-
+    xdist workers) at a fresh folder whose entries link to the user's cache (models, tiny
+    models, oracles), so tests read the models but write what hearth writes (the evals
+    database, bandwidth probes, download state) there, never into the user's cache. Called
+    by each conftest at import; once per session (a worker reuses its controller's)."""
+    if os.environ.get("HEARTH_TEST_CACHE_OF"):
+        return
+    user = Path(os.environ.get("HEARTH_CACHE", Path.home() / ".cache" / "hearth"))
+    own = Path(tempfile.mkdtemp(prefix="hearth-test-cache-"))
+    atexit.register(shutil.rmtree, own, True)
+    if user.is_dir():
+        # the oracles' own cache (tokenizers converted from GGUF, tests/parity/conftest.py)
+        # persists across sessions there, as it did before: it is the tests', not the user's
+        (user / "oracle").mkdir(exist_ok=True)
+        for entry in user.iterdir():
+            if entry.name != "evals.sqlite":
+                (own / entry.name).symlink_to(entry)
+    os.environ["HEARTH_TEST_CACHE_OF"] = str(user)
+    os.environ["HEARTH_CACHE"] = str(own)
 
 
 def free_port():

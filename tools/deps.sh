@@ -8,17 +8,25 @@ cd "$(dirname "$0")/.."
 # the test tools (cmocka, clang for fuzzing, chromium, the Python oracles) come with `make test`.
 RUN_PKGS=(build-essential pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev
           libssl-dev libmicrohttpd-dev libsqlite3-dev python3-venv)
-APT_PKGS=("${RUN_PKGS[@]}" libcmocka-dev clang libclang-rt-14-dev chromium)
-[ "${1:-}" = "--run" ] && APT_PKGS=("${RUN_PKGS[@]}")
-missing=()
-for p in "${APT_PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "deps: installing Debian packages: ${missing[*]}"
+APT_PKGS=("${RUN_PKGS[@]}" libcmocka-dev clang libclang-rt-14-dev)
+# the headless browser of tests/ui without its Recommends (about 110 packages: avahi, CUPS
+# helpers, desktop portals); a font so pages have glyphs to lay out
+BROWSER_PKGS=(chromium fonts-liberation)
+if [ "${1:-}" = "--run" ]; then APT_PKGS=("${RUN_PKGS[@]}"); BROWSER_PKGS=(); fi
+missing_of() {
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+  done
+}
+mapfile -t missing < <(missing_of "${APT_PKGS[@]}")
+mapfile -t missing_browser < <(missing_of "${BROWSER_PKGS[@]}")
+if [ ${#missing[@]} -gt 0 ] || [ ${#missing_browser[@]} -gt 0 ]; then
+  echo "deps: installing Debian packages: ${missing[*]} ${missing_browser[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  [ ${#missing[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  [ ${#missing_browser[@]} -eq 0 ] ||
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing_browser[@]}" >/dev/null
 fi
 
 [ "${1:-}" = "--apt-only" ] && exit 0

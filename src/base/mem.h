@@ -1,6 +1,7 @@
-/* mem.h: allocation of large buffers that are streamed (model weights, the bandwidth probe):
- * aligned so the kernel can back them with transparent huge pages, and advised to.
- * Knows nothing about what is stored in them. */
+/* mem.h: allocation of large buffers: streamed ones (model weights, the bandwidth probe)
+ * aligned so the kernel can back them with transparent huge pages, and advised to; and
+ * reservations made resident only where written (the KV pool). Knows nothing about what is
+ * stored in them. */
 #ifndef HEARTH_BASE_MEM_H
 #define HEARTH_BASE_MEM_H
 #include <stddef.h>
@@ -9,4 +10,11 @@
  * MADV_HUGEPAGE (one TLB entry per 2 MiB instead of per 4 KiB while a decode step streams
  * every weight), unless HEARTH_HUGEPAGES=0. NULL when out of memory; release with free(). */
 void *mem_alloc_stream(size_t bytes);
+
+/* A page-aligned reservation that is filled a part at a time (the KV pool): anonymous
+ * pages, read as zeros and made resident (4 KiB at a time, no huge pages) only when first
+ * written, so the process holds what it has used, not what it reserved. NULL when the
+ * address space is short; release with mem_free_reserved and the same byte count. */
+void *mem_alloc_reserved(size_t bytes);
+void mem_free_reserved(void *p, size_t bytes);
 #endif

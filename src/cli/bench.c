@@ -177,7 +177,7 @@ static int bench_batch_main(hearth_engine *e, hearth_model *m, const hearth_engi
         json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
                               "model", hearth_model_path(m), "device", on_gpu ? "cuda" : "cpu", "kv_quant",
                               hearth_kv_quant_name(eo->kv_quant), "deterministic", eo->deterministic, "threads",
-                              eo->n_threads, "batch", B, "prompt_tokens", p, "gen_tokens", n, "runs", reps,
+                              hearth_engine_threads(e), "batch", B, "prompt_tokens", p, "gen_tokens", n, "runs", reps,
                               "prefill_tps", prefill_tps, "decode_tps", decode_tps, "decode_step_ms",
                               decode_tps > 0 ? 1e3 * B / decode_tps : 0.0, "bandwidth_gbs", bw,
                               "decode_bytes_per_step", step_bytes, "roofline_tps", roof, "roofline_fraction",
@@ -232,9 +232,9 @@ int cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "--top-k") && has) sp.top_k = atoi(argv[++i]), sampled = 1;
         else if (!strcmp(a, "--min-p") && has) sp.min_p = (float)atof(argv[++i]), sampled = 1;
         else if (!strcmp(a, "--seed") && has) sp.seed = strtoull(argv[++i], NULL, 10), sp.has_seed = 1, sampled = 1;
-        else if (a[0] == '-') return cli_usage_error(bench_usage, "unknown or incomplete flag '%s'", a);
+        else if (a[0] == '-') return cli_usage_error(bench_usage, "%s: unknown flag, or a flag without its value", a);
         else if (!model) model = a;
-        else return cli_usage_error(bench_usage, "unexpected argument '%s'", a);
+        else return cli_usage_error(bench_usage, "%s: unexpected argument", a);
     }
     if (!model || p < 1 || n < 1 || reps < 1 || p > 1000000 || n > 1000000 || reps > 1000)
         return cli_usage_error(bench_usage, "%s", "need a model; -p, -n and -r must be positive");
@@ -309,7 +309,7 @@ int cli_bench(int argc, char **argv) {
                               hearth_model_path(m), "device", on_gpu ? "cuda" : "cpu", "kv_quant",
                               hearth_kv_quant_name(eo.kv_quant),
                               "deterministic", eo.deterministic,
-                              "threads", eo.n_threads, "prompt_tokens", p, "gen_tokens", n,
+                              "threads", hearth_engine_threads(e), "prompt_tokens", p, "gen_tokens", n,
                               "runs", reps, "prefill_tps", prefill_tps, "decode_tps", decode_tps, "bandwidth_gbs", bw,
                               "decode_bytes_per_token", bytes, "roofline_tps", roof, "roofline_fraction",
                               roof > 0 ? decode_tps / roof : 0.0);

@@ -79,9 +79,9 @@ int cli_chat(int argc, char **argv) {
         else if (!strcmp(a, "--temp") && has) temp = strtof(argv[++i], NULL);
         else if (!strcmp(a, "--top-p") && has) top_p = strtof(argv[++i], NULL);
         else if (!strcmp(a, "--seed") && has) seed = atoll(argv[++i]);
-        else if (a[0] == '-') return cli_usage_error(chat_usage, "unknown or incomplete flag '%s'", a);
+        else if (a[0] == '-') return cli_usage_error(chat_usage, "%s: unknown flag, or a flag without its value", a);
         else if (!model) model = a;
-        else return cli_usage_error(chat_usage, "unexpected argument '%s'", a);
+        else return cli_usage_error(chat_usage, "%s: unexpected argument", a);
     }
     if (!model) return cli_usage_error(chat_usage, "%s", "no model given");
     if (gp.max_tokens <= 0) return cli_usage_error(chat_usage, "%s", "--max-tokens must be positive");

@@ -20,8 +20,9 @@ int cli_fit(int argc, char **argv);
 int cli_pull(int argc, char **argv);
 int cli_rm(int argc, char **argv);
 int cli_evals(int argc, char **argv);
-/* The appliance's model for `hearth` without --model (choose.c); NULL: serve's default. */
-const char *cli_choose_model(int argc, char **argv);
+/* The appliance's model for `hearth` without --model (choose.c); NULL: serve's default.
+ * no_download: never start the background pull of a better model (--no-download). */
+const char *cli_choose_model(int argc, char **argv, int no_download);
 int cli_embed(int argc, char **argv);
 void cli_report_memory(const hearth_engine *e); /* {"peak_rss_bytes", ...} on stderr */
 
@@ -32,6 +33,14 @@ int cli_usage_error(const char *usage, const char *fmt, const char *arg);
 int cli_is_help(const char *arg);
 /* Reads a whole file ("-" for stdin), NUL-terminated; NULL after printing why. */
 char *cli_read_file(const char *path);
+/* The flags that size the engine's sequences, steps and KV pool, the same in serve and
+ * fit: --max-sequences, --max-step-tokens (--prefill-step-size, mlx_lm.server's name),
+ * --kv-blocks, --kv-budget ("1.5GB" or a block count); "--flag value" or "--flag=value".
+ * Returns 1 when argv[*i] is one (consumed, with its value) and sets *rc: 0, or 2 after
+ * printing the usage error for a bad value; 0 when it is not one. */
+/* A whole decimal integer in [lo, hi]: 0, else -1. */
+int cli_parse_long(const char *s, long lo, long hi, long *out);
+int cli_parse_pool_flag(int argc, char **argv, int *i, hearth_engine_options *eo, const char *usage, int *rc);
 /* Opens a model, printing the error; returns 0 on success, 1 on failure. */
 int cli_open_model(const char *name, hearth_model **m);
 /* Opens url with xdg-open when a display is available; returns 1 if launched,

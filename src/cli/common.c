@@ -1,6 +1,7 @@
 /* common.c: helpers shared by the CLI verbs: flag matching, reading files, printing
  * errors in one consistent form. */
 #include "cli/cli.h"
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,7 @@ int cli_is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h")
 char *cli_read_file(const char *path) {
     FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f) {
-        perror(path);
+        fprintf(stderr, "hearth: %s: %s\n", path, strerror(errno));
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;
@@ -44,4 +45,67 @@ int cli_open_model(const char *name, hearth_model **m) {
     hearth_error err = {0};
     if (hearth_model_open(name, m, &err)) return cli_fail(&err);
     return 0;
+}
+
+/* --kv-budget: "1.5GB" (bytes; K/M/G/T binary) or "4096" (blocks). */
+static int parse_kv_budget(const char *s, hearth_engine_options *eo) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v > 0) || s[0] == '-') return -1;
+    if (!*end) {
+        if (v != (double)(long)v || v > (1 << 26)) return -1;
+        eo->kv_blocks = (int)v;
+        return 0;
+    }
+    static const char units[] = "KMGT";
+    const char *u = strchr(units, *end >= 'a' ? *end - 32 : *end);
+    if (!u || !*u) return -1;
+    end++;
+    if (*end == 'i' || *end == 'I') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return -1;
+    eo->kv_budget_bytes = v * (double)(1ull << (10 * (u - units + 1)));
+    return 0;
+}
+
+int cli_parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_count(const char *s, long lo, long hi, int *out) {
+    long v;
+    if (cli_parse_long(s, lo, hi, &v)) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int cli_parse_pool_flag(int argc, char **argv, int *i, hearth_engine_options *eo, const char *usage, int *rc) {
+    static const char *const names[] = {"--max-sequences", "--max-step-tokens", "--prefill-step-size", "--kv-blocks",
+                                        "--kv-budget"};
+    const char *a = argv[*i], *eq = strchr(a, '='), *v = NULL;
+    size_t len = eq ? (size_t)(eq - a) : strlen(a);
+    int k = 0, n = (int)(sizeof names / sizeof *names);
+    while (k < n && !(strlen(names[k]) == len && !strncmp(a, names[k], len))) k++;
+    if (k == n) return 0;
+    if (eq) v = eq + 1;
+    else if (*i + 1 < argc) v = argv[++*i];
+    int bad;
+    if (!v) bad = 1;
+    else if (k == 0) bad = parse_count(v, 1, 4096, &eo->max_sequences); /* requests generating at once */
+    else if (k <= 2) bad = parse_count(v, 1, 1 << 20, &eo->max_step_tokens); /* tokens per batched step */
+    else if (k == 3) bad = parse_count(v, 1, 1 << 26, &eo->kv_blocks);      /* blocks of 16 positions */
+    else bad = parse_kv_budget(v, eo);
+    *rc = 0;
+    if (bad) {
+        char fmt[96];
+        snprintf(fmt, sizeof fmt, "%s: invalid value '%%s'", names[k]);
+        *rc = cli_usage_error(usage, fmt, v ? v : "");
+    }
+    return 1;
 }

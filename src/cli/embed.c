@@ -122,13 +122,13 @@ int cli_embed(int argc, char **argv) {
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             char *end;
             threads = strtol(argv[++i], &end, 10);
-            if (*end || threads < 0 || threads > 4096) rc = cli_usage_error(embed_usage, "bad --threads '%s'", argv[i]);
+            if (*end || threads < 0 || threads > 4096) rc = cli_usage_error(embed_usage, "--threads %s: not a thread count", argv[i]);
         } else if (argv[i][0] == '-' && argv[i][1])
-            rc = cli_usage_error(embed_usage, "unknown flag '%s'", argv[i]);
+            rc = cli_usage_error(embed_usage, "%s: unknown flag", argv[i]);
         else if (!model)
             model = argv[i];
         else
-            rc = cli_usage_error(embed_usage, "unexpected argument '%s'", argv[i]);
+            rc = cli_usage_error(embed_usage, "%s: unexpected argument", argv[i]);
     }
     char *buf = NULL;
     if (!rc && file && (!(buf = cli_read_file(file)) || inputs_add_lines(&in, buf))) rc = 1;

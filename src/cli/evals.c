@@ -18,7 +18,7 @@ static int evals_add(int argc, char **argv) {
     hearth_eval_row r = {.predicted_peak_bytes = -1, .measured_peak_bytes = -1, .tok_s = -1};
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) return cli_usage_error(evals_usage, "flag '%s' needs a value", a);
+        if (!v) return cli_usage_error(evals_usage, "%s: needs a value", a);
         if (!strcmp(a, "--kind"))
             r.kind = v;
         else if (!strcmp(a, "--model"))
@@ -34,7 +34,7 @@ static int evals_add(int argc, char **argv) {
         else if (!strcmp(a, "--details"))
             r.details_json = v;
         else
-            return cli_usage_error(evals_usage, "unknown flag '%s'", a);
+            return cli_usage_error(evals_usage, "%s: unknown flag", a);
         i++;
     }
     if (!r.kind || !r.model) return cli_usage_error(evals_usage, "%s", "add needs --kind and --model");
@@ -60,7 +60,7 @@ int cli_evals(int argc, char **argv) {
         if (!strcmp(argv[i], "--json"))
             as_json = 1;
         else
-            return cli_usage_error(evals_usage, "unexpected argument '%s'", argv[i]);
+            return cli_usage_error(evals_usage, "%s: unexpected argument", argv[i]);
     }
     hearth_error err = {0};
     char *j = NULL;

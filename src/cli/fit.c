@@ -9,8 +9,10 @@
 #include <string.h>
 
 static const char *fit_usage =
-    "hearth fit <model> [--ctx N] [--batch B] [--threads N] [--mmap] [--measure | --bandwidth GBS]\n"
-    "       [--kv-quant none|int8] [--device cpu|cuda|auto] [--sku NAME] [--json] [--skus] [--record]";
+    "hearth fit <model> [--ctx N] [--max-sequences 8] [--max-step-tokens 256] [--kv-blocks N | --kv-budget 1.5GB|N]\n"
+    "       [--threads N] [--mmap] [--kv-quant none|int8|fp8|f16] [--deterministic] [--device cpu|cuda|auto]\n"
+    "       [--measure | --bandwidth GBS] [--sku NAME] [--json] [--skus] [--record]\n"
+    "  every flag that sizes `hearth serve`'s memory, with serve's defaults (--batch B: --max-sequences B)";
 
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 void cli_fit_print_skus(const char *report_json); /* fit_skus.c */
@@ -44,8 +46,9 @@ static void print_cuda_table(const json_t *r) {
            json_string_value(json_object_get(r, "compute_capability")),
            json_is_true(json_object_get(r, "device_present")) ? ", this machine's GPU"
                                                               : ", a prediction (no such GPU here)");
-    printf("settings: context %lld, sequences %lld, step %lld tokens, device KV %s\n\n",
+    printf("settings: context %lld (%s), sequences %lld, step %lld tokens, device KV %s\n\n",
            (long long)json_integer_value(json_object_get(r, "context_length")),
+           json_string_value(json_object_get(r, "context_source")),
            (long long)json_integer_value(json_object_get(r, "max_sequences")),
            (long long)json_integer_value(json_object_get(r, "step_tokens")),
            json_string_value(json_object_get(r, "kv_device_dtype")));
@@ -82,8 +85,9 @@ static void print_table(const json_t *r) {
     }
     const json_t *ro = json_object_get(r, "runtime_overhead");
     printf("model:    %s\n", json_string_value(json_object_get(r, "model")));
-    printf("settings: context %lld, sequences %lld, threads %lld, step %lld tokens\n\n",
+    printf("settings: context %lld (%s), sequences %lld, threads %lld, step %lld tokens\n\n",
            (long long)json_integer_value(json_object_get(r, "context_length")),
+           json_string_value(json_object_get(r, "context_source")),
            (long long)json_integer_value(json_object_get(r, "max_sequences")),
            (long long)json_integer_value(json_object_get(r, "threads")),
            (long long)json_integer_value(json_object_get(r, "step_tokens")));
@@ -95,7 +99,8 @@ static void print_table(const json_t *r) {
     printf("  %-34s %10.1f MiB\n", "runtime: model file pages", mib(ro, "model_file_pages_bytes"));
     printf("  %-34s %10.1f MiB\n", "runtime: thread stacks", mib(ro, "thread_stacks_bytes"));
     printf("  %-34s %10.1f MiB\n", "runtime: engine code pages", mib(ro, "code_pages_bytes"));
-    printf("  %-34s %10.1f MiB\n", "predicted peak", mib(r, "predicted_peak_bytes"));
+    printf("  %-34s %10.1f MiB\n", "predicted peak (KV pool full)", mib(r, "predicted_peak_bytes"));
+    printf("  %-34s %10.1f MiB\n", "at start (KV pool reserved, untouched)", mib(r, "predicted_start_bytes"));
     printf("  %-34s %10.1f MiB\n\n", "available now", mib(r, "available_bytes"));
     print_kv_cut(r);
     printf("fits: %s; largest context that fits: %lld (model maximum %lld)\n",
@@ -122,6 +127,11 @@ int cli_fit(int argc, char **argv) {
             return 0;
         }
         if (cli_parse_engine_flag(argc, argv, &i, &fo.engine)) continue;
+        int rc;
+        if (cli_parse_pool_flag(argc, argv, &i, &fo.engine, fit_usage, &rc)) {
+            if (rc) return rc;
+            continue;
+        }
         if (!strcmp(a, "--batch") && has)
             fo.engine.max_sequences = atoi(argv[++i]);
         else if (!strcmp(a, "--bandwidth") && has)
@@ -137,13 +147,14 @@ int cli_fit(int argc, char **argv) {
         else if (!strcmp(a, "--record"))
             record = 1;
         else if (a[0] == '-')
-            return cli_usage_error(fit_usage, "unknown or incomplete flag '%s'", a);
+            return cli_usage_error(fit_usage, "%s: unknown flag, or a flag without its value", a);
         else if (!model)
             model = a;
         else
-            return cli_usage_error(fit_usage, "unexpected argument '%s'", a);
+            return cli_usage_error(fit_usage, "%s: unexpected argument", a);
     }
     if (!model) return cli_usage_error(fit_usage, "%s", "need a model");
+    if (!fo.engine.max_sequences) fo.engine.max_sequences = HEARTH_SERVE_MAX_SEQUENCES;
     if (fo.engine.device < 0) return cli_usage_error(fit_usage, "%s", "--device takes cpu, cuda or auto");
     if (fo.sku && !*fo.sku) return cli_usage_error(fit_usage, "%s", "--sku needs a GPU name (e.g. h200)");
     for (int i = 1; fo.sku && i + 1 < argc; i++)

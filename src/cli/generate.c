@@ -90,10 +90,10 @@ int cli_generate(int argc, char **argv) {
         else if (!strcmp(a, "--no-chat-template")) use_template = 0;
         else if (!strcmp(a, "--verbose")) verbose = 1;
         else if (!strcmp(a, "--report-memory")) report_memory = 1; /* JSON line for tests/parity/test_fit.py */
-        else if (a[0] == '-' && a[1]) return cli_usage_error(gen_usage, "unknown or incomplete flag '%s'", a);
+        else if (a[0] == '-' && a[1]) return cli_usage_error(gen_usage, "%s: unknown flag, or a flag without its value", a);
         else if (!model) model = a;
         else if (!prompt) prompt = a;
-        else return cli_usage_error(gen_usage, "unexpected argument '%s'", a);
+        else return cli_usage_error(gen_usage, "%s: unexpected argument", a);
     }
     if (!model || !prompt) return cli_usage_error(gen_usage, "%s", "need a model and a prompt");
     if (gp.max_tokens <= 0 || gp.max_tokens > 1000000)

@@ -62,9 +62,9 @@ int cli_info(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) { printf("usage: %s\n", info_usage); return 0; }
         if (!strcmp(argv[i], "--json")) as_json = 1;
-        else if (argv[i][0] == '-') return cli_usage_error(info_usage, "unknown flag '%s'", argv[i]);
+        else if (argv[i][0] == '-') return cli_usage_error(info_usage, "%s: unknown flag", argv[i]);
         else if (!model) model = argv[i];
-        else return cli_usage_error(info_usage, "unexpected argument '%s'", argv[i]);
+        else return cli_usage_error(info_usage, "%s: unexpected argument", argv[i]);
     }
     if (!model) return cli_usage_error(info_usage, "%s", "no model given");
     hearth_model *m;

@@ -73,7 +73,7 @@ int cli_ls(int argc, char **argv) {
         } else if (!strcmp(a, "--family") && i + 1 < argc)
             o.family = argv[++i];
         else
-            return cli_usage_error(ls_usage, "unexpected argument '%s'", a);
+            return cli_usage_error(ls_usage, "%s: unexpected argument", a);
     }
     char *j = hearth_library_json(&o);
     if (!j) {

@@ -31,7 +31,9 @@ static void usage(FILE *f) {
                "Hugging Face repo id (from the HF cache) or any unambiguous part of a known model's name.\n"
                "\nWith no command, hearth serves the best model of its catalogue that is on disk and fits\n"
                "this machine (else the default) and opens the chat page in a browser\n"
-               "('hearth serve' flags apply; --no-open just prints the page's address).\n");
+               "('hearth serve' flags apply; --no-open just prints the page's address). When a better\n"
+               "catalogue model is not on disk it says which and how big, and downloads it in the background\n"
+               "from an interactive terminal; --no-download never does.\n");
 }
 
 /* `hearth` alone (or with only serve flags, e.g. `hearth --no-open --port 9000`) is
@@ -43,9 +45,11 @@ static int appliance(int argc, char **argv) {
         fprintf(stderr, "hearth: too many arguments\n");
         return 2;
     }
-    for (int i = 1; i < argc; i++) args[i + 1] = argv[i];
-    int n = argc + 1;
-    const char *model = cli_choose_model(argc, argv); /* choose.c: the best catalogue model here */
+    int n = 2, no_download = 0;
+    for (int i = 1; i < argc; i++) /* --no-download is the appliance's own: serve does not take it */
+        if (!strcmp(argv[i], "--no-download")) no_download = 1;
+        else args[n++] = argv[i];
+    const char *model = cli_choose_model(argc, argv, no_download); /* choose.c: the best catalogue model here */
     if (model) {
         args[n++] = "--model";
         args[n++] = (char *)model;

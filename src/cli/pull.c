@@ -84,11 +84,11 @@ int cli_pull(int argc, char **argv) {
             if (*n == PULL_MAX_PATTERNS) return cli_usage_error(pull_usage, "too many %s patterns", a);
             (inc ? include : exclude)[(*n)++] = argv[++i];
         } else if (a[0] == '-')
-            return cli_usage_error(pull_usage, "unknown or incomplete flag '%s'", a);
+            return cli_usage_error(pull_usage, "%s: unknown flag, or a flag without its value", a);
         else if (!model)
             model = a;
         else
-            return cli_usage_error(pull_usage, "unexpected argument '%s'", a);
+            return cli_usage_error(pull_usage, "%s: unexpected argument", a);
     }
     if (!model) return cli_usage_error(pull_usage, "%s", "need a model id (org/name)");
     progress p = {.tty = isatty(2)};

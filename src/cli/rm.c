@@ -34,11 +34,11 @@ int cli_rm(int argc, char **argv) {
         else if (!strcmp(a, "--json"))
             as_json = 1;
         else if (a[0] == '-')
-            return cli_usage_error(rm_usage, "unknown flag '%s'", a);
+            return cli_usage_error(rm_usage, "%s: unknown flag", a);
         else if (!model)
             model = a;
         else
-            return cli_usage_error(rm_usage, "unexpected argument '%s'", a);
+            return cli_usage_error(rm_usage, "%s: unexpected argument", a);
     }
     if (!model) return cli_usage_error(rm_usage, "%s", "need a model");
     hearth_error err = {0};

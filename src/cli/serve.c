@@ -72,37 +72,6 @@ static int parse_size(const char *s, size_t *out) {
     return 0;
 }
 
-/* --kv-budget: "1.5GB" (bytes; K/M/G/T binary, as parse_size) or "4096" (blocks). */
-static int parse_kv_budget(const char *s, hearth_engine_options *eo) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !(v > 0) || s[0] == '-') return -1;
-    if (!*end) {
-        if (v != (double)(long)v || v > (1 << 26)) return -1;
-        eo->kv_blocks = (int)v;
-        return 0;
-    }
-    static const char units[] = "KMGT";
-    const char *u = strchr(units, *end >= 'a' ? *end - 32 : *end);
-    if (!u || !*u) return -1;
-    end++;
-    if (*end == 'i' || *end == 'I') end++;
-    if (*end == 'B' || *end == 'b') end++;
-    if (*end) return -1;
-    eo->kv_budget_bytes = v * (double)(1ull << (10 * (u - units + 1)));
-    return 0;
-}
-
-static int parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
 static int parse_float(const char *s, float *out) {
     char *end;
     float v = strtof(s, &end);
@@ -189,8 +158,13 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             exit(0);
         }
         if (cli_parse_engine_flag(argc, argv, &i, &o->eo)) continue;
+        int rc;
+        if (cli_parse_pool_flag(argc, argv, &i, &o->eo, serve_usage, &rc)) {
+            if (rc) return rc;
+            continue;
+        }
 #define VAL(name) (v = flag_value(argc, argv, &i, name, nb, sizeof nb))
-#define BADV(name) return cli_usage_error(serve_usage, "invalid value for " name ": '%s'", v)
+#define BADV(name) return cli_usage_error(serve_usage, name ": invalid value '%s'", v)
         if (!strcmp(a, "--open") || !strcmp(a, "--no-open"))
             o->open_browser = a[2] == 'o';
         else if (VAL("--model"))
@@ -202,10 +176,10 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         else if (VAL("--host"))
             c->host = v;
         else if (VAL("--port")) {
-            if (parse_int(v, 0, 65535, &n)) BADV("--port");
+            if (cli_parse_long(v, 0, 65535, &n)) BADV("--port");
             c->port = (int)n;
         } else if (VAL("--max-tokens")) {
-            if (parse_int(v, 0, INT_MAX, &n)) BADV("--max-tokens");
+            if (cli_parse_long(v, 0, INT_MAX, &n)) BADV("--max-tokens");
             c->defaults.max_tokens = (int)n;
         } else if (VAL("--temp")) {
             if (parse_float(v, &c->defaults.temperature)) BADV("--temp");
@@ -214,7 +188,7 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         } else if (VAL("--min-p")) {
             if (parse_float(v, &c->defaults.min_p)) BADV("--min-p");
         } else if (VAL("--top-k")) {
-            if (parse_int(v, 0, INT_MAX, &n)) BADV("--top-k");
+            if (cli_parse_long(v, 0, INT_MAX, &n)) BADV("--top-k");
             c->defaults.top_k = (int)n;
         } else if (VAL("--chat-template"))
             o->chat_template = v;
@@ -231,38 +205,24 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         } else if (VAL("--max-header")) {
             if (parse_size(v, &c->max_header) || c->max_header < 4096) BADV("--max-header");
         } else if (VAL("--timeout")) {
-            if (parse_int(v, 0, INT_MAX, &n)) BADV("--timeout");
+            if (cli_parse_long(v, 0, INT_MAX, &n)) BADV("--timeout");
             c->timeout_s = (unsigned)n;
         } else if (VAL("--max-connections")) {
-            if (parse_int(v, 1, 65535, &n)) BADV("--max-connections");
+            if (cli_parse_long(v, 1, 65535, &n)) BADV("--max-connections");
             c->max_connections = (unsigned)n;
         } else if (VAL("--responses-ttl")) {
-            if (parse_int(v, 0, INT_MAX, &n)) BADV("--responses-ttl");
+            if (cli_parse_long(v, 0, INT_MAX, &n)) BADV("--responses-ttl");
             c->responses_ttl_s = (unsigned)n;
         } else if (VAL("--responses-max-bytes")) {
             if (parse_size(v, &c->responses_max_bytes)) BADV("--responses-max-bytes");
-        } else if (VAL("--max-step-tokens")) { /* tokens per batched step (decode rows + prompt chunks) */
-            if (parse_int(v, 1, 1 << 20, &n)) BADV("--max-step-tokens");
-            o->eo.max_step_tokens = (int)n;
-        } else if (VAL("--max-sequences")) { /* requests generating at once */
-            if (parse_int(v, 1, 4096, &n)) BADV("--max-sequences");
-            o->eo.max_sequences = (int)n;
-        } else if (VAL("--kv-blocks")) { /* KV pool in blocks of 16 positions; default: sequences x context */
-            if (parse_int(v, 1, 1 << 26, &n)) BADV("--kv-blocks");
-            o->eo.kv_blocks = (int)n;
-        } else if (VAL("--kv-budget")) { /* the KV pool: bytes ("1.5GB") or blocks ("4096") */
-            if (parse_kv_budget(v, &o->eo)) BADV("--kv-budget");
         } else if (VAL("--kv-bits")) { /* mlx-lm's quantized KV: int8 is the nearest hearth has */
-            if (parse_int(v, 2, 8, &n) || n == 7) BADV("--kv-bits");
+            if (cli_parse_long(v, 2, 8, &n) || n == 7) BADV("--kv-bits");
             o->eo.kv_quant = HEARTH_KV_INT8;
             if (n < 8)
                 fprintf(stderr,
                         "hearth serve: warning: no %ld-bit KV cache in hearth; --kv-bits %ld stores int8 "
                         "(--kv-quant int8), the nearest it has\n",
                         n, n);
-        } else if (VAL("--prefill-step-size")) {
-            if (parse_int(v, 1, 1 << 20, &n)) BADV("--prefill-step-size");
-            o->eo.max_step_tokens = (int)n;
         } else {
             int known = 0;
             for (size_t k = 0; k < sizeof unsupported_valued / sizeof *unsupported_valued && !known; k++)
@@ -276,7 +236,7 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
                     fprintf(stderr, "hearth serve: warning: %s is not supported yet; ignored\n", a);
                     known = 1;
                 }
-            if (!known) return cli_usage_error(serve_usage, "unknown or incomplete flag '%s'", a);
+            if (!known) return cli_usage_error(serve_usage, "%s: unknown flag, or a flag without its value", a);
         }
 #undef VAL
 #undef BADV
@@ -322,7 +282,7 @@ int cli_serve(int argc, char **argv) {
                             .defaults = {.max_tokens = 512, .top_p = 1.0f, .num_draft_tokens = 3}}};
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
-    if (!o.eo.max_sequences) o.eo.max_sequences = 8;
+    if (!o.eo.max_sequences) o.eo.max_sequences = HEARTH_SERVE_MAX_SEQUENCES;
     srv_config *c = &o.cfg;
     if (!c->origins && parse_origins("*", c)) return 1;
     json_t *targs = NULL;
@@ -354,6 +314,16 @@ int cli_serve(int argc, char **argv) {
     }
     if (!embed_only && hearth_engine_create(s.model, &o.eo, &e, &err)) return cli_fail(&err);
     s.context_length = e ? hearth_engine_context_length(e) : 0;
+    char context_source[96] = "--ctx";
+    if (e && !o.eo.context_length) {
+        int model_max = hearth_engine_context_cut_from(e);
+        if (model_max)
+            snprintf(context_source, sizeof context_source, "the largest that fits free memory (the model allows %d)",
+                     model_max);
+        else
+            snprintf(context_source, sizeof context_source, "the model's own limit");
+    }
+    s.context_source = context_source;
     if (e) {
         int cut, blocks = hearth_engine_kv_blocks(e, &cut);
         if (cut)
@@ -373,8 +343,8 @@ int cli_serve(int argc, char **argv) {
     struct timespec t_start;
     clock_gettime(CLOCK_MONOTONIC, &t_start);
     s.started = (double)t_start.tv_sec + t_start.tv_nsec * 1e-9;
-    srv_log(&s, SRV_LOG_INFO, "model %s (%s tool parser, context %d)", hearth_model_path(s.model),
-            srv_tool_parser_name(&s) ? srv_tool_parser_name(&s) : "no", s.context_length);
+    srv_log(&s, SRV_LOG_INFO, "model %s (%s tool parser, context %d: %s)", hearth_model_path(s.model),
+            srv_tool_parser_name(&s) ? srv_tool_parser_name(&s) : "no", s.context_length, s.context_source);
     srv_log(&s, SRV_LOG_INFO, "Starting httpd at %s on port %d...", c->host, c->port);
     fprintf(stderr, "hearth serve: listening on http://%s%s%s:%d/v1\n", strchr(c->host, ':') ? "[" : "", c->host,
             strchr(c->host, ':') ? "]" : "", c->port);

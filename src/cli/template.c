@@ -37,9 +37,9 @@ int cli_template(int argc, char **argv) {
         else if (!strcmp(a, "--chat-template") && has) tpl_arg = argv[++i];
         else if (!strcmp(a, "--chat-template-args") && has) args = argv[++i];
         else if (!strcmp(a, "--no-generation-prompt")) gen_prompt = 0;
-        else if (a[0] == '-') return cli_usage_error(tpl_usage, "unknown or incomplete flag '%s'", a);
+        else if (a[0] == '-') return cli_usage_error(tpl_usage, "%s: unknown flag, or a flag without its value", a);
         else if (!model) model = a;
-        else return cli_usage_error(tpl_usage, "unexpected argument '%s'", a);
+        else return cli_usage_error(tpl_usage, "%s: unexpected argument", a);
     }
     if (!model || !msg_path) return cli_usage_error(tpl_usage, "%s", "need a model and --messages");
     char *messages = cli_read_file(msg_path), *tools = NULL, *extra = args ? strdup(args) : NULL, *tpl = NULL;

@@ -1,6 +1,7 @@
 /* tensors.c: `hearth tensors <model> [name --out file]`: lists tensors as JSON, or writes
  * one tensor dequantized to little-endian float32 (for inspection and parity tests). */
 #include "cli/cli.h"
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -11,10 +12,10 @@ int cli_tensors(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) { printf("usage: %s\n", tensors_usage); return 0; }
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
-        else if (argv[i][0] == '-') return cli_usage_error(tensors_usage, "unknown or incomplete flag '%s'", argv[i]);
+        else if (argv[i][0] == '-') return cli_usage_error(tensors_usage, "%s: unknown flag, or a flag without its value", argv[i]);
         else if (!model) model = argv[i];
         else if (!name) name = argv[i];
-        else return cli_usage_error(tensors_usage, "unexpected argument '%s'", argv[i]);
+        else return cli_usage_error(tensors_usage, "%s: unexpected argument", argv[i]);
     }
     if (!model || (name && !out)) return cli_usage_error(tensors_usage, "%s", "need a model (and --out with a name)");
     hearth_model *m;
@@ -31,8 +32,12 @@ int cli_tensors(int argc, char **argv) {
         if (hearth_model_tensor_f32(m, name, &data, &n, &err)) rc = cli_fail(&err);
         else {
             FILE *f = fopen(out, "wb");
-            if (!f || fwrite(data, sizeof *data, n, f) != n) { perror(out); rc = 1; }
-            if (f && fclose(f)) { perror(out); rc = 1; }
+            int ok = f && fwrite(data, sizeof *data, n, f) == n;
+            if (f && fclose(f)) ok = 0;
+            if (!ok) {
+                fprintf(stderr, "hearth: %s: %s\n", out, strerror(errno));
+                rc = 1;
+            }
             hearth_free(data);
         }
     }

@@ -16,10 +16,10 @@ int cli_tokenize(int argc, char **argv) {
         if (cli_is_help(argv[i])) { printf("usage: %s\n", tok_usage); return 0; }
         if (!strcmp(argv[i], "--no-special")) add_special = 0;
         else if (!strcmp(argv[i], "--file") && i + 1 < argc) file = argv[++i];
-        else if (argv[i][0] == '-' && argv[i][1]) return cli_usage_error(tok_usage, "unknown flag '%s'", argv[i]);
+        else if (argv[i][0] == '-' && argv[i][1]) return cli_usage_error(tok_usage, "%s: unknown flag", argv[i]);
         else if (!model) model = argv[i];
         else if (!text) text = argv[i];
-        else return cli_usage_error(tok_usage, "unexpected argument '%s'", argv[i]);
+        else return cli_usage_error(tok_usage, "%s: unexpected argument", argv[i]);
     }
     if (!model || (!text && !file)) return cli_usage_error(tok_usage, "%s", "need a model and a text");
     char *buf = NULL;
@@ -49,10 +49,10 @@ int cli_detokenize(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) { printf("usage: %s\n", detok_usage); return 0; }
         if (!strcmp(argv[i], "--skip-special")) skip = 1;
-        else if (argv[i][0] == '-' && argv[i][1]) return cli_usage_error(detok_usage, "unknown flag '%s'", argv[i]);
+        else if (argv[i][0] == '-' && argv[i][1]) return cli_usage_error(detok_usage, "%s: unknown flag", argv[i]);
         else if (!model) model = argv[i];
         else if (!arr) arr = argv[i];
-        else return cli_usage_error(detok_usage, "unexpected argument '%s'", argv[i]);
+        else return cli_usage_error(detok_usage, "%s: unexpected argument", argv[i]);
     }
     if (!model || !arr) return cli_usage_error(detok_usage, "%s", "need a model and an id array");
     json_t *j = json_loads(arr, 0, NULL);

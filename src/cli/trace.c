@@ -39,9 +39,9 @@ int cli_trace(int argc, char **argv) {
         else if (!strcmp(a, "--top") && has) top = atoi(argv[++i]);
         else if (!strcmp(a, "--steps") && has) steps = atoi(argv[++i]);
         else if (!strcmp(a, "--step-top") && has) step_top = atoi(argv[++i]);
-        else if (a[0] == '-') return cli_usage_error(trace_usage, "unknown or incomplete flag '%s'", a);
+        else if (a[0] == '-') return cli_usage_error(trace_usage, "%s: unknown flag, or a flag without its value", a);
         else if (!model) model = a;
-        else return cli_usage_error(trace_usage, "unexpected argument '%s'", a);
+        else return cli_usage_error(trace_usage, "%s: unexpected argument", a);
     }
     json_t *ids = ids_json ? json_loads(ids_json, 0, NULL) : NULL;
     size_t n = json_array_size(ids);

@@ -35,6 +35,7 @@ struct hearth_engine {
     threadpool *tp;
     int n_threads, context, step_tokens, max_seqs, max_out;
     int kv_cut_from;   /* engine_plan.kv_cut_from: the default pool was cut to fit memory */
+    int context_cut_from; /* engine_plan.context_cut_from: the default context was cut to fit memory */
     int deterministic; /* op_batch.batch_invariant for every step */
     int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
     cuda_sampler *gsmp;                /* the device sampler (with gpu) */
@@ -102,7 +103,11 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
     memset(p, 0, sizeof *p);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     p->n_threads = o.n_threads > 0 ? o.n_threads : (cores > 0 ? (int)cores : 1);
-    p->context = o.context_length > 0 ? o.context_length : (c->context_length < 8192 ? c->context_length : 8192);
+    /* the model's own limit: the pool is reserved, not touched, so a long limit costs memory
+     * only when requests use it (engine_plan_room cuts it where even one sequence of it would
+     * not fit); model_config_read gives every model one (4096 where the config states none) */
+    p->context = o.context_length > 0 ? o.context_length : c->context_length;
+    if (!o.context_length && p->context > (1 << 24)) p->context = 1 << 24;
     p->step_tokens = o.max_step_tokens > 0 ? o.max_step_tokens : 256;
     p->max_seqs = o.max_sequences > 0 ? o.max_sequences : 1;
     /* 2^24 positions and 2^16 sequences/threads keep every product below in size_t and
@@ -177,29 +182,69 @@ int engine_plan_is_auto(const hearth_engine_options *o) {
     return !o || (o->kv_blocks == 0 && !(o->kv_budget_bytes > 0));
 }
 
+/* The largest n in [lo, hi] with ok(n), given ok is monotone (true up to some n, false
+ * above) and lo is the floor (taken whether or not ok holds). */
+static int largest_that_fits(int lo, int hi, int (*ok)(int n, void *arg), void *arg, hearth_status *st) {
+    while (lo < hi && !*st) { /* invariant: lo is the floor or fits; everything above hi does not */
+        int mid = lo + (hi - lo + 1) / 2;
+        if (ok(mid, arg)) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+typedef struct room_search {
+    const model *m;
+    hearth_engine_options o;
+    engine_plan_fits_fn fits;
+    const void *arg;
+    hearth_error *err;
+    hearth_status st;
+} room_search;
+
+static int blocks_fit(int n_blocks, void *arg) {
+    room_search *r = arg;
+    hearth_engine_options o = r->o;
+    o.kv_blocks = n_blocks;
+    engine_plan t;
+    return !(r->st = engine_plan_make(r->m, &o, &t, r->err)) && r->fits(r->m, &t, r->arg);
+}
+
+/* A context of n positions with a pool of one such context. */
+static int context_fits(int n, void *arg) {
+    room_search *r = arg;
+    hearth_engine_options o = r->o;
+    o.context_length = n;
+    return blocks_fit((n + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE, &(room_search){r->m, o, r->fits, r->arg, r->err, 0});
+}
+
 hearth_status engine_plan_room(const model *m, const hearth_engine_options *opts, engine_plan_fits_fn fits,
                                const void *arg, engine_plan *p, hearth_error *err) {
     hearth_engine_options o = opts ? *opts : (hearth_engine_options){0};
     hearth_status st = engine_plan_make(m, &o, p, err);
     if (st || !engine_plan_is_auto(&o) || !fits || fits(m, p, arg)) return st;
+    int full = p->n_blocks, model_context = p->context;
+    room_search r = {m, o, fits, arg, err, HEARTH_OK};
+    /* the default context (the model's own) when not even one sequence of it fits: the
+     * largest that does, from one block up (below that the engine fails at allocation) */
+    if (!o.context_length && !context_fits(model_context, &r)) {
+        if (r.st) return r.st;
+        o.context_length = r.o.context_length =
+            largest_that_fits(KV_BLOCK_SIZE, model_context, context_fits, &r, &r.st);
+        if (r.st) return r.st;
+        if ((st = engine_plan_make(m, &o, p, err))) return st;
+        full = p->n_blocks;
+    }
     /* the largest pool from one context up that fits: plans allocate nothing, and bytes
      * grow with blocks, so a bisection over the block count (~16 plans) */
-    int lo = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE, hi = p->n_blocks;
-    engine_plan t;
-    while (lo < hi) { /* invariant: lo is the floor or fits; everything above hi does not */
-        int mid = lo + (hi - lo + 1) / 2;
-        o.kv_blocks = mid;
-        if ((st = engine_plan_make(m, &o, &t, err))) return st;
-        if (fits(m, &t, arg)) lo = mid;
-        else hi = mid - 1;
-    }
-    o.kv_blocks = lo;
-    int full = p->n_blocks;
+    o.kv_blocks = largest_that_fits((p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE, p->n_blocks, blocks_fit, &r,
+                                    &r.st);
+    if (r.st) return r.st;
     if ((st = engine_plan_make(m, &o, p, err))) return st;
-    p->kv_cut_from = full;
+    p->kv_cut_from = p->n_blocks < full ? full : 0;
+    p->context_cut_from = p->context < model_context ? model_context : 0;
     return HEARTH_OK;
 }
-
 
 size_t engine_device_room(size_t free_bytes, size_t total_bytes) {
     size_t reserve = total_bytes / 20 > ((size_t)1 << 30) ? total_bytes / 20 : (size_t)1 << 30;
@@ -260,16 +305,17 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     e->max_seqs = p.max_seqs;
     e->max_out = p.max_out;
     e->kv_cut_from = p.kv_cut_from;
+    e->context_cut_from = p.context_cut_from;
     e->deterministic = o.deterministic != 0;
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
     /* host K/V storage only where the CPU runs the forward pass (after the device is open:
      * --device auto falls back to the CPU when the GPU path fails) */
     if (!st)
         st = kv_create_meta(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
-                            o.kv_quant, po.device != HEARTH_DEVICE_CUDA, e->tp, err);
+                            o.kv_quant, po.device != HEARTH_DEVICE_CUDA, err);
     if (!st) st = engine_device_open(model_ops(e->m), &e->kv, o.device, e->step_tokens, e->max_out, e->tp, &e->be, err);
     e->gpu = e->be != NULL;
-    if (!st && !e->gpu && po.device == HEARTH_DEVICE_CUDA) st = kv_storage_attach(&e->kv, e->tp, err);
+    if (!st && !e->gpu && po.device == HEARTH_DEVICE_CUDA) st = kv_storage_attach(&e->kv, err);
     if (!st && !e->gpu)
         st = cpu_backend_create(model_ops(e->m), &e->kv, e->step_tokens, e->max_out, e->n_threads, e->tp, &e->be, err);
     if (!st && e->gpu) st = engine_device_sampler_open(e->max_out, c->vocab, &e->gsmp, err);
@@ -344,6 +390,8 @@ void hearth_engine_free(hearth_engine *e) {
 
 size_t hearth_engine_bytes(const hearth_engine *e) { return e->bytes; }
 int hearth_engine_context_length(const hearth_engine *e) { return e->context; }
+int hearth_engine_context_cut_from(const hearth_engine *e) { return e->context_cut_from; }
+int hearth_engine_threads(const hearth_engine *e) { return e->n_threads; }
 
 int hearth_engine_kv_blocks(const hearth_engine *e, int *cut_from) {
     if (cut_from) *cut_from = e->kv_cut_from;

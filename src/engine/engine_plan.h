@@ -18,14 +18,17 @@ typedef struct engine_plan {
     size_t buffers; /* step arrays, logits rows, token history, sequence flags */
     size_t sampler; /* the sampler's vocab-sized buffers */
     int kv_cut_from; /* the default pool was cut from this many blocks to fit memory; 0: not cut */
+    int context_cut_from; /* the default context (the model's) was cut from this to fit memory; 0: not cut */
 } engine_plan;
 
 /* The default KV pool (neither kv_blocks nor kv_budget_bytes given) holds every sequence's
  * whole context, cut where the engine would not fit in memory: on the host, to
  * engine_host_room() (MemAvailable less a tenth of MemTotal, read before the weights load);
  * on the GPU also to the device's free memory (engine_device_room). Never below one
- * context: a model that does not fit with one context fails at allocation, and
- * `hearth fit` says so first. */
+ * context. The default context (context_length 0) is the model's own limit; where not even
+ * one sequence of it fits, the largest context that does (the pool is then one context).
+ * A model that does not fit with one block fails at allocation, and `hearth fit` says so
+ * first. */
 #define ENGINE_HOST_RESERVE_DIV 10
 size_t engine_host_room(void); /* bytes; 0 when unknown (no cut) */
 int engine_plan_is_auto(const hearth_engine_options *o);

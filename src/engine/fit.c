@@ -9,6 +9,7 @@
 #include "base/err.h"
 #include "base/threadpool.h"
 #include "engine/engine_plan.h"
+#include "kv/kv_cache.h"
 #include "engine/fit_internal.h"
 #include "model/model.h"
 #include <jansson.h>
@@ -20,7 +21,7 @@
 
 /* Streaming read of a 1 GiB buffer on the development VM (bench/results/kernels.md,
  * 9.9 GB/s with 1 and 2 threads): a conservative figure for a desktop or laptop with
- * dual-channel DDR4. --measure replaces it with this machine's. */
+ * dual-channel DDR4, used only when this machine's cannot be read or probed. */
 #define FIT_DEFAULT_BANDWIDTH_GBS 9.9
 
 /* Resident bytes one worker thread adds: the stack pages it touches plus its TLS and
@@ -171,20 +172,25 @@ static int fits_host(const model *m, const hearth_engine_options *o, const void 
            fit_peak(r->b, &p) - r->b->resident_now <= r->available;
 }
 
-static double fit_bandwidth(const hearth_fit_options *o, int n_threads, const char **source, hearth_error *err,
-                            hearth_status *st) {
+static double fit_bandwidth(const hearth_fit_options *o, int n_threads, const char **source, char *recorded,
+                            size_t cap, hearth_error *err, hearth_status *st) {
     *st = HEARTH_OK;
     if (o->bandwidth_gbs > 0) {
         *source = "given";
         return o->bandwidth_gbs;
     }
-    if (!o->measure_bandwidth) {
+    double gbs;
+    if (!o->measure_bandwidth) { /* this machine's recorded figure (a bench run's), else a quick probe */
+        if (!hearth_machine_bandwidth(&gbs, recorded, cap, NULL)) {
+            *source = recorded;
+            return gbs;
+        }
         *source = "default";
         return FIT_DEFAULT_BANDWIDTH_GBS;
     }
     threadpool *tp;
     if ((*st = tp_create(n_threads, &tp, err))) return 0;
-    double gbs = cpu_read_bandwidth_gbs(tp, (size_t)1 << 30, 5);
+    gbs = cpu_read_bandwidth_gbs(tp, (size_t)1 << 30, 5);
     tp_destroy(tp);
     if (gbs <= 0) *st = err_set(err, HEARTH_ERR_NOMEM, "fit: cannot allocate the 1 GiB bandwidth probe");
     *source = "measured";
@@ -192,6 +198,11 @@ static double fit_bandwidth(const hearth_fit_options *o, int n_threads, const ch
 }
 
 #define JSON_SIZE(v) json_integer((json_int_t)(v))
+
+const char *fit_context_source(const hearth_engine_options *o, const engine_plan *p) {
+    return o->context_length ? "given" : p->context_cut_from ? "the largest that fits (below the model's own)"
+                                                             : "the model's own";
+}
 
 hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char **report_json, hearth_error *err) {
     *report_json = NULL;
@@ -213,7 +224,8 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     long long avail = hearth_proc_kb_field("/proc/meminfo", "MemAvailable");
     size_t peak = fit_peak(&b, &p), available = avail > 0 ? (size_t)avail : 0;
     const char *bw_source;
-    double bw = fit_bandwidth(&o, p.n_threads, &bw_source, err, &st);
+    char recorded[128];
+    double bw = fit_bandwidth(&o, p.n_threads, &bw_source, recorded, sizeof recorded, err, &st);
     if (st) {
         model_free(m);
         return st;
@@ -223,6 +235,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     json_t *r = json_object();
     json_object_set_new(r, "model", json_string(hm->entry.path));
     json_object_set_new(r, "context_length", json_integer(p.context));
+    json_object_set_new(r, "context_source", json_string(fit_context_source(&o.engine, &p)));
     json_object_set_new(r, "max_sequences", json_integer(p.max_seqs));
     json_object_set_new(r, "threads", json_integer(p.n_threads));
     json_object_set_new(r, "step_tokens", json_integer(p.step_tokens));
@@ -241,6 +254,15 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
                                   "model_file_pages_bytes", (json_int_t)b.file_pages, "thread_stacks_bytes",
                                   (json_int_t)b.thread_stacks, "code_pages_bytes", (json_int_t)b.code_pages));
     json_object_set_new(r, "predicted_peak_bytes", JSON_SIZE(peak));
+    /* the KV storage is reserved, not touched (kv_cache.c): at start the process holds the
+     * rest; the peak is reached once every block has been written */
+    engine_plan untouched = p;
+    untouched.kv -= kv_storage_bytes(m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, p.n_blocks, o.engine.kv_quant);
+    json_object_set_new(r, "predicted_start_bytes", JSON_SIZE(fit_peak(&b, &untouched)));
+    json_object_set_new(r, "kv_pool_counted_as",
+                        json_string("reserved: predicted_peak_bytes holds the whole pool resident (every block "
+                                    "written); at start-up it is untouched (predicted_start_bytes) and grows as "
+                                    "requests fill blocks"));
     json_object_set_new(r, "available_bytes", JSON_SIZE(available));
     json_object_set_new(r, "fits", json_boolean(peak - b.resident_now <= available));
     json_object_set_new(r, "model_max_context", json_integer(m->cfg.context_length));

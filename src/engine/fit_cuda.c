@@ -214,6 +214,7 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
     json_object_set_new(r, "compute_capability", json_string(g->cc));
     json_object_set_new(r, "device_present", json_boolean(g->present));
     json_object_set_new(r, "context_length", json_integer(z->host.context));
+    json_object_set_new(r, "context_source", json_string(fit_context_source(&o->engine, &z->host)));
     json_object_set_new(r, "max_sequences", json_integer(z->host.max_seqs));
     json_object_set_new(r, "step_tokens", json_integer(z->host.step_tokens));
     json_object_set_new(r, "weights_bytes", JSON_SIZE(d->weights));

@@ -20,6 +20,9 @@ struct model;
 int fit_largest_context(const struct model *m, const hearth_engine_options *eo,
                         int (*fits)(const struct model *, const hearth_engine_options *, const void *),
                         const void *arg);
+/* Where the plan's context came from, for the report: "given", "the model's own" or
+ * "the largest that fits (below the model's own)". */
+const char *fit_context_source(const hearth_engine_options *o, const engine_plan *p);
 /* hearth_fit for --device cuda (fit_cuda.c). */
 hearth_status fit_cuda(hearth_model *hm, const hearth_fit_options *o, char **report_json, hearth_error *err);
 #endif

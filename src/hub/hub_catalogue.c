@@ -1,9 +1,8 @@
 /* hub_catalogue.c: hearth_choose_model, the appliance's choice: reads this machine
- * (cores, available RAM, a quick read-bandwidth probe, CUDA devices when built with
- * them), walks data/catalogue.json best first and picks the best entry that fits and
+ * (cores, available RAM, the recorded read bandwidth or a quick probe, CUDA devices
+ * when built with them), walks data/catalogue.json best first and picks the best entry that fits and
  * decodes at a readable speed. Serves what is on disk now; names a better absent one
  * for a background pull. No network on this path. */
-#include "backend/cpu/bandwidth.h"
 #include "base/err.h"
 #include "base/file.h"
 #include "hub/hub.h"
@@ -25,9 +24,6 @@
  * quarter of the weights plus 512 MiB covers the catalogue's models at their defaults. */
 #define HUB_OVERHEAD_FRACTION 0.25
 #define HUB_OVERHEAD_BYTES (512.0 * 1024 * 1024)
-/* A 256 MiB probe, best of 2: about 0.1 s here, far past any cache, close to the 1 GiB
- * figure of bench/results/kernels.md (9.9 GB/s on the development VM). */
-#define HUB_PROBE_BYTES ((size_t)256 << 20)
 
 typedef struct machine {
     int cores, gpus;
@@ -39,12 +35,10 @@ static void read_machine(machine *m, char *text, size_t cap) {
     hearth_process_memory pm;
     hearth_process_memory_get(&pm);
     m->budget_bytes = pm.available_bytes > 0 ? (double)pm.available_bytes : 0;
-    m->bandwidth_gbs = 0;
-    threadpool *tp = NULL;
-    if (!tp_create(m->cores > 0 ? m->cores : 1, &tp, NULL)) {
-        m->bandwidth_gbs = cpu_read_bandwidth_gbs(tp, HUB_PROBE_BYTES, 2);
-        tp_destroy(tp);
-    }
+    /* the recorded figure (hearth_machine_bandwidth): a fresh probe each start varied by
+     * half (16.9-31.4 GB/s on a loaded 2-core VM), enough to flip the choice */
+    char source[128] = "";
+    if (hearth_machine_bandwidth(&m->bandwidth_gbs, source, sizeof source, NULL)) m->bandwidth_gbs = 0;
     m->gpus = 0;
     double gpu_mem = 0;
 #ifdef HEARTH_HAVE_CUDA
@@ -52,8 +46,8 @@ static void read_machine(machine *m, char *text, size_t cap) {
     cuda_device_info info;
     if (m->gpus > 0 && !cuda_device_open(0, &info, NULL)) gpu_mem = (double)info.total_mem;
 #endif
-    int n = snprintf(text, cap, "%d cores, %.1f GB RAM available, %.1f GB/s read", m->cores, m->budget_bytes / 1e9,
-                     m->bandwidth_gbs);
+    int n = snprintf(text, cap, "%d cores, %.1f GB RAM available, %.1f GB/s read (%s)", m->cores,
+                     m->budget_bytes / 1e9, m->bandwidth_gbs, source);
     if (gpu_mem > 0) {
         /* the engine runs on GPU 0 when there is one (HEARTH_DEVICE_AUTO): its memory is
          * the budget and its bandwidth is never the limit for these sizes */
@@ -111,6 +105,7 @@ hearth_status hearth_choose_model(hearth_choice *c, hearth_error *err) {
             snprintf(c->better, sizeof c->better, "%s", id);
             snprintf(c->better_include, sizeof c->better_include, "%s", inc ? inc : "");
             snprintf(c->better_name, sizeof c->better_name, "%s", name);
+            c->better_bytes = bytes;
         }
     }
     if (!c->model[0]) { /* the make-run default, which get_models.sh always provides */
@@ -118,7 +113,8 @@ hearth_status hearth_choose_model(hearth_choice *c, hearth_error *err) {
         const char *local = json_string_value(json_object_get(d, "local")),
                    *name = json_string_value(json_object_get(d, "name"));
         char *cache = resolve_hearth_cache_dir(), *p = cache && local ? path_join(cache, local) : NULL;
-        if (p) snprintf(c->model, sizeof c->model, "%s", p);
+        /* elsewhere (HEARTH_CACHE moved, HEARTH_MODELS): "" lets serve find it by name */
+        if (p && file_exists(p)) snprintf(c->model, sizeof c->model, "%s", p);
         snprintf(c->name, sizeof c->name, "%s", name ? name : "the default model");
         free(p);
         free(cache);

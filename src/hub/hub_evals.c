@@ -1,6 +1,8 @@
 /* hub_evals.c: the evals database, $HEARTH_CACHE/evals.sqlite: one table `runs`, one
- * row per fit prediction, fit check (predicted vs measured peak) or benchmark. The
+ * row per fit prediction, fit check (predicted vs measured peak), benchmark or bandwidth
+ * probe, and this machine's read bandwidth from it (hearth_machine_bandwidth). The
  * schema is documented in docs/cli.md (hearth evals); columns are only ever added. */
+#include "backend/cpu/bandwidth.h"
 #include "base/err.h"
 #include "hub/hub.h"
 #include "io/resolve.h"
@@ -10,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static const char *evals_schema = "CREATE TABLE IF NOT EXISTS runs ("
                                   " id INTEGER PRIMARY KEY AUTOINCREMENT,"
@@ -129,4 +132,59 @@ hearth_status hearth_evals_json(char **out, hearth_error *err) {
     if (!st) *out = json_dumps(arr, JSON_INDENT(2));
     json_decref(arr);
     return st;
+}
+
+/* The newest CPU read bandwidth a row holds: a hearth bench run's (details.bandwidth_gbs,
+ * device cpu) or an earlier probe's. 0 when there is none. */
+static double newest_bandwidth(char *when, size_t cap, char *kind, size_t kind_cap) {
+    sqlite3 *db;
+    hearth_error ignore = {0};
+    if (evals_open(&db, &ignore)) return 0;
+    sqlite3_stmt *s = NULL;
+    double gbs = 0;
+    const char *sql = "SELECT time, kind, details FROM runs WHERE kind IN ('bench', 'probe') ORDER BY id DESC";
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK)
+        while (gbs <= 0 && sqlite3_step(s) == SQLITE_ROW) {
+            const char *t = (const char *)sqlite3_column_text(s, 2);
+            json_t *d = t ? json_loads(t, 0, NULL) : NULL;
+            const char *dev = json_string_value(json_object_get(d, "device"));
+            if (dev && !strcmp(dev, "cpu") && json_number_value(json_object_get(d, "bandwidth_gbs")) > 0) {
+                gbs = json_number_value(json_object_get(d, "bandwidth_gbs"));
+                snprintf(when, cap, "%s", (const char *)sqlite3_column_text(s, 0));
+                snprintf(kind, kind_cap, "%s", (const char *)sqlite3_column_text(s, 1));
+            }
+            json_decref(d);
+        }
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return gbs;
+}
+
+/* A 256 MiB read, best of 2, on every core: about 0.1 s, far past any cache, close to
+ * hearth bench's 1 GiB figure (bench/results/kernels.md). */
+#define HUB_PROBE_BYTES ((size_t)256 << 20)
+
+hearth_status hearth_machine_bandwidth(double *gbs, char *source, size_t cap, hearth_error *err) {
+    char when[64] = "", kind[16] = "";
+    if ((*gbs = newest_bandwidth(when, sizeof when, kind, sizeof kind)) > 0) {
+        snprintf(source, cap, "%s %s", !strcmp(kind, "bench") ? "hearth bench" : "probe", when);
+        return HEARTH_OK;
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    threadpool *tp = NULL;
+    hearth_status st = tp_create(cores > 0 ? (int)cores : 1, &tp, err);
+    if (st) return st;
+    *gbs = cpu_read_bandwidth_gbs(tp, HUB_PROBE_BYTES, 2);
+    tp_destroy(tp);
+    if (*gbs <= 0) return err_set(err, HEARTH_ERR_NOMEM, "cannot allocate the bandwidth probe's 256 MiB");
+    /* recorded, so that every later choice and fit on this machine uses the same figure */
+    char details[160];
+    snprintf(details, sizeof details, "{\"device\": \"cpu\", \"bandwidth_gbs\": %.17g, \"threads\": %ld, \"bytes\": %zu}",
+             *gbs, cores > 0 ? cores : 1, HUB_PROBE_BYTES);
+    hearth_eval_row row = {.kind = "probe", .model = "-", .predicted_peak_bytes = -1, .measured_peak_bytes = -1,
+                           .tok_s = -1, .details_json = details};
+    hearth_error ignore = {0};
+    int kept = hearth_evals_record(&row, &ignore) == HEARTH_OK;
+    snprintf(source, cap, kept ? "probe now (recorded in the evals db)" : "probe now");
+    return HEARTH_OK;
 }

@@ -113,8 +113,8 @@ static json_t *describe(const model_entry *e) {
     if (embeddings) json_array_append_new(caps, json_string("embeddings"));
     json_object_set_new(o, "capabilities", caps);
     json_decref(info);
-    /* fit at the engine's default context, the way `hearth serve` would start it */
-    hearth_fit_options fo = {0};
+    /* fit the way `hearth serve` would start it: its default context and sequences */
+    hearth_fit_options fo = {.engine = {.max_sequences = HEARTH_SERVE_MAX_SEQUENCES}};
     char *report = NULL;
     if (!embeddings && !hearth_fit(m, &fo, &report, &err)) {
         json_t *r = json_loads(report, 0, NULL);

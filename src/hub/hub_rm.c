@@ -83,7 +83,7 @@ static hearth_status repo_of(const char *model, char repo[HUB_NAME_MAX], char re
     if (st) return st;
     if (strcmp(e.source, "hf-cache"))
         st = err_set(err, HEARTH_ERR_UNSUPPORTED,
-                     "rm: %s (%s) is not in the Hugging Face cache; hearth rm only removes what hearth pull "
+                     "%s: not in the Hugging Face cache (it is %s); hearth rm only removes what hearth pull "
                      "manages, delete the file or folder yourself",
                      e.name, e.path);
     else
@@ -122,7 +122,7 @@ hearth_status hearth_rm(const char *model, int dry_run, char **report_json, hear
     char *blobs = dir ? path_join(dir, "blobs") : NULL;
     json_t *removed = json_array(), *all = snaps ? list_dir(snaps) : json_array();
     if (!dir || !file_is_dir(dir)) {
-        st = err_set(err, HEARTH_ERR_NOT_FOUND, "rm: %s is not in the Hugging Face cache (%s)", repo, hub ? hub : "?");
+        st = err_set(err, HEARTH_ERR_NOT_FOUND, "%s: not in the Hugging Face cache (%s)", repo, hub ? hub : "?");
         goto done;
     }
     /* which snapshots go: all of them, or the one the revision names */

@@ -242,6 +242,14 @@ static int resolve_hf_repo(const char *arg, model_entry *out) {
     return fmt >= 0;
 }
 
+/* An argument written as a path (a model file's extension, or starting with / . ~) is a
+ * file the user expected to exist: the error says so first, in the CLI's
+ * "<file>: <problem>" form. */
+static int names_a_file(const char *arg) {
+    return arg[0] == '/' || arg[0] == '.' || arg[0] == '~' || has_suffix(arg, ".gguf") ||
+           has_suffix(arg, ".safetensors") || has_suffix(arg, ".json");
+}
+
 hearth_status resolve_model(const char *arg, model_entry *out, hearth_error *err) {
     memset(out, 0, sizeof *out);
     if (!arg || !*arg) return err_set(err, HEARTH_ERR_INVALID, "no model given");
@@ -272,7 +280,9 @@ hearth_status resolve_model(const char *arg, model_entry *out, hearth_error *err
         sbuf msg;
         sbuf_init(&msg);
         int ambiguous = n_match > 1;
-        sbuf_printf(&msg, ambiguous ? "model name '%s' is ambiguous; it matches:" : "no model matches '%s'", arg);
+        if (ambiguous) sbuf_printf(&msg, "model name '%s' is ambiguous; it matches:", arg);
+        else if (names_a_file(arg)) sbuf_printf(&msg, "%s: no such file or directory, and no model's name matches it", arg);
+        else sbuf_printf(&msg, "no model matches '%s'", arg);
         if (!ambiguous)
             sbuf_puts(&msg, all.count ? "; known models:" : " and no models were found (searched the HF cache, "
                                                             "$HEARTH_MODELS and $HEARTH_CACHE/models)");

@@ -32,73 +32,44 @@ size_t kv_bytes(int n_layers, int n_kv_heads, int head_dim, int max_slots, int m
            (size_t)n_blocks * sizeof(int32_t) + kv_prefix_bytes(n_blocks, max_slots);
 }
 
-/* One 64-byte aligned (a cache line, what AVX-512 loads like) array, zeroed by kv_zero.
- * Large pools go on transparent huge pages like the weights: decode attention jumps from
- * one 16-position block to the next. */
-static void *storage_alloc(size_t bytes) { return mem_alloc_stream(bytes); }
-
-/* Zeroing touches every page, so the pool is resident from the start (the footprint fit
- * predicts). Page faults dominate that (a 3 GB pool took 2.3-2.7 s on one vCPU of the
- * development VM, 1.05 s on two), so it runs on the pool's threads in slices. */
-#define KV_ZERO_SLICE ((size_t)8 << 20)
-typedef struct kv_zero_job {
-    void *p[6];
-    size_t bytes[6];
-    int n, slices[6];
-} kv_zero_job;
-
-static void kv_zero_task(void *ctx, int task, int thread) {
-    (void)thread;
-    kv_zero_job *j = ctx;
-    int a = 0;
-    while (task >= j->slices[a]) task -= j->slices[a++];
-    size_t off = (size_t)task * KV_ZERO_SLICE, len = j->bytes[a] - off < KV_ZERO_SLICE ? j->bytes[a] - off : KV_ZERO_SLICE;
-    memset((uint8_t *)j->p[a] + off, 0, len);
+/* Bytes of each storage array (k, v, k8, v8, k_scale, v_scale) for the pool's shape and
+ * quantization; 0 for the arrays it does not have. */
+static void storage_sizes(const kv_cache *kv, int quant, size_t sizes[6]) {
+    size_t rows = (size_t)kv->n_layers * kv->n_blocks * kv->n_kv_heads * KV_BLOCK_SIZE;
+    size_t elems = rows * (size_t)kv->head_dim, eb = kv_elem_bytes(quant);
+    int host_float = quant == HEARTH_KV_FLOAT, scaled = kv_quant_scaled(quant);
+    sizes[0] = sizes[1] = host_float ? elems * eb : 0;
+    sizes[2] = sizes[3] = host_float ? 0 : elems * eb; /* int8, and fp8 / f16's host copy */
+    sizes[4] = sizes[5] = scaled ? rows * sizeof(float) : 0;
 }
 
-static void kv_zero(kv_cache *kv, threadpool *tp) {
-    size_t rows = (size_t)kv->n_layers * kv->n_blocks * kv->n_kv_heads * KV_BLOCK_SIZE;
-    size_t eb = kv_elem_bytes(kv->quant), elems = rows * (size_t)kv->head_dim;
-    kv_zero_job j = {.n = 0};
+/* The storage is reserved, not touched (mem_alloc_reserved): fresh anonymous pages read as
+ * zeros and become resident as blocks are first written, so a server holds the KV memory
+ * its requests have used and starts without faulting in the whole pool (page-aligned, so
+ * cache-line aligned as AVX-512 loads like). hearth fit reports both: the pool untouched at
+ * start and the whole pool written (the peak). */
+static void storage_free(kv_cache *kv) {
+    size_t sizes[6];
+    storage_sizes(kv, kv->quant, sizes);
     void *arrays[6] = {kv->k, kv->v, kv->k8, kv->v8, kv->k_scale, kv->v_scale};
-    size_t sizes[6] = {elems * eb, elems * eb, elems * eb, elems * eb, rows * sizeof(float), rows * sizeof(float)};
-    int tasks = 0;
-    for (int i = 0; i < 6; i++)
-        if (arrays[i]) {
-            j.p[j.n] = arrays[i];
-            j.bytes[j.n] = sizes[i];
-            j.slices[j.n] = (int)((sizes[i] + KV_ZERO_SLICE - 1) / KV_ZERO_SLICE);
-            tasks += j.slices[j.n++];
-        }
-    if (tp && tasks > 1) tp_run(tp, tasks, kv_zero_task, &j);
-    else
-        for (int t = 0; t < tasks; t++) kv_zero_task(&j, t, 0);
+    for (int i = 0; i < 6; i++) mem_free_reserved(arrays[i], sizes[i]);
+    kv->k = kv->v = NULL;
+    kv->k8 = kv->v8 = NULL;
+    kv->k_scale = kv->v_scale = NULL;
 }
 
 static hearth_status storage_create(kv_cache *kv, int quant, hearth_error *err) {
-    size_t rows = (size_t)kv->n_layers * kv->n_blocks * kv->n_kv_heads * KV_BLOCK_SIZE;
-    size_t elems = rows * (size_t)kv->head_dim;
+    if (!kv_quant_known(quant)) return err_set(err, HEARTH_ERR_INVALID, "kv cache: unknown quantization %d", quant);
     kv->quant = quant;
-    /* fp8 and f16 are written only by the GPU into its own pool; the host copy keeps the
-     * same layout so every byte count (fit, --kv-budget) is the device's */
-    if (kv_quant_scaled(quant)) {
-        kv->k8 = storage_alloc(elems);
-        kv->v8 = storage_alloc(elems);
-        kv->k_scale = storage_alloc(rows * sizeof(float));
-        kv->v_scale = storage_alloc(rows * sizeof(float));
-        if (kv->k8 && kv->v8 && kv->k_scale && kv->v_scale) return HEARTH_OK;
-    } else if (quant == HEARTH_KV_F16) { /* GPU only, like fp8: two bytes per element */
-        kv->k8 = storage_alloc(elems * sizeof(uint16_t));
-        kv->v8 = storage_alloc(elems * sizeof(uint16_t));
-        if (kv->k8 && kv->v8) return HEARTH_OK;
-    } else if (quant == HEARTH_KV_FLOAT) {
-        kv->k = storage_alloc(elems * sizeof(float));
-        kv->v = storage_alloc(elems * sizeof(float));
-        if (kv->k && kv->v) return HEARTH_OK;
-    } else {
-        return err_set(err, HEARTH_ERR_INVALID, "kv cache: unknown quantization %d", quant);
-    }
-    return err_set(err, HEARTH_ERR_NOMEM, "kv cache: cannot allocate %.1f MiB",
+    size_t sizes[6];
+    storage_sizes(kv, quant, sizes);
+    void **arrays[6] = {(void **)&kv->k, (void **)&kv->v,       (void **)&kv->k8,
+                        (void **)&kv->v8, (void **)&kv->k_scale, (void **)&kv->v_scale};
+    int ok = 1;
+    for (int i = 0; i < 6; i++)
+        if (sizes[i] && !(*arrays[i] = mem_alloc_reserved(sizes[i]))) ok = 0;
+    if (ok) return HEARTH_OK;
+    return err_set(err, HEARTH_ERR_NOMEM, "kv cache: cannot reserve %.1f MiB",
                    kv_storage_bytes(kv->n_layers, kv->n_kv_heads, kv->head_dim, kv->n_blocks, quant) /
                        (1024.0 * 1024.0));
 }
@@ -160,26 +131,17 @@ void kv_copy_rows(kv_cache *kv, int32_t src, int32_t dst, int rows) {
 
 hearth_status kv_create_quant(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
                               int max_context, int n_blocks, int quant, hearth_error *err) {
-    return kv_create_quant_tp(kv, n_layers, n_kv_heads, head_dim, max_slots, max_context, n_blocks, quant, NULL, err);
+    return kv_create_meta(kv, n_layers, n_kv_heads, head_dim, max_slots, max_context, n_blocks, quant, 1, err);
 }
 
-hearth_status kv_storage_attach(kv_cache *kv, threadpool *tp, hearth_error *err) {
+hearth_status kv_storage_attach(kv_cache *kv, hearth_error *err) {
     hearth_status st = storage_create(kv, kv->quant, err);
-    if (st) {
-        kv_destroy(kv);
-        return st;
-    }
-    kv_zero(kv, tp);
-    return HEARTH_OK;
-}
-
-hearth_status kv_create_quant_tp(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
-                                 int max_context, int n_blocks, int quant, threadpool *tp, hearth_error *err) {
-    return kv_create_meta(kv, n_layers, n_kv_heads, head_dim, max_slots, max_context, n_blocks, quant, 1, tp, err);
+    if (st) kv_destroy(kv);
+    return st;
 }
 
 hearth_status kv_create_meta(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context,
-                             int n_blocks, int quant, int with_storage, threadpool *tp, hearth_error *err) {
+                             int n_blocks, int quant, int with_storage, hearth_error *err) {
     memset(kv, 0, sizeof *kv);
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || max_slots <= 0 || max_context <= 0 || n_blocks <= 0)
         return err_set(err, HEARTH_ERR_INVALID, "kv cache: invalid sizes");
@@ -196,7 +158,7 @@ hearth_status kv_create_meta(kv_cache *kv, int n_layers, int n_kv_heads, int hea
         kv_destroy(kv);
         return err_set(err, HEARTH_ERR_INVALID, "kv cache: unknown quantization %d", quant);
     }
-    if (with_storage && (st = kv_storage_attach(kv, tp, err))) return st;
+    if (with_storage && (st = kv_storage_attach(kv, err))) return st;
     kv->tables = malloc((size_t)max_slots * kv->max_blocks_per_slot * sizeof(int32_t));
     kv->n_tokens = calloc((size_t)max_slots, sizeof(int32_t));
     kv->free_list = malloc((size_t)n_blocks * sizeof(int32_t));
@@ -212,12 +174,7 @@ hearth_status kv_create_meta(kv_cache *kv, int n_layers, int n_kv_heads, int hea
 }
 
 void kv_destroy(kv_cache *kv) {
-    free(kv->k);
-    free(kv->v);
-    free(kv->k8);
-    free(kv->v8);
-    free(kv->k_scale);
-    free(kv->v_scale);
+    storage_free(kv);
     free(kv->tables);
     free(kv->n_tokens);
     free(kv->free_list);

@@ -2,9 +2,9 @@
  * KV_BLOCK_SIZE positions x n_kv_heads x head_dim keys and values (--kv-quant: float32;
  * int8 with a scale per position and head; fp8 and f16 on the GPU only, whose host copy
  * keeps the layout for the byte counts), and a block table per sequence slot. Full blocks
- * are shared between sequences by content (kv_prefix.h). Allocated once at engine start;
- * adding or dropping a sequence is O(blocks), nothing is copied. Knows nothing of models
- * or sampling. */
+ * are shared between sequences by content (kv_prefix.h). Reserved once at engine start
+ * (pages become resident when first written); adding or dropping a sequence is O(blocks),
+ * nothing is copied. Knows nothing of models or sampling. */
 #ifndef HEARTH_KV_KV_CACHE_H
 #define HEARTH_KV_KV_CACHE_H
 #include "base/threadpool.h"
@@ -53,11 +53,10 @@ hearth_status kv_create_quant(kv_cache *kv, int n_layers, int n_kv_heads, int he
  * with_storage (else kv_storage_attach adds it later; a pool whose keys and values live
  * on the GPU needs none on the host). kv_storage_attach frees the pool on failure. */
 hearth_status kv_create_meta(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots, int max_context,
-                             int n_blocks, int quant, int with_storage, threadpool *tp, hearth_error *err);
-hearth_status kv_storage_attach(kv_cache *kv, threadpool *tp, hearth_error *err);
-/* The same, zeroing (touching) the storage on tp's threads (NULL: the caller's alone). */
-hearth_status kv_create_quant_tp(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
-                                 int max_context, int n_blocks, int quant, threadpool *tp, hearth_error *err);
+                             int n_blocks, int quant, int with_storage, hearth_error *err);
+/* The storage is reserved, not touched (zero pages until first written): the pool's memory
+ * becomes resident as blocks are used. */
+hearth_status kv_storage_attach(kv_cache *kv, hearth_error *err);
 static inline hearth_status kv_create(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
                                       int max_context, int n_blocks, hearth_error *err) {
     return kv_create_quant(kv, n_layers, n_kv_heads, head_dim, max_slots, max_context, n_blocks, HEARTH_KV_FLOAT,

@@ -37,7 +37,7 @@ static int fit(srv_server *s, struct MHD_Connection *c, const char *origin) {
     if (ctx < 0) return fail(c, s, 400, "ctx", "ctx must be a positive integer", origin);
     if (batch < 0) return fail(c, s, 400, "batch", "batch must be a positive integer", origin);
     fo.engine.context_length = (int)ctx;
-    fo.engine.max_sequences = (int)batch;
+    fo.engine.max_sequences = batch ? (int)batch : HEARTH_SERVE_MAX_SEQUENCES; /* as hearth fit: serve's default */
     const char *device = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "device");
     if (device && *device && !hearth_device_parse(device, &fo.engine.device))
         return fail(c, s, 400, "device", "device must be cpu, cuda or auto", origin);

@@ -194,6 +194,7 @@ typedef struct srv_server {
     hearth_model *model;
     srv_queue *queue;
     int context_length; /* of the engine */
+    const char *context_source; /* why that context: "--ctx", "the model's own limit", or a cut */
     char fingerprint[400];
     void *text_config;         /* ts_config of the model (textstate.h) */
     pthread_mutex_t render_mu; /* template rendering and tokenizing, one HTTP

@@ -30,6 +30,8 @@ static json_t *stats_json(srv_server *s) {
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("stats"));
     json_object_set_new(o, "uptime_seconds", json_real(s->started > 0 ? now - s->started : 0));
+    json_object_set_new(o, "context_length", json_integer(s->context_length));
+    json_object_set_new(o, "context_source", json_string(s->context_source ? s->context_source : ""));
     json_object_set_new(o, "requests_served", json_integer((json_int_t)b.requests_done));
     json_object_set_new(o, "running", json_integer((json_int_t)b.running));
     json_object_set_new(o, "queued", json_integer((json_int_t)b.waiting));

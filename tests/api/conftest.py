@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hearth_process import free_port, need, running, server_process  # noqa: E402
+from hearth_process import isolate_cache, free_port, need, running, server_process  # noqa: E402
+
+isolate_cache()  # before CACHE below: tests never write into the user's cache
 
 REPO = Path(__file__).resolve().parent.parent.parent
 BIN = Path(os.environ.get("HEARTH_BIN", REPO / "bin" / "hearth"))

@@ -582,14 +582,18 @@ def test_evals_lists_a_recorded_fit(env, tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     rows = json.loads(hearth(env, "evals", "--json").stdout)
-    assert len(rows) == 1
-    assert rows[0]["kind"] == "fit" and rows[0]["context"] == 512
+    # fit also recorded the bandwidth probe it ran (no bench row yet): docs/cli.md, hearth fit
+    assert sorted(r["kind"] for r in rows) == ["fit", "probe"]
+    probe = [r for r in rows if r["kind"] == "probe"][0]
+    assert probe["details"]["bandwidth_gbs"] == pytest.approx(report["bandwidth_gbs"], rel=1e-8)
+    rows = [r for r in rows if r["kind"] == "fit"]
+    assert rows[0]["context"] == 512
     assert rows[0]["predicted_peak_bytes"] == report["predicted_peak_bytes"]
     # the documented schema, read with Python's sqlite3
     db = sqlite3.connect(Path(env["HEARTH_CACHE"]) / "evals.sqlite")
     cols = [c[1] for c in db.execute("PRAGMA table_info(runs)")]
     assert cols[:8] == ["id", "time", "kind", "model", "context", "predicted_peak_bytes", "measured_peak_bytes", "tok_s"]
-    assert db.execute("SELECT model, measured_peak_bytes FROM runs").fetchall() == [(str(SOURCE), None)]
+    assert db.execute("SELECT model, measured_peak_bytes FROM runs WHERE kind = 'fit'").fetchall() == [(str(SOURCE), None)]
     assert str(SOURCE) in hearth(env, "evals").stdout
 
 

@@ -7,9 +7,15 @@ import glob
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hearth_process import isolate_cache  # noqa: E402
+
+isolate_cache()  # before CACHE below: tests never write into the user's cache
 
 REPO = Path(__file__).resolve().parent.parent.parent
 PARITY = REPO / "tests" / "parity"

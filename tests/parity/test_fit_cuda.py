@@ -32,7 +32,10 @@ def tiny(name):
 
 
 def fit(hearth_bin, model, *args, ok=True):
-    p = subprocess.run([str(hearth_bin), "fit", str(model), "--json", *args], capture_output=True, text=True,
+    """hearth fit --json for one sequence (the arithmetic below is per sequence) unless the
+    arguments say how many."""
+    seqs = [] if any(a in ("--max-sequences", "--batch") for a in args) else ["--max-sequences", "1"]
+    p = subprocess.run([str(hearth_bin), "fit", str(model), "--json", *seqs, *args], capture_output=True, text=True,
                        timeout=120)
     if not ok:
         return p
@@ -125,7 +128,7 @@ def test_largest_context_fits_on_a_small_gpu(hearth_bin):
 
 def test_skus_gpu_rows_include_the_runtime(hearth_bin):
     model = tiny("qwen3-q4g64")
-    p = subprocess.run([str(hearth_bin), "fit", str(model), "--skus", "--json", "--ctx", "1024"],
+    p = subprocess.run([str(hearth_bin), "fit", str(model), "--skus", "--json", "--ctx", "1024", "--max-sequences", "1"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     rows = {r["name"]: r for r in json.loads(p.stdout)["skus"]}

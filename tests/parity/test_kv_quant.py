@@ -106,7 +106,7 @@ def test_int8_kv_pool_shrinks_as_predicted(key, ctx):
     layers, kv_heads, head_dim = gguf_kv_shape(model)
     fits = {}
     for q in ("none", "int8"):
-        p = subprocess.run([str(BIN), "fit", str(model), "--json", "--ctx", str(ctx), "--kv-quant", q],
+        p = subprocess.run([str(BIN), "fit", str(model), "--json", "--ctx", str(ctx), "--max-sequences", "1", "--kv-quant", q],
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         fits[q] = json.loads(p.stdout)

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hearth_process import free_port, need, running  # noqa: E402
+from hearth_process import isolate_cache, free_port, need, running  # noqa: E402
+
+isolate_cache()  # before CACHE below: tests never write into the user's cache
 
 REPO = Path(__file__).resolve().parent.parent.parent
 BIN = Path(os.environ.get("HEARTH_BIN", REPO / "bin" / "hearth"))
@@ -31,7 +33,7 @@ def appliance(*flags, ready_timeout=60, env=None, no_open=True):
     need(SMOLLM2, "default model", "run tools/get_models.sh (or `make run`)")
     port = free_port()
     log_path = f"/tmp/hearth-ui-{port}.log"
-    full_env = {**os.environ, "HEARTH_CACHE": str(CACHE)}
+    full_env = dict(os.environ)
     # never pop a browser on a developer's desktop from a test
     full_env.pop("DISPLAY", None)
     full_env.pop("WAYLAND_DISPLAY", None)

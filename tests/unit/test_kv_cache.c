@@ -1,5 +1,6 @@
 /* test_kv_cache.c: the paged KV pool: blocks handed out and returned, slots isolated,
- * positions addressed through block tables, limits refused without side effects. */
+ * positions addressed through block tables, limits refused without side effects; the
+ * storage reserved, read as zeros and resident only where written. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -7,6 +8,8 @@
 #include <cmocka.h>
 
 #include "kv/kv_cache.h"
+#include "engine/fit_internal.h"
+#include "hearth.h"
 
 static void test_reserve_release(void **state) {
     (void)state;
@@ -51,7 +54,36 @@ static void test_bad_sizes(void **state) {
     kv_destroy(&kv);
 }
 
+static long long rss(void) { return hearth_proc_kb_field("/proc/self/status", "VmRSS"); }
+
+/* A 1 GiB float pool costs no resident memory until written, reads as zeros, and writing
+ * one block makes that block's pages resident (16 positions x 4 heads x 128 floats = 32 KiB
+ * per layer and array). */
+static void test_storage_is_reserved_not_touched(void **state) {
+    (void)state;
+    kv_cache kv;
+    long long before = rss();
+    /* 8 layers, 4 KV heads of 128, 2048 blocks: 2 x 8 x 2048 x 4 x 16 x 128 x 4 = 1 GiB */
+    assert_int_equal(kv_create(&kv, 8, 4, 128, 4, 8192, 2048, NULL), HEARTH_OK);
+    long long reserved = rss();
+    assert_true(reserved - before < (16 << 20)); /* the tables only, not the 1 GiB */
+    assert_int_equal(kv_reserve(&kv, 0, 16, NULL), HEARTH_OK);
+    for (int l = 0; l < 8; l++)
+        for (int h = 0; h < 4; h++)
+            for (int p = 0; p < 16; p++) {
+                assert_true(kv_key(&kv, l, 0, p, h)[127] == 0.0f && kv_value(&kv, l, 0, p, h)[0] == 0.0f);
+                kv_key(&kv, l, 0, p, h)[0] = 1.0f;
+                kv_value(&kv, l, 0, p, h)[0] = 2.0f;
+            }
+    long long used = rss();
+    assert_true(used - reserved < 2 * 8 * (32 << 10) + (1 << 20)); /* the block's pages, not more */
+    assert_true(kv_key(&kv, 7, 0, 15, 3)[0] == 1.0f && kv_value(&kv, 7, 0, 15, 3)[0] == 2.0f);
+    kv_destroy(&kv);
+    assert_true(rss() - before < (16 << 20)); /* returned */
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_reserve_release), cmocka_unit_test(test_bad_sizes)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_reserve_release), cmocka_unit_test(test_bad_sizes),
+                                       cmocka_unit_test(test_storage_is_reserved_not_touched)};
     return cmocka_run_group_tests_name("kv_cache", tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* The default KV pool (engine_plan_room): every sequence's whole context, cut to the
  * largest block count whose plan fits the host's room (and the GPU's, from the device plan
  * cuda_plan_make computes without a device), never below one context; a pool the caller
- * sized (kv_blocks, kv_budget_bytes) is never cut. On the tiny llama-f32 model. */
+ * sized (kv_blocks, kv_budget_bytes) is never cut. The default context is the model's own,
+ * cut to what fits. On the tiny llama-f32 model. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -121,8 +122,41 @@ static void test_device_room_cuts_too(void **state) {
     assert_int_equal(engine_device_room((size_t)512 << 20, (size_t)8 << 30), 1);
 }
 
+/* No context asked for: the model's own limit (131072 for this model), and where not even
+ * one sequence of it fits, the largest context that does (the pool then one context). */
+static void test_default_context_is_the_models(void **state) {
+    (void)state;
+    hearth_engine_options o = {.max_sequences = 4, .n_threads = 1};
+    engine_plan p = host_plan(&o, 0);
+    assert_int_equal(p.context, m->cfg.context_length);
+    assert_true(p.context > 8192);
+    assert_int_equal(p.context_cut_from, 0);
+    /* room for the full pool of one sequence less half its KV: the context is cut */
+    hearth_engine_options one = o;
+    one.kv_blocks = (p.context + 15) / 16;
+    engine_plan solo = host_plan(&one, 0);
+    size_t room = engine_plan_bytes(&solo) - solo.kv / 2;
+    engine_plan c = host_plan(&o, room);
+    assert_int_equal(c.context_cut_from, m->cfg.context_length);
+    assert_true(c.context < m->cfg.context_length && c.context > 0);
+    assert_int_equal(c.n_blocks, (c.context + 15) / 16);
+    assert_true(engine_plan_bytes(&c) <= room);
+    hearth_engine_options longer = o; /* maximal: one position more does not fit */
+    longer.context_length = c.context + 1;
+    longer.kv_blocks = (c.context + 1 + 15) / 16;
+    engine_plan q = host_plan(&longer, 0);
+    assert_true(engine_plan_bytes(&q) > room || q.n_blocks == c.n_blocks);
+    /* a context asked for is never cut: the pool keeps its floor of one context */
+    hearth_engine_options asked = o;
+    asked.context_length = p.context;
+    engine_plan a = host_plan(&asked, room);
+    assert_int_equal(a.context, p.context);
+    assert_int_equal(a.context_cut_from, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_context_is_the_models),
         cmocka_unit_test(test_full_pool_when_it_fits), cmocka_unit_test(test_cut_is_the_largest_that_fits),
         cmocka_unit_test(test_floor_is_one_context),   cmocka_unit_test(test_sized_pools_are_not_cut),
         cmocka_unit_test(test_device_room_cuts_too),

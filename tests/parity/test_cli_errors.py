@@ -1,0 +1,78 @@
+"""Every verb's missing-file and bad-flag paths, in one table: stderr is one line of the
+README's form `hearth: <file or flag>: <problem>` (then the usage for a usage error), exit
+status 1 for a missing file and 2 for a bad flag, nothing on stdout, no crash. The
+problem text for a missing file is the C library's own (os.strerror(ENOENT) from Python,
+not hearth), or "no such file or directory" for a model path no model name matches.
+"""
+import errno
+import os
+import subprocess
+
+import pytest
+from conftest import BIN, CACHE, REAL_GGUFS
+
+MODEL = str(CACHE / "models" / REAL_GGUFS["smollm2"])
+EMBED = str(CACHE / "models" / "all-MiniLM-L6-v2")
+ENOENT = os.strerror(errno.ENOENT)  # "No such file or directory"
+MISSING_MODEL = "no such file or directory"
+
+# (argv after `hearth`, the <file> the message must name, the problem it must state)
+MISSING_FILES = [
+    (["info", "nope.gguf"], "nope.gguf", MISSING_MODEL),
+    (["tokenize", "nope.gguf", "hi"], "nope.gguf", MISSING_MODEL),
+    (["tokenize", MODEL, "--file", "nope.txt"], "nope.txt", ENOENT),
+    (["detokenize", "nope.gguf", "[1]"], "nope.gguf", MISSING_MODEL),
+    (["template", "nope.gguf", "--messages", "m.json"], "nope.gguf", MISSING_MODEL),
+    (["template", MODEL, "--messages", "nope.json"], "nope.json", ENOENT),
+    (["generate", "nope.gguf", "hi"], "nope.gguf", MISSING_MODEL),
+    (["chat", "nope.gguf"], "nope.gguf", MISSING_MODEL),
+    (["serve", "--model", "nope.gguf", "--port", "0"], "nope.gguf", MISSING_MODEL),
+    (["bench", "nope.gguf"], "nope.gguf", MISSING_MODEL),
+    (["embed", "nope.gguf", "--text", "hi"], "nope.gguf", MISSING_MODEL),
+    (["embed", EMBED, "--file", "nope.txt"], "nope.txt", ENOENT),
+    (["trace", "nope.gguf", "--ids", "[1,2,3,4]"], "nope.gguf", MISSING_MODEL),
+    (["tensors", "nope.gguf"], "nope.gguf", MISSING_MODEL),
+    (["tensors", MODEL, "output_norm.weight", "--out", "/nonexistent-dir/x.f32"], "/nonexistent-dir/x.f32", ENOENT),
+    (["fit", "nope.gguf"], "nope.gguf", MISSING_MODEL),
+    (["fit", "./nope"], "./nope", MISSING_MODEL),
+    (["rm", "nope-org/nope-model"], "nope-org/nope-model", "not in the Hugging Face cache"),
+]
+
+VERBS_WITH_MODEL = ["info", "tokenize", "detokenize", "template", "generate", "chat", "bench", "trace", "tensors",
+                    "fit", "embed"]
+BAD_FLAGS = [([verb, MODEL, "--no-such-flag"], "--no-such-flag") for verb in VERBS_WITH_MODEL]
+BAD_FLAGS += [([verb, "--no-such-flag"], "--no-such-flag") for verb in ("serve", "ls", "evals", "pull", "rm")]
+BAD_FLAGS += [
+    (["serve", "--port", "notaport"], "--port"),
+    (["serve", "--max-sequences", "0"], "--max-sequences"),
+    (["fit", MODEL, "--kv-budget", "lots"], "--kv-budget"),
+    (["fit", MODEL, "--max-sequences=x"], "--max-sequences"),
+]
+
+
+def run(argv):
+    p = subprocess.run([str(BIN), *argv], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert "Traceback" not in p.stderr and p.returncode >= 0, f"crashed: {p.returncode} {p.stderr}"
+    return p
+
+
+@pytest.mark.parametrize("argv,file,problem", MISSING_FILES, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_missing_file_names_the_file(argv, file, problem, tmp_path):
+    if argv[0] == "template" and "m.json" in argv:
+        argv = [a if a != "m.json" else str(tmp_path / "m.json") for a in argv]
+        (tmp_path / "m.json").write_text('[{"role": "user", "content": "hi"}]')
+    p = run(argv)
+    assert p.returncode == 1, p.stderr
+    assert p.stdout == ""
+    first = p.stderr.splitlines()[0]
+    assert first.startswith(f"hearth: {file}: {problem}"), first
+
+
+@pytest.mark.parametrize("argv,flag", BAD_FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_bad_flag_is_a_usage_error_naming_it(argv, flag):
+    p = run(argv)
+    assert p.returncode == 2, p.stderr
+    assert p.stdout == ""
+    lines = p.stderr.splitlines()
+    assert lines[0].startswith(f"hearth: {flag}: "), lines[0]
+    assert lines[1].startswith("usage: hearth"), p.stderr

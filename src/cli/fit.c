@@ -12,7 +12,6 @@ static const char *fit_usage =
     "hearth fit <model> [--ctx N] [--batch B] [--threads N] [--mmap] [--measure | --bandwidth GBS]\n"
     "       [--kv-quant none|int8] [--device cpu|cuda|auto] [--sku NAME] [--json] [--skus] [--record]";
 
-int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 void cli_fit_print_skus(const char *report_json); /* fit_skus.c */
 int cli_fit_record(const char *report_json);
 

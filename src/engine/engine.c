@@ -9,6 +9,7 @@
 #include "base/mem_touch.h"
 #include "base/sbuf.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "model/model.h"
 #include "ops/ops.h"
 #include "backend/cpu/bandwidth.h"
@@ -340,6 +341,9 @@ int hearth_engine_context_length(const hearth_engine *e) { return e->context; }
 int hearth_engine_kv_blocks(const hearth_engine *e, int *cut_from) {
     if (cut_from) *cut_from = e->kv_cut_from;
     return e->kv.n_blocks;
+}
+int hearth_engine_kv_blocks_needed(const hearth_engine *e, size_t n_prompt, int max_tokens) {
+    return sched_blocks_needed(n_prompt, max_tokens, e->context);
 }
 int32_t hearth_model_vocab_rows(const hearth_engine *e) { return e->m->cfg.vocab; }
 

@@ -1,5 +1,5 @@
 /* generation.h: the part of a completion that every HTTP API shares (OpenAI
- * chat and text completions in routes.c, Anthropic messages in anthropic.c):
+ * chat and text completions in openai_chat.c, Anthropic messages in anthropic.c):
  * checking a validated request against the model, rendering and tokenizing its
  * prompt, queuing the job, and feeding its token events through the
  * reasoning/tool text state machine. Knows no response shapes. */

@@ -254,7 +254,7 @@ void srv_route_request(srv_server *s, srv_conn *c);
  * already (an error), 0 to read the body, 1 when there is none to read. */
 int srv_route_head(srv_server *s, srv_conn *c);
 
-/* routes.c */
+/* openai_chat.c */
 int srv_handle_completion(srv_server *s, srv_conn *c, srv_kind kind, const char *body, size_t len);
 char *srv_models_body(const srv_server *s, const char *filter); /* filter NULL: all */
 /* router.c: the /v1 index, from the route table. */

@@ -1,4 +1,4 @@
-/* routes.c: the OpenAI completion endpoints (validate with request.c, start the
+/* openai_chat.c: the OpenAI completion endpoints (validate with openai_chat_request.c, start the
  * shared generation of generation.c, then turn engine events into one JSON reply
  * or an SSE stream through the reasoning/tool text state machine), and the
  * body of /v1/models.

@@ -22,9 +22,7 @@ typedef struct gen_state {
     json_t *tool_calls;      /* formatted items not yet sent */
     int tool_index;          /* streaming: "index" of the next call */
     json_t *logprobs;        /* non-streaming: logprobs.content entries */
-    sbuf out;                /* streaming: SSE bytes not yet written */
-    size_t out_pos;
-    int ended, failed;
+    sse_stream ss;           /* streaming: SSE bytes not yet written */
 } gen_state;
 
 static void gen_free(gen_state *g) {
@@ -33,7 +31,7 @@ static void gen_free(gen_state *g) {
     srv_request_free(&g->req);
     sbuf_free(&g->content);
     sbuf_free(&g->reasoning);
-    sbuf_free(&g->out);
+    sbuf_free(&g->ss.out);
     json_decref(g->tool_calls);
     json_decref(g->logprobs);
     free(g);
@@ -69,9 +67,9 @@ static void take_pending(gen_state *g) {
 }
 
 static void emit_event(gen_state *g, json_t *o) {
-    sbuf_puts(&g->out, "data: ");
-    srv_json_write(&g->out, o);
-    sbuf_puts(&g->out, "\n\n");
+    sbuf_puts(&g->ss.out, "data: ");
+    srv_json_write(&g->ss.out, o);
+    sbuf_puts(&g->ss.out, "\n\n");
     json_decref(o);
 }
 
@@ -102,7 +100,7 @@ static void on_token_event(gen_state *g, const srv_event *ev) {
 
 /* After the DONE event: the final chunk (stream) or the complete reply. Returns
  * the reply object for non-streaming requests, NULL for streams (bytes are in
- * g->out). */
+ * g->ss.out). */
 static json_t *on_done(gen_state *g) {
     srv_job *j = g->gen.job;
     ts_end(g->gen.ts);
@@ -126,40 +124,32 @@ static json_t *on_done(gen_state *g) {
     }
     emit_chunk(g, finish);
     if (g->req.include_usage) emit_event(g, srv_usage_json(&r));
-    sbuf_puts(&g->out, "data: [DONE]\n\n");
-    g->ended = 1;
+    sbuf_puts(&g->ss.out, "data: [DONE]\n\n");
+    g->ss.ended = 1;
     return NULL;
+}
+
+/* One job event of a stream: progress comments, token chunks, the end. */
+static void stream_event(void *cls, const srv_event *ev) {
+    gen_state *g = cls;
+    /* upstream's batched path (every request without a seed) reports no 0/T */
+    if (ev->kind == SRV_EV_PROGRESS) {
+        if (ev->done || g->req.has_seed) sbuf_printf(&g->ss.out, ": keepalive %zu/%zu\n\n", ev->done, ev->total);
+    } else if (ev->kind == SRV_EV_TOKEN) {
+        on_token_event(g, ev);
+    } else if (g->gen.job->status) { /* mid-stream engine failure: upstream just closes, no [DONE] */
+        srv_log(g->s, SRV_LOG_ERROR, "generation failed: %s", g->gen.job->err.message);
+        g->ss.failed = 1;
+    } else {
+        on_done(g);
+    }
 }
 
 /* respond.c pulls stream bytes here; it blocks on the job's channel between tokens,
  * which is fine because every connection has its own thread. */
 static long stream_reader(void *cls, char *buf, size_t max) {
     gen_state *g = cls;
-    while (g->out_pos == g->out.len) {
-        sbuf_reset(&g->out);
-        g->out_pos = 0;
-        if (g->ended) return SRV_STREAM_END;
-        if (g->failed) return SRV_STREAM_ERROR;
-        srv_event *ev = srv_job_next_event(g->gen.job);
-        /* upstream's batched path (every request without a seed) reports no 0/T */
-        if (ev->kind == SRV_EV_PROGRESS) {
-            if (ev->done || g->req.has_seed) sbuf_printf(&g->out, ": keepalive %zu/%zu\n\n", ev->done, ev->total);
-        } else if (ev->kind == SRV_EV_TOKEN)
-            on_token_event(g, ev);
-        else if (g->gen.job->status) { /* mid-stream engine failure: upstream just
-                                      closes, no [DONE] */
-            srv_log(g->s, SRV_LOG_ERROR, "generation failed: %s", g->gen.job->err.message);
-            g->failed = 1;
-        } else {
-            on_done(g);
-        }
-        free(ev);
-        if (g->out.oom) return SRV_STREAM_ERROR;
-    }
-    size_t n = g->out.len - g->out_pos < max ? g->out.len - g->out_pos : max;
-    memcpy(buf, g->out.data + g->out_pos, n);
-    g->out_pos += n;
-    return (long)n;
+    return sse_stream_read(&g->ss, g->gen.job, stream_event, g, buf, max);
 }
 
 static void stream_free(void *cls) { gen_free(cls); }
@@ -191,7 +181,7 @@ int srv_handle_completion(srv_server *s, srv_conn *c, srv_kind kind, const char 
     g->logprobs = json_array();
     sbuf_init(&g->content);
     sbuf_init(&g->reasoning);
-    sbuf_init(&g->out);
+    sbuf_init(&g->ss.out);
     if (start_generation(g, body, len, kind, &e)) {
         gen_free(g);
         return srv_respond_error(c, s, &e);

@@ -20,6 +20,7 @@ long sse_stream_read(sse_stream *ss, srv_job *job, sse_on_event on_event, void *
         sbuf_reset(&ss->out);
         ss->out_pos = 0;
         if (ss->ended) return SRV_STREAM_END;
+        if (ss->failed) return SRV_STREAM_ERROR;
         srv_event *ev = srv_job_next_event(job);
         on_event(cls, ev);
         free(ev);

@@ -17,7 +17,8 @@ void sse_event(sbuf *out, json_t *o);
 typedef struct sse_stream {
     sbuf out;
     size_t out_pos;
-    int ended; /* the last event is in out: once it is sent the stream ends */
+    int ended;  /* the last event is in out: once it is sent the stream ends */
+    int failed; /* the stream broke: once out is sent the connection closes without its end */
 } sse_stream;
 
 /* Turns one job event into events appended to the stream (or sets ended). */

@@ -105,9 +105,10 @@ static void head_of(sbuf *h, srv_conn *c, int status, const char *content_type, 
     for (size_t i = 0; extra && extra[i]; i += 2) sbuf_printf(h, "%s: %s\r\n", extra[i], extra[i + 1]);
     /* a stream without chunked encoding (HTTP/1.0) ends where the connection does */
     if (length < 0 && c->head.minor == 0) c->keep_alive = 0;
-    if (length >= 0)
+    /* 204 and 304 carry no body and no length (RFC 9110 sections 8.6 and 15.4.5) */
+    if (length >= 0 && status != 204 && status != 304)
         sbuf_printf(h, "Content-Length: %lld\r\n", length);
-    else if (c->head.minor == 1)
+    else if (length < 0 && c->head.minor == 1)
         sbuf_puts(h, "Transfer-Encoding: chunked\r\n");
     if (!c->keep_alive)
         sbuf_puts(h, "Connection: close\r\n");

@@ -213,6 +213,7 @@ def test_state_changing_endpoints_refuse_other_origins(base):
     assert status == 204 and "access-control-allow-origin" not in h
     status, h, _ = raw_request(base, "OPTIONS", "/v1/chat/completions", b"", [("Origin", "http://evil.example")])
     assert status == 204 and h["access-control-allow-origin"] == "*"
+    assert "content-length" not in h  # RFC 9110 section 8.6: never on a 204
     status, h, _ = raw_request(base, "GET", "/v1/models", b"", [("Origin", "http://evil.example")])
     assert status == 200 and h["access-control-allow-origin"] == "*"
 

@@ -73,15 +73,19 @@ class Soak:
         c.close()
         return out
 
-    def raw(self, data, timeout=10):
+    def raw(self, data, timeout=120):
+        """Sends data on its own connection, reads until the server closes: the status, or
+        "timeout" / "reset" / 0 (no status line) when there was none."""
         with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
             s.sendall(data)
             got = b""
             try:
                 while chunk := s.recv(65536):
                     got += chunk
+            except socket.timeout:
+                return "timeout"
             except OSError:
-                pass
+                return "reset" if not got else int(got.split(b" ", 2)[1])
         return int(got.split(b" ", 2)[1]) if got.startswith(b"HTTP/1.1 ") else 0
 
     def cut_stream(self, path, body):

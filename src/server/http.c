@@ -326,7 +326,8 @@ static int bind_listener(const srv_config *cfg, hearth_error *err) {
         return -1;
     }
     /* like upstream: the first address */
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol), one = 1;
+    /* non-blocking: a connection reset between poll and accept must not stall the loop */
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol), one = 1;
     if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 128)) {
         if (fd >= 0) close(fd);

@@ -36,7 +36,8 @@ int srv_conn_write(srv_conn *c, const char *buf, size_t len) {
         int ready = poll(&p, 1, timeout ? (int)(timeout * 1000) : -1);
         if (ready < 0 && errno == EINTR) continue;
         if (ready <= 0) break;
-        ssize_t n = send(c->fd, buf, len, MSG_NOSIGNAL);
+        /* never blocks: a client that stops reading is bounded by the poll above */
+        ssize_t n = send(c->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (n <= 0) break;
         buf += n;

@@ -95,10 +95,12 @@ static int check_fits(srv_server *s, size_t n_prompt, int max_tokens, const srv_
     int have = hearth_engine_kv_blocks(s->engine, NULL);
     if (need <= have) return 0;
     const char *field = o->max_tokens_field ? o->max_tokens_field : "max_tokens";
+    /* max_tokens is the asked-for value; the blocks count what the context lets it use */
     return srv_fail(e, 400, "invalid_request_error", field, "kv_pool_exceeded",
-                    "the request needs %d KV blocks (%zu prompt tokens + %s %d) but the KV pool holds %d "
-                    "(%d positions): lower %s, or start the server with a larger --kv-blocks / --kv-budget",
-                    need, n_prompt, field, max_tokens, have, have * 16, field);
+                    "the request needs %d KV blocks (%zu prompt tokens + %s %d, within the %d-token context) but the "
+                    "KV pool holds %d (%d positions): lower %s, or start the server with a larger --kv-blocks / "
+                    "--kv-budget",
+                    need, n_prompt, field, max_tokens, s->context_length, have, have * 16, field);
 }
 
 static int check_request(srv_server *s, const srv_request *r, const srv_gen_options *o, srv_error *e) {
@@ -147,7 +149,7 @@ int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_opti
     int32_t *ids = NULL;
     size_t n = 0;
     int opens_think = 0;
-    if (srv_prompt_ids(s, r, &ids, &n, &opens_think, e)) {
+    if (srv_prompt_ids(s, r, &ids, &n, &opens_think, e) || check_fits(s, n, r->max_tokens, o, e)) {
         hearth_free(ids);
         return -1;
     }
@@ -158,12 +160,6 @@ int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_opti
                    r->kind == SRV_CHAT && opens_think, &err);
     hearth_generate_params p;
     fill_params(r, &p);
-    /* no more than the context leaves after the prompt (srv_prompt_ids checked it has room) */
-    if (p.max_tokens > s->context_length - (int)n) p.max_tokens = s->context_length - (int)n;
-    if (check_fits(s, n, p.max_tokens, o, e)) {
-        hearth_free(ids);
-        return -1;
-    }
     size_t n_seqs = 0, cap = r->n_stop ? r->n_stop : 1;
     int32_t **seqs = calloc(cap, sizeof *seqs);
     size_t *lens = calloc(cap, sizeof *lens);
@@ -181,6 +177,8 @@ int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_opti
     int32_t *own = malloc((n ? n : 1) * sizeof *own);
     if (own) memcpy(own, ids, n * sizeof *own);
     hearth_free(ids);
+    /* no more than the context leaves after the prompt (srv_prompt_ids checked it has room) */
+    if (p.max_tokens > s->context_length - (int)n) p.max_tokens = s->context_length - (int)n;
     g->job = g->ts && own && seqs && lens ? srv_job_new(own, n, &p) : NULL; /* copies the stop ids */
     for (size_t i = 0; i < n_seqs; i++) hearth_free(seqs[i]);
     free(seqs);

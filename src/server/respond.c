@@ -186,6 +186,7 @@ int srv_respond_stream(srv_conn *c, const srv_server *s, const char *content_typ
         ok = !srv_conn_write(c, buf + 10 - k, (size_t)(k + n + 2));
     }
     sbuf_free(&h);
+    if (!ok) srv_log(s, SRV_LOG_DEBUG, "request ended early (the client went away): its generation is cancelled");
     free_cls(cls); /* cancels a generation the client no longer reads */
     return ok;
 }

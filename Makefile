@@ -8,7 +8,7 @@ BUILD   ?= build
 BINDIR  ?= bin
 LIBDIR  ?= lib
 CC      ?= gcc
-PKGS    := jansson libpcre2-8 libutf8proc libmicrohttpd libcurl sqlite3 libcrypto
+PKGS    := jansson libpcre2-8 libutf8proc libcurl sqlite3 libcrypto
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 # A GPU machine without the -dev packages: tools/cuda_check_deps copies their headers and
@@ -55,7 +55,7 @@ UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all lib install examples test test-quick test-build unit unit-build asan asan-build fuzz fuzz-build parity deps run clean format
+.PHONY: all lib install examples test test-quick test-build unit unit-build asan asan-build fuzz fuzz-build parity soak soak-bin soak-short deps run clean format
 all: $(BINDIR)/hearth $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
 
 lib: $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
@@ -151,7 +151,18 @@ asan:
 # Builds the sanitizer tests without running them. After the CUDA objects: the sub-make
 # reuses them (CU_BUILD) and must not compile the same object next to this make.
 asan-build: $(CU_OBJ)
-	+@$(ASAN_MAKE) unit-build
+	+@$(ASAN_MAKE) unit-build build/asan/bin/hearth
+
+# The soak (tests/soak/soak.py): the sanitizer build of the server under a bounded mixed
+# workload with disconnects, bad input and slow senders, checking status codes, /health,
+# the RSS trend, /stats back to zero and the sanitizer's output. `make soak` runs it for
+# three minutes (before a release); the parity stage runs its 30-second form.
+soak-bin: $(CU_OBJ)
+	+@$(ASAN_MAKE) build/asan/bin/hearth
+soak: soak-bin
+	@$(PYTHON) tests/soak/soak.py --bin build/asan/bin/hearth
+soak-short: soak-bin
+	@$(PYTHON) tests/soak/soak.py --short --bin build/asan/bin/hearth
 
 # libFuzzer targets, built with clang against the library sources, run a few seconds each.
 # One make target per fuzzer: each runs single-threaded for FUZZ_SECONDS, so under -jN
@@ -220,7 +231,8 @@ examples:
 	@HEARTH_PREFIX=$(EXAMPLES_PREFIX) $(PYTHON) -m pytest -q -p no:cacheprovider tests/examples
 
 # Parity tests against the Python oracles (mlx-lm, HF tokenizers, gguf, jinja2) and the
-# API tests (the real mlx_lm.server, the openai SDK), and the chat page (headless chromium).
+# API tests (the real mlx_lm.server, the openai SDK), the short soak of the sanitizer
+# build, and the chat page (headless chromium).
 # PYTEST_JOBS pytest-xdist workers per suite: most tests wait on one single-threaded
 # subprocess (a trace, a --threads 1 server, an oracle), so one worker per core. Parity
 # tests are independent of each other and spread one by one; API tests keep each file on
@@ -232,6 +244,7 @@ parity: all
 	@# one run per folder: each folder's tests import helpers from its own conftest module
 	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist load tests/parity
 	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist loadfile tests/api
+	@$(MAKE) --no-print-directory soak-short
 	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/ui
 
 # Everything `make test` runs is built first in one make graph (main tree with its CUDA

@@ -187,6 +187,10 @@ int hearth_engine_context_cut_from(const hearth_engine *e);
  * pool, the block count it was cut from to fit memory (every sequence's whole context),
  * else 0. */
 int hearth_engine_kv_blocks(const hearth_engine *e, int *cut_from);
+/* The KV blocks a request of n_prompt tokens generating up to max_tokens needs at worst
+ * (its whole length, capped at the context): above hearth_engine_kv_blocks it can never
+ * run, and the scheduler refuses it when its turn comes. */
+int hearth_engine_kv_blocks_needed(const hearth_engine *e, size_t n_prompt, int max_tokens);
 /* Measures the memory read bandwidth (GB/s) with the engine's threads: the decode
  * roofline for benchmarks. Takes about a second; allocates a temporary 1 GiB buffer.
  * On the GPU (hearth_engine_device == cuda): the device-to-device copy rate, bytes read

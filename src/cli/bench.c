@@ -17,7 +17,6 @@ static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t thr
                                 "        sampler, as hearth generate: on the GPU the device sampler unless\n"
                                 "        HEARTH_DEVICE_SAMPLER=0) [--sampler-ab]  (then the same runs with the host sampler)";
 
-int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 
 static double now_seconds(void) {
     struct timespec ts;

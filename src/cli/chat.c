@@ -14,7 +14,6 @@ static const char *chat_usage =
     "       [--kv-quant none|int8|fp8|f16] [--deterministic]\n"
     "  in the conversation: /reset forgets it, /system TEXT sets the system prompt, /quit leaves";
 
-int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { (void)sig; interrupted = 1; }

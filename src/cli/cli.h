@@ -31,6 +31,9 @@ int cli_fail(const hearth_error *err);
 /* Prints a usage error (fmt has one %s for arg) and returns 2. */
 int cli_usage_error(const char *usage, const char *fmt, const char *arg);
 int cli_is_help(const char *arg);
+/* --threads, --ctx, --mmap, --device, --kv-quant, --deterministic: the engine flags every
+ * verb that runs the engine shares. Returns 1 when argv[*i] was one (and advances *i). */
+int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 /* Reads a whole file ("-" for stdin), NUL-terminated; NULL after printing why. */
 char *cli_read_file(const char *path);
 /* The flags that size the engine's sequences, steps and KV pool, the same in serve and

@@ -109,3 +109,21 @@ int cli_parse_pool_flag(int argc, char **argv, int *i, hearth_engine_options *eo
     }
     return 1;
 }
+
+/* --threads, --ctx, --mmap, --kv-quant and --deterministic, shared by the verbs that run
+ * the engine. An unknown --kv-quant name leaves -1, which the engine rejects by name. */
+int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o) {
+    if (!strcmp(argv[*i], "--mmap")) return o->use_mmap = 1;
+    if (!strcmp(argv[*i], "--deterministic")) return o->deterministic = 1;
+    if (*i + 1 >= argc) return 0;
+    if (!strcmp(argv[*i], "--device")) { /* cpu|cuda|auto; an unknown name is caught at engine start */
+        if (!hearth_device_parse(argv[++*i], &o->device)) o->device = -1;
+        return 1;
+    }
+    if (!strcmp(argv[*i], "--threads") || !strcmp(argv[*i], "-t")) o->n_threads = atoi(argv[++*i]);
+    else if (!strcmp(argv[*i], "--ctx")) o->context_length = atoi(argv[++*i]);
+    else if (!strcmp(argv[*i], "--kv-quant")) {
+        if (!hearth_kv_quant_parse(argv[++*i], &o->kv_quant)) o->kv_quant = -1;
+    } else return 0;
+    return 1;
+}

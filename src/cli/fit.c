@@ -14,7 +14,6 @@ static const char *fit_usage =
     "       [--measure | --bandwidth GBS] [--sku NAME] [--json] [--skus] [--record]\n"
     "  every flag that sizes `hearth serve`'s memory, with serve's defaults (--batch B: --max-sequences B)";
 
-int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 void cli_fit_print_skus(const char *report_json); /* fit_skus.c */
 int cli_fit_record(const char *report_json);
 

@@ -11,11 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
-
-int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 
 /* The model `make run` uses; hearth_model_open finds it in
  * $HEARTH_CACHE/models. */
@@ -130,7 +127,7 @@ typedef struct serve_opts {
     hearth_engine_options eo;
     const char *chat_template;
     const char *template_args;
-    int open_browser; /* --open (what `hearth` with no arguments passes); --no-open wins */
+    int open_browser;            /* --open (what `hearth` with no arguments passes); --no-open wins */
     const char *embedding_model; /* --embedding-model: served at /v1/embeddings beside the chat model */
 } serve_opts;
 
@@ -207,6 +204,9 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         } else if (VAL("--timeout")) {
             if (cli_parse_long(v, 0, INT_MAX, &n)) BADV("--timeout");
             c->timeout_s = (unsigned)n;
+        } else if (VAL("--header-timeout")) {
+            if (cli_parse_long(v, 1, INT_MAX, &n)) BADV("--header-timeout");
+            c->header_timeout_s = (unsigned)n;
         } else if (VAL("--max-connections")) {
             if (cli_parse_long(v, 1, 65535, &n)) BADV("--max-connections");
             c->max_connections = (unsigned)n;
@@ -244,37 +244,13 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
     return 0;
 }
 
-/* mlx_lm.server's shape (version-platform-accelerator); the last part names the device the
- * engine computes on. */
-static void make_fingerprint(char *out, size_t cap, int on_gpu) {
-    struct utsname u;
-    const char *dev = on_gpu ? "cuda" : "cpu";
-    if (uname(&u))
-        snprintf(out, cap, "hearth-%s-%s", HEARTH_VERSION, dev);
-    else
-        snprintf(out, cap, "hearth-%s-%s-%s-%s-%s", HEARTH_VERSION, u.sysname, u.release, u.machine, dev);
-}
-
-/* hearth fit's predicted peak for these options (shown by /stats next to the real
- * high-water mark); asked before the engine exists, as fit itself does. 0: unknown. */
-static size_t predicted_peak(hearth_model *m, const hearth_engine_options *eo) {
-    hearth_fit_options fo = {.engine = *eo, .bandwidth_gbs = 1}; /* any rate: no bandwidth probe on the GPU */
-    char *report = NULL;
-    hearth_error err = {0};
-    if (hearth_fit(m, &fo, &report, &err)) return 0;
-    json_t *r = json_loads(report, 0, NULL);
-    hearth_free(report);
-    json_int_t peak = json_integer_value(json_object_get(r, "predicted_peak_bytes"));
-    json_decref(r);
-    return peak > 0 ? (size_t)peak : 0;
-}
-
 int cli_serve(int argc, char **argv) {
     serve_opts o = {.cfg = {.host = "127.0.0.1",
                             .port = 8080,
                             .max_body = 16u << 20,
                             .max_header = 64u << 10,
                             .timeout_s = 300,
+                            .header_timeout_s = 10, /* a client sends its head in one go: seconds are plenty */
                             .max_connections = 256,
                             .log_level = SRV_LOG_INFO,
                             .responses_ttl_s = 3600,          /* an hour: long enough for an agent's session */
@@ -293,59 +269,22 @@ int cli_serve(int argc, char **argv) {
             return cli_usage_error(serve_usage, "--chat-template-args must be a JSON object: '%s'", o.template_args);
     }
     c->defaults.chat_template_args = targs;
-    srv_server s = {.cfg = *c};
     hearth_error err = {0};
     const char *name = c->model_arg ? c->model_arg : SERVE_DEFAULT_MODEL;
-    if (cli_open_model(name, &s.model)) return 1;
-    if (o.chat_template && o.chat_template[0] && hearth_model_set_chat_template(s.model, o.chat_template, &err))
+    hearth_model *model, *embedding_model = NULL;
+    if (cli_open_model(name, &model)) return 1;
+    if (o.chat_template && o.chat_template[0] && hearth_model_set_chat_template(model, o.chat_template, &err))
         return cli_fail(&err);
-    if (srv_setup(&s, &err)) return cli_fail(&err);
-    if (!hearth_model_is_embedding(s.model)) s.predicted_peak_bytes = predicted_peak(s.model, &o.eo);
-    hearth_engine *e = NULL;
-    /* an embedding model (BERT, Qwen3-Embedding) gets no engine: /v1/embeddings only */
-    int embed_only = hearth_model_is_embedding(s.model);
-    if (embed_only && o.embedding_model)
-        return cli_usage_error(serve_usage, "%s already serves embeddings: drop --embedding-model", name);
-    if (embed_only && srv_embed_open(s.model, 0, o.eo.n_threads, &s.embed, &err)) return cli_fail(&err);
-    if (o.embedding_model) {
-        hearth_model *em;
-        if (cli_open_model(o.embedding_model, &em)) return 1;
-        if (srv_embed_open(em, 1, o.eo.n_threads, &s.embed, &err)) return cli_fail(&err);
+    if (o.embedding_model && cli_open_model(o.embedding_model, &embedding_model)) return 1;
+    signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not end the server */
+    srv_server *s;
+    if (srv_open(c, model, embedding_model, &o.eo, &s, &err)) {
+        srv_close(s);
+        return cli_fail(&err);
     }
-    if (!embed_only && hearth_engine_create(s.model, &o.eo, &e, &err)) return cli_fail(&err);
-    s.context_length = e ? hearth_engine_context_length(e) : 0;
-    char context_source[96] = "--ctx";
-    if (e && !o.eo.context_length) {
-        int model_max = hearth_engine_context_cut_from(e);
-        if (model_max)
-            snprintf(context_source, sizeof context_source, "the largest that fits free memory (the model allows %d)",
-                     model_max);
-        else
-            snprintf(context_source, sizeof context_source, "the model's own limit");
-    }
-    s.context_source = context_source;
-    if (e) {
-        int cut, blocks = hearth_engine_kv_blocks(e, &cut);
-        if (cut)
-            fprintf(stderr,
-                    "hearth serve: KV pool cut to %d blocks (%d positions) to fit free memory; %d sequences x %d "
-                    "positions would take %d blocks: long requests wait for blocks (--kv-budget sets the pool)\n",
-                    blocks, blocks * 16, o.eo.max_sequences, s.context_length, cut);
-    }
-    s.on_gpu = e && hearth_engine_device(e) == HEARTH_DEVICE_CUDA;
-    make_fingerprint(s.fingerprint, sizeof s.fingerprint, s.on_gpu);
-    if (e && srv_queue_start(e, &s.queue, &err)) return cli_fail(&err);
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not end the server */
-    if (srv_start(&s, &err)) return cli_fail(&err);
-    struct timespec t_start;
-    clock_gettime(CLOCK_MONOTONIC, &t_start);
-    s.started = (double)t_start.tv_sec + t_start.tv_nsec * 1e-9;
-    srv_log(&s, SRV_LOG_INFO, "model %s (%s tool parser, context %d: %s)", hearth_model_path(s.model),
-            srv_tool_parser_name(&s) ? srv_tool_parser_name(&s) : "no", s.context_length, s.context_source);
-    srv_log(&s, SRV_LOG_INFO, "Starting httpd at %s on port %d...", c->host, c->port);
     fprintf(stderr, "hearth serve: listening on http://%s%s%s:%d/v1\n", strchr(c->host, ':') ? "[" : "", c->host,
             strchr(c->host, ':') ? "]" : "", c->port);
     /* 0.0.0.0 and :: are not addresses a browser can open; loopback reaches them */
@@ -356,12 +295,8 @@ int cli_serve(int argc, char **argv) {
     fprintf(stderr, "hearth serve: chat page at %s\n", page);
     if (o.open_browser) cli_open_browser(page);
     while (!stop_requested) pause();
-    srv_log(&s, SRV_LOG_INFO, "shutting down");
-    srv_stop(&s);
-    if (s.queue) srv_queue_stop(s.queue);
-    hearth_engine_free(e);
-    srv_teardown(&s);
-    hearth_model_close(s.model);
+    srv_log(s, SRV_LOG_INFO, "shutting down");
+    srv_close(s);
     json_decref(targs);
     for (size_t i = 0; i < c->n_origins; i++) free(c->origins[i]);
     free(c->origins);

@@ -9,7 +9,6 @@
 static const char *trace_usage =
     "hearth trace <model> --ids '[1,2,3]' [--last 4] [--top 20] [--steps 32] [--step-top 5] [--threads N]";
 
-int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
 
 static json_t *top_json(const float *x, int vocab, int k) {
     json_t *arr = json_array();

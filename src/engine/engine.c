@@ -9,6 +9,7 @@
 #include "base/mem_touch.h"
 #include "base/sbuf.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "model/model.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_ops.h"
@@ -396,6 +397,9 @@ int hearth_engine_threads(const hearth_engine *e) { return e->n_threads; }
 int hearth_engine_kv_blocks(const hearth_engine *e, int *cut_from) {
     if (cut_from) *cut_from = e->kv_cut_from;
     return e->kv.n_blocks;
+}
+int hearth_engine_kv_blocks_needed(const hearth_engine *e, size_t n_prompt, int max_tokens) {
+    return sched_blocks_needed(n_prompt, max_tokens, e->context);
 }
 int32_t hearth_model_vocab_rows(const hearth_engine *e) { return e->m->cfg.vocab; }
 

@@ -85,6 +85,7 @@ typedef struct stop_filter {
     sbuf pending;
     const char *const *stop;
     size_t n_stop;
+    size_t *prefix; /* every stop string's KMP prefix function, one after another */
 } stop_filter;
 
 /* The per-request token processing shared by hearth_generate and the scheduler: one

@@ -46,6 +46,28 @@ void hearth_sampling_defaults(const hearth_model *m, hearth_sampling *s) {
     if (json_is_number(v = json_object_get(g, "repetition_penalty"))) s->repetition_penalty = (float)json_number_value(v);
 }
 
+/* The KMP prefix function of every stop string (pi[k]: the longest proper prefix of
+ * s[0..k] that is also its suffix), for stop_feed's held-back tail. */
+static int stop_prefix_functions(stop_filter *f) {
+    size_t total = 0;
+    for (size_t i = 0; i < f->n_stop; i++) total += strlen(f->stop[i]);
+    f->prefix = NULL;
+    if (!total) return 0;
+    if (!(f->prefix = malloc(total * sizeof *f->prefix))) return -1;
+    size_t *pi = f->prefix;
+    for (size_t i = 0; i < f->n_stop; pi += strlen(f->stop[i]), i++) {
+        const char *s = f->stop[i];
+        size_t sl = strlen(s), q = 0;
+        if (sl) pi[0] = 0;
+        for (size_t k = 1; k < sl; k++) {
+            while (q && s[q] != s[k]) q = pi[q - 1];
+            if (s[q] == s[k]) q++;
+            pi[k] = q;
+        }
+    }
+    return 0;
+}
+
 /* Appends piece; returns how many leading bytes of pending are final, and sets *hit
  * when a stop string occurs (pending is then cut at its start). */
 static size_t stop_feed(stop_filter *f, const char *piece, int *hit) {
@@ -63,11 +85,20 @@ static size_t stop_feed(stop_filter *f, const char *piece, int *hit) {
         f->pending.data[cut] = 0;
         return cut;
     }
-    size_t hold = 0; /* the longest suffix that is a proper prefix of a stop string */
-    for (size_t i = 0; i < f->n_stop; i++) {
-        size_t sl = strlen(f->stop[i]);
-        for (size_t k = sl > 1 ? sl - 1 : 0; k > hold; k--)
-            if (k <= len && !memcmp(text + len - k, f->stop[i], k)) { hold = k; break; }
+    /* the longest suffix that is a proper prefix of a stop string: a KMP pass of each
+     * string over the text's last bytes, so a token costs the stop strings' length,
+     * never its square */
+    size_t hold = 0;
+    const size_t *pi = f->prefix;
+    for (size_t i = 0; i < f->n_stop; pi += strlen(f->stop[i]), i++) {
+        const char *s = f->stop[i];
+        size_t sl = strlen(s), q = 0;
+        if (!pi || sl < 2) continue;
+        for (size_t j = len > sl - 1 ? len - (sl - 1) : 0; j < len; j++) {
+            while (q && s[q] != text[j]) q = pi[q - 1];
+            if (s[q] == text[j]) q++;
+        }
+        if (q > hold) hold = q;
     }
     return len - hold;
 }
@@ -138,6 +169,10 @@ hearth_status gen_stream_init(gen_stream *g, hearth_engine *e, size_t n_prompt, 
     g->f.stop = p->stop;
     g->f.n_stop = p->n_stop;
     sbuf_init(&g->f.pending);
+    if (stop_prefix_functions(&g->f)) {
+        gen_stream_free(g);
+        return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    }
     g->lp.n = p->sampling.top_logprobs;
     g->trim = p->trim_leading_space;
     res->prompt_tokens = n_prompt;
@@ -147,6 +182,7 @@ hearth_status gen_stream_init(gen_stream *g, hearth_engine *e, size_t n_prompt, 
 void gen_stream_free(gen_stream *g) {
     hearth_detok_stream_free(g->ds);
     sbuf_free(&g->f.pending);
+    free(g->f.prefix);
     memset(g, 0, sizeof *g);
 }
 

@@ -9,7 +9,6 @@
 #include "server/generation.h"
 #include "server/sse_events.h"
 #include "server/toolparse.h"
-#include <microhttpd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -112,7 +111,7 @@ void anth_blocks_tool(anth_blocks *b, const char *id, const char *name, const js
 
 /* ---- one request -------------------------------------------------------- */
 
-static const srv_gen_options anth_options = {.any_model = 1, .text_stops = 1};
+static const srv_gen_options anth_options = {.any_model = 1, .text_stops = 1, .stop_field = "stop_sequences"};
 
 typedef struct anth_state {
     srv_server *s;
@@ -124,7 +123,7 @@ typedef struct anth_state {
     anth_blocks blocks;
     int32_t *ids; /* generated tokens, to tell which stop sequence matched */
     size_t n_ids, cap_ids;
-    sse_stream ss; /* streaming: event bytes not yet handed to MHD */
+    sse_stream ss; /* streaming: event bytes not yet written */
     int started;   /* streaming: message_start was written */
 } anth_state;
 
@@ -284,23 +283,22 @@ static void stream_event(void *cls, const srv_event *ev) {
     }
 }
 
-static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+static long stream_reader(void *cls, char *buf, size_t max) {
     anth_state *st = cls;
-    (void)pos;
     return sse_stream_read(&st->ss, st->gen.job, stream_event, st, buf, max);
 }
 
 static void stream_free(void *cls) { state_free(cls); }
 
-static int respond_error(srv_server *s, struct MHD_Connection *c, srv_error *e, const char *origin) {
+static int respond_error(srv_server *s, srv_conn *c, srv_error *e) {
     e->anthropic = 1;
-    return srv_respond_error(c, s, e, origin);
+    return srv_respond_error(c, s, e);
 }
 
-int anth_handle_messages(srv_server *s, struct MHD_Connection *c, const char *body, size_t len, const char *origin) {
+int anth_handle_messages(srv_server *s, srv_conn *c, const char *body, size_t len) {
     srv_error e = {0};
     anth_state *st = calloc(1, sizeof *st);
-    if (!st) return srv_fail(&e, 500, "api_error", NULL, NULL, "out of memory"), respond_error(s, c, &e, origin);
+    if (!st) return srv_fail(&e, 500, "api_error", NULL, NULL, "out of memory"), respond_error(s, c, &e);
     st->s = s;
     sbuf_init(&st->ss.out);
     st->content = json_array();
@@ -308,7 +306,7 @@ int anth_handle_messages(srv_server *s, struct MHD_Connection *c, const char *bo
         srv_generation_start(s, &st->req, &anth_options, &st->gen, &e)) {
         anth_blocks_init(&st->blocks, 0, NULL, NULL);
         state_free(st);
-        return respond_error(s, c, &e, origin);
+        return respond_error(s, c, &e);
     }
     if (st->x.tool_choice == ANTH_TOOL_CHOICE_ANY || st->x.tool_choice == ANTH_TOOL_CHOICE_TOOL)
         srv_log(s, SRV_LOG_WARNING,
@@ -317,21 +315,21 @@ int anth_handle_messages(srv_server *s, struct MHD_Connection *c, const char *bo
                 st->x.tool_choice == ANTH_TOOL_CHOICE_ANY ? "any" : "tool");
     anth_make_id(st->id, sizeof st->id, "msg_");
     anth_blocks_init(&st->blocks, st->req.stream, &st->ss.out, st->content);
-    if (st->req.stream) return sse_respond_stream(s, c, stream_reader, st, stream_free, origin, "/v1/messages");
+    if (st->req.stream) return srv_respond_stream(c, s, "text/event-stream", stream_reader, st, stream_free);
     sse_wait_done(st->gen.job, token_event, st);
     int rc;
     if (st->gen.job->status) {
         srv_engine_error(st->gen.job, &e);
-        rc = respond_error(s, c, &e, origin);
+        rc = respond_error(s, c, &e);
     } else {
         json_t *reply = on_done(st);
         char *text = reply ? srv_json_dumps(reply) : NULL;
         json_decref(reply);
         if (text) {
-            rc = srv_respond(c, s, 200, text, origin);
+            rc = srv_respond(c, s, 200, text);
         } else {
             srv_fail(&e, 500, "api_error", NULL, NULL, "out of memory");
-            rc = respond_error(s, c, &e, origin);
+            rc = respond_error(s, c, &e);
         }
         free(text);
     }
@@ -339,23 +337,22 @@ int anth_handle_messages(srv_server *s, struct MHD_Connection *c, const char *bo
     return rc;
 }
 
-int anth_handle_count_tokens(srv_server *s, struct MHD_Connection *c, const char *body, size_t len,
-                             const char *origin) {
+int anth_handle_count_tokens(srv_server *s, srv_conn *c, const char *body, size_t len) {
     srv_error e = {0};
     srv_request r;
     anth_extra x;
-    if (anth_request_parse(body, len, &s->cfg.defaults, 1, &r, &x, &e)) return respond_error(s, c, &e, origin);
+    if (anth_request_parse(body, len, &s->cfg.defaults, 1, &r, &x, &e)) return respond_error(s, c, &e);
     int32_t *ids = NULL;
     size_t n = 0;
     int opens_think = 0, rc;
     /* a prompt longer than the context still has a count */
     if (srv_prompt_ids(s, &r, &ids, &n, &opens_think, &e) &&
         !(n && e.code && !strcmp(e.code, "context_length_exceeded"))) {
-        rc = respond_error(s, c, &e, origin);
+        rc = respond_error(s, c, &e);
     } else {
         char out[64];
         snprintf(out, sizeof out, "{\"input_tokens\": %zu}", n);
-        rc = srv_respond(c, s, 200, out, origin);
+        rc = srv_respond(c, s, 200, out);
     }
     hearth_free(ids);
     srv_request_free(&r);

@@ -64,7 +64,7 @@ void anth_make_id(char *out, size_t cap, const char *prefix);
 
 /* ---- HTTP (anthropic.c) ------------------------------------------------- */
 
-int anth_handle_messages(srv_server *s, struct MHD_Connection *c, const char *body, size_t len, const char *origin);
-int anth_handle_count_tokens(srv_server *s, struct MHD_Connection *c, const char *body, size_t len, const char *origin);
+int anth_handle_messages(srv_server *s, srv_conn *c, const char *body, size_t len);
+int anth_handle_count_tokens(srv_server *s, srv_conn *c, const char *body, size_t len);
 
 #endif

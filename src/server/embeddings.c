@@ -6,7 +6,6 @@
  * generation engine or its running requests. */
 #include "server/embeddings.h"
 #include <math.h>
-#include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,7 +221,7 @@ static char *reply_body(srv_embed *se, const emb_request *r, const float *v) {
     return sbuf_steal(&b);
 }
 
-int srv_handle_embeddings(srv_server *s, struct MHD_Connection *c, const char *body, size_t len, const char *origin) {
+int srv_handle_embeddings(srv_server *s, srv_conn *c, const char *body, size_t len) {
     srv_embed *se = s->embed;
     srv_error e = {0};
     if (!se) {
@@ -230,13 +229,13 @@ int srv_handle_embeddings(srv_server *s, struct MHD_Connection *c, const char *b
                  "%s is not an embedding model: start hearth serve with an embedding model, or add "
                  "--embedding-model <model>",
                  hearth_model_path(s->model));
-        return srv_respond_error(c, s, &e, origin);
+        return srv_respond_error(c, s, &e);
     }
     json_error_t je;
     json_t *j = json_loadb(body, len, 0, &je);
     if (!j) {
         srv_fail(&e, 400, "invalid_request_error", NULL, NULL, "invalid JSON body: %s", je.text);
-        return srv_respond_error(c, s, &e, origin);
+        return srv_respond_error(c, s, &e);
     }
     emb_request r = {0};
     float *v = NULL;
@@ -260,10 +259,10 @@ int srv_handle_embeddings(srv_server *s, struct MHD_Connection *c, const char *b
     if (!rc && !(out = reply_body(se, &r, v))) rc = srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
     int result;
     if (rc) {
-        result = srv_respond_error(c, s, &e, origin);
+        result = srv_respond_error(c, s, &e);
     } else {
         srv_log(s, SRV_LOG_INFO, "POST /v1/embeddings 200 (%zu inputs, %zu tokens)", r.n, r.tokens);
-        result = srv_respond(c, s, 200, out, origin);
+        result = srv_respond(c, s, 200, out);
     }
     free(out);
     free(v);

@@ -7,8 +7,14 @@
 /* OpenAI's own limit on inputs per request. */
 #define EMB_MAX_INPUTS 2048
 
+typedef struct srv_embed srv_embed;
+
+/* Creates the embedder of m (n_threads 0: all cores). owns_model: srv_embed_close closes m. */
+hearth_status srv_embed_open(hearth_model *m, int owns_model, int n_threads, srv_embed **out, hearth_error *err);
+void srv_embed_close(srv_embed *e);
+
 /* Parses, validates, embeds and answers one request (errors in OpenAI's shape). */
-int srv_handle_embeddings(srv_server *s, struct MHD_Connection *c, const char *body, size_t len, const char *origin);
+int srv_handle_embeddings(srv_server *s, srv_conn *c, const char *body, size_t len);
 /* ---- the request validator: pure, fuzzed (tests/fuzz/fuzz_embeddings.c) ---- */
 
 /* What validating a request needs of the embedding model. */

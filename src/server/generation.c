@@ -72,6 +72,41 @@ static void fill_params(const srv_request *r, hearth_generate_params *p) {
     p->trim_leading_space = 1;
 }
 
+/* The limits on a request's work, each refused with a 400 that names it. */
+static int check_limits(srv_server *s, const srv_request *r, const srv_gen_options *o, srv_error *e) {
+    const char *stop = o->stop_field ? o->stop_field : "stop";
+    if (r->n_stop > SRV_MAX_STOP)
+        return srv_fail(e, 400, "invalid_request_error", stop, "too_many_stop_strings",
+                        "%s has %zu strings; the limit is %d", stop, r->n_stop, SRV_MAX_STOP);
+    for (size_t i = 0; i < r->n_stop; i++)
+        if (strlen(r->stop[i]) > SRV_MAX_STOP_BYTES)
+            return srv_fail(e, 400, "invalid_request_error", stop, "stop_string_too_long",
+                            "%s[%zu] is %zu bytes long; the limit is %d bytes", stop, i, strlen(r->stop[i]),
+                            SRV_MAX_STOP_BYTES);
+    /* ids are checked against the vocabulary below; "1" and "01" are two keys for one id */
+    if (r->n_bias > (size_t)hearth_vocab_size(s->model))
+        return srv_fail(e, 400, "invalid_request_error", "logit_bias", "logit_bias_too_large",
+                        "logit_bias has %zu entries; the limit is the vocabulary size (%d)", r->n_bias,
+                        hearth_vocab_size(s->model));
+    return 0;
+}
+
+/* A request that could never run: its prompt and max_tokens need more KV blocks than
+ * the whole pool has. Refused here, before any stream starts, instead of when its turn
+ * in the queue comes. */
+static int check_fits(srv_server *s, size_t n_prompt, int max_tokens, const srv_gen_options *o, srv_error *e) {
+    int need = hearth_engine_kv_blocks_needed(s->engine, n_prompt, max_tokens);
+    int have = hearth_engine_kv_blocks(s->engine, NULL);
+    if (need <= have) return 0;
+    const char *field = o->max_tokens_field ? o->max_tokens_field : "max_tokens";
+    /* max_tokens is the asked-for value; the blocks count what the context lets it use */
+    return srv_fail(e, 400, "invalid_request_error", field, "kv_pool_exceeded",
+                    "the request needs %d KV blocks (%zu prompt tokens + %s %d, within the %d-token context) but the "
+                    "KV pool holds %d (%d positions): lower %s, or start the server with a larger --kv-blocks / "
+                    "--kv-budget",
+                    need, n_prompt, field, max_tokens, s->context_length, have, have * 16, field);
+}
+
 static int check_request(srv_server *s, const srv_request *r, const srv_gen_options *o, srv_error *e) {
     if (!o->any_model && !srv_model_matches(s, r->model))
         return srv_fail(e, 404, "invalid_request_error", "model", "model_not_found",
@@ -85,6 +120,7 @@ static int check_request(srv_server *s, const srv_request *r, const srv_gen_opti
             return srv_fail(e, 400, "invalid_request_error", "logit_bias", NULL,
                             "logit_bias: token id %d is outside the vocabulary (%d tokens)", r->bias_ids[i],
                             hearth_vocab_size(s->model));
+    if (check_limits(s, r, o, e)) return -1;
     if (r->top_k >= hearth_vocab_size(s->model))
         return srv_fail(e, 400, "invalid_request_error", "top_k", NULL,
                         "top_k must be less than the vocabulary size (%d)", hearth_vocab_size(s->model));
@@ -117,7 +153,7 @@ int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_opti
     int32_t *ids = NULL;
     size_t n = 0;
     int opens_think = 0;
-    if (srv_prompt_ids(s, r, &ids, &n, &opens_think, e)) {
+    if (srv_prompt_ids(s, r, &ids, &n, &opens_think, e) || check_fits(s, n, r->max_tokens, o, e)) {
         hearth_free(ids);
         return -1;
     }
@@ -145,6 +181,8 @@ int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_opti
     int32_t *own = malloc((n ? n : 1) * sizeof *own);
     if (own) memcpy(own, ids, n * sizeof *own);
     hearth_free(ids);
+    /* no more than the context leaves after the prompt (srv_prompt_ids checked it has room) */
+    if (p.max_tokens > s->context_length - (int)n) p.max_tokens = s->context_length - (int)n;
     g->job = g->ts && own && seqs && lens ? srv_job_new(own, n, &p) : NULL; /* copies the stop ids */
     for (size_t i = 0; i < n_seqs; i++) hearth_free(seqs[i]);
     free(seqs);

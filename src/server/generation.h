@@ -1,5 +1,5 @@
 /* generation.h: the part of a completion that every HTTP API shares (OpenAI
- * chat and text completions in routes.c, Anthropic messages in anthropic.c):
+ * chat and text completions in openai_chat.c, Anthropic messages in anthropic.c):
  * checking a validated request against the model, rendering and tokenizing its
  * prompt, queuing the job, and feeding its token events through the
  * reasoning/tool text state machine. Knows no response shapes. */
@@ -25,7 +25,15 @@ typedef struct srv_gen_options {
      * sequences, the text state machine strips the strings from the visible text.
      */
     int text_stops;
+    /* The request's names for its stop strings and token limit, for the errors that
+     * name them (NULL: "stop", "max_tokens"). */
+    const char *stop_field, *max_tokens_field;
 } srv_gen_options;
+
+/* Bounds on one request's work (docs/server.md, "Limits"): stop strings are matched
+ * on every token, so their count and length bound each token's cost. */
+#define SRV_MAX_STOP 64
+#define SRV_MAX_STOP_BYTES 1024
 
 /* Validates r against the served model, builds the prompt and queues the job.
  * Returns 0 (g->job and g->ts are set; r must outlive g) or -1 with e filled.

@@ -1,301 +1,402 @@
-/* http.c: the libmicrohttpd side of `hearth serve`: binding, one thread per
- * connection (keep-alive, header/idle/connection limits), routing by method and
- * path, CORS, the API key, the body gate (Content-Length required, size limit)
- * and the logging. Knows no request fields: completions go to routes.c,
- * Anthropic messages to anthropic.c. */
+/* http.c: the listening side of `hearth serve`: binding, one thread per connection,
+ * reading each request's head (within --header-timeout, at most --max-header bytes)
+ * and body (Content-Length or chunked, at most --max-body), keep-alive with pipelined
+ * requests answered in order, and the connection slots. Framing is http_parse.c's,
+ * routing router.c's, answering respond.c's: this file only moves bytes and time.
+ *
+ * Slots: at --max-connections, a new connection takes the slot of the connection that
+ * has waited longest for a request head (idle keep-alive, or a client sending its
+ * head slowly), so slow clients cannot lock out new ones; only connections busy with
+ * a request are never closed for room. */
 #define _GNU_SOURCE
-#include "server/anthropic.h"
-#include "server/embeddings.h"
-#include "server/responses.h"
-#include "server/web_assets.h"
-#include <microhttpd.h>
+#include "server/http_conn.h"
+#include <errno.h>
 #include <netdb.h>
-#include <stdarg.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
-typedef enum route {
-    ROUTE_NONE, /* unknown path: 404 */
-    ROUTE_CHAT,
-    ROUTE_TEXT,
-    ROUTE_MODELS,
-    ROUTE_HEALTH,
-    ROUTE_INDEX,
-    ROUTE_MESSAGES,     /* Anthropic: its errors take Anthropic's shape */
-    ROUTE_COUNT_TOKENS, /* Anthropic */
-    ROUTE_RESPONSES,    /* OpenAI Responses: POST /v1/responses */
-    ROUTE_RESPONSE_ID,  /* GET/DELETE /v1/responses/{id} (the id in *model_filter) */
-    ROUTE_STATS,        /* GET /stats: the engine's live numbers (stats.c) */
-    ROUTE_LIBRARY,      /* GET /library, /fit, /downloads; POST /downloads (library_routes.c) */
-    ROUTE_EMBEDDINGS,   /* OpenAI Embeddings: POST /v1/embeddings (embeddings.c) */
-    ROUTE_METRICS,      /* GET /metrics: Prometheus text format (metrics.c) */
-} route;
+typedef struct srv_http {
+    int listen_fd;
+    int wake[2]; /* a byte here ends the accept loop */
+    pthread_t acceptor;
+    pthread_mutex_t mu;
+    pthread_cond_t gone; /* a connection ended */
+    srv_conn *conns;     /* every open connection */
+    unsigned n_conns;
+} srv_http;
 
-/* One HTTP request on a connection (MHD's per-request context). */
-typedef struct conn_ctx {
-    route route;
-    int body_phase; /* the headers passed the gate; body bytes are arriving */
-    sbuf body;
-    char origin[512];
-    char endpoint[40]; /* its label in /metrics */
-} conn_ctx;
-
-void srv_log(const srv_server *s, srv_log_level level, const char *fmt, ...) {
-    if (level < s->cfg.log_level) return;
-    static const char *names[] = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"};
-    char stamp[32];
-    time_t now = time(NULL);
-    struct tm tm;
-    localtime_r(&now, &tm);
-    strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &tm);
-    char line[1200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "%s - %s - %s\n", stamp, names[level], line); /* mlx_lm.server's log format */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-void srv_add_headers(void *response, const srv_server *s, const char *content_type, const char *origin) {
-    struct MHD_Response *r = response;
-    if (content_type) MHD_add_response_header(r, "Content-type", content_type);
-    if (s->cfg.origins_any) {
-        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
-    } else if (origin && origin[0]) {
-        for (size_t i = 0; i < s->cfg.n_origins; i++)
-            if (!strcmp(s->cfg.origins[i], origin)) {
-                MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
-                MHD_add_response_header(r, "Vary", "Origin");
-                break;
-            }
+/* Waits until fd is readable or the deadline (0: none) passes. Returns 1 readable, 0
+ * timed out, -1 error. */
+static int wait_readable(int fd, double deadline) {
+    for (;;) {
+        int ms = -1;
+        if (deadline > 0) {
+            double left = deadline - now_s();
+            if (left <= 0) return 0;
+            ms = (int)(left * 1000) + 1;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int r = poll(&p, 1, ms);
+        if (r < 0 && errno == EINTR) continue;
+        return r < 0 ? -1 : r > 0;
     }
-    MHD_add_response_header(r, "Access-Control-Allow-Methods", "*");
-    MHD_add_response_header(r, "Access-Control-Allow-Headers", "*");
 }
 
-static int respond_with(struct MHD_Connection *c, const srv_server *s, int status, const char *body, const char *origin,
-                        const char *extra_name, const char *extra_value) {
-    size_t n = body ? strlen(body) : 0;
-    struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)(body ? body : ""), MHD_RESPMEM_MUST_COPY);
-    if (!r) return MHD_NO;
-    srv_add_headers(r, s, "application/json", origin);
-    if (extra_name) MHD_add_response_header(r, extra_name, extra_value);
-    int rc = MHD_queue_response(c, (unsigned)status, r);
-    MHD_destroy_response(r);
-    return rc;
-}
-
-int srv_respond(struct MHD_Connection *c, const srv_server *s, int status, const char *body, const char *origin) {
-    return respond_with(c, s, status, body, origin, NULL, NULL);
-}
-
-int srv_respond_error(struct MHD_Connection *c, const srv_server *s, const srv_error *e, const char *origin) {
-    char *body = srv_error_body(e);
-    srv_log(s, e->http_status >= 500 ? SRV_LOG_ERROR : SRV_LOG_INFO, "%d %s", e->http_status, e->message);
-    int rc = e->http_status == 401 ? respond_with(c, s, 401, body, origin, "WWW-Authenticate", "Bearer")
-                                   : respond_with(c, s, e->http_status, body, origin, NULL, NULL);
-    free(body);
-    return rc;
-}
-
-static route route_of(const char *url, const char **model_filter) {
-    *model_filter = NULL;
-    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions")) return ROUTE_CHAT;
-    if (!strcmp(url, "/v1/completions")) return ROUTE_TEXT;
-    if (!strcmp(url, "/v1/messages")) return ROUTE_MESSAGES;
-    if (!strcmp(url, "/v1/messages/count_tokens")) return ROUTE_COUNT_TOKENS;
-    if (!strcmp(url, "/v1/responses")) return ROUTE_RESPONSES;
-    if (!strcmp(url, "/v1/embeddings") || !strcmp(url, "/embeddings")) return ROUTE_EMBEDDINGS;
-    if (!strncmp(url, "/v1/responses/", 14) && url[14]) {
-        *model_filter = url + 14;
-        return ROUTE_RESPONSE_ID;
+/* Reads what is available into c->in (growing it up to limit bytes). Returns the
+ * bytes read, 0 on end of stream or timeout, -1 when the limit is reached. */
+static long read_more(srv_conn *c, double deadline, size_t limit) {
+    if (c->in_len >= limit) return -1;
+    if (c->in_cap - c->in_len < 4096 && c->in_cap < limit) {
+        size_t cap = c->in_cap ? c->in_cap * 2 : 16384;
+        if (cap > limit) cap = limit;
+        char *p = realloc(c->in, cap + 1);
+        if (!p) return 0;
+        c->in = p;
+        c->in_cap = cap;
     }
-    if (!strcmp(url, "/v1/models")) return ROUTE_MODELS;
-    if (!strncmp(url, "/v1/models/", 11)) {
-        *model_filter = url + 11;
-        return ROUTE_MODELS;
-    }
-    if (!strcmp(url, "/health")) return ROUTE_HEALTH;
-    if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
-    if (!strcmp(url, "/stats") || !strcmp(url, "/v1/stats")) return ROUTE_STATS;
-    if (!strcmp(url, "/library") || !strcmp(url, "/fit") || !strcmp(url, "/downloads")) return ROUTE_LIBRARY;
-    if (!strcmp(url, "/v1") || !strcmp(url, "/v1/")) return ROUTE_INDEX;
-    return ROUTE_NONE;
+    if (wait_readable(c->fd, deadline) <= 0) return 0;
+    ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+    if (n < 0 && errno == EINTR) return read_more(c, deadline, limit);
+    if (n <= 0) return 0;
+    c->in_len += (size_t)n;
+    return n;
 }
 
-/* Compares without an early exit so the key cannot be guessed byte by byte from
- * timing. */
-static int key_equal(const char *given, const char *key) {
-    size_t a = strlen(given), b = strlen(key);
-    unsigned char diff = a != b;
-    for (size_t i = 0; i < b; i++) diff |= (unsigned char)(given[i < a ? i : 0] ^ key[i]);
-    return !diff;
+static void set_waiting(srv_conn *c, int waiting) {
+    srv_http *h = c->s->http;
+    pthread_mutex_lock(&h->mu);
+    c->waiting = waiting;
+    c->since = now_s();
+    pthread_mutex_unlock(&h->mu);
 }
 
-/* The key may come as OpenAI's `Authorization: Bearer` or Anthropic's
- * `x-api-key`. */
-static int authorized(const srv_server *s, struct MHD_Connection *c) {
-    if (!s->cfg.api_key) return 1;
-    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
-    if (x && key_equal(x, s->cfg.api_key)) return 1;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
-    h += 7;
-    while (*h == ' ') h++;
-    return key_equal(h, s->cfg.api_key);
-}
-
-static int is_anthropic(route r) { return r == ROUTE_MESSAGES || r == ROUTE_COUNT_TOKENS; }
-
-static int fail(struct MHD_Connection *c, const srv_server *s, const conn_ctx *cc, int status, const char *type,
-                const char *code, const char *fmt, const char *arg) {
+/* An error before routing (bad framing, limits): the OpenAI shape, then close. */
+static void refuse(srv_conn *c, int status, const char *message) {
     srv_error e = {0};
-    srv_fail(&e, status, type, NULL, code, fmt, arg);
-    e.anthropic = is_anthropic(cc->route);
-    return srv_respond_error(c, s, &e, cc->origin);
+    srv_fail(&e, status, "invalid_request_error", NULL, status == 431 ? "request_header_too_large" : NULL, "%s",
+             message);
+    c->keep_alive = 0;
+    srv_respond_error(c, c->s, &e);
 }
 
-/* Everything that can be answered from the request line and headers alone.
- * Returns -1 when the request goes on to read a body. */
-static int answer_headers(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, const char *url, const char *method) {
-    const char *filter, *o = cc->origin;
-    cc->route = route_of(url, &filter);
-    int is_post = !strcmp(method, "POST"), is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
-    if (!strcmp(method, "OPTIONS")) return srv_respond(c, s, 204, NULL, o);
-    if (cc->route == ROUTE_NONE && is_get) {
-        /* the chat page: public, so a browser can load it and then ask for the key */
-        int rc = srv_web_respond(c, url);
-        if (rc >= 0) return rc;
+/* Reads the next request head: the idle timeout until its first byte, then
+ * --header-timeout for all of it. Returns its length, 0 when the connection ends. */
+static size_t read_head(srv_conn *c) {
+    const srv_config *cfg = &c->s->cfg;
+    double idle = cfg->timeout_s ? now_s() + cfg->timeout_s : 0, head_deadline = 0;
+    for (;;) {
+        size_t n = http_head_length(c->in, c->in_len);
+        if (n) return n;
+        if (c->in_len && !head_deadline) head_deadline = now_s() + (cfg->header_timeout_s ? cfg->header_timeout_s : 10);
+        long got = read_more(c, head_deadline ? head_deadline : idle, cfg->max_header);
+        if (got < 0) {
+            refuse(c, 431, "the request line and headers exceed --max-header");
+            return 0;
+        }
+        if (!got) {
+            if (head_deadline && c->in_len && !c->failed && now_s() >= head_deadline) {
+                srv_log(c->s, SRV_LOG_INFO, "408 the request head did not arrive within %us", cfg->header_timeout_s);
+                c->keep_alive = 0;
+                srv_respond_bytes(c, 408, NULL, NULL, 0, NULL);
+            }
+            return 0;
+        }
     }
-    if (cc->route == ROUTE_NONE) return fail(c, s, cc, 404, "invalid_request_error", "not_found", "Not Found: %s", url);
-    if (cc->route == ROUTE_HEALTH && is_get) return srv_respond(c, s, 200, "{\"status\": \"ok\"}", o);
-    int wants_post = cc->route == ROUTE_CHAT || cc->route == ROUTE_TEXT || is_anthropic(cc->route) ||
-                     cc->route == ROUTE_RESPONSES || cc->route == ROUTE_EMBEDDINGS;
-    if (cc->route == ROUTE_LIBRARY && is_post && !strcmp(url, "/downloads")) wants_post = 1;
-    int is_delete = !strcmp(method, "DELETE");
-    if (cc->route == ROUTE_RESPONSE_ID ? !is_get && !is_delete : wants_post ? !is_post : !is_get)
-        return fail(c, s, cc, 405, "invalid_request_error", "method_not_allowed", "Method %s is not allowed here",
-                    method);
-    if (!authorized(s, c))
-        return fail(c, s, cc, 401, "authentication_error", "invalid_api_key", "%s",
-                    "Invalid or missing API key: send 'Authorization: Bearer "
-                    "<key>' or 'x-api-key: <key>'");
-    /* a server of an embedding-only model has no engine: everything that generates or
-     * reports on generation is refused up front */
-    if (!s->queue && (wants_post || cc->route == ROUTE_RESPONSE_ID || cc->route == ROUTE_STATS) &&
-        cc->route != ROUTE_EMBEDDINGS && cc->route != ROUTE_LIBRARY)
-        return fail(c, s, cc, 400, "invalid_request_error", "model_cannot_generate",
-                    "model %s is an embedding model and cannot generate text; use POST /v1/embeddings",
-                    hearth_model_path(s->model));
-    if (cc->route == ROUTE_METRICS) return srv_metrics_respond(s, c, o);
-    if (cc->route == ROUTE_RESPONSE_ID) return resp_handle_id(s, c, filter, is_delete, o);
-    if (cc->route == ROUTE_LIBRARY && is_get) return srv_library_get(s, c, url, o);
-    if (cc->route == ROUTE_MODELS || cc->route == ROUTE_INDEX) {
-        char *body = cc->route == ROUTE_MODELS ? srv_models_body(s, filter)
-                     : s->queue                ? srv_index_stats_body(s)
-                                               : srv_index_body(); /* embedding-only: no engine stats */
-        int rc = srv_respond(c, s, 200, body, o);
-        free(body);
-        return rc;
-    }
-    if (cc->route == ROUTE_STATS) {
-        char *body = srv_stats_body(s);
-        int rc = srv_respond(c, s, 200, body, o);
-        free(body);
-        return rc;
-    }
-    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-    if (!cl) return fail(c, s, cc, 411, "invalid_request_error", NULL, "%s", "Content-Length header is required");
-    char *end;
-    unsigned long long n = strtoull(cl, &end, 10);
-    if (end == cl || *end || cl[0] == '-')
-        return fail(c, s, cc, 400, "invalid_request_error", NULL, "%s", "Invalid Content-Length header");
-    if (n > s->cfg.max_body) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "%llu bytes (the limit is %zu)", n, s->cfg.max_body);
-        return fail(c, s, cc, 413, "invalid_request_error", "request_too_large", "Request body too large: %s", msg);
-    }
-    return -1;
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                                  const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
-    srv_server *s = cls;
-    conn_ctx *cc = *con_cls;
-    if (!cc) {
-        if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
-        sbuf_init(&cc->body);
-        *con_cls = cc;
-        const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
-        snprintf(cc->origin, sizeof cc->origin, "%s", origin ? origin : "");
-        srv_log(s, SRV_LOG_DEBUG, "%s %s %s", method, url, version);
-        int rc = answer_headers(s, c, cc, url, method);
-        srv_metrics_label(cc->endpoint, sizeof cc->endpoint, url, cc->route != ROUTE_NONE);
-        if (rc >= 0) return rc ? MHD_YES : MHD_NO;
-        cc->body_phase = 1;
-        return MHD_YES; /* wait for the body */
+/* Reads the body into c->body from c->in (where the head is no longer). Returns 0, or
+ * -1 when the connection must close (an answer was sent where there was one to send). */
+static int read_body(srv_conn *c) {
+    const srv_config *cfg = &c->s->cfg;
+    const http_head *h = &c->head;
+    /* body bytes pass through c->in 64 KiB at a time */
+    const size_t window = 65536;
+    if (h->chunked) {
+        http_chunked ch = {0};
+        for (;;) {
+            int done = 0, status = 0;
+            const char *error = NULL;
+            long used = http_chunked_feed(&ch, c->in, c->in_len, &c->body, cfg->max_body, &done, &status, &error);
+            if (used < 0) {
+                refuse(c, status, error);
+                return -1;
+            }
+            memmove(c->in, c->in + used, c->in_len - (size_t)used);
+            c->in_len -= (size_t)used;
+            if (done) return 0;
+            if (read_more(c, cfg->timeout_s ? now_s() + cfg->timeout_s : 0, window) <= 0) return -1;
+        }
     }
-    if (*upload_size) {
-        /* MHD enforces Content-Length, which the gate already held to max_body */
-        sbuf_append(&cc->body, upload_data, *upload_size);
-        *upload_size = 0;
-        return cc->body.oom ? MHD_NO : MHD_YES;
+    size_t want = (size_t)h->content_length;
+    while (c->in_len < want) {
+        sbuf_append(&c->body, c->in, c->in_len);
+        want -= c->in_len;
+        c->in_len = 0;
+        if (c->body.oom || read_more(c, cfg->timeout_s ? now_s() + cfg->timeout_s : 0, window) <= 0) return -1;
     }
-    const char *body = cc->body.data ? cc->body.data : "";
-    int rc;
-    if (cc->route == ROUTE_MESSAGES)
-        rc = anth_handle_messages(s, c, body, cc->body.len, cc->origin);
-    else if (cc->route == ROUTE_RESPONSES)
-        rc = resp_handle_create(s, c, body, cc->body.len, cc->origin);
-    else if (cc->route == ROUTE_COUNT_TOKENS)
-        rc = anth_handle_count_tokens(s, c, body, cc->body.len, cc->origin);
-    else if (cc->route == ROUTE_LIBRARY)
-        rc = srv_library_post(s, c, body, cc->body.len, cc->origin);
-    else if (cc->route == ROUTE_EMBEDDINGS)
-        rc = srv_handle_embeddings(s, c, body, cc->body.len, cc->origin);
+    sbuf_append(&c->body, c->in, want);
+    memmove(c->in, c->in + want, c->in_len - want);
+    c->in_len -= want;
+    return c->body.oom ? -1 : 0;
+}
+
+/* A request that got as far as its head is counted in /metrics under its route's label
+ * and the status it was answered with; returns rc. */
+static int counted(srv_conn *c, int rc) {
+    char label[48];
+    srv_metrics_label(label, sizeof label, c->head.path ? c->head.path : "", c->route != NULL);
+    srv_metrics_request(label, c->status);
+    return rc;
+}
+
+/* One request: head, gate, body, answer. Returns 0 to read the next one. */
+static int serve_one(srv_conn *c) {
+    srv_server *s = c->s;
+    memset(&c->head, 0, sizeof c->head);
+    c->head.query = "";
+    c->answered = 0;
+    c->status = 0;
+    c->keep_alive = 0;
+    set_waiting(c, 1);
+    size_t n = read_head(c);
+    if (!n) return -1;
+    set_waiting(c, 0);
+    /* the head moves to its own buffer (the fields point into it); c->in keeps what
+     * follows: the body, then any pipelined request */
+    free(c->head_bytes);
+    if (!(c->head_bytes = malloc(n + 1))) return -1;
+    memcpy(c->head_bytes, c->in, n);
+    memmove(c->in, c->in + n, c->in_len - n);
+    c->in_len -= n;
+    c->route = NULL;
+    c->route_tail = NULL;
+    c->wants_body = 0;
+    c->cross_origin_limited = 0;
+    c->query_used = 0;
+    sbuf_reset(&c->body);
+    if (http_parse_head(c->head_bytes, n, &c->head)) {
+        refuse(c, c->head.status, c->head.error);
+        return counted(c, -1);
+    }
+    const http_head *h = &c->head;
+    c->keep_alive = h->keep_alive;
+    srv_log(s, SRV_LOG_DEBUG, "%s %s HTTP/1.%d", h->method, h->path, h->minor);
+    int has_body = h->chunked || (h->has_length && h->content_length);
+    if (srv_route_head(s, c) < 0) {
+        if (has_body) c->keep_alive = 0; /* its body was not read */
+    } else {
+        if (c->wants_body && !h->chunked && !h->has_length) {
+            refuse(c, 411, "Content-Length header is required");
+            return counted(c, -1);
+        }
+        if (h->has_length && h->content_length > s->cfg.max_body) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "Request body too large: %llu bytes (the limit is %zu)", h->content_length,
+                     s->cfg.max_body);
+            refuse(c, 413, msg);
+            return counted(c, -1);
+        }
+        /* curl and others wait for this before sending a large body */
+        if (has_body && h->expect_continue && srv_conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n", 25)) return -1;
+        if (has_body && read_body(c)) return counted(c, -1);
+        srv_route_request(s, c);
+    }
+    if (!c->answered) refuse(c, 500, "no response was produced");
+    return counted(c, c->keep_alive && !c->failed ? 0 : -1);
+}
+
+/* Closing with unread request bytes makes the kernel send a reset, which can destroy
+ * the error response before the client reads it: the write side closes first, and
+ * what the client still sends is read and dropped for up to a second. */
+static void linger_close(srv_conn *c) {
+    shutdown(c->fd, SHUT_WR);
+    char sink[4096];
+    double deadline = now_s() + 1;
+    while (wait_readable(c->fd, deadline) > 0 && recv(c->fd, sink, sizeof sink, 0) > 0) {
+    }
+}
+
+static void *conn_main(void *arg) {
+    srv_conn *c = arg;
+    srv_http *h = c->s->http;
+    while (!serve_one(c)) {
+    }
+    if (c->answered && !c->failed) linger_close(c);
+    pthread_mutex_lock(&h->mu);
+    if (c->prev)
+        c->prev->next = c->next;
     else
-        rc = srv_handle_completion(s, c, cc->route == ROUTE_CHAT ? SRV_CHAT : SRV_TEXT, body, cc->body.len, cc->origin);
-    return rc ? MHD_YES : MHD_NO;
+        h->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    h->n_conns--;
+    pthread_cond_broadcast(&h->gone);
+    pthread_mutex_unlock(&h->mu);
+    close(c->fd);
+    sbuf_free(&c->body);
+    free(c->head_bytes);
+    free(c->in);
+    free(c);
+    return NULL;
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    conn_ctx *cc = *con_cls;
-    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
-        srv_log(cls, SRV_LOG_DEBUG, "request ended early (code %d): its generation is cancelled", (int)toe);
-    if (!cc) return;
-    srv_metrics_request(cc->endpoint, c);
-    sbuf_free(&cc->body);
-    free(cc);
-    *con_cls = NULL;
+/* At the connection limit: closes the connection that has waited longest for a
+ * request head (its thread sees the end of the stream and exits). Returns 0 when one
+ * was found. Called with h->mu held. */
+static int make_room(srv_http *h) {
+    srv_conn *oldest = NULL;
+    for (srv_conn *c = h->conns; c; c = c->next)
+        if (c->waiting && (!oldest || c->since < oldest->since)) oldest = c;
+    if (!oldest) return -1;
+    shutdown(oldest->fd, SHUT_RDWR);
+    oldest->waiting = 0; /* not chosen twice */
+    return 0;
+}
+
+static void admit(srv_server *s, int fd) {
+    srv_http *h = s->http;
+    pthread_mutex_lock(&h->mu);
+    if (h->n_conns >= s->cfg.max_connections && make_room(h)) {
+        pthread_mutex_unlock(&h->mu);
+        /* every slot is busy answering: say so rather than leave the client hanging */
+        static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-type: application/json\r\n"
+                                   "Content-Length: 115\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
+                                   "{\"error\": {\"message\": \"every connection slot is busy\", "
+                                   "\"type\": \"server_error\", \"param\": null, \"code\": null}}";
+        ssize_t ignored = send(fd, busy, sizeof busy - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)ignored;
+        close(fd);
+        srv_log(s, SRV_LOG_WARNING, "503: all %u connections are busy with requests", s->cfg.max_connections);
+        return;
+    }
+    srv_conn *c = calloc(1, sizeof *c);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (c) {
+        c->s = s;
+        c->fd = fd;
+        c->waiting = 1;
+        c->since = now_s();
+        sbuf_init(&c->body);
+        c->next = h->conns;
+        if (h->conns) h->conns->prev = c;
+        h->conns = c;
+        h->n_conns++;
+        if (pthread_create(&t, &attr, conn_main, c)) {
+            h->conns = c->next;
+            if (c->next) c->next->prev = NULL;
+            h->n_conns--;
+            free(c);
+            c = NULL;
+        }
+    }
+    pthread_attr_destroy(&attr);
+    pthread_mutex_unlock(&h->mu);
+    if (!c) close(fd);
+}
+
+static void *accept_main(void *arg) {
+    srv_server *s = arg;
+    srv_http *h = s->http;
+    for (;;) {
+        struct pollfd p[2] = {{.fd = h->listen_fd, .events = POLLIN}, {.fd = h->wake[0], .events = POLLIN}};
+        if (poll(p, 2, -1) < 0 && errno != EINTR) break;
+        if (p[1].revents) break;
+        if (!(p[0].revents & POLLIN)) continue;
+        int fd = accept4(h->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE) usleep(100000); /* out of descriptors: let some close */
+            continue;
+        }
+        admit(s, fd);
+    }
+    return NULL;
+}
+
+static int bind_listener(const srv_config *cfg, hearth_error *err) {
+    char port[16];
+    snprintf(port, sizeof port, "%d", cfg->port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
+    int gai = getaddrinfo(cfg->host, port, &hints, &ai);
+    if (gai) {
+        snprintf(err->message, sizeof err->message, "--host %s: %s", cfg->host, gai_strerror(gai));
+        err->status = HEARTH_ERR_INVALID;
+        return -1;
+    }
+    /* like upstream: the first address */
+    /* non-blocking: a connection reset between poll and accept must not stall the loop */
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol), one = 1;
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 128)) {
+        if (fd >= 0) close(fd);
+        fd = -1;
+        snprintf(err->message, sizeof err->message, "could not listen on %s port %d (in use, or not permitted)",
+                 cfg->host, cfg->port);
+        err->status = HEARTH_ERR_IO;
+    }
+    freeaddrinfo(ai);
+    return fd;
 }
 
 hearth_status srv_start(srv_server *s, hearth_error *err) {
-    char port[16];
-    snprintf(port, sizeof port, "%d", s->cfg.port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
-    int gai = getaddrinfo(s->cfg.host, port, &hints, &ai);
-    if (gai) {
-        snprintf(err->message, sizeof err->message, "--host %s: %s", s->cfg.host, gai_strerror(gai));
-        return err->status = HEARTH_ERR_INVALID;
+    srv_http *h = calloc(1, sizeof *h);
+    if (!h) {
+        snprintf(err->message, sizeof err->message, "out of memory");
+        return err->status = HEARTH_ERR_NOMEM;
     }
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6; /* like upstream: the first address's family */
-    s->daemon = MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-                                 ai->ai_addr, MHD_OPTION_CONNECTION_MEMORY_LIMIT, s->cfg.max_header,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, s->cfg.timeout_s, MHD_OPTION_CONNECTION_LIMIT,
-                                 s->cfg.max_connections, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!s->daemon) {
-        snprintf(err->message, sizeof err->message, "could not listen on %s port %d (in use, or not permitted)",
-                 s->cfg.host, s->cfg.port);
+    h->listen_fd = bind_listener(&s->cfg, err);
+    if (h->listen_fd < 0) {
+        free(h);
+        return err->status;
+    }
+    if (pipe(h->wake)) {
+        close(h->listen_fd);
+        free(h);
+        snprintf(err->message, sizeof err->message, "pipe: %s", strerror(errno));
+        return err->status = HEARTH_ERR_IO;
+    }
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->gone, NULL);
+    s->http = h;
+    if (pthread_create(&h->acceptor, NULL, accept_main, s)) {
+        srv_stop(s);
+        snprintf(err->message, sizeof err->message, "could not start the listener thread");
         return err->status = HEARTH_ERR_IO;
     }
     return HEARTH_OK;
 }
 
 void srv_stop(srv_server *s) {
-    if (s->daemon) MHD_stop_daemon(s->daemon);
-    s->daemon = NULL;
+    srv_http *h = s->http;
+    if (!h) return;
+    if (h->acceptor) {
+        ssize_t ignored = write(h->wake[1], "x", 1);
+        (void)ignored;
+        pthread_join(h->acceptor, NULL);
+    }
+    close(h->listen_fd);
+    pthread_mutex_lock(&h->mu);
+    /* connections see the end of their streams; a stream ends at its next write, a
+     * non-streaming generation when it is done */
+    for (srv_conn *c = h->conns; c; c = c->next) shutdown(c->fd, SHUT_RDWR);
+    while (h->n_conns) pthread_cond_wait(&h->gone, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+    close(h->wake[0]);
+    close(h->wake[1]);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->gone);
+    free(h);
+    s->http = NULL;
 }

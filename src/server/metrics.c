@@ -5,7 +5,6 @@
  * The counters are process-wide (one server per process, as the process memory it also
  * reports); never waits for the engine. */
 #include "server/server.h"
-#include <microhttpd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -73,9 +72,7 @@ void srv_metrics_label(char *out, size_t cap, const char *url, int known_route) 
         snprintf(out, cap, "%s", url);
 }
 
-void srv_metrics_request(const char *endpoint, struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_HTTP_STATUS);
-    int status = ci ? (int)ci->http_status : 0; /* 0: no response was queued (the client left) */
+void srv_metrics_request(const char *endpoint, int status) {
     pthread_mutex_lock(&metrics.mu);
     request_series *r = NULL;
     for (size_t i = 0; i < metrics.n_requests && !r; i++)
@@ -172,7 +169,7 @@ static void write_engine(sbuf *b, srv_server *s) {
     scalar(b, "hearth_engine_steps_total", "counter", "Forward steps the engine ran", (double)st.steps);
 }
 
-int srv_metrics_respond(srv_server *s, struct MHD_Connection *c, const char *origin) {
+int srv_metrics_respond(srv_server *s, srv_conn *c) {
     sbuf b;
     sbuf_init(&b);
     write_counters(&b);
@@ -187,17 +184,9 @@ int srv_metrics_respond(srv_server *s, struct MHD_Connection *c, const char *ori
                (double)hearth_device_peak_bytes());
     if (b.oom) {
         sbuf_free(&b);
-        return MHD_NO;
+        return srv_respond(c, s, 500, "{\"error\": {\"message\": \"out of memory\", \"type\": \"server_error\"}}");
     }
-    size_t len = b.len;
-    char *body = sbuf_steal(&b);
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
-    srv_add_headers(r, s, "text/plain; version=0.0.4; charset=utf-8", origin);
-    int rc = MHD_queue_response(c, MHD_HTTP_OK, r);
-    MHD_destroy_response(r);
+    int rc = srv_respond_bytes(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.data, b.len, NULL);
+    sbuf_free(&b);
     return rc;
 }

@@ -9,12 +9,11 @@
 #include "server/generation.h"
 #include "server/sse_events.h"
 #include "server/toolparse.h"
-#include <microhttpd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-static const srv_gen_options resp_options = {.any_model = 0, .text_stops = 0};
+static const srv_gen_options resp_options = {.any_model = 0, .text_stops = 0, .max_tokens_field = "max_output_tokens"};
 
 typedef struct resp_state {
     srv_server *s;
@@ -25,7 +24,7 @@ typedef struct resp_state {
     json_t *context; /* the conversation items before this output */
     json_t *output;  /* the output items so far */
     int stream, seq; /* seq: the next event's sequence_number */
-    sse_stream ss;   /* streaming: event bytes not yet handed to MHD */
+    sse_stream ss;   /* streaming: event bytes not yet written */
     int msg_open;    /* an output message item is being written */
     char msg_id[48];
     sbuf text; /* the open message's text so far */
@@ -253,27 +252,25 @@ static void stream_event(void *cls, const srv_event *ev) {
     }
 }
 
-static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+static long stream_reader(void *cls, char *buf, size_t max) {
     resp_state *st = cls;
-    (void)pos;
     return sse_stream_read(&st->ss, st->gen.job, stream_event, st, buf, max);
 }
 
 static void stream_free(void *cls) { state_free(cls); }
 
-static int respond_stream(srv_server *s, struct MHD_Connection *c, resp_state *st, const char *origin) {
+static int respond_stream(srv_server *s, srv_conn *c, resp_state *st) {
     emit(st, json_pack("{s:s,s:o}", "type", "response.created", "response", response_json(st, "in_progress")));
     emit(st, json_pack("{s:s,s:o}", "type", "response.in_progress", "response", response_json(st, "in_progress")));
-    return sse_respond_stream(s, c, stream_reader, st, stream_free, origin, "/v1/responses");
+    return srv_respond_stream(c, s, "text/event-stream", stream_reader, st, stream_free);
 }
 
-static int respond_json(srv_server *s, struct MHD_Connection *c, json_t *o, const char *origin) {
+static int respond_json(srv_server *s, srv_conn *c, json_t *o) {
     char *text = o ? srv_json_dumps(o) : NULL;
     json_decref(o);
     srv_error e = {0};
-    int rc =
-        text ? srv_respond(c, s, 200, text, origin)
-             : (srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, s, &e, origin));
+    int rc = text ? srv_respond(c, s, 200, text)
+                  : (srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, s, &e));
     free(text);
     return rc;
 }
@@ -294,10 +291,10 @@ static int build_context(srv_server *s, resp_state *st, srv_error *e) {
     return resp_items_to_messages(st->context, rq->instructions, &rq->req.messages, e);
 }
 
-int resp_handle_create(srv_server *s, struct MHD_Connection *c, const char *body, size_t len, const char *origin) {
+int resp_handle_create(srv_server *s, srv_conn *c, const char *body, size_t len) {
     srv_error e = {0};
     resp_state *st = calloc(1, sizeof *st);
-    if (!st) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, s, &e, origin);
+    if (!st) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, s, &e);
     st->s = s;
     sbuf_init(&st->ss.out);
     sbuf_init(&st->text);
@@ -305,27 +302,27 @@ int resp_handle_create(srv_server *s, struct MHD_Connection *c, const char *body
     if (resp_request_parse(body, len, &s->cfg.defaults, &st->rq, &e) || build_context(s, st, &e) ||
         srv_generation_start(s, &st->rq.req, &resp_options, &st->gen, &e)) {
         state_free(st);
-        return srv_respond_error(c, s, &e, origin);
+        return srv_respond_error(c, s, &e);
     }
     if (st->rq.forced_tools)
         srv_log(s, SRV_LOG_WARNING, "tool_choice is not enforced: the model decides whether to call a tool");
     anth_make_id(st->id, sizeof st->id, "resp_");
     st->created = (long long)time(NULL);
     st->stream = st->rq.req.stream;
-    if (st->stream) return respond_stream(s, c, st, origin);
+    if (st->stream) return respond_stream(s, c, st);
     sse_wait_done(st->gen.job, token_event, st);
     int rc;
     if (st->gen.job->status) {
         srv_engine_error(st->gen.job, &e);
-        rc = srv_respond_error(c, s, &e, origin);
+        rc = srv_respond_error(c, s, &e);
     } else {
-        rc = respond_json(s, c, on_done(st), origin);
+        rc = respond_json(s, c, on_done(st));
     }
     state_free(st);
     return rc;
 }
 
-int resp_handle_id(srv_server *s, struct MHD_Connection *c, const char *id, int is_delete, const char *origin) {
+int resp_handle_id(srv_server *s, srv_conn *c, const char *id, int is_delete) {
     srv_error e = {0};
     int found = 0, rc;
     char *text = NULL;
@@ -335,13 +332,13 @@ int resp_handle_id(srv_server *s, struct MHD_Connection *c, const char *id, int 
         found = (text = resp_store_response(s->responses, id)) != NULL;
     if (!found) {
         srv_fail(&e, 404, "invalid_request_error", NULL, "not_found", "Response with id '%.80s' not found.", id);
-        return srv_respond_error(c, s, &e, origin);
+        return srv_respond_error(c, s, &e);
     }
     if (is_delete) {
         json_t *o = json_pack("{s:s,s:s,s:b}", "id", id, "object", "response.deleted", "deleted", 1);
-        rc = respond_json(s, c, o, origin);
+        rc = respond_json(s, c, o);
     } else {
-        rc = srv_respond(c, s, 200, text, origin);
+        rc = srv_respond(c, s, 200, text);
     }
     free(text);
     return rc;

@@ -57,8 +57,8 @@ void resp_store_stats(resp_store *st, size_t *entries, size_t *bytes);
 
 /* ---- HTTP (responses.c) ---------------------------------------------------- */
 
-int resp_handle_create(srv_server *s, struct MHD_Connection *c, const char *body, size_t len, const char *origin);
+int resp_handle_create(srv_server *s, srv_conn *c, const char *body, size_t len);
 /* GET (is_delete 0) or DELETE /v1/responses/{id}. */
-int resp_handle_id(srv_server *s, struct MHD_Connection *c, const char *id, int is_delete, const char *origin);
+int resp_handle_id(srv_server *s, srv_conn *c, const char *id, int is_delete);
 
 #endif

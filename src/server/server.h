@@ -174,10 +174,11 @@ typedef enum srv_log_level {
 typedef struct srv_config {
     const char *host;
     int port;
-    const char *api_key; /* NULL: no auth */
-    size_t max_body;     /* bytes; larger bodies get 413 */
-    size_t max_header;   /* bytes of request line + headers per connection */
-    unsigned timeout_s;  /* idle connection timeout */
+    const char *api_key;       /* NULL: no auth */
+    size_t max_body;           /* bytes; larger bodies get 413 */
+    size_t max_header;         /* bytes of request line + headers; larger heads get 431 */
+    unsigned timeout_s;        /* idle connection timeout */
+    unsigned header_timeout_s; /* a request head must arrive whole within this (slow clients) */
     unsigned max_connections;
     char **origins; /* --allowed-origins */
     size_t n_origins;
@@ -192,14 +193,16 @@ typedef struct srv_config {
 typedef struct srv_server {
     srv_config cfg;
     hearth_model *model;
+    hearth_engine *engine; /* the generating engine (owned by the caller, run by queue); NULL: embed only */
     srv_queue *queue;
     int context_length; /* of the engine */
     const char *context_source; /* why that context: "--ctx", "the model's own limit", or a cut */
+    char context_source_text[96];
     char fingerprint[400];
-    void *text_config;         /* ts_config of the model (textstate.h) */
-    pthread_mutex_t render_mu; /* template rendering and tokenizing, one HTTP
-                                  thread at a time */
-    struct MHD_Daemon *daemon;
+    void *text_config;            /* ts_config of the model (textstate.h) */
+    pthread_mutex_t render_mu;    /* template rendering and tokenizing, one HTTP
+                                     thread at a time */
+    struct srv_http *http;        /* the listener and its connections (http.c) */
     struct resp_store *responses; /* the Responses API store (responses.h); NULL: none */
     double started;               /* CLOCK_MONOTONIC seconds when serving began (/stats uptime) */
     size_t predicted_peak_bytes;  /* hearth fit's prediction for this configuration; 0: unknown */
@@ -208,38 +211,56 @@ typedef struct srv_server {
                                      when the served model only embeds */
 } srv_server;
 
-struct MHD_Connection;
+/* One request on its HTTP connection (http_conn.h); handlers answer it through
+ * respond.c, exactly once. */
+typedef struct srv_conn srv_conn;
+
+/* ---- respond.c: answering and logging, for every endpoint ------------------ */
 
 void srv_log(const srv_server *s, srv_log_level level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A complete JSON (or empty) response with the common and CORS headers. Returns 1,
+ * or 0 when the connection failed (it closes). */
+int srv_respond(srv_conn *c, const srv_server *s, int status, const char *body);
+int srv_respond_error(srv_conn *c, const srv_server *s, const srv_error *e);
+/* Any complete response: extra holds name, value pairs ending in NULL. */
+int srv_respond_bytes(srv_conn *c, int status, const char *content_type, const void *body, size_t len,
+                      const char *const *extra);
+/* What a stream reader returns instead of a byte count. */
+#define SRV_STREAM_END (-1)
+#define SRV_STREAM_ERROR (-2) /* the connection closes without the stream's end */
+/* A 200 response whose body reader(cls, buf, max) writes piece by piece as it comes
+ * (chunked, or until close for HTTP/1.0); free_cls(cls) runs at the end, also when
+ * the client went away. */
+int srv_respond_stream(srv_conn *c, const srv_server *s, const char *content_type,
+                       long (*reader)(void *cls, char *buf, size_t max), void *cls, void (*free_cls)(void *));
+/* A request header field or a query parameter (decoded); NULL when absent. The query
+ * value lives as long as the request. */
+const char *srv_header(const srv_conn *c, const char *name);
+const char *srv_query(srv_conn *c, const char *key);
 
-/* server_setup.c: after cfg and model are set, before srv_start: the text configuration
- * of the model (its tool parser and thinking markers), the Responses store and the render
- * lock. srv_teardown frees them and the embedder, after srv_stop and srv_queue_stop. */
-hearth_status srv_setup(srv_server *s, hearth_error *err);
-void srv_teardown(srv_server *s);
-/* The tool parser the chat template asked for (e.g. "json_tools"), or NULL. */
-const char *srv_tool_parser_name(const srv_server *s);
+/* ---- the server: http.c listens, router.c dispatches ------------------------ */
 
-/* embeddings.c: the embedder of m for POST /v1/embeddings (n_threads 0: all cores), in
- * s->embed; owns_model: srv_embed_close closes m. */
-typedef struct srv_embed srv_embed;
-hearth_status srv_embed_open(hearth_model *m, int owns_model, int n_threads, srv_embed **out, hearth_error *err);
-void srv_embed_close(srv_embed *e);
-
+/* open.c: builds the whole server of a model (takes model and embedding_model, which
+ * may be NULL) and starts listening; returns at once. On failure *out (when not NULL)
+ * still needs srv_close. */
+hearth_status srv_open(const srv_config *cfg, hearth_model *model, hearth_model *embedding_model,
+                       const hearth_engine_options *eo, srv_server **out, hearth_error *err);
+/* Stops listening, waits for every connection, stops the engine, frees it all. */
+void srv_close(srv_server *s);
 /* http.c: binds and starts serving (returns at once); srv_stop ends it. */
 hearth_status srv_start(srv_server *s, hearth_error *err);
 void srv_stop(srv_server *s);
-/* Queues a complete JSON (or empty) response with the common and CORS headers.
- */
-int srv_respond(struct MHD_Connection *c, const srv_server *s, int status, const char *body, const char *origin);
-int srv_respond_error(struct MHD_Connection *c, const srv_server *s, const srv_error *e, const char *origin);
-/* Adds Content-type, CORS headers to any response (a struct MHD_Response *). */
-void srv_add_headers(void *response, const srv_server *s, const char *content_type, const char *origin);
+/* router.c: answers one request whose head (and body, when it has one) is read. */
+void srv_route_request(srv_server *s, srv_conn *c);
+/* router.c: whether a request for this method and path would read a body (the body
+ * gate runs before it is read). Sets c's route. Returns -1 when it was answered
+ * already (an error), 0 to read the body, 1 when there is none to read. */
+int srv_route_head(srv_server *s, srv_conn *c);
 
-/* routes.c */
-int srv_handle_completion(srv_server *s, struct MHD_Connection *c, srv_kind kind, const char *body, size_t len,
-                          const char *origin);
+/* openai_chat.c */
+int srv_handle_completion(srv_server *s, srv_conn *c, srv_kind kind, const char *body, size_t len);
 char *srv_models_body(const srv_server *s, const char *filter); /* filter NULL: all */
+/* router.c: the /v1 index, from the route table. */
 char *srv_index_body(void);
 /* stats.c: GET /stats: the engine's last snapshot, memory, the Responses store. */
 char *srv_stats_body(srv_server *s);
@@ -248,18 +269,18 @@ char *srv_index_stats_body(srv_server *s);
 /* Whether a request's "model" names the model being served. */
 int srv_model_matches(const srv_server *s, const char *name);
 /* metrics.c: GET /metrics (Prometheus text format). The counters are process-wide. */
-int srv_metrics_respond(srv_server *s, struct MHD_Connection *c, const char *origin);
+int srv_metrics_respond(srv_server *s, srv_conn *c);
 /* The endpoint label of a request path: the path of a known route with ids folded
  * ("/v1/responses/{id}"), else "other". */
 void srv_metrics_label(char *out, size_t cap, const char *url, int known_route);
 /* Counts a finished HTTP request under its label and the status it was answered with. */
-void srv_metrics_request(const char *endpoint, struct MHD_Connection *c);
+void srv_metrics_request(const char *endpoint, int status);
 /* A job enters the queue: its prompt tokens count, its time-to-first-token starts. */
 void srv_metrics_submitted(srv_job *j);
 /* The engine emitted one token of j: counted, and timed since the submission or the last. */
 void srv_metrics_token(srv_job *j);
 /* library_routes.c: GET /library, /fit, /downloads; POST /downloads. */
-int srv_library_get(srv_server *s, struct MHD_Connection *c, const char *url, const char *origin);
-int srv_library_post(srv_server *s, struct MHD_Connection *c, const char *body, size_t len, const char *origin);
+int srv_library_get(srv_server *s, srv_conn *c, const char *url);
+int srv_library_post(srv_server *s, srv_conn *c, const char *body, size_t len);
 
 #endif

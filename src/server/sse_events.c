@@ -1,9 +1,8 @@
 /* sse_events.c: the event-stream plumbing shared by the Anthropic Messages and
- * OpenAI Responses handlers (see sse_events.h): event framing, the MHD pull
- * loop, the streaming response, the wait for a job's end and the usage
+ * OpenAI Responses handlers (see sse_events.h): event framing, the pull loop
+ * of a stream, the wait for a job's end and the usage
  * objects. Runs on HTTP threads; never calls the engine directly. */
 #include "server/sse_events.h"
-#include <microhttpd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,36 +15,21 @@ void sse_event(sbuf *out, json_t *o) {
     json_decref(o);
 }
 
-ssize_t sse_stream_read(sse_stream *ss, srv_job *job, sse_on_event on_event, void *cls, char *buf, size_t max) {
+long sse_stream_read(sse_stream *ss, srv_job *job, sse_on_event on_event, void *cls, char *buf, size_t max) {
     while (ss->out_pos == ss->out.len) {
         sbuf_reset(&ss->out);
         ss->out_pos = 0;
-        if (ss->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (ss->ended) return SRV_STREAM_END;
+        if (ss->failed) return SRV_STREAM_ERROR;
         srv_event *ev = srv_job_next_event(job);
         on_event(cls, ev);
         free(ev);
-        if (ss->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (ss->out.oom) return SRV_STREAM_ERROR;
     }
     size_t n = ss->out.len - ss->out_pos < max ? ss->out.len - ss->out_pos : max;
     memcpy(buf, ss->out.data + ss->out_pos, n);
     ss->out_pos += n;
-    return (ssize_t)n;
-}
-
-int sse_respond_stream(srv_server *s, struct MHD_Connection *c, ssize_t (*reader)(void *, uint64_t, char *, size_t),
-                       void *cls, void (*free_cls)(void *), const char *origin, const char *route) {
-    /* 4 KiB blocks: events are small and each should leave as soon as it exists */
-    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, reader, cls, free_cls);
-    if (!resp) {
-        free_cls(cls);
-        return MHD_NO;
-    }
-    srv_add_headers(resp, s, "text/event-stream", origin);
-    MHD_add_response_header(resp, "Cache-Control", "no-cache");
-    int rc = MHD_queue_response(c, 200, resp);
-    MHD_destroy_response(resp);
-    srv_log(s, SRV_LOG_INFO, "POST %s 200 (stream)", route);
-    return rc;
+    return (long)n;
 }
 
 void sse_wait_done(srv_job *job, sse_on_event on_token, void *cls) {

@@ -1,6 +1,6 @@
 /* sse_events.h: the event-stream plumbing that the Anthropic Messages
  * (anthropic.c) and OpenAI Responses (responses.c) handlers share: the
- * "event: <type>\ndata: <json>\n\n" framing, the MHD pull loop that hands out
+ * "event: <type>\ndata: <json>\n\n" framing, the pull loop that hands out
  * buffered event bytes and asks the handler for the next job event, the
  * streaming response's headers, the non-streaming wait for a job's end, and
  * both APIs' usage objects from one job's token counts. Knows no other event
@@ -8,32 +8,26 @@
 #ifndef HEARTH_SERVER_SSE_EVENTS_H
 #define HEARTH_SERVER_SSE_EVENTS_H
 #include "server/server.h"
-#include <sys/types.h>
 
 /* Appends "event: <type>\ndata: <json>\n\n", type being o's "type" (o is
  * stolen). */
 void sse_event(sbuf *out, json_t *o);
 
-/* Event bytes not yet handed to MHD. */
+/* Event bytes not yet written to the connection. */
 typedef struct sse_stream {
     sbuf out;
     size_t out_pos;
-    int ended; /* the last event is in out: once it is sent the stream ends */
+    int ended;  /* the last event is in out: once it is sent the stream ends */
+    int failed; /* the stream broke: once out is sent the connection closes without its end */
 } sse_stream;
 
 /* Turns one job event into events appended to the stream (or sets ended). */
 typedef void (*sse_on_event)(void *cls, const srv_event *ev);
 
-/* The body of an MHD content reader: copies up to max buffered bytes into buf;
- * when none are left, blocks on the job's next event and hands it to on_event
- * (every connection has its own thread). */
-ssize_t sse_stream_read(sse_stream *ss, srv_job *job, sse_on_event on_event, void *cls, char *buf, size_t max);
-
-/* Queues a 200 text/event-stream response pulled through reader(cls); logs
- * "POST <route> 200 (stream)". On failure free_cls(cls) runs and MHD_NO is
- * returned. */
-int sse_respond_stream(srv_server *s, struct MHD_Connection *c, ssize_t (*reader)(void *, uint64_t, char *, size_t),
-                       void *cls, void (*free_cls)(void *), const char *origin, const char *route);
+/* The body of a stream reader (srv_respond_stream): copies up to max buffered bytes
+ * into buf; when none are left, blocks on the job's next event and hands it to
+ * on_event (every connection has its own thread). */
+long sse_stream_read(sse_stream *ss, srv_job *job, sse_on_event on_event, void *cls, char *buf, size_t max);
 
 /* The non-streaming path: hands each TOKEN event to on_token and returns after
  * the DONE event. */

@@ -1,10 +1,10 @@
 /* web_assets.c: the chat page (web/index.html, app.js, style.css) embedded in the
  * binary with the assembler's .incbin, so `make` needs no generator and no tools
  * beyond the compiler; the Makefile makes this object depend on the files in web/. Serves
- * them from memory with Content-Type, ETag and Cache-Control. Knows nothing of
- * the APIs; it must never read files at run time. */
+ * them from memory with Content-Type, ETag and Cache-Control (through respond.c).
+ * Knows nothing of the APIs; it must never read files at run time. */
 #include "server/web_assets.h"
-#include <microhttpd.h>
+#include "server/server.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -70,27 +70,20 @@ const srv_web_asset_view *srv_web_find(const char *path, srv_web_asset_view *out
     return NULL;
 }
 
-int srv_web_respond(struct MHD_Connection *c, const char *url) {
+int srv_web_respond(srv_conn *c, const char *url) {
     srv_web_asset_view v;
     if (!srv_web_find(url, &v)) return -1;
-    const char *inm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "If-None-Match");
+    const char *inm = srv_header(c, "If-None-Match");
     int not_modified = inm && strstr(inm, v.etag) != NULL;
-    /* the buffer is static, so MHD may send it in place */
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(not_modified ? 0 : v.size, (void *)v.data, MHD_RESPMEM_PERSISTENT);
-    if (!r) return 0;
-    MHD_add_response_header(r, "Content-Type", v.content_type);
-    MHD_add_response_header(r, "ETag", v.etag);
-    /* revalidate every time: the page must change when the binary does, and a 304
-     * costs one round trip on loopback */
-    MHD_add_response_header(r, "Cache-Control", "no-cache");
-    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
-    /* the page talks only to this server; no inline scripts, no remote anything */
-    MHD_add_response_header(r, "Content-Security-Policy",
-                            "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
-                            "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
-    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
-    int rc = MHD_queue_response(c, not_modified ? MHD_HTTP_NOT_MODIFIED : MHD_HTTP_OK, r);
-    MHD_destroy_response(r);
-    return rc == MHD_YES;
+    /* spelled Content-Type here; the API answers keep mlx_lm.server's Content-type */
+    const char *const headers[] = {"Content-Type", v.content_type, "ETag", v.etag,
+                                   /* revalidate every time: the page must change when the binary does, and a 304
+                                    * costs one round trip on loopback */
+                                   "Cache-Control", "no-cache", "X-Content-Type-Options", "nosniff",
+                                   /* the page talks only to this server; no inline scripts, no remote anything */
+                                   "Content-Security-Policy",
+                                   "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+                                   "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                                   "Referrer-Policy", "no-referrer", NULL};
+    return srv_respond_bytes(c, not_modified ? 304 : 200, NULL, v.data, not_modified ? 0 : v.size, headers);
 }

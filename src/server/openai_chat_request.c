@@ -1,4 +1,4 @@
-/* request.c: turns a POST body into a validated srv_request, with
+/* openai_chat_request.c: turns a POST body into a validated srv_request, with
  * mlx_lm.server's fields, defaults and checks (same messages as its
  * validate_model_parameters), and prepares chat messages for the template
  * (content parts joined, tool-call arguments parsed). Must not touch the model

@@ -1,4 +1,4 @@
-/* response.c: the OpenAI response objects in mlx_lm.server's exact shapes and
+/* openai_chat_response.c: the OpenAI response objects in mlx_lm.server's exact shapes and
  * key order (contract §4): completions, stream chunks, the usage event,
  * logprobs entries, request ids. Builds jansson values only; writing bytes is
  * json_out.c's job. */

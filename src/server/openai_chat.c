@@ -1,13 +1,12 @@
-/* routes.c: the OpenAI completion endpoints (validate with request.c, start the
+/* openai_chat.c: the OpenAI completion endpoints (validate with openai_chat_request.c, start the
  * shared generation of generation.c, then turn engine events into one JSON reply
  * or an SSE stream through the reasoning/tool text state machine), and the
- * bodies of /v1/models and /v1.
+ * body of /v1/models.
  * Runs on HTTP threads; never calls the engine directly (queue.c owns it). */
 #include "server/embeddings.h"
 #include "server/generation.h"
 #include "server/sse_events.h"
 #include "server/toolparse.h"
-#include <microhttpd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -23,9 +22,7 @@ typedef struct gen_state {
     json_t *tool_calls;      /* formatted items not yet sent */
     int tool_index;          /* streaming: "index" of the next call */
     json_t *logprobs;        /* non-streaming: logprobs.content entries */
-    sbuf out;                /* streaming: SSE bytes not yet handed to MHD */
-    size_t out_pos;
-    int ended, failed;
+    sse_stream ss;           /* streaming: SSE bytes not yet written */
 } gen_state;
 
 static void gen_free(gen_state *g) {
@@ -34,7 +31,7 @@ static void gen_free(gen_state *g) {
     srv_request_free(&g->req);
     sbuf_free(&g->content);
     sbuf_free(&g->reasoning);
-    sbuf_free(&g->out);
+    sbuf_free(&g->ss.out);
     json_decref(g->tool_calls);
     json_decref(g->logprobs);
     free(g);
@@ -70,9 +67,9 @@ static void take_pending(gen_state *g) {
 }
 
 static void emit_event(gen_state *g, json_t *o) {
-    sbuf_puts(&g->out, "data: ");
-    srv_json_write(&g->out, o);
-    sbuf_puts(&g->out, "\n\n");
+    sbuf_puts(&g->ss.out, "data: ");
+    srv_json_write(&g->ss.out, o);
+    sbuf_puts(&g->ss.out, "\n\n");
     json_decref(o);
 }
 
@@ -103,7 +100,7 @@ static void on_token_event(gen_state *g, const srv_event *ev) {
 
 /* After the DONE event: the final chunk (stream) or the complete reply. Returns
  * the reply object for non-streaming requests, NULL for streams (bytes are in
- * g->out). */
+ * g->ss.out). */
 static json_t *on_done(gen_state *g) {
     srv_job *j = g->gen.job;
     ts_end(g->gen.ts);
@@ -127,41 +124,32 @@ static json_t *on_done(gen_state *g) {
     }
     emit_chunk(g, finish);
     if (g->req.include_usage) emit_event(g, srv_usage_json(&r));
-    sbuf_puts(&g->out, "data: [DONE]\n\n");
-    g->ended = 1;
+    sbuf_puts(&g->ss.out, "data: [DONE]\n\n");
+    g->ss.ended = 1;
     return NULL;
 }
 
-/* MHD pulls stream bytes here; it blocks on the job's channel between tokens,
- * which is fine because every connection has its own thread. */
-static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+/* One job event of a stream: progress comments, token chunks, the end. */
+static void stream_event(void *cls, const srv_event *ev) {
     gen_state *g = cls;
-    (void)pos;
-    while (g->out_pos == g->out.len) {
-        sbuf_reset(&g->out);
-        g->out_pos = 0;
-        if (g->ended) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (g->failed) return MHD_CONTENT_READER_END_WITH_ERROR;
-        srv_event *ev = srv_job_next_event(g->gen.job);
-        /* upstream's batched path (every request without a seed) reports no 0/T */
-        if (ev->kind == SRV_EV_PROGRESS) {
-            if (ev->done || g->req.has_seed) sbuf_printf(&g->out, ": keepalive %zu/%zu\n\n", ev->done, ev->total);
-        } else if (ev->kind == SRV_EV_TOKEN)
-            on_token_event(g, ev);
-        else if (g->gen.job->status) { /* mid-stream engine failure: upstream just
-                                      closes, no [DONE] */
-            srv_log(g->s, SRV_LOG_ERROR, "generation failed: %s", g->gen.job->err.message);
-            g->failed = 1;
-        } else {
-            on_done(g);
-        }
-        free(ev);
-        if (g->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+    /* upstream's batched path (every request without a seed) reports no 0/T */
+    if (ev->kind == SRV_EV_PROGRESS) {
+        if (ev->done || g->req.has_seed) sbuf_printf(&g->ss.out, ": keepalive %zu/%zu\n\n", ev->done, ev->total);
+    } else if (ev->kind == SRV_EV_TOKEN) {
+        on_token_event(g, ev);
+    } else if (g->gen.job->status) { /* mid-stream engine failure: upstream just closes, no [DONE] */
+        srv_log(g->s, SRV_LOG_ERROR, "generation failed: %s", g->gen.job->err.message);
+        g->ss.failed = 1;
+    } else {
+        on_done(g);
     }
-    size_t n = g->out.len - g->out_pos < max ? g->out.len - g->out_pos : max;
-    memcpy(buf, g->out.data + g->out_pos, n);
-    g->out_pos += n;
-    return (ssize_t)n;
+}
+
+/* respond.c pulls stream bytes here; it blocks on the job's channel between tokens,
+ * which is fine because every connection has its own thread. */
+static long stream_reader(void *cls, char *buf, size_t max) {
+    gen_state *g = cls;
+    return sse_stream_read(&g->ss, g->gen.job, stream_event, g, buf, max);
 }
 
 static void stream_free(void *cls) { gen_free(cls); }
@@ -183,25 +171,22 @@ static int start_generation(gen_state *g, const char *body, size_t len, srv_kind
     return 0;
 }
 
-int srv_handle_completion(srv_server *s, struct MHD_Connection *c, srv_kind kind, const char *body, size_t len,
-                          const char *origin) {
+int srv_handle_completion(srv_server *s, srv_conn *c, srv_kind kind, const char *body, size_t len) {
     srv_error e = {0};
     gen_state *g = calloc(1, sizeof *g);
-    if (!g) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, s, &e, origin);
+    if (!g) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, s, &e);
     g->s = s;
     g->reply.created = (long long)time(NULL);
     g->tool_calls = json_array();
     g->logprobs = json_array();
     sbuf_init(&g->content);
     sbuf_init(&g->reasoning);
-    sbuf_init(&g->out);
+    sbuf_init(&g->ss.out);
     if (start_generation(g, body, len, kind, &e)) {
         gen_free(g);
-        return srv_respond_error(c, s, &e, origin);
+        return srv_respond_error(c, s, &e);
     }
-    if (g->req.stream)
-        return sse_respond_stream(s, c, stream_reader, g, stream_free, origin,
-                                  kind == SRV_CHAT ? "chat" : "completions");
+    if (g->req.stream) return srv_respond_stream(c, s, "text/event-stream", stream_reader, g, stream_free);
     json_t *reply = NULL;
     for (;;) {
         srv_event *ev = srv_job_next_event(g->gen.job);
@@ -213,11 +198,11 @@ int srv_handle_completion(srv_server *s, struct MHD_Connection *c, srv_kind kind
     int rc;
     if (g->gen.job->status) {
         srv_engine_error(g->gen.job, &e);
-        rc = srv_respond_error(c, s, &e, origin);
+        rc = srv_respond_error(c, s, &e);
     } else {
         reply = on_done(g);
         char *text = reply ? srv_json_dumps(reply) : NULL;
-        rc = srv_respond(c, s, 200, text, origin);
+        rc = srv_respond(c, s, 200, text);
         free(text);
         json_decref(reply);
     }
@@ -237,41 +222,6 @@ char *srv_models_body(const srv_server *s, const char *filter) {
         json_object_set_new(m, "object", json_string("model"));
         json_object_set_new(m, "created", json_integer((json_int_t)time(NULL)));
         json_array_append_new(data, m);
-    }
-    json_t *o = json_object();
-    json_object_set_new(o, "object", json_string("list"));
-    json_object_set_new(o, "data", data);
-    char *body = srv_json_dumps(o);
-    json_decref(o);
-    return body;
-}
-
-char *srv_index_body(void) {
-    static const char *const endpoints[][3] = {
-        {"POST", "/v1/chat/completions", "chat completions (OpenAI), streaming with \"stream\": true"},
-        {"POST", "/chat/completions", "alias of /v1/chat/completions"},
-        {"POST", "/v1/completions", "text completions (OpenAI legacy)"},
-        {"POST", "/v1/messages", "Anthropic Messages, streaming with \"stream\": true"},
-        {"POST", "/v1/embeddings", "embeddings (OpenAI) of an embedding model (hearth serve <it>, or --embedding-model)"},
-        {"POST", "/v1/messages/count_tokens", "Anthropic token count of a Messages request"},
-        {"GET", "/v1/models", "the model being served"},
-        {"GET", "/v1/models/{id}", "the model list filtered by id"},
-        {"GET", "/health", "liveness: {\"status\": \"ok\"}"},
-        {"GET", "/library", "every model hearth can find: size, parameters, quantization, fit (hearth ls --json)"},
-        {"GET", "/fit", "?model=&ctx=&batch=: the memory prediction of hearth fit --json"},
-        {"GET", "/downloads", "hub downloads of this process; POST {\"model\": \"org/name\"} starts one"},
-        {"GET", "/stats", "live engine numbers: rows, queue, KV blocks, prefix cache, tokens/s, memory"},
-        {"GET", "/metrics", "Prometheus text format: requests, tokens, latency histograms, queue, KV blocks, memory"},
-        {"GET", "/v1", "this index"},
-        {"OPTIONS", "*", "CORS preflight"},
-    };
-    json_t *data = json_array();
-    for (size_t i = 0; i < sizeof endpoints / sizeof endpoints[0]; i++) {
-        json_t *e = json_object();
-        json_object_set_new(e, "method", json_string(endpoints[i][0]));
-        json_object_set_new(e, "path", json_string(endpoints[i][1]));
-        json_object_set_new(e, "description", json_string(endpoints[i][2]));
-        json_array_append_new(data, e);
     }
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("list"));

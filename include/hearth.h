@@ -432,6 +432,23 @@ hearth_status hearth_evals_record(const hearth_eval_row *row, hearth_error *err)
 /* All rows, newest first, as a JSON array (hearth_free). */
 hearth_status hearth_evals_json(char **out_json, hearth_error *err);
 
+/* ---- convert ----------------------------------------------------------------
+ * A float safetensors model folder (F32/F16/BF16) to a new MLX folder: with quantize, every
+ * Linear/Embedding weight whose input width is a multiple of group_size becomes MLX affine
+ * (weight/scales/biases bit-identical to mlx_lm.convert -q), the rest is copied; config.json
+ * gets its "quantization" section; tokenizer, chat template and other side files are
+ * copied. Streams one tensor at a time (memory: the largest tensor, about 3x). */
+typedef struct hearth_convert_options {
+    const char *out_dir; /* must not exist yet */
+    int quantize;        /* 1: MLX affine; 0: copy the float weights */
+    int bits;            /* 2, 3, 4, 5, 6 or 8 */
+    int group_size;      /* 32, 64 or 128 */
+    /* called after each input tensor is written (NULL: no progress) */
+    void (*progress)(void *user, size_t done, size_t total, const char *tensor);
+    void *user;
+} hearth_convert_options;
+hearth_status hearth_convert(const char *model, const hearth_convert_options *o, hearth_error *err);
+
 /* ---- embeddings ------------------------------------------------------------
  * An embedder turns inputs into vectors: BERT-family encoders (the pooling and
  * normalization their sentence-transformers files ask for; mean + L2 when they have

@@ -21,6 +21,7 @@ int cli_pull(int argc, char **argv);
 int cli_rm(int argc, char **argv);
 int cli_evals(int argc, char **argv);
 int cli_perplexity(int argc, char **argv);
+int cli_convert(int argc, char **argv);
 /* The appliance's model for `hearth` without --model (choose.c); NULL: serve's default. */
 const char *cli_choose_model(int argc, char **argv);
 int cli_embed(int argc, char **argv);

@@ -1,0 +1,239 @@
+/* convert.c: hearth_convert: a float safetensors model folder to an MLX folder that
+ * mlx-lm and hearth load as is: each Linear/Embedding weight quantized (mx.quantize's
+ * affine scheme, io/mlx_quant.c) or copied, streamed one tensor at a time into one
+ * model.safetensors, config.json given its "quantization" section, the tokenizer and
+ * chat template files copied. Does not modify the input. */
+#define _GNU_SOURCE
+#include "api/model_internal.h"
+#include "base/err.h"
+#include "base/half.h"
+#include "io/safetensors_write.h"
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+typedef struct convert_item {
+    const tensor_info *src;
+    int quantize; /* 1: three outputs (weight, scales, biases) */
+} convert_item;
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/* mlx-lm quantizes the modules that have to_quantized (Linear, Embedding: the 2-D
+ * ".weight" tensors of these families) whose input width is a multiple of the group. */
+static int quantizable(const tensor_info *t, const hearth_convert_options *o) {
+    return o->quantize && t->ndim == 2 && ends_with(t->name, ".weight") && t->shape[1] % o->group_size == 0 &&
+           (t->shape[1] * o->bits) % 32 == 0;
+}
+
+/* What mlx-lm's sanitize drops from a Hugging Face checkpoint of these families. */
+static int dropped(const hearth_model *m, const tensor_info *t) {
+    if (ends_with(t->name, ".rotary_emb.inv_freq")) return 1;
+    return !strcmp(t->name, "lm_head.weight") && json_is_true(json_object_get(m->config, "tie_word_embeddings"));
+}
+
+static hearth_status write_all(FILE *f, const void *p, size_t n, const char *fname, hearth_error *err) {
+    if (n && fwrite(p, 1, n, f) != n) return err_set(err, HEARTH_ERR_IO, "%s: %s", fname, strerror(errno));
+    return HEARTH_OK;
+}
+
+/* scales/biases leave as the weight's dtype, as mx.quantize returns them */
+static hearth_status write_values(FILE *f, const float *v, size_t n, tensor_dtype dt, const char *fname,
+                                  hearth_error *err) {
+    if (dt == DT_F32) return write_all(f, v, n * sizeof *v, fname, err);
+    uint16_t *h = malloc(n * sizeof *h);
+    if (!h) return err_set(err, HEARTH_ERR_NOMEM, "%s: out of memory", fname);
+    for (size_t i = 0; i < n; i++) h[i] = dt == DT_BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+    hearth_status st = write_all(f, h, n * sizeof *h, fname, err);
+    free(h);
+    return st;
+}
+
+static hearth_status write_quantized(const hearth_model *m, const tensor_info *t, const hearth_convert_options *o,
+                                     FILE *f, const char *fname, hearth_error *err) {
+    float *w = NULL;
+    size_t n = 0;
+    hearth_status st = hearth_model_tensor_f32(m, t->name, &w, &n, err);
+    if (st) return st;
+    int64_t rows = t->shape[0], cols = t->shape[1], groups = cols / o->group_size;
+    size_t packed_bytes = (size_t)rows * (size_t)cols * (size_t)o->bits / 8, ng = (size_t)rows * (size_t)groups;
+    uint8_t *packed = malloc(packed_bytes);
+    float *sb = malloc(2 * ng * sizeof *sb);
+    if (!packed || !sb)
+        st = err_set(err, HEARTH_ERR_NOMEM, "out of memory quantizing '%s'", t->name);
+    else {
+        mlxq_quantize(w, rows, cols, o->bits, o->group_size, packed, sb, sb + ng);
+        if (!(st = write_all(f, packed, packed_bytes, fname, err)) &&
+            !(st = write_values(f, sb, ng, t->dtype, fname, err)))
+            st = write_values(f, sb + ng, ng, t->dtype, fname, err);
+    }
+    hearth_free(w);
+    free(packed);
+    free(sb);
+    return st;
+}
+
+static st_out_tensor out_tensor(const char *name, const char *suffix, tensor_dtype dt, int64_t rows, int64_t cols) {
+    st_out_tensor o = {.dtype = dt, .ndim = 2, .shape = {rows, cols}};
+    if (asprintf(&o.name, "%.*s%s", (int)(strlen(name) - strlen(".weight")), name, suffix) < 0) o.name = NULL;
+    return o;
+}
+
+/* The output catalogue in write order: for a quantized weight its packed words, scales
+ * and biases; else the tensor as it is. */
+static hearth_status plan_outputs(const hearth_model *m, const hearth_convert_options *o, convert_item *items,
+                                  size_t *n_items, st_out_tensor *outs, size_t *n_outs, hearth_error *err) {
+    *n_items = *n_outs = 0;
+    for (size_t i = 0; i < m->st.n_tensors; i++) {
+        const tensor_info *t = m->st.by_name[i];
+        if (dropped(m, t)) continue;
+        if (t->dtype != DT_F32 && t->dtype != DT_F16 && t->dtype != DT_BF16)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; convert reads float tensors", t->file,
+                           t->name, tensor_dtype_name(t->dtype));
+        int q = quantizable(t, o);
+        items[(*n_items)++] = (convert_item){t, q};
+        if (q) {
+            int64_t rows = t->shape[0], cols = t->shape[1];
+            outs[(*n_outs)++] = out_tensor(t->name, ".weight", DT_U32, rows, cols * o->bits / 32);
+            outs[(*n_outs)++] = out_tensor(t->name, ".scales", t->dtype, rows, cols / o->group_size);
+            outs[(*n_outs)++] = out_tensor(t->name, ".biases", t->dtype, rows, cols / o->group_size);
+        } else {
+            st_out_tensor c = {.name = strdup(t->name), .dtype = t->dtype, .ndim = t->ndim};
+            memcpy(c.shape, t->shape, sizeof c.shape);
+            outs[(*n_outs)++] = c;
+        }
+        if (!outs[*n_outs - 1].name) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    }
+    return HEARTH_OK;
+}
+
+static hearth_status write_weights(const hearth_model *m, const hearth_convert_options *o, const char *fname,
+                                   uint64_t *total, hearth_error *err) {
+    size_t n = m->st.n_tensors, n_items, n_outs;
+    convert_item *items = calloc(n ? n : 1, sizeof *items);
+    st_out_tensor *outs = calloc(3 * n + 1, sizeof *outs);
+    FILE *f = NULL;
+    hearth_status st = items && outs ? HEARTH_OK : err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    if (!st) st = plan_outputs(m, o, items, &n_items, outs, &n_outs, err);
+    if (!st && !(f = fopen(fname, "wb"))) st = err_set(err, HEARTH_ERR_IO, "%s: %s", fname, strerror(errno));
+    if (!st) st = st_write_header(f, fname, outs, n_outs, total, err);
+    for (size_t i = 0; !st && i < n_items; i++) {
+        const tensor_info *t = items[i].src;
+        st = items[i].quantize ? write_quantized(m, t, o, f, fname, err) : write_all(f, t->data, t->nbytes, fname, err);
+        if (!st && o->progress) o->progress(o->user, i + 1, n_items, t->name);
+    }
+    if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: %s", fname, strerror(errno));
+    for (size_t i = 0; outs && i < 3 * n + 1; i++) free(outs[i].name);
+    free(outs);
+    free(items);
+    return st;
+}
+
+static hearth_status write_json(const char *dir, const char *name, json_t *j, hearth_error *err) {
+    char *path = path_join(dir, name);
+    int bad = !path || json_dump_file(j, path, JSON_INDENT(4) | JSON_PRESERVE_ORDER);
+    hearth_status st = bad ? err_set(err, HEARTH_ERR_IO, "%s/%s: cannot write", dir, name) : HEARTH_OK;
+    free(path);
+    return st;
+}
+
+static hearth_status copy_file(const char *from, const char *to, hearth_error *err) {
+    file_map fm;
+    hearth_status st = file_map_open(from, &fm, err);
+    if (st) return st;
+    FILE *f = fopen(to, "wb");
+    if (!f)
+        st = err_set(err, HEARTH_ERR_IO, "%s: %s", to, strerror(errno));
+    else {
+        st = write_all(f, fm.data, fm.size, to, err);
+        if (fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: %s", to, strerror(errno));
+    }
+    file_map_close(&fm);
+    return st;
+}
+
+/* Everything beside the weights and config.json: tokenizer files, chat templates,
+ * generation_config.json, the model card. */
+static hearth_status copy_side_files(const char *src, const char *dst, hearth_error *err) {
+    DIR *d = opendir(src);
+    if (!d) return err_set(err, HEARTH_ERR_IO, "%s: %s", src, strerror(errno));
+    hearth_status st = HEARTH_OK;
+    for (struct dirent *e; !st && (e = readdir(d));) {
+        const char *n = e->d_name;
+        if (n[0] == '.' || ends_with(n, ".safetensors") || !strcmp(n, "model.safetensors.index.json") ||
+            !strcmp(n, "config.json"))
+            continue;
+        char *from = path_join(src, n), *to = path_join(dst, n);
+        if (!from || !to)
+            st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+        else if (!file_is_dir(from))
+            st = copy_file(from, to, err);
+        free(from);
+        free(to);
+    }
+    closedir(d);
+    return st;
+}
+
+static hearth_status check_options(const hearth_convert_options *o, hearth_error *err) {
+    if (!o || !o->out_dir || !o->out_dir[0]) return err_set(err, HEARTH_ERR_INVALID, "convert: no output folder");
+    if (o->quantize && o->bits != 2 && o->bits != 3 && o->bits != 4 && o->bits != 5 && o->bits != 6 && o->bits != 8)
+        return err_set(err, HEARTH_ERR_INVALID, "convert: --q-bits %d: MLX affine takes 2, 3, 4, 5, 6 or 8", o->bits);
+    if (o->quantize && o->group_size != 32 && o->group_size != 64 && o->group_size != 128)
+        return err_set(err, HEARTH_ERR_INVALID, "convert: --q-group-size %d: MLX affine takes 32, 64 or 128",
+                       o->group_size);
+    if (file_exists(o->out_dir))
+        return err_set(err, HEARTH_ERR_INVALID, "%s: already exists; convert writes a new folder", o->out_dir);
+    return HEARTH_OK;
+}
+
+hearth_status hearth_convert(const char *model, const hearth_convert_options *o, hearth_error *err) {
+    hearth_status st = check_options(o, err);
+    if (st) return st;
+    hearth_model *m = NULL;
+    if ((st = hearth_model_open(model, &m, err))) return st;
+    if (m->entry.format != MODEL_FORMAT_DIR)
+        st = err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: convert reads safetensors folders (GGUF input is not done yet)",
+                     m->entry.path);
+    else if (m->quant.present)
+        st = err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: already quantized; convert reads float weights", m->entry.path);
+    else if (mkdir(o->out_dir, 0755))
+        st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
+    char *weights = st ? NULL : path_join(o->out_dir, "model.safetensors");
+    uint64_t total = 0;
+    if (!st) st = write_weights(m, o, weights, &total, err);
+    json_t *config = st ? NULL : json_deep_copy(m->config);
+    /* mlx-lm's load puts generation_config's eos_token_id into the config it saves */
+    json_t *gen_eos = m->generation_config ? json_object_get(m->generation_config, "eos_token_id") : NULL;
+    if (config && gen_eos && !json_is_false(gen_eos)) json_object_set(config, "eos_token_id", gen_eos);
+    if (config && o->quantize) {
+        json_t *q = json_pack("{s:i, s:i, s:s}", "group_size", o->group_size, "bits", o->bits, "mode", "affine");
+        json_object_set(config, "quantization", q);
+        json_object_set_new(config, "quantization_config", q);
+    }
+    if (config) st = write_json(o->out_dir, "config.json", config, err);
+    json_decref(config);
+    if (!st) {
+        json_t *index = json_pack("{s:{s:I}, s:{}}", "metadata", "total_size", (json_int_t)total, "weight_map");
+        st_file out;
+        /* the index names every tensor of the file just written, read back through the reader */
+        if (!(st = st_open(weights, &out, err))) {
+            for (size_t i = 0; i < out.n_tensors; i++)
+                json_object_set_new(json_object_get(index, "weight_map"), out.tensors[i].name,
+                                    json_string("model.safetensors"));
+            st_close(&out);
+            st = write_json(o->out_dir, "model.safetensors.index.json", index, err);
+        }
+        json_decref(index);
+    }
+    if (!st) st = copy_side_files(m->entry.path, o->out_dir, err);
+    free(weights);
+    hearth_model_close(m);
+    return st;
+}

@@ -1,0 +1,112 @@
+"""hearth convert against mlx_lm.convert on the tiny float models.
+
+The oracle is mlx-lm's own converter (mlx_lm.convert.convert, quantize=True) on the same
+input folder: every tensor of hearth's output (packed weights, scales, biases, the copied
+norms) must be byte-identical to mlx-lm's, with the same dtype and shape, and config.json
+must say the same thing. Then hearth loads both outputs and computes the same logits.
+"""
+import glob
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "bin", "hearth"))
+CACHE = os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth"))
+
+# every family at the widths and groups the issue names; MLX's other widths on one family;
+# bf16 input (mlx quantizes in float32 and rounds scales/biases to bf16)
+CASES = [(f"{fam}-f32", b, g) for fam in ("llama", "qwen3", "gemma3") for b in (4, 8) for g in (32, 64)]
+CASES += [("llama-f32", 2, 32), ("qwen3-f32", 3, 32), ("gemma3-f32", 5, 64), ("llama-f32", 6, 64),
+          ("llama-bf16", 4, 64), ("gemma3-bf16", 8, 32)]
+
+
+def tiny(name):
+    path = os.path.join(CACHE, "tiny", name)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        pytest.fail(f"{path} missing: run tools/get_models.sh", pytrace=False)
+    return path
+
+
+def hearth(*args, check=True):
+    p = subprocess.run([BIN, *args], capture_output=True, timeout=120)
+    if check and p.returncode != 0:
+        raise AssertionError(f"hearth {' '.join(args)} failed ({p.returncode}): {p.stderr.decode()}")
+    return p
+
+
+def tensors(folder):
+    import mlx.core as mx
+
+    out = {}
+    for f in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+        out.update(mx.load(f))
+    return out
+
+
+def mlx_convert(src, dst, bits, group):
+    import contextlib
+    import io
+
+    from mlx_lm.convert import convert
+
+    with contextlib.redirect_stdout(io.StringIO()):  # its [INFO] lines
+        convert(src, str(dst), quantize=True, q_bits=bits, q_group_size=group)
+
+
+@pytest.mark.parametrize("name,bits,group", CASES, ids=[f"{n}-q{b}g{g}" for n, b, g in CASES])
+def test_convert_matches_mlx_lm(name, bits, group, tmp_path):
+    import mlx.core as mx
+
+    src = tiny(name)
+    mine, theirs = tmp_path / "hearth", tmp_path / "mlx"
+    hearth("convert", src, "--out", str(mine), "-q", "--q-bits", str(bits), "--q-group-size", str(group))
+    mlx_convert(src, theirs, bits, group)
+    a, b = tensors(mine), tensors(theirs)
+    assert sorted(a) == sorted(b)
+    assert any(k.endswith(".scales") for k in b)
+    for k in b:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert np.array_equal(np.array(a[k].view(mx.uint8)), np.array(b[k].view(mx.uint8))), k
+    assert json.load(open(mine / "config.json")) == json.load(open(theirs / "config.json"))
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert open(mine / f, "rb").read() == open(os.path.join(src, f), "rb").read(), f
+    # hearth serves the result: it loads, and computes what it computes on mlx-lm's output
+    ids = "[1, 5, 9, 200, 17, 3]"
+    t1 = hearth("trace", str(mine), "--ids", ids, "--steps", "4").stdout
+    t2 = hearth("trace", str(theirs), "--ids", ids, "--steps", "4").stdout
+    assert t1 == t2 and json.loads(t1)["steps"]
+
+
+def test_convert_float_copy(tmp_path):
+    """Without -q the float tensors are copied unchanged and the config has no quantization."""
+    src = tiny("qwen3-f32")
+    hearth("convert", src, "--out", str(tmp_path / "out"))
+    a, b = tensors(tmp_path / "out"), tensors(src)
+    assert sorted(a) == sorted(b)
+    assert all(np.array_equal(np.array(a[k]), np.array(b[k])) for k in b)
+    assert "quantization" not in json.load(open(tmp_path / "out" / "config.json"))
+
+
+def test_convert_bad_input(tmp_path):
+    src = tiny("llama-f32")
+    (tmp_path / "exists").mkdir()
+    cases = [
+        (["--out", str(tmp_path / "exists")], "already exists"),
+        (["--out", str(tmp_path / "b"), "-q", "--q-bits", "7"], "--q-bits 7"),
+        (["--out", str(tmp_path / "c"), "-q", "--q-group-size", "48"], "--q-group-size 48"),
+    ]
+    p = hearth("convert", tiny("llama-q4g64"), "--out", str(tmp_path / "a"), check=False)
+    assert p.returncode == 1 and "already quantized" in p.stderr.decode()
+    for args, needle in cases:
+        p = hearth("convert", src, *args, check=False)
+        msg = p.stderr.decode()
+        assert p.returncode == 1 and msg.startswith("hearth: ") and needle in msg, (args, msg)
+    gguf = sorted(glob.glob(os.path.join(CACHE, "models", "*.gguf")))
+    assert gguf, f"real GGUF models missing in {CACHE}/models: run tools/get_models.sh"
+    p = hearth("convert", gguf[0], "--out", str(tmp_path / "d"), check=False)
+    assert p.returncode == 1 and "GGUF input" in p.stderr.decode()
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

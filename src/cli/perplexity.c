@@ -201,8 +201,13 @@ static int dataset_row_tokens(const hearth_model *m, const dataset *d, size_t r,
  * them), cut to whole rows of L. *out: rows x L tokens. */
 static int load_tokens(const hearth_model *m, const dataset *d, int seed, int num_samples, int L, int32_t **out,
                        size_t *rows) {
-    const char *eos_s = hearth_model_tokenizer_config_string(m, "eos_token");
+    /* the tokenizer's eos_token: tokenizer_config.json's, or the GGUF vocabulary's */
+    char *info = hearth_model_info_json(m);
+    json_t *ij = info ? json_loads(info, 0, NULL) : NULL;
+    const char *eos_s = json_string_value(json_object_get(json_object_get(ij, "tokenizer"), "eos_token"));
     int32_t eos = eos_s ? hearth_token_id(m, eos_s) : -1;
+    json_decref(ij);
+    hearth_free(info);
     if (d->kind == ROWS_TEXT && eos < 0) {
         fprintf(stderr, "hearth: %s: the tokenizer has no eos_token to end each text row with\n", hearth_model_path(m));
         return 1;

@@ -4,7 +4,7 @@
  * model.safetensors, config.json given its "quantization" section, the tokenizer and
  * chat template files copied. Does not modify the input. */
 #define _GNU_SOURCE
-#include "api/model_internal.h"
+#include "api/convert_internal.h"
 #include "base/err.h"
 #include "base/half.h"
 #include "io/safetensors_write.h"
@@ -32,8 +32,7 @@ static int quantizable(const tensor_info *t, const hearth_convert_options *o) {
            (t->shape[1] * o->bits) % 32 == 0;
 }
 
-/* What mlx-lm's sanitize drops from a Hugging Face checkpoint of these families. */
-static int dropped(const hearth_model *m, const tensor_info *t) {
+int convert_dropped(const hearth_model *m, const tensor_info *t) {
     if (ends_with(t->name, ".rotary_emb.inv_freq")) return 1;
     return !strcmp(t->name, "lm_head.weight") && json_is_true(json_object_get(m->config, "tie_word_embeddings"));
 }
@@ -92,7 +91,7 @@ static hearth_status plan_outputs(const hearth_model *m, const hearth_convert_op
     *n_items = *n_outs = 0;
     for (size_t i = 0; i < m->st.n_tensors; i++) {
         const tensor_info *t = m->st.by_name[i];
-        if (dropped(m, t)) continue;
+        if (convert_dropped(m, t)) continue;
         if (t->dtype != DT_F32 && t->dtype != DT_F16 && t->dtype != DT_BF16)
             return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; convert reads float tensors", t->file,
                            t->name, tensor_dtype_name(t->dtype));
@@ -189,13 +188,33 @@ static hearth_status check_options(const hearth_convert_options *o, hearth_error
         return err_set(err, HEARTH_ERR_INVALID, "convert: --q-group-size %d: MLX affine takes 32, 64 or 128",
                        o->group_size);
     if (file_exists(o->out_dir))
-        return err_set(err, HEARTH_ERR_INVALID, "%s: already exists; convert writes a new folder", o->out_dir);
+        return err_set(err, HEARTH_ERR_INVALID, "%s: already exists; convert writes a new one", o->out_dir);
     return HEARTH_OK;
+}
+
+/* --outtype names (llama.cpp's) of the GGUF types written */
+static int gguf_type_parse(const char *name, tensor_dtype *out) {
+    static const struct {
+        const char *name;
+        tensor_dtype dt;
+    } types[] = {
+        {"f32", DT_F32},   {"f16", DT_F16},   {"bf16", DT_BF16}, {"q8_0", DT_Q8_0},
+        {"q4_0", DT_Q4_0}, {"q4_1", DT_Q4_1}, {"q5_0", DT_Q5_0}, {"q5_1", DT_Q5_1},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(types[i].name, name)) return *out = types[i].dt, 1;
+    return 0;
 }
 
 hearth_status hearth_convert(const char *model, const hearth_convert_options *o, hearth_error *err) {
     hearth_status st = check_options(o, err);
     if (st) return st;
+    tensor_dtype gguf_dt = DT_F32;
+    if (o->gguf_type && !gguf_type_parse(o->gguf_type, &gguf_dt))
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "convert: --outtype %s: one of f32, f16, bf16, q8_0, q4_0, q4_1, "
+                       "q5_0, q5_1",
+                       o->gguf_type);
     hearth_model *m = NULL;
     if ((st = hearth_model_open(model, &m, err))) return st;
     if (m->entry.format != MODEL_FORMAT_DIR)
@@ -203,7 +222,11 @@ hearth_status hearth_convert(const char *model, const hearth_convert_options *o,
                      m->entry.path);
     else if (m->quant.present)
         st = err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: already quantized; convert reads float weights", m->entry.path);
-    else if (mkdir(o->out_dir, 0755))
+    else if (o->gguf_type) {
+        st = convert_to_gguf(m, o, gguf_dt, err);
+        hearth_model_close(m);
+        return st;
+    } else if (mkdir(o->out_dir, 0755))
         st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
     char *weights = st ? NULL : path_join(o->out_dir, "model.safetensors");
     uint64_t total = 0;

@@ -7,7 +7,8 @@
 #include <unistd.h>
 
 static const char *convert_usage =
-    "hearth convert <model> --out <dir> [-q|--quantize] [--q-bits 4] [--q-group-size 64]";
+    "hearth convert <model> --out <dir> [-q|--quantize] [--q-bits 4] [--q-group-size 64]\n"
+    "       hearth convert <model> --out <file.gguf> --outtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1";
 
 static void on_progress(void *user, size_t done, size_t total, const char *tensor) {
     (void)user;
@@ -29,7 +30,8 @@ int cli_convert(int argc, char **argv) {
             continue;
         }
         int *num = !strcmp(a, "--q-bits") ? &o.bits : !strcmp(a, "--q-group-size") ? &o.group_size : NULL;
-        if ((num || !strcmp(a, "--out")) && !v) return cli_usage_error(convert_usage, "flag '%s' needs a value", a);
+        if ((num || !strcmp(a, "--out") || !strcmp(a, "--outtype")) && !v)
+            return cli_usage_error(convert_usage, "flag '%s' needs a value", a);
         if (num) {
             char *end;
             long x = strtol(argv[++i], &end, 10);
@@ -38,6 +40,8 @@ int cli_convert(int argc, char **argv) {
             *num = (int)x;
         } else if (!strcmp(a, "--out"))
             o.out_dir = argv[++i];
+        else if (!strcmp(a, "--outtype"))
+            o.gguf_type = argv[++i];
         else if (a[0] == '-')
             return cli_usage_error(convert_usage, "unknown flag '%s'", a);
         else if (!model)
@@ -46,6 +50,8 @@ int cli_convert(int argc, char **argv) {
             return cli_usage_error(convert_usage, "unexpected argument '%s'", a);
     }
     if (!model || !o.out_dir) return cli_usage_error(convert_usage, "%s", "need a model and --out");
+    if (o.gguf_type && o.quantize)
+        return cli_usage_error(convert_usage, "%s", "-q makes MLX output; GGUF output takes --outtype");
     if (isatty(2)) o.progress = on_progress;
     hearth_error err = {0};
     if (hearth_convert(model, &o, &err)) return cli_fail(&err);

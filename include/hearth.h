@@ -445,7 +445,7 @@ typedef struct hearth_convert_options {
     int group_size;      /* 32, 64 or 128 */
     /* NULL: the MLX folder above. Else out_dir is one GGUF file, 2-D weights in this type
      * (llama.cpp's names: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1; bytes as the gguf
-     * package's quantizers), the rest F32; qwen3 models only so far. */
+     * package's quantizers), the rest F32; qwen3 and llama models so far. */
     const char *gguf_type;
     /* called after each input tensor is written (NULL: no progress) */
     void (*progress)(void *user, size_t done, size_t total, const char *tensor);

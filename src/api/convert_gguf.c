@@ -2,13 +2,14 @@
  * folder, named and described the way llama.cpp's convert_hf_to_gguf.py writes it
  * (tensor names, hyperparameters, the byte-level BPE vocabulary with merges, token types,
  * the chat template), 2-D weights in the chosen type (io/ggml_quant.c's reference
- * quantizers), everything else F32. Families: qwen3 (others refused by name). */
+ * quantizers), everything else F32. Families: qwen3 and llama (others refused by name). */
 #define _GNU_SOURCE
 #include "api/convert_internal.h"
 #include "base/err.h"
 #include "io/ggml_quant.h"
 #include "io/gguf_write.h"
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,41 +174,116 @@ static void put_specials(gguf_out *g, hearth_model *m) {
     if (m->chat_template) gguf_out_str(g, "tokenizer.chat_template", m->chat_template);
 }
 
+/* The families written, with llama.cpp's pre-tokenizer name and whether its converter
+ * permutes q/k rows (HF's rotate-half RoPE layout to ggml's adjacent pairs). */
+typedef struct gguf_family {
+    const char *model_type, *pre;
+    int permute_qk;
+} gguf_family;
+static const gguf_family families[] = {{"qwen3", "qwen2", 0}, {"llama", "llama-bpe", 1}};
+
 typedef struct gguf_item {
-    const tensor_info *src;
+    const tensor_info *src; /* NULL: a generated tensor (data) */
+    const float *data;
     tensor_dtype dt;
     uint64_t nbytes;
+    int permute_heads; /* > 0: q/k rows of this many heads to permute */
 } gguf_item;
+
+/* llama.cpp's LlamaModel.permute: rows (heads, 2, half, cols) -> (heads, half, 2, cols). */
+static void permute_rows(const float *in, float *out, int64_t rows, int64_t cols, int heads) {
+    int64_t half = rows / heads / 2;
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t i = 0; i < half; i++)
+            for (int j = 0; j < 2; j++)
+                memcpy(out + ((h * half + i) * 2 + j) * cols, in + ((h * 2 + j) * half + i) * cols,
+                       (size_t)cols * sizeof *out);
+}
+
+/* Llama 3's RoPE scaling as llama.cpp stores it: one divisor per frequency (the
+ * rope_freqs tensor), from config.json's rope_scaling. NULL when there is none. */
+static float *llama3_rope_factors(const hearth_model *m) {
+    const json_t *rs = json_object_get(m->config, "rope_scaling");
+    const char *type = json_string_value(json_object_get(rs, "rope_type"));
+    if (!type) type = json_string_value(json_object_get(rs, "type"));
+    if (!type || strcmp(type, "llama3")) return NULL;
+    const json_t *v;
+    double factor = json_is_number(v = json_object_get(rs, "factor")) ? json_number_value(v) : 8.0;
+    double lo = json_is_number(v = json_object_get(rs, "low_freq_factor")) ? json_number_value(v) : 1.0;
+    double hi = json_is_number(v = json_object_get(rs, "high_freq_factor")) ? json_number_value(v) : 4.0;
+    double old =
+        json_is_number(v = json_object_get(rs, "original_max_position_embeddings")) ? json_number_value(v) : 8192.0;
+    int dim = (int)m->sum.head_dim;
+    float *f = malloc((size_t)(dim / 2) * sizeof *f);
+    for (int i = 0; f && i < dim / 2; i++) {
+        float freq = 1.0f / powf((float)m->sum.rope_theta, (float)(2 * i) / (float)dim);
+        double wavelen = 2 * M_PI / freq;
+        if (wavelen < old / hi)
+            f[i] = 1.0f;
+        else if (wavelen > old / lo)
+            f[i] = (float)factor;
+        else {
+            double smooth = (old / wavelen - lo) / (hi - lo);
+            f[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
+    return f;
+}
 
 static hearth_status write_tensor(const hearth_model *m, const gguf_item *it, FILE *f, const char *fname,
                                   hearth_error *err) {
     float *w = NULL;
-    size_t n = 0;
-    hearth_status st = hearth_model_tensor_f32(m, it->src->name, &w, &n, err);
+    size_t n = it->src ? 0 : it->nbytes / sizeof(float);
+    const char *name = it->src ? it->src->name : "rope_freqs.weight";
+    hearth_status st = it->src ? hearth_model_tensor_f32(m, name, &w, &n, err) : HEARTH_OK;
+    const float *x = it->src ? w : it->data;
+    float *permuted = NULL;
+    if (!st && it->permute_heads) {
+        if (!(permuted = malloc(n * sizeof *permuted)))
+            st = err_set(err, HEARTH_ERR_NOMEM, "out of memory converting '%s'", name);
+        else
+            permute_rows(w, permuted, it->src->shape[0], it->src->shape[1], it->permute_heads);
+        x = permuted;
+    }
     void *out = st ? NULL : malloc(it->nbytes);
-    if (!st && !out) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory converting '%s'", it->src->name);
-    if (!st) st = ggml_quantize(it->dt, w, n, out, it->nbytes, err);
+    if (!st && !out) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory converting '%s'", name);
+    if (!st) st = ggml_quantize(it->dt, x, n, out, it->nbytes, err);
     if (!st && fwrite(out, 1, it->nbytes, f) != it->nbytes)
         st = err_set(err, HEARTH_ERR_IO, "%s: %s", fname, strerror(errno));
     if (!st) st = gguf_out_pad(f, it->nbytes, fname, err);
     hearth_free(w);
+    free(permuted);
     free(out);
     return st;
 }
 
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
 hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, tensor_dtype dt, hearth_error *err) {
     const char *arch = json_string_value(json_object_get(m->config, "model_type"));
-    if (!arch || strcmp(arch, "qwen3"))
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: GGUF output supports qwen3 so far, not '%s'", m->entry.path,
-                       arch ? arch : "?");
+    const gguf_family *fam = NULL;
+    for (size_t i = 0; arch && i < sizeof families / sizeof families[0]; i++)
+        if (!strcmp(arch, families[i].model_type)) fam = &families[i];
+    if (!fam)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: GGUF output supports qwen3 and llama so far, not '%s'",
+                       m->entry.path, arch ? arch : "?");
     gguf_out g;
     gguf_out_init(&g);
     put_hparams(&g, m, arch, dt);
-    hearth_status st = put_vocab(&g, m, "qwen2", err);
+    hearth_status st = put_vocab(&g, m, fam->pre, err);
     if (!st) put_specials(&g, m);
     gguf_item *items = calloc(m->st.n_tensors + 1, sizeof *items);
     size_t n_items = 0;
     if (!st && !items) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    float *rope = fam->permute_qk ? llama3_rope_factors(m) : NULL;
+    if (!st && rope) {
+        int64_t shape[1] = {m->sum.head_dim / 2};
+        uint64_t nb = gguf_out_tensor(&g, "rope_freqs.weight", DT_F32, 1, shape);
+        items[n_items++] = (gguf_item){.data = rope, .dt = DT_F32, .nbytes = nb};
+    }
     for (size_t i = 0; !st && i < m->st.n_tensors; i++) {
         const tensor_info *t = m->st.by_name[i];
         char name[256];
@@ -219,7 +295,11 @@ hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, 
             tensor_dtype want = t->ndim == 2 && t->shape[1] % tensor_dtype_block_elems(dt) == 0 ? dt : DT_F32;
             uint64_t nb = gguf_out_tensor(&g, name, want, t->ndim, t->shape);
             if (!nb) st = err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: tensor '%s' cannot be stored", t->file, t->name);
-            items[n_items++] = (gguf_item){t, want, nb};
+            int heads = !fam->permute_qk                                ? 0
+                        : ends_with(t->name, "self_attn.q_proj.weight") ? (int)m->sum.n_heads
+                        : ends_with(t->name, "self_attn.k_proj.weight") ? (int)m->sum.n_kv_heads
+                                                                        : 0;
+            items[n_items++] = (gguf_item){.src = t, .dt = want, .nbytes = nb, .permute_heads = heads};
         }
     }
     FILE *f = NULL;
@@ -227,10 +307,12 @@ hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, 
     if (!st) st = gguf_out_write_header(&g, f, o->out_dir, err);
     for (size_t i = 0; !st && i < n_items; i++) {
         st = write_tensor(m, &items[i], f, o->out_dir, err);
-        if (!st && o->progress) o->progress(o->user, i + 1, n_items, items[i].src->name);
+        if (!st && o->progress)
+            o->progress(o->user, i + 1, n_items, items[i].src ? items[i].src->name : "rope_freqs.weight");
     }
     if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
     if (st && f) remove(o->out_dir);
+    free(rope);
     free(items);
     gguf_out_free(&g);
     return st;

@@ -233,3 +233,18 @@ def test_kl_statistics_match_numpy(tmp_path, env):
     # the perplexity agrees with the saved log-probs at the next tokens
     nll = -np.take_along_axis(lq, tq[:, 1:].reshape(-1, 1), 1).mean()
     assert got["mean_loss"] == pytest.approx(nll, rel=1e-6)
+
+
+def test_perplexity_of_a_gguf_model(tmp_path, env):
+    """A GGUF model (the tiny qwen3 written as F32 GGUF by hearth convert) takes its EOS from
+    the GGUF vocabulary; its perplexity is mlx-lm's on the source folder."""
+    from mlx_lm.perplexity import eval_ppl
+
+    src = tiny("qwen3-f32")
+    rows = text_rows()
+    gguf_path = str(tmp_path / "qwen3.gguf")
+    hearth("convert", src, "--out", gguf_path, "--outtype", "f32", env=env)
+    model, data = mlx_rows(src, rows)
+    want_ppl, _ = eval_ppl(model, data, batch_size=8)
+    got = run_ppl(gguf_path, write_rows(tmp_path / "data.jsonl", rows), env=env)
+    assert abs(got["perplexity"] - want_ppl) <= 1e-4 * want_ppl

@@ -10,6 +10,7 @@
 #include "io/safetensors_write.h"
 #include <dirent.h>
 #include <errno.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,6 +207,11 @@ static int gguf_type_parse(const char *name, tensor_dtype *out) {
     return 0;
 }
 
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
 hearth_status hearth_convert(const char *model, const hearth_convert_options *o, hearth_error *err) {
     hearth_status st = check_options(o, err);
     if (st) return st;
@@ -228,6 +234,7 @@ hearth_status hearth_convert(const char *model, const hearth_convert_options *o,
         return st;
     } else if (mkdir(o->out_dir, 0755))
         st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
+    int made = !st;
     char *weights = st ? NULL : path_join(o->out_dir, "model.safetensors");
     uint64_t total = 0;
     if (!st) st = write_weights(m, o, weights, &total, err);
@@ -256,6 +263,8 @@ hearth_status hearth_convert(const char *model, const hearth_convert_options *o,
         json_decref(index);
     }
     if (!st) st = copy_side_files(m->entry.path, o->out_dir, err);
+    /* a failed conversion leaves no half-written folder behind (it did not exist before) */
+    if (st && made) nftw(o->out_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
     free(weights);
     hearth_model_close(m);
     return st;

@@ -8,6 +8,7 @@ must say the same thing. Then hearth loads both outputs and computes the same lo
 import glob
 import json
 import os
+import shutil
 import subprocess
 
 import numpy as np
@@ -105,6 +106,13 @@ def test_convert_bad_input(tmp_path):
         p = hearth("convert", src, *args, check=False)
         msg = p.stderr.decode()
         assert p.returncode == 1 and msg.startswith("hearth: ") and needle in msg, (args, msg)
+    # a side file that cannot be read fails the conversion and leaves no half-written folder
+    broken = tmp_path / "broken"
+    shutil.copytree(src, broken)
+    (broken / "zz.json").symlink_to(tmp_path / "nowhere")
+    p = hearth("convert", str(broken), "--out", str(tmp_path / "e"), "-q", check=False)
+    assert p.returncode == 1 and p.stderr.decode().startswith("hearth: ") and "zz.json" in p.stderr.decode()
+    assert not (tmp_path / "e").exists()
     gguf = sorted(glob.glob(os.path.join(CACHE, "models", "*.gguf")))
     assert gguf, f"real GGUF models missing in {CACHE}/models: run tools/get_models.sh"
     p = hearth("convert", gguf[0], "--out", str(tmp_path / "d"), check=False)

@@ -443,6 +443,9 @@ typedef struct hearth_convert_options {
     int quantize;        /* 1: MLX affine; 0: copy the float weights */
     int bits;            /* 2, 3, 4, 5, 6 or 8 */
     int group_size;      /* 32, 64 or 128 */
+    /* NULL, or one of mlx_lm.convert's --quant-predicate recipes (mixed_2_6, mixed_3_4,
+     * mixed_3_6, mixed_4_6): per-module widths, each recorded in config.json */
+    const char *quant_recipe;
     /* NULL: the MLX folder above. Else out_dir is one GGUF file, 2-D weights in this type
      * (llama.cpp's names: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1; bytes as the gguf
      * package's quantizers), the rest F32; qwen3 and llama models so far. */

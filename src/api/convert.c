@@ -18,7 +18,7 @@
 
 typedef struct convert_item {
     const tensor_info *src;
-    int quantize; /* 1: three outputs (weight, scales, biases) */
+    int bits; /* > 0: quantized to this width (three outputs: weight, scales, biases) */
 } convert_item;
 
 static int ends_with(const char *s, const char *suffix) {
@@ -26,11 +26,39 @@ static int ends_with(const char *s, const char *suffix) {
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
-/* mlx-lm quantizes the modules that have to_quantized (Linear, Embedding: the 2-D
- * ".weight" tensors of these families) whose input width is a multiple of the group. */
-static int quantizable(const tensor_info *t, const hearth_convert_options *o) {
-    return o->quantize && t->ndim == 2 && ends_with(t->name, ".weight") && t->shape[1] % o->group_size == 0 &&
-           (t->shape[1] * o->bits) % 32 == 0;
+/* mlx_lm.convert's --quant-predicate recipes: low bits everywhere, high bits for lm_head
+ * and for v_proj / down_proj in the first and last eighth of the layers and every third
+ * layer between (mixed_quant_predicate_builder, after llama.cpp's Q4_K_M choices). */
+static const struct {
+    const char *name;
+    int low, high;
+} recipes[] = {{"mixed_2_6", 2, 6}, {"mixed_3_4", 3, 4}, {"mixed_3_6", 3, 6}, {"mixed_4_6", 4, 6}};
+
+static int recipe_index(const char *name) {
+    for (int i = 0; name && i < (int)(sizeof recipes / sizeof recipes[0]); i++)
+        if (!strcmp(recipes[i].name, name)) return i;
+    return -1;
+}
+
+static int recipe_bits(const hearth_model *m, const char *name, int recipe) {
+    int layer = 0, n = (int)m->sum.n_layers;
+    if (sscanf(name, "model.layers.%d.", &layer) != 1) layer = 0;
+    int third = ((layer - n / 8) % 3 + 3) % 3; /* Python's modulo: never negative */
+    int more = layer < n / 8 || layer >= 7 * n / 8 || third == 2;
+    if (more && (strstr(name, "v_proj") || strstr(name, "v_a_proj") || strstr(name, "v_b_proj")))
+        return recipes[recipe].high;
+    if (more && strstr(name, "down_proj")) return recipes[recipe].high;
+    if (strstr(name, "lm_head")) return recipes[recipe].high;
+    return recipes[recipe].low;
+}
+
+/* The width the module of weight t is quantized to, 0 to keep it float. mlx-lm quantizes
+ * the modules that have to_quantized (Linear, Embedding: the 2-D ".weight" tensors of these
+ * families) whose input width is a multiple of the group. */
+static int module_bits(const hearth_model *m, const tensor_info *t, const hearth_convert_options *o) {
+    if (!o->quantize || t->ndim != 2 || !ends_with(t->name, ".weight") || t->shape[1] % o->group_size) return 0;
+    int r = recipe_index(o->quant_recipe), bits = r >= 0 ? recipe_bits(m, t->name, r) : o->bits;
+    return (t->shape[1] * bits) % 32 == 0 ? bits : 0;
 }
 
 int convert_dropped(const hearth_model *m, const tensor_info *t) {
@@ -55,20 +83,20 @@ static hearth_status write_values(FILE *f, const float *v, size_t n, tensor_dtyp
     return st;
 }
 
-static hearth_status write_quantized(const hearth_model *m, const tensor_info *t, const hearth_convert_options *o,
-                                     FILE *f, const char *fname, hearth_error *err) {
+static hearth_status write_quantized(const hearth_model *m, const tensor_info *t, int bits,
+                                     const hearth_convert_options *o, FILE *f, const char *fname, hearth_error *err) {
     float *w = NULL;
     size_t n = 0;
     hearth_status st = hearth_model_tensor_f32(m, t->name, &w, &n, err);
     if (st) return st;
     int64_t rows = t->shape[0], cols = t->shape[1], groups = cols / o->group_size;
-    size_t packed_bytes = (size_t)rows * (size_t)cols * (size_t)o->bits / 8, ng = (size_t)rows * (size_t)groups;
+    size_t packed_bytes = (size_t)rows * (size_t)cols * (size_t)bits / 8, ng = (size_t)rows * (size_t)groups;
     uint8_t *packed = malloc(packed_bytes);
     float *sb = malloc(2 * ng * sizeof *sb);
     if (!packed || !sb)
         st = err_set(err, HEARTH_ERR_NOMEM, "out of memory quantizing '%s'", t->name);
     else {
-        mlxq_quantize(w, rows, cols, o->bits, o->group_size, packed, sb, sb + ng);
+        mlxq_quantize(w, rows, cols, bits, o->group_size, packed, sb, sb + ng);
         if (!(st = write_all(f, packed, packed_bytes, fname, err)) &&
             !(st = write_values(f, sb, ng, t->dtype, fname, err)))
             st = write_values(f, sb + ng, ng, t->dtype, fname, err);
@@ -96,11 +124,11 @@ static hearth_status plan_outputs(const hearth_model *m, const hearth_convert_op
         if (t->dtype != DT_F32 && t->dtype != DT_F16 && t->dtype != DT_BF16)
             return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; convert reads float tensors", t->file,
                            t->name, tensor_dtype_name(t->dtype));
-        int q = quantizable(t, o);
-        items[(*n_items)++] = (convert_item){t, q};
-        if (q) {
+        int bits = module_bits(m, t, o);
+        items[(*n_items)++] = (convert_item){t, bits};
+        if (bits) {
             int64_t rows = t->shape[0], cols = t->shape[1];
-            outs[(*n_outs)++] = out_tensor(t->name, ".weight", DT_U32, rows, cols * o->bits / 32);
+            outs[(*n_outs)++] = out_tensor(t->name, ".weight", DT_U32, rows, cols * bits / 32);
             outs[(*n_outs)++] = out_tensor(t->name, ".scales", t->dtype, rows, cols / o->group_size);
             outs[(*n_outs)++] = out_tensor(t->name, ".biases", t->dtype, rows, cols / o->group_size);
         } else {
@@ -125,7 +153,8 @@ static hearth_status write_weights(const hearth_model *m, const hearth_convert_o
     if (!st) st = st_write_header(f, fname, outs, n_outs, total, err);
     for (size_t i = 0; !st && i < n_items; i++) {
         const tensor_info *t = items[i].src;
-        st = items[i].quantize ? write_quantized(m, t, o, f, fname, err) : write_all(f, t->data, t->nbytes, fname, err);
+        st = items[i].bits ? write_quantized(m, t, items[i].bits, o, f, fname, err)
+                           : write_all(f, t->data, t->nbytes, fname, err);
         if (!st && o->progress) o->progress(o->user, i + 1, n_items, t->name);
     }
     if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: %s", fname, strerror(errno));
@@ -185,6 +214,10 @@ static hearth_status check_options(const hearth_convert_options *o, hearth_error
     if (!o || !o->out_dir || !o->out_dir[0]) return err_set(err, HEARTH_ERR_INVALID, "convert: no output folder");
     if (o->quantize && o->bits != 2 && o->bits != 3 && o->bits != 4 && o->bits != 5 && o->bits != 6 && o->bits != 8)
         return err_set(err, HEARTH_ERR_INVALID, "convert: --q-bits %d: MLX affine takes 2, 3, 4, 5, 6 or 8", o->bits);
+    if (o->quant_recipe && (!o->quantize || recipe_index(o->quant_recipe) < 0))
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "convert: --quant-predicate %s: with -q, one of mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6",
+                       o->quant_recipe);
     if (o->quantize && o->group_size != 32 && o->group_size != 64 && o->group_size != 128)
         return err_set(err, HEARTH_ERR_INVALID, "convert: --q-group-size %d: MLX affine takes 32, 64 or 128",
                        o->group_size);
@@ -244,6 +277,16 @@ hearth_status hearth_convert(const char *model, const hearth_convert_options *o,
     if (config && gen_eos && !json_is_false(gen_eos)) json_object_set(config, "eos_token_id", gen_eos);
     if (config && o->quantize) {
         json_t *q = json_pack("{s:i, s:i, s:s}", "group_size", o->group_size, "bits", o->bits, "mode", "affine");
+        /* a recipe names every quantized module with its own parameters, as mlx-lm records them */
+        for (size_t i = 0; recipe_index(o->quant_recipe) >= 0 && i < m->st.n_tensors; i++) {
+            const tensor_info *t = m->st.by_name[i];
+            int bits = convert_dropped(m, t) ? 0 : module_bits(m, t, o);
+            if (!bits) continue;
+            char path[512];
+            snprintf(path, sizeof path, "%.*s", (int)(strlen(t->name) - strlen(".weight")), t->name);
+            json_object_set_new(
+                q, path, json_pack("{s:i, s:i, s:s}", "group_size", o->group_size, "bits", bits, "mode", "affine"));
+        }
         json_object_set(config, "quantization", q);
         json_object_set_new(config, "quantization_config", q);
     }

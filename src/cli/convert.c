@@ -8,6 +8,7 @@
 
 static const char *convert_usage =
     "hearth convert <model> --out <dir> [-q|--quantize] [--q-bits 4] [--q-group-size 64]\n"
+    "       [--quant-predicate mixed_2_6|mixed_3_4|mixed_3_6|mixed_4_6]\n"
     "       hearth convert <model> --out <file.gguf> --outtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1";
 
 static void on_progress(void *user, size_t done, size_t total, const char *tensor) {
@@ -30,7 +31,7 @@ int cli_convert(int argc, char **argv) {
             continue;
         }
         int *num = !strcmp(a, "--q-bits") ? &o.bits : !strcmp(a, "--q-group-size") ? &o.group_size : NULL;
-        if ((num || !strcmp(a, "--out") || !strcmp(a, "--outtype")) && !v)
+        if ((num || !strcmp(a, "--out") || !strcmp(a, "--outtype") || !strcmp(a, "--quant-predicate")) && !v)
             return cli_usage_error(convert_usage, "flag '%s' needs a value", a);
         if (num) {
             char *end;
@@ -42,6 +43,8 @@ int cli_convert(int argc, char **argv) {
             o.out_dir = argv[++i];
         else if (!strcmp(a, "--outtype"))
             o.gguf_type = argv[++i];
+        else if (!strcmp(a, "--quant-predicate"))
+            o.quant_recipe = argv[++i];
         else if (a[0] == '-')
             return cli_usage_error(convert_usage, "unknown flag '%s'", a);
         else if (!model)

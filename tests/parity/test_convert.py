@@ -48,24 +48,19 @@ def tensors(folder):
     return out
 
 
-def mlx_convert(src, dst, bits, group):
+def mlx_convert(src, dst, bits, group, recipe=None):
     import contextlib
     import io
 
     from mlx_lm.convert import convert
 
     with contextlib.redirect_stdout(io.StringIO()):  # its [INFO] lines
-        convert(src, str(dst), quantize=True, q_bits=bits, q_group_size=group)
+        convert(src, str(dst), quantize=True, q_bits=bits, q_group_size=group, quant_predicate=recipe)
 
 
-@pytest.mark.parametrize("name,bits,group", CASES, ids=[f"{n}-q{b}g{g}" for n, b, g in CASES])
-def test_convert_matches_mlx_lm(name, bits, group, tmp_path):
+def assert_same_output(src, mine, theirs):
     import mlx.core as mx
 
-    src = tiny(name)
-    mine, theirs = tmp_path / "hearth", tmp_path / "mlx"
-    hearth("convert", src, "--out", str(mine), "-q", "--q-bits", str(bits), "--q-group-size", str(group))
-    mlx_convert(src, theirs, bits, group)
     a, b = tensors(mine), tensors(theirs)
     assert sorted(a) == sorted(b)
     assert any(k.endswith(".scales") for k in b)
@@ -80,6 +75,31 @@ def test_convert_matches_mlx_lm(name, bits, group, tmp_path):
     t1 = hearth("trace", str(mine), "--ids", ids, "--steps", "4").stdout
     t2 = hearth("trace", str(theirs), "--ids", ids, "--steps", "4").stdout
     assert t1 == t2 and json.loads(t1)["steps"]
+
+
+@pytest.mark.parametrize("name,bits,group", CASES, ids=[f"{n}-q{b}g{g}" for n, b, g in CASES])
+def test_convert_matches_mlx_lm(name, bits, group, tmp_path):
+    src = tiny(name)
+    mine, theirs = tmp_path / "hearth", tmp_path / "mlx"
+    hearth("convert", src, "--out", str(mine), "-q", "--q-bits", str(bits), "--q-group-size", str(group))
+    mlx_convert(src, theirs, bits, group)
+    assert_same_output(src, mine, theirs)
+
+
+RECIPES = [(f"{fam}-f32", "mixed_4_6") for fam in ("llama", "qwen3", "gemma3")] + [("qwen3-f32", "mixed_3_6"),
+                                                                                    ("llama-f32", "mixed_2_6")]
+
+
+@pytest.mark.parametrize("name,recipe", RECIPES, ids=[f"{n}-{r}" for n, r in RECIPES])
+def test_convert_recipe_matches_mlx_lm(name, recipe, tmp_path):
+    """mlx_lm.convert's --quant-predicate recipes: per-module widths and their config entries."""
+    src = tiny(name)
+    mine, theirs = tmp_path / "hearth", tmp_path / "mlx"
+    hearth("convert", src, "--out", str(mine), "-q", "--q-group-size", "64", "--quant-predicate", recipe)
+    mlx_convert(src, theirs, 4, 64, recipe)
+    assert_same_output(src, mine, theirs)
+    widths = {v["bits"] for k, v in json.load(open(mine / "config.json"))["quantization"].items() if isinstance(v, dict)}
+    assert len(widths) == 2  # both of the recipe's widths are used
 
 
 def test_convert_float_copy(tmp_path):
@@ -99,6 +119,7 @@ def test_convert_bad_input(tmp_path):
         (["--out", str(tmp_path / "exists")], "already exists"),
         (["--out", str(tmp_path / "b"), "-q", "--q-bits", "7"], "--q-bits 7"),
         (["--out", str(tmp_path / "c"), "-q", "--q-group-size", "48"], "--q-group-size 48"),
+        (["--out", str(tmp_path / "f"), "-q", "--quant-predicate", "mixed_5_7"], "--quant-predicate mixed_5_7"),
     ]
     p = hearth("convert", tiny("llama-q4g64"), "--out", str(tmp_path / "a"), check=False)
     assert p.returncode == 1 and "already quantized" in p.stderr.decode()

@@ -446,6 +446,10 @@ typedef struct hearth_convert_options {
     /* NULL, or one of mlx_lm.convert's --quant-predicate recipes (mixed_2_6, mixed_3_4,
      * mixed_3_6, mixed_4_6): per-module widths, each recorded in config.json */
     const char *quant_recipe;
+    /* NULL, or (with quantize, no recipe) each module's width by its path, e.g.
+     * "model.layers.3.mlp.down_proj" (0: keep it float); recorded in config.json */
+    int (*choose_bits)(void *choose_user, const char *module);
+    void *choose_user;
     /* NULL: the MLX folder above. Else out_dir is one GGUF file, 2-D weights in this type
      * (llama.cpp's names: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1; bytes as the gguf
      * package's quantizers), the rest F32; qwen3 and llama models so far. */

@@ -57,8 +57,15 @@ static int recipe_bits(const hearth_model *m, const char *name, int recipe) {
  * families) whose input width is a multiple of the group. */
 static int module_bits(const hearth_model *m, const tensor_info *t, const hearth_convert_options *o) {
     if (!o->quantize || t->ndim != 2 || !ends_with(t->name, ".weight") || t->shape[1] % o->group_size) return 0;
-    int r = recipe_index(o->quant_recipe), bits = r >= 0 ? recipe_bits(m, t->name, r) : o->bits;
-    return (t->shape[1] * bits) % 32 == 0 ? bits : 0;
+    int r = recipe_index(o->quant_recipe), bits = o->bits;
+    if (r >= 0)
+        bits = recipe_bits(m, t->name, r);
+    else if (o->choose_bits) {
+        char path[512];
+        snprintf(path, sizeof path, "%.*s", (int)(strlen(t->name) - strlen(".weight")), t->name);
+        bits = o->choose_bits(o->choose_user, path);
+    }
+    return bits > 0 && (t->shape[1] * bits) % 32 == 0 ? bits : 0;
 }
 
 int convert_dropped(const hearth_model *m, const tensor_info *t) {
@@ -277,8 +284,9 @@ hearth_status hearth_convert(const char *model, const hearth_convert_options *o,
     if (config && gen_eos && !json_is_false(gen_eos)) json_object_set(config, "eos_token_id", gen_eos);
     if (config && o->quantize) {
         json_t *q = json_pack("{s:i, s:i, s:s}", "group_size", o->group_size, "bits", o->bits, "mode", "affine");
-        /* a recipe names every quantized module with its own parameters, as mlx-lm records them */
-        for (size_t i = 0; recipe_index(o->quant_recipe) >= 0 && i < m->st.n_tensors; i++) {
+        /* a recipe or a chooser names every quantized module with its own parameters, as
+           mlx-lm records them */
+        for (size_t i = 0; (recipe_index(o->quant_recipe) >= 0 || o->choose_bits) && i < m->st.n_tensors; i++) {
             const tensor_info *t = m->st.by_name[i];
             int bits = convert_dropped(m, t) ? 0 : module_bits(m, t, o);
             if (!bits) continue;

@@ -3,7 +3,7 @@
  * cross-entropy, perplexity with its standard error) and, with --kl-divergence,
  * llama-perplexity's statistics against a reference model's log-probabilities saved to a
  * file. A consumer of hearth.h only; each run is recorded in the evals database. */
-#include "cli/cli.h"
+#include "cli/ppl.h"
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -69,17 +69,7 @@ static void numpy_permutation(uint32_t seed, size_t n, size_t *perm) {
 
 /* ---- the dataset: mlx_lm.tuner.datasets' three jsonl shapes, or one text row a line ---- */
 
-typedef enum { ROWS_TEXT, ROWS_CHAT, ROWS_COMPLETION } rows_kind;
-
-typedef struct dataset {
-    const char *path;
-    char **lines; /* one row each (a JSON object for .jsonl, the text for .txt) */
-    size_t n;
-    int jsonl;
-    rows_kind kind; /* from the first row, as create_dataset decides */
-} dataset;
-
-static int dataset_load(const char *path, char *buf, dataset *d) {
+int ppl_dataset_load(const char *path, char *buf, dataset *d) {
     size_t len = strlen(path);
     d->path = path;
     d->jsonl = len >= 6 && !strcmp(path + len - 6, ".jsonl");
@@ -199,7 +189,7 @@ static int dataset_row_tokens(const hearth_model *m, const dataset *d, size_t r,
 
 /* load_data: rows in the seeded order, concatenated until num_samples x L tokens (or all of
  * them), cut to whole rows of L. *out: rows x L tokens. */
-static int load_tokens(const hearth_model *m, const dataset *d, int seed, int num_samples, int L, int32_t **out,
+int ppl_load_tokens(const hearth_model *m, const dataset *d, int seed, int num_samples, int L, int32_t **out,
                        size_t *rows) {
     /* the tokenizer's eos_token: tokenizer_config.json's, or the GGUF vocabulary's */
     char *info = hearth_model_info_json(m);
@@ -254,23 +244,6 @@ static int load_tokens(const hearth_model *m, const dataset *d, int seed, int nu
 /* The reference log-probabilities file: a header naming the tokens it was computed on,
  * then float32 log-softmax rows, one per scored position (rows x (L-1) x vocab). */
 static const char LOGITS_MAGIC[8] = {'H', 'R', 'T', 'H', 'L', 'P', '0', '1'};
-
-typedef struct kl_stats {
-    double *kl; /* per scored position */
-    size_t same_top, n;
-} kl_stats;
-
-typedef struct score_run {
-    const int32_t *tokens;
-    size_t rows;
-    int L;
-    FILE *save; /* write this model's log-probs here */
-    FILE *ref;  /* compare with these (KL, top-1) */
-    const char *save_path, *ref_path;
-    double *loss; /* per scored position */
-    kl_stats kl;
-    double seconds;
-} score_run;
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -392,7 +365,7 @@ static int score_model(hearth_engine *e, score_run *r) {
 }
 
 /* mean and its standard error (the sample standard deviation, ddof=1, over sqrt(n)) */
-static void mean_se(const double *x, size_t n, double *mean, double *se) {
+void ppl_mean_se(const double *x, size_t n, double *mean, double *se) {
     double s = 0, ss = 0;
     for (size_t i = 0; i < n; i++) s += x[i];
     *mean = s / (double)n;
@@ -409,7 +382,7 @@ static double percentile(const double *sorted, size_t n, double q) {
 
 static json_t *kl_report(kl_stats *k) {
     double mean, se;
-    mean_se(k->kl, k->n, &mean, &se);
+    ppl_mean_se(k->kl, k->n, &mean, &se);
     qsort(k->kl, k->n, sizeof *k->kl, cmp_double);
     double top = (double)k->same_top / (double)k->n;
     return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "mean", mean, "standard_error", se, "median",
@@ -419,7 +392,7 @@ static json_t *kl_report(kl_stats *k) {
 }
 
 /* Opens `name`, builds an engine for rows of L tokens and scores it. */
-static int run_model(const char *name, hearth_engine_options eo, score_run *r) {
+int ppl_run_model(const char *name, hearth_engine_options eo, score_run *r) {
     hearth_model *m;
     if (cli_open_model(name, &m)) return 1;
     hearth_engine *e = NULL;
@@ -540,7 +513,7 @@ static int run_reference(const ppl_args *a, score_run *r, char *tmp_path, const 
     }
     ref.save_path = *ref_path;
     if (!(ref.save = open_logits(*ref_path, "wb"))) return 1;
-    int rc = run_model(a->reference, a->eo, &ref);
+    int rc = ppl_run_model(a->reference, a->eo, &ref);
     rc |= close_logits(ref.save, *ref_path);
     free(ref.loss);
     return rc;
@@ -562,8 +535,8 @@ int cli_perplexity(int argc, char **argv) {
     int32_t *tokens = NULL;
     char *model_path = NULL, tmp_path[] = "/tmp/hearth-reference-XXXXXX";
     const char *ref_path = NULL;
-    rc = dataset_load(a.data, buf, &d) || cli_open_model(a.model, &m) ||
-         load_tokens(m, &d, a.seed, a.num_samples, a.L, &tokens, &r.rows);
+    rc = ppl_dataset_load(a.data, buf, &d) || cli_open_model(a.model, &m) ||
+         ppl_load_tokens(m, &d, a.seed, a.num_samples, a.L, &tokens, &r.rows);
     if (m) model_path = strdup(hearth_model_path(m));
     hearth_model_close(m);
     r.tokens = tokens;
@@ -575,14 +548,14 @@ int cli_perplexity(int argc, char **argv) {
     r.ref_path = ref_path;
     r.save_path = a.save;
     if (!rc && a.save && !(r.save = open_logits(a.save, "wb"))) rc = 1;
-    if (!rc) rc = run_model(a.model, a.eo, &r);
+    if (!rc) rc = ppl_run_model(a.model, a.eo, &r);
     rc |= close_logits(r.save, a.save);
     if (r.ref) fclose(r.ref);
     if (ref_path == tmp_path) unlink(tmp_path);
     if (!rc) {
         size_t n = r.rows * (size_t)(a.L - 1);
         double mean, se;
-        mean_se(r.loss, n, &mean, &se);
+        ppl_mean_se(r.loss, n, &mean, &se);
         double ppl = exp(mean), tok_s = (double)n / r.seconds;
         json_t *rep = json_pack("{s:s, s:f, s:f, s:f, s:I, s:I, s:i, s:f, s:f}", "model", model_path, "perplexity", ppl,
                                 "standard_error", ppl * se, "mean_loss", mean, "rows", (json_int_t)r.rows, "tokens",

@@ -131,6 +131,10 @@ static hearth_status plan_outputs(const hearth_model *m, const hearth_convert_op
         if (t->dtype != DT_F32 && t->dtype != DT_F16 && t->dtype != DT_BF16)
             return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; convert reads float tensors", t->file,
                            t->name, tensor_dtype_name(t->dtype));
+        if (o->quantize && t->ndim == 3 && ends_with(t->name, ".weight"))
+            return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                           "%s: tensor '%s' is a stack of expert weights; quantizing MoE models is not done yet",
+                           t->file, t->name);
         int bits = module_bits(m, t, o);
         items[(*n_items)++] = (convert_item){t, bits};
         if (bits) {

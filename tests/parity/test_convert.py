@@ -134,6 +134,19 @@ def test_convert_bad_input(tmp_path):
     p = hearth("convert", str(broken), "--out", str(tmp_path / "e"), "-q", check=False)
     assert p.returncode == 1 and p.stderr.decode().startswith("hearth: ") and "zz.json" in p.stderr.decode()
     assert not (tmp_path / "e").exists()
+    # stacked expert weights (MoE) are refused, not left float where mlx-lm would quantize them
+    import mlx.core as mx
+
+    moe = tmp_path / "moe"
+    shutil.copytree(src, moe)
+    weights = mx.load(str(moe / "model.safetensors"))
+    weights["model.layers.0.mlp.switch_mlp.up_proj.weight"] = mx.zeros((4, 128, 64))
+    mx.save_safetensors(str(moe / "model.safetensors"), weights)
+    index = json.load(open(moe / "model.safetensors.index.json"))
+    index["weight_map"] = {k: "model.safetensors" for k in weights}
+    json.dump(index, open(moe / "model.safetensors.index.json", "w"))
+    p = hearth("convert", str(moe), "--out", str(tmp_path / "h"), "-q", check=False)
+    assert p.returncode == 1 and "expert weights" in p.stderr.decode() and not (tmp_path / "h").exists()
     calib = tmp_path / "calib.jsonl"
     calib.write_text('{"text": "a few words"}\n' * 40)
     p = hearth("convert", src, "--out", str(tmp_path / "g"), "-q", "--target-bpw", "4", "--candidate-bits", "4,8",

@@ -476,6 +476,34 @@ hearth_status hearth_evals_json(char **out_json, hearth_error *err);
  * 2026-12-04T22:10:00Z", "probe 2026-...", "probe now (recorded in the evals db)". */
 hearth_status hearth_machine_bandwidth(double *gbs, char *source, size_t cap, hearth_error *err);
 
+/* ---- convert ----------------------------------------------------------------
+ * A float safetensors model folder (F32/F16/BF16) to a new MLX folder: with quantize, every
+ * Linear/Embedding weight whose input width is a multiple of group_size becomes MLX affine
+ * (weight/scales/biases bit-identical to mlx_lm.convert -q), the rest is copied; config.json
+ * gets its "quantization" section; tokenizer, chat template and other side files are
+ * copied. Streams one tensor at a time (memory: the largest tensor, about 3x). */
+typedef struct hearth_convert_options {
+    const char *out_dir; /* must not exist yet */
+    int quantize;        /* 1: MLX affine; 0: copy the float weights */
+    int bits;            /* 2, 3, 4, 5, 6 or 8 */
+    int group_size;      /* 32, 64 or 128 */
+    /* NULL, or one of mlx_lm.convert's --quant-predicate recipes (mixed_2_6, mixed_3_4,
+     * mixed_3_6, mixed_4_6): per-module widths, each recorded in config.json */
+    const char *quant_recipe;
+    /* NULL, or (with quantize, no recipe) each module's width by its path, e.g.
+     * "model.layers.3.mlp.down_proj" (0: keep it float); recorded in config.json */
+    int (*choose_bits)(void *choose_user, const char *module);
+    void *choose_user;
+    /* NULL: the MLX folder above. Else out_dir is one GGUF file, 2-D weights in this type
+     * (llama.cpp's names: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1; bytes as the gguf
+     * package's quantizers), the rest F32; qwen3 and llama models so far. */
+    const char *gguf_type;
+    /* called after each input tensor is written (NULL: no progress) */
+    void (*progress)(void *user, size_t done, size_t total, const char *tensor);
+    void *user;
+} hearth_convert_options;
+hearth_status hearth_convert(const char *model, const hearth_convert_options *o, hearth_error *err);
+
 /* ---- embeddings ------------------------------------------------------------
  * An embedder turns inputs into vectors: BERT-family encoders (the pooling and
  * normalization their sentence-transformers files ask for; mean + L2 when they have

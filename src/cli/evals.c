@@ -1,6 +1,6 @@
 /* evals.c: `hearth evals [--json]`: the runs recorded in the evals database
  * ($HEARTH_CACHE/evals.sqlite): fit predictions (hearth fit --record), fit checks
- * (predicted vs measured peak) and benchmarks. Reads only. */
+ * (predicted vs measured peak), benchmarks and perplexity runs. Reads only. */
 #include "cli/cli.h"
 #include <jansson.h>
 #include <stdio.h>
@@ -73,9 +73,9 @@ int cli_evals(int argc, char **argv) {
     json_t *arr = json_loads(j, 0, NULL);
     hearth_free(j);
     if (!json_array_size(arr))
-        printf("no runs recorded yet (hearth fit --record, hearth bench, the fit test)\n");
+        printf("no runs recorded yet (hearth fit --record, hearth bench, hearth perplexity, the fit test)\n");
     else
-        printf("%5s %-20s %-9s %7s %12s %12s %7s %9s  %s\n", "ID", "TIME", "KIND", "CONTEXT", "PREDICT MiB",
+        printf("%5s %-20s %-10s %7s %12s %12s %7s %9s  %s\n", "ID", "TIME", "KIND", "CONTEXT", "PREDICT MiB",
                "MEASURE MiB", "ERROR", "TOK/S", "MODEL");
     size_t i;
     const json_t *r;
@@ -90,11 +90,15 @@ int cli_evals(int argc, char **argv) {
                          (double)json_integer_value(mv));
         if (json_is_number(json_object_get(r, "tok_s")))
             snprintf(t, sizeof t, "%.1f", json_number_value(json_object_get(r, "tok_s")));
-        printf("%5lld %-20s %-9s %7lld %12s %12s %7s %9s  %s\n",
+        printf("%5lld %-20s %-10s %7lld %12s %12s %7s %9s  %s\n",
                (long long)json_integer_value(json_object_get(r, "id")), json_string_value(json_object_get(r, "time")),
                json_string_value(json_object_get(r, "kind")),
                (long long)json_integer_value(json_object_get(r, "context")), p, m, e, t,
                json_string_value(json_object_get(r, "model")));
+        const json_t *ppl = json_object_get(json_object_get(r, "details"), "perplexity");
+        if (json_is_number(ppl)) /* hearth perplexity: its result under the row */
+            printf("      perplexity %.3f \u00b1 %.3f\n", json_number_value(ppl),
+                   json_number_value(json_object_get(json_object_get(r, "details"), "standard_error")));
     }
     json_decref(arr);
     return 0;

@@ -1,10 +1,11 @@
 /* mlx_quant.c: MLX affine quantization: reads the quantization section of config.json
- * the way mlx-lm's load_model does, and dequantizes packed uint32 weights bit-exactly
- * against mx.dequantize. Reference code for loaders and tests; the fast matmul kernels
+ * the way mlx-lm's load_model does, dequantizes packed uint32 weights bit-exactly
+ * against mx.dequantize and quantizes float rows bit-exactly as mx.quantize (convert). Reference code for loaders and tests; the fast matmul kernels
  * live in backend/ and must agree with mlxq_dequantize. */
 #include "io/mlx_quant.h"
 #include "base/err.h"
 #include "base/half.h"
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -319,4 +320,44 @@ hearth_status mlxq_dequantize(const tensor_info *w, const tensor_info *scales, c
         }
     }
     return HEARTH_OK;
+}
+
+/* mlx's affine_quantize, op for op in float32 whatever the weight's dtype (mlx 0.32
+ * rounds only the scales and biases it returns, to that dtype): the scale spans the
+ * group's range over 2^bits - 1 steps, signed so that the larger-magnitude edge maps
+ * exactly to a code (q0), then refit so that edge is hit exactly; the bias is that edge. */
+void mlxq_quantize(const float *w, int64_t rows, int64_t cols, int bits, int group_size, uint8_t *packed,
+                   float *scales, float *biases) {
+    const float n_bins = (float)((1 << bits) - 1), eps = 1e-7f;
+    int64_t groups = cols / group_size;
+    size_t row_bytes = (size_t)cols * (size_t)bits / 8;
+    memset(packed, 0, (size_t)rows * row_bytes);
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *out = packed + (size_t)r * row_bytes;
+        for (int64_t g = 0; g < groups; g++) {
+            const float *x = w + r * cols + g * group_size;
+            float hi = x[0], lo = x[0];
+            for (int j = 1; j < group_size; j++) {
+                hi = x[j] > hi ? x[j] : hi;
+                lo = x[j] < lo ? x[j] : lo;
+            }
+            int low_edge = fabsf(lo) > fabsf(hi);
+            float scale = (hi - lo) / n_bins;
+            scale = scale > eps ? scale : eps;
+            if (!low_edge) scale = -scale;
+            float edge = low_edge ? lo : hi, q0 = rintf(edge / scale);
+            if (q0 != 0) scale = edge / q0;
+            float bias = q0 == 0 ? 0.0f : edge;
+            scales[r * groups + g] = scale;
+            biases[r * groups + g] = bias;
+            for (int j = 0; j < group_size; j++) {
+                float q = rintf((x[j] - bias) / scale);
+                unsigned code = q < 0 ? 0u : q > n_bins ? (unsigned)n_bins : (unsigned)q;
+                size_t bit = (size_t)(g * group_size + j) * (size_t)bits;
+                unsigned v = code << (bit & 7); /* spans at most two bytes for bits <= 8 */
+                out[bit >> 3] |= (uint8_t)v;
+                if (v >> 8) out[(bit >> 3) + 1] |= (uint8_t)(v >> 8);
+            }
+        }
+    }
 }

@@ -1,7 +1,7 @@
 /* mlx_quant.h: MLX affine quantization: the config ("quantization" or
  * "quantization_config" in config.json, bits 2/3/4/6/8, group_size 32/64/128,
- * per-layer overrides) and dequantization of weight/scales/biases triples, bit-exact
- * against mx.dequantize. */
+ * per-layer overrides), dequantization of weight/scales/biases triples and
+ * quantization of float rows, both bit-exact against mx.dequantize / mx.quantize. */
 #ifndef HEARTH_IO_MLX_QUANT_H
 #define HEARTH_IO_MLX_QUANT_H
 #include "io/tensor.h"
@@ -33,4 +33,10 @@ hearth_status mlxq_infer(const tensor_info *w, const tensor_info *scales, int64_
  * names the tensor in errors. */
 hearth_status mlxq_dequantize(const tensor_info *w, const tensor_info *scales, const tensor_info *biases,
                               int bits, int group_size, float *out, uint64_t out_elems, hearth_error *err);
+/* mx.quantize(w, group_size, bits) of a row-major [rows, cols] float matrix. packed: rows x
+ * cols*bits/8 bytes (MLX's uint32 words, a little-endian bit stream); scales and biases:
+ * rows x cols/group_size, in float32 (mlx then rounds them to the weight's dtype, which the
+ * caller does when writing). cols must be a multiple of group_size and of 32. */
+void mlxq_quantize(const float *w, int64_t rows, int64_t cols, int bits, int group_size, uint8_t *packed,
+                   float *scales, float *biases);
 #endif

@@ -1,12 +1,13 @@
 /* test_mlx_quant.c: unit tests of src/io/mlx_quant.c: the quantization section of
  * config.json (mlx-lm's conventions), per-layer lookup, shape inference, and the
- * dequantizer's packing and error paths. Bit-exactness against mx.dequantize is
- * checked by tests/parity/test_mlx_dequant.py. */
+ * dequantizer's packing and error paths, the quantizer against the dequantizer.
+ * Bit-exactness against mx.dequantize is checked by tests/parity/test_mlx_dequant.py. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -265,12 +266,55 @@ static void test_infer(void **state) {
     assert_non_null(strstr(e.message, "x.weight"));
 }
 
+/* mlxq_quantize against mlxq_dequantize: every value within half a step of its group's
+ * scale (or the refit's shortfall at the far end), the larger-magnitude edge of each group exact (mlx refits the scale so it is), a
+ * constant group exact, and the packing read back by the dequantizer for every width.
+ * Bit-exactness against mx.quantize is tests/parity/test_convert.py's. */
+static void test_quantize_round_trip(void **state) {
+    (void)state;
+    static const int bitss[] = {2, 3, 4, 5, 6, 8};
+    enum { ROWS = 4, COLS = 128, G = 32, NG = ROWS * COLS / G };
+    float w[ROWS * COLS];
+    for (int i = 0; i < ROWS * COLS; i++) w[i] = (float)((i * 7919) % 1000) / 250.0f - 2.0f + 0.001f * (float)(i % 7);
+    for (int j = 0; j < G; j++) w[G + j] = 0.75f; /* a constant group */
+    for (size_t bi = 0; bi < sizeof bitss / sizeof bitss[0]; bi++) {
+        int bits = bitss[bi];
+        uint8_t packed[ROWS * COLS]; /* 8 bits per value at most */
+        float scales[NG], biases[NG], back[ROWS * COLS];
+        mlxq_quantize(w, ROWS, COLS, bits, G, packed, scales, biases);
+        int64_t ws[] = {ROWS, COLS * bits / 32}, ss[] = {ROWS, COLS / G};
+        tensor_info tw = mk("l.weight", DT_U32, 2, ws, packed), ts = mk("l.scales", DT_F32, 2, ss, scales),
+                    tb = mk("l.biases", DT_F32, 2, ss, biases);
+        hearth_error e = {0};
+        assert_int_equal(mlxq_dequantize(&tw, &ts, &tb, bits, G, back, ROWS * COLS, &e), HEARTH_OK);
+        for (int g = 0; g < NG; g++) {
+            int edge = g * G;
+            const float *x = w + g * G;
+            float hi = x[0], lo = x[0];
+            for (int j = 0; j < G; j++) {
+                hi = fmaxf(hi, x[j]);
+                lo = fminf(lo, x[j]);
+            }
+            /* half a step, or what the refit scale (edge / q0, a little shorter than the
+             * range / (2^bits - 1)) leaves beyond the last code at the far end */
+            float span = fabsf(scales[g]) * (float)((1 << bits) - 1);
+            float bound = fmaxf(fabsf(scales[g]) * 0.5f, (hi - lo) - span) + 1e-5f;
+            for (int j = 0; j < G; j++) {
+                assert_true(fabsf(back[g * G + j] - x[j]) <= bound);
+                if (fabsf(x[j]) > fabsf(w[edge])) edge = g * G + j;
+            }
+            assert_true(back[edge] == w[edge]);
+        }
+        for (int j = 0; j < G; j++) assert_true(back[G + j] == 0.75f);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_quantization),    cmocka_unit_test(test_config_quantization_config_only),
         cmocka_unit_test(test_config_errors),          cmocka_unit_test(test_dequant_known_values),
         cmocka_unit_test(test_dequant_half_scales_and_3d), cmocka_unit_test(test_dequant_errors),
-        cmocka_unit_test(test_infer),
+        cmocka_unit_test(test_infer),                  cmocka_unit_test(test_quantize_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* test_safetensors.c: unit tests of src/io/safetensors.c: images built in memory for
  * every dtype and every malformed case (status + a message naming file and tensor),
- * sharded and unsharded folders in a temp dir, and name lookup. */
+ * sharded and unsharded folders in a temp dir, name lookup, and the writer
+ * (safetensors_write.c) read back. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "io/safetensors.h"
+#include "io/safetensors_write.h"
 
 /* A safetensors image: LE u64 header length, header, then data_len bytes 0,1,2,... */
 static uint8_t *make_image(const char *header, size_t data_len, size_t *len) {
@@ -344,12 +346,52 @@ static void test_lookup_many(void **state) {
     st_set_close(&s);
 }
 
+/* The writer against the reader: a header written by st_write_header followed by the data
+ * parses back with every name, dtype, shape and byte, the data 8-byte aligned. */
+static void test_writer_round_trip(void **state) {
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/written.safetensors", tmpdir);
+    st_out_tensor t[3] = {{.name = "a.weight", .dtype = DT_U32, .ndim = 2, .shape = {2, 3}},
+                          {.name = "a.scales", .dtype = DT_BF16, .ndim = 2, .shape = {2, 1}},
+                          {.name = "norm", .dtype = DT_F32, .ndim = 1, .shape = {5}}};
+    uint8_t data[24 + 4 + 20];
+    for (size_t i = 0; i < sizeof data; i++) data[i] = (uint8_t)(i * 13 + 1);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint64_t total = 0;
+    hearth_error e = {0};
+    assert_int_equal(st_write_header(f, path, t, 3, &total, &e), HEARTH_OK);
+    assert_int_equal(total, sizeof data);
+    assert_int_equal(fwrite(data, 1, sizeof data, f), sizeof data);
+    fclose(f);
+    st_file st;
+    assert_int_equal(st_open(path, &st, &e), HEARTH_OK);
+    assert_int_equal(st.n_tensors, 3);
+    size_t off = 0;
+    for (int i = 0; i < 3; i++) {
+        const tensor_info *got = NULL;
+        for (size_t j = 0; j < st.n_tensors; j++)
+            if (!strcmp(st.tensors[j].name, t[i].name)) got = &st.tensors[j];
+        assert_non_null(got);
+        assert_int_equal(got->dtype, t[i].dtype);
+        assert_int_equal(got->ndim, t[i].ndim);
+        for (int d = 0; d < t[i].ndim; d++) assert_int_equal(got->shape[d], t[i].shape[d]);
+        assert_int_equal(got->nbytes, st_out_nbytes(&t[i]));
+        assert_memory_equal(got->data, data + off, got->nbytes);
+        off += got->nbytes;
+    }
+    assert_int_equal(((uintptr_t)st.tensors[0].data - (uintptr_t)st.map.data) % 8, 0);
+    assert_non_null(json_object_get(st.metadata, "format"));
+    st_close(&st);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_dtype),   cmocka_unit_test(test_metadata_null_and_padding),
         cmocka_unit_test(test_bad_tensors),   cmocka_unit_test(test_bad_headers),
         cmocka_unit_test(test_sharded_set),   cmocka_unit_test(test_unsharded_sets),
-        cmocka_unit_test(test_lookup_many),
+        cmocka_unit_test(test_lookup_many),   cmocka_unit_test(test_writer_round_trip),
     };
     return cmocka_run_group_tests(tests, setup_tmp, teardown_tmp);
 }

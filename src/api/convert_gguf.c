@@ -1,0 +1,319 @@
+/* convert_gguf.c: hearth_convert's GGUF output: one .gguf file from a float safetensors
+ * folder, named and described the way llama.cpp's convert_hf_to_gguf.py writes it
+ * (tensor names, hyperparameters, the byte-level BPE vocabulary with merges, token types,
+ * the chat template), 2-D weights in the chosen type (io/ggml_quant.c's reference
+ * quantizers), everything else F32. Families: qwen3 and llama (others refused by name). */
+#define _GNU_SOURCE
+#include "api/convert_internal.h"
+#include "base/err.h"
+#include "io/ggml_quant.h"
+#include "io/gguf_write.h"
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* HF module names -> GGUF names inside blk.N (llama.cpp's tensor map for these families) */
+static const char *const layer_names[][2] = {
+    {"input_layernorm", "attn_norm"},    {"self_attn.q_proj", "attn_q"},
+    {"self_attn.k_proj", "attn_k"},      {"self_attn.v_proj", "attn_v"},
+    {"self_attn.o_proj", "attn_output"}, {"self_attn.q_norm", "attn_q_norm"},
+    {"self_attn.k_norm", "attn_k_norm"}, {"post_attention_layernorm", "ffn_norm"},
+    {"mlp.gate_proj", "ffn_gate"},       {"mlp.up_proj", "ffn_up"},
+    {"mlp.down_proj", "ffn_down"},
+};
+
+/* The GGUF name of an HF tensor, or 0 when it has none here. */
+static int gguf_name(const char *hf, char *out, size_t cap) {
+    if (!strcmp(hf, "model.embed_tokens.weight")) return snprintf(out, cap, "token_embd.weight") > 0;
+    if (!strcmp(hf, "model.norm.weight")) return snprintf(out, cap, "output_norm.weight") > 0;
+    if (!strcmp(hf, "lm_head.weight")) return snprintf(out, cap, "output.weight") > 0;
+    int layer, used = 0;
+    if (sscanf(hf, "model.layers.%d.%n", &layer, &used) != 1 || !used) return 0;
+    const char *rest = hf + used;
+    for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {
+        size_t n = strlen(layer_names[i][0]);
+        if (!strncmp(rest, layer_names[i][0], n) && rest[n] == '.')
+            return snprintf(out, cap, "blk.%d.%s%s", layer, layer_names[i][1], rest + n) > 0;
+    }
+    return 0;
+}
+
+/* llama.cpp's general.file_type (LLAMA_FTYPE_*) of an output type */
+static uint32_t file_type_of(tensor_dtype dt) {
+    switch (dt) {
+    case DT_F16: return 1;
+    case DT_Q4_0: return 2;
+    case DT_Q4_1: return 3;
+    case DT_Q8_0: return 7;
+    case DT_Q5_0: return 8;
+    case DT_Q5_1: return 9;
+    case DT_BF16: return 32;
+    default: return 0;
+    }
+}
+
+/* From the model's summary (config.json as the loader read it); the norm epsilon is not
+ * in the summary, so it comes from config.json directly. */
+static void put_hparams(gguf_out *g, const hearth_model *m, const char *arch, tensor_dtype dt) {
+    const model_summary *s = &m->sum;
+    char key[128];
+    gguf_out_str(g, "general.architecture", arch);
+    gguf_out_u32(g, "general.file_type", file_type_of(dt));
+    const struct {
+        const char *suffix;
+        int64_t value;
+    } ints[] = {
+        {"block_count", s->n_layers},          {"context_length", s->context_length},
+        {"embedding_length", s->hidden_size},  {"feed_forward_length", s->intermediate_size},
+        {"attention.head_count", s->n_heads},  {"attention.head_count_kv", s->n_kv_heads},
+        {"attention.key_length", s->head_dim}, {"attention.value_length", s->head_dim},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, ints[i].suffix);
+        gguf_out_u32(g, key, (uint32_t)ints[i].value);
+    }
+    snprintf(key, sizeof key, "%s.rope.freq_base", arch);
+    gguf_out_f32(g, key, (float)s->rope_theta);
+    const json_t *eps = json_object_get(m->config, "rms_norm_eps");
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+    gguf_out_f32(g, key, json_is_number(eps) ? (float)json_number_value(eps) : 1e-6f);
+}
+
+/* The byte-level BPE vocabulary of tokenizer.json: tokens by id (ids the file does not
+ * name, up to the config's vocab_size, become "[PAD<id>]" of type unused, as llama.cpp
+ * pads), token types (1 normal, 3 control for special added tokens, 4 user-defined for
+ * the other added ones, 5 unused), merges as "a b". */
+static hearth_status put_vocab(gguf_out *g, const hearth_model *m, const char *pre, hearth_error *err) {
+    char *path = path_join(m->entry.path, "tokenizer.json");
+    json_error_t je;
+    json_t *tj = path ? json_load_file(path, 0, &je) : NULL;
+    const json_t *model = json_object_get(tj, "model"), *vocab = json_object_get(model, "vocab");
+    hearth_status st = HEARTH_OK;
+    const char *kind = json_string_value(json_object_get(model, "type"));
+    if (!json_is_object(vocab) || !kind || strcmp(kind, "BPE"))
+        st = err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: GGUF output needs a BPE tokenizer.json", path ? path : "");
+    size_t n = m->sum.vocab_size > 0 ? (size_t)m->sum.vocab_size : 0;
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)vocab, key, v) if (json_integer_value(v) >= (json_int_t)n) n =
+        json_integer_value(v) + 1;
+    const json_t *added = json_object_get(tj, "added_tokens");
+    size_t i;
+    json_array_foreach(added, i, v) if (json_integer_value(json_object_get(v, "id")) >= (json_int_t)n) n =
+        json_integer_value(json_object_get(v, "id")) + 1;
+    char **tokens = calloc(n ? n : 1, sizeof *tokens);
+    int32_t *types = calloc(n ? n : 1, sizeof *types);
+    if (!st && (!tokens || !types)) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory for the vocabulary");
+    if (!st) {
+        json_object_foreach((json_t *)vocab, key, v) {
+            json_int_t id = json_integer_value(v);
+            if (id >= 0 && (size_t)id < n && !tokens[id]) tokens[id] = strdup(key), types[id] = 1;
+        }
+        json_array_foreach(added, i, v) {
+            json_int_t id = json_integer_value(json_object_get(v, "id"));
+            const char *content = json_string_value(json_object_get(v, "content"));
+            if (id < 0 || (size_t)id >= n || !content) continue;
+            free(tokens[id]);
+            tokens[id] = strdup(content);
+            types[id] = json_is_true(json_object_get(v, "special")) ? 3 : 4;
+        }
+        for (size_t t = 0; t < n; t++)
+            if (!tokens[t] && asprintf(&tokens[t], "[PAD%zu]", t) >= 0) types[t] = 5;
+        const json_t *merges = json_object_get(model, "merges");
+        size_t nm = json_array_size(merges);
+        char **ms = calloc(nm ? nm : 1, sizeof *ms);
+        for (size_t k = 0; ms && k < nm; k++) {
+            const json_t *e = json_array_get(merges, k);
+            if (json_is_string(e))
+                ms[k] = strdup(json_string_value(e));
+            else if (!json_is_string(json_array_get(e, 0)) || !json_is_string(json_array_get(e, 1)) ||
+                     asprintf(&ms[k], "%s %s", json_string_value(json_array_get(e, 0)),
+                              json_string_value(json_array_get(e, 1))) < 0)
+                ms[k] = NULL;
+        }
+        int whole = ms != NULL;
+        for (size_t t = 0; whole && t < n; t++) whole = tokens[t] != NULL;
+        for (size_t k = 0; whole && k < nm; k++) whole = ms[k] != NULL;
+        if (!whole)
+            st = err_set(err, HEARTH_ERR_NOMEM, "out of memory for the vocabulary");
+        else {
+            gguf_out_str(g, "tokenizer.ggml.model", "gpt2");
+            gguf_out_str(g, "tokenizer.ggml.pre", pre);
+            gguf_out_strs(g, "tokenizer.ggml.tokens", (const char *const *)tokens, n);
+            gguf_out_i32s(g, "tokenizer.ggml.token_type", types, n);
+            gguf_out_strs(g, "tokenizer.ggml.merges", (const char *const *)ms, nm);
+        }
+        for (size_t k = 0; ms && k < nm; k++) free(ms[k]);
+        free(ms);
+    }
+    for (size_t t = 0; tokens && t < n; t++) free(tokens[t]);
+    free(tokens);
+    free(types);
+    json_decref(tj);
+    free(path);
+    return st;
+}
+
+/* Special tokens as the tokenizer itself uses them: EOS from tokenizer_config's eos_token,
+ * BOS (and whether it is added) from what encoding an empty text with specials gives. */
+static void put_specials(gguf_out *g, hearth_model *m) {
+    int32_t eos = m->eos_token ? hearth_token_id(m, m->eos_token) : -1;
+    if (eos >= 0) gguf_out_u32(g, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    hearth_error e = {0};
+    int add_bos = 0;
+    if (!hearth_tokenize(m, "", 0, 1, &ids, &n, &e) && n > 0 && ids[0] != eos) {
+        gguf_out_u32(g, "tokenizer.ggml.bos_token_id", (uint32_t)ids[0]);
+        add_bos = 1;
+    }
+    hearth_free(ids);
+    gguf_out_bool(g, "tokenizer.ggml.add_bos_token", add_bos);
+    if (m->chat_template) gguf_out_str(g, "tokenizer.chat_template", m->chat_template);
+}
+
+/* The families written, with llama.cpp's pre-tokenizer name and whether its converter
+ * permutes q/k rows (HF's rotate-half RoPE layout to ggml's adjacent pairs). */
+typedef struct gguf_family {
+    const char *model_type, *pre;
+    int permute_qk;
+} gguf_family;
+static const gguf_family families[] = {{"qwen3", "qwen2", 0}, {"llama", "llama-bpe", 1}};
+
+typedef struct gguf_item {
+    const tensor_info *src; /* NULL: a generated tensor (data) */
+    const float *data;
+    tensor_dtype dt;
+    uint64_t nbytes;
+    int permute_heads; /* > 0: q/k rows of this many heads to permute */
+} gguf_item;
+
+/* llama.cpp's LlamaModel.permute: rows (heads, 2, half, cols) -> (heads, half, 2, cols). */
+static void permute_rows(const float *in, float *out, int64_t rows, int64_t cols, int heads) {
+    int64_t half = rows / heads / 2;
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t i = 0; i < half; i++)
+            for (int j = 0; j < 2; j++)
+                memcpy(out + ((h * half + i) * 2 + j) * cols, in + ((h * 2 + j) * half + i) * cols,
+                       (size_t)cols * sizeof *out);
+}
+
+/* Llama 3's RoPE scaling as llama.cpp stores it: one divisor per frequency (the
+ * rope_freqs tensor), from config.json's rope_scaling. NULL when there is none. */
+static float *llama3_rope_factors(const hearth_model *m) {
+    const json_t *rs = json_object_get(m->config, "rope_scaling");
+    const char *type = json_string_value(json_object_get(rs, "rope_type"));
+    if (!type) type = json_string_value(json_object_get(rs, "type"));
+    if (!type || strcmp(type, "llama3")) return NULL;
+    const json_t *v;
+    double factor = json_is_number(v = json_object_get(rs, "factor")) ? json_number_value(v) : 8.0;
+    double lo = json_is_number(v = json_object_get(rs, "low_freq_factor")) ? json_number_value(v) : 1.0;
+    double hi = json_is_number(v = json_object_get(rs, "high_freq_factor")) ? json_number_value(v) : 4.0;
+    double old =
+        json_is_number(v = json_object_get(rs, "original_max_position_embeddings")) ? json_number_value(v) : 8192.0;
+    int dim = (int)m->sum.head_dim;
+    float *f = malloc((size_t)(dim / 2) * sizeof *f);
+    for (int i = 0; f && i < dim / 2; i++) {
+        float freq = 1.0f / powf((float)m->sum.rope_theta, (float)(2 * i) / (float)dim);
+        double wavelen = 2 * M_PI / freq;
+        if (wavelen < old / hi)
+            f[i] = 1.0f;
+        else if (wavelen > old / lo)
+            f[i] = (float)factor;
+        else {
+            double smooth = (old / wavelen - lo) / (hi - lo);
+            f[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
+    return f;
+}
+
+static hearth_status write_tensor(const hearth_model *m, const gguf_item *it, FILE *f, const char *fname,
+                                  hearth_error *err) {
+    float *w = NULL;
+    size_t n = it->src ? 0 : it->nbytes / sizeof(float);
+    const char *name = it->src ? it->src->name : "rope_freqs.weight";
+    hearth_status st = it->src ? hearth_model_tensor_f32(m, name, &w, &n, err) : HEARTH_OK;
+    const float *x = it->src ? w : it->data;
+    float *permuted = NULL;
+    if (!st && it->permute_heads) {
+        if (!(permuted = malloc(n * sizeof *permuted)))
+            st = err_set(err, HEARTH_ERR_NOMEM, "out of memory converting '%s'", name);
+        else
+            permute_rows(w, permuted, it->src->shape[0], it->src->shape[1], it->permute_heads);
+        x = permuted;
+    }
+    void *out = st ? NULL : malloc(it->nbytes);
+    if (!st && !out) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory converting '%s'", name);
+    if (!st) st = ggml_quantize(it->dt, x, n, out, it->nbytes, err);
+    if (!st && fwrite(out, 1, it->nbytes, f) != it->nbytes)
+        st = err_set(err, HEARTH_ERR_IO, "%s: %s", fname, strerror(errno));
+    if (!st) st = gguf_out_pad(f, it->nbytes, fname, err);
+    hearth_free(w);
+    free(permuted);
+    free(out);
+    return st;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, tensor_dtype dt, hearth_error *err) {
+    const char *arch = json_string_value(json_object_get(m->config, "model_type"));
+    const gguf_family *fam = NULL;
+    for (size_t i = 0; arch && i < sizeof families / sizeof families[0]; i++)
+        if (!strcmp(arch, families[i].model_type)) fam = &families[i];
+    if (!fam)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: GGUF output supports qwen3 and llama so far, not '%s'",
+                       m->entry.path, arch ? arch : "?");
+    gguf_out g;
+    gguf_out_init(&g);
+    put_hparams(&g, m, arch, dt);
+    hearth_status st = put_vocab(&g, m, fam->pre, err);
+    if (!st) put_specials(&g, m);
+    gguf_item *items = calloc(m->st.n_tensors + 1, sizeof *items);
+    size_t n_items = 0;
+    if (!st && !items) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    float *rope = fam->permute_qk ? llama3_rope_factors(m) : NULL;
+    if (!st && rope) {
+        int64_t shape[1] = {m->sum.head_dim / 2};
+        uint64_t nb = gguf_out_tensor(&g, "rope_freqs.weight", DT_F32, 1, shape);
+        items[n_items++] = (gguf_item){.data = rope, .dt = DT_F32, .nbytes = nb};
+    }
+    for (size_t i = 0; !st && i < m->st.n_tensors; i++) {
+        const tensor_info *t = m->st.by_name[i];
+        char name[256];
+        if (convert_dropped(m, t)) continue;
+        if (!gguf_name(t->name, name, sizeof name))
+            st = err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: tensor '%s' has no GGUF name here", t->file, t->name);
+        else {
+            /* weights take the chosen type where whole blocks fit a row; norms stay F32 */
+            tensor_dtype want = t->ndim == 2 && t->shape[1] % tensor_dtype_block_elems(dt) == 0 ? dt : DT_F32;
+            uint64_t nb = gguf_out_tensor(&g, name, want, t->ndim, t->shape);
+            if (!nb) st = err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: tensor '%s' cannot be stored", t->file, t->name);
+            int heads = !fam->permute_qk                                ? 0
+                        : ends_with(t->name, "self_attn.q_proj.weight") ? (int)m->sum.n_heads
+                        : ends_with(t->name, "self_attn.k_proj.weight") ? (int)m->sum.n_kv_heads
+                                                                        : 0;
+            items[n_items++] = (gguf_item){.src = t, .dt = want, .nbytes = nb, .permute_heads = heads};
+        }
+    }
+    FILE *f = NULL;
+    if (!st && !(f = fopen(o->out_dir, "wb"))) st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
+    if (!st) st = gguf_out_write_header(&g, f, o->out_dir, err);
+    for (size_t i = 0; !st && i < n_items; i++) {
+        st = write_tensor(m, &items[i], f, o->out_dir, err);
+        if (!st && o->progress)
+            o->progress(o->user, i + 1, n_items, items[i].src ? items[i].src->name : "rope_freqs.weight");
+    }
+    if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
+    if (st && f) remove(o->out_dir);
+    free(rope);
+    free(items);
+    gguf_out_free(&g);
+    return st;
+}

@@ -1,0 +1,225 @@
+/* convert_mixed.c: `hearth convert -q --target-bpw B`: mixed precision by measured
+ * sensitivity. Each quantizable module is quantized alone at each candidate width and
+ * scored by the KL divergence it adds at the logits (against the float model, on
+ * calibration rows made as `hearth perplexity` makes them); then a knapsack picks the
+ * widths with the least summed KL under the bit budget; the report lists every
+ * measurement and choice. Uses hearth.h and the perplexity scorer (ppl.h) only. */
+#define _XOPEN_SOURCE 700
+#include "cli/ppl.h"
+#include <ftw.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_CANDIDATES 6
+
+typedef struct mixed_module {
+    char *path;        /* "model.layers.3.mlp.down_proj" */
+    double params;     /* rows x cols */
+    double scale_bits; /* per group: scale + bias, in the weight's dtype */
+    double kl[MAX_CANDIDATES];
+    int choice; /* index into the candidates */
+} mixed_module;
+
+typedef struct mixed_plan {
+    mixed_module *mods;
+    size_t n;
+    const int *cand;
+    int n_cand, group;
+    const char *only; /* while measuring: the one module quantized */
+    int only_bits;
+} mixed_plan;
+
+static int choose_measured(void *user, const char *module) {
+    const mixed_plan *p = user;
+    return !strcmp(module, p->only) ? p->only_bits : 0;
+}
+
+static int choose_final(void *user, const char *module) {
+    const mixed_plan *p = user;
+    for (size_t i = 0; i < p->n; i++)
+        if (!strcmp(p->mods[i].path, module)) return p->cand[p->mods[i].choice];
+    return 0;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* The modules convert quantizes: 2-D float ".weight" tensors whose rows are whole groups. */
+static int list_modules(hearth_model *m, int group, mixed_plan *p) {
+    char *tj = hearth_model_tensors_json(m);
+    json_t *arr = tj ? json_loads(tj, 0, NULL) : NULL;
+    hearth_free(tj);
+    size_t i;
+    json_t *t;
+    p->mods = calloc(json_array_size(arr) + 1, sizeof *p->mods);
+    json_array_foreach(arr, i, t) {
+        const char *name = json_string_value(json_object_get(t, "name"));
+        const char *dt = json_string_value(json_object_get(t, "dtype"));
+        json_t *shape = json_object_get(t, "shape");
+        size_t len = name ? strlen(name) : 0;
+        if (!p->mods || !dt || len < 8 || strcmp(name + len - 7, ".weight") || json_array_size(shape) != 2) continue;
+        double rows = (double)json_integer_value(json_array_get(shape, 0));
+        json_int_t cols = json_integer_value(json_array_get(shape, 1));
+        if (cols % group || (strcmp(dt, "F32") && strcmp(dt, "F16") && strcmp(dt, "BF16"))) continue;
+        mixed_module *mod = &p->mods[p->n++];
+        mod->path = strndup(name, len - 7);
+        mod->params = rows * (double)cols;
+        mod->scale_bits = 2.0 * (strcmp(dt, "F32") ? 16 : 32) / group;
+    }
+    json_decref(arr);
+    if (!p->n) fprintf(stderr, "hearth: %s: no weights to quantize\n", hearth_model_path(m));
+    return p->n == 0;
+}
+
+/* Mean KL of the model in `dir` against the reference log-probs in ref_path. */
+static int mean_kl(const char *dir, const int32_t *tokens, size_t rows, int L, const char *ref_path,
+                   hearth_engine_options eo, double *out) {
+    score_run r = {.tokens = tokens, .rows = rows, .L = L, .ref_path = ref_path};
+    if (!(r.ref = fopen(ref_path, "rb"))) return 1;
+    int rc = ppl_run_model(dir, eo, &r);
+    fclose(r.ref);
+    double se;
+    if (!rc) ppl_mean_se(r.kl.kl, r.kl.n, out, &se);
+    free(r.loss);
+    free(r.kl.kl);
+    return rc;
+}
+
+/* The multiple-choice knapsack, solved exactly by dynamic programming over the budget:
+ * each module takes one candidate, its cost is the bits above the smallest width, the sum
+ * of the measured KLs is minimized. The budget is counted in units of the costs' greatest
+ * common divisor (whole rows of whole groups make it large), or, past MAX_STEPS units, on
+ * a grid of MAX_STEPS with costs rounded up (never over the budget, possibly a little
+ * short of the optimum). Returns the bits per weight of the plan. */
+#define MAX_STEPS (1 << 16) /* the choices table is modules x MAX_STEPS bytes */
+static unsigned long long gcd_u64(unsigned long long a, unsigned long long b) {
+    while (b) {
+        unsigned long long t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+static double allocate(mixed_plan *p, double target_bpw) {
+    double params = 0, base = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        params += p->mods[i].params;
+        base += p->mods[i].params * (p->cand[0] + p->mods[i].scale_bits);
+    }
+    double spare = target_bpw * params - base;
+    unsigned long long g = 0;
+    for (size_t i = 0; i < p->n; i++)
+        for (int j = 1; j < p->n_cand; j++)
+            g = gcd_u64(g, (unsigned long long)p->mods[i].params * (unsigned long long)(p->cand[j] - p->cand[0]));
+    double unit = g ? (double)g : 1.0;
+    if (spare / unit > MAX_STEPS) unit = spare / MAX_STEPS;
+    size_t steps = spare > 0 ? (size_t)floor(spare / unit) : 0, W = steps + 1;
+    double *best = malloc(2 * W * sizeof *best); /* the previous module's row and this one's */
+    unsigned char *pick = malloc(p->n * W);
+    if (!best || !pick || spare < 0) { /* no room above the smallest width: keep it */
+        free(best);
+        free(pick);
+        return base / params;
+    }
+    for (size_t w = 0; w < W; w++) best[w] = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        const mixed_module *mod = &p->mods[i];
+        for (size_t w = 0; w < W; w++) {
+            double b = INFINITY;
+            for (int j = 0; j < p->n_cand; j++) {
+                double c = ceil(mod->params * (p->cand[j] - p->cand[0]) / unit - 1e-9); /* whole units */
+                if (c > (double)w) continue;
+                double v = best[(i & 1) * W + w - (size_t)c] + mod->kl[j];
+                if (v < b) b = v, pick[i * W + w] = (unsigned char)j;
+            }
+            best[((i + 1) & 1) * W + w] = b;
+        }
+    }
+    double used = base;
+    for (size_t i = p->n, w = steps; i-- > 0;) { /* walk the choices back */
+        int j = pick[i * W + w];
+        p->mods[i].choice = j;
+        used += p->mods[i].params * (p->cand[j] - p->cand[0]);
+        w -= (size_t)ceil(p->mods[i].params * (p->cand[j] - p->cand[0]) / unit - 1e-9);
+    }
+    free(best);
+    free(pick);
+    return used / params;
+}
+
+int cli_convert_mixed(const char *model, hearth_convert_options o, double target_bpw, const int *cand, int n_cand,
+                      const char *calib_path, int n_calib, int calib_len) {
+    hearth_model *m = NULL;
+    mixed_plan p = {.cand = cand, .n_cand = n_cand, .group = o.group_size};
+    dataset d = {0};
+    int32_t *tokens = NULL;
+    size_t rows = 0;
+    char *buf = cli_read_file(calib_path);
+    char tmp[] = "/tmp/hearth-mixed-XXXXXX", ref_path[64], work[64];
+    int rc = !buf || cli_open_model(model, &m) || list_modules(m, o.group_size, &p) ||
+             ppl_dataset_load(calib_path, buf, &d) || ppl_load_tokens(m, &d, 123, n_calib, calib_len, &tokens, &rows);
+    if (!rc && target_bpw < cand[0] + p.mods[0].scale_bits) {
+        fprintf(stderr, "hearth: --target-bpw %.3g is below the smallest candidate (%d bits + scales)\n", target_bpw,
+                cand[0]);
+        rc = 1;
+    }
+    if (!rc && !mkdtemp(tmp)) rc = 1, perror(tmp);
+    snprintf(ref_path, sizeof ref_path, "%s/reference.logprobs", tmp);
+    snprintf(work, sizeof work, "%s/candidate", tmp);
+    hearth_engine_options eo = {0};
+    if (!rc) { /* the float model's log-probs: the reference every candidate is scored against */
+        score_run ref = {.tokens = tokens, .rows = rows, .L = calib_len, .save_path = ref_path};
+        rc = !(ref.save = fopen(ref_path, "wb")) || ppl_run_model(model, eo, &ref);
+        if (ref.save) fclose(ref.save);
+        free(ref.loss);
+    }
+    hearth_error err = {0};
+    for (size_t i = 0; !rc && i < p.n; i++)
+        for (int j = 0; !rc && j < n_cand; j++) {
+            hearth_convert_options one = o;
+            one.out_dir = work, one.progress = NULL, one.choose_bits = choose_measured, one.choose_user = &p;
+            p.only = p.mods[i].path, p.only_bits = cand[j];
+            if (hearth_convert(model, &one, &err))
+                rc = cli_fail(&err);
+            else
+                rc = mean_kl(work, tokens, rows, calib_len, ref_path, eo, &p.mods[i].kl[j]);
+            nftw(work, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+            if (isatty(2)) fprintf(stderr, "\r  measured %zu/%zu modules", i + 1, p.n);
+        }
+    if (isatty(2)) fprintf(stderr, "\n");
+    double bpw = 0;
+    if (!rc) bpw = allocate(&p, target_bpw);
+    if (!rc) {
+        o.choose_bits = choose_final, o.choose_user = &p;
+        if (hearth_convert(model, &o, &err)) rc = cli_fail(&err);
+    }
+    if (!rc) {
+        printf("%-48s %10s", "module", "params");
+        for (int j = 0; j < n_cand; j++) printf("   KL@%d-bit", cand[j]);
+        printf("  bits\n");
+        double predicted = 0;
+        for (size_t i = 0; i < p.n; i++) {
+            printf("%-48s %10.0f", p.mods[i].path, p.mods[i].params);
+            for (int j = 0; j < n_cand; j++) printf(" %10.6f", p.mods[i].kl[j]);
+            printf("  %4d\n", cand[p.mods[i].choice]);
+            predicted += p.mods[i].kl[p.mods[i].choice];
+        }
+        printf("bits per weight (quantized modules, scales and biases included): %.4f of %.4f\n", bpw, target_bpw);
+        printf("sum of the chosen modules' KL (each measured alone): %.6f\n%s\n", predicted, o.out_dir);
+    }
+    unlink(ref_path);
+    rmdir(tmp);
+    for (size_t i = 0; i < p.n; i++) free(p.mods[i].path);
+    free(p.mods);
+    free(tokens);
+    free(d.lines);
+    free(buf);
+    hearth_model_close(m);
+    return rc;
+}

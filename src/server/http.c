@@ -155,7 +155,7 @@ static int read_body(srv_conn *c) {
  * and the status it was answered with; returns rc. */
 static int counted(srv_conn *c, int rc) {
     char label[48];
-    srv_metrics_label(label, sizeof label, c->head.path ? c->head.path : "", c->route != NULL);
+    srv_metrics_label(label, sizeof label, c->head.path ? c->head.path : "", c->path_known);
     srv_metrics_request(label, c->status);
     return rc;
 }
@@ -181,6 +181,7 @@ static int serve_one(srv_conn *c) {
     c->in_len -= n;
     c->route = NULL;
     c->route_tail = NULL;
+    c->path_known = 0;
     c->wants_body = 0;
     c->cross_origin_limited = 0;
     c->query_used = 0;

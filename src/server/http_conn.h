@@ -19,6 +19,7 @@ struct srv_conn {
     int failed;                    /* the connection broke or must close: no further request */
     const struct srv_route *route; /* router.c's match; NULL before routing */
     const char *route_tail;        /* the path after a prefix route's prefix */
+    int path_known;                /* some route has this path (a 405 too): /metrics labels it by path */
     int wants_body;                /* the route reads a body: 411 without a length */
     int cross_origin_limited;      /* the route changes state: only listed origins get CORS */
     char query_space[4096];        /* decoded query values handed out by srv_query */

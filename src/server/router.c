@@ -195,6 +195,7 @@ int srv_route_head(srv_server *s, srv_conn *c) {
         }
     }
     const srv_route *r = c->route;
+    c->path_known = (r && !(r->flags & R_ANY_PATH)) || path_known; /* a preflight of any path: "other" */
     c->cross_origin_limited = r && (r->flags & R_ANY_PATH) ? path_changes_state(path) : r && (r->flags & R_STATE);
     if (!r && !path_known)
         return fail(s, c, anthropic, 404, "invalid_request_error", "not_found", "Not Found: %s", path);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs llama.cpp as the CPU peer for bench/cpu_vs_llamacpp, from the pinned llama-cpp-python
 # sdist on PyPI: its vendored llama.cpp is built with cmake (CPU only, -march=native, no AMX, no
-# BLAS) into $HEARTH_CACHE/bench/llamacpp/lib, and the Python bindings are pip-installed into .venv
+# BLAS) in build/llamacpp (ignored by git, never committed): the libraries, copied to
+# $HEARTH_CACHE/bench/llamacpp/lib, and llama.cpp's own llama-bench (build/llamacpp/bin/llama-bench),
+# which is how llama.cpp's users measure it. The Python bindings are pip-installed into .venv
 # without native code (they find the libraries through LLAMA_CPP_LIB_PATH). Idempotent.
-# Must not put anything of llama.cpp inside the repository.
 #
 # Why not a plain `pip install llama-cpp-python`: on this Xeon, GGML_NATIVE turns on ggml's AMX
 # kernels, and ggml_backend_amx_mul_mat segfaults on the first llama_decode of every model tried
@@ -15,9 +16,10 @@ PY="$ROOT/.venv/bin/python"
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 DEST="${HEARTH_CACHE:-$HOME/.cache/hearth}/bench/llamacpp"
 LIB="$DEST/lib"
+BUILD="$ROOT/build/llamacpp"
 JOBS="${BENCH_BUILD_JOBS:-2}"
 
-if [ -f "$LIB/libllama.so" ] && LLAMA_CPP_LIB_PATH="$LIB" "$PY" -c "import llama_cpp" >/dev/null 2>&1; then
+if [ -f "$LIB/libllama.so" ] && [ -x "$BUILD/bin/llama-bench" ] && LLAMA_CPP_LIB_PATH="$LIB" "$PY" -c "import llama_cpp" >/dev/null 2>&1; then
     echo "llama.cpp ready: llama-cpp-python $(LLAMA_CPP_LIB_PATH="$LIB" "$PY" -c 'import llama_cpp; print(llama_cpp.__version__)'), libraries in $LIB"
     exit 0
 fi
@@ -29,16 +31,18 @@ fi
 SRC="$DEST/llama_cpp_python-$VERSION"
 [ -d "$SRC" ] || tar -xzf "$SDIST" -C "$DEST"
 
-# 1. the native libraries: only what libllama needs (ggml, ggml-base, ggml-cpu, llama)
+# 1. the native libraries (ggml, ggml-base, ggml-cpu, llama) and llama-bench (+ common), nothing else
 NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" # explicit -mno-* win over -march=native in GCC
-cmake -S "$SRC/vendor/llama.cpp" -B "$DEST/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
     -DGGML_NATIVE=ON -DGGML_OPENMP=ON -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
-    -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+    -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF "-DCMAKE_C_FLAGS=$NOAMX" "-DCMAKE_CXX_FLAGS=$NOAMX" > "$DEST/cmake.log"
 echo "building llama.cpp (llama-cpp-python $VERSION vendored) with $JOBS jobs; takes a while on a small machine"
-ninja -C "$DEST/build" -j "$JOBS" llama ggml-cpu > "$DEST/ninja.log" || { tail -30 "$DEST/ninja.log"; exit 1; }
+start=$(date +%s)
+ninja -C "$BUILD" -j "$JOBS" llama ggml-cpu llama-bench > "$DEST/ninja.log" || { tail -30 "$DEST/ninja.log"; exit 1; }
+echo "llama.cpp built in $(( $(date +%s) - start )) s (load $(cut -d' ' -f1-3 /proc/loadavg))" | tee "$BUILD/build_time.txt"
 mkdir -p "$LIB"
-cp -a "$DEST"/build/bin/lib*.so* "$LIB"/
+cp -a "$BUILD"/bin/lib*.so* "$LIB"/
 
 # 2. the Python bindings alone (LLAMA_BUILD=OFF: no second native build)
 CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$ROOT/.venv/bin/pip" install -q --force-reinstall --no-deps "$SDIST"

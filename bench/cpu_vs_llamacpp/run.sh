@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# run.sh: entry point of the CPU benchmark hearth vs llama.cpp. Installs llama-cpp-python (pinned,
-# native CPU build) into .venv, builds hearth, prepares the GGUF models in $HEARTH_CACHE/bench, then
-# runs bench/cpu_vs_llamacpp/run_bench.py, which writes bench/results/cpu_vs_llamacpp.{json,md}.
-# Nothing of llama.cpp lands in the repository; models and builds live outside it or in ignored dirs.
+# run.sh: entry point of the CPU benchmark hearth vs llama.cpp. Builds llama.cpp (pinned
+# llama-cpp-python sdist's vendored source, native CPU build) into build/llamacpp: llama-bench, the
+# peer measured, and the libraries the Python bindings in .venv use to quantize the models; builds
+# hearth, prepares the GGUF models in $HEARTH_CACHE/bench, then runs run_bench.py, which writes
+# bench/results/cpu_vs_llamacpp.{json,md}. Nothing of llama.cpp is committed (build/ is ignored).
 # usage: bench/cpu_vs_llamacpp/run.sh [run_bench.py flags: -p 512 -n 128 -t 2 -r 5 --only ID,.. --no-1b]
 #   env: HEARTH_BIN (skip the build and use this binary), HEARTH_BUILD (make build dir, default build-bench),
 #        HEARTH_CACHE (model cache, default ~/.cache/hearth), BENCH_THREADS (quantizer threads, default 2)

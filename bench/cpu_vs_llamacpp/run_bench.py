@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """bench/cpu_vs_llamacpp/run_bench.py: CPU prefill and decode speed of hearth (`hearth bench --json`)
-against llama.cpp (llama-cpp-python, low-level eval loop) on the same GGUF files, same thread count,
-same prompt token ids, median of r runs each (by default in interleaved rounds: one run of each engine
+against llama.cpp's own llama-bench (`-lm none`, built from llama-cpp-python's vendored source) on the
+same GGUF files, same thread count, same prompt length and context, median of r runs each (by default in interleaved rounds: one run of each engine
 per round, alternating which goes first, so both see the same machine); both load weights into anonymous memory (hearth by
-design, llama.cpp with use_mmap=False; checked through /proc/<pid>/maps). Writes
+design, llama-bench with -lm none; checked through /proc/<pid>/smaps). Writes
 bench/results/cpu_vs_llamacpp.json and .md. A benchmark, not a test: it asserts nothing about speed.
 usage: .venv/bin/python bench/cpu_vs_llamacpp/run_bench.py [-p 512] [-n 128] [-t 2] [-r 5] [--hearth BIN]
        [--only ID,ID] [--no-1b] [--out bench/results/cpu_vs_llamacpp]
@@ -23,6 +23,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 import prepare_models  # noqa: E402  (model list and paths live there)
+
+# llama.cpp's benchmark tool, built by install_llamacpp.sh from the same vendored source
+LLAMA_BENCH = REPO / "build" / "llamacpp" / "bin" / "llama-bench"
 
 
 def cpu_info():
@@ -130,9 +133,9 @@ def _map_summary(res, who):
     return "mapped " + str(sorted({str(v) for v in vals}))
 
 
-def run_child(cmd, model_path, timeout):
-    """Runs one measuring process; returns (parsed last JSON line or None, error text,
-    {"mapped": bool, "rss_mib": most of the file resident through its mapping})."""
+def run_child(cmd, model_path, timeout, parse=None):
+    """Runs one measuring process; returns (parse(stdout), by default its last JSON line, or None,
+    error text, {"mapped": bool, "rss_mib": most of the file resident through its mapping})."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     w = MapWatcher(p.pid, model_path)
     try:
@@ -145,49 +148,37 @@ def run_child(cmd, model_path, timeout):
     w.stop()
     if p.returncode != 0:
         return None, f"exit {p.returncode}: {errtxt.strip()[-400:]}", w.report()
+    if parse:
+        try:
+            return parse(out), None, w.report()
+        except (ValueError, KeyError, StopIteration) as e:
+            return None, f"unreadable output ({e!r}): {out.strip()[-200:]}", w.report()
     for line in reversed(out.strip().splitlines()):
         if line.startswith("{"):
             return json.loads(line), None, w.report()
     return None, f"no JSON in output: {out.strip()[-200:]}", w.report()
 
 
-def llamacpp_worker(args):
-    """Child process: loads one model in llama.cpp and prints one JSON line of medians."""
-    import numpy as np
-    llama_cpp = prepare_models.import_llama_cpp()
-    n_ctx = max(1024, args.prompt + args.gen + 16)
-    t0 = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=args.llamacpp_worker, n_threads=args.threads, n_threads_batch=args.threads,
-                          n_ctx=n_ctx, n_batch=512, n_ubatch=512, use_mmap=False, use_mlock=False, n_gpu_layers=0,
-                          verbose=False)
-    load_s = time.perf_counter() - t0
-    vocab = llm.n_vocab()
-    prompt = bench_prompt(args.prompt, vocab)
-
-    def once(p, n):
-        llm.reset()  # n_tokens = 0; eval drops the KV cells past it
-        a = time.perf_counter()
-        llm.eval(prompt[:p])
-        b = time.perf_counter()
-        for _ in range(n):  # greedy, EOS ignored, exactly like hearth bench
-            # Llama.eval keeps no logits unless logits_all; read the last row straight from the context
-            last = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(vocab,))
-            llm.eval([int(np.argmax(last))])
-        return b - a, time.perf_counter() - b
-
-    once(min(args.prompt, 32), 4)  # warm-up, the same shape as hearth bench's
-    pre, dec = [], []
-    for _ in range(args.runs):
-        ps, ds = once(args.prompt, args.gen)
-        pre.append(ps)
-        dec.append(ds)
-    print(json.dumps({"prefill_tps": args.prompt / statistics.median(pre), "decode_tps": args.gen / statistics.median(dec),
-                      "prefill_runs_tps": [args.prompt / s for s in pre], "decode_runs_tps": [args.gen / s for s in dec],
-                      "load_s": load_s, "n_vocab": vocab, "n_ctx": n_ctx,
-                      "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}))
+def llama_bench_cmd(args, model_path, runs):
+    """llama.cpp's own llama-bench, as its users run it (`-lm none`: weights read into anonymous
+    memory, no mmap), in one process: prefill of -p tokens into an empty cache, and decode of -n
+    tokens both after a -p-token context (what `hearth bench` measures) and from an empty one."""
+    return [str(LLAMA_BENCH), "-m", model_path, "-lm", "none", "-t", str(args.threads), "-p", str(args.prompt),
+            "-n", str(args.gen), "-d", f"0,{args.prompt}", "-r", str(runs), "-o", "jsonl"]
 
 
-def interleaved(row, hcmd, lcmd, model_path, runs, timeout):
+def parse_llama_bench(out, args):
+    """llama-bench's JSON lines (one per test) -> the row's numbers."""
+    tests = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    pick = lambda pp, tg, depth: next(t for t in tests if t["n_prompt"] == pp and t["n_gen"] == tg and
+                                      t["n_depth"] == depth)
+    pre, dec, dec0 = pick(args.prompt, 0, 0), pick(0, args.gen, args.prompt), pick(0, args.gen, 0)
+    return {"prefill_tps": pre["avg_ts"], "decode_tps": dec["avg_ts"], "decode_empty_tps": dec0["avg_ts"],
+            "prefill_runs_tps": pre["samples_ts"], "decode_runs_tps": dec["samples_ts"],
+            "build_commit": pre.get("build_commit"), "cpu_info": pre.get("cpu_info")}
+
+
+def interleaved(row, hcmd, lcmd, model_path, runs, timeout, lparse):
     """--interleave: `runs` rounds of one hearth run and one llama.cpp run (each a fresh process with
     -r 1, the first of each round alternating), so both engines see the same neighbours on a shared
     machine whose memory bandwidth drifts by 2-4x within minutes. Each hearth run measures the
@@ -206,7 +197,7 @@ def interleaved(row, hcmd, lcmd, model_path, runs, timeout):
                 if d: hs.append(d)
                 else: herr = e
             else:
-                d, e, mp = run_child(one(lcmd), model_path, timeout)
+                d, e, mp = run_child(one(lcmd), model_path, timeout, lparse)
                 lmap = merge(lmap, mp)
                 if d: ls.append(d)
                 else: lerr = e
@@ -223,6 +214,7 @@ def interleaved(row, hcmd, lcmd, model_path, runs, timeout):
     if ls:
         l = dict(ls[0])
         l["prefill_tps"], l["decode_tps"] = med(ls, "prefill_tps"), med(ls, "decode_tps")
+        l["decode_empty_tps"] = med(ls, "decode_empty_tps")
         l["prefill_runs_tps"] = [x["prefill_tps"] for x in ls]
         l["decode_runs_tps"] = [x["decode_tps"] for x in ls]
         if hs and len(hs) == len(ls):  # each llama.cpp round against the hearth roofline of its round
@@ -242,9 +234,14 @@ def ratio(a, b):
 
 def write_markdown(res, path):
     s = res["settings"]
-    lines = [f"# hearth vs llama.cpp on CPU ({s['threads']} threads, prompt {s['prompt_tokens']}, "
+    lines = [f"# hearth vs llama.cpp (llama-bench -lm none) on CPU ({s['threads']} threads, prompt {s['prompt_tokens']}, "
              f"generate {s['gen_tokens']}, median of {s['runs']} runs, {s['runs_1b']} for the 1B-shaped models"
              f"{', interleaved rounds' if s.get('interleaved') else ''})", "",
+             f"Context: prefill is {s['prompt_tokens']} tokens into an empty cache; decode is {s['gen_tokens']} tokens "
+             f"after the {s['prompt_tokens']}-token prompt (hearth bench; llama-bench -d {s['prompt_tokens']}); "
+             "llama.cpp's decode from an empty cache (llama-bench's default tg test) is listed too. Load: the 1-minute "
+             "load average of this shared machine before and after each row (2 threads per engine; other tenants' "
+             "work shares the cores).", "",
              "Ratios are hearth / llama.cpp (above 1: hearth faster). Roofline fractions divide decode tok/s by "
              "hearth's roofline for the model (bandwidth measured by hearth in the same run / bytes read per "
              "decode token)." + (" Interleaved: each round runs hearth once and llama.cpp once (fresh processes, "
@@ -252,15 +249,16 @@ def write_markdown(res, path):
              "both engines' fractions use that round's roofline; medians over rounds." if s.get("interleaved")
                                  else ""), "",
              "| model | format | hearth prefill tok/s | llama.cpp prefill tok/s | ratio | hearth decode tok/s | "
-             "llama.cpp decode tok/s | ratio | hearth roofline frac | llama.cpp roofline frac | bandwidth GB/s | runs | "
-             "load 1 min before -> after |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "llama.cpp decode tok/s | ratio | llama.cpp decode, empty cache | hearth roofline frac | "
+             "llama.cpp roofline frac | bandwidth GB/s | runs | load 1 min before -> after |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in res["rows"]:
         h, l = r.get("hearth") or {}, r.get("llamacpp") or {}
         lines.append(f"| {r['model']} | {r['format']} | {fmt(h.get('prefill_tps'), '.1f')} | "
                      f"{fmt(l.get('prefill_tps'), '.1f')} | {fmt(r['prefill_ratio'], '.2f')} | "
                      f"{fmt(h.get('decode_tps'), '.1f')} | {fmt(l.get('decode_tps'), '.1f')} | "
-                     f"{fmt(r['decode_ratio'], '.2f')} | {fmt(h.get('roofline_fraction'), '.2f')} | "
+                     f"{fmt(r['decode_ratio'], '.2f')} | {fmt(l.get('decode_empty_tps'), '.1f')} | "
+                     f"{fmt(h.get('roofline_fraction'), '.2f')} | "
                      f"{fmt(r['llamacpp_roofline_fraction'], '.2f')} | {fmt(h.get('bandwidth_gbs'), '.1f')} | {r['runs']} | "
                      f"{r['load_before'][0]} -> {r['load_after'][0]} |")
     errs = [f"- {r['model']} {r['format']}: {side}: {r[side + '_error']}" for r in res["rows"]
@@ -269,9 +267,10 @@ def write_markdown(res, path):
     lines += ["", f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, {m['mem_total_gb']} GB RAM, ISA "
               f"{' '.join(m['isa'])}; shared with other workers: /proc/loadavg (1/5/15 min) before "
               f"{' '.join(m['loadavg_before'])}, after {' '.join(m['loadavg_after'])}.",
-              f"hearth {res['hearth']['commit']} ({res['hearth']['binary']}); llama-cpp-python "
-              f"{res['llamacpp']['version']} built by install_llamacpp.sh from its vendored source: GGML_NATIVE=ON with AMX off (ggml AMX kernels crash here), CPU only, OpenMP "
-              f"({res['llamacpp'].get('system_info', '')}).",
+              f"hearth {res['hearth']['commit']} ({res['hearth']['binary']}); llama.cpp's llama-bench (build "
+              f"{res['llamacpp'].get('build_commit', '?')}) built by install_llamacpp.sh from llama-cpp-python "
+              f"{res['llamacpp']['version']}'s vendored source into build/llamacpp: GGML_NATIVE=ON with AMX off (ggml "
+              f"AMX kernels crash here), CPU only, OpenMP; `{res['llamacpp'].get('command', '')}`.",
               "Weights in anonymous memory: the model file resident through a file mapping (MiB, polled "
               "/proc/<pid>/smaps once a second, the largest over the rows; hearth keeps the file mapped for its metadata "
               "and drops each tensor's file pages after copying it): hearth " + _map_summary(res, "hearth") + ", llama.cpp "
@@ -286,16 +285,16 @@ def save(args, started, machine, rows):
     """Writes <out>.json and <out>.md from the rows measured so far; returns the path stem."""
     llama_cpp = prepare_models.import_llama_cpp()
     machine = dict(machine, loadavg_after=machine.get("loadavg_after", loadavg()))
-    sysinfo = next((r["llamacpp"]["system_info"] for r in rows if r["llamacpp"] and "system_info" in r["llamacpp"]), "")
-    rows = [dict(r, llamacpp={k: v for k, v in r["llamacpp"].items() if k != "system_info"} if r["llamacpp"] else None)
-            for r in rows]
+    first = next((r["llamacpp"] for r in rows if r["llamacpp"]), {})
+    command = " ".join(llama_bench_cmd(args, "MODEL", args.runs))
     res = {"benchmark": "cpu_vs_llamacpp", "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
            "settings": {"prompt_tokens": args.prompt, "gen_tokens": args.gen, "threads": args.threads,
                         "runs": args.runs, "runs_1b": args.runs_1b or args.runs, "interleaved": args.interleave,
-                        "llamacpp": {"n_batch": 512, "n_ubatch": 512, "use_mmap": False, "sampling": "greedy argmax"}},
+                        "llamacpp": {"tool": "llama-bench", "load_mode": "none"}},
            "machine": machine, "hearth": {"binary": args.hearth, "commit": git_describe()},
-           "llamacpp": {"version": llama_cpp.__version__, "system_info": sysinfo}, "rows": rows}
+           "llamacpp": {"version": llama_cpp.__version__, "build_commit": first.get("build_commit"),
+                        "command": command}, "rows": rows}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
@@ -318,12 +317,11 @@ def main():
     ap.add_argument("--no-interleave", dest="interleave", action="store_false",
                     help="one process per engine with -r runs (default: rounds of one run each, alternating)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cpu_vs_llamacpp"))
-    ap.add_argument("--llamacpp-worker", metavar="GGUF", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.llamacpp_worker:
-        return llamacpp_worker(args)
 
     llama_cpp = prepare_models.import_llama_cpp()
+    if not os.access(LLAMA_BENCH, os.X_OK):
+        sys.exit(f"run_bench: no {LLAMA_BENCH}; run bench/cpu_vs_llamacpp/install_llamacpp.sh")
     if not os.access(args.hearth, os.X_OK):
         sys.exit(f"run_bench: no hearth binary at {args.hearth} (build it or pass --hearth)")
     models = prepare_models.model_list(not args.no_1b)
@@ -344,14 +342,13 @@ def main():
         row = dict(m, runs=int(runs), load_before=loadavg())
         hcmd = [args.hearth, "bench", m["path"], "-p", str(args.prompt), "-n", str(args.gen), "-t", str(args.threads),
                 "-r", runs, "--json"]
-        lcmd = [sys.executable, str(Path(__file__).resolve()), "--llamacpp-worker", m["path"], "-p", str(args.prompt),
-                "-n", str(args.gen), "-t", str(args.threads), "-r", runs]
+        lcmd, lparse = llama_bench_cmd(args, m["path"], runs), lambda out: parse_llama_bench(out, args)
         if args.interleave:
-            interleaved(row, hcmd, lcmd, m["path"], int(runs), args.timeout)
+            interleaved(row, hcmd, lcmd, m["path"], int(runs), args.timeout, lparse)
         else:
             row["hearth"], row["hearth_error"], row["hearth_file_mapped"] = run_child(hcmd, m["path"], args.timeout)
             row["llamacpp"], row["llamacpp_error"], row["llamacpp_file_mapped"] = run_child(lcmd, m["path"],
-                                                                                            args.timeout)
+                                                                                            args.timeout, lparse)
         row["load_after"] = loadavg()
         h, l = row["hearth"] or {}, row["llamacpp"] or {}
         row["prefill_ratio"] = ratio(h.get("prefill_tps"), l.get("prefill_tps"))

@@ -166,6 +166,9 @@ typedef struct hearth_engine_options {
     int deterministic;   /* 1: batch-invariant numerics: a sequence's logits do not depend on
                             what else is in the step (slower prefill; see docs/server.md) */
     int device;          /* hearth_device: where the forward pass runs (0: cpu) */
+    int cuda_exact;      /* 1: on the GPU, f32 prefill GEMMs and attention instead of bf16 tensor
+                            cores (the exact parity tier, whose greedy tokens equal the CPU
+                            reference tier's); no effect on the CPU */
 } hearth_engine_options;
 
 /* Loads the weights into resident memory and allocates the KV pool and all scratch

@@ -18,8 +18,6 @@ static const char *ppl_usage =
     "       [--batch-size 8] [--seed 123] [--save-logits FILE] [--kl-divergence (--reference MODEL |\n"
     "       --reference-logits FILE)] [--json] [--threads N] [--device cpu|cuda|auto]";
 
-int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o);
-
 /* ---- numpy's legacy generator: np.random.seed(s); np.random.permutation(n) ---------- */
 
 typedef struct mt19937 {

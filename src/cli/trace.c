@@ -7,7 +7,8 @@
 #include <string.h>
 
 static const char *trace_usage =
-    "hearth trace <model> --ids '[1,2,3]' [--last 4] [--top 20] [--steps 32] [--step-top 5] [--threads N]";
+    "hearth trace <model> --ids '[1,2,3]' [--last 4] [--top 20] [--steps 32] [--step-top 5] [--threads N]\n"
+    "       [--device cpu|cuda|auto] [--cuda-exact]";
 
 
 static json_t *top_json(const float *x, int vocab, int k) {

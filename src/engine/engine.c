@@ -254,18 +254,18 @@ size_t engine_device_room(size_t free_bytes, size_t total_bytes) {
 
 typedef struct plan_rooms {
     size_t host, dev;
-    int kv_quant;
+    int kv_quant, cuda_exact;
 } plan_rooms;
 
 static int fits_rooms(const model *m, const engine_plan *p, const void *arg) {
     const plan_rooms *r = arg;
     return (!r->host || engine_plan_bytes(p) <= r->host) &&
-           (!r->dev || engine_device_plan_bytes(model_ops(m), p, r->kv_quant) <= r->dev);
+           (!r->dev || engine_device_plan_bytes(model_ops(m), p, r->kv_quant, r->cuda_exact) <= r->dev);
 }
 
 hearth_status engine_plan_rooms(const model *m, const hearth_engine_options *o, size_t host_room, size_t dev_room,
                                 engine_plan *p, hearth_error *err) {
-    plan_rooms r = {host_room, dev_room, o ? o->kv_quant : 0};
+    plan_rooms r = {host_room, dev_room, o ? o->kv_quant : 0, o ? o->cuda_exact : 0};
     return engine_plan_room(m, o, fits_rooms, &r, p, err);
 }
 
@@ -314,7 +314,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     if (!st)
         st = kv_create_meta(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
                             o.kv_quant, po.device != HEARTH_DEVICE_CUDA, err);
-    if (!st) st = engine_device_open(model_ops(e->m), &e->kv, o.device, e->step_tokens, e->max_out, e->tp, &e->be, err);
+    if (!st) st = engine_device_open(model_ops(e->m), &e->kv, o.device, o.cuda_exact, e->step_tokens, e->max_out, e->tp, &e->be, err);
     e->gpu = e->be != NULL;
     if (!st && !e->gpu && po.device == HEARTH_DEVICE_CUDA) st = kv_storage_attach(&e->kv, err);
     if (!st && !e->gpu)
@@ -433,8 +433,8 @@ static hearth_status engine_model_forward(hearth_engine *e, const op_batch *b, h
         return st ? st : engine_device_sample(e->be, e->gsmp, b->n_out, e->dev_req, e->greedy_id, err);
     }
     if (e->gpu && e->greedy_id && b->n_out >= 1) {
-        static int said; /* HEARTH_DEVICE_GREEDY_LOG=1: one line, so tests can see this path ran */
-        if (!said && getenv("HEARTH_DEVICE_GREEDY_LOG")) {
+        static int said; /* one line per process: says the device picks greedy ids (tests see it ran) */
+        if (!said) {
             said = 1;
             fprintf(stderr, "hearth: greedy ids chosen on the device (%d rows)\n", b->n_out);
         }

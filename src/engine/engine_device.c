@@ -21,19 +21,14 @@ int hearth_device_parse(const char *name, int *out) {
     return 0;
 }
 
-int engine_device_gemm_exact(void) {
-    const char *mode = getenv("HEARTH_CUDA_GEMM");
-    return mode && !strcmp(mode, "f32");
-}
-
-hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int device, int max_tokens, int max_out,
-                                 threadpool *tp, op_backend **gpu, hearth_error *err) {
+hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int device, int cuda_exact, int max_tokens,
+                                 int max_out, threadpool *tp, op_backend **gpu, hearth_error *err) {
     *gpu = NULL;
     if (device == HEARTH_DEVICE_CPU) return HEARTH_OK;
     if (device != HEARTH_DEVICE_CUDA && device != HEARTH_DEVICE_AUTO)
         return err_set(err, HEARTH_ERR_INVALID, "engine: unknown device %d (--device takes cpu, cuda or auto)", device);
 #ifndef HEARTH_HAVE_CUDA
-    (void)om, (void)kv, (void)max_tokens, (void)max_out, (void)tp;
+    (void)om, (void)kv, (void)cuda_exact, (void)max_tokens, (void)max_out, (void)tp;
     if (device == HEARTH_DEVICE_CUDA)
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
                        "--device cuda: this hearth was built without the CUDA backend "
@@ -48,7 +43,7 @@ hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int dev
     char note[256] = "";
     hearth_error e2 = {0};
     hearth_status st =
-        cuda_model_create(om, kv, max_tokens, max_out, engine_device_gemm_exact(), tp, gpu, note, sizeof note, &e2);
+        cuda_model_create(om, kv, max_tokens, max_out, cuda_exact, tp, gpu, note, sizeof note, &e2);
     if (st && device == HEARTH_DEVICE_AUTO) {
         fprintf(stderr, "hearth: device auto: cpu (the GPU path failed: %s)\n", e2.message);
         return HEARTH_OK;
@@ -92,8 +87,8 @@ int engine_device_sample_supported(const hearth_sampling *p) {
 hearth_status engine_device_sample(op_backend *gpu, cuda_sampler *smp, int n_out, const cuda_sample_req *req,
                                    int32_t *ids, hearth_error *err) {
 #ifdef HEARTH_HAVE_CUDA
-    static int said; /* HEARTH_DEVICE_SAMPLER_LOG=1: one line, so tests can see this path ran */
-    if (!said && getenv("HEARTH_DEVICE_SAMPLER_LOG")) {
+    static int said; /* one line per process: says which sampler runs (and tests see it ran) */
+    if (!said) {
         said = 1;
         fprintf(stderr, "hearth: tokens sampled on the device (%d rows)\n", n_out);
     }
@@ -125,7 +120,7 @@ void engine_device_close(op_backend *gpu) {
     if (gpu) gpu->t->free(gpu);
 }
 
-size_t engine_device_plan_bytes(const op_model *om, const engine_plan *p, int kv_quant) {
+size_t engine_device_plan_bytes(const op_model *om, const engine_plan *p, int kv_quant, int cuda_exact) {
     const op_dims *c = &om->dims;
     kv_cache shape = {.n_layers = c->n_layers,
                       .n_kv_heads = c->n_kv_heads,
@@ -134,8 +129,7 @@ size_t engine_device_plan_bytes(const op_model *om, const engine_plan *p, int kv
                       .max_slots = p->max_seqs,
                       .max_blocks_per_slot = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
     cuda_plan d;
-    cuda_plan_make(om, &shape, p->step_tokens, p->max_out, cuda_kv_device_dtype(kv_quant), engine_device_gemm_exact(),
-                   &d);
+    cuda_plan_make(om, &shape, p->step_tokens, p->max_out, cuda_kv_device_dtype(kv_quant), cuda_exact, &d);
     return cuda_plan_bytes(&d);
 }
 

@@ -6,10 +6,11 @@
 #include "backend/cuda/cuda_sample.h"
 
 /* Resolves device (hearth_device): opens the CUDA backend of the op table for model om into
- * *gpu, or leaves *gpu NULL when the CPU runs the model. tp: the engine's host threads,
+ * *gpu (cuda_exact: hearth_engine_options.cuda_exact), or leaves *gpu NULL when the CPU runs
+ * the model. tp: the engine's host threads,
  * which the GPU steps use for their host work (embedding rows). */
-hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int device, int max_tokens, int max_out,
-                                 threadpool *tp, op_backend **gpu, hearth_error *err);
+hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int device, int cuda_exact, int max_tokens,
+                                 int max_out, threadpool *tp, op_backend **gpu, hearth_error *err);
 /* The device sampler (cuda_sample.h), made with the GPU model: rows up to max_out. *smp
  * stays NULL without CUDA. */
 hearth_status engine_device_sampler_open(int max_out, int vocab, cuda_sampler **smp, hearth_error *err);
@@ -25,13 +26,10 @@ hearth_status engine_device_sample(op_backend *gpu, cuda_sampler *smp, int n_out
  * on the GPU (device cuda, or auto with a CUDA device present); 0 otherwise. */
 size_t engine_device_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, int quant, int device);
 struct engine_plan;
-/* Whether the exact parity tier was asked for (HEARTH_CUDA_GEMM=f32: f32 GEMMs and prefill
- * attention on the GPU), read once here for the engine and fit. */
-int engine_device_gemm_exact(void);
 /* Device bytes cuda_model_create allocates for the engine of plan p (cuda_plan_make with the
  * pool's shape, as `hearth fit --device cuda` sizes it; weights + KV + scratch, without the
  * runtime). Computable in any build: it allocates nothing. */
-size_t engine_device_plan_bytes(const op_model *om, const struct engine_plan *p, int kv_quant);
+size_t engine_device_plan_bytes(const op_model *om, const struct engine_plan *p, int kv_quant, int cuda_exact);
 /* The GPU's copy bandwidth (GB/s, read + write; cuda_copy_bandwidth_gbs), 0 without CUDA. */
 double engine_device_bandwidth_gbs(void);
 void engine_device_close(op_backend *gpu);

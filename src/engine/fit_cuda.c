@@ -190,7 +190,7 @@ static hearth_status sizes_make(const model *m, const hearth_engine_options *eo,
                       .max_slots = z->host.max_seqs,
                       .max_blocks_per_slot = (z->host.context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
     cuda_plan_make(model_ops(m), &shape, z->host.step_tokens, z->host.max_out, cuda_kv_device_dtype(eo->kv_quant),
-                   engine_device_gemm_exact(), &z->dev);
+                   eo->cuda_exact, &z->dev);
     z->peak = cuda_plan_bytes(&z->dev) + g->context_bytes;
     return HEARTH_OK;
 }

@@ -13,10 +13,10 @@ from conftest import TINY_MODELS
 IDS = "[262,368,543,30,477,256,54,161,116,381,481,253,390,557,105,588,256,14,222,418]"
 
 
-def trace(hearth_bin, model, device, env=None):
+def trace(hearth_bin, model, device, env=None, args=()):
     e = dict(os.environ, **(env or {}))
     return subprocess.run([str(hearth_bin), "trace", str(model), "--ids", IDS, "--last", "2", "--top", "5",
-                           "--steps", "12", "--step-top", "5", "--device", device],
+                           "--steps", "12", "--step-top", "5", "--device", device, *args],
                           capture_output=True, text=True, env=e, timeout=120)
 
 
@@ -52,7 +52,7 @@ def test_cuda_greedy_matches_cpu_reference(hearth_bin, tiny_models, name):
     if not has_gpu(hearth_bin, m):
         pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA forward pass did NOT run")
     ref = trace(hearth_bin, m, "cpu", {"HEARTH_CPU": "scalar"})
-    gpu = trace(hearth_bin, m, "cuda", {"HEARTH_CUDA_GEMM": "f32"})
+    gpu = trace(hearth_bin, m, "cuda", args=["--cuda-exact"])
     assert ref.returncode == 0 and gpu.returncode == 0, ref.stderr + gpu.stderr
     a, b = json.loads(ref.stdout), json.loads(gpu.stdout)
     assert [s["token"] for s in a["steps"]] == [s["token"] for s in b["steps"]]
@@ -66,8 +66,8 @@ def test_cuda_greedy_matches_cpu_reference(hearth_bin, tiny_models, name):
 # A step whose rows are all plain greedy (temperature 0, no logprobs / penalties / bias) on
 # the GPU takes its ids from the device (engine_forward_rows_greedy / hearth_seq_append_
 # greedy); the oracle is again the CPU reference tier, which samples on the host.
-# HEARTH_DEVICE_GREEDY_LOG=1 makes the engine say once on stderr that the device chose ids,
-# so a test cannot pass by the host path alone.
+# The engine says once on stderr that the device chose ids, so a test cannot pass by the
+# host path alone.
 import sys  # noqa: E402
 import threading  # noqa: E402
 import urllib.request  # noqa: E402
@@ -120,13 +120,12 @@ def test_cuda_serve_device_greedy_matches_cpu(hearth_bin, tiny_models, name):
     if not has_gpu(hearth_bin, m):
         pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA serve path did NOT run")
     ref, _ = serve_answers(hearth_bin, m, "cpu", {"HEARTH_CPU": "scalar"}, concurrent=False)
-    gpu, log = serve_answers(hearth_bin, m, "cuda", {"HEARTH_CUDA_GEMM": "f32", "HEARTH_DEVICE_GREEDY_LOG": "1"},
-                             concurrent=True)
+    gpu, log = serve_answers(hearth_bin, m, "cuda", {}, concurrent=True, args=["--cuda-exact"])
     assert DEVICE_NOTE in log, log[-2000:]
     assert gpu == ref
     # logprobs asked: the host sampler path on the same GPU, same greedy text, no device ids
-    host, log2 = serve_answers(hearth_bin, m, "cuda", {"HEARTH_CUDA_GEMM": "f32", "HEARTH_DEVICE_GREEDY_LOG": "1"},
-                               concurrent=False, extra={"logprobs": True})
+    host, log2 = serve_answers(hearth_bin, m, "cuda", {}, concurrent=False, extra={"logprobs": True},
+                               args=["--cuda-exact"])
     assert DEVICE_NOTE not in log2, log2[-2000:]
     assert host == ref
 
@@ -137,12 +136,12 @@ def test_cuda_generate_device_greedy_matches_cpu(hearth_bin, tiny_models, name):
     if not has_gpu(hearth_bin, m):
         pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA generate path did NOT run")
 
-    def gen(device, env):
+    def gen(device, env, *args):
         return subprocess.run([str(hearth_bin), "generate", str(m), PROMPTS[0], "--max-tokens", "16", "--temp", "0",
-                               "--device", device], capture_output=True, text=True,
+                               "--device", device, *args], capture_output=True, text=True,
                               env=dict(os.environ, **env), timeout=120)
     ref = gen("cpu", {"HEARTH_CPU": "scalar"})
-    gpu = gen("cuda", {"HEARTH_CUDA_GEMM": "f32", "HEARTH_DEVICE_GREEDY_LOG": "1"})
+    gpu = gen("cuda", {}, "--cuda-exact")
     assert ref.returncode == 0 and gpu.returncode == 0, ref.stderr + gpu.stderr
     assert DEVICE_NOTE in gpu.stderr, gpu.stderr
     assert gpu.stdout == ref.stdout and ref.stdout.strip()
@@ -160,8 +159,28 @@ def test_cuda_serve_12_concurrent_equal_alone(hearth_bin, tiny_models, name):
     m = tiny_models[name]
     if not has_gpu(hearth_bin, m):
         pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA serve path did NOT run")
-    env = {"HEARTH_CUDA_GEMM": "f32"}  # exact operands: only summation order may differ
-    args = ["--max-sequences", "12", "--max-step-tokens", "64"]  # all 12 in one step, prompts chunked
+    env = {}
+    # exact operands (--cuda-exact): only summation order may differ; all 12 in one step, prompts chunked
+    args = ["--cuda-exact", "--max-sequences", "12", "--max-step-tokens", "64"]
     alone, _ = serve_answers(hearth_bin, m, "cuda", env, concurrent=False, prompts=PROMPTS12, args=args)
     together, _ = serve_answers(hearth_bin, m, "cuda", env, concurrent=True, prompts=PROMPTS12, args=args)
     assert together == alone
+
+
+def test_cuda_exact_flag(hearth_bin, tiny_models, real_ggufs):
+    """--cuda-exact (engine option cuda_exact) reaches the device plan: f32 GEMM staging
+    (4 bytes an element, not bf16's 2) and no bf16 prefill-attention stage, so fit's device
+    scratch differs by exactly what cuda_plan.c sizes; on the CPU it changes nothing."""
+    m = tiny_models["llama-f32"]
+    plain = trace(hearth_bin, m, "cpu")
+    exact = trace(hearth_bin, m, "cpu", args=["--cuda-exact"])
+    assert plain.returncode == 0 and exact.returncode == 0, plain.stderr + exact.stderr
+    assert plain.stdout == exact.stdout
+
+    def scratch(*extra):
+        p = subprocess.run([str(hearth_bin), "fit", str(real_ggufs["smollm2"]), "--device", "cuda", "--sku", "h200",
+                            "--ctx", "4096", "--max-step-tokens", "2048", "--json", *extra],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["scratch_bytes"]
+    assert scratch("--cuda-exact") > scratch()

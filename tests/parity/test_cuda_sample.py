@@ -2,8 +2,8 @@
 with concurrent requests of mixed sampling parameters (one scheduler step holds rows with
 different temperatures, filters, penalties, bias and logprobs), seeded requests repeated
 (same seed, same text), and greedy + logprobs against the CPU scalar reference engine.
-HEARTH_DEVICE_SAMPLER_LOG=1 makes the engine say once that the device drew the tokens, so
-no test passes by the host sampler alone. Skipped without a GPU (the kernel-level checks
+The engine says once on stderr that the device drew the tokens, so no test passes by the
+host sampler alone. The GPU runs with --cuda-exact (f32 GEMMs, the exact tier). Skipped without a GPU (the kernel-level checks
 against the host sampler are tests/unit/test_cuda_sample.c)."""
 import json
 import os
@@ -17,7 +17,8 @@ from hearth_process import free_port, running
 
 MODEL = "llama-f32"
 SAMPLED_NOTE = "tokens sampled on the device"
-GPU_ENV = {"HEARTH_CUDA_GEMM": "f32", "HEARTH_DEVICE_SAMPLER_LOG": "1"}
+GPU_ENV = {}
+GPU_ARGS = ["--cuda-exact"]
 
 
 def body(prompt, **extra):
@@ -28,7 +29,8 @@ def body(prompt, **extra):
 def serve(hearth_bin, model, device, env, bodies, concurrent=True):
     """Answers to bodies (all at once when concurrent) and the server's log."""
     port = free_port()
-    cmd = [str(hearth_bin), "serve", "--model", str(model), "--port", str(port), "--device", device]
+    cmd = [str(hearth_bin), "serve", "--model", str(model), "--port", str(port), "--device", device,
+           *(GPU_ARGS if device == "cuda" else [])]
     with open(f"/tmp/hearth-serve-{port}.log", "w+b") as log:
         with running(cmd, port, log, dict(os.environ, **env), 120) as base:
             out = [None] * len(bodies)
@@ -111,7 +113,7 @@ def test_cuda_generate_seeded_repeats(hearth_bin, tiny_models):
 
     def gen():
         return subprocess.run([str(hearth_bin), "generate", str(m), "Once upon a time", "--max-tokens", "24",
-                               "--temp", "0.9", "--seed", "77", "--device", "cuda"], capture_output=True, text=True,
+                               "--temp", "0.9", "--seed", "77", "--device", "cuda", *GPU_ARGS], capture_output=True, text=True,
                               env=dict(os.environ, **GPU_ENV), timeout=120)
     a, b = gen(), gen()
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr

@@ -76,7 +76,7 @@ typedef struct cuda_weight {
     int q4k_packed; /* Q4_K only: scale/min bytes rearranged (cuda_q4k_scale_min) */
     int aff_bits;   /* DT_AFFINE only: bits per code (cuda_affine.h) */
     tensor_dtype aff_from; /* DT_AFFINE only: the file's format */
-    int aff_f32act;        /* DT_AFFINE only: float activations, not int8 (the exact tier, HEARTH_CUDA_GEMM=f32) */
+    int aff_f32act;        /* DT_AFFINE only: float activations, not int8 (the exact tier, --cuda-exact) */
     size_t bytes;   /* device bytes read by one GEMV (data + scales) */
 } cuda_weight;
 
@@ -347,7 +347,7 @@ typedef struct cuda_attention_args {
      * fixed one), never the prefill tiles or the tensor-core prefill; costs prefill speed,
      * see docs/server.md. */
     int batch_invariant;
-    int exact_f32; /* 1: f32 arithmetic only (HEARTH_CUDA_GEMM=f32, the parity tier): no bf16 tensor-core prefill */
+    int exact_f32; /* 1: f32 arithmetic only (--cuda-exact, the parity tier): no bf16 tensor-core prefill */
     /* Optional (NULL: unknown): slot[] on the host. With it, a ragged step (single_slot 0,
      * T > 8; a sequence's tokens consecutive) is split into runs: each run of more than 8
      * tokens of one slot goes to the prefill kernels, the rest (decode rows) to the GQA

@@ -88,7 +88,7 @@ typedef struct cuda_plan {
     size_t gemv_floats;      /* cuda_gemv_reserve's argument */
     size_t decode_q8_bytes, decode_q8_scale_bytes; /* the fused norm / gate's int8 activations */
     size_t gemm_max_w, gemm_max_x;
-    int gemm_exact; /* HEARTH_CUDA_GEMM=f32 */
+    int gemm_exact; /* hearth_engine_options.cuda_exact (--cuda-exact) */
     int kv_dtype;   /* cuda_kv_dtype */
     int n_expanded; /* weights expanded to F32 (no kernel for their format) */
     tensor_dtype expanded_from;

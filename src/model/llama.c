@@ -1,4 +1,4 @@
-/* llama.c: the forward pass of the llama family (Llama 2/3.x, SmolLM2): pre-norm blocks,
+/* llama.c: the forward pass of the llama family (Llama 2/3.x, SmolLM2; Qwen3 too, qwen3.c): pre-norm blocks,
  * RMSNorm, attention with RoPE (q/k/v biases where a checkpoint has them), SiLU-gated
  * MLP. Op-table calls only: the same code on every backend. */
 #include "model/decoder.h"

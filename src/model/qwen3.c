@@ -1,22 +1,7 @@
-/* qwen3.c: the forward pass of Qwen3 (dense): the llama block with a per-head RMSNorm of
- * queries and keys before RoPE (q_norm / k_norm, carried in the attention's op arguments)
- * and no attention biases. Op-table calls only: the same code on every backend. */
+/* qwen3.c: the forward pass of Qwen3 (dense). Its block is the llama block; what differs is
+ * carried by the weights the loader finds: a per-head RMSNorm of queries and keys before
+ * RoPE (q_norm / k_norm in each layer's attention arguments, decoder_attn) and no attention
+ * biases. So the step is llama.c's, op for op, on every backend. */
 #include "model/decoder.h"
 
-hearth_status qwen3_layers(const op_step *s, const void *ctx) {
-    const model *m = ctx;
-    const model_config *c = &m->cfg;
-    const layer_weights *first = &m->layers[0];
-    OP_TRY(op_add_norm(s, OP_NONE, first->attn_norm, 0.0f, DECODER_QKV(first)));
-    for (int i = 0; i < c->n_layers; i++) {
-        const layer_weights *l = &m->layers[i], *next = i + 1 < c->n_layers ? &m->layers[i + 1] : NULL;
-        op_attn attn = decoder_attn(m, i); /* with q_norm and k_norm */
-        op_mlp mlp = decoder_mlp(m, i, OP_ACT_SILU);
-        OP_TRY(op_qkv_rope_store(s, i, &attn));
-        OP_TRY(op_attention(s, i, &attn));
-        OP_TRY(op_add_norm(s, OP_TMP, l->ffn_norm, 0.0f, DECODER_GATE_UP(l)));
-        OP_TRY(op_mlp_run(s, &mlp));
-        OP_TRY(next ? op_add_norm(s, OP_TMP, next->attn_norm, 0.0f, DECODER_QKV(next)) : op_add(s, OP_X, OP_TMP));
-    }
-    return op_logits(s, m->final_norm, c->norm_shift, 1.0f, &m->lm_head);
-}
+hearth_status qwen3_layers(const op_step *s, const void *ctx) { return llama_layers(s, ctx); }

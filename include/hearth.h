@@ -169,6 +169,9 @@ typedef struct hearth_engine_options {
     int cuda_exact;      /* 1: on the GPU, f32 prefill GEMMs and attention instead of bf16 tensor
                             cores (the exact parity tier, whose greedy tokens equal the CPU
                             reference tier's); no effect on the CPU */
+    int host_sampler;    /* 1: on the GPU, tokens are picked on the host from the copied logits
+                            rows (greedy and sampled alike) instead of by the device's argmax
+                            and sampler kernels: for comparisons; no effect on the CPU */
 } hearth_engine_options;
 
 /* Loads the weights into resident memory and allocates the KV pool and all scratch

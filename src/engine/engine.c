@@ -38,6 +38,7 @@ struct hearth_engine {
     int kv_cut_from;   /* engine_plan.kv_cut_from: the default pool was cut to fit memory */
     int context_cut_from; /* engine_plan.context_cut_from: the default context was cut to fit memory */
     int deterministic; /* op_batch.batch_invariant for every step */
+    int host_sampler;  /* hearth_engine_options.host_sampler */
     int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
     cuda_sampler *gsmp;                /* the device sampler (with gpu) */
     const engine_sample_row *dev_rows; /* set for a step whose rows it samples (ids into greedy_id) */
@@ -308,6 +309,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     e->kv_cut_from = p.kv_cut_from;
     e->context_cut_from = p.context_cut_from;
     e->deterministic = o.deterministic != 0;
+    e->host_sampler = o.host_sampler != 0;
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
     /* host K/V storage only where the CPU runs the forward pass (after the device is open:
      * --device auto falls back to the CPU when the GPU path fails) */
@@ -443,6 +445,7 @@ static hearth_status engine_model_forward(hearth_engine *e, const op_batch *b, h
     return model_forward(e->m, e->be, &e->kv, b, OP_OUT_LOGITS, NULL, err);
 }
 
+int engine_host_sampler(const hearth_engine *e) { return e->host_sampler; }
 int hearth_engine_device(const hearth_engine *e) { return e->gpu ? HEARTH_DEVICE_CUDA : HEARTH_DEVICE_CPU; }
 
 hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens, size_t n, size_t n_logits,

@@ -418,6 +418,24 @@ typedef struct hearth_pull_options {
  * receives the snapshot folder. */
 hearth_status hearth_pull(const char *repo_arg, const hearth_pull_options *o, char **snapshot_dir, hearth_error *err);
 
+typedef struct hearth_upload_options {
+    const char *endpoint; /* NULL: $HF_ENDPOINT or https://huggingface.co */
+    const char *token;    /* NULL: $HF_TOKEN (a write token; required) */
+    const char *revision; /* branch to commit to; NULL: the repo argument's @revision, else "main" */
+    const char *message;  /* commit summary; NULL: "Upload N files with hearth" */
+    int private_repo;     /* 1: a repo that does not exist yet is created private */
+    hearth_pull_progress_fn on_progress; /* per LFS file: bytes sent of its size; NULL: silent */
+    void *user;
+} hearth_upload_options;
+
+/* Uploads every file under dir (links followed; .git/ and .cache/huggingface/ left out) to
+ * the hub repo org/name[@revision] in one commit: creates the repo when missing, sends
+ * large files through LFS (sha256 oids; basic or multipart, as the hub answers), others
+ * inline. LFS objects the hub already holds are not sent again, so running it again after
+ * an interruption resumes. *commit_url (optional, hearth_free) receives the commit's URL. */
+hearth_status hearth_upload(const char *dir, const char *repo_arg, const hearth_upload_options *o, char **commit_url,
+                            hearth_error *err);
+
 /* Starts hearth_pull(repo_arg, only files matching include when not NULL) on a
  * background thread of this process (no progress
  * output); hearth_downloads_json lists those in progress and finished:

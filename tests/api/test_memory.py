@@ -1,0 +1,298 @@
+"""hearth memory: the vault (checked with the git CLI, an independent reader of what libgit2
+wrote), import of ChatGPT / Claude exports and Markdown folders (dedup, no system prompts),
+the reading verbs, the MCP server (JSON-RPC 2.0 on stdio; its tool schemas checked by
+jsonschema), and a corrupt vault (conflict markers, non-UTF-8, detached HEAD, locked index)
+reported and never written. BM25 only (--embed-model none) except the hybrid test, which
+uses the tiny random-weight embedding model (ranking is not what it checks)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hearth_process import isolate_cache, need  # noqa: E402
+
+isolate_cache()
+REPO = Path(__file__).resolve().parent.parent.parent
+BIN = Path(os.environ.get("HEARTH_BIN", REPO / "bin" / "hearth"))
+CACHE = Path(os.environ.get("HEARTH_CACHE", Path.home() / ".cache" / "hearth"))
+TINY_EMBED = CACHE / "tiny-embed" / "qwen3-embed-f32"
+
+
+def hearth(vault, *args, check=True, stdin=None):
+    need(BIN, "hearth binary", "run make (or set HEARTH_BIN)")
+    r = subprocess.run([str(BIN), "memory", *[str(a) for a in args], "--vault", str(vault)]
+                       + ([] if "--embed-model" in args else ["--embed-model", "none"]),
+                       capture_output=True, text=True, input=stdin, timeout=120)
+    if check and r.returncode:
+        raise AssertionError(f"hearth memory {args}: rc {r.returncode}\n{r.stderr}")
+    return r
+
+
+def git(vault, *args):
+    return subprocess.run(["git", "-C", str(vault), *args], capture_output=True, text=True, check=True).stdout
+
+
+def commits(vault):
+    return int(git(vault, "rev-list", "--count", "HEAD"))
+
+
+@pytest.fixture
+def vault(tmp_path):
+    v = tmp_path / "wiki"
+    report = json.loads(hearth(v, "init").stdout)
+    assert report["created"] and report["committed"]
+    return v
+
+
+CHATGPT = [{
+    "title": "Sourdough",
+    "create_time": 1700000000.0,
+    "current_node": "c",
+    "mapping": {
+        "root": {"id": "root", "message": None, "parent": None, "children": ["s"]},
+        "s": {"id": "s", "parent": "root", "children": ["a"], "message": {
+            "author": {"role": "system"}, "content": {"parts": ["SECRET SYSTEM PROMPT zebra"]}}},
+        "a": {"id": "a", "parent": "s", "children": ["b", "x"], "message": {
+            "author": {"role": "user"}, "content": {"parts": ["My sourdough starter is named Clint."]},
+            "create_time": 1700000001.0}},
+        "x": {"id": "x", "parent": "a", "children": [], "message": {  # an abandoned branch
+            "author": {"role": "assistant"}, "content": {"parts": ["abandoned quokka branch"]}}},
+        "b": {"id": "b", "parent": "a", "children": ["c"], "message": {
+            "author": {"role": "assistant"}, "content": {"parts": ["Feed Clint rye flour twice a day."]}}},
+        "c": {"id": "c", "parent": "b", "children": [], "message": {
+            "author": {"role": "user"}, "content": {"parts": ["Thanks, I bake on Sundays.", {"image": 1}]}}},
+    }}]
+
+CLAUDE = [{"uuid": "u1", "name": "Bike fitting", "created_at": "2024-03-01T10:00:00Z", "chat_messages": [
+    {"sender": "human", "text": "My road bike frame is 56 cm titanium.", "created_at": "2024-03-01T10:00:00Z"},
+    {"sender": "assistant", "text": "", "content": [{"type": "text", "text": "A 56 cm frame suits 178 cm riders."}]},
+]}]
+
+
+def test_init_is_a_git_repo_with_reference_and_idempotent(vault):
+    assert commits(vault) == 1
+    files = git(vault, "ls-files").split("\n")
+    assert "Meta/index.md" in files and "Meta/log.md" in files
+    assert any(f.startswith("Reference/") and f.endswith(".md") for f in files)
+    assert not any(f.startswith(".hearth") for f in files)  # the index is derived, not tracked
+    assert git(vault, "status", "--porcelain") == ""
+    again = json.loads(hearth(vault, "init").stdout)
+    assert not again["created"] and not again["committed"] and commits(vault) == 1
+    status = json.loads(hearth(vault, "status", "--json").stdout)
+    assert status["commits"] == 1 and status["problems"] == [] and status["kinds"]["reference"] >= 5
+    # the docs are there on day one: searching them finds hearth's own flags
+    hits = json.loads(hearth(vault, "search", "kv-quant int8 scale", "--json").stdout)
+    assert hits and all(h["kind"] == "reference" for h in hits)
+
+
+def test_import_chatgpt_claude_dedup_and_search(vault, tmp_path):
+    export = tmp_path / "conversations.json"
+    export.write_text(json.dumps(CHATGPT))
+    r = json.loads(hearth(vault, "import", export).stdout)
+    assert r == {"conversations": 1, "notes": 0, "skipped": 0, "committed": True}
+    convs = list((vault / "Conversations").glob("*.md"))
+    assert len(convs) == 1
+    text = convs[0].read_text()
+    assert "zebra" not in text and "SYSTEM" not in text  # no system prompts stored
+    assert "quokka" not in text  # only the thread current_node names
+    assert text.index("Clint.") < text.index("rye flour") < text.index("Sundays")
+    assert "source: \"chatgpt\"" in text
+    assert commits(vault) == 2
+    again = json.loads(hearth(vault, "import", export).stdout)
+    assert again == {"conversations": 0, "notes": 0, "skipped": 1, "committed": False} and commits(vault) == 2
+    claude = tmp_path / "claude" / "conversations.json"
+    claude.parent.mkdir()
+    claude.write_text(json.dumps(CLAUDE))
+    assert json.loads(hearth(vault, "import", claude.parent).stdout)["conversations"] == 1
+    # searchable at once, before any synthesis: the passage and its source
+    hits = json.loads(hearth(vault, "search", "which flour to feed Clint", "--json").stdout)
+    assert hits[0]["kind"] == "conversation" and "rye flour" in hits[0]["text"] and hits[0]["source"] == "chatgpt"
+    assert hits[0]["path"].startswith("Conversations/") and hits[0]["anchor"]
+    hits = json.loads(hearth(vault, "search", "titanium frame size", "--kind", "conversation", "--json").stdout)
+    assert "56 cm titanium" in hits[0]["text"]
+    log = (vault / "Meta" / "log.md").read_text()
+    assert log.count("import:") == 2
+
+
+NOTE = """---
+title: Garden plan
+---
+# Garden plan
+
+Tomatoes go by the south wall. See [[Compost]] and [[Watering#Summer|summer watering]] and [[Nowhere]].
+
+## Beds
+
+Three raised beds of cedar.
+
+### Bed one
+
+Basil and *peppers*.
+
+```
+[[not a link]]
+# not a heading
+```
+
+## Harvest
+
+August.
+"""
+
+
+def test_notes_and_reading_verbs(vault, tmp_path):
+    src = tmp_path / "notes"
+    (src / "sub").mkdir(parents=True)
+    (src / "garden.md").write_text(NOTE)
+    (src / "sub" / "Compost.md").write_text("# Compost\n\nGreens and browns. Back to [[Garden plan]].\n")
+    (src / "Watering.txt").write_text("Summer\n\nWater at dawn.\n")
+    (src / "photo.jpg").write_bytes(b"\xff\xd8")
+    r = json.loads(hearth(vault, "import", src).stdout)
+    assert r["notes"] == 3 and r["committed"]
+    assert json.loads(hearth(vault, "import", src).stdout)["skipped"] == 3
+    toc = json.loads(hearth(vault, "toc", "Garden plan", "--json").stdout)
+    assert toc["path"] == "Notes/garden.md"
+    assert [(h["level"], h["text"]) for h in toc["headings"]] == [(1, "Garden plan"), (2, "Beds"), (3, "Bed one"),
+                                                                  (2, "Harvest")]
+    section = hearth(vault, "section", "garden", "beds").stdout
+    assert section.startswith("## Beds") and "Bed one" in section and "Harvest" not in section
+    assert hearth(vault, "read", "Notes/garden.md").stdout == NOTE
+    links = json.loads(hearth(vault, "links", "garden", "--json").stdout)
+    got = {(l["target"], l["heading"], l["exists"]) for l in links["links"]}
+    assert got == {("Compost", "", True), ("Watering", "Summer", True), ("Nowhere", "", False)}
+    assert links["backlinks"] == ["Notes/sub/Compost.md"]
+    listing = json.loads(hearth(vault, "list", "--kind", "note", "--json").stdout)
+    assert {d["path"] for d in listing} == {"Notes/garden.md", "Notes/sub/Compost.md", "Notes/Watering.md"}
+    miss = hearth(vault, "section", "garden", "no such heading", check=False)
+    assert miss.returncode == 1 and "no section 'no such heading'" in miss.stderr
+
+
+def mcp(vault, *requests):
+    lines = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in requests)
+    out = hearth(vault, "mcp", stdin=lines).stdout
+    return [json.loads(l) for l in out.splitlines()]
+
+
+def test_mcp_tools(vault, tmp_path):
+    (tmp_path / "n").mkdir()
+    (tmp_path / "n" / "cats.md").write_text("# Cats\n\nMy cat Miso likes tuna.\n")
+    hearth(vault, "import", tmp_path / "n")
+    out = mcp(vault,
+              {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}},
+              {"jsonrpc": "2.0", "method": "notifications/initialized"},
+              {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+              {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+               "params": {"name": "memory_search", "arguments": {"query": "what does Miso eat"}}},
+              {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+               "params": {"name": "memory_write", "arguments": {"article": "x", "text": "y"}}},
+              {"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+               "params": {"name": "memory_search", "arguments": {"query": 3}}},
+              "{not json",
+              {"jsonrpc": "2.0", "id": 6, "method": "resources/list"},
+              {"jsonrpc": "2.0", "id": 7, "method": "ping"})
+    by_id = {m.get("id"): m for m in out}
+    assert len(out) == 8  # the notification got no answer
+    assert by_id[1]["result"]["protocolVersion"] == "2025-06-18" and "tools" in by_id[1]["result"]["capabilities"]
+    tools = by_id[2]["result"]["tools"]
+    assert {t["name"] for t in tools} == {"memory_status", "memory_list", "memory_search", "memory_read",
+                                          "memory_toc", "memory_section", "memory_links"}
+    for t in tools:
+        jsonschema.Draft202012Validator.check_schema(t["inputSchema"])
+    hits = json.loads(by_id[3]["result"]["content"][0]["text"])
+    assert not by_id[3]["result"]["isError"] and "tuna" in hits[0]["text"]
+    assert by_id[4]["result"]["isError"] and "read-only" in by_id[4]["result"]["content"][0]["text"]
+    assert by_id[5]["result"]["isError"] and "'query'" in by_id[5]["result"]["content"][0]["text"]
+    assert by_id[None]["error"]["code"] == -32700
+    assert by_id[6]["error"]["code"] == -32601
+    assert by_id[7]["result"] == {}
+    # the tools wrote nothing
+    assert git(vault, "status", "--porcelain") == ""
+
+
+def corrupt_cases(vault):
+    note = vault / "Notes" / "x.md"
+
+    def conflict():
+        note.parent.mkdir(exist_ok=True)
+        note.write_text("# X\n<<<<<<< HEAD\nmine\n=======\ntheirs\n>>>>>>> other\n")
+        return "merge conflict markers"
+
+    def latin1():
+        note.parent.mkdir(exist_ok=True)
+        note.write_bytes(b"# X\n\ncaf\xe9\n")
+        return "not valid UTF-8"
+
+    def detached():
+        git(vault, "checkout", "-q", "--detach")
+        return "HEAD is detached"
+
+    def locked():
+        (vault / ".git" / "index.lock").write_text("")
+        return "index is locked"
+
+    return [conflict, latin1, detached, locked]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_corrupt_vault_reported_never_written(vault, tmp_path, case):
+    problem = corrupt_cases(vault)[case]()
+    before = {p: p.read_bytes() for p in vault.rglob("*") if p.is_file() and ".hearth" not in p.parts}
+    head = git(vault, "rev-parse", "HEAD")
+    status = json.loads(hearth(vault, "status", "--json").stdout)
+    assert any(problem in p for p in status["problems"]), status["problems"]
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "new.md").write_text("# New\n\nfresh\n")
+    r = hearth(vault, "import", src, check=False)
+    assert r.returncode == 1 and "needs attention" in r.stderr and problem in r.stderr
+    r = hearth(vault, "init", check=False)
+    assert r.returncode == 1 and problem in r.stderr
+    after = {p: p.read_bytes() for p in vault.rglob("*") if p.is_file() and ".hearth" not in p.parts}
+    assert after == before and git(vault, "rev-parse", "HEAD") == head
+
+
+def test_bad_input(vault, tmp_path):
+    bad = tmp_path / "conversations.json"
+    bad.write_text('{"not": "an export"}')
+    r = hearth(vault, "import", bad, check=False)
+    assert r.returncode == 1 and str(bad) in r.stderr and "not a ChatGPT or Claude export" in r.stderr
+    bad.write_text("[{\"mapping\": ")
+    r = hearth(vault, "import", bad, check=False)
+    assert r.returncode == 1 and str(bad) in r.stderr
+    r = hearth(vault, "import", tmp_path / "missing", check=False)
+    assert r.returncode == 1 and "no such file" in r.stderr
+    r = hearth(vault, "frobnicate", check=False)
+    assert r.returncode == 2 and "unknown memory command" in r.stderr
+    r = hearth(vault, "search", check=False)
+    assert r.returncode == 2
+    r = hearth(vault, "search", "x", "--kind", "bogus", check=False)
+    assert r.returncode == 1 and "unknown kind" in r.stderr
+    r = hearth(tmp_path / "nothing-here", "status", check=False)
+    assert r.returncode == 1 and "hearth memory init" in r.stderr
+    assert commits(vault) == 1
+
+
+def test_hybrid_search_and_reindex(vault, tmp_path):
+    need(TINY_EMBED, "tiny embedding model", "run tools/make_tiny_models.py")
+    (tmp_path / "n").mkdir()
+    (tmp_path / "n" / "cats.md").write_text("# Cats\n\nMy cat Miso likes tuna.\n")
+    hearth(vault, "import", tmp_path / "n", "--embed-model", TINY_EMBED)
+    status = json.loads(hearth(vault, "status", "--json", "--embed-model", TINY_EMBED).stdout)
+    assert status["embedding_model"] == str(TINY_EMBED)
+    hits = json.loads(hearth(vault, "search", "Miso tuna", "--json", "--embed-model", TINY_EMBED).stdout)
+    assert hits[0]["path"] == "Notes/cats.md"
+    # a query no word of which is in the vault still gets the nearest vectors
+    hits = json.loads(hearth(vault, "search", "qqqqzzzz", "--json", "--limit", "3", "--embed-model", TINY_EMBED).stdout)
+    assert len(hits) == 3
+    before = json.loads(hearth(vault, "status", "--json").stdout)
+    rebuilt = json.loads(hearth(vault, "reindex").stdout)
+    assert rebuilt["documents"] == before["documents"] and rebuilt["chunks"] == before["chunks"]
+    # a file edited behind hearth's back is re-read on the next open
+    (vault / "Notes" / "cats.md").write_text("# Cats\n\nMiso now prefers salmon.\n")
+    hits = json.loads(hearth(vault, "search", "salmon", "--json").stdout)
+    assert hits and hits[0]["path"] == "Notes/cats.md"

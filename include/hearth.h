@@ -590,6 +590,31 @@ hearth_status hearth_memory_call(hearth_memory *m, const char *tool, const char 
  * commit when anything was added; the index is updated at once. *report_json:
  * {"conversations", "notes", "skipped", "committed"}. */
 hearth_status hearth_memory_import(hearth_memory *m, const char *path, char **report_json, hearth_error *err);
+/* Synthesis: the local model turns conversations into articles, in stages: segment
+ * (topic chunks of each new conversation), extract (durable facts with citations to
+ * their messages; secrets dropped), route (each fact to an existing or new article),
+ * synthesize (the article rewritten with its new facts, kept only when it passes the gate:
+ * at least 70% of the old prose and every old citation kept, no secrets; otherwise a
+ * note on its Talk/ page), link (no dangling [[links]], Meta/index.md's article list),
+ * then one commit. Progress lives in the index database, so a killed run resumes where
+ * it stopped; a run with nothing new makes no commit. The model is a callback: given a
+ * stage name and a prompt (instructions, then "INPUT:" and a JSON object), it writes its
+ * answer (JSON) into *answer (malloc'd; the library frees it) and returns 0, else
+ * nonzero to stop the run (nothing is committed). */
+typedef int (*hearth_memory_llm_fn)(void *user, const char *stage, const char *prompt, char **answer);
+typedef struct hearth_memory_synth_options {
+    const char *stage; /* NULL: every stage and the commit; else "segment", "extract", "route",
+                        * "synthesize" (the stages' own work only) or "link" (link and commit) */
+    const char *since; /* NULL, or a date "YYYY-MM-DD": only conversations created since */
+    int limit;         /* > 0: at most this many items per stage */
+    int dry_run;       /* report the work each stage has, call nothing, write nothing */
+    hearth_memory_llm_fn llm;
+    void *user;
+} hearth_memory_synth_options;
+/* *report_json: {"segment": n, "extract": n, "route": n, "synthesize": n, "articles": [...],
+ * "rejected": n, "committed": bool} (with dry_run: the work waiting at each stage). */
+hearth_status hearth_memory_synthesize(hearth_memory *m, const hearth_memory_synth_options *o, char **report_json,
+                                       hearth_error *err);
 /* Drops the index and rebuilds it from the vault's files (vectors of unchanged text are
  * kept). *report_json: {"documents", "chunks", "seconds"}. */
 hearth_status hearth_memory_reindex(hearth_memory *m, char **report_json, hearth_error *err);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """locomo_recall.py: retrieval recall@5 of `hearth memory search` on LoCoMo against two
 baselines measured in the same run: Okapi BM25 over the raw dialogue turns, and BM25 +
-all-MiniLM-L6-v2 (HF transformers, mean pooling) fused by reciprocal rank.
+all-MiniLM-L6-v2 cosine (vectors from `hearth embed`) fused by reciprocal rank.
 
 Each LoCoMo conversation goes into its own fresh vault as a ChatGPT-format export (one
 conversation per session, message ids = LoCoMo dia_ids, author names = speakers) through
@@ -133,24 +133,18 @@ def rrf(*rankings, k=5):
 
 
 class MiniLM:
-    def __init__(self, path):
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-        self.torch = torch
-        torch.set_num_threads(os.cpu_count() or 2)
-        self.tok = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path).eval()
+    """all-MiniLM-L6-v2 vectors through `hearth embed` (checked against sentence-transformers
+    by tests/parity/goldens/embed_minilm.json); torch is not in the project's venv."""
 
-    def embed(self, texts, batch=64):
-        out = []
-        with self.torch.no_grad():
-            for i in range(0, len(texts), batch):
-                enc = self.tok(texts[i:i + batch], padding=True, truncation=True, max_length=256, return_tensors="pt")
-                h = self.model(**enc).last_hidden_state
-                m = enc["attention_mask"].unsqueeze(-1).float()
-                v = (h * m).sum(1) / m.sum(1)
-                out.append(self.torch.nn.functional.normalize(v, dim=-1))
-        return self.torch.cat(out)
+    def __init__(self, binary, path):
+        self.binary, self.path = binary, path
+
+    def embed(self, texts):
+        import numpy as np
+        lines = "".join(t.replace("\n", " ").strip() + "\n" for t in texts)
+        r = subprocess.run([self.binary, "embed", self.path, "--file", "-", "--json", "--truncate"], input=lines,
+                           capture_output=True, text=True, check=True)
+        return np.array([d["embedding"] for d in json.loads(r.stdout)["data"]], dtype=np.float32)
 
 
 class Hearth:
@@ -180,7 +174,7 @@ class Hearth:
 def run(binary, embed, limit_convs):
     tmp = tempfile.mkdtemp(prefix="locomo-")
     files = load_locomo(tmp)[:limit_convs]
-    minilm = MiniLM(embed)
+    minilm = MiniLM(binary, embed)
     template = os.path.join(tmp, "template")
     # one vault with Reference/ embedded once; each conversation gets a copy (the vectors
     # cache travels in the index, keyed by text)
@@ -206,10 +200,10 @@ def run(binary, embed, limit_convs):
         vecs = minilm.embed([t for _, t in turns])
         timing["baseline_embed_s"] += time.perf_counter() - t
         h = Hearth(binary, vault, embed)
-        for qa in conv["qa"]:
-            evidence = {e.strip() for e in qa.get("evidence", []) if e.strip()}
-            if not evidence:
-                continue
+        qas = [qa for qa in conv["qa"] if any(e.strip() for e in qa.get("evidence", []))]
+        qvecs = minilm.embed([qa["question"] for qa in qas])
+        for qi, qa in enumerate(qas):
+            evidence = {e.strip() for e in qa["evidence"] if e.strip()}
             q, cat = qa["question"], qa.get("category", 0)
             t = time.perf_counter()
             res = h.search(q)
@@ -218,7 +212,7 @@ def run(binary, embed, limit_convs):
             got = {"hearth": [r["heading"].split(" ")[0] for r in res]}
             s = bm25.scores(q)
             got["bm25"] = [ids[i] for i in top(s, 5)]
-            cos = (vecs @ minilm.embed([q])[0]).tolist()
+            cos = (vecs @ qvecs[qi]).tolist()
             got["bm25+minilm"] = [ids[i] for i in rrf(top(s, 50), top(cos, 50))]
             for name, g in got.items():
                 hits[name][cat].append(len(evidence & set(g[:5])) / len(evidence))
@@ -268,8 +262,8 @@ def main():
     lines += ["", f"hearth - better baseline: {table['hearth']['all'] - best:+.1f} points. hearth searched raw "
               f"conversations only (no synthesis). Mean `memory_search` over MCP: "
               f"{result['hearth_search_ms_mean']} ms per question (query embedding included); import + "
-              f"embedding of all turns: {result['hearth_import_and_embed_s']} s (baseline embedding with "
-              f"transformers: {result['baseline_embed_s']} s)."]
+              f"embedding of all turns: {result['hearth_import_and_embed_s']} s (baseline embedding through "
+              f"hearth embed: {result['baseline_embed_s']} s)."]
     Path(a.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

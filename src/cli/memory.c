@@ -9,7 +9,7 @@
 #include <string.h>
 
 static const char *memory_usage =
-    "hearth memory [init|status|open|list|search|toc|section|links|read|import|reindex|mcp] [args]\n"
+    "hearth memory [init|status|open|list|search|toc|section|links|read|import|reindex|synthesize|mcp] [args]\n"
     "  init                         create the vault (or refresh Reference/); idempotent\n"
     "  status                       where the vault is, commits, counts, problems (the default)\n"
     "  open [article]               open the vault (or an article) in Obsidian, else print its path\n"
@@ -18,6 +18,8 @@ static const char *memory_usage =
     "  toc <a> | section <a> <anchor> | links <a> | read <a>\n"
     "  import <file|folder>         ChatGPT/Claude conversations.json, Markdown or text files\n"
     "  reindex                      rebuild the search index from the vault's files\n"
+    "  synthesize [--model M] [--since YYYY-MM-DD] [--dry-run] [--limit N]   conversations -> articles\n"
+    "  segment|extract|route|synthesize-stage|link [--limit N]   one stage of it (link commits)\n"
     "  mcp                          serve the read-only memory tools over MCP on stdio\n"
     "flags: --vault PATH (default $HEARTH_WIKI, else $XDG_DATA_HOME/hearth/wiki), --json,\n"
     "  --embed-model M (hybrid search; default all-MiniLM-L6-v2 when found, 'none': BM25 only),\n"
@@ -27,8 +29,8 @@ static const char *memory_usage =
 #define MEMORY_DEFAULT_EMBED "all-MiniLM-L6-v2"
 
 typedef struct memory_args {
-    const char *verb, *pos[2], *kind, *vault, *embed;
-    int n_pos, limit, json, threads, embed_given;
+    const char *verb, *pos[2], *kind, *vault, *embed, *model, *since;
+    int n_pos, limit, limit_given, json, threads, embed_given, dry_run;
 } memory_args;
 
 static int parse(int argc, char **argv, memory_args *a) {
@@ -44,14 +46,22 @@ static int parse(int argc, char **argv, memory_args *a) {
         }
         if (!strcmp(s, "--json"))
             a->json = 1;
+        else if (!strcmp(s, "--dry-run"))
+            a->dry_run = 1;
         else if ((!strcmp(s, "--limit") || !strcmp(s, "--kind") || !strcmp(s, "--vault") ||
-                  !strcmp(s, "--embed-model") || !strcmp(s, "--threads")) &&
+                  !strcmp(s, "--embed-model") || !strcmp(s, "--threads") || !strcmp(s, "--model") ||
+                  !strcmp(s, "--since")) &&
                  i + 1 >= argc)
             return cli_usage_error(memory_usage, "%s needs a value", s);
         else if (!strcmp(s, "--limit")) {
             if (cli_parse_long(argv[++i], 1, 1000, &v)) return cli_usage_error(memory_usage, "bad --limit '%s'", argv[i]);
             a->limit = (int)v;
-        } else if (!strcmp(s, "--threads")) {
+            a->limit_given = 1;
+        } else if (!strcmp(s, "--model"))
+            a->model = argv[++i];
+        else if (!strcmp(s, "--since"))
+            a->since = argv[++i];
+        else if (!strcmp(s, "--threads")) {
             if (cli_parse_long(argv[++i], 0, 1024, &v)) return cli_usage_error(memory_usage, "bad --threads '%s'", argv[i]);
             a->threads = (int)v;
         } else if (!strcmp(s, "--kind"))
@@ -213,6 +223,15 @@ static int verb_report(hearth_status st, char *report, hearth_error *err) {
 }
 
 int cli_memory_mcp(hearth_memory *m); /* memory_mcp.c */
+int cli_memory_synthesize(hearth_memory *m, const char *stage, const char *model, const char *since, int limit,
+                          int dry_run, int threads); /* memory_synth.c */
+
+/* synthesize (and its aliases) runs every stage; the workers run one (NULL: all). */
+static const struct {
+    const char *verb, *stage;
+} synth_verbs[] = {{"synthesize", NULL}, {"pipeline", NULL},         {"all", NULL},
+                   {"segment", "segment"}, {"extract", "extract"}, {"route", "route"},
+                   {"synthesize-stage", "synthesize"}, {"link", "link"}};
 
 int cli_memory(int argc, char **argv) {
     memory_args a;
@@ -227,14 +246,19 @@ int cli_memory(int argc, char **argv) {
     }
     static const char *verbs[] = {"status", "open", "browse", "list", "search", "toc", "section",
                                   "links",  "read", "import", "reindex", "mcp"};
-    int known = 0;
+    int known = 0, synth = -1;
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) known |= !strcmp(a.verb, verbs[i]);
+    for (size_t i = 0; i < sizeof synth_verbs / sizeof synth_verbs[0]; i++)
+        if (!strcmp(a.verb, synth_verbs[i].verb)) known = 1, synth = (int)i;
     if (!known) return cli_usage_error(memory_usage, "unknown memory command '%s'", a.verb);
     if ((!strcmp(a.verb, "search") || !strcmp(a.verb, "import")) && !a.n_pos)
         return cli_usage_error(memory_usage, "'%s' needs an argument", a.verb);
     hearth_memory *m = NULL;
     if (open_vault(&a, &m)) return 1;
-    if (!strcmp(a.verb, "status"))
+    if (synth >= 0)
+        rc = cli_memory_synthesize(m, synth_verbs[synth].stage, a.model, a.since, a.limit_given ? a.limit : 0,
+                                   a.dry_run, a.threads);
+    else if (!strcmp(a.verb, "status"))
         rc = call(m, "memory_status", json_object(), &a, show_status);
     else if (!strcmp(a.verb, "open") || !strcmp(a.verb, "browse"))
         rc = verb_open(m, &a);

@@ -22,6 +22,7 @@ typedef struct md_heading {
 typedef struct md_doc {
     char title[256];      /* front matter title, else the first level-1 heading, else the file stem */
     char source[256];     /* front matter source (conversations), or "" */
+    char created[64];     /* front matter created, or "" */
     size_t body;          /* first byte after the front matter */
     md_heading *headings; /* in order */
     size_t n_headings;

@@ -27,6 +27,8 @@ int memory_kind_of(const char *rel) {
     return 3; /* anything else the user put in the vault reads as a note */
 }
 
+/* Raised when the schema changes: an index of another version is dropped and rebuilt. */
+#define INDEX_VERSION 2
 static const char *schema =
     "PRAGMA journal_mode=WAL;"
     "CREATE TABLE IF NOT EXISTS docs(path TEXT PRIMARY KEY, title TEXT, kind TEXT, source TEXT, mtime INTEGER,"
@@ -34,7 +36,10 @@ static const char *schema =
     "CREATE TABLE IF NOT EXISTS chunks(id INTEGER PRIMARY KEY, path TEXT NOT NULL, anchor TEXT, heading TEXT,"
     " hash TEXT);"
     "CREATE INDEX IF NOT EXISTS chunks_path ON chunks(path);"
-    "CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(title, heading, body, tokenize='porter unicode61');"
+    "CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(title, heading, body, kind UNINDEXED,"
+    " tokenize='porter unicode61');"
+    /* title and heading words weigh twice the body's: a match there names the topic */
+    "INSERT INTO fts(fts, rank) VALUES('rank', 'bm25(2.0, 2.0, 1.0)');"
     "CREATE TABLE IF NOT EXISTS links(src TEXT, dst TEXT, heading TEXT);"
     "CREATE INDEX IF NOT EXISTS links_src ON links(src);"
     "CREATE INDEX IF NOT EXISTS links_dst ON links(dst);"
@@ -53,6 +58,20 @@ hearth_status memory_index_open(hearth_memory *m, hearth_error *err) {
     if (sqlite3_open(path, &m->db) != SQLITE_OK) return db_fail(m, err, "open");
     sqlite3_busy_timeout(m->db, 5000); /* a CLI search while the server logs a conversation */
     char *msg = NULL;
+    sqlite3_stmt *v;
+    int version = -1;
+    if (sqlite3_prepare_v2(m->db, "PRAGMA user_version", -1, &v, NULL) == SQLITE_OK) {
+        if (sqlite3_step(v) == SQLITE_ROW) version = sqlite3_column_int(v, 0);
+        sqlite3_finalize(v);
+    }
+    if (version != INDEX_VERSION) { /* derived data: start over (the vectors go too) */
+        sqlite3_exec(m->db, "DROP TABLE IF EXISTS docs; DROP TABLE IF EXISTS chunks; DROP TABLE IF EXISTS fts;"
+                            "DROP TABLE IF EXISTS links; DROP TABLE IF EXISTS vectors;",
+                     NULL, NULL, NULL);
+        char pragma[64];
+        snprintf(pragma, sizeof pragma, "PRAGMA user_version=%d", INDEX_VERSION);
+        sqlite3_exec(m->db, pragma, NULL, NULL, NULL);
+    }
     if (sqlite3_exec(m->db, schema, NULL, NULL, &msg) != SQLITE_OK) {
         hearth_status st = err_set(err, HEARTH_ERR_IO, "memory: %s: %s (delete it to rebuild)", path, msg);
         sqlite3_free(msg);
@@ -110,6 +129,7 @@ static void add_chunk(sync_ctx *c, const char *title, const md_heading *h, const
         sqlite3_bind_text(s, 2, title, -1, SQLITE_STATIC);
         sqlite3_bind_text(s, 3, head, -1, SQLITE_STATIC);
         sqlite3_bind_text(s, 4, t, (int)n, SQLITE_STATIC);
+        sqlite3_bind_text(s, 5, memory_kinds[memory_kind_of(c->rel)], -1, SQLITE_STATIC);
         if (sqlite3_step(s) != SQLITE_DONE) c->st = db_fail(c->m, c->err, "insert text");
         sqlite3_reset(s);
         t += n, len -= n;
@@ -197,7 +217,7 @@ hearth_status memory_index_sync(hearth_memory *m, int full, long long *docs, lon
         "DELETE FROM links WHERE src=?1",
         "INSERT OR REPLACE INTO docs(path, title, kind, source, mtime, size) VALUES(?1,?2,?3,?4,?5,?6)",
         "INSERT INTO chunks(path, anchor, heading, hash) VALUES(?1,?2,?3,?4)",
-        "INSERT INTO fts(rowid, title, heading, body) VALUES(?1,?2,?3,?4)",
+        "INSERT INTO fts(rowid, title, heading, body, kind) VALUES(?1,?2,?3,?4,?5)",
         "INSERT INTO links(src, dst, heading) VALUES(?1,?2,?3)",
         "INSERT OR IGNORE INTO seen(path) VALUES(?1)",
     };
@@ -445,8 +465,7 @@ hearth_status memory_index_search(hearth_memory *m, const char *query, int limit
     sqlite3_stmt *s = NULL;
     if (q.len) {
         if (sqlite3_prepare_v2(m->db,
-                               "SELECT f.rowid FROM fts f JOIN chunks c ON c.id=f.rowid JOIN docs d ON d.path=c.path"
-                               " WHERE fts MATCH ?1 AND (?2 IS NULL OR d.kind=?2) ORDER BY bm25(fts, 2.0, 2.0, 1.0)"
+                               "SELECT rowid FROM fts WHERE fts MATCH ?1 AND (?2 IS NULL OR kind=?2) ORDER BY rank"
                                " LIMIT ?3",
                                -1, &s, NULL) != SQLITE_OK)
             st = db_fail(m, err, "search");

@@ -50,6 +50,7 @@ static size_t front_matter(const char *t, size_t len, md_doc *d) {
             size_t k = (size_t)(colon - (t + i)), v = (size_t)(colon - t) + 1;
             if (k == 5 && !strncmp(t + i, "title", 5)) copy_trimmed(t + v, e - v, d->title, sizeof d->title);
             if (k == 6 && !strncmp(t + i, "source", 6)) copy_trimmed(t + v, e - v, d->source, sizeof d->source);
+            if (k == 7 && !strncmp(t + i, "created", 7)) copy_trimmed(t + v, e - v, d->created, sizeof d->created);
         }
         i = e + 1;
     }

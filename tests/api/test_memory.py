@@ -296,3 +296,122 @@ def test_hybrid_search_and_reindex(vault, tmp_path):
     (vault / "Notes" / "cats.md").write_text("# Cats\n\nMiso now prefers salmon.\n")
     hits = json.loads(hearth(vault, "search", "salmon", "--json").stdout)
     assert hits and hits[0]["path"] == "Notes/cats.md"
+
+
+# ---- synthesis, with the scripted deterministic model -------------------------------
+SCRIPT = f"cmd:{sys.executable} {Path(__file__).resolve().parent / 'memory_scripted_model.py'}"
+MORE = [{"title": "More", "create_time": 1700100000.0, "current_node": "b", "mapping": {
+    "a": {"id": "a", "parent": None, "children": ["b"], "message": {
+        "author": {"role": "user"}, "content": {"parts": ["I switched my sourdough to spelt flour."]}}},
+    "b": {"id": "b", "parent": "a", "children": [], "message": {
+        "author": {"role": "user"}, "content": {"parts": ["My bike is now a gravel bike."]}}}}}]
+
+
+def synthesize(vault, *args, env=None, check=True):
+    r = subprocess.run([str(BIN), "memory", "synthesize", "--model", SCRIPT, "--vault", str(vault),
+                        "--embed-model", "none", *args], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, **(env or {})})
+    if check and r.returncode:
+        raise AssertionError(f"synthesize: rc {r.returncode}\n{r.stderr}")
+    return json.loads(r.stdout) if r.returncode == 0 else r
+
+
+def imported(vault, tmp_path, *exports):
+    for i, e in enumerate(exports):
+        f = tmp_path / f"export{i}.json"
+        f.write_text(json.dumps(e))
+        hearth(vault, "import", f)
+
+
+def tree(vault):
+    return {str(p.relative_to(vault)): p.read_bytes() for p in vault.rglob("*")
+            if p.is_file() and ".git" not in p.parts and ".hearth" not in p.parts}
+
+
+def test_synthesis_articles_citations_and_idempotence(vault, tmp_path):
+    imported(vault, tmp_path, CHATGPT, CLAUDE)
+    plan = synthesize(vault, "--dry-run")
+    assert plan["dry_run"] and plan["segment"] == 2 and not plan["committed"]
+    n = commits(vault)
+    reference = {k: v for k, v in tree(vault).items() if k.startswith("Reference/")}
+    r = synthesize(vault)
+    assert r["committed"] and r["articles"] == ["Baking", "Cycling"] and r["rejected"] == 0
+    assert commits(vault) == n + 1  # one commit per run
+    assert "synthesize" in git(vault, "log", "-1", "--format=%s")
+    baking = (vault / "articles" / "Baking.md").read_text()
+    assert "My sourdough starter is named Clint. [^1]" in baking
+    # every citation names an existing conversation message heading
+    conv = next((vault / "Conversations").glob("*.md"))
+    assert f"[^1]: [[Conversations/{conv.stem}#a user]]" in baking
+    assert "## a user" in conv.read_text()
+    assert "[[Baking]]" in (vault / "Meta" / "index.md").read_text()
+    # idempotence: nothing new, no commit, no change
+    before = tree(vault)
+    r = synthesize(vault)
+    assert not r["committed"] and r["segment"] == r["extract"] == r["route"] == r["synthesize"] == 0
+    assert commits(vault) == n + 1 and tree(vault) == before
+    assert {k: v for k, v in tree(vault).items() if k.startswith("Reference/")} == reference
+    # the articles are searchable and readable through the tools
+    hits = json.loads(hearth(vault, "search", "titanium", "--kind", "article", "--json").stdout)
+    assert hits[0]["path"] == "articles/Cycling.md"
+    assert git(vault, "status", "--porcelain") == ""
+
+
+def test_synthesis_gate_refuses_rewrites_and_secrets(vault, tmp_path):
+    imported(vault, tmp_path, CHATGPT)
+    synthesize(vault, env={"SCRIPT_SECRET": "1"})
+    baking = (vault / "articles" / "Baking.md").read_text()
+    allfiles = b"".join(tree(vault).values())
+    assert b"sk-abcdefghijklmnopqrstuvwxyz" not in allfiles  # the secret fact was dropped
+    imported(vault, tmp_path, MORE)
+    r = synthesize(vault, env={"SCRIPT_REWRITE": "1"})
+    assert r["rejected"] >= 1 and r["committed"]
+    assert (vault / "articles" / "Baking.md").read_text() == baking  # refused: unchanged
+    talk = (vault / "Talk" / "Baking.md").read_text()
+    assert "not applied" in talk and "70%" in talk and "spelt flour" in talk
+
+
+def test_synthesis_link_unwraps_dangling_links(vault, tmp_path):
+    imported(vault, tmp_path, CHATGPT)
+    synthesize(vault, env={"SCRIPT_DANGLE": "1"})
+    text = (vault / "articles" / "Baking.md").read_text()
+    assert "[[No Such Article]]" not in text and "See also No Such Article" in text
+    # every [[link]] of every article names a document of the vault
+    for a in (vault / "articles").glob("*.md"):
+        links = json.loads(hearth(vault, "links", f"articles/{a.name}", "--json").stdout)["links"]
+        assert all(l["exists"] for l in links), (a.name, links)
+
+
+@pytest.mark.parametrize("stage,n", [("segment", 2), ("extract", 1), ("route", 2), ("synthesize", 2)])
+def test_synthesis_resumes_after_a_kill(vault, tmp_path, stage, n):
+    """hearth is SIGKILLed at the n-th model call of a stage: nothing is committed, and the
+    next run finishes with the same vault a run without the kill makes."""
+    imported(vault, tmp_path, CHATGPT, CLAUDE)
+    clean = tmp_path / "clean"
+    subprocess.run(["git", "clone", "-q", str(vault), str(clean)], check=True)
+    hearth(clean, "status")
+    synthesize(clean)
+    head = git(vault, "rev-parse", "HEAD")
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    r = synthesize(vault, env={"SCRIPT_KILL": f"{stage}:{n}", "SCRIPT_COUNT_DIR": str(counts)}, check=False)
+    assert r.returncode == -9  # killed
+    assert git(vault, "rev-parse", "HEAD") == head  # a partial run commits nothing
+    r = synthesize(vault)
+    assert r["committed"]
+    got = {k: v for k, v in tree(vault).items() if not k.startswith("Meta/log")}
+    want = {k: v for k, v in tree(clean).items() if not k.startswith("Meta/log")}
+    assert got == want
+    assert not synthesize(vault)["committed"]
+
+
+def test_synthesis_refuses_a_corrupt_vault_and_bad_stage(vault, tmp_path):
+    imported(vault, tmp_path, CHATGPT)
+    (vault / ".git" / "index.lock").write_text("")
+    r = synthesize(vault, check=False)
+    assert r.returncode == 1 and "index is locked" in r.stderr
+    (vault / ".git" / "index.lock").unlink()
+    r = subprocess.run([str(BIN), "memory", "synthesize", "--vault", str(vault), "--embed-model", "none"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--model" in r.stderr
+    assert not (vault / "articles" / "Baking.md").exists()

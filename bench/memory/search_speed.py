@@ -57,9 +57,10 @@ def main():
     ap.add_argument("--articles", type=int, default=10000)
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "memory_search"))
+    ap.add_argument("--keep", help="build the vault here and keep it (for profiling)")
     a = ap.parse_args()
     rng = random.Random(37)
-    tmp = tempfile.mkdtemp(prefix="memory-speed-")
+    tmp = a.keep or tempfile.mkdtemp(prefix="memory-speed-")
     root = os.path.join(tmp, "wiki")
     vocab, weights = make_vault(a.bin, root, a.articles, rng)
     common = ["--vault", root, "--embed-model", "none"]
@@ -89,7 +90,8 @@ def main():
             lat.append(dt * 1000)
     p.stdin.close()
     p.wait()
-    shutil.rmtree(tmp, ignore_errors=True)
+    if not a.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
     lat.sort()
     pct = {k: round(lat[min(len(lat) - 1, int(len(lat) * f))], 2) for k, f in (("p50", .5), ("p95", .95), ("p99", .99))}
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")

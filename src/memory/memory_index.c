@@ -362,28 +362,87 @@ static int by_score_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
+/* How many chunks hold a term (a quoted FTS5 phrase): counting a posting list is cheap,
+ * ranking it is not. */
+static long long term_chunks(sqlite3_stmt *count, const char *phrase) {
+    sqlite3_bind_text(count, 1, phrase, -1, SQLITE_STATIC);
+    long long n = sqlite3_step(count) == SQLITE_ROW ? sqlite3_column_int64(count, 0) : 0;
+    sqlite3_reset(count);
+    return n;
+}
+
+/* A term in more than this share of all chunks is left out of the ranking query (unless
+ * every term is): its BM25 weight is below ln(1 + 9) against about ln(N) for a rare term,
+ * so it hardly moves the order (Lucene's "common terms" reasoning). */
+#define COMMON_TERM_SHARE 0.10
+/* Ranking costs about 4 us per matching chunk on one core (bench/results/memory_search.md):
+ * terms are added rarest first while their matches stay within this many, which keeps a
+ * search near 20 ms on a large vault and changes nothing on a vault of fewer chunks. */
+#define RANK_BUDGET_CHUNKS 4000
+#define MAX_QUERY_TERMS 32
+
+typedef struct query_term {
+    char phrase[160];
+    long long chunks;
+} query_term;
+
+static int by_chunks(const void *a, const void *b) {
+    long long x = ((const query_term *)a)->chunks, y = ((const query_term *)b)->chunks;
+    return x < y ? -1 : x > y;
+}
+
 /* The query as an FTS5 expression: every word quoted (no operator injection), OR-ed, so
- * BM25 ranks chunks by how many rare query words they hold. Words too common to help
- * retrieval are dropped. */
-static void fts_query(const char *q, sbuf *out) {
+ * BM25 ranks chunks by how many rare query words they hold. Stop words, terms common in
+ * this vault and terms past the ranking budget are dropped; the rarest term always stays. */
+static void fts_query(hearth_memory *m, const char *q, sbuf *out) {
     static const char *stop[] = {"a",    "an",   "and", "are",  "as",   "at",   "be",   "by",    "did",  "do",
                                  "does", "for",  "from", "had", "has",  "have", "how",  "i",     "in",   "is",
                                  "it",   "its",  "of",  "on",   "or",   "that", "the",  "this",  "to",   "was",
                                  "were", "what", "when", "where", "which", "who", "why", "will", "with", "you"};
-    for (const char *p = q; *p;) {
+    sqlite3_stmt *count = NULL, *total = NULL;
+    long long n_chunks = 0;
+    if (sqlite3_prepare_v2(m->db, "SELECT count(*) FROM chunks", -1, &total, NULL) == SQLITE_OK &&
+        sqlite3_step(total) == SQLITE_ROW)
+        n_chunks = sqlite3_column_int64(total, 0);
+    sqlite3_finalize(total);
+    if (sqlite3_prepare_v2(m->db, "SELECT count(*) FROM fts WHERE fts MATCH ?1", -1, &count, NULL) != SQLITE_OK)
+        return;
+    query_term terms[MAX_QUERY_TERMS];
+    size_t n_terms = 0;
+    for (const char *p = q; *p && n_terms < MAX_QUERY_TERMS;) {
         while (*p && !((unsigned char)*p >= 0x80 || isalnum((unsigned char)*p))) p++;
         const char *w = p;
         while (*p && ((unsigned char)*p >= 0x80 || isalnum((unsigned char)*p))) p++;
         size_t n = (size_t)(p - w);
-        if (!n) continue;
+        if (!n || n > 150) continue;
         int skip = 0;
         for (size_t i = 0; i < sizeof stop / sizeof stop[0] && !skip; i++)
             skip = strlen(stop[i]) == n && !strncasecmp(stop[i], w, n);
-        if (skip) continue;
-        if (out->len) sbuf_puts(out, " OR ");
-        sbuf_putc(out, '"');
-        sbuf_append(out, w, n);
-        sbuf_putc(out, '"');
+        query_term *t = &terms[n_terms];
+        snprintf(t->phrase, sizeof t->phrase, "\"%.*s\"", (int)n, w);
+        for (size_t i = 0; i < n_terms && !skip; i++) skip = !strcasecmp(terms[i].phrase, t->phrase);
+        if (skip || !(t->chunks = term_chunks(count, t->phrase))) continue;
+        n_terms++;
+    }
+    qsort(terms, n_terms, sizeof *terms, by_chunks);
+    if (n_terms > 1 && terms[0].chunks > RANK_BUDGET_CHUNKS) { /* every term is common: all of them at once */
+        for (size_t i = 0; i < n_terms; i++) sbuf_printf(out, "%s%s", i ? " AND " : "", terms[i].phrase);
+        long long both = term_chunks(count, out->data);
+        if (both > 0 && both < terms[0].chunks) {
+            sqlite3_finalize(count);
+            return;
+        }
+        sbuf_reset(out);
+    }
+    sqlite3_finalize(count);
+    long long ranked = 0;
+    for (size_t i = 0; i < n_terms; i++) {
+        if (i && ((double)terms[i].chunks > COMMON_TERM_SHARE * (double)n_chunks ||
+                  ranked + terms[i].chunks > RANK_BUDGET_CHUNKS))
+            break;
+        if (i) sbuf_puts(out, " OR ");
+        sbuf_puts(out, terms[i].phrase);
+        ranked += terms[i].chunks;
     }
 }
 
@@ -461,7 +520,7 @@ hearth_status memory_index_search(hearth_memory *m, const char *query, int limit
     hearth_status st = HEARTH_OK;
     sbuf q;
     sbuf_init(&q);
-    fts_query(query, &q);
+    fts_query(m, query, &q);
     sqlite3_stmt *s = NULL;
     if (q.len) {
         if (sqlite3_prepare_v2(m->db,

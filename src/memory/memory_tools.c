@@ -85,7 +85,7 @@ static hearth_status resolve(hearth_memory *m, const char *name, char *path, siz
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(m->db,
                            "SELECT path FROM docs WHERE path=?1 OR path=?1||'.md' OR lower(title)=lower(?1)"
-                           " OR path LIKE '%/'||?1||'.md' ORDER BY path=?1 OR path=?1||'.md' DESC,"
+                           " OR path LIKE '%/'||?1||'.md' OR path LIKE '%/'||?1 ORDER BY path=?1 OR path=?1||'.md' DESC,"
                            " kind='article' DESC, path LIMIT 1",
                            -1, &s, NULL) != SQLITE_OK)
         return err_set(err, HEARTH_ERR_IO, "memory: %s", sqlite3_errmsg(m->db));

@@ -590,6 +590,12 @@ hearth_status hearth_memory_call(hearth_memory *m, const char *tool, const char 
  * commit when anything was added; the index is updated at once. *report_json:
  * {"conversations", "notes", "skipped", "committed"}. */
 hearth_status hearth_memory_import(hearth_memory *m, const char *path, char **report_json, hearth_error *err);
+/* Logs one conversation (a JSON array of {"role", "content": string} messages, the answer
+ * last) as Conversations/<hash>.md and commits it (`serve --memory-log`); the file of the
+ * same chat one turn earlier (these messages but the last two) is replaced, so a chat is
+ * one file. System messages are not stored. Not thread-safe: one call at a time. */
+hearth_status hearth_memory_log_conversation(hearth_memory *m, const char *messages_json, const char *source,
+                                             hearth_error *err);
 /* Synthesis: the local model turns conversations into articles, in stages: segment
  * (topic chunks of each new conversation), extract (durable facts with citations to
  * their messages; secrets dropped), route (each fact to an existing or new article),

@@ -98,9 +98,10 @@ static char *run_model(synth_model *s, const char *prompt) {
     size_t n_ids = 0;
     collect c = {NULL, 0};
     hearth_generate_params gp = {.max_tokens = SYNTH_MAX_TOKENS}; /* zeroed sampling: greedy */
+    hearth_generate_result res;
     if (hearth_chat_render(s->model, messages, NULL, 1, NULL, &rendered, &err) ||
         hearth_tokenize(s->model, rendered, strlen(rendered), 0, &ids, &n_ids, &err) ||
-        hearth_generate(s->engine, ids, n_ids, &gp, on_token, &c, NULL, &err)) {
+        hearth_generate(s->engine, ids, n_ids, &gp, on_token, &c, &res, &err)) {
         fprintf(stderr, "hearth: memory: the model failed: %s\n", err.message);
         free(c.text);
         c.text = NULL;

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* The first 16 hex digits of the SHA-256 of data: a content address. */
 static void content_hash(const char *data, size_t len, char out[17]) {
@@ -52,28 +53,46 @@ static void put_inline(sbuf *b, const char *s) {
     for (; *s; s++) sbuf_putc(b, *s == '\n' || *s == '\r' || *s == '#' ? ' ' : *s);
 }
 
+/* The Markdown body of a conversation (one heading per kept message) into body; returns
+ * how many messages it kept (system messages and empty ones are not). */
+static size_t conversation_body(const memory_message *msgs, size_t n, sbuf *body) {
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!msgs[i].text || !*msgs[i].text || (msgs[i].role && !strcmp(msgs[i].role, "system"))) continue;
+        kept++;
+        sbuf_puts(body, "\n## ");
+        if (plain_id(msgs[i].id))
+            sbuf_puts(body, msgs[i].id);
+        else
+            sbuf_printf(body, "m%zu", kept);
+        sbuf_putc(body, ' ');
+        put_inline(body, msgs[i].role && *msgs[i].role ? msgs[i].role : "unknown");
+        sbuf_putc(body, '\n');
+        if (msgs[i].time && *msgs[i].time) sbuf_printf(body, "*%s*\n", msgs[i].time);
+        sbuf_printf(body, "\n%s\n", msgs[i].text);
+    }
+    return kept;
+}
+
+/* Where a conversation of these messages lives: Conversations/<content hash>.md. */
+static int conversation_rel(const memory_message *msgs, size_t n, char *rel, size_t cap) {
+    sbuf body;
+    sbuf_init(&body);
+    size_t kept = conversation_body(msgs, n, &body);
+    char hash[17];
+    if (kept) content_hash(body.data, body.len, hash);
+    if (kept) snprintf(rel, cap, MEMORY_CONVERSATIONS "/%s.md", hash);
+    sbuf_free(&body);
+    return kept ? 0 : -1;
+}
+
 hearth_status memory_add_conversation(const char *root, const char *title, const char *source, const char *created,
                                       const memory_message *msgs, size_t n, int *added, hearth_error *err) {
     *added = 0;
     sbuf body, doc;
     sbuf_init(&body);
     sbuf_init(&doc);
-    size_t kept = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!msgs[i].text || !*msgs[i].text || (msgs[i].role && !strcmp(msgs[i].role, "system"))) continue;
-        kept++;
-        sbuf_puts(&body, "\n## ");
-        if (plain_id(msgs[i].id))
-            sbuf_puts(&body, msgs[i].id);
-        else
-            sbuf_printf(&body, "m%zu", kept);
-        sbuf_putc(&body, ' ');
-        put_inline(&body, msgs[i].role && *msgs[i].role ? msgs[i].role : "unknown");
-        sbuf_putc(&body, '\n');
-        if (msgs[i].time && *msgs[i].time) sbuf_printf(&body, "*%s*\n", msgs[i].time);
-        sbuf_printf(&body, "\n%s\n", msgs[i].text);
-    }
-    if (!kept) {
+    if (!conversation_body(msgs, n, &body)) {
         sbuf_free(&body);
         return HEARTH_OK;
     }
@@ -345,5 +364,43 @@ hearth_status hearth_memory_import(hearth_memory *m, const char *path, char **re
         *report_json = json_dumps(r, JSON_COMPACT);
         json_decref(r);
     }
+    return st;
+}
+
+hearth_status hearth_memory_log_conversation(hearth_memory *m, const char *messages_json, const char *source,
+                                             hearth_error *err) {
+    json_t *arr = json_loads(messages_json ? messages_json : "", 0, NULL);
+    size_t n = json_array_size(arr);
+    memory_message *msgs = n ? calloc(n, sizeof *msgs) : NULL;
+    hearth_status st = json_is_array(arr) && n
+                           ? (msgs ? HEARTH_OK : err_set(err, HEARTH_ERR_NOMEM, "memory: out of memory"))
+                           : err_set(err, HEARTH_ERR_INVALID, "memory: the log takes a non-empty JSON array of messages");
+    const char *title = NULL;
+    char created[40];
+    iso_time((double)time(NULL), created, sizeof created);
+    for (size_t i = 0; !st && i < n; i++) {
+        json_t *msg = json_array_get(arr, i);
+        msgs[i].role = json_string_value(json_object_get(msg, "role"));
+        msgs[i].text = json_string_value(json_object_get(msg, "content"));
+        if (!title && msgs[i].role && !strcmp(msgs[i].role, "user")) title = msgs[i].text;
+    }
+    char short_title[80] = "Chat"; /* the first user message, cut at a word, names the conversation */
+    if (title) {
+        snprintf(short_title, sizeof short_title, "%s", title);
+        char *cut = strlen(title) >= sizeof short_title - 1 ? strrchr(short_title, ' ') : NULL;
+        if (cut) *cut = 0;
+    }
+    int added = 0, committed = 0;
+    if (!st) st = memory_add_conversation(m->root, short_title, source ? source : "hearth", created, msgs, n, &added, err);
+    char prev[64]; /* the same chat one turn ago (its request and answer): replaced by this one */
+    if (!st && added && n > 2 && !conversation_rel(msgs, n - 2, prev, sizeof prev)) {
+        char *path = path_join(m->root, prev);
+        if (path) unlink(path);
+        free(path);
+    }
+    if (!st && added) st = memory_git_commit(m->root, "memory: log a conversation (hearth serve --memory-log)", &committed, err);
+    if (!st && added) st = memory_index_sync(m, 0, NULL, NULL, err);
+    free(msgs);
+    json_decref(arr);
     return st;
 }

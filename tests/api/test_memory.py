@@ -415,3 +415,30 @@ def test_synthesis_refuses_a_corrupt_vault_and_bad_stage(vault, tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--model" in r.stderr
     assert not (vault / "articles" / "Baking.md").exists()
+
+
+def test_serve_memory_log(vault):
+    """`serve --memory-log`: each chat completion (streamed or not) lands in the vault, one
+    file per chat (the next turn replaces the previous one), committed, searchable; the
+    system message is not stored. Uses the real openai SDK against the default model."""
+    from conftest import SMOLLM2, server
+    import openai
+    need(SMOLLM2, "SmolLM2-135M-Instruct", "run tools/get_models.sh")
+    n = commits(vault)
+    with server(SMOLLM2, "--memory-log", "--memory-vault", vault) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="x")
+        msgs = [{"role": "system", "content": "SYSTEM SECRET walrus"},
+                {"role": "user", "content": "My favourite tea is genmaicha."}]
+        r = client.chat.completions.create(model="default_model", messages=msgs, max_tokens=8, temperature=0)
+        first = r.choices[0].message.content
+        msgs += [{"role": "assistant", "content": first}, {"role": "user", "content": "And my dog is Biscuit."}]
+        stream = client.chat.completions.create(model="default_model", messages=msgs, max_tokens=8, temperature=0, stream=True)
+        second = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    convs = list((vault / "Conversations").glob("*.md"))
+    assert len(convs) == 1, convs  # the second turn replaced the first
+    text = convs[0].read_text()
+    assert "genmaicha" in text and "Biscuit" in text and second.strip()[:10] in text
+    assert "walrus" not in text and 'source: "hearth serve"' in text
+    assert commits(vault) == n + 2 and git(vault, "status", "--porcelain") == ""
+    hits = json.loads(hearth(vault, "search", "Biscuit", "--json").stdout)
+    assert hits and hits[0]["path"] == f"Conversations/{convs[0].name}"

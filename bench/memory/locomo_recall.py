@@ -172,16 +172,18 @@ class Hearth:
 
 
 def run(binary, embed, limit_convs):
+    """embed None: BM25 only (hearth with --embed-model none, no hybrid baseline)."""
     tmp = tempfile.mkdtemp(prefix="locomo-")
     files = load_locomo(tmp)[:limit_convs]
-    minilm = MiniLM(binary, embed)
+    minilm = MiniLM(binary, embed) if embed else None
+    embed_arg = embed or "none"
     template = os.path.join(tmp, "template")
     # one vault with Reference/ embedded once; each conversation gets a copy (the vectors
     # cache travels in the index, keyed by text)
     subprocess.run([binary, "memory", "init", "--vault", template], check=True, capture_output=True)
-    subprocess.run([binary, "memory", "status", "--vault", template, "--embed-model", embed], check=True,
+    subprocess.run([binary, "memory", "status", "--vault", template, "--embed-model", embed_arg], check=True,
                    capture_output=True)
-    hits = {name: defaultdict(list) for name in ("hearth", "bm25", "bm25+minilm")}
+    hits = {name: defaultdict(list) for name in ("hearth", "bm25", "bm25+minilm")[:3 if embed else 2]}
     timing = defaultdict(float)
     for f in files:
         conv = json.loads(f.read_text())
@@ -190,18 +192,19 @@ def run(binary, embed, limit_convs):
         export = os.path.join(tmp, f.stem + "-conversations.json")
         Path(export).write_text(json.dumps(chatgpt_export(conv)))
         t = time.perf_counter()
-        subprocess.run([binary, "memory", "import", export, "--vault", vault, "--embed-model", embed], check=True,
-                       capture_output=True)
+        subprocess.run([binary, "memory", "import", export, "--vault", vault, "--embed-model", embed_arg],
+                       check=True, capture_output=True)
         timing["hearth_import_s"] += time.perf_counter() - t
         turns = [(turn["dia_id"], f"{turn['speaker']}: {turn_text(turn)}") for _, _, ts in sessions(conv) for turn in ts]
         ids = [i for i, _ in turns]
         bm25 = BM25([t for _, t in turns])
         t = time.perf_counter()
-        vecs = minilm.embed([t for _, t in turns])
-        timing["baseline_embed_s"] += time.perf_counter() - t
-        h = Hearth(binary, vault, embed)
         qas = [qa for qa in conv["qa"] if any(e.strip() for e in qa.get("evidence", []))]
-        qvecs = minilm.embed([qa["question"] for qa in qas])
+        if minilm:
+            vecs = minilm.embed([t for _, t in turns])
+            qvecs = minilm.embed([qa["question"] for qa in qas])
+        timing["baseline_embed_s"] += time.perf_counter() - t
+        h = Hearth(binary, vault, embed_arg)
         for qi, qa in enumerate(qas):
             evidence = {e.strip() for e in qa["evidence"] if e.strip()}
             q, cat = qa["question"], qa.get("category", 0)
@@ -212,8 +215,9 @@ def run(binary, embed, limit_convs):
             got = {"hearth": [r["heading"].split(" ")[0] for r in res]}
             s = bm25.scores(q)
             got["bm25"] = [ids[i] for i in top(s, 5)]
-            cos = (vecs @ qvecs[qi]).tolist()
-            got["bm25+minilm"] = [ids[i] for i in rrf(top(s, 50), top(cos, 50))]
+            if minilm:
+                cos = (vecs @ qvecs[qi]).tolist()
+                got["bm25+minilm"] = [ids[i] for i in rrf(top(s, 50), top(cos, 50))]
             for name, g in got.items():
                 hits[name][cat].append(len(evidence & set(g[:5])) / len(evidence))
         h.close()

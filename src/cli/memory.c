@@ -20,6 +20,7 @@ static const char *memory_usage =
     "  reindex                      rebuild the search index from the vault's files\n"
     "  synthesize [--model M] [--since YYYY-MM-DD] [--dry-run] [--limit N]   conversations -> articles\n"
     "  segment|extract|route|synthesize-stage|link [--limit N]   one stage of it (link commits)\n"
+    "  schedule --model M [--at 03:00] | unschedule   nightly synthesis (systemd user timer, else cron)\n"
     "  mcp                          serve the read-only memory tools over MCP on stdio\n"
     "flags: --vault PATH (default $HEARTH_WIKI, else $XDG_DATA_HOME/hearth/wiki), --json,\n"
     "  --embed-model M (hybrid search; default all-MiniLM-L6-v2 when found, 'none': BM25 only),\n"
@@ -29,7 +30,7 @@ static const char *memory_usage =
 #define MEMORY_DEFAULT_EMBED "all-MiniLM-L6-v2"
 
 typedef struct memory_args {
-    const char *verb, *pos[2], *kind, *vault, *embed, *model, *since;
+    const char *verb, *pos[2], *kind, *vault, *embed, *model, *since, *at;
     int n_pos, limit, limit_given, json, threads, embed_given, dry_run;
 } memory_args;
 
@@ -50,7 +51,7 @@ static int parse(int argc, char **argv, memory_args *a) {
             a->dry_run = 1;
         else if ((!strcmp(s, "--limit") || !strcmp(s, "--kind") || !strcmp(s, "--vault") ||
                   !strcmp(s, "--embed-model") || !strcmp(s, "--threads") || !strcmp(s, "--model") ||
-                  !strcmp(s, "--since")) &&
+                  !strcmp(s, "--since") || !strcmp(s, "--at")) &&
                  i + 1 >= argc)
             return cli_usage_error(memory_usage, "%s needs a value", s);
         else if (!strcmp(s, "--limit")) {
@@ -61,6 +62,8 @@ static int parse(int argc, char **argv, memory_args *a) {
             a->model = argv[++i];
         else if (!strcmp(s, "--since"))
             a->since = argv[++i];
+        else if (!strcmp(s, "--at"))
+            a->at = argv[++i];
         else if (!strcmp(s, "--threads")) {
             if (cli_parse_long(argv[++i], 0, 1024, &v)) return cli_usage_error(memory_usage, "bad --threads '%s'", argv[i]);
             a->threads = (int)v;
@@ -223,6 +226,8 @@ static int verb_report(hearth_status st, char *report, hearth_error *err) {
 }
 
 int cli_memory_mcp(hearth_memory *m); /* memory_mcp.c */
+int cli_memory_schedule(const char *at, const char *model, const char *vault); /* memory_schedule.c */
+int cli_memory_unschedule(void);
 int cli_memory_synthesize(hearth_memory *m, const char *stage, const char *model, const char *since, int limit,
                           int dry_run, int threads); /* memory_synth.c */
 
@@ -244,6 +249,8 @@ int cli_memory(int argc, char **argv) {
         hearth_status st = hearth_memory_init(&o, &report, &err);
         return verb_report(st, report, &err);
     }
+    if (!strcmp(a.verb, "schedule")) return cli_memory_schedule(a.at ? a.at : "03:00", a.model, a.vault);
+    if (!strcmp(a.verb, "unschedule")) return cli_memory_unschedule();
     static const char *verbs[] = {"status", "open", "browse", "list", "search", "toc", "section",
                                   "links",  "read", "import", "reindex", "mcp"};
     int known = 0, synth = -1;

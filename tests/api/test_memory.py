@@ -442,3 +442,41 @@ def test_serve_memory_log(vault):
     assert commits(vault) == n + 2 and git(vault, "status", "--porcelain") == ""
     hits = json.loads(hearth(vault, "search", "Biscuit", "--json").stdout)
     assert hits and hits[0]["path"] == f"Conversations/{convs[0].name}"
+
+
+def fake_tools(tmp_path, systemd):
+    """A PATH whose systemctl and crontab are scripts recording what hearth asked."""
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    (bindir / "systemctl").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/systemctl.log\nexit {0 if systemd else 1}\n")
+    (bindir / "crontab").write_text(f"#!/bin/sh\nif [ \"$1\" = -l ]; then cat {tmp_path}/cron 2>/dev/null || exit 1;"
+                                    f" else cp \"$1\" {tmp_path}/cron; fi\n")
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    return {**os.environ, "PATH": f"{bindir}:/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path / "config")}
+
+
+def test_schedule_systemd_and_cron(vault, tmp_path):
+    env = fake_tools(tmp_path, systemd=True)
+    run = lambda *a: subprocess.run([str(BIN), "memory", *a, "--vault", str(vault)], capture_output=True, text=True,
+                                    env=env)
+    r = run("schedule", "--at", "03:30", "--model", "SmolLM2")
+    assert r.returncode == 0, r.stderr
+    units = tmp_path / "config" / "systemd" / "user"
+    timer = (units / "hearth-memory.timer").read_text()
+    assert "OnCalendar=*-*-* 03:30:00" in timer and "Persistent=true" in timer
+    service = (units / "hearth-memory.service").read_text()
+    assert "memory synthesize --model 'SmolLM2'" in service and str(vault) in service
+    assert "--user enable --now hearth-memory.timer" in (tmp_path / "systemctl.log").read_text()
+    assert run("unschedule").returncode == 0 and not (units / "hearth-memory.timer").exists()
+    # no systemd user session: a tagged crontab line, other lines kept
+    env = fake_tools(tmp_path / "c", systemd=False) if (tmp_path / "c").mkdir() is None else None
+    (tmp_path / "c" / "cron").write_text("0 1 * * * backup\n")
+    r = run("schedule", "--at", "4:05", "--model", "SmolLM2")
+    assert r.returncode == 0, r.stderr
+    cron = (tmp_path / "c" / "cron").read_text().splitlines()
+    assert cron[0] == "0 1 * * * backup" and cron[1].startswith("5 4 * * * ") and cron[1].endswith("# hearth-memory")
+    assert run("unschedule").returncode == 0
+    assert (tmp_path / "c" / "cron").read_text() == "0 1 * * * backup\n"
+    assert run("schedule", "--at", "25:00", "--model", "x").returncode == 2
+    assert run("schedule", "--at", "03:00").returncode == 2  # no model

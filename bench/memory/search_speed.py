@@ -100,9 +100,11 @@ def main():
            "search_ms": pct, "rebuild_s": round(rebuild["seconds"], 2), "rebuild_wall_s": round(rebuild_wall, 2),
            "first_index_wall_s": round(first, 2), "cli_search_wall_s": round(cli_search, 3), "ranking": "BM25 only",
            "machine": f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
-           "when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ")}
+           "when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+           "load_average_1min": round(os.getloadavg()[0], 2)}
     Path(a.out + ".json").write_text(json.dumps(res, indent=1) + "\n")
-    md = (f"# memory search speed\n\n`bench/memory/search_speed.py`, {res['when']}, {res['machine']}.\n\n"
+    md = (f"# memory search speed\n\n`bench/memory/search_speed.py`, {res['when']}, {res['machine']}, load "
+          f"average {res['load_average_1min']} while it ran (a machine shared with other builds).\n\n"
           f"A generated vault of {a.articles} articles ({res['documents']} documents with Reference/ and Meta/, "
           f"{res['chunks']} chunks), BM25 ranking.\n\n"
           "| measure | value | target |\n| --- | ---: | ---: |\n"

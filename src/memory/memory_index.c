@@ -393,8 +393,9 @@ static int by_chunks(const void *a, const void *b) {
 
 /* The query as an FTS5 expression: every word quoted (no operator injection), OR-ed, so
  * BM25 ranks chunks by how many rare query words they hold. Stop words, terms common in
- * this vault and terms past the ranking budget are dropped; the rarest term always stays. */
-static void fts_query(hearth_memory *m, const char *q, sbuf *out) {
+ * this vault and terms past the ranking budget are dropped; the rarest term always stays.
+ * Returns 0 when the expression is worth no BM25 ranking (see below), else 1. */
+static int fts_query(hearth_memory *m, const char *q, sbuf *out) {
     static const char *stop[] = {"a",    "an",   "and", "are",  "as",   "at",   "be",   "by",    "did",  "do",
                                  "does", "for",  "from", "had", "has",  "have", "how",  "i",     "in",   "is",
                                  "it",   "its",  "of",  "on",   "or",   "that", "the",  "this",  "to",   "was",
@@ -406,7 +407,7 @@ static void fts_query(hearth_memory *m, const char *q, sbuf *out) {
         n_chunks = sqlite3_column_int64(total, 0);
     sqlite3_finalize(total);
     if (sqlite3_prepare_v2(m->db, "SELECT count(*) FROM fts WHERE fts MATCH ?1", -1, &count, NULL) != SQLITE_OK)
-        return;
+        return 1;
     query_term terms[MAX_QUERY_TERMS];
     size_t n_terms = 0;
     for (const char *p = q; *p && n_terms < MAX_QUERY_TERMS;) {
@@ -430,7 +431,7 @@ static void fts_query(hearth_memory *m, const char *q, sbuf *out) {
         long long both = term_chunks(count, out->data);
         if (both > 0 && both < terms[0].chunks) {
             sqlite3_finalize(count);
-            return;
+            return both <= RANK_BUDGET_CHUNKS;
         }
         sbuf_reset(out);
     }
@@ -444,6 +445,10 @@ static void fts_query(hearth_memory *m, const char *q, sbuf *out) {
         sbuf_puts(out, terms[i].phrase);
         ranked += terms[i].chunks;
     }
+    /* no term tells chunks apart (the rarest is in most of them and past the budget): BM25
+     * would order them by length and repetition alone, so the matches are taken as they
+     * come and the vectors, when there are any, rank them */
+    return !(n_terms && (double)ranked > COMMON_TERM_SHARE * (double)n_chunks && ranked > RANK_BUDGET_CHUNKS);
 }
 
 /* Reciprocal rank fusion's constant (Cormack et al. 2009): damps the head of each list. */
@@ -520,12 +525,13 @@ hearth_status memory_index_search(hearth_memory *m, const char *query, int limit
     hearth_status st = HEARTH_OK;
     sbuf q;
     sbuf_init(&q);
-    fts_query(m, query, &q);
+    int ranked = fts_query(m, query, &q);
     sqlite3_stmt *s = NULL;
     if (q.len) {
         if (sqlite3_prepare_v2(m->db,
-                               "SELECT rowid FROM fts WHERE fts MATCH ?1 AND (?2 IS NULL OR kind=?2) ORDER BY rank"
-                               " LIMIT ?3",
+                               ranked ? "SELECT rowid FROM fts WHERE fts MATCH ?1 AND (?2 IS NULL OR kind=?2)"
+                                        " ORDER BY rank LIMIT ?3"
+                                      : "SELECT rowid FROM fts WHERE fts MATCH ?1 AND (?2 IS NULL OR kind=?2) LIMIT ?3",
                                -1, &s, NULL) != SQLITE_OK)
             st = db_fail(m, err, "search");
         else {

@@ -55,7 +55,8 @@ static int parse(int argc, char **argv, memory_args *a) {
                  i + 1 >= argc)
             return cli_usage_error(memory_usage, "%s needs a value", s);
         else if (!strcmp(s, "--limit")) {
-            if (cli_parse_long(argv[++i], 1, 1000, &v)) return cli_usage_error(memory_usage, "bad --limit '%s'", argv[i]);
+            if (cli_parse_long(argv[++i], 1, 1000, &v))
+                return cli_usage_error(memory_usage, "bad --limit '%s'", argv[i]);
             a->limit = (int)v;
             a->limit_given = 1;
         } else if (!strcmp(s, "--model"))
@@ -65,7 +66,8 @@ static int parse(int argc, char **argv, memory_args *a) {
         else if (!strcmp(s, "--at"))
             a->at = argv[++i];
         else if (!strcmp(s, "--threads")) {
-            if (cli_parse_long(argv[++i], 0, 1024, &v)) return cli_usage_error(memory_usage, "bad --threads '%s'", argv[i]);
+            if (cli_parse_long(argv[++i], 0, 1024, &v))
+                return cli_usage_error(memory_usage, "bad --threads '%s'", argv[i]);
             a->threads = (int)v;
         } else if (!strcmp(s, "--kind"))
             a->kind = argv[++i];
@@ -225,7 +227,7 @@ static int verb_report(hearth_status st, char *report, hearth_error *err) {
     return 0;
 }
 
-int cli_memory_mcp(hearth_memory *m); /* memory_mcp.c */
+int cli_memory_mcp(hearth_memory *m);                                          /* memory_mcp.c */
 int cli_memory_schedule(const char *at, const char *model, const char *vault); /* memory_schedule.c */
 int cli_memory_unschedule(void);
 int cli_memory_synthesize(hearth_memory *m, const char *stage, const char *model, const char *since, int limit,
@@ -234,9 +236,14 @@ int cli_memory_synthesize(hearth_memory *m, const char *stage, const char *model
 /* synthesize (and its aliases) runs every stage; the workers run one (NULL: all). */
 static const struct {
     const char *verb, *stage;
-} synth_verbs[] = {{"synthesize", NULL}, {"pipeline", NULL},         {"all", NULL},
-                   {"segment", "segment"}, {"extract", "extract"}, {"route", "route"},
-                   {"synthesize-stage", "synthesize"}, {"link", "link"}};
+} synth_verbs[] = {{"synthesize", NULL},
+                   {"pipeline", NULL},
+                   {"all", NULL},
+                   {"segment", "segment"},
+                   {"extract", "extract"},
+                   {"route", "route"},
+                   {"synthesize-stage", "synthesize"},
+                   {"link", "link"}};
 
 int cli_memory(int argc, char **argv) {
     memory_args a;
@@ -251,8 +258,8 @@ int cli_memory(int argc, char **argv) {
     }
     if (!strcmp(a.verb, "schedule")) return cli_memory_schedule(a.at ? a.at : "03:00", a.model, a.vault);
     if (!strcmp(a.verb, "unschedule")) return cli_memory_unschedule();
-    static const char *verbs[] = {"status", "open", "browse", "list", "search", "toc", "section",
-                                  "links",  "read", "import", "reindex", "mcp"};
+    static const char *verbs[] = {"status",  "open",  "browse", "list",   "search",  "toc",
+                                  "section", "links", "read",   "import", "reindex", "mcp"};
     int known = 0, synth = -1;
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) known |= !strcmp(a.verb, verbs[i]);
     for (size_t i = 0; i < sizeof synth_verbs / sizeof synth_verbs[0]; i++)
@@ -290,8 +297,7 @@ int cli_memory(int argc, char **argv) {
     } else if (!strcmp(a.verb, "reindex")) {
         hearth_status st = hearth_memory_reindex(m, &report, &err);
         rc = verb_report(st, report, &err);
-    }
-    else
+    } else
         rc = cli_memory_mcp(m);
     hearth_memory_close(m);
     return rc;

@@ -54,9 +54,8 @@ static void handle(hearth_memory *m, json_t *req) {
     if (!strcmp(method, "initialize")) {
         const char *v = json_string_value(json_object_get(params, "protocolVersion"));
         reply(id,
-              json_pack("{s:s, s:{s:{}}, s:{s:s, s:s}, s:s}", "protocolVersion", v ? v : MCP_PROTOCOL,
-                        "capabilities", "tools", "serverInfo", "name", "hearth-memory", "version", HEARTH_VERSION,
-                        "instructions",
+              json_pack("{s:s, s:{s:{}}, s:{s:s, s:s}, s:s}", "protocolVersion", v ? v : MCP_PROTOCOL, "capabilities",
+                        "tools", "serverInfo", "name", "hearth-memory", "version", HEARTH_VERSION, "instructions",
                         "Read-only tools over the user's personal memory (a Markdown wiki): search first, then "
                         "read, toc or section the articles it names."),
               0, NULL);

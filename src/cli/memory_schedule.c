@@ -74,8 +74,10 @@ int cli_memory_schedule(const char *at, const char *model, const char *vault) {
     }
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) snprintf(exe, sizeof exe, "hearth");
-    else exe[n] = 0;
+    if (n <= 0)
+        snprintf(exe, sizeof exe, "hearth");
+    else
+        exe[n] = 0;
     char *path = hearth_memory_path(&(hearth_memory_options){.path = vault});
     char qexe[4200], qmodel[4200], qvault[4200], cmd[13000];
     shell_quote(exe, qexe, sizeof qexe);
@@ -93,14 +95,16 @@ int cli_memory_schedule(const char *at, const char *model, const char *vault) {
         snprintf(file, sizeof file, "%s/hearth-memory.service", dir);
         FILE *f = fopen(file, "w");
         if (!f) return fprintf(stderr, "hearth: memory schedule: cannot write %s\n", file), 1;
-        fprintf(f, "[Unit]\nDescription=hearth memory: nightly synthesis\n\n[Service]\nType=oneshot\n"
-                   "ExecStart=/bin/sh -c \"%s\"\n",
+        fprintf(f,
+                "[Unit]\nDescription=hearth memory: nightly synthesis\n\n[Service]\nType=oneshot\n"
+                "ExecStart=/bin/sh -c \"%s\"\n",
                 cmd);
         fclose(f);
         snprintf(file, sizeof file, "%s/hearth-memory.timer", dir);
         if (!(f = fopen(file, "w"))) return fprintf(stderr, "hearth: memory schedule: cannot write %s\n", file), 1;
-        fprintf(f, "[Unit]\nDescription=hearth memory: nightly synthesis at %02d:%02d\n\n[Timer]\n"
-                   "OnCalendar=*-*-* %02d:%02d:00\nPersistent=true\n\n[Install]\nWantedBy=timers.target\n",
+        fprintf(f,
+                "[Unit]\nDescription=hearth memory: nightly synthesis at %02d:%02d\n\n[Timer]\n"
+                "OnCalendar=*-*-* %02d:%02d:00\nPersistent=true\n\n[Install]\nWantedBy=timers.target\n",
                 hh, mm, hh, mm);
         fclose(f);
         if (system("systemctl --user daemon-reload && systemctl --user enable --now hearth-memory.timer")) {

@@ -47,12 +47,12 @@ int md_valid_utf8(const char *text, size_t len);
 
 /* ---- the vault (memory_vault.c) ---- */
 struct hearth_memory {
-    char *root;             /* the vault folder */
-    struct sqlite3 *db;     /* root/.hearth/index.sqlite */
+    char *root;         /* the vault folder */
+    struct sqlite3 *db; /* root/.hearth/index.sqlite */
     hearth_model *embed_model;
     hearth_embedder *embedder; /* NULL: BM25 only */
     char embed_name[256];
-    float *vecs;            /* cached vectors of every chunk, n_vecs x dim, loaded on first search */
+    float *vecs; /* cached vectors of every chunk, n_vecs x dim, loaded on first search */
     long long *vec_ids;
     unsigned char *vec_kinds; /* memory_kind_of of each vector's document */
     size_t n_vecs;

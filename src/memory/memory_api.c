@@ -41,7 +41,8 @@ static hearth_status put(const char *root, const char *rel, const char *data, si
                          hearth_error *err) {
     char *path = path_join(root, rel), *old = NULL;
     size_t old_len = 0;
-    int same = path && !file_read_all(path, &old, &old_len, NULL) && (keep || (old_len == len && !memcmp(old, data, len)));
+    int same =
+        path && !file_read_all(path, &old, &old_len, NULL) && (keep || (old_len == len && !memcmp(old, data, len)));
     free(old);
     free(path);
     if (same) return HEARTH_OK;

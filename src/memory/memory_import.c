@@ -209,9 +209,9 @@ static hearth_status import_claude(const char *root, json_t *conv, import_counts
         msgs[i].time = json_string_value(json_object_get(m, "created_at"));
     }
     int added = 0;
-    hearth_status st = memory_add_conversation(root, json_string_value(json_object_get(conv, "name")), "claude",
-                                               json_string_value(json_object_get(conv, "created_at")), msgs, n, &added,
-                                               err);
+    hearth_status st =
+        memory_add_conversation(root, json_string_value(json_object_get(conv, "name")), "claude",
+                                json_string_value(json_object_get(conv, "created_at")), msgs, n, &added, err);
     added ? c->conversations++ : c->skipped++;
     free(msgs);
     return st;
@@ -323,8 +323,10 @@ hearth_status memory_log_append(const char *root, const char *line, hearth_error
     size_t len = 0;
     sbuf b;
     sbuf_init(&b);
-    if (full && !file_read_all(full, &old, &len, NULL)) sbuf_append(&b, old, len);
-    else sbuf_puts(&b, "# Log\n\n");
+    if (full && !file_read_all(full, &old, &len, NULL))
+        sbuf_append(&b, old, len);
+    else
+        sbuf_puts(&b, "# Log\n\n");
     char when[32];
     time_t now = time(NULL);
     struct tm tm;
@@ -372,9 +374,10 @@ hearth_status hearth_memory_log_conversation(hearth_memory *m, const char *messa
     json_t *arr = json_loads(messages_json ? messages_json : "", 0, NULL);
     size_t n = json_array_size(arr);
     memory_message *msgs = n ? calloc(n, sizeof *msgs) : NULL;
-    hearth_status st = json_is_array(arr) && n
-                           ? (msgs ? HEARTH_OK : err_set(err, HEARTH_ERR_NOMEM, "memory: out of memory"))
-                           : err_set(err, HEARTH_ERR_INVALID, "memory: the log takes a non-empty JSON array of messages");
+    hearth_status st =
+        json_is_array(arr) && n
+            ? (msgs ? HEARTH_OK : err_set(err, HEARTH_ERR_NOMEM, "memory: out of memory"))
+            : err_set(err, HEARTH_ERR_INVALID, "memory: the log takes a non-empty JSON array of messages");
     const char *title = NULL;
     char created[40];
     iso_time((double)time(NULL), created, sizeof created);
@@ -391,14 +394,16 @@ hearth_status hearth_memory_log_conversation(hearth_memory *m, const char *messa
         if (cut) *cut = 0;
     }
     int added = 0, committed = 0;
-    if (!st) st = memory_add_conversation(m->root, short_title, source ? source : "hearth", created, msgs, n, &added, err);
+    if (!st)
+        st = memory_add_conversation(m->root, short_title, source ? source : "hearth", created, msgs, n, &added, err);
     char prev[64]; /* the same chat one turn ago (its request and answer): replaced by this one */
     if (!st && added && n > 2 && !conversation_rel(msgs, n - 2, prev, sizeof prev)) {
         char *path = path_join(m->root, prev);
         if (path) unlink(path);
         free(path);
     }
-    if (!st && added) st = memory_git_commit(m->root, "memory: log a conversation (hearth serve --memory-log)", &committed, err);
+    if (!st && added)
+        st = memory_git_commit(m->root, "memory: log a conversation (hearth serve --memory-log)", &committed, err);
     if (!st && added) st = memory_index_sync(m, 0, NULL, NULL, err);
     free(msgs);
     json_decref(arr);

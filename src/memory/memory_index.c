@@ -7,8 +7,8 @@
 #include "base/err.h"
 #include "base/file.h"
 #include "memory/memory.h"
-#include <jansson.h>
 #include <ctype.h>
+#include <jansson.h>
 #include <math.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -46,8 +46,7 @@ static const char *schema =
     "CREATE TABLE IF NOT EXISTS vectors(hash TEXT, model TEXT, vec BLOB, PRIMARY KEY(hash, model));";
 
 static hearth_status db_fail(hearth_memory *m, hearth_error *err, const char *what) {
-    return err_set(err, HEARTH_ERR_IO, "memory: %s/.hearth/index.sqlite: %s: %s", m->root, what,
-                   sqlite3_errmsg(m->db));
+    return err_set(err, HEARTH_ERR_IO, "memory: %s/.hearth/index.sqlite: %s: %s", m->root, what, sqlite3_errmsg(m->db));
 }
 
 hearth_status memory_index_open(hearth_memory *m, hearth_error *err) {
@@ -65,8 +64,9 @@ hearth_status memory_index_open(hearth_memory *m, hearth_error *err) {
         sqlite3_finalize(v);
     }
     if (version != INDEX_VERSION) { /* derived data: start over (the vectors go too) */
-        sqlite3_exec(m->db, "DROP TABLE IF EXISTS docs; DROP TABLE IF EXISTS chunks; DROP TABLE IF EXISTS fts;"
-                            "DROP TABLE IF EXISTS links; DROP TABLE IF EXISTS vectors;",
+        sqlite3_exec(m->db,
+                     "DROP TABLE IF EXISTS docs; DROP TABLE IF EXISTS chunks; DROP TABLE IF EXISTS fts;"
+                     "DROP TABLE IF EXISTS links; DROP TABLE IF EXISTS vectors;",
                      NULL, NULL, NULL);
         char pragma[64];
         snprintf(pragma, sizeof pragma, "PRAGMA user_version=%d", INDEX_VERSION);
@@ -222,14 +222,15 @@ hearth_status memory_index_sync(hearth_memory *m, int full, long long *docs, lon
         "INSERT OR IGNORE INTO seen(path) VALUES(?1)",
     };
     sync_ctx c = {.m = m, .err = err};
-    sqlite3_stmt **stmts[] = {&c.get_doc, &c.del_doc, &c.del_fts, &c.del_chunks, &c.del_links,
-                              &c.ins_doc, &c.ins_chunk, &c.ins_fts, &c.ins_link, &c.ins_seen};
-    if (sqlite3_exec(m->db, "BEGIN IMMEDIATE; CREATE TEMP TABLE IF NOT EXISTS seen(path TEXT PRIMARY KEY);"
-                            "DELETE FROM seen;",
+    sqlite3_stmt **stmts[] = {&c.get_doc, &c.del_doc,   &c.del_fts, &c.del_chunks, &c.del_links,
+                              &c.ins_doc, &c.ins_chunk, &c.ins_fts, &c.ins_link,   &c.ins_seen};
+    if (sqlite3_exec(m->db,
+                     "BEGIN IMMEDIATE; CREATE TEMP TABLE IF NOT EXISTS seen(path TEXT PRIMARY KEY);"
+                     "DELETE FROM seen;",
                      NULL, NULL, NULL) != SQLITE_OK)
         return db_fail(m, err, "begin");
-    if (full && sqlite3_exec(m->db, "DELETE FROM docs; DELETE FROM chunks; DELETE FROM fts; DELETE FROM links;",
-                             NULL, NULL, NULL) != SQLITE_OK)
+    if (full && sqlite3_exec(m->db, "DELETE FROM docs; DELETE FROM chunks; DELETE FROM fts; DELETE FROM links;", NULL,
+                             NULL, NULL) != SQLITE_OK)
         c.st = db_fail(m, err, "clear");
     for (size_t i = 0; i < sizeof sql / sizeof sql[0] && !c.st; i++)
         if (sqlite3_prepare_v2(m->db, sql[i], -1, stmts[i], NULL) != SQLITE_OK) c.st = db_fail(m, err, sql[i]);
@@ -260,7 +261,8 @@ static hearth_status embed_texts(hearth_memory *m, char **texts, size_t n, float
     int32_t **ids = calloc(n, sizeof *ids);
     size_t *lens = calloc(n, sizeof *lens);
     hearth_status st = ids && lens ? HEARTH_OK : err_set(err, HEARTH_ERR_NOMEM, "memory: out of memory");
-    for (size_t i = 0; i < n && !st; i++) st = hearth_embed_tokenize(m->embedder, texts[i], strlen(texts[i]), 1, &ids[i], &lens[i], err);
+    for (size_t i = 0; i < n && !st; i++)
+        st = hearth_embed_tokenize(m->embedder, texts[i], strlen(texts[i]), 1, &ids[i], &lens[i], err);
     if (!st) st = hearth_embed(m->embedder, (const int32_t *const *)ids, lens, n, out, err);
     for (size_t i = 0; ids && i < n; i++) hearth_free(ids[i]);
     free(ids);
@@ -396,10 +398,10 @@ static int by_chunks(const void *a, const void *b) {
  * this vault and terms past the ranking budget are dropped; the rarest term always stays.
  * Returns 0 when the expression is worth no BM25 ranking (see below), else 1. */
 static int fts_query(hearth_memory *m, const char *q, sbuf *out) {
-    static const char *stop[] = {"a",    "an",   "and", "are",  "as",   "at",   "be",   "by",    "did",  "do",
-                                 "does", "for",  "from", "had", "has",  "have", "how",  "i",     "in",   "is",
-                                 "it",   "its",  "of",  "on",   "or",   "that", "the",  "this",  "to",   "was",
-                                 "were", "what", "when", "where", "which", "who", "why", "will", "with", "you"};
+    static const char *stop[] = {"a",    "an",   "and",  "are",   "as",    "at",   "be",  "by",   "did",  "do",
+                                 "does", "for",  "from", "had",   "has",   "have", "how", "i",    "in",   "is",
+                                 "it",   "its",  "of",   "on",    "or",    "that", "the", "this", "to",   "was",
+                                 "were", "what", "when", "where", "which", "who",  "why", "will", "with", "you"};
     sqlite3_stmt *count = NULL, *total = NULL;
     long long n_chunks = 0;
     if (sqlite3_prepare_v2(m->db, "SELECT count(*) FROM chunks", -1, &total, NULL) == SQLITE_OK &&
@@ -514,8 +516,9 @@ hearth_status memory_index_search(hearth_memory *m, const char *query, int limit
     for (int k = 0; kind_name && k < 6; k++)
         if (!strcmp(kind_name, memory_kinds[k])) kind = k;
     if (kind_name && kind < 0)
-        return err_set(err, HEARTH_ERR_INVALID, "memory: unknown kind '%s' (article, reference, conversation, note, "
-                                                "talk or meta)",
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "memory: unknown kind '%s' (article, reference, conversation, note, "
+                       "talk or meta)",
                        kind_name);
     if (limit < 1) limit = 1;
     int k = limit * 10 < 50 ? 50 : limit * 10; /* candidates per ranking before fusion */
@@ -538,7 +541,8 @@ hearth_status memory_index_search(hearth_memory *m, const char *query, int limit
             sqlite3_bind_text(s, 1, q.data, -1, SQLITE_STATIC);
             if (kind >= 0) sqlite3_bind_text(s, 2, memory_kinds[kind], -1, SQLITE_STATIC);
             sqlite3_bind_int(s, 3, k);
-            for (int rank = 1; sqlite3_step(s) == SQLITE_ROW; rank++) n = add_rank(r, n, sqlite3_column_int64(s, 0), rank);
+            for (int rank = 1; sqlite3_step(s) == SQLITE_ROW; rank++)
+                n = add_rank(r, n, sqlite3_column_int64(s, 0), rank);
         }
         sqlite3_finalize(s);
     }

@@ -12,11 +12,12 @@ DATA_INCBIN(memory_ref_design, "docs/design.md");
 DATA_INCBIN(memory_ref_gpu, "docs/gpu.md");
 DATA_INCBIN(memory_ref_testing, "docs/testing.md");
 
-#define REF(file, sym) {file, sym##_start, 0}
+#define REF(file, sym)                                                                                                 \
+    { file, sym##_start, 0 }
 static memory_reference_doc docs[] = {
-    REF("hearth README.md", memory_ref_readme), REF("hearth cli.md", memory_ref_cli),
-    REF("hearth server.md", memory_ref_server), REF("hearth memory.md", memory_ref_memory),
-    REF("hearth design.md", memory_ref_design), REF("hearth gpu.md", memory_ref_gpu),
+    REF("hearth README.md", memory_ref_readme),   REF("hearth cli.md", memory_ref_cli),
+    REF("hearth server.md", memory_ref_server),   REF("hearth memory.md", memory_ref_memory),
+    REF("hearth design.md", memory_ref_design),   REF("hearth gpu.md", memory_ref_gpu),
     REF("hearth testing.md", memory_ref_testing),
 };
 

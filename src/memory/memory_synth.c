@@ -5,10 +5,10 @@
  * vault, linked and committed by memory_synth_link.c. The model is the caller's callback;
  * this file builds its prompts and reads its JSON answers leniently (small models wrap
  * JSON in prose or code fences). */
+#include "memory/memory_synth.h"
 #include "base/err.h"
 #include "base/file.h"
 #include "memory/memory.h"
-#include "memory/memory_synth.h"
 #include <ctype.h>
 #include <jansson.h>
 #include <sqlite3.h>
@@ -86,7 +86,9 @@ json_t *synth_conversation(const char *root, const char *rel, char *created, siz
             if (h->level != 2) continue;
             const char *sp = strchr(h->text, ' ');
             size_t end = i + 1 < d.n_headings ? d.headings[i + 1].start : len, b = h->body;
-            if (b < end && text[b] == '*') b = memchr(text + b, '\n', end - b) ? (size_t)((char *)memchr(text + b, '\n', end - b) - text) + 1 : end;
+            if (b < end && text[b] == '*')
+                b = memchr(text + b, '\n', end - b) ? (size_t)((char *)memchr(text + b, '\n', end - b) - text) + 1
+                                                    : end;
             while (b < end && text[b] == '\n') b++;
             while (end > b && (text[end - 1] == '\n' || text[end - 1] == ' ')) end--;
             json_array_append_new(msgs, json_pack("{s:s%, s:s, s:s%, s:s}", "id", h->text,
@@ -102,7 +104,7 @@ json_t *synth_conversation(const char *root, const char *rel, char *created, siz
 
 /* Asks the model; *out: the parsed JSON answer. Nonzero from the callback stops the run. */
 hearth_status synth_ask(const hearth_memory_synth_options *o, const char *stage, const char *instructions,
-                         json_t *input, json_t **out, hearth_error *err) {
+                        json_t *input, json_t **out, hearth_error *err) {
     char *in = json_dumps(input, JSON_COMPACT), *answer = NULL;
     sbuf prompt;
     sbuf_init(&prompt);
@@ -112,8 +114,8 @@ hearth_status synth_ask(const hearth_memory_synth_options *o, const char *stage,
     sbuf_free(&prompt);
     if (rc) {
         free(answer);
-        return err_set(err, HEARTH_ERR_IO, "memory: synthesis stopped: the model failed at stage %s (nothing committed)",
-                       stage);
+        return err_set(err, HEARTH_ERR_IO,
+                       "memory: synthesis stopped: the model failed at stage %s (nothing committed)", stage);
     }
     *out = answer ? synth_parse_answer(answer) : NULL;
     free(answer);
@@ -125,9 +127,8 @@ static int exec1(sqlite3 *db, const char *sql) { return sqlite3_exec(db, sql, NU
 /* Conversations in the index that synthesis has not seen (created since o->since). */
 static hearth_status stage_segment(hearth_memory *m, const hearth_memory_synth_options *o, int *done,
                                    hearth_error *err) {
-    static const char *instructions =
-        "Split this conversation into topic segments. Answer with JSON only: "
-        "[{\"topic\": \"short topic\", \"messages\": [\"<message id>\", ...]}].";
+    static const char *instructions = "Split this conversation into topic segments. Answer with JSON only: "
+                                      "[{\"topic\": \"short topic\", \"messages\": [\"<message id>\", ...]}].";
     sqlite3_stmt *q = NULL, *ins = NULL, *mark = NULL;
     sqlite3_prepare_v2(m->db,
                        "SELECT d.path FROM docs d WHERE d.kind='conversation' AND NOT EXISTS (SELECT 1 FROM syn_conv"
@@ -183,10 +184,10 @@ static hearth_status stage_segment(hearth_memory *m, const hearth_memory_synth_o
 static json_t *pick(json_t *msgs, json_t *ids) {
     json_t *out = json_array(), *m, *id;
     size_t i, j;
-    json_array_foreach(msgs, i, m) json_array_foreach(ids, j, id) if (json_is_string(id) &&
-                                                                     !strcmp(json_string_value(id),
-                                                                             json_string_value(json_object_get(m, "id"))))
-        json_array_append(out, m);
+    json_array_foreach(msgs, i, m)
+        json_array_foreach(ids, j, id) if (json_is_string(id) &&
+                                           !strcmp(json_string_value(id), json_string_value(json_object_get(m, "id"))))
+            json_array_append(out, m);
     return out;
 }
 
@@ -212,8 +213,8 @@ static hearth_status stage_extract(hearth_memory *m, const hearth_memory_synth_o
         json_t *all = synth_conversation(m->root, conv, NULL, 0);
         json_t *ids = json_loads((const char *)sqlite3_column_text(q, 3), 0, NULL);
         json_t *msgs = pick(all, ids), *ans = NULL;
-        json_t *input = json_pack("{s:s, s:s, s:O}", "conversation", conv, "topic", sqlite3_column_text(q, 2),
-                                  "messages", msgs);
+        json_t *input =
+            json_pack("{s:s, s:s, s:O}", "conversation", conv, "topic", sqlite3_column_text(q, 2), "messages", msgs);
         st = synth_ask(o, "extract", instructions, input, &ans, err);
         json_decref(input);
         if (!st) {
@@ -273,8 +274,7 @@ void synth_article_name(const char *title, char *out, size_t cap) {
     if (!o) snprintf(out, cap, "Untitled");
 }
 
-static hearth_status stage_route(hearth_memory *m, const hearth_memory_synth_options *o, int *done,
-                                 hearth_error *err) {
+static hearth_status stage_route(hearth_memory *m, const hearth_memory_synth_options *o, int *done, hearth_error *err) {
     static const char *instructions =
         "Choose the article this fact belongs in: one of the existing titles, or a new short title "
         "(a person, place, project or topic). Answer with JSON only: {\"article\": \"Title\"}.";
@@ -286,7 +286,8 @@ static hearth_status stage_route(hearth_memory *m, const hearth_memory_synth_opt
                        "SELECT title FROM docs WHERE kind='article' UNION SELECT article FROM syn_stage"
                        " UNION SELECT article FROM syn_fact WHERE article IS NOT NULL AND article<>''",
                        -1, &titles, NULL);
-    hearth_status st = q && set && titles ? HEARTH_OK : err_set(err, HEARTH_ERR_IO, "memory: %s", sqlite3_errmsg(m->db));
+    hearth_status st =
+        q && set && titles ? HEARTH_OK : err_set(err, HEARTH_ERR_IO, "memory: %s", sqlite3_errmsg(m->db));
     while (!st && (o->limit <= 0 || *done < o->limit) && sqlite3_step(q) == SQLITE_ROW) {
         (*done)++;
         if (o->dry_run) continue;

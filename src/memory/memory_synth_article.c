@@ -71,7 +71,8 @@ char *synth_unlink_dangling(const char *t, synth_exists_fn exists, void *user, i
         while (*s == ' ') s++;
         if (!strncmp(s, "```", 3) || !strncmp(s, "~~~", 3)) fenced = !fenced;
         for (size_t i = 0; i < n;) {
-            const char *close = !fenced && i + 1 < n && line[i] == '[' && line[i + 1] == '[' ? strstr(line + i + 2, "]]") : NULL;
+            const char *close =
+                !fenced && i + 1 < n && line[i] == '[' && line[i + 1] == '[' ? strstr(line + i + 2, "]]") : NULL;
             if (!close || close >= line + n) {
                 sbuf_putc(&b, line[i++]);
                 continue;
@@ -146,7 +147,8 @@ static char *staged(hearth_memory *m, const char *name, int col) {
     if (sqlite3_prepare_v2(m->db, "SELECT text, talk FROM syn_stage WHERE article=?1", -1, &s, NULL) != SQLITE_OK)
         return NULL;
     sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
-    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_text(s, col)) out = strdup((const char *)sqlite3_column_text(s, col));
+    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_text(s, col))
+        out = strdup((const char *)sqlite3_column_text(s, col));
     sqlite3_finalize(s);
     return out;
 }
@@ -227,7 +229,8 @@ static hearth_status synth_article(hearth_memory *m, const hearth_memory_synth_o
         json_t *f;
         json_array_foreach(facts, i, f) { /* a fact the model left out still gets its sentence and marker */
             const char *marker = json_string_value(json_object_get(f, "marker"));
-            if (!strstr(text, marker)) sbuf_printf(&out, "\n\n%s %s", json_string_value(json_object_get(f, "fact")), marker);
+            if (!strstr(text, marker))
+                sbuf_printf(&out, "\n\n%s %s", json_string_value(json_object_get(f, "fact")), marker);
         }
         sbuf_printf(&out, "\n\n%s", notes.data);
     } else if (!st) {
@@ -240,8 +243,9 @@ static hearth_status synth_article(hearth_memory *m, const hearth_memory_synth_o
         strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", &tm);
         sbuf_puts(&talk, *old_talk ? old_talk : "");
         if (!*old_talk) sbuf_printf(&talk, "# Talk: %s\n", name);
-        sbuf_printf(&talk, "\n## %s: an edit was not applied\n\nSynthesis proposed a rewrite of [[%s]], but %s. "
-                           "The facts it wanted to add, for a person to reconcile:\n\n%s",
+        sbuf_printf(&talk,
+                    "\n## %s: an edit was not applied\n\nSynthesis proposed a rewrite of [[%s]], but %s. "
+                    "The facts it wanted to add, for a person to reconcile:\n\n%s",
                     when, name, reason, waiting.data ? waiting.data : "");
         sbuf_printf(&talk, "\n%s", notes.data + strlen(a.footnotes));
         free(old_talk);
@@ -288,7 +292,8 @@ hearth_status stage_synthesize(hearth_memory *m, const hearth_memory_synth_optio
                            -1, &q, NULL) != SQLITE_OK)
         return err_set(err, HEARTH_ERR_IO, "memory: %s", sqlite3_errmsg(m->db));
     json_t *names = json_array();
-    while (sqlite3_step(q) == SQLITE_ROW) json_array_append_new(names, json_string((const char *)sqlite3_column_text(q, 0)));
+    while (sqlite3_step(q) == SQLITE_ROW)
+        json_array_append_new(names, json_string((const char *)sqlite3_column_text(q, 0)));
     sqlite3_finalize(q);
     hearth_status st = HEARTH_OK;
     size_t i;

@@ -38,7 +38,8 @@ static hearth_status put(const char *root, const char *rel, const char *text, in
 static hearth_status put_linked(publish_ctx *c, const char *rel, const char *text, int *changed, hearth_error *err) {
     int unlinked = 0;
     char *fixed = synth_unlink_dangling(text, target_exists, c, &unlinked);
-    hearth_status st = fixed ? put(c->m->root, rel, fixed, changed, err) : err_set(err, HEARTH_ERR_NOMEM, "memory: oom");
+    hearth_status st =
+        fixed ? put(c->m->root, rel, fixed, changed, err) : err_set(err, HEARTH_ERR_NOMEM, "memory: oom");
     free(fixed);
     return st;
 }
@@ -99,8 +100,9 @@ static hearth_status publish(hearth_memory *m, json_t *articles, int rejected, i
     }
     sqlite3_finalize(s);
     /* articles edited by hand or by an earlier run: their links are checked too */
-    sqlite3_prepare_v2(m->db, "SELECT path FROM docs WHERE kind='article' AND substr(path, 10, length(path) - 12)"
-                              " NOT IN (SELECT article FROM syn_stage WHERE text IS NOT NULL)",
+    sqlite3_prepare_v2(m->db,
+                       "SELECT path FROM docs WHERE kind='article' AND substr(path, 10, length(path) - 12)"
+                       " NOT IN (SELECT article FROM syn_stage WHERE text IS NOT NULL)",
                        -1, &s, NULL);
     while (!st && s && sqlite3_step(s) == SQLITE_ROW) {
         const char *rel = (const char *)sqlite3_column_text(s, 0);

@@ -83,11 +83,12 @@ static hearth_status tool_search(hearth_memory *m, json_t *args, json_t **out, h
  * title; articles win over other kinds with the same name. */
 static hearth_status resolve(hearth_memory *m, const char *name, char *path, size_t cap, hearth_error *err) {
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(m->db,
-                           "SELECT path FROM docs WHERE path=?1 OR path=?1||'.md' OR lower(title)=lower(?1)"
-                           " OR path LIKE '%/'||?1||'.md' OR path LIKE '%/'||?1 ORDER BY path=?1 OR path=?1||'.md' DESC,"
-                           " kind='article' DESC, path LIMIT 1",
-                           -1, &s, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(
+            m->db,
+            "SELECT path FROM docs WHERE path=?1 OR path=?1||'.md' OR lower(title)=lower(?1)"
+            " OR path LIKE '%/'||?1||'.md' OR path LIKE '%/'||?1 ORDER BY path=?1 OR path=?1||'.md' DESC,"
+            " kind='article' DESC, path LIMIT 1",
+            -1, &s, NULL) != SQLITE_OK)
         return err_set(err, HEARTH_ERR_IO, "memory: %s", sqlite3_errmsg(m->db));
     sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
     hearth_status st = HEARTH_OK;
@@ -140,8 +141,8 @@ static hearth_status tool_toc(hearth_memory *m, json_t *args, json_t **out, hear
     if (st) return st;
     json_t *h = json_array();
     for (size_t i = 0; i < d.n_headings; i++)
-        json_array_append_new(h, json_pack("{s:i, s:s, s:s}", "level", d.headings[i].level, "text",
-                                           d.headings[i].text, "anchor", d.headings[i].anchor));
+        json_array_append_new(h, json_pack("{s:i, s:s, s:s}", "level", d.headings[i].level, "text", d.headings[i].text,
+                                           "anchor", d.headings[i].anchor));
     *out = json_pack("{s:s, s:s, s:o}", "path", rel, "title", d.title, "headings", h);
     md_doc_free(&d);
     free(text);
@@ -202,7 +203,8 @@ static hearth_status tool_links(hearth_memory *m, json_t *args, json_t **out, he
         sqlite3_bind_text(s, 1, rel, -1, SQLITE_STATIC);
         sqlite3_bind_text(s, 2, stem, -1, SQLITE_STATIC);
         sqlite3_bind_text(s, 3, d.title, -1, SQLITE_STATIC);
-        while (sqlite3_step(s) == SQLITE_ROW) json_array_append_new(back, json_string((const char *)sqlite3_column_text(s, 0)));
+        while (sqlite3_step(s) == SQLITE_ROW)
+            json_array_append_new(back, json_string((const char *)sqlite3_column_text(s, 0)));
         sqlite3_finalize(s);
     }
     *out = json_pack("{s:s, s:o, s:o}", "path", rel, "links", outgoing, "backlinks", back);
@@ -247,8 +249,9 @@ const char *hearth_memory_tools_json(void) {
     if (text) return text;
     json_t *arr = json_array();
     for (size_t i = 0; i < N_TOOLS; i++)
-        json_array_append_new(arr, json_pack("{s:s, s:s, s:o}", "name", tools[i].name, "description",
-                                             tools[i].description, "inputSchema", json_loads(tools[i].schema, 0, NULL)));
+        json_array_append_new(arr,
+                              json_pack("{s:s, s:s, s:o}", "name", tools[i].name, "description", tools[i].description,
+                                        "inputSchema", json_loads(tools[i].schema, 0, NULL)));
     text = json_dumps(arr, JSON_COMPACT);
     json_decref(arr);
     return text;

@@ -149,8 +149,8 @@ hearth_status memory_git_commit(const char *root, const char *message, int *comm
     sbuf problems;
     sbuf_init(&problems);
     if (memory_vault_problems(root, &problems)) {
-        hearth_status st = err_set(err, HEARTH_ERR_FORMAT, "memory: the vault needs attention, nothing written:\n%s",
-                                   problems.data);
+        hearth_status st =
+            err_set(err, HEARTH_ERR_FORMAT, "memory: the vault needs attention, nothing written:\n%s", problems.data);
         sbuf_free(&problems);
         return st;
     }

@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void on_link(void *user, const char *target, const char *heading) { (*(size_t *)user) += strlen(target) + strlen(heading); }
+static void on_link(void *user, const char *target, const char *heading) {
+    (*(size_t *)user) += strlen(target) + strlen(heading);
+}
 static int exists_when_short(void *user, const char *target) { return strlen(target) < 4; }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -2,11 +2,11 @@
  * sections and slugs, wikilinks, conflict markers and UTF-8 checks, and the synthesis
  * gate (prose kept, citations kept, secrets), the dangling-link rewrite and the lenient
  * reading of a model's JSON answer. Expected values are worked out by hand. */
+#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,7 +84,8 @@ static int exists_x(void *user, const char *target) { return !strcmp(target, "X"
 static void test_unlink_and_answers(void **state) {
     (void)state;
     int changed = 0;
-    char *out = synth_unlink_dangling("[[X]] [[Gone]] [[Gone#h|shown]]\n```\n[[Gone]]\n```\n", exists_x, NULL, &changed);
+    char *out =
+        synth_unlink_dangling("[[X]] [[Gone]] [[Gone#h|shown]]\n```\n[[Gone]]\n```\n", exists_x, NULL, &changed);
     assert_string_equal(out, "[[X]] Gone shown\n```\n[[Gone]]\n```\n");
     assert_true(changed);
     free(out);

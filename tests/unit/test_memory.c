@@ -2,11 +2,14 @@
  * sections and slugs, wikilinks, conflict markers and UTF-8 checks, and the synthesis
  * gate (prose kept, citations kept, secrets), the dangling-link rewrite and the lenient
  * reading of a model's JSON answer. Expected values are worked out by hand. */
-#include <cmocka.h>
+/* cmocka.h needs these before it */
+// clang-format off
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cmocka.h>
+// clang-format on
 #include <stdlib.h>
 #include <string.h>
 

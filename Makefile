@@ -8,7 +8,7 @@ BUILD   ?= build
 BINDIR  ?= bin
 LIBDIR  ?= lib
 CC      ?= gcc
-PKGS    := jansson libpcre2-8 libutf8proc libcurl sqlite3 libcrypto
+PKGS    := jansson libpcre2-8 libutf8proc libcurl sqlite3 libcrypto libgit2
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 # A GPU machine without the -dev packages: tools/cuda_check_deps copies their headers and
@@ -83,6 +83,8 @@ $(BUILD)/obj/src/io/ggml_quant.o $(BUILD)/obj/src/backend/cpu/kernels_ref.o: OPT
 $(BUILD)/obj/src/server/web_assets.o build/fuzz/obj/src/server/web_assets.o: $(wildcard web/*)
 # Likewise data/*.json (the SKU table and the model catalogue) for data_files.o.
 $(BUILD)/obj/src/io/data_files.o build/fuzz/obj/src/io/data_files.o: $(wildcard data/*)
+# And hearth's docs, copied into a memory vault's Reference/ (memory_reference.o).
+$(BUILD)/obj/src/memory/memory_reference.o build/fuzz/obj/src/memory/memory_reference.o: README.md $(wildcard docs/*.md)
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)

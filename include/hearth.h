@@ -572,6 +572,83 @@ hearth_status hearth_embed_tokenize(const hearth_embedder *e, const char *text, 
 hearth_status hearth_embed(hearth_embedder *e, const int32_t *const *inputs, const size_t *lens, size_t n_inputs,
                            float *out, hearth_error *err);
 
+
+/* ---- personal memory: a git-tracked Markdown wiki ------------------------
+ * The vault is a folder that is a git repository (written through libgit2) of Markdown:
+ * articles/ (the user's memory: front matter, [[wikilinks]], footnote citations),
+ * Conversations/ (imported and logged conversations, one heading per message), Notes/
+ * (imported Markdown and text), Reference/ (hearth's own docs, read-only), Meta/ (index,
+ * log) and Talk/. A derived SQLite index (<vault>/.hearth/index.sqlite: FTS5 BM25 plus
+ * embedding vectors) is brought up to date on open and rebuilt at will. docs/memory.md. */
+typedef struct hearth_memory hearth_memory;
+
+typedef struct hearth_memory_options {
+    const char *path;        /* NULL: $HEARTH_WIKI, else $XDG_DATA_HOME/hearth/wiki (~/.local/share/...) */
+    const char *embed_model; /* an embedding model (hearth_model_open name) for hybrid search; NULL: BM25 only */
+    int n_threads;           /* for the embedder; 0: all cores */
+} hearth_memory_options;
+
+/* The vault folder o (or the defaults) names; hearth_free. */
+char *hearth_memory_path(const hearth_memory_options *o);
+/* Creates the vault (git init, folders, Reference/ from the embedded docs, a first
+ * commit) or refreshes Reference/ in an existing one; idempotent (no commit when nothing
+ * changed). Refuses a vault with problems (see memory_status). *report_json (optional,
+ * hearth_free): {"path", "created", "committed", "reference"}. */
+hearth_status hearth_memory_init(const hearth_memory_options *o, char **report_json, hearth_error *err);
+/* Opens an existing vault and brings its index up to date (HEARTH_ERR_NOT_FOUND when
+ * there is none: run init). */
+hearth_status hearth_memory_open(const hearth_memory_options *o, hearth_memory **out, hearth_error *err);
+void hearth_memory_close(hearth_memory *m);
+/* The read-only tools as a JSON array of {"name", "description", "inputSchema"} (MCP's
+ * tools/list shape; static, do not free): memory_status, memory_list, memory_search,
+ * memory_read, memory_toc, memory_section, memory_links. */
+const char *hearth_memory_tools_json(void);
+/* Runs one tool with its arguments (a JSON object text, NULL for none); *result_json
+ * (hearth_free) is the tool's JSON result. Unknown tools fail with HEARTH_ERR_NOT_FOUND;
+ * the tools never write the vault. */
+hearth_status hearth_memory_call(hearth_memory *m, const char *tool, const char *args_json, char **result_json,
+                                 hearth_error *err);
+/* Imports a file or folder: a ChatGPT export (conversations.json), a Claude export
+ * (conversations.json), Markdown/text files (a folder is walked). Conversations go to
+ * Conversations/<content hash>.md, skipped when already there; notes to Notes/. One
+ * commit when anything was added; the index is updated at once. *report_json:
+ * {"conversations", "notes", "skipped", "committed"}. */
+hearth_status hearth_memory_import(hearth_memory *m, const char *path, char **report_json, hearth_error *err);
+/* Logs one conversation (a JSON array of {"role", "content": string} messages, the answer
+ * last) as Conversations/<hash>.md and commits it (`serve --memory-log`); the file of the
+ * same chat one turn earlier (these messages but the last two) is replaced, so a chat is
+ * one file. System messages are not stored. Not thread-safe: one call at a time. */
+hearth_status hearth_memory_log_conversation(hearth_memory *m, const char *messages_json, const char *source,
+                                             hearth_error *err);
+/* Synthesis: the local model turns conversations into articles, in stages: segment
+ * (topic chunks of each new conversation), extract (durable facts with citations to
+ * their messages; secrets dropped), route (each fact to an existing or new article),
+ * synthesize (the article rewritten with its new facts, kept only when it passes the gate:
+ * at least 70% of the old prose and every old citation kept, no secrets; otherwise a
+ * note on its Talk/ page), link (no dangling [[links]], Meta/index.md's article list),
+ * then one commit. Progress lives in the index database, so a killed run resumes where
+ * it stopped; a run with nothing new makes no commit. The model is a callback: given a
+ * stage name and a prompt (instructions, then "INPUT:" and a JSON object), it writes its
+ * answer (JSON) into *answer (malloc'd; the library frees it) and returns 0, else
+ * nonzero to stop the run (nothing is committed). */
+typedef int (*hearth_memory_llm_fn)(void *user, const char *stage, const char *prompt, char **answer);
+typedef struct hearth_memory_synth_options {
+    const char *stage; /* NULL: every stage and the commit; else "segment", "extract", "route",
+                        * "synthesize" (the stages' own work only) or "link" (link and commit) */
+    const char *since; /* NULL, or a date "YYYY-MM-DD": only conversations created since */
+    int limit;         /* > 0: at most this many items per stage */
+    int dry_run;       /* report the work each stage has, call nothing, write nothing */
+    hearth_memory_llm_fn llm;
+    void *user;
+} hearth_memory_synth_options;
+/* *report_json: {"segment": n, "extract": n, "route": n, "synthesize": n, "articles": [...],
+ * "rejected": n, "committed": bool} (with dry_run: the work waiting at each stage). */
+hearth_status hearth_memory_synthesize(hearth_memory *m, const hearth_memory_synth_options *o, char **report_json,
+                                       hearth_error *err);
+/* Drops the index and rebuilds it from the vault's files (vectors of unchanged text are
+ * kept). *report_json: {"documents", "chunks", "seconds"}. */
+hearth_status hearth_memory_reindex(hearth_memory *m, char **report_json, hearth_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -27,6 +27,7 @@ int cli_convert(int argc, char **argv);
  * no_download: never start the background pull of a better model (--no-download). */
 const char *cli_choose_model(int argc, char **argv, int no_download);
 int cli_embed(int argc, char **argv);
+int cli_memory(int argc, char **argv);
 void cli_report_memory(const hearth_engine *e); /* {"peak_rss_bytes", ...} on stderr */
 
 /* Prints "hearth: <message>" to stderr and returns 1. */

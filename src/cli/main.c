@@ -24,6 +24,7 @@ static const cli_verb verbs[] = {
     {"rm", cli_rm, "remove a model from the HF cache and reclaim its disk space"},
     {"perplexity", cli_perplexity, "perplexity of a model on a dataset (mlx_lm.perplexity), KL against a reference"},
     {"convert", cli_convert, "convert a float safetensors model to an MLX folder, optionally quantized"},
+    {"memory", cli_memory, "the personal memory: a git-tracked Markdown wiki, its search and MCP tools"},
     {"evals", cli_evals, "list recorded fit checks and benchmarks (the evals database)"},
 };
 

@@ -35,6 +35,7 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "             (KV pool default: --max-sequences x --ctx positions, cut to fit "
                                  "free memory)\n"
                                  "             [--open|--no-open (the chat page in a browser)] [--embedding-model M]\n"
+                                 "             [--memory-log [--memory-vault PATH] (log chats into the memory vault)]\n"
                                  "  accepted but not supported yet (a warning says so): --adapter-path "
                                  "--draft-model --num-draft-tokens\n"
                                  "  --trust-remote-code --use-default-chat-template --decode-concurrency "
@@ -129,6 +130,8 @@ typedef struct serve_opts {
     const char *template_args;
     int open_browser;            /* --open (what `hearth` with no arguments passes); --no-open wins */
     const char *embedding_model; /* --embedding-model: served at /v1/embeddings beside the chat model */
+    int memory_log;              /* --memory-log: chats are logged into the memory vault */
+    const char *memory_vault;    /* --memory-vault: that vault (default: hearth memory's) */
 } serve_opts;
 
 /* Splits --name=value so both argparse spellings work; returns the value or
@@ -170,6 +173,10 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             c->model_arg = a;
         else if (VAL("--embedding-model"))
             o->embedding_model = v;
+        else if (!strcmp(a, "--memory-log"))
+            o->memory_log = 1;
+        else if (VAL("--memory-vault"))
+            o->memory_vault = v;
         else if (VAL("--host"))
             c->host = v;
         else if (VAL("--port")) {
@@ -276,6 +283,10 @@ int cli_serve(int argc, char **argv) {
     if (o.chat_template && o.chat_template[0] && hearth_model_set_chat_template(model, o.chat_template, &err))
         return cli_fail(&err);
     if (o.embedding_model && cli_open_model(o.embedding_model, &embedding_model)) return 1;
+    if (o.memory_log) { /* BM25 only: serve keeps its cores for the model */
+        hearth_memory_options mo = {.path = o.memory_vault};
+        if (hearth_memory_open(&mo, &c->memory_log, &err)) return cli_fail(&err);
+    }
     signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not end the server */
     srv_server *s;
     if (srv_open(c, model, embedding_model, &o.eo, &s, &err)) {
@@ -297,6 +308,7 @@ int cli_serve(int argc, char **argv) {
     while (!stop_requested) pause();
     srv_log(s, SRV_LOG_INFO, "shutting down");
     srv_close(s);
+    hearth_memory_close(c->memory_log);
     json_decref(targs);
     for (size_t i = 0; i < c->n_origins; i++) free(c->origins[i]);
     free(c->origins);

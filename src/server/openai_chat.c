@@ -23,6 +23,7 @@ typedef struct gen_state {
     int tool_index;          /* streaming: "index" of the next call */
     json_t *logprobs;        /* non-streaming: logprobs.content entries */
     sse_stream ss;           /* streaming: SSE bytes not yet written */
+    sbuf answer;             /* --memory-log: the whole answer, streamed or not */
 } gen_state;
 
 static void gen_free(gen_state *g) {
@@ -32,6 +33,7 @@ static void gen_free(gen_state *g) {
     sbuf_free(&g->content);
     sbuf_free(&g->reasoning);
     sbuf_free(&g->ss.out);
+    sbuf_free(&g->answer);
     json_decref(g->tool_calls);
     json_decref(g->logprobs);
     free(g);
@@ -62,6 +64,7 @@ static void take_pending(gen_state *g) {
                         g->tool_calls, warn_tool, g->s);
     }
     sbuf_append(&g->content, v.content ? v.content : "", v.content_len);
+    if (g->s->cfg.memory_log) sbuf_append(&g->answer, v.content ? v.content : "", v.content_len);
     if (g->req.kind == SRV_CHAT) sbuf_append(&g->reasoning, v.reasoning ? v.reasoning : "", v.reasoning_len);
     ts_clear_pending(g->gen.ts);
 }
@@ -98,6 +101,26 @@ static void on_token_event(gen_state *g, const srv_event *ev) {
     }
 }
 
+/* --memory-log: the request's messages and the answer go into the vault, one chat one
+ * file (hearth_memory_log_conversation); one vault per process, one writer at a time. */
+static pthread_mutex_t memory_log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void memory_log(gen_state *g) {
+    if (!g->s->cfg.memory_log || g->req.kind != SRV_CHAT || !json_is_array(g->req.messages)) return;
+    json_t *msgs = json_copy(g->req.messages);
+    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content",
+                                          g->answer.data ? g->answer.data : ""));
+    char *text = json_dumps(msgs, JSON_COMPACT);
+    json_decref(msgs);
+    hearth_error err = {0};
+    pthread_mutex_lock(&memory_log_mu);
+    hearth_status st = text ? hearth_memory_log_conversation(g->s->cfg.memory_log, text, "hearth serve", &err)
+                            : HEARTH_ERR_NOMEM;
+    pthread_mutex_unlock(&memory_log_mu);
+    if (st) srv_log(g->s, SRV_LOG_WARNING, "memory log: %s", err.message);
+    free(text);
+}
+
 /* After the DONE event: the final chunk (stream) or the complete reply. Returns
  * the reply object for non-streaming requests, NULL for streams (bytes are in
  * g->ss.out). */
@@ -106,6 +129,7 @@ static json_t *on_done(gen_state *g) {
     ts_end(g->gen.ts);
     take_pending(g);
     const char *finish = ts_finish_reason(g->gen.ts, g->gen.last_finish);
+    memory_log(g);
     srv_reply r = g->reply;
     r.prompt_tokens = j->n_ids;
     r.completion_tokens = j->result.completion_tokens;

@@ -188,6 +188,8 @@ typedef struct srv_config {
     srv_defaults defaults;
     unsigned responses_ttl_s;   /* --responses-ttl: how long stored responses live */
     size_t responses_max_bytes; /* --responses-max-bytes: the store's cap */
+    hearth_memory *memory_log;  /* --memory-log: chat completions are logged into this vault
+                                   (owned by the caller); NULL: nothing is logged */
 } srv_config;
 
 typedef struct srv_server {

@@ -19,6 +19,9 @@ const int32_t *engine_history(const hearth_engine *e, int seq);
 /* Sets the first n tokens of seq's history (a prompt prefix whose KV came from the prefix cache). */
 void engine_history_write(hearth_engine *e, int seq, const int32_t *tokens, int n);
 int engine_seq_length(const hearth_engine *e, int seq);
+int engine_seq_is_open(const hearth_engine *e, int seq);
+/* seq_file.c: a 64-bit name of the model's weights and config that saved KV files carry. */
+uint64_t engine_model_identity(const hearth_engine *e);
 float *engine_logits_buffer(hearth_engine *e);
 /* Tokens per forward step: the prefill chunk size. */
 int engine_step_tokens(const hearth_engine *e);

@@ -420,6 +420,24 @@ typedef struct hearth_batch_stats {
 } hearth_batch_stats;
 void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out);
 
+/* The batch's prefix cache kept in a folder across restarts (`serve --prompt-cache-dir`):
+ * now, every saved KV file in dir (created if missing) is loaded into the KV pool as
+ * cached blocks, newest first, while the pool has free blocks (a refused file, e.g. one
+ * made with another model, is counted in the report and left alone); from then on every
+ * request that ends has its KV saved there (one file per token history; the file of a
+ * history that a newer one extends is removed) and the oldest files are deleted when the
+ * folder's files pass max_bytes. Saving runs on the stepping thread at the end of a
+ * request (a write of the request's KV: float KV is 2 x layers x KV heads x head_dim x 4
+ * bytes per token). Use one folder per model. CPU engine only so far. */
+typedef struct hearth_prompt_cache_report {
+    size_t files_loaded, tokens_loaded;
+    size_t files_refused;   /* not loaded: damaged, or another model's or KV format's */
+    size_t files_skipped;   /* not loaded: the pool had no free blocks left for them */
+    char first_refusal[512]; /* why the first refused file was refused */
+} hearth_prompt_cache_report;
+hearth_status hearth_batch_prompt_cache(hearth_batch *b, const char *dir, long long max_bytes,
+                                        hearth_prompt_cache_report *report, hearth_error *err);
+
 /* ---- the model library: hub downloads, listing, removal, evals --------- */
 
 /* Progress of one file of a pull: called as bytes arrive (at most ~10 times a second). */

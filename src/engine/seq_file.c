@@ -71,9 +71,13 @@ static hearth_status check_seq(hearth_engine *e, int seq, const char *what, hear
 }
 
 hearth_status hearth_seq_save(hearth_engine *e, int seq, const char *path, hearth_error *err) {
+    return engine_seq_save_n(e, seq, engine_seq_is_open(e, seq) ? engine_seq_length(e, seq) : 0, path, err);
+}
+
+hearth_status engine_seq_save_n(hearth_engine *e, int seq, int n, const char *path, hearth_error *err) {
     hearth_status st = check_seq(e, seq, path, err);
     if (st) return st;
-    int n = engine_seq_length(e, seq);
+    if (n > engine_seq_length(e, seq)) n = engine_seq_length(e, seq);
     if (n <= 0) return err_set(err, HEARTH_ERR_INVALID, "%s: sequence %d holds no tokens to save", path, seq);
     kv_cache *kv = engine_kv(e);
     kv_file_shape s = engine_shape(e, n);

@@ -23,6 +23,7 @@ static const cli_verb verbs[] = {
     {"rm", cli_rm, "remove a model from the HF cache and reclaim its disk space"},
     {"perplexity", cli_perplexity, "perplexity of a model on a dataset (mlx_lm.perplexity), KL against a reference"},
     {"convert", cli_convert, "convert a float safetensors model to an MLX folder, optionally quantized"},
+    {"harness", cli_harness, "point a coding agent (pi, claude, codex) at a hearth server, or take it back"},
     {"evals", cli_evals, "list recorded fit checks and benchmarks (the evals database)"},
 };
 

@@ -171,7 +171,8 @@ hearth_status hearth_seq_load(hearth_engine *e, int seq, const char *path, const
                          hearth_engine_context_length(e));
     }
     kv_cache *kv = engine_kv(e);
-    if (!st && n > 0 && !(st = kv_reserve(kv, seq, (int)n, err))) {
+    if (!st && n > 0 && (st = kv_reserve(kv, seq, (int)n, err))) err_prefix(err, "%s", path);
+    else if (!st && n > 0) {
         size_t row = (size_t)kv->head_dim * kv_elem_bytes(kv->quant);
         size_t all = v.shape.n_tokens, scale = kv_quant_scaled(kv->quant) ? all * sizeof(float) : 0;
         const uint8_t *p = v.kv;

@@ -423,12 +423,13 @@ void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out);
 /* The batch's prefix cache kept in a folder across restarts (`serve --prompt-cache-dir`):
  * now, every saved KV file in dir (created if missing) is loaded into the KV pool as
  * cached blocks, newest first, while the pool has free blocks (a refused file, e.g. one
- * made with another model, is counted in the report and left alone); from then on every
- * request that ends has its KV saved there (one file per token history; the file of a
- * history that a newer one extends is removed) and the oldest files are deleted when the
- * folder's files pass max_bytes. Saving runs on the stepping thread at the end of a
- * request (a write of the request's KV: float KV is 2 x layers x KV heads x head_dim x 4
- * bytes per token). Use one folder per model. CPU engine only so far. */
+ * made with another model, is counted in the report and left alone); from then on the
+ * token history of every request that ends is noted (in memory, no disk work while
+ * stepping), and when the batch is freed (`serve` stopping on SIGINT/SIGTERM) what the
+ * pool still holds of each noted history is saved there (one file per history; the file
+ * of a history that a newer one continues is removed) and the oldest files are deleted
+ * past max_bytes. A process that is killed saves nothing new. Use one folder per model.
+ * CPU engine only so far. */
 typedef struct hearth_prompt_cache_report {
     size_t files_loaded, tokens_loaded;
     size_t files_refused;   /* not loaded: damaged, or another model's or KV format's */

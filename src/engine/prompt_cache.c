@@ -1,9 +1,10 @@
 /* prompt_cache.c: the batch's prefix cache kept on disk (hearth_batch_prompt_cache,
  * `serve --prompt-cache-dir`): at start every saved KV file in the folder is loaded into
  * the pool as cached, unreferenced blocks (the prefix cache then hands them out as if the
- * requests had run in this process); while serving, each finished request's KV is saved
- * there (one file per token history; a file whose history a newer one continues is
- * removed), and the oldest files go when the folder passes its byte bound. The file
+ * requests had run in this process). While serving, only the token histories of finished
+ * requests are noted (no disk work on the stepping thread); when the batch ends, each
+ * history's KV still in the pool is saved (one file per history; a file whose history a
+ * newer one continues is removed) and the oldest files go past the byte bound. The file
  * format and its checks are seq_file.c's. */
 #define _GNU_SOURCE
 #include "base/err.h"
@@ -25,11 +26,17 @@ typedef struct pc_entry {
     double mtime;
 } pc_entry;
 
+/* Histories noted but not saved yet: at most this many (the oldest are forgotten), a
+ * bound on the memory the notes take (4 bytes a token). */
+#define PC_MAX_NOTES 1024
+
 struct prompt_cache {
     char *dir;
     long long max_bytes;
-    pc_entry *v; /* oldest first */
+    pc_entry *v; /* the folder's files, oldest first */
     size_t n, cap;
+    pc_entry *notes; /* finished requests' histories (path NULL), oldest first */
+    size_t n_notes;
 };
 
 static void entry_free(pc_entry *x) {
@@ -40,6 +47,8 @@ static void entry_free(pc_entry *x) {
 void prompt_cache_free(prompt_cache *pc) {
     if (!pc) return;
     for (size_t i = 0; i < pc->n; i++) entry_free(&pc->v[i]);
+    for (size_t i = 0; i < pc->n_notes; i++) entry_free(&pc->notes[i]);
+    free(pc->notes);
     free(pc->v);
     free(pc->dir);
     free(pc);
@@ -184,29 +193,87 @@ static uint64_t tokens_hash(const int32_t *t, int n) {
     return h;
 }
 
-void prompt_cache_save(prompt_cache *pc, hearth_engine *e, int seq, int n) {
+/* Whether history a (m tokens) is continued by b (n > m tokens): b repeats a but for at
+ * most a last block. The next turn of a conversation re-renders the last answer, whose
+ * final tokens (the end of the turn, a piece tokenized differently) may differ from what
+ * was generated, hence the slack. */
+static int continues(const int32_t *a, int m, const int32_t *b, int n) {
+    if (m >= n) return 0;
+    int k = 0;
+    while (k < m && a[k] == b[k]) k++;
+    return k >= m - KV_BLOCK_SIZE;
+}
+
+static int holds(const pc_entry *x, const int32_t *t, int n) {
+    return x->n >= n && !memcmp(x->tokens, t, (size_t)n * sizeof *t);
+}
+
+void prompt_cache_note(prompt_cache *pc, hearth_engine *e, int seq, int n) {
     if (n <= 0) return;
     const int32_t *t = engine_history(e, seq);
-    for (size_t i = 0; i < pc->n; i++)
-        if (pc->v[i].n >= n && !memcmp(pc->v[i].tokens, t, (size_t)n * sizeof *t)) return; /* held already */
-    char *path = NULL;
-    if (asprintf(&path, "%s/%016llx.hkv", pc->dir, (unsigned long long)tokens_hash(t, n)) < 0) return;
-    hearth_error err = {0};
-    struct stat sb;
-    if (engine_seq_save_n(e, seq, n, path, &err) || stat(path, &sb) ||
-        add_entry(pc, path, t, n, (long long)sb.st_size, sb.st_mtim.tv_sec + sb.st_mtim.tv_nsec * 1e-9)) {
-        fprintf(stderr, "hearth: prompt cache: %s\n", err.message[0] ? err.message : "could not record a file");
-        free(path);
-        return;
+    for (size_t i = 0; i < pc->n_notes; i++)
+        if (holds(&pc->notes[i], t, n)) return;
+    for (size_t i = pc->n_notes; i-- > 0;)
+        if (continues(pc->notes[i].tokens, pc->notes[i].n, t, n) || (i == 0 && pc->n_notes == PC_MAX_NOTES)) {
+            entry_free(&pc->notes[i]);
+            memmove(pc->notes + i, pc->notes + i + 1, (pc->n_notes - i - 1) * sizeof *pc->notes);
+            pc->n_notes--;
+        }
+    if (!pc->notes && !(pc->notes = calloc(PC_MAX_NOTES, sizeof *pc->notes))) return;
+    int32_t *copy = malloc((size_t)n * sizeof *copy);
+    if (!copy) return;
+    memcpy(copy, t, (size_t)n * sizeof *copy);
+    pc->notes[pc->n_notes++] = (pc_entry){.tokens = copy, .n = n};
+}
+
+/* Saves what the pool still holds of one noted history (its cached blocks, attached to a
+ * scratch slot as the scheduler would for a new request); 0 when nothing was saved. */
+static int flush_one(prompt_cache *pc, hearth_engine *e, const pc_entry *note, hearth_error *err) {
+    int seq;
+    if (hearth_seq_open(e, &seq, err)) return 0;
+    kv_cache *kv = engine_kv(e);
+    int n = kv_prefix_attach(kv, seq, note->tokens, note->n);
+    kv_block_copy cp;
+    int part = kv_prefix_attach_partial(kv, seq, note->tokens, note->n, &cp);
+    if (part) {
+        if (engine_kv_copy_rows(e, cp.src, cp.dst, cp.rows, err)) part = 0;
+        kv_block_drop(kv, cp.src);
     }
-    /* a shorter history this one continues is redundant now: the next turn of a
-     * conversation re-renders the last answer, whose final tokens (the end of the turn, a
-     * piece tokenized differently) may differ from what was generated, so "continues"
-     * allows a last block of difference. Then the oldest go past the bound. */
-    for (size_t i = pc->n - 1; i-- > 0;) {
-        int m = pc->v[i].n, k = 0;
-        while (k < m && pc->v[i].tokens[k] == t[k]) k++;
-        if (m < n && k >= m - KV_BLOCK_SIZE) drop_entry(pc, i);
+    n += part;
+    char *path = NULL;
+    struct stat sb;
+    int saved = 0;
+    if (n > 0 && asprintf(&path, "%s/%016llx.hkv", pc->dir, (unsigned long long)tokens_hash(note->tokens, n)) >= 0) {
+        engine_history_write(e, seq, note->tokens, n);
+        if (!engine_seq_save_n(e, seq, n, path, err) && !stat(path, &sb) &&
+            !add_entry(pc, path, note->tokens, n, (long long)sb.st_size, sb.st_mtim.tv_sec + sb.st_mtim.tv_nsec * 1e-9)) {
+            path = NULL; /* the entry owns it */
+            saved = 1;
+        }
+    }
+    free(path);
+    hearth_seq_close(e, seq);
+    return saved;
+}
+
+void prompt_cache_flush(prompt_cache *pc, hearth_engine *e) {
+    for (size_t k = 0; k < pc->n_notes; k++) {
+        const pc_entry *note = &pc->notes[k];
+        int held = 0;
+        for (size_t i = 0; i < pc->n && !held; i++) held = holds(&pc->v[i], note->tokens, note->n);
+        if (held) continue;
+        hearth_error err = {0};
+        if (!flush_one(pc, e, note, &err)) {
+            if (err.message[0]) fprintf(stderr, "hearth: prompt cache: %s\n", err.message);
+            continue;
+        }
+        /* the new file (last) makes the files of the histories it continues redundant */
+        const pc_entry *x = &pc->v[pc->n - 1];
+        for (size_t i = pc->n - 1; i-- > 0;)
+            if (continues(pc->v[i].tokens, pc->v[i].n, x->tokens, x->n)) {
+                drop_entry(pc, i);
+                x = &pc->v[pc->n - 1];
+            }
     }
     long long total = 0;
     for (size_t i = 0; i < pc->n; i++) total += pc->v[i].bytes;

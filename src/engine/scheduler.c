@@ -152,7 +152,7 @@ static void close_slot(hearth_batch *b, sched_req *q) {
 static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hearth_error *err) {
     b->requests_done++;
     if (q->seq >= 0) {
-        if (b->disk && st == HEARTH_OK) prompt_cache_save(b->disk, b->e, q->seq, q->len);
+        if (b->disk && st == HEARTH_OK) prompt_cache_note(b->disk, b->e, q->seq, q->len);
         close_slot(b, q);
         if (q->t1 > 0) q->r.result->generate_seconds = gen_now_seconds() - q->t1;
     }
@@ -182,6 +182,7 @@ void hearth_batch_free(hearth_batch *b) {
         q->r.result->finish = HEARTH_FINISH_CANCELLED;
         req_done(b, q, HEARTH_OK, NULL);
     }
+    if (b->disk) prompt_cache_flush(b->disk, b->e); /* every slot is free now */
     prompt_cache_free(b->disk);
     free(b->run);
     free(b->tok);

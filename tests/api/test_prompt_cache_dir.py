@@ -1,5 +1,6 @@
 """`hearth serve --prompt-cache-dir` (src/engine/prompt_cache.c): the prefix cache outlives
-the process. A request answered by one server is saved in the folder; a new server on the
+the process. A request answered by one server is saved in the folder when that server
+stops (SIGTERM); a new server on the
 same folder gives the same request back with every prompt token but the last from the
 cache (oracle: HF transformers' chat template and tokenizer, expected_cached) and the same
 answer, bit for bit (HEARTH_CPU=scalar), as the first server. A conversation's newer turn

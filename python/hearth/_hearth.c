@@ -4,9 +4,9 @@
  * GIL back for the duration of its call only. The Python API (hearth/__init__.py) builds
  * on these; this file holds no logic the library has. */
 #define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include "hearth.h"
 #include "base/sbuf.h" /* bindings may use base/ (docs/design.md's layers); linked from libhearth.a */
+#include "hearth.h"
+#include <Python.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,10 +32,18 @@ static int32_t *ids_from(PyObject *seq, size_t *n) {
     if (!fast) return NULL;
     Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(len ? len : 1));
-    if (!ids) { Py_DECREF(fast); PyErr_NoMemory(); return NULL; }
+    if (!ids) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
     for (Py_ssize_t i = 0; i < len; i++) {
         long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
-        if (v == -1 && PyErr_Occurred()) { free(ids); Py_DECREF(fast); return NULL; }
+        if (v == -1 && PyErr_Occurred()) {
+            free(ids);
+            Py_DECREF(fast);
+            return NULL;
+        }
         if (v < 0 || v > INT32_MAX) {
             free(ids);
             Py_DECREF(fast);
@@ -58,8 +66,7 @@ static PyObject *ids_to_list(const int32_t *ids, size_t n) {
 /* ---- Model ------------------------------------------------------------------------ */
 
 typedef struct {
-    PyObject_HEAD
-    hearth_model *m;
+    PyObject_HEAD hearth_model *m;
 } ModelObject;
 
 static int model_init(ModelObject *self, PyObject *args, PyObject *kw) {
@@ -70,8 +77,10 @@ static int model_init(ModelObject *self, PyObject *args, PyObject *kw) {
     hearth_status st;
     hearth_model *m = NULL;
     Py_BEGIN_ALLOW_THREADS st = hearth_model_open(name, &m, &err);
-    Py_END_ALLOW_THREADS
-    if (st) { raise_err(&err); return -1; }
+    Py_END_ALLOW_THREADS if (st) {
+        raise_err(&err);
+        return -1;
+    }
     hearth_model_close(self->m);
     self->m = m;
     return 0;
@@ -99,14 +108,14 @@ static PyObject *model_tokenize(ModelObject *self, PyObject *args, PyObject *kw)
     Py_ssize_t len;
     int add_special = 0;
     static char *kwlist[] = {"text", "add_special", NULL};
-    if (!model_ok(self) || !PyArg_ParseTupleAndKeywords(args, kw, "s#|p", kwlist, &text, &len, &add_special)) return NULL;
+    if (!model_ok(self) || !PyArg_ParseTupleAndKeywords(args, kw, "s#|p", kwlist, &text, &len, &add_special))
+        return NULL;
     int32_t *ids = NULL;
     size_t n = 0;
     hearth_error err = {0};
     hearth_status st;
     Py_BEGIN_ALLOW_THREADS st = hearth_tokenize(self->m, text, (size_t)len, add_special, &ids, &n, &err);
-    Py_END_ALLOW_THREADS
-    if (st) return raise_err(&err);
+    Py_END_ALLOW_THREADS if (st) return raise_err(&err);
     PyObject *l = ids_to_list(ids, n);
     hearth_free(ids);
     return l;
@@ -200,17 +209,20 @@ static int parse_engine_options(PyObject *kw_dict, hearth_engine_options *o) {
     o->device = HEARTH_DEVICE_CPU;
     if (!kw_dict) return 0;
     PyObject *v;
-    struct { const char *key; int *dst; } ints[] = {{"threads", &o->n_threads},
-                                                    {"ctx", &o->context_length},
-                                                    {"max_sequences", &o->max_sequences},
-                                                    {"max_step_tokens", &o->max_step_tokens},
-                                                    {"deterministic", &o->deterministic},
-                                                    {"kv_blocks", &o->kv_blocks}};
+    struct {
+        const char *key;
+        int *dst;
+    } ints[] = {{"threads", &o->n_threads},           {"ctx", &o->context_length},
+                {"max_sequences", &o->max_sequences}, {"max_step_tokens", &o->max_step_tokens},
+                {"deterministic", &o->deterministic}, {"kv_blocks", &o->kv_blocks}};
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
         if ((v = PyDict_GetItemString(kw_dict, ints[i].key)) && v != Py_None) {
             long x = PyLong_AsLong(v);
             if (x == -1 && PyErr_Occurred()) return -1;
-            if (x < 0 || x > INT32_MAX) { PyErr_Format(PyExc_ValueError, "%s must be >= 0", ints[i].key); return -1; }
+            if (x < 0 || x > INT32_MAX) {
+                PyErr_Format(PyExc_ValueError, "%s must be >= 0", ints[i].key);
+                return -1;
+            }
             *ints[i].dst = (int)x;
         }
     if ((v = PyDict_GetItemString(kw_dict, "kv_quant")) && v != Py_None) {
@@ -239,8 +251,7 @@ static int parse_engine_options(PyObject *kw_dict, hearth_engine_options *o) {
 /* ---- Engine ----------------------------------------------------------------------- */
 
 typedef struct {
-    PyObject_HEAD
-    hearth_engine *e;
+    PyObject_HEAD hearth_engine *e;
     PyObject *model; /* ModelObject, kept alive */
 } EngineObject;
 
@@ -254,8 +265,10 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
     hearth_status st;
     hearth_engine *e = NULL;
     Py_BEGIN_ALLOW_THREADS st = hearth_engine_create(((ModelObject *)model)->m, &o, &e, &err);
-    Py_END_ALLOW_THREADS
-    if (st) { raise_err(&err); return -1; }
+    Py_END_ALLOW_THREADS if (st) {
+        raise_err(&err);
+        return -1;
+    }
     hearth_engine_free(self->e);
     Py_XDECREF(self->model);
     self->e = e;
@@ -291,21 +304,25 @@ static int parse_params(EngineObject *self, PyObject *d, hearth_generate_params 
     p->max_tokens = 256;
     if (!d) return 0;
     PyObject *v;
-    struct { const char *key; float *dst; } fl[] = {{"temperature", &p->sampling.temperature},
-                                                   {"top_p", &p->sampling.top_p},
-                                                   {"min_p", &p->sampling.min_p},
-                                                   {"repetition_penalty", &p->sampling.repetition_penalty},
-                                                   {"presence_penalty", &p->sampling.presence_penalty},
-                                                   {"frequency_penalty", &p->sampling.frequency_penalty}};
+    struct {
+        const char *key;
+        float *dst;
+    } fl[] = {{"temperature", &p->sampling.temperature},
+              {"top_p", &p->sampling.top_p},
+              {"min_p", &p->sampling.min_p},
+              {"repetition_penalty", &p->sampling.repetition_penalty},
+              {"presence_penalty", &p->sampling.presence_penalty},
+              {"frequency_penalty", &p->sampling.frequency_penalty}};
     for (size_t i = 0; i < sizeof fl / sizeof *fl; i++)
         if ((v = PyDict_GetItemString(d, fl[i].key)) && v != Py_None) {
             double x = PyFloat_AsDouble(v);
             if (x == -1 && PyErr_Occurred()) return -1;
             *fl[i].dst = (float)x;
         }
-    struct { const char *key; int *dst; } in[] = {{"top_k", &p->sampling.top_k},
-                                                 {"max_tokens", &p->max_tokens},
-                                                 {"ignore_eos", &p->ignore_eos}};
+    struct {
+        const char *key;
+        int *dst;
+    } in[] = {{"top_k", &p->sampling.top_k}, {"max_tokens", &p->max_tokens}, {"ignore_eos", &p->ignore_eos}};
     for (size_t i = 0; i < sizeof in / sizeof *in; i++)
         if ((v = PyDict_GetItemString(d, in[i].key)) && v != Py_None) {
             long x = PyLong_AsLong(v);
@@ -325,11 +342,17 @@ static int parse_params(EngineObject *self, PyObject *d, hearth_generate_params 
         *stops = calloc((size_t)n + 1, sizeof(char *));
         for (Py_ssize_t i = 0; *stops && i < n; i++) {
             const char *s = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(fast, i));
-            if (!s) { Py_DECREF(fast); return -1; }
+            if (!s) {
+                Py_DECREF(fast);
+                return -1;
+            }
             (*stops)[i] = strdup(s);
         }
         Py_DECREF(fast);
-        if (!*stops) { PyErr_NoMemory(); return -1; }
+        if (!*stops) {
+            PyErr_NoMemory();
+            return -1;
+        }
         p->stop = (const char *const *)*stops;
         p->n_stop = (size_t)n;
     }
@@ -395,13 +418,16 @@ static PyObject *engine_generate(EngineObject *self, PyObject *args) {
     if (!ids) return NULL;
     hearth_generate_params p;
     char **stops;
-    if (parse_params(self, params, &p, &stops)) { free(ids); free_stops(stops); return NULL; }
+    if (parse_params(self, params, &p, &stops)) {
+        free(ids);
+        free_stops(stops);
+        return NULL;
+    }
     gen_ctx g = {.on_token = cb == Py_None ? NULL : cb};
     hearth_generate_result r = {0};
     hearth_error err = {0};
     hearth_status st = HEARTH_OK;
-    Py_BEGIN_ALLOW_THREADS
-    if (!cache_file) st = hearth_generate(self->e, ids, n, &p, gen_on_token, &g, &r, &err);
+    Py_BEGIN_ALLOW_THREADS if (!cache_file) st = hearth_generate(self->e, ids, n, &p, gen_on_token, &g, &r, &err);
     else {
         int s;
         size_t loaded = 0;
@@ -413,13 +439,15 @@ static PyObject *engine_generate(EngineObject *self, PyObject *args) {
         if (f) fclose(f);
         hearth_seq_close(self->e, s);
     }
-    Py_END_ALLOW_THREADS
-    free(ids);
+    Py_END_ALLOW_THREADS free(ids);
     free_stops(stops);
     PyObject *out = NULL;
-    if (g.failed) out = NULL; /* the callback's exception */
-    else if (st) raise_err(&err);
-    else out = result_tuple(&g, &r);
+    if (g.failed)
+        out = NULL; /* the callback's exception */
+    else if (st)
+        raise_err(&err);
+    else
+        out = result_tuple(&g, &r);
     sbuf_free(&g.text);
     return out;
 }
@@ -434,16 +462,14 @@ static PyObject *engine_save_session(EngineObject *self, PyObject *args) {
     if (!ids) return NULL;
     hearth_error err = {0};
     hearth_status st;
-    Py_BEGIN_ALLOW_THREADS
-    int s;
+    Py_BEGIN_ALLOW_THREADS int s;
     st = hearth_seq_open(self->e, &s, &err);
     if (!st) {
         st = n ? hearth_seq_append(self->e, s, ids, n, 0, NULL, &err) : HEARTH_OK;
         if (!st) st = hearth_seq_save(self->e, s, path, &err);
         hearth_seq_close(self->e, s);
     }
-    Py_END_ALLOW_THREADS
-    free(ids);
+    Py_END_ALLOW_THREADS free(ids);
     if (st) return raise_err(&err);
     Py_RETURN_NONE;
 }
@@ -456,15 +482,13 @@ static PyObject *engine_check_session(EngineObject *self, PyObject *args) {
     hearth_error err = {0};
     hearth_status st;
     size_t n = 0;
-    Py_BEGIN_ALLOW_THREADS
-    int s;
+    Py_BEGIN_ALLOW_THREADS int s;
     st = hearth_seq_open(self->e, &s, &err);
     if (!st) {
         st = hearth_seq_load(self->e, s, path, NULL, 0, &n, &err);
         hearth_seq_close(self->e, s);
     }
-    Py_END_ALLOW_THREADS
-    if (st) return raise_err(&err);
+    Py_END_ALLOW_THREADS if (st) return raise_err(&err);
     return PyLong_FromSize_t(n);
 }
 
@@ -496,7 +520,10 @@ static PyObject *engine_batch(EngineObject *self, PyObject *args) {
     Py_ssize_t k = PySequence_Fast_GET_SIZE(fast);
     batch_item *items = calloc((size_t)(k ? k : 1), sizeof *items);
     PyObject *out = NULL;
-    if (!items) { Py_DECREF(fast); return PyErr_NoMemory(); }
+    if (!items) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
     for (Py_ssize_t i = 0; i < k; i++) {
         if (!(items[i].ids = ids_from(PySequence_Fast_GET_ITEM(fast, i), &items[i].n))) goto done;
         if (parse_params(self, params, &items[i].p, &items[i].stops)) goto done;
@@ -504,23 +531,32 @@ static PyObject *engine_batch(EngineObject *self, PyObject *args) {
     hearth_batch *b = NULL;
     hearth_error err = {0};
     hearth_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = hearth_batch_create(self->e, &b, &err);
+    Py_BEGIN_ALLOW_THREADS st = hearth_batch_create(self->e, &b, &err);
     for (Py_ssize_t i = 0; !st && i < k; i++) {
-        hearth_batch_request rq = {.prompt = items[i].ids, .n_prompt = items[i].n, .params = &items[i].p,
-                                   .on_token = gen_on_token, .on_done = batch_done, .result = &items[i].r,
+        hearth_batch_request rq = {.prompt = items[i].ids,
+                                   .n_prompt = items[i].n,
+                                   .params = &items[i].p,
+                                   .on_token = gen_on_token,
+                                   .on_done = batch_done,
+                                   .result = &items[i].r,
                                    .user = &items[i]};
         /* gen_on_token reaches user as gen_ctx: the item begins with it */
         if ((st = hearth_batch_submit(b, &rq, &err))) break;
     }
-    while (!st && hearth_batch_step(b) > 0) {}
+    while (!st && hearth_batch_step(b) > 0) {
+    }
     hearth_batch_free(b);
-    Py_END_ALLOW_THREADS
-    if (st) { raise_err(&err); goto done; }
+    Py_END_ALLOW_THREADS if (st) {
+        raise_err(&err);
+        goto done;
+    }
     out = PyList_New(k);
     for (Py_ssize_t i = 0; out && i < k; i++) {
         PyObject *t = items[i].st ? raise_err(&items[i].err) : result_tuple(&items[i].g, &items[i].r);
-        if (!t) { Py_CLEAR(out); break; }
+        if (!t) {
+            Py_CLEAR(out);
+            break;
+        }
         PyList_SET_ITEM(out, i, t);
     }
 done:
@@ -566,8 +602,7 @@ static PyTypeObject EngineType = {
 /* ---- Embedder --------------------------------------------------------------------- */
 
 typedef struct {
-    PyObject_HEAD
-    hearth_embedder *e;
+    PyObject_HEAD hearth_embedder *e;
     PyObject *model;
 } EmbedderObject;
 
@@ -582,8 +617,10 @@ static int embedder_init(EmbedderObject *self, PyObject *args, PyObject *kw) {
     hearth_status st;
     hearth_embedder *e = NULL;
     Py_BEGIN_ALLOW_THREADS st = hearth_embedder_create(((ModelObject *)model)->m, &o, &e, &err);
-    Py_END_ALLOW_THREADS
-    if (st) { raise_err(&err); return -1; }
+    Py_END_ALLOW_THREADS if (st) {
+        raise_err(&err);
+        return -1;
+    }
     hearth_embedder_free(self->e);
     Py_XDECREF(self->model);
     self->e = e;
@@ -602,7 +639,10 @@ static void embedder_dealloc(EmbedderObject *self) {
 static PyObject *embedder_embed(EmbedderObject *self, PyObject *args) {
     PyObject *texts;
     int truncate = 0;
-    if (!self->e) { PyErr_SetString(PyExc_ValueError, "the embedder is closed"); return NULL; }
+    if (!self->e) {
+        PyErr_SetString(PyExc_ValueError, "the embedder is closed");
+        return NULL;
+    }
     if (!PyArg_ParseTuple(args, "O|p", &texts, &truncate)) return NULL;
     PyObject *fast = PySequence_Fast(texts, "texts must be a list of strings");
     if (!fast) return NULL;
@@ -613,7 +653,10 @@ static PyObject *embedder_embed(EmbedderObject *self, PyObject *args) {
     float *vec = malloc(sizeof(float) * (size_t)dim * (size_t)(k ? k : 1));
     PyObject *out = NULL;
     hearth_error err = {0};
-    if (!ids || !lens || !vec) { PyErr_NoMemory(); goto done; }
+    if (!ids || !lens || !vec) {
+        PyErr_NoMemory();
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < k; i++) {
         Py_ssize_t len;
         const char *s = PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(fast, i), &len);
@@ -625,12 +668,17 @@ static PyObject *embedder_embed(EmbedderObject *self, PyObject *args) {
     }
     hearth_status st;
     Py_BEGIN_ALLOW_THREADS st = hearth_embed(self->e, (const int32_t *const *)ids, lens, (size_t)k, vec, &err);
-    Py_END_ALLOW_THREADS
-    if (st) { raise_err(&err); goto done; }
+    Py_END_ALLOW_THREADS if (st) {
+        raise_err(&err);
+        goto done;
+    }
     out = PyList_New(k);
     for (Py_ssize_t i = 0; out && i < k; i++) {
         PyObject *row = PyList_New(dim);
-        if (!row) { Py_CLEAR(out); break; }
+        if (!row) {
+            Py_CLEAR(out);
+            break;
+        }
         for (int j = 0; j < dim; j++) PyList_SET_ITEM(row, j, PyFloat_FromDouble(vec[(size_t)i * dim + j]));
         PyList_SET_ITEM(out, i, row);
     }
@@ -644,7 +692,10 @@ done:
 }
 
 static PyObject *embedder_get_dim(EmbedderObject *self, void *c) {
-    if (!self->e) { PyErr_SetString(PyExc_ValueError, "the embedder is closed"); return NULL; }
+    if (!self->e) {
+        PyErr_SetString(PyExc_ValueError, "the embedder is closed");
+        return NULL;
+    }
     return PyLong_FromLong(hearth_embedder_dim(self->e));
 }
 static PyObject *embedder_close(EmbedderObject *self, PyObject *unused) {
@@ -683,8 +734,7 @@ static PyObject *py_fit(PyObject *mod, PyObject *args, PyObject *kw) {
     hearth_error err = {0};
     hearth_status st;
     Py_BEGIN_ALLOW_THREADS st = hearth_fit(((ModelObject *)model)->m, &fo, &json, &err);
-    Py_END_ALLOW_THREADS
-    if (st) return raise_err(&err);
+    Py_END_ALLOW_THREADS if (st) return raise_err(&err);
     PyObject *s = PyUnicode_FromString(json);
     hearth_free(json);
     return s;

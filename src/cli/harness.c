@@ -112,8 +112,10 @@ static void restore(json_t *obj, json_t *saved) {
     const char *key;
     json_t *old;
     json_object_foreach(saved, key, old) {
-        if (json_is_null(old)) json_object_del(obj, key);
-        else json_object_set(obj, key, old);
+        if (json_is_null(old))
+            json_object_del(obj, key);
+        else
+            json_object_set(obj, key, old);
     }
 }
 
@@ -124,11 +126,10 @@ static json_t *pi_provider(const harness *h) {
     snprintf(url, sizeof url, "%s/v1", h->base_url);
     snprintf(name, sizeof name, "%s (hearth)", h->model_id);
     return json_pack("{s:s, s:s, s:s, s:{s:b, s:b}, s:[{s:s, s:s, s:b, s:[s], s:i, s:i, s:{s:i, s:i, s:i, s:i}}]}",
-                     "baseUrl", url, "api", "openai-completions", "apiKey", "hearth", "compat",
-                     "supportsDeveloperRole", 0, "supportsReasoningEffort", 0, "models", "id", h->model_id, "name",
-                     name, "reasoning", 0, "input", "text", "contextWindow", h->ctx, "maxTokens",
-                     h->ctx / 4 < 16384 ? h->ctx / 4 : 16384, "cost", "input", 0, "output", 0, "cacheRead", 0,
-                     "cacheWrite", 0);
+                     "baseUrl", url, "api", "openai-completions", "apiKey", "hearth", "compat", "supportsDeveloperRole",
+                     0, "supportsReasoningEffort", 0, "models", "id", h->model_id, "name", name, "reasoning", 0,
+                     "input", "text", "contextWindow", h->ctx, "maxTokens", h->ctx / 4 < 16384 ? h->ctx / 4 : 16384,
+                     "cost", "input", 0, "output", 0, "cacheRead", 0, "cacheWrite", 0);
 }
 
 static int edit_pi(const harness *h, json_t *cfg, json_t *saved, int take_back) {
@@ -140,7 +141,8 @@ static int edit_pi(const harness *h, json_t *cfg, json_t *saved, int take_back) 
         return 0;
     }
     if (providers && !json_is_object(providers)) return fail_msg("%s: \"providers\" is not an object%s", h->path, "");
-    if (!json_object_get(saved, "providers")) json_object_set_new(saved, "providers", providers ? json_true() : json_null());
+    if (!json_object_get(saved, "providers"))
+        json_object_set_new(saved, "providers", providers ? json_true() : json_null());
     if (!providers) json_object_set_new(cfg, "providers", providers = json_object());
     json_t *entries = json_object_get(saved, "provider_entries");
     if (!entries) json_object_set_new(saved, "provider_entries", entries = json_object());
@@ -154,7 +156,8 @@ static int edit_claude(const harness *h, json_t *cfg, json_t *saved, int take_ba
     json_t *env = json_object_get(cfg, "env");
     if (take_back) {
         if (env) restore(env, json_object_get(saved, "env_entries"));
-        if (env && json_object_size(env) == 0 && json_is_null(json_object_get(saved, "env"))) json_object_del(cfg, "env");
+        if (env && json_object_size(env) == 0 && json_is_null(json_object_get(saved, "env")))
+            json_object_del(cfg, "env");
         return 0;
     }
     if (env && !json_is_object(env)) return fail_msg("%s: \"env\" is not an object%s", h->path, "");
@@ -183,7 +186,10 @@ static char *read_text(const char *path) {
     size_t cap = 0;
     ssize_t n = getdelim(&buf, &cap, '\0', f);
     fclose(f);
-    if (n < 0) { free(buf); return strdup(""); }
+    if (n < 0) {
+        free(buf);
+        return strdup("");
+    }
     return buf;
 }
 
@@ -224,7 +230,10 @@ static int edit_codex(const harness *h, int take_back, int created) {
         free(rest);
         return remove_file(h->path);
     }
-    if (make_parents(h->path)) { free(rest); return fail_msg("%s: cannot create its folder (%s)", h->path, strerror(errno)); }
+    if (make_parents(h->path)) {
+        free(rest);
+        return fail_msg("%s: cannot create its folder (%s)", h->path, strerror(errno));
+    }
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.hearth-tmp", h->path);
     FILE *f = fopen(tmp, "w");
@@ -251,7 +260,10 @@ static int edit_codex(const harness *h, int take_back, int created) {
 /* ---- the context to offer: fit's largest that fits, capped by the model ------------- */
 
 static int choose_context(hearth_model *m, int asked, int *ctx) {
-    if (asked > 0) { *ctx = asked; return 0; }
+    if (asked > 0) {
+        *ctx = asked;
+        return 0;
+    }
     /* an agent and its side requests (titles, summaries): two sequences at once */
     hearth_fit_options fo = {.engine = {.max_sequences = 2, .context_length = 1 << 20}};
     char *report = NULL;
@@ -275,15 +287,25 @@ int cli_harness(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
-        if (cli_is_help(a)) { printf("usage: %s\n", harness_usage); return 0; }
-        if (!strcmp(a, "--remove")) take_back = 1;
-        else if (!strcmp(a, "--base-url") && has) h.base_url = argv[++i];
-        else if (!strcmp(a, "--model") && has) model = argv[++i];
+        if (cli_is_help(a)) {
+            printf("usage: %s\n", harness_usage);
+            return 0;
+        }
+        if (!strcmp(a, "--remove"))
+            take_back = 1;
+        else if (!strcmp(a, "--base-url") && has)
+            h.base_url = argv[++i];
+        else if (!strcmp(a, "--model") && has)
+            model = argv[++i];
         else if (!strcmp(a, "--ctx") && has) {
-            if (cli_parse_long(argv[++i], 1024, 1 << 24, &ctx)) return cli_usage_error(harness_usage, "--ctx %s: a number of tokens, at least 1024", argv[i]);
-        } else if (a[0] == '-') return cli_usage_error(harness_usage, "%s: unknown flag, or a flag without its value", a);
-        else if (!h.agent) h.agent = a;
-        else return cli_usage_error(harness_usage, "%s: unexpected argument", a);
+            if (cli_parse_long(argv[++i], 1024, 1 << 24, &ctx))
+                return cli_usage_error(harness_usage, "--ctx %s: a number of tokens, at least 1024", argv[i]);
+        } else if (a[0] == '-')
+            return cli_usage_error(harness_usage, "%s: unknown flag, or a flag without its value", a);
+        else if (!h.agent)
+            h.agent = a;
+        else
+            return cli_usage_error(harness_usage, "%s: unexpected argument", a);
     }
     if (!h.agent || (strcmp(h.agent, "pi") && strcmp(h.agent, "claude") && strcmp(h.agent, "codex")))
         return cli_usage_error(harness_usage, "%s: the agent is pi, claude or codex", h.agent ? h.agent : "(none)");
@@ -298,38 +320,47 @@ int cli_harness(int argc, char **argv) {
     const char *home = getenv("HOME");
     if (!home || !home[0]) return fail_msg("%s%s", "HOME is not set", "");
     snprintf(h.path, sizeof h.path, "%s/%s", home,
-             !strcmp(h.agent, "pi") ? ".pi/agent/models.json" : !strcmp(h.agent, "claude") ? ".claude/settings.json"
-                                                                                          : ".codex/config.toml");
+             !strcmp(h.agent, "pi")       ? ".pi/agent/models.json"
+             : !strcmp(h.agent, "claude") ? ".claude/settings.json"
+                                          : ".codex/config.toml");
     snprintf(h.state, sizeof h.state, "%s/.config/hearth/harness.json", home);
     json_t *state = load_object(h.state, NULL);
     if (!state) return 1;
     char model_id[512] = "";
     hearth_model *m = NULL;
     if (!take_back) {
-        if (cli_open_model(model ? model : HARNESS_DEFAULT_MODEL, &m)) { json_decref(state); return 1; }
+        if (cli_open_model(model ? model : HARNESS_DEFAULT_MODEL, &m)) {
+            json_decref(state);
+            return 1;
+        }
         const char *path = hearth_model_path(m), *base = strrchr(path, '/');
         snprintf(model_id, sizeof model_id, "%s", base ? base + 1 : path); /* what the server matches */
         size_t k = strlen(model_id);
         if (k > 5 && !strcmp(model_id + k - 5, ".gguf")) model_id[k - 5] = 0;
         h.model_id = model_id;
         int rc = choose_context(m, (int)ctx, &h.ctx);
-        if (rc) { hearth_model_close(m); json_decref(state); return rc; }
+        if (rc) {
+            hearth_model_close(m);
+            json_decref(state);
+            return rc;
+        }
     }
     int rc = 0;
     if (!strcmp(h.agent, "codex")) {
         json_t *was = json_object_get(state, "codex");
         struct stat sb;
-        int created = was ? json_is_object(was) && json_is_false(json_object_get(was, "file_existed"))
-                          : stat(h.path, &sb) != 0;
+        int created =
+            was ? json_is_object(was) && json_is_false(json_object_get(was, "file_existed")) : stat(h.path, &sb) != 0;
         rc = edit_codex(&h, take_back, created);
         if (!rc && !take_back && !was)
             json_object_set_new(state, "codex", json_pack("{s:b}", "file_existed", !created));
-    }
-    else {
+    } else {
         int existed;
         json_t *cfg = load_object(h.path, &existed);
-        if (!cfg) rc = 1;
-        else if (take_back && !json_object_get(state, h.agent)) rc = 0; /* nothing of ours to take back */
+        if (!cfg)
+            rc = 1;
+        else if (take_back && !json_object_get(state, h.agent))
+            rc = 0; /* nothing of ours to take back */
         else {
             json_t *saved = agent_state(state, h.agent, !take_back);
             if (!take_back && !json_object_get(saved, "file_existed"))
@@ -338,7 +369,8 @@ int cli_harness(int argc, char **argv) {
             /* a file the write created goes again when nothing else was put in it since */
             if (!rc && take_back && json_object_size(cfg) == 0 && json_is_false(json_object_get(saved, "file_existed")))
                 rc = remove_file(h.path);
-            else if (!rc) rc = save_object(h.path, cfg);
+            else if (!rc)
+                rc = save_object(h.path, cfg);
         }
         json_decref(cfg);
     }
@@ -346,7 +378,8 @@ int cli_harness(int argc, char **argv) {
         if (take_back) json_object_del(state, h.agent);
         rc = save_object(h.state, state);
     }
-    if (!rc && take_back) printf("%s: hearth's settings removed\n", h.path);
+    if (!rc && take_back)
+        printf("%s: hearth's settings removed\n", h.path);
     else if (!rc) {
         printf("%s: %s now uses hearth at %s (model %s, context %d)\n", h.path, h.agent, h.base_url, model_id, h.ctx);
         if (h.ctx < AGENT_MIN_CONTEXT)

@@ -99,8 +99,7 @@ static int newest_first(const void *a, const void *b) {
 }
 
 /* Loads one file into a fresh slot and leaves its blocks in the cache. */
-static hearth_status warm_one(hearth_engine *e, prompt_cache *pc, const pc_file *f, size_t *tokens,
-                              hearth_error *err) {
+static hearth_status warm_one(hearth_engine *e, prompt_cache *pc, const pc_file *f, size_t *tokens, hearth_error *err) {
     int seq;
     hearth_status st = hearth_seq_open(e, &seq, err);
     size_t n = 0;
@@ -129,11 +128,21 @@ static hearth_status warm(hearth_engine *e, prompt_cache *pc, hearth_prompt_cach
         if (len < 5 || strcmp(de->d_name + len - 4, ".hkv")) continue;
         char *path = NULL;
         struct stat sb;
-        if (asprintf(&path, "%s/%s", pc->dir, de->d_name) < 0) { st = err_set(err, HEARTH_ERR_NOMEM, "out of memory"); break; }
-        if (stat(path, &sb) || !S_ISREG(sb.st_mode)) { free(path); continue; }
+        if (asprintf(&path, "%s/%s", pc->dir, de->d_name) < 0) {
+            st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+            break;
+        }
+        if (stat(path, &sb) || !S_ISREG(sb.st_mode)) {
+            free(path);
+            continue;
+        }
         if (n == cap) {
             pc_file *v = realloc(files, (cap = cap ? 2 * cap : 16) * sizeof *v);
-            if (!v) { free(path); st = err_set(err, HEARTH_ERR_NOMEM, "out of memory"); break; }
+            if (!v) {
+                free(path);
+                st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+                break;
+            }
             files = v;
         }
         files[n++] = (pc_file){path, (long long)sb.st_size, sb.st_mtim.tv_sec + sb.st_mtim.tv_nsec * 1e-9};
@@ -144,7 +153,10 @@ static hearth_status warm(hearth_engine *e, prompt_cache *pc, hearth_prompt_cach
     for (size_t i = 0; !st && i < n; i++) {
         long long t = header_tokens(files[i].path);
         /* only into free blocks: a file loaded later must not evict one loaded earlier (newer) */
-        if (t > 0 && (t + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE > kv->n_free) { rep->files_skipped++; continue; }
+        if (t > 0 && (t + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE > kv->n_free) {
+            rep->files_skipped++;
+            continue;
+        }
         hearth_error why = {0};
         hearth_status s = warm_one(e, pc, &files[i], &rep->tokens_loaded, &why);
         if (s) {
@@ -153,7 +165,8 @@ static hearth_status warm(hearth_engine *e, prompt_cache *pc, hearth_prompt_cach
                 memcpy(rep->first_refusal, why.message, k);
                 rep->first_refusal[k] = 0;
             }
-        } else rep->files_loaded++;
+        } else
+            rep->files_loaded++;
     }
     for (size_t i = 0; i < n; i++) free(files[i].path);
     free(files);
@@ -171,7 +184,8 @@ hearth_status prompt_cache_open(hearth_engine *e, const char *dir, long long max
     *out = NULL;
     memset(rep, 0, sizeof *rep);
     if (hearth_engine_device(e) == HEARTH_DEVICE_CUDA)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "--prompt-cache-dir: saved KV files work with the CPU engine only so far");
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "--prompt-cache-dir: saved KV files work with the CPU engine only so far");
     if (max_bytes <= 0) return err_set(err, HEARTH_ERR_INVALID, "--prompt-cache-bytes must be positive");
     if (mkdir(dir, 0755) && access(dir, W_OK))
         return err_set(err, HEARTH_ERR_IO, "%s: cannot create or write the prompt cache folder: %m", dir);
@@ -182,7 +196,10 @@ hearth_status prompt_cache_open(hearth_engine *e, const char *dir, long long max
     }
     pc->max_bytes = max_bytes;
     hearth_status st = warm(e, pc, rep, err);
-    if (st) { prompt_cache_free(pc); return st; }
+    if (st) {
+        prompt_cache_free(pc);
+        return st;
+    }
     *out = pc;
     return HEARTH_OK;
 }
@@ -246,7 +263,8 @@ static int flush_one(prompt_cache *pc, hearth_engine *e, const pc_entry *note, h
     if (n > 0 && asprintf(&path, "%s/%016llx.hkv", pc->dir, (unsigned long long)tokens_hash(note->tokens, n)) >= 0) {
         engine_history_write(e, seq, note->tokens, n);
         if (!engine_seq_save_n(e, seq, n, path, err) && !stat(path, &sb) &&
-            !add_entry(pc, path, note->tokens, n, (long long)sb.st_size, sb.st_mtim.tv_sec + sb.st_mtim.tv_nsec * 1e-9)) {
+            !add_entry(pc, path, note->tokens, n, (long long)sb.st_size,
+                       sb.st_mtim.tv_sec + sb.st_mtim.tv_nsec * 1e-9)) {
             path = NULL; /* the entry owns it */
             saved = 1;
         }

@@ -16,9 +16,20 @@
 /* Recurrent state (hybrid models) travels after the KV rows. The hook: the bytes a
  * sequence's state takes, and the copy out of and into the state pool; 0 / no-ops until
  * the engine keeps such state. A file whose state size differs is refused. */
-static uint64_t seq_state_bytes(const hearth_engine *e) { (void)e; return 0; }
-static void seq_state_read(const hearth_engine *e, int seq, uint8_t *out) { (void)e; (void)seq; (void)out; }
-static void seq_state_write(hearth_engine *e, int seq, const uint8_t *in) { (void)e; (void)seq; (void)in; }
+static uint64_t seq_state_bytes(const hearth_engine *e) {
+    (void)e;
+    return 0;
+}
+static void seq_state_read(const hearth_engine *e, int seq, uint8_t *out) {
+    (void)e;
+    (void)seq;
+    (void)out;
+}
+static void seq_state_write(hearth_engine *e, int seq, const uint8_t *in) {
+    (void)e;
+    (void)seq;
+    (void)in;
+}
 
 static uint64_t fnv_str(uint64_t h, const void *p, size_t n) {
     const uint8_t *b = p;
@@ -35,8 +46,8 @@ uint64_t engine_model_identity(const hearth_engine *e) {
     const model_summary *s = &hm->sum;
     uint64_t h = 0xcbf29ce484222325ull;
     h = fnv_str(h, s->architecture, strlen(s->architecture));
-    int64_t dims[] = {s->hidden_size, s->n_layers, s->n_heads, s->n_kv_heads, s->head_dim, s->intermediate_size,
-                      s->vocab_size};
+    int64_t dims[] = {s->hidden_size, s->n_layers,          s->n_heads,   s->n_kv_heads,
+                      s->head_dim,    s->intermediate_size, s->vocab_size};
     h = fnv_str(h, dims, sizeof dims);
     size_t n = model_tensor_count(hm);
     for (size_t i = 0; i < n; i++) {
@@ -93,7 +104,10 @@ hearth_status engine_seq_save_n(hearth_engine *e, int seq, int n, const char *pa
         goto done;
     }
     FILE *f = fopen(tmp, "wb");
-    if (!f) { st = err_set(err, HEARTH_ERR_IO, "%s: cannot create: %m", tmp); goto done; }
+    if (!f) {
+        st = err_set(err, HEARTH_ERR_IO, "%s: cannot create: %m", tmp);
+        goto done;
+    }
     kv_file_writer w;
     kv_file_begin(&w, f, &s);
     kv_file_put(&w, engine_history(e, seq), (size_t)n * sizeof(int32_t));
@@ -127,17 +141,19 @@ done:
 static hearth_status check_shape(hearth_engine *e, const kv_file_shape *got, const char *path, hearth_error *err) {
     kv_file_shape want = engine_shape(e, (int)got->n_tokens);
     if (got->model_id != want.model_id)
-        return err_set(err, HEARTH_ERR_INVALID, "%s: the KV file was saved with another model (identity %016llx, "
-                       "this model is %016llx)", path, (unsigned long long)got->model_id,
-                       (unsigned long long)want.model_id);
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "%s: the KV file was saved with another model (identity %016llx, "
+                       "this model is %016llx)",
+                       path, (unsigned long long)got->model_id, (unsigned long long)want.model_id);
     if (got->kv_quant != want.kv_quant)
         return err_set(err, HEARTH_ERR_INVALID, "%s: the KV file stores --kv-quant %s, the engine uses %s", path,
                        hearth_kv_quant_name((int)got->kv_quant), hearth_kv_quant_name((int)want.kv_quant));
     if (got->n_layers != want.n_layers || got->n_kv_heads != want.n_kv_heads || got->head_dim != want.head_dim ||
         got->state_bytes != want.state_bytes)
-        return err_set(err, HEARTH_ERR_INVALID, "%s: the KV file's layout (%u layers, %u KV heads of %u, %llu state "
-                       "bytes) is not the engine's", path, got->n_layers, got->n_kv_heads, got->head_dim,
-                       (unsigned long long)got->state_bytes);
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "%s: the KV file's layout (%u layers, %u KV heads of %u, %llu state "
+                       "bytes) is not the engine's",
+                       path, got->n_layers, got->n_kv_heads, got->head_dim, (unsigned long long)got->state_bytes);
     return HEARTH_OK;
 }
 
@@ -171,7 +187,8 @@ hearth_status hearth_seq_load(hearth_engine *e, int seq, const char *path, const
                          hearth_engine_context_length(e));
     }
     kv_cache *kv = engine_kv(e);
-    if (!st && n > 0 && (st = kv_reserve(kv, seq, (int)n, err))) err_prefix(err, "%s", path);
+    if (!st && n > 0 && (st = kv_reserve(kv, seq, (int)n, err)))
+        err_prefix(err, "%s", path);
     else if (!st && n > 0) {
         size_t row = (size_t)kv->head_dim * kv_elem_bytes(kv->quant);
         size_t all = v.shape.n_tokens, scale = kv_quant_scaled(kv->quant) ? all * sizeof(float) : 0;

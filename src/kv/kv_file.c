@@ -9,9 +9,19 @@
 
 /* Header offsets (little-endian); bytes 72..119 are zero, reserved for later versions. */
 enum {
-    OFF_VERSION = 8, OFF_HEADER_BYTES = 12, OFF_MODEL_ID = 16, OFF_QUANT = 24, OFF_LAYERS = 28,
-    OFF_HEADS = 32, OFF_HEAD_DIM = 36, OFF_TOKENS = 40, OFF_STATE = 48, OFF_PAYLOAD = 56,
-    OFF_PAYLOAD_SUM = 64, OFF_RESERVED = 72, OFF_HEADER_SUM = 120
+    OFF_VERSION = 8,
+    OFF_HEADER_BYTES = 12,
+    OFF_MODEL_ID = 16,
+    OFF_QUANT = 24,
+    OFF_LAYERS = 28,
+    OFF_HEADS = 32,
+    OFF_HEAD_DIM = 36,
+    OFF_TOKENS = 40,
+    OFF_STATE = 48,
+    OFF_PAYLOAD = 56,
+    OFF_PAYLOAD_SUM = 64,
+    OFF_RESERVED = 72,
+    OFF_HEADER_SUM = 120
 };
 
 static uint32_t get32(const uint8_t *p) {
@@ -151,12 +161,12 @@ hearth_status kv_file_parse(const uint8_t *data, size_t size, const char *name, 
         return err_set(err, HEARTH_ERR_FORMAT,
                        "%s: truncated or inconsistent KV file: the header describes %llu payload bytes "
                        "(%u tokens), the file has %llu",
-                       name, (unsigned long long)(tokens + kv + s.state_bytes), s.n_tokens,
-                       (unsigned long long)avail);
+                       name, (unsigned long long)(tokens + kv + s.state_bytes), s.n_tokens, (unsigned long long)avail);
     if (payload != avail)
-        return err_set(err, HEARTH_ERR_FORMAT, "%s: %llu bytes after the KV file's payload of %llu (truncated "
-                       "header or concatenated files?)", name, (unsigned long long)(avail - payload),
-                       (unsigned long long)payload);
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: %llu bytes after the KV file's payload of %llu (truncated "
+                       "header or concatenated files?)",
+                       name, (unsigned long long)(avail - payload), (unsigned long long)payload);
     const uint8_t *p = data + KV_FILE_HEADER_BYTES;
     if (sum_of(p, payload) != get64(data + OFF_PAYLOAD_SUM))
         return err_set(err, HEARTH_ERR_FORMAT, "%s: the KV file's data is corrupted (checksum mismatch)", name);

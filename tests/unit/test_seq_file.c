@@ -4,11 +4,13 @@
  * common prefix is what loads, and a truncated, corrupted, foreign-version, other-model
  * or other-KV-format file is refused with an error that says so, leaving the sequence
  * empty. */
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <setjmp.h>
 #include <stdint.h>
+/* cmocka needs the four headers above first */
 #include <cmocka.h>
+
 #include "hearth.h"
 #include "tiny_model_path.h"
 #include <stdio.h>
@@ -21,7 +23,8 @@ static hearth_model *open_tiny(const char *name) {
     tiny_model_path(path, sizeof path, name);
     hearth_model *m = NULL;
     hearth_error err = {0};
-    if (hearth_model_open(path, &m, &err)) fail_msg("tiny model missing (%s): %s; run tools/make_tiny_models.py", path, err.message);
+    if (hearth_model_open(path, &m, &err))
+        fail_msg("tiny model missing (%s): %s; run tools/make_tiny_models.py", path, err.message);
     return m;
 }
 
@@ -86,15 +89,22 @@ static void roundtrip(int kv_quant) {
     hearth_engine_free(e);
     hearth_model_close(m);
 }
-static void test_roundtrip_float(void **st) { (void)st; roundtrip(HEARTH_KV_FLOAT); }
-static void test_roundtrip_int8(void **st) { (void)st; roundtrip(HEARTH_KV_INT8); }
+static void test_roundtrip_float(void **st) {
+    (void)st;
+    roundtrip(HEARTH_KV_FLOAT);
+}
+static void test_roundtrip_int8(void **st) {
+    (void)st;
+    roundtrip(HEARTH_KV_INT8);
+}
 
 typedef struct toks {
     int32_t ids[64];
     int n;
 } toks;
 static int on_tok(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
-    (void)text; (void)lp;
+    (void)text;
+    (void)lp;
     toks *t = user;
     if (t->n < 64) t->ids[t->n++] = id;
     return 0;
@@ -174,7 +184,8 @@ static void expect_refused(hearth_engine *e, const char *path, hearth_status wan
     assert_int_equal(hearth_seq_open(e, &seq, &err), HEARTH_OK);
     hearth_status got = hearth_seq_load(e, seq, path, NULL, 0, &loaded, &err);
     if (got != want || !strstr(err.message, needle))
-        fail_msg("want %s with '%s', got %s: %s", hearth_status_name(want), needle, hearth_status_name(got), err.message);
+        fail_msg("want %s with '%s', got %s: %s", hearth_status_name(want), needle, hearth_status_name(got),
+                 err.message);
     assert_int_equal(loaded, 0);
     assert_int_equal(hearth_seq_length(e, seq), 0);
     hearth_seq_close(e, seq);
@@ -193,8 +204,7 @@ static void test_damaged_files_refused(void **st) {
     size_t cuts[] = {0, 7, 64, 127, 128, 200, n / 2, n - 1};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) { /* truncated anywhere */
         spill(path, good, cuts[i]);
-        expect_refused(e, path, HEARTH_ERR_FORMAT,
-                       cuts[i] < 128 ? "not a hearth KV file" : "truncated");
+        expect_refused(e, path, HEARTH_ERR_FORMAT, cuts[i] < 128 ? "not a hearth KV file" : "truncated");
     }
     memcpy(bad, good, n);
     memcpy(bad + n, "junk", 4);
@@ -261,10 +271,8 @@ int main(void) {
     setenv("HEARTH_CPU", "scalar", 1); /* rows computed independently: bit-identical continuations */
     make_tmp();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip_float),
-        cmocka_unit_test(test_roundtrip_int8),
-        cmocka_unit_test(test_generate_from_prefix),
-        cmocka_unit_test(test_damaged_files_refused),
+        cmocka_unit_test(test_roundtrip_float),      cmocka_unit_test(test_roundtrip_int8),
+        cmocka_unit_test(test_generate_from_prefix), cmocka_unit_test(test_damaged_files_refused),
         cmocka_unit_test(test_mismatch_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

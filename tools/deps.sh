@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 # the test tools (cmocka, clang for fuzzing, chromium, the Python oracles) come with `make test`.
 RUN_PKGS=(build-essential pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev
           libssl-dev libsqlite3-dev python3-venv)
-# nginx-light: the router of tests/api/test_replicas.py (docs/server.md, "Running replicas")
-APT_PKGS=("${RUN_PKGS[@]}" libcmocka-dev clang libclang-rt-14-dev nginx-light)
+# nginx-light, haproxy: the routers of tests/api/test_replicas.py (docs/server.md, "Running replicas")
+APT_PKGS=("${RUN_PKGS[@]}" libcmocka-dev clang libclang-rt-14-dev nginx-light haproxy)
 # the headless browser of tests/ui without its Recommends (about 110 packages: avahi, CUPS
 # helpers, desktop portals); a font so pages have glyphs to lay out
 BROWSER_PKGS=(chromium fonts-liberation)

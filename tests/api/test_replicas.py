@@ -1,9 +1,10 @@
-"""Two `hearth serve` replicas behind nginx (Debian's nginx-light, installed by
-tools/deps.sh) on loopback, as docs/server.md "Running replicas" sets them up. A trace of
-32 two-turn conversations (a long document, a question; then the answer and a follow-up),
-all first turns then all second turns, each in a shuffled order, goes through nginx twice:
-with `hash $http_x_session_id consistent` every second turn lands on the replica that
-served its first turn, and usage.prompt_tokens_details.cached_tokens covers at least 90% of
+"""Two `hearth serve` replicas behind nginx (Debian's nginx-light) or HAProxy (Debian's
+haproxy), both installed by tools/deps.sh, on loopback, as docs/server.md "Running
+replicas" sets them up. A trace of 32 two-turn conversations (a long document, a
+question; then the answer and a follow-up), all first turns then all second turns, each in
+a shuffled order, goes through each router: with `hash $http_x_session_id consistent` (nginx) or `balance hdr(X-Session-Id)` with
+`hash-type consistent` (HAProxy) every second turn lands on the replica that served its
+first turn, and usage.prompt_tokens_details.cached_tokens covers at least 90% of
 the second turns' prompt tokens; with round robin about half of them land on the other
 replica, which has nothing cached for that conversation. The cached counts are hearth's
 own prefix cache (whose exact count test_prefix_cache.py checks against HF's tokenizer)."""
@@ -21,6 +22,7 @@ from conftest import free_port, need, server
 from test_prefix_cache import NO_EOS, TINY_LLAMA, WORDS
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 SESSIONS = 32
 
 
@@ -51,6 +53,26 @@ http {{
   }}
 }}
 """
+
+
+def haproxy_conf(port, upstreams):
+    """docs/server.md's HAProxy backend, with a frontend on port."""
+    servers = "".join(f"    server r{i} 127.0.0.1:{p} check inter 2s\n" for i, p in enumerate(upstreams))
+    return f"""global
+    maxconn 256
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 600s
+frontend hearth_in
+    bind 127.0.0.1:{port}
+    default_backend hearth
+backend hearth
+    balance hdr(X-Session-Id)
+    hash-type consistent
+    option http-server-close
+    timeout server 600s
+{servers}"""
 
 
 def chat(port, session, msgs):
@@ -93,12 +115,18 @@ def replicas():
         yield [int(a.rsplit(":", 1)[1]), int(b.rsplit(":", 1)[1])]
 
 
-@pytest.mark.parametrize("hashed", [True, False], ids=["consistent-hash", "round-robin"])
-def test_session_affinity_keeps_the_cache(replicas, tmp_path, hashed):
+@pytest.mark.parametrize("router", ["nginx-hash", "haproxy-hash", "nginx-round-robin"])
+def test_session_affinity_keeps_the_cache(replicas, tmp_path, router):
     port = free_port()
-    (tmp_path / "nginx.conf").write_text(nginx_conf(tmp_path, port, replicas, hashed))
-    proc = subprocess.Popen([NGINX, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    hashed = router.endswith("hash")
+    if router.startswith("nginx"):
+        (tmp_path / "nginx.conf").write_text(nginx_conf(tmp_path, port, replicas, hashed))
+        cmd = [NGINX, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")]
+    else:
+        need(HAPROXY, "haproxy", "run tools/deps.sh (Debian package haproxy)")
+        (tmp_path / "haproxy.cfg").write_text(haproxy_conf(port, replicas))
+        cmd = [HAPROXY, "-db", "-f", str(tmp_path / "haproxy.cfg")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         for _ in range(100):
             try:
@@ -107,11 +135,11 @@ def test_session_affinity_keeps_the_cache(replicas, tmp_path, hashed):
             except OSError:
                 assert proc.poll() is None, proc.stderr.read().decode()
                 time.sleep(0.1)
-        share = run_trace(port, salt=1 if hashed else 2)
+        share = run_trace(port, salt={"nginx-hash": 1, "nginx-round-robin": 2, "haproxy-hash": 3}[router])
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-    print(f"\n{'consistent hash' if hashed else 'round robin'}: {share:.1%} of second-turn prompt tokens cached")
+    print(f"\n{router}: {share:.1%} of second-turn prompt tokens cached")
     if hashed:
         assert share >= 0.90
     else:

@@ -55,7 +55,7 @@ UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all lib install examples test test-quick test-build unit unit-build asan asan-build fuzz fuzz-build parity soak soak-bin soak-short deps run clean format
+.PHONY: all lib install examples python-test test test-quick test-build unit unit-build asan asan-build fuzz fuzz-build parity soak soak-bin soak-short deps run clean format
 all: $(BINDIR)/hearth $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
 
 lib: $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
@@ -232,6 +232,14 @@ examples:
 	@$(MAKE) --no-print-directory install PREFIX=$(EXAMPLES_PREFIX) >/dev/null
 	@HEARTH_PREFIX=$(EXAMPLES_PREFIX) $(PYTHON) -m pytest -q -p no:cacheprovider tests/examples
 
+# The Python package (python/) installed with pip as a user would (its setup.py builds
+# libhearth itself, into build/python) into build/python/site, then tests/python on it.
+PY_SITE := $(abspath build/python/site)
+python-test: all
+	@rm -rf $(PY_SITE)
+	@$(PYTHON) -m pip install -q --disable-pip-version-check --no-build-isolation --target $(PY_SITE) ./python
+	@PYTHONPATH=$(PY_SITE) HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/python
+
 # Parity tests against the Python oracles (mlx-lm, HF tokenizers, gguf, jinja2) and the
 # API tests (the real mlx_lm.server, the openai SDK), the short soak of the sanitizer
 # build, and the chat page (headless chromium).
@@ -262,6 +270,7 @@ test: deps
 	@bash tools/get_models.sh
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory examples
+	@$(MAKE) --no-print-directory python-test
 	@$(MAKE) --no-print-directory asan
 	@$(MAKE) --no-print-directory -j$(JOBS) fuzz
 	@$(MAKE) --no-print-directory parity

@@ -342,6 +342,35 @@ hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_
                               const hearth_generate_params *p, hearth_token_fn on_token, void *user,
                               hearth_generate_result *result, hearth_error *err);
 
+/* Like hearth_generate, on an open sequence (hearth_seq_open) whose tokens, if any, are
+ * a proper prefix of the prompt (e.g. loaded by hearth_seq_load): only the rest of the
+ * prompt is prefilled (result->cached_tokens: the tokens it already held). The sequence
+ * stays open afterwards holding the prompt and the generated tokens whose KV was
+ * computed (every one but the last), ready for hearth_seq_save or hearth_seq_close. */
+hearth_status hearth_generate_seq(hearth_engine *e, int seq, const int32_t *prompt, size_t n_prompt,
+                                  const hearth_generate_params *p, hearth_token_fn on_token, void *user,
+                                  hearth_generate_result *result, hearth_error *err);
+
+/* ---- persistent KV -----------------------------------------------------------
+ * A sequence's KV cache (and, for hybrid models, its recurrent state) saved to a file
+ * and loaded back, so a long prompt is prefilled once across processes. The file
+ * (docs/cli.md, "Saved KV files") is versioned, checksummed (header and data) and names
+ * the model's identity (architecture, tensor catalog, samples of the weights) and the KV
+ * format; a truncated, corrupted or mismatched file is refused with an error naming it,
+ * and nothing of it is loaded. CPU engine only so far (UNSUPPORTED on the GPU). */
+
+/* Tokens the open sequence holds (0 for a closed or unknown one). */
+size_t hearth_seq_length(const hearth_engine *e, int seq);
+/* Writes seq's tokens and KV to path (atomically: a temporary file renamed over it). */
+hearth_status hearth_seq_save(hearth_engine *e, int seq, const char *path, hearth_error *err);
+/* Maps path, checks it whole, and loads into the open, empty sequence seq: with prompt
+ * NULL every saved token, else the longest common prefix of the saved tokens and
+ * prompt[0..n_prompt), at most n_prompt - 1 tokens (the last prompt token's logits must
+ * be computed; hearth_generate_seq does that). *n_loaded (optional): the tokens loaded
+ * (0 when nothing matched; the file was still checked). */
+hearth_status hearth_seq_load(hearth_engine *e, int seq, const char *path, const int32_t *prompt, size_t n_prompt,
+                              size_t *n_loaded, hearth_error *err);
+
 /* ---- continuous batching ---------------------------------------------------
  * A batch runs many requests on one engine, one step at a time: each step packs the
  * next token of every decoding request and chunks of waiting prompts (up to the
@@ -396,6 +425,25 @@ typedef struct hearth_batch_stats {
     double decode_tok_s, prefill_tok_s;               /* over the last steps (a moving window) */
 } hearth_batch_stats;
 void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out);
+
+/* The batch's prefix cache kept in a folder across restarts (`serve --prompt-cache-dir`):
+ * now, every saved KV file in dir (created if missing) is loaded into the KV pool as
+ * cached blocks, newest first, while the pool has free blocks (a refused file, e.g. one
+ * made with another model, is counted in the report and left alone); from then on the
+ * token history of every request that ends is noted (in memory, no disk work while
+ * stepping), and when the batch is freed (`serve` stopping on SIGINT/SIGTERM) what the
+ * pool still holds of each noted history is saved there (one file per history; the file
+ * of a history that a newer one continues is removed) and the oldest files are deleted
+ * past max_bytes. A process that is killed saves nothing new. Use one folder per model.
+ * CPU engine only so far. */
+typedef struct hearth_prompt_cache_report {
+    size_t files_loaded, tokens_loaded;
+    size_t files_refused;   /* not loaded: damaged, or another model's or KV format's */
+    size_t files_skipped;   /* not loaded: the pool had no free blocks left for them */
+    char first_refusal[512]; /* why the first refused file was refused */
+} hearth_prompt_cache_report;
+hearth_status hearth_batch_prompt_cache(hearth_batch *b, const char *dir, long long max_bytes,
+                                        hearth_prompt_cache_report *report, hearth_error *err);
 
 /* ---- the model library: hub downloads, listing, removal, evals --------- */
 

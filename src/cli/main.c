@@ -25,6 +25,7 @@ static const cli_verb verbs[] = {
     {"perplexity", cli_perplexity, "perplexity of a model on a dataset (mlx_lm.perplexity), KL against a reference"},
     {"convert", cli_convert, "convert a float safetensors model to an MLX folder, optionally quantized"},
     {"memory", cli_memory, "the personal memory: a git-tracked Markdown wiki, its search and MCP tools"},
+    {"harness", cli_harness, "point a coding agent (pi, claude, codex) at a hearth server, or take it back"},
     {"evals", cli_evals, "list recorded fit checks and benchmarks (the evals database)"},
 };
 

@@ -26,7 +26,8 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "[--max-body 16M]\n"
                                  "             [--max-header 64K] [--timeout 300] [--max-connections 256] "
                                  "[--threads N] [--ctx N] [--mmap]\n"
-                                 "             [--responses-ttl 3600] [--responses-max-bytes 64M]\n"
+                                 "             [--responses-ttl 3600] [--responses-max-bytes 64M] [--prompt-cache-dir DIR] "
+                                 "[--prompt-cache-bytes 4G]\n"
                                  "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] "
                                  "[--kv-blocks N] [--kv-budget 1.5GB|N]\n"
                                  "             [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler]\n"
@@ -40,7 +41,7 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "--draft-model --num-draft-tokens\n"
                                  "  --trust-remote-code --use-default-chat-template --decode-concurrency "
                                  "--prompt-concurrency\n"
-                                 "  --prompt-cache-size --prompt-cache-bytes --pipeline\n"
+                                 "  --prompt-cache-size --pipeline\n"
                                  "  See docs/server.md.";
 
 static volatile sig_atomic_t stop_requested;
@@ -117,7 +118,6 @@ static const struct {
     {"--decode-concurrency", NOT_YET},
     {"--prompt-concurrency", NOT_YET},
     {"--prompt-cache-size", NOT_YET},
-    {"--prompt-cache-bytes", NOT_YET},
     {"--kv-group-size", "has no use: the int8 KV cache keeps one scale per position and KV head"},
     {"--quantized-kv-start", "has no use: a quantized KV cache (--kv-bits, --kv-quant) quantizes every position"},
 };
@@ -132,6 +132,7 @@ typedef struct serve_opts {
     const char *embedding_model; /* --embedding-model: served at /v1/embeddings beside the chat model */
     int memory_log;              /* --memory-log: chats are logged into the memory vault */
     const char *memory_vault;    /* --memory-vault: that vault (default: hearth memory's) */
+    int prompt_cache_bytes_set;
 } serve_opts;
 
 /* Splits --name=value so both argparse spellings work; returns the value or
@@ -222,6 +223,11 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             c->responses_ttl_s = (unsigned)n;
         } else if (VAL("--responses-max-bytes")) {
             if (parse_size(v, &c->responses_max_bytes)) BADV("--responses-max-bytes");
+        } else if (VAL("--prompt-cache-dir")) {
+            c->prompt_cache_dir = v;
+        } else if (VAL("--prompt-cache-bytes")) {
+            if (parse_size(v, &c->prompt_cache_bytes) || !c->prompt_cache_bytes) BADV("--prompt-cache-bytes");
+            o->prompt_cache_bytes_set = 1;
         } else if (VAL("--kv-bits")) { /* mlx-lm's quantized KV: int8 is the nearest hearth has */
             if (cli_parse_long(v, 2, 8, &n) || n == 7) BADV("--kv-bits");
             o->eo.kv_quant = HEARTH_KV_INT8;
@@ -262,11 +268,16 @@ int cli_serve(int argc, char **argv) {
                             .log_level = SRV_LOG_INFO,
                             .responses_ttl_s = 3600,          /* an hour: long enough for an agent's session */
                             .responses_max_bytes = 64u << 20, /* bounds the store on a small machine */
+                            /* a few hundred long conversations of a small model's float KV */
+                            .prompt_cache_bytes = 4ull << 30,
                             .defaults = {.max_tokens = 512, .top_p = 1.0f, .num_draft_tokens = 3}}};
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
     if (!o.eo.max_sequences) o.eo.max_sequences = HEARTH_SERVE_MAX_SEQUENCES;
     srv_config *c = &o.cfg;
+    if (o.prompt_cache_bytes_set && !c->prompt_cache_dir)
+        fprintf(stderr, "hearth serve: warning: --prompt-cache-bytes bounds the --prompt-cache-dir folder and is "
+                        "ignored without it (the in-memory prefix cache is the KV pool: --kv-blocks, --kv-budget)\n");
     if (!c->origins && parse_origins("*", c)) return 1;
     json_t *targs = NULL;
     if (o.template_args) {

@@ -610,6 +610,7 @@ void engine_history_write(hearth_engine *e, int seq, const int32_t *tokens, int 
         memcpy(e->history + (size_t)seq * e->context, tokens, (size_t)n * sizeof *tokens);
 }
 int engine_seq_length(const hearth_engine *e, int seq) { return e->kv.n_tokens[seq]; }
+int engine_seq_is_open(const hearth_engine *e, int seq) { return seq >= 0 && seq < e->max_seqs && e->seq_open[seq]; }
 int engine_step_tokens(const hearth_engine *e) { return e->step_tokens; }
 float *engine_logits_buffer(hearth_engine *e) { return e->logits + (size_t)(ENGINE_MAX_LOGITS_ROWS - 1) * e->m->cfg.vocab; }
 const hearth_model *engine_model(const hearth_engine *e) { return e->hm; }

@@ -55,6 +55,7 @@ struct hearth_batch {
     struct sched_req **row_req;           /* [max_run]: the request of each row */
     int32_t *greedy_ids;                  /* [max_run]: rows' ids chosen on the GPU (greedy or sampled there) */
     engine_sample_row *dev_rows;          /* [max_run]: rows for the device sampler */
+    prompt_cache *disk; /* hearth_batch_prompt_cache: finished requests saved there; NULL: none */
     /* monitoring (hearth_batch_stats_get) */
     unsigned long long prompt_tokens, cached_tokens, requests_done, steps, preemptions;
     double last_step_seconds;
@@ -131,6 +132,14 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
     return HEARTH_OK;
 }
 
+hearth_status hearth_batch_prompt_cache(hearth_batch *b, const char *dir, long long max_bytes,
+                                        hearth_prompt_cache_report *report, hearth_error *err) {
+    hearth_prompt_cache_report local;
+    if (b->disk || b->n_run || b->wait_head)
+        return err_set(err, HEARTH_ERR_INVALID, "the prompt cache folder is set once, before any request");
+    return prompt_cache_open(b->e, dir, max_bytes, &b->disk, report ? report : &local, err);
+}
+
 /* Ends a request: its slot and KV blocks go back at once, then the caller hears of it
  * (after which it may free what the request pointed to). */
 /* Closes q's slot, keeping the KV it computed findable: its full blocks are named
@@ -143,6 +152,7 @@ static void close_slot(hearth_batch *b, sched_req *q) {
 static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hearth_error *err) {
     b->requests_done++;
     if (q->seq >= 0) {
+        if (b->disk && st == HEARTH_OK) prompt_cache_note(b->disk, b->e, q->seq, q->len);
         close_slot(b, q);
         if (q->t1 > 0) q->r.result->generate_seconds = gen_now_seconds() - q->t1;
     }
@@ -172,6 +182,8 @@ void hearth_batch_free(hearth_batch *b) {
         q->r.result->finish = HEARTH_FINISH_CANCELLED;
         req_done(b, q, HEARTH_OK, NULL);
     }
+    if (b->disk) prompt_cache_flush(b->disk, b->e); /* every slot is free now */
+    prompt_cache_free(b->disk);
     free(b->run);
     free(b->tok);
     free(b->pos);

@@ -96,7 +96,17 @@ hearth_status srv_open(const srv_config *cfg, hearth_model *model, hearth_model 
     make_fingerprint(s->fingerprint, sizeof s->fingerprint, s->on_gpu);
     if (!(s->responses = resp_store_new(cfg->responses_ttl_s, cfg->responses_max_bytes)))
         return fail(err, HEARTH_ERR_NOMEM, "out of memory");
-    if (s->engine && (st = srv_queue_start(s->engine, &s->queue, err))) return st;
+    hearth_prompt_cache_report pc = {0};
+    if (s->engine && (st = srv_queue_start(s->engine, cfg->prompt_cache_dir, (long long)cfg->prompt_cache_bytes, &pc,
+                                           &s->queue, err)))
+        return st;
+    if (cfg->prompt_cache_dir) {
+        srv_log(s, SRV_LOG_INFO, "prompt cache %s: %zu files (%zu tokens) loaded, %zu skipped (KV pool full)",
+                cfg->prompt_cache_dir, pc.files_loaded, pc.tokens_loaded, pc.files_skipped);
+        if (pc.files_refused)
+            srv_log(s, SRV_LOG_WARNING, "prompt cache %s: %zu files refused, the first: %s", cfg->prompt_cache_dir,
+                    pc.files_refused, pc.first_refusal);
+    }
     if ((st = srv_start(s, err))) return st;
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);

@@ -241,7 +241,8 @@ static void *engine_main(void *arg) {
     return NULL;
 }
 
-hearth_status srv_queue_start(hearth_engine *e, srv_queue **out, hearth_error *err) {
+hearth_status srv_queue_start(hearth_engine *e, const char *prompt_cache_dir, long long prompt_cache_bytes,
+                              hearth_prompt_cache_report *report, srv_queue **out, hearth_error *err) {
     srv_queue *q = calloc(1, sizeof *q);
     if (!q) {
         err->status = HEARTH_ERR_NOMEM;
@@ -250,6 +251,9 @@ hearth_status srv_queue_start(hearth_engine *e, srv_queue **out, hearth_error *e
     }
     q->engine = e;
     hearth_status st = hearth_batch_create(e, &q->batch, err);
+    if (!st && prompt_cache_dir)
+        if ((st = hearth_batch_prompt_cache(q->batch, prompt_cache_dir, prompt_cache_bytes, report, err)))
+            hearth_batch_free(q->batch);
     if (st) {
         free(q);
         return st;

@@ -119,8 +119,11 @@ typedef struct srv_job {
 
 typedef struct srv_queue srv_queue;
 
-/* Starts the engine thread. The engine stays owned by the caller. */
-hearth_status srv_queue_start(hearth_engine *e, srv_queue **out, hearth_error *err);
+/* Starts the engine thread. The engine stays owned by the caller. prompt_cache_dir (NULL:
+ * none): the batch's prefix cache is kept there (hearth_batch_prompt_cache, bounded by
+ * prompt_cache_bytes); *report gets what was loaded from it. */
+hearth_status srv_queue_start(hearth_engine *e, const char *prompt_cache_dir, long long prompt_cache_bytes,
+                              hearth_prompt_cache_report *report, srv_queue **out, hearth_error *err);
 /* Stops the engine thread: running and queued jobs finish as cancelled. */
 void srv_queue_stop(srv_queue *q);
 /* Creates a job holding two references (HTTP side and engine side); takes ids.
@@ -190,6 +193,8 @@ typedef struct srv_config {
     size_t responses_max_bytes; /* --responses-max-bytes: the store's cap */
     hearth_memory *memory_log;  /* --memory-log: chat completions are logged into this vault
                                    (owned by the caller); NULL: nothing is logged */
+    const char *prompt_cache_dir; /* --prompt-cache-dir: the prefix cache kept on disk (NULL: not kept) */
+    size_t prompt_cache_bytes;    /* --prompt-cache-bytes: that folder's bound */
 } srv_config;
 
 typedef struct srv_server {

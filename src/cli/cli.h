@@ -48,6 +48,9 @@ int cli_parse_long(const char *s, long lo, long hi, long *out);
 int cli_parse_pool_flag(int argc, char **argv, int *i, hearth_engine_options *eo, const char *usage, int *rc);
 /* Opens a model, printing the error; returns 0 on success, 1 on failure. */
 int cli_open_model(const char *name, hearth_model **m);
+/* Mounts the adapter of a flag value, "id=path" or a bare path (id: the folder's name), and
+ * makes it the engine's default when asked; prints the error and returns 1 on failure. */
+int cli_mount_adapter(hearth_engine *e, const char *arg, int make_default);
 /* Opens url with xdg-open when a display is available; returns 1 if launched,
  * 0 otherwise (never an error: the caller has printed the URL). */
 int cli_open_browser(const char *url);

@@ -10,7 +10,8 @@
 static const char *gen_usage =
     "hearth generate <model> \"prompt\" [--max-tokens N] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--repetition-penalty R] [--seed S] [--system TEXT] [--no-chat-template] [--stop STR]...\n"
-    "       [--threads N] [--ctx N] [--mmap] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--verbose] [--report-memory]";
+    "       [--threads N] [--ctx N] [--mmap] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--verbose] [--report-memory]\n"
+    "       [--adapter-path DIR]";
 
 static int on_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
     (void)user; (void)id; (void)lp;
@@ -42,7 +43,7 @@ static int build_prompt(hearth_model *m, const char *prompt, const char *system,
 }
 
 int cli_generate(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *system = NULL;
+    const char *model = NULL, *prompt = NULL, *system = NULL, *adapter_path = NULL;
     const char *stops[16];
     int use_template = 1, verbose = 0;
     hearth_engine_options eo = {0};
@@ -66,6 +67,7 @@ int cli_generate(int argc, char **argv) {
         else if (!strcmp(a, "--top-k") && has) top_k = atoi(argv[++i]);
         else if (!strcmp(a, "--seed") && has) seed = atoll(argv[++i]);
         else if (!strcmp(a, "--system") && has) system = argv[++i];
+        else if (!strcmp(a, "--adapter-path") && has) adapter_path = argv[++i];
         else if (!strcmp(a, "--stop") && has && gp.n_stop < 16) stops[gp.n_stop++] = argv[++i];
         else if (!strcmp(a, "--no-chat-template")) use_template = 0;
         else if (!strcmp(a, "--verbose")) verbose = 1;
@@ -94,6 +96,7 @@ int cli_generate(int argc, char **argv) {
     hearth_error err = {0};
     int rc = build_prompt(m, prompt, system, use_template, &ids, &n);
     if (!rc && hearth_engine_create(m, &eo, &e, &err)) rc = cli_fail(&err);
+    if (!rc && adapter_path) rc = cli_mount_adapter(e, adapter_path, 1);
     hearth_generate_result r;
     if (!rc && hearth_generate(e, ids, n, &gp, on_token, NULL, &r, &err)) rc = cli_fail(&err);
     if (!rc) {

@@ -80,6 +80,15 @@ int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p);
 
 double gen_now_seconds(void);
 
+struct adapter_set;
+struct adapter_registry;
+struct model;
+/* Seq computes with the adapters of set from now on (NULL: the base alone), holding its own
+ * reference until the slot closes; an empty slot's prefix cache namespace follows. */
+void engine_seq_use_adapters(hearth_engine *e, int seq, struct adapter_set *set);
+struct adapter_registry *engine_adapters(hearth_engine *e);
+const struct model *engine_weights(const hearth_engine *e);
+
 /* Pending output text, held back while its end could still begin a stop string. */
 typedef struct stop_filter {
     sbuf pending;
@@ -102,6 +111,7 @@ typedef struct gen_stream {
     hearth_logprobs lp;
     int trim;
     size_t n_prompt;
+    struct adapter_set *adapters; /* the request's adapters (NULL: the base), released by gen_stream_free */
 } gen_stream;
 
 /* Validates the request (prompt, max_tokens, context) and zeroes *res. */

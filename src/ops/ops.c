@@ -18,16 +18,6 @@ hearth_status op_batch_check(const op_batch *b, const kv_cache *kv, int max_toke
     return HEARTH_OK;
 }
 
-/* Row `token` of the table, dequantized a block at a time. */
-static void embed_row(const op_weight *w, int64_t token, float *out) {
-    int chunk = w->dtype == DT_U32 ? 32 : tensor_dtype_block_elems(w->dtype);
-    if (chunk <= 1) chunk = 256;
-    for (int64_t k0 = 0; k0 < w->k; k0 += chunk) {
-        int count = (int)(w->k - k0 < chunk ? w->k - k0 : chunk);
-        op_weight_dequant(w, token, k0, count, out + k0);
-    }
-}
-
 typedef struct embed_job {
     const op_embed *e;
     const int32_t *tokens;
@@ -46,7 +36,7 @@ static void embed_task(void *ctx, int task, int thread) {
     int t0 = task * EMBED_ROWS, t1 = t0 + EMBED_ROWS < j->T ? t0 + EMBED_ROWS : j->T;
     for (int t = t0; t < t1; t++) {
         float *row = j->x + (size_t)t * H;
-        embed_row(j->e->table, j->tokens[t], row);
+        op_weight_dequant_row(j->e->table, j->tokens[t], row);
         if (j->e->scale != 1.0f)
             for (int64_t i = 0; i < H; i++) row[i] *= j->e->scale;
     }
@@ -75,4 +65,54 @@ op_weight op_weight_rows(const op_weight *w, int64_t row0, int64_t rows) {
         v.biases = (const uint8_t *)w->biases + (size_t)row0 * per_row;
     }
     return v;
+}
+
+typedef struct lora_job {
+    const op_batch *b;
+    int layer;
+    op_proj p;
+    const float *x;
+    int64_t k, n;
+    float *y;
+} lora_job;
+
+/* y += scale * B (A x) for one row and one adapter. */
+static void lora_row(const op_lora *l, const float *x, int64_t k, float *y, int64_t n) {
+    float u[OP_LORA_MAX_RANK];
+    for (int r = 0; r < l->rank; r++) {
+        const float *a = l->a + (size_t)r * k;
+        float acc = 0.0f;
+        for (int64_t i = 0; i < k; i++) acc += a[i] * x[i];
+        u[r] = acc;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const float *b = l->b + (size_t)j * l->rank;
+        float acc = 0.0f;
+        for (int r = 0; r < l->rank; r++) acc += b[r] * u[r];
+        y[j] += l->scale * acc;
+    }
+    if (l->dora)
+        for (int64_t j = 0; j < n; j++) y[j] *= l->dora[j];
+}
+
+/* Rows [LORA_ROWS * task, +LORA_ROWS): each row alone, so any split gives the same bits. */
+#define LORA_ROWS 8
+static void lora_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const lora_job *j = ctx;
+    int t0 = task * LORA_ROWS, t1 = t0 + LORA_ROWS < j->b->T ? t0 + LORA_ROWS : j->b->T;
+    for (int t = t0; t < t1; t++) {
+        const op_adapter_set *set = j->b->row_adapters[t];
+        for (int i = 0; set && i < set->n; i++) {
+            const op_lora *l = &set->a[i]->proj[(size_t)j->layer * OP_N_PROJ + j->p];
+            if (l->a) lora_row(l, j->x + (size_t)t * j->k, j->k, j->y + (size_t)t * j->n, j->n);
+        }
+    }
+}
+
+void op_lora_apply(const op_batch *b, int layer, op_proj p, const float *x, int64_t k, float *y, int64_t n,
+                   threadpool *tp) {
+    if (!op_batch_has_adapters(b)) return;
+    lora_job j = {.b = b, .layer = layer, .p = p, .x = x, .k = k, .n = n, .y = y};
+    tp_run(tp, (b->T + LORA_ROWS - 1) / LORA_ROWS, lora_task, &j);
 }

@@ -51,6 +51,8 @@ int cli_open_model(const char *name, hearth_model **m);
 /* Mounts the adapter of a flag value, "id=path" or a bare path (id: the folder's name), and
  * makes it the engine's default when asked; prints the error and returns 1 on failure. */
 int cli_mount_adapter(hearth_engine *e, const char *arg, int make_default);
+/* The id of such a flag value into id; returns its path part. */
+const char *cli_adapter_id(const char *arg, char *id, size_t cap);
 /* Opens url with xdg-open when a display is available; returns 1 if launched,
  * 0 otherwise (never an error: the caller has printed the URL). */
 int cli_open_browser(const char *url);

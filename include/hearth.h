@@ -368,6 +368,13 @@ hearth_status hearth_seq_set_adapter(hearth_engine *e, int seq, const char *spec
  * ("lora"|"dora"), rank, scale, size_bytes, layers, modules, default} (free with hearth_free). */
 char *hearth_adapters_json(hearth_engine *e);
 
+/* Folds the LoRA adapter in folder adapter_path into model (a safetensors folder, float or
+ * MLX-quantized) and writes the result as a new folder save_path, as mlx_lm.fuse does: each
+ * adapted projection W + scale * B A in W's dtype; a quantized weight is dequantized, summed
+ * and quantized again with its own bits and group size. Every other file and tensor is
+ * copied. DoRA adapters and GGUF bases are refused (HEARTH_ERR_UNSUPPORTED). */
+hearth_status hearth_fuse(const char *model, const char *adapter_path, const char *save_path, hearth_error *err);
+
 /* ---- continuous batching ---------------------------------------------------
  * A batch runs many requests on one engine, one step at a time: each step packs the
  * next token of every decoding request and chunks of waiting prompts (up to the

@@ -22,6 +22,7 @@ int cli_rm(int argc, char **argv);
 int cli_evals(int argc, char **argv);
 int cli_perplexity(int argc, char **argv);
 int cli_convert(int argc, char **argv);
+int cli_fuse(int argc, char **argv);
 /* The appliance's model for `hearth` without --model (choose.c); NULL: serve's default.
  * no_download: never start the background pull of a better model (--no-download). */
 const char *cli_choose_model(int argc, char **argv, int no_download);

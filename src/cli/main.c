@@ -22,6 +22,7 @@ static const cli_verb verbs[] = {
     {"pull", cli_pull, "download a model from the Hugging Face hub into the HF cache"},
     {"rm", cli_rm, "remove a model from the HF cache and reclaim its disk space"},
     {"perplexity", cli_perplexity, "perplexity of a model on a dataset (mlx_lm.perplexity), KL against a reference"},
+    {"fuse", cli_fuse, "fold a LoRA adapter into its base model (mlx_lm.fuse)"},
     {"convert", cli_convert, "convert a float safetensors model to an MLX folder, optionally quantized"},
     {"evals", cli_evals, "list recorded fit checks and benchmarks (the evals database)"},
 };

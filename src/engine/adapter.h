@@ -33,6 +33,10 @@ typedef struct adapter {
  * naming the file and the mismatch (rank, target module, layer, base shape), on anything
  * it cannot apply exactly. */
 hearth_status adapter_load(const model *m, const char *path, adapter **out, hearth_error *err);
+/* adapter_load's work on the files' bytes (config: adapter_config.json's text; tensors: the
+ * safetensors image) for the folder named path, MLX or PEFT layout (the fuzz target's entry). */
+hearth_status adapter_parse(const model *m, const char *path, int peft, const char *config, size_t config_len,
+                            const uint8_t *tensors, size_t tensors_len, adapter **out, hearth_error *err);
 void adapter_free(adapter *a);
 
 /* The adapters one request uses: refcounted, shared by the request and its slot. */

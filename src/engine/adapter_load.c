@@ -72,16 +72,14 @@ static hearth_status parse_targets(const json_t *tm, const char *file, unsigned 
     return HEARTH_OK;
 }
 
-static hearth_status parse_config(const char *dir, int peft, adapter_cfg *c, hearth_error *err) {
-    char *path = path_join(dir, "adapter_config.json");
-    if (!path) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+static hearth_status parse_config(const char *path, const char *text, size_t len, int peft, adapter_cfg *c,
+                                  hearth_error *err) {
     json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
+    json_t *j = json_loadb(text, len, 0, &je);
     hearth_status st = HEARTH_OK;
     *c = (adapter_cfg){.peft = peft, .targets = (1u << OP_N_PROJ) - 1, .num_layers = -1};
-    if (!j) {
-        st = err_set(err, file_exists(path) ? HEARTH_ERR_FORMAT : HEARTH_ERR_IO, "%s: %s", path,
-                     file_exists(path) ? je.text : "missing (an adapter folder needs adapter_config.json)");
+    if (!json_is_object(j)) {
+        st = err_set(err, HEARTH_ERR_FORMAT, "%s: %s", path, j ? "not a JSON object" : je.text);
     } else if (peft) {
         const char *type = json_string_value(json_object_get(j, "peft_type"));
         const json_t *r = json_object_get(j, "r"), *alpha = json_object_get(j, "lora_alpha");
@@ -131,7 +129,6 @@ static hearth_status parse_config(const char *dir, int peft, adapter_cfg *c, hea
         }
     }
     json_decref(j);
-    free(path);
     return st;
 }
 
@@ -271,8 +268,8 @@ static hearth_status fill_pair(const model *m, const adapter_cfg *c, const pair_
         if (s->m) permute_rows(mag, tmp, n, 1, heads);
     }
     *l = (op_lora){.a = a, .b = b, .rank = c->rank, .scale = c->scale};
-    if (!st && s->m) {
-        st = dora_factors(w, l, mag, mag, err);
+    if (!st && s->m) { /* a planned model (shapes only, hearth_fuse) has no rows to take norms of */
+        if (w->data) st = dora_factors(w, l, mag, mag, err);
         l->dora = mag;
     }
     free(tmp);
@@ -348,39 +345,63 @@ static hearth_status build(const model *m, const adapter_cfg *c, const pair_src 
     return HEARTH_OK;
 }
 
+hearth_status adapter_parse(const model *m, const char *path, int peft, const char *config, size_t config_len,
+                            const uint8_t *tensors, size_t tensors_len, adapter **out, hearth_error *err) {
+    *out = NULL;
+    adapter *a = calloc(1, sizeof *a);
+    pair_src *src = calloc((size_t)m->cfg.n_layers * OP_N_PROJ, sizeof *src);
+    char *cfg_name = path_join(path, "adapter_config.json");
+    char *st_name = path_join(path, peft ? "adapter_model.safetensors" : "adapters.safetensors");
+    hearth_status st = HEARTH_OK;
+    adapter_cfg c = {0};
+    st_file f = {0};
+    if (!a || !src || !cfg_name || !st_name || !(a->path = strdup(path)) ||
+        !(a->proj = calloc((size_t)m->cfg.n_layers * OP_N_PROJ, sizeof *a->proj)))
+        st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    if (!st) st = parse_config(cfg_name, config, config_len, peft, &c, err);
+    if (!st) st = st_parse(tensors, tensors_len, st_name, &f, err);
+    if (!st) st = collect(m, &c, &f, src, err);
+    if (!st) st = build(m, &c, src, a, err);
+    st_close(&f);
+    free(src);
+    free(cfg_name);
+    free(st_name);
+    if (st) {
+        adapter_free(a);
+        return st;
+    }
+    a->format = peft ? "peft" : "mlx";
+    a->dora = c.dora, a->rank = c.rank, a->scale = c.scale;
+    a->ops.proj = a->proj;
+    *out = a;
+    return HEARTH_OK;
+}
+
 hearth_status adapter_load(const model *m, const char *path, adapter **out, hearth_error *err) {
     *out = NULL;
     if (!file_is_dir(path))
         return err_set(err, HEARTH_ERR_IO, "%s: not a folder (an adapter is a folder with adapter_config.json)", path);
     char *mlx = path_join(path, "adapters.safetensors"), *peft = path_join(path, "adapter_model.safetensors");
-    adapter *a = calloc(1, sizeof *a);
-    pair_src *src = calloc((size_t)m->cfg.n_layers * OP_N_PROJ, sizeof *src);
+    char *cfg = path_join(path, "adapter_config.json"), *text = NULL;
+    size_t len = 0;
+    file_map map = {0};
+    int is_peft = mlx && !file_exists(mlx) && peft && file_exists(peft);
     hearth_status st = HEARTH_OK;
-    int is_peft = !file_exists(mlx) && file_exists(peft);
-    adapter_cfg c = {0};
-    st_file f = {0};
-    if (!mlx || !peft || !a || !src || !(a->path = strdup(path)) ||
-        !(a->proj = calloc((size_t)m->cfg.n_layers * OP_N_PROJ, sizeof *a->proj)))
+    if (!mlx || !peft || !cfg)
         st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     else if (!file_exists(mlx) && !is_peft)
         st = err_set(err, HEARTH_ERR_IO, "%s: no adapters.safetensors (MLX) or adapter_model.safetensors (PEFT)", path);
-    if (!st) st = parse_config(path, is_peft, &c, err);
-    if (!st) st = st_open(is_peft ? peft : mlx, &f, err);
-    if (!st) st = collect(m, &c, &f, src, err);
-    if (!st) st = build(m, &c, src, a, err);
-    st_close(&f);
-    free(src);
+    else if (!file_exists(cfg))
+        st = err_set(err, HEARTH_ERR_IO, "%s: missing (an adapter folder needs adapter_config.json)", cfg);
+    if (!st) st = file_read_all(cfg, &text, &len, err);
+    if (!st) st = file_map_open(is_peft ? peft : mlx, &map, err);
+    if (!st) st = adapter_parse(m, path, is_peft, text, len, map.data, map.size, out, err);
+    file_map_close(&map);
+    free(text);
+    free(cfg);
     free(mlx);
     free(peft);
-    if (st) {
-        adapter_free(a);
-        return st;
-    }
-    a->format = is_peft ? "peft" : "mlx";
-    a->dora = c.dora, a->rank = c.rank, a->scale = c.scale;
-    a->ops.proj = a->proj;
-    *out = a;
-    return HEARTH_OK;
+    return st;
 }
 
 void adapter_free(adapter *a) {

@@ -186,3 +186,53 @@ def test_validation_errors_name_the_mismatch(tmp_path):
     # a broken config
     (ad / "adapter_config.json").write_text("{")
     assert "adapter_config.json" in run_err(llama, ad)
+
+
+def safetensors_bytes(folder):
+    """Every tensor of a folder's *.safetensors as (dtype, shape, raw bytes)."""
+    import glob
+    import mlx.core as mx
+    out = {}
+    for f in glob.glob(os.path.join(folder, "*.safetensors")):
+        for k, v in mx.load(f).items():
+            out[k] = (str(v.dtype), tuple(v.shape), np.array(v.view(mx.uint8)).tobytes())
+    return out
+
+
+@pytest.mark.parametrize("name", ["llama-q4g64", "qwen3-q3g32", "gemma3-q8g32", "minicpm-q4g64", "llama-f32",
+                                  "qwen3-bf16"])
+def test_fuse_is_byte_identical_to_mlx_lm_fuse(tmp_path, name):
+    """hearth fuse against mlx_lm.fuse with the same adapter: every tensor byte for byte
+    (quantized bases dequantized, summed and re-quantized with their own bits and groups)."""
+    model = model_dir(name)
+    ad = make_mlx_adapter(model, tmp_path / "ad", num_layers=2)
+    py = os.path.join(REPO, ".venv", "bin", "python")
+    p = subprocess.run([py, "-m", "mlx_lm", "fuse", "--model", model, "--adapter-path", str(ad), "--save-path",
+                        str(tmp_path / "ref")], capture_output=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    p = subprocess.run([BIN, "fuse", model, "--adapter-path", str(ad), "--save-path", str(tmp_path / "ours")],
+                       capture_output=True)
+    assert p.returncode == 0, p.stderr.decode()
+    ref, ours = safetensors_bytes(tmp_path / "ref"), safetensors_bytes(tmp_path / "ours")
+    assert sorted(ref) == sorted(ours)
+    differing = [k for k in ref if ref[k] != ours[k]]
+    assert not differing, differing[:5]
+    # and the adapter changed what it covers (the fuse did something)
+    base = safetensors_bytes(model)
+    assert any(base[k] != ours[k] for k in ours if "q_proj" in k)
+
+
+def test_fuse_refusals(tmp_path):
+    model = model_dir("llama-f32")
+    dora = make_mlx_adapter(model, tmp_path / "dora", dora=True)
+
+    def fuse(*args):
+        p = subprocess.run([BIN, "fuse", model, *map(str, args)], capture_output=True)
+        assert p.returncode != 0
+        return p.stderr.decode()
+
+    assert "fusing a DoRA adapter is not done yet" in fuse("--adapter-path", dora, "--save-path", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "exists").mkdir()
+    assert "already exists" in fuse("--adapter-path", dora, "--save-path", tmp_path / "exists")
+    assert "--export-gguf is not supported" in fuse("--export-gguf")

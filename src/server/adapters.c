@@ -64,6 +64,9 @@ int srv_adapter_spec(const srv_server *s, const srv_request *r, char *spec, size
     }
     if (!want && r->model && !srv_model_matches(s, r->model) && (a = find_adapter(s, r->model)))
         want = json_string_value(json_object_get(a, "id")), field = "model", by_model = 1; /* a gateway's model */
+    /* mlx_lm.server: --adapter-path belongs to "default_model"; a request naming the served
+     * model itself gets the base (unless it names an adapter) */
+    if (!want && r->model && strcmp(r->model, "default_model") && srv_model_matches(s, r->model)) want = "none";
     if (!want) return 1; /* the default */
     if (strlen(want) >= cap) {
         json_decref(a);

@@ -59,15 +59,20 @@ def adapters(tmp_path_factory):
 
 def test_adapter_path_matches_mlx_lm_server(adapters):
     body = {"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}
+    named = {**body, "model": str(TINY)}  # upstream: the adapter belongs to "default_model" only
     with upstream_server(TINY, "--adapter-path", adapters["a"]) as up:
         st, ref = call(up, "POST", "/v1/completions", body)
         assert st == 200, ref
+        st, ref_named = call(up, "POST", "/v1/completions", named)
+        assert st == 200, ref_named
     with server(TINY, "--adapter-path", adapters["a"], env=SCALAR) as base:
         st, ours = call(base, "POST", "/v1/completions", body)
         assert st == 200, ours
         st, plain = call(base, "POST", "/v1/completions", {**body, "adapter": "none"})
+        st, ours_named = call(base, "POST", "/v1/completions", named)
     assert ours["choices"][0]["text"] == ref["choices"][0]["text"]
     assert plain["choices"][0]["text"] != ours["choices"][0]["text"]  # the adapter matters
+    assert ours_named["choices"][0]["text"] == ref_named["choices"][0]["text"] == plain["choices"][0]["text"]
 
 
 def test_mixed_batch_rows_match_their_lone_runs(adapters):

@@ -236,3 +236,24 @@ def test_fuse_refusals(tmp_path):
     (tmp_path / "exists").mkdir()
     assert "already exists" in fuse("--adapter-path", dora, "--save-path", tmp_path / "exists")
     assert "--export-gguf is not supported" in fuse("--export-gguf")
+
+
+def test_generate_applies_the_adapter(tmp_path):
+    """hearth generate --adapter-path: the greedy text is the detokenized greedy ids that
+    trace (checked against mlx-lm above) gives with the same adapter, and not the base's."""
+    model = model_dir("llama-f32")
+    ad = make_mlx_adapter(model, tmp_path / "ad")
+    env = dict(os.environ, HEARTH_CPU="scalar")
+
+    def generate(*extra):
+        p = subprocess.run([BIN, "generate", model, "Tell me", "--no-chat-template", "--max-tokens", "6", "--threads",
+                            "2", *extra], capture_output=True, env=env, timeout=300)
+        assert p.returncode == 0, p.stderr.decode()
+        return p.stdout.decode()
+
+    ids = json.loads(subprocess.run([BIN, "tokenize", model, "Tell me"], capture_output=True, check=True).stdout)
+    greedy = [s["token"] for s in trace(model, ad, ids=ids, steps=6)["steps"]]
+    text = subprocess.run([BIN, "detokenize", model, json.dumps(greedy)], capture_output=True, check=True).stdout
+    with_adapter = generate("--adapter-path", str(ad))
+    assert with_adapter == text.decode().rstrip("\n") or with_adapter == text.decode()
+    assert with_adapter != generate()

@@ -179,9 +179,11 @@ static hearth_status read_f32(const tensor_info *t, float *out, hearth_error *er
 static hearth_status check_pair(const pair_src *s, const adapter_cfg *c, const op_weight *w, int layer, int p,
                                 hearth_error *err) {
     const char *what = proj_names[p];
-    if (!s->a || !s->b)
-        return err_set(err, HEARTH_ERR_FORMAT, "%s: layer %d %s has %s but not %s", (s->a ? s->a : s->b)->file, layer,
-                       what, s->a ? "A" : "B", s->a ? "B" : "A");
+    if (!s->a || !s->b) {
+        const tensor_info *have = s->a ? s->a : s->b ? s->b : s->m;
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: layer %d %s has %s but not %s", have->file, layer, what,
+                       s->a ? "A" : s->b ? "B" : "a DoRA magnitude", s->a ? "B" : "A");
+    }
     if (!c->dora && s->m)
         return err_set(err, HEARTH_ERR_FORMAT, "%s: layer %d %s has a DoRA magnitude but the config is plain LoRA",
                        s->m->file, layer, what);

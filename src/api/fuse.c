@@ -56,7 +56,7 @@ static void add_delta(const op_lora *l, int64_t n, int64_t k, tensor_dtype t, fl
     float *sb = malloc((size_t)l->rank * sizeof *sb);
     if (!sb) return;
     for (int64_t j = 0; j < n; j++) {
-        for (int q = 0; q < l->rank; q++) sb[q] = l->scale * l->b[j * l->rank + q];
+        for (int q = 0; q < l->rank; q++) sb[q] = l->scale * l->b[(size_t)q * n + j]; /* B is [rank, n] */
         for (int64_t i = 0; i < k; i++) {
             float d = 0.0f;
             for (int q = 0; q < l->rank; q++) d += sb[q] * l->a[(size_t)q * k + i];

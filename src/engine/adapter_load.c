@@ -2,8 +2,8 @@
  * config (MLX's lora_parameters / fine_tune_type / num_layers, or PEFT's r / lora_alpha /
  * target_modules / use_dora / use_rslora), every tensor's name matched to a layer and a
  * projection, its shape to the rank and the base weight, and the pairs stored as float32 in
- * the layout the ops take (A [rank, k], B [n, rank], rows in the base's order: GGUF llama
- * q/k rows are permuted for adjacent-pair RoPE, and so are B's). DoRA magnitudes become one
+ * the layout the ops take (A [rank, k], B transposed [rank, n], outputs in the base's order:
+ * GGUF llama q/k rows are permuted for adjacent-pair RoPE, and so are B's columns). DoRA magnitudes become one
  * factor per output row here. Never touches the model's weights. */
 #define _GNU_SOURCE
 #include "engine/adapter.h"
@@ -209,7 +209,8 @@ static hearth_status check_pair(const pair_src *s, const adapter_cfg *c, const o
 }
 
 /* GGUF llama q/k rows are in adjacent-pair RoPE order (row (h, i, j) of [heads, half, 2]
- * holds HF row (h, j, i) of [heads, 2, half]): a vector over the rows follows them. */
+ * holds HF row (h, j, i) of [heads, 2, half]): anything indexed by those rows follows them
+ * (rows of cols values; cols 1: a vector over the rows). */
 static void permute_rows(float *v, float *tmp, int64_t rows, int64_t cols, int heads) {
     int64_t half = rows / heads / 2;
     memcpy(tmp, v, (size_t)(rows * cols) * sizeof *v);
@@ -231,7 +232,7 @@ static hearth_status dora_factors(const op_weight *w, const op_lora *l, const fl
         double sum = 0;
         for (int64_t i = 0; i < w->k; i++) {
             float d = 0.0f;
-            for (int r = 0; r < l->rank; r++) d += l->b[j * l->rank + r] * l->a[(size_t)r * w->k + i];
+            for (int r = 0; r < l->rank; r++) d += l->b[(size_t)r * w->n + j] * l->a[(size_t)r * w->k + i];
             float v = row[i] + l->scale * d;
             sum += (double)v * v;
         }
@@ -250,23 +251,23 @@ static hearth_status fill_pair(const model *m, const adapter_cfg *c, const pair_
     if (!tmp) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     float *a = dst, *b = a + r * k, *mag = b + n * r;
     hearth_status st = read_f32(s->a, tmp, err);
-    if (!st) { /* MLX stores A as [k, r] and B as [r, n]: the ops take the transposes */
+    if (!st) { /* A as [r, k]: MLX stores lora_a as [k, r] */
         if (c->peft) memcpy(a, tmp, (size_t)(r * k) * sizeof *a);
         else
             for (int64_t i = 0; i < k; i++)
                 for (int64_t q = 0; q < r; q++) a[q * k + i] = tmp[i * r + q];
         st = read_f32(s->b, tmp, err);
     }
-    if (!st) {
-        if (c->peft) memcpy(b, tmp, (size_t)(n * r) * sizeof *b);
+    if (!st) { /* B transposed, [r, n]: MLX's lora_b as it is; PEFT's lora_B is [n, r] */
+        if (!c->peft) memcpy(b, tmp, (size_t)(n * r) * sizeof *b);
         else
-            for (int64_t q = 0; q < r; q++)
-                for (int64_t j = 0; j < n; j++) b[j * r + q] = tmp[q * n + j];
+            for (int64_t j = 0; j < n; j++)
+                for (int64_t q = 0; q < r; q++) b[q * n + j] = tmp[j * r + q];
         if (s->m) st = read_f32(s->m, mag, err);
     }
     int heads = p == OP_PROJ_Q ? m->cfg.n_heads : p == OP_PROJ_K ? m->cfg.n_kv_heads : 0;
     if (!st && m->cfg.rope_adjacent && heads) {
-        permute_rows(b, tmp, n, r, heads);
+        for (int64_t q = 0; q < r; q++) permute_rows(b + q * n, tmp, n, 1, heads);
         if (s->m) permute_rows(mag, tmp, n, 1, heads);
     }
     *l = (op_lora){.a = a, .b = b, .rank = c->rank, .scale = c->scale};

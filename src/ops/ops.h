@@ -49,7 +49,8 @@ typedef enum op_proj {
 } op_proj;
 
 /* One adapter's low-rank update of one projection (LoRA): y += scale * B (A x), with A
- * [rank, k] and B [n, rank] in float32 (rows in the base weight's own order). DoRA also
+ * [rank, k] and B transposed, [rank, n], in float32 (outputs in the base weight's own row
+ * order). DoRA also
  * rescales each output before the bias: y[j] *= dora[j] (the magnitude over the norm of the
  * adapted row, fixed once the adapter is loaded). a NULL: the projection is left alone. */
 typedef struct op_lora {

@@ -45,7 +45,7 @@ static double ref_update(const test_adapter *t, op_proj p, const float *x, int j
     for (int q = 0; q < l->rank; q++) {
         double u = 0;
         for (int i = 0; i < K; i++) u += (double)l->a[q * K + i] * x[i];
-        acc += (double)l->b[j * l->rank + q] * u;
+        acc += (double)l->b[q * N + j] * u; /* B transposed: [rank, n] */
     }
     return l->scale * acc;
 }

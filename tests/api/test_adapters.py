@@ -131,6 +131,23 @@ def test_adapter_endpoints(adapters, tmp_path):
         assert st == 404  # no adapter of that name now: an unknown model
 
 
+def test_prefix_cache_is_namespaced_by_adapter(adapters):
+    """The same long prompt under another adapter (or none) reuses nothing; under the same
+    adapter set it reuses the cached prefix."""
+    with server(TINY, "--adapter", f"a={adapters['a']}", "--adapter", f"b={adapters['b']}", env=SCALAR) as base:
+        msgs = [{"role": "system", "content": "river stone lantern " * 40}, {"role": "user", "content": "hi"}]
+
+        def cached(adapter):
+            st, out = call(base, "POST", "/v1/chat/completions",
+                           {"messages": msgs, "max_tokens": 1, "temperature": 0, "adapter": adapter})
+            assert st == 200, out
+            return out["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+        assert cached("a") == 0
+        assert cached("none") == 0 and cached("b") == 0 and cached("a+b") == 0
+        assert cached("a") > 100 and cached("none") > 100 and cached("a+b") > 100
+
+
 def test_openai_sdk_sends_adapter(adapters):
     from openai import OpenAI
     with server(TINY, "--adapter", f"a={adapters['a']}", env=SCALAR) as base:

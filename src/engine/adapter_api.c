@@ -60,12 +60,11 @@ hearth_status hearth_adapter_probe(hearth_engine *e, const char *path, hearth_er
 char *hearth_adapters_json(hearth_engine *e) { return adapter_registry_json(engine_adapters(e)); }
 
 hearth_status hearth_seq_set_adapter(hearth_engine *e, int seq, const char *spec, hearth_error *err) {
-    if (seq < 0 || seq >= engine_max_sequences(e) || engine_seq_length(e, seq) != 0)
-        return err_set(err, HEARTH_ERR_INVALID, "sequence %d: adapters are set on an open, empty sequence", seq);
     adapter_set *s;
     hearth_status st = adapter_registry_resolve(engine_adapters(e), spec, &s, err);
     if (st) return st;
-    engine_seq_use_adapters(e, seq, s);
+    if (engine_seq_use_adapters(e, seq, s))
+        st = err_set(err, HEARTH_ERR_INVALID, "sequence %d: adapters are set on an open, empty sequence", seq);
     adapter_set_release(engine_adapters(e), s);
-    return HEARTH_OK;
+    return st;
 }

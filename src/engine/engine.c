@@ -432,12 +432,14 @@ void hearth_seq_close(hearth_engine *e, int seq) {
     e->slot_adapters[seq] = NULL;
 }
 
-void engine_seq_use_adapters(hearth_engine *e, int seq, adapter_set *set) {
-    if (seq < 0 || seq >= e->max_seqs || !e->seq_open[seq]) return;
+hearth_status engine_seq_use_adapters(hearth_engine *e, int seq, adapter_set *set) {
+    if (seq < 0 || seq >= e->max_seqs || !e->seq_open[seq] || e->kv.n_tokens[seq] != 0)
+        return HEARTH_ERR_INVALID; /* adapters apply to a sequence's whole KV: set before its first token */
     adapter_set_retain(&e->adapters, set);
     adapter_set_release(&e->adapters, e->slot_adapters[seq]);
     e->slot_adapters[seq] = set;
     kv_prefix_slot_namespace(&e->kv, seq, set ? set->ns : 0);
+    return HEARTH_OK;
 }
 
 adapter_registry *engine_adapters(hearth_engine *e) { return &e->adapters; }

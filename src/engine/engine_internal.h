@@ -83,9 +83,10 @@ double gen_now_seconds(void);
 struct adapter_set;
 struct adapter_registry;
 struct model;
-/* Seq computes with the adapters of set from now on (NULL: the base alone), holding its own
- * reference until the slot closes; an empty slot's prefix cache namespace follows. */
-void engine_seq_use_adapters(hearth_engine *e, int seq, struct adapter_set *set);
+/* Seq (open, nothing appended yet) computes with the adapters of set (NULL: the base
+ * alone), holding its own reference until the slot closes; its prefix cache namespace
+ * follows. HEARTH_ERR_INVALID for a closed or non-empty sequence. */
+hearth_status engine_seq_use_adapters(hearth_engine *e, int seq, struct adapter_set *set);
 struct adapter_registry *engine_adapters(hearth_engine *e);
 const struct model *engine_weights(const hearth_engine *e);
 

@@ -8,9 +8,9 @@ adapter at start ends the server with the file and the mismatch named.
 Adapters are made at test time by mlx-lm's own tuner (tests/parity/lora_helpers.py).
 """
 import http.client
+import importlib.util
 import json
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,8 +20,17 @@ import pytest
 
 from conftest import BIN, CACHE, need, server, upstream_server
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "parity"))
-from lora_helpers import make_mlx_adapter  # noqa: E402
+def _lora_helpers():
+    """tests/parity/lora_helpers.py, loaded by path (the two suites run as separate pytest
+    sessions, each with its own conftest on the path)."""
+    spec = importlib.util.spec_from_file_location(
+        "lora_helpers", Path(__file__).resolve().parent.parent / "parity" / "lora_helpers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+make_mlx_adapter = _lora_helpers().make_mlx_adapter
 
 TINY = CACHE / "tiny" / "llama-f32"
 SCALAR = {"HEARTH_CPU": "scalar"}

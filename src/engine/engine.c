@@ -174,7 +174,8 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                                                                     p->n_threads);
     p->buffers = sizeof(hearth_engine) + 3 * T * sizeof(int32_t) + (size_t)p->append_rows * sizeof(int32_t) +
                  (size_t)p->max_out * c->vocab * sizeof(float) + (size_t)p->max_seqs * sizeof(sampler) +
-                 (size_t)p->max_seqs * p->context * sizeof(int32_t) + (size_t)p->max_seqs;
+                 (size_t)p->max_seqs * p->context * sizeof(int32_t) + (size_t)p->max_seqs +
+                 ((size_t)p->max_seqs + T) * sizeof(void *); /* each slot's and each step row's adapter set */
     p->sampler = sampler_bytes(c->vocab) * (size_t)(1 + p->max_seqs); /* the engine's + one per slot */
     return HEARTH_OK;
 }

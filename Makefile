@@ -77,7 +77,8 @@ $(BUILD)/obj/%.o: %.c
 # Q4_1 trace: 3.3 -> 2.2 s). Without -ffast-math gcc may not reorder or contract any
 # float operation, so the results are the same bits. Not in the sanitizer build: OPT
 # given on the command line wins over this.
-$(BUILD)/obj/src/io/ggml_quant.o $(BUILD)/obj/src/backend/cpu/kernels_ref.o: OPT := -O3
+# ops.o: op_lora_apply's loops (LoRA adapters) are vectorized only at -O3.
+$(BUILD)/obj/src/io/ggml_quant.o $(BUILD)/obj/src/backend/cpu/kernels_ref.o $(BUILD)/obj/src/ops/ops.o: OPT := -O3
 
 # The chat page is pulled into web_assets.o by .incbin, which -MMD cannot see.
 $(BUILD)/obj/src/server/web_assets.o build/fuzz/obj/src/server/web_assets.o: $(wildcard web/*)

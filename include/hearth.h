@@ -322,6 +322,9 @@ typedef struct hearth_generate_params {
     const int32_t *const *stop_token_seqs;
     const size_t *stop_token_lens;
     size_t n_stop_token_seqs;
+    /* LoRA adapters (hearth_adapter_mount): "id", several summed ("a+b"), or "none" (the
+     * base alone); NULL: the engine's default adapter (hearth_adapter_set_default), if any. */
+    const char *adapter;
 } hearth_generate_params;
 
 /* Called for each token with the text that became final (may be "", never a broken
@@ -370,6 +373,42 @@ hearth_status hearth_seq_save(hearth_engine *e, int seq, const char *path, heart
  * (0 when nothing matched; the file was still checked). */
 hearth_status hearth_seq_load(hearth_engine *e, int seq, const char *path, const int32_t *prompt, size_t n_prompt,
                               size_t *n_loaded, hearth_error *err);
+
+/* ---- LoRA adapters -------------------------------------------------------
+ * An engine holds any number of mounted adapters; each request picks its own
+ * (hearth_generate_params.adapter), and one step mixes rows of different adapters and of
+ * none (a row without one computes exactly as the base). Adapter folders: MLX
+ * (adapters.safetensors + adapter_config.json as mlx_lm.lora writes) or PEFT
+ * (adapter_model.safetensors + adapter_config.json), LoRA or DoRA, on the attention and MLP
+ * projections. CPU engines only for now. All of these may be called from any thread. */
+
+/* Reads the adapter folder at path and mounts it under id (letters, digits, '-', '_', '.').
+ * All or nothing: a mismatch with the model (rank, target modules, layers, base shapes)
+ * fails naming it (HEARTH_ERR_INVALID / UNSUPPORTED / FORMAT / IO) and mounts nothing. */
+hearth_status hearth_adapter_mount(hearth_engine *e, const char *id, const char *path, hearth_error *err);
+/* Unmounts id (HEARTH_ERR_NOT_FOUND if absent); requests already using it finish with it. */
+hearth_status hearth_adapter_unmount(hearth_engine *e, const char *id, hearth_error *err);
+/* The adapter of requests whose adapter is NULL (id NULL: none, the base). */
+hearth_status hearth_adapter_set_default(hearth_engine *e, const char *id, hearth_error *err);
+/* Whether an adapter spec ("id", "a+b", "none", NULL) names mounted adapters (NOT_FOUND if not). */
+hearth_status hearth_adapter_check(hearth_engine *e, const char *spec, hearth_error *err);
+/* Whether the folder at path holds an adapter this engine's model could mount (loads it and
+ * lets it go). */
+hearth_status hearth_adapter_probe(hearth_engine *e, const char *path, hearth_error *err);
+/* The adapters an open low-level sequence (hearth_seq_open) computes with from now on: a
+ * spec as hearth_generate_params.adapter (NULL: the default adapter). Before its first
+ * append, so its whole KV is computed with them. */
+hearth_status hearth_seq_set_adapter(hearth_engine *e, int seq, const char *spec, hearth_error *err);
+/* The mounted adapters as a JSON array of {id, path, format ("mlx"|"peft"), type
+ * ("lora"|"dora"), rank, scale, size_bytes, layers, modules, default} (free with hearth_free). */
+char *hearth_adapters_json(hearth_engine *e);
+
+/* Folds the LoRA adapter in folder adapter_path into model (a safetensors folder, float or
+ * MLX-quantized) and writes the result as a new folder save_path, as mlx_lm.fuse does: each
+ * adapted projection W + scale * B A in W's dtype; a quantized weight is dequantized, summed
+ * and quantized again with its own bits and group size. Every other file and tensor is
+ * copied. DoRA adapters and GGUF bases are refused (HEARTH_ERR_UNSUPPORTED). */
+hearth_status hearth_fuse(const char *model, const char *adapter_path, const char *save_path, hearth_error *err);
 
 /* ---- continuous batching ---------------------------------------------------
  * A batch runs many requests on one engine, one step at a time: each step packs the

@@ -12,7 +12,8 @@
 static const char *gen_usage =
     "hearth generate <model> \"prompt\" [--max-tokens N] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--repetition-penalty R] [--seed S] [--system TEXT] [--no-chat-template] [--stop STR]...\n"
-    "       [--prompt-cache-file FILE] [--threads N] [--ctx N] [--mmap] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler] [--verbose] [--report-memory]";
+    "       [--prompt-cache-file FILE] [--threads N] [--ctx N] [--mmap] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler] [--verbose] [--report-memory]\n"
+    "       [--adapter-path DIR]";
 
 static int on_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
     (void)user; (void)id; (void)lp;
@@ -68,7 +69,7 @@ static hearth_status generate_cached(hearth_engine *e, const int32_t *ids, size_
 }
 
 int cli_generate(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *system = NULL, *cache_file = NULL;
+    const char *model = NULL, *prompt = NULL, *system = NULL, *cache_file = NULL, *adapter_path = NULL;
     const char *stops[16];
     int use_template = 1, verbose = 0;
     hearth_engine_options eo = {0};
@@ -93,6 +94,7 @@ int cli_generate(int argc, char **argv) {
         else if (!strcmp(a, "--seed") && has) seed = atoll(argv[++i]);
         else if (!strcmp(a, "--system") && has) system = argv[++i];
         else if (!strcmp(a, "--prompt-cache-file") && has) cache_file = argv[++i];
+        else if (!strcmp(a, "--adapter-path") && has) adapter_path = argv[++i];
         else if (!strcmp(a, "--stop") && has && gp.n_stop < 16) stops[gp.n_stop++] = argv[++i];
         else if (!strcmp(a, "--no-chat-template")) use_template = 0;
         else if (!strcmp(a, "--verbose")) verbose = 1;
@@ -121,6 +123,7 @@ int cli_generate(int argc, char **argv) {
     hearth_error err = {0};
     int rc = build_prompt(m, prompt, system, use_template, &ids, &n);
     if (!rc && hearth_engine_create(m, &eo, &e, &err)) rc = cli_fail(&err);
+    if (!rc && adapter_path) rc = cli_mount_adapter(e, adapter_path, 1);
     hearth_generate_result r;
     if (!rc && generate_cached(e, ids, n, &gp, cache_file, &r, &err)) rc = cli_fail(&err);
     if (!rc) {

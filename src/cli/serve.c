@@ -2,6 +2,7 @@
  * ones hearth cannot honour yet are accepted with a warning), hearth's own
  * limits and API key, then the model, the engine, and the HTTP server until
  * SIGINT/SIGTERM. All request handling lives in src/server/. */
+#define _GNU_SOURCE
 #include "cli/cli.h"
 #include "server/server.h"
 #include <errno.h>
@@ -37,7 +38,8 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "free memory)\n"
                                  "             [--open|--no-open (the chat page in a browser)] [--embedding-model M]\n"
                                  "             [--memory-log [--memory-vault PATH] (log chats into the memory vault)]\n"
-                                 "  accepted but not supported yet (a warning says so): --adapter-path "
+                                 "             [--adapter-path DIR] [--adapter id=DIR]... (LoRA adapters)\n"
+                                 "  accepted but not supported yet (a warning says so): "
                                  "--draft-model --num-draft-tokens\n"
                                  "  --trust-remote-code --use-default-chat-template --decode-concurrency "
                                  "--prompt-concurrency\n"
@@ -112,7 +114,6 @@ static int parse_log_level(const char *s, srv_log_level *out) {
 static const struct {
     const char *flag, *why;
 } unsupported_valued[] = {
-    {"--adapter-path", NOT_YET},
     {"--draft-model", NOT_YET},
     {"--num-draft-tokens", NOT_YET},
     {"--decode-concurrency", NOT_YET},
@@ -133,7 +134,23 @@ typedef struct serve_opts {
     int memory_log;              /* --memory-log: chats are logged into the memory vault */
     const char *memory_vault;    /* --memory-vault: that vault (default: hearth memory's) */
     int prompt_cache_bytes_set;
+    char *adapters[64];          /* --adapter / --adapter-path as "id=path" */
+    char adapter_default[256];   /* --adapter-path's id, or a bare --adapter DIR's */
 } serve_opts;
+
+/* --adapter-path DIR (the default adapter, mlx_lm.server's flag), --adapter DIR (the same),
+ * --adapter id=DIR (mounted, requests name it): kept as "id=path". */
+static int add_adapter(serve_opts *o, const char *v, int make_default) {
+    size_t n = o->cfg.n_adapters;
+    char id[256];
+    const char *path = cli_adapter_id(v, id, sizeof id);
+    if (n == sizeof o->adapters / sizeof *o->adapters)
+        return cli_usage_error(serve_usage, "too many adapters (at most 64 at start): '%s'", v);
+    if (asprintf(&o->adapters[n], "%s=%s", id, path) < 0) return 1;
+    if (make_default || !strchr(v, '=')) snprintf(o->adapter_default, sizeof o->adapter_default, "%s", id);
+    o->cfg.n_adapters = n + 1;
+    return 0;
+}
 
 /* Splits --name=value so both argparse spellings work; returns the value or
  * NULL. */
@@ -178,6 +195,9 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             o->memory_log = 1;
         else if (VAL("--memory-vault"))
             o->memory_vault = v;
+        else if (VAL("--adapter-path") || VAL("--adapter")) {
+            if (add_adapter(o, v, !strncmp(a, "--adapter-path", 14))) return 1;
+        }
         else if (VAL("--host"))
             c->host = v;
         else if (VAL("--port")) {
@@ -278,6 +298,8 @@ int cli_serve(int argc, char **argv) {
     if (o.prompt_cache_bytes_set && !c->prompt_cache_dir)
         fprintf(stderr, "hearth serve: warning: --prompt-cache-bytes bounds the --prompt-cache-dir folder and is "
                         "ignored without it (the in-memory prefix cache is the KV pool: --kv-blocks, --kv-budget)\n");
+    c->adapters = (const char *const *)o.adapters;
+    if (o.adapter_default[0]) c->default_adapter = o.adapter_default;
     if (!c->origins && parse_origins("*", c)) return 1;
     json_t *targs = NULL;
     if (o.template_args) {
@@ -323,5 +345,6 @@ int cli_serve(int argc, char **argv) {
     json_decref(targs);
     for (size_t i = 0; i < c->n_origins; i++) free(c->origins[i]);
     free(c->origins);
+    for (size_t i = 0; i < c->n_adapters; i++) free(o.adapters[i]);
     return 0;
 }

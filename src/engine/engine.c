@@ -26,6 +26,7 @@
 #include "engine/engine_plan.h"
 #include "kv/kv_prefix.h"
 #include "engine/engine_device.h"
+#include "engine/adapter.h"
 
 struct hearth_engine {
     hearth_model *hm;
@@ -49,6 +50,9 @@ struct hearth_engine {
     sampler *slot_smp;                                    /* [max_seqs], for the scheduler */
     int32_t *history;                                     /* [max_seqs, context] */
     uint8_t *seq_open;
+    adapter_registry adapters;             /* mounted LoRA adapters (adapter.h) */
+    adapter_set **slot_adapters;           /* [max_seqs]: the set each open slot computes with */
+    const op_adapter_set **step_adapters;  /* [step_tokens]: a step's rows' sets */
     sampler smp;
     int32_t eos[ENGINE_MAX_EOS];
     int n_eos;
@@ -170,7 +174,8 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                                                                     p->n_threads);
     p->buffers = sizeof(hearth_engine) + 3 * T * sizeof(int32_t) + (size_t)p->append_rows * sizeof(int32_t) +
                  (size_t)p->max_out * c->vocab * sizeof(float) + (size_t)p->max_seqs * sizeof(sampler) +
-                 (size_t)p->max_seqs * p->context * sizeof(int32_t) + (size_t)p->max_seqs;
+                 (size_t)p->max_seqs * p->context * sizeof(int32_t) + (size_t)p->max_seqs +
+                 ((size_t)p->max_seqs + T) * sizeof(void *); /* each slot's and each step row's adapter set */
     p->sampler = sampler_bytes(c->vocab) * (size_t)(1 + p->max_seqs); /* the engine's + one per slot */
     return HEARTH_OK;
 }
@@ -290,6 +295,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     hearth_engine *e = calloc(1, sizeof *e);
     if (!e) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     e->hm = hm;
+    adapter_registry_init(&e->adapters);
     /* the default KV pool's rooms, read before the weights take their share (as fit reads them) */
     size_t host_room = 0, dev_room = 0;
     engine_gpu_info gi;
@@ -355,8 +361,10 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
         e->logits = malloc(logits);
         e->history = malloc(history);
         e->seq_open = calloc((size_t)e->max_seqs, 1);
+        e->slot_adapters = calloc((size_t)e->max_seqs, sizeof *e->slot_adapters);
+        e->step_adapters = calloc(T, sizeof *e->step_adapters);
         if (!e->step_tok || !e->step_pos || !e->step_slot || !e->out_rows || !e->logits || !e->history ||
-            !e->seq_open)
+            !e->seq_open || !e->slot_adapters || !e->step_adapters)
             st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
         else { /* touch now: resident from the start, so the footprint fit predicts is the real one */
             memset(e->logits, 0, logits);
@@ -394,6 +402,10 @@ void hearth_engine_free(hearth_engine *e) {
     free(e->logits);
     free(e->history);
     free(e->seq_open);
+    for (int i = 0; e->slot_adapters && i < e->max_seqs; i++) adapter_set_release(&e->adapters, e->slot_adapters[i]);
+    free(e->slot_adapters);
+    free(e->step_adapters);
+    adapter_registry_free(&e->adapters);
     free(e);
 }
 
@@ -425,11 +437,36 @@ void hearth_seq_close(hearth_engine *e, int seq) {
     if (seq < 0 || seq >= e->max_seqs || !e->seq_open[seq]) return;
     kv_release(&e->kv, seq);
     e->seq_open[seq] = 0;
+    adapter_set_release(&e->adapters, e->slot_adapters[seq]);
+    e->slot_adapters[seq] = NULL;
 }
+
+hearth_status engine_seq_use_adapters(hearth_engine *e, int seq, adapter_set *set) {
+    if (seq < 0 || seq >= e->max_seqs || !e->seq_open[seq] || e->kv.n_tokens[seq] != 0)
+        return HEARTH_ERR_INVALID; /* adapters apply to a sequence's whole KV: set before its first token */
+    adapter_set_retain(&e->adapters, set);
+    adapter_set_release(&e->adapters, e->slot_adapters[seq]);
+    e->slot_adapters[seq] = set;
+    kv_prefix_slot_namespace(&e->kv, seq, set ? set->ns : 0);
+    return HEARTH_OK;
+}
+
+adapter_registry *engine_adapters(hearth_engine *e) { return &e->adapters; }
+const model *engine_weights(const hearth_engine *e) { return e->m; }
 
 /* One step on whichever backend holds the model: on the GPU, rows sampled there (dev_rows)
  * or greedy ids chosen there (greedy_id) when the step asks, else logits to the host. */
-static hearth_status engine_model_forward(hearth_engine *e, const op_batch *b, hearth_error *err) {
+static hearth_status engine_model_forward(hearth_engine *e, const op_batch *batch, hearth_error *err) {
+    op_batch with = *batch, *b = &with; /* each row's adapters: its slot's */
+    int adapted = 0;
+    for (int t = 0; t < b->T; t++) {
+        adapter_set *s = e->slot_adapters[b->slot[t]];
+        e->step_adapters[t] = s ? &s->ops : NULL;
+        adapted |= s != NULL;
+    }
+    if (adapted && e->gpu)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "LoRA adapters run on the CPU backend only (--device cpu)");
+    with.row_adapters = adapted ? e->step_adapters : NULL;
     if (e->gpu && e->dev_rows && b->n_out >= 1) { /* each row's history: its slot's tokens up to its position */
         for (int i = 0; i < b->n_out; i++) {
             int t = b->out_rows[i];

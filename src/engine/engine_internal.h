@@ -97,6 +97,16 @@ int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p);
 
 double gen_now_seconds(void);
 
+struct adapter_set;
+struct adapter_registry;
+struct model;
+/* Seq (open, nothing appended yet) computes with the adapters of set (NULL: the base
+ * alone), holding its own reference until the slot closes; its prefix cache namespace
+ * follows. HEARTH_ERR_INVALID for a closed or non-empty sequence. */
+hearth_status engine_seq_use_adapters(hearth_engine *e, int seq, struct adapter_set *set);
+struct adapter_registry *engine_adapters(hearth_engine *e);
+const struct model *engine_weights(const hearth_engine *e);
+
 /* Pending output text, held back while its end could still begin a stop string. */
 typedef struct stop_filter {
     sbuf pending;
@@ -119,6 +129,7 @@ typedef struct gen_stream {
     hearth_logprobs lp;
     int trim;
     size_t n_prompt;
+    struct adapter_set *adapters; /* the request's adapters (NULL: the base), released by gen_stream_free */
 } gen_stream;
 
 /* Validates the request (prompt, max_tokens, context) and zeroes *res. */

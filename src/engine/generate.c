@@ -7,6 +7,7 @@
 #include "base/err.h"
 #include "base/sbuf.h"
 #include "engine/engine_internal.h"
+#include "engine/adapter.h"
 #include "engine/engine_device.h"
 #include <stdlib.h>
 #include <string.h>
@@ -176,10 +177,13 @@ hearth_status gen_stream_init(gen_stream *g, hearth_engine *e, size_t n_prompt, 
     g->lp.n = p->sampling.top_logprobs;
     g->trim = p->trim_leading_space;
     res->prompt_tokens = n_prompt;
-    return HEARTH_OK;
+    hearth_status st = adapter_registry_resolve(engine_adapters(e), p->adapter, &g->adapters, err);
+    if (st) gen_stream_free(g);
+    return st;
 }
 
 void gen_stream_free(gen_stream *g) {
+    if (g->e) adapter_set_release(engine_adapters(g->e), g->adapters);
     hearth_detok_stream_free(g->ds);
     sbuf_free(&g->f.pending);
     free(g->f.prefix);
@@ -293,6 +297,7 @@ hearth_status hearth_generate_seq(hearth_engine *e, int seq, const int32_t *prom
     hearth_status st = gen_stream_init(&g, e, n_prompt, p, on_token, user, res, err);
     if (st) return st;
     res->cached_tokens = have;
+    engine_seq_use_adapters(e, seq, g.adapters);
     if (p->sampling.has_seed) sampler_seed(engine_sampler(e), p->sampling.seed);
     float *logits = engine_logits_buffer(e);
     /* plain greedy on the GPU: after the first token only the chosen id leaves the device;

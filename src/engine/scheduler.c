@@ -15,6 +15,7 @@
 #include "base/err.h"
 #include "engine/engine_internal.h"
 #include "kv/kv_prefix.h"
+#include "engine/adapter.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -257,6 +258,12 @@ static void drop_cancelled(hearth_batch *b) {
     }
 }
 
+/* Whether two requests compute with the same adapters (their KV can be shared). */
+static int sched_same_adapters(const sched_req *a, const sched_req *b) {
+    uint64_t na = a->g.adapters ? a->g.adapters->ns : 0, nb = b->g.adapters ? b->g.adapters->ns : 0;
+    return na == nb;
+}
+
 static const int32_t *fill_tokens(const sched_req *q) { return q->resume ? q->resume : q->r.prompt; }
 
 /* Whether waiting request q should wait for a running request that is computing at
@@ -269,7 +276,7 @@ static const int32_t *fill_tokens(const sched_req *q) { return q->resume ? q->re
 static int waits_for_shared_prefix(const hearth_batch *b, const sched_req *q) {
     for (int i = 0; i < b->n_run; i++) {
         const sched_req *l = b->run[i];
-        if (l->decoding || l->prefilled >= l->n_fill) continue;
+        if (l->decoding || l->prefilled >= l->n_fill || !sched_same_adapters(l, q)) continue;
         size_t common = sched_shared_tokens(fill_tokens(q), q->n_fill, fill_tokens(l), l->n_fill);
         size_t full = common / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
         /* the leader's block holding the last shared token, once it is full and committed */
@@ -315,6 +322,7 @@ static void admit(hearth_batch *b) {
         hearth_status st = hearth_seq_open(b->e, &q->seq, &err);
         int reused = 0;
         if (!st) {
+            engine_seq_use_adapters(b->e, q->seq, q->g.adapters); /* its prefix cache namespace too */
             /* the cached blocks of its prefix first: they need no new blocks (and no longer
              * count as available once held) */
             reused = kv_prefix_attach(kv, q->seq, fill_tokens(q), (int)q->n_fill);

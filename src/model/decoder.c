@@ -17,7 +17,7 @@ op_attn decoder_attn(const model *m, int i) {
 
 op_mlp decoder_mlp(const model *m, int i, op_act act) {
     const layer_weights *l = &m->layers[i];
-    return (op_mlp){.gate = &l->gate, .up = &l->up, .down = &l->down, .act = act};
+    return (op_mlp){.gate = &l->gate, .up = &l->up, .down = &l->down, .act = act, .layer = i};
 }
 
 op_moe decoder_moe(const model *m, int i) {

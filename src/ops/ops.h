@@ -43,6 +43,39 @@ typedef struct op_model {
     const int *layer_window;
 } op_model;
 
+/* The projections of a layer a LoRA adapter may update. */
+typedef enum op_proj {
+    OP_PROJ_Q, OP_PROJ_K, OP_PROJ_V, OP_PROJ_O, OP_PROJ_GATE, OP_PROJ_UP, OP_PROJ_DOWN, OP_N_PROJ
+} op_proj;
+
+/* One adapter's low-rank update of one projection (LoRA): y += scale * B (A x), with A
+ * [rank, k] and B transposed, [rank, n], in float32 (outputs in the base weight's own row
+ * order). DoRA also
+ * rescales each output before the bias: y[j] *= dora[j] (the magnitude over the norm of the
+ * adapted row, fixed once the adapter is loaded). a NULL: the projection is left alone. */
+typedef struct op_lora {
+    const float *a, *b;
+    const float *dora; /* NULL: plain LoRA */
+    int rank;
+    float scale;
+} op_lora;
+
+/* An adapter as the ops see it: its update of every projection, [n_layers * OP_N_PROJ]
+ * (layer i, projection p at i * OP_N_PROJ + p). */
+typedef struct op_adapter {
+    const op_lora *proj;
+} op_adapter;
+
+/* The adapters one token's row applies, their updates summed ("a+b"; a DoRA adapter is
+ * always alone: its rescaling is its own). */
+typedef struct op_adapter_set {
+    int n;
+    const op_adapter *const *a;
+} op_adapter_set;
+
+/* The widest adapter rank the ops take (op_lora_apply keeps A x on its stack). */
+#define OP_LORA_MAX_RANK 1024
+
 /* One step over a ragged batch of T tokens: tokens[t] of sequence slot[t] at position
  * pos[t]; logits for the n_out rows listed in out_rows (into logits [n_out, vocab] when
  * the step's output goes to the host). batch_invariant: deterministic mode, every row
@@ -54,6 +87,8 @@ typedef struct op_batch {
     const int32_t *out_rows;
     float *logits;
     int batch_invariant;
+    /* [T]: each token's adapters (NULL entry: the base alone); NULL: no token has any */
+    const op_adapter_set *const *row_adapters;
 } op_batch;
 
 /* The activation buffers ops name, [T, hidden] each, owned by the backend: the residual
@@ -80,6 +115,7 @@ typedef struct op_attn {
 typedef struct op_mlp {
     const op_weight *gate, *up, *down;
     op_act act;
+    int layer; /* which layer (its adapters' updates) */
 } op_mlp;
 
 /* A mixture-of-experts MLP (Qwen3-MoE, mlx-lm SwitchGLU): router logits = router · x,
@@ -182,6 +218,21 @@ static inline hearth_status op_attention(const op_step *s, int layer, const op_a
 }
 static inline hearth_status op_mlp_run(const op_step *s, const op_mlp *m) { return s->t->mlp(s, m); }
 static inline hearth_status op_moe_run(const op_step *s, const op_moe *m) { return s->t->moe(s, m); }
+
+/* y[t] += every adapter update of projection p of layer `layer` for each token t of the
+ * step whose row has adapters (x [T, k] the projection's input, y [T, n] its output before
+ * any bias); DoRA rows are then rescaled. Rows without adapters are not touched, so they
+ * stay bit-identical to the base. Scalar, on the host, rows spread over tp; a backend calls
+ * it right after the projection's matmul. */
+void op_lora_apply(const op_batch *b, int layer, op_proj p, const float *x, int64_t k, float *y, int64_t n,
+                   threadpool *tp);
+/* Whether any token of the step has adapters. */
+static inline int op_batch_has_adapters(const op_batch *b) {
+    if (!b->row_adapters) return 0;
+    for (int t = 0; t < b->T; t++)
+        if (b->row_adapters[t]) return 1;
+    return 0;
+}
 
 /* Expert e's rows of a stacked expert weight (op_moe): a view, no copy. */
 op_weight op_weight_rows(const op_weight *w, int64_t row0, int64_t rows);

@@ -3,6 +3,7 @@
  * or an SSE stream through the reasoning/tool text state machine), and the
  * body of /v1/models.
  * Runs on HTTP threads; never calls the engine directly (queue.c owns it). */
+#include "server/adapters.h"
 #include "server/embeddings.h"
 #include "server/generation.h"
 #include "server/sse_events.h"
@@ -247,6 +248,17 @@ char *srv_models_body(const srv_server *s, const char *filter) {
         json_object_set_new(m, "created", json_integer((json_int_t)time(NULL)));
         json_array_append_new(data, m);
     }
+    /* mounted adapters: a request's "model" may name one (what gateway routers send) */
+    json_t *ads = srv_adapters_list(s), *a;
+    size_t i;
+    json_array_foreach(ads, i, a) {
+        const char *id = json_string_value(json_object_get(a, "id"));
+        if (!id || (filter && strcmp(filter, id))) continue;
+        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", id, "object", "model", "created",
+                                              (json_int_t)time(NULL), "owned_by", "adapter", "parent",
+                                              hearth_model_path(s->model)));
+    }
+    json_decref(ads);
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("list"));
     json_object_set_new(o, "data", data);

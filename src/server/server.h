@@ -53,6 +53,8 @@ typedef struct srv_defaults {
 typedef struct srv_request {
     srv_kind kind;
     char *model; /* echoed back verbatim; "default_model" when absent */
+    char *adapter;  /* "adapter": "id", "a+b" or "none"; NULL when absent */
+    char *adapters; /* mlx_lm.server's "adapters" (an adapter path); NULL when absent */
     int max_tokens;
     float temperature, top_p, min_p;
     int top_k;
@@ -189,6 +191,9 @@ typedef struct srv_config {
     srv_log_level log_level;
     const char *model_arg; /* --model as given (NULL: the default model) */
     srv_defaults defaults;
+    const char *const *adapters; /* --adapter id=path / --adapter-path: mounted at start */
+    size_t n_adapters;
+    const char *default_adapter; /* the id requests naming none use (NULL: the base) */
     unsigned responses_ttl_s;   /* --responses-ttl: how long stored responses live */
     size_t responses_max_bytes; /* --responses-max-bytes: the store's cap */
     hearth_memory *memory_log;  /* --memory-log: chat completions are logged into this vault

@@ -29,6 +29,7 @@ Allowed differences, each with its reason (everything else must match):
 import http.client
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -593,11 +594,18 @@ def mlx_server_flags():
     return [f for f in re.findall(r"\[(--[a-z0-9-]+)", usage) if f != "--help"]
 
 
-def test_every_mlx_lm_flag_is_accepted():
+def test_every_mlx_lm_flag_is_accepted(tmp_path):
     """Parses upstream's --help: hearth serve must start with every flag it lists; --kv-bits 8
-    is hearth's int8 KV (same pool size in blocks as --kv-quant int8 for one byte budget)."""
+    is hearth's int8 KV (same pool size in blocks as --kv-quant int8 for one byte budget).
+    --adapter-path is honoured, so it gets a real adapter (made by mlx-lm's tuner)."""
+    import importlib.util
     from conftest import server
     need(MODEL, "tiny model", "run tools/make_tiny_models.py")
+    spec = importlib.util.spec_from_file_location(
+        "lora_helpers", Path(__file__).resolve().parent.parent / "parity" / "lora_helpers.py")
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+    values = dict(MLX_FLAG_VALUES, **{"--adapter-path": str(helpers.make_mlx_adapter(MODEL, tmp_path / "ad"))})
     flags = mlx_server_flags()
     assert "--kv-bits" in flags and len(flags) >= 20, flags
     missing = [f for f in flags if f not in MLX_FLAG_VALUES]
@@ -606,7 +614,7 @@ def test_every_mlx_lm_flag_is_accepted():
     for f in flags:
         if f in ("--model", "--port"):
             continue
-        argv += [f] if MLX_FLAG_VALUES[f] is None else [f"{f}={MLX_FLAG_VALUES[f]}"]
+        argv += [f] if values[f] is None else [f"{f}={values[f]}"]
     blocks = {}
     for name, extra in (("mlx", argv), ("int8", ["--kv-quant", "int8"]), ("float", [])):
         with server(MODEL, "--kv-budget", "2M", *extra) as base:

@@ -139,12 +139,13 @@ def test_kv_pool_matches_config(hearth_bin, name):
         assert q8["kv_quant"] == "int8" and fit["kv_quant"] == "none"
         q8_tensors = 2 * cfg["num_hidden_layers"] * blocks * KV_BLOCK * kv_heads * (head_dim + 4)
         assert fit["kv_pool_bytes"] - q8["kv_pool_bytes"] == tensors - q8_tensors
-        # prefix-cache metadata (src/engine/kv_prefix.c): per block 56 bytes of hash, partial-match
-        # key, generations, parent, refcount, list links and valid count plus its 16 token ids; two
-        # power-of-two bucket arrays of int32 (chain names, partial matches) with at least one
-        # bucket per block each; 24 bytes of chain state per slot; 56 fixed
+        # prefix-cache metadata (src/kv/kv_prefix.c): per block 64 bytes of hash, partial-match
+        # key, namespace (the adapter set), generations, parent, refcount, list links and valid
+        # count plus its 16 token ids; two power-of-two bucket arrays of int32 (chain names,
+        # partial matches) with at least one bucket per block each; 32 bytes of chain state
+        # (with its namespace) per slot; 56 fixed
         buckets = 1 << max(0, (blocks - 1).bit_length())
-        prefix = blocks * (56 + 4 * KV_BLOCK) + 2 * 4 * buckets + 24 * batch + 56
+        prefix = blocks * (64 + 4 * KV_BLOCK) + 2 * 4 * buckets + 32 * batch + 56
         assert fit["kv_pool_bytes"] == tensors + tables + prefix
         assert fit["max_sequences"] == batch
         assert fit["kv_blocks"] == blocks and fit["kv_blocks_cut_from"] == 0

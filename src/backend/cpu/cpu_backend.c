@@ -128,6 +128,8 @@ static hearth_status cpu_qkv_rope_store(const op_step *s, int layer, const op_at
     float *const qkv_out[] = {c->q, c->k, c->v};
     hearth_status st = matmul_fused(s, 3, qkv, qkv_out, c->xn);
     if (st) return st;
+    for (int p = 0; p < 3; p++) /* adapters update the projections before their biases */
+        op_lora_apply(s->b, layer, OP_PROJ_Q + p, c->xn, d->hidden, qkv_out[p], p ? kd : qd, c->tp);
     add_bias(c->q, a->q_bias, T, qd);
     add_bias(c->k, a->k_bias, T, kd);
     add_bias(c->v, a->v_bias, T, kd);
@@ -151,7 +153,9 @@ static hearth_status cpu_attention(const op_step *s, int layer, const op_attn *a
                                .pos = s->b->pos, .slot = s->b->slot, .window = a->window, .scale = a->scale,
                                .scratch = c->attn};
     ops_attention(&args, c->tp);
-    return matmul(s, a->o, c->att, s->b->T, c->tmp);
+    hearth_status st = matmul(s, a->o, c->att, s->b->T, c->tmp);
+    if (!st) op_lora_apply(s->b, layer, OP_PROJ_O, c->att, (int64_t)d->n_heads * d->head_dim, c->tmp, d->hidden, c->tp);
+    return st;
 }
 
 static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
@@ -160,10 +164,15 @@ static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
     float *const gate_up_out[] = {c->gate, c->up};
     hearth_status st = matmul_fused(s, 2, gate_up, gate_up_out, c->xn);
     if (st) return st;
-    size_t n = (size_t)s->b->T * s->dims->ffn;
+    int H = s->dims->hidden, F = s->dims->ffn;
+    op_lora_apply(s->b, m->layer, OP_PROJ_GATE, c->xn, H, c->gate, F, c->tp);
+    op_lora_apply(s->b, m->layer, OP_PROJ_UP, c->xn, H, c->up, F, c->tp);
+    size_t n = (size_t)s->b->T * F;
     if (m->act == OP_ACT_SILU) ops_silu_mul(c->gate, c->up, n);
     else ops_gelu_tanh_mul(c->gate, c->up, n);
-    return matmul(s, m->down, c->gate, s->b->T, c->tmp);
+    if ((st = matmul(s, m->down, c->gate, s->b->T, c->tmp))) return st;
+    op_lora_apply(s->b, m->layer, OP_PROJ_DOWN, c->gate, F, c->tmp, H, c->tp);
+    return HEARTH_OK;
 }
 
 /* The experts of each token: softmax over the router's logits (in float, max first, as

@@ -254,6 +254,15 @@ static const int32_t *fill_tokens(const sched_req *q) { return q->resume ? q->re
  * (admission order is packing order), so this cannot deadlock: once the leader has
  * committed the shared blocks, or is cancelled, preempted or fails, q goes ahead
  * (attaching whatever the leader committed, computing the rest). */
+/* The cached prefix a new request starts from: every cached full block of it; on a hybrid
+ * model (a recurrent-state pool) none yet: its state at the end of the cached blocks is not
+ * kept, so it recomputes from position 0. */
+static int hybrid_attach(hearth_batch *b, sched_req *q) {
+    kv_cache *kv = engine_kv(b->e);
+    if (kv->state) return 0;
+    return kv_prefix_attach(kv, q->seq, fill_tokens(q), (int)q->n_fill);
+}
+
 static int waits_for_shared_prefix(const hearth_batch *b, const sched_req *q) {
     for (int i = 0; i < b->n_run; i++) {
         const sched_req *l = b->run[i];
@@ -305,9 +314,9 @@ static void admit(hearth_batch *b) {
         if (!st) {
             /* the cached blocks of its prefix first: they need no new blocks (and no longer
              * count as available once held) */
-            reused = kv_prefix_attach(kv, q->seq, fill_tokens(q), (int)q->n_fill);
-            kv_block_copy cp;
-            int part = kv_prefix_attach_partial(kv, q->seq, fill_tokens(q), (int)q->n_fill, &cp);
+            reused = hybrid_attach(b, q);
+            kv_block_copy cp = {.src = -1};
+            int part = kv->state ? 0 : kv_prefix_attach_partial(kv, q->seq, fill_tokens(q), (int)q->n_fill, &cp);
             if (part) { /* the next block's leading rows, copied before src may be evicted */
                 st = engine_kv_copy_rows(b->e, cp.src, cp.dst, cp.rows, &err);
                 kv_block_drop(kv, cp.src);

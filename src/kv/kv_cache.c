@@ -3,6 +3,7 @@
 #include "base/mem.h"
 #include "base/err.h"
 #include "kv/kv_prefix.h"
+#include "kv/kv_state.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,6 +180,7 @@ void kv_destroy(kv_cache *kv) {
     free(kv->n_tokens);
     free(kv->free_list);
     kv_prefix_free(kv);
+    kv_state_free(kv);
     memset(kv, 0, sizeof *kv);
 }
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, gemma3_text, minicpm (GGUF: llama, qwen3, gemma3)"
+#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, qwen3_5, gemma3_text, minicpm (GGUF: llama, qwen3, gemma3)"
 
 static double num(const json_t *o, const char *k, double dflt) {
     const json_t *v = json_object_get(o, k);
@@ -79,6 +79,70 @@ static hearth_status read_qwen3_moe(const hearth_model *hm, const json_t *cfg, m
     return HEARTH_OK;
 }
 
+/* ---- qwen3_5 (mlx-lm models/qwen3_5.py): hybrid Gated DeltaNet + gated attention ---- */
+/* The Gated DeltaNet geometry, which layers are full attention (every full_attention_interval-th;
+ * layer_types, when given, must say the same), partial RoPE (rope_parameters) and the
+ * doubled, gated q projection. Defaults are mlx-lm's TextModelArgs'. */
+static hearth_status read_qwen3_5(const hearth_model *hm, const json_t *cfg, model_config *c, hearth_error *err) {
+    const char *need[] = {"linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
+                          "linear_value_head_dim"};
+    for (int i = 0; i < 4; i++)
+        if (!json_is_number(json_object_get(cfg, need[i])))
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: qwen3_5 needs a number '%s'", hm->entry.path,
+                           need[i]);
+    c->gdn_v_heads = (int)num(cfg, "linear_num_value_heads", 0);
+    c->gdn_k_heads = (int)num(cfg, "linear_num_key_heads", 0);
+    c->gdn_k_dim = (int)num(cfg, "linear_key_head_dim", 0);
+    c->gdn_v_dim = (int)num(cfg, "linear_value_head_dim", 0);
+    c->gdn_conv = (int)num(cfg, "linear_conv_kernel_dim", 4);
+    c->full_interval = (int)num(cfg, "full_attention_interval", 4);
+    if (c->gdn_v_heads <= 0 || c->gdn_k_heads <= 0 || c->gdn_v_heads % c->gdn_k_heads || c->gdn_k_dim <= 0 ||
+        c->gdn_v_dim <= 0 || c->gdn_k_dim > 4096 || c->gdn_v_dim > 4096 || c->gdn_v_heads > 4096 || c->gdn_conv < 1 ||
+        c->gdn_conv > 64 || c->full_interval < 1)
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: qwen3_5 linear attention is inconsistent (value heads %d, key heads %d "
+                       "(must divide the value heads), key dim %d, value dim %d, conv width %d, "
+                       "full_attention_interval %d)",
+                       hm->entry.path, c->gdn_v_heads, c->gdn_k_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv,
+                       c->full_interval);
+    const json_t *types = json_object_get(cfg, "layer_types");
+    if (types && (!json_is_array(types) || (int)json_array_size(types) != c->n_layers))
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: layer_types must list %d layer types",
+                       hm->entry.path, c->n_layers);
+    c->n_state_layers = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        int linear = (i + 1) % c->full_interval != 0;
+        c->n_state_layers += linear;
+        const char *t = types ? json_string_value(json_array_get(types, (size_t)i)) : NULL;
+        if (types && (!t || strcmp(t, linear ? "linear_attention" : "full_attention")))
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: config.json: layer_types[%d] is '%s' but full_attention_interval %d makes it %s",
+                           hm->entry.path, i, t ? t : "?", c->full_interval,
+                           linear ? "linear_attention" : "full_attention");
+    }
+    if (json_is_true(json_object_get(cfg, "attention_bias")))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: config.json: qwen3_5 with attention_bias is not supported",
+                       hm->entry.path);
+    const json_t *rp = json_object_get(cfg, "rope_parameters");
+    const char *rtype = json_string_value(json_object_get(rp, "type"));
+    if (!rtype) rtype = json_string_value(json_object_get(rp, "rope_type"));
+    if (rtype && strcmp(rtype, "default") && strcmp(rtype, "linear"))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: config.json: qwen3_5 RoPE type '%s' is not supported (default, linear are)",
+                       hm->entry.path, rtype);
+    double factor = json_is_object(rp) ? num(rp, "partial_rotary_factor", 0.25) : 0.25;
+    c->rope_dims = (int)(c->head_dim * factor);
+    if (c->rope_dims <= 0 || c->rope_dims % 2 || c->rope_dims > c->head_dim)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: partial_rotary_factor %g gives %d RoPE dims of %d",
+                       hm->entry.path, factor, c->rope_dims, c->head_dim);
+    free(c->inv_freq_global);
+    c->inv_freq_global = rope_inv_freq(c->rope_dims, json_is_object(rp) ? num(rp, "rope_theta", 100000.0) : 100000.0,
+                                       json_is_object(rp) ? rp : NULL);
+    c->attn_gate = 1;
+    return HEARTH_OK;
+}
+/* ---- end qwen3_5 ---- */
+
 static hearth_status read_dir_config(const hearth_model *hm, model_config *c, hearth_error *err) {
     const json_t *cfg = hm->config, *text = json_object_get(cfg, "text_config");
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
@@ -89,6 +153,7 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     else if (!strcmp(mt, "gemma3_text") || !strcmp(mt, "gemma3")) c->family = FAMILY_GEMMA3;
     else if (!strcmp(mt, "minicpm")) c->family = FAMILY_MINICPM;
     else if (!strcmp(mt, "qwen3_moe")) c->family = FAMILY_QWEN3_MOE;
+    else if (!strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_text")) c->family = FAMILY_QWEN3_5;
     else return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported; " SUPPORTED,
                         hm->entry.path, mt);
     int gemma = c->family == FAMILY_GEMMA3;
@@ -133,6 +198,7 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     }
     if (c->family == FAMILY_MINICPM) return read_minicpm(hm, cfg, c, err);
     if (c->family == FAMILY_QWEN3_MOE) return read_qwen3_moe(hm, cfg, c, err);
+    if (c->family == FAMILY_QWEN3_5) return read_qwen3_5(hm, cfg, c, err);
     return HEARTH_OK;
 }
 

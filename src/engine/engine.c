@@ -158,7 +158,8 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                        hearth_kv_quant_name(o.kv_quant));
     p->kv = kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context, p->n_blocks, o.kv_quant);
     /* hybrid models: the recurrent-state pool beside it (kv_state.h), float32 whatever the KV type */
-    p->kv += kv_state_bytes(p->max_seqs, c->n_state_layers, op_gdn_state_floats(&model_ops(m)->dims));
+    p->kv += kv_state_bytes(p->max_seqs, c->n_state_layers, op_gdn_state_floats(&model_ops(m)->dims),
+                            kv_state_default_snaps(p->max_seqs));
     /* on the GPU keys and values live in the device pool: the host keeps the tables only */
     if (o.device == HEARTH_DEVICE_CUDA) p->kv -= kv_storage_bytes(c->n_layers, c->n_kv_heads, c->head_dim, p->n_blocks, o.kv_quant);
     /* the CPU backend's scratch; on the GPU the device holds it (engine_device_plan_bytes) */
@@ -318,7 +319,8 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
         st = kv_create_meta(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
                             o.kv_quant, po.device != HEARTH_DEVICE_CUDA, err);
     if (!st && c->n_state_layers > 0)
-        st = kv_state_attach(&e->kv, c->n_state_layers, op_gdn_state_floats(&model_ops(e->m)->dims), err);
+        st = kv_state_attach(&e->kv, c->n_state_layers, op_gdn_state_floats(&model_ops(e->m)->dims),
+                             kv_state_default_snaps(e->max_seqs), err);
     if (!st) st = engine_device_open(model_ops(e->m), &e->kv, o.device, o.cuda_exact, e->step_tokens, e->max_out, e->tp, &e->be, err);
     e->gpu = e->be != NULL;
     if (!st && !e->gpu && po.device == HEARTH_DEVICE_CUDA) st = kv_storage_attach(&e->kv, err);

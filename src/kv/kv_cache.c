@@ -204,6 +204,7 @@ hearth_status kv_reserve(kv_cache *kv, int slot, int n_positions, hearth_error *
 
 void kv_release(kv_cache *kv, int slot) {
     if (slot < 0 || slot >= kv->max_slots) return;
+    kv_state_slot_release(kv, slot);
     int32_t *table = kv->tables + (size_t)slot * kv->max_blocks_per_slot;
     int n = 0;
     while (n < kv->max_blocks_per_slot && table[n] >= 0) n++;

@@ -68,3 +68,34 @@ def test_unsupported_rope_type_is_refused(tmp_path):
     assert out.returncode != 0
     err = out.stderr.decode()
     assert "yarn" in err and "not supported" in err, err
+
+
+# ---- qwen3_5: a hybrid model's config that hearth cannot run must say what is wrong ----
+QWEN3_5_BAD = [
+    ("no linear_num_value_heads", lambda c: c.pop("linear_num_value_heads"), "linear_num_value_heads"),
+    ("key heads not dividing value heads", lambda c: c.update(linear_num_key_heads=3), "key heads"),
+    ("layer_types against the interval", lambda c: c["layer_types"].reverse(), "layer_types[0]"),
+    ("layer_types too short", lambda c: c["layer_types"].pop(), "layer_types must list 6"),
+    ("yarn rope", lambda c: c["rope_parameters"].update(rope_type="yarn"), "yarn"),
+    ("odd partial rope", lambda c: c["rope_parameters"].update(partial_rotary_factor=0.1), "partial_rotary_factor"),
+    ("a full layer's weights for a linear one", lambda c: c.update(full_attention_interval=2,
+                                                                     layer_types=None), "missing tensor"),
+]
+
+
+@pytest.mark.parametrize("case", QWEN3_5_BAD, ids=[c[0] for c in QWEN3_5_BAD])
+def test_qwen3_5_bad_config_is_a_clear_error(case, tmp_path):
+    src = os.path.join(CACHE, "tiny", "qwen3_5-f32")
+    assert os.path.isdir(src), f"{src} missing: run tools/get_models.sh"
+    for name in os.listdir(src):
+        if name != "config.json":
+            os.symlink(os.path.join(src, name), os.path.join(tmp_path, name))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    case[1](cfg)
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    json.dump(cfg, open(os.path.join(tmp_path, "config.json"), "w"))
+    out = subprocess.run([BIN, "trace", str(tmp_path), "--ids", "[1, 2, 3]", "--last", "1"], capture_output=True,
+                         timeout=120)
+    assert out.returncode not in (0, -6, -11), out  # an error, not a crash
+    err = out.stderr.decode()
+    assert case[2] in err and str(tmp_path) in err, err

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text, minicpm, qwen3_moe, qwen3_5) in every
+"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text, minicpm, qwen3_moe, qwen3_5, qwen3_5_moe) in every
 weight form hearth reads (f32, bf16, MLX affine q4/q8 with group 64/32) under
 $HEARTH_CACHE/tiny/<family>-<form>/, written by mlx-lm's own save path so the layout is what
 mlx-lm produces. Tokenizers are small but real-format, trained offline with HF `tokenizers`.
@@ -217,6 +217,18 @@ def family_specs():
     specs["qwen3_5"] = dict(tokenizer=specs["qwen3"]["tokenizer"],
                             tokenizer_config=dict(specs["qwen3"]["tokenizer_config"]),
                             generation_config=dict(specs["qwen3"]["generation_config"]), config=qwen35)
+    # qwen3_5_moe (mlx-lm models/qwen3_5_moe.py): the same hybrid with every MLP a mixture of
+    # 8 experts, 2 per token, plus a shared expert behind its sigmoid gate (128 wide, not the
+    # routed experts' 64, so mixing the two widths up shows; both multiples of 64 so that every
+    # expert matrix quantizes at group 64: mlx's CPU gather_mm takes float32 only).
+    specs["qwen3_5_moe"] = dict(tokenizer=specs["qwen3"]["tokenizer"],
+                                tokenizer_config=dict(specs["qwen3"]["tokenizer_config"]),
+                                generation_config=dict(specs["qwen3"]["generation_config"]),
+                                config={**json.loads(json.dumps(qwen35)), "model_type": "qwen3_5_moe",
+                                        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+                                        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                        "shared_expert_intermediate_size": 128, "norm_topk_prob": True,
+                                        "decoder_sparse_step": 1})
     # ---- end qwen3_5 ----
 
     gemma_specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
@@ -291,7 +303,11 @@ INIT = {
     # blocks; projections at 2x (not 4x) keep the int8-activation tier near the golden (q4g64)
     "minicpm": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=0.25, proj_scale=2.0, lm_head_scale=1.0),
     "qwen3_moe": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=4.0, lm_head_scale=6.0),
-    "qwen3_5": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=4.0, lm_head_scale=6.0),
+    # qwen3_5 / qwen3_5_moe at mlx's own projection init (1x): at 2x-4x their int8-activation
+    # tier drifted 15-117% from the golden (mlx-lm itself, its matmul inputs rounded to int8 per
+    # 32 values, did too: expert routing and the delta rule amplify it); at 1x, about 1%
+    "qwen3_5": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=1.0, lm_head_scale=6.0),
+    "qwen3_5_moe": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=1.0, lm_head_scale=6.0),
 }
 
 
@@ -306,7 +322,7 @@ EXTRA_FORMS = {"llama": {"q5g64": (5, 64)}, "qwen3": {"q3g32": (3, 32)}, "gemma3
 # themselves are covered by the families above. qwen3_moe has no bf16 form: mlx's CPU
 # gather_mm (the experts' matmul) takes float32 only, so mlx-lm could not be its oracle.
 FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64"), "qwen3_moe": ("f32", "q4g64"),
-             "qwen3_5": ("f32", "bf16", "q4g64", "q8g64")}
+             "qwen3_5": ("f32", "bf16", "q4g64", "q8g64"), "qwen3_5_moe": ("f32", "q4g64")}
 
 
 def family_forms(family):

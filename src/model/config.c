@@ -139,6 +139,17 @@ static hearth_status read_qwen3_5(const hearth_model *hm, const json_t *cfg, mod
     c->inv_freq_global = rope_inv_freq(c->rope_dims, json_is_object(rp) ? num(rp, "rope_theta", 100000.0) : 100000.0,
                                        json_is_object(rp) ? rp : NULL);
     c->attn_gate = 1;
+    if (num(cfg, "num_experts", 0) <= 0) return HEARTH_OK;
+    /* qwen3_5_moe: every layer's MLP is routed experts (mlx-lm's defaults: norm_topk_prob true)
+     * plus a shared expert */
+    hearth_status st = read_qwen3_moe(hm, cfg, c, err);
+    if (st) return st;
+    const json_t *nt = json_object_get(cfg, "norm_topk_prob");
+    c->norm_topk = nt ? json_is_true(nt) : 1;
+    c->shared_ffn = (int)num(cfg, "shared_expert_intermediate_size", 0);
+    if (c->shared_ffn <= 0)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: qwen3_5_moe needs a positive "
+                       "'shared_expert_intermediate_size'", hm->entry.path);
     return HEARTH_OK;
 }
 /* ---- end qwen3_5 ---- */
@@ -153,7 +164,9 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     else if (!strcmp(mt, "gemma3_text") || !strcmp(mt, "gemma3")) c->family = FAMILY_GEMMA3;
     else if (!strcmp(mt, "minicpm")) c->family = FAMILY_MINICPM;
     else if (!strcmp(mt, "qwen3_moe")) c->family = FAMILY_QWEN3_MOE;
-    else if (!strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_text")) c->family = FAMILY_QWEN3_5;
+    else if (!strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_text") || !strcmp(mt, "qwen3_5_moe") ||
+             !strcmp(mt, "qwen3_5_moe_text"))
+        c->family = FAMILY_QWEN3_5;
     else return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported; " SUPPORTED,
                         hm->entry.path, mt);
     int gemma = c->family == FAMILY_GEMMA3;
@@ -269,6 +282,7 @@ static hearth_status read_gguf_config(const hearth_model *hm, model_config *c, h
 }
 
 int model_layer_is_moe(const hearth_model *hm, const model_config *c, int i) {
+    if (c->family == FAMILY_QWEN3_5) return c->n_experts > 0; /* qwen3_5_moe: every layer */
     if (c->family != FAMILY_QWEN3_MOE || c->n_experts <= 0) return 0;
     const json_t *cfg = hm->config, *text = json_object_get(cfg, "text_config"), *only;
     if (json_is_object(text)) cfg = text;

@@ -23,8 +23,11 @@ op_mlp decoder_mlp(const model *m, int i, op_act act) {
 
 op_moe decoder_moe(const model *m, int i) {
     const layer_weights *l = &m->layers[i];
+    int sh = m->cfg.shared_ffn > 0;
     return (op_moe){.router = &l->router, .gate = &l->experts_gate, .up = &l->experts_up, .down = &l->experts_down,
-                    .norm_topk = m->cfg.norm_topk, .act = OP_ACT_SILU};
+                    .norm_topk = m->cfg.norm_topk, .act = OP_ACT_SILU,
+                    .shared_gate = sh ? &l->shared_gate : NULL, .shared_up = sh ? &l->shared_up : NULL,
+                    .shared_down = sh ? &l->shared_down : NULL, .shared_router = sh ? &l->shared_router : NULL};
 }
 
 static void add_weight(model *m, const op_weight *w, int logits, const char *name, int layer) {
@@ -78,7 +81,7 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
                                  .n_experts = c->n_experts, .top_k_experts = c->top_k_experts, .moe_ffn = c->moe_ffn,
                                  .n_state_layers = c->n_state_layers, .gdn_k_heads = c->gdn_k_heads,
                                  .gdn_v_heads = c->gdn_v_heads, .gdn_k_dim = c->gdn_k_dim, .gdn_v_dim = c->gdn_v_dim,
-                                 .gdn_conv = c->gdn_conv, .attn_gate = c->attn_gate},
+                                 .gdn_conv = c->gdn_conv, .attn_gate = c->attn_gate, .shared_ffn = c->shared_ffn},
                         .items = m->items,
                         .layer_window = m->layer_window};
     for (int i = 0; i < c->n_layers; i++) {
@@ -92,6 +95,12 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
             add_weight(m, &l->experts_gate, 0, "experts.gate_proj", i);
             add_weight(m, &l->experts_up, 0, "experts.up_proj", i);
             add_weight(m, &l->experts_down, 0, "experts.down_proj", i);
+            if (c->shared_ffn) {
+                add_weight(m, &l->shared_gate, 0, "shared_expert.gate_proj", i);
+                add_weight(m, &l->shared_up, 0, "shared_expert.up_proj", i);
+                add_weight(m, &l->shared_down, 0, "shared_expert.down_proj", i);
+                add_weight(m, &l->shared_router, 0, "shared_expert_gate", i);
+            }
         }
         add_vec(m, l->q_bias, 0, qd, "q_bias", i);
         add_vec(m, l->k_bias, 0, kd, "k_bias", i);

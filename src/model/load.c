@@ -250,6 +250,18 @@ static hearth_status load_moe(loader *L, int i, layer_weights *lw) {
         snprintf(module, sizeof module, "%slayers.%d.mlp.switch_mlp.%s", L->prefix, i, ex[j].name);
         if ((st = load_matrix(L, module, E * ex[j].rows, ex[j].cols, ex[j].w))) return st;
     }
+    if (!c->shared_ffn) return HEARTH_OK;
+    /* qwen3_5_moe: the shared expert (mlp.shared_expert.*) and its gate (mlp.shared_expert_gate) */
+    struct { const char *name; op_weight *w; int64_t rows, cols; } sh[] = {
+        {"shared_expert.gate_proj", &lw->shared_gate, c->shared_ffn, c->hidden},
+        {"shared_expert.up_proj", &lw->shared_up, c->shared_ffn, c->hidden},
+        {"shared_expert.down_proj", &lw->shared_down, c->hidden, c->shared_ffn},
+        {"shared_expert_gate", &lw->shared_router, 1, c->hidden},
+    };
+    for (int j = 0; j < 4; j++) {
+        snprintf(module, sizeof module, "%slayers.%d.mlp.%s", L->prefix, i, sh[j].name);
+        if ((st = load_matrix(L, module, sh[j].rows, sh[j].cols, sh[j].w))) return st;
+    }
     return HEARTH_OK;
 }
 

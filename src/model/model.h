@@ -26,6 +26,7 @@ typedef struct model_config {
     int sliding_window;     /* 0: none */
     int sliding_pattern;    /* Gemma: every pattern-th layer is global, the rest slide */
     int n_experts, top_k_experts, moe_ffn, norm_topk; /* Qwen3-MoE: experts per MoE layer, chosen per token, their width */
+    int shared_ffn; /* Qwen3.5-MoE: the shared expert's width (0: none) */
     /* Qwen3.5 (qwen3_5.c): layer i is full attention when (i + 1) % full_interval == 0, else
      * a Gated DeltaNet layer of gdn_* (op_dims); attention's q projection carries output gates
      * and RoPE turns the first rope_dims of each head */
@@ -48,6 +49,8 @@ typedef struct layer_weights {
     int linear, state_layer;
     op_weight gdn_qkv, gdn_z, gdn_b, gdn_a, gdn_out;
     const float *gdn_conv, *gdn_A_log, *gdn_dt_bias, *gdn_norm;
+    /* Qwen3.5-MoE: the shared expert's gated MLP and its one-row gate (moe layers) */
+    op_weight shared_gate, shared_up, shared_down, shared_router;
 } layer_weights;
 
 typedef struct model {

@@ -1,4 +1,5 @@
-/* qwen3_5.c: the forward pass of Qwen3.5 (mlx-lm models/qwen3_5.py, dense MLP): a hybrid of
+/* qwen3_5.c: the forward pass of Qwen3.5 (mlx-lm models/qwen3_5.py; qwen3_5_moe.py: every MLP
+ * routed experts plus a shared expert behind a sigmoid gate, op_moe): a hybrid of
  * Gated DeltaNet layers (op_gdn: causal conv, L2-normalised q/k, the gated delta rule on
  * each sequence's recurrent state, gated RMSNorm) and, every full_attention_interval-th
  * layer, gated attention (q projection doubled with per-head output gates, q/k RMSNorm,
@@ -22,9 +23,16 @@ hearth_status qwen3_5_layers(const op_step *s, const void *ctx) {
             OP_TRY(op_qkv_rope_store(s, i, &attn));
             OP_TRY(op_attention(s, i, &attn));
         }
-        op_mlp mlp = decoder_mlp(m, i, OP_ACT_SILU);
-        OP_TRY(op_add_norm(s, OP_TMP, l->ffn_norm, shift, DECODER_GATE_UP(l)));
-        OP_TRY(op_mlp_run(s, &mlp));
+        if (l->moe) { /* qwen3_5_moe: routed experts + the gated shared expert */
+            const op_weight *router[] = {&l->router};
+            op_moe moe = decoder_moe(m, i);
+            OP_TRY(op_add_norm(s, OP_TMP, l->ffn_norm, shift, router, 1));
+            OP_TRY(op_moe_run(s, &moe));
+        } else {
+            op_mlp mlp = decoder_mlp(m, i, OP_ACT_SILU);
+            OP_TRY(op_add_norm(s, OP_TMP, l->ffn_norm, shift, DECODER_GATE_UP(l)));
+            OP_TRY(op_mlp_run(s, &mlp));
+        }
         OP_TRY(next ? op_add_norm(s, OP_TMP, next->attn_norm, shift, NULL, 0) : op_add(s, OP_X, OP_TMP));
     }
     return op_logits(s, m->final_norm, shift, 1.0f, &m->lm_head);

@@ -16,6 +16,7 @@
 typedef struct op_dims {
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab;
     int n_experts, top_k_experts, moe_ffn; /* mixture-of-experts layers (0 experts: none) */
+    int shared_ffn; /* the width of a shared expert beside the routed ones (Qwen3.5-MoE), else 0 */
     float norm_eps;
     int rope_adjacent; /* GGUF llama weights are permuted for adjacent-pair RoPE */
     /* Hybrid models (Qwen3.5): n_state_layers Gated DeltaNet layers (op_gdn) with gdn_k_heads
@@ -98,6 +99,9 @@ typedef struct op_moe {
     const op_weight *router, *gate, *up, *down;
     int norm_topk;
     op_act act;
+    /* a shared expert (NULL: none; Qwen3.5-MoE): every token's gated MLP of width
+     * dims.shared_ffn, times sigmoid(shared_router · x) (one row), added to the sum */
+    const op_weight *shared_gate, *shared_up, *shared_down, *shared_router;
 } op_moe;
 
 /* A Gated DeltaNet layer (mlx-lm models/qwen3_5.py GatedDeltaNet, gated_delta.py): from xn,

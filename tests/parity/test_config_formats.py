@@ -83,9 +83,17 @@ QWEN3_5_BAD = [
 ]
 
 
+QWEN3_5_BAD += [  # on the MoE model
+    ("moe: no shared expert width", lambda c: c.pop("shared_expert_intermediate_size"),
+     "shared_expert_intermediate_size"),
+    ("moe: more experts per token than experts", lambda c: c.update(num_experts_per_tok=9), "num_experts_per_tok"),
+    ("moe: expert count against the weights", lambda c: c.update(num_experts=6), "mlp.gate.weight' has shape [8,64]"),
+]
+
+
 @pytest.mark.parametrize("case", QWEN3_5_BAD, ids=[c[0] for c in QWEN3_5_BAD])
 def test_qwen3_5_bad_config_is_a_clear_error(case, tmp_path):
-    src = os.path.join(CACHE, "tiny", "qwen3_5-f32")
+    src = os.path.join(CACHE, "tiny", "qwen3_5_moe-f32" if case[0].startswith("moe:") else "qwen3_5-f32")
     assert os.path.isdir(src), f"{src} missing: run tools/get_models.sh"
     for name in os.listdir(src):
         if name != "config.json":

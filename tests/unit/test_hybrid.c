@@ -40,9 +40,9 @@ static void rec_done(void *user, hearth_status s, const hearth_error *err) {
     r->status = s;
 }
 
-static hearth_model *open_hybrid(void) {
+static hearth_model *open_tiny(const char *name) {
     char path[1024];
-    tiny_model_path(path, sizeof path, "qwen3_5-f32");
+    tiny_model_path(path, sizeof path, name);
     hearth_model *m = NULL;
     hearth_error err = {0};
     if (hearth_model_open(path, &m, &err))
@@ -79,8 +79,8 @@ static const char *texts[N_REQ] = {
 
 /* Five requests of different lengths submitted at once: decode rows and prefill chunks of
  * different sequences share steps, each on its own recurrent state. */
-static void batch_vs_alone(int kv_blocks, int step_tokens) {
-    hearth_model *m = open_hybrid();
+static void batch_vs_alone(const char *model, int kv_blocks, int step_tokens) {
+    hearth_model *m = open_tiny(model);
     hearth_error err = {0};
     hearth_engine_options o = {.n_threads = 2, .context_length = 256, .max_sequences = 4, .kv_blocks = kv_blocks,
                                .max_step_tokens = step_tokens};
@@ -125,14 +125,20 @@ static void batch_vs_alone(int kv_blocks, int step_tokens) {
 
 static void test_batch_equals_alone(void **st) {
     (void)st;
-    batch_vs_alone(0, 256);
+    batch_vs_alone("qwen3_5-f32", 0, 256);
+}
+
+/* Qwen3.5-MoE: routed experts grouped over the step's rows, the shared expert on every row */
+static void test_moe_batch_equals_alone(void **st) {
+    (void)st;
+    batch_vs_alone("qwen3_5_moe-f32", 0, 256);
 }
 
 /* 7-token prefill chunks and a pool of 12 blocks (4 sequences of up to ~60 positions): the
  * state carries across chunks, and requests wait for blocks. */
 static void test_small_chunks_and_pool(void **st) {
     (void)st;
-    batch_vs_alone(12, 7);
+    batch_vs_alone("qwen3_5-f32", 12, 7);
 }
 
 /* Turn 1: a ~250-token prompt (7 sentences of ~36 tokens) and 60 generated tokens. Turn 2: turn 1's prompt and answer
@@ -141,7 +147,7 @@ static void test_small_chunks_and_pool(void **st) {
  * block boundary of turn 1's decode kept its state, and answers exactly as a fresh engine. */
 static void test_second_turn_from_cache(void **st) {
     (void)st;
-    hearth_model *m = open_hybrid();
+    hearth_model *m = open_tiny("qwen3_5-f32");
     hearth_error err = {0};
     hearth_engine_options o = {.n_threads = 2, .context_length = 512, .max_sequences = 2};
     hearth_engine *e = NULL;
@@ -209,6 +215,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_equals_alone),
         cmocka_unit_test(test_small_chunks_and_pool),
+        cmocka_unit_test(test_moe_batch_equals_alone),
         cmocka_unit_test(test_second_turn_from_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

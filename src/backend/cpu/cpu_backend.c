@@ -49,11 +49,12 @@ enum { CPU_N_ACT = 26 };
 static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
                       size_t sizes[CPU_N_ACT]) {
     size_t T = (size_t)max_tokens, qd = (size_t)d->n_heads * d->head_dim, kd = (size_t)d->n_kv_heads * d->head_dim;
+    size_t ffn = (size_t)(d->shared_ffn > d->ffn ? d->shared_ffn : d->ffn); /* gate, up: the MLP or a shared expert */
     size_t E = (size_t)d->n_experts, K = (size_t)d->top_k_experts, F = (size_t)d->moe_ffn, moe = E > 0;
     size_t gate = d->attn_gate != 0, gdn = d->n_state_layers > 0, vd = (size_t)d->gdn_v_heads * d->gdn_v_dim;
     size_t conv = 2 * (size_t)d->gdn_k_heads * d->gdn_k_dim + vd;
-    size_t s[CPU_N_ACT] = {T * d->hidden, T * d->hidden, T * qd * (1 + gate), T * kd, T * kd, T * qd, T * d->hidden, T * d->ffn,
-                           T * d->ffn, (size_t)max_out * d->hidden, (size_t)n_threads * ops_attention_scratch(kv),
+    size_t s[CPU_N_ACT] = {T * d->hidden, T * d->hidden, T * qd * (1 + gate), T * kd, T * kd, T * qd, T * d->hidden, T * ffn,
+                           T * ffn, (size_t)max_out * d->hidden, (size_t)n_threads * ops_attention_scratch(kv),
                            moe * T * E, moe * T * d->hidden, moe * T * F, moe * T * F, moe * T * d->hidden,
                            moe * T * K, moe * T * K, moe * T, moe * T,
                            gate * T * qd, gdn * T * conv, gdn * T * vd, gdn * T * d->gdn_v_heads,
@@ -215,6 +216,26 @@ static void moe_route(cpu_backend *c, const op_step *s, const op_moe *m) {
     }
 }
 
+/* tmp += sigmoid(shared_router · xn) * shared expert(xn), for every token (the router's
+ * logits are spent by then: their buffer takes the gate values). */
+static hearth_status moe_shared(const op_step *s, const op_moe *m) {
+    cpu_backend *c = cb(s);
+    int T = s->b->T, H = s->dims->hidden;
+    const op_weight *gu[] = {m->shared_gate, m->shared_up};
+    float *const gu_out[] = {c->gate, c->up};
+    hearth_status st = matmul_fused(s, 2, gu, gu_out, c->xn);
+    if (!st) st = matmul(s, m->shared_router, c->xn, T, c->moe_logits);
+    if (st) return st;
+    ops_silu_mul(c->gate, c->up, (size_t)T * s->dims->shared_ffn);
+    if ((st = matmul(s, m->shared_down, c->gate, T, c->moe_out))) return st;
+    for (int t = 0; t < T; t++) {
+        float g = 1.0f / (1.0f + expf(-c->moe_logits[t]));
+        float *y = c->tmp + (size_t)t * H, *o = c->moe_out + (size_t)t * H;
+        for (int h = 0; h < H; h++) y[h] += g * o[h];
+    }
+    return HEARTH_OK;
+}
+
 /* tmp = sum over each token's chosen experts of weight * down_e(act(gate_e x) * up_e x): the
  * tokens of one expert gathered into one matmul per weight, their outputs added back. */
 static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
@@ -251,7 +272,7 @@ static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
             for (int h = 0; h < H; h++) y[h] += o[h] * w;
         }
     }
-    return HEARTH_OK;
+    return m->shared_up ? moe_shared(s, m) : HEARTH_OK;
 }
 
 static hearth_status cpu_gated_delta(const op_step *s, const op_gdn *g) {

@@ -311,5 +311,9 @@ hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_
     if (c->residual_scale == 0.0f) c->residual_scale = 1.0f;
     if (c->logits_div == 0.0f) c->logits_div = 1.0f;
     if (c->context_length <= 0) c->context_length = 4096;
+    c->n_kv_layers = c->n_layers - c->n_state_layers;
+    if (c->n_kv_layers <= 0)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: no attention layer (%d layers, all linear attention)",
+                       hm->entry.path, c->n_layers);
     return HEARTH_OK;
 }

@@ -300,10 +300,11 @@ static hearth_status load_gdn(loader *L, int i, layer_weights *lw) {
  * layer, final and q/k norms of such a checkpoint, not to the gated norm). */
 static void qwen3_5_layout(loader *L) {
     model *m = L->m;
-    int n = 0;
+    int n = 0, kv = 0;
     for (int i = 0; i < m->cfg.n_layers; i++) {
         m->layers[i].linear = (i + 1) % m->cfg.full_interval != 0;
         m->layers[i].state_layer = m->layers[i].linear ? n++ : -1;
+        m->layers[i].kv_layer = m->layers[i].linear ? -1 : kv++; /* the KV pool holds attention layers only */
         if (m->layers[i].linear && m->layers[i].state_layer == 0) {
             char name[512];
             snprintf(name, sizeof name, "%slayers.%d.linear_attn.conv1d.weight", L->prefix, i);
@@ -365,6 +366,7 @@ static hearth_status load_all(loader *L) {
     snprintf(embed_name, sizeof embed_name, "%sembed_tokens", L->prefix);
     snprintf(norm_name, sizeof norm_name, "%snorm.weight", L->prefix);
     if ((st = load_matrix(L, L->gguf ? "token_embd" : embed_name, c->vocab, c->hidden, &m->embed))) return st;
+    for (int i = 0; i < c->n_layers; i++) m->layers[i].kv_layer = i;
     if (c->family == FAMILY_QWEN3_5) qwen3_5_layout(L);
     for (int i = 0; i < c->n_layers; i++) {
         if ((st = load_layer(L, i, &m->layers[i]))) return st;

@@ -16,6 +16,7 @@ typedef enum model_family {
 typedef struct model_config {
     model_family family;
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, context_length;
+    int n_kv_layers; /* layers with keys and values in the KV pool: n_layers less the Gated DeltaNet ones */
     float norm_eps;
     float norm_shift;       /* 1 where norms scale by (1 + weight): Gemma in HF/MLX form */
     float attn_scale;       /* softmax scale: head_dim^-0.5, or query_pre_attn_scalar^-0.5 */
@@ -47,6 +48,7 @@ typedef struct layer_weights {
     /* Qwen3.5 Gated DeltaNet layer (linear): its projections, conv, decay and norm (op_gdn);
      * state_layer: its index in the state pool */
     int linear, state_layer;
+    int kv_layer; /* this layer's index in the KV pool (= its own index but on hybrids; -1: none) */
     op_weight gdn_qkv, gdn_z, gdn_b, gdn_a, gdn_out;
     const float *gdn_conv, *gdn_A_log, *gdn_dt_bias, *gdn_norm;
     /* Qwen3.5-MoE: the shared expert's gated MLP and its one-row gate (moe layers) */

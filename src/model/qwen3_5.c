@@ -20,8 +20,8 @@ hearth_status qwen3_5_layers(const op_step *s, const void *ctx) {
             OP_TRY(op_gated_delta(s, &g)); /* tmp = linear attention(xn) */
         } else {
             op_attn attn = decoder_attn(m, i);
-            OP_TRY(op_qkv_rope_store(s, i, &attn));
-            OP_TRY(op_attention(s, i, &attn));
+            OP_TRY(op_qkv_rope_store(s, l->kv_layer, &attn)); /* the KV pool holds attention layers only */
+            OP_TRY(op_attention(s, l->kv_layer, &attn));
         }
         if (l->moe) { /* qwen3_5_moe: routed experts + the gated shared expert */
             const op_weight *router[] = {&l->router};

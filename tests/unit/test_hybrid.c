@@ -79,7 +79,7 @@ static const char *texts[N_REQ] = {
 
 /* Five requests of different lengths submitted at once: decode rows and prefill chunks of
  * different sequences share steps, each on its own recurrent state. */
-static void batch_vs_alone(const char *model, int kv_blocks, int step_tokens) {
+static void batch_vs_alone(const char *model, int kv_blocks, int step_tokens, int max_tokens) {
     hearth_model *m = open_tiny(model);
     hearth_error err = {0};
     hearth_engine_options o = {.n_threads = 2, .context_length = 256, .max_sequences = 4, .kv_blocks = kv_blocks,
@@ -93,8 +93,10 @@ static void batch_vs_alone(const char *model, int kv_blocks, int step_tokens) {
     memset(batched, 0, sizeof batched);
     for (int i = 0; i < N_REQ; i++) {
         assert_int_equal(hearth_tokenize(m, texts[i], strlen(texts[i]), 1, &ids[i], &n_ids[i], &err), HEARTH_OK);
-        p[i] = greedy(12 + 7 * i);
-        run_alone(m, &o, ids[i], n_ids[i], &p[i], &alone[i]);
+        p[i] = greedy(max_tokens + 7 * i);
+        hearth_engine_options whole = o; /* alone: a pool of every sequence's whole context */
+        whole.kv_blocks = 0;
+        run_alone(m, &whole, ids[i], n_ids[i], &p[i], &alone[i]);
         assert_int_equal(alone[i].n, p[i].max_tokens);
     }
     hearth_batch *b = NULL;
@@ -110,6 +112,11 @@ static void batch_vs_alone(const char *model, int kv_blocks, int step_tokens) {
         assert_true(++steps < 10000);
     }
     assert_true(max_running >= 2);
+    hearth_batch_stats bs;
+    hearth_batch_stats_get(b, &bs);
+    print_message("%s, %d blocks, %d-token chunks: %llu steps, %llu preemptions\n", model, kv_blocks, step_tokens,
+                  (unsigned long long)bs.steps, (unsigned long long)bs.preemptions);
+    if (kv_blocks) assert_true(bs.preemptions > 0);
     for (int i = 0; i < N_REQ; i++) {
         assert_int_equal(batched[i].done, 1);
         assert_int_equal(batched[i].status, HEARTH_OK);
@@ -125,20 +132,20 @@ static void batch_vs_alone(const char *model, int kv_blocks, int step_tokens) {
 
 static void test_batch_equals_alone(void **st) {
     (void)st;
-    batch_vs_alone("qwen3_5-f32", 0, 256);
+    batch_vs_alone("qwen3_5-f32", 0, 256, 12);
 }
 
 /* Qwen3.5-MoE: routed experts grouped over the step's rows, the shared expert on every row */
 static void test_moe_batch_equals_alone(void **st) {
     (void)st;
-    batch_vs_alone("qwen3_5_moe-f32", 0, 256);
+    batch_vs_alone("qwen3_5_moe-f32", 0, 256, 12);
 }
 
-/* 7-token prefill chunks and a pool of 12 blocks (4 sequences of up to ~60 positions): the
- * state carries across chunks, and requests wait for blocks. */
+/* 7-token prefill chunks and a pool of 10 blocks (160 positions; the longest request needs 8): the state carries across chunks, requests wait for blocks, and decoding ones are
+ * preempted and recomputed from position 0 (their state restarts there). */
 static void test_small_chunks_and_pool(void **st) {
     (void)st;
-    batch_vs_alone("qwen3_5-f32", 12, 7);
+    batch_vs_alone("qwen3_5-f32", 10, 7, 50);
 }
 
 /* Turn 1: a ~250-token prompt (7 sentences of ~36 tokens) and 60 generated tokens. Turn 2: turn 1's prompt and answer

@@ -3,7 +3,9 @@
  * each sequence's state and the gated RMSNorm of its output, in float32 as mlx-lm's
  * gated_delta_ops (the sequential form it runs off the GPU) computes them. */
 #include "backend/cpu/cpu_ops.h"
+#include "base/cpu_features.h"
 #include "kv/kv_state.h"
+#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
@@ -43,6 +45,55 @@ static void conv_token(const ops_gdn_args *a, int t) {
     }
 }
 
+/* One value row i of a head's state S (Dk floats): S_i *= g; delta = (v_i - S_i . k) * beta;
+ * S_i += k * delta; returns S_i . q. The scalar reference. */
+static float row_update(float *row, const float *k, const float *q, int Dk, float g, float v, float beta) {
+    float mem = 0.0f, out = 0.0f;
+    for (int j = 0; j < Dk; j++) mem += (row[j] *= g) * k[j];
+    float delta = (v - mem) * beta;
+    for (int j = 0; j < Dk; j++) out += (row[j] += k[j] * delta) * q[j];
+    return out;
+}
+
+static inline float hsum8(__m256 v) __attribute__((target("avx2,fma")));
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The same, 8 lanes with FMA (Dk a multiple of 8); each row's two passes stay in L1. */
+__attribute__((target("avx2,fma"))) static float row_update_avx2(float *row, const float *k, const float *q, int Dk,
+                                                                 float g, float v, float beta) {
+    __m256 vg = _mm256_set1_ps(g), m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 16 <= Dk; j += 16) {
+        __m256 r0 = _mm256_mul_ps(_mm256_loadu_ps(row + j), vg), r1 = _mm256_mul_ps(_mm256_loadu_ps(row + j + 8), vg);
+        _mm256_storeu_ps(row + j, r0), _mm256_storeu_ps(row + j + 8, r1);
+        m0 = _mm256_fmadd_ps(r0, _mm256_loadu_ps(k + j), m0), m1 = _mm256_fmadd_ps(r1, _mm256_loadu_ps(k + j + 8), m1);
+    }
+    for (; j < Dk; j += 8) {
+        __m256 r0 = _mm256_mul_ps(_mm256_loadu_ps(row + j), vg);
+        _mm256_storeu_ps(row + j, r0);
+        m0 = _mm256_fmadd_ps(r0, _mm256_loadu_ps(k + j), m0);
+    }
+    __m256 vd = _mm256_set1_ps((v - hsum8(_mm256_add_ps(m0, m1))) * beta), o0 = _mm256_setzero_ps(),
+           o1 = _mm256_setzero_ps();
+    for (j = 0; j + 16 <= Dk; j += 16) {
+        __m256 r0 = _mm256_fmadd_ps(_mm256_loadu_ps(k + j), vd, _mm256_loadu_ps(row + j));
+        __m256 r1 = _mm256_fmadd_ps(_mm256_loadu_ps(k + j + 8), vd, _mm256_loadu_ps(row + j + 8));
+        _mm256_storeu_ps(row + j, r0), _mm256_storeu_ps(row + j + 8, r1);
+        o0 = _mm256_fmadd_ps(r0, _mm256_loadu_ps(q + j), o0), o1 = _mm256_fmadd_ps(r1, _mm256_loadu_ps(q + j + 8), o1);
+    }
+    for (; j < Dk; j += 8) {
+        __m256 r0 = _mm256_fmadd_ps(_mm256_loadu_ps(k + j), vd, _mm256_loadu_ps(row + j));
+        _mm256_storeu_ps(row + j, r0);
+        o0 = _mm256_fmadd_ps(r0, _mm256_loadu_ps(q + j), o0);
+    }
+    return hsum8(_mm256_add_ps(o0, o1));
+}
+
 /* Value head h over every token of the step in order, each on its sequence's state. */
 static void head_task(void *ctx, int h, int thread) {
     (void)thread;
@@ -51,6 +102,7 @@ static void head_task(void *ctx, int h, int thread) {
     int C = 2 * a->k_heads * Dk + Hv * Dv;
     size_t conv_floats = (size_t)(a->conv_k - 1) * C;
     float A = expf(a->A_log[h]);
+    int vec = Dk % 8 == 0 && cpu_level_active() >= CPU_LEVEL_AVX2;
     for (int t = 0; t < a->T; t++) {
         float *S = kv_state_at(a->kv, a->layer, a->slot[t]) + conv_floats + (size_t)h * Dv * Dk;
         const float *x = a->qkv + (size_t)t * C, *q = x + (size_t)hk * Dk, *k = x + (size_t)(a->k_heads + hk) * Dk;
@@ -58,13 +110,9 @@ static void head_task(void *ctx, int h, int thread) {
         float g = expf(-A * softplusf(a->a[(size_t)t * Hv + h] + a->dt_bias[h]));
         float beta = sigmoidf(a->b[(size_t)t * Hv + h]);
         float *y = a->y + (size_t)t * Hv * Dv + (size_t)h * Dv;
-        for (int i = 0; i < Dv; i++) {
-            float *row = S + (size_t)i * Dk, mem = 0.0f;
-            for (int j = 0; j < Dk; j++) mem += (row[j] *= g) * k[j];
-            float delta = (v[i] - mem) * beta, out = 0.0f;
-            for (int j = 0; j < Dk; j++) out += (row[j] += k[j] * delta) * q[j];
-            y[i] = out;
-        }
+        for (int i = 0; i < Dv; i++)
+            y[i] = vec ? row_update_avx2(S + (size_t)i * Dk, k, q, Dk, g, v[i], beta)
+                       : row_update(S + (size_t)i * Dk, k, q, Dk, g, v[i], beta);
         /* gated RMSNorm: rmsnorm(y) * norm * silu(z) */
         const float *z = a->z + (size_t)t * Hv * Dv + (size_t)h * Dv;
         float ss = 0.0f;

@@ -318,11 +318,24 @@ FORMS = {"f32": None, "bf16": None, "q4g64": (4, 64), "q4g32": (4, 32), "q8g64":
 EXTRA_FORMS = {"llama": {"q5g64": (5, 64)}, "qwen3": {"q3g32": (3, 32)}, "gemma3": {"q6g64": (6, 64)}}
 
 
+def qwen3_5_mixed(path, module):
+    """Mixed precision as mlx-lm's recipes write it (per-module bits in config.json): the Gated
+    DeltaNet projections at 8 bits, the MLPs at 4 bits in groups of 32, the rest 4-bit g64."""
+    if "linear_attn" in path:
+        return {"group_size": 64, "bits": 8}
+    if ".mlp." in path:
+        return {"group_size": 32, "bits": 4}
+    return True
+
+
+EXTRA_FORMS["qwen3_5"] = {"mixed": (4, 64, qwen3_5_mixed)}
+
+
 # Families added later take few forms (float, bf16, one quantization): the formats
 # themselves are covered by the families above. qwen3_moe has no bf16 form: mlx's CPU
 # gather_mm (the experts' matmul) takes float32 only, so mlx-lm could not be its oracle.
 FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64"), "qwen3_moe": ("f32", "q4g64"),
-             "qwen3_5": ("f32", "bf16", "q4g64", "q8g64"), "qwen3_5_moe": ("f32", "q4g64")}
+             "qwen3_5": ("f32", "bf16", "q4g64", "q8g64", "mixed"), "qwen3_5_moe": ("f32", "q4g64")}
 
 
 def family_forms(family):
@@ -346,8 +359,9 @@ def save_form(family, spec, form, src_dir, out_dir):
         model.set_dtype(mx.bfloat16)
         config["torch_dtype"] = "bfloat16"
     if family_forms(family)[form]:
-        bits, group = family_forms(family)[form]
-        model, config = quantize_model(model, config, group_size=group, bits=bits)
+        bits, group, *predicate = family_forms(family)[form]
+        model, config = quantize_model(model, config, group_size=group, bits=bits,
+                                       quant_predicate=predicate[0] if predicate else None)
     tokenizer = load_tokenizer_wrapper(src_dir)
     if out_dir.exists():
         shutil.rmtree(out_dir)

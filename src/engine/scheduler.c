@@ -298,13 +298,15 @@ static int hybrid_attach(hearth_batch *b, sched_req *q) {
 }
 
 /* A hybrid sequence whose first len tokens end a block keeps its state there (kv_state.h):
- * the end of its prompt's last full block (the prefill stops there), and every block
- * boundary of its decode in one rolling record. */
+ * the end of its prompt's last full block (the prefill stops there) in a record of its own;
+ * any other block boundary a step ends on (a prefill chunk's, each one of its decode) in one
+ * rolling record, overwritten by the next. */
 static void hybrid_snapshot(hearth_batch *b, const sched_req *q) {
     kv_cache *kv = engine_kv(b->e);
     if (!kv->state || q->len <= 0 || q->len % KV_BLOCK_SIZE) return;
     const int32_t *hist = engine_history(b->e, q->seq);
-    kv_state_snap_save(kv, q->seq, (int)q->len, kv_state_chain_hash(hist, (int)q->len), q->decoding);
+    int prompt_end = !q->decoding && (size_t)q->len == q->n_fill / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
+    kv_state_snap_save(kv, q->seq, (int)q->len, kv_state_chain_hash(hist, (int)q->len), !prompt_end);
 }
 
 static int waits_for_shared_prefix(const hearth_batch *b, const sched_req *q) {

@@ -18,9 +18,17 @@ static double num(const json_t *o, const char *k, double dflt) {
     return json_is_number(v) ? json_number_value(v) : dflt;
 }
 
+/* An integer key: dflt when absent or not a number, -1 when outside int's range (every
+ * caller rejects negatives), so a config's 1e300 is an error, not undefined behaviour. */
+static int int_key(const json_t *o, const char *k, int dflt) {
+    double v = num(o, k, dflt);
+    return v >= -1e9 && v <= 1e9 ? (int)v : -1;
+}
+
 /* inv_freq[i] = base^(-2i/dims), then the model's scaling rule. */
 static float *rope_inv_freq(int head_dim, double base, const json_t *scaling) {
     int half = head_dim / 2;
+    if (head_dim <= 0 || head_dim > (1 << 16)) return NULL; /* model_config_read names the bad head_dim */
     float *f = malloc((size_t)half * sizeof *f);
     if (!f) return NULL;
     const char *type = json_string_value(json_object_get(scaling, "rope_type"));
@@ -66,9 +74,9 @@ static hearth_status read_minicpm(const hearth_model *hm, const json_t *cfg, mod
 /* Qwen3-MoE (mlx-lm models/qwen3_moe.py): which layers are MoE (every decoder_sparse_step-th,
  * not in mlp_only_layers: model_layer_is_moe), the experts and how many a token takes. */
 static hearth_status read_qwen3_moe(const hearth_model *hm, const json_t *cfg, model_config *c, hearth_error *err) {
-    c->n_experts = (int)num(cfg, "num_experts", 0);
-    c->top_k_experts = (int)num(cfg, "num_experts_per_tok", 0);
-    c->moe_ffn = (int)num(cfg, "moe_intermediate_size", 0);
+    c->n_experts = int_key(cfg, "num_experts", 0);
+    c->top_k_experts = int_key(cfg, "num_experts_per_tok", 0);
+    c->moe_ffn = int_key(cfg, "moe_intermediate_size", 0);
     c->norm_topk = json_is_true(json_object_get(cfg, "norm_topk_prob"));
     if (c->n_experts <= 0 || c->n_experts > 4096 || c->top_k_experts <= 0 || c->top_k_experts > c->n_experts ||
         c->moe_ffn <= 0)
@@ -90,12 +98,12 @@ static hearth_status read_qwen3_5(const hearth_model *hm, const json_t *cfg, mod
         if (!json_is_number(json_object_get(cfg, need[i])))
             return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: qwen3_5 needs a number '%s'", hm->entry.path,
                            need[i]);
-    c->gdn_v_heads = (int)num(cfg, "linear_num_value_heads", 0);
-    c->gdn_k_heads = (int)num(cfg, "linear_num_key_heads", 0);
-    c->gdn_k_dim = (int)num(cfg, "linear_key_head_dim", 0);
-    c->gdn_v_dim = (int)num(cfg, "linear_value_head_dim", 0);
-    c->gdn_conv = (int)num(cfg, "linear_conv_kernel_dim", 4);
-    c->full_interval = (int)num(cfg, "full_attention_interval", 4);
+    c->gdn_v_heads = int_key(cfg, "linear_num_value_heads", 0);
+    c->gdn_k_heads = int_key(cfg, "linear_num_key_heads", 0);
+    c->gdn_k_dim = int_key(cfg, "linear_key_head_dim", 0);
+    c->gdn_v_dim = int_key(cfg, "linear_value_head_dim", 0);
+    c->gdn_conv = int_key(cfg, "linear_conv_kernel_dim", 4);
+    c->full_interval = int_key(cfg, "full_attention_interval", 4);
     if (c->gdn_v_heads <= 0 || c->gdn_k_heads <= 0 || c->gdn_v_heads % c->gdn_k_heads || c->gdn_k_dim <= 0 ||
         c->gdn_v_dim <= 0 || c->gdn_k_dim > 4096 || c->gdn_v_dim > 4096 || c->gdn_v_heads > 4096 || c->gdn_conv < 1 ||
         c->gdn_conv > 64 || c->full_interval < 1)
@@ -131,7 +139,7 @@ static hearth_status read_qwen3_5(const hearth_model *hm, const json_t *cfg, mod
                        "%s: config.json: qwen3_5 RoPE type '%s' is not supported (default, linear are)",
                        hm->entry.path, rtype);
     double factor = json_is_object(rp) ? num(rp, "partial_rotary_factor", 0.25) : 0.25;
-    c->rope_dims = (int)(c->head_dim * factor);
+    c->rope_dims = factor > 0 && factor <= 1 ? (int)(c->head_dim * factor) : 0;
     if (c->rope_dims <= 0 || c->rope_dims % 2 || c->rope_dims > c->head_dim)
         return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: partial_rotary_factor %g gives %d RoPE dims of %d",
                        hm->entry.path, factor, c->rope_dims, c->head_dim);
@@ -146,7 +154,7 @@ static hearth_status read_qwen3_5(const hearth_model *hm, const json_t *cfg, mod
     if (st) return st;
     const json_t *nt = json_object_get(cfg, "norm_topk_prob");
     c->norm_topk = nt ? json_is_true(nt) : 1;
-    c->shared_ffn = (int)num(cfg, "shared_expert_intermediate_size", 0);
+    c->shared_ffn = int_key(cfg, "shared_expert_intermediate_size", 0);
     if (c->shared_ffn <= 0)
         return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: qwen3_5_moe needs a positive "
                        "'shared_expert_intermediate_size'", hm->entry.path);
@@ -301,7 +309,7 @@ hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_
                                                              : read_dir_config(hm, c, err);
     if (st) return st;
     if (c->n_layers <= 0 || c->hidden <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->head_dim <= 0 ||
-        c->head_dim % 2 || c->ffn <= 0 || c->vocab <= 0 || c->n_heads % c->n_kv_heads)
+        c->head_dim > (1 << 16) || c->head_dim % 2 || c->ffn <= 0 || c->vocab <= 0 || c->n_heads % c->n_kv_heads)
         return err_set(err, HEARTH_ERR_FORMAT,
                        "%s: inconsistent dimensions (layers %d, hidden %d, heads %d/%d, head_dim %d, ffn %d, vocab %d)",
                        hm->entry.path, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn,

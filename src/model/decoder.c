@@ -34,6 +34,10 @@ static void add_weight(model *m, const op_weight *w, int logits, const char *nam
     m->items[m->ops.n_items++] = (op_item){.w = w, .logits = logits, .name = name, .layer = layer};
 }
 
+static void add_experts(model *m, const op_weight *w, const char *name, int layer) {
+    m->items[m->ops.n_items++] = (op_item){.w = w, .name = name, .layer = layer, .experts = m->cfg.n_experts};
+}
+
 static void add_vec(model *m, const float *v, int family_has, int64_t n, const char *name, int layer);
 
 /* ---- qwen3_5: a Gated DeltaNet layer's items (op_gdn) ---- */
@@ -92,9 +96,9 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
         if (l->linear) add_gdn_items(m, l, i);
         if (l->moe) {
             add_weight(m, &l->router, 0, "router", i);
-            add_weight(m, &l->experts_gate, 0, "experts.gate_proj", i);
-            add_weight(m, &l->experts_up, 0, "experts.up_proj", i);
-            add_weight(m, &l->experts_down, 0, "experts.down_proj", i);
+            add_experts(m, &l->experts_gate, "experts.gate_proj", i);
+            add_experts(m, &l->experts_up, "experts.up_proj", i);
+            add_experts(m, &l->experts_down, "experts.down_proj", i);
             if (c->shared_ffn) {
                 add_weight(m, &l->shared_gate, 0, "shared_expert.gate_proj", i);
                 add_weight(m, &l->shared_up, 0, "shared_expert.up_proj", i);

@@ -15,6 +15,7 @@
 #include "base/err.h"
 #include "engine/engine_internal.h"
 #include "kv/kv_prefix.h"
+#include "kv/kv_state.h"
 #include "engine/adapter.h"
 #include <stdlib.h>
 #include <string.h>
@@ -273,6 +274,60 @@ static const int32_t *fill_tokens(const sched_req *q) { return q->resume ? q->re
  * (admission order is packing order), so this cannot deadlock: once the leader has
  * committed the shared blocks, or is cancelled, preempted or fails, q goes ahead
  * (attaching whatever the leader committed, computing the rest). */
+/* The longest L <= limit (a multiple of KV_BLOCK_SIZE) whose state snapshot after
+ * tokens[0..L) is kept (kv_state.h), or 0; *snap its record. */
+static int snapshot_before(kv_cache *kv, const int32_t *tokens, int limit, int *snap) {
+    uint64_t h = 0, hs[1024]; /* chain hashes, a window at a time */
+    int best = 0, n = limit / KV_BLOCK_SIZE, cap = (int)(sizeof hs / sizeof hs[0]);
+    *snap = -1;
+    for (int k0 = 0; k0 < n; k0 += cap) {
+        int m = n - k0 < cap ? n - k0 : cap;
+        for (int k = 0; k < m; k++) hs[k] = h = kv_block_hash(h, tokens + (size_t)(k0 + k) * KV_BLOCK_SIZE);
+        for (int k = m - 1; k >= 0; k--) {
+            int s = kv_state_snap_find(kv, (k0 + k + 1) * KV_BLOCK_SIZE, hs[k]);
+            if (s >= 0 && (k0 + k + 1) * KV_BLOCK_SIZE > best) {
+                best = (k0 + k + 1) * KV_BLOCK_SIZE, *snap = s;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+/* The cached prefix a new request starts from: every cached full block of it. On a hybrid
+ * model (a recurrent-state pool) only as far as a state snapshot reaches: the blocks up to
+ * the longest prefix whose state is kept, that state loaded into the slot. */
+static int hybrid_attach(hearth_batch *b, sched_req *q) {
+    kv_cache *kv = engine_kv(b->e);
+    const int32_t *tokens = fill_tokens(q);
+    if (!kv->state) return kv_prefix_attach(kv, q->seq, tokens, (int)q->n_fill);
+    int snap, limit = (int)q->n_fill - 1; /* never the last token */
+    while (limit >= KV_BLOCK_SIZE) {
+        int want = snapshot_before(kv, tokens, limit, &snap);
+        if (want == 0) return 0;
+        int got = kv_prefix_attach(kv, q->seq, tokens, want + 1);
+        if (got == want) {
+            kv_state_snap_load(kv, snap, q->seq);
+            return got;
+        }
+        kv_release(kv, q->seq); /* fewer blocks cached than the snapshot covers: try below them */
+        limit = got;
+    }
+    return 0;
+}
+
+/* A hybrid sequence whose first len tokens end a block keeps its state there (kv_state.h):
+ * the end of its prompt's last full block (the prefill stops there) in a record of its own;
+ * any other block boundary a step ends on (a prefill chunk's, each one of its decode) in one
+ * rolling record, overwritten by the next. */
+static void hybrid_snapshot(hearth_batch *b, const sched_req *q) {
+    kv_cache *kv = engine_kv(b->e);
+    if (!kv->state || q->len <= 0 || q->len % KV_BLOCK_SIZE) return;
+    const int32_t *hist = engine_history(b->e, q->seq);
+    int prompt_end = !q->decoding && (size_t)q->len == q->n_fill / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
+    kv_state_snap_save(kv, q->seq, (int)q->len, kv_state_chain_hash(hist, (int)q->len), !prompt_end);
+}
+
 static int waits_for_shared_prefix(const hearth_batch *b, const sched_req *q) {
     for (int i = 0; i < b->n_run; i++) {
         const sched_req *l = b->run[i];
@@ -325,9 +380,9 @@ static void admit(hearth_batch *b) {
             engine_seq_use_adapters(b->e, q->seq, q->g.adapters); /* its prefix cache namespace too */
             /* the cached blocks of its prefix first: they need no new blocks (and no longer
              * count as available once held) */
-            reused = kv_prefix_attach(kv, q->seq, fill_tokens(q), (int)q->n_fill);
-            kv_block_copy cp;
-            int part = kv_prefix_attach_partial(kv, q->seq, fill_tokens(q), (int)q->n_fill, &cp);
+            reused = hybrid_attach(b, q);
+            kv_block_copy cp = {.src = -1};
+            int part = kv->state ? 0 : kv_prefix_attach_partial(kv, q->seq, fill_tokens(q), (int)q->n_fill, &cp);
             if (part) { /* the next block's leading rows, copied before src may be evicted */
                 st = engine_kv_copy_rows(b->e, cp.src, cp.dst, cp.rows, &err);
                 kv_block_drop(kv, cp.src);
@@ -481,7 +536,14 @@ size_t hearth_batch_step(hearth_batch *b) {
     admit(b);
     if (b->n_run == 0) return b->n_waiting;
     for (int i = 0; i < b->n_run; i++)
-        b->remaining[i] = b->run[i]->decoding ? 0 : b->run[i]->n_fill - b->run[i]->prefilled;
+    {
+        sched_req *q = b->run[i];
+        b->remaining[i] = q->decoding ? 0 : q->n_fill - q->prefilled;
+        /* hybrids: a prefill chunk stops at the prompt's last block boundary, whose state is kept */
+        size_t edge = q->n_fill / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
+        if (engine_kv(b->e)->state && !q->decoding && q->prefilled < edge && edge < q->n_fill)
+            b->remaining[i] = edge - q->prefilled;
+    }
     int T = sched_pack(b->remaining, b->n_run, b->budget, b->take), t = 0, n_out = 0;
     for (int i = 0; i < b->n_run; i++) {
         sched_req *q = b->run[i];
@@ -537,6 +599,7 @@ size_t hearth_batch_step(hearth_batch *b) {
             q->prefilled += (size_t)b->take[i];
             q->len += b->take[i];
             kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len); /* reusable from now on */
+            hybrid_snapshot(b, q);
             if (q->resume) { /* recomputed what it had: decoding goes on with its pending token */
                 if (q->prefilled == q->n_fill) free(q->resume), q->resume = NULL, q->decoding = 1;
                 continue;
@@ -554,6 +617,7 @@ size_t hearth_batch_step(hearth_batch *b) {
         } else {
             q->len++;
             kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len); /* a later turn reuses it */
+            hybrid_snapshot(b, q);
         }
         const float *row = greedy ? NULL : logits + (size_t)b->out_of[i] * vocab;
         b->row_req[n_rows] = q;

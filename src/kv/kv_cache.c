@@ -3,6 +3,7 @@
 #include "base/mem.h"
 #include "base/err.h"
 #include "kv/kv_prefix.h"
+#include "kv/kv_state.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,6 +180,7 @@ void kv_destroy(kv_cache *kv) {
     free(kv->n_tokens);
     free(kv->free_list);
     kv_prefix_free(kv);
+    kv_state_free(kv);
     memset(kv, 0, sizeof *kv);
 }
 
@@ -202,6 +204,7 @@ hearth_status kv_reserve(kv_cache *kv, int slot, int n_positions, hearth_error *
 
 void kv_release(kv_cache *kv, int slot) {
     if (slot < 0 || slot >= kv->max_slots) return;
+    kv_state_slot_release(kv, slot);
     int32_t *table = kv->tables + (size_t)slot * kv->max_blocks_per_slot;
     int n = 0;
     while (n < kv->max_blocks_per_slot && table[n] >= 0) n++;

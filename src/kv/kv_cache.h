@@ -30,6 +30,7 @@ typedef struct kv_cache {
     int32_t *free_list;    /* stack of free block ids */
     int n_free;
     struct kv_prefix *prefix; /* block refcounts, hash chain, LRU of cached blocks (kv_prefix.h) */
+    struct kv_state *state;   /* recurrent state of hybrid models (kv_state.h), NULL without */
 } kv_cache;
 
 /* hearth_kv_quant properties, the one place that says them: a value the engine knows;

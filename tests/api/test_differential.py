@@ -1,6 +1,7 @@
 """Differential tests: the real mlx_lm.server (PyPI mlx-lm, CPU, offline) and `hearth serve`
-serve the same tiny random-weight model (qwen3-f32: float32 on both sides, so greedy tokens
-must agree) and get the same requests; responses are compared field by field.
+serve the same tiny random-weight model (qwen3-f32, and the hybrid qwen3_5-f32: float32 on
+both sides, so greedy tokens must agree) and get the same requests; responses are compared
+field by field.
 
 Binary: env HEARTH_BIN (default <repo>/bin/hearth). Model: env HEARTH_CACHE/tiny/qwen3-f32.
 A missing binary or model fails the test with the command that fixes it.
@@ -39,11 +40,14 @@ MODEL = TINY / "qwen3-f32"
 LOGPROB_TOL = 1e-3  # float32 on both sides, different reduction orders
 
 
-@pytest.fixture(scope="module")
-def servers():
-    need(MODEL, "tiny model", "run tools/make_tiny_models.py")
+# Every test runs on qwen3 and on the hybrid qwen3_5 (Gated DeltaNet layers with recurrent
+# state, gated attention; the same tokenizer and chat template, so thinking and tool calls too).
+@pytest.fixture(scope="module", params=["qwen3-f32", "qwen3_5-f32"])
+def servers(request):
+    model = TINY / request.param
+    need(model, "tiny model", "run tools/make_tiny_models.py")
     need(BIN, "hearth binary", "run make (or set HEARTH_BIN)")
-    with upstream_server(MODEL) as up, server(MODEL) as hz:
+    with upstream_server(model) as up, server(model) as hz:
         yield up, hz
 
 

@@ -482,6 +482,11 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
     if (c->head_dim > 256 || c->head_dim % 2 || kv->head_dim != c->head_dim || kv->n_kv_heads != c->n_kv_heads)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: head_dim %d is not supported (at most 256, even)",
                        c->head_dim);
+    if (c->n_state_layers > 0 || c->attn_gate)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "cuda: hybrid Gated DeltaNet models (Qwen3.5: %d linear-attention layers) run on the CPU "
+                       "backend only for now; use --device cpu",
+                       c->n_state_layers);
     if (c->n_experts > 0)
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
                        "cuda: mixture-of-experts models (%d experts) run on the CPU backend only for now; use --device cpu",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text, minicpm, qwen3_moe) in every
+"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text, minicpm, qwen3_moe, gemma4_text) in every
 weight form hearth reads (f32, bf16, MLX affine q4/q8 with group 64/32) under
 $HEARTH_CACHE/tiny/<family>-<form>/, written by mlx-lm's own save path so the layout is what
 mlx-lm produces. Tokenizers are small but real-format, trained offline with HF `tokenizers`.
@@ -222,8 +222,38 @@ def family_specs():
                 "tie_word_embeddings": True, "bos_token_id": ids["<bos>"],
                 "eos_token_id": [ids["<eos>"], ids["<end_of_turn>"]], "pad_token_id": ids["<pad>"]})
 
+    # --- gemma4_text (mlx-lm models/gemma4_text.py), on the gemma3 tokenizer and template.
+    # Six layers: three sliding (head_dim 16, 2 KV heads) before a full one (global_head_dim
+    # 32, 1 KV head, values = keys, proportional RoPE on a quarter of the dims), then two
+    # that read the KV of the last sliding / full layer before them (num_kv_shared_layers 2)
+    # with double-wide MLPs; per-layer inputs of 32 per layer; window 16, so the goldens'
+    # prompts run past it; final softcap 30.
+    specs["gemma4"] = dict(
+        tokenizer=specs["gemma3"]["tokenizer"],
+        tokenizer_config=dict(specs["gemma3"]["tokenizer_config"]),
+        generation_config=dict(specs["gemma3"]["generation_config"]),
+        config={"model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "hidden_size": 64,
+                "num_hidden_layers": 6, "intermediate_size": 64, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
+                "num_global_key_value_heads": 1, "attention_k_eq_v": True, "num_kv_shared_layers": 2,
+                "hidden_size_per_layer_input": 32, "use_double_wide_mlp": True, "sliding_window": 16,
+                "layer_types": ["sliding_attention"] * 3 + ["full_attention", "sliding_attention",
+                                                            "full_attention"],
+                "rope_parameters": {
+                    "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                       "rope_type": "proportional"},
+                    "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+                "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
+                "enable_moe_block": False, "tie_word_embeddings": True,
+                "bos_token_id": specs["gemma3"]["config"]["bos_token_id"],
+                "eos_token_id": specs["gemma3"]["config"]["eos_token_id"],
+                "pad_token_id": specs["gemma3"]["config"]["pad_token_id"]})
+    # --- end gemma4_text
+
     for spec in specs.values():
         spec["config"]["vocab_size"] = spec["tokenizer"].get_vocab_size(with_added_tokens=True)
+        if spec["config"]["model_type"] == "gemma4_text":
+            spec["config"]["vocab_size_per_layer_input"] = spec["config"]["vocab_size"]
         spec["tokenizer_config"].update({"tokenizer_class": "PreTrainedTokenizerFast",
                                          "model_max_length": 4096, "clean_up_tokenization_spaces": False})
     return specs
@@ -248,6 +278,8 @@ def build_model(family, config, init):
             params[name] = init["lm_head_scale"] * w
         elif "proj" in name:
             params[name] = init["proj_scale"] * w
+        elif name.endswith("layer_scalar"):  # gemma4_text: each block's output times it (1 by default)
+            params[name] = 0.5 + mx.random.uniform(shape=w.shape)
     if config.get("tie_word_embeddings", True) and "lm_head.weight" in params:
         del params["lm_head.weight"]
     model.load_weights(list(params.items()), strict=False)
@@ -270,6 +302,8 @@ INIT = {
     # blocks; projections at 2x (not 4x) keep the int8-activation tier near the golden (q4g64)
     "minicpm": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=0.25, proj_scale=2.0, lm_head_scale=1.0),
     "qwen3_moe": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=4.0, lm_head_scale=6.0),
+    # Gemma 4's norms scale by w (not 1 + w): centred on 1, the post-norms larger as gemma3's
+    "gemma4": dict(norm=1.0, post_norm=3.0, final_norm=3.0, embed_std=0.125, proj_scale=1.0, lm_head_scale=1.0),
 }
 
 
@@ -283,7 +317,8 @@ EXTRA_FORMS = {"llama": {"q5g64": (5, 64)}, "qwen3": {"q3g32": (3, 32)}, "gemma3
 # Families added later take few forms (float, bf16, one quantization): the formats
 # themselves are covered by the families above. qwen3_moe has no bf16 form: mlx's CPU
 # gather_mm (the experts' matmul) takes float32 only, so mlx-lm could not be its oracle.
-FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64"), "qwen3_moe": ("f32", "q4g64")}
+FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64"), "qwen3_moe": ("f32", "q4g64"),
+             "gemma4": ("f32", "bf16", "q4g64", "q8g64")}
 
 
 def family_forms(family):

@@ -127,10 +127,8 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
     if (o.kv_blocks == 0 && o.kv_budget_bytes > 0) {
         /* a byte budget: the pool's cost per block (storage and metadata) from its own size
          * function; on the GPU the device bytes of a block (cuda_kv_bytes) when larger */
-        double per_block = (double)(kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context,
-                                                   2, o.kv_quant) -
-                                    kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context,
-                                                   1, o.kv_quant));
+        double per_block = (double)(model_kv_bytes(c, p->max_seqs, p->context, 2, o.kv_quant) -
+                                    model_kv_bytes(c, p->max_seqs, p->context, 1, o.kv_quant));
         double dev_block = (double)engine_device_kv_bytes(c->n_layers, c->n_kv_heads, c->head_dim, 1, o.kv_quant,
                                                           o.device);
         if (dev_block > per_block) per_block = dev_block;
@@ -155,9 +153,9 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                        "--kv-quant %s is stored only by the CUDA backend (--device cuda); the CPU engine takes "
                        "--kv-quant none or int8",
                        hearth_kv_quant_name(o.kv_quant));
-    p->kv = kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context, p->n_blocks, o.kv_quant);
+    p->kv = model_kv_bytes(c, p->max_seqs, p->context, p->n_blocks, o.kv_quant);
     /* on the GPU keys and values live in the device pool: the host keeps the tables only */
-    if (o.device == HEARTH_DEVICE_CUDA) p->kv -= kv_storage_bytes(c->n_layers, c->n_kv_heads, c->head_dim, p->n_blocks, o.kv_quant);
+    if (o.device == HEARTH_DEVICE_CUDA) p->kv -= model_kv_storage_bytes(c, p->n_blocks, o.kv_quant);
     /* the CPU backend's scratch; on the GPU the device holds it (engine_device_plan_bytes) */
     p->scratch = o.device == HEARTH_DEVICE_CUDA ? 0
                                                 : cpu_backend_bytes(model_ops(m), &shape, p->step_tokens, p->max_out,
@@ -312,8 +310,8 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     /* host K/V storage only where the CPU runs the forward pass (after the device is open:
      * --device auto falls back to the CPU when the GPU path fails) */
     if (!st)
-        st = kv_create_meta(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
-                            o.kv_quant, po.device != HEARTH_DEVICE_CUDA, err);
+        st = model_kv_create(c, &e->kv, e->max_seqs, e->context, p.n_blocks, o.kv_quant, po.device != HEARTH_DEVICE_CUDA,
+                             err);
     if (!st) st = engine_device_open(model_ops(e->m), &e->kv, o.device, o.cuda_exact, e->step_tokens, e->max_out, e->tp, &e->be, err);
     e->gpu = e->be != NULL;
     if (!st && !e->gpu && po.device == HEARTH_DEVICE_CUDA) st = kv_storage_attach(&e->kv, err);
@@ -360,7 +358,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     if (st) { hearth_engine_free(e); return st; }
     e->bytes = engine_plan_bytes(&p);
     if (po.device == HEARTH_DEVICE_CUDA && !e->gpu) { /* auto fell back to the CPU: host storage and scratch after all */
-        e->bytes += kv_storage_bytes(c->n_layers, c->n_kv_heads, c->head_dim, p.n_blocks, o.kv_quant);
+        e->bytes += model_kv_storage_bytes(c, p.n_blocks, o.kv_quant);
         e->bytes += cpu_backend_bytes(model_ops(e->m), &e->kv, e->step_tokens, e->max_out, e->n_threads);
     }
     collect_eos(e);
@@ -625,8 +623,8 @@ double engine_decode_bytes(const model *m, int context, int kv_quant) {
         const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) b += weight_read_bytes(ws[j]);
         int span = l->sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
-        double row = (double)kv_row_bytes(kv_quant, c->head_dim);
-        b += 2.0 * span * c->n_kv_heads * row;
+        double row = (double)kv_row_bytes(kv_quant, l->head_dim ? l->head_dim : c->head_dim);
+        b += 2.0 * span * (l->n_kv_heads ? l->n_kv_heads : c->n_kv_heads) * row;
     }
     return b;
 }

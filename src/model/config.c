@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, gemma3_text, minicpm (GGUF: llama, qwen3, gemma3)"
+#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, gemma3_text, gemma4_text, minicpm (GGUF: llama, qwen3, gemma3)"
 
 static double num(const json_t *o, const char *k, double dflt) {
     const json_t *v = json_object_get(o, k);
@@ -79,6 +79,136 @@ static hearth_status read_qwen3_moe(const hearth_model *hm, const json_t *cfg, m
     return HEARTH_OK;
 }
 
+/* ---- Gemma 4 (mlx-lm models/gemma4_text.py): everything below up to read_dir_config. */
+
+/* A Gemma 4 layer type's RoPE: "default" rotates all head_dim dims with base^(-2i/dims);
+ * "proportional" rotates the first partial_rotary_factor of them with 1 / (factor *
+ * base^(2i/dims)) (exponents over the whole head_dim) and leaves the rest (inverse
+ * frequency 0: cos 1, sin 0). */
+static hearth_status gemma4_rope(const hearth_model *hm, const json_t *rp, const char *kind, int head_dim, float **out,
+                                 hearth_error *err) {
+    const char *type = json_string_value(json_object_get(rp, "rope_type"));
+    if (!type) type = json_string_value(json_object_get(rp, "type"));
+    if (!type) type = "default";
+    double base = num(rp, "rope_theta", 10000.0), factor = num(rp, "factor", 1.0);
+    int proportional = !strcmp(type, "proportional");
+    if (!proportional && strcmp(type, "default"))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: config.json: rope_parameters.%s: RoPE type '%s' is not supported (default, proportional are)",
+                       hm->entry.path, kind, type);
+    int half = head_dim / 2, rotated = proportional ? (int)(head_dim * num(rp, "partial_rotary_factor", 1.0)) / 2 : half;
+    float *f = *out = malloc((size_t)half * sizeof *f);
+    if (!f) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < half; i++)
+        f[i] = i < rotated ? (float)(1.0 / ((proportional ? factor : 1.0) * pow(base, (2.0 * i) / head_dim))) : 0.0f;
+    return HEARTH_OK;
+}
+
+static int gemma4_int(const json_t *cfg, const char *key, int dflt) {
+    const json_t *v = json_object_get(cfg, key);
+    return json_is_number(v) ? (int)json_number_value(v) : dflt; /* absent or null: mlx-lm's default */
+}
+
+/* Which layers are full attention (layer_types, else every sliding_window_pattern-th), which
+ * KV layer each reads (the last layer of its type before first_shared, for the shared ones),
+ * and the pool's shape per KV layer. */
+static hearth_status gemma4_layers_read(const hearth_model *hm, const json_t *cfg, model_config *c, hearth_error *err) {
+    int L = c->n_layers, pattern = gemma4_int(cfg, "sliding_window_pattern", 5);
+    const json_t *types = json_object_get(cfg, "layer_types");
+    c->layer_full = calloc((size_t)L, 1);
+    c->layer_kv = calloc((size_t)L, sizeof *c->layer_kv);
+    c->kv_heads = calloc((size_t)L, sizeof *c->kv_heads);
+    c->kv_dims = calloc((size_t)L, sizeof *c->kv_dims);
+    if (!c->layer_full || !c->layer_kv || !c->kv_heads || !c->kv_dims) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    if (json_is_array(types) && json_array_size(types) != (size_t)L)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: layer_types lists %zu layers, num_hidden_layers is %d",
+                       hm->entry.path, json_array_size(types), L);
+    for (int i = 0; i < L; i++) {
+        const char *t = json_is_array(types) ? json_string_value(json_array_get(types, (size_t)i)) : NULL;
+        if (json_is_array(types) && (!t || (strcmp(t, "full_attention") && strcmp(t, "sliding_attention"))))
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: config.json: layer_types[%d] is '%s' (full_attention or sliding_attention expected)",
+                           hm->entry.path, i, t ? t : "?");
+        c->layer_full[i] = t ? !strcmp(t, "full_attention") : pattern > 0 && (i % pattern) == pattern - 1;
+    }
+    int shared = gemma4_int(cfg, "num_kv_shared_layers", 20);
+    if (shared < 0 || shared >= L)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: num_kv_shared_layers %d must be in 0..%d",
+                       hm->entry.path, shared, L - 1);
+    c->first_shared = c->n_kv_layers = L - shared;
+    for (int i = 0; i < L; i++) {
+        int full = c->layer_full[i];
+        if (i < c->first_shared) {
+            c->layer_kv[i] = i;
+            c->kv_heads[i] = full ? c->full_kv_heads : c->swa_kv_heads;
+            c->kv_dims[i] = full ? c->full_head_dim : c->swa_head_dim;
+            continue;
+        }
+        c->layer_kv[i] = -1;
+        for (int j = c->first_shared - 1; j >= 0 && c->layer_kv[i] < 0; j--)
+            if (c->layer_full[j] == full) c->layer_kv[i] = j;
+        if (c->layer_kv[i] < 0)
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: config.json: layer %d (%s attention) shares KV, but no layer before %d has that type",
+                           hm->entry.path, i, full ? "full" : "sliding", c->first_shared);
+    }
+    return HEARTH_OK;
+}
+
+static hearth_status read_gemma4(const hearth_model *hm, const json_t *cfg, model_config *c, hearth_error *err) {
+    const char *path = hm->entry.path;
+    if (json_is_true(json_object_get(cfg, "enable_moe_block")))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: config.json: gemma4_text with enable_moe_block is not supported yet",
+                       path);
+    c->norm_shift = 0.0f; /* plain RMSNorm weights (nn.RMSNorm), not Gemma 3's (1 + w) */
+    c->attn_scale = 1.0f; /* q and k are RMS-normed; the reference's softmax scale is 1 */
+    c->embed_scale = (float)sqrt((double)c->hidden);
+    c->sliding_window = gemma4_int(cfg, "sliding_window", 512);
+    c->sliding_pattern = 0; /* layer_full says */
+    const json_t *cap = json_object_get(cfg, "final_logit_softcapping");
+    c->softcap = json_is_null(cap) ? 0.0f : (float)num(cfg, "final_logit_softcapping", 30.0);
+    c->swa_head_dim = c->head_dim;
+    c->swa_kv_heads = c->n_kv_heads;
+    c->full_head_dim = gemma4_int(cfg, "global_head_dim", 512);
+    if (c->full_head_dim <= 0) c->full_head_dim = c->head_dim; /* mlx-lm: a 0 / null global_head_dim is head_dim */
+    c->k_eq_v = json_is_true(json_object_get(cfg, "attention_k_eq_v"));
+    c->full_kv_heads = c->k_eq_v ? gemma4_int(cfg, "num_global_key_value_heads", c->n_kv_heads) : c->n_kv_heads;
+    c->swa_ffn = c->ffn;
+    const json_t *dw = json_object_get(cfg, "use_double_wide_mlp");
+    c->double_wide = dw ? json_is_true(dw) : 1;
+    c->per_layer_dim = gemma4_int(cfg, "hidden_size_per_layer_input", 256);
+    c->per_layer_vocab = gemma4_int(cfg, "vocab_size_per_layer_input", 262144);
+    if (c->full_head_dim % 2 || c->full_kv_heads <= 0 || c->n_heads % c->full_kv_heads || c->per_layer_dim < 0 ||
+        (c->per_layer_dim && c->per_layer_vocab <= 0) || c->sliding_window <= 0)
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: inconsistent gemma4_text sizes (global_head_dim %d, num_global_key_value_heads "
+                       "%d for %d heads, hidden_size_per_layer_input %d, vocab_size_per_layer_input %d, sliding_window %d)",
+                       path, c->full_head_dim, c->full_kv_heads, c->n_heads, c->per_layer_dim, c->per_layer_vocab,
+                       c->sliding_window);
+    hearth_status st = gemma4_layers_read(hm, cfg, c, err);
+    if (st) return st;
+    if (c->double_wide && c->first_shared < c->n_layers && c->first_shared > 0) c->ffn *= 2;
+    /* RoPE per layer type; rope_parameters absent: mlx-lm's defaults */
+    const json_t *rp = json_object_get(cfg, "rope_parameters");
+    json_t *dflt = NULL;
+    if (!json_is_object(rp))
+        rp = dflt = json_pack("{s:{s:f, s:f, s:s}, s:{s:f, s:f, s:s}}", "full_attention", "partial_rotary_factor", 0.25,
+                              "rope_theta", 1e6, "rope_type", "proportional", "sliding_attention",
+                              "partial_rotary_factor", 1.0, "rope_theta", 1e4, "rope_type", "default");
+    st = gemma4_rope(hm, json_object_get(rp, "full_attention"), "full_attention", c->full_head_dim,
+                     &c->inv_freq_global, err);
+    if (!st)
+        st = gemma4_rope(hm, json_object_get(rp, "sliding_attention"), "sliding_attention", c->swa_head_dim,
+                         &c->inv_freq_local, err);
+    json_decref(dflt);
+    if (st) return st;
+    c->head_dim = c->full_head_dim > c->swa_head_dim ? c->full_head_dim : c->swa_head_dim;
+    c->n_kv_heads = c->full_kv_heads > c->swa_kv_heads ? c->full_kv_heads : c->swa_kv_heads;
+    return HEARTH_OK;
+}
+
+/* ---- end of Gemma 4 */
+
 static hearth_status read_dir_config(const hearth_model *hm, model_config *c, hearth_error *err) {
     const json_t *cfg = hm->config, *text = json_object_get(cfg, "text_config");
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
@@ -89,6 +219,7 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     else if (!strcmp(mt, "gemma3_text") || !strcmp(mt, "gemma3")) c->family = FAMILY_GEMMA3;
     else if (!strcmp(mt, "minicpm")) c->family = FAMILY_MINICPM;
     else if (!strcmp(mt, "qwen3_moe")) c->family = FAMILY_QWEN3_MOE;
+    else if (!strcmp(mt, "gemma4_text") || !strcmp(mt, "gemma4")) c->family = FAMILY_GEMMA4;
     else return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported; " SUPPORTED,
                         hm->entry.path, mt);
     int gemma = c->family == FAMILY_GEMMA3;
@@ -104,6 +235,7 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     c->norm_eps = (float)num(cfg, "rms_norm_eps", 1e-6);
     /* transformers 5 saves RoPE as "rope_parameters" (theta, type and factors in one
      * object; Gemma 3: one object per layer type) instead of rope_theta + rope_scaling. */
+    if (c->family == FAMILY_GEMMA4) return read_gemma4(hm, cfg, c, err);
     const json_t *rp = json_object_get(cfg, "rope_parameters"), *rp_local = NULL;
     if (json_is_object(json_object_get(rp, "full_attention"))) {
         rp_local = json_object_get(rp, "sliding_attention");

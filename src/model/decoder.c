@@ -27,6 +27,7 @@ op_moe decoder_moe(const model *m, int i) {
 }
 
 static void add_weight(model *m, const op_weight *w, int logits, const char *name, int layer) {
+    if (!w->n) return; /* a weight the layer does not have (Gemma 4's shared-KV layers) */
     m->items[m->ops.n_items++] = (op_item){.w = w, .logits = logits, .name = name, .layer = layer};
 }
 
@@ -39,16 +40,17 @@ static void add_vec(model *m, const float *v, int family_has, int64_t n, const c
 /* (Re)builds m->ops after model_plan and again after model_load (the vectors' pointers). */
 hearth_status model_ops_build(model *m, hearth_error *err) {
     const model_config *c = &m->cfg;
-    size_t cap = (size_t)c->n_layers * 20 + 8;
+    size_t cap = (size_t)c->n_layers * 24 + 12;
     if (!m->items && !(m->items = calloc(cap, sizeof *m->items))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (!m->layer_window && !(m->layer_window = calloc((size_t)c->n_layers, sizeof *m->layer_window)))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     int64_t qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim, h = c->hidden;
-    int gemma = c->family == FAMILY_GEMMA3, qk = c->family == FAMILY_QWEN3 || c->family == FAMILY_QWEN3_MOE || gemma;
+    int gemma = c->family == FAMILY_GEMMA3 || c->family == FAMILY_GEMMA4, qk = c->family == FAMILY_QWEN3 || c->family == FAMILY_QWEN3_MOE || gemma;
     m->ops = (op_model){.dims = {.n_layers = c->n_layers, .hidden = c->hidden, .n_heads = c->n_heads,
                                  .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .ffn = c->ffn,
                                  .vocab = c->vocab, .norm_eps = c->norm_eps, .rope_adjacent = c->rope_adjacent,
-                                 .n_experts = c->n_experts, .top_k_experts = c->top_k_experts, .moe_ffn = c->moe_ffn},
+                                 .n_experts = c->n_experts, .top_k_experts = c->top_k_experts, .moe_ffn = c->moe_ffn,
+                                 .varied_layers = c->family == FAMILY_GEMMA4, .per_layer_dim = c->per_layer_dim},
                         .items = m->items,
                         .layer_window = m->layer_window};
     for (int i = 0; i < c->n_layers; i++) {
@@ -69,24 +71,58 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
         add_vec(m, l->ffn_norm, 1, h, "ffn_norm", i);
         add_vec(m, l->post_attn_norm, gemma, h, "post_attn_norm", i);
         add_vec(m, l->post_ffn_norm, gemma, h, "post_ffn_norm", i);
-        add_vec(m, l->q_norm, qk, c->head_dim, "q_norm", i);
-        add_vec(m, l->k_norm, qk, c->head_dim, "k_norm", i);
+        int hd = l->head_dim ? l->head_dim : c->head_dim, g4 = c->family == FAMILY_GEMMA4;
+        add_vec(m, l->q_norm, qk, hd, "q_norm", i);
+        add_vec(m, l->k_norm, qk && !l->shares_kv, hd, "k_norm", i);
+        if (g4) {
+            add_vec(m, l->layer_scalar, 1, 1, "layer_scalar", i);
+            add_weight(m, &l->pl_gate, 0, "per_layer_input_gate", i);
+            add_weight(m, &l->pl_proj, 0, "per_layer_projection", i);
+            add_vec(m, l->pl_norm, c->per_layer_dim > 0, h, "post_per_layer_input_norm", i);
+        }
         m->layer_window[i] = l->sliding ? c->sliding_window : 0;
     }
     add_weight(m, &m->lm_head, 1, "lm_head", -1);
     add_vec(m, m->final_norm, 1, h, "final_norm", -1);
-    add_vec(m, c->inv_freq_global, 0, c->head_dim / 2, "rope_inv_freq", -1);
-    add_vec(m, c->inv_freq_local, 0, c->head_dim / 2, "rope_inv_freq_local", -1);
+    int g4 = c->family == FAMILY_GEMMA4;
+    add_vec(m, c->inv_freq_global, 0, (g4 ? c->full_head_dim : c->head_dim) / 2, "rope_inv_freq", -1);
+    add_vec(m, c->inv_freq_local, 0, (g4 ? c->swa_head_dim : c->head_dim) / 2, "rope_inv_freq_local", -1);
+    if (g4) {
+        add_weight(m, &m->embed_per_layer, 0, "embed_tokens_per_layer", -1);
+        add_weight(m, &m->per_layer_proj, 0, "per_layer_model_projection", -1);
+        add_vec(m, m->per_layer_proj_norm, c->per_layer_dim > 0, c->per_layer_dim, "per_layer_projection_norm", -1);
+    }
     return HEARTH_OK;
 }
 
 const op_model *model_ops(const model *m) { return &m->ops; }
 
+hearth_status model_kv_create(const model_config *c, kv_cache *kv, int max_slots, int max_context, int n_blocks,
+                              int quant, int with_storage, hearth_error *err) {
+    if (c->kv_heads)
+        return kv_create_layers(kv, c->n_kv_layers, c->kv_heads, c->kv_dims, max_slots, max_context, n_blocks, quant,
+                                with_storage, err);
+    return kv_create_meta(kv, c->n_layers, c->n_kv_heads, c->head_dim, max_slots, max_context, n_blocks, quant,
+                          with_storage, err);
+}
+
+size_t model_kv_storage_bytes(const model_config *c, int n_blocks, int quant) {
+    if (c->kv_heads) return kv_storage_bytes_layers(c->n_kv_layers, c->kv_heads, c->kv_dims, n_blocks, quant);
+    return kv_storage_bytes(c->n_layers, c->n_kv_heads, c->head_dim, n_blocks, quant);
+}
+
+size_t model_kv_bytes(const model_config *c, int max_slots, int max_context, int n_blocks, int quant) {
+    /* the tables and prefix index of kv_bytes_quant, with this model's storage */
+    return kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, max_slots, max_context, n_blocks, quant) -
+           kv_storage_bytes(c->n_layers, c->n_kv_heads, c->head_dim, n_blocks, quant) +
+           model_kv_storage_bytes(c, n_blocks, quant);
+}
+
 hearth_status model_forward(const model *m, op_backend *be, kv_cache *kv, const op_batch *b, op_out out, int32_t *ids,
                             hearth_error *err) {
     static const op_layers_fn layers[] = {[FAMILY_LLAMA] = llama_layers, [FAMILY_QWEN3] = qwen3_layers,
                                           [FAMILY_GEMMA3] = gemma3_layers, [FAMILY_MINICPM] = minicpm_layers,
-                                          [FAMILY_QWEN3_MOE] = qwen3_moe_layers};
+                                          [FAMILY_QWEN3_MOE] = qwen3_moe_layers, [FAMILY_GEMMA4] = gemma4_layers};
     op_embed embed = {.table = &m->embed, .scale = m->cfg.embed_scale};
     return be->t->step(be, kv, b, &m->ops.dims, &embed, layers[m->cfg.family], m, out, ids, err);
 }

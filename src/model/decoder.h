@@ -36,4 +36,5 @@ hearth_status qwen3_layers(const op_step *s, const void *ctx);
 hearth_status gemma3_layers(const op_step *s, const void *ctx);
 hearth_status minicpm_layers(const op_step *s, const void *ctx);
 hearth_status qwen3_moe_layers(const op_step *s, const void *ctx);
+hearth_status gemma4_layers(const op_step *s, const void *ctx);
 #endif

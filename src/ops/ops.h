@@ -18,6 +18,11 @@ typedef struct op_dims {
     int n_experts, top_k_experts, moe_ffn; /* mixture-of-experts layers (0 experts: none) */
     float norm_eps;
     int rope_adjacent; /* GGUF llama weights are permuted for adjacent-pair RoPE */
+    /* Gemma 4: layers of their own head_dim / KV heads / MLP width (head_dim, n_kv_heads and
+     * ffn above are then the maxima), KV shared between layers, per-layer inputs of
+     * per_layer_dim values per layer (0: none). A backend that cannot run such a model
+     * refuses it when it starts. */
+    int varied_layers, per_layer_dim;
 } op_dims;
 
 /* One item a backend must hold a copy of (weights and vectors that ops are passed): a
@@ -74,13 +79,36 @@ typedef struct op_attn {
     const float *inv_freq;
     int window;
     float scale;
+    /* Gemma 4 (0 / NULL elsewhere): this layer's head_dim and KV heads (0: the dims'); values
+     * RMS-normed without a scale (v_norm); v NULL: the values are the keys before their norm
+     * and RoPE (attention_k_eq_v); shared: the layer reads the keys and values another layer
+     * stored at the KV layer it is given, so only its queries are computed. */
+    int head_dim, n_kv_heads, v_norm, shared;
 } op_attn;
 
 /* A gated MLP: down(act(gate · x) * (up · x)). */
 typedef struct op_mlp {
     const op_weight *gate, *up, *down;
     op_act act;
+    int ffn; /* this layer's width (0: dims.ffn) */
 } op_mlp;
+
+/* Gemma 4's per-layer inputs (mlx-lm gemma4_text.py), for every token of the step, made
+ * once after the embedding: table[token] * table_scale (a row of n_layers * per_layer_dim)
+ * plus rmsnorm(proj · x * proj_scale) per layer (weight norm), both times input_scale; x is
+ * the scaled embedding. */
+typedef struct op_per_layer_inputs {
+    const op_weight *table, *proj;
+    const float *norm;
+    float table_scale, proj_scale, input_scale;
+    int vocab;
+} op_per_layer_inputs;
+
+/* Layer `layer`'s use of them: x += rmsnorm(proj · (gelu_tanh(gate · x) * input[layer])) * norm. */
+typedef struct op_per_layer_gate {
+    const op_weight *gate, *proj;
+    const float *norm;
+} op_per_layer_gate;
 
 /* A mixture-of-experts MLP (Qwen3-MoE, mlx-lm SwitchGLU): router logits = router · x,
  * softmax over the experts, the top_k of them per token (weights renormalized to sum 1
@@ -151,6 +179,12 @@ struct op_table {
     /* logits of the step's out_rows: lm_head · (rmsnorm(x[row]) * (w + shift) / div) (div 1:
      * none; OP_OUT_HIDDEN: the normed rows themselves, undivided). */
     hearth_status (*logits)(const op_step *s, const float *w, float shift, float div, const op_weight *lm_head);
+    /* Gemma 4 (NULL in a backend that refuses varied_layers models): the step's per-layer
+     * inputs, a layer's per-layer gate, and logits = tanh(logits / cap) * cap for the rows
+     * op_logits delivered. */
+    hearth_status (*per_layer_inputs)(const op_step *s, const op_per_layer_inputs *p);
+    hearth_status (*per_layer_gate)(const op_step *s, int layer, const op_per_layer_gate *g);
+    hearth_status (*softcap)(const op_step *s, float cap);
     /* The device copy of kv rows (a partial prefix match), ordered before the next step;
      * NULL where the KV pool is the host's own. */
     hearth_status (*kv_copy)(op_backend *be, int32_t src, int32_t dst, int rows, hearth_error *err);
@@ -182,6 +216,13 @@ static inline hearth_status op_attention(const op_step *s, int layer, const op_a
 }
 static inline hearth_status op_mlp_run(const op_step *s, const op_mlp *m) { return s->t->mlp(s, m); }
 static inline hearth_status op_moe_run(const op_step *s, const op_moe *m) { return s->t->moe(s, m); }
+static inline hearth_status op_per_layer_inputs_run(const op_step *s, const op_per_layer_inputs *p) {
+    return s->t->per_layer_inputs(s, p);
+}
+static inline hearth_status op_per_layer_gate_run(const op_step *s, int layer, const op_per_layer_gate *g) {
+    return s->t->per_layer_gate(s, layer, g);
+}
+static inline hearth_status op_softcap(const op_step *s, float cap) { return s->t->softcap(s, cap); }
 
 /* Expert e's rows of a stacked expert weight (op_moe): a view, no copy. */
 op_weight op_weight_rows(const op_weight *w, int64_t row0, int64_t rows);

@@ -22,6 +22,8 @@ typedef struct cpu_backend {
     float *moe_logits, *moe_x, *moe_gate, *moe_up, *moe_out, *moe_w;
     int32_t *moe_sel, *moe_tok;
     float *moe_tokw;
+    /* Gemma 4's per-layer inputs [T, n_layers * per_layer_dim] and their working rows */
+    float *pl_in, *pl_tmp;
     float *attn;                                       /* attention scratch, per thread */
     void *mm;                                          /* matmul scratch (quantized activations) */
     size_t mm_size;
@@ -40,15 +42,16 @@ static size_t mm_scratch_need(const op_model *om, int T) {
 }
 
 /* The sizes of the buffers, in floats (4 bytes) each, in cpu_backend's order. */
-enum { CPU_N_ACT = 20 };
+enum { CPU_N_ACT = 22 };
 static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
                       size_t sizes[CPU_N_ACT]) {
     size_t T = (size_t)max_tokens, qd = (size_t)d->n_heads * d->head_dim, kd = (size_t)d->n_kv_heads * d->head_dim;
     size_t E = (size_t)d->n_experts, K = (size_t)d->top_k_experts, F = (size_t)d->moe_ffn, moe = E > 0;
+    size_t per_layer = (size_t)d->n_layers * d->per_layer_dim;
     size_t s[CPU_N_ACT] = {T * d->hidden, T * d->hidden, T * qd, T * kd, T * kd, T * qd, T * d->hidden, T * d->ffn,
                            T * d->ffn, (size_t)max_out * d->hidden, (size_t)n_threads * ops_attention_scratch(kv),
                            moe * T * E, moe * T * d->hidden, moe * T * F, moe * T * F, moe * T * d->hidden,
-                           moe * T * K, moe * T * K, moe * T, moe * T};
+                           moe * T * K, moe * T * K, moe * T, moe * T, T * per_layer, T * per_layer};
     memcpy(sizes, s, sizeof s);
 }
 
@@ -64,7 +67,7 @@ static void cpu_free(op_backend *be) {
     if (!c) return;
     void *ptrs[] = {c->x,      c->xn,    c->q,      c->k,      c->v,   c->att,  c->tmp,
                     c->gate,   c->up,    c->rows,   c->attn,   c->moe_logits, c->moe_x, c->moe_gate,
-                    c->moe_up, c->moe_out, c->moe_w, c->moe_sel, c->moe_tok, c->moe_tokw};
+                    c->moe_up, c->moe_out, c->moe_w, c->moe_sel, c->moe_tok, c->moe_tokw, c->pl_in, c->pl_tmp};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     free(c->mm);
     free(c);
@@ -120,24 +123,35 @@ static void add_bias(float *y, const float *bias, int T, int n) {
     for (int t = 0; t < T; t++) ops_add(y + (size_t)t * n, bias, (size_t)n);
 }
 
+/* This layer's head_dim and KV heads (Gemma 4's differ per layer type), else the model's. */
+static int attn_head_dim(const op_step *s, const op_attn *a) { return a->head_dim ? a->head_dim : s->dims->head_dim; }
+static int attn_kv_heads(const op_step *s, const op_attn *a) {
+    return a->n_kv_heads ? a->n_kv_heads : s->dims->n_kv_heads;
+}
+
 static hearth_status cpu_qkv_rope_store(const op_step *s, int layer, const op_attn *a) {
     cpu_backend *c = cb(s);
     const op_dims *d = s->dims;
-    int T = s->b->T, qd = d->n_heads * d->head_dim, kd = d->n_kv_heads * d->head_dim;
+    int T = s->b->T, hd = attn_head_dim(s, a), nkv = attn_kv_heads(s, a), qd = d->n_heads * hd, kd = nkv * hd;
     const op_weight *qkv[] = {a->q, a->k, a->v};
     float *const qkv_out[] = {c->q, c->k, c->v};
-    hearth_status st = matmul_fused(s, 3, qkv, qkv_out, c->xn);
+    /* a layer that shares another's keys and values computes its queries only; without v
+     * (attention_k_eq_v) the values are the keys as projected */
+    hearth_status st = a->shared ? matmul(s, a->q, c->xn, T, c->q) : matmul_fused(s, a->v ? 3 : 2, qkv, qkv_out, c->xn);
     if (st) return st;
+    if (!a->shared && !a->v) memcpy(c->v, c->k, (size_t)T * kd * sizeof(float));
     add_bias(c->q, a->q_bias, T, qd);
+    if (a->q_norm) ops_rmsnorm(c->q, c->q, a->q_norm, a->norm_shift, T * d->n_heads, hd, a->norm_eps);
+    ops_rope(c->q, T, d->n_heads, hd, s->b->pos, a->inv_freq, d->rope_adjacent);
+    if (a->shared) return HEARTH_OK;
     add_bias(c->k, a->k_bias, T, kd);
     add_bias(c->v, a->v_bias, T, kd);
-    if (a->q_norm) ops_rmsnorm(c->q, c->q, a->q_norm, a->norm_shift, T * d->n_heads, d->head_dim, a->norm_eps);
-    if (a->k_norm) ops_rmsnorm(c->k, c->k, a->k_norm, a->norm_shift, T * d->n_kv_heads, d->head_dim, a->norm_eps);
-    ops_rope(c->q, T, d->n_heads, d->head_dim, s->b->pos, a->inv_freq, d->rope_adjacent);
-    ops_rope(c->k, T, d->n_kv_heads, d->head_dim, s->b->pos, a->inv_freq, d->rope_adjacent);
+    if (a->k_norm) ops_rmsnorm(c->k, c->k, a->k_norm, a->norm_shift, T * nkv, hd, a->norm_eps);
+    if (a->v_norm) ops_rmsnorm(c->v, c->v, NULL, 0.0f, T * nkv, hd, a->norm_eps);
+    ops_rope(c->k, T, nkv, hd, s->b->pos, a->inv_freq, d->rope_adjacent);
     for (int t = 0; t < T; t++) /* the new keys and values join the cache before attending */
-        for (int h = 0; h < d->n_kv_heads; h++) {
-            size_t off = (size_t)t * kd + (size_t)h * d->head_dim;
+        for (int h = 0; h < nkv; h++) {
+            size_t off = (size_t)t * kd + (size_t)h * hd;
             kv_store(s->kv, layer, s->b->slot[t], s->b->pos[t], h, c->k + off, c->v + off);
         }
     return HEARTH_OK;
@@ -146,10 +160,12 @@ static hearth_status cpu_qkv_rope_store(const op_step *s, int layer, const op_at
 static hearth_status cpu_attention(const op_step *s, int layer, const op_attn *a) {
     cpu_backend *c = cb(s);
     const op_dims *d = s->dims;
-    ops_attention_args args = {.kv = s->kv, .layer = layer, .q = c->q, .out = c->att, .T = s->b->T,
-                               .n_heads = d->n_heads, .n_kv_heads = d->n_kv_heads, .head_dim = d->head_dim,
-                               .pos = s->b->pos, .slot = s->b->slot, .window = a->window, .scale = a->scale,
-                               .scratch = c->attn};
+    kv_cache view; /* the layer's own shape where layers differ (kv_layer_view) */
+    int view_layer = kv_layer_view(s->kv, layer, &view);
+    ops_attention_args args = {.kv = &view, .layer = view_layer, .q = c->q, .out = c->att, .T = s->b->T,
+                               .n_heads = d->n_heads, .n_kv_heads = attn_kv_heads(s, a),
+                               .head_dim = attn_head_dim(s, a), .pos = s->b->pos, .slot = s->b->slot,
+                               .window = a->window, .scale = a->scale, .scratch = c->attn};
     ops_attention(&args, c->tp);
     return matmul(s, a->o, c->att, s->b->T, c->tmp);
 }
@@ -160,7 +176,7 @@ static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
     float *const gate_up_out[] = {c->gate, c->up};
     hearth_status st = matmul_fused(s, 2, gate_up, gate_up_out, c->xn);
     if (st) return st;
-    size_t n = (size_t)s->b->T * s->dims->ffn;
+    size_t n = (size_t)s->b->T * (m->ffn ? m->ffn : s->dims->ffn);
     if (m->act == OP_ACT_SILU) ops_silu_mul(c->gate, c->up, n);
     else ops_gelu_tanh_mul(c->gate, c->up, n);
     return matmul(s, m->down, c->gate, s->b->T, c->tmp);
@@ -247,6 +263,42 @@ static hearth_status cpu_logits(const op_step *s, const float *w, float shift, f
     return matmul(s, lm_head, rows, b->n_out, b->logits);
 }
 
+static hearth_status cpu_per_layer_inputs(const op_step *s, const op_per_layer_inputs *p) {
+    cpu_backend *c = cb(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T;
+    size_t n = (size_t)T * d->n_layers * d->per_layer_dim;
+    op_embed table = {.table = p->table, .scale = p->table_scale};
+    hearth_status st = op_embed_rows(&table, s->b->tokens, T, p->vocab, c->pl_in, c->tp, s->err);
+    if (!st) st = matmul(s, p->proj, c->x, T, c->pl_tmp);
+    if (st) return st;
+    ops_scale(c->pl_tmp, p->proj_scale, n);
+    ops_rmsnorm(c->pl_tmp, c->pl_tmp, p->norm, 0.0f, T * d->n_layers, d->per_layer_dim, d->norm_eps);
+    for (size_t i = 0; i < n; i++) c->pl_in[i] = (c->pl_tmp[i] + c->pl_in[i]) * p->input_scale;
+    return HEARTH_OK;
+}
+
+static hearth_status cpu_per_layer_gate(const op_step *s, int layer, const op_per_layer_gate *g) {
+    cpu_backend *c = cb(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T, D = d->per_layer_dim, H = d->hidden;
+    hearth_status st = matmul(s, g->gate, c->x, T, c->pl_tmp);
+    if (st) return st;
+    for (int t = 0; t < T; t++)
+        ops_gelu_tanh_mul(c->pl_tmp + (size_t)t * D, c->pl_in + ((size_t)t * d->n_layers + layer) * D, (size_t)D);
+    if ((st = matmul(s, g->proj, c->pl_tmp, T, c->tmp))) return st;
+    ops_rmsnorm(c->tmp, c->tmp, g->norm, 0.0f, T, H, d->norm_eps);
+    ops_add(c->x, c->tmp, (size_t)T * H);
+    return HEARTH_OK;
+}
+
+static hearth_status cpu_softcap(const op_step *s, float cap) {
+    if (s->out != OP_OUT_LOGITS) return HEARTH_OK;
+    float *l = s->b->logits;
+    for (size_t i = 0; i < (size_t)s->b->n_out * s->dims->vocab; i++) l[i] = tanhf(l[i] / cap) * cap;
+    return HEARTH_OK;
+}
+
 static hearth_status cpu_step(op_backend *be, kv_cache *kv, const op_batch *b, const op_dims *dims,
                               const op_embed *embed, op_layers_fn layers, const void *ctx, op_out out, int32_t *ids,
                               hearth_error *err) {
@@ -272,6 +324,9 @@ static const op_table cpu_table = {.name = "cpu",
                                    .mlp = cpu_mlp,
                                    .moe = cpu_moe,
                                    .logits = cpu_logits,
+                                   .per_layer_inputs = cpu_per_layer_inputs,
+                                   .per_layer_gate = cpu_per_layer_gate,
+                                   .softcap = cpu_softcap,
                                    .kv_copy = NULL,
                                    .free = cpu_free};
 
@@ -288,7 +343,8 @@ hearth_status cpu_backend_create(const op_model *om, const kv_cache *kv, int max
                               (void **)&c->v,          (void **)&c->att,     (void **)&c->tmp,      (void **)&c->gate,
                               (void **)&c->up,         (void **)&c->rows,    (void **)&c->attn,     (void **)&c->moe_logits,
                               (void **)&c->moe_x,      (void **)&c->moe_gate, (void **)&c->moe_up,  (void **)&c->moe_out,
-                              (void **)&c->moe_w,      (void **)&c->moe_sel, (void **)&c->moe_tok,  (void **)&c->moe_tokw};
+                              (void **)&c->moe_w,      (void **)&c->moe_sel, (void **)&c->moe_tok,  (void **)&c->moe_tokw,
+                              (void **)&c->pl_in,      (void **)&c->pl_tmp};
     int ok = 1;
     for (int i = 0; i < CPU_N_ACT; i++) {
         if (posix_memalign(ptrs[i], 64, sizes[i] * sizeof(float) + 64)) ok = 0;

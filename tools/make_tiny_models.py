@@ -248,6 +248,14 @@ def family_specs():
                 "bos_token_id": specs["gemma3"]["config"]["bos_token_id"],
                 "eos_token_id": specs["gemma3"]["config"]["eos_token_id"],
                 "pad_token_id": specs["gemma3"]["config"]["pad_token_id"]})
+    # The 26B-A4B form: every layer's dense MLP plus 8 experts (2 per token), values = keys on
+    # full layers, no shared KV and no per-layer inputs.
+    moe = dict(specs["gemma4"]["config"], enable_moe_block=True, num_experts=8, top_k_experts=2,
+               moe_intermediate_size=64, num_kv_shared_layers=0, hidden_size_per_layer_input=0,
+               use_double_wide_mlp=False)
+    specs["gemma4_moe"] = dict(tokenizer=specs["gemma4"]["tokenizer"],
+                               tokenizer_config=dict(specs["gemma4"]["tokenizer_config"]),
+                               generation_config=dict(specs["gemma4"]["generation_config"]), config=moe)
     # --- end gemma4_text
 
     for spec in specs.values():
@@ -278,7 +286,7 @@ def build_model(family, config, init):
             params[name] = init["lm_head_scale"] * w
         elif "proj" in name:
             params[name] = init["proj_scale"] * w
-        elif name.endswith("layer_scalar"):  # gemma4_text: each block's output times it (1 by default)
+        elif name.endswith(("layer_scalar", "router.scale", "per_expert_scale")):  # gemma4_text: ones by default
             params[name] = 0.5 + mx.random.uniform(shape=w.shape)
     if config.get("tie_word_embeddings", True) and "lm_head.weight" in params:
         del params["lm_head.weight"]
@@ -304,6 +312,7 @@ INIT = {
     "qwen3_moe": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=4.0, lm_head_scale=6.0),
     # Gemma 4's norms scale by w (not 1 + w): centred on 1, the post-norms larger as gemma3's
     "gemma4": dict(norm=1.0, post_norm=3.0, final_norm=3.0, embed_std=0.125, proj_scale=1.0, lm_head_scale=1.0),
+    "gemma4_moe": dict(norm=1.0, post_norm=3.0, final_norm=3.0, embed_std=0.125, proj_scale=1.0, lm_head_scale=1.0),
 }
 
 
@@ -318,7 +327,7 @@ EXTRA_FORMS = {"llama": {"q5g64": (5, 64)}, "qwen3": {"q3g32": (3, 32)}, "gemma3
 # themselves are covered by the families above. qwen3_moe has no bf16 form: mlx's CPU
 # gather_mm (the experts' matmul) takes float32 only, so mlx-lm could not be its oracle.
 FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64"), "qwen3_moe": ("f32", "q4g64"),
-             "gemma4": ("f32", "bf16", "q4g64", "q8g64")}
+             "gemma4": ("f32", "bf16", "q4g64", "q8g64"), "gemma4_moe": ("f32", "q4g64")}
 
 
 def family_forms(family):

@@ -157,9 +157,17 @@ static hearth_status gemma4_layers_read(const hearth_model *hm, const json_t *cf
 
 static hearth_status read_gemma4(const hearth_model *hm, const json_t *cfg, model_config *c, hearth_error *err) {
     const char *path = hm->entry.path;
-    if (json_is_true(json_object_get(cfg, "enable_moe_block")))
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: config.json: gemma4_text with enable_moe_block is not supported yet",
-                       path);
+    if (json_is_true(json_object_get(cfg, "enable_moe_block"))) { /* every layer: dense MLP + experts */
+        c->n_experts = gemma4_int(cfg, "num_experts", 0);
+        c->top_k_experts = gemma4_int(cfg, "top_k_experts", 0);
+        c->moe_ffn = gemma4_int(cfg, "moe_intermediate_size", 0);
+        if (c->n_experts <= 0 || c->n_experts > 4096 || c->top_k_experts <= 0 || c->top_k_experts > c->n_experts ||
+            c->moe_ffn <= 0)
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: config.json: enable_moe_block needs num_experts (1..4096), top_k_experts "
+                           "(1..num_experts) and moe_intermediate_size (got %d, %d, %d)",
+                           path, c->n_experts, c->top_k_experts, c->moe_ffn);
+    }
     c->norm_shift = 0.0f; /* plain RMSNorm weights (nn.RMSNorm), not Gemma 3's (1 + w) */
     c->attn_scale = 1.0f; /* q and k are RMS-normed; the reference's softmax scale is 1 */
     c->embed_scale = (float)sqrt((double)c->hidden);

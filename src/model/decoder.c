@@ -57,7 +57,7 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
         const layer_weights *l = &m->layers[i];
         const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-        for (int j = 0; j < (l->moe ? 4 : 7); j++) add_weight(m, ws[j], 0, names[j], i);
+        for (int j = 0; j < 7; j++) add_weight(m, ws[j], 0, names[j], i); /* none on Qwen3-MoE's sparse layers */
         if (l->moe) {
             add_weight(m, &l->router, 0, "router", i);
             add_weight(m, &l->experts_gate, 0, "experts.gate_proj", i);
@@ -79,6 +79,11 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
             add_weight(m, &l->pl_gate, 0, "per_layer_input_gate", i);
             add_weight(m, &l->pl_proj, 0, "per_layer_projection", i);
             add_vec(m, l->pl_norm, c->per_layer_dim > 0, h, "post_per_layer_input_norm", i);
+            add_vec(m, l->router_norm, l->moe, h, "router.scale", i);
+            add_vec(m, l->expert_scale, l->moe, c->n_experts, "router.per_expert_scale", i);
+            add_vec(m, l->ffn_norm_2, l->moe, h, "pre_feedforward_layernorm_2", i);
+            add_vec(m, l->post_ffn_norm_1, l->moe, h, "post_feedforward_layernorm_1", i);
+            add_vec(m, l->post_ffn_norm_2, l->moe, h, "post_feedforward_layernorm_2", i);
         }
         m->layer_window[i] = l->sliding ? c->sliding_window : 0;
     }

@@ -5,7 +5,8 @@
  * (their head_dim, KV heads, default RoPE) and full layers (global_head_dim, proportional
  * partial RoPE, optionally values = keys) in layer_types order; the last layers read an
  * earlier layer's KV instead of storing their own; GeGLU MLPs (double-wide on the shared
- * layers where configured); after each block the per-layer input gate and the layer
+ * layers where configured) and, with enable_moe_block, a mixture of experts beside them (its
+ * own router and norms, mlx-lm's Router / Experts); after each block the per-layer input gate and the layer
  * scalar; tanh softcap of the logits. Op-table calls only: the same code on every backend. */
 #include "model/decoder.h"
 #include <math.h>
@@ -51,6 +52,16 @@ hearth_status gemma4_layers(const op_step *s, const void *ctx) {
         OP_TRY(op_norm(s, OP_TMP, l->post_attn_norm, 0.0f));
         OP_TRY(op_add_norm(s, OP_TMP, l->ffn_norm, 0.0f, DECODER_GATE_UP(l)));
         OP_TRY(op_mlp_run(s, &mlp));
+        if (l->moe) { /* tmp = post_1(mlp) + post_2(experts(pre_2(x))), routed from x */
+            op_moe moe = decoder_moe(m, i);
+            moe.act = OP_ACT_GELU_TANH;
+            moe.router_norm = l->router_norm;
+            moe.in_norm = l->ffn_norm_2;
+            moe.out_norm = l->post_ffn_norm_2;
+            moe.expert_scale = l->expert_scale;
+            OP_TRY(op_norm(s, OP_TMP, l->post_ffn_norm_1, 0.0f));
+            OP_TRY(op_moe_run(s, &moe));
+        }
         OP_TRY(op_norm(s, OP_TMP, l->post_ffn_norm, 0.0f));
         OP_TRY(op_add(s, OP_X, OP_TMP));
         if (c->per_layer_dim) {

@@ -302,6 +302,41 @@ static const char *gemma4_name(loader *L, int layer, const char *what, char *buf
     return buf;
 }
 
+/* The MoE block of a layer (enable_moe_block): router, experts stacked [experts, rows, cols]
+ * as mlx-lm's sanitize leaves them (experts.switch_glu.*), and its three extra norms. */
+static hearth_status load_gemma4_moe(loader *L, int i, layer_weights *lw) {
+    const model_config *c = &L->m->cfg;
+    char name[512];
+    hearth_status st;
+    int64_t E = c->n_experts, F = c->moe_ffn, H = c->hidden;
+    lw->moe = 1;
+    struct { const char *name; op_weight *w; int64_t n_out, n_in; } mats[] = {
+        {"router.proj", &lw->router, E, H},
+        {"experts.switch_glu.gate_proj", &lw->experts_gate, E * F, H},
+        {"experts.switch_glu.up_proj", &lw->experts_up, E * F, H},
+        {"experts.switch_glu.down_proj", &lw->experts_down, E * H, F},
+    };
+    for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++)
+        if ((st = load_matrix(L, gemma4_name(L, i, mats[j].name, name, sizeof name), mats[j].n_out, mats[j].n_in,
+                              mats[j].w)))
+            return st;
+    struct { const char *name; const float **v; int64_t n; } vecs[] = {
+        {"router.scale", &lw->router_norm, H},
+        {"router.per_expert_scale", &lw->expert_scale, E},
+        {"pre_feedforward_layernorm_2.weight", &lw->ffn_norm_2, H},
+        {"post_feedforward_layernorm_1.weight", &lw->post_ffn_norm_1, H},
+        {"post_feedforward_layernorm_2.weight", &lw->post_ffn_norm_2, H},
+    };
+    for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++)
+        if ((st = load_vector(L, gemma4_name(L, i, vecs[j].name, name, sizeof name), vecs[j].n, 1, vecs[j].v)))
+            return st;
+    if (lw->router_norm) { /* the router's norm weight: scale * hidden^-0.5, a float32 product as mlx-lm's */
+        float *w = (float *)lw->router_norm, root = (float)pow((double)H, -0.5);
+        for (int64_t k = 0; k < H; k++) w[k] *= root;
+    }
+    return HEARTH_OK;
+}
+
 static hearth_status load_gemma4_layer(loader *L, int i, layer_weights *lw) {
     const model_config *c = &L->m->cfg;
     char name[512];
@@ -345,7 +380,7 @@ static hearth_status load_gemma4_layer(loader *L, int i, layer_weights *lw) {
         if (vecs[j].present &&
             (st = load_vector(L, gemma4_name(L, i, vecs[j].name, name, sizeof name), vecs[j].n, 1, vecs[j].v)))
             return st;
-    return HEARTH_OK;
+    return c->n_experts ? load_gemma4_moe(L, i, lw) : HEARTH_OK;
 }
 
 static hearth_status load_gemma4_model(loader *L) {

@@ -55,6 +55,9 @@ typedef struct layer_weights {
     const float *layer_scalar;          /* one value: the block's output is multiplied by it */
     op_weight pl_gate, pl_proj;          /* per_layer_input_gate, per_layer_projection */
     const float *pl_norm;                /* post_per_layer_input_norm */
+    /* Gemma 4's MoE block beside the dense MLP: router.scale * hidden^-0.5, per_expert_scale,
+     * pre_feedforward_layernorm_2, post_feedforward_layernorm_1 / _2 */
+    const float *router_norm, *expert_scale, *ffn_norm_2, *post_ffn_norm_1, *post_ffn_norm_2;
 } layer_weights;
 
 typedef struct model {

@@ -119,6 +119,11 @@ typedef struct op_moe {
     const op_weight *router, *gate, *up, *down;
     int norm_topk;
     op_act act;
+    /* Gemma 4 (router_norm non-NULL; mlx-lm gemma4_text.py Router / Experts): the op reads x
+     * (the residual), not xn. Router logits = router · rmsnorm(x) * router_norm; the top_k by
+     * logit, their softmax times expert_scale[e]; the experts read rmsnorm(x) * in_norm; their
+     * weighted sum, rmsnorm'd * out_norm, is added to tmp (which holds the dense MLP's output). */
+    const float *router_norm, *in_norm, *out_norm, *expert_scale;
 } op_moe;
 
 /* How the step's logits leave it: to the host (batch.logits), only each row's greedy id
@@ -174,7 +179,8 @@ struct op_table {
     hearth_status (*attention)(const op_step *s, int layer, const op_attn *a);
     /* tmp = the gated MLP of xn. */
     hearth_status (*mlp)(const op_step *s, const op_mlp *m);
-    /* tmp = the mixture-of-experts MLP of xn (dims.n_experts, top_k_experts, moe_ffn). */
+    /* tmp = the mixture-of-experts MLP of xn (dims.n_experts, top_k_experts, moe_ffn); Gemma 4's
+     * form (op_moe.router_norm): tmp += its experts' normed output, from x. */
     hearth_status (*moe)(const op_step *s, const op_moe *m);
     /* logits of the step's out_rows: lm_head · (rmsnorm(x[row]) * (w + shift) / div) (div 1:
      * none; OP_OUT_HIDDEN: the normed rows themselves, undivided). */

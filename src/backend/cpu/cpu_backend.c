@@ -24,6 +24,7 @@ typedef struct cpu_backend {
     float *moe_tokw;
     /* Gemma 4's per-layer inputs [T, n_layers * per_layer_dim] and their working rows */
     float *pl_in, *pl_tmp;
+    float *moe_acc; /* [T, hidden]: Gemma 4's experts' sum before its norm (moe only) */
     float *attn;                                       /* attention scratch, per thread */
     void *mm;                                          /* matmul scratch (quantized activations) */
     size_t mm_size;
@@ -42,7 +43,7 @@ static size_t mm_scratch_need(const op_model *om, int T) {
 }
 
 /* The sizes of the buffers, in floats (4 bytes) each, in cpu_backend's order. */
-enum { CPU_N_ACT = 22 };
+enum { CPU_N_ACT = 23 };
 static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
                       size_t sizes[CPU_N_ACT]) {
     size_t T = (size_t)max_tokens, qd = (size_t)d->n_heads * d->head_dim, kd = (size_t)d->n_kv_heads * d->head_dim;
@@ -51,7 +52,7 @@ static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int 
     size_t s[CPU_N_ACT] = {T * d->hidden, T * d->hidden, T * qd, T * kd, T * kd, T * qd, T * d->hidden, T * d->ffn,
                            T * d->ffn, (size_t)max_out * d->hidden, (size_t)n_threads * ops_attention_scratch(kv),
                            moe * T * E, moe * T * d->hidden, moe * T * F, moe * T * F, moe * T * d->hidden,
-                           moe * T * K, moe * T * K, moe * T, moe * T, T * per_layer, T * per_layer};
+                           moe * T * K, moe * T * K, moe * T, moe * T, T * per_layer, T * per_layer, moe * T * d->hidden};
     memcpy(sizes, s, sizeof s);
 }
 
@@ -67,7 +68,7 @@ static void cpu_free(op_backend *be) {
     if (!c) return;
     void *ptrs[] = {c->x,      c->xn,    c->q,      c->k,      c->v,   c->att,  c->tmp,
                     c->gate,   c->up,    c->rows,   c->attn,   c->moe_logits, c->moe_x, c->moe_gate,
-                    c->moe_up, c->moe_out, c->moe_w, c->moe_sel, c->moe_tok, c->moe_tokw, c->pl_in, c->pl_tmp};
+                    c->moe_up, c->moe_out, c->moe_w, c->moe_sel, c->moe_tok, c->moe_tokw, c->pl_in, c->pl_tmp, c->moe_acc};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     free(c->mm);
     free(c);
@@ -184,14 +185,17 @@ static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
 
 /* The experts of each token: softmax over the router's logits (in float, max first, as
  * mlx's precise softmax), the top_k by weight (ties: the lower expert index), those weights
- * renormalized to sum 1 when asked. */
+ * renormalized to sum 1 when asked. Gemma 4 (router_norm): the top_k by logit, then the
+ * softmax of those k logits times expert_scale of each. */
 static void moe_route(cpu_backend *c, const op_step *s, const op_moe *m) {
-    int T = s->b->T, E = s->dims->n_experts, K = s->dims->top_k_experts;
+    int T = s->b->T, E = s->dims->n_experts, K = s->dims->top_k_experts, topk_softmax = m->router_norm != NULL;
     for (int t = 0; t < T; t++) {
         float *g = c->moe_logits + (size_t)t * E, mx = g[0], sum = 0.0f;
-        for (int e = 1; e < E; e++) mx = g[e] > mx ? g[e] : mx;
-        for (int e = 0; e < E; e++) sum += (g[e] = expf(g[e] - mx));
-        for (int e = 0; e < E; e++) g[e] /= sum;
+        if (!topk_softmax) {
+            for (int e = 1; e < E; e++) mx = g[e] > mx ? g[e] : mx;
+            for (int e = 0; e < E; e++) sum += (g[e] = expf(g[e] - mx));
+            for (int e = 0; e < E; e++) g[e] /= sum;
+        }
         int32_t *sel = c->moe_sel + (size_t)t * K;
         float *w = c->moe_w + (size_t)t * K, total = 0.0f;
         for (int k = 0; k < K; k++) {
@@ -204,21 +208,24 @@ static void moe_route(cpu_backend *c, const op_step *s, const op_moe *m) {
             sel[k] = best;
             total += (w[k] = g[best]);
         }
-        if (m->norm_topk)
+        if (topk_softmax) { /* w[0] is the largest logit */
+            float top = w[0], z = 0.0f;
+            for (int k = 0; k < K; k++) z += (w[k] = expf(w[k] - top));
+            for (int k = 0; k < K; k++) w[k] = w[k] / z * m->expert_scale[sel[k]];
+        } else if (m->norm_topk)
             for (int k = 0; k < K; k++) w[k] /= total;
     }
 }
 
-/* tmp = sum over each token's chosen experts of weight * down_e(act(gate_e x) * up_e x): the
- * tokens of one expert gathered into one matmul per weight, their outputs added back. */
-static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
+/* out = sum over each token's chosen experts of weight * down_e(act(gate_e x) * up_e x) for
+ * the rows x (one per token): the tokens of one expert gathered into one matmul per weight,
+ * their outputs added back. */
+static hearth_status moe_experts(const op_step *s, const op_moe *m, const float *x, float *out) {
     cpu_backend *c = cb(s);
     const op_dims *d = s->dims;
     int T = s->b->T, H = d->hidden, E = d->n_experts, K = d->top_k_experts, F = d->moe_ffn;
-    hearth_status st = matmul(s, m->router, c->xn, T, c->moe_logits);
-    if (st) return st;
-    moe_route(c, s, m);
-    memset(c->tmp, 0, (size_t)T * H * sizeof(float));
+    hearth_status st;
+    memset(out, 0, (size_t)T * H * sizeof(float));
     for (int e = 0; e < E; e++) {
         int n = 0;
         for (int t = 0; t < T; t++)
@@ -226,7 +233,7 @@ static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
                 if (c->moe_sel[(size_t)t * K + k] == e) {
                     c->moe_tok[n] = t;
                     c->moe_tokw[n] = c->moe_w[(size_t)t * K + k];
-                    memcpy(c->moe_x + (size_t)n * H, c->xn + (size_t)t * H, (size_t)H * sizeof(float));
+                    memcpy(c->moe_x + (size_t)n * H, x + (size_t)t * H, (size_t)H * sizeof(float));
                     n++;
                 }
         if (!n) continue;
@@ -241,10 +248,32 @@ static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
         else ops_gelu_tanh_mul(c->moe_gate, c->moe_up, (size_t)n * F);
         if ((st = matmul(s, &dn, c->moe_gate, n, c->moe_out))) return st;
         for (int i = 0; i < n; i++) {
-            float *y = c->tmp + (size_t)c->moe_tok[i] * H, *o = c->moe_out + (size_t)i * H, w = c->moe_tokw[i];
+            float *y = out + (size_t)c->moe_tok[i] * H, *o = c->moe_out + (size_t)i * H, w = c->moe_tokw[i];
             for (int h = 0; h < H; h++) y[h] += o[h] * w;
         }
     }
+    return HEARTH_OK;
+}
+
+static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
+    cpu_backend *c = cb(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T, H = d->hidden;
+    if (!m->router_norm) {
+        hearth_status st = matmul(s, m->router, c->xn, T, c->moe_logits);
+        if (st) return st;
+        moe_route(c, s, m);
+        return moe_experts(s, m, c->xn, c->tmp);
+    }
+    /* Gemma 4: xn (free once the dense MLP has read it) holds the router's input, then the experts' */
+    ops_rmsnorm(c->xn, c->x, m->router_norm, 0.0f, T, H, d->norm_eps);
+    hearth_status st = matmul(s, m->router, c->xn, T, c->moe_logits);
+    if (st) return st;
+    moe_route(c, s, m);
+    ops_rmsnorm(c->xn, c->x, m->in_norm, 0.0f, T, H, d->norm_eps);
+    if ((st = moe_experts(s, m, c->xn, c->moe_acc))) return st;
+    ops_rmsnorm(c->moe_acc, c->moe_acc, m->out_norm, 0.0f, T, H, d->norm_eps);
+    ops_add(c->tmp, c->moe_acc, (size_t)T * H);
     return HEARTH_OK;
 }
 
@@ -344,7 +373,7 @@ hearth_status cpu_backend_create(const op_model *om, const kv_cache *kv, int max
                               (void **)&c->up,         (void **)&c->rows,    (void **)&c->attn,     (void **)&c->moe_logits,
                               (void **)&c->moe_x,      (void **)&c->moe_gate, (void **)&c->moe_up,  (void **)&c->moe_out,
                               (void **)&c->moe_w,      (void **)&c->moe_sel, (void **)&c->moe_tok,  (void **)&c->moe_tokw,
-                              (void **)&c->pl_in,      (void **)&c->pl_tmp};
+                              (void **)&c->pl_in,      (void **)&c->pl_tmp,      (void **)&c->moe_acc};
     int ok = 1;
     for (int i = 0; i < CPU_N_ACT; i++) {
         if (posix_memalign(ptrs[i], 64, sizes[i] * sizeof(float) + 64)) ok = 0;

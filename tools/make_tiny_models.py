@@ -320,14 +320,17 @@ FORMS = {"f32": None, "bf16": None, "q4g64": (4, 64), "q4g32": (4, 32), "q8g64":
 # One more width per family for MLX's other affine widths (5, 3 and 6 bits), whose bit streams
 # cross byte boundaries: quantized from the same seeded bf16 weights, so adding them changes no
 # other model's bytes.
-EXTRA_FORMS = {"llama": {"q5g64": (5, 64)}, "qwen3": {"q3g32": (3, 32)}, "gemma3": {"q6g64": (6, 64)}}
+EXTRA_FORMS = {"llama": {"q5g64": (5, 64)}, "qwen3": {"q3g32": (3, 32)}, "gemma3": {"q6g64": (6, 64)},
+               # mixed precision as `mlx_lm.convert --quant-predicate mixed_4_6` writes it: per-module
+               # bits in config.json (v_proj / down_proj of some layers at 6 bits, the rest at 4)
+               "gemma4": {"mixed46": "mixed_4_6"}}
 
 
 # Families added later take few forms (float, bf16, one quantization): the formats
 # themselves are covered by the families above. qwen3_moe has no bf16 form: mlx's CPU
 # gather_mm (the experts' matmul) takes float32 only, so mlx-lm could not be its oracle.
 FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64"), "qwen3_moe": ("f32", "q4g64"),
-             "gemma4": ("f32", "bf16", "q4g64", "q8g64"), "gemma4_moe": ("f32", "q4g64")}
+             "gemma4": ("f32", "bf16", "q4g64", "q8g64", "mixed46"), "gemma4_moe": ("f32", "q4g64")}
 
 
 def family_forms(family):
@@ -350,7 +353,11 @@ def save_form(family, spec, form, src_dir, out_dir):
         # so scales/biases and the unquantized norms are bf16 too.
         model.set_dtype(mx.bfloat16)
         config["torch_dtype"] = "bfloat16"
-    if family_forms(family)[form]:
+    if isinstance(family_forms(family)[form], str):
+        from mlx_lm.convert import mixed_quant_predicate_builder
+        predicate = mixed_quant_predicate_builder(family_forms(family)[form], model, group_size=64)
+        model, config = quantize_model(model, config, group_size=64, bits=4, quant_predicate=predicate)
+    elif family_forms(family)[form]:
         bits, group = family_forms(family)[form]
         model, config = quantize_model(model, config, group_size=group, bits=bits)
     tokenizer = load_tokenizer_wrapper(src_dir)

@@ -222,16 +222,26 @@ def family_specs():
                 "tie_word_embeddings": True, "bos_token_id": ids["<bos>"],
                 "eos_token_id": [ids["<eos>"], ids["<end_of_turn>"]], "pad_token_id": ids["<pad>"]})
 
-    # --- gemma4_text (mlx-lm models/gemma4_text.py), on the gemma3 tokenizer and template.
+    # --- gemma4_text (mlx-lm models/gemma4_text.py).
     # Six layers: three sliding (head_dim 16, 2 KV heads) before a full one (global_head_dim
     # 32, 1 KV head, values = keys, proportional RoPE on a quarter of the dims), then two
     # that read the KV of the last sliding / full layer before them (num_kv_shared_layers 2)
     # with double-wide MLPs; per-layer inputs of 32 per layer; window 16, so the goldens'
     # prompts run past it; final softcap 30.
+    # Its tokenizer has Gemma 4's control tokens (turns, the thought channel, tool sentinels)
+    # and its template is Gemma 4's own, so mlx-lm infers thinking and the gemma4 tool parser.
+    g4_specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<turn|>", "<|channel>", "<channel|>",
+                   "<|tool_call>", "<tool_call|>", "<|tool>", "<tool|>", "<|tool_response>", "<tool_response|>",
+                   '<|"|>', "<|think|>", "<|image|>", "<|audio|>", "<|video|>"]
+    tok = train_sentencepiece_bpe(500, g4_specials)
+    g4 = {s: tok.token_to_id(s) for s in g4_specials}
     specs["gemma4"] = dict(
-        tokenizer=specs["gemma3"]["tokenizer"],
-        tokenizer_config=dict(specs["gemma3"]["tokenizer_config"]),
-        generation_config=dict(specs["gemma3"]["generation_config"]),
+        tokenizer=tok,
+        tokenizer_config={"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
+                          "add_bos_token": True, "add_eos_token": False,
+                          "chat_template": template("google-gemma-4-31B-it")},
+        generation_config={"bos_token_id": g4["<bos>"], "eos_token_id": [g4["<eos>"], g4["<turn|>"]],
+                           "pad_token_id": g4["<pad>"], "do_sample": False},
         config={"model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "hidden_size": 64,
                 "num_hidden_layers": 6, "intermediate_size": 64, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
@@ -245,9 +255,8 @@ def family_specs():
                     "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
                 "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
                 "enable_moe_block": False, "tie_word_embeddings": True,
-                "bos_token_id": specs["gemma3"]["config"]["bos_token_id"],
-                "eos_token_id": specs["gemma3"]["config"]["eos_token_id"],
-                "pad_token_id": specs["gemma3"]["config"]["pad_token_id"]})
+                "bos_token_id": g4["<bos>"], "eos_token_id": [g4["<eos>"], g4["<turn|>"]],
+                "pad_token_id": g4["<pad>"]})
     # The 26B-A4B form: every layer's dense MLP plus 8 experts (2 per token), values = keys on
     # full layers, no shared KV and no per-layer inputs.
     moe = dict(specs["gemma4"]["config"], enable_moe_block=True, num_experts=8, top_k_experts=2,

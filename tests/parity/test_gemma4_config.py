@@ -88,3 +88,9 @@ def test_multimodal_wrapper_loads_the_text_model(tmp_path):
     t = json.loads(out.stdout)
     ours = [s["token"] for s in t["steps"]] + [t["steps"][-1]["top"][0][0]]
     assert ours == p["greedy_ids"]
+    # and says what it left out
+    info = subprocess.run([BIN, "info", str(tmp_path), "--json"], capture_output=True, text=True, timeout=60)
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["not_loaded"] == ["vision_tower"]
+    text = subprocess.run([BIN, "info", str(tmp_path)], capture_output=True, text=True, timeout=60).stdout
+    assert "not loaded    vision_tower (the text model runs without them)" in text, text

@@ -618,10 +618,18 @@ static double weight_read_bytes(const op_weight *w) {
 double engine_decode_bytes(const model *m, int context, int kv_quant) {
     const model_config *c = &m->cfg;
     double b = weight_read_bytes(&m->lm_head) + weight_read_bytes(&m->embed) / (double)c->vocab;
+    /* Gemma 4's per-layer inputs: a row of their table and the projection of the embedding */
+    if (c->per_layer_vocab > 0)
+        b += weight_read_bytes(&m->embed_per_layer) / (double)c->per_layer_vocab + weight_read_bytes(&m->per_layer_proj);
+    /* a token reads top_k of the experts */
+    double active = c->n_experts > 0 ? (double)c->top_k_experts / (double)c->n_experts : 0.0;
     for (int i = 0; i < c->n_layers; i++) {
         const layer_weights *l = &m->layers[i];
-        const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down, &l->router, &l->pl_gate,
+                                 &l->pl_proj}; /* the ones a layer lacks have no rows */
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) b += weight_read_bytes(ws[j]);
+        b += active * (weight_read_bytes(&l->experts_gate) + weight_read_bytes(&l->experts_up) +
+                       weight_read_bytes(&l->experts_down));
         int span = l->sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
         double row = (double)kv_row_bytes(kv_quant, l->head_dim ? l->head_dim : c->head_dim);
         b += 2.0 * span * (l->n_kv_heads ? l->n_kv_heads : c->n_kv_heads) * row;

@@ -104,9 +104,11 @@ static hearth_status gemma4_rope(const hearth_model *hm, const json_t *rp, const
     return HEARTH_OK;
 }
 
+/* A number of the config; absent: mlx-lm's default (ModelArgs); null: 0, which mlx-lm reads as
+ * "none" where it tests the value (global_head_dim, hidden_size_per_layer_input). */
 static int gemma4_int(const json_t *cfg, const char *key, int dflt) {
     const json_t *v = json_object_get(cfg, key);
-    return json_is_number(v) ? (int)json_number_value(v) : dflt; /* absent or null: mlx-lm's default */
+    return json_is_number(v) ? (int)json_number_value(v) : v ? 0 : dflt;
 }
 
 /* Which layers are full attention (layer_types, else every sliding_window_pattern-th), which
@@ -175,12 +177,14 @@ static hearth_status read_gemma4(const hearth_model *hm, const json_t *cfg, mode
     c->sliding_pattern = 0; /* layer_full says */
     const json_t *cap = json_object_get(cfg, "final_logit_softcapping");
     c->softcap = json_is_null(cap) ? 0.0f : (float)num(cfg, "final_logit_softcapping", 30.0);
+    if (!json_is_number(json_object_get(cfg, "head_dim"))) c->head_dim = 256; /* ModelArgs' default */
     c->swa_head_dim = c->head_dim;
     c->swa_kv_heads = c->n_kv_heads;
     c->full_head_dim = gemma4_int(cfg, "global_head_dim", 512);
     if (c->full_head_dim <= 0) c->full_head_dim = c->head_dim; /* mlx-lm: a 0 / null global_head_dim is head_dim */
     c->k_eq_v = json_is_true(json_object_get(cfg, "attention_k_eq_v"));
-    c->full_kv_heads = c->k_eq_v ? gemma4_int(cfg, "num_global_key_value_heads", c->n_kv_heads) : c->n_kv_heads;
+    int global_kv = gemma4_int(cfg, "num_global_key_value_heads", 0); /* absent or null: num_key_value_heads */
+    c->full_kv_heads = c->k_eq_v && global_kv ? global_kv : c->n_kv_heads;
     c->swa_ffn = c->ffn;
     const json_t *dw = json_object_get(cfg, "use_double_wide_mlp");
     c->double_wide = dw ? json_is_true(dw) : 1;

@@ -40,7 +40,9 @@ static void add_vec(model *m, const float *v, int family_has, int64_t n, const c
 /* (Re)builds m->ops after model_plan and again after model_load (the vectors' pointers). */
 hearth_status model_ops_build(model *m, hearth_error *err) {
     const model_config *c = &m->cfg;
-    size_t cap = (size_t)c->n_layers * 24 + 12;
+    /* per layer at most 13 matrices (7 + router and 3 expert stacks + Gemma 4's per-layer gate
+     * and projection) and 16 vectors (3 biases, 6 norms, 7 of Gemma 4's); 7 model-level items */
+    size_t cap = (size_t)c->n_layers * 29 + 7;
     if (!m->items && !(m->items = calloc(cap, sizeof *m->items))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (!m->layer_window && !(m->layer_window = calloc((size_t)c->n_layers, sizeof *m->layer_window)))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");

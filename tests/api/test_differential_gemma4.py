@@ -11,7 +11,8 @@ import json
 import pytest
 
 from conftest import BIN, TINY, need, server, upstream_server
-from test_differential import (FILLER, WINDOW, both, chain_ids, compare_forced, shape, strip_random)
+from test_differential import FILLER, both, compare_forced, shape, strip_random
+from test_differential import forced_body as differential_forced_body
 
 MODEL = TINY / "gemma4-f32"
 
@@ -33,15 +34,7 @@ def forced_body(tok, msgs, parts_options, **extra):
     """test_differential.forced_body with the prompt both servers render: enable_thinking
     defaults to True for a model with thinking markers (mlx-lm's TokenizerWrapper), and
     Gemma 4's template then opens no empty thought channel."""
-    prompt = tok.apply_chat_template(msgs, tools=extra.get("tools"), add_generation_prompt=True, tokenize=True,
-                                     enable_thinking=True)
-    prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
-    used = set(prompt[-WINDOW:])
-    ids = next(c for c in (chain_ids(tok, parts, used) for parts in parts_options) if c)
-    assert len(ids) < WINDOW
-    return {"messages": msgs, "max_tokens": len(ids), "temperature": 0,
-            "logit_bias": {str(t): 1000.0 - 10 * k for k, t in enumerate(ids)},
-            "presence_penalty": 5000.0, "presence_context_size": WINDOW, **extra}
+    return differential_forced_body(tok, msgs, parts_options, template_kwargs={"enable_thinking": True}, **extra)
 
 
 @pytest.mark.parametrize("msgs", [

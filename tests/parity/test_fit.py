@@ -26,7 +26,7 @@ KV_BLOCK = 16     # src/kv/kv_cache.h KV_BLOCK_SIZE
 # Filling the pool is a prefill of the whole context: real models at contexts a 2-core
 # machine prefills in seconds, the tiny ones at longer ones.
 CASES = [(f"models/{REAL_GGUFS[k]}", ctx, 2) for k in ("smollm2", "gemma3") for ctx in (256, 1024)]
-CASES += [(f"tiny/{name}", ctx, 2) for name in ("llama-f32", "qwen3-q4g64", "gemma3-bf16", "gemma4-f32")
+CASES += [(f"tiny/{name}", ctx, 2) for name in ("llama-f32", "qwen3-q4g64", "gemma3-bf16", "gemma4-f32", "gemma4_moe-q4g64")
           for ctx in (256, 2048)]
 CASES += [(f"models/{REAL_GGUFS['smollm2']}", 512, t) for t in (1, 4)]
 

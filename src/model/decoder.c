@@ -22,7 +22,8 @@ op_mlp decoder_mlp(const model *m, int i, op_act act) {
 
 op_moe decoder_moe(const model *m, int i) {
     const layer_weights *l = &m->layers[i];
-    return (op_moe){.router = &l->router, .gate = &l->experts_gate, .up = &l->experts_up, .down = &l->experts_down,
+    return (op_moe){.router = &l->router, .gate = &l->experts_gate, .up = l->experts_up.n ? &l->experts_up : NULL,
+                    .down = &l->experts_down,
                     .norm_topk = m->cfg.norm_topk, .act = OP_ACT_SILU};
 }
 

@@ -182,10 +182,19 @@ static int64_t first_non_finite(const tensor_info *t) {
 
 /* A matrix [n_out, n_in] in any format: plain, GGUF block-quantized, or MLX affine
  * (module.weight uint32 + module.scales + module.biases). */
+static hearth_status load_tensor_matrix(loader *L, const char *module, const char *name, int64_t n_out, int64_t n_in,
+                                        op_weight *w);
 static hearth_status load_matrix(loader *L, const char *module, int64_t n_out, int64_t n_in, op_weight *w) {
-    char name[512];
+    char name[520]; /* module names are at most 511 bytes (their buffers' size) */
+    snprintf(name, sizeof name, "%.511s.weight", module);
+    return load_tensor_matrix(L, module, name, n_out, n_in, w);
+}
+
+/* load_matrix of the tensor `name` (a checkpoint's bare parameter, e.g. Hugging Face's
+ * experts.gate_up_proj, has no ".weight"); module names its MLX scales and biases. */
+static hearth_status load_tensor_matrix(loader *L, const char *module, const char *name, int64_t n_out, int64_t n_in,
+                                        op_weight *w) {
     memset(w, 0, sizeof *w);
-    snprintf(name, sizeof name, "%s.weight", module);
     const tensor_info *t = model_find_tensor(L->hm, name);
     const char *file = t && t->file ? t->file : L->hm->entry.path;
     if (!t) return err_set(L->err, HEARTH_ERR_FORMAT, "%s: missing tensor '%s'", L->hm->entry.path, name);
@@ -316,10 +325,21 @@ static hearth_status load_gemma4_moe(loader *L, int i, layer_weights *lw) {
         {"experts.switch_glu.up_proj", &lw->experts_up, E * F, H},
         {"experts.switch_glu.down_proj", &lw->experts_down, E * H, F},
     };
-    for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++)
-        if ((st = load_matrix(L, gemma4_name(L, i, mats[j].name, name, sizeof name), mats[j].n_out, mats[j].n_in,
-                              mats[j].w)))
-            return st;
+    char module[512];
+    /* Hugging Face's own layout (before mlx-lm's sanitize): experts.gate_up_proj [experts,
+     * 2 * moe_ffn, hidden], each expert's gate rows then its up rows, and experts.down_proj,
+     * both bare parameters; the experts' up is then read from the fused weight */
+    int fused = model_find_tensor(L->hm, gemma4_name(L, i, "experts.gate_up_proj", module, sizeof module)) != NULL;
+    for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) {
+        gemma4_name(L, i, mats[j].name, module, sizeof module);
+        if (fused && j == 1) st = load_tensor_matrix(L, module, gemma4_name(L, i, "experts.gate_up_proj", name, sizeof name),
+                                                     2 * E * F, H, mats[j].w);
+        else if (fused && j == 2) continue;
+        else if (fused && j == 3) st = load_tensor_matrix(L, module, gemma4_name(L, i, "experts.down_proj", name, sizeof name),
+                                                          E * H, F, mats[j].w);
+        else st = load_matrix(L, module, mats[j].n_out, mats[j].n_in, mats[j].w);
+        if (st) return st;
+    }
     struct { const char *name; const float **v; int64_t n; } vecs[] = {
         {"router.scale", &lw->router_norm, H},
         {"router.per_expert_scale", &lw->expert_scale, E},

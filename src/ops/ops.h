@@ -124,6 +124,8 @@ typedef struct op_moe {
      * logit, their softmax times expert_scale[e]; the experts read rmsnorm(x) * in_norm; their
      * weighted sum, rmsnorm'd * out_norm, is added to tmp (which holds the dense MLP's output). */
     const float *router_norm, *in_norm, *out_norm, *expert_scale;
+    /* up NULL: gate holds each expert's gate rows and then its up rows (Hugging Face's fused
+     * gate_up_proj): expert e's gate is rows [2e moe_ffn, (2e + 1) moe_ffn), its up the next */
 } op_moe;
 
 /* How the step's logits leave it: to the host (batch.logits), only each row's greedy id

@@ -94,3 +94,42 @@ def test_multimodal_wrapper_loads_the_text_model(tmp_path):
     assert json.loads(info.stdout)["not_loaded"] == ["vision_tower"]
     text = subprocess.run([BIN, "info", str(tmp_path)], capture_output=True, text=True, timeout=60).stdout
     assert "not loaded    vision_tower (the text model runs without them)" in text, text
+
+
+def test_hugging_face_expert_layout(tmp_path):
+    """The MoE experts as a Hugging Face Gemma 4 checkpoint stores them (before mlx-lm's
+    sanitize): experts.gate_up_proj [experts, 2 * moe_ffn, hidden] (each expert's gate rows,
+    then its up rows) and experts.down_proj, bare parameters. mlx-lm loads the folder (its
+    sanitize splits them back) and gives the tiny gemma4_moe model's golden tokens; so must
+    hearth."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    src = os.path.join(CACHE, "tiny", "gemma4_moe-f32")
+    assert os.path.isdir(src), f"{src} missing: run tools/make_tiny_models.py"
+    for name in os.listdir(src):
+        if name not in ("model.safetensors", "model.safetensors.index.json"):
+            os.symlink(os.path.join(src, name), os.path.join(tmp_path, name))
+    weights = load_file(os.path.join(src, "model.safetensors"))
+    out = {}
+    for k, v in weights.items():
+        if k.endswith(".experts.switch_glu.gate_proj.weight"):
+            base = k[: -len(".switch_glu.gate_proj.weight")]
+            up = weights[base + ".switch_glu.up_proj.weight"]
+            out[base + ".gate_up_proj"] = np.concatenate([v, up], axis=-2)
+        elif k.endswith(".experts.switch_glu.down_proj.weight"):
+            out[k[: -len(".switch_glu.down_proj.weight")] + ".down_proj"] = v
+        elif ".switch_glu.up_proj." not in k:
+            out[k] = v
+    save_file(out, os.path.join(tmp_path, "model.safetensors"), metadata={"format": "pt"})
+    golden = json.load(open(os.path.join(REPO, "tests", "parity", "goldens", "gemma4_moe-f32.json")))
+    p = golden["prompts"][0]
+    # the oracle reads the new layout too
+    from mlx_lm import load
+    import mlx.core as mx
+    model, _ = load(str(tmp_path))
+    logits = model(mx.array([p["ids"]]))[0, -1]
+    assert int(mx.argmax(logits).item()) == p["greedy_ids"][0]
+    t = trace(tmp_path, json.dumps(p["ids"]), len(p["greedy_ids"]) - 1)
+    assert t.returncode == 0, t.stderr
+    t = json.loads(t.stdout)
+    assert [s["token"] for s in t["steps"]] + [t["steps"][-1]["top"][0][0]] == p["greedy_ids"]

@@ -237,7 +237,9 @@ static hearth_status moe_experts(const op_step *s, const op_moe *m, const float 
                     n++;
                 }
         if (!n) continue;
-        op_weight g = op_weight_rows(m->gate, (int64_t)e * F, F), u = op_weight_rows(m->up, (int64_t)e * F, F),
+        int64_t per = m->up ? F : 2 * (int64_t)F; /* gate rows per expert: with up after them when fused */
+        op_weight g = op_weight_rows(m->gate, (int64_t)e * per, F),
+                  u = m->up ? op_weight_rows(m->up, (int64_t)e * F, F) : op_weight_rows(m->gate, (int64_t)e * per + F, F),
                   dn = op_weight_rows(m->down, (int64_t)e * H, H);
         const op_weight *gu[] = {&g, &u};
         float *const gu_out[] = {c->moe_gate, c->moe_up};

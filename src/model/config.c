@@ -96,7 +96,12 @@ static hearth_status gemma4_rope(const hearth_model *hm, const json_t *rp, const
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
                        "%s: config.json: rope_parameters.%s: RoPE type '%s' is not supported (default, proportional are)",
                        hm->entry.path, kind, type);
-    int half = head_dim / 2, rotated = proportional ? (int)(head_dim * num(rp, "partial_rotary_factor", 1.0)) / 2 : half;
+    double partial = num(rp, "partial_rotary_factor", 1.0);
+    if (!(partial >= 0.0 && partial <= 1.0) || !(factor > 0.0))
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: rope_parameters.%s: partial_rotary_factor %g (0..1) or factor %g (> 0) out of range",
+                       hm->entry.path, kind, partial, factor);
+    int half = head_dim / 2, rotated = proportional ? (int)(head_dim * partial) / 2 : half;
     float *f = *out = malloc((size_t)half * sizeof *f);
     if (!f) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     for (int i = 0; i < half; i++)
@@ -108,7 +113,9 @@ static hearth_status gemma4_rope(const hearth_model *hm, const json_t *rp, const
  * "none" where it tests the value (global_head_dim, hidden_size_per_layer_input). */
 static int gemma4_int(const json_t *cfg, const char *key, int dflt) {
     const json_t *v = json_object_get(cfg, key);
-    return json_is_number(v) ? (int)json_number_value(v) : v ? 0 : dflt;
+    if (!json_is_number(v)) return v ? 0 : dflt;
+    double x = json_number_value(v); /* out of range: -1, which every check below refuses */
+    return x >= -(double)(1 << 30) && x <= (double)(1 << 30) ? (int)x : -1;
 }
 
 /* Which layers are full attention (layer_types, else every sliding_window_pattern-th), which
@@ -199,7 +206,11 @@ static hearth_status read_gemma4(const hearth_model *hm, const json_t *cfg, mode
                        c->sliding_window);
     hearth_status st = gemma4_layers_read(hm, cfg, c, err);
     if (st) return st;
-    if (c->double_wide && c->first_shared < c->n_layers && c->first_shared > 0) c->ffn *= 2;
+    if (c->double_wide && c->first_shared < c->n_layers && c->first_shared > 0) {
+        if (c->ffn <= 0 || c->ffn > (1 << 28)) /* doubled below: kept far from int's range */
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: intermediate_size %d is out of range", path, c->ffn);
+        c->ffn *= 2;
+    }
     /* RoPE per layer type; rope_parameters absent: mlx-lm's defaults */
     const json_t *rp = json_object_get(cfg, "rope_parameters");
     json_t *dflt = NULL;
@@ -247,6 +258,11 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     c->norm_eps = (float)num(cfg, "rms_norm_eps", 1e-6);
     /* transformers 5 saves RoPE as "rope_parameters" (theta, type and factors in one
      * object; Gemma 3: one object per layer type) instead of rope_theta + rope_scaling. */
+    /* before any table is sized from them (model_config_read checks the rest) */
+    if (c->n_layers <= 0 || c->hidden <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->head_dim <= 0 || c->head_dim % 2)
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: inconsistent dimensions (layers %d, hidden %d, heads %d/%d, head_dim %d)",
+                       hm->entry.path, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim);
     if (c->family == FAMILY_GEMMA4) return read_gemma4(hm, cfg, c, err);
     const json_t *rp = json_object_get(cfg, "rope_parameters"), *rp_local = NULL;
     if (json_is_object(json_object_get(rp, "full_attention"))) {

@@ -219,7 +219,7 @@ def test_hybrid_kv_pool_and_state_match_config(hearth_bin):
         tensors = 2 * full * blocks * KV_BLOCK * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
         tables = 4 * (blocks + batch + blocks)
         buckets = 1 << max(0, (blocks - 1).bit_length())
-        prefix = blocks * (56 + 4 * KV_BLOCK) + 2 * 4 * buckets + 24 * batch + 56
+        prefix = blocks * (64 + 4 * KV_BLOCK) + 2 * 4 * buckets + 32 * batch + 56  # as test_kv_pool_matches_config
         snaps = 2 * batch + 2
         state = 56 + batch * per_seq + snaps * (per_seq + 24)
         assert fit["kv_pool_bytes"] == tensors + tables + prefix + state

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <math.h>
 #include <unistd.h>
 
 /* The model `make run` uses; hearth_model_open finds it in
@@ -35,6 +36,8 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "             (KV pool default: --max-sequences x --ctx positions, cut to fit "
                                  "free memory)\n"
                                  "             [--open|--no-open (the chat page in a browser)] [--embedding-model M]\n"
+                                 "             [--hlg-sampling on|off] [--hlg-width 4] [--hlg-shoulder 4] [--hlg-toe 6] "
+                                 "[--hlg-pivot-offset 6]\n"
                                  "  accepted but not supported yet (a warning says so): --adapter-path "
                                  "--draft-model --num-draft-tokens\n"
                                  "  --trust-remote-code --use-default-chat-template --decode-concurrency "
@@ -75,6 +78,11 @@ static int parse_float(const char *s, float *out) {
     if (end == s || *end) return -1;
     *out = v;
     return 0;
+}
+
+/* An HLG shape value: a finite number of nats, not negative. */
+static int parse_nats(const char *s, float *out) {
+    return parse_float(s, out) || !isfinite(*out) || *out < 0 ? -1 : 0;
 }
 
 static int parse_origins(const char *list, srv_config *c) {
@@ -187,6 +195,17 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         } else if (VAL("--top-k")) {
             if (cli_parse_long(v, 0, INT_MAX, &n)) BADV("--top-k");
             c->defaults.top_k = (int)n;
+        } else if (VAL("--hlg-sampling")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) BADV("--hlg-sampling");
+            c->defaults.hlg.enabled = !strcmp(v, "on");
+        } else if (VAL("--hlg-width")) {
+            if (parse_nats(v, &c->defaults.hlg.width)) BADV("--hlg-width");
+        } else if (VAL("--hlg-shoulder")) {
+            if (parse_nats(v, &c->defaults.hlg.shoulder)) BADV("--hlg-shoulder");
+        } else if (VAL("--hlg-toe")) {
+            if (parse_nats(v, &c->defaults.hlg.toe)) BADV("--hlg-toe");
+        } else if (VAL("--hlg-pivot-offset")) {
+            if (parse_nats(v, &c->defaults.hlg.pivot_offset)) BADV("--hlg-pivot-offset");
         } else if (VAL("--chat-template"))
             o->chat_template = v;
         else if (VAL("--chat-template-args"))
@@ -255,7 +274,9 @@ int cli_serve(int argc, char **argv) {
                             .log_level = SRV_LOG_INFO,
                             .responses_ttl_s = 3600,          /* an hour: long enough for an agent's session */
                             .responses_max_bytes = 64u << 20, /* bounds the store on a small machine */
-                            .defaults = {.max_tokens = 512, .top_p = 1.0f, .num_draft_tokens = 3}}};
+                            .defaults = {.max_tokens = 512, .top_p = 1.0f, .num_draft_tokens = 3,
+                                         /* the seed's HLG shape (nats), off until --hlg-sampling on */
+                                         .hlg = {.width = 4, .shoulder = 4, .toe = 6, .pivot_offset = 6}}}};
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
     if (!o.eo.max_sequences) o.eo.max_sequences = HEARTH_SERVE_MAX_SEQUENCES;

@@ -18,7 +18,8 @@ hearth_status sampler_init(sampler *s, int vocab, hearth_error *err) {
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
     s->counts = calloc((size_t)vocab, sizeof *s->counts);
     s->shaped = malloc((size_t)vocab * sizeof *s->shaped);
-    if (!s->work || !s->cand || !s->counts || !s->shaped) {
+    s->sort_buf = malloc(3 * (size_t)vocab * sizeof *s->sort_buf);
+    if (!s->work || !s->cand || !s->counts || !s->shaped || !s->sort_buf) {
         sampler_free(s);
         return err_set(err, HEARTH_ERR_NOMEM, "sampler: out of memory");
     }
@@ -29,18 +30,20 @@ hearth_status sampler_init(sampler *s, int vocab, hearth_error *err) {
     mem_touch(s->cand, (size_t)vocab * sizeof *s->cand);
     mem_touch(s->counts, (size_t)vocab * sizeof *s->counts);
     memset(s->shaped, 0, (size_t)vocab * sizeof *s->shaped);
+    memset(s->sort_buf, 0, 3 * (size_t)vocab * sizeof *s->sort_buf);
     sampler_seed(s, (uint64_t)time(NULL));
     return HEARTH_OK;
 }
 
 size_t sampler_bytes(int vocab) {
     sampler s;
-    return (size_t)vocab * (sizeof *s.work + sizeof *s.cand + sizeof *s.counts + sizeof *s.shaped);
+    return (size_t)vocab * (sizeof *s.work + sizeof *s.cand + sizeof *s.counts + sizeof *s.shaped + 3 * sizeof *s.sort_buf);
 }
 
 void sampler_free(sampler *s) {
     free(s->work);
     free(s->shaped);
+    free(s->sort_buf);
     free(s->cand);
     free(s->counts);
     memset(s, 0, sizeof *s);
@@ -115,6 +118,47 @@ static int cmp_desc(const void *a, const void *b, void *ctx) {
     return *(const int32_t *)a - *(const int32_t *)b;
 }
 
+/* A key whose ascending order is x's descending order (-0 as +0, so they tie as in
+ * cmp_desc; NaN never reaches here: the candidate floor drops it). */
+static uint32_t desc_key(float f) {
+    if (f == 0) f = 0;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* ascending float order as unsigned */
+    return ~u;
+}
+
+/* Sorts ids[0..n) as qsort_r with cmp_desc does (value descending, lower id first): a
+ * stable LSD radix sort of 8-bit digits over ids that arrive in ascending id order, so
+ * equal values keep their id order. qsort over a whole vocabulary at temperature 1 was the
+ * largest cost of a sampled token (tens of ms at 49k candidates); this is a few passes. */
+static void sort_candidates(sampler *s, const float *x, int32_t *ids, int n) {
+    if (n < 256) { /* small sets: the comparison sort is as fast */
+        qsort_r(ids, (size_t)n, sizeof *ids, cmp_desc, (void *)x);
+        return;
+    }
+    uint32_t *key = s->sort_buf, *key2 = key + s->vocab;
+    int32_t *ids2 = (int32_t *)(key2 + s->vocab);
+    for (int i = 0; i < n; i++) key[i] = desc_key(x[ids[i]]);
+    int32_t *src_id = ids, *dst_id = ids2;
+    uint32_t *src_k = key, *dst_k = key2;
+    for (int shift = 0; shift < 32; shift += 8) {
+        int count[257] = {0};
+        for (int i = 0; i < n; i++) count[((src_k[i] >> shift) & 255) + 1]++;
+        if (count[((src_k[0] >> shift) & 255) + 1] == n) continue; /* one digit value: nothing moves */
+        for (int d = 0; d < 256; d++) count[d + 1] += count[d];
+        for (int i = 0; i < n; i++) {
+            int at = count[(src_k[i] >> shift) & 255]++;
+            dst_k[at] = src_k[i], dst_id[at] = src_id[i];
+        }
+        int32_t *ti = src_id;
+        src_id = dst_id, dst_id = ti;
+        uint32_t *tk = src_k;
+        src_k = dst_k, dst_k = tk;
+    }
+    if (src_id != ids) memcpy(ids, src_id, (size_t)n * sizeof *ids);
+}
+
 /* The n highest entries of x (ties: lower id first), in order, into ids. */
 static void top_n(const float *x, int vocab, int n, int32_t *ids) {
     int have = 0;
@@ -148,7 +192,7 @@ static int filter(sampler *s, const float *x, const hearth_sampling *p, float t,
     int n = 0;
     for (int i = 0; i < V; i++)
         if (x[i] >= floor) s->cand[n++] = i;
-    qsort_r(s->cand, (size_t)n, sizeof *s->cand, cmp_desc, (void *)x);
+    sort_candidates(s, x, s->cand, n);
     if (p->top_k > 0 && p->top_k < n) n = p->top_k;
     double total = 0;
     for (int i = 0; i < n; i++) total += exp((double)(x[s->cand[i]] - mx) * inv_t);

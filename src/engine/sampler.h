@@ -15,6 +15,7 @@ typedef struct sampler {
     int32_t *cand;    /* candidate ids */
     int32_t *counts;  /* per-id counts in the penalty window */
     float *shaped;    /* the lab's curve / HLG output (sampler_lab.c) */
+    uint32_t *sort_buf; /* [3 * vocab]: the candidate sort's keys, their copy and an id copy */
     uint64_t rng[4];  /* xoshiro256** state */
     int32_t xtc_exempt[SAMPLER_MAX_EXEMPT]; /* ids XTC never drops (newline, end of sequence) */
     int n_xtc_exempt;

@@ -205,6 +205,43 @@ static void test_xtc_cut(void **state) {
     sampler_free(&s);
 }
 
+/* The reference order of the candidates: value descending, lower id first. */
+static const float *order_x;
+static int by_value_then_id(const void *a, const void *b) {
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    if (order_x[i] != order_x[j]) return order_x[i] < order_x[j] ? 1 : -1;
+    return i - j;
+}
+
+/* The sampler's candidate sort (a radix sort for large sets) gives exactly the comparison
+ * sort's order: ties (many equal values, -0 beside +0) by id, negatives, subnormals. */
+static void test_candidate_order(void **state) {
+    (void)state;
+    enum { V = 20000 };
+    static float x[V];
+    static int32_t want[V];
+    sampler s;
+    assert_int_equal(sampler_init(&s, V, NULL), HEARTH_OK);
+    hearth_sampling p = base();
+    p.temperature = 1;
+    for (int trial = 0; trial < 6; trial++) {
+        for (int i = 0; i < V; i++) {
+            double u = uniform();
+            x[i] = trial % 2 ? (float)((int)(u * 40) - 20) * 0.5f /* many ties */ : (float)((u * 2 - 1) * 15);
+            if (i % 97 == 0) x[i] = (i / 97) % 2 ? -0.0f : 0.0f;
+            if (i % 131 == 0) x[i] = 1e-40f * (float)(i % 3); /* subnormals */
+        }
+        x[5] = 19.5f; /* the best, so everything is within the e^-40 floor */
+        int n = sampler_survivors(&s, x, &p, NULL, 0);
+        assert_int_equal(n, V);
+        for (int i = 0; i < V; i++) want[i] = i;
+        order_x = x;
+        qsort(want, V, sizeof *want, by_value_then_id);
+        assert_memory_equal(s.cand, want, V * sizeof *want);
+    }
+    sampler_free(&s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_identity_curve_is_temperature_one),
@@ -212,6 +249,7 @@ int main(void) {
         cmocka_unit_test(test_bad_curves),
         cmocka_unit_test(test_hlg),
         cmocka_unit_test(test_xtc_cut),
+        cmocka_unit_test(test_candidate_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

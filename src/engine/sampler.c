@@ -37,7 +37,8 @@ hearth_status sampler_init(sampler *s, int vocab, hearth_error *err) {
 
 size_t sampler_bytes(int vocab) {
     sampler s;
-    return (size_t)vocab * (sizeof *s.work + sizeof *s.cand + sizeof *s.counts + sizeof *s.shaped + 3 * sizeof *s.sort_buf);
+    return (size_t)vocab *
+           (sizeof *s.work + sizeof *s.cand + sizeof *s.counts + sizeof *s.shaped + 3 * sizeof *s.sort_buf);
 }
 
 void sampler_free(sampler *s) {

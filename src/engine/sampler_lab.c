@@ -2,9 +2,9 @@
  * (monotone PCHIP in log-probability space), the HLG tone curve and XTC. Pure functions
  * over one row; no allocation, no RNG (sampler.c draws XTC's coin). Both shapes are
  * monotone so the argmax and the filters' order survive, and -inf stays -inf. */
-#include "engine/sampler.h"
-#include "base/err.h"
 #include "backend/cpu/cpu_ops.h"
+#include "base/err.h"
+#include "engine/sampler.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,8 +74,10 @@ double sampler_curve_eval(const hearth_curve *c, const double *m, double l) {
     int lo = 0, hi = n - 1; /* x[lo] <= l < x[hi] */
     while (hi - lo > 1) {
         int mid = (lo + hi) / 2;
-        if (c->x[mid] <= l) lo = mid;
-        else hi = mid;
+        if (c->x[mid] <= l)
+            lo = mid;
+        else
+            hi = mid;
     }
     double h = c->x[hi] - c->x[lo], t = (l - c->x[lo]) / h, t2 = t * t, t3 = t2 * t;
     return (2 * t3 - 3 * t2 + 1) * c->y[lo] + (t3 - 2 * t2 + t) * h * m[lo] + (-2 * t3 + 3 * t2) * c->y[hi] +

@@ -11,7 +11,8 @@
 int srv_parse_curve(const json_t *v, hearth_curve *c, srv_error *e) {
     memset(c, 0, sizeof *c);
     if (!v || json_is_null(v)) return 0;
-    if (!json_is_object(v)) return BAD(e, "curve", "curve must be an object {\"space\": \"logprob\", \"points\": [...]}");
+    if (!json_is_object(v))
+        return BAD(e, "curve", "curve must be an object {\"space\": \"logprob\", \"points\": [...]}");
     const json_t *space = json_object_get(v, "space");
     if (space && !(json_is_string(space) && !strcmp(json_string_value(space), "logprob")))
         return BAD(e, "curve", "curve.space must be \"logprob\" (the only space there is)");

@@ -3,15 +3,15 @@
  * /generate (n samples under a drawn curve or the model's default recipe, queued together
  * so the engine runs them as one batch). Requests go through the ordinary chat request
  * path (srv_request_parse, srv_generation_start); no engine access of its own. */
-#include "server/generation.h"
 #include "base/sbuf.h"
+#include "server/generation.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #define BAD(e, param, ...) srv_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
-#define SIGNAL_BINS 80          /* the spec's histogram: 80 bins over [ln 1e-6, 0] */
+#define SIGNAL_BINS 80                     /* the spec's histogram: 80 bins over [ln 1e-6, 0] */
 #define SIGNAL_FLOOR (-13.815510557964274) /* ln 1e-6 */
 #define LAB_MAX_N 8
 #define LAB_MAX_TOKENS 256
@@ -52,9 +52,9 @@ static int lab_body(const char *body, size_t len, json_t **root, const char **pr
 /* A chat request for prompt as one user message, through the ordinary parser. */
 static int lab_request(srv_server *s, const char *prompt, int max_tokens, const lab_recipe *rc, int has_seed,
                        long long seed, srv_request *r, srv_error *e) {
-    json_t *b = json_pack("{s:[{s:s,s:s}],s:i,s:f,s:f,s:i}", "messages", "role", "user", "content", prompt,
-                          "max_tokens", max_tokens, "temperature", (double)rc->temperature, "top_p",
-                          (double)rc->top_p, "top_k", rc->top_k);
+    json_t *b =
+        json_pack("{s:[{s:s,s:s}],s:i,s:f,s:f,s:i}", "messages", "role", "user", "content", prompt, "max_tokens",
+                  max_tokens, "temperature", (double)rc->temperature, "top_p", (double)rc->top_p, "top_k", rc->top_k);
     if (!b) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     if (has_seed) json_object_set_new(b, "seed", json_integer(seed));
     char *text = json_dumps(b, JSON_COMPACT);

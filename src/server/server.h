@@ -60,7 +60,7 @@ typedef struct srv_request {
     float repetition_penalty, presence_penalty, frequency_penalty;
     int repetition_context_size, presence_context_size, frequency_context_size;
     float xtc_probability, xtc_threshold;
-    hearth_hlg hlg;     /* the sampling lab (lab_request.c) */
+    hearth_hlg hlg; /* the sampling lab (lab_request.c) */
     hearth_curve curve;
     int32_t *bias_ids;
     float *bias_values;

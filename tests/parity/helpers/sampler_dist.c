@@ -12,7 +12,8 @@
 
 int main(int argc, char **argv) {
     if (argc < 10) {
-        fprintf(stderr, "usage: sampler_dist <vocab> <logits> <out> <temp> <top_p> <top_k> <min_p> <xtc_p> <xtc_t> [ids]\n");
+        fprintf(stderr,
+                "usage: sampler_dist <vocab> <logits> <out> <temp> <top_p> <top_k> <min_p> <xtc_p> <xtc_t> [ids]\n");
         return 2;
     }
     int V = atoi(argv[1]);

@@ -7,6 +7,7 @@ bench/results/lab_generate.{json,md}.
 
 usage: bench/lab/generate_batch.py [--bin build/bin/hearth] [--model M] [--threads N]
        [--device cpu|cuda] [--max-tokens 64] [--rounds 3] [--out bench/results] [--chat-template T]
+       [--default-recipe]  (the model's recipe instead of the curve: on the GPU, the device sampler)
 """
 import argparse
 import json
@@ -59,6 +60,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--chat-template", help="for a model without one (the random-weight GPU models)")
+    ap.add_argument("--default-recipe", action="store_true",
+                    help="the model's default recipe instead of the curve (on the GPU: the device sampler)")
     a = ap.parse_args()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -74,7 +77,8 @@ def main():
                 break
             except Exception:  # noqa: BLE001 - not up yet
                 time.sleep(0.2)
-        body = {"prompt": PROMPT, "curve": CURVE, "max_tokens": a.max_tokens}
+        body = {"prompt": PROMPT, "max_tokens": a.max_tokens}
+        body.update({"default": True} if a.default_recipe else {"curve": CURVE})
         post(base, "/generate", dict(body, n=8, seed=0))  # warm-up: weights paged in, prompt cached
         batch, seq, tokens_b, tokens_s = [], [], [], []
         for r in range(a.rounds):
@@ -100,6 +104,7 @@ def main():
     res = {"benchmark": "lab_generate", "hearth": commit + ("+dirty" if dirty else ""),
            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine, "device": a.device,
            "model": Path(a.model).name, "max_tokens": a.max_tokens, "rounds": a.rounds,
+           "sampling": "default recipe" if a.default_recipe else "curve",
            "batch_n8_seconds": batch, "sequential_8x1_seconds": seq,
            "text_chars_batch": tokens_b, "text_chars_sequential": tokens_s,
            "median_batch_s": round(mb, 3), "median_sequential_s": round(ms, 3), "speedup": round(ms / mb, 2)}
@@ -107,8 +112,9 @@ def main():
           f"speedup {ms / mb:.2f}x (target >= 5x) on {machine}, {Path(a.model).name}, max_tokens {a.max_tokens}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "lab_generate.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / "lab_generate.md").write_text(
+    name = "lab_generate_default" if a.default_recipe else "lab_generate"
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / f"{name}.md").write_text(
         "# /generate n = 8 as one batch vs 8 sequential requests\n\n"
         f"`bench/lab/generate_batch.py`, hearth {res['hearth']}, {res['when']}, {machine}, "
         f"{res['model']}, device {a.device}, max_tokens {a.max_tokens}, a sharpening curve, medians of "

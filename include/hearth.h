@@ -272,6 +272,28 @@ typedef struct hearth_logprobs {
     float top_logprobs[HEARTH_MAX_TOP_LOGPROBS];
 } hearth_logprobs;
 
+/* The sampling lab's stages (docs/lab.md). A transfer curve in log-probability space
+ * replaces temperature: the sampler draws from softmax(curve(l)) where l are the step's
+ * log-probabilities; points in nats, sorted by x, at least 2 (hearth_curve_set builds it
+ * from the designer's percentages and rejects a non-monotone curve). */
+#define HEARTH_CURVE_MAX_POINTS 32
+typedef struct hearth_curve {
+    int n_points; /* 0: off */
+    double x[HEARTH_CURVE_MAX_POINTS], y[HEARTH_CURVE_MAX_POINTS];
+} hearth_curve;
+/* From percentages of probability (x_pct[i], y_pct[i] in (0, 100]; below 1e-9 counts as
+ * 1e-9): sorts by x; fails (HEARTH_ERR_INVALID, the message names the point) on fewer
+ * than 2 or more than HEARTH_CURVE_MAX_POINTS points, a value that is not finite or
+ * above 100, two points with one x, or a falling segment. */
+hearth_status hearth_curve_set(hearth_curve *c, const double *x_pct, const double *y_pct, int n, hearth_error *err);
+/* The HLG tone curve on centred log-probabilities (seed's hlg-sampling; all in nats):
+ * mid slope gain (0: 1/temperature), half-width, shoulder and toe roll-off scales (<= 0:
+ * that side stays linear), pivot = the top log-probability minus pivot_offset. */
+typedef struct hearth_hlg {
+    int enabled;
+    float width, shoulder, toe, pivot_offset, gain;
+} hearth_hlg;
+
 typedef struct hearth_sampling {
     float temperature;            /* 0: greedy */
     float top_p;                  /* 1 (or 0): off */
@@ -288,6 +310,12 @@ typedef struct hearth_sampling {
     const float *bias_values;
     size_t n_bias;
     int top_logprobs;             /* alternatives to report per token (0..20) */
+    /* XTC (mlx-lm's apply_xtc): with probability xtc_probability per token, every
+     * candidate above xtc_threshold except the least likely of them is dropped; the
+     * newline token and end-of-sequence ids are never dropped. 0: off. */
+    float xtc_probability, xtc_threshold;
+    hearth_hlg hlg;     /* off unless enabled; replaces temperature (gain 1/temperature) */
+    hearth_curve curve; /* off unless n_points; replaces temperature (and HLG) */
 } hearth_sampling;
 
 /* mlx-lm's defaults, overridden by the model's generation_config.json. */
@@ -322,6 +350,9 @@ typedef struct hearth_generate_params {
     const int32_t *const *stop_token_seqs;
     const size_t *stop_token_lens;
     size_t n_stop_token_seqs;
+    /* Optional, hearth_model_vocab_rows floats: receives the log-softmax of the first
+     * sampled position's logits (the sampling lab's next-token histogram). */
+    float *first_logprobs;
     /* LoRA adapters (hearth_adapter_mount): "id", several summed ("a+b"), or "none" (the
      * base alone); NULL: the engine's default adapter (hearth_adapter_set_default), if any. */
     const char *adapter;

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,8 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "free memory)\n"
                                  "             [--open|--no-open (the chat page in a browser)] [--embedding-model M]\n"
                                  "             [--memory-log [--memory-vault PATH] (log chats into the memory vault)]\n"
+                                 "             [--hlg-sampling on|off] [--hlg-width 4] [--hlg-shoulder 4] [--hlg-toe 6] "
+                                 "[--hlg-pivot-offset 6]\n"
                                  "             [--adapter-path DIR] [--adapter id=DIR]... (LoRA adapters)\n"
                                  "  accepted but not supported yet (a warning says so): "
                                  "--draft-model --num-draft-tokens\n"
@@ -79,6 +82,11 @@ static int parse_float(const char *s, float *out) {
     if (end == s || *end) return -1;
     *out = v;
     return 0;
+}
+
+/* An HLG shape value: a finite number of nats, not negative. */
+static int parse_nats(const char *s, float *out) {
+    return parse_float(s, out) || !isfinite(*out) || *out < 0 ? -1 : 0;
 }
 
 static int parse_origins(const char *list, srv_config *c) {
@@ -215,6 +223,17 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         } else if (VAL("--top-k")) {
             if (cli_parse_long(v, 0, INT_MAX, &n)) BADV("--top-k");
             c->defaults.top_k = (int)n;
+        } else if (VAL("--hlg-sampling")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) BADV("--hlg-sampling");
+            c->defaults.hlg.enabled = !strcmp(v, "on");
+        } else if (VAL("--hlg-width")) {
+            if (parse_nats(v, &c->defaults.hlg.width)) BADV("--hlg-width");
+        } else if (VAL("--hlg-shoulder")) {
+            if (parse_nats(v, &c->defaults.hlg.shoulder)) BADV("--hlg-shoulder");
+        } else if (VAL("--hlg-toe")) {
+            if (parse_nats(v, &c->defaults.hlg.toe)) BADV("--hlg-toe");
+        } else if (VAL("--hlg-pivot-offset")) {
+            if (parse_nats(v, &c->defaults.hlg.pivot_offset)) BADV("--hlg-pivot-offset");
         } else if (VAL("--chat-template"))
             o->chat_template = v;
         else if (VAL("--chat-template-args"))
@@ -290,7 +309,9 @@ int cli_serve(int argc, char **argv) {
                             .responses_max_bytes = 64u << 20, /* bounds the store on a small machine */
                             /* a few hundred long conversations of a small model's float KV */
                             .prompt_cache_bytes = 4ull << 30,
-                            .defaults = {.max_tokens = 512, .top_p = 1.0f, .num_draft_tokens = 3}}};
+                            .defaults = {.max_tokens = 512, .top_p = 1.0f, .num_draft_tokens = 3,
+                                         /* the seed's HLG shape (nats), off until --hlg-sampling on */
+                                         .hlg = {.width = 4, .shoulder = 4, .toe = 6, .pivot_offset = 6}}}};
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
     if (!o.eo.max_sequences) o.eo.max_sequences = HEARTH_SERVE_MAX_SEQUENCES;

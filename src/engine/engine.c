@@ -98,6 +98,22 @@ static void collect_eos(hearth_engine *e) {
     }
 }
 
+/* XTC never drops what mlx_lm.server exempts: the encoded "\n" and the end-of-sequence
+ * ids (so a paragraph or the answer can still end). */
+static void set_xtc_exempt(hearth_engine *e) {
+    int32_t ids[SAMPLER_MAX_EXEMPT];
+    int n = 0;
+    for (int i = 0; i < e->n_eos && n < SAMPLER_MAX_EXEMPT; i++) ids[n++] = e->eos[i];
+    int32_t *nl = NULL;
+    size_t n_nl = 0;
+    hearth_error err = {0};
+    if (e->hm->tok && tok_encode(e->hm->tok, "\n", 1, 0, &nl, &n_nl, &err) == HEARTH_OK)
+        for (size_t i = 0; i < n_nl && n < SAMPLER_MAX_EXEMPT; i++) ids[n++] = nl[i];
+    free(nl);
+    sampler_set_xtc_exempt(&e->smp, ids, n);
+    for (int i = 0; i < e->max_seqs; i++) sampler_set_xtc_exempt(&e->slot_smp[i], ids, n);
+}
+
 void engine_trim_heap(void) {
 #ifdef __GLIBC__
     malloc_trim(0);
@@ -385,6 +401,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
         e->bytes += cpu_backend_bytes(model_ops(e->m), &e->kv, e->step_tokens, e->max_out, e->n_threads);
     }
     collect_eos(e);
+    set_xtc_exempt(e);
     *out = e;
     return HEARTH_OK;
 }

@@ -199,6 +199,7 @@ sampler_row gen_stream_row(gen_stream *g, sampler *smp, const float *logits, int
                          .history = engine_history(g->e, seq),
                          .n_history = (size_t)seq_len,
                          .lp = gen_stream_lp(g),
+                         .full_logprobs = g->res->completion_tokens == 0 ? g->p->first_logprobs : NULL,
                          .token = -1};
 }
 
@@ -206,17 +207,19 @@ sampler_row gen_stream_row(gen_stream *g, sampler *smp, const float *logits, int
 static int plain_greedy(const hearth_sampling *s) {
     return !(s->temperature > 0) && s->n_bias == 0 && s->top_logprobs == 0 &&
            (s->repetition_penalty <= 0 || s->repetition_penalty == 1.0f) && s->presence_penalty == 0 &&
-           s->frequency_penalty == 0;
+           s->frequency_penalty == 0 && !sampler_lab_active(s);
 }
 
 int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p) {
     if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || engine_host_sampler(e)) return 0;
-    return plain_greedy(&p->sampling);
+    return plain_greedy(&p->sampling) && !p->first_logprobs;
 }
 
 int gen_device_sample(const hearth_engine *e, const hearth_generate_params *p) {
     if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || !engine_has_device_sampler(e) || engine_host_sampler(e))
         return 0;
+    /* the lab's stages and the full first-step log-probabilities are the host's */
+    if (sampler_lab_active(&p->sampling) || p->first_logprobs) return 0;
     return engine_device_sample_supported(&p->sampling);
 }
 

@@ -17,7 +17,9 @@ hearth_status sampler_init(sampler *s, int vocab, hearth_error *err) {
     s->work = malloc((size_t)vocab * sizeof *s->work);
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
     s->counts = calloc((size_t)vocab, sizeof *s->counts);
-    if (!s->work || !s->cand || !s->counts) {
+    s->shaped = malloc((size_t)vocab * sizeof *s->shaped);
+    s->sort_buf = malloc(3 * (size_t)vocab * sizeof *s->sort_buf);
+    if (!s->work || !s->cand || !s->counts || !s->shaped || !s->sort_buf) {
         sampler_free(s);
         return err_set(err, HEARTH_ERR_NOMEM, "sampler: out of memory");
     }
@@ -27,17 +29,22 @@ hearth_status sampler_init(sampler *s, int vocab, hearth_error *err) {
     mem_touch(s->work, (size_t)vocab * sizeof *s->work);
     mem_touch(s->cand, (size_t)vocab * sizeof *s->cand);
     mem_touch(s->counts, (size_t)vocab * sizeof *s->counts);
+    memset(s->shaped, 0, (size_t)vocab * sizeof *s->shaped);
+    memset(s->sort_buf, 0, 3 * (size_t)vocab * sizeof *s->sort_buf);
     sampler_seed(s, (uint64_t)time(NULL));
     return HEARTH_OK;
 }
 
 size_t sampler_bytes(int vocab) {
     sampler s;
-    return (size_t)vocab * (sizeof *s.work + sizeof *s.cand + sizeof *s.counts);
+    return (size_t)vocab *
+           (sizeof *s.work + sizeof *s.cand + sizeof *s.counts + sizeof *s.shaped + 3 * sizeof *s.sort_buf);
 }
 
 void sampler_free(sampler *s) {
     free(s->work);
+    free(s->shaped);
+    free(s->sort_buf);
     free(s->cand);
     free(s->counts);
     memset(s, 0, sizeof *s);
@@ -100,11 +107,57 @@ static void apply_penalties(sampler *s, float *x, const hearth_sampling *p, cons
     }
 }
 
+void sampler_set_xtc_exempt(sampler *s, const int32_t *ids, int n) {
+    s->n_xtc_exempt = 0;
+    for (int i = 0; i < n && s->n_xtc_exempt < SAMPLER_MAX_EXEMPT; i++) s->xtc_exempt[s->n_xtc_exempt++] = ids[i];
+}
+
 static int cmp_desc(const void *a, const void *b, void *ctx) {
     const float *x = ctx;
     float fa = x[*(const int32_t *)a], fb = x[*(const int32_t *)b];
     if (fa != fb) return fa < fb ? 1 : -1;
     return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+/* A key whose ascending order is x's descending order (-0 as +0, so they tie as in
+ * cmp_desc; NaN never reaches here: the candidate floor drops it). */
+static uint32_t desc_key(float f) {
+    if (f == 0) f = 0;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* ascending float order as unsigned */
+    return ~u;
+}
+
+/* Sorts ids[0..n) as qsort_r with cmp_desc does (value descending, lower id first): a
+ * stable LSD radix sort of 8-bit digits over ids that arrive in ascending id order, so
+ * equal values keep their id order. qsort over a whole vocabulary at temperature 1 was the
+ * largest cost of a sampled token (tens of ms at 49k candidates); this is a few passes. */
+static void sort_candidates(sampler *s, const float *x, int32_t *ids, int n) {
+    if (n < 256) { /* small sets: the comparison sort is as fast */
+        qsort_r(ids, (size_t)n, sizeof *ids, cmp_desc, (void *)x);
+        return;
+    }
+    uint32_t *key = s->sort_buf, *key2 = key + s->vocab;
+    int32_t *ids2 = (int32_t *)(key2 + s->vocab);
+    for (int i = 0; i < n; i++) key[i] = desc_key(x[ids[i]]);
+    int32_t *src_id = ids, *dst_id = ids2;
+    uint32_t *src_k = key, *dst_k = key2;
+    for (int shift = 0; shift < 32; shift += 8) {
+        int count[257] = {0};
+        for (int i = 0; i < n; i++) count[((src_k[i] >> shift) & 255) + 1]++;
+        if (count[((src_k[0] >> shift) & 255) + 1] == n) continue; /* one digit value: nothing moves */
+        for (int d = 0; d < 256; d++) count[d + 1] += count[d];
+        for (int i = 0; i < n; i++) {
+            int at = count[(src_k[i] >> shift) & 255]++;
+            dst_k[at] = src_k[i], dst_id[at] = src_id[i];
+        }
+        int32_t *ti = src_id;
+        src_id = dst_id, dst_id = ti;
+        uint32_t *tk = src_k;
+        src_k = dst_k, dst_k = tk;
+    }
+    if (src_id != ids) memcpy(ids, src_id, (size_t)n * sizeof *ids);
 }
 
 /* The n highest entries of x (ties: lower id first), in order, into ids. */
@@ -130,17 +183,17 @@ static int32_t process(sampler *s, const float *logits, const hearth_sampling *p
     return ops_argmax(x, V);
 }
 
-/* Temperature > 0: the tokens the draw is made from into s->cand[0..n), sorted; returns n. */
-static int filter(sampler *s, const hearth_sampling *p, float mx) {
-    const float *x = s->work;
+/* Temperature t > 0: the tokens the draw is made from into s->cand[0..n), sorted by x
+ * (s->work, or the lab's shaped values); returns n. */
+static int filter(sampler *s, const float *x, const hearth_sampling *p, float t, float mx) {
     int V = s->vocab;
     /* candidates: tokens within e^-40 of the best after temperature; the rest cannot
      * carry probability mass that float sampling would see */
-    float inv_t = 1.0f / p->temperature, floor = mx - 40.0f * p->temperature;
+    float inv_t = 1.0f / t, floor = mx - 40.0f * t;
     int n = 0;
     for (int i = 0; i < V; i++)
         if (x[i] >= floor) s->cand[n++] = i;
-    qsort_r(s->cand, (size_t)n, sizeof *s->cand, cmp_desc, (void *)x);
+    sort_candidates(s, x, s->cand, n);
     if (p->top_k > 0 && p->top_k < n) n = p->top_k;
     double total = 0;
     for (int i = 0; i < n; i++) total += exp((double)(x[s->cand[i]] - mx) * inv_t);
@@ -160,25 +213,66 @@ static int filter(sampler *s, const hearth_sampling *p, float mx) {
     return n;
 }
 
+/* Everything before the draw: the processed logits, then the lab's curve / HLG, the
+ * filters and XTC (xtc: 1 fires, 0 never, -1 draws with p->xtc_probability). *x gets the
+ * values the draw uses at temperature *t (0: greedy, s->cand[0] the argmax); returns n. */
+static int candidates(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
+                      size_t n_history, int xtc, const float **x, float *t) {
+    int32_t best = process(s, logits, p, history, n_history);
+    *x = s->work, *t = p->temperature;
+    if (sampler_shape(s->work, s->vocab, p, s->shaped)) *x = s->shaped, *t = 1; /* monotone: best stays best */
+    if (!(*t > 0)) {
+        s->cand[0] = best;
+        return 1;
+    }
+    int n = filter(s, *x, p, *t, (*x)[best]);
+    if (xtc < 0 && p->xtc_probability > 0) xtc = next_uniform(s) <= p->xtc_probability; /* mlx-lm: u > p skips */
+    if (xtc > 0 && p->xtc_probability > 0)
+        n = sampler_xtc_cut(*x, s->cand, n, p->xtc_threshold, s->xtc_exempt, s->n_xtc_exempt);
+    return n;
+}
+
 int sampler_survivors(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
                       size_t n_history) {
-    int32_t best = process(s, logits, p, history, n_history);
-    if (p->temperature > 0) return filter(s, p, s->work[best]);
-    s->cand[0] = best;
-    return 1;
+    const float *x;
+    float t;
+    return candidates(s, logits, p, history, n_history, 0, &x, &t);
+}
+
+int sampler_distribution(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
+                         size_t n_history, double *probs) {
+    const float *x;
+    float t;
+    int n = candidates(s, logits, p, history, n_history, 1, &x, &t);
+    memset(probs, 0, (size_t)s->vocab * sizeof *probs);
+    if (!(t > 0)) {
+        probs[s->cand[0]] = 1;
+        return 1;
+    }
+    double total = 0, mx = x[s->cand[0]];
+    for (int i = 0; i < n; i++) total += exp((x[s->cand[i]] - mx) / t);
+    for (int i = 0; i < n; i++) probs[s->cand[i]] = exp((x[s->cand[i]] - mx) / t) / total;
+    return n;
+}
+
+/* logsumexp of the processed logits in s->work. */
+static float work_lse(const sampler *s) {
+    const float *w = s->work;
+    float mx = w[ops_argmax(w, s->vocab)];
+    double sum = 0;
+    for (int i = 0; i < s->vocab; i++) sum += exp((double)(w[i] - mx));
+    return mx + (float)log(sum);
 }
 
 int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
                        size_t n_history, hearth_logprobs *lp) {
-    const float *x = s->work;
-    int V = s->vocab;
-    int32_t best = process(s, logits, p, history, n_history);
-    float mx = x[best];
-
-    int32_t chosen = best;
-    if (p->temperature > 0) {
-        float inv_t = 1.0f / p->temperature;
-        int n = filter(s, p, mx);
+    const float *x;
+    float t;
+    int n = candidates(s, logits, p, history, n_history, -1, &x, &t);
+    int32_t chosen = s->cand[0];
+    if (t > 0) {
+        /* relative to the best survivor (XTC may have dropped the overall best) */
+        float inv_t = 1.0f / t, mx = x[s->cand[0]];
         double total = 0;
         for (int i = 0; i < n; i++) total += exp((double)(x[s->cand[i]] - mx) * inv_t);
         double r = next_uniform(s) * total, acc = 0;
@@ -189,23 +283,30 @@ int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p
         }
     }
     if (lp) { /* log-softmax only when asked: a pass of exp over the vocabulary per token */
-        double sum = 0;
-        for (int i = 0; i < V; i++) sum += exp((double)(x[i] - mx));
-        float lse = mx + (float)log(sum);
-        lp->logprob = x[chosen] - lse;
-        int n = lp->n < 0 ? 0 : lp->n > HEARTH_MAX_TOP_LOGPROBS ? HEARTH_MAX_TOP_LOGPROBS : lp->n;
-        if (n > V) n = V;
-        lp->n = n;
-        if (n) top_n(x, V, n, lp->top_ids);
-        for (int i = 0; i < n; i++) lp->top_logprobs[i] = x[lp->top_ids[i]] - lse;
+        int V = s->vocab;
+        const float *w = s->work;
+        float lse = work_lse(s);
+        lp->logprob = w[chosen] - lse;
+        int k = lp->n < 0 ? 0 : lp->n > HEARTH_MAX_TOP_LOGPROBS ? HEARTH_MAX_TOP_LOGPROBS : lp->n;
+        if (k > V) k = V;
+        lp->n = k;
+        if (k) top_n(w, V, k, lp->top_ids);
+        for (int i = 0; i < k; i++) lp->top_logprobs[i] = w[lp->top_ids[i]] - lse;
     }
     return chosen;
+}
+
+/* The log-softmax of the processed logits sampler_sample left in s->work. */
+static void full_log_softmax(const sampler *s, float *out) {
+    float lse = work_lse(s);
+    for (int i = 0; i < s->vocab; i++) out[i] = s->work[i] - lse;
 }
 
 static void sample_row_task(void *ctx, int task, int thread) {
     (void)thread;
     sampler_row *r = (sampler_row *)ctx + task;
     r->token = sampler_sample(r->s, r->logits, r->p, r->history, r->n_history, r->lp);
+    if (r->full_logprobs) full_log_softmax(r->s, r->full_logprobs);
 }
 
 void sampler_sample_rows(sampler_row *rows, int n, threadpool *tp) {

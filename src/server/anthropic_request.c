@@ -371,8 +371,9 @@ static int parse_misc(const json_t *root, const srv_defaults *d, srv_request *r,
 static int parse_root(const json_t *root, const srv_defaults *d, int count_only, srv_request *r, anth_extra *x,
                       srv_error *e) {
     if (!json_is_object(root)) return BAD(e, NULL, "the request body must be a JSON object");
-    if (parse_misc(root, d, r, x, e) || parse_sampling(root, d, count_only, r, e) || parse_stop_sequences(root, r, e) ||
-        parse_messages(root, r, e) || parse_tools(root, r, e) || parse_tool_choice(root, r, x, e))
+    if (parse_misc(root, d, r, x, e) || parse_sampling(root, d, count_only, r, e) || srv_parse_lab(root, d, r, e) ||
+        parse_stop_sequences(root, r, e) || parse_messages(root, r, e) || parse_tools(root, r, e) ||
+        parse_tool_choice(root, r, x, e))
         return -1;
     return 0;
 }

@@ -70,6 +70,10 @@ static void fill_params(const srv_request *r, hearth_generate_params *p) {
     sp->bias_ids = r->bias_ids;
     sp->bias_values = r->bias_values;
     sp->n_bias = r->n_bias;
+    sp->xtc_probability = r->xtc_probability;
+    sp->xtc_threshold = r->xtc_threshold;
+    sp->hlg = r->hlg;
+    sp->curve = r->curve;
     /* logprobs: true needs the chosen token's logprob, which the engine reports
      * with n >= 1 */
     sp->top_logprobs = r->top_logprobs > 0 ? r->top_logprobs : r->logprobs ? 1 : 0;
@@ -124,7 +128,11 @@ static int check_request(srv_server *s, const srv_request *r, const srv_gen_opti
                         "'%s' (or use \"default_model\"); "
                         "loading other models per request is not supported",
                         r->model, hearth_model_path(s->model));
-    if (r->xtc_probability > 0) srv_log(s, SRV_LOG_WARNING, "xtc_probability is not supported yet; ignored");
+    /* mlx-lm validates the threshold inside apply_xtc (a failed generation there); a 400 here */
+    if (r->xtc_probability > 0 && r->xtc_threshold > 0.5f)
+        return srv_fail(e, 400, "invalid_request_error", "xtc_threshold", NULL,
+                        "xtc_threshold must be at most 0.5 when xtc_probability is above 0 (got %g)",
+                        (double)r->xtc_threshold);
     for (size_t i = 0; i < r->n_bias; i++)
         if (r->bias_ids[i] >= hearth_vocab_size(s->model))
             return srv_fail(e, 400, "invalid_request_error", "logit_bias", NULL,
@@ -175,6 +183,7 @@ int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_opti
                    r->kind == SRV_CHAT && opens_think, &err);
     hearth_generate_params p;
     fill_params(r, &p);
+    p.first_logprobs = o->first_logprobs;
     p.adapter = spec[0] ? spec : NULL;
     size_t n_seqs = 0, cap = r->n_stop ? r->n_stop : 1;
     int32_t **seqs = calloc(cap, sizeof *seqs);

@@ -28,6 +28,9 @@ typedef struct srv_gen_options {
     /* The request's names for its stop strings and token limit, for the errors that
      * name them (NULL: "stop", "max_tokens"). */
     const char *stop_field, *max_tokens_field;
+    /* Optional (hearth_model_vocab_rows floats, alive until the job is done): the first
+     * step's full log-probabilities (the lab's /signal). */
+    float *first_logprobs;
 } srv_gen_options;
 
 /* Bounds on one request's work (docs/server.md, "Limits"): stop strings are matched

@@ -256,8 +256,8 @@ static int parse_root(json_t *root, srv_kind kind, const srv_defaults *d, srv_re
     if (v && !json_is_null(v) && !json_is_string(v)) return BAD(e, "adapter", "adapter must be of type str");
     if (json_is_string(v) && !(r->adapter = strdup(json_string_value(v))))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    if (parse_stream(root, r, e) || parse_sampling(root, d, r, e) || parse_logit_bias(root, r, e) ||
-        parse_stop(root, r, e) || parse_template_kwargs(root, d, r, e))
+    if (parse_stream(root, r, e) || parse_sampling(root, d, r, e) || srv_parse_lab(root, d, r, e) ||
+        parse_logit_bias(root, r, e) || parse_stop(root, r, e) || parse_template_kwargs(root, d, r, e))
         return -1;
     if (kind == SRV_CHAT) return parse_chat(root, r, e);
     v = json_object_get(root, "prompt");

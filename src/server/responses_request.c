@@ -375,8 +375,8 @@ int resp_request_parse(const char *body, size_t len, const srv_defaults *d, resp
     else if (!json_is_object(root))
         rc = BAD(e, NULL, "the request body must be a JSON object");
     else
-        rc = parse_scalars(root, d, r, e) || parse_input(root, r, e) || parse_tools(root, r, e) ||
-                     parse_tool_choice(root, r, e)
+        rc = parse_scalars(root, d, r, e) || srv_parse_lab(root, d, &r->req, e) || parse_input(root, r, e) ||
+                     parse_tools(root, r, e) || parse_tool_choice(root, r, e)
                  ? -1
                  : 0;
     json_decref(root);

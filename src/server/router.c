@@ -49,6 +49,8 @@ static int responses(srv_server *s, srv_conn *c) { return body_handler(s, c, res
 static int response_get(srv_server *s, srv_conn *c) { return resp_handle_id(s, c, c->route_tail, 0); }
 static int response_delete(srv_server *s, srv_conn *c) { return resp_handle_id(s, c, c->route_tail, 1); }
 static int embeddings(srv_server *s, srv_conn *c) { return body_handler(s, c, srv_handle_embeddings); }
+static int lab_signal(srv_server *s, srv_conn *c) { return body_handler(s, c, srv_lab_signal); }
+static int lab_generate(srv_server *s, srv_conn *c) { return body_handler(s, c, srv_lab_generate); }
 static int download(srv_server *s, srv_conn *c) { return body_handler(s, c, srv_library_post); }
 static int library(srv_server *s, srv_conn *c) { return srv_library_get(s, c, c->head.path); }
 static int page(srv_server *s, srv_conn *c) { return srv_web_respond(c, c->head.path); }
@@ -109,7 +111,11 @@ static const srv_route routes[] = {
      "Prometheus text format: requests, tokens, latency histograms, queue, KV blocks, memory"},
     {"GET", "/v1", 0, index_page, NULL, "this index"},
     {"GET", "/v1/", 0, index_page, NULL, "alias of /v1"},
-    {"GET", "/", R_PUBLIC | R_PAGE, page, "/, /chat", "the chat page (index.html, app.js, style.css)"},
+    {"GET", "/", R_PUBLIC | R_PAGE, page, "/, /chat, /curves",
+     "the chat page (index.html, app.js, style.css) and the sampling lab's curve designer (curves.*)"},
+    {"POST", "/signal", GEN, lab_signal, NULL, "{\"prompt\"}: the next-token log-probability histogram (80 bins)"},
+    {"POST", "/generate", GEN, lab_generate, NULL,
+     "{\"prompt\", \"curve\", \"n\"}: n samples under a drawn curve, as one batch"},
     {"OPTIONS", "*", R_PUBLIC | R_ANY_PATH, preflight, NULL, "CORS preflight"},
 };
 #define N_ROUTES (sizeof routes / sizeof routes[0])

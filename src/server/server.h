@@ -47,6 +47,7 @@ typedef struct srv_defaults {
     int top_k;
     int num_draft_tokens;
     const json_t *chat_template_args; /* object or NULL */
+    hearth_hlg hlg;                   /* --hlg-sampling and its --hlg-* shape */
 } srv_defaults;
 
 /* A request body after validation; every field has its default filled in. */
@@ -61,6 +62,8 @@ typedef struct srv_request {
     float repetition_penalty, presence_penalty, frequency_penalty;
     int repetition_context_size, presence_context_size, frequency_context_size;
     float xtc_probability, xtc_threshold;
+    hearth_hlg hlg; /* the sampling lab (lab_request.c) */
+    hearth_curve curve;
     int32_t *bias_ids;
     float *bias_values;
     size_t n_bias;
@@ -82,6 +85,11 @@ typedef struct srv_request {
  * freed). */
 int srv_request_parse(const char *body, size_t len, srv_kind kind, const srv_defaults *d, srv_request *r, srv_error *e);
 void srv_request_free(srv_request *r);
+/* The sampling lab's fields of any generation request (lab_request.c): `hlg` (true,
+ * false or an object; absent: the --hlg-* defaults) and `curve`. 0, or -1 with e filled. */
+int srv_parse_lab(const json_t *root, const srv_defaults *d, srv_request *r, srv_error *e);
+/* A `curve` object into c (absent or null: off). */
+int srv_parse_curve(const json_t *v, hearth_curve *c, srv_error *e);
 
 /* ---- the engine queue: one thread owns the engine ----------------------- */
 
@@ -271,6 +279,10 @@ int srv_route_head(srv_server *s, srv_conn *c);
 
 /* openai_chat.c */
 int srv_handle_completion(srv_server *s, srv_conn *c, srv_kind kind, const char *body, size_t len);
+/* The sampling lab (lab_routes.c): POST /signal, POST /generate, and its junk test. */
+int srv_lab_signal(srv_server *s, srv_conn *c, const char *body, size_t len);
+int srv_lab_generate(srv_server *s, srv_conn *c, const char *body, size_t len);
+int srv_lab_junk(const char *text);
 char *srv_models_body(const srv_server *s, const char *filter); /* filter NULL: all */
 /* router.c: the /v1 index, from the route table. */
 char *srv_index_body(void);

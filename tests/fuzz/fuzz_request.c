@@ -1,4 +1,5 @@
-/* fuzz_request.c: the server's request parser/validator (src/server/openai_chat_request.c)
+/* fuzz_request.c: the server's request parser/validator (src/server/openai_chat_request.c,
+ * with the sampling lab's fields from lab_request.c)
  * on arbitrary bytes, as both a chat and a text completion body, plus the
  * error-body and Python-style JSON writers on whatever it produced. Must never
  * crash or leak. */

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""The sampling lab's POST /generate: n = 8 samples in one request (queued together, so the
+engine decodes them as one batch) against the same 8 samples as 8 sequential n = 1 requests
+(seeds seed+i each way), on one `hearth serve` in the same run. Prints the ratio (the issue's
+target: at least 5x) with the absolute times, tokens and the machine, and writes
+bench/results/lab_generate.{json,md}.
+
+usage: bench/lab/generate_batch.py [--bin build/bin/hearth] [--model M] [--threads N]
+       [--device cpu|cuda] [--max-tokens 64] [--rounds 3] [--out bench/results] [--chat-template T]
+       [--default-recipe]  (the model's recipe instead of the curve: on the GPU, the device sampler)
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench" / "tokenize"))
+from run import cpu_model as cpu_name  # noqa: E402  (one /proc/cpuinfo reader for the benches)
+PROMPT = "Write a short paragraph about the sea."
+# a sharpening curve (below the identity away from the top), as someone would draw it
+CURVE = {"space": "logprob", "points": [{"x_pct": 1e-4, "y_pct": 1e-6}, {"x_pct": 1, "y_pct": 0.5},
+                                         {"x_pct": 100, "y_pct": 100}]}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(base, path, body):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def gpu_name():
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=10).stdout.strip().splitlines()[0]
+    except Exception:  # noqa: BLE001 - no GPU tool: CPU run
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=str(ROOT / "bin" / "hearth"))
+    ap.add_argument("--model", default=str(Path.home() / ".cache/hearth/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--chat-template", help="for a model without one (the random-weight GPU models)")
+    ap.add_argument("--default-recipe", action="store_true",
+                    help="the model's default recipe instead of the curve (on the GPU: the device sampler)")
+    a = ap.parse_args()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [a.bin, "serve", "--model", a.model, "--port", str(port), "--threads", str(a.threads),
+           "--device", a.device, "--max-sequences", "8"]
+    if a.chat_template:
+        cmd += ["--chat-template", a.chat_template]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(base + "/health", timeout=2)
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.2)
+        body = {"prompt": PROMPT, "max_tokens": a.max_tokens}
+        body.update({"default": True} if a.default_recipe else {"curve": CURVE})
+        post(base, "/generate", dict(body, n=8, seed=0))  # warm-up: weights paged in, prompt cached
+        batch, seq, tokens_b, tokens_s = [], [], [], []
+        for r in range(a.rounds):
+            seed = 100 * (r + 1)
+            t = time.perf_counter()
+            out = post(base, "/generate", dict(body, n=8, seed=seed))
+            batch.append(time.perf_counter() - t)
+            tokens_b.append(sum(len(s["text"]) for s in out["samples"]))
+            t = time.perf_counter()
+            texts = [post(base, "/generate", dict(body, n=1, seed=seed + i))["samples"][0]["text"] for i in range(8)]
+            seq.append(time.perf_counter() - t)
+            tokens_s.append(sum(len(x) for x in texts))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    mb, ms = statistics.median(batch), statistics.median(seq)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    machine = gpu_name() if a.device == "cuda" else None
+    machine = f"{machine} + {cpu_name()}" if machine else f"{cpu_name()}, {a.threads} threads"
+    res = {"benchmark": "lab_generate", "hearth": commit + ("+dirty" if dirty else ""),
+           "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine, "device": a.device,
+           "model": Path(a.model).name, "max_tokens": a.max_tokens, "rounds": a.rounds,
+           "sampling": "default recipe" if a.default_recipe else "curve",
+           "batch_n8_seconds": batch, "sequential_8x1_seconds": seq,
+           "text_chars_batch": tokens_b, "text_chars_sequential": tokens_s,
+           "median_batch_s": round(mb, 3), "median_sequential_s": round(ms, 3), "speedup": round(ms / mb, 2)}
+    print(f"/generate n=8 as one batch: {mb:.2f} s; 8 sequential n=1 requests: {ms:.2f} s; "
+          f"speedup {ms / mb:.2f}x (target >= 5x) on {machine}, {Path(a.model).name}, max_tokens {a.max_tokens}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "lab_generate_default" if a.default_recipe else "lab_generate"
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / f"{name}.md").write_text(
+        "# /generate n = 8 as one batch vs 8 sequential requests\n\n"
+        f"`bench/lab/generate_batch.py`, hearth {res['hearth']}, {res['when']}, {machine}, "
+        f"{res['model']}, device {a.device}, max_tokens {a.max_tokens}, a sharpening curve, medians of "
+        f"{a.rounds} rounds (seeds differ per round; the same 8 seeds both ways).\n\n"
+        "| n = 8 in one request (s) | 8 sequential n = 1 requests (s) | speedup | target |\n|---:|---:|---:|---:|\n"
+        f"| {mb:.2f} | {ms:.2f} | {ms / mb:.2f}x | 5x |\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -33,15 +33,16 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def helper(tmp_path_factory):
-    build = os.environ.get("HEARTH_MAKE_BUILD", "build")
-    libdir = "lib" if build == "build" else f"{build}/lib"
-    subprocess.run(["make", "-s", f"BUILD={build}", f"BINDIR={build}/bin" if build != "build" else "BINDIR=bin",
-                    f"LIBDIR={libdir}", f"{libdir}/libhearth.a"], cwd=ROOT, check=True)
+    # the library `make` built (make test builds it before the suites; no make from here:
+    # pytest-xdist workers would run it at once in the same build folder)
+    lib = os.environ.get("HEARTH_LIB", os.path.join(ROOT, "lib", "libhearth.a"))
+    if not os.path.exists(lib):
+        pytest.fail(f"{lib} is missing: run `make lib` first (or set HEARTH_LIB)", pytrace=False)
     exe = tmp_path_factory.mktemp("helper") / "sampler_dist"
     libs = subprocess.run(["pkg-config", "--libs", "jansson", "libpcre2-8", "libutf8proc"],
                           capture_output=True, text=True, check=True).stdout.split()
     subprocess.run(["gcc", "-O1", "-Wall", "-Wextra", "-Iinclude", "-Isrc", "tests/parity/helpers/sampler_dist.c",
-                    f"{libdir}/libhearth.a", *libs, "-lm", "-pthread", "-o", str(exe)], cwd=ROOT, check=True)
+                    lib, *libs, "-lm", "-pthread", "-o", str(exe)], cwd=ROOT, check=True)
     return exe
 
 

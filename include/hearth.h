@@ -169,7 +169,22 @@ typedef struct hearth_engine_options {
     int cuda_exact;      /* 1: on the GPU, f32 prefill GEMMs and attention instead of bf16 tensor
                             cores (the exact parity tier, whose greedy tokens equal the CPU
                             reference tier's); no effect on the CPU */
+    int speculate;       /* hearth_speculate: how the batch scheduler proposes tokens to
+                            verify several per step (docs/speculative.md); 0: prompt lookup */
 } hearth_engine_options;
+
+/* Speculative decoding in the batch scheduler: a proposer guesses the next tokens of a
+ * decoding request, one step scores them all, and the request keeps the longest prefix
+ * that its own sampling agrees with (the output is exactly what it would be without). */
+typedef enum hearth_speculate {
+    HEARTH_SPEC_LOOKUP = 0, /* prompt lookup: n-grams of the request's own prompt and output,
+                               depth adapted per request, off above a few decoding requests */
+    HEARTH_SPEC_NONE = 1,   /* one token per request per step */
+} hearth_speculate;
+/* "lookup", "none"; NULL for an unknown value. */
+const char *hearth_speculate_name(int speculate);
+/* The value of a name hearth_speculate_name gives; -1 for an unknown name. */
+int hearth_speculate_parse(const char *name);
 
 /* Loads the weights into resident memory and allocates the KV pool and all scratch
  * memory: nothing is allocated while generating. The model must outlive the engine. */
@@ -388,6 +403,9 @@ typedef struct hearth_batch_stats {
     double last_step_seconds;
     int last_step_tokens;
     double decode_tok_s, prefill_tok_s;               /* over the last steps (a moving window) */
+    /* speculative decoding, per proposer (hearth_speculate; only prompt lookup proposes
+       now): tokens proposed and, of those, accepted (emitted without a step of their own) */
+    unsigned long long spec_proposed[1], spec_accepted[1];
 } hearth_batch_stats;
 void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out);
 

@@ -10,6 +10,7 @@
 #include "base/sbuf.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/spec.h"
 #include "model/model.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_ops.h"
@@ -38,6 +39,7 @@ struct hearth_engine {
     int kv_cut_from;   /* engine_plan.kv_cut_from: the default pool was cut to fit memory */
     int context_cut_from; /* engine_plan.context_cut_from: the default context was cut to fit memory */
     int deterministic; /* op_batch.batch_invariant for every step */
+    int speculate;     /* hearth_speculate, for the scheduler */
     int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
     cuda_sampler *gsmp;                /* the device sampler (with gpu) */
     const engine_sample_row *dev_rows; /* set for a step whose rows it samples (ids into greedy_id) */
@@ -118,8 +120,12 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
         (int64_t)(p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * p->max_seqs > INT32_MAX)
         return err_set(err, HEARTH_ERR_INVALID, "engine: invalid options (context %d, sequences %d, threads %d)",
                        p->context, p->max_seqs, p->n_threads);
-    /* a scheduler step returns one logits row per running sequence */
+    /* a scheduler step returns one logits row per running sequence, and one more per
+     * token a speculating request proposes */
+    if (o.speculate != HEARTH_SPEC_LOOKUP && o.speculate != HEARTH_SPEC_NONE)
+        return err_set(err, HEARTH_ERR_INVALID, "engine: unknown speculative mode %d", o.speculate);
     p->max_out = p->max_seqs > ENGINE_MAX_LOGITS_ROWS ? p->max_seqs : ENGINE_MAX_LOGITS_ROWS;
+    if (o.speculate != HEARTH_SPEC_NONE) p->max_out += SPEC_MAX_DRAFT;
     /* default KV pool: every sequence its whole context, so admission never waits on the
      * pool below the sequence limit; engine_plan_room cuts it to what fits in memory */
     if (o.kv_blocks < 0) return err_set(err, HEARTH_ERR_INVALID, "engine: invalid KV pool size %d", o.kv_blocks);
@@ -308,6 +314,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     e->kv_cut_from = p.kv_cut_from;
     e->context_cut_from = p.context_cut_from;
     e->deterministic = o.deterministic != 0;
+    e->speculate = o.speculate;
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
     /* host K/V storage only where the CPU runs the forward pass (after the device is open:
      * --device auto falls back to the CPU when the GPU path fails) */
@@ -580,6 +587,7 @@ hearth_status engine_forward_rows_sample(hearth_engine *e, int T, const int32_t 
 int engine_has_device_sampler(const hearth_engine *e) { return e->gsmp != NULL; }
 int engine_max_out_rows(const hearth_engine *e) { return e->max_out; }
 int engine_max_sequences(const hearth_engine *e) { return e->max_seqs; }
+int engine_speculate(const hearth_engine *e) { return e->speculate; }
 kv_cache *engine_kv(hearth_engine *e) { return &e->kv; }
 
 hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, int rows, hearth_error *err) {
@@ -599,6 +607,9 @@ const int32_t *engine_history(const hearth_engine *e, int seq) { return e->histo
 void engine_history_write(hearth_engine *e, int seq, const int32_t *tokens, int n) {
     if (seq >= 0 && seq < e->max_seqs && n > 0 && n <= e->context)
         memcpy(e->history + (size_t)seq * e->context, tokens, (size_t)n * sizeof *tokens);
+}
+void engine_history_set(hearth_engine *e, int seq, int pos, int32_t token) {
+    if (seq >= 0 && seq < e->max_seqs && pos >= 0 && pos < e->context) e->history[(size_t)seq * e->context + pos] = token;
 }
 int engine_seq_length(const hearth_engine *e, int seq) { return e->kv.n_tokens[seq]; }
 int engine_step_tokens(const hearth_engine *e) { return e->step_tokens; }

@@ -10,10 +10,15 @@
  * SCHED_SHARE_MIN_BLOCKS). A new request reuses the longest token prefix the cache holds:
  * whole shared blocks, then a copy of the leading rows of the block after them (a prompt
  * that diverges inside a block, or the last partial block a finished request left).
+ * Speculative decoding (spec.h proposes): a decoding request may carry proposed tokens
+ * after its next one; the step scores them all, the request samples each position in
+ * turn with its own sampler and keeps them while the sample equals the proposal, and
+ * the KV of the rest is cut off (never named in the prefix cache).
  * Owns no model or text logic; single-threaded by design. */
 #include "engine/scheduler.h"
 #include "base/err.h"
 #include "engine/engine_internal.h"
+#include "engine/spec.h"
 #include "kv/kv_prefix.h"
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +43,9 @@ typedef struct sched_req {
     int admitted;    /* admitted before (so a readmission is a resume, not a new request) */
     uint64_t rng[4]; /* preempted: the slot sampler's state, restored on readmission */
     uint64_t dev_seed; /* the device sampler's key (gen_device_seed), fixed at first admission */
+    int32_t draft[SPEC_MAX_DRAFT]; /* tokens proposed after next for this step */
+    int n_draft;
+    spec_depth depth;
     struct sched_req *next_waiting;
 } sched_req;
 
@@ -53,10 +61,13 @@ struct hearth_batch {
     int *take;                            /* [max_run] */
     sampler_row *rows;                    /* [max_run]: this step's rows to sample */
     struct sched_req **row_req;           /* [max_run]: the request of each row */
-    int32_t *greedy_ids;                  /* [max_run]: rows' ids chosen on the GPU (greedy or sampled there) */
-    engine_sample_row *dev_rows;          /* [max_run]: rows for the device sampler */
+    int32_t *greedy_ids;                  /* [max out rows]: rows' ids chosen on the GPU (greedy or sampled there) */
+    engine_sample_row *dev_rows;          /* [max out rows]: rows for the device sampler */
     /* monitoring (hearth_batch_stats_get) */
     unsigned long long prompt_tokens, cached_tokens, requests_done, steps, preemptions;
+    unsigned long long spec_proposed, spec_accepted;
+    sched_proposer_fn propose_fn; /* NULL: prompt lookup */
+    void *propose_user;
     double last_step_seconds;
     int last_step_tokens;
     double win_seconds[SCHED_STATS_WINDOW];
@@ -120,8 +131,8 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
     b->take = malloc((size_t)max_run * sizeof *b->take);
     b->rows = malloc((size_t)max_run * sizeof *b->rows);
     b->row_req = malloc((size_t)max_run * sizeof *b->row_req);
-    b->greedy_ids = malloc((size_t)max_run * sizeof *b->greedy_ids);
-    b->dev_rows = malloc((size_t)max_run * sizeof *b->dev_rows);
+    b->greedy_ids = malloc((size_t)engine_max_out_rows(e) * sizeof *b->greedy_ids);
+    b->dev_rows = malloc((size_t)engine_max_out_rows(e) * sizeof *b->dev_rows);
     if (!b->run || !b->tok || !b->pos || !b->slot || !b->out_rows || !b->out_of || !b->remaining || !b->take ||
         !b->rows || !b->row_req || !b->greedy_ids || !b->dev_rows) {
         hearth_batch_free(b);
@@ -403,7 +414,7 @@ static void grow(hearth_batch *b) {
 /* Step time and token mix for /stats; decode rows are the running requests that decode. */
 static void record_step(hearth_batch *b, int T, double seconds) {
     int decode = 0;
-    for (int i = 0; i < b->n_run; i++) decode += b->run[i]->decoding && b->take[i];
+    for (int i = 0; i < b->n_run; i++) decode += b->run[i]->decoding ? b->take[i] : 0;
     int k = (int)(b->steps++ % SCHED_STATS_WINDOW);
     b->win_seconds[k] = seconds, b->win_decode[k] = decode, b->win_prefill[k] = T - decode;
     b->last_step_seconds = seconds, b->last_step_tokens = T;
@@ -434,6 +445,7 @@ void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out) {
         dsec += b->win_seconds[k] * b->win_decode[k] / T, psec += b->win_seconds[k] * b->win_prefill[k] / T;
         decode += b->win_decode[k], prefill += b->win_prefill[k];
     }
+    out->spec_proposed[HEARTH_SPEC_LOOKUP] = b->spec_proposed, out->spec_accepted[HEARTH_SPEC_LOOKUP] = b->spec_accepted;
     if (dsec > 0) out->decode_tok_s = decode / dsec;
     if (psec > 0) out->prefill_tok_s = prefill / psec;
 }
@@ -455,21 +467,106 @@ static void sample_and_accept(hearth_batch *b, int n_rows, int sampled) {
     }
 }
 
+/* Proposes tokens for decoding requests (prompt lookup over each one's own tokens, as
+ * deep as its acceptance allows) while the step has spare logits rows and tokens: none
+ * with speculation off or more than SPEC_MAX_DECODE_ROWS decoding, none for rows the GPU
+ * samples (their draws are not the host sampler's sequence), and only into KV blocks that
+ * are free now (a guess never evicts cached prefixes or preempts a request). Returns the
+ * tokens proposed. */
+static int propose(hearth_batch *b) {
+    hearth_engine *e = b->e;
+    int n_dec = 0, total = 0;
+    for (int i = 0; i < b->n_run; i++) b->run[i]->n_draft = 0, n_dec += b->run[i]->decoding;
+    if (engine_speculate(e) == HEARTH_SPEC_NONE || n_dec == 0 || n_dec > SPEC_MAX_DECODE_ROWS) return 0;
+    kv_cache *kv = engine_kv(e);
+    int rows = engine_max_out_rows(e) - b->n_run, tokens = b->budget - b->n_run;
+    int ctx = hearth_engine_context_length(e);
+    for (int i = 0; i < b->n_run; i++) {
+        sched_req *q = b->run[i];
+        const hearth_generate_params *p = q->r.params;
+        if (!q->decoding || (gen_device_sample(e, p) && !gen_device_greedy(e, p))) continue;
+        int k = spec_depth_next(&q->depth);
+        int left = p->max_tokens - (int)q->r.result->completion_tokens - 1; /* the step emits up to k + 1 */
+        int room = (kv->n_tokens[q->seq] + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * KV_BLOCK_SIZE +
+                   kv->n_free * KV_BLOCK_SIZE - (q->len + 1);
+        int lim[] = {rows - total, tokens - total, left, ctx - 1 - q->len, room};
+        for (size_t j = 0; j < sizeof lim / sizeof lim[0]; j++) k = lim[j] < k ? lim[j] : k;
+        if (k <= 0) continue;
+        engine_history_set(e, q->seq, q->len, q->next);
+        const int32_t *hist = engine_history(e, q->seq);
+        int most = k;
+        k = b->propose_fn ? b->propose_fn(b->propose_user, hist, q->len + 1, k, q->draft)
+                          : spec_lookup(hist, q->len + 1, k, q->draft);
+        hearth_error err = {0};
+        if (k > most) k = most;
+        if (k <= 0 || kv_reserve(kv, q->seq, q->len + 1 + k, &err)) continue;
+        q->n_draft = k;
+        total += k;
+    }
+    return total;
+}
+
+/* Verifies decoding request i's proposal after the step: position j's token is sampled
+ * from logits row out_of[i] + j (or taken from the device's greedy ids) exactly as a step
+ * of its own would sample it, emitted, and kept; the walk stops at the first sample that
+ * differs from the proposal (that sample is the request's next token), or when the
+ * request finishes. Sampling each position with the same draws as without speculation
+ * makes the output identical, and its distribution the target's: a proposed token is
+ * accepted with the target's probability of it, and a rejection's replacement follows
+ * the target's distribution without it. The KV of the rejected positions is cut off. */
+static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
+    sched_req *q = b->run[i];
+    kv_cache *kv = engine_kv(b->e);
+    size_t vocab = (size_t)hearth_model_vocab_rows(b->e);
+    int k = q->n_draft, first = b->out_of[i], j = 0, accepted;
+    int32_t id;
+    for (;; j++) {
+        q->len++; /* the token fed at row j (next, then the accepted proposals) is in the KV */
+        sampler_row r = gen_stream_row(&q->g, engine_slot_sampler(b->e, q->seq),
+                                       on_device ? NULL : logits + (size_t)(first + j) * vocab, q->seq, q->len);
+        if (on_device)
+            r.token = b->greedy_ids[first + j];
+        else
+            sampler_sample_rows(&r, 1, NULL);
+        id = gen_stream_accept(&q->g, r.token, q->seq, q->len, q->t0);
+        if (q->r.result->finish || j == k || id != q->draft[j]) break;
+    }
+    accepted = j < k && id == q->draft[j] ? j + 1 : j;
+    b->spec_proposed += (unsigned long long)k, b->spec_accepted += (unsigned long long)accepted;
+    spec_depth_update(&q->depth, k, accepted);
+    q->next = id;
+    q->n_draft = 0;
+    kv_truncate(kv, q->seq, q->len);
+    kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len);
+    if (q->r.result->finish) run_done(b, i, HEARTH_OK, NULL);
+}
+
+void sched_set_proposer(hearth_batch *b, sched_proposer_fn fn, void *user) {
+    b->propose_fn = fn;
+    b->propose_user = user;
+}
+
 size_t hearth_batch_step(hearth_batch *b) {
     drop_cancelled(b);
     grow(b); /* running requests before new ones */
     admit(b);
     if (b->n_run == 0) return b->n_waiting;
+    int drafted = propose(b);
     for (int i = 0; i < b->n_run; i++)
         b->remaining[i] = b->run[i]->decoding ? 0 : b->run[i]->n_fill - b->run[i]->prefilled;
-    int T = sched_pack(b->remaining, b->n_run, b->budget, b->take), t = 0, n_out = 0;
+    /* proposed tokens come out of the prompts' share (propose left a token for every row) */
+    int T = sched_pack(b->remaining, b->n_run, b->budget - drafted, b->take) + drafted, t = 0, n_out = 0;
     for (int i = 0; i < b->n_run; i++) {
         sched_req *q = b->run[i];
         b->out_of[i] = -1;
         if (!b->take[i]) continue;
         if (q->decoding) {
-            b->tok[t] = q->next, b->pos[t] = q->len, b->slot[t] = q->seq;
-            b->out_of[i] = n_out, b->out_rows[n_out++] = t++;
+            b->take[i] += q->n_draft;
+            b->out_of[i] = n_out;
+            for (int j = 0; j <= q->n_draft; j++, t++) {
+                b->tok[t] = j ? q->draft[j - 1] : q->next, b->pos[t] = q->len + j, b->slot[t] = q->seq;
+                b->out_rows[n_out++] = t;
+            }
             continue;
         }
         const int32_t *fill = fill_tokens(q);
@@ -491,8 +588,9 @@ size_t hearth_batch_step(hearth_batch *b) {
         const hearth_generate_params *p = b->run[i]->r.params;
         greedy = greedy && gen_device_greedy(b->e, p);
         dev = dev && gen_device_sample(b->e, p);
-        b->dev_rows[b->out_of[i]] =
-            (engine_sample_row){.p = &p->sampling, .seed = b->run[i]->dev_seed, .lp = gen_stream_lp(&b->run[i]->g)};
+        for (int j = 0; j <= b->run[i]->n_draft; j++) /* a proposal's rows: plain greedy ones only */
+            b->dev_rows[b->out_of[i] + j] = (engine_sample_row){
+                .p = &p->sampling, .seed = b->run[i]->dev_seed, .lp = gen_stream_lp(&b->run[i]->g)};
     }
     hearth_status st =
         greedy ? engine_forward_rows_greedy(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, b->greedy_ids, &err)
@@ -531,6 +629,9 @@ size_t hearth_batch_step(hearth_batch *b) {
             if (q->prefilled < n) continue;
             q->t1 = gen_now_seconds();
             res->prompt_seconds = q->t1 - q->t0;
+        } else if (q->n_draft) {
+            verify(b, i, logits, greedy);
+            continue;
         } else {
             q->len++;
             kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len); /* a later turn reuses it */

@@ -1,0 +1,56 @@
+/* spec.c: prompt lookup and adaptive draft depth (see spec.h). Knows tokens only. */
+#include "engine/spec.h"
+#include "hearth.h"
+#include <string.h>
+
+int spec_lookup(const int32_t *hist, int n, int max_k, int32_t *out) {
+    if (max_k <= 0) return 0;
+    if (max_k > SPEC_MAX_DRAFT) max_k = SPEC_MAX_DRAFT;
+    for (int g = SPEC_NGRAM_MAX; g >= SPEC_NGRAM_MIN; g--) {
+        if (n <= g) continue;
+        const int32_t *tail = hist + n - g;
+        /* latest first: text being copied right now continues where it was last seen */
+        for (int i = n - g - 1; i >= 0; i--) {
+            if (hist[i] != tail[0] || memcmp(hist + i, tail, (size_t)g * sizeof *hist)) continue;
+            int k = n - (i + g) < max_k ? n - (i + g) : max_k;
+            memcpy(out, hist + i + g, (size_t)k * sizeof *out);
+            return k;
+        }
+    }
+    return 0;
+}
+
+int spec_depth_next(spec_depth *d) {
+    if (d->depth == 0) d->depth = SPEC_MAX_DRAFT / 2;
+    if (d->pause > 0) {
+        d->pause--;
+        return 0;
+    }
+    return d->depth;
+}
+
+void spec_depth_update(spec_depth *d, int proposed, int accepted) {
+    if (proposed <= 0) return;
+    if (accepted >= proposed) {
+        d->depth = d->depth * 2 > SPEC_MAX_DRAFT ? SPEC_MAX_DRAFT : d->depth * 2;
+        d->misses = 0;
+        return;
+    }
+    d->depth = accepted + 1;
+    if (accepted > 0) {
+        d->misses = 0;
+        return;
+    }
+    if (d->misses < 6) d->misses++;
+    d->pause = 1 << d->misses; /* 2 .. 64 steps */
+}
+
+const char *hearth_speculate_name(int speculate) {
+    return speculate == HEARTH_SPEC_LOOKUP ? "lookup" : speculate == HEARTH_SPEC_NONE ? "none" : NULL;
+}
+
+int hearth_speculate_parse(const char *name) {
+    for (int s = HEARTH_SPEC_LOOKUP; s <= HEARTH_SPEC_NONE; s++)
+        if (name && !strcmp(name, hearth_speculate_name(s))) return s;
+    return -1;
+}

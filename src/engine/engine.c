@@ -123,7 +123,7 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
     /* a scheduler step returns one logits row per running sequence, and one more per
      * token a speculating request proposes */
     if (o.speculate != HEARTH_SPEC_LOOKUP && o.speculate != HEARTH_SPEC_NONE)
-        return err_set(err, HEARTH_ERR_INVALID, "engine: unknown speculative mode %d", o.speculate);
+        return err_set(err, HEARTH_ERR_INVALID, "unknown --speculate mode (it takes lookup or none)");
     p->max_out = p->max_seqs > ENGINE_MAX_LOGITS_ROWS ? p->max_seqs : ENGINE_MAX_LOGITS_ROWS;
     if (o.speculate != HEARTH_SPEC_NONE) p->max_out += SPEC_MAX_DRAFT;
     /* default KV pool: every sequence its whole context, so admission never waits on the

@@ -11,7 +11,9 @@ what speculation does inside a batch. The lookup server's /stats gives the propo
 token counts. The texts of the two servers are compared (greedy: they should be equal; the SIMD
 kernels score a verified step's rows in one GEMM instead of one GEMV each, so a near-tie may
 break differently; the exact tier, HEARTH_CPU=scalar, is checked in tests/unit/test_spec.c).
-Writes bench/results/speculative.{json,md}.
+llama.cpp peer: its examples/lookup (n-gram speculation) on the same file and threads, compiled
+here against the llama-cpp-python sdist build in the bench cache (bench/cpu_vs_llamacpp), run
+between the hearth requests of each round. Writes bench/results/speculative.{json,md}.
 
   .venv/bin/python bench/speculative/run_bench.py [--rounds 3] [--max-tokens 256]
 """
@@ -58,11 +60,19 @@ def start(binary, mode, threads):
     raise SystemExit("hearth serve did not start")
 
 
+def render(prompt):
+    """SmolLM2-Instruct's chat template for one user message, as text: hearth gets it through
+    /v1/completions and llama-lookup through -p, so both start from the same tokens."""
+    return ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+            f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
+
+
 def chat(port, prompt, max_tokens):
-    """One streaming greedy chat: (text, completion tokens, decode seconds, total seconds)."""
-    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+    """One streaming greedy completion of the rendered chat: (text, completion tokens, decode seconds,
+    total seconds)."""
+    body = json.dumps({"prompt": render(prompt), "max_tokens": max_tokens, "stop": ["<|im_end|>"],
                        "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body,
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                  {"Content-Type": "application/json"})
     t0 = time.monotonic()
     first = last = None
@@ -76,13 +86,51 @@ def chat(port, prompt, max_tokens):
             if ev.get("usage"):
                 tokens = ev["usage"]["completion_tokens"]
             for ch in ev.get("choices", []):
-                piece = ch.get("delta", {}).get("content")
+                piece = ch.get("text")
                 if piece:
                     now = time.monotonic()
                     first = first or now
                     last = now
                     text.append(piece)
     return "".join(text), tokens, (last - first) if first else 0.0, time.monotonic() - t0
+
+
+LLAMA_LIB = os.path.join(CACHE, "bench", "llamacpp", "lib")
+LLAMA_LOOKUP = os.path.join(CACHE, "bench", "llamacpp", "build-lookup", "llama-lookup")
+
+
+def build_llama_lookup():
+    """llama.cpp's own prompt-lookup example (examples/lookup) compiled against the shared libraries
+    the pinned llama-cpp-python sdist build left in the bench cache (bench/cpu_vs_llamacpp): one
+    C++ file, seconds. None when that build is not there."""
+    src = os.path.join(CACHE, "bench", "llamacpp", "llama_cpp_python-0.3.36", "vendor", "llama.cpp")
+    if os.path.exists(LLAMA_LOOKUP):
+        return LLAMA_LOOKUP
+    if not os.path.isdir(src) or not os.path.isdir(LLAMA_LIB):
+        return None
+    os.makedirs(os.path.dirname(LLAMA_LOOKUP), exist_ok=True)
+    inc = [f"-I{src}/{d}" for d in ("include", "common", "ggml/include", "vendor")]
+    subprocess.run(["g++", "-O2", "-std=c++17", *inc, f"{src}/examples/lookup/lookup.cpp", "-o", LLAMA_LOOKUP,
+                    f"-L{LLAMA_LIB}", "-lllama-common", "-lllama", "-lggml", "-lggml-base"], check=True)
+    return LLAMA_LOOKUP
+
+
+def llama_lookup(binary, prompt, max_tokens, threads, n_draft):
+    """llama-lookup's own decode rate (its 'decoded N tokens in S seconds' line) and tokens.
+    OMP_WAIT_POLICY=passive: on a machine whose cores other users keep busy, OpenMP's spinning
+    workers made it 50x slower (0.9 tok/s); passive is its best case here."""
+    env = dict(os.environ, LD_LIBRARY_PATH=LLAMA_LIB, OMP_WAIT_POLICY="passive")
+    out = subprocess.run([binary, "-m", MODEL, "-p", render(prompt), "-n", str(max_tokens), "-t", str(threads),
+                          "-c", "2048", "--temp", "0", "--spec-draft-n-max", str(n_draft)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    tps, n, acc = 0.0, 0, None
+    for line in (out.stdout + out.stderr).splitlines():
+        if "decoded" in line and "speed:" in line:
+            n = int(line.split("decoded")[1].split("tokens")[0])
+            tps = float(line.rsplit("speed:", 1)[1].split("t/s")[0])
+        if "accept" in line and "%" in line and "n_accept" not in line:
+            acc = float(line.split("=")[1].strip().rstrip("%")) / 100
+    return tps, n, acc
 
 
 def stats(port):
@@ -129,11 +177,13 @@ def main():
     prompts = json.load(open(os.path.join(HERE, "prompts.json")))
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
             "model": os.path.basename(MODEL), "threads": a.threads, "max_tokens": a.max_tokens, "rounds": a.rounds}
+    llama = build_llama_lookup()
     servers = {m: start(a.hearth, m, a.threads) for m in ("none", "lookup")}
     try:
         for m in servers:  # warm-up: pages, kernels
             chat(servers[m][1], "hello", 8)
-        single = {p["id"]: {"none": [], "lookup": [], "tokens": {}, "same_text": True, "text": {}} for p in prompts}
+        single = {p["id"]: {"none": [], "lookup": [], "llama.cpp lookup": [], "tokens": {}, "same_text": True,
+                            "text": {}} for p in prompts}
         batch = {"none": [], "lookup": []}
         for r in range(a.rounds):
             order = ("none", "lookup") if r % 2 == 0 else ("lookup", "none")
@@ -147,6 +197,12 @@ def main():
                         rec["same_text"] = False  # not deterministic run to run: should never happen
                     rec["text"][m] = text
                     print(f"round {r + 1} {p['id']:18s} {m:6s}: {n} tokens, {rec[m][-1]:.1f} tok/s", file=sys.stderr)
+                if llama:
+                    tps, n, acc = llama_lookup(llama, p["prompt"], a.max_tokens, a.threads, 8)
+                    rec = single[p["id"]]
+                    rec["llama.cpp lookup"].append(tps)
+                    rec["tokens"]["llama.cpp"], rec["llama_accept"] = n, acc
+                    print(f"round {r + 1} {p['id']:18s} llama.cpp lookup: {n} tokens, {tps:.1f} tok/s", file=sys.stderr)
             for m in order:
                 texts = [p["prompt"] for p in prompts] + [prompts[0]["prompt"]]
                 res, wall = run_concurrent(servers[m][1], texts, a.max_tokens)
@@ -161,12 +217,17 @@ def main():
     for p in prompts:
         rec = single[p["id"]]
         none, look = statistics.median(rec["none"]), statistics.median(rec["lookup"])
+        lc = statistics.median(rec["llama.cpp lookup"]) if rec["llama.cpp lookup"] else 0.0
         rows.append({"prompt": p["id"], "tokens": rec["tokens"], "none_tps": none, "lookup_tps": look,
-                     "speedup": look / none if none else 0, "same_text": rec["text"]["none"] == rec["text"]["lookup"]})
+                     "speedup": look / none if none else 0, "same_text": rec["text"]["none"] == rec["text"]["lookup"],
+                     "llamacpp_lookup_tps": lc, "llamacpp_accept": rec.get("llama_accept"),
+                     "vs_llamacpp_lookup": look / lc if lc else None})
     bn, bl = statistics.median(batch["none"]), statistics.median(batch["lookup"])
     result = dict(info, single=rows, concurrent4={"none_tps": bn, "lookup_tps": bl, "ratio": bl / bn if bn else 0},
                   lookup_stats=spec, loadavg_end=os.getloadavg(),
-                  peer="llama.cpp's lookup speculation: not measured (no llama.cpp lookup/server build on this machine)")
+                  peer=("llama.cpp's examples/lookup (n-gram cache speculation, --spec-draft-n-max 8, greedy), "
+                        "built from the llama-cpp-python 0.3.36 sdist's llama.cpp against its shared libraries, "
+                        "OMP_WAIT_POLICY=passive" if llama else "llama.cpp lookup: not measured (no llama.cpp build)"))
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out + ".json", "w") as f:
         json.dump(result, f, indent=1)
@@ -175,10 +236,15 @@ def main():
           f"alternating A/B rounds; {info['machine']['cpu']} ({info['machine']['cores']} cores shared with other "
           f"users: load {info['machine']['loadavg_start'][0]:.1f} at start, timings are noisy). "
           "`.venv/bin/python bench/speculative/run_bench.py`", "",
-          "| prompt | tokens (none / lookup) | none tok/s | lookup tok/s | speedup | same text |", "|---|---|---|---|---|---|"]
+          "| prompt | tokens (none / lookup / llama.cpp) | none tok/s | lookup tok/s | speedup | same text "
+          "| llama.cpp lookup tok/s (accept) | lookup vs llama.cpp |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        md.append(f"| {r['prompt']} | {r['tokens'].get('none')} / {r['tokens'].get('lookup')} | {r['none_tps']:.1f} | "
-                  f"{r['lookup_tps']:.1f} | {r['speedup']:.2f}x | {'yes' if r['same_text'] else 'no'} |")
+        acc = f" ({r['llamacpp_accept']:.2f})" if r["llamacpp_accept"] is not None else ""
+        vs = f"{r['vs_llamacpp_lookup']:.2f}x" if r["vs_llamacpp_lookup"] else "-"
+        md.append(f"| {r['prompt']} | {r['tokens'].get('none')} / {r['tokens'].get('lookup')} / "
+                  f"{r['tokens'].get('llama.cpp', '-')} | {r['none_tps']:.1f} | {r['lookup_tps']:.1f} | "
+                  f"{r['speedup']:.2f}x | {'yes' if r['same_text'] else 'no'} | {r['llamacpp_lookup_tps']:.1f}{acc} | "
+                  f"{vs} |")
     md += ["", f"4 requests at once (aggregate tok/s): none {bn:.1f}, lookup {bl:.1f} ({bl / bn if bn else 0:.2f}x; "
            "speculation stays on up to 4 decoding requests).", "",
            f"Lookup server /stats: {json.dumps(spec)}", "", f"Peer: {result['peer']}.", ""]

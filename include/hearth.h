@@ -170,7 +170,12 @@ typedef struct hearth_engine_options {
                             cores (the exact parity tier, whose greedy tokens equal the CPU
                             reference tier's); no effect on the CPU */
     int speculate;       /* hearth_speculate: how the batch scheduler proposes tokens to
-                            verify several per step (docs/speculative.md); 0: prompt lookup */
+                            verify several per step (docs/server.md); 0: prompt lookup */
+    hearth_model *draft_model; /* speculative decoding with this smaller model (it must have
+                            the model's tokenizer; it runs in the engine with the same
+                            options, its own KV pool): the batch scheduler proposes its
+                            greedy tokens instead of prompt lookup's. NULL: none. Must
+                            outlive the engine. */
 } hearth_engine_options;
 
 /* Speculative decoding in the batch scheduler: a proposer guesses the next tokens of a
@@ -180,6 +185,8 @@ typedef enum hearth_speculate {
     HEARTH_SPEC_LOOKUP = 0, /* prompt lookup: n-grams of the request's own prompt and output,
                                depth adapted per request, off above a few decoding requests */
     HEARTH_SPEC_NONE = 1,   /* one token per request per step */
+    HEARTH_SPEC_DRAFT = 2,  /* not an option: the draft model's entry in the stats (with
+                               hearth_engine_options.draft_model set) */
 } hearth_speculate;
 /* "lookup", "none"; NULL for an unknown value. */
 const char *hearth_speculate_name(int speculate);
@@ -331,6 +338,9 @@ typedef struct hearth_generate_params {
     const int32_t *const *stop_token_seqs;
     const size_t *stop_token_lens;
     size_t n_stop_token_seqs;
+    /* With a draft model (hearth_engine_options.draft_model), in a batch: tokens it
+     * proposes per step (mlx_lm.server's num_draft_tokens; at most 8 are used); 0: none. */
+    int num_draft_tokens;
 } hearth_generate_params;
 
 /* Called for each token with the text that became final (may be "", never a broken
@@ -405,7 +415,7 @@ typedef struct hearth_batch_stats {
     double decode_tok_s, prefill_tok_s;               /* over the last steps (a moving window) */
     /* speculative decoding, per proposer (hearth_speculate; only prompt lookup proposes
        now): tokens proposed and, of those, accepted (emitted without a step of their own) */
-    unsigned long long spec_proposed[1], spec_accepted[1];
+    unsigned long long spec_proposed[3], spec_accepted[3];
 } hearth_batch_stats;
 void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out);
 

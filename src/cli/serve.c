@@ -36,8 +36,8 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "             (KV pool default: --max-sequences x --ctx positions, cut to fit "
                                  "free memory)\n"
                                  "             [--open|--no-open (the chat page in a browser)] [--embedding-model M]\n"
-                                 "  accepted but not supported yet (a warning says so): --adapter-path "
-                                 "--draft-model --num-draft-tokens\n"
+                                 "             [--draft-model M] [--num-draft-tokens 3]\n"
+                                 "  accepted but not supported yet (a warning says so): --adapter-path\n"
                                  "  --trust-remote-code --use-default-chat-template --decode-concurrency "
                                  "--prompt-concurrency\n"
                                  "  --prompt-cache-size --prompt-cache-bytes --pipeline\n"
@@ -112,8 +112,6 @@ static const struct {
     const char *flag, *why;
 } unsupported_valued[] = {
     {"--adapter-path", NOT_YET},
-    {"--draft-model", NOT_YET},
-    {"--num-draft-tokens", NOT_YET},
     {"--decode-concurrency", NOT_YET},
     {"--prompt-concurrency", NOT_YET},
     {"--prompt-cache-size", NOT_YET},
@@ -130,6 +128,7 @@ typedef struct serve_opts {
     const char *template_args;
     int open_browser;            /* --open (what `hearth` with no arguments passes); --no-open wins */
     const char *embedding_model; /* --embedding-model: served at /v1/embeddings beside the chat model */
+    const char *draft_model;     /* --draft-model: speculative decoding's draft */
 } serve_opts;
 
 /* Splits --name=value so both argparse spellings work; returns the value or
@@ -171,6 +170,12 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             c->model_arg = a;
         else if (VAL("--embedding-model"))
             o->embedding_model = v;
+        else if (VAL("--draft-model"))
+            o->draft_model = v;
+        else if (VAL("--num-draft-tokens")) {
+            if (cli_parse_long(v, 0, INT_MAX, &n)) BADV("--num-draft-tokens");
+            c->defaults.num_draft_tokens = (int)n;
+        }
         else if (VAL("--host"))
             c->host = v;
         else if (VAL("--port")) {
@@ -277,6 +282,9 @@ int cli_serve(int argc, char **argv) {
     if (o.chat_template && o.chat_template[0] && hearth_model_set_chat_template(model, o.chat_template, &err))
         return cli_fail(&err);
     if (o.embedding_model && cli_open_model(o.embedding_model, &embedding_model)) return 1;
+    hearth_model *draft_model = NULL;
+    if (o.draft_model && cli_open_model(o.draft_model, &draft_model)) return 1;
+    o.eo.draft_model = draft_model;
     signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not end the server */
     srv_server *s;
     if (srv_open(c, model, embedding_model, &o.eo, &s, &err)) {

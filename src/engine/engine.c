@@ -40,6 +40,7 @@ struct hearth_engine {
     int context_cut_from; /* engine_plan.context_cut_from: the default context was cut to fit memory */
     int deterministic; /* op_batch.batch_invariant for every step */
     int speculate;     /* hearth_speculate, for the scheduler */
+    hearth_engine *draft; /* hearth_engine_options.draft_model's engine, or NULL */
     int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
     cuda_sampler *gsmp;                /* the device sampler (with gpu) */
     const engine_sample_row *dev_rows; /* set for a step whose rows it samples (ids into greedy_id) */
@@ -280,6 +281,8 @@ hearth_status engine_plan_host(const model *m, const hearth_engine_options *o, s
     return engine_plan_rooms(m, o, room, 0, p, err);
 }
 
+static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_options *o, hearth_error *err);
+
 hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options *opts, hearth_engine **out,
                                    hearth_error *err) {
     *out = NULL;
@@ -371,12 +374,18 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
         e->bytes += cpu_backend_bytes(model_ops(e->m), &e->kv, e->step_tokens, e->max_out, e->n_threads);
     }
     collect_eos(e);
+    if (o.draft_model && o.speculate != HEARTH_SPEC_NONE && (st = engine_draft_open(e, &o, err))) {
+        hearth_engine_free(e);
+        return st;
+    }
+    if (e->draft) e->bytes += e->draft->bytes;
     *out = e;
     return HEARTH_OK;
 }
 
 void hearth_engine_free(hearth_engine *e) {
     if (!e) return;
+    hearth_engine_free(e->draft);
     if (e->be) e->be->t->free(e->be);
     kv_destroy(&e->kv);
     tp_destroy(e->tp);
@@ -588,6 +597,39 @@ int engine_has_device_sampler(const hearth_engine *e) { return e->gsmp != NULL; 
 int engine_max_out_rows(const hearth_engine *e) { return e->max_out; }
 int engine_max_sequences(const hearth_engine *e) { return e->max_seqs; }
 int engine_speculate(const hearth_engine *e) { return e->speculate; }
+hearth_engine *engine_draft(hearth_engine *e) { return e->draft; }
+
+/* The draft model's engine: the same options (sequences, context, step, threads, device),
+ * no speculation of its own. Refused unless its tokenizer is the model's, token for token. */
+static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_options *o, hearth_error *err) {
+    const hearth_model *t = e->hm, *d = o->draft_model;
+    int32_t nt = hearth_vocab_size(t), nd = hearth_vocab_size(d), bad = -1;
+    for (int32_t i = 0; nt == nd && bad < 0 && i < nt; i++) {
+        const char *a = hearth_token_piece(t, i), *b = hearth_token_piece(d, i);
+        if ((a == NULL) != (b == NULL) || (a && strcmp(a, b))) bad = i;
+    }
+    if (nt != nd)
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "--draft-model %s: its tokenizer has %d tokens, the model's (%s) %d; the draft model must use "
+                       "the model's tokenizer",
+                       hearth_model_path(d), nd, hearth_model_path(t), nt);
+    if (bad >= 0)
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "--draft-model %s: token %d is '%s' there but '%s' in the model (%s); the draft model must use "
+                       "the model's tokenizer",
+                       hearth_model_path(d), bad, hearth_token_piece(d, bad) ? hearth_token_piece(d, bad) : "(none)",
+                       hearth_token_piece(t, bad) ? hearth_token_piece(t, bad) : "(none)", hearth_model_path(t));
+    hearth_engine_options dop = *o;
+    dop.draft_model = NULL;
+    dop.speculate = HEARTH_SPEC_NONE;
+    dop.context_length = e->context;
+    dop.max_sequences = e->max_seqs;
+    dop.max_step_tokens = e->step_tokens;
+    dop.n_threads = e->n_threads;
+    hearth_status st = hearth_engine_create(o->draft_model, &dop, &e->draft, err);
+    if (st) err_prefix(err, "--draft-model %s", hearth_model_path(d));
+    return st;
+}
 kv_cache *engine_kv(hearth_engine *e) { return &e->kv; }
 
 hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, int rows, hearth_error *err) {

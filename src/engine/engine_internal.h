@@ -29,6 +29,8 @@ int engine_max_out_rows(const hearth_engine *e);
 int engine_max_sequences(const hearth_engine *e);
 /* hearth_engine_options.speculate (hearth_speculate). */
 int engine_speculate(const hearth_engine *e);
+/* The draft model's engine (hearth_engine_options.draft_model), or NULL. */
+hearth_engine *engine_draft(hearth_engine *e);
 /* Sets position pos of seq's history (a proposed token, before the step that scores it). */
 void engine_history_set(hearth_engine *e, int seq, int pos, int32_t token);
 kv_cache *engine_kv(hearth_engine *e);

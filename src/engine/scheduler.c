@@ -10,7 +10,8 @@
  * SCHED_SHARE_MIN_BLOCKS). A new request reuses the longest token prefix the cache holds:
  * whole shared blocks, then a copy of the leading rows of the block after them (a prompt
  * that diverges inside a block, or the last partial block a finished request left).
- * Speculative decoding (spec.h proposes): a decoding request may carry proposed tokens
+ * Speculative decoding (spec.h's prompt lookup or the engine's draft model proposes): a
+ * decoding request may carry proposed tokens
  * after its next one; the step scores them all, the request samples each position in
  * turn with its own sampler and keeps them while the sample equals the proposal, and
  * the KV of the rest is cut off (never named in the prefix cache).
@@ -45,7 +46,9 @@ typedef struct sched_req {
     uint64_t dev_seed; /* the device sampler's key (gen_device_seed), fixed at first admission */
     int32_t draft[SPEC_MAX_DRAFT]; /* tokens proposed after next for this step */
     int n_draft;
+    int proposer;     /* hearth_speculate of this step's proposal (lookup or draft) */
     spec_depth depth;
+    int dseq, dlen;   /* the draft model's slot (-1: none) and the positions of its KV that hold this request's tokens */
     struct sched_req *next_waiting;
 } sched_req;
 
@@ -65,7 +68,7 @@ struct hearth_batch {
     engine_sample_row *dev_rows;          /* [max out rows]: rows for the device sampler */
     /* monitoring (hearth_batch_stats_get) */
     unsigned long long prompt_tokens, cached_tokens, requests_done, steps, preemptions;
-    unsigned long long spec_proposed, spec_accepted;
+    unsigned long long spec_proposed[3], spec_accepted[3]; /* by hearth_speculate */
     sched_proposer_fn propose_fn; /* NULL: prompt lookup */
     void *propose_user;
     double last_step_seconds;
@@ -149,6 +152,8 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
 static void close_slot(hearth_batch *b, sched_req *q) {
     kv_prefix_commit_tail(engine_kv(b->e), q->seq, engine_history(b->e, q->seq), q->len);
     hearth_seq_close(b->e, q->seq);
+    if (q->dseq >= 0) hearth_seq_close(engine_draft(b->e), q->dseq);
+    q->dseq = -1, q->dlen = 0;
 }
 
 static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hearth_error *err) {
@@ -204,6 +209,7 @@ hearth_status hearth_batch_submit(hearth_batch *b, const hearth_batch_request *r
     if (!q) return err_set(err, HEARTH_ERR_NOMEM, "batching: out of memory");
     q->r = *r;
     q->seq = -1;
+    q->dseq = -1;
     q->t_submit = gen_now_seconds();
     q->n_fill = r->n_prompt;
     hearth_status st = gen_stream_init(&q->g, b->e, r->n_prompt, r->params, r->on_token, r->user, r->result, err);
@@ -445,7 +451,8 @@ void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out) {
         dsec += b->win_seconds[k] * b->win_decode[k] / T, psec += b->win_seconds[k] * b->win_prefill[k] / T;
         decode += b->win_decode[k], prefill += b->win_prefill[k];
     }
-    out->spec_proposed[HEARTH_SPEC_LOOKUP] = b->spec_proposed, out->spec_accepted[HEARTH_SPEC_LOOKUP] = b->spec_accepted;
+    memcpy(out->spec_proposed, b->spec_proposed, sizeof out->spec_proposed);
+    memcpy(out->spec_accepted, b->spec_accepted, sizeof out->spec_accepted);
     if (dsec > 0) out->decode_tok_s = decode / dsec;
     if (psec > 0) out->prefill_tok_s = prefill / psec;
 }
@@ -467,8 +474,85 @@ static void sample_and_accept(hearth_batch *b, int n_rows, int sampled) {
     }
 }
 
-/* Proposes tokens for decoding requests (prompt lookup over each one's own tokens, as
- * deep as its acceptance allows) while the step has spare logits rows and tokens: none
+static int32_t argmax_row(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* The draft model's proposals for the n requests in b->row_req (n_draft: how many each
+ * may take): each first feeds the draft what it has not seen of its tokens (prompt and
+ * output up to next, in chunks of the step budget; all requests in the same steps), whose
+ * last row gives the first proposal, then k - 1 steps of one token per request, each the
+ * greedy pick of the row before. A request whose draft KV cannot grow proposes nothing.
+ * Returns the proposed tokens given back (budgets not used). Uses b->tok/pos/slot/out_rows
+ * before the step packs them. */
+static int draft_propose(hearth_batch *b, hearth_engine *d, int n) {
+    kv_cache *dkv = engine_kv(d);
+    int vocab = hearth_model_vocab_rows(d), budget = engine_step_tokens(d), unused = 0;
+    hearth_error err = {0};
+    for (int r = 0; r < n; r++) {
+        sched_req *q = b->row_req[r];
+        int k = q->n_draft;
+        if ((q->dseq < 0 && hearth_seq_open(d, &q->dseq, &err)) || kv_reserve(dkv, q->dseq, q->len + k, &err)) {
+            unused += k, q->n_draft = 0; /* positions len .. len + k - 1 are fed */
+            continue;
+        }
+    }
+    const float *logits;
+    for (int more = 1; more;) { /* catch-up steps */
+        int T = 0, n_out = 0;
+        more = 0;
+        for (int r = 0; r < n; r++) {
+            sched_req *q = b->row_req[r];
+            if (!q->n_draft || q->dlen > q->len) continue;
+            const int32_t *hist = engine_history(b->e, q->seq);
+            while (q->dlen <= q->len && T < budget) b->tok[T] = hist[q->dlen], b->pos[T] = q->dlen++, b->slot[T++] = q->dseq;
+            if (q->dlen > q->len) b->out_rows[n_out++] = T - 1;
+            else more = 1;
+        }
+        if (T == 0) break;
+        if (engine_forward_rows(d, T, b->tok, b->pos, b->slot, n_out, b->out_rows, &logits, &err)) goto fail;
+        for (int r = 0, o = 0; r < n && o < n_out; r++) { /* rows in request order */
+            sched_req *q = b->row_req[r];
+            if (q->n_draft && q->dlen == q->len + 1 && b->slot[b->out_rows[o]] == q->dseq)
+                q->draft[0] = argmax_row(logits + (size_t)o++ * vocab, vocab);
+        }
+    }
+    for (int j = 1; j < SPEC_MAX_DRAFT; j++) { /* one token per request per step */
+        int T = 0;
+        for (int r = 0; r < n; r++) {
+            sched_req *q = b->row_req[r];
+            if (q->n_draft <= j) continue;
+            b->tok[T] = q->draft[j - 1], b->pos[T] = q->len + j, b->slot[T] = q->dseq, b->out_rows[T] = T, T++;
+            q->dlen = q->len + j + 1;
+        }
+        if (T == 0) break;
+        if (engine_forward_rows(d, T, b->tok, b->pos, b->slot, T, b->out_rows, &logits, &err)) goto fail;
+        for (int r = 0, o = 0; r < n; r++) {
+            sched_req *q = b->row_req[r];
+            if (q->n_draft > j) q->draft[j] = argmax_row(logits + (size_t)o++ * vocab, vocab);
+        }
+    }
+    for (int r = 0; r < n; r++) /* proposals into the target's KV: reserved as lookup's are */
+        if (b->row_req[r]->n_draft && kv_reserve(engine_kv(b->e), b->row_req[r]->seq,
+                                                 b->row_req[r]->len + 1 + b->row_req[r]->n_draft, &err))
+            unused += b->row_req[r]->n_draft, b->row_req[r]->n_draft = 0;
+    return unused;
+fail: /* a failing draft step: no proposals this step, the draft starts over for these requests */
+    for (int r = 0; r < n; r++) {
+        sched_req *q = b->row_req[r];
+        unused += q->n_draft, q->n_draft = 0;
+        if (q->dseq >= 0) hearth_seq_close(d, q->dseq);
+        q->dseq = -1, q->dlen = 0;
+    }
+    return unused;
+}
+
+/* Proposes tokens for decoding requests (the draft model's num_draft_tokens when the
+ * engine has one, else prompt lookup over each one's own tokens, as deep as its acceptance
+ * allows) while the step has spare logits rows and tokens: none
  * with speculation off or more than SPEC_MAX_DECODE_ROWS decoding, none for rows the GPU
  * samples (their draws are not the host sampler's sequence), and only into KV blocks that
  * are free now (a guess never evicts cached prefixes or preempts a request). Returns the
@@ -480,12 +564,15 @@ static int propose(hearth_batch *b) {
     if (engine_speculate(e) == HEARTH_SPEC_NONE || n_dec == 0 || n_dec > SPEC_MAX_DECODE_ROWS) return 0;
     kv_cache *kv = engine_kv(e);
     int rows = engine_max_out_rows(e) - b->n_run, tokens = b->budget - b->n_run;
-    int ctx = hearth_engine_context_length(e);
+    int ctx = hearth_engine_context_length(e), n_drafting = 0;
+    hearth_engine *draft = engine_draft(e);
     for (int i = 0; i < b->n_run; i++) {
         sched_req *q = b->run[i];
         const hearth_generate_params *p = q->r.params;
         if (!q->decoding || (gen_device_sample(e, p) && !gen_device_greedy(e, p))) continue;
-        int k = spec_depth_next(&q->depth);
+        q->proposer = draft ? HEARTH_SPEC_DRAFT : HEARTH_SPEC_LOOKUP;
+        int k = draft ? p->num_draft_tokens : spec_depth_next(&q->depth);
+        if (k > SPEC_MAX_DRAFT) k = SPEC_MAX_DRAFT;
         int left = p->max_tokens - (int)q->r.result->completion_tokens - 1; /* the step emits up to k + 1 */
         int room = (kv->n_tokens[q->seq] + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * KV_BLOCK_SIZE +
                    kv->n_free * KV_BLOCK_SIZE - (q->len + 1);
@@ -493,6 +580,12 @@ static int propose(hearth_batch *b) {
         for (size_t j = 0; j < sizeof lim / sizeof lim[0]; j++) k = lim[j] < k ? lim[j] : k;
         if (k <= 0) continue;
         engine_history_set(e, q->seq, q->len, q->next);
+        if (draft) { /* the draft model proposes for all of them at once, below */
+            q->n_draft = k; /* its budget, until draft_propose fills it */
+            b->row_req[n_drafting++] = q;
+            total += k;
+            continue;
+        }
         const int32_t *hist = engine_history(e, q->seq);
         int most = k;
         k = b->propose_fn ? b->propose_fn(b->propose_user, hist, q->len + 1, k, q->draft)
@@ -503,6 +596,7 @@ static int propose(hearth_batch *b) {
         q->n_draft = k;
         total += k;
     }
+    if (n_drafting) total -= draft_propose(b, draft, n_drafting);
     return total;
 }
 
@@ -532,8 +626,12 @@ static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
         if (q->r.result->finish || j == k || id != q->draft[j]) break;
     }
     accepted = j < k && id == q->draft[j] ? j + 1 : j;
-    b->spec_proposed += (unsigned long long)k, b->spec_accepted += (unsigned long long)accepted;
-    spec_depth_update(&q->depth, k, accepted);
+    b->spec_proposed[q->proposer] += (unsigned long long)k, b->spec_accepted[q->proposer] += (unsigned long long)accepted;
+    if (q->proposer == HEARTH_SPEC_LOOKUP) spec_depth_update(&q->depth, k, accepted);
+    if (q->dseq >= 0) { /* the draft's KV holds next and the proposals before the last: keep the accepted */
+        if (q->dlen > q->len) q->dlen = q->len;
+        kv_truncate(engine_kv(engine_draft(b->e)), q->dseq, q->dlen);
+    }
     q->next = id;
     q->n_draft = 0;
     kv_truncate(kv, q->seq, q->len);

@@ -46,7 +46,10 @@ void spec_depth_update(spec_depth *d, int proposed, int accepted) {
 }
 
 const char *hearth_speculate_name(int speculate) {
-    return speculate == HEARTH_SPEC_LOOKUP ? "lookup" : speculate == HEARTH_SPEC_NONE ? "none" : NULL;
+    return speculate == HEARTH_SPEC_LOOKUP  ? "lookup"
+           : speculate == HEARTH_SPEC_NONE  ? "none"
+           : speculate == HEARTH_SPEC_DRAFT ? "draft"
+                                            : NULL;
 }
 
 int hearth_speculate_parse(const char *name) {

@@ -54,6 +54,7 @@ typedef struct srv_request {
     srv_kind kind;
     char *model; /* echoed back verbatim; "default_model" when absent */
     int max_tokens;
+    int num_draft_tokens; /* with --draft-model: tokens it proposes per step */
     float temperature, top_p, min_p;
     int top_k;
     float repetition_penalty, presence_penalty, frequency_penalty;

@@ -160,6 +160,7 @@ static int oracle_propose(void *user, const int32_t *tokens, int n, int max_k, i
 typedef struct run_opts {
     int speculate, together, sampled;
     oracle *orc;
+    hearth_model *draft; /* a draft model, proposing 3 tokens per step */
 } run_opts;
 
 /* Runs every prompt through a batch on a fresh engine (alone one after another, or all
@@ -169,7 +170,7 @@ static void run_prompts(hearth_model *m, int32_t **ids, size_t *n_ids, run_opts 
     hearth_error err = {0};
     hearth_engine *e = NULL;
     hearth_engine_options o = {.n_threads = 1, .context_length = 512, .max_sequences = 4, .max_step_tokens = 64,
-                               .speculate = ro.speculate};
+                               .speculate = ro.speculate, .draft_model = ro.draft};
     if (hearth_engine_create(m, &o, &e, &err)) fail_msg("engine: %s", err.message);
     hearth_batch *b = NULL;
     assert_int_equal(hearth_batch_create(e, &b, &err), HEARTH_OK);
@@ -180,6 +181,7 @@ static void run_prompts(hearth_model *m, int32_t **ids, size_t *n_ids, run_opts 
     p.sampling.top_logprobs = TOP;
     p.max_tokens = 40;
     p.ignore_eos = 1;
+    p.num_draft_tokens = 3;
     if (ro.sampled) {
         p.sampling.temperature = 0.8f, p.sampling.top_p = 0.95f;
         p.sampling.has_seed = 1, p.sampling.seed = 1234;
@@ -193,6 +195,17 @@ static void run_prompts(hearth_model *m, int32_t **ids, size_t *n_ids, run_opts 
         if (!ro.together)
             while (hearth_batch_step(b)) {}
     }
+    /* the first prompt again: its answer's blocks come from the prefix cache */
+    rec again;
+    memset(&again, 0, sizeof again);
+    hearth_batch_request r = {.prompt = ids[0], .n_prompt = n_ids[0], .params = &p, .on_token = rec_token,
+                              .on_done = rec_done, .result = &again.res, .user = &again};
+    while (hearth_batch_step(b)) {}
+    assert_int_equal(hearth_batch_submit(b, &r, &err), HEARTH_OK);
+    while (hearth_batch_step(b)) {}
+    assert_true(again.res.cached_tokens > 0);
+    if (memcmp(again.ids, out[0].ids, sizeof again.ids) || memcmp(again.top_lps, out[0].top_lps, sizeof again.top_lps))
+        fail_msg("the first prompt again (%zu tokens cached) answers differently", again.res.cached_tokens);
     while (hearth_batch_step(b)) {}
     hearth_batch_stats_get(b, stats);
     for (int i = 0; i < N_PROMPTS; i++) {
@@ -273,6 +286,27 @@ static void test_lossless_every_tiny_model(void **st) {
         proposed += s1.spec_proposed[0], accepted += s1.spec_accepted[0];
         run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP, .together = 1}, spec, &s1);
         assert_same(plain, spec, "prompt lookup, together", names[mi]);
+        /* a draft model: the model itself (every proposal accepted), then another weight format of
+         * its family (proposals rejected too) */
+        const char *fam_end = strchr(names[mi], '-');
+        for (int dj = -1; dj < n_models; dj++) {
+            if (dj >= 0 && (dj == mi || !fam_end || strncmp(names[dj], names[mi], (size_t)(fam_end - names[mi] + 1))))
+                continue;
+            char dpath[1200];
+            tiny_model_path(dpath, sizeof dpath, dj < 0 ? names[mi] : names[dj]);
+            hearth_model *dm = NULL;
+            if (hearth_model_open(dpath, &dm, &err)) fail_msg("%s: %s", dpath, err.message);
+            for (int together = 0; together < 2; together++) {
+                run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP, .together = together, .draft = dm},
+                            spec, &s1);
+                assert_same(plain, spec, together ? "draft model, together" : "draft model", names[mi]);
+                assert_true(s1.spec_proposed[HEARTH_SPEC_DRAFT] > 0);
+                assert_int_equal(s1.spec_proposed[HEARTH_SPEC_LOOKUP], 0);
+                if (dj < 0) assert_int_equal(s1.spec_accepted[HEARTH_SPEC_DRAFT], s1.spec_proposed[HEARTH_SPEC_DRAFT]);
+            }
+            hearth_model_close(dm);
+            if (dj >= 0) break;
+        }
         /* rollback: proposals with wrong tokens, alone and together; the pool ends as without */
         oracle orc = {0};
         for (int i = 0; i < N_PROMPTS; i++) {

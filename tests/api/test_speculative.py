@@ -12,6 +12,7 @@ test_differential.py).
 """
 
 import json
+import os
 import subprocess
 import urllib.request
 
@@ -80,3 +81,20 @@ def test_draft_with_another_tokenizer_is_refused():
                         "--no-open"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "--draft-model" in r.stderr and "tokenizer" in r.stderr, r.stderr
+
+
+def test_bench_prompt_file_with_draft(tmp_path):
+    need(MODEL, "tiny model", "run tools/make_tiny_models.py")
+    need(DRAFT, "tiny model", "run tools/make_tiny_models.py")
+    f = tmp_path / "prompt.txt"
+    f.write_text("one two three one two three one two three one two")
+    r = subprocess.run([str(BIN), "bench", str(MODEL), "--prompt-file", str(f), "--draft-model", str(DRAFT),
+                        "-n", "24", "-r", "2", "-t", "1", "--json"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HEARTH_CPU": "scalar"})
+    assert r.returncode == 0, r.stderr
+    o = json.loads(r.stdout.strip().splitlines()[-1])
+    assert o["proposer"] == "draft" and o["gen_tokens"] == 24 and o["runs"] == 2
+    assert o["none_decode_tps"] > 0 and o["spec_decode_tps"] > 0
+    assert 0 < o["last_run_accepted"] <= o["last_run_proposed"]
+    bad = subprocess.run([str(BIN), "bench", str(MODEL), "--draft-model", str(DRAFT)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--prompt-file" in bad.stderr

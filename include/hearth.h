@@ -169,6 +169,11 @@ typedef struct hearth_engine_options {
     int cuda_exact;      /* 1: on the GPU, f32 prefill GEMMs and attention instead of bf16 tensor
                             cores (the exact parity tier, whose greedy tokens equal the CPU
                             reference tier's); no effect on the CPU */
+    int max_logits_rows; /* rows of logits one hearth_seq_append may return (scoring every
+                            position of a prompt, as perplexity does); 0: 8 */
+    int host_sampler;    /* 1: on the GPU, tokens are picked on the host from the copied logits
+                            rows (greedy and sampled alike) instead of by the device's argmax
+                            and sampler kernels: for comparisons; no effect on the CPU */
     int speculate;       /* hearth_speculate: how the batch scheduler proposes tokens to
                             verify several per step (docs/server.md); 0: prompt lookup */
     hearth_model *draft_model; /* speculative decoding with this smaller model (it must have
@@ -265,7 +270,8 @@ hearth_status hearth_fit(hearth_model *m, const hearth_fit_options *o, char **re
 hearth_status hearth_fit_skus(hearth_model *m, const hearth_fit_options *o, char **report_json, hearth_error *err);
 
 /* Low-level sequences: append tokens (prefill or one decode token) and read the logits
- * of the last n_logits positions (n_logits <= 8) into logits[n_logits * vocab].
+ * of the last n_logits positions (n_logits <= 8, or the engine's max_logits_rows) into
+ * logits[n_logits * vocab].
  * hearth_seq_open takes a free sequence slot (fails when all max_sequences are held). */
 hearth_status hearth_seq_open(hearth_engine *e, int *seq, hearth_error *err);
 hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens, size_t n, size_t n_logits,
@@ -442,6 +448,24 @@ typedef struct hearth_pull_options {
  * for LFS files, the git blob sha1 otherwise). *snapshot_dir (optional, hearth_free)
  * receives the snapshot folder. */
 hearth_status hearth_pull(const char *repo_arg, const hearth_pull_options *o, char **snapshot_dir, hearth_error *err);
+
+typedef struct hearth_upload_options {
+    const char *endpoint; /* NULL: $HF_ENDPOINT or https://huggingface.co */
+    const char *token;    /* NULL: $HF_TOKEN (a write token; required) */
+    const char *revision; /* branch to commit to; NULL: the repo argument's @revision, else "main" */
+    const char *message;  /* commit summary; NULL: "Upload N files with hearth" */
+    int private_repo;     /* 1: a repo that does not exist yet is created private */
+    hearth_pull_progress_fn on_progress; /* per LFS file: bytes sent of its size; NULL: silent */
+    void *user;
+} hearth_upload_options;
+
+/* Uploads every file under dir (links followed; .git/ and .cache/huggingface/ left out) to
+ * the hub repo org/name[@revision] in one commit: creates the repo when missing, sends
+ * large files through LFS (sha256 oids; basic or multipart, as the hub answers), others
+ * inline. LFS objects the hub already holds are not sent again, so running it again after
+ * an interruption resumes. *commit_url (optional, hearth_free) receives the commit's URL. */
+hearth_status hearth_upload(const char *dir, const char *repo_arg, const hearth_upload_options *o, char **commit_url,
+                            hearth_error *err);
 
 /* Starts hearth_pull(repo_arg, only files matching include when not NULL) on a
  * background thread of this process (no progress

@@ -23,7 +23,9 @@ def isolate_cache():
     by each conftest at import; once per session (a worker reuses its controller's)."""
     if os.environ.get("HEARTH_TEST_CACHE_OF"):
         return
-    user = Path(os.environ.get("HEARTH_CACHE", Path.home() / ".cache" / "hearth"))
+    # absolute: the links below are made from another folder, so a relative HEARTH_CACHE
+    # (tools/cuda_check passes one) would leave them dangling
+    user = Path(os.environ.get("HEARTH_CACHE", Path.home() / ".cache" / "hearth")).absolute()
     own = Path(tempfile.mkdtemp(prefix="hearth-test-cache-"))
     atexit.register(shutil.rmtree, own, True)
     if user.is_dir():

@@ -9,13 +9,13 @@
 #include <time.h>
 
 static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--kv-quant none|int8|fp8|f16]\n"
-                                "       [--deterministic] [--cuda-exact] [--json] [--batch B[,B...]]  (B requests at once through the\n"
+                                "       [--deterministic] [--cuda-exact] [--host-sampler] [--json] [--batch B[,B...]]  (B requests at once through the\n"
                                 "        batch scheduler, as hearth serve runs them: aggregate prefill and decode tok/s;\n"
                                 "        a list runs each count in turn on one engine, one report each)\n"
                                 "       [--host-argmax]  (logits row to the host every step, as a sampler needing it)\n"
                                 "       [--temp T] [--top-p P] [--top-k K] [--min-p M] [--seed S]  (decode through the\n"
                                 "        sampler, as hearth generate: on the GPU the device sampler unless\n"
-                                "        HEARTH_DEVICE_SAMPLER=0) [--sampler-ab]  (then the same runs with the host sampler)\n"
+                                "        --host-sampler) [--sampler-ab]  (then the same runs with the host sampler)\n"
                                 "       [--prompt-file F [--draft-model M] [--num-draft-tokens 3]]  (speculative decoding:\n"
                                 "        --batch B (1) requests of F's text, greedy, on an engine without speculation and one\n"
                                 "        with prompt lookup or the draft model, runs alternating; decode tok/s, ratio, acceptance)";
@@ -306,16 +306,18 @@ int cli_bench(int argc, char **argv) {
         else if (!as_json) fprintf(stderr, "run %d/%d: prefill %.1f tok/s, decode %.1f tok/s\n", r + 1, reps,
                                    p / pre[r], n / dec[r]);
     }
-    if (!rc && !batch && sampler_ab) { /* the same runs through the host sampler, same engine (A/B in one load) */
+    if (!rc && !batch && sampler_ab && !eo.host_sampler) {
+        /* the same runs through the host sampler: a second engine with host_sampler on the
+         * same loaded model (one model load), beside the first, with its own warm-up run */
         double *dec2 = calloc((size_t)reps, sizeof *dec2), unused;
-        const char *was = getenv("HEARTH_DEVICE_SAMPLER");
-        char *keep = was ? strdup(was) : NULL;
-        setenv("HEARTH_DEVICE_SAMPLER", "0", 1); /* gen_device_sample reads it per request */
+        hearth_engine_options ho = eo;
+        ho.host_sampler = 1;
+        hearth_engine *he = NULL;
+        if (hearth_engine_create(m, &ho, &he, &err)) rc = cli_fail(&err);
+        if (!rc && run_sampled(he, prompt, p, n, &sp, &unused, &unused, &err)) rc = cli_fail(&err); /* warm-up */
         for (int r = 0; !rc && r < reps; r++)
-            if (run_sampled(e, prompt, p, n, &sp, &unused, &dec2[r], &err)) rc = cli_fail(&err);
-        if (keep) setenv("HEARTH_DEVICE_SAMPLER", keep, 1);
-        else unsetenv("HEARTH_DEVICE_SAMPLER");
-        free(keep);
+            if (run_sampled(he, prompt, p, n, &sp, &unused, &dec2[r], &err)) rc = cli_fail(&err);
+        hearth_engine_free(he);
         qsort(dec2, (size_t)reps, sizeof *dec2, cli_cmp_double);
         host_decode_tps = n / cli_median_sorted(dec2, reps);
         free(dec2);
@@ -341,10 +343,9 @@ int cli_bench(int argc, char **argv) {
                             json_string(on_gpu ? "cuda device-to-device copy, bytes read + written, best of 10 x 1 GiB"
                                                : "cpu read with the engine's threads, 1 GiB"));
         if (sampled) {
-            const char *env = getenv("HEARTH_DEVICE_SAMPLER");
             json_object_set_new(o, "sampling", json_pack("{s:f, s:f, s:i, s:f, s:s}", "temperature", sp.temperature,
                                                          "top_p", sp.top_p, "top_k", sp.top_k, "min_p", sp.min_p,
-                                                         "sampler", on_gpu && !(env && env[0] == '0') ? "device" : "host"));
+                                                         "sampler", on_gpu && !eo.host_sampler ? "device" : "host"));
             if (sampler_ab)
                 json_object_set_new(json_object_get(o, "sampling"), "host_sampler_decode_tps",
                                     json_real(host_decode_tps));

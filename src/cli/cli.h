@@ -35,6 +35,7 @@ int cli_chat(int argc, char **argv);
 int cli_serve(int argc, char **argv);
 int cli_fit(int argc, char **argv);
 int cli_pull(int argc, char **argv);
+int cli_upload(int argc, char **argv);
 int cli_rm(int argc, char **argv);
 int cli_evals(int argc, char **argv);
 int cli_perplexity(int argc, char **argv);
@@ -68,4 +69,15 @@ int cli_open_model(const char *name, hearth_model **m);
 /* Opens url with xdg-open when a display is available; returns 1 if launched,
  * 0 otherwise (never an error: the caller has printed the URL). */
 int cli_open_browser(const char *url);
+/* The progress of pull and upload on stderr (hearth_pull_progress_fn; user: a cli_progress,
+ * zeroed but for tty and doing): one bar redrawn in place on a terminal, one line per file
+ * otherwise (logs, CI). */
+typedef struct cli_progress {
+    int tty;
+    const char *doing; /* "downloading", "uploading" */
+    char file[512];
+    double start;
+    int line_open;
+} cli_progress;
+void cli_transfer_progress(void *user, const char *file, long long done, long long total);
 #endif

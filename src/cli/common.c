@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int cli_fail(const hearth_error *err) {
     fprintf(stderr, "hearth: %s\n", err->message[0] ? err->message : hearth_status_name(err->status));
@@ -110,11 +111,12 @@ int cli_parse_pool_flag(int argc, char **argv, int *i, hearth_engine_options *eo
     return 1;
 }
 
-/* --threads, --ctx, --mmap, --kv-quant, --speculate, --device, --deterministic and --cuda-exact, shared by the verbs that run
+/* --threads, --ctx, --mmap, --kv-quant, --speculate, --device, --deterministic, --cuda-exact and --host-sampler, shared by the verbs that run
  * the engine. An unknown --kv-quant name leaves -1, which the engine rejects by name. */
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o) {
     if (!strcmp(argv[*i], "--mmap")) return o->use_mmap = 1;
     if (!strcmp(argv[*i], "--cuda-exact")) return o->cuda_exact = 1;
+    if (!strcmp(argv[*i], "--host-sampler")) return o->host_sampler = 1;
     if (!strcmp(argv[*i], "--deterministic")) return o->deterministic = 1;
     if (*i + 1 >= argc) return 0;
     if (!strcmp(argv[*i], "--device")) { /* cpu|cuda|auto; an unknown name is caught at engine start */
@@ -129,4 +131,56 @@ int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *
         o->speculate = hearth_speculate_parse(argv[++*i]);
     else return 0;
     return 1;
+}
+
+/* ---- transfer progress (pull, upload) ---- */
+
+static double progress_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void fmt_mb(long long n, char *out, size_t cap) {
+    if (n < 0)
+        snprintf(out, cap, "?");
+    else
+        snprintf(out, cap, "%.1f MB", (double)n / 1e6);
+}
+
+void cli_transfer_progress(void *user, const char *file, long long done, long long total) {
+    cli_progress *p = user;
+    int new_file = strcmp(p->file, file) != 0;
+    if (file[0] == '(') { /* a notice, e.g. a dropped connection being resumed */
+        if (p->line_open) fputc('\n', stderr);
+        p->line_open = 0;
+        fprintf(stderr, "  %s\n", file);
+        return;
+    }
+    if (new_file) {
+        if (p->line_open) fputc('\n', stderr);
+        p->line_open = 0;
+        snprintf(p->file, sizeof p->file, "%s", file);
+        p->start = progress_now();
+    }
+    char a[32], b[32];
+    fmt_mb(done, a, sizeof a);
+    fmt_mb(total, b, sizeof b);
+    int finished = total >= 0 && done >= total;
+    if (p->tty) {
+        double el = progress_now() - p->start, rate = el > 0 ? (double)done / el / 1e6 : 0;
+        int width = 30, fill = total > 0 ? (int)((double)done / (double)total * width) : 0;
+        char bar[64];
+        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+        bar[width] = 0;
+        fprintf(stderr, "\r  %-40.40s [%s] %10s / %-10s %6.1f MB/s", file, bar, a, b, rate);
+        p->line_open = 1;
+        if (finished) {
+            fputc('\n', stderr);
+            p->line_open = 0;
+        }
+    } else if (new_file || finished) {
+        fprintf(stderr, "  %s %s (%s)\n", file, finished ? "done" : p->doing ? p->doing : "", finished ? a : b);
+    }
+    fflush(stderr);
 }

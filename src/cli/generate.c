@@ -10,7 +10,7 @@
 static const char *gen_usage =
     "hearth generate <model> \"prompt\" [--max-tokens N] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--repetition-penalty R] [--seed S] [--system TEXT] [--no-chat-template] [--stop STR]...\n"
-    "       [--threads N] [--ctx N] [--mmap] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--verbose] [--report-memory]";
+    "       [--threads N] [--ctx N] [--mmap] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler] [--verbose] [--report-memory]";
 
 static int on_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
     (void)user; (void)id; (void)lp;

@@ -20,6 +20,7 @@ static const cli_verb verbs[] = {
     {"fit", cli_fit, "predict the memory and decode speed of a model at a context, and whether it fits"},
     {"ls", cli_ls, "list the models hearth can find"},
     {"pull", cli_pull, "download a model from the Hugging Face hub into the HF cache"},
+    {"upload", cli_upload, "push a folder (a converted model) to a Hugging Face hub repo"},
     {"rm", cli_rm, "remove a model from the HF cache and reclaim its disk space"},
     {"perplexity", cli_perplexity, "perplexity of a model on a dataset (mlx_lm.perplexity), KL against a reference"},
     {"convert", cli_convert, "convert a float safetensors model to an MLX folder, optionally quantized"},

@@ -284,12 +284,36 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* sum over v of exp(x[v] - mx) (mx = the largest x): exp in float (cheaper than double),
+ * each block of 256 terms summed in float and the blocks in double (every
+ * term is at most 1, so a block's float sum keeps ~7 digits: the loss's error stays near
+ * 1e-7 relative, far inside the 1e-4 the oracle test allows). */
+static double sum_exp(const float *x, int n, float mx) {
+    double total = 0;
+    for (int b = 0; b < n; b += 256) {
+        int e = b + 256 < n ? b + 256 : n;
+        float s = 0;
+        for (int v = b; v < e; v++) s += expf(x[v] - mx);
+        total += s;
+    }
+    return total;
+}
+
+/* Logits rows per append: a whole prefill step's (the engine's max_logits_rows), at most
+ * 256 MiB of logits for the largest vocabularies. */
+static int ppl_chunk(int32_t vocab, int L) {
+    long long cap = (256ll << 20) / ((long long)(vocab > 0 ? vocab : 1) * (long long)sizeof(float));
+    int rows = L - 1 < 256 ? L - 1 : 256;
+    if (rows > cap) rows = (int)cap;
+    return rows < 8 ? 8 : rows;
+}
+
 /* One model over every row: each row is a fresh sequence given its first L-1 tokens, and
- * position t is scored on token t+1 (mlx-lm's batch[:, :-1] against batch[:, 1:]). The
- * engine returns at most 8 logits rows per append, so rows go in chunks of 8 tokens. */
+ * position t is scored on token t+1 (mlx-lm's batch[:, :-1] against batch[:, 1:]), in
+ * appends of CHUNK tokens that return every position's logits. */
 static int score_model(hearth_engine *e, score_run *r) {
-    enum { CHUNK = 8 };
     int vocab = hearth_model_vocab_rows(e), L = r->L, rc = 0;
+    const size_t CHUNK = (size_t)ppl_chunk(vocab, L);
     size_t per_row = (size_t)L - 1, n = r->rows * per_row;
     float *logits = malloc((size_t)CHUNK * vocab * sizeof *logits);
     double *lp = malloc((size_t)vocab * sizeof *lp);
@@ -321,13 +345,12 @@ static int score_model(hearth_engine *e, score_run *r) {
                 const float *x = logits + j * (size_t)vocab;
                 size_t at = row * per_row + done + j;
                 int top = 0;
-                double mx = x[0], sum = 0;
                 for (int v = 1; v < vocab; v++)
-                    if (x[v] > x[top]) mx = x[top = v];
-                for (int v = 0; v < vocab; v++) sum += exp((double)x[v] - mx);
-                double lse = mx + log(sum);
+                    if (x[v] > x[top]) top = v;
+                double mx = x[top], lse = mx + log(sum_exp(x, vocab, (float)mx));
+                r->loss[at] = lse - (double)x[tok[done + j + 1]];
+                if (!r->save && !r->ref) continue; /* the full log-probabilities only when kept or compared */
                 for (int v = 0; v < vocab; v++) lpf[v] = (float)(lp[v] = (double)x[v] - lse);
-                r->loss[at] = -lp[tok[done + j + 1]];
                 if (r->save && fwrite(lpf, sizeof *lpf, (size_t)vocab, r->save) != (size_t)vocab) {
                     fprintf(stderr, "hearth: cannot write the log-probabilities: %s\n", strerror(errno));
                     rc = 1;
@@ -396,6 +419,9 @@ int ppl_run_model(const char *name, hearth_engine_options eo, score_run *r) {
     hearth_engine *e = NULL;
     hearth_error err = {0};
     if (!eo.context_length) eo.context_length = r->L;
+    /* the vocabulary rows are known once the engine exists: the tokenizer's size is a
+     * lower bound of them, and an embedding table larger than it is rare and small */
+    eo.max_logits_rows = ppl_chunk(hearth_vocab_size(m), r->L);
     int rc = hearth_engine_create(m, &eo, &e, &err) ? cli_fail(&err) : score_model(e, r);
     hearth_engine_free(e);
     hearth_model_close(m);

@@ -39,6 +39,8 @@ struct hearth_engine {
     int kv_cut_from;   /* engine_plan.kv_cut_from: the default pool was cut to fit memory */
     int context_cut_from; /* engine_plan.context_cut_from: the default context was cut to fit memory */
     int deterministic; /* op_batch.batch_invariant for every step */
+    int host_sampler;  /* hearth_engine_options.host_sampler */
+    int append_rows;   /* logits rows one hearth_seq_append may return (max_logits_rows) */
     int speculate;     /* hearth_speculate, for the scheduler */
     hearth_engine *draft; /* hearth_engine_options.draft_model's engine, or NULL */
     int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
@@ -122,10 +124,13 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
         return err_set(err, HEARTH_ERR_INVALID, "engine: invalid options (context %d, sequences %d, threads %d)",
                        p->context, p->max_seqs, p->n_threads);
     /* a scheduler step returns one logits row per running sequence, and one more per
-     * token a speculating request proposes */
+     * token a speculating request proposes; an append up to max_logits_rows */
+    if (o.max_logits_rows < 0 || o.max_logits_rows > (1 << 16))
+        return err_set(err, HEARTH_ERR_INVALID, "engine: invalid max_logits_rows %d", o.max_logits_rows);
     if (o.speculate != HEARTH_SPEC_LOOKUP && o.speculate != HEARTH_SPEC_NONE)
         return err_set(err, HEARTH_ERR_INVALID, "unknown --speculate mode (it takes lookup or none)");
-    p->max_out = p->max_seqs > ENGINE_MAX_LOGITS_ROWS ? p->max_seqs : ENGINE_MAX_LOGITS_ROWS;
+    p->append_rows = o.max_logits_rows > ENGINE_MAX_LOGITS_ROWS ? o.max_logits_rows : ENGINE_MAX_LOGITS_ROWS;
+    p->max_out = p->max_seqs > p->append_rows ? p->max_seqs : p->append_rows;
     if (o.speculate != HEARTH_SPEC_NONE) p->max_out += SPEC_MAX_DRAFT;
     /* default KV pool: every sequence its whole context, so admission never waits on the
      * pool below the sequence limit; engine_plan_room cuts it to what fits in memory */
@@ -169,7 +174,7 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
     p->scratch = o.device == HEARTH_DEVICE_CUDA ? 0
                                                 : cpu_backend_bytes(model_ops(m), &shape, p->step_tokens, p->max_out,
                                                                     p->n_threads);
-    p->buffers = sizeof(hearth_engine) + 3 * T * sizeof(int32_t) + ENGINE_MAX_LOGITS_ROWS * sizeof(int32_t) +
+    p->buffers = sizeof(hearth_engine) + 3 * T * sizeof(int32_t) + (size_t)p->append_rows * sizeof(int32_t) +
                  (size_t)p->max_out * c->vocab * sizeof(float) + (size_t)p->max_seqs * sizeof(sampler) +
                  (size_t)p->max_seqs * p->context * sizeof(int32_t) + (size_t)p->max_seqs;
     p->sampler = sampler_bytes(c->vocab) * (size_t)(1 + p->max_seqs); /* the engine's + one per slot */
@@ -314,9 +319,11 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     e->step_tokens = p.step_tokens;
     e->max_seqs = p.max_seqs;
     e->max_out = p.max_out;
+    e->append_rows = p.append_rows;
     e->kv_cut_from = p.kv_cut_from;
     e->context_cut_from = p.context_cut_from;
     e->deterministic = o.deterministic != 0;
+    e->host_sampler = o.host_sampler != 0;
     e->speculate = o.speculate;
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
     /* host K/V storage only where the CPU runs the forward pass (after the device is open:
@@ -353,7 +360,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
         e->step_tok = malloc(T * sizeof(int32_t));
         e->step_pos = malloc(T * sizeof(int32_t));
         e->step_slot = malloc(T * sizeof(int32_t));
-        e->out_rows = malloc(ENGINE_MAX_LOGITS_ROWS * sizeof(int32_t));
+        e->out_rows = malloc((size_t)e->append_rows * sizeof(int32_t));
         e->logits = malloc(logits);
         e->history = malloc(history);
         e->seq_open = calloc((size_t)e->max_seqs, 1);
@@ -459,15 +466,16 @@ static hearth_status engine_model_forward(hearth_engine *e, const op_batch *b, h
     return model_forward(e->m, e->be, &e->kv, b, OP_OUT_LOGITS, NULL, err);
 }
 
+int engine_host_sampler(const hearth_engine *e) { return e->host_sampler; }
 int hearth_engine_device(const hearth_engine *e) { return e->gpu ? HEARTH_DEVICE_CUDA : HEARTH_DEVICE_CPU; }
 
 hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens, size_t n, size_t n_logits,
                                 float *logits, hearth_error *err) {
     if (seq < 0 || seq >= e->max_seqs || !e->seq_open[seq])
         return err_set(err, HEARTH_ERR_INVALID, "sequence %d is not open", seq);
-    if (n == 0 || n_logits > ENGINE_MAX_LOGITS_ROWS || n_logits > n)
+    if (n == 0 || n_logits > (size_t)e->append_rows || n_logits > n)
         return err_set(err, HEARTH_ERR_INVALID, "append of %zu tokens with %zu logits rows (at most %d)", n, n_logits,
-                       ENGINE_MAX_LOGITS_ROWS);
+                       e->append_rows);
     int have = e->kv.n_tokens[seq];
     if ((size_t)have + n > (size_t)e->context)
         return err_set(err, HEARTH_ERR_INVALID, "%zu tokens do not fit the context: %d used of %d", n, have,

@@ -73,16 +73,18 @@ hearth_status engine_forward_rows_sample(hearth_engine *e, int T, const int32_t 
 hearth_status engine_seq_append_sample(hearth_engine *e, int seq, const int32_t *tokens, size_t n,
                                        const engine_sample_row *row, int32_t *next, hearth_error *err);
 int engine_has_device_sampler(const hearth_engine *e);
+/* hearth_engine_options.host_sampler: every token is picked on the host */
+int engine_host_sampler(const hearth_engine *e);
 /* Whether a request's tokens may come from engine_forward_rows_sample /
  * engine_seq_append_sample: the GPU engine with its sampler, parameters the device path
- * takes (cuda_sample_supported), and HEARTH_DEVICE_SAMPLER is not 0 (A/B: the host sampler). */
+ * takes (cuda_sample_supported), and no host_sampler engine option (A/B: the host sampler). */
 int gen_device_sample(const hearth_engine *e, const hearth_generate_params *p);
 /* The Philox key of a request's device draws: its seed, or a fresh one when it has none. */
 uint64_t gen_device_seed(const hearth_sampling *s);
 /* Whether a request's tokens may come from engine_forward_rows_greedy /
  * hearth_seq_append_greedy: the engine runs on the GPU and the sampling is greedy with no
  * logprobs, penalties or logit bias (the sampler would then pick the same first-largest
- * index). HEARTH_DEVICE_GREEDY=0 turns it off (A/B, parity). */
+ * index). The host_sampler engine option turns it off (A/B, parity). */
 int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p);
 
 double gen_now_seconds(void);

@@ -10,7 +10,8 @@ struct model;
 
 typedef struct engine_plan {
     int n_threads, context, step_tokens, max_seqs, n_blocks;
-    int max_out;    /* logits rows per step: max(ENGINE_MAX_LOGITS_ROWS, max_seqs) */
+    int max_out;    /* logits rows per step: max(append_rows, max_seqs) */
+    int append_rows; /* logits rows per hearth_seq_append: max(ENGINE_MAX_LOGITS_ROWS, max_logits_rows) */
     size_t weights; /* the weight arena (model_load) */
     size_t weights_load_peak; /* the arena + one tensor's file pages at the load's worst (model_load_peak_bytes) */
     size_t kv;      /* the KV pool and its block tables */

@@ -205,21 +205,14 @@ static int plain_greedy(const hearth_sampling *s) {
            s->frequency_penalty == 0;
 }
 
-static int env_off(const char *name) {
-    const char *env = getenv(name);
-    return env && env[0] == '0';
-}
-
 int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p) {
-    if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || env_off("HEARTH_DEVICE_GREEDY")) return 0;
+    if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || engine_host_sampler(e)) return 0;
     return plain_greedy(&p->sampling);
 }
 
 int gen_device_sample(const hearth_engine *e, const hearth_generate_params *p) {
-    if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || !engine_has_device_sampler(e)) return 0;
-    if (env_off("HEARTH_DEVICE_SAMPLER")) return 0;
-    /* HEARTH_DEVICE_GREEDY=0 keeps plain greedy rows on the host too (its documented A/B) */
-    if (plain_greedy(&p->sampling) && env_off("HEARTH_DEVICE_GREEDY")) return 0;
+    if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || !engine_has_device_sampler(e) || engine_host_sampler(e))
+        return 0;
     return engine_device_sample_supported(&p->sampling);
 }
 

@@ -30,6 +30,10 @@ static void add_weight(model *m, const op_weight *w, int logits, const char *nam
     m->items[m->ops.n_items++] = (op_item){.w = w, .logits = logits, .name = name, .layer = layer};
 }
 
+static void add_experts(model *m, const op_weight *w, const char *name, int layer) {
+    m->items[m->ops.n_items++] = (op_item){.w = w, .name = name, .layer = layer, .experts = m->cfg.n_experts};
+}
+
 /* A vector the backends hold when the model has it; a planned model (no data yet) lists
  * the ones its family always has, so a device plan sizes them too. */
 static void add_vec(model *m, const float *v, int family_has, int64_t n, const char *name, int layer) {
@@ -58,9 +62,9 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
         for (int j = 0; j < (l->moe ? 4 : 7); j++) add_weight(m, ws[j], 0, names[j], i);
         if (l->moe) {
             add_weight(m, &l->router, 0, "router", i);
-            add_weight(m, &l->experts_gate, 0, "experts.gate_proj", i);
-            add_weight(m, &l->experts_up, 0, "experts.up_proj", i);
-            add_weight(m, &l->experts_down, 0, "experts.down_proj", i);
+            add_experts(m, &l->experts_gate, "experts.gate_proj", i);
+            add_experts(m, &l->experts_up, "experts.up_proj", i);
+            add_experts(m, &l->experts_down, "experts.down_proj", i);
         }
         add_vec(m, l->q_bias, 0, qd, "q_bias", i);
         add_vec(m, l->k_bias, 0, kd, "k_bias", i);

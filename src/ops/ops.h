@@ -31,6 +31,7 @@ typedef struct op_item {
     int logits;
     const char *name; /* for messages: "q_proj", "attn_norm", ... */
     int layer;        /* -1: not in a layer */
+    int experts;      /* > 0: w stacks this many experts' matrices (n / experts rows each) */
 } op_item;
 
 /* What a backend is told of a model when it starts: shapes, every item its ops will be

@@ -60,6 +60,8 @@ class FakeHub:
         self.drop_once = set()  # sha256s whose first full GET is cut halfway
         self.corrupt = set()  # sha256s served with one byte flipped
         self.absolute_redirect = False
+        self.cdn_host = "127.0.0.1"  # the host of absolute redirects
+        self.lfs_paths = {}  # repo -> files stored through LFS by an upload (test_upload.py)
         hub = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -74,6 +76,12 @@ class FakeHub:
             def do_GET(self):
                 self.handle_any(head=False)
 
+            def do_POST(self):
+                hub.on_write(self)
+
+            def do_PUT(self):
+                hub.on_write(self)
+
             def send(self, status, body=b"", headers=(), head=False, length=None):
                 self.send_response(status)
                 for k, v in headers:
@@ -87,6 +95,8 @@ class FakeHub:
                 auth = self.headers.get("Authorization")
                 hub.requests.append((self.command, self.path, self.headers.get("Range"), auth))
                 parts = self.path.split("?")[0].split("/")
+                if self.path.startswith("/api/models/") and len(parts) > 6 and parts[5] == "tree":
+                    return self.tree(parts[3] + "/" + parts[4], urllib.parse.unquote(parts[6]), auth, head)
                 if self.path.startswith("/api/models/"):
                     return self.api(parts[3] + "/" + parts[4], urllib.parse.unquote(parts[6]), auth, head)
                 if parts[1] in ("cdn", "cdn2"):
@@ -120,6 +130,19 @@ class FakeHub:
                                        "siblings": [{"rfilename": f} for f in sorted(files)]}).encode()
                     self.send(200, body, [("Content-Type", "application/json")], head)
 
+            def tree(self, repo, rev, auth, head):
+                """api/models/{repo}/tree/{rev}: every file (what huggingface_hub's upload_folder
+                lists to skip unchanged files)."""
+                found = self.lookup(repo, rev, auth, head)
+                if found:
+                    out = []
+                    for name, data in sorted(found[1].items()):
+                        e = {"type": "file", "path": name, "size": len(data), "oid": git_blob_sha1(data)}
+                        if name in LFS or name in hub.lfs_paths.get(repo, ()):
+                            e["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                        out.append(e)
+                    self.send(200, json.dumps(out).encode(), [("Content-Type", "application/json")], head)
+
             def resolve(self, repo, rev, path, auth, head):
                 found = self.lookup(repo, rev, auth, head)
                 if not found:
@@ -129,11 +152,11 @@ class FakeHub:
                     self.send(404, b"entry not found", [("X-Error-Code", "EntryNotFound")], head)
                     return
                 data = files[path]
-                if path in LFS:
+                if path in LFS or path in hub.lfs_paths.get(repo, ()):
                     sha = hashlib.sha256(data).hexdigest()
                     loc = f"/cdn/{sha}"
                     if hub.absolute_redirect:
-                        loc = f"http://127.0.0.1:{hub.port}/cdn2/{sha}"
+                        loc = f"http://{hub.cdn_host}:{hub.port}/cdn2/{sha}"
                     self.send(302, b"", [("Location", loc), ("X-Repo-Commit", commit),
                                          ("X-Linked-Etag", f'"{sha}"'), ("X-Linked-Size", str(len(data))),
                                          ("ETag", f'"{git_blob_sha1(b"pointer " + sha.encode())}"')], head)
@@ -169,6 +192,10 @@ class FakeHub:
         self.url = f"http://127.0.0.1:{self.port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def on_write(self, handler):
+        """POST / PUT: a read-only hub (WritableHub in test_upload.py takes writes)."""
+        handler.send(405, b'{"error":"read-only hub"}', [("Content-Type", "application/json")])
 
     @property
     def blobs(self):

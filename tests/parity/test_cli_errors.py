@@ -41,7 +41,7 @@ MISSING_FILES = [
 VERBS_WITH_MODEL = ["info", "tokenize", "detokenize", "template", "generate", "chat", "bench", "trace", "tensors",
                     "fit", "embed"]
 BAD_FLAGS = [([verb, MODEL, "--no-such-flag"], "--no-such-flag") for verb in VERBS_WITH_MODEL]
-BAD_FLAGS += [([verb, "--no-such-flag"], "--no-such-flag") for verb in ("serve", "ls", "evals", "pull", "rm")]
+BAD_FLAGS += [([verb, "--no-such-flag"], "--no-such-flag") for verb in ("serve", "ls", "evals", "pull", "rm", "upload")]
 BAD_FLAGS += [
     (["serve", "--port", "notaport"], "--port"),
     (["serve", "--max-sequences", "0"], "--max-sequences"),

@@ -145,6 +145,10 @@ def test_cuda_generate_device_greedy_matches_cpu(hearth_bin, tiny_models, name):
     assert ref.returncode == 0 and gpu.returncode == 0, ref.stderr + gpu.stderr
     assert DEVICE_NOTE in gpu.stderr, gpu.stderr
     assert gpu.stdout == ref.stdout and ref.stdout.strip()
+    # --host-sampler (engine option host_sampler): the same tokens, picked on the host
+    host = gen("cuda", {}, "--cuda-exact", "--host-sampler")
+    assert host.returncode == 0 and DEVICE_NOTE not in host.stderr, host.stderr
+    assert host.stdout == ref.stdout
 
 
 # ---- ragged steps: 12 concurrent requests (decode rows of many sequences beside prefill
@@ -174,6 +178,12 @@ def test_cuda_exact_flag(hearth_bin, tiny_models, real_ggufs):
     m = tiny_models["llama-f32"]
     plain = trace(hearth_bin, m, "cpu")
     exact = trace(hearth_bin, m, "cpu", args=["--cuda-exact"])
+    gen = [subprocess.run([str(hearth_bin), "generate", str(m), "Hello there", "--max-tokens", "8", "--temp", "0",
+                           "--device", "cpu", *a], capture_output=True, text=True, timeout=120)
+           for a in ((), ("--host-sampler",))]
+    # --host-sampler is accepted by the engine verbs and changes nothing on the CPU
+    assert gen[0].returncode == 0 and gen[1].returncode == 0, gen[0].stderr + gen[1].stderr
+    assert gen[0].stdout == gen[1].stdout and gen[0].stdout.strip()
     assert plain.returncode == 0 and exact.returncode == 0, plain.stderr + exact.stderr
     assert plain.stdout == exact.stdout
 

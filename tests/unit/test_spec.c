@@ -231,14 +231,14 @@ static void assert_same(const rec *a, const rec *b, const char *what, const char
 }
 
 static int tiny_models(char names[][64], int cap) {
-    char root[1024];
+    char root[4400];
     tiny_model_path(root, sizeof root, "");
     DIR *d = opendir(root);
     if (!d) return 0;
     int n = 0;
     struct dirent *de;
     while ((de = readdir(d)) && n < cap) {
-        char cfg[1400];
+        char cfg[4700];
         snprintf(cfg, sizeof cfg, "%s/%s/config.json", root, de->d_name);
         FILE *f = de->d_name[0] != '.' ? fopen(cfg, "r") : NULL;
         if (f && strlen(de->d_name) < 64) memcpy(names[n++], de->d_name, strlen(de->d_name) + 1);
@@ -258,7 +258,7 @@ static void test_lossless_every_tiny_model(void **st) {
     }
     unsigned long long proposed = 0, accepted = 0;
     for (int mi = 0; mi < n_models; mi++) {
-        char path[1200];
+        char path[4400];
         tiny_model_path(path, sizeof path, names[mi]);
         hearth_model *m = NULL;
         hearth_error err = {0};
@@ -292,7 +292,7 @@ static void test_lossless_every_tiny_model(void **st) {
         for (int dj = -1; dj < n_models; dj++) {
             if (dj >= 0 && (dj == mi || !fam_end || strncmp(names[dj], names[mi], (size_t)(fam_end - names[mi] + 1))))
                 continue;
-            char dpath[1200];
+            char dpath[4400];
             tiny_model_path(dpath, sizeof dpath, dj < 0 ? names[mi] : names[dj]);
             hearth_model *dm = NULL;
             if (hearth_model_open(dpath, &dm, &err)) fail_msg("%s: %s", dpath, err.message);

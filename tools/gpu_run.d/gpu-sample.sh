@@ -2,7 +2,7 @@
 # gpu-sample.sh LOGDIR: the device sampler's part of a GPU round (budget 60 s): the kernel
 # against the host sampler (test_cuda_sample), the serving-path pytest
 # (tests/parity/test_cuda_sample.py), then decode tok/s on the 8B bf16 model with sampling
-# (temperature 0.8, top-p 0.9): device sampler vs host sampler (HEARTH_DEVICE_SAMPLER=0).
+# (temperature 0.8, top-p 0.9): device sampler vs host sampler (--host-sampler).
 # Env from tools/gpu_run: H (hearth), B (build dir), TINY, L8. Prints a short summary.
 LOG=${1:?usage: gpu-sample.sh LOGDIR}
 mkdir -p "$LOG"; rm -f "$LOG/why.txt"
@@ -51,7 +51,7 @@ racecheck() {
 [ -f "$L8/.done" ] || { t=$(( $(left) - 20 )); [ $t -gt 15 ] && t=15; racecheck $t; }
 
 # 3. decode tok/s with sampling: device sampler, then the host sampler, in one process (one
-# model load; bench --sampler-ab flips HEARTH_DEVICE_SAMPLER between the two halves)
+# model load; bench --sampler-ab runs the second half on a --host-sampler engine)
 while [ ! -f "$L8/.done" ] && [ "$(left)" -gt 15 ]; do sleep 1; done
 t=$(( $(left) - 2 ))
 if [ ! -f "$L8/.done" ] || [ $t -lt 10 ]; then

@@ -137,6 +137,9 @@ def stats(port):
     return json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5))
 
 
+NOTE = ("Caveat on the peer column: llama.cpp's decode on this shared machine swings 3-8x with other tenants' load (bench/results/cpu_vs_llamacpp.md: 34-93 tok/s for plain SmolLM2 decode at load 1.5, 1.7 tok/s at load 4), much more than hearth's, so at load 8-14 the lookup-vs-llama.cpp ratio overstates what a quiet machine would show; a quiet-machine run is still to do.")
+
+
 def machine():
     cpu = "?"
     try:
@@ -247,7 +250,7 @@ def main():
                   f"{vs} |")
     md += ["", f"4 requests at once (aggregate tok/s): none {bn:.1f}, lookup {bl:.1f} ({bl / bn if bn else 0:.2f}x; "
            "speculation stays on up to 4 decoding requests).", "",
-           f"Lookup server /stats: {json.dumps(spec)}", "", f"Peer: {result['peer']}.", ""]
+           f"Lookup server /stats: {json.dumps(spec)}", "", f"Peer: {result['peer']}.", "", NOTE, ""]
     with open(a.out + ".md", "w") as f:
         f.write("\n".join(md))
     print("\n".join(md))

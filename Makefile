@@ -8,7 +8,7 @@ BUILD   ?= build
 BINDIR  ?= bin
 LIBDIR  ?= lib
 CC      ?= gcc
-PKGS    := jansson libpcre2-8 libutf8proc libcurl sqlite3 libcrypto
+PKGS    := jansson libpcre2-8 libutf8proc libcurl sqlite3 libcrypto libgit2
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 # A GPU machine without the -dev packages: tools/cuda_check_deps copies their headers and
@@ -55,7 +55,7 @@ UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all lib install examples test test-quick test-build unit unit-build asan asan-build fuzz fuzz-build parity soak soak-bin soak-short deps run clean format
+.PHONY: all lib install examples python-test test test-quick test-build unit unit-build asan asan-build fuzz fuzz-build parity soak soak-bin soak-short deps run clean format
 all: $(BINDIR)/hearth $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
 
 lib: $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
@@ -77,12 +77,15 @@ $(BUILD)/obj/%.o: %.c
 # Q4_1 trace: 3.3 -> 2.2 s). Without -ffast-math gcc may not reorder or contract any
 # float operation, so the results are the same bits. Not in the sanitizer build: OPT
 # given on the command line wins over this.
-$(BUILD)/obj/src/io/ggml_quant.o $(BUILD)/obj/src/backend/cpu/kernels_ref.o: OPT := -O3
+# ops.o: op_lora_apply's loops (LoRA adapters) are vectorized only at -O3.
+$(BUILD)/obj/src/io/ggml_quant.o $(BUILD)/obj/src/backend/cpu/kernels_ref.o $(BUILD)/obj/src/ops/ops.o: OPT := -O3
 
 # The chat page is pulled into web_assets.o by .incbin, which -MMD cannot see.
 $(BUILD)/obj/src/server/web_assets.o build/fuzz/obj/src/server/web_assets.o: $(wildcard web/*)
 # Likewise data/*.json (the SKU table and the model catalogue) for data_files.o.
 $(BUILD)/obj/src/io/data_files.o build/fuzz/obj/src/io/data_files.o: $(wildcard data/*)
+# And hearth's docs, copied into a memory vault's Reference/ (memory_reference.o).
+$(BUILD)/obj/src/memory/memory_reference.o build/fuzz/obj/src/memory/memory_reference.o: README.md $(wildcard docs/*.md)
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -230,6 +233,14 @@ examples:
 	@$(MAKE) --no-print-directory install PREFIX=$(EXAMPLES_PREFIX) >/dev/null
 	@HEARTH_PREFIX=$(EXAMPLES_PREFIX) $(PYTHON) -m pytest -q -p no:cacheprovider tests/examples
 
+# The Python package (python/) installed with pip as a user would (its setup.py builds
+# libhearth itself, into build/python) into build/python/site, then tests/python on it.
+PY_SITE := $(abspath build/python/site)
+python-test: all
+	@rm -rf $(PY_SITE)
+	@$(PYTHON) -m pip install -q --disable-pip-version-check --no-build-isolation --target $(PY_SITE) ./python
+	@PYTHONPATH=$(PY_SITE) HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/python
+
 # Parity tests against the Python oracles (mlx-lm, HF tokenizers, gguf, jinja2) and the
 # API tests (the real mlx_lm.server, the openai SDK), the short soak of the sanitizer
 # build, and the chat page (headless chromium).
@@ -260,6 +271,7 @@ test: deps
 	@bash tools/get_models.sh
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory examples
+	@$(MAKE) --no-print-directory python-test
 	@$(MAKE) --no-print-directory asan
 	@$(MAKE) --no-print-directory -j$(JOBS) fuzz
 	@$(MAKE) --no-print-directory parity

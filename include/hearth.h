@@ -347,6 +347,9 @@ typedef struct hearth_generate_params {
     /* With a draft model (hearth_engine_options.draft_model), in a batch: tokens it
      * proposes per step (mlx_lm.server's num_draft_tokens; at most 8 are used); 0: none. */
     int num_draft_tokens;
+    /* LoRA adapters (hearth_adapter_mount): "id", several summed ("a+b"), or "none" (the
+     * base alone); NULL: the engine's default adapter (hearth_adapter_set_default), if any. */
+    const char *adapter;
 } hearth_generate_params;
 
 /* Called for each token with the text that became final (may be "", never a broken
@@ -366,6 +369,71 @@ typedef struct hearth_generate_result {
 hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_prompt,
                               const hearth_generate_params *p, hearth_token_fn on_token, void *user,
                               hearth_generate_result *result, hearth_error *err);
+
+/* Like hearth_generate, on an open sequence (hearth_seq_open) whose tokens, if any, are
+ * a proper prefix of the prompt (e.g. loaded by hearth_seq_load): only the rest of the
+ * prompt is prefilled (result->cached_tokens: the tokens it already held). The sequence
+ * stays open afterwards holding the prompt and the generated tokens whose KV was
+ * computed (every one but the last), ready for hearth_seq_save or hearth_seq_close. */
+hearth_status hearth_generate_seq(hearth_engine *e, int seq, const int32_t *prompt, size_t n_prompt,
+                                  const hearth_generate_params *p, hearth_token_fn on_token, void *user,
+                                  hearth_generate_result *result, hearth_error *err);
+
+/* ---- persistent KV -----------------------------------------------------------
+ * A sequence's KV cache (and, for hybrid models, its recurrent state) saved to a file
+ * and loaded back, so a long prompt is prefilled once across processes. The file
+ * (docs/cli.md, "Saved KV files") is versioned, checksummed (header and data) and names
+ * the model's identity (architecture, tensor catalog, samples of the weights) and the KV
+ * format; a truncated, corrupted or mismatched file is refused with an error naming it,
+ * and nothing of it is loaded. CPU engine only so far (UNSUPPORTED on the GPU). */
+
+/* Tokens the open sequence holds (0 for a closed or unknown one). */
+size_t hearth_seq_length(const hearth_engine *e, int seq);
+/* Writes seq's tokens and KV to path (atomically: a temporary file renamed over it). */
+hearth_status hearth_seq_save(hearth_engine *e, int seq, const char *path, hearth_error *err);
+/* Maps path, checks it whole, and loads into the open, empty sequence seq: with prompt
+ * NULL every saved token, else the longest common prefix of the saved tokens and
+ * prompt[0..n_prompt), at most n_prompt - 1 tokens (the last prompt token's logits must
+ * be computed; hearth_generate_seq does that). *n_loaded (optional): the tokens loaded
+ * (0 when nothing matched; the file was still checked). */
+hearth_status hearth_seq_load(hearth_engine *e, int seq, const char *path, const int32_t *prompt, size_t n_prompt,
+                              size_t *n_loaded, hearth_error *err);
+
+/* ---- LoRA adapters -------------------------------------------------------
+ * An engine holds any number of mounted adapters; each request picks its own
+ * (hearth_generate_params.adapter), and one step mixes rows of different adapters and of
+ * none (a row without one computes exactly as the base). Adapter folders: MLX
+ * (adapters.safetensors + adapter_config.json as mlx_lm.lora writes) or PEFT
+ * (adapter_model.safetensors + adapter_config.json), LoRA or DoRA, on the attention and MLP
+ * projections. CPU engines only for now. All of these may be called from any thread. */
+
+/* Reads the adapter folder at path and mounts it under id (letters, digits, '-', '_', '.').
+ * All or nothing: a mismatch with the model (rank, target modules, layers, base shapes)
+ * fails naming it (HEARTH_ERR_INVALID / UNSUPPORTED / FORMAT / IO) and mounts nothing. */
+hearth_status hearth_adapter_mount(hearth_engine *e, const char *id, const char *path, hearth_error *err);
+/* Unmounts id (HEARTH_ERR_NOT_FOUND if absent); requests already using it finish with it. */
+hearth_status hearth_adapter_unmount(hearth_engine *e, const char *id, hearth_error *err);
+/* The adapter of requests whose adapter is NULL (id NULL: none, the base). */
+hearth_status hearth_adapter_set_default(hearth_engine *e, const char *id, hearth_error *err);
+/* Whether an adapter spec ("id", "a+b", "none", NULL) names mounted adapters (NOT_FOUND if not). */
+hearth_status hearth_adapter_check(hearth_engine *e, const char *spec, hearth_error *err);
+/* Whether the folder at path holds an adapter this engine's model could mount (loads it and
+ * lets it go). */
+hearth_status hearth_adapter_probe(hearth_engine *e, const char *path, hearth_error *err);
+/* The adapters an open low-level sequence (hearth_seq_open) computes with from now on: a
+ * spec as hearth_generate_params.adapter (NULL: the default adapter). Before its first
+ * append, so its whole KV is computed with them. */
+hearth_status hearth_seq_set_adapter(hearth_engine *e, int seq, const char *spec, hearth_error *err);
+/* The mounted adapters as a JSON array of {id, path, format ("mlx"|"peft"), type
+ * ("lora"|"dora"), rank, scale, size_bytes, layers, modules, default} (free with hearth_free). */
+char *hearth_adapters_json(hearth_engine *e);
+
+/* Folds the LoRA adapter in folder adapter_path into model (a safetensors folder, float or
+ * MLX-quantized) and writes the result as a new folder save_path, as mlx_lm.fuse does: each
+ * adapted projection W + scale * B A in W's dtype; a quantized weight is dequantized, summed
+ * and quantized again with its own bits and group size. Every other file and tensor is
+ * copied. DoRA adapters and GGUF bases are refused (HEARTH_ERR_UNSUPPORTED). */
+hearth_status hearth_fuse(const char *model, const char *adapter_path, const char *save_path, hearth_error *err);
 
 /* ---- continuous batching ---------------------------------------------------
  * A batch runs many requests on one engine, one step at a time: each step packs the
@@ -424,6 +492,25 @@ typedef struct hearth_batch_stats {
     unsigned long long spec_proposed[3], spec_accepted[3];
 } hearth_batch_stats;
 void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out);
+
+/* The batch's prefix cache kept in a folder across restarts (`serve --prompt-cache-dir`):
+ * now, every saved KV file in dir (created if missing) is loaded into the KV pool as
+ * cached blocks, newest first, while the pool has free blocks (a refused file, e.g. one
+ * made with another model, is counted in the report and left alone); from then on the
+ * token history of every request that ends is noted (in memory, no disk work while
+ * stepping), and when the batch is freed (`serve` stopping on SIGINT/SIGTERM) what the
+ * pool still holds of each noted history is saved there (one file per history; the file
+ * of a history that a newer one continues is removed) and the oldest files are deleted
+ * past max_bytes. A process that is killed saves nothing new. Use one folder per model.
+ * CPU engine only so far. */
+typedef struct hearth_prompt_cache_report {
+    size_t files_loaded, tokens_loaded;
+    size_t files_refused;   /* not loaded: damaged, or another model's or KV format's */
+    size_t files_skipped;   /* not loaded: the pool had no free blocks left for them */
+    char first_refusal[512]; /* why the first refused file was refused */
+} hearth_prompt_cache_report;
+hearth_status hearth_batch_prompt_cache(hearth_batch *b, const char *dir, long long max_bytes,
+                                        hearth_prompt_cache_report *report, hearth_error *err);
 
 /* ---- the model library: hub downloads, listing, removal, evals --------- */
 
@@ -599,6 +686,83 @@ hearth_status hearth_embed_tokenize(const hearth_embedder *e, const char *text, 
  * itself, so a vector does not depend on what else is in the call. */
 hearth_status hearth_embed(hearth_embedder *e, const int32_t *const *inputs, const size_t *lens, size_t n_inputs,
                            float *out, hearth_error *err);
+
+
+/* ---- personal memory: a git-tracked Markdown wiki ------------------------
+ * The vault is a folder that is a git repository (written through libgit2) of Markdown:
+ * articles/ (the user's memory: front matter, [[wikilinks]], footnote citations),
+ * Conversations/ (imported and logged conversations, one heading per message), Notes/
+ * (imported Markdown and text), Reference/ (hearth's own docs, read-only), Meta/ (index,
+ * log) and Talk/. A derived SQLite index (<vault>/.hearth/index.sqlite: FTS5 BM25 plus
+ * embedding vectors) is brought up to date on open and rebuilt at will. docs/memory.md. */
+typedef struct hearth_memory hearth_memory;
+
+typedef struct hearth_memory_options {
+    const char *path;        /* NULL: $HEARTH_WIKI, else $XDG_DATA_HOME/hearth/wiki (~/.local/share/...) */
+    const char *embed_model; /* an embedding model (hearth_model_open name) for hybrid search; NULL: BM25 only */
+    int n_threads;           /* for the embedder; 0: all cores */
+} hearth_memory_options;
+
+/* The vault folder o (or the defaults) names; hearth_free. */
+char *hearth_memory_path(const hearth_memory_options *o);
+/* Creates the vault (git init, folders, Reference/ from the embedded docs, a first
+ * commit) or refreshes Reference/ in an existing one; idempotent (no commit when nothing
+ * changed). Refuses a vault with problems (see memory_status). *report_json (optional,
+ * hearth_free): {"path", "created", "committed", "reference"}. */
+hearth_status hearth_memory_init(const hearth_memory_options *o, char **report_json, hearth_error *err);
+/* Opens an existing vault and brings its index up to date (HEARTH_ERR_NOT_FOUND when
+ * there is none: run init). */
+hearth_status hearth_memory_open(const hearth_memory_options *o, hearth_memory **out, hearth_error *err);
+void hearth_memory_close(hearth_memory *m);
+/* The read-only tools as a JSON array of {"name", "description", "inputSchema"} (MCP's
+ * tools/list shape; static, do not free): memory_status, memory_list, memory_search,
+ * memory_read, memory_toc, memory_section, memory_links. */
+const char *hearth_memory_tools_json(void);
+/* Runs one tool with its arguments (a JSON object text, NULL for none); *result_json
+ * (hearth_free) is the tool's JSON result. Unknown tools fail with HEARTH_ERR_NOT_FOUND;
+ * the tools never write the vault. */
+hearth_status hearth_memory_call(hearth_memory *m, const char *tool, const char *args_json, char **result_json,
+                                 hearth_error *err);
+/* Imports a file or folder: a ChatGPT export (conversations.json), a Claude export
+ * (conversations.json), Markdown/text files (a folder is walked). Conversations go to
+ * Conversations/<content hash>.md, skipped when already there; notes to Notes/. One
+ * commit when anything was added; the index is updated at once. *report_json:
+ * {"conversations", "notes", "skipped", "committed"}. */
+hearth_status hearth_memory_import(hearth_memory *m, const char *path, char **report_json, hearth_error *err);
+/* Logs one conversation (a JSON array of {"role", "content": string} messages, the answer
+ * last) as Conversations/<hash>.md and commits it (`serve --memory-log`); the file of the
+ * same chat one turn earlier (these messages but the last two) is replaced, so a chat is
+ * one file. System messages are not stored. Not thread-safe: one call at a time. */
+hearth_status hearth_memory_log_conversation(hearth_memory *m, const char *messages_json, const char *source,
+                                             hearth_error *err);
+/* Synthesis: the local model turns conversations into articles, in stages: segment
+ * (topic chunks of each new conversation), extract (durable facts with citations to
+ * their messages; secrets dropped), route (each fact to an existing or new article),
+ * synthesize (the article rewritten with its new facts, kept only when it passes the gate:
+ * at least 70% of the old prose and every old citation kept, no secrets; otherwise a
+ * note on its Talk/ page), link (no dangling [[links]], Meta/index.md's article list),
+ * then one commit. Progress lives in the index database, so a killed run resumes where
+ * it stopped; a run with nothing new makes no commit. The model is a callback: given a
+ * stage name and a prompt (instructions, then "INPUT:" and a JSON object), it writes its
+ * answer (JSON) into *answer (malloc'd; the library frees it) and returns 0, else
+ * nonzero to stop the run (nothing is committed). */
+typedef int (*hearth_memory_llm_fn)(void *user, const char *stage, const char *prompt, char **answer);
+typedef struct hearth_memory_synth_options {
+    const char *stage; /* NULL: every stage and the commit; else "segment", "extract", "route",
+                        * "synthesize" (the stages' own work only) or "link" (link and commit) */
+    const char *since; /* NULL, or a date "YYYY-MM-DD": only conversations created since */
+    int limit;         /* > 0: at most this many items per stage */
+    int dry_run;       /* report the work each stage has, call nothing, write nothing */
+    hearth_memory_llm_fn llm;
+    void *user;
+} hearth_memory_synth_options;
+/* *report_json: {"segment": n, "extract": n, "route": n, "synthesize": n, "articles": [...],
+ * "rejected": n, "committed": bool} (with dry_run: the work waiting at each stage). */
+hearth_status hearth_memory_synthesize(hearth_memory *m, const hearth_memory_synth_options *o, char **report_json,
+                                       hearth_error *err);
+/* Drops the index and rebuilds it from the vault's files (vectors of unchanged text are
+ * kept). *report_json: {"documents", "chunks", "seconds"}. */
+hearth_status hearth_memory_reindex(hearth_memory *m, char **report_json, hearth_error *err);
 
 #ifdef __cplusplus
 }

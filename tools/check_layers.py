@@ -13,6 +13,9 @@ LAYERS = {
     # hub/ implements hearth.h's library section (downloads, the model library, the
     # catalogue) beside api/: part of libhearth, above the engine it sizes models with
     "api": 9, "hub": 9,
+    # memory/ implements hearth.h's personal memory section (the wiki vault, its index,
+    # the read-only tools) on top of the embedding API
+    "memory": 9,
     "server": 10, "cli": 10,
 }
 # Backends implement the same op table side by side: neither includes the other.

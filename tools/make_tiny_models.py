@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text, minicpm, qwen3_moe) in every
+"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text, minicpm, qwen3_moe, qwen3_5, qwen3_5_moe) in every
 weight form hearth reads (f32, bf16, MLX affine q4/q8 with group 64/32) under
 $HEARTH_CACHE/tiny/<family>-<form>/, written by mlx-lm's own save path so the layout is what
 mlx-lm produces. Tokenizers are small but real-format, trained offline with HF `tokenizers`.
@@ -198,6 +198,39 @@ def family_specs():
                 "bos_token_id": specs["qwen3"]["config"]["bos_token_id"],
                 "eos_token_id": specs["qwen3"]["config"]["eos_token_id"]})
 
+    # ---- qwen3_5 (hybrid Gated DeltaNet; mlx-lm models/qwen3_5.py) ----
+    # Six layers, full attention every third (linear, linear, full, linear, linear, full), so
+    # several Gated DeltaNet layers run before each gated-attention one; 4 value heads over 2
+    # key heads (the repeat), head_dim 32 with partial RoPE on its first 8 dims. The config is
+    # flat (no text_config), as mlx-lm's qwen3_5.ModelArgs.from_dict accepts it.
+    qwen35 = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"], "hidden_size": 64,
+              "num_hidden_layers": 6, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
+              "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
+              "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "full_attention_interval": 3,
+              "layer_types": ["linear_attention", "linear_attention", "full_attention"] * 2,
+              "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                                  "mrope_section": [2, 1, 1]},
+              "max_position_embeddings": 40960, "tie_word_embeddings": False,
+              "bos_token_id": specs["qwen3"]["config"]["bos_token_id"],
+              "eos_token_id": specs["qwen3"]["config"]["eos_token_id"]}
+    specs["qwen3_5"] = dict(tokenizer=specs["qwen3"]["tokenizer"],
+                            tokenizer_config=dict(specs["qwen3"]["tokenizer_config"]),
+                            generation_config=dict(specs["qwen3"]["generation_config"]), config=qwen35)
+    # qwen3_5_moe (mlx-lm models/qwen3_5_moe.py): the same hybrid with every MLP a mixture of
+    # 8 experts, 2 per token, plus a shared expert behind its sigmoid gate (128 wide, not the
+    # routed experts' 64, so mixing the two widths up shows; both multiples of 64 so that every
+    # expert matrix quantizes at group 64: mlx's CPU gather_mm takes float32 only).
+    specs["qwen3_5_moe"] = dict(tokenizer=specs["qwen3"]["tokenizer"],
+                                tokenizer_config=dict(specs["qwen3"]["tokenizer_config"]),
+                                generation_config=dict(specs["qwen3"]["generation_config"]),
+                                config={**json.loads(json.dumps(qwen35)), "model_type": "qwen3_5_moe",
+                                        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+                                        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                        "shared_expert_intermediate_size": 128, "norm_topk_prob": True,
+                                        "decoder_sparse_step": 1})
+    # ---- end qwen3_5 ----
+
     gemma_specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
     tok = train_sentencepiece_bpe(500, gemma_specials)
     ids = {s: tok.token_to_id(s) for s in gemma_specials}
@@ -270,6 +303,11 @@ INIT = {
     # blocks; projections at 2x (not 4x) keep the int8-activation tier near the golden (q4g64)
     "minicpm": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=0.25, proj_scale=2.0, lm_head_scale=1.0),
     "qwen3_moe": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=4.0, lm_head_scale=6.0),
+    # qwen3_5 / qwen3_5_moe at mlx's own projection init (1x): at 2x-4x their int8-activation
+    # tier drifted 15-117% from the golden (mlx-lm itself, its matmul inputs rounded to int8 per
+    # 32 values, did too: expert routing and the delta rule amplify it); at 1x, about 1%
+    "qwen3_5": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=1.0, lm_head_scale=6.0),
+    "qwen3_5_moe": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=1.0, lm_head_scale=6.0),
 }
 
 
@@ -280,10 +318,24 @@ FORMS = {"f32": None, "bf16": None, "q4g64": (4, 64), "q4g32": (4, 32), "q8g64":
 EXTRA_FORMS = {"llama": {"q5g64": (5, 64)}, "qwen3": {"q3g32": (3, 32)}, "gemma3": {"q6g64": (6, 64)}}
 
 
+def qwen3_5_mixed(path, module):
+    """Mixed precision as mlx-lm's recipes write it (per-module bits in config.json): the Gated
+    DeltaNet projections at 8 bits, the MLPs at 4 bits in groups of 32, the rest 4-bit g64."""
+    if "linear_attn" in path:
+        return {"group_size": 64, "bits": 8}
+    if ".mlp." in path:
+        return {"group_size": 32, "bits": 4}
+    return True
+
+
+EXTRA_FORMS["qwen3_5"] = {"mixed": (4, 64, qwen3_5_mixed)}
+
+
 # Families added later take few forms (float, bf16, one quantization): the formats
 # themselves are covered by the families above. qwen3_moe has no bf16 form: mlx's CPU
 # gather_mm (the experts' matmul) takes float32 only, so mlx-lm could not be its oracle.
-FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64"), "qwen3_moe": ("f32", "q4g64")}
+FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64"), "qwen3_moe": ("f32", "q4g64"),
+             "qwen3_5": ("f32", "bf16", "q4g64", "q8g64", "mixed"), "qwen3_5_moe": ("f32", "q4g64")}
 
 
 def family_forms(family):
@@ -307,8 +359,9 @@ def save_form(family, spec, form, src_dir, out_dir):
         model.set_dtype(mx.bfloat16)
         config["torch_dtype"] = "bfloat16"
     if family_forms(family)[form]:
-        bits, group = family_forms(family)[form]
-        model, config = quantize_model(model, config, group_size=group, bits=bits)
+        bits, group, *predicate = family_forms(family)[form]
+        model, config = quantize_model(model, config, group_size=group, bits=bits,
+                                       quant_predicate=predicate[0] if predicate else None)
     tokenizer = load_tokenizer_wrapper(src_dir)
     if out_dir.exists():
         shutil.rmtree(out_dir)

@@ -73,19 +73,19 @@ int convert_dropped(const hearth_model *m, const tensor_info *t) {
     return !strcmp(t->name, "lm_head.weight") && json_is_true(json_object_get(m->config, "tie_word_embeddings"));
 }
 
-static hearth_status write_all(FILE *f, const void *p, size_t n, const char *fname, hearth_error *err) {
+hearth_status convert_write_all(FILE *f, const void *p, size_t n, const char *fname, hearth_error *err) {
     if (n && fwrite(p, 1, n, f) != n) return err_set(err, HEARTH_ERR_IO, "%s: %s", fname, strerror(errno));
     return HEARTH_OK;
 }
 
 /* scales/biases leave as the weight's dtype, as mx.quantize returns them */
-static hearth_status write_values(FILE *f, const float *v, size_t n, tensor_dtype dt, const char *fname,
+hearth_status convert_write_values(FILE *f, const float *v, size_t n, tensor_dtype dt, const char *fname,
                                   hearth_error *err) {
-    if (dt == DT_F32) return write_all(f, v, n * sizeof *v, fname, err);
+    if (dt == DT_F32) return convert_write_all(f, v, n * sizeof *v, fname, err);
     uint16_t *h = malloc(n * sizeof *h);
     if (!h) return err_set(err, HEARTH_ERR_NOMEM, "%s: out of memory", fname);
     for (size_t i = 0; i < n; i++) h[i] = dt == DT_BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-    hearth_status st = write_all(f, h, n * sizeof *h, fname, err);
+    hearth_status st = convert_write_all(f, h, n * sizeof *h, fname, err);
     free(h);
     return st;
 }
@@ -104,9 +104,9 @@ static hearth_status write_quantized(const hearth_model *m, const tensor_info *t
         st = err_set(err, HEARTH_ERR_NOMEM, "out of memory quantizing '%s'", t->name);
     else {
         mlxq_quantize(w, rows, cols, bits, o->group_size, packed, sb, sb + ng);
-        if (!(st = write_all(f, packed, packed_bytes, fname, err)) &&
-            !(st = write_values(f, sb, ng, t->dtype, fname, err)))
-            st = write_values(f, sb + ng, ng, t->dtype, fname, err);
+        if (!(st = convert_write_all(f, packed, packed_bytes, fname, err)) &&
+            !(st = convert_write_values(f, sb, ng, t->dtype, fname, err)))
+            st = convert_write_values(f, sb + ng, ng, t->dtype, fname, err);
     }
     hearth_free(w);
     free(packed);
@@ -165,7 +165,7 @@ static hearth_status write_weights(const hearth_model *m, const hearth_convert_o
     for (size_t i = 0; !st && i < n_items; i++) {
         const tensor_info *t = items[i].src;
         st = items[i].bits ? write_quantized(m, t, items[i].bits, o, f, fname, err)
-                           : write_all(f, t->data, t->nbytes, fname, err);
+                           : convert_write_all(f, t->data, t->nbytes, fname, err);
         if (!st && o->progress) o->progress(o->user, i + 1, n_items, t->name);
     }
     if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: %s", fname, strerror(errno));
@@ -175,7 +175,7 @@ static hearth_status write_weights(const hearth_model *m, const hearth_convert_o
     return st;
 }
 
-static hearth_status write_json(const char *dir, const char *name, json_t *j, hearth_error *err) {
+hearth_status convert_write_json(const char *dir, const char *name, json_t *j, hearth_error *err) {
     char *path = path_join(dir, name);
     int bad = !path || json_dump_file(j, path, JSON_INDENT(4) | JSON_PRESERVE_ORDER);
     hearth_status st = bad ? err_set(err, HEARTH_ERR_IO, "%s/%s: cannot write", dir, name) : HEARTH_OK;
@@ -191,7 +191,7 @@ static hearth_status copy_file(const char *from, const char *to, hearth_error *e
     if (!f)
         st = err_set(err, HEARTH_ERR_IO, "%s: %s", to, strerror(errno));
     else {
-        st = write_all(f, fm.data, fm.size, to, err);
+        st = convert_write_all(f, fm.data, fm.size, to, err);
         if (fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: %s", to, strerror(errno));
     }
     file_map_close(&fm);
@@ -200,7 +200,7 @@ static hearth_status copy_file(const char *from, const char *to, hearth_error *e
 
 /* Everything beside the weights and config.json: tokenizer files, chat templates,
  * generation_config.json, the model card. */
-static hearth_status copy_side_files(const char *src, const char *dst, hearth_error *err) {
+hearth_status convert_copy_side_files(const char *src, const char *dst, hearth_error *err) {
     DIR *d = opendir(src);
     if (!d) return err_set(err, HEARTH_ERR_IO, "%s: %s", src, strerror(errno));
     hearth_status st = HEARTH_OK;
@@ -251,7 +251,7 @@ static int gguf_type_parse(const char *name, tensor_dtype *out) {
     return 0;
 }
 
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+int convert_remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb, (void)flag, (void)ftw;
     return remove(path);
 }
@@ -302,7 +302,7 @@ hearth_status hearth_convert(const char *model, const hearth_convert_options *o,
         json_object_set(config, "quantization", q);
         json_object_set_new(config, "quantization_config", q);
     }
-    if (config) st = write_json(o->out_dir, "config.json", config, err);
+    if (config) st = convert_write_json(o->out_dir, "config.json", config, err);
     json_decref(config);
     if (!st) {
         json_t *index = json_pack("{s:{s:I}, s:{}}", "metadata", "total_size", (json_int_t)total, "weight_map");
@@ -313,13 +313,13 @@ hearth_status hearth_convert(const char *model, const hearth_convert_options *o,
                 json_object_set_new(json_object_get(index, "weight_map"), out.tensors[i].name,
                                     json_string("model.safetensors"));
             st_close(&out);
-            st = write_json(o->out_dir, "model.safetensors.index.json", index, err);
+            st = convert_write_json(o->out_dir, "model.safetensors.index.json", index, err);
         }
         json_decref(index);
     }
-    if (!st) st = copy_side_files(m->entry.path, o->out_dir, err);
+    if (!st) st = convert_copy_side_files(m->entry.path, o->out_dir, err);
     /* a failed conversion leaves no half-written folder behind (it did not exist before) */
-    if (st && made) nftw(o->out_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+    if (st && made) nftw(o->out_dir, convert_remove_entry, 8, FTW_DEPTH | FTW_PHYS);
     free(weights);
     hearth_model_close(m);
     return st;

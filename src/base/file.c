@@ -77,3 +77,15 @@ char *path_join(const char *a, const char *b) {
     memcpy(p + k, b, lb + 1);
     return p;
 }
+
+int file_mkdirs(const char *path) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
+}

@@ -16,6 +16,8 @@ void file_map_close(file_map *m);
 hearth_status file_read_all(const char *path, char **out, size_t *len, hearth_error *err);
 int file_exists(const char *path);
 int file_is_dir(const char *path);
+/* mkdir -p: creates path and its missing parents (0755); 0, or -1 with errno set. */
+int file_mkdirs(const char *path);
 /* Joins two path parts with one '/', heap-allocated. */
 char *path_join(const char *a, const char *b);
 #endif

@@ -40,10 +40,13 @@ int cli_rm(int argc, char **argv);
 int cli_evals(int argc, char **argv);
 int cli_perplexity(int argc, char **argv);
 int cli_convert(int argc, char **argv);
+int cli_harness(int argc, char **argv);
+int cli_fuse(int argc, char **argv);
 /* The appliance's model for `hearth` without --model (choose.c); NULL: serve's default.
  * no_download: never start the background pull of a better model (--no-download). */
 const char *cli_choose_model(int argc, char **argv, int no_download);
 int cli_embed(int argc, char **argv);
+int cli_memory(int argc, char **argv);
 void cli_report_memory(const hearth_engine *e); /* {"peak_rss_bytes", ...} on stderr */
 
 /* Prints "hearth: <message>" to stderr and returns 1. */
@@ -66,6 +69,11 @@ int cli_parse_long(const char *s, long lo, long hi, long *out);
 int cli_parse_pool_flag(int argc, char **argv, int *i, hearth_engine_options *eo, const char *usage, int *rc);
 /* Opens a model, printing the error; returns 0 on success, 1 on failure. */
 int cli_open_model(const char *name, hearth_model **m);
+/* Mounts the adapter of a flag value, "id=path" or a bare path (id: the folder's name), and
+ * makes it the engine's default when asked; prints the error and returns 1 on failure. */
+int cli_mount_adapter(hearth_engine *e, const char *arg, int make_default);
+/* The id of such a flag value into id; returns its path part. */
+const char *cli_adapter_id(const char *arg, char *id, size_t cap);
 /* Opens url with xdg-open when a display is available; returns 1 if launched,
  * 0 otherwise (never an error: the caller has printed the URL). */
 int cli_open_browser(const char *url);

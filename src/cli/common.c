@@ -184,3 +184,25 @@ void cli_transfer_progress(void *user, const char *file, long long done, long lo
     }
     fflush(stderr);
 }
+
+const char *cli_adapter_id(const char *arg, char *id, size_t cap) {
+    const char *eq = strchr(arg, '='), *path = eq ? eq + 1 : arg;
+    if (eq) snprintf(id, cap, "%.*s", (int)(eq - arg), arg);
+    else { /* the folder's name ("adapters" for mlx_lm.lora's default output) */
+        size_t len = strlen(path);
+        while (len > 1 && path[len - 1] == '/') len--;
+        const char *base = path + len;
+        while (base > path && base[-1] != '/') base--;
+        snprintf(id, cap, "%.*s", (int)(path + len - base), base);
+    }
+    return path;
+}
+
+int cli_mount_adapter(hearth_engine *e, const char *arg, int make_default) {
+    hearth_error err = {0};
+    char id[256];
+    const char *path = cli_adapter_id(arg, id, sizeof id);
+    if (hearth_adapter_mount(e, id, path, &err) || (make_default && hearth_adapter_set_default(e, id, &err)))
+        return cli_fail(&err);
+    return 0;
+}

@@ -6,11 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 static const char *gen_usage =
     "hearth generate <model> \"prompt\" [--max-tokens N] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--repetition-penalty R] [--seed S] [--system TEXT] [--no-chat-template] [--stop STR]...\n"
-    "       [--threads N] [--ctx N] [--mmap] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler] [--verbose] [--report-memory]";
+    "       [--prompt-cache-file FILE] [--threads N] [--ctx N] [--mmap] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler] [--verbose] [--report-memory]\n"
+    "       [--adapter-path DIR]";
 
 static int on_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
     (void)user; (void)id; (void)lp;
@@ -41,8 +44,32 @@ static int build_prompt(hearth_model *m, const char *prompt, const char *system,
     return st ? cli_fail(&err) : 0;
 }
 
+/* hearth_generate, through a saved KV file when one is named: the longest prefix of the
+ * prompt it holds is loaded instead of prefilled, and afterwards the file holds this
+ * prompt and the generated text (so the next turn of a conversation resumes from it). */
+static hearth_status generate_cached(hearth_engine *e, const int32_t *ids, size_t n, const hearth_generate_params *gp,
+                                     const char *cache_file, hearth_generate_result *r, hearth_error *err) {
+    if (!cache_file) return hearth_generate(e, ids, n, gp, on_token, NULL, r, err);
+    int seq;
+    size_t loaded = 0;
+    hearth_status st = hearth_seq_open(e, &seq, err);
+    if (st) return st;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (access(cache_file, F_OK) == 0) st = hearth_seq_load(e, seq, cache_file, ids, n, &loaded, err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (!st) {
+        fprintf(stderr, "prompt cache: %zu of %zu prompt tokens loaded from %s in %.4f s\n", loaded, n, cache_file,
+                (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
+        st = hearth_generate_seq(e, seq, ids, n, gp, on_token, NULL, r, err);
+    }
+    if (!st) st = hearth_seq_save(e, seq, cache_file, err);
+    hearth_seq_close(e, seq);
+    return st;
+}
+
 int cli_generate(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *system = NULL;
+    const char *model = NULL, *prompt = NULL, *system = NULL, *cache_file = NULL, *adapter_path = NULL;
     const char *stops[16];
     int use_template = 1, verbose = 0;
     hearth_engine_options eo = {0};
@@ -66,6 +93,8 @@ int cli_generate(int argc, char **argv) {
         else if (!strcmp(a, "--top-k") && has) top_k = atoi(argv[++i]);
         else if (!strcmp(a, "--seed") && has) seed = atoll(argv[++i]);
         else if (!strcmp(a, "--system") && has) system = argv[++i];
+        else if (!strcmp(a, "--prompt-cache-file") && has) cache_file = argv[++i];
+        else if (!strcmp(a, "--adapter-path") && has) adapter_path = argv[++i];
         else if (!strcmp(a, "--stop") && has && gp.n_stop < 16) stops[gp.n_stop++] = argv[++i];
         else if (!strcmp(a, "--no-chat-template")) use_template = 0;
         else if (!strcmp(a, "--verbose")) verbose = 1;
@@ -94,8 +123,9 @@ int cli_generate(int argc, char **argv) {
     hearth_error err = {0};
     int rc = build_prompt(m, prompt, system, use_template, &ids, &n);
     if (!rc && hearth_engine_create(m, &eo, &e, &err)) rc = cli_fail(&err);
+    if (!rc && adapter_path) rc = cli_mount_adapter(e, adapter_path, 1);
     hearth_generate_result r;
-    if (!rc && hearth_generate(e, ids, n, &gp, on_token, NULL, &r, &err)) rc = cli_fail(&err);
+    if (!rc && generate_cached(e, ids, n, &gp, cache_file, &r, &err)) rc = cli_fail(&err);
     if (!rc) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
@@ -103,8 +133,12 @@ int cli_generate(int argc, char **argv) {
                              ? (double)(r.completion_tokens - 1) / r.generate_seconds : 0;
         fprintf(stderr, "\n==========\nprompt: %zu tokens, %.1f tokens/s | generation: %zu tokens, %.1f tokens/s\n"
                         "time to first token: %.3f s | finish: %s | peak memory: %.1f MiB\n",
-                r.prompt_tokens, r.prompt_seconds > 0 ? r.prompt_tokens / r.prompt_seconds : 0, r.completion_tokens,
+                r.prompt_tokens, r.prompt_seconds > 0 ? (r.prompt_tokens - r.cached_tokens) / r.prompt_seconds : 0,
+                r.completion_tokens,
                 gen_tps, r.first_token_seconds, hearth_finish_name(r.finish), ru.ru_maxrss / 1024.0);
+        if (cache_file) /* tokens/s above: of the tokens computed, not those loaded */
+            fprintf(stderr, "prompt cache: %zu tokens loaded, %zu computed in %.4f s\n", r.cached_tokens,
+                    r.prompt_tokens - r.cached_tokens, r.prompt_seconds);
         if (report_memory) cli_report_memory(e);
         if (verbose) fprintf(stderr, "engine memory: %.1f MiB\n", hearth_engine_bytes(e) / (1024.0 * 1024.0));
     }

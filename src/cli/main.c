@@ -23,7 +23,10 @@ static const cli_verb verbs[] = {
     {"upload", cli_upload, "push a folder (a converted model) to a Hugging Face hub repo"},
     {"rm", cli_rm, "remove a model from the HF cache and reclaim its disk space"},
     {"perplexity", cli_perplexity, "perplexity of a model on a dataset (mlx_lm.perplexity), KL against a reference"},
+    {"fuse", cli_fuse, "fold a LoRA adapter into its base model (mlx_lm.fuse)"},
     {"convert", cli_convert, "convert a float safetensors model to an MLX folder, optionally quantized"},
+    {"memory", cli_memory, "the personal memory: a git-tracked Markdown wiki, its search and MCP tools"},
+    {"harness", cli_harness, "point a coding agent (pi, claude, codex) at a hearth server, or take it back"},
     {"evals", cli_evals, "list recorded fit checks and benchmarks (the evals database)"},
 };
 

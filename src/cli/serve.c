@@ -2,6 +2,7 @@
  * ones hearth cannot honour yet are accepted with a warning), hearth's own
  * limits and API key, then the model, the engine, and the HTTP server until
  * SIGINT/SIGTERM. All request handling lives in src/server/. */
+#define _GNU_SOURCE
 #include "cli/cli.h"
 #include "server/server.h"
 #include <errno.h>
@@ -26,7 +27,8 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "[--max-body 16M]\n"
                                  "             [--max-header 64K] [--timeout 300] [--max-connections 256] "
                                  "[--threads N] [--ctx N] [--mmap]\n"
-                                 "             [--responses-ttl 3600] [--responses-max-bytes 64M]\n"
+                                 "             [--responses-ttl 3600] [--responses-max-bytes 64M] [--prompt-cache-dir DIR] "
+                                 "[--prompt-cache-bytes 4G]\n"
                                  "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] "
                                  "[--kv-blocks N] [--kv-budget 1.5GB|N]\n"
                                  "             [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler] "
@@ -37,10 +39,12 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "free memory)\n"
                                  "             [--open|--no-open (the chat page in a browser)] [--embedding-model M]\n"
                                  "             [--draft-model M] [--num-draft-tokens 3]\n"
-                                 "  accepted but not supported yet (a warning says so): --adapter-path\n"
+                                 "             [--memory-log [--memory-vault PATH] (log chats into the memory vault)]\n"
+                                 "             [--adapter-path DIR] [--adapter id=DIR]... (LoRA adapters)\n"
+                                 "  accepted but not supported yet (a warning says so):\n"
                                  "  --trust-remote-code --use-default-chat-template --decode-concurrency "
                                  "--prompt-concurrency\n"
-                                 "  --prompt-cache-size --prompt-cache-bytes --pipeline\n"
+                                 "  --prompt-cache-size --pipeline\n"
                                  "  See docs/server.md.";
 
 static volatile sig_atomic_t stop_requested;
@@ -111,11 +115,9 @@ static int parse_log_level(const char *s, srv_log_level *out) {
 static const struct {
     const char *flag, *why;
 } unsupported_valued[] = {
-    {"--adapter-path", NOT_YET},
     {"--decode-concurrency", NOT_YET},
     {"--prompt-concurrency", NOT_YET},
     {"--prompt-cache-size", NOT_YET},
-    {"--prompt-cache-bytes", NOT_YET},
     {"--kv-group-size", "has no use: the int8 KV cache keeps one scale per position and KV head"},
     {"--quantized-kv-start", "has no use: a quantized KV cache (--kv-bits, --kv-quant) quantizes every position"},
 };
@@ -129,7 +131,26 @@ typedef struct serve_opts {
     int open_browser;            /* --open (what `hearth` with no arguments passes); --no-open wins */
     const char *embedding_model; /* --embedding-model: served at /v1/embeddings beside the chat model */
     const char *draft_model;     /* --draft-model: speculative decoding's draft */
+    int memory_log;              /* --memory-log: chats are logged into the memory vault */
+    const char *memory_vault;    /* --memory-vault: that vault (default: hearth memory's) */
+    int prompt_cache_bytes_set;
+    char *adapters[64];          /* --adapter / --adapter-path as "id=path" */
+    char adapter_default[256];   /* --adapter-path's id, or a bare --adapter DIR's */
 } serve_opts;
+
+/* --adapter-path DIR (the default adapter, mlx_lm.server's flag), --adapter DIR (the same),
+ * --adapter id=DIR (mounted, requests name it): kept as "id=path". */
+static int add_adapter(serve_opts *o, const char *v, int make_default) {
+    size_t n = o->cfg.n_adapters;
+    char id[256];
+    const char *path = cli_adapter_id(v, id, sizeof id);
+    if (n == sizeof o->adapters / sizeof *o->adapters)
+        return cli_usage_error(serve_usage, "too many adapters (at most 64 at start): '%s'", v);
+    if (asprintf(&o->adapters[n], "%s=%s", id, path) < 0) return 1;
+    if (make_default || !strchr(v, '=')) snprintf(o->adapter_default, sizeof o->adapter_default, "%s", id);
+    o->cfg.n_adapters = n + 1;
+    return 0;
+}
 
 /* Splits --name=value so both argparse spellings work; returns the value or
  * NULL. */
@@ -176,6 +197,13 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             if (cli_parse_long(v, 0, INT_MAX, &n)) BADV("--num-draft-tokens");
             c->defaults.num_draft_tokens = (int)n;
         }
+        else if (!strcmp(a, "--memory-log"))
+            o->memory_log = 1;
+        else if (VAL("--memory-vault"))
+            o->memory_vault = v;
+        else if (VAL("--adapter-path") || VAL("--adapter")) {
+            if (add_adapter(o, v, !strncmp(a, "--adapter-path", 14))) return 1;
+        }
         else if (VAL("--host"))
             c->host = v;
         else if (VAL("--port")) {
@@ -221,6 +249,11 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             c->responses_ttl_s = (unsigned)n;
         } else if (VAL("--responses-max-bytes")) {
             if (parse_size(v, &c->responses_max_bytes)) BADV("--responses-max-bytes");
+        } else if (VAL("--prompt-cache-dir")) {
+            c->prompt_cache_dir = v;
+        } else if (VAL("--prompt-cache-bytes")) {
+            if (parse_size(v, &c->prompt_cache_bytes) || !c->prompt_cache_bytes) BADV("--prompt-cache-bytes");
+            o->prompt_cache_bytes_set = 1;
         } else if (VAL("--kv-bits")) { /* mlx-lm's quantized KV: int8 is the nearest hearth has */
             if (cli_parse_long(v, 2, 8, &n) || n == 7) BADV("--kv-bits");
             o->eo.kv_quant = HEARTH_KV_INT8;
@@ -261,11 +294,18 @@ int cli_serve(int argc, char **argv) {
                             .log_level = SRV_LOG_INFO,
                             .responses_ttl_s = 3600,          /* an hour: long enough for an agent's session */
                             .responses_max_bytes = 64u << 20, /* bounds the store on a small machine */
+                            /* a few hundred long conversations of a small model's float KV */
+                            .prompt_cache_bytes = 4ull << 30,
                             .defaults = {.max_tokens = 512, .top_p = 1.0f, .num_draft_tokens = 3}}};
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
     if (!o.eo.max_sequences) o.eo.max_sequences = HEARTH_SERVE_MAX_SEQUENCES;
     srv_config *c = &o.cfg;
+    if (o.prompt_cache_bytes_set && !c->prompt_cache_dir)
+        fprintf(stderr, "hearth serve: warning: --prompt-cache-bytes bounds the --prompt-cache-dir folder and is "
+                        "ignored without it (the in-memory prefix cache is the KV pool: --kv-blocks, --kv-budget)\n");
+    c->adapters = (const char *const *)o.adapters;
+    if (o.adapter_default[0]) c->default_adapter = o.adapter_default;
     if (!c->origins && parse_origins("*", c)) return 1;
     json_t *targs = NULL;
     if (o.template_args) {
@@ -285,6 +325,10 @@ int cli_serve(int argc, char **argv) {
     hearth_model *draft_model = NULL;
     if (o.draft_model && cli_open_model(o.draft_model, &draft_model)) return 1;
     o.eo.draft_model = draft_model;
+    if (o.memory_log) { /* BM25 only: serve keeps its cores for the model */
+        hearth_memory_options mo = {.path = o.memory_vault};
+        if (hearth_memory_open(&mo, &c->memory_log, &err)) return cli_fail(&err);
+    }
     signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not end the server */
     srv_server *s;
     if (srv_open(c, model, embedding_model, &o.eo, &s, &err)) {
@@ -306,8 +350,10 @@ int cli_serve(int argc, char **argv) {
     while (!stop_requested) pause();
     srv_log(s, SRV_LOG_INFO, "shutting down");
     srv_close(s);
+    hearth_memory_close(c->memory_log);
     json_decref(targs);
     for (size_t i = 0; i < c->n_origins; i++) free(c->origins[i]);
     free(c->origins);
+    for (size_t i = 0; i < c->n_adapters; i++) free(o.adapters[i]);
     return 0;
 }

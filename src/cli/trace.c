@@ -8,7 +8,7 @@
 
 static const char *trace_usage =
     "hearth trace <model> --ids '[1,2,3]' [--last 4] [--top 20] [--steps 32] [--step-top 5] [--threads N]\n"
-    "       [--device cpu|cuda|auto] [--cuda-exact]";
+    "       [--device cpu|cuda|auto] [--cuda-exact] [--adapter-path DIR]";
 
 
 static json_t *top_json(const float *x, int vocab, int k) {
@@ -26,7 +26,7 @@ static json_t *top_json(const float *x, int vocab, int k) {
 }
 
 int cli_trace(int argc, char **argv) {
-    const char *model = NULL, *ids_json = NULL;
+    const char *model = NULL, *ids_json = NULL, *adapter_path = NULL;
     int last = 4, top = 20, steps = 32, step_top = 5;
     hearth_engine_options eo = {0};
     for (int i = 1; i < argc; i++) {
@@ -35,6 +35,7 @@ int cli_trace(int argc, char **argv) {
         if (cli_is_help(a)) { printf("usage: %s\n", trace_usage); return 0; }
         if (cli_parse_engine_flag(argc, argv, &i, &eo)) continue;
         if (!strcmp(a, "--ids") && has) ids_json = argv[++i];
+        else if (!strcmp(a, "--adapter-path") && has) adapter_path = argv[++i];
         else if (!strcmp(a, "--last") && has) last = atoi(argv[++i]);
         else if (!strcmp(a, "--top") && has) top = atoi(argv[++i]);
         else if (!strcmp(a, "--steps") && has) steps = atoi(argv[++i]);
@@ -60,7 +61,9 @@ int cli_trace(int argc, char **argv) {
     hearth_error err = {0};
     int rc = 0, seq = -1;
     float *logits = NULL;
-    if (hearth_engine_create(m, &eo, &e, &err) || hearth_seq_open(e, &seq, &err)) rc = cli_fail(&err);
+    if (hearth_engine_create(m, &eo, &e, &err)) rc = cli_fail(&err);
+    if (!rc && adapter_path) rc = cli_mount_adapter(e, adapter_path, 1);
+    if (!rc && (hearth_seq_open(e, &seq, &err) || hearth_seq_set_adapter(e, seq, NULL, &err))) rc = cli_fail(&err);
     int vocab = rc ? 0 : hearth_model_vocab_rows(e);
     if (!rc) logits = malloc((size_t)last * vocab * sizeof *logits);
     json_t *out = json_object(), *pl = json_array(), *st = json_array();

@@ -11,6 +11,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/spec.h"
+#include "kv/kv_state.h"
 #include "model/model.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_ops.h"
@@ -27,6 +28,7 @@
 #include "engine/engine_plan.h"
 #include "kv/kv_prefix.h"
 #include "engine/engine_device.h"
+#include "engine/adapter.h"
 
 struct hearth_engine {
     hearth_model *hm;
@@ -52,6 +54,9 @@ struct hearth_engine {
     sampler *slot_smp;                                    /* [max_seqs], for the scheduler */
     int32_t *history;                                     /* [max_seqs, context] */
     uint8_t *seq_open;
+    adapter_registry adapters;             /* mounted LoRA adapters (adapter.h) */
+    adapter_set **slot_adapters;           /* [max_seqs]: the set each open slot computes with */
+    const op_adapter_set **step_adapters;  /* [step_tokens]: a step's rows' sets */
     sampler smp;
     int32_t eos[ENGINE_MAX_EOS];
     int n_eos;
@@ -139,11 +144,11 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
     if (o.kv_blocks == 0 && o.kv_budget_bytes > 0) {
         /* a byte budget: the pool's cost per block (storage and metadata) from its own size
          * function; on the GPU the device bytes of a block (cuda_kv_bytes) when larger */
-        double per_block = (double)(kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context,
+        double per_block = (double)(kv_bytes_quant(c->n_kv_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context,
                                                    2, o.kv_quant) -
-                                    kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context,
+                                    kv_bytes_quant(c->n_kv_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context,
                                                    1, o.kv_quant));
-        double dev_block = (double)engine_device_kv_bytes(c->n_layers, c->n_kv_heads, c->head_dim, 1, o.kv_quant,
+        double dev_block = (double)engine_device_kv_bytes(c->n_kv_layers, c->n_kv_heads, c->head_dim, 1, o.kv_quant,
                                                           o.device);
         if (dev_block > per_block) per_block = dev_block;
         double blocks = o.kv_budget_bytes / per_block;
@@ -153,7 +158,7 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
         p->n_blocks = (int)blocks;
     }
     /* the shape cpu_backend_bytes reads (ops_attention_scratch): no memory behind it */
-    kv_cache shape = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+    kv_cache shape = {.n_layers = c->n_kv_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                       .n_blocks = p->n_blocks, .max_slots = p->max_seqs,
                       .max_blocks_per_slot = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
     size_t T = (size_t)p->step_tokens;
@@ -167,16 +172,20 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                        "--kv-quant %s is stored only by the CUDA backend (--device cuda); the CPU engine takes "
                        "--kv-quant none or int8",
                        hearth_kv_quant_name(o.kv_quant));
-    p->kv = kv_bytes_quant(c->n_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context, p->n_blocks, o.kv_quant);
+    p->kv = kv_bytes_quant(c->n_kv_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context, p->n_blocks, o.kv_quant);
+    /* hybrid models: the recurrent-state pool beside it (kv_state.h), float32 whatever the KV type */
+    p->kv += kv_state_bytes(p->max_seqs, c->n_state_layers, op_gdn_state_floats(&model_ops(m)->dims),
+                            kv_state_default_snaps(p->max_seqs));
     /* on the GPU keys and values live in the device pool: the host keeps the tables only */
-    if (o.device == HEARTH_DEVICE_CUDA) p->kv -= kv_storage_bytes(c->n_layers, c->n_kv_heads, c->head_dim, p->n_blocks, o.kv_quant);
+    if (o.device == HEARTH_DEVICE_CUDA) p->kv -= kv_storage_bytes(c->n_kv_layers, c->n_kv_heads, c->head_dim, p->n_blocks, o.kv_quant);
     /* the CPU backend's scratch; on the GPU the device holds it (engine_device_plan_bytes) */
     p->scratch = o.device == HEARTH_DEVICE_CUDA ? 0
                                                 : cpu_backend_bytes(model_ops(m), &shape, p->step_tokens, p->max_out,
                                                                     p->n_threads);
     p->buffers = sizeof(hearth_engine) + 3 * T * sizeof(int32_t) + (size_t)p->append_rows * sizeof(int32_t) +
                  (size_t)p->max_out * c->vocab * sizeof(float) + (size_t)p->max_seqs * sizeof(sampler) +
-                 (size_t)p->max_seqs * p->context * sizeof(int32_t) + (size_t)p->max_seqs;
+                 (size_t)p->max_seqs * p->context * sizeof(int32_t) + (size_t)p->max_seqs +
+                 ((size_t)p->max_seqs + T) * sizeof(void *); /* each slot's and each step row's adapter set */
     p->sampler = sampler_bytes(c->vocab) * (size_t)(1 + p->max_seqs); /* the engine's + one per slot */
     return HEARTH_OK;
 }
@@ -298,6 +307,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     hearth_engine *e = calloc(1, sizeof *e);
     if (!e) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     e->hm = hm;
+    adapter_registry_init(&e->adapters);
     /* the default KV pool's rooms, read before the weights take their share (as fit reads them) */
     size_t host_room = 0, dev_room = 0;
     engine_gpu_info gi;
@@ -329,8 +339,11 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     /* host K/V storage only where the CPU runs the forward pass (after the device is open:
      * --device auto falls back to the CPU when the GPU path fails) */
     if (!st)
-        st = kv_create_meta(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
+        st = kv_create_meta(&e->kv, c->n_kv_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
                             o.kv_quant, po.device != HEARTH_DEVICE_CUDA, err);
+    if (!st && c->n_state_layers > 0)
+        st = kv_state_attach(&e->kv, c->n_state_layers, op_gdn_state_floats(&model_ops(e->m)->dims),
+                             kv_state_default_snaps(e->max_seqs), err);
     if (!st) st = engine_device_open(model_ops(e->m), &e->kv, o.device, o.cuda_exact, e->step_tokens, e->max_out, e->tp, &e->be, err);
     e->gpu = e->be != NULL;
     if (!st && !e->gpu && po.device == HEARTH_DEVICE_CUDA) st = kv_storage_attach(&e->kv, err);
@@ -364,8 +377,10 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
         e->logits = malloc(logits);
         e->history = malloc(history);
         e->seq_open = calloc((size_t)e->max_seqs, 1);
+        e->slot_adapters = calloc((size_t)e->max_seqs, sizeof *e->slot_adapters);
+        e->step_adapters = calloc(T, sizeof *e->step_adapters);
         if (!e->step_tok || !e->step_pos || !e->step_slot || !e->out_rows || !e->logits || !e->history ||
-            !e->seq_open)
+            !e->seq_open || !e->slot_adapters || !e->step_adapters)
             st = err_set(err, HEARTH_ERR_NOMEM, "engine: out of memory");
         else { /* touch now: resident from the start, so the footprint fit predicts is the real one */
             memset(e->logits, 0, logits);
@@ -377,7 +392,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     if (st) { hearth_engine_free(e); return st; }
     e->bytes = engine_plan_bytes(&p);
     if (po.device == HEARTH_DEVICE_CUDA && !e->gpu) { /* auto fell back to the CPU: host storage and scratch after all */
-        e->bytes += kv_storage_bytes(c->n_layers, c->n_kv_heads, c->head_dim, p.n_blocks, o.kv_quant);
+        e->bytes += kv_storage_bytes(c->n_kv_layers, c->n_kv_heads, c->head_dim, p.n_blocks, o.kv_quant);
         e->bytes += cpu_backend_bytes(model_ops(e->m), &e->kv, e->step_tokens, e->max_out, e->n_threads);
     }
     collect_eos(e);
@@ -409,6 +424,10 @@ void hearth_engine_free(hearth_engine *e) {
     free(e->logits);
     free(e->history);
     free(e->seq_open);
+    for (int i = 0; e->slot_adapters && i < e->max_seqs; i++) adapter_set_release(&e->adapters, e->slot_adapters[i]);
+    free(e->slot_adapters);
+    free(e->step_adapters);
+    adapter_registry_free(&e->adapters);
     free(e);
 }
 
@@ -440,11 +459,36 @@ void hearth_seq_close(hearth_engine *e, int seq) {
     if (seq < 0 || seq >= e->max_seqs || !e->seq_open[seq]) return;
     kv_release(&e->kv, seq);
     e->seq_open[seq] = 0;
+    adapter_set_release(&e->adapters, e->slot_adapters[seq]);
+    e->slot_adapters[seq] = NULL;
 }
+
+hearth_status engine_seq_use_adapters(hearth_engine *e, int seq, adapter_set *set) {
+    if (seq < 0 || seq >= e->max_seqs || !e->seq_open[seq] || e->kv.n_tokens[seq] != 0)
+        return HEARTH_ERR_INVALID; /* adapters apply to a sequence's whole KV: set before its first token */
+    adapter_set_retain(&e->adapters, set);
+    adapter_set_release(&e->adapters, e->slot_adapters[seq]);
+    e->slot_adapters[seq] = set;
+    kv_prefix_slot_namespace(&e->kv, seq, set ? set->ns : 0);
+    return HEARTH_OK;
+}
+
+adapter_registry *engine_adapters(hearth_engine *e) { return &e->adapters; }
+const model *engine_weights(const hearth_engine *e) { return e->m; }
 
 /* One step on whichever backend holds the model: on the GPU, rows sampled there (dev_rows)
  * or greedy ids chosen there (greedy_id) when the step asks, else logits to the host. */
-static hearth_status engine_model_forward(hearth_engine *e, const op_batch *b, hearth_error *err) {
+static hearth_status engine_model_forward(hearth_engine *e, const op_batch *batch, hearth_error *err) {
+    op_batch with = *batch, *b = &with; /* each row's adapters: its slot's */
+    int adapted = 0;
+    for (int t = 0; t < b->T; t++) {
+        adapter_set *s = e->slot_adapters[b->slot[t]];
+        e->step_adapters[t] = s ? &s->ops : NULL;
+        adapted |= s != NULL;
+    }
+    if (adapted && e->gpu)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "LoRA adapters run on the CPU backend only (--device cpu)");
+    with.row_adapters = adapted ? e->step_adapters : NULL;
     if (e->gpu && e->dev_rows && b->n_out >= 1) { /* each row's history: its slot's tokens up to its position */
         for (int i = 0; i < b->n_out; i++) {
             int t = b->out_rows[i];
@@ -662,6 +706,7 @@ void engine_history_set(hearth_engine *e, int seq, int pos, int32_t token) {
     if (seq >= 0 && seq < e->max_seqs && pos >= 0 && pos < e->context) e->history[(size_t)seq * e->context + pos] = token;
 }
 int engine_seq_length(const hearth_engine *e, int seq) { return e->kv.n_tokens[seq]; }
+int engine_seq_is_open(const hearth_engine *e, int seq) { return seq >= 0 && seq < e->max_seqs && e->seq_open[seq]; }
 int engine_step_tokens(const hearth_engine *e) { return e->step_tokens; }
 float *engine_logits_buffer(hearth_engine *e) { return e->logits + (size_t)(ENGINE_MAX_LOGITS_ROWS - 1) * e->m->cfg.vocab; }
 const hearth_model *engine_model(const hearth_engine *e) { return e->hm; }
@@ -685,6 +730,12 @@ double engine_decode_bytes(const model *m, int context, int kv_quant) {
         const layer_weights *l = &m->layers[i];
         const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) b += weight_read_bytes(ws[j]);
+        if (l->linear) { /* a Gated DeltaNet layer: its projections and its state, read and written */
+            const op_weight *g[] = {&l->gdn_qkv, &l->gdn_z, &l->gdn_b, &l->gdn_a, &l->gdn_out};
+            for (size_t j = 0; j < sizeof g / sizeof g[0]; j++) b += weight_read_bytes(g[j]);
+            b += 2.0 * (double)op_gdn_state_floats(&model_ops(m)->dims) * sizeof(float);
+            continue;
+        }
         int span = l->sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
         double row = (double)kv_row_bytes(kv_quant, c->head_dim);
         b += 2.0 * span * c->n_kv_heads * row;

@@ -122,7 +122,7 @@ void engine_device_close(op_backend *gpu) {
 
 size_t engine_device_plan_bytes(const op_model *om, const engine_plan *p, int kv_quant, int cuda_exact) {
     const op_dims *c = &om->dims;
-    kv_cache shape = {.n_layers = c->n_layers,
+    kv_cache shape = {.n_layers = c->n_layers - c->n_state_layers, /* attention layers only */
                       .n_kv_heads = c->n_kv_heads,
                       .head_dim = c->head_dim,
                       .n_blocks = p->n_blocks,

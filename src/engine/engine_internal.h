@@ -19,6 +19,21 @@ const int32_t *engine_history(const hearth_engine *e, int seq);
 /* Sets the first n tokens of seq's history (a prompt prefix whose KV came from the prefix cache). */
 void engine_history_write(hearth_engine *e, int seq, const int32_t *tokens, int n);
 int engine_seq_length(const hearth_engine *e, int seq);
+int engine_seq_is_open(const hearth_engine *e, int seq);
+/* seq_file.c: a 64-bit name of the model's weights and config that saved KV files carry. */
+uint64_t engine_model_identity(const hearth_engine *e);
+/* hearth_seq_save of seq's first n positions (the scheduler's count of computed ones). */
+hearth_status engine_seq_save_n(hearth_engine *e, int seq, int n, const char *path, hearth_error *err);
+/* prompt_cache.c: the batch's prefix cache on disk (hearth_batch_prompt_cache): open
+ * loads the folder's files into the pool's cache; note remembers a finished request's
+ * history (seq's first n tokens; no disk work); flush saves what the pool still holds of
+ * the noted histories (errors go to stderr: the server stops anyway). */
+typedef struct prompt_cache prompt_cache;
+hearth_status prompt_cache_open(hearth_engine *e, const char *dir, long long max_bytes, prompt_cache **out,
+                                hearth_prompt_cache_report *rep, hearth_error *err);
+void prompt_cache_note(prompt_cache *pc, hearth_engine *e, int seq, int n);
+void prompt_cache_flush(prompt_cache *pc, hearth_engine *e);
+void prompt_cache_free(prompt_cache *pc);
 float *engine_logits_buffer(hearth_engine *e);
 /* Tokens per forward step: the prefill chunk size. */
 int engine_step_tokens(const hearth_engine *e);
@@ -89,6 +104,16 @@ int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p);
 
 double gen_now_seconds(void);
 
+struct adapter_set;
+struct adapter_registry;
+struct model;
+/* Seq (open, nothing appended yet) computes with the adapters of set (NULL: the base
+ * alone), holding its own reference until the slot closes; its prefix cache namespace
+ * follows. HEARTH_ERR_INVALID for a closed or non-empty sequence. */
+hearth_status engine_seq_use_adapters(hearth_engine *e, int seq, struct adapter_set *set);
+struct adapter_registry *engine_adapters(hearth_engine *e);
+const struct model *engine_weights(const hearth_engine *e);
+
 /* Pending output text, held back while its end could still begin a stop string. */
 typedef struct stop_filter {
     sbuf pending;
@@ -111,6 +136,7 @@ typedef struct gen_stream {
     hearth_logprobs lp;
     int trim;
     size_t n_prompt;
+    struct adapter_set *adapters; /* the request's adapters (NULL: the base), released by gen_stream_free */
 } gen_stream;
 
 /* Validates the request (prompt, max_tokens, context) and zeroes *res. */

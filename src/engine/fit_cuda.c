@@ -183,7 +183,7 @@ static hearth_status sizes_make(const model *m, const hearth_engine_options *eo,
     hearth_status st = engine_plan_rooms(m, &on_gpu, host_room, dev_room, &z->host, err);
     if (st) return st;
     const model_config *c = &m->cfg;
-    kv_cache shape = {.n_layers = c->n_layers,
+    kv_cache shape = {.n_layers = c->n_kv_layers,
                       .n_kv_heads = c->n_kv_heads,
                       .head_dim = c->head_dim,
                       .n_blocks = z->host.n_blocks,

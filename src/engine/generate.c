@@ -7,6 +7,7 @@
 #include "base/err.h"
 #include "base/sbuf.h"
 #include "engine/engine_internal.h"
+#include "engine/adapter.h"
 #include "engine/engine_device.h"
 #include <stdlib.h>
 #include <string.h>
@@ -176,10 +177,13 @@ hearth_status gen_stream_init(gen_stream *g, hearth_engine *e, size_t n_prompt, 
     g->lp.n = p->sampling.top_logprobs;
     g->trim = p->trim_leading_space;
     res->prompt_tokens = n_prompt;
-    return HEARTH_OK;
+    hearth_status st = adapter_registry_resolve(engine_adapters(e), p->adapter, &g->adapters, err);
+    if (st) gen_stream_free(g);
+    return st;
 }
 
 void gen_stream_free(gen_stream *g) {
+    if (g->e) adapter_set_release(engine_adapters(g->e), g->adapters);
     hearth_detok_stream_free(g->ds);
     sbuf_free(&g->f.pending);
     free(g->f.prefix);
@@ -278,14 +282,22 @@ int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, doubl
     return id;
 }
 
-hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_prompt,
-                              const hearth_generate_params *p, hearth_token_fn on_token, void *user,
-                              hearth_generate_result *res, hearth_error *err) {
+hearth_status hearth_generate_seq(hearth_engine *e, int seq, const int32_t *prompt, size_t n_prompt,
+                                  const hearth_generate_params *p, hearth_token_fn on_token, void *user,
+                                  hearth_generate_result *res, hearth_error *err) {
+    hearth_generate_result local;
+    if (!res) res = &local;
+    if (!engine_seq_is_open(e, seq)) return err_set(err, HEARTH_ERR_INVALID, "sequence %d is not open", seq);
+    size_t have = (size_t)engine_seq_length(e, seq);
+    if (have >= n_prompt || (have && memcmp(engine_history(e, seq), prompt, have * sizeof *prompt)))
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "sequence %d holds %zu tokens that are not a proper prefix of the %zu-token prompt", seq, have,
+                       n_prompt);
     gen_stream g;
     hearth_status st = gen_stream_init(&g, e, n_prompt, p, on_token, user, res, err);
     if (st) return st;
-    int seq;
-    if ((st = hearth_seq_open(e, &seq, err))) { gen_stream_free(&g); return st; }
+    res->cached_tokens = have;
+    engine_seq_use_adapters(e, seq, g.adapters);
     if (p->sampling.has_seed) sampler_seed(engine_sampler(e), p->sampling.seed);
     float *logits = engine_logits_buffer(e);
     /* plain greedy on the GPU: after the first token only the chosen id leaves the device;
@@ -295,8 +307,8 @@ hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_
     engine_sample_row row = {.p = &p->sampling, .seed = gen_device_seed(&p->sampling), .lp = gen_stream_lp(&g)};
     int32_t next = -1;
     double t0 = gen_now_seconds();
-    st = dev_sample && !p->on_progress ? engine_seq_append_sample(e, seq, prompt, n_prompt, &row, &next, err)
-                                       : prefill(e, seq, prompt, n_prompt, logits, p, user, res, err);
+    st = dev_sample && !p->on_progress ? engine_seq_append_sample(e, seq, prompt + have, n_prompt - have, &row, &next, err)
+                                       : prefill(e, seq, prompt + have, n_prompt - have, logits, p, user, res, err);
     res->prompt_seconds = gen_now_seconds() - t0;
     double t1 = gen_now_seconds();
     while (!st && !res->finish) {
@@ -309,7 +321,17 @@ hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_
                           : hearth_seq_append(e, seq, &id, 1, 1, logits, err);
     }
     res->generate_seconds = gen_now_seconds() - t1;
-    hearth_seq_close(e, seq);
     gen_stream_free(&g);
+    return st;
+}
+
+hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_prompt,
+                              const hearth_generate_params *p, hearth_token_fn on_token, void *user,
+                              hearth_generate_result *res, hearth_error *err) {
+    int seq;
+    hearth_status st = hearth_seq_open(e, &seq, err);
+    if (st) return st;
+    st = hearth_generate_seq(e, seq, prompt, n_prompt, p, on_token, user, res, err);
+    hearth_seq_close(e, seq);
     return st;
 }

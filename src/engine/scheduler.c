@@ -21,6 +21,8 @@
 #include "engine/engine_internal.h"
 #include "engine/spec.h"
 #include "kv/kv_prefix.h"
+#include "kv/kv_state.h"
+#include "engine/adapter.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,6 +68,7 @@ struct hearth_batch {
     struct sched_req **row_req;           /* [max_run]: the request of each row */
     int32_t *greedy_ids;                  /* [max out rows]: rows' ids chosen on the GPU (greedy or sampled there) */
     engine_sample_row *dev_rows;          /* [max out rows]: rows for the device sampler */
+    prompt_cache *disk; /* hearth_batch_prompt_cache: finished requests saved there; NULL: none */
     /* monitoring (hearth_batch_stats_get) */
     unsigned long long prompt_tokens, cached_tokens, requests_done, steps, preemptions;
     unsigned long long spec_proposed[3], spec_accepted[3]; /* by hearth_speculate */
@@ -150,6 +153,14 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
     return HEARTH_OK;
 }
 
+hearth_status hearth_batch_prompt_cache(hearth_batch *b, const char *dir, long long max_bytes,
+                                        hearth_prompt_cache_report *report, hearth_error *err) {
+    hearth_prompt_cache_report local;
+    if (b->disk || b->n_run || b->wait_head)
+        return err_set(err, HEARTH_ERR_INVALID, "the prompt cache folder is set once, before any request");
+    return prompt_cache_open(b->e, dir, max_bytes, &b->disk, report ? report : &local, err);
+}
+
 /* Ends a request: its slot and KV blocks go back at once, then the caller hears of it
  * (after which it may free what the request pointed to). */
 /* Closes q's slot, keeping the KV it computed findable: its full blocks are named
@@ -170,6 +181,7 @@ static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hear
                                       engine_history(b->e, q->seq) + q->r.n_prompt, end - (int)q->r.n_prompt);
     }
     if (q->seq >= 0) {
+        if (b->disk && st == HEARTH_OK) prompt_cache_note(b->disk, b->e, q->seq, q->len);
         close_slot(b, q);
         if (q->t1 > 0) q->r.result->generate_seconds = gen_now_seconds() - q->t1;
     }
@@ -199,6 +211,8 @@ void hearth_batch_free(hearth_batch *b) {
         q->r.result->finish = HEARTH_FINISH_CANCELLED;
         req_done(b, q, HEARTH_OK, NULL);
     }
+    if (b->disk) prompt_cache_flush(b->disk, b->e); /* every slot is free now */
+    prompt_cache_free(b->disk);
     free(b->run);
     free(b->tok);
     free(b->pos);
@@ -274,6 +288,12 @@ static void drop_cancelled(hearth_batch *b) {
     }
 }
 
+/* Whether two requests compute with the same adapters (their KV can be shared). */
+static int sched_same_adapters(const sched_req *a, const sched_req *b) {
+    uint64_t na = a->g.adapters ? a->g.adapters->ns : 0, nb = b->g.adapters ? b->g.adapters->ns : 0;
+    return na == nb;
+}
+
 static const int32_t *fill_tokens(const sched_req *q) { return q->resume ? q->resume : q->r.prompt; }
 
 /* Whether waiting request q should wait for a running request that is computing at
@@ -283,10 +303,64 @@ static const int32_t *fill_tokens(const sched_req *q) { return q->resume ? q->re
  * (admission order is packing order), so this cannot deadlock: once the leader has
  * committed the shared blocks, or is cancelled, preempted or fails, q goes ahead
  * (attaching whatever the leader committed, computing the rest). */
+/* The longest L <= limit (a multiple of KV_BLOCK_SIZE) whose state snapshot after
+ * tokens[0..L) is kept (kv_state.h), or 0; *snap its record. */
+static int snapshot_before(kv_cache *kv, const int32_t *tokens, int limit, int *snap) {
+    uint64_t h = 0, hs[1024]; /* chain hashes, a window at a time */
+    int best = 0, n = limit / KV_BLOCK_SIZE, cap = (int)(sizeof hs / sizeof hs[0]);
+    *snap = -1;
+    for (int k0 = 0; k0 < n; k0 += cap) {
+        int m = n - k0 < cap ? n - k0 : cap;
+        for (int k = 0; k < m; k++) hs[k] = h = kv_block_hash(h, tokens + (size_t)(k0 + k) * KV_BLOCK_SIZE);
+        for (int k = m - 1; k >= 0; k--) {
+            int s = kv_state_snap_find(kv, (k0 + k + 1) * KV_BLOCK_SIZE, hs[k]);
+            if (s >= 0 && (k0 + k + 1) * KV_BLOCK_SIZE > best) {
+                best = (k0 + k + 1) * KV_BLOCK_SIZE, *snap = s;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+/* The cached prefix a new request starts from: every cached full block of it. On a hybrid
+ * model (a recurrent-state pool) only as far as a state snapshot reaches: the blocks up to
+ * the longest prefix whose state is kept, that state loaded into the slot. */
+static int hybrid_attach(hearth_batch *b, sched_req *q) {
+    kv_cache *kv = engine_kv(b->e);
+    const int32_t *tokens = fill_tokens(q);
+    if (!kv->state) return kv_prefix_attach(kv, q->seq, tokens, (int)q->n_fill);
+    int snap, limit = (int)q->n_fill - 1; /* never the last token */
+    while (limit >= KV_BLOCK_SIZE) {
+        int want = snapshot_before(kv, tokens, limit, &snap);
+        if (want == 0) return 0;
+        int got = kv_prefix_attach(kv, q->seq, tokens, want + 1);
+        if (got == want) {
+            kv_state_snap_load(kv, snap, q->seq);
+            return got;
+        }
+        kv_release(kv, q->seq); /* fewer blocks cached than the snapshot covers: try below them */
+        limit = got;
+    }
+    return 0;
+}
+
+/* A hybrid sequence whose first len tokens end a block keeps its state there (kv_state.h):
+ * the end of its prompt's last full block (the prefill stops there) in a record of its own;
+ * any other block boundary a step ends on (a prefill chunk's, each one of its decode) in one
+ * rolling record, overwritten by the next. */
+static void hybrid_snapshot(hearth_batch *b, const sched_req *q) {
+    kv_cache *kv = engine_kv(b->e);
+    if (!kv->state || q->len <= 0 || q->len % KV_BLOCK_SIZE) return;
+    const int32_t *hist = engine_history(b->e, q->seq);
+    int prompt_end = !q->decoding && (size_t)q->len == q->n_fill / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
+    kv_state_snap_save(kv, q->seq, (int)q->len, kv_state_chain_hash(hist, (int)q->len), !prompt_end);
+}
+
 static int waits_for_shared_prefix(const hearth_batch *b, const sched_req *q) {
     for (int i = 0; i < b->n_run; i++) {
         const sched_req *l = b->run[i];
-        if (l->decoding || l->prefilled >= l->n_fill) continue;
+        if (l->decoding || l->prefilled >= l->n_fill || !sched_same_adapters(l, q)) continue;
         size_t common = sched_shared_tokens(fill_tokens(q), q->n_fill, fill_tokens(l), l->n_fill);
         size_t full = common / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
         /* the leader's block holding the last shared token, once it is full and committed */
@@ -332,11 +406,12 @@ static void admit(hearth_batch *b) {
         hearth_status st = hearth_seq_open(b->e, &q->seq, &err);
         int reused = 0;
         if (!st) {
+            engine_seq_use_adapters(b->e, q->seq, q->g.adapters); /* its prefix cache namespace too */
             /* the cached blocks of its prefix first: they need no new blocks (and no longer
              * count as available once held) */
-            reused = kv_prefix_attach(kv, q->seq, fill_tokens(q), (int)q->n_fill);
-            kv_block_copy cp;
-            int part = kv_prefix_attach_partial(kv, q->seq, fill_tokens(q), (int)q->n_fill, &cp);
+            reused = hybrid_attach(b, q);
+            kv_block_copy cp = {.src = -1};
+            int part = kv->state ? 0 : kv_prefix_attach_partial(kv, q->seq, fill_tokens(q), (int)q->n_fill, &cp);
             if (part) { /* the next block's leading rows, copied before src may be evicted */
                 st = engine_kv_copy_rows(b->e, cp.src, cp.dst, cp.rows, &err);
                 kv_block_drop(kv, cp.src);
@@ -573,8 +648,9 @@ static int propose(hearth_batch *b) {
     hearth_engine *e = b->e;
     int n_dec = 0, total = 0;
     for (int i = 0; i < b->n_run; i++) b->run[i]->n_draft = 0, n_dec += b->run[i]->decoding;
-    if (engine_speculate(e) == HEARTH_SPEC_NONE || n_dec == 0 || n_dec > SPEC_MAX_DECODE_ROWS) return 0;
     kv_cache *kv = engine_kv(e);
+    /* a hybrid model's recurrent state would run through rejected tokens: no rollback of it yet */
+    if (engine_speculate(e) == HEARTH_SPEC_NONE || n_dec == 0 || n_dec > SPEC_MAX_DECODE_ROWS || kv->state) return 0;
     int rows = engine_max_out_rows(e) - b->n_run, tokens = b->budget - b->n_run;
     int ctx = hearth_engine_context_length(e), n_drafting = 0;
     hearth_engine *draft = engine_draft(e);
@@ -665,7 +741,14 @@ size_t hearth_batch_step(hearth_batch *b) {
     if (b->n_run == 0) return b->n_waiting;
     int drafted = propose(b);
     for (int i = 0; i < b->n_run; i++)
-        b->remaining[i] = b->run[i]->decoding ? 0 : b->run[i]->n_fill - b->run[i]->prefilled;
+    {
+        sched_req *q = b->run[i];
+        b->remaining[i] = q->decoding ? 0 : q->n_fill - q->prefilled;
+        /* hybrids: a prefill chunk stops at the prompt's last block boundary, whose state is kept */
+        size_t edge = q->n_fill / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
+        if (engine_kv(b->e)->state && !q->decoding && q->prefilled < edge && edge < q->n_fill)
+            b->remaining[i] = edge - q->prefilled;
+    }
     /* proposed tokens come out of the prompts' share (propose left a token for every row) */
     int T = sched_pack(b->remaining, b->n_run, b->budget - drafted, b->take) + drafted, t = 0, n_out = 0;
     for (int i = 0; i < b->n_run; i++) {
@@ -727,6 +810,7 @@ size_t hearth_batch_step(hearth_batch *b) {
             q->prefilled += (size_t)b->take[i];
             q->len += b->take[i];
             kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len); /* reusable from now on */
+            hybrid_snapshot(b, q);
             if (q->resume) { /* recomputed what it had: decoding goes on with its pending token */
                 if (q->prefilled == q->n_fill) free(q->resume), q->resume = NULL, q->decoding = 1;
                 continue;
@@ -747,6 +831,7 @@ size_t hearth_batch_step(hearth_batch *b) {
         } else {
             q->len++;
             kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len); /* a later turn reuses it */
+            hybrid_snapshot(b, q);
         }
         const float *row = greedy ? NULL : logits + (size_t)b->out_of[i] * vocab;
         b->row_req[n_rows] = q;

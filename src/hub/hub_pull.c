@@ -228,25 +228,13 @@ static hearth_status status_error(pull_ctx *c, const http_meta *m, const char *w
     return err_set(err, HEARTH_ERR_IO, "pull: %s: the hub answered HTTP %ld", what, m->status);
 }
 
-static int mkdirs(const char *path) {
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
-}
-
 static int mkdirs_parent(const char *path) {
     char buf[4096];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;
     char *slash = strrchr(buf, '/');
     if (!slash || slash == buf) return 0;
     *slash = 0;
-    return mkdirs(buf);
+    return file_mkdirs(buf);
 }
 
 /* The file's hash in hex: sha256 of the content, or git's blob sha1 ("blob <n>\0" +
@@ -538,7 +526,7 @@ hearth_status hub_pull(const char *repo_arg, const hearth_pull_options *o, int d
     hub_file_list l = {0};
     if (!c.repo_dir || !c.locks_dir) st = err_set(err, HEARTH_ERR_NOMEM, "pull: out of memory");
     if (!st) st = list_files(&c, &l, err);
-    if (!st && mkdirs(c.repo_dir)) st = err_set(err, HEARTH_ERR_IO, "pull: %s: %s", c.repo_dir, strerror(errno));
+    if (!st && file_mkdirs(c.repo_dir)) st = err_set(err, HEARTH_ERR_IO, "pull: %s: %s", c.repo_dir, strerror(errno));
     size_t wanted = 0;
     for (size_t i = 0; !st && i < l.count; i++) {
         const hub_file *f = &l.files[i];

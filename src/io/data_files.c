@@ -8,12 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The paths are relative to the repository root, where make runs the compiler. */
-#define DATA_INCBIN(name, file)                                                                                         \
-    __asm__(".section .rodata\n.globl " #name "_start\n.hidden " #name "_start\n.globl " #name "_end\n.hidden " #name  \
-            "_end\n.balign 16\n" #name "_start:\n.incbin \"" file "\"\n" #name "_end:\n.byte 0\n.text\n");             \
-    extern const char name##_start[], name##_end[]
-
 DATA_INCBIN(hub_skus_json, "data/skus.json");
 DATA_INCBIN(hub_catalogue_json, "data/catalogue.json");
 DATA_INCBIN(hub_cuda_runtime_json, "data/cuda_runtime.json");

@@ -3,6 +3,7 @@
 #include "base/mem.h"
 #include "base/err.h"
 #include "kv/kv_prefix.h"
+#include "kv/kv_state.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,6 +180,7 @@ void kv_destroy(kv_cache *kv) {
     free(kv->n_tokens);
     free(kv->free_list);
     kv_prefix_free(kv);
+    kv_state_free(kv);
     memset(kv, 0, sizeof *kv);
 }
 
@@ -213,6 +215,7 @@ void kv_truncate(kv_cache *kv, int slot, int n_positions) {
 
 void kv_release(kv_cache *kv, int slot) {
     if (slot < 0 || slot >= kv->max_slots) return;
+    kv_state_slot_release(kv, slot);
     int32_t *table = kv->tables + (size_t)slot * kv->max_blocks_per_slot;
     int n = 0;
     while (n < kv->max_blocks_per_slot && table[n] >= 0) n++;
@@ -224,4 +227,35 @@ void kv_release(kv_cache *kv, int slot) {
     }
     kv->n_tokens[slot] = 0;
     kv_prefix_slot_reset(kv, slot);
+}
+
+/* Runs of one (layer, head)'s positions 0..n of slot, a block at a time: the rows of a
+ * block are contiguous in the pool, so each run is one memcpy each way. to_pool: copy
+ * from the flat arrays into the pool, else out of it. */
+static void slot_rows(kv_cache *kv, int layer, int slot, int head, int n, uint8_t *keys, uint8_t *values,
+                      float *k_scale, float *v_scale, int to_pool) {
+    size_t eb = kv_elem_bytes(kv->quant), row = (size_t)kv->head_dim * eb;
+    uint8_t *k = kv->k ? (uint8_t *)kv->k : (uint8_t *)kv->k8, *v = kv->v ? (uint8_t *)kv->v : (uint8_t *)kv->v8;
+    for (int p = 0; p < n; p += KV_BLOCK_SIZE) {
+        int run = n - p < KV_BLOCK_SIZE ? n - p : KV_BLOCK_SIZE;
+        size_t r = kv_row(kv, layer, slot, p, head);
+        uint8_t *pk = k + r * row, *pv = v + r * row, *fk = keys + (size_t)p * row, *fv = values + (size_t)p * row;
+        memcpy(to_pool ? pk : fk, to_pool ? fk : pk, (size_t)run * row);
+        memcpy(to_pool ? pv : fv, to_pool ? fv : pv, (size_t)run * row);
+        if (kv->k_scale && k_scale) {
+            float *sk = kv->k_scale + r, *sv = kv->v_scale + r;
+            memcpy(to_pool ? sk : k_scale + p, to_pool ? k_scale + p : sk, (size_t)run * sizeof(float));
+            memcpy(to_pool ? sv : v_scale + p, to_pool ? v_scale + p : sv, (size_t)run * sizeof(float));
+        }
+    }
+}
+
+void kv_slot_rows_read(const kv_cache *kv, int layer, int slot, int head, int n, void *keys, void *values,
+                       float *k_scale, float *v_scale) {
+    slot_rows((kv_cache *)kv, layer, slot, head, n, keys, values, k_scale, v_scale, 0);
+}
+
+void kv_slot_rows_write(kv_cache *kv, int layer, int slot, int head, int n, const void *keys, const void *values,
+                        const float *k_scale, const float *v_scale) {
+    slot_rows(kv, layer, slot, head, n, (uint8_t *)keys, (uint8_t *)values, (float *)k_scale, (float *)v_scale, 1);
 }

@@ -30,6 +30,7 @@ typedef struct kv_cache {
     int32_t *free_list;    /* stack of free block ids */
     int n_free;
     struct kv_prefix *prefix; /* block refcounts, hash chain, LRU of cached blocks (kv_prefix.h) */
+    struct kv_state *state;   /* recurrent state of hybrid models (kv_state.h), NULL without */
 } kv_cache;
 
 /* hearth_kv_quant properties, the one place that says them: a value the engine knows;
@@ -93,6 +94,14 @@ void kv_store(kv_cache *kv, int layer, int slot, int p, int head, const float *k
  * (keys, values, int8 scales): a partial prefix match (kv_prefix_attach_partial) on the
  * host pool. */
 void kv_copy_rows(kv_cache *kv, int32_t src, int32_t dst, int rows);
+/* Positions 0..n of slot (reserved through n) for one layer and KV head, as flat arrays
+ * in the pool's storage format: keys and values [n][head_dim] elements of
+ * kv_elem_bytes(quant), and for scaled formats their scales [n] (NULL for float pools).
+ * Host storage only. A saved sequence (kv_file.h) goes out and back in through these. */
+void kv_slot_rows_read(const kv_cache *kv, int layer, int slot, int head, int n, void *keys, void *values,
+                       float *k_scale, float *v_scale);
+void kv_slot_rows_write(kv_cache *kv, int layer, int slot, int head, int n, const void *keys, const void *values,
+                        const float *k_scale, const float *v_scale);
 /* Float pool only: */
 static inline float *kv_key(const kv_cache *kv, int layer, int slot, int p, int head) {
     int32_t b = kv->tables[(size_t)slot * kv->max_blocks_per_slot + p / KV_BLOCK_SIZE];

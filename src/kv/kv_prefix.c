@@ -11,6 +11,7 @@
 typedef struct kv_block_meta {
     uint64_t hash;     /* chain name, valid while cached (full blocks) */
     uint64_t part_key; /* (parent, first token): the partial-match index, valid while cached */
+    uint64_t ns;       /* the namespace of its chain (kv_prefix_slot_namespace) */
     uint32_t gen;  /* bumped whenever the block's content is given up (evicted) */
     uint32_t parent_gen;
     int32_t parent;    /* block id before this one in its chain, -1 for the first */
@@ -29,6 +30,7 @@ typedef struct kv_slot_chain {
     int32_t last;  /* block id that names position named*16-1's block, -1 none */
     uint32_t last_gen;
     uint64_t last_hash;
+    uint64_t ns; /* its namespace: 0, or the adapters the slot computes with */
 } kv_slot_chain;
 
 struct kv_prefix {
@@ -151,7 +153,7 @@ static uint64_t part_key(uint64_t parent_hash, int32_t first) {
 static void name_block(struct kv_prefix *p, int32_t b, uint64_t h, const kv_slot_chain *c, const int32_t *tokens,
                        int n) {
     kv_block_meta *m = &p->meta[b];
-    m->hash = h, m->parent = c->last, m->parent_gen = c->last_gen, m->cached = 1, m->n_valid = n;
+    m->hash = h, m->parent = c->last, m->parent_gen = c->last_gen, m->cached = 1, m->n_valid = n, m->ns = c->ns;
     memset(m->tokens, 0, sizeof m->tokens);
     memcpy(m->tokens, tokens, (size_t)n * sizeof *tokens);
     if (n == KV_BLOCK_SIZE) {
@@ -196,12 +198,19 @@ int kv_blocks_cached(const kv_cache *kv) { return kv->prefix->n_cached; }
 
 void kv_prefix_slot_reset(kv_cache *kv, int slot) { kv->prefix->chain[slot] = (kv_slot_chain){.named = 0, .last = -1}; }
 
+void kv_prefix_slot_namespace(kv_cache *kv, int slot, uint64_t ns) {
+    kv_slot_chain *c = &kv->prefix->chain[slot];
+    if (c->named || c->last >= 0) return; /* only an empty chain changes namespace */
+    c->ns = ns;
+    c->last_hash = ns; /* the chain's first name depends on it too */
+}
+
 /* The cached block named h with these tokens whose parent is (parent, parent_gen). */
 static int32_t find_block(const struct kv_prefix *p, uint64_t h, const int32_t *tokens, int32_t parent,
-                          uint32_t parent_gen) {
+                          uint32_t parent_gen, uint64_t ns) {
     for (int32_t b = p->buckets[h & p->bucket_mask]; b >= 0; b = p->meta[b].hash_next) {
         const kv_block_meta *m = &p->meta[b];
-        if (m->hash == h && m->cached && m->n_valid == KV_BLOCK_SIZE && m->parent == parent &&
+        if (m->hash == h && m->cached && m->n_valid == KV_BLOCK_SIZE && m->parent == parent && m->ns == ns &&
             (parent < 0 || m->parent_gen == parent_gen) && !memcmp(m->tokens, tokens, sizeof m->tokens))
             return b;
     }
@@ -218,7 +227,7 @@ static int32_t find_partial(const struct kv_prefix *p, const kv_slot_chain *c, c
     *len = 0;
     for (int32_t b = p->part_buckets[key & p->bucket_mask]; b >= 0; b = p->meta[b].part_next) {
         const kv_block_meta *m = &p->meta[b];
-        if (m->part_key != key || !m->cached || m->parent != c->last || (c->last >= 0 && m->parent_gen != c->last_gen))
+        if (m->part_key != key || !m->cached || m->parent != c->last || m->ns != c->ns || (c->last >= 0 && m->parent_gen != c->last_gen))
             continue;
         int k = 0, lim = n < m->n_valid ? n : m->n_valid;
         while (k < lim && m->tokens[k] == tokens[k]) k++;
@@ -237,7 +246,7 @@ int kv_prefix_attach(kv_cache *kv, int slot, const int32_t *tokens, int n) {
     int i = 0;
     for (; i < full; i++) {
         uint64_t h = kv_block_hash(c->last_hash, tokens + (size_t)i * KV_BLOCK_SIZE);
-        int32_t b = find_block(p, h, tokens + (size_t)i * KV_BLOCK_SIZE, c->last, c->last_gen);
+        int32_t b = find_block(p, h, tokens + (size_t)i * KV_BLOCK_SIZE, c->last, c->last_gen, c->ns);
         if (b < 0) break;
         if (p->meta[b].refs++ == 0) lru_unlink(p, b);
         table[i] = b;
@@ -264,7 +273,7 @@ void kv_prefix_commit(kv_cache *kv, int slot, const int32_t *tokens, int n) {
         }
         const int32_t *t = tokens + (size_t)c->named * KV_BLOCK_SIZE;
         uint64_t h = kv_block_hash(c->last_hash, t);
-        int32_t same = find_block(p, h, t, c->last, c->last_gen);
+        int32_t same = find_block(p, h, t, c->last, c->last_gen, c->ns);
         if (same < 0 && b >= 0 && !p->meta[b].cached) {
             name_block(p, b, h, c, t, KV_BLOCK_SIZE);
             same = b;

@@ -28,6 +28,11 @@ int kv_blocks_cached(const kv_cache *kv);
 /* Forgets slot's chain (kv_release calls it after dropping the slot's blocks). */
 void kv_prefix_slot_reset(kv_cache *kv, int slot);
 
+/* Puts the empty slot's chain in namespace ns (0: the default): its blocks are found only
+ * by slots of the same namespace (the engine's adapter sets, so a prefix computed with
+ * one adapter is never reused with another). kv_prefix_slot_reset returns it to 0. */
+void kv_prefix_slot_namespace(kv_cache *kv, int slot, uint64_t ns);
+
 /* Attaches to the empty slot every cached full block that starts tokens[0..n): block i
  * matches when its hash, its 16 tokens and its parent block (id and generation) all
  * agree, so a hash collision can never hand out wrong KV. The last token is never

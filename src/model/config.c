@@ -11,16 +11,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, gemma3_text, minicpm (GGUF: llama, qwen3, gemma3)"
+#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, qwen3_5, gemma3_text, minicpm (GGUF: llama, qwen3, gemma3)"
 
 static double num(const json_t *o, const char *k, double dflt) {
     const json_t *v = json_object_get(o, k);
     return json_is_number(v) ? json_number_value(v) : dflt;
 }
 
+/* An integer key: dflt when absent or not a number, -1 when outside int's range (every
+ * caller rejects negatives), so a config's 1e300 is an error, not undefined behaviour. */
+static int int_key(const json_t *o, const char *k, int dflt) {
+    double v = num(o, k, dflt);
+    return v >= -1e9 && v <= 1e9 ? (int)v : -1;
+}
+
 /* inv_freq[i] = base^(-2i/dims), then the model's scaling rule. */
 static float *rope_inv_freq(int head_dim, double base, const json_t *scaling) {
     int half = head_dim / 2;
+    if (head_dim <= 0 || head_dim > (1 << 16)) return NULL; /* model_config_read names the bad head_dim */
     float *f = malloc((size_t)half * sizeof *f);
     if (!f) return NULL;
     const char *type = json_string_value(json_object_get(scaling, "rope_type"));
@@ -66,9 +74,9 @@ static hearth_status read_minicpm(const hearth_model *hm, const json_t *cfg, mod
 /* Qwen3-MoE (mlx-lm models/qwen3_moe.py): which layers are MoE (every decoder_sparse_step-th,
  * not in mlp_only_layers: model_layer_is_moe), the experts and how many a token takes. */
 static hearth_status read_qwen3_moe(const hearth_model *hm, const json_t *cfg, model_config *c, hearth_error *err) {
-    c->n_experts = (int)num(cfg, "num_experts", 0);
-    c->top_k_experts = (int)num(cfg, "num_experts_per_tok", 0);
-    c->moe_ffn = (int)num(cfg, "moe_intermediate_size", 0);
+    c->n_experts = int_key(cfg, "num_experts", 0);
+    c->top_k_experts = int_key(cfg, "num_experts_per_tok", 0);
+    c->moe_ffn = int_key(cfg, "moe_intermediate_size", 0);
     c->norm_topk = json_is_true(json_object_get(cfg, "norm_topk_prob"));
     if (c->n_experts <= 0 || c->n_experts > 4096 || c->top_k_experts <= 0 || c->top_k_experts > c->n_experts ||
         c->moe_ffn <= 0)
@@ -78,6 +86,81 @@ static hearth_status read_qwen3_moe(const hearth_model *hm, const json_t *cfg, m
                        hm->entry.path, c->n_experts, c->top_k_experts, c->moe_ffn);
     return HEARTH_OK;
 }
+
+/* ---- qwen3_5 (mlx-lm models/qwen3_5.py): hybrid Gated DeltaNet + gated attention ---- */
+/* The Gated DeltaNet geometry, which layers are full attention (every full_attention_interval-th;
+ * layer_types, when given, must say the same), partial RoPE (rope_parameters) and the
+ * doubled, gated q projection. Defaults are mlx-lm's TextModelArgs'. */
+static hearth_status read_qwen3_5(const hearth_model *hm, const json_t *cfg, model_config *c, hearth_error *err) {
+    const char *need[] = {"linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
+                          "linear_value_head_dim"};
+    for (int i = 0; i < 4; i++)
+        if (!json_is_number(json_object_get(cfg, need[i])))
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: qwen3_5 needs a number '%s'", hm->entry.path,
+                           need[i]);
+    c->gdn_v_heads = int_key(cfg, "linear_num_value_heads", 0);
+    c->gdn_k_heads = int_key(cfg, "linear_num_key_heads", 0);
+    c->gdn_k_dim = int_key(cfg, "linear_key_head_dim", 0);
+    c->gdn_v_dim = int_key(cfg, "linear_value_head_dim", 0);
+    c->gdn_conv = int_key(cfg, "linear_conv_kernel_dim", 4);
+    c->full_interval = int_key(cfg, "full_attention_interval", 4);
+    if (c->gdn_v_heads <= 0 || c->gdn_k_heads <= 0 || c->gdn_v_heads % c->gdn_k_heads || c->gdn_k_dim <= 0 ||
+        c->gdn_v_dim <= 0 || c->gdn_k_dim > 4096 || c->gdn_v_dim > 4096 || c->gdn_v_heads > 4096 || c->gdn_conv < 1 ||
+        c->gdn_conv > 64 || c->full_interval < 1)
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: qwen3_5 linear attention is inconsistent (value heads %d, key heads %d "
+                       "(must divide the value heads), key dim %d, value dim %d, conv width %d, "
+                       "full_attention_interval %d)",
+                       hm->entry.path, c->gdn_v_heads, c->gdn_k_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv,
+                       c->full_interval);
+    const json_t *types = json_object_get(cfg, "layer_types");
+    if (types && (!json_is_array(types) || (int)json_array_size(types) != c->n_layers))
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: layer_types must list %d layer types",
+                       hm->entry.path, c->n_layers);
+    c->n_state_layers = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        int linear = (i + 1) % c->full_interval != 0;
+        c->n_state_layers += linear;
+        const char *t = types ? json_string_value(json_array_get(types, (size_t)i)) : NULL;
+        if (types && (!t || strcmp(t, linear ? "linear_attention" : "full_attention")))
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: config.json: layer_types[%d] is '%s' but full_attention_interval %d makes it %s",
+                           hm->entry.path, i, t ? t : "?", c->full_interval,
+                           linear ? "linear_attention" : "full_attention");
+    }
+    if (json_is_true(json_object_get(cfg, "attention_bias")))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: config.json: qwen3_5 with attention_bias is not supported",
+                       hm->entry.path);
+    const json_t *rp = json_object_get(cfg, "rope_parameters");
+    const char *rtype = json_string_value(json_object_get(rp, "type"));
+    if (!rtype) rtype = json_string_value(json_object_get(rp, "rope_type"));
+    if (rtype && strcmp(rtype, "default") && strcmp(rtype, "linear"))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: config.json: qwen3_5 RoPE type '%s' is not supported (default, linear are)",
+                       hm->entry.path, rtype);
+    double factor = json_is_object(rp) ? num(rp, "partial_rotary_factor", 0.25) : 0.25;
+    c->rope_dims = factor > 0 && factor <= 1 ? (int)(c->head_dim * factor) : 0;
+    if (c->rope_dims <= 0 || c->rope_dims % 2 || c->rope_dims > c->head_dim)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: partial_rotary_factor %g gives %d RoPE dims of %d",
+                       hm->entry.path, factor, c->rope_dims, c->head_dim);
+    free(c->inv_freq_global);
+    c->inv_freq_global = rope_inv_freq(c->rope_dims, json_is_object(rp) ? num(rp, "rope_theta", 100000.0) : 100000.0,
+                                       json_is_object(rp) ? rp : NULL);
+    c->attn_gate = 1;
+    if (num(cfg, "num_experts", 0) <= 0) return HEARTH_OK;
+    /* qwen3_5_moe: every layer's MLP is routed experts (mlx-lm's defaults: norm_topk_prob true)
+     * plus a shared expert */
+    hearth_status st = read_qwen3_moe(hm, cfg, c, err);
+    if (st) return st;
+    const json_t *nt = json_object_get(cfg, "norm_topk_prob");
+    c->norm_topk = nt ? json_is_true(nt) : 1;
+    c->shared_ffn = int_key(cfg, "shared_expert_intermediate_size", 0);
+    if (c->shared_ffn <= 0)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: qwen3_5_moe needs a positive "
+                       "'shared_expert_intermediate_size'", hm->entry.path);
+    return HEARTH_OK;
+}
+/* ---- end qwen3_5 ---- */
 
 static hearth_status read_dir_config(const hearth_model *hm, model_config *c, hearth_error *err) {
     const json_t *cfg = hm->config, *text = json_object_get(cfg, "text_config");
@@ -89,6 +172,9 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     else if (!strcmp(mt, "gemma3_text") || !strcmp(mt, "gemma3")) c->family = FAMILY_GEMMA3;
     else if (!strcmp(mt, "minicpm")) c->family = FAMILY_MINICPM;
     else if (!strcmp(mt, "qwen3_moe")) c->family = FAMILY_QWEN3_MOE;
+    else if (!strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_text") || !strcmp(mt, "qwen3_5_moe") ||
+             !strcmp(mt, "qwen3_5_moe_text"))
+        c->family = FAMILY_QWEN3_5;
     else return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported; " SUPPORTED,
                         hm->entry.path, mt);
     int gemma = c->family == FAMILY_GEMMA3;
@@ -133,6 +219,7 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     }
     if (c->family == FAMILY_MINICPM) return read_minicpm(hm, cfg, c, err);
     if (c->family == FAMILY_QWEN3_MOE) return read_qwen3_moe(hm, cfg, c, err);
+    if (c->family == FAMILY_QWEN3_5) return read_qwen3_5(hm, cfg, c, err);
     return HEARTH_OK;
 }
 
@@ -203,6 +290,7 @@ static hearth_status read_gguf_config(const hearth_model *hm, model_config *c, h
 }
 
 int model_layer_is_moe(const hearth_model *hm, const model_config *c, int i) {
+    if (c->family == FAMILY_QWEN3_5) return c->n_experts > 0; /* qwen3_5_moe: every layer */
     if (c->family != FAMILY_QWEN3_MOE || c->n_experts <= 0) return 0;
     const json_t *cfg = hm->config, *text = json_object_get(cfg, "text_config"), *only;
     if (json_is_object(text)) cfg = text;
@@ -221,7 +309,7 @@ hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_
                                                              : read_dir_config(hm, c, err);
     if (st) return st;
     if (c->n_layers <= 0 || c->hidden <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->head_dim <= 0 ||
-        c->head_dim % 2 || c->ffn <= 0 || c->vocab <= 0 || c->n_heads % c->n_kv_heads)
+        c->head_dim > (1 << 16) || c->head_dim % 2 || c->ffn <= 0 || c->vocab <= 0 || c->n_heads % c->n_kv_heads)
         return err_set(err, HEARTH_ERR_FORMAT,
                        "%s: inconsistent dimensions (layers %d, hidden %d, heads %d/%d, head_dim %d, ffn %d, vocab %d)",
                        hm->entry.path, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn,
@@ -231,5 +319,9 @@ hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_
     if (c->residual_scale == 0.0f) c->residual_scale = 1.0f;
     if (c->logits_div == 0.0f) c->logits_div = 1.0f;
     if (c->context_length <= 0) c->context_length = 4096;
+    c->n_kv_layers = c->n_layers - c->n_state_layers;
+    if (c->n_kv_layers <= 0)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: no attention layer (%d layers, all linear attention)",
+                       hm->entry.path, c->n_layers);
     return HEARTH_OK;
 }

@@ -12,27 +12,52 @@ op_attn decoder_attn(const model *m, int i) {
                      .q_bias = l->q_bias, .k_bias = l->k_bias, .v_bias = l->v_bias,
                      .q_norm = l->q_norm, .k_norm = l->k_norm, .norm_shift = c->norm_shift, .norm_eps = c->norm_eps,
                      .inv_freq = l->sliding ? c->inv_freq_local : c->inv_freq_global,
-                     .window = l->sliding ? c->sliding_window : 0, .scale = c->attn_scale};
+                     .window = l->sliding ? c->sliding_window : 0, .scale = c->attn_scale,
+                     .rope_dims = c->rope_dims, .gated = c->attn_gate};
 }
 
 op_mlp decoder_mlp(const model *m, int i, op_act act) {
     const layer_weights *l = &m->layers[i];
-    return (op_mlp){.gate = &l->gate, .up = &l->up, .down = &l->down, .act = act};
+    return (op_mlp){.gate = &l->gate, .up = &l->up, .down = &l->down, .act = act, .layer = i};
 }
 
 op_moe decoder_moe(const model *m, int i) {
     const layer_weights *l = &m->layers[i];
+    int sh = m->cfg.shared_ffn > 0;
     return (op_moe){.router = &l->router, .gate = &l->experts_gate, .up = &l->experts_up, .down = &l->experts_down,
-                    .norm_topk = m->cfg.norm_topk, .act = OP_ACT_SILU};
+                    .norm_topk = m->cfg.norm_topk, .act = OP_ACT_SILU,
+                    .shared_gate = sh ? &l->shared_gate : NULL, .shared_up = sh ? &l->shared_up : NULL,
+                    .shared_down = sh ? &l->shared_down : NULL, .shared_router = sh ? &l->shared_router : NULL};
 }
 
 static void add_weight(model *m, const op_weight *w, int logits, const char *name, int layer) {
     m->items[m->ops.n_items++] = (op_item){.w = w, .logits = logits, .name = name, .layer = layer};
 }
 
-static void add_experts(model *m, const op_weight *w, const char *name, int layer) {
-    m->items[m->ops.n_items++] = (op_item){.w = w, .name = name, .layer = layer, .experts = m->cfg.n_experts};
+static void add_vec(model *m, const float *v, int family_has, int64_t n, const char *name, int layer);
+
+/* ---- qwen3_5: a Gated DeltaNet layer's items (op_gdn) ---- */
+op_gdn decoder_gdn(const model *m, int i) {
+    const layer_weights *l = &m->layers[i];
+    return (op_gdn){.qkv = &l->gdn_qkv, .z = &l->gdn_z, .b = &l->gdn_b, .a = &l->gdn_a, .out = &l->gdn_out,
+                    .conv = l->gdn_conv, .A_log = l->gdn_A_log, .dt_bias = l->gdn_dt_bias, .norm = l->gdn_norm,
+                    .norm_eps = m->cfg.norm_eps, .state_layer = l->state_layer};
 }
+
+static void add_gdn_items(model *m, const layer_weights *l, int i) {
+    const model_config *c = &m->cfg;
+    int64_t conv = 2 * (int64_t)c->gdn_k_heads * c->gdn_k_dim + (int64_t)c->gdn_v_heads * c->gdn_v_dim;
+    add_weight(m, &l->gdn_qkv, 0, "linear_attn.in_proj_qkv", i);
+    add_weight(m, &l->gdn_z, 0, "linear_attn.in_proj_z", i);
+    add_weight(m, &l->gdn_b, 0, "linear_attn.in_proj_b", i);
+    add_weight(m, &l->gdn_a, 0, "linear_attn.in_proj_a", i);
+    add_weight(m, &l->gdn_out, 0, "linear_attn.out_proj", i);
+    add_vec(m, l->gdn_conv, 1, conv * c->gdn_conv, "linear_attn.conv1d", i);
+    add_vec(m, l->gdn_A_log, 1, c->gdn_v_heads, "linear_attn.A_log", i);
+    add_vec(m, l->gdn_dt_bias, 1, c->gdn_v_heads, "linear_attn.dt_bias", i);
+    add_vec(m, l->gdn_norm, 1, c->gdn_v_dim, "linear_attn.norm", i);
+}
+/* ---- end qwen3_5 ---- */
 
 /* A vector the backends hold when the model has it; a planned model (no data yet) lists
  * the ones its family always has, so a device plan sizes them too. */
@@ -48,23 +73,28 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
     if (!m->layer_window && !(m->layer_window = calloc((size_t)c->n_layers, sizeof *m->layer_window)))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     int64_t qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim, h = c->hidden;
-    int gemma = c->family == FAMILY_GEMMA3, qk = c->family == FAMILY_QWEN3 || c->family == FAMILY_QWEN3_MOE || gemma;
+    int gemma = c->family == FAMILY_GEMMA3, qk = c->family == FAMILY_QWEN3 || c->family == FAMILY_QWEN3_MOE || gemma ||
+                                                 c->family == FAMILY_QWEN3_5;
     m->ops = (op_model){.dims = {.n_layers = c->n_layers, .hidden = c->hidden, .n_heads = c->n_heads,
                                  .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .ffn = c->ffn,
                                  .vocab = c->vocab, .norm_eps = c->norm_eps, .rope_adjacent = c->rope_adjacent,
-                                 .n_experts = c->n_experts, .top_k_experts = c->top_k_experts, .moe_ffn = c->moe_ffn},
+                                 .n_experts = c->n_experts, .top_k_experts = c->top_k_experts, .moe_ffn = c->moe_ffn,
+                                 .n_state_layers = c->n_state_layers, .gdn_k_heads = c->gdn_k_heads,
+                                 .gdn_v_heads = c->gdn_v_heads, .gdn_k_dim = c->gdn_k_dim, .gdn_v_dim = c->gdn_v_dim,
+                                 .gdn_conv = c->gdn_conv, .attn_gate = c->attn_gate, .shared_ffn = c->shared_ffn},
                         .items = m->items,
                         .layer_window = m->layer_window};
     for (int i = 0; i < c->n_layers; i++) {
         const layer_weights *l = &m->layers[i];
         const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-        for (int j = 0; j < (l->moe ? 4 : 7); j++) add_weight(m, ws[j], 0, names[j], i);
+        for (int j = l->linear ? 4 : 0; j < (l->moe ? 4 : 7); j++) add_weight(m, ws[j], 0, names[j], i);
+        if (l->linear) add_gdn_items(m, l, i);
         if (l->moe) {
             add_weight(m, &l->router, 0, "router", i);
-            add_experts(m, &l->experts_gate, "experts.gate_proj", i);
-            add_experts(m, &l->experts_up, "experts.up_proj", i);
-            add_experts(m, &l->experts_down, "experts.down_proj", i);
+            add_weight(m, &l->experts_gate, 0, "experts.gate_proj", i);
+            add_weight(m, &l->experts_up, 0, "experts.up_proj", i);
+            add_weight(m, &l->experts_down, 0, "experts.down_proj", i);
         }
         add_vec(m, l->q_bias, 0, qd, "q_bias", i);
         add_vec(m, l->k_bias, 0, kd, "k_bias", i);
@@ -73,13 +103,13 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
         add_vec(m, l->ffn_norm, 1, h, "ffn_norm", i);
         add_vec(m, l->post_attn_norm, gemma, h, "post_attn_norm", i);
         add_vec(m, l->post_ffn_norm, gemma, h, "post_ffn_norm", i);
-        add_vec(m, l->q_norm, qk, c->head_dim, "q_norm", i);
-        add_vec(m, l->k_norm, qk, c->head_dim, "k_norm", i);
+        add_vec(m, l->q_norm, qk && !l->linear, c->head_dim, "q_norm", i);
+        add_vec(m, l->k_norm, qk && !l->linear, c->head_dim, "k_norm", i);
         m->layer_window[i] = l->sliding ? c->sliding_window : 0;
     }
     add_weight(m, &m->lm_head, 1, "lm_head", -1);
     add_vec(m, m->final_norm, 1, h, "final_norm", -1);
-    add_vec(m, c->inv_freq_global, 0, c->head_dim / 2, "rope_inv_freq", -1);
+    add_vec(m, c->inv_freq_global, 0, (c->rope_dims ? c->rope_dims : c->head_dim) / 2, "rope_inv_freq", -1);
     add_vec(m, c->inv_freq_local, 0, c->head_dim / 2, "rope_inv_freq_local", -1);
     return HEARTH_OK;
 }
@@ -90,7 +120,7 @@ hearth_status model_forward(const model *m, op_backend *be, kv_cache *kv, const 
                             hearth_error *err) {
     static const op_layers_fn layers[] = {[FAMILY_LLAMA] = llama_layers, [FAMILY_QWEN3] = qwen3_layers,
                                           [FAMILY_GEMMA3] = gemma3_layers, [FAMILY_MINICPM] = minicpm_layers,
-                                          [FAMILY_QWEN3_MOE] = qwen3_moe_layers};
+                                          [FAMILY_QWEN3_MOE] = qwen3_moe_layers, [FAMILY_QWEN3_5] = qwen3_5_layers};
     op_embed embed = {.table = &m->embed, .scale = m->cfg.embed_scale};
     return be->t->step(be, kv, b, &m->ops.dims, &embed, layers[m->cfg.family], m, out, ids, err);
 }

@@ -36,4 +36,8 @@ hearth_status qwen3_layers(const op_step *s, const void *ctx);
 hearth_status gemma3_layers(const op_step *s, const void *ctx);
 hearth_status minicpm_layers(const op_step *s, const void *ctx);
 hearth_status qwen3_moe_layers(const op_step *s, const void *ctx);
+hearth_status qwen3_5_layers(const op_step *s, const void *ctx);
+
+/* Layer i's Gated DeltaNet arguments (a Qwen3.5 linear layer). */
+op_gdn decoder_gdn(const model *m, int i);
 #endif

@@ -36,6 +36,7 @@ typedef struct loader {
     int use_mmap;     /* matrices point into the file mapping instead of the arena */
     const char *prefix; /* "model." (HF causal LM), or "" where the checkpoint holds the bare
                            base model (Qwen3-Embedding: embed_tokens.weight, layers.N....) */
+    const char *head;   /* the output projection's module: "lm_head" ("language_model.lm_head" in mlx-lm's Qwen3.5) */
     hearth_error *err;
 } loader;
 
@@ -249,15 +250,77 @@ static hearth_status load_moe(loader *L, int i, layer_weights *lw) {
         snprintf(module, sizeof module, "%slayers.%d.mlp.switch_mlp.%s", L->prefix, i, ex[j].name);
         if ((st = load_matrix(L, module, E * ex[j].rows, ex[j].cols, ex[j].w))) return st;
     }
+    if (!c->shared_ffn) return HEARTH_OK;
+    /* qwen3_5_moe: the shared expert (mlp.shared_expert.*) and its gate (mlp.shared_expert_gate) */
+    struct { const char *name; op_weight *w; int64_t rows, cols; } sh[] = {
+        {"shared_expert.gate_proj", &lw->shared_gate, c->shared_ffn, c->hidden},
+        {"shared_expert.up_proj", &lw->shared_up, c->shared_ffn, c->hidden},
+        {"shared_expert.down_proj", &lw->shared_down, c->hidden, c->shared_ffn},
+        {"shared_expert_gate", &lw->shared_router, 1, c->hidden},
+    };
+    for (int j = 0; j < 4; j++) {
+        snprintf(module, sizeof module, "%slayers.%d.mlp.%s", L->prefix, i, sh[j].name);
+        if ((st = load_matrix(L, module, sh[j].rows, sh[j].cols, sh[j].w))) return st;
+    }
     return HEARTH_OK;
 }
+
+/* ---- qwen3_5: a Gated DeltaNet layer (mlx-lm models/qwen3_5.py GatedDeltaNet) ---- */
+static hearth_status load_gdn(loader *L, int i, layer_weights *lw) {
+    const model_config *c = &L->m->cfg;
+    char module[512], name[560];
+    hearth_status st;
+    int64_t kd = (int64_t)c->gdn_k_heads * c->gdn_k_dim, vd = (int64_t)c->gdn_v_heads * c->gdn_v_dim;
+    int64_t conv = 2 * kd + vd;
+    if (L->gguf) return err_set(L->err, HEARTH_ERR_UNSUPPORTED, "%s: Qwen3.5 from GGUF is not supported yet",
+                                L->hm->entry.path);
+    struct { const char *name; op_weight *w; int64_t rows, cols; } mats[] = {
+        {"in_proj_qkv", &lw->gdn_qkv, conv, c->hidden}, {"in_proj_z", &lw->gdn_z, vd, c->hidden},
+        {"in_proj_b", &lw->gdn_b, c->gdn_v_heads, c->hidden}, {"in_proj_a", &lw->gdn_a, c->gdn_v_heads, c->hidden},
+        {"out_proj", &lw->gdn_out, c->hidden, vd},
+    };
+    for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) {
+        snprintf(module, sizeof module, "%slayers.%d.linear_attn.%s", L->prefix, i, mats[j].name);
+        if ((st = load_matrix(L, module, mats[j].rows, mats[j].cols, mats[j].w))) return st;
+    }
+    struct { const char *name; const float **v; int64_t n; } vecs[] = {
+        {"conv1d.weight", &lw->gdn_conv, conv * c->gdn_conv}, {"A_log", &lw->gdn_A_log, c->gdn_v_heads},
+        {"dt_bias", &lw->gdn_dt_bias, c->gdn_v_heads}, {"norm.weight", &lw->gdn_norm, c->gdn_v_dim},
+    };
+    for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++) {
+        snprintf(name, sizeof name, "%slayers.%d.linear_attn.%s", L->prefix, i, vecs[j].name);
+        if ((st = load_vector(L, name, vecs[j].n, 1, vecs[j].v))) return st;
+    }
+    return HEARTH_OK;
+}
+
+/* Which layers are Gated DeltaNet ones and their state-pool index; and whether the norms
+ * are stored as HF's offsets from 1 (a checkpoint mlx-lm has not sanitized: its conv1d
+ * weight is [conv_dim, 1, width], mlx-lm's is [conv_dim, width, 1]; mlx-lm adds 1 to the
+ * layer, final and q/k norms of such a checkpoint, not to the gated norm). */
+static void qwen3_5_layout(loader *L) {
+    model *m = L->m;
+    int n = 0, kv = 0;
+    for (int i = 0; i < m->cfg.n_layers; i++) {
+        m->layers[i].linear = (i + 1) % m->cfg.full_interval != 0;
+        m->layers[i].state_layer = m->layers[i].linear ? n++ : -1;
+        m->layers[i].kv_layer = m->layers[i].linear ? -1 : kv++; /* the KV pool holds attention layers only */
+        if (m->layers[i].linear && m->layers[i].state_layer == 0) {
+            char name[512];
+            snprintf(name, sizeof name, "%slayers.%d.linear_attn.conv1d.weight", L->prefix, i);
+            const tensor_info *t = model_find_tensor(L->hm, name);
+            m->cfg.norm_shift = t && t->ndim == 3 && t->shape[2] != 1 ? 1.0f : 0.0f;
+        }
+    }
+}
+/* ---- end qwen3_5 ---- */
 
 static hearth_status load_layer(loader *L, int i, layer_weights *lw) {
     const model_config *c = &L->m->cfg;
     char name[512], module[512];
     hearth_status st;
     struct { role r; op_weight *w; int64_t n_out, n_in; } mats[] = {
-        {R_Q, &lw->q, (int64_t)c->n_heads * c->head_dim, c->hidden},
+        {R_Q, &lw->q, (int64_t)c->n_heads * c->head_dim * (1 + c->attn_gate), c->hidden},
         {R_K, &lw->k, (int64_t)c->n_kv_heads * c->head_dim, c->hidden},
         {R_V, &lw->v, (int64_t)c->n_kv_heads * c->head_dim, c->hidden},
         {R_O, &lw->o, c->hidden, (int64_t)c->n_heads * c->head_dim},
@@ -267,13 +330,16 @@ static hearth_status load_layer(loader *L, int i, layer_weights *lw) {
     };
     lw->moe = model_layer_is_moe(L->hm, c, i);
     if (lw->moe && (st = load_moe(L, i, lw))) return st;
+    if (lw->linear && (st = load_gdn(L, i, lw))) return st;
     for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) {
         if (lw->moe && mats[j].r >= R_GATE && mats[j].r <= R_DOWN) continue; /* experts instead */
+        if (lw->linear && mats[j].r <= R_O) continue;                        /* a Gated DeltaNet layer instead */
         layer_name(L, i, mats[j].r, "weight", name, sizeof name);
         snprintf(module, sizeof module, "%.*s", (int)(strlen(name) - 7), name);
         if ((st = load_matrix(L, module, mats[j].n_out, mats[j].n_in, mats[j].w))) return st;
     }
     int gemma = c->family == FAMILY_GEMMA3, qk = c->family == FAMILY_QWEN3 || c->family == FAMILY_QWEN3_MOE || gemma;
+    if (c->family == FAMILY_QWEN3_5) qk = !lw->linear;
     if ((st = load_vector(L, layer_name(L, i, R_ATTN_NORM, "weight", name, sizeof name), c->hidden, 1, &lw->attn_norm)) ||
         (st = load_vector(L, layer_name(L, i, R_FFN_NORM, "weight", name, sizeof name), c->hidden, 1, &lw->ffn_norm)) ||
         (st = load_vector(L, layer_name(L, i, R_POST_ATTN_NORM, "weight", name, sizeof name), c->hidden, gemma,
@@ -300,13 +366,15 @@ static hearth_status load_all(loader *L) {
     snprintf(embed_name, sizeof embed_name, "%sembed_tokens", L->prefix);
     snprintf(norm_name, sizeof norm_name, "%snorm.weight", L->prefix);
     if ((st = load_matrix(L, L->gguf ? "token_embd" : embed_name, c->vocab, c->hidden, &m->embed))) return st;
+    for (int i = 0; i < c->n_layers; i++) m->layers[i].kv_layer = i;
+    if (c->family == FAMILY_QWEN3_5) qwen3_5_layout(L);
     for (int i = 0; i < c->n_layers; i++) {
         if ((st = load_layer(L, i, &m->layers[i]))) return st;
         m->layers[i].sliding = c->sliding_pattern > 0 && (i + 1) % c->sliding_pattern != 0;
     }
     if ((st = load_vector(L, L->gguf ? "output_norm.weight" : norm_name, c->hidden, 1, &m->final_norm)))
         return st;
-    const char *head = L->gguf ? "output" : "lm_head";
+    const char *head = L->gguf ? "output" : L->head;
     char name[64];
     snprintf(name, sizeof name, "%s.weight", head);
     if (model_find_tensor(L->hm, name)) return load_matrix(L, head, c->vocab, c->hidden, &m->lm_head);
@@ -317,9 +385,17 @@ static hearth_status load_all(loader *L) {
 hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_error *err);
 
 static const char *weight_prefix(const hearth_model *hm) {
+    /* ---- qwen3_5: multimodal checkpoints nest the text model ---- */
+    if (model_find_tensor(hm, "language_model.model.embed_tokens.weight")) return "language_model.model."; /* mlx-lm */
+    if (model_find_tensor(hm, "model.language_model.embed_tokens.weight")) return "model.language_model."; /* HF */
+    /* ---- end qwen3_5 ---- */
     return !model_find_tensor(hm, "model.embed_tokens.weight") && model_find_tensor(hm, "embed_tokens.weight")
                ? ""
                : "model.";
+}
+
+static const char *head_name(const hearth_model *hm) {
+    return model_find_tensor(hm, "language_model.lm_head.weight") ? "language_model.lm_head" : "lm_head";
 }
 
 hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hearth_error *err) {
@@ -330,7 +406,7 @@ hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hear
     if (!st && !(m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers)))
         st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .use_mmap = use_mmap, .err = err,
-                .prefix = weight_prefix(hm)};
+                .prefix = weight_prefix(hm), .head = head_name(hm)};
     if (!st) st = load_all(&L); /* sizing pass: checks names and shapes, copies nothing */
     if (!st) st = model_ops_build(m, err);
     if (st) {
@@ -370,7 +446,7 @@ hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hear
     hearth_status st = model_plan(hm, use_mmap, &m, err);
     if (st) return st;
     loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .use_mmap = use_mmap, .err = err,
-                .cap = m->arena_bytes, .prefix = weight_prefix(hm)};
+                .cap = m->arena_bytes, .prefix = weight_prefix(hm), .head = head_name(hm)};
     if (!(L.arena = mem_alloc_stream(L.cap)))
         st = err_set(err, HEARTH_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the weights", hm->entry.path,
                      (double)L.cap / (1024.0 * 1024.0));

@@ -8,11 +8,15 @@
 #include "ops/ops.h"
 #include "hearth.h"
 
-typedef enum model_family { FAMILY_LLAMA, FAMILY_QWEN3, FAMILY_GEMMA3, FAMILY_MINICPM, FAMILY_QWEN3_MOE } model_family;
+typedef enum model_family {
+    FAMILY_LLAMA, FAMILY_QWEN3, FAMILY_GEMMA3, FAMILY_MINICPM, FAMILY_QWEN3_MOE,
+    FAMILY_QWEN3_5, /* hybrid Gated DeltaNet + gated attention (qwen3_5.c) */
+} model_family;
 
 typedef struct model_config {
     model_family family;
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, context_length;
+    int n_kv_layers; /* layers with keys and values in the KV pool: n_layers less the Gated DeltaNet ones */
     float norm_eps;
     float norm_shift;       /* 1 where norms scale by (1 + weight): Gemma in HF/MLX form */
     float attn_scale;       /* softmax scale: head_dim^-0.5, or query_pre_attn_scalar^-0.5 */
@@ -23,7 +27,12 @@ typedef struct model_config {
     int sliding_window;     /* 0: none */
     int sliding_pattern;    /* Gemma: every pattern-th layer is global, the rest slide */
     int n_experts, top_k_experts, moe_ffn, norm_topk; /* Qwen3-MoE: experts per MoE layer, chosen per token, their width */
-    float *inv_freq_global; /* head_dim/2 RoPE inverse frequencies */
+    int shared_ffn; /* Qwen3.5-MoE: the shared expert's width (0: none) */
+    /* Qwen3.5 (qwen3_5.c): layer i is full attention when (i + 1) % full_interval == 0, else
+     * a Gated DeltaNet layer of gdn_* (op_dims); attention's q projection carries output gates
+     * and RoPE turns the first rope_dims of each head */
+    int full_interval, n_state_layers, gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim, gdn_conv, attn_gate, rope_dims;
+    float *inv_freq_global; /* head_dim/2 RoPE inverse frequencies (rope_dims/2 when partial) */
     float *inv_freq_local;  /* for sliding layers (Gemma's local base), else = global */
 } model_config;
 
@@ -36,6 +45,14 @@ typedef struct layer_weights {
     int sliding;                           /* attends within cfg.sliding_window */
     int moe;                               /* a mixture-of-experts MLP: router and stacked experts, no gate/up/down */
     op_weight router, experts_gate, experts_up, experts_down;
+    /* Qwen3.5 Gated DeltaNet layer (linear): its projections, conv, decay and norm (op_gdn);
+     * state_layer: its index in the state pool */
+    int linear, state_layer;
+    int kv_layer; /* this layer's index in the KV pool (= its own index but on hybrids; -1: none) */
+    op_weight gdn_qkv, gdn_z, gdn_b, gdn_a, gdn_out;
+    const float *gdn_conv, *gdn_A_log, *gdn_dt_bias, *gdn_norm;
+    /* Qwen3.5-MoE: the shared expert's gated MLP and its one-row gate (moe layers) */
+    op_weight shared_gate, shared_up, shared_down, shared_router;
 } layer_weights;
 
 typedef struct model {

@@ -91,3 +91,13 @@ void op_weight_dequant(const op_weight *w, int64_t n, int64_t k0, int count, flo
 }
 
 
+
+void op_weight_dequant_row(const op_weight *w, int64_t n, float *out) {
+    /* MLX groups are at least 32 wide, so 32 columns never cross one */
+    int chunk = w->dtype == DT_U32 ? 32 : tensor_dtype_block_elems(w->dtype);
+    if (chunk <= 1) chunk = 256;
+    for (int64_t k0 = 0; k0 < w->k; k0 += chunk) {
+        int count = (int)(w->k - k0 < chunk ? w->k - k0 : chunk);
+        op_weight_dequant(w, n, k0, count, out + k0);
+    }
+}

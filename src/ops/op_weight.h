@@ -36,6 +36,9 @@ int64_t op_weight_row_bytes(const op_weight *w);
  * count <= 256 and k0, count are multiples of the format's block; for MLX affine, inside
  * one group. Scalar: the reference every backend's kernels are checked against. */
 void op_weight_dequant(const op_weight *w, int64_t n, int64_t k0, int count, float *out);
+/* Dequantizes all k elements of row n to out with op_weight_dequant (bit-exact), a block
+ * or group at a time. */
+void op_weight_dequant_row(const op_weight *w, int64_t n, float *out);
 /* Reads one MLX scale or bias (F32/F16/BF16) by element index. */
 float op_sb_load(tensor_dtype t, const void *p, int64_t i);
 /* Q3_K: the 16 6-bit sub-block scales (stored + 32, 0..63) from the 12 bytes at offset 96 of

@@ -3,6 +3,7 @@
  * from the same bits). The ops themselves are the backends'. */
 #include "ops/ops.h"
 #include "base/err.h"
+#include <string.h>
 
 hearth_status op_batch_check(const op_batch *b, const kv_cache *kv, int max_tokens, int max_out, hearth_error *err) {
     if (b->T <= 0 || b->T > max_tokens || b->n_out < 0 || b->n_out > max_out)
@@ -16,16 +17,6 @@ hearth_status op_batch_check(const op_batch *b, const kv_cache *kv, int max_toke
         if (b->out_rows[i] < 0 || b->out_rows[i] >= b->T)
             return err_set(err, HEARTH_ERR_INVALID, "logits row %d outside the batch", b->out_rows[i]);
     return HEARTH_OK;
-}
-
-/* Row `token` of the table, dequantized a block at a time. */
-static void embed_row(const op_weight *w, int64_t token, float *out) {
-    int chunk = w->dtype == DT_U32 ? 32 : tensor_dtype_block_elems(w->dtype);
-    if (chunk <= 1) chunk = 256;
-    for (int64_t k0 = 0; k0 < w->k; k0 += chunk) {
-        int count = (int)(w->k - k0 < chunk ? w->k - k0 : chunk);
-        op_weight_dequant(w, token, k0, count, out + k0);
-    }
 }
 
 typedef struct embed_job {
@@ -46,7 +37,7 @@ static void embed_task(void *ctx, int task, int thread) {
     int t0 = task * EMBED_ROWS, t1 = t0 + EMBED_ROWS < j->T ? t0 + EMBED_ROWS : j->T;
     for (int t = t0; t < t1; t++) {
         float *row = j->x + (size_t)t * H;
-        embed_row(j->e->table, j->tokens[t], row);
+        op_weight_dequant_row(j->e->table, j->tokens[t], row);
         if (j->e->scale != 1.0f)
             for (int64_t i = 0; i < H; i++) row[i] *= j->e->scale;
     }
@@ -75,4 +66,65 @@ op_weight op_weight_rows(const op_weight *w, int64_t row0, int64_t rows) {
         v.biases = (const uint8_t *)w->biases + (size_t)row0 * per_row;
     }
     return v;
+}
+
+typedef struct lora_job {
+    const op_batch *b;
+    int layer;
+    op_proj p;
+    const float *x;
+    int64_t k, n;
+    float *y;
+    int rows; /* per task */
+} lora_job;
+
+/* y += scale * B (A x) for one row and one adapter: A x with eight partial sums per row of A
+ * (combined in a fixed order, so the compiler may vectorize), then B's rows (B transposed:
+ * contiguous over the outputs) summed over the rank in order, a chunk of outputs at a time. */
+#define LORA_CHUNK 256
+static void lora_row(const op_lora *l, const float *x, int64_t k, float *y, int64_t n) {
+    float u[OP_LORA_MAX_RANK], acc[LORA_CHUNK];
+    for (int r = 0; r < l->rank; r++) {
+        const float *a = l->a + (size_t)r * k;
+        float part[8] = {0};
+        int64_t i = 0;
+        for (; i + 8 <= k; i += 8)
+            for (int j = 0; j < 8; j++) part[j] += a[i + j] * x[i + j];
+        for (; i < k; i++) part[0] += a[i] * x[i];
+        u[r] = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += LORA_CHUNK) {
+        int c = (int)(n - j0 < LORA_CHUNK ? n - j0 : LORA_CHUNK);
+        memset(acc, 0, (size_t)c * sizeof *acc);
+        for (int r = 0; r < l->rank; r++) {
+            const float *b = l->b + (size_t)r * n + j0;
+            for (int j = 0; j < c; j++) acc[j] += b[j] * u[r];
+        }
+        for (int j = 0; j < c; j++) y[j0 + j] += l->scale * acc[j];
+        if (l->dora)
+            for (int j = 0; j < c; j++) y[j0 + j] *= l->dora[j0 + j];
+    }
+}
+
+/* Rows [rows * task, +rows): each row alone, so any split gives the same bits. */
+static void lora_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const lora_job *j = ctx;
+    int t0 = task * j->rows, t1 = t0 + j->rows < j->b->T ? t0 + j->rows : j->b->T;
+    for (int t = t0; t < t1; t++) {
+        const op_adapter_set *set = j->b->row_adapters[t];
+        for (int i = 0; set && i < set->n; i++) {
+            const op_lora *l = &set->a[i]->proj[(size_t)j->layer * OP_N_PROJ + j->p];
+            if (l->a) lora_row(l, j->x + (size_t)t * j->k, j->k, j->y + (size_t)t * j->n, j->n);
+        }
+    }
+}
+
+void op_lora_apply(const op_batch *b, int layer, op_proj p, const float *x, int64_t k, float *y, int64_t n,
+                   threadpool *tp) {
+    if (!op_batch_has_adapters(b)) return;
+    /* about two tasks per thread: a decode step's few rows still spread over the pool */
+    int threads = tp ? tp_threads(tp) : 1, rows = (b->T + 2 * threads - 1) / (2 * threads);
+    lora_job j = {.b = b, .layer = layer, .p = p, .x = x, .k = k, .n = n, .y = y, .rows = rows};
+    tp_run(tp, (b->T + rows - 1) / rows, lora_task, &j);
 }

@@ -16,8 +16,14 @@
 typedef struct op_dims {
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab;
     int n_experts, top_k_experts, moe_ffn; /* mixture-of-experts layers (0 experts: none) */
+    int shared_ffn; /* the width of a shared expert beside the routed ones (Qwen3.5-MoE), else 0 */
     float norm_eps;
     int rope_adjacent; /* GGUF llama weights are permuted for adjacent-pair RoPE */
+    /* Hybrid models (Qwen3.5): n_state_layers Gated DeltaNet layers (op_gdn) with gdn_k_heads
+     * query/key heads of gdn_k_dim, gdn_v_heads value heads of gdn_v_dim and a causal conv1d of
+     * gdn_conv taps; their per-sequence state lives in the KV pool's state pool (kv_state). */
+    int n_state_layers, gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim, gdn_conv;
+    int attn_gate; /* attention's q projection is doubled: per head, head_dim queries then head_dim output gates */
 } op_dims;
 
 /* One item a backend must hold a copy of (weights and vectors that ops are passed): a
@@ -31,7 +37,6 @@ typedef struct op_item {
     int logits;
     const char *name; /* for messages: "q_proj", "attn_norm", ... */
     int layer;        /* -1: not in a layer */
-    int experts;      /* > 0: w stacks this many experts' matrices (n / experts rows each) */
 } op_item;
 
 /* What a backend is told of a model when it starts: shapes, every item its ops will be
@@ -44,6 +49,39 @@ typedef struct op_model {
     const int *layer_window;
 } op_model;
 
+/* The projections of a layer a LoRA adapter may update. */
+typedef enum op_proj {
+    OP_PROJ_Q, OP_PROJ_K, OP_PROJ_V, OP_PROJ_O, OP_PROJ_GATE, OP_PROJ_UP, OP_PROJ_DOWN, OP_N_PROJ
+} op_proj;
+
+/* One adapter's low-rank update of one projection (LoRA): y += scale * B (A x), with A
+ * [rank, k] and B transposed, [rank, n], in float32 (outputs in the base weight's own row
+ * order). DoRA also
+ * rescales each output before the bias: y[j] *= dora[j] (the magnitude over the norm of the
+ * adapted row, fixed once the adapter is loaded). a NULL: the projection is left alone. */
+typedef struct op_lora {
+    const float *a, *b;
+    const float *dora; /* NULL: plain LoRA */
+    int rank;
+    float scale;
+} op_lora;
+
+/* An adapter as the ops see it: its update of every projection, [n_layers * OP_N_PROJ]
+ * (layer i, projection p at i * OP_N_PROJ + p). */
+typedef struct op_adapter {
+    const op_lora *proj;
+} op_adapter;
+
+/* The adapters one token's row applies, their updates summed ("a+b"; a DoRA adapter is
+ * always alone: its rescaling is its own). */
+typedef struct op_adapter_set {
+    int n;
+    const op_adapter *const *a;
+} op_adapter_set;
+
+/* The widest adapter rank the ops take (op_lora_apply keeps A x on its stack). */
+#define OP_LORA_MAX_RANK 1024
+
 /* One step over a ragged batch of T tokens: tokens[t] of sequence slot[t] at position
  * pos[t]; logits for the n_out rows listed in out_rows (into logits [n_out, vocab] when
  * the step's output goes to the host). batch_invariant: deterministic mode, every row
@@ -55,6 +93,8 @@ typedef struct op_batch {
     const int32_t *out_rows;
     float *logits;
     int batch_invariant;
+    /* [T]: each token's adapters (NULL entry: the base alone); NULL: no token has any */
+    const op_adapter_set *const *row_adapters;
 } op_batch;
 
 /* The activation buffers ops name, [T, hidden] each, owned by the backend: the residual
@@ -75,12 +115,15 @@ typedef struct op_attn {
     const float *inv_freq;
     int window;
     float scale;
+    int rope_dims; /* RoPE on the first rope_dims of each head only (pairs i, i + rope_dims/2); 0: all */
+    int gated;     /* output *= sigmoid(gate) before o (the gates from the doubled q projection, dims.attn_gate) */
 } op_attn;
 
 /* A gated MLP: down(act(gate · x) * (up · x)). */
 typedef struct op_mlp {
     const op_weight *gate, *up, *down;
     op_act act;
+    int layer; /* which layer (its adapters' updates) */
 } op_mlp;
 
 /* A mixture-of-experts MLP (Qwen3-MoE, mlx-lm SwitchGLU): router logits = router · x,
@@ -92,7 +135,27 @@ typedef struct op_moe {
     const op_weight *router, *gate, *up, *down;
     int norm_topk;
     op_act act;
+    /* a shared expert (NULL: none; Qwen3.5-MoE): every token's gated MLP of width
+     * dims.shared_ffn, times sigmoid(shared_router · x) (one row), added to the sum */
+    const op_weight *shared_gate, *shared_up, *shared_down, *shared_router;
 } op_moe;
+
+/* A Gated DeltaNet layer (mlx-lm models/qwen3_5.py GatedDeltaNet, gated_delta.py): from xn,
+ * qkv = in_proj_qkv · x through a causal depthwise conv1d (width dims.gdn_conv, the last
+ * gdn_conv - 1 inputs of the sequence kept in its state) and SiLU; q and k L2-normalised
+ * (eps 1e-6; q also times gdn_k_dim^-1/2); per value head, decay g = exp(-exp(A_log) *
+ * softplus(a + dt_bias)) and beta = sigmoid(b); the delta rule on the [v_dim, k_dim] state
+ * S: S *= g, S += k (beta (v - S k))^T, y = S q; then y = rmsnorm(y) * norm * silu(z) and
+ * tmp = out · y. Tokens run in batch order, each on its sequence's state (layer
+ * state_layer of the state pool); a token at position 0 starts from a zero state. */
+typedef struct op_gdn {
+    const op_weight *qkv, *z, *b, *a, *out;
+    const float *conv;            /* [conv_dim, gdn_conv], conv_dim = 2 k_heads k_dim + v_heads v_dim */
+    const float *A_log, *dt_bias; /* [v_heads] */
+    const float *norm;            /* [v_dim] */
+    float norm_eps;
+    int state_layer;
+} op_gdn;
 
 /* How the step's logits leave it: to the host (batch.logits), only each row's greedy id
  * (ids; the first index of the largest logit), kept where the backend computed them for a
@@ -149,6 +212,9 @@ struct op_table {
     hearth_status (*mlp)(const op_step *s, const op_mlp *m);
     /* tmp = the mixture-of-experts MLP of xn (dims.n_experts, top_k_experts, moe_ffn). */
     hearth_status (*moe)(const op_step *s, const op_moe *m);
+    /* tmp = the Gated DeltaNet layer of xn (op_gdn), updating each sequence's state. NULL in
+     * a backend that does not run hybrid models (it refuses them at create). */
+    hearth_status (*gated_delta)(const op_step *s, const op_gdn *g);
     /* logits of the step's out_rows: lm_head · (rmsnorm(x[row]) * (w + shift) / div) (div 1:
      * none; OP_OUT_HIDDEN: the normed rows themselves, undivided). */
     hearth_status (*logits)(const op_step *s, const float *w, float shift, float div, const op_weight *lm_head);
@@ -183,12 +249,36 @@ static inline hearth_status op_attention(const op_step *s, int layer, const op_a
 }
 static inline hearth_status op_mlp_run(const op_step *s, const op_mlp *m) { return s->t->mlp(s, m); }
 static inline hearth_status op_moe_run(const op_step *s, const op_moe *m) { return s->t->moe(s, m); }
+static inline hearth_status op_gated_delta(const op_step *s, const op_gdn *g) { return s->t->gated_delta(s, g); }
+
+/* y[t] += every adapter update of projection p of layer `layer` for each token t of the
+ * step whose row has adapters (x [T, k] the projection's input, y [T, n] its output before
+ * any bias); DoRA rows are then rescaled. Rows without adapters are not touched, so they
+ * stay bit-identical to the base. Scalar, on the host, rows spread over tp; a backend calls
+ * it right after the projection's matmul. */
+void op_lora_apply(const op_batch *b, int layer, op_proj p, const float *x, int64_t k, float *y, int64_t n,
+                   threadpool *tp);
+/* Whether any token of the step has adapters. */
+static inline int op_batch_has_adapters(const op_batch *b) {
+    if (!b->row_adapters) return 0;
+    for (int t = 0; t < b->T; t++)
+        if (b->row_adapters[t]) return 1;
+    return 0;
+}
 
 /* Expert e's rows of a stacked expert weight (op_moe): a view, no copy. */
 op_weight op_weight_rows(const op_weight *w, int64_t row0, int64_t rows);
 static inline hearth_status op_logits(const op_step *s, const float *w, float shift, float div,
                                       const op_weight *lm_head) {
     return s->t->logits(s, w, shift, div, lm_head);
+}
+
+/* Floats of one sequence's recurrent state in one Gated DeltaNet layer (the conv's last
+ * gdn_conv - 1 inputs, then every value head's [v_dim, k_dim] delta-rule state); 0 without. */
+static inline size_t op_gdn_state_floats(const op_dims *d) {
+    if (d->n_state_layers <= 0) return 0;
+    size_t conv = 2 * (size_t)d->gdn_k_heads * d->gdn_k_dim + (size_t)d->gdn_v_heads * d->gdn_v_dim;
+    return (size_t)(d->gdn_conv - 1) * conv + (size_t)d->gdn_v_heads * d->gdn_v_dim * d->gdn_k_dim;
 }
 
 /* The checks every backend's step makes before it runs: T and n_out within its sizes,

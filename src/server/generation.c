@@ -4,6 +4,7 @@
  * tokens to the text state machine. Runs on HTTP threads; builds no response
  * bodies. */
 #include "server/generation.h"
+#include "server/adapters.h"
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,8 +109,11 @@ static int check_fits(srv_server *s, size_t n_prompt, int max_tokens, const srv_
                     need, n_prompt, field, max_tokens, s->context_length, have, have * 16, field);
 }
 
-static int check_request(srv_server *s, const srv_request *r, const srv_gen_options *o, srv_error *e) {
-    if (!o->any_model && !srv_model_matches(s, r->model))
+static int check_request(srv_server *s, const srv_request *r, const srv_gen_options *o, char *spec, size_t cap,
+                         srv_error *e) {
+    int named = srv_adapter_spec(s, r, spec, cap, e); /* first: a model may name an adapter */
+    if (named < 0) return -1;
+    if (!o->any_model && named != 2 && !srv_model_matches(s, r->model))
         return srv_fail(e, 404, "invalid_request_error", "model", "model_not_found",
                         "The model '%s' is not served here: this server serves "
                         "'%s' (or use \"default_model\"); "
@@ -150,7 +154,8 @@ static size_t stop_token_seqs(srv_server *s, const srv_request *r, int32_t **seq
 int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_options *o, srv_generation *g,
                          srv_error *e) {
     memset(g, 0, sizeof *g);
-    if (check_request(s, r, o, e)) return -1;
+    char spec[512];
+    if (check_request(s, r, o, spec, sizeof spec, e)) return -1;
     int32_t *ids = NULL;
     size_t n = 0;
     int opens_think = 0;
@@ -165,6 +170,7 @@ int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_opti
                    r->kind == SRV_CHAT && opens_think, &err);
     hearth_generate_params p;
     fill_params(r, &p);
+    p.adapter = spec[0] ? spec : NULL;
     size_t n_seqs = 0, cap = r->n_stop ? r->n_stop : 1;
     int32_t **seqs = calloc(cap, sizeof *seqs);
     size_t *lens = calloc(cap, sizeof *lens);
@@ -234,6 +240,9 @@ void srv_generation_free(srv_generation *g) {
 }
 
 int srv_engine_error(const srv_job *j, srv_error *e) {
+    /* NOT_FOUND: its adapter was unmounted between the request's check and its turn */
+    if (j->status == HEARTH_ERR_NOT_FOUND)
+        return srv_fail(e, 400, "invalid_request_error", "adapter", "adapter_not_found", "%s", j->err.message);
     int client = j->status == HEARTH_ERR_INVALID;
     return srv_fail(e, client ? 400 : 500, client ? "invalid_request_error" : "server_error", NULL,
                     client ? "context_length_exceeded" : NULL, "%s", j->err.message);

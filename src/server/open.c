@@ -93,10 +93,29 @@ hearth_status srv_open(const srv_config *cfg, hearth_model *model, hearth_model 
                     blocks, blocks * 16, eo->max_sequences, s->context_length, cut);
         s->on_gpu = hearth_engine_device(s->engine) == HEARTH_DEVICE_CUDA;
     }
+    for (size_t i = 0; s->engine && i < cfg->n_adapters; i++) { /* a bad adapter ends the start */
+        const char *a = cfg->adapters[i], *eq = strchr(a, '=');
+        char id[129];
+        snprintf(id, sizeof id, "%.*s", eq ? (int)(eq - a) : 0, a);
+        if ((st = hearth_adapter_mount(s->engine, id, eq ? eq + 1 : a, err))) return st;
+        srv_log(s, SRV_LOG_INFO, "adapter %s mounted from %s", id, eq ? eq + 1 : a);
+    }
+    if (s->engine && cfg->default_adapter && (st = hearth_adapter_set_default(s->engine, cfg->default_adapter, err)))
+        return st;
     make_fingerprint(s->fingerprint, sizeof s->fingerprint, s->on_gpu);
     if (!(s->responses = resp_store_new(cfg->responses_ttl_s, cfg->responses_max_bytes)))
         return fail(err, HEARTH_ERR_NOMEM, "out of memory");
-    if (s->engine && (st = srv_queue_start(s->engine, &s->queue, err))) return st;
+    hearth_prompt_cache_report pc = {0};
+    if (s->engine && (st = srv_queue_start(s->engine, cfg->prompt_cache_dir, (long long)cfg->prompt_cache_bytes, &pc,
+                                           &s->queue, err)))
+        return st;
+    if (cfg->prompt_cache_dir) {
+        srv_log(s, SRV_LOG_INFO, "prompt cache %s: %zu files (%zu tokens) loaded, %zu skipped (KV pool full)",
+                cfg->prompt_cache_dir, pc.files_loaded, pc.tokens_loaded, pc.files_skipped);
+        if (pc.files_refused)
+            srv_log(s, SRV_LOG_WARNING, "prompt cache %s: %zu files refused, the first: %s", cfg->prompt_cache_dir,
+                    pc.files_refused, pc.first_refusal);
+    }
     if ((st = srv_start(s, err))) return st;
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);

@@ -3,6 +3,7 @@
  * or an SSE stream through the reasoning/tool text state machine), and the
  * body of /v1/models.
  * Runs on HTTP threads; never calls the engine directly (queue.c owns it). */
+#include "server/adapters.h"
 #include "server/embeddings.h"
 #include "server/generation.h"
 #include "server/sse_events.h"
@@ -23,6 +24,7 @@ typedef struct gen_state {
     int tool_index;          /* streaming: "index" of the next call */
     json_t *logprobs;        /* non-streaming: logprobs.content entries */
     sse_stream ss;           /* streaming: SSE bytes not yet written */
+    sbuf answer;             /* --memory-log: the whole answer, streamed or not */
 } gen_state;
 
 static void gen_free(gen_state *g) {
@@ -32,6 +34,7 @@ static void gen_free(gen_state *g) {
     sbuf_free(&g->content);
     sbuf_free(&g->reasoning);
     sbuf_free(&g->ss.out);
+    sbuf_free(&g->answer);
     json_decref(g->tool_calls);
     json_decref(g->logprobs);
     free(g);
@@ -62,6 +65,7 @@ static void take_pending(gen_state *g) {
                         g->tool_calls, warn_tool, g->s);
     }
     sbuf_append(&g->content, v.content ? v.content : "", v.content_len);
+    if (g->s->cfg.memory_log) sbuf_append(&g->answer, v.content ? v.content : "", v.content_len);
     if (g->req.kind == SRV_CHAT) sbuf_append(&g->reasoning, v.reasoning ? v.reasoning : "", v.reasoning_len);
     ts_clear_pending(g->gen.ts);
 }
@@ -98,6 +102,26 @@ static void on_token_event(gen_state *g, const srv_event *ev) {
     }
 }
 
+/* --memory-log: the request's messages and the answer go into the vault, one chat one
+ * file (hearth_memory_log_conversation); one vault per process, one writer at a time. */
+static pthread_mutex_t memory_log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void memory_log(gen_state *g) {
+    if (!g->s->cfg.memory_log || g->req.kind != SRV_CHAT || !json_is_array(g->req.messages)) return;
+    json_t *msgs = json_copy(g->req.messages);
+    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content",
+                                          g->answer.data ? g->answer.data : ""));
+    char *text = json_dumps(msgs, JSON_COMPACT);
+    json_decref(msgs);
+    hearth_error err = {0};
+    pthread_mutex_lock(&memory_log_mu);
+    hearth_status st = text ? hearth_memory_log_conversation(g->s->cfg.memory_log, text, "hearth serve", &err)
+                            : HEARTH_ERR_NOMEM;
+    pthread_mutex_unlock(&memory_log_mu);
+    if (st) srv_log(g->s, SRV_LOG_WARNING, "memory log: %s", err.message);
+    free(text);
+}
+
 /* After the DONE event: the final chunk (stream) or the complete reply. Returns
  * the reply object for non-streaming requests, NULL for streams (bytes are in
  * g->ss.out). */
@@ -106,6 +130,7 @@ static json_t *on_done(gen_state *g) {
     ts_end(g->gen.ts);
     take_pending(g);
     const char *finish = ts_finish_reason(g->gen.ts, g->gen.last_finish);
+    memory_log(g);
     srv_reply r = g->reply;
     r.prompt_tokens = j->n_ids;
     r.completion_tokens = j->result.completion_tokens;
@@ -223,6 +248,17 @@ char *srv_models_body(const srv_server *s, const char *filter) {
         json_object_set_new(m, "created", json_integer((json_int_t)time(NULL)));
         json_array_append_new(data, m);
     }
+    /* mounted adapters: a request's "model" may name one (what gateway routers send) */
+    json_t *ads = srv_adapters_list(s), *a;
+    size_t i;
+    json_array_foreach(ads, i, a) {
+        const char *id = json_string_value(json_object_get(a, "id"));
+        if (!id || (filter && strcmp(filter, id))) continue;
+        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", id, "object", "model", "created",
+                                              (json_int_t)time(NULL), "owned_by", "adapter", "parent",
+                                              hearth_model_path(s->model)));
+    }
+    json_decref(ads);
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("list"));
     json_object_set_new(o, "data", data);

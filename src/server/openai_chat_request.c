@@ -251,6 +251,12 @@ static int parse_root(json_t *root, srv_kind kind, const srv_defaults *d, srv_re
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     v = json_object_get(root, "adapters");
     if (v && !json_is_null(v) && !json_is_string(v)) return BAD(e, "adapters", "adapter must be of type str");
+    if (json_is_string(v) && !(r->adapters = strdup(json_string_value(v))))
+        return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    v = json_object_get(root, "adapter");
+    if (v && !json_is_null(v) && !json_is_string(v)) return BAD(e, "adapter", "adapter must be of type str");
+    if (json_is_string(v) && !(r->adapter = strdup(json_string_value(v))))
+        return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     if (parse_stream(root, r, e) || parse_sampling(root, d, r, e) || parse_logit_bias(root, r, e) ||
         parse_stop(root, r, e) || parse_template_kwargs(root, d, r, e))
         return -1;
@@ -284,6 +290,8 @@ int srv_request_parse(const char *body, size_t len, srv_kind kind, const srv_def
 
 void srv_request_free(srv_request *r) {
     free(r->model);
+    free(r->adapter);
+    free(r->adapters);
     free(r->bias_ids);
     free(r->bias_values);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);

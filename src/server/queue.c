@@ -38,12 +38,15 @@ static void job_free_params(srv_job *j) {
     free((void *)p->stop_token_lens);
     free((void *)p->sampling.bias_ids);
     free((void *)p->sampling.bias_values);
+    free((void *)p->adapter);
 }
 
 static int job_own_params(srv_job *j) {
     hearth_generate_params *p = &j->params, src = *p;
     p->stop = NULL, p->stop_token_seqs = NULL, p->stop_token_lens = NULL;
     p->sampling.bias_ids = NULL, p->sampling.bias_values = NULL;
+    p->adapter = src.adapter ? strdup(src.adapter) : NULL;
+    if (src.adapter && !p->adapter) return -1;
     char **stop = calloc(src.n_stop + 1, sizeof *stop);
     int32_t **seqs = calloc(src.n_stop_token_seqs + 1, sizeof *seqs);
     p->stop = (const char *const *)stop;
@@ -241,7 +244,8 @@ static void *engine_main(void *arg) {
     return NULL;
 }
 
-hearth_status srv_queue_start(hearth_engine *e, srv_queue **out, hearth_error *err) {
+hearth_status srv_queue_start(hearth_engine *e, const char *prompt_cache_dir, long long prompt_cache_bytes,
+                              hearth_prompt_cache_report *report, srv_queue **out, hearth_error *err) {
     srv_queue *q = calloc(1, sizeof *q);
     if (!q) {
         err->status = HEARTH_ERR_NOMEM;
@@ -250,6 +254,9 @@ hearth_status srv_queue_start(hearth_engine *e, srv_queue **out, hearth_error *e
     }
     q->engine = e;
     hearth_status st = hearth_batch_create(e, &q->batch, err);
+    if (!st && prompt_cache_dir)
+        if ((st = hearth_batch_prompt_cache(q->batch, prompt_cache_dir, prompt_cache_bytes, report, err)))
+            hearth_batch_free(q->batch);
     if (st) {
         free(q);
         return st;

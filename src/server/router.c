@@ -3,6 +3,7 @@
  * generating routes by an embedding-only server, the cross-origin rule for routes
  * that change state, the CORS preflight and the /v1 index. A new endpoint is one row
  * here; the handlers live in their dialect's file. */
+#include "server/adapters.h"
 #include "server/anthropic.h"
 #include "server/embeddings.h"
 #include "server/http_conn.h"
@@ -60,6 +61,10 @@ static int respond_owned(srv_server *s, srv_conn *c, char *body) {
     free(body);
     return rc;
 }
+static int adapters_get(srv_server *s, srv_conn *c) { return srv_adapters_get(s, c); }
+static int adapters_post(srv_server *s, srv_conn *c) { return body_handler(s, c, srv_adapters_post); }
+static int adapters_delete(srv_server *s, srv_conn *c) { return srv_adapters_delete(s, c, c->route_tail); }
+static int adapters_available(srv_server *s, srv_conn *c) { return srv_adapters_available(s, c); }
 static int models(srv_server *s, srv_conn *c) { return respond_owned(s, c, srv_models_body(s, c->route_tail)); }
 static int stats(srv_server *s, srv_conn *c) { return respond_owned(s, c, srv_stats_body(s)); }
 /* an embedding-only server has no engine numbers to add */
@@ -82,7 +87,14 @@ static const srv_route routes[] = {
     {"POST", "/v1/embeddings", R_BODY, embeddings, NULL,
      "embeddings (OpenAI) of an embedding model (hearth serve <it>, or --embedding-model)"},
     {"POST", "/embeddings", R_BODY, embeddings, NULL, "alias of /v1/embeddings"},
-    {"GET", "/v1/models", 0, models, NULL, "the model being served"},
+    {"GET", "/v1/models", 0, models, NULL, "the model being served (and its mounted adapters)"},
+    {"GET", "/v1/adapters", R_ENGINE, adapters_get, NULL, "the mounted LoRA adapters"},
+    {"POST", "/v1/adapters", R_ENGINE | R_BODY | R_STATE, adapters_post, NULL,
+     "{\"id\", \"path\"} mounts a LoRA adapter folder (MLX or PEFT)"},
+    {"GET", "/v1/adapters/available", R_ENGINE, adapters_available, NULL,
+     "adapter folders on disk the served model could mount"},
+    {"DELETE", "/v1/adapters/", R_ENGINE | R_PREFIX | R_STATE, adapters_delete, "/v1/adapters/{id}",
+     "unmounts an adapter (requests using it finish with it)"},
     {"GET", "/v1/models/", R_PREFIX, models, "/v1/models/{id}", "the model list filtered by id"},
     {"GET", "/health", R_PUBLIC, health, NULL, "liveness: {\"status\": \"ok\"}"},
     {"GET", "/library", 0, library, NULL,

@@ -53,6 +53,8 @@ typedef struct srv_defaults {
 typedef struct srv_request {
     srv_kind kind;
     char *model; /* echoed back verbatim; "default_model" when absent */
+    char *adapter;  /* "adapter": "id", "a+b" or "none"; NULL when absent */
+    char *adapters; /* mlx_lm.server's "adapters" (an adapter path); NULL when absent */
     int max_tokens;
     int num_draft_tokens; /* with --draft-model: tokens it proposes per step */
     float temperature, top_p, min_p;
@@ -120,8 +122,11 @@ typedef struct srv_job {
 
 typedef struct srv_queue srv_queue;
 
-/* Starts the engine thread. The engine stays owned by the caller. */
-hearth_status srv_queue_start(hearth_engine *e, srv_queue **out, hearth_error *err);
+/* Starts the engine thread. The engine stays owned by the caller. prompt_cache_dir (NULL:
+ * none): the batch's prefix cache is kept there (hearth_batch_prompt_cache, bounded by
+ * prompt_cache_bytes); *report gets what was loaded from it. */
+hearth_status srv_queue_start(hearth_engine *e, const char *prompt_cache_dir, long long prompt_cache_bytes,
+                              hearth_prompt_cache_report *report, srv_queue **out, hearth_error *err);
 /* Stops the engine thread: running and queued jobs finish as cancelled. */
 void srv_queue_stop(srv_queue *q);
 /* Creates a job holding two references (HTTP side and engine side); takes ids.
@@ -187,8 +192,15 @@ typedef struct srv_config {
     srv_log_level log_level;
     const char *model_arg; /* --model as given (NULL: the default model) */
     srv_defaults defaults;
+    const char *const *adapters; /* --adapter id=path / --adapter-path: mounted at start */
+    size_t n_adapters;
+    const char *default_adapter; /* the id requests naming none use (NULL: the base) */
     unsigned responses_ttl_s;   /* --responses-ttl: how long stored responses live */
     size_t responses_max_bytes; /* --responses-max-bytes: the store's cap */
+    hearth_memory *memory_log;  /* --memory-log: chat completions are logged into this vault
+                                   (owned by the caller); NULL: nothing is logged */
+    const char *prompt_cache_dir; /* --prompt-cache-dir: the prefix cache kept on disk (NULL: not kept) */
+    size_t prompt_cache_bytes;    /* --prompt-cache-bytes: that folder's bound */
 } srv_config;
 
 typedef struct srv_server {

@@ -2,6 +2,7 @@
  * snapshot the engine thread publishes after every step, memory high-water mark vs
  * hearth fit's prediction, and the Responses store. Runs on HTTP threads and must never
  * wait for the engine (it reads srv_queue_stats' copy only). */
+#include "server/adapters.h"
 #include "server/responses.h"
 #include "server/server.h"
 #include <stdlib.h>
@@ -67,6 +68,7 @@ static json_t *stats_json(srv_server *s) {
                         json_pack("{s:I,s:I,s:I,s:I}", "entries", (json_int_t)entries, "bytes", (json_int_t)bytes,
                                   "max_bytes", (json_int_t)s->cfg.responses_max_bytes, "ttl_seconds",
                                   (json_int_t)s->cfg.responses_ttl_s));
+    json_object_set_new(o, "adapters", srv_adapters_list(s)); /* the registry's copy: never waits for a step */
     return o;
 }
 

@@ -1,6 +1,7 @@
 """Differential tests: the real mlx_lm.server (PyPI mlx-lm, CPU, offline) and `hearth serve`
-serve the same tiny random-weight model (qwen3-f32: float32 on both sides, so greedy tokens
-must agree) and get the same requests; responses are compared field by field.
+serve the same tiny random-weight model (qwen3-f32, and the hybrid qwen3_5-f32: float32 on
+both sides, so greedy tokens must agree) and get the same requests; responses are compared
+field by field.
 
 Binary: env HEARTH_BIN (default <repo>/bin/hearth). Model: env HEARTH_CACHE/tiny/qwen3-f32.
 A missing binary or model fails the test with the command that fixes it.
@@ -29,6 +30,7 @@ Allowed differences, each with its reason (everything else must match):
 import http.client
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -38,11 +40,14 @@ MODEL = TINY / "qwen3-f32"
 LOGPROB_TOL = 1e-3  # float32 on both sides, different reduction orders
 
 
-@pytest.fixture(scope="module")
-def servers():
-    need(MODEL, "tiny model", "run tools/make_tiny_models.py")
+# Every test runs on qwen3 and on the hybrid qwen3_5 (Gated DeltaNet layers with recurrent
+# state, gated attention; the same tokenizer and chat template, so thinking and tool calls too).
+@pytest.fixture(scope="module", params=["qwen3-f32", "qwen3_5-f32"])
+def servers(request):
+    model = TINY / request.param
+    need(model, "tiny model", "run tools/make_tiny_models.py")
     need(BIN, "hearth binary", "run make (or set HEARTH_BIN)")
-    with upstream_server(MODEL) as up, server(MODEL) as hz:
+    with upstream_server(model) as up, server(model) as hz:
         yield up, hz
 
 
@@ -593,11 +598,18 @@ def mlx_server_flags():
     return [f for f in re.findall(r"\[(--[a-z0-9-]+)", usage) if f != "--help"]
 
 
-def test_every_mlx_lm_flag_is_accepted():
+def test_every_mlx_lm_flag_is_accepted(tmp_path):
     """Parses upstream's --help: hearth serve must start with every flag it lists; --kv-bits 8
-    is hearth's int8 KV (same pool size in blocks as --kv-quant int8 for one byte budget)."""
+    is hearth's int8 KV (same pool size in blocks as --kv-quant int8 for one byte budget).
+    --adapter-path is honoured, so it gets a real adapter (made by mlx-lm's tuner)."""
+    import importlib.util
     from conftest import server
     need(MODEL, "tiny model", "run tools/make_tiny_models.py")
+    spec = importlib.util.spec_from_file_location(
+        "lora_helpers", Path(__file__).resolve().parent.parent / "parity" / "lora_helpers.py")
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+    values = dict(MLX_FLAG_VALUES, **{"--adapter-path": str(helpers.make_mlx_adapter(MODEL, tmp_path / "ad"))})
     flags = mlx_server_flags()
     assert "--kv-bits" in flags and len(flags) >= 20, flags
     missing = [f for f in flags if f not in MLX_FLAG_VALUES]
@@ -606,7 +618,7 @@ def test_every_mlx_lm_flag_is_accepted():
     for f in flags:
         if f in ("--model", "--port"):
             continue
-        argv += [f] if MLX_FLAG_VALUES[f] is None else [f"{f}={MLX_FLAG_VALUES[f]}"]
+        argv += [f] if values[f] is None else [f"{f}={values[f]}"]
     blocks = {}
     for name, extra in (("mlx", argv), ("int8", ["--kv-quant", "int8"]), ("float", [])):
         with server(MODEL, "--kv-budget", "2M", *extra) as base:

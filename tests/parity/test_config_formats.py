@@ -68,3 +68,103 @@ def test_unsupported_rope_type_is_refused(tmp_path):
     assert out.returncode != 0
     err = out.stderr.decode()
     assert "yarn" in err and "not supported" in err, err
+
+
+# ---- qwen3_5: a hybrid model's config that hearth cannot run must say what is wrong ----
+QWEN3_5_BAD = [
+    ("no linear_num_value_heads", lambda c: c.pop("linear_num_value_heads"), "linear_num_value_heads"),
+    ("key heads not dividing value heads", lambda c: c.update(linear_num_key_heads=3), "key heads"),
+    ("layer_types against the interval", lambda c: c["layer_types"].reverse(), "layer_types[0]"),
+    ("layer_types too short", lambda c: c["layer_types"].pop(), "layer_types must list 6"),
+    ("yarn rope", lambda c: c["rope_parameters"].update(rope_type="yarn"), "yarn"),
+    ("odd partial rope", lambda c: c["rope_parameters"].update(partial_rotary_factor=0.1), "partial_rotary_factor"),
+    ("a full layer's weights for a linear one", lambda c: c.update(full_attention_interval=2,
+                                                                     layer_types=None), "missing tensor"),
+]
+
+
+QWEN3_5_BAD += [  # on the MoE model
+    ("moe: no shared expert width", lambda c: c.pop("shared_expert_intermediate_size"),
+     "shared_expert_intermediate_size"),
+    ("moe: more experts per token than experts", lambda c: c.update(num_experts_per_tok=9), "num_experts_per_tok"),
+    ("moe: expert count against the weights", lambda c: c.update(num_experts=6), "mlp.gate.weight' has shape [8,64]"),
+]
+
+
+@pytest.mark.parametrize("case", QWEN3_5_BAD, ids=[c[0] for c in QWEN3_5_BAD])
+def test_qwen3_5_bad_config_is_a_clear_error(case, tmp_path):
+    src = os.path.join(CACHE, "tiny", "qwen3_5_moe-f32" if case[0].startswith("moe:") else "qwen3_5-f32")
+    assert os.path.isdir(src), f"{src} missing: run tools/get_models.sh"
+    for name in os.listdir(src):
+        if name != "config.json":
+            os.symlink(os.path.join(src, name), os.path.join(tmp_path, name))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    case[1](cfg)
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    json.dump(cfg, open(os.path.join(tmp_path, "config.json"), "w"))
+    out = subprocess.run([BIN, "trace", str(tmp_path), "--ids", "[1, 2, 3]", "--last", "1"], capture_output=True,
+                         timeout=120)
+    assert out.returncode not in (0, -6, -11), out  # an error, not a crash
+    err = out.stderr.decode()
+    assert case[2] in err and str(tmp_path) in err, err
+
+
+def hf_layout_copy(src, dst):
+    """The tiny qwen3_5 as a Hugging Face checkpoint of Qwen3.5 stores it: text config nested
+    under text_config (model_type qwen3_5_text), weights under model.language_model.* and
+    lm_head, conv1d as [channels, 1, width], and the layer, final and q/k norm weights as
+    offsets from 1 (mlx-lm's sanitize adds the 1 back; the gated norm is stored as is)."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    for name in os.listdir(src):
+        if name not in ("config.json", "model.safetensors", "model.safetensors.index.json"):
+            os.symlink(os.path.join(src, name), os.path.join(dst, name))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    text = {k: v for k, v in cfg.items() if k not in ("architectures", "quantization", "quantization_config")}
+    text["model_type"] = "qwen3_5_text"
+    json.dump({"model_type": "qwen3_5", "architectures": cfg["architectures"], "text_config": text,
+               "tie_word_embeddings": cfg["tie_word_embeddings"]}, open(os.path.join(dst, "config.json"), "w"))
+    out = {}
+    for k, v in load_file(os.path.join(src, "model.safetensors")).items():
+        if "conv1d.weight" in k:
+            v = np.ascontiguousarray(np.moveaxis(v, 2, 1))
+        if k.endswith(("input_layernorm.weight", "post_attention_layernorm.weight", "model.norm.weight",
+                       "q_norm.weight", "k_norm.weight")):
+            v = (v - 1.0).astype(v.dtype)
+        k = k.replace("language_model.model.", "model.language_model.").replace("language_model.lm_head", "lm_head")
+        out[k] = v
+    # the multi-token-prediction head real checkpoints carry (unused: mlx-lm drops mtp.*)
+    rng = np.random.default_rng(0)
+    out["mtp.fc.weight"] = rng.standard_normal((cfg["hidden_size"], 2 * cfg["hidden_size"])).astype(np.float32)
+    out["mtp.layers.0.input_layernorm.weight"] = np.zeros(cfg["hidden_size"], np.float32)
+    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_qwen3_5_hf_checkpoint_layout(tmp_path):
+    """hearth reads the HF layout of the same weights (offsets from 1, nested names, the other
+    conv1d axis order) and gives the golden's greedy tokens; mlx-lm, loading the same folder,
+    gives them too (so the copy is the same model)."""
+    src = os.path.join(CACHE, "tiny", "qwen3_5-f32")
+    assert os.path.isdir(src), f"{src} missing: run tools/get_models.sh"
+    hf_layout_copy(src, str(tmp_path))
+    golden = json.load(open(os.path.join(REPO, "tests", "parity", "goldens", "qwen3_5-f32.json")))
+    p = golden["prompts"][0]
+    steps = 16
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.models.cache import make_prompt_cache
+    model, _ = load(str(tmp_path))
+    cache, ids, mlx_ids = make_prompt_cache(model), p["ids"], []
+    for _ in range(steps):
+        nxt = int(mx.argmax(model(mx.array([ids]), cache=cache)[0, -1]).item())
+        mlx_ids.append(nxt)
+        ids = [nxt]
+    assert mlx_ids == p["greedy_ids"][:steps]
+    out = subprocess.run([BIN, "trace", str(tmp_path), "--ids", json.dumps(p["ids"]), "--last", "1", "--top", "1",
+                          "--steps", str(steps - 1), "--step-top", "1"], capture_output=True, timeout=600,
+                         env={**os.environ, "HEARTH_CPU": "scalar"})
+    assert out.returncode == 0, out.stderr.decode()
+    t = json.loads(out.stdout)
+    ours = [s["token"] for s in t["steps"]] + [t["steps"][-1]["top"][0][0]]
+    assert ours == p["greedy_ids"][:steps]

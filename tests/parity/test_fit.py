@@ -27,6 +27,7 @@ KV_BLOCK = 16     # src/kv/kv_cache.h KV_BLOCK_SIZE
 # machine prefills in seconds, the tiny ones at longer ones.
 CASES = [(f"models/{REAL_GGUFS[k]}", ctx, 2) for k in ("smollm2", "gemma3") for ctx in (256, 1024)]
 CASES += [(f"tiny/{name}", ctx, 2) for name in ("llama-f32", "qwen3-q4g64", "gemma3-bf16") for ctx in (256, 2048)]
+CASES += [("tiny/qwen3_5-q4g64", ctx, 2) for ctx in (256, 2048)]  # hybrid: the recurrent-state pool too
 CASES += [(f"models/{REAL_GGUFS['smollm2']}", 512, t) for t in (1, 4)]
 
 ROWS = []
@@ -139,12 +140,13 @@ def test_kv_pool_matches_config(hearth_bin, name):
         assert q8["kv_quant"] == "int8" and fit["kv_quant"] == "none"
         q8_tensors = 2 * cfg["num_hidden_layers"] * blocks * KV_BLOCK * kv_heads * (head_dim + 4)
         assert fit["kv_pool_bytes"] - q8["kv_pool_bytes"] == tensors - q8_tensors
-        # prefix-cache metadata (src/engine/kv_prefix.c): per block 56 bytes of hash, partial-match
-        # key, generations, parent, refcount, list links and valid count plus its 16 token ids; two
-        # power-of-two bucket arrays of int32 (chain names, partial matches) with at least one
-        # bucket per block each; 24 bytes of chain state per slot; 56 fixed
+        # prefix-cache metadata (src/kv/kv_prefix.c): per block 64 bytes of hash, partial-match
+        # key, namespace (the adapter set), generations, parent, refcount, list links and valid
+        # count plus its 16 token ids; two power-of-two bucket arrays of int32 (chain names,
+        # partial matches) with at least one bucket per block each; 32 bytes of chain state
+        # (with its namespace) per slot; 56 fixed
         buckets = 1 << max(0, (blocks - 1).bit_length())
-        prefix = blocks * (56 + 4 * KV_BLOCK) + 2 * 4 * buckets + 24 * batch + 56
+        prefix = blocks * (64 + 4 * KV_BLOCK) + 2 * 4 * buckets + 32 * batch + 56
         assert fit["kv_pool_bytes"] == tensors + tables + prefix
         assert fit["max_sequences"] == batch
         assert fit["kv_blocks"] == blocks and fit["kv_blocks_cut_from"] == 0
@@ -178,3 +180,29 @@ def test_load_holds_one_tensor_not_the_whole_file(hearth_bin):
     base = fit["runtime_overhead"]["process_resident_bytes"]
     assert fit["weights_bytes"] <= fit["weights_load_peak_bytes"] < fit["weights_bytes"] + half_file
     assert measured["peak_rss_bytes"] < base + fit["weights_bytes"] + half_file, (measured, fit)
+
+
+def test_hybrid_kv_pool_and_state_match_config(hearth_bin):
+    """Qwen3.5 (src/kv/kv_state.h): keys and values for the full-attention layers only, and per
+    sequence a float32 record per Gated DeltaNet layer (the conv's last width - 1 inputs of
+    2 k_heads k_dim + v_heads v_dim channels, then v_heads [v_dim, k_dim] matrices), plus
+    2 x sequences + 2 snapshot records of all of them (24 bytes of metadata each) and the
+    pool's 56-byte header; all from config.json."""
+    model = model_path("tiny/qwen3_5-f32")
+    cfg = json.loads((model / "config.json").read_text())
+    n, every = cfg["num_hidden_layers"], cfg["full_attention_interval"]
+    full = sum(1 for i in range(n) if (i + 1) % every == 0)
+    kh, vh, kd, vd, width = (cfg[k] for k in ("linear_num_key_heads", "linear_num_value_heads",
+                                              "linear_key_head_dim", "linear_value_head_dim",
+                                              "linear_conv_kernel_dim"))
+    per_seq = (n - full) * ((width - 1) * (2 * kh * kd + vh * vd) + vh * vd * kd) * 4
+    for ctx, batch in ((100, 1), (512, 3)):
+        fit = run_fit(hearth_bin, model, "--ctx", str(ctx), "--batch", str(batch))
+        blocks = -(-ctx // KV_BLOCK) * batch
+        tensors = 2 * full * blocks * KV_BLOCK * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
+        tables = 4 * (blocks + batch + blocks)
+        buckets = 1 << max(0, (blocks - 1).bit_length())
+        prefix = blocks * (56 + 4 * KV_BLOCK) + 2 * 4 * buckets + 24 * batch + 56
+        snaps = 2 * batch + 2
+        state = 56 + batch * per_seq + snaps * (per_seq + 24)
+        assert fit["kv_pool_bytes"] == tensors + tables + prefix + state

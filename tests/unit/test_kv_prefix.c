@@ -143,6 +143,31 @@ static void test_attach_reuses_full_blocks(void **state) {
     kv_destroy(&kv);
 }
 
+/* Namespaces (the engine's adapter sets): a prefix computed in one is found in that one only,
+ * full blocks and the kept tail alike; a released slot is back in the default namespace. */
+static void test_namespaces(void **state) {
+    (void)state;
+    kv_cache kv;
+    assert_int_equal(kv_create(&kv, 1, 1, 4, 3, 128, 16, NULL), HEARTH_OK);
+    int32_t t[40];
+    fill(t, 40, 7);
+    kv_prefix_slot_namespace(&kv, 0, 77);
+    compute_rows(&kv, 0, t, 40);
+    kv_release(&kv, 0);
+    assert_int_equal(kv_blocks_cached(&kv), 3);
+    assert_int_equal(attach_all(&kv, 1, t, 40), 0); /* the default namespace */
+    kv_release(&kv, 1);
+    kv_prefix_slot_namespace(&kv, 1, 78);
+    assert_int_equal(attach_all(&kv, 1, t, 40), 0); /* another adapter set */
+    kv_release(&kv, 1);
+    kv_prefix_slot_namespace(&kv, 1, 77);
+    assert_int_equal(attach_all(&kv, 1, t, 40), 39);
+    check_rows(&kv, 1, t, 39);
+    kv_release(&kv, 1);
+    assert_accounted(&kv);
+    kv_destroy(&kv);
+}
+
 static void test_shared_refcounts(void **state) {
     (void)state;
     kv_cache kv;
@@ -420,6 +445,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hash),
         cmocka_unit_test(test_attach_reuses_full_blocks),
+        cmocka_unit_test(test_namespaces),
         cmocka_unit_test(test_shared_refcounts),
         cmocka_unit_test(test_lru_eviction),
         cmocka_unit_test(test_stale_parent),

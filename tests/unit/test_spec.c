@@ -308,6 +308,9 @@ static void test_lossless_every_tiny_model(void **st) {
         assert_int_equal(s0.spec_proposed[0], 0);
         run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP}, spec, &s1);
         assert_same(plain, spec, "prompt lookup, alone", names[mi]);
+        /* hybrid models (a recurrent state, qwen3_5) do not speculate: nothing to roll it back yet */
+        int hybrid = !strncmp(names[mi], "qwen3_5", 7);
+        if (hybrid) assert_int_equal(s1.spec_proposed[0], 0);
         assert_true(s1.steps < s0.steps || s1.spec_accepted[0] == 0);
         proposed += s1.spec_proposed[0], accepted += s1.spec_accepted[0];
         run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP, .together = 1}, spec, &s1);
@@ -326,7 +329,7 @@ static void test_lossless_every_tiny_model(void **st) {
                 run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP, .together = together, .draft = dm},
                             spec, &s1);
                 assert_same(plain, spec, together ? "draft model, together" : "draft model", names[mi]);
-                assert_true(s1.spec_proposed[HEARTH_SPEC_DRAFT] > 0);
+                assert_true(hybrid ? s1.spec_proposed[HEARTH_SPEC_DRAFT] == 0 : s1.spec_proposed[HEARTH_SPEC_DRAFT] > 0);
                 assert_int_equal(s1.spec_proposed[HEARTH_SPEC_LOOKUP], 0);
                 if (dj < 0) assert_int_equal(s1.spec_accepted[HEARTH_SPEC_DRAFT], s1.spec_proposed[HEARTH_SPEC_DRAFT]);
             }
@@ -345,7 +348,7 @@ static void test_lossless_every_tiny_model(void **st) {
             run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP, .together = together, .orc = &orc},
                         spec, &s1);
             assert_same(plain, spec, together ? "rejected proposals, together" : "rejected proposals", names[mi]);
-            assert_true(s1.spec_accepted[0] > 0 && s1.spec_accepted[0] < s1.spec_proposed[0]);
+            assert_true(hybrid || (s1.spec_accepted[0] > 0 && s1.spec_accepted[0] < s1.spec_proposed[0]));
             if (!together) {
                 assert_int_equal(s1.kv_blocks_cached, s0.kv_blocks_cached);
                 assert_int_equal(s1.kv_blocks_used, 0);
@@ -360,7 +363,7 @@ static void test_lossless_every_tiny_model(void **st) {
         }
         run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP, .sampled = 1, .orc = &orc}, spec, &s1);
         assert_same(splain, spec, "seeded sampling, rejected proposals", names[mi]);
-        assert_true(s1.spec_accepted[0] > 0);
+        assert_true(hybrid || s1.spec_accepted[0] > 0);
         for (int i = 0; i < N_PROMPTS; i++) free((void *)orc.seq[i]), hearth_free(ids[i]);
         hearth_model_close(m);
     }

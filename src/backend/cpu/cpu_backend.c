@@ -6,6 +6,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/matmul.h"
 #include "base/err.h"
+#include "kv/kv_state.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,10 @@ typedef struct cpu_backend {
     int32_t *moe_sel, *moe_tok;
     float *moe_tokw;
     float *attn;                                       /* attention scratch, per thread */
+    /* hybrid models: attention's output gates [T, heads*head_dim] (dims.attn_gate); the
+     * Gated DeltaNet projections qkv [T, conv_dim], z [T, v_heads*v_dim], a and b
+     * [T, v_heads], and its output y [T, v_heads*v_dim] (op_gdn) */
+    float *qgate, *gdn_qkv, *gdn_z, *gdn_a, *gdn_b, *gdn_y;
     void *mm;                                          /* matmul scratch (quantized activations) */
     size_t mm_size;
 } cpu_backend;
@@ -40,15 +45,20 @@ static size_t mm_scratch_need(const op_model *om, int T) {
 }
 
 /* The sizes of the buffers, in floats (4 bytes) each, in cpu_backend's order. */
-enum { CPU_N_ACT = 20 };
+enum { CPU_N_ACT = 26 };
 static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
                       size_t sizes[CPU_N_ACT]) {
     size_t T = (size_t)max_tokens, qd = (size_t)d->n_heads * d->head_dim, kd = (size_t)d->n_kv_heads * d->head_dim;
+    size_t ffn = (size_t)(d->shared_ffn > d->ffn ? d->shared_ffn : d->ffn); /* gate, up: the MLP or a shared expert */
     size_t E = (size_t)d->n_experts, K = (size_t)d->top_k_experts, F = (size_t)d->moe_ffn, moe = E > 0;
-    size_t s[CPU_N_ACT] = {T * d->hidden, T * d->hidden, T * qd, T * kd, T * kd, T * qd, T * d->hidden, T * d->ffn,
-                           T * d->ffn, (size_t)max_out * d->hidden, (size_t)n_threads * ops_attention_scratch(kv),
+    size_t gate = d->attn_gate != 0, gdn = d->n_state_layers > 0, vd = (size_t)d->gdn_v_heads * d->gdn_v_dim;
+    size_t conv = 2 * (size_t)d->gdn_k_heads * d->gdn_k_dim + vd;
+    size_t s[CPU_N_ACT] = {T * d->hidden, T * d->hidden, T * qd * (1 + gate), T * kd, T * kd, T * qd, T * d->hidden, T * ffn,
+                           T * ffn, (size_t)max_out * d->hidden, (size_t)n_threads * ops_attention_scratch(kv),
                            moe * T * E, moe * T * d->hidden, moe * T * F, moe * T * F, moe * T * d->hidden,
-                           moe * T * K, moe * T * K, moe * T, moe * T};
+                           moe * T * K, moe * T * K, moe * T, moe * T,
+                           gate * T * qd, gdn * T * conv, gdn * T * vd, gdn * T * d->gdn_v_heads,
+                           gdn * T * d->gdn_v_heads, gdn * T * vd};
     memcpy(sizes, s, sizeof s);
 }
 
@@ -64,7 +74,8 @@ static void cpu_free(op_backend *be) {
     if (!c) return;
     void *ptrs[] = {c->x,      c->xn,    c->q,      c->k,      c->v,   c->att,  c->tmp,
                     c->gate,   c->up,    c->rows,   c->attn,   c->moe_logits, c->moe_x, c->moe_gate,
-                    c->moe_up, c->moe_out, c->moe_w, c->moe_sel, c->moe_tok, c->moe_tokw};
+                    c->moe_up, c->moe_out, c->moe_w, c->moe_sel, c->moe_tok, c->moe_tokw,
+                    c->qgate, c->gdn_qkv, c->gdn_z, c->gdn_a, c->gdn_b, c->gdn_y};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     free(c->mm);
     free(c);
@@ -128,13 +139,24 @@ static hearth_status cpu_qkv_rope_store(const op_step *s, int layer, const op_at
     float *const qkv_out[] = {c->q, c->k, c->v};
     hearth_status st = matmul_fused(s, 3, qkv, qkv_out, c->xn);
     if (st) return st;
+    for (int p = 0; p < 3; p++) /* adapters update the projections before their biases (q is doubled on gated attention) */
+        op_lora_apply(s->b, layer, OP_PROJ_Q + p, c->xn, d->hidden, qkv_out[p], p ? kd : qd * (a->gated ? 2 : 1), c->tp);
+    if (a->gated) /* per head [queries | gates] -> queries into q, gates into qgate */
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < d->n_heads; h++) {
+                const float *src = c->q + ((size_t)t * d->n_heads + h) * 2 * d->head_dim;
+                memcpy(c->qgate + (size_t)t * qd + (size_t)h * d->head_dim, src + d->head_dim,
+                       (size_t)d->head_dim * sizeof(float));
+                memmove(c->q + (size_t)t * qd + (size_t)h * d->head_dim, src, (size_t)d->head_dim * sizeof(float));
+            }
     add_bias(c->q, a->q_bias, T, qd);
     add_bias(c->k, a->k_bias, T, kd);
     add_bias(c->v, a->v_bias, T, kd);
     if (a->q_norm) ops_rmsnorm(c->q, c->q, a->q_norm, a->norm_shift, T * d->n_heads, d->head_dim, a->norm_eps);
     if (a->k_norm) ops_rmsnorm(c->k, c->k, a->k_norm, a->norm_shift, T * d->n_kv_heads, d->head_dim, a->norm_eps);
-    ops_rope(c->q, T, d->n_heads, d->head_dim, s->b->pos, a->inv_freq, d->rope_adjacent);
-    ops_rope(c->k, T, d->n_kv_heads, d->head_dim, s->b->pos, a->inv_freq, d->rope_adjacent);
+    int rot = a->rope_dims ? a->rope_dims : d->head_dim;
+    ops_rope_part(c->q, T, d->n_heads, d->head_dim, rot, s->b->pos, a->inv_freq, d->rope_adjacent);
+    ops_rope_part(c->k, T, d->n_kv_heads, d->head_dim, rot, s->b->pos, a->inv_freq, d->rope_adjacent);
     for (int t = 0; t < T; t++) /* the new keys and values join the cache before attending */
         for (int h = 0; h < d->n_kv_heads; h++) {
             size_t off = (size_t)t * kd + (size_t)h * d->head_dim;
@@ -151,7 +173,12 @@ static hearth_status cpu_attention(const op_step *s, int layer, const op_attn *a
                                .pos = s->b->pos, .slot = s->b->slot, .window = a->window, .scale = a->scale,
                                .scratch = c->attn};
     ops_attention(&args, c->tp);
-    return matmul(s, a->o, c->att, s->b->T, c->tmp);
+    if (a->gated) /* output * sigmoid(gate) */
+        for (size_t i = 0, n = (size_t)s->b->T * d->n_heads * d->head_dim; i < n; i++)
+            c->att[i] *= 1.0f / (1.0f + expf(-c->qgate[i]));
+    hearth_status st = matmul(s, a->o, c->att, s->b->T, c->tmp);
+    if (!st) op_lora_apply(s->b, layer, OP_PROJ_O, c->att, (int64_t)d->n_heads * d->head_dim, c->tmp, d->hidden, c->tp);
+    return st;
 }
 
 static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
@@ -160,10 +187,15 @@ static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
     float *const gate_up_out[] = {c->gate, c->up};
     hearth_status st = matmul_fused(s, 2, gate_up, gate_up_out, c->xn);
     if (st) return st;
-    size_t n = (size_t)s->b->T * s->dims->ffn;
+    int H = s->dims->hidden, F = s->dims->ffn;
+    op_lora_apply(s->b, m->layer, OP_PROJ_GATE, c->xn, H, c->gate, F, c->tp);
+    op_lora_apply(s->b, m->layer, OP_PROJ_UP, c->xn, H, c->up, F, c->tp);
+    size_t n = (size_t)s->b->T * F;
     if (m->act == OP_ACT_SILU) ops_silu_mul(c->gate, c->up, n);
     else ops_gelu_tanh_mul(c->gate, c->up, n);
-    return matmul(s, m->down, c->gate, s->b->T, c->tmp);
+    if ((st = matmul(s, m->down, c->gate, s->b->T, c->tmp))) return st;
+    op_lora_apply(s->b, m->layer, OP_PROJ_DOWN, c->gate, F, c->tmp, H, c->tp);
+    return HEARTH_OK;
 }
 
 /* The experts of each token: softmax over the router's logits (in float, max first, as
@@ -191,6 +223,26 @@ static void moe_route(cpu_backend *c, const op_step *s, const op_moe *m) {
         if (m->norm_topk)
             for (int k = 0; k < K; k++) w[k] /= total;
     }
+}
+
+/* tmp += sigmoid(shared_router · xn) * shared expert(xn), for every token (the router's
+ * logits are spent by then: their buffer takes the gate values). */
+static hearth_status moe_shared(const op_step *s, const op_moe *m) {
+    cpu_backend *c = cb(s);
+    int T = s->b->T, H = s->dims->hidden;
+    const op_weight *gu[] = {m->shared_gate, m->shared_up};
+    float *const gu_out[] = {c->gate, c->up};
+    hearth_status st = matmul_fused(s, 2, gu, gu_out, c->xn);
+    if (!st) st = matmul(s, m->shared_router, c->xn, T, c->moe_logits);
+    if (st) return st;
+    ops_silu_mul(c->gate, c->up, (size_t)T * s->dims->shared_ffn);
+    if ((st = matmul(s, m->shared_down, c->gate, T, c->moe_out))) return st;
+    for (int t = 0; t < T; t++) {
+        float g = 1.0f / (1.0f + expf(-c->moe_logits[t]));
+        float *y = c->tmp + (size_t)t * H, *o = c->moe_out + (size_t)t * H;
+        for (int h = 0; h < H; h++) y[h] += g * o[h];
+    }
+    return HEARTH_OK;
 }
 
 /* tmp = sum over each token's chosen experts of weight * down_e(act(gate_e x) * up_e x): the
@@ -229,7 +281,25 @@ static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
             for (int h = 0; h < H; h++) y[h] += o[h] * w;
         }
     }
-    return HEARTH_OK;
+    return m->shared_up ? moe_shared(s, m) : HEARTH_OK;
+}
+
+static hearth_status cpu_gated_delta(const op_step *s, const op_gdn *g) {
+    cpu_backend *c = cb(s);
+    const op_dims *d = s->dims;
+    if (!s->kv->state || g->state_layer < 0 || g->state_layer >= s->kv->state->n_layers)
+        return err_set(s->err, HEARTH_ERR_INVALID, "cpu: state layer %d is not in the state pool", g->state_layer);
+    const op_weight *ws[] = {g->qkv, g->z, g->b, g->a};
+    float *const outs[] = {c->gdn_qkv, c->gdn_z, c->gdn_b, c->gdn_a};
+    hearth_status st = matmul_fused(s, 4, ws, outs, c->xn);
+    if (st) return st;
+    ops_gdn_args args = {.kv = s->kv, .layer = g->state_layer, .T = s->b->T, .pos = s->b->pos, .slot = s->b->slot,
+                         .k_heads = d->gdn_k_heads, .v_heads = d->gdn_v_heads, .k_dim = d->gdn_k_dim,
+                         .v_dim = d->gdn_v_dim, .conv_k = d->gdn_conv, .conv = g->conv, .A_log = g->A_log,
+                         .dt_bias = g->dt_bias, .norm = g->norm, .norm_eps = g->norm_eps, .qkv = c->gdn_qkv,
+                         .z = c->gdn_z, .a = c->gdn_a, .b = c->gdn_b, .y = c->gdn_y};
+    ops_gated_delta(&args, c->tp);
+    return matmul(s, g->out, c->gdn_y, s->b->T, c->tmp);
 }
 
 static hearth_status cpu_logits(const op_step *s, const float *w, float shift, float div, const op_weight *lm_head) {
@@ -271,6 +341,7 @@ static const op_table cpu_table = {.name = "cpu",
                                    .attention = cpu_attention,
                                    .mlp = cpu_mlp,
                                    .moe = cpu_moe,
+                                   .gated_delta = cpu_gated_delta,
                                    .logits = cpu_logits,
                                    .kv_copy = NULL,
                                    .free = cpu_free};
@@ -288,7 +359,9 @@ hearth_status cpu_backend_create(const op_model *om, const kv_cache *kv, int max
                               (void **)&c->v,          (void **)&c->att,     (void **)&c->tmp,      (void **)&c->gate,
                               (void **)&c->up,         (void **)&c->rows,    (void **)&c->attn,     (void **)&c->moe_logits,
                               (void **)&c->moe_x,      (void **)&c->moe_gate, (void **)&c->moe_up,  (void **)&c->moe_out,
-                              (void **)&c->moe_w,      (void **)&c->moe_sel, (void **)&c->moe_tok,  (void **)&c->moe_tokw};
+                              (void **)&c->moe_w,      (void **)&c->moe_sel, (void **)&c->moe_tok,  (void **)&c->moe_tokw,
+                              (void **)&c->qgate,      (void **)&c->gdn_qkv, (void **)&c->gdn_z,    (void **)&c->gdn_a,
+                              (void **)&c->gdn_b,      (void **)&c->gdn_y};
     int ok = 1;
     for (int i = 0; i < CPU_N_ACT; i++) {
         if (posix_memalign(ptrs[i], 64, sizes[i] * sizeof(float) + 64)) ok = 0;

@@ -173,7 +173,12 @@ void ops_rmsnorm(float *out, const float *x, const float *w, float shift, int T,
 }
 
 void ops_rope(float *x, int T, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq, int adjacent) {
-    int half = head_dim / 2;
+    ops_rope_part(x, T, n_heads, head_dim, head_dim, pos, inv_freq, adjacent);
+}
+
+void ops_rope_part(float *x, int T, int n_heads, int head_dim, int rot_dims, const int32_t *pos, const float *inv_freq,
+                   int adjacent) {
+    int half = rot_dims / 2;
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < half; i++) {
             float theta = (float)pos[t] * inv_freq[i];

@@ -15,6 +15,10 @@ void ops_rmsnorm(float *out, const float *x, const float *w, float shift, int T,
  * inv_freq has head_dim/2 entries (theta_i = pos * inv_freq[i]). adjacent: rotate pairs
  * (2i, 2i+1) as GGUF llama weights expect; else pairs (i, i + head_dim/2) as HF/MLX do. */
 void ops_rope(float *x, int T, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq, int adjacent);
+/* The same on the first rot_dims of each head only (pairs i, i + rot_dims/2; inv_freq has
+ * rot_dims/2 entries), the rest unchanged: partial RoPE (Qwen3.5). */
+void ops_rope_part(float *x, int T, int n_heads, int head_dim, int rot_dims, const int32_t *pos, const float *inv_freq,
+                   int adjacent);
 /* x[i] = act(gate[i]) * up[i]: SiLU (llama, qwen3) or tanh-approximated GELU (gemma3). */
 void ops_silu_mul(float *gate, const float *up, size_t n);
 void ops_gelu_tanh_mul(float *gate, const float *up, size_t n);
@@ -49,5 +53,23 @@ typedef struct ops_attention_args {
     size_t split_cap;
 } ops_attention_args;
 size_t ops_attention_scratch(const kv_cache *kv);
+
+/* The middle of a Gated DeltaNet layer (op_gdn in ops/ops.h) for the T tokens of a ragged
+ * batch, in order, on the state pool's layer `layer` (kv_state.h): qkv [T, conv_dim] holds
+ * the in_proj_qkv rows (overwritten: conv, SiLU, q/k normalised), z [T, v_heads*v_dim] and
+ * a, b [T, v_heads] the other projections; y [T, v_heads*v_dim] gets the gated-normed
+ * outputs. Heads run as tasks on tp. */
+typedef struct ops_gdn_args {
+    const kv_cache *kv;
+    int layer, T;
+    const int32_t *pos, *slot;
+    int k_heads, v_heads, k_dim, v_dim, conv_k;
+    const float *conv, *A_log, *dt_bias, *norm;
+    float norm_eps;
+    float *qkv;
+    const float *z, *a, *b;
+    float *y;
+} ops_gdn_args;
+void ops_gated_delta(const ops_gdn_args *a, threadpool *tp);
 void ops_attention(const ops_attention_args *a, threadpool *tp);
 #endif

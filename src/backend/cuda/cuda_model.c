@@ -10,7 +10,6 @@
 #include "backend/cuda/cuda_plan.h"
 #include "base/err.h"
 #include <cuda_runtime_api.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +30,6 @@ typedef struct cuda_model {
     op_backend base;
     op_dims dims;
     cuda_weight *weights; /* one per matrix item */
-    cuda_weight **experts; /* per stacked-experts item: one weight per expert (NULL: none) */
     float **vecs;         /* one per vector item */
     int n_items;
     dev_entry *map;
@@ -64,13 +62,6 @@ typedef struct cuda_model {
     op_layers_fn layers; /* the step's forward pass (the same for every step of a model) */
     const void *layers_ctx;
     cuda_plan plan; /* every buffer's size (cuda_plan.c: what hearth fit predicts) */
-    /* mixture of experts (dims.n_experts > 0): router logits, the tokens of each expert in
-     * expert order with their weights, an expert's input / gate / up / output rows; the
-     * routing itself runs on the host (pinned copies) */
-    float *moe_logits, *moe_w, *moe_x, *moe_gate, *moe_up, *moe_out;
-    int32_t *moe_rows;
-    float *host_moe_logits, *host_moe_w;
-    int32_t *host_moe_rows;
 } cuda_model;
 
 #define TRY(call)                                                                                                      \
@@ -117,23 +108,6 @@ static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, heart
     char what[64];
     if (it->layer >= 0) snprintf(what, sizeof what, "layer %d %s", it->layer, it->name ? it->name : "?");
     else snprintf(what, sizeof what, "%s", it->name ? it->name : "?");
-    if (it->w && it->experts > 0) { /* one device weight per expert: every layout slices so */
-        int64_t rows = it->w->n / it->experts;
-        if (rows * it->experts != it->w->n)
-            return err_set(err, HEARTH_ERR_FORMAT, "cuda: %s: %lld rows do not split into %d experts", what,
-                           (long long)it->w->n, it->experts);
-        if (!(cm->experts[i] = calloc((size_t)it->experts, sizeof **cm->experts)))
-            return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
-        for (int e = 0; e < it->experts; e++) {
-            int expanded = 0;
-            op_weight slice = op_weight_rows(it->w, (int64_t)e * rows, rows);
-            cuda_weight *d = &cm->experts[i][e];
-            TRY(cuda_weight_upload_any(d, &slice, what, &expanded, err));
-            if (d->dtype == DT_AFFINE) d->aff_f32act = cm->plan.gemm_exact;
-        }
-        map_put(cm, it->w, cm->experts[i]);
-        return HEARTH_OK;
-    }
     if (it->w) {
         int expanded = 0; /* counted by the plan (cuda_weight_layout) */
         cuda_weight *d = &cm->weights[i];
@@ -332,80 +306,11 @@ static hearth_status cu_mlp(const op_step *s, const op_mlp *m) {
     return matmul(cm, down, cm->gate, T, cm->tmp, err);
 }
 
-/* The experts of each token, on the host from the router's logits: softmax over the
- * experts (float, max first), the top_k by weight (ties: the lower index), renormalized to
- * sum 1 when asked: the CPU backend's rule (cpu_backend.c moe_route), so both pick alike. */
-static void moe_route_host(float *g, int E, int K, int norm_topk, int32_t *sel, float *w) {
-    float mx = g[0], sum = 0.0f, total = 0.0f;
-    for (int e = 1; e < E; e++) mx = g[e] > mx ? g[e] : mx;
-    for (int e = 0; e < E; e++) sum += (g[e] = expf(g[e] - mx));
-    for (int e = 0; e < E; e++) g[e] /= sum;
-    for (int k = 0; k < K; k++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int j = 0; j < k; j++) taken |= sel[j] == e;
-            if (!taken && (best < 0 || g[e] > g[best])) best = e;
-        }
-        sel[k] = best;
-        total += (w[k] = g[best]);
-    }
-    if (norm_topk)
-        for (int k = 0; k < K; k++) w[k] /= total;
-}
-
-/* tmp = sum over each token's top-k experts of weight * down_e(act(gate_e xn) * up_e xn):
- * the router's logits come to the host (a synchronisation: MoE models run without decode
- * graphs), each expert's tokens are gathered into one matmul per weight, and its output
- * rows are added back in expert order. */
+/* Mixture-of-experts layers are not on the GPU yet: cuda_model_create refuses such a model,
+ * so a step never gets here. */
 static hearth_status cu_moe(const op_step *s, const op_moe *m) {
-    cuda_model *cm = cmod(s);
-    const op_dims *d = s->dims;
-    hearth_error *err = s->err;
-    int T = s->b->T, H = d->hidden, E = d->n_experts, K = d->top_k_experts, F = d->moe_ffn;
-    const cuda_weight *router = dw(cm, m->router), *g = dw(cm, m->gate), *u = dw(cm, m->up), *dn = dw(cm, m->down);
-    if (!router || !g || !u || !dn || E <= 0 || K <= 0 || K > E)
-        return err_set(err, HEARTH_ERR_INVALID, "cuda: a mixture-of-experts layer without its device weights");
-    TRY(matmul(cm, router, cm->xn, T, cm->moe_logits, err));
-    TRY(cuda_download_async(cm->host_moe_logits, cm->moe_logits, (size_t)T * E * sizeof(float), err));
-    TRY(cuda_stream_sync(err));
-    /* route, then order the (token, weight) pairs by expert, tokens ascending within one */
-    int32_t *sel = cm->host_moe_rows + (size_t)T * K; /* [T, K] beside the ordered rows */
-    float *w = cm->host_moe_w + (size_t)T * K;
-    int count[E + 1], start[E + 1];
-    for (int e = 0; e <= E; e++) count[e] = 0;
-    for (int t = 0; t < T; t++) {
-        moe_route_host(cm->host_moe_logits + (size_t)t * E, E, K, m->norm_topk, sel + (size_t)t * K,
-                       w + (size_t)t * K);
-        for (int k = 0; k < K; k++) count[sel[(size_t)t * K + k]]++;
-    }
-    start[0] = 0;
-    for (int e = 0; e < E; e++) start[e + 1] = start[e] + count[e];
-    for (int e = 0; e < E; e++) count[e] = start[e];
-    for (int t = 0; t < T; t++)
-        for (int k = 0; k < K; k++) {
-            int e = sel[(size_t)t * K + k], at = count[e]++;
-            cm->host_moe_rows[at] = t;
-            cm->host_moe_w[at] = w[(size_t)t * K + k];
-        }
-    TRY(cuda_upload_async(cm->moe_rows, cm->host_moe_rows, (size_t)T * K * sizeof(int32_t), err));
-    TRY(cuda_upload_async(cm->moe_w, cm->host_moe_w, (size_t)T * K * sizeof(float), err));
-    TRY(cuda_zero(cm->tmp, (size_t)T * H, err));
-    for (int e = 0; e < E; e++) {
-        int n = start[e + 1] - start[e];
-        if (!n) continue;
-        const int32_t *rows = cm->moe_rows + start[e];
-        TRY(cuda_gather_rows(cm->moe_x, cm->xn, rows, n, H, err));
-        TRY(matmul(cm, &g[e], cm->moe_x, n, cm->moe_gate, err));
-        TRY(matmul(cm, &u[e], cm->moe_x, n, cm->moe_up, err));
-        TRY(m->act == OP_ACT_SILU ? cuda_silu_mul(cm->moe_gate, cm->moe_up, (size_t)n * F, err)
-                                  : cuda_gelu_tanh_mul(cm->moe_gate, cm->moe_up, (size_t)n * F, err));
-        TRY(matmul(cm, &dn[e], cm->moe_gate, n, cm->moe_out, err));
-        TRY(cuda_scatter_add_rows(cm->tmp, cm->moe_out, rows, cm->moe_w + start[e], n, H, err));
-    }
-    /* the host staging is rewritten by the next layer's op only after its own stream sync */
-    cm->q8_ready = 0;
-    return HEARTH_OK;
+    (void)m;
+    return err_set(s->err, HEARTH_ERR_UNSUPPORTED, "cuda: mixture-of-experts layers run on the CPU backend only");
 }
 
 /* The final norm of the out_rows and lm_head into logits (and, for greedy steps, the ids). */
@@ -565,22 +470,6 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
         return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host buffers for %d tokens",
                        cm->max_tokens);
     }
-    if (c->n_experts > 0) { /* cu_moe's buffers (not in the plan yet: fit leaves them out) */
-        size_t E = (size_t)c->n_experts, TK = T * (size_t)c->top_k_experts, F = (size_t)c->moe_ffn;
-        TRY(cuda_alloc((void **)&cm->moe_logits, T * E * sizeof(float), "router logits", err));
-        TRY(cuda_alloc((void **)&cm->moe_rows, TK * sizeof(int32_t), "expert rows", err));
-        TRY(cuda_alloc((void **)&cm->moe_w, TK * sizeof(float), "expert weights", err));
-        TRY(cuda_alloc((void **)&cm->moe_x, T * c->hidden * sizeof(float), "expert inputs", err));
-        TRY(cuda_alloc((void **)&cm->moe_gate, T * F * sizeof(float), "expert gate", err));
-        TRY(cuda_alloc((void **)&cm->moe_up, T * F * sizeof(float), "expert up", err));
-        TRY(cuda_alloc((void **)&cm->moe_out, T * c->hidden * sizeof(float), "expert outputs", err));
-        if (cudaMallocHost((void **)&cm->host_moe_logits, T * E * sizeof(float)) != cudaSuccess ||
-            cudaMallocHost((void **)&cm->host_moe_rows, 2 * TK * sizeof(int32_t)) != cudaSuccess ||
-            cudaMallocHost((void **)&cm->host_moe_w, 2 * TK * sizeof(float)) != cudaSuccess) {
-            cudaGetLastError();
-            return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host buffers for the experts");
-        }
-    }
     return cuda_gemm_create(&cm->gemm, p->gemm_max_w, p->gemm_max_x, p->gemm_exact, err);
 }
 
@@ -593,6 +482,15 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
     if (c->head_dim > 256 || c->head_dim % 2 || kv->head_dim != c->head_dim || kv->n_kv_heads != c->n_kv_heads)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: head_dim %d is not supported (at most 256, even)",
                        c->head_dim);
+    if (c->n_state_layers > 0 || c->attn_gate)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "cuda: hybrid Gated DeltaNet models (Qwen3.5: %d linear-attention layers) run on the CPU "
+                       "backend only for now; use --device cpu",
+                       c->n_state_layers);
+    if (c->n_experts > 0)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "cuda: mixture-of-experts models (%d experts) run on the CPU backend only for now; use --device cpu",
+                       c->n_experts);
     cuda_model *cm = calloc(1, sizeof *cm);
     if (!cm) return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
     cm->base.t = &cuda_table;
@@ -602,17 +500,14 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
     for (cm->map_cap = 16; cm->map_cap < (size_t)om->n_items * 2; cm->map_cap *= 2) {
     }
     cm->weights = calloc((size_t)om->n_items, sizeof *cm->weights);
-    cm->experts = calloc((size_t)om->n_items, sizeof *cm->experts);
     cm->vecs = calloc((size_t)om->n_items, sizeof *cm->vecs);
     cm->map = calloc(cm->map_cap, sizeof *cm->map);
-    if (!cm->weights || !cm->experts || !cm->vecs || !cm->map) {
+    if (!cm->weights || !cm->vecs || !cm->map) {
         cuda_model_free(&cm->base);
         return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
     }
     cm->max_tokens = max_tokens;
     cm->max_out = max_out;
-    /* the experts' routing reads the router's logits on the host mid-step: no graphs */
-    cm->graphs_off = c->n_experts > 0;
     cuda_plan_make(om, kv, max_tokens, max_out, cuda_kv_device_dtype(kv->quant), gemm_exact, &cm->plan);
     hearth_status st = HEARTH_OK;
     for (int i = 0; !st && i < om->n_items; i++) st = upload_item(cm, &om->items[i], i, err);
@@ -628,9 +523,8 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
         if (cm->plan.n_expanded)
             snprintf(expanded, sizeof expanded, "; %d weights in %s have no CUDA kernel and were expanded to f32",
                      cm->plan.n_expanded, tensor_dtype_name(cm->plan.expanded_from));
-        snprintf(note, note_size, "cuda: %s, %.2f GB on the device, decode graphs %s%s", info.name,
-                 (double)cuda_plan_bytes(&cm->plan) / 1e9,
-                 c->n_experts > 0 ? "off (mixture of experts: routed on the host)" : "on", expanded);
+        snprintf(note, note_size, "cuda: %s, %.2f GB on the device, decode graphs on%s", info.name,
+                 (double)cuda_plan_bytes(&cm->plan) / 1e9, expanded);
     }
     *out = &cm->base;
     return HEARTH_OK;
@@ -642,12 +536,7 @@ void cuda_model_free(op_backend *be) {
     for (int i = 0; i < cm->n_items; i++) {
         if (cm->weights) cuda_weight_free(&cm->weights[i]);
         if (cm->vecs) cuda_free(cm->vecs[i]);
-        if (cm->experts && cm->experts[i]) {
-            for (int e = 0; e < cm->dims.n_experts; e++) cuda_weight_free(&cm->experts[i][e]);
-            free(cm->experts[i]);
-        }
     }
-    free(cm->experts);
     free(cm->weights);
     free(cm->vecs);
     free(cm->map);
@@ -659,12 +548,6 @@ void cuda_model_free(op_backend *be) {
     cuda_free(cm->att_stage);
     cuda_free(cm->xq);
     cuda_free(cm->xs);
-    float *moe[] = {cm->moe_logits, cm->moe_w, cm->moe_x, cm->moe_gate, cm->moe_up, cm->moe_out};
-    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) cuda_free(moe[i]);
-    cuda_free(cm->moe_rows);
-    if (cm->host_moe_logits) cudaFreeHost(cm->host_moe_logits);
-    if (cm->host_moe_rows) cudaFreeHost(cm->host_moe_rows);
-    if (cm->host_moe_w) cudaFreeHost(cm->host_moe_w);
     if (cm->host_ids) cudaFreeHost(cm->host_ids);
     if (cm->host_x) cudaFreeHost(cm->host_x);
     if (cm->host_ints) cudaFreeHost(cm->host_ints);

@@ -1,0 +1,64 @@
+/* kv_state.h: the recurrent-state pool of hybrid models (Qwen3.5's Gated DeltaNet layers),
+ * beside the paged KV pool: per sequence slot and state layer, one fixed record of float32
+ * (the causal conv's last inputs, then the delta-rule matrix of every value head). A
+ * sequence's state is its slot's; it is overwritten from zero when the sequence's position
+ * 0 is computed again (a new request, a preempted one recomputed), so freeing a slot needs
+ * no work.
+ *
+ * Prefix caching on hybrids: the state of a sequence after its first L tokens (L a multiple
+ * of KV_BLOCK_SIZE) can be kept as a snapshot named by the chain hash of those tokens
+ * (kv_block_hash from 0, block by block), in a fixed set of snapshot records reused least
+ * recently used first. A new request whose first L tokens' KV blocks are cached and whose
+ * state after them has a snapshot starts at L with that state. A "rolling" snapshot is the
+ * one a decoding sequence overwrites at each block boundary (bounded memory: one record per
+ * running sequence); it stays findable after the sequence ends until reused.
+ *
+ * Allocated once at engine start and touched then, so fit counts it exactly. Knows nothing
+ * of models or backends. */
+#ifndef HEARTH_KV_KV_STATE_H
+#define HEARTH_KV_KV_STATE_H
+#include "kv/kv_cache.h"
+
+typedef struct kv_snap_meta {
+    uint64_t hash, stamp; /* stamp 0: empty */
+    int32_t len;          /* tokens the state has seen */
+    int32_t roll_slot;    /* the slot whose next rolling snapshot overwrites it, or -1 */
+} kv_snap_meta;
+
+typedef struct kv_state {
+    int n_layers;        /* state layers */
+    size_t layer_floats; /* floats of one (slot, layer) record */
+    float *data;         /* [max_slots][n_layers][layer_floats] */
+    int n_snaps;
+    kv_snap_meta *snap;
+    float *snap_data; /* [n_snaps][n_layers][layer_floats] */
+    uint64_t clock;
+} kv_state;
+
+/* Snapshot records an engine with max_slots sequences keeps: one rolling and one kept (a
+ * prompt's end) per sequence, and two more. */
+static inline int kv_state_default_snaps(int max_slots) { return 2 * max_slots + 2; }
+/* Bytes kv_state_attach allocates for these sizes (0 when n_layers is 0). */
+size_t kv_state_bytes(int max_slots, int n_layers, size_t layer_floats, int n_snaps);
+/* Gives kv (its max_slots) a state pool of n_layers records of layer_floats per slot and
+ * n_snaps snapshot records, zeroed. */
+hearth_status kv_state_attach(kv_cache *kv, int n_layers, size_t layer_floats, int n_snaps, hearth_error *err);
+void kv_state_free(kv_cache *kv);
+/* The record of (layer, slot). */
+static inline float *kv_state_at(const kv_cache *kv, int layer, int slot) {
+    const kv_state *s = kv->state;
+    return s->data + ((size_t)slot * s->n_layers + layer) * s->layer_floats;
+}
+/* The chain hash of tokens[0..n) (n a multiple of KV_BLOCK_SIZE) that names a snapshot. */
+uint64_t kv_state_chain_hash(const int32_t *tokens, int n);
+/* Keeps slot's current state as the state after its first len tokens (named hash):
+ * rolling overwrites the slot's previous rolling snapshot, else the least recently used
+ * record is taken. A snapshot of the same name already kept is only refreshed. */
+void kv_state_snap_save(kv_cache *kv, int slot, int len, uint64_t hash, int rolling);
+/* The snapshot named hash after len tokens, or -1. */
+int kv_state_snap_find(kv_cache *kv, int len, uint64_t hash);
+/* Copies snapshot i into slot's state (and marks it recently used). */
+void kv_state_snap_load(kv_cache *kv, int i, int slot);
+/* The slot's sequence ended: its rolling snapshot becomes an ordinary one. */
+void kv_state_slot_release(kv_cache *kv, int slot);
+#endif

@@ -1,0 +1,45 @@
+/* fuzz_memory_md.c: the memory's Markdown reading (memory_md.c: front matter, headings and
+ * their sections, wikilinks, conflict markers, UTF-8), the synthesis gate's text checks and
+ * the dangling-link rewrite, and the lenient JSON reading of a model's answer, on arbitrary
+ * bytes. Must never crash, read out of bounds or leak. */
+#include "memory/memory_synth.h"
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void on_link(void *user, const char *target, const char *heading) {
+    (*(size_t *)user) += strlen(target) + strlen(heading);
+}
+static int exists_when_short(void *user, const char *target) { return strlen(target) < 4; }
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const char *t = (const char *)data; /* not NUL-terminated: the md_ functions take a length */
+    md_doc d;
+    if (md_parse(t, size, "stem", &d) == 0) {
+        for (size_t i = 0; i < d.n_headings; i++) {
+            const md_heading *h = &d.headings[i];
+            if (h->start > h->body || h->body > size || h->end > size || h->start > h->end) abort();
+        }
+        if (d.n_headings) md_find_heading(&d, d.headings[0].anchor);
+        md_find_heading(&d, "#x");
+        md_doc_free(&d);
+    }
+    size_t sum = 0;
+    md_wikilinks(t, size, on_link, &sum);
+    md_has_conflict_markers(t, size);
+    md_valid_utf8(t, size);
+    char *s = malloc(size + 1); /* the string-taking checks get a NUL-terminated copy */
+    if (!s) return 0;
+    memcpy(s, data, size);
+    s[size] = 0;
+    int changed = 0;
+    free(synth_unlink_dangling(s, exists_when_short, NULL, &changed));
+    synth_prose_kept(s, "x");
+    synth_citations_kept(s, s);
+    synth_has_secret(s);
+    json_decref(synth_parse_answer(s));
+    char name[64];
+    synth_article_name(s, name, sizeof name);
+    free(s);
+    return 0;
+}

@@ -1,0 +1,259 @@
+"""LoRA / DoRA adapters: hearth's logits with an adapter against mlx-lm with the same
+adapter loaded (mlx_lm.load(adapter_path=...)), on float and quantized bases of every
+family; the PEFT format against the same adapter in MLX form (and against transformers +
+PEFT where torch is installed); a GGUF base (q/k rows permuted for adjacent-pair RoPE);
+and the all-or-nothing validation errors.
+
+The adapters are made at test time by mlx-lm's own tuner (linear_to_lora_layers) with random
+non-zero A and B (lora_helpers.py), never copied into the repository.
+"""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from lora_helpers import make_mlx_adapter, mlx_logits, make_peft_adapter, peft_logits
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "bin", "hearth"))
+TINY = os.path.join(os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth")), "tiny")
+IDS = [5, 17, 300, 42, 9, 77, 123, 11, 250, 3]
+STEPS = 6
+# The reference tier's tolerance (test_forward_parity.REF_TOL: f32 sums in another order
+# than mlx); the adapter adds rank-4 products of the same size. Measured worst 4.2e-5.
+REF_TOL = 2e-3
+
+
+def model_dir(name):
+    path = os.path.join(TINY, name)
+    if not os.path.isdir(path):
+        pytest.fail(f"tiny model missing: {path}; run tools/make_tiny_models.py", pytrace=False)
+    return path
+
+
+def trace(model, adapter=None, ids=IDS, steps=STEPS):
+    cmd = [BIN, "trace", model, "--ids", json.dumps(ids), "--last", "4", "--top", "20", "--steps", str(steps),
+           "--step-top", "5", "--threads", "2"]
+    if adapter:
+        cmd += ["--adapter-path", str(adapter)]
+    p = subprocess.run(cmd, capture_output=True, env=dict(os.environ, HEARTH_CPU="scalar"), timeout=600)
+    assert p.returncode == 0, p.stderr.decode()
+    return json.loads(p.stdout)
+
+
+def worst_diff(ref, ours):
+    """Largest |ours - ref| over hearth's top-20 logits of the last prompt positions."""
+    return max(abs(float(ref[row["pos"]][i]) - v) for row in ours["prompt"] for i, v in row["top"])
+
+
+# (model, fine_tune_type, num_layers, keys): every family, float and quantized bases, DoRA on
+# a float and a quantized base, an adapter on some layers and some projections only
+CASES = [
+    ("llama-f32", "lora", -1, None),
+    ("llama-q4g32", "dora", 2, None),
+    ("qwen3-q4g64", "lora", 2, None),
+    ("qwen3-bf16", "lora", -1, ("self_attn.q_proj", "self_attn.v_proj")),
+    ("gemma3-bf16", "lora", -1, None),
+    ("gemma3-f32", "dora", -1, ("self_attn.o_proj", "mlp.down_proj")),
+    ("minicpm-f32", "lora", -1, None),
+    ("qwen3_moe-f32", "lora", -1, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                   "self_attn.o_proj")),
+]
+
+
+@pytest.mark.parametrize("name,kind,num_layers,keys", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_mlx_adapter_matches_mlx_lm(tmp_path, name, kind, num_layers, keys):
+    model = model_dir(name)
+    kw = {"keys": keys} if keys else {}
+    ad = make_mlx_adapter(model, tmp_path / "ad", dora=kind == "dora", num_layers=num_layers, **kw)
+    ref, greedy = mlx_logits(model, IDS, ad, steps=STEPS)
+    base, _ = mlx_logits(model, IDS)
+    # the adapter must matter, or the comparison proves nothing
+    assert np.abs(ref - base).max() > 0.5
+    ours = trace(model, ad)
+    worst = worst_diff(ref, ours)
+    print(f"{name} {kind}: worst |logit - mlx-lm| {worst:.2e}")
+    assert worst < REF_TOL
+    assert [s["token"] for s in ours["steps"]] == greedy
+
+
+def mlx_to_peft(mlx_dir, out_dir):
+    """The same adapter in PEFT's layout: lora_A.weight = lora_a^T, lora_B.weight = lora_b^T,
+    lora_alpha = scale * r (PEFT scales by alpha / r), DoRA magnitudes as
+    lora_magnitude_vector."""
+    import mlx.core as mx
+    cfg = json.loads((mlx_dir / "adapter_config.json").read_text())
+    lp = cfg["lora_parameters"]
+    w = mx.load(str(mlx_dir / "adapters.safetensors"))
+    out, targets = {}, set()
+    for k, v in w.items():
+        stem, leaf = k.rsplit(".", 1)
+        targets.add(stem.rsplit(".", 1)[1])
+        name = {"lora_a": "lora_A.weight", "lora_b": "lora_B.weight", "m": "lora_magnitude_vector"}[leaf]
+        out[f"base_model.model.{stem}.{name}"] = v.T if leaf != "m" else v
+    out_dir.mkdir()
+    mx.save_safetensors(str(out_dir / "adapter_model.safetensors"), out)
+    (out_dir / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": lp["rank"], "lora_alpha": lp["scale"] * lp["rank"],
+        "target_modules": sorted(targets), "use_dora": cfg["fine_tune_type"] == "dora", "lora_dropout": 0.0}))
+    return out_dir
+
+
+@pytest.mark.parametrize("name,kind", [("llama-f32", "lora"), ("qwen3-q8g64", "dora")])
+def test_peft_format_matches_mlx_lm(tmp_path, name, kind):
+    model = model_dir(name)
+    ad = make_mlx_adapter(model, tmp_path / "mlx", dora=kind == "dora",
+                          keys=("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"))
+    peft = mlx_to_peft(ad, tmp_path / "peft")
+    ref, greedy = mlx_logits(model, IDS, ad, steps=STEPS)
+    ours = trace(model, peft)
+    assert worst_diff(ref, ours) < REF_TOL
+    assert [s["token"] for s in ours["steps"]] == greedy
+
+
+def test_peft_adapter_matches_transformers_peft(tmp_path):
+    pytest.importorskip("torch", reason="transformers + PEFT oracle needs torch (not installable on this machine)")
+    pytest.importorskip("peft", reason="transformers + PEFT oracle needs the peft package")
+    model = model_dir("llama-f32")
+    for dora in (False, True):
+        ad = make_peft_adapter(model, tmp_path / f"peft{int(dora)}", dora=dora)
+        ref = peft_logits(model, ad, IDS)
+        assert worst_diff(ref, trace(model, ad, steps=0)) < REF_TOL
+
+
+def test_gguf_base_matches_safetensors_base(tmp_path):
+    """A GGUF llama's q/k rows are permuted for adjacent-pair RoPE: the adapter's B rows must
+    follow. The f32 GGUF holds the same weights, so logits agree with the safetensors base
+    (and so with mlx-lm) to f32 rounding."""
+    model = model_dir("llama-f32")
+    gguf = tmp_path / "llama.gguf"
+    p = subprocess.run([BIN, "convert", model, "--out", str(gguf), "--outtype", "f32"], capture_output=True)
+    assert p.returncode == 0, p.stderr.decode()
+    ad = make_mlx_adapter(model, tmp_path / "ad", dora=True)
+    ref, greedy = mlx_logits(model, IDS, ad, steps=STEPS)
+    ours = trace(str(gguf), ad)
+    assert worst_diff(ref, ours) < REF_TOL
+    assert [s["token"] for s in ours["steps"]] == greedy
+
+
+def run_err(model, adapter):
+    p = subprocess.run([BIN, "trace", model, "--ids", "[1,2,3]", "--last", "1", "--steps", "0", "--adapter-path",
+                        str(adapter)], capture_output=True, timeout=300)
+    assert p.returncode != 0
+    return p.stderr.decode()
+
+
+def edit_config(ad, **changes):
+    cfg = json.loads((ad / "adapter_config.json").read_text())
+    for k, v in changes.items():
+        if k == "rank":
+            cfg["lora_parameters"]["rank"] = v
+        else:
+            cfg[k] = v
+    (ad / "adapter_config.json").write_text(json.dumps(cfg))
+
+
+def test_validation_errors_name_the_mismatch(tmp_path):
+    llama = model_dir("llama-f32")
+    ad = make_mlx_adapter(llama, tmp_path / "ad", num_layers=2)
+    # rank in the config differs from the tensors'
+    edit_config(ad, rank=8)
+    err = run_err(llama, ad)
+    assert "rank 4 in the tensors, 8 in adapter_config.json" in err, err
+    # an adapter made for another model: base shapes differ
+    qwen_ad = make_mlx_adapter(model_dir("qwen3-f32"), tmp_path / "qwen")
+    err = run_err(llama, qwen_ad)
+    assert "base weight is" in err or "layers" in err, err
+    # num_layers says the last 1 layer, the tensors cover 2
+    ad2 = make_mlx_adapter(llama, tmp_path / "ad2", num_layers=2)
+    edit_config(ad2, num_layers=1)
+    assert "num_layers 1 covers only the last layers" in run_err(llama, ad2)
+    # a full fine-tune is not an adapter
+    edit_config(ad2, fine_tune_type="full", num_layers=2)
+    assert "fine_tune_type full is not an adapter" in run_err(llama, ad2)
+    # PEFT: a tensor for a module target_modules does not list
+    peft = mlx_to_peft(make_mlx_adapter(llama, tmp_path / "m3"), tmp_path / "peft")
+    cfg = json.loads((peft / "adapter_config.json").read_text())
+    cfg["target_modules"] = ["q_proj"]
+    (peft / "adapter_config.json").write_text(json.dumps(cfg))
+    assert "which target_modules does not list" in run_err(llama, peft)
+    # no adapter files at all, and no folder
+    (tmp_path / "empty").mkdir()
+    assert "no adapters.safetensors (MLX) or adapter_model.safetensors (PEFT)" in run_err(llama, tmp_path / "empty")
+    assert "not a folder" in run_err(llama, tmp_path / "nowhere")
+    # a broken config
+    (ad / "adapter_config.json").write_text("{")
+    assert "adapter_config.json" in run_err(llama, ad)
+
+
+def safetensors_bytes(folder):
+    """Every tensor of a folder's *.safetensors as (dtype, shape, raw bytes)."""
+    import glob
+    import mlx.core as mx
+    out = {}
+    for f in glob.glob(os.path.join(folder, "*.safetensors")):
+        for k, v in mx.load(f).items():
+            out[k] = (str(v.dtype), tuple(v.shape), np.array(v.view(mx.uint8)).tobytes())
+    return out
+
+
+@pytest.mark.parametrize("name", ["llama-q4g64", "qwen3-q3g32", "gemma3-q8g32", "minicpm-q4g64", "llama-f32",
+                                  "qwen3-bf16"])
+def test_fuse_is_byte_identical_to_mlx_lm_fuse(tmp_path, name):
+    """hearth fuse against mlx_lm.fuse with the same adapter: every tensor byte for byte
+    (quantized bases dequantized, summed and re-quantized with their own bits and groups)."""
+    model = model_dir(name)
+    ad = make_mlx_adapter(model, tmp_path / "ad", num_layers=2)
+    py = os.path.join(REPO, ".venv", "bin", "python")
+    p = subprocess.run([py, "-m", "mlx_lm", "fuse", "--model", model, "--adapter-path", str(ad), "--save-path",
+                        str(tmp_path / "ref")], capture_output=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    p = subprocess.run([BIN, "fuse", model, "--adapter-path", str(ad), "--save-path", str(tmp_path / "ours")],
+                       capture_output=True)
+    assert p.returncode == 0, p.stderr.decode()
+    ref, ours = safetensors_bytes(tmp_path / "ref"), safetensors_bytes(tmp_path / "ours")
+    assert sorted(ref) == sorted(ours)
+    differing = [k for k in ref if ref[k] != ours[k]]
+    assert not differing, differing[:5]
+    # and the adapter changed what it covers (the fuse did something)
+    base = safetensors_bytes(model)
+    assert any(base[k] != ours[k] for k in ours if "q_proj" in k)
+
+
+def test_fuse_refusals(tmp_path):
+    model = model_dir("llama-f32")
+    dora = make_mlx_adapter(model, tmp_path / "dora", dora=True)
+
+    def fuse(*args):
+        p = subprocess.run([BIN, "fuse", model, *map(str, args)], capture_output=True)
+        assert p.returncode != 0
+        return p.stderr.decode()
+
+    assert "fusing a DoRA adapter is not done yet" in fuse("--adapter-path", dora, "--save-path", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "exists").mkdir()
+    assert "already exists" in fuse("--adapter-path", dora, "--save-path", tmp_path / "exists")
+    assert "--export-gguf is not supported" in fuse("--export-gguf")
+
+
+def test_generate_applies_the_adapter(tmp_path):
+    """hearth generate --adapter-path: the greedy text is the detokenized greedy ids that
+    trace (checked against mlx-lm above) gives with the same adapter, and not the base's."""
+    model = model_dir("llama-f32")
+    ad = make_mlx_adapter(model, tmp_path / "ad")
+    env = dict(os.environ, HEARTH_CPU="scalar")
+
+    def generate(*extra):
+        p = subprocess.run([BIN, "generate", model, "Tell me", "--no-chat-template", "--max-tokens", "6", "--threads",
+                            "2", *extra], capture_output=True, env=env, timeout=300)
+        assert p.returncode == 0, p.stderr.decode()
+        return p.stdout.decode()
+
+    ids = json.loads(subprocess.run([BIN, "tokenize", model, "Tell me"], capture_output=True, check=True).stdout)
+    greedy = [s["token"] for s in trace(model, ad, ids=ids, steps=6)["steps"]]
+    text = subprocess.run([BIN, "detokenize", model, json.dumps(greedy)], capture_output=True, check=True).stdout
+    with_adapter = generate("--adapter-path", str(ad))
+    assert with_adapter == text.decode().rstrip("\n") or with_adapter == text.decode()
+    assert with_adapter != generate()

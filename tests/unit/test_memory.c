@@ -1,0 +1,114 @@
+/* test_memory.c: unit tests of the memory's text rules (src/memory): Markdown headings,
+ * sections and slugs, wikilinks, conflict markers and UTF-8 checks, and the synthesis
+ * gate (prose kept, citations kept, secrets), the dangling-link rewrite and the lenient
+ * reading of a model's JSON answer. Expected values are worked out by hand. */
+/* cmocka.h needs these before it */
+// clang-format off
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+// clang-format on
+#include <stdlib.h>
+#include <string.h>
+
+#include "memory/memory_synth.h"
+
+static const char *doc = "---\ntitle: \"Garden\"\nsource: x\n---\n# Top\nintro\n## Beds & Soil\ntext\n```\n# no\n```\n"
+                         "### Deep\nd\n## Last\nend\n";
+
+static void test_markdown(void **state) {
+    (void)state;
+    md_doc d;
+    assert_int_equal(md_parse(doc, strlen(doc), "stem", &d), 0);
+    assert_string_equal(d.title, "Garden");
+    assert_string_equal(d.source, "x");
+    assert_int_equal(d.n_headings, 4); /* the fenced "# no" is code */
+    assert_string_equal(d.headings[1].text, "Beds & Soil");
+    assert_string_equal(d.headings[1].anchor, "beds-soil");
+    const md_heading *h = md_find_heading(&d, "beds-soil");
+    assert_non_null(h);
+    /* the section runs to the next heading of its level or above: Deep is inside */
+    char *section = strndup(doc + h->start, h->end - h->start);
+    assert_string_equal(section, "## Beds & Soil\ntext\n```\n# no\n```\n### Deep\nd\n");
+    free(section);
+    assert_ptr_equal(md_find_heading(&d, "#Beds & soil"), h); /* by text, any case */
+    assert_null(md_find_heading(&d, "nowhere"));
+    md_doc_free(&d);
+    assert_int_equal(md_parse("# A\n", 4, "s", &d), 0);
+    assert_string_equal(d.title, "A"); /* no front matter: the first level-1 heading */
+    md_doc_free(&d);
+}
+
+static void count_link(void *user, const char *target, const char *heading) {
+    char *out = user;
+    strcat(out, target);
+    strcat(out, "#");
+    strcat(out, heading);
+    strcat(out, ";");
+}
+
+static void test_links_and_checks(void **state) {
+    (void)state;
+    const char *t = "a [[X]] b [[Y#h|alias]] [[#local]] [[unclosed\n```\n[[code]]\n```\n[[Z]]";
+    char got[256] = "";
+    assert_int_equal(md_wikilinks(t, strlen(t), count_link, got), 4);
+    assert_string_equal(got, "X#;Y#h;#local;Z#;");
+    const char *conflict = "a\n<<<<<<< HEAD\nx\n=======\ny\n>>>>>>> b\n";
+    assert_true(md_has_conflict_markers(conflict, strlen(conflict)));
+    assert_false(md_has_conflict_markers("Title\n=======\n", 14)); /* a setext heading */
+    assert_true(md_valid_utf8("caf\xc3\xa9", 5));
+    assert_false(md_valid_utf8("caf\xe9", 4));
+    assert_false(md_valid_utf8("\xc0\xaf", 2)); /* overlong */
+    assert_false(md_valid_utf8("\xe2\x82", 2)); /* cut short */
+}
+
+static void test_gate(void **state) {
+    (void)state;
+    const char *old = "# T\n\nAlpha is red. Beta is blue.[^1]\n\n[^1]: [[C#m1]]\n";
+    /* both sentences kept (the heading and footnote definition are not prose) */
+    assert_true(synth_prose_kept(old, "Alpha is red. Beta is blue.[^1] Gamma.") > 0.999);
+    /* "Alpha is red." is 13 of 13 + 17 bytes */
+    double k = synth_prose_kept(old, "Alpha is red. Something else.");
+    assert_true(k > 13.0 / 30 - 1e-9 && k < 13.0 / 30 + 1e-9);
+    assert_true(synth_prose_kept("", "anything") == 1.0);
+    assert_true(synth_citations_kept(old, "x [^1]"));
+    assert_false(synth_citations_kept(old, "x [^2]"));
+    assert_true(synth_has_secret("my key sk-abcdefghijklmnopqrstuvwx"));
+    assert_true(synth_has_secret("password: hunter2"));
+    assert_true(synth_has_secret("-----BEGIN RSA PRIVATE KEY-----"));
+    assert_false(synth_has_secret("ask-me anything; my task-list"));
+    assert_false(synth_has_secret("a password manager"));
+}
+
+static int exists_x(void *user, const char *target) { return !strcmp(target, "X"); }
+
+static void test_unlink_and_answers(void **state) {
+    (void)state;
+    int changed = 0;
+    char *out =
+        synth_unlink_dangling("[[X]] [[Gone]] [[Gone#h|shown]]\n```\n[[Gone]]\n```\n", exists_x, NULL, &changed);
+    assert_string_equal(out, "[[X]] Gone shown\n```\n[[Gone]]\n```\n");
+    assert_true(changed);
+    free(out);
+    json_t *v = synth_parse_answer("Sure!\n```json\n{\"article\": \"Bikes\"}\n```");
+    assert_string_equal(json_string_value(json_object_get(v, "article")), "Bikes");
+    json_decref(v);
+    assert_null(synth_parse_answer("no json here {"));
+    char name[64];
+    synth_article_name("../Reference/x: y?", name, sizeof name);
+    assert_string_equal(name, "Referencex y"); /* no path can leave articles/ */
+    synth_article_name("???", name, sizeof name);
+    assert_string_equal(name, "Untitled");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_markdown),
+        cmocka_unit_test(test_links_and_checks),
+        cmocka_unit_test(test_gate),
+        cmocka_unit_test(test_unlink_and_answers),
+    };
+    return cmocka_run_group_tests_name("memory", tests, NULL, NULL);
+}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text, minicpm, qwen3_moe, qwen3_5, qwen3_5_moe) in every
+"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text, minicpm, qwen3_moe, qwen3_5, qwen3_5_moe, gemma4_text) in every
 weight form hearth reads (f32, bf16, MLX affine q4/q8 with group 64/32) under
 $HEARTH_CACHE/tiny/<family>-<form>/, written by mlx-lm's own save path so the layout is what
 mlx-lm produces. Tokenizers are small but real-format, trained offline with HF `tokenizers`.
@@ -255,8 +255,55 @@ def family_specs():
                 "tie_word_embeddings": True, "bos_token_id": ids["<bos>"],
                 "eos_token_id": [ids["<eos>"], ids["<end_of_turn>"]], "pad_token_id": ids["<pad>"]})
 
+    # --- gemma4_text (mlx-lm models/gemma4_text.py).
+    # Six layers: three sliding (head_dim 16, 2 KV heads) before a full one (global_head_dim
+    # 32, 1 KV head, values = keys, proportional RoPE on a quarter of the dims), then two
+    # that read the KV of the last sliding / full layer before them (num_kv_shared_layers 2)
+    # with double-wide MLPs; per-layer inputs of 32 per layer; window 16, so the goldens'
+    # prompts run past it; final softcap 30.
+    # Its tokenizer has Gemma 4's control tokens (turns, the thought channel, tool sentinels)
+    # and its template is Gemma 4's own, so mlx-lm infers thinking and the gemma4 tool parser.
+    g4_specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<turn|>", "<|channel>", "<channel|>",
+                   "<|tool_call>", "<tool_call|>", "<|tool>", "<tool|>", "<|tool_response>", "<tool_response|>",
+                   '<|"|>', "<|think|>", "<|image|>", "<|audio|>", "<|video|>"]
+    tok = train_sentencepiece_bpe(500, g4_specials)
+    g4 = {s: tok.token_to_id(s) for s in g4_specials}
+    specs["gemma4"] = dict(
+        tokenizer=tok,
+        tokenizer_config={"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
+                          "add_bos_token": True, "add_eos_token": False,
+                          "chat_template": template("google-gemma-4-31B-it")},
+        generation_config={"bos_token_id": g4["<bos>"], "eos_token_id": [g4["<eos>"], g4["<turn|>"]],
+                           "pad_token_id": g4["<pad>"], "do_sample": False},
+        config={"model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "hidden_size": 64,
+                "num_hidden_layers": 6, "intermediate_size": 64, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
+                "num_global_key_value_heads": 1, "attention_k_eq_v": True, "num_kv_shared_layers": 2,
+                "hidden_size_per_layer_input": 32, "use_double_wide_mlp": True, "sliding_window": 16,
+                "layer_types": ["sliding_attention"] * 3 + ["full_attention", "sliding_attention",
+                                                            "full_attention"],
+                "rope_parameters": {
+                    "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                       "rope_type": "proportional"},
+                    "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+                "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
+                "enable_moe_block": False, "tie_word_embeddings": True,
+                "bos_token_id": g4["<bos>"], "eos_token_id": [g4["<eos>"], g4["<turn|>"]],
+                "pad_token_id": g4["<pad>"]})
+    # The 26B-A4B form: every layer's dense MLP plus 8 experts (2 per token), values = keys on
+    # full layers, no shared KV and no per-layer inputs.
+    moe = dict(specs["gemma4"]["config"], enable_moe_block=True, num_experts=8, top_k_experts=2,
+               moe_intermediate_size=64, num_kv_shared_layers=0, hidden_size_per_layer_input=0,
+               use_double_wide_mlp=False)
+    specs["gemma4_moe"] = dict(tokenizer=specs["gemma4"]["tokenizer"],
+                               tokenizer_config=dict(specs["gemma4"]["tokenizer_config"]),
+                               generation_config=dict(specs["gemma4"]["generation_config"]), config=moe)
+    # --- end gemma4_text
+
     for spec in specs.values():
         spec["config"]["vocab_size"] = spec["tokenizer"].get_vocab_size(with_added_tokens=True)
+        if spec["config"]["model_type"] == "gemma4_text":
+            spec["config"]["vocab_size_per_layer_input"] = spec["config"]["vocab_size"]
         spec["tokenizer_config"].update({"tokenizer_class": "PreTrainedTokenizerFast",
                                          "model_max_length": 4096, "clean_up_tokenization_spaces": False})
     return specs
@@ -281,6 +328,8 @@ def build_model(family, config, init):
             params[name] = init["lm_head_scale"] * w
         elif "proj" in name:
             params[name] = init["proj_scale"] * w
+        elif name.endswith(("layer_scalar", "router.scale", "per_expert_scale")):  # gemma4_text: ones by default
+            params[name] = 0.5 + mx.random.uniform(shape=w.shape)
     if config.get("tie_word_embeddings", True) and "lm_head.weight" in params:
         del params["lm_head.weight"]
     model.load_weights(list(params.items()), strict=False)
@@ -308,6 +357,9 @@ INIT = {
     # 32 values, did too: expert routing and the delta rule amplify it); at 1x, about 1%
     "qwen3_5": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=1.0, lm_head_scale=6.0),
     "qwen3_5_moe": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=1.0, lm_head_scale=6.0),
+    # Gemma 4's norms scale by w (not 1 + w): centred on 1, the post-norms larger as gemma3's
+    "gemma4": dict(norm=1.0, post_norm=3.0, final_norm=3.0, embed_std=0.125, proj_scale=1.0, lm_head_scale=1.0),
+    "gemma4_moe": dict(norm=1.0, post_norm=3.0, final_norm=3.0, embed_std=0.125, proj_scale=1.0, lm_head_scale=1.0),
 }
 
 
@@ -315,7 +367,10 @@ FORMS = {"f32": None, "bf16": None, "q4g64": (4, 64), "q4g32": (4, 32), "q8g64":
 # One more width per family for MLX's other affine widths (5, 3 and 6 bits), whose bit streams
 # cross byte boundaries: quantized from the same seeded bf16 weights, so adding them changes no
 # other model's bytes.
-EXTRA_FORMS = {"llama": {"q5g64": (5, 64)}, "qwen3": {"q3g32": (3, 32)}, "gemma3": {"q6g64": (6, 64)}}
+EXTRA_FORMS = {"llama": {"q5g64": (5, 64)}, "qwen3": {"q3g32": (3, 32)}, "gemma3": {"q6g64": (6, 64)},
+               # mixed precision as `mlx_lm.convert --quant-predicate mixed_4_6` writes it: per-module
+               # bits in config.json (v_proj / down_proj of some layers at 6 bits, the rest at 4)
+               "gemma4": {"mixed46": "mixed_4_6"}}
 
 
 def qwen3_5_mixed(path, module):
@@ -335,7 +390,9 @@ EXTRA_FORMS["qwen3_5"] = {"mixed": (4, 64, qwen3_5_mixed)}
 # themselves are covered by the families above. qwen3_moe has no bf16 form: mlx's CPU
 # gather_mm (the experts' matmul) takes float32 only, so mlx-lm could not be its oracle.
 FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64"), "qwen3_moe": ("f32", "q4g64"),
-             "qwen3_5": ("f32", "bf16", "q4g64", "q8g64", "mixed"), "qwen3_5_moe": ("f32", "q4g64")}
+             "qwen3_5": ("f32", "bf16", "q4g64", "q8g64", "mixed"), "qwen3_5_moe": ("f32", "q4g64"),
+             "gemma4": ("f32", "bf16", "q4g64", "q8g64", "mixed46"), "gemma4_moe": ("f32", "q4g64")}
+
 
 
 def family_forms(family):
@@ -358,7 +415,11 @@ def save_form(family, spec, form, src_dir, out_dir):
         # so scales/biases and the unquantized norms are bf16 too.
         model.set_dtype(mx.bfloat16)
         config["torch_dtype"] = "bfloat16"
-    if family_forms(family)[form]:
+    if isinstance(family_forms(family)[form], str):
+        from mlx_lm.convert import mixed_quant_predicate_builder
+        predicate = mixed_quant_predicate_builder(family_forms(family)[form], model, group_size=64)
+        model, config = quantize_model(model, config, group_size=64, bits=4, quant_predicate=predicate)
+    elif family_forms(family)[form]:
         bits, group, *predicate = family_forms(family)[form]
         model, config = quantize_model(model, config, group_size=group, bits=bits,
                                        quant_predicate=predicate[0] if predicate else None)

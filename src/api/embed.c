@@ -130,8 +130,8 @@ static hearth_status create_decoder(hearth_embedder *e, int n_threads, hearth_er
     e->max_seqs = EMBED_DECODER_SLOTS;
     /* every slot may waste most of one block: the pool holds the batch plus one block a slot */
     int blocks = e->batch_tokens / KV_BLOCK_SIZE + 1 + e->max_seqs;
-    if ((st = kv_create(&e->kv, c->n_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->max_tokens, blocks, err)))
-        return st;
+    if ((st = model_kv_create(c, &e->kv, e->max_seqs, e->max_tokens, blocks, HEARTH_KV_FLOAT, 1, err)))
+        return st; /* the model's own pool: per-layer shapes, no layers for shared KV (Gemma 4) */
     if (!(e->pooled = malloc((size_t)e->max_seqs * e->dim * sizeof(float))))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     return cpu_backend_create(model_ops(e->dec), &e->kv, e->batch_tokens, e->max_seqs, n_threads, e->tp, &e->be, err);

@@ -28,6 +28,29 @@ static json_t *quant_json(const hearth_model *m) {
     return json_pack("{s:s, s:o}", "format", "none", "tensor_types", hist);
 }
 
+/* The parts of a multimodal checkpoint hearth does not load (Gemma 4's vision and audio
+ * towers and their projections: mlx-lm's gemma4.py drops the same prefixes), in the order
+ * first seen; NULL when there are none. */
+static json_t *unloaded_parts(const hearth_model *m) {
+    static const char *const parts[] = {"vision_tower", "audio_tower", "multi_modal_projector", "embed_vision",
+                                        "embed_audio", "vision_embedder"};
+    json_t *out = json_array();
+    for (size_t i = 0; out && i < model_tensor_count(m); i++) {
+        const char *name = model_tensor_at(m, i)->name;
+        if (!strncmp(name, "model.", 6)) name += 6;
+        for (size_t j = 0; j < sizeof parts / sizeof parts[0]; j++) {
+            size_t n = strlen(parts[j]), k;
+            json_t *v;
+            int seen = 0;
+            if (strncmp(name, parts[j], n) || (name[n] && name[n] != '.')) continue;
+            json_array_foreach(out, k, v) seen |= !strcmp(json_string_value(v), parts[j]);
+            if (!seen) json_array_append_new(out, json_string(parts[j]));
+        }
+    }
+    if (out && !json_array_size(out)) json_decref(out), out = NULL;
+    return out;
+}
+
 char *hearth_model_info_json(const hearth_model *m) {
     const model_summary *s = &m->sum;
     json_t *o = json_object();
@@ -49,6 +72,8 @@ char *hearth_model_info_json(const hearth_model *m) {
     json_object_set_new(o, "rope_theta", json_real(s->rope_theta));
     json_object_set_new(o, "tie_word_embeddings", json_boolean(s->tie_word_embeddings));
     json_object_set_new(o, "quantization", quant_json(m));
+    json_t *unloaded = unloaded_parts(m);
+    if (unloaded) json_object_set_new(o, "not_loaded", unloaded); /* the text model runs without them */
     json_t *tok = json_object();
     if (m->tok) {
         json_object_set_new(tok, "kind", json_string(tok_kind(m->tok)));

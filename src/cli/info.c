@@ -49,6 +49,14 @@ static void print_human(const char *json_text) {
                (long long)json_integer_value(json_object_get(t, "vocab_size")),
                json_string_value(json_object_get(t, "bos_token")) ? json_string_value(json_object_get(t, "bos_token")) : "-",
                json_string_value(json_object_get(t, "eos_token")) ? json_string_value(json_object_get(t, "eos_token")) : "-");
+    const json_t *unloaded = json_object_get(o, "not_loaded");
+    if (json_array_size(unloaded)) {
+        printf("not loaded   ");
+        size_t i;
+        json_t *v;
+        json_array_foreach(unloaded, i, v) printf(" %s", json_string_value(v));
+        printf(" (the text model runs without them)\n");
+    }
     if (json_is_true(json_object_get(c, "present")))
         printf("chat template %lld chars from %s\n", (long long)json_integer_value(json_object_get(c, "length")),
                json_string_value(json_object_get(c, "source")));

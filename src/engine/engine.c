@@ -144,11 +144,9 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
     if (o.kv_blocks == 0 && o.kv_budget_bytes > 0) {
         /* a byte budget: the pool's cost per block (storage and metadata) from its own size
          * function; on the GPU the device bytes of a block (cuda_kv_bytes) when larger */
-        double per_block = (double)(kv_bytes_quant(c->n_kv_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context,
-                                                   2, o.kv_quant) -
-                                    kv_bytes_quant(c->n_kv_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context,
-                                                   1, o.kv_quant));
-        double dev_block = (double)engine_device_kv_bytes(c->n_kv_layers, c->n_kv_heads, c->head_dim, 1, o.kv_quant,
+        double per_block = (double)(model_kv_bytes(c, p->max_seqs, p->context, 2, o.kv_quant) -
+                                    model_kv_bytes(c, p->max_seqs, p->context, 1, o.kv_quant));
+        double dev_block = (double)engine_device_kv_bytes(c->n_layers, c->n_kv_heads, c->head_dim, 1, o.kv_quant,
                                                           o.device);
         if (dev_block > per_block) per_block = dev_block;
         double blocks = o.kv_budget_bytes / per_block;
@@ -172,12 +170,12 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
                        "--kv-quant %s is stored only by the CUDA backend (--device cuda); the CPU engine takes "
                        "--kv-quant none or int8",
                        hearth_kv_quant_name(o.kv_quant));
-    p->kv = kv_bytes_quant(c->n_kv_layers, c->n_kv_heads, c->head_dim, p->max_seqs, p->context, p->n_blocks, o.kv_quant);
+    p->kv = model_kv_bytes(c, p->max_seqs, p->context, p->n_blocks, o.kv_quant);
     /* hybrid models: the recurrent-state pool beside it (kv_state.h), float32 whatever the KV type */
     p->kv += kv_state_bytes(p->max_seqs, c->n_state_layers, op_gdn_state_floats(&model_ops(m)->dims),
                             kv_state_default_snaps(p->max_seqs));
     /* on the GPU keys and values live in the device pool: the host keeps the tables only */
-    if (o.device == HEARTH_DEVICE_CUDA) p->kv -= kv_storage_bytes(c->n_kv_layers, c->n_kv_heads, c->head_dim, p->n_blocks, o.kv_quant);
+    if (o.device == HEARTH_DEVICE_CUDA) p->kv -= model_kv_storage_bytes(c, p->n_blocks, o.kv_quant);
     /* the CPU backend's scratch; on the GPU the device holds it (engine_device_plan_bytes) */
     p->scratch = o.device == HEARTH_DEVICE_CUDA ? 0
                                                 : cpu_backend_bytes(model_ops(m), &shape, p->step_tokens, p->max_out,
@@ -339,8 +337,8 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     /* host K/V storage only where the CPU runs the forward pass (after the device is open:
      * --device auto falls back to the CPU when the GPU path fails) */
     if (!st)
-        st = kv_create_meta(&e->kv, c->n_kv_layers, c->n_kv_heads, c->head_dim, e->max_seqs, e->context, p.n_blocks,
-                            o.kv_quant, po.device != HEARTH_DEVICE_CUDA, err);
+        st = model_kv_create(c, &e->kv, e->max_seqs, e->context, p.n_blocks, o.kv_quant, po.device != HEARTH_DEVICE_CUDA,
+                             err);
     if (!st && c->n_state_layers > 0)
         st = kv_state_attach(&e->kv, c->n_state_layers, op_gdn_state_floats(&model_ops(e->m)->dims),
                              kv_state_default_snaps(e->max_seqs), err);
@@ -392,7 +390,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     if (st) { hearth_engine_free(e); return st; }
     e->bytes = engine_plan_bytes(&p);
     if (po.device == HEARTH_DEVICE_CUDA && !e->gpu) { /* auto fell back to the CPU: host storage and scratch after all */
-        e->bytes += kv_storage_bytes(c->n_kv_layers, c->n_kv_heads, c->head_dim, p.n_blocks, o.kv_quant);
+        e->bytes += model_kv_storage_bytes(c, p.n_blocks, o.kv_quant);
         e->bytes += cpu_backend_bytes(model_ops(e->m), &e->kv, e->step_tokens, e->max_out, e->n_threads);
     }
     collect_eos(e);
@@ -726,10 +724,18 @@ static double weight_read_bytes(const op_weight *w) {
 double engine_decode_bytes(const model *m, int context, int kv_quant) {
     const model_config *c = &m->cfg;
     double b = weight_read_bytes(&m->lm_head) + weight_read_bytes(&m->embed) / (double)c->vocab;
+    /* Gemma 4's per-layer inputs: a row of their table and the projection of the embedding */
+    if (c->per_layer_vocab > 0)
+        b += weight_read_bytes(&m->embed_per_layer) / (double)c->per_layer_vocab + weight_read_bytes(&m->per_layer_proj);
+    /* a token reads top_k of the experts */
+    double active = c->n_experts > 0 ? (double)c->top_k_experts / (double)c->n_experts : 0.0;
     for (int i = 0; i < c->n_layers; i++) {
         const layer_weights *l = &m->layers[i];
-        const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down, &l->router, &l->pl_gate,
+                                 &l->pl_proj}; /* the ones a layer lacks have no rows */
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) b += weight_read_bytes(ws[j]);
+        b += active * (weight_read_bytes(&l->experts_gate) + weight_read_bytes(&l->experts_up) +
+                       weight_read_bytes(&l->experts_down));
         if (l->linear) { /* a Gated DeltaNet layer: its projections and its state, read and written */
             const op_weight *g[] = {&l->gdn_qkv, &l->gdn_z, &l->gdn_b, &l->gdn_a, &l->gdn_out};
             for (size_t j = 0; j < sizeof g / sizeof g[0]; j++) b += weight_read_bytes(g[j]);
@@ -737,8 +743,8 @@ double engine_decode_bytes(const model *m, int context, int kv_quant) {
             continue;
         }
         int span = l->sliding && c->sliding_window > 0 && c->sliding_window < context ? c->sliding_window : context;
-        double row = (double)kv_row_bytes(kv_quant, c->head_dim);
-        b += 2.0 * span * c->n_kv_heads * row;
+        double row = (double)kv_row_bytes(kv_quant, l->head_dim ? l->head_dim : c->head_dim);
+        b += 2.0 * span * (l->n_kv_heads ? l->n_kv_heads : c->n_kv_heads) * row;
     }
     return b;
 }

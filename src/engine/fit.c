@@ -257,7 +257,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     /* the KV storage is reserved, not touched (kv_cache.c): at start the process holds the
      * rest; the peak is reached once every block has been written */
     engine_plan untouched = p;
-    untouched.kv -= kv_storage_bytes(m->cfg.n_kv_layers, m->cfg.n_kv_heads, m->cfg.head_dim, p.n_blocks, o.engine.kv_quant);
+    untouched.kv -= model_kv_storage_bytes(&m->cfg, p.n_blocks, o.engine.kv_quant);
     json_object_set_new(r, "predicted_start_bytes", JSON_SIZE(fit_peak(&b, &untouched)));
     json_object_set_new(r, "kv_pool_counted_as",
                         json_string("reserved: predicted_peak_bytes holds the whole pool resident (every block "

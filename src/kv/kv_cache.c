@@ -35,9 +35,43 @@ size_t kv_bytes(int n_layers, int n_kv_heads, int head_dim, int max_slots, int m
 
 /* Bytes of each storage array (k, v, k8, v8, k_scale, v_scale) for the pool's shape and
  * quantization; 0 for the arrays it does not have. */
+/* Rows (positions x heads) and elements of layers [0, n) of a pool. */
+static void layer_extent(const kv_cache *kv, int n, size_t *rows, size_t *elems) {
+    size_t per_block = (size_t)kv->n_blocks * KV_BLOCK_SIZE;
+    *rows = *elems = 0;
+    for (int l = 0; l < n; l++) {
+        int heads = kv->layer_heads ? kv->layer_heads[l] : kv->n_kv_heads;
+        int dim = kv->layer_dims ? kv->layer_dims[l] : kv->head_dim;
+        *rows += per_block * heads;
+        *elems += per_block * heads * dim;
+    }
+}
+
+size_t kv_storage_bytes_layers(int n_layers, const int *heads, const int *dims, int n_blocks, int quant) {
+    size_t total = 0;
+    for (int l = 0; l < n_layers; l++) total += kv_storage_bytes(1, heads[l], dims[l], n_blocks, quant);
+    return total;
+}
+
+int kv_layer_view(const kv_cache *kv, int layer, kv_cache *view) {
+    *view = *kv;
+    if (!kv->layer_heads) return layer;
+    size_t rows, elems, eb = kv_elem_bytes(kv->quant);
+    layer_extent(kv, layer, &rows, &elems);
+    view->n_layers = 1;
+    view->n_kv_heads = kv->layer_heads[layer];
+    view->head_dim = kv->layer_dims[layer];
+    view->block_floats = (size_t)KV_BLOCK_SIZE * view->n_kv_heads * view->head_dim;
+    view->layer_heads = view->layer_dims = NULL;
+    if (kv->k) view->k = kv->k + elems, view->v = kv->v + elems;
+    if (kv->k8) view->k8 = (int8_t *)((char *)kv->k8 + elems * eb), view->v8 = (int8_t *)((char *)kv->v8 + elems * eb);
+    if (kv->k_scale) view->k_scale = kv->k_scale + rows, view->v_scale = kv->v_scale + rows;
+    return 0;
+}
+
 static void storage_sizes(const kv_cache *kv, int quant, size_t sizes[6]) {
-    size_t rows = (size_t)kv->n_layers * kv->n_blocks * kv->n_kv_heads * KV_BLOCK_SIZE;
-    size_t elems = rows * (size_t)kv->head_dim, eb = kv_elem_bytes(quant);
+    size_t rows, elems, eb = kv_elem_bytes(quant);
+    layer_extent(kv, kv->n_layers, &rows, &elems);
     int host_float = quant == HEARTH_KV_FLOAT, scaled = kv_quant_scaled(quant);
     sizes[0] = sizes[1] = host_float ? elems * eb : 0;
     sizes[2] = sizes[3] = host_float ? 0 : elems * eb; /* int8, and fp8 / f16's host copy */
@@ -70,8 +104,10 @@ static hearth_status storage_create(kv_cache *kv, int quant, hearth_error *err) 
     for (int i = 0; i < 6; i++)
         if (sizes[i] && !(*arrays[i] = mem_alloc_reserved(sizes[i]))) ok = 0;
     if (ok) return HEARTH_OK;
+    size_t rows, elems;
+    layer_extent(kv, kv->n_layers, &rows, &elems);
     return err_set(err, HEARTH_ERR_NOMEM, "kv cache: cannot reserve %.1f MiB",
-                   kv_storage_bytes(kv->n_layers, kv->n_kv_heads, kv->head_dim, kv->n_blocks, quant) /
+                   (double)(2 * (elems * kv_elem_bytes(quant) + (kv_quant_scaled(quant) ? rows * sizeof(float) : 0))) /
                        (1024.0 * 1024.0));
 }
 
@@ -103,6 +139,12 @@ const char *hearth_kv_quant_name(int quant) {
 }
 
 void kv_store(kv_cache *kv, int layer, int slot, int p, int head, const float *key, const float *value) {
+    if (kv->layer_heads) {
+        kv_cache view;
+        int vl = kv_layer_view(kv, layer, &view);
+        kv_store(&view, vl, slot, p, head, key, value);
+        return;
+    }
     size_t row = kv_row(kv, layer, slot, p, head), off = row * (size_t)kv->head_dim;
     if (kv->quant == HEARTH_KV_INT8) {
         quantize_row(kv->k8 + off, kv->k_scale + row, key, kv->head_dim);
@@ -114,6 +156,14 @@ void kv_store(kv_cache *kv, int layer, int slot, int p, int head, const float *k
 }
 
 void kv_copy_rows(kv_cache *kv, int32_t src, int32_t dst, int rows) {
+    if (kv->layer_heads) {
+        for (int l = 0; l < kv->n_layers; l++) {
+            kv_cache view;
+            kv_layer_view(kv, l, &view);
+            kv_copy_rows(&view, src, dst, rows);
+        }
+        return;
+    }
     size_t d = (size_t)kv->head_dim;
     size_t eb = kv_elem_bytes(kv->quant); /* fp8 and f16 live in k8 / v8 too */
     char *k = kv->k ? (char *)kv->k : (char *)kv->k8, *v = kv->v ? (char *)kv->v : (char *)kv->v8;
@@ -174,8 +224,31 @@ hearth_status kv_create_meta(kv_cache *kv, int n_layers, int n_kv_heads, int hea
     return st;
 }
 
+hearth_status kv_create_layers(kv_cache *kv, int n_layers, const int *heads, const int *dims, int max_slots,
+                               int max_context, int n_blocks, int quant, int with_storage, hearth_error *err) {
+    int max_heads = 0, max_dim = 0;
+    for (int l = 0; l < n_layers; l++) {
+        if (heads[l] <= 0 || dims[l] <= 0) return err_set(err, HEARTH_ERR_INVALID, "kv cache: invalid layer shape");
+        max_heads = heads[l] > max_heads ? heads[l] : max_heads;
+        max_dim = dims[l] > max_dim ? dims[l] : max_dim;
+    }
+    hearth_status st = kv_create_meta(kv, n_layers, max_heads, max_dim, max_slots, max_context, n_blocks, quant, 0, err);
+    if (st) return st;
+    kv->layer_heads = malloc((size_t)n_layers * sizeof(int));
+    kv->layer_dims = malloc((size_t)n_layers * sizeof(int));
+    if (!kv->layer_heads || !kv->layer_dims) {
+        kv_destroy(kv);
+        return err_set(err, HEARTH_ERR_NOMEM, "kv cache: out of memory");
+    }
+    memcpy(kv->layer_heads, heads, (size_t)n_layers * sizeof(int));
+    memcpy(kv->layer_dims, dims, (size_t)n_layers * sizeof(int));
+    return with_storage ? kv_storage_attach(kv, err) : HEARTH_OK;
+}
+
 void kv_destroy(kv_cache *kv) {
     storage_free(kv);
+    free(kv->layer_heads);
+    free(kv->layer_dims);
     free(kv->tables);
     free(kv->n_tokens);
     free(kv->free_list);

@@ -31,6 +31,11 @@ typedef struct kv_cache {
     int n_free;
     struct kv_prefix *prefix; /* block refcounts, hash chain, LRU of cached blocks (kv_prefix.h) */
     struct kv_state *state;   /* recurrent state of hybrid models (kv_state.h), NULL without */
+    /* Layers of their own shape (Gemma 4: sliding and full layers differ in head_dim and KV
+     * heads): per layer its KV heads and head_dim, NULL when every layer is n_kv_heads x
+     * head_dim (then the maxima). Layer l's storage follows layer l - 1's; kernels see one
+     * layer at a time through kv_layer_view. */
+    int *layer_heads, *layer_dims;
 } kv_cache;
 
 /* hearth_kv_quant properties, the one place that says them: a value the engine knows;
@@ -58,6 +63,17 @@ hearth_status kv_create_meta(kv_cache *kv, int n_layers, int n_kv_heads, int hea
 /* The storage is reserved, not touched (zero pages until first written): the pool's memory
  * becomes resident as blocks are used. */
 hearth_status kv_storage_attach(kv_cache *kv, hearth_error *err);
+/* kv_create_meta for a pool whose layers have their own shapes (heads[l] KV heads of dims[l]
+ * each; kv->n_kv_heads and head_dim become the maxima). */
+hearth_status kv_create_layers(kv_cache *kv, int n_layers, const int *heads, const int *dims, int max_slots,
+                               int max_context, int n_blocks, int quant, int with_storage, hearth_error *err);
+/* Bytes of the key and value storage of such a pool. */
+size_t kv_storage_bytes_layers(int n_layers, const int *heads, const int *dims, int n_blocks, int quant);
+/* A pool of one layer's shape whose layer 0 is layer `layer` of kv (the same block tables,
+ * the storage pointers moved to that layer): what the kernels index with their usual
+ * arithmetic. Returns the layer index to use with view (0, or `layer` where kv's layers
+ * share one shape and view is kv itself). */
+int kv_layer_view(const kv_cache *kv, int layer, kv_cache *view);
 static inline hearth_status kv_create(kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int max_slots,
                                       int max_context, int n_blocks, hearth_error *err) {
     return kv_create_quant(kv, n_layers, n_kv_heads, head_dim, max_slots, max_context, n_blocks, HEARTH_KV_FLOAT,

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, qwen3_5, gemma3_text, minicpm (GGUF: llama, qwen3, gemma3)"
+#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, qwen3_5, gemma3_text, gemma4_text, minicpm (GGUF: llama, qwen3, gemma3)"
 
 static double num(const json_t *o, const char *k, double dflt) {
     const json_t *v = json_object_get(o, k);
@@ -162,6 +162,159 @@ static hearth_status read_qwen3_5(const hearth_model *hm, const json_t *cfg, mod
 }
 /* ---- end qwen3_5 ---- */
 
+/* ---- Gemma 4 (mlx-lm models/gemma4_text.py): everything below up to read_dir_config. */
+
+/* A Gemma 4 layer type's RoPE: "default" rotates all head_dim dims with base^(-2i/dims);
+ * "proportional" rotates the first partial_rotary_factor of them with 1 / (factor *
+ * base^(2i/dims)) (exponents over the whole head_dim) and leaves the rest (inverse
+ * frequency 0: cos 1, sin 0). */
+static hearth_status gemma4_rope(const hearth_model *hm, const json_t *rp, const char *kind, int head_dim, float **out,
+                                 hearth_error *err) {
+    const char *type = json_string_value(json_object_get(rp, "rope_type"));
+    if (!type) type = json_string_value(json_object_get(rp, "type"));
+    if (!type) type = "default";
+    double base = num(rp, "rope_theta", 10000.0), factor = num(rp, "factor", 1.0);
+    int proportional = !strcmp(type, "proportional");
+    if (!proportional && strcmp(type, "default"))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: config.json: rope_parameters.%s: RoPE type '%s' is not supported (default, proportional are)",
+                       hm->entry.path, kind, type);
+    double partial = num(rp, "partial_rotary_factor", 1.0);
+    if (!(partial >= 0.0 && partial <= 1.0) || !(factor > 0.0))
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: rope_parameters.%s: partial_rotary_factor %g (0..1) or factor %g (> 0) out of range",
+                       hm->entry.path, kind, partial, factor);
+    int half = head_dim / 2, rotated = proportional ? (int)(head_dim * partial) / 2 : half;
+    float *f = *out = malloc((size_t)half * sizeof *f);
+    if (!f) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < half; i++)
+        f[i] = i < rotated ? (float)(1.0 / ((proportional ? factor : 1.0) * pow(base, (2.0 * i) / head_dim))) : 0.0f;
+    return HEARTH_OK;
+}
+
+/* A number of the config; absent: mlx-lm's default (ModelArgs); null: 0, which mlx-lm reads as
+ * "none" where it tests the value (global_head_dim, hidden_size_per_layer_input). */
+static int gemma4_int(const json_t *cfg, const char *key, int dflt) {
+    const json_t *v = json_object_get(cfg, key);
+    if (!json_is_number(v)) return v ? 0 : dflt;
+    double x = json_number_value(v); /* out of range: -1, which every check below refuses */
+    return x >= -(double)(1 << 30) && x <= (double)(1 << 30) ? (int)x : -1;
+}
+
+/* Which layers are full attention (layer_types, else every sliding_window_pattern-th), which
+ * KV layer each reads (the last layer of its type before first_shared, for the shared ones),
+ * and the pool's shape per KV layer. */
+static hearth_status gemma4_layers_read(const hearth_model *hm, const json_t *cfg, model_config *c, hearth_error *err) {
+    int L = c->n_layers, pattern = gemma4_int(cfg, "sliding_window_pattern", 5);
+    const json_t *types = json_object_get(cfg, "layer_types");
+    c->layer_full = calloc((size_t)L, 1);
+    c->layer_kv = calloc((size_t)L, sizeof *c->layer_kv);
+    c->kv_heads = calloc((size_t)L, sizeof *c->kv_heads);
+    c->kv_dims = calloc((size_t)L, sizeof *c->kv_dims);
+    if (!c->layer_full || !c->layer_kv || !c->kv_heads || !c->kv_dims) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    if (json_is_array(types) && json_array_size(types) != (size_t)L)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: layer_types lists %zu layers, num_hidden_layers is %d",
+                       hm->entry.path, json_array_size(types), L);
+    for (int i = 0; i < L; i++) {
+        const char *t = json_is_array(types) ? json_string_value(json_array_get(types, (size_t)i)) : NULL;
+        if (json_is_array(types) && (!t || (strcmp(t, "full_attention") && strcmp(t, "sliding_attention"))))
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: config.json: layer_types[%d] is '%s' (full_attention or sliding_attention expected)",
+                           hm->entry.path, i, t ? t : "?");
+        c->layer_full[i] = t ? !strcmp(t, "full_attention") : pattern > 0 && (i % pattern) == pattern - 1;
+    }
+    int shared = gemma4_int(cfg, "num_kv_shared_layers", 20);
+    if (shared < 0 || shared >= L)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: num_kv_shared_layers %d must be in 0..%d",
+                       hm->entry.path, shared, L - 1);
+    c->first_shared = c->n_kv_layers = L - shared;
+    for (int i = 0; i < L; i++) {
+        int full = c->layer_full[i];
+        if (i < c->first_shared) {
+            c->layer_kv[i] = i;
+            c->kv_heads[i] = full ? c->full_kv_heads : c->swa_kv_heads;
+            c->kv_dims[i] = full ? c->full_head_dim : c->swa_head_dim;
+            continue;
+        }
+        c->layer_kv[i] = -1;
+        for (int j = c->first_shared - 1; j >= 0 && c->layer_kv[i] < 0; j--)
+            if (c->layer_full[j] == full) c->layer_kv[i] = j;
+        if (c->layer_kv[i] < 0)
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: config.json: layer %d (%s attention) shares KV, but no layer before %d has that type",
+                           hm->entry.path, i, full ? "full" : "sliding", c->first_shared);
+    }
+    return HEARTH_OK;
+}
+
+static hearth_status read_gemma4(const hearth_model *hm, const json_t *cfg, model_config *c, hearth_error *err) {
+    const char *path = hm->entry.path;
+    if (json_is_true(json_object_get(cfg, "enable_moe_block"))) { /* every layer: dense MLP + experts */
+        c->n_experts = gemma4_int(cfg, "num_experts", 0);
+        c->top_k_experts = gemma4_int(cfg, "top_k_experts", 0);
+        c->moe_ffn = gemma4_int(cfg, "moe_intermediate_size", 0);
+        if (c->n_experts <= 0 || c->n_experts > 4096 || c->top_k_experts <= 0 || c->top_k_experts > c->n_experts ||
+            c->moe_ffn <= 0)
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: config.json: enable_moe_block needs num_experts (1..4096), top_k_experts "
+                           "(1..num_experts) and moe_intermediate_size (got %d, %d, %d)",
+                           path, c->n_experts, c->top_k_experts, c->moe_ffn);
+    }
+    c->norm_shift = 0.0f; /* plain RMSNorm weights (nn.RMSNorm), not Gemma 3's (1 + w) */
+    c->attn_scale = 1.0f; /* q and k are RMS-normed; the reference's softmax scale is 1 */
+    c->embed_scale = (float)sqrt((double)c->hidden);
+    c->sliding_window = gemma4_int(cfg, "sliding_window", 512);
+    c->sliding_pattern = 0; /* layer_full says */
+    const json_t *cap = json_object_get(cfg, "final_logit_softcapping");
+    c->softcap = json_is_null(cap) ? 0.0f : (float)num(cfg, "final_logit_softcapping", 30.0);
+    if (!json_is_number(json_object_get(cfg, "head_dim"))) c->head_dim = 256; /* ModelArgs' default */
+    c->swa_head_dim = c->head_dim;
+    c->swa_kv_heads = c->n_kv_heads;
+    c->full_head_dim = gemma4_int(cfg, "global_head_dim", 512);
+    if (c->full_head_dim <= 0) c->full_head_dim = c->head_dim; /* mlx-lm: a 0 / null global_head_dim is head_dim */
+    c->k_eq_v = json_is_true(json_object_get(cfg, "attention_k_eq_v"));
+    int global_kv = gemma4_int(cfg, "num_global_key_value_heads", 0); /* absent or null: num_key_value_heads */
+    c->full_kv_heads = c->k_eq_v && global_kv ? global_kv : c->n_kv_heads;
+    c->swa_ffn = c->ffn;
+    const json_t *dw = json_object_get(cfg, "use_double_wide_mlp");
+    c->double_wide = dw ? json_is_true(dw) : 1;
+    c->per_layer_dim = gemma4_int(cfg, "hidden_size_per_layer_input", 256);
+    c->per_layer_vocab = gemma4_int(cfg, "vocab_size_per_layer_input", 262144);
+    if (c->full_head_dim % 2 || c->full_kv_heads <= 0 || c->n_heads % c->full_kv_heads || c->per_layer_dim < 0 ||
+        (c->per_layer_dim && c->per_layer_vocab <= 0) || c->sliding_window <= 0)
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: inconsistent gemma4_text sizes (global_head_dim %d, num_global_key_value_heads "
+                       "%d for %d heads, hidden_size_per_layer_input %d, vocab_size_per_layer_input %d, sliding_window %d)",
+                       path, c->full_head_dim, c->full_kv_heads, c->n_heads, c->per_layer_dim, c->per_layer_vocab,
+                       c->sliding_window);
+    hearth_status st = gemma4_layers_read(hm, cfg, c, err);
+    if (st) return st;
+    if (c->double_wide && c->first_shared < c->n_layers && c->first_shared > 0) {
+        if (c->ffn <= 0 || c->ffn > (1 << 28)) /* doubled below: kept far from int's range */
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: intermediate_size %d is out of range", path, c->ffn);
+        c->ffn *= 2;
+    }
+    /* RoPE per layer type; rope_parameters absent: mlx-lm's defaults */
+    const json_t *rp = json_object_get(cfg, "rope_parameters");
+    json_t *dflt = NULL;
+    if (!json_is_object(rp))
+        rp = dflt = json_pack("{s:{s:f, s:f, s:s}, s:{s:f, s:f, s:s}}", "full_attention", "partial_rotary_factor", 0.25,
+                              "rope_theta", 1e6, "rope_type", "proportional", "sliding_attention",
+                              "partial_rotary_factor", 1.0, "rope_theta", 1e4, "rope_type", "default");
+    st = gemma4_rope(hm, json_object_get(rp, "full_attention"), "full_attention", c->full_head_dim,
+                     &c->inv_freq_global, err);
+    if (!st)
+        st = gemma4_rope(hm, json_object_get(rp, "sliding_attention"), "sliding_attention", c->swa_head_dim,
+                         &c->inv_freq_local, err);
+    json_decref(dflt);
+    if (st) return st;
+    c->head_dim = c->full_head_dim > c->swa_head_dim ? c->full_head_dim : c->swa_head_dim;
+    c->n_kv_heads = c->full_kv_heads > c->swa_kv_heads ? c->full_kv_heads : c->swa_kv_heads;
+    return HEARTH_OK;
+}
+
+/* ---- end of Gemma 4 */
+
 static hearth_status read_dir_config(const hearth_model *hm, model_config *c, hearth_error *err) {
     const json_t *cfg = hm->config, *text = json_object_get(cfg, "text_config");
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
@@ -175,6 +328,7 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     else if (!strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_text") || !strcmp(mt, "qwen3_5_moe") ||
              !strcmp(mt, "qwen3_5_moe_text"))
         c->family = FAMILY_QWEN3_5;
+    else if (!strcmp(mt, "gemma4_text") || !strcmp(mt, "gemma4")) c->family = FAMILY_GEMMA4;
     else return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported; " SUPPORTED,
                         hm->entry.path, mt);
     int gemma = c->family == FAMILY_GEMMA3;
@@ -190,6 +344,12 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     c->norm_eps = (float)num(cfg, "rms_norm_eps", 1e-6);
     /* transformers 5 saves RoPE as "rope_parameters" (theta, type and factors in one
      * object; Gemma 3: one object per layer type) instead of rope_theta + rope_scaling. */
+    /* before any table is sized from them (model_config_read checks the rest) */
+    if (c->n_layers <= 0 || c->hidden <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->head_dim <= 0 || c->head_dim % 2)
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: inconsistent dimensions (layers %d, hidden %d, heads %d/%d, head_dim %d)",
+                       hm->entry.path, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim);
+    if (c->family == FAMILY_GEMMA4) return read_gemma4(hm, cfg, c, err);
     const json_t *rp = json_object_get(cfg, "rope_parameters"), *rp_local = NULL;
     if (json_is_object(json_object_get(rp, "full_attention"))) {
         rp_local = json_object_get(rp, "sliding_attention");
@@ -319,7 +479,7 @@ hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_
     if (c->residual_scale == 0.0f) c->residual_scale = 1.0f;
     if (c->logits_div == 0.0f) c->logits_div = 1.0f;
     if (c->context_length <= 0) c->context_length = 4096;
-    c->n_kv_layers = c->n_layers - c->n_state_layers;
+    if (c->family != FAMILY_GEMMA4) c->n_kv_layers = c->n_layers - c->n_state_layers; /* Gemma 4: read_gemma4's */
     if (c->n_kv_layers <= 0)
         return err_set(err, HEARTH_ERR_FORMAT, "%s: no attention layer (%d layers, all linear attention)",
                        hm->entry.path, c->n_layers);

@@ -24,13 +24,14 @@ op_mlp decoder_mlp(const model *m, int i, op_act act) {
 op_moe decoder_moe(const model *m, int i) {
     const layer_weights *l = &m->layers[i];
     int sh = m->cfg.shared_ffn > 0;
-    return (op_moe){.router = &l->router, .gate = &l->experts_gate, .up = &l->experts_up, .down = &l->experts_down,
-                    .norm_topk = m->cfg.norm_topk, .act = OP_ACT_SILU,
+    return (op_moe){.router = &l->router, .gate = &l->experts_gate, .up = l->experts_up.n ? &l->experts_up : NULL,
+                    .down = &l->experts_down, .norm_topk = m->cfg.norm_topk, .act = OP_ACT_SILU,
                     .shared_gate = sh ? &l->shared_gate : NULL, .shared_up = sh ? &l->shared_up : NULL,
                     .shared_down = sh ? &l->shared_down : NULL, .shared_router = sh ? &l->shared_router : NULL};
 }
 
 static void add_weight(model *m, const op_weight *w, int logits, const char *name, int layer) {
+    if (!w->n) return; /* a weight the layer does not have (Gemma 4's shared-KV layers) */
     m->items[m->ops.n_items++] = (op_item){.w = w, .logits = logits, .name = name, .layer = layer};
 }
 
@@ -68,27 +69,32 @@ static void add_vec(model *m, const float *v, int family_has, int64_t n, const c
 /* (Re)builds m->ops after model_plan and again after model_load (the vectors' pointers). */
 hearth_status model_ops_build(model *m, hearth_error *err) {
     const model_config *c = &m->cfg;
-    size_t cap = (size_t)c->n_layers * 20 + 8;
+    /* per layer at most 13 matrices (7 + router and 3 expert stacks + Gemma 4's per-layer gate
+     * and projection) and 16 vectors (3 biases, 6 norms, 7 of Gemma 4's); 7 model-level items */
+    size_t cap = (size_t)c->n_layers * 29 + 7;
     if (!m->items && !(m->items = calloc(cap, sizeof *m->items))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (!m->layer_window && !(m->layer_window = calloc((size_t)c->n_layers, sizeof *m->layer_window)))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     int64_t qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim, h = c->hidden;
-    int gemma = c->family == FAMILY_GEMMA3, qk = c->family == FAMILY_QWEN3 || c->family == FAMILY_QWEN3_MOE || gemma ||
-                                                 c->family == FAMILY_QWEN3_5;
+    int gemma = c->family == FAMILY_GEMMA3 || c->family == FAMILY_GEMMA4,
+        qk = c->family == FAMILY_QWEN3 || c->family == FAMILY_QWEN3_MOE || gemma || c->family == FAMILY_QWEN3_5;
     m->ops = (op_model){.dims = {.n_layers = c->n_layers, .hidden = c->hidden, .n_heads = c->n_heads,
                                  .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .ffn = c->ffn,
                                  .vocab = c->vocab, .norm_eps = c->norm_eps, .rope_adjacent = c->rope_adjacent,
                                  .n_experts = c->n_experts, .top_k_experts = c->top_k_experts, .moe_ffn = c->moe_ffn,
                                  .n_state_layers = c->n_state_layers, .gdn_k_heads = c->gdn_k_heads,
                                  .gdn_v_heads = c->gdn_v_heads, .gdn_k_dim = c->gdn_k_dim, .gdn_v_dim = c->gdn_v_dim,
-                                 .gdn_conv = c->gdn_conv, .attn_gate = c->attn_gate, .shared_ffn = c->shared_ffn},
+                                 .gdn_conv = c->gdn_conv, .attn_gate = c->attn_gate, .shared_ffn = c->shared_ffn,
+                                 .varied_layers = c->family == FAMILY_GEMMA4, .per_layer_dim = c->per_layer_dim},
                         .items = m->items,
                         .layer_window = m->layer_window};
     for (int i = 0; i < c->n_layers; i++) {
         const layer_weights *l = &m->layers[i];
         const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
         static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-        for (int j = l->linear ? 4 : 0; j < (l->moe ? 4 : 7); j++) add_weight(m, ws[j], 0, names[j], i);
+        /* none on Qwen3-MoE's sparse layers (add_weight skips weights a layer lacks); a
+         * Gated DeltaNet layer has no attention projections */
+        for (int j = l->linear ? 4 : 0; j < 7; j++) add_weight(m, ws[j], 0, names[j], i);
         if (l->linear) add_gdn_items(m, l, i);
         if (l->moe) {
             add_weight(m, &l->router, 0, "router", i);
@@ -103,24 +109,64 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
         add_vec(m, l->ffn_norm, 1, h, "ffn_norm", i);
         add_vec(m, l->post_attn_norm, gemma, h, "post_attn_norm", i);
         add_vec(m, l->post_ffn_norm, gemma, h, "post_ffn_norm", i);
-        add_vec(m, l->q_norm, qk && !l->linear, c->head_dim, "q_norm", i);
-        add_vec(m, l->k_norm, qk && !l->linear, c->head_dim, "k_norm", i);
+        int hd = l->head_dim ? l->head_dim : c->head_dim, g4 = c->family == FAMILY_GEMMA4;
+        add_vec(m, l->q_norm, qk && !l->linear, hd, "q_norm", i);
+        add_vec(m, l->k_norm, qk && !l->linear && !l->shares_kv, hd, "k_norm", i);
+        if (g4) {
+            add_vec(m, l->layer_scalar, 1, 1, "layer_scalar", i);
+            add_weight(m, &l->pl_gate, 0, "per_layer_input_gate", i);
+            add_weight(m, &l->pl_proj, 0, "per_layer_projection", i);
+            add_vec(m, l->pl_norm, c->per_layer_dim > 0, h, "post_per_layer_input_norm", i);
+            add_vec(m, l->router_norm, l->moe, h, "router.scale", i);
+            add_vec(m, l->expert_scale, l->moe, c->n_experts, "router.per_expert_scale", i);
+            add_vec(m, l->ffn_norm_2, l->moe, h, "pre_feedforward_layernorm_2", i);
+            add_vec(m, l->post_ffn_norm_1, l->moe, h, "post_feedforward_layernorm_1", i);
+            add_vec(m, l->post_ffn_norm_2, l->moe, h, "post_feedforward_layernorm_2", i);
+        }
         m->layer_window[i] = l->sliding ? c->sliding_window : 0;
     }
     add_weight(m, &m->lm_head, 1, "lm_head", -1);
     add_vec(m, m->final_norm, 1, h, "final_norm", -1);
-    add_vec(m, c->inv_freq_global, 0, (c->rope_dims ? c->rope_dims : c->head_dim) / 2, "rope_inv_freq", -1);
-    add_vec(m, c->inv_freq_local, 0, c->head_dim / 2, "rope_inv_freq_local", -1);
+    int g4 = c->family == FAMILY_GEMMA4;
+    add_vec(m, c->inv_freq_global, 0, (g4 ? c->full_head_dim : c->rope_dims ? c->rope_dims : c->head_dim) / 2, "rope_inv_freq", -1);
+    add_vec(m, c->inv_freq_local, 0, (g4 ? c->swa_head_dim : c->head_dim) / 2, "rope_inv_freq_local", -1);
+    if (g4) {
+        add_weight(m, &m->embed_per_layer, 0, "embed_tokens_per_layer", -1);
+        add_weight(m, &m->per_layer_proj, 0, "per_layer_model_projection", -1);
+        add_vec(m, m->per_layer_proj_norm, c->per_layer_dim > 0, c->per_layer_dim, "per_layer_projection_norm", -1);
+    }
     return HEARTH_OK;
 }
 
 const op_model *model_ops(const model *m) { return &m->ops; }
 
+hearth_status model_kv_create(const model_config *c, kv_cache *kv, int max_slots, int max_context, int n_blocks,
+                              int quant, int with_storage, hearth_error *err) {
+    if (c->kv_heads)
+        return kv_create_layers(kv, c->n_kv_layers, c->kv_heads, c->kv_dims, max_slots, max_context, n_blocks, quant,
+                                with_storage, err);
+    return kv_create_meta(kv, c->n_kv_layers, c->n_kv_heads, c->head_dim, max_slots, max_context, n_blocks, quant,
+                          with_storage, err);
+}
+
+size_t model_kv_storage_bytes(const model_config *c, int n_blocks, int quant) {
+    if (c->kv_heads) return kv_storage_bytes_layers(c->n_kv_layers, c->kv_heads, c->kv_dims, n_blocks, quant);
+    return kv_storage_bytes(c->n_kv_layers, c->n_kv_heads, c->head_dim, n_blocks, quant);
+}
+
+size_t model_kv_bytes(const model_config *c, int max_slots, int max_context, int n_blocks, int quant) {
+    /* the tables and prefix index of kv_bytes_quant, with this model's storage */
+    return kv_bytes_quant(c->n_kv_layers, c->n_kv_heads, c->head_dim, max_slots, max_context, n_blocks, quant) -
+           kv_storage_bytes(c->n_kv_layers, c->n_kv_heads, c->head_dim, n_blocks, quant) +
+           model_kv_storage_bytes(c, n_blocks, quant);
+}
+
 hearth_status model_forward(const model *m, op_backend *be, kv_cache *kv, const op_batch *b, op_out out, int32_t *ids,
                             hearth_error *err) {
     static const op_layers_fn layers[] = {[FAMILY_LLAMA] = llama_layers, [FAMILY_QWEN3] = qwen3_layers,
                                           [FAMILY_GEMMA3] = gemma3_layers, [FAMILY_MINICPM] = minicpm_layers,
-                                          [FAMILY_QWEN3_MOE] = qwen3_moe_layers, [FAMILY_QWEN3_5] = qwen3_5_layers};
+                                          [FAMILY_QWEN3_MOE] = qwen3_moe_layers, [FAMILY_QWEN3_5] = qwen3_5_layers,
+                                          [FAMILY_GEMMA4] = gemma4_layers};
     op_embed embed = {.table = &m->embed, .scale = m->cfg.embed_scale};
     return be->t->step(be, kv, b, &m->ops.dims, &embed, layers[m->cfg.family], m, out, ids, err);
 }

@@ -40,4 +40,6 @@ hearth_status qwen3_5_layers(const op_step *s, const void *ctx);
 
 /* Layer i's Gated DeltaNet arguments (a Qwen3.5 linear layer). */
 op_gdn decoder_gdn(const model *m, int i);
+
+hearth_status gemma4_layers(const op_step *s, const void *ctx);
 #endif

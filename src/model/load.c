@@ -183,10 +183,19 @@ static int64_t first_non_finite(const tensor_info *t) {
 
 /* A matrix [n_out, n_in] in any format: plain, GGUF block-quantized, or MLX affine
  * (module.weight uint32 + module.scales + module.biases). */
+static hearth_status load_tensor_matrix(loader *L, const char *module, const char *name, int64_t n_out, int64_t n_in,
+                                        op_weight *w);
 static hearth_status load_matrix(loader *L, const char *module, int64_t n_out, int64_t n_in, op_weight *w) {
-    char name[512];
+    char name[520]; /* module names are at most 511 bytes (their buffers' size) */
+    snprintf(name, sizeof name, "%.511s.weight", module);
+    return load_tensor_matrix(L, module, name, n_out, n_in, w);
+}
+
+/* load_matrix of the tensor `name` (a checkpoint's bare parameter, e.g. Hugging Face's
+ * experts.gate_up_proj, has no ".weight"); module names its MLX scales and biases. */
+static hearth_status load_tensor_matrix(loader *L, const char *module, const char *name, int64_t n_out, int64_t n_in,
+                                        op_weight *w) {
     memset(w, 0, sizeof *w);
-    snprintf(name, sizeof name, "%s.weight", module);
     const tensor_info *t = model_find_tensor(L->hm, name);
     const char *file = t && t->file ? t->file : L->hm->entry.path;
     if (!t) return err_set(L->err, HEARTH_ERR_FORMAT, "%s: missing tensor '%s'", L->hm->entry.path, name);
@@ -358,6 +367,124 @@ static hearth_status load_layer(loader *L, int i, layer_weights *lw) {
     return HEARTH_OK;
 }
 
+/* ---- Gemma 4 (mlx-lm models/gemma4_text.py): a layer's weights by the shapes of its type
+ * (sliding: head_dim and num_key_value_heads; full: global_head_dim and, with
+ * attention_k_eq_v, num_global_key_value_heads and no v_proj), no k/v for the layers that
+ * read an earlier layer's KV, a double-wide MLP on those where configured, the per-layer
+ * input gate, and the model's per-layer input tables. */
+static const char *gemma4_name(loader *L, int layer, const char *what, char *buf, size_t n) {
+    snprintf(buf, n, "%slayers.%d.%s", L->prefix, layer, what);
+    return buf;
+}
+
+/* The MoE block of a layer (enable_moe_block): router, experts stacked [experts, rows, cols]
+ * as mlx-lm's sanitize leaves them (experts.switch_glu.*), and its three extra norms. */
+static hearth_status load_gemma4_moe(loader *L, int i, layer_weights *lw) {
+    const model_config *c = &L->m->cfg;
+    char name[512];
+    hearth_status st;
+    int64_t E = c->n_experts, F = c->moe_ffn, H = c->hidden;
+    lw->moe = 1;
+    struct { const char *name; op_weight *w; int64_t n_out, n_in; } mats[] = {
+        {"router.proj", &lw->router, E, H},
+        {"experts.switch_glu.gate_proj", &lw->experts_gate, E * F, H},
+        {"experts.switch_glu.up_proj", &lw->experts_up, E * F, H},
+        {"experts.switch_glu.down_proj", &lw->experts_down, E * H, F},
+    };
+    char module[512];
+    /* Hugging Face's own layout (before mlx-lm's sanitize): experts.gate_up_proj [experts,
+     * 2 * moe_ffn, hidden], each expert's gate rows then its up rows, and experts.down_proj,
+     * both bare parameters; the experts' up is then read from the fused weight */
+    int fused = model_find_tensor(L->hm, gemma4_name(L, i, "experts.gate_up_proj", module, sizeof module)) != NULL;
+    for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) {
+        gemma4_name(L, i, mats[j].name, module, sizeof module);
+        if (fused && j == 1) st = load_tensor_matrix(L, module, gemma4_name(L, i, "experts.gate_up_proj", name, sizeof name),
+                                                     2 * E * F, H, mats[j].w);
+        else if (fused && j == 2) continue;
+        else if (fused && j == 3) st = load_tensor_matrix(L, module, gemma4_name(L, i, "experts.down_proj", name, sizeof name),
+                                                          E * H, F, mats[j].w);
+        else st = load_matrix(L, module, mats[j].n_out, mats[j].n_in, mats[j].w);
+        if (st) return st;
+    }
+    struct { const char *name; const float **v; int64_t n; } vecs[] = {
+        {"router.scale", &lw->router_norm, H},
+        {"router.per_expert_scale", &lw->expert_scale, E},
+        {"pre_feedforward_layernorm_2.weight", &lw->ffn_norm_2, H},
+        {"post_feedforward_layernorm_1.weight", &lw->post_ffn_norm_1, H},
+        {"post_feedforward_layernorm_2.weight", &lw->post_ffn_norm_2, H},
+    };
+    for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++)
+        if ((st = load_vector(L, gemma4_name(L, i, vecs[j].name, name, sizeof name), vecs[j].n, 1, vecs[j].v)))
+            return st;
+    if (lw->router_norm) { /* the router's norm weight: scale * hidden^-0.5, a float32 product as mlx-lm's */
+        float *w = (float *)lw->router_norm, root = (float)pow((double)H, -0.5);
+        for (int64_t k = 0; k < H; k++) w[k] *= root;
+    }
+    return HEARTH_OK;
+}
+
+static hearth_status load_gemma4_layer(loader *L, int i, layer_weights *lw) {
+    const model_config *c = &L->m->cfg;
+    char name[512];
+    hearth_status st;
+    int full = c->layer_full[i];
+    lw->sliding = !full;
+    lw->head_dim = full ? c->full_head_dim : c->swa_head_dim;
+    lw->n_kv_heads = full ? c->full_kv_heads : c->swa_kv_heads;
+    lw->shares_kv = i >= c->first_shared;
+    lw->kv_layer = c->layer_kv[i];
+    lw->ffn = lw->shares_kv && c->double_wide ? c->ffn : c->swa_ffn;
+    int64_t qd = (int64_t)c->n_heads * lw->head_dim, kd = (int64_t)lw->n_kv_heads * lw->head_dim, H = c->hidden;
+    int has_v = !lw->shares_kv && !(full && c->k_eq_v);
+    struct { const char *name; op_weight *w; int64_t n_out, n_in; int present; } mats[] = {
+        {"self_attn.q_proj", &lw->q, qd, H, 1},
+        {"self_attn.k_proj", &lw->k, kd, H, !lw->shares_kv},
+        {"self_attn.v_proj", &lw->v, kd, H, has_v},
+        {"self_attn.o_proj", &lw->o, H, qd, 1},
+        {"mlp.gate_proj", &lw->gate, lw->ffn, H, 1},
+        {"mlp.up_proj", &lw->up, lw->ffn, H, 1},
+        {"mlp.down_proj", &lw->down, H, lw->ffn, 1},
+        {"per_layer_input_gate", &lw->pl_gate, c->per_layer_dim, H, c->per_layer_dim > 0},
+        {"per_layer_projection", &lw->pl_proj, H, c->per_layer_dim, c->per_layer_dim > 0},
+    };
+    for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++)
+        if (mats[j].present &&
+            (st = load_matrix(L, gemma4_name(L, i, mats[j].name, name, sizeof name), mats[j].n_out, mats[j].n_in,
+                              mats[j].w)))
+            return st;
+    struct { const char *name; const float **v; int64_t n; int present; } vecs[] = {
+        {"input_layernorm.weight", &lw->attn_norm, H, 1},
+        {"post_attention_layernorm.weight", &lw->post_attn_norm, H, 1},
+        {"pre_feedforward_layernorm.weight", &lw->ffn_norm, H, 1},
+        {"post_feedforward_layernorm.weight", &lw->post_ffn_norm, H, 1},
+        {"self_attn.q_norm.weight", &lw->q_norm, lw->head_dim, 1},
+        {"self_attn.k_norm.weight", &lw->k_norm, lw->head_dim, !lw->shares_kv},
+        {"layer_scalar", &lw->layer_scalar, 1, 1},
+        {"post_per_layer_input_norm.weight", &lw->pl_norm, H, c->per_layer_dim > 0},
+    };
+    for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++)
+        if (vecs[j].present &&
+            (st = load_vector(L, gemma4_name(L, i, vecs[j].name, name, sizeof name), vecs[j].n, 1, vecs[j].v)))
+            return st;
+    return c->n_experts ? load_gemma4_moe(L, i, lw) : HEARTH_OK;
+}
+
+static hearth_status load_gemma4_model(loader *L) {
+    model *m = L->m;
+    const model_config *c = &m->cfg;
+    char name[512];
+    hearth_status st;
+    if (!c->per_layer_dim) return HEARTH_OK;
+    int64_t all = (int64_t)c->n_layers * c->per_layer_dim;
+    snprintf(name, sizeof name, "%sembed_tokens_per_layer", L->prefix);
+    if ((st = load_matrix(L, name, c->per_layer_vocab, all, &m->embed_per_layer))) return st;
+    snprintf(name, sizeof name, "%sper_layer_model_projection", L->prefix);
+    if ((st = load_matrix(L, name, all, c->hidden, &m->per_layer_proj))) return st;
+    snprintf(name, sizeof name, "%sper_layer_projection_norm.weight", L->prefix);
+    return load_vector(L, name, c->per_layer_dim, 1, &m->per_layer_proj_norm);
+}
+/* ---- end of Gemma 4 */
+
 static hearth_status load_all(loader *L) {
     model *m = L->m;
     const model_config *c = &m->cfg;
@@ -368,7 +495,12 @@ static hearth_status load_all(loader *L) {
     if ((st = load_matrix(L, L->gguf ? "token_embd" : embed_name, c->vocab, c->hidden, &m->embed))) return st;
     for (int i = 0; i < c->n_layers; i++) m->layers[i].kv_layer = i;
     if (c->family == FAMILY_QWEN3_5) qwen3_5_layout(L);
+    if (c->family == FAMILY_GEMMA4 && (st = load_gemma4_model(L))) return st;
     for (int i = 0; i < c->n_layers; i++) {
+        if (c->family == FAMILY_GEMMA4) {
+            if ((st = load_gemma4_layer(L, i, &m->layers[i]))) return st;
+            continue;
+        }
         if ((st = load_layer(L, i, &m->layers[i]))) return st;
         m->layers[i].sliding = c->sliding_pattern > 0 && (i + 1) % c->sliding_pattern != 0;
     }
@@ -385,10 +517,10 @@ static hearth_status load_all(loader *L) {
 hearth_status model_config_read(const hearth_model *hm, model_config *c, hearth_error *err);
 
 static const char *weight_prefix(const hearth_model *hm) {
-    /* ---- qwen3_5: multimodal checkpoints nest the text model ---- */
+    /* multimodal checkpoints (Qwen3.5, Gemma 4 with vision / audio towers) nest the text
+     * model: its weights are read, the towers are not loaded */
     if (model_find_tensor(hm, "language_model.model.embed_tokens.weight")) return "language_model.model."; /* mlx-lm */
     if (model_find_tensor(hm, "model.language_model.embed_tokens.weight")) return "model.language_model."; /* HF */
-    /* ---- end qwen3_5 ---- */
     return !model_find_tensor(hm, "model.embed_tokens.weight") && model_find_tensor(hm, "embed_tokens.weight")
                ? ""
                : "model.";
@@ -474,6 +606,10 @@ void model_free(model *m) {
     free(m->items);
     free(m->layer_window);
     if (m->cfg.inv_freq_local != m->cfg.inv_freq_global) free(m->cfg.inv_freq_local);
+    free(m->cfg.layer_full);
+    free(m->cfg.layer_kv);
+    free(m->cfg.kv_heads);
+    free(m->cfg.kv_dims);
     free(m->cfg.inv_freq_global);
     free(m);
 }

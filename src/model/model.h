@@ -1,6 +1,6 @@
 /* model.h: a loaded decoder-only transformer: its configuration and its weights,
  * resident in anonymous memory in their native formats, plus the per-family forward
- * passes (llama.c, qwen3.c, qwen3_moe.c, gemma3.c, minicpm.c) over a ragged batch. Contains no kernels: a forward
+ * passes (llama.c, qwen3.c, qwen3_moe.c, gemma3.c, gemma4.c, minicpm.c) over a ragged batch. Contains no kernels: a forward
  * pass is a sequence of op-table calls (ops/ops.h), the same code on every backend. */
 #ifndef HEARTH_MODEL_MODEL_H
 #define HEARTH_MODEL_MODEL_H
@@ -11,12 +11,14 @@
 typedef enum model_family {
     FAMILY_LLAMA, FAMILY_QWEN3, FAMILY_GEMMA3, FAMILY_MINICPM, FAMILY_QWEN3_MOE,
     FAMILY_QWEN3_5, /* hybrid Gated DeltaNet + gated attention (qwen3_5.c) */
+    FAMILY_GEMMA4,  /* gemma4_text (gemma4.c) */
 } model_family;
 
 typedef struct model_config {
     model_family family;
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, context_length;
-    int n_kv_layers; /* layers with keys and values in the KV pool: n_layers less the Gated DeltaNet ones */
+    int n_kv_layers; /* layers with keys and values in the KV pool: n_layers less the Gated DeltaNet
+                        ones (Qwen3.5), or the layers before the shared-KV ones (Gemma 4) */
     float norm_eps;
     float norm_shift;       /* 1 where norms scale by (1 + weight): Gemma in HF/MLX form */
     float attn_scale;       /* softmax scale: head_dim^-0.5, or query_pre_attn_scalar^-0.5 */
@@ -34,6 +36,19 @@ typedef struct model_config {
     int full_interval, n_state_layers, gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim, gdn_conv, attn_gate, rope_dims;
     float *inv_freq_global; /* head_dim/2 RoPE inverse frequencies (rope_dims/2 when partial) */
     float *inv_freq_local;  /* for sliding layers (Gemma's local base), else = global */
+    /* Gemma 4 (config.c read_gemma4; gemma4.c). head_dim, n_kv_heads and ffn above are the
+     * maxima over the layers; inv_freq_global is the full layers' table (global_head_dim / 2
+     * entries, proportional RoPE: zero past the rotated part), inv_freq_local the sliding
+     * layers'. */
+    int swa_head_dim, swa_kv_heads, full_head_dim, full_kv_heads, swa_ffn;
+    int k_eq_v;              /* full layers' values are their keys (attention_k_eq_v) */
+    int first_shared;        /* layers from here on read an earlier layer's KV (n_layers: none) */
+    int double_wide;         /* those shared layers' MLP is twice intermediate_size wide */
+    int per_layer_dim, per_layer_vocab; /* per-layer inputs (0: none) */
+    float softcap;           /* final logit softcap (0: none) */
+    unsigned char *layer_full; /* per layer: a full-attention layer (else sliding) */
+    int *layer_kv;           /* per layer: the KV layer it stores into or reads */
+    int *kv_heads, *kv_dims; /* per KV layer: KV heads and head_dim (NULL: uniform) */
 } model_config;
 
 typedef struct layer_weights {
@@ -53,6 +68,14 @@ typedef struct layer_weights {
     const float *gdn_conv, *gdn_A_log, *gdn_dt_bias, *gdn_norm;
     /* Qwen3.5-MoE: the shared expert's gated MLP and its one-row gate (moe layers) */
     op_weight shared_gate, shared_up, shared_down, shared_router;
+    /* Gemma 4 (0 / NULL elsewhere) */
+    int head_dim, n_kv_heads, ffn, shares_kv; /* kv_layer: above */
+    const float *layer_scalar;          /* one value: the block's output is multiplied by it */
+    op_weight pl_gate, pl_proj;          /* per_layer_input_gate, per_layer_projection */
+    const float *pl_norm;                /* post_per_layer_input_norm */
+    /* Gemma 4's MoE block beside the dense MLP: router.scale * hidden^-0.5, per_expert_scale,
+     * pre_feedforward_layernorm_2, post_feedforward_layernorm_1 / _2 */
+    const float *router_norm, *expert_scale, *ffn_norm_2, *post_ffn_norm_1, *post_ffn_norm_2;
 } layer_weights;
 
 typedef struct model {
@@ -60,6 +83,10 @@ typedef struct model {
     layer_weights *layers;
     op_weight embed, lm_head; /* lm_head = embed when tied */
     const float *final_norm;
+    /* Gemma 4's per-layer inputs: embed_tokens_per_layer, per_layer_model_projection and
+     * per_layer_projection_norm (absent: data NULL) */
+    op_weight embed_per_layer, per_layer_proj;
+    const float *per_layer_proj_norm;
     op_model ops;              /* shapes and every item the backends hold (model_ops) */
     op_item *items;
     int *layer_window;
@@ -88,6 +115,14 @@ size_t model_weight_bytes(const model *m);
  * far + the file pages of the tensor being copied) over the load, since each tensor's file
  * pages leave the process once copied (without --mmap). Known from model_plan too. */
 size_t model_load_peak_bytes(const model *m);
+
+/* The KV pool of a model: a layer per layer that stores keys and values (Gemma 4: the
+ * layers before first_shared, each of its own shape), else n_layers alike; and its bytes
+ * (kv_bytes_quant / kv_storage_bytes for this model). */
+hearth_status model_kv_create(const model_config *c, kv_cache *kv, int max_slots, int max_context, int n_blocks,
+                              int quant, int with_storage, hearth_error *err);
+size_t model_kv_bytes(const model_config *c, int max_slots, int max_context, int n_blocks, int quant);
+size_t model_kv_storage_bytes(const model_config *c, int n_blocks, int quant);
 
 /* What a backend must hold of m (op_model: shapes, every weight and vector in upload
  * order, each layer's attention window); valid while m lives. */

@@ -24,6 +24,11 @@ typedef struct op_dims {
      * gdn_conv taps; their per-sequence state lives in the KV pool's state pool (kv_state). */
     int n_state_layers, gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim, gdn_conv;
     int attn_gate; /* attention's q projection is doubled: per head, head_dim queries then head_dim output gates */
+    /* Gemma 4: layers of their own head_dim / KV heads / MLP width (head_dim, n_kv_heads and
+     * ffn above are then the maxima), KV shared between layers, per-layer inputs of
+     * per_layer_dim values per layer (0: none). A backend that cannot run such a model
+     * refuses it when it starts. */
+    int varied_layers, per_layer_dim;
 } op_dims;
 
 /* One item a backend must hold a copy of (weights and vectors that ops are passed): a
@@ -117,6 +122,11 @@ typedef struct op_attn {
     float scale;
     int rope_dims; /* RoPE on the first rope_dims of each head only (pairs i, i + rope_dims/2); 0: all */
     int gated;     /* output *= sigmoid(gate) before o (the gates from the doubled q projection, dims.attn_gate) */
+    /* Gemma 4 (0 / NULL elsewhere): this layer's head_dim and KV heads (0: the dims'); values
+     * RMS-normed without a scale (v_norm); v NULL: the values are the keys before their norm
+     * and RoPE (attention_k_eq_v); shared: the layer reads the keys and values another layer
+     * stored at the KV layer it is given, so only its queries are computed. */
+    int head_dim, n_kv_heads, v_norm, shared;
 } op_attn;
 
 /* A gated MLP: down(act(gate · x) * (up · x)). */
@@ -124,7 +134,25 @@ typedef struct op_mlp {
     const op_weight *gate, *up, *down;
     op_act act;
     int layer; /* which layer (its adapters' updates) */
+    int ffn; /* this layer's width (0: dims.ffn) */
 } op_mlp;
+
+/* Gemma 4's per-layer inputs (mlx-lm gemma4_text.py), for every token of the step, made
+ * once after the embedding: table[token] * table_scale (a row of n_layers * per_layer_dim)
+ * plus rmsnorm(proj · x * proj_scale) per layer (weight norm), both times input_scale; x is
+ * the scaled embedding. */
+typedef struct op_per_layer_inputs {
+    const op_weight *table, *proj;
+    const float *norm;
+    float table_scale, proj_scale, input_scale;
+    int vocab;
+} op_per_layer_inputs;
+
+/* Layer `layer`'s use of them: x += rmsnorm(proj · (gelu_tanh(gate · x) * input[layer])) * norm. */
+typedef struct op_per_layer_gate {
+    const op_weight *gate, *proj;
+    const float *norm;
+} op_per_layer_gate;
 
 /* A mixture-of-experts MLP (Qwen3-MoE, mlx-lm SwitchGLU): router logits = router · x,
  * softmax over the experts, the top_k of them per token (weights renormalized to sum 1
@@ -138,6 +166,13 @@ typedef struct op_moe {
     /* a shared expert (NULL: none; Qwen3.5-MoE): every token's gated MLP of width
      * dims.shared_ffn, times sigmoid(shared_router · x) (one row), added to the sum */
     const op_weight *shared_gate, *shared_up, *shared_down, *shared_router;
+    /* Gemma 4 (router_norm non-NULL; mlx-lm gemma4_text.py Router / Experts): the op reads x
+     * (the residual), not xn. Router logits = router · rmsnorm(x) * router_norm; the top_k by
+     * logit, their softmax times expert_scale[e]; the experts read rmsnorm(x) * in_norm; their
+     * weighted sum, rmsnorm'd * out_norm, is added to tmp (which holds the dense MLP's output). */
+    const float *router_norm, *in_norm, *out_norm, *expert_scale;
+    /* up NULL: gate holds each expert's gate rows and then its up rows (Hugging Face's fused
+     * gate_up_proj): expert e's gate is rows [2e moe_ffn, (2e + 1) moe_ffn), its up the next */
 } op_moe;
 
 /* A Gated DeltaNet layer (mlx-lm models/qwen3_5.py GatedDeltaNet, gated_delta.py): from xn,
@@ -210,7 +245,8 @@ struct op_table {
     hearth_status (*attention)(const op_step *s, int layer, const op_attn *a);
     /* tmp = the gated MLP of xn. */
     hearth_status (*mlp)(const op_step *s, const op_mlp *m);
-    /* tmp = the mixture-of-experts MLP of xn (dims.n_experts, top_k_experts, moe_ffn). */
+    /* tmp = the mixture-of-experts MLP of xn (dims.n_experts, top_k_experts, moe_ffn); Gemma 4's
+     * form (op_moe.router_norm): tmp += its experts' normed output, from x. */
     hearth_status (*moe)(const op_step *s, const op_moe *m);
     /* tmp = the Gated DeltaNet layer of xn (op_gdn), updating each sequence's state. NULL in
      * a backend that does not run hybrid models (it refuses them at create). */
@@ -218,6 +254,12 @@ struct op_table {
     /* logits of the step's out_rows: lm_head · (rmsnorm(x[row]) * (w + shift) / div) (div 1:
      * none; OP_OUT_HIDDEN: the normed rows themselves, undivided). */
     hearth_status (*logits)(const op_step *s, const float *w, float shift, float div, const op_weight *lm_head);
+    /* Gemma 4 (NULL in a backend that refuses varied_layers models): the step's per-layer
+     * inputs, a layer's per-layer gate, and logits = tanh(logits / cap) * cap for the rows
+     * op_logits delivered. */
+    hearth_status (*per_layer_inputs)(const op_step *s, const op_per_layer_inputs *p);
+    hearth_status (*per_layer_gate)(const op_step *s, int layer, const op_per_layer_gate *g);
+    hearth_status (*softcap)(const op_step *s, float cap);
     /* The device copy of kv rows (a partial prefix match), ordered before the next step;
      * NULL where the KV pool is the host's own. */
     hearth_status (*kv_copy)(op_backend *be, int32_t src, int32_t dst, int rows, hearth_error *err);
@@ -265,6 +307,13 @@ static inline int op_batch_has_adapters(const op_batch *b) {
         if (b->row_adapters[t]) return 1;
     return 0;
 }
+static inline hearth_status op_per_layer_inputs_run(const op_step *s, const op_per_layer_inputs *p) {
+    return s->t->per_layer_inputs(s, p);
+}
+static inline hearth_status op_per_layer_gate_run(const op_step *s, int layer, const op_per_layer_gate *g) {
+    return s->t->per_layer_gate(s, layer, g);
+}
+static inline hearth_status op_softcap(const op_step *s, float cap) { return s->t->softcap(s, cap); }
 
 /* Expert e's rows of a stacked expert weight (op_moe): a view, no copy. */
 op_weight op_weight_rows(const op_weight *w, int64_t row0, int64_t rows);

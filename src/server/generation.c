@@ -20,7 +20,13 @@ int srv_prompt_ids(srv_server *s, const srv_request *r, int32_t **ids, size_t *n
     if (r->kind == SRV_CHAT) {
         char *msgs = json_dumps(r->messages, JSON_COMPACT);
         char *tools = r->tools ? json_dumps(r->tools, JSON_COMPACT) : NULL;
-        char *extra = json_dumps(r->template_kwargs, JSON_COMPACT);
+        /* mlx-lm's TokenizerWrapper.apply_chat_template: enable_thinking, unless given, is
+         * whether the model has thinking markers (Gemma 4's template reads it) */
+        json_t *kwargs = json_copy(r->template_kwargs);
+        if (kwargs && !json_object_get(kwargs, "enable_thinking"))
+            json_object_set_new(kwargs, "enable_thinking", json_boolean(((const ts_config *)s->text_config)->think_start[0] != 0));
+        char *extra = kwargs ? json_dumps(kwargs, JSON_COMPACT) : NULL;
+        json_decref(kwargs);
         st = hearth_chat_render(s->model, msgs, tools, 1, extra, &prompt, &err);
         free(msgs);
         free(tools);

@@ -41,7 +41,7 @@ typedef enum {
     TS_TOOL_LLAMA3_JSON,    /* hearth extension: <|python_tag|>{"name":..,"parameters":..} */
     TS_TOOL_GLM47,          /* markers only */
     TS_TOOL_KIMI_K2,        /* markers only */
-    TS_TOOL_GEMMA4,         /* markers only */
+    TS_TOOL_GEMMA4,         /* <|tool_call>call:f{a:<|"|>x<|"|>}<tool_call|> */
     TS_TOOL_FUNCTION_GEMMA, /* markers only */
     TS_TOOL_LONGCAT,        /* markers only */
     TS_TOOL_MINIMAX_M2,     /* markers only */

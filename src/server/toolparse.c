@@ -1,7 +1,8 @@
 /* toolparse.c: tool-call body parsers (json_tools, qwen3_coder, mistral, pythonic,
- * llama3_json) and the OpenAI tool_calls formatter, ported from the behaviour of
+ * llama3_json, gemma4) and the OpenAI tool_calls formatter, ported from the behaviour of
  * mlx-lm 0.32.2's tool_parsers/ and server.ToolCallFormatter. Regexes are the
  * upstream ones run through PCRE2 so matching rules agree. No HTTP, no model state. */
+#define _GNU_SOURCE /* memmem */
 #include "server/toolparse.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -441,6 +442,111 @@ static hearth_status parse_llama3(const char *s, size_t n, json_t *calls, hearth
     return HEARTH_OK;
 }
 
+/* ---- gemma4: call:name{key:value,...}, strings between <|"|> delimiters ---- */
+
+#define GEMMA4_QUOTE "<|\"|>"
+#define GEMMA4_QUOTE_LEN 5
+
+/* Appends [s, s + n) to the growing buffer *buf (length *len, capacity *cap). */
+static bool buf_put(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t want = (*len + n + 1) * 2;
+        char *b = realloc(*buf, want);
+        if (!b) return false;
+        *buf = b;
+        *cap = want;
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = '\0';
+    return true;
+}
+
+/* mlx-lm's _gemma4_args_to_json, step by step: each <|"|>...<|"|> string (shortest match)
+ * becomes a placeholder, bare keys after '{' or ',' get quotes, the placeholders become JSON
+ * strings; then the text is parsed as JSON. */
+static json_t *gemma4_args(const char *s, size_t n, rx *key, hearth_error *err) {
+    json_t *strings = json_array(), *out = NULL;
+    char *a = NULL, *b = NULL, *c = NULL;
+    size_t al = 0, acap = 0, bl = 0, bcap = 0, cl = 0, ccap = 0;
+    bool ok = strings != NULL;
+    for (size_t i = 0; ok && i < n;) { /* 1: strings out */
+        const char *q = i + GEMMA4_QUOTE_LEN <= n ? memmem(s + i, n - i, GEMMA4_QUOTE, GEMMA4_QUOTE_LEN) : NULL;
+        const char *end = q ? memmem(q + GEMMA4_QUOTE_LEN, (size_t)(s + n - q) - GEMMA4_QUOTE_LEN, GEMMA4_QUOTE,
+                                     GEMMA4_QUOTE_LEN)
+                            : NULL;
+        if (!end) {
+            ok = buf_put(&a, &al, &acap, s + i, n - i);
+            break;
+        }
+        char ph[32];
+        int phl = snprintf(ph, sizeof ph, "%c%zu%c", 0, json_array_size(strings), 0);
+        json_t *str = json_stringn(q + GEMMA4_QUOTE_LEN, (size_t)(end - q) - GEMMA4_QUOTE_LEN);
+        ok = str && !json_array_append_new(strings, str) && buf_put(&a, &al, &acap, s + i, (size_t)(q - s) - i) &&
+             buf_put(&a, &al, &acap, ph, (size_t)phl);
+        i = (size_t)(end - s) + GEMMA4_QUOTE_LEN;
+    }
+    size_t pos = 0, kb = 0, ke = 0;
+    PCRE2_SIZE *ov;
+    while (ok && pos <= al && (ov = rx_match(key, a ? a : "", al, pos, false)) != NULL) { /* 2: "key": */
+        rx_group(key, 1, &kb, &ke);
+        ok = buf_put(&b, &bl, &bcap, a + pos, ov[0] - pos) && buf_put(&b, &bl, &bcap, "\"", 1) &&
+             buf_put(&b, &bl, &bcap, a + kb, ke - kb) && buf_put(&b, &bl, &bcap, "\":", 2);
+        pos = ov[1];
+    }
+    if (ok && pos < al) ok = buf_put(&b, &bl, &bcap, a + pos, al - pos);
+    for (size_t i = 0; ok && i < bl;) { /* 3: placeholders -> JSON strings */
+        size_t j = i + 1, idx = 0;
+        while (j < bl && b[j] >= '0' && b[j] <= '9' && j - i <= 9) idx = idx * 10 + (size_t)(b[j++] - '0');
+        bool canonical = j > i + 1 && (b[i + 1] != '0' || j == i + 2);
+        if (b[i] == '\0' && canonical && j < bl && b[j] == '\0' && idx < json_array_size(strings)) {
+            char *dumped = json_dumps(json_array_get(strings, idx), JSON_ENCODE_ANY);
+            ok = dumped && buf_put(&c, &cl, &ccap, dumped, strlen(dumped));
+            free(dumped);
+            i = j + 1;
+        } else {
+            ok = buf_put(&c, &cl, &ccap, b + i, 1);
+            i++;
+        }
+    }
+    if (!ok) err_set(err, HEARTH_ERR_NOMEM, "gemma4 tool call: out of memory");
+    else out = json_parse_any(c ? c : "", cl, err, "gemma4 tool call arguments");
+    json_decref(strings);
+    free(a);
+    free(b);
+    free(c);
+    return out;
+}
+
+static hearth_status parse_gemma4(const char *s, size_t n, json_t *calls, hearth_error *err) {
+    rx call, key;
+    /* mlx-lm's _tool_call_regex: a name, then a brace group balanced by recursion, in which
+     * <|"|>...<|"|> strings are atoms (their braces do not count) */
+    bool ok = rx_open(&call, "call:([\\w-]+)(\\{(?:[^{}<]|<(?!\\|\"\\|>)|<\\|\"\\|>(?:(?!<\\|\"\\|>)[\\s\\S])*?"
+                             "<\\|\"\\|>|(?2))*\\})");
+    ok = rx_open(&key, "(?<=[{,])(\\w+):") && ok;
+    json_t *found = json_array();
+    hearth_status st = HEARTH_OK;
+    size_t pos = 0, nb = 0, ne = 0, ab = 0, ae = 0;
+    PCRE2_SIZE *ov;
+    if (!ok || !found) st = err_set(err, HEARTH_ERR_NOMEM, "gemma4 tool call: out of memory");
+    while (!st && pos <= n && (ov = rx_match(&call, s, n, pos, false)) != NULL) {
+        pos = ov[1] > ov[0] ? ov[1] : ov[1] + 1;
+        rx_group(&call, 1, &nb, &ne);
+        rx_group(&call, 2, &ab, &ae);
+        json_t *args = gemma4_args(s + ab, ae - ab, &key, err);
+        json_t *c = args ? make_call(s + nb, ne - nb, args) : NULL;
+        if (!c) st = args ? err_set(err, HEARTH_ERR_FORMAT, "gemma4 tool call: bad function name") : HEARTH_ERR_FORMAT;
+        else json_array_append_new(found, c);
+    }
+    if (!st && json_array_size(found) == 0) st = err_set(err, HEARTH_ERR_FORMAT, "gemma4 tool call: no function provided");
+    if (!st) json_array_extend(calls, found);
+    json_decref(found);
+    rx_close(&call);
+    rx_close(&key);
+    return st;
+}
+
 hearth_status tp_parse(ts_tool_type type, const char *text, size_t len, const json_t *tools,
                        json_t *calls, hearth_error *err) {
     if (!text) len = 0;
@@ -451,6 +557,7 @@ hearth_status tp_parse(ts_tool_type type, const char *text, size_t len, const js
     case TS_TOOL_MISTRAL: return parse_mistral(text, len, calls, err);
     case TS_TOOL_PYTHONIC: return parse_pythonic(text, len, calls, err);
     case TS_TOOL_LLAMA3_JSON: return parse_llama3(text, len, calls, err);
+    case TS_TOOL_GEMMA4: return parse_gemma4(text, len, calls, err);
     case TS_TOOL_NONE: return err_set(err, HEARTH_ERR_INVALID, "no tool parser");
     default:
         return err_set(err, HEARTH_ERR_UNSUPPORTED,

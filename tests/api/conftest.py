@@ -94,8 +94,12 @@ def hf_tokenizer(model):
 
 
 def prompt_ids(tok, msgs):
-    """A chat's prompt tokens as transformers renders and tokenizes them."""
-    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    """A chat's prompt tokens as transformers renders and tokenizes them, with the
+    enable_thinking mlx_lm.server passes (its TokenizerWrapper: whether mlx-lm finds thinking
+    markers in the vocabulary; Gemma 4's template reads it)."""
+    from mlx_lm.tokenizer_utils import _infer_thinking
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False,
+                                   enable_thinking=_infer_thinking(tok)[0] is not None)
     return tok(text, add_special_tokens=False)["input_ids"]
 
 

@@ -210,6 +210,24 @@ def fixed_cases():
     add("qwen3_coder_two", [qc.format("<parameter=city>\nA\n</parameter>\n") + "\n" + qc.format(""), ""], tool="qwen3_coder", tools=WEATHER_TOOLS)
     add("qwen3_coder_trailing", ["<tool_call>\n<function=f>\n</function>\n\n</tool_call>", ""], tool="qwen3_coder")
     add("qwen3_coder_no_function", ["<tool_call>\nhello\n</tool_call>", ""], tool="qwen3_coder")
+    # gemma4: call:name{key:value} with <|"|>-delimited strings, thinking as <|channel>thought...<channel|>
+    g4 = ("<|channel>thought", "<channel|>")
+    gt = "<|tool_call>{}<tool_call|>"
+    q = '<|"|>'
+    add("gemma4", ["Checking.", gt.format(f"call:get_weather{{city:{q}Paris, {{FR}}{q},days:3,scale:2.5,metric:true,"
+                                          f"opts:{{tags:[{q}a{q},{q}b{q}],n:null}}}}"), "<turn|>"],
+        think=g4, tool="gemma4")
+    add("gemma4_think_then_call", ["<|channel>", "thought", "plan it", "<channel|>", gt.format("call:f{}"), ""],
+        think=g4, tool="gemma4")
+    add("gemma4_two_calls", [gt.format(f"call:a{{x:1}}call:b-2{{y:{q}z{q}}}"), gt.format("call:c{}"), ""],
+        think=g4, tool="gemma4")
+    add("gemma4_split", ["<|tool_", "call>call:f{k:", f"{q}v}}{q}", "}<tool_", "call|>after", ""], think=g4, tool="gemma4")
+    add("gemma4_strings", [gt.format(f"call:f{{s:{q}h\u00e9llo \"q\" \\ \n日{q},t:{q}{q}}}"), ""],
+        think=g4, tool="gemma4")
+    add("gemma4_nested", [gt.format("call:f{a:{b:{c:[1,{d:2}]}},e:-1e3}"), ""], think=g4, tool="gemma4")
+    add("gemma4_garbage", [gt.format("no call here"), ""], think=g4, tool="gemma4")
+    add("gemma4_bad_json", [gt.format("call:f{a b}"), ""], think=g4, tool="gemma4")
+    add("gemma4_truncated", ["<|tool_call>", "call:f{a:"], "length", think=g4, tool="gemma4")
     return c
 
 

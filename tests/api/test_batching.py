@@ -93,6 +93,23 @@ def test_tiny_concurrent_equals_alone(tiny_server, n):
     assert all(len(a["logprobs"]["content"]) == a["completion_tokens"] for a in alone)
 
 
+@pytest.mark.parametrize("name", ["gemma4-f32", "gemma4_moe-f32"])
+def test_gemma4_concurrent_equals_alone(name):
+    """Gemma 4 in a ragged step: per-layer inputs by row, layers of two KV shapes, shared-KV
+    layers reading another layer's rows of each sequence, the MoE block's per-token routing;
+    prompts past the 16-token window."""
+    model = need(CACHE / "tiny" / name, f"tiny {name} model", "run tools/make_tiny_models.py")
+    reqs = [chat(p * 3, 30 + 5 * i) for i, p in enumerate(PROMPTS[:6])]
+    with server(model, "--max-sequences", "8", "--ctx", "2048", env=SCALAR) as base:
+        alone = run_alone(base, reqs)
+        together = run_together(base, reqs)
+    for a, t in zip(alone, together):
+        assert t == a
+    # prefill cut into 7-token steps (chunk boundaries inside KV blocks and windows) changes nothing
+    with server(model, "--max-sequences", "4", "--ctx", "2048", "--max-step-tokens", "7", env=SCALAR) as base:
+        assert run_alone(base, reqs[:2]) == alone[:2]
+
+
 def test_smollm2_concurrent_equals_alone(smollm2):
     # scalar kernels on a real model are slow (~1 s per request here): three rows of different
     # lengths exercise join/leave; test_deterministic.py covers 16 rows with the fast kernels

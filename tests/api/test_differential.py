@@ -518,8 +518,11 @@ def chain_ids(tok, parts, used):
     return out
 
 
-def forced_body(tok, msgs, parts_options, **extra):
-    prompt = tok.apply_chat_template(msgs, tools=extra.get("tools"), add_generation_prompt=True, tokenize=True)
+def forced_body(tok, msgs, parts_options, template_kwargs=None, **extra):
+    """template_kwargs: what the servers pass the template beyond the request (enable_thinking
+    for a model with thinking markers, as mlx_lm.server does)."""
+    prompt = tok.apply_chat_template(msgs, tools=extra.get("tools"), add_generation_prompt=True, tokenize=True,
+                                     **(template_kwargs or {}))
     prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
     used = set(prompt[-WINDOW:])
     ids = next(c for c in (chain_ids(tok, parts, used) for parts in parts_options) if c)

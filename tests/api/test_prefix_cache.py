@@ -28,7 +28,9 @@ from conftest import CACHE, expected_cached, hf_tokenizer, need, prompt_ids, ser
 SCALAR = {"HEARTH_CPU": "scalar"}
 BLOCK = 16
 TINY_LLAMA = CACHE / "tiny" / "llama-f32"
-TINY_GEMMA = CACHE / "tiny" / "gemma3-f32"  # sliding_window 16: a long prefix leaves the window
+# sliding_window 16: a long prefix leaves the window. gemma4: layers of two KV shapes, two of
+# them reading another layer's KV (a pool of per-layer shapes: partial blocks copied per layer)
+TINY_GEMMAS = {"gemma3": CACHE / "tiny" / "gemma3-f32", "gemma4": CACHE / "tiny" / "gemma4-f32"}
 NO_EOS = {"601": -100, "604": -100, "605": -100}  # tiny llama's end tokens: run to max_tokens
 
 # A long, deterministic system prompt shared by the requests (about 2k tokens on the tiny vocab).
@@ -152,8 +154,9 @@ def test_concurrent_requests_share_a_prefix(tiny, tok, uncached):
         assert s["kv_blocks"]["free"] + s["kv_blocks"]["cached"] == s["kv_blocks"]["total"]
 
 
-def test_sliding_window_model_from_cache_is_identical():
-    gemma = need(TINY_GEMMA, "tiny gemma3 f32 model", "run tools/make_tiny_models.py")
+@pytest.mark.parametrize("family", sorted(TINY_GEMMAS))
+def test_sliding_window_model_from_cache_is_identical(family):
+    gemma = need(TINY_GEMMAS[family], f"tiny {family} f32 model", "run tools/make_tiny_models.py")
     gtok = hf_tokenizer(gemma)
     system = " ".join(WORDS * 6)
     ids = [prompt_ids(gtok, messages(q, system)) for q in QUESTIONS[:2]]

@@ -21,8 +21,9 @@ static bool vocab_has(void *ud, const char *piece) {
 
 static bool think_has(void *ud, const char *piece) {
     json_t *think = ud;
-    return json_is_array(think) && (!strcmp(piece, json_string_value(json_array_get(think, 0))) ||
-                                    !strcmp(piece, json_string_value(json_array_get(think, 1))));
+    const char *start = json_string_value(json_array_get(think, 0)), *end = json_string_value(json_array_get(think, 1));
+    /* a multi-token start marker (Gemma 4's <|channel>thought) has its first token in the vocab */
+    return json_is_array(think) && (!strcmp(piece, end) || !strncmp(start, piece, strlen(piece)));
 }
 
 /* Random uuid4 ids are replaced like the Python side does. */

@@ -64,7 +64,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         ts_free(p);
     }
     /* Every parser on the raw bytes as a single tool text, too. */
-    for (int t = TS_TOOL_JSON_TOOLS; t <= TS_TOOL_LLAMA3_JSON; t++) {
+    for (int t = TS_TOOL_JSON_TOOLS; t <= TS_TOOL_GEMMA4; t++) { /* the parsed formats (toolparse.c) */
+        if (t > TS_TOOL_LLAMA3_JSON && t != TS_TOOL_GEMMA4) continue;
         json_t *calls = json_array();
         tp_parse((ts_tool_type)t, (const char *)data + 2, size - 2, tools, calls, &err);
         json_decref(calls);

@@ -30,7 +30,9 @@ TINY_FORMS = ("f32", "bf16", "q4g64", "q4g32", "q8g64", "q8g32")
 # tools/make_tiny_models.py's EXTRA_FORMS: one of MLX's other widths per family
 TINY_EXTRA = ("llama-q5g64", "qwen3-q3g32", "gemma3-q6g64", "minicpm-f32", "minicpm-bf16", "minicpm-q4g64",
               "qwen3_moe-f32", "qwen3_moe-q4g64",
-              "qwen3_5-f32", "qwen3_5-bf16", "qwen3_5-q4g64", "qwen3_5-q8g64", "qwen3_5_moe-f32", "qwen3_5_moe-q4g64", "qwen3_5-mixed")
+              "qwen3_5-f32", "qwen3_5-bf16", "qwen3_5-q4g64", "qwen3_5-q8g64", "qwen3_5_moe-f32", "qwen3_5_moe-q4g64", "qwen3_5-mixed",
+              "gemma4-f32", "gemma4-bf16", "gemma4-q4g64", "gemma4-q8g64",
+              "gemma4_moe-f32", "gemma4_moe-q4g64", "gemma4-mixed46")
 TINY_MODELS = tuple(f"{family}-{form}" for family in TINY_FAMILIES for form in TINY_FORMS) + TINY_EXTRA
 # Golden file name (tests/parity/goldens/<name>.json) for each real GGUF.
 REAL_GOLDENS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m-q4_k_m"}

@@ -22,7 +22,7 @@ CACHE = os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth"))
 # bf16 input (mlx quantizes in float32 and rounds scales/biases to bf16)
 CASES = [(f"{fam}-f32", b, g) for fam in ("llama", "qwen3", "gemma3") for b in (4, 8) for g in (32, 64)]
 CASES += [("llama-f32", 2, 32), ("qwen3-f32", 3, 32), ("gemma3-f32", 5, 64), ("llama-f32", 6, 64),
-          ("llama-bf16", 4, 64), ("gemma3-bf16", 8, 32)]
+          ("llama-bf16", 4, 64), ("gemma3-bf16", 8, 32), ("gemma4-f32", 4, 64), ("gemma4-bf16", 8, 32)]
 
 
 def tiny(name):
@@ -87,7 +87,8 @@ def test_convert_matches_mlx_lm(name, bits, group, tmp_path):
 
 
 RECIPES = [(f"{fam}-f32", "mixed_4_6") for fam in ("llama", "qwen3", "gemma3")] + [("qwen3-f32", "mixed_3_6"),
-                                                                                    ("llama-f32", "mixed_2_6")]
+                                                                                    ("llama-f32", "mixed_2_6"),
+                                                                                    ("gemma4-f32", "mixed_4_6")]
 
 
 @pytest.mark.parametrize("name,recipe", RECIPES, ids=[f"{n}-{r}" for n, r in RECIPES])

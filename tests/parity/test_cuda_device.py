@@ -50,6 +50,9 @@ def test_without_gpu_auto_is_cpu_and_cuda_fails(hearth_bin, tiny_models):
 def test_cuda_greedy_matches_cpu_reference(hearth_bin, tiny_models, name):
     m = tiny_models[name]
     if not has_gpu(hearth_bin, m):
+        refused = trace(hearth_bin, m, "cuda")
+        if "CPU backend only" in refused.stderr:  # a family the CUDA backend refuses by name (MoE, Gemma 4)
+            pytest.skip(f"the CUDA backend refuses {name} for now: {refused.stderr.strip()}")
         pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA forward pass did NOT run")
     ref = trace(hearth_bin, m, "cpu", {"HEARTH_CPU": "scalar"})
     gpu = trace(hearth_bin, m, "cuda", args=["--cuda-exact"])

@@ -26,7 +26,8 @@ KV_BLOCK = 16     # src/kv/kv_cache.h KV_BLOCK_SIZE
 # Filling the pool is a prefill of the whole context: real models at contexts a 2-core
 # machine prefills in seconds, the tiny ones at longer ones.
 CASES = [(f"models/{REAL_GGUFS[k]}", ctx, 2) for k in ("smollm2", "gemma3") for ctx in (256, 1024)]
-CASES += [(f"tiny/{name}", ctx, 2) for name in ("llama-f32", "qwen3-q4g64", "gemma3-bf16") for ctx in (256, 2048)]
+CASES += [(f"tiny/{name}", ctx, 2) for name in ("llama-f32", "qwen3-q4g64", "gemma3-bf16", "gemma4-f32", "gemma4_moe-q4g64")
+          for ctx in (256, 2048)]
 CASES += [("tiny/qwen3_5-q4g64", ctx, 2) for ctx in (256, 2048)]  # hybrid: the recurrent-state pool too
 CASES += [(f"models/{REAL_GGUFS['smollm2']}", 512, t) for t in (1, 4)]
 
@@ -120,25 +121,41 @@ def test_int8_kv_predicted_peak_within_2_percent(hearth_bin, rel, ctx, threads):
     test_predicted_peak_within_2_percent(hearth_bin, rel, ctx, threads, ("--kv-quant", "int8"))
 
 
-@pytest.mark.parametrize("name", ["llama-f32", "gemma3-bf16"])
-def test_kv_pool_matches_config(hearth_bin, name):
-    """K and V for every layer, block-rounded positions, float32, from config.json; the rest
-    is the block tables (one int32 per block per sequence, plus the free list)."""
-    model = model_path(f"tiny/{name}")
-    cfg = json.loads((model / "config.json").read_text())
+def kv_layer_shapes(cfg):
+    """(KV heads, head_dim) of each layer that keeps a cache, from config.json. Gemma 4 as
+    mlx-lm's gemma4_text.py reads it (make_cache, Attention): only the layers before the last
+    num_kv_shared_layers keep one; a full-attention layer has global_head_dim and, with
+    attention_k_eq_v, num_global_key_value_heads; a sliding one head_dim and
+    num_key_value_heads. Every other family: each layer alike."""
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    if cfg["model_type"] != "gemma4_text":
+        return [(kv_heads, head_dim)] * cfg["num_hidden_layers"]
+    own = cfg["num_hidden_layers"] - cfg["num_kv_shared_layers"]
+    full_heads = cfg["num_global_key_value_heads"] if cfg.get("attention_k_eq_v") else kv_heads
+    return [(full_heads, cfg["global_head_dim"]) if t == "full_attention" else (kv_heads, head_dim)
+            for t in cfg["layer_types"][:own]]
+
+
+@pytest.mark.parametrize("name", ["llama-f32", "gemma3-bf16", "gemma4-f32"])
+def test_kv_pool_matches_config(hearth_bin, name):
+    """K and V for every layer that keeps a cache, block-rounded positions, float32, from
+    config.json; the rest is the block tables (one int32 per block per sequence, plus the
+    free list)."""
+    model = model_path(f"tiny/{name}")
+    cfg = json.loads((model / "config.json").read_text())
+    shapes = kv_layer_shapes(cfg)
     # the default pool holds every sequence's whole context (these fit: no cut to free memory)
     for ctx, batch in ((100, 1), (2048, 2), (512, 5)):
         fit = run_fit(hearth_bin, model, "--ctx", str(ctx), "--batch", str(batch))
         blocks = -(-ctx // KV_BLOCK) * batch
-        tensors = 2 * cfg["num_hidden_layers"] * blocks * KV_BLOCK * kv_heads * head_dim * 4
+        tensors = sum(2 * blocks * KV_BLOCK * heads * dim * 4 for heads, dim in shapes)
         tables = 4 * (blocks + batch + blocks)  # per-slot block tables, token counts, free list
         # int8 (--kv-quant int8): head_dim bytes plus one float32 scale per position, head,
         # K and V instead of head_dim floats; the block metadata is the same
         q8 = run_fit(hearth_bin, model, "--ctx", str(ctx), "--batch", str(batch), "--kv-quant", "int8")
         assert q8["kv_quant"] == "int8" and fit["kv_quant"] == "none"
-        q8_tensors = 2 * cfg["num_hidden_layers"] * blocks * KV_BLOCK * kv_heads * (head_dim + 4)
+        q8_tensors = sum(2 * blocks * KV_BLOCK * heads * (dim + 4) for heads, dim in shapes)
         assert fit["kv_pool_bytes"] - q8["kv_pool_bytes"] == tensors - q8_tensors
         # prefix-cache metadata (src/kv/kv_prefix.c): per block 64 bytes of hash, partial-match
         # key, namespace (the adapter set), generations, parent, refcount, list links and valid

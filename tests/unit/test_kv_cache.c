@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 
 #include "kv/kv_cache.h"
 #include "engine/fit_internal.h"
@@ -82,8 +83,66 @@ static void test_storage_is_reserved_not_touched(void **state) {
     assert_true(rss() - before < (16 << 20)); /* returned */
 }
 
+/* Layers of their own shapes (Gemma 4): each layer's rows are where its view says, disjoint
+ * from every other layer's, stored and copied (float and int8) through the view, and the
+ * storage is the sum of the layers' (kv_storage_bytes_layers, what fit counts). */
+static void test_layers_of_their_own_shape(void **state) {
+    (void)state;
+    const int heads[3] = {2, 1, 2}, dims[3] = {8, 32, 16};
+    for (int quant = HEARTH_KV_FLOAT; quant <= HEARTH_KV_INT8; quant++) {
+        kv_cache kv;
+        assert_int_equal(kv_create_layers(&kv, 3, heads, dims, 2, 64, 6, quant, 1, NULL), HEARTH_OK);
+        assert_int_equal(kv.n_kv_heads, 2);
+        assert_int_equal(kv.head_dim, 32);
+        assert_int_equal(kv_reserve(&kv, 0, 40, NULL), HEARTH_OK); /* 3 blocks */
+        assert_int_equal(kv_reserve(&kv, 1, 20, NULL), HEARTH_OK); /* 2 blocks */
+        float key[32], val[32], back[32];
+        for (int l = 0; l < 3; l++)
+            for (int slot = 0; slot < 2; slot++)
+                for (int p = 0; p < (slot ? 20 : 40); p++)
+                    for (int h = 0; h < heads[l]; h++) {
+                        for (int i = 0; i < dims[l]; i++) key[i] = (float)(l * 1000 + slot * 100 + p + h * 7 + i), val[i] = -key[i];
+                        kv_store(&kv, l, slot, p, h, key, val);
+                    }
+        for (int l = 0; l < 3; l++) {
+            kv_cache view;
+            int vl = kv_layer_view(&kv, l, &view);
+            assert_int_equal(vl, 0);
+            assert_int_equal(view.n_kv_heads, heads[l]);
+            assert_int_equal(view.head_dim, dims[l]);
+            for (int slot = 0; slot < 2; slot++)
+                for (int p = 0; p < (slot ? 20 : 40); p++)
+                    for (int h = 0; h < heads[l]; h++) {
+                        size_t row = kv_row(&view, vl, slot, p, h), off = row * (size_t)dims[l];
+                        for (int i = 0; i < dims[l]; i++)
+                            back[i] = quant == HEARTH_KV_INT8 ? view.k8[off + i] * view.k_scale[row] : view.k[off + i];
+                        for (int i = 0; i < dims[l]; i++) {
+                            float want = (float)(l * 1000 + slot * 100 + p + h * 7 + i);
+                            /* int8: within half a step of the row's scale (amax / 127) */
+                            assert_true(fabsf(back[i] - want) <= (quant == HEARTH_KV_INT8 ? view.k_scale[row] * 0.51f : 0.0f));
+                        }
+                    }
+        }
+        /* a partial block copied for every layer: block 0 of slot 0 into slot 1's block 0 */
+        int32_t src = kv.tables[0], dst = kv.tables[kv.max_blocks_per_slot];
+        kv_copy_rows(&kv, src, dst, 5);
+        for (int l = 0; l < 3; l++) {
+            kv_cache view;
+            int vl = kv_layer_view(&kv, l, &view);
+            size_t a = kv_row(&view, vl, 0, 3, heads[l] - 1), b = kv_row(&view, vl, 1, 3, heads[l] - 1);
+            if (quant == HEARTH_KV_INT8) assert_memory_equal(view.k8 + a * dims[l], view.k8 + b * dims[l], (size_t)dims[l]);
+            else assert_memory_equal(view.k + a * dims[l], view.k + b * dims[l], (size_t)dims[l] * sizeof(float));
+        }
+        size_t want = 0;
+        for (int l = 0; l < 3; l++) want += kv_storage_bytes(1, heads[l], dims[l], 6, quant);
+        assert_int_equal(kv_storage_bytes_layers(3, heads, dims, 6, quant), want);
+        kv_destroy(&kv);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_reserve_release), cmocka_unit_test(test_bad_sizes),
-                                       cmocka_unit_test(test_storage_is_reserved_not_touched)};
+                                       cmocka_unit_test(test_storage_is_reserved_not_touched),
+                                       cmocka_unit_test(test_layers_of_their_own_shape)};
     return cmocka_run_group_tests_name("kv_cache", tests, NULL, NULL);
 }

@@ -180,7 +180,16 @@ static void test_parsers(void **state) {
     assert_int_equal(tp_parse(TS_TOOL_LLAMA3_JSON, ll, strlen(ll), NULL, calls, &err), HEARTH_OK);
     assert_int_equal(json_array_size(calls), 1);
     assert_int_equal(tp_parse(TS_TOOL_JSON_TOOLS, "{bad", 4, NULL, calls, &err), HEARTH_ERR_FORMAT);
-    assert_int_equal(tp_parse(TS_TOOL_GEMMA4, "x", 1, NULL, calls, &err), HEARTH_ERR_UNSUPPORTED);
+    json_array_clear(calls);
+    /* gemma4: <|"|> strings are atoms (their braces and commas do not count), bare keys */
+    const char *g4 = "call:f{s:<|\"|>a}, b<|\"|>,n:{m:[1,2]}}call:g{}";
+    assert_int_equal(tp_parse(TS_TOOL_GEMMA4, g4, strlen(g4), NULL, calls, &err), HEARTH_OK);
+    assert_int_equal(json_array_size(calls), 2);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "arguments"), "s")),
+                        "a}, b");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(calls, 1), "name")), "g");
+    assert_int_equal(tp_parse(TS_TOOL_GEMMA4, "x", 1, NULL, calls, &err), HEARTH_ERR_FORMAT);
+    assert_int_equal(tp_parse(TS_TOOL_KIMI_K2, "x", 1, NULL, calls, &err), HEARTH_ERR_UNSUPPORTED);
     json_decref(tools);
     json_decref(calls);
 }

@@ -23,6 +23,9 @@ typedef struct cpu_backend {
     float *moe_logits, *moe_x, *moe_gate, *moe_up, *moe_out, *moe_w;
     int32_t *moe_sel, *moe_tok;
     float *moe_tokw;
+    /* Gemma 4's per-layer inputs [T, n_layers * per_layer_dim] and their working rows */
+    float *pl_in, *pl_tmp;
+    float *moe_acc; /* [T, hidden]: Gemma 4's experts' sum before its norm (moe only) */
     float *attn;                                       /* attention scratch, per thread */
     /* hybrid models: attention's output gates [T, heads*head_dim] (dims.attn_gate); the
      * Gated DeltaNet projections qkv [T, conv_dim], z [T, v_heads*v_dim], a and b
@@ -45,12 +48,13 @@ static size_t mm_scratch_need(const op_model *om, int T) {
 }
 
 /* The sizes of the buffers, in floats (4 bytes) each, in cpu_backend's order. */
-enum { CPU_N_ACT = 26 };
+enum { CPU_N_ACT = 29 };
 static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
                       size_t sizes[CPU_N_ACT]) {
     size_t T = (size_t)max_tokens, qd = (size_t)d->n_heads * d->head_dim, kd = (size_t)d->n_kv_heads * d->head_dim;
     size_t ffn = (size_t)(d->shared_ffn > d->ffn ? d->shared_ffn : d->ffn); /* gate, up: the MLP or a shared expert */
     size_t E = (size_t)d->n_experts, K = (size_t)d->top_k_experts, F = (size_t)d->moe_ffn, moe = E > 0;
+    size_t per_layer = (size_t)d->n_layers * d->per_layer_dim;
     size_t gate = d->attn_gate != 0, gdn = d->n_state_layers > 0, vd = (size_t)d->gdn_v_heads * d->gdn_v_dim;
     size_t conv = 2 * (size_t)d->gdn_k_heads * d->gdn_k_dim + vd;
     size_t s[CPU_N_ACT] = {T * d->hidden, T * d->hidden, T * qd * (1 + gate), T * kd, T * kd, T * qd, T * d->hidden, T * ffn,
@@ -58,7 +62,8 @@ static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int 
                            moe * T * E, moe * T * d->hidden, moe * T * F, moe * T * F, moe * T * d->hidden,
                            moe * T * K, moe * T * K, moe * T, moe * T,
                            gate * T * qd, gdn * T * conv, gdn * T * vd, gdn * T * d->gdn_v_heads,
-                           gdn * T * d->gdn_v_heads, gdn * T * vd};
+                           gdn * T * d->gdn_v_heads, gdn * T * vd,
+                           T * per_layer, T * per_layer, moe * T * d->hidden};
     memcpy(sizes, s, sizeof s);
 }
 
@@ -75,7 +80,7 @@ static void cpu_free(op_backend *be) {
     void *ptrs[] = {c->x,      c->xn,    c->q,      c->k,      c->v,   c->att,  c->tmp,
                     c->gate,   c->up,    c->rows,   c->attn,   c->moe_logits, c->moe_x, c->moe_gate,
                     c->moe_up, c->moe_out, c->moe_w, c->moe_sel, c->moe_tok, c->moe_tokw,
-                    c->qgate, c->gdn_qkv, c->gdn_z, c->gdn_a, c->gdn_b, c->gdn_y};
+                    c->qgate, c->gdn_qkv, c->gdn_z, c->gdn_a, c->gdn_b, c->gdn_y, c->pl_in, c->pl_tmp, c->moe_acc};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     free(c->mm);
     free(c);
@@ -131,16 +136,28 @@ static void add_bias(float *y, const float *bias, int T, int n) {
     for (int t = 0; t < T; t++) ops_add(y + (size_t)t * n, bias, (size_t)n);
 }
 
+/* This layer's head_dim and KV heads (Gemma 4's differ per layer type), else the model's. */
+static int attn_head_dim(const op_step *s, const op_attn *a) { return a->head_dim ? a->head_dim : s->dims->head_dim; }
+static int attn_kv_heads(const op_step *s, const op_attn *a) {
+    return a->n_kv_heads ? a->n_kv_heads : s->dims->n_kv_heads;
+}
+
 static hearth_status cpu_qkv_rope_store(const op_step *s, int layer, const op_attn *a) {
     cpu_backend *c = cb(s);
     const op_dims *d = s->dims;
-    int T = s->b->T, qd = d->n_heads * d->head_dim, kd = d->n_kv_heads * d->head_dim;
+    int T = s->b->T, hd = attn_head_dim(s, a), nkv = attn_kv_heads(s, a), qd = d->n_heads * hd, kd = nkv * hd;
     const op_weight *qkv[] = {a->q, a->k, a->v};
     float *const qkv_out[] = {c->q, c->k, c->v};
-    hearth_status st = matmul_fused(s, 3, qkv, qkv_out, c->xn);
+    /* a layer that shares another's keys and values computes its queries only; without v
+     * (attention_k_eq_v) the values are the keys as projected */
+    hearth_status st = a->shared ? matmul(s, a->q, c->xn, T, c->q) : matmul_fused(s, a->v ? 3 : 2, qkv, qkv_out, c->xn);
     if (st) return st;
-    for (int p = 0; p < 3; p++) /* adapters update the projections before their biases (q is doubled on gated attention) */
-        op_lora_apply(s->b, layer, OP_PROJ_Q + p, c->xn, d->hidden, qkv_out[p], p ? kd : qd * (a->gated ? 2 : 1), c->tp);
+    /* adapters update the projections they have before their biases (the q projection is
+     * doubled on gated attention) */
+    for (int p = 0; p < (a->shared ? 1 : a->v ? 3 : 2); p++)
+        op_lora_apply(s->b, layer, OP_PROJ_Q + p, c->xn, d->hidden, qkv_out[p], p ? kd : qd * (a->gated ? 2 : 1),
+                      c->tp);
+    if (!a->shared && !a->v) memcpy(c->v, c->k, (size_t)T * kd * sizeof(float));
     if (a->gated) /* per head [queries | gates] -> queries into q, gates into qgate */
         for (int t = 0; t < T; t++)
             for (int h = 0; h < d->n_heads; h++) {
@@ -149,17 +166,19 @@ static hearth_status cpu_qkv_rope_store(const op_step *s, int layer, const op_at
                        (size_t)d->head_dim * sizeof(float));
                 memmove(c->q + (size_t)t * qd + (size_t)h * d->head_dim, src, (size_t)d->head_dim * sizeof(float));
             }
+    int rot = a->rope_dims ? a->rope_dims : hd; /* partial RoPE (Qwen3.5): the first rot dims */
     add_bias(c->q, a->q_bias, T, qd);
+    if (a->q_norm) ops_rmsnorm(c->q, c->q, a->q_norm, a->norm_shift, T * d->n_heads, hd, a->norm_eps);
+    ops_rope_part(c->q, T, d->n_heads, hd, rot, s->b->pos, a->inv_freq, d->rope_adjacent);
+    if (a->shared) return HEARTH_OK;
     add_bias(c->k, a->k_bias, T, kd);
     add_bias(c->v, a->v_bias, T, kd);
-    if (a->q_norm) ops_rmsnorm(c->q, c->q, a->q_norm, a->norm_shift, T * d->n_heads, d->head_dim, a->norm_eps);
-    if (a->k_norm) ops_rmsnorm(c->k, c->k, a->k_norm, a->norm_shift, T * d->n_kv_heads, d->head_dim, a->norm_eps);
-    int rot = a->rope_dims ? a->rope_dims : d->head_dim;
-    ops_rope_part(c->q, T, d->n_heads, d->head_dim, rot, s->b->pos, a->inv_freq, d->rope_adjacent);
-    ops_rope_part(c->k, T, d->n_kv_heads, d->head_dim, rot, s->b->pos, a->inv_freq, d->rope_adjacent);
+    if (a->k_norm) ops_rmsnorm(c->k, c->k, a->k_norm, a->norm_shift, T * nkv, hd, a->norm_eps);
+    if (a->v_norm) ops_rmsnorm(c->v, c->v, NULL, 0.0f, T * nkv, hd, a->norm_eps);
+    ops_rope_part(c->k, T, nkv, hd, rot, s->b->pos, a->inv_freq, d->rope_adjacent);
     for (int t = 0; t < T; t++) /* the new keys and values join the cache before attending */
-        for (int h = 0; h < d->n_kv_heads; h++) {
-            size_t off = (size_t)t * kd + (size_t)h * d->head_dim;
+        for (int h = 0; h < nkv; h++) {
+            size_t off = (size_t)t * kd + (size_t)h * hd;
             kv_store(s->kv, layer, s->b->slot[t], s->b->pos[t], h, c->k + off, c->v + off);
         }
     return HEARTH_OK;
@@ -168,10 +187,12 @@ static hearth_status cpu_qkv_rope_store(const op_step *s, int layer, const op_at
 static hearth_status cpu_attention(const op_step *s, int layer, const op_attn *a) {
     cpu_backend *c = cb(s);
     const op_dims *d = s->dims;
-    ops_attention_args args = {.kv = s->kv, .layer = layer, .q = c->q, .out = c->att, .T = s->b->T,
-                               .n_heads = d->n_heads, .n_kv_heads = d->n_kv_heads, .head_dim = d->head_dim,
-                               .pos = s->b->pos, .slot = s->b->slot, .window = a->window, .scale = a->scale,
-                               .scratch = c->attn};
+    kv_cache view; /* the layer's own shape where layers differ (kv_layer_view) */
+    int view_layer = kv_layer_view(s->kv, layer, &view);
+    ops_attention_args args = {.kv = &view, .layer = view_layer, .q = c->q, .out = c->att, .T = s->b->T,
+                               .n_heads = d->n_heads, .n_kv_heads = attn_kv_heads(s, a),
+                               .head_dim = attn_head_dim(s, a), .pos = s->b->pos, .slot = s->b->slot,
+                               .window = a->window, .scale = a->scale, .scratch = c->attn};
     ops_attention(&args, c->tp);
     if (a->gated) /* output * sigmoid(gate) */
         for (size_t i = 0, n = (size_t)s->b->T * d->n_heads * d->head_dim; i < n; i++)
@@ -187,7 +208,7 @@ static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
     float *const gate_up_out[] = {c->gate, c->up};
     hearth_status st = matmul_fused(s, 2, gate_up, gate_up_out, c->xn);
     if (st) return st;
-    int H = s->dims->hidden, F = s->dims->ffn;
+    int H = s->dims->hidden, F = m->ffn ? m->ffn : s->dims->ffn;
     op_lora_apply(s->b, m->layer, OP_PROJ_GATE, c->xn, H, c->gate, F, c->tp);
     op_lora_apply(s->b, m->layer, OP_PROJ_UP, c->xn, H, c->up, F, c->tp);
     size_t n = (size_t)s->b->T * F;
@@ -200,14 +221,17 @@ static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
 
 /* The experts of each token: softmax over the router's logits (in float, max first, as
  * mlx's precise softmax), the top_k by weight (ties: the lower expert index), those weights
- * renormalized to sum 1 when asked. */
+ * renormalized to sum 1 when asked. Gemma 4 (router_norm): the top_k by logit, then the
+ * softmax of those k logits times expert_scale of each. */
 static void moe_route(cpu_backend *c, const op_step *s, const op_moe *m) {
-    int T = s->b->T, E = s->dims->n_experts, K = s->dims->top_k_experts;
+    int T = s->b->T, E = s->dims->n_experts, K = s->dims->top_k_experts, topk_softmax = m->router_norm != NULL;
     for (int t = 0; t < T; t++) {
         float *g = c->moe_logits + (size_t)t * E, mx = g[0], sum = 0.0f;
-        for (int e = 1; e < E; e++) mx = g[e] > mx ? g[e] : mx;
-        for (int e = 0; e < E; e++) sum += (g[e] = expf(g[e] - mx));
-        for (int e = 0; e < E; e++) g[e] /= sum;
+        if (!topk_softmax) {
+            for (int e = 1; e < E; e++) mx = g[e] > mx ? g[e] : mx;
+            for (int e = 0; e < E; e++) sum += (g[e] = expf(g[e] - mx));
+            for (int e = 0; e < E; e++) g[e] /= sum;
+        }
         int32_t *sel = c->moe_sel + (size_t)t * K;
         float *w = c->moe_w + (size_t)t * K, total = 0.0f;
         for (int k = 0; k < K; k++) {
@@ -220,7 +244,11 @@ static void moe_route(cpu_backend *c, const op_step *s, const op_moe *m) {
             sel[k] = best;
             total += (w[k] = g[best]);
         }
-        if (m->norm_topk)
+        if (topk_softmax) { /* w[0] is the largest logit */
+            float top = w[0], z = 0.0f;
+            for (int k = 0; k < K; k++) z += (w[k] = expf(w[k] - top));
+            for (int k = 0; k < K; k++) w[k] = w[k] / z * m->expert_scale[sel[k]];
+        } else if (m->norm_topk)
             for (int k = 0; k < K; k++) w[k] /= total;
     }
 }
@@ -245,16 +273,15 @@ static hearth_status moe_shared(const op_step *s, const op_moe *m) {
     return HEARTH_OK;
 }
 
-/* tmp = sum over each token's chosen experts of weight * down_e(act(gate_e x) * up_e x): the
- * tokens of one expert gathered into one matmul per weight, their outputs added back. */
-static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
+/* out = sum over each token's chosen experts of weight * down_e(act(gate_e x) * up_e x) for
+ * the rows x (one per token): the tokens of one expert gathered into one matmul per weight,
+ * their outputs added back. */
+static hearth_status moe_experts(const op_step *s, const op_moe *m, const float *x, float *out) {
     cpu_backend *c = cb(s);
     const op_dims *d = s->dims;
     int T = s->b->T, H = d->hidden, E = d->n_experts, K = d->top_k_experts, F = d->moe_ffn;
-    hearth_status st = matmul(s, m->router, c->xn, T, c->moe_logits);
-    if (st) return st;
-    moe_route(c, s, m);
-    memset(c->tmp, 0, (size_t)T * H * sizeof(float));
+    hearth_status st;
+    memset(out, 0, (size_t)T * H * sizeof(float));
     for (int e = 0; e < E; e++) {
         int n = 0;
         for (int t = 0; t < T; t++)
@@ -262,11 +289,13 @@ static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
                 if (c->moe_sel[(size_t)t * K + k] == e) {
                     c->moe_tok[n] = t;
                     c->moe_tokw[n] = c->moe_w[(size_t)t * K + k];
-                    memcpy(c->moe_x + (size_t)n * H, c->xn + (size_t)t * H, (size_t)H * sizeof(float));
+                    memcpy(c->moe_x + (size_t)n * H, x + (size_t)t * H, (size_t)H * sizeof(float));
                     n++;
                 }
         if (!n) continue;
-        op_weight g = op_weight_rows(m->gate, (int64_t)e * F, F), u = op_weight_rows(m->up, (int64_t)e * F, F),
+        int64_t per = m->up ? F : 2 * (int64_t)F; /* gate rows per expert: with up after them when fused */
+        op_weight g = op_weight_rows(m->gate, (int64_t)e * per, F),
+                  u = m->up ? op_weight_rows(m->up, (int64_t)e * F, F) : op_weight_rows(m->gate, (int64_t)e * per + F, F),
                   dn = op_weight_rows(m->down, (int64_t)e * H, H);
         const op_weight *gu[] = {&g, &u};
         float *const gu_out[] = {c->moe_gate, c->moe_up};
@@ -277,7 +306,7 @@ static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
         else ops_gelu_tanh_mul(c->moe_gate, c->moe_up, (size_t)n * F);
         if ((st = matmul(s, &dn, c->moe_gate, n, c->moe_out))) return st;
         for (int i = 0; i < n; i++) {
-            float *y = c->tmp + (size_t)c->moe_tok[i] * H, *o = c->moe_out + (size_t)i * H, w = c->moe_tokw[i];
+            float *y = out + (size_t)c->moe_tok[i] * H, *o = c->moe_out + (size_t)i * H, w = c->moe_tokw[i];
             for (int h = 0; h < H; h++) y[h] += o[h] * w;
         }
     }
@@ -302,6 +331,28 @@ static hearth_status cpu_gated_delta(const op_step *s, const op_gdn *g) {
     return matmul(s, g->out, c->gdn_y, s->b->T, c->tmp);
 }
 
+static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
+    cpu_backend *c = cb(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T, H = d->hidden;
+    if (!m->router_norm) {
+        hearth_status st = matmul(s, m->router, c->xn, T, c->moe_logits);
+        if (st) return st;
+        moe_route(c, s, m);
+        return moe_experts(s, m, c->xn, c->tmp);
+    }
+    /* Gemma 4: xn (free once the dense MLP has read it) holds the router's input, then the experts' */
+    ops_rmsnorm(c->xn, c->x, m->router_norm, 0.0f, T, H, d->norm_eps);
+    hearth_status st = matmul(s, m->router, c->xn, T, c->moe_logits);
+    if (st) return st;
+    moe_route(c, s, m);
+    ops_rmsnorm(c->xn, c->x, m->in_norm, 0.0f, T, H, d->norm_eps);
+    if ((st = moe_experts(s, m, c->xn, c->moe_acc))) return st;
+    ops_rmsnorm(c->moe_acc, c->moe_acc, m->out_norm, 0.0f, T, H, d->norm_eps);
+    ops_add(c->tmp, c->moe_acc, (size_t)T * H);
+    return HEARTH_OK;
+}
+
 static hearth_status cpu_logits(const op_step *s, const float *w, float shift, float div, const op_weight *lm_head) {
     cpu_backend *c = cb(s);
     const op_batch *b = s->b;
@@ -315,6 +366,42 @@ static hearth_status cpu_logits(const op_step *s, const float *w, float shift, f
     if (div != 1.0f) /* a division, not a product by 1/div: the reference's rounding */
         for (size_t i = 0; i < (size_t)b->n_out * H; i++) rows[i] /= div;
     return matmul(s, lm_head, rows, b->n_out, b->logits);
+}
+
+static hearth_status cpu_per_layer_inputs(const op_step *s, const op_per_layer_inputs *p) {
+    cpu_backend *c = cb(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T;
+    size_t n = (size_t)T * d->n_layers * d->per_layer_dim;
+    op_embed table = {.table = p->table, .scale = p->table_scale};
+    hearth_status st = op_embed_rows(&table, s->b->tokens, T, p->vocab, c->pl_in, c->tp, s->err);
+    if (!st) st = matmul(s, p->proj, c->x, T, c->pl_tmp);
+    if (st) return st;
+    ops_scale(c->pl_tmp, p->proj_scale, n);
+    ops_rmsnorm(c->pl_tmp, c->pl_tmp, p->norm, 0.0f, T * d->n_layers, d->per_layer_dim, d->norm_eps);
+    for (size_t i = 0; i < n; i++) c->pl_in[i] = (c->pl_tmp[i] + c->pl_in[i]) * p->input_scale;
+    return HEARTH_OK;
+}
+
+static hearth_status cpu_per_layer_gate(const op_step *s, int layer, const op_per_layer_gate *g) {
+    cpu_backend *c = cb(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T, D = d->per_layer_dim, H = d->hidden;
+    hearth_status st = matmul(s, g->gate, c->x, T, c->pl_tmp);
+    if (st) return st;
+    for (int t = 0; t < T; t++)
+        ops_gelu_tanh_mul(c->pl_tmp + (size_t)t * D, c->pl_in + ((size_t)t * d->n_layers + layer) * D, (size_t)D);
+    if ((st = matmul(s, g->proj, c->pl_tmp, T, c->tmp))) return st;
+    ops_rmsnorm(c->tmp, c->tmp, g->norm, 0.0f, T, H, d->norm_eps);
+    ops_add(c->x, c->tmp, (size_t)T * H);
+    return HEARTH_OK;
+}
+
+static hearth_status cpu_softcap(const op_step *s, float cap) {
+    if (s->out != OP_OUT_LOGITS) return HEARTH_OK;
+    float *l = s->b->logits;
+    for (size_t i = 0; i < (size_t)s->b->n_out * s->dims->vocab; i++) l[i] = tanhf(l[i] / cap) * cap;
+    return HEARTH_OK;
 }
 
 static hearth_status cpu_step(op_backend *be, kv_cache *kv, const op_batch *b, const op_dims *dims,
@@ -343,6 +430,9 @@ static const op_table cpu_table = {.name = "cpu",
                                    .moe = cpu_moe,
                                    .gated_delta = cpu_gated_delta,
                                    .logits = cpu_logits,
+                                   .per_layer_inputs = cpu_per_layer_inputs,
+                                   .per_layer_gate = cpu_per_layer_gate,
+                                   .softcap = cpu_softcap,
                                    .kv_copy = NULL,
                                    .free = cpu_free};
 
@@ -361,7 +451,8 @@ hearth_status cpu_backend_create(const op_model *om, const kv_cache *kv, int max
                               (void **)&c->moe_x,      (void **)&c->moe_gate, (void **)&c->moe_up,  (void **)&c->moe_out,
                               (void **)&c->moe_w,      (void **)&c->moe_sel, (void **)&c->moe_tok,  (void **)&c->moe_tokw,
                               (void **)&c->qgate,      (void **)&c->gdn_qkv, (void **)&c->gdn_z,    (void **)&c->gdn_a,
-                              (void **)&c->gdn_b,      (void **)&c->gdn_y};
+                              (void **)&c->gdn_b,      (void **)&c->gdn_y,
+                              (void **)&c->pl_in,      (void **)&c->pl_tmp,      (void **)&c->moe_acc};
     int ok = 1;
     for (int i = 0; i < CPU_N_ACT; i++) {
         if (posix_memalign(ptrs[i], 64, sizes[i] * sizeof(float) + 64)) ok = 0;

@@ -168,7 +168,10 @@ void ops_rmsnorm(float *out, const float *x, const float *w, float shift, int T,
         float ss = 0.0f;
         for (int i = 0; i < n; i++) ss += xr[i] * xr[i];
         float inv = 1.0f / sqrtf(ss / (float)n + eps);
-        for (int i = 0; i < n; i++) o[i] = xr[i] * inv * (w[i] + shift);
+        if (!w)
+            for (int i = 0; i < n; i++) o[i] = xr[i] * inv;
+        else
+            for (int i = 0; i < n; i++) o[i] = xr[i] * inv * (w[i] + shift);
     }
 }
 

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * (w + shift), for T rows of n. shift is 1 for
- * Gemma's (1 + weight) norms, else 0. out may equal x. */
+ * Gemma's (1 + weight) norms, else 0; w NULL: no scale (Gemma 4's value norm). out may equal x. */
 void ops_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps);
 /* Applies RoPE in place to n_heads heads of head_dim in each of T rows at positions pos.
  * inv_freq has head_dim/2 entries (theta_i = pos * inv_freq[i]). adjacent: rotate pairs

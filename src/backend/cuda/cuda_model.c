@@ -477,6 +477,10 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
                                 threadpool *tp, op_backend **out, char *note, size_t note_size, hearth_error *err) {
     *out = NULL;
     const op_dims *c = &om->dims;
+    if (c->varied_layers)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "cuda: Gemma 4 (per-layer head sizes, shared KV, per-layer inputs) runs on the CPU backend only "
+                       "for now; use --device cpu");
     cuda_device_info info;
     TRY(cuda_device_open(0, &info, err));
     if (c->head_dim > 256 || c->head_dim % 2 || kv->head_dim != c->head_dim || kv->n_kv_heads != c->n_kv_heads)

@@ -174,7 +174,29 @@ typedef struct hearth_engine_options {
     int host_sampler;    /* 1: on the GPU, tokens are picked on the host from the copied logits
                             rows (greedy and sampled alike) instead of by the device's argmax
                             and sampler kernels: for comparisons; no effect on the CPU */
+    int speculate;       /* hearth_speculate: how the batch scheduler proposes tokens to
+                            verify several per step (docs/server.md); 0: prompt lookup */
+    hearth_model *draft_model; /* speculative decoding with this smaller model (it must have
+                            the model's tokenizer; it runs in the engine with the same
+                            options, its own KV pool): the batch scheduler proposes its
+                            greedy tokens instead of prompt lookup's. NULL: none. Must
+                            outlive the engine. */
 } hearth_engine_options;
+
+/* Speculative decoding in the batch scheduler: a proposer guesses the next tokens of a
+ * decoding request, one step scores them all, and the request keeps the longest prefix
+ * that its own sampling agrees with (the output is exactly what it would be without). */
+typedef enum hearth_speculate {
+    HEARTH_SPEC_LOOKUP = 0, /* prompt lookup: n-grams of the request's own prompt and output,
+                               depth adapted per request, off above a few decoding requests */
+    HEARTH_SPEC_NONE = 1,   /* one token per request per step */
+    HEARTH_SPEC_DRAFT = 2,  /* not an option: the draft model's entry in the stats (with
+                               hearth_engine_options.draft_model set) */
+} hearth_speculate;
+/* "lookup", "none"; NULL for an unknown value. */
+const char *hearth_speculate_name(int speculate);
+/* The value of a name hearth_speculate_name gives; -1 for an unknown name. */
+int hearth_speculate_parse(const char *name);
 
 /* Loads the weights into resident memory and allocates the KV pool and all scratch
  * memory: nothing is allocated while generating. The model must outlive the engine. */
@@ -353,6 +375,9 @@ typedef struct hearth_generate_params {
     /* Optional, hearth_model_vocab_rows floats: receives the log-softmax of the first
      * sampled position's logits (the sampling lab's next-token histogram). */
     float *first_logprobs;
+    /* With a draft model (hearth_engine_options.draft_model), in a batch: tokens it
+     * proposes per step (mlx_lm.server's num_draft_tokens; at most 8 are used); 0: none. */
+    int num_draft_tokens;
     /* LoRA adapters (hearth_adapter_mount): "id", several summed ("a+b"), or "none" (the
      * base alone); NULL: the engine's default adapter (hearth_adapter_set_default), if any. */
     const char *adapter;
@@ -493,6 +518,9 @@ typedef struct hearth_batch_stats {
     double last_step_seconds;
     int last_step_tokens;
     double decode_tok_s, prefill_tok_s;               /* over the last steps (a moving window) */
+    /* speculative decoding, per proposer (hearth_speculate; only prompt lookup proposes
+       now): tokens proposed and, of those, accepted (emitted without a step of their own) */
+    unsigned long long spec_proposed[3], spec_accepted[3];
 } hearth_batch_stats;
 void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out);
 

@@ -15,7 +15,10 @@ static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t thr
                                 "       [--host-argmax]  (logits row to the host every step, as a sampler needing it)\n"
                                 "       [--temp T] [--top-p P] [--top-k K] [--min-p M] [--seed S]  (decode through the\n"
                                 "        sampler, as hearth generate: on the GPU the device sampler unless\n"
-                                "        --host-sampler) [--sampler-ab]  (then the same runs with the host sampler)";
+                                "        --host-sampler) [--sampler-ab]  (then the same runs with the host sampler)\n"
+                                "       [--prompt-file F [--draft-model M] [--num-draft-tokens 3]]  (speculative decoding:\n"
+                                "        --batch B (1) requests of F's text, greedy, on an engine without speculation and one\n"
+                                "        with prompt lookup or the draft model, runs alternating; decode tok/s, ratio, acceptance)";
 
 
 static double now_seconds(void) {
@@ -24,7 +27,7 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int cmp_double(const void *a, const void *b) {
+int cli_cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
@@ -105,8 +108,9 @@ static void bench_batch_done(void *user, hearth_status st, const hearth_error *e
     r->run->t_end = now_seconds();
 }
 
-static int run_batch(hearth_engine *e, int B, int p, int n, int vocab, uint64_t seed, double *prefill_tps,
-                     double *decode_tps, hearth_error *err) {
+int cli_bench_run_batch(hearth_engine *e, int B, int p, int n, int vocab, uint64_t seed, const cli_bench_text *text,
+                        double *prefill_tps, double *decode_tps, hearth_batch_stats *stats, hearth_error *err) {
+    if (text) p = (int)text->n;
     int32_t *prompts = malloc((size_t)B * (size_t)p * sizeof *prompts);
     bench_batch_req *reqs = calloc((size_t)B, sizeof *reqs);
     hearth_generate_result *res = calloc((size_t)B, sizeof *res);
@@ -114,13 +118,14 @@ static int run_batch(hearth_engine *e, int B, int p, int n, int vocab, uint64_t 
     bench_batch_run run = {.B = B};
     hearth_generate_params gp = {.sampling = {.top_p = 1.0f, .repetition_penalty = 1.0f},
                                  .max_tokens = n,
-                                 .ignore_eos = 1};
+                                 .ignore_eos = 1,
+                                 .num_draft_tokens = text ? text->num_draft_tokens : 0};
     int rc = !prompts || !reqs || !res;
     if (rc) err_set(err, HEARTH_ERR_NOMEM, "bench: out of memory");
     uint64_t x = seed;
     for (size_t i = 0; !rc && i < (size_t)B * (size_t)p; i++) { /* distinct: no prefix-cache hits */
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        prompts[i] = (int32_t)(x % (uint64_t)vocab);
+        prompts[i] = text ? text->ids[i % (size_t)p] : (int32_t)(x % (uint64_t)vocab);
     }
     if (!rc && hearth_batch_create(e, &b, err)) rc = 1;
     double t0 = now_seconds();
@@ -132,6 +137,7 @@ static int run_batch(hearth_engine *e, int B, int p, int n, int vocab, uint64_t 
         if (hearth_batch_submit(b, &r, err)) rc = 1;
     }
     while (!rc && hearth_batch_step(b) > 0) {}
+    if (!rc && stats) hearth_batch_stats_get(b, stats);
     for (int i = 0; !rc && i < B; i++)
         if (reqs[i].st) *err = reqs[i].err, rc = 1;
     if (!rc && run.started < B) rc = 1, err_set(err, HEARTH_ERR_INVALID, "bench: %d of %d requests made no token", B - run.started, B);
@@ -147,8 +153,7 @@ static int run_batch(hearth_engine *e, int B, int p, int n, int vocab, uint64_t 
     return rc;
 }
 
-/* The median of n sorted values (the mean of the middle two when n is even). */
-static double median_sorted(const double *v, int n) { return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]); }
+double cli_median_sorted(const double *v, int n) { return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]); }
 
 /* bench --batch: a warm-up batch, then reps batches; the medians, as one report. */
 static int bench_batch_main(hearth_engine *e, hearth_model *m, const hearth_engine_options *eo, int B, int p, int n,
@@ -156,17 +161,19 @@ static int bench_batch_main(hearth_engine *e, hearth_model *m, const hearth_engi
     hearth_error err = {0};
     double pre[1000], dec[1000], unused;
     /* warm-up: the whole prompt, as the single-stream bench below does */
-    if (run_batch(e, B, p, 4, vocab, 0x51ed27a3ULL, &unused, &unused, &err)) return cli_fail(&err);
+    if (cli_bench_run_batch(e, B, p, 4, vocab, 0x51ed27a3ULL, NULL, &unused, &unused, NULL, &err))
+        return cli_fail(&err);
     for (int r = 0; r < reps; r++) {
-        if (run_batch(e, B, p, n, vocab, 0x9e3779b97f4a7c15ULL + (uint64_t)r * 7919, &pre[r], &dec[r], &err))
+        if (cli_bench_run_batch(e, B, p, n, vocab, 0x9e3779b97f4a7c15ULL + (uint64_t)r * 7919, NULL, &pre[r], &dec[r],
+                                NULL, &err))
             return cli_fail(&err);
         if (!as_json)
             fprintf(stderr, "run %d/%d: %d requests: prefill %.1f tok/s, decode %.1f tok/s\n", r + 1, reps, B, pre[r],
                     dec[r]);
     }
-    qsort(pre, (size_t)reps, sizeof *pre, cmp_double);
-    qsort(dec, (size_t)reps, sizeof *dec, cmp_double);
-    double prefill_tps = median_sorted(pre, reps), decode_tps = median_sorted(dec, reps);
+    qsort(pre, (size_t)reps, sizeof *pre, cli_cmp_double);
+    qsort(dec, (size_t)reps, sizeof *dec, cli_cmp_double);
+    double prefill_tps = cli_median_sorted(pre, reps), decode_tps = cli_median_sorted(dec, reps);
     double bw = hearth_engine_measure_bandwidth(e);
     /* one step reads the weights once and each row's KV: B x (bytes at a context) less (B - 1) x the weights */
     double w = hearth_engine_decode_bytes(e, 0), one = hearth_engine_decode_bytes(e, p + n / 2);
@@ -200,7 +207,8 @@ int cli_bench(int argc, char **argv) {
     int p = 512, n = 128, reps = 5, as_json = 0, host_argmax = 0;
     hearth_engine_options eo = {0};
     hearth_sampling sp = {.top_p = 1.0f, .repetition_penalty = 1.0f};
-    int sampled = 0, sampler_ab = 0, batch = 0, batches[16], n_batches = 0;
+    int sampled = 0, sampler_ab = 0, batch = 0, batches[16], n_batches = 0, num_draft = 3;
+    const char *prompt_file = NULL, *draft_name = NULL;
     double host_decode_tps = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -226,6 +234,9 @@ int cli_bench(int argc, char **argv) {
             if (n_batches <= 0) return cli_usage_error(bench_usage, "--batch '%s': need 1..16 counts of 1..1024, comma-separated", argv[i]);
         }
         else if (!strcmp(a, "--sampler-ab")) sampler_ab = sampled = 1;
+        else if (!strcmp(a, "--prompt-file") && has) prompt_file = argv[++i];
+        else if (!strcmp(a, "--draft-model") && has) draft_name = argv[++i];
+        else if (!strcmp(a, "--num-draft-tokens") && has) num_draft = atoi(argv[++i]);
         else if (!strcmp(a, "--temp") && has) sp.temperature = (float)atof(argv[++i]), sampled = 1;
         else if (!strcmp(a, "--top-p") && has) sp.top_p = (float)atof(argv[++i]), sampled = 1;
         else if (!strcmp(a, "--top-k") && has) sp.top_k = atoi(argv[++i]), sampled = 1;
@@ -240,8 +251,21 @@ int cli_bench(int argc, char **argv) {
     if (batch && (sampled || host_argmax))
         return cli_usage_error(bench_usage, "%s", "--batch runs greedy requests (no sampler flags)");
     if (batch && n < 2) return cli_usage_error(bench_usage, "%s", "--batch needs -n 2 or more");
+    if ((draft_name || num_draft != 3) && !prompt_file)
+        return cli_usage_error(bench_usage, "%s", "--draft-model and --num-draft-tokens go with --prompt-file");
+    if (prompt_file && (sampled || host_argmax || n_batches > 1 || num_draft < 0))
+        return cli_usage_error(bench_usage, "%s", "--prompt-file runs greedy requests of one --batch count");
     hearth_model *m;
     if (cli_open_model(model, &m)) return 1;
+    if (prompt_file) {
+        hearth_model *dm = NULL;
+        if (draft_name && cli_open_model(draft_name, &dm)) return 1;
+        eo.draft_model = dm;
+        int rc = cli_bench_spec(m, eo, prompt_file, batch ? batch : 1, n, reps, num_draft, as_json);
+        hearth_model_close(dm);
+        hearth_model_close(m);
+        return rc;
+    }
     if (!eo.context_length) eo.context_length = p + n + 16;
     if (batch) {
         if (!eo.max_sequences) eo.max_sequences = batch;
@@ -294,14 +318,14 @@ int cli_bench(int argc, char **argv) {
         for (int r = 0; !rc && r < reps; r++)
             if (run_sampled(he, prompt, p, n, &sp, &unused, &dec2[r], &err)) rc = cli_fail(&err);
         hearth_engine_free(he);
-        qsort(dec2, (size_t)reps, sizeof *dec2, cmp_double);
-        host_decode_tps = n / median_sorted(dec2, reps);
+        qsort(dec2, (size_t)reps, sizeof *dec2, cli_cmp_double);
+        host_decode_tps = n / cli_median_sorted(dec2, reps);
         free(dec2);
     }
     if (!rc && !batch) {
-        qsort(pre, (size_t)reps, sizeof *pre, cmp_double);
-        qsort(dec, (size_t)reps, sizeof *dec, cmp_double);
-        double prefill_tps = p / median_sorted(pre, reps), decode_tps = n / median_sorted(dec, reps);
+        qsort(pre, (size_t)reps, sizeof *pre, cli_cmp_double);
+        qsort(dec, (size_t)reps, sizeof *dec, cli_cmp_double);
+        double prefill_tps = p / cli_median_sorted(pre, reps), decode_tps = n / cli_median_sorted(dec, reps);
         double bw = hearth_engine_measure_bandwidth(e);
         double bytes = hearth_engine_decode_bytes(e, p + n / 2); /* mean context during decode */
         double roof = bw > 0 ? bw * 1e9 / bytes : 0;

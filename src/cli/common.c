@@ -111,7 +111,7 @@ int cli_parse_pool_flag(int argc, char **argv, int *i, hearth_engine_options *eo
     return 1;
 }
 
-/* --threads, --ctx, --mmap, --kv-quant, --device, --deterministic, --cuda-exact and --host-sampler, shared by the verbs that run
+/* --threads, --ctx, --mmap, --kv-quant, --speculate, --device, --deterministic, --cuda-exact and --host-sampler, shared by the verbs that run
  * the engine. An unknown --kv-quant name leaves -1, which the engine rejects by name. */
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o) {
     if (!strcmp(argv[*i], "--mmap")) return o->use_mmap = 1;
@@ -127,7 +127,9 @@ int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *
     else if (!strcmp(argv[*i], "--ctx")) o->context_length = atoi(argv[++*i]);
     else if (!strcmp(argv[*i], "--kv-quant")) {
         if (!hearth_kv_quant_parse(argv[++*i], &o->kv_quant)) o->kv_quant = -1;
-    } else return 0;
+    } else if (!strcmp(argv[*i], "--speculate")) /* lookup|none; an unknown name: -1, refused at engine start */
+        o->speculate = hearth_speculate_parse(argv[++*i]);
+    else return 0;
     return 1;
 }
 

@@ -32,18 +32,19 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "[--prompt-cache-bytes 4G]\n"
                                  "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] "
                                  "[--kv-blocks N] [--kv-budget 1.5GB|N]\n"
-                                 "             [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler]\n"
+                                 "             [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler] "
+                                 "[--speculate lookup|none]\n"
                                  "             [--kv-bits 8 (= --kv-quant int8; 2-6 also take int8)] "
                                  "[--kv-group-size 64] [--quantized-kv-start 5000]\n"
                                  "             (KV pool default: --max-sequences x --ctx positions, cut to fit "
                                  "free memory)\n"
                                  "             [--open|--no-open (the chat page in a browser)] [--embedding-model M]\n"
+                                 "             [--draft-model M] [--num-draft-tokens 3]\n"
                                  "             [--memory-log [--memory-vault PATH] (log chats into the memory vault)]\n"
                                  "             [--hlg-sampling on|off] [--hlg-width 4] [--hlg-shoulder 4] [--hlg-toe 6] "
                                  "[--hlg-pivot-offset 6]\n"
                                  "             [--adapter-path DIR] [--adapter id=DIR]... (LoRA adapters)\n"
-                                 "  accepted but not supported yet (a warning says so): "
-                                 "--draft-model --num-draft-tokens\n"
+                                 "  accepted but not supported yet (a warning says so):\n"
                                  "  --trust-remote-code --use-default-chat-template --decode-concurrency "
                                  "--prompt-concurrency\n"
                                  "  --prompt-cache-size --pipeline\n"
@@ -122,8 +123,6 @@ static int parse_log_level(const char *s, srv_log_level *out) {
 static const struct {
     const char *flag, *why;
 } unsupported_valued[] = {
-    {"--draft-model", NOT_YET},
-    {"--num-draft-tokens", NOT_YET},
     {"--decode-concurrency", NOT_YET},
     {"--prompt-concurrency", NOT_YET},
     {"--prompt-cache-size", NOT_YET},
@@ -139,6 +138,7 @@ typedef struct serve_opts {
     const char *template_args;
     int open_browser;            /* --open (what `hearth` with no arguments passes); --no-open wins */
     const char *embedding_model; /* --embedding-model: served at /v1/embeddings beside the chat model */
+    const char *draft_model;     /* --draft-model: speculative decoding's draft */
     int memory_log;              /* --memory-log: chats are logged into the memory vault */
     const char *memory_vault;    /* --memory-vault: that vault (default: hearth memory's) */
     int prompt_cache_bytes_set;
@@ -199,6 +199,12 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             c->model_arg = a;
         else if (VAL("--embedding-model"))
             o->embedding_model = v;
+        else if (VAL("--draft-model"))
+            o->draft_model = v;
+        else if (VAL("--num-draft-tokens")) {
+            if (cli_parse_long(v, 0, INT_MAX, &n)) BADV("--num-draft-tokens");
+            c->defaults.num_draft_tokens = (int)n;
+        }
         else if (!strcmp(a, "--memory-log"))
             o->memory_log = 1;
         else if (VAL("--memory-vault"))
@@ -337,6 +343,9 @@ int cli_serve(int argc, char **argv) {
     if (o.chat_template && o.chat_template[0] && hearth_model_set_chat_template(model, o.chat_template, &err))
         return cli_fail(&err);
     if (o.embedding_model && cli_open_model(o.embedding_model, &embedding_model)) return 1;
+    hearth_model *draft_model = NULL;
+    if (o.draft_model && cli_open_model(o.draft_model, &draft_model)) return 1;
+    o.eo.draft_model = draft_model;
     if (o.memory_log) { /* BM25 only: serve keeps its cores for the model */
         hearth_memory_options mo = {.path = o.memory_vault};
         if (hearth_memory_open(&mo, &c->memory_log, &err)) return cli_fail(&err);

@@ -10,6 +10,7 @@
 #include "base/sbuf.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/spec.h"
 #include "kv/kv_state.h"
 #include "model/model.h"
 #include "backend/cpu/cpu_backend.h"
@@ -42,6 +43,8 @@ struct hearth_engine {
     int deterministic; /* op_batch.batch_invariant for every step */
     int host_sampler;  /* hearth_engine_options.host_sampler */
     int append_rows;   /* logits rows one hearth_seq_append may return (max_logits_rows) */
+    int speculate;     /* hearth_speculate, for the scheduler */
+    hearth_engine *draft; /* hearth_engine_options.draft_model's engine, or NULL */
     int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
     cuda_sampler *gsmp;                /* the device sampler (with gpu) */
     const engine_sample_row *dev_rows; /* set for a step whose rows it samples (ids into greedy_id) */
@@ -141,12 +144,15 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
         (int64_t)(p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * p->max_seqs > INT32_MAX)
         return err_set(err, HEARTH_ERR_INVALID, "engine: invalid options (context %d, sequences %d, threads %d)",
                        p->context, p->max_seqs, p->n_threads);
-    /* a scheduler step returns one logits row per running sequence; an append up to
-     * max_logits_rows */
+    /* a scheduler step returns one logits row per running sequence, and one more per
+     * token a speculating request proposes; an append up to max_logits_rows */
     if (o.max_logits_rows < 0 || o.max_logits_rows > (1 << 16))
         return err_set(err, HEARTH_ERR_INVALID, "engine: invalid max_logits_rows %d", o.max_logits_rows);
+    if (o.speculate != HEARTH_SPEC_LOOKUP && o.speculate != HEARTH_SPEC_NONE)
+        return err_set(err, HEARTH_ERR_INVALID, "unknown --speculate mode (it takes lookup or none)");
     p->append_rows = o.max_logits_rows > ENGINE_MAX_LOGITS_ROWS ? o.max_logits_rows : ENGINE_MAX_LOGITS_ROWS;
     p->max_out = p->max_seqs > p->append_rows ? p->max_seqs : p->append_rows;
+    if (o.speculate != HEARTH_SPEC_NONE) p->max_out += SPEC_MAX_DRAFT;
     /* default KV pool: every sequence its whole context, so admission never waits on the
      * pool below the sequence limit; engine_plan_room cuts it to what fits in memory */
     if (o.kv_blocks < 0) return err_set(err, HEARTH_ERR_INVALID, "engine: invalid KV pool size %d", o.kv_blocks);
@@ -303,6 +309,8 @@ hearth_status engine_plan_host(const model *m, const hearth_engine_options *o, s
     return engine_plan_rooms(m, o, room, 0, p, err);
 }
 
+static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_options *o, hearth_error *err);
+
 hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options *opts, hearth_engine **out,
                                    hearth_error *err) {
     *out = NULL;
@@ -340,6 +348,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     e->context_cut_from = p.context_cut_from;
     e->deterministic = o.deterministic != 0;
     e->host_sampler = o.host_sampler != 0;
+    e->speculate = o.speculate;
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
     /* host K/V storage only where the CPU runs the forward pass (after the device is open:
      * --device auto falls back to the CPU when the GPU path fails) */
@@ -402,12 +411,18 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     }
     collect_eos(e);
     set_xtc_exempt(e);
+    if (o.draft_model && o.speculate != HEARTH_SPEC_NONE && (st = engine_draft_open(e, &o, err))) {
+        hearth_engine_free(e);
+        return st;
+    }
+    if (e->draft) e->bytes += e->draft->bytes;
     *out = e;
     return HEARTH_OK;
 }
 
 void hearth_engine_free(hearth_engine *e) {
     if (!e) return;
+    hearth_engine_free(e->draft);
     if (e->be) e->be->t->free(e->be);
     kv_destroy(&e->kv);
     tp_destroy(e->tp);
@@ -648,6 +663,40 @@ hearth_status engine_forward_rows_sample(hearth_engine *e, int T, const int32_t 
 int engine_has_device_sampler(const hearth_engine *e) { return e->gsmp != NULL; }
 int engine_max_out_rows(const hearth_engine *e) { return e->max_out; }
 int engine_max_sequences(const hearth_engine *e) { return e->max_seqs; }
+int engine_speculate(const hearth_engine *e) { return e->speculate; }
+hearth_engine *engine_draft(hearth_engine *e) { return e->draft; }
+
+/* The draft model's engine: the same options (sequences, context, step, threads, device),
+ * no speculation of its own. Refused unless its tokenizer is the model's, token for token. */
+static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_options *o, hearth_error *err) {
+    const hearth_model *t = e->hm, *d = o->draft_model;
+    int32_t nt = hearth_vocab_size(t), nd = hearth_vocab_size(d), bad = -1;
+    for (int32_t i = 0; nt == nd && bad < 0 && i < nt; i++) {
+        const char *a = hearth_token_piece(t, i), *b = hearth_token_piece(d, i);
+        if ((a == NULL) != (b == NULL) || (a && strcmp(a, b))) bad = i;
+    }
+    if (nt != nd)
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "--draft-model %s: its tokenizer has %d tokens, the model's (%s) %d; the draft model must use "
+                       "the model's tokenizer",
+                       hearth_model_path(d), nd, hearth_model_path(t), nt);
+    if (bad >= 0)
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "--draft-model %s: token %d is '%s' there but '%s' in the model (%s); the draft model must use "
+                       "the model's tokenizer",
+                       hearth_model_path(d), bad, hearth_token_piece(d, bad) ? hearth_token_piece(d, bad) : "(none)",
+                       hearth_token_piece(t, bad) ? hearth_token_piece(t, bad) : "(none)", hearth_model_path(t));
+    hearth_engine_options dop = *o;
+    dop.draft_model = NULL;
+    dop.speculate = HEARTH_SPEC_NONE;
+    dop.context_length = e->context;
+    dop.max_sequences = e->max_seqs;
+    dop.max_step_tokens = e->step_tokens;
+    dop.n_threads = e->n_threads;
+    hearth_status st = hearth_engine_create(o->draft_model, &dop, &e->draft, err);
+    if (st) err_prefix(err, "--draft-model %s", hearth_model_path(d));
+    return st;
+}
 kv_cache *engine_kv(hearth_engine *e) { return &e->kv; }
 
 hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, int rows, hearth_error *err) {
@@ -667,6 +716,9 @@ const int32_t *engine_history(const hearth_engine *e, int seq) { return e->histo
 void engine_history_write(hearth_engine *e, int seq, const int32_t *tokens, int n) {
     if (seq >= 0 && seq < e->max_seqs && n > 0 && n <= e->context)
         memcpy(e->history + (size_t)seq * e->context, tokens, (size_t)n * sizeof *tokens);
+}
+void engine_history_set(hearth_engine *e, int seq, int pos, int32_t token) {
+    if (seq >= 0 && seq < e->max_seqs && pos >= 0 && pos < e->context) e->history[(size_t)seq * e->context + pos] = token;
 }
 int engine_seq_length(const hearth_engine *e, int seq) { return e->kv.n_tokens[seq]; }
 int engine_seq_is_open(const hearth_engine *e, int seq) { return seq >= 0 && seq < e->max_seqs && e->seq_open[seq]; }

@@ -38,9 +38,16 @@ float *engine_logits_buffer(hearth_engine *e);
 /* Tokens per forward step: the prefill chunk size. */
 int engine_step_tokens(const hearth_engine *e);
 const hearth_model *engine_model(const hearth_engine *e);
-/* Rows of logits one engine_forward_rows may return: max(ENGINE_MAX_LOGITS_ROWS, max_sequences). */
+/* Rows of logits one engine_forward_rows may return: max(ENGINE_MAX_LOGITS_ROWS, max_sequences),
+ * plus SPEC_MAX_DRAFT when the engine speculates. */
 int engine_max_out_rows(const hearth_engine *e);
 int engine_max_sequences(const hearth_engine *e);
+/* hearth_engine_options.speculate (hearth_speculate). */
+int engine_speculate(const hearth_engine *e);
+/* The draft model's engine (hearth_engine_options.draft_model), or NULL. */
+hearth_engine *engine_draft(hearth_engine *e);
+/* Sets position pos of seq's history (a proposed token, before the step that scores it). */
+void engine_history_set(hearth_engine *e, int seq, int pos, int32_t token);
 kv_cache *engine_kv(hearth_engine *e);
 /* Copies rows positions of KV block src into block dst wherever the pool lives (host, or
  * the GPU's copy): a partial prefix match (kv_prefix_attach_partial). */

@@ -10,10 +10,16 @@
  * SCHED_SHARE_MIN_BLOCKS). A new request reuses the longest token prefix the cache holds:
  * whole shared blocks, then a copy of the leading rows of the block after them (a prompt
  * that diverges inside a block, or the last partial block a finished request left).
+ * Speculative decoding (spec.h's prompt lookup or the engine's draft model proposes): a
+ * decoding request may carry proposed tokens
+ * after its next one; the step scores them all, the request samples each position in
+ * turn with its own sampler and keeps them while the sample equals the proposal, and
+ * the KV of the rest is cut off (never named in the prefix cache).
  * Owns no model or text logic; single-threaded by design. */
 #include "engine/scheduler.h"
 #include "base/err.h"
 #include "engine/engine_internal.h"
+#include "engine/spec.h"
 #include "kv/kv_prefix.h"
 #include "kv/kv_state.h"
 #include "engine/adapter.h"
@@ -40,6 +46,11 @@ typedef struct sched_req {
     int admitted;    /* admitted before (so a readmission is a resume, not a new request) */
     uint64_t rng[4]; /* preempted: the slot sampler's state, restored on readmission */
     uint64_t dev_seed; /* the device sampler's key (gen_device_seed), fixed at first admission */
+    int32_t draft[SPEC_MAX_DRAFT]; /* tokens proposed after next for this step */
+    int n_draft;
+    int proposer;     /* hearth_speculate of this step's proposal (lookup or draft) */
+    spec_depth depth;
+    int dseq, dlen;   /* the draft model's slot (-1: none) and the positions of its KV that hold this request's tokens */
     struct sched_req *next_waiting;
 } sched_req;
 
@@ -55,11 +66,16 @@ struct hearth_batch {
     int *take;                            /* [max_run] */
     sampler_row *rows;                    /* [max_run]: this step's rows to sample */
     struct sched_req **row_req;           /* [max_run]: the request of each row */
-    int32_t *greedy_ids;                  /* [max_run]: rows' ids chosen on the GPU (greedy or sampled there) */
-    engine_sample_row *dev_rows;          /* [max_run]: rows for the device sampler */
+    int32_t *greedy_ids;                  /* [max out rows]: rows' ids chosen on the GPU (greedy or sampled there) */
+    engine_sample_row *dev_rows;          /* [max out rows]: rows for the device sampler */
     prompt_cache *disk; /* hearth_batch_prompt_cache: finished requests saved there; NULL: none */
     /* monitoring (hearth_batch_stats_get) */
     unsigned long long prompt_tokens, cached_tokens, requests_done, steps, preemptions;
+    unsigned long long spec_proposed[3], spec_accepted[3]; /* by hearth_speculate */
+    sched_proposer_fn propose_fn; /* NULL: prompt lookup */
+    int32_t *recent;              /* [SPEC_RECENT_TOKENS]: finished answers (spec_recent_add) */
+    int n_recent;
+    void *propose_user;
     double last_step_seconds;
     int last_step_tokens;
     double win_seconds[SCHED_STATS_WINDOW];
@@ -123,10 +139,13 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
     b->take = malloc((size_t)max_run * sizeof *b->take);
     b->rows = malloc((size_t)max_run * sizeof *b->rows);
     b->row_req = malloc((size_t)max_run * sizeof *b->row_req);
-    b->greedy_ids = malloc((size_t)max_run * sizeof *b->greedy_ids);
-    b->dev_rows = malloc((size_t)max_run * sizeof *b->dev_rows);
+    b->greedy_ids = malloc((size_t)engine_max_out_rows(e) * sizeof *b->greedy_ids);
+    b->dev_rows = malloc((size_t)engine_max_out_rows(e) * sizeof *b->dev_rows);
+    if (engine_speculate(e) != HEARTH_SPEC_NONE && !engine_draft(e))
+        b->recent = malloc(SPEC_RECENT_TOKENS * sizeof *b->recent);
     if (!b->run || !b->tok || !b->pos || !b->slot || !b->out_rows || !b->out_of || !b->remaining || !b->take ||
-        !b->rows || !b->row_req || !b->greedy_ids || !b->dev_rows) {
+        !b->rows || !b->row_req || !b->greedy_ids || !b->dev_rows ||
+        (engine_speculate(e) != HEARTH_SPEC_NONE && !engine_draft(e) && !b->recent)) {
         hearth_batch_free(b);
         return err_set(err, HEARTH_ERR_NOMEM, "batching: out of memory");
     }
@@ -149,10 +168,18 @@ hearth_status hearth_batch_prompt_cache(hearth_batch *b, const char *dir, long l
 static void close_slot(hearth_batch *b, sched_req *q) {
     kv_prefix_commit_tail(engine_kv(b->e), q->seq, engine_history(b->e, q->seq), q->len);
     hearth_seq_close(b->e, q->seq);
+    if (q->dseq >= 0) hearth_seq_close(engine_draft(b->e), q->dseq);
+    q->dseq = -1, q->dlen = 0;
 }
 
 static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hearth_error *err) {
     b->requests_done++;
+    if (q->seq >= 0 && b->recent && q->decoding && (size_t)q->len >= q->r.n_prompt) { /* its answer, for spec_lookup_recent */
+        int end = q->len; /* and the last sampled token, where the context has room for it */
+        if (end < hearth_engine_context_length(b->e)) engine_history_set(b->e, q->seq, end++, q->next);
+        b->n_recent = spec_recent_add(b->recent, b->n_recent, SPEC_RECENT_TOKENS,
+                                      engine_history(b->e, q->seq) + q->r.n_prompt, end - (int)q->r.n_prompt);
+    }
     if (q->seq >= 0) {
         if (b->disk && st == HEARTH_OK) prompt_cache_note(b->disk, b->e, q->seq, q->len);
         close_slot(b, q);
@@ -198,6 +225,7 @@ void hearth_batch_free(hearth_batch *b) {
     free(b->row_req);
     free(b->greedy_ids);
     free(b->dev_rows);
+    free(b->recent);
     free(b);
 }
 
@@ -207,6 +235,7 @@ hearth_status hearth_batch_submit(hearth_batch *b, const hearth_batch_request *r
     if (!q) return err_set(err, HEARTH_ERR_NOMEM, "batching: out of memory");
     q->r = *r;
     q->seq = -1;
+    q->dseq = -1;
     q->t_submit = gen_now_seconds();
     q->n_fill = r->n_prompt;
     hearth_status st = gen_stream_init(&q->g, b->e, r->n_prompt, r->params, r->on_token, r->user, r->result, err);
@@ -478,7 +507,7 @@ static void grow(hearth_batch *b) {
 /* Step time and token mix for /stats; decode rows are the running requests that decode. */
 static void record_step(hearth_batch *b, int T, double seconds) {
     int decode = 0;
-    for (int i = 0; i < b->n_run; i++) decode += b->run[i]->decoding && b->take[i];
+    for (int i = 0; i < b->n_run; i++) decode += b->run[i]->decoding ? b->take[i] : 0;
     int k = (int)(b->steps++ % SCHED_STATS_WINDOW);
     b->win_seconds[k] = seconds, b->win_decode[k] = decode, b->win_prefill[k] = T - decode;
     b->last_step_seconds = seconds, b->last_step_tokens = T;
@@ -509,6 +538,8 @@ void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out) {
         dsec += b->win_seconds[k] * b->win_decode[k] / T, psec += b->win_seconds[k] * b->win_prefill[k] / T;
         decode += b->win_decode[k], prefill += b->win_prefill[k];
     }
+    memcpy(out->spec_proposed, b->spec_proposed, sizeof out->spec_proposed);
+    memcpy(out->spec_accepted, b->spec_accepted, sizeof out->spec_accepted);
     if (dsec > 0) out->decode_tok_s = decode / dsec;
     if (psec > 0) out->prefill_tok_s = prefill / psec;
 }
@@ -530,11 +561,185 @@ static void sample_and_accept(hearth_batch *b, int n_rows, int sampled) {
     }
 }
 
+static int32_t argmax_row(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* The draft model's proposals for the n requests in b->row_req (n_draft: how many each
+ * may take): each first feeds the draft what it has not seen of its tokens (prompt and
+ * output up to next, in chunks of the step budget; all requests in the same steps), whose
+ * last row gives the first proposal, then k - 1 steps of one token per request, each the
+ * greedy pick of the row before. A request whose draft KV cannot grow proposes nothing.
+ * Returns the proposed tokens given back (budgets not used). Uses b->tok/pos/slot/out_rows
+ * before the step packs them. */
+static int draft_propose(hearth_batch *b, hearth_engine *d, int n) {
+    kv_cache *dkv = engine_kv(d);
+    int vocab = hearth_model_vocab_rows(d), budget = engine_step_tokens(d), unused = 0;
+    hearth_error err = {0};
+    for (int r = 0; r < n; r++) {
+        sched_req *q = b->row_req[r];
+        int k = q->n_draft;
+        if ((q->dseq < 0 && hearth_seq_open(d, &q->dseq, &err)) || kv_reserve(dkv, q->dseq, q->len + k, &err)) {
+            unused += k, q->n_draft = 0; /* positions len .. len + k - 1 are fed */
+            continue;
+        }
+    }
+    const float *logits;
+    for (int more = 1; more;) { /* catch-up steps */
+        int T = 0, n_out = 0;
+        more = 0;
+        for (int r = 0; r < n; r++) {
+            sched_req *q = b->row_req[r];
+            if (!q->n_draft || q->dlen > q->len) continue;
+            const int32_t *hist = engine_history(b->e, q->seq);
+            while (q->dlen <= q->len && T < budget) b->tok[T] = hist[q->dlen], b->pos[T] = q->dlen++, b->slot[T++] = q->dseq;
+            if (q->dlen > q->len) b->out_rows[n_out++] = T - 1;
+            else more = 1;
+        }
+        if (T == 0) break;
+        if (engine_forward_rows(d, T, b->tok, b->pos, b->slot, n_out, b->out_rows, &logits, &err)) goto fail;
+        for (int r = 0, o = 0; r < n && o < n_out; r++) { /* rows in request order */
+            sched_req *q = b->row_req[r];
+            if (q->n_draft && q->dlen == q->len + 1 && b->slot[b->out_rows[o]] == q->dseq)
+                q->draft[0] = argmax_row(logits + (size_t)o++ * vocab, vocab);
+        }
+    }
+    for (int j = 1; j < SPEC_MAX_DRAFT; j++) { /* one token per request per step */
+        int T = 0;
+        for (int r = 0; r < n; r++) {
+            sched_req *q = b->row_req[r];
+            if (q->n_draft <= j) continue;
+            b->tok[T] = q->draft[j - 1], b->pos[T] = q->len + j, b->slot[T] = q->dseq, b->out_rows[T] = T, T++;
+            q->dlen = q->len + j + 1;
+        }
+        if (T == 0) break;
+        if (engine_forward_rows(d, T, b->tok, b->pos, b->slot, T, b->out_rows, &logits, &err)) goto fail;
+        for (int r = 0, o = 0; r < n; r++) {
+            sched_req *q = b->row_req[r];
+            if (q->n_draft > j) q->draft[j] = argmax_row(logits + (size_t)o++ * vocab, vocab);
+        }
+    }
+    for (int r = 0; r < n; r++) /* proposals into the target's KV: reserved as lookup's are */
+        if (b->row_req[r]->n_draft && kv_reserve(engine_kv(b->e), b->row_req[r]->seq,
+                                                 b->row_req[r]->len + 1 + b->row_req[r]->n_draft, &err))
+            unused += b->row_req[r]->n_draft, b->row_req[r]->n_draft = 0;
+    return unused;
+fail: /* a failing draft step: no proposals this step, the draft starts over for these requests */
+    for (int r = 0; r < n; r++) {
+        sched_req *q = b->row_req[r];
+        unused += q->n_draft, q->n_draft = 0;
+        if (q->dseq >= 0) hearth_seq_close(d, q->dseq);
+        q->dseq = -1, q->dlen = 0;
+    }
+    return unused;
+}
+
+/* Proposes tokens for decoding requests (the draft model's num_draft_tokens when the
+ * engine has one, else prompt lookup over each one's own tokens, as deep as its acceptance
+ * allows) while the step has spare logits rows and tokens: none
+ * with speculation off or more than SPEC_MAX_DECODE_ROWS decoding, none for rows the GPU
+ * samples (their draws are not the host sampler's sequence), and only into KV blocks that
+ * are free now (a guess never evicts cached prefixes or preempts a request). Returns the
+ * tokens proposed. */
+static int propose(hearth_batch *b) {
+    hearth_engine *e = b->e;
+    int n_dec = 0, total = 0;
+    for (int i = 0; i < b->n_run; i++) b->run[i]->n_draft = 0, n_dec += b->run[i]->decoding;
+    kv_cache *kv = engine_kv(e);
+    /* a hybrid model's recurrent state would run through rejected tokens: no rollback of it yet */
+    if (engine_speculate(e) == HEARTH_SPEC_NONE || n_dec == 0 || n_dec > SPEC_MAX_DECODE_ROWS || kv->state) return 0;
+    int rows = engine_max_out_rows(e) - b->n_run, tokens = b->budget - b->n_run;
+    int ctx = hearth_engine_context_length(e), n_drafting = 0;
+    hearth_engine *draft = engine_draft(e);
+    for (int i = 0; i < b->n_run; i++) {
+        sched_req *q = b->run[i];
+        const hearth_generate_params *p = q->r.params;
+        if (!q->decoding || (gen_device_sample(e, p) && !gen_device_greedy(e, p))) continue;
+        q->proposer = draft ? HEARTH_SPEC_DRAFT : HEARTH_SPEC_LOOKUP;
+        int k = draft ? p->num_draft_tokens : spec_depth_next(&q->depth);
+        if (k > SPEC_MAX_DRAFT) k = SPEC_MAX_DRAFT;
+        int left = p->max_tokens - (int)q->r.result->completion_tokens - 1; /* the step emits up to k + 1 */
+        int room = (kv->n_tokens[q->seq] + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * KV_BLOCK_SIZE +
+                   kv->n_free * KV_BLOCK_SIZE - (q->len + 1);
+        int lim[] = {rows - total, tokens - total, left, ctx - 1 - q->len, room};
+        for (size_t j = 0; j < sizeof lim / sizeof lim[0]; j++) k = lim[j] < k ? lim[j] : k;
+        if (k <= 0) continue;
+        engine_history_set(e, q->seq, q->len, q->next);
+        if (draft) { /* the draft model proposes for all of them at once, below */
+            q->n_draft = k; /* its budget, until draft_propose fills it */
+            b->row_req[n_drafting++] = q;
+            total += k;
+            continue;
+        }
+        const int32_t *hist = engine_history(e, q->seq);
+        int most = k;
+        k = b->propose_fn ? b->propose_fn(b->propose_user, hist, q->len + 1, k, q->draft)
+                          : spec_lookup(hist, q->len + 1, k, q->draft);
+        if (!b->propose_fn && k <= 0 && b->recent) /* not in its own tokens: in recent answers */
+            k = spec_lookup_recent(hist, q->len + 1, b->recent, b->n_recent, most, q->draft);
+        hearth_error err = {0};
+        if (k > most) k = most;
+        if (k <= 0 || kv_reserve(kv, q->seq, q->len + 1 + k, &err)) continue;
+        q->n_draft = k;
+        total += k;
+    }
+    if (n_drafting) total -= draft_propose(b, draft, n_drafting);
+    return total;
+}
+
+/* Verifies decoding request i's proposal after the step: position j's token is sampled
+ * from logits row out_of[i] + j (or taken from the device's greedy ids) exactly as a step
+ * of its own would sample it, emitted, and kept; the walk stops at the first sample that
+ * differs from the proposal (that sample is the request's next token), or when the
+ * request finishes. Sampling each position with the same draws as without speculation
+ * makes the output identical, and its distribution the target's: a proposed token is
+ * accepted with the target's probability of it, and a rejection's replacement follows
+ * the target's distribution without it. The KV of the rejected positions is cut off. */
+static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
+    sched_req *q = b->run[i];
+    kv_cache *kv = engine_kv(b->e);
+    size_t vocab = (size_t)hearth_model_vocab_rows(b->e);
+    int k = q->n_draft, first = b->out_of[i], j = 0, accepted;
+    int32_t id;
+    for (;; j++) {
+        q->len++; /* the token fed at row j (next, then the accepted proposals) is in the KV */
+        sampler_row r = gen_stream_row(&q->g, engine_slot_sampler(b->e, q->seq),
+                                       on_device ? NULL : logits + (size_t)(first + j) * vocab, q->seq, q->len);
+        if (on_device)
+            r.token = b->greedy_ids[first + j];
+        else
+            sampler_sample_rows(&r, 1, NULL);
+        id = gen_stream_accept(&q->g, r.token, q->seq, q->len, q->t0);
+        if (q->r.result->finish || j == k || id != q->draft[j]) break;
+    }
+    accepted = j < k && id == q->draft[j] ? j + 1 : j;
+    b->spec_proposed[q->proposer] += (unsigned long long)k, b->spec_accepted[q->proposer] += (unsigned long long)accepted;
+    if (q->proposer == HEARTH_SPEC_LOOKUP) spec_depth_update(&q->depth, k, accepted);
+    if (q->dseq >= 0) { /* the draft's KV holds next and the proposals before the last: keep the accepted */
+        if (q->dlen > q->len) q->dlen = q->len;
+        kv_truncate(engine_kv(engine_draft(b->e)), q->dseq, q->dlen);
+    }
+    q->next = id;
+    q->n_draft = 0;
+    kv_truncate(kv, q->seq, q->len);
+    kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len);
+    if (q->r.result->finish) run_done(b, i, HEARTH_OK, NULL);
+}
+
+void sched_set_proposer(hearth_batch *b, sched_proposer_fn fn, void *user) {
+    b->propose_fn = fn;
+    b->propose_user = user;
+}
+
 size_t hearth_batch_step(hearth_batch *b) {
     drop_cancelled(b);
     grow(b); /* running requests before new ones */
     admit(b);
     if (b->n_run == 0) return b->n_waiting;
+    int drafted = propose(b);
     for (int i = 0; i < b->n_run; i++)
     {
         sched_req *q = b->run[i];
@@ -544,14 +749,19 @@ size_t hearth_batch_step(hearth_batch *b) {
         if (engine_kv(b->e)->state && !q->decoding && q->prefilled < edge && edge < q->n_fill)
             b->remaining[i] = edge - q->prefilled;
     }
-    int T = sched_pack(b->remaining, b->n_run, b->budget, b->take), t = 0, n_out = 0;
+    /* proposed tokens come out of the prompts' share (propose left a token for every row) */
+    int T = sched_pack(b->remaining, b->n_run, b->budget - drafted, b->take) + drafted, t = 0, n_out = 0;
     for (int i = 0; i < b->n_run; i++) {
         sched_req *q = b->run[i];
         b->out_of[i] = -1;
         if (!b->take[i]) continue;
         if (q->decoding) {
-            b->tok[t] = q->next, b->pos[t] = q->len, b->slot[t] = q->seq;
-            b->out_of[i] = n_out, b->out_rows[n_out++] = t++;
+            b->take[i] += q->n_draft;
+            b->out_of[i] = n_out;
+            for (int j = 0; j <= q->n_draft; j++, t++) {
+                b->tok[t] = j ? q->draft[j - 1] : q->next, b->pos[t] = q->len + j, b->slot[t] = q->seq;
+                b->out_rows[n_out++] = t;
+            }
             continue;
         }
         const int32_t *fill = fill_tokens(q);
@@ -573,8 +783,9 @@ size_t hearth_batch_step(hearth_batch *b) {
         const hearth_generate_params *p = b->run[i]->r.params;
         greedy = greedy && gen_device_greedy(b->e, p);
         dev = dev && gen_device_sample(b->e, p);
-        b->dev_rows[b->out_of[i]] =
-            (engine_sample_row){.p = &p->sampling, .seed = b->run[i]->dev_seed, .lp = gen_stream_lp(&b->run[i]->g)};
+        for (int j = 0; j <= b->run[i]->n_draft; j++) /* a proposal's rows: plain greedy ones only */
+            b->dev_rows[b->out_of[i] + j] = (engine_sample_row){
+                .p = &p->sampling, .seed = b->run[i]->dev_seed, .lp = gen_stream_lp(&b->run[i]->g)};
     }
     hearth_status st =
         greedy ? engine_forward_rows_greedy(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, b->greedy_ids, &err)
@@ -614,6 +825,9 @@ size_t hearth_batch_step(hearth_batch *b) {
             if (q->prefilled < n) continue;
             q->t1 = gen_now_seconds();
             res->prompt_seconds = q->t1 - q->t0;
+        } else if (q->n_draft) {
+            verify(b, i, logits, greedy);
+            continue;
         } else {
             q->len++;
             kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len); /* a later turn reuses it */

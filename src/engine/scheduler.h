@@ -33,4 +33,12 @@ int sched_blocks_needed(size_t n_prompt, int max_tokens, int context);
 size_t sched_shared_tokens(const int32_t *a, size_t n_a, const int32_t *b, size_t n_b);
 /* Of those, the leading whole blocks (sched_shared_tokens / KV_BLOCK_SIZE). */
 int sched_shared_blocks(const int32_t *a, size_t n_a, const int32_t *b, size_t n_b);
+
+/* Where a batch's proposals come from (speculative decoding): fills out[0..max_k) with
+ * the tokens it guesses follow tokens[0..n) (the request's prompt, output and next token)
+ * and returns how many. The default is prompt lookup (spec_lookup); tests set their own
+ * to drive acceptance and rejection where they want them. */
+typedef int (*sched_proposer_fn)(void *user, const int32_t *tokens, int n, int max_k, int32_t *out);
+struct hearth_batch;
+void sched_set_proposer(struct hearth_batch *b, sched_proposer_fn fn, void *user);
 #endif

@@ -275,6 +275,17 @@ hearth_status kv_reserve(kv_cache *kv, int slot, int n_positions, hearth_error *
     return HEARTH_OK;
 }
 
+void kv_truncate(kv_cache *kv, int slot, int n_positions) {
+    if (slot < 0 || slot >= kv->max_slots || n_positions < 0 || n_positions >= kv->n_tokens[slot]) return;
+    int32_t *table = kv->tables + (size_t)slot * kv->max_blocks_per_slot;
+    for (int i = kv->max_blocks_per_slot - 1; i >= blocks_for(n_positions); i--)
+        if (table[i] >= 0) {
+            kv_block_drop(kv, table[i]);
+            table[i] = -1;
+        }
+    kv->n_tokens[slot] = n_positions;
+}
+
 void kv_release(kv_cache *kv, int slot) {
     if (slot < 0 || slot >= kv->max_slots) return;
     kv_state_slot_release(kv, slot);

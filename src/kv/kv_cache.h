@@ -92,6 +92,10 @@ size_t kv_bytes_quant(int n_layers, int n_kv_heads, int head_dim, int max_slots,
 hearth_status kv_reserve(kv_cache *kv, int slot, int n_positions, hearth_error *err);
 /* Returns all of slot's blocks to the pool. */
 void kv_release(kv_cache *kv, int slot);
+/* Cuts slot to its first n_positions (fewer than it holds): the blocks past them go back
+ * to the pool. Speculative decoding's rollback of rejected positions: those blocks are
+ * private (only full blocks within the kept positions are ever named for sharing). */
+void kv_truncate(kv_cache *kv, int slot, int n_positions);
 /* Pointers to position p of slot (which must be reserved) for a layer and KV head. */
 /* Row index of position p of slot for a layer and KV head: the key is head_dim values at
  * k (or k8) + row * head_dim, its int8 scale k_scale[row]; the same for values. */

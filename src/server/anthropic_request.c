@@ -63,6 +63,7 @@ static int parse_sampling(const json_t *root, const srv_defaults *d, int count_o
     if (v && (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX))
         return BAD(e, "max_tokens", "max_tokens: Input should be an integer of at least 1");
     r->max_tokens = v ? (int)json_integer_value(v) : d->max_tokens;
+    r->num_draft_tokens = d->num_draft_tokens;
     if (get_unit(root, "temperature", d->temperature, &r->temperature, e) ||
         get_unit(root, "top_p", d->top_p, &r->top_p, e))
         return -1;

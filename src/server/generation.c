@@ -78,6 +78,7 @@ static void fill_params(const srv_request *r, hearth_generate_params *p) {
      * with n >= 1 */
     sp->top_logprobs = r->top_logprobs > 0 ? r->top_logprobs : r->logprobs ? 1 : 0;
     p->max_tokens = r->max_tokens;
+    p->num_draft_tokens = r->num_draft_tokens;
     p->stop = (const char *const *)r->stop;
     p->n_stop = r->n_stop;
     p->trim_leading_space = 1;

@@ -167,6 +167,16 @@ static void write_engine(sbuf *b, srv_server *s) {
     scalar(b, "hearth_preemptions_total", "counter", "Running sequences preempted to free KV blocks",
            (double)st.preemptions);
     scalar(b, "hearth_engine_steps_total", "counter", "Forward steps the engine ran", (double)st.steps);
+    scalar(b, "hearth_spec_lookup_proposed_tokens_total", "counter",
+           "Tokens prompt lookup proposed for speculative verification", (double)st.spec_proposed[HEARTH_SPEC_LOOKUP]);
+    scalar(b, "hearth_spec_lookup_accepted_tokens_total", "counter",
+           "Proposed tokens that verification accepted (emitted without a step of their own)",
+           (double)st.spec_accepted[HEARTH_SPEC_LOOKUP]);
+    scalar(b, "hearth_spec_draft_proposed_tokens_total", "counter",
+           "Tokens the draft model (--draft-model) proposed for speculative verification",
+           (double)st.spec_proposed[HEARTH_SPEC_DRAFT]);
+    scalar(b, "hearth_spec_draft_accepted_tokens_total", "counter", "Draft model tokens that verification accepted",
+           (double)st.spec_accepted[HEARTH_SPEC_DRAFT]);
 }
 
 int srv_metrics_respond(srv_server *s, srv_conn *c) {

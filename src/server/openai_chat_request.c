@@ -73,6 +73,7 @@ static int parse_sampling(const json_t *root, const srv_defaults *d, srv_request
     if (get_int(root, "top_k", "top_k", d->top_k, 0, INT_MAX, &x, e)) return -1;
     r->top_k = (int)x;
     if (get_int(root, "num_draft_tokens", "num_draft_tokens", d->num_draft_tokens, 0, INT_MAX, &x, e)) return -1;
+    r->num_draft_tokens = (int)x;
     if (get_int(root, "repetition_context_size", "repetition_context_size", 20, 0, INT_MAX, &x, e)) return -1;
     r->repetition_context_size = (int)x;
     if (get_int(root, "presence_context_size", "presence_context_size", 20, 0, INT_MAX, &x, e)) return -1;

@@ -261,6 +261,7 @@ static int parse_scalars(const json_t *root, const srv_defaults *d, resp_request
     if (x->has_max_output && (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX))
         return BAD(e, "max_output_tokens", "max_output_tokens: Input should be an integer of at least 1");
     r->max_tokens = x->has_max_output ? (int)json_integer_value(v) : d->max_tokens;
+    r->num_draft_tokens = d->num_draft_tokens;
     /* OpenAI's ranges: temperature 0..2, top_p 0..1 */
     if (get_number(root, "temperature", 0, 2, d->temperature, &r->temperature, e) ||
         get_number(root, "top_p", 0, 1, d->top_p, &r->top_p, e) || get_bool(root, "stream", 0, &r->stream, e) ||

@@ -57,6 +57,7 @@ typedef struct srv_request {
     char *adapter;  /* "adapter": "id", "a+b" or "none"; NULL when absent */
     char *adapters; /* mlx_lm.server's "adapters" (an adapter path); NULL when absent */
     int max_tokens;
+    int num_draft_tokens; /* with --draft-model: tokens it proposes per step */
     float temperature, top_p, min_p;
     int top_k;
     float repetition_penalty, presence_penalty, frequency_penalty;

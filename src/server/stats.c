@@ -49,6 +49,15 @@ static json_t *stats_json(srv_server *s) {
                         json_pack("{s:I,s:f,s:i,s:f,s:f}", "count", (json_int_t)b.steps, "last_seconds",
                                   b.last_step_seconds, "last_tokens", b.last_step_tokens, "decode_tokens_per_second",
                                   b.decode_tok_s, "prefill_tokens_per_second", b.prefill_tok_s));
+    json_t *spec = json_object();
+    for (int k = HEARTH_SPEC_LOOKUP; k <= HEARTH_SPEC_DRAFT; k++) /* per proposer */
+        if (k != HEARTH_SPEC_NONE)
+            json_object_set_new(spec, hearth_speculate_name(k),
+                                json_pack("{s:I,s:I,s:f}", "proposed_tokens", (json_int_t)b.spec_proposed[k],
+                                          "accepted_tokens", (json_int_t)b.spec_accepted[k], "acceptance",
+                                          b.spec_proposed[k] ? (double)b.spec_accepted[k] / (double)b.spec_proposed[k]
+                                                             : 0.0));
+    json_object_set_new(o, "speculative", spec);
     json_object_set_new(o, "peak_bytes", hwm > 0 ? json_integer((json_int_t)hwm) : json_null());
     json_object_set_new(o, "peak_bytes_of", json_string(s->on_gpu ? "device" : "host"));
     if (s->on_gpu)

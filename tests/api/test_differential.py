@@ -582,7 +582,7 @@ def test_forced_tool_call(servers):
 MLX_FLAG_VALUES = {
     # every flag `python -m mlx_lm server --help` lists, with a valid value (None: a switch)
     "--model": None, "--port": None, "--host": "127.0.0.1", "--adapter-path": "adapters",
-    "--allowed-origins": "*", "--draft-model": "draft", "--num-draft-tokens": "3",
+    "--allowed-origins": "*", "--draft-model": str(MODEL), "--num-draft-tokens": "3",  # the draft: the model itself
     "--trust-remote-code": None, "--log-level": "INFO", "--chat-template": "",
     "--use-default-chat-template": None, "--temp": "0.0", "--top-p": "1.0", "--top-k": "0", "--min-p": "0.0",
     "--max-tokens": "512", "--chat-template-args": "{}", "--decode-concurrency": "32",

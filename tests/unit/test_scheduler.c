@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include "engine/scheduler.h"
+#include "engine/spec.h"
 #include "hearth.h"
 #include "tiny_model_path.h"
 #include <stdio.h>
@@ -181,7 +182,10 @@ static void run_batch_vs_alone(int kv_blocks, int step_tokens) {
         assert_int_equal(big.status, HEARTH_ERR_INVALID);
         assert_int_equal(cut.done, 1);
         assert_int_equal(cut.res.finish, HEARTH_FINISH_CANCELLED);
-        assert_int_equal(cut.n, 3);
+        /* polled before each step: the step that made the third token ends it, and that step
+         * may have emitted up to SPEC_MAX_DRAFT accepted proposals with it (the same prompt was
+         * answered above, so prompt lookup finds the answer among the recent ones) */
+        assert_true(cut.n >= 3 && cut.n <= 2 + 1 + SPEC_MAX_DRAFT);
     }
     /* invalid requests fail at submit */
     hearth_generate_params bad = p[0];

@@ -1,0 +1,86 @@
+/* spec.c: prompt lookup and adaptive draft depth (see spec.h). Knows tokens only. */
+#include "engine/spec.h"
+#include "hearth.h"
+#include <string.h>
+
+/* The tokens after the latest occurrence of hist's last n-gram (longest first) in
+ * corpus[0..n_corpus) that starts before `before`, up to max_k and never past a separator. */
+static int lookup(const int32_t *hist, int n, const int32_t *corpus, int n_corpus, int before, int max_k,
+                  int32_t *out) {
+    if (max_k <= 0) return 0;
+    if (max_k > SPEC_MAX_DRAFT) max_k = SPEC_MAX_DRAFT;
+    for (int g = SPEC_NGRAM_MAX; g >= SPEC_NGRAM_MIN; g--) {
+        if (n < g) continue;
+        const int32_t *tail = hist + n - g;
+        /* latest first: text being copied right now continues where it was last seen */
+        int last = before < n_corpus - g - 1 ? before : n_corpus - g - 1;
+        for (int i = last; i >= 0; i--) {
+            if (corpus[i] != tail[0] || memcmp(corpus + i, tail, (size_t)g * sizeof *hist)) continue;
+            int k = 0;
+            while (k < max_k && i + g + k < n_corpus && corpus[i + g + k] != SPEC_SEPARATOR)
+                out[k] = corpus[i + g + k], k++;
+            if (k > 0) return k;
+        }
+    }
+    return 0;
+}
+
+int spec_lookup(const int32_t *hist, int n, int max_k, int32_t *out) {
+    return lookup(hist, n, hist, n, n, max_k, out); /* never the tail itself: i + g < n */
+}
+
+int spec_lookup_recent(const int32_t *hist, int n, const int32_t *recent, int n_recent, int max_k, int32_t *out) {
+    return lookup(hist, n, recent, n_recent, n_recent, max_k, out);
+}
+
+int spec_recent_add(int32_t *recent, int n_recent, int cap, const int32_t *tokens, int n) {
+    if (cap < 4 || n <= 0) return n_recent;
+    if (n > cap / 2 - 1) tokens += n - (cap / 2 - 1), n = cap / 2 - 1; /* a long answer: its end */
+    if (n_recent + n + 1 > cap) { /* keep the newest half */
+        int keep = cap / 2 < n_recent ? cap / 2 : n_recent;
+        memmove(recent, recent + n_recent - keep, (size_t)keep * sizeof *recent);
+        n_recent = keep;
+    }
+    memcpy(recent + n_recent, tokens, (size_t)n * sizeof *recent);
+    n_recent += n;
+    recent[n_recent++] = SPEC_SEPARATOR;
+    return n_recent;
+}
+
+int spec_depth_next(spec_depth *d) {
+    if (d->depth == 0) d->depth = SPEC_MAX_DRAFT / 2;
+    if (d->pause > 0) {
+        d->pause--;
+        return 0;
+    }
+    return d->depth;
+}
+
+void spec_depth_update(spec_depth *d, int proposed, int accepted) {
+    if (proposed <= 0) return;
+    if (accepted >= proposed) {
+        d->depth = d->depth * 2 > SPEC_MAX_DRAFT ? SPEC_MAX_DRAFT : d->depth * 2;
+        d->misses = 0;
+        return;
+    }
+    d->depth = accepted + 1;
+    if (accepted > 0) {
+        d->misses = 0;
+        return;
+    }
+    if (d->misses < 6) d->misses++;
+    d->pause = 1 << d->misses; /* 2 .. 64 steps */
+}
+
+const char *hearth_speculate_name(int speculate) {
+    return speculate == HEARTH_SPEC_LOOKUP  ? "lookup"
+           : speculate == HEARTH_SPEC_NONE  ? "none"
+           : speculate == HEARTH_SPEC_DRAFT ? "draft"
+                                            : NULL;
+}
+
+int hearth_speculate_parse(const char *name) {
+    for (int s = HEARTH_SPEC_LOOKUP; s <= HEARTH_SPEC_NONE; s++)
+        if (name && !strcmp(name, hearth_speculate_name(s))) return s;
+    return -1;
+}

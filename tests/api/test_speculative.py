@@ -1,0 +1,100 @@
+"""Speculative decoding against the real mlx_lm.server: both run the tiny qwen3-f32 model with
+the tiny qwen3-q8g64 (same tokenizer, other weights, so proposals are both accepted and
+rejected) as `--draft-model`, and get the same greedy requests, chat and text, with the
+request's `num_draft_tokens` absent (the `--num-draft-tokens` default) or set; the answers'
+text, finish reason and usage must match (the output of speculative decoding is the model's
+own). hearth runs its reference kernels (HEARTH_CPU=scalar), as the other differential
+tests. Also: hearth's /stats counts the draft's proposals, and a draft model with another
+tokenizer is refused at start with a message naming it.
+
+`cached_tokens` is not compared (each server's prompt cache is its own design; see
+test_differential.py).
+"""
+
+import json
+import os
+import subprocess
+import urllib.request
+
+import pytest
+
+from conftest import BIN, SMOLLM2, TINY, need, server, upstream_server
+
+MODEL = TINY / "qwen3-f32"
+DRAFT = TINY / "qwen3-q8g64"
+
+
+def post(base, path, body):
+    req = urllib.request.Request(base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    need(MODEL, "tiny model", "run tools/make_tiny_models.py")
+    need(DRAFT, "tiny model", "run tools/make_tiny_models.py")
+    need(BIN, "hearth binary", "run make (or set HEARTH_BIN)")
+    flags = ("--draft-model", DRAFT, "--num-draft-tokens", "3")
+    with upstream_server(MODEL, *flags) as up, server(MODEL, *flags, env={"HEARTH_CPU": "scalar"}) as hz:
+        yield up, hz
+
+
+CASES = [
+    ("/v1/completions", {"prompt": "one two three one two three one two", "max_tokens": 24}),
+    ("/v1/completions", {"prompt": "the cat sat on the mat", "max_tokens": 30, "num_draft_tokens": 2}),
+    ("/v1/completions", {"prompt": "a b c d a b c d a", "max_tokens": 16, "num_draft_tokens": 0}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "repeat after me: red green blue"}],
+                              "max_tokens": 28}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 20,
+                              "num_draft_tokens": 5}),
+]
+
+
+@pytest.mark.parametrize("path,body", CASES)
+def test_same_answer_as_mlx_lm_with_draft(servers, path, body):
+    up, hz = servers
+    body = dict(body, temperature=0)
+    a, b = post(up, path, body), post(hz, path, body)
+    ca, cb = a["choices"][0], b["choices"][0]
+    key = "text" if path == "/v1/completions" else "message"
+    assert cb[key] == ca[key], (ca, cb)
+    assert cb["finish_reason"] == ca["finish_reason"]
+    for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert b["usage"][k] == a["usage"][k], (k, a["usage"], b["usage"])
+
+
+def test_stats_count_the_drafts(servers):
+    _, hz = servers
+    post(hz, "/v1/completions", {"prompt": "x y z x y z x y", "max_tokens": 12, "temperature": 0})
+    with urllib.request.urlopen(hz + "/stats", timeout=10) as r:
+        spec = json.load(r)["speculative"]
+    assert spec["draft"]["proposed_tokens"] > 0
+    assert 0 < spec["draft"]["accepted_tokens"] <= spec["draft"]["proposed_tokens"]
+    assert spec["lookup"]["proposed_tokens"] == 0  # the draft model replaces prompt lookup
+
+
+def test_draft_with_another_tokenizer_is_refused():
+    need(MODEL, "tiny model", "run tools/make_tiny_models.py")
+    need(SMOLLM2, "default model", "run tools/get_models.sh")
+    r = subprocess.run([str(BIN), "serve", "--model", str(MODEL), "--draft-model", str(SMOLLM2), "--port", "0",
+                        "--no-open"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "--draft-model" in r.stderr and "tokenizer" in r.stderr, r.stderr
+
+
+def test_bench_prompt_file_with_draft(tmp_path):
+    need(MODEL, "tiny model", "run tools/make_tiny_models.py")
+    need(DRAFT, "tiny model", "run tools/make_tiny_models.py")
+    f = tmp_path / "prompt.txt"
+    f.write_text("one two three one two three one two three one two")
+    r = subprocess.run([str(BIN), "bench", str(MODEL), "--prompt-file", str(f), "--draft-model", str(DRAFT),
+                        "-n", "24", "-r", "2", "-t", "1", "--json"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HEARTH_CPU": "scalar"})
+    assert r.returncode == 0, r.stderr
+    o = json.loads(r.stdout.strip().splitlines()[-1])
+    assert o["proposer"] == "draft" and o["gen_tokens"] == 24 and o["runs"] == 2
+    assert o["none_decode_tps"] > 0 and o["spec_decode_tps"] > 0
+    assert 0 < o["last_run_accepted"] <= o["last_run_proposed"]
+    bad = subprocess.run([str(BIN), "bench", str(MODEL), "--draft-model", str(DRAFT)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--prompt-file" in bad.stderr

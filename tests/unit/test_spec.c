@@ -1,0 +1,519 @@
+/* test_spec.c: speculative decoding in the batch scheduler. Prompt lookup and the
+ * adaptive depth on token arrays; KV truncation; then, with the scalar kernels on every
+ * tiny model (each family and weight format tools/make_tiny_models.py makes):
+ * - lossless: greedy tokens and top logprobs with prompt lookup equal those without
+ *   speculation, each request alone and three together;
+ * - rollback: a proposer that injects wrong tokens (rejected at the first position, in
+ *   the middle, drafts across block boundaries) leaves every later token and its top-5
+ *   logprobs exactly as without speculation, and the KV pool's free/cached counts too;
+ *   seeded sampling gives the same tokens as well;
+ * - the sampled distribution: on the tiny llama at top-k 4, the pair (first token,
+ *   token after a verified proposal) over 40000 seeded requests against the model's own
+ *   probabilities (chi-squared, p > 0.01): a proposal is accepted exactly as often as the
+ *   target would sample it, and a rejection's replacement follows the target too. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include "engine/scheduler.h"
+#include "engine/spec.h"
+#include "kv/kv_cache.h"
+#include "kv/kv_prefix.h"
+#include "hearth.h"
+#include "tiny_model_path.h"
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void test_lookup(void **st) {
+    (void)st;
+    int32_t out[SPEC_MAX_DRAFT];
+    const int32_t a[] = {1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3};
+    assert_int_equal(spec_lookup(a, 11, 8, out), 8); /* "1 2 3" seen at 0: 4 5 6 9 9 1 2 3 follow */
+    assert_int_equal(out[0], 4);
+    assert_int_equal(out[4], 9);
+    assert_int_equal(out[7], 3);
+    assert_int_equal(spec_lookup(a, 11, 2, out), 2);
+    /* the latest occurrence wins; a 1-gram never proposes */
+    const int32_t b[] = {7, 8, 1, 7, 8, 2, 7, 8};
+    assert_int_equal(spec_lookup(b, 8, 8, out), 3);
+    assert_int_equal(out[0], 2);
+    const int32_t c[] = {5, 1, 2, 5};
+    assert_int_equal(spec_lookup(c, 4, 8, out), 0);
+    assert_int_equal(spec_lookup(c, 0, 8, out), 0);
+    assert_int_equal(spec_lookup(a, 11, 0, out), 0);
+    /* a run of one token proposes more of it */
+    const int32_t d[] = {3, 3, 3, 3};
+    assert_int_equal(spec_lookup(d, 4, 8, out), 1);
+    assert_int_equal(out[0], 3);
+}
+
+static void test_recent(void **st) {
+    (void)st;
+    int32_t buf[16], out[SPEC_MAX_DRAFT];
+    int n = 0;
+    const int32_t a1[] = {5, 6, 7, 8, 9}, a2[] = {1, 2, 3};
+    n = spec_recent_add(buf, n, 16, a1, 5);
+    n = spec_recent_add(buf, n, 16, a2, 3);
+    assert_int_equal(n, 10);
+    assert_int_equal(buf[5], SPEC_SEPARATOR);
+    const int32_t h[] = {40, 41, 6, 7};
+    assert_int_equal(spec_lookup_recent(h, 4, buf, n, 8, out), 2); /* 8 9, then the separator stops it */
+    assert_int_equal(out[0], 8);
+    assert_int_equal(out[1], 9);
+    const int32_t h2[] = {8, 9};
+    assert_int_equal(spec_lookup_recent(h2, 2, buf, n, 8, out), 0); /* 8 9 ends an answer */
+    const int32_t big[12] = {20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
+    n = spec_recent_add(buf, n, 16, big, 12); /* the newest half kept, then the answer's last 7 */
+    assert_true(n <= 16);
+    assert_int_equal(buf[n - 1], SPEC_SEPARATOR);
+    assert_int_equal(buf[n - 2], 31);
+    assert_int_equal(buf[n - 8], 25);
+    const int32_t h3[] = {26, 27};
+    assert_int_equal(spec_lookup_recent(h3, 2, buf, n, 3, out), 3);
+    assert_int_equal(out[2], 30);
+}
+
+static void test_depth(void **st) {
+    (void)st;
+    spec_depth d = {0};
+    assert_int_equal(spec_depth_next(&d), SPEC_MAX_DRAFT / 2);
+    spec_depth_update(&d, 4, 4);
+    assert_int_equal(spec_depth_next(&d), SPEC_MAX_DRAFT);
+    spec_depth_update(&d, 8, 2);
+    assert_int_equal(spec_depth_next(&d), 3);
+    spec_depth_update(&d, 3, 0); /* nothing accepted: a pause of 2 steps */
+    assert_int_equal(spec_depth_next(&d), 0);
+    assert_int_equal(spec_depth_next(&d), 0);
+    assert_int_equal(spec_depth_next(&d), 1);
+    for (int i = 0; i < 10; i++) spec_depth_update(&d, 1, 0);
+    assert_int_equal(d.pause, 64); /* capped */
+    spec_depth_update(&d, 1, 1);
+    assert_int_equal(d.misses, 0);
+    assert_int_equal(hearth_speculate_parse("lookup"), HEARTH_SPEC_LOOKUP);
+    assert_int_equal(hearth_speculate_parse("none"), HEARTH_SPEC_NONE);
+    assert_int_equal(hearth_speculate_parse("ngram"), -1);
+    assert_null(hearth_speculate_name(7));
+}
+
+static void test_truncate(void **st) {
+    (void)st;
+    kv_cache kv;
+    hearth_error err = {0};
+    assert_int_equal(kv_create(&kv, 1, 1, 4, 2, 256, 8, &err), HEARTH_OK);
+    assert_int_equal(kv_reserve(&kv, 0, 40, &err), HEARTH_OK); /* 3 blocks */
+    assert_int_equal(kv.n_free, 5);
+    kv_truncate(&kv, 0, 33); /* still 3 blocks */
+    assert_int_equal(kv.n_free, 5);
+    assert_int_equal(kv.n_tokens[0], 33);
+    kv_truncate(&kv, 0, 17);
+    assert_int_equal(kv.n_free, 6);
+    assert_int_equal(kv.tables[2], -1);
+    kv_truncate(&kv, 0, 20); /* never grows */
+    assert_int_equal(kv.n_tokens[0], 17);
+    assert_int_equal(kv_reserve(&kv, 0, 48, &err), HEARTH_OK);
+    assert_int_equal(kv.n_free, 5);
+    kv_destroy(&kv);
+}
+
+/* ---- on the tiny models ---- */
+
+#define MAX_OUT 96
+#define TOP 5
+typedef struct rec {
+    int32_t ids[MAX_OUT];
+    float lps[MAX_OUT];
+    int32_t top_ids[MAX_OUT][TOP];
+    float top_lps[MAX_OUT][TOP];
+    int n, done;
+    hearth_status status;
+    hearth_generate_result res;
+} rec;
+
+static int rec_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
+    (void)text;
+    rec *r = user;
+    if (r->n < MAX_OUT) {
+        r->ids[r->n] = id;
+        if (lp) {
+            r->lps[r->n] = lp->logprob;
+            for (int i = 0; i < TOP && i < lp->n; i++) r->top_ids[r->n][i] = lp->top_ids[i], r->top_lps[r->n][i] = lp->top_logprobs[i];
+        }
+        r->n++;
+    }
+    return 0;
+}
+static void rec_done(void *user, hearth_status s, const hearth_error *err) {
+    (void)err;
+    rec *r = user;
+    r->done++;
+    r->status = s;
+}
+
+#define N_PROMPTS 3
+/* text that repeats itself, as the edits and quotes speculation is for */
+static const char *prompts[N_PROMPTS] = {
+    "the cat sat on the mat. the cat sat on the mat. the cat sat on",
+    "def add(a, b): return a + b\ndef add(a, b): return a + b\ndef",
+    "1 2 3 4 5 6 7 8 9 10 1 2 3 4 5 6 7 8 9 10 1 2 3",
+};
+
+/* The oracle proposer of the rollback test: the run without speculation's tokens for
+ * the request whose prompt starts tokens, with one token made wrong in two steps of
+ * three (the first, or the middle one of the draft). */
+typedef struct oracle {
+    const int32_t *seq[N_PROMPTS];
+    size_t n_prompt[N_PROMPTS], n_seq[N_PROMPTS];
+    int calls;
+} oracle;
+static int oracle_propose(void *user, const int32_t *tokens, int n, int max_k, int32_t *out) {
+    oracle *o = user;
+    for (int r = 0; r < N_PROMPTS; r++) {
+        if ((size_t)n < o->n_prompt[r] || memcmp(tokens, o->seq[r], o->n_prompt[r] * sizeof *tokens)) continue;
+        int k = 0;
+        while (k < max_k && (size_t)(n + k) < o->n_seq[r]) out[k] = o->seq[r][n + k], k++;
+        int mode = o->calls++ % 3;
+        int32_t *bad = &out[mode == 1 ? 0 : k / 2];
+        if (k > 0 && mode) *bad = *bad > 0 ? *bad - 1 : 1;
+        return k;
+    }
+    return 0;
+}
+
+typedef struct run_opts {
+    int speculate, together, sampled;
+    oracle *orc;
+    hearth_model *draft; /* a draft model, proposing 3 tokens per step */
+} run_opts;
+
+/* Runs every prompt through a batch on a fresh engine (alone one after another, or all
+ * submitted together) and records tokens and logprobs; *stats gets the batch's counters. */
+static void run_prompts(hearth_model *m, int32_t **ids, size_t *n_ids, run_opts ro, rec *out,
+                        hearth_batch_stats *stats) {
+    hearth_error err = {0};
+    hearth_engine *e = NULL;
+    hearth_engine_options o = {.n_threads = 1, .context_length = 512, .max_sequences = 4, .max_step_tokens = 64,
+                               .speculate = ro.speculate, .draft_model = ro.draft};
+    if (hearth_engine_create(m, &o, &e, &err)) fail_msg("engine: %s", err.message);
+    hearth_batch *b = NULL;
+    assert_int_equal(hearth_batch_create(e, &b, &err), HEARTH_OK);
+    if (ro.orc) sched_set_proposer(b, oracle_propose, ro.orc);
+    hearth_generate_params p;
+    memset(&p, 0, sizeof p);
+    hearth_sampling_defaults(NULL, &p.sampling);
+    p.sampling.top_logprobs = TOP;
+    p.max_tokens = 40;
+    p.ignore_eos = 1;
+    p.num_draft_tokens = 3;
+    if (ro.sampled) {
+        p.sampling.temperature = 0.8f, p.sampling.top_p = 0.95f;
+        p.sampling.has_seed = 1, p.sampling.seed = 1234;
+        p.sampling.repetition_penalty = 1.1f; /* the penalty window sees accepted proposals */
+    }
+    memset(out, 0, N_PROMPTS * sizeof *out);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        hearth_batch_request r = {.prompt = ids[i], .n_prompt = n_ids[i], .params = &p, .on_token = rec_token,
+                                  .on_done = rec_done, .result = &out[i].res, .user = &out[i]};
+        assert_int_equal(hearth_batch_submit(b, &r, &err), HEARTH_OK);
+        if (!ro.together)
+            while (hearth_batch_step(b)) {}
+    }
+    /* the first prompt again: its answer's blocks come from the prefix cache */
+    rec again;
+    memset(&again, 0, sizeof again);
+    hearth_batch_request r = {.prompt = ids[0], .n_prompt = n_ids[0], .params = &p, .on_token = rec_token,
+                              .on_done = rec_done, .result = &again.res, .user = &again};
+    while (hearth_batch_step(b)) {}
+    assert_int_equal(hearth_batch_submit(b, &r, &err), HEARTH_OK);
+    while (hearth_batch_step(b)) {}
+    assert_true(again.res.cached_tokens > 0);
+    if (memcmp(again.ids, out[0].ids, sizeof again.ids) || memcmp(again.top_lps, out[0].top_lps, sizeof again.top_lps))
+        fail_msg("the first prompt again (%zu tokens cached) answers differently", again.res.cached_tokens);
+    while (hearth_batch_step(b)) {}
+    hearth_batch_stats_get(b, stats);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        assert_int_equal(out[i].done, 1);
+        assert_int_equal(out[i].status, HEARTH_OK);
+        assert_int_equal(out[i].res.completion_tokens, (size_t)p.max_tokens);
+        assert_int_equal(out[i].n, p.max_tokens);
+    }
+    hearth_batch_free(b);
+    hearth_engine_free(e);
+}
+
+static void assert_same(const rec *a, const rec *b, const char *what, const char *model) {
+    for (int i = 0; i < N_PROMPTS; i++) {
+        for (int t = 0; t < a[i].n; t++)
+            if (a[i].ids[t] != b[i].ids[t] || a[i].lps[t] != b[i].lps[t] ||
+                memcmp(a[i].top_ids[t], b[i].top_ids[t], sizeof a[i].top_ids[t]) ||
+                memcmp(a[i].top_lps[t], b[i].top_lps[t], sizeof a[i].top_lps[t]))
+                fail_msg("%s, %s: prompt %d token %d differs: %d (%g) vs %d (%g)", model, what, i, t, a[i].ids[t],
+                         a[i].lps[t], b[i].ids[t], b[i].lps[t]);
+        assert_int_equal(a[i].n, b[i].n);
+    }
+}
+
+static int tiny_models(char names[][64], int cap) {
+    char root[4400];
+    tiny_model_path(root, sizeof root, "");
+    DIR *d = opendir(root);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < cap) {
+        char cfg[4700];
+        snprintf(cfg, sizeof cfg, "%s/%s/config.json", root, de->d_name);
+        FILE *f = de->d_name[0] != '.' ? fopen(cfg, "r") : NULL;
+        if (f && strlen(de->d_name) < 64) memcpy(names[n++], de->d_name, strlen(de->d_name) + 1);
+        if (f) fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+static void test_lossless_every_tiny_model(void **st) {
+    (void)st;
+    char names[64][64];
+    int n_models = tiny_models(names, 64);
+    if (n_models == 0) {
+        print_message("no tiny models (run tools/make_tiny_models.py)\n");
+        skip();
+    }
+    unsigned long long proposed = 0, accepted = 0;
+    for (int mi = 0; mi < n_models; mi++) {
+        char path[4400];
+        tiny_model_path(path, sizeof path, names[mi]);
+        hearth_model *m = NULL;
+        hearth_error err = {0};
+        if (hearth_model_open(path, &m, &err)) fail_msg("%s: %s", path, err.message);
+        hearth_engine *probe = NULL;
+        hearth_engine_options po = {.n_threads = 1, .context_length = 64};
+        if (hearth_engine_create(m, &po, &probe, &err) == HEARTH_ERR_UNSUPPORTED) { /* a family still to come */
+            print_message("%s: not run: %s\n", names[mi], err.message);
+            hearth_model_close(m);
+            continue;
+        }
+        hearth_engine_free(probe);
+        int32_t *ids[N_PROMPTS];
+        size_t n_ids[N_PROMPTS];
+        for (int i = 0; i < N_PROMPTS; i++)
+            assert_int_equal(hearth_tokenize(m, prompts[i], strlen(prompts[i]), 1, &ids[i], &n_ids[i], &err),
+                             HEARTH_OK);
+        static rec plain[N_PROMPTS], spec[N_PROMPTS];
+        hearth_batch_stats s0, s1;
+        run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_NONE}, plain, &s0);
+        assert_int_equal(s0.spec_proposed[0], 0);
+        run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP}, spec, &s1);
+        assert_same(plain, spec, "prompt lookup, alone", names[mi]);
+        /* hybrid models (a recurrent state, qwen3_5) do not speculate: nothing to roll it back yet */
+        int hybrid = !strncmp(names[mi], "qwen3_5", 7);
+        if (hybrid) assert_int_equal(s1.spec_proposed[0], 0);
+        assert_true(s1.steps < s0.steps || s1.spec_accepted[0] == 0);
+        proposed += s1.spec_proposed[0], accepted += s1.spec_accepted[0];
+        run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP, .together = 1}, spec, &s1);
+        assert_same(plain, spec, "prompt lookup, together", names[mi]);
+        /* a draft model: the model itself (every proposal accepted), then another weight format of
+         * its family (proposals rejected too) */
+        const char *fam_end = strchr(names[mi], '-');
+        for (int dj = -1; dj < n_models; dj++) {
+            if (dj >= 0 && (dj == mi || !fam_end || strncmp(names[dj], names[mi], (size_t)(fam_end - names[mi] + 1))))
+                continue;
+            char dpath[4400];
+            tiny_model_path(dpath, sizeof dpath, dj < 0 ? names[mi] : names[dj]);
+            hearth_model *dm = NULL;
+            if (hearth_model_open(dpath, &dm, &err)) fail_msg("%s: %s", dpath, err.message);
+            for (int together = 0; together < 2; together++) {
+                run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP, .together = together, .draft = dm},
+                            spec, &s1);
+                assert_same(plain, spec, together ? "draft model, together" : "draft model", names[mi]);
+                assert_true(hybrid ? s1.spec_proposed[HEARTH_SPEC_DRAFT] == 0 : s1.spec_proposed[HEARTH_SPEC_DRAFT] > 0);
+                assert_int_equal(s1.spec_proposed[HEARTH_SPEC_LOOKUP], 0);
+                if (dj < 0) assert_int_equal(s1.spec_accepted[HEARTH_SPEC_DRAFT], s1.spec_proposed[HEARTH_SPEC_DRAFT]);
+            }
+            hearth_model_close(dm);
+            if (dj >= 0) break;
+        }
+        /* rollback: proposals with wrong tokens, alone and together; the pool ends as without */
+        oracle orc = {0};
+        for (int i = 0; i < N_PROMPTS; i++) {
+            int32_t *full = malloc((n_ids[i] + MAX_OUT) * sizeof *full);
+            memcpy(full, ids[i], n_ids[i] * sizeof *full);
+            memcpy(full + n_ids[i], plain[i].ids, (size_t)plain[i].n * sizeof *full);
+            orc.seq[i] = full, orc.n_prompt[i] = n_ids[i], orc.n_seq[i] = n_ids[i] + (size_t)plain[i].n;
+        }
+        for (int together = 0; together < 2; together++) {
+            run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP, .together = together, .orc = &orc},
+                        spec, &s1);
+            assert_same(plain, spec, together ? "rejected proposals, together" : "rejected proposals", names[mi]);
+            assert_true(hybrid || (s1.spec_accepted[0] > 0 && s1.spec_accepted[0] < s1.spec_proposed[0]));
+            if (!together) {
+                assert_int_equal(s1.kv_blocks_cached, s0.kv_blocks_cached);
+                assert_int_equal(s1.kv_blocks_used, 0);
+            }
+        }
+        /* seeded sampling with a repetition penalty: the same draws, so the same tokens */
+        static rec splain[N_PROMPTS];
+        run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_NONE, .sampled = 1}, splain, &s0);
+        for (int i = 0; i < N_PROMPTS; i++) {
+            memcpy((int32_t *)orc.seq[i] + n_ids[i], splain[i].ids, (size_t)splain[i].n * sizeof(int32_t));
+            orc.n_seq[i] = n_ids[i] + (size_t)splain[i].n;
+        }
+        run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP, .sampled = 1, .orc = &orc}, spec, &s1);
+        assert_same(splain, spec, "seeded sampling, rejected proposals", names[mi]);
+        assert_true(hybrid || s1.spec_accepted[0] > 0);
+        for (int i = 0; i < N_PROMPTS; i++) free((void *)orc.seq[i]), hearth_free(ids[i]);
+        hearth_model_close(m);
+    }
+    print_message("%d tiny models; prompt lookup proposed %llu tokens, accepted %llu\n", n_models, proposed,
+                  accepted);
+    assert_true(accepted > 0);
+}
+
+/* ---- the sampled distribution ---- */
+
+#define CHI_K 4 /* top-k of the sampled requests: 4 x 4 cells of (t1, t2) */
+typedef struct chi_oracle {
+    int32_t first[CHI_K];     /* the top-k ids of the prompt's last row */
+    int32_t draft[CHI_K];     /* the proposal after first[i]: the second most likely token there */
+    double p1[CHI_K];         /* P(t1 = first[i]) */
+    int32_t second[CHI_K][CHI_K];
+    double p2[CHI_K][CHI_K];  /* P(t2 = second[i][j] | t1 = first[i]) */
+} chi_oracle;
+static int chi_propose(void *user, const int32_t *tokens, int n, int max_k, int32_t *out) {
+    chi_oracle *o = user;
+    for (int i = 0; i < CHI_K && max_k > 0; i++)
+        if (tokens[n - 1] == o->first[i]) return out[0] = o->draft[i], 1;
+    return 0;
+}
+/* The top CHI_K ids of a logits row (value descending) and their softmax among themselves
+ * (temperature 1), in double: what top-k sampling draws from, computed here directly. */
+static void top_probs(const float *logits, int vocab, int32_t *ids, double *p) {
+    for (int k = 0; k < CHI_K; k++) {
+        int best = -1;
+        for (int v = 0; v < vocab; v++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= ids[j] == v;
+            if (!taken && (best < 0 || logits[v] > logits[best])) best = v;
+        }
+        ids[k] = best;
+    }
+    double z = 0;
+    for (int k = 0; k < CHI_K; k++) z += p[k] = exp((double)logits[ids[k]] - logits[ids[0]]);
+    for (int k = 0; k < CHI_K; k++) p[k] /= z;
+}
+
+#define CHI_DRAWS 40000
+static void test_sampled_distribution(void **st) {
+    (void)st;
+    char path[1024];
+    tiny_model_path(path, sizeof path, "llama-f32");
+    hearth_model *m = NULL;
+    hearth_error err = {0};
+    if (hearth_model_open(path, &m, &err)) {
+        print_message("tiny model missing (%s): run tools/make_tiny_models.py\n", path);
+        skip();
+    }
+    int32_t *ids;
+    size_t n_ids;
+    assert_int_equal(hearth_tokenize(m, "once upon a time", 16, 1, &ids, &n_ids, &err), HEARTH_OK);
+    hearth_engine *e = NULL;
+    hearth_engine_options o = {.n_threads = 1, .context_length = 64, .max_sequences = 4, .max_step_tokens = 64};
+    assert_int_equal(hearth_engine_create(m, &o, &e, &err), HEARTH_OK);
+    int vocab = hearth_model_vocab_rows(e);
+    float *logits = malloc((size_t)vocab * sizeof *logits);
+    chi_oracle orc;
+    int seq;
+    assert_int_equal(hearth_seq_open(e, &seq, &err), HEARTH_OK);
+    assert_int_equal(hearth_seq_append(e, seq, ids, n_ids, 1, logits, &err), HEARTH_OK);
+    top_probs(logits, vocab, orc.first, orc.p1);
+    hearth_seq_close(e, seq);
+    for (int i = 0; i < CHI_K; i++) {
+        assert_int_equal(hearth_seq_open(e, &seq, &err), HEARTH_OK);
+        assert_int_equal(hearth_seq_append(e, seq, ids, n_ids, 0, NULL, &err), HEARTH_OK);
+        assert_int_equal(hearth_seq_append(e, seq, &orc.first[i], 1, 1, logits, &err), HEARTH_OK);
+        top_probs(logits, vocab, orc.second[i], orc.p2[i]);
+        orc.draft[i] = orc.second[i][1];
+        hearth_seq_close(e, seq);
+    }
+    hearth_batch *b = NULL;
+    assert_int_equal(hearth_batch_create(e, &b, &err), HEARTH_OK);
+    sched_set_proposer(b, chi_propose, &orc);
+    static rec r[64];
+    hearth_generate_params p;
+    memset(&p, 0, sizeof p);
+    hearth_sampling_defaults(NULL, &p.sampling);
+    p.sampling.temperature = 1.0f, p.sampling.top_k = CHI_K, p.sampling.has_seed = 1;
+    p.max_tokens = 3; /* t1 from the prompt, then one step verifies the proposal after it */
+    p.ignore_eos = 1;
+    hearth_generate_params ps[64];
+    long counts[CHI_K][CHI_K] = {{0}}, other = 0;
+    for (int base = 0; base < CHI_DRAWS; base += 64) {
+        memset(r, 0, sizeof r);
+        for (int i = 0; i < 64; i++) {
+            ps[i] = p;
+            ps[i].sampling.seed = 0x5eed0000ull + (uint64_t)(base + i);
+            hearth_batch_request q = {.prompt = ids, .n_prompt = n_ids, .params = &ps[i], .on_token = rec_token,
+                                      .on_done = rec_done, .result = &r[i].res, .user = &r[i]};
+            assert_int_equal(hearth_batch_submit(b, &q, &err), HEARTH_OK);
+        }
+        while (hearth_batch_step(b)) {}
+        for (int i = 0; i < 64; i++) {
+            int a = -1, c = -1;
+            for (int k = 0; k < CHI_K; k++) a = r[i].ids[0] == orc.first[k] ? k : a;
+            for (int k = 0; a >= 0 && k < CHI_K; k++) c = r[i].ids[1] == orc.second[a][k] ? k : c;
+            if (a < 0 || c < 0)
+                other++;
+            else
+                counts[a][c]++;
+        }
+    }
+    hearth_batch_stats s;
+    hearth_batch_stats_get(b, &s);
+    assert_int_equal(other, 0); /* top-k 4: nothing outside the oracle's cells */
+    assert_int_equal(s.spec_proposed[0], (CHI_DRAWS + 63) / 64 * 64);
+    /* cells expecting fewer than 5 draws (the chi-squared approximation's usual condition)
+     * are pooled into one */
+    double chi = 0, n = (double)((CHI_DRAWS + 63) / 64 * 64), pool_expect = 0;
+    long pool_count = 0;
+    int cells = 0;
+    for (int a = 0; a < CHI_K; a++)
+        for (int c = 0; c < CHI_K; c++) {
+            double expect = n * orc.p1[a] * orc.p2[a][c];
+            if (expect < 5) {
+                pool_expect += expect, pool_count += counts[a][c];
+                continue;
+            }
+            chi += (counts[a][c] - expect) * (counts[a][c] - expect) / expect;
+            cells++;
+        }
+    if (pool_expect >= 5) chi += (pool_count - pool_expect) * (pool_count - pool_expect) / pool_expect, cells++;
+    else assert_true(pool_count <= 20); /* a handful at most where almost none are expected */
+    /* the chi-squared distribution's 0.99 quantile for 1..15 degrees of freedom */
+    static const double crit[16] = {0,      6.635,  9.210,  11.345, 13.277, 15.086, 16.812, 18.475,
+                                    20.090, 21.666, 23.209, 24.725, 26.217, 27.688, 29.141, 30.578};
+    assert_true(cells >= 3);
+    print_message("chi-squared %.2f over %d cells (critical %.2f at p = 0.01); proposals accepted %llu of %llu\n",
+                  chi, cells, crit[cells - 1], s.spec_accepted[0], s.spec_proposed[0]);
+    assert_true(chi < crit[cells - 1]);
+    hearth_batch_free(b);
+    free(logits);
+    hearth_free(ids);
+    hearth_engine_free(e);
+    hearth_model_close(m);
+}
+
+int main(void) {
+    setenv("HEARTH_CPU", "scalar", 1); /* rows computed independently: bit-identical steps */
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lookup),
+        cmocka_unit_test(test_recent),
+        cmocka_unit_test(test_depth),
+        cmocka_unit_test(test_truncate),
+        cmocka_unit_test(test_lossless_every_tiny_model),
+        cmocka_unit_test(test_sampled_distribution),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

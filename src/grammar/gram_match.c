@@ -1,0 +1,427 @@
+/* gram_match.c: runs a lowered grammar over bytes and turns it into token masks.
+ * A parse position is a set of stacks (llama.cpp's idea); stacks are hash-consed into
+ * node ids and sets of them into set ids, so the byte transitions of a set are cached
+ * like a lazily built DFA. A mask walks the vocabulary's byte trie in preorder through
+ * those transitions, skipping every subtree whose prefix is dead. Owns no model state. */
+#include "grammar/gram_flat.h"
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- vocabulary trie ----------------------------------------------------------------- */
+
+struct gvocab {
+    int32_t n_tokens;
+    int32_t n_nodes;
+    uint8_t *byte;      /* per trie node, preorder */
+    uint16_t *depth;    /* 1 for children of the root */
+    int32_t *end;       /* first node after the subtree */
+    int32_t *tok_first; /* into tok_sorted */
+    int32_t *tok_n;
+    int32_t *tok_sorted;
+    int32_t *eos;
+    int n_eos;
+    uint8_t *is_special; /* per token */
+    /* bytes of every token (for accept) */
+    char **bytes;
+    uint32_t *len;
+};
+
+static const char *const *sort_bytes;
+static const uint32_t *sort_len;
+static int cmp_tok(const void *x, const void *y) {
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    uint32_t la = sort_len[a], lb = sort_len[b], l = la < lb ? la : lb;
+    int c = memcmp(sort_bytes[a], sort_bytes[b], l);
+    if (c) return c;
+    if (la != lb) return la < lb ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+/* 65535: the trie depth is a uint16; no vocabulary has tokens that long */
+#define GV_MAX_TOKEN_BYTES 65535
+
+gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *len, const uint8_t *special,
+                   const int32_t *eos_ids, int n_eos) {
+    gvocab *v = calloc(1, sizeof *v);
+    if (!v) return NULL;
+    v->n_tokens = n_tokens;
+    v->bytes = calloc((size_t)n_tokens + 1, sizeof *v->bytes);
+    v->len = calloc((size_t)n_tokens + 1, sizeof *v->len);
+    v->is_special = calloc((size_t)n_tokens + 1, 1);
+    v->eos = malloc(((size_t)n_eos + 1) * sizeof *v->eos);
+    int32_t *order = malloc(((size_t)n_tokens + 1) * sizeof *order);
+    size_t total = 0;
+    if (!v->bytes || !v->len || !v->is_special || !v->eos || !order) goto fail;
+    for (int i = 0; i < n_eos; i++)
+        if (eos_ids[i] >= 0 && eos_ids[i] < n_tokens) v->eos[v->n_eos++] = eos_ids[i];
+    int32_t n_text = 0;
+    for (int32_t i = 0; i < n_tokens; i++) {
+        uint32_t l = bytes[i] ? len[i] : 0;
+        if (l > GV_MAX_TOKEN_BYTES) l = 0;
+        v->is_special[i] = special ? special[i] : 0;
+        v->len[i] = l;
+        v->bytes[i] = malloc(l + 1);
+        if (!v->bytes[i]) goto fail;
+        if (l) memcpy(v->bytes[i], bytes[i], l);
+        if (l && !v->is_special[i]) order[n_text++] = i, total += l;
+    }
+    sort_bytes = (const char *const *)v->bytes, sort_len = v->len;
+    qsort(order, (size_t)n_text, sizeof *order, cmp_tok);
+    /* every byte of every token at most one node */
+    size_t cap = total + 1;
+    v->byte = malloc(cap);
+    v->depth = malloc(cap * sizeof *v->depth);
+    v->end = malloc(cap * sizeof *v->end);
+    v->tok_first = malloc(cap * sizeof *v->tok_first);
+    v->tok_n = calloc(cap, sizeof *v->tok_n);
+    v->tok_sorted = order, order = NULL;
+    int32_t *path = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *path);
+    if (!v->byte || !v->depth || !v->end || !v->tok_first || !v->tok_n || !path) { free(path); goto fail; }
+    int32_t sp = 0, n = 0;
+    const char *prev = NULL;
+    uint32_t prev_len = 0;
+    for (int32_t k = 0; k < n_text; k++) {
+        int32_t id = v->tok_sorted[k];
+        const char *s = v->bytes[id];
+        uint32_t l = v->len[id], p = 0;
+        while (prev && p < l && p < prev_len && s[p] == prev[p]) p++;
+        while ((uint32_t)sp > p) v->end[path[--sp]] = n;
+        for (uint32_t d = p; d < l; d++) {
+            v->byte[n] = (uint8_t)s[d];
+            v->depth[n] = (uint16_t)(d + 1);
+            v->tok_n[n] = 0;
+            path[sp++] = n++;
+        }
+        int32_t top = path[sp - 1];
+        if (!v->tok_n[top]) v->tok_first[top] = k;
+        v->tok_n[top]++;
+        prev = s, prev_len = l;
+    }
+    while (sp) v->end[path[--sp]] = n;
+    v->n_nodes = n;
+    free(path);
+    return v;
+fail:
+    free(order);
+    gvocab_free(v);
+    return NULL;
+}
+
+void gvocab_free(gvocab *v) {
+    if (!v) return;
+    for (int32_t i = 0; v->bytes && i < v->n_tokens; i++) free(v->bytes[i]);
+    free(v->bytes), free(v->len), free(v->is_special), free(v->eos);
+    free(v->byte), free(v->depth), free(v->end), free(v->tok_first), free(v->tok_n), free(v->tok_sorted);
+    free(v);
+}
+
+int32_t gvocab_size(const gvocab *v) { return v ? v->n_tokens : 0; }
+
+/* ---- matcher --------------------------------------------------------------------------- */
+
+#define GM_MASK_CACHE 16 /* masks kept per matcher, keyed by set id: JSON strings and
+                            whitespace revisit a handful of sets */
+#define GM_MAX_DEPTH 2000 /* expansion recursion bound (grammar nesting without a byte) */
+
+typedef struct { uint32_t pos; int32_t parent; } gm_node;
+
+struct gmatcher {
+    const grammar *g;
+    const gvocab *v;
+    /* stacks: node 0 is "empty stack" (the grammar is complete) */
+    gm_node *nodes;
+    int32_t n_nodes, cap_nodes;
+    int32_t *node_hash; /* open addressing, -1 empty */
+    uint32_t node_hash_cap;
+    uint32_t *visit; /* per node: epoch of the last expansion that visited it */
+    uint32_t epoch;
+    /* sets: sorted node lists */
+    int32_t *set_items;
+    int64_t n_items, cap_items;
+    int64_t *set_off;
+    int32_t *set_len;
+    int32_t *trans; /* 256 per set: -2 unknown, -1 dead */
+    int32_t n_sets, cap_sets;
+    int32_t *set_hash;
+    uint32_t set_hash_cap;
+    /* scratch */
+    int32_t *tmp;
+    int32_t n_tmp, cap_tmp;
+    int32_t *walk; /* per trie depth */
+    int oom;
+    /* current position */
+    int32_t cur;
+    int done;
+    int32_t mask_key[GM_MASK_CACHE];
+    uint32_t *mask_val[GM_MASK_CACHE];
+    size_t mask_count[GM_MASK_CACHE];
+    int mask_next;
+};
+
+static uint32_t mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (uint32_t)x;
+}
+
+static int node_rehash(gmatcher *m) {
+    uint32_t cap = m->node_hash_cap ? m->node_hash_cap * 2 : 1024;
+    int32_t *h = malloc(cap * sizeof *h);
+    if (!h) return 0;
+    memset(h, 0xff, cap * sizeof *h);
+    for (int32_t i = 1; i < m->n_nodes; i++) {
+        uint32_t k = mix(((uint64_t)m->nodes[i].pos << 32) | (uint32_t)m->nodes[i].parent) & (cap - 1);
+        while (h[k] >= 0) k = (k + 1) & (cap - 1);
+        h[k] = i;
+    }
+    free(m->node_hash);
+    m->node_hash = h, m->node_hash_cap = cap;
+    return 1;
+}
+
+static int32_t node_intern(gmatcher *m, uint32_t pos, int32_t parent) {
+    if ((uint32_t)m->n_nodes * 2 >= m->node_hash_cap && !node_rehash(m)) { m->oom = 1; return -1; }
+    uint32_t k = mix(((uint64_t)pos << 32) | (uint32_t)parent) & (m->node_hash_cap - 1);
+    for (; m->node_hash[k] >= 0; k = (k + 1) & (m->node_hash_cap - 1)) {
+        gm_node *n = &m->nodes[m->node_hash[k]];
+        if (n->pos == pos && n->parent == parent) return m->node_hash[k];
+    }
+    if (m->n_nodes >= m->cap_nodes) {
+        int32_t nc = m->cap_nodes * 2;
+        gm_node *nn = realloc(m->nodes, (size_t)nc * sizeof *nn);
+        uint32_t *nv = realloc(m->visit, (size_t)nc * sizeof *nv);
+        if (nn) m->nodes = nn;
+        if (nv) m->visit = nv;
+        if (!nn || !nv) { m->oom = 1; return -1; }
+        memset(m->visit + m->cap_nodes, 0, (size_t)(nc - m->cap_nodes) * sizeof *nv);
+        m->cap_nodes = nc;
+    }
+    m->nodes[m->n_nodes] = (gm_node){pos, parent};
+    m->node_hash[k] = m->n_nodes;
+    return m->n_nodes++;
+}
+
+static void tmp_push(gmatcher *m, int32_t x) {
+    if (m->n_tmp >= m->cap_tmp) {
+        int32_t nc = m->cap_tmp ? m->cap_tmp * 2 : 256;
+        int32_t *t = realloc(m->tmp, (size_t)nc * sizeof *t);
+        if (!t) { m->oom = 1; return; }
+        m->tmp = t, m->cap_tmp = nc;
+    }
+    m->tmp[m->n_tmp++] = x;
+}
+
+/* Every stack reachable from (pos, parent) without consuming a byte, as nodes whose top
+ * is a byte set (or node 0: the whole grammar is complete). */
+static void expand(gmatcher *m, uint32_t pos, int32_t parent, int depth) {
+    const grammar *g = m->g;
+    for (;;) {
+        if (m->oom || depth > GM_MAX_DEPTH) { m->oom = 1; return; }
+        gr_elem e = g->elems[pos];
+        if (e.kind == GE_END) {
+            if (parent == 0) { tmp_push(m, 0); return; }
+            pos = m->nodes[parent].pos, parent = m->nodes[parent].parent;
+            continue;
+        }
+        int32_t id = node_intern(m, pos, parent);
+        if (id < 0) return;
+        if (e.kind == GE_BYTES) { tmp_push(m, id); return; }
+        if (m->visit[id] == m->epoch) return; /* this expansion already ran this round */
+        m->visit[id] = m->epoch;
+        int32_t ret = g->elems[pos + 1].kind == GE_END ? parent : node_intern(m, pos + 1, parent);
+        if (ret < 0) return;
+        for (uint32_t a = g->rule_alt0[e.arg]; a < g->rule_alt0[e.arg + 1]; a++)
+            expand(m, g->alt_start[a], ret, depth + 1);
+        return;
+    }
+}
+
+static int cmp_i32(const void *x, const void *y) {
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+static uint32_t set_hash_of(const int32_t *it, int32_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int32_t i = 0; i < n; i++) h = (h ^ (uint32_t)it[i]) * 1099511628211ULL;
+    return mix(h);
+}
+
+static int set_rehash(gmatcher *m) {
+    uint32_t cap = m->set_hash_cap ? m->set_hash_cap * 2 : 256;
+    int32_t *h = malloc(cap * sizeof *h);
+    if (!h) return 0;
+    memset(h, 0xff, cap * sizeof *h);
+    for (int32_t i = 0; i < m->n_sets; i++) {
+        uint32_t k = set_hash_of(m->set_items + m->set_off[i], m->set_len[i]) & (cap - 1);
+        while (h[k] >= 0) k = (k + 1) & (cap - 1);
+        h[k] = i;
+    }
+    free(m->set_hash);
+    m->set_hash = h, m->set_hash_cap = cap;
+    return 1;
+}
+
+/* Interns m->tmp (sorted, deduplicated here) as a set; -1 when empty. */
+static int32_t set_intern(gmatcher *m) {
+    if (m->oom || !m->n_tmp) return -1;
+    qsort(m->tmp, (size_t)m->n_tmp, sizeof *m->tmp, cmp_i32);
+    int32_t n = 1;
+    for (int32_t i = 1; i < m->n_tmp; i++)
+        if (m->tmp[i] != m->tmp[n - 1]) m->tmp[n++] = m->tmp[i];
+    if ((uint32_t)m->n_sets * 2 >= m->set_hash_cap && !set_rehash(m)) { m->oom = 1; return -1; }
+    uint32_t k = set_hash_of(m->tmp, n) & (m->set_hash_cap - 1);
+    for (; m->set_hash[k] >= 0; k = (k + 1) & (m->set_hash_cap - 1)) {
+        int32_t s = m->set_hash[k];
+        if (m->set_len[s] == n && !memcmp(m->set_items + m->set_off[s], m->tmp, (size_t)n * sizeof *m->tmp)) return s;
+    }
+    if (m->n_sets >= m->cap_sets) {
+        int32_t nc = m->cap_sets ? m->cap_sets * 2 : 64;
+        int64_t *o = realloc(m->set_off, (size_t)nc * sizeof *o);
+        if (o) m->set_off = o;
+        int32_t *l = realloc(m->set_len, (size_t)nc * sizeof *l);
+        if (l) m->set_len = l;
+        int32_t *t = realloc(m->trans, (size_t)nc * 256 * sizeof *t);
+        if (t) m->trans = t;
+        if (!o || !l || !t) { m->oom = 1; return -1; }
+        m->cap_sets = nc;
+    }
+    if (m->n_items + n > m->cap_items) {
+        int64_t nc = (m->cap_items ? m->cap_items * 2 : 1024) + n;
+        int32_t *it = realloc(m->set_items, (size_t)nc * sizeof *it);
+        if (!it) { m->oom = 1; return -1; }
+        m->set_items = it, m->cap_items = nc;
+    }
+    int32_t s = m->n_sets++;
+    m->set_off[s] = m->n_items, m->set_len[s] = n;
+    memcpy(m->set_items + m->n_items, m->tmp, (size_t)n * sizeof *m->tmp);
+    m->n_items += n;
+    for (int i = 0; i < 256; i++) m->trans[(int64_t)s * 256 + i] = -2;
+    m->set_hash[k] = s;
+    return s;
+}
+
+static int32_t advance(gmatcher *m, int32_t set, unsigned byte) {
+    int32_t *t = &m->trans[(int64_t)set * 256 + byte];
+    if (*t != -2) return *t;
+    m->n_tmp = 0;
+    m->epoch++;
+    const grammar *g = m->g;
+    int64_t off = m->set_off[set];
+    int32_t len = m->set_len[set];
+    for (int32_t i = 0; i < len; i++) {
+        int32_t id = m->set_items[off + i];
+        if (id == 0) continue;
+        gm_node n = m->nodes[id];
+        if (gr_has(&g->sets[g->elems[n.pos].arg], byte)) expand(m, n.pos + 1, n.parent, 0);
+    }
+    int32_t r = set_intern(m);
+    if (m->oom) return -1; /* not cached: out of memory is not a grammar fact */
+    m->trans[(int64_t)set * 256 + byte] = r;
+    return r;
+}
+
+gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
+    gmatcher *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->g = g, m->v = v;
+    m->cap_nodes = 1024;
+    m->nodes = malloc((size_t)m->cap_nodes * sizeof *m->nodes);
+    m->visit = calloc((size_t)m->cap_nodes, sizeof *m->visit);
+    m->walk = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *m->walk);
+    if (!m->nodes || !m->visit || !m->walk || !node_rehash(m)) { gmatcher_free(m); return NULL; }
+    m->nodes[0] = (gm_node){UINT32_MAX, -1};
+    m->n_nodes = 1;
+    for (int i = 0; i < GM_MASK_CACHE; i++) m->mask_key[i] = -1;
+    m->epoch = 1;
+    for (uint32_t a = g->rule_alt0[g->root]; a < g->rule_alt0[g->root + 1]; a++) expand(m, g->alt_start[a], 0, 0);
+    m->cur = set_intern(m);
+    if (m->oom || m->cur < 0) { gmatcher_free(m); return NULL; }
+    return m;
+}
+
+void gmatcher_free(gmatcher *m) {
+    if (!m) return;
+    free(m->nodes), free(m->node_hash), free(m->visit);
+    free(m->set_items), free(m->set_off), free(m->set_len), free(m->trans), free(m->set_hash);
+    free(m->tmp), free(m->walk);
+    for (int i = 0; i < GM_MASK_CACHE; i++) free(m->mask_val[i]);
+    free(m);
+}
+
+int gmatcher_can_end(const gmatcher *m) {
+    return m->done || (m->cur >= 0 && m->set_len[m->cur] && m->set_items[m->set_off[m->cur]] == 0);
+}
+
+int gmatcher_is_done(const gmatcher *m) {
+    return m->done || (m->cur >= 0 && m->set_len[m->cur] == 1 && m->set_items[m->set_off[m->cur]] == 0);
+}
+
+static size_t compute_mask(gmatcher *m, uint32_t *bits) {
+    const gvocab *v = m->v;
+    size_t words = ((size_t)v->n_tokens + 31) / 32, count = 0;
+    memset(bits, 0, words * sizeof *bits);
+    if (m->done) return 0;
+    int32_t *st = m->walk;
+    st[0] = m->cur;
+    for (int32_t i = 0; i < v->n_nodes;) {
+        int32_t s = st[v->depth[i] - 1];
+        int32_t *t = &m->trans[(int64_t)s * 256 + v->byte[i]];
+        int32_t nx = *t != -2 ? *t : advance(m, s, v->byte[i]);
+        if (nx < 0) { i = v->end[i]; continue; }
+        st[v->depth[i]] = nx;
+        for (int32_t k = 0; k < v->tok_n[i]; k++) {
+            int32_t id = v->tok_sorted[v->tok_first[i] + k];
+            bits[id >> 5] |= 1u << (id & 31);
+            count++;
+        }
+        i++;
+    }
+    if (gmatcher_can_end(m))
+        for (int k = 0; k < v->n_eos; k++)
+            if (!(bits[v->eos[k] >> 5] >> (v->eos[k] & 31) & 1)) bits[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31), count++;
+    return count;
+}
+
+size_t gmatcher_mask(gmatcher *m, uint32_t *bits) {
+    size_t words = ((size_t)m->v->n_tokens + 31) / 32;
+    if (!m->done)
+        for (int i = 0; i < GM_MASK_CACHE; i++)
+            if (m->mask_key[i] == m->cur) {
+                memcpy(bits, m->mask_val[i], words * sizeof *bits);
+                return m->mask_count[i];
+            }
+    size_t n = compute_mask(m, bits);
+    if (m->done || m->oom) return n;
+    int slot = m->mask_next;
+    if (!m->mask_val[slot]) m->mask_val[slot] = malloc(words * sizeof *bits);
+    if (m->mask_val[slot]) {
+        memcpy(m->mask_val[slot], bits, words * sizeof *bits);
+        m->mask_key[slot] = m->cur, m->mask_count[slot] = n;
+        m->mask_next = (slot + 1) % GM_MASK_CACHE;
+    }
+    return n;
+}
+
+int gmatcher_accept_bytes(gmatcher *m, const char *bytes, size_t n) {
+    if (m->done) return n == 0;
+    int32_t s = m->cur;
+    for (size_t i = 0; i < n && s >= 0; i++) s = advance(m, s, (unsigned char)bytes[i]);
+    if (s < 0) return 0;
+    m->cur = s;
+    return 1;
+}
+
+int gmatcher_accept(gmatcher *m, int32_t token) {
+    const gvocab *v = m->v;
+    if (token < 0 || token >= v->n_tokens || m->done) return 0;
+    for (int k = 0; k < v->n_eos; k++)
+        if (v->eos[k] == token) {
+            if (!gmatcher_can_end(m)) return 0;
+            m->done = 1;
+            return 1;
+        }
+    if (v->is_special[token] || !v->len[token]) return 0;
+    return gmatcher_accept_bytes(m, v->bytes[token], v->len[token]);
+}

@@ -75,58 +75,79 @@ def resolve(root, ref):
     return node
 
 
-def branches(schema, root, depth=0):
-    """The schema and every subschema that applies to the same instance."""
+def prop_order(schema, root, obj, depth=0):
+    """Property names in the order hearth's grammar writes them: a $ref's target, then
+    allOf items, then the schema's own properties; of anyOf/oneOf, the branch sharing the
+    most keys with the instance, after the schema's own."""
     if not isinstance(schema, dict) or depth > 12:
-        return []
-    out = [schema]
+        return [], {}
+    order, subs = [], {}
+
+    def add(o, s):
+        for k in o:
+            if k not in subs:
+                order.append(k)
+                subs[k] = s.get(k)
     if "$ref" in schema:
-        out += branches(resolve(root, schema["$ref"]), root, depth + 1)
-    for k in ("allOf", "anyOf", "oneOf"):
-        for s in schema.get(k, []) if isinstance(schema.get(k), list) else []:
-            out += branches(s, root, depth + 1)
-    return out
+        add(*prop_order(resolve(root, schema["$ref"]), root, obj, depth + 1))
+    for s in schema.get("allOf", []) if isinstance(schema.get("allOf"), list) else []:
+        add(*prop_order(s, root, obj, depth + 1))
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        add(list(props), props)
+    for key in ("anyOf", "oneOf"):
+        best, best_hit = None, -1
+        for s in schema.get(key, []) if isinstance(schema.get(key), list) else []:
+            o, sb = prop_order(s, root, obj, depth + 1)
+            hit = len(set(o) & set(obj))
+            if hit > best_hit:
+                best, best_hit = (o, sb), hit
+        if best:
+            add(*best)
+    return order, subs
+
+
+def extra_schema(schema, root, depth=0):
+    if not isinstance(schema, dict) or depth > 12:
+        return None
+    ap = schema.get("additionalProperties")
+    if isinstance(ap, dict):
+        return ap
+    if "$ref" in schema:
+        return extra_schema(resolve(root, schema["$ref"]), root, depth + 1)
+    return None
 
 
 def order_object(obj, schema, root):
-    best, best_hit = None, -1
-    for b in branches(schema, root):
-        props = b.get("properties")
-        if isinstance(props, dict):
-            hit = len(set(props) & set(obj))
-            if hit > best_hit:
-                best, best_hit = b, hit
-    props = best.get("properties", {}) if best else {}
-    keys = [k for k in props if k in obj] + [k for k in obj if k not in props]
+    order, subs = prop_order(schema, root, obj)
+    keys = [k for k in order if k in obj] + [k for k in obj if k not in subs]
+    extra = extra_schema(schema, root)
+    return {k: reorder(obj[k], subs.get(k, extra), root) for k in keys}
 
-    def sub(k):
-        if k in props:
-            return props[k]
-        for b in branches(schema, root):
-            ap = b.get("additionalProperties")
-            if isinstance(ap, dict):
-                return ap
+
+def item_schema(schema, root, i, depth=0):
+    if not isinstance(schema, dict) or depth > 12:
         return None
-    return {k: reorder(obj[k], sub(k), root) for k in keys}
+    pre = schema.get("prefixItems", schema.get("items") if isinstance(schema.get("items"), list) else None)
+    if isinstance(pre, list) and i < len(pre):
+        return pre[i]
+    if isinstance(schema.get("items"), dict):
+        return schema["items"]
+    if "$ref" in schema:
+        return item_schema(resolve(root, schema["$ref"]), root, i, depth + 1)
+    for key in ("allOf", "anyOf", "oneOf"):
+        for s in schema.get(key, []) if isinstance(schema.get(key), list) else []:
+            r = item_schema(s, root, i, depth + 1)
+            if r is not None:
+                return r
+    return None
 
 
 def reorder(x, schema, root):
     if isinstance(x, dict):
         return order_object(x, schema, root)
     if isinstance(x, list):
-        out = []
-        for i, v in enumerate(x):
-            sub = None
-            for b in branches(schema, root):
-                pre = b.get("prefixItems", b.get("items") if isinstance(b.get("items"), list) else None)
-                if isinstance(pre, list) and i < len(pre):
-                    sub = pre[i]
-                    break
-                if isinstance(b.get("items"), dict):
-                    sub = b["items"]
-                    break
-            out.append(reorder(v, sub, root))
-        return out
+        return [reorder(v, item_schema(schema, root, i), root) for i, v in enumerate(x)]
     return x
 
 

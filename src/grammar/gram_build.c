@@ -87,6 +87,10 @@ int32_t gr_seq3(gr_build *b, int32_t x, int32_t y, int32_t z) { return gr_seq(b,
 int32_t gr_alt2(gr_build *b, int32_t x, int32_t y) { return gr_alt(b, (int32_t[]){x, y}, 2); }
 
 int32_t gr_repeat(gr_build *b, int32_t kid, int32_t min, int32_t max) {
+    /* (x+)+, (x*)+, (x+)*, (x*)*: one star or plus; nested ones only multiply the parses */
+    if (!b->oom && kid >= 0 && kid < b->n_nodes && max == GR_INF && min <= 1 && b->nodes[kid].kind == GN_REPEAT && b->nodes[kid].b == GR_INF &&
+        b->nodes[kid].a <= 1)
+        return gr_repeat(b, b->nodes[kid].kids, min * b->nodes[kid].a, GR_INF);
     int32_t k = node_new(b, GN_REPEAT, min, max);
     if (!b->oom) b->nodes[k].kids = kid;
     return k;
@@ -526,7 +530,7 @@ hearth_status gr_finish(gr_build *b, int32_t root, grammar **out, hearth_error *
                 g->rule_alt0[r] = a;
                 for (int32_t k = 0; k < c.n_alts[r]; k++) {
                     g->alt_start[a++] = e;
-                    memcpy(g->elems + e, c.alts[r][k].e, (size_t)c.alts[r][k].n * sizeof *g->elems);
+                    if (c.alts[r][k].n) memcpy(g->elems + e, c.alts[r][k].e, (size_t)c.alts[r][k].n * sizeof *g->elems);
                     e += (uint32_t)c.alts[r][k].n;
                     g->elems[e++] = (gr_elem){GE_END, 0};
                 }

@@ -122,6 +122,8 @@ int32_t gvocab_size(const gvocab *v) { return v ? v->n_tokens : 0; }
 #define GM_MASK_CACHE 16 /* masks kept per matcher, keyed by set id: JSON strings and
                             whitespace revisit a handful of sets */
 #define GM_MAX_DEPTH 2000 /* expansion recursion bound (grammar nesting without a byte) */
+#define GM_MAX_WORK 2000000 /* expansion steps for one byte: beyond this a (pathologically
+                               ambiguous) grammar is given up on, not followed for minutes */
 
 typedef struct { uint32_t pos; int32_t parent; } gm_node;
 
@@ -135,6 +137,7 @@ struct gmatcher {
     uint32_t node_hash_cap;
     uint32_t *visit; /* per node: epoch of the last expansion that visited it */
     uint32_t epoch;
+    int64_t work; /* expansion steps left for the current byte */
     /* sets: sorted node lists */
     int32_t *set_items;
     int64_t n_items, cap_items;
@@ -217,7 +220,7 @@ static void tmp_push(gmatcher *m, int32_t x) {
 static void expand(gmatcher *m, uint32_t pos, int32_t parent, int depth) {
     const grammar *g = m->g;
     for (;;) {
-        if (m->oom || depth > GM_MAX_DEPTH) { m->oom = 1; return; }
+        if (m->oom || depth > GM_MAX_DEPTH || --m->work < 0) { m->oom = 1; return; }
         gr_elem e = g->elems[pos];
         if (e.kind == GE_END) {
             if (parent == 0) { tmp_push(m, 0); return; }
@@ -307,6 +310,7 @@ static int32_t advance(gmatcher *m, int32_t set, unsigned byte) {
     if (*t != -2) return *t;
     m->n_tmp = 0;
     m->epoch++;
+    m->work = GM_MAX_WORK;
     const grammar *g = m->g;
     int64_t off = m->set_off[set];
     int32_t len = m->set_len[set];
@@ -335,6 +339,7 @@ gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
     m->n_nodes = 1;
     for (int i = 0; i < GM_MASK_CACHE; i++) m->mask_key[i] = -1;
     m->epoch = 1;
+    m->work = GM_MAX_WORK;
     for (uint32_t a = g->rule_alt0[g->root]; a < g->rule_alt0[g->root + 1]; a++) expand(m, g->alt_start[a], 0, 0);
     m->cur = set_intern(m);
     if (m->oom || m->cur < 0) { gmatcher_free(m); return NULL; }

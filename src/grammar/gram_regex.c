@@ -37,7 +37,9 @@ void gr_err_at(gr_parser *p, size_t at, const char *fmt, const char *arg) {
     char msg[200];
     snprintf(msg, sizeof msg, fmt, arg ? arg : "");
     if (p->gbnf) p->st = err_set(p->err, HEARTH_ERR_FORMAT, "%d:%d: %s", line, col, msg);
-    else p->st = err_set(p->err, HEARTH_ERR_FORMAT, "regex /%.80s/ at offset %zu: %s", p->s, at, msg);
+    else
+        p->st = err_set(p->err, HEARTH_ERR_FORMAT, "regex /%.*s%s/ at offset %zu: %s", (int)(p->n < 80 ? p->n : 80), p->s,
+                        p->n > 80 ? "..." : "", at, msg);
 }
 
 static void add_range(uint32_t *r, int *n, uint32_t lo, uint32_t hi) {
@@ -267,7 +269,7 @@ static int32_t re_atom(gr_parser *p, int depth) {
 /* Applies any quantifiers after an atom. */
 int32_t gr_quantify(gr_parser *p, int32_t x) {
     for (;;) {
-        if (p->i >= p->n) return x;
+        if (p->i >= p->n || p->st) return x;
         char c = p->s[p->i];
         int32_t min, max;
         if (c == '*') min = 0, max = GR_INF, p->i++;

@@ -27,6 +27,7 @@ typedef struct {
     int n_refs, cap_refs;
     int32_t ws, value, string, string_rest, number, integer_any, never;
     json_t *keep; /* merged schemas, freed with the context */
+    int ref_alone; /* drafts 4-7: keywords beside $ref are ignored */
 } sc_ctx;
 
 __attribute__((format(printf, 2, 3))) static int32_t sc_fail(sc_ctx *c, const char *fmt, ...) {
@@ -287,32 +288,41 @@ static json_t *merge(sc_ctx *c, json_t *a, json_t *b, int depth) {
     return out;
 }
 
-/* s with its $ref and allOf folded in (a new reference). */
+/* s with its $ref and allOf folded in (a new reference). Properties come in the order
+ * the referenced schema, the allOf items, then s itself declare them. */
 static json_t *sc_deref(sc_ctx *c, json_t *s, int depth) {
     if (!json_is_object(s) || depth > SC_MAX_DEPTH) return json_incref(s);
     json_t *ref = json_object_get(s, "$ref"), *all = json_object_get(s, "allOf");
     if (!ref && !all) return json_incref(s);
-    json_t *out = json_copy(s);
-    json_object_del(out, "$ref");
-    json_object_del(out, "allOf");
+    json_t *own = json_copy(s);
+    json_object_del(own, "$ref");
+    json_object_del(own, "allOf");
+    if (json_is_string(ref) && c->ref_alone) {
+        json_decref(own);
+        own = json_object(); /* drafts 4-7: $ref replaces its siblings */
+        all = NULL;
+    }
+    json_t *acc = json_true();
     if (json_is_string(ref)) {
         json_t *t = resolve(c, json_string_value(ref));
-        if (!t) return out;
-        json_t *m = merge(c, out, t, depth + 1);
-        json_decref(out);
-        out = m;
+        if (t) {
+            json_decref(acc);
+            acc = sc_deref(c, t, depth + 1);
+        }
     }
     if (json_is_array(all)) {
         size_t i;
         json_t *v;
         json_array_foreach(all, i, v) {
-            json_t *m = merge(c, out, v, depth + 1);
-            json_decref(out);
-            out = m;
+            json_t *m = merge(c, acc, v, depth + 1);
+            json_decref(acc);
+            acc = m;
             if (c->st) break;
         }
     }
-    return out;
+    json_t *m = merge(c, acc, own, depth + 1);
+    json_decref(acc), json_decref(own);
+    return m;
 }
 
 /* ---- numbers ----------------------------------------------------------------------------- */
@@ -429,19 +439,34 @@ static int32_t sc_number(sc_ctx *c, json_t *s) {
 
 /* ---- strings ----------------------------------------------------------------------------- */
 
-static const char *format_regex(const char *f) {
+#define MONTH_DAY "((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-9]))"
+#define TIME_OF_DAY "([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#define HOST_LABEL "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+
+/* Formats as validators check them (python-jsonschema's FormatChecker); NULL pattern:
+ * a format validators check that has no grammar here (refused); absent: annotation. */
+static int format_regex(const char *f, const char **re) {
     static const char *const table[][2] = {
-        {"date-time", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)"
-                      "(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
-        {"date", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"},
-        {"time", "^([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
+        {"date-time", "^[0-9]{4}-" MONTH_DAY "[Tt]" TIME_OF_DAY "$"},
+        {"date", "^[0-9]{4}-" MONTH_DAY "$"},
+        {"time", "^" TIME_OF_DAY "$"},
         {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
         {"email", "^[^@\\s]+@[^@\\s]+$"},
         {"ipv4", "^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$"},
+        {"hostname", "^" HOST_LABEL "(\\." HOST_LABEL ")*$"},
+        {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:[^\\s<>\"{}|\\\\^`]*$"},
+        {"uri-reference", "^[^\\s<>\"{}|\\\\^`]*$"},
+        {"duration", "^P([0-9]+Y)?([0-9]+M)?([0-9]+W)?([0-9]+D)?(T([0-9]+H)?([0-9]+M)?([0-9]+(\\.[0-9]+)?S)?)?$"},
+        {"ipv6", NULL}, {"iri", NULL}, {"iri-reference", NULL}, {"idn-email", NULL}, {"idn-hostname", NULL},
+        {"json-pointer", NULL}, {"relative-json-pointer", NULL}, {"regex", NULL}, {"uri-template", NULL},
     };
     for (size_t i = 0; i < sizeof table / sizeof *table; i++)
-        if (!strcmp(f, table[i][0])) return table[i][1];
-    return NULL;
+        if (!strcmp(f, table[i][0])) {
+            *re = table[i][1];
+            return 1;
+        }
+    *re = NULL;
+    return 0;
 }
 
 static int32_t sc_string(sc_ctx *c, json_t *s) {
@@ -451,7 +476,9 @@ static int32_t sc_string(sc_ctx *c, json_t *s) {
     int64_t min = json_is_number(mn) ? (int64_t)json_number_value(mn) : 0;
     int64_t max = json_is_number(mx) ? (int64_t)json_number_value(mx) : -1;
     const char *re = json_is_string(pat) ? json_string_value(pat) : NULL;
-    const char *fre = json_is_string(fmt) ? format_regex(json_string_value(fmt)) : NULL;
+    const char *fre = NULL;
+    if (json_is_string(fmt) && format_regex(json_string_value(fmt), &fre) && !fre)
+        return sc_fail(c, "format '%.40s' is not supported", json_string_value(fmt));
     if (re && fre) return sc_fail(c, "'pattern' together with 'format' is not supported");
     if (!re) re = fre;
     if (re) {
@@ -692,6 +719,97 @@ done:
     return result;
 }
 
+/* ---- oneOf, enum and types ------------------------------------------------------------- */
+
+static int value_is(json_t *v, const char *t) {
+    if (!strcmp(t, "null")) return json_is_null(v);
+    if (!strcmp(t, "boolean")) return json_is_boolean(v);
+    if (!strcmp(t, "object")) return json_is_object(v);
+    if (!strcmp(t, "array")) return json_is_array(v);
+    if (!strcmp(t, "string")) return json_is_string(v);
+    if (!strcmp(t, "number")) return json_is_number(v);
+    if (!strcmp(t, "integer")) return json_is_integer(v) || (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)));
+    return 0;
+}
+
+/* v satisfies s's "type" (or s has none) */
+static int value_typed(json_t *s, json_t *v) {
+    json_t *t = json_object_get(s, "type");
+    if (!t) return 1;
+    json_t *ts = types_of(t);
+    size_t i;
+    json_t *x;
+    int ok = 0;
+    json_array_foreach(ts, i, x) ok |= json_is_string(x) && value_is(v, json_string_value(x));
+    json_decref(ts);
+    return ok;
+}
+
+/* the values s allows, when it lists them (const / enum); a new array or NULL */
+static json_t *listed_values(json_t *s) {
+    json_t *c = json_object_get(s, "const"), *e = json_object_get(s, "enum");
+    if (c) {
+        json_t *a = json_array();
+        json_array_append(a, c);
+        return a;
+    }
+    return json_is_array(e) ? json_incref(e) : NULL;
+}
+
+static int lists_disjoint(json_t *a, json_t *b) {
+    size_t i, j;
+    json_t *x, *y;
+    json_array_foreach(a, i, x) json_array_foreach(b, j, y) if (json_equal(x, y)) return 0;
+    return 1;
+}
+
+static int types_disjoint(json_t *a, json_t *b) {
+    json_t *ta = json_object_get(a, "type"), *tb = json_object_get(b, "type");
+    if (!ta || !tb) return 0;
+    json_t *xa = types_of(ta), *xb = types_of(tb);
+    size_t i;
+    json_t *v;
+    int overlap = 0;
+    json_array_foreach(xa, i, v) {
+        const char *t = json_string_value(v);
+        if (!t) continue;
+        overlap |= has_type(xb, t) || (!strcmp(t, "integer") && has_type(xb, "number")) ||
+                   (!strcmp(t, "number") && has_type(xb, "integer"));
+    }
+    json_decref(xa), json_decref(xb);
+    return !overlap;
+}
+
+static int is_required(json_t *s, const char *p) {
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(s, "required"), i, v) if (json_is_string(v) && !strcmp(json_string_value(v), p)) return 1;
+    return 0;
+}
+
+/* No instance satisfies both (a sufficient test: distinct types, distinct listed values,
+ * or a property both require with distinct listed values). */
+static int schemas_disjoint(json_t *a, json_t *b) {
+    if (!json_is_object(a) || !json_is_object(b)) return json_is_false(a) || json_is_false(b);
+    if (types_disjoint(a, b)) return 1;
+    json_t *la = listed_values(a), *lb = listed_values(b);
+    int d = la && lb && lists_disjoint(la, lb);
+    json_decref(la), json_decref(lb);
+    if (d) return 1;
+    json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
+    const char *k;
+    json_t *v;
+    json_object_foreach(pa, k, v) {
+        json_t *w = json_object_get(pb, k);
+        if (!w || !is_required(a, k) || !is_required(b, k)) continue;
+        la = listed_values(v), lb = listed_values(w);
+        d = la && lb && lists_disjoint(la, lb);
+        json_decref(la), json_decref(lb);
+        if (d) return 1;
+    }
+    return 0;
+}
+
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
 static int32_t sc_types(sc_ctx *c, json_t *s, int depth) {
@@ -737,7 +855,7 @@ static int32_t sc_node(sc_ctx *c, json_t *s, int depth) {
     int siblings = 0;
     const char *k;
     json_t *v;
-    json_object_foreach(s, k, v) if (strcmp(k, "$ref") && !is_annotation(k)) siblings = 1;
+    json_object_foreach(s, k, v) if (strcmp(k, "$ref") && !is_annotation(k)) siblings = !c->ref_alone;
     if (json_is_string(ref) && !siblings) {
         json_t *t = resolve(c, json_string_value(ref));
         if (!t) return c->never;
@@ -767,8 +885,8 @@ static int32_t sc_node(sc_ctx *c, json_t *s, int depth) {
     json_t *any = json_object_get(s, "anyOf");
     if (!any) any = json_object_get(s, "oneOf");
     if (json_is_array(any)) {
-        /* oneOf is read as anyOf: exact when the branches are disjoint, as they are in the
-         * tagged unions schemas use it for */
+        /* oneOf is anyOf when no two branches can match one instance, as in the tagged
+         * unions schemas use it for; other oneOf are refused */
         json_t *rest = json_copy(s);
         json_object_del(rest, "anyOf");
         json_object_del(rest, "oneOf");
@@ -778,29 +896,35 @@ static int32_t sc_node(sc_ctx *c, json_t *s, int depth) {
         if (!n) { json_decref(rest); return c->never; }
         int32_t *alts = malloc(n * sizeof *alts);
         if (!alts) { json_decref(rest); return sc_fail(c, "out of memory"); }
+        json_t *merged = json_array();
         json_array_foreach(any, i, v) {
-            if (rest_empty) alts[i] = sc_node(c, v, depth + 1);
-            else {
-                json_t *m = merge(c, rest, v, 0);
-                json_array_append_new(c->keep, m);
-                alts[i] = sc_node(c, m, depth + 1);
-            }
+            json_t *m = rest_empty ? sc_deref(c, v, 0) : merge(c, rest, v, 0);
+            json_array_append_new(merged, m);
         }
+        int one_of = !json_object_get(s, "anyOf");
+        for (size_t a = 0; one_of && a < n && !c->st; a++)
+            for (size_t z = a + 1; z < n && !c->st; z++)
+                if (!schemas_disjoint(json_array_get(merged, a), json_array_get(merged, z)))
+                    sc_fail(c, "oneOf branches %zu and %zu may both match (oneOf is enforced only when its branches "
+                            "exclude each other)", a, z);
+        json_array_foreach(any, i, v) alts[i] = sc_node(c, rest_empty ? v : json_array_get(merged, i), depth + 1);
+        json_array_append_new(c->keep, merged);
         json_decref(rest);
         int32_t r = gr_alt(c->b, alts, (int)n);
         free(alts);
         return r;
     }
     json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
-    if (cst) return sc_const(c, cst, 0);
+    if (cst) return value_typed(s, cst) ? sc_const(c, cst, 0) : c->never;
     if (en) {
         if (!json_is_array(en)) return sc_fail(c, "'enum' must be an array");
         size_t n = json_array_size(en), i;
         if (!n) return c->never;
         int32_t *alts = malloc(n * sizeof *alts);
         if (!alts) return sc_fail(c, "out of memory");
-        json_array_foreach(en, i, v) alts[i] = sc_const(c, v, 0);
-        int32_t r = gr_alt(c->b, alts, (int)n);
+        int k = 0;
+        json_array_foreach(en, i, v) if (value_typed(s, v)) alts[k++] = sc_const(c, v, 0);
+        int32_t r = k ? gr_alt(c->b, alts, k) : c->never;
         free(alts);
         return r;
     }
@@ -820,6 +944,9 @@ hearth_status gr_schema(gr_build *b, const char *text, size_t len, int object_on
                            je.column, je.text);
         }
     }
+    const char *draft = json_string_value(json_object_get(c.root, "$schema"));
+    c.ref_alone = draft && (strstr(draft, "draft-03") || strstr(draft, "draft-04") || strstr(draft, "draft-06") ||
+                            strstr(draft, "draft-07"));
     sc_base(&c);
     int32_t body = 0;
     if (!c.st) body = sc_node(&c, c.root, 0);

@@ -174,10 +174,26 @@ static void test_schema_structure(void **state) {
                     "{\"properties\":{\"a\":{\"minimum\":3}}}]}",
                     L("{\"a\":3}", "{\"a\":30,\"z\":1}"), L("{\"a\":2}", "{}"));
     expect_language(GRAMMAR_JSON_SCHEMA,
-                    "{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"a\"}},\"oneOf\":[{\"required\":[\"x\"]},"
+                    "{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"a\"}},\"anyOf\":[{\"required\":[\"x\"]},"
                     "{\"required\":[\"y\"]}]}",
                     L("{\"kind\":\"a\",\"x\":1}", "{\"y\":2}"), L("{\"kind\":\"a\"}", "{\"kind\":\"b\",\"x\":1}"));
     expect_language(GRAMMAR_JSON_OBJECT, "", L("{}", "{\"a\": [1, \"b\"]}"), L("[]", "1", "\"x\""));
+    /* oneOf: tagged unions and distinct types are exact; overlapping branches are refused */
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"a\"}},\"required\":[\"t\"]},"
+                    "{\"type\":\"object\",\"properties\":{\"t\":{\"enum\":[\"b\"]}},\"required\":[\"t\"]},{\"type\":\"string\"}]}",
+                    L("{\"t\":\"a\"}", "{\"t\":\"b\",\"u\":1}", "\"s\""), L("{\"t\":\"c\"}", "{}", "1"));
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"oneOf\":[{\"required\":[\"x\"]},{\"required\":[\"y\"]}]}",
+                  "oneOf branches 0 and 1 may both match");
+    /* drafts 4-7: keywords beside $ref are ignored; 2019-09 on: they apply */
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"$schema\":\"http://json-schema.org/draft-07/schema#\",\"definitions\":{\"o\":{\"type\":\"object\"}},"
+                    "\"type\":\"string\",\"$ref\":\"#/definitions/o\"}",
+                    L("{}"), L("\"s\""));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"maximum\":3,\"$ref\":\"#/$defs/n\"}",
+                    L("3"), L("4", "\"s\""));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"enum\":[\"a\",1]}", L("\"a\""), L("1"));
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"ipv6\"}", "format 'ipv6' is not supported");
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"not\":{\"type\":\"string\"}}", "keyword 'not' is not supported");
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems'");
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/missing\"}", "'#/$defs/missing' points at nothing");

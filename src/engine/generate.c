@@ -8,6 +8,8 @@
 #include "base/sbuf.h"
 #include "engine/engine_internal.h"
 #include "engine/engine_device.h"
+#include "grammar/grammar.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -146,6 +148,49 @@ static int ends_with_stop_seq(const hearth_generate_params *p, const int32_t *ge
     return 0;
 }
 
+static const grammar_kind GRAMMAR_OF[] = {
+    [HEARTH_CONSTRAINT_JSON_SCHEMA] = GRAMMAR_JSON_SCHEMA,
+    [HEARTH_CONSTRAINT_JSON_OBJECT] = GRAMMAR_JSON_OBJECT,
+    [HEARTH_CONSTRAINT_REGEX] = GRAMMAR_REGEX,
+    [HEARTH_CONSTRAINT_GBNF] = GRAMMAR_GBNF,
+};
+
+static hearth_status constraint_compile(hearth_constraint_kind kind, const char *text, size_t len, grammar **out,
+                                        hearth_error *err) {
+    if (kind <= HEARTH_CONSTRAINT_NONE || kind > HEARTH_CONSTRAINT_GBNF)
+        return err_set(err, HEARTH_ERR_INVALID, "unknown constraint kind %d", (int)kind);
+    if (!text && kind != HEARTH_CONSTRAINT_JSON_OBJECT) return err_set(err, HEARTH_ERR_INVALID, "the constraint has no text");
+    hearth_status st = grammar_compile(GRAMMAR_OF[kind], text ? text : "", text ? len : 0, out, err);
+    if (st == HEARTH_ERR_FORMAT) { /* bad input from the caller */
+        st = HEARTH_ERR_INVALID;
+        if (err) err->status = st;
+    }
+    return st;
+}
+
+hearth_status hearth_constraint_check(hearth_constraint_kind kind, const char *text, size_t len, hearth_error *err) {
+    grammar *g = NULL;
+    hearth_status st = constraint_compile(kind, text, len, &g, err);
+    grammar_free(g);
+    return st;
+}
+
+/* The request's constraint: its grammar, a matcher and the buffers the masked row needs. */
+static hearth_status constraint_init(gen_stream *g, hearth_engine *e, const hearth_generate_params *p,
+                                     hearth_error *err) {
+    if (p->constraint == HEARTH_CONSTRAINT_NONE) return HEARTH_OK;
+    hearth_status st = constraint_compile(p->constraint, p->constraint_text, p->constraint_len, &g->grammar, err);
+    if (st) return st;
+    gvocab *v = engine_grammar_vocab(e);
+    if (!v) return err_set(err, HEARTH_ERR_UNSUPPORTED, "a constraint needs the model's tokenizer");
+    size_t rows = (size_t)hearth_model_vocab_rows(e);
+    g->matcher = gmatcher_new(g->grammar, v);
+    g->masked = malloc(rows * sizeof *g->masked);
+    g->mask = malloc(((size_t)gvocab_size(v) + 31) / 32 * sizeof *g->mask);
+    if (!g->matcher || !g->masked || !g->mask) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    return HEARTH_OK;
+}
+
 hearth_status gen_stream_init(gen_stream *g, hearth_engine *e, size_t n_prompt, const hearth_generate_params *p,
                               hearth_token_fn on_token, void *user, hearth_generate_result *res, hearth_error *err) {
     memset(g, 0, sizeof *g);
@@ -176,10 +221,16 @@ hearth_status gen_stream_init(gen_stream *g, hearth_engine *e, size_t n_prompt, 
     g->lp.n = p->sampling.top_logprobs;
     g->trim = p->trim_leading_space;
     res->prompt_tokens = n_prompt;
-    return HEARTH_OK;
+    hearth_status st = constraint_init(g, e, p, err);
+    if (st) gen_stream_free(g);
+    return st;
 }
 
 void gen_stream_free(gen_stream *g) {
+    gmatcher_free(g->matcher);
+    grammar_free(g->grammar);
+    free(g->masked);
+    free(g->mask);
     hearth_detok_stream_free(g->ds);
     sbuf_free(&g->f.pending);
     free(g->f.prefix);
@@ -188,7 +239,24 @@ void gen_stream_free(gen_stream *g) {
 
 hearth_logprobs *gen_stream_lp(gen_stream *g) { return g->p->sampling.top_logprobs ? &g->lp : NULL; }
 
+/* logits with every token the constraint forbids at -inf (into g->masked) */
+static const float *constrained_logits(gen_stream *g, const float *logits) {
+    size_t rows = (size_t)hearth_model_vocab_rows(g->e), n = (size_t)gvocab_size(engine_grammar_vocab(g->e));
+    if (!gmatcher_mask(g->matcher, g->mask)) {
+        /* nothing may follow (the grammar is stuck): only the end of the turn */
+        const int32_t *eos;
+        int n_eos = engine_eos_ids(g->e, &eos);
+        memset(g->mask, 0, (n + 31) / 32 * sizeof *g->mask);
+        for (int i = 0; i < n_eos; i++)
+            if ((size_t)eos[i] < n) g->mask[eos[i] >> 5] |= 1u << (eos[i] & 31);
+    }
+    for (size_t i = 0; i < rows; i++)
+        g->masked[i] = i < n && (g->mask[i >> 5] >> (i & 31) & 1) ? logits[i] : -INFINITY;
+    return g->masked;
+}
+
 sampler_row gen_stream_row(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len) {
+    if (g->matcher) logits = constrained_logits(g, logits);
     return (sampler_row){.s = smp,
                          .logits = logits,
                          .p = &g->p->sampling,
@@ -211,11 +279,13 @@ static int env_off(const char *name) {
 }
 
 int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p) {
+    if (p->constraint != HEARTH_CONSTRAINT_NONE) return 0; /* the mask is applied on the host */
     if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || env_off("HEARTH_DEVICE_GREEDY")) return 0;
     return plain_greedy(&p->sampling);
 }
 
 int gen_device_sample(const hearth_engine *e, const hearth_generate_params *p) {
+    if (p->constraint != HEARTH_CONSTRAINT_NONE) return 0;
     if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || !engine_has_device_sampler(e)) return 0;
     if (env_off("HEARTH_DEVICE_SAMPLER")) return 0;
     /* HEARTH_DEVICE_GREEDY=0 keeps plain greedy rows on the host too (its documented A/B) */
@@ -266,15 +336,22 @@ int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, doubl
     int token_stop = !is_eos && ends_with_stop_seq(p, engine_history(e, seq) + g->n_prompt,
                                                    res->completion_tokens - 1, id);
     is_eos |= token_stop; /* ends like EOS: nothing more of this token is shown */
+    /* the constraint follows every shown token; complete with nothing to follow: the end */
+    int grammar_done = 0;
+    if (g->matcher && !is_eos) {
+        gmatcher_accept(g->matcher, id);
+        grammar_done = gmatcher_is_done(g->matcher);
+    }
     int hit = 0;
     const char *piece = is_eos ? "" : trim_leading(g, hearth_detok_stream_push(g->ds, id));
     size_t ready = is_eos ? 0 : stop_feed(&g->f, piece, &hit);
     if (token_stop) res->finish = HEARTH_FINISH_STOP_STRING;
     else if (is_eos) res->finish = HEARTH_FINISH_EOS;
     else if (hit) res->finish = HEARTH_FINISH_STOP_STRING;
+    else if (grammar_done) res->finish = HEARTH_FINISH_EOS;
     else if (res->completion_tokens >= (size_t)p->max_tokens) res->finish = HEARTH_FINISH_LENGTH;
     else if (seq_len + 1 > hearth_engine_context_length(e)) res->finish = HEARTH_FINISH_CONTEXT;
-    if (res->finish == HEARTH_FINISH_LENGTH || res->finish == HEARTH_FINISH_CONTEXT || is_eos) {
+    if (res->finish == HEARTH_FINISH_LENGTH || res->finish == HEARTH_FINISH_CONTEXT || is_eos || grammar_done) {
         int h2 = 0; /* flush what the detokenizer held back, still honouring stop strings */
         stop_feed(&g->f, trim_leading(g, hearth_detok_stream_finish(g->ds)), &h2);
         if (h2) res->finish = HEARTH_FINISH_STOP_STRING;

@@ -336,22 +336,19 @@ int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, doubl
     int token_stop = !is_eos && ends_with_stop_seq(p, engine_history(e, seq) + g->n_prompt,
                                                    res->completion_tokens - 1, id);
     is_eos |= token_stop; /* ends like EOS: nothing more of this token is shown */
-    /* the constraint follows every shown token; complete with nothing to follow: the end */
-    int grammar_done = 0;
-    if (g->matcher && !is_eos) {
-        gmatcher_accept(g->matcher, id);
-        grammar_done = gmatcher_is_done(g->matcher);
-    }
+    /* the constraint follows every token; once the sentence is complete with nothing to
+     * follow, its mask holds only the end-of-turn ids, so the next token ends the request
+     * the way the model's own end does (and the last token's text is shown) */
+    if (g->matcher && !is_eos) gmatcher_accept(g->matcher, id);
     int hit = 0;
     const char *piece = is_eos ? "" : trim_leading(g, hearth_detok_stream_push(g->ds, id));
     size_t ready = is_eos ? 0 : stop_feed(&g->f, piece, &hit);
     if (token_stop) res->finish = HEARTH_FINISH_STOP_STRING;
     else if (is_eos) res->finish = HEARTH_FINISH_EOS;
     else if (hit) res->finish = HEARTH_FINISH_STOP_STRING;
-    else if (grammar_done) res->finish = HEARTH_FINISH_EOS;
     else if (res->completion_tokens >= (size_t)p->max_tokens) res->finish = HEARTH_FINISH_LENGTH;
     else if (seq_len + 1 > hearth_engine_context_length(e)) res->finish = HEARTH_FINISH_CONTEXT;
-    if (res->finish == HEARTH_FINISH_LENGTH || res->finish == HEARTH_FINISH_CONTEXT || is_eos || grammar_done) {
+    if (res->finish == HEARTH_FINISH_LENGTH || res->finish == HEARTH_FINISH_CONTEXT || is_eos) {
         int h2 = 0; /* flush what the detokenizer held back, still honouring stop strings */
         stop_feed(&g->f, trim_leading(g, hearth_detok_stream_finish(g->ds)), &h2);
         if (h2) res->finish = HEARTH_FINISH_STOP_STRING;

@@ -376,7 +376,8 @@ int resp_request_parse(const char *body, size_t len, const srv_defaults *d, resp
         rc = BAD(e, NULL, "the request body must be a JSON object");
     else
         rc = parse_scalars(root, d, r, e) || parse_input(root, r, e) || parse_tools(root, r, e) ||
-                     parse_tool_choice(root, r, e)
+                     parse_tool_choice(root, r, e) ||
+                     srv_parse_constraint(root, json_object_get(json_object_get(root, "text"), "format"), &r->req, e)
                  ? -1
                  : 0;
     json_decref(root);

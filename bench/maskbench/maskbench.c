@@ -3,7 +3,8 @@
  * tokenizes each instance with a GGUF model's tokenizer, feeds it token by token
  * (every token must be in the mask; the end must be accepted) and writes one JSON line
  * per schema: compile time, error, per-instance verdicts, per-token mask times (us).
- * Usage: maskbench MODEL.gguf CASES.jsonl > RESULTS.jsonl */
+ * Usage: maskbench MODEL.gguf CASES.jsonl [VOCAB.txt] > RESULTS.jsonl (VOCAB.txt: the
+ * token byte strings, written for the llguidance run). */
 #include "grammar/grammar.h"
 #include "io/gguf.h"
 #include "tok/tokenizer.h"
@@ -17,6 +18,21 @@ static double now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* The vocabulary as hex bytes, one token a line with its special flag: the same byte
+ * strings for the llguidance run. */
+static void dump_vocab(const tok_tokenizer *t, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    char buf[4096];
+    for (int32_t i = 0; i < tok_vocab_size(t); i++) {
+        int l = tok_token_bytes(t, i, buf, sizeof buf);
+        fprintf(f, "%d ", tok_is_special(t, i));
+        for (int k = 0; k < l && k < (int)sizeof buf; k++) fprintf(f, "%02x", (unsigned char)buf[k]);
+        fputc('\n', f);
+    }
+    fclose(f);
 }
 
 static gvocab *vocab_of(const tok_tokenizer *t) {
@@ -52,6 +68,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "maskbench: %s\n", err.message);
         return 1;
     }
+    if (argc > 3) dump_vocab(t, argv[3]);
     double t0 = now_us();
     gvocab *v = vocab_of(t);
     fprintf(stderr, "maskbench: vocabulary of %d tokens indexed in %.1f ms\n", tok_vocab_size(t), (now_us() - t0) / 1e3);
@@ -100,6 +117,9 @@ int main(int argc, char **argv) {
             json_object_set_new(vd, "accepted", json_boolean(m && reject_at < 0));
             json_object_set_new(vd, "tokens", json_integer((json_int_t)n_ids));
             json_object_set_new(vd, "reject_at", json_integer(reject_at));
+            json_t *ja = json_array();
+            for (size_t k = 0; k < n_ids; k++) json_array_append_new(ja, json_integer(ids[k]));
+            json_object_set_new(vd, "ids", ja);
             json_array_append_new(verdicts, vd);
             gmatcher_free(m);
             free(ids);

@@ -158,21 +158,22 @@ def serialize(data, schema):
 # ---- the hearth run ---------------------------------------------------------------------
 
 def build_driver():
-    b = os.environ.get("MASKBENCH_BUILD", "build-maskbench")
+    b = os.environ.get("MASKBENCH_BUILD", "build")
     env = dict(os.environ, CCACHE_NOHASHDIR="true")
     subprocess.run(["make", "--no-print-directory", "-j2", "NVCC=", f"BUILD={b}", f"BINDIR={b}/bin", f"LIBDIR={b}/lib",
                     f"{b}/bench/maskbench"], cwd=ROOT, check=True, env=env, stdout=subprocess.DEVNULL)
     return os.path.join(ROOT, b, "bench", "maskbench")
 
 
-def run_hearth(driver, model, cases, tmp):
+def run_hearth(driver, model, cases, tmp, vocab=None):
     path = os.path.join(tmp, "cases.jsonl")
     with open(path, "w") as f:
         for c in cases:
             f.write(json.dumps(c, ensure_ascii=False) + "\n")
     res = os.path.join(tmp, "results.jsonl")
     with open(res, "w") as out:
-        p = subprocess.run([driver, model, path], stdout=out, stderr=subprocess.PIPE, text=True)
+        p = subprocess.run([driver, model, path] + ([vocab] if vocab else []), stdout=out, stderr=subprocess.PIPE,
+                           text=True)
     if p.returncode:
         raise SystemExit(f"maskbench driver failed: {p.stderr}")
     with open(res) as f:
@@ -216,105 +217,144 @@ def summary(results):
 
 # ---- llguidance on the same ids ----------------------------------------------------------
 
-def run_llguidance(model, cases):
+class _Vocab:
+    """llguidance's tokenizer interface over hearth's byte strings (special tokens get
+    llguidance's 0xFF marker so they never match text)."""
+
+    def __init__(self, path, eos):
+        self.tokens, self.special_token_ids = [], []
+        for i, line in enumerate(open(path)):
+            flag, _, hexs = line.rstrip("\n").partition(" ")
+            b = bytes.fromhex(hexs)
+            if flag == "1":
+                self.special_token_ids.append(i)
+                b = b"\xff" + (b or b"special")
+            self.tokens.append(b)
+        self.eos_token_id = eos
+        self.bos_token_id = None
+        self.by_bytes = {}
+        for i, b in enumerate(self.tokens):
+            if b and i not in self.special_token_ids:
+                self.by_bytes.setdefault(b, i)
+        self.longest = max(len(b) for b in self.by_bytes)
+
+    def __call__(self, s):
+        """Greedy longest match: llguidance tokenizes the text a grammar forces (any
+        tokenization of the right bytes serves; instances themselves arrive as ids)."""
+        if isinstance(s, str):
+            s = s.encode()
+        out, i = [], 0
+        while i < len(s):
+            for n in range(min(self.longest, len(s) - i), 0, -1):
+                id = self.by_bytes.get(s[i:i + n])
+                if id is not None:
+                    out.append(id)
+                    i += n
+                    break
+            else:
+                raise ValueError(f"no token for byte {s[i]:#x}")
+        return out
+
+
+def run_llguidance(vocab_path, eos, cases, hearth_results):
     import llguidance
-    from gguf import GGUFReader  # vocabulary strings and token types
-
-    r = GGUFReader(model)
-    f = r.fields
-    toks = [bytes(f["tokenizer.ggml.tokens"].parts[i]).decode("utf-8", "replace")
-            for i in f["tokenizer.ggml.tokens"].data]
-    types = [int(f["tokenizer.ggml.token_type"].parts[i][0]) for i in f["tokenizer.ggml.token_type"].data]
-    eos = int(f["tokenizer.ggml.eos_token_id"].parts[-1][0])
-    kind = bytes(f["tokenizer.ggml.model"].parts[-1]).decode()
-    byte_dec = {}
-    if kind == "gpt2":  # byte-level BPE alphabet back to bytes
-        bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-        cs = bs[:]
-        n = 0
-        for b in range(256):
-            if b not in bs:
-                bs.append(b)
-                cs.append(256 + n)
-                n += 1
-        byte_dec = {chr(c): b for b, c in zip(bs, cs)}
-
-    def tok_bytes(s, ty):
-        if ty in (3, 4):  # control / user-defined: special (control) or literal text
-            return s.encode() if ty == 4 else b"\xff" + s.encode()
-        if kind == "gpt2":
-            return bytes(byte_dec.get(ch, 0) for ch in s)
-        if ty == 6 and s.startswith("<0x") and len(s) == 6:
-            return bytes([int(s[3:5], 16)])
-        return s.replace("\u2581", " ").encode()
-
-    vocab = [tok_bytes(s, ty) for s, ty in zip(toks, types)]
-    tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrap(vocab, eos)))
-    import numpy as np
+    import llguidance.numpy as lnp
+    vocab = _Vocab(vocab_path, eos)
+    tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab))
+    mask = lnp.allocate_token_bitmask(1, tok.vocab_size)
     out = []
-    for c in cases:
+    for c, hr in zip(cases, hearth_results):
         res = {"name": c["name"], "error": None, "tests": [], "mask_us": []}
         t0 = time.perf_counter()
-        grm = llguidance.LLMatcher.grammar_from_json_schema(c["schema"])
-        err = llguidance.LLMatcher.validate_grammar(grm, tok)
+        grm = llguidance.LLMatcher.grammar_from_json_schema(c["schema"], overrides={"whitespace_flexible": True})
+        m0 = llguidance.LLMatcher(tok, grm, log_level=0)
         res["compile_us"] = (time.perf_counter() - t0) * 1e6
-        if err:
-            res["error"] = err
+        if m0.is_error():
+            res["error"] = m0.get_error()
             out.append(res)
             continue
         for t in c["tests"]:
-            ids = c["ids"][len(res["tests"])]
-            m = llguidance.LLMatcher(tok, grm)
-            bm = llguidance.torch_bits = None
-            mask = np.zeros(((tok.vocab_size + 31) // 32,), dtype=np.int32)
-            rej = -1
-            for k, id in enumerate(ids + [eos]):
+            # llguidance forces the tokens of text the grammar fixes by its tokenizer's
+            # encoding and refuses other splits of it, so its instances are encoded the same
+            # way (greedy longest match over the shared byte strings)
+            ids = vocab(t["text"])
+            m = llguidance.LLMatcher(tok, grm, log_level=0)
+            ok = True
+            for id in ids + [eos]:
                 t1 = time.perf_counter()
-                m.fill_next_token_bitmask_np(mask) if hasattr(m, "fill_next_token_bitmask_np") else None
+                lnp.fill_next_token_bitmask(m, mask, 0)
                 dt = (time.perf_counter() - t1) * 1e6
                 if t["valid"]:
                     res["mask_us"].append(dt)
-                if m.is_error() or not (int(mask[id >> 5]) >> (id & 31) & 1) or not m.consume_token(id):
-                    rej = k
+                allowed = (int(mask[0, id >> 5]) >> (id & 31)) & 1
+                if m.is_error() or not allowed or not m.consume_token(id):
+                    ok = False
                     break
-            res["tests"].append({"valid": t["valid"], "accepted": rej < 0 and not m.is_error()})
+            res["tests"].append({"valid": t["valid"], "accepted": ok and not m.is_error()})
         out.append(res)
     return out
 
 
-class _Wrap:
-    def __init__(self, vocab, eos):
-        self.tokens = vocab
-        self.eos_token_id = eos
-        self.bos_token_id = None
+def eos_of(model):
+    from gguf import GGUFReader
+    f = GGUFReader(model).fields["tokenizer.ggml.eos_token_id"]
+    return int(f.parts[-1][0])
 
-    def __call__(self, s):
-        raise NotImplementedError
+
+def table(model, rows, n_schemas):
+    out = ["| engine | schemas | passing | compile errors | wrong accepts | wrong rejects | mask avg (us) | "
+           "p50 (us) | p99 (us) | compile p50 (us) |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, s in rows:
+        out.append(f"| {name} | {s['schemas']} | {s['passing']} | {s['errors']} | {s['wrong_accept']} | "
+                   f"{s['wrong_reject']} | {s['mask_avg_us']:.1f} | {s['mask_p50_us']:.1f} | {s['mask_p99_us']:.1f} | "
+                   f"{s['compile_p50_us']:.0f} |")
+    return "\n".join(out)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=os.path.expanduser("~/.cache/hearth/models/gemma-3-270m-q4_k_m.gguf"))
     ap.add_argument("--limit", type=int)
+    ap.add_argument("--stride", type=int, default=1, help="every Nth schema (a sample across categories)")
     ap.add_argument("--no-llguidance", action="store_true")
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--tmp", help="work folder (default: a fresh temporary one)")
     ap.add_argument("--json", help="write per-schema hearth results here")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        cases = load_cases(tmp, args.limit)
+        cases = load_cases(tmp, args.limit, args.stride)
         if cases is None:
             raise SystemExit("maskbench-dev.tar.xz not found (set HEARTH_SHARED_DATA)")
         driver = build_driver()
+        vocab = os.path.join(tmp, "vocab.txt")
         t0 = time.time()
-        hr = run_hearth(driver, args.model, cases, tmp)
+        hr = run_hearth(driver, args.model, cases, tmp, vocab)
         print(f"hearth: {time.time() - t0:.1f}s", file=sys.stderr)
-    hs = summary(hr)
-    print(json.dumps({"hearth": hs}, indent=1))
+        rows = [("hearth", summary(hr))]
+        if not args.no_llguidance:
+            t0 = time.time()
+            lr = run_llguidance(vocab, eos_of(args.model), cases, hr)
+            print(f"llguidance: {time.time() - t0:.1f}s", file=sys.stderr)
+            rows.append(("llguidance " + __import__("llguidance").get_version() if hasattr(
+                __import__("llguidance"), "get_version") else "llguidance", summary(lr)))
+    print(json.dumps(dict(rows), indent=1))
     if args.json:
         with open(args.json, "w") as f:
             for r in hr:
                 f.write(json.dumps(r) + "\n")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(f"# MaskBench: hearth vs llguidance\n\n"
+                    f"`bench/maskbench/maskbench.py --model {os.path.basename(args.model)}"
+                    f"{' --limit %d' % args.limit if args.limit else ''}{' --stride %d' % args.stride if args.stride > 1 else ''}` on {platform.node()} "
+                    f"({platform.processor() or platform.machine()}, one thread each), {time.strftime('%Y-%m-%d')}.\n\n"
+                    f"Data: maskbench-dev (2,192 JSONSchemaBench schemas with valid and invalid instances), instances "
+                    f"as compact JSON with keys in schema order, tokenized by hearth; llguidance gets the same ids and "
+                    f"byte strings (whitespace_flexible) and, because it refuses other splits of the text a grammar forces, instances encoded by its own tokenizer (greedy longest match over those byte strings; hearth accepts any split, so it gets the model's BPE ids). A schema passes when it compiles and every valid instance is "
+                    f"accepted token by token and every invalid one refused. Mask time: per token of valid instances, "
+                    f"each instance on a fresh matcher (cold caches).\n\n")
+            f.write(table(args.model, rows, len(cases)) + "\n")
 
 
 if __name__ == "__main__":

@@ -9,19 +9,31 @@
 
 /* ---- vocabulary trie ----------------------------------------------------------------- */
 
-struct gvocab {
-    int32_t n_tokens;
+/* A byte trie of some tokens, in preorder: node i has byte[i] at depth[i] (1 for the
+ * root's children); its subtree ends before end[i]; the tokens spelled exactly by the path
+ * to it are tok_sorted[tok_first[i] .. + tok_n[i]). */
+typedef struct {
     int32_t n_nodes;
-    uint8_t *byte;      /* per trie node, preorder */
-    uint16_t *depth;    /* 1 for children of the root */
-    int32_t *end;       /* first node after the subtree */
-    int32_t *tok_first; /* into tok_sorted */
+    uint8_t *byte;
+    uint16_t *depth;
+    int32_t *end;
+    int32_t *tok_first;
     int32_t *tok_n;
     int32_t *tok_sorted;
+} gv_trie;
+
+struct gvocab {
+    int32_t n_tokens;
+    gv_trie all;      /* every text token */
+    gv_trie not_plain; /* the text tokens that are not plain (see plain_bits) */
+    /* plain tokens: complete UTF-8 characters, none of them a control character, '"' or
+     * '\\'; inside a free JSON string every one of them is allowed and leads back to the
+     * same parse state, so such states take them all at once */
+    uint32_t *plain_bits;
+    size_t n_plain;
     int32_t *eos;
     int n_eos;
     uint8_t *is_special; /* per token */
-    /* bytes of every token (for accept) */
     char **bytes;
     uint32_t *len;
 };
@@ -40,6 +52,74 @@ static int cmp_tok(const void *x, const void *y) {
 /* 65535: the trie depth is a uint16; no vocabulary has tokens that long */
 #define GV_MAX_TOKEN_BYTES 65535
 
+/* The trie of tokens order[0..n) (sorted by bytes); takes order. */
+static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_text) {
+    size_t total = 0;
+    for (int32_t k = 0; k < n_text; k++) total += v->len[order[k]];
+    size_t cap = total + 1;
+    t->tok_sorted = order;
+    t->byte = malloc(cap);
+    t->depth = malloc(cap * sizeof *t->depth);
+    t->end = malloc(cap * sizeof *t->end);
+    t->tok_first = malloc(cap * sizeof *t->tok_first);
+    t->tok_n = calloc(cap, sizeof *t->tok_n);
+    int32_t *path = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *path);
+    if (!t->byte || !t->depth || !t->end || !t->tok_first || !t->tok_n || !path) { free(path); return 0; }
+    int32_t sp = 0, n = 0;
+    const char *prev = NULL;
+    uint32_t prev_len = 0;
+    for (int32_t k = 0; k < n_text; k++) {
+        int32_t id = order[k];
+        const char *s = v->bytes[id];
+        uint32_t l = v->len[id], p = 0;
+        while (prev && p < l && p < prev_len && s[p] == prev[p]) p++;
+        while ((uint32_t)sp > p) t->end[path[--sp]] = n;
+        for (uint32_t d = p; d < l; d++) {
+            t->byte[n] = (uint8_t)s[d];
+            t->depth[n] = (uint16_t)(d + 1);
+            t->tok_n[n] = 0;
+            path[sp++] = n++;
+        }
+        int32_t top = path[sp - 1];
+        if (!t->tok_n[top]) t->tok_first[top] = k;
+        t->tok_n[top]++;
+        prev = s, prev_len = l;
+    }
+    while (sp) t->end[path[--sp]] = n;
+    t->n_nodes = n;
+    free(path);
+    return 1;
+}
+
+static void trie_free(gv_trie *t) {
+    free(t->byte), free(t->depth), free(t->end), free(t->tok_first), free(t->tok_n), free(t->tok_sorted);
+}
+
+/* complete UTF-8 characters only, none below U+0020, '"' or '\\' */
+static int plain_token(const char *s, uint32_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (uint32_t i = 0; i < n;) {
+        unsigned c = u[i];
+        if (c < 0x80) {
+            if (c < 0x20 || c == '"' || c == '\\') return 0;
+            i++;
+            continue;
+        }
+        int len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (!len || i + (uint32_t)len > n) return 0;
+        unsigned lo = 0x80, hi = 0xBF; /* the second byte's range (no overlongs, no surrogates) */
+        if (c == 0xE0) lo = 0xA0;
+        else if (c == 0xED) hi = 0x9F;
+        else if (c == 0xF0) lo = 0x90;
+        else if (c == 0xF4) hi = 0x8F;
+        if (u[i + 1] < lo || u[i + 1] > hi) return 0;
+        for (int k = 2; k < len; k++)
+            if ((u[i + k] & 0xC0) != 0x80) return 0;
+        i += (uint32_t)len;
+    }
+    return n > 0;
+}
+
 gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *len, const uint8_t *special,
                    const int32_t *eos_ids, int n_eos) {
     gvocab *v = calloc(1, sizeof *v);
@@ -49,12 +129,13 @@ gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *l
     v->len = calloc((size_t)n_tokens + 1, sizeof *v->len);
     v->is_special = calloc((size_t)n_tokens + 1, 1);
     v->eos = malloc(((size_t)n_eos + 1) * sizeof *v->eos);
+    v->plain_bits = calloc(((size_t)n_tokens + 31) / 32 + 1, sizeof *v->plain_bits);
     int32_t *order = malloc(((size_t)n_tokens + 1) * sizeof *order);
-    size_t total = 0;
-    if (!v->bytes || !v->len || !v->is_special || !v->eos || !order) goto fail;
+    int32_t *rest = malloc(((size_t)n_tokens + 1) * sizeof *rest);
+    if (!v->bytes || !v->len || !v->is_special || !v->eos || !order || !rest || !v->plain_bits) goto fail;
     for (int i = 0; i < n_eos; i++)
         if (eos_ids[i] >= 0 && eos_ids[i] < n_tokens) v->eos[v->n_eos++] = eos_ids[i];
-    int32_t n_text = 0;
+    int32_t n_text = 0, n_rest = 0;
     for (int32_t i = 0; i < n_tokens; i++) {
         uint32_t l = bytes[i] ? len[i] : 0;
         if (l > GV_MAX_TOKEN_BYTES) l = 0;
@@ -63,43 +144,18 @@ gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *l
         v->bytes[i] = malloc(l + 1);
         if (!v->bytes[i]) goto fail;
         if (l) memcpy(v->bytes[i], bytes[i], l);
-        if (l && !v->is_special[i]) order[n_text++] = i, total += l;
+        if (l && !v->is_special[i]) order[n_text++] = i;
     }
     sort_bytes = (const char *const *)v->bytes, sort_len = v->len;
     qsort(order, (size_t)n_text, sizeof *order, cmp_tok);
-    /* every byte of every token at most one node */
-    size_t cap = total + 1;
-    v->byte = malloc(cap);
-    v->depth = malloc(cap * sizeof *v->depth);
-    v->end = malloc(cap * sizeof *v->end);
-    v->tok_first = malloc(cap * sizeof *v->tok_first);
-    v->tok_n = calloc(cap, sizeof *v->tok_n);
-    v->tok_sorted = order, order = NULL;
-    int32_t *path = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *path);
-    if (!v->byte || !v->depth || !v->end || !v->tok_first || !v->tok_n || !path) { free(path); goto fail; }
-    int32_t sp = 0, n = 0;
-    const char *prev = NULL;
-    uint32_t prev_len = 0;
     for (int32_t k = 0; k < n_text; k++) {
-        int32_t id = v->tok_sorted[k];
-        const char *s = v->bytes[id];
-        uint32_t l = v->len[id], p = 0;
-        while (prev && p < l && p < prev_len && s[p] == prev[p]) p++;
-        while ((uint32_t)sp > p) v->end[path[--sp]] = n;
-        for (uint32_t d = p; d < l; d++) {
-            v->byte[n] = (uint8_t)s[d];
-            v->depth[n] = (uint16_t)(d + 1);
-            v->tok_n[n] = 0;
-            path[sp++] = n++;
-        }
-        int32_t top = path[sp - 1];
-        if (!v->tok_n[top]) v->tok_first[top] = k;
-        v->tok_n[top]++;
-        prev = s, prev_len = l;
+        int32_t id = order[k];
+        if (plain_token(v->bytes[id], v->len[id])) v->plain_bits[id >> 5] |= 1u << (id & 31), v->n_plain++;
+        else rest[n_rest++] = id; /* stays sorted */
     }
-    while (sp) v->end[path[--sp]] = n;
-    v->n_nodes = n;
-    free(path);
+    if (!trie_build(&v->all, v, order, n_text)) { order = NULL; free(rest); goto fail; }
+    order = NULL;
+    if (!trie_build(&v->not_plain, v, rest, n_rest)) goto fail;
     return v;
 fail:
     free(order);
@@ -110,8 +166,9 @@ fail:
 void gvocab_free(gvocab *v) {
     if (!v) return;
     for (int32_t i = 0; v->bytes && i < v->n_tokens; i++) free(v->bytes[i]);
-    free(v->bytes), free(v->len), free(v->is_special), free(v->eos);
-    free(v->byte), free(v->depth), free(v->end), free(v->tok_first), free(v->tok_n), free(v->tok_sorted);
+    free(v->bytes), free(v->len), free(v->is_special), free(v->eos), free(v->plain_bits);
+    trie_free(&v->all);
+    trie_free(&v->not_plain);
     free(v);
 }
 
@@ -144,6 +201,7 @@ struct gmatcher {
     int64_t *set_off;
     int32_t *set_len;
     int32_t *trans; /* 256 per set: -2 unknown, -1 dead */
+    int8_t *loop;   /* per set: every plain token leads back to it (1), not (0), unknown (-1) */
     int32_t n_sets, cap_sets;
     int32_t *set_hash;
     uint32_t set_hash_cap;
@@ -287,7 +345,9 @@ static int32_t set_intern(gmatcher *m) {
         if (l) m->set_len = l;
         int32_t *t = realloc(m->trans, (size_t)nc * 256 * sizeof *t);
         if (t) m->trans = t;
-        if (!o || !l || !t) { m->oom = 1; return -1; }
+        int8_t *lp = realloc(m->loop, (size_t)nc);
+        if (lp) m->loop = lp;
+        if (!o || !l || !t || !lp) { m->oom = 1; return -1; }
         m->cap_sets = nc;
     }
     if (m->n_items + n > m->cap_items) {
@@ -301,6 +361,7 @@ static int32_t set_intern(gmatcher *m) {
     memcpy(m->set_items + m->n_items, m->tmp, (size_t)n * sizeof *m->tmp);
     m->n_items += n;
     for (int i = 0; i < 256; i++) m->trans[(int64_t)s * 256 + i] = -2;
+    m->loop[s] = -1;
     m->set_hash[k] = s;
     return s;
 }
@@ -349,7 +410,7 @@ gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
 void gmatcher_free(gmatcher *m) {
     if (!m) return;
     free(m->nodes), free(m->node_hash), free(m->visit);
-    free(m->set_items), free(m->set_off), free(m->set_len), free(m->trans), free(m->set_hash);
+    free(m->set_items), free(m->set_off), free(m->set_len), free(m->trans), free(m->set_hash), free(m->loop);
     free(m->tmp), free(m->walk);
     for (int i = 0; i < GM_MASK_CACHE; i++) free(m->mask_val[i]);
     free(m);
@@ -363,26 +424,69 @@ int gmatcher_is_done(const gmatcher *m) {
     return m->done || (m->cur >= 0 && m->set_len[m->cur] == 1 && m->set_items[m->set_off[m->cur]] == 0);
 }
 
-static size_t compute_mask(gmatcher *m, uint32_t *bits) {
-    const gvocab *v = m->v;
-    size_t words = ((size_t)v->n_tokens + 31) / 32, count = 0;
-    memset(bits, 0, words * sizeof *bits);
-    if (m->done) return 0;
+/* The set every byte of [lo, hi] leads t to, or -1 when they differ or die. */
+static int32_t uniform(gmatcher *m, int32_t t, unsigned lo, unsigned hi) {
+    int32_t r = advance(m, t, lo);
+    for (unsigned b = lo + 1; r >= 0 && b <= hi; b++)
+        if (advance(m, t, b) != r) return -1;
+    return r;
+}
+
+/* Whether every plain character (plain_token's alphabet) leads set s back to s: then every
+ * plain token does, and the mask is the plain tokens plus a walk of the others. */
+static int is_loop(gmatcher *m, int32_t s) {
+    if (m->loop[s] >= 0) return m->loop[s];
+    int ok = 1;
+    for (unsigned b = 0x20; ok && b < 0x80; b++)
+        if (b != '"' && b != '\\') ok = advance(m, s, b) == s;
+    /* UTF-8 by lead bytes: the second byte's range, then plain continuation bytes */
+    static const struct { uint8_t lead_lo, lead_hi, lo, hi, more; } seqs[] = {
+        {0xC2, 0xDF, 0x80, 0xBF, 0}, {0xE0, 0xE0, 0xA0, 0xBF, 1}, {0xE1, 0xEC, 0x80, 0xBF, 1},
+        {0xED, 0xED, 0x80, 0x9F, 1}, {0xEE, 0xEF, 0x80, 0xBF, 1}, {0xF0, 0xF0, 0x90, 0xBF, 2},
+        {0xF1, 0xF3, 0x80, 0xBF, 2}, {0xF4, 0xF4, 0x80, 0x8F, 2},
+    };
+    for (size_t q = 0; ok && q < sizeof seqs / sizeof *seqs; q++)
+        for (unsigned lead = seqs[q].lead_lo; ok && lead <= seqs[q].lead_hi; lead++) {
+            int32_t t = advance(m, s, lead);
+            if (t >= 0) t = uniform(m, t, seqs[q].lo, seqs[q].hi);
+            for (int k = 0; t >= 0 && k < seqs[q].more; k++) t = uniform(m, t, 0x80, 0xBF);
+            ok = t == s;
+        }
+    if (m->oom) return 0; /* not cached: out of memory is not a grammar fact */
+    m->loop[s] = (int8_t)ok;
+    return ok;
+}
+
+/* Sets the bits of every token of trie t reachable from set s; returns how many. */
+static size_t walk_trie(gmatcher *m, const gv_trie *t, int32_t s, uint32_t *bits) {
+    size_t count = 0;
     int32_t *st = m->walk;
-    st[0] = m->cur;
-    for (int32_t i = 0; i < v->n_nodes;) {
-        int32_t s = st[v->depth[i] - 1];
-        int32_t *t = &m->trans[(int64_t)s * 256 + v->byte[i]];
-        int32_t nx = *t != -2 ? *t : advance(m, s, v->byte[i]);
-        if (nx < 0) { i = v->end[i]; continue; }
-        st[v->depth[i]] = nx;
-        for (int32_t k = 0; k < v->tok_n[i]; k++) {
-            int32_t id = v->tok_sorted[v->tok_first[i] + k];
+    st[0] = s;
+    for (int32_t i = 0; i < t->n_nodes;) {
+        int32_t from = st[t->depth[i] - 1];
+        int32_t nx = m->trans[(int64_t)from * 256 + t->byte[i]];
+        if (nx == -2) nx = advance(m, from, t->byte[i]);
+        if (nx < 0) { i = t->end[i]; continue; }
+        st[t->depth[i]] = nx;
+        for (int32_t k = 0; k < t->tok_n[i]; k++) {
+            int32_t id = t->tok_sorted[t->tok_first[i] + k];
             bits[id >> 5] |= 1u << (id & 31);
             count++;
         }
         i++;
     }
+    return count;
+}
+
+static size_t compute_mask(gmatcher *m, uint32_t *bits) {
+    const gvocab *v = m->v;
+    size_t words = ((size_t)v->n_tokens + 31) / 32, count = 0;
+    memset(bits, 0, words * sizeof *bits);
+    if (m->done) return 0;
+    if (v->n_plain && is_loop(m, m->cur)) {
+        memcpy(bits, v->plain_bits, words * sizeof *bits);
+        count = v->n_plain + walk_trie(m, &v->not_plain, m->cur, bits);
+    } else count = walk_trie(m, &v->all, m->cur, bits);
     if (gmatcher_can_end(m))
         for (int k = 0; k < v->n_eos; k++)
             if (!(bits[v->eos[k] >> 5] >> (v->eos[k] & 31) & 1)) bits[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31), count++;

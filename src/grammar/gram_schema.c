@@ -284,6 +284,23 @@ static json_t *merge(sc_ctx *c, json_t *a, json_t *b, int depth) {
             json_object_set_new(out, "allOf", na);
         } else json_object_set_new(out, k, merge_key(c, k, e, v, depth));
     }
+    /* additionalProperties looks only at its own schema's properties: a side that allows no
+     * others keeps the union from naming keys only the other side declares */
+    json_t *sides[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        json_t *ap = json_object_get(sides[i], "additionalProperties");
+        json_t *mine = json_object_get(sides[i], "properties"), *theirs = json_object_get(sides[1 - i], "properties");
+        json_t *outp = json_object_get(out, "properties");
+        if (!ap || json_is_true(ap) || (json_is_object(ap) && !json_object_size(ap)) || !json_is_object(outp)) continue;
+        const char *key;
+        json_t *val, *tmp;
+        json_object_foreach_safe(outp, tmp, key, val) {
+            if (json_object_get(mine, key)) continue;
+            if (json_is_false(ap)) json_object_del(outp, key);
+            else if (json_object_get(theirs, key))
+                sc_fail(c, "additionalProperties with a schema beside properties declared in allOf / $ref");
+        }
+    }
     json_decref(a), json_decref(b);
     return out;
 }

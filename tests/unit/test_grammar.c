@@ -193,6 +193,11 @@ static void test_schema_structure(void **state) {
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"maximum\":3,\"$ref\":\"#/$defs/n\"}",
                     L("3"), L("4", "\"s\""));
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"enum\":[\"a\",1]}", L("\"a\""), L("1"));
+    /* additionalProperties false sees only its own properties, not those of allOf */
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"allOf\":[{\"properties\":{\"w\":{\"type\":\"integer\"}}}],\"properties\":{\"id\":{\"type\":"
+                    "\"string\"}},\"additionalProperties\":false}",
+                    L("{\"id\":\"x\"}", "{}"), L("{\"w\":1}", "{\"id\":\"x\",\"w\":1}"));
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"ipv6\"}", "format 'ipv6' is not supported");
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"not\":{\"type\":\"string\"}}", "keyword 'not' is not supported");
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems'");

@@ -24,11 +24,13 @@ typedef struct {
 
 struct gvocab {
     int32_t n_tokens;
-    gv_trie all;      /* every text token */
-    gv_trie not_plain; /* the text tokens that are not plain (see plain_bits) */
-    /* plain tokens: complete UTF-8 characters, none of them a control character, '"' or
-     * '\\'; inside a free JSON string every one of them is allowed and leads back to the
-     * same parse state, so such states take them all at once */
+    gv_trie all;  /* every text token */
+    gv_trie rest; /* the text tokens that are not short plain ones */
+    /* short plain tokens: at most GV_SHORT complete UTF-8 characters, none of them a
+     * control character, '"' or '\\'. Where every plain character leads one state to the
+     * same next state, GV_SHORT times over (inside a JSON string, free or with a length
+     * bound still that far away), every short plain token is allowed: such states take them
+     * all at once and walk only the rest */
     uint32_t *plain_bits;
     size_t n_plain;
     int32_t *eos;
@@ -95,11 +97,16 @@ static void trie_free(gv_trie *t) {
     free(t->byte), free(t->depth), free(t->end), free(t->tok_first), free(t->tok_n), free(t->tok_sorted);
 }
 
-/* complete UTF-8 characters only, none below U+0020, '"' or '\\' */
+#define GV_SHORT 16 /* characters: longer plain tokens are few and walked with the rest */
+
+/* The number of characters of a plain token (complete UTF-8 characters only, none below
+ * U+0020, '"' or '\\'), or 0 when the token is not plain. */
 static int plain_token(const char *s, uint32_t n) {
+    int chars = 0;
     const unsigned char *u = (const unsigned char *)s;
     for (uint32_t i = 0; i < n;) {
         unsigned c = u[i];
+        chars++;
         if (c < 0x80) {
             if (c < 0x20 || c == '"' || c == '\\') return 0;
             i++;
@@ -117,7 +124,7 @@ static int plain_token(const char *s, uint32_t n) {
             if ((u[i + k] & 0xC0) != 0x80) return 0;
         i += (uint32_t)len;
     }
-    return n > 0;
+    return chars;
 }
 
 gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *len, const uint8_t *special,
@@ -150,12 +157,13 @@ gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *l
     qsort(order, (size_t)n_text, sizeof *order, cmp_tok);
     for (int32_t k = 0; k < n_text; k++) {
         int32_t id = order[k];
-        if (plain_token(v->bytes[id], v->len[id])) v->plain_bits[id >> 5] |= 1u << (id & 31), v->n_plain++;
+        int chars = plain_token(v->bytes[id], v->len[id]);
+        if (chars > 0 && chars <= GV_SHORT) v->plain_bits[id >> 5] |= 1u << (id & 31), v->n_plain++;
         else rest[n_rest++] = id; /* stays sorted */
     }
     if (!trie_build(&v->all, v, order, n_text)) { order = NULL; free(rest); goto fail; }
     order = NULL;
-    if (!trie_build(&v->not_plain, v, rest, n_rest)) goto fail;
+    if (!trie_build(&v->rest, v, rest, n_rest)) goto fail;
     return v;
 fail:
     free(order);
@@ -168,7 +176,7 @@ void gvocab_free(gvocab *v) {
     for (int32_t i = 0; v->bytes && i < v->n_tokens; i++) free(v->bytes[i]);
     free(v->bytes), free(v->len), free(v->is_special), free(v->eos), free(v->plain_bits);
     trie_free(&v->all);
-    trie_free(&v->not_plain);
+    trie_free(&v->rest);
     free(v);
 }
 
@@ -201,7 +209,7 @@ struct gmatcher {
     int64_t *set_off;
     int32_t *set_len;
     int32_t *trans; /* 256 per set: -2 unknown, -1 dead */
-    int8_t *loop;   /* per set: every plain token leads back to it (1), not (0), unknown (-1) */
+    int32_t *uni;   /* per set: the set every plain character leads it to; -1 none, -2 unknown */
     int32_t n_sets, cap_sets;
     int32_t *set_hash;
     uint32_t set_hash_cap;
@@ -345,8 +353,8 @@ static int32_t set_intern(gmatcher *m) {
         if (l) m->set_len = l;
         int32_t *t = realloc(m->trans, (size_t)nc * 256 * sizeof *t);
         if (t) m->trans = t;
-        int8_t *lp = realloc(m->loop, (size_t)nc);
-        if (lp) m->loop = lp;
+        int32_t *lp = realloc(m->uni, (size_t)nc * sizeof *lp);
+        if (lp) m->uni = lp;
         if (!o || !l || !t || !lp) { m->oom = 1; return -1; }
         m->cap_sets = nc;
     }
@@ -361,14 +369,13 @@ static int32_t set_intern(gmatcher *m) {
     memcpy(m->set_items + m->n_items, m->tmp, (size_t)n * sizeof *m->tmp);
     m->n_items += n;
     for (int i = 0; i < 256; i++) m->trans[(int64_t)s * 256 + i] = -2;
-    m->loop[s] = -1;
+    m->uni[s] = -2;
     m->set_hash[k] = s;
     return s;
 }
 
-static int32_t advance(gmatcher *m, int32_t set, unsigned byte) {
-    int32_t *t = &m->trans[(int64_t)set * 256 + byte];
-    if (*t != -2) return *t;
+/* The set after one byte, computed (not cached). */
+static int32_t step(gmatcher *m, int32_t set, unsigned byte) {
     m->n_tmp = 0;
     m->epoch++;
     m->work = GM_MAX_WORK;
@@ -381,10 +388,59 @@ static int32_t advance(gmatcher *m, int32_t set, unsigned byte) {
         gm_node n = m->nodes[id];
         if (gr_has(&g->sets[g->elems[n.pos].arg], byte)) expand(m, n.pos + 1, n.parent, 0);
     }
-    int32_t r = set_intern(m);
-    if (m->oom) return -1; /* not cached: out of memory is not a grammar fact */
-    m->trans[(int64_t)set * 256 + byte] = r;
-    return r;
+    return set_intern(m);
+}
+
+/* Two bytes that every stack of the set takes or refuses alike lead to the same set: the
+ * whole row of transitions is filled with one step per class of such bytes (a JSON string
+ * state has a handful of classes, not 256). */
+static int32_t advance(gmatcher *m, int32_t set, unsigned byte) {
+    int32_t *row = &m->trans[(int64_t)set * 256];
+    if (row[byte] != -2) return row[byte];
+    const grammar *g = m->g;
+    int64_t off = m->set_off[set];
+    int32_t len = m->set_len[set];
+    /* each byte's signature: which of the set's distinct byte sets hold it */
+    uint32_t arg[64];
+    int k = 0;
+    for (int32_t i = 0; i < len && k <= 64; i++) {
+        int32_t id = m->set_items[off + i];
+        if (id == 0) continue;
+        uint32_t a = g->elems[m->nodes[id].pos].arg;
+        int seen = 0;
+        for (int j = 0; j < k && !seen; j++) seen = arg[j] == a;
+        if (!seen) {
+            if (k == 64) { k = 65; break; }
+            arg[k++] = a;
+        }
+    }
+    if (k > 64) { /* too many distinct byte sets to classify: this byte alone */
+        int32_t r = step(m, set, byte);
+        if (m->oom) return -1;
+        m->trans[(int64_t)set * 256 + byte] = r;
+        return r;
+    }
+    uint64_t sig[256] = {0};
+    for (int j = 0; j < k; j++) {
+        const gr_byteset *bs = &g->sets[arg[j]];
+        for (unsigned b = 0; b < 256; b++) sig[b] |= (uint64_t)gr_has(bs, b) << j;
+    }
+    uint64_t class_sig[256];
+    int32_t res[256], out[256];
+    int n_class = 0;
+    for (unsigned b = 0; b < 256; b++) {
+        int c = 0;
+        while (c < n_class && class_sig[c] != sig[b]) c++;
+        if (c == n_class) {
+            class_sig[n_class] = sig[b];
+            res[n_class++] = sig[b] ? step(m, set, b) : -1; /* no stack takes it: dead */
+            if (m->oom) return -1; /* not cached: out of memory is not a grammar fact */
+        }
+        out[b] = res[c];
+    }
+    row = &m->trans[(int64_t)set * 256]; /* step may have grown the table */
+    memcpy(row, out, sizeof out);
+    return row[byte];
 }
 
 gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
@@ -410,7 +466,7 @@ gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
 void gmatcher_free(gmatcher *m) {
     if (!m) return;
     free(m->nodes), free(m->node_hash), free(m->visit);
-    free(m->set_items), free(m->set_off), free(m->set_len), free(m->trans), free(m->set_hash), free(m->loop);
+    free(m->set_items), free(m->set_off), free(m->set_len), free(m->trans), free(m->set_hash), free(m->uni);
     free(m->tmp), free(m->walk);
     for (int i = 0; i < GM_MASK_CACHE; i++) free(m->mask_val[i]);
     free(m);
@@ -432,29 +488,35 @@ static int32_t uniform(gmatcher *m, int32_t t, unsigned lo, unsigned hi) {
     return r;
 }
 
-/* Whether every plain character (plain_token's alphabet) leads set s back to s: then every
- * plain token does, and the mask is the plain tokens plus a walk of the others. */
-static int is_loop(gmatcher *m, int32_t s) {
-    if (m->loop[s] >= 0) return m->loop[s];
-    int ok = 1;
-    for (unsigned b = 0x20; ok && b < 0x80; b++)
-        if (b != '"' && b != '\\') ok = advance(m, s, b) == s;
+/* The one set every plain character (plain_token's alphabet) leads set s to, or -1. */
+static int32_t plain_next(gmatcher *m, int32_t s) {
+    if (m->uni[s] != -2) return m->uni[s];
+    int32_t to = advance(m, s, 'a');
+    for (unsigned b = 0x20; to >= 0 && b < 0x80; b++)
+        if (b != '"' && b != '\\' && advance(m, s, b) != to) to = -1;
     /* UTF-8 by lead bytes: the second byte's range, then plain continuation bytes */
     static const struct { uint8_t lead_lo, lead_hi, lo, hi, more; } seqs[] = {
         {0xC2, 0xDF, 0x80, 0xBF, 0}, {0xE0, 0xE0, 0xA0, 0xBF, 1}, {0xE1, 0xEC, 0x80, 0xBF, 1},
         {0xED, 0xED, 0x80, 0x9F, 1}, {0xEE, 0xEF, 0x80, 0xBF, 1}, {0xF0, 0xF0, 0x90, 0xBF, 2},
         {0xF1, 0xF3, 0x80, 0xBF, 2}, {0xF4, 0xF4, 0x80, 0x8F, 2},
     };
-    for (size_t q = 0; ok && q < sizeof seqs / sizeof *seqs; q++)
-        for (unsigned lead = seqs[q].lead_lo; ok && lead <= seqs[q].lead_hi; lead++) {
+    for (size_t q = 0; to >= 0 && q < sizeof seqs / sizeof *seqs; q++)
+        for (unsigned lead = seqs[q].lead_lo; to >= 0 && lead <= seqs[q].lead_hi; lead++) {
             int32_t t = advance(m, s, lead);
             if (t >= 0) t = uniform(m, t, seqs[q].lo, seqs[q].hi);
             for (int k = 0; t >= 0 && k < seqs[q].more; k++) t = uniform(m, t, 0x80, 0xBF);
-            ok = t == s;
+            if (t != to) to = -1;
         }
-    if (m->oom) return 0; /* not cached: out of memory is not a grammar fact */
-    m->loop[s] = (int8_t)ok;
-    return ok;
+    if (m->oom) return -1; /* not cached: out of memory is not a grammar fact */
+    m->uni[s] = to;
+    return to;
+}
+
+/* Every short plain token is allowed from s: GV_SHORT plain characters in a row lead
+ * through states where each plain character goes to one next state. */
+static int short_plain_ok(gmatcher *m, int32_t s) {
+    for (int i = 0; i < GV_SHORT && s >= 0; i++) s = plain_next(m, s);
+    return s >= 0;
 }
 
 /* Sets the bits of every token of trie t reachable from set s; returns how many. */
@@ -483,9 +545,9 @@ static size_t compute_mask(gmatcher *m, uint32_t *bits) {
     size_t words = ((size_t)v->n_tokens + 31) / 32, count = 0;
     memset(bits, 0, words * sizeof *bits);
     if (m->done) return 0;
-    if (v->n_plain && is_loop(m, m->cur)) {
+    if (v->n_plain && short_plain_ok(m, m->cur)) {
         memcpy(bits, v->plain_bits, words * sizeof *bits);
-        count = v->n_plain + walk_trie(m, &v->not_plain, m->cur, bits);
+        count = v->n_plain + walk_trie(m, &v->rest, m->cur, bits);
     } else count = walk_trie(m, &v->all, m->cur, bits);
     if (gmatcher_can_end(m))
         for (int k = 0; k < v->n_eos; k++)

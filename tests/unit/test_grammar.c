@@ -247,6 +247,8 @@ static void test_masks(void **state) {
     check_masks("{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"}}}",
                 GRAMMAR_JSON_SCHEMA, "{\"ab\":\"\xc3\xa9\\n\",\"n\":-12}");
     check_masks(JSON_GBNF, GRAMMAR_GBNF, "{\"a\": [true, null]}");
+    /* a length bound far away, then close: short plain tokens at once, then walked */
+    check_masks("{\"type\":\"string\",\"maxLength\":21}", GRAMMAR_JSON_SCHEMA, "\"aaaa ab\xc3\xa9 abc\xe2\x82\xac aaaa\"");
     check_masks("(ab|abc)+\xe2\x82\xac?", GRAMMAR_REGEX, "abcab\xe2\x82\xac");
 }
 

@@ -80,6 +80,7 @@ def test_responses_text_format(client):
     r = client.responses.create(model="default_model", input="Pick a color as JSON.", max_output_tokens=100,
                                 text={"format": {"type": "json_schema", "name": "c", "schema": schema}})
     jsonschema.validate(json.loads(r.output_text), schema)
+    assert r.text.format.type == "json_schema"  # the requested format is echoed
 
 
 def test_completions_regex_and_grammar(client):

@@ -71,7 +71,8 @@ int main(int argc, char **argv) {
     if (argc > 3) dump_vocab(t, argv[3]);
     double t0 = now_us();
     gvocab *v = vocab_of(t);
-    fprintf(stderr, "maskbench: vocabulary of %d tokens indexed in %.1f ms\n", tok_vocab_size(t), (now_us() - t0) / 1e3);
+    fprintf(stderr, "maskbench: vocabulary of %d tokens indexed in %.1f ms\n", tok_vocab_size(t),
+            (now_us() - t0) / 1e3);
     FILE *f = fopen(argv[2], "r");
     if (!f || !v) return 1;
     size_t words = ((size_t)tok_vocab_size(t) + 31) / 32;
@@ -101,7 +102,10 @@ int main(int argc, char **argv) {
             int valid = json_is_true(json_object_get(test, "valid"));
             int32_t *ids = NULL;
             size_t n_ids = 0;
-            if (tok_encode(t, text, strlen(text), 0, &ids, &n_ids, &e)) { free(ids); continue; }
+            if (tok_encode(t, text, strlen(text), 0, &ids, &n_ids, &e)) {
+                free(ids);
+                continue;
+            }
             gmatcher *m = gmatcher_new(gr, v);
             long reject_at = -1;
             for (size_t k = 0; m && k <= n_ids; k++) {
@@ -110,7 +114,10 @@ int main(int argc, char **argv) {
                 gmatcher_mask(m, mask);
                 double dt = now_us() - m0;
                 if (valid) json_array_append_new(times, json_real(dt));
-                if (!(mask[id >> 5] >> (id & 31) & 1) || !gmatcher_accept(m, id)) { reject_at = (long)k; break; }
+                if (!(mask[id >> 5] >> (id & 31) & 1) || !gmatcher_accept(m, id)) {
+                    reject_at = (long)k;
+                    break;
+                }
             }
             json_t *vd = json_object();
             json_object_set_new(vd, "valid", json_boolean(valid));

@@ -6,15 +6,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GROW(arr, n, cap, fail)                                                                                   \
-    do {                                                                                                          \
-        if ((n) >= (cap)) {                                                                                       \
-            int32_t nc_ = (cap) ? (cap)*2 : 64;                                                                   \
-            void *p_ = realloc((arr), (size_t)nc_ * sizeof *(arr));                                               \
-            if (!p_) { fail; }                                                                                    \
-            (arr) = p_;                                                                                           \
-            (cap) = nc_;                                                                                          \
-        }                                                                                                         \
+#define GROW(arr, n, cap, fail)                                                                                        \
+    do {                                                                                                               \
+        if ((n) >= (cap)) {                                                                                            \
+            int32_t nc_ = (cap) ? (cap)*2 : 64;                                                                        \
+            void *p_ = realloc((arr), (size_t)nc_ * sizeof *(arr));                                                    \
+            if (!p_) {                                                                                                 \
+                fail;                                                                                                  \
+            }                                                                                                          \
+            (arr) = p_;                                                                                                \
+            (cap) = nc_;                                                                                               \
+        }                                                                                                              \
     } while (0)
 
 void gr_build_init(gr_build *b) { memset(b, 0, sizeof *b); }
@@ -30,7 +32,10 @@ void gr_build_free(gr_build *b) {
 }
 
 static int32_t node_new(gr_build *b, int kind, int32_t a, int32_t bb) {
-    if (b->oom || b->n_nodes >= GR_MAX_NODES) { b->oom = 1; return 0; }
+    if (b->oom || b->n_nodes >= GR_MAX_NODES) {
+        b->oom = 1;
+        return 0;
+    }
     GROW(b->nodes, b->n_nodes, b->cap_nodes, b->oom = 1; return 0);
     gr_node *n = &b->nodes[b->n_nodes];
     memset(n, 0, sizeof *n);
@@ -88,8 +93,8 @@ int32_t gr_alt2(gr_build *b, int32_t x, int32_t y) { return gr_alt(b, (int32_t[]
 
 int32_t gr_repeat(gr_build *b, int32_t kid, int32_t min, int32_t max) {
     /* (x+)+, (x*)+, (x+)*, (x*)*: one star or plus; nested ones only multiply the parses */
-    if (!b->oom && kid >= 0 && kid < b->n_nodes && max == GR_INF && min <= 1 && b->nodes[kid].kind == GN_REPEAT && b->nodes[kid].b == GR_INF &&
-        b->nodes[kid].a <= 1)
+    if (!b->oom && kid >= 0 && kid < b->n_nodes && max == GR_INF && min <= 1 && b->nodes[kid].kind == GN_REPEAT &&
+        b->nodes[kid].b == GR_INF && b->nodes[kid].a <= 1)
         return gr_repeat(b, b->nodes[kid].kids, min * b->nodes[kid].a, GR_INF);
     int32_t k = node_new(b, GN_REPEAT, min, max);
     if (!b->oom) b->nodes[k].kids = kid;
@@ -100,7 +105,10 @@ int32_t gr_opt(gr_build *b, int32_t kid) { return gr_repeat(b, kid, 0, 1); }
 int32_t gr_literal(gr_build *b, const char *bytes, size_t n) {
     if (n == 0) return gr_empty(b);
     int32_t *k = malloc(n * sizeof *k);
-    if (!k) { b->oom = 1; return 0; }
+    if (!k) {
+        b->oom = 1;
+        return 0;
+    }
     for (size_t i = 0; i < n; i++) k[i] = gr_byte(b, (unsigned char)bytes[i]);
     int32_t r = gr_seq(b, k, (int)n);
     free(k);
@@ -113,7 +121,10 @@ int32_t gr_rule_named(gr_build *b, const char *name, size_t len) {
     if (b->oom) return -1;
     GROW(b->rules, b->n_rules, b->cap_rules, b->oom = 1; return -1);
     char *nm = malloc(len + 1);
-    if (!nm) { b->oom = 1; return -1; }
+    if (!nm) {
+        b->oom = 1;
+        return -1;
+    }
     memcpy(nm, name, len);
     nm[len] = 0;
     b->rules[b->n_rules] = (gr_rule){nm, -1, 0, 0};
@@ -158,7 +169,10 @@ static int32_t flat_new(lower_ctx *c) {
         if (a) c->alts = a;
         int32_t *n = realloc(c->n_alts, (size_t)nc * sizeof *n);
         if (n) c->n_alts = n;
-        if (!a || !n) { c->oom = 1; return -1; }
+        if (!a || !n) {
+            c->oom = 1;
+            return -1;
+        }
         c->cap_flat = nc;
     }
     c->alts[c->n_flat] = NULL;
@@ -168,7 +182,10 @@ static int32_t flat_new(lower_ctx *c) {
 
 static elem_vec *alt_new(lower_ctx *c, int32_t r) {
     elem_vec *a = realloc(c->alts[r], (size_t)(c->n_alts[r] + 1) * sizeof *a);
-    if (!a) { c->oom = 1; return NULL; }
+    if (!a) {
+        c->oom = 1;
+        return NULL;
+    }
     c->alts[r] = a;
     memset(&a[c->n_alts[r]], 0, sizeof *a);
     return &a[c->n_alts[r]++];
@@ -178,7 +195,7 @@ static elem_vec *alt_new(lower_ctx *c, int32_t r) {
 static void push_elem(lower_ctx *c, int32_t r, int32_t ai, int kind, int32_t arg) {
     if (c->oom) return;
     elem_vec *v = &c->alts[r][ai];
-    GROW(v->e, v->n, v->cap, c->oom = 1; return);
+    GROW(v->e, v->n, v->cap, c->oom = 1; return );
     v->e[v->n++] = (gr_elem){(uint32_t)kind, (uint32_t)arg};
 }
 
@@ -208,7 +225,10 @@ static void emit(lower_ctx *c, int32_t r, int32_t ai, int32_t node) {
         return;
     }
     case GN_REPEAT:
-        if (n->a == 1 && n->b == 1) { emit(c, r, ai, n->kids); return; }
+        if (n->a == 1 && n->b == 1) {
+            emit(c, r, ai, n->kids);
+            return;
+        }
         break;
     case GN_CPSET: {
         /* all ASCII (and, in a JSON string, nothing that needs escaping): one byte set */
@@ -220,7 +240,10 @@ static void emit(lower_ctx *c, int32_t r, int32_t ai, int32_t node) {
                 ok = 0;
             for (uint32_t x = lo; ok && x <= hi; x++) gr_add(&s, x);
         }
-        if (ok) { push_elem(c, r, ai, GE_BYTES, set_index(c, &s)); return; }
+        if (ok) {
+            push_elem(c, r, ai, GE_BYTES, set_index(c, &s));
+            return;
+        }
         break;
     }
     default: break;
@@ -262,7 +285,8 @@ static void utf8_alts(lower_ctx *c, int32_t r, uint32_t lo, uint32_t hi) {
         }
     }
     uint8_t a[4], z[4];
-    if (len == 1) a[0] = (uint8_t)lo, z[0] = (uint8_t)hi;
+    if (len == 1)
+        a[0] = (uint8_t)lo, z[0] = (uint8_t)hi;
     else {
         uint32_t v[2] = {lo, hi};
         uint8_t *o[2] = {a, z};
@@ -299,11 +323,15 @@ static void literal_alt(lower_ctx *c, int32_t r, const char *s) {
 /* One code-point range; in a JSON string control characters, quote and backslash only
  * in their escaped form (the shortest one, as JSON encoders write it). */
 static void cp_range_alts(lower_ctx *c, int32_t r, uint32_t lo, uint32_t hi, int json) {
-    if (!json) { utf8_alts(c, r, lo, hi); return; }
+    if (!json) {
+        utf8_alts(c, r, lo, hi);
+        return;
+    }
     for (uint32_t cp = lo; cp <= hi && cp < 0x20; cp++) {
         static const char *named[0x20] = {[8] = "\\b", [9] = "\\t", [10] = "\\n", [12] = "\\f", [13] = "\\r"};
         char buf[8];
-        if (named[cp]) literal_alt(c, r, named[cp]);
+        if (named[cp])
+            literal_alt(c, r, named[cp]);
         else {
             static const char hex[] = "0123456789abcdef";
             memcpy(buf, "\\u00", 4), buf[4] = hex[cp >> 4], buf[5] = hex[cp & 15], buf[6] = 0;
@@ -326,7 +354,10 @@ static void cp_range_alts(lower_ctx *c, int32_t r, uint32_t lo, uint32_t hi, int
 static void cpset_alts(lower_ctx *c, int32_t r, const gr_node *n) {
     int32_t k = n->b;
     uint32_t *v = malloc(((size_t)k + 2) * 2 * sizeof *v);
-    if (!v) { c->oom = 1; return; }
+    if (!v) {
+        c->oom = 1;
+        return;
+    }
     memcpy(v, c->b->ranges + n->a, (size_t)k * 2 * sizeof *v);
     qsort(v, (size_t)k, 2 * sizeof *v, cmp_u32pair);
     int32_t m = 0;
@@ -334,7 +365,8 @@ static void cpset_alts(lower_ctx *c, int32_t r, const gr_node *n) {
         if (v[2 * i] > v[2 * i + 1]) continue;
         if (m && v[2 * i] <= v[2 * m - 1] + 1) {
             if (v[2 * i + 1] > v[2 * m - 1]) v[2 * m - 1] = v[2 * i + 1];
-        } else v[2 * m] = v[2 * i], v[2 * m + 1] = v[2 * i + 1], m++;
+        } else
+            v[2 * m] = v[2 * i], v[2 * m + 1] = v[2 * i + 1], m++;
     }
     for (int32_t i = 0; i < m; i++) {
         uint32_t lo = v[2 * i], hi = v[2 * i + 1] > 0x10FFFF ? 0x10FFFF : v[2 * i + 1];
@@ -342,7 +374,8 @@ static void cpset_alts(lower_ctx *c, int32_t r, const gr_node *n) {
         if (lo <= 0xDFFF && hi >= 0xD800) {
             if (lo < 0xD800) cp_range_alts(c, r, lo, 0xD7FF, n->json);
             if (hi > 0xDFFF) cp_range_alts(c, r, 0xE000, hi, n->json);
-        } else cp_range_alts(c, r, lo, hi, n->json);
+        } else
+            cp_range_alts(c, r, lo, hi, n->json);
     }
     free(v);
 }
@@ -366,7 +399,8 @@ static int32_t lower_anon(lower_ctx *c, int32_t node) {
         /* the repeated item as one element: a rule unless it is a single byte set */
         gr_elem item;
         const gr_node *kid = &c->b->nodes[n.kids];
-        if (kid->kind == GN_BYTES) item = (gr_elem){GE_BYTES, (uint32_t)set_index(c, &c->b->sets[kid->a])};
+        if (kid->kind == GN_BYTES)
+            item = (gr_elem){GE_BYTES, (uint32_t)set_index(c, &c->b->sets[kid->a])};
         else if (kid->kind == GN_RULE) {
             int32_t f = lower_rule(c, kid->a);
             if (f < 0) return -1;
@@ -421,7 +455,8 @@ static int32_t lower_rule(lower_ctx *c, int32_t rule) {
     if (n->kind == GN_ALT) {
         int32_t kids = n->kids, nk = n->n_kids;
         for (int32_t i = 0; i < nk; i++) alt_of(c, r, c->b->pool[kids + i]);
-    } else alt_of(c, r, ru->body);
+    } else
+        alt_of(c, r, ru->body);
     return r;
 }
 
@@ -461,11 +496,18 @@ static hearth_status check_left_recursion(grammar *g, hearth_error *err) {
             int32_t count = 0;
             for (uint32_t a = g->rule_alt0[r]; a < g->rule_alt0[r + 1] && next < 0; a++) {
                 for (uint32_t p = g->alt_start[a]; g->elems[p].kind == GE_RULE; p++) {
-                    if (count++ == *it) { next = (int32_t)g->elems[p].arg; break; }
+                    if (count++ == *it) {
+                        next = (int32_t)g->elems[p].arg;
+                        break;
+                    }
                     if (!nullable[g->elems[p].arg]) break;
                 }
             }
-            if (next < 0) { state[r] = 2; sp -= 2; continue; }
+            if (next < 0) {
+                state[r] = 2;
+                sp -= 2;
+                continue;
+            }
             (*it)++;
             if (state[next] == 1) {
                 st = err_set(err, HEARTH_ERR_UNSUPPORTED, "left recursion through rule '%s' is not supported",

@@ -6,7 +6,9 @@
 #include "grammar/grammar_internal.h"
 
 enum { GE_END, GE_BYTES, GE_RULE };
-typedef struct { uint32_t kind : 2, arg : 30; } gr_elem;
+typedef struct {
+    uint32_t kind : 2, arg : 30;
+} gr_elem;
 
 struct grammar {
     gr_elem *elems;
@@ -16,7 +18,7 @@ struct grammar {
     uint32_t *alt_start; /* alternative -> first element */
     uint32_t *rule_alt0; /* rule -> first alternative; rule_alt0[n_rules] = total */
     int32_t n_rules;
-    char **rule_names;   /* NULL for anonymous rules */
+    char **rule_names; /* NULL for anonymous rules */
     int32_t root;
 };
 #endif

@@ -13,10 +13,12 @@ static int word_char(char c) {
 static void skip_space(gr_parser *p) {
     while (p->i < p->n) {
         char c = p->s[p->i];
-        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') p->i++;
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r')
+            p->i++;
         else if (c == '#') {
             while (p->i < p->n && p->s[p->i] != '\n') p->i++;
-        } else break;
+        } else
+            break;
     }
 }
 
@@ -35,12 +37,14 @@ static int at_rule_head(gr_parser *p) {
     return q.i + 3 <= q.n && !memcmp(q.s + q.i, "::=", 3);
 }
 
-
 static void put_utf8(char *o, size_t *n, uint32_t c) {
-    if (c < 0x80) o[(*n)++] = (char)c;
-    else if (c < 0x800) o[(*n)++] = (char)(0xC0 | c >> 6), o[(*n)++] = (char)(0x80 | (c & 63));
+    if (c < 0x80)
+        o[(*n)++] = (char)c;
+    else if (c < 0x800)
+        o[(*n)++] = (char)(0xC0 | c >> 6), o[(*n)++] = (char)(0x80 | (c & 63));
     else if (c < 0x10000)
-        o[(*n)++] = (char)(0xE0 | c >> 12), o[(*n)++] = (char)(0x80 | (c >> 6 & 63)), o[(*n)++] = (char)(0x80 | (c & 63));
+        o[(*n)++] = (char)(0xE0 | c >> 12), o[(*n)++] = (char)(0x80 | (c >> 6 & 63)),
+        o[(*n)++] = (char)(0x80 | (c & 63));
     else
         o[(*n)++] = (char)(0xF0 | c >> 18), o[(*n)++] = (char)(0x80 | (c >> 12 & 63)),
         o[(*n)++] = (char)(0x80 | (c >> 6 & 63)), o[(*n)++] = (char)(0x80 | (c & 63));
@@ -50,23 +54,38 @@ static int32_t literal(gr_parser *p) {
     size_t at = p->i++;
     char *buf = malloc(p->n - p->i + 4);
     size_t n = 0;
-    if (!buf) { p->b->oom = 1; return 0; }
+    if (!buf) {
+        p->b->oom = 1;
+        return 0;
+    }
     for (;;) {
-        if (p->i >= p->n || p->s[p->i] == '\n') { gr_err_at(p, at, "unterminated string literal%s", ""); break; }
+        if (p->i >= p->n || p->s[p->i] == '\n') {
+            gr_err_at(p, at, "unterminated string literal%s", "");
+            break;
+        }
         char c = p->s[p->i++];
         if (c == '"') break;
-        if (c != '\\') { buf[n++] = c; continue; }
+        if (c != '\\') {
+            buf[n++] = c;
+            continue;
+        }
         if (p->i >= p->n) continue;
         char e = p->s[p->i++];
         uint32_t v = 0;
         int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
         if (digits) {
             for (int k = 0; k < digits; k++) {
-                if (p->i >= p->n || gr_hexval(p->s[p->i]) < 0) { gr_err_at(p, p->i, "bad \\%s escape in literal", (char[]){e, 0}); break; }
+                if (p->i >= p->n || gr_hexval(p->s[p->i]) < 0) {
+                    gr_err_at(p, p->i, "bad \\%s escape in literal", (char[]){e, 0});
+                    break;
+                }
                 v = v * 16 + (uint32_t)gr_hexval(p->s[p->i++]);
             }
             if (p->st) break;
-            if (v > 0x10FFFF) { gr_err_at(p, p->i, "escape beyond U+10FFFF%s", ""); break; }
+            if (v > 0x10FFFF) {
+                gr_err_at(p, p->i, "escape beyond U+10FFFF%s", "");
+                break;
+            }
             put_utf8(buf, &n, v);
             continue;
         }
@@ -74,7 +93,10 @@ static int32_t literal(gr_parser *p) {
         case 'n': buf[n++] = '\n'; break;
         case 't': buf[n++] = '\t'; break;
         case 'r': buf[n++] = '\r'; break;
-        case '\\': case '"': case '[': case ']': buf[n++] = e; break;
+        case '\\':
+        case '"':
+        case '[':
+        case ']': buf[n++] = e; break;
         default: gr_err_at(p, p->i - 2, "unknown escape \\%s in literal", (char[]){e, 0}); break;
         }
         if (p->st) break;
@@ -96,11 +118,17 @@ static int32_t sequence(gr_parser *p, int depth) {
         size_t at = p->i;
         int32_t x;
         if (c == '|' || c == ')') break;
-        if (c == '"') x = literal(p);
-        else if (c == '[') x = gr_parse_class(p);
-        else if (c == '.') p->i++, x = gr_any_char(p, 1);
+        if (c == '"')
+            x = literal(p);
+        else if (c == '[')
+            x = gr_parse_class(p);
+        else if (c == '.')
+            p->i++, x = gr_any_char(p, 1);
         else if (c == '(') {
-            if (depth > 200) { gr_err_at(p, at, "groups nested too deeply%s", ""); break; }
+            if (depth > 200) {
+                gr_err_at(p, at, "groups nested too deeply%s", "");
+                break;
+            }
             p->i++;
             x = alternates(p, depth + 1);
             skip_space(p);
@@ -114,8 +142,10 @@ static int32_t sequence(gr_parser *p, int depth) {
             if (!p->b->rules[r].line) {
                 int line = 1, col = 1;
                 for (size_t k = 0; k < at; k++) {
-                    if (p->s[k] == '\n') line++, col = 1;
-                    else col++;
+                    if (p->s[k] == '\n')
+                        line++, col = 1;
+                    else
+                        col++;
                 }
                 p->b->rules[r].line = line, p->b->rules[r].col = col;
             }
@@ -130,7 +160,10 @@ static int32_t sequence(gr_parser *p, int depth) {
         if (n == cap) {
             cap = cap ? cap * 2 : 8;
             int32_t *k = realloc(kids, (size_t)cap * sizeof *k);
-            if (!k) { p->b->oom = 1; break; }
+            if (!k) {
+                p->b->oom = 1;
+                break;
+            }
             kids = k;
         }
         kids[n++] = x;
@@ -149,12 +182,18 @@ static int32_t alternates(gr_parser *p, int depth) {
         if (n == cap) {
             cap = cap ? cap * 2 : 4;
             int32_t *k = realloc(alts, (size_t)cap * sizeof *k);
-            if (!k) { p->b->oom = 1; break; }
+            if (!k) {
+                p->b->oom = 1;
+                break;
+            }
             alts = k;
         }
         alts[n++] = x;
         skip_space(p);
-        if (p->i < p->n && p->s[p->i] == '|') { p->i++; continue; }
+        if (p->i < p->n && p->s[p->i] == '|') {
+            p->i++;
+            continue;
+        }
         break;
     }
     int32_t r = n ? gr_alt(p->b, alts, n) : gr_empty(p->b);
@@ -170,12 +209,18 @@ hearth_status gr_gbnf(gr_build *b, const char *text, size_t len, int32_t *root, 
         skip_space(&p);
         if (p.i >= p.n || p.st) break;
         size_t at = p.i, e = word_end(&p, p.i);
-        if (e == at) { gr_err_at(&p, at, "expected a rule name%s", ""); break; }
+        if (e == at) {
+            gr_err_at(&p, at, "expected a rule name%s", "");
+            break;
+        }
         int32_t r = gr_rule_named(b, text + at, e - at);
         if (r < 0) break;
         p.i = e;
         skip_space(&p);
-        if (p.i + 3 > p.n || memcmp(text + p.i, "::=", 3)) { gr_err_at(&p, p.i, "expected '::=' after rule name%s", ""); break; }
+        if (p.i + 3 > p.n || memcmp(text + p.i, "::=", 3)) {
+            gr_err_at(&p, p.i, "expected '::=' after rule name%s", "");
+            break;
+        }
         p.i += 3;
         if (b->rules[r].body >= 0) {
             gr_err_at(&p, at, "rule '%s' is defined twice", b->rules[r].name);
@@ -184,7 +229,10 @@ hearth_status gr_gbnf(gr_build *b, const char *text, size_t len, int32_t *root, 
         int32_t body = alternates(&p, 0);
         if (p.st) break;
         skip_space(&p);
-        if (p.i < p.n && !word_char(p.s[p.i])) { gr_err_at(&p, p.i, "unexpected character '%s'", (char[]){p.s[p.i], 0}); break; }
+        if (p.i < p.n && !word_char(p.s[p.i])) {
+            gr_err_at(&p, p.i, "unexpected character '%s'", (char[]){p.s[p.i], 0});
+            break;
+        }
         b->rules[r].body = body;
     }
     free(p.class_buf);

@@ -66,7 +66,10 @@ static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_tex
     t->tok_first = malloc(cap * sizeof *t->tok_first);
     t->tok_n = calloc(cap, sizeof *t->tok_n);
     int32_t *path = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *path);
-    if (!t->byte || !t->depth || !t->end || !t->tok_first || !t->tok_n || !path) { free(path); return 0; }
+    if (!t->byte || !t->depth || !t->end || !t->tok_first || !t->tok_n || !path) {
+        free(path);
+        return 0;
+    }
     int32_t sp = 0, n = 0;
     const char *prev = NULL;
     uint32_t prev_len = 0;
@@ -115,10 +118,14 @@ static int plain_token(const char *s, uint32_t n) {
         int len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
         if (!len || i + (uint32_t)len > n) return 0;
         unsigned lo = 0x80, hi = 0xBF; /* the second byte's range (no overlongs, no surrogates) */
-        if (c == 0xE0) lo = 0xA0;
-        else if (c == 0xED) hi = 0x9F;
-        else if (c == 0xF0) lo = 0x90;
-        else if (c == 0xF4) hi = 0x8F;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;
+        else if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
         if (u[i + 1] < lo || u[i + 1] > hi) return 0;
         for (int k = 2; k < len; k++)
             if ((u[i + k] & 0xC0) != 0x80) return 0;
@@ -158,10 +165,16 @@ gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *l
     for (int32_t k = 0; k < n_text; k++) {
         int32_t id = order[k];
         int chars = plain_token(v->bytes[id], v->len[id]);
-        if (chars > 0 && chars <= GV_SHORT) v->plain_bits[id >> 5] |= 1u << (id & 31), v->n_plain++;
-        else rest[n_rest++] = id; /* stays sorted */
+        if (chars > 0 && chars <= GV_SHORT)
+            v->plain_bits[id >> 5] |= 1u << (id & 31), v->n_plain++;
+        else
+            rest[n_rest++] = id; /* stays sorted */
     }
-    if (!trie_build(&v->all, v, order, n_text)) { order = NULL; free(rest); goto fail; }
+    if (!trie_build(&v->all, v, order, n_text)) {
+        order = NULL;
+        free(rest);
+        goto fail;
+    }
     order = NULL;
     if (!trie_build(&v->rest, v, rest, n_rest)) goto fail;
     return v;
@@ -184,13 +197,21 @@ int32_t gvocab_size(const gvocab *v) { return v ? v->n_tokens : 0; }
 
 /* ---- matcher --------------------------------------------------------------------------- */
 
-#define GM_MASK_CACHE 16 /* masks kept per matcher, keyed by set id: JSON strings and
-                            whitespace revisit a handful of sets */
-#define GM_MAX_DEPTH 2000 /* expansion recursion bound (grammar nesting without a byte) */
-#define GM_MAX_WORK 2000000 /* expansion steps for one byte: beyond this a (pathologically
-                               ambiguous) grammar is given up on, not followed for minutes */
+/* Masks kept per matcher, keyed by set id: JSON strings and whitespace revisit a
+ * handful of sets. */
+#define GM_MASK_CACHE 16
+/* Expansion recursion bound (grammar nesting without a byte). */
+#define GM_MAX_DEPTH 2000
+/* Expansion steps for one byte and parse stacks in one set: beyond these a
+ * (pathologically ambiguous) grammar is given up on, not followed for minutes. JSON
+ * Schema grammars stay in the hundreds. */
+#define GM_MAX_WORK 50000
+#define GM_MAX_SET 2048
 
-typedef struct { uint32_t pos; int32_t parent; } gm_node;
+typedef struct {
+    uint32_t pos;
+    int32_t parent;
+} gm_node;
 
 struct gmatcher {
     const grammar *g;
@@ -250,7 +271,10 @@ static int node_rehash(gmatcher *m) {
 }
 
 static int32_t node_intern(gmatcher *m, uint32_t pos, int32_t parent) {
-    if ((uint32_t)m->n_nodes * 2 >= m->node_hash_cap && !node_rehash(m)) { m->oom = 1; return -1; }
+    if ((uint32_t)m->n_nodes * 2 >= m->node_hash_cap && !node_rehash(m)) {
+        m->oom = 1;
+        return -1;
+    }
     uint32_t k = mix(((uint64_t)pos << 32) | (uint32_t)parent) & (m->node_hash_cap - 1);
     for (; m->node_hash[k] >= 0; k = (k + 1) & (m->node_hash_cap - 1)) {
         gm_node *n = &m->nodes[m->node_hash[k]];
@@ -262,7 +286,10 @@ static int32_t node_intern(gmatcher *m, uint32_t pos, int32_t parent) {
         uint32_t *nv = realloc(m->visit, (size_t)nc * sizeof *nv);
         if (nn) m->nodes = nn;
         if (nv) m->visit = nv;
-        if (!nn || !nv) { m->oom = 1; return -1; }
+        if (!nn || !nv) {
+            m->oom = 1;
+            return -1;
+        }
         memset(m->visit + m->cap_nodes, 0, (size_t)(nc - m->cap_nodes) * sizeof *nv);
         m->cap_nodes = nc;
     }
@@ -275,7 +302,10 @@ static void tmp_push(gmatcher *m, int32_t x) {
     if (m->n_tmp >= m->cap_tmp) {
         int32_t nc = m->cap_tmp ? m->cap_tmp * 2 : 256;
         int32_t *t = realloc(m->tmp, (size_t)nc * sizeof *t);
-        if (!t) { m->oom = 1; return; }
+        if (!t) {
+            m->oom = 1;
+            return;
+        }
         m->tmp = t, m->cap_tmp = nc;
     }
     m->tmp[m->n_tmp++] = x;
@@ -286,16 +316,25 @@ static void tmp_push(gmatcher *m, int32_t x) {
 static void expand(gmatcher *m, uint32_t pos, int32_t parent, int depth) {
     const grammar *g = m->g;
     for (;;) {
-        if (m->oom || depth > GM_MAX_DEPTH || --m->work < 0) { m->oom = 1; return; }
+        if (m->oom || depth > GM_MAX_DEPTH || --m->work < 0) {
+            m->oom = 1;
+            return;
+        }
         gr_elem e = g->elems[pos];
         if (e.kind == GE_END) {
-            if (parent == 0) { tmp_push(m, 0); return; }
+            if (parent == 0) {
+                tmp_push(m, 0);
+                return;
+            }
             pos = m->nodes[parent].pos, parent = m->nodes[parent].parent;
             continue;
         }
         int32_t id = node_intern(m, pos, parent);
         if (id < 0) return;
-        if (e.kind == GE_BYTES) { tmp_push(m, id); return; }
+        if (e.kind == GE_BYTES) {
+            tmp_push(m, id);
+            return;
+        }
         if (m->visit[id] == m->epoch) return; /* this expansion already ran this round */
         m->visit[id] = m->epoch;
         int32_t ret = g->elems[pos + 1].kind == GE_END ? parent : node_intern(m, pos + 1, parent);
@@ -339,7 +378,14 @@ static int32_t set_intern(gmatcher *m) {
     int32_t n = 1;
     for (int32_t i = 1; i < m->n_tmp; i++)
         if (m->tmp[i] != m->tmp[n - 1]) m->tmp[n++] = m->tmp[i];
-    if ((uint32_t)m->n_sets * 2 >= m->set_hash_cap && !set_rehash(m)) { m->oom = 1; return -1; }
+    if (n > GM_MAX_SET) {
+        m->oom = 1;
+        return -1;
+    }
+    if ((uint32_t)m->n_sets * 2 >= m->set_hash_cap && !set_rehash(m)) {
+        m->oom = 1;
+        return -1;
+    }
     uint32_t k = set_hash_of(m->tmp, n) & (m->set_hash_cap - 1);
     for (; m->set_hash[k] >= 0; k = (k + 1) & (m->set_hash_cap - 1)) {
         int32_t s = m->set_hash[k];
@@ -355,13 +401,19 @@ static int32_t set_intern(gmatcher *m) {
         if (t) m->trans = t;
         int32_t *lp = realloc(m->uni, (size_t)nc * sizeof *lp);
         if (lp) m->uni = lp;
-        if (!o || !l || !t || !lp) { m->oom = 1; return -1; }
+        if (!o || !l || !t || !lp) {
+            m->oom = 1;
+            return -1;
+        }
         m->cap_sets = nc;
     }
     if (m->n_items + n > m->cap_items) {
         int64_t nc = (m->cap_items ? m->cap_items * 2 : 1024) + n;
         int32_t *it = realloc(m->set_items, (size_t)nc * sizeof *it);
-        if (!it) { m->oom = 1; return -1; }
+        if (!it) {
+            m->oom = 1;
+            return -1;
+        }
         m->set_items = it, m->cap_items = nc;
     }
     int32_t s = m->n_sets++;
@@ -410,7 +462,10 @@ static int32_t advance(gmatcher *m, int32_t set, unsigned byte) {
         int seen = 0;
         for (int j = 0; j < k && !seen; j++) seen = arg[j] == a;
         if (!seen) {
-            if (k == 64) { k = 65; break; }
+            if (k == 64) {
+                k = 65;
+                break;
+            }
             arg[k++] = a;
         }
     }
@@ -434,7 +489,7 @@ static int32_t advance(gmatcher *m, int32_t set, unsigned byte) {
         if (c == n_class) {
             class_sig[n_class] = sig[b];
             res[n_class++] = sig[b] ? step(m, set, b) : -1; /* no stack takes it: dead */
-            if (m->oom) return -1; /* not cached: out of memory is not a grammar fact */
+            if (m->oom) return -1;                          /* not cached: out of memory is not a grammar fact */
         }
         out[b] = res[c];
     }
@@ -451,7 +506,10 @@ gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
     m->nodes = malloc((size_t)m->cap_nodes * sizeof *m->nodes);
     m->visit = calloc((size_t)m->cap_nodes, sizeof *m->visit);
     m->walk = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *m->walk);
-    if (!m->nodes || !m->visit || !m->walk || !node_rehash(m)) { gmatcher_free(m); return NULL; }
+    if (!m->nodes || !m->visit || !m->walk || !node_rehash(m)) {
+        gmatcher_free(m);
+        return NULL;
+    }
     m->nodes[0] = (gm_node){UINT32_MAX, -1};
     m->n_nodes = 1;
     for (int i = 0; i < GM_MASK_CACHE; i++) m->mask_key[i] = -1;
@@ -459,7 +517,10 @@ gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
     m->work = GM_MAX_WORK;
     for (uint32_t a = g->rule_alt0[g->root]; a < g->rule_alt0[g->root + 1]; a++) expand(m, g->alt_start[a], 0, 0);
     m->cur = set_intern(m);
-    if (m->oom || m->cur < 0) { gmatcher_free(m); return NULL; }
+    if (m->oom || m->cur < 0) {
+        gmatcher_free(m);
+        return NULL;
+    }
     return m;
 }
 
@@ -495,7 +556,9 @@ static int32_t plain_next(gmatcher *m, int32_t s) {
     for (unsigned b = 0x20; to >= 0 && b < 0x80; b++)
         if (b != '"' && b != '\\' && advance(m, s, b) != to) to = -1;
     /* UTF-8 by lead bytes: the second byte's range, then plain continuation bytes */
-    static const struct { uint8_t lead_lo, lead_hi, lo, hi, more; } seqs[] = {
+    static const struct {
+        uint8_t lead_lo, lead_hi, lo, hi, more;
+    } seqs[] = {
         {0xC2, 0xDF, 0x80, 0xBF, 0}, {0xE0, 0xE0, 0xA0, 0xBF, 1}, {0xE1, 0xEC, 0x80, 0xBF, 1},
         {0xED, 0xED, 0x80, 0x9F, 1}, {0xEE, 0xEF, 0x80, 0xBF, 1}, {0xF0, 0xF0, 0x90, 0xBF, 2},
         {0xF1, 0xF3, 0x80, 0xBF, 2}, {0xF4, 0xF4, 0x80, 0x8F, 2},
@@ -528,7 +591,10 @@ static size_t walk_trie(gmatcher *m, const gv_trie *t, int32_t s, uint32_t *bits
         int32_t from = st[t->depth[i] - 1];
         int32_t nx = m->trans[(int64_t)from * 256 + t->byte[i]];
         if (nx == -2) nx = advance(m, from, t->byte[i]);
-        if (nx < 0) { i = t->end[i]; continue; }
+        if (nx < 0) {
+            i = t->end[i];
+            continue;
+        }
         st[t->depth[i]] = nx;
         for (int32_t k = 0; k < t->tok_n[i]; k++) {
             int32_t id = t->tok_sorted[t->tok_first[i] + k];
@@ -548,10 +614,12 @@ static size_t compute_mask(gmatcher *m, uint32_t *bits) {
     if (v->n_plain && short_plain_ok(m, m->cur)) {
         memcpy(bits, v->plain_bits, words * sizeof *bits);
         count = v->n_plain + walk_trie(m, &v->rest, m->cur, bits);
-    } else count = walk_trie(m, &v->all, m->cur, bits);
+    } else
+        count = walk_trie(m, &v->all, m->cur, bits);
     if (gmatcher_can_end(m))
         for (int k = 0; k < v->n_eos; k++)
-            if (!(bits[v->eos[k] >> 5] >> (v->eos[k] & 31) & 1)) bits[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31), count++;
+            if (!(bits[v->eos[k] >> 5] >> (v->eos[k] & 31) & 1))
+                bits[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31), count++;
     return count;
 }
 

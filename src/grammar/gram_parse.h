@@ -19,7 +19,10 @@ typedef struct {
 } gr_parser;
 
 static inline int gr_hexval(int c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
 }
 int32_t gr_utf8_next(const char *s, size_t n, size_t *pos); /* -1: invalid or at end */
 void gr_err_at(gr_parser *p, size_t at, const char *fmt, const char *arg);

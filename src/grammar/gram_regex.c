@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 int32_t gr_utf8_next(const char *s, size_t n, size_t *pos) {
     const unsigned char *u = (const unsigned char *)s + *pos;
     size_t left = n - *pos;
@@ -31,15 +30,18 @@ void gr_err_at(gr_parser *p, size_t at, const char *fmt, const char *arg) {
     if (p->st) return;
     int line = 1, col = 1;
     for (size_t i = 0; i < at && i < p->n; i++) {
-        if (p->s[i] == '\n') line++, col = 1;
-        else col++;
+        if (p->s[i] == '\n')
+            line++, col = 1;
+        else
+            col++;
     }
     char msg[200];
     snprintf(msg, sizeof msg, fmt, arg ? arg : "");
-    if (p->gbnf) p->st = err_set(p->err, HEARTH_ERR_FORMAT, "%d:%d: %s", line, col, msg);
+    if (p->gbnf)
+        p->st = err_set(p->err, HEARTH_ERR_FORMAT, "%d:%d: %s", line, col, msg);
     else
-        p->st = err_set(p->err, HEARTH_ERR_FORMAT, "regex /%.*s%s/ at offset %zu: %s", (int)(p->n < 80 ? p->n : 80), p->s,
-                        p->n > 80 ? "..." : "", at, msg);
+        p->st = err_set(p->err, HEARTH_ERR_FORMAT, "regex /%.*s%s/ at offset %zu: %s", (int)(p->n < 80 ? p->n : 80),
+                        p->s, p->n > 80 ? "..." : "", at, msg);
 }
 
 static void add_range(uint32_t *r, int *n, uint32_t lo, uint32_t hi) {
@@ -76,7 +78,10 @@ static int class_escape(int c, uint32_t *r, int *n) {
 /* A single escaped code point after the backslash; -1 (error set) if not supported. */
 static int32_t escape_cp(gr_parser *p) {
     size_t at = p->i;
-    if (p->i >= p->n) { gr_err_at(p, at, "pattern ends after a backslash%s", ""); return -1; }
+    if (p->i >= p->n) {
+        gr_err_at(p, at, "pattern ends after a backslash%s", "");
+        return -1;
+    }
     char c = p->s[p->i++];
     switch (c) {
     case 'n': return '\n';
@@ -93,15 +98,24 @@ static int32_t escape_cp(gr_parser *p) {
         if (c == 'x' && p->i < p->n && p->s[p->i] == '{') { /* \x{HHHH} */
             p->i++;
             while (p->i < p->n && gr_hexval(p->s[p->i]) >= 0 && v <= 0x10FFFF) v = v * 16 + gr_hexval(p->s[p->i++]);
-            if (p->i >= p->n || p->s[p->i] != '}' || v > 0x10FFFF) { gr_err_at(p, at, "bad \\x{...} escape%s", ""); return -1; }
+            if (p->i >= p->n || p->s[p->i] != '}' || v > 0x10FFFF) {
+                gr_err_at(p, at, "bad \\x{...} escape%s", "");
+                return -1;
+            }
             p->i++;
             return v;
         }
         for (int k = 0; k < digits; k++) {
-            if (p->i >= p->n || gr_hexval(p->s[p->i]) < 0) { gr_err_at(p, at, "bad \\%s escape", c == 'x' ? "x" : "u"); return -1; }
+            if (p->i >= p->n || gr_hexval(p->s[p->i]) < 0) {
+                gr_err_at(p, at, "bad \\%s escape", c == 'x' ? "x" : "u");
+                return -1;
+            }
             v = v * 16 + gr_hexval(p->s[p->i++]);
         }
-        if (v > 0x10FFFF) { gr_err_at(p, at, "escape beyond U+10FFFF%s", ""); return -1; }
+        if (v > 0x10FFFF) {
+            gr_err_at(p, at, "escape beyond U+10FFFF%s", "");
+            return -1;
+        }
         return v;
     }
     default:
@@ -123,9 +137,15 @@ int32_t gr_parse_class(gr_parser *p) {
     if (p->i < p->n && p->s[p->i] == '^') neg = 1, p->i++;
     int first = 1;
     for (;;) {
-        if (p->i >= p->n) { gr_err_at(p, at, "unterminated character class%s", ""); return 0; }
+        if (p->i >= p->n) {
+            gr_err_at(p, at, "unterminated character class%s", "");
+            return 0;
+        }
         char c = p->s[p->i];
-        if (c == ']' && !(first && !p->gbnf)) { p->i++; break; }
+        if (c == ']' && !(first && !p->gbnf)) {
+            p->i++;
+            break;
+        }
         first = 0;
         int32_t lo;
         if (c == '[' && p->i + 1 < p->n && p->s[p->i + 1] == ':') {
@@ -134,10 +154,14 @@ int32_t gr_parse_class(gr_parser *p) {
         }
         if (c == '\\') {
             p->i++;
-            if (p->i < p->n && class_escape(p->s[p->i], r, &n)) { p->i++; continue; }
+            if (p->i < p->n && class_escape(p->s[p->i], r, &n)) {
+                p->i++;
+                continue;
+            }
             if (p->gbnf && p->i < p->n && (p->s[p->i] == ']' || p->s[p->i] == '[' || p->s[p->i] == '-'))
                 lo = (unsigned char)p->s[p->i++];
-            else if ((lo = escape_cp(p)) < 0) return 0;
+            else if ((lo = escape_cp(p)) < 0)
+                return 0;
         } else if ((lo = gr_utf8_next(p->s, p->n, &p->i)) < 0) {
             gr_err_at(p, p->i, "invalid UTF-8%s", "");
             return 0;
@@ -152,25 +176,40 @@ int32_t gr_parse_class(gr_parser *p) {
                 gr_err_at(p, p->i, "invalid UTF-8%s", "");
                 return 0;
             }
-            if (hi < lo) { gr_err_at(p, at, "class range out of order%s", ""); return 0; }
+            if (hi < lo) {
+                gr_err_at(p, at, "class range out of order%s", "");
+                return 0;
+            }
         }
         add_range(r, &n, (uint32_t)lo, (uint32_t)hi);
     }
-    if (n >= GR_MAX_CLASS) { gr_err_at(p, at, "character class too long%s", ""); return 0; }
+    if (n >= GR_MAX_CLASS) {
+        gr_err_at(p, at, "character class too long%s", "");
+        return 0;
+    }
     if (neg) {
         /* complement over all code points */
         uint32_t *c = malloc((size_t)(n + 1) * 2 * sizeof *c);
-        if (!c) { p->b->oom = 1; return 0; }
+        if (!c) {
+            p->b->oom = 1;
+            return 0;
+        }
         int m = 0;
         for (uint32_t lo = 0; lo <= 0x10FFFF;) {
             /* smallest range start >= lo that covers lo? find any range containing lo */
             int hit = -1;
             uint32_t next_start = 0x110000;
             for (int i = 0; i < n; i++) {
-                if (r[2 * i] <= lo && r[2 * i + 1] >= lo) { hit = i; break; }
+                if (r[2 * i] <= lo && r[2 * i + 1] >= lo) {
+                    hit = i;
+                    break;
+                }
                 if (r[2 * i] > lo && r[2 * i] < next_start) next_start = r[2 * i];
             }
-            if (hit >= 0) { lo = r[2 * hit + 1] + 1; continue; }
+            if (hit >= 0) {
+                lo = r[2 * hit + 1] + 1;
+                continue;
+            }
             c[2 * m] = lo, c[2 * m + 1] = next_start - 1, m++;
             lo = next_start;
         }
@@ -205,7 +244,8 @@ int gr_parse_braces(gr_parser *p, int32_t *min, int32_t *max) {
             b = 0;
             while (i < p->n && p->s[i] >= '0' && p->s[i] <= '9' && b <= GR_MAX_REPEAT) b = b * 10 + (p->s[i++] - '0');
         }
-    } else b = a;
+    } else
+        b = a;
     if (i >= p->n || p->s[i] != '}') return 0;
     p->i = i + 1;
     *min = (int32_t)(a > GR_MAX_REPEAT ? GR_MAX_REPEAT + 1 : a);
@@ -219,33 +259,47 @@ static int32_t re_atom(gr_parser *p, int depth) {
     char c = p->s[p->i];
     size_t at = p->i;
     if (c == '(') {
-        if (depth > 200) { gr_err_at(p, at, "groups nested too deeply%s", ""); return 0; }
+        if (depth > 200) {
+            gr_err_at(p, at, "groups nested too deeply%s", "");
+            return 0;
+        }
         p->i++;
         if (p->i < p->n && p->s[p->i] == '?') {
-            if (p->i + 1 < p->n && p->s[p->i + 1] == ':') p->i += 2;
+            if (p->i + 1 < p->n && p->s[p->i + 1] == ':')
+                p->i += 2;
             else if (p->i + 1 < p->n && (p->s[p->i + 1] == '<' || p->s[p->i + 1] == 'P') && p->i + 2 < p->n &&
                      p->s[p->i + 2] != '=' && p->s[p->i + 2] != '!') {
                 while (p->i < p->n && p->s[p->i] != '>') p->i++;
                 p->i++;
             } else {
-                gr_err_at(p, at, "group syntax (?%s is not supported (lookaround, flags)", p->i + 1 < p->n ? (char[]){p->s[p->i + 1], 0} : "");
+                gr_err_at(p, at, "group syntax (?%s is not supported (lookaround, flags)",
+                          p->i + 1 < p->n ? (char[]){p->s[p->i + 1], 0} : "");
                 return 0;
             }
         }
         int32_t x = re_alt(p, depth + 1, 0);
         if (p->st) return 0;
-        if (p->i >= p->n || p->s[p->i] != ')') { gr_err_at(p, at, "unbalanced '('%s", ""); return 0; }
+        if (p->i >= p->n || p->s[p->i] != ')') {
+            gr_err_at(p, at, "unbalanced '('%s", "");
+            return 0;
+        }
         p->i++;
         return x;
     }
     if (c == '[') return gr_parse_class(p);
-    if (c == '.') { p->i++; return gr_any_char(p, 0); }
+    if (c == '.') {
+        p->i++;
+        return gr_any_char(p, 0);
+    }
     if (c == '\\') {
         p->i++;
         if (p->i < p->n) {
             uint32_t r[2 * 8];
             int n = 0;
-            if (class_escape(p->s[p->i], r, &n)) { p->i++; return gr_cpset(p->b, r, n, p->json); }
+            if (class_escape(p->s[p->i], r, &n)) {
+                p->i++;
+                return gr_cpset(p->b, r, n, p->json);
+            }
         }
         int32_t cp = escape_cp(p);
         return cp < 0 ? 0 : gr_single_cp(p, (uint32_t)cp);
@@ -254,15 +308,24 @@ static int32_t re_atom(gr_parser *p, int depth) {
         if (c == '{') {
             int32_t a, b;
             size_t save = p->i;
-            if (!gr_parse_braces(p, &a, &b)) { p->i++; return gr_single_cp(p, '{'); }
+            if (!gr_parse_braces(p, &a, &b)) {
+                p->i++;
+                return gr_single_cp(p, '{');
+            }
             p->i = save;
         }
         gr_err_at(p, at, "quantifier with nothing to repeat%s", "");
         return 0;
     }
-    if (c == '^' || c == '$') { gr_err_at(p, at, "anchor inside the pattern is not supported%s", ""); return 0; }
+    if (c == '^' || c == '$') {
+        gr_err_at(p, at, "anchor inside the pattern is not supported%s", "");
+        return 0;
+    }
     int32_t cp = gr_utf8_next(p->s, p->n, &p->i);
-    if (cp < 0) { gr_err_at(p, at, "invalid UTF-8%s", ""); return 0; }
+    if (cp < 0) {
+        gr_err_at(p, at, "invalid UTF-8%s", "");
+        return 0;
+    }
     return gr_single_cp(p, (uint32_t)cp);
 }
 
@@ -272,12 +335,19 @@ int32_t gr_quantify(gr_parser *p, int32_t x) {
         if (p->i >= p->n || p->st) return x;
         char c = p->s[p->i];
         int32_t min, max;
-        if (c == '*') min = 0, max = GR_INF, p->i++;
-        else if (c == '+') min = 1, max = GR_INF, p->i++;
-        else if (c == '?') min = 0, max = 1, p->i++;
+        if (c == '*')
+            min = 0, max = GR_INF, p->i++;
+        else if (c == '+')
+            min = 1, max = GR_INF, p->i++;
+        else if (c == '?')
+            min = 0, max = 1, p->i++;
         else if (c == '{' && gr_parse_braces(p, &min, &max)) {
-            if (max != GR_INF && max < min) { gr_err_at(p, p->i, "repetition {m,n} with n < m%s", ""); return 0; }
-        } else return x;
+            if (max != GR_INF && max < min) {
+                gr_err_at(p, p->i, "repetition {m,n} with n < m%s", "");
+                return 0;
+            }
+        } else
+            return x;
         if (!p->gbnf && p->i < p->n && (p->s[p->i] == '?' || p->s[p->i] == '+')) p->i++; /* lazy / possessive */
         x = gr_repeat(p->b, x, min, max);
     }
@@ -295,7 +365,9 @@ static int32_t re_seq(gr_parser *p, int depth, int top, int *anch_start, int *an
         }
         int32_t x = gr_quantify(p, re_atom(p, depth));
         if (p->st) return 0;
-        if (n == 256) { acc = gr_seq(p->b, kids, n), n = 0, kids[n++] = acc; }
+        if (n == 256) {
+            acc = gr_seq(p->b, kids, n), n = 0, kids[n++] = acc;
+        }
         kids[n++] = x;
     }
     return n ? gr_seq(p->b, kids, n) : gr_empty(p->b);
@@ -313,9 +385,15 @@ static int32_t re_alt(gr_parser *p, int depth, int top) {
             int32_t any = gr_repeat(p->b, gr_any_char(p, 1), 0, GR_INF);
             x = gr_seq3(p->b, as ? gr_empty(p->b) : any, x, ae ? gr_empty(p->b) : any);
         }
-        if (n == 256) { int32_t a = gr_alt(p->b, alts, n); n = 0, alts[n++] = a; }
+        if (n == 256) {
+            int32_t a = gr_alt(p->b, alts, n);
+            n = 0, alts[n++] = a;
+        }
         alts[n++] = x;
-        if (p->i < p->n && p->s[p->i] == '|') { p->i++; continue; }
+        if (p->i < p->n && p->s[p->i] == '|') {
+            p->i++;
+            continue;
+        }
         break;
     }
     return gr_alt(p->b, alts, n);

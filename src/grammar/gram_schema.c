@@ -26,7 +26,7 @@ typedef struct {
     sc_ref *refs;
     int n_refs, cap_refs;
     int32_t ws, value, string, string_rest, number, integer_any, never;
-    json_t *keep; /* merged schemas, freed with the context */
+    json_t *keep;  /* merged schemas, freed with the context */
     int ref_alone; /* drafts 4-7: keywords beside $ref are ignored */
 } sc_ctx;
 
@@ -85,15 +85,33 @@ static void sc_base(sc_ctx *c) {
 /* Keywords that only annotate: ignored. Unknown keywords are annotations too (JSON
  * Schema ignores them); the refused list below names what we cannot enforce. */
 static const char *const REFUSED[] = {
-    "not", "if", "then", "else", "contains", "minContains", "maxContains", "patternProperties", "propertyNames",
-    "dependencies", "dependentRequired", "dependentSchemas", "minProperties", "maxProperties", "multipleOf",
-    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "uniqueItems",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "minContains",
+    "maxContains",
+    "patternProperties",
+    "propertyNames",
+    "dependencies",
+    "dependentRequired",
+    "dependentSchemas",
+    "minProperties",
+    "maxProperties",
+    "multipleOf",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "$dynamicRef",
+    "$recursiveRef",
+    "uniqueItems",
 };
 
 static int refused_ok(const char *k, json_t *v) {
     /* trivially satisfied forms */
     if (!strcmp(k, "uniqueItems")) return json_is_false(v);
-    if (!strcmp(k, "minProperties") || !strcmp(k, "minContains")) return json_is_integer(v) && json_integer_value(v) == 0;
+    if (!strcmp(k, "minProperties") || !strcmp(k, "minContains"))
+        return json_is_integer(v) && json_integer_value(v) == 0;
     if (!strcmp(k, "patternProperties") || !strcmp(k, "dependencies") || !strcmp(k, "dependentRequired") ||
         !strcmp(k, "dependentSchemas"))
         return json_is_object(v) && json_object_size(v) == 0;
@@ -133,20 +151,25 @@ static json_t *resolve(sc_ctx *c, const char *ref) {
         char tok[256];
         size_t n = 0;
         while (*p && *p != '/' && n + 1 < sizeof tok) {
-            if (p[0] == '~' && p[1] == '1') tok[n++] = '/', p += 2;
-            else if (p[0] == '~' && p[1] == '0') tok[n++] = '~', p += 2;
+            if (p[0] == '~' && p[1] == '1')
+                tok[n++] = '/', p += 2;
+            else if (p[0] == '~' && p[1] == '0')
+                tok[n++] = '~', p += 2;
             else if (p[0] == '%' && p[1] && p[2]) {
                 char h[3] = {p[1], p[2], 0};
                 tok[n++] = (char)strtol(h, NULL, 16), p += 3;
-            } else tok[n++] = *p++;
+            } else
+                tok[n++] = *p++;
         }
         tok[n] = 0;
-        if (json_is_object(at)) at = json_object_get(at, tok);
+        if (json_is_object(at))
+            at = json_object_get(at, tok);
         else if (json_is_array(at)) {
             char *e;
             long i = strtol(tok, &e, 10);
             at = *e || e == tok ? NULL : json_array_get(at, (size_t)i);
-        } else at = NULL;
+        } else
+            at = NULL;
         if (!at) {
             sc_fail(c, "$ref '%.100s' points at nothing", ref);
             return NULL;
@@ -156,9 +179,10 @@ static json_t *resolve(sc_ctx *c, const char *ref) {
 }
 
 static int is_annotation(const char *k) {
-    static const char *const ann[] = {"title", "description", "default", "examples", "example", "$schema", "$id",
-                                      "id", "$comment", "deprecated", "readOnly", "writeOnly", "$defs",
-                                      "definitions", "$anchor", "contentMediaType", "contentEncoding", "$vocabulary"};
+    static const char *const ann[] = {
+        "title", "description", "default",  "examples",         "example",         "$schema",
+        "$id",   "id",          "$comment", "deprecated",       "readOnly",        "writeOnly",
+        "$defs", "definitions", "$anchor",  "contentMediaType", "contentEncoding", "$vocabulary"};
     for (size_t i = 0; i < sizeof ann / sizeof *ann; i++)
         if (!strcmp(k, ann[i])) return 1;
     return 0;
@@ -170,8 +194,10 @@ static json_t *sc_deref(sc_ctx *c, json_t *s, int depth);
 
 static json_t *types_of(json_t *t) {
     json_t *a = json_array();
-    if (json_is_string(t)) json_array_append(a, t);
-    else if (json_is_array(t)) json_array_extend(a, t);
+    if (json_is_string(t))
+        json_array_append(a, t);
+    else if (json_is_array(t))
+        json_array_extend(a, t);
     return a;
 }
 
@@ -193,9 +219,12 @@ static json_t *merge_key(sc_ctx *c, const char *k, json_t *x, json_t *y, int dep
         json_array_foreach(tx, i, v) {
             const char *t = json_string_value(v);
             if (!t) continue;
-            if (has_type(ty, t)) json_array_append(out, v);
-            else if (!strcmp(t, "integer") && has_type(ty, "number")) json_array_append(out, v);
-            else if (!strcmp(t, "number") && has_type(ty, "integer")) json_array_append_new(out, json_string("integer"));
+            if (has_type(ty, t))
+                json_array_append(out, v);
+            else if (!strcmp(t, "integer") && has_type(ty, "number"))
+                json_array_append(out, v);
+            else if (!strcmp(t, "number") && has_type(ty, "integer"))
+                json_array_append_new(out, json_string("integer"));
         }
         json_decref(tx), json_decref(ty);
         return out;
@@ -219,8 +248,10 @@ static json_t *merge_key(sc_ctx *c, const char *k, json_t *x, json_t *y, int dep
         json_t *v;
         json_object_foreach(y, p, v) {
             json_t *e = json_object_get(out, p);
-            if (!e) json_object_set(out, p, v);
-            else json_object_set_new(out, p, merge(c, e, v, depth + 1));
+            if (!e)
+                json_object_set(out, p, v);
+            else
+                json_object_set_new(out, p, merge(c, e, v, depth + 1));
         }
         return out;
     }
@@ -273,7 +304,8 @@ static json_t *merge(sc_ctx *c, json_t *a, json_t *b, int depth) {
     json_t *v;
     json_object_foreach(b, k, v) {
         json_t *e = json_object_get(out, k);
-        if (!e) json_object_set(out, k, v);
+        if (!e)
+            json_object_set(out, k, v);
         else if ((!strcmp(k, "anyOf") || !strcmp(k, "oneOf") || !strcmp(k, "allOf")) && !json_equal(e, v)) {
             /* both sides branch: keep one side's branches, fold the other into allOf */
             json_t *all = json_object_get(out, "allOf");
@@ -282,7 +314,8 @@ static json_t *merge(sc_ctx *c, json_t *a, json_t *b, int depth) {
             json_object_set(w, k, v);
             json_array_append_new(na, w);
             json_object_set_new(out, "allOf", na);
-        } else json_object_set_new(out, k, merge_key(c, k, e, v, depth));
+        } else
+            json_object_set_new(out, k, merge_key(c, k, e, v, depth));
     }
     /* additionalProperties looks only at its own schema's properties: a side that allows no
      * others keeps the union from naming keys only the other side declares */
@@ -296,7 +329,8 @@ static json_t *merge(sc_ctx *c, json_t *a, json_t *b, int depth) {
         json_t *val, *tmp;
         json_object_foreach_safe(outp, tmp, key, val) {
             if (json_object_get(mine, key)) continue;
-            if (json_is_false(ap)) json_object_del(outp, key);
+            if (json_is_false(ap))
+                json_object_del(outp, key);
             else if (json_object_get(theirs, key))
                 sc_fail(c, "additionalProperties with a schema beside properties declared in allOf / $ref");
         }
@@ -445,7 +479,8 @@ static int32_t sc_number(sc_ctx *c, json_t *s) {
     double lo = 0, hi = 0;
     int has_lo = num_of(s, "minimum", &lo), has_xlo = num_of(s, "exclusiveMinimum", &lo);
     int has_hi = num_of(s, "maximum", &hi) || num_of(s, "exclusiveMaximum", &hi);
-    if (json_is_boolean(json_object_get(s, "exclusiveMinimum"))) has_xlo = json_is_true(json_object_get(s, "exclusiveMinimum")) && has_lo, has_lo = !has_xlo && has_lo;
+    if (json_is_boolean(json_object_get(s, "exclusiveMinimum")))
+        has_xlo = json_is_true(json_object_get(s, "exclusiveMinimum")) && has_lo, has_lo = !has_xlo && has_lo;
     if (!has_lo && !has_xlo && !has_hi) return c->number;
     if (!has_hi && lo == 0 && has_lo) /* minimum 0: no sign */
         return re_node(c, "(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?", 0);
@@ -456,7 +491,8 @@ static int32_t sc_number(sc_ctx *c, json_t *s) {
 
 /* ---- strings ----------------------------------------------------------------------------- */
 
-#define MONTH_DAY "((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-9]))"
+#define MONTH_DAY                                                                                                      \
+    "((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-9]))"
 #define TIME_OF_DAY "([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 #define HOST_LABEL "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 
@@ -469,13 +505,21 @@ static int format_regex(const char *f, const char **re) {
         {"time", "^" TIME_OF_DAY "$"},
         {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
         {"email", "^[^@\\s]+@[^@\\s]+$"},
-        {"ipv4", "^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$"},
+        {"ipv4",
+         "^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$"},
         {"hostname", "^" HOST_LABEL "(\\." HOST_LABEL ")*$"},
         {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:[^\\s<>\"{}|\\\\^`]*$"},
         {"uri-reference", "^[^\\s<>\"{}|\\\\^`]*$"},
         {"duration", "^P([0-9]+Y)?([0-9]+M)?([0-9]+W)?([0-9]+D)?(T([0-9]+H)?([0-9]+M)?([0-9]+(\\.[0-9]+)?S)?)?$"},
-        {"ipv6", NULL}, {"iri", NULL}, {"iri-reference", NULL}, {"idn-email", NULL}, {"idn-hostname", NULL},
-        {"json-pointer", NULL}, {"relative-json-pointer", NULL}, {"regex", NULL}, {"uri-template", NULL},
+        {"ipv6", NULL},
+        {"iri", NULL},
+        {"iri-reference", NULL},
+        {"idn-email", NULL},
+        {"idn-hostname", NULL},
+        {"json-pointer", NULL},
+        {"relative-json-pointer", NULL},
+        {"regex", NULL},
+        {"uri-template", NULL},
     };
     for (size_t i = 0; i < sizeof table / sizeof *table; i++)
         if (!strcmp(f, table[i][0])) {
@@ -499,7 +543,8 @@ static int32_t sc_string(sc_ctx *c, json_t *s) {
     if (re && fre) return sc_fail(c, "'pattern' together with 'format' is not supported");
     if (!re) re = fre;
     if (re) {
-        if (min > 0 || max >= 0) return sc_fail(c, "'pattern' (or format) together with min/maxLength is not supported");
+        if (min > 0 || max >= 0)
+            return sc_fail(c, "'pattern' (or format) together with min/maxLength is not supported");
         int32_t body = 0;
         if (!c->st) c->st = gr_regex(b, re, strlen(re), 1, &body, c->err);
         if (c->st && c->err) err_prefix(c->err, "json schema: pattern");
@@ -530,8 +575,10 @@ static int32_t sc_const(sc_ctx *c, json_t *v, int depth) {
             char *enc = json_dumps(ks, JSON_ENCODE_ANY);
             json_decref(ks);
             if (!enc) return sc_fail(c, "out of memory");
-            int32_t kv = gr_seq(b, (int32_t[]){first ? c->ws : gr_seq3(b, c->ws, lit(c, ","), c->ws), lit(c, enc), c->ws,
-                                              lit(c, ":"), c->ws, sc_const(c, x, depth + 1)}, 6);
+            int32_t kv = gr_seq(b,
+                                (int32_t[]){first ? c->ws : gr_seq3(b, c->ws, lit(c, ","), c->ws), lit(c, enc), c->ws,
+                                            lit(c, ":"), c->ws, sc_const(c, x, depth + 1)},
+                                6);
             free(enc);
             seq = gr_seq2(b, seq, kv);
             first = 0;
@@ -577,8 +624,10 @@ static int32_t sc_array(sc_ctx *c, json_t *s, int depth) {
     gr_build *b = c->b;
     json_t *prefix = json_object_get(s, "prefixItems"), *items = json_object_get(s, "items");
     json_t *more = NULL;
-    if (json_is_array(items)) prefix = items, more = json_object_get(s, "additionalItems"); /* draft 7 */
-    else more = items;
+    if (json_is_array(items))
+        prefix = items, more = json_object_get(s, "additionalItems"); /* draft 7 */
+    else
+        more = items;
     size_t np = json_is_array(prefix) ? json_array_size(prefix) : 0;
     json_t *mn = json_object_get(s, "minItems"), *mx = json_object_get(s, "maxItems");
     int64_t min = json_is_number(mn) ? (int64_t)json_number_value(mn) : 0;
@@ -596,7 +645,8 @@ static int32_t sc_array(sc_ctx *c, json_t *s, int depth) {
     if (max < 0) {
         int64_t need = min > last ? min - last : 0;
         tail = gr_repeat(b, gr_seq2(b, comma, item_more), (int32_t)need, GR_INF);
-    } else tail = gr_empty(b);
+    } else
+        tail = gr_empty(b);
     for (int64_t i = last - 1; i >= 1; i--) {
         int32_t it = (size_t)i < np ? sc_node(c, json_array_get(prefix, (size_t)i), depth + 1) : item_more;
         int32_t step = gr_seq3(b, comma, it, tail);
@@ -608,7 +658,8 @@ static int32_t sc_array(sc_ctx *c, json_t *s, int depth) {
         int32_t it0 = np ? sc_node(c, json_array_get(prefix, 0), depth + 1) : item_more;
         body = gr_seq3(b, it0, tail, c->ws);
         if (min == 0) body = gr_opt(b, body);
-    } else body = gr_empty(b);
+    } else
+        body = gr_empty(b);
     return gr_seq(b, (int32_t[]){lit(c, "["), c->ws, body, lit(c, "]")}, 4);
 }
 
@@ -633,7 +684,8 @@ static int32_t not_names(sc_ctx *c, char **names, size_t *lens, int n, size_t de
     int any_div = 0;
     for (int w = 0; w < 8; w++) any_div |= div.w[w] != 0;
     if (any_div) alts[k++] = gr_seq2(b, gr_byteset_node(b, &div), c->string_rest);
-    if (!gr_has(&kids, '\\')) alts[k++] = gr_seq2(b, re_node(c, "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})", 0), c->string_rest);
+    if (!gr_has(&kids, '\\'))
+        alts[k++] = gr_seq2(b, re_node(c, "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})", 0), c->string_rest);
     int non_ascii = 0;
     for (unsigned x = 0x80; x < 0x100; x++) non_ascii |= gr_has(&kids, x);
     if (!non_ascii) {
@@ -648,7 +700,10 @@ static int32_t not_names(sc_ctx *c, char **names, size_t *lens, int n, size_t de
         char **sub = malloc((size_t)n * sizeof *sub);
         size_t *sl = malloc((size_t)n * sizeof *sl);
         int m = 0;
-        if (!sub || !sl) { free(sub), free(sl); return sc_fail(c, "out of memory"); }
+        if (!sub || !sl) {
+            free(sub), free(sl);
+            return sc_fail(c, "out of memory");
+        }
         for (int i = 0; i < n; i++)
             if (lens[i] > depth && (unsigned char)names[i][depth] == x) sub[m] = names[i], sl[m++] = lens[i];
         alts[k++] = gr_seq2(b, gr_byte(b, x), not_names(c, sub, sl, m, depth + 1));
@@ -663,14 +718,18 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
     json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
     json_t *addl = json_object_get(s, "additionalProperties");
     int n = 0;
-    size_t cap = (json_is_object(props) ? json_object_size(props) : 0) + (json_is_array(req) ? json_array_size(req) : 0) + 1;
+    size_t cap =
+        (json_is_object(props) ? json_object_size(props) : 0) + (json_is_array(req) ? json_array_size(req) : 0) + 1;
     const char **names = calloc(cap, sizeof *names);
     json_t **schemas = calloc(cap, sizeof *schemas);
     int *required = calloc(cap, sizeof *required);
     char **enc = calloc(cap, sizeof *enc);
     size_t *enc_len = calloc(cap, sizeof *enc_len);
     int32_t result = c->never;
-    if (!names || !schemas || !required || !enc || !enc_len) { sc_fail(c, "out of memory"); goto done; }
+    if (!names || !schemas || !required || !enc || !enc_len) {
+        sc_fail(c, "out of memory");
+        goto done;
+    }
     const char *k;
     json_t *v;
     if (json_is_object(props)) json_object_foreach(props, k, v) names[n] = k, schemas[n++] = v;
@@ -692,12 +751,18 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
         json_t *ks = json_string(names[i]);
         enc[i] = json_dumps(ks, JSON_ENCODE_ANY);
         json_decref(ks);
-        if (!enc[i]) { sc_fail(c, "out of memory"); goto done; }
+        if (!enc[i]) {
+            sc_fail(c, "out of memory");
+            goto done;
+        }
         enc_len[i] = strlen(enc[i]);
     }
     int32_t comma = gr_seq3(b, c->ws, lit(c, ","), c->ws);
     int32_t *member = calloc((size_t)n + 1, sizeof *member);
-    if (!member) { sc_fail(c, "out of memory"); goto done; }
+    if (!member) {
+        sc_fail(c, "out of memory");
+        goto done;
+    }
     for (int i = 0; i < n && !c->st; i++) {
         json_t *ps = schemas[i];
         int32_t val = !ps ? c->value : sc_node(c, ps, depth + 1);
@@ -707,7 +772,11 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
     if (!json_is_false(addl) && !c->st) {
         char **after_quote = malloc((size_t)n * sizeof *after_quote + 1);
         size_t *al = malloc((size_t)n * sizeof *al + 1);
-        if (!after_quote || !al) { free(after_quote), free(al), free(member); sc_fail(c, "out of memory"); goto done; }
+        if (!after_quote || !al) {
+            free(after_quote), free(al), free(member);
+            sc_fail(c, "out of memory");
+            goto done;
+        }
         for (int i = 0; i < n; i++) after_quote[i] = enc[i] + 1, al[i] = enc_len[i] - 1;
         int32_t key = gr_seq2(b, lit(c, "\""), n ? not_names(c, after_quote, al, n, 0) : c->string_rest);
         free(after_quote), free(al);
@@ -716,7 +785,11 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
     }
     /* rest(i): members i.. after something was written, each behind a comma */
     int32_t *rest = calloc((size_t)n + 2, sizeof *rest);
-    if (!rest) { free(member); sc_fail(c, "out of memory"); goto done; }
+    if (!rest) {
+        free(member);
+        sc_fail(c, "out of memory");
+        goto done;
+    }
     rest[n] = extra >= 0 ? gr_repeat(b, gr_seq2(b, comma, extra), 0, GR_INF) : gr_empty(b);
     for (int i = n - 1; i >= 0; i--) {
         int32_t step = gr_seq2(b, comma, member[i]);
@@ -745,7 +818,8 @@ static int value_is(json_t *v, const char *t) {
     if (!strcmp(t, "array")) return json_is_array(v);
     if (!strcmp(t, "string")) return json_is_string(v);
     if (!strcmp(t, "number")) return json_is_number(v);
-    if (!strcmp(t, "integer")) return json_is_integer(v) || (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)));
+    if (!strcmp(t, "integer"))
+        return json_is_integer(v) || (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)));
     return 0;
 }
 
@@ -800,7 +874,8 @@ static int types_disjoint(json_t *a, json_t *b) {
 static int is_required(json_t *s, const char *p) {
     size_t i;
     json_t *v;
-    json_array_foreach(json_object_get(s, "required"), i, v) if (json_is_string(v) && !strcmp(json_string_value(v), p)) return 1;
+    json_array_foreach(json_object_get(s, "required"), i,
+                       v) if (json_is_string(v) && !strcmp(json_string_value(v), p)) return 1;
     return 0;
 }
 
@@ -836,27 +911,36 @@ static int32_t sc_types(sc_ctx *c, json_t *s, int depth) {
     int n = 0;
     if (!t) {
         for (int i = 0; i < 6; i++) list[n++] = all[i];
-    } else if (json_is_string(t)) list[n++] = json_string_value(t);
+    } else if (json_is_string(t))
+        list[n++] = json_string_value(t);
     else if (json_is_array(t)) {
         size_t i;
         json_t *v;
         json_array_foreach(t, i, v) if (json_is_string(v) && n < 8) list[n++] = json_string_value(v);
-    } else return sc_fail(c, "'type' must be a string or an array");
+    } else
+        return sc_fail(c, "'type' must be a string or an array");
     int has_number = 0;
     for (int i = 0; i < n; i++) has_number |= !strcmp(list[i], "number");
     int32_t alts[8];
     int k = 0;
     for (int i = 0; i < n && !c->st; i++) {
         const char *ty = list[i];
-        if (!strcmp(ty, "object")) alts[k++] = sc_object(c, s, depth);
-        else if (!strcmp(ty, "array")) alts[k++] = sc_array(c, s, depth);
-        else if (!strcmp(ty, "string")) alts[k++] = sc_string(c, s);
-        else if (!strcmp(ty, "number")) alts[k++] = sc_number(c, s);
+        if (!strcmp(ty, "object"))
+            alts[k++] = sc_object(c, s, depth);
+        else if (!strcmp(ty, "array"))
+            alts[k++] = sc_array(c, s, depth);
+        else if (!strcmp(ty, "string"))
+            alts[k++] = sc_string(c, s);
+        else if (!strcmp(ty, "number"))
+            alts[k++] = sc_number(c, s);
         else if (!strcmp(ty, "integer")) {
             if (!has_number) alts[k++] = sc_integer(c, s);
-        } else if (!strcmp(ty, "boolean")) alts[k++] = gr_alt2(c->b, lit(c, "true"), lit(c, "false"));
-        else if (!strcmp(ty, "null")) alts[k++] = lit(c, "null");
-        else return sc_fail(c, "unknown type '%.40s'", ty);
+        } else if (!strcmp(ty, "boolean"))
+            alts[k++] = gr_alt2(c->b, lit(c, "true"), lit(c, "false"));
+        else if (!strcmp(ty, "null"))
+            alts[k++] = lit(c, "null");
+        else
+            return sc_fail(c, "unknown type '%.40s'", ty);
     }
     return k ? gr_alt(c->b, alts, k) : c->never;
 }
@@ -910,9 +994,15 @@ static int32_t sc_node(sc_ctx *c, json_t *s, int depth) {
         int rest_empty = 1;
         json_object_foreach(rest, k, v) if (!is_annotation(k)) rest_empty = 0;
         size_t n = json_array_size(any), i;
-        if (!n) { json_decref(rest); return c->never; }
+        if (!n) {
+            json_decref(rest);
+            return c->never;
+        }
         int32_t *alts = malloc(n * sizeof *alts);
-        if (!alts) { json_decref(rest); return sc_fail(c, "out of memory"); }
+        if (!alts) {
+            json_decref(rest);
+            return sc_fail(c, "out of memory");
+        }
         json_t *merged = json_array();
         json_array_foreach(any, i, v) {
             json_t *m = rest_empty ? sc_deref(c, v, 0) : merge(c, rest, v, 0);
@@ -922,8 +1012,10 @@ static int32_t sc_node(sc_ctx *c, json_t *s, int depth) {
         for (size_t a = 0; one_of && a < n && !c->st; a++)
             for (size_t z = a + 1; z < n && !c->st; z++)
                 if (!schemas_disjoint(json_array_get(merged, a), json_array_get(merged, z)))
-                    sc_fail(c, "oneOf branches %zu and %zu may both match (oneOf is enforced only when its branches "
-                            "exclude each other)", a, z);
+                    sc_fail(c,
+                            "oneOf branches %zu and %zu may both match (oneOf is enforced only when its branches "
+                            "exclude each other)",
+                            a, z);
         json_array_foreach(any, i, v) alts[i] = sc_node(c, rest_empty ? v : json_array_get(merged, i), depth + 1);
         json_array_append_new(c->keep, merged);
         json_decref(rest);
@@ -952,7 +1044,8 @@ hearth_status gr_schema(gr_build *b, const char *text, size_t len, int object_on
     sc_ctx c = {.b = b, .err = err};
     json_error_t je;
     c.keep = json_array();
-    if (object_only) c.root = json_pack("{s:s}", "type", "object");
+    if (object_only)
+        c.root = json_pack("{s:s}", "type", "object");
     else {
         c.root = json_loadb(text, len, JSON_DECODE_ANY, &je);
         if (!c.root) {

@@ -7,11 +7,13 @@
 #include "grammar/grammar.h"
 #include <stdint.h>
 
-#define GR_INF (-1)           /* an unbounded repeat */
-#define GR_MAX_REPEAT 100000  /* {m,n} bounds above this are refused: each copy is a rule */
-#define GR_MAX_NODES 4000000  /* a source that needs more expression nodes is refused */
+#define GR_INF (-1)          /* an unbounded repeat */
+#define GR_MAX_REPEAT 100000 /* {m,n} bounds above this are refused: each copy is a rule */
+#define GR_MAX_NODES 4000000 /* a source that needs more expression nodes is refused */
 
-typedef struct { uint32_t w[8]; } gr_byteset;
+typedef struct {
+    uint32_t w[8];
+} gr_byteset;
 static inline int gr_has(const gr_byteset *s, unsigned b) { return (s->w[b >> 5] >> (b & 31)) & 1; }
 static inline void gr_add(gr_byteset *s, unsigned b) { s->w[b >> 5] |= 1u << (b & 31); }
 
@@ -33,7 +35,7 @@ typedef struct {
 
 typedef struct {
     char *name;
-    int32_t body; /* node; -1 while undefined */
+    int32_t body;      /* node; -1 while undefined */
     int32_t line, col; /* first use, for "undefined rule" errors */
 } gr_rule;
 

@@ -10,8 +10,9 @@
 static int fuzz_grammar(grammar_kind kind, const uint8_t *data, size_t size) {
     static gvocab *v;
     if (!v) {
-        static const char *toks[] = {"</s>", "{", "}", "\"", "\":", "a", "ab", "0", "1", "-", ".", "e", " ", "\n",
-                                     "[", "]", ",", "true", "null", "\xc3\xa9", "\xc3", "\\", "x", "9"};
+        static const char *toks[] = {"</s>", "{",    "}",    "\"",       "\":",  "a",  "ab", "0",
+                                     "1",    "-",    ".",    "e",        " ",    "\n", "[",  "]",
+                                     ",",    "true", "null", "\xc3\xa9", "\xc3", "\\", "x",  "9"};
         uint32_t len[sizeof toks / sizeof *toks];
         uint8_t special[sizeof toks / sizeof *toks] = {1};
         for (size_t i = 0; i < sizeof toks / sizeof *toks; i++) len[i] = (uint32_t)strlen(toks[i]);
@@ -23,7 +24,7 @@ static int fuzz_grammar(grammar_kind kind, const uint8_t *data, size_t size) {
     if (grammar_compile(kind, (const char *)data, size, &g, &err) != HEARTH_OK) return 0;
     gmatcher *m = gmatcher_new(g, v);
     uint32_t mask[1];
-    for (size_t i = 0; m && i < size && i < 256; i++) {
+    for (size_t i = 0; m && i < size && i < 64; i++) {
         gmatcher_mask(m, mask);
         if (!gmatcher_accept_bytes(m, (const char *)data + i, 1)) break;
     }

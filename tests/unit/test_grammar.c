@@ -6,7 +6,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+// clang-format off: cmocka.h needs the four headers above first
 #include <cmocka.h>
+// clang-format on
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +16,9 @@
 #include "grammar/grammar.h"
 
 /* A vocabulary of every single byte plus some multi-byte tokens; id 0 is eos. */
-static const char *MULTI[] = {"{\"", "\":", "\"}", "true", "false", "null", "ab", "abc", "12", "\xc3\xa9", "\xc3", "\xa9",
-                              " \"", "\",\"", "e\"", "\\n", "0.", "-1", "[\"", "\"]", "aaaa", "\xe2\x82\xac"};
+static const char *MULTI[] = {"{\"", "\":",      "\"}",  "true", "false", "null",        "ab",  "abc",
+                              "12",  "\xc3\xa9", "\xc3", "\xa9", " \"",   "\",\"",       "e\"", "\\n",
+                              "0.",  "-1",       "[\"",  "\"]",  "aaaa",  "\xe2\x82\xac"};
 #define N_MULTI (sizeof MULTI / sizeof *MULTI)
 #define N_VOCAB (1 + 256 + N_MULTI + 1) /* eos, bytes, multi, one special */
 
@@ -107,15 +110,18 @@ static const char *JSON_GBNF = "# a JSON grammar in llama.cpp's style\n"
                                "    (\",\" ws string \":\" ws value)*\n"
                                "  )? \"}\" ws\n"
                                "array  ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
-                               "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* \"\\\"\" ws\n"
+                               "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" "
+                               "[0-9a-fA-F]{4}) )* \"\\\"\" ws\n"
                                "number ::= (\"-\"? ([0-9] | [1-9] [0-9]*)) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)? ws\n"
                                "ws ::= ([ \\t\\n] ws)?\n";
 
 static void test_gbnf(void **state) {
     (void)state;
-    expect_language(GRAMMAR_GBNF, JSON_GBNF, L("{}", "{\"a\": [1, -2.5e3, true, null]}", "{\"\\u00e9\":{\"b\":\"x\\n\"}}"),
+    expect_language(GRAMMAR_GBNF, JSON_GBNF,
+                    L("{}", "{\"a\": [1, -2.5e3, true, null]}", "{\"\\u00e9\":{\"b\":\"x\\n\"}}"),
                     L("", "[]", "{\"a\"}", "{\"a\":01x}", "{\"a\":tru}"));
-    expect_language(GRAMMAR_GBNF, "root ::= expr\nexpr ::= term ((\"+\"|\"-\") term)*\nterm ::= [0-9]+ | \"(\" expr \")\"",
+    expect_language(GRAMMAR_GBNF,
+                    "root ::= expr\nexpr ::= term ((\"+\"|\"-\") term)*\nterm ::= [0-9]+ | \"(\" expr \")\"",
                     L("1+2", "(1-2)+30", "((4))"), L("1+", "(1", "+1"));
     expect_language(GRAMMAR_GBNF, "root ::= \"a\"{2,3} [xyz]? .", L("aab", "aaax\xc3\xa9"), L("ab", "aaaaa"));
     compile_fails(GRAMMAR_GBNF, "root ::= foo", "1:10: undefined rule 'foo'");
@@ -155,43 +161,52 @@ static void test_schema_types(void **state) {
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"enum\":[\"red\",1,null,{\"k\":[true]}]}",
                     L("\"red\"", "1", "null", "{\"k\":[true]}", "{ \"k\": [ true ] }"), L("\"blue\"", "2", "{}"));
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":[\"string\",\"null\"]}", L("\"a\"", "null"), L("1", "{}"));
-    expect_language(GRAMMAR_JSON_SCHEMA, "{}", L("1", "\"s\"", "[1,[2,{}]]", "{\"a\":{\"b\":null}}"), L("", "[1,]", "tru"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{}", L("1", "\"s\"", "[1,[2,{}]]", "{\"a\":{\"b\":null}}"),
+                    L("", "[1,]", "tru"));
 }
 
 static void test_schema_structure(void **state) {
     (void)state;
-    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}",
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}",
                     L("[1]", "[1, 2,3]"), L("[]", "[1,2,3,4]", "[\"a\"]"));
-    expect_language(GRAMMAR_JSON_SCHEMA,
-                    "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"boolean\"}],\"items\":false}",
-                    L("[]", "[\"a\"]", "[\"a\",true]"), L("[true]", "[\"a\",true,1]"));
-    expect_language(GRAMMAR_JSON_SCHEMA,
-                    "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/node\"},"
-                    "{\"type\":\"null\"}]}},\"required\":[\"next\"],\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}",
-                    L("{\"next\":null}", "{\"next\":{\"next\":{\"next\":null}}}"), L("{}", "{\"next\":{}}", "null"));
-    expect_language(GRAMMAR_JSON_SCHEMA,
-                    "{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
-                    "{\"properties\":{\"a\":{\"minimum\":3}}}]}",
-                    L("{\"a\":3}", "{\"a\":30,\"z\":1}"), L("{\"a\":2}", "{}"));
-    expect_language(GRAMMAR_JSON_SCHEMA,
-                    "{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"a\"}},\"anyOf\":[{\"required\":[\"x\"]},"
-                    "{\"required\":[\"y\"]}]}",
-                    L("{\"kind\":\"a\",\"x\":1}", "{\"y\":2}"), L("{\"kind\":\"a\"}", "{\"kind\":\"b\",\"x\":1}"));
+    expect_language(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"boolean\"}],\"items\":false}",
+        L("[]", "[\"a\"]", "[\"a\",true]"), L("[true]", "[\"a\",true,1]"));
+    expect_language(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/node\"},"
+        "{\"type\":\"null\"}]}},\"required\":[\"next\"],\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}",
+        L("{\"next\":null}", "{\"next\":{\"next\":{\"next\":null}}}"), L("{}", "{\"next\":{}}", "null"));
+    expect_language(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
+        "{\"properties\":{\"a\":{\"minimum\":3}}}]}",
+        L("{\"a\":3}", "{\"a\":30,\"z\":1}"), L("{\"a\":2}", "{}"));
+    expect_language(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"a\"}},\"anyOf\":[{\"required\":[\"x\"]},"
+        "{\"required\":[\"y\"]}]}",
+        L("{\"kind\":\"a\",\"x\":1}", "{\"y\":2}"), L("{\"kind\":\"a\"}", "{\"kind\":\"b\",\"x\":1}"));
     expect_language(GRAMMAR_JSON_OBJECT, "", L("{}", "{\"a\": [1, \"b\"]}"), L("[]", "1", "\"x\""));
     /* oneOf: tagged unions and distinct types are exact; overlapping branches are refused */
-    expect_language(GRAMMAR_JSON_SCHEMA,
-                    "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"a\"}},\"required\":[\"t\"]},"
-                    "{\"type\":\"object\",\"properties\":{\"t\":{\"enum\":[\"b\"]}},\"required\":[\"t\"]},{\"type\":\"string\"}]}",
-                    L("{\"t\":\"a\"}", "{\"t\":\"b\",\"u\":1}", "\"s\""), L("{\"t\":\"c\"}", "{}", "1"));
+    expect_language(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"a\"}},\"required\":[\"t\"]},"
+        "{\"type\":\"object\",\"properties\":{\"t\":{\"enum\":[\"b\"]}},\"required\":[\"t\"]},{\"type\":\"string\"}]}",
+        L("{\"t\":\"a\"}", "{\"t\":\"b\",\"u\":1}", "\"s\""), L("{\"t\":\"c\"}", "{}", "1"));
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"oneOf\":[{\"required\":[\"x\"]},{\"required\":[\"y\"]}]}",
                   "oneOf branches 0 and 1 may both match");
     /* drafts 4-7: keywords beside $ref are ignored; 2019-09 on: they apply */
+    expect_language(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"$schema\":\"http://json-schema.org/draft-07/schema#\",\"definitions\":{\"o\":{\"type\":\"object\"}},"
+        "\"type\":\"string\",\"$ref\":\"#/definitions/o\"}",
+        L("{}"), L("\"s\""));
     expect_language(GRAMMAR_JSON_SCHEMA,
-                    "{\"$schema\":\"http://json-schema.org/draft-07/schema#\",\"definitions\":{\"o\":{\"type\":\"object\"}},"
-                    "\"type\":\"string\",\"$ref\":\"#/definitions/o\"}",
-                    L("{}"), L("\"s\""));
-    expect_language(GRAMMAR_JSON_SCHEMA, "{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"maximum\":3,\"$ref\":\"#/$defs/n\"}",
-                    L("3"), L("4", "\"s\""));
+                    "{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"maximum\":3,\"$ref\":\"#/$defs/n\"}", L("3"),
+                    L("4", "\"s\""));
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"enum\":[\"a\",1]}", L("\"a\""), L("1"));
     /* additionalProperties false sees only its own properties, not those of allOf */
     expect_language(GRAMMAR_JSON_SCHEMA,
@@ -223,7 +238,8 @@ static void check_masks(const char *src, grammar_kind k, const char *text) {
             assert_true(gmatcher_accept_bytes(b, text, i));
             int want = gmatcher_accept(b, t);
             int got = (mask[t >> 5] >> (t & 31)) & 1;
-            if (want != got) fprintf(stderr, "%s: after %zu bytes token %d: mask %d, oracle %d\n", src, i, t, got, want);
+            if (want != got)
+                fprintf(stderr, "%s: after %zu bytes token %d: mask %d, oracle %d\n", src, i, t, got, want);
             assert_int_equal(want, got);
             counted += (size_t)got;
             gmatcher_free(b);
@@ -248,7 +264,8 @@ static void test_masks(void **state) {
                 GRAMMAR_JSON_SCHEMA, "{\"ab\":\"\xc3\xa9\\n\",\"n\":-12}");
     check_masks(JSON_GBNF, GRAMMAR_GBNF, "{\"a\": [true, null]}");
     /* a length bound far away, then close: short plain tokens at once, then walked */
-    check_masks("{\"type\":\"string\",\"maxLength\":21}", GRAMMAR_JSON_SCHEMA, "\"aaaa ab\xc3\xa9 abc\xe2\x82\xac aaaa\"");
+    check_masks("{\"type\":\"string\",\"maxLength\":21}", GRAMMAR_JSON_SCHEMA,
+                "\"aaaa ab\xc3\xa9 abc\xe2\x82\xac aaaa\"");
     check_masks("(ab|abc)+\xe2\x82\xac?", GRAMMAR_REGEX, "abcab\xe2\x82\xac");
 }
 
@@ -274,8 +291,9 @@ static void test_accept_refuses(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_regex),          cmocka_unit_test(test_gbnf),  cmocka_unit_test(test_schema_types),
-        cmocka_unit_test(test_schema_structure), cmocka_unit_test(test_masks), cmocka_unit_test(test_accept_refuses),
+        cmocka_unit_test(test_regex),        cmocka_unit_test(test_gbnf),
+        cmocka_unit_test(test_schema_types), cmocka_unit_test(test_schema_structure),
+        cmocka_unit_test(test_masks),        cmocka_unit_test(test_accept_refuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -311,4 +311,9 @@ $(BUILD)/bench/batch_bench: bench/cuda/batch_bench.c $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS)
 
+# The grammar engine on MaskBench cases (bench/maskbench/maskbench.py builds and runs it).
+$(BUILD)/bench/maskbench: bench/maskbench/maskbench.c $(BUILD)/libhearth.a
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS)
+
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(FUZZ_OBJ:.o=.d)

@@ -353,6 +353,21 @@ typedef enum hearth_finish {
 } hearth_finish;
 const char *hearth_finish_name(hearth_finish f); /* OpenAI finish_reason */
 
+/* A constraint on the output text (docs/constrained.md): only tokens that keep the text a
+ * prefix of a sentence of the source are sampled, and the request ends when the sentence
+ * is complete and nothing may follow. */
+typedef enum hearth_constraint_kind {
+    HEARTH_CONSTRAINT_NONE = 0,
+    HEARTH_CONSTRAINT_JSON_SCHEMA, /* text: a JSON Schema document */
+    HEARTH_CONSTRAINT_JSON_OBJECT, /* any JSON object; text ignored */
+    HEARTH_CONSTRAINT_REGEX,       /* the whole output matches the pattern */
+    HEARTH_CONSTRAINT_GBNF,        /* llama.cpp grammar, start rule "root" */
+} hearth_constraint_kind;
+
+/* Compiles a constraint source without generating: HEARTH_OK, or an error (INVALID or
+ * UNSUPPORTED) whose message names the problem (the keyword, the $ref, line:col). */
+hearth_status hearth_constraint_check(hearth_constraint_kind kind, const char *text, size_t len, hearth_error *err);
+
 typedef struct hearth_generate_params {
     hearth_sampling sampling;
     int max_tokens;            /* > 0 */
@@ -381,6 +396,12 @@ typedef struct hearth_generate_params {
     /* LoRA adapters (hearth_adapter_mount): "id", several summed ("a+b"), or "none" (the
      * base alone); NULL: the engine's default adapter (hearth_adapter_set_default), if any. */
     const char *adapter;
+    /* Optional output constraint (HEARTH_CONSTRAINT_NONE: none); constraint_text holds
+     * constraint_len bytes, valid for the request's life. A source that does not compile
+     * fails the request (HEARTH_ERR_INVALID). */
+    hearth_constraint_kind constraint;
+    const char *constraint_text;
+    size_t constraint_len;
 } hearth_generate_params;
 
 /* Called for each token with the text that became final (may be "", never a broken

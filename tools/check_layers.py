@@ -8,7 +8,7 @@ import re
 import sys
 
 LAYERS = {
-    "base": 1, "io": 2, "tok": 3, "kv": 4, "ops": 5,
+    "base": 1, "io": 2, "tok": 3, "grammar": 3, "kv": 4, "ops": 5,
     "backend/cpu": 6, "backend/cuda": 6, "model": 7, "engine": 8,
     # hub/ implements hearth.h's library section (downloads, the model library, the
     # catalogue) beside api/: part of libhearth, above the engine it sizes models with

@@ -12,6 +12,7 @@
 static const char *gen_usage =
     "hearth generate <model> \"prompt\" [--max-tokens N] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--repetition-penalty R] [--seed S] [--system TEXT] [--no-chat-template] [--stop STR]...\n"
+    "       [--json-schema FILE | --json | --grammar FILE | --regex PATTERN]\n"
     "       [--prompt-cache-file FILE] [--threads N] [--ctx N] [--mmap] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler] [--verbose] [--report-memory]\n"
     "       [--adapter-path DIR]";
 
@@ -79,6 +80,8 @@ int cli_generate(int argc, char **argv) {
     int top_k = -1;
     long long seed = -1;
     int report_memory = 0;
+    const char *schema_file = NULL, *grammar_file = NULL, *regex = NULL;
+    int json_object = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -96,6 +99,10 @@ int cli_generate(int argc, char **argv) {
         else if (!strcmp(a, "--prompt-cache-file") && has) cache_file = argv[++i];
         else if (!strcmp(a, "--adapter-path") && has) adapter_path = argv[++i];
         else if (!strcmp(a, "--stop") && has && gp.n_stop < 16) stops[gp.n_stop++] = argv[++i];
+        else if (!strcmp(a, "--json-schema") && has) schema_file = argv[++i];
+        else if (!strcmp(a, "--grammar") && has) grammar_file = argv[++i];
+        else if (!strcmp(a, "--regex") && has) regex = argv[++i];
+        else if (!strcmp(a, "--json")) json_object = 1;
         else if (!strcmp(a, "--no-chat-template")) use_template = 0;
         else if (!strcmp(a, "--verbose")) verbose = 1;
         else if (!strcmp(a, "--report-memory")) report_memory = 1; /* JSON line for tests/parity/test_fit.py */
@@ -107,8 +114,29 @@ int cli_generate(int argc, char **argv) {
     if (!model || !prompt) return cli_usage_error(gen_usage, "%s", "need a model and a prompt");
     if (gp.max_tokens <= 0 || gp.max_tokens > 1000000)
         return cli_usage_error(gen_usage, "--max-tokens must be between 1 and 1000000 (got %s)", "that");
+    if (!!schema_file + !!grammar_file + !!regex + json_object > 1)
+        return cli_usage_error(gen_usage, "%s", "--json-schema, --json, --grammar and --regex exclude each other");
+    /* the constraint's source, checked before the model loads: an error names the file */
+    char *source = NULL;
+    const char *source_file = schema_file ? schema_file : grammar_file;
+    if (source_file && !(source = cli_read_file(source_file))) return 1;
+    gp.constraint = schema_file ? HEARTH_CONSTRAINT_JSON_SCHEMA
+                    : grammar_file ? HEARTH_CONSTRAINT_GBNF
+                    : regex        ? HEARTH_CONSTRAINT_REGEX
+                    : json_object  ? HEARTH_CONSTRAINT_JSON_OBJECT
+                                   : HEARTH_CONSTRAINT_NONE;
+    gp.constraint_text = source ? source : regex;
+    gp.constraint_len = gp.constraint_text ? strlen(gp.constraint_text) : 0;
+    if (gp.constraint) {
+        hearth_error cerr = {0};
+        if (hearth_constraint_check(gp.constraint, gp.constraint_text, gp.constraint_len, &cerr)) {
+            fprintf(stderr, "hearth: %s: %s\n", source_file ? source_file : "--regex", cerr.message);
+            free(source);
+            return 1;
+        }
+    }
     hearth_model *m;
-    if (cli_open_model(model, &m)) return 1;
+    if (cli_open_model(model, &m)) { free(source); return 1; }
     hearth_sampling_defaults(m, &gp.sampling);
     if (have_sampling[0]) gp.sampling.temperature = fv[0];
     if (have_sampling[1]) gp.sampling.top_p = fv[1];
@@ -145,5 +173,6 @@ int cli_generate(int argc, char **argv) {
     hearth_free(ids);
     hearth_engine_free(e);
     hearth_model_close(m);
+    free(source);
     return rc;
 }

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "engine/engine_internal.h"
+#include "grammar/grammar.h"
 #include "engine/engine_plan.h"
 #include "kv/kv_prefix.h"
 #include "engine/engine_device.h"
@@ -32,6 +33,7 @@
 
 struct hearth_engine {
     hearth_model *hm;
+    gvocab *gvocab; /* the grammar engine's view of the vocabulary, built on first use */
     model *m;
     kv_cache kv;
     op_backend *be;    /* where the forward pass runs: the CPU backend, or the GPU's (then gpu = 1) */
@@ -432,6 +434,7 @@ void hearth_engine_free(hearth_engine *e) {
     engine_device_sampler_close(e->gsmp);
     free(e->dev_req);
     model_free(e->m);
+    gvocab_free(e->gvocab);
     free(e->step_tok);
     free(e->step_pos);
     free(e->step_slot);
@@ -706,6 +709,28 @@ hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, in
 }
 threadpool *engine_threads(hearth_engine *e) { return e->tp; }
 sampler *engine_slot_sampler(hearth_engine *e, int seq) { return &e->slot_smp[seq]; }
+
+gvocab *engine_grammar_vocab(hearth_engine *e) {
+    if (e->gvocab || !e->hm->tok) return e->gvocab;
+    const tok_tokenizer *t = e->hm->tok;
+    int32_t n = tok_vocab_size(t);
+    char **bytes = calloc((size_t)n + 1, sizeof *bytes);
+    uint32_t *len = calloc((size_t)n + 1, sizeof *len);
+    uint8_t *special = calloc((size_t)n + 1, 1);
+    char buf[1024]; /* longer tokens are cut off here and never match */
+    int ok = bytes && len && special;
+    for (int32_t i = 0; ok && i < n; i++) {
+        int l = tok_token_bytes(t, i, buf, sizeof buf);
+        if (l < 0 || l > (int)sizeof buf) l = 0;
+        special[i] = (uint8_t)tok_is_special(t, i);
+        if (!(bytes[i] = malloc((size_t)l + 1))) ok = 0;
+        else memcpy(bytes[i], buf, (size_t)l), len[i] = (uint32_t)l;
+    }
+    if (ok) e->gvocab = gvocab_new(n, (const char *const *)bytes, len, special, e->eos, e->n_eos);
+    for (int32_t i = 0; bytes && i < n; i++) free(bytes[i]);
+    free(bytes), free(len), free(special);
+    return e->gvocab;
+}
 
 int engine_eos_ids(const hearth_engine *e, const int32_t **ids) {
     *ids = e->eos;

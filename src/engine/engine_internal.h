@@ -103,6 +103,9 @@ uint64_t gen_device_seed(const hearth_sampling *s);
 int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p);
 
 double gen_now_seconds(void);
+/* The tokenizer's vocabulary as the grammar engine reads it (built on first use, kept
+ * with the engine); NULL when the model has no tokenizer or memory ran out. */
+struct gvocab *engine_grammar_vocab(hearth_engine *e);
 
 struct adapter_set;
 struct adapter_registry;
@@ -137,6 +140,11 @@ typedef struct gen_stream {
     int trim;
     size_t n_prompt;
     struct adapter_set *adapters; /* the request's adapters (NULL: the base), released by gen_stream_free */
+    /* the output constraint, when the request has one */
+    struct grammar *grammar;
+    struct gmatcher *matcher;
+    float *masked;   /* logits with the disallowed tokens at -inf */
+    uint32_t *mask;
 } gen_stream;
 
 /* Validates the request (prompt, max_tokens, context) and zeroes *res. */

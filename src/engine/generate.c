@@ -9,6 +9,8 @@
 #include "engine/engine_internal.h"
 #include "engine/adapter.h"
 #include "engine/engine_device.h"
+#include "grammar/grammar.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -147,6 +149,49 @@ static int ends_with_stop_seq(const hearth_generate_params *p, const int32_t *ge
     return 0;
 }
 
+static const grammar_kind GRAMMAR_OF[] = {
+    [HEARTH_CONSTRAINT_JSON_SCHEMA] = GRAMMAR_JSON_SCHEMA,
+    [HEARTH_CONSTRAINT_JSON_OBJECT] = GRAMMAR_JSON_OBJECT,
+    [HEARTH_CONSTRAINT_REGEX] = GRAMMAR_REGEX,
+    [HEARTH_CONSTRAINT_GBNF] = GRAMMAR_GBNF,
+};
+
+static hearth_status constraint_compile(hearth_constraint_kind kind, const char *text, size_t len, grammar **out,
+                                        hearth_error *err) {
+    if (kind <= HEARTH_CONSTRAINT_NONE || kind > HEARTH_CONSTRAINT_GBNF)
+        return err_set(err, HEARTH_ERR_INVALID, "unknown constraint kind %d", (int)kind);
+    if (!text && kind != HEARTH_CONSTRAINT_JSON_OBJECT) return err_set(err, HEARTH_ERR_INVALID, "the constraint has no text");
+    hearth_status st = grammar_compile(GRAMMAR_OF[kind], text ? text : "", text ? len : 0, out, err);
+    if (st == HEARTH_ERR_FORMAT) { /* bad input from the caller */
+        st = HEARTH_ERR_INVALID;
+        if (err) err->status = st;
+    }
+    return st;
+}
+
+hearth_status hearth_constraint_check(hearth_constraint_kind kind, const char *text, size_t len, hearth_error *err) {
+    grammar *g = NULL;
+    hearth_status st = constraint_compile(kind, text, len, &g, err);
+    grammar_free(g);
+    return st;
+}
+
+/* The request's constraint: its grammar, a matcher and the buffers the masked row needs. */
+static hearth_status constraint_init(gen_stream *g, hearth_engine *e, const hearth_generate_params *p,
+                                     hearth_error *err) {
+    if (p->constraint == HEARTH_CONSTRAINT_NONE) return HEARTH_OK;
+    hearth_status st = constraint_compile(p->constraint, p->constraint_text, p->constraint_len, &g->grammar, err);
+    if (st) return st;
+    gvocab *v = engine_grammar_vocab(e);
+    if (!v) return err_set(err, HEARTH_ERR_UNSUPPORTED, "a constraint needs the model's tokenizer");
+    size_t rows = (size_t)hearth_model_vocab_rows(e);
+    g->matcher = gmatcher_new(g->grammar, v);
+    g->masked = malloc(rows * sizeof *g->masked);
+    g->mask = malloc(((size_t)gvocab_size(v) + 31) / 32 * sizeof *g->mask);
+    if (!g->matcher || !g->masked || !g->mask) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    return HEARTH_OK;
+}
+
 hearth_status gen_stream_init(gen_stream *g, hearth_engine *e, size_t n_prompt, const hearth_generate_params *p,
                               hearth_token_fn on_token, void *user, hearth_generate_result *res, hearth_error *err) {
     memset(g, 0, sizeof *g);
@@ -178,12 +223,17 @@ hearth_status gen_stream_init(gen_stream *g, hearth_engine *e, size_t n_prompt, 
     g->trim = p->trim_leading_space;
     res->prompt_tokens = n_prompt;
     hearth_status st = adapter_registry_resolve(engine_adapters(e), p->adapter, &g->adapters, err);
+    if (!st) st = constraint_init(g, e, p, err);
     if (st) gen_stream_free(g);
     return st;
 }
 
 void gen_stream_free(gen_stream *g) {
     if (g->e) adapter_set_release(engine_adapters(g->e), g->adapters);
+    gmatcher_free(g->matcher);
+    grammar_free(g->grammar);
+    free(g->masked);
+    free(g->mask);
     hearth_detok_stream_free(g->ds);
     sbuf_free(&g->f.pending);
     free(g->f.prefix);
@@ -192,7 +242,24 @@ void gen_stream_free(gen_stream *g) {
 
 hearth_logprobs *gen_stream_lp(gen_stream *g) { return g->p->sampling.top_logprobs ? &g->lp : NULL; }
 
+/* logits with every token the constraint forbids at -inf (into g->masked) */
+static const float *constrained_logits(gen_stream *g, const float *logits) {
+    size_t rows = (size_t)hearth_model_vocab_rows(g->e), n = (size_t)gvocab_size(engine_grammar_vocab(g->e));
+    if (!gmatcher_mask(g->matcher, g->mask)) {
+        /* nothing may follow (the grammar is stuck): only the end of the turn */
+        const int32_t *eos;
+        int n_eos = engine_eos_ids(g->e, &eos);
+        memset(g->mask, 0, (n + 31) / 32 * sizeof *g->mask);
+        for (int i = 0; i < n_eos; i++)
+            if ((size_t)eos[i] < n) g->mask[eos[i] >> 5] |= 1u << (eos[i] & 31);
+    }
+    for (size_t i = 0; i < rows; i++)
+        g->masked[i] = i < n && (g->mask[i >> 5] >> (i & 31) & 1) ? logits[i] : -INFINITY;
+    return g->masked;
+}
+
 sampler_row gen_stream_row(gen_stream *g, sampler *smp, const float *logits, int seq, int seq_len) {
+    if (g->matcher) logits = constrained_logits(g, logits);
     return (sampler_row){.s = smp,
                          .logits = logits,
                          .p = &g->p->sampling,
@@ -211,11 +278,13 @@ static int plain_greedy(const hearth_sampling *s) {
 }
 
 int gen_device_greedy(const hearth_engine *e, const hearth_generate_params *p) {
+    if (p->constraint != HEARTH_CONSTRAINT_NONE) return 0; /* the mask is applied on the host */
     if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || engine_host_sampler(e)) return 0;
     return plain_greedy(&p->sampling) && !p->first_logprobs;
 }
 
 int gen_device_sample(const hearth_engine *e, const hearth_generate_params *p) {
+    if (p->constraint != HEARTH_CONSTRAINT_NONE) return 0;
     if (hearth_engine_device(e) != HEARTH_DEVICE_CUDA || !engine_has_device_sampler(e) || engine_host_sampler(e))
         return 0;
     /* the lab's stages and the full first-step log-probabilities are the host's */
@@ -266,6 +335,10 @@ int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, doubl
     int token_stop = !is_eos && ends_with_stop_seq(p, engine_history(e, seq) + g->n_prompt,
                                                    res->completion_tokens - 1, id);
     is_eos |= token_stop; /* ends like EOS: nothing more of this token is shown */
+    /* the constraint follows every token; once the sentence is complete with nothing to
+     * follow, its mask holds only the end-of-turn ids, so the next token ends the request
+     * the way the model's own end does (and the last token's text is shown) */
+    if (g->matcher && !is_eos) gmatcher_accept(g->matcher, id);
     int hit = 0;
     const char *piece = is_eos ? "" : trim_leading(g, hearth_detok_stream_push(g->ds, id));
     size_t ready = is_eos ? 0 : stop_feed(&g->f, piece, &hit);

@@ -82,6 +82,9 @@ static void fill_params(const srv_request *r, hearth_generate_params *p) {
     p->stop = (const char *const *)r->stop;
     p->n_stop = r->n_stop;
     p->trim_leading_space = 1;
+    p->constraint = r->constraint;
+    p->constraint_text = r->constraint_text;
+    p->constraint_len = r->constraint_text ? strlen(r->constraint_text) : 0;
 }
 
 /* The limits on a request's work, each refused with a 400 that names it. */

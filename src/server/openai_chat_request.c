@@ -99,6 +99,64 @@ static int parse_sampling(const json_t *root, const srv_defaults *d, srv_request
     return 0;
 }
 
+/* Sets the constraint once; a second source is a 400 (they would contradict). */
+static int set_constraint(srv_request *r, hearth_constraint_kind kind, const char *text, const char *field,
+                          srv_error *e) {
+    if (r->constraint != HEARTH_CONSTRAINT_NONE)
+        return BAD(e, field, "%s: only one of response_format, grammar, regex and json_schema may constrain the output",
+                   field);
+    hearth_error err = {0};
+    if (hearth_constraint_check(kind, text, text ? strlen(text) : 0, &err))
+        return BAD(e, field, "%s: %s", field, err.message);
+    if (text && !(r->constraint_text = strdup(text))) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    r->constraint = kind;
+    return 0;
+}
+
+static int set_schema(srv_request *r, const json_t *schema, const char *field, srv_error *e) {
+    if (!json_is_object(schema) && !json_is_boolean(schema)) return BAD(e, field, "%s must be an object", field);
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!text) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    int rc = set_constraint(r, HEARTH_CONSTRAINT_JSON_SCHEMA, text, field, e);
+    free(text);
+    return rc;
+}
+
+/* {"type": "text" | "json_object" | "json_schema", ...}: chat/completions'
+ * response_format (schema under json_schema.schema) or Responses' text.format (schema
+ * beside the type). */
+static int parse_format(const json_t *f, int flat, const char *field, srv_request *r, srv_error *e) {
+    if (!f || json_is_null(f)) return 0;
+    const char *type = json_string_value(json_object_get(f, "type"));
+    if (!json_is_object(f) || !type) return BAD(e, field, "%s must be an object with a type", field);
+    if (!strcmp(type, "text")) return 0;
+    if (!strcmp(type, "json_object")) return set_constraint(r, HEARTH_CONSTRAINT_JSON_OBJECT, NULL, field, e);
+    if (strcmp(type, "json_schema"))
+        return BAD(e, field, "%s.type must be 'text', 'json_object' or 'json_schema' (got '%.40s')", field, type);
+    const json_t *holder = flat ? f : json_object_get(f, "json_schema");
+    const json_t *schema = json_object_get(holder, "schema");
+    if (!schema) return BAD(e, field, "%s: json_schema.schema is required", field);
+    return set_schema(r, schema, field, e);
+}
+
+int srv_parse_constraint(const json_t *root, const json_t *format, srv_request *r, srv_error *e) {
+    if (parse_format(json_object_get(root, "response_format"), 0, "response_format", r, e)) return -1;
+    if (format && parse_format(format, 1, "text.format", r, e)) return -1;
+    const json_t *g = json_object_get(root, "grammar"), *re = json_object_get(root, "regex");
+    const json_t *js = json_object_get(root, "json_schema");
+    if (g && !json_is_null(g)) {
+        if (!json_is_string(g)) return BAD(e, "grammar", "grammar must be a string (GBNF)");
+        if (json_string_length(g) && set_constraint(r, HEARTH_CONSTRAINT_GBNF, json_string_value(g), "grammar", e))
+            return -1;
+    }
+    if (re && !json_is_null(re)) {
+        if (!json_is_string(re)) return BAD(e, "regex", "regex must be a string");
+        if (set_constraint(r, HEARTH_CONSTRAINT_REGEX, json_string_value(re), "regex", e)) return -1;
+    }
+    if (js && !json_is_null(js) && set_schema(r, js, "json_schema", e)) return -1;
+    return 0;
+}
+
 static int parse_logit_bias(const json_t *root, srv_request *r, srv_error *e) {
     const json_t *v = json_object_get(root, "logit_bias");
     if (!v || json_is_null(v)) return 0;
@@ -258,7 +316,8 @@ static int parse_root(json_t *root, srv_kind kind, const srv_defaults *d, srv_re
     if (json_is_string(v) && !(r->adapter = strdup(json_string_value(v))))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     if (parse_stream(root, r, e) || parse_sampling(root, d, r, e) || srv_parse_lab(root, d, r, e) ||
-        parse_logit_bias(root, r, e) || parse_stop(root, r, e) || parse_template_kwargs(root, d, r, e))
+        parse_logit_bias(root, r, e) || parse_stop(root, r, e) || parse_template_kwargs(root, d, r, e) ||
+        srv_parse_constraint(root, NULL, r, e))
         return -1;
     if (kind == SRV_CHAT) return parse_chat(root, r, e);
     v = json_object_get(root, "prompt");
@@ -300,5 +359,6 @@ void srv_request_free(srv_request *r) {
     json_decref(r->messages);
     json_decref(r->tools);
     free(r->prompt);
+    free(r->constraint_text);
     memset(r, 0, sizeof *r);
 }

@@ -39,6 +39,7 @@ static void job_free_params(srv_job *j) {
     free((void *)p->sampling.bias_ids);
     free((void *)p->sampling.bias_values);
     free((void *)p->adapter);
+    free((void *)p->constraint_text);
 }
 
 static int job_own_params(srv_job *j) {
@@ -47,6 +48,8 @@ static int job_own_params(srv_job *j) {
     p->sampling.bias_ids = NULL, p->sampling.bias_values = NULL;
     p->adapter = src.adapter ? strdup(src.adapter) : NULL;
     if (src.adapter && !p->adapter) return -1;
+    p->constraint_text = NULL;
+    if (src.constraint_text && !(p->constraint_text = dup_bytes(src.constraint_text, src.constraint_len + 1))) return -1;
     char **stop = calloc(src.n_stop + 1, sizeof *stop);
     int32_t **seqs = calloc(src.n_stop_token_seqs + 1, sizeof *seqs);
     p->stop = (const char *const *)stop;

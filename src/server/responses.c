@@ -193,7 +193,8 @@ static json_t *response_json(resp_state *st, const char *status) {
     json_object_set_new(o, "reasoning", json_pack("{s:n,s:n}", "effort", "summary"));
     json_object_set_new(o, "store", json_boolean(rq->store));
     json_object_set_new(o, "temperature", json_real(rq->req.temperature));
-    json_object_set_new(o, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
+    json_object_set_new(o, "text", rq->text_format ? json_pack("{s:O}", "format", rq->text_format)
+                                                   : json_pack("{s:{s:s}}", "format", "type", "text"));
     json_object_set_new(o, "tool_choice", json_deep_copy(rq->tool_choice));
     json_object_set_new(o, "tools", json_deep_copy(rq->tools_echo));
     json_object_set_new(o, "top_p", json_real(rq->req.top_p));

@@ -18,6 +18,7 @@ typedef struct resp_request {
     int forced_tools;    /* tool_choice "required" or a named function: not enforced */
     json_t *tools_echo;  /* the "tools" array as the response echoes it */
     json_t *tool_choice; /* echoed: "auto", "none", "required" or the object */
+    json_t *text_format; /* echoed: the request's text.format (NULL: {"type": "text"}) */
     json_t *metadata;    /* echoed object ({} when absent) */
     int has_max_output;  /* max_output_tokens was given (echoed, else null) */
 } resp_request;

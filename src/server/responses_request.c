@@ -17,6 +17,7 @@ void resp_request_free(resp_request *r) {
     free(r->previous_id);
     json_decref(r->tools_echo);
     json_decref(r->tool_choice);
+    json_decref(r->text_format);
     json_decref(r->metadata);
     memset(r, 0, sizeof *r);
 }
@@ -377,9 +378,14 @@ int resp_request_parse(const char *body, size_t len, const srv_defaults *d, resp
         rc = BAD(e, NULL, "the request body must be a JSON object");
     else
         rc = parse_scalars(root, d, r, e) || srv_parse_lab(root, d, &r->req, e) || parse_input(root, r, e) ||
-                     parse_tools(root, r, e) || parse_tool_choice(root, r, e)
+                     parse_tools(root, r, e) || parse_tool_choice(root, r, e) ||
+                     srv_parse_constraint(root, json_object_get(json_object_get(root, "text"), "format"), &r->req, e)
                  ? -1
                  : 0;
+    if (!rc) {
+        json_t *f = json_object_get(json_object_get(root, "text"), "format");
+        if (json_is_object(f)) r->text_format = json_deep_copy(f);
+    }
     json_decref(root);
     if (rc) resp_request_free(r);
     return rc;

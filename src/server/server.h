@@ -80,7 +80,16 @@ typedef struct srv_request {
     json_t *messages;        /* chat: content flattened to strings, tool arguments parsed */
     json_t *tools;           /* chat: NULL when absent or empty */
     char *prompt;            /* text completions */
+    /* response_format / grammar / regex / json_schema: the output constraint */
+    hearth_constraint_kind constraint;
+    char *constraint_text; /* NUL-terminated; NULL for json_object */
 } srv_request;
+
+/* The output constraint of a request body (OpenAI response_format json_schema /
+ * json_object, llama-server's grammar / regex / json_schema fields), compiled once to
+ * check it: 0, or -1 with a 400 naming the field and the problem. format: the Responses
+ * API's text.format object (NULL elsewhere). */
+int srv_parse_constraint(const json_t *root, const json_t *format, srv_request *r, srv_error *e);
 
 /* Parses and validates a body. Returns 0, or -1 with e filled (the request is
  * freed). */

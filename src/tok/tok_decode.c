@@ -274,3 +274,31 @@ hearth_status tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, i
     *out = sbuf_steal(&res);
     return *out ? HEARTH_OK : err_set(err, HEARTH_ERR_NOMEM, "out of memory");
 }
+
+int tok_token_bytes(const tok_tokenizer *t, int32_t id, char *buf, size_t cap) {
+    if (id < 0 || id >= t->n_strs || !t->strs[id]) return -1;
+    const char *s = t->strs[id];
+    size_t n = t->str_lens[id], o = 0;
+    /* Added tokens are stored as the text they stand for, in every vocabulary kind. */
+    int raw = tok_strmap_get(&t->added_map, s, n) >= 0;
+    int byte_level = !strcmp(t->kind_name, "bpe-byte-level");
+    int b = raw || byte_level ? -1 : byte_token(s, n);
+    if (b >= 0) {
+        if (cap) buf[0] = (char)b;
+        return 1;
+    }
+    for (size_t k = 0; k < n;) {
+        int cl = 1, c = s[k];
+        if (!raw && byte_level) {
+            int v = tok_cp_to_byte(tok_utf8_decode(s + k, n - k, &cl));
+            if (v >= 0) c = v;
+            else cl = 1; /* not in the byte alphabet: the byte as written */
+        } else if (!raw && k + 3 <= n && !memcmp(s + k, "\xE2\x96\x81", 3)) {
+            c = ' ', cl = 3; /* SentencePiece's word-boundary mark */
+        }
+        if (o < cap) buf[o] = (char)c;
+        o++;
+        k += (size_t)(cl > 0 ? cl : 1);
+    }
+    return (int)o;
+}

@@ -31,6 +31,11 @@ int32_t tok_bos_id(const tok_tokenizer *t); /* -1 if none */
 int32_t tok_eos_id(const tok_tokenizer *t); /* -1 if none */
 /* "bpe-byte-level", "bpe-sentencepiece", "wordpiece" */
 const char *tok_kind(const tok_tokenizer *t);
+/* The bytes one token stands for inside a longer text (a byte-level BPE symbol mapped
+ * back to its byte, SentencePiece's U+2581 as a space, <0xNN> as that byte): what a
+ * grammar matches a token against. Returns the length (at most cap bytes are written),
+ * or -1 for an unknown id. */
+int tok_token_bytes(const tok_tokenizer *t, int32_t id, char *buf, size_t cap);
 
 /* Streaming decode: never returns a broken UTF-8 sequence. */
 typedef struct tok_stream tok_stream;

@@ -103,6 +103,31 @@ static void test_sentencepiece_bpe(void **state) {
     tok_free(t);
 }
 
+/* The bytes a token stands for inside a text (what grammar masks match), hand-derived from
+ * the vocabulary strings: no decoder step such as the leading-space strip applies. */
+static void expect_bytes(const tok_tokenizer *t, int32_t id, const char *want, size_t n) {
+    char buf[64];
+    int l = tok_token_bytes(t, id, buf, sizeof buf);
+    assert_int_equal(l, (int)n);
+    assert_memory_equal(buf, want, n);
+}
+
+static void test_token_bytes(void **state) {
+    (void)state;
+    tok_tokenizer *t = load(BYTE_LEVEL);
+    expect_bytes(t, 12, " w", 2);        /* \u0120 is the byte-level alphabet's space */
+    expect_bytes(t, 11, "hello", 5);
+    expect_bytes(t, 13, "<|end|>", 7);   /* an added token: its text */
+    assert_int_equal(tok_token_bytes(t, 14, NULL, 0), -1);
+    assert_int_equal(tok_token_bytes(t, -1, NULL, 0), -1);
+    tok_free(t);
+    t = load(SENTENCEPIECE);
+    expect_bytes(t, 10, " ab", 3);       /* U+2581 is a space */
+    expect_bytes(t, 2, "\xE2", 1);       /* <0xE2>: that byte */
+    expect_bytes(t, 5, " ", 1);
+    tok_free(t);
+}
+
 static void test_wordpiece(void **state) {
     (void)state;
     tok_tokenizer *t = load(WORDPIECE);
@@ -206,6 +231,7 @@ int main(void) {
         cmocka_unit_test(test_byte_level_bpe),  cmocka_unit_test(test_sentencepiece_bpe),
         cmocka_unit_test(test_wordpiece),       cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_bad_input),       cmocka_unit_test(test_stream_invariants),
+        cmocka_unit_test(test_token_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

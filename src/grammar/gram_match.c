@@ -1,0 +1,666 @@
+/* gram_match.c: runs a lowered grammar over bytes and turns it into token masks.
+ * A parse position is a set of stacks (llama.cpp's idea); stacks are hash-consed into
+ * node ids and sets of them into set ids, so the byte transitions of a set are cached
+ * like a lazily built DFA. A mask walks the vocabulary's byte trie in preorder through
+ * those transitions, skipping every subtree whose prefix is dead. Owns no model state. */
+#include "grammar/gram_flat.h"
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- vocabulary trie ----------------------------------------------------------------- */
+
+/* A byte trie of some tokens, in preorder: node i has byte[i] at depth[i] (1 for the
+ * root's children); its subtree ends before end[i]; the tokens spelled exactly by the path
+ * to it are tok_sorted[tok_first[i] .. + tok_n[i]). */
+typedef struct {
+    int32_t n_nodes;
+    uint8_t *byte;
+    uint16_t *depth;
+    int32_t *end;
+    int32_t *tok_first;
+    int32_t *tok_n;
+    int32_t *tok_sorted;
+} gv_trie;
+
+struct gvocab {
+    int32_t n_tokens;
+    gv_trie all;  /* every text token */
+    gv_trie rest; /* the text tokens that are not short plain ones */
+    /* short plain tokens: at most GV_SHORT complete UTF-8 characters, none of them a
+     * control character, '"' or '\\'. Where every plain character leads one state to the
+     * same next state, GV_SHORT times over (inside a JSON string, free or with a length
+     * bound still that far away), every short plain token is allowed: such states take them
+     * all at once and walk only the rest */
+    uint32_t *plain_bits;
+    size_t n_plain;
+    int32_t *eos;
+    int n_eos;
+    uint8_t *is_special; /* per token */
+    char **bytes;
+    uint32_t *len;
+};
+
+static const char *const *sort_bytes;
+static const uint32_t *sort_len;
+static int cmp_tok(const void *x, const void *y) {
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    uint32_t la = sort_len[a], lb = sort_len[b], l = la < lb ? la : lb;
+    int c = memcmp(sort_bytes[a], sort_bytes[b], l);
+    if (c) return c;
+    if (la != lb) return la < lb ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+/* 65535: the trie depth is a uint16; no vocabulary has tokens that long */
+#define GV_MAX_TOKEN_BYTES 65535
+
+/* The trie of tokens order[0..n) (sorted by bytes); takes order. */
+static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_text) {
+    size_t total = 0;
+    for (int32_t k = 0; k < n_text; k++) total += v->len[order[k]];
+    size_t cap = total + 1;
+    t->tok_sorted = order;
+    t->byte = malloc(cap);
+    t->depth = malloc(cap * sizeof *t->depth);
+    t->end = malloc(cap * sizeof *t->end);
+    t->tok_first = malloc(cap * sizeof *t->tok_first);
+    t->tok_n = calloc(cap, sizeof *t->tok_n);
+    int32_t *path = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *path);
+    if (!t->byte || !t->depth || !t->end || !t->tok_first || !t->tok_n || !path) {
+        free(path);
+        return 0;
+    }
+    int32_t sp = 0, n = 0;
+    const char *prev = NULL;
+    uint32_t prev_len = 0;
+    for (int32_t k = 0; k < n_text; k++) {
+        int32_t id = order[k];
+        const char *s = v->bytes[id];
+        uint32_t l = v->len[id], p = 0;
+        while (prev && p < l && p < prev_len && s[p] == prev[p]) p++;
+        while ((uint32_t)sp > p) t->end[path[--sp]] = n;
+        for (uint32_t d = p; d < l; d++) {
+            t->byte[n] = (uint8_t)s[d];
+            t->depth[n] = (uint16_t)(d + 1);
+            t->tok_n[n] = 0;
+            path[sp++] = n++;
+        }
+        int32_t top = path[sp - 1];
+        if (!t->tok_n[top]) t->tok_first[top] = k;
+        t->tok_n[top]++;
+        prev = s, prev_len = l;
+    }
+    while (sp) t->end[path[--sp]] = n;
+    t->n_nodes = n;
+    free(path);
+    return 1;
+}
+
+static void trie_free(gv_trie *t) {
+    free(t->byte), free(t->depth), free(t->end), free(t->tok_first), free(t->tok_n), free(t->tok_sorted);
+}
+
+#define GV_SHORT 16 /* characters: longer plain tokens are few and walked with the rest */
+
+/* The number of characters of a plain token (complete UTF-8 characters only, none below
+ * U+0020, '"' or '\\'), or 0 when the token is not plain. */
+static int plain_token(const char *s, uint32_t n) {
+    int chars = 0;
+    const unsigned char *u = (const unsigned char *)s;
+    for (uint32_t i = 0; i < n;) {
+        unsigned c = u[i];
+        chars++;
+        if (c < 0x80) {
+            if (c < 0x20 || c == '"' || c == '\\') return 0;
+            i++;
+            continue;
+        }
+        int len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (!len || i + (uint32_t)len > n) return 0;
+        unsigned lo = 0x80, hi = 0xBF; /* the second byte's range (no overlongs, no surrogates) */
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;
+        else if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+        if (u[i + 1] < lo || u[i + 1] > hi) return 0;
+        for (int k = 2; k < len; k++)
+            if ((u[i + k] & 0xC0) != 0x80) return 0;
+        i += (uint32_t)len;
+    }
+    return chars;
+}
+
+gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *len, const uint8_t *special,
+                   const int32_t *eos_ids, int n_eos) {
+    gvocab *v = calloc(1, sizeof *v);
+    if (!v) return NULL;
+    v->n_tokens = n_tokens;
+    v->bytes = calloc((size_t)n_tokens + 1, sizeof *v->bytes);
+    v->len = calloc((size_t)n_tokens + 1, sizeof *v->len);
+    v->is_special = calloc((size_t)n_tokens + 1, 1);
+    v->eos = malloc(((size_t)n_eos + 1) * sizeof *v->eos);
+    v->plain_bits = calloc(((size_t)n_tokens + 31) / 32 + 1, sizeof *v->plain_bits);
+    int32_t *order = malloc(((size_t)n_tokens + 1) * sizeof *order);
+    int32_t *rest = malloc(((size_t)n_tokens + 1) * sizeof *rest);
+    if (!v->bytes || !v->len || !v->is_special || !v->eos || !order || !rest || !v->plain_bits) goto fail;
+    for (int i = 0; i < n_eos; i++)
+        if (eos_ids[i] >= 0 && eos_ids[i] < n_tokens) v->eos[v->n_eos++] = eos_ids[i];
+    int32_t n_text = 0, n_rest = 0;
+    for (int32_t i = 0; i < n_tokens; i++) {
+        uint32_t l = bytes[i] ? len[i] : 0;
+        if (l > GV_MAX_TOKEN_BYTES) l = 0;
+        v->is_special[i] = special ? special[i] : 0;
+        v->len[i] = l;
+        v->bytes[i] = malloc(l + 1);
+        if (!v->bytes[i]) goto fail;
+        if (l) memcpy(v->bytes[i], bytes[i], l);
+        if (l && !v->is_special[i]) order[n_text++] = i;
+    }
+    sort_bytes = (const char *const *)v->bytes, sort_len = v->len;
+    qsort(order, (size_t)n_text, sizeof *order, cmp_tok);
+    for (int32_t k = 0; k < n_text; k++) {
+        int32_t id = order[k];
+        int chars = plain_token(v->bytes[id], v->len[id]);
+        if (chars > 0 && chars <= GV_SHORT)
+            v->plain_bits[id >> 5] |= 1u << (id & 31), v->n_plain++;
+        else
+            rest[n_rest++] = id; /* stays sorted */
+    }
+    if (!trie_build(&v->all, v, order, n_text)) {
+        order = NULL;
+        free(rest);
+        goto fail;
+    }
+    order = NULL;
+    if (!trie_build(&v->rest, v, rest, n_rest)) goto fail;
+    return v;
+fail:
+    free(order);
+    gvocab_free(v);
+    return NULL;
+}
+
+void gvocab_free(gvocab *v) {
+    if (!v) return;
+    for (int32_t i = 0; v->bytes && i < v->n_tokens; i++) free(v->bytes[i]);
+    free(v->bytes), free(v->len), free(v->is_special), free(v->eos), free(v->plain_bits);
+    trie_free(&v->all);
+    trie_free(&v->rest);
+    free(v);
+}
+
+int32_t gvocab_size(const gvocab *v) { return v ? v->n_tokens : 0; }
+
+/* ---- matcher --------------------------------------------------------------------------- */
+
+/* Masks kept per matcher, keyed by set id: JSON strings and whitespace revisit a
+ * handful of sets. */
+#define GM_MASK_CACHE 16
+/* Expansion recursion bound (grammar nesting without a byte). */
+#define GM_MAX_DEPTH 2000
+/* Expansion steps for one byte and parse stacks in one set: beyond these a
+ * (pathologically ambiguous) grammar is given up on, not followed for minutes. JSON
+ * Schema grammars stay in the hundreds. */
+#define GM_MAX_WORK 50000
+#define GM_MAX_SET 2048
+
+typedef struct {
+    uint32_t pos;
+    int32_t parent;
+} gm_node;
+
+struct gmatcher {
+    const grammar *g;
+    const gvocab *v;
+    /* stacks: node 0 is "empty stack" (the grammar is complete) */
+    gm_node *nodes;
+    int32_t n_nodes, cap_nodes;
+    int32_t *node_hash; /* open addressing, -1 empty */
+    uint32_t node_hash_cap;
+    uint32_t *visit; /* per node: epoch of the last expansion that visited it */
+    uint32_t epoch;
+    int64_t work; /* expansion steps left for the current byte */
+    /* sets: sorted node lists */
+    int32_t *set_items;
+    int64_t n_items, cap_items;
+    int64_t *set_off;
+    int32_t *set_len;
+    int32_t *trans; /* 256 per set: -2 unknown, -1 dead */
+    int32_t *uni;   /* per set: the set every plain character leads it to; -1 none, -2 unknown */
+    int32_t n_sets, cap_sets;
+    int32_t *set_hash;
+    uint32_t set_hash_cap;
+    /* scratch */
+    int32_t *tmp;
+    int32_t n_tmp, cap_tmp;
+    int32_t *walk; /* per trie depth */
+    int oom;
+    /* current position */
+    int32_t cur;
+    int done;
+    int32_t mask_key[GM_MASK_CACHE];
+    uint32_t *mask_val[GM_MASK_CACHE];
+    size_t mask_count[GM_MASK_CACHE];
+    int mask_next;
+};
+
+static uint32_t mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (uint32_t)x;
+}
+
+static int node_rehash(gmatcher *m) {
+    uint32_t cap = m->node_hash_cap ? m->node_hash_cap * 2 : 1024;
+    int32_t *h = malloc(cap * sizeof *h);
+    if (!h) return 0;
+    memset(h, 0xff, cap * sizeof *h);
+    for (int32_t i = 1; i < m->n_nodes; i++) {
+        uint32_t k = mix(((uint64_t)m->nodes[i].pos << 32) | (uint32_t)m->nodes[i].parent) & (cap - 1);
+        while (h[k] >= 0) k = (k + 1) & (cap - 1);
+        h[k] = i;
+    }
+    free(m->node_hash);
+    m->node_hash = h, m->node_hash_cap = cap;
+    return 1;
+}
+
+static int32_t node_intern(gmatcher *m, uint32_t pos, int32_t parent) {
+    if ((uint32_t)m->n_nodes * 2 >= m->node_hash_cap && !node_rehash(m)) {
+        m->oom = 1;
+        return -1;
+    }
+    uint32_t k = mix(((uint64_t)pos << 32) | (uint32_t)parent) & (m->node_hash_cap - 1);
+    for (; m->node_hash[k] >= 0; k = (k + 1) & (m->node_hash_cap - 1)) {
+        gm_node *n = &m->nodes[m->node_hash[k]];
+        if (n->pos == pos && n->parent == parent) return m->node_hash[k];
+    }
+    if (m->n_nodes >= m->cap_nodes) {
+        int32_t nc = m->cap_nodes * 2;
+        gm_node *nn = realloc(m->nodes, (size_t)nc * sizeof *nn);
+        uint32_t *nv = realloc(m->visit, (size_t)nc * sizeof *nv);
+        if (nn) m->nodes = nn;
+        if (nv) m->visit = nv;
+        if (!nn || !nv) {
+            m->oom = 1;
+            return -1;
+        }
+        memset(m->visit + m->cap_nodes, 0, (size_t)(nc - m->cap_nodes) * sizeof *nv);
+        m->cap_nodes = nc;
+    }
+    m->nodes[m->n_nodes] = (gm_node){pos, parent};
+    m->node_hash[k] = m->n_nodes;
+    return m->n_nodes++;
+}
+
+static void tmp_push(gmatcher *m, int32_t x) {
+    if (m->n_tmp >= m->cap_tmp) {
+        int32_t nc = m->cap_tmp ? m->cap_tmp * 2 : 256;
+        int32_t *t = realloc(m->tmp, (size_t)nc * sizeof *t);
+        if (!t) {
+            m->oom = 1;
+            return;
+        }
+        m->tmp = t, m->cap_tmp = nc;
+    }
+    m->tmp[m->n_tmp++] = x;
+}
+
+/* Every stack reachable from (pos, parent) without consuming a byte, as nodes whose top
+ * is a byte set (or node 0: the whole grammar is complete). */
+static void expand(gmatcher *m, uint32_t pos, int32_t parent, int depth) {
+    const grammar *g = m->g;
+    for (;;) {
+        if (m->oom || depth > GM_MAX_DEPTH || --m->work < 0) {
+            m->oom = 1;
+            return;
+        }
+        gr_elem e = g->elems[pos];
+        if (e.kind == GE_END) {
+            if (parent == 0) {
+                tmp_push(m, 0);
+                return;
+            }
+            pos = m->nodes[parent].pos, parent = m->nodes[parent].parent;
+            continue;
+        }
+        int32_t id = node_intern(m, pos, parent);
+        if (id < 0) return;
+        if (e.kind == GE_BYTES) {
+            tmp_push(m, id);
+            return;
+        }
+        if (m->visit[id] == m->epoch) return; /* this expansion already ran this round */
+        m->visit[id] = m->epoch;
+        int32_t ret = g->elems[pos + 1].kind == GE_END ? parent : node_intern(m, pos + 1, parent);
+        if (ret < 0) return;
+        for (uint32_t a = g->rule_alt0[e.arg]; a < g->rule_alt0[e.arg + 1]; a++)
+            expand(m, g->alt_start[a], ret, depth + 1);
+        return;
+    }
+}
+
+static int cmp_i32(const void *x, const void *y) {
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+static uint32_t set_hash_of(const int32_t *it, int32_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int32_t i = 0; i < n; i++) h = (h ^ (uint32_t)it[i]) * 1099511628211ULL;
+    return mix(h);
+}
+
+static int set_rehash(gmatcher *m) {
+    uint32_t cap = m->set_hash_cap ? m->set_hash_cap * 2 : 256;
+    int32_t *h = malloc(cap * sizeof *h);
+    if (!h) return 0;
+    memset(h, 0xff, cap * sizeof *h);
+    for (int32_t i = 0; i < m->n_sets; i++) {
+        uint32_t k = set_hash_of(m->set_items + m->set_off[i], m->set_len[i]) & (cap - 1);
+        while (h[k] >= 0) k = (k + 1) & (cap - 1);
+        h[k] = i;
+    }
+    free(m->set_hash);
+    m->set_hash = h, m->set_hash_cap = cap;
+    return 1;
+}
+
+/* Interns m->tmp (sorted, deduplicated here) as a set; -1 when empty. */
+static int32_t set_intern(gmatcher *m) {
+    if (m->oom || !m->n_tmp) return -1;
+    qsort(m->tmp, (size_t)m->n_tmp, sizeof *m->tmp, cmp_i32);
+    int32_t n = 1;
+    for (int32_t i = 1; i < m->n_tmp; i++)
+        if (m->tmp[i] != m->tmp[n - 1]) m->tmp[n++] = m->tmp[i];
+    if (n > GM_MAX_SET) {
+        m->oom = 1;
+        return -1;
+    }
+    if ((uint32_t)m->n_sets * 2 >= m->set_hash_cap && !set_rehash(m)) {
+        m->oom = 1;
+        return -1;
+    }
+    uint32_t k = set_hash_of(m->tmp, n) & (m->set_hash_cap - 1);
+    for (; m->set_hash[k] >= 0; k = (k + 1) & (m->set_hash_cap - 1)) {
+        int32_t s = m->set_hash[k];
+        if (m->set_len[s] == n && !memcmp(m->set_items + m->set_off[s], m->tmp, (size_t)n * sizeof *m->tmp)) return s;
+    }
+    if (m->n_sets >= m->cap_sets) {
+        int32_t nc = m->cap_sets ? m->cap_sets * 2 : 64;
+        int64_t *o = realloc(m->set_off, (size_t)nc * sizeof *o);
+        if (o) m->set_off = o;
+        int32_t *l = realloc(m->set_len, (size_t)nc * sizeof *l);
+        if (l) m->set_len = l;
+        int32_t *t = realloc(m->trans, (size_t)nc * 256 * sizeof *t);
+        if (t) m->trans = t;
+        int32_t *lp = realloc(m->uni, (size_t)nc * sizeof *lp);
+        if (lp) m->uni = lp;
+        if (!o || !l || !t || !lp) {
+            m->oom = 1;
+            return -1;
+        }
+        m->cap_sets = nc;
+    }
+    if (m->n_items + n > m->cap_items) {
+        int64_t nc = (m->cap_items ? m->cap_items * 2 : 1024) + n;
+        int32_t *it = realloc(m->set_items, (size_t)nc * sizeof *it);
+        if (!it) {
+            m->oom = 1;
+            return -1;
+        }
+        m->set_items = it, m->cap_items = nc;
+    }
+    int32_t s = m->n_sets++;
+    m->set_off[s] = m->n_items, m->set_len[s] = n;
+    memcpy(m->set_items + m->n_items, m->tmp, (size_t)n * sizeof *m->tmp);
+    m->n_items += n;
+    for (int i = 0; i < 256; i++) m->trans[(int64_t)s * 256 + i] = -2;
+    m->uni[s] = -2;
+    m->set_hash[k] = s;
+    return s;
+}
+
+/* The set after one byte, computed (not cached). */
+static int32_t step(gmatcher *m, int32_t set, unsigned byte) {
+    m->n_tmp = 0;
+    m->epoch++;
+    m->work = GM_MAX_WORK;
+    const grammar *g = m->g;
+    int64_t off = m->set_off[set];
+    int32_t len = m->set_len[set];
+    for (int32_t i = 0; i < len; i++) {
+        int32_t id = m->set_items[off + i];
+        if (id == 0) continue;
+        gm_node n = m->nodes[id];
+        if (gr_has(&g->sets[g->elems[n.pos].arg], byte)) expand(m, n.pos + 1, n.parent, 0);
+    }
+    return set_intern(m);
+}
+
+/* Two bytes that every stack of the set takes or refuses alike lead to the same set: the
+ * whole row of transitions is filled with one step per class of such bytes (a JSON string
+ * state has a handful of classes, not 256). */
+static int32_t advance(gmatcher *m, int32_t set, unsigned byte) {
+    int32_t *row = &m->trans[(int64_t)set * 256];
+    if (row[byte] != -2) return row[byte];
+    const grammar *g = m->g;
+    int64_t off = m->set_off[set];
+    int32_t len = m->set_len[set];
+    /* each byte's signature: which of the set's distinct byte sets hold it */
+    uint32_t arg[64];
+    int k = 0;
+    for (int32_t i = 0; i < len && k <= 64; i++) {
+        int32_t id = m->set_items[off + i];
+        if (id == 0) continue;
+        uint32_t a = g->elems[m->nodes[id].pos].arg;
+        int seen = 0;
+        for (int j = 0; j < k && !seen; j++) seen = arg[j] == a;
+        if (!seen) {
+            if (k == 64) {
+                k = 65;
+                break;
+            }
+            arg[k++] = a;
+        }
+    }
+    if (k > 64) { /* too many distinct byte sets to classify: this byte alone */
+        int32_t r = step(m, set, byte);
+        if (m->oom) return -1;
+        m->trans[(int64_t)set * 256 + byte] = r;
+        return r;
+    }
+    uint64_t sig[256] = {0};
+    for (int j = 0; j < k; j++) {
+        const gr_byteset *bs = &g->sets[arg[j]];
+        for (unsigned b = 0; b < 256; b++) sig[b] |= (uint64_t)gr_has(bs, b) << j;
+    }
+    uint64_t class_sig[256];
+    int32_t res[256], out[256];
+    int n_class = 0;
+    for (unsigned b = 0; b < 256; b++) {
+        int c = 0;
+        while (c < n_class && class_sig[c] != sig[b]) c++;
+        if (c == n_class) {
+            class_sig[n_class] = sig[b];
+            res[n_class++] = sig[b] ? step(m, set, b) : -1; /* no stack takes it: dead */
+            if (m->oom) return -1;                          /* not cached: out of memory is not a grammar fact */
+        }
+        out[b] = res[c];
+    }
+    row = &m->trans[(int64_t)set * 256]; /* step may have grown the table */
+    memcpy(row, out, sizeof out);
+    return row[byte];
+}
+
+gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
+    gmatcher *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->g = g, m->v = v;
+    m->cap_nodes = 1024;
+    m->nodes = malloc((size_t)m->cap_nodes * sizeof *m->nodes);
+    m->visit = calloc((size_t)m->cap_nodes, sizeof *m->visit);
+    m->walk = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *m->walk);
+    if (!m->nodes || !m->visit || !m->walk || !node_rehash(m)) {
+        gmatcher_free(m);
+        return NULL;
+    }
+    m->nodes[0] = (gm_node){UINT32_MAX, -1};
+    m->n_nodes = 1;
+    for (int i = 0; i < GM_MASK_CACHE; i++) m->mask_key[i] = -1;
+    m->epoch = 1;
+    m->work = GM_MAX_WORK;
+    for (uint32_t a = g->rule_alt0[g->root]; a < g->rule_alt0[g->root + 1]; a++) expand(m, g->alt_start[a], 0, 0);
+    m->cur = set_intern(m);
+    if (m->oom || m->cur < 0) {
+        gmatcher_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void gmatcher_free(gmatcher *m) {
+    if (!m) return;
+    free(m->nodes), free(m->node_hash), free(m->visit);
+    free(m->set_items), free(m->set_off), free(m->set_len), free(m->trans), free(m->set_hash), free(m->uni);
+    free(m->tmp), free(m->walk);
+    for (int i = 0; i < GM_MASK_CACHE; i++) free(m->mask_val[i]);
+    free(m);
+}
+
+int gmatcher_can_end(const gmatcher *m) {
+    return m->done || (m->cur >= 0 && m->set_len[m->cur] && m->set_items[m->set_off[m->cur]] == 0);
+}
+
+int gmatcher_is_done(const gmatcher *m) {
+    return m->done || (m->cur >= 0 && m->set_len[m->cur] == 1 && m->set_items[m->set_off[m->cur]] == 0);
+}
+
+/* The set every byte of [lo, hi] leads t to, or -1 when they differ or die. */
+static int32_t uniform(gmatcher *m, int32_t t, unsigned lo, unsigned hi) {
+    int32_t r = advance(m, t, lo);
+    for (unsigned b = lo + 1; r >= 0 && b <= hi; b++)
+        if (advance(m, t, b) != r) return -1;
+    return r;
+}
+
+/* The one set every plain character (plain_token's alphabet) leads set s to, or -1. */
+static int32_t plain_next(gmatcher *m, int32_t s) {
+    if (m->uni[s] != -2) return m->uni[s];
+    int32_t to = advance(m, s, 'a');
+    for (unsigned b = 0x20; to >= 0 && b < 0x80; b++)
+        if (b != '"' && b != '\\' && advance(m, s, b) != to) to = -1;
+    /* UTF-8 by lead bytes: the second byte's range, then plain continuation bytes */
+    static const struct {
+        uint8_t lead_lo, lead_hi, lo, hi, more;
+    } seqs[] = {
+        {0xC2, 0xDF, 0x80, 0xBF, 0}, {0xE0, 0xE0, 0xA0, 0xBF, 1}, {0xE1, 0xEC, 0x80, 0xBF, 1},
+        {0xED, 0xED, 0x80, 0x9F, 1}, {0xEE, 0xEF, 0x80, 0xBF, 1}, {0xF0, 0xF0, 0x90, 0xBF, 2},
+        {0xF1, 0xF3, 0x80, 0xBF, 2}, {0xF4, 0xF4, 0x80, 0x8F, 2},
+    };
+    for (size_t q = 0; to >= 0 && q < sizeof seqs / sizeof *seqs; q++)
+        for (unsigned lead = seqs[q].lead_lo; to >= 0 && lead <= seqs[q].lead_hi; lead++) {
+            int32_t t = advance(m, s, lead);
+            if (t >= 0) t = uniform(m, t, seqs[q].lo, seqs[q].hi);
+            for (int k = 0; t >= 0 && k < seqs[q].more; k++) t = uniform(m, t, 0x80, 0xBF);
+            if (t != to) to = -1;
+        }
+    if (m->oom) return -1; /* not cached: out of memory is not a grammar fact */
+    m->uni[s] = to;
+    return to;
+}
+
+/* Every short plain token is allowed from s: GV_SHORT plain characters in a row lead
+ * through states where each plain character goes to one next state. */
+static int short_plain_ok(gmatcher *m, int32_t s) {
+    for (int i = 0; i < GV_SHORT && s >= 0; i++) s = plain_next(m, s);
+    return s >= 0;
+}
+
+/* Sets the bits of every token of trie t reachable from set s; returns how many. */
+static size_t walk_trie(gmatcher *m, const gv_trie *t, int32_t s, uint32_t *bits) {
+    size_t count = 0;
+    int32_t *st = m->walk;
+    st[0] = s;
+    for (int32_t i = 0; i < t->n_nodes;) {
+        int32_t from = st[t->depth[i] - 1];
+        int32_t nx = m->trans[(int64_t)from * 256 + t->byte[i]];
+        if (nx == -2) nx = advance(m, from, t->byte[i]);
+        if (nx < 0) {
+            i = t->end[i];
+            continue;
+        }
+        st[t->depth[i]] = nx;
+        for (int32_t k = 0; k < t->tok_n[i]; k++) {
+            int32_t id = t->tok_sorted[t->tok_first[i] + k];
+            bits[id >> 5] |= 1u << (id & 31);
+            count++;
+        }
+        i++;
+    }
+    return count;
+}
+
+static size_t compute_mask(gmatcher *m, uint32_t *bits) {
+    const gvocab *v = m->v;
+    size_t words = ((size_t)v->n_tokens + 31) / 32, count = 0;
+    memset(bits, 0, words * sizeof *bits);
+    if (m->done) return 0;
+    if (v->n_plain && short_plain_ok(m, m->cur)) {
+        memcpy(bits, v->plain_bits, words * sizeof *bits);
+        count = v->n_plain + walk_trie(m, &v->rest, m->cur, bits);
+    } else
+        count = walk_trie(m, &v->all, m->cur, bits);
+    if (gmatcher_can_end(m))
+        for (int k = 0; k < v->n_eos; k++)
+            if (!(bits[v->eos[k] >> 5] >> (v->eos[k] & 31) & 1))
+                bits[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31), count++;
+    return count;
+}
+
+size_t gmatcher_mask(gmatcher *m, uint32_t *bits) {
+    size_t words = ((size_t)m->v->n_tokens + 31) / 32;
+    if (!m->done)
+        for (int i = 0; i < GM_MASK_CACHE; i++)
+            if (m->mask_key[i] == m->cur) {
+                memcpy(bits, m->mask_val[i], words * sizeof *bits);
+                return m->mask_count[i];
+            }
+    size_t n = compute_mask(m, bits);
+    if (m->done || m->oom) return n;
+    int slot = m->mask_next;
+    if (!m->mask_val[slot]) m->mask_val[slot] = malloc(words * sizeof *bits);
+    if (m->mask_val[slot]) {
+        memcpy(m->mask_val[slot], bits, words * sizeof *bits);
+        m->mask_key[slot] = m->cur, m->mask_count[slot] = n;
+        m->mask_next = (slot + 1) % GM_MASK_CACHE;
+    }
+    return n;
+}
+
+int gmatcher_accept_bytes(gmatcher *m, const char *bytes, size_t n) {
+    if (m->done) return n == 0;
+    int32_t s = m->cur;
+    for (size_t i = 0; i < n && s >= 0; i++) s = advance(m, s, (unsigned char)bytes[i]);
+    if (s < 0) return 0;
+    m->cur = s;
+    return 1;
+}
+
+int gmatcher_accept(gmatcher *m, int32_t token) {
+    const gvocab *v = m->v;
+    if (token < 0 || token >= v->n_tokens || m->done) return 0;
+    for (int k = 0; k < v->n_eos; k++)
+        if (v->eos[k] == token) {
+            if (!gmatcher_can_end(m)) return 0;
+            m->done = 1;
+            return 1;
+        }
+    if (v->is_special[token] || !v->len[token]) return 0;
+    return gmatcher_accept_bytes(m, v->bytes[token], v->len[token]);
+}

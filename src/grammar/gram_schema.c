@@ -1,0 +1,1091 @@
+/* gram_schema.c: JSON Schema (draft 2020-12 / 2019-09 / 07 / 04 keywords) to grammar
+ * rules. The output is JSON text with object properties in the schema's order, optional
+ * spacing (none, one space, or a newline and indentation), and strings in their shortest
+ * escaped form. A keyword that constrains values but has no exact grammar here (not,
+ * uniqueItems, multipleOf, ...) is refused by name rather than silently ignored: a
+ * schema compiles only when every instance the grammar accepts validates. */
+#include "grammar/gram_parse.h"
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SC_MAX_DEPTH 64 /* schema nesting / $ref-merge chains followed */
+
+typedef struct {
+    json_t *target;
+    int32_t rule;
+} sc_ref;
+
+typedef struct {
+    gr_build *b;
+    json_t *root;
+    hearth_error *err;
+    hearth_status st;
+    sc_ref *refs;
+    int n_refs, cap_refs;
+    int32_t ws, value, string, string_rest, number, integer_any, never;
+    json_t *keep;  /* merged schemas, freed with the context */
+    int ref_alone; /* drafts 4-7: keywords beside $ref are ignored */
+} sc_ctx;
+
+__attribute__((format(printf, 2, 3))) static int32_t sc_fail(sc_ctx *c, const char *fmt, ...) {
+    if (!c->st) {
+        char msg[400];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        c->st = err_set(c->err, HEARTH_ERR_UNSUPPORTED, "json schema: %s", msg);
+    }
+    return c->never;
+}
+
+static int32_t re_node(sc_ctx *c, const char *re, int json) {
+    int32_t n = 0;
+    if (!c->st) c->st = gr_regex(c->b, re, strlen(re), json, &n, c->err);
+    return n;
+}
+
+static int32_t lit(sc_ctx *c, const char *s) { return gr_literal(c->b, s, strlen(s)); }
+
+static int32_t rule_of(sc_ctx *c, int32_t body) {
+    int32_t r = gr_rule_new(c->b, body);
+    return r < 0 ? c->never : gr_ref(c->b, r);
+}
+
+/* The free-JSON rules every schema may use. */
+static void sc_base(sc_ctx *c) {
+    gr_build *b = c->b;
+    gr_byteset none = {{0}};
+    c->never = gr_byteset_node(b, &none);
+    int32_t tabs = gr_repeat(b, re_node(c, "[ \t]", 0), 0, 20);
+    c->ws = rule_of(c, gr_opt(b, gr_alt2(b, lit(c, " "), gr_seq2(b, lit(c, "\n"), tabs))));
+    uint32_t all[2] = {0, 0x10FFFF};
+    int32_t ch = gr_alt2(b, gr_cpset(b, all, 1, 1), re_node(c, "\\\\([/]|u[0-9a-fA-F]{4})", 0));
+    c->string_rest = rule_of(c, gr_seq2(b, gr_repeat(b, ch, 0, GR_INF), lit(c, "\"")));
+    c->string = rule_of(c, gr_seq2(b, lit(c, "\""), c->string_rest));
+    c->number = rule_of(c, re_node(c, "-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?", 0));
+    c->integer_any = rule_of(c, re_node(c, "-?(0|[1-9][0-9]*)", 0));
+    int32_t vr = gr_rule_new(b, -1);
+    c->value = gr_ref(b, vr);
+    int32_t member = gr_seq(b, (int32_t[]){c->string, c->ws, lit(c, ":"), c->ws, c->value}, 5);
+    int32_t comma = gr_seq3(b, c->ws, lit(c, ","), c->ws);
+    int32_t members = gr_seq2(b, member, gr_repeat(b, gr_seq2(b, comma, member), 0, GR_INF));
+    int32_t object = gr_seq(b, (int32_t[]){lit(c, "{"), c->ws, gr_opt(b, gr_seq2(b, members, c->ws)), lit(c, "}")}, 4);
+    int32_t items = gr_seq2(b, c->value, gr_repeat(b, gr_seq2(b, comma, c->value), 0, GR_INF));
+    int32_t array = gr_seq(b, (int32_t[]){lit(c, "["), c->ws, gr_opt(b, gr_seq2(b, items, c->ws)), lit(c, "]")}, 4);
+    int32_t alts[] = {object, array, c->string, c->number, lit(c, "true"), lit(c, "false"), lit(c, "null")};
+    if (vr >= 0) b->rules[vr].body = gr_alt(b, alts, 7);
+}
+
+/* ---- keyword tables ---------------------------------------------------------------- */
+
+/* Keywords that only annotate: ignored. Unknown keywords are annotations too (JSON
+ * Schema ignores them); the refused list below names what we cannot enforce. */
+static const char *const REFUSED[] = {
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "minContains",
+    "maxContains",
+    "patternProperties",
+    "propertyNames",
+    "dependencies",
+    "dependentRequired",
+    "dependentSchemas",
+    "minProperties",
+    "maxProperties",
+    "multipleOf",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "$dynamicRef",
+    "$recursiveRef",
+    "uniqueItems",
+};
+
+static int refused_ok(const char *k, json_t *v) {
+    /* trivially satisfied forms */
+    if (!strcmp(k, "uniqueItems")) return json_is_false(v);
+    if (!strcmp(k, "minProperties") || !strcmp(k, "minContains"))
+        return json_is_integer(v) && json_integer_value(v) == 0;
+    if (!strcmp(k, "patternProperties") || !strcmp(k, "dependencies") || !strcmp(k, "dependentRequired") ||
+        !strcmp(k, "dependentSchemas"))
+        return json_is_object(v) && json_object_size(v) == 0;
+    if (!strcmp(k, "unevaluatedProperties") || !strcmp(k, "unevaluatedItems")) return json_is_true(v);
+    if (!strcmp(k, "propertyNames")) return json_is_true(v) || (json_is_object(v) && !json_object_size(v));
+    return 0;
+}
+
+static int check_keywords(sc_ctx *c, json_t *s) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(s, k, v) {
+        for (size_t i = 0; i < sizeof REFUSED / sizeof *REFUSED; i++)
+            if (!strcmp(k, REFUSED[i]) && !refused_ok(k, v)) {
+                sc_fail(c, "keyword '%s' is not supported", k);
+                return 0;
+            }
+    }
+    return 1;
+}
+
+/* ---- $ref ---------------------------------------------------------------------------- */
+
+static json_t *resolve(sc_ctx *c, const char *ref) {
+    if (ref[0] != '#') {
+        sc_fail(c, "$ref '%.100s': only references inside the document (#...) are supported", ref);
+        return NULL;
+    }
+    json_t *at = c->root;
+    const char *p = ref + 1;
+    if (*p && *p != '/') {
+        sc_fail(c, "$ref '%.100s': anchors are not supported", ref);
+        return NULL;
+    }
+    while (*p == '/') {
+        p++;
+        char tok[256];
+        size_t n = 0;
+        while (*p && *p != '/' && n + 1 < sizeof tok) {
+            if (p[0] == '~' && p[1] == '1')
+                tok[n++] = '/', p += 2;
+            else if (p[0] == '~' && p[1] == '0')
+                tok[n++] = '~', p += 2;
+            else if (p[0] == '%' && p[1] && p[2]) {
+                char h[3] = {p[1], p[2], 0};
+                tok[n++] = (char)strtol(h, NULL, 16), p += 3;
+            } else
+                tok[n++] = *p++;
+        }
+        tok[n] = 0;
+        if (json_is_object(at))
+            at = json_object_get(at, tok);
+        else if (json_is_array(at)) {
+            char *e;
+            long i = strtol(tok, &e, 10);
+            at = *e || e == tok ? NULL : json_array_get(at, (size_t)i);
+        } else
+            at = NULL;
+        if (!at) {
+            sc_fail(c, "$ref '%.100s' points at nothing", ref);
+            return NULL;
+        }
+    }
+    return at;
+}
+
+static int is_annotation(const char *k) {
+    static const char *const ann[] = {
+        "title", "description", "default",  "examples",         "example",         "$schema",
+        "$id",   "id",          "$comment", "deprecated",       "readOnly",        "writeOnly",
+        "$defs", "definitions", "$anchor",  "contentMediaType", "contentEncoding", "$vocabulary"};
+    for (size_t i = 0; i < sizeof ann / sizeof *ann; i++)
+        if (!strcmp(k, ann[i])) return 1;
+    return 0;
+}
+
+/* ---- merging (allOf, and sibling keywords of $ref / anyOf) ----------------------------- */
+
+static json_t *sc_deref(sc_ctx *c, json_t *s, int depth);
+
+static json_t *types_of(json_t *t) {
+    json_t *a = json_array();
+    if (json_is_string(t))
+        json_array_append(a, t);
+    else if (json_is_array(t))
+        json_array_extend(a, t);
+    return a;
+}
+
+static int has_type(json_t *arr, const char *t) {
+    size_t i;
+    json_t *v;
+    json_array_foreach(arr, i, v) if (json_is_string(v) && !strcmp(json_string_value(v), t)) return 1;
+    return 0;
+}
+
+static json_t *merge(sc_ctx *c, json_t *a, json_t *b, int depth);
+
+static json_t *merge_key(sc_ctx *c, const char *k, json_t *x, json_t *y, int depth) {
+    if (json_equal(x, y)) return json_incref(x);
+    if (!strcmp(k, "type")) {
+        json_t *tx = types_of(x), *ty = types_of(y), *out = json_array();
+        size_t i;
+        json_t *v;
+        json_array_foreach(tx, i, v) {
+            const char *t = json_string_value(v);
+            if (!t) continue;
+            if (has_type(ty, t))
+                json_array_append(out, v);
+            else if (!strcmp(t, "integer") && has_type(ty, "number"))
+                json_array_append(out, v);
+            else if (!strcmp(t, "number") && has_type(ty, "integer"))
+                json_array_append_new(out, json_string("integer"));
+        }
+        json_decref(tx), json_decref(ty);
+        return out;
+    }
+    if (!strcmp(k, "required")) {
+        json_t *out = json_copy(x);
+        size_t i;
+        json_t *v;
+        json_array_foreach(y, i, v) {
+            size_t j;
+            json_t *w;
+            int dup = 0;
+            json_array_foreach(out, j, w) dup |= json_equal(v, w);
+            if (!dup) json_array_append(out, v);
+        }
+        return out;
+    }
+    if (!strcmp(k, "properties") || !strcmp(k, "$defs") || !strcmp(k, "definitions")) {
+        json_t *out = json_copy(x);
+        const char *p;
+        json_t *v;
+        json_object_foreach(y, p, v) {
+            json_t *e = json_object_get(out, p);
+            if (!e)
+                json_object_set(out, p, v);
+            else
+                json_object_set_new(out, p, merge(c, e, v, depth + 1));
+        }
+        return out;
+    }
+    static const char *const maxes[] = {"minimum", "exclusiveMinimum", "minLength", "minItems"};
+    static const char *const mins[] = {"maximum", "exclusiveMaximum", "maxLength", "maxItems"};
+    for (int i = 0; i < 4; i++) {
+        if (json_is_number(x) && json_is_number(y) && !strcmp(k, maxes[i]))
+            return json_incref(json_number_value(x) >= json_number_value(y) ? x : y);
+        if (json_is_number(x) && json_is_number(y) && !strcmp(k, mins[i]))
+            return json_incref(json_number_value(x) <= json_number_value(y) ? x : y);
+    }
+    if (!strcmp(k, "enum") && json_is_array(x) && json_is_array(y)) {
+        json_t *out = json_array();
+        size_t i, j;
+        json_t *v, *w;
+        json_array_foreach(x, i, v) json_array_foreach(y, j, w) if (json_equal(v, w)) {
+            json_array_append(out, v);
+            break;
+        }
+        return out;
+    }
+    if (!strcmp(k, "items") || !strcmp(k, "additionalProperties") || !strcmp(k, "additionalItems")) {
+        if (json_is_true(x) || (json_is_object(x) && !json_object_size(x))) return json_incref(y);
+        if (json_is_true(y) || (json_is_object(y) && !json_object_size(y))) return json_incref(x);
+        if (json_is_false(x) || json_is_false(y)) return json_false();
+        if (json_is_object(x) && json_is_object(y)) return merge(c, x, y, depth + 1);
+    }
+    if (is_annotation(k)) return json_incref(x);
+    sc_fail(c, "cannot combine two different '%s' (allOf or $ref siblings)", k);
+    return json_incref(x);
+}
+
+/* The intersection of two schemas, for the keywords where it is a schema again. */
+static json_t *merge(sc_ctx *c, json_t *a, json_t *b, int depth) {
+    if (depth > SC_MAX_DEPTH) {
+        sc_fail(c, "schema combination nested too deeply (recursive allOf/$ref?)");
+        return json_object();
+    }
+    if (json_is_true(a)) return json_incref(b);
+    if (json_is_true(b)) return json_incref(a);
+    if (json_is_false(a) || json_is_false(b)) return json_false();
+    a = sc_deref(c, a, depth + 1);
+    b = sc_deref(c, b, depth + 1);
+    if (!json_is_object(a) || !json_is_object(b)) {
+        json_decref(a), json_decref(b);
+        return json_object();
+    }
+    json_t *out = json_copy(a);
+    const char *k;
+    json_t *v;
+    json_object_foreach(b, k, v) {
+        json_t *e = json_object_get(out, k);
+        if (!e)
+            json_object_set(out, k, v);
+        else if ((!strcmp(k, "anyOf") || !strcmp(k, "oneOf") || !strcmp(k, "allOf")) && !json_equal(e, v)) {
+            /* both sides branch: keep one side's branches, fold the other into allOf */
+            json_t *all = json_object_get(out, "allOf");
+            json_t *na = all ? json_copy(all) : json_array();
+            json_t *w = json_object();
+            json_object_set(w, k, v);
+            json_array_append_new(na, w);
+            json_object_set_new(out, "allOf", na);
+        } else
+            json_object_set_new(out, k, merge_key(c, k, e, v, depth));
+    }
+    /* additionalProperties looks only at its own schema's properties: a side that allows no
+     * others keeps the union from naming keys only the other side declares */
+    json_t *sides[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        json_t *ap = json_object_get(sides[i], "additionalProperties");
+        json_t *mine = json_object_get(sides[i], "properties"), *theirs = json_object_get(sides[1 - i], "properties");
+        json_t *outp = json_object_get(out, "properties");
+        if (!ap || json_is_true(ap) || (json_is_object(ap) && !json_object_size(ap)) || !json_is_object(outp)) continue;
+        const char *key;
+        json_t *val, *tmp;
+        json_object_foreach_safe(outp, tmp, key, val) {
+            if (json_object_get(mine, key)) continue;
+            if (json_is_false(ap))
+                json_object_del(outp, key);
+            else if (json_object_get(theirs, key))
+                sc_fail(c, "additionalProperties with a schema beside properties declared in allOf / $ref");
+        }
+    }
+    json_decref(a), json_decref(b);
+    return out;
+}
+
+/* s with its $ref and allOf folded in (a new reference). Properties come in the order
+ * the referenced schema, the allOf items, then s itself declare them. */
+static json_t *sc_deref(sc_ctx *c, json_t *s, int depth) {
+    if (!json_is_object(s) || depth > SC_MAX_DEPTH) return json_incref(s);
+    json_t *ref = json_object_get(s, "$ref"), *all = json_object_get(s, "allOf");
+    if (!ref && !all) return json_incref(s);
+    json_t *own = json_copy(s);
+    json_object_del(own, "$ref");
+    json_object_del(own, "allOf");
+    if (json_is_string(ref) && c->ref_alone) {
+        json_decref(own);
+        own = json_object(); /* drafts 4-7: $ref replaces its siblings */
+        all = NULL;
+    }
+    json_t *acc = json_true();
+    if (json_is_string(ref)) {
+        json_t *t = resolve(c, json_string_value(ref));
+        if (t) {
+            json_decref(acc);
+            acc = sc_deref(c, t, depth + 1);
+        }
+    }
+    if (json_is_array(all)) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(all, i, v) {
+            json_t *m = merge(c, acc, v, depth + 1);
+            json_decref(acc);
+            acc = m;
+            if (c->st) break;
+        }
+    }
+    json_t *m = merge(c, acc, own, depth + 1);
+    json_decref(acc), json_decref(own);
+    return m;
+}
+
+/* ---- numbers ----------------------------------------------------------------------------- */
+
+/* digits of v, zero-padded to width */
+static void digits(int64_t v, int width, char *out) {
+    for (int i = width - 1; i >= 0; i--) out[i] = (char)('0' + v % 10), v /= 10;
+    out[width] = 0;
+}
+
+/* fixed-width decimal strings lo..hi (same length) */
+static int32_t fixed_range(sc_ctx *c, const char *lo, const char *hi, int n) {
+    if (n == 0) return gr_empty(c->b);
+    gr_build *b = c->b;
+    if (lo[0] == hi[0]) return gr_seq2(b, gr_byte(b, (unsigned char)lo[0]), fixed_range(c, lo + 1, hi + 1, n - 1));
+    char nines[24], zeros[24];
+    memset(nines, '9', (size_t)n), memset(zeros, '0', (size_t)n);
+    int32_t alts[3];
+    int k = 0;
+    alts[k++] = gr_seq2(b, gr_byte(b, (unsigned char)lo[0]), fixed_range(c, lo + 1, nines, n - 1));
+    if (lo[0] + 1 <= hi[0] - 1)
+        alts[k++] = gr_seq2(b, gr_byte_range(b, (unsigned char)lo[0] + 1, (unsigned char)hi[0] - 1),
+                            gr_repeat(b, gr_byte_range(b, '0', '9'), n - 1, n - 1));
+    alts[k++] = gr_seq2(b, gr_byte(b, (unsigned char)hi[0]), fixed_range(c, zeros, hi + 1, n - 1));
+    return gr_alt(b, alts, k);
+}
+
+static int ndigits(int64_t v) {
+    int n = 1;
+    while (v >= 10) v /= 10, n++;
+    return n;
+}
+
+/* non-negative integers in [a, b]; b < 0: unbounded */
+static int32_t nonneg_range(sc_ctx *c, int64_t a, int64_t b) {
+    gr_build *bb = c->b;
+    int32_t alts[24];
+    int k = 0;
+    int la = ndigits(a), lb = b < 0 ? la : ndigits(b);
+    int64_t p10 = 1;
+    for (int i = 1; i < la; i++) p10 *= 10;
+    for (int len = la; len <= lb && len <= 19; len++) {
+        int64_t lo = len == 1 ? 0 : p10;
+        int64_t hi = len >= 19 ? INT64_MAX : p10 * 10 - 1;
+        if (lo < a) lo = a;
+        if (b >= 0 && hi > b) hi = b;
+        if (lo <= hi) {
+            char ls[24], hs[24];
+            digits(lo, len, ls), digits(hi, len, hs);
+            alts[k++] = fixed_range(c, ls, hs, len);
+        }
+        if (len < 19) p10 = len == la && len == 1 ? 10 : p10 * 10;
+    }
+    if (b < 0 && la < 19)
+        alts[k++] = gr_seq2(bb, gr_byte_range(bb, '1', '9'), gr_repeat(bb, gr_byte_range(bb, '0', '9'), la, GR_INF));
+    return k ? gr_alt(bb, alts, k) : c->never;
+}
+
+/* integers in [lo, hi]; has_*: 0 for unbounded */
+static int32_t int_range(sc_ctx *c, int has_lo, int64_t lo, int has_hi, int64_t hi) {
+    if (!has_lo && !has_hi) return c->integer_any;
+    if (has_lo && has_hi && lo > hi) return c->never;
+    int32_t alts[2];
+    int k = 0;
+    if (!has_hi || hi >= 0) alts[k++] = nonneg_range(c, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
+    if (!has_lo || lo < 0) {
+        int64_t a = has_hi && hi < 0 ? -hi : 1, b = has_lo ? -lo : -1;
+        alts[k++] = gr_seq2(c->b, lit(c, "-"), nonneg_range(c, a, b));
+    }
+    return gr_alt(c->b, alts, k);
+}
+
+static int num_of(json_t *s, const char *k, double *out) {
+    json_t *v = json_object_get(s, k);
+    if (!json_is_number(v)) return 0;
+    *out = json_number_value(v);
+    return 1;
+}
+
+static int32_t sc_integer(sc_ctx *c, json_t *s) {
+    double v;
+    int has_lo = 0, has_hi = 0;
+    double lo = 0, hi = 0;
+    if (num_of(s, "minimum", &v)) {
+        has_lo = 1, lo = ceil(v);
+        if (json_is_true(json_object_get(s, "exclusiveMinimum")) && lo == v) lo += 1; /* draft 4 */
+    }
+    if (num_of(s, "exclusiveMinimum", &v) && (!has_lo || floor(v) + 1 > lo)) has_lo = 1, lo = floor(v) + 1;
+    if (num_of(s, "maximum", &v)) {
+        has_hi = 1, hi = floor(v);
+        if (json_is_true(json_object_get(s, "exclusiveMaximum")) && hi == v) hi -= 1;
+    }
+    if (num_of(s, "exclusiveMaximum", &v) && (!has_hi || ceil(v) - 1 < hi)) has_hi = 1, hi = ceil(v) - 1;
+    if ((has_lo && fabs(lo) > 1e18) || (has_hi && fabs(hi) > 1e18)) {
+        if (has_lo && lo < -1e18) has_lo = 0;
+        if (has_hi && hi > 1e18) has_hi = 0;
+        if ((has_lo && lo > 1e18) || (has_hi && hi < -1e18)) return sc_fail(c, "integer bound beyond 1e18");
+    }
+    return int_range(c, has_lo, (int64_t)lo, has_hi, (int64_t)hi);
+}
+
+static int32_t sc_number(sc_ctx *c, json_t *s) {
+    double lo = 0, hi = 0;
+    int has_lo = num_of(s, "minimum", &lo), has_xlo = num_of(s, "exclusiveMinimum", &lo);
+    int has_hi = num_of(s, "maximum", &hi) || num_of(s, "exclusiveMaximum", &hi);
+    if (json_is_boolean(json_object_get(s, "exclusiveMinimum")))
+        has_xlo = json_is_true(json_object_get(s, "exclusiveMinimum")) && has_lo, has_lo = !has_xlo && has_lo;
+    if (!has_lo && !has_xlo && !has_hi) return c->number;
+    if (!has_hi && lo == 0 && has_lo) /* minimum 0: no sign */
+        return re_node(c, "(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?", 0);
+    if (!has_hi && lo == 0 && has_xlo) /* exclusiveMinimum 0: no sign, not zero */
+        return re_node(c, "(0\\.[0-9]*[1-9][0-9]*|[1-9][0-9]*(\\.[0-9]+)?)([eE][-+]?[0-9]+)?", 0);
+    return sc_fail(c, "bounds on non-integer numbers are supported only as minimum 0 / exclusiveMinimum 0");
+}
+
+/* ---- strings ----------------------------------------------------------------------------- */
+
+#define MONTH_DAY                                                                                                      \
+    "((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-9]))"
+#define TIME_OF_DAY "([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#define HOST_LABEL "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+
+/* Formats as validators check them (python-jsonschema's FormatChecker); NULL pattern:
+ * a format validators check that has no grammar here (refused); absent: annotation. */
+static int format_regex(const char *f, const char **re) {
+    static const char *const table[][2] = {
+        {"date-time", "^[0-9]{4}-" MONTH_DAY "[Tt]" TIME_OF_DAY "$"},
+        {"date", "^[0-9]{4}-" MONTH_DAY "$"},
+        {"time", "^" TIME_OF_DAY "$"},
+        {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+        {"email", "^[^@\\s]+@[^@\\s]+$"},
+        {"ipv4",
+         "^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$"},
+        {"hostname", "^" HOST_LABEL "(\\." HOST_LABEL ")*$"},
+        {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:[^\\s<>\"{}|\\\\^`]*$"},
+        {"uri-reference", "^[^\\s<>\"{}|\\\\^`]*$"},
+        {"duration", "^P([0-9]+Y)?([0-9]+M)?([0-9]+W)?([0-9]+D)?(T([0-9]+H)?([0-9]+M)?([0-9]+(\\.[0-9]+)?S)?)?$"},
+        {"ipv6", NULL},
+        {"iri", NULL},
+        {"iri-reference", NULL},
+        {"idn-email", NULL},
+        {"idn-hostname", NULL},
+        {"json-pointer", NULL},
+        {"relative-json-pointer", NULL},
+        {"regex", NULL},
+        {"uri-template", NULL},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++)
+        if (!strcmp(f, table[i][0])) {
+            *re = table[i][1];
+            return 1;
+        }
+    *re = NULL;
+    return 0;
+}
+
+static int32_t sc_string(sc_ctx *c, json_t *s) {
+    gr_build *b = c->b;
+    json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+    json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
+    int64_t min = json_is_number(mn) ? (int64_t)json_number_value(mn) : 0;
+    int64_t max = json_is_number(mx) ? (int64_t)json_number_value(mx) : -1;
+    const char *re = json_is_string(pat) ? json_string_value(pat) : NULL;
+    const char *fre = NULL;
+    if (json_is_string(fmt) && format_regex(json_string_value(fmt), &fre) && !fre)
+        return sc_fail(c, "format '%.40s' is not supported", json_string_value(fmt));
+    if (re && fre) return sc_fail(c, "'pattern' together with 'format' is not supported");
+    if (!re) re = fre;
+    if (re) {
+        if (min > 0 || max >= 0)
+            return sc_fail(c, "'pattern' (or format) together with min/maxLength is not supported");
+        int32_t body = 0;
+        if (!c->st) c->st = gr_regex(b, re, strlen(re), 1, &body, c->err);
+        if (c->st && c->err) err_prefix(c->err, "json schema: pattern");
+        return gr_seq3(b, lit(c, "\""), body, lit(c, "\""));
+    }
+    if (min == 0 && max < 0) return c->string;
+    if (min > GR_MAX_REPEAT || max > GR_MAX_REPEAT) return sc_fail(c, "string length bound above %d", GR_MAX_REPEAT);
+    if (max >= 0 && max < min) return c->never;
+    uint32_t all[2] = {0, 0x10FFFF};
+    int32_t ch = gr_cpset(b, all, 1, 1);
+    return gr_seq3(b, lit(c, "\""), gr_repeat(b, ch, (int32_t)min, max < 0 ? GR_INF : (int32_t)max), lit(c, "\""));
+}
+
+/* ---- constants ------------------------------------------------------------------------- */
+
+static int32_t sc_const(sc_ctx *c, json_t *v, int depth) {
+    gr_build *b = c->b;
+    if (depth > SC_MAX_DEPTH) return sc_fail(c, "const/enum value nested too deeply");
+    if (json_is_object(v)) {
+        int32_t parts[1 + 4 * 64];
+        int n = 0;
+        int32_t seq = lit(c, "{");
+        const char *k;
+        json_t *x;
+        int first = 1;
+        json_object_foreach(v, k, x) {
+            json_t *ks = json_string(k);
+            char *enc = json_dumps(ks, JSON_ENCODE_ANY);
+            json_decref(ks);
+            if (!enc) return sc_fail(c, "out of memory");
+            int32_t kv = gr_seq(b,
+                                (int32_t[]){first ? c->ws : gr_seq3(b, c->ws, lit(c, ","), c->ws), lit(c, enc), c->ws,
+                                            lit(c, ":"), c->ws, sc_const(c, x, depth + 1)},
+                                6);
+            free(enc);
+            seq = gr_seq2(b, seq, kv);
+            first = 0;
+        }
+        (void)parts, (void)n;
+        return gr_seq3(b, seq, c->ws, lit(c, "}"));
+    }
+    if (json_is_array(v)) {
+        int32_t seq = gr_seq2(b, lit(c, "["), c->ws);
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) {
+            if (i) seq = gr_seq2(b, seq, gr_seq3(b, c->ws, lit(c, ","), c->ws));
+            seq = gr_seq2(b, seq, sc_const(c, x, depth + 1));
+        }
+        return gr_seq3(b, seq, c->ws, lit(c, "]"));
+    }
+    if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) && fabs(json_real_value(v)) < 1e15) {
+        /* 1.0 and 1 are the same JSON Schema value */
+        char buf[64];
+        snprintf(buf, sizeof buf, "%.0f", json_real_value(v));
+        char buf2[70];
+        snprintf(buf2, sizeof buf2, "%s.0", buf);
+        return gr_alt2(b, lit(c, buf), lit(c, buf2));
+    }
+    char *enc = json_dumps(v, JSON_ENCODE_ANY | JSON_REAL_PRECISION(17));
+    if (!enc) return sc_fail(c, "out of memory");
+    int32_t r = lit(c, enc);
+    if (json_is_integer(v)) {
+        char buf2[70];
+        snprintf(buf2, sizeof buf2, "%s.0", enc);
+        r = gr_alt2(b, r, lit(c, buf2));
+    }
+    free(enc);
+    return r;
+}
+
+/* ---- arrays ------------------------------------------------------------------------------ */
+
+static int32_t sc_node(sc_ctx *c, json_t *s, int depth);
+
+static int32_t sc_array(sc_ctx *c, json_t *s, int depth) {
+    gr_build *b = c->b;
+    json_t *prefix = json_object_get(s, "prefixItems"), *items = json_object_get(s, "items");
+    json_t *more = NULL;
+    if (json_is_array(items))
+        prefix = items, more = json_object_get(s, "additionalItems"); /* draft 7 */
+    else
+        more = items;
+    size_t np = json_is_array(prefix) ? json_array_size(prefix) : 0;
+    json_t *mn = json_object_get(s, "minItems"), *mx = json_object_get(s, "maxItems");
+    int64_t min = json_is_number(mn) ? (int64_t)json_number_value(mn) : 0;
+    int64_t max = json_is_number(mx) ? (int64_t)json_number_value(mx) : -1;
+    int more_ok = !json_is_false(more);
+    if (!more_ok && (max < 0 || max > (int64_t)np)) max = (int64_t)np;
+    if (max >= 0 && min > max) return c->never;
+    if (min > 1000 || max > 1000 || np > 1000) return sc_fail(c, "array bounds above 1000 items");
+    int32_t item_more = more && !json_is_true(more) ? sc_node(c, more, depth + 1) : c->value;
+    int32_t comma = gr_seq3(b, c->ws, lit(c, ","), c->ws);
+    /* from the end: tail(i) = what may follow after i items */
+    int64_t last = max;
+    if (max < 0) last = (int64_t)np > min ? (int64_t)np : min > 1 ? min : 1;
+    int32_t tail;
+    if (max < 0) {
+        int64_t need = min > last ? min - last : 0;
+        tail = gr_repeat(b, gr_seq2(b, comma, item_more), (int32_t)need, GR_INF);
+    } else
+        tail = gr_empty(b);
+    for (int64_t i = last - 1; i >= 1; i--) {
+        int32_t it = (size_t)i < np ? sc_node(c, json_array_get(prefix, (size_t)i), depth + 1) : item_more;
+        int32_t step = gr_seq3(b, comma, it, tail);
+        tail = i >= min ? gr_opt(b, step) : step;
+        if (c->st) return c->never;
+    }
+    int32_t body;
+    if (last >= 1) {
+        int32_t it0 = np ? sc_node(c, json_array_get(prefix, 0), depth + 1) : item_more;
+        body = gr_seq3(b, it0, tail, c->ws);
+        if (min == 0) body = gr_opt(b, body);
+    } else
+        body = gr_empty(b);
+    return gr_seq(b, (int32_t[]){lit(c, "["), c->ws, body, lit(c, "]")}, 4);
+}
+
+/* ---- objects ----------------------------------------------------------------------------- */
+
+/* A JSON string (after its opening quote) whose encoded bytes (closing quote included)
+ * differ from every name in the list: the keys an additionalProperties may use. Names
+ * are walked as a byte trie; a string leaves the trie at an ASCII byte, a backslash
+ * escape, or (where no name has a non-ASCII byte at that point) a non-ASCII character. */
+static int32_t not_names(sc_ctx *c, char **names, size_t *lens, int n, size_t depth) {
+    gr_build *b = c->b;
+    int32_t alts[300];
+    int k = 0;
+    gr_byteset kids = {{0}};
+    int closes = 0;
+    for (int i = 0; i < n; i++)
+        if (lens[i] > depth) gr_add(&kids, (unsigned char)names[i][depth]);
+    /* diverge at an ASCII byte that no name has here */
+    gr_byteset div = {{0}};
+    for (unsigned x = 0x20; x < 0x80; x++)
+        if (x != '"' && x != '\\' && !gr_has(&kids, x)) gr_add(&div, x);
+    int any_div = 0;
+    for (int w = 0; w < 8; w++) any_div |= div.w[w] != 0;
+    if (any_div) alts[k++] = gr_seq2(b, gr_byteset_node(b, &div), c->string_rest);
+    if (!gr_has(&kids, '\\'))
+        alts[k++] = gr_seq2(b, re_node(c, "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})", 0), c->string_rest);
+    int non_ascii = 0;
+    for (unsigned x = 0x80; x < 0x100; x++) non_ascii |= gr_has(&kids, x);
+    if (!non_ascii) {
+        uint32_t r[2] = {0x80, 0x10FFFF};
+        alts[k++] = gr_seq2(b, gr_cpset(b, r, 1, 1), c->string_rest);
+    }
+    /* a proper prefix of names ends here */
+    if (!gr_has(&kids, '"')) alts[k++] = lit(c, "\"");
+    (void)closes;
+    for (unsigned x = 0; x < 256 && k < 299; x++) {
+        if (!gr_has(&kids, x) || x == '"') continue; /* '"' in the trie: that name, excluded */
+        char **sub = malloc((size_t)n * sizeof *sub);
+        size_t *sl = malloc((size_t)n * sizeof *sl);
+        int m = 0;
+        if (!sub || !sl) {
+            free(sub), free(sl);
+            return sc_fail(c, "out of memory");
+        }
+        for (int i = 0; i < n; i++)
+            if (lens[i] > depth && (unsigned char)names[i][depth] == x) sub[m] = names[i], sl[m++] = lens[i];
+        alts[k++] = gr_seq2(b, gr_byte(b, x), not_names(c, sub, sl, m, depth + 1));
+        free(sub), free(sl);
+    }
+    if (k >= 299) return sc_fail(c, "too many property names");
+    return k ? gr_alt(b, alts, k) : c->never;
+}
+
+static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
+    gr_build *b = c->b;
+    json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+    json_t *addl = json_object_get(s, "additionalProperties");
+    int n = 0;
+    size_t cap =
+        (json_is_object(props) ? json_object_size(props) : 0) + (json_is_array(req) ? json_array_size(req) : 0) + 1;
+    const char **names = calloc(cap, sizeof *names);
+    json_t **schemas = calloc(cap, sizeof *schemas);
+    int *required = calloc(cap, sizeof *required);
+    char **enc = calloc(cap, sizeof *enc);
+    size_t *enc_len = calloc(cap, sizeof *enc_len);
+    int32_t result = c->never;
+    if (!names || !schemas || !required || !enc || !enc_len) {
+        sc_fail(c, "out of memory");
+        goto done;
+    }
+    const char *k;
+    json_t *v;
+    if (json_is_object(props)) json_object_foreach(props, k, v) names[n] = k, schemas[n++] = v;
+    if (json_is_array(req)) {
+        size_t i;
+        json_array_foreach(req, i, v) {
+            const char *r = json_string_value(v);
+            if (!r) continue;
+            int found = 0;
+            for (int j = 0; j < n; j++)
+                if (!strcmp(names[j], r)) required[j] = 1, found = 1;
+            if (!found) {
+                if (json_is_false(addl)) goto done; /* required but not allowed: nothing validates */
+                names[n] = r, schemas[n] = addl && !json_is_true(addl) ? addl : NULL, required[n++] = 1;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        json_t *ks = json_string(names[i]);
+        enc[i] = json_dumps(ks, JSON_ENCODE_ANY);
+        json_decref(ks);
+        if (!enc[i]) {
+            sc_fail(c, "out of memory");
+            goto done;
+        }
+        enc_len[i] = strlen(enc[i]);
+    }
+    int32_t comma = gr_seq3(b, c->ws, lit(c, ","), c->ws);
+    int32_t *member = calloc((size_t)n + 1, sizeof *member);
+    if (!member) {
+        sc_fail(c, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n && !c->st; i++) {
+        json_t *ps = schemas[i];
+        int32_t val = !ps ? c->value : sc_node(c, ps, depth + 1);
+        member[i] = gr_seq(b, (int32_t[]){lit(c, enc[i]), c->ws, lit(c, ":"), c->ws, val}, 5);
+    }
+    int32_t extra = -1;
+    if (!json_is_false(addl) && !c->st) {
+        char **after_quote = malloc((size_t)n * sizeof *after_quote + 1);
+        size_t *al = malloc((size_t)n * sizeof *al + 1);
+        if (!after_quote || !al) {
+            free(after_quote), free(al), free(member);
+            sc_fail(c, "out of memory");
+            goto done;
+        }
+        for (int i = 0; i < n; i++) after_quote[i] = enc[i] + 1, al[i] = enc_len[i] - 1;
+        int32_t key = gr_seq2(b, lit(c, "\""), n ? not_names(c, after_quote, al, n, 0) : c->string_rest);
+        free(after_quote), free(al);
+        int32_t val = addl && !json_is_true(addl) ? sc_node(c, addl, depth + 1) : c->value;
+        extra = rule_of(c, gr_seq(b, (int32_t[]){key, c->ws, lit(c, ":"), c->ws, val}, 5));
+    }
+    /* rest(i): members i.. after something was written, each behind a comma */
+    int32_t *rest = calloc((size_t)n + 2, sizeof *rest);
+    if (!rest) {
+        free(member);
+        sc_fail(c, "out of memory");
+        goto done;
+    }
+    rest[n] = extra >= 0 ? gr_repeat(b, gr_seq2(b, comma, extra), 0, GR_INF) : gr_empty(b);
+    for (int i = n - 1; i >= 0; i--) {
+        int32_t step = gr_seq2(b, comma, member[i]);
+        rest[i] = rule_of(c, gr_seq2(b, required[i] ? step : gr_opt(b, step), rest[i + 1]));
+    }
+    /* first(i): the first member written is i or a later one (never past a required one) */
+    int32_t first = extra >= 0 ? gr_opt(b, gr_seq2(b, extra, rest[n])) : gr_empty(b);
+    for (int i = n - 1; i >= 0; i--) {
+        int32_t here = gr_seq2(b, member[i], rest[i + 1]);
+        first = required[i] ? here : rule_of(c, gr_alt2(b, here, first));
+    }
+    result = gr_seq(b, (int32_t[]){lit(c, "{"), c->ws, first, c->ws, lit(c, "}")}, 5);
+    free(member), free(rest);
+done:
+    for (int i = 0; enc && i < n; i++) free(enc[i]);
+    free(names), free(schemas), free(required), free(enc), free(enc_len);
+    return result;
+}
+
+/* ---- oneOf, enum and types ------------------------------------------------------------- */
+
+static int value_is(json_t *v, const char *t) {
+    if (!strcmp(t, "null")) return json_is_null(v);
+    if (!strcmp(t, "boolean")) return json_is_boolean(v);
+    if (!strcmp(t, "object")) return json_is_object(v);
+    if (!strcmp(t, "array")) return json_is_array(v);
+    if (!strcmp(t, "string")) return json_is_string(v);
+    if (!strcmp(t, "number")) return json_is_number(v);
+    if (!strcmp(t, "integer"))
+        return json_is_integer(v) || (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)));
+    return 0;
+}
+
+/* v satisfies s's "type" (or s has none) */
+static int value_typed(json_t *s, json_t *v) {
+    json_t *t = json_object_get(s, "type");
+    if (!t) return 1;
+    json_t *ts = types_of(t);
+    size_t i;
+    json_t *x;
+    int ok = 0;
+    json_array_foreach(ts, i, x) ok |= json_is_string(x) && value_is(v, json_string_value(x));
+    json_decref(ts);
+    return ok;
+}
+
+/* the values s allows, when it lists them (const / enum); a new array or NULL */
+static json_t *listed_values(json_t *s) {
+    json_t *c = json_object_get(s, "const"), *e = json_object_get(s, "enum");
+    if (c) {
+        json_t *a = json_array();
+        json_array_append(a, c);
+        return a;
+    }
+    return json_is_array(e) ? json_incref(e) : NULL;
+}
+
+static int lists_disjoint(json_t *a, json_t *b) {
+    size_t i, j;
+    json_t *x, *y;
+    json_array_foreach(a, i, x) json_array_foreach(b, j, y) if (json_equal(x, y)) return 0;
+    return 1;
+}
+
+static int types_disjoint(json_t *a, json_t *b) {
+    json_t *ta = json_object_get(a, "type"), *tb = json_object_get(b, "type");
+    if (!ta || !tb) return 0;
+    json_t *xa = types_of(ta), *xb = types_of(tb);
+    size_t i;
+    json_t *v;
+    int overlap = 0;
+    json_array_foreach(xa, i, v) {
+        const char *t = json_string_value(v);
+        if (!t) continue;
+        overlap |= has_type(xb, t) || (!strcmp(t, "integer") && has_type(xb, "number")) ||
+                   (!strcmp(t, "number") && has_type(xb, "integer"));
+    }
+    json_decref(xa), json_decref(xb);
+    return !overlap;
+}
+
+static int is_required(json_t *s, const char *p) {
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(s, "required"), i,
+                       v) if (json_is_string(v) && !strcmp(json_string_value(v), p)) return 1;
+    return 0;
+}
+
+/* No instance satisfies both (a sufficient test: distinct types, distinct listed values,
+ * or a property both require with distinct listed values). */
+static int schemas_disjoint(json_t *a, json_t *b) {
+    if (!json_is_object(a) || !json_is_object(b)) return json_is_false(a) || json_is_false(b);
+    if (types_disjoint(a, b)) return 1;
+    json_t *la = listed_values(a), *lb = listed_values(b);
+    int d = la && lb && lists_disjoint(la, lb);
+    json_decref(la), json_decref(lb);
+    if (d) return 1;
+    json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
+    const char *k;
+    json_t *v;
+    json_object_foreach(pa, k, v) {
+        json_t *w = json_object_get(pb, k);
+        if (!w || !is_required(a, k) || !is_required(b, k)) continue;
+        la = listed_values(v), lb = listed_values(w);
+        d = la && lb && lists_disjoint(la, lb);
+        json_decref(la), json_decref(lb);
+        if (d) return 1;
+    }
+    return 0;
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+static int32_t sc_types(sc_ctx *c, json_t *s, int depth) {
+    json_t *t = json_object_get(s, "type");
+    static const char *const all[] = {"object", "array", "string", "number", "boolean", "null"};
+    const char *list[8];
+    int n = 0;
+    if (!t) {
+        for (int i = 0; i < 6; i++) list[n++] = all[i];
+    } else if (json_is_string(t))
+        list[n++] = json_string_value(t);
+    else if (json_is_array(t)) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(t, i, v) if (json_is_string(v) && n < 8) list[n++] = json_string_value(v);
+    } else
+        return sc_fail(c, "'type' must be a string or an array");
+    int has_number = 0;
+    for (int i = 0; i < n; i++) has_number |= !strcmp(list[i], "number");
+    int32_t alts[8];
+    int k = 0;
+    for (int i = 0; i < n && !c->st; i++) {
+        const char *ty = list[i];
+        if (!strcmp(ty, "object"))
+            alts[k++] = sc_object(c, s, depth);
+        else if (!strcmp(ty, "array"))
+            alts[k++] = sc_array(c, s, depth);
+        else if (!strcmp(ty, "string"))
+            alts[k++] = sc_string(c, s);
+        else if (!strcmp(ty, "number"))
+            alts[k++] = sc_number(c, s);
+        else if (!strcmp(ty, "integer")) {
+            if (!has_number) alts[k++] = sc_integer(c, s);
+        } else if (!strcmp(ty, "boolean"))
+            alts[k++] = gr_alt2(c->b, lit(c, "true"), lit(c, "false"));
+        else if (!strcmp(ty, "null"))
+            alts[k++] = lit(c, "null");
+        else
+            return sc_fail(c, "unknown type '%.40s'", ty);
+    }
+    return k ? gr_alt(c->b, alts, k) : c->never;
+}
+
+static int32_t sc_node(sc_ctx *c, json_t *s, int depth) {
+    if (c->st) return c->never;
+    if (depth > SC_MAX_DEPTH * 4) return sc_fail(c, "schema nested too deeply");
+    if (json_is_true(s)) return c->value;
+    if (json_is_false(s)) return c->never;
+    if (!json_is_object(s)) return sc_fail(c, "a schema must be an object or a boolean");
+    /* a bare $ref: one rule per target, so recursive schemas stay finite */
+    json_t *ref = json_object_get(s, "$ref");
+    int siblings = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(s, k, v) if (strcmp(k, "$ref") && !is_annotation(k)) siblings = !c->ref_alone;
+    if (json_is_string(ref) && !siblings) {
+        json_t *t = resolve(c, json_string_value(ref));
+        if (!t) return c->never;
+        for (int i = 0; i < c->n_refs; i++)
+            if (c->refs[i].target == t) return gr_ref(c->b, c->refs[i].rule);
+        if (c->n_refs == c->cap_refs) {
+            int nc = c->cap_refs ? c->cap_refs * 2 : 16;
+            sc_ref *r = realloc(c->refs, (size_t)nc * sizeof *r);
+            if (!r) return sc_fail(c, "out of memory");
+            c->refs = r, c->cap_refs = nc;
+        }
+        int32_t rule = gr_rule_new(c->b, -1);
+        if (rule < 0) return sc_fail(c, "out of memory");
+        c->refs[c->n_refs++] = (sc_ref){t, rule};
+        int32_t body = sc_node(c, t, depth + 1);
+        c->b->rules[rule].body = body;
+        return gr_ref(c->b, rule);
+    }
+    if (ref || json_object_get(s, "allOf")) {
+        json_t *m = sc_deref(c, s, 0);
+        json_array_append_new(c->keep, m);
+        if (c->st) return c->never;
+        if (json_object_get(m, "$ref") || json_object_get(m, "allOf")) return sc_node(c, m, depth + 1);
+        return sc_node(c, m, depth + 1);
+    }
+    if (!check_keywords(c, s)) return c->never;
+    json_t *any = json_object_get(s, "anyOf");
+    if (!any) any = json_object_get(s, "oneOf");
+    if (json_is_array(any)) {
+        /* oneOf is anyOf when no two branches can match one instance, as in the tagged
+         * unions schemas use it for; other oneOf are refused */
+        json_t *rest = json_copy(s);
+        json_object_del(rest, "anyOf");
+        json_object_del(rest, "oneOf");
+        int rest_empty = 1;
+        json_object_foreach(rest, k, v) if (!is_annotation(k)) rest_empty = 0;
+        size_t n = json_array_size(any), i;
+        if (!n) {
+            json_decref(rest);
+            return c->never;
+        }
+        int32_t *alts = malloc(n * sizeof *alts);
+        if (!alts) {
+            json_decref(rest);
+            return sc_fail(c, "out of memory");
+        }
+        json_t *merged = json_array();
+        json_array_foreach(any, i, v) {
+            json_t *m = rest_empty ? sc_deref(c, v, 0) : merge(c, rest, v, 0);
+            json_array_append_new(merged, m);
+        }
+        int one_of = !json_object_get(s, "anyOf");
+        for (size_t a = 0; one_of && a < n && !c->st; a++)
+            for (size_t z = a + 1; z < n && !c->st; z++)
+                if (!schemas_disjoint(json_array_get(merged, a), json_array_get(merged, z)))
+                    sc_fail(c,
+                            "oneOf branches %zu and %zu may both match (oneOf is enforced only when its branches "
+                            "exclude each other)",
+                            a, z);
+        json_array_foreach(any, i, v) alts[i] = sc_node(c, rest_empty ? v : json_array_get(merged, i), depth + 1);
+        json_array_append_new(c->keep, merged);
+        json_decref(rest);
+        int32_t r = gr_alt(c->b, alts, (int)n);
+        free(alts);
+        return r;
+    }
+    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    if (cst) return value_typed(s, cst) ? sc_const(c, cst, 0) : c->never;
+    if (en) {
+        if (!json_is_array(en)) return sc_fail(c, "'enum' must be an array");
+        size_t n = json_array_size(en), i;
+        if (!n) return c->never;
+        int32_t *alts = malloc(n * sizeof *alts);
+        if (!alts) return sc_fail(c, "out of memory");
+        int k = 0;
+        json_array_foreach(en, i, v) if (value_typed(s, v)) alts[k++] = sc_const(c, v, 0);
+        int32_t r = k ? gr_alt(c->b, alts, k) : c->never;
+        free(alts);
+        return r;
+    }
+    return sc_types(c, s, depth);
+}
+
+hearth_status gr_schema(gr_build *b, const char *text, size_t len, int object_only, int32_t *root, hearth_error *err) {
+    sc_ctx c = {.b = b, .err = err};
+    json_error_t je;
+    c.keep = json_array();
+    if (object_only)
+        c.root = json_pack("{s:s}", "type", "object");
+    else {
+        c.root = json_loadb(text, len, JSON_DECODE_ANY, &je);
+        if (!c.root) {
+            json_decref(c.keep);
+            return err_set(err, HEARTH_ERR_FORMAT, "json schema: invalid JSON at line %d column %d: %s", je.line,
+                           je.column, je.text);
+        }
+    }
+    const char *draft = json_string_value(json_object_get(c.root, "$schema"));
+    c.ref_alone = draft && (strstr(draft, "draft-03") || strstr(draft, "draft-04") || strstr(draft, "draft-06") ||
+                            strstr(draft, "draft-07"));
+    sc_base(&c);
+    int32_t body = 0;
+    if (!c.st) body = sc_node(&c, c.root, 0);
+    if (!c.st) *root = gr_rule_new(b, body);
+    free(c.refs);
+    json_decref(c.keep);
+    json_decref(c.root);
+    if (!c.st && b->oom) return err_set(err, HEARTH_ERR_NOMEM, "json schema: grammar too large or out of memory");
+    return c.st;
+}
+
+hearth_status grammar_compile(grammar_kind kind, const char *text, size_t len, grammar **out, hearth_error *err) {
+    *out = NULL;
+    gr_build b;
+    gr_build_init(&b);
+    int32_t root = -1, node = 0;
+    hearth_status st;
+    switch (kind) {
+    case GRAMMAR_JSON_SCHEMA: st = gr_schema(&b, text, len, 0, &root, err); break;
+    case GRAMMAR_JSON_OBJECT: st = gr_schema(&b, text, len, 1, &root, err); break;
+    case GRAMMAR_REGEX:
+        st = gr_regex(&b, text, len, 0, &node, err);
+        if (!st) root = gr_rule_new(&b, node);
+        break;
+    case GRAMMAR_GBNF: st = gr_gbnf(&b, text, len, &root, err); break;
+    default: st = err_set(err, HEARTH_ERR_INVALID, "unknown grammar kind %d", (int)kind); break;
+    }
+    if (!st && root < 0) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    if (!st) st = gr_finish(&b, root, out, err);
+    gr_build_free(&b);
+    return st;
+}

@@ -1,0 +1,51 @@
+/* grammar.h: token-level constraints for decoding. A source (JSON Schema, free JSON,
+ * a regular expression, a GBNF grammar) compiles to one byte-level context-free grammar;
+ * a matcher follows the bytes generated so far and says which vocabulary tokens may come
+ * next. Knows nothing of models or tokenizers: a vocabulary is handed in as byte strings. */
+#ifndef HEARTH_GRAMMAR_H
+#define HEARTH_GRAMMAR_H
+#include "hearth.h"
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    GRAMMAR_JSON_SCHEMA, /* text is a JSON Schema document */
+    GRAMMAR_JSON_OBJECT, /* any JSON object (response_format json_object); text ignored */
+    GRAMMAR_REGEX,       /* the whole output matches the pattern */
+    GRAMMAR_GBNF,        /* llama.cpp grammar; rule "root" is the start */
+} grammar_kind;
+
+typedef struct grammar grammar;
+typedef struct gvocab gvocab;
+typedef struct gmatcher gmatcher;
+
+/* Compiles a source. Errors name the problem (an unsupported keyword and where it is, a
+ * bad $ref, a GBNF syntax error with line:col). */
+hearth_status grammar_compile(grammar_kind kind, const char *text, size_t len, grammar **out, hearth_error *err);
+void grammar_free(grammar *g);
+/* Rules and elements: a size for logs and tests. */
+size_t grammar_size(const grammar *g);
+
+/* A vocabulary: bytes[i] (len[i] bytes) is what token i stands for; special tokens (chat
+ * markup, control ids) are never allowed as text; eos ids end a finished output. Built
+ * once per tokenizer and shared by every matcher (read-only after creation). */
+gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *len, const uint8_t *special,
+                   const int32_t *eos_ids, int n_eos);
+void gvocab_free(gvocab *v);
+int32_t gvocab_size(const gvocab *v);
+
+/* A matcher follows one output. The grammar must outlive it. */
+gmatcher *gmatcher_new(const grammar *g, const gvocab *v);
+void gmatcher_free(gmatcher *m);
+/* Fills bitmask (ceil(n_tokens/32) words, bit i of word i/32 for token i) with the tokens
+ * allowed next; returns the number allowed (0: nothing can follow, the output is stuck). */
+size_t gmatcher_mask(gmatcher *m, uint32_t *bitmask);
+/* Advances over one token; returns 0 (and changes nothing) when the token is not allowed. */
+int gmatcher_accept(gmatcher *m, int32_t token);
+/* Advances over raw bytes (a forced prefix, a test instance); 0 when they do not match. */
+int gmatcher_accept_bytes(gmatcher *m, const char *bytes, size_t n);
+/* The output so far is a complete sentence of the grammar. */
+int gmatcher_can_end(const gmatcher *m);
+/* Complete and nothing may follow (or an eos id was accepted): generation should stop. */
+int gmatcher_is_done(const gmatcher *m);
+#endif

@@ -1,0 +1,299 @@
+/* test_grammar.c: the grammar engine against hand-checked languages (regex, GBNF, JSON
+ * Schema: strings that must match and strings that must not), error messages that name
+ * the problem, and token masks against a brute-force oracle (each token tried alone on a
+ * fresh matcher replaying the same prefix). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+// clang-format off: cmocka.h needs the four headers above first
+#include <cmocka.h>
+// clang-format on
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar.h"
+
+/* A vocabulary of every single byte plus some multi-byte tokens; id 0 is eos. */
+static const char *MULTI[] = {"{\"", "\":",      "\"}",  "true", "false", "null",        "ab",  "abc",
+                              "12",  "\xc3\xa9", "\xc3", "\xa9", " \"",   "\",\"",       "e\"", "\\n",
+                              "0.",  "-1",       "[\"",  "\"]",  "aaaa",  "\xe2\x82\xac"};
+#define N_MULTI (sizeof MULTI / sizeof *MULTI)
+#define N_VOCAB (1 + 256 + N_MULTI + 1) /* eos, bytes, multi, one special */
+
+static gvocab *test_vocab(void) {
+    static char single[256][1];
+    const char *bytes[N_VOCAB];
+    uint32_t len[N_VOCAB];
+    uint8_t special[N_VOCAB] = {0};
+    bytes[0] = "</s>", len[0] = 4, special[0] = 1;
+    for (int i = 0; i < 256; i++) single[i][0] = (char)i, bytes[1 + i] = single[i], len[1 + i] = 1;
+    for (size_t i = 0; i < N_MULTI; i++) bytes[257 + i] = MULTI[i], len[257 + i] = (uint32_t)strlen(MULTI[i]);
+    bytes[N_VOCAB - 1] = "<tool_call>", len[N_VOCAB - 1] = 11, special[N_VOCAB - 1] = 1;
+    int32_t eos = 0;
+    gvocab *v = gvocab_new(N_VOCAB, bytes, len, special, &eos, 1);
+    assert_non_null(v);
+    return v;
+}
+
+static grammar *compile_ok(grammar_kind k, const char *src) {
+    grammar *g = NULL;
+    hearth_error err = {0};
+    hearth_status st = grammar_compile(k, src, strlen(src), &g, &err);
+    if (st) fprintf(stderr, "compile failed: %s\n  source: %s\n", err.message, src);
+    assert_int_equal(st, HEARTH_OK);
+    return g;
+}
+
+static void compile_fails(grammar_kind k, const char *src, const char *needle) {
+    grammar *g = NULL;
+    hearth_error err = {0};
+    hearth_status st = grammar_compile(k, src, strlen(src), &g, &err);
+    if (!st || !strstr(err.message, needle))
+        fprintf(stderr, "expected an error naming '%s' for: %s\n  got: %s\n", needle, src, st ? err.message : "(ok)");
+    assert_int_not_equal(st, HEARTH_OK);
+    assert_null(g);
+    assert_non_null(strstr(err.message, needle));
+}
+
+/* the whole text is a sentence of g */
+static int full_match(const grammar *g, const gvocab *v, const char *text) {
+    gmatcher *m = gmatcher_new(g, v);
+    assert_non_null(m);
+    int ok = gmatcher_accept_bytes(m, text, strlen(text)) && gmatcher_can_end(m);
+    gmatcher_free(m);
+    return ok;
+}
+
+static void expect_language(grammar_kind k, const char *src, const char *const *yes, const char *const *no) {
+    gvocab *v = test_vocab();
+    grammar *g = compile_ok(k, src);
+    for (; yes && *yes; yes++) {
+        if (!full_match(g, v, *yes)) fprintf(stderr, "%s: should accept '%s'\n", src, *yes);
+        assert_true(full_match(g, v, *yes));
+    }
+    for (; no && *no; no++) {
+        if (full_match(g, v, *no)) fprintf(stderr, "%s: should reject '%s'\n", src, *no);
+        assert_false(full_match(g, v, *no));
+    }
+    grammar_free(g);
+    gvocab_free(v);
+}
+
+#define L(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static void test_regex(void **state) {
+    (void)state;
+    expect_language(GRAMMAR_REGEX, "a(b|c)*d", L("ad", "abd", "acbcbd"), L("", "a", "abe", "adx"));
+    expect_language(GRAMMAR_REGEX, "[0-9]{2,3}-\\d+", L("12-3", "123-45"), L("1-2", "1234-5", "12-"));
+    expect_language(GRAMMAR_REGEX, "^x?y+$", L("y", "xyy"), L("x", "xxy"));
+    expect_language(GRAMMAR_REGEX, "[^a-c]", L("d", "\xc3\xa9", "\xe2\x82\xac", "\n"), L("a", "b", "dd", ""));
+    expect_language(GRAMMAR_REGEX, "(?:ab){2}|\\.", L("abab", "."), L("ab", "x", "ababab"));
+    expect_language(GRAMMAR_REGEX, "\\w+\\s\\W", L("a_1 !"), L("a  b", "a !!"));
+    expect_language(GRAMMAR_REGEX, ".", L("a", "\xc3\xa9"), L("\n", "\xc3", "ab"));
+    expect_language(GRAMMAR_REGEX, "[\\u00e0-\\u00ff]+", L("\xc3\xa9", "\xc3\xa0\xc3\xbf"), L("a", "\xc4\x80"));
+    compile_fails(GRAMMAR_REGEX, "(?=a)b", "not supported");
+    compile_fails(GRAMMAR_REGEX, "(a)\\1", "\\1");
+    compile_fails(GRAMMAR_REGEX, "(ab", "unbalanced");
+    compile_fails(GRAMMAR_REGEX, "a)", "unbalanced");
+    compile_fails(GRAMMAR_REGEX, "[z-a]", "out of order");
+    compile_fails(GRAMMAR_REGEX, "*a", "nothing to repeat");
+}
+
+static const char *JSON_GBNF = "# a JSON grammar in llama.cpp's style\n"
+                               "root   ::= object\n"
+                               "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
+                               "object ::=\n"
+                               "  \"{\" ws (\n"
+                               "            string \":\" ws value\n"
+                               "    (\",\" ws string \":\" ws value)*\n"
+                               "  )? \"}\" ws\n"
+                               "array  ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
+                               "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" "
+                               "[0-9a-fA-F]{4}) )* \"\\\"\" ws\n"
+                               "number ::= (\"-\"? ([0-9] | [1-9] [0-9]*)) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)? ws\n"
+                               "ws ::= ([ \\t\\n] ws)?\n";
+
+static void test_gbnf(void **state) {
+    (void)state;
+    expect_language(GRAMMAR_GBNF, JSON_GBNF,
+                    L("{}", "{\"a\": [1, -2.5e3, true, null]}", "{\"\\u00e9\":{\"b\":\"x\\n\"}}"),
+                    L("", "[]", "{\"a\"}", "{\"a\":01x}", "{\"a\":tru}"));
+    expect_language(GRAMMAR_GBNF,
+                    "root ::= expr\nexpr ::= term ((\"+\"|\"-\") term)*\nterm ::= [0-9]+ | \"(\" expr \")\"",
+                    L("1+2", "(1-2)+30", "((4))"), L("1+", "(1", "+1"));
+    expect_language(GRAMMAR_GBNF, "root ::= \"a\"{2,3} [xyz]? .", L("aab", "aaax\xc3\xa9"), L("ab", "aaaaa"));
+    compile_fails(GRAMMAR_GBNF, "root ::= foo", "1:10: undefined rule 'foo'");
+    compile_fails(GRAMMAR_GBNF, "root ::= \"a\"\nx ::= [abc", "2:7: unterminated character class");
+    compile_fails(GRAMMAR_GBNF, "root ::= \"a\nb\"", "1:10: unterminated string literal");
+    compile_fails(GRAMMAR_GBNF, "start ::= \"a\"", "no 'root' rule");
+    compile_fails(GRAMMAR_GBNF, "root ::= root \"a\" | \"b\"", "left recursion");
+    compile_fails(GRAMMAR_GBNF, "root ::= x\nx ::= \"\"? x \"a\"", "left recursion");
+    compile_fails(GRAMMAR_GBNF, "root ::= \"a\" )", "unexpected character ')'");
+    compile_fails(GRAMMAR_GBNF, "root ::= \"a\"\nroot ::= \"b\"", "defined twice");
+}
+
+static void test_schema_types(void **state) {
+    (void)state;
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"}},"
+                    "\"required\":[\"a\"],\"additionalProperties\":false}",
+                    L("{\"a\":1}", "{\"a\": -20, \"b\": \"x\"}", "{\n  \"a\": 0,\n  \"b\": \"\\\"\"\n}"),
+                    L("{}", "{\"b\":\"x\"}", "{\"a\":1.5}", "{\"a\":1,\"c\":2}", "{\"a\":01}", "{\"a\":1,}"));
+    /* additional properties allowed by default, but a declared key keeps its schema */
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"boolean\"}}}",
+                    L("{}", "{\"ab\":true}", "{\"x\":[1,{}]}", "{\"a\":1}", "{\"abc\":1}", "{\"ab\":false,\"b\":null}"),
+                    L("{\"ab\":1}", "{\"x\":1,\"ab\":1}"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":-5,\"exclusiveMaximum\":120}",
+                    L("-5", "0", "7", "99", "119"), L("-6", "120", "1000", "-0", "5.0e1"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":37}", L("37", "99", "100", "123456"),
+                    L("36", "7", "-40"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":0}", L("0", "1.5", "2e-3"), L("-1", "-0.5"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}",
+                    L("\"ab\"", "\"\xc3\xa9\xc3\xa9\"", "\"a\\nb\""), L("\"a\"", "\"abcd\"", "\"\xc3\xa9\""));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[a-z]+-[0-9]$\"}", L("\"ab-1\""),
+                    L("\"ab-12\"", "\"-1\"", "\"AB-1\""));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"x\\\\d\"}", L("\"x1\"", "\"aax9bb\""),
+                    L("\"x\"", "\"ab\""));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"date\"}", L("\"2024-02-29\""),
+                    L("\"2024-13-01\"", "\"24-01-01\""));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"enum\":[\"red\",1,null,{\"k\":[true]}]}",
+                    L("\"red\"", "1", "null", "{\"k\":[true]}", "{ \"k\": [ true ] }"), L("\"blue\"", "2", "{}"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":[\"string\",\"null\"]}", L("\"a\"", "null"), L("1", "{}"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{}", L("1", "\"s\"", "[1,[2,{}]]", "{\"a\":{\"b\":null}}"),
+                    L("", "[1,]", "tru"));
+}
+
+static void test_schema_structure(void **state) {
+    (void)state;
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}",
+                    L("[1]", "[1, 2,3]"), L("[]", "[1,2,3,4]", "[\"a\"]"));
+    expect_language(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"boolean\"}],\"items\":false}",
+        L("[]", "[\"a\"]", "[\"a\",true]"), L("[true]", "[\"a\",true,1]"));
+    expect_language(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/node\"},"
+        "{\"type\":\"null\"}]}},\"required\":[\"next\"],\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}",
+        L("{\"next\":null}", "{\"next\":{\"next\":{\"next\":null}}}"), L("{}", "{\"next\":{}}", "null"));
+    expect_language(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
+        "{\"properties\":{\"a\":{\"minimum\":3}}}]}",
+        L("{\"a\":3}", "{\"a\":30,\"z\":1}"), L("{\"a\":2}", "{}"));
+    expect_language(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"a\"}},\"anyOf\":[{\"required\":[\"x\"]},"
+        "{\"required\":[\"y\"]}]}",
+        L("{\"kind\":\"a\",\"x\":1}", "{\"y\":2}"), L("{\"kind\":\"a\"}", "{\"kind\":\"b\",\"x\":1}"));
+    expect_language(GRAMMAR_JSON_OBJECT, "", L("{}", "{\"a\": [1, \"b\"]}"), L("[]", "1", "\"x\""));
+    /* oneOf: tagged unions and distinct types are exact; overlapping branches are refused */
+    expect_language(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"a\"}},\"required\":[\"t\"]},"
+        "{\"type\":\"object\",\"properties\":{\"t\":{\"enum\":[\"b\"]}},\"required\":[\"t\"]},{\"type\":\"string\"}]}",
+        L("{\"t\":\"a\"}", "{\"t\":\"b\",\"u\":1}", "\"s\""), L("{\"t\":\"c\"}", "{}", "1"));
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"oneOf\":[{\"required\":[\"x\"]},{\"required\":[\"y\"]}]}",
+                  "oneOf branches 0 and 1 may both match");
+    /* drafts 4-7: keywords beside $ref are ignored; 2019-09 on: they apply */
+    expect_language(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"$schema\":\"http://json-schema.org/draft-07/schema#\",\"definitions\":{\"o\":{\"type\":\"object\"}},"
+        "\"type\":\"string\",\"$ref\":\"#/definitions/o\"}",
+        L("{}"), L("\"s\""));
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"maximum\":3,\"$ref\":\"#/$defs/n\"}", L("3"),
+                    L("4", "\"s\""));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"enum\":[\"a\",1]}", L("\"a\""), L("1"));
+    /* additionalProperties false sees only its own properties, not those of allOf */
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"allOf\":[{\"properties\":{\"w\":{\"type\":\"integer\"}}}],\"properties\":{\"id\":{\"type\":"
+                    "\"string\"}},\"additionalProperties\":false}",
+                    L("{\"id\":\"x\"}", "{}"), L("{\"w\":1}", "{\"id\":\"x\",\"w\":1}"));
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"ipv6\"}", "format 'ipv6' is not supported");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"not\":{\"type\":\"string\"}}", "keyword 'not' is not supported");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems'");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/missing\"}", "'#/$defs/missing' points at nothing");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"http://x/y.json\"}", "only references inside the document");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"strin\"}", "unknown type 'strin'");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":", "invalid JSON");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"(?<=a)b\"}", "not supported");
+}
+
+/* Masks against brute force: after each prefix of a valid text, a token is in the mask
+ * exactly when a fresh matcher fed prefix + token bytes accepts them. */
+static void check_masks(const char *src, grammar_kind k, const char *text) {
+    gvocab *v = test_vocab();
+    grammar *g = compile_ok(k, src);
+    gmatcher *m = gmatcher_new(g, v);
+    uint32_t mask[(N_VOCAB + 31) / 32];
+    size_t n = strlen(text);
+    for (size_t i = 0; i <= n; i++) {
+        size_t allowed = gmatcher_mask(m, mask), counted = 0;
+        for (int32_t t = 0; t < (int32_t)N_VOCAB; t++) {
+            gmatcher *b = gmatcher_new(g, v);
+            assert_true(gmatcher_accept_bytes(b, text, i));
+            int want = gmatcher_accept(b, t);
+            int got = (mask[t >> 5] >> (t & 31)) & 1;
+            if (want != got)
+                fprintf(stderr, "%s: after %zu bytes token %d: mask %d, oracle %d\n", src, i, t, got, want);
+            assert_int_equal(want, got);
+            counted += (size_t)got;
+            gmatcher_free(b);
+        }
+        assert_int_equal(allowed, counted);
+        assert_int_equal(mask[(N_VOCAB - 1) >> 5] >> ((N_VOCAB - 1) & 31) & 1, 0); /* specials never */
+        if (i < n) assert_true(gmatcher_accept_bytes(m, text + i, 1));
+    }
+    /* eos only at the end */
+    assert_true(gmatcher_can_end(m));
+    assert_true(gmatcher_accept(m, 0));
+    assert_true(gmatcher_is_done(m));
+    assert_false(gmatcher_accept(m, 1 + 'a'));
+    gmatcher_free(m);
+    grammar_free(g);
+    gvocab_free(v);
+}
+
+static void test_masks(void **state) {
+    (void)state;
+    check_masks("{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"}}}",
+                GRAMMAR_JSON_SCHEMA, "{\"ab\":\"\xc3\xa9\\n\",\"n\":-12}");
+    check_masks(JSON_GBNF, GRAMMAR_GBNF, "{\"a\": [true, null]}");
+    /* a length bound far away, then close: short plain tokens at once, then walked */
+    check_masks("{\"type\":\"string\",\"maxLength\":21}", GRAMMAR_JSON_SCHEMA,
+                "\"aaaa ab\xc3\xa9 abc\xe2\x82\xac aaaa\"");
+    check_masks("(ab|abc)+\xe2\x82\xac?", GRAMMAR_REGEX, "abcab\xe2\x82\xac");
+}
+
+static void test_accept_refuses(void **state) {
+    (void)state;
+    gvocab *v = test_vocab();
+    grammar *g = compile_ok(GRAMMAR_REGEX, "ab");
+    gmatcher *m = gmatcher_new(g, v);
+    assert_false(gmatcher_accept(m, 0));           /* eos before the end */
+    assert_false(gmatcher_accept(m, 1 + 'b'));     /* wrong byte: state unchanged */
+    assert_false(gmatcher_accept(m, N_VOCAB - 1)); /* special */
+    assert_false(gmatcher_accept(m, -1));
+    assert_false(gmatcher_accept(m, N_VOCAB));
+    assert_true(gmatcher_accept(m, 257 + 6)); /* "ab" */
+    assert_true(gmatcher_is_done(m));
+    uint32_t mask[(N_VOCAB + 31) / 32];
+    assert_int_equal(gmatcher_mask(m, mask), 1); /* only eos */
+    assert_true(mask[0] & 1);
+    gmatcher_free(m);
+    grammar_free(g);
+    gvocab_free(v);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_regex),        cmocka_unit_test(test_gbnf),
+        cmocka_unit_test(test_schema_types), cmocka_unit_test(test_schema_structure),
+        cmocka_unit_test(test_masks),        cmocka_unit_test(test_accept_refuses),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

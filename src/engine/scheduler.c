@@ -73,8 +73,6 @@ struct hearth_batch {
     unsigned long long prompt_tokens, cached_tokens, requests_done, steps, preemptions;
     unsigned long long spec_proposed[3], spec_accepted[3]; /* by hearth_speculate */
     sched_proposer_fn propose_fn; /* NULL: prompt lookup */
-    int32_t *recent;              /* [SPEC_RECENT_TOKENS]: finished answers (spec_recent_add) */
-    int n_recent;
     void *propose_user;
     double last_step_seconds;
     int last_step_tokens;
@@ -141,11 +139,8 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
     b->row_req = malloc((size_t)max_run * sizeof *b->row_req);
     b->greedy_ids = malloc((size_t)engine_max_out_rows(e) * sizeof *b->greedy_ids);
     b->dev_rows = malloc((size_t)engine_max_out_rows(e) * sizeof *b->dev_rows);
-    if (engine_speculate(e) != HEARTH_SPEC_NONE && !engine_draft(e))
-        b->recent = malloc(SPEC_RECENT_TOKENS * sizeof *b->recent);
     if (!b->run || !b->tok || !b->pos || !b->slot || !b->out_rows || !b->out_of || !b->remaining || !b->take ||
-        !b->rows || !b->row_req || !b->greedy_ids || !b->dev_rows ||
-        (engine_speculate(e) != HEARTH_SPEC_NONE && !engine_draft(e) && !b->recent)) {
+        !b->rows || !b->row_req || !b->greedy_ids || !b->dev_rows) {
         hearth_batch_free(b);
         return err_set(err, HEARTH_ERR_NOMEM, "batching: out of memory");
     }
@@ -174,12 +169,6 @@ static void close_slot(hearth_batch *b, sched_req *q) {
 
 static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hearth_error *err) {
     b->requests_done++;
-    if (q->seq >= 0 && b->recent && q->decoding && (size_t)q->len >= q->r.n_prompt) { /* its answer, for spec_lookup_recent */
-        int end = q->len; /* and the last sampled token, where the context has room for it */
-        if (end < hearth_engine_context_length(b->e)) engine_history_set(b->e, q->seq, end++, q->next);
-        b->n_recent = spec_recent_add(b->recent, b->n_recent, SPEC_RECENT_TOKENS,
-                                      engine_history(b->e, q->seq) + q->r.n_prompt, end - (int)q->r.n_prompt);
-    }
     if (q->seq >= 0) {
         if (b->disk && st == HEARTH_OK) prompt_cache_note(b->disk, b->e, q->seq, q->len);
         close_slot(b, q);
@@ -225,7 +214,6 @@ void hearth_batch_free(hearth_batch *b) {
     free(b->row_req);
     free(b->greedy_ids);
     free(b->dev_rows);
-    free(b->recent);
     free(b);
 }
 
@@ -678,8 +666,10 @@ static int propose(hearth_batch *b) {
         int most = k;
         k = b->propose_fn ? b->propose_fn(b->propose_user, hist, q->len + 1, k, q->draft)
                           : spec_lookup(hist, q->len + 1, k, q->draft);
-        if (!b->propose_fn && k <= 0 && b->recent) /* not in its own tokens: in recent answers */
-            k = spec_lookup_recent(hist, q->len + 1, b->recent, b->n_recent, most, q->draft);
+        /* only the request's own tokens: proposals from other requests' answers made a
+         * request's text depend on what the server answered before (on the SIMD kernels a
+         * verified step rounds as one matrix product), so the same request could answer
+         * differently the second time */
         hearth_error err = {0};
         if (k > most) k = most;
         if (k <= 0 || kv_reserve(kv, q->seq, q->len + 1 + k, &err)) continue;

@@ -17,7 +17,7 @@ static int lookup(const int32_t *hist, int n, const int32_t *corpus, int n_corpu
         for (int i = last; i >= 0; i--) {
             if (corpus[i] != tail[0] || memcmp(corpus + i, tail, (size_t)g * sizeof *hist)) continue;
             int k = 0;
-            while (k < max_k && i + g + k < n_corpus && corpus[i + g + k] != SPEC_SEPARATOR)
+            while (k < max_k && i + g + k < n_corpus)
                 out[k] = corpus[i + g + k], k++;
             if (k > 0) return k;
         }
@@ -27,24 +27,6 @@ static int lookup(const int32_t *hist, int n, const int32_t *corpus, int n_corpu
 
 int spec_lookup(const int32_t *hist, int n, int max_k, int32_t *out) {
     return lookup(hist, n, hist, n, n, max_k, out); /* never the tail itself: i + g < n */
-}
-
-int spec_lookup_recent(const int32_t *hist, int n, const int32_t *recent, int n_recent, int max_k, int32_t *out) {
-    return lookup(hist, n, recent, n_recent, n_recent, max_k, out);
-}
-
-int spec_recent_add(int32_t *recent, int n_recent, int cap, const int32_t *tokens, int n) {
-    if (cap < 4 || n <= 0) return n_recent;
-    if (n > cap / 2 - 1) tokens += n - (cap / 2 - 1), n = cap / 2 - 1; /* a long answer: its end */
-    if (n_recent + n + 1 > cap) { /* keep the newest half */
-        int keep = cap / 2 < n_recent ? cap / 2 : n_recent;
-        memmove(recent, recent + n_recent - keep, (size_t)keep * sizeof *recent);
-        n_recent = keep;
-    }
-    memcpy(recent + n_recent, tokens, (size_t)n * sizeof *recent);
-    n_recent += n;
-    recent[n_recent++] = SPEC_SEPARATOR;
-    return n_recent;
 }
 
 int spec_depth_next(spec_depth *d) {

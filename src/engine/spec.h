@@ -26,17 +26,6 @@
  * to out. Returns how many (0: no match). */
 int spec_lookup(const int32_t *hist, int n, int max_k, int32_t *out);
 
-/* Recent outputs: the answers of the batch's finished requests, one after another with a
- * separator between them, newest last, in a fixed buffer (agent loops and retried
- * requests repeat earlier answers). spec_lookup_recent is spec_lookup's search of hist's
- * tail in them, never proposing across a separator; spec_recent_add appends an answer
- * (its last cap / 2 - 1 tokens at most), dropping the oldest half of the buffer when full,
- * and returns the new length. */
-#define SPEC_SEPARATOR (-1)
-#define SPEC_RECENT_TOKENS (1 << 16) /* 256 KiB; a scan of it per proposal is ~0.1 ms */
-int spec_lookup_recent(const int32_t *hist, int n, const int32_t *recent, int n_recent, int max_k, int32_t *out);
-int spec_recent_add(int32_t *recent, int n_recent, int cap, const int32_t *tokens, int n);
-
 /* A request's draft depth, adapted to what it accepts: doubles after a fully accepted
  * draft, drops to one past the accepted count after a rejection, and after drafts of
  * which nothing was accepted, proposing pauses for 2, 4, 8 ... 64 steps, so a request

@@ -51,32 +51,6 @@ static void test_lookup(void **st) {
     assert_int_equal(out[0], 3);
 }
 
-static void test_recent(void **st) {
-    (void)st;
-    int32_t buf[16], out[SPEC_MAX_DRAFT];
-    int n = 0;
-    const int32_t a1[] = {5, 6, 7, 8, 9}, a2[] = {1, 2, 3};
-    n = spec_recent_add(buf, n, 16, a1, 5);
-    n = spec_recent_add(buf, n, 16, a2, 3);
-    assert_int_equal(n, 10);
-    assert_int_equal(buf[5], SPEC_SEPARATOR);
-    const int32_t h[] = {40, 41, 6, 7};
-    assert_int_equal(spec_lookup_recent(h, 4, buf, n, 8, out), 2); /* 8 9, then the separator stops it */
-    assert_int_equal(out[0], 8);
-    assert_int_equal(out[1], 9);
-    const int32_t h2[] = {8, 9};
-    assert_int_equal(spec_lookup_recent(h2, 2, buf, n, 8, out), 0); /* 8 9 ends an answer */
-    const int32_t big[12] = {20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
-    n = spec_recent_add(buf, n, 16, big, 12); /* the newest half kept, then the answer's last 7 */
-    assert_true(n <= 16);
-    assert_int_equal(buf[n - 1], SPEC_SEPARATOR);
-    assert_int_equal(buf[n - 2], 31);
-    assert_int_equal(buf[n - 8], 25);
-    const int32_t h3[] = {26, 27};
-    assert_int_equal(spec_lookup_recent(h3, 2, buf, n, 3, out), 3);
-    assert_int_equal(out[2], 30);
-}
-
 static void test_depth(void **st) {
     (void)st;
     spec_depth d = {0};
@@ -509,7 +483,6 @@ int main(void) {
     setenv("HEARTH_CPU", "scalar", 1); /* rows computed independently: bit-identical steps */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lookup),
-        cmocka_unit_test(test_recent),
         cmocka_unit_test(test_depth),
         cmocka_unit_test(test_truncate),
         cmocka_unit_test(test_lossless_every_tiny_model),

@@ -85,9 +85,9 @@ static int parse_float(const char *s, float *out) {
     return 0;
 }
 
-/* An HLG shape value: a finite number of nats, not negative. */
+/* An HLG shape value: a number of nats from 0 to 10000. */
 static int parse_nats(const char *s, float *out) {
-    return parse_float(s, out) || !isfinite(*out) || *out < 0 ? -1 : 0;
+    return parse_float(s, out) || !(*out >= 0 && *out <= 1e4) ? -1 : 0;
 }
 
 static int parse_origins(const char *list, srv_config *c) {

@@ -35,12 +35,13 @@ int srv_parse_curve(const json_t *v, hearth_curve *c, srv_error *e) {
     return 0;
 }
 
-/* One non-negative finite number of the hlg object (absent: keep *out). */
+/* One number of the hlg object in [0, 10000] (absent: keep *out): larger ones make no curve
+ * (log-probabilities span a few dozen nats) and would overflow the float they are kept in. */
 static int hlg_num(const json_t *o, const char *name, float *out, srv_error *e) {
     const json_t *v = json_object_get(o, name);
     if (!v) return 0;
-    if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < 0)
-        return BAD(e, "hlg", "hlg.%s must be a non-negative number (nats)", name);
+    if (!json_is_number(v) || !(json_number_value(v) >= 0 && json_number_value(v) <= 1e4))
+        return BAD(e, "hlg", "hlg.%s must be a number from 0 to 10000 (nats)", name);
     *out = (float)json_number_value(v);
     return 0;
 }

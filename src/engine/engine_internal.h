@@ -163,4 +163,8 @@ int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, doubl
  * NULL (no log-softmax over the vocabulary per token). */
 hearth_logprobs *gen_stream_lp(gen_stream *g);
 void gen_stream_free(gen_stream *g);
+/* A constraint's source compiled (constraint.c); bad input is HEARTH_ERR_INVALID. */
+struct grammar;
+hearth_status engine_constraint_compile(hearth_constraint_kind kind, const char *text, size_t len,
+                                        struct grammar **out, hearth_error *err);
 #endif

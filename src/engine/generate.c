@@ -149,38 +149,11 @@ static int ends_with_stop_seq(const hearth_generate_params *p, const int32_t *ge
     return 0;
 }
 
-static const grammar_kind GRAMMAR_OF[] = {
-    [HEARTH_CONSTRAINT_JSON_SCHEMA] = GRAMMAR_JSON_SCHEMA,
-    [HEARTH_CONSTRAINT_JSON_OBJECT] = GRAMMAR_JSON_OBJECT,
-    [HEARTH_CONSTRAINT_REGEX] = GRAMMAR_REGEX,
-    [HEARTH_CONSTRAINT_GBNF] = GRAMMAR_GBNF,
-};
-
-static hearth_status constraint_compile(hearth_constraint_kind kind, const char *text, size_t len, grammar **out,
-                                        hearth_error *err) {
-    if (kind <= HEARTH_CONSTRAINT_NONE || kind > HEARTH_CONSTRAINT_GBNF)
-        return err_set(err, HEARTH_ERR_INVALID, "unknown constraint kind %d", (int)kind);
-    if (!text && kind != HEARTH_CONSTRAINT_JSON_OBJECT) return err_set(err, HEARTH_ERR_INVALID, "the constraint has no text");
-    hearth_status st = grammar_compile(GRAMMAR_OF[kind], text ? text : "", text ? len : 0, out, err);
-    if (st == HEARTH_ERR_FORMAT) { /* bad input from the caller */
-        st = HEARTH_ERR_INVALID;
-        if (err) err->status = st;
-    }
-    return st;
-}
-
-hearth_status hearth_constraint_check(hearth_constraint_kind kind, const char *text, size_t len, hearth_error *err) {
-    grammar *g = NULL;
-    hearth_status st = constraint_compile(kind, text, len, &g, err);
-    grammar_free(g);
-    return st;
-}
-
 /* The request's constraint: its grammar, a matcher and the buffers the masked row needs. */
 static hearth_status constraint_init(gen_stream *g, hearth_engine *e, const hearth_generate_params *p,
                                      hearth_error *err) {
     if (p->constraint == HEARTH_CONSTRAINT_NONE) return HEARTH_OK;
-    hearth_status st = constraint_compile(p->constraint, p->constraint_text, p->constraint_len, &g->grammar, err);
+    hearth_status st = engine_constraint_compile(p->constraint, p->constraint_text, p->constraint_len, &g->grammar, err);
     if (st) return st;
     gvocab *v = engine_grammar_vocab(e);
     if (!v) return err_set(err, HEARTH_ERR_UNSUPPORTED, "a constraint needs the model's tokenizer");

@@ -79,6 +79,10 @@ def server_process(cmd, log, env, ready, ready_timeout, what, poll=0.1):
                 pytest.fail(f"{what} was not ready within {ready_timeout}s:\n{log_tail(log)}")
             time.sleep(poll)
         yield proc
+        # a server that ended on its own while the tests used it crashed or exited: say
+        # how, with its log (the test that met it only saw a dropped connection)
+        if proc.poll() is not None:
+            pytest.fail(f"{what} ended during the tests with {proc.returncode}:\n{log_tail(log)}")
     finally:
         proc.terminate()
         try:

@@ -5,6 +5,7 @@
  * inside marker lines. What a write replaced is kept in $HOME/.config/hearth/harness.json
  * so --remove restores it. The context offered to the agent comes from hearth_fit. */
 #define _GNU_SOURCE
+#include "base/user_dirs.h"
 #include "cli/cli.h"
 #include <errno.h>
 #include <jansson.h>
@@ -317,8 +318,11 @@ int cli_harness(int argc, char **argv) {
     if (strncmp(url, "http://", 7) && strncmp(url, "https://", 8))
         return cli_usage_error(harness_usage, "--base-url %s: an http:// or https:// URL", h.base_url);
     h.base_url = url;
-    const char *home = getenv("HOME");
-    if (!home || !home[0]) return fail_msg("%s%s", "HOME is not set", "");
+    char *home_path = user_path(NULL, USER_HOME, NULL);
+    if (!home_path) return fail_msg("%s%s", "HOME is not set", "");
+    char home[2048];
+    snprintf(home, sizeof home, "%s", home_path);
+    free(home_path);
     snprintf(h.path, sizeof h.path, "%s/%s", home,
              !strcmp(h.agent, "pi")       ? ".pi/agent/models.json"
              : !strcmp(h.agent, "claude") ? ".claude/settings.json"

@@ -2,6 +2,7 @@
  * night: a systemd user timer (hearth-memory.timer + .service under
  * $XDG_CONFIG_HOME/systemd/user) where `systemctl --user` works, else a crontab line
  * tagged "# hearth-memory"; `unschedule` removes either. Changes nothing in the vault. */
+#include "base/user_dirs.h"
 #include "base/file.h"
 #include "cli/cli.h"
 #include <errno.h>
@@ -14,11 +15,9 @@
 #define CRON_TAG "# hearth-memory"
 
 static void unit_dir(char *out, size_t cap) {
-    const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
-    if (xdg && *xdg)
-        snprintf(out, cap, "%s/systemd/user", xdg);
-    else
-        snprintf(out, cap, "%s/.config/systemd/user", home ? home : ".");
+    char *p = user_path(NULL, USER_CONFIG, "systemd/user");
+    snprintf(out, cap, "%s", p ? p : "./systemd/user");
+    free(p);
 }
 
 static int systemd_usable(void) { return system("systemctl --user show-environment >/dev/null 2>&1") == 0; }

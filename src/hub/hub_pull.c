@@ -8,6 +8,7 @@
 #include "base/file.h"
 #include "base/sbuf.h"
 #include "hub/hub.h"
+#include "base/user_dirs.h"
 #include "io/resolve.h"
 #include <curl/curl.h>
 #include <errno.h>
@@ -506,9 +507,9 @@ hearth_status hub_pull(const char *repo_arg, const hearth_pull_options *o, int d
     pull_ctx c = {.o = o, .dl_id = dl_id};
     hearth_status st = hub_parse_repo_arg(repo_arg, c.repo, c.rev, err);
     if (st) return st;
-    const char *ep = o && o->endpoint ? o->endpoint : getenv("HF_ENDPOINT");
+    const char *ep = user_setting(o ? o->endpoint : NULL, "HF_ENDPOINT");
     snprintf(c.endpoint, sizeof c.endpoint, "%s", ep && *ep ? ep : "https://huggingface.co");
-    const char *token = o && o->token ? o->token : getenv("HF_TOKEN");
+    const char *token = user_setting(o ? o->token : NULL, "HF_TOKEN");
     if (token && *token) {
         sbuf auth;
         sbuf_init(&auth);

@@ -8,6 +8,7 @@
 #include "base/err.h"
 #include "base/sbuf.h"
 #include "hub/hub.h"
+#include "base/user_dirs.h"
 
 #include <curl/curl.h>
 #include <dirent.h>
@@ -547,11 +548,11 @@ hearth_status hearth_upload(const char *dir, const char *repo_arg, const hearth_
     if (st) return st;
     if (!strchr(c.repo, '/')) return err_set(err, HEARTH_ERR_INVALID, "upload: '%s': the repo must be org/name", c.repo);
     if (o && o->revision && *o->revision) snprintf(c.rev, sizeof c.rev, "%s", o->revision);
-    const char *ep = o && o->endpoint ? o->endpoint : getenv("HF_ENDPOINT");
+    const char *ep = user_setting(o ? o->endpoint : NULL, "HF_ENDPOINT");
     snprintf(c.endpoint, sizeof c.endpoint, "%s", ep && *ep ? ep : "https://huggingface.co");
     size_t el = strlen(c.endpoint);
     while (el && c.endpoint[el - 1] == '/') c.endpoint[--el] = 0;
-    const char *token = o && o->token ? o->token : getenv("HF_TOKEN");
+    const char *token = user_setting(o ? o->token : NULL, "HF_TOKEN");
     if (!token || !*token)
         return err_set(err, HEARTH_ERR_INVALID,
                        "upload: HF_TOKEN is not set: the hub needs a write token (huggingface.co/settings/tokens)");

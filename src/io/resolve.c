@@ -2,6 +2,7 @@
  * not paths: HF cache repos, then $HEARTH_MODELS folders (colon-separated), then
  * $HEARTH_CACHE/models. An exact name match wins over substring matches. */
 #define _GNU_SOURCE
+#include "base/user_dirs.h"
 #include "io/resolve.h"
 #include "base/err.h"
 #include "base/file.h"
@@ -13,23 +14,18 @@
 #include <strings.h>
 #include <sys/stat.h>
 
-static char *dup_env_or_home(const char *env, const char *home_rel) {
-    const char *v = getenv(env);
-    if (v && *v) return strdup(v);
-    const char *home = getenv("HOME");
-    if (!home || !*home) home = "/root";
-    return path_join(home, home_rel);
-}
-
 char *resolve_hf_cache_dir(void) {
-    const char *v = getenv("HF_HUB_CACHE");
-    if (v && *v) return strdup(v);
-    v = getenv("HF_HOME");
-    if (v && *v) return path_join(v, "hub");
-    return dup_env_or_home("HUGGINGFACE_HUB_CACHE", ".cache/huggingface/hub");
+    const char *v = user_setting(NULL, "HF_HUB_CACHE");
+    if (v) return strdup(v);
+    if ((v = user_setting(NULL, "HF_HOME"))) return path_join(v, "hub");
+    char *p = user_path("HUGGINGFACE_HUB_CACHE", USER_HOME, ".cache/huggingface/hub");
+    return p ? p : strdup(".cache/huggingface/hub");
 }
 
-char *resolve_hearth_cache_dir(void) { return dup_env_or_home("HEARTH_CACHE", ".cache/hearth"); }
+char *resolve_hearth_cache_dir(void) {
+    char *p = user_path("HEARTH_CACHE", USER_HOME, ".cache/hearth");
+    return p ? p : strdup(".cache/hearth");
+}
 
 static int has_suffix(const char *s, const char *suf) {
     size_t a = strlen(s), b = strlen(suf);
@@ -182,7 +178,7 @@ static int entry_cmp(const void *a, const void *b) {
 void resolve_list_models(model_list *out) {
     memset(out, 0, sizeof *out);
     scan_hf_cache(out);
-    const char *extra = getenv("HEARTH_MODELS");
+    const char *extra = user_setting(NULL, "HEARTH_MODELS");
     if (extra && *extra) {
         char *copy = strdup(extra), *save = NULL;
         for (char *tok = copy ? strtok_r(copy, ":", &save) : NULL; tok; tok = strtok_r(NULL, ":", &save))

@@ -2,6 +2,7 @@
  * folders, Reference/ from the embedded docs, one commit), open (the index brought up to
  * date, the embedder loaded) and reindex. The tools are in memory_tools.c, ingest in
  * memory_import.c. */
+#include "base/user_dirs.h"
 #include "base/err.h"
 #include "base/file.h"
 #include "memory/memory.h"
@@ -14,15 +15,9 @@
 
 char *hearth_memory_path(const hearth_memory_options *o) {
     if (o && o->path && *o->path) return strdup(o->path);
-    const char *wiki = getenv("HEARTH_WIKI"); /* the documented override (docs/memory.md) */
-    if (wiki && *wiki) return strdup(wiki);
-    const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
-    char buf[4096];
-    if (xdg && *xdg)
-        snprintf(buf, sizeof buf, "%s/hearth/wiki", xdg);
-    else
-        snprintf(buf, sizeof buf, "%s/.local/share/hearth/wiki", home && *home ? home : ".");
-    return strdup(buf);
+    /* HEARTH_WIKI is the documented override (docs/memory.md) */
+    char *p = user_path("HEARTH_WIKI", USER_DATA, "hearth/wiki");
+    return p ? p : strdup("hearth-wiki");
 }
 
 static const char *gitignore = "# hearth's derived index: rebuilt from the files at any time\n.hearth/\n*.tmp*\n";

@@ -1,5 +1,5 @@
 /* test_base.c: unit tests of src/base: error values, string buffers, half floats,
- * file helpers. */
+ * file helpers, where a user's files live (the XDG base directory rules). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +15,7 @@
 #include "base/file.h"
 #include "base/half.h"
 #include "base/sbuf.h"
+#include "base/user_dirs.h"
 
 static void test_err_set_and_prefix(void **state) {
     (void)state;
@@ -98,12 +99,50 @@ static void test_files(void **state) {
     free(j);
 }
 
+/* The XDG base directory specification's rules: an override wins, then the XDG
+ * variable, then the home folder's default; empty variables count as unset. */
+static void expect_path(const char *env, user_base base, const char *rel, const char *want) {
+    char *p = user_path(env, base, rel);
+    assert_non_null(p);
+    assert_string_equal(p, want);
+    free(p);
+}
+
+static void test_user_dirs(void **state) {
+    (void)state;
+    setenv("HOME", "/h", 1);
+    unsetenv("XDG_CONFIG_HOME");
+    setenv("XDG_DATA_HOME", "", 1);
+    unsetenv("HEARTH_TEST_OVERRIDE");
+    expect_path(NULL, USER_HOME, ".cache/hearth", "/h/.cache/hearth");
+    expect_path(NULL, USER_HOME, NULL, "/h");
+    expect_path(NULL, USER_CONFIG, "systemd/user", "/h/.config/systemd/user");
+    expect_path("HEARTH_TEST_OVERRIDE", USER_DATA, "hearth/wiki", "/h/.local/share/hearth/wiki");
+    setenv("XDG_CONFIG_HOME", "/cfg", 1);
+    setenv("XDG_DATA_HOME", "/data", 1);
+    expect_path(NULL, USER_CONFIG, "systemd/user", "/cfg/systemd/user");
+    expect_path(NULL, USER_DATA, "hearth/wiki", "/data/hearth/wiki");
+    expect_path(NULL, USER_HOME, "x", "/h/x"); /* no XDG variable for the home folder */
+    setenv("HEARTH_TEST_OVERRIDE", "/my/wiki", 1);
+    expect_path("HEARTH_TEST_OVERRIDE", USER_DATA, "hearth/wiki", "/my/wiki");
+    unsetenv("HOME"); /* the password database's home folder then */
+    char *p = user_path(NULL, USER_HOME, NULL);
+    assert_non_null(p);
+    assert_true(p[0] == '/');
+    free(p);
+    assert_string_equal(user_setting("given", "HEARTH_TEST_OVERRIDE"), "given");
+    assert_string_equal(user_setting("", "HEARTH_TEST_OVERRIDE"), "/my/wiki");
+    setenv("HEARTH_TEST_OVERRIDE", "", 1);
+    assert_null(user_setting(NULL, "HEARTH_TEST_OVERRIDE"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_err_set_and_prefix),
         cmocka_unit_test(test_sbuf),
         cmocka_unit_test(test_half),
         cmocka_unit_test(test_files),
+        cmocka_unit_test(test_user_dirs),
     };
     return cmocka_run_group_tests_name("base", tests, NULL, NULL);
 }

@@ -191,12 +191,14 @@ static int serve_one(srv_conn *c) {
         return counted(c, -1);
     }
     const http_head *h = &c->head;
-    c->keep_alive = h->keep_alive;
     srv_log(s, SRV_LOG_DEBUG, "%s %s HTTP/1.%d", h->method, h->path, h->minor);
     int has_body = h->chunked || (h->has_length && h->content_length);
-    if (srv_route_head(s, c) < 0) {
-        if (has_body) c->keep_alive = 0; /* its body was not read */
-    } else {
+    /* an answer at the door leaves the body unread, so the connection closes after it:
+     * that answer must say "Connection: close", or a client reusing the connection
+     * loses its next request to the close */
+    c->keep_alive = h->keep_alive && !has_body;
+    if (srv_route_head(s, c) >= 0) {
+        c->keep_alive = h->keep_alive;
         if (c->wants_body && !h->chunked && !h->has_length) {
             refuse(c, 411, "Content-Length header is required");
             return counted(c, -1);

@@ -126,6 +126,26 @@ def test_pipelined_requests_are_answered_in_order_on_one_connection(base):
     assert all(a[1].get("connection") != "close" for a in answers)
 
 
+def test_a_refusal_at_the_door_with_an_unread_body_says_close(base):
+    """A request answered from its head alone (here 404) leaves its body unread, so the
+    server closes the connection after answering; the answer must say so, or a client
+    that reuses the connection loses its next request (CI once lost one this way: an
+    embeddings test's request after a 400 'cannot generate')."""
+    body = json.dumps({"prompt": "Hi"}).encode()
+    got, closed = exchange(base, b"POST /v1/no-such-route HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                           % (len(body), body))
+    head = got.partition(b"\r\n\r\n")[0]
+    assert got.startswith(b"HTTP/1.1 404") and closed, got
+    assert b"Connection: close" in head, head
+    # a GET refused the same way has no body to leave unread: the connection stays open
+    with socket.create_connection(addr(base), timeout=10) as s:
+        s.sendall(b"GET /v1/no-such-route HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        f = s.makefile("rb")
+        first, second = read_response(f), read_response(f)
+    assert (first[0], second[0]) == (404, 200)
+    assert first[1].get("connection") != "close"
+
+
 def test_http10_closes_unless_asked_to_keep_alive(base):
     got, closed = exchange(base, b"GET /health HTTP/1.0\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 200") and closed

@@ -416,7 +416,7 @@ typedef struct hearth_generate_result {
 } hearth_generate_result;
 
 /* Generates from prompt[n_prompt] on a fresh sequence of the engine (closed at the end),
- * calling on_token for every sampled token; *result (optional) gets the counts, timings
+ * calling on_token (optional) for every sampled token; *result (optional) gets the counts, timings
  * and finish reason. Not while a hearth_batch of the same engine holds requests. */
 hearth_status hearth_generate(hearth_engine *e, const int32_t *prompt, size_t n_prompt,
                               const hearth_generate_params *p, hearth_token_fn on_token, void *user,

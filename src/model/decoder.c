@@ -13,7 +13,7 @@ op_attn decoder_attn(const model *m, int i) {
                      .q_norm = l->q_norm, .k_norm = l->k_norm, .norm_shift = c->norm_shift, .norm_eps = c->norm_eps,
                      .inv_freq = l->sliding ? c->inv_freq_local : c->inv_freq_global,
                      .window = l->sliding ? c->sliding_window : 0, .scale = c->attn_scale,
-                     .rope_dims = c->rope_dims, .gated = c->attn_gate};
+                     .rope_dims = c->rope_dims, .gated = c->attn_gate, .layer = i};
 }
 
 op_mlp decoder_mlp(const model *m, int i, op_act act) {

@@ -127,6 +127,9 @@ typedef struct op_attn {
      * and RoPE (attention_k_eq_v); shared: the layer reads the keys and values another layer
      * stored at the KV layer it is given, so only its queries are computed. */
     int head_dim, n_kv_heads, v_norm, shared;
+    /* which model layer this is (its adapters' updates): the ops' own layer argument is
+     * the KV layer, which differs on hybrids and shared-KV layers */
+    int layer;
 } op_attn;
 
 /* A gated MLP: down(act(gate · x) * (up · x)). */

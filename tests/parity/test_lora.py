@@ -60,6 +60,13 @@ CASES = [
     ("minicpm-f32", "lora", -1, None),
     ("qwen3_moe-f32", "lora", -1, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                    "self_attn.o_proj")),
+    # the hybrid and the shared-KV family: attention layers are not numbered as the KV
+    # pool numbers them, and adapters follow the model's layer numbers
+    ("qwen3_5-f32", "lora", -1, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                 "self_attn.o_proj", "mlp.down_proj")),
+    ("qwen3_5_moe-f32", "lora", -1, None),  # mlx-lm's default keys
+    ("gemma4-f32", "lora", -1, ("self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj")),
+    ("gemma4-bf16", "dora", -1, None),
 ]
 
 

@@ -155,7 +155,7 @@ static hearth_status cpu_qkv_rope_store(const op_step *s, int layer, const op_at
     /* adapters update the projections they have before their biases (the q projection is
      * doubled on gated attention) */
     for (int p = 0; p < (a->shared ? 1 : a->v ? 3 : 2); p++)
-        op_lora_apply(s->b, layer, OP_PROJ_Q + p, c->xn, d->hidden, qkv_out[p], p ? kd : qd * (a->gated ? 2 : 1),
+        op_lora_apply(s->b, a->layer, OP_PROJ_Q + p, c->xn, d->hidden, qkv_out[p], p ? kd : qd * (a->gated ? 2 : 1),
                       c->tp);
     if (!a->shared && !a->v) memcpy(c->v, c->k, (size_t)T * kd * sizeof(float));
     if (a->gated) /* per head [queries | gates] -> queries into q, gates into qgate */
@@ -198,7 +198,9 @@ static hearth_status cpu_attention(const op_step *s, int layer, const op_attn *a
         for (size_t i = 0, n = (size_t)s->b->T * d->n_heads * d->head_dim; i < n; i++)
             c->att[i] *= 1.0f / (1.0f + expf(-c->qgate[i]));
     hearth_status st = matmul(s, a->o, c->att, s->b->T, c->tmp);
-    if (!st) op_lora_apply(s->b, layer, OP_PROJ_O, c->att, (int64_t)d->n_heads * d->head_dim, c->tmp, d->hidden, c->tp);
+    if (!st) /* the attention output is this layer's heads wide (Gemma 4's full layers are wider) */
+        op_lora_apply(s->b, a->layer, OP_PROJ_O, c->att, (int64_t)d->n_heads * attn_head_dim(s, a), c->tmp, d->hidden,
+                      c->tp);
     return st;
 }
 

@@ -1,6 +1,6 @@
-"""Starting a hearth server process for a test and stopping it, and the test session's own
-cache folder: shared by tests/api, tests/parity and tests/ui (their conftest modules add
-this folder to sys.path)."""
+"""Starting a hearth server process for a test and stopping it, the test session's own
+cache folder, and C helpers compiled against libhearth.a: shared by tests/api, tests/parity
+and tests/ui (their conftest modules add this folder to sys.path)."""
 import atexit
 import contextlib
 import os
@@ -37,6 +37,27 @@ def isolate_cache():
                 (own / entry.name).symlink_to(entry)
     os.environ["HEARTH_TEST_CACHE_OF"] = str(user)
     os.environ["HEARTH_CACHE"] = str(own)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def compile_helper(source, out):
+    """Compiles a test's C helper (source, relative to the repo) against the library `make`
+    built, $HEARTH_LIB or lib/libhearth.a, into out; returns out. The tests never run make
+    themselves: pytest-xdist workers would run it at once in the same build folder (`make
+    test` builds the library before the suites)."""
+    lib = Path(os.environ.get("HEARTH_LIB") or ROOT / "lib" / "libhearth.a")
+    if not lib.is_file():
+        pytest.fail(f"{lib} is missing: run `make lib` first (or set HEARTH_LIB)", pytrace=False)
+    pkgs = subprocess.run(["pkg-config", "--cflags", "--libs", "jansson", "libpcre2-8", "libutf8proc"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    cmd = ["gcc", "-std=gnu11", "-O1", "-Wall", "-Wextra", "-I", str(ROOT / "include"), "-I", str(ROOT / "src"),
+           str(ROOT / source), str(lib), *pkgs, "-lm", "-pthread", "-o", str(out)]
+    build = subprocess.run(cmd, capture_output=True, text=True)
+    if build.returncode != 0:
+        pytest.fail(f"building {source} against {lib} failed:\n{build.stderr[-3000:]}", pytrace=False)
+    return Path(out)
 
 
 def free_port():

@@ -3,8 +3,7 @@
 Oracle: tests/api/parser_cases.json, recorded by make_parser_cases.py from mlx-lm's own
 TextStateMachine, tool_parsers and ToolCallFormatter (version in the file). The cases
 are replayed through src/server/textstate.c + toolparse.c by tests/api/ts_helper.c,
-compiled here against libhearth.a (env HEARTH_LIB, else lib/libhearth.a, else
-build-api/libhearth.a).
+compiled here against libhearth.a (env HEARTH_LIB, else lib/libhearth.a).
 
 Allowed differences (each with its reason):
 - tool_calls ids that are random uuid4 on both sides are compared as "<uuid>".
@@ -14,36 +13,19 @@ Allowed differences (each with its reason):
 """
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from hearth_process import compile_helper
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).with_name("parser_cases.json")
 
 
-def _libhearth():
-    for cand in (os.environ.get("HEARTH_LIB"), REPO / "lib/libhearth.a", REPO / "build-api/libhearth.a"):
-        if cand and Path(cand).is_file():
-            return Path(cand)
-    pytest.fail("libhearth.a not found: run `make lib` first (or set HEARTH_LIB)")
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ts") / "ts_helper"
-    pkgs = subprocess.run(["pkg-config", "--cflags", "--libs", "jansson", "libpcre2-8", "libutf8proc"],
-                          capture_output=True, text=True, check=True).stdout.split()
-    cmd = ["cc", "-std=gnu11", "-O1", "-I", str(REPO / "include"), "-I", str(REPO / "src"),
-           str(Path(__file__).with_name("ts_helper.c")), str(_libhearth()), *pkgs, "-lm", "-pthread",
-           "-o", str(out)]
-    build = subprocess.run(cmd, capture_output=True, text=True)
-    if build.returncode != 0:
-        pytest.fail(f"building ts_helper against {_libhearth()} failed "
-                    f"(does it contain src/server/textstate.c?):\n{build.stderr[-3000:]}")
+    out = compile_helper("tests/api/ts_helper.c", tmp_path_factory.mktemp("ts") / "ts_helper")
     run = subprocess.run([str(out), str(CASES)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, f"ts_helper failed: {run.stderr[-2000:]}"
     return json.loads(run.stdout)

@@ -4,8 +4,8 @@ The oracle is gguf-py (gguf.quants.dequantize / quantize, GGUFReader, GGUFWriter
 every dequantized value must have the same float32 bit pattern as numpy's, every
 reference quantizer must produce the same bytes, and metadata/tensor infos must equal
 GGUFReader's. hearth's side comes from tests/parity/helpers/gguf_dump.c, compiled here
-against libhearth.a (built with `make lib`; set HEARTH_MAKE_BUILD to build in another
-tree, e.g. build-gguf, then the library is taken from <tree>/lib).
+against libhearth.a ($HEARTH_LIB or lib/; `make lib` builds it; no make from the tests:
+pytest-xdist workers would run it at once in one build folder).
 """
 import json
 import os
@@ -19,6 +19,7 @@ import gguf
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 from conftest import gguf_reader
+from hearth_process import compile_helper
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth")))
@@ -35,16 +36,7 @@ QUANTIZABLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.F16, Q.BF16]
 
 @pytest.fixture(scope="module")
 def dump(tmp_path_factory):
-    build = os.environ.get("HEARTH_MAKE_BUILD", "build")
-    libdir = "lib" if build == "build" else f"{build}/lib"
-    subprocess.run(["make", "-s", f"BUILD={build}", f"BINDIR={build}/bin" if build != "build" else "BINDIR=bin",
-                    f"LIBDIR={libdir}", f"{libdir}/libhearth.a"], cwd=ROOT, check=True)
-    exe = tmp_path_factory.mktemp("helper") / "gguf_dump"
-    libs = subprocess.run(["pkg-config", "--libs", "jansson", "libpcre2-8", "libutf8proc"],
-                          capture_output=True, text=True, check=True).stdout.split()
-    subprocess.run(["gcc", "-O1", "-Wall", "-Wextra", "-Iinclude", "-Isrc", "tests/parity/helpers/gguf_dump.c",
-                    f"{libdir}/libhearth.a", *libs, "-lm", "-pthread", "-o", str(exe)], cwd=ROOT, check=True)
-    return exe
+    return compile_helper("tests/parity/helpers/gguf_dump.c", tmp_path_factory.mktemp("helper") / "gguf_dump")
 
 
 def run(exe, *args):

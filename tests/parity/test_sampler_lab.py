@@ -7,12 +7,12 @@ so the comparison is deterministic. hearth's side is tests/parity/helpers/sample
 (sampler_distribution), built against libhearth.a (HEARTH_MAKE_BUILD as in
 test_gguf_dequant.py). top_k stays 0: hearth filters top-k before top-p, mlx-lm after XTC.
 """
-import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hearth_process import compile_helper
 
 mx = pytest.importorskip("mlx.core")
 from mlx_lm.sample_utils import apply_min_p, apply_top_p, apply_xtc  # noqa: E402
@@ -33,17 +33,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def helper(tmp_path_factory):
-    # the library `make` built (make test builds it before the suites; no make from here:
-    # pytest-xdist workers would run it at once in the same build folder)
-    lib = os.environ.get("HEARTH_LIB", os.path.join(ROOT, "lib", "libhearth.a"))
-    if not os.path.exists(lib):
-        pytest.fail(f"{lib} is missing: run `make lib` first (or set HEARTH_LIB)", pytrace=False)
-    exe = tmp_path_factory.mktemp("helper") / "sampler_dist"
-    libs = subprocess.run(["pkg-config", "--libs", "jansson", "libpcre2-8", "libutf8proc"],
-                          capture_output=True, text=True, check=True).stdout.split()
-    subprocess.run(["gcc", "-O1", "-Wall", "-Wextra", "-Iinclude", "-Isrc", "tests/parity/helpers/sampler_dist.c",
-                    lib, *libs, "-lm", "-pthread", "-o", str(exe)], cwd=ROOT, check=True)
-    return exe
+    return compile_helper("tests/parity/helpers/sampler_dist.c", tmp_path_factory.mktemp("helper") / "sampler_dist")
 
 
 def logit_rows(seed):

@@ -6,15 +6,15 @@ add_generation_prompt, plus ~150 small synthetic templates that each exercise on
 feature. Output must be byte-identical; when jinja2 raises, hearth must fail too.
 
 hearth is driven through tests/parity/helpers/tpl_helper.c, compiled here against
-$HEARTH_LIB_DIR/libhearth.a (default: <repo>/lib; run `make lib` first), one process
+libhearth.a ($HEARTH_LIB or <repo>/lib; run `make lib` first), one process
 for all cases (JSON lines in and out)."""
 import json
-import os
 import pathlib
 import subprocess
 import tempfile
 
 import pytest
+from hearth_process import compile_helper
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HERE = pathlib.Path(__file__).resolve().parent
@@ -88,19 +88,7 @@ CASES = _build_cases()
 
 
 def _helper_binary(tmp):
-    lib_dir = pathlib.Path(os.environ.get("HEARTH_LIB_DIR", ROOT / "lib"))
-    lib = lib_dir / "libhearth.a"
-    if not lib.exists():
-        pytest.fail(f"{lib} not found: run `make lib` first (or set HEARTH_LIB_DIR)")
-    libs = subprocess.run(["pkg-config", "--libs", "jansson", "libpcre2-8", "libutf8proc"],
-                          capture_output=True, text=True, check=True).stdout.split()
-    exe = pathlib.Path(tmp) / "tpl_helper"
-    cmd = ["gcc", "-O1", f"-I{ROOT / 'include'}", f"-I{ROOT / 'src'}", str(HERE / "helpers" / "tpl_helper.c"),
-           str(lib), *libs, "-lm", "-pthread", "-o", str(exe)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail("building tpl_helper failed:\n" + r.stderr)
-    return exe
+    return compile_helper("tests/parity/helpers/tpl_helper.c", pathlib.Path(tmp) / "tpl_helper")
 
 
 @pytest.fixture(scope="module")

@@ -2,18 +2,18 @@
 and transformers' GGUF tokenizer conversion (GGUF vocabularies), on a fixed set of strings
 plus every file/line of tests/parity/corpus/tokenizer/.
 
-The C side is tests/parity/helpers/tok_helper.c, compiled here against lib/libhearth.a
-(run `make lib` first); all texts of one tokenizer go through one process."""
+The C side is tests/parity/helpers/tok_helper.c, compiled here against libhearth.a
+($HEARTH_LIB or lib/; run `make lib` first); all texts of one tokenizer go through one process."""
 import glob
 import json
 import os
 import subprocess
 
 import pytest
+from hearth_process import compile_helper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CACHE = os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth"))
-LIB = os.environ.get("HEARTH_LIB", os.path.join(ROOT, "lib", "libhearth.a"))
 
 TEXTS = [
     "",
@@ -74,14 +74,7 @@ def tokenizers_available():
 
 @pytest.fixture(scope="session")
 def helper(tmp_path_factory):
-    if not os.path.exists(LIB):
-        pytest.fail(f"{LIB} is missing: run `make lib` first")
-    out = str(tmp_path_factory.mktemp("tok") / "tok_helper")
-    libs = subprocess.check_output(["pkg-config", "--libs", "jansson", "libpcre2-8", "libutf8proc"], text=True).split()
-    cmd = ["gcc", "-O1", "-I" + os.path.join(ROOT, "include"), "-I" + os.path.join(ROOT, "src"),
-           os.path.join(ROOT, "tests/parity/helpers/tok_helper.c"), LIB, *libs, "-lm", "-pthread", "-o", out]
-    subprocess.run(cmd, check=True)
-    return out
+    return str(compile_helper("tests/parity/helpers/tok_helper.c", tmp_path_factory.mktemp("tok") / "tok_helper"))
 
 
 def run_helper(helper, path, requests):

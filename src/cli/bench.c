@@ -188,9 +188,8 @@ static int bench_batch_main(hearth_engine *e, hearth_model *m, const hearth_engi
                               decode_tps > 0 ? 1e3 * B / decode_tps : 0.0, "bandwidth_gbs", bw,
                               "decode_bytes_per_step", step_bytes, "roofline_tps", roof, "roofline_fraction",
                               roof > 0 ? decode_tps / roof : 0.0);
-        char *s = json_dumps(o, JSON_PRESERVE_ORDER);
-        printf("%s\n", s);
-        free(s);
+        json_dumpf(o, stdout, JSON_PRESERVE_ORDER);
+        putchar('\n');
         json_decref(o);
     } else {
         printf("model      %s\nbatch      %d requests of %d + %d tokens (median of %d)\n"
@@ -353,9 +352,8 @@ int cli_bench(int argc, char **argv) {
         if (on_gpu) /* the device pool stores keys and values as --kv-quant says */
             json_object_set_new(o, "decode_bytes_note", json_string("weights as stored on the device + KV as --kv-quant"));
         if (as_json) {
-            char *s = json_dumps(o, JSON_PRESERVE_ORDER);
-            printf("%s\n", s);
-            free(s);
+            json_dumpf(o, stdout, JSON_PRESERVE_ORDER);
+            putchar('\n');
         } else {
             printf("model      %s\nprefill    %.1f tok/s (%d tokens, median of %d)\n"
                    "decode     %.1f tok/s (%d tokens)\nbandwidth  %.1f GB/s read, %.1f MB per decode token\n"

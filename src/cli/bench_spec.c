@@ -59,9 +59,8 @@ int cli_bench_spec(hearth_model *m, hearth_engine_options eo, const char *prompt
                               "runs", reps, "none_decode_tps", a, "spec_decode_tps", b, "speedup", a > 0 ? b / a : 0.0,
                               "last_run_proposed", (json_int_t)prop, "last_run_accepted", (json_int_t)acc);
         if (as_json) {
-            char *s = json_dumps(o, JSON_PRESERVE_ORDER);
-            printf("%s\n", s);
-            free(s);
+            json_dumpf(o, stdout, JSON_PRESERVE_ORDER);
+            putchar('\n');
         } else {
             printf("model       %s\nprompt      %s: %zu tokens; %d request(s) x %d new tokens, greedy (median of %d)\n"
                    "none        %.1f tok/s decode\n%-11s %.1f tok/s decode: %.2fx\nacceptance  %llu of %llu "

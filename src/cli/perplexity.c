@@ -586,9 +586,8 @@ int cli_perplexity(int argc, char **argv) {
                                 (json_int_t)n, "sequence_length", a.L, "seconds", r.seconds, "tok_s", tok_s);
         if (a.kl) json_object_set_new(rep, "kl_divergence", kl_report(&r.kl));
         if (a.as_json) {
-            char *s = json_dumps(rep, JSON_COMPACT | JSON_REAL_PRECISION(17));
-            printf("%s\n", s);
-            free(s);
+            json_dumpf(rep, stdout, JSON_COMPACT | JSON_REAL_PRECISION(17));
+            putchar('\n');
         } else {
             printf("Model: %s\nPerplexity: %.3f \u00b1 %.3f\n", model_path, ppl, ppl * se);
             printf("Tokens: %zu (%zu rows of %d)\nTokens per second: %.0f\n", n, r.rows, a.L, tok_s);

@@ -83,9 +83,8 @@ int cli_trace(int argc, char **argv) {
     json_object_set_new(out, "prompt", pl);
     json_object_set_new(out, "steps", st);
     if (!rc) {
-        char *s = json_dumps(out, JSON_COMPACT);
-        printf("%s\n", s);
-        free(s);
+        json_dumpf(out, stdout, JSON_COMPACT);
+        putchar('\n');
     }
     json_decref(out);
     free(logits);

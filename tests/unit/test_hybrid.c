@@ -18,47 +18,8 @@
 #include "hearth.h"
 #include "tiny_model_path.h"
 
-#define MAXT 512
-typedef struct rec {
-    int32_t ids[MAXT];
-    float lps[MAXT];
-    int n, done;
-    hearth_status status;
-    hearth_generate_result res;
-} rec;
-
-static int rec_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
-    (void)text;
-    rec *r = user;
-    if (r->n < MAXT) r->ids[r->n] = id, r->lps[r->n++] = lp ? lp->logprob : 0;
-    return 0;
-}
-static void rec_done(void *user, hearth_status s, const hearth_error *err) {
-    (void)err;
-    rec *r = user;
-    r->done++;
-    r->status = s;
-}
-
-static hearth_model *open_tiny(const char *name) {
-    char path[1024];
-    tiny_model_path(path, sizeof path, name);
-    hearth_model *m = NULL;
-    hearth_error err = {0};
-    if (hearth_model_open(path, &m, &err))
-        fail_msg("tiny model missing (%s): %s; run tools/make_tiny_models.py", path, err.message);
-    return m;
-}
-
-static hearth_generate_params greedy(int max_tokens) {
-    hearth_generate_params p;
-    memset(&p, 0, sizeof p);
-    hearth_sampling_defaults(NULL, &p.sampling);
-    p.sampling.top_logprobs = 1;
-    p.max_tokens = max_tokens;
-    p.ignore_eos = 1;
-    return p;
-}
+#define MAXT REC_MAX
+static hearth_generate_params greedy(int max_tokens) { return greedy_params(max_tokens, 1); }
 
 /* one request on a fresh engine: the answer with nothing cached */
 static void run_alone(hearth_model *m, const hearth_engine_options *o, const int32_t *ids, size_t n,

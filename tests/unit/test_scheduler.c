@@ -76,49 +76,13 @@ static void test_shared_blocks(void **st) {
 
 /* ---- end to end on the tiny model -------------------------------------------------- */
 
-typedef struct rec {
-    int32_t ids[256];
-    float lps[256];
-    int n, done, cancel_after, cancel_now;
-    hearth_status status;
-    hearth_generate_result res;
-} rec;
-
-static int rec_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
-    (void)text;
-    rec *r = user;
-    if (r->n < 256) {
-        r->ids[r->n] = id;
-        r->lps[r->n++] = lp ? lp->logprob : 0;
-    }
-    return 0;
-}
-static int rec_cancelled(void *user) {
-    rec *r = user;
-    return r->cancel_now || (r->cancel_after && r->n >= r->cancel_after);
-}
-static void rec_done(void *user, hearth_status s, const hearth_error *err) {
-    (void)err;
-    rec *r = user;
-    r->done++;
-    r->status = s;
-}
-
-static hearth_model *open_tiny(void) {
-    char path[1024];
-    tiny_model_path(path, sizeof path, "llama-f32");
-    hearth_model *m = NULL;
-    hearth_error err = {0};
-    if (hearth_model_open(path, &m, &err)) fail_msg("tiny model missing (%s): %s; run tools/make_tiny_models.py", path, err.message);
-    return m;
-}
 
 #define N_REQ 5
 static const char *texts[N_REQ] = {"hello world", "the quick brown fox jumps", "a", "numbers 1 2 3 4 5 6 7 8 9",
                                    "once upon a time there was"};
 
 static void run_batch_vs_alone(int kv_blocks, int step_tokens) {
-    hearth_model *m = open_tiny();
+    hearth_model *m = open_tiny("llama-f32");
     hearth_error err = {0};
     hearth_engine *e = NULL;
     hearth_engine_options o = {.n_threads = 1, .context_length = 512, .max_sequences = 4, .kv_blocks = kv_blocks,
@@ -236,7 +200,7 @@ static hearth_generate_params greedy_eight(void) {
  * cancelled after its first 64-token step: the next one takes over from the blocks it had
  * committed, and all others still finish with their lone answers. */
 static void run_shared_prefix(int cancel_first) {
-    hearth_model *m = open_tiny();
+    hearth_model *m = open_tiny("llama-f32");
     hearth_error err = {0};
     hearth_engine *e = NULL;
     hearth_engine_options o = {.n_threads = 1, .context_length = 1024, .max_sequences = 6, .kv_blocks = 256,
@@ -342,7 +306,7 @@ static void test_shared_prefix_leader_cancelled(void **st) {
  * fresh engine, token for token and logprob for logprob. */
 static void test_partial_prefix_reuse(void **st) {
     (void)st;
-    hearth_model *m = open_tiny();
+    hearth_model *m = open_tiny("llama-f32");
     hearth_error err = {0};
     hearth_engine_options o = {.n_threads = 1, .context_length = 512, .max_sequences = 2, .kv_blocks = 256};
     hearth_engine *e = NULL;

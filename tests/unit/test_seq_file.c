@@ -18,15 +18,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static hearth_model *open_tiny(const char *name) {
-    char path[1024];
-    tiny_model_path(path, sizeof path, name);
-    hearth_model *m = NULL;
-    hearth_error err = {0};
-    if (hearth_model_open(path, &m, &err))
-        fail_msg("tiny model missing (%s): %s; run tools/make_tiny_models.py", path, err.message);
-    return m;
-}
 
 static hearth_engine *engine(hearth_model *m, int kv_quant) {
     hearth_engine_options o = {.n_threads = 1, .context_length = 256, .max_sequences = 3, .kv_quant = kv_quant};

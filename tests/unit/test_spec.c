@@ -96,36 +96,7 @@ static void test_truncate(void **st) {
 /* ---- on the tiny models ---- */
 
 #define MAX_OUT 96
-#define TOP 5
-typedef struct rec {
-    int32_t ids[MAX_OUT];
-    float lps[MAX_OUT];
-    int32_t top_ids[MAX_OUT][TOP];
-    float top_lps[MAX_OUT][TOP];
-    int n, done;
-    hearth_status status;
-    hearth_generate_result res;
-} rec;
-
-static int rec_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
-    (void)text;
-    rec *r = user;
-    if (r->n < MAX_OUT) {
-        r->ids[r->n] = id;
-        if (lp) {
-            r->lps[r->n] = lp->logprob;
-            for (int i = 0; i < TOP && i < lp->n; i++) r->top_ids[r->n][i] = lp->top_ids[i], r->top_lps[r->n][i] = lp->top_logprobs[i];
-        }
-        r->n++;
-    }
-    return 0;
-}
-static void rec_done(void *user, hearth_status s, const hearth_error *err) {
-    (void)err;
-    rec *r = user;
-    r->done++;
-    r->status = s;
-}
+#define TOP REC_TOP
 
 #define N_PROMPTS 3
 /* text that repeats itself, as the edits and quotes speculation is for */

@@ -22,7 +22,7 @@ SHAPES = {
                   extra={"rope_theta": 500000.0, "rms_norm_eps": 1e-5,
                          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}),
-    # the CPU benchmark's 1B shape (bench/results/cpu_mlx_decode.md): Llama-3.2-1B, lm_head untied
+    # the CPU benchmark's 1B shape (bench/results/kernel_choices.md, "CPU decode of MLX affine weights"): Llama-3.2-1B, lm_head untied
     "llama1b": dict(arch="LlamaForCausalLM", model_type="llama", vocab=128256, hidden=2048, ffn=8192, layers=16,
                     heads=32, kv_heads=8, head_dim=64, qk_norm=False,
                     extra={"rope_theta": 500000.0, "rms_norm_eps": 1e-5,

@@ -501,7 +501,7 @@ static int att_value_chunk(int d) {
  * or each split is its own task (decode with few KV heads: SmolLM2's 3 on 2 threads left
  * one thread with two of them; attention_split_f32_avx512). Rows of up to ATT_SPLIT
  * positions take the one-pass code as before. The split size (256 beat 128 and 64) and the
- * gain are measured in bench/results/cpu_attention_splits.md. */
+ * gain are measured in bench/results/kernel_choices.md ("CPU decode attention in splits"). */
 enum { ATT_SPLIT = 256, ATT_SPLITS_MAX = 8 };
 
 static int att_split_positions(int len) {

@@ -280,7 +280,7 @@ A2_INLINE void a2_q4_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu_
  * From DRAM one sequential weight stream per thread runs faster than four rows side by side
  * (see the note at the decode entry points below), but the tiles above with R = 1 waste most of a pass on
  * a single row (a transpose of four copies, eight f16 loads per block pair), and measured
- * slower than four rows for Q4_0/Q4_1 (bench/results/cpu_rows_decode.md). Here the transpose
+ * slower than four rows for Q4_0/Q4_1 (bench/results/kernel_choices.md, "CPU batch-1 decode of Q4_0 / Q4_1 / Q8_0"). Here the transpose
  * takes four consecutive block pairs (Q4) or blocks (Q8_0) of one row instead of four rows:
  * lane j of the summed register is pair (block) j's even (first-half) dot, lane 4 + j its odd
  * (second-half) dot, then the scale products are formed for all four at once. To keep a row's
@@ -653,7 +653,7 @@ A2_INLINE void a2_q6k_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu
     }
 
 /* Decode one row at a time: from DRAM one sequential stream per thread runs faster than four
- * rows' streams side by side (bench/results/cpu_q4k_decode.md), though from cache the
+ * rows' streams side by side (bench/results/kernel_choices.md, "CPU batch-1 decode of GGUF Q4_K / Q6_K"), though from cache the
  * 1-row form computes ~10% slower.
  * A row's arithmetic is that of a 4-row pass (rows past R repeat row 0; a2_q4_rows1 and
  * a2_q8_rows1 keep the tiles' order), so the results are bit-identical to the tiles'. */

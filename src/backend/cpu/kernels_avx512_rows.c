@@ -14,7 +14,7 @@
  * kernels compute them (~100 instructions per Q4_K super-block, most of them per 32-element
  * block: a scale shuffle, an activation-scale broadcast, a pair of integer dots, a
  * conversion and an FMA). Here a zmm holds two blocks, and the integer sums of eight blocks
- * are folded into one vector before the float work (bench/results/cpu_avx512_rows.md).
+ * are folded into one vector before the float work (bench/results/kernel_choices.md, "CPU decode on AVX-512").
  * The summation order differs from the 256-bit kernels (test_cpu_matmul checks both
  * against the scalar reference). */
 

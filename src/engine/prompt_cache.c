@@ -11,6 +11,7 @@
 #include "engine/engine_internal.h"
 #include "kv/kv_file.h"
 #include "kv/kv_prefix.h"
+#include "kv/kv_state.h"
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,7 +106,12 @@ static hearth_status warm_one(hearth_engine *e, prompt_cache *pc, const pc_file 
     size_t n = 0;
     if (!st) st = hearth_seq_load(e, seq, f->path, NULL, 0, &n, err);
     if (!st) {
-        kv_prefix_commit_tail(engine_kv(e), seq, engine_history(e, seq), (int)n);
+        kv_cache *kv = engine_kv(e);
+        kv_prefix_commit_tail(kv, seq, engine_history(e, seq), (int)n);
+        /* a hybrid's file ends at a block boundary with the state there: kept as that
+         * prefix's snapshot, so the prefix cache can start a request after it */
+        if (kv->state && n % KV_BLOCK_SIZE == 0)
+            kv_state_snap_save(kv, seq, (int)n, kv_state_chain_hash(engine_history(e, seq), (int)n), 0);
         char *path = strdup(f->path);
         if (!path || add_entry(pc, path, engine_history(e, seq), (int)n, f->bytes, f->mtime)) {
             free(path);
@@ -257,6 +263,13 @@ static int flush_one(prompt_cache *pc, hearth_engine *e, const pc_entry *note, h
         kv_block_drop(kv, cp.src);
     }
     n += part;
+    if (kv->state) { /* a hybrid: the recurrent state too, known only where a snapshot kept it */
+        int len = n / KV_BLOCK_SIZE * KV_BLOCK_SIZE, snap = -1;
+        for (; len > 0 && snap < 0; len -= KV_BLOCK_SIZE)
+            snap = kv_state_snap_find(kv, len, kv_state_chain_hash(note->tokens, len));
+        if (snap >= 0) kv_state_snap_load(kv, snap, seq);
+        n = snap >= 0 ? len + KV_BLOCK_SIZE : 0;
+    }
     char *path = NULL;
     struct stat sb;
     int saved = 0;

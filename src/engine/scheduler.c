@@ -170,7 +170,10 @@ static void close_slot(hearth_batch *b, sched_req *q) {
 static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hearth_error *err) {
     b->requests_done++;
     if (q->seq >= 0) {
-        if (b->disk && st == HEARTH_OK) prompt_cache_note(b->disk, b->e, q->seq, q->len);
+        /* a hybrid's file can hold only a state the prefix cache kept, and the one every
+         * later turn can use is at its prompt's end: its prompt only is noted */
+        int keep = engine_kv(b->e)->state && (size_t)q->len > q->r.n_prompt ? (int)q->r.n_prompt : q->len;
+        if (b->disk && st == HEARTH_OK) prompt_cache_note(b->disk, b->e, q->seq, keep);
         close_slot(b, q);
         if (q->t1 > 0) q->r.result->generate_seconds = gen_now_seconds() - q->t1;
     }

@@ -7,28 +7,42 @@
 #include "base/file.h"
 #include "engine/engine_internal.h"
 #include "kv/kv_file.h"
+#include "kv/kv_state.h"
 #include "model/model_handle.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-/* Recurrent state (hybrid models) travels after the KV rows. The hook: the bytes a
- * sequence's state takes, and the copy out of and into the state pool; 0 / no-ops until
- * the engine keeps such state. A file whose state size differs is refused. */
+/* Recurrent state (hybrid models: the Gated DeltaNet layers' records in the pool's
+ * kv_state) travels after the KV rows: the sequence's record of every state layer. It is
+ * the state after all the saved tokens, so a file with state is loaded whole or not at
+ * all. A file whose state size differs is refused (check_shape). */
 static uint64_t seq_state_bytes(const hearth_engine *e) {
-    (void)e;
-    return 0;
+    const kv_state *st = engine_kv((hearth_engine *)e)->state;
+    return st ? (uint64_t)st->n_layers * st->layer_floats * sizeof(float) : 0;
 }
 static void seq_state_read(const hearth_engine *e, int seq, uint8_t *out) {
-    (void)e;
-    (void)seq;
-    (void)out;
+    const kv_cache *kv = engine_kv((hearth_engine *)e);
+    size_t rec = kv->state->layer_floats * sizeof(float);
+    for (int l = 0; l < kv->state->n_layers; l++) memcpy(out + (size_t)l * rec, kv_state_at(kv, l, seq), rec);
 }
 static void seq_state_write(hearth_engine *e, int seq, const uint8_t *in) {
-    (void)e;
-    (void)seq;
-    (void)in;
+    kv_cache *kv = engine_kv(e);
+    size_t rec = kv->state->layer_floats * sizeof(float);
+    for (int l = 0; l < kv->state->n_layers; l++) memcpy(kv_state_at(kv, l, seq), in + (size_t)l * rec, rec);
+}
+
+/* Layers of different shapes (Gemma 4's sliding and full layers) are stored in the file's
+ * uniform layout (the pool's largest KV heads x head_dim): each layer's rows padded with
+ * zeros to the largest head_dim and its missing heads all zeros. Copies n rows of
+ * `from` (elements of `from_row` bytes) into rows of `to_row` bytes, or back. */
+static void repad(uint8_t *to, size_t to_row, const uint8_t *from, size_t from_row, int n) {
+    size_t take = from_row < to_row ? from_row : to_row;
+    for (int t = n - 1; t >= 0; t--) { /* backwards: to and from may be one buffer, to_row >= from_row */
+        memmove(to + (size_t)t * to_row, from + (size_t)t * from_row, take);
+        if (to_row > take) memset(to + (size_t)t * to_row + take, 0, to_row - take);
+    }
 }
 
 static uint64_t fnv_str(uint64_t h, const void *p, size_t n) {
@@ -111,13 +125,25 @@ hearth_status engine_seq_save_n(hearth_engine *e, int seq, int n, const char *pa
     kv_file_writer w;
     kv_file_begin(&w, f, &s);
     kv_file_put(&w, engine_history(e, seq), (size_t)n * sizeof(int32_t));
-    for (int l = 0; l < kv->n_layers; l++)
+    for (int l = 0; l < kv->n_layers; l++) {
+        kv_cache view; /* the layer's own shape where layers differ */
+        int vl = kv_layer_view(kv, l, &view);
+        size_t vrow = (size_t)view.head_dim * kv_elem_bytes(kv->quant);
         for (int h = 0; h < kv->n_kv_heads; h++) {
-            kv_slot_rows_read(kv, l, seq, h, n, keys, values, scales, scales ? scales + n : NULL);
+            if (h < view.n_kv_heads) {
+                kv_slot_rows_read(&view, vl, seq, h, n, keys, values, scales, scales ? scales + n : NULL);
+                repad(keys, row, keys, vrow, n);
+                repad(values, row, values, vrow, n);
+            } else {
+                memset(keys, 0, (size_t)n * row);
+                memset(values, 0, (size_t)n * row);
+                if (scales) memset(scales, 0, 2 * (size_t)n * sizeof(float));
+            }
             kv_file_put(&w, keys, (size_t)n * row);
             kv_file_put(&w, values, (size_t)n * row);
             if (scales) kv_file_put(&w, scales, 2 * (size_t)n * sizeof(float));
         }
+    }
     if (state) {
         seq_state_read(e, seq, state);
         kv_file_put(&w, state, s.state_bytes);
@@ -187,21 +213,40 @@ hearth_status hearth_seq_load(hearth_engine *e, int seq, const char *path, const
                          hearth_engine_context_length(e));
     }
     kv_cache *kv = engine_kv(e);
+    size_t row = (size_t)kv->head_dim * kv_elem_bytes(kv->quant);
+    /* layers of different shapes: each layer's rows unpadded here before they enter the pool */
+    int varied = kv->layer_heads != NULL && !st && n > 0;
+    uint8_t *kbuf = varied ? malloc(n * row) : NULL, *vbuf = varied ? malloc(n * row) : NULL;
+    if (varied && (!kbuf || !vbuf)) st = err_set(err, HEARTH_ERR_NOMEM, "%s: out of memory", path);
     if (!st && n > 0 && (st = kv_reserve(kv, seq, (int)n, err)))
         err_prefix(err, "%s", path);
     else if (!st && n > 0) {
-        size_t row = (size_t)kv->head_dim * kv_elem_bytes(kv->quant);
         size_t all = v.shape.n_tokens, scale = kv_quant_scaled(kv->quant) ? all * sizeof(float) : 0;
         const uint8_t *p = v.kv;
-        for (int l = 0; l < kv->n_layers; l++)
+        for (int l = 0; l < kv->n_layers; l++) {
+            kv_cache view; /* the layer's own shape where layers differ: rows unpadded */
+            int vl = kv_layer_view(kv, l, &view);
+            size_t vrow = (size_t)view.head_dim * kv_elem_bytes(kv->quant);
             for (int h = 0; h < kv->n_kv_heads; h++, p += 2 * (all * row + scale)) {
+                if (h >= view.n_kv_heads) continue;
                 const float *ks = scale ? (const float *)(const void *)(p + 2 * all * row) : NULL;
-                kv_slot_rows_write(kv, l, seq, h, (int)n, p, p + all * row, ks, ks ? ks + all : NULL);
+                const uint8_t *pk = p, *pv = p + all * row;
+                if (kbuf) { /* the file's rows are the largest head_dim wide */
+                    for (size_t t = 0; t < n; t++) {
+                        memcpy(kbuf + t * vrow, pk + t * row, vrow);
+                        memcpy(vbuf + t * vrow, pv + t * row, vrow);
+                    }
+                    pk = kbuf, pv = vbuf;
+                }
+                kv_slot_rows_write(&view, vl, seq, h, (int)n, pk, pv, ks, ks ? ks + all : NULL);
             }
+        }
         if (v.shape.state_bytes) seq_state_write(e, seq, v.state);
         engine_history_write(e, seq, tokens, (int)n);
         if (n_loaded) *n_loaded = n;
     }
+    free(kbuf);
+    free(vbuf);
     free(tokens);
     file_map_close(&fm);
     return st;

@@ -1,7 +1,8 @@
 /* kv_file.h: the on-disk form of one sequence's KV (hearth_seq_save / hearth_seq_load):
  * a fixed little-endian header naming the model identity and the KV layout, then the
  * token ids, each layer's and KV head's key and value rows (with their int8 scales),
- * and the recurrent state of hybrid models. Header and payload are checksummed. This
+ * and the recurrent state of hybrid models. Layers of different shapes are stored at the
+ * largest one (seq_file.c pads them). Header and payload are checksummed. This
  * file parses and writes bytes; it never touches a pool or a model. */
 #ifndef HEARTH_KV_KV_FILE_H
 #define HEARTH_KV_KV_FILE_H
@@ -20,7 +21,7 @@ typedef struct kv_file_shape {
     uint32_t kv_quant; /* hearth_kv_quant */
     uint32_t n_layers, n_kv_heads, head_dim;
     uint32_t n_tokens;
-    uint64_t state_bytes; /* recurrent state after the KV (0 until a hybrid model saves it) */
+    uint64_t state_bytes; /* recurrent state after the KV (hybrid models; 0 otherwise) */
 } kv_file_shape;
 
 /* A parsed file: pointers into the caller's bytes (e.g. a read-only mapping). */

@@ -79,3 +79,22 @@ def test_bad_folder_is_an_error(tmp_path):
     r = subprocess.run([str(BIN), "serve", "--model", str(tiny), "--port", "1", "--prompt-cache-dir",
                         str(blocker / "sub")], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and str(blocker / "sub") in r.stderr
+
+
+def test_hybrid_cache_survives_a_restart(tmp_path):
+    """Qwen3.5 (Gated DeltaNet layers): the file holds the KV and the recurrent state at the
+    last block boundary the prefix cache kept a state snapshot for, and a new server starts
+    the same request after it with the same answer, bit for bit."""
+    tiny = need(TINY_LLAMA.parent / "qwen3_5-f32", "tiny qwen3_5 f32 model", "run tools/make_tiny_models.py")
+    tok = hf_tokenizer(tiny)
+    folder = tmp_path / "pc"
+    msgs = messages("What is the first word?")
+    with server(tiny, "--prompt-cache-dir", folder, env=SCALAR) as base:
+        first = chat(base, msgs, 8, logit_bias=NO_EOS)
+        wait_idle(base)
+    assert len(hkv(folder)) == 1
+    with server(tiny, "--prompt-cache-dir", folder, env=SCALAR) as base:
+        again = chat(base, msgs, 8, logit_bias=NO_EOS)
+        n = len(prompt_ids(tok, msgs))
+        assert cached(again) % 16 == 0 and n - 1 - 16 < cached(again) <= n - 1, (cached(again), n)
+        assert answer(again) == answer(first)

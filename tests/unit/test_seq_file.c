@@ -55,8 +55,20 @@ static hearth_engine *saved_engine(hearth_model **m) {
     return e;
 }
 
-static void roundtrip(int kv_quant) {
-    hearth_model *m = open_tiny("llama-f32");
+typedef struct toks {
+    int32_t ids[64];
+    int n;
+} toks;
+static int on_tok(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
+    (void)text;
+    (void)lp;
+    toks *t = user;
+    if (t->n < 64) t->ids[t->n++] = id;
+    return 0;
+}
+
+static void roundtrip_model(const char *name, int kv_quant) {
+    hearth_model *m = open_tiny(name);
     hearth_engine *e = engine(m, kv_quant);
     int32_t ids[N_PROMPT];
     prompt_ids(ids, N_PROMPT, 0);
@@ -80,6 +92,7 @@ static void roundtrip(int kv_quant) {
     hearth_engine_free(e);
     hearth_model_close(m);
 }
+static void roundtrip(int kv_quant) { roundtrip_model("llama-f32", kv_quant); }
 static void test_roundtrip_float(void **st) {
     (void)st;
     roundtrip(HEARTH_KV_FLOAT);
@@ -88,18 +101,46 @@ static void test_roundtrip_int8(void **st) {
     (void)st;
     roundtrip(HEARTH_KV_INT8);
 }
-
-typedef struct toks {
-    int32_t ids[64];
-    int n;
-} toks;
-static int on_tok(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
-    (void)text;
-    (void)lp;
-    toks *t = user;
-    if (t->n < 64) t->ids[t->n++] = id;
-    return 0;
+/* Gemma 4: sliding and full layers of different shapes, and shared-KV layers (the file
+ * stores each layer padded to the largest shape) */
+static void test_roundtrip_varied_layers(void **st) {
+    (void)st;
+    roundtrip_model("gemma4-f32", HEARTH_KV_FLOAT);
+    roundtrip_model("gemma4-q4g64", HEARTH_KV_INT8);
 }
+/* Qwen3.5: the Gated DeltaNet layers' recurrent state travels with the KV; it is the state
+ * after every saved token, so only a prompt that continues all of them loads the file */
+static void test_roundtrip_hybrid(void **st) {
+    (void)st;
+    roundtrip_model("qwen3_5-f32", HEARTH_KV_FLOAT);
+    roundtrip_model("qwen3_5_moe-f32", HEARTH_KV_FLOAT);
+    hearth_model *m = open_tiny("qwen3_5-f32");
+    hearth_engine *e = engine(m, HEARTH_KV_FLOAT);
+    int32_t ids[N_PROMPT + 10];
+    prompt_ids(ids, N_PROMPT + 10, 0);
+    hearth_seq_close(e, prefill_and_save(e, ids, N_PROMPT));
+    hearth_error err = {0};
+    int seq;
+    size_t loaded = 99;
+    assert_int_equal(hearth_seq_open(e, &seq, &err), HEARTH_OK);
+    assert_int_equal(hearth_seq_load(e, seq, tmp_path, ids, N_PROMPT, &loaded, &err), HEARTH_OK);
+    assert_int_equal(loaded, 0); /* the same prompt: all but its last token cannot be cut from the state */
+    assert_int_equal(hearth_seq_load(e, seq, tmp_path, ids, N_PROMPT + 10, &loaded, &err), HEARTH_OK);
+    assert_int_equal(loaded, N_PROMPT);
+    /* generation on it: the tokens of a fresh prefill */
+    hearth_generate_params p = {.max_tokens = 12, .ignore_eos = 1};
+    toks fresh = {0}, cached = {0};
+    hearth_generate_result r;
+    assert_int_equal(hearth_generate_seq(e, seq, ids, N_PROMPT + 10, &p, on_tok, &cached, &r, &err), HEARTH_OK);
+    assert_int_equal(r.cached_tokens, N_PROMPT);
+    hearth_seq_close(e, seq);
+    assert_int_equal(hearth_generate(e, ids, N_PROMPT + 10, &p, on_tok, &fresh, &r, &err), HEARTH_OK);
+    assert_int_equal(cached.n, 12);
+    assert_memory_equal(fresh.ids, cached.ids, sizeof(int32_t) * 12);
+    hearth_engine_free(e);
+    hearth_model_close(m);
+}
+
 
 /* generate on a loaded prefix: the same greedy tokens as a fresh prefill; the longest
  * common prefix loads, never the last prompt token */
@@ -264,7 +305,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_float),      cmocka_unit_test(test_roundtrip_int8),
         cmocka_unit_test(test_generate_from_prefix), cmocka_unit_test(test_damaged_files_refused),
-        cmocka_unit_test(test_mismatch_refused),
+        cmocka_unit_test(test_mismatch_refused),     cmocka_unit_test(test_roundtrip_varied_layers),
+        cmocka_unit_test(test_roundtrip_hybrid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

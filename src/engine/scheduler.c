@@ -280,10 +280,10 @@ static void drop_cancelled(hearth_batch *b) {
 }
 
 /* Whether two requests compute with the same adapters (their KV can be shared). */
-static int sched_same_adapters(const sched_req *a, const sched_req *b) {
-    uint64_t na = a->g.adapters ? a->g.adapters->ns : 0, nb = b->g.adapters ? b->g.adapters->ns : 0;
-    return na == nb;
-}
+/* The prefix cache namespace of a request's KV and state: its adapters' (0: the base). */
+static uint64_t sched_namespace(const sched_req *q) { return q->g.adapters ? q->g.adapters->ns : 0; }
+
+static int sched_same_adapters(const sched_req *a, const sched_req *b) { return sched_namespace(a) == sched_namespace(b); }
 
 static const int32_t *fill_tokens(const sched_req *q) { return q->resume ? q->resume : q->r.prompt; }
 
@@ -295,9 +295,9 @@ static const int32_t *fill_tokens(const sched_req *q) { return q->resume ? q->re
  * committed the shared blocks, or is cancelled, preempted or fails, q goes ahead
  * (attaching whatever the leader committed, computing the rest). */
 /* The longest L <= limit (a multiple of KV_BLOCK_SIZE) whose state snapshot after
- * tokens[0..L) is kept (kv_state.h), or 0; *snap its record. */
-static int snapshot_before(kv_cache *kv, const int32_t *tokens, int limit, int *snap) {
-    uint64_t h = 0, hs[1024]; /* chain hashes, a window at a time */
+ * tokens[0..L) in namespace ns is kept (kv_state.h), or 0; *snap its record. */
+static int snapshot_before(kv_cache *kv, uint64_t ns, const int32_t *tokens, int limit, int *snap) {
+    uint64_t h = ns, hs[1024]; /* chain hashes, a window at a time */
     int best = 0, n = limit / KV_BLOCK_SIZE, cap = (int)(sizeof hs / sizeof hs[0]);
     *snap = -1;
     for (int k0 = 0; k0 < n; k0 += cap) {
@@ -322,8 +322,9 @@ static int hybrid_attach(hearth_batch *b, sched_req *q) {
     const int32_t *tokens = fill_tokens(q);
     if (!kv->state) return kv_prefix_attach(kv, q->seq, tokens, (int)q->n_fill);
     int snap, limit = (int)q->n_fill - 1; /* never the last token */
+    uint64_t ns = sched_namespace(q);
     while (limit >= KV_BLOCK_SIZE) {
-        int want = snapshot_before(kv, tokens, limit, &snap);
+        int want = snapshot_before(kv, ns, tokens, limit, &snap);
         if (want == 0) return 0;
         int got = kv_prefix_attach(kv, q->seq, tokens, want + 1);
         if (got == want) {
@@ -331,6 +332,7 @@ static int hybrid_attach(hearth_batch *b, sched_req *q) {
             return got;
         }
         kv_release(kv, q->seq); /* fewer blocks cached than the snapshot covers: try below them */
+        kv_prefix_slot_namespace(kv, q->seq, ns); /* the release reset the slot's namespace */
         limit = got;
     }
     return 0;
@@ -345,7 +347,7 @@ static void hybrid_snapshot(hearth_batch *b, const sched_req *q) {
     if (!kv->state || q->len <= 0 || q->len % KV_BLOCK_SIZE) return;
     const int32_t *hist = engine_history(b->e, q->seq);
     int prompt_end = !q->decoding && (size_t)q->len == q->n_fill / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
-    kv_state_snap_save(kv, q->seq, (int)q->len, kv_state_chain_hash(hist, (int)q->len), !prompt_end);
+    kv_state_snap_save(kv, q->seq, (int)q->len, kv_state_chain_hash(sched_namespace(q), hist, (int)q->len), !prompt_end);
 }
 
 static int waits_for_shared_prefix(const hearth_batch *b, const sched_req *q) {

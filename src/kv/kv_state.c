@@ -48,8 +48,8 @@ void kv_state_free(kv_cache *kv) {
     kv->state = NULL;
 }
 
-uint64_t kv_state_chain_hash(const int32_t *tokens, int n) {
-    uint64_t h = 0;
+uint64_t kv_state_chain_hash(uint64_t ns, const int32_t *tokens, int n) {
+    uint64_t h = ns;
     for (int i = 0; i + KV_BLOCK_SIZE <= n; i += KV_BLOCK_SIZE) h = kv_block_hash(h, tokens + i);
     return h;
 }

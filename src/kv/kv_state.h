@@ -49,8 +49,10 @@ static inline float *kv_state_at(const kv_cache *kv, int layer, int slot) {
     const kv_state *s = kv->state;
     return s->data + ((size_t)slot * s->n_layers + layer) * s->layer_floats;
 }
-/* The chain hash of tokens[0..n) (n a multiple of KV_BLOCK_SIZE) that names a snapshot. */
-uint64_t kv_state_chain_hash(const int32_t *tokens, int n);
+/* The chain hash of tokens[0..n) (n a multiple of KV_BLOCK_SIZE) that names a snapshot,
+ * seeded with the prefix cache namespace ns (a request's adapters: kv_prefix_slot_namespace)
+ * as the KV blocks' names are, so a state computed with adapters is never another's. */
+uint64_t kv_state_chain_hash(uint64_t ns, const int32_t *tokens, int n);
 /* Keeps slot's current state as the state after its first len tokens (named hash):
  * rolling overwrites the slot's previous rolling snapshot, else the least recently used
  * record is taken. A snapshot of the same name already kept is only refreshed. */

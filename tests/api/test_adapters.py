@@ -217,3 +217,26 @@ def test_bad_adapter_at_start_ends_the_server(adapters):
                         str(adapters["qwen"])], capture_output=True, timeout=120)
     assert p.returncode != 0
     assert "adapters.safetensors" in p.stderr.decode()
+
+
+def test_hybrid_state_snapshots_are_per_adapter(tmp_path):
+    """Qwen3.5 keeps recurrent-state snapshots for its prefix cache beside the KV blocks:
+    what a request with an adapter computed must never start a request without one (or the
+    reverse). A long prompt is answered without, then with an adapter; then the next turn
+    of the adapter's conversation without the adapter must equal that turn on a fresh
+    server, where nothing was cached."""
+    hybrid = need(CACHE / "tiny" / "qwen3_5-f32", "tiny qwen3_5 model", "run tools/make_tiny_models.py")
+    ad = make_mlx_adapter(hybrid, tmp_path / "ad", seed=5, keys=("self_attn.q_proj", "mlp.down_proj"))
+    long = " ".join(f"word{i % 11}" for i in range(300))
+    msgs = [{"role": "user", "content": long}]
+    with server(hybrid, "--adapter", f"a={ad}", env=SCALAR) as base:
+        plain = chat(base, 40, messages=msgs, adapter="none")
+        with_a = chat(base, 40, messages=msgs, adapter="a")
+        turn2 = msgs + [{"role": "assistant", "content": with_a["content"]}, {"role": "user", "content": "again"}]
+        after = chat(base, 8, messages=turn2, adapter="none")
+        again_a = chat(base, 40, messages=msgs, adapter="a")
+    with server(hybrid, "--adapter", f"a={ad}", env=SCALAR) as base:
+        fresh = chat(base, 8, messages=turn2, adapter="none")
+    assert plain["content"] != with_a["content"]  # the adapter matters
+    assert after == fresh
+    assert again_a == with_a

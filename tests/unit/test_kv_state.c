@@ -73,11 +73,11 @@ static void test_chain_hash(void **st) {
     (void)st;
     int32_t t[48];
     for (int i = 0; i < 48; i++) t[i] = i * 7 + 1;
-    uint64_t h32 = kv_state_chain_hash(t, 32), h48 = kv_state_chain_hash(t, 48);
-    assert_true(h32 != h48 && h32 != kv_state_chain_hash(t, 16));
-    assert_true(kv_state_chain_hash(t, 40) == h32); /* whole blocks only */
+    uint64_t h32 = kv_state_chain_hash(0, t, 32), h48 = kv_state_chain_hash(0, t, 48);
+    assert_true(h32 != h48 && h32 != kv_state_chain_hash(0, t, 16));
+    assert_true(kv_state_chain_hash(0, t, 40) == h32); /* whole blocks only */
     t[3]++;
-    assert_true(kv_state_chain_hash(t, 32) != h32 && kv_state_chain_hash(t, 48) != h48);
+    assert_true(kv_state_chain_hash(0, t, 32) != h32 && kv_state_chain_hash(0, t, 48) != h48);
 }
 
 int main(void) {

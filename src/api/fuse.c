@@ -52,9 +52,9 @@ static float round_to(tensor_dtype t, float v) {
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("fp-contract=off")))
 #endif
-static void add_delta(const op_lora *l, int64_t n, int64_t k, tensor_dtype t, float *w) {
+static int add_delta(const op_lora *l, int64_t n, int64_t k, tensor_dtype t, float *w) {
     float *sb = malloc((size_t)l->rank * sizeof *sb);
-    if (!sb) return;
+    if (!sb) return -1;
     for (int64_t j = 0; j < n; j++) {
         for (int q = 0; q < l->rank; q++) sb[q] = l->scale * l->b[(size_t)q * n + j]; /* B is [rank, n] */
         for (int64_t i = 0; i < k; i++) {
@@ -64,6 +64,7 @@ static void add_delta(const op_lora *l, int64_t n, int64_t k, tensor_dtype t, fl
         }
     }
     free(sb);
+    return 0;
 }
 
 /* One output tensor: bytes to copy (src), or computed ones (owned). */
@@ -96,7 +97,10 @@ static hearth_status fuse_weight(const hearth_model *m, const tensor_info *t, co
     hearth_status st = hearth_model_tensor_f32(m, t->name, &w, &n, err);
     if (st) return st;
     int64_t rows = t->shape[0], k = (int64_t)(n / (size_t)rows);
-    add_delta(l, rows, k, dt, w);
+    if (add_delta(l, rows, k, dt, w)) {
+        hearth_free(w);
+        return err_set(err, HEARTH_ERR_NOMEM, "%s: out of memory folding the adapter into '%s'", t->file, t->name);
+    }
     size_t es = dt == DT_F32 ? 4 : 2;
     if (!quant) {
         ow->len = n * es;

@@ -32,6 +32,10 @@ int cli_bench_spec(hearth_model *m, hearth_engine_options eo, const char *prompt
     hearth_engine *e[2] = {NULL, NULL}; /* [0]: none, [1]: speculating */
     int rc = hearth_engine_create(m, &off, &e[0], &err) || hearth_engine_create(m, &on, &e[1], &err);
     double *dec[2] = {calloc((size_t)reps, sizeof(double)), calloc((size_t)reps, sizeof(double))}, unused;
+    if (!rc && (!dec[0] || !dec[1])) {
+        fprintf(stderr, "hearth: bench: out of memory\n");
+        rc = 1;
+    }
     hearth_batch_stats st[2];
     int vocab = rc ? 0 : hearth_model_vocab_rows(e[0]);
     for (int k = 0; !rc && k < 2; k++) /* warm-up */

@@ -482,8 +482,11 @@ void hearth_seq_close(hearth_engine *e, int seq) {
 }
 
 hearth_status engine_seq_use_adapters(hearth_engine *e, int seq, adapter_set *set) {
-    if (seq < 0 || seq >= e->max_seqs || !e->seq_open[seq] || e->kv.n_tokens[seq] != 0)
-        return HEARTH_ERR_INVALID; /* adapters apply to a sequence's whole KV: set before its first token */
+    if (seq < 0 || seq >= e->max_seqs || !e->seq_open[seq]) return HEARTH_ERR_INVALID;
+    if (e->kv.n_tokens[seq] != 0) { /* adapters apply to a sequence's whole KV: set before its first token */
+        const adapter_set *have = e->slot_adapters[seq];
+        return (have ? have->ns : 0) == (set ? set->ns : 0) ? HEARTH_OK : HEARTH_ERR_INVALID;
+    }
     adapter_set_retain(&e->adapters, set);
     adapter_set_release(&e->adapters, e->slot_adapters[seq]);
     e->slot_adapters[seq] = set;
@@ -519,8 +522,7 @@ static hearth_status engine_model_forward(hearth_engine *e, const op_batch *batc
     }
     if (e->gpu && e->greedy_id && b->n_out >= 1) {
         static int said; /* one line per process: says the device picks greedy ids (tests see it ran) */
-        if (!said) {
-            said = 1;
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) {
             fprintf(stderr, "hearth: greedy ids chosen on the device (%d rows)\n", b->n_out);
         }
         return model_forward(e->m, e->be, &e->kv, b, OP_OUT_IDS, e->greedy_id, err);
@@ -698,6 +700,14 @@ static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_opt
     dop.n_threads = e->n_threads;
     hearth_status st = hearth_engine_create(o->draft_model, &dop, &e->draft, err);
     if (st) err_prefix(err, "--draft-model %s", hearth_model_path(d));
+    if (!st && e->draft->kv.state) { /* rejected proposals cannot be taken back out of a recurrent state */
+        st = err_set(err, HEARTH_ERR_UNSUPPORTED,
+                     "--draft-model %s: a hybrid model (recurrent layers) cannot draft yet; use a transformer draft "
+                     "model or --speculate lookup",
+                     hearth_model_path(d));
+        hearth_engine_free(e->draft);
+        e->draft = NULL;
+    }
     return st;
 }
 kv_cache *engine_kv(hearth_engine *e) { return &e->kv; }

@@ -346,7 +346,13 @@ hearth_status hearth_generate_seq(hearth_engine *e, int seq, const int32_t *prom
     hearth_status st = gen_stream_init(&g, e, n_prompt, p, on_token, user, res, err);
     if (st) return st;
     res->cached_tokens = have;
-    engine_seq_use_adapters(e, seq, g.adapters);
+    if (engine_seq_use_adapters(e, seq, g.adapters)) {
+        gen_stream_free(&g);
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "sequence %d holds %zu tokens computed with other adapters than the request's: "
+                       "adapters are chosen when a sequence is empty",
+                       seq, have);
+    }
     if (p->sampling.has_seed) sampler_seed(engine_sampler(e), p->sampling.seed);
     float *logits = engine_logits_buffer(e);
     /* plain greedy on the GPU: after the first token only the chosen id leaves the device;

@@ -33,8 +33,9 @@ char *hub_symlink_target(const char *filename, const char *etag);
 /* Percent-encodes everything but RFC 3986 unreserved characters (and '/' when
  * keep_slash). malloc'd. */
 char *hub_url_escape(const char *s, int keep_slash);
-/* {endpoint}/api/models/{repo}/revision/{rev} and {endpoint}/{repo}/resolve/{rev}/{file}. */
-char *hub_api_url(const char *endpoint, const char *repo, const char *rev);
+/* {endpoint}/api/models/{repo}/{what}/{rev} (what: "revision", "preupload", "commit") and
+ * {endpoint}/{repo}/resolve/{rev}/{file}. */
+char *hub_api_url(const char *endpoint, const char *repo, const char *what, const char *rev);
 char *hub_resolve_url(const char *endpoint, const char *repo, const char *rev, const char *file);
 /* Whether a repo file is wanted: matches one include pattern (all when none) and no
  * exclude pattern; shell globs where '*' also crosses '/', and "dir/" means "dir/ *". */
@@ -72,4 +73,9 @@ hearth_status hub_pull(const char *repo_arg, const hearth_pull_options *o, int d
 int hub_downloads_begin(const char *repo); /* returns a slot id, -1 when full */
 void hub_downloads_file(int id, const char *file, long long done, long long total);
 void hub_downloads_end(int id, hearth_status st, const char *message);
+/* curl_global_init once per process (it is not thread-safe): before any hub transfer. */
+void hub_curl_init(void);
+/* The file's hash in hex into hex[cap]: sha256 of the content, or git's blob sha1 ("blob
+ * <n>\0" + content), which is what the hub's ETag is for files not stored in LFS. 0 or -1. */
+int hub_file_digest(const char *path, int git_sha1, char *hex, size_t cap);
 #endif

@@ -132,13 +132,13 @@ static const char *trim_endpoint(const char *endpoint, size_t *n) {
     return endpoint;
 }
 
-char *hub_api_url(const char *endpoint, const char *repo, const char *rev) {
+char *hub_api_url(const char *endpoint, const char *repo, const char *what, const char *rev) {
     size_t n;
     trim_endpoint(endpoint, &n);
     char *r = hub_url_escape(rev, 0);
     sbuf b;
     sbuf_init(&b);
-    sbuf_printf(&b, "%.*s/api/models/%s/revision/%s", (int)n, endpoint, repo, r ? r : "");
+    sbuf_printf(&b, "%.*s/api/models/%s/%s/%s", (int)n, endpoint, repo, what, r ? r : "");
     free(r);
     return sbuf_steal(&b);
 }

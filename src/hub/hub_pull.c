@@ -64,6 +64,7 @@ typedef struct sink {
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+void hub_curl_init(void) { pthread_once(&curl_once, curl_init_once); }
 
 static double now_s(void) {
     struct timespec ts;
@@ -238,9 +239,7 @@ static int mkdirs_parent(const char *path) {
     return file_mkdirs(buf);
 }
 
-/* The file's hash in hex: sha256 of the content, or git's blob sha1 ("blob <n>\0" +
- * content), which is what the hub's ETag is for files not stored in LFS. */
-static int file_digest(const char *path, int git_sha1, char *hex, size_t cap) {
+int hub_file_digest(const char *path, int git_sha1, char *hex, size_t cap) {
     FILE *f = fopen(path, "rb");
     if (!f) return -1;
     EVP_MD_CTX *md = EVP_MD_CTX_new();
@@ -354,7 +353,7 @@ static hearth_status verify_blob(const char *blob, const char *file, const char 
     if (!want) return HEARTH_OK; /* an opaque ETag (a mirror's): size was checked */
     char hex[2 * EVP_MAX_MD_SIZE + 1];
     int sha1 = strlen(want) == 40;
-    if (file_digest(blob, sha1, hex, sizeof hex))
+    if (hub_file_digest(blob, sha1, hex, sizeof hex))
         return err_set(err, HEARTH_ERR_IO, "pull: %s: cannot read back to verify", blob);
     if (!strcasecmp(hex, want)) return HEARTH_OK;
     unlink(blob);
@@ -476,7 +475,7 @@ static hearth_status pull_file(pull_ctx *c, const hub_file_list *l, const hub_fi
 }
 
 static hearth_status list_files(pull_ctx *c, hub_file_list *l, hearth_error *err) {
-    char *url = hub_api_url(c->endpoint, c->repo, c->rev);
+    char *url = hub_api_url(c->endpoint, c->repo, "revision", c->rev);
     sbuf body;
     sbuf_init(&body);
     sink s = {.body = &body, .ctx = c};
@@ -503,7 +502,7 @@ hearth_status hub_pull(const char *repo_arg, const hearth_pull_options *o, int d
     if (snapshot_dir) *snapshot_dir = NULL;
     hearth_error local = {0};
     if (!err) err = &local;
-    pthread_once(&curl_once, curl_init_once);
+    hub_curl_init();
     pull_ctx c = {.o = o, .dl_id = dl_id};
     hearth_status st = hub_parse_repo_arg(repo_arg, c.repo, c.rev, err);
     if (st) return st;

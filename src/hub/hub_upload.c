@@ -42,9 +42,6 @@ typedef struct up_ctx {
     size_t n, cap;
 } up_ctx;
 
-static pthread_once_t up_curl_once = PTHREAD_ONCE_INIT;
-static void up_curl_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
-
 /* ---- the folder ---- */
 
 static hearth_status add_file(up_ctx *c, const char *rel, const char *full, long long size, hearth_error *err) {
@@ -107,34 +104,16 @@ static int cmp_file(const void *a, const void *b) {
     return strcmp(((const up_file *)a)->path, ((const up_file *)b)->path);
 }
 
-/* sha256 of the file (hex) and its first 512 bytes (base64), read once. */
+/* sha256 of the file (hex) and its first 512 bytes (base64). */
 static hearth_status digest(up_file *f, char *sample_b64, size_t b64_cap, hearth_error *err) {
+    unsigned char sample[512];
     FILE *fp = fopen(f->full, "rb");
     if (!fp) return err_set(err, HEARTH_ERR_IO, "upload: %s: %s", f->full, strerror(errno));
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    enum { BUF = 1 << 20 };
-    unsigned char *buf = malloc(BUF);
-    unsigned char sample[512];
-    size_t n_sample = 0, n;
-    int ok = md && buf && EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-    while (ok && (n = fread(buf, 1, BUF, fp)) > 0) {
-        if (n_sample < sizeof sample) {
-            size_t k = sizeof sample - n_sample < n ? sizeof sample - n_sample : n;
-            memcpy(sample + n_sample, buf, k);
-            n_sample += k;
-        }
-        ok = EVP_DigestUpdate(md, buf, n);
-    }
+    size_t n_sample = fread(sample, 1, sizeof sample, fp);
     int rerr = ferror(fp);
     fclose(fp);
-    free(buf);
-    unsigned char h[32];
-    unsigned int hl = 0;
-    if (ok && !rerr) ok = EVP_DigestFinal_ex(md, h, &hl) && hl == 32;
-    EVP_MD_CTX_free(md);
-    if (rerr) return err_set(err, HEARTH_ERR_IO, "upload: %s: read error", f->full);
-    if (!ok) return err_set(err, HEARTH_ERR_IO, "upload: %s: sha256 failed", f->full);
-    for (int i = 0; i < 32; i++) snprintf(f->sha256 + 2 * i, 3, "%02x", h[i]);
+    if (rerr || hub_file_digest(f->full, 0, f->sha256, sizeof f->sha256))
+        return err_set(err, HEARTH_ERR_IO, "upload: %s: read error", f->full);
     if (b64_cap < 4 * ((sizeof sample + 2) / 3) + 1) return err_set(err, HEARTH_ERR_INVALID, "upload: sample buffer");
     EVP_EncodeBlock((unsigned char *)sample_b64, sample, (int)n_sample);
     return HEARTH_OK;
@@ -254,15 +233,8 @@ static hearth_status status_error(const up_ctx *c, const up_resp *r, const char 
                    text);
 }
 
-/* {endpoint}/api/models/{repo}/{what}/{revision}, escaped (malloc'd). */
-static char *api_url(const up_ctx *c, const char *what) {
-    char *erepo = hub_url_escape(c->repo, 1), *erev = hub_url_escape(c->rev, 0);
-    sbuf url;
-    sbuf_init(&url);
-    sbuf_printf(&url, "%s/api/models/%s/%s/%s", c->endpoint, erepo ? erepo : "", what, erev ? erev : "");
-    free(erepo), free(erev);
-    return url.oom ? (sbuf_free(&url), NULL) : sbuf_steal(&url);
-}
+/* {endpoint}/api/models/{repo}/{what}/{revision} (malloc'd). */
+static char *api_url(const up_ctx *c, const char *what) { return hub_api_url(c->endpoint, c->repo, what, c->rev); }
 
 static json_t *parse_json(const up_resp *r) {
     return r->body.data ? json_loadb(r->body.data, r->body.len, 0, NULL) : NULL;
@@ -538,7 +510,7 @@ hearth_status hearth_upload(const char *dir, const char *repo_arg, const hearth_
     hearth_error local = {0};
     if (!err) err = &local;
     if (commit_url) *commit_url = NULL;
-    pthread_once(&up_curl_once, up_curl_init);
+    hub_curl_init();
     up_ctx c = {.o = o};
     struct stat sb;
     if (!dir || stat(dir, &sb)) return err_set(err, HEARTH_ERR_NOT_FOUND, "upload: %s: %s", dir ? dir : "(null)",

@@ -74,7 +74,7 @@ static void test_etag_and_paths(void **state) {
 
 static void test_urls(void **state) {
     (void)state;
-    char *u = hub_api_url("https://huggingface.co/", "org/name", "refs/pr/1");
+    char *u = hub_api_url("https://huggingface.co/", "org/name", "revision", "refs/pr/1");
     assert_string_equal(u, "https://huggingface.co/api/models/org/name/revision/refs%2Fpr%2F1");
     free(u);
     u = hub_resolve_url("http://h:1", "org/name", "main", "dir/a b+c.json");

@@ -78,6 +78,36 @@ char *path_join(const char *a, const char *b) {
     return p;
 }
 
+int file_mkdirs_parent(const char *path) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    char *slash = strrchr(buf, '/');
+    if (!slash || slash == buf) return 0;
+    *slash = 0;
+    return file_mkdirs(buf);
+}
+
+int file_write_atomic(const char *path, const void *data, size_t len) {
+    size_t n = strlen(path) + 32;
+    char *tmp = malloc(n);
+    if (!tmp) return -1;
+    snprintf(tmp, n, "%s.tmp%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    int ok = f && fwrite(data, 1, len, f) == len;
+    if (f) ok = (fclose(f) == 0) && ok;
+    if (ok && rename(tmp, path)) ok = 0;
+    if (!ok) {
+        int e = errno;
+        if (f) unlink(tmp);
+        errno = e;
+    }
+    free(tmp);
+    return ok ? 0 : -1;
+}
+
 int file_mkdirs(const char *path) {
     char buf[4096];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;

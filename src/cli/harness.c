@@ -5,6 +5,7 @@
  * inside marker lines. What a write replaced is kept in $HOME/.config/hearth/harness.json
  * so --remove restores it. The context offered to the agent comes from hearth_fit. */
 #define _GNU_SOURCE
+#include "base/file.h"
 #include "base/user_dirs.h"
 #include "cli/cli.h"
 #include <errno.h>
@@ -37,19 +38,6 @@ static int fail_msg(const char *fmt, const char *a, const char *b) {
     return 1;
 }
 
-/* mkdir -p of path's parent folders */
-static int make_parents(const char *path) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    return 0;
-}
-
 /* The JSON object in path ({} when the file does not exist: *existed 0); NULL after
  * saying why. */
 static json_t *load_object(const char *path, int *existed) {
@@ -74,17 +62,20 @@ static json_t *load_object(const char *path, int *existed) {
     return j;
 }
 
-static int save_object(const char *path, json_t *j) {
-    if (make_parents(path)) return fail_msg("%s: cannot create its folder (%s)", path, strerror(errno));
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.hearth-tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f || json_dumpf(j, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) || fputc('\n', f) == EOF || fclose(f) ||
-        rename(tmp, path)) {
-        if (f) remove(tmp);
-        return fail_msg("%s: cannot write (%s)", path, strerror(errno));
-    }
+/* path's new text, written whole or not at all (its folder made first) */
+static int write_text(const char *path, const char *text) {
+    if (file_mkdirs_parent(path)) return fail_msg("%s: cannot create its folder (%s)", path, strerror(errno));
+    if (file_write_atomic(path, text, strlen(text))) return fail_msg("%s: cannot write (%s)", path, strerror(errno));
     return 0;
+}
+
+static int save_object(const char *path, json_t *j) {
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *line = NULL;
+    int rc = text && asprintf(&line, "%s\n", text) >= 0 ? write_text(path, line) : fail_msg("%s: %s", path, "out of memory");
+    free(text);
+    free(line);
+    return rc;
 }
 
 static int remove_file(const char *path) {
@@ -180,18 +171,12 @@ static int edit_claude(const harness *h, json_t *cfg, json_t *saved, int take_ba
 
 /* ---- Codex: TOML tables inside marker lines in ~/.codex/config.toml ---------------- */
 
+/* the file's text ("" when it does not exist), NULL when it cannot be read */
 static char *read_text(const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f) return errno == ENOENT ? strdup("") : NULL;
+    if (!file_exists(path)) return strdup("");
     char *buf = NULL;
-    size_t cap = 0;
-    ssize_t n = getdelim(&buf, &cap, '\0', f);
-    fclose(f);
-    if (n < 0) {
-        free(buf);
-        return strdup("");
-    }
-    return buf;
+    size_t n;
+    return file_read_all(path, &buf, &n, NULL) ? NULL : buf;
 }
 
 /* text without our marked block (a copy) */
@@ -231,31 +216,20 @@ static int edit_codex(const harness *h, int take_back, int created) {
         free(rest);
         return remove_file(h->path);
     }
-    if (make_parents(h->path)) {
-        free(rest);
-        return fail_msg("%s: cannot create its folder (%s)", h->path, strerror(errno));
-    }
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.hearth-tmp", h->path);
-    FILE *f = fopen(tmp, "w");
-    int bad = !f;
-    if (f) {
-        fputs(rest, f);
-        if (!take_back) {
-            size_t n = strlen(rest);
-            if (n && rest[n - 1] != '\n') fputc('\n', f);
-            if (n) fputc('\n', f);
-            fprintf(f,
-                    TOML_BEGIN "[model_providers.hearth]\nname = \"hearth\"\nbase_url = \"%s/v1\"\n"
-                               "wire_api = \"responses\"\n\n"
-                               "# codex --profile hearth\n[profiles.hearth]\nmodel_provider = \"hearth\"\n"
-                               "model = \"%s\"\nmodel_context_window = %d\n" TOML_END,
-                    h->base_url, h->model_id, h->ctx);
-        }
-        bad = fclose(f) != 0 || rename(tmp, h->path) != 0;
-    }
+    char *out = NULL;
+    size_t n = strlen(rest);
+    int ok = take_back ? (out = strdup(rest)) != NULL
+                       : asprintf(&out,
+                                  "%s%s%s" TOML_BEGIN "[model_providers.hearth]\nname = \"hearth\"\nbase_url = \"%s/v1\"\n"
+                                  "wire_api = \"responses\"\n\n"
+                                  "# codex --profile hearth\n[profiles.hearth]\nmodel_provider = \"hearth\"\n"
+                                  "model = \"%s\"\nmodel_context_window = %d\n" TOML_END,
+                                  rest, n && rest[n - 1] != '\n' ? "\n" : "", n ? "\n" : "", h->base_url, h->model_id,
+                                  h->ctx) >= 0;
     free(rest);
-    return bad ? fail_msg("%s: cannot write (%s)", h->path, strerror(errno)) : 0;
+    int rc = ok ? write_text(h->path, out) : fail_msg("%s: %s", h->path, "out of memory");
+    free(out);
+    return rc;
 }
 
 /* ---- the context to offer: fit's largest that fits, capped by the model ------------- */

@@ -230,15 +230,6 @@ static hearth_status status_error(pull_ctx *c, const http_meta *m, const char *w
     return err_set(err, HEARTH_ERR_IO, "pull: %s: the hub answered HTTP %ld", what, m->status);
 }
 
-static int mkdirs_parent(const char *path) {
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;
-    char *slash = strrchr(buf, '/');
-    if (!slash || slash == buf) return 0;
-    *slash = 0;
-    return file_mkdirs(buf);
-}
-
 int hub_file_digest(const char *path, int git_sha1, char *hex, size_t cap) {
     FILE *f = fopen(path, "rb");
     if (!f) return -1;
@@ -374,7 +365,7 @@ static hearth_status link_snapshot(pull_ctx *c, const char *commit, const char *
     hearth_status st = HEARTH_OK;
     /* made under a private name and renamed over the final one: two pulls of the same repo
      * at once both succeed (unlink-then-symlink raced: the second symlink found EEXIST) */
-    if (!p.data || !tmp.data || !target || mkdirs_parent(p.data) || (unlink(tmp.data) && errno != ENOENT) ||
+    if (!p.data || !tmp.data || !target || file_mkdirs_parent(p.data) || (unlink(tmp.data) && errno != ENOENT) ||
         symlink(target, tmp.data) || rename(tmp.data, p.data)) {
         st = err_set(err, HEARTH_ERR_IO, "pull: linking %s: %s", p.data ? p.data : file, strerror(errno));
         if (tmp.data) unlink(tmp.data);
@@ -393,7 +384,7 @@ static hearth_status write_ref(pull_ctx *c, const char *commit, hearth_error *er
     sbuf_printf(&p, "%s/refs/%s", c->repo_dir, c->rev);
     sbuf_printf(&tmp, "%s.tmp%d", p.data ? p.data : "", (int)getpid());
     hearth_status st = HEARTH_OK;
-    FILE *f = p.data && tmp.data && !mkdirs_parent(p.data) ? fopen(tmp.data, "w") : NULL;
+    FILE *f = p.data && tmp.data && !file_mkdirs_parent(p.data) ? fopen(tmp.data, "w") : NULL;
     if (!f || fputs(commit, f) < 0 || fclose(f) || rename(tmp.data, p.data))
         st = err_set(err, HEARTH_ERR_IO, "pull: writing %s: %s", p.data ? p.data : "refs", strerror(errno));
     sbuf_free(&p);
@@ -447,7 +438,7 @@ static hearth_status pull_file(pull_ctx *c, const hub_file_list *l, const hub_fi
     sbuf blob;
     sbuf_init(&blob);
     sbuf_printf(&blob, "%s/blobs/%s", c->repo_dir, etag);
-    if (!st && mkdirs_parent(blob.data)) st = err_set(err, HEARTH_ERR_IO, "pull: %s: %s", c->repo_dir, strerror(errno));
+    if (!st && file_mkdirs_parent(blob.data)) st = err_set(err, HEARTH_ERR_IO, "pull: %s: %s", c->repo_dir, strerror(errno));
     /* One writer per blob: huggingface_hub's filelock takes flock on the same
      * .locks/<repo>/<etag>.lock, so a hearth pull, a background pull and a Python
      * download of the same file wait for each other instead of interleaving bytes. */
@@ -456,7 +447,7 @@ static hearth_status pull_file(pull_ctx *c, const hub_file_list *l, const hub_fi
         sbuf lp;
         sbuf_init(&lp);
         sbuf_printf(&lp, "%s/%s.lock", c->locks_dir, etag);
-        if (lp.data && !mkdirs_parent(lp.data)) lock = open(lp.data, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (lp.data && !file_mkdirs_parent(lp.data)) lock = open(lp.data, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (lock >= 0) flock(lock, LOCK_EX);
         sbuf_free(&lp);
     }

@@ -34,22 +34,15 @@ hearth_status memory_write_file(const char *root, const char *rel, const char *d
     if (!rel_is_safe(rel)) return err_set(err, HEARTH_ERR_INVALID, "memory: '%s' is not a path inside the vault", rel);
     if (!allow_reference && !strncmp(rel, MEMORY_REFERENCE "/", strlen(MEMORY_REFERENCE) + 1))
         return err_set(err, HEARTH_ERR_INVALID, "memory: %s is read-only (Reference/ holds hearth's docs)", rel);
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%s", root, rel);
-    char *slash = strrchr(path, '/');
-    *slash = 0;
-    if (file_mkdirs(path)) return err_set(err, HEARTH_ERR_IO, "memory: cannot create %s: %s", path, strerror(errno));
-    *slash = '/';
-    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return err_set(err, HEARTH_ERR_IO, "memory: cannot write %s: %s", tmp, strerror(errno));
-    int ok = fwrite(data, 1, len, f) == len;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path)) {
-        unlink(tmp);
-        return err_set(err, HEARTH_ERR_IO, "memory: cannot write %s: %s", path, strerror(errno));
-    }
-    return HEARTH_OK;
+    char *path = path_join(root, rel);
+    hearth_status st = HEARTH_OK;
+    if (!path) return err_set(err, HEARTH_ERR_NOMEM, "memory: out of memory");
+    if (file_mkdirs_parent(path))
+        st = err_set(err, HEARTH_ERR_IO, "memory: cannot create the folder of %s: %s", path, strerror(errno));
+    else if (file_write_atomic(path, data, len))
+        st = err_set(err, HEARTH_ERR_IO, "memory: cannot write %s: %s", path, strerror(errno));
+    free(path);
+    return st;
 }
 
 /* Every Markdown file of the vault (not .git/ nor .hearth/), vault-relative. */

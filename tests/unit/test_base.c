@@ -94,6 +94,25 @@ static void test_files(void **state) {
     hearth_error e = {0};
     assert_int_equal(file_map_open(path, &m, &e), HEARTH_ERR_IO);
     assert_non_null(strstr(e.message, path)); /* the error names the file */
+    /* atomic writes: the whole new text or the old one, never a temporary left behind */
+    char dir[64], deep[128];
+    snprintf(dir, sizeof dir, "/tmp/test_base_%ld", (long)getpid());
+    snprintf(deep, sizeof deep, "%s/x/y/f.txt", dir);
+    assert_int_equal(file_mkdirs_parent(deep), 0);
+    assert_int_equal(file_write_atomic(deep, "one", 3), 0);
+    assert_int_equal(file_write_atomic(deep, "two!", 4), 0);
+    char *got = NULL;
+    size_t got_len = 0;
+    assert_int_equal(file_read_all(deep, &got, &got_len, NULL), HEARTH_OK);
+    assert_int_equal(got_len, 4);
+    assert_string_equal(got, "two!");
+    free(got);
+    char missing[160];
+    snprintf(missing, sizeof missing, "%s/no/such/folder/f.txt", dir);
+    assert_int_equal(file_write_atomic(missing, "x", 1), -1); /* the folder must exist */
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "test $(ls -A %s/x/y | wc -l) -eq 1 && rm -rf %s", dir, dir);
+    assert_int_equal(system(cmd), 0); /* only f.txt: no temporary left */
     char *j = path_join("/a/", "b");
     assert_string_equal(j, "/a/b");
     free(j);

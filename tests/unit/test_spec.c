@@ -225,8 +225,15 @@ static int tiny_models(char names[][64], int cap) {
     while ((de = readdir(d)) && n < cap) {
         char cfg[4700];
         snprintf(cfg, sizeof cfg, "%s/%s/config.json", root, de->d_name);
+        size_t len = strlen(de->d_name);
+#if defined(__SANITIZE_ADDRESS__)
+        /* the sanitizer build checks memory on the speculation paths (proposals, rollback,
+         * drafts), which are those of every weight format: one float model per family there
+         * (the formats' kernels are the sanitized matmul tests'); the full set runs unsanitized */
+        if (len < 4 || strcmp(de->d_name + len - 4, "-f32")) continue;
+#endif
         FILE *f = de->d_name[0] != '.' ? fopen(cfg, "r") : NULL;
-        if (f && strlen(de->d_name) < 64) memcpy(names[n++], de->d_name, strlen(de->d_name) + 1);
+        if (f && len < 64) memcpy(names[n++], de->d_name, len + 1);
         if (f) fclose(f);
     }
     closedir(d);

@@ -3,30 +3,23 @@
 #include "hearth.h"
 #include <string.h>
 
-/* The tokens after the latest occurrence of hist's last n-gram (longest first) in
- * corpus[0..n_corpus) that starts before `before`, up to max_k and never past a separator. */
-static int lookup(const int32_t *hist, int n, const int32_t *corpus, int n_corpus, int before, int max_k,
-                  int32_t *out) {
+/* The tokens after the latest earlier occurrence of hist's last n-gram (longest first),
+ * up to max_k; never the tail itself (i + g < n). */
+int spec_lookup(const int32_t *hist, int n, int max_k, int32_t *out) {
     if (max_k <= 0) return 0;
     if (max_k > SPEC_MAX_DRAFT) max_k = SPEC_MAX_DRAFT;
     for (int g = SPEC_NGRAM_MAX; g >= SPEC_NGRAM_MIN; g--) {
         if (n < g) continue;
         const int32_t *tail = hist + n - g;
         /* latest first: text being copied right now continues where it was last seen */
-        int last = before < n_corpus - g - 1 ? before : n_corpus - g - 1;
-        for (int i = last; i >= 0; i--) {
-            if (corpus[i] != tail[0] || memcmp(corpus + i, tail, (size_t)g * sizeof *hist)) continue;
+        for (int i = n - g - 1; i >= 0; i--) {
+            if (hist[i] != tail[0] || memcmp(hist + i, tail, (size_t)g * sizeof *hist)) continue;
             int k = 0;
-            while (k < max_k && i + g + k < n_corpus)
-                out[k] = corpus[i + g + k], k++;
+            while (k < max_k && i + g + k < n) out[k] = hist[i + g + k], k++;
             if (k > 0) return k;
         }
     }
     return 0;
-}
-
-int spec_lookup(const int32_t *hist, int n, int max_k, int32_t *out) {
-    return lookup(hist, n, hist, n, n, max_k, out); /* never the tail itself: i + g < n */
 }
 
 int spec_depth_next(spec_depth *d) {

@@ -217,6 +217,31 @@ static const json_t *qwen_param_config(const json_t *tools, const char *fn) {
 
 static bool starts(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
 
+/* Python json.loads(s, strict=False): raw control characters are allowed inside strings
+ * (a model writes a multi-line string value as is). jansson refuses them, so each one
+ * inside a string is rewritten as its \u00XX escape first; outside strings both parsers
+ * agree on what is whitespace. */
+static json_t *json_load_lax(const char *s, size_t n) {
+    char *buf = malloc(6 * n + 1);
+    if (!buf) return NULL;
+    size_t k = 0;
+    bool in_str = false, esc = false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (in_str && c < 0x20 && !esc) { /* after a backslash it stays raw: both refuse it */
+            k += (size_t)snprintf(buf + k, 7, "\\u%04x", c);
+            continue;
+        }
+        if (in_str && esc) esc = false;
+        else if (in_str && c == '\\') esc = true;
+        else if (c == '"') in_str = !in_str;
+        buf[k++] = (char)c;
+    }
+    json_t *j = json_loadb(buf, k, JSON_DECODE_ANY, NULL);
+    free(buf);
+    return j;
+}
+
 /* Python float(): surrounding whitespace, digits with '_' separators, inf/nan. */
 static bool py_float(const char *s, size_t n, double *out) {
     char buf[128];
@@ -281,7 +306,7 @@ static json_t *qwen_convert(const char *v, size_t n, const char *pname, const js
     }
     if (!strcmp(t, "object") || !strcmp(t, "array") || !strcmp(t, "arr") || starts(t, "dict") ||
         starts(t, "list")) {
-        json_t *j = json_loadb(v, n, JSON_DECODE_ANY, NULL);
+        json_t *j = json_load_lax(v, n);
         if (j) return j;
     }
     json_t *lit = pylit_eval(v, n, false);

@@ -210,6 +210,33 @@ def fixed_cases():
     add("qwen3_coder_two", [qc.format("<parameter=city>\nA\n</parameter>\n") + "\n" + qc.format(""), ""], tool="qwen3_coder", tools=WEATHER_TOOLS)
     add("qwen3_coder_trailing", ["<tool_call>\n<function=f>\n</function>\n\n</tool_call>", ""], tool="qwen3_coder")
     add("qwen3_coder_no_function", ["<tool_call>\nhello\n</tool_call>", ""], tool="qwen3_coder")
+    # Qwen3.5 (its template ends the prompt with "<think>\n", so the output starts in
+    # reasoning; calls follow the thinking, one <function=...> per <tool_call>)
+    q35 = "<tool_call>\n<function={}>\n{}</function>\n</tool_call>"
+    p = "<parameter={}>\n{}\n</parameter>\n"
+    add("qwen35_think_then_call", ["The user wants", " weather.\n", "</think>", "\n\n",
+                                   q35.format("get_weather", p.format("city", "New York") + p.format("days", "5")), ""],
+        initial="reasoning", tool="qwen3_coder", tools=WEATHER_TOOLS)
+    add("qwen35_split_markers", ["ok</th", "ink>\n\nLet me look.\n\n<tool_", "call>\n<func", "tion=get_weather>\n<param",
+                                 "eter=city>\nPar", "is\n</parameter>\n<parameter=metric>\nfalse\n</parameter>\n</fun",
+                                 "ction>\n</tool", "_call>", ""],
+        initial="reasoning", tool="qwen3_coder", tools=WEATHER_TOOLS)
+    add("qwen35_parallel", ["</think>\n\n", q35.format("get_weather", p.format("city", "Oslo")), "\n",
+                            q35.format("get_weather", p.format("city", "Rome") + p.format("scale", "-1.5e1")), ""],
+        initial="reasoning", tool="qwen3_coder", tools=WEATHER_TOOLS)
+    typed = (p.format("city", "line one\nline two\n") + p.format("days", "1e2") + p.format("scale", "0.25")
+             + p.format("metric", "TRUE") + p.format("opts", '{"when": "now\nlater", "n": [1, {"k": null}]}')
+             + p.format("raw", '{"a": "b\tc"}') + p.format("tags", "[1, 'two', (3, 4)]") + p.format("extra", "NULL")
+             + p.format("unknown_param", "  kept as text  "))
+    add("qwen35_typed_values", [q35.format("get_weather", typed), ""], tool="qwen3_coder", tools=WEATHER_TOOLS)
+    add("qwen35_lax_json", [q35.format("get_weather", p.format("opts", '{"a": "x\\\ny", "b": "\t"}')
+                                       + p.format("raw", '["\\\n"]')), ""], tool="qwen3_coder", tools=WEATHER_TOOLS)
+    add("qwen35_unicode", [q35.format("get_weather", p.format("city", "Z\u00fcrich \u65e5\u672c \U0001F600")), ""],
+        tool="qwen3_coder", tools=WEATHER_TOOLS)
+    add("qwen35_truncated", ["</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPa"], "length",
+        initial="reasoning", tool="qwen3_coder", tools=WEATHER_TOOLS)
+    add("qwen35_no_params", ["</think>\n\n", q35.format("get_weather", ""), "<|im_end|>"],
+        initial="reasoning", tool="qwen3_coder", tools=WEATHER_TOOLS)
     # gemma4: call:name{key:value} with <|"|>-delimited strings, thinking as <|channel>thought...<channel|>
     g4 = ("<|channel>thought", "<channel|>")
     gt = "<|tool_call>{}<tool_call|>"

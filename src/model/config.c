@@ -1,6 +1,6 @@
 /* config.c: the decoder configuration of a model, from config.json (HF/MLX) or GGUF
  * metadata, with mlx-lm's defaults where a key is absent, and the RoPE inverse
- * frequencies (plain, llama3-scaled, linear-scaled, or GGUF rope_freqs factors). */
+ * frequencies (plain, llama3-scaled, linear-scaled, longrope, or GGUF rope_freqs factors). */
 #define _GNU_SOURCE
 #include "model/model_handle.h"
 #include "base/err.h"
@@ -47,10 +47,41 @@ static float *rope_inv_freq(int head_dim, double base, const json_t *scaling) {
             }
         } else if (type && !strcmp(type, "linear")) {
             period *= factor;
+        } else if (type && !strcmp(type, "longrope")) { /* mlx-lm SuScaledRoPE: long_factor, always */
+            const json_t *lf = json_object_get(scaling, "long_factor");
+            period *= json_is_number(lf) ? json_number_value(lf) : json_number_value(json_array_get(lf, i));
         }
         f[i] = (float)(1.0 / period);
     }
     return f;
+}
+
+/* LongRoPE (MiniCPM4's "longrope" rope_scaling) as mlx-lm's SuScaledRoPE applies it: the
+ * frequencies divided by long_factor (a number or one per frequency) at every length, and
+ * q and k multiplied by sqrt(1 + ln(f) / ln(original)), f = max_position_embeddings /
+ * original_max_position_embeddings when above 1. Both multiply one dot product, so the
+ * attention scale takes the square. */
+static hearth_status longrope_check(const hearth_model *hm, const json_t *scaling, int head_dim, double max_pos,
+                                    double *qk_scale, hearth_error *err) {
+    const json_t *lf = json_object_get(scaling, "long_factor");
+    double orig = num(scaling, "original_max_position_embeddings", 0);
+    if (!json_is_number(lf) && !(json_is_array(lf) && json_array_size(lf) == (size_t)head_dim / 2))
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: longrope needs long_factor, a number or %d numbers (head_dim / 2)",
+                       hm->entry.path, head_dim / 2);
+    for (size_t i = 0; json_is_array(lf) && i < json_array_size(lf); i++)
+        if (!(json_number_value(json_array_get(lf, i)) > 0))
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: longrope long_factor[%zu] is not a positive number",
+                           hm->entry.path, i);
+    if (json_is_number(lf) && !(json_number_value(lf) > 0))
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: longrope long_factor is not positive", hm->entry.path);
+    if (!(orig > 1) || !(max_pos > 0))
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: longrope needs max_position_embeddings and original_max_position_embeddings > 1",
+                       hm->entry.path);
+    double f = max_pos / orig;
+    *qk_scale = f <= 1.0 ? 1.0 : sqrt(1.0 + log(f) / log(orig));
+    return HEARTH_OK;
 }
 
 /* MiniCPM (mlx-lm models/minicpm.py): embeddings times scale_emb, each block's attention
@@ -361,12 +392,20 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     if (!json_is_object(scaling)) scaling = rp;
     const char *rtype = json_string_value(json_object_get(scaling, "rope_type"));
     if (!rtype) rtype = json_string_value(json_object_get(scaling, "type"));
-    if (rtype && strcmp(rtype, "default") && strcmp(rtype, "llama3") && strcmp(rtype, "linear"))
+    if (rtype && strcmp(rtype, "default") && strcmp(rtype, "llama3") && strcmp(rtype, "linear") &&
+        strcmp(rtype, "longrope"))
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                       "%s: config.json: RoPE scaling type '%s' is not supported (default, linear, llama3 are)",
+                       "%s: config.json: RoPE scaling type '%s' is not supported (default, linear, llama3, longrope are)",
                        hm->entry.path, rtype);
+    double qk_scale = 1.0;
+    if (rtype && !strcmp(rtype, "longrope")) {
+        hearth_status st = longrope_check(hm, scaling, c->head_dim, num(cfg, "max_position_embeddings", 0),
+                                          &qk_scale, err);
+        if (st) return st;
+    }
     c->inv_freq_global = rope_inv_freq(c->head_dim, theta, scaling);
     c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    if (qk_scale != 1.0) c->attn_scale = (float)(qk_scale * qk_scale / sqrt((double)c->head_dim));
     c->embed_scale = 1.0f;
     if (gemma) {
         c->norm_shift = 1.0f;

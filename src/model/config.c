@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, qwen3_5, gemma3_text, gemma4_text, minicpm (GGUF: llama, qwen3, gemma3)"
+#define SUPPORTED                                                                                                      \
+    "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, qwen3_5, gemma3_text, gemma4_text, minicpm (GGUF: "   \
+    "llama, qwen3, gemma3, qwen35)"
 
 static double num(const json_t *o, const char *k, double dflt) {
     const json_t *v = json_object_get(o, k);
@@ -422,12 +424,68 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     return HEARTH_OK;
 }
 
+/* Qwen3.5 as llama.cpp's converter writes it (arch "qwen35"): the Gated DeltaNet geometry
+ * from the ssm.* keys (group_count = key heads, time_step_rank = value heads, state_size =
+ * the key / value head size, inner_size = value heads x value head size), which layers are
+ * recurrent (full_attention_interval; attention.recurrent_layers, when written, must agree),
+ * partial RoPE over rope.dimension_count dims, value heads in the converter's tiled order,
+ * norms stored with their 1 added. MTP layers (nextn_predict_layers) follow the trunk's in
+ * block_count and are not run. */
+static hearth_status read_gguf_qwen35(const hearth_model *hm, model_config *c, hearth_error *err) {
+    const gguf_file *g = &hm->gguf;
+    int64_t v[7] = {0, 0, 0, 0, 0, 4, 0};
+    static const char *const keys[] = {"qwen35.ssm.group_count", "qwen35.ssm.time_step_rank", "qwen35.ssm.state_size",
+                                       "qwen35.ssm.inner_size", "qwen35.ssm.conv_kernel",
+                                       "qwen35.full_attention_interval", "qwen35.rope.dimension_count"};
+    for (int i = 0; i < 7; i++)
+        if (!gguf_get_i64(g, keys[i], &v[i]) && i != 5)
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: GGUF qwen35 needs the integer key '%s'", hm->entry.path,
+                           keys[i]);
+    int64_t nextn = 0;
+    gguf_get_i64(g, "qwen35.nextn_predict_layers", &nextn);
+    if (nextn < 0 || nextn >= c->n_layers)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: qwen35.nextn_predict_layers %lld of %d blocks", hm->entry.path,
+                       (long long)nextn, c->n_layers);
+    c->n_layers -= (int)nextn;
+    c->gdn_k_heads = (int)v[0], c->gdn_v_heads = (int)v[1], c->gdn_k_dim = (int)v[2], c->gdn_conv = (int)v[4];
+    c->gdn_v_dim = v[1] > 0 && v[3] % v[1] == 0 ? (int)(v[3] / v[1]) : 0;
+    c->full_interval = (int)v[5], c->rope_dims = (int)v[6];
+    if (v[0] <= 0 || v[1] <= 0 || v[1] % v[0] || v[1] > 4096 || v[2] <= 0 || v[2] > 4096 || c->gdn_v_dim <= 0 ||
+        c->gdn_v_dim > 4096 || v[4] < 1 || v[4] > 64 || v[5] < 1 || v[5] > 1024 || v[6] <= 0 || v[6] % 2 ||
+        v[6] > c->head_dim)
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: GGUF qwen35 linear attention is inconsistent (group_count %lld, time_step_rank %lld "
+                       "(a multiple of it), state_size %lld, inner_size %lld, conv_kernel %lld, "
+                       "full_attention_interval %lld, rope.dimension_count %lld of head size %d)",
+                       hm->entry.path, (long long)v[0], (long long)v[1], (long long)v[2], (long long)v[3],
+                       (long long)v[4], (long long)v[5], (long long)v[6], c->head_dim);
+    const gguf_kv *rec = gguf_find(g, "qwen35.attention.recurrent_layers");
+    if (rec && (rec->type != GGUF_ARRAY || rec->v.arr.type == GGUF_STRING ||
+                rec->v.arr.n != (uint64_t)(c->n_layers + nextn)))
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: qwen35.attention.recurrent_layers must list %lld layers",
+                       hm->entry.path, (long long)(c->n_layers + nextn));
+    c->n_state_layers = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        int linear = (i + 1) % c->full_interval != 0;
+        c->n_state_layers += linear;
+        if (rec && (gguf_arr_i64(rec, (uint64_t)i) != 0) != linear)
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: qwen35.attention.recurrent_layers[%d] disagrees with full_attention_interval %d",
+                           hm->entry.path, i, c->full_interval);
+    }
+    free(c->inv_freq_global);
+    c->inv_freq_global = rope_inv_freq(c->rope_dims, hm->sum.rope_theta, NULL);
+    c->attn_gate = 1, c->gdn_v_tiled = 1;
+    return HEARTH_OK;
+}
+
 static hearth_status read_gguf_config(const hearth_model *hm, model_config *c, hearth_error *err) {
     const gguf_file *g = &hm->gguf;
     const char *arch = hm->sum.architecture;
     if (!strcmp(arch, "llama")) c->family = FAMILY_LLAMA, c->rope_adjacent = 1;
     else if (!strcmp(arch, "qwen3")) c->family = FAMILY_QWEN3;
     else if (!strcmp(arch, "gemma3")) c->family = FAMILY_GEMMA3;
+    else if (!strcmp(arch, "qwen35")) c->family = FAMILY_QWEN3_5;
     else return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported; " SUPPORTED,
                         hm->entry.path, arch);
     const model_summary *s = &hm->sum;
@@ -485,6 +543,7 @@ static hearth_status read_gguf_config(const hearth_model *hm, model_config *c, h
         c->sliding_pattern = 6; /* fixed for Gemma 3; GGUF does not store it */
         c->inv_freq_local = rope_inv_freq(c->head_dim, 10000.0, NULL); /* Gemma 3's local base */
     }
+    if (c->family == FAMILY_QWEN3_5) return read_gguf_qwen35(hm, c, err);
     return HEARTH_OK;
 }
 

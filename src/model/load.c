@@ -120,7 +120,9 @@ static const char *layer_name(loader *L, int layer, role r, const char *suffix, 
         if (r == R_POST_ATTN_NORM) hf = "post_attention_layernorm";
         if (r == R_POST_FFN_NORM) hf = "post_feedforward_layernorm";
     }
-    if (L->gguf) snprintf(buf, n, "blk.%d.%s.%s", layer, gguf_names[r], suffix);
+    const char *gg = gguf_names[r];
+    if (L->m->cfg.family == FAMILY_QWEN3_5 && r == R_FFN_NORM) gg = "post_attention_norm"; /* llama.cpp's qwen35 */
+    if (L->gguf) snprintf(buf, n, "blk.%d.%s.%s", layer, gg, suffix);
     else snprintf(buf, n, "%slayers.%d.%s.%s", L->prefix, layer, hf, suffix);
     return buf;
 }
@@ -281,24 +283,39 @@ static hearth_status load_gdn(loader *L, int i, layer_weights *lw) {
     hearth_status st;
     int64_t kd = (int64_t)c->gdn_k_heads * c->gdn_k_dim, vd = (int64_t)c->gdn_v_heads * c->gdn_v_dim;
     int64_t conv = 2 * kd + vd;
-    if (L->gguf) return err_set(L->err, HEARTH_ERR_UNSUPPORTED, "%s: Qwen3.5 from GGUF is not supported yet",
-                                L->hm->entry.path);
-    struct { const char *name; op_weight *w; int64_t rows, cols; } mats[] = {
-        {"in_proj_qkv", &lw->gdn_qkv, conv, c->hidden}, {"in_proj_z", &lw->gdn_z, vd, c->hidden},
-        {"in_proj_b", &lw->gdn_b, c->gdn_v_heads, c->hidden}, {"in_proj_a", &lw->gdn_a, c->gdn_v_heads, c->hidden},
-        {"out_proj", &lw->gdn_out, c->hidden, vd},
+    /* names: HF / mlx-lm, then llama.cpp's (GGUF; its value heads tiled, op_dims.gdn_v_tiled) */
+    struct { const char *name, *gguf; op_weight *w; int64_t rows, cols; } mats[] = {
+        {"in_proj_qkv", "attn_qkv", &lw->gdn_qkv, conv, c->hidden},
+        {"in_proj_z", "attn_gate", &lw->gdn_z, vd, c->hidden},
+        {"in_proj_b", "ssm_beta", &lw->gdn_b, c->gdn_v_heads, c->hidden},
+        {"in_proj_a", "ssm_alpha", &lw->gdn_a, c->gdn_v_heads, c->hidden},
+        {"out_proj", "ssm_out", &lw->gdn_out, c->hidden, vd},
     };
     for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) {
-        snprintf(module, sizeof module, "%slayers.%d.linear_attn.%s", L->prefix, i, mats[j].name);
+        if (L->gguf) snprintf(module, sizeof module, "blk.%d.%s", i, mats[j].gguf);
+        else snprintf(module, sizeof module, "%slayers.%d.linear_attn.%s", L->prefix, i, mats[j].name);
         if ((st = load_matrix(L, module, mats[j].rows, mats[j].cols, mats[j].w))) return st;
     }
-    struct { const char *name; const float **v; int64_t n; } vecs[] = {
-        {"conv1d.weight", &lw->gdn_conv, conv * c->gdn_conv}, {"A_log", &lw->gdn_A_log, c->gdn_v_heads},
-        {"dt_bias", &lw->gdn_dt_bias, c->gdn_v_heads}, {"norm.weight", &lw->gdn_norm, c->gdn_v_dim},
+    struct { const char *name, *gguf; const float **v; int64_t n; } vecs[] = {
+        {"conv1d.weight", "ssm_conv1d.weight", &lw->gdn_conv, conv * c->gdn_conv},
+        {"A_log", "ssm_a", &lw->gdn_A_log, c->gdn_v_heads},
+        {"dt_bias", "ssm_dt.bias", &lw->gdn_dt_bias, c->gdn_v_heads},
+        {"norm.weight", "ssm_norm.weight", &lw->gdn_norm, c->gdn_v_dim},
     };
     for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++) {
-        snprintf(name, sizeof name, "%slayers.%d.linear_attn.%s", L->prefix, i, vecs[j].name);
+        if (L->gguf) snprintf(name, sizeof name, "blk.%d.%s", i, vecs[j].gguf);
+        else snprintf(name, sizeof name, "%slayers.%d.linear_attn.%s", L->prefix, i, vecs[j].name);
         if ((st = load_vector(L, name, vecs[j].n, 1, vecs[j].v))) return st;
+    }
+    if (L->gguf && lw->gdn_A_log) { /* the converter stores ssm_a = -exp(A_log) */
+        float *a = (float *)lw->gdn_A_log;
+        for (int h = 0; h < c->gdn_v_heads; h++) {
+            if (!(a[h] < 0.0f))
+                return err_set(L->err, HEARTH_ERR_FORMAT,
+                               "%s: blk.%d.ssm_a[%d] is %g; it must be negative (-exp(A_log))", L->hm->entry.path, i,
+                               h, (double)a[h]);
+            a[h] = logf(-a[h]);
+        }
     }
     return HEARTH_OK;
 }
@@ -351,8 +368,8 @@ static hearth_status load_layer(loader *L, int i, layer_weights *lw) {
     if (c->family == FAMILY_QWEN3_5) qk = !lw->linear;
     if ((st = load_vector(L, layer_name(L, i, R_ATTN_NORM, "weight", name, sizeof name), c->hidden, 1, &lw->attn_norm)) ||
         (st = load_vector(L, layer_name(L, i, R_FFN_NORM, "weight", name, sizeof name), c->hidden, 1, &lw->ffn_norm)) ||
-        (st = load_vector(L, layer_name(L, i, R_POST_ATTN_NORM, "weight", name, sizeof name), c->hidden, gemma,
-                          &lw->post_attn_norm)) ||
+        (gemma && (st = load_vector(L, layer_name(L, i, R_POST_ATTN_NORM, "weight", name, sizeof name), c->hidden, 1,
+                                    &lw->post_attn_norm))) ||
         (st = load_vector(L, layer_name(L, i, R_POST_FFN_NORM, "weight", name, sizeof name), c->hidden, gemma,
                           &lw->post_ffn_norm)) ||
         (st = load_vector(L, layer_name(L, i, R_Q_NORM, "weight", name, sizeof name), c->head_dim, qk, &lw->q_norm)) ||

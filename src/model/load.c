@@ -205,9 +205,10 @@ static hearth_status load_tensor_matrix(loader *L, const char *module, const cha
     /* stacked experts [experts, rows, cols] are one matrix of experts * rows rows */
     int64_t cols = t->ndim == 2 || t->ndim == 3 ? t->shape[t->ndim - 1] : -1;
     int64_t rows = t->ndim == 3 ? t->shape[0] * t->shape[1] : t->shape[0];
+    if (t->ndim == 1 && n_out == 1) rows = 1, cols = t->shape[0]; /* GGUF's one-row gate vectors */
     int quant = !L->gguf && t->dtype == DT_U32 && mlxq_lookup(&L->hm->quant, module, &bits, &group);
     if (quant && bits > 0) cols = cols * 32 / bits;
-    if ((t->ndim != 2 && t->ndim != 3) || rows != n_out || cols != n_in)
+    if ((t->ndim < 1 || t->ndim > 3 || (t->ndim == 1 && n_out != 1)) || rows != n_out || cols != n_in)
         return err_set(L->err, HEARTH_ERR_FORMAT, "%s: tensor '%s' has shape [%lld,%lld], expected [%lld,%lld]", file,
                        name, (long long)rows, (long long)cols, (long long)n_out, (long long)n_in);
     w->dtype = t->dtype;
@@ -241,6 +242,35 @@ static hearth_status load_tensor_matrix(loader *L, const char *module, const cha
     return HEARTH_OK;
 }
 
+/* The same from GGUF, llama.cpp's names: the router ffn_gate_inp [experts, hidden], the
+ * experts ffn_{gate,up,down}_exps [experts, rows, cols], the shared expert *_shexp and its
+ * gate ffn_gate_inp_shexp (one row). */
+static hearth_status load_moe_gguf(loader *L, int i, layer_weights *lw) {
+    const model_config *c = &L->m->cfg;
+    char module[512];
+    hearth_status st;
+    int64_t E = c->n_experts, F = c->moe_ffn, S = c->shared_ffn, H = c->hidden;
+    snprintf(module, sizeof module, "blk.%d.ffn_gate_up_exps.weight", i);
+    if (model_find_tensor(L->hm, module))
+        return err_set(L->err, HEARTH_ERR_UNSUPPORTED, "%s: fused expert tensor '%s' is not supported yet",
+                       L->hm->entry.path, module);
+    struct { const char *name; op_weight *w; int64_t rows, cols; int present; } mats[] = {
+        {"ffn_gate_inp", &lw->router, E, H, 1},
+        {"ffn_gate_exps", &lw->experts_gate, E * F, H, 1},
+        {"ffn_up_exps", &lw->experts_up, E * F, H, 1},
+        {"ffn_down_exps", &lw->experts_down, E * H, F, 1},
+        {"ffn_gate_shexp", &lw->shared_gate, S, H, S > 0},
+        {"ffn_up_shexp", &lw->shared_up, S, H, S > 0},
+        {"ffn_down_shexp", &lw->shared_down, H, S, S > 0},
+        {"ffn_gate_inp_shexp", &lw->shared_router, 1, H, S > 0},
+    };
+    for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) {
+        snprintf(module, sizeof module, "blk.%d.%s", i, mats[j].name);
+        if (mats[j].present && (st = load_matrix(L, module, mats[j].rows, mats[j].cols, mats[j].w))) return st;
+    }
+    return HEARTH_OK;
+}
+
 /* A Qwen3-MoE layer's router (mlp.gate) and its experts stacked as mlx-lm stores them
  * (mlp.switch_mlp.{gate,up,down}_proj: [experts, rows, cols]). */
 static hearth_status load_moe(loader *L, int i, layer_weights *lw) {
@@ -248,8 +278,7 @@ static hearth_status load_moe(loader *L, int i, layer_weights *lw) {
     char module[512];
     hearth_status st;
     int64_t E = c->n_experts;
-    if (L->gguf) return err_set(L->err, HEARTH_ERR_UNSUPPORTED, "%s: MoE layers from GGUF are not supported yet",
-                                L->hm->entry.path);
+    if (L->gguf) return load_moe_gguf(L, i, lw);
     snprintf(module, sizeof module, "%slayers.%d.mlp.gate", L->prefix, i);
     if ((st = load_matrix(L, module, E, c->hidden, &lw->router))) return st;
     struct { const char *name; op_weight *w; int64_t rows, cols; } ex[] = {

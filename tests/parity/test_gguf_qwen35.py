@@ -1,18 +1,22 @@
-"""Qwen3.5 from GGUF, as llama.cpp's converter writes it (architecture `qwen35`).
+"""Qwen3.5 (dense and MoE) and Qwen3-MoE from GGUF, as llama.cpp's converter writes them
+(architectures qwen35, qwen35moe, qwen3moe).
 
-The tiny qwen3_5-f32 model (mlx-lm's weights) is written to GGUF here with the `gguf`
-package, doing what llama.cpp's convert_hf_to_gguf.py (conversion/qwen.py,
-Qwen3_5TextModel in the llama.cpp vendored by llama-cpp-python 0.3.36) does to a Hugging
-Face checkpoint: A_log stored as ssm_a = -exp(A_log), the conv1d kernel squeezed, the norms
-with 1 added (mlx-lm's weights already hold that sum), and the value heads reordered from
-grouped-by-key-head to tiled (_LinearAttentionVReorderBase) in every tensor that carries
-them. Tensor names and metadata keys are gguf-py's for MODEL_ARCH.QWEN35.
+The tiny qwen3_5-f32 / qwen3_5_moe-f32 / qwen3_moe-f32 models (mlx-lm's weights) are written
+to GGUF here with the `gguf` package, doing what llama.cpp's convert_hf_to_gguf.py
+(conversion/qwen.py: Qwen3_5TextModel, Qwen3_5MoeTextModel, Qwen3MoeModel in the llama.cpp
+vendored by llama-cpp-python 0.3.36) does to a Hugging Face checkpoint: A_log stored as
+ssm_a = -exp(A_log), the conv1d kernel squeezed, the norms with 1 added (mlx-lm's weights
+already hold that sum), the value heads reordered from grouped-by-key-head to tiled
+(_LinearAttentionVReorderBase) in every tensor that carries them, the experts stacked
+[experts, rows, cols], routers, norms and the conv kernel left in F32. Tensor names and
+metadata keys are gguf-py's for those architectures.
 
 Oracles: llama.cpp itself (llama-cpp-python on the libraries bench/cpu_vs_llamacpp builds,
 LLAMA_CPP_LIB_PATH, default $HEARTH_CACHE/bench/llamacpp/lib) must give mlx-lm's golden
-logits from this file, which shows the file is what llama.cpp means by qwen35; then hearth
-must give the same logits and greedy tokens from it. Without llama.cpp's libraries the
-first test skips; hearth's comparison with the mlx-lm golden still runs.
+logits from the f32 files, which shows each file is what llama.cpp means by its
+architecture; then hearth must give the same logits and greedy tokens from it, and agree
+with llama.cpp on Q8_0 files. Without llama.cpp's libraries those tests skip; hearth's
+comparison with the mlx-lm goldens still runs.
 """
 import json
 import os
@@ -25,7 +29,6 @@ CACHE = os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth"))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "bin", "hearth"))
 MODEL = os.path.join(CACHE, "tiny", "qwen3_5-f32")
-GOLDEN = os.path.join(REPO, "tests", "parity", "goldens", "qwen3_5-f32.json")
 # realpath: the test cache links to the real one, and libllama finds libggml beside itself
 LLAMA_LIB = os.path.realpath(os.environ.get("LLAMA_CPP_LIB_PATH", os.path.join(CACHE, "bench", "llamacpp", "lib")))
 # the reference tier's bound (test_forward_parity.REF_TOL); llama.cpp's f32 CPU path (f32
@@ -34,9 +37,10 @@ REF_TOL = 2e-3
 LLAMA_TOL = 1e-4
 # Q8_0: llama.cpp multiplies int8 weights by int8-quantized activations; hearth's reference
 # tier uses the exact dequantized weights with float32 activations, its fast tier int8 ones
-# per 32 values as llama.cpp. Measured worst over the 4 prompts: 1.3e-2 (reference), 2.0e-2
-# (fast), top logits of magnitude ~10; bound 0.05
-Q8_TOL = 0.05
+# per 32 values as llama.cpp. Measured worst over the 4 prompts (top logits ~10): qwen35
+# 1.3e-2 (reference) / 2.0e-2 (fast), qwen35moe 4.1e-2 / 1.2e-2 (its routers stay F32, as the
+# converter leaves them, but near-equal expert scores move with the activations); bound 0.1
+Q8_TOL = 0.1
 
 
 def reorder_v_heads(x, axis, n_k, per_k, head_dim):
@@ -48,22 +52,26 @@ def reorder_v_heads(x, axis, n_k, per_k, head_dim):
     return np.moveaxis(x, 0, axis)
 
 
-def write_gguf(path, outtype, tweak=None):
-    """outtype "f32", or "q8_0": every matrix but the conv kernel in Q8_0 (gguf.quants, the
-    numpy port of ggml's quantizer), as the converter's --outtype q8_0 leaves it."""
+ARCH = {"qwen3_5-f32": "qwen35", "qwen3_5_moe-f32": "qwen35moe", "qwen3_moe-f32": "qwen3moe"}
+
+
+def write_gguf(path, outtype, tweak=None, model="qwen3_5-f32"):
+    """outtype "f32", or "q8_0": the matrices the converter's --outtype q8_0 quantizes in Q8_0
+    (gguf.quants, the numpy port of ggml's quantizer).
+    tweak(what, value) -> value changes the file for the bad-input cases."""
     import gguf
     import mlx.core as mx
 
-    cfg = json.load(open(os.path.join(MODEL, "config.json")))
-    w = {k: np.array(v.astype(mx.float32)) for k, v in mx.load(os.path.join(MODEL, "model.safetensors")).items()}
+    src = os.path.join(CACHE, "tiny", model)
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    w = {k: np.array(v.astype(mx.float32)) for k, v in mx.load(os.path.join(src, "model.safetensors")).items()}
     w = {k.replace("language_model.", "", 1): v for k, v in w.items()}
+    tweak = tweak or (lambda what, value: value)
     n_layers, hd = cfg["num_hidden_layers"], cfg["head_dim"]
-    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
-    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
-    r = nv // nk
-    rp = cfg["rope_parameters"]
+    hybrid = "linear_num_key_heads" in cfg
+    rp = cfg.get("rope_parameters") or {"rope_theta": cfg.get("rope_theta", 10000.0)}
 
-    g = gguf.GGUFWriter(path, tweak("arch", "qwen35") if tweak else "qwen35")
+    g = gguf.GGUFWriter(path, tweak("arch", ARCH[model]))
     g.add_block_count(n_layers)
     g.add_context_length(cfg["max_position_embeddings"])
     g.add_embedding_length(cfg["hidden_size"])
@@ -74,18 +82,28 @@ def write_gguf(path, outtype, tweak=None):
     g.add_value_length(hd)
     g.add_rope_freq_base(rp["rope_theta"])
     g.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    g.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
-    g.add_ssm_state_size(dk)
-    g.add_ssm_group_count(nk)
-    g.add_ssm_time_step_rank(nv)
-    g.add_ssm_inner_size(dv * nv)
-    g.add_full_attention_interval(cfg["full_attention_interval"])
-    g.add_array("qwen35.attention.recurrent_layers", [t == "linear_attention" for t in cfg["layer_types"]])
-    g.add_rope_dimension_count(int(hd * rp["partial_rotary_factor"]))
-    g.add_rope_dimension_sections(list(rp["mrope_section"]) + [0])
+    if "num_experts" in cfg:
+        g.add_expert_count(cfg["num_experts"])
+        g.add_expert_used_count(cfg["num_experts_per_tok"])
+        g.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if "shared_expert_intermediate_size" in cfg:
+            g.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if hybrid:
+        nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+        dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+        r = nv // nk
+        g.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+        g.add_ssm_state_size(dk)
+        g.add_ssm_group_count(nk)
+        g.add_ssm_time_step_rank(nv)
+        g.add_ssm_inner_size(dv * nv)
+        g.add_full_attention_interval(cfg["full_attention_interval"])
+        g.add_array(f"{ARCH[model]}.attention.recurrent_layers", [t == "linear_attention" for t in cfg["layer_types"]])
+        g.add_rope_dimension_count(int(hd * rp["partial_rotary_factor"]))
+        g.add_rope_dimension_sections(list(rp["mrope_section"]) + [0])
     g.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if outtype == "q8_0" else gguf.LlamaFileType.ALL_F32)
 
-    tok = json.load(open(os.path.join(MODEL, "tokenizer.json")))
+    tok = json.load(open(os.path.join(src, "tokenizer.json")))
     vocab = dict(tok["model"]["vocab"])
     for a in tok["added_tokens"]:
         vocab[a["content"]] = a["id"]
@@ -103,7 +121,10 @@ def write_gguf(path, outtype, tweak=None):
 
     def t(name, arr):
         arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if outtype == "q8_0" and arr.ndim == 2 and "ssm_conv1d" not in name:
+        # the converter keeps 1-D tensors, norms, routers, the conv kernel and non-".weight"
+        # tensors in F32 (conversion/base.py), quantizes the rest
+        keep = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight", "_norm.weight")
+        if outtype == "q8_0" and arr.ndim >= 2 and name.endswith(".weight") and not name.endswith(keep):
             q8 = gguf.GGMLQuantizationType.Q8_0
             g.add_tensor(name, gguf.quants.quantize(arr, q8), raw_dtype=q8)
         else:
@@ -115,9 +136,21 @@ def write_gguf(path, outtype, tweak=None):
     for i in range(n_layers):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         t(b + "attn_norm.weight", w[p + "input_layernorm.weight"])
-        t(b + "post_attention_norm.weight", w[p + "post_attention_layernorm.weight"])
-        for hf, gg in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
-            t(b + gg + ".weight", w[p + "mlp." + hf + ".weight"])
+        # llama.cpp's qwen35 calls the MLP's norm post_attention_norm, qwen3moe ffn_norm
+        t(b + ("post_attention_norm" if hybrid else "ffn_norm") + ".weight", w[p + "post_attention_layernorm.weight"])
+        if p + "mlp.gate.weight" in w:
+            m = p + "mlp."
+            t(b + "ffn_gate_inp.weight", w[m + "gate.weight"])
+            for hf, gg in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+                t(b + gg + ".weight", w[m + "switch_mlp." + hf + ".weight"])
+            if m + "shared_expert_gate.weight" in w:
+                for hf, gg in (("gate_proj", "ffn_gate_shexp"), ("up_proj", "ffn_up_shexp"),
+                               ("down_proj", "ffn_down_shexp")):
+                    t(b + gg + ".weight", w[m + "shared_expert." + hf + ".weight"])
+                t(b + "ffn_gate_inp_shexp.weight", w[m + "shared_expert_gate.weight"].reshape(-1))  # ggml {n_embd}
+        else:
+            for hf, gg in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+                t(b + gg + ".weight", w[p + "mlp." + hf + ".weight"])
         la = p + "linear_attn."
         if la + "A_log" in w:
             qkv = w[la + "in_proj_qkv.weight"]
@@ -126,8 +159,7 @@ def write_gguf(path, outtype, tweak=None):
             t(b + "attn_gate.weight", reorder_v_heads(w[la + "in_proj_z.weight"], 0, nk, r, dv))
             t(b + "ssm_beta.weight", reorder_v_heads(w[la + "in_proj_b.weight"], 0, nk, r, 1))
             t(b + "ssm_alpha.weight", reorder_v_heads(w[la + "in_proj_a.weight"], 0, nk, r, 1))
-            a = -np.exp(w[la + "A_log"])
-            t(b + "ssm_a", reorder_v_heads(tweak("ssm_a", a) if tweak else a, 0, nk, r, 1))
+            t(b + "ssm_a", reorder_v_heads(tweak("ssm_a", -np.exp(w[la + "A_log"])), 0, nk, r, 1))
             t(b + "ssm_dt.bias", reorder_v_heads(w[la + "dt_bias"], 0, nk, r, 1))
             conv = w[la + "conv1d.weight"].reshape(w[la + "conv1d.weight"].shape[0], -1)  # [C, K, 1] -> [C, K]
             t(b + "ssm_conv1d.weight", np.concatenate([conv[:qk], reorder_v_heads(conv[qk:], 0, nk, r, dv)]))
@@ -138,8 +170,7 @@ def write_gguf(path, outtype, tweak=None):
             for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output"),
                            ("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm")):
                 t(b + gg + ".weight", w[sa + hf + ".weight"])
-    if tweak:
-        tweak("kv", g.kv_data[0])
+    tweak("kv", g.kv_data[0])
     g.write_header_to_file()
     g.write_kv_data_to_file()
     g.write_tensors_to_file()
@@ -148,22 +179,21 @@ def write_gguf(path, outtype, tweak=None):
 
 @pytest.fixture(scope="module")
 def gguf_files(tmp_path_factory):
-    if not os.path.isfile(os.path.join(MODEL, "config.json")):
-        pytest.fail(f"{MODEL} missing: run tools/make_tiny_models.py", pytrace=False)
-    out = {}
-    for outtype in ("f32", "q8_0"):
-        out[outtype] = str(tmp_path_factory.mktemp("q35") / f"qwen3_5-{outtype}.gguf")
-        write_gguf(out[outtype], outtype)
-    return out
+    """{(model, outtype): path}, written on first use."""
+    made = {}
+
+    def get(model, outtype):
+        if (model, outtype) not in made:
+            if not os.path.isfile(os.path.join(CACHE, "tiny", model, "config.json")):
+                pytest.fail(f"{model} missing: run tools/make_tiny_models.py", pytrace=False)
+            made[model, outtype] = str(tmp_path_factory.mktemp("gguf") / f"{model}-{outtype}.gguf")
+            write_gguf(made[model, outtype], outtype, model=model)
+        return made[model, outtype]
+    return get
 
 
-@pytest.fixture(scope="module")
-def gguf_file(gguf_files):
-    return gguf_files["f32"]
-
-
-def golden_prompts():
-    return json.load(open(GOLDEN))["prompts"]
+def golden_prompts(model="qwen3_5-f32"):
+    return json.load(open(os.path.join(REPO, "tests", "parity", "goldens", f"{model}.json")))["prompts"]
 
 
 def diff(golden_row, ours_top):
@@ -210,44 +240,51 @@ def hearth_trace(path, q, level="scalar"):
     return json.loads(p.stdout)
 
 
-def test_llama_cpp_reads_the_file_as_mlx_lm_computes(gguf_file):
+@pytest.mark.parametrize("model", list(ARCH))
+def test_llama_cpp_reads_the_file_as_mlx_lm_computes(gguf_files, model):
     """The oracle for the file: llama.cpp's logits at the golden prompts' last positions."""
-    prompts, worst = golden_prompts(), 0.0
-    for q, rows in zip(prompts, llama_cpp_tops(gguf_file, prompts)):
+    if model == "qwen3_moe-f32":
+        pytest.skip("the tiny qwen3_moe has a dense layer (mlp_only_layers), which llama.cpp's qwen3moe cannot load; "
+                    "its expert tensors are the ones qwen3_5_moe-f32 checks")
+    prompts, worst = golden_prompts(model), 0.0
+    for q, rows in zip(prompts, llama_cpp_tops(gguf_files(model, "f32"), prompts)):
         for gl, ours in zip(q["last_logits"], rows):
             assert ours[0][0] == gl["top_ids"][0], (q["name"], gl["position"])
             worst = max(worst, diff(gl, ours))
-    print(f"\nqwen35 f32 GGUF: worst |llama.cpp - mlx-lm golden| {worst:.2e}")
+    print(f"\n{ARCH[model]} f32 GGUF: worst |llama.cpp - mlx-lm golden| {worst:.2e}")
     assert worst < LLAMA_TOL
 
 
-def test_hearth_reads_the_file_as_mlx_lm_computes(gguf_file):
+@pytest.mark.parametrize("model", list(ARCH))
+def test_hearth_reads_the_file_as_mlx_lm_computes(gguf_files, model):
     """hearth on the GGUF: the golden's logits (reference tier) and its greedy tokens."""
     worst = 0.0
-    for q in golden_prompts():
-        out = hearth_trace(gguf_file, q)
+    for q in golden_prompts(model):
+        out = hearth_trace(gguf_files(model, "f32"), q)
         for gl, ol in zip(q["last_logits"], out["prompt"]):
             assert gl["position"] == ol["pos"]
             worst = max(worst, diff(gl, ol["top"]))
         ours = [s["token"] for s in out["steps"]] + [out["steps"][-1]["top"][0][0]]
         assert ours == q["greedy_ids"], (q["name"], ours, q["greedy_ids"])
-    print(f"\nqwen35 f32 GGUF: worst |hearth - mlx-lm golden| {worst:.2e}")
+    print(f"\n{ARCH[model]} f32 GGUF: worst |hearth - mlx-lm golden| {worst:.2e}")
     assert worst < REF_TOL
 
 
+@pytest.mark.parametrize("model", ["qwen3_5-f32", "qwen3_5_moe-f32"])
 @pytest.mark.parametrize("level", ["scalar", None], ids=["reference", "fast"])
-def test_q8_0_file_hearth_equals_llama_cpp(gguf_files, level):
+def test_q8_0_file_hearth_equals_llama_cpp(gguf_files, level, model):
     """A Q8_0 file: hearth's logits (both tiers) beside llama.cpp's on the same file, same
     best token at every compared position."""
-    prompts = golden_prompts()
+    prompts, path = golden_prompts(model), gguf_files(model, "q8_0")
     worst = 0.0
-    for q, rows in zip(prompts, llama_cpp_tops(gguf_files["q8_0"], prompts)):
-        out = hearth_trace(gguf_files["q8_0"], q, level)
+    for q, rows in zip(prompts, llama_cpp_tops(path, prompts)):
+        out = hearth_trace(path, q, level)
         for lrow, ol in zip(rows, out["prompt"]):
             ours = dict((i, v) for i, v in ol["top"])
             assert ol["top"][0][0] == lrow[0][0], (q["name"], ol["pos"], ol["top"][:3], lrow[:3])
             worst = max([worst] + [abs(ours[i] - v) for i, v in lrow[:5] if i in ours])
-    print(f"\nqwen35 Q8_0 GGUF, {level or 'fast'} tier: worst |hearth - llama.cpp| over the top-5 logits {worst:.2e}")
+    print(f"\n{ARCH[model]} Q8_0 GGUF, {level or 'fast'} tier: worst |hearth - llama.cpp| over the top-5 logits "
+          f"{worst:.2e}")
     assert worst < Q8_TOL
 
 
@@ -262,7 +299,8 @@ BAD = {  # name: (what: value -> value, the words the error must hold)
     "value heads not a multiple": ({"kv": lambda kv: kv.__setitem__("qwen35.ssm.group_count", type(
         kv["qwen35.ssm.group_count"])(3, kv["qwen35.ssm.group_count"].type))}, "linear attention is inconsistent"),
     "positive ssm_a": ({"ssm_a": lambda a: -a}, "must be negative"),
-    "qwen35moe": ({"arch": lambda a: "qwen35moe"}, "architecture 'qwen35moe' is not supported"),
+    "qwen35moe without experts": ({"arch": lambda a: "qwen35moe"}, "needs the integer key 'qwen35moe.expert_count'"),
+    "gemma4 (not read yet)": ({"arch": lambda a: "gemma4"}, "architecture 'gemma4' is not supported"),
 }
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_tiny_models.py: builds tiny random-weight models (llama, qwen3, gemma3_text, minicpm, qwen3_moe, qwen3_5, qwen3_5_moe, gemma4_text) in every
+"""make_tiny_models.py: builds tiny random-weight models (llama (also with longrope RoPE), qwen3, gemma3_text, minicpm, qwen3_moe, qwen3_5, qwen3_5_moe, gemma4_text) in every
 weight form hearth reads (f32, bf16, MLX affine q4/q8 with group 64/32) under
 $HEARTH_CACHE/tiny/<family>-<form>/, written by mlx-lm's own save path so the layout is what
 mlx-lm produces. Tokenizers are small but real-format, trained offline with HF `tokenizers`.
@@ -163,6 +163,17 @@ def family_specs():
                 "max_position_embeddings": 4096, "scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 256,
                 "tie_word_embeddings": False, "hidden_act": "silu",
                 "bos_token_id": ids["<|begin_of_text|>"], "eos_token_id": eos})
+
+    # Llama with "longrope" RoPE scaling (mlx-lm's SuScaledRoPE: per-frequency long_factor, q and
+    # k scaled by sqrt(1 + ln(4096 / 1024) / ln(1024))), MiniCPM5-1B's 8:1 grouped-query shape
+    # (16 query / 2 KV heads there). MiniCPM4 pairs longrope with the minicpm family; transformers'
+    # generic config, which mlx-lm's tokenizer loading builds for model types it does not know,
+    # cannot read a longrope minicpm config, so the llama family carries the test.
+    specs["llama_longrope"] = dict(specs["llama"], config=dict(
+        specs["llama"]["config"], num_attention_heads=8, num_key_value_heads=1, max_position_embeddings=4096,
+        rope_scaling={"rope_type": "longrope", "original_max_position_embeddings": 1024,
+                      "long_factor": [1.0, 1.1, 1.3, 1.7, 2.4, 3.5, 5.0, 7.0],
+                      "short_factor": [1.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]}))
 
     qwen_specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     qwen_added = ["<tool_call>", "</tool_call>", "<think>", "</think>"]  # not special in Qwen3
@@ -351,6 +362,7 @@ INIT = {
     # scale_emb 12 multiplies the embeddings: small ones keep the residual from drowning the
     # blocks; projections at 2x (not 4x) keep the int8-activation tier near the golden (q4g64)
     "minicpm": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=0.25, proj_scale=2.0, lm_head_scale=1.0),
+    "llama_longrope": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=4.0, lm_head_scale=1.0),
     "qwen3_moe": dict(norm=1.0, post_norm=1.0, final_norm=1.0, embed_std=1.0, proj_scale=4.0, lm_head_scale=6.0),
     # qwen3_5 / qwen3_5_moe at mlx's own projection init (1x): at 2x-4x their int8-activation
     # tier drifted 15-117% from the golden (mlx-lm itself, its matmul inputs rounded to int8 per
@@ -389,7 +401,7 @@ EXTRA_FORMS["qwen3_5"] = {"mixed": (4, 64, qwen3_5_mixed)}
 # Families added later take few forms (float, bf16, one quantization): the formats
 # themselves are covered by the families above. qwen3_moe has no bf16 form: mlx's CPU
 # gather_mm (the experts' matmul) takes float32 only, so mlx-lm could not be its oracle.
-FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64"), "qwen3_moe": ("f32", "q4g64"),
+FEW_FORMS = {"minicpm": ("f32", "bf16", "q4g64"), "llama_longrope": ("f32",), "qwen3_moe": ("f32", "q4g64"),
              "qwen3_5": ("f32", "bf16", "q4g64", "q8g64", "mixed"), "qwen3_5_moe": ("f32", "q4g64"),
              "gemma4": ("f32", "bf16", "q4g64", "q8g64", "mixed46"), "gemma4_moe": ("f32", "q4g64")}
 

@@ -8,7 +8,7 @@
 
 static const char *trace_usage =
     "hearth trace <model> --ids '[1,2,3]' [--last 4] [--top 20] [--steps 32] [--step-top 5] [--threads N]\n"
-    "       [--device cpu|cuda|auto] [--cuda-exact] [--adapter-path DIR]";
+    "       [--device cpu|cuda|auto] [--cuda-exact] [--adapter-path DIR] [--max-step-tokens 256]";
 
 
 static json_t *top_json(const float *x, int vocab, int k) {
@@ -34,6 +34,11 @@ int cli_trace(int argc, char **argv) {
         int has = i + 1 < argc;
         if (cli_is_help(a)) { printf("usage: %s\n", trace_usage); return 0; }
         if (cli_parse_engine_flag(argc, argv, &i, &eo)) continue;
+        int flag_rc;
+        if (cli_parse_pool_flag(argc, argv, &i, &eo, trace_usage, &flag_rc)) {
+            if (flag_rc) return flag_rc;
+            continue;
+        }
         if (!strcmp(a, "--ids") && has) ids_json = argv[++i];
         else if (!strcmp(a, "--adapter-path") && has) adapter_path = argv[++i];
         else if (!strcmp(a, "--last") && has) last = atoi(argv[++i]);

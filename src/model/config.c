@@ -1,6 +1,6 @@
 /* config.c: the decoder configuration of a model, from config.json (HF/MLX) or GGUF
  * metadata, with mlx-lm's defaults where a key is absent, and the RoPE inverse
- * frequencies (plain, llama3-scaled, linear-scaled, or GGUF rope_freqs factors). */
+ * frequencies (plain, llama3-scaled, linear-scaled, longrope, or GGUF rope_freqs factors). */
 #define _GNU_SOURCE
 #include "model/model_handle.h"
 #include "base/err.h"
@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SUPPORTED "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, qwen3_5, gemma3_text, gemma4_text, minicpm (GGUF: llama, qwen3, gemma3)"
+#define SUPPORTED                                                                                                      \
+    "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, qwen3_5, gemma3_text, gemma4_text, minicpm (GGUF: "   \
+    "llama, qwen3, gemma3, qwen3moe, qwen35, qwen35moe)"
 
 static double num(const json_t *o, const char *k, double dflt) {
     const json_t *v = json_object_get(o, k);
@@ -47,10 +49,41 @@ static float *rope_inv_freq(int head_dim, double base, const json_t *scaling) {
             }
         } else if (type && !strcmp(type, "linear")) {
             period *= factor;
+        } else if (type && !strcmp(type, "longrope")) { /* mlx-lm SuScaledRoPE: long_factor, always */
+            const json_t *lf = json_object_get(scaling, "long_factor");
+            period *= json_is_number(lf) ? json_number_value(lf) : json_number_value(json_array_get(lf, i));
         }
         f[i] = (float)(1.0 / period);
     }
     return f;
+}
+
+/* LongRoPE (MiniCPM4's "longrope" rope_scaling) as mlx-lm's SuScaledRoPE applies it: the
+ * frequencies divided by long_factor (a number or one per frequency) at every length, and
+ * q and k multiplied by sqrt(1 + ln(f) / ln(original)), f = max_position_embeddings /
+ * original_max_position_embeddings when above 1. Both multiply one dot product, so the
+ * attention scale takes the square. */
+static hearth_status longrope_check(const hearth_model *hm, const json_t *scaling, int head_dim, double max_pos,
+                                    double *qk_scale, hearth_error *err) {
+    const json_t *lf = json_object_get(scaling, "long_factor");
+    double orig = num(scaling, "original_max_position_embeddings", 0);
+    if (!json_is_number(lf) && !(json_is_array(lf) && json_array_size(lf) == (size_t)head_dim / 2))
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: longrope needs long_factor, a number or %d numbers (head_dim / 2)",
+                       hm->entry.path, head_dim / 2);
+    for (size_t i = 0; json_is_array(lf) && i < json_array_size(lf); i++)
+        if (!(json_number_value(json_array_get(lf, i)) > 0))
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: longrope long_factor[%zu] is not a positive number",
+                           hm->entry.path, i);
+    if (json_is_number(lf) && !(json_number_value(lf) > 0))
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: longrope long_factor is not positive", hm->entry.path);
+    if (!(orig > 1) || !(max_pos > 0))
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: config.json: longrope needs max_position_embeddings and original_max_position_embeddings > 1",
+                       hm->entry.path);
+    double f = max_pos / orig;
+    *qk_scale = f <= 1.0 ? 1.0 : sqrt(1.0 + log(f) / log(orig));
+    return HEARTH_OK;
 }
 
 /* MiniCPM (mlx-lm models/minicpm.py): embeddings times scale_emb, each block's attention
@@ -361,12 +394,20 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     if (!json_is_object(scaling)) scaling = rp;
     const char *rtype = json_string_value(json_object_get(scaling, "rope_type"));
     if (!rtype) rtype = json_string_value(json_object_get(scaling, "type"));
-    if (rtype && strcmp(rtype, "default") && strcmp(rtype, "llama3") && strcmp(rtype, "linear"))
+    if (rtype && strcmp(rtype, "default") && strcmp(rtype, "llama3") && strcmp(rtype, "linear") &&
+        strcmp(rtype, "longrope"))
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                       "%s: config.json: RoPE scaling type '%s' is not supported (default, linear, llama3 are)",
+                       "%s: config.json: RoPE scaling type '%s' is not supported (default, linear, llama3, longrope are)",
                        hm->entry.path, rtype);
+    double qk_scale = 1.0;
+    if (rtype && !strcmp(rtype, "longrope")) {
+        hearth_status st = longrope_check(hm, scaling, c->head_dim, num(cfg, "max_position_embeddings", 0),
+                                          &qk_scale, err);
+        if (st) return st;
+    }
     c->inv_freq_global = rope_inv_freq(c->head_dim, theta, scaling);
     c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    if (qk_scale != 1.0) c->attn_scale = (float)(qk_scale * qk_scale / sqrt((double)c->head_dim));
     c->embed_scale = 1.0f;
     if (gemma) {
         c->norm_shift = 1.0f;
@@ -383,12 +424,96 @@ static hearth_status read_dir_config(const hearth_model *hm, model_config *c, he
     return HEARTH_OK;
 }
 
+/* Qwen3.5 as llama.cpp's converter writes it (arch "qwen35"): the Gated DeltaNet geometry
+ * from the ssm.* keys (group_count = key heads, time_step_rank = value heads, state_size =
+ * the key / value head size, inner_size = value heads x value head size), which layers are
+ * recurrent (full_attention_interval; attention.recurrent_layers, when written, must agree),
+ * partial RoPE over rope.dimension_count dims, value heads in the converter's tiled order,
+ * norms stored with their 1 added. MTP layers (nextn_predict_layers) follow the trunk's in
+ * block_count and are not run. */
+static hearth_status read_gguf_qwen35(const hearth_model *hm, model_config *c, hearth_error *err) {
+    const gguf_file *g = &hm->gguf;
+    const char *arch = hm->sum.architecture; /* qwen35 or qwen35moe */
+    char key[128];
+    int64_t v[7] = {0, 0, 0, 0, 0, 4, 0};
+    static const char *const keys[] = {"ssm.group_count", "ssm.time_step_rank", "ssm.state_size", "ssm.inner_size",
+                                       "ssm.conv_kernel", "full_attention_interval", "rope.dimension_count"};
+    for (int i = 0; i < 7; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, keys[i]);
+        if (!gguf_get_i64(g, key, &v[i]) && i != 5)
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: GGUF %s needs the integer key '%s'", hm->entry.path, arch, key);
+    }
+    int64_t nextn = 0;
+    snprintf(key, sizeof key, "%s.nextn_predict_layers", arch);
+    gguf_get_i64(g, key, &nextn);
+    if (nextn < 0 || nextn >= c->n_layers)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: %s %lld of %d blocks", hm->entry.path, key, (long long)nextn,
+                       c->n_layers);
+    c->n_layers -= (int)nextn;
+    c->gdn_k_heads = (int)v[0], c->gdn_v_heads = (int)v[1], c->gdn_k_dim = (int)v[2], c->gdn_conv = (int)v[4];
+    c->gdn_v_dim = v[1] > 0 && v[3] % v[1] == 0 ? (int)(v[3] / v[1]) : 0;
+    c->full_interval = (int)v[5], c->rope_dims = (int)v[6];
+    if (v[0] <= 0 || v[1] <= 0 || v[1] % v[0] || v[1] > 4096 || v[2] <= 0 || v[2] > 4096 || c->gdn_v_dim <= 0 ||
+        c->gdn_v_dim > 4096 || v[4] < 1 || v[4] > 64 || v[5] < 1 || v[5] > 1024 || v[6] <= 0 || v[6] % 2 ||
+        v[6] > c->head_dim)
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: GGUF %s linear attention is inconsistent (group_count %lld, time_step_rank %lld "
+                       "(a multiple of it), state_size %lld, inner_size %lld, conv_kernel %lld, "
+                       "full_attention_interval %lld, rope.dimension_count %lld of head size %d)",
+                       hm->entry.path, arch, (long long)v[0], (long long)v[1], (long long)v[2], (long long)v[3],
+                       (long long)v[4], (long long)v[5], (long long)v[6], c->head_dim);
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", arch);
+    const gguf_kv *rec = gguf_find(g, key);
+    if (rec && (rec->type != GGUF_ARRAY || rec->v.arr.type == GGUF_STRING ||
+                rec->v.arr.n != (uint64_t)(c->n_layers + nextn)))
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: %s must list %lld layers", hm->entry.path, key,
+                       (long long)(c->n_layers + nextn));
+    c->n_state_layers = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        int linear = (i + 1) % c->full_interval != 0;
+        c->n_state_layers += linear;
+        if (rec && (gguf_arr_i64(rec, (uint64_t)i) != 0) != linear)
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: %s[%d] disagrees with full_attention_interval %d",
+                           hm->entry.path, key, i, c->full_interval);
+    }
+    free(c->inv_freq_global);
+    c->inv_freq_global = rope_inv_freq(c->rope_dims, hm->sum.rope_theta, NULL);
+    c->attn_gate = 1, c->gdn_v_tiled = 1;
+    return HEARTH_OK;
+}
+
+/* The experts of a GGUF MoE (qwen3moe, qwen35moe: llama.cpp's keys). llama.cpp's graphs for
+ * both renormalise the top-k router weights, so that is what such a file means. */
+static hearth_status read_gguf_moe(const hearth_model *hm, model_config *c, int shared, hearth_error *err) {
+    const char *arch = hm->sum.architecture;
+    static const char *const keys[] = {"expert_count", "expert_used_count", "expert_feed_forward_length",
+                                       "expert_shared_feed_forward_length"};
+    int64_t v[4] = {0, 0, 0, 0};
+    char key[128];
+    for (int i = 0; i < 3 + shared; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, keys[i]);
+        if (!gguf_get_i64(&hm->gguf, key, &v[i]))
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: GGUF %s needs the integer key '%s'", hm->entry.path, arch, key);
+    }
+    if (v[0] <= 0 || v[0] > 4096 || v[1] <= 0 || v[1] > v[0] || v[2] <= 0 || v[2] > (1 << 20) || v[3] < 0 ||
+        v[3] > (1 << 20) || (shared && !v[3]))
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: GGUF %s experts are inconsistent (expert_count %lld, expert_used_count %lld, expert "
+                       "feed_forward_length %lld, shared %lld)",
+                       hm->entry.path, arch, (long long)v[0], (long long)v[1], (long long)v[2], (long long)v[3]);
+    c->n_experts = (int)v[0], c->top_k_experts = (int)v[1], c->moe_ffn = (int)v[2], c->shared_ffn = (int)v[3];
+    c->norm_topk = 1;
+    return HEARTH_OK;
+}
+
 static hearth_status read_gguf_config(const hearth_model *hm, model_config *c, hearth_error *err) {
     const gguf_file *g = &hm->gguf;
     const char *arch = hm->sum.architecture;
     if (!strcmp(arch, "llama")) c->family = FAMILY_LLAMA, c->rope_adjacent = 1;
     else if (!strcmp(arch, "qwen3")) c->family = FAMILY_QWEN3;
     else if (!strcmp(arch, "gemma3")) c->family = FAMILY_GEMMA3;
+    else if (!strcmp(arch, "qwen35") || !strcmp(arch, "qwen35moe")) c->family = FAMILY_QWEN3_5;
+    else if (!strcmp(arch, "qwen3moe")) c->family = FAMILY_QWEN3_MOE;
     else return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported; " SUPPORTED,
                         hm->entry.path, arch);
     const model_summary *s = &hm->sum;
@@ -446,12 +571,20 @@ static hearth_status read_gguf_config(const hearth_model *hm, model_config *c, h
         c->sliding_pattern = 6; /* fixed for Gemma 3; GGUF does not store it */
         c->inv_freq_local = rope_inv_freq(c->head_dim, 10000.0, NULL); /* Gemma 3's local base */
     }
-    return HEARTH_OK;
+    int moe = c->family == FAMILY_QWEN3_MOE || !strcmp(arch, "qwen35moe");
+    hearth_status st = moe ? read_gguf_moe(hm, c, c->family == FAMILY_QWEN3_5, err) : HEARTH_OK;
+    if (!st && c->family == FAMILY_QWEN3_5) st = read_gguf_qwen35(hm, c, err);
+    return st;
 }
 
 int model_layer_is_moe(const hearth_model *hm, const model_config *c, int i) {
     if (c->family == FAMILY_QWEN3_5) return c->n_experts > 0; /* qwen3_5_moe: every layer */
     if (c->family != FAMILY_QWEN3_MOE || c->n_experts <= 0) return 0;
+    if (hm->entry.format == MODEL_FORMAT_GGUF) { /* the layers with a router (a dense one has none) */
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
+        return gguf_find_tensor(&hm->gguf, name) != NULL;
+    }
     const json_t *cfg = hm->config, *text = json_object_get(cfg, "text_config"), *only;
     if (json_is_object(text)) cfg = text;
     int step = (int)num(cfg, "decoder_sparse_step", 1);

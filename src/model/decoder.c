@@ -84,7 +84,8 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
                                  .n_experts = c->n_experts, .top_k_experts = c->top_k_experts, .moe_ffn = c->moe_ffn,
                                  .n_state_layers = c->n_state_layers, .gdn_k_heads = c->gdn_k_heads,
                                  .gdn_v_heads = c->gdn_v_heads, .gdn_k_dim = c->gdn_k_dim, .gdn_v_dim = c->gdn_v_dim,
-                                 .gdn_conv = c->gdn_conv, .attn_gate = c->attn_gate, .shared_ffn = c->shared_ffn,
+                                 .gdn_conv = c->gdn_conv, .gdn_v_tiled = c->gdn_v_tiled, .attn_gate = c->attn_gate,
+                                 .shared_ffn = c->shared_ffn,
                                  .varied_layers = c->family == FAMILY_GEMMA4, .per_layer_dim = c->per_layer_dim},
                         .items = m->items,
                         .layer_window = m->layer_window};

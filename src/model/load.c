@@ -120,7 +120,9 @@ static const char *layer_name(loader *L, int layer, role r, const char *suffix, 
         if (r == R_POST_ATTN_NORM) hf = "post_attention_layernorm";
         if (r == R_POST_FFN_NORM) hf = "post_feedforward_layernorm";
     }
-    if (L->gguf) snprintf(buf, n, "blk.%d.%s.%s", layer, gguf_names[r], suffix);
+    const char *gg = gguf_names[r];
+    if (L->m->cfg.family == FAMILY_QWEN3_5 && r == R_FFN_NORM) gg = "post_attention_norm"; /* llama.cpp's qwen35 */
+    if (L->gguf) snprintf(buf, n, "blk.%d.%s.%s", layer, gg, suffix);
     else snprintf(buf, n, "%slayers.%d.%s.%s", L->prefix, layer, hf, suffix);
     return buf;
 }
@@ -203,9 +205,10 @@ static hearth_status load_tensor_matrix(loader *L, const char *module, const cha
     /* stacked experts [experts, rows, cols] are one matrix of experts * rows rows */
     int64_t cols = t->ndim == 2 || t->ndim == 3 ? t->shape[t->ndim - 1] : -1;
     int64_t rows = t->ndim == 3 ? t->shape[0] * t->shape[1] : t->shape[0];
+    if (t->ndim == 1 && n_out == 1) rows = 1, cols = t->shape[0]; /* GGUF's one-row gate vectors */
     int quant = !L->gguf && t->dtype == DT_U32 && mlxq_lookup(&L->hm->quant, module, &bits, &group);
     if (quant && bits > 0) cols = cols * 32 / bits;
-    if ((t->ndim != 2 && t->ndim != 3) || rows != n_out || cols != n_in)
+    if ((t->ndim < 1 || t->ndim > 3 || (t->ndim == 1 && n_out != 1)) || rows != n_out || cols != n_in)
         return err_set(L->err, HEARTH_ERR_FORMAT, "%s: tensor '%s' has shape [%lld,%lld], expected [%lld,%lld]", file,
                        name, (long long)rows, (long long)cols, (long long)n_out, (long long)n_in);
     w->dtype = t->dtype;
@@ -239,6 +242,35 @@ static hearth_status load_tensor_matrix(loader *L, const char *module, const cha
     return HEARTH_OK;
 }
 
+/* The same from GGUF, llama.cpp's names: the router ffn_gate_inp [experts, hidden], the
+ * experts ffn_{gate,up,down}_exps [experts, rows, cols], the shared expert *_shexp and its
+ * gate ffn_gate_inp_shexp (one row). */
+static hearth_status load_moe_gguf(loader *L, int i, layer_weights *lw) {
+    const model_config *c = &L->m->cfg;
+    char module[512];
+    hearth_status st;
+    int64_t E = c->n_experts, F = c->moe_ffn, S = c->shared_ffn, H = c->hidden;
+    snprintf(module, sizeof module, "blk.%d.ffn_gate_up_exps.weight", i);
+    if (model_find_tensor(L->hm, module))
+        return err_set(L->err, HEARTH_ERR_UNSUPPORTED, "%s: fused expert tensor '%s' is not supported yet",
+                       L->hm->entry.path, module);
+    struct { const char *name; op_weight *w; int64_t rows, cols; int present; } mats[] = {
+        {"ffn_gate_inp", &lw->router, E, H, 1},
+        {"ffn_gate_exps", &lw->experts_gate, E * F, H, 1},
+        {"ffn_up_exps", &lw->experts_up, E * F, H, 1},
+        {"ffn_down_exps", &lw->experts_down, E * H, F, 1},
+        {"ffn_gate_shexp", &lw->shared_gate, S, H, S > 0},
+        {"ffn_up_shexp", &lw->shared_up, S, H, S > 0},
+        {"ffn_down_shexp", &lw->shared_down, H, S, S > 0},
+        {"ffn_gate_inp_shexp", &lw->shared_router, 1, H, S > 0},
+    };
+    for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) {
+        snprintf(module, sizeof module, "blk.%d.%s", i, mats[j].name);
+        if (mats[j].present && (st = load_matrix(L, module, mats[j].rows, mats[j].cols, mats[j].w))) return st;
+    }
+    return HEARTH_OK;
+}
+
 /* A Qwen3-MoE layer's router (mlp.gate) and its experts stacked as mlx-lm stores them
  * (mlp.switch_mlp.{gate,up,down}_proj: [experts, rows, cols]). */
 static hearth_status load_moe(loader *L, int i, layer_weights *lw) {
@@ -246,8 +278,7 @@ static hearth_status load_moe(loader *L, int i, layer_weights *lw) {
     char module[512];
     hearth_status st;
     int64_t E = c->n_experts;
-    if (L->gguf) return err_set(L->err, HEARTH_ERR_UNSUPPORTED, "%s: MoE layers from GGUF are not supported yet",
-                                L->hm->entry.path);
+    if (L->gguf) return load_moe_gguf(L, i, lw);
     snprintf(module, sizeof module, "%slayers.%d.mlp.gate", L->prefix, i);
     if ((st = load_matrix(L, module, E, c->hidden, &lw->router))) return st;
     struct { const char *name; op_weight *w; int64_t rows, cols; } ex[] = {
@@ -281,24 +312,39 @@ static hearth_status load_gdn(loader *L, int i, layer_weights *lw) {
     hearth_status st;
     int64_t kd = (int64_t)c->gdn_k_heads * c->gdn_k_dim, vd = (int64_t)c->gdn_v_heads * c->gdn_v_dim;
     int64_t conv = 2 * kd + vd;
-    if (L->gguf) return err_set(L->err, HEARTH_ERR_UNSUPPORTED, "%s: Qwen3.5 from GGUF is not supported yet",
-                                L->hm->entry.path);
-    struct { const char *name; op_weight *w; int64_t rows, cols; } mats[] = {
-        {"in_proj_qkv", &lw->gdn_qkv, conv, c->hidden}, {"in_proj_z", &lw->gdn_z, vd, c->hidden},
-        {"in_proj_b", &lw->gdn_b, c->gdn_v_heads, c->hidden}, {"in_proj_a", &lw->gdn_a, c->gdn_v_heads, c->hidden},
-        {"out_proj", &lw->gdn_out, c->hidden, vd},
+    /* names: HF / mlx-lm, then llama.cpp's (GGUF; its value heads tiled, op_dims.gdn_v_tiled) */
+    struct { const char *name, *gguf; op_weight *w; int64_t rows, cols; } mats[] = {
+        {"in_proj_qkv", "attn_qkv", &lw->gdn_qkv, conv, c->hidden},
+        {"in_proj_z", "attn_gate", &lw->gdn_z, vd, c->hidden},
+        {"in_proj_b", "ssm_beta", &lw->gdn_b, c->gdn_v_heads, c->hidden},
+        {"in_proj_a", "ssm_alpha", &lw->gdn_a, c->gdn_v_heads, c->hidden},
+        {"out_proj", "ssm_out", &lw->gdn_out, c->hidden, vd},
     };
     for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) {
-        snprintf(module, sizeof module, "%slayers.%d.linear_attn.%s", L->prefix, i, mats[j].name);
+        if (L->gguf) snprintf(module, sizeof module, "blk.%d.%s", i, mats[j].gguf);
+        else snprintf(module, sizeof module, "%slayers.%d.linear_attn.%s", L->prefix, i, mats[j].name);
         if ((st = load_matrix(L, module, mats[j].rows, mats[j].cols, mats[j].w))) return st;
     }
-    struct { const char *name; const float **v; int64_t n; } vecs[] = {
-        {"conv1d.weight", &lw->gdn_conv, conv * c->gdn_conv}, {"A_log", &lw->gdn_A_log, c->gdn_v_heads},
-        {"dt_bias", &lw->gdn_dt_bias, c->gdn_v_heads}, {"norm.weight", &lw->gdn_norm, c->gdn_v_dim},
+    struct { const char *name, *gguf; const float **v; int64_t n; } vecs[] = {
+        {"conv1d.weight", "ssm_conv1d.weight", &lw->gdn_conv, conv * c->gdn_conv},
+        {"A_log", "ssm_a", &lw->gdn_A_log, c->gdn_v_heads},
+        {"dt_bias", "ssm_dt.bias", &lw->gdn_dt_bias, c->gdn_v_heads},
+        {"norm.weight", "ssm_norm.weight", &lw->gdn_norm, c->gdn_v_dim},
     };
     for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++) {
-        snprintf(name, sizeof name, "%slayers.%d.linear_attn.%s", L->prefix, i, vecs[j].name);
+        if (L->gguf) snprintf(name, sizeof name, "blk.%d.%s", i, vecs[j].gguf);
+        else snprintf(name, sizeof name, "%slayers.%d.linear_attn.%s", L->prefix, i, vecs[j].name);
         if ((st = load_vector(L, name, vecs[j].n, 1, vecs[j].v))) return st;
+    }
+    if (L->gguf && lw->gdn_A_log) { /* the converter stores ssm_a = -exp(A_log) */
+        float *a = (float *)lw->gdn_A_log;
+        for (int h = 0; h < c->gdn_v_heads; h++) {
+            if (!(a[h] < 0.0f))
+                return err_set(L->err, HEARTH_ERR_FORMAT,
+                               "%s: blk.%d.ssm_a[%d] is %g; it must be negative (-exp(A_log))", L->hm->entry.path, i,
+                               h, (double)a[h]);
+            a[h] = logf(-a[h]);
+        }
     }
     return HEARTH_OK;
 }
@@ -351,8 +397,8 @@ static hearth_status load_layer(loader *L, int i, layer_weights *lw) {
     if (c->family == FAMILY_QWEN3_5) qk = !lw->linear;
     if ((st = load_vector(L, layer_name(L, i, R_ATTN_NORM, "weight", name, sizeof name), c->hidden, 1, &lw->attn_norm)) ||
         (st = load_vector(L, layer_name(L, i, R_FFN_NORM, "weight", name, sizeof name), c->hidden, 1, &lw->ffn_norm)) ||
-        (st = load_vector(L, layer_name(L, i, R_POST_ATTN_NORM, "weight", name, sizeof name), c->hidden, gemma,
-                          &lw->post_attn_norm)) ||
+        (gemma && (st = load_vector(L, layer_name(L, i, R_POST_ATTN_NORM, "weight", name, sizeof name), c->hidden, 1,
+                                    &lw->post_attn_norm))) ||
         (st = load_vector(L, layer_name(L, i, R_POST_FFN_NORM, "weight", name, sizeof name), c->hidden, gemma,
                           &lw->post_ffn_norm)) ||
         (st = load_vector(L, layer_name(L, i, R_Q_NORM, "weight", name, sizeof name), c->head_dim, qk, &lw->q_norm)) ||

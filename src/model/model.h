@@ -34,6 +34,7 @@ typedef struct model_config {
      * a Gated DeltaNet layer of gdn_* (op_dims); attention's q projection carries output gates
      * and RoPE turns the first rope_dims of each head */
     int full_interval, n_state_layers, gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim, gdn_conv, attn_gate, rope_dims;
+    int gdn_v_tiled; /* value heads in llama.cpp's tiled order (GGUF), op_dims.gdn_v_tiled */
     float *inv_freq_global; /* head_dim/2 RoPE inverse frequencies (rope_dims/2 when partial) */
     float *inv_freq_local;  /* for sliding layers (Gemma's local base), else = global */
     /* Gemma 4 (config.c read_gemma4; gemma4.c). head_dim, n_kv_heads and ffn above are the

@@ -23,6 +23,9 @@ typedef struct op_dims {
      * query/key heads of gdn_k_dim, gdn_v_heads value heads of gdn_v_dim and a causal conv1d of
      * gdn_conv taps; their per-sequence state lives in the KV pool's state pool (kv_state). */
     int n_state_layers, gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim, gdn_conv;
+    /* value head h reads key head h / (v_heads / k_heads) (grouped, Hugging Face's order), or
+     * with gdn_v_tiled h % k_heads (llama.cpp's GGUF stores the value heads tiled) */
+    int gdn_v_tiled;
     int attn_gate; /* attention's q projection is doubled: per head, head_dim queries then head_dim output gates */
     /* Gemma 4: layers of their own head_dim / KV heads / MLP width (head_dim, n_kv_heads and
      * ffn above are then the maxima), KV shared between layers, per-layer inputs of

@@ -45,7 +45,7 @@ typedef enum {
     TS_TOOL_FUNCTION_GEMMA, /* markers only */
     TS_TOOL_LONGCAT,        /* markers only */
     TS_TOOL_MINIMAX_M2,     /* markers only */
-    TS_TOOL_MINICPM5,       /* markers only */
+    TS_TOOL_MINICPM5,       /* <function name="f"><param name="p">v</param></function> */
     TS_TOOL_MUSE_SPARK,     /* markers only */
     TS_TOOL_KIMI_K3,        /* markers only */
 } ts_tool_type;

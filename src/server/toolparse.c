@@ -1,14 +1,12 @@
 /* toolparse.c: tool-call body parsers (json_tools, qwen3_coder, mistral, pythonic,
- * llama3_json, gemma4) and the OpenAI tool_calls formatter, ported from the behaviour of
+ * llama3_json, gemma4; minicpm5 in toolparse_typed.c) and the OpenAI tool_calls formatter, ported from the behaviour of
  * mlx-lm 0.32.2's tool_parsers/ and server.ToolCallFormatter. Regexes are the
  * upstream ones run through PCRE2 so matching rules agree. No HTTP, no model state. */
 #define _GNU_SOURCE /* memmem */
-#include "server/toolparse.h"
+#include "server/toolparse_internal.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
 #include <errno.h>
 #include <math.h>
-#include <pcre2.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,12 +20,7 @@
 
 /* ---- small helpers ---- */
 
-typedef struct {
-    pcre2_code *code;
-    pcre2_match_data *md;
-} rx;
-
-static bool rx_open(rx *r, const char *pattern) {
+bool tp_rx_open(tp_rx *r, const char *pattern) {
     int ec;
     PCRE2_SIZE eo;
     r->code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
@@ -37,20 +30,18 @@ static bool rx_open(rx *r, const char *pattern) {
     return r->md != NULL;
 }
 
-static void rx_close(rx *r) {
+void tp_rx_close(tp_rx *r) {
     pcre2_match_data_free(r->md);
     pcre2_code_free(r->code);
 }
 
-/* Match at or after `from` (anchored: exactly at `from`). Returns the ovector or NULL. */
-static PCRE2_SIZE *rx_match(rx *r, const char *s, size_t n, size_t from, bool anchored) {
+PCRE2_SIZE *tp_rx_match(tp_rx *r, const char *s, size_t n, size_t from, bool anchored) {
     int rc = pcre2_match(r->code, (PCRE2_SPTR)s, n, from, anchored ? PCRE2_ANCHORED : 0, r->md,
                          NULL);
     return rc > 0 ? pcre2_get_ovector_pointer(r->md) : NULL;
 }
 
-/* Group g of the last match; unset groups give false. */
-static bool rx_group(rx *r, int g, size_t *b, size_t *e) {
+bool tp_rx_group(tp_rx *r, int g, size_t *b, size_t *e) {
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(r->md);
     if (ov[2 * g] == PCRE2_UNSET) return false;
     *b = ov[2 * g];
@@ -81,8 +72,7 @@ static bool py_truthy(const json_t *v) {
     }
 }
 
-/* {"name": name, "arguments": args}; takes args over; NULL if name is not UTF-8. */
-static json_t *make_call(const char *name, size_t len, json_t *args) {
+json_t *tp_make_call(const char *name, size_t len, json_t *args) {
     json_t *n = json_stringn(name, len), *call = json_object();
     if (!n || !call || !args) {
         json_decref(n);
@@ -164,16 +154,16 @@ static hearth_status parse_mistral(const char *s, size_t n, json_t *calls, heart
     bool done;
     if (mistral_json(s, n, calls, &done, err) != HEARTH_OK) return HEARTH_ERR_FORMAT;
     if (done) return HEARTH_OK;
-    rx hdr;
-    if (!rx_open(&hdr, "([\\w-]+)\\s*\\[ARGS\\]\\s*")) {
-        rx_close(&hdr);
+    tp_rx hdr;
+    if (!tp_rx_open(&hdr, "([\\w-]+)\\s*\\[ARGS\\]\\s*")) {
+        tp_rx_close(&hdr);
         return err_set(err, HEARTH_ERR_NOMEM, "mistral tool call: out of memory");
     }
     json_t *out = json_array();
     size_t pos = 0;
     hearth_status st = HEARTH_OK;
     PCRE2_SIZE *ov;
-    while (pos <= n && (ov = rx_match(&hdr, s, n, pos, false)) != NULL) {
+    while (pos <= n && (ov = tp_rx_match(&hdr, s, n, pos, false)) != NULL) {
         size_t nb = ov[2], ne = ov[3];
         pos = ov[1];
         /* raw_decode: exactly one JSON value starting at pos, no leading whitespace. */
@@ -186,14 +176,14 @@ static hearth_status parse_mistral(const char *s, size_t n, json_t *calls, heart
             break;
         }
         pos += je.position;
-        json_t *call = make_call(s + nb, ne - nb, args);
+        json_t *call = tp_make_call(s + nb, ne - nb, args);
         if (!call) {
             st = err_set(err, HEARTH_ERR_FORMAT, "mistral tool call: bad function name");
             break;
         }
         json_array_append_new(out, call);
     }
-    rx_close(&hdr);
+    tp_rx_close(&hdr);
     if (st == HEARTH_OK && json_array_size(out) == 0)
         st = err_set(err, HEARTH_ERR_FORMAT, "mistral tool call: no call found");
     if (st == HEARTH_OK) json_array_extend(calls, out);
@@ -217,8 +207,32 @@ static const json_t *qwen_param_config(const json_t *tools, const char *fn) {
 
 static bool starts(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
 
-/* Python float(): surrounding whitespace, digits with '_' separators, inf/nan. */
-static bool py_float(const char *s, size_t n, double *out) {
+/* Python json.loads(s, strict=False): raw control characters are allowed inside strings
+ * (a model writes a multi-line string value as is). jansson refuses them, so each one
+ * inside a string is rewritten as its \u00XX escape first; outside strings both parsers
+ * agree on what is whitespace. */
+json_t *tp_json_load_lax(const char *s, size_t n) {
+    char *buf = malloc(6 * n + 1);
+    if (!buf) return NULL;
+    size_t k = 0;
+    bool in_str = false, esc = false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (in_str && c < 0x20 && !esc) { /* after a backslash it stays raw: both refuse it */
+            k += (size_t)snprintf(buf + k, 7, "\\u%04x", c);
+            continue;
+        }
+        if (in_str && esc) esc = false;
+        else if (in_str && c == '\\') esc = true;
+        else if (c == '"') in_str = !in_str;
+        buf[k++] = (char)c;
+    }
+    json_t *j = json_loadb(buf, k, JSON_DECODE_ANY, NULL);
+    free(buf);
+    return j;
+}
+
+bool tp_py_float(const char *s, size_t n, double *out) {
     char buf[128];
     size_t k = 0;
     while (n && is_ws(*s)) { s++; n--; }
@@ -266,11 +280,11 @@ static json_t *qwen_convert(const char *v, size_t n, const char *pname, const js
     double d;
     if (starts(t, "int") || starts(t, "uint") || starts(t, "long") || starts(t, "short") ||
         starts(t, "unsigned")) {
-        if (!py_float(v, n, &d) || !isfinite(d) || d != trunc(d) || fabs(d) >= 9.2e18) return NULL;
+        if (!tp_py_float(v, n, &d) || !isfinite(d) || d != trunc(d) || fabs(d) >= 9.2e18) return NULL;
         return json_integer((json_int_t)d);
     }
     if (starts(t, "num") || starts(t, "float")) {
-        if (!py_float(v, n, &d) || isnan(d) || isinf(d)) return NULL;
+        if (!tp_py_float(v, n, &d) || isnan(d) || isinf(d)) return NULL;
         if (d == trunc(d) && fabs(d) < 9.2e18) return json_integer((json_int_t)d);
         return json_real(d);
     }
@@ -281,7 +295,7 @@ static json_t *qwen_convert(const char *v, size_t n, const char *pname, const js
     }
     if (!strcmp(t, "object") || !strcmp(t, "array") || !strcmp(t, "arr") || starts(t, "dict") ||
         starts(t, "list")) {
-        json_t *j = json_loadb(v, n, JSON_DECODE_ANY, NULL);
+        json_t *j = tp_json_load_lax(v, n);
         if (j) return j;
     }
     json_t *lit = pylit_eval(v, n, false);
@@ -290,10 +304,10 @@ static json_t *qwen_convert(const char *v, size_t n, const char *pname, const js
 
 static hearth_status parse_qwen3_coder(const char *s, size_t n, const json_t *tools, json_t *calls,
                                        hearth_error *err) {
-    rx fn, prm, name;
-    bool ok = rx_open(&fn, "<function=(.*?)</function>$");
-    ok = rx_open(&prm, "<parameter=(.*?)</parameter>") && ok;
-    ok = rx_open(&name, "\\s*([^\\s<>]+)>?") && ok;
+    tp_rx fn, prm, name;
+    bool ok = tp_rx_open(&fn, "<function=(.*?)</function>$");
+    ok = tp_rx_open(&prm, "<parameter=(.*?)</parameter>") && ok;
+    ok = tp_rx_open(&name, "\\s*([^\\s<>]+)>?") && ok;
     hearth_status st = HEARTH_OK;
     json_t *args = NULL;
     if (!ok) {
@@ -301,13 +315,13 @@ static hearth_status parse_qwen3_coder(const char *s, size_t n, const json_t *to
         goto done;
     }
     size_t fb, fe, nb, ne;
-    if (!rx_match(&fn, s, n, 0, false) || !rx_group(&fn, 1, &fb, &fe)) {
+    if (!tp_rx_match(&fn, s, n, 0, false) || !tp_rx_group(&fn, 1, &fb, &fe)) {
         st = err_set(err, HEARTH_ERR_FORMAT, "qwen3_coder tool call: no function provided");
         goto done;
     }
     const char *f = s + fb;
     size_t fl = fe - fb;
-    if (!rx_match(&name, f, fl, 0, true) || !rx_group(&name, 1, &nb, &ne)) {
+    if (!tp_rx_match(&name, f, fl, 0, true) || !tp_rx_group(&name, 1, &nb, &ne)) {
         st = err_set(err, HEARTH_ERR_FORMAT, "qwen3_coder tool call: no function name provided");
         goto done;
     }
@@ -316,12 +330,12 @@ static hearth_status parse_qwen3_coder(const char *s, size_t n, const json_t *to
     args = json_object();
     size_t pos = pcre2_get_ovector_pointer(name.md)[1];
     PCRE2_SIZE *ov;
-    while (fname && args && pos <= fl && (ov = rx_match(&prm, f, fl, pos, false)) != NULL) {
+    while (fname && args && pos <= fl && (ov = tp_rx_match(&prm, f, fl, pos, false)) != NULL) {
         size_t mb = ov[2], me = ov[3];
         pos = ov[1] > ov[0] ? ov[1] : ov[1] + 1;
         const char *m = f + mb;
         size_t ml = me - mb, pb, pe;
-        if (!rx_match(&name, m, ml, 0, true) || !rx_group(&name, 1, &pb, &pe)) continue;
+        if (!tp_rx_match(&name, m, ml, 0, true) || !tp_rx_group(&name, 1, &pb, &pe)) continue;
         size_t vend = pcre2_get_ovector_pointer(name.md)[1];
         const char *v = m + vend;
         size_t vl = ml - vend;
@@ -338,7 +352,7 @@ static hearth_status parse_qwen3_coder(const char *s, size_t n, const json_t *to
         free(pname);
     }
     if (st == HEARTH_OK && fname && args) {
-        json_t *c = make_call(fname, strlen(fname), json_incref(args));
+        json_t *c = tp_make_call(fname, strlen(fname), json_incref(args));
         if (c) json_array_append_new(calls, c);
         else st = err_set(err, HEARTH_ERR_FORMAT, "qwen3_coder tool call: bad function name");
     } else if (st == HEARTH_OK) {
@@ -347,9 +361,9 @@ static hearth_status parse_qwen3_coder(const char *s, size_t n, const json_t *to
     free(fname);
 done:
     json_decref(args);
-    rx_close(&fn);
-    rx_close(&prm);
-    rx_close(&name);
+    tp_rx_close(&fn);
+    tp_rx_close(&prm);
+    tp_rx_close(&name);
     return st;
 }
 
@@ -368,28 +382,28 @@ static hearth_status parse_pythonic(const char *s, size_t n, json_t *calls, hear
             return HEARTH_OK;
         }
     }
-    rx call, arg;
-    bool ok = rx_open(&call, "\\[(?P<name>[\\w.]+)\\((?P<args>.*?)\\)\\]");
-    ok = rx_open(&arg, "(?J)(?P<key>\\w+)=(?:\"(?P<quoted>[^\"]*)\"|'(?P<quoted>[^']*)'|"
+    tp_rx call, arg;
+    bool ok = tp_rx_open(&call, "\\[(?P<name>[\\w.]+)\\((?P<args>.*?)\\)\\]");
+    ok = tp_rx_open(&arg, "(?J)(?P<key>\\w+)=(?:\"(?P<quoted>[^\"]*)\"|'(?P<quoted>[^']*)'|"
                        "(?P<bare>[^,]+))(?:,\\s*|$)") && ok;
     hearth_status st = HEARTH_OK;
     size_t nb, ne, ab, ae;
     if (!ok) {
         st = err_set(err, HEARTH_ERR_NOMEM, "pythonic tool call: out of memory");
-    } else if (!rx_match(&call, s, n, 0, false) || !rx_group(&call, 1, &nb, &ne) ||
-               !rx_group(&call, 2, &ab, &ae)) {
+    } else if (!tp_rx_match(&call, s, n, 0, false) || !tp_rx_group(&call, 1, &nb, &ne) ||
+               !tp_rx_group(&call, 2, &ab, &ae)) {
         st = err_set(err, HEARTH_ERR_FORMAT, "pythonic tool call: no function provided");
     } else {
         json_t *args = json_object();
         const char *a = s + ab;
         size_t al = ae - ab, pos = 0;
         PCRE2_SIZE *ov;
-        while (args && pos <= al && (ov = rx_match(&arg, a, al, pos, false)) != NULL) {
+        while (args && pos <= al && (ov = tp_rx_match(&arg, a, al, pos, false)) != NULL) {
             pos = ov[1] > ov[0] ? ov[1] : ov[1] + 1;
             size_t kb = 0, ke = 0, vb, ve;
-            if (!rx_group(&arg, 1, &kb, &ke)) continue;
-            bool bare = rx_group(&arg, 4, &vb, &ve);
-            if (!bare && !rx_group(&arg, 2, &vb, &ve) && !rx_group(&arg, 3, &vb, &ve)) continue;
+            if (!tp_rx_group(&arg, 1, &kb, &ke)) continue;
+            bool bare = tp_rx_group(&arg, 4, &vb, &ve);
+            if (!bare && !tp_rx_group(&arg, 2, &vb, &ve) && !tp_rx_group(&arg, 3, &vb, &ve)) continue;
             if (bare) {
                 while (vb < ve && is_ws(a[vb])) vb++;
                 while (ve > vb && is_ws(a[ve - 1])) ve--;
@@ -401,12 +415,12 @@ static hearth_status parse_pythonic(const char *s, size_t n, json_t *calls, hear
             else json_decref(val);
             free(key);
         }
-        json_t *c = make_call(s + nb, ne - nb, args);
+        json_t *c = tp_make_call(s + nb, ne - nb, args);
         if (c) json_array_append_new(calls, c);
         else st = err_set(err, HEARTH_ERR_FORMAT, "pythonic tool call: bad function name");
     }
-    rx_close(&call);
-    rx_close(&arg);
+    tp_rx_close(&call);
+    tp_rx_close(&arg);
     return st;
 }
 
@@ -465,7 +479,7 @@ static bool buf_put(char **buf, size_t *len, size_t *cap, const char *s, size_t 
 /* mlx-lm's _gemma4_args_to_json, step by step: each <|"|>...<|"|> string (shortest match)
  * becomes a placeholder, bare keys after '{' or ',' get quotes, the placeholders become JSON
  * strings; then the text is parsed as JSON. */
-static json_t *gemma4_args(const char *s, size_t n, rx *key, hearth_error *err) {
+static json_t *gemma4_args(const char *s, size_t n, tp_rx *key, hearth_error *err) {
     json_t *strings = json_array(), *out = NULL;
     char *a = NULL, *b = NULL, *c = NULL;
     size_t al = 0, acap = 0, bl = 0, bcap = 0, cl = 0, ccap = 0;
@@ -488,8 +502,8 @@ static json_t *gemma4_args(const char *s, size_t n, rx *key, hearth_error *err) 
     }
     size_t pos = 0, kb = 0, ke = 0;
     PCRE2_SIZE *ov;
-    while (ok && pos <= al && (ov = rx_match(key, a ? a : "", al, pos, false)) != NULL) { /* 2: "key": */
-        rx_group(key, 1, &kb, &ke);
+    while (ok && pos <= al && (ov = tp_rx_match(key, a ? a : "", al, pos, false)) != NULL) { /* 2: "key": */
+        tp_rx_group(key, 1, &kb, &ke);
         ok = buf_put(&b, &bl, &bcap, a + pos, ov[0] - pos) && buf_put(&b, &bl, &bcap, "\"", 1) &&
              buf_put(&b, &bl, &bcap, a + kb, ke - kb) && buf_put(&b, &bl, &bcap, "\":", 2);
         pos = ov[1];
@@ -519,31 +533,31 @@ static json_t *gemma4_args(const char *s, size_t n, rx *key, hearth_error *err) 
 }
 
 static hearth_status parse_gemma4(const char *s, size_t n, json_t *calls, hearth_error *err) {
-    rx call, key;
+    tp_rx call, key;
     /* mlx-lm's _tool_call_regex: a name, then a brace group balanced by recursion, in which
      * <|"|>...<|"|> strings are atoms (their braces do not count) */
-    bool ok = rx_open(&call, "call:([\\w-]+)(\\{(?:[^{}<]|<(?!\\|\"\\|>)|<\\|\"\\|>(?:(?!<\\|\"\\|>)[\\s\\S])*?"
+    bool ok = tp_rx_open(&call, "call:([\\w-]+)(\\{(?:[^{}<]|<(?!\\|\"\\|>)|<\\|\"\\|>(?:(?!<\\|\"\\|>)[\\s\\S])*?"
                              "<\\|\"\\|>|(?2))*\\})");
-    ok = rx_open(&key, "(?<=[{,])(\\w+):") && ok;
+    ok = tp_rx_open(&key, "(?<=[{,])(\\w+):") && ok;
     json_t *found = json_array();
     hearth_status st = HEARTH_OK;
     size_t pos = 0, nb = 0, ne = 0, ab = 0, ae = 0;
     PCRE2_SIZE *ov;
     if (!ok || !found) st = err_set(err, HEARTH_ERR_NOMEM, "gemma4 tool call: out of memory");
-    while (!st && pos <= n && (ov = rx_match(&call, s, n, pos, false)) != NULL) {
+    while (!st && pos <= n && (ov = tp_rx_match(&call, s, n, pos, false)) != NULL) {
         pos = ov[1] > ov[0] ? ov[1] : ov[1] + 1;
-        rx_group(&call, 1, &nb, &ne);
-        rx_group(&call, 2, &ab, &ae);
+        tp_rx_group(&call, 1, &nb, &ne);
+        tp_rx_group(&call, 2, &ab, &ae);
         json_t *args = gemma4_args(s + ab, ae - ab, &key, err);
-        json_t *c = args ? make_call(s + nb, ne - nb, args) : NULL;
+        json_t *c = args ? tp_make_call(s + nb, ne - nb, args) : NULL;
         if (!c) st = args ? err_set(err, HEARTH_ERR_FORMAT, "gemma4 tool call: bad function name") : HEARTH_ERR_FORMAT;
         else json_array_append_new(found, c);
     }
     if (!st && json_array_size(found) == 0) st = err_set(err, HEARTH_ERR_FORMAT, "gemma4 tool call: no function provided");
     if (!st) json_array_extend(calls, found);
     json_decref(found);
-    rx_close(&call);
-    rx_close(&key);
+    tp_rx_close(&call);
+    tp_rx_close(&key);
     return st;
 }
 
@@ -558,6 +572,7 @@ hearth_status tp_parse(ts_tool_type type, const char *text, size_t len, const js
     case TS_TOOL_PYTHONIC: return parse_pythonic(text, len, calls, err);
     case TS_TOOL_LLAMA3_JSON: return parse_llama3(text, len, calls, err);
     case TS_TOOL_GEMMA4: return parse_gemma4(text, len, calls, err);
+    case TS_TOOL_MINICPM5: return tp_parse_minicpm5(text, len, tools, calls, err);
     case TS_TOOL_NONE: return err_set(err, HEARTH_ERR_INVALID, "no tool parser");
     default:
         return err_set(err, HEARTH_ERR_UNSUPPORTED,

@@ -210,6 +210,67 @@ def fixed_cases():
     add("qwen3_coder_two", [qc.format("<parameter=city>\nA\n</parameter>\n") + "\n" + qc.format(""), ""], tool="qwen3_coder", tools=WEATHER_TOOLS)
     add("qwen3_coder_trailing", ["<tool_call>\n<function=f>\n</function>\n\n</tool_call>", ""], tool="qwen3_coder")
     add("qwen3_coder_no_function", ["<tool_call>\nhello\n</tool_call>", ""], tool="qwen3_coder")
+    # Qwen3.5 (its template ends the prompt with "<think>\n", so the output starts in
+    # reasoning; calls follow the thinking, one <function=...> per <tool_call>)
+    q35 = "<tool_call>\n<function={}>\n{}</function>\n</tool_call>"
+    p = "<parameter={}>\n{}\n</parameter>\n"
+    add("qwen35_think_then_call", ["The user wants", " weather.\n", "</think>", "\n\n",
+                                   q35.format("get_weather", p.format("city", "New York") + p.format("days", "5")), ""],
+        initial="reasoning", tool="qwen3_coder", tools=WEATHER_TOOLS)
+    add("qwen35_split_markers", ["ok</th", "ink>\n\nLet me look.\n\n<tool_", "call>\n<func", "tion=get_weather>\n<param",
+                                 "eter=city>\nPar", "is\n</parameter>\n<parameter=metric>\nfalse\n</parameter>\n</fun",
+                                 "ction>\n</tool", "_call>", ""],
+        initial="reasoning", tool="qwen3_coder", tools=WEATHER_TOOLS)
+    add("qwen35_parallel", ["</think>\n\n", q35.format("get_weather", p.format("city", "Oslo")), "\n",
+                            q35.format("get_weather", p.format("city", "Rome") + p.format("scale", "-1.5e1")), ""],
+        initial="reasoning", tool="qwen3_coder", tools=WEATHER_TOOLS)
+    typed = (p.format("city", "line one\nline two\n") + p.format("days", "1e2") + p.format("scale", "0.25")
+             + p.format("metric", "TRUE") + p.format("opts", '{"when": "now\nlater", "n": [1, {"k": null}]}')
+             + p.format("raw", '{"a": "b\tc"}') + p.format("tags", "[1, 'two', (3, 4)]") + p.format("extra", "NULL")
+             + p.format("unknown_param", "  kept as text  "))
+    add("qwen35_typed_values", [q35.format("get_weather", typed), ""], tool="qwen3_coder", tools=WEATHER_TOOLS)
+    add("qwen35_lax_json", [q35.format("get_weather", p.format("opts", '{"a": "x\\\ny", "b": "\t"}')
+                                       + p.format("raw", '["\\\n"]')), ""], tool="qwen3_coder", tools=WEATHER_TOOLS)
+    add("qwen35_unicode", [q35.format("get_weather", p.format("city", "Z\u00fcrich \u65e5\u672c \U0001F600")), ""],
+        tool="qwen3_coder", tools=WEATHER_TOOLS)
+    add("qwen35_truncated", ["</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPa"], "length",
+        initial="reasoning", tool="qwen3_coder", tools=WEATHER_TOOLS)
+    add("qwen35_no_params", ["</think>\n\n", q35.format("get_weather", ""), "<|im_end|>"],
+        initial="reasoning", tool="qwen3_coder", tools=WEATHER_TOOLS)
+    # minicpm5 (MiniCPM5-1B): <function name="f"><param name="p">v</param></function>, no wrapper,
+    # CDATA for values with <, & or newlines, parallel calls as consecutive blocks; typed by schema
+    typed_tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "scale": {"type": "number"},
+        "metric": {"type": "boolean"}, "opts": {"type": "object"}, "tags": {"type": "array"},
+        "maybe": {"anyOf": [{"type": "integer"}, {"type": "null"}]}, "unit": {"enum": ["c", "f", 3]},
+        "mixed": {"type": ["number", "string"]}, "odd": {"type": "tuple"}, "free": {}}}}}]
+    mf = '<function name="get_weather">{}</function>'
+    mp = '<param name="{}">{}</param>'
+    add("minicpm5", ["Let me check.", mf.format(mp.format("city", "Paris") + mp.format("days", "3")), "<|im_end|>"],
+        tool="minicpm5", tools=typed_tools)
+    add("minicpm5_think_parallel", ["<think>", "two cities", "</think>", "\n",
+                                    mf.format(mp.format("city", "Oslo")), "\n", mf.format(mp.format("city", "Rome")), ""],
+        tool="minicpm5", tools=typed_tools)
+    add("minicpm5_split", ["<func", "tion na", 'me="get_weather"><par', 'am name="days">', "1_0", "</param></fun",
+                           "ction>done", ""], tool="minicpm5", tools=typed_tools)
+    typed5 = (mp.format("city", "<![CDATA[a < b & c\nline 2  ]]>") + mp.format("days", " 42 ")
+              + mp.format("scale", "2.50") + mp.format("metric", " Yes ") + mp.format("opts", '{"k": "v\nw"}')
+              + mp.format("tags", "[1, 'two', None]") + mp.format("maybe", "None") + mp.format("unit", "3")
+              + mp.format("mixed", "nan") + mp.format("odd", "[1, 2]") + mp.format("free", "  {\"a\": 1}  ")
+              + mp.format("unknown", " 7 ") + mp.format("extra", "NULL"))
+    add("minicpm5_typed", [mf.format(typed5), ""], tool="minicpm5", tools=typed_tools)
+    typed5b = (mp.format("days", "3.5") + mp.format("scale", "4.0") + mp.format("metric", "maybe")
+               + mp.format("maybe", "nil") + mp.format("unit", "c") + mp.format("odd", "bare words"))
+    add("minicpm5_typed_fallbacks", [mf.format(typed5b), ""], tool="minicpm5", tools=typed_tools)
+    add("minicpm5_quotes", ["<function name='f'><param name=x>1</param><param name = 'y' >2</param></function>",
+                            "<function name=g >\n</function>", ""], tool="minicpm5")
+    add("minicpm5_no_tools", [mf.format(mp.format("days", "3")), ""], tool="minicpm5")
+    add("minicpm5_inf", [mf.format(mp.format("scale", "inf")), ""], tool="minicpm5", tools=typed_tools)
+    add("minicpm5_truncated", ['<function name="get_weather"><param name="city">Pa'], "length",
+        tool="minicpm5", tools=typed_tools)
+    add("minicpm5_garbage", ["<function name=>oops</function>", ""], tool="minicpm5")
+    add("minicpm5_unicode", [mf.format(mp.format("city", "Z\u00fcrich \u65e5\u672c \U0001F600")), ""],
+        tool="minicpm5", tools=typed_tools)
     # gemma4: call:name{key:value} with <|"|>-delimited strings, thinking as <|channel>thought...<channel|>
     g4 = ("<|channel>thought", "<channel|>")
     gt = "<|tool_call>{}<tool_call|>"

@@ -554,6 +554,21 @@ def compare_forced(servers, body):
     return up
 
 
+def compare_greedy_chat(servers, body):
+    """A greedy chat with logprobs + top_logprobs: same shape, same tokens (logprobs within
+    1e-3), every other field equal. Returns upstream's response."""
+    (s1, _, b1), (s2, _, b2) = both(servers, "POST", "/v1/chat/completions", body)
+    assert s1 == s2 == 200, (b1, b2)
+    up, hz = json.loads(b1), json.loads(b2)
+    assert shape(hz) == shape(up)
+    a, b = strip_random(up), strip_random(hz)
+    for x, y in zip(a["choices"][0]["logprobs"]["content"], b["choices"][0]["logprobs"]["content"]):
+        assert x["token"] == y["token"] and abs(x["logprob"] - y["logprob"]) < 1e-3
+    a["choices"][0].pop("logprobs"), b["choices"][0].pop("logprobs")
+    assert b == a
+    return up
+
+
 def test_forced_thinking(servers):
     tok = hf_tok()
     msgs = [{"role": "user", "content": FILLER}]

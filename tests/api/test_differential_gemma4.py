@@ -6,12 +6,11 @@ the chat template's rendering (greedy tokens depend on it), thinking on the mult
 <|channel>thought ... <channel|> markers, and Gemma 4 tool calls (<|tool_call>call:f{...}
 <tool_call|>, mlx-lm's gemma4 parser), streamed and not, forced by logit_bias chains.
 """
-import json
 
 import pytest
 
 from conftest import BIN, TINY, need, server, upstream_server
-from test_differential import FILLER, both, compare_forced, shape, strip_random
+from test_differential import FILLER, compare_forced, compare_greedy_chat
 from test_differential import forced_body as differential_forced_body
 
 MODEL = TINY / "gemma4-f32"
@@ -43,16 +42,8 @@ def forced_body(tok, msgs, parts_options, **extra):
      {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a colour."}],
 ], ids=["one_turn", "system_and_history"])
 def test_chat_greedy(servers, msgs):
-    body = {"messages": msgs, "max_tokens": 24, "temperature": 0, "logprobs": True, "top_logprobs": 2}
-    (s1, _, b1), (s2, _, b2) = both(servers, "POST", "/v1/chat/completions", body)
-    assert s1 == s2 == 200
-    up, hz = json.loads(b1), json.loads(b2)
-    assert shape(hz) == shape(up)
-    a, b = strip_random(up), strip_random(hz)
-    for x, y in zip(a["choices"][0]["logprobs"]["content"], b["choices"][0]["logprobs"]["content"]):
-        assert x["token"] == y["token"] and abs(x["logprob"] - y["logprob"]) < 1e-3
-    a["choices"][0].pop("logprobs"), b["choices"][0].pop("logprobs")
-    assert b == a
+    compare_greedy_chat(servers, {"messages": msgs, "max_tokens": 24, "temperature": 0, "logprobs": True,
+                                  "top_logprobs": 2})
 
 
 def test_forced_thinking(servers):

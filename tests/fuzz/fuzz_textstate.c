@@ -17,10 +17,10 @@ static bool has_think(void *ud, const char *piece) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2) return 0;
     static const char *const FORMATS[] = {NULL, "json_tools", "qwen3_coder", "mistral", "pythonic",
-                                          "llama3_json", "gemma4", "kimi_k2"};
+                                          "llama3_json", "gemma4", "kimi_k2", "minicpm5"};
     ts_config cfg;
     hearth_error err = {0};
-    if (ts_infer(&cfg, NULL, FORMATS[data[0] % 8], has_think, (data[1] & 1) ? &cfg : NULL, false,
+    if (ts_infer(&cfg, NULL, FORMATS[data[0] % 9], has_think, (data[1] & 1) ? &cfg : NULL, false,
                  &err) != HEARTH_OK)
         return 0;
     char *copy = malloc(size - 1);
@@ -36,7 +36,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ts_parser *p = ts_new(&cfg, stops, ns, (data[1] & 2) != 0, &err);
     json_t *tools = json_loads("[{\"function\": {\"name\": \"f\", \"parameters\": {\"properties\": "
                                "{\"n\": {\"type\": \"integer\"}, \"x\": {\"type\": \"number\"}, "
-                               "\"o\": {\"type\": \"object\"}, \"b\": {\"type\": \"bool\"}}}}}]",
+                               "\"o\": {\"type\": \"object\"}, \"b\": {\"type\": \"bool\"}, "
+                               "\"e\": {\"enum\": [1, 2.5, \"a\", null, [0]]}, "
+                               "\"a\": {\"anyOf\": [{\"type\": \"integer\"}, {\"type\": [\"null\", \"array\"]}]}}}}}]",
                                0, NULL);
     json_t *out = json_array();
     int index = 0;
@@ -64,8 +66,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         ts_free(p);
     }
     /* Every parser on the raw bytes as a single tool text, too. */
-    for (int t = TS_TOOL_JSON_TOOLS; t <= TS_TOOL_GEMMA4; t++) { /* the parsed formats (toolparse.c) */
-        if (t > TS_TOOL_LLAMA3_JSON && t != TS_TOOL_GEMMA4) continue;
+    for (int t = TS_TOOL_JSON_TOOLS; t <= TS_TOOL_MINICPM5; t++) { /* the parsed formats (toolparse*.c) */
+        if (t > TS_TOOL_LLAMA3_JSON && t != TS_TOOL_GEMMA4 && t != TS_TOOL_MINICPM5) continue;
         json_t *calls = json_array();
         tp_parse((ts_tool_type)t, (const char *)data + 2, size - 2, tools, calls, &err);
         json_decref(calls);

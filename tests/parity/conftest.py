@@ -28,7 +28,7 @@ REAL_DIRS = {"minilm": "all-MiniLM-L6-v2"}
 TINY_FAMILIES = ("llama", "qwen3", "gemma3")
 TINY_FORMS = ("f32", "bf16", "q4g64", "q4g32", "q8g64", "q8g32")
 # tools/make_tiny_models.py's EXTRA_FORMS: one of MLX's other widths per family
-TINY_EXTRA = ("llama-q5g64", "qwen3-q3g32", "gemma3-q6g64", "minicpm-f32", "minicpm-bf16", "minicpm-q4g64",
+TINY_EXTRA = ("llama-q5g64", "llama_longrope-f32", "qwen3-q3g32", "gemma3-q6g64", "minicpm-f32", "minicpm-bf16", "minicpm-q4g64",
               "qwen3_moe-f32", "qwen3_moe-q4g64",
               "qwen3_5-f32", "qwen3_5-bf16", "qwen3_5-q4g64", "qwen3_5-q8g64", "qwen3_5_moe-f32", "qwen3_5_moe-q4g64", "qwen3_5-mixed",
               "gemma4-f32", "gemma4-bf16", "gemma4-q4g64", "gemma4-q8g64",

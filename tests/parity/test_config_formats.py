@@ -53,21 +53,45 @@ def test_transformers5_rope_parameters(name, tmp_path):
     assert ours == p["greedy_ids"]
 
 
-def test_unsupported_rope_type_is_refused(tmp_path):
-    """A RoPE scaling hearth does not implement (yarn) must be an error naming it, not a
-    silent fallback to plain RoPE that would give wrong logits."""
-    src = os.path.join(CACHE, "tiny", "llama-f32")
-    assert os.path.isdir(src), f"{src} missing: run tools/get_models.sh"
+def trace_with_config(tmp_path, model, mutate):
+    """`hearth trace` on a copy of a tiny model whose config.json went through mutate(cfg);
+    returns the finished process."""
+    src = os.path.join(CACHE, "tiny", model)
+    assert os.path.isdir(src), f"{src} missing: run tools/make_tiny_models.py"
     for name in os.listdir(src):
         if name != "config.json":
             os.symlink(os.path.join(src, name), os.path.join(tmp_path, name))
     cfg = json.load(open(os.path.join(src, "config.json")))
-    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    mutate(cfg)
     json.dump(cfg, open(os.path.join(tmp_path, "config.json"), "w"))
-    out = subprocess.run([BIN, "trace", str(tmp_path), "--ids", "[1, 2, 3]", "--last", "1"], capture_output=True, timeout=120)
+    return subprocess.run([BIN, "trace", str(tmp_path), "--ids", "[1, 2, 3]", "--last", "1"], capture_output=True,
+                          timeout=120)
+
+
+def test_unsupported_rope_type_is_refused(tmp_path):
+    """A RoPE scaling hearth does not implement (yarn) must be an error naming it, not a
+    silent fallback to plain RoPE that would give wrong logits."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    out = trace_with_config(tmp_path, "llama-f32", lambda c: c.update(rope_scaling=yarn))
     assert out.returncode != 0
     err = out.stderr.decode()
     assert "yarn" in err and "not supported" in err, err
+
+
+LONGROPE_BAD = [
+    ("long_factor too short", lambda r: r.update(long_factor=[1.0, 2.0]), "long_factor, a number or 8 numbers"),
+    ("long_factor not positive", lambda r: r["long_factor"].__setitem__(3, 0), "long_factor[3] is not a positive"),
+    ("no original length", lambda r: r.pop("original_max_position_embeddings"), "original_max_position_embeddings"),
+]
+
+
+@pytest.mark.parametrize("case", LONGROPE_BAD, ids=[c[0] for c in LONGROPE_BAD])
+def test_bad_longrope_is_refused(tmp_path, case):
+    """longrope (llama_longrope-f32, a golden model) with a broken rope_scaling names the key."""
+    _, mutate, expect = case
+    out = trace_with_config(tmp_path, "llama_longrope-f32", lambda c: mutate(c["rope_scaling"]))
+    assert out.returncode != 0
+    assert expect in out.stderr.decode(), out.stderr.decode()
 
 
 # ---- qwen3_5: a hybrid model's config that hearth cannot run must say what is wrong ----

@@ -189,6 +189,17 @@ static void test_parsers(void **state) {
                         "a}, b");
     assert_string_equal(json_string_value(json_object_get(json_array_get(calls, 1), "name")), "g");
     assert_int_equal(tp_parse(TS_TOOL_GEMMA4, "x", 1, NULL, calls, &err), HEARTH_ERR_FORMAT);
+    json_array_clear(calls);
+    /* minicpm5 (markers stripped): CDATA kept verbatim, a value typed by the tool's schema */
+    const char *m5 = "\"f\"><param name=\"s\"><![CDATA[ a<b\n]]></param><param name=\"n\"> 3 </param>";
+    json_t *m5tools = json_loads("[{\"function\": {\"name\": \"f\", \"parameters\": {\"properties\": "
+                                 "{\"n\": {\"anyOf\": [{\"type\": \"integer\"}]}}}}}]", 0, NULL);
+    assert_int_equal(tp_parse(TS_TOOL_MINICPM5, m5, strlen(m5), m5tools, calls, &err), HEARTH_OK);
+    const json_t *m5args = json_object_get(json_array_get(calls, 0), "arguments");
+    assert_string_equal(json_string_value(json_object_get(m5args, "s")), " a<b\n");
+    assert_int_equal(json_integer_value(json_object_get(m5args, "n")), 3);
+    assert_int_equal(tp_parse(TS_TOOL_MINICPM5, ">", 1, NULL, calls, &err), HEARTH_ERR_FORMAT);
+    json_decref(m5tools);
     assert_int_equal(tp_parse(TS_TOOL_KIMI_K2, "x", 1, NULL, calls, &err), HEARTH_ERR_UNSUPPORTED);
     json_decref(tools);
     json_decref(calls);

@@ -326,7 +326,8 @@ static hearth_status cpu_gated_delta(const op_step *s, const op_gdn *g) {
     if (st) return st;
     ops_gdn_args args = {.kv = s->kv, .layer = g->state_layer, .T = s->b->T, .pos = s->b->pos, .slot = s->b->slot,
                          .k_heads = d->gdn_k_heads, .v_heads = d->gdn_v_heads, .k_dim = d->gdn_k_dim,
-                         .v_dim = d->gdn_v_dim, .conv_k = d->gdn_conv, .conv = g->conv, .A_log = g->A_log,
+                         .v_dim = d->gdn_v_dim, .conv_k = d->gdn_conv, .v_tiled = d->gdn_v_tiled, .conv = g->conv,
+                         .A_log = g->A_log,
                          .dt_bias = g->dt_bias, .norm = g->norm, .norm_eps = g->norm_eps, .qkv = c->gdn_qkv,
                          .z = c->gdn_z, .a = c->gdn_a, .b = c->gdn_b, .y = c->gdn_y};
     ops_gated_delta(&args, c->tp);

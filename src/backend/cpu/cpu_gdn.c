@@ -98,7 +98,7 @@ __attribute__((target("avx2,fma"))) static float row_update_avx2(float *row, con
 static void head_task(void *ctx, int h, int thread) {
     (void)thread;
     const ops_gdn_args *a = ctx;
-    int Dk = a->k_dim, Dv = a->v_dim, Hv = a->v_heads, hk = h / (Hv / a->k_heads);
+    int Dk = a->k_dim, Dv = a->v_dim, Hv = a->v_heads, hk = a->v_tiled ? h % a->k_heads : h / (Hv / a->k_heads);
     int C = 2 * a->k_heads * Dk + Hv * Dv;
     size_t conv_floats = (size_t)(a->conv_k - 1) * C;
     float A = expf(a->A_log[h]);

@@ -63,7 +63,7 @@ typedef struct ops_gdn_args {
     const kv_cache *kv;
     int layer, T;
     const int32_t *pos, *slot;
-    int k_heads, v_heads, k_dim, v_dim, conv_k;
+    int k_heads, v_heads, k_dim, v_dim, conv_k, v_tiled;
     const float *conv, *A_log, *dt_bias, *norm;
     float norm_eps;
     float *qkv;

@@ -10,11 +10,12 @@ static const grammar_kind GRAMMAR_OF[] = {
     [HEARTH_CONSTRAINT_JSON_OBJECT] = GRAMMAR_JSON_OBJECT,
     [HEARTH_CONSTRAINT_REGEX] = GRAMMAR_REGEX,
     [HEARTH_CONSTRAINT_GBNF] = GRAMMAR_GBNF,
+    [HEARTH_CONSTRAINT_TOOL_CALL] = GRAMMAR_TOOL_CALL,
 };
 
 hearth_status engine_constraint_compile(hearth_constraint_kind kind, const char *text, size_t len, grammar **out,
                                         hearth_error *err) {
-    if (kind <= HEARTH_CONSTRAINT_NONE || kind > HEARTH_CONSTRAINT_GBNF)
+    if (kind <= HEARTH_CONSTRAINT_NONE || kind > HEARTH_CONSTRAINT_TOOL_CALL)
         return err_set(err, HEARTH_ERR_INVALID, "unknown constraint kind %d", (int)kind);
     if (!text && kind != HEARTH_CONSTRAINT_JSON_OBJECT) return err_set(err, HEARTH_ERR_INVALID, "the constraint has no text");
     hearth_status st = grammar_compile(GRAMMAR_OF[kind], text ? text : "", text ? len : 0, out, err);

@@ -1082,6 +1082,7 @@ hearth_status grammar_compile(grammar_kind kind, const char *text, size_t len, g
         if (!st) root = gr_rule_new(&b, node);
         break;
     case GRAMMAR_GBNF: st = gr_gbnf(&b, text, len, &root, err); break;
+    case GRAMMAR_TOOL_CALL: st = gr_tool_call(&b, text, len, &root, err); break;
     default: st = err_set(err, HEARTH_ERR_INVALID, "unknown grammar kind %d", (int)kind); break;
     }
     if (!st && root < 0) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");

@@ -13,6 +13,7 @@ typedef enum {
     GRAMMAR_JSON_OBJECT, /* any JSON object (response_format json_object); text ignored */
     GRAMMAR_REGEX,       /* the whole output matches the pattern */
     GRAMMAR_GBNF,        /* llama.cpp grammar; rule "root" is the start */
+    GRAMMAR_TOOL_CALL,   /* pieces of text, special-token markers and JSON schemas (gram_tool.c) */
 } grammar_kind;
 
 typedef struct grammar grammar;
@@ -27,7 +28,8 @@ void grammar_free(grammar *g);
 size_t grammar_size(const grammar *g);
 
 /* A vocabulary: bytes[i] (len[i] bytes) is what token i stands for; special tokens (chat
- * markup, control ids) are never allowed as text; eos ids end a finished output. Built
+ * markup, control ids) are never allowed as text, only where a tool-call grammar asks for
+ * that marker; eos ids end a finished output. Built
  * once per tokenizer and shared by every matcher (read-only after creation). */
 gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *len, const uint8_t *special,
                    const int32_t *eos_ids, int n_eos);

@@ -289,11 +289,60 @@ static void test_accept_refuses(void **state) {
     gvocab_free(v);
 }
 
+/* A forced tool call: marker pieces take the special token or its text, schema pieces
+ * follow their own document ($ref inside one resolves there), and a special token is
+ * refused everywhere else. */
+static void test_tool_call(void **state) {
+    (void)state;
+    const char *doc =
+        "{\"alternatives\": ["
+        "[{\"token\": \"<tool_call>\"}, {\"text\": \"{\\\"name\\\": \\\"f\\\", \\\"arguments\\\": \"},"
+        " {\"schema\": {\"$defs\": {\"n\": {\"type\": \"integer\"}}, \"type\": \"object\","
+        "  \"properties\": {\"x\": {\"$ref\": \"#/$defs/n\"}}, \"required\": [\"x\"], \"additionalProperties\": false}},"
+        " {\"text\": \"}\"}],"
+        "[{\"token\": \"<tool_call>\"}, {\"text\": \"{\\\"name\\\": \\\"g\\\", \\\"arguments\\\": \"},"
+        " {\"schema\": {\"type\": \"object\", \"properties\": {}, \"additionalProperties\": false}}, {\"text\": \"}\"}]]}";
+    expect_language(GRAMMAR_TOOL_CALL, doc,
+                    L("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 12}}",
+                      "<tool_call>{\"name\": \"g\", \"arguments\": {}}"),
+                    L("<tool_call>{\"name\": \"f\", \"arguments\": {}}", "<tool_call>{\"name\": \"h\", \"arguments\": {}}",
+                      "{\"name\": \"g\", \"arguments\": {}}", "<tool_call>{\"name\": \"g\", \"arguments\": {\"x\": 1}}"));
+    gvocab *v = test_vocab();
+    grammar *g = compile_ok(GRAMMAR_TOOL_CALL, doc);
+    gmatcher *m = gmatcher_new(g, v);
+    uint32_t mask[(N_VOCAB + 31) / 32];
+    assert_int_equal(gmatcher_mask(m, mask), 2); /* the special token and '<' */
+    assert_true(mask[(N_VOCAB - 1) >> 5] >> ((N_VOCAB - 1) & 31) & 1);
+    assert_true(mask[(1 + '<') >> 5] >> ((1 + '<') & 31) & 1);
+    assert_true(gmatcher_accept(m, N_VOCAB - 1));
+    const char *rest = "{\"name\": \"g\", \"arguments\": {}}";
+    assert_true(gmatcher_accept_bytes(m, rest, strlen(rest)));
+    assert_true(gmatcher_is_done(m));
+    assert_true(gmatcher_accept(m, 0));
+    gmatcher_free(m);
+    /* after the marker the special token is text-illegal again */
+    m = gmatcher_new(g, v);
+    assert_true(gmatcher_accept(m, N_VOCAB - 1));
+    assert_false(gmatcher_accept(m, N_VOCAB - 1));
+    gmatcher_free(m);
+    grammar_free(g);
+    gvocab_free(v);
+    compile_fails(GRAMMAR_TOOL_CALL, "[]", "alternatives");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": []}", "alternatives");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"txt\": \"a\"}]]}", "alternatives[0][0] must be");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"text\": \"a\"}, {\"schema\": {\"not\": {}}}]]}",
+                  "alternatives[0][1]: json schema: keyword 'not'");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"schema\": {\"$ref\": \"#/$defs/x\"}}]]}", "$defs/x");
+    /* a GBNF literal cannot spell the marker byte */
+    compile_fails(GRAMMAR_GBNF, "root ::= \"\xff<tool_call>\"", "0xFF");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex),        cmocka_unit_test(test_gbnf),
         cmocka_unit_test(test_schema_types), cmocka_unit_test(test_schema_structure),
         cmocka_unit_test(test_masks),        cmocka_unit_test(test_accept_refuses),
+        cmocka_unit_test(test_tool_call),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

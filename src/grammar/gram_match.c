@@ -201,6 +201,13 @@ void gvocab_free(gvocab *v) {
 
 int32_t gvocab_size(const gvocab *v) { return v ? v->n_tokens : 0; }
 
+int gvocab_has_special(const gvocab *v, const char *text, size_t n) {
+    for (int32_t i = 0; i < v->n_tokens; i++)
+        if (v->len[i] == n + 1 && (unsigned char)v->bytes[i][0] == GR_SPECIAL_BYTE && !memcmp(v->bytes[i] + 1, text, n))
+            return 1;
+    return 0;
+}
+
 /* ---- matcher --------------------------------------------------------------------------- */
 
 /* Masks kept per matcher, keyed by set id: JSON strings and whitespace revisit a

@@ -1068,10 +1068,12 @@ hearth_status gr_schema(gr_build *b, const char *text, size_t len, int object_on
     return c.st;
 }
 
-hearth_status grammar_compile(grammar_kind kind, const char *text, size_t len, grammar **out, hearth_error *err) {
+hearth_status grammar_compile(grammar_kind kind, const char *text, size_t len, const gvocab *v, grammar **out,
+                              hearth_error *err) {
     *out = NULL;
     gr_build b;
     gr_build_init(&b);
+    b.vocab = v;
     int32_t root = -1, node = 0;
     hearth_status st;
     switch (kind) {

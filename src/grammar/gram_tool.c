@@ -1,7 +1,8 @@
 /* gram_tool.c: the tool-call constraint. Its source is a JSON document
  *   {"alternatives": [[piece, ...], ...]}, piece: {"text": s} | {"token": s} | {"schema": v}
  * and the output is one alternative's pieces in order: literal text, a marker written as
- * the special token whose text is s (or as the plain text s), a JSON value valid against
+ * the special token whose text is s (or the plain text s where the vocabulary has no such
+ * token: grammar_compile), a JSON value valid against
  * schema v. The server writes the alternatives from a model family's tool-call syntax;
  * this file knows no family. */
 #include "grammar/grammar_internal.h"
@@ -28,7 +29,11 @@ static hearth_status piece(gr_build *b, const json_t *p, const char *at, int32_t
         if (!marked) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
         marked[0] = (char)GR_SPECIAL_BYTE;
         memcpy(marked + 1, json_string_value(token), n);
-        *out = gr_alt2(b, gr_literal(b, json_string_value(token), n), gr_literal(b, marked, n + 1));
+        int32_t special = gr_literal(b, marked, n + 1), plain = gr_literal(b, json_string_value(token), n);
+        if (!b->vocab)
+            *out = gr_alt2(b, plain, special);
+        else
+            *out = gvocab_has_special(b->vocab, json_string_value(token), n) ? special : plain;
         free(marked);
         return HEARTH_OK;
     }

@@ -21,8 +21,11 @@ typedef struct gvocab gvocab;
 typedef struct gmatcher gmatcher;
 
 /* Compiles a source. Errors name the problem (an unsupported keyword and where it is, a
- * bad $ref, a GBNF syntax error with line:col). */
-hearth_status grammar_compile(grammar_kind kind, const char *text, size_t len, grammar **out, hearth_error *err);
+ * bad $ref, a GBNF syntax error with line:col). v (may be NULL) is the vocabulary the
+ * grammar will run on: a tool-call marker is then the special token with that text when v
+ * has one (what the model was trained to write), else the text; with v NULL, either. */
+hearth_status grammar_compile(grammar_kind kind, const char *text, size_t len, const gvocab *v, grammar **out,
+                              hearth_error *err);
 void grammar_free(grammar *g);
 /* Rules and elements: a size for logs and tests. */
 size_t grammar_size(const grammar *g);
@@ -35,6 +38,8 @@ gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *l
                    const int32_t *eos_ids, int n_eos);
 void gvocab_free(gvocab *v);
 int32_t gvocab_size(const gvocab *v);
+/* Whether v has a special token (not eos) whose text is text[0..n). */
+int gvocab_has_special(const gvocab *v, const char *text, size_t n);
 
 /* A matcher follows one output. The grammar must outlive it. */
 gmatcher *gmatcher_new(const grammar *g, const gvocab *v);

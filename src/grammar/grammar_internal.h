@@ -55,6 +55,7 @@ typedef struct gr_build {
     gr_rule *rules;
     int32_t n_rules, cap_rules;
     int oom;
+    const gvocab *vocab; /* NULL: not known (grammar_compile) */
 } gr_build;
 
 void gr_build_init(gr_build *b);

@@ -40,7 +40,7 @@ static gvocab *test_vocab(void) {
 static grammar *compile_ok(grammar_kind k, const char *src) {
     grammar *g = NULL;
     hearth_error err = {0};
-    hearth_status st = grammar_compile(k, src, strlen(src), &g, &err);
+    hearth_status st = grammar_compile(k, src, strlen(src), NULL, &g, &err);
     if (st) fprintf(stderr, "compile failed: %s\n  source: %s\n", err.message, src);
     assert_int_equal(st, HEARTH_OK);
     return g;
@@ -49,7 +49,7 @@ static grammar *compile_ok(grammar_kind k, const char *src) {
 static void compile_fails(grammar_kind k, const char *src, const char *needle) {
     grammar *g = NULL;
     hearth_error err = {0};
-    hearth_status st = grammar_compile(k, src, strlen(src), &g, &err);
+    hearth_status st = grammar_compile(k, src, strlen(src), NULL, &g, &err);
     if (!st || !strstr(err.message, needle))
         fprintf(stderr, "expected an error naming '%s' for: %s\n  got: %s\n", needle, src, st ? err.message : "(ok)");
     assert_int_not_equal(st, HEARTH_OK);
@@ -325,6 +325,20 @@ static void test_tool_call(void **state) {
     assert_true(gmatcher_accept(m, N_VOCAB - 1));
     assert_false(gmatcher_accept(m, N_VOCAB - 1));
     gmatcher_free(m);
+    grammar_free(g);
+    /* compiled for a vocabulary that has the special token: only that token opens it */
+    hearth_error err = {0};
+    assert_int_equal(grammar_compile(GRAMMAR_TOOL_CALL, doc, strlen(doc), v, &g, &err), HEARTH_OK);
+    m = gmatcher_new(g, v);
+    assert_int_equal(gmatcher_mask(m, mask), 1);
+    assert_false(gmatcher_accept(m, 1 + '<'));
+    assert_true(gmatcher_accept(m, N_VOCAB - 1));
+    gmatcher_free(m);
+    grammar_free(g);
+    /* ... and a marker the vocabulary has no special token for is its text */
+    const char *plain = "{\"alternatives\": [[{\"token\": \"<|x|>\"}]]}";
+    assert_int_equal(grammar_compile(GRAMMAR_TOOL_CALL, plain, strlen(plain), v, &g, &err), HEARTH_OK);
+    assert_true(full_match(g, v, "<|x|>"));
     grammar_free(g);
     gvocab_free(v);
     compile_fails(GRAMMAR_TOOL_CALL, "[]", "alternatives");

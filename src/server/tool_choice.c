@@ -66,13 +66,23 @@ int srv_parse_tool_choice(const json_t *root, srv_request *r, srv_error *e) {
 
 #define CLOSE_MAX_DEPTH 64 /* schema nesting followed; deeper objects stay as written */
 
+/* Whether every name in s's "required" is one of its "properties". */
+static int required_listed(const json_t *s) {
+    const json_t *props = json_object_get(s, "properties"), *v;
+    size_t i;
+    json_array_foreach(json_object_get(s, "required"), i, v) if (!json_object_get(props, json_string_value(v))) return 0;
+    return 1;
+}
+
 /* An object schema that lists its properties and says nothing of others takes no others
  * (OpenAI's strict function calling, XGrammar's strict mode): without this a model can
  * invent keys until max_tokens. Every instance still validates against the tool's own
- * schema. allOf branches are left alone: closing each would contradict the others. */
+ * schema. Left open: allOf branches (closing each would contradict the others), objects
+ * that require a property they do not list, and any with patternProperties. */
 static void close_objects(json_t *s, int depth) {
     if (!json_is_object(s) || depth > CLOSE_MAX_DEPTH || json_object_get(s, "allOf")) return;
-    if (json_is_object(json_object_get(s, "properties")) && !json_object_get(s, "additionalProperties"))
+    if (json_is_object(json_object_get(s, "properties")) && !json_object_get(s, "additionalProperties") &&
+        !json_object_get(s, "patternProperties") && required_listed(s))
         json_object_set_new(s, "additionalProperties", json_false());
     static const char *const maps[] = {"properties", "$defs", "definitions"};
     static const char *const lists[] = {"anyOf", "oneOf", "prefixItems", "items"};

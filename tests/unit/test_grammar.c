@@ -13,28 +13,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grammar/grammar.h"
+#include "grammar_vocab.h"
 
-/* A vocabulary of every single byte plus some multi-byte tokens; id 0 is eos. */
-static const char *MULTI[] = {"{\"", "\":",      "\"}",  "true", "false", "null",        "ab",  "abc",
+/* Every single byte plus some multi-byte tokens and one special token last; id 0 is eos. */
+static const char *EXTRA[] = {"{\"", "\":",      "\"}",  "true", "false", "null",        "ab",  "abc",
                               "12",  "\xc3\xa9", "\xc3", "\xa9", " \"",   "\",\"",       "e\"", "\\n",
-                              "0.",  "-1",       "[\"",  "\"]",  "aaaa",  "\xe2\x82\xac"};
-#define N_MULTI (sizeof MULTI / sizeof *MULTI)
-#define N_VOCAB (1 + 256 + N_MULTI + 1) /* eos, bytes, multi, one special */
+                              "0.",  "-1",       "[\"",  "\"]",  "aaaa",  "\xe2\x82\xac", "<tool_call>"};
+#define N_EXTRA (sizeof EXTRA / sizeof *EXTRA)
+#define N_VOCAB (1 + 256 + N_EXTRA) /* eos, bytes, multi, one special */
 
 static gvocab *test_vocab(void) {
-    static char single[256][1];
-    const char *bytes[N_VOCAB];
-    uint32_t len[N_VOCAB];
-    uint8_t special[N_VOCAB] = {0};
-    bytes[0] = "</s>", len[0] = 4, special[0] = 1;
-    for (int i = 0; i < 256; i++) single[i][0] = (char)i, bytes[1 + i] = single[i], len[1 + i] = 1;
-    for (size_t i = 0; i < N_MULTI; i++) bytes[257 + i] = MULTI[i], len[257 + i] = (uint32_t)strlen(MULTI[i]);
-    bytes[N_VOCAB - 1] = "<tool_call>", len[N_VOCAB - 1] = 11, special[N_VOCAB - 1] = 1;
-    int32_t eos = 0;
-    gvocab *v = gvocab_new(N_VOCAB, bytes, len, special, &eos, 1);
-    assert_non_null(v);
-    return v;
+    uint8_t special[N_EXTRA] = {0};
+    special[N_EXTRA - 1] = 1;
+    return byte_vocab(EXTRA, special, N_EXTRA);
 }
 
 static grammar *compile_ok(grammar_kind k, const char *src) {

@@ -15,29 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grammar/grammar.h"
+#include "grammar_vocab.h"
 #include "server/tool_choice.h"
 #include "server/toolparse.h"
 
-/* eos, every byte, then the markers as special tokens */
+/* eos, every byte, then the markers as special tokens (ids 257, 258) */
 static const char *SPECIALS[] = {"<|python_tag|>", "[TOOL_CALLS]"};
-#define N_SPECIAL (sizeof SPECIALS / sizeof *SPECIALS)
-#define N_VOCAB (1 + 256 + N_SPECIAL)
 
-static gvocab *vocab(void) {
-    static char single[256][1];
-    const char *bytes[N_VOCAB];
-    uint32_t len[N_VOCAB];
-    uint8_t special[N_VOCAB] = {0};
-    bytes[0] = "</s>", len[0] = 4, special[0] = 1;
-    for (int i = 0; i < 256; i++) single[i][0] = (char)i, bytes[1 + i] = single[i], len[1 + i] = 1;
-    for (size_t i = 0; i < N_SPECIAL; i++)
-        bytes[257 + i] = SPECIALS[i], len[257 + i] = (uint32_t)strlen(SPECIALS[i]), special[257 + i] = 1;
-    int32_t eos = 0;
-    gvocab *v = gvocab_new(N_VOCAB, bytes, len, special, &eos, 1);
-    assert_non_null(v);
-    return v;
-}
+static gvocab *vocab(void) { return byte_vocab(SPECIALS, (const uint8_t[]){1, 1}, 2); }
 
 static srv_request request(const char *tools_json) {
     srv_request r;

@@ -39,6 +39,7 @@ int srv_set_tool_choice(srv_request *r, srv_tools_mode mode, const char *name, c
     size_t n = json_array_size(r->tools);
     if (!n) return BAD(e, field, "%s: forcing a tool call needs a non-empty 'tools' list", field);
     if (mode == SRV_TOOLS_NAMED) {
+        if (!name) return BAD(e, field, "%s: the tool's name is required", field);
         size_t i = 0;
         while (i < n && (!tool_name(r->tools, i) || strcmp(tool_name(r->tools, i), name))) i++;
         if (i == n) return BAD(e, field, "%s: no tool named '%.64s' in tools", field, name);

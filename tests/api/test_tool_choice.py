@@ -125,6 +125,25 @@ def test_anthropic_forced(base):
         jsonschema.validate(uses[0].input, SCHEMAS[uses[0].name])
 
 
+def test_forced_streams_on_responses_and_anthropic(base):
+    """The streamed forms carry the same one call (Responses function_call item, Anthropic
+    tool_use block with its input_json_delta)."""
+    c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    tools = [{"type": "function", "name": n, "parameters": s} for n, s in SCHEMAS.items()]
+    events = list(c.responses.create(model="default_model", input=PROMPTS[0], tools=tools, stream=True,
+                                     tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=120))
+    done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    assert len(done) == 1 and done[0].name == "get_weather"
+    jsonschema.validate(json.loads(done[0].arguments), WEATHER)
+    a = anthropic.Anthropic(base_url=base, api_key="none")
+    with a.messages.stream(model="local", max_tokens=120, tools=[{"name": "add", "input_schema": ADD}],
+                           tool_choice={"type": "any"}, messages=[{"role": "user", "content": PROMPTS[1]}]) as s:
+        m = s.get_final_message()
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert m.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "add"
+    jsonschema.validate(uses[0].input, ADD)
+
+
 @pytest.mark.parametrize("extra,field,needle", [
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "no tool named 'nope'"),

@@ -17,7 +17,8 @@ hearth_status engine_constraint_compile(hearth_constraint_kind kind, const char 
                                         grammar **out, hearth_error *err) {
     if (kind <= HEARTH_CONSTRAINT_NONE || kind > HEARTH_CONSTRAINT_TOOL_CALL)
         return err_set(err, HEARTH_ERR_INVALID, "unknown constraint kind %d", (int)kind);
-    if (!text && kind != HEARTH_CONSTRAINT_JSON_OBJECT) return err_set(err, HEARTH_ERR_INVALID, "the constraint has no text");
+    if (!text && kind != HEARTH_CONSTRAINT_JSON_OBJECT)
+        return err_set(err, HEARTH_ERR_INVALID, "the constraint has no text");
     hearth_status st = grammar_compile(GRAMMAR_OF[kind], text ? text : "", text ? len : 0, v, out, err);
     if (st == HEARTH_ERR_FORMAT) { /* bad input from the caller */
         st = HEARTH_ERR_INVALID;
@@ -32,4 +33,3 @@ hearth_status hearth_constraint_check(hearth_constraint_kind kind, const char *t
     grammar_free(g);
     return st;
 }
-

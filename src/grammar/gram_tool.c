@@ -18,7 +18,8 @@ static hearth_status piece(gr_build *b, const json_t *p, const char *at, int32_t
     const json_t *text = json_object_get(p, "text"), *token = json_object_get(p, "token");
     const json_t *schema = json_object_get(p, "schema");
     if (!json_is_object(p) || json_object_size(p) != 1 || (!json_is_string(text) && !json_is_string(token) && !schema))
-        return err_set(err, HEARTH_ERR_FORMAT, "tool call: %s must be {\"text\": s}, {\"token\": s} or {\"schema\": v}", at);
+        return err_set(err, HEARTH_ERR_FORMAT, "tool call: %s must be {\"text\": s}, {\"token\": s} or {\"schema\": v}",
+                       at);
     if (text) {
         *out = gr_literal(b, json_string_value(text), json_string_length(text));
         return HEARTH_OK;
@@ -53,7 +54,9 @@ static hearth_status piece(gr_build *b, const json_t *p, const char *at, int32_t
 hearth_status gr_tool_call(gr_build *b, const char *text, size_t len, int32_t *root, hearth_error *err) {
     json_error_t je;
     json_t *doc = json_loadb(text, len, 0, &je);
-    if (!doc) return err_set(err, HEARTH_ERR_FORMAT, "tool call: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+    if (!doc)
+        return err_set(err, HEARTH_ERR_FORMAT, "tool call: invalid JSON at line %d column %d: %s", je.line, je.column,
+                       je.text);
     const json_t *alts = json_object_get(doc, "alternatives");
     size_t n = json_array_size(alts);
     hearth_status st = HEARTH_OK;

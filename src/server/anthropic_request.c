@@ -38,9 +38,7 @@ char *anth_error_body(const srv_error *e) {
     return s;
 }
 
-void anth_extra_free(anth_extra *x) {
-    memset(x, 0, sizeof *x);
-}
+void anth_extra_free(anth_extra *x) { memset(x, 0, sizeof *x); }
 
 /* A number in [lo, hi]; booleans are not numbers here (Anthropic validates
  * strictly). */
@@ -329,8 +327,10 @@ static int parse_tool_choice(const json_t *root, srv_request *r, anth_extra *x, 
         x->tool_choice = ANTH_TOOL_CHOICE_TOOL;
     } else
         return BAD(e, "tool_choice", "tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'");
-    static const srv_tools_mode MODE[] = {[ANTH_TOOL_CHOICE_AUTO] = SRV_TOOLS_AUTO, [ANTH_TOOL_CHOICE_ANY] = SRV_TOOLS_REQUIRED,
-                                          [ANTH_TOOL_CHOICE_TOOL] = SRV_TOOLS_NAMED, [ANTH_TOOL_CHOICE_NONE] = SRV_TOOLS_NONE};
+    static const srv_tools_mode MODE[] = {[ANTH_TOOL_CHOICE_AUTO] = SRV_TOOLS_AUTO,
+                                          [ANTH_TOOL_CHOICE_ANY] = SRV_TOOLS_REQUIRED,
+                                          [ANTH_TOOL_CHOICE_TOOL] = SRV_TOOLS_NAMED,
+                                          [ANTH_TOOL_CHOICE_NONE] = SRV_TOOLS_NONE};
     return srv_set_tool_choice(r, MODE[x->tool_choice], json_string_value(name), "tool_choice", e);
 }
 

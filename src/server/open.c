@@ -66,8 +66,9 @@ hearth_status srv_open(const srv_config *cfg, hearth_model *model, hearth_model 
     hearth_status st =
         ts_infer(tsc, hearth_model_chat_template(model),
                  hearth_model_tokenizer_config_string(model, "tool_parser_type"), has_token, model, false, err);
-    if (!st) st = ts_infer(forced, hearth_model_chat_template(model),
-                           hearth_model_tokenizer_config_string(model, "tool_parser_type"), has_token, model, true, err);
+    if (!st)
+        st = ts_infer(forced, hearth_model_chat_template(model),
+                      hearth_model_tokenizer_config_string(model, "tool_parser_type"), has_token, model, true, err);
     if (st) return st;
     if (forced->tool == TS_TOOL_NONE) ts_set_tool(forced, TS_TOOL_JSON_TOOLS);
     /* an embedding model (BERT, Qwen3-Embedding) gets no engine: /v1/embeddings only */
@@ -86,7 +87,8 @@ hearth_status srv_open(const srv_config *cfg, hearth_model *model, hearth_model 
             snprintf(s->context_source_text, sizeof s->context_source_text, "--ctx");
         else if (hearth_engine_context_cut_from(s->engine))
             snprintf(s->context_source_text, sizeof s->context_source_text,
-                     "the largest that fits free memory (the model allows %d)", hearth_engine_context_cut_from(s->engine));
+                     "the largest that fits free memory (the model allows %d)",
+                     hearth_engine_context_cut_from(s->engine));
         else
             snprintf(s->context_source_text, sizeof s->context_source_text, "the model's own limit");
         s->context_source = s->context_source_text;

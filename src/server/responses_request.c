@@ -361,9 +361,10 @@ static int parse_tool_choice(const json_t *root, resp_request *x, srv_error *e) 
     if (json_is_object(v))
         return srv_set_tool_choice(&x->req, SRV_TOOLS_NAMED, json_string_value(json_object_get(v, "name")),
                                    "tool_choice", e);
-    return srv_set_tool_choice(&x->req, !strcmp(s, "required") ? SRV_TOOLS_REQUIRED
-                                        : !strcmp(s, "none")   ? SRV_TOOLS_NONE
-                                                               : SRV_TOOLS_AUTO,
+    return srv_set_tool_choice(&x->req,
+                               !strcmp(s, "required") ? SRV_TOOLS_REQUIRED
+                               : !strcmp(s, "none")   ? SRV_TOOLS_NONE
+                                                      : SRV_TOOLS_AUTO,
                                NULL, "tool_choice", e);
 }
 

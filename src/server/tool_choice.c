@@ -56,7 +56,8 @@ int srv_parse_tool_choice(const json_t *root, srv_request *r, srv_error *e) {
     if (s && !strcmp(s, "auto")) return srv_set_tool_choice(r, SRV_TOOLS_AUTO, NULL, "tool_choice", e);
     if (s && !strcmp(s, "none")) return srv_set_tool_choice(r, SRV_TOOLS_NONE, NULL, "tool_choice", e);
     if (s && !strcmp(s, "required")) return srv_set_tool_choice(r, SRV_TOOLS_REQUIRED, NULL, "tool_choice", e);
-    if (s) return BAD(e, "tool_choice", "tool_choice must be 'auto', 'none', 'required' or a function (got '%.40s')", s);
+    if (s)
+        return BAD(e, "tool_choice", "tool_choice must be 'auto', 'none', 'required' or a function (got '%.40s')", s);
     const char *type = json_string_value(json_object_get(v, "type"));
     const char *name = json_string_value(json_object_get(json_object_get(v, "function"), "name"));
     if (!json_is_object(v) || !type || strcmp(type, "function") || !name)
@@ -71,7 +72,8 @@ int srv_parse_tool_choice(const json_t *root, srv_request *r, srv_error *e) {
 static int required_listed(const json_t *s) {
     const json_t *props = json_object_get(s, "properties"), *v;
     size_t i;
-    json_array_foreach(json_object_get(s, "required"), i, v) if (!json_object_get(props, json_string_value(v))) return 0;
+    json_array_foreach(json_object_get(s, "required"), i,
+                       v) if (!json_object_get(props, json_string_value(v))) return 0;
     return 1;
 }
 
@@ -135,8 +137,9 @@ static int call_pieces(const json_t *tools, size_t i, size_t f, json_t *alts, sr
     if (!rc) {
         snprintf(lead, cap, "%s%s, \"%s\": ", FORCED[f].lead, quoted, FORCED[f].key);
         if (add_piece(seq, "token", FORCED[f].open) || add_piece(seq, "text", lead) ||
-            json_array_append_new(seq, json_pack("{s:O}", "schema", schema)) || add_piece(seq, "text", FORCED[f].tail) ||
-            (FORCED[f].close && add_piece(seq, "token", FORCED[f].close)) || json_array_append(alts, seq))
+            json_array_append_new(seq, json_pack("{s:O}", "schema", schema)) ||
+            add_piece(seq, "text", FORCED[f].tail) || (FORCED[f].close && add_piece(seq, "token", FORCED[f].close)) ||
+            json_array_append(alts, seq))
             rc = OOM(e);
     }
     free(quoted), free(lead);

@@ -16,8 +16,8 @@
 #include "grammar_vocab.h"
 
 /* Every single byte plus some multi-byte tokens and one special token last; id 0 is eos. */
-static const char *EXTRA[] = {"{\"", "\":",      "\"}",  "true", "false", "null",        "ab",  "abc",
-                              "12",  "\xc3\xa9", "\xc3", "\xa9", " \"",   "\",\"",       "e\"", "\\n",
+static const char *EXTRA[] = {"{\"", "\":",      "\"}",  "true", "false", "null",         "ab",         "abc",
+                              "12",  "\xc3\xa9", "\xc3", "\xa9", " \"",   "\",\"",        "e\"",        "\\n",
                               "0.",  "-1",       "[\"",  "\"]",  "aaaa",  "\xe2\x82\xac", "<tool_call>"};
 #define N_EXTRA (sizeof EXTRA / sizeof *EXTRA)
 #define N_VOCAB (1 + 256 + N_EXTRA) /* eos, bytes, multi, one special */
@@ -285,19 +285,21 @@ static void test_accept_refuses(void **state) {
  * refused everywhere else. */
 static void test_tool_call(void **state) {
     (void)state;
-    const char *doc =
-        "{\"alternatives\": ["
-        "[{\"token\": \"<tool_call>\"}, {\"text\": \"{\\\"name\\\": \\\"f\\\", \\\"arguments\\\": \"},"
-        " {\"schema\": {\"$defs\": {\"n\": {\"type\": \"integer\"}}, \"type\": \"object\","
-        "  \"properties\": {\"x\": {\"$ref\": \"#/$defs/n\"}}, \"required\": [\"x\"], \"additionalProperties\": false}},"
-        " {\"text\": \"}\"}],"
-        "[{\"token\": \"<tool_call>\"}, {\"text\": \"{\\\"name\\\": \\\"g\\\", \\\"arguments\\\": \"},"
-        " {\"schema\": {\"type\": \"object\", \"properties\": {}, \"additionalProperties\": false}}, {\"text\": \"}\"}]]}";
+    const char *doc = "{\"alternatives\": ["
+                      "[{\"token\": \"<tool_call>\"}, {\"text\": \"{\\\"name\\\": \\\"f\\\", \\\"arguments\\\": \"},"
+                      " {\"schema\": {\"$defs\": {\"n\": {\"type\": \"integer\"}}, \"type\": \"object\","
+                      "  \"properties\": {\"x\": {\"$ref\": \"#/$defs/n\"}}, \"required\": [\"x\"], "
+                      "\"additionalProperties\": false}},"
+                      " {\"text\": \"}\"}],"
+                      "[{\"token\": \"<tool_call>\"}, {\"text\": \"{\\\"name\\\": \\\"g\\\", \\\"arguments\\\": \"},"
+                      " {\"schema\": {\"type\": \"object\", \"properties\": {}, \"additionalProperties\": false}}, "
+                      "{\"text\": \"}\"}]]}";
     expect_language(GRAMMAR_TOOL_CALL, doc,
                     L("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 12}}",
                       "<tool_call>{\"name\": \"g\", \"arguments\": {}}"),
-                    L("<tool_call>{\"name\": \"f\", \"arguments\": {}}", "<tool_call>{\"name\": \"h\", \"arguments\": {}}",
-                      "{\"name\": \"g\", \"arguments\": {}}", "<tool_call>{\"name\": \"g\", \"arguments\": {\"x\": 1}}"));
+                    L("<tool_call>{\"name\": \"f\", \"arguments\": {}}",
+                      "<tool_call>{\"name\": \"h\", \"arguments\": {}}", "{\"name\": \"g\", \"arguments\": {}}",
+                      "<tool_call>{\"name\": \"g\", \"arguments\": {\"x\": 1}}"));
     gvocab *v = test_vocab();
     grammar *g = compile_ok(GRAMMAR_TOOL_CALL, doc);
     gmatcher *m = gmatcher_new(g, v);

@@ -49,25 +49,31 @@ static int accepts(const grammar *g, const gvocab *v, int32_t marker, const char
 
 typedef struct {
     ts_tool_type type;
-    int32_t marker;             /* special token id that opens the call, or -1: text */
-    const char *good, *parsed;  /* accepted text after the marker; the span toolparse gets */
-    const char *bad[3];         /* refused: wrong name, invented key, schema broken */
+    int32_t marker;            /* special token id that opens the call, or -1: text */
+    const char *good, *parsed; /* accepted text after the marker; the span toolparse gets */
+    const char *bad[3];        /* refused: wrong name, invented key, schema broken */
 } format_case;
 
 static void test_formats(void **state) {
     (void)state;
     const format_case cases[] = {
-        {TS_TOOL_JSON_TOOLS, -1, "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>",
+        {TS_TOOL_JSON_TOOLS,
+         -1,
+         "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>",
          "\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n",
          {"<tool_call>\n{\"name\": \"sub\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>",
           "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2, \"c\": 3}}\n</tool_call>",
           "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": \"1\", \"b\": 2}}\n</tool_call>"}},
-        {TS_TOOL_LLAMA3_JSON, 257, "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}",
+        {TS_TOOL_LLAMA3_JSON,
+         257,
+         "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}",
          "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}",
          {"{\"name\": \"sub\", \"parameters\": {\"a\": 1, \"b\": 2}}",
           "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2, \"c\": 3}}",
           "{\"name\": \"add\", \"parameters\": {\"a\": 1}}"}},
-        {TS_TOOL_MISTRAL, 258, "[{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}]",
+        {TS_TOOL_MISTRAL,
+         258,
+         "[{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}]",
          "[{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}]",
          {"[{\"name\": \"sub\", \"arguments\": {\"a\": 1, \"b\": 2}}]",
           "[{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2, \"c\": 3}}]",
@@ -126,7 +132,8 @@ static void test_required(void **state) {
     grammar *g = NULL;
     hearth_error err = {0};
     assert_int_equal(grammar_compile(GRAMMAR_TOOL_CALL, doc, strlen(doc), v, &g, &err), HEARTH_OK);
-    assert_true(accepts(g, v, -1, "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>"));
+    assert_true(
+        accepts(g, v, -1, "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>"));
     assert_true(accepts(g, v, -1, "<tool_call>\n{\"name\": \"ping\", \"arguments\": {\"x\": [1]}}\n</tool_call>"));
     assert_false(accepts(g, v, -1, "Sure!<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>"));
     grammar_free(g);

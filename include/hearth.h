@@ -362,6 +362,10 @@ typedef enum hearth_constraint_kind {
     HEARTH_CONSTRAINT_JSON_OBJECT, /* any JSON object; text ignored */
     HEARTH_CONSTRAINT_REGEX,       /* the whole output matches the pattern */
     HEARTH_CONSTRAINT_GBNF,        /* llama.cpp grammar, start rule "root" */
+    /* A forced tool call (docs/constrained.md): text is {"alternatives": [[piece, ...],
+     * ...]} with pieces {"text": s}, {"token": s} (the special token with text s, or s as
+     * text) and {"schema": json schema}; the output is one alternative's pieces in order. */
+    HEARTH_CONSTRAINT_TOOL_CALL,
 } hearth_constraint_kind;
 
 /* Compiles a constraint source without generating: HEARTH_OK, or an error (INVALID or

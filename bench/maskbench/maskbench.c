@@ -90,7 +90,7 @@ int main(int argc, char **argv) {
         grammar *gr = NULL;
         hearth_error e = {0};
         double c0 = now_us();
-        hearth_status st = grammar_compile(GRAMMAR_JSON_SCHEMA, schema, strlen(schema), &gr, &e);
+        hearth_status st = grammar_compile(GRAMMAR_JSON_SCHEMA, schema, strlen(schema), NULL, &gr, &e);
         json_object_set_new(out, "compile_us", json_real(now_us() - c0));
         json_object_set_new(out, "error", st ? json_string(e.message) : json_null());
         json_t *verdicts = json_array(), *times = json_array();

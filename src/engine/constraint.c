@@ -10,14 +10,16 @@ static const grammar_kind GRAMMAR_OF[] = {
     [HEARTH_CONSTRAINT_JSON_OBJECT] = GRAMMAR_JSON_OBJECT,
     [HEARTH_CONSTRAINT_REGEX] = GRAMMAR_REGEX,
     [HEARTH_CONSTRAINT_GBNF] = GRAMMAR_GBNF,
+    [HEARTH_CONSTRAINT_TOOL_CALL] = GRAMMAR_TOOL_CALL,
 };
 
-hearth_status engine_constraint_compile(hearth_constraint_kind kind, const char *text, size_t len, grammar **out,
-                                        hearth_error *err) {
-    if (kind <= HEARTH_CONSTRAINT_NONE || kind > HEARTH_CONSTRAINT_GBNF)
+hearth_status engine_constraint_compile(hearth_constraint_kind kind, const char *text, size_t len, const gvocab *v,
+                                        grammar **out, hearth_error *err) {
+    if (kind <= HEARTH_CONSTRAINT_NONE || kind > HEARTH_CONSTRAINT_TOOL_CALL)
         return err_set(err, HEARTH_ERR_INVALID, "unknown constraint kind %d", (int)kind);
-    if (!text && kind != HEARTH_CONSTRAINT_JSON_OBJECT) return err_set(err, HEARTH_ERR_INVALID, "the constraint has no text");
-    hearth_status st = grammar_compile(GRAMMAR_OF[kind], text ? text : "", text ? len : 0, out, err);
+    if (!text && kind != HEARTH_CONSTRAINT_JSON_OBJECT)
+        return err_set(err, HEARTH_ERR_INVALID, "the constraint has no text");
+    hearth_status st = grammar_compile(GRAMMAR_OF[kind], text ? text : "", text ? len : 0, v, out, err);
     if (st == HEARTH_ERR_FORMAT) { /* bad input from the caller */
         st = HEARTH_ERR_INVALID;
         if (err) err->status = st;
@@ -27,8 +29,7 @@ hearth_status engine_constraint_compile(hearth_constraint_kind kind, const char 
 
 hearth_status hearth_constraint_check(hearth_constraint_kind kind, const char *text, size_t len, hearth_error *err) {
     grammar *g = NULL;
-    hearth_status st = engine_constraint_compile(kind, text, len, &g, err);
+    hearth_status st = engine_constraint_compile(kind, text, len, NULL, &g, err);
     grammar_free(g);
     return st;
 }
-

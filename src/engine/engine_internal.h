@@ -163,8 +163,10 @@ int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, doubl
  * NULL (no log-softmax over the vocabulary per token). */
 hearth_logprobs *gen_stream_lp(gen_stream *g);
 void gen_stream_free(gen_stream *g);
-/* A constraint's source compiled (constraint.c); bad input is HEARTH_ERR_INVALID. */
+/* A constraint's source compiled (constraint.c) for vocabulary v (NULL: only checked);
+ * bad input is HEARTH_ERR_INVALID. */
 struct grammar;
+struct gvocab;
 hearth_status engine_constraint_compile(hearth_constraint_kind kind, const char *text, size_t len,
-                                        struct grammar **out, hearth_error *err);
+                                        const struct gvocab *v, struct grammar **out, hearth_error *err);
 #endif

@@ -153,10 +153,10 @@ static int ends_with_stop_seq(const hearth_generate_params *p, const int32_t *ge
 static hearth_status constraint_init(gen_stream *g, hearth_engine *e, const hearth_generate_params *p,
                                      hearth_error *err) {
     if (p->constraint == HEARTH_CONSTRAINT_NONE) return HEARTH_OK;
-    hearth_status st = engine_constraint_compile(p->constraint, p->constraint_text, p->constraint_len, &g->grammar, err);
-    if (st) return st;
     gvocab *v = engine_grammar_vocab(e);
     if (!v) return err_set(err, HEARTH_ERR_UNSUPPORTED, "a constraint needs the model's tokenizer");
+    hearth_status st = engine_constraint_compile(p->constraint, p->constraint_text, p->constraint_len, v, &g->grammar, err);
+    if (st) return st;
     size_t rows = (size_t)hearth_model_vocab_rows(e);
     g->matcher = gmatcher_new(g->grammar, v);
     g->masked = malloc(rows * sizeof *g->masked);

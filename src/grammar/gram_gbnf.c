@@ -65,6 +65,10 @@ static int32_t literal(gr_parser *p) {
         }
         char c = p->s[p->i++];
         if (c == '"') break;
+        if ((unsigned char)c == GR_SPECIAL_BYTE) { /* not UTF-8; it would reach special tokens */
+            gr_err_at(p, p->i - 1, "byte 0xFF in a literal is not UTF-8%s", "");
+            break;
+        }
         if (c != '\\') {
             buf[n++] = c;
             continue;

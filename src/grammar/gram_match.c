@@ -24,7 +24,7 @@ typedef struct {
 
 struct gvocab {
     int32_t n_tokens;
-    gv_trie all;  /* every text token */
+    gv_trie all;  /* every text token and marker (special token) */
     gv_trie rest; /* the text tokens that are not short plain ones */
     /* short plain tokens: at most GV_SHORT complete UTF-8 characters, none of them a
      * control character, '"' or '\\'. Where every plain character leads one state to the
@@ -35,8 +35,7 @@ struct gvocab {
     size_t n_plain;
     int32_t *eos;
     int n_eos;
-    uint8_t *is_special; /* per token */
-    char **bytes;
+    char **bytes; /* a special token's are GR_SPECIAL_BYTE and its text */
     uint32_t *len;
 };
 
@@ -141,24 +140,31 @@ gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *l
     v->n_tokens = n_tokens;
     v->bytes = calloc((size_t)n_tokens + 1, sizeof *v->bytes);
     v->len = calloc((size_t)n_tokens + 1, sizeof *v->len);
-    v->is_special = calloc((size_t)n_tokens + 1, 1);
     v->eos = malloc(((size_t)n_eos + 1) * sizeof *v->eos);
     v->plain_bits = calloc(((size_t)n_tokens + 31) / 32 + 1, sizeof *v->plain_bits);
     int32_t *order = malloc(((size_t)n_tokens + 1) * sizeof *order);
     int32_t *rest = malloc(((size_t)n_tokens + 1) * sizeof *rest);
-    if (!v->bytes || !v->len || !v->is_special || !v->eos || !order || !rest || !v->plain_bits) goto fail;
+    if (!v->bytes || !v->len || !v->eos || !order || !rest || !v->plain_bits) goto fail;
     for (int i = 0; i < n_eos; i++)
         if (eos_ids[i] >= 0 && eos_ids[i] < n_tokens) v->eos[v->n_eos++] = eos_ids[i];
     int32_t n_text = 0, n_rest = 0;
     for (int32_t i = 0; i < n_tokens; i++) {
         uint32_t l = bytes[i] ? len[i] : 0;
-        if (l > GV_MAX_TOKEN_BYTES) l = 0;
-        v->is_special[i] = special ? special[i] : 0;
-        v->len[i] = l;
-        v->bytes[i] = malloc(l + 1);
+        if (l >= GV_MAX_TOKEN_BYTES) l = 0;
+        int is_eos = 0;
+        for (int k = 0; k < v->n_eos; k++) is_eos |= v->eos[k] == i;
+        /* eos ends an output through can_end, never as text or a marker */
+        int mark = special && special[i] && l && !is_eos;
+        if (special && special[i] && !mark) l = 0;
+        /* text with the marker byte (a byte-fallback <0xFF>) is never UTF-8, so no grammar
+         * allows it; dropped so that it cannot start a marker either */
+        if (!mark && l && memchr(bytes[i], GR_SPECIAL_BYTE, l)) l = 0;
+        v->len[i] = l + (uint32_t)mark;
+        v->bytes[i] = malloc(l + 2);
         if (!v->bytes[i]) goto fail;
-        if (l) memcpy(v->bytes[i], bytes[i], l);
-        if (l && !v->is_special[i]) order[n_text++] = i;
+        if (mark) v->bytes[i][0] = (char)GR_SPECIAL_BYTE;
+        if (l) memcpy(v->bytes[i] + mark, bytes[i], l);
+        if (v->len[i]) order[n_text++] = i;
     }
     sort_bytes = (const char *const *)v->bytes, sort_len = v->len;
     qsort(order, (size_t)n_text, sizeof *order, cmp_tok);
@@ -187,13 +193,20 @@ fail:
 void gvocab_free(gvocab *v) {
     if (!v) return;
     for (int32_t i = 0; v->bytes && i < v->n_tokens; i++) free(v->bytes[i]);
-    free(v->bytes), free(v->len), free(v->is_special), free(v->eos), free(v->plain_bits);
+    free(v->bytes), free(v->len), free(v->eos), free(v->plain_bits);
     trie_free(&v->all);
     trie_free(&v->rest);
     free(v);
 }
 
 int32_t gvocab_size(const gvocab *v) { return v ? v->n_tokens : 0; }
+
+int gvocab_has_special(const gvocab *v, const char *text, size_t n) {
+    for (int32_t i = 0; i < v->n_tokens; i++)
+        if (v->len[i] == n + 1 && (unsigned char)v->bytes[i][0] == GR_SPECIAL_BYTE && !memcmp(v->bytes[i] + 1, text, n))
+            return 1;
+    return 0;
+}
 
 /* ---- matcher --------------------------------------------------------------------------- */
 
@@ -661,6 +674,6 @@ int gmatcher_accept(gmatcher *m, int32_t token) {
             m->done = 1;
             return 1;
         }
-    if (v->is_special[token] || !v->len[token]) return 0;
+    if (!v->len[token]) return 0;
     return gmatcher_accept_bytes(m, v->bytes[token], v->len[token]);
 }

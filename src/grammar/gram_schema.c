@@ -210,6 +210,29 @@ static int has_type(json_t *arr, const char *t) {
 
 static json_t *merge(sc_ctx *c, json_t *a, json_t *b, int depth);
 
+/* How a key both objects have is combined: the value to store under it in out (the copy
+ * being built, which the function may also edit). */
+typedef json_t *(*sc_combine_fn)(sc_ctx *c, json_t *out, const char *k, json_t *mine, json_t *theirs, int depth);
+
+/* A copy of object x with y's members added: a key only one side has is taken as it is, a
+ * key both have goes through `both`. */
+static json_t *merge_members(sc_ctx *c, json_t *x, json_t *y, int depth, sc_combine_fn both) {
+    json_t *out = json_copy(x);
+    const char *k;
+    json_t *v;
+    json_object_foreach(y, k, v) {
+        json_t *e = json_object_get(out, k);
+        json_object_set_new(out, k, e ? both(c, out, k, e, v, depth) : json_incref(v));
+    }
+    return out;
+}
+
+/* properties / $defs members: the same name on both sides is both schemas at once */
+static json_t *combine_subschemas(sc_ctx *c, json_t *out, const char *k, json_t *mine, json_t *theirs, int depth) {
+    (void)out, (void)k;
+    return merge(c, mine, theirs, depth + 1);
+}
+
 static json_t *merge_key(sc_ctx *c, const char *k, json_t *x, json_t *y, int depth) {
     if (json_equal(x, y)) return json_incref(x);
     if (!strcmp(k, "type")) {
@@ -242,19 +265,8 @@ static json_t *merge_key(sc_ctx *c, const char *k, json_t *x, json_t *y, int dep
         }
         return out;
     }
-    if (!strcmp(k, "properties") || !strcmp(k, "$defs") || !strcmp(k, "definitions")) {
-        json_t *out = json_copy(x);
-        const char *p;
-        json_t *v;
-        json_object_foreach(y, p, v) {
-            json_t *e = json_object_get(out, p);
-            if (!e)
-                json_object_set(out, p, v);
-            else
-                json_object_set_new(out, p, merge(c, e, v, depth + 1));
-        }
-        return out;
-    }
+    if (!strcmp(k, "properties") || !strcmp(k, "$defs") || !strcmp(k, "definitions"))
+        return merge_members(c, x, y, depth, combine_subschemas);
     static const char *const maxes[] = {"minimum", "exclusiveMinimum", "minLength", "minItems"};
     static const char *const mins[] = {"maximum", "exclusiveMaximum", "maxLength", "maxItems"};
     for (int i = 0; i < 4; i++) {
@@ -284,6 +296,21 @@ static json_t *merge_key(sc_ctx *c, const char *k, json_t *x, json_t *y, int dep
     return json_incref(x);
 }
 
+/* A keyword both schemas have. Both sides branch (anyOf/oneOf/allOf): keep one side's
+ * branches, fold the other into allOf. */
+static json_t *combine_keywords(sc_ctx *c, json_t *out, const char *k, json_t *mine, json_t *theirs, int depth) {
+    if ((strcmp(k, "anyOf") && strcmp(k, "oneOf") && strcmp(k, "allOf")) || json_equal(mine, theirs))
+        return merge_key(c, k, mine, theirs, depth);
+    json_t *all = json_object_get(out, "allOf");
+    json_t *folded = all ? json_copy(all) : json_array();
+    json_t *w = json_object();
+    json_object_set(w, k, theirs);
+    json_array_append_new(folded, w);
+    if (!strcmp(k, "allOf")) return folded;
+    json_object_set_new(out, "allOf", folded);
+    return json_incref(mine);
+}
+
 /* The intersection of two schemas, for the keywords where it is a schema again. */
 static json_t *merge(sc_ctx *c, json_t *a, json_t *b, int depth) {
     if (depth > SC_MAX_DEPTH) {
@@ -299,24 +326,7 @@ static json_t *merge(sc_ctx *c, json_t *a, json_t *b, int depth) {
         json_decref(a), json_decref(b);
         return json_object();
     }
-    json_t *out = json_copy(a);
-    const char *k;
-    json_t *v;
-    json_object_foreach(b, k, v) {
-        json_t *e = json_object_get(out, k);
-        if (!e)
-            json_object_set(out, k, v);
-        else if ((!strcmp(k, "anyOf") || !strcmp(k, "oneOf") || !strcmp(k, "allOf")) && !json_equal(e, v)) {
-            /* both sides branch: keep one side's branches, fold the other into allOf */
-            json_t *all = json_object_get(out, "allOf");
-            json_t *na = all ? json_copy(all) : json_array();
-            json_t *w = json_object();
-            json_object_set(w, k, v);
-            json_array_append_new(na, w);
-            json_object_set_new(out, "allOf", na);
-        } else
-            json_object_set_new(out, k, merge_key(c, k, e, v, depth));
-    }
+    json_t *out = merge_members(c, a, b, depth, combine_keywords);
     /* additionalProperties looks only at its own schema's properties: a side that allows no
      * others keeps the union from naming keys only the other side declares */
     json_t *sides[2] = {a, b};
@@ -1068,10 +1078,12 @@ hearth_status gr_schema(gr_build *b, const char *text, size_t len, int object_on
     return c.st;
 }
 
-hearth_status grammar_compile(grammar_kind kind, const char *text, size_t len, grammar **out, hearth_error *err) {
+hearth_status grammar_compile(grammar_kind kind, const char *text, size_t len, const gvocab *v, grammar **out,
+                              hearth_error *err) {
     *out = NULL;
     gr_build b;
     gr_build_init(&b);
+    b.vocab = v;
     int32_t root = -1, node = 0;
     hearth_status st;
     switch (kind) {
@@ -1082,6 +1094,7 @@ hearth_status grammar_compile(grammar_kind kind, const char *text, size_t len, g
         if (!st) root = gr_rule_new(&b, node);
         break;
     case GRAMMAR_GBNF: st = gr_gbnf(&b, text, len, &root, err); break;
+    case GRAMMAR_TOOL_CALL: st = gr_tool_call(&b, text, len, &root, err); break;
     default: st = err_set(err, HEARTH_ERR_INVALID, "unknown grammar kind %d", (int)kind); break;
     }
     if (!st && root < 0) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");

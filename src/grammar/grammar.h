@@ -13,6 +13,7 @@ typedef enum {
     GRAMMAR_JSON_OBJECT, /* any JSON object (response_format json_object); text ignored */
     GRAMMAR_REGEX,       /* the whole output matches the pattern */
     GRAMMAR_GBNF,        /* llama.cpp grammar; rule "root" is the start */
+    GRAMMAR_TOOL_CALL,   /* pieces of text, special-token markers and JSON schemas (gram_tool.c) */
 } grammar_kind;
 
 typedef struct grammar grammar;
@@ -20,19 +21,25 @@ typedef struct gvocab gvocab;
 typedef struct gmatcher gmatcher;
 
 /* Compiles a source. Errors name the problem (an unsupported keyword and where it is, a
- * bad $ref, a GBNF syntax error with line:col). */
-hearth_status grammar_compile(grammar_kind kind, const char *text, size_t len, grammar **out, hearth_error *err);
+ * bad $ref, a GBNF syntax error with line:col). v (may be NULL) is the vocabulary the
+ * grammar will run on: a tool-call marker is then the special token with that text when v
+ * has one (what the model was trained to write), else the text; with v NULL, either. */
+hearth_status grammar_compile(grammar_kind kind, const char *text, size_t len, const gvocab *v, grammar **out,
+                              hearth_error *err);
 void grammar_free(grammar *g);
 /* Rules and elements: a size for logs and tests. */
 size_t grammar_size(const grammar *g);
 
 /* A vocabulary: bytes[i] (len[i] bytes) is what token i stands for; special tokens (chat
- * markup, control ids) are never allowed as text; eos ids end a finished output. Built
+ * markup, control ids) are never allowed as text, only where a tool-call grammar asks for
+ * that marker; eos ids end a finished output. Built
  * once per tokenizer and shared by every matcher (read-only after creation). */
 gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *len, const uint8_t *special,
                    const int32_t *eos_ids, int n_eos);
 void gvocab_free(gvocab *v);
 int32_t gvocab_size(const gvocab *v);
+/* Whether v has a special token (not eos) whose text is text[0..n). */
+int gvocab_has_special(const gvocab *v, const char *text, size_t n);
 
 /* A matcher follows one output. The grammar must outlive it. */
 gmatcher *gmatcher_new(const grammar *g, const gvocab *v);

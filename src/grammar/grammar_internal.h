@@ -10,6 +10,10 @@
 #define GR_INF (-1)          /* an unbounded repeat */
 #define GR_MAX_REPEAT 100000 /* {m,n} bounds above this are refused: each copy is a rule */
 #define GR_MAX_NODES 4000000 /* a source that needs more expression nodes is refused */
+/* A special token (other than eos) is spelled in the matcher as this byte and then its
+ * text: 0xFF is never a UTF-8 byte, so text grammars can never match one; a tool-call
+ * grammar's marker piece writes it on purpose. */
+#define GR_SPECIAL_BYTE 0xFF
 
 typedef struct {
     uint32_t w[8];
@@ -51,6 +55,7 @@ typedef struct gr_build {
     gr_rule *rules;
     int32_t n_rules, cap_rules;
     int oom;
+    const gvocab *vocab; /* NULL: not known (grammar_compile) */
 } gr_build;
 
 void gr_build_init(gr_build *b);
@@ -84,4 +89,5 @@ hearth_status gr_finish(gr_build *b, int32_t root, grammar **out, hearth_error *
 hearth_status gr_regex(gr_build *b, const char *re, size_t len, int json, int32_t *out, hearth_error *err);
 hearth_status gr_gbnf(gr_build *b, const char *text, size_t len, int32_t *root, hearth_error *err);
 hearth_status gr_schema(gr_build *b, const char *text, size_t len, int object_only, int32_t *root, hearth_error *err);
+hearth_status gr_tool_call(gr_build *b, const char *text, size_t len, int32_t *root, hearth_error *err);
 #endif

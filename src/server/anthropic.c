@@ -151,10 +151,9 @@ static json_t *tool_input(json_t *args) {
 }
 
 static void add_tool_calls(anth_state *st, const char *text, size_t len) {
-    const ts_config *cfg = st->s->text_config;
     json_t *calls = json_array();
     hearth_error err = {0};
-    if (tp_parse(cfg->tool, text, len, st->req.tools, calls, &err)) {
+    if (tp_parse(st->gen.tool, text, len, st->req.tools, calls, &err)) {
         srv_log(st->s, SRV_LOG_WARNING, "tool call dropped: %s", err.message);
         json_decref(calls);
         return;
@@ -308,11 +307,6 @@ int anth_handle_messages(srv_server *s, srv_conn *c, const char *body, size_t le
         state_free(st);
         return respond_error(s, c, &e);
     }
-    if (st->x.tool_choice == ANTH_TOOL_CHOICE_ANY || st->x.tool_choice == ANTH_TOOL_CHOICE_TOOL)
-        srv_log(s, SRV_LOG_WARNING,
-                "tool_choice '%s' is not enforced: the model decides whether to "
-                "call a tool",
-                st->x.tool_choice == ANTH_TOOL_CHOICE_ANY ? "any" : "tool");
     anth_make_id(st->id, sizeof st->id, "msg_");
     anth_blocks_init(&st->blocks, st->req.stream, &st->ss.out, st->content);
     if (st->req.stream) return srv_respond_stream(c, s, "text/event-stream", stream_reader, st, stream_free);

@@ -10,11 +10,9 @@
 
 /* What a Messages request carries besides the srv_request it becomes. */
 typedef struct anth_extra {
-    int thinking;      /* "thinking": {"type": "enabled"}: reasoning becomes thinking
-                          blocks */
-    int tool_choice;   /* ANTH_TOOL_CHOICE_* */
-    char *forced_tool; /* tool_choice {"type": "tool", "name"}: the name (not
-                          enforced) */
+    int thinking;    /* "thinking": {"type": "enabled"}: reasoning becomes thinking
+                        blocks */
+    int tool_choice; /* ANTH_TOOL_CHOICE_* */
 } anth_extra;
 
 enum { ANTH_TOOL_CHOICE_AUTO, ANTH_TOOL_CHOICE_ANY, ANTH_TOOL_CHOICE_TOOL, ANTH_TOOL_CHOICE_NONE };

@@ -4,6 +4,7 @@
  * role "tool" messages, tools OpenAI function tools; plus the Anthropic error
  * body. Must not touch the model or the engine: it is fuzzed on its own. */
 #include "server/anthropic.h"
+#include "server/tool_choice.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,10 +38,7 @@ char *anth_error_body(const srv_error *e) {
     return s;
 }
 
-void anth_extra_free(anth_extra *x) {
-    free(x->forced_tool);
-    memset(x, 0, sizeof *x);
-}
+void anth_extra_free(anth_extra *x) { memset(x, 0, sizeof *x); }
 
 /* A number in [lo, hi]; booleans are not numbers here (Anthropic validates
  * strictly). */
@@ -327,14 +325,13 @@ static int parse_tool_choice(const json_t *root, srv_request *r, anth_extra *x, 
     else if (!strcmp(t, "tool")) {
         if (!json_is_string(name)) return BAD(e, "tool_choice", "tool_choice.name: Field required");
         x->tool_choice = ANTH_TOOL_CHOICE_TOOL;
-        if (!(x->forced_tool = strdup(json_string_value(name)))) return OOM(e);
     } else
         return BAD(e, "tool_choice", "tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'");
-    if (x->tool_choice == ANTH_TOOL_CHOICE_NONE) { /* the model is not told about the tools */
-        json_decref(r->tools);
-        r->tools = NULL;
-    }
-    return 0;
+    static const srv_tools_mode MODE[] = {[ANTH_TOOL_CHOICE_AUTO] = SRV_TOOLS_AUTO,
+                                          [ANTH_TOOL_CHOICE_ANY] = SRV_TOOLS_REQUIRED,
+                                          [ANTH_TOOL_CHOICE_TOOL] = SRV_TOOLS_NAMED,
+                                          [ANTH_TOOL_CHOICE_NONE] = SRV_TOOLS_NONE};
+    return srv_set_tool_choice(r, MODE[x->tool_choice], json_string_value(name), "tool_choice", e);
 }
 
 /* metadata, thinking, stream, model: the scalar fields. */

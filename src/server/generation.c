@@ -5,6 +5,7 @@
  * bodies. */
 #include "server/generation.h"
 #include "server/adapters.h"
+#include "server/tool_choice.h"
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,13 +181,26 @@ int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_opti
         hearth_free(ids);
         return -1;
     }
+    /* a forced tool call: its constraint, and the tool format its output is parsed with */
+    const ts_config *text_config = r->force_tool ? s->forced_text_config : s->text_config;
+    char *tool_doc = NULL;
+    if (r->force_tool && srv_tool_constraint(r, text_config, &tool_doc, e)) {
+        hearth_free(ids);
+        return -1;
+    }
     hearth_error err = {0};
     /* with engine-level text stops the strings never reach the text, so the state
      * machine need not hold anything back for them */
-    g->ts = ts_new(s->text_config, o->text_stops ? NULL : (const char *const *)r->stop, o->text_stops ? 0 : r->n_stop,
+    g->ts = ts_new(text_config, o->text_stops ? NULL : (const char *const *)r->stop, o->text_stops ? 0 : r->n_stop,
                    r->kind == SRV_CHAT && opens_think, &err);
+    g->tool = text_config->tool;
     hearth_generate_params p;
     fill_params(r, &p);
+    if (tool_doc) {
+        p.constraint = HEARTH_CONSTRAINT_TOOL_CALL;
+        p.constraint_text = tool_doc;
+        p.constraint_len = strlen(tool_doc);
+    }
     p.first_logprobs = o->first_logprobs;
     p.adapter = spec[0] ? spec : NULL;
     size_t n_seqs = 0, cap = r->n_stop ? r->n_stop : 1;
@@ -209,6 +223,7 @@ int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_opti
     /* no more than the context leaves after the prompt (srv_prompt_ids checked it has room) */
     if (p.max_tokens > s->context_length - (int)n) p.max_tokens = s->context_length - (int)n;
     g->job = g->ts && own && seqs && lens ? srv_job_new(own, n, &p) : NULL; /* copies the stop ids */
+    free(tool_doc);
     for (size_t i = 0; i < n_seqs; i++) hearth_free(seqs[i]);
     free(seqs);
     free(lens);

@@ -13,6 +13,7 @@ typedef struct srv_generation {
     srv_job *job;
     ts_parser *ts;
     ts_finish last_finish; /* of the last token fed */
+    ts_tool_type tool;     /* the tool format its output is parsed with (tool_choice.h) */
 } srv_generation;
 
 typedef struct srv_gen_options {

@@ -48,10 +48,11 @@ hearth_status srv_open(const srv_config *cfg, hearth_model *model, hearth_model 
                        const hearth_engine_options *eo, srv_server **out, hearth_error *err) {
     *out = NULL;
     srv_server *s = calloc(1, sizeof *s);
-    ts_config *tsc = calloc(1, sizeof *tsc);
-    if (!s || !tsc) {
+    ts_config *tsc = calloc(1, sizeof *tsc), *forced = calloc(1, sizeof *forced);
+    if (!s || !tsc || !forced) {
         free(s);
         free(tsc);
+        free(forced);
         hearth_model_close(model);
         if (embedding_model) hearth_model_close(embedding_model);
         return fail(err, HEARTH_ERR_NOMEM, "out of memory");
@@ -59,12 +60,17 @@ hearth_status srv_open(const srv_config *cfg, hearth_model *model, hearth_model 
     s->cfg = *cfg;
     s->model = model;
     s->text_config = tsc;
+    s->forced_text_config = forced;
     pthread_mutex_init(&s->render_mu, NULL);
     *out = s; /* from here srv_close frees whatever was made */
     hearth_status st =
         ts_infer(tsc, hearth_model_chat_template(model),
                  hearth_model_tokenizer_config_string(model, "tool_parser_type"), has_token, model, false, err);
+    if (!st)
+        st = ts_infer(forced, hearth_model_chat_template(model),
+                      hearth_model_tokenizer_config_string(model, "tool_parser_type"), has_token, model, true, err);
     if (st) return st;
+    if (forced->tool == TS_TOOL_NONE) ts_set_tool(forced, TS_TOOL_JSON_TOOLS);
     /* an embedding model (BERT, Qwen3-Embedding) gets no engine: /v1/embeddings only */
     int embed_only = hearth_model_is_embedding(model);
     if (embed_only && embedding_model) {
@@ -81,7 +87,8 @@ hearth_status srv_open(const srv_config *cfg, hearth_model *model, hearth_model 
             snprintf(s->context_source_text, sizeof s->context_source_text, "--ctx");
         else if (hearth_engine_context_cut_from(s->engine))
             snprintf(s->context_source_text, sizeof s->context_source_text,
-                     "the largest that fits free memory (the model allows %d)", hearth_engine_context_cut_from(s->engine));
+                     "the largest that fits free memory (the model allows %d)",
+                     hearth_engine_context_cut_from(s->engine));
         else
             snprintf(s->context_source_text, sizeof s->context_source_text, "the model's own limit");
         s->context_source = s->context_source_text;
@@ -136,5 +143,6 @@ void srv_close(srv_server *s) {
     pthread_mutex_destroy(&s->render_mu);
     resp_store_free(s->responses);
     free(s->text_config);
+    free(s->forced_text_config);
     free(s);
 }

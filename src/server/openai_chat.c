@@ -60,8 +60,7 @@ static void take_pending(gen_state *g) {
     ts_pending_view v;
     ts_pending(g->gen.ts, &v);
     if (v.n_tools && g->req.kind == SRV_CHAT) {
-        const ts_config *cfg = g->s->text_config;
-        tp_format_calls(cfg->tool, v.tool_texts, v.tool_lens, v.n_tools, g->req.tools, g->req.stream, &g->tool_index,
+        tp_format_calls(g->gen.tool, v.tool_texts, v.tool_lens, v.n_tools, g->req.tools, g->req.stream, &g->tool_index,
                         g->tool_calls, warn_tool, g->s);
     }
     sbuf_append(&g->content, v.content ? v.content : "", v.content_len);

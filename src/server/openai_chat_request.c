@@ -4,6 +4,7 @@
  * (content parts joined, tool-call arguments parsed). Must not touch the model
  * or the engine: it is fuzzed on its own. */
 #include "server/server.h"
+#include "server/tool_choice.h"
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -319,7 +320,7 @@ static int parse_root(json_t *root, srv_kind kind, const srv_defaults *d, srv_re
         parse_logit_bias(root, r, e) || parse_stop(root, r, e) || parse_template_kwargs(root, d, r, e) ||
         srv_parse_constraint(root, NULL, r, e))
         return -1;
-    if (kind == SRV_CHAT) return parse_chat(root, r, e);
+    if (kind == SRV_CHAT) return parse_chat(root, r, e) || srv_parse_tool_choice(root, r, e) ? -1 : 0;
     v = json_object_get(root, "prompt");
     if (!v) return BAD(e, "prompt", "Request did not contain a prompt");
     if (!json_is_string(v)) return BAD(e, "prompt", "prompt must be a string");
@@ -360,5 +361,6 @@ void srv_request_free(srv_request *r) {
     json_decref(r->tools);
     free(r->prompt);
     free(r->constraint_text);
+    free(r->forced_tool);
     memset(r, 0, sizeof *r);
 }

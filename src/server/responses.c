@@ -128,10 +128,9 @@ static void function_call(resp_state *st, const char *name, const char *args) {
 
 /* The model's tool-call text -> function_call items with JSON-text arguments. */
 static void add_tool_calls(resp_state *st, const char *text, size_t len) {
-    const ts_config *cfg = st->s->text_config;
     json_t *calls = json_array();
     hearth_error err = {0};
-    if (!calls || tp_parse(cfg->tool, text, len, st->rq.req.tools, calls, &err)) {
+    if (!calls || tp_parse(st->gen.tool, text, len, st->rq.req.tools, calls, &err)) {
         srv_log(st->s, SRV_LOG_WARNING, "tool call dropped: %s", err.message);
         json_decref(calls);
         return;
@@ -305,8 +304,6 @@ int resp_handle_create(srv_server *s, srv_conn *c, const char *body, size_t len)
         state_free(st);
         return srv_respond_error(c, s, &e);
     }
-    if (st->rq.forced_tools)
-        srv_log(s, SRV_LOG_WARNING, "tool_choice is not enforced: the model decides whether to call a tool");
     anth_make_id(st->id, sizeof st->id, "resp_");
     st->created = (long long)time(NULL);
     st->stream = st->rq.req.stream;

@@ -15,7 +15,6 @@ typedef struct resp_request {
     char *instructions;  /* NULL: none */
     char *previous_id;   /* NULL: a new conversation */
     int store;           /* keep the response for GET and previous_response_id */
-    int forced_tools;    /* tool_choice "required" or a named function: not enforced */
     json_t *tools_echo;  /* the "tools" array as the response echoes it */
     json_t *tool_choice; /* echoed: "auto", "none", "required" or the object */
     json_t *text_format; /* echoed: the request's text.format (NULL: {"type": "text"}) */

@@ -4,6 +4,7 @@
  * function_call_output -> role "tool"). Must not touch the model, the engine or
  * the store: it is fuzzed on its own (tests/fuzz/fuzz_responses.c). */
 #include "server/responses.h"
+#include "server/tool_choice.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -357,12 +358,14 @@ static int parse_tool_choice(const json_t *root, resp_request *x, srv_error *e) 
         return BAD(e, "tool_choice", "tool_choice: Input should be a string or an object");
     }
     if (!(x->tool_choice = json_deep_copy(v))) return OOM(e);
-    x->forced_tools = json_is_object(v) || !strcmp(s, "required");
-    if (json_is_string(v) && !strcmp(s, "none")) { /* the model is not told about the tools */
-        json_decref(x->req.tools);
-        x->req.tools = NULL;
-    }
-    return 0;
+    if (json_is_object(v))
+        return srv_set_tool_choice(&x->req, SRV_TOOLS_NAMED, json_string_value(json_object_get(v, "name")),
+                                   "tool_choice", e);
+    return srv_set_tool_choice(&x->req,
+                               !strcmp(s, "required") ? SRV_TOOLS_REQUIRED
+                               : !strcmp(s, "none")   ? SRV_TOOLS_NONE
+                                                      : SRV_TOOLS_AUTO,
+                               NULL, "tool_choice", e);
 }
 
 int resp_request_parse(const char *body, size_t len, const srv_defaults *d, resp_request *r, srv_error *e) {

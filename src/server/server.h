@@ -83,6 +83,10 @@ typedef struct srv_request {
     /* response_format / grammar / regex / json_schema: the output constraint */
     hearth_constraint_kind constraint;
     char *constraint_text; /* NUL-terminated; NULL for json_object */
+    /* tool_choice that forces a call (tool_choice.h): "required" / a named function
+     * (OpenAI), "any" / "tool" (Anthropic); the output is then one call */
+    int force_tool;
+    char *forced_tool; /* the named tool; NULL: any of tools */
 } srv_request;
 
 /* The output constraint of a request body (OpenAI response_format json_schema /
@@ -230,6 +234,9 @@ typedef struct srv_server {
     char context_source_text[96];
     char fingerprint[400];
     void *text_config;            /* ts_config of the model (textstate.h) */
+    /* ts_config of a forced tool call (tool_choice.h): the model's, or where it has no tool
+     * format Llama 3's JSON (a template with <|python_tag|>) or the hermes <tool_call> one */
+    void *forced_text_config;
     pthread_mutex_t render_mu;    /* template rendering and tokenizing, one HTTP
                                      thread at a time */
     struct srv_http *http;        /* the listener and its connections (http.c) */

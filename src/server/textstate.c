@@ -178,7 +178,7 @@ bool ts_tool_from_name(const char *name, ts_tool_type *out) {
     return false;
 }
 
-static void set_tool(ts_config *cfg, ts_tool_type type) {
+void ts_set_tool(ts_config *cfg, ts_tool_type type) {
     for (size_t i = 0; i < N_TOOL_FORMATS; i++)
         if (TOOL_FORMATS[i].type == type) {
             cfg->tool = type;
@@ -264,7 +264,7 @@ hearth_status ts_infer(ts_config *cfg, const char *chat_template, const char *to
             has(chat_template, "<|python_tag|>"))
             tool = TS_TOOL_LLAMA3_JSON;
     }
-    if (tool != TS_TOOL_NONE) set_tool(cfg, tool);
+    if (tool != TS_TOOL_NONE) ts_set_tool(cfg, tool);
     return HEARTH_OK;
 }
 

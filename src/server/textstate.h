@@ -85,6 +85,8 @@ hearth_status ts_infer(ts_config *cfg, const char *chat_template, const char *to
 
 /* Maps an upstream module name ("json_tools", ...) to the enum; false if unknown. */
 bool ts_tool_from_name(const char *name, ts_tool_type *out);
+/* Sets cfg's tool format (type, name and markers); TS_TOOL_NONE leaves cfg unchanged. */
+void ts_set_tool(ts_config *cfg, ts_tool_type type);
 
 /* True when the rendered prompt's last think-start marker comes after its last
  * think-end marker (the template pre-opened a think block): start in reasoning.

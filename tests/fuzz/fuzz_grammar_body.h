@@ -21,7 +21,7 @@ static int fuzz_grammar(grammar_kind kind, const uint8_t *data, size_t size) {
     }
     grammar *g = NULL;
     hearth_error err = {0};
-    if (grammar_compile(kind, (const char *)data, size, &g, &err) != HEARTH_OK) return 0;
+    if (grammar_compile(kind, (const char *)data, size, v, &g, &err) != HEARTH_OK) return 0;
     gmatcher *m = gmatcher_new(g, v);
     uint32_t mask[1];
     for (size_t i = 0; m && i < size && i < 64; i++) {

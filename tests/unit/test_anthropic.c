@@ -94,7 +94,8 @@ static void test_tool_round_trip(void **state) {
                          "\"w\", \"description\": \"weather\","
                          "\"parameters\": {\"type\": \"object\"}}}]");
     assert_int_equal(x.tool_choice, ANTH_TOOL_CHOICE_TOOL);
-    assert_string_equal(x.forced_tool, "w");
+    assert_int_equal(r.force_tool, 1);
+    assert_string_equal(r.forced_tool, "w");
     srv_request_free(&r);
     anth_extra_free(&x);
     /* tool_choice none: the tools are not rendered; count_tokens needs no

@@ -13,34 +13,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grammar/grammar.h"
+#include "grammar_vocab.h"
 
-/* A vocabulary of every single byte plus some multi-byte tokens; id 0 is eos. */
-static const char *MULTI[] = {"{\"", "\":",      "\"}",  "true", "false", "null",        "ab",  "abc",
-                              "12",  "\xc3\xa9", "\xc3", "\xa9", " \"",   "\",\"",       "e\"", "\\n",
-                              "0.",  "-1",       "[\"",  "\"]",  "aaaa",  "\xe2\x82\xac"};
-#define N_MULTI (sizeof MULTI / sizeof *MULTI)
-#define N_VOCAB (1 + 256 + N_MULTI + 1) /* eos, bytes, multi, one special */
+/* Every single byte plus some multi-byte tokens and one special token last; id 0 is eos. */
+static const char *EXTRA[] = {"{\"", "\":",      "\"}",  "true", "false", "null",         "ab",         "abc",
+                              "12",  "\xc3\xa9", "\xc3", "\xa9", " \"",   "\",\"",        "e\"",        "\\n",
+                              "0.",  "-1",       "[\"",  "\"]",  "aaaa",  "\xe2\x82\xac", "<tool_call>"};
+#define N_EXTRA (sizeof EXTRA / sizeof *EXTRA)
+#define N_VOCAB (1 + 256 + N_EXTRA) /* eos, bytes, multi, one special */
 
 static gvocab *test_vocab(void) {
-    static char single[256][1];
-    const char *bytes[N_VOCAB];
-    uint32_t len[N_VOCAB];
-    uint8_t special[N_VOCAB] = {0};
-    bytes[0] = "</s>", len[0] = 4, special[0] = 1;
-    for (int i = 0; i < 256; i++) single[i][0] = (char)i, bytes[1 + i] = single[i], len[1 + i] = 1;
-    for (size_t i = 0; i < N_MULTI; i++) bytes[257 + i] = MULTI[i], len[257 + i] = (uint32_t)strlen(MULTI[i]);
-    bytes[N_VOCAB - 1] = "<tool_call>", len[N_VOCAB - 1] = 11, special[N_VOCAB - 1] = 1;
-    int32_t eos = 0;
-    gvocab *v = gvocab_new(N_VOCAB, bytes, len, special, &eos, 1);
-    assert_non_null(v);
-    return v;
+    uint8_t special[N_EXTRA] = {0};
+    special[N_EXTRA - 1] = 1;
+    return byte_vocab(EXTRA, special, N_EXTRA);
 }
 
 static grammar *compile_ok(grammar_kind k, const char *src) {
     grammar *g = NULL;
     hearth_error err = {0};
-    hearth_status st = grammar_compile(k, src, strlen(src), &g, &err);
+    hearth_status st = grammar_compile(k, src, strlen(src), NULL, &g, &err);
     if (st) fprintf(stderr, "compile failed: %s\n  source: %s\n", err.message, src);
     assert_int_equal(st, HEARTH_OK);
     return g;
@@ -49,7 +40,7 @@ static grammar *compile_ok(grammar_kind k, const char *src) {
 static void compile_fails(grammar_kind k, const char *src, const char *needle) {
     grammar *g = NULL;
     hearth_error err = {0};
-    hearth_status st = grammar_compile(k, src, strlen(src), &g, &err);
+    hearth_status st = grammar_compile(k, src, strlen(src), NULL, &g, &err);
     if (!st || !strstr(err.message, needle))
         fprintf(stderr, "expected an error naming '%s' for: %s\n  got: %s\n", needle, src, st ? err.message : "(ok)");
     assert_int_not_equal(st, HEARTH_OK);
@@ -289,11 +280,76 @@ static void test_accept_refuses(void **state) {
     gvocab_free(v);
 }
 
+/* A forced tool call: marker pieces take the special token or its text, schema pieces
+ * follow their own document ($ref inside one resolves there), and a special token is
+ * refused everywhere else. */
+static void test_tool_call(void **state) {
+    (void)state;
+    const char *doc = "{\"alternatives\": ["
+                      "[{\"token\": \"<tool_call>\"}, {\"text\": \"{\\\"name\\\": \\\"f\\\", \\\"arguments\\\": \"},"
+                      " {\"schema\": {\"$defs\": {\"n\": {\"type\": \"integer\"}}, \"type\": \"object\","
+                      "  \"properties\": {\"x\": {\"$ref\": \"#/$defs/n\"}}, \"required\": [\"x\"], "
+                      "\"additionalProperties\": false}},"
+                      " {\"text\": \"}\"}],"
+                      "[{\"token\": \"<tool_call>\"}, {\"text\": \"{\\\"name\\\": \\\"g\\\", \\\"arguments\\\": \"},"
+                      " {\"schema\": {\"type\": \"object\", \"properties\": {}, \"additionalProperties\": false}}, "
+                      "{\"text\": \"}\"}]]}";
+    expect_language(GRAMMAR_TOOL_CALL, doc,
+                    L("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 12}}",
+                      "<tool_call>{\"name\": \"g\", \"arguments\": {}}"),
+                    L("<tool_call>{\"name\": \"f\", \"arguments\": {}}",
+                      "<tool_call>{\"name\": \"h\", \"arguments\": {}}", "{\"name\": \"g\", \"arguments\": {}}",
+                      "<tool_call>{\"name\": \"g\", \"arguments\": {\"x\": 1}}"));
+    gvocab *v = test_vocab();
+    grammar *g = compile_ok(GRAMMAR_TOOL_CALL, doc);
+    gmatcher *m = gmatcher_new(g, v);
+    uint32_t mask[(N_VOCAB + 31) / 32];
+    assert_int_equal(gmatcher_mask(m, mask), 2); /* the special token and '<' */
+    assert_true(mask[(N_VOCAB - 1) >> 5] >> ((N_VOCAB - 1) & 31) & 1);
+    assert_true(mask[(1 + '<') >> 5] >> ((1 + '<') & 31) & 1);
+    assert_true(gmatcher_accept(m, N_VOCAB - 1));
+    const char *rest = "{\"name\": \"g\", \"arguments\": {}}";
+    assert_true(gmatcher_accept_bytes(m, rest, strlen(rest)));
+    assert_true(gmatcher_is_done(m));
+    assert_true(gmatcher_accept(m, 0));
+    gmatcher_free(m);
+    /* after the marker the special token is text-illegal again */
+    m = gmatcher_new(g, v);
+    assert_true(gmatcher_accept(m, N_VOCAB - 1));
+    assert_false(gmatcher_accept(m, N_VOCAB - 1));
+    gmatcher_free(m);
+    grammar_free(g);
+    /* compiled for a vocabulary that has the special token: only that token opens it */
+    hearth_error err = {0};
+    assert_int_equal(grammar_compile(GRAMMAR_TOOL_CALL, doc, strlen(doc), v, &g, &err), HEARTH_OK);
+    m = gmatcher_new(g, v);
+    assert_int_equal(gmatcher_mask(m, mask), 1);
+    assert_false(gmatcher_accept(m, 1 + '<'));
+    assert_true(gmatcher_accept(m, N_VOCAB - 1));
+    gmatcher_free(m);
+    grammar_free(g);
+    /* ... and a marker the vocabulary has no special token for is its text */
+    const char *plain = "{\"alternatives\": [[{\"token\": \"<|x|>\"}]]}";
+    assert_int_equal(grammar_compile(GRAMMAR_TOOL_CALL, plain, strlen(plain), v, &g, &err), HEARTH_OK);
+    assert_true(full_match(g, v, "<|x|>"));
+    grammar_free(g);
+    gvocab_free(v);
+    compile_fails(GRAMMAR_TOOL_CALL, "[]", "alternatives");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": []}", "alternatives");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"txt\": \"a\"}]]}", "alternatives[0][0] must be");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"text\": \"a\"}, {\"schema\": {\"not\": {}}}]]}",
+                  "alternatives[0][1]: json schema: keyword 'not'");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"schema\": {\"$ref\": \"#/$defs/x\"}}]]}", "$defs/x");
+    /* a GBNF literal cannot spell the marker byte */
+    compile_fails(GRAMMAR_GBNF, "root ::= \"\xff<tool_call>\"", "0xFF");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex),        cmocka_unit_test(test_gbnf),
         cmocka_unit_test(test_schema_types), cmocka_unit_test(test_schema_structure),
         cmocka_unit_test(test_masks),        cmocka_unit_test(test_accept_refuses),
+        cmocka_unit_test(test_tool_call),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

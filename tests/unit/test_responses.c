@@ -112,7 +112,7 @@ static void test_parse(void **state) {
     assert_string_equal(r.previous_id, "resp_x");
     assert_string_equal(r.req.model, "default_model");
     assert_int_equal(r.store, 0);
-    assert_int_equal(r.forced_tools, 1);
+    assert_int_equal(r.req.force_tool, 1);
     assert_int_equal(r.req.max_tokens, 9);
     assert_true(r.req.temperature == 0.5f); /* the --temp default */
     resp_request_free(&r);

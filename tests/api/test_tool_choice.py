@@ -1,0 +1,217 @@
+"""Enforced tool_choice through the real SDKs (openai chat and Responses, anthropic).
+
+"required" / a named function (Anthropic "any" / "tool") must always give exactly one call
+to an offered (or the named) tool whose arguments validate with `jsonschema` against that
+tool's parameters, with finish_reason "tool_calls" (stop_reason "tool_use"); the openai
+SDK parses the response. "auto" must answer exactly what a request without tool_choice
+answers, and "none" what a request without tools answers. Bad values are a 400 naming the
+field. Run on the default model (SmolLM2, no tool format of its own: the hermes
+<tool_call> form) and on tiny random-weight models of each template family: Qwen 3
+(json_tools), Llama 3 (its <|python_tag|> JSON, a special-token marker), Gemma 3 (no tool
+format) and Gemma 4 (its own call syntax: refused with a 400 until it is supported)."""
+import json
+
+import jsonschema
+import pytest
+
+from conftest import TINY, server
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"]}
+ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+                                        "b": {"type": "integer", "minimum": -1000, "maximum": 1000}},
+       "required": ["a", "b"]}
+SEARCH = {"$defs": {"when": {"type": "string", "format": "date"}},
+          "type": "object", "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 30},
+                                           "since": {"$ref": "#/$defs/when"},
+                                           "limit": {"type": "integer", "minimum": 1, "maximum": 20}},
+          "required": ["query"]}
+SCHEMAS = {"get_weather": WEATHER, "add": ADD, "search": SEARCH}
+TOOLS = [{"type": "function", "function": {"name": n, "description": f"the {n} tool", "parameters": s}}
+         for n, s in SCHEMAS.items()]
+PROMPTS = ["What is the weather in Paris?", "What is 12 plus 30?", "Find news about rockets.", "Hello!"]
+
+
+def check_call(choice, allowed):
+    """One call to a tool in `allowed`, arguments valid for its schema; returns its name."""
+    assert choice.finish_reason == "tool_calls", choice
+    calls = choice.message.tool_calls
+    assert calls and len(calls) == 1, choice.message
+    fn = calls[0].function
+    assert fn.name in allowed, fn.name
+    jsonschema.validate(json.loads(fn.arguments), SCHEMAS[fn.name], format_checker=jsonschema.FormatChecker())
+    return fn.name
+
+
+@pytest.fixture(scope="module")
+def base(smollm2):
+    with server(smollm2) as url:  # the fast kernels: no golden is compared here
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(base):
+    return openai.OpenAI(base_url=base + "/v1", api_key="none")
+
+
+@pytest.mark.parametrize("i", range(len(PROMPTS)))
+def test_required_calls_an_offered_tool(client, i):
+    r = client.chat.completions.create(model="default_model", messages=[{"role": "user", "content": PROMPTS[i]}],
+                                       tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0.7, seed=i)
+    check_call(r.choices[0], SCHEMAS)
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_named_function_calls_that_tool(client, name):
+    for i in range(2):
+        r = client.chat.completions.create(
+            model="default_model", messages=[{"role": "user", "content": PROMPTS[i]}], tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": name}}, max_tokens=120, temperature=0.9, seed=i)
+        assert check_call(r.choices[0], {name}) == name
+
+
+def test_required_streaming(client):
+    chunks = list(client.chat.completions.create(
+        model="default_model", messages=[{"role": "user", "content": PROMPTS[0]}], tools=TOOLS,
+        tool_choice="required", max_tokens=120, stream=True))
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name in SCHEMAS
+    jsonschema.validate(json.loads(calls[0].function.arguments), SCHEMAS[calls[0].function.name])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+def test_auto_is_unchanged(client):
+    """auto is what a request without tool_choice gets, to the byte of every choice."""
+    body = dict(model="default_model", messages=[{"role": "user", "content": PROMPTS[0]}], tools=TOOLS,
+                max_tokens=40)
+    plain = client.chat.completions.with_raw_response.create(**body).http_response.json()
+    auto = client.chat.completions.with_raw_response.create(**body, tool_choice="auto").http_response.json()
+    assert json.dumps(auto["choices"]) == json.dumps(plain["choices"])
+    assert auto["usage"] == plain["usage"]
+
+
+def test_none_leaves_the_tools_out(client):
+    msgs = [{"role": "user", "content": PROMPTS[0]}]
+    none = client.chat.completions.create(model="default_model", messages=msgs, tools=TOOLS, tool_choice="none",
+                                          max_tokens=40)
+    bare = client.chat.completions.create(model="default_model", messages=msgs, max_tokens=40)
+    assert none.choices[0].message.content == bare.choices[0].message.content
+    assert none.choices[0].message.tool_calls is None
+    assert none.usage.prompt_tokens == bare.usage.prompt_tokens
+
+
+def test_responses_forced(client):
+    tools = [{"type": "function", "name": n, "parameters": s} for n, s in SCHEMAS.items()]
+    for choice, allowed in (("required", set(SCHEMAS)), ({"type": "function", "name": "add"}, {"add"})):
+        r = client.responses.create(model="default_model", input=PROMPTS[1], tools=tools, tool_choice=choice,
+                                    max_output_tokens=120)
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert len(calls) == 1 and calls[0].name in allowed, r.output
+        jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS[calls[0].name])
+
+
+def test_anthropic_forced(base):
+    a = anthropic.Anthropic(base_url=base, api_key="none")
+    tools = [{"name": n, "input_schema": s} for n, s in SCHEMAS.items()]
+    for choice, allowed in (({"type": "any"}, set(SCHEMAS)), ({"type": "tool", "name": "search"}, {"search"})):
+        m = a.messages.create(model="local", max_tokens=120, tools=tools, tool_choice=choice,
+                              messages=[{"role": "user", "content": PROMPTS[2]}])
+        uses = [b for b in m.content if b.type == "tool_use"]
+        assert m.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name in allowed, m.content
+        jsonschema.validate(uses[0].input, SCHEMAS[uses[0].name])
+
+
+def test_forced_streams_on_responses_and_anthropic(base):
+    """The streamed forms carry the same one call (Responses function_call item, Anthropic
+    tool_use block with its input_json_delta)."""
+    c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    tools = [{"type": "function", "name": n, "parameters": s} for n, s in SCHEMAS.items()]
+    events = list(c.responses.create(model="default_model", input=PROMPTS[0], tools=tools, stream=True,
+                                     tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=120))
+    done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    assert len(done) == 1 and done[0].name == "get_weather"
+    jsonschema.validate(json.loads(done[0].arguments), WEATHER)
+    a = anthropic.Anthropic(base_url=base, api_key="none")
+    with a.messages.stream(model="local", max_tokens=120, tools=[{"name": "add", "input_schema": ADD}],
+                           tool_choice={"type": "any"}, messages=[{"role": "user", "content": PROMPTS[1]}]) as s:
+        m = s.get_final_message()
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert m.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "add"
+    jsonschema.validate(uses[0].input, ADD)
+
+
+@pytest.mark.parametrize("extra,field,needle", [
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "no tool named 'nope'"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice", "an object must be"),
+    ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice", "'auto', 'none', 'required'"),
+    ({"tools": TOOLS, "tool_choice": 3}, "tool_choice", "an object must be"),
+    ({"tool_choice": "required"}, "tool_choice", "needs a non-empty 'tools'"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+     "cannot be combined"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}],
+      "tool_choice": "required"}, "tools", "tools[0].function.parameters: json schema: keyword 'not'"),
+])
+def test_bad_tool_choice_is_400(client, extra, field, needle):
+    with pytest.raises(openai.BadRequestError) as ex:
+        client.chat.completions.create(model="default_model", max_tokens=5,
+                                       messages=[{"role": "user", "content": "hi"}], extra_body=extra)
+    assert ex.value.body["param"] == field
+    assert needle in ex.value.body["message"], ex.value.body["message"]
+
+
+def test_anthropic_unknown_tool_is_400(base):
+    a = anthropic.Anthropic(base_url=base, api_key="none")
+    with pytest.raises(anthropic.BadRequestError) as ex:
+        a.messages.create(model="local", max_tokens=5, tools=[{"name": "f", "input_schema": ADD}],
+                          tool_choice={"type": "tool", "name": "g"}, messages=[{"role": "user", "content": "hi"}])
+    assert "no tool named 'g'" in str(ex.value)
+
+
+# ---- tiny random-weight models, one per template family -----------------------------------
+
+# family -> the marker its forced call opens with; Llama 3's <|python_tag|> is a special
+# token, which the call must use as that one token (never its text spelled out)
+FAMILIES = {"qwen3-f32": "<tool_call>", "llama-f32": "<|python_tag|>", "gemma3-f32": "<tool_call>"}
+SPECIAL_MARKER = {"llama-f32"}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tiny_family_forced_call(family):
+    """Random weights write anything they may: the grammar alone makes every call valid."""
+    model = TINY / family
+    if not model.exists():
+        pytest.fail(f"{model} missing: run tools/make_tiny_models.py")
+    with server(model) as base:
+        c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+        names = set()
+        for seed in range(4):
+            r = c.chat.completions.create(model="default_model", messages=[{"role": "user", "content": "hi"}],
+                                          tools=TOOLS, tool_choice="required", max_tokens=300, temperature=1.0,
+                                          seed=seed, logprobs=True, top_logprobs=1)
+            names.add(check_call(r.choices[0], SCHEMAS))
+            if family in SPECIAL_MARKER:
+                assert r.choices[0].logprobs.content[0].token == FAMILIES[family]
+            r = c.chat.completions.create(
+                model="default_model", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
+                tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=300, temperature=1.0,
+                seed=seed)
+            check_call(r.choices[0], {"add"})
+
+
+def test_tiny_gemma4_refuses_forcing():
+    with server(TINY / "gemma4-f32") as base:
+        c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+        with pytest.raises(openai.BadRequestError) as ex:
+            c.chat.completions.create(model="default_model", messages=[{"role": "user", "content": "hi"}],
+                                      tools=TOOLS, tool_choice="required", max_tokens=5)
+        assert ex.value.body["param"] == "tool_choice"
+        assert "gemma4" in ex.value.body["message"]
+        # auto still works as before
+        r = c.chat.completions.create(model="default_model", messages=[{"role": "user", "content": "hi"}],
+                                      tools=TOOLS, tool_choice="auto", max_tokens=5)
+        assert r.choices[0].finish_reason in ("stop", "length")

@@ -45,10 +45,13 @@ class Err(ctypes.Structure):
 
 
 class EngineOptions(ctypes.Structure):
+    """hearth_engine_options of include/hearth.h, every field in order (the library reads all of
+    them: a shorter struct here would hand it whatever memory follows)."""
     _fields_ = [("n_threads", ctypes.c_int), ("context_length", ctypes.c_int), ("max_step_tokens", ctypes.c_int),
                 ("max_sequences", ctypes.c_int), ("use_mmap", ctypes.c_int), ("kv_blocks", ctypes.c_int),
                 ("kv_budget_bytes", ctypes.c_double), ("kv_quant", ctypes.c_int), ("deterministic", ctypes.c_int),
-                ("device", ctypes.c_int)]
+                ("device", ctypes.c_int), ("cuda_exact", ctypes.c_int), ("max_logits_rows", ctypes.c_int),
+                ("host_sampler", ctypes.c_int), ("speculate", ctypes.c_int), ("draft_model", ctypes.c_void_p)]
 
 
 def hearth_lib(path):

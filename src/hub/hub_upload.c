@@ -73,9 +73,9 @@ static int skipped_dir(const char *rel) {
 }
 
 static hearth_status walk(up_ctx *c, const char *dir, const char *rel, int depth, hearth_error *err) {
-    if (depth > 32) return err_set(err, HEARTH_ERR_INVALID, "upload: %s: folders nested too deeply", dir);
+    if (depth > 32) return err_set(err, HEARTH_ERR_INVALID, "%s: folders nested too deeply", dir);
     DIR *d = opendir(dir);
-    if (!d) return err_set(err, HEARTH_ERR_IO, "upload: %s: %s", dir, strerror(errno));
+    if (!d) return err_set(err, HEARTH_ERR_IO, "%s: %s", dir, strerror(errno));
     hearth_status st = HEARTH_OK;
     struct dirent *e;
     while (!st && (e = readdir(d))) {
@@ -87,12 +87,12 @@ static hearth_status walk(up_ctx *c, const char *dir, const char *rel, int depth
         struct stat sb;
         if (full.oom || r.oom) st = err_set(err, HEARTH_ERR_NOMEM, "upload: out of memory");
         else if (stat(full.data, &sb)) /* follows links: HF cache snapshots are links to blobs */
-            st = err_set(err, HEARTH_ERR_IO, "upload: %s: %s", full.data, strerror(errno));
+            st = err_set(err, HEARTH_ERR_IO, "%s: %s", full.data, strerror(errno));
         else if (S_ISDIR(sb.st_mode)) {
             if (!skipped_dir(r.data)) st = walk(c, full.data, r.data, depth + 1, err);
         } else if (S_ISREG(sb.st_mode)) {
             if (!hub_safe_relpath(r.data))
-                st = err_set(err, HEARTH_ERR_INVALID, "upload: %s: a file name the hub cannot hold", full.data);
+                st = err_set(err, HEARTH_ERR_INVALID, "%s: a file name the hub cannot hold", full.data);
             else
                 st = add_file(c, r.data, full.data, (long long)sb.st_size, err);
         }
@@ -109,7 +109,7 @@ static int cmp_file(const void *a, const void *b) {
 /* sha256 of the file (hex) and its first 512 bytes (base64), read once. */
 static hearth_status digest(up_file *f, char *sample_b64, size_t b64_cap, hearth_error *err) {
     FILE *fp = fopen(f->full, "rb");
-    if (!fp) return err_set(err, HEARTH_ERR_IO, "upload: %s: %s", f->full, strerror(errno));
+    if (!fp) return err_set(err, HEARTH_ERR_IO, "%s: %s", f->full, strerror(errno));
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     enum { BUF = 1 << 20 };
     unsigned char *buf = malloc(BUF);
@@ -131,7 +131,7 @@ static hearth_status digest(up_file *f, char *sample_b64, size_t b64_cap, hearth
     unsigned int hl = 0;
     if (ok && !rerr) ok = EVP_DigestFinal_ex(md, h, &hl) && hl == 32;
     EVP_MD_CTX_free(md);
-    if (rerr) return err_set(err, HEARTH_ERR_IO, "upload: %s: read error", f->full);
+    if (rerr) return err_set(err, HEARTH_ERR_IO, "%s: read error", f->full);
     if (!ok) return err_set(err, HEARTH_ERR_IO, "upload: %s: sha256 failed", f->full);
     for (int i = 0; i < 32; i++) snprintf(f->sha256 + 2 * i, 3, "%02x", h[i]);
     if (b64_cap < 4 * ((sizeof sample + 2) / 3) + 1) return err_set(err, HEARTH_ERR_INVALID, "upload: sample buffer");
@@ -329,10 +329,10 @@ static hearth_status preupload(up_ctx *c, size_t from, size_t to, char (*samples
 static hearth_status put_range(up_ctx *c, const up_file *f, const char *url, long long off, long long len, char *etag,
                                size_t etag_cap, hearth_error *err) {
     FILE *fp = fopen(f->full, "rb");
-    if (!fp) return err_set(err, HEARTH_ERR_IO, "upload: %s: %s", f->full, strerror(errno));
+    if (!fp) return err_set(err, HEARTH_ERR_IO, "%s: %s", f->full, strerror(errno));
     if (off && fseeko(fp, (off_t)off, SEEK_SET)) {
         fclose(fp);
-        return err_set(err, HEARTH_ERR_IO, "upload: %s: %s", f->full, strerror(errno));
+        return err_set(err, HEARTH_ERR_IO, "%s: %s", f->full, strerror(errno));
     }
     put_src src = {.fp = fp, .left = len, .c = c, .name = f->path, .done = off, .size = f->size};
     up_resp r = {0};
@@ -471,7 +471,7 @@ static hearth_status lfs_upload(up_ctx *c, hearth_error *err) {
 
 static hearth_status append_b64_file(sbuf *out, const up_file *f, hearth_error *err) {
     FILE *fp = fopen(f->full, "rb");
-    if (!fp) return err_set(err, HEARTH_ERR_IO, "upload: %s: %s", f->full, strerror(errno));
+    if (!fp) return err_set(err, HEARTH_ERR_IO, "%s: %s", f->full, strerror(errno));
     unsigned char in[3 * 4096];
     char enc[4 * 4096 + 1];
     size_t n;
@@ -481,7 +481,7 @@ static hearth_status append_b64_file(sbuf *out, const up_file *f, hearth_error *
     }
     int bad = ferror(fp);
     fclose(fp);
-    return bad ? err_set(err, HEARTH_ERR_IO, "upload: %s: read error", f->full) : HEARTH_OK;
+    return bad ? err_set(err, HEARTH_ERR_IO, "%s: read error", f->full) : HEARTH_OK;
 }
 
 static hearth_status commit(up_ctx *c, char **commit_url, hearth_error *err) {
@@ -540,9 +540,9 @@ hearth_status hearth_upload(const char *dir, const char *repo_arg, const hearth_
     pthread_once(&up_curl_once, up_curl_init);
     up_ctx c = {.o = o};
     struct stat sb;
-    if (!dir || stat(dir, &sb)) return err_set(err, HEARTH_ERR_NOT_FOUND, "upload: %s: %s", dir ? dir : "(null)",
+    if (!dir || stat(dir, &sb)) return err_set(err, HEARTH_ERR_NOT_FOUND, "%s: %s", dir ? dir : "(null)",
                                                dir ? strerror(errno) : "no folder");
-    if (!S_ISDIR(sb.st_mode)) return err_set(err, HEARTH_ERR_INVALID, "upload: %s is not a folder", dir);
+    if (!S_ISDIR(sb.st_mode)) return err_set(err, HEARTH_ERR_INVALID, "%s: not a folder", dir);
     hearth_status st = hub_parse_repo_arg(repo_arg ? repo_arg : "", c.repo, c.rev, err);
     if (st) return st;
     if (!strchr(c.repo, '/')) return err_set(err, HEARTH_ERR_INVALID, "upload: '%s': the repo must be org/name", c.repo);

@@ -62,6 +62,8 @@ BAD_FLAGS = [([verb, MODEL, "--no-such-flag"], "--no-such-flag") for verb in VER
 BAD_FLAGS += [([verb, "--no-such-flag"], "--no-such-flag")
               for verb in ("serve", "ls", "evals", "pull", "rm", "upload", "fuse", "memory")]
 BAD_FLAGS += [(["harness", "pi", "--no-such-flag"], "--no-such-flag"),
+              # `hearth` alone takes serve's flags: checked before it probes the machine or downloads
+              (["--no-such-flag"], "--no-such-flag"), (["--no-open", "--no-download", "--port", "x"], "--port"),
               (["perplexity", MODEL, "--data-path", str(CORPUS), "--sequence-length", "x"], "--sequence-length"),
               (["memory", "search", "x", "--threads", "x"], "--threads")]
 BAD_FLAGS += [

@@ -45,10 +45,13 @@ class Err(ctypes.Structure):
 
 
 class EngineOptions(ctypes.Structure):
+    """hearth_engine_options of include/hearth.h, every field in order (the library reads all of
+    them: a shorter struct here would hand it whatever memory follows)."""
     _fields_ = [("n_threads", ctypes.c_int), ("context_length", ctypes.c_int), ("max_step_tokens", ctypes.c_int),
                 ("max_sequences", ctypes.c_int), ("use_mmap", ctypes.c_int), ("kv_blocks", ctypes.c_int),
                 ("kv_budget_bytes", ctypes.c_double), ("kv_quant", ctypes.c_int), ("deterministic", ctypes.c_int),
-                ("device", ctypes.c_int)]
+                ("device", ctypes.c_int), ("cuda_exact", ctypes.c_int), ("max_logits_rows", ctypes.c_int),
+                ("host_sampler", ctypes.c_int), ("speculate", ctypes.c_int), ("draft_model", ctypes.c_void_p)]
 
 
 def hearth_lib(path):
@@ -201,6 +204,35 @@ def summarize(docs):
             "max_kl": float(kl.max()), "top1": float(top1.mean()), "top1_agree": int(top1.sum()), "per_doc": per_doc}
 
 
+BLOCK = 32  # positions per bootstrap block: neighbouring positions' errors are not independent
+DRAWS = 2000
+
+
+def paired_interval(cand, peer, seed=0):
+    """hearth minus llama.cpp on the same positions: mean KL, p99 KL and top-1 agreement, each
+    as [2.5%, 97.5%] of a paired block bootstrap (blocks of BLOCK consecutive positions drawn
+    with replacement, DRAWS times); an interval that holds 0 is a difference the corpus cannot
+    tell from rounding noise."""
+    ka, kb = (np.concatenate([np.array(d[k]["kl"]) for k in DOCS]) for d in (cand, peer))
+    ta, tb = (np.concatenate([np.array(d[k]["top1"], dtype=float) for k in DOCS]) for d in (cand, peer))
+    n = (len(ka) // BLOCK) * BLOCK
+    blocks = np.arange(n).reshape(-1, BLOCK)
+    pick = blocks[np.random.default_rng(seed).integers(0, len(blocks), size=(DRAWS, len(blocks)))].reshape(DRAWS, -1)
+    diffs = {"mean_kl": ka[pick].mean(1) - kb[pick].mean(1),
+             "p99_kl": np.percentile(ka[pick], 99, axis=1) - np.percentile(kb[pick], 99, axis=1),
+             "top1": ta[pick].mean(1) - tb[pick].mean(1)}
+    return {k: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] for k, v in diffs.items()}
+
+
+def add_intervals(rows):
+    for peer in [r for r in rows if r["engine"].startswith("llama.cpp") and "_docs" in r]:
+        for r in rows:
+            if r["model"] == peer["model"] and r["engine"].startswith("hearth") and "_docs" in r:
+                r["vs_llamacpp_95"] = paired_interval(r["_docs"], peer["_docs"])
+    for r in rows:
+        r.pop("_docs", None)
+
+
 def hearth_levels():
     flags = run_bench.cpu_info()["isa"]
     levels = ["avx2"] if {"avx2", "fma", "f16c"} <= set(flags) else []
@@ -231,6 +263,17 @@ def write_markdown(res, path):
         lines.append(f"| {row['model']} | {row['engine']} | {s['n']} | {s['mean_kl']:.4f} | {s['p99_kl']:.4f} | "
                      f"{s['max_kl']:.3f} | {s['top1']:.2%} ({s['top1_agree']}/{s['n']}) | {pd} | "
                      f"{row['date']}, {row['commit']}, {row['load_before'][0]} -> {row['load_after'][0]} |")
+    paired = [r for r in res["rows"] if "vs_llamacpp_95" in r]
+    if paired:
+        lines += ["", f"hearth minus llama.cpp on the same positions, 95% interval of a paired block bootstrap "
+                  f"({BLOCK}-position blocks, {DRAWS} draws): below 0 for KL (above 0 for top-1) hearth is closer to "
+                  f"the reference; an interval holding 0 is a difference this corpus cannot tell from noise.", "",
+                  "| model | engine | mean KL | p99 KL | top-1 agree (points) |", "| --- | --- | --- | --- | --- |"]
+        for r in paired:
+            v = r["vs_llamacpp_95"]
+            lines.append(f"| {r['model']} | {r['engine']} | {v['mean_kl'][0]:+.5f} .. {v['mean_kl'][1]:+.5f} | "
+                         f"{v['p99_kl'][0]:+.4f} .. {v['p99_kl'][1]:+.4f} | "
+                         f"{100 * v['top1'][0]:+.2f} .. {100 * v['top1'][1]:+.2f} |")
     Path(path).write_text("\n".join(lines) + "\n")
 
 
@@ -276,10 +319,12 @@ def main():
                 for chunk in (8, 1):
                     r = run_worker("hearth", path, ids_path, str(work), args, env_cpu=level, chunk=chunk)
                     rows.append({"model": label, "engine": f"hearth {level}, chunk {chunk}",
-                                 "summary": summarize(r["docs"])})
+                                 "summary": summarize(r["docs"]), "_docs": r["docs"]})
             if "llamacpp" in engines:
                 r = run_worker("llamacpp", path, ids_path, str(work), args)
-                rows.append({"model": label, "engine": f"llama.cpp {llama_version}", "summary": summarize(r["docs"])})
+                rows.append({"model": label, "engine": f"llama.cpp {llama_version}", "summary": summarize(r["docs"]),
+                             "_docs": r["docs"]})
+    add_intervals(rows)
     for r in rows:
         r.update(date=started, commit=run_bench.git_describe(), load_before=load_before, load_after=run_bench.loadavg())
     prev = json.loads(Path(args.out + ".json").read_text()) if args.append and Path(args.out + ".json").exists() else {}

@@ -26,7 +26,8 @@ const char *cli_choose_model(int argc, char **argv, int no_download) {
         fprintf(stderr, "hearth: choosing a model: %s; serving the default\n", err.message);
         return NULL;
     }
-    fprintf(stderr, "hearth: this machine: %s\nhearth: serving %s (%s)\n", c.machine, c.name, c.model);
+    fprintf(stderr, "hearth: this machine: %s\nhearth: serving %s (%s)\n", c.machine, c.name,
+            c.model[0] ? c.model : "not on disk: serve looks for it");
     if (c.better[0]) {
         const char *inc = c.better_include[0] ? c.better_include : NULL;
         if (auto_pull_allowed(no_download)) {

@@ -33,6 +33,9 @@ int cli_cmp_double(const void *a, const void *b);
 double cli_median_sorted(const double *v, int n);
 int cli_chat(int argc, char **argv);
 int cli_serve(int argc, char **argv);
+/* serve's flag parsing alone: 0, or 2 after printing the usage error (the appliance checks
+ * its flags before it probes the machine or starts a download) */
+int cli_serve_check_args(int argc, char **argv);
 int cli_fit(int argc, char **argv);
 int cli_pull(int argc, char **argv);
 int cli_upload(int argc, char **argv);

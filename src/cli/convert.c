@@ -77,7 +77,7 @@ int cli_convert(int argc, char **argv) {
             if (*end || end == argv[i] || !(target_bpw > 0 && target_bpw <= 32))
                 return cli_usage_error(convert_usage, "'%s' is not a usable --target-bpw", argv[i]);
         } else if (a[0] == '-')
-            return cli_usage_error(convert_usage, "unknown flag '%s'", a);
+            return cli_usage_error(convert_usage, "%s: unknown flag, or a flag without its value", a);
         else if (!model)
             model = a;
         else

@@ -55,6 +55,8 @@ static int appliance(int argc, char **argv) {
     for (int i = 1; i < argc; i++) /* --no-download is the appliance's own: serve does not take it */
         if (!strcmp(argv[i], "--no-download")) no_download = 1;
         else args[n++] = argv[i];
+    int rc = cli_serve_check_args(n, args);
+    if (rc) return rc;
     const char *model = cli_choose_model(argc, argv, no_download); /* choose.c: the best catalogue model here */
     if (model) {
         args[n++] = "--model";

@@ -67,7 +67,7 @@ static int parse(int argc, char **argv, memory_args *a) {
             a->at = argv[++i];
         else if (!strcmp(s, "--threads")) {
             if (cli_parse_long(argv[++i], 0, 1024, &v))
-                return cli_usage_error(memory_usage, "bad --threads '%s'", argv[i]);
+                return cli_usage_error(memory_usage, "%s: needs a whole number of threads", "--threads");
             a->threads = (int)v;
         } else if (!strcmp(s, "--kind"))
             a->kind = argv[++i];
@@ -78,7 +78,7 @@ static int parse(int argc, char **argv, memory_args *a) {
             a->embed_given = 1;
             if (!strcmp(a->embed, "none")) a->embed = NULL;
         } else if (s[0] == '-' && s[1])
-            return cli_usage_error(memory_usage, "unknown flag '%s'", s);
+            return cli_usage_error(memory_usage, "%s: unknown flag, or a flag without its value", s);
         else if (!a->verb)
             a->verb = s;
         else if (a->n_pos < 2)

@@ -467,10 +467,10 @@ static int parse_args(int argc, char **argv, ppl_args *a) {
             char *end;
             long x = strtol(argv[++i], &end, 10);
             if (*end || end == argv[i] || x < -1 || x > 1 << 30)
-                return cli_usage_error(ppl_usage, "'%s' is not a usable number", argv[i]);
+                return cli_usage_error(ppl_usage, "%s: needs a whole number (-1 or more)", f);
             *num = (int)x;
         } else if (f[0] == '-')
-            return cli_usage_error(ppl_usage, "unknown flag '%s'", f);
+            return cli_usage_error(ppl_usage, "%s: unknown flag, or a flag without its value", f);
         else if (!a->model)
             a->model = f;
         else

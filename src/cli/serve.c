@@ -302,6 +302,13 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
     return 0;
 }
 
+int cli_serve_check_args(int argc, char **argv) {
+    serve_opts o = {0};
+    int rc = parse_args(argc, argv, &o);
+    for (size_t i = 0; i < o.cfg.n_adapters; i++) free(o.adapters[i]);
+    return rc;
+}
+
 int cli_serve(int argc, char **argv) {
     serve_opts o = {.cfg = {.host = "127.0.0.1",
                             .port = 8080,

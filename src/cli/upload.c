@@ -41,7 +41,6 @@ int cli_upload(int argc, char **argv) {
     hearth_upload_options o = {.message = message, .private_repo = priv, .on_progress = cli_transfer_progress, .user = &p};
     hearth_error err = {0};
     char *url = NULL;
-    fprintf(stderr, "upload: %s -> %s\n", dir, repo);
     if (hearth_upload(dir, repo, &o, &url, &err)) {
         if (p.line_open) fputc('\n', stderr);
         return cli_fail(&err);

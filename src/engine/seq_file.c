@@ -119,7 +119,7 @@ hearth_status engine_seq_save_n(hearth_engine *e, int seq, int n, const char *pa
     }
     FILE *f = fopen(tmp, "wb");
     if (!f) {
-        st = err_set(err, HEARTH_ERR_IO, "%s: cannot create: %m", tmp);
+        st = err_set(err, HEARTH_ERR_IO, "%s: cannot create: %m", path); /* the user's name, not the temporary one */
         goto done;
     }
     kv_file_writer w;

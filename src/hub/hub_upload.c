@@ -71,9 +71,9 @@ static int skipped_dir(const char *rel) {
 }
 
 static hearth_status walk(up_ctx *c, const char *dir, const char *rel, int depth, hearth_error *err) {
-    if (depth > 32) return err_set(err, HEARTH_ERR_INVALID, "upload: %s: folders nested too deeply", dir);
+    if (depth > 32) return err_set(err, HEARTH_ERR_INVALID, "%s: folders nested too deeply", dir);
     DIR *d = opendir(dir);
-    if (!d) return err_set(err, HEARTH_ERR_IO, "upload: %s: %s", dir, strerror(errno));
+    if (!d) return err_set(err, HEARTH_ERR_IO, "%s: %s", dir, strerror(errno));
     hearth_status st = HEARTH_OK;
     struct dirent *e;
     while (!st && (e = readdir(d))) {
@@ -85,12 +85,12 @@ static hearth_status walk(up_ctx *c, const char *dir, const char *rel, int depth
         struct stat sb;
         if (full.oom || r.oom) st = err_set(err, HEARTH_ERR_NOMEM, "upload: out of memory");
         else if (stat(full.data, &sb)) /* follows links: HF cache snapshots are links to blobs */
-            st = err_set(err, HEARTH_ERR_IO, "upload: %s: %s", full.data, strerror(errno));
+            st = err_set(err, HEARTH_ERR_IO, "%s: %s", full.data, strerror(errno));
         else if (S_ISDIR(sb.st_mode)) {
             if (!skipped_dir(r.data)) st = walk(c, full.data, r.data, depth + 1, err);
         } else if (S_ISREG(sb.st_mode)) {
             if (!hub_safe_relpath(r.data))
-                st = err_set(err, HEARTH_ERR_INVALID, "upload: %s: a file name the hub cannot hold", full.data);
+                st = err_set(err, HEARTH_ERR_INVALID, "%s: a file name the hub cannot hold", full.data);
             else
                 st = add_file(c, r.data, full.data, (long long)sb.st_size, err);
         }
@@ -108,12 +108,12 @@ static int cmp_file(const void *a, const void *b) {
 static hearth_status digest(up_file *f, char *sample_b64, size_t b64_cap, hearth_error *err) {
     unsigned char sample[512];
     FILE *fp = fopen(f->full, "rb");
-    if (!fp) return err_set(err, HEARTH_ERR_IO, "upload: %s: %s", f->full, strerror(errno));
+    if (!fp) return err_set(err, HEARTH_ERR_IO, "%s: %s", f->full, strerror(errno));
     size_t n_sample = fread(sample, 1, sizeof sample, fp);
     int rerr = ferror(fp);
     fclose(fp);
     if (rerr || hub_file_digest(f->full, 0, f->sha256, sizeof f->sha256))
-        return err_set(err, HEARTH_ERR_IO, "upload: %s: read error", f->full);
+        return err_set(err, HEARTH_ERR_IO, "%s: read error", f->full);
     if (b64_cap < 4 * ((sizeof sample + 2) / 3) + 1) return err_set(err, HEARTH_ERR_INVALID, "upload: sample buffer");
     EVP_EncodeBlock((unsigned char *)sample_b64, sample, (int)n_sample);
     return HEARTH_OK;
@@ -302,10 +302,10 @@ static hearth_status preupload(up_ctx *c, size_t from, size_t to, char (*samples
 static hearth_status put_range(up_ctx *c, const up_file *f, const char *url, long long off, long long len, char *etag,
                                size_t etag_cap, hearth_error *err) {
     FILE *fp = fopen(f->full, "rb");
-    if (!fp) return err_set(err, HEARTH_ERR_IO, "upload: %s: %s", f->full, strerror(errno));
+    if (!fp) return err_set(err, HEARTH_ERR_IO, "%s: %s", f->full, strerror(errno));
     if (off && fseeko(fp, (off_t)off, SEEK_SET)) {
         fclose(fp);
-        return err_set(err, HEARTH_ERR_IO, "upload: %s: %s", f->full, strerror(errno));
+        return err_set(err, HEARTH_ERR_IO, "%s: %s", f->full, strerror(errno));
     }
     put_src src = {.fp = fp, .left = len, .c = c, .name = f->path, .done = off, .size = f->size};
     up_resp r = {0};
@@ -444,7 +444,7 @@ static hearth_status lfs_upload(up_ctx *c, hearth_error *err) {
 
 static hearth_status append_b64_file(sbuf *out, const up_file *f, hearth_error *err) {
     FILE *fp = fopen(f->full, "rb");
-    if (!fp) return err_set(err, HEARTH_ERR_IO, "upload: %s: %s", f->full, strerror(errno));
+    if (!fp) return err_set(err, HEARTH_ERR_IO, "%s: %s", f->full, strerror(errno));
     unsigned char in[3 * 4096];
     char enc[4 * 4096 + 1];
     size_t n;
@@ -454,7 +454,7 @@ static hearth_status append_b64_file(sbuf *out, const up_file *f, hearth_error *
     }
     int bad = ferror(fp);
     fclose(fp);
-    return bad ? err_set(err, HEARTH_ERR_IO, "upload: %s: read error", f->full) : HEARTH_OK;
+    return bad ? err_set(err, HEARTH_ERR_IO, "%s: read error", f->full) : HEARTH_OK;
 }
 
 static hearth_status commit(up_ctx *c, char **commit_url, hearth_error *err) {
@@ -513,9 +513,9 @@ hearth_status hearth_upload(const char *dir, const char *repo_arg, const hearth_
     hub_curl_init();
     up_ctx c = {.o = o};
     struct stat sb;
-    if (!dir || stat(dir, &sb)) return err_set(err, HEARTH_ERR_NOT_FOUND, "upload: %s: %s", dir ? dir : "(null)",
+    if (!dir || stat(dir, &sb)) return err_set(err, HEARTH_ERR_NOT_FOUND, "%s: %s", dir ? dir : "(null)",
                                                dir ? strerror(errno) : "no folder");
-    if (!S_ISDIR(sb.st_mode)) return err_set(err, HEARTH_ERR_INVALID, "upload: %s is not a folder", dir);
+    if (!S_ISDIR(sb.st_mode)) return err_set(err, HEARTH_ERR_INVALID, "%s: not a folder", dir);
     hearth_status st = hub_parse_repo_arg(repo_arg ? repo_arg : "", c.repo, c.rev, err);
     if (st) return st;
     if (!strchr(c.repo, '/')) return err_set(err, HEARTH_ERR_INVALID, "upload: '%s': the repo must be org/name", c.repo);

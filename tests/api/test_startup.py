@@ -141,8 +141,13 @@ def test_fit_predicts_the_servers_peak_at_start_and_full(smollm2):
         for word in ("the", "a"):
             r = post(base, "/v1/completions", {"prompt": " ".join([word] * 250), "max_tokens": 1, "temperature": 0})
             assert 241 <= r["usage"]["prompt_tokens"] <= 255, r["usage"]
-        stats = get(base, "/stats")
-        assert stats["kv_blocks"]["total"] == predicted["kv_blocks"] and stats["kv_blocks"]["free"] == 0
+        # /stats holds the numbers the engine thread publishes after each step, and the step's
+        # answer can reach us first (seen on main: free 16, cached 16 right after the second
+        # request, about one run in five): wait for the publication
+        deadline = time.monotonic() + 10
+        while (stats := get(base, "/stats"))["kv_blocks"]["free"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stats["kv_blocks"]["total"] == predicted["kv_blocks"] and stats["kv_blocks"]["free"] == 0, stats
         full = stats["peak_bytes"]
     err = (predicted["predicted_peak_bytes"] - full) / full
     assert abs(err) <= TOLERANCE, (predicted["predicted_peak_bytes"], full, err)

@@ -7,6 +7,7 @@ not hearth), or "no such file or directory" for a model path no model name match
 import errno
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import BIN, CACHE, REAL_GGUFS
@@ -15,6 +16,9 @@ MODEL = str(CACHE / "models" / REAL_GGUFS["smollm2"])
 EMBED = str(CACHE / "models" / "all-MiniLM-L6-v2")
 ENOENT = os.strerror(errno.ENOENT)  # "No such file or directory"
 MISSING_MODEL = "no such file or directory"
+NO_ADAPTER = "not a folder"  # an adapter is a folder with adapter_config.json
+TINY = str(CACHE / "tiny" / "llama-f32")
+CORPUS = Path(__file__).resolve().parents[2] / "bench" / "cpu_quality" / "corpus" / "prose.txt"  # any text file
 
 # (argv after `hearth`, the <file> the message must name, the problem it must state)
 MISSING_FILES = [
@@ -36,12 +40,32 @@ MISSING_FILES = [
     (["fit", "nope.gguf"], "nope.gguf", MISSING_MODEL),
     (["fit", "./nope"], "./nope", MISSING_MODEL),
     (["rm", "nope-org/nope-model"], "nope-org/nope-model", "not in the Hugging Face cache"),
+    (["template", MODEL, "--messages", "m.json", "--tools", "nope.json"], "nope.json", ENOENT),
+    (["generate", MODEL, "hi", "--json-schema", "nope.json"], "nope.json", ENOENT),
+    (["generate", MODEL, "hi", "--grammar", "nope.gbnf"], "nope.gbnf", ENOENT),
+    (["generate", MODEL, "hi", "--adapter-path", "nope-adapter"], "nope-adapter", NO_ADAPTER),
+    (["trace", MODEL, "--ids", "[1,2,3,4]", "--adapter-path", "nope-adapter"], "nope-adapter", NO_ADAPTER),
+    (["serve", "--model", MODEL, "--adapter-path", "nope-adapter", "--port", "0"], "nope-adapter", NO_ADAPTER),
+    (["serve", "--model", MODEL, "--draft-model", "nope.gguf", "--port", "0"], "nope.gguf", MISSING_MODEL),
+    (["perplexity", "nope.gguf", "--data-path", str(CORPUS)], "nope.gguf", MISSING_MODEL),
+    (["perplexity", MODEL, "--data-path", "nope.jsonl"], "nope.jsonl", ENOENT),
+    (["fuse", "nope.gguf"], "nope.gguf", MISSING_MODEL),
+    (["fuse", TINY, "--adapter-path", "nope-adapter"], "nope-adapter", NO_ADAPTER),
+    (["convert", "nope.gguf", "--out", "/nonexistent-dir/x"], "nope.gguf", MISSING_MODEL),
+    (["convert", TINY, "--out", "/nonexistent-dir/x"], "/nonexistent-dir/x", ENOENT),
+    (["upload", "nope-dir", "--repo", "org/name"], "nope-dir", ENOENT),
 ]
 
 VERBS_WITH_MODEL = ["info", "tokenize", "detokenize", "template", "generate", "chat", "bench", "trace", "tensors",
                     "fit", "embed"]
-BAD_FLAGS = [([verb, MODEL, "--no-such-flag"], "--no-such-flag") for verb in VERBS_WITH_MODEL]
-BAD_FLAGS += [([verb, "--no-such-flag"], "--no-such-flag") for verb in ("serve", "ls", "evals", "pull", "rm", "upload")]
+BAD_FLAGS = [([verb, MODEL, "--no-such-flag"], "--no-such-flag") for verb in VERBS_WITH_MODEL + ["perplexity", "convert"]]
+BAD_FLAGS += [([verb, "--no-such-flag"], "--no-such-flag")
+              for verb in ("serve", "ls", "evals", "pull", "rm", "upload", "fuse", "memory")]
+BAD_FLAGS += [(["harness", "pi", "--no-such-flag"], "--no-such-flag"),
+              # `hearth` alone takes serve's flags: checked before it probes the machine or downloads
+              (["--no-such-flag"], "--no-such-flag"), (["--no-open", "--no-download", "--port", "x"], "--port"),
+              (["perplexity", MODEL, "--data-path", str(CORPUS), "--sequence-length", "x"], "--sequence-length"),
+              (["memory", "search", "x", "--threads", "x"], "--threads")]
 BAD_FLAGS += [
     (["serve", "--port", "notaport"], "--port"),
     (["serve", "--max-sequences", "0"], "--max-sequences"),

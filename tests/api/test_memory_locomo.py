@@ -1,8 +1,8 @@
 """LoCoMo retrieval through `hearth memory` (one conversation, BM25 only so it runs in
 seconds): the conversation is imported as a ChatGPT export, every question is asked over
 MCP, and recall@5 of the evidence dialogue ids must beat Okapi BM25 over the raw turns
-measured in the same run (bench/memory/locomo_recall.py is the full benchmark, with the
-all-MiniLM-L6-v2 hybrid). The data set is found at test time ($HEARTH_SHARED_DATA, else
+measured in the same run by 10 points (bench/memory/locomo_recall.py is the full
+benchmark, with the all-MiniLM-L6-v2 hybrid). The data set is found at test time ($HEARTH_SHARED_DATA, else
 shared/data beside the checkout's parent); without it the test skips."""
 import importlib.util
 import json
@@ -38,7 +38,9 @@ def test_locomo_recall_beats_bm25_over_raw_turns():
     recall = {name: 100 * sum(sum(v) for v in h.values()) / sum(len(v) for v in h.values()) for name, h in hits.items()}
     assert timing["questions"] > 150
     print(f"recall@5: hearth {recall['hearth']:.1f}, bm25 {recall['bm25']:.1f}")
-    assert recall["hearth"] >= recall["bm25"] + 3, recall
+    # the issue's margin, here against BM25 alone (the full benchmark adds the MiniLM
+    # hybrid baseline and hearth's own vectors; on this conversation hearth leads by ~14)
+    assert recall["hearth"] >= recall["bm25"] + 10, recall
 
 
 def test_synthesis_with_smollm2_writes_valid_pages(tmp_path):

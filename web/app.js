@@ -25,7 +25,8 @@ const el = {
   memory: $("memory"), memorySearch: $("memory-search"), memoryQuery: $("memory-query"),
   memoryArticles: $("memory-articles"), memoryChanges: $("memory-changes"), memoryResults: $("memory-results"),
   memoryView: $("memory-view"), memoryViewTitle: $("memory-view-title"), memoryViewBody: $("memory-view-body"),
-  memoryClose: $("memory-close"), useMemory: $("use-memory"),
+  memoryClose: $("memory-close"), useMemory: $("use-memory"), memorySynthesize: $("memory-synthesize"),
+  memoryProgress: $("memory-progress"),
 };
 
 // ---- storage: a broken or full localStorage must not break chatting ----
@@ -547,6 +548,31 @@ async function openMemoryDoc(path) {
   }
 }
 
+// A synthesis run by the served model, its progress streamed (GET /v1/memory/synthesize).
+async function synthesizeMemory() {
+  el.memorySynthesize.disabled = true;
+  const say = (t) => { el.memoryProgress.textContent = t; };
+  say("Synthesis: starting…");
+  try {
+    const resp = await fetch("/v1/memory/synthesize", { headers: headers() });
+    if (!resp.ok) {
+      say("Synthesis: " + (await describeHttpError(resp)));
+    } else {
+      for await (const ev of sseEvents(resp)) {
+        if (ev.type === "plan") say("Synthesis: " + ev.segment + " new conversation(s) to read…");
+        else if (ev.type === "progress") say("Synthesis: " + ev.stage + " " + ev.done + "…");
+        else if (ev.type === "error") say("Synthesis failed: " + ev.message);
+        else if (ev.type === "done")
+          say(ev.committed ? "Synthesis done: " + ev.articles.length + " article(s) updated." : "Nothing new to synthesize.");
+      }
+    }
+  } catch (e) {
+    say("Synthesis: " + unreachable);
+  }
+  el.memorySynthesize.disabled = false;
+  showArticles();
+}
+
 function send() {
   const text = el.prompt.value;
   if (!text.trim() || inflight) return;
@@ -620,6 +646,7 @@ for (const input of [el.system, el.temperature, el.topP, el.maxTokens, el.useMem
 el.memorySearch.addEventListener("submit", (e) => { e.preventDefault(); searchMemory(); });
 el.memoryArticles.addEventListener("click", () => { el.memoryQuery.value = ""; showArticles(); });
 el.memoryChanges.addEventListener("click", () => openMemoryDoc("Meta/log.md"));
+el.memorySynthesize.addEventListener("click", synthesizeMemory);
 el.memoryClose.addEventListener("click", () => { el.memoryView.hidden = true; el.memoryQuery.focus(); });
 el.keyForm.addEventListener("submit", (e) => {
   e.preventDefault();

@@ -1,7 +1,7 @@
 """The chat page's memory panel and memory tools in headless Chromium, against `hearth
 --memory` serving a vault made here (a ChatGPT export imported, synthesized by the scripted
-model of tests/api): the panel lists the articles, searches, opens a page and shows the
-synthesis log; the model is offered the memory tools, and when it calls one the page runs
+model of tests/api): the panel lists the articles, searches, opens a page, shows the
+synthesis log and runs a synthesis by the served model with its progress; the model is offered the memory tools, and when it calls one the page runs
 it on the server and sends the result back. The model's side of that exchange is played by
 Playwright (SmolLM2-135M does not call tools reliably): the requests the page sends are
 recorded and checked, and the tool result in the second request comes from the real
@@ -18,7 +18,7 @@ from conftest import BIN, appliance, chat_page, shot
 
 API = Path(__file__).resolve().parent.parent / "api"
 sys.path.insert(0, str(API))
-from test_memory import CHATGPT, CLAUDE  # noqa: E402
+from test_memory import CHATGPT, CLAUDE, MORE  # noqa: E402
 
 SCRIPT = f"cmd:{sys.executable} {API / 'memory_scripted_model.py'}"
 TOOLS = {"memory_status", "memory_list", "memory_search", "memory_read", "memory_toc", "memory_section",
@@ -37,12 +37,12 @@ def memory_app(tmp_path_factory):
         subprocess.run([str(BIN), "memory", *args, "--vault", str(vault), "--embed-model", "none"], check=True,
                        capture_output=True, timeout=120)
     with appliance("--memory", "--memory-vault", str(vault)) as (base, _):
-        yield base
+        yield base, vault
 
 
 @pytest.fixture
 def page(browser, memory_app):
-    with chat_page(browser, memory_app) as pg:
+    with chat_page(browser, memory_app[0]) as pg:
         yield pg
 
 
@@ -130,3 +130,28 @@ def test_model_calls_a_memory_tool_and_reads_the_result(page):
     expect(pg.locator("article.msg.assistant .body").last).to_have_text("Your starter is called Clint.",
                                                                         timeout=20000)
     assert "tools" not in sent[-1]
+
+
+def test_synthesize_now_streams_progress_and_commits(page, memory_app, tmp_path):
+    """A new conversation arrives (imported beside the running server); "Synthesize now"
+    runs synthesis with the served SmolLM2 and shows its progress; one commit (git CLI)."""
+    pg = page
+    vault = memory_app[1]
+    export = tmp_path / "more.json"
+    export.write_text(json.dumps(MORE))
+    subprocess.run([str(BIN), "memory", "import", str(export), "--vault", str(vault), "--embed-model", "none"],
+                   check=True, capture_output=True)
+    git = lambda *a: subprocess.run(["git", "-C", str(vault), *a], capture_output=True, text=True,  # noqa: E731
+                                    check=True).stdout
+    n = int(git("rev-list", "--count", "HEAD"))
+    expect(pg.locator("#memory")).to_be_visible(timeout=10000)
+    pg.click("#memory-synthesize")
+    expect(pg.locator("#memory-synthesize")).to_be_disabled()
+    expect(pg.locator("#memory-progress")).to_contain_text("Synthesis done:", timeout=120000)
+    expect(pg.locator("#memory-synthesize")).to_be_enabled()
+    assert int(git("rev-list", "--count", "HEAD")) == n + 1 and "synthesize" in git("log", "-1", "--format=%s")
+    # nothing new the second time
+    pg.click("#memory-synthesize")
+    expect(pg.locator("#memory-progress")).to_have_text("Nothing new to synthesize.", timeout=60000)
+    assert int(git("rev-list", "--count", "HEAD")) == n + 1
+    shot(pg, "memory-03-synthesized")

@@ -799,10 +799,12 @@ hearth_status hearth_memory_log_conversation(hearth_memory *m, const char *messa
  * note on its Talk/ page), link (no dangling [[links]], Meta/index.md's article list),
  * then one commit. Progress lives in the index database, so a killed run resumes where
  * it stopped; a run with nothing new makes no commit. The model is a callback: given a
- * stage name and a prompt (instructions, then "INPUT:" and a JSON object), it writes its
- * answer (JSON) into *answer (malloc'd; the library frees it) and returns 0, else
- * nonzero to stop the run (nothing is committed). */
-typedef int (*hearth_memory_llm_fn)(void *user, const char *stage, const char *prompt, char **answer);
+ * stage name, a prompt (instructions, then "INPUT:" and a JSON object) and the JSON Schema
+ * its answer must satisfy (a runner that can should decode under it: constraint
+ * HEARTH_CONSTRAINT_JSON_SCHEMA), it writes its answer (JSON) into *answer (malloc'd; the
+ * library frees it) and returns 0, else nonzero to stop the run (nothing is committed). */
+typedef int (*hearth_memory_llm_fn)(void *user, const char *stage, const char *prompt, const char *schema,
+                                    char **answer);
 typedef struct hearth_memory_synth_options {
     const char *stage; /* NULL: every stage and the commit; else "segment", "extract", "route",
                         * "synthesize" (the stages' own work only) or "link" (link and commit) */

@@ -1,6 +1,7 @@
 // app.js: the hearth chat page. Talks only to the server that served it (the
-// OpenAI-compatible /v1/chat/completions, streamed over SSE); keeps conversations
-// and settings in localStorage. Model text is always escaped before it becomes
+// OpenAI-compatible /v1/chat/completions, streamed over SSE; with `serve --memory`,
+// the memory tools at /v1/memory/tools, offered to the model and browsed in the memory
+// panel); keeps conversations and settings in localStorage. Model text is always escaped before it becomes
 // HTML: the Markdown renderer below emits only the tags it creates itself.
 "use strict";
 
@@ -8,7 +9,11 @@ const STORE_CONVS = "hearth.conversations";
 const STORE_CURRENT = "hearth.current";
 const STORE_SETTINGS = "hearth.settings";
 const STORE_KEY = "hearth.apiKey";
-const DEFAULT_SETTINGS = { system: "", temperature: 0.7, top_p: 0.95, max_tokens: 512 };
+const DEFAULT_SETTINGS = { system: "", temperature: 0.7, top_p: 0.95, max_tokens: 512, memory: true };
+// Model turns that call memory tools before a question's answer (a model that keeps
+// calling is stopped here), and how much of a tool's result goes back to it.
+const MAX_TOOL_ROUNDS = 4;
+const MAX_TOOL_RESULT = 6000;
 
 const $ = (id) => document.getElementById(id);
 const el = {
@@ -17,6 +22,11 @@ const el = {
   keyForm: $("key-form"), key: $("api-key"), system: $("system"), temperature: $("temperature"),
   topP: $("top-p"), maxTokens: $("max-tokens"), messages: $("messages"), composer: $("composer"),
   prompt: $("prompt"), send: $("send"), stop: $("stop"), regenerate: $("regenerate"), status: $("status"),
+  memory: $("memory"), memorySearch: $("memory-search"), memoryQuery: $("memory-query"),
+  memoryArticles: $("memory-articles"), memoryChanges: $("memory-changes"), memoryResults: $("memory-results"),
+  memoryView: $("memory-view"), memoryViewTitle: $("memory-view-title"), memoryViewBody: $("memory-view-body"),
+  memoryClose: $("memory-close"), useMemory: $("use-memory"), memorySynthesize: $("memory-synthesize"),
+  memoryProgress: $("memory-progress"),
 };
 
 // ---- storage: a broken or full localStorage must not break chatting ----
@@ -45,6 +55,7 @@ let settings = Object.assign({}, DEFAULT_SETTINGS, load(STORE_SETTINGS, {}));
 let apiKey = load(STORE_KEY, "");
 let inflight = null; // {controller, conv, msgIndex} while an answer streams
 let lastRetry = null; // what the banner's Retry button does
+let memoryTools = null; // the server's memory tools (chat "tools" form), null without --memory
 
 function saveConversations() { save(STORE_CONVS, conversations); }
 function newId() { return Date.now().toString(36) + Math.random().toString(36).slice(2, 8); }
@@ -166,12 +177,20 @@ function messageNode(m, index) {
   div.dataset.index = String(index);
   const who = document.createElement("div");
   who.className = "who";
-  who.textContent = m.error ? "error" : m.role === "user" ? "you" : "assistant";
+  who.textContent = m.error ? "error" : m.role === "user" ? "you" : m.role === "tool" ? "memory: " + m.name
+    : "assistant";
   const body = document.createElement("div");
   body.className = "body";
-  if (m.role === "user" || m.error) body.textContent = m.content; // never Markdown for these
+  if (m.role === "user" || m.role === "tool" || m.error) body.textContent = m.content; // never Markdown for these
   else body.innerHTML = renderMarkdown(m.content);
   div.append(who, body);
+  if (m.tool_calls) { // what the model asked the memory, as text
+    const calls = document.createElement("div");
+    calls.className = "note calls";
+    calls.textContent = "asked the memory: " +
+      m.tool_calls.map((c) => c.function.name + "(" + c.function.arguments + ")").join(", ");
+    div.append(calls);
+  }
   if (m.note) {
     const note = document.createElement("div");
     note.className = "note";
@@ -314,13 +333,22 @@ async function* sseEvents(resp) {
 function requestMessages(conv) {
   const out = [];
   if (settings.system.trim()) out.push({ role: "system", content: settings.system });
-  for (const m of conv.messages) if (!m.error) out.push({ role: m.role, content: m.content });
+  for (const m of conv.messages) {
+    if (m.error) continue;
+    const r = { role: m.role, content: m.content };
+    if (m.tool_calls) r.tool_calls = m.tool_calls;
+    if (m.role === "tool") r.tool_call_id = m.tool_call_id;
+    out.push(r);
+  }
   return out;
 }
 
 function number(v, fallback) { const n = Number(v); return Number.isFinite(n) ? n : fallback; }
 
-async function generate() {
+// Streams one model turn; a turn that calls memory tools runs them and streams the next
+// (round counts those turns, at most MAX_TOOL_ROUNDS).
+async function generate(round) {
+  round = round || 0;
   const conv = current;
   const body = {
     messages: requestMessages(conv),
@@ -330,6 +358,8 @@ async function generate() {
     top_p: number(settings.top_p, DEFAULT_SETTINGS.top_p),
     max_tokens: Math.max(1, Math.round(number(settings.max_tokens, DEFAULT_SETTINGS.max_tokens))),
   };
+  if (memoryTools && settings.memory && round < MAX_TOOL_ROUNDS) body.tools = memoryTools;
+  const calls = []; // the turn's tool calls, assembled from their streamed pieces
   const answer = { role: "assistant", content: "" };
   conv.messages.push(answer);
   const controller = new AbortController();
@@ -371,6 +401,13 @@ async function generate() {
           if (now - lastPaint > 250) { showSpeed(false); lastPaint = now; }
           if (!pending) { pending = true; requestAnimationFrame(paint); }
         }
+        for (const tc of (choice && choice.delta && choice.delta.tool_calls) || []) {
+          const i = typeof tc.index === "number" ? tc.index : calls.length;
+          const c = calls[i] || (calls[i] = { id: "", type: "function", function: { name: "", arguments: "" } });
+          if (tc.id) c.id = tc.id;
+          if (tc.function && tc.function.name) c.function.name += tc.function.name;
+          if (tc.function && tc.function.arguments) c.function.arguments += tc.function.arguments;
+        }
         if (choice && choice.finish_reason === "length") answer.note = "(stopped at the max tokens limit)";
         if (ev.usage && ev.usage.completion_tokens) tokens = Math.max(tokens, ev.usage.completion_tokens);
       }
@@ -388,13 +425,152 @@ async function generate() {
   } else {
     hideBanner();
   }
+  const toolCalls = calls.filter((c) => c && c.function.name);
+  if (!failure && !answer.note && toolCalls.length) {
+    answer.tool_calls = toolCalls;
+    for (const c of toolCalls) conv.messages.push(await runTool(c));
+  }
   conv.updated = Date.now();
   inflight = null;
   saveConversations();
+  if (answer.tool_calls && round + 1 <= MAX_TOOL_ROUNDS && current === conv) {
+    renderMessages();
+    return generate(round + 1);
+  }
   el.messages.setAttribute("aria-busy", "false");
   el.status.textContent = failure ? failure : answer.note ? "Answer stopped." : "Answer complete.";
   if (current === conv) renderMessages();
   renderList();
+}
+
+// ---- memory (serve --memory): the tools the model may call, and the panel ----
+
+async function callMemory(name, args) {
+  const resp = await fetch("/v1/memory/tools/" + encodeURIComponent(name), {
+    method: "POST", headers: headers(), body: JSON.stringify(args || {}),
+  });
+  const j = await resp.json().catch(() => null);
+  if (!resp.ok) throw new Error((j && j.error && j.error.message) || "HTTP " + resp.status);
+  return j;
+}
+
+// One tool call of the model, answered: the result (or the error, for the model to read)
+// as a "tool" message.
+async function runTool(call) {
+  let content;
+  try {
+    const args = call.function.arguments.trim() ? JSON.parse(call.function.arguments) : {};
+    content = JSON.stringify(await callMemory(call.function.name, args));
+  } catch (e) {
+    content = "error: " + e.message;
+  }
+  if (content.length > MAX_TOOL_RESULT) content = content.slice(0, MAX_TOOL_RESULT) + " …(cut)";
+  return { role: "tool", tool_call_id: call.id, name: call.function.name, content };
+}
+
+async function loadMemory() {
+  try {
+    const resp = await fetch("/v1/memory/tools", { headers: headers() });
+    if (!resp.ok) return; // no --memory: no panel, no tools
+    const j = await resp.json();
+    memoryTools = Array.isArray(j.data) ? j.data : null;
+  } catch (e) {
+    return;
+  }
+  if (!memoryTools) return;
+  el.memory.hidden = false;
+  for (const n of document.querySelectorAll(".memory-setting")) n.hidden = false;
+  showArticles();
+}
+
+function memoryMessage(text) {
+  el.memoryResults.textContent = "";
+  const li = document.createElement("li");
+  li.className = "empty";
+  li.textContent = text;
+  el.memoryResults.append(li);
+}
+
+// Result rows: a button per document (title, and the passage's text for a search hit).
+function showResults(rows) {
+  el.memoryResults.textContent = "";
+  for (const r of rows) {
+    const li = document.createElement("li");
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "open";
+    b.textContent = r.title || r.path;
+    b.title = r.path;
+    if (r.text) {
+      const snip = document.createElement("span");
+      snip.className = "snippet";
+      snip.textContent = r.text.replace(/\*[^*\n]*\*/g, "").trim().slice(0, 140);
+      b.append(snip);
+    }
+    b.addEventListener("click", () => openMemoryDoc(r.path));
+    li.append(b);
+    el.memoryResults.append(li);
+  }
+}
+
+async function searchMemory() {
+  const q = el.memoryQuery.value.trim();
+  if (!q) return showArticles();
+  try {
+    const hits = await callMemory("memory_search", { query: q, limit: 8 });
+    if (!hits.length) return memoryMessage("Nothing in the memory matches.");
+    showResults(hits);
+  } catch (e) {
+    memoryMessage("Search failed: " + e.message);
+  }
+}
+
+async function showArticles() {
+  try {
+    const j = await callMemory("memory_list", { kind: "article" });
+    const docs = Array.isArray(j) ? j : j.documents || [];
+    if (!docs.length) return memoryMessage("No articles yet: run `hearth memory synthesize`.");
+    showResults(docs);
+  } catch (e) {
+    memoryMessage("The memory could not be read: " + e.message);
+  }
+}
+
+async function openMemoryDoc(path) {
+  try {
+    const doc = await callMemory("memory_read", { article: path });
+    el.memoryViewTitle.textContent = doc.title || doc.path;
+    el.memoryViewBody.innerHTML = renderMarkdown(doc.text.replace(/^---\n[\s\S]*?\n---\n/, ""));
+    el.memoryView.hidden = false;
+    el.memoryClose.focus();
+  } catch (e) {
+    memoryMessage("Could not open " + path + ": " + e.message);
+  }
+}
+
+// A synthesis run by the served model, its progress streamed (GET /v1/memory/synthesize).
+async function synthesizeMemory() {
+  el.memorySynthesize.disabled = true;
+  const say = (t) => { el.memoryProgress.textContent = t; };
+  say("Synthesis: starting…");
+  try {
+    const resp = await fetch("/v1/memory/synthesize", { headers: headers() });
+    if (!resp.ok) {
+      say("Synthesis: " + (await describeHttpError(resp)));
+    } else {
+      for await (const ev of sseEvents(resp)) {
+        if (ev.type === "plan") say("Synthesis: " + ev.segment + " new conversation(s) to read…");
+        else if (ev.type === "progress") say("Synthesis: " + ev.stage + " " + ev.done + "…");
+        else if (ev.type === "error") say("Synthesis failed: " + ev.message);
+        else if (ev.type === "done")
+          say(ev.committed ? "Synthesis done: " + ev.articles.length + " article(s) updated." : "Nothing new to synthesize.");
+      }
+    }
+  } catch (e) {
+    say("Synthesis: " + unreachable);
+  }
+  el.memorySynthesize.disabled = false;
+  showArticles();
 }
 
 function send() {
@@ -441,6 +617,7 @@ function showSettings() {
   el.temperature.value = settings.temperature;
   el.topP.value = settings.top_p;
   el.maxTokens.value = settings.max_tokens;
+  el.useMemory.checked = settings.memory !== false;
 }
 function readSettings() {
   settings = {
@@ -448,6 +625,7 @@ function readSettings() {
     temperature: number(el.temperature.value, DEFAULT_SETTINGS.temperature),
     top_p: number(el.topP.value, DEFAULT_SETTINGS.top_p),
     max_tokens: Math.max(1, Math.round(number(el.maxTokens.value, DEFAULT_SETTINGS.max_tokens))),
+    memory: el.useMemory.checked,
   };
   save(STORE_SETTINGS, settings);
 }
@@ -463,7 +641,13 @@ el.stop.addEventListener("click", () => { stopGeneration(); el.prompt.focus(); }
 el.regenerate.addEventListener("click", regenerate);
 el.newChat.addEventListener("click", newConversation);
 el.bannerRetry.addEventListener("click", () => { if (lastRetry) lastRetry(); });
-for (const input of [el.system, el.temperature, el.topP, el.maxTokens]) input.addEventListener("change", readSettings);
+for (const input of [el.system, el.temperature, el.topP, el.maxTokens, el.useMemory])
+  input.addEventListener("change", readSettings);
+el.memorySearch.addEventListener("submit", (e) => { e.preventDefault(); searchMemory(); });
+el.memoryArticles.addEventListener("click", () => { el.memoryQuery.value = ""; showArticles(); });
+el.memoryChanges.addEventListener("click", () => openMemoryDoc("Meta/log.md"));
+el.memorySynthesize.addEventListener("click", synthesizeMemory);
+el.memoryClose.addEventListener("click", () => { el.memoryView.hidden = true; el.memoryQuery.focus(); });
 el.keyForm.addEventListener("submit", (e) => {
   e.preventDefault();
   apiKey = el.key.value.trim();
@@ -484,5 +668,6 @@ window.addEventListener("hashchange", () => {
   renderList();
   renderMessages();
   loadModel();
+  loadMemory();
   el.prompt.focus();
 })();

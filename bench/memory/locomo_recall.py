@@ -239,7 +239,9 @@ def main():
     ap.add_argument("--limit-convs", type=int, default=None)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "memory_locomo"))
     a = ap.parse_args()
+    load_before = os.getloadavg()[0]
     hits, timing = run(a.bin, a.embed, a.limit_convs)
+    load = f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     cats = sorted({c for h in hits.values() for c in h})
     table = {name: {CATEGORIES.get(c, str(c)): round(100 * sum(h[c]) / len(h[c]), 1) for c in cats}
              for name, h in hits.items()}
@@ -253,11 +255,12 @@ def main():
               "hearth_search_ms_mean": round(1000 * timing["hearth_search_s"] / max(1, timing["questions"]), 2),
               "hearth_import_and_embed_s": round(timing["hearth_import_s"], 1),
               "baseline_embed_s": round(timing["baseline_embed_s"], 1),
-              "synthesis": "none (raw conversations only: hearth memory synthesize is not built yet)"}
+              "load": load,
+              "synthesis": "none (raw conversations only; the benchmark does not run synthesis)"}
     Path(a.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
     cols = list(table["hearth"])
     lines = [f"# LoCoMo retrieval, recall@5 (%)\n", f"`bench/memory/locomo_recall.py`, {result['when']}, "
-             f"{result['machine']}. Evidence dialogue ids found in the top 5, averaged per question.\n",
+             f"{result['machine']}, {load}. Evidence dialogue ids found in the top 5, averaged per question.\n",
              "| system | " + " | ".join(f"{c} ({counts.get(c, sum(counts.values()))})" for c in cols) + " |",
              "| --- |" + " ---: |" * len(cols)]
     for name in ("hearth", "bm25", "bm25+minilm"):

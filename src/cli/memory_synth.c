@@ -1,15 +1,18 @@
 /* memory_synth.c: the model behind `hearth memory synthesize` and its stage workers: a
- * local model run by hearth (greedy, through its chat template), or `cmd:<command>`, an
- * external program that gets the prompt on stdin and the stage as its last argument and
- * answers on stdout (any other LLM runner; the tests' scripted model). */
+ * local model run by hearth (greedy, through its chat template, decoding under the stage's
+ * JSON Schema so even a small model answers valid JSON), or `cmd:<command>`, an external
+ * program that gets the prompt on stdin, the stage as its last argument and the schema's
+ * file in HEARTH_MEMORY_SCHEMA, and answers on stdout (any other LLM runner; the tests'
+ * scripted model). */
 #include "cli/cli.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-/* The answers synthesis asks for are short JSON; an article body is the longest. */
-#define SYNTH_MAX_TOKENS 1024
+/* Every answer's length is capped by its schema (lists and strings have maximums), so the
+ * grammar ends it; this only guards against a runaway (the context's end stops it too). */
+#define SYNTH_MAX_TOKENS 8192
 
 typedef struct synth_model {
     const char *cmd; /* cmd: runner, else NULL */
@@ -17,19 +20,29 @@ typedef struct synth_model {
     hearth_engine *engine;
 } synth_model;
 
-static char *run_cmd(const char *cmd, const char *stage, const char *prompt) {
-    char tmp[] = "/tmp/hearth-memory-prompt-XXXXXX";
-    int fd = mkstemp(tmp);
-    if (fd < 0) return NULL;
-    size_t len = strlen(prompt);
-    int ok = write(fd, prompt, len) == (ssize_t)len;
+/* A temporary file holding text; its path in path (a mkstemp template). */
+static int temp_file(char *path, const char *text) {
+    int fd = mkstemp(path);
+    if (fd < 0) return 1;
+    size_t len = strlen(text);
+    int ok = write(fd, text, len) == (ssize_t)len;
     close(fd);
-    char *line = NULL;
-    size_t n = strlen(cmd) + strlen(tmp) + strlen(stage) + 16;
-    char *full = ok ? malloc(n) : NULL;
+    if (!ok) unlink(path);
+    return !ok;
+}
+
+static char *run_cmd(const char *cmd, const char *stage, const char *prompt, const char *schema) {
+    char tmp[] = "/tmp/hearth-memory-prompt-XXXXXX", schema_tmp[] = "/tmp/hearth-memory-schema-XXXXXX";
+    if (temp_file(tmp, prompt)) return NULL;
+    if (temp_file(schema_tmp, schema)) {
+        unlink(tmp);
+        return NULL;
+    }
+    size_t n = strlen(cmd) + strlen(tmp) + strlen(schema_tmp) + strlen(stage) + 48;
+    char *full = malloc(n);
     FILE *p = NULL;
     if (full) {
-        snprintf(full, n, "%s %s < '%s'", cmd, stage, tmp);
+        snprintf(full, n, "HEARTH_MEMORY_SCHEMA='%s' %s %s < '%s'", schema_tmp, cmd, stage, tmp);
         p = popen(full, "r");
     }
     char *out = NULL;
@@ -55,8 +68,8 @@ static char *run_cmd(const char *cmd, const char *stage, const char *prompt) {
             out = strdup("");
     }
     unlink(tmp);
+    unlink(schema_tmp);
     free(full);
-    free(line);
     return out;
 }
 
@@ -76,7 +89,7 @@ static int on_token(void *user, int32_t token, const char *text, const hearth_lo
     return 0;
 }
 
-static char *run_model(synth_model *s, const char *prompt) {
+static char *run_model(synth_model *s, const char *prompt, const char *schema) {
     char *messages = NULL, *rendered = NULL;
     hearth_error err = {0};
     /* the prompt as one user message: escaped through the JSON writer hearth.h has */
@@ -97,7 +110,10 @@ static char *run_model(synth_model *s, const char *prompt) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     collect c = {NULL, 0};
-    hearth_generate_params gp = {.max_tokens = SYNTH_MAX_TOKENS}; /* zeroed sampling: greedy */
+    hearth_generate_params gp = {.max_tokens = SYNTH_MAX_TOKENS,
+                                 .constraint = HEARTH_CONSTRAINT_JSON_SCHEMA,
+                                 .constraint_text = schema,
+                                 .constraint_len = strlen(schema)}; /* zeroed sampling: greedy */
     hearth_generate_result res;
     if (hearth_chat_render(s->model, messages, NULL, 1, NULL, &rendered, &err) ||
         hearth_tokenize(s->model, rendered, strlen(rendered), 0, &ids, &n_ids, &err) ||
@@ -112,9 +128,9 @@ static char *run_model(synth_model *s, const char *prompt) {
     return c.text ? c.text : NULL;
 }
 
-static int llm(void *user, const char *stage, const char *prompt, char **answer) {
+static int llm(void *user, const char *stage, const char *prompt, const char *schema, char **answer) {
     synth_model *s = user;
-    *answer = s->cmd ? run_cmd(s->cmd, stage, prompt) : run_model(s, prompt);
+    *answer = s->cmd ? run_cmd(s->cmd, stage, prompt, schema) : run_model(s, prompt, schema);
     return *answer ? 0 : 1;
 }
 

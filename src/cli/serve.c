@@ -40,7 +40,8 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "free memory)\n"
                                  "             [--open|--no-open (the chat page in a browser)] [--embedding-model M]\n"
                                  "             [--draft-model M] [--num-draft-tokens 3]\n"
-                                 "             [--memory-log [--memory-vault PATH] (log chats into the memory vault)]\n"
+                                 "             [--memory] [--memory-log] [--memory-vault PATH] (serve the memory vault; "
+                                 "log chats into it)\n"
                                  "             [--hlg-sampling on|off] [--hlg-width 4] [--hlg-shoulder 4] [--hlg-toe 6] "
                                  "[--hlg-pivot-offset 6]\n"
                                  "             [--adapter-path DIR] [--adapter id=DIR]... (LoRA adapters)\n"
@@ -139,7 +140,8 @@ typedef struct serve_opts {
     int open_browser;            /* --open (what `hearth` with no arguments passes); --no-open wins */
     const char *embedding_model; /* --embedding-model: served at /v1/embeddings beside the chat model */
     const char *draft_model;     /* --draft-model: speculative decoding's draft */
-    int memory_log;              /* --memory-log: chats are logged into the memory vault */
+    int memory;                  /* --memory: the /v1/memory routes and the chat page's memory panel */
+    int memory_log;              /* --memory-log: chats are logged into the memory vault (implies --memory) */
     const char *memory_vault;    /* --memory-vault: that vault (default: hearth memory's) */
     int prompt_cache_bytes_set;
     char *adapters[64];          /* --adapter / --adapter-path as "id=path" */
@@ -207,6 +209,8 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         }
         else if (!strcmp(a, "--memory-log"))
             o->memory_log = 1;
+        else if (!strcmp(a, "--memory"))
+            o->memory = 1;
         else if (VAL("--memory-vault"))
             o->memory_vault = v;
         else if (VAL("--adapter-path") || VAL("--adapter")) {
@@ -353,9 +357,11 @@ int cli_serve(int argc, char **argv) {
     hearth_model *draft_model = NULL;
     if (o.draft_model && cli_open_model(o.draft_model, &draft_model)) return 1;
     o.eo.draft_model = draft_model;
-    if (o.memory_log) { /* BM25 only: serve keeps its cores for the model */
+    if (o.memory || o.memory_log) { /* BM25 only: serve keeps its cores for the model */
         hearth_memory_options mo = {.path = o.memory_vault};
-        if (hearth_memory_open(&mo, &c->memory_log, &err)) return cli_fail(&err);
+        if (hearth_memory_open(&mo, &c->memory, &err)) return cli_fail(&err);
+        c->memory_vault = o.memory_vault;
+        if (o.memory_log) c->memory_log = c->memory;
     }
     signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not end the server */
     srv_server *s;
@@ -378,7 +384,7 @@ int cli_serve(int argc, char **argv) {
     while (!stop_requested) pause();
     srv_log(s, SRV_LOG_INFO, "shutting down");
     srv_close(s);
-    hearth_memory_close(c->memory_log);
+    hearth_memory_close(c->memory);
     json_decref(targs);
     for (size_t i = 0; i < c->n_origins; i++) free(c->origins[i]);
     free(c->origins);

@@ -15,10 +15,20 @@ hearth_status synth_open(hearth_memory *m, hearth_error *err);
  * counts edits the gate refused in *rejected. */
 hearth_status synth_stage(hearth_memory *m, const char *stage, const hearth_memory_synth_options *o, int *done,
                           int *rejected, json_t *articles, hearth_error *err);
-/* Asks o->llm (instructions, "INPUT:", the input as JSON); *out: its parsed JSON answer or
- * NULL when it gave none. A failing callback stops the run. */
+/* Asks o->llm (instructions, "INPUT:", the input as JSON) for an answer satisfying schema
+ * (a JSON Schema; the runner decodes under it when it can); *out: its parsed JSON answer
+ * or NULL when it gave none. A failing callback stops the run. */
 hearth_status synth_ask(const hearth_memory_synth_options *o, const char *stage, const char *instructions,
-                        json_t *input, json_t **out, hearth_error *err);
+                        json_t *input, json_t *schema, json_t **out, hearth_error *err);
+/* The answer schemas, one per stage: ids (stolen) are the message ids the answer may cite. */
+json_t *synth_schema_segments(json_t *ids);
+json_t *synth_schema_facts(json_t *ids);
+json_t *synth_schema_route(void);
+/* The model's segments (ans) made to cover msgs: every message in exactly one segment,
+ * in order ([{"topic", "messages": [ids]}]; memory_synth.c says how). */
+json_t *synth_segments_cover(json_t *ans, json_t *msgs);
+/* An article body of at most max_chars characters. */
+json_t *synth_schema_article(size_t max_chars);
 hearth_status stage_synthesize(hearth_memory *m, const hearth_memory_synth_options *o, int *done, int *rejected,
                                json_t *articles, hearth_error *err);
 json_t *synth_parse_answer(const char *text);

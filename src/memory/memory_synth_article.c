@@ -164,9 +164,14 @@ static char *current(hearth_memory *m, const char *name, int talk) {
 }
 
 static const char *instructions =
-    "Update this Markdown article with the new facts. Keep the existing text and every footnote "
-    "marker such as [^1]; add each new fact where it fits, followed by its marker. Answer with JSON "
-    "only: {\"text\": \"the whole article body in Markdown\"}.";
+    "Write the Markdown article with its new facts: keep its current text and every footnote marker "
+    "such as [^1], and add each new fact where it fits, followed by its marker. Answer with a JSON "
+    "object holding the whole article body.";
+
+/* The longest body a rewrite may have: the old one, each new fact twice over (room for the
+ * model's own wording around it) and a few sentences more. The cap is what ends a model that
+ * repeats itself inside the string. */
+#define SYNTH_ARTICLE_SLACK 600
 
 /* One article: ask, gate, stage. */
 static hearth_status synth_article(hearth_memory *m, const hearth_memory_synth_options *o, const char *name,
@@ -202,8 +207,10 @@ static hearth_status synth_article(hearth_memory *m, const hearth_memory_synth_o
     }
     sqlite3_finalize(q);
     json_t *input = json_pack("{s:s, s:s, s:O}", "article", name, "text", a.body, "facts", facts), *ans = NULL;
-    hearth_status st = synth_ask(o, "synthesize", instructions, input, &ans, err);
-    json_decref(input);
+    size_t max_chars = strlen(a.body) + 2 * waiting.len + SYNTH_ARTICLE_SLACK;
+    json_t *schema = synth_schema_article(max_chars);
+    hearth_status st = synth_ask(o, "synthesize", instructions, input, schema, &ans, err);
+    json_decref(input), json_decref(schema);
     const char *text = json_string_value(json_object_get(ans, "text"));
     char reason[256] = "";
     double kept = text ? synth_prose_kept(a.body, text) : 0;

@@ -100,72 +100,68 @@ static hearth_status resolve(hearth_memory *m, const char *name, char *path, siz
     return st;
 }
 
+/* A document a tool reads: its vault path, text and parsed Markdown. */
+typedef struct tool_doc {
+    char rel[1024];
+    char *text;
+    size_t len;
+    md_doc d;
+} tool_doc;
+
 /* Reads and parses the document args["article"] names. */
-static hearth_status load(hearth_memory *m, json_t *args, char *rel, char **text, size_t *len, md_doc *d,
-                          hearth_error *err) {
+static hearth_status load(hearth_memory *m, json_t *args, tool_doc *doc, hearth_error *err) {
     const char *name;
     hearth_status st = need(args, "article", &name, err);
-    if (!st) st = resolve(m, name, rel, 1024, err);
-    char *path = st ? NULL : path_join(m->root, rel);
-    if (!st) st = path ? file_read_all(path, text, len, err) : HEARTH_ERR_NOMEM;
+    if (!st) st = resolve(m, name, doc->rel, sizeof doc->rel, err);
+    char *path = st ? NULL : path_join(m->root, doc->rel);
+    if (!st) st = path ? file_read_all(path, &doc->text, &doc->len, err) : HEARTH_ERR_NOMEM;
     free(path);
     if (st) return st;
-    const char *base = strrchr(rel, '/');
-    char stem[256];
-    snprintf(stem, sizeof stem, "%s", base ? base + 1 : rel);
+    const char *base = strrchr(doc->rel, '/');
+    char stem[sizeof doc->rel];
+    snprintf(stem, sizeof stem, "%s", base ? base + 1 : doc->rel);
     if (strlen(stem) > 3) stem[strlen(stem) - 3] = 0;
-    if (md_parse(*text, *len, stem, d)) {
-        free(*text);
+    if (md_parse(doc->text, doc->len, stem, &doc->d)) {
+        free(doc->text);
         return err_set(err, HEARTH_ERR_NOMEM, "memory: out of memory");
     }
     return HEARTH_OK;
 }
 
-static hearth_status tool_read(hearth_memory *m, json_t *args, json_t **out, hearth_error *err) {
-    char rel[1024], *text;
-    size_t len;
-    md_doc d;
-    hearth_status st = load(m, args, rel, &text, &len, &d, err);
-    if (st) return st;
-    *out = json_pack("{s:s, s:s, s:s%}", "path", rel, "title", d.title, "text", text, len);
-    md_doc_free(&d);
-    free(text);
+/* The tools that read one document get it loaded (and freed) by hearth_memory_call. */
+typedef hearth_status (*doc_tool_fn)(hearth_memory *m, json_t *args, const tool_doc *doc, json_t **out,
+                                     hearth_error *err);
+
+static hearth_status tool_read(hearth_memory *m, json_t *args, const tool_doc *doc, json_t **out, hearth_error *err) {
+    (void)m, (void)args, (void)err;
+    *out = json_pack("{s:s, s:s, s:s%}", "path", doc->rel, "title", doc->d.title, "text", doc->text, doc->len);
     return HEARTH_OK;
 }
 
-static hearth_status tool_toc(hearth_memory *m, json_t *args, json_t **out, hearth_error *err) {
-    char rel[1024], *text;
-    size_t len;
-    md_doc d;
-    hearth_status st = load(m, args, rel, &text, &len, &d, err);
-    if (st) return st;
+static hearth_status tool_toc(hearth_memory *m, json_t *args, const tool_doc *doc, json_t **out, hearth_error *err) {
+    (void)m, (void)args, (void)err;
     json_t *h = json_array();
-    for (size_t i = 0; i < d.n_headings; i++)
-        json_array_append_new(h, json_pack("{s:i, s:s, s:s}", "level", d.headings[i].level, "text", d.headings[i].text,
-                                           "anchor", d.headings[i].anchor));
-    *out = json_pack("{s:s, s:s, s:o}", "path", rel, "title", d.title, "headings", h);
-    md_doc_free(&d);
-    free(text);
+    for (size_t i = 0; i < doc->d.n_headings; i++) {
+        const md_heading *hd = &doc->d.headings[i];
+        json_array_append_new(h,
+                              json_pack("{s:i, s:s, s:s}", "level", hd->level, "text", hd->text, "anchor", hd->anchor));
+    }
+    *out = json_pack("{s:s, s:s, s:o}", "path", doc->rel, "title", doc->d.title, "headings", h);
     return HEARTH_OK;
 }
 
-static hearth_status tool_section(hearth_memory *m, json_t *args, json_t **out, hearth_error *err) {
+static hearth_status tool_section(hearth_memory *m, json_t *args, const tool_doc *doc, json_t **out,
+                                  hearth_error *err) {
+    (void)m;
     const char *anchor;
     hearth_status st = need(args, "anchor", &anchor, err);
-    char rel[1024], *text;
-    size_t len;
-    md_doc d;
-    if (!st) st = load(m, args, rel, &text, &len, &d, err);
     if (st) return st;
-    const md_heading *h = md_find_heading(&d, anchor);
+    const md_heading *h = md_find_heading(&doc->d, anchor);
     if (!h)
-        st = err_set(err, HEARTH_ERR_NOT_FOUND, "memory: %s has no section '%s' (see memory_toc)", rel, anchor);
-    else
-        *out = json_pack("{s:s, s:s, s:s, s:s%}", "path", rel, "heading", h->text, "anchor", h->anchor, "text",
-                         text + h->start, h->end - h->start);
-    md_doc_free(&d);
-    free(text);
-    return st;
+        return err_set(err, HEARTH_ERR_NOT_FOUND, "memory: %s has no section '%s' (see memory_toc)", doc->rel, anchor);
+    *out = json_pack("{s:s, s:s, s:s, s:s%}", "path", doc->rel, "heading", h->text, "anchor", h->anchor, "text",
+                     doc->text + h->start, h->end - h->start);
+    return HEARTH_OK;
 }
 
 static void link_out(void *user, const char *target, const char *heading) {
@@ -173,14 +169,13 @@ static void link_out(void *user, const char *target, const char *heading) {
     json_array_append_new(arr, json_pack("{s:s, s:s}", "target", target, "heading", heading));
 }
 
-static hearth_status tool_links(hearth_memory *m, json_t *args, json_t **out, hearth_error *err) {
-    char rel[1024], *text;
-    size_t len;
-    md_doc d;
-    hearth_status st = load(m, args, rel, &text, &len, &d, err);
-    if (st) return st;
+static hearth_status tool_links(hearth_memory *m, json_t *args, const tool_doc *doc, json_t **out, hearth_error *err) {
+    (void)args, (void)err;
+    const char *rel = doc->rel, *text = doc->text;
+    size_t len = doc->len;
+    const md_doc *d = &doc->d;
     json_t *outgoing = json_array(), *back = json_array();
-    md_wikilinks(text + d.body, len - d.body, link_out, outgoing);
+    md_wikilinks(text + d->body, len - d->body, link_out, outgoing);
     size_t i;
     json_t *l;
     json_array_foreach(outgoing, i, l) { /* a link names a document when resolve finds one */
@@ -202,45 +197,44 @@ static hearth_status tool_links(hearth_memory *m, json_t *args, json_t **out, he
                            -1, &s, NULL) == SQLITE_OK) {
         sqlite3_bind_text(s, 1, rel, -1, SQLITE_STATIC);
         sqlite3_bind_text(s, 2, stem, -1, SQLITE_STATIC);
-        sqlite3_bind_text(s, 3, d.title, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 3, d->title, -1, SQLITE_STATIC);
         while (sqlite3_step(s) == SQLITE_ROW)
             json_array_append_new(back, json_string((const char *)sqlite3_column_text(s, 0)));
         sqlite3_finalize(s);
     }
     *out = json_pack("{s:s, s:o, s:o}", "path", rel, "links", outgoing, "backlinks", back);
-    md_doc_free(&d);
-    free(text);
     return HEARTH_OK;
 }
 
 #define ARTICLE "\"article\":{\"type\":\"string\",\"description\":\"a vault path, file name or title\"}"
 static const struct {
     const char *name, *description, *schema;
-    tool_fn fn;
+    tool_fn fn;      /* a tool of the whole vault, or */
+    doc_tool_fn doc; /* a tool of the one document args["article"] names */
 } tools[] = {
     {"memory_status", "The memory vault: where it is, commits, document counts, problems.",
-     "{\"type\":\"object\",\"properties\":{}}", tool_status},
+     "{\"type\":\"object\",\"properties\":{}}", tool_status, NULL},
     {"memory_list", "List the vault's documents (path, title, kind), optionally of one kind.",
      "{\"type\":\"object\",\"properties\":{\"kind\":{\"type\":\"string\",\"enum\":[\"article\",\"reference\","
      "\"conversation\",\"note\",\"talk\",\"meta\"]}}}",
-     tool_list},
+     tool_list, NULL},
     {"memory_search",
      "Search the personal memory (articles, conversations, notes, hearth's docs): the best passages with "
      "their source.",
      "{\"type\":\"object\",\"properties\":{\"query\":{\"type\":\"string\"},\"limit\":{\"type\":\"integer\","
      "\"minimum\":1,\"maximum\":1000,\"default\":5},\"kind\":{\"type\":\"string\",\"enum\":[\"article\","
      "\"reference\",\"conversation\",\"note\",\"talk\",\"meta\"]}},\"required\":[\"query\"]}",
-     tool_search},
+     tool_search, NULL},
     {"memory_read", "Read a whole document of the vault.",
-     "{\"type\":\"object\",\"properties\":{" ARTICLE "},\"required\":[\"article\"]}", tool_read},
+     "{\"type\":\"object\",\"properties\":{" ARTICLE "},\"required\":[\"article\"]}", NULL, tool_read},
     {"memory_toc", "The headings of a document (level, text, anchor).",
-     "{\"type\":\"object\",\"properties\":{" ARTICLE "},\"required\":[\"article\"]}", tool_toc},
+     "{\"type\":\"object\",\"properties\":{" ARTICLE "},\"required\":[\"article\"]}", NULL, tool_toc},
     {"memory_section", "One section of a document, by heading text or anchor.",
      "{\"type\":\"object\",\"properties\":{" ARTICLE ",\"anchor\":{\"type\":\"string\"}},"
      "\"required\":[\"article\",\"anchor\"]}",
-     tool_section},
+     NULL, tool_section},
     {"memory_links", "A document's [[wikilinks]] (and whether each target exists) and its backlinks.",
-     "{\"type\":\"object\",\"properties\":{" ARTICLE "},\"required\":[\"article\"]}", tool_links},
+     "{\"type\":\"object\",\"properties\":{" ARTICLE "},\"required\":[\"article\"]}", NULL, tool_links},
 };
 #define N_TOOLS (sizeof tools / sizeof tools[0])
 
@@ -270,8 +264,19 @@ hearth_status hearth_memory_call(hearth_memory *m, const char *tool, const char 
                                "memory_search, memory_read, memory_toc, memory_section, memory_links)",
                                tool);
     json_t *out = NULL;
-    for (size_t i = 0; i < N_TOOLS; i++)
-        if (!strcmp(tool, tools[i].name)) st = tools[i].fn(m, args, &out, err);
+    for (size_t i = 0; i < N_TOOLS; i++) {
+        if (strcmp(tool, tools[i].name)) continue;
+        if (tools[i].fn) {
+            st = tools[i].fn(m, args, &out, err);
+            continue;
+        }
+        tool_doc doc = {0};
+        st = load(m, args, &doc, err);
+        if (st) continue;
+        st = tools[i].doc(m, args, &doc, &out, err);
+        md_doc_free(&doc.d);
+        free(doc.text);
+    }
     json_decref(args);
     if (!st) *result_json = json_dumps(out, JSON_COMPACT);
     json_decref(out);

@@ -102,23 +102,14 @@ static void on_token_event(gen_state *g, const srv_event *ev) {
 }
 
 /* --memory-log: the request's messages and the answer go into the vault, one chat one
- * file (hearth_memory_log_conversation); one vault per process, one writer at a time. */
-static pthread_mutex_t memory_log_mu = PTHREAD_MUTEX_INITIALIZER;
-
+ * file (srv_memory_log). */
 static void memory_log(gen_state *g) {
     if (!g->s->cfg.memory_log || g->req.kind != SRV_CHAT || !json_is_array(g->req.messages)) return;
     json_t *msgs = json_copy(g->req.messages);
     json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content",
                                           g->answer.data ? g->answer.data : ""));
-    char *text = json_dumps(msgs, JSON_COMPACT);
+    srv_memory_log(g->s, msgs, "hearth serve");
     json_decref(msgs);
-    hearth_error err = {0};
-    pthread_mutex_lock(&memory_log_mu);
-    hearth_status st = text ? hearth_memory_log_conversation(g->s->cfg.memory_log, text, "hearth serve", &err)
-                            : HEARTH_ERR_NOMEM;
-    pthread_mutex_unlock(&memory_log_mu);
-    if (st) srv_log(g->s, SRV_LOG_WARNING, "memory log: %s", err.message);
-    free(text);
 }
 
 /* After the DONE event: the final chunk (stream) or the complete reply. Returns

@@ -207,10 +207,15 @@ static json_t *response_json(resp_state *st, const char *status) {
 /* Keeps the finished response and its conversation for previous_response_id. */
 static void store_response(resp_state *st, const json_t *response) {
     if (!st->rq.store || !st->s->responses) return;
-    json_t *items = json_deep_copy(st->context);
+    json_t *items = json_deep_copy(st->context), *msgs = NULL;
     if (!items || json_array_extend(items, st->output) || resp_store_put(st->s->responses, st->id, response, items))
         srv_log(st->s, SRV_LOG_WARNING, "response %s not stored: larger than --responses-max-bytes (or out of memory)",
                 st->id);
+    srv_error e = {0};
+    /* --memory-log: a stored conversation feeds the memory too (its messages as a chat) */
+    if (items && st->s->cfg.memory_log && !resp_items_to_messages(items, NULL, &msgs, &e))
+        srv_memory_log(st->s, msgs, "hearth serve /v1/responses");
+    json_decref(msgs);
     json_decref(items);
 }
 

@@ -55,6 +55,11 @@ static int download(srv_server *s, srv_conn *c) { return body_handler(s, c, srv_
 static int library(srv_server *s, srv_conn *c) { return srv_library_get(s, c, c->head.path); }
 static int page(srv_server *s, srv_conn *c) { return srv_web_respond(c, c->head.path); }
 static int metrics(srv_server *s, srv_conn *c) { return srv_metrics_respond(s, c); }
+static int memory_tools(srv_server *s, srv_conn *c) { return srv_memory_tools(s, c); }
+static int memory_call(srv_server *s, srv_conn *c) {
+    return srv_memory_call(s, c, c->route_tail, c->body.data ? c->body.data : "", c->body.len);
+}
+static int memory_synthesize(srv_server *s, srv_conn *c) { return srv_memory_synthesize(s, c); }
 static int health(srv_server *s, srv_conn *c) { return srv_respond(c, s, 200, "{\"status\": \"ok\"}"); }
 static int preflight(srv_server *s, srv_conn *c) { return srv_respond_bytes(c, 204, "application/json", "", 0, NULL); }
 
@@ -98,6 +103,12 @@ static const srv_route routes[] = {
     {"DELETE", "/v1/adapters/", R_ENGINE | R_PREFIX | R_STATE, adapters_delete, "/v1/adapters/{id}",
      "unmounts an adapter (requests using it finish with it)"},
     {"GET", "/v1/models/", R_PREFIX, models, "/v1/models/{id}", "the model list filtered by id"},
+    {"GET", "/v1/memory/tools", 0, memory_tools, NULL,
+     "the memory vault's read-only tools as chat function tools (serve --memory)"},
+    {"POST", "/v1/memory/tools/", R_BODY | R_PREFIX, memory_call, "/v1/memory/tools/{name}",
+     "runs one memory tool; the body is its arguments, the reply its result"},
+    {"GET", "/v1/memory/synthesize", R_ENGINE | R_STATE, memory_synthesize, NULL,
+     "a synthesis run by the served model, as server-sent progress (?dry=1: the plan only)"},
     {"GET", "/health", R_PUBLIC, health, NULL, "liveness: {\"status\": \"ok\"}"},
     {"GET", "/library", 0, library, NULL,
      "every model hearth can find: size, parameters, quantization, fit (hearth ls --json)"},

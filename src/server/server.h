@@ -218,8 +218,12 @@ typedef struct srv_config {
     const char *default_adapter; /* the id requests naming none use (NULL: the base) */
     unsigned responses_ttl_s;   /* --responses-ttl: how long stored responses live */
     size_t responses_max_bytes; /* --responses-max-bytes: the store's cap */
-    hearth_memory *memory_log;  /* --memory-log: chat completions are logged into this vault
-                                   (owned by the caller); NULL: nothing is logged */
+    hearth_memory *memory;      /* --memory / --memory-log: the vault the /v1/memory routes read
+                                   (owned by the caller); NULL: those routes answer 404 */
+    const char *memory_vault;   /* its path as given (NULL: hearth memory's default), for the
+                                   synthesis run's own handle */
+    hearth_memory *memory_log;  /* --memory-log: chat completions and stored Responses are logged
+                                   into this vault (the same handle); NULL: nothing is logged */
     const char *prompt_cache_dir; /* --prompt-cache-dir: the prefix cache kept on disk (NULL: not kept) */
     size_t prompt_cache_bytes;    /* --prompt-cache-bytes: that folder's bound */
 } srv_config;
@@ -300,6 +304,13 @@ int srv_handle_completion(srv_server *s, srv_conn *c, srv_kind kind, const char 
 int srv_lab_signal(srv_server *s, srv_conn *c, const char *body, size_t len);
 int srv_lab_generate(srv_server *s, srv_conn *c, const char *body, size_t len);
 int srv_lab_junk(const char *text);
+/* ---- memory_routes.c: the personal memory over HTTP (docs/memory.md) ---- */
+int srv_memory_tools(srv_server *s, srv_conn *c);
+int srv_memory_call(srv_server *s, srv_conn *c, const char *tool, const char *body, size_t len);
+int srv_memory_synthesize(srv_server *s, srv_conn *c);
+/* Logs one conversation ([{"role", "content"}], the answer last) into cfg.memory_log when
+ * it is set (one writer at a time; failures are logged, never the request's). */
+void srv_memory_log(srv_server *s, const json_t *messages, const char *source);
 char *srv_models_body(const srv_server *s, const char *filter); /* filter NULL: all */
 /* router.c: the /v1 index, from the route table. */
 char *srv_index_body(void);

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """A deterministic stand-in for the synthesis model of `hearth memory synthesize`
 (`--model cmd:python3 memory_scripted_model.py`): fixed outputs per stage, computed from the
-prompt's INPUT JSON. The stage is the last argument. Environment knobs (set by the test):
+prompt's INPUT JSON. The stage is the last argument; HEARTH_MEMORY_SCHEMA names the file of
+the JSON Schema hearth asks the answer to satisfy, and every answer is checked against it
+with jsonschema (an answer the schema refuses fails the run: the schemas must admit every
+good answer). Environment knobs (set by the test):
   SCRIPT_REWRITE=1   the synthesize stage throws the old prose away (the gate must refuse)
   SCRIPT_DANGLE=1    the synthesize stage adds a [[link]] to nothing (link must unwrap it)
   SCRIPT_SECRET=1    extract answers a fact holding an API key (must be dropped)
@@ -11,6 +14,8 @@ import json
 import os
 import signal
 import sys
+
+import jsonschema
 
 stage = sys.argv[-1]
 prompt = sys.stdin.read()
@@ -31,10 +36,10 @@ if kill.startswith(stage + ":"):
 if stage == "segment":
     out = [{"topic": "all", "messages": [m["id"] for m in data["messages"]]}]
 elif stage == "extract":
-    out = [{"fact": m["text"].split("\n")[0], "messages": [m["id"]]} for m in data["messages"]
+    out = [{"person": m["speaker"], "fact": m["text"].split("\n")[0], "messages": [m["id"]]} for m in data["messages"]
            if m["speaker"] in ("user", "Caroline")]
     if os.environ.get("SCRIPT_SECRET") and data["messages"]:
-        out.append({"fact": "My OpenAI key is sk-abcdefghijklmnopqrstuvwxyz123456", "messages": [data["messages"][0]["id"]]})
+        out.append({"person": "user", "fact": "My OpenAI key is sk-abcdefghijklmnopqrstuvwxyz123456", "messages": [data["messages"][0]["id"]]})
 elif stage == "route":
     fact = data["fact"].lower()
     out = {"article": "Cycling" if "bike" in fact else "Baking" if "sourdough" in fact or "bake" in fact else "Profile"}
@@ -46,4 +51,7 @@ elif stage == "synthesize":
     out = {"text": text}
 else:
     sys.exit(f"scripted model: unknown stage {stage}")
+schema = json.load(open(os.environ["HEARTH_MEMORY_SCHEMA"]))
+jsonschema.Draft202012Validator.check_schema(schema)
+jsonschema.validate(out, schema)
 print("Sure! Here is the JSON:\n```json\n" + json.dumps(out) + "\n```")

@@ -1,7 +1,8 @@
 /* fuzz_memory_md.c: the memory's Markdown reading (memory_md.c: front matter, headings and
  * their sections, wikilinks, conflict markers, UTF-8), the synthesis gate's text checks and
- * the dangling-link rewrite, and the lenient JSON reading of a model's answer, on arbitrary
- * bytes. Must never crash, read out of bounds or leak. */
+ * the dangling-link rewrite, the lenient JSON reading of a model's answer and the repair of
+ * its segments (synth_segments_cover), on arbitrary bytes. Must never crash, read out of
+ * bounds or leak. */
 #include "memory/memory_synth.h"
 #include <stdint.h>
 #include <stdlib.h>
@@ -37,7 +38,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     synth_prose_kept(s, "x");
     synth_citations_kept(s, s);
     synth_has_secret(s);
-    json_decref(synth_parse_answer(s));
+    json_t *answer = synth_parse_answer(s);
+    json_t *msgs = json_pack("[{s:s}, {s:s}, {s:i}]", "id", "a", "id", "b", "id", 3), *cover;
+    cover = synth_segments_cover(answer, msgs);
+    size_t i, covered = 0;
+    json_t *seg;
+    json_array_foreach(cover, i, seg) covered += json_array_size(json_object_get(seg, "messages"));
+    if (covered != 3) abort(); /* every message, once, whatever the model said */
+    json_decref(cover), json_decref(msgs), json_decref(answer);
     char name[64];
     synth_article_name(s, name, sizeof name);
     free(s);

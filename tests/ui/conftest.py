@@ -72,6 +72,19 @@ def browser():
         b.close()
 
 
+@contextlib.contextmanager
+def chat_page(browser, base):
+    """A fresh browser context on the chat page of base; fails the test if the page threw."""
+    ctx = browser.new_context(viewport={"width": 1100, "height": 800})
+    pg = ctx.new_page()
+    errors = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto(base + "/#/chat")
+    yield pg
+    ctx.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
 def shot(page, name):
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 

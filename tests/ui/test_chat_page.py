@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from conftest import appliance, shot
+from conftest import appliance, chat_page, shot
 
 QUESTION = "What is the capital of France? Answer in one sentence."
 LONG = "Write a very long story about a dragon who learns to bake bread, in ten chapters."
@@ -18,15 +18,8 @@ LONG = "Write a very long story about a dragon who learns to bake bread, in ten 
 
 @pytest.fixture
 def page(browser, hearth_app):
-    base, _ = hearth_app
-    ctx = browser.new_context(viewport={"width": 1100, "height": 800})
-    pg = ctx.new_page()
-    errors = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.goto(base + "/#/chat")
-    yield pg
-    ctx.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
+    with chat_page(browser, hearth_app[0]) as pg:
+        yield pg
 
 
 def set_greedy(pg, max_tokens):

@@ -1,7 +1,9 @@
 /* test_memory.c: unit tests of the memory's text rules (src/memory): Markdown headings,
  * sections and slugs, wikilinks, conflict markers and UTF-8 checks, and the synthesis
  * gate (prose kept, citations kept, secrets), the dangling-link rewrite and the lenient
- * reading of a model's JSON answer. Expected values are worked out by hand. */
+ * reading of a model's JSON answer, the stages' answer schemas (each compiles as a
+ * constraint; what they admit is checked against jsonschema by tests/api) and the repair
+ * of a model's segments. Expected values are worked out by hand. */
 /* cmocka.h needs these before it */
 // clang-format off
 #include <setjmp.h>
@@ -13,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hearth.h"
 #include "memory/memory_synth.h"
 
 static const char *doc = "---\ntitle: \"Garden\"\nsource: x\n---\n# Top\nintro\n## Beds & Soil\ntext\n```\n# no\n```\n"
@@ -103,12 +106,69 @@ static void test_unlink_and_answers(void **state) {
     assert_string_equal(name, "Untitled");
 }
 
+static void assert_compiles(json_t *schema) {
+    char *text = json_dumps(schema, JSON_COMPACT);
+    hearth_error err = {0};
+    hearth_status st = hearth_constraint_check(HEARTH_CONSTRAINT_JSON_SCHEMA, text, strlen(text), &err);
+    if (st) fail_msg("%s: %s", text, err.message);
+    free(text);
+    json_decref(schema);
+}
+
+static void test_stage_schemas_compile(void **state) {
+    (void)state;
+    assert_compiles(synth_schema_segments(json_pack("[s, s, s]", "D1:1", "D1:2", "D1:3")));
+    assert_compiles(synth_schema_segments(json_array())); /* a conversation without messages */
+    assert_compiles(synth_schema_facts(json_pack("[s]", "a")));
+    assert_compiles(synth_schema_facts(json_array()));
+    assert_compiles(synth_schema_route());
+    assert_compiles(synth_schema_article(800));
+    /* the id list is an enum of the input's ids, capped at their number */
+    json_t *s = synth_schema_segments(json_pack("[s, s]", "x", "y"));
+    json_t *ids = json_object_get(json_object_get(json_object_get(s, "items"), "properties"), "messages");
+    assert_int_equal(json_integer_value(json_object_get(ids, "maxItems")), 2);
+    assert_int_equal(json_array_size(json_object_get(json_object_get(ids, "items"), "enum")), 2);
+    json_decref(s);
+}
+
+static char *covered(const char *answer) {
+    json_t *msgs = json_pack("[{s:s}, {s:s}, {s:s}, {s:s}]", "id", "1", "id", "2", "id", "3", "id", "4");
+    json_t *ans = json_loads(answer, 0, NULL), *out = synth_segments_cover(ans, msgs);
+    char *text = json_dumps(out, JSON_COMPACT);
+    json_decref(msgs), json_decref(ans), json_decref(out);
+    return text;
+}
+
+static void test_segments_cover(void **state) {
+    (void)state;
+    static const struct {
+        const char *answer, *want;
+    } cases[] = {
+        /* left-out messages join the segment before them; the first joins the first segment */
+        {"[{\"topic\":\"a\",\"messages\":[\"2\"]},{\"topic\":\"b\",\"messages\":[\"4\"]}]",
+         "[{\"topic\":\"a\",\"messages\":[\"1\",\"2\",\"3\"]},{\"topic\":\"b\",\"messages\":[\"4\"]}]"},
+        /* an id given twice stays in its first segment; a segment left empty is dropped */
+        {"[{\"topic\":\"a\",\"messages\":[\"1\",\"3\",\"1\"]},{\"topic\":\"b\",\"messages\":[\"3\"]}]",
+         "[{\"topic\":\"a\",\"messages\":[\"1\",\"2\",\"3\",\"4\"]}]"},
+        /* unknown ids are ignored; no usable segment: the whole conversation */
+        {"[{\"topic\":\"a\",\"messages\":[\"9\"]}]", "[{\"topic\":\"a\",\"messages\":[\"1\",\"2\",\"3\",\"4\"]}]"},
+        {"{\"not\":\"a list\"}", "[{\"topic\":\"\",\"messages\":[\"1\",\"2\",\"3\",\"4\"]}]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *got = covered(cases[i].answer);
+        assert_string_equal(got, cases[i].want);
+        free(got);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_markdown),
         cmocka_unit_test(test_links_and_checks),
         cmocka_unit_test(test_gate),
         cmocka_unit_test(test_unlink_and_answers),
+        cmocka_unit_test(test_stage_schemas_compile),
+        cmocka_unit_test(test_segments_cover),
     };
     return cmocka_run_group_tests_name("memory", tests, NULL, NULL);
 }

@@ -1,0 +1,147 @@
+"""The personal memory over HTTP (`serve --memory`, docs/memory.md): the read-only tools
+as chat function tools (their parameter schemas checked by jsonschema, one offered to
+the model through the openai SDK), a tool call and its errors (OpenAI error bodies),
+`GET /v1/memory/synthesize` as server-sent events (parsed here from the raw stream; the
+commit checked with the git CLI), and the Responses store feeding the vault
+(`--memory-log`, written through the openai SDK). The served model is the default
+SmolLM2; what it writes is not judged, only the protocol and the vault."""
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import BIN, SMOLLM2, server  # noqa: E402
+from hearth_process import need  # noqa: E402
+from test_memory import CHATGPT  # noqa: E402
+
+TOOLS = {"memory_status", "memory_list", "memory_search", "memory_read", "memory_toc", "memory_section",
+         "memory_links"}
+
+
+def git(vault, *args):
+    return subprocess.run(["git", "-C", str(vault), *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def vault(tmp_path):
+    need(BIN, "hearth binary", "run make (or set HEARTH_BIN)")
+    need(SMOLLM2, "SmolLM2-135M-Instruct", "run tools/get_models.sh")
+    v = tmp_path / "wiki"
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(CHATGPT))
+    for args in (["init"], ["import", str(export)]):
+        subprocess.run([str(BIN), "memory", *args, "--vault", str(v), "--embed-model", "none"], check=True,
+                       capture_output=True)
+    return v
+
+
+def post(base, path, body):
+    req = urllib.request.Request(base + path, data=body.encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get(base, path):
+    try:
+        with urllib.request.urlopen(base + path, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def events(base, path):
+    """The (event, data) pairs of a text/event-stream response, read to its end."""
+    with urllib.request.urlopen(base + path, timeout=600) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        text = r.read().decode()
+    out = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.split("\n"))
+        out.append((fields["event"], json.loads(fields["data"])))
+    return out
+
+
+def test_tools_calls_and_errors(vault):
+    with server(SMOLLM2, "--memory", "--memory-vault", vault) as base:
+        status, tools = get(base, "/v1/memory/tools")
+        assert status == 200 and tools["object"] == "list"
+        assert {t["function"]["name"] for t in tools["data"]} == TOOLS
+        for t in tools["data"]:
+            assert t["type"] == "function"
+            jsonschema.Draft202012Validator.check_schema(t["function"]["parameters"])
+        status, hits = post(base, "/v1/memory/tools/memory_search", '{"query": "sourdough starter", "limit": 3}')
+        assert status == 200 and "Clint" in hits[0]["text"] and hits[0]["path"].startswith("Conversations/")
+        status, doc = post(base, "/v1/memory/tools/memory_read", json.dumps({"article": hits[0]["path"]}))
+        assert status == 200 and "Feed Clint rye flour" in doc["text"]
+        status, err = post(base, "/v1/memory/tools/memory_write", "{}")  # the tools are read-only
+        assert status == 404 and "read-only" in err["error"]["message"]
+        status, err = post(base, "/v1/memory/tools/memory_search", "[1]")
+        assert status == 400 and err["error"]["type"] == "invalid_request_error"
+        status, err = post(base, "/v1/memory/tools/memory_read", '{"article": "No Such Page"}')
+        assert status == 404 and "No Such Page" in err["error"]["message"]
+        # the list is what a chat request's "tools" takes: the SDK sends it, the server accepts it
+        client = openai.OpenAI(base_url=base + "/v1", api_key="x")
+        r = client.chat.completions.create(model="default_model", max_tokens=4, temperature=0, tools=tools["data"],
+                                           messages=[{"role": "user", "content": "What is my starter called?"}])
+        assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert git(vault, "status", "--porcelain") == ""
+
+
+def test_without_memory_the_routes_say_how(vault):
+    with server(SMOLLM2) as base:
+        status, err = get(base, "/v1/memory/tools")
+        assert status == 404 and err["error"]["code"] == "memory_off" and "--memory" in err["error"]["message"]
+
+
+def test_synthesize_streams_progress_and_commits_once(vault):
+    n = int(git(vault, "rev-list", "--count", "HEAD"))
+    with server(SMOLLM2, "--memory", "--memory-vault", vault) as base:
+        plan = events(base, "/v1/memory/synthesize?dry=1")
+        assert [e for e, _ in plan] == ["plan", "done"]
+        assert plan[0][1]["segment"] == 1 and plan[1][1]["committed"] is False
+        assert int(git(vault, "rev-list", "--count", "HEAD")) == n  # the plan writes nothing
+        run = events(base, "/v1/memory/synthesize")
+        kinds = [e for e, _ in run]
+        assert kinds[0] == "plan" and kinds[-1] == "done" and set(kinds[1:-1]) == {"progress"}, kinds
+        stages = [d["stage"] for e, d in run if e == "progress"]
+        assert stages == sorted(stages, key=["segment", "extract", "route", "synthesize"].index) and "segment" in stages
+        done = run[-1][1]
+        assert done["committed"] is True
+        assert int(git(vault, "rev-list", "--count", "HEAD")) == n + 1 and git(vault, "status", "--porcelain") == ""
+        assert "synthesize" in git(vault, "log", "-1", "--format=%s")
+        for name in done["articles"]:
+            assert (vault / "articles" / f"{name}.md").exists() or (vault / "Talk" / f"{name}.md").exists()
+        again = events(base, "/v1/memory/synthesize")
+        assert again[-1][0] == "done" and again[-1][1]["committed"] is False
+        status, err = get(base, "/v1/memory/synthesize?dry=maybe")
+        assert status == 400 and err["error"]["param"] == "dry"
+
+
+def test_responses_store_feeds_the_vault(vault):
+    before = set((vault / "Conversations").glob("*.md"))
+    with server(SMOLLM2, "--memory-log", "--memory-vault", vault) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="x")
+        client.responses.create(model="default_model", input="My cat is called Miso.", max_output_tokens=8,
+                                temperature=0, store=False)
+        assert set((vault / "Conversations").glob("*.md")) == before  # not stored: not remembered
+        r = client.responses.create(model="default_model", input="My cat is called Miso.", max_output_tokens=8,
+                                    temperature=0)
+        # the stored conversation is in the vault, committed, and searchable at once
+        status, hits = post(base, "/v1/memory/tools/memory_search", '{"query": "Miso"}')
+    new = set((vault / "Conversations").glob("*.md")) - before
+    assert len(new) == 1
+    text = next(iter(new)).read_text()
+    assert "My cat is called Miso." in text and r.output_text.strip()[:10] in text
+    assert "/v1/responses" in text and git(vault, "status", "--porcelain") == ""
+    assert status == 200 and hits and hits[0]["path"] == f"Conversations/{next(iter(new)).name}"

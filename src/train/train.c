@@ -196,6 +196,23 @@ static void lora_tensor_name(char *buf, size_t cap, int layer, int p, int b) {
     snprintf(buf, cap, "model.layers.%d.%s.lora_%c", layer, proj_name[p], b ? 'b' : 'a');
 }
 
+/* GGUF llama q/k rows are in adjacent-pair RoPE order: output (h, i, j) of [heads, half, 2]
+ * is HF's (h, j, i) of [heads, 2, half]. B's columns follow the base's rows, so adapter files
+ * (HF order) are permuted on the way in and out. */
+static void permute_b(const float *src, float *dst, int r, int64_t N, int heads, int to_hf) {
+    int64_t half = N / heads / 2;
+    for (int q = 0; q < r; q++)
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t i = 0; i < half; i++)
+                for (int j = 0; j < 2; j++) {
+                    int64_t g = (h * half + i) * 2 + j, f = (h * 2 + j) * half + i;
+                    dst[q * N + (to_hf ? f : g)] = src[q * N + (to_hf ? g : f)];
+                }
+}
+
+static int permuted(const trainer *t, int p) { return t->adjacent && (p == P_Q || p == P_K); }
+static int heads_of(const trainer *t, int p) { return p == P_Q ? t->Hq : t->Hkv; }
+
 /* --resume-adapter-file: every tensor must be a LoRA pair of a trained layer, of its shape */
 static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_error *err) {
     st_file f;
@@ -205,6 +222,7 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
         const tensor_info *ti = &f.tensors[i];
         float *dst = NULL;
         int64_t rows = 0, cols = 0;
+        int perm_heads = 0;
         for (int l = t->first_lora; l < t->L && !dst; l++)
             for (int p = 0; p < N_P && !dst; p++)
                 for (int b = 0; b < 2 && !dst; b++) {
@@ -214,6 +232,7 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
                         tlayer *y = &t->layers[l];
                         dst = b ? y->lora[p].b : y->lora[p].a;
                         rows = b ? t->r : y->k[p], cols = b ? y->n[p] : t->r;
+                        perm_heads = b && permuted(t, p) ? heads_of(t, p) : 0;
                     }
                 }
         if (!dst)
@@ -222,6 +241,7 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
         else if (ti->dtype != DT_F32 || ti->ndim != 2 || ti->shape[0] != rows || ti->shape[1] != cols)
             st = err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' must be float32 [%lld, %lld]", path, ti->name,
                          (long long)rows, (long long)cols);
+        else if (perm_heads) permute_b((const float *)ti->data, dst, t->r, cols, perm_heads, 0);
         else memcpy(dst, ti->data, sizeof(float) * (size_t)(rows * cols));
     }
     st_close(&f);
@@ -379,6 +399,7 @@ static hearth_status save_adapters(trainer *t, const char *path, hearth_error *e
     st_out_tensor *h = calloc((size_t)n, sizeof *h);
     char (*names)[128] = calloc((size_t)n, 128);
     const float **data = calloc((size_t)n, sizeof *data);
+    float *tmp = NULL;
     if (!h || !names || !data) return free(h), free(names), free(data), err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     int i = 0;
     for (int l = t->first_lora; l < t->L; l++)
@@ -394,9 +415,22 @@ static hearth_status save_adapters(trainer *t, const char *path, hearth_error *e
     uint64_t bytes = 0;
     hearth_status st = f ? st_write_header(f, path, h, (size_t)n, &bytes, err)
                          : err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
-    for (i = 0; !st && i < n; i++)
-        if (fwrite(data[i], 1, st_out_nbytes(&h[i]), f) != st_out_nbytes(&h[i]))
+    for (i = 0; !st && i < n; i++) {
+        int p = (i / 2) % N_P;
+        const float *d = data[i];
+        if (i % 2 && permuted(t, p)) {
+            free(tmp);
+            if (!(tmp = malloc(st_out_nbytes(&h[i])))) {
+                st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+                break;
+            }
+            permute_b(d, tmp, t->r, h[i].shape[1], heads_of(t, p), 1);
+            d = tmp;
+        }
+        if (fwrite(d, 1, st_out_nbytes(&h[i]), f) != st_out_nbytes(&h[i]))
             st = err_set(err, HEARTH_ERR_IO, "%s: write failed", path);
+    }
+    free(tmp);
     if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: write failed", path);
     free(h), free(names), free(data);
     return st;

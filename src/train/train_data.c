@@ -4,6 +4,7 @@
  * generator for the batch order. */
 #include "train/train_internal.h"
 #include "base/err.h"
+#include "model/model_handle.h"
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -89,7 +90,7 @@ hearth_status tr_dataset_load(const hearth_model *m, const char *path, int optio
         if (optional && errno == ENOENT) return HEARTH_OK;
         return err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
     }
-    const char *eos_s = hearth_model_tokenizer_config_string(m, "eos_token");
+    const char *eos_s = m->eos_token; /* tokenizer_config.json's eos_token, or the GGUF's */
     int32_t eos = eos_s ? hearth_token_id(m, eos_s) : -1;
     char *line = NULL;
     size_t cap = 0;

@@ -6,22 +6,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* v8 helpers are static inline: the AVX ABI note for vector returns does not apply */
+/* v8 helpers are always inlined: the AVX ABI note for vector returns does not apply */
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float v8 __attribute__((vector_size(32)));
-#define CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define INL static inline __attribute__((always_inline))
+/* The two matmul kernels are bodies inlined twice: built for AVX2+FMA and for the baseline,
+ * picked once per call by what the CPU has. */
+#define AVX2 __attribute__((target("avx2,fma")))
+static int have_avx2(void) {
+    static int v = -1;
+    if (v < 0) v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return v;
+}
 
-static inline v8 ld8(const float *p) {
+INL v8 ld8(const float *p) {
     v8 v;
     memcpy(&v, p, sizeof v);
     return v;
 }
-static inline void st8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
-static inline float hsum(v8 v) {
+INL void st8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+INL float hsum(v8 v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-static float dotf(const float *a, const float *b, int64_t n) {
+INL float dotf(const float *a, const float *b, int64_t n) {
     v8 acc = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) acc += ld8(a + i) * ld8(b + i);
@@ -29,7 +37,7 @@ static float dotf(const float *a, const float *b, int64_t n) {
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
-static void axpyf(float *y, float a, const float *x, int64_t n) {
+INL void axpyf(float *y, float a, const float *x, int64_t n) {
     int64_t i = 0;
     v8 av = {a, a, a, a, a, a, a, a};
     for (; i + 8 <= n; i += 8) st8(y + i, ld8(y + i) + av * ld8(x + i));
@@ -47,7 +55,7 @@ typedef struct mm_ctx {
 
 #define NT_BLOCK 16 /* rows of w per task */
 
-CLONES static void nt_task(void *vctx, int task, int thread) {
+INL void nt_body(void *vctx, int task) {
     const mm_ctx *c = vctx;
     int64_t n0 = (int64_t)task * NT_BLOCK, n1 = n0 + NT_BLOCK < c->N ? n0 + NT_BLOCK : c->N, K = c->K;
     int64_t K8 = K & ~(int64_t)7;
@@ -78,63 +86,68 @@ CLONES static void nt_task(void *vctx, int task, int thread) {
     }
 }
 
+AVX2 static void nt_task_avx2(void *c, int task, int thread) { nt_body(c, task); }
+static void nt_task(void *c, int task, int thread) { nt_body(c, task); }
+
 void tr_matmul_nt(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int acc) {
     mm_ctx c = {.a = x, .b = w, .c = y, .M = M, .N = N, .K = K, .acc = acc};
     int tasks = (int)((N + NT_BLOCK - 1) / NT_BLOCK);
-    tp_run(M * N * K < 65536 ? NULL : tp, tasks, nt_task, &c);
+    tp_run(M * N * K < 65536 ? NULL : tp, tasks, have_avx2() ? nt_task_avx2 : nt_task, &c);
 }
 
 /* ---- dx += dy w --------------------------------------------------------- */
 
 #define NN_STRIP 64 /* columns of dx (and w) per task */
+#define NN_TILE 256 /* rows of w per pass: a 64 KB block of w, reused by every row block of dy */
 
-CLONES static void nn_task(void *vctx, int task, int thread) {
+INL void nn_body(void *vctx, int task) {
     const mm_ctx *c = vctx;
-    int64_t k0 = (int64_t)task * NN_STRIP, k1 = k0 + NN_STRIP < c->K ? k0 + NN_STRIP : c->K, N = c->N, K = c->K;
-    for (int64_t m = 0; m < c->M; m += 4) {
-        int mr = c->M - m < 4 ? (int)(c->M - m) : 4;
-        const float *dy[4];
-        for (int r = 0; r < mr; r++) dy[r] = c->a + (m + r) * N;
-        int64_t k = k0;
-        if (mr == 4)
-            for (; k + 16 <= k1; k += 16) {
-                float *d[4] = {c->c + m * K + k, c->c + (m + 1) * K + k, c->c + (m + 2) * K + k,
-                               c->c + (m + 3) * K + k};
-                v8 a00 = ld8(d[0]), a01 = ld8(d[0] + 8), a10 = ld8(d[1]), a11 = ld8(d[1] + 8);
-                v8 a20 = ld8(d[2]), a21 = ld8(d[2] + 8), a30 = ld8(d[3]), a31 = ld8(d[3] + 8);
-                for (int64_t n = 0; n < N; n++) {
-                    const float *wr = c->b + n * K + k;
-                    v8 b0 = ld8(wr), b1 = ld8(wr + 8);
-                    float g0 = dy[0][n], g1 = dy[1][n], g2 = dy[2][n], g3 = dy[3][n];
-                    a00 += g0 * b0, a01 += g0 * b1, a10 += g1 * b0, a11 += g1 * b1;
-                    a20 += g2 * b0, a21 += g2 * b1, a30 += g3 * b0, a31 += g3 * b1;
+    int64_t k0 = (int64_t)task * NN_STRIP, k1 = k0 + NN_STRIP < c->K ? k0 + NN_STRIP : c->K, K = c->K;
+    for (int64_t n0 = 0; n0 < c->N; n0 += NN_TILE) {
+        int64_t n1 = n0 + NN_TILE < c->N ? n0 + NN_TILE : c->N;
+        for (int64_t m = 0; m < c->M; m += 4) {
+            int mr = c->M - m < 4 ? (int)(c->M - m) : 4;
+            const float *dy[4];
+            for (int r = 0; r < mr; r++) dy[r] = c->a + (m + r) * c->N;
+            int64_t k = k0;
+            if (mr == 4)
+                for (; k + 16 <= k1; k += 16) {
+                    float *d[4] = {c->c + m * K + k, c->c + (m + 1) * K + k, c->c + (m + 2) * K + k,
+                                   c->c + (m + 3) * K + k};
+                    v8 a00 = ld8(d[0]), a01 = ld8(d[0] + 8), a10 = ld8(d[1]), a11 = ld8(d[1] + 8);
+                    v8 a20 = ld8(d[2]), a21 = ld8(d[2] + 8), a30 = ld8(d[3]), a31 = ld8(d[3] + 8);
+                    for (int64_t n = n0; n < n1; n++) {
+                        const float *wr = c->b + n * K + k;
+                        v8 b0 = ld8(wr), b1 = ld8(wr + 8);
+                        float g0 = dy[0][n], g1 = dy[1][n], g2 = dy[2][n], g3 = dy[3][n];
+                        a00 += g0 * b0, a01 += g0 * b1, a10 += g1 * b0, a11 += g1 * b1;
+                        a20 += g2 * b0, a21 += g2 * b1, a30 += g3 * b0, a31 += g3 * b1;
+                    }
+                    st8(d[0], a00), st8(d[0] + 8, a01), st8(d[1], a10), st8(d[1] + 8, a11);
+                    st8(d[2], a20), st8(d[2] + 8, a21), st8(d[3], a30), st8(d[3] + 8, a31);
                 }
-                st8(d[0], a00), st8(d[0] + 8, a01), st8(d[1], a10), st8(d[1] + 8, a11);
-                st8(d[2], a20), st8(d[2] + 8, a21), st8(d[3], a30), st8(d[3] + 8, a31);
-            }
-        for (int r = 0; r < mr; r++) /* the tail columns (and rows past a multiple of 4) */
-            for (int64_t kk = k; kk < k1; kk++) {
-                float s = 0;
-                for (int64_t n = 0; n < N; n++) s += dy[r][n] * c->b[n * K + kk];
-                c->c[(m + r) * K + kk] += s;
-            }
+            for (int r = 0; r < mr; r++) /* the tail columns (and rows past a multiple of 4) */
+                for (int64_t kk = k; kk < k1; kk++) {
+                    float s = 0;
+                    for (int64_t n = n0; n < n1; n++) s += dy[r][n] * c->b[n * K + kk];
+                    c->c[(m + r) * K + kk] += s;
+                }
+        }
     }
 }
+
+AVX2 static void nn_task_avx2(void *c, int task, int thread) { nn_body(c, task); }
+static void nn_task(void *c, int task, int thread) { nn_body(c, task); }
 
 void tr_matmul_nn(threadpool *tp, const float *dy, int64_t M, int64_t N, const float *w, int64_t K, float *dx) {
     mm_ctx c = {.a = dy, .b = w, .c = dx, .M = M, .N = N, .K = K};
     int tasks = (int)((K + NN_STRIP - 1) / NN_STRIP);
-    tp_run(M * N * K < 65536 ? NULL : tp, tasks, nn_task, &c);
+    tp_run(M * N * K < 65536 ? NULL : tp, tasks, have_avx2() ? nn_task_avx2 : nn_task, &c);
 }
 
 /* ---- linear with LoRA ----------------------------------------------------- */
 
-void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
-                   const tr_lora *l, float *xa, float *y) {
-    tr_matmul_nt(tp, x, M, K, w, N, y, 0);
-    if (bias)
-        for (int64_t m = 0; m < M; m++) axpyf(y + m * N, 1.0f, bias, N);
-    if (!l) return;
+INL void lora_fwd_body(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, float *xa, float *y) {
     int r = l->r;
     for (int64_t m = 0; m < M; m++) {
         float *xr = xa + m * r;
@@ -143,11 +156,16 @@ void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const f
         for (int j = 0; j < r; j++) axpyf(y + m * N, l->scale * xr[j], l->b + (int64_t)j * N, N);
     }
 }
+AVX2 static void lora_fwd_avx2(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, float *xa,
+                               float *y) {
+    lora_fwd_body(x, M, K, N, l, xa, y);
+}
+static void lora_fwd_base(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, float *xa, float *y) {
+    lora_fwd_body(x, M, K, N, l, xa, y);
+}
 
-void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const tr_lora *l,
-                   const float *xa, const float *dy, float *dx, float *scratch) {
-    if (dx) tr_matmul_nn(tp, dy, M, N, w, K, dx);
-    if (!l) return;
+INL void lora_bwd_body(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, const float *xa,
+                       const float *dy, float *dx, float *scratch) {
     int r = l->r;
     for (int64_t m = 0; m < M; m++) {
         const float *g = dy + m * N;
@@ -161,6 +179,32 @@ void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const f
             if (dx) dx[m * K + k] += dotf(dxa, l->a + k * r, r);
         }
     }
+}
+AVX2 static void lora_bwd_avx2(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, const float *xa,
+                               const float *dy, float *dx, float *scratch) {
+    lora_bwd_body(x, M, K, N, l, xa, dy, dx, scratch);
+}
+static void lora_bwd_base(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, const float *xa,
+                          const float *dy, float *dx, float *scratch) {
+    lora_bwd_body(x, M, K, N, l, xa, dy, dx, scratch);
+}
+
+void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
+                   const tr_lora *l, float *xa, float *y) {
+    tr_matmul_nt(tp, x, M, K, w, N, y, 0);
+    if (bias)
+        for (int64_t m = 0; m < M; m++) axpyf(y + m * N, 1.0f, bias, N);
+    if (!l) return;
+    if (have_avx2()) lora_fwd_avx2(x, M, K, N, l, xa, y);
+    else lora_fwd_base(x, M, K, N, l, xa, y);
+}
+
+void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const tr_lora *l,
+                   const float *xa, const float *dy, float *dx, float *scratch) {
+    if (dx) tr_matmul_nn(tp, dy, M, N, w, K, dx);
+    if (!l) return;
+    if (have_avx2()) lora_bwd_avx2(x, M, K, N, l, xa, dy, dx, scratch);
+    else lora_bwd_base(x, M, K, N, l, xa, dy, dx, scratch);
 }
 
 /* ---- RMSNorm ------------------------------------------------------------- */
@@ -214,7 +258,7 @@ typedef struct attn_ctx {
     float scale;
 } attn_ctx;
 
-static void attn_fwd_task(void *vctx, int g, int thread) {
+INL void attn_fwd_body(void *vctx, int g) {
     const attn_ctx *c = vctx;
     int64_t T = c->T, qs = (int64_t)c->Hq * c->hd, ks = (int64_t)c->Hkv * c->hd;
     int per = c->Hq / c->Hkv;
@@ -240,13 +284,16 @@ static void attn_fwd_task(void *vctx, int g, int thread) {
         }
 }
 
+AVX2 static void attn_fwd_avx2(void *c, int g, int thread) { attn_fwd_body(c, g); }
+static void attn_fwd_task(void *c, int g, int thread) { attn_fwd_body(c, g); }
+
 void tr_attn_fwd(threadpool *tp, const float *q, const float *k, const float *v, int64_t T, int Hq, int Hkv, int hd,
                  float scale, float *p, float *out) {
     attn_ctx c = {.q = q, .k = k, .v = v, .pw = p, .out = out, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd, .scale = scale};
-    tp_run(tp, Hkv, attn_fwd_task, &c);
+    tp_run(tp, Hkv, have_avx2() ? attn_fwd_avx2 : attn_fwd_task, &c);
 }
 
-static void attn_bwd_task(void *vctx, int g, int thread) {
+INL void attn_bwd_body(void *vctx, int g) {
     const attn_ctx *c = vctx;
     int64_t T = c->T, qs = (int64_t)c->Hq * c->hd, ks = (int64_t)c->Hkv * c->hd, hd = c->hd;
     int per = c->Hq / c->Hkv;
@@ -276,11 +323,14 @@ static void attn_bwd_task(void *vctx, int g, int thread) {
     free(ds);
 }
 
+AVX2 static void attn_bwd_avx2(void *c, int g, int thread) { attn_bwd_body(c, g); }
+static void attn_bwd_task(void *c, int g, int thread) { attn_bwd_body(c, g); }
+
 void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v, const float *p, const float *dout,
                  int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv) {
     attn_ctx c = {.q = q, .k = k, .v = v, .p = p, .dout = dout, .dq = dq, .dk = dk, .dv = dv, .T = T, .Hq = Hq,
                   .Hkv = Hkv, .hd = hd, .scale = scale};
-    tp_run(tp, Hkv, attn_bwd_task, &c);
+    tp_run(tp, Hkv, have_avx2() ? attn_bwd_avx2 : attn_bwd_task, &c);
 }
 
 /* ---- SiLU-gated product ---------------------------------------------------- */

@@ -188,3 +188,27 @@ def test_errors_are_clear(tmp_path):
     assert rc == 2
     rc, err = run_err([model, "--data", data, "--num-layers", "-1", "--resume-adapter-file", str(bad / "train.jsonl")])
     assert rc == 1 and "train.jsonl" in err
+
+
+def test_gguf_base_trains_like_safetensors_base(tmp_path):
+    """A GGUF llama's q/k rows are permuted for adjacent-pair RoPE: hearth trains in that
+    order and permutes B's columns on loading and saving, so the same weights as an f32 GGUF
+    give the same losses and write the same adapter (HF order) as the safetensors folder."""
+    import mlx.core as mx
+    model = model_dir("llama-f32")
+    gguf = tmp_path / "llama.gguf"
+    p = subprocess.run([BIN, "convert", model, "--out", str(gguf), "--outtype", "f32"], capture_output=True)
+    assert p.returncode == 0, p.stderr.decode()
+    data = make_data(str(tmp_path / "data"), "text")
+    init = make_init_adapter(model, tmp_path / "init.safetensors", 8, -1)
+    flags = ["--iters", "6", "--batch-size", "2", "--learning-rate", "1e-4", "--num-layers", "-1",
+             "--steps-per-report", "1"]
+    a = hearth_train(model, data, tmp_path / "st", init, flags)
+    b = hearth_train(str(gguf), data, tmp_path / "gguf", init, flags)
+    for x, y in zip(a, b):
+        k = "loss" if "loss" in x else "val_loss"
+        assert abs(x[k] - y[k]) <= LOSS_RTOL * abs(x[k])
+    wa, wb = mx.load(str(tmp_path / "st" / "adapters.safetensors")), mx.load(str(tmp_path / "gguf" / "adapters.safetensors"))
+    assert sorted(wa) == sorted(wb)
+    for k in wa:
+        assert np.abs(np.asarray(wa[k]) - np.asarray(wb[k])).max() < 1e-4, k

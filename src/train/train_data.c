@@ -82,28 +82,23 @@ static hearth_status example_of(const hearth_model *m, json_t *j, tr_format fmt,
     return HEARTH_OK;
 }
 
-hearth_status tr_dataset_load(const hearth_model *m, const char *path, int optional, int mask_prompt,
-                              tr_dataset *out, hearth_error *err) {
+hearth_status tr_dataset_parse(const hearth_model *m, const char *buf, size_t len, const char *name, int mask_prompt,
+                               tr_dataset *out, hearth_error *err) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        if (optional && errno == ENOENT) return HEARTH_OK;
-        return err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
-    }
     const char *eos_s = m->eos_token; /* tokenizer_config.json's eos_token, or the GGUF's */
     int32_t eos = eos_s ? hearth_token_id(m, eos_s) : -1;
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
     int lineno = 0, cap_ex = 0;
     tr_format fmt = FMT_TEXT;
     hearth_status st = HEARTH_OK;
-    while (!st && (len = getline(&line, &cap, f)) >= 0) {
+    for (size_t pos = 0; !st && pos < len;) {
+        const char *line = buf + pos, *nl = memchr(line, '\n', len - pos);
+        size_t n = nl ? (size_t)(nl - line) : len - pos;
+        pos += n + (nl != NULL);
         lineno++;
         char where[600];
-        snprintf(where, sizeof where, "%s:%d", path, lineno);
+        snprintf(where, sizeof where, "%s:%d", name, lineno);
         json_error_t je;
-        json_t *j = json_loadb(line, (size_t)len, 0, &je);
+        json_t *j = json_loadb(line, n, 0, &je);
         if (!j || !json_is_object(j)) {
             st = err_set(err, HEARTH_ERR_FORMAT, "%s: not a JSON object (%s)", where, j ? "another JSON value" : je.text);
             json_decref(j);
@@ -118,7 +113,7 @@ hearth_status tr_dataset_load(const hearth_model *m, const char *path, int optio
                               "\"completion\", or \"messages\"",
                               where);
             if (!st && fmt == FMT_TEXT && mask_prompt)
-                st = err_set(err, HEARTH_ERR_INVALID, "%s: --mask-prompt needs prompt/completion or messages data", path);
+                st = err_set(err, HEARTH_ERR_INVALID, "%s: --mask-prompt needs prompt/completion or messages data", name);
         }
         if (!st && out->n == cap_ex) {
             cap_ex = cap_ex ? 2 * cap_ex : 64;
@@ -130,10 +125,37 @@ hearth_status tr_dataset_load(const hearth_model *m, const char *path, int optio
         if (!st) out->n++;
         json_decref(j);
     }
-    free(line);
-    fclose(f);
-    if (!st && !out->n && !optional) st = err_set(err, HEARTH_ERR_INVALID, "%s: no examples", path);
     if (st) tr_dataset_free(out);
+    return st;
+}
+
+hearth_status tr_dataset_load(const hearth_model *m, const char *path, int optional, int mask_prompt,
+                              tr_dataset *out, hearth_error *err) {
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (optional && errno == ENOENT) return HEARTH_OK;
+        return err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0, got;
+    hearth_status st = HEARTH_OK;
+    do {
+        if (len + 65536 > cap) {
+            char *g = realloc(buf, cap = 2 * cap + 65536);
+            if (!g) {
+                st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+                break;
+            }
+            buf = g;
+        }
+        len += got = fread(buf + len, 1, cap - len, f);
+    } while (got);
+    if (!st && ferror(f)) st = err_set(err, HEARTH_ERR_IO, "%s: read failed", path);
+    fclose(f);
+    if (!st) st = tr_dataset_parse(m, buf, len, path, mask_prompt, out, err);
+    free(buf);
+    if (!st && !out->n && !optional) st = err_set(err, HEARTH_ERR_INVALID, "%s: no examples", path);
     return st;
 }
 

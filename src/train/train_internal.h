@@ -22,6 +22,9 @@ typedef struct tr_dataset {
  * and chat template. A missing file gives an empty set when optional. */
 hearth_status tr_dataset_load(const hearth_model *m, const char *path, int optional, int mask_prompt,
                               tr_dataset *out, hearth_error *err);
+/* The same over the JSONL text buf (name: for messages); fuzzed by tests/fuzz/fuzz_train_data.c. */
+hearth_status tr_dataset_parse(const hearth_model *m, const char *buf, size_t len, const char *name, int mask_prompt,
+                               tr_dataset *out, hearth_error *err);
 void tr_dataset_free(tr_dataset *d);
 
 /* The batches of mlx-lm's iterate_batches: examples sorted (stably) by key count, cut

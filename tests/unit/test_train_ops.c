@@ -43,7 +43,7 @@ static void close_to(const char *what, const float *got, const char *ref_name) {
     for (int64_t i = 0; i < n; i++) mx = fabsf(ref[i]) > mx ? fabsf(ref[i]) : mx;
     for (int64_t i = 0; i < n; i++)
         if (!(fabsf(got[i] - ref[i]) <= 1e-5f * mx))
-            fail_msg("%s[%lld]: %.9g, torch %.9g (tolerance %.3g)", what, (long long)i, got[i], ref[i], 1e-5f * mx);
+            fail_msg("%s[%lld]: %.9g, autograd %.9g (tolerance %.3g)", what, (long long)i, got[i], ref[i], 1e-5f * mx);
 }
 
 static int setup(void **state) {

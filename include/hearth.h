@@ -491,6 +491,34 @@ char *hearth_adapters_json(hearth_engine *e);
  * copied. DoRA adapters and GGUF bases are refused (HEARTH_ERR_UNSUPPORTED). */
 hearth_status hearth_fuse(const char *model, const char *adapter_path, const char *save_path, hearth_error *err);
 
+/* ---- training ------------------------------------------------------------ */
+
+/* hearth train: LoRA supervised fine-tuning on the CPU in float32, following mlx_lm.lora
+ * (its flags, defaults, data formats, batching and data order, Adam, adapter files). */
+typedef struct hearth_train_options {
+    const char *data;                /* folder with train.jsonl (valid.jsonl optional) */
+    const char *method;              /* "sft" (NULL: sft); "dpo" / "orpo" are not built yet */
+    const char *adapter_path;        /* output folder (NULL: "adapters") */
+    const char *resume_adapter_file; /* initial LoRA weights (safetensors) or NULL */
+    int iters, batch_size, lora_rank, num_layers, max_seq_length;
+    int steps_per_report, steps_per_eval, save_every, val_batches;
+    int mask_prompt;                 /* 1: the prompt's tokens are not targets */
+    int threads;                     /* 0: every core */
+    double learning_rate, lora_scale;
+    unsigned long long seed;
+    /* called with each metrics.jsonl line as it is written (NULL: none) */
+    void (*on_metrics)(void *ctx, const char *json_line);
+    void *ctx;
+} hearth_train_options;
+/* mlx_lm.lora 0.32.2's defaults (iters 1000, batch 4, lr 1e-5, rank 8, scale 20, 16 layers, ...). */
+void hearth_train_defaults(hearth_train_options *o);
+/* Trains LoRA adapters on the attention and MLP projections of the last num_layers layers
+ * (-1: all) of model (llama or qwen3 family; float or quantized base, dequantized to
+ * float32) and writes adapter_path/adapters.safetensors, adapter_config.json (loadable by
+ * hearth serve --adapter-path and mlx-lm), checkpoints every save_every steps and
+ * metrics.jsonl. */
+hearth_status hearth_train(const char *model, const hearth_train_options *o, hearth_error *err);
+
 /* ---- continuous batching ---------------------------------------------------
  * A batch runs many requests on one engine, one step at a time: each step packs the
  * next token of every decoding request and chunks of waiting prompts (up to the

@@ -16,6 +16,9 @@ LAYERS = {
     # memory/ implements hearth.h's personal memory section (the wiki vault, its index,
     # the read-only tools) on top of the embedding API
     "memory": 9,
+    # train/ implements hearth.h's training section (hearth train: LoRA SFT with a float32
+    # backward per op) over the loaded model's weights and the tokenizer
+    "train": 9,
     "server": 10, "cli": 10,
 }
 # Backends implement the same op table side by side: neither includes the other.

@@ -24,6 +24,7 @@ static const cli_verb verbs[] = {
     {"rm", cli_rm, "remove a model from the HF cache and reclaim its disk space"},
     {"perplexity", cli_perplexity, "perplexity of a model on a dataset (mlx_lm.perplexity), KL against a reference"},
     {"fuse", cli_fuse, "fold a LoRA adapter into its base model (mlx_lm.fuse)"},
+    {"train", cli_train, "LoRA fine-tuning (SFT) on the CPU (mlx_lm.lora)"},
     {"convert", cli_convert, "convert a float safetensors model to an MLX folder, optionally quantized"},
     {"memory", cli_memory, "the personal memory: a git-tracked Markdown wiki, its search and MCP tools"},
     {"harness", cli_harness, "point a coding agent (pi, claude, codex) at a hearth server, or take it back"},

@@ -1,0 +1,112 @@
+/* train.c: `hearth train`: mlx_lm.lora's verb (LoRA SFT on the CPU): flags, defaults and
+ * progress lines as mlx_lm.lora has them; hearth_train does the work. */
+#include "cli/cli.h"
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *train_usage =
+    "hearth train <model> --data <dir> [--method sft] [--iters 1000] [--batch-size 4]\n"
+    "  [--learning-rate 1e-5] [--lora-rank 8] [--lora-scale 20] [--num-layers 16] [--max-seq-length 2048]\n"
+    "  [--seed 0] [--adapter-path adapters] [--resume-adapter-file F] [--steps-per-report 10]\n"
+    "  [--steps-per-eval 200] [--val-batches 25] [--save-every 100] [--mask-prompt] [--threads N]\n"
+    "  (mlx_lm.lora's --model M and --train work too)";
+
+static void on_metrics(void *ctx, const char *line) {
+    json_t *j = json_loads(line, 0, NULL);
+    if (!j) return;
+    int step = (int)json_integer_value(json_object_get(j, "step"));
+    if (json_object_get(j, "val_loss"))
+        printf("Iter %d: Val loss %.3f, Val took %.3fs\n", step, json_real_value(json_object_get(j, "val_loss")),
+               json_real_value(json_object_get(j, "val_time")));
+    else
+        printf("Iter %d: Train loss %.3f, Learning Rate %.3e, It/sec %.3f, Tokens/sec %.3f, Trained Tokens %lld, "
+               "Peak mem %.3f GB\n",
+               step, json_real_value(json_object_get(j, "loss")), json_real_value(json_object_get(j, "learning_rate")),
+               json_real_value(json_object_get(j, "iterations_per_second")),
+               json_real_value(json_object_get(j, "tokens_per_second")),
+               (long long)json_integer_value(json_object_get(j, "trained_tokens")),
+               json_real_value(json_object_get(j, "peak_memory_gb")));
+    fflush(stdout);
+    json_decref(j);
+}
+
+static int int_flag(const char *name, const char *v, long lo, int *out) {
+    long x;
+    if (cli_parse_long(v, lo, 1L << 30, &x)) {
+        fprintf(stderr, "hearth train: %s %s: not a whole number >= %ld\n", name, v, lo);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int real_flag(const char *name, const char *v, double *out) {
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end || !(x >= 0)) {
+        fprintf(stderr, "hearth train: %s %s: not a non-negative number\n", name, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int cli_train(int argc, char **argv) {
+    hearth_train_options o;
+    hearth_train_defaults(&o);
+    o.on_metrics = on_metrics;
+    const char *model = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0, used = 1;
+        if (cli_is_help(a)) {
+            printf("usage: %s\n", train_usage);
+            return 0;
+        }
+        if (!strcmp(a, "--train")) continue;          /* mlx_lm.lora needs it; training is what this verb does */
+        if (!strcmp(a, "--mask-prompt")) { o.mask_prompt = 1; continue; }
+        if (!v) used = 0;
+        else if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--data")) o.data = v;
+        else if (!strcmp(a, "--method")) o.method = v;
+        else if (!strcmp(a, "--adapter-path")) o.adapter_path = v;
+        else if (!strcmp(a, "--resume-adapter-file")) o.resume_adapter_file = v;
+        else if (!strcmp(a, "--iters")) bad = int_flag(a, v, 1, &o.iters);
+        else if (!strcmp(a, "--batch-size")) bad = int_flag(a, v, 1, &o.batch_size);
+        else if (!strcmp(a, "--lora-rank")) bad = int_flag(a, v, 1, &o.lora_rank);
+        else if (!strcmp(a, "--max-seq-length")) bad = int_flag(a, v, 2, &o.max_seq_length);
+        else if (!strcmp(a, "--steps-per-report")) bad = int_flag(a, v, 1, &o.steps_per_report);
+        else if (!strcmp(a, "--steps-per-eval")) bad = int_flag(a, v, 1, &o.steps_per_eval);
+        else if (!strcmp(a, "--save-every")) bad = int_flag(a, v, 1, &o.save_every);
+        else if (!strcmp(a, "--threads")) bad = int_flag(a, v, 1, &o.threads);
+        else if (!strcmp(a, "--num-layers")) {
+            if (!strcmp(v, "-1")) o.num_layers = -1;
+            else bad = int_flag(a, v, 1, &o.num_layers);
+        } else if (!strcmp(a, "--val-batches")) {
+            if (!strcmp(v, "-1")) o.val_batches = -1;
+            else bad = int_flag(a, v, 1, &o.val_batches);
+        } else if (!strcmp(a, "--seed")) {
+            int s;
+            bad = int_flag(a, v, 0, &s);
+            o.seed = (unsigned long long)s;
+        } else if (!strcmp(a, "--learning-rate")) bad = real_flag(a, v, &o.learning_rate);
+        else if (!strcmp(a, "--lora-scale")) bad = real_flag(a, v, &o.lora_scale);
+        else used = 0;
+        if (bad) return 2;
+        if (used) {
+            i++;
+            continue;
+        }
+        if (a[0] == '-') return cli_usage_error(train_usage, "%s: unknown flag, or a flag without its value", a);
+        if (model) return cli_usage_error(train_usage, "%s: unexpected argument", a);
+        model = a;
+    }
+    if (!model) return cli_usage_error(train_usage, "%s", "need a model");
+    if (!o.data) return cli_usage_error(train_usage, "%s", "need --data <dir> (a folder with train.jsonl)");
+    hearth_error err = {0};
+    if (hearth_train(model, &o, &err)) return cli_fail(&err);
+    fprintf(stderr, "hearth train: wrote %s/adapters.safetensors\n", o.adapter_path);
+    return 0;
+}

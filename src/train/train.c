@@ -1,0 +1,591 @@
+/* train.c: hearth train (hearth.h, "training"): LoRA SFT of a llama- or qwen3-family
+ * decoder on the CPU in float32, following mlx_lm.lora 0.32.2 step for step: the same
+ * batches in the same order (numpy's legacy generator seeded with --seed), the loss
+ * averaged over the batch's target tokens, Adam without bias correction, the same adapter
+ * files. The forward keeps every activation of the LoRA layers; the backward runs the ops'
+ * backwards (train_ops.c) from the loss down to the lowest LoRA layer. Frozen weights are
+ * dequantized to float32 once at load. */
+#include "train/train_internal.h"
+#include "train/train_ops.h"
+#include "base/err.h"
+#include "io/safetensors.h"
+#include "io/safetensors_write.h"
+#include "model/model.h"
+#include "model/model_handle.h"
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, N_P };
+static const char *const proj_name[N_P] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                           "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                           "mlp.down_proj"};
+
+/* One layer's activations for a sequence of up to T tokens, kept for the backward. */
+typedef struct acts {
+    float *x_in, *h1, *rstd1, *ql, *qr, *rstdq, *kl, *kr, *rstdk, *v, *p, *a, *x_mid, *h2, *rstd2, *g, *u, *mm;
+    float *xa[N_P];
+} acts;
+
+typedef struct tlayer {
+    const float *w[N_P], *bias[3], *attn_norm, *ffn_norm, *q_norm, *k_norm;
+    int64_t n[N_P], k[N_P];
+    tr_lora lora[N_P];
+    int has_lora;
+    acts s;
+} tlayer;
+
+typedef struct trainer {
+    hearth_model *hm;
+    model *m;
+    threadpool *tp;
+    int L, D, Hq, Hkv, hd, F, V, adjacent, first_lora, r, T;
+    float eps, attn_scale, scale;
+    const float *inv_freq, *final_norm, *lm_head;
+    tlayer *layers;
+    float **owned;
+    int n_owned;
+    acts shared; /* the activations of layers below the LoRA ones: not kept */
+    float *x, *tmp, *xf, *hf, *rstdf, *dx, *dtmp, *dmm, *dg, *du, *dq, *dk, *dv, *dql, *dkl, *da, *dh, *xent_scratch,
+        *lin_scratch, *weight;
+    int32_t *targets;
+    float *adam_m, *adam_v; /* one block over every LoRA tensor, in layer and projection order */
+    size_t n_params;
+} trainer;
+
+static float *falloc(trainer *t, size_t n) {
+    float *p = calloc(n ? n : 1, sizeof(float));
+    if (!p) return NULL;
+    float **g = realloc(t->owned, sizeof(float *) * (size_t)(t->n_owned + 1));
+    if (!g) return free(p), NULL;
+    t->owned = g;
+    t->owned[t->n_owned++] = p;
+    return p;
+}
+
+/* A frozen weight as float32 rows: used in place when it is float32 already. */
+static const float *dense(trainer *t, const op_weight *w) {
+    if (w->dtype == DT_F32) return w->data;
+    float *p = falloc(t, (size_t)(w->n * w->k));
+    if (p)
+        for (int64_t i = 0; i < w->n; i++) op_weight_dequant_row(w, i, p + i * w->k);
+    return p;
+}
+
+static int alloc_acts(trainer *t, acts *s) {
+    int64_t T = t->T, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd;
+    float **f[] = {&s->x_in, &s->h1, &s->x_mid, &s->h2};
+    for (size_t i = 0; i < 4; i++)
+        if (!(*f[i] = falloc(t, (size_t)(T * t->D)))) return -1;
+    float **r[] = {&s->rstd1, &s->rstd2};
+    for (size_t i = 0; i < 2; i++)
+        if (!(*r[i] = falloc(t, (size_t)T))) return -1;
+    if (!(s->ql = falloc(t, (size_t)(T * qd))) || !(s->qr = falloc(t, (size_t)(T * qd))) ||
+        !(s->a = falloc(t, (size_t)(T * qd))) || !(s->kl = falloc(t, (size_t)(T * kd))) ||
+        !(s->kr = falloc(t, (size_t)(T * kd))) || !(s->v = falloc(t, (size_t)(T * kd))) ||
+        !(s->rstdq = falloc(t, (size_t)(T * t->Hq))) || !(s->rstdk = falloc(t, (size_t)(T * t->Hkv))) ||
+        !(s->p = falloc(t, (size_t)(t->Hq * T * T))) || !(s->g = falloc(t, (size_t)(T * t->F))) ||
+        !(s->u = falloc(t, (size_t)(T * t->F))) || !(s->mm = falloc(t, (size_t)(T * t->F))))
+        return -1;
+    for (int p = 0; p < N_P; p++)
+        if (!(s->xa[p] = falloc(t, (size_t)(T * t->r)))) return -1;
+    return 0;
+}
+
+static void free_trainer(trainer *t) {
+    for (int i = 0; i < t->n_owned; i++) free(t->owned[i]);
+    free(t->owned);
+    free(t->layers);
+    free(t->targets);
+    tp_destroy(t->tp);
+    model_free(t->m);
+    hearth_model_close(t->hm);
+}
+
+/* splitmix64 for the initial LoRA A (mlx-lm's own draws come from MLX's generator) */
+static double uniform01(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
+}
+
+/* Loads the weights of the open model t->hm and sizes everything for sequences of max_T. */
+static hearth_status open_trainer(trainer *t, const char *name, const hearth_train_options *o, int max_T,
+                                  hearth_error *err) {
+    hearth_status st;
+    if ((st = model_load(t->hm, 0, &t->m, err))) return st;
+    const model_config *c = &t->m->cfg;
+    if (c->family != FAMILY_LLAMA && c->family != FAMILY_QWEN3)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: hearth train handles llama- and qwen3-family models so far (this is %s)", name,
+                       t->hm->sum.architecture);
+    if (c->norm_shift != 0 || c->embed_scale != 1 || c->residual_scale != 1 || c->logits_div != 1 ||
+        c->sliding_window || c->softcap != 0)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: this model's variant (scaled embeddings, residuals or "
+                       "logits, sliding windows) is not handled by hearth train yet", name);
+    t->L = c->n_layers, t->D = c->hidden, t->Hq = c->n_heads, t->Hkv = c->n_kv_heads, t->hd = c->head_dim;
+    t->F = c->ffn, t->V = c->vocab, t->eps = c->norm_eps, t->attn_scale = c->attn_scale;
+    t->inv_freq = c->inv_freq_global, t->adjacent = c->rope_adjacent, t->final_norm = t->m->final_norm;
+    t->r = o->lora_rank, t->scale = (float)o->lora_scale, t->T = max_T;
+    if (o->num_layers > t->L)
+        return err_set(err, HEARTH_ERR_INVALID, "--num-layers %d: the model has only %d layers", o->num_layers, t->L);
+    t->first_lora = o->num_layers < 0 ? 0 : t->L - o->num_layers;
+    int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if ((st = tp_create(threads > 0 ? threads : 1, &t->tp, err))) return st;
+    if (!(t->layers = calloc((size_t)t->L, sizeof *t->layers))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    if (!(t->lm_head = dense(t, &t->m->lm_head))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    uint64_t rng = o->seed * 0x2545f4914f6cdd1dull + 1;
+    for (int l = 0; l < t->L; l++) {
+        const layer_weights *lw = &t->m->layers[l];
+        tlayer *y = &t->layers[l];
+        if (lw->moe || lw->linear || lw->sliding)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: layer %d is not a dense attention layer", name, l);
+        const op_weight *ws[N_P] = {&lw->q, &lw->k, &lw->v, &lw->o, &lw->gate, &lw->up, &lw->down};
+        for (int p = 0; p < N_P; p++) {
+            if (!(y->w[p] = dense(t, ws[p]))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+            y->n[p] = ws[p]->n, y->k[p] = ws[p]->k;
+        }
+        y->bias[0] = lw->q_bias, y->bias[1] = lw->k_bias, y->bias[2] = lw->v_bias;
+        y->attn_norm = lw->attn_norm, y->ffn_norm = lw->ffn_norm, y->q_norm = lw->q_norm, y->k_norm = lw->k_norm;
+        y->has_lora = l >= t->first_lora;
+        if (y->has_lora) {
+            for (int p = 0; p < N_P; p++) {
+                tr_lora *lo = &y->lora[p];
+                int64_t K = y->k[p], N = y->n[p];
+                *lo = (tr_lora){.r = t->r, .scale = t->scale, .a = falloc(t, (size_t)(K * t->r)),
+                                .b = falloc(t, (size_t)(t->r * N)), .ga = falloc(t, (size_t)(K * t->r)),
+                                .gb = falloc(t, (size_t)(t->r * N))};
+                if (!lo->a || !lo->b || !lo->ga || !lo->gb) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+                double bound = 1.0 / sqrt((double)K); /* mlx-lm: A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0 */
+                for (int64_t i = 0; i < K * t->r; i++) lo->a[i] = (float)((2 * uniform01(&rng) - 1) * bound);
+                t->n_params += (size_t)(K * t->r + t->r * N);
+            }
+            if (alloc_acts(t, &y->s)) return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
+        }
+    }
+    if (t->first_lora > 0 && alloc_acts(t, &t->shared))
+        return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
+    int64_t T = max_T, D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
+    int64_t wide = F > qd ? F : qd;
+    wide = wide > D ? wide : D;
+    if (!(t->x = falloc(t, (size_t)(T * D))) || !(t->tmp = falloc(t, (size_t)(T * wide))) ||
+        !(t->xf = falloc(t, (size_t)(T * D))) || !(t->hf = falloc(t, (size_t)(T * D))) ||
+        !(t->rstdf = falloc(t, (size_t)T)) || !(t->dx = falloc(t, (size_t)(T * D))) ||
+        !(t->dtmp = falloc(t, (size_t)(T * D))) || !(t->dmm = falloc(t, (size_t)(T * F))) ||
+        !(t->dg = falloc(t, (size_t)(T * F))) || !(t->du = falloc(t, (size_t)(T * F))) ||
+        !(t->dq = falloc(t, (size_t)(T * qd))) || !(t->dk = falloc(t, (size_t)(T * kd))) ||
+        !(t->dv = falloc(t, (size_t)(T * kd))) || !(t->dql = falloc(t, (size_t)(T * qd))) ||
+        !(t->dkl = falloc(t, (size_t)(T * kd))) || !(t->da = falloc(t, (size_t)(T * qd))) ||
+        !(t->dh = falloc(t, (size_t)(T * D))) || !(t->weight = falloc(t, (size_t)T)) ||
+        !(t->lin_scratch = falloc(t, (size_t)(T * t->r))) ||
+        !(t->xent_scratch = falloc(t, (size_t)TR_XENT_ROWS * (size_t)(t->V + 2 * D))) ||
+        !(t->adam_m = falloc(t, t->n_params)) || !(t->adam_v = falloc(t, t->n_params)) ||
+        !(t->targets = calloc((size_t)T, sizeof(int32_t))))
+        return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    return HEARTH_OK;
+}
+
+static void lora_tensor_name(char *buf, size_t cap, int layer, int p, int b) {
+    snprintf(buf, cap, "model.layers.%d.%s.lora_%c", layer, proj_name[p], b ? 'b' : 'a');
+}
+
+/* GGUF llama q/k rows are in adjacent-pair RoPE order: output (h, i, j) of [heads, half, 2]
+ * is HF's (h, j, i) of [heads, 2, half]. B's columns follow the base's rows, so adapter files
+ * (HF order) are permuted on the way in and out. */
+static void permute_b(const float *src, float *dst, int r, int64_t N, int heads, int to_hf) {
+    int64_t half = N / heads / 2;
+    for (int q = 0; q < r; q++)
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t i = 0; i < half; i++)
+                for (int j = 0; j < 2; j++) {
+                    int64_t g = (h * half + i) * 2 + j, f = (h * 2 + j) * half + i;
+                    dst[q * N + (to_hf ? f : g)] = src[q * N + (to_hf ? g : f)];
+                }
+}
+
+static int permuted(const trainer *t, int p) { return t->adjacent && (p == P_Q || p == P_K); }
+static int heads_of(const trainer *t, int p) { return p == P_Q ? t->Hq : t->Hkv; }
+
+/* --resume-adapter-file: every tensor must be a LoRA pair of a trained layer, of its shape */
+static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_error *err) {
+    st_file f;
+    hearth_status st = st_open(path, &f, err);
+    if (st) return st;
+    for (size_t i = 0; !st && i < f.n_tensors; i++) {
+        const tensor_info *ti = &f.tensors[i];
+        float *dst = NULL;
+        int64_t rows = 0, cols = 0;
+        int perm_heads = 0;
+        for (int l = t->first_lora; l < t->L && !dst; l++)
+            for (int p = 0; p < N_P && !dst; p++)
+                for (int b = 0; b < 2 && !dst; b++) {
+                    char nm[128];
+                    lora_tensor_name(nm, sizeof nm, l, p, b);
+                    if (!strcmp(nm, ti->name)) {
+                        tlayer *y = &t->layers[l];
+                        dst = b ? y->lora[p].b : y->lora[p].a;
+                        rows = b ? t->r : y->k[p], cols = b ? y->n[p] : t->r;
+                        perm_heads = b && permuted(t, p) ? heads_of(t, p) : 0;
+                    }
+                }
+        if (!dst)
+            st = err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' is not a LoRA tensor of a trained layer (rank %d, "
+                         "layers %d..%d)", path, ti->name, t->r, t->first_lora, t->L - 1);
+        else if (ti->dtype != DT_F32 || ti->ndim != 2 || ti->shape[0] != rows || ti->shape[1] != cols)
+            st = err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' must be float32 [%lld, %lld]", path, ti->name,
+                         (long long)rows, (long long)cols);
+        else if (perm_heads) permute_b((const float *)ti->data, dst, t->r, cols, perm_heads, 0);
+        else memcpy(dst, ti->data, sizeof(float) * (size_t)(rows * cols));
+    }
+    st_close(&f);
+    return st;
+}
+
+/* Forward of one sequence of T tokens (ids) and the loss of its targets (weight[i] each);
+ * returns sum weight[i] * ce_i and leaves the gradient of that sum wrt the final normed
+ * hidden state in t->dh. */
+static double forward(trainer *t, const int32_t *ids, int64_t T) {
+    int64_t D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
+    for (int64_t i = 0; i < T; i++) op_weight_dequant_row(&t->m->embed, ids[i], t->x + i * D);
+    for (int l = 0; l < t->L; l++) {
+        tlayer *y = &t->layers[l];
+        acts *s = y->has_lora ? &y->s : &t->shared;
+        const tr_lora *lo = y->has_lora ? y->lora : NULL;
+#define LORA(p) (lo ? &lo[p] : NULL)
+        memcpy(s->x_in, t->x, sizeof(float) * (size_t)(T * D));
+        tr_rmsnorm_fwd(t->x, T, D, y->attn_norm, t->eps, s->h1, s->rstd1);
+        tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_Q], qd, y->bias[0], LORA(P_Q), s->xa[P_Q], s->ql);
+        tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_K], kd, y->bias[1], LORA(P_K), s->xa[P_K], s->kl);
+        tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_V], kd, y->bias[2], LORA(P_V), s->xa[P_V], s->v);
+        if (y->q_norm) tr_rmsnorm_fwd(s->ql, T * t->Hq, t->hd, y->q_norm, t->eps, s->qr, s->rstdq);
+        else memcpy(s->qr, s->ql, sizeof(float) * (size_t)(T * qd));
+        if (y->k_norm) tr_rmsnorm_fwd(s->kl, T * t->Hkv, t->hd, y->k_norm, t->eps, s->kr, s->rstdk);
+        else memcpy(s->kr, s->kl, sizeof(float) * (size_t)(T * kd));
+        tr_rope(s->qr, T, t->Hq, t->hd, 0, t->inv_freq, t->adjacent, 1);
+        tr_rope(s->kr, T, t->Hkv, t->hd, 0, t->inv_freq, t->adjacent, 1);
+        tr_attn_fwd(t->tp, s->qr, s->kr, s->v, T, t->Hq, t->Hkv, t->hd, t->attn_scale, s->p, s->a);
+        tr_linear_fwd(t->tp, s->a, T, qd, y->w[P_O], D, NULL, LORA(P_O), s->xa[P_O], t->tmp);
+        for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
+        memcpy(s->x_mid, t->x, sizeof(float) * (size_t)(T * D));
+        tr_rmsnorm_fwd(t->x, T, D, y->ffn_norm, t->eps, s->h2, s->rstd2);
+        tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_GATE], F, NULL, LORA(P_GATE), s->xa[P_GATE], s->g);
+        tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_UP], F, NULL, LORA(P_UP), s->xa[P_UP], s->u);
+        tr_silu_mul_fwd(s->g, s->u, T * F, s->mm);
+        tr_linear_fwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, NULL, LORA(P_DOWN), s->xa[P_DOWN], t->tmp);
+        for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
+#undef LORA
+    }
+    memcpy(t->xf, t->x, sizeof(float) * (size_t)(T * D));
+    tr_rmsnorm_fwd(t->xf, T, D, t->final_norm, t->eps, t->hf, t->rstdf);
+    return tr_xent(t->tp, t->hf, T, D, t->lm_head, t->V, t->targets, t->weight, t->dh, t->xent_scratch);
+}
+
+/* Backward from t->dh down to the lowest LoRA layer, adding to every LoRA gradient. */
+static void backward(trainer *t, int64_t T) {
+    int64_t D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
+    float *sc = t->lin_scratch;
+    memset(t->dx, 0, sizeof(float) * (size_t)(T * D));
+    tr_rmsnorm_bwd(t->xf, T, D, t->final_norm, t->rstdf, t->dh, t->dx);
+    for (int l = t->L - 1; l >= t->first_lora; l--) {
+        tlayer *y = &t->layers[l];
+        acts *s = &y->s;
+        int below = l > t->first_lora; /* the input's gradient is needed further down */
+        memset(t->dmm, 0, sizeof(float) * (size_t)(T * F));
+        tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, &y->lora[P_DOWN], s->xa[P_DOWN], t->dx, t->dmm, sc);
+        tr_silu_mul_bwd(s->g, s->u, t->dmm, T * F, t->dg, t->du);
+        memset(t->dtmp, 0, sizeof(float) * (size_t)(T * D));
+        tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_GATE], F, &y->lora[P_GATE], s->xa[P_GATE], t->dg, t->dtmp, sc);
+        tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_UP], F, &y->lora[P_UP], s->xa[P_UP], t->du, t->dtmp, sc);
+        tr_rmsnorm_bwd(s->x_mid, T, D, y->ffn_norm, s->rstd2, t->dtmp, t->dx);
+        memset(t->da, 0, sizeof(float) * (size_t)(T * qd));
+        tr_linear_bwd(t->tp, s->a, T, qd, y->w[P_O], D, &y->lora[P_O], s->xa[P_O], t->dx, t->da, sc);
+        tr_attn_bwd(t->tp, s->qr, s->kr, s->v, s->p, t->da, T, t->Hq, t->Hkv, t->hd, t->attn_scale, t->dq, t->dk,
+                    t->dv);
+        tr_rope(t->dq, T, t->Hq, t->hd, 0, t->inv_freq, t->adjacent, -1);
+        tr_rope(t->dk, T, t->Hkv, t->hd, 0, t->inv_freq, t->adjacent, -1);
+        const float *dq = t->dq, *dk = t->dk;
+        if (y->q_norm) {
+            memset(t->dql, 0, sizeof(float) * (size_t)(T * qd));
+            tr_rmsnorm_bwd(s->ql, T * t->Hq, t->hd, y->q_norm, s->rstdq, t->dq, t->dql);
+            dq = t->dql;
+        }
+        if (y->k_norm) {
+            memset(t->dkl, 0, sizeof(float) * (size_t)(T * kd));
+            tr_rmsnorm_bwd(s->kl, T * t->Hkv, t->hd, y->k_norm, s->rstdk, t->dk, t->dkl);
+            dk = t->dkl;
+        }
+        float *dh1 = below ? t->dtmp : NULL;
+        if (dh1) memset(dh1, 0, sizeof(float) * (size_t)(T * D));
+        tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_Q], qd, &y->lora[P_Q], s->xa[P_Q], dq, dh1, sc);
+        tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_K], kd, &y->lora[P_K], s->xa[P_K], dk, dh1, sc);
+        tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_V], kd, &y->lora[P_V], s->xa[P_V], t->dv, dh1, sc);
+        if (dh1) tr_rmsnorm_bwd(s->x_in, T, D, y->attn_norm, s->rstd1, dh1, t->dx);
+    }
+}
+
+/* One batch (examples idx[0..bs)), as mlx-lm's iterate_batches pads it and default_loss
+ * masks it: L = min(1 + 32 * ceil(longest / 32), max_seq_length) columns; a sequence of n
+ * tokens (cut to max_seq_length) has targets at columns offset - 1 .. n - 1, so when n < L
+ * its last target is the padding id 0 after its last token (mlx-lm's mask counts it).
+ * Returns the loss (mean over targets) and *ntoks; with train, adds the gradients. */
+static double run_batch(trainer *t, const tr_dataset *d, const int *idx, int bs, int max_seq, int train,
+                        long long *ntoks) {
+    int longest = 0;
+    for (int b = 0; b < bs; b++) longest = d->ex[idx[b]].n > longest ? d->ex[idx[b]].n : longest;
+    int L = 1 + 32 * ((longest + 31) / 32);
+    L = L < max_seq ? L : max_seq;
+    long long total = 0;
+    for (int b = 0; b < bs; b++) {
+        const tr_example *e = &d->ex[idx[b]];
+        int n = e->n < max_seq ? e->n : max_seq, T = n < L ? n : L - 1;
+        for (int i = 0; i < T; i++) total += i + 1 >= e->offset;
+    }
+    double loss = 0;
+    for (int b = 0; b < bs; b++) {
+        const tr_example *e = &d->ex[idx[b]];
+        int n = e->n < max_seq ? e->n : max_seq, T = n < L ? n : L - 1;
+        if (T <= 0) continue;
+        for (int i = 0; i < T; i++) {
+            t->targets[i] = i + 1 < n ? e->ids[i + 1] : 0;
+            t->weight[i] = i + 1 >= e->offset && total ? 1.0f / (float)total : 0.0f;
+        }
+        loss += forward(t, e->ids, T);
+        if (train) backward(t, T);
+    }
+    *ntoks = total;
+    return loss;
+}
+
+static void zero_grads(trainer *t) {
+    for (int l = t->first_lora; l < t->L; l++)
+        for (int p = 0; p < N_P; p++) {
+            tlayer *y = &t->layers[l];
+            memset(y->lora[p].ga, 0, sizeof(float) * (size_t)(y->k[p] * t->r));
+            memset(y->lora[p].gb, 0, sizeof(float) * (size_t)(t->r * y->n[p]));
+        }
+}
+
+/* MLX's Adam (bias_correction False): m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+ * p -= lr m / (sqrt(v) + eps) */
+static void adam_step(trainer *t, float lr) {
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    size_t off = 0;
+    for (int l = t->first_lora; l < t->L; l++)
+        for (int p = 0; p < N_P; p++) {
+            tlayer *y = &t->layers[l];
+            float *par[2] = {y->lora[p].a, y->lora[p].b}, *g[2] = {y->lora[p].ga, y->lora[p].gb};
+            size_t n[2] = {(size_t)(y->k[p] * t->r), (size_t)(t->r * y->n[p])};
+            for (int j = 0; j < 2; j++) {
+                float *m = t->adam_m + off, *v = t->adam_v + off;
+                for (size_t i = 0; i < n[j]; i++) {
+                    m[i] = b1 * m[i] + (1 - b1) * g[j][i];
+                    v[i] = b2 * v[i] + (1 - b2) * g[j][i] * g[j][i];
+                    par[j][i] -= lr * m[i] / (sqrtf(v[i]) + eps);
+                }
+                off += n[j];
+            }
+        }
+}
+
+static hearth_status save_adapters(trainer *t, const char *path, hearth_error *err) {
+    int n = (t->L - t->first_lora) * N_P * 2;
+    st_out_tensor *h = calloc((size_t)n, sizeof *h);
+    char (*names)[128] = calloc((size_t)n, 128);
+    const float **data = calloc((size_t)n, sizeof *data);
+    float *tmp = NULL;
+    if (!h || !names || !data) return free(h), free(names), free(data), err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    int i = 0;
+    for (int l = t->first_lora; l < t->L; l++)
+        for (int p = 0; p < N_P; p++)
+            for (int b = 0; b < 2; b++, i++) {
+                tlayer *y = &t->layers[l];
+                lora_tensor_name(names[i], 128, l, p, b);
+                h[i] = (st_out_tensor){.name = names[i], .dtype = DT_F32, .ndim = 2,
+                                       .shape = {b ? t->r : y->k[p], b ? y->n[p] : t->r}};
+                data[i] = b ? y->lora[p].b : y->lora[p].a;
+            }
+    FILE *f = fopen(path, "wb");
+    uint64_t bytes = 0;
+    hearth_status st = f ? st_write_header(f, path, h, (size_t)n, &bytes, err)
+                         : err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
+    for (i = 0; !st && i < n; i++) {
+        int p = (i / 2) % N_P;
+        const float *d = data[i];
+        if (i % 2 && permuted(t, p)) {
+            free(tmp);
+            if (!(tmp = malloc(st_out_nbytes(&h[i])))) {
+                st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+                break;
+            }
+            permute_b(d, tmp, t->r, h[i].shape[1], heads_of(t, p), 1);
+            d = tmp;
+        }
+        if (fwrite(d, 1, st_out_nbytes(&h[i]), f) != st_out_nbytes(&h[i]))
+            st = err_set(err, HEARTH_ERR_IO, "%s: write failed", path);
+    }
+    free(tmp);
+    if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: write failed", path);
+    free(h), free(names), free(data);
+    return st;
+}
+
+static hearth_status write_config(const char *model, const hearth_train_options *o, const char *dir,
+                                  hearth_error *err) {
+    json_t *j = json_pack("{s:s,s:s,s:s,s:b,s:s,s:s,s:i,s:i,s:i,s:f,s:{s:i,s:f,s:f},s:b,s:i,s:i,s:i,s:i,s:i,s:i,s:I,"
+                          "s:b,s:i,s:i}",
+                          "model", model, "data", o->data, "adapter_path", dir, "train", 1, "fine_tune_type", "lora",
+                          "optimizer", "adam", "num_layers", o->num_layers, "batch_size", o->batch_size, "iters",
+                          o->iters, "learning_rate", o->learning_rate, "lora_parameters", "rank", o->lora_rank,
+                          "dropout", 0.0, "scale", o->lora_scale, "mask_prompt", o->mask_prompt, "max_seq_length",
+                          o->max_seq_length, "steps_per_report", o->steps_per_report, "steps_per_eval",
+                          o->steps_per_eval, "save_every", o->save_every, "val_batches", o->val_batches,
+                          "grad_accumulation_steps", 1, "seed", (json_int_t)o->seed, "grad_checkpoint", 0,
+                          "test_batches", 500, "test", 0);
+    if (!j) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    json_object_set_new(j, "resume_adapter_file",
+                        o->resume_adapter_file ? json_string(o->resume_adapter_file) : json_null());
+    json_object_set_new(j, "method", json_string(o->method ? o->method : "sft"));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    int bad = json_dump_file(j, path, JSON_INDENT(4) | JSON_SORT_KEYS);
+    json_decref(j);
+    return bad ? err_set(err, HEARTH_ERR_IO, "%s: could not write", path) : HEARTH_OK;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void emit(FILE *metrics, const hearth_train_options *o, json_t *j) {
+    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    if (s) {
+        fprintf(metrics, "%s\n", s);
+        fflush(metrics);
+        if (o->on_metrics) o->on_metrics(o->ctx, s);
+    }
+    free(s);
+    json_decref(j);
+}
+
+void hearth_train_defaults(hearth_train_options *o) {
+    *o = (hearth_train_options){.method = "sft", .adapter_path = "adapters", .iters = 1000, .batch_size = 4,
+                                .lora_rank = 8, .num_layers = 16, .max_seq_length = 2048, .steps_per_report = 10,
+                                .steps_per_eval = 200, .save_every = 100, .val_batches = 25,
+                                .learning_rate = 1e-5, .lora_scale = 20.0, .seed = 0};
+}
+
+static double val_loss(trainer *t, const tr_dataset *vd, const int *vidx, int n_vb, tr_mt *rng,
+                       const hearth_train_options *o, int *perm) {
+    tr_mt_permutation(rng, perm, n_vb); /* mlx-lm's evaluate draws from the same generator */
+    int nb = o->val_batches < 0 || o->val_batches > n_vb ? n_vb : o->val_batches;
+    double sum = 0;
+    long long toks = 0;
+    for (int b = 0; b < nb; b++) {
+        long long nt;
+        double l = run_batch(t, vd, vidx + perm[b] * o->batch_size, o->batch_size, o->max_seq_length, 0, &nt);
+        sum += l * (double)nt, toks += nt;
+    }
+    return toks ? sum / (double)toks : 0;
+}
+
+hearth_status hearth_train(const char *model_name, const hearth_train_options *o, hearth_error *err) {
+    const char *method = o->method ? o->method : "sft";
+    if (!strcmp(method, "dpo") || !strcmp(method, "orpo"))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "--method %s is not built yet (only sft)", method);
+    if (strcmp(method, "sft"))
+        return err_set(err, HEARTH_ERR_INVALID, "--method %s: unknown (sft; dpo and orpo are not built yet)", method);
+    if (!o->data) return err_set(err, HEARTH_ERR_INVALID, "need --data <dir> (with train.jsonl)");
+    if (o->iters < 1 || o->batch_size < 1 || o->lora_rank < 1 || o->max_seq_length < 2 || o->steps_per_report < 1 ||
+        o->save_every < 1 || o->steps_per_eval < 1 || o->num_layers == 0 || o->num_layers < -1 ||
+        !(o->learning_rate >= 0))
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "--iters, --batch-size, --lora-rank, --steps-per-report, --steps-per-eval and --save-every "
+                       "must be at least 1, --max-seq-length at least 2, --num-layers positive or -1");
+    const char *dir = o->adapter_path ? o->adapter_path : "adapters";
+    trainer t = {0};
+    tr_dataset td = {0}, vd = {0};
+    int *idx = NULL, *vidx = NULL, *perm = NULL, *vperm = NULL, nb = 0, n_vb = 0;
+    FILE *metrics = NULL;
+    char path[4096];
+    hearth_status st = hearth_model_open(model_name, &t.hm, err);
+    if (!st) {
+        snprintf(path, sizeof path, "%s/train.jsonl", o->data);
+        st = tr_dataset_load(t.hm, path, 0, o->mask_prompt, &td, err);
+    }
+    if (!st) {
+        snprintf(path, sizeof path, "%s/valid.jsonl", o->data);
+        st = tr_dataset_load(t.hm, path, 1, o->mask_prompt, &vd, err);
+    }
+    if (!st) st = tr_batches(&td, o->batch_size, "train.jsonl", &idx, &nb, err);
+    if (!st && vd.n) st = tr_batches(&vd, o->batch_size, "valid.jsonl", &vidx, &n_vb, err);
+    int longest = 0;
+    for (int i = 0; i < td.n; i++) longest = td.ex[i].n > longest ? td.ex[i].n : longest;
+    for (int i = 0; i < vd.n; i++) longest = vd.ex[i].n > longest ? vd.ex[i].n : longest;
+    longest = longest < o->max_seq_length ? longest : o->max_seq_length;
+    if (!st) st = open_trainer(&t, model_name, o, longest > 0 ? longest : 1, err);
+    if (!st && o->resume_adapter_file) st = load_adapter_weights(&t, o->resume_adapter_file, err);
+    if (!st && mkdir(dir, 0777) && errno != EEXIST) st = err_set(err, HEARTH_ERR_IO, "%s: %s", dir, strerror(errno));
+    if (!st) st = write_config(model_name, o, dir, err);
+    if (!st) {
+        snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+        if (!(metrics = fopen(path, "w"))) st = err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    if (!st && (!(perm = malloc(sizeof(int) * (size_t)nb)) || !(vperm = malloc(sizeof(int) * (size_t)(n_vb + 1)))))
+        st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    tr_mt rng;
+    tr_mt_seed(&rng, (uint32_t)o->seed);
+    int pos = nb; /* position in the current epoch's permutation */
+    double losses = 0, train_time = 0;
+    long long n_tokens = 0, trained = 0;
+    int steps = 0;
+    for (int it = 1; !st && it <= o->iters; it++) {
+        if (pos == nb) tr_mt_permutation(&rng, perm, nb), pos = 0;
+        double tic = now();
+        if (vd.n && (it == 1 || it % o->steps_per_eval == 0 || it == o->iters)) {
+            double vl = val_loss(&t, &vd, vidx, n_vb, &rng, o, vperm);
+            emit(metrics, o, json_pack("{s:i,s:f,s:f}", "step", it - 1, "val_loss", vl, "val_time", now() - tic));
+            tic = now();
+        }
+        long long toks;
+        zero_grads(&t);
+        double loss = run_batch(&t, &td, idx + perm[pos++] * o->batch_size, o->batch_size, o->max_seq_length, 1, &toks);
+        adam_step(&t, (float)o->learning_rate);
+        losses += loss, n_tokens += toks, steps++;
+        train_time += now() - tic;
+        if (it % o->steps_per_report == 0 || it == o->iters) {
+            hearth_process_memory pm;
+            hearth_process_memory_get(&pm);
+            trained += n_tokens;
+            emit(metrics, o,
+                 json_pack("{s:i,s:f,s:f,s:f,s:f,s:I,s:f}", "step", it, "loss", losses / steps, "learning_rate",
+                           (double)(float)o->learning_rate, "iterations_per_second", steps / train_time,
+                           "tokens_per_second", n_tokens / train_time, "trained_tokens", (json_int_t)trained,
+                           "peak_memory_gb", pm.peak_resident_bytes / 1e9));
+            losses = 0, n_tokens = 0, steps = 0, train_time = 0;
+        }
+        if (it % o->save_every == 0) {
+            snprintf(path, sizeof path, "%s/adapters.safetensors", dir);
+            st = save_adapters(&t, path, err);
+            snprintf(path, sizeof path, "%s/%07d_adapters.safetensors", dir, it);
+            if (!st) st = save_adapters(&t, path, err);
+        }
+    }
+    if (!st) {
+        snprintf(path, sizeof path, "%s/adapters.safetensors", dir);
+        st = save_adapters(&t, path, err);
+    }
+    if (metrics) fclose(metrics);
+    free(idx), free(vidx), free(perm), free(vperm);
+    tr_dataset_free(&td), tr_dataset_free(&vd);
+    free_trainer(&t);
+    return st;
+}

@@ -1,0 +1,45 @@
+/* train_internal.h: what the files of src/train/ share: the tokenized data set and its
+ * batch order (train_data.c), as mlx_lm.lora 0.32.2 forms them. */
+#ifndef HEARTH_TRAIN_TRAIN_INTERNAL_H
+#define HEARTH_TRAIN_TRAIN_INTERNAL_H
+#include "hearth.h"
+#include <stdint.h>
+
+/* One example: its tokens and the offset of its first target token (mask_prompt). */
+typedef struct tr_example {
+    int32_t *ids;
+    int n, offset;
+    int keys; /* how many keys its JSON object has: mlx-lm sorts examples by it */
+} tr_example;
+
+typedef struct tr_dataset {
+    tr_example *ex;
+    int n;
+} tr_dataset;
+
+/* Reads path (JSONL: "text", "prompt"/"completion" or "messages" objects, the format
+ * taken from the first line as mlx-lm does) and tokenizes each line with m's tokenizer
+ * and chat template. A missing file gives an empty set when optional. */
+hearth_status tr_dataset_load(const hearth_model *m, const char *path, int optional, int mask_prompt,
+                              tr_dataset *out, hearth_error *err);
+/* The same over the JSONL text buf (name: for messages); fuzzed by tests/fuzz/fuzz_train_data.c. */
+hearth_status tr_dataset_parse(const hearth_model *m, const char *buf, size_t len, const char *name, int mask_prompt,
+                               tr_dataset *out, hearth_error *err);
+void tr_dataset_free(tr_dataset *d);
+
+/* The batches of mlx-lm's iterate_batches: examples sorted (stably) by key count, cut
+ * into runs of batch_size (a short tail is dropped); *n_batches of them, batch b is
+ * examples idx[b * batch_size ...]. Caller frees *idx. */
+hearth_status tr_batches(const tr_dataset *d, int batch_size, const char *what, int **idx, int *n_batches,
+                         hearth_error *err);
+
+/* numpy's legacy global generator (np.random.seed(int), then np.random.permutation): MT19937
+ * seeded by init_genrand, permutations by Fisher-Yates with masked rejection sampling. */
+typedef struct tr_mt {
+    uint32_t mt[624];
+    int i;
+} tr_mt;
+void tr_mt_seed(tr_mt *r, uint32_t seed);
+uint32_t tr_mt_u32(tr_mt *r);
+void tr_mt_permutation(tr_mt *r, int *out, int n);
+#endif

@@ -1,0 +1,63 @@
+/* train_ops.h: the float32 forward and backward of each op a llama-family decoder layer
+ * needs for LoRA training (hearth train): a frozen linear with its LoRA update, RMSNorm,
+ * RoPE, causal attention with grouped KV heads, the SiLU-gated MLP product and the final
+ * cross-entropy over an lm_head. Frozen weights get no gradient; each backward returns the
+ * input's gradient (added to dx) and, for LoRA, the A and B gradients (added to ga, gb).
+ * Row-major throughout: a [rows, cols] matrix is rows of cols floats. Each backward is
+ * checked against PyTorch autograd by tests/unit/test_train_ops.c. tp may be NULL. */
+#ifndef HEARTH_TRAIN_TRAIN_OPS_H
+#define HEARTH_TRAIN_TRAIN_OPS_H
+#include "base/threadpool.h"
+#include <stdint.h>
+
+/* y[M,N] = x[M,K] . w[N,K]^T, or += when acc. Threaded over blocks of w's rows. */
+void tr_matmul_nt(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int acc);
+/* dx[M,K] += dy[M,N] . w[N,K]. Threaded over blocks of dx's rows. */
+void tr_matmul_nn(threadpool *tp, const float *dy, int64_t M, int64_t N, const float *w, int64_t K, float *dx);
+
+/* A LoRA pair in MLX's layout: a [K, r], b [r, N]; y gains scale * (x a) b. ga, gb: their
+ * gradients (same shapes), added to. */
+typedef struct tr_lora {
+    float *a, *b, *ga, *gb;
+    int r;
+    float scale;
+} tr_lora;
+
+/* y[M,N] = x w^T (+ bias) (+ scale * (x a) b when l); xa [M, r]: x a, kept for the backward. */
+void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
+                   const tr_lora *l, float *xa, float *y);
+/* dx[M,K] += dy w + scale * (dy b^T) a^T; l->ga += x^T (scale * dy b^T), l->gb += scale * xa^T dy.
+ * dx may be NULL (no input gradient needed). scratch: M * r floats. */
+void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const tr_lora *l,
+                   const float *xa, const float *dy, float *dx, float *scratch);
+
+/* y = x / rms(x) * w over rows of D (w NULL: 1); rstd[M]: the 1 / rms kept for the backward. */
+void tr_rmsnorm_fwd(const float *x, int64_t M, int64_t D, const float *w, float eps, float *y, float *rstd);
+/* dx += the gradient through the norm (w frozen). */
+void tr_rmsnorm_bwd(const float *x, int64_t M, int64_t D, const float *w, const float *rstd, const float *dy,
+                    float *dx);
+
+/* Rotates x [T, H, hd] in place by pos t * inv_freq[i] (n_freq = hd / 2 pairs): pairs
+ * (i, i + hd/2) (HF / MLX "rotate half"), or (2i, 2i+1) when adjacent. sign = -1 rotates
+ * back, which is the backward (a rotation's transpose). */
+void tr_rope(float *x, int64_t T, int H, int hd, int pos0, const float *inv_freq, int adjacent, int sign);
+
+/* Causal attention of one sequence: q [T, Hq*hd], k, v [T, Hkv*hd], out [T, Hq*hd];
+ * p [Hq, T, T]: the softmax probabilities kept for the backward (rows i, columns <= i). */
+void tr_attn_fwd(threadpool *tp, const float *q, const float *k, const float *v, int64_t T, int Hq, int Hkv, int hd,
+                 float scale, float *p, float *out);
+/* dq, dk, dv are overwritten (not added to). */
+void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v, const float *p, const float *dout,
+                 int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv);
+
+/* h = silu(g) * u over n values; the backward overwrites dg and du. */
+void tr_silu_mul_fwd(const float *g, const float *u, int64_t n, float *h);
+void tr_silu_mul_bwd(const float *g, const float *u, const float *dh, int64_t n, float *dg, float *du);
+
+/* Cross-entropy of the logits h[M,D] w[V,D]^T against targets: rows with weight[i] == 0
+ * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten) to
+ * its gradient. scratch: TR_XENT_ROWS * (V + 2 * D) floats. */
+#define TR_XENT_ROWS 64
+double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
+               const int32_t *targets, const float *weight, float *dh, float *scratch);
+#endif

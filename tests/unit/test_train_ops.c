@@ -1,0 +1,157 @@
+/* test_train_ops.c: every training op's forward and backward (src/train/train_ops.c)
+ * against an autograd oracle. tools/make_train_grads.py draws random float32 inputs and
+ * writes MLX autograd's float64 outputs and gradients to tests/data/train/op_grads.safetensors;
+ * each value here must match within 1e-5 * max(1, max |reference|) of its tensor (float32
+ * rounding of sums over at most a few dozen terms stays well under it). Two threads, so
+ * the threaded matmul paths run too. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "io/safetensors.h"
+#include "train/train_ops.h"
+
+static st_file F;
+static threadpool *TP;
+
+static const float *T_(const char *name, int64_t *n) {
+    for (size_t i = 0; i < F.n_tensors; i++)
+        if (!strcmp(F.tensors[i].name, name)) {
+            if (n) *n = (int64_t)(F.tensors[i].nbytes / 4);
+            return (const float *)F.tensors[i].data;
+        }
+    fail_msg("fixture has no tensor %s", name);
+    return NULL;
+}
+static float *copy(const char *name) {
+    int64_t n;
+    const float *p = T_(name, &n);
+    float *c = malloc(sizeof(float) * (size_t)n);
+    memcpy(c, p, sizeof(float) * (size_t)n);
+    return c;
+}
+static float *zeros(int64_t n) { return calloc((size_t)n, sizeof(float)); }
+
+static void close_to(const char *what, const float *got, const char *ref_name) {
+    int64_t n;
+    const float *ref = T_(ref_name, &n);
+    float mx = 1.0f;
+    for (int64_t i = 0; i < n; i++) mx = fabsf(ref[i]) > mx ? fabsf(ref[i]) : mx;
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabsf(got[i] - ref[i]) <= 1e-5f * mx))
+            fail_msg("%s[%lld]: %.9g, autograd %.9g (tolerance %.3g)", what, (long long)i, got[i], ref[i], 1e-5f * mx);
+}
+
+static int setup(void **state) {
+    const char *dir = getenv("HEARTH_TEST_DATA");
+    char path[512];
+    snprintf(path, sizeof path, "%s/train/op_grads.safetensors", dir ? dir : "tests/data");
+    hearth_error err = {0};
+    if (st_open(path, &F, &err)) {
+        fprintf(stderr, "%s (run tools/make_train_grads.py)\n", err.message);
+        return -1;
+    }
+    return tp_create(2, &TP, &err) ? -1 : 0;
+}
+static int teardown(void **state) {
+    st_close(&F);
+    tp_destroy(TP);
+    return 0;
+}
+
+static void linear_case(const char *p, int64_t M, int64_t K, int64_t N, int r) {
+    char n[64];
+#define NM(s) (snprintf(n, sizeof n, "%s.%s", p, s), n)
+    const float *x = T_(NM("x"), NULL), *w = T_(NM("w"), NULL), *dy = T_(NM("dy"), NULL);
+    tr_lora l = {.a = copy(NM("a")), .b = copy(NM("b")), .ga = zeros(K * r), .gb = zeros(r * N), .r = r,
+                 .scale = T_(NM("scale"), NULL)[0]};
+    float *y = zeros(M * N), *xa = zeros(M * r), *dx = zeros(M * K), *scratch = zeros(M * r);
+    tr_linear_fwd(TP, x, M, K, w, N, NULL, &l, xa, y);
+    close_to("linear y", y, NM("y"));
+    tr_linear_bwd(TP, x, M, K, w, N, &l, xa, dy, dx, scratch);
+    close_to("linear dx", dx, NM("dx"));
+    close_to("linear dA", l.ga, NM("ga"));
+    close_to("linear dB", l.gb, NM("gb"));
+    free(l.a), free(l.b), free(l.ga), free(l.gb), free(y), free(xa), free(dx), free(scratch);
+#undef NM
+}
+
+static void test_linear_lora(void **state) {
+    linear_case("lin1", 6, 27, 13, 4);
+    linear_case("lin2", 9, 40, 35, 8);
+}
+
+static void test_rmsnorm(void **state) {
+    int64_t M = 7, D = 48;
+    float *y = zeros(M * D), *rstd = zeros(M), *dx = zeros(M * D);
+    tr_rmsnorm_fwd(T_("norm.x", NULL), M, D, T_("norm.w", NULL), 1e-5f, y, rstd);
+    close_to("rmsnorm y", y, "norm.y");
+    tr_rmsnorm_bwd(T_("norm.x", NULL), M, D, T_("norm.w", NULL), rstd, T_("norm.dy", NULL), dx);
+    close_to("rmsnorm dx", dx, "norm.dx");
+    free(y), free(rstd), free(dx);
+}
+
+static void test_rope(void **state) {
+    for (int adj = 0; adj < 2; adj++) {
+        char n[32];
+        snprintf(n, sizeof n, "rope%d.x", adj);
+        float *x = copy(n);
+        tr_rope(x, 7, 3, 16, 3, T_("rope.inv_freq", NULL), adj, 1);
+        snprintf(n, sizeof n, "rope%d.y", adj);
+        close_to("rope y", x, n);
+        snprintf(n, sizeof n, "rope%d.dy", adj);
+        float *d = copy(n);
+        tr_rope(d, 7, 3, 16, 3, T_("rope.inv_freq", NULL), adj, -1);
+        snprintf(n, sizeof n, "rope%d.dx", adj);
+        close_to("rope dx", d, n);
+        free(x), free(d);
+    }
+}
+
+static void test_attention(void **state) {
+    int64_t T = 11;
+    int Hq = 4, Hkv = 2, hd = 8;
+    const float *q = T_("attn.q", NULL), *k = T_("attn.k", NULL), *v = T_("attn.v", NULL);
+    float *p = zeros(Hq * T * T), *o = zeros(T * Hq * hd), *dq = zeros(T * Hq * hd), *dk = zeros(T * Hkv * hd),
+          *dv = zeros(T * Hkv * hd);
+    float scale = 1.0f / sqrtf((float)hd);
+    tr_attn_fwd(TP, q, k, v, T, Hq, Hkv, hd, scale, p, o);
+    close_to("attention out", o, "attn.out");
+    tr_attn_bwd(TP, q, k, v, p, T_("attn.dout", NULL), T, Hq, Hkv, hd, scale, dq, dk, dv);
+    close_to("attention dq", dq, "attn.dq");
+    close_to("attention dk", dk, "attn.dk");
+    close_to("attention dv", dv, "attn.dv");
+    free(p), free(o), free(dq), free(dk), free(dv);
+}
+
+static void test_silu_mul(void **state) {
+    float h[50], dg[50], du[50];
+    tr_silu_mul_fwd(T_("silu.g", NULL), T_("silu.u", NULL), 50, h);
+    close_to("silu h", h, "silu.h");
+    tr_silu_mul_bwd(T_("silu.g", NULL), T_("silu.u", NULL), T_("silu.dh", NULL), 50, dg, du);
+    close_to("silu dg", dg, "silu.dg");
+    close_to("silu du", du, "silu.du");
+}
+
+static void test_cross_entropy(void **state) {
+    int64_t M = 6, D = 16, V = 40;
+    float *dh = zeros(M * D), *scratch = zeros(TR_XENT_ROWS * (V + 2 * D));
+    const int32_t *targets = (const int32_t *)T_("xent.targets", NULL);
+    float loss = (float)tr_xent(TP, T_("xent.h", NULL), M, D, T_("xent.w", NULL), V, targets, T_("xent.weight", NULL),
+                                dh, scratch);
+    close_to("cross-entropy loss", &loss, "xent.loss");
+    close_to("cross-entropy dh", dh, "xent.dh");
+    free(dh), free(scratch);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_linear_lora), cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention),   cmocka_unit_test(test_silu_mul), cmocka_unit_test(test_cross_entropy),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -505,8 +505,9 @@ static hearth_status vector_ranks(hearth_memory *m, const char *query, int kind,
     }
     float *qv = malloc(sizeof(float) * m->dim);
     char *text = (char *)query;
-    hearth_status st = qv ? embed_texts(m, &text, 1, qv, err) : HEARTH_ERR_NOMEM;
+    hearth_status st = qv ? embed_texts(m, &text, 1, qv, err) : err_set(err, HEARTH_ERR_NOMEM, "memory: out of memory");
     ranked *top = calloc((size_t)k, sizeof *top);
+    if (!st && !top) st = err_set(err, HEARTH_ERR_NOMEM, "memory: out of memory");
     int nt = 0;
     for (size_t i = 0; !st && top && i < m->n_vecs; i++) {
         if (kind >= 0 && m->vec_kinds[i] != kind) continue;

@@ -3,6 +3,7 @@
  * [[wikilinks]], and the checks that make a vault unsafe to write (conflict markers,
  * invalid UTF-8). Bounds-checked against len everywhere: fuzzed by fuzz_memory_md. */
 #include "memory/memory.h"
+#include "tok/tok_internal.h"
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,16 +171,6 @@ int md_has_conflict_markers(const char *t, size_t len) {
     return open && close;
 }
 
-int md_valid_utf8(const char *text, size_t len) {
-    const unsigned char *s = (const unsigned char *)text;
-    for (size_t i = 0; i < len;) {
-        unsigned c = s[i];
-        size_t n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : 9;
-        if (n == 9 || i + n >= len + (n ? 0 : 1)) return 0;
-        if (n == 1 && c < 0xC2) return 0; /* overlong */
-        for (size_t k = 1; k <= n; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return 0;
-        i += n + 1;
-    }
-    return 1;
-}
+/* well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF): the
+ * tokenizer's check */
+int md_valid_utf8(const char *text, size_t len) { return tok_utf8_valid(text, len); }

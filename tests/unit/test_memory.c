@@ -16,10 +16,28 @@
 #include <string.h>
 
 #include "hearth.h"
+#include "memory/memory.h"
 #include "memory/memory_synth.h"
 
 static const char *doc = "---\ntitle: \"Garden\"\nsource: x\n---\n# Top\nintro\n## Beds & Soil\ntext\n```\n# no\n```\n"
                          "### Deep\nd\n## Last\nend\n";
+
+/* RFC 3629's well-formed UTF-8 (what Python's strict decoder accepts): a vault file that is
+ * not is reported, never rewritten */
+static void test_utf8(void **state) {
+    (void)state;
+    static const struct { const char *s; int ok; } cases[] = {
+        {"plain", 1}, {"caf\xc3\xa9", 1}, {"\xe2\x82\xac \xf0\x9f\x8d\x95", 1},
+        {"\xc0\xaf", 0},         /* overlong 2-byte */
+        {"\xe0\x80\xaf", 0},     /* overlong 3-byte */
+        {"\xed\xa0\x80", 0},     /* a surrogate */
+        {"\xf4\x90\x80\x80", 0}, /* past U+10FFFF */
+        {"\xf5\x80\x80\x80", 0}, /* lead byte F5 */
+        {"\xe2\x82", 0},         /* cut short */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        assert_int_equal(md_valid_utf8(cases[i].s, strlen(cases[i].s)), cases[i].ok);
+}
 
 static void test_markdown(void **state) {
     (void)state;
@@ -163,6 +181,7 @@ static void test_segments_cover(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_markdown),
         cmocka_unit_test(test_links_and_checks),
         cmocka_unit_test(test_gate),

@@ -18,11 +18,14 @@
 static st_file F;
 static threadpool *TP;
 
+/* the fixture's tensors copied out of the mapping (safetensors offsets promise no float
+ * alignment) */
+static float **ALIGNED;
 static const float *T_(const char *name, int64_t *n) {
     for (size_t i = 0; i < F.n_tensors; i++)
         if (!strcmp(F.tensors[i].name, name)) {
             if (n) *n = (int64_t)(F.tensors[i].nbytes / 4);
-            return (const float *)F.tensors[i].data;
+            return ALIGNED[i];
         }
     fail_msg("fixture has no tensor %s", name);
     return NULL;
@@ -55,9 +58,14 @@ static int setup(void **state) {
         fprintf(stderr, "%s (run tools/make_train_grads.py)\n", err.message);
         return -1;
     }
+    ALIGNED = calloc(F.n_tensors, sizeof *ALIGNED);
+    for (size_t i = 0; ALIGNED && i < F.n_tensors; i++)
+        if ((ALIGNED[i] = malloc(F.tensors[i].nbytes + 4))) memcpy(ALIGNED[i], F.tensors[i].data, F.tensors[i].nbytes);
     return tp_create(2, &TP, &err) ? -1 : 0;
 }
 static int teardown(void **state) {
+    for (size_t i = 0; ALIGNED && i < F.n_tensors; i++) free(ALIGNED[i]);
+    free(ALIGNED);
     st_close(&F);
     tp_destroy(TP);
     return 0;

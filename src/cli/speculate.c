@@ -34,7 +34,8 @@ int cli_spec_flag(int argc, char **argv, int *i, cli_spec *s, hearth_engine_opti
 
 int cli_spec_open(cli_spec *s, hearth_engine_options *eo, const char *plain_only, const char *usage) {
     if (s->draft_name && eo->speculate == HEARTH_SPEC_NONE)
-        return cli_usage_error(usage, "%s", "--draft-model proposes tokens to speculate with: not with --speculate none");
+        return cli_usage_error(usage, "%s",
+                               "--draft-model proposes tokens to speculate with: not with --speculate none");
     if (s->num_draft_given && !s->draft_name)
         return cli_usage_error(usage, "%s", "--num-draft-tokens goes with --draft-model");
     if (plain_only && (s->draft_name || (s->speculate_given && eo->speculate != HEARTH_SPEC_NONE)))
@@ -80,12 +81,18 @@ hearth_status cli_spec_generate(cli_spec *s, hearth_engine *e, const int32_t *id
     if (!s->batch) return hearth_generate(e, ids, n, gp, on_token, user, r, err);
     gp->num_draft_tokens = s->draft ? s->num_draft_tokens : 0;
     spec_user u = {.on_token = on_token, .user = user};
-    hearth_batch_request q = {.prompt = ids, .n_prompt = n, .params = gp, .on_token = relay_token,
-                              .on_done = relay_done, .result = r, .user = &u};
+    hearth_batch_request q = {.prompt = ids,
+                              .n_prompt = n,
+                              .params = gp,
+                              .on_token = relay_token,
+                              .on_done = relay_done,
+                              .result = r,
+                              .user = &u};
     memset(r, 0, sizeof *r);
     hearth_status st = hearth_batch_submit(s->batch, &q, err);
     if (st) return st;
-    while (!u.done && hearth_batch_step(s->batch) > 0) {}
+    while (!u.done && hearth_batch_step(s->batch) > 0) {
+    }
     hearth_batch_stats bs;
     hearth_batch_stats_get(s->batch, &bs);
     int k = s->draft ? HEARTH_SPEC_DRAFT : HEARTH_SPEC_LOOKUP;

@@ -142,3 +142,16 @@ def test_draft_with_another_tokenizer_is_refused():
     need(SMOL, "SmolLM2")
     rc, out, err = run("generate", model, "hi", "--draft-model", SMOL, "--max-tokens", "4")
     assert rc == 1 and "tokenizer" in err and "Traceback" not in err, err
+
+
+def test_prompt_cache_file_keeps_the_plain_path(tmp_path):
+    model = os.path.join(TINY, "llama-f32")
+    need(model, "tiny model")
+    cache = tmp_path / "p.hkv"
+    for _ in range(2):  # writes the file, then resumes from it
+        rc, out, err = run("generate", model, "a b c a b c a b", "--no-chat-template", "--max-tokens", "8",
+                           "--prompt-cache-file", cache, env=SCALAR)
+        assert rc == 0 and "prompt cache:" in err and not STATS.search(err), err
+    rc, off, _ = run("generate", model, "a b c a b c a b", "--no-chat-template", "--max-tokens", "8",
+                     "--speculate", "none", env=SCALAR)
+    assert out == off  # the resumed run's text is the fresh one's

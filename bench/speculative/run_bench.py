@@ -13,9 +13,16 @@ kernels score a verified step's rows in one GEMM instead of one GEMV each, so a 
 break differently; the exact tier, HEARTH_CPU=scalar, is checked in tests/unit/test_spec.c).
 llama.cpp peer: its examples/lookup (n-gram speculation) on the same file and threads, compiled
 here against the llama-cpp-python sdist build in the bench cache (bench/cpu_vs_llamacpp), run
-between the hearth requests of each round. Writes bench/results/speculative.{json,md}.
+between the hearth requests of each round.
 
-  .venv/bin/python bench/speculative/run_bench.py [--rounds 3] [--max-tokens 256]
+`hearth generate` (one request from the command line; speculating, it runs through a batch of its
+own): the same prompts, `--speculate lookup` against `--speculate none`, alternating, one process
+per run; decode tok/s as the command prints it (generated tokens - 1 over the time after the first),
+the proposed / accepted counts from its stderr, and whether the texts match.
+`--only generate` runs just that part and keeps the serve part of the current result file
+(its own date and load stay with it). Writes bench/results/speculative.{json,md}.
+
+  .venv/bin/python bench/speculative/run_bench.py [--rounds 3] [--max-tokens 256] [--only serve|generate]
 """
 
 import argparse
@@ -23,6 +30,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
@@ -167,6 +175,69 @@ def run_concurrent(port, prompts, max_tokens):
     return out, time.monotonic() - t0
 
 
+GEN_RATE = re.compile(r"generation: (\d+) tokens, ([\d.]+) tokens/s")
+GEN_SPEC = re.compile(r"speculative decoding \(\w+\): (\d+) tokens proposed, (\d+) accepted")
+
+
+def generate_once(binary, prompt, mode, threads, max_tokens):
+    """One `hearth generate` run: (decode tok/s, tokens, text, proposed, accepted)."""
+    out = subprocess.run([binary, "generate", MODEL, prompt, "--max-tokens", str(max_tokens), "--threads",
+                          str(threads), "--ctx", "2048", "--speculate", mode], capture_output=True, timeout=600)
+    err = out.stderr.decode()
+    m = GEN_RATE.search(err)
+    if out.returncode or not m:
+        raise SystemExit(f"hearth generate --speculate {mode} failed: {err[-2000:]}")
+    sp = GEN_SPEC.search(err)
+    return float(m.group(2)), int(m.group(1)), out.stdout, int(sp.group(1)) if sp else 0, int(sp.group(2)) if sp else 0
+
+
+def bench_generate(a, prompts):
+    """`hearth generate` with lookup vs none on every prompt, alternating A/B then B/A per round."""
+    t_load = os.getloadavg()
+    rows = []
+    for p in prompts:
+        rec = {"none": [], "lookup": [], "text": {}, "tokens": {}, "same_text": True}
+        for r in range(a.rounds):
+            for m in (("none", "lookup") if r % 2 == 0 else ("lookup", "none")):
+                tps, n, text, prop, acc = generate_once(a.hearth, p["prompt"], m, a.threads, a.max_tokens)
+                rec[m].append(tps)
+                rec["tokens"][m] = n
+                if m in rec["text"] and rec["text"][m] != text:
+                    rec["same_text"] = False
+                rec["text"][m] = text
+                if m == "lookup":
+                    rec["proposed"], rec["accepted"] = prop, acc
+                print(f"generate round {r + 1} {p['id']:18s} {m:6s}: {n} tokens, {tps:.1f} tok/s", file=sys.stderr)
+        none, look = statistics.median(rec["none"]), statistics.median(rec["lookup"])
+        rows.append({"prompt": p["id"], "tokens": rec["tokens"], "none_tps": none, "lookup_tps": look,
+                     "speedup": look / none if none else 0, "runs_none": rec["none"], "runs_lookup": rec["lookup"],
+                     "same_text": rec["same_text"] and rec["text"]["none"] == rec["text"]["lookup"],
+                     "proposed": rec.get("proposed", 0), "accepted": rec.get("accepted", 0)})
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "loadavg_start": t_load, "loadavg_end": os.getloadavg(), "threads": a.threads,
+            "max_tokens": a.max_tokens, "rounds": a.rounds, "rows": rows}
+
+
+def generate_md(g):
+    md = [f"## hearth generate: --speculate lookup vs none ({g['date']})", "",
+          f"One process per run, {g['threads']} threads, greedy, up to {g['max_tokens']} tokens, median of "
+          f"{g['rounds']} alternating rounds; load average {g['loadavg_start'][0]:.1f} at start, "
+          f"{g['loadavg_end'][0]:.1f} at the end. Decode tok/s as `hearth generate` prints it; proposed / "
+          "accepted: its stderr line (last run).", "",
+          "| prompt | tokens (none / lookup) | none tok/s | lookup tok/s | speedup | proposed / accepted | same text |",
+          "|---|---|---|---|---|---|---|"]
+    for r in g["rows"]:
+        md.append(f"| {r['prompt']} | {r['tokens'].get('none')} / {r['tokens'].get('lookup')} | {r['none_tps']:.1f} | "
+                  f"{r['lookup_tps']:.1f} | {r['speedup']:.2f}x | {r['proposed']} / {r['accepted']} | "
+                  f"{'yes' if r['same_text'] else 'no'} |")
+    if not all(r["same_text"] for r in g["rows"]):
+        md += ["", "A row whose texts differ compares two different answers, not one answer at two speeds: on the "
+               "SIMD kernels a verified step scores its rows in one matrix product, so a greedy near-tie can break "
+               "the other way (docs/server.md); on the reference kernels (HEARTH_CPU=scalar) the texts are equal, "
+               "which tests/parity/test_generate_speculative.py checks."]
+    return md + [""]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -174,10 +245,16 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hearth", default=os.environ.get("HEARTH_BIN", os.path.join(REPO, "build", "bin", "hearth")))
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "speculative"))
+    ap.add_argument("--only", choices=("serve", "generate"), help="one part; the other is kept from the result file")
     a = ap.parse_args()
     if not os.path.exists(MODEL):
         raise SystemExit(f"{MODEL} missing: tools/get_models.sh fetches it")
     prompts = json.load(open(os.path.join(HERE, "prompts.json")))
+    if a.only == "generate":
+        with open(a.out + ".json") as f:
+            result = json.load(f)
+        result["generate"] = bench_generate(a, prompts)
+        return write(a.out, result)
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
             "model": os.path.basename(MODEL), "threads": a.threads, "max_tokens": a.max_tokens, "rounds": a.rounds}
     llama = build_llama_lookup()
@@ -231,14 +308,29 @@ def main():
                   peer=("llama.cpp's examples/lookup (n-gram cache speculation, --spec-draft-n-max 8, greedy), "
                         "built from the llama-cpp-python 0.3.36 sdist's llama.cpp against its shared libraries, "
                         "OMP_WAIT_POLICY=passive" if llama else "llama.cpp lookup: not measured (no llama.cpp build)"))
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out + ".json", "w") as f:
+    if a.only != "serve":
+        result["generate"] = bench_generate(a, prompts)
+    elif os.path.exists(a.out + ".json"):  # keep the generate part of the current file
+        with open(a.out + ".json") as f:
+            old = json.load(f).get("generate")
+        if old:
+            result["generate"] = old
+    write(a.out, result)
+
+
+def write(out, result):
+    """The json, and the md: the serve part, then the generate part."""
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out + ".json", "w") as f:
         json.dump(result, f, indent=1)
+    info, rows, a_threads = result, result["single"], result["threads"]
+    bn, bl, spec = result["concurrent4"]["none_tps"], result["concurrent4"]["lookup_tps"], result["lookup_stats"]
     md = [f"# Prompt lookup speculation vs none ({result['date']})", "",
-          f"{info['model']}, {a.threads} threads, greedy, up to {a.max_tokens} tokens, median of {a.rounds} "
-          f"alternating A/B rounds; {info['machine']['cpu']} ({info['machine']['cores']} cores shared with other "
-          f"users: load {info['machine']['loadavg_start'][0]:.1f} at start, timings are noisy). "
-          "`.venv/bin/python bench/speculative/run_bench.py`", "",
+          f"{info['model']}, {a_threads} threads, greedy, up to {result['max_tokens']} tokens, median of "
+          f"{result['rounds']} alternating A/B rounds; {info['machine']['cpu']} ({info['machine']['cores']} cores "
+          f"shared with other users: load {info['machine']['loadavg_start'][0]:.1f} at start, timings are noisy). "
+          "`.venv/bin/python bench/speculative/run_bench.py`", "", "## hearth serve", "",
+          *([result["serve_note"], ""] if result.get("serve_note") else []),
           "| prompt | tokens (none / lookup / llama.cpp) | none tok/s | lookup tok/s | speedup | same text "
           "| llama.cpp lookup tok/s (accept) | lookup vs llama.cpp |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -251,9 +343,12 @@ def main():
     md += ["", f"4 requests at once (aggregate tok/s): none {bn:.1f}, lookup {bl:.1f} ({bl / bn if bn else 0:.2f}x; "
            "speculation stays on up to 4 decoding requests).", "",
            f"Lookup server /stats: {json.dumps(spec)}", "", f"Peer: {result['peer']}.", "", NOTE, ""]
-    with open(a.out + ".md", "w") as f:
+    if "generate" in result:
+        md += generate_md(result["generate"])
+    with open(out + ".md", "w") as f:
         f.write("\n".join(md))
     print("\n".join(md))
+
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 static const char *chat_usage =
     "hearth chat <model> [--system TEXT] [--max-tokens N] [--temp T] [--top-p P] [--seed S] [--threads N] [--ctx N]\n"
     "       [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler]\n"
+    "       [--speculate lookup|none] [--draft-model M] [--num-draft-tokens N]\n"
     "  in the conversation: /reset forgets it, /system TEXT sets the system prompt, /quit leaves";
 
 
@@ -65,6 +66,7 @@ int cli_chat(int argc, char **argv) {
     const char *model = NULL;
     char *system = NULL;
     hearth_engine_options eo = {0};
+    cli_spec spec = {0};
     hearth_generate_params gp = {.max_tokens = 1024};
     float temp = -1, top_p = -1;
     long long seed = -1;
@@ -72,6 +74,11 @@ int cli_chat(int argc, char **argv) {
         const char *a = argv[i];
         int has = i + 1 < argc;
         if (cli_is_help(a)) { printf("usage: %s\n", chat_usage); return 0; }
+        int flag_rc;
+        if (cli_spec_flag(argc, argv, &i, &spec, &eo, chat_usage, &flag_rc)) {
+            if (flag_rc) { free(system); return flag_rc; }
+            continue;
+        }
         if (cli_parse_engine_flag(argc, argv, &i, &eo)) continue;
         if (!strcmp(a, "--system") && has) system = strdup(argv[++i]);
         else if (!strcmp(a, "--max-tokens") && has) gp.max_tokens = atoi(argv[++i]);
@@ -84,11 +91,19 @@ int cli_chat(int argc, char **argv) {
     }
     if (!model) return cli_usage_error(chat_usage, "%s", "no model given");
     if (gp.max_tokens <= 0) return cli_usage_error(chat_usage, "%s", "--max-tokens must be positive");
+    int spec_rc = cli_spec_open(&spec, &eo, NULL, chat_usage);
+    if (spec_rc) { free(system); return spec_rc; }
     hearth_model *m;
-    if (cli_open_model(model, &m)) return 1;
+    if (cli_open_model(model, &m)) { free(system); cli_spec_end(&spec, NULL); return 1; }
     hearth_error err = {0};
     hearth_engine *e = NULL;
-    if (hearth_engine_create(m, &eo, &e, &err)) { hearth_model_close(m); return cli_fail(&err); }
+    if (hearth_engine_create(m, &eo, &e, &err) || cli_spec_start(&spec, e, &eo)) {
+        int fail = e ? 1 : cli_fail(&err);
+        free(system);
+        cli_spec_end(&spec, e);
+        hearth_model_close(m);
+        return fail;
+    }
     hearth_sampling_defaults(m, &gp.sampling);
     if (temp >= 0) gp.sampling.temperature = temp;
     if (top_p >= 0) gp.sampling.top_p = top_p;
@@ -122,7 +137,7 @@ int cli_chat(int argc, char **argv) {
         hearth_generate_result r;
         if (hearth_chat_render(m, msgs, NULL, 1, NULL, &prompt, &err) ||
             hearth_tokenize(m, prompt, strlen(prompt), 0, &ids, &n, &err) ||
-            hearth_generate(e, ids, n, &gp, on_token, &t, &r, &err)) {
+            cli_spec_generate(&spec, e, ids, n, &gp, on_token, &t, &r, &err)) {
             fprintf(stderr, "\nhearth: %s\n", err.message); /* the conversation goes on */
             json_array_remove(history, json_array_size(history) - 1);
         } else {
@@ -138,7 +153,8 @@ int cli_chat(int argc, char **argv) {
     }
     json_decref(history);
     free(system);
-    hearth_engine_free(e);
+    cli_spec_report(&spec); /* over the whole conversation */
+    cli_spec_end(&spec, e);
     hearth_model_close(m);
     return rc;
 }

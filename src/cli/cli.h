@@ -78,6 +78,34 @@ int cli_open_model(const char *name, hearth_model **m);
 int cli_mount_adapter(hearth_engine *e, const char *arg, int make_default);
 /* The id of such a flag value into id; returns its path part. */
 const char *cli_adapter_id(const char *arg, char *id, size_t cap);
+/* Speculative decoding in the one-request verbs (speculate.c): generate and chat take
+ * serve's --speculate lookup|none (default lookup), --draft-model M and --num-draft-tokens N
+ * and, while speculating, run their request through a hearth_batch of its own. */
+typedef struct cli_spec {
+    const char *draft_name;      /* --draft-model */
+    int num_draft_tokens;        /* --num-draft-tokens; 3 */
+    int speculate_given, num_draft_given;
+    hearth_model *draft;         /* opened by cli_spec_open */
+    hearth_batch *batch;         /* cli_spec_start's, while speculating */
+    unsigned long long proposed, accepted; /* the batch's counts after the last request */
+} cli_spec;
+/* Takes argv[*i] when it is one of those flags (advancing *i); *rc: 0, or 2 after printing
+ * the usage error for a bad value. Returns 0 when it is not one. */
+int cli_spec_flag(int argc, char **argv, int *i, cli_spec *s, hearth_engine_options *eo, const char *usage, int *rc);
+/* Checks the flags together and opens the draft model into eo. plain_only: the name of a
+ * flag given that only the plain path serves (e.g. "--prompt-cache-file"): speculation asked
+ * for explicitly is refused, the default is turned off. 0, or the exit code after printing why. */
+int cli_spec_open(cli_spec *s, hearth_engine_options *eo, const char *plain_only, const char *usage);
+/* The batch of engine e (made with eo) when eo speculates: 0, or 1 after printing the error. */
+int cli_spec_start(cli_spec *s, hearth_engine *e, const hearth_engine_options *eo);
+/* One request: through the batch when there is one (gp->num_draft_tokens set from the
+ * flags), else hearth_generate; the same results and errors either way. */
+hearth_status cli_spec_generate(cli_spec *s, hearth_engine *e, const int32_t *ids, size_t n, hearth_generate_params *gp,
+                                hearth_token_fn on_token, void *user, hearth_generate_result *r, hearth_error *err);
+/* "speculative decoding (lookup): N tokens proposed, M accepted" on stderr, when speculating. */
+void cli_spec_report(const cli_spec *s);
+/* Frees the batch, the engine e (may be NULL) and then the draft model. */
+void cli_spec_end(cli_spec *s, hearth_engine *e);
 /* Opens url with xdg-open when a display is available; returns 1 if launched,
  * 0 otherwise (never an error: the caller has printed the URL). */
 int cli_open_browser(const char *url);

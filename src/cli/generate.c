@@ -14,7 +14,7 @@ static const char *gen_usage =
     "       [--repetition-penalty R] [--seed S] [--system TEXT] [--no-chat-template] [--stop STR]...\n"
     "       [--json-schema FILE | --json | --grammar FILE | --regex PATTERN]\n"
     "       [--prompt-cache-file FILE] [--threads N] [--ctx N] [--mmap] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler] [--verbose] [--report-memory]\n"
-    "       [--adapter-path DIR]";
+    "       [--adapter-path DIR] [--speculate lookup|none] [--draft-model M] [--num-draft-tokens N]";
 
 static int on_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
     (void)user; (void)id; (void)lp;
@@ -48,9 +48,10 @@ static int build_prompt(hearth_model *m, const char *prompt, const char *system,
 /* hearth_generate, through a saved KV file when one is named: the longest prefix of the
  * prompt it holds is loaded instead of prefilled, and afterwards the file holds this
  * prompt and the generated text (so the next turn of a conversation resumes from it). */
-static hearth_status generate_cached(hearth_engine *e, const int32_t *ids, size_t n, const hearth_generate_params *gp,
-                                     const char *cache_file, hearth_generate_result *r, hearth_error *err) {
-    if (!cache_file) return hearth_generate(e, ids, n, gp, on_token, NULL, r, err);
+static hearth_status generate_cached(hearth_engine *e, cli_spec *spec, const int32_t *ids, size_t n,
+                                     hearth_generate_params *gp, const char *cache_file, hearth_generate_result *r,
+                                     hearth_error *err) {
+    if (!cache_file) return cli_spec_generate(spec, e, ids, n, gp, on_token, NULL, r, err);
     int seq;
     size_t loaded = 0;
     hearth_status st = hearth_seq_open(e, &seq, err);
@@ -74,6 +75,7 @@ int cli_generate(int argc, char **argv) {
     const char *stops[16];
     int use_template = 1, verbose = 0;
     hearth_engine_options eo = {0};
+    cli_spec spec = {0};
     hearth_generate_params gp = {.max_tokens = 256};
     int have_sampling[6] = {0};
     float fv[6] = {0};
@@ -91,6 +93,11 @@ int cli_generate(int argc, char **argv) {
             if (!strcmp(a, fflags[k]) && has) { fv[k] = strtof(argv[++i], NULL); have_sampling[k] = matched = 1; }
         if (matched) continue;
         if (cli_is_help(a)) { printf("usage: %s\n", gen_usage); return 0; }
+        int flag_rc;
+        if (cli_spec_flag(argc, argv, &i, &spec, &eo, gen_usage, &flag_rc)) {
+            if (flag_rc) return flag_rc;
+            continue;
+        }
         if (cli_parse_engine_flag(argc, argv, &i, &eo)) continue;
         if (!strcmp(a, "--max-tokens") && has) gp.max_tokens = atoi(argv[++i]);
         else if (!strcmp(a, "--top-k") && has) top_k = atoi(argv[++i]);
@@ -135,8 +142,10 @@ int cli_generate(int argc, char **argv) {
             return 1;
         }
     }
+    int spec_rc = cli_spec_open(&spec, &eo, cache_file ? "--prompt-cache-file" : NULL, gen_usage);
+    if (spec_rc) { free(source); return spec_rc; }
     hearth_model *m;
-    if (cli_open_model(model, &m)) { free(source); return 1; }
+    if (cli_open_model(model, &m)) { free(source); cli_spec_end(&spec, NULL); return 1; }
     hearth_sampling_defaults(m, &gp.sampling);
     if (have_sampling[0]) gp.sampling.temperature = fv[0];
     if (have_sampling[1]) gp.sampling.top_p = fv[1];
@@ -152,8 +161,9 @@ int cli_generate(int argc, char **argv) {
     int rc = build_prompt(m, prompt, system, use_template, &ids, &n);
     if (!rc && hearth_engine_create(m, &eo, &e, &err)) rc = cli_fail(&err);
     if (!rc && adapter_path) rc = cli_mount_adapter(e, adapter_path, 1);
+    if (!rc) rc = cli_spec_start(&spec, e, &eo);
     hearth_generate_result r;
-    if (!rc && generate_cached(e, ids, n, &gp, cache_file, &r, &err)) rc = cli_fail(&err);
+    if (!rc && generate_cached(e, &spec, ids, n, &gp, cache_file, &r, &err)) rc = cli_fail(&err);
     if (!rc) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
@@ -167,11 +177,12 @@ int cli_generate(int argc, char **argv) {
         if (cache_file) /* tokens/s above: of the tokens computed, not those loaded */
             fprintf(stderr, "prompt cache: %zu tokens loaded, %zu computed in %.4f s\n", r.cached_tokens,
                     r.prompt_tokens - r.cached_tokens, r.prompt_seconds);
+        cli_spec_report(&spec);
         if (report_memory) cli_report_memory(e);
         if (verbose) fprintf(stderr, "engine memory: %.1f MiB\n", hearth_engine_bytes(e) / (1024.0 * 1024.0));
     }
     hearth_free(ids);
-    hearth_engine_free(e);
+    cli_spec_end(&spec, e);
     hearth_model_close(m);
     free(source);
     return rc;

@@ -33,6 +33,10 @@ int cli_spec_flag(int argc, char **argv, int *i, cli_spec *s, hearth_engine_opti
 }
 
 int cli_spec_open(cli_spec *s, hearth_engine_options *eo, const char *plain_only, const char *usage) {
+    /* off unless asked for: the plain path's text is the library's hearth_generate's (and
+     * the Python package's) on every kernel tier; a verified step on the SIMD kernels can
+     * break a greedy near-tie the other way */
+    if (!s->speculate_given && !s->draft_name) eo->speculate = HEARTH_SPEC_NONE;
     if (s->draft_name && eo->speculate == HEARTH_SPEC_NONE)
         return cli_usage_error(usage, "%s",
                                "--draft-model proposes tokens to speculate with: not with --speculate none");

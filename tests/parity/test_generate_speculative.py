@@ -46,7 +46,7 @@ def spec_stats(err):
 
 def same_with_and_without(model, *args, env=SCALAR, extra_on=()):
     rc0, off, err0 = run("generate", model, *args, "--speculate", "none", env=env)
-    rc1, on, err1 = run("generate", model, *args, *extra_on, env=env)
+    rc1, on, err1 = run("generate", model, *args, *(extra_on or ("--speculate", "lookup")), env=env)
     assert rc0 == 0, err0
     assert rc1 == 0, err1
     assert not STATS.search(err0)  # none: the plain path, no batch
@@ -110,7 +110,8 @@ def test_chat_is_lossless_and_reports():
     turns = (LIST + "\nNow say it again.\n").encode()
     rc0, off, err0 = run("chat", SMOL, "--max-tokens", "40", "--threads", "2", "--speculate", "none",
                          env=SCALAR, stdin=turns)
-    rc1, on, err1 = run("chat", SMOL, "--max-tokens", "40", "--threads", "2", env=SCALAR, stdin=turns)
+    rc1, on, err1 = run("chat", SMOL, "--max-tokens", "40", "--threads", "2", "--speculate", "lookup", env=SCALAR,
+                        stdin=turns)
     assert rc0 == 0 and rc1 == 0, (err0, err1)
     assert on == off and b"apple" in on
     assert not STATS.search(err0)
@@ -155,3 +156,15 @@ def test_prompt_cache_file_keeps_the_plain_path(tmp_path):
     rc, off, _ = run("generate", model, "a b c a b c a b", "--no-chat-template", "--max-tokens", "8",
                      "--speculate", "none", env=SCALAR)
     assert out == off  # the resumed run's text is the fresh one's
+
+
+def test_default_is_the_plain_path():
+    """Without --speculate / --draft-model, generate runs the plain hearth_generate path (the
+    library's and the Python package's text on every kernel tier): no batch, no stats line."""
+    model = os.path.join(TINY, "llama-f32")
+    need(model, "tiny model")
+    rc, out, err = run("generate", model, "a b c a b c a b", "--no-chat-template", "--max-tokens", "8")
+    rc0, off, _ = run("generate", model, "a b c a b c a b", "--no-chat-template", "--max-tokens", "8",
+                      "--speculate", "none")
+    assert rc == 0 and rc0 == 0 and not STATS.search(err), err
+    assert out == off

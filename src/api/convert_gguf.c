@@ -49,6 +49,8 @@ static uint32_t file_type_of(tensor_dtype dt) {
     case DT_Q8_0: return 7;
     case DT_Q5_0: return 8;
     case DT_Q5_1: return 9;
+    case DT_Q4_K: return 15; /* the Q4_K_M mix (the only Q4_K output) */
+    case DT_Q6_K: return 18;
     case DT_BF16: return 32;
     default: return 0;
     }
@@ -61,6 +63,7 @@ static void put_hparams(gguf_out *g, const hearth_model *m, const char *arch, te
     char key[128];
     gguf_out_str(g, "general.architecture", arch);
     gguf_out_u32(g, "general.file_type", file_type_of(dt));
+    if (dt != DT_F32 && dt != DT_F16 && dt != DT_BF16) gguf_out_u32(g, "general.quantization_version", 2);
     const struct {
         const char *suffix;
         int64_t value;
@@ -262,6 +265,33 @@ static int ends_with(const char *s, const char *suffix) {
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
+/* llama.cpp's use_more_bits: the first and last eighth of the layers and every third in
+ * between get the larger type in the _M mixes. */
+static int use_more_bits(int layer, int n_layers) {
+    return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
+}
+
+/* The type of a 2-D weight (GGUF name, cols per row) for a k-quant output type, as
+ * llama.cpp's llama_model_quantize picks it without an importance matrix: the output
+ * matrix (or the token embedding when it is tied to the output) in Q6_K, Q8_0 when its
+ * rows do not hold whole 256-blocks; for Q4_K_M (base Q4_K) also attn_v and ffn_down of
+ * the use_more_bits layers in Q6_K; then a row that does not hold whole blocks falls back
+ * to Q5_0 (from Q4_K) or Q8_0 (from Q6_K), and F16 when even 32 does not divide it.
+ * llama.cpp counts attn_v and ffn_down tensors in (layer, name) order, one per layer
+ * here, so the count is the layer number. */
+static tensor_dtype kquant_type(const char *name, int64_t cols, tensor_dtype base, int tied, int n_layers) {
+    tensor_dtype t = base;
+    int layer = -1;
+    sscanf(name, "blk.%d.", &layer);
+    if (!strcmp(name, "output.weight") || (tied && !strcmp(name, "token_embd.weight")))
+        return cols % 256 ? DT_Q8_0 : DT_Q6_K;
+    if (base == DT_Q4_K && layer >= 0 && (strstr(name, "attn_v.weight") || strstr(name, "ffn_down")) &&
+        use_more_bits(layer, n_layers))
+        t = DT_Q6_K;
+    if (cols % 256) t = t == DT_Q4_K ? DT_Q5_0 : DT_Q8_0;
+    return cols % 32 ? DT_F16 : t;
+}
+
 hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, tensor_dtype dt, hearth_error *err) {
     const char *arch = json_string_value(json_object_get(m->config, "model_type"));
     const gguf_family *fam = NULL;
@@ -284,6 +314,10 @@ hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, 
         uint64_t nb = gguf_out_tensor(&g, "rope_freqs.weight", DT_F32, 1, shape);
         items[n_items++] = (gguf_item){.data = rope, .dt = DT_F32, .nbytes = nb};
     }
+    int tied = 1; /* no output matrix: the token embedding is the output, as llama.cpp sees it */
+    for (size_t i = 0; i < m->st.n_tensors; i++)
+        if (!strcmp(m->st.by_name[i]->name, "lm_head.weight") && !convert_dropped(m, m->st.by_name[i])) tied = 0;
+    int kquant = dt == DT_Q4_K || dt == DT_Q6_K;
     for (size_t i = 0; !st && i < m->st.n_tensors; i++) {
         const tensor_info *t = m->st.by_name[i];
         char name[256];
@@ -291,8 +325,12 @@ hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, 
         if (!gguf_name(t->name, name, sizeof name))
             st = err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: tensor '%s' has no GGUF name here", t->file, t->name);
         else {
-            /* weights take the chosen type where whole blocks fit a row; norms stay F32 */
-            tensor_dtype want = t->ndim == 2 && t->shape[1] % tensor_dtype_block_elems(dt) == 0 ? dt : DT_F32;
+            /* weights take the chosen type where whole blocks fit a row (k-quants: llama.cpp's
+             * per-tensor choice); norms stay F32 */
+            tensor_dtype want = t->ndim != 2 ? DT_F32
+                                : kquant    ? kquant_type(name, t->shape[1], dt, tied, (int)m->sum.n_layers)
+                                : t->shape[1] % tensor_dtype_block_elems(dt) == 0 ? dt
+                                                                                  : DT_F32;
             uint64_t nb = gguf_out_tensor(&g, name, want, t->ndim, t->shape);
             if (!nb) st = err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: tensor '%s' cannot be stored", t->file, t->name);
             int heads = !fam->permute_qk                                ? 0

@@ -328,7 +328,7 @@ hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, 
             /* weights take the chosen type where whole blocks fit a row (k-quants: llama.cpp's
              * per-tensor choice); norms stay F32 */
             tensor_dtype want = t->ndim != 2 ? DT_F32
-                                : kquant    ? kquant_type(name, t->shape[1], dt, tied, (int)m->sum.n_layers)
+                                : kquant     ? kquant_type(name, t->shape[1], dt, tied, (int)m->sum.n_layers)
                                 : t->shape[1] % tensor_dtype_block_elems(dt) == 0 ? dt
                                                                                   : DT_F32;
             uint64_t nb = gguf_out_tensor(&g, name, want, t->ndim, t->shape);

@@ -3,8 +3,8 @@
  * operations follow the gguf package's numpy code (gguf/quants.py) so results are
  * bitwise equal to it. Must stay plain scalar C: fast kernels live in backend/cpu. */
 #include "io/ggml_quant.h"
-#include "base/err.h"
 #include "base/cpu_features.h"
+#include "base/err.h"
 #include "base/half.h"
 #include <math.h>
 #include <string.h>
@@ -20,12 +20,15 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-#define QK 32   /* elements per block of Q4_0..Q8_0 (ggml QK4_0 etc.) */
+#define QK 32    /* elements per block of Q4_0..Q8_0 (ggml QK4_0 etc.) */
 #define QK_K 256 /* elements per k-quant super-block (ggml QK_K) */
 
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static float rd_f16(const uint8_t *p) { return f16_to_f32(rd16(p)); }
-static void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void wr16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
 
 /* ---- 32-element block formats ---------------------------------------------- */
 
@@ -179,16 +182,16 @@ static dq_block_fn block_dequantizer(tensor_dtype t) {
 }
 
 /* Checks n against the block size and nbytes against what n elements need. */
-static hearth_status check_sizes(const char *what, tensor_dtype t, uint64_t n, uint64_t nbytes,
-                                 uint64_t *need, hearth_error *err) {
+static hearth_status check_sizes(const char *what, tensor_dtype t, uint64_t n, uint64_t nbytes, uint64_t *need,
+                                 hearth_error *err) {
     int be = tensor_dtype_block_elems(t);
     if (be <= 0 || n % (uint64_t)be)
-        return err_set(err, HEARTH_ERR_INVALID, "%s %s: %llu elements is not a whole number of %d-element blocks",
-                       what, tensor_dtype_name(t), (unsigned long long)n, be);
+        return err_set(err, HEARTH_ERR_INVALID, "%s %s: %llu elements is not a whole number of %d-element blocks", what,
+                       tensor_dtype_name(t), (unsigned long long)n, be);
     *need = tensor_dtype_nbytes(t, n);
     if (n && !*need)
-        return err_set(err, HEARTH_ERR_INVALID, "%s %s: size of %llu elements overflows", what,
-                       tensor_dtype_name(t), (unsigned long long)n);
+        return err_set(err, HEARTH_ERR_INVALID, "%s %s: size of %llu elements overflows", what, tensor_dtype_name(t),
+                       (unsigned long long)n);
     if (nbytes < *need)
         return err_set(err, HEARTH_ERR_FORMAT, "%s %s: %llu elements need %llu bytes, have %llu", what,
                        tensor_dtype_name(t), (unsigned long long)n, (unsigned long long)*need,
@@ -518,10 +521,11 @@ hearth_status ggml_quantize(tensor_dtype t, const float *src, uint64_t n, void *
     case DT_Q8_0: fn = q_q8_0; break;
     case DT_Q4_K: fn = q_q4_k; break;
     case DT_Q6_K: fn = q_q6_k; break;
-    case DT_F32: case DT_F16: case DT_BF16: break;
+    case DT_F32:
+    case DT_F16:
+    case DT_BF16: break;
     default:
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "quantize: no reference quantizer for %s",
-                       tensor_dtype_name(t));
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "quantize: no reference quantizer for %s", tensor_dtype_name(t));
     }
     uint64_t need;
     hearth_status st = check_sizes("quantize", t, n, nbytes, &need, err);

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "api/convert_internal.h"
 #include "base/err.h"
+#include "base/threadpool.h"
 #include "io/ggml_quant.h"
 #include "io/gguf_write.h"
 #include <errno.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* HF module names -> GGUF names inside blk.N (llama.cpp's tensor map for these families) */
 static const char *const layer_names[][2] = {
@@ -233,8 +235,43 @@ static float *llama3_rope_factors(const hearth_model *m) {
     return f;
 }
 
-static hearth_status write_tensor(const hearth_model *m, const gguf_item *it, FILE *f, const char *fname,
-                                  hearth_error *err) {
+/* One tensor's quantization split over the pool: blocks are independent, so any split gives
+ * the same bytes. A task is a run of whole blocks; the first failing task's error wins. */
+typedef struct quant_job {
+    tensor_dtype dt;
+    const float *x;
+    uint8_t *out;
+    uint64_t blocks, blocks_per_task;
+    hearth_status st;
+    hearth_error err;
+} quant_job;
+
+static void quant_task(void *ctx, int task, int thread) {
+    (void)thread;
+    quant_job *j = ctx;
+    uint64_t first = (uint64_t)task * j->blocks_per_task, n = j->blocks - first;
+    if (n > j->blocks_per_task) n = j->blocks_per_task;
+    uint64_t be = (uint64_t)tensor_dtype_block_elems(j->dt), bb = tensor_dtype_nbytes(j->dt, be);
+    hearth_error e = {0};
+    hearth_status st = ggml_quantize(j->dt, j->x + first * be, n * be, j->out + first * bb, n * bb, &e);
+    if (st && __atomic_exchange_n(&j->st, st, __ATOMIC_ACQ_REL) == HEARTH_OK) j->err = e;
+}
+
+static hearth_status quantize_parallel(threadpool *tp, tensor_dtype dt, const float *x, uint64_t n, void *out,
+                                       uint64_t nbytes, hearth_error *err) {
+    uint64_t be = (uint64_t)tensor_dtype_block_elems(dt);
+    if (tp_threads(tp) < 2 || n % be || nbytes < tensor_dtype_nbytes(dt, n) || n / be < 64)
+        return ggml_quantize(dt, x, n, out, nbytes, err);
+    /* a few tasks per thread so a slow core does not hold the rest up */
+    uint64_t blocks = n / be, tasks = (uint64_t)tp_threads(tp) * 4;
+    quant_job j = {.dt = dt, .x = x, .out = out, .blocks = blocks, .blocks_per_task = (blocks + tasks - 1) / tasks};
+    tp_run(tp, (int)((blocks + j.blocks_per_task - 1) / j.blocks_per_task), quant_task, &j);
+    if (j.st) *err = j.err;
+    return j.st;
+}
+
+static hearth_status write_tensor(const hearth_model *m, const gguf_item *it, threadpool *tp, FILE *f,
+                                  const char *fname, hearth_error *err) {
     float *w = NULL;
     size_t n = it->src ? 0 : it->nbytes / sizeof(float);
     const char *name = it->src ? it->src->name : "rope_freqs.weight";
@@ -250,7 +287,7 @@ static hearth_status write_tensor(const hearth_model *m, const gguf_item *it, FI
     }
     void *out = st ? NULL : malloc(it->nbytes);
     if (!st && !out) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory converting '%s'", name);
-    if (!st) st = ggml_quantize(it->dt, x, n, out, it->nbytes, err);
+    if (!st) st = quantize_parallel(tp, it->dt, x, n, out, it->nbytes, err);
     if (!st && fwrite(out, 1, it->nbytes, f) != it->nbytes)
         st = err_set(err, HEARTH_ERR_IO, "%s: %s", fname, strerror(errno));
     if (!st) st = gguf_out_pad(f, it->nbytes, fname, err);
@@ -340,16 +377,20 @@ hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, 
             items[n_items++] = (gguf_item){.src = t, .dt = want, .nbytes = nb, .permute_heads = heads};
         }
     }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    threadpool *tp = NULL;
+    if (!st) st = tp_create(o->n_threads > 0 ? o->n_threads : cores > 0 ? (int)cores : 1, &tp, err);
     FILE *f = NULL;
     if (!st && !(f = fopen(o->out_dir, "wb"))) st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
     if (!st) st = gguf_out_write_header(&g, f, o->out_dir, err);
     for (size_t i = 0; !st && i < n_items; i++) {
-        st = write_tensor(m, &items[i], f, o->out_dir, err);
+        st = write_tensor(m, &items[i], tp, f, o->out_dir, err);
         if (!st && o->progress)
             o->progress(o->user, i + 1, n_items, items[i].src ? items[i].src->name : "rope_freqs.weight");
     }
     if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
     if (st && f) remove(o->out_dir);
+    tp_destroy(tp);
     free(rope);
     free(items);
     gguf_out_free(&g);

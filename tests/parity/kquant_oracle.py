@@ -96,7 +96,7 @@ def kquant_model(dst, tiny_qwen3):
 
     os.makedirs(dst, exist_ok=True)
     for f in os.listdir(tiny_qwen3):
-        if f != "model.safetensors" and f != "config.json" and os.path.isfile(os.path.join(tiny_qwen3, f)):
+        if "safetensors" not in f and f != "config.json" and os.path.isfile(os.path.join(tiny_qwen3, f)):
             shutil.copy(os.path.join(tiny_qwen3, f), dst)
     cfg = json.load(open(os.path.join(tiny_qwen3, "config.json")))
     cfg.update(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,

@@ -40,9 +40,9 @@ def sources(tmp_path_factory):
     return out
 
 
-def convert(src, outtype, tmp_path):
-    out = str(tmp_path / f"hearth-{outtype}.gguf")
-    hearth("convert", src, "--out", out, "--outtype", outtype)
+def convert(src, outtype, tmp_path, threads=None):
+    out = str(tmp_path / f"hearth-{outtype}-{threads}.gguf")
+    hearth("convert", src, "--out", out, "--outtype", outtype, *(["--threads", str(threads)] if threads else []))
     return out
 
 
@@ -71,10 +71,11 @@ def test_kquant_tensors_match_goldens(sources, name, outtype, tmp_path):
     if digests(f32) != golden["source"]:
         pytest.skip(f"{src}: float weights differ from those the goldens were made from "
                     "(rerun tools/make_kquant_goldens.py with llama.cpp)")
-    got = digests(convert(src, outtype, tmp_path))
-    assert sorted(got) == sorted(golden[outtype])
-    for t, want in golden[outtype].items():
-        assert got[t] == want, f"{t}: hearth {got[t]}, llama.cpp {want}"
+    for threads in (None, 1, 3):  # tensors are split over threads by whole blocks: the same bytes
+        got = digests(convert(src, outtype, tmp_path, threads))
+        assert sorted(got) == sorted(golden[outtype])
+        for t, want in golden[outtype].items():
+            assert got[t] == want, f"{t} (--threads {threads}): hearth {got[t]}, llama.cpp {want}"
 
 
 @pytest.mark.parametrize("outtype,bound", [("q6_k", 0.02), ("q4_k_m", 0.12)])

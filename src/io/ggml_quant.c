@@ -340,11 +340,20 @@ static void q_q8_0(const float *x, uint8_t *b) {
  * 1.5 * 2^23 and reads the mantissa) for |v| < 2^22; NaN and out-of-range map to 0. */
 static int nearest_even(float v) { return fabsf(v) <= 4194303.0f ? (int)rintf(v) : 0; }
 
-static int clamp_int(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+/* v rounded to the nearest integer (ties to even, as ggml's nearest_int) and clamped to [lo, hi],
+ * kept in float: adding and removing 1.5 * 2^23 rounds exactly for |v| < 2^22, and the form
+ * vectorizes. NaN gives lo. */
+static inline float round_clamp(float v, float lo, float hi) {
+    float r = (v + 12582912.0f) - 12582912.0f;
+    return r > lo ? (r < hi ? r : hi) : lo;
+}
 
 /* Symmetric levels for n values in [-nmax, nmax-1] (stored + nmax in levels) with the
  * scale that minimises the x^2-weighted squared error over 19 trial inverse scales around
- * -nmax / (value of largest magnitude); returns the scale, 0 for an all-zero group. */
+ * -nmax / (value of largest magnitude); returns the scale, 0 for an all-zero group. The
+ * trials are independent, so their sums run side by side (each in ggml's order: the bits
+ * do not change) and the winner is picked after, in ggml's trial order. */
+enum { K_SYM_TRIALS = 19 };
 static float k_sym_levels(int n, int nmax, const float *x, int8_t *levels) {
     float amax = 0.0f, max = 0.0f;
     for (int i = 0; i < n; i++)
@@ -353,31 +362,39 @@ static float k_sym_levels(int n, int nmax, const float *x, int8_t *levels) {
         memset(levels, 0, (size_t)n);
         return 0.0f;
     }
-    float best = 0.0f, scale = 0.0f;
-    for (int step = 0; step <= 18; step++) { /* step 0: the plain scale; then tweaks -9..-1, 1..9 */
-        int tweak = step == 0 ? 0 : step <= 9 ? step - 10 : step - 9;
-        float inv = step == 0 ? (float)-nmax / max : -((float)nmax + 0.1f * (float)tweak) / max;
-        float sum_xl = 0.0f, sum_ll = 0.0f;
-        for (int i = 0; i < n; i++) {
-            float l = (float)clamp_int(nearest_even(inv * x[i]), -nmax, nmax - 1), w = x[i] * x[i];
-            sum_xl += w * x[i] * l;
-            sum_ll += w * l * l;
+    float inv[K_SYM_TRIALS], sum_xl[K_SYM_TRIALS] = {0}, sum_ll[K_SYM_TRIALS] = {0};
+    float lo = (float)-nmax, hi = (float)(nmax - 1);
+    inv[0] = (float)-nmax / max; /* trial 0: the plain scale; then tweaks -9..-1, 1..9 tenths */
+    for (int t = 1; t < K_SYM_TRIALS; t++) inv[t] = -((float)nmax + 0.1f * (float)(t <= 9 ? t - 10 : t - 9)) / max;
+    for (int i = 0; i < n; i++) {
+        float w = x[i] * x[i], wx = w * x[i];
+        for (int t = 0; t < K_SYM_TRIALS; t++) {
+            float l = round_clamp(inv[t] * x[i], lo, hi);
+            sum_xl[t] += wx * l;
+            sum_ll[t] += w * l * l;
         }
-        int better = step == 0 || (sum_ll > 0.0f && sum_xl * sum_xl > best * sum_ll);
-        if (!better) continue;
-        for (int i = 0; i < n; i++) levels[i] = (int8_t)(nmax + clamp_int(nearest_even(inv * x[i]), -nmax, nmax - 1));
-        scale = step == 0 ? (sum_ll != 0.0f ? sum_xl / sum_ll : 0.0f) : sum_xl / sum_ll;
-        best = scale * sum_xl;
     }
+    int best_trial = 0;
+    float scale = sum_ll[0] != 0.0f ? sum_xl[0] / sum_ll[0] : 0.0f, best = scale * sum_xl[0];
+    for (int t = 1; t < K_SYM_TRIALS; t++)
+        if (sum_ll[t] > 0.0f && sum_xl[t] * sum_xl[t] > best * sum_ll[t]) {
+            best_trial = t;
+            scale = sum_xl[t] / sum_ll[t];
+            best = scale * sum_xl[t];
+        }
+    for (int i = 0; i < n; i++) levels[i] = (int8_t)(nmax + (int)round_clamp(inv[best_trial] * x[i], lo, hi));
     return scale;
 }
 
 /* Affine levels 0..nmax for n values with weights: x ~ scale * level - min_out. Starts
  * from the group's range (min clamped to at most 0) and tries nstep + 1 widened level
  * counts, each refitted by weighted least squares, keeping the lowest weighted squared
- * error. levels and trial are n long. */
-static float k_affine_levels(int n, int nmax, const float *x, const float *w, uint8_t *levels, uint8_t *trial,
-                             float *min_out, float rmin, float rdelta, int nstep) {
+ * error. In ggml a kept trial's min moves the later trials' levels, so the trials from t0
+ * on run side by side (each sum in ggml's order) until the first one that improves, which
+ * is taken and the rest rerun from there: the same choices and bits as ggml's loop. */
+enum { K_AFFINE_MAX_TRIALS = 21 };
+static float k_affine_levels(int n, int nmax, const float *x, const float *w, uint8_t *levels, float *min_out,
+                             float rmin, float rdelta, int nstep) {
     float lo = x[0], hi = x[0], sum_w = w[0], sum_x = w[0] * x[0];
     for (int i = 1; i < n; i++) {
         if (x[i] < lo) lo = x[i];
@@ -391,36 +408,43 @@ static float k_affine_levels(int n, int nmax, const float *x, const float *w, ui
         *min_out = -lo;
         return 0.0f;
     }
-    float inv = (float)nmax / (hi - lo), scale = 1.0f / inv, best_err = 0.0f;
+    float top = (float)nmax, inv0 = top / (hi - lo), scale = 1.0f / inv0, best_err = 0.0f;
+    float level_inv = inv0, level_lo = lo; /* what the kept levels were computed with */
     for (int i = 0; i < n; i++) {
-        levels[i] = (uint8_t)clamp_int(nearest_even(inv * (x[i] - lo)), 0, nmax);
-        float diff = scale * (float)levels[i] + lo - x[i];
+        float diff = scale * round_clamp(inv0 * (x[i] - lo), 0.0f, top) + lo - x[i];
         best_err += w[i] * (diff * diff);
     }
-    for (int is = 0; is <= nstep; is++) {
-        inv = (rmin + rdelta * (float)is + (float)nmax) / (hi - lo);
-        float sum_l = 0.0f, sum_l2 = 0.0f, sum_xl = 0.0f;
-        for (int i = 0; i < n; i++) {
-            int l = clamp_int(nearest_even(inv * (x[i] - lo)), 0, nmax);
-            trial[i] = (uint8_t)l;
-            sum_l += w[i] * (float)l;
-            sum_l2 += w[i] * (float)l * (float)l;
-            sum_xl += w[i] * (float)l * x[i];
+    for (int t0 = 0; t0 <= nstep;) {
+        float inv[K_AFFINE_MAX_TRIALS], sl[K_AFFINE_MAX_TRIALS] = {0}, sl2[K_AFFINE_MAX_TRIALS] = {0},
+                                        sxl[K_AFFINE_MAX_TRIALS] = {0}, ts[K_AFFINE_MAX_TRIALS],
+                                        tm[K_AFFINE_MAX_TRIALS], err[K_AFFINE_MAX_TRIALS] = {0};
+        for (int t = t0; t <= nstep; t++) inv[t] = (rmin + rdelta * (float)t + top) / (hi - lo);
+        for (int i = 0; i < n; i++)
+            for (int t = t0; t <= nstep; t++) {
+                float l = round_clamp(inv[t] * (x[i] - lo), 0.0f, top);
+                sl[t] += w[i] * l;
+                sl2[t] += w[i] * l * l;
+                sxl[t] += w[i] * l * x[i];
+            }
+        for (int t = t0; t <= nstep; t++) {
+            float det = sum_w * sl2[t] - sl[t] * sl[t];
+            ts[t] = (sum_w * sxl[t] - sum_x * sl[t]) / det, tm[t] = (sl2[t] * sum_x - sl[t] * sxl[t]) / det;
+            if (tm[t] > 0.0f) tm[t] = 0.0f, ts[t] = sxl[t] / sl2[t];
         }
-        float det = sum_w * sum_l2 - sum_l * sum_l;
-        if (!(det > 0.0f)) continue;
-        float s = (sum_w * sum_xl - sum_x * sum_l) / det, m = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-        if (m > 0.0f) m = 0.0f, s = sum_xl / sum_l2;
-        float err = 0.0f;
-        for (int i = 0; i < n; i++) {
-            float diff = s * (float)trial[i] + m - x[i];
-            err += w[i] * (diff * diff);
-        }
-        if (err < best_err) {
-            memcpy(levels, trial, (size_t)n);
-            best_err = err, scale = s, lo = m;
-        }
+        for (int i = 0; i < n; i++)
+            for (int t = t0; t <= nstep; t++) {
+                float diff = ts[t] * round_clamp(inv[t] * (x[i] - lo), 0.0f, top) + tm[t] - x[i];
+                err[t] += w[i] * (diff * diff);
+            }
+        int kept = -1;
+        for (int t = t0; t <= nstep && kept < 0; t++)
+            if (sum_w * sl2[t] - sl[t] * sl[t] > 0.0f && err[t] < best_err) kept = t;
+        if (kept < 0) break;
+        level_inv = inv[kept], level_lo = lo;
+        best_err = err[kept], scale = ts[kept], lo = tm[kept];
+        t0 = kept + 1;
     }
+    for (int i = 0; i < n; i++) levels[i] = (uint8_t)round_clamp(level_inv * (x[i] - level_lo), 0.0f, top);
     *min_out = -lo;
     return scale;
 }
@@ -447,7 +471,7 @@ static void q_q6_k(const float *x, uint8_t *b) {
         float d = f16_to_f32(d16) * (float)sc[g];
         if (d == 0.0f) continue; /* keep the group's own levels */
         for (int i = 0; i < 16; i++)
-            levels[16 * g + i] = (int8_t)(32 + clamp_int(nearest_even(x[16 * g + i] / d), -32, 31));
+            levels[16 * g + i] = (int8_t)(32 + (int)round_clamp(x[16 * g + i] / d, -32.0f, 31.0f));
     }
     uint8_t *ql = b, *qh = b + 128;
     for (int half = 0; half < 2; half++) {
@@ -464,7 +488,7 @@ static void q_q6_k(const float *x, uint8_t *b) {
 /* Q4_K: eight 32-value groups, each with a 6-bit scale and a 6-bit min under the f16 pair
  * (d, dmin); levels 0..15. Weights are rms(group) + |x|, 21 trial level counts. */
 static void q_q4_k(const float *x, uint8_t *b) {
-    uint8_t levels[QK_K], trial[32];
+    uint8_t levels[QK_K];
     float w[32], scales[8], mins[8], max_scale = 0.0f, max_min = 0.0f;
     for (int g = 0; g < 8; g++) {
         const float *xg = x + 32 * g;
@@ -472,7 +496,7 @@ static void q_q4_k(const float *x, uint8_t *b) {
         for (int l = 0; l < 32; l++) sum_x2 += xg[l] * xg[l];
         float rms = sqrtf(sum_x2 / 32.0f);
         for (int l = 0; l < 32; l++) w[l] = rms + fabsf(xg[l]);
-        scales[g] = k_affine_levels(32, 15, xg, w, levels + 32 * g, trial, &mins[g], -1.0f, 0.1f, 20);
+        scales[g] = k_affine_levels(32, 15, xg, w, levels + 32 * g, &mins[g], -1.0f, 0.1f, 20);
         if (scales[g] > max_scale) max_scale = scales[g];
         if (mins[g] > max_min) max_min = mins[g];
     }
@@ -497,8 +521,7 @@ static void q_q4_k(const float *x, uint8_t *b) {
         float d = f16_to_f32(d16) * (float)sc[g];
         if (d == 0.0f) continue; /* keep the group's own levels */
         float dm = f16_to_f32(dmin16) * (float)mn[g];
-        for (int l = 0; l < 32; l++)
-            levels[32 * g + l] = (uint8_t)clamp_int(nearest_even((x[32 * g + l] + dm) / d), 0, 15);
+        for (int l = 0; l < 32; l++) levels[32 * g + l] = (uint8_t)round_clamp((x[32 * g + l] + dm) / d, 0.0f, 15.0f);
     }
     uint8_t *qs = b + 16;
     for (int c = 0; c < 4; c++)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """hearth convert --outtype q4_k_m vs llama.cpp's llama_model_quantize (Q4_K_M, no importance
-matrix) on the same float model, both on the same thread count, in the same run.
+matrix) on the same float model, both on the same thread count, in the same run: wall and
+CPU seconds of each.
 
 The model is random floats in Llama-3.2-1B's shape (hidden 2048, 16 layers, ffn 8192, 32/8
 heads, vocab 128256, tied embeddings: 1.24B parameters; --layers makes it shorter), written
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import struct
 import subprocess
@@ -27,7 +29,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests", "parity"))
-from kquant_oracle import CACHE, LLAMA_LIB, have_llama_cpp, llama_quantize, tensor_bytes  # noqa: E402
+from kquant_oracle import CACHE, LLAMA_LIB, have_llama_cpp, tensor_bytes  # noqa: E402
 
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "build", "bin", "hearth"))
 RESULTS = os.path.join(REPO, "bench", "results")
@@ -70,13 +72,17 @@ def write_model(dst, layers, seed=0):
     return int(sum(np.prod(s) for s in shapes.values()))
 
 
-def best_of(repeat, fn):
-    times = []
+def best_of(repeat, cmd):
+    """(best wall s, CPU s of that run: user + sys of the child) over repeat runs of cmd."""
+    runs = []
     for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+        r0, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        wall, r1 = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
+        if p.returncode:
+            sys.exit(f"{cmd[0]} failed: {p.stderr[-2000:]}")
+        runs.append((wall, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime))
+    return min(runs)
 
 
 def cpu_model():
@@ -105,18 +111,15 @@ def main():
             sys.exit(f"hearth convert --outtype f32 failed: {p.stderr}")
         ours, theirs = os.path.join(d, "hearth.gguf"), os.path.join(d, "llama.gguf")
 
-        def run_hearth():
-            if os.path.exists(ours):
-                os.remove(ours)
-            subprocess.run([BIN, "convert", src, "--out", ours, "--outtype", "q4_k_m", "--threads", str(a.threads)],
-                           check=True, capture_output=True)
-
-        def run_llama():
-            llama_quantize(f32, theirs, "q4_k_m", nthread=a.threads)
-
+        # llama.cpp in a child process too, so both CPU times come from getrusage alike
+        llama_cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import kquant_oracle as k; "
+                     "k.llama_quantize(sys.argv[2], sys.argv[3], 'q4_k_m', int(sys.argv[4]))",
+                     os.path.join(REPO, "tests", "parity"), f32, theirs, str(a.threads)]
+        hearth_cmd = ["sh", "-c", 'rm -f "$2" && exec "$0" convert "$1" --out "$2" --outtype q4_k_m --threads "$3"',
+                      BIN, src, ours, str(a.threads)]
         load0 = os.getloadavg()
-        t_llama = best_of(a.repeat, run_llama)
-        t_hearth = best_of(a.repeat, run_hearth)
+        t_llama, cpu_llama = best_of(a.repeat, llama_cmd)
+        t_hearth, cpu_hearth = best_of(a.repeat, hearth_cmd)
         load1 = os.getloadavg()
         got, want = tensor_bytes(ours), tensor_bytes(theirs)
         identical = sorted(got) == sorted(want) and all(got[k] == want[k] for k in want)
@@ -125,6 +128,8 @@ def main():
     res = {"benchmark": "convert to GGUF Q4_K_M: hearth convert vs llama_model_quantize", "params": params,
            "layers": a.layers, "threads": a.threads, "repeat": a.repeat, "hearth_s": round(t_hearth, 3),
            "llama_cpp_s": round(t_llama, 3), "ratio_llama_over_hearth": round(t_llama / t_hearth, 3),
+           "hearth_cpu_s": round(cpu_hearth, 3), "llama_cpp_cpu_s": round(cpu_llama, 3),
+           "cpu_ratio_llama_over_hearth": round(cpu_llama / cpu_hearth, 3),
            "byte_identical": identical, "loadavg_before": load0, "loadavg_after": load1,
            "machine": {"cpu": cpu_model(), "cores": os.cpu_count()}}
     os.makedirs(RESULTS, exist_ok=True)
@@ -135,9 +140,12 @@ def main():
           f"Random Llama-3.2-1B-shaped float model, {a.layers} layers, {params / 1e9:.2f}B parameters, "
           f"{a.threads} threads, best of {a.repeat}. Machine: {res['machine']['cpu']}, {os.cpu_count()} cores "
           f"(shared; load average {load0[0]:.1f} before, {load1[0]:.1f} after).\n\n"
-          f"| | wall s | ratio (llama.cpp s / hearth s) |\n| --- | --- | --- |\n"
-          f"| hearth convert (safetensors -> Q4_K_M) | {t_hearth:.2f} | {t_llama / t_hearth:.2f} |\n"
-          f"| llama_model_quantize (F32 GGUF -> Q4_K_M) | {t_llama:.2f} | 1.00 |\n\n"
+          f"| | wall s | wall ratio (llama.cpp / hearth) | CPU s (user + sys) | CPU ratio |\n"
+          f"| --- | --- | --- | --- | --- |\n"
+          f"| hearth convert (safetensors -> Q4_K_M) | {t_hearth:.2f} | {t_llama / t_hearth:.2f} | "
+          f"{cpu_hearth:.2f} | {cpu_llama / cpu_hearth:.2f} |\n"
+          f"| llama_model_quantize (F32 GGUF -> Q4_K_M) | {t_llama:.2f} | 1.00 | {cpu_llama:.2f} | 1.00 |\n\n"
+          f"On a shared machine the wall times move with the other load; the CPU seconds less so.\n\n"
           f"Outputs byte-identical tensor by tensor: {'yes' if identical else 'NO'}.\n\n"
           f"Made by `bench/convert_gguf/run.py --threads {a.threads} --layers {a.layers}`.\n")
     with open(os.path.join(RESULTS, "convert_gguf.md"), "w") as f:

@@ -2,7 +2,9 @@
  * folder, named and described the way llama.cpp's convert_hf_to_gguf.py writes it
  * (tensor names, hyperparameters, the byte-level BPE vocabulary with merges, token types,
  * the chat template), 2-D weights in the chosen type (io/ggml_quant.c's reference
- * quantizers), everything else F32. Families: qwen3 and llama (others refused by name). */
+ * quantizers, each tensor split over a thread pool; for the K-quant file types llama.cpp's
+ * per-tensor type choice), everything else F32. Families: qwen3 and llama (others refused
+ * by name). */
 #define _GNU_SOURCE
 #include "api/convert_internal.h"
 #include "base/err.h"

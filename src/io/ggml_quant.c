@@ -1,7 +1,8 @@
 /* ggml_quant.c: scalar reference dequantizers for every GGUF weight format and the
- * reference quantizers for the 32-element formats. Layouts and the order of float
- * operations follow the gguf package's numpy code (gguf/quants.py) so results are
- * bitwise equal to it. Must stay plain scalar C: fast kernels live in backend/cpu. */
+ * reference quantizers for the 32-element formats, Q4_K and Q6_K. Layouts and the order of
+ * float operations follow the gguf package's numpy code (gguf/quants.py), and for the
+ * K-quants ggml's reference quantizers, so results are bitwise equal to them. Must stay
+ * plain C: fast kernels live in backend/cpu. */
 #include "io/ggml_quant.h"
 #include "base/cpu_features.h"
 #include "base/err.h"

@@ -387,13 +387,11 @@ static float k_sym_levels(int n, int nmax, const float *x, int8_t *levels) {
     return scale;
 }
 
-/* Affine levels 0..nmax for n values with weights: x ~ scale * level - min_out. Starts
- * from the group's range (min clamped to at most 0) and tries nstep + 1 widened level
+/* Affine levels 0..nmax for n (at most 32) values with weights: x ~ scale * level - min_out.
+ * Starts from the group's range (min clamped to at most 0) and tries nstep + 1 widened level
  * counts, each refitted by weighted least squares, keeping the lowest weighted squared
- * error. In ggml a kept trial's min moves the later trials' levels, so the trials from t0
- * on run side by side (each sum in ggml's order) until the first one that improves, which
- * is taken and the rest rerun from there: the same choices and bits as ggml's loop. */
-enum { K_AFFINE_MAX_TRIALS = 21 };
+ * error; a kept trial's min moves the later trials, as in ggml, so they run in order. */
+enum { K_AFFINE_GROUP_MAX = 32 }; /* values per group: ggml's Q4_K and Q5_K groups */
 static float k_affine_levels(int n, int nmax, const float *x, const float *w, uint8_t *levels, float *min_out,
                              float rmin, float rdelta, int nstep) {
     float lo = x[0], hi = x[0], sum_w = w[0], sum_x = w[0] * x[0];
@@ -415,35 +413,24 @@ static float k_affine_levels(int n, int nmax, const float *x, const float *w, ui
         float diff = scale * round_clamp(inv0 * (x[i] - lo), 0.0f, top) + lo - x[i];
         best_err += w[i] * (diff * diff);
     }
-    for (int t0 = 0; t0 <= nstep;) {
-        float inv[K_AFFINE_MAX_TRIALS], sl[K_AFFINE_MAX_TRIALS] = {0}, sl2[K_AFFINE_MAX_TRIALS] = {0},
-                                        sxl[K_AFFINE_MAX_TRIALS] = {0}, ts[K_AFFINE_MAX_TRIALS],
-                                        tm[K_AFFINE_MAX_TRIALS], err[K_AFFINE_MAX_TRIALS] = {0};
-        for (int t = t0; t <= nstep; t++) inv[t] = (rmin + rdelta * (float)t + top) / (hi - lo);
-        for (int i = 0; i < n; i++)
-            for (int t = t0; t <= nstep; t++) {
-                float l = round_clamp(inv[t] * (x[i] - lo), 0.0f, top);
-                sl[t] += w[i] * l;
-                sl2[t] += w[i] * l * l;
-                sxl[t] += w[i] * l * x[i];
-            }
-        for (int t = t0; t <= nstep; t++) {
-            float det = sum_w * sl2[t] - sl[t] * sl[t];
-            ts[t] = (sum_w * sxl[t] - sum_x * sl[t]) / det, tm[t] = (sl2[t] * sum_x - sl[t] * sxl[t]) / det;
-            if (tm[t] > 0.0f) tm[t] = 0.0f, ts[t] = sxl[t] / sl2[t];
+    for (int t = 0; t <= nstep; t++) {
+        float inv = (rmin + rdelta * (float)t + top) / (hi - lo), l[K_AFFINE_GROUP_MAX];
+        float sl = 0.0f, sl2 = 0.0f, sxl = 0.0f;
+        for (int i = 0; i < n; i++) l[i] = round_clamp(inv * (x[i] - lo), 0.0f, top);
+        for (int i = 0; i < n; i++) {
+            sl += w[i] * l[i];
+            sl2 += w[i] * l[i] * l[i];
+            sxl += w[i] * l[i] * x[i];
         }
-        for (int i = 0; i < n; i++)
-            for (int t = t0; t <= nstep; t++) {
-                float diff = ts[t] * round_clamp(inv[t] * (x[i] - lo), 0.0f, top) + tm[t] - x[i];
-                err[t] += w[i] * (diff * diff);
-            }
-        int kept = -1;
-        for (int t = t0; t <= nstep && kept < 0; t++)
-            if (sum_w * sl2[t] - sl[t] * sl[t] > 0.0f && err[t] < best_err) kept = t;
-        if (kept < 0) break;
-        level_inv = inv[kept], level_lo = lo;
-        best_err = err[kept], scale = ts[kept], lo = tm[kept];
-        t0 = kept + 1;
+        float det = sum_w * sl2 - sl * sl;
+        if (!(det > 0.0f)) continue;
+        float ts = (sum_w * sxl - sum_x * sl) / det, tm = (sl2 * sum_x - sl * sxl) / det, err = 0.0f;
+        if (tm > 0.0f) tm = 0.0f, ts = sxl / sl2;
+        for (int i = 0; i < n; i++) {
+            float diff = ts * l[i] + tm - x[i];
+            err += w[i] * (diff * diff);
+        }
+        if (err < best_err) level_inv = inv, level_lo = lo, best_err = err, scale = ts, lo = tm;
     }
     for (int i = 0; i < n; i++) levels[i] = (uint8_t)round_clamp(level_inv * (x[i] - level_lo), 0.0f, top);
     *min_out = -lo;

@@ -722,8 +722,10 @@ typedef struct hearth_convert_options {
     void *choose_user;
     /* NULL: the MLX folder above. Else out_dir is one GGUF file, 2-D weights in this type
      * (llama.cpp's names: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1; bytes as the gguf
-     * package's quantizers), the rest F32; qwen3 and llama models so far. */
+     * package's quantizers; or the file types q6_k, q4_k_m: each weight's type and bytes as
+     * llama.cpp's llama_model_quantize gives them), the rest F32; qwen3 and llama so far. */
     const char *gguf_type;
+    int n_threads; /* GGUF output: threads quantizing each tensor; 0: all cores */
     /* called after each input tensor is written (NULL: no progress) */
     void (*progress)(void *user, size_t done, size_t total, const char *tensor);
     void *user;

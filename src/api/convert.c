@@ -245,6 +245,7 @@ static int gguf_type_parse(const char *name, tensor_dtype *out) {
     } types[] = {
         {"f32", DT_F32},   {"f16", DT_F16},   {"bf16", DT_BF16}, {"q8_0", DT_Q8_0},
         {"q4_0", DT_Q4_0}, {"q4_1", DT_Q4_1}, {"q5_0", DT_Q5_0}, {"q5_1", DT_Q5_1},
+        {"q6_k", DT_Q6_K}, {"q4_k_m", DT_Q4_K}, /* q4_k_m: llama.cpp's Q4_K_M mix, base Q4_K */
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (!strcmp(types[i].name, name)) return *out = types[i].dt, 1;
@@ -263,7 +264,7 @@ hearth_status hearth_convert(const char *model, const hearth_convert_options *o,
     if (o->gguf_type && !gguf_type_parse(o->gguf_type, &gguf_dt))
         return err_set(err, HEARTH_ERR_INVALID,
                        "convert: --outtype %s: one of f32, f16, bf16, q8_0, q4_0, q4_1, "
-                       "q5_0, q5_1",
+                       "q5_0, q5_1, q6_k, q4_k_m",
                        o->gguf_type);
     hearth_model *m = NULL;
     if ((st = hearth_model_open(model, &m, err))) return st;

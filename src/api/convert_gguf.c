@@ -2,10 +2,13 @@
  * folder, named and described the way llama.cpp's convert_hf_to_gguf.py writes it
  * (tensor names, hyperparameters, the byte-level BPE vocabulary with merges, token types,
  * the chat template), 2-D weights in the chosen type (io/ggml_quant.c's reference
- * quantizers), everything else F32. Families: qwen3 and llama (others refused by name). */
+ * quantizers, each tensor split over a thread pool; for the K-quant file types llama.cpp's
+ * per-tensor type choice), everything else F32. Families: qwen3 and llama (others refused
+ * by name). */
 #define _GNU_SOURCE
 #include "api/convert_internal.h"
 #include "base/err.h"
+#include "base/threadpool.h"
 #include "io/ggml_quant.h"
 #include "io/gguf_write.h"
 #include <errno.h>
@@ -13,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* HF module names -> GGUF names inside blk.N (llama.cpp's tensor map for these families) */
 static const char *const layer_names[][2] = {
@@ -49,6 +53,8 @@ static uint32_t file_type_of(tensor_dtype dt) {
     case DT_Q8_0: return 7;
     case DT_Q5_0: return 8;
     case DT_Q5_1: return 9;
+    case DT_Q4_K: return 15; /* the Q4_K_M mix (the only Q4_K output) */
+    case DT_Q6_K: return 18;
     case DT_BF16: return 32;
     default: return 0;
     }
@@ -61,6 +67,7 @@ static void put_hparams(gguf_out *g, const hearth_model *m, const char *arch, te
     char key[128];
     gguf_out_str(g, "general.architecture", arch);
     gguf_out_u32(g, "general.file_type", file_type_of(dt));
+    if (dt != DT_F32 && dt != DT_F16 && dt != DT_BF16) gguf_out_u32(g, "general.quantization_version", 2);
     const struct {
         const char *suffix;
         int64_t value;
@@ -230,8 +237,43 @@ static float *llama3_rope_factors(const hearth_model *m) {
     return f;
 }
 
-static hearth_status write_tensor(const hearth_model *m, const gguf_item *it, FILE *f, const char *fname,
-                                  hearth_error *err) {
+/* One tensor's quantization split over the pool: blocks are independent, so any split gives
+ * the same bytes. A task is a run of whole blocks; the first failing task's error wins. */
+typedef struct quant_job {
+    tensor_dtype dt;
+    const float *x;
+    uint8_t *out;
+    uint64_t blocks, blocks_per_task;
+    hearth_status st;
+    hearth_error err;
+} quant_job;
+
+static void quant_task(void *ctx, int task, int thread) {
+    (void)thread;
+    quant_job *j = ctx;
+    uint64_t first = (uint64_t)task * j->blocks_per_task, n = j->blocks - first;
+    if (n > j->blocks_per_task) n = j->blocks_per_task;
+    uint64_t be = (uint64_t)tensor_dtype_block_elems(j->dt), bb = tensor_dtype_nbytes(j->dt, be);
+    hearth_error e = {0};
+    hearth_status st = ggml_quantize(j->dt, j->x + first * be, n * be, j->out + first * bb, n * bb, &e);
+    if (st && __atomic_exchange_n(&j->st, st, __ATOMIC_ACQ_REL) == HEARTH_OK) j->err = e;
+}
+
+static hearth_status quantize_parallel(threadpool *tp, tensor_dtype dt, const float *x, uint64_t n, void *out,
+                                       uint64_t nbytes, hearth_error *err) {
+    uint64_t be = (uint64_t)tensor_dtype_block_elems(dt);
+    if (tp_threads(tp) < 2 || n % be || nbytes < tensor_dtype_nbytes(dt, n) || n / be < 64)
+        return ggml_quantize(dt, x, n, out, nbytes, err);
+    /* a few tasks per thread so a slow core does not hold the rest up */
+    uint64_t blocks = n / be, tasks = (uint64_t)tp_threads(tp) * 4;
+    quant_job j = {.dt = dt, .x = x, .out = out, .blocks = blocks, .blocks_per_task = (blocks + tasks - 1) / tasks};
+    tp_run(tp, (int)((blocks + j.blocks_per_task - 1) / j.blocks_per_task), quant_task, &j);
+    if (j.st) *err = j.err;
+    return j.st;
+}
+
+static hearth_status write_tensor(const hearth_model *m, const gguf_item *it, threadpool *tp, FILE *f,
+                                  const char *fname, hearth_error *err) {
     float *w = NULL;
     size_t n = it->src ? 0 : it->nbytes / sizeof(float);
     const char *name = it->src ? it->src->name : "rope_freqs.weight";
@@ -247,7 +289,7 @@ static hearth_status write_tensor(const hearth_model *m, const gguf_item *it, FI
     }
     void *out = st ? NULL : malloc(it->nbytes);
     if (!st && !out) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory converting '%s'", name);
-    if (!st) st = ggml_quantize(it->dt, x, n, out, it->nbytes, err);
+    if (!st) st = quantize_parallel(tp, it->dt, x, n, out, it->nbytes, err);
     if (!st && fwrite(out, 1, it->nbytes, f) != it->nbytes)
         st = err_set(err, HEARTH_ERR_IO, "%s: %s", fname, strerror(errno));
     if (!st) st = gguf_out_pad(f, it->nbytes, fname, err);
@@ -260,6 +302,33 @@ static hearth_status write_tensor(const hearth_model *m, const gguf_item *it, FI
 static int ends_with(const char *s, const char *suffix) {
     size_t a = strlen(s), b = strlen(suffix);
     return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/* llama.cpp's use_more_bits: the first and last eighth of the layers and every third in
+ * between get the larger type in the _M mixes. */
+static int use_more_bits(int layer, int n_layers) {
+    return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
+}
+
+/* The type of a 2-D weight (GGUF name, cols per row) for a k-quant output type, as
+ * llama.cpp's llama_model_quantize picks it without an importance matrix: the output
+ * matrix (or the token embedding when it is tied to the output) in Q6_K, Q8_0 when its
+ * rows do not hold whole 256-blocks; for Q4_K_M (base Q4_K) also attn_v and ffn_down of
+ * the use_more_bits layers in Q6_K; then a row that does not hold whole blocks falls back
+ * to Q5_0 (from Q4_K) or Q8_0 (from Q6_K), and F16 when even 32 does not divide it.
+ * llama.cpp counts attn_v and ffn_down tensors in (layer, name) order, one per layer
+ * here, so the count is the layer number. */
+static tensor_dtype kquant_type(const char *name, int64_t cols, tensor_dtype base, int tied, int n_layers) {
+    tensor_dtype t = base;
+    int layer = -1;
+    sscanf(name, "blk.%d.", &layer);
+    if (!strcmp(name, "output.weight") || (tied && !strcmp(name, "token_embd.weight")))
+        return cols % 256 ? DT_Q8_0 : DT_Q6_K;
+    if (base == DT_Q4_K && layer >= 0 && (strstr(name, "attn_v.weight") || strstr(name, "ffn_down")) &&
+        use_more_bits(layer, n_layers))
+        t = DT_Q6_K;
+    if (cols % 256) t = t == DT_Q4_K ? DT_Q5_0 : DT_Q8_0;
+    return cols % 32 ? DT_F16 : t;
 }
 
 hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, tensor_dtype dt, hearth_error *err) {
@@ -284,6 +353,10 @@ hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, 
         uint64_t nb = gguf_out_tensor(&g, "rope_freqs.weight", DT_F32, 1, shape);
         items[n_items++] = (gguf_item){.data = rope, .dt = DT_F32, .nbytes = nb};
     }
+    int tied = 1; /* no output matrix: the token embedding is the output, as llama.cpp sees it */
+    for (size_t i = 0; i < m->st.n_tensors; i++)
+        if (!strcmp(m->st.by_name[i]->name, "lm_head.weight") && !convert_dropped(m, m->st.by_name[i])) tied = 0;
+    int kquant = dt == DT_Q4_K || dt == DT_Q6_K;
     for (size_t i = 0; !st && i < m->st.n_tensors; i++) {
         const tensor_info *t = m->st.by_name[i];
         char name[256];
@@ -291,8 +364,12 @@ hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, 
         if (!gguf_name(t->name, name, sizeof name))
             st = err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: tensor '%s' has no GGUF name here", t->file, t->name);
         else {
-            /* weights take the chosen type where whole blocks fit a row; norms stay F32 */
-            tensor_dtype want = t->ndim == 2 && t->shape[1] % tensor_dtype_block_elems(dt) == 0 ? dt : DT_F32;
+            /* weights take the chosen type where whole blocks fit a row (k-quants: llama.cpp's
+             * per-tensor choice); norms stay F32 */
+            tensor_dtype want = t->ndim != 2 ? DT_F32
+                                : kquant     ? kquant_type(name, t->shape[1], dt, tied, (int)m->sum.n_layers)
+                                : t->shape[1] % tensor_dtype_block_elems(dt) == 0 ? dt
+                                                                                  : DT_F32;
             uint64_t nb = gguf_out_tensor(&g, name, want, t->ndim, t->shape);
             if (!nb) st = err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: tensor '%s' cannot be stored", t->file, t->name);
             int heads = !fam->permute_qk                                ? 0
@@ -302,16 +379,20 @@ hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, 
             items[n_items++] = (gguf_item){.src = t, .dt = want, .nbytes = nb, .permute_heads = heads};
         }
     }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    threadpool *tp = NULL;
+    if (!st) st = tp_create(o->n_threads > 0 ? o->n_threads : cores > 0 ? (int)cores : 1, &tp, err);
     FILE *f = NULL;
     if (!st && !(f = fopen(o->out_dir, "wb"))) st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
     if (!st) st = gguf_out_write_header(&g, f, o->out_dir, err);
     for (size_t i = 0; !st && i < n_items; i++) {
-        st = write_tensor(m, &items[i], f, o->out_dir, err);
+        st = write_tensor(m, &items[i], tp, f, o->out_dir, err);
         if (!st && o->progress)
             o->progress(o->user, i + 1, n_items, items[i].src ? items[i].src->name : "rope_freqs.weight");
     }
     if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
     if (st && f) remove(o->out_dir);
+    tp_destroy(tp);
     free(rope);
     free(items);
     gguf_out_free(&g);

@@ -9,7 +9,8 @@
 /* 1 for a tensor mlx-lm's sanitize drops from a Hugging Face checkpoint (rotary
  * inv_freq buffers, a tied lm_head). */
 int convert_dropped(const hearth_model *m, const tensor_info *t);
-/* Writes o->out_dir as one GGUF file with 2-D weights in dt. */
+/* Writes o->out_dir as one GGUF file with 2-D weights in dt; for DT_Q4_K (the Q4_K_M mix)
+ * and DT_Q6_K each weight's type is llama.cpp's choice for that file type. */
 hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, tensor_dtype dt, hearth_error *err);
 /* Pieces of the MLX folder writer that fuse.c (hearth_fuse) shares: n bytes to f; float
  * values written as dt (F32, F16 or BF16); a JSON file in dir; every file of src beside the

@@ -11,7 +11,8 @@ static const char *convert_usage =
     "       [--quant-predicate mixed_2_6|mixed_3_4|mixed_3_6|mixed_4_6]\n"
     "       [--target-bpw B --calibration-data F.jsonl [--candidate-bits 3,4,6,8] [--n-calibration 8]\n"
     "        [--calibration-length 256]]\n"
-    "       hearth convert <model> --out <file.gguf> --outtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1";
+    "       hearth convert <model> --out <file.gguf> --outtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q6_k|q4_k_m\n"
+    "       [--threads N]";
 
 static void on_progress(void *user, size_t done, size_t total, const char *tensor) {
     (void)user;
@@ -54,6 +55,7 @@ int cli_convert(int argc, char **argv) {
                    : !strcmp(a, "--q-group-size")       ? &o.group_size
                    : !strcmp(a, "--n-calibration")      ? &n_calib
                    : !strcmp(a, "--calibration-length") ? &calib_len
+                   : !strcmp(a, "--threads")            ? &o.n_threads
                                                         : NULL;
         const char **str = !strcmp(a, "--out")                ? &o.out_dir
                            : !strcmp(a, "--outtype")          ? &o.gguf_type

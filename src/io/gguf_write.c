@@ -65,7 +65,8 @@ static int ggml_type_of(tensor_dtype dt, uint32_t *id) {
         tensor_dtype dt;
         uint32_t id;
     } map[] = {
-        {DT_F32, 0}, {DT_F16, 1}, {DT_Q4_0, 2}, {DT_Q4_1, 3}, {DT_Q5_0, 6}, {DT_Q5_1, 7}, {DT_Q8_0, 8}, {DT_BF16, 30},
+        {DT_F32, 0},  {DT_F16, 1},  {DT_Q4_0, 2},  {DT_Q4_1, 3},  {DT_Q5_0, 6},
+        {DT_Q5_1, 7}, {DT_Q8_0, 8}, {DT_Q4_K, 12}, {DT_Q6_K, 14}, {DT_BF16, 30},
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (map[i].dt == dt) return *id = map[i].id, 1;

@@ -529,7 +529,7 @@ static void test_quant_errors_and_roundtrip(void **state) {
     assert_int_equal(ggml_dequantize(DT_Q8_0, q, sizeof q, y, 33, &err), HEARTH_ERR_INVALID);
     assert_int_equal(ggml_dequantize(DT_Q8_0, q, 67, y, 64, &err), HEARTH_ERR_FORMAT);
     assert_int_equal(ggml_dequantize(DT_I32, q, sizeof q, y, 4, &err), HEARTH_ERR_UNSUPPORTED);
-    assert_int_equal(ggml_quantize(DT_Q4_K, x, 256, q, sizeof q, &err), HEARTH_ERR_UNSUPPORTED);
+    assert_int_equal(ggml_quantize(DT_Q5_K, x, 256, q, sizeof q, &err), HEARTH_ERR_UNSUPPORTED);
     assert_int_equal(ggml_quantize(DT_Q8_0, x, 64, q, 60, &err), HEARTH_ERR_FORMAT);
     static const tensor_dtype types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1};
     /* error bound: one quantization step (Q4_0/Q5_0 clip the value opposite the
@@ -545,6 +545,36 @@ static void test_quant_errors_and_roundtrip(void **state) {
     assert_int_equal(ggml_quantize(DT_Q4_0, zeros, 32, q, 18, &err), HEARTH_OK);
     assert_int_equal(ggml_dequantize(DT_Q4_0, q, 18, y, 32, &err), HEARTH_OK);
     for (int i = 0; i < 32; i++) assert_true(y[i] == 0.0f);
+}
+
+/* Q4_K and Q6_K: llama.cpp's own sanity bound (tests/test-quantize-fns.cpp: data
+ * 0.1 + 2 cos(i) over 4096 values, sqrt(sum of squared errors) / n below 0.002); an all-zero
+ * super-block gives zeros; a block with a NaN, an infinity or huge values is written without
+ * a crash (its values are unspecified, as in ggml); sizes are checked. The bytes themselves
+ * are checked against llama.cpp in tests/parity/test_convert_gguf_kquant.py. */
+static void test_kquant_roundtrip(void **state) {
+    enum { N = 32 * 128 };
+    static float x[N], y[N];
+    static uint8_t q[N];
+    static const tensor_dtype types[] = {DT_Q4_K, DT_Q6_K};
+    for (int i = 0; i < N; i++) x[i] = 0.1f + 2.0f * cosf((float)i);
+    for (int t = 0; t < 2; t++) {
+        uint64_t nb = tensor_dtype_nbytes(types[t], N);
+        assert_int_equal(ggml_quantize(types[t], x, N, q, nb, &err), HEARTH_OK);
+        assert_int_equal(ggml_dequantize(types[t], q, nb, y, N, &err), HEARTH_OK);
+        double sum = 0;
+        for (int i = 0; i < N; i++) sum += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+        assert_true(sqrt(sum) / N < 0.002);
+        assert_int_equal(ggml_quantize(types[t], x, 255, q, nb, &err), HEARTH_ERR_INVALID);
+        assert_int_equal(ggml_quantize(types[t], x, 256, q, tensor_dtype_nbytes(types[t], 256) - 1, &err),
+                         HEARTH_ERR_FORMAT);
+        float zeros[256] = {0}, odd[256];
+        assert_int_equal(ggml_quantize(types[t], zeros, 256, q, nb, &err), HEARTH_OK);
+        assert_int_equal(ggml_dequantize(types[t], q, nb, y, 256, &err), HEARTH_OK);
+        for (int i = 0; i < 256; i++) assert_true(y[i] == 0.0f);
+        for (int i = 0; i < 256; i++) odd[i] = i == 3 ? NAN : i == 9 ? INFINITY : i % 2 ? 3e38f : -1e-30f;
+        assert_int_equal(ggml_quantize(types[t], odd, 256, q, nb, &err), HEARTH_OK);
+    }
 }
 
 int main(void) {
@@ -565,6 +595,7 @@ int main(void) {
         cmocka_unit_test(test_dequant_known_blocks),
         cmocka_unit_test(test_f16_every_pattern),
         cmocka_unit_test(test_quant_errors_and_roundtrip),
+        cmocka_unit_test(test_kquant_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

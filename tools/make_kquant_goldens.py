@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes tests/parity/goldens/kquant.json: the sha256 of every tensor llama.cpp's quantizer
+"""Writes tests/parity/data/kquant_sha256.json: the sha256 of every tensor llama.cpp's quantizer
 (llama_model_quantize through ctypes, no importance matrix) writes for --outtype q6_k and
 q4_k_m, for the tiny qwen3 and llama models and the probe model of kquant_oracle.py, with the
 sha256 of each source float tensor so the test can tell a changed input from a changed output.
@@ -21,7 +21,7 @@ from kquant_oracle import CACHE, FTYPES, digests, have_llama_cpp, kquant_model, 
 
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "build", "bin", "hearth"))
 TINY = os.path.join(CACHE, "tiny")
-OUT = os.path.join(REPO, "tests", "parity", "goldens", "kquant.json")
+OUT = os.path.join(REPO, "tests", "parity", "data", "kquant_sha256.json")
 
 
 def main():

@@ -5,7 +5,7 @@ importance matrix) on the F32 GGUF hearth writes of the same model, which picks 
 tensor's type (Q6_K / Q4_K, Q6_K for the output and Q4_K_M's use_more_bits layers, Q8_0 /
 Q5_0 / F16 fallbacks for rows not in 256-blocks) and quantizes it. Where llama.cpp's libraries
 are absent (CI) that test skips, and the golden test compares with the sha256 llama.cpp gave
-(tools/make_kquant_goldens.py wrote tests/parity/goldens/kquant.json). Models: the tiny qwen3
+(tools/make_kquant_goldens.py wrote tests/parity/data/kquant_sha256.json). Models: the tiny qwen3
 (hidden 128: most rows fall back; ffn_down's 256 is K-quantized), the tiny llama (tied
 embeddings: token_embd takes the output's type) and a 256/512-wide probe model of edge rows
 (kquant_oracle.kquant_model).
@@ -19,7 +19,7 @@ from kquant_oracle import CACHE, digests, have_llama_cpp, kquant_model, llama_qu
 from test_convert import hearth
 
 TINY = os.path.join(CACHE, "tiny")
-GOLDENS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "goldens", "kquant.json")
+GOLDENS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "kquant_sha256.json")
 MODELS = ["qwen3-f32", "llama-f32", "probe"]
 CASES = [(m, t) for m in MODELS for t in ("q6_k", "q4_k_m")]
 

@@ -87,8 +87,10 @@ def measure_peak(hearth_bin, model, ctx, threads, *extra, fill=True):
 @pytest.mark.parametrize("rel,ctx,threads", CASES)
 def test_predicted_peak_within_2_percent(hearth_bin, rel, ctx, threads, extra=()):
     model = model_path(rel)
-    # generate holds one sequence (fit assumes serve's 8 unless told)
-    fit = run_fit(hearth_bin, model, "--ctx", str(ctx), "--threads", str(threads), "--max-sequences", "1", *extra)
+    # generate holds one sequence and does not speculate (fit assumes serve's 8 sequences and
+    # prompt lookup, whose verify rows the engine sizes, unless told)
+    fit = run_fit(hearth_bin, model, "--ctx", str(ctx), "--threads", str(threads), "--max-sequences", "1",
+                  "--speculate", "none", *extra)
     measured = measure_peak(hearth_bin, model, ctx, threads, *extra)
     assert fit["context_length"] == ctx and fit["threads"] == threads and fit["max_sequences"] == 1
     # the engine reports the bytes it allocated: the same sizing as the prediction's engine part

@@ -220,9 +220,13 @@ def llama_cpp_tops(path, prompts):
     """llama.cpp's top-20 logits at each prompt's last 4 positions (f32 KV cache)."""
     if not os.path.isfile(os.path.join(LLAMA_LIB, "libllama.so")):
         pytest.skip(f"llama.cpp libraries not in {LLAMA_LIB}: run bench/cpu_vs_llamacpp/install_llamacpp.sh")
+    venv_python = os.path.join(REPO, ".venv", "bin", "python")
+    if subprocess.run([venv_python, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('llama_cpp') is None)"]
+                      ).returncode:
+        pytest.skip("llama-cpp-python is not installed in .venv: run bench/cpu_vs_llamacpp/install_llamacpp.sh")
     env = dict(os.environ, LLAMA_CPP_LIB_PATH=LLAMA_LIB,  # libllama's RUNPATH names its build folder, not this one
                LD_LIBRARY_PATH=os.pathsep.join(filter(None, [LLAMA_LIB, os.environ.get("LD_LIBRARY_PATH")])))
-    p = subprocess.run([os.path.join(REPO, ".venv", "bin", "python"), "-c", LLAMA_CODE, path],
+    p = subprocess.run([venv_python, "-c", LLAMA_CODE, path],
                        input=json.dumps([q["ids"] for q in prompts]), capture_output=True, text=True, env=env,
                        timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]

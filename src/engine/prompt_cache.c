@@ -8,6 +8,7 @@
  * format and its checks are seq_file.c's. */
 #define _GNU_SOURCE
 #include "base/err.h"
+#include "base/hash.h"
 #include "engine/engine_internal.h"
 #include "kv/kv_file.h"
 #include "kv/kv_prefix.h"
@@ -210,11 +211,7 @@ hearth_status prompt_cache_open(hearth_engine *e, const char *dir, long long max
     return HEARTH_OK;
 }
 
-static uint64_t tokens_hash(const int32_t *t, int n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int i = 0; i < n; i++) h = (h ^ (uint32_t)t[i]) * 0x100000001b3ull;
-    return h;
-}
+static uint64_t tokens_hash(const int32_t *t, int n) { return fnv1a64_words(FNV1A64_INIT, t, (size_t)n); }
 
 /* Whether history a (m tokens) is continued by b (n > m tokens): b repeats a but for at
  * most a last block. The next turn of a conversation re-renders the last answer, whose

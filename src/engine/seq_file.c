@@ -4,6 +4,7 @@
  * rows into freshly reserved blocks; nothing is read before the checks pass. */
 #define _GNU_SOURCE
 #include "base/err.h"
+#include "base/hash.h"
 #include "base/file.h"
 #include "engine/engine_internal.h"
 #include "kv/kv_file.h"
@@ -45,12 +46,6 @@ static void repad(uint8_t *to, size_t to_row, const uint8_t *from, size_t from_r
     }
 }
 
-static uint64_t fnv_str(uint64_t h, const void *p, size_t n) {
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
 /* A 64-bit name of the weights and config: the architecture, the sizes, every tensor's
  * name, type and shape, and up to 256 bytes from the middle of each tensor's data (two
  * models of one shape with different weights differ there; hashing every byte of a
@@ -58,20 +53,20 @@ static uint64_t fnv_str(uint64_t h, const void *p, size_t n) {
 uint64_t engine_model_identity(const hearth_engine *e) {
     const hearth_model *hm = engine_model(e);
     const model_summary *s = &hm->sum;
-    uint64_t h = 0xcbf29ce484222325ull;
-    h = fnv_str(h, s->architecture, strlen(s->architecture));
+    uint64_t h = FNV1A64_INIT;
+    h = fnv1a64(h, s->architecture, strlen(s->architecture));
     int64_t dims[] = {s->hidden_size, s->n_layers,          s->n_heads,   s->n_kv_heads,
                       s->head_dim,    s->intermediate_size, s->vocab_size};
-    h = fnv_str(h, dims, sizeof dims);
+    h = fnv1a64(h, dims, sizeof dims);
     size_t n = model_tensor_count(hm);
     for (size_t i = 0; i < n; i++) {
         const tensor_info *t = model_tensor_at(hm, i);
-        h = fnv_str(h, t->name, strlen(t->name) + 1);
-        h = fnv_str(h, &t->dtype, sizeof t->dtype);
-        h = fnv_str(h, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+        h = fnv1a64(h, t->name, strlen(t->name) + 1);
+        h = fnv1a64(h, &t->dtype, sizeof t->dtype);
+        h = fnv1a64(h, t->shape, sizeof(int64_t) * (size_t)t->ndim);
         if (t->data && t->nbytes) {
             uint64_t take = t->nbytes < 256 ? t->nbytes : 256;
-            h = fnv_str(h, t->data + (t->nbytes - take) / 2, take);
+            h = fnv1a64(h, t->data + (t->nbytes - take) / 2, take);
         }
     }
     return h;

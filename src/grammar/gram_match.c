@@ -3,6 +3,7 @@
  * node ids and sets of them into set ids, so the byte transitions of a set are cached
  * like a lazily built DFA. A mask walks the vocabulary's byte trie in preorder through
  * those transitions, skipping every subtree whose prefix is dead. Owns no model state. */
+#include "base/hash.h"
 #include "grammar/gram_flat.h"
 #include <stdlib.h>
 #include <string.h>
@@ -364,9 +365,7 @@ static int cmp_i32(const void *x, const void *y) {
 }
 
 static uint32_t set_hash_of(const int32_t *it, int32_t n) {
-    uint64_t h = 1469598103934665603ULL;
-    for (int32_t i = 0; i < n; i++) h = (h ^ (uint32_t)it[i]) * 1099511628211ULL;
-    return mix(h);
+    return mix(fnv1a64_words(FNV1A64_INIT, it, (size_t)n));
 }
 
 static int set_rehash(gmatcher *m) {

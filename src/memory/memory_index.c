@@ -5,6 +5,7 @@
  * rebuild re-embeds only what changed). Search fuses the BM25 and cosine rankings by
  * reciprocal rank. Never writes the vault. */
 #include "base/err.h"
+#include "base/hash.h"
 #include "base/file.h"
 #include "memory/memory.h"
 #include <ctype.h>
@@ -86,10 +87,8 @@ hearth_status memory_index_open(hearth_memory *m, hearth_error *err) {
 }
 
 static void hash_hex(const char *a, size_t an, const char *b, size_t bn, char out[17]) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a 64: a cache key, not a security boundary */
-    for (size_t i = 0; i < an; i++) h = (h ^ (unsigned char)a[i]) * 1099511628211ull;
-    h = (h ^ 0xff) * 1099511628211ull;
-    for (size_t i = 0; i < bn; i++) h = (h ^ (unsigned char)b[i]) * 1099511628211ull;
+    static const uint8_t sep = 0xff; /* a cache key, not a security boundary */
+    uint64_t h = fnv1a64(fnv1a64(fnv1a64(FNV1A64_INIT, a, an), &sep, 1), b, bn);
     snprintf(out, 17, "%016llx", (unsigned long long)h);
 }
 

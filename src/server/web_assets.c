@@ -4,6 +4,7 @@
  * beyond the compiler; the Makefile makes this object depend on the files in web/. Serves
  * them from memory with Content-Type, ETag and Cache-Control (through respond.c).
  * Knows nothing of the APIs; it must never read files at run time. */
+#include "base/hash.h"
 #include "server/web_assets.h"
 #include "server/server.h"
 #include <stdint.h>
@@ -70,8 +71,7 @@ const srv_web_asset_view *srv_web_find(const char *path, srv_web_asset_view *out
         out->data = assets[i].start;
         out->size = (size_t)(assets[i].end - assets[i].start);
         /* FNV-1a 64 of the bytes: the ETag changes exactly when the file does */
-        uint64_t h = 14695981039346656037ull;
-        for (size_t k = 0; k < out->size; k++) h = (h ^ out->data[k]) * 1099511628211ull;
+        uint64_t h = fnv1a64(FNV1A64_INIT, out->data, out->size);
         snprintf(out->etag, sizeof out->etag, "\"%016llx\"", (unsigned long long)h);
         return out;
     }

@@ -1,6 +1,7 @@
 /* tok_util.c: small building blocks of the tokenizer: string lists, the string->id
  * hash map, UTF-8 walking and lossy repair, Unicode character classes, the GPT-2
  * byte alphabet and PCRE2 helpers. No tokenizer logic lives here. */
+#include "base/hash.h"
 #include "tok/tok_internal.h"
 #include <pthread.h>
 #include <stdlib.h>
@@ -50,11 +51,7 @@ int tok_ids_push(tok_ids *a, int32_t id) {
 }
 
 /* FNV-1a, 64-bit: simple and good enough for vocabulary strings. */
-uint64_t tok_hash_bytes(const char *s, size_t n) {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
-    return h;
-}
+uint64_t tok_hash_bytes(const char *s, size_t n) { return fnv1a64(FNV1A64_INIT, s, n); }
 
 int tok_strmap_init(tok_strmap *m, size_t expected, char **keys, uint32_t *key_lens) {
     uint32_t cap = 16;

@@ -20,12 +20,17 @@ static double num(const json_t *o, const char *k, double dflt) {
     return json_is_number(v) ? json_number_value(v) : dflt;
 }
 
-/* An integer key: dflt when absent or not a number, -1 when outside int's range (every
- * caller rejects negatives), so a config's 1e300 is an error, not undefined behaviour. */
-static int int_key(const json_t *o, const char *k, int dflt) {
-    double v = num(o, k, dflt);
-    return v >= -1e9 && v <= 1e9 ? (int)v : -1;
+/* An integer key: `absent` when the key is missing, `other` when it is there but not a
+ * number (null), -1 when outside int's range (every caller rejects negatives), so a
+ * config's 1e300 is an error, not undefined behaviour. */
+static int int_key_or(const json_t *o, const char *k, int absent, int other) {
+    const json_t *v = json_object_get(o, k);
+    if (!json_is_number(v)) return v ? other : absent;
+    double x = json_number_value(v);
+    return x >= -1e9 && x <= 1e9 ? (int)x : -1;
 }
+
+static int int_key(const json_t *o, const char *k, int dflt) { return int_key_or(o, k, dflt, dflt); }
 
 /* inv_freq[i] = base^(-2i/dims), then the model's scaling rule. */
 static float *rope_inv_freq(int head_dim, double base, const json_t *scaling) {
@@ -227,12 +232,7 @@ static hearth_status gemma4_rope(const hearth_model *hm, const json_t *rp, const
 
 /* A number of the config; absent: mlx-lm's default (ModelArgs); null: 0, which mlx-lm reads as
  * "none" where it tests the value (global_head_dim, hidden_size_per_layer_input). */
-static int gemma4_int(const json_t *cfg, const char *key, int dflt) {
-    const json_t *v = json_object_get(cfg, key);
-    if (!json_is_number(v)) return v ? 0 : dflt;
-    double x = json_number_value(v); /* out of range: -1, which every check below refuses */
-    return x >= -(double)(1 << 30) && x <= (double)(1 << 30) ? (int)x : -1;
-}
+static int gemma4_int(const json_t *cfg, const char *key, int dflt) { return int_key_or(cfg, key, dflt, 0); }
 
 /* Which layers are full attention (layer_types, else every sliding_window_pattern-th), which
  * KV layer each reads (the last layer of its type before first_shared, for the shared ones),

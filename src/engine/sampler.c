@@ -177,6 +177,7 @@ static int32_t process(sampler *s, const float *logits, const hearth_sampling *p
     float *x = s->work;
     int V = s->vocab;
     memcpy(x, logits, (size_t)V * sizeof *x);
+    s->work_lse_ok = 0;
     for (size_t i = 0; i < p->n_bias; i++)
         if (p->bias_ids[i] >= 0 && p->bias_ids[i] < V) x[p->bias_ids[i]] += p->bias_values[i];
     apply_penalties(s, x, p, history, n_history);
@@ -255,13 +256,17 @@ int sampler_distribution(sampler *s, const float *logits, const hearth_sampling 
     return n;
 }
 
-/* logsumexp of the processed logits in s->work. */
-static float work_lse(const sampler *s) {
+/* logsumexp of the processed logits in s->work: one pass of exp over the vocabulary per
+ * token, shared by the chosen token's logprob and the full log-softmax. */
+static float work_lse(sampler *s) {
+    if (s->work_lse_ok) return s->work_lse;
     const float *w = s->work;
     float mx = w[ops_argmax(w, s->vocab)];
     double sum = 0;
     for (int i = 0; i < s->vocab; i++) sum += exp((double)(w[i] - mx));
-    return mx + (float)log(sum);
+    s->work_lse = mx + (float)log(sum);
+    s->work_lse_ok = 1;
+    return s->work_lse;
 }
 
 int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
@@ -297,7 +302,7 @@ int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p
 }
 
 /* The log-softmax of the processed logits sampler_sample left in s->work. */
-static void full_log_softmax(const sampler *s, float *out) {
+static void full_log_softmax(sampler *s, float *out) {
     float lse = work_lse(s);
     for (int i = 0; i < s->vocab; i++) out[i] = s->work[i] - lse;
 }

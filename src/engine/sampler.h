@@ -12,6 +12,8 @@
 typedef struct sampler {
     int vocab;
     float *work;      /* processed logits */
+    float work_lse;   /* their logsumexp, once work_lse_ok (reset when work changes) */
+    int work_lse_ok;
     int32_t *cand;    /* candidate ids */
     int32_t *counts;  /* per-id counts in the penalty window */
     float *shaped;    /* the lab's curve / HLG output (sampler_lab.c) */

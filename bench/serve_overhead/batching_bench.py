@@ -3,7 +3,9 @@
 streams (continuous batching) against the same server limited to one sequence at a
 time (--max-sequences 1: requests run one after another, as before batching).
 Usage: batching_bench.py BIN MODEL [--tokens 64] [--threads 2] [--n 1,4,8]
-Writes bench/results/batching.json. Standard library only."""
+Writes its result into the HTTP-overhead benchmark's files: the "batching" key of
+bench/results/serve_overhead.json and the "Continuous batching" section of serve_overhead.md
+(replaced on each run). Standard library only."""
 import argparse, json, os, socket, subprocess, sys, threading, time, urllib.request
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -73,10 +75,48 @@ def main():
     rep = {"model": o.model, "tokens_per_request": o.tokens, "threads": o.threads,
            "loadavg": open("/proc/loadavg").read().split()[:3],
            "sequential_max_sequences_1": before, "batched": after}
-    path = os.path.join(REPO, "bench", "results", "batching.json")
-    with open(path, "w") as f:
-        json.dump(rep, f, indent=2)
+    write_results(rep)
     print(json.dumps(rep, indent=2))
+
+
+SECTION = "## Continuous batching"
+
+
+def section_md(rep):
+    """The markdown section for serve_overhead.md from one batching_bench result."""
+    seq, bat = rep["sequential_max_sequences_1"], rep["batched"]
+    rows = "\n".join(f"| {n} | {seq[n]['tok_per_s']} | {bat[n]['tok_per_s']} | {bat[n]['tok_per_s'] / seq[n]['tok_per_s']:.2f} |"
+                     for n in seq if n in bat)
+    return (f"{SECTION}: N concurrent streams, batched vs one sequence at a time (`batching_bench.py`)\n\n"
+            f"{os.path.basename(rep['model'])}, --threads {rep['threads']}, {rep['tokens_per_request']} greedy tokens per "
+            f"request (end-of-sequence ids banned), load average {' / '.join(rep['loadavg'])}. Aggregate tok/s of "
+            f"`hearth serve --max-sequences 1` (requests run one after another) and of `--max-sequences N`.\n\n"
+            "| N | one at a time tok/s | batched tok/s | ratio |\n|---:|---:|---:|---:|\n" + rows + "\n")
+
+
+def write_results(rep):
+    base = os.path.join(REPO, "bench", "results", "serve_overhead")
+    try:
+        with open(base + ".json") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        doc = {}
+    doc["batching"] = rep
+    with open(base + ".json", "w") as f:
+        json.dump(doc, f, indent=1)
+    try:
+        md = open(base + ".md").read()
+    except FileNotFoundError:
+        md = "# hearth serve: per-token overhead and hearth vs mlx_lm.server\n"
+    at = md.find(SECTION)
+    if at >= 0:  # replace the old section, up to the next "## " heading
+        nxt = md.find("\n## ", at + len(SECTION))
+        md = md[:at] + section_md(rep) + (md[nxt:] if nxt >= 0 else "")
+    else:
+        at = md.find("\n## Notes")
+        md = (md[:at + 1] + section_md(rep) + "\n" + md[at + 1:]) if at >= 0 else md.rstrip("\n") + "\n\n" + section_md(rep)
+    with open(base + ".md", "w") as f:
+        f.write(md)
 
 
 if __name__ == "__main__":

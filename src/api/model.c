@@ -5,6 +5,7 @@
 #include "base/err.h"
 #include "base/file.h"
 #include "base/sbuf.h"
+#include "io/json_text.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,9 +16,11 @@ static json_t *load_json_file(const char *dir, const char *name, hearth_status *
     char *path = path_join(dir, name);
     json_t *j = NULL;
     *st = HEARTH_OK;
-    if (path && file_exists(path)) {
+    char *text = NULL;
+    size_t len = 0;
+    if (path && file_exists(path) && (*st = file_read_all(path, &text, &len, err)) == HEARTH_OK) {
         json_error_t je;
-        j = json_load_file(path, JSON_DECODE_ANY, &je);
+        j = json_loadb_big_ints(text, len, JSON_DECODE_ANY, &je);
         if (!j) *st = err_set(err, HEARTH_ERR_FORMAT, "%s: invalid JSON at line %d: %s", path, je.line, je.text);
         else if (!json_is_object(j)) {
             json_decref(j);
@@ -25,6 +28,7 @@ static json_t *load_json_file(const char *dir, const char *name, hearth_status *
             *st = err_set(err, HEARTH_ERR_FORMAT, "%s: expected a JSON object", path);
         }
     }
+    free(text);
     free(path);
     return j;
 }

@@ -1,6 +1,7 @@
 /* generate.c: `hearth generate`: one prompt, streamed to stdout as it is produced
  * (stdout carries only the generated text); timings and memory go to stderr. */
 #include "cli/cli.h"
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,23 @@ static int build_prompt(hearth_model *m, const char *prompt, const char *system,
     hearth_status st = hearth_tokenize(m, text ? text : prompt, strlen(text ? text : prompt), add_special, ids, n, &err);
     hearth_free(text);
     return st ? cli_fail(&err) : 0;
+}
+
+/* Whether --prompt-cache-file can be written (the file, or a new file in its folder),
+ * checked before the model loads so that a typo fails at once, not after generating;
+ * prints the CLI's error naming the file when not. */
+static int cache_file_writable(const char *path) {
+    if (access(path, F_OK) == 0) {
+        if (access(path, R_OK | W_OK) == 0) return 1;
+    } else {
+        const char *slash = strrchr(path, '/');
+        char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+        int ok = dir && access(dir, W_OK | X_OK) == 0;
+        free(dir);
+        if (ok) return 1;
+    }
+    fprintf(stderr, "hearth: %s: %s (the prompt cache file cannot be written there)\n", path, strerror(errno));
+    return 0;
 }
 
 /* hearth_generate, through a saved KV file when one is named: the longest prefix of the
@@ -123,6 +141,7 @@ int cli_generate(int argc, char **argv) {
         return cli_usage_error(gen_usage, "--max-tokens must be between 1 and 1000000 (got %s)", "that");
     if (!!schema_file + !!grammar_file + !!regex + json_object > 1)
         return cli_usage_error(gen_usage, "%s", "--json-schema, --json, --grammar and --regex exclude each other");
+    if (cache_file && !cache_file_writable(cache_file)) return 1;
     /* the constraint's source, checked before the model loads: an error names the file */
     char *source = NULL;
     const char *source_file = schema_file ? schema_file : grammar_file;

@@ -4,6 +4,7 @@
  * Model, normalizer, pre-tokenizer and decoder details live in tok_*.c. */
 #include "base/file.h"
 #include "tok/tok_internal.h"
+#include "io/json_text.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -291,7 +292,7 @@ hearth_status tok_load_hf_json(const char *json, size_t len, const char *config_
     json_error_t je;
     json_t *root = json_loadb(json, len, 0, &je);
     if (!root) return err_set(err, HEARTH_ERR_FORMAT, "%s: invalid JSON at line %d: %s", fname, je.line, je.text);
-    json_t *cfg = config_json ? json_loads(config_json, 0, &je) : NULL; /* a broken config is ignored */
+    json_t *cfg = config_json ? json_loadb_big_ints(config_json, strlen(config_json), 0, &je) : NULL; /* a broken config is ignored */
     hearth_status st = HEARTH_OK;
     tok_tokenizer *t = tok_alloc();
     if (!t) { st = err_set(err, HEARTH_ERR_NOMEM, "out of memory"); goto done; }

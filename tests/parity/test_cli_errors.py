@@ -44,6 +44,8 @@ MISSING_FILES = [
     (["generate", MODEL, "hi", "--json-schema", "nope.json"], "nope.json", ENOENT),
     (["generate", MODEL, "hi", "--grammar", "nope.gbnf"], "nope.gbnf", ENOENT),
     (["generate", MODEL, "hi", "--adapter-path", "nope-adapter"], "nope-adapter", NO_ADAPTER),
+    # checked before the model loads and generates (it was reported only after the text)
+    (["generate", MODEL, "hi", "--prompt-cache-file", "/nonexistent-dir/p.hkv"], "/nonexistent-dir/p.hkv", ENOENT),
     (["trace", MODEL, "--ids", "[1,2,3,4]", "--adapter-path", "nope-adapter"], "nope-adapter", NO_ADAPTER),
     (["serve", "--model", MODEL, "--adapter-path", "nope-adapter", "--port", "0"], "nope-adapter", NO_ADAPTER),
     (["serve", "--model", MODEL, "--draft-model", "nope.gguf", "--port", "0"], "nope.gguf", MISSING_MODEL),

@@ -82,11 +82,5 @@ with mock.patch.dict(sys.modules, fake):
     from transformers import AutoTokenizer
     with mock.patch.object(mg, "is_torch_available", lambda: True):
         tok = AutoTokenizer.from_pretrained(os.path.dirname(GGUF), gguf_file=os.path.basename(GGUF))
-tok.save_pretrained(OUT)
-# transformers writes model_max_length 1e30 when the GGUF has none: an integer hearth's JSON
-# reader (jansson, 64-bit) refuses; the model's context length is what it means
-tc_path = os.path.join(OUT, "tokenizer_config.json")
-tc = json.load(open(tc_path))
-tc["model_max_length"] = cfg["max_position_embeddings"]
-json.dump(tc, open(tc_path, "w"), indent=2)
+tok.save_pretrained(OUT)  # model_max_length int(1e30): hearth reads it as Python does
 print(f"wrote {OUT}: {sum(int(np.prod(v.shape)) for v in out.values()) / 1e6:.1f}M parameters")

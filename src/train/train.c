@@ -387,12 +387,13 @@ static void swap_slot(trainer *t) {
     f = t->dh, t->dh = t->dh2, t->dh2 = f;
 }
 
-/* Forward of ids[0..n) with every target row counted (dh then holds each row's own
- * gradient); *resp: the cross-entropy summed over the response's rows (targets at
- * offset..n-1), *all: over every row. */
-static void seq_forward(trainer *t, const int32_t *ids, int n, int offset, double *resp, double *all) {
+/* Forward of ids[0..n) with the response's target rows (targets at offset..n-1), or every
+ * row when all_rows, counted: dh then holds each counted row's own gradient (0 for the
+ * others); *resp: the cross-entropy summed over the response's rows, *all: over every
+ * counted row. */
+static void seq_forward(trainer *t, const int32_t *ids, int n, int offset, int all_rows, double *resp, double *all) {
     int T = n - 1;
-    for (int i = 0; i < T; i++) t->targets[i] = ids[i + 1], t->weight[i] = 1.0f;
+    for (int i = 0; i < T; i++) t->targets[i] = ids[i + 1], t->weight[i] = all_rows || i + 1 >= offset ? 1.0f : 0.0f;
     forward(t, ids, T);
     *resp = *all = 0;
     for (int i = 0; i < T; i++) {
@@ -436,14 +437,14 @@ static void pref_batch(trainer *t, tr_dataset *d, const int *idx, int bs, int ma
         double rc, rr, all_c, all_r;
         if (!orpo && !e->has_ref) {
             t->lora_off = 1;
-            seq_forward(t, e->ids, nc, off, &rc, &all_c);
-            seq_forward(t, e->ids2, nr, off, &rr, &all_r);
+            seq_forward(t, e->ids, nc, off, 0, &rc, &all_c);
+            seq_forward(t, e->ids2, nr, off, 0, &rr, &all_r);
             t->lora_off = 0;
             e->ref_chosen = -rc, e->ref_rejected = -rr, e->has_ref = 1;
         }
-        seq_forward(t, e->ids, nc, off, &rc, &all_c);
+        seq_forward(t, e->ids, nc, off, orpo, &rc, &all_c); /* orpo's NLL counts every chosen row */
         swap_slot(t);
-        seq_forward(t, e->ids2, nr, off, &rr, &all_r);
+        seq_forward(t, e->ids2, nr, off, 0, &rr, &all_r);
         ps->tokens += nc - 1 + nr - 1;
         double wc, wr, wc_all = 0, reward_c, reward_r;
         if (!orpo) {

@@ -493,24 +493,32 @@ hearth_status hearth_fuse(const char *model, const char *adapter_path, const cha
 
 /* ---- training ------------------------------------------------------------ */
 
-/* hearth train: LoRA supervised fine-tuning on the CPU in float32, following mlx_lm.lora
- * (its flags, defaults, data formats, batching and data order, Adam, adapter files). */
+/* hearth train: LoRA fine-tuning on the CPU in float32: supervised (sft, following
+ * mlx_lm.lora: its flags, defaults, data formats, batching and data order, Adam, adapter
+ * files) or on preference pairs (dpo, orpo: the losses of TRL's DPOTrainer and
+ * ORPOTrainer, the same data order and Adam). */
 typedef struct hearth_train_options {
     const char *data;                /* folder with train.jsonl (valid.jsonl optional) */
-    const char *method;              /* "sft" (NULL: sft); "dpo" / "orpo" are not built yet */
+    const char *method;              /* "sft", "dpo" or "orpo"; NULL: orpo for preference data, else sft */
     const char *adapter_path;        /* output folder (NULL: "adapters") */
     const char *resume_adapter_file; /* initial LoRA weights (safetensors) or NULL */
+    /* 0 (learning_rate, lora_scale: < 0): the method's default (hearth_train_defaults) */
     int iters, batch_size, lora_rank, num_layers, max_seq_length;
     int steps_per_report, steps_per_eval, save_every, val_batches;
-    int mask_prompt;                 /* 1: the prompt's tokens are not targets */
+    int mask_prompt;                 /* 1: the prompt's tokens are not targets (sft) */
     int threads;                     /* 0: every core */
     double learning_rate, lora_scale;
+    double beta;                     /* dpo: the sigmoid loss's beta (0.1) */
+    double orpo_lambda;              /* orpo: the odds-ratio term's weight (0.1) */
     unsigned long long seed;
     /* called with each metrics.jsonl line as it is written (NULL: none) */
     void (*on_metrics)(void *ctx, const char *json_line);
     void *ctx;
 } hearth_train_options;
-/* mlx_lm.lora 0.32.2's defaults (iters 1000, batch 4, lr 1e-5, rank 8, scale 20, 16 layers, ...). */
+/* Method defaults, resolved once the method is known: sft takes mlx_lm.lora 0.32.2's (iters
+ * 1000, batch 4, lr 1e-5, rank 8, scale 20, sequences 2048); dpo and orpo the seed
+ * product's (iters 100, batch 1, lr dpo 5e-5 / orpo 1e-5, rank dpo 8 / orpo 16, scale dpo
+ * 1 / orpo 2, sequences 4096). Both: 16 layers, seed 0, beta and lambda 0.1. */
 void hearth_train_defaults(hearth_train_options *o);
 /* Trains LoRA adapters on the attention and MLP projections of the last num_layers layers
  * (-1: all) of model (llama or qwen3 family; float or quantized base, dequantized to

@@ -1,5 +1,6 @@
-/* train.c: `hearth train`: mlx_lm.lora's verb (LoRA SFT on the CPU): flags, defaults and
- * progress lines as mlx_lm.lora has them; hearth_train does the work. */
+/* train.c: `hearth train`: mlx_lm.lora's verb (LoRA SFT on the CPU; flags, defaults and
+ * progress lines as mlx_lm.lora has them) plus preference training (--method dpo|orpo);
+ * hearth_train does the work. */
 #include "cli/cli.h"
 #include <jansson.h>
 #include <stdio.h>
@@ -7,17 +8,30 @@
 #include <string.h>
 
 static const char *train_usage =
-    "hearth train <model> --data <dir> [--method sft] [--iters 1000] [--batch-size 4]\n"
-    "  [--learning-rate 1e-5] [--lora-rank 8] [--lora-scale 20] [--num-layers 16] [--max-seq-length 2048]\n"
-    "  [--seed 0] [--adapter-path adapters] [--resume-adapter-file F] [--steps-per-report 10]\n"
-    "  [--steps-per-eval 200] [--val-batches 25] [--save-every 100] [--mask-prompt] [--threads N]\n"
-    "  (mlx_lm.lora's --model M and --train work too)";
+    "hearth train <model> --data <dir> [--method sft|dpo|orpo] [--iters N] [--batch-size N]\n"
+    "  [--learning-rate X] [--lora-rank N] [--lora-scale X] [--num-layers 16] [--max-seq-length N]\n"
+    "  [--beta 0.1] [--lambda 0.1] [--seed 0] [--adapter-path adapters] [--resume-adapter-file F]\n"
+    "  [--steps-per-report 10] [--steps-per-eval 200] [--val-batches 25] [--save-every 100] [--mask-prompt]\n"
+    "  [--threads N]  (mlx_lm.lora's --model M and --train work too)\n"
+    "  method: orpo for prompt/chosen/rejected data, else sft. Defaults: sft iters 1000, batch 4, lr 1e-5,\n"
+    "  rank 8, scale 20, seq 2048; dpo/orpo iters 100, batch 1, lr 5e-5/1e-5, rank 8/16, scale 1/2, seq 4096";
 
 static void on_metrics(void *ctx, const char *line) {
     json_t *j = json_loads(line, 0, NULL);
     if (!j) return;
     int step = (int)json_integer_value(json_object_get(j, "step"));
-    if (json_object_get(j, "val_loss"))
+    if (json_object_get(j, "rewards/chosen") && json_object_get(j, "loss"))
+        printf("Iter %d: Train loss %.3f, Chosen reward %.3f, Rejected reward %.3f, Accuracy %.3f, Margin %.3f, "
+               "Learning Rate %.3e, It/sec %.3f, Tokens/sec %.3f, Peak mem %.3f GB\n",
+               step, json_real_value(json_object_get(j, "loss")), json_real_value(json_object_get(j, "rewards/chosen")),
+               json_real_value(json_object_get(j, "rewards/rejected")),
+               json_real_value(json_object_get(j, "rewards/accuracies")),
+               json_real_value(json_object_get(j, "rewards/margins")),
+               json_real_value(json_object_get(j, "learning_rate")),
+               json_real_value(json_object_get(j, "iterations_per_second")),
+               json_real_value(json_object_get(j, "tokens_per_second")),
+               json_real_value(json_object_get(j, "peak_memory_gb")));
+    else if (json_object_get(j, "val_loss"))
         printf("Iter %d: Val loss %.3f, Val took %.3fs\n", step, json_real_value(json_object_get(j, "val_loss")),
                json_real_value(json_object_get(j, "val_time")));
     else
@@ -93,6 +107,8 @@ int cli_train(int argc, char **argv) {
             o.seed = (unsigned long long)s;
         } else if (!strcmp(a, "--learning-rate")) bad = real_flag(a, v, &o.learning_rate);
         else if (!strcmp(a, "--lora-scale")) bad = real_flag(a, v, &o.lora_scale);
+        else if (!strcmp(a, "--beta")) bad = real_flag(a, v, &o.beta);
+        else if (!strcmp(a, "--lambda")) bad = real_flag(a, v, &o.orpo_lambda);
         else used = 0;
         if (bad) return 2;
         if (used) {

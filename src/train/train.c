@@ -38,7 +38,7 @@ typedef struct tlayer {
     int64_t n[N_P], k[N_P];
     tr_lora lora[N_P];
     int has_lora;
-    acts s;
+    acts s, s2; /* s2: the second sequence of a preference pair (dpo, orpo) */
 } tlayer;
 
 typedef struct trainer {
@@ -52,6 +52,8 @@ typedef struct trainer {
     float **owned;
     int n_owned;
     acts shared; /* the activations of layers below the LoRA ones: not kept */
+    int lora_off, pref; /* lora_off: the frozen base alone (dpo's reference); pref: two activation slots */
+    float *xf2, *hf2, *rstdf2, *dh2, *ce; /* the second slot's final-norm activations; per-row ce */
     float *x, *tmp, *xf, *hf, *rstdf, *dx, *dtmp, *dmm, *dg, *du, *dq, *dk, *dv, *dql, *dkl, *da, *dh, *xent_scratch,
         *lin_scratch, *weight;
     int32_t *targets;
@@ -167,7 +169,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                 for (int64_t i = 0; i < K * t->r; i++) lo->a[i] = (float)((2 * uniform01(&rng) - 1) * bound);
                 t->n_params += (size_t)(K * t->r + t->r * N);
             }
-            if (alloc_acts(t, &y->s)) return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
+            if (alloc_acts(t, &y->s) || (t->pref && alloc_acts(t, &y->s2)))
+                return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
         }
     }
     if (t->first_lora > 0 && alloc_acts(t, &t->shared))
@@ -184,6 +187,9 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         !(t->dv = falloc(t, (size_t)(T * kd))) || !(t->dql = falloc(t, (size_t)(T * qd))) ||
         !(t->dkl = falloc(t, (size_t)(T * kd))) || !(t->da = falloc(t, (size_t)(T * qd))) ||
         !(t->dh = falloc(t, (size_t)(T * D))) || !(t->weight = falloc(t, (size_t)T)) ||
+        !(t->ce = falloc(t, (size_t)T)) ||
+        (t->pref && (!(t->xf2 = falloc(t, (size_t)(T * D))) || !(t->hf2 = falloc(t, (size_t)(T * D))) ||
+                     !(t->rstdf2 = falloc(t, (size_t)T)) || !(t->dh2 = falloc(t, (size_t)(T * D))))) ||
         !(t->lin_scratch = falloc(t, (size_t)(T * t->r))) ||
         !(t->xent_scratch = falloc(t, (size_t)TR_XENT_ROWS * (size_t)(t->V + 2 * D))) ||
         !(t->adam_m = falloc(t, t->n_params)) || !(t->adam_v = falloc(t, t->n_params)) ||
@@ -257,7 +263,7 @@ static double forward(trainer *t, const int32_t *ids, int64_t T) {
     for (int l = 0; l < t->L; l++) {
         tlayer *y = &t->layers[l];
         acts *s = y->has_lora ? &y->s : &t->shared;
-        const tr_lora *lo = y->has_lora ? y->lora : NULL;
+        const tr_lora *lo = y->has_lora && !t->lora_off ? y->lora : NULL;
 #define LORA(p) (lo ? &lo[p] : NULL)
         memcpy(s->x_in, t->x, sizeof(float) * (size_t)(T * D));
         tr_rmsnorm_fwd(t->x, T, D, y->attn_norm, t->eps, s->h1, s->rstd1);
@@ -284,7 +290,7 @@ static double forward(trainer *t, const int32_t *ids, int64_t T) {
     }
     memcpy(t->xf, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->xf, T, D, t->final_norm, t->eps, t->hf, t->rstdf);
-    return tr_xent(t->tp, t->hf, T, D, t->lm_head, t->V, t->targets, t->weight, t->dh, t->xent_scratch);
+    return tr_xent(t->tp, t->hf, T, D, t->lm_head, t->V, t->targets, t->weight, t->dh, t->ce, t->xent_scratch);
 }
 
 /* Backward from t->dh down to the lowest LoRA layer, adding to every LoRA gradient. */
@@ -361,6 +367,114 @@ static double run_batch(trainer *t, const tr_dataset *d, const int *idx, int bs,
     }
     *ntoks = total;
     return loss;
+}
+
+/* ---- preference training (dpo, orpo), as TRL's DPOTrainer and ORPOTrainer define them ----
+ * Each sequence of a pair runs alone (no padding): its T = n - 1 inputs predict ids[1..n).
+ * The chosen sequence's activations stay in one slot while the rejected one runs in the
+ * other; once both log-probs are known the loss's gradient wrt each row's cross-entropy is
+ * a number per row, so each slot's dh rows are scaled by it and both run backward. */
+
+static void swap_slot(trainer *t) {
+    for (int l = t->first_lora; l < t->L; l++) {
+        acts a = t->layers[l].s;
+        t->layers[l].s = t->layers[l].s2, t->layers[l].s2 = a;
+    }
+    float *f;
+    f = t->xf, t->xf = t->xf2, t->xf2 = f;
+    f = t->hf, t->hf = t->hf2, t->hf2 = f;
+    f = t->rstdf, t->rstdf = t->rstdf2, t->rstdf2 = f;
+    f = t->dh, t->dh = t->dh2, t->dh2 = f;
+}
+
+/* Forward of ids[0..n) with the response's target rows (targets at offset..n-1), or every
+ * row when all_rows, counted: dh then holds each counted row's own gradient (0 for the
+ * others); *resp: the cross-entropy summed over the response's rows, *all: over every
+ * counted row. */
+static void seq_forward(trainer *t, const int32_t *ids, int n, int offset, int all_rows, double *resp, double *all) {
+    int T = n - 1;
+    for (int i = 0; i < T; i++) t->targets[i] = ids[i + 1], t->weight[i] = all_rows || i + 1 >= offset ? 1.0f : 0.0f;
+    forward(t, ids, T);
+    *resp = *all = 0;
+    for (int i = 0; i < T; i++) {
+        *all += t->ce[i];
+        if (i + 1 >= offset) *resp += t->ce[i];
+    }
+}
+
+/* Scales the current slot's dh rows (T = n - 1 of them) by the loss's gradient wrt each
+ * row's cross-entropy (w_all on every row, w_resp more on the response's) and runs backward. */
+static void seq_backward(trainer *t, int n, int offset, double w_all, double w_resp) {
+    int64_t T = n - 1, D = t->D;
+    for (int64_t i = 0; i < T; i++) {
+        float w = (float)(w_all + (i + 1 >= offset ? w_resp : 0));
+        for (int64_t k = 0; k < D; k++) t->dh[i * D + k] *= w;
+    }
+    backward(t, T);
+}
+
+static double softplus(double x) { return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x)); }
+
+typedef struct pref_stats {
+    double loss, reward_c, reward_r, accuracy, margin, logp_c, logp_r, nll, log_odds_ratio, log_odds_chosen;
+    long long tokens;
+} pref_stats;
+
+/* One batch of bs pairs (examples idx[0..bs)): the loss (DPO: mean over pairs of
+ * -log sigmoid(beta ((c - r) - (ref_c - ref_r))) with c, r the summed response log-probs;
+ * ORPO: the chosen sequences' mean cross-entropy over every target token of the batch
+ * minus lambda times the mean of log sigmoid(log odds ratio) of the mean response
+ * log-probs) and TRL's batch metrics; with train, adds the gradients. The reference's
+ * log-probs (dpo) come from the same weights with the LoRA pairs off, once per example. */
+static void pref_batch(trainer *t, tr_dataset *d, const int *idx, int bs, int max_seq, int orpo, double beta,
+                       int train, pref_stats *ps) {
+    memset(ps, 0, sizeof *ps);
+    long long nll_rows = 0;
+    for (int b = 0; b < bs; b++) nll_rows += (d->ex[idx[b]].n < max_seq ? d->ex[idx[b]].n : max_seq) - 1;
+    for (int b = 0; b < bs; b++) {
+        tr_example *e = &d->ex[idx[b]];
+        int nc = e->n < max_seq ? e->n : max_seq, nr = e->n2 < max_seq ? e->n2 : max_seq, off = e->offset;
+        double rc, rr, all_c, all_r;
+        if (!orpo && !e->has_ref) {
+            t->lora_off = 1;
+            seq_forward(t, e->ids, nc, off, 0, &rc, &all_c);
+            seq_forward(t, e->ids2, nr, off, 0, &rr, &all_r);
+            t->lora_off = 0;
+            e->ref_chosen = -rc, e->ref_rejected = -rr, e->has_ref = 1;
+        }
+        seq_forward(t, e->ids, nc, off, orpo, &rc, &all_c); /* orpo's NLL counts every chosen row */
+        swap_slot(t);
+        seq_forward(t, e->ids2, nr, off, 0, &rr, &all_r);
+        ps->tokens += nc - 1 + nr - 1;
+        double wc, wr, wc_all = 0, reward_c, reward_r;
+        if (!orpo) {
+            double lc = -rc, lr = -rr, z = beta * ((lc - lr) - (e->ref_chosen - e->ref_rejected));
+            double g = beta / (1 + exp(z)) / bs; /* -dL/d(lc) = dL/d(ce of a chosen response row) */
+            ps->loss += softplus(-z) / bs;
+            wc = g, wr = -g;
+            reward_c = beta * (lc - e->ref_chosen), reward_r = beta * (lr - e->ref_rejected);
+            ps->logp_c += lc / bs, ps->logp_r += lr / bs;
+        } else {
+            int kc = nc - (off > 0 ? off : 1), kr = nr - (off > 0 ? off : 1); /* response rows */
+            double mc = -rc / kc, mr = -rr / kr;             /* mean response log-probs */
+            double oc = -expm1(mc), orr = -expm1(mr);         /* 1 - p */
+            double lo = (mc - mr) - (log(oc) - log(orr)), ratio = -softplus(-lo);
+            double dlo = -beta / (1 + exp(lo)) / bs;          /* dL/d(log odds) */
+            ps->loss += all_c / (double)nll_rows - beta * ratio / bs;
+            ps->nll += all_c / (double)nll_rows;
+            ps->log_odds_ratio += ratio / bs, ps->log_odds_chosen += lo / bs;
+            wc_all = 1.0 / (double)nll_rows;
+            wc = -dlo / oc / kc; /* dL/dmc = dlo / (1 - p_c); dmc/dce = -1/kc */
+            wr = dlo / orr / kr;  /* dL/dmr = -dlo / (1 - p_r); dmr/dce = -1/kr */
+            reward_c = beta * mc, reward_r = beta * mr;
+            ps->logp_c += mc / bs, ps->logp_r += mr / bs;
+        }
+        ps->reward_c += reward_c / bs, ps->reward_r += reward_r / bs, ps->margin += (reward_c - reward_r) / bs;
+        ps->accuracy += (reward_c > reward_r) / (double)bs;
+        if (train) seq_backward(t, nr, off, 0, wr);
+        swap_slot(t);
+        if (train) seq_backward(t, nc, off, wc_all, wc);
+    }
 }
 
 static void zero_grads(trainer *t) {
@@ -452,6 +566,8 @@ static hearth_status write_config(const char *model, const hearth_train_options 
     json_object_set_new(j, "resume_adapter_file",
                         o->resume_adapter_file ? json_string(o->resume_adapter_file) : json_null());
     json_object_set_new(j, "method", json_string(o->method ? o->method : "sft"));
+    if (o->method && !strcmp(o->method, "dpo")) json_object_set_new(j, "beta", json_real(o->beta));
+    if (o->method && !strcmp(o->method, "orpo")) json_object_set_new(j, "lambda", json_real(o->orpo_lambda));
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     int bad = json_dump_file(j, path, JSON_INDENT(4) | JSON_SORT_KEYS);
@@ -477,10 +593,19 @@ static void emit(FILE *metrics, const hearth_train_options *o, json_t *j) {
 }
 
 void hearth_train_defaults(hearth_train_options *o) {
-    *o = (hearth_train_options){.method = "sft", .adapter_path = "adapters", .iters = 1000, .batch_size = 4,
-                                .lora_rank = 8, .num_layers = 16, .max_seq_length = 2048, .steps_per_report = 10,
-                                .steps_per_eval = 200, .save_every = 100, .val_batches = 25,
-                                .learning_rate = 1e-5, .lora_scale = 20.0, .seed = 0};
+    *o = (hearth_train_options){.adapter_path = "adapters", .num_layers = 16, .steps_per_report = 10,
+                                .steps_per_eval = 200, .save_every = 100, .val_batches = 25, .learning_rate = -1,
+                                .lora_scale = -1, .beta = 0.1, .orpo_lambda = 0.1, .seed = 0};
+}
+
+/* The method's defaults for what o leaves unset (hearth_train_defaults). */
+static void resolve_defaults(hearth_train_options *o, int pref, int orpo) {
+    if (!o->iters) o->iters = pref ? 100 : 1000;
+    if (!o->batch_size) o->batch_size = pref ? 1 : 4;
+    if (!o->lora_rank) o->lora_rank = orpo ? 16 : 8;
+    if (!o->max_seq_length) o->max_seq_length = pref ? 4096 : 2048;
+    if (o->learning_rate < 0) o->learning_rate = !pref ? 1e-5 : orpo ? 1e-5 : 5e-5;
+    if (o->lora_scale < 0) o->lora_scale = !pref ? 20.0 : orpo ? 2.0 : 1.0;
 }
 
 static double val_loss(trainer *t, const tr_dataset *vd, const int *vidx, int n_vb, tr_mt *rng,
@@ -497,24 +622,41 @@ static double val_loss(trainer *t, const tr_dataset *vd, const int *vidx, int n_
     return toks ? sum / (double)toks : 0;
 }
 
-hearth_status hearth_train(const char *model_name, const hearth_train_options *o, hearth_error *err) {
-    const char *method = o->method ? o->method : "sft";
-    if (!strcmp(method, "dpo") || !strcmp(method, "orpo"))
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "--method %s is not built yet (only sft)", method);
-    if (strcmp(method, "sft"))
-        return err_set(err, HEARTH_ERR_INVALID, "--method %s: unknown (sft; dpo and orpo are not built yet)", method);
-    if (!o->data) return err_set(err, HEARTH_ERR_INVALID, "need --data <dir> (with train.jsonl)");
-    if (o->iters < 1 || o->batch_size < 1 || o->lora_rank < 1 || o->max_seq_length < 2 || o->steps_per_report < 1 ||
-        o->save_every < 1 || o->steps_per_eval < 1 || o->num_layers == 0 || o->num_layers < -1 ||
-        !(o->learning_rate >= 0))
-        return err_set(err, HEARTH_ERR_INVALID,
-                       "--iters, --batch-size, --lora-rank, --steps-per-report, --steps-per-eval and --save-every "
-                       "must be at least 1, --max-seq-length at least 2, --num-layers positive or -1");
-    const char *dir = o->adapter_path ? o->adapter_path : "adapters";
+/* the preference methods' validation loss: the mean of the batches' losses, the batches
+ * drawn as for sft */
+static double pref_val_loss(trainer *t, tr_dataset *vd, const int *vidx, int n_vb, tr_mt *rng,
+                            const hearth_train_options *o, int orpo, double beta, int *perm) {
+    tr_mt_permutation(rng, perm, n_vb);
+    int nb = o->val_batches < 0 || o->val_batches > n_vb ? n_vb : o->val_batches;
+    double sum = 0;
+    for (int b = 0; b < nb; b++) {
+        pref_stats ps;
+        pref_batch(t, vd, vidx + perm[b] * o->batch_size, o->batch_size, o->max_seq_length, orpo, beta, 0, &ps);
+        sum += ps.loss;
+    }
+    return nb ? sum / nb : 0;
+}
+
+/* every pair keeps at least one response token within max_seq tokens */
+static hearth_status check_pairs(const tr_dataset *d, int max_seq, const char *path, hearth_error *err) {
+    for (int i = 0; i < d->n; i++) {
+        const tr_example *e = &d->ex[i];
+        int first = e->offset > 0 ? e->offset : 1;
+        if ((e->n < max_seq ? e->n : max_seq) <= first || (e->n2 < max_seq ? e->n2 : max_seq) <= first)
+            return err_set(err, HEARTH_ERR_INVALID, "%s:%d: no response token%s (the prompt has %d tokens)", path,
+                           i + 1, e->n > max_seq || e->n2 > max_seq ? " within --max-seq-length" : "", e->offset);
+    }
+    return HEARTH_OK;
+}
+
+hearth_status hearth_train(const char *model_name, const hearth_train_options *opts, hearth_error *err) {
+    const char *method = opts->method;
+    if (method && strcmp(method, "sft") && strcmp(method, "dpo") && strcmp(method, "orpo"))
+        return err_set(err, HEARTH_ERR_INVALID, "--method %s: unknown (sft, dpo or orpo)", method);
+    if (!opts->data) return err_set(err, HEARTH_ERR_INVALID, "need --data <dir> (with train.jsonl)");
+    hearth_train_options ro = *opts, *o = &ro;
     trainer t = {0};
     tr_dataset td = {0}, vd = {0};
-    int *idx = NULL, *vidx = NULL, *perm = NULL, *vperm = NULL, nb = 0, n_vb = 0;
-    FILE *metrics = NULL;
     char path[4096];
     hearth_status st = hearth_model_open(model_name, &t.hm, err);
     if (!st) {
@@ -525,11 +667,46 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
         snprintf(path, sizeof path, "%s/valid.jsonl", o->data);
         st = tr_dataset_load(t.hm, path, 1, o->mask_prompt, &vd, err);
     }
+    if (!st && !method) method = td.pref ? "orpo" : "sft";
+    int pref = method && strcmp(method, "sft"), orpo = method && !strcmp(method, "orpo");
+    if (!st && pref != td.pref)
+        st = err_set(err, HEARTH_ERR_INVALID,
+                     pref ? "--method %s needs preference data: %s/train.jsonl lines with \"prompt\", \"chosen\" and "
+                            "\"rejected\""
+                          : "--method %s trains on \"text\", \"prompt\"/\"completion\" or \"messages\" data; "
+                            "%s/train.jsonl holds preference pairs (--method dpo or orpo)",
+                     method, o->data);
+    if (!st && vd.n && vd.pref != td.pref)
+        st = err_set(err, HEARTH_ERR_INVALID, "%s/valid.jsonl and train.jsonl are not in the same kind of format",
+                     o->data);
+    if (!st) o->method = method;
+    resolve_defaults(o, pref, orpo);
+    double beta = orpo ? o->orpo_lambda : o->beta;
+    if (!st && (!(o->beta >= 0) || !(o->orpo_lambda >= 0)))
+        st = err_set(err, HEARTH_ERR_INVALID, "--beta and --lambda must be non-negative numbers");
+    if (!st && (o->iters < 1 || o->batch_size < 1 || o->lora_rank < 1 || o->max_seq_length < 2 || o->steps_per_report < 1 ||
+        o->save_every < 1 || o->steps_per_eval < 1 || o->num_layers == 0 || o->num_layers < -1 ||
+        !(o->learning_rate >= 0)))
+        st = err_set(err, HEARTH_ERR_INVALID,
+                     "--iters, --batch-size, --lora-rank, --steps-per-report, --steps-per-eval and --save-every "
+                     "must be at least 1, --max-seq-length at least 2, --num-layers positive or -1");
+    const char *dir = o->adapter_path ? o->adapter_path : "adapters";
+    int *idx = NULL, *vidx = NULL, *perm = NULL, *vperm = NULL, nb = 0, n_vb = 0;
+    FILE *metrics = NULL;
+    if (!st && pref) {
+        snprintf(path, sizeof path, "%s/train.jsonl", o->data);
+        st = check_pairs(&td, o->max_seq_length, path, err);
+        snprintf(path, sizeof path, "%s/valid.jsonl", o->data);
+        if (!st) st = check_pairs(&vd, o->max_seq_length, path, err);
+    }
     if (!st) st = tr_batches(&td, o->batch_size, "train.jsonl", &idx, &nb, err);
     if (!st && vd.n) st = tr_batches(&vd, o->batch_size, "valid.jsonl", &vidx, &n_vb, err);
     int longest = 0;
     for (int i = 0; i < td.n; i++) longest = td.ex[i].n > longest ? td.ex[i].n : longest;
     for (int i = 0; i < vd.n; i++) longest = vd.ex[i].n > longest ? vd.ex[i].n : longest;
+    for (int i = 0; pref && i < td.n; i++) longest = td.ex[i].n2 > longest ? td.ex[i].n2 : longest;
+    for (int i = 0; pref && i < vd.n; i++) longest = vd.ex[i].n2 > longest ? vd.ex[i].n2 : longest;
+    t.pref = pref;
     longest = longest < o->max_seq_length ? longest : o->max_seq_length;
     if (!st) st = open_trainer(&t, model_name, o, longest > 0 ? longest : 1, err);
     if (!st && o->resume_adapter_file) st = load_adapter_weights(&t, o->resume_adapter_file, err);
@@ -547,17 +724,29 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
     double losses = 0, train_time = 0;
     long long n_tokens = 0, trained = 0;
     int steps = 0;
+    pref_stats acc = {0};
     for (int it = 1; !st && it <= o->iters; it++) {
         if (pos == nb) tr_mt_permutation(&rng, perm, nb), pos = 0;
         double tic = now();
         if (vd.n && (it == 1 || it % o->steps_per_eval == 0 || it == o->iters)) {
-            double vl = val_loss(&t, &vd, vidx, n_vb, &rng, o, vperm);
+            double vl = pref ? pref_val_loss(&t, &vd, vidx, n_vb, &rng, o, orpo, beta, vperm)
+                             : val_loss(&t, &vd, vidx, n_vb, &rng, o, vperm);
             emit(metrics, o, json_pack("{s:i,s:f,s:f}", "step", it - 1, "val_loss", vl, "val_time", now() - tic));
             tic = now();
         }
         long long toks;
         zero_grads(&t);
-        double loss = run_batch(&t, &td, idx + perm[pos++] * o->batch_size, o->batch_size, o->max_seq_length, 1, &toks);
+        double loss;
+        if (pref) {
+            pref_stats ps;
+            pref_batch(&t, &td, idx + perm[pos++] * o->batch_size, o->batch_size, o->max_seq_length, orpo, beta, 1,
+                       &ps);
+            loss = ps.loss, toks = ps.tokens;
+            double *a = &acc.loss, *b = &ps.loss;
+            for (size_t k = 0; k < sizeof acc / sizeof(double) - 1; k++) a[k] += b[k];
+        } else {
+            loss = run_batch(&t, &td, idx + perm[pos++] * o->batch_size, o->batch_size, o->max_seq_length, 1, &toks);
+        }
         adam_step(&t, (float)o->learning_rate);
         losses += loss, n_tokens += toks, steps++;
         train_time += now() - tic;
@@ -565,11 +754,19 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
             hearth_process_memory pm;
             hearth_process_memory_get(&pm);
             trained += n_tokens;
-            emit(metrics, o,
-                 json_pack("{s:i,s:f,s:f,s:f,s:f,s:I,s:f}", "step", it, "loss", losses / steps, "learning_rate",
-                           (double)(float)o->learning_rate, "iterations_per_second", steps / train_time,
-                           "tokens_per_second", n_tokens / train_time, "trained_tokens", (json_int_t)trained,
-                           "peak_memory_gb", pm.peak_resident_bytes / 1e9));
+            json_t *j = json_pack("{s:i,s:f,s:f,s:f,s:f,s:I,s:f}", "step", it, "loss", losses / steps,
+                                  "learning_rate", (double)(float)o->learning_rate, "iterations_per_second",
+                                  steps / train_time, "tokens_per_second", n_tokens / train_time, "trained_tokens",
+                                  (json_int_t)trained, "peak_memory_gb", pm.peak_resident_bytes / 1e9);
+            if (pref) { /* TRL's names for its batch metrics, averaged over the report's steps */
+                static const char *const names[] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                                    "rewards/margins", "logps/chosen", "logps/rejected",
+                                                    "nll_loss", "log_odds_ratio", "log_odds_chosen"};
+                const double *a = &acc.reward_c;
+                for (int k = 0; k < (orpo ? 9 : 6); k++) json_object_set_new(j, names[k], json_real(a[k] / steps));
+                memset(&acc, 0, sizeof acc);
+            }
+            emit(metrics, o, j);
             losses = 0, n_tokens = 0, steps = 0, train_time = 0;
         }
         if (it % o->save_every == 0) {

@@ -11,17 +11,98 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { FMT_TEXT, FMT_COMPLETION, FMT_CHAT } tr_format;
+typedef enum { FMT_TEXT, FMT_COMPLETION, FMT_CHAT, FMT_PREF } tr_format;
+
+static hearth_status render_text(const hearth_model *m, json_t *messages, json_t *tools, int add_gen, char **text,
+                                 hearth_error *err) {
+    char *mj = json_dumps(messages, JSON_COMPACT), *tj = tools && !json_is_null(tools) ? json_dumps(tools, JSON_COMPACT) : NULL;
+    hearth_status st = mj ? hearth_chat_render(m, mj, tj, add_gen, NULL, text, err)
+                          : err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    free(mj), free(tj);
+    return st;
+}
 
 static hearth_status render_ids(const hearth_model *m, json_t *messages, json_t *tools, int add_gen, int32_t **ids,
                                 size_t *n, hearth_error *err) {
-    char *mj = json_dumps(messages, JSON_COMPACT), *tj = tools && !json_is_null(tools) ? json_dumps(tools, JSON_COMPACT) : NULL;
     char *text = NULL;
-    hearth_status st = mj ? hearth_chat_render(m, mj, tj, add_gen, NULL, &text, err)
-                          : err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    hearth_status st = render_text(m, messages, tools, add_gen, &text, err);
     /* transformers' apply_chat_template tokenizes the rendered text without adding specials */
     if (!st) st = hearth_tokenize(m, text, strlen(text), 0, ids, n, err);
-    free(mj), free(tj), hearth_free(text);
+    hearth_free(text);
+    return st;
+}
+
+/* prompt + response (+ EOS) as one sequence of ids, each part tokenized alone */
+static hearth_status pref_ids(const hearth_model *m, const char *prompt, const char *resp, int32_t eos, int32_t **out,
+                              int *n_out, int *n_prompt, hearth_error *err) {
+    int32_t *p = NULL, *r = NULL;
+    size_t pn = 0, rn = 0;
+    hearth_status st = hearth_tokenize(m, prompt, strlen(prompt), 0, &p, &pn, err);
+    if (!st) st = hearth_tokenize(m, resp, strlen(resp), 0, &r, &rn, err);
+    int32_t *ids = st ? NULL : malloc(sizeof(int32_t) * (pn + rn + 1));
+    if (!st && !ids) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    if (!st) {
+        if (pn) memcpy(ids, p, sizeof(int32_t) * pn);
+        if (rn) memcpy(ids + pn, r, sizeof(int32_t) * rn);
+        if (eos >= 0) ids[pn + rn++] = eos; /* TRL appends EOS to each response */
+        *out = ids, *n_out = (int)(pn + rn), *n_prompt = (int)pn;
+    }
+    hearth_free(p), hearth_free(r);
+    return st;
+}
+
+/* the text of a conversational response: the render of prompt + response minus the
+ * prompt's render with the generation prompt (TRL's maybe_apply_chat_template) */
+static hearth_status pref_response_text(const hearth_model *m, json_t *prompt, json_t *resp, json_t *tools,
+                                        const char *ptext, const char *key, char **out, const char *where,
+                                        hearth_error *err) {
+    json_t *all = json_array();
+    json_array_extend(all, prompt);
+    json_array_extend(all, resp);
+    char *full = NULL;
+    hearth_status st = render_text(m, all, tools, 0, &full, err);
+    json_decref(all);
+    if (st) return st;
+    size_t pl = strlen(ptext);
+    if (strncmp(full, ptext, pl))
+        st = err_set(err, HEARTH_ERR_FORMAT, "%s: the chat template's render of prompt + %s does not start with the "
+                     "prompt's render", where, key);
+    else if (!(*out = strdup(full + pl))) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    hearth_free(full);
+    return st;
+}
+
+static hearth_status pref_example(const hearth_model *m, json_t *j, int32_t eos, tr_example *ex, const char *where,
+                                  hearth_error *err) {
+    json_t *p = json_object_get(j, "prompt"), *c = json_object_get(j, "chosen"), *r = json_object_get(j, "rejected");
+    json_t *tools = json_object_get(j, "tools");
+    char *ptext = NULL, *ctext = NULL, *rtext = NULL;
+    hearth_status st = HEARTH_OK;
+    int keys = ex->keys;
+    if (json_is_string(p) && json_is_string(c) && json_is_string(r)) {
+        if (!(ptext = strdup(json_string_value(p))) || !(ctext = strdup(json_string_value(c))) ||
+            !(rtext = strdup(json_string_value(r))))
+            st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    } else if (json_is_array(p) && json_is_array(c) && json_is_array(r) && json_array_size(p) && json_array_size(c) &&
+               json_array_size(r)) {
+        char *rendered = NULL;
+        st = render_text(m, p, tools, 1, &rendered, err);
+        if (!st && !(ptext = strdup(rendered))) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+        hearth_free(rendered);
+        if (!st) st = pref_response_text(m, p, c, tools, ptext, "chosen", &ctext, where, err);
+        if (!st) st = pref_response_text(m, p, r, tools, ptext, "rejected", &rtext, where, err);
+        if (st && !err->message[0]) st = err_set(err, st, "%s: could not render the chat template", where);
+    } else {
+        st = err_set(err, HEARTH_ERR_FORMAT, "%s: \"prompt\", \"chosen\" and \"rejected\" must be all strings or all "
+                     "non-empty message lists", where);
+    }
+    int pn = 0, pn2 = 0;
+    *ex = (tr_example){.keys = keys};
+    if (!st) st = pref_ids(m, ptext, ctext, eos, &ex->ids, &ex->n, &pn, err);
+    if (!st) st = pref_ids(m, ptext, rtext, eos, &ex->ids2, &ex->n2, &pn2, err);
+    if (st) free(ex->ids), free(ex->ids2), ex->ids = ex->ids2 = NULL;
+    ex->offset = pn;
+    free(ptext), free(ctext), free(rtext);
     return st;
 }
 
@@ -31,6 +112,7 @@ static hearth_status example_of(const hearth_model *m, json_t *j, tr_format fmt,
     size_t n = 0;
     hearth_status st = HEARTH_OK;
     ex->keys = (int)json_object_size(j);
+    if (fmt == FMT_PREF) return pref_example(m, j, eos, ex, where, err);
     if (fmt == FMT_TEXT) {
         const char *text = json_string_value(json_object_get(j, "text"));
         if (!text) return err_set(err, HEARTH_ERR_FORMAT, "%s: \"text\" must be a string", where);
@@ -105,13 +187,15 @@ hearth_status tr_dataset_parse(const hearth_model *m, const char *buf, size_t le
             break;
         }
         if (out->n == 0) { /* the first line decides, as mlx-lm's create_dataset does */
-            if (json_object_get(j, "prompt") && json_object_get(j, "completion")) fmt = FMT_COMPLETION;
+            if (json_object_get(j, "chosen") && json_object_get(j, "rejected")) fmt = FMT_PREF;
+            else if (json_object_get(j, "prompt") && json_object_get(j, "completion")) fmt = FMT_COMPLETION;
             else if (json_object_get(j, "messages")) fmt = FMT_CHAT;
             else if (json_object_get(j, "text")) fmt = FMT_TEXT;
             else st = err_set(err, HEARTH_ERR_FORMAT,
                               "%s: unsupported data format: each line needs \"text\", \"prompt\" and "
-                              "\"completion\", or \"messages\"",
+                              "\"completion\", \"messages\", or \"prompt\", \"chosen\" and \"rejected\"",
                               where);
+            out->pref = fmt == FMT_PREF;
             if (!st && fmt == FMT_TEXT && mask_prompt)
                 st = err_set(err, HEARTH_ERR_INVALID, "%s: --mask-prompt needs prompt/completion or messages data", name);
         }
@@ -160,7 +244,7 @@ hearth_status tr_dataset_load(const hearth_model *m, const char *path, int optio
 }
 
 void tr_dataset_free(tr_dataset *d) {
-    for (int i = 0; d->ex && i < d->n; i++) hearth_free(d->ex[i].ids);
+    for (int i = 0; d->ex && i < d->n; i++) hearth_free(d->ex[i].ids), free(d->ex[i].ids2);
     free(d->ex);
     memset(d, 0, sizeof *d);
 }

@@ -5,21 +5,31 @@
 #include "hearth.h"
 #include <stdint.h>
 
-/* One example: its tokens and the offset of its first target token (mask_prompt). */
+/* One example: its tokens and the offset of its first target token (mask_prompt). A
+ * preference example (prompt / chosen / rejected) holds prompt + chosen in ids and
+ * prompt + rejected in ids2 (n2 tokens); offset is then the prompt's length in both. */
 typedef struct tr_example {
-    int32_t *ids;
-    int n, offset;
+    int32_t *ids, *ids2;
+    int n, n2, offset;
     int keys; /* how many keys its JSON object has: mlx-lm sorts examples by it */
+    int has_ref;          /* dpo: ref_chosen / ref_rejected (the frozen base's log-probs) are known */
+    double ref_chosen, ref_rejected;
 } tr_example;
 
 typedef struct tr_dataset {
     tr_example *ex;
     int n;
+    int pref; /* 1: prompt / chosen / rejected examples (dpo, orpo) */
 } tr_dataset;
 
-/* Reads path (JSONL: "text", "prompt"/"completion" or "messages" objects, the format
- * taken from the first line as mlx-lm does) and tokenizes each line with m's tokenizer
- * and chat template. A missing file gives an empty set when optional. */
+/* Reads path (JSONL: "text", "prompt"/"completion", "messages" or "prompt"/"chosen"/
+ * "rejected" objects, the format taken from the first line as mlx-lm does) and tokenizes
+ * each line with m's tokenizer and chat template. Preference rows are tokenized as TRL's
+ * DPOTrainer does: the prompt and each response separately without special tokens, EOS
+ * after each response; a conversational row (prompt, chosen and rejected message lists)
+ * is rendered with the chat template first (the prompt with the generation prompt, each
+ * response as the rest of the prompt + response render). A missing file gives an empty
+ * set when optional. */
 hearth_status tr_dataset_load(const hearth_model *m, const char *path, int optional, int mask_prompt,
                               tr_dataset *out, hearth_error *err);
 /* The same over the JSONL text buf (name: for messages); fuzzed by tests/fuzz/fuzz_train_data.c. */

@@ -350,11 +350,12 @@ void tr_silu_mul_bwd(const float *g, const float *u, const float *dh, int64_t n,
 /* ---- cross-entropy --------------------------------------------------------- */
 
 double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
-               const int32_t *targets, const float *weight, float *dh, float *scratch) {
+               const int32_t *targets, const float *weight, float *dh, float *ce, float *scratch) {
     float *z = scratch, *hc = scratch + (int64_t)TR_XENT_ROWS * V, *dc = hc + (int64_t)TR_XENT_ROWS * D;
     int64_t rows[TR_XENT_ROWS];
     double total = 0;
     memset(dh, 0, sizeof(float) * (size_t)(M * D));
+    if (ce) memset(ce, 0, sizeof(float) * (size_t)M);
     for (int64_t m0 = 0; m0 < M;) {
         int n = 0; /* the next rows that count, gathered */
         for (; m0 < M && n < TR_XENT_ROWS; m0++)
@@ -373,6 +374,7 @@ double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float
             float lse = mx + (float)log(sum), wt = weight[rows[r]];
             int32_t t = targets[rows[r]];
             total += (double)wt * (lse - zr[t]);
+            if (ce) ce[rows[r]] = lse - zr[t];
             for (int64_t j = 0; j < V; j++) zr[j] = wt * expf(zr[j] - lse);
             zr[t] -= wt;
         }

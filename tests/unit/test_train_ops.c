@@ -147,13 +147,21 @@ static void test_silu_mul(void **state) {
 
 static void test_cross_entropy(void **state) {
     int64_t M = 6, D = 16, V = 40;
-    float *dh = zeros(M * D), *scratch = zeros(TR_XENT_ROWS * (V + 2 * D));
+    float *dh = zeros(M * D), *scratch = zeros(TR_XENT_ROWS * (V + 2 * D)), *ce = zeros(M);
     const int32_t *targets = (const int32_t *)T_("xent.targets", NULL);
-    float loss = (float)tr_xent(TP, T_("xent.h", NULL), M, D, T_("xent.w", NULL), V, targets, T_("xent.weight", NULL),
-                                dh, scratch);
+    const float *weight = T_("xent.weight", NULL);
+    float loss = (float)tr_xent(TP, T_("xent.h", NULL), M, D, T_("xent.w", NULL), V, targets, weight, dh, ce, scratch);
     close_to("cross-entropy loss", &loss, "xent.loss");
     close_to("cross-entropy dh", dh, "xent.dh");
-    free(dh), free(scratch);
+    /* the per-row values (dpo / orpo read them) weigh up to the reference's loss */
+    float sum = 0;
+    for (int64_t i = 0; i < M; i++) {
+        if (weight[i] == 0.0f) assert_true(ce[i] == 0.0f);
+        else assert_true(ce[i] > 0.0f);
+        sum += weight[i] * ce[i];
+    }
+    close_to("cross-entropy per-row sum", &sum, "xent.loss");
+    free(dh), free(scratch), free(ce);
 }
 
 int main(void) {

@@ -250,13 +250,14 @@ python-test: all
 # one worker, in order (a file's tests share a module-scoped server and its state).
 PYTEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST := $(PYTHON) -m pytest -q -p no:cacheprovider -n $(PYTEST_JOBS)
+STAGE := sh tools/stage.sh
 parity: all
 	@bash tools/get_models.sh
 	@# one run per folder: each folder's tests import helpers from its own conftest module
-	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist load tests/parity
-	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist loadfile tests/api
-	@$(MAKE) --no-print-directory soak-short
-	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/ui
+	@$(STAGE) parity env HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist load tests/parity
+	@$(STAGE) api env HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist loadfile tests/api
+	+@$(STAGE) soak $(MAKE) --no-print-directory soak-short
+	@$(STAGE) ui env HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/ui
 
 # Everything `make test` runs is built first in one make graph (main tree with its CUDA
 # objects, unit tests, sanitizer tree, fuzz library): as four sequential builds each one's
@@ -266,15 +267,15 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test-build: all unit-build asan-build fuzz-build
 test: deps
 	@python3 tools/check_layers.py
-	@$(MAKE) --no-print-directory -j$(JOBS) test-build
+	+@$(STAGE) build $(MAKE) --no-print-directory -j$(JOBS) test-build
 	@# the unit tests of the scheduler load the tiny models: made before they run
-	@bash tools/get_models.sh
-	@$(MAKE) --no-print-directory unit
-	@$(MAKE) --no-print-directory examples
-	@$(MAKE) --no-print-directory python-test
-	@$(MAKE) --no-print-directory asan
-	@$(MAKE) --no-print-directory -j$(JOBS) fuzz
-	@$(MAKE) --no-print-directory parity
+	@$(STAGE) models bash tools/get_models.sh
+	+@$(STAGE) unit $(MAKE) --no-print-directory unit
+	+@$(STAGE) examples $(MAKE) --no-print-directory examples
+	+@$(STAGE) python-test $(MAKE) --no-print-directory python-test
+	+@$(STAGE) asan $(MAKE) --no-print-directory asan
+	+@$(STAGE) fuzz $(MAKE) --no-print-directory -j$(JOBS) fuzz
+	+@$(MAKE) --no-print-directory parity
 
 # The inner loop: the unit tests, then the CLI's error table and the fit / start-up checks
 # that need no oracle server (a couple of minutes on 2 cores); `make test` runs everything.

@@ -8,6 +8,8 @@ import json
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from urllib.parse import urlparse
 
 import anthropic
@@ -288,11 +290,18 @@ def test_limits_on_stop_and_logit_bias(base):
     c = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=60)
     a = anthropic.Anthropic(base_url=base, api_key="x", max_retries=0, timeout=60)
     msgs = [{"role": "user", "content": "Hi"}]
-    t0 = time.time()
     with pytest.raises(openai.BadRequestError) as ei:
         c.chat.completions.create(model="default_model", messages=msgs, max_tokens=2,
                                   stop=[f"s{i}" for i in range(500000)])
     assert "limit is 64" in ei.value.body["message"] and ei.value.body["param"] == "stop"
+    # the server's own time for the 5 MB body (the SDK spends more than that building it)
+    body = json.dumps({"model": "default_model", "messages": msgs, "max_tokens": 2,
+                       "stop": [f"s{i}" for i in range(500000)]}).encode()
+    t0 = time.time()
+    req = urllib.request.Request(base + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as he:
+        urllib.request.urlopen(req, timeout=60)
+    assert he.value.code == 400
     assert time.time() - t0 < 10
     with pytest.raises(openai.BadRequestError) as ei:
         c.chat.completions.create(model="default_model", messages=msgs, max_tokens=2, stop=["x" * 200000])

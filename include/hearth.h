@@ -473,6 +473,9 @@ hearth_status hearth_adapter_unmount(hearth_engine *e, const char *id, hearth_er
 hearth_status hearth_adapter_set_default(hearth_engine *e, const char *id, hearth_error *err);
 /* Whether an adapter spec ("id", "a+b", "none", NULL) names mounted adapters (NOT_FOUND if not). */
 hearth_status hearth_adapter_check(hearth_engine *e, const char *spec, hearth_error *err);
+/* The id of the mounted adapter whose id or path is name (what a gateway sends as `model`,
+ * or mlx_lm.server's `adapters` path), into id (cap bytes); HEARTH_ERR_NOT_FOUND if none. */
+hearth_status hearth_adapter_find(hearth_engine *e, const char *name, char *id, size_t cap, hearth_error *err);
 /* Whether the folder at path holds an adapter this engine's model could mount (loads it and
  * lets it go). */
 hearth_status hearth_adapter_probe(hearth_engine *e, const char *path, hearth_error *err);

@@ -161,6 +161,16 @@ void adapter_set_release(adapter_registry *r, adapter_set *s) {
     pthread_mutex_unlock(&r->mu);
 }
 
+int adapter_registry_find_name(adapter_registry *r, const char *name, char *id, size_t cap) {
+    int rc = -1;
+    pthread_mutex_lock(&r->mu);
+    for (adapter *a = r->head; a && rc == -1; a = a->next)
+        if (!strcmp(a->id, name) || (a->path && !strcmp(a->path, name)))
+            rc = strlen(a->id) < cap ? (snprintf(id, cap, "%s", a->id), 0) : -2;
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
 char *adapter_registry_json(adapter_registry *r) {
     static const char *const names[OP_N_PROJ] = {"q_proj", "k_proj", "v_proj", "o_proj",
                                                  "gate_proj", "up_proj", "down_proj"};

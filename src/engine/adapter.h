@@ -69,4 +69,7 @@ void adapter_set_retain(adapter_registry *r, adapter_set *s);
 void adapter_set_release(adapter_registry *r, adapter_set *s);
 /* [{id, path, format, type, rank, scale, size_bytes, layers, modules, default}] */
 char *adapter_registry_json(adapter_registry *r);
+/* The id of the mounted adapter whose id or path is name, copied into id (cap bytes):
+ * 0; none: -1; an id longer than cap: -2. */
+int adapter_registry_find_name(adapter_registry *r, const char *name, char *id, size_t cap);
 #endif

@@ -59,6 +59,13 @@ hearth_status hearth_adapter_probe(hearth_engine *e, const char *path, hearth_er
 
 char *hearth_adapters_json(hearth_engine *e) { return adapter_registry_json(engine_adapters(e)); }
 
+hearth_status hearth_adapter_find(hearth_engine *e, const char *name, char *id, size_t cap, hearth_error *err) {
+    if (!name || !id || !cap) return err_set(err, HEARTH_ERR_INVALID, "hearth_adapter_find: no name or no room for the id");
+    int rc = adapter_registry_find_name(engine_adapters(e), name, id, cap);
+    if (rc == -2) return err_set(err, HEARTH_ERR_INVALID, "the id of adapter '%s' is longer than %zu bytes", name, cap - 1);
+    return rc ? err_set(err, HEARTH_ERR_NOT_FOUND, "no mounted adapter has the id or path '%s'", name) : HEARTH_OK;
+}
+
 hearth_status hearth_seq_set_adapter(hearth_engine *e, int seq, const char *spec, hearth_error *err) {
     adapter_set *s;
     hearth_status st = adapter_registry_resolve(engine_adapters(e), spec, &s, err);

@@ -48,32 +48,36 @@ static json_t *find_adapter(const srv_server *s, const char *name) {
     return found;
 }
 
+/* Whether a mounted adapter has the id or path name; its id into id. */
+static int find_id(const srv_server *s, const char *name, char *id, size_t cap) {
+    hearth_error err = {0};
+    return s->engine && hearth_adapter_find(s->engine, name, id, cap, &err) == HEARTH_OK;
+}
+
 int srv_adapter_spec(const srv_server *s, const srv_request *r, char *spec, size_t cap, srv_error *e) {
     spec[0] = 0;
-    const char *want = r->adapter, *field = "adapter";
-    json_t *a = NULL;
-    int by_model = 0;
-    if (!want && r->adapters) { /* mlx_lm.server: a path; here it names a mounted adapter by path or id */
-        if (!(a = find_adapter(s, r->adapters)))
+    const char *field = "adapter";
+    int by_model = 0, found = 0;
+    if (r->adapter) {
+        if (strlen(r->adapter) >= cap) return srv_fail(e, 400, "invalid_request_error", field, NULL, "adapter is too long");
+        snprintf(spec, cap, "%s", r->adapter);
+        found = 1;
+    } else if (r->adapters) { /* mlx_lm.server: a path; here it names a mounted adapter by path or id */
+        field = "adapters";
+        if (!find_id(s, r->adapters, spec, cap))
             return srv_fail(e, 400, "invalid_request_error", "adapters", "adapter_not_found",
                             "adapters '%s' is not mounted: mount it first (POST /v1/adapters {\"id\", \"path\"} or "
                             "serve --adapter id=path)",
                             r->adapters);
-        want = json_string_value(json_object_get(a, "id"));
-        field = "adapters";
+        found = 1;
     }
-    if (!want && r->model && !srv_model_matches(s, r->model) && (a = find_adapter(s, r->model)))
-        want = json_string_value(json_object_get(a, "id")), field = "model", by_model = 1; /* a gateway's model */
+    if (!found && r->model && !srv_model_matches(s, r->model) && find_id(s, r->model, spec, cap))
+        found = 1, field = "model", by_model = 1; /* a gateway's model */
     /* mlx_lm.server: --adapter-path belongs to "default_model"; a request naming the served
      * model itself gets the base (unless it names an adapter) */
-    if (!want && r->model && strcmp(r->model, "default_model") && srv_model_matches(s, r->model)) want = "none";
-    if (!want) return 1; /* the default */
-    if (strlen(want) >= cap) {
-        json_decref(a);
-        return srv_fail(e, 400, "invalid_request_error", field, NULL, "adapter is too long");
-    }
-    snprintf(spec, cap, "%s", want);
-    json_decref(a);
+    if (!found && r->model && strcmp(r->model, "default_model") && srv_model_matches(s, r->model))
+        snprintf(spec, cap, "none"), found = 1;
+    if (!found) return 1; /* the default */
     hearth_error err = {0};
     if (hearth_adapter_check(s->engine, spec, &err))
         return srv_fail(e, 400, "invalid_request_error", field,

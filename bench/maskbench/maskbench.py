@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -118,11 +119,28 @@ def extra_schema(schema, root, depth=0):
     return None
 
 
+def pattern_schema(schema, root, key, depth=0):
+    """The patternProperties schema a key not in properties falls under (first match)."""
+    if not isinstance(schema, dict) or depth > 12:
+        return None
+    pp = schema.get("patternProperties")
+    if isinstance(pp, dict):
+        for pat, s in pp.items():
+            try:
+                if re.search(pat, key):
+                    return s
+            except re.error:
+                pass
+    if "$ref" in schema:
+        return pattern_schema(resolve(root, schema["$ref"]), root, key, depth + 1)
+    return None
+
+
 def order_object(obj, schema, root):
     order, subs = prop_order(schema, root, obj)
     keys = [k for k in order if k in obj] + [k for k in obj if k not in subs]
     extra = extra_schema(schema, root)
-    return {k: reorder(obj[k], subs.get(k, extra), root) for k in keys}
+    return {k: reorder(obj[k], subs[k] if k in subs else pattern_schema(schema, root, k) or extra, root) for k in keys}
 
 
 def item_schema(schema, root, i, depth=0):

@@ -156,6 +156,49 @@ static void test_schema_types(void **state) {
                     L("", "[1,]", "tru"));
 }
 
+/* Keywords with exact grammars only in some forms: non-integer number bounds (plain
+ * decimals), patternProperties (keys matching the pattern), minProperties 1, pattern
+ * with a length that narrows one repeat. Each checked against values jsonschema agrees on. */
+static void test_schema_bounds(void **state) {
+    (void)state;
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":0.5,\"maximum\":10.25}",
+                    L("0.5", "0.50", "0.6", "1", "9.99", "10", "10.25", "10.250", "3.14159"),
+                    L("0.4", "0.49999", "-1", "10.26", "10.3", "11", "0", "100"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"exclusiveMinimum\":-1.5,\"exclusiveMaximum\":2}",
+                    L("-1.49", "-1", "-0.5", "0", "-0", "1.999", "1"), L("-1.5", "-1.50", "-2", "2", "2.0", "2.001"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"maximum\":-0.05}", L("-0.05", "-0.1", "-7", "-100.5"),
+                    L("-0.04", "0", "-0", "0.05", "1"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":1e-3}", L("0.001", "0.0011", "5", "12.5"),
+                    L("0.0009", "0", "-1"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":0,\"maximum\":1}",
+                    L("0", "0.0", "0.5", "1", "1.0", "1.000"), L("1.01", "-0.1", "2"));
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"type\":\"object\",\"patternProperties\":{\"^x-[a-z]+$\":{\"type\":\"integer\"}},"
+                    "\"additionalProperties\":false}",
+                    L("{}", "{\"x-a\":1}", "{\"x-ab\":1,\"x-c\":-2}"),
+                    L("{\"x-a\":\"s\"}", "{\"y\":1}", "{\"x-\":1}", "{\"x-A\":1}"));
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"properties\":{\"id\":{\"type\":\"string\"}},\"patternProperties\":{\"^[0-9]+$\":{\"type\":"
+                    "\"boolean\"}},\"required\":[\"id\"]}",
+                    L("{\"id\":\"a\"}", "{\"id\":\"a\",\"12\":true}"),
+                    L("{\"id\":\"a\",\"12\":1}", "{\"12\":true}", "{\"id\":1}"));
+    compile_fails(GRAMMAR_JSON_SCHEMA,
+                  "{\"properties\":{\"ab\":{}},\"patternProperties\":{\"^a\":{\"type\":\"integer\"}}}", "matches");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"patternProperties\":{\"^a\":{\"type\":\"integer\"},\"^b\":{}}}",
+                  "different schemas");
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"minProperties\":1}", L("{\"a\":1}", "{\"a\":1,\"b\":2}"),
+                    L("{}", "{ }"));
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"minProperties\":2}", "minProperties");
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[A-Za-z][a-z0-9_]*$\",\"maxLength\":4}",
+                    L("\"a\"", "\"Ab_1\""), L("\"\"", "\"Ab_12\"", "\"1a\""));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[0-9]{16}$\",\"minLength\":15}",
+                    L("\"1234567890123456\""), L("\"123456789012345\""));
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"type\":\"string\",\"pattern\":\"^(ab|[0-9]+)$\",\"minLength\":2,\"maxLength\":3}",
+                    L("\"ab\"", "\"12\"", "\"123\""), L("\"1\"", "\"1234\"", "\"abab\""));
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":4}", "min/maxLength");
+}
+
 static void test_schema_structure(void **state) {
     (void)state;
     expect_language(GRAMMAR_JSON_SCHEMA,
@@ -347,7 +390,8 @@ static void test_tool_call(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex),        cmocka_unit_test(test_gbnf),
-        cmocka_unit_test(test_schema_types), cmocka_unit_test(test_schema_structure),
+        cmocka_unit_test(test_schema_types), cmocka_unit_test(test_schema_bounds),
+        cmocka_unit_test(test_schema_structure),
         cmocka_unit_test(test_masks),        cmocka_unit_test(test_accept_refuses),
         cmocka_unit_test(test_tool_call),
     };

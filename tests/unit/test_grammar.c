@@ -9,6 +9,7 @@
 // clang-format off: cmocka.h needs the four headers above first
 #include <cmocka.h>
 // clang-format on
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,6 +198,57 @@ static void test_schema_bounds(void **state) {
                     "{\"type\":\"string\",\"pattern\":\"^(ab|[0-9]+)$\",\"minLength\":2,\"maxLength\":3}",
                     L("\"ab\"", "\"12\"", "\"123\""), L("\"1\"", "\"1234\"", "\"abab\""));
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":4}", "min/maxLength");
+}
+
+/* Matchers of one grammar share its parse states: two threads following different outputs
+ * at once get exactly the masks a grammar of their own gives. */
+#define SHARED_WORDS ((N_VOCAB + 31) / 32)
+static const char *SHARED_SCHEMA = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
+                                   "\"n\":{\"type\":\"number\",\"minimum\":-2.5}},\"required\":[\"n\"]}";
+static const char *SHARED_TEXT[2] = {"{\"name\":\"ab\xc3\xa9\",\"n\":-1.25}", "{\"n\":3,\"zz\":[true,{\"k\":\"v\"}]}"};
+typedef struct {
+    const grammar *g;
+    const gvocab *v;
+    const char *text;
+    uint32_t masks[64][SHARED_WORDS];
+    int n;
+} shared_run;
+
+static void *shared_follow(void *arg) {
+    shared_run *r = arg;
+    for (int rep = 0; rep < 20; rep++) {
+        gmatcher *m = gmatcher_new(r->g, r->v);
+        r->n = 0;
+        for (const char *p = r->text; m && *p && r->n < 64; p++) {
+            gmatcher_mask(m, r->masks[r->n++]);
+            if (!gmatcher_accept_bytes(m, p, 1)) break;
+        }
+        gmatcher_free(m);
+    }
+    return NULL;
+}
+
+static void test_shared_matchers(void **state) {
+    (void)state;
+    gvocab *v = test_vocab();
+    grammar *shared = compile_ok(GRAMMAR_JSON_SCHEMA, SHARED_SCHEMA);
+    static shared_run run[2], ref[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        ref[i] = (shared_run){.g = compile_ok(GRAMMAR_JSON_SCHEMA, SHARED_SCHEMA), .v = v, .text = SHARED_TEXT[i]};
+        shared_follow(&ref[i]);
+        run[i] = (shared_run){.g = shared, .v = v, .text = SHARED_TEXT[i]};
+    }
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, shared_follow, &run[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(run[i].n, (int)strlen(SHARED_TEXT[i]));
+        assert_int_equal(run[i].n, ref[i].n);
+        assert_memory_equal(run[i].masks, ref[i].masks, sizeof run[i].masks[0] * (size_t)run[i].n);
+        grammar_free((grammar *)ref[i].g);
+    }
+    grammar_free(shared);
+    gvocab_free(v);
 }
 
 static void test_schema_structure(void **state) {
@@ -391,7 +443,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex),        cmocka_unit_test(test_gbnf),
         cmocka_unit_test(test_schema_types), cmocka_unit_test(test_schema_bounds),
-        cmocka_unit_test(test_schema_structure),
+        cmocka_unit_test(test_schema_structure), cmocka_unit_test(test_shared_matchers),
         cmocka_unit_test(test_masks),        cmocka_unit_test(test_accept_refuses),
         cmocka_unit_test(test_tool_call),
     };

@@ -524,6 +524,7 @@ static hearth_status check_left_recursion(grammar *g, hearth_error *err) {
 
 void grammar_free(grammar *g) {
     if (!g) return;
+    gm_core_free(g->core);
     for (int32_t i = 0; g->rule_names && i < g->n_rules; i++) free(g->rule_names[i]);
     free(g->rule_names);
     free(g->elems);

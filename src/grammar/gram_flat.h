@@ -6,6 +6,9 @@
 #include "grammar/grammar_internal.h"
 
 enum { GE_END, GE_BYTES, GE_RULE };
+/* the matchers' shared parse-state cache (gram_match.c) */
+typedef struct gm_core gm_core;
+void gm_core_free(gm_core *c);
 typedef struct {
     uint32_t kind : 2, arg : 30;
 } gr_elem;
@@ -20,5 +23,6 @@ struct grammar {
     int32_t n_rules;
     char **rule_names; /* NULL for anonymous rules */
     int32_t root;
+    gm_core *core; /* created by the first matcher; guarded in gram_match.c */
 };
 #endif

@@ -5,6 +5,7 @@
  * those transitions, skipping every subtree whose prefix is dead. Owns no model state. */
 #include "base/hash.h"
 #include "grammar/gram_flat.h"
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,12 +22,20 @@ typedef struct {
     int32_t *tok_first;
     int32_t *tok_n;
     int32_t *tok_sorted;
+    int32_t n_tok;
+    int32_t *sub_lo; /* per node: its subtree's first token in tok_sorted (they are contiguous) */
+    uint8_t *whole;  /* per node: its path is whole UTF-8 characters (no byte of one is cut off) */
+    /* per first byte: its depth-1 node (-1: none) and its tokens' range in tok_sorted */
+    int32_t root[256], root_lo[256], root_hi[256];
 } gv_trie;
+
+#define GV_SHORT 16 /* characters: longer plain tokens are few and walked with the rest */
 
 struct gvocab {
     int32_t n_tokens;
     gv_trie all;  /* every text token and marker (special token) */
-    gv_trie rest; /* the text tokens that are not short plain ones */
+    gv_trie rest;  /* the text tokens that are not short plain ones */
+    gv_trie plain; /* the short plain ones */
     /* short plain tokens: at most GV_SHORT complete UTF-8 characters, none of them a
      * control character, '"' or '\\'. Where every plain character leads one state to the
      * same next state, GV_SHORT times over (inside a JSON string, free or with a length
@@ -34,6 +43,10 @@ struct gvocab {
      * all at once and walk only the rest */
     uint32_t *plain_bits;
     size_t n_plain;
+    /* plain_le[L - 1]: the short plain tokens of at most L characters (L = 1..GV_SHORT;
+     * the last is plain_bits), and how many */
+    uint32_t *plain_le[GV_SHORT];
+    size_t n_plain_le[GV_SHORT];
     int32_t *eos;
     int n_eos;
     char **bytes; /* a special token's are GR_SPECIAL_BYTE and its text */
@@ -65,12 +78,16 @@ static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_tex
     t->end = malloc(cap * sizeof *t->end);
     t->tok_first = malloc(cap * sizeof *t->tok_first);
     t->tok_n = calloc(cap, sizeof *t->tok_n);
+    t->sub_lo = malloc(cap * sizeof *t->sub_lo);
+    t->whole = malloc(cap);
+    t->n_tok = n_text;
     int32_t *path = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *path);
-    if (!t->byte || !t->depth || !t->end || !t->tok_first || !t->tok_n || !path) {
+    if (!t->byte || !t->depth || !t->end || !t->tok_first || !t->tok_n || !t->sub_lo || !t->whole || !path) {
         free(path);
         return 0;
     }
     int32_t sp = 0, n = 0;
+    for (int b = 0; b < 256; b++) t->root[b] = -1, t->root_lo[b] = t->root_hi[b] = 0;
     const char *prev = NULL;
     uint32_t prev_len = 0;
     for (int32_t k = 0; k < n_text; k++) {
@@ -79,8 +96,15 @@ static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_tex
         uint32_t l = v->len[id], p = 0;
         while (prev && p < l && p < prev_len && s[p] == prev[p]) p++;
         while ((uint32_t)sp > p) t->end[path[--sp]] = n;
+        if (p == 0) { /* a new first byte */
+            t->root[(uint8_t)s[0]] = n;
+            t->root_lo[(uint8_t)s[0]] = k;
+        }
+        t->root_hi[(uint8_t)s[0]] = k + 1;
         for (uint32_t d = p; d < l; d++) {
             t->byte[n] = (uint8_t)s[d];
+            t->sub_lo[n] = k;
+            t->whole[n] = d + 1 == l || ((uint8_t)s[d + 1] & 0xC0) != 0x80;
             t->depth[n] = (uint16_t)(d + 1);
             t->tok_n[n] = 0;
             path[sp++] = n++;
@@ -98,9 +122,9 @@ static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_tex
 
 static void trie_free(gv_trie *t) {
     free(t->byte), free(t->depth), free(t->end), free(t->tok_first), free(t->tok_n), free(t->tok_sorted);
+    free(t->sub_lo), free(t->whole);
 }
 
-#define GV_SHORT 16 /* characters: longer plain tokens are few and walked with the rest */
 
 /* The number of characters of a plain token (complete UTF-8 characters only, none below
  * U+0020, '"' or '\\'), or 0 when the token is not plain. */
@@ -145,7 +169,15 @@ gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *l
     v->plain_bits = calloc(((size_t)n_tokens + 31) / 32 + 1, sizeof *v->plain_bits);
     int32_t *order = malloc(((size_t)n_tokens + 1) * sizeof *order);
     int32_t *rest = malloc(((size_t)n_tokens + 1) * sizeof *rest);
-    if (!v->bytes || !v->len || !v->eos || !order || !rest || !v->plain_bits) goto fail;
+    int32_t *plain = malloc(((size_t)n_tokens + 1) * sizeof *plain);
+    int le_ok = 1;
+    for (int l = 0; l < GV_SHORT - 1; l++)
+        le_ok &= (v->plain_le[l] = calloc(((size_t)n_tokens + 31) / 32 + 1, sizeof *v->plain_bits)) != NULL;
+    v->plain_le[GV_SHORT - 1] = v->plain_bits;
+    if (!v->bytes || !v->len || !v->eos || !order || !rest || !plain || !v->plain_bits || !le_ok) {
+        free(plain), free(rest);
+        goto fail;
+    }
     for (int i = 0; i < n_eos; i++)
         if (eos_ids[i] >= 0 && eos_ids[i] < n_tokens) v->eos[v->n_eos++] = eos_ids[i];
     int32_t n_text = 0, n_rest = 0;
@@ -172,18 +204,25 @@ gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *l
     for (int32_t k = 0; k < n_text; k++) {
         int32_t id = order[k];
         int chars = plain_token(v->bytes[id], v->len[id]);
-        if (chars > 0 && chars <= GV_SHORT)
-            v->plain_bits[id >> 5] |= 1u << (id & 31), v->n_plain++;
+        if (chars > 0 && chars <= GV_SHORT) {
+            v->plain_bits[id >> 5] |= 1u << (id & 31), plain[v->n_plain++] = id;
+            for (int l = chars; l < GV_SHORT; l++) v->plain_le[l - 1][id >> 5] |= 1u << (id & 31), v->n_plain_le[l - 1]++;
+        }
         else
             rest[n_rest++] = id; /* stays sorted */
     }
     if (!trie_build(&v->all, v, order, n_text)) {
         order = NULL;
-        free(rest);
+        free(rest), free(plain);
         goto fail;
     }
     order = NULL;
-    if (!trie_build(&v->rest, v, rest, n_rest)) goto fail;
+    if (!trie_build(&v->rest, v, rest, n_rest)) {
+        free(plain);
+        goto fail;
+    }
+    if (!trie_build(&v->plain, v, plain, (int32_t)v->n_plain)) goto fail;
+    v->n_plain_le[GV_SHORT - 1] = v->n_plain;
     return v;
 fail:
     free(order);
@@ -195,8 +234,10 @@ void gvocab_free(gvocab *v) {
     if (!v) return;
     for (int32_t i = 0; v->bytes && i < v->n_tokens; i++) free(v->bytes[i]);
     free(v->bytes), free(v->len), free(v->eos), free(v->plain_bits);
+    for (int l = 0; l < GV_SHORT - 1; l++) free(v->plain_le[l]);
     trie_free(&v->all);
     trie_free(&v->rest);
+    trie_free(&v->plain);
     free(v);
 }
 
@@ -211,9 +252,9 @@ int gvocab_has_special(const gvocab *v, const char *text, size_t n) {
 
 /* ---- matcher --------------------------------------------------------------------------- */
 
-/* Masks kept per matcher, keyed by set id: JSON strings and whitespace revisit a
+/* Masks kept per grammar, keyed by set id: JSON strings and whitespace revisit a
  * handful of sets. */
-#define GM_MASK_CACHE 16
+#define GM_MASK_CACHE 32
 /* Expansion recursion bound (grammar nesting without a byte). */
 #define GM_MAX_DEPTH 2000
 /* Expansion steps for one byte and parse stacks in one set: beyond these a
@@ -227,7 +268,14 @@ typedef struct {
     int32_t parent;
 } gm_node;
 
-struct gmatcher {
+/* The parse states of one grammar on one vocabulary: stack nodes, sets, their byte
+ * transitions and recent masks. Every matcher of the grammar on that vocabulary shares it
+ * (the grammar holds it), so a state one output reached is known to the next; a mutex
+ * guards it. */
+struct gm_core {
+    pthread_mutex_t mu;
+    const gvocab *vkey; /* the vocabulary it was built for */
+    int32_t start;      /* the set before any byte */
     const grammar *g;
     const gvocab *v;
     /* stacks: node 0 is "empty stack" (the grammar is complete) */
@@ -253,13 +301,17 @@ struct gmatcher {
     int32_t n_tmp, cap_tmp;
     int32_t *walk; /* per trie depth */
     int oom;
-    /* current position */
-    int32_t cur;
-    int done;
     int32_t mask_key[GM_MASK_CACHE];
     uint32_t *mask_val[GM_MASK_CACHE];
     size_t mask_count[GM_MASK_CACHE];
     int mask_next;
+};
+
+struct gmatcher {
+    gm_core *c;
+    int own; /* c is this matcher's alone (the grammar's serves another vocabulary) */
+    int32_t cur;
+    int done;
 };
 
 static uint32_t mix(uint64_t x) {
@@ -269,7 +321,7 @@ static uint32_t mix(uint64_t x) {
     return (uint32_t)x;
 }
 
-static int node_rehash(gmatcher *m) {
+static int node_rehash(gm_core *m) {
     uint32_t cap = m->node_hash_cap ? m->node_hash_cap * 2 : 1024;
     int32_t *h = malloc(cap * sizeof *h);
     if (!h) return 0;
@@ -284,7 +336,7 @@ static int node_rehash(gmatcher *m) {
     return 1;
 }
 
-static int32_t node_intern(gmatcher *m, uint32_t pos, int32_t parent) {
+static int32_t node_intern(gm_core *m, uint32_t pos, int32_t parent) {
     if ((uint32_t)m->n_nodes * 2 >= m->node_hash_cap && !node_rehash(m)) {
         m->oom = 1;
         return -1;
@@ -312,7 +364,7 @@ static int32_t node_intern(gmatcher *m, uint32_t pos, int32_t parent) {
     return m->n_nodes++;
 }
 
-static void tmp_push(gmatcher *m, int32_t x) {
+static void tmp_push(gm_core *m, int32_t x) {
     if (m->n_tmp >= m->cap_tmp) {
         int32_t nc = m->cap_tmp ? m->cap_tmp * 2 : 256;
         int32_t *t = realloc(m->tmp, (size_t)nc * sizeof *t);
@@ -327,7 +379,7 @@ static void tmp_push(gmatcher *m, int32_t x) {
 
 /* Every stack reachable from (pos, parent) without consuming a byte, as nodes whose top
  * is a byte set (or node 0: the whole grammar is complete). */
-static void expand(gmatcher *m, uint32_t pos, int32_t parent, int depth) {
+static void expand(gm_core *m, uint32_t pos, int32_t parent, int depth) {
     const grammar *g = m->g;
     for (;;) {
         if (m->oom || depth > GM_MAX_DEPTH || --m->work < 0) {
@@ -368,7 +420,7 @@ static uint32_t set_hash_of(const int32_t *it, int32_t n) {
     return mix(fnv1a64_words(FNV1A64_INIT, it, (size_t)n));
 }
 
-static int set_rehash(gmatcher *m) {
+static int set_rehash(gm_core *m) {
     uint32_t cap = m->set_hash_cap ? m->set_hash_cap * 2 : 256;
     int32_t *h = malloc(cap * sizeof *h);
     if (!h) return 0;
@@ -384,7 +436,7 @@ static int set_rehash(gmatcher *m) {
 }
 
 /* Interns m->tmp (sorted, deduplicated here) as a set; -1 when empty. */
-static int32_t set_intern(gmatcher *m) {
+static int32_t set_intern(gm_core *m) {
     if (m->oom || !m->n_tmp) return -1;
     qsort(m->tmp, (size_t)m->n_tmp, sizeof *m->tmp, cmp_i32);
     int32_t n = 1;
@@ -439,7 +491,7 @@ static int32_t set_intern(gmatcher *m) {
 }
 
 /* The set after one byte, computed (not cached). */
-static int32_t step(gmatcher *m, int32_t set, unsigned byte) {
+static int32_t step(gm_core *m, int32_t set, unsigned byte) {
     m->n_tmp = 0;
     m->epoch++;
     m->work = GM_MAX_WORK;
@@ -458,7 +510,7 @@ static int32_t step(gmatcher *m, int32_t set, unsigned byte) {
 /* Two bytes that every stack of the set takes or refuses alike lead to the same set: the
  * whole row of transitions is filled with one step per class of such bytes (a JSON string
  * state has a handful of classes, not 256). */
-static int32_t advance(gmatcher *m, int32_t set, unsigned byte) {
+static int32_t advance(gm_core *m, int32_t set, unsigned byte) {
     int32_t *row = &m->trans[(int64_t)set * 256];
     if (row[byte] != -2) return row[byte];
     const grammar *g = m->g;
@@ -510,16 +562,32 @@ static int32_t advance(gmatcher *m, int32_t set, unsigned byte) {
     return row[byte];
 }
 
-gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
-    gmatcher *m = calloc(1, sizeof *m);
+static void core_free(gm_core *m) {
+    if (!m) return;
+    pthread_mutex_destroy(&m->mu);
+    free(m->nodes), free(m->node_hash), free(m->visit);
+    free(m->set_items), free(m->set_off), free(m->set_len), free(m->trans), free(m->set_hash), free(m->uni);
+    free(m->tmp), free(m->walk);
+    for (int i = 0; i < GM_MASK_CACHE; i++) free(m->mask_val[i]);
+    free(m);
+}
+
+void gm_core_free(gm_core *c) { core_free(c); }
+
+static gm_core *core_new(const grammar *g, const gvocab *v) {
+    gm_core *m = calloc(1, sizeof *m);
     if (!m) return NULL;
-    m->g = g, m->v = v;
+    if (pthread_mutex_init(&m->mu, NULL)) {
+        free(m);
+        return NULL;
+    }
+    m->g = g, m->v = v, m->vkey = v;
     m->cap_nodes = 1024;
     m->nodes = malloc((size_t)m->cap_nodes * sizeof *m->nodes);
     m->visit = calloc((size_t)m->cap_nodes, sizeof *m->visit);
     m->walk = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *m->walk);
     if (!m->nodes || !m->visit || !m->walk || !node_rehash(m)) {
-        gmatcher_free(m);
+        core_free(m);
         return NULL;
     }
     m->nodes[0] = (gm_node){UINT32_MAX, -1};
@@ -528,45 +596,89 @@ gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
     m->epoch = 1;
     m->work = GM_MAX_WORK;
     for (uint32_t a = g->rule_alt0[g->root]; a < g->rule_alt0[g->root + 1]; a++) expand(m, g->alt_start[a], 0, 0);
-    m->cur = set_intern(m);
-    if (m->oom || m->cur < 0) {
-        gmatcher_free(m);
+    m->start = set_intern(m);
+    if (m->oom || m->start < 0) {
+        core_free(m);
         return NULL;
     }
     return m;
 }
 
+/* guards grammar->core, created by the first matcher */
+static pthread_mutex_t core_slot_mu = PTHREAD_MUTEX_INITIALIZER;
+
+gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
+    gmatcher *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    pthread_mutex_lock(&core_slot_mu);
+    grammar *gw = (grammar *)g; /* the cache is not part of the grammar's meaning */
+    if (!gw->core) gw->core = core_new(g, v);
+    if (gw->core && gw->core->vkey == v)
+        m->c = gw->core;
+    else
+        m->c = core_new(g, v), m->own = 1;
+    pthread_mutex_unlock(&core_slot_mu);
+    if (!m->c || m->c->oom) {
+        gmatcher_free(m);
+        return NULL;
+    }
+    m->cur = m->c->start;
+    return m;
+}
+
 void gmatcher_free(gmatcher *m) {
     if (!m) return;
-    free(m->nodes), free(m->node_hash), free(m->visit);
-    free(m->set_items), free(m->set_off), free(m->set_len), free(m->trans), free(m->set_hash), free(m->uni);
-    free(m->tmp), free(m->walk);
-    for (int i = 0; i < GM_MASK_CACHE; i++) free(m->mask_val[i]);
+    if (m->own) core_free(m->c);
     free(m);
 }
 
+static int set_ends(const gm_core *c, int32_t s, int only) {
+    return s >= 0 && (only ? c->set_len[s] == 1 : c->set_len[s] != 0) && c->set_items[c->set_off[s]] == 0;
+}
+
 int gmatcher_can_end(const gmatcher *m) {
-    return m->done || (m->cur >= 0 && m->set_len[m->cur] && m->set_items[m->set_off[m->cur]] == 0);
+    if (m->done) return 1;
+    pthread_mutex_lock(&m->c->mu);
+    int r = set_ends(m->c, m->cur, 0);
+    pthread_mutex_unlock(&m->c->mu);
+    return r;
 }
 
 int gmatcher_is_done(const gmatcher *m) {
-    return m->done || (m->cur >= 0 && m->set_len[m->cur] == 1 && m->set_items[m->set_off[m->cur]] == 0);
+    if (m->done) return 1;
+    pthread_mutex_lock(&m->c->mu);
+    int r = set_ends(m->c, m->cur, 1);
+    pthread_mutex_unlock(&m->c->mu);
+    return r;
 }
 
 /* The set every byte of [lo, hi] leads t to, or -1 when they differ or die. */
-static int32_t uniform(gmatcher *m, int32_t t, unsigned lo, unsigned hi) {
+static int32_t uniform(gm_core *m, int32_t t, unsigned lo, unsigned hi) {
     int32_t r = advance(m, t, lo);
     for (unsigned b = lo + 1; r >= 0 && b <= hi; b++)
         if (advance(m, t, b) != r) return -1;
     return r;
 }
 
-/* The one set every plain character (plain_token's alphabet) leads set s to, or -1. */
-static int32_t plain_next(gmatcher *m, int32_t s) {
-    if (m->uni[s] != -2) return m->uni[s];
-    int32_t to = advance(m, s, 'a');
-    for (unsigned b = 0x20; to >= 0 && b < 0x80; b++)
-        if (b != '"' && b != '\\' && advance(m, s, b) != to) to = -1;
+/* uniform() results of one caller: the sets mid-character are few (one per remaining
+ * length), so each is checked once, not once per lead byte */
+typedef struct {
+    int32_t t[8], r[8];
+    uint8_t lo[8];
+    int n;
+} gm_memo;
+
+static int32_t uniform_memo(gm_core *m, gm_memo *mo, int32_t t, unsigned lo, unsigned hi) {
+    for (int i = 0; i < mo->n; i++)
+        if (mo->t[i] == t && mo->lo[i] == lo) return mo->r[i];
+    int32_t r = uniform(m, t, lo, hi);
+    if (mo->n < 8) mo->t[mo->n] = t, mo->lo[mo->n] = (uint8_t)lo, mo->r[mo->n++] = r;
+    return r;
+}
+
+/* The set a plain character starting with lead byte `lead` leads s to, when every such
+ * character leads there (-1: they differ or die). */
+static int32_t char_target(gm_core *m, gm_memo *mo, int32_t s, unsigned lead) {
     /* UTF-8 by lead bytes: the second byte's range, then plain continuation bytes */
     static const struct {
         uint8_t lead_lo, lead_hi, lo, hi, more;
@@ -575,13 +687,26 @@ static int32_t plain_next(gmatcher *m, int32_t s) {
         {0xED, 0xED, 0x80, 0x9F, 1}, {0xEE, 0xEF, 0x80, 0xBF, 1}, {0xF0, 0xF0, 0x90, 0xBF, 2},
         {0xF1, 0xF3, 0x80, 0xBF, 2}, {0xF4, 0xF4, 0x80, 0x8F, 2},
     };
-    for (size_t q = 0; to >= 0 && q < sizeof seqs / sizeof *seqs; q++)
-        for (unsigned lead = seqs[q].lead_lo; to >= 0 && lead <= seqs[q].lead_hi; lead++) {
+    if (lead < 0x80) return advance(m, s, lead);
+    for (size_t q = 0; q < sizeof seqs / sizeof *seqs; q++)
+        if (lead >= seqs[q].lead_lo && lead <= seqs[q].lead_hi) {
             int32_t t = advance(m, s, lead);
-            if (t >= 0) t = uniform(m, t, seqs[q].lo, seqs[q].hi);
-            for (int k = 0; t >= 0 && k < seqs[q].more; k++) t = uniform(m, t, 0x80, 0xBF);
-            if (t != to) to = -1;
+            if (t >= 0) t = uniform_memo(m, mo, t, seqs[q].lo, seqs[q].hi);
+            for (int k = 0; t >= 0 && k < seqs[q].more; k++) t = uniform_memo(m, mo, t, 0x80, 0xBF);
+            return t;
         }
+    return -1;
+}
+
+/* The one set every plain character (plain_token's alphabet) leads set s to, or -1. */
+static int32_t plain_next(gm_core *m, int32_t s) {
+    if (m->uni[s] != -2) return m->uni[s];
+    gm_memo mo = {.n = 0};
+    int32_t to = advance(m, s, 'a');
+    for (unsigned b = 0x20; to >= 0 && b < 0x80; b++)
+        if (b != '"' && b != '\\' && advance(m, s, b) != to) to = -1;
+    for (unsigned lead = 0xC2; to >= 0 && lead <= 0xF4; lead++)
+        if (char_target(m, &mo, s, lead) != to) to = -1;
     if (m->oom) return -1; /* not cached: out of memory is not a grammar fact */
     m->uni[s] = to;
     return to;
@@ -589,17 +714,21 @@ static int32_t plain_next(gmatcher *m, int32_t s) {
 
 /* Every short plain token is allowed from s: GV_SHORT plain characters in a row lead
  * through states where each plain character goes to one next state. */
-static int short_plain_ok(gmatcher *m, int32_t s) {
+static int short_plain_ok(gm_core *m, int32_t s) {
     for (int i = 0; i < GV_SHORT && s >= 0; i++) s = plain_next(m, s);
     return s >= 0;
 }
 
-/* Sets the bits of every token of trie t reachable from set s; returns how many. */
-static size_t walk_trie(gmatcher *m, const gv_trie *t, int32_t s, uint32_t *bits) {
+/* Sets the bits of every token of trie t's nodes [from, to) (whole subtrees of the root)
+ * reachable from set s; returns how many. plain: t holds short plain tokens only, so where
+ * a character ends in a state every plain character leads on uniformly GV_SHORT times, the
+ * whole subtree is allowed and set without walking it. */
+static size_t walk_nodes(gm_core *m, const gv_trie *t, int32_t s, uint32_t *bits, int32_t from, int32_t to,
+                         int plain) {
     size_t count = 0;
     int32_t *st = m->walk;
     st[0] = s;
-    for (int32_t i = 0; i < t->n_nodes;) {
+    for (int32_t i = from; i < to;) {
         int32_t from = st[t->depth[i] - 1];
         int32_t nx = m->trans[(int64_t)from * 256 + t->byte[i]];
         if (nx == -2) nx = advance(m, from, t->byte[i]);
@@ -608,6 +737,16 @@ static size_t walk_trie(gmatcher *m, const gv_trie *t, int32_t s, uint32_t *bits
             continue;
         }
         st[t->depth[i]] = nx;
+        if (plain && t->whole[i] && short_plain_ok(m, nx)) {
+            int32_t hi = t->end[i] < t->n_nodes ? t->sub_lo[t->end[i]] : t->n_tok;
+            for (int32_t k = t->sub_lo[i]; k < hi; k++) {
+                int32_t id = t->tok_sorted[k];
+                bits[id >> 5] |= 1u << (id & 31);
+            }
+            count += (size_t)(hi - t->sub_lo[i]);
+            i = t->end[i];
+            continue;
+        }
         for (int32_t k = 0; k < t->tok_n[i]; k++) {
             int32_t id = t->tok_sorted[t->tok_first[i] + k];
             bits[id >> 5] |= 1u << (id & 31);
@@ -618,54 +757,143 @@ static size_t walk_trie(gmatcher *m, const gv_trie *t, int32_t s, uint32_t *bits
     return count;
 }
 
-static size_t compute_mask(gmatcher *m, uint32_t *bits) {
+static size_t walk_trie(gm_core *m, const gv_trie *t, int32_t s, uint32_t *bits) {
+    return walk_nodes(m, t, s, bits, 0, t->n_nodes, 0);
+}
+
+
+/* States where most plain characters lead to one state u from which every plain token's
+ * remaining characters are allowed (up to *limit characters in all) (a string body whose first character is special for a
+ * few bytes: a key that must differ from the declared names, a format excluding some
+ * characters). Every short plain token is allowed but those whose first byte is an
+ * exception (exc): returns u (-1: no such state). */
+/* No plain character can follow s. */
+static int plain_dead(gm_core *m, int32_t s) {
+    for (unsigned b = 0x20; b < 0x80; b++)
+        if (b != '"' && b != '\\' && advance(m, s, b) >= 0) return 0;
+    for (unsigned b = 0xC2; b <= 0xF4; b++)
+        if (advance(m, s, b) >= 0) return 0;
+    return 1;
+}
+
+static int32_t plain_main(gm_core *m, int32_t s, gr_byteset *exc, int *limit) {
+    int32_t tgt[256];
+    int32_t u = -1, best = 0;
+    for (unsigned b = 0x20; b < 0x80; b++) {
+        if (b == '"' || b == '\\') continue;
+        tgt[b] = advance(m, s, b);
+        if (tgt[b] < 0 || tgt[b] == u) continue;
+        int n = 0;
+        for (unsigned c = 0x20; c <= b; c++) n += c != '"' && c != '\\' && tgt[c] == tgt[b];
+        if (n > best) best = n, u = tgt[b];
+    }
+    if (u < 0 || m->oom) return -1;
+    /* the characters after the first: uniform steps until GV_SHORT, or until none may
+     * follow (a length bound): then tokens of at most that many characters */
+    int32_t t = u;
+    int j = 0;
+    for (; j < GV_SHORT - 1; j++) {
+        int32_t nt = plain_next(m, t);
+        if (nt < 0) {
+            if (m->oom || !plain_dead(m, t)) return -1;
+            break;
+        }
+        t = nt;
+    }
+    *limit = j + 1;
+    memset(exc, 0, sizeof *exc);
+    for (unsigned b = 0x20; b < 0x80; b++)
+        if (b != '"' && b != '\\' && tgt[b] != u) gr_add(exc, b);
+    gm_memo mo = {.n = 0};
+    for (unsigned b = 0xC2; b <= 0xF4; b++)
+        if (char_target(m, &mo, s, b) != u) gr_add(exc, b);
+    /* when the exceptions hold most tokens, walking the whole trie costs less */
+    const gv_trie *pt = &m->v->plain;
+    int64_t n_exc = 0;
+    for (unsigned b = 0; b < 256; b++)
+        if (gr_has(exc, b) && pt->root[b] >= 0) n_exc += pt->root_hi[b] - pt->root_lo[b];
+    if (n_exc * 2 > pt->n_tok) return -1;
+    return m->oom ? -1 : u;
+}
+
+static size_t compute_mask(gm_core *m, int32_t cur, uint32_t *bits) {
     const gvocab *v = m->v;
     size_t words = ((size_t)v->n_tokens + 31) / 32, count = 0;
     memset(bits, 0, words * sizeof *bits);
-    if (m->done) return 0;
-    if (v->n_plain && short_plain_ok(m, m->cur)) {
+    gr_byteset exc;
+    int limit = GV_SHORT;
+    if (v->n_plain && short_plain_ok(m, cur)) {
         memcpy(bits, v->plain_bits, words * sizeof *bits);
-        count = v->n_plain + walk_trie(m, &v->rest, m->cur, bits);
+        count = v->n_plain + walk_trie(m, &v->rest, cur, bits);
+    } else if (v->n_plain && plain_main(m, cur, &exc, &limit) >= 0) {
+        /* the short plain tokens up to the limit, less those of the exception first bytes,
+         * which are walked */
+        const gv_trie *pt = &v->plain;
+        memcpy(bits, v->plain_le[limit - 1], words * sizeof *bits);
+        count = v->n_plain_le[limit - 1];
+        for (unsigned b = 0; b < 256; b++) {
+            if (!gr_has(&exc, b) || pt->root[b] < 0) continue;
+            for (int32_t k = pt->root_lo[b]; k < pt->root_hi[b]; k++) {
+                int32_t id = pt->tok_sorted[k];
+                uint32_t bit = 1u << (id & 31);
+                count -= (bits[id >> 5] & bit) != 0;
+                bits[id >> 5] &= ~bit;
+            }
+            count += walk_nodes(m, pt, cur, bits, pt->root[b], pt->end[pt->root[b]], 1);
+        }
+        count += walk_trie(m, &v->rest, cur, bits);
     } else
-        count = walk_trie(m, &v->all, m->cur, bits);
-    if (gmatcher_can_end(m))
+        count = walk_trie(m, &v->all, cur, bits);
+    if (set_ends(m, cur, 0))
         for (int k = 0; k < v->n_eos; k++)
             if (!(bits[v->eos[k] >> 5] >> (v->eos[k] & 31) & 1))
                 bits[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31), count++;
     return count;
 }
 
-size_t gmatcher_mask(gmatcher *m, uint32_t *bits) {
+size_t gmatcher_mask(gmatcher *mt, uint32_t *bits) {
+    gm_core *m = mt->c;
     size_t words = ((size_t)m->v->n_tokens + 31) / 32;
-    if (!m->done)
-        for (int i = 0; i < GM_MASK_CACHE; i++)
-            if (m->mask_key[i] == m->cur) {
-                memcpy(bits, m->mask_val[i], words * sizeof *bits);
-                return m->mask_count[i];
-            }
-    size_t n = compute_mask(m, bits);
-    if (m->done || m->oom) return n;
-    int slot = m->mask_next;
-    if (!m->mask_val[slot]) m->mask_val[slot] = malloc(words * sizeof *bits);
-    if (m->mask_val[slot]) {
-        memcpy(m->mask_val[slot], bits, words * sizeof *bits);
-        m->mask_key[slot] = m->cur, m->mask_count[slot] = n;
-        m->mask_next = (slot + 1) % GM_MASK_CACHE;
+    if (mt->done) {
+        memset(bits, 0, words * sizeof *bits);
+        return 0;
     }
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < GM_MASK_CACHE; i++)
+        if (m->mask_key[i] == mt->cur) {
+            memcpy(bits, m->mask_val[i], words * sizeof *bits);
+            size_t n = m->mask_count[i];
+            pthread_mutex_unlock(&m->mu);
+            return n;
+        }
+    size_t n = compute_mask(m, mt->cur, bits);
+    if (!m->oom) {
+        int slot = m->mask_next;
+        if (!m->mask_val[slot]) m->mask_val[slot] = malloc(words * sizeof *bits);
+        if (m->mask_val[slot]) {
+            memcpy(m->mask_val[slot], bits, words * sizeof *bits);
+            m->mask_key[slot] = mt->cur, m->mask_count[slot] = n;
+            m->mask_next = (slot + 1) % GM_MASK_CACHE;
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
     return n;
 }
 
-int gmatcher_accept_bytes(gmatcher *m, const char *bytes, size_t n) {
-    if (m->done) return n == 0;
-    int32_t s = m->cur;
+int gmatcher_accept_bytes(gmatcher *mt, const char *bytes, size_t n) {
+    if (mt->done) return n == 0;
+    gm_core *m = mt->c;
+    pthread_mutex_lock(&m->mu);
+    int32_t s = mt->cur;
     for (size_t i = 0; i < n && s >= 0; i++) s = advance(m, s, (unsigned char)bytes[i]);
+    pthread_mutex_unlock(&m->mu);
     if (s < 0) return 0;
-    m->cur = s;
+    mt->cur = s;
     return 1;
 }
 
 int gmatcher_accept(gmatcher *m, int32_t token) {
-    const gvocab *v = m->v;
+    const gvocab *v = m->c->v;
     if (token < 0 || token >= v->n_tokens || m->done) return 0;
     for (int k = 0; k < v->n_eos; k++)
         if (v->eos[k] == token) {

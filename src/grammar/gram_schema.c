@@ -92,12 +92,10 @@ static const char *const REFUSED[] = {
     "contains",
     "minContains",
     "maxContains",
-    "patternProperties",
     "propertyNames",
     "dependencies",
     "dependentRequired",
     "dependentSchemas",
-    "minProperties",
     "maxProperties",
     "multipleOf",
     "unevaluatedProperties",
@@ -110,9 +108,9 @@ static const char *const REFUSED[] = {
 static int refused_ok(const char *k, json_t *v) {
     /* trivially satisfied forms */
     if (!strcmp(k, "uniqueItems")) return json_is_false(v);
-    if (!strcmp(k, "minProperties") || !strcmp(k, "minContains"))
+    if (!strcmp(k, "minContains"))
         return json_is_integer(v) && json_integer_value(v) == 0;
-    if (!strcmp(k, "patternProperties") || !strcmp(k, "dependencies") || !strcmp(k, "dependentRequired") ||
+    if (!strcmp(k, "dependencies") || !strcmp(k, "dependentRequired") ||
         !strcmp(k, "dependentSchemas"))
         return json_is_object(v) && json_object_size(v) == 0;
     if (!strcmp(k, "unevaluatedProperties") || !strcmp(k, "unevaluatedItems")) return json_is_true(v);
@@ -485,18 +483,133 @@ static int32_t sc_integer(sc_ctx *c, json_t *s) {
     return int_range(c, has_lo, (int64_t)lo, has_hi, (int64_t)hi);
 }
 
+/* A non-negative bound as decimal digits: the integer part and the fraction digits (no
+ * trailing zeros), from the shortest decimal that reads back as the same double (a
+ * schema's 0.1 is the text 0.1, not 0.1000000000000000055...). 0: beyond 1e18 or finer
+ * than 30 fraction digits. */
+typedef struct {
+    int64_t ip;
+    char fp[32];
+    int nf, strict;
+} sc_dec;
+
+static int dec_of(double v, int strict, sc_dec *d) {
+    char buf[40];
+    int p = 1;
+    for (; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*e", p - 1, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    char dig[24];
+    int nd = 0;
+    const char *s = buf;
+    for (; *s && *s != 'e'; s++)
+        if (*s >= '0' && *s <= '9') dig[nd++] = *s;
+    int e = *s == 'e' ? atoi(s + 1) : 0, ni = e + 1; /* integer digits */
+    if (ni > 18) return 0;
+    d->ip = 0, d->nf = 0, d->strict = strict;
+    for (int i = 0; i < ni; i++) d->ip = d->ip * 10 + (i < nd ? dig[i] - '0' : 0);
+    for (int i = ni; i < nd; i++) {
+        if (d->nf >= 30) return 0;
+        d->fp[d->nf++] = i < 0 ? '0' : dig[i];
+    }
+    while (d->nf && d->fp[d->nf - 1] == '0') d->nf--;
+    d->fp[d->nf] = 0;
+    return 1;
+}
+
+/* Fraction digits d (at least one, after pos digits already read) such that 0.d meets
+ * the bounds still tight: lo (0.d >= 0.lo->fp, > when strict) while the digits so far
+ * equal lo's, likewise hi; NULL: that bound no longer binds. */
+static int32_t frac_step(sc_ctx *c, const sc_dec *lo, const sc_dec *hi, int pos) {
+    gr_build *b = c->b;
+    if (lo && pos >= lo->nf && !lo->strict) lo = NULL; /* the rest is >= 0: satisfied */
+    if (hi && pos >= hi->nf) /* only zeros may follow, and only when equal is allowed */
+        return hi->strict || lo ? c->never : gr_repeat(b, gr_byte(b, '0'), 1, GR_INF);
+    if (!lo && !hi) return gr_repeat(b, gr_byte_range(b, '0', '9'), 1, GR_INF);
+    if (lo && !hi && pos >= lo->nf) /* strict and exhausted: some nonzero digit */
+        return gr_seq3(b, gr_repeat(b, gr_byte(b, '0'), 0, GR_INF), gr_byte_range(b, '1', '9'),
+                       gr_repeat(b, gr_byte_range(b, '0', '9'), 0, GR_INF));
+    unsigned lc = lo ? (unsigned char)(pos < lo->nf ? lo->fp[pos] : '0') : '0';
+    unsigned hc = hi ? (unsigned char)hi->fp[pos] : '9';
+    if (lc > hc) return c->never;
+    int32_t alts[3];
+    int k = 0;
+    /* after a digit equal to a bound's, the rest: may be empty when the bound allows */
+    const sc_dec *nlo = lo, *nhi = hi;
+    for (int side = 0; side < 2; side++) {
+        unsigned ch = side ? hc : lc;
+        if (side && hc == lc) break;
+        const sc_dec *l2 = side ? NULL : nlo, *h2 = side ? nhi : (lc == hc ? nhi : NULL);
+        int p = pos + 1;
+        int end_ok = (!l2 || (p >= l2->nf && !l2->strict)) && (!h2 || !h2->strict || p < h2->nf);
+        int32_t more = frac_step(c, l2, h2, p);
+        alts[k++] = gr_seq2(b, gr_byte(b, ch), end_ok ? gr_opt(b, more) : more);
+    }
+    if (lc + 1 <= hc - 1 && hc > 0)
+        alts[k++] = gr_seq2(b, gr_byte_range(b, lc + 1, hc - 1), gr_repeat(b, gr_byte_range(b, '0', '9'), 0, GR_INF));
+    return gr_alt(b, alts, k);
+}
+
+/* An optional fraction (".digits") meeting the tight bounds, as frac_step. */
+static int32_t frac_part(sc_ctx *c, const sc_dec *lo, const sc_dec *hi) {
+    gr_build *b = c->b;
+    int end_ok = (!lo || (!lo->nf && !lo->strict)) && (!hi || !hi->strict || hi->nf);
+    int32_t f = gr_seq2(b, lit(c, "."), frac_step(c, lo, hi, 0));
+    return end_ok ? gr_opt(b, f) : f;
+}
+
+/* Decimals (no exponent) in [lo, hi] (hi NULL: unbounded), both non-negative. */
+static int32_t mag_range(sc_ctx *c, const sc_dec *lo, const sc_dec *hi) {
+    gr_build *b = c->b;
+    char buf[24];
+    if (hi && lo->ip > hi->ip) return c->never;
+    int32_t alts[3];
+    int k = 0;
+    snprintf(buf, sizeof buf, "%lld", (long long)lo->ip);
+    if (hi && lo->ip == hi->ip) return gr_seq2(b, lit(c, buf), frac_part(c, lo, hi));
+    alts[k++] = gr_seq2(b, lit(c, buf), frac_part(c, lo, NULL));
+    if (!hi || hi->ip - lo->ip >= 2)
+        alts[k++] = gr_seq2(b, nonneg_range(c, lo->ip + 1, hi ? hi->ip - 1 : -1), frac_part(c, NULL, NULL));
+    if (hi) {
+        snprintf(buf, sizeof buf, "%lld", (long long)hi->ip);
+        alts[k++] = gr_seq2(b, lit(c, buf), frac_part(c, NULL, hi));
+    }
+    return gr_alt(b, alts, k);
+}
+
 static int32_t sc_number(sc_ctx *c, json_t *s) {
-    double lo = 0, hi = 0;
-    int has_lo = num_of(s, "minimum", &lo), has_xlo = num_of(s, "exclusiveMinimum", &lo);
-    int has_hi = num_of(s, "maximum", &hi) || num_of(s, "exclusiveMaximum", &hi);
-    if (json_is_boolean(json_object_get(s, "exclusiveMinimum")))
-        has_xlo = json_is_true(json_object_get(s, "exclusiveMinimum")) && has_lo, has_lo = !has_xlo && has_lo;
-    if (!has_lo && !has_xlo && !has_hi) return c->number;
-    if (!has_hi && lo == 0 && has_lo) /* minimum 0: no sign */
+    double lo = 0, hi = 0, v;
+    int has_lo = 0, has_hi = 0, slo = 0, shi = 0;
+    if (num_of(s, "minimum", &v)) has_lo = 1, lo = v, slo = json_is_true(json_object_get(s, "exclusiveMinimum"));
+    if (num_of(s, "exclusiveMinimum", &v) && (!has_lo || v >= lo)) has_lo = 1, lo = v, slo = 1;
+    if (num_of(s, "maximum", &v)) has_hi = 1, hi = v, shi = json_is_true(json_object_get(s, "exclusiveMaximum"));
+    if (num_of(s, "exclusiveMaximum", &v) && (!has_hi || v <= hi)) has_hi = 1, hi = v, shi = 1;
+    if (has_lo && lo < -1e18) has_lo = 0;
+    if (has_hi && hi > 1e18) has_hi = 0;
+    if (!has_lo && !has_hi) return c->number;
+    if ((has_lo && lo > 1e18) || (has_hi && hi < -1e18)) return sc_fail(c, "number bound beyond 1e18");
+    if (!has_hi && lo == 0 && !slo) /* minimum 0: no sign, exponents too */
         return re_node(c, "(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?", 0);
-    if (!has_hi && lo == 0 && has_xlo) /* exclusiveMinimum 0: no sign, not zero */
+    if (!has_hi && lo == 0 && slo) /* exclusiveMinimum 0: no sign, not zero */
         return re_node(c, "(0\\.[0-9]*[1-9][0-9]*|[1-9][0-9]*(\\.[0-9]+)?)([eE][-+]?[0-9]+)?", 0);
-    return sc_fail(c, "bounds on non-integer numbers are supported only as minimum 0 / exclusiveMinimum 0");
+    /* other bounds: plain decimals (no exponent), the non-negative and negative parts apart */
+    int32_t alts[2];
+    int k = 0;
+    sc_dec a, z;
+    if (!has_hi || hi > 0 || (hi == 0 && !shi)) { /* x >= 0 */
+        int ok = has_lo && lo > 0 ? dec_of(lo, slo, &a) : dec_of(0, 0, &a);
+        if (ok && has_hi) ok = dec_of(hi, shi, &z);
+        if (!ok) return sc_fail(c, "number bound with more than 30 decimals");
+        alts[k++] = mag_range(c, &a, has_hi ? &z : NULL);
+    }
+    if (!has_lo || lo < 0) { /* x < 0 (and -0): '-' and the magnitude in [max(-hi, 0), -lo] */
+        int ok = has_hi && hi < 0 ? dec_of(-hi, shi, &a) : dec_of(0, has_hi && hi == 0 && shi, &a);
+        if (ok && has_lo) ok = dec_of(-lo, slo, &z);
+        if (!ok) return sc_fail(c, "number bound with more than 30 decimals");
+        alts[k++] = gr_seq2(c->b, lit(c, "-"), mag_range(c, &a, has_lo ? &z : NULL));
+    }
+    return k ? gr_alt(c->b, alts, k) : c->never;
 }
 
 /* ---- strings ----------------------------------------------------------------------------- */
@@ -540,6 +653,108 @@ static int format_regex(const char *f, const char **re) {
     return 0;
 }
 
+/* ---- pattern with a length ------------------------------------------------------------- */
+
+/* The code-point length range of a regex node ([*lo, *hi], hi GR_INF: unbounded); 0 when
+ * a part is not one code point per set (a raw byte set, a rule). */
+static int node_len(const gr_build *b, int32_t x, int64_t *lo, int64_t *hi) {
+    const gr_node *n = &b->nodes[x];
+    switch (n->kind) {
+    case GN_EMPTY: *lo = *hi = 0; return 1;
+    case GN_CPSET: *lo = *hi = 1; return 1;
+    case GN_BYTES:
+        for (unsigned c = 0x80; c < 256; c++)
+            if (gr_has(&b->sets[n->a], c)) return 0;
+        *lo = *hi = 1;
+        return 1;
+    case GN_SEQ:
+    case GN_ALT: {
+        int seq = n->kind == GN_SEQ;
+        *lo = seq ? 0 : INT64_MAX, *hi = 0;
+        for (int32_t i = 0; i < n->n_kids; i++) {
+            int64_t a, z;
+            if (!node_len(b, b->pool[n->kids + i], &a, &z)) return 0;
+            if (seq) {
+                *lo += a;
+                *hi = *hi == GR_INF || z == GR_INF ? GR_INF : *hi + z;
+            } else {
+                if (a < *lo) *lo = a;
+                if (*hi != GR_INF && (z == GR_INF || z > *hi)) *hi = z;
+            }
+        }
+        return 1;
+    }
+    case GN_REPEAT: {
+        int64_t a, z;
+        if (!node_len(b, n->kids, &a, &z)) return 0;
+        *lo = a * n->a;
+        *hi = n->b == GR_INF ? (z ? GR_INF : 0) : z == GR_INF ? GR_INF : z * n->b;
+        return 1;
+    }
+    default: return 0;
+    }
+}
+
+/* x restricted to strings of lo..hi code points (hi GR_INF: unbounded), exactly; -1 when
+ * that takes more than narrowing one variable-length part (a repeat of a fixed-length
+ * piece, or an alternative of such). */
+static int32_t limit_len(sc_ctx *c, int32_t x, int64_t lo, int64_t hi) {
+    gr_build *b = c->b;
+    int64_t a, z;
+    if (!node_len(b, x, &a, &z)) return -1;
+    if (a >= lo && (hi == GR_INF || (z != GR_INF && z <= hi))) return x;      /* already within */
+    if ((hi != GR_INF && a > hi) || (z != GR_INF && z < lo)) return c->never; /* never within */
+    gr_node n = b->nodes[x];
+    if (n.kind == GN_ALT) {
+        int32_t *alts = malloc((size_t)n.n_kids * sizeof *alts);
+        if (!alts) return -1;
+        for (int32_t i = 0; i < n.n_kids; i++)
+            if ((alts[i] = limit_len(c, b->pool[n.kids + i], lo, hi)) < 0) {
+                free(alts);
+                return -1;
+            }
+        int32_t r = gr_alt(b, alts, n.n_kids);
+        free(alts);
+        return r;
+    }
+    if (n.kind == GN_SEQ) { /* one part of variable length, the others fixed */
+        int32_t var = -1;
+        int64_t fixed = 0;
+        for (int32_t i = 0; i < n.n_kids; i++) {
+            int64_t ka, kz;
+            node_len(b, b->pool[n.kids + i], &ka, &kz);
+            if (ka == kz)
+                fixed += ka;
+            else if (var >= 0)
+                return -1;
+            else
+                var = i;
+        }
+        if (var < 0) return -1;
+        int32_t part = limit_len(c, b->pool[n.kids + var], lo - fixed < 0 ? 0 : lo - fixed,
+                                 hi == GR_INF ? GR_INF : hi - fixed);
+        if (part < 0) return -1;
+        int32_t *kids = malloc((size_t)n.n_kids * sizeof *kids);
+        if (!kids) return -1;
+        for (int32_t i = 0; i < n.n_kids; i++) kids[i] = i == var ? part : b->pool[n.kids + i];
+        int32_t r = gr_seq(b, kids, n.n_kids);
+        free(kids);
+        return r;
+    }
+    if (n.kind == GN_REPEAT) { /* k code points a copy: count*k within the bounds */
+        int64_t ka, kz;
+        node_len(b, n.kids, &ka, &kz);
+        if (ka != kz || ka == 0) return -1;
+        int64_t mn = (lo + ka - 1) / ka, mx = hi == GR_INF ? GR_INF : hi / ka;
+        if (mn < n.a) mn = n.a;
+        if (n.b != GR_INF && (mx == GR_INF || mx > n.b)) mx = n.b;
+        if (mx != GR_INF && mn > mx) return c->never;
+        if (mn > GR_MAX_REPEAT || mx > GR_MAX_REPEAT) return -1;
+        return gr_repeat(b, n.kids, (int32_t)mn, (int32_t)mx);
+    }
+    return -1;
+}
+
 static int32_t sc_string(sc_ctx *c, json_t *s) {
     gr_build *b = c->b;
     json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
@@ -553,11 +768,13 @@ static int32_t sc_string(sc_ctx *c, json_t *s) {
     if (re && fre) return sc_fail(c, "'pattern' together with 'format' is not supported");
     if (!re) re = fre;
     if (re) {
-        if (min > 0 || max >= 0)
-            return sc_fail(c, "'pattern' (or format) together with min/maxLength is not supported");
         int32_t body = 0;
         if (!c->st) c->st = gr_regex(b, re, strlen(re), 1, &body, c->err);
         if (c->st && c->err) err_prefix(c->err, "json schema: pattern");
+        if (!c->st && (min > 0 || max >= 0) && (body = limit_len(c, body, min, max < 0 ? GR_INF : max)) < 0)
+            return sc_fail(c, "'pattern' (or format) %.60s together with min/maxLength: the length does not narrow one "
+                              "repeat of the pattern",
+                           re);
         return gr_seq3(b, lit(c, "\""), body, lit(c, "\""));
     }
     if (min == 0 && max < 0) return c->string;
@@ -723,6 +940,61 @@ static int32_t not_names(sc_ctx *c, char **names, size_t *lens, int n, size_t de
     return k ? gr_alt(b, alts, k) : c->never;
 }
 
+/* Whether the JSON-encoded string body text[0..n) (no quotes) matches pattern re (searched,
+ * as `pattern` is): 1, 0, or -1 when re does not compile (the caller reports it then). */
+static int pattern_matches(const char *re, const char *text, size_t n) {
+    gr_build b;
+    gr_build_init(&b);
+    hearth_error e = {0};
+    int32_t body = 0;
+    grammar *g = NULL;
+    int r = -1;
+    if (!gr_regex(&b, re, strlen(re), 1, &body, &e) && !gr_finish(&b, gr_rule_new(&b, body), &g, &e)) {
+        gmatcher *m = gmatcher_new(g, NULL);
+        r = m && gmatcher_accept_bytes(m, text, n) && gmatcher_can_end(m);
+        gmatcher_free(m);
+    }
+    grammar_free(g);
+    gr_build_free(&b);
+    return r;
+}
+
+/* patternProperties: the member (key and value) rule for keys matching one of the
+ * patterns, or -1 (with c->st set) when it cannot be exact here. A declared name matching
+ * a pattern is refused (the key could then be written twice), and so are patterns with
+ * different schemas (a key matching two must meet both). */
+static int32_t pattern_members(sc_ctx *c, json_t *pp, char **enc, size_t *enc_len, int n, int depth) {
+    gr_build *b = c->b;
+    const char *re;
+    json_t *ps, *first = NULL;
+    int32_t keys = -1;
+    json_object_foreach(pp, re, ps) {
+        if (first && !json_equal(first, ps)) {
+            sc_fail(c, "patternProperties with different schemas per pattern are not supported");
+            return -1;
+        }
+        first = ps;
+        for (int i = 0; i < n; i++) {
+            int hit = pattern_matches(re, enc[i] + 1, enc_len[i] - 2);
+            if (hit) {
+                sc_fail(c, "property %s matches patternProperties '%.60s' (or the pattern is not supported)", enc[i],
+                        re);
+                return -1;
+            }
+        }
+        int32_t body = 0;
+        if (!c->st) c->st = gr_regex(b, re, strlen(re), 1, &body, c->err);
+        if (c->st) {
+            if (c->err) err_prefix(c->err, "json schema: patternProperties");
+            return -1;
+        }
+        int32_t key = gr_seq3(b, lit(c, "\""), body, lit(c, "\""));
+        keys = keys < 0 ? key : gr_alt2(b, keys, key);
+    }
+    int32_t val = sc_node(c, first, depth + 1);
+    return rule_of(c, gr_seq(b, (int32_t[]){keys, c->ws, lit(c, ":"), c->ws, val}, 5));
+}
+
 static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
     gr_build *b = c->b;
     json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
@@ -742,6 +1014,8 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
     }
     const char *k;
     json_t *v;
+    json_t *pp = json_object_get(s, "patternProperties");
+    int pp_on = json_is_object(pp) && json_object_size(pp);
     if (json_is_object(props)) json_object_foreach(props, k, v) names[n] = k, schemas[n++] = v;
     if (json_is_array(req)) {
         size_t i;
@@ -752,10 +1026,21 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
             for (int j = 0; j < n; j++)
                 if (!strcmp(names[j], r)) required[j] = 1, found = 1;
             if (!found) {
+                if (pp_on) {
+                    sc_fail(c, "required property '%.60s' beside patternProperties is not declared in properties", r);
+                    goto done;
+                }
                 if (json_is_false(addl)) goto done; /* required but not allowed: nothing validates */
                 names[n] = r, schemas[n] = addl && !json_is_true(addl) ? addl : NULL, required[n++] = 1;
             }
         }
+    }
+    json_t *minp = json_object_get(s, "minProperties");
+    int n_req = 0;
+    for (int i = 0; i < n; i++) n_req += required[i];
+    if (json_is_number(minp) && json_number_value(minp) > 1 && json_number_value(minp) > n_req) {
+        sc_fail(c, "minProperties above 1 beyond the required properties is not supported");
+        goto done;
     }
     for (int i = 0; i < n; i++) {
         json_t *ks = json_string(names[i]);
@@ -779,7 +1064,15 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
         member[i] = gr_seq(b, (int32_t[]){lit(c, enc[i]), c->ws, lit(c, ":"), c->ws, val}, 5);
     }
     int32_t extra = -1;
-    if (!json_is_false(addl) && !c->st) {
+    if (pp_on) {
+        /* keys matching a pattern only: other keys (where additionalProperties would allow
+         * them) are left out, which keeps every output valid */
+        extra = pattern_members(c, pp, enc, enc_len, n, depth);
+        if (extra < 0) {
+            free(member);
+            goto done;
+        }
+    } else if (!json_is_false(addl) && !c->st) {
         char **after_quote = malloc((size_t)n * sizeof *after_quote + 1);
         size_t *al = malloc((size_t)n * sizeof *al + 1);
         if (!after_quote || !al) {
@@ -805,8 +1098,11 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
         int32_t step = gr_seq2(b, comma, member[i]);
         rest[i] = rule_of(c, gr_seq2(b, required[i] ? step : gr_opt(b, step), rest[i + 1]));
     }
-    /* first(i): the first member written is i or a later one (never past a required one) */
-    int32_t first = extra >= 0 ? gr_opt(b, gr_seq2(b, extra, rest[n])) : gr_empty(b);
+    /* first(i): the first member written is i or a later one (never past a required one);
+     * minProperties 1 without a required member: not the empty object */
+    int nonempty = json_is_number(minp) && json_number_value(minp) >= 1;
+    int32_t first = extra >= 0 ? gr_seq2(b, extra, rest[n]) : c->never;
+    if (!nonempty) first = extra >= 0 ? gr_opt(b, first) : gr_empty(b);
     for (int i = n - 1; i >= 0; i--) {
         int32_t here = gr_seq2(b, member[i], rest[i + 1]);
         first = required[i] ? here : rule_of(c, gr_alt2(b, here, first));

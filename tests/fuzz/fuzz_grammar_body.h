@@ -29,6 +29,10 @@ static int fuzz_grammar(grammar_kind kind, const uint8_t *data, size_t size) {
         if (!gmatcher_accept_bytes(m, (const char *)data + i, 1)) break;
     }
     gmatcher_free(m);
+    /* a second matcher of the grammar starts from the states the first one built */
+    gmatcher *m2 = gmatcher_new(g, v);
+    if (m2) gmatcher_mask(m2, mask);
+    gmatcher_free(m2);
     grammar_free(g);
     return 0;
 }

@@ -9,6 +9,7 @@
 // clang-format off: cmocka.h needs the four headers above first
 #include <cmocka.h>
 // clang-format on
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +155,100 @@ static void test_schema_types(void **state) {
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":[\"string\",\"null\"]}", L("\"a\"", "null"), L("1", "{}"));
     expect_language(GRAMMAR_JSON_SCHEMA, "{}", L("1", "\"s\"", "[1,[2,{}]]", "{\"a\":{\"b\":null}}"),
                     L("", "[1,]", "tru"));
+}
+
+/* Keywords with exact grammars only in some forms: non-integer number bounds (plain
+ * decimals), patternProperties (keys matching the pattern), minProperties 1, pattern
+ * with a length that narrows one repeat. Each checked against values jsonschema agrees on. */
+static void test_schema_bounds(void **state) {
+    (void)state;
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":0.5,\"maximum\":10.25}",
+                    L("0.5", "0.50", "0.6", "1", "9.99", "10", "10.25", "10.250", "3.14159"),
+                    L("0.4", "0.49999", "-1", "10.26", "10.3", "11", "0", "100"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"exclusiveMinimum\":-1.5,\"exclusiveMaximum\":2}",
+                    L("-1.49", "-1", "-0.5", "0", "-0", "1.999", "1"), L("-1.5", "-1.50", "-2", "2", "2.0", "2.001"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"maximum\":-0.05}", L("-0.05", "-0.1", "-7", "-100.5"),
+                    L("-0.04", "0", "-0", "0.05", "1"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":1e-3}", L("0.001", "0.0011", "5", "12.5"),
+                    L("0.0009", "0", "-1"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":0,\"maximum\":1}",
+                    L("0", "0.0", "0.5", "1", "1.0", "1.000"), L("1.01", "-0.1", "2"));
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"type\":\"object\",\"patternProperties\":{\"^x-[a-z]+$\":{\"type\":\"integer\"}},"
+                    "\"additionalProperties\":false}",
+                    L("{}", "{\"x-a\":1}", "{\"x-ab\":1,\"x-c\":-2}"),
+                    L("{\"x-a\":\"s\"}", "{\"y\":1}", "{\"x-\":1}", "{\"x-A\":1}"));
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"properties\":{\"id\":{\"type\":\"string\"}},\"patternProperties\":{\"^[0-9]+$\":{\"type\":"
+                    "\"boolean\"}},\"required\":[\"id\"]}",
+                    L("{\"id\":\"a\"}", "{\"id\":\"a\",\"12\":true}"),
+                    L("{\"id\":\"a\",\"12\":1}", "{\"12\":true}", "{\"id\":1}"));
+    compile_fails(GRAMMAR_JSON_SCHEMA,
+                  "{\"properties\":{\"ab\":{}},\"patternProperties\":{\"^a\":{\"type\":\"integer\"}}}", "matches");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"patternProperties\":{\"^a\":{\"type\":\"integer\"},\"^b\":{}}}",
+                  "different schemas");
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"minProperties\":1}", L("{\"a\":1}", "{\"a\":1,\"b\":2}"),
+                    L("{}", "{ }"));
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"minProperties\":2}", "minProperties");
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[A-Za-z][a-z0-9_]*$\",\"maxLength\":4}",
+                    L("\"a\"", "\"Ab_1\""), L("\"\"", "\"Ab_12\"", "\"1a\""));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[0-9]{16}$\",\"minLength\":15}",
+                    L("\"1234567890123456\""), L("\"123456789012345\""));
+    expect_language(GRAMMAR_JSON_SCHEMA,
+                    "{\"type\":\"string\",\"pattern\":\"^(ab|[0-9]+)$\",\"minLength\":2,\"maxLength\":3}",
+                    L("\"ab\"", "\"12\"", "\"123\""), L("\"1\"", "\"1234\"", "\"abab\""));
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":4}", "min/maxLength");
+}
+
+/* Matchers of one grammar share its parse states: two threads following different outputs
+ * at once get exactly the masks a grammar of their own gives. */
+#define SHARED_WORDS ((N_VOCAB + 31) / 32)
+static const char *SHARED_SCHEMA = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
+                                   "\"n\":{\"type\":\"number\",\"minimum\":-2.5}},\"required\":[\"n\"]}";
+static const char *SHARED_TEXT[2] = {"{\"name\":\"ab\xc3\xa9\",\"n\":-1.25}", "{\"n\":3,\"zz\":[true,{\"k\":\"v\"}]}"};
+typedef struct {
+    const grammar *g;
+    const gvocab *v;
+    const char *text;
+    uint32_t masks[64][SHARED_WORDS];
+    int n;
+} shared_run;
+
+static void *shared_follow(void *arg) {
+    shared_run *r = arg;
+    for (int rep = 0; rep < 20; rep++) {
+        gmatcher *m = gmatcher_new(r->g, r->v);
+        r->n = 0;
+        for (const char *p = r->text; m && *p && r->n < 64; p++) {
+            gmatcher_mask(m, r->masks[r->n++]);
+            if (!gmatcher_accept_bytes(m, p, 1)) break;
+        }
+        gmatcher_free(m);
+    }
+    return NULL;
+}
+
+static void test_shared_matchers(void **state) {
+    (void)state;
+    gvocab *v = test_vocab();
+    grammar *shared = compile_ok(GRAMMAR_JSON_SCHEMA, SHARED_SCHEMA);
+    static shared_run run[2], ref[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        ref[i] = (shared_run){.g = compile_ok(GRAMMAR_JSON_SCHEMA, SHARED_SCHEMA), .v = v, .text = SHARED_TEXT[i]};
+        shared_follow(&ref[i]);
+        run[i] = (shared_run){.g = shared, .v = v, .text = SHARED_TEXT[i]};
+    }
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, shared_follow, &run[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(run[i].n, (int)strlen(SHARED_TEXT[i]));
+        assert_int_equal(run[i].n, ref[i].n);
+        assert_memory_equal(run[i].masks, ref[i].masks, sizeof run[i].masks[0] * (size_t)run[i].n);
+        grammar_free((grammar *)ref[i].g);
+    }
+    grammar_free(shared);
+    gvocab_free(v);
 }
 
 static void test_schema_structure(void **state) {
@@ -347,7 +442,8 @@ static void test_tool_call(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex),        cmocka_unit_test(test_gbnf),
-        cmocka_unit_test(test_schema_types), cmocka_unit_test(test_schema_structure),
+        cmocka_unit_test(test_schema_types), cmocka_unit_test(test_schema_bounds),
+        cmocka_unit_test(test_schema_structure), cmocka_unit_test(test_shared_matchers),
         cmocka_unit_test(test_masks),        cmocka_unit_test(test_accept_refuses),
         cmocka_unit_test(test_tool_call),
     };

@@ -317,7 +317,8 @@ def write_markdown(res, path):
                   "(the share of errors below -margin_i): expected agreements sum(1 - p_i), sd sqrt(sum p_i (1 - p_i)). "
                   "RMS margin error: the error's size; its paired interval (hearth minus llama.cpp, mean squared error, "
                   "same bootstrap) holding 0 says the two engines' errors are alike in size, so that a top-1 "
-                  "difference between them is which near-ties the rounding happened to tip.", "",
+                  "difference between them is which near-ties the rounding happened to tip (-: a row from a run "
+                  "before the near-tie column).", "",
                   f"| model | engine | top-1 agree observed | expected from error size (sd) | RMS margin error (nats) "
                   f"| the same at near-ties (margin < {NEAR_TIE} nats) | margin MSE minus llama.cpp, 95% |",
                   "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
@@ -325,7 +326,8 @@ def write_markdown(res, path):
             s_, v = r["summary"], r.get("vs_llamacpp_95", {}).get("margin_mse")
             lines.append(f"| {r['model']} | {r['engine']} | {s_['top1_agree']} | {s_['top1_expected']:.1f} "
                          f"({s_['top1_sd']:.1f}) | {s_['rms_margin_err']:.4f} | "
-                         f"{s_['rms_margin_err_near']:.4f} ({s_['near_ties']} positions) | "
+                         + (f"{s_['rms_margin_err_near']:.4f} ({s_['near_ties']} positions) | "
+                            if s_.get("rms_margin_err_near") is not None else "- | ") +
                          f"{'%+.5f .. %+.5f' % tuple(v) if v else '-'} |")
     Path(path).write_text("\n".join(lines) + "\n")
 

@@ -169,13 +169,21 @@ def worker(args):
             continue
         ref = np.load(ref_path, mmap_mode="r")
         n = min(ref.shape[1], logits.shape[1])  # rows past the tokenizer's vocabulary (padding), if any
-        kl, top1 = [], []
+        kl, top1, margin, merr = [], [], [], []
         for i in range(0, ref.shape[0], 64):
             lp_ref = np.asarray(ref[i:i + 64, :n], dtype=np.float64)
             lp = log_softmax(logits[i:i + 64, :n])
             kl.extend((np.exp(lp_ref) * (lp_ref - lp)).sum(axis=1).tolist())
             top1.extend((lp_ref.argmax(axis=1) == lp.argmax(axis=1)).tolist())
-        result[name] = {"kl": kl, "top1": top1}
+            # the reference's top two tokens: its margin between them and the candidate's error in
+            # that margin (a top-1 flip is an error below minus the margin)
+            two = np.argsort(-lp_ref, axis=1)[:, :2]
+            rows = np.arange(len(two))[:, None]
+            m_ref = np.diff(lp_ref[rows, two], axis=1)[:, 0] * -1
+            m_cand = np.diff(lp[rows, two], axis=1)[:, 0] * -1
+            margin.extend(m_ref.tolist())
+            merr.extend((m_cand - m_ref).tolist())
+        result[name] = {"kl": kl, "top1": top1, "margin": margin, "margin_err": merr}
     print(json.dumps({"docs": result, "seconds": time.time() - t0}))
 
 
@@ -200,8 +208,31 @@ def summarize(docs):
     top1 = np.concatenate([np.array(d["top1"]) for d in docs.values()])
     per_doc = {k: {"mean_kl": float(np.mean(v["kl"])), "top1": float(np.mean(v["top1"])), "n": len(v["kl"])}
                for k, v in docs.items()}
-    return {"n": int(kl.size), "mean_kl": float(kl.mean()), "p99_kl": float(np.percentile(kl, 99)),
-            "max_kl": float(kl.max()), "top1": float(top1.mean()), "top1_agree": int(top1.sum()), "per_doc": per_doc}
+    out = {"n": int(kl.size), "mean_kl": float(kl.mean()), "p99_kl": float(np.percentile(kl, 99)),
+           "max_kl": float(kl.max()), "top1": float(top1.mean()), "top1_agree": int(top1.sum()), "per_doc": per_doc}
+    if all("margin_err" in d for d in docs.values()):
+        out.update(top1_noise(np.concatenate([np.array(d["margin"]) for d in docs.values()]),
+                              np.concatenate([np.array(d["margin_err"]) for d in docs.values()])))
+    return out
+
+
+def top1_noise(margin, merr):
+    """How many top-1 agreements this error size predicts, and their spread: position i flips when
+    the error in the reference's top-two margin falls below -margin_i. Taking the errors as drawn
+    independently of the margin from their own distribution over the corpus, position i flips with
+    probability p_i = the fraction of errors below -margin_i; the agreements then number
+    sum(1 - p_i) with standard deviation sqrt(sum p_i (1 - p_i)). Two engines whose error
+    distributions are alike predict the same count, and their observed counts differ by chance
+    within about 2 * sqrt(sd_a^2 + sd_b^2) (more if their flips are independent of each other)."""
+    srt = np.sort(merr)
+    p = np.searchsorted(srt, -margin, side="left") / len(srt)
+    near = margin < NEAR_TIE
+    return {"rms_margin_err": float(np.sqrt(np.mean(merr ** 2))), "top1_expected": float(np.sum(1 - p)),
+            "top1_sd": float(np.sqrt(np.sum(p * (1 - p)))), "near_ties": int(near.sum()),
+            "rms_margin_err_near": float(np.sqrt(np.mean(merr[near] ** 2))) if near.any() else None}
+
+
+NEAR_TIE = 0.5  # nats: reference top-two margins below this are where top-1 flips happen
 
 
 BLOCK = 32  # positions per bootstrap block: neighbouring positions' errors are not independent
@@ -221,6 +252,9 @@ def paired_interval(cand, peer, seed=0):
     diffs = {"mean_kl": ka[pick].mean(1) - kb[pick].mean(1),
              "p99_kl": np.percentile(ka[pick], 99, axis=1) - np.percentile(kb[pick], 99, axis=1),
              "top1": ta[pick].mean(1) - tb[pick].mean(1)}
+    if all("margin_err" in d[k] for d in (cand, peer) for k in DOCS):  # mean squared error in the top-two margin
+        ea, eb = (np.concatenate([np.array(d[k]["margin_err"]) for k in DOCS]) ** 2 for d in (cand, peer))
+        diffs["margin_mse"] = ea[pick].mean(1) - eb[pick].mean(1)
     return {k: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] for k, v in diffs.items()}
 
 
@@ -274,6 +308,27 @@ def write_markdown(res, path):
             lines.append(f"| {r['model']} | {r['engine']} | {v['mean_kl'][0]:+.5f} .. {v['mean_kl'][1]:+.5f} | "
                          f"{v['p99_kl'][0]:+.4f} .. {v['p99_kl'][1]:+.4f} | "
                          f"{100 * v['top1'][0]:+.2f} .. {100 * v['top1'][1]:+.2f} |")
+    noise = [r for r in res["rows"] if "top1_expected" in r["summary"]]
+    if noise:
+        lines += ["", "Top-1 agreement against what each engine's error size predicts. A top-1 flip needs the error in the "
+                  "reference's top-two margin (candidate's log-probability gap between the reference's two best tokens "
+                  "minus the reference's) to fall below minus that margin; with the errors drawn from the engine's own "
+                  "distribution over the corpus, independently of the margin, position i flips with probability p_i "
+                  "(the share of errors below -margin_i): expected agreements sum(1 - p_i), sd sqrt(sum p_i (1 - p_i)). "
+                  "RMS margin error: the error's size; its paired interval (hearth minus llama.cpp, mean squared error, "
+                  "same bootstrap) holding 0 says the two engines' errors are alike in size, so that a top-1 "
+                  "difference between them is which near-ties the rounding happened to tip (-: a row from a run "
+                  "before the near-tie column).", "",
+                  f"| model | engine | top-1 agree observed | expected from error size (sd) | RMS margin error (nats) "
+                  f"| the same at near-ties (margin < {NEAR_TIE} nats) | margin MSE minus llama.cpp, 95% |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+        for r in noise:
+            s_, v = r["summary"], r.get("vs_llamacpp_95", {}).get("margin_mse")
+            lines.append(f"| {r['model']} | {r['engine']} | {s_['top1_agree']} | {s_['top1_expected']:.1f} "
+                         f"({s_['top1_sd']:.1f}) | {s_['rms_margin_err']:.4f} | "
+                         + (f"{s_['rms_margin_err_near']:.4f} ({s_['near_ties']} positions) | "
+                            if s_.get("rms_margin_err_near") is not None else "- | ") +
+                         f"{'%+.5f .. %+.5f' % tuple(v) if v else '-'} |")
     Path(path).write_text("\n".join(lines) + "\n")
 
 
@@ -289,7 +344,8 @@ def main():
     ap.add_argument("--write-ref", action="store_true")
     ap.add_argument("--keep", help="keep the reference's log probabilities here and reuse them while the corpus "
                     "and model are unchanged (the scalar tier takes minutes per model; clear DIR when the "
-                    "reference kernels change)")
+                    "reference kernels change), and llama.cpp's per-position results, which a later run with "
+                    "--engines hearth compares against")
     ap.add_argument("--engines", default="hearth,llamacpp", help="which candidates to measure")
     ap.add_argument("--append", action="store_true", help="keep the rows of <out>.json for the engines and models "
                     "not measured now (one table from runs taken at different times: each row keeps its date)")
@@ -318,13 +374,24 @@ def main():
             for level in hearth_levels() if "hearth" in engines else []:
                 for chunk in (8, 1):
                     r = run_worker("hearth", path, ids_path, str(work), args, env_cpu=level, chunk=chunk)
+                    if args.keep:
+                        (work / f"hearth_{level}_chunk{chunk}_positions.json").write_text(
+                            json.dumps({"stamp": stamp, "docs": r["docs"]}))
                     rows.append({"model": label, "engine": f"hearth {level}, chunk {chunk}",
                                  "summary": summarize(r["docs"]), "_docs": r["docs"]})
+            peer = work / "llamacpp_positions.json"  # with --keep: llama.cpp's per-position results
             if "llamacpp" in engines:
                 r = run_worker("llamacpp", path, ids_path, str(work), args)
                 rows.append({"model": label, "engine": f"llama.cpp {llama_version}", "summary": summarize(r["docs"]),
                              "_docs": r["docs"]})
+                if args.keep:
+                    peer.write_text(json.dumps({"stamp": stamp, "docs": r["docs"]}))
+            elif args.keep and peer.exists() and json.loads(peer.read_text())["stamp"] == stamp:
+                # hearth alone (--engines hearth): intervals against the kept llama.cpp run of this corpus
+                rows.append({"model": label, "engine": "llama.cpp (kept)", "_docs": json.loads(peer.read_text())["docs"],
+                             "_kept": True})
     add_intervals(rows)
+    rows = [r for r in rows if not r.get("_kept")]
     for r in rows:
         r.update(date=started, commit=run_bench.git_describe(), load_before=load_before, load_after=run_bench.loadavg())
     prev = json.loads(Path(args.out + ".json").read_text()) if args.append and Path(args.out + ".json").exists() else {}

@@ -47,6 +47,15 @@ def log(msg):
 
 def import_llama_cpp():
     os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(LLAMACPP_LIB))
+    # Libraries copied out of an older build may carry a RUNPATH to a build folder that is gone:
+    # loading their dependencies first, by path, lets the dynamic loader match them by soname.
+    lib_dir = Path(os.environ["LLAMA_CPP_LIB_PATH"])
+    for name in ("libggml-base.so", "libggml-cpu.so", "libggml.so"):
+        if (lib_dir / name).exists():
+            try:
+                ctypes.CDLL(str(lib_dir / name), mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                pass  # the bindings' own load below reports what is missing
     try:
         import llama_cpp
     except Exception as e:  # the bindings raise plain Exceptions when the library is missing

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run.sh: entry point of the CPU benchmark hearth vs llama.cpp. Builds llama.cpp (pinned
-# llama-cpp-python sdist's vendored source, native CPU build) into build/llamacpp: llama-bench, the
-# peer measured, and the libraries the Python bindings in .venv use to quantize the models; builds
+# llama-cpp-python sdist's vendored source, native CPU build; install_llamacpp.sh) where missing: its
+# libraries in $HEARTH_CACHE/bench/llamacpp/lib, which the Python bindings in .venv use to quantize
+# the models, and llama-bench, the peer measured, linked against them into build/llamacpp/bin; builds
 # hearth, prepares the GGUF models in $HEARTH_CACHE/bench, then runs run_bench.py, which writes
 # bench/results/cpu_vs_llamacpp.{json,md}. Nothing of llama.cpp is committed (build/ is ignored).
 # usage: bench/cpu_vs_llamacpp/run.sh [run_bench.py flags: -p 512 -n 128 -t 2 -r 5 --only ID,.. --no-1b]

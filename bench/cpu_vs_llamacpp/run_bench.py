@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """bench/cpu_vs_llamacpp/run_bench.py: CPU prefill and decode speed of hearth (`hearth bench --json`)
 against llama.cpp's own llama-bench (`-lm none`, built from llama-cpp-python's vendored source) on the
-same GGUF files, same thread count, same prompt length and context, median of r runs each (by default in interleaved rounds: one run of each engine
+same GGUF files, same thread count, same prompt length and context (prefill pp512 into an empty cache;
+decode tg128 both at 512 context, llama-bench -d 512 against hearth bench -p 512, and at short context,
+llama-bench's default empty-cache tg128 against hearth bench -p 1), median of r runs each (by default in interleaved rounds: one run of each engine
 per round, alternating which goes first, so both see the same machine); both load weights into anonymous memory (hearth by
 design, llama-bench with -lm none; checked through /proc/<pid>/smaps). Writes
 bench/results/cpu_vs_llamacpp.json and .md. A benchmark, not a test: it asserts nothing about speed.
@@ -178,7 +180,22 @@ def parse_llama_bench(out, args):
             "build_commit": pre.get("build_commit"), "cpu_info": pre.get("cpu_info")}
 
 
-def interleaved(row, hcmd, lcmd, model_path, runs, timeout, lparse):
+def hearth_pair(hcmd, hshort, model_path, timeout):
+    """One hearth measurement: `hcmd` (prefill of -p tokens, decode of -n after them) and `hshort`
+    (decode of -n after a 1-token prompt: hearth bench's nearest to llama-bench's tg test from an
+    empty cache), each a fresh process; the second's decode becomes decode_short_tps."""
+    d, e, mp = run_child(hcmd, model_path, timeout)
+    if d and hshort:
+        ds, es, mps = run_child(hshort, model_path, timeout)
+        mp = {k: max(mp[k], mps[k]) for k in mp}
+        if ds:
+            d["decode_short_tps"] = ds["decode_tps"]
+        else:
+            e, d = es, None
+    return d, e, mp
+
+
+def interleaved(row, hcmd, hshort, lcmd, model_path, runs, timeout, lparse):
     """--interleave: `runs` rounds of one hearth run and one llama.cpp run (each a fresh process with
     -r 1, the first of each round alternating), so both engines see the same neighbours on a shared
     machine whose memory bandwidth drifts by 2-4x within minutes. Each hearth run measures the
@@ -192,7 +209,7 @@ def interleaved(row, hcmd, lcmd, model_path, runs, timeout, lparse):
     for i in range(runs):
         for side in (("h", "l") if i % 2 == 0 else ("l", "h")):
             if side == "h":
-                d, e, mp = run_child(one(hcmd), model_path, timeout)
+                d, e, mp = hearth_pair(one(hcmd), one(hshort), model_path, timeout)
                 hmap = merge(hmap, mp)
                 if d: hs.append(d)
                 else: herr = e
@@ -205,10 +222,12 @@ def interleaved(row, hcmd, lcmd, model_path, runs, timeout, lparse):
     h = None
     if hs:
         h = dict(hs[0])
-        for k in ("prefill_tps", "decode_tps", "bandwidth_gbs", "roofline_tps", "roofline_fraction"):
+        for k in ("prefill_tps", "decode_tps", "decode_short_tps", "bandwidth_gbs", "roofline_tps",
+                  "roofline_fraction"):
             h[k] = med(hs, k)
         h["runs"] = len(hs)
-        h["rounds"] = [{k: x.get(k) for k in ("prefill_tps", "decode_tps", "bandwidth_gbs", "roofline_fraction")}
+        h["rounds"] = [{k: x.get(k) for k in ("prefill_tps", "decode_tps", "decode_short_tps", "bandwidth_gbs",
+                                              "roofline_fraction")}
                        for x in hs]
     l = None
     if ls:
@@ -217,6 +236,7 @@ def interleaved(row, hcmd, lcmd, model_path, runs, timeout, lparse):
         l["decode_empty_tps"] = med(ls, "decode_empty_tps")
         l["prefill_runs_tps"] = [x["prefill_tps"] for x in ls]
         l["decode_runs_tps"] = [x["decode_tps"] for x in ls]
+        l["decode_empty_runs_tps"] = [x["decode_empty_tps"] for x in ls]
         if hs and len(hs) == len(ls):  # each llama.cpp round against the hearth roofline of its round
             row["llamacpp_roofline_fraction"] = statistics.median(
                 x["decode_tps"] / y["roofline_tps"] for x, y in zip(ls, hs) if y.get("roofline_tps"))
@@ -237,9 +257,12 @@ def write_markdown(res, path):
     lines = [f"# hearth vs llama.cpp (llama-bench -lm none) on CPU ({s['threads']} threads, prompt {s['prompt_tokens']}, "
              f"generate {s['gen_tokens']}, median of {s['runs']} runs, {s['runs_1b']} for the 1B-shaped models"
              f"{', interleaved rounds' if s.get('interleaved') else ''})", "",
-             f"Context: prefill is {s['prompt_tokens']} tokens into an empty cache; decode is {s['gen_tokens']} tokens "
-             f"after the {s['prompt_tokens']}-token prompt (hearth bench; llama-bench -d {s['prompt_tokens']}); "
-             "llama.cpp's decode from an empty cache (llama-bench's default tg test) is listed too. Load: the 1-minute "
+             f"Context: prefill (llama-bench pp{s['prompt_tokens']}) is {s['prompt_tokens']} tokens into an empty cache; "
+             f"decode at {s['prompt_tokens']} context (tg{s['gen_tokens']} @ d{s['prompt_tokens']}) is {s['gen_tokens']} tokens "
+             f"after a {s['prompt_tokens']}-token prompt (hearth bench -p {s['prompt_tokens']}; llama-bench "
+             f"-d {s['prompt_tokens']}); decode at short context (tg{s['gen_tokens']}) is {s['gen_tokens']} tokens from an "
+             f"empty cache (llama-bench's default tg test, -d 0) against hearth bench -p 1 -n {s['gen_tokens']} (a "
+             "1-token prompt, then the same decode). Load: the 1-minute "
              "load average of this shared machine before and after each row (2 threads per engine; other tenants' "
              "work shares the cores).", "",
              "Ratios are hearth / llama.cpp (above 1: hearth faster). Roofline fractions divide decode tok/s by "
@@ -248,16 +271,18 @@ def write_markdown(res, path):
              "alternating which goes first); every hearth run measures the bandwidth right after its decode, and "
              "both engines' fractions use that round's roofline; medians over rounds." if s.get("interleaved")
                                  else ""), "",
-             "| model | format | hearth prefill tok/s | llama.cpp prefill tok/s | ratio | hearth decode tok/s | "
-             "llama.cpp decode tok/s | ratio | llama.cpp decode, empty cache | hearth roofline frac | "
-             "llama.cpp roofline frac | bandwidth GB/s | runs | load 1 min before -> after |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             f"| model | format | hearth prefill tok/s | llama.cpp prefill tok/s | ratio | hearth decode @{s['prompt_tokens']} "
+             f"tok/s | llama.cpp decode @{s['prompt_tokens']} tok/s | ratio | hearth decode, short ctx | llama.cpp decode, "
+             "short ctx | ratio | hearth roofline frac | llama.cpp roofline frac | bandwidth GB/s | runs | "
+             "load 1 min before -> after |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in res["rows"]:
         h, l = r.get("hearth") or {}, r.get("llamacpp") or {}
         lines.append(f"| {r['model']} | {r['format']} | {fmt(h.get('prefill_tps'), '.1f')} | "
                      f"{fmt(l.get('prefill_tps'), '.1f')} | {fmt(r['prefill_ratio'], '.2f')} | "
                      f"{fmt(h.get('decode_tps'), '.1f')} | {fmt(l.get('decode_tps'), '.1f')} | "
-                     f"{fmt(r['decode_ratio'], '.2f')} | {fmt(l.get('decode_empty_tps'), '.1f')} | "
+                     f"{fmt(r['decode_ratio'], '.2f')} | {fmt(h.get('decode_short_tps'), '.1f')} | "
+                     f"{fmt(l.get('decode_empty_tps'), '.1f')} | {fmt(r.get('decode_short_ratio'), '.2f')} | "
                      f"{fmt(h.get('roofline_fraction'), '.2f')} | "
                      f"{fmt(r['llamacpp_roofline_fraction'], '.2f')} | {fmt(h.get('bandwidth_gbs'), '.1f')} | {r['runs']} | "
                      f"{r['load_before'][0]} -> {r['load_after'][0]} |")
@@ -342,22 +367,27 @@ def main():
         row = dict(m, runs=int(runs), load_before=loadavg())
         hcmd = [args.hearth, "bench", m["path"], "-p", str(args.prompt), "-n", str(args.gen), "-t", str(args.threads),
                 "-r", runs, "--json"]
+        hshort = hcmd[:3] + ["-p", "1"] + hcmd[5:]
         lcmd, lparse = llama_bench_cmd(args, m["path"], runs), lambda out: parse_llama_bench(out, args)
         if args.interleave:
-            interleaved(row, hcmd, lcmd, m["path"], int(runs), args.timeout, lparse)
+            interleaved(row, hcmd, hshort, lcmd, m["path"], int(runs), args.timeout, lparse)
         else:
-            row["hearth"], row["hearth_error"], row["hearth_file_mapped"] = run_child(hcmd, m["path"], args.timeout)
+            row["hearth"], row["hearth_error"], row["hearth_file_mapped"] = hearth_pair(hcmd, hshort, m["path"],
+                                                                                         args.timeout)
             row["llamacpp"], row["llamacpp_error"], row["llamacpp_file_mapped"] = run_child(lcmd, m["path"],
                                                                                             args.timeout, lparse)
         row["load_after"] = loadavg()
         h, l = row["hearth"] or {}, row["llamacpp"] or {}
         row["prefill_ratio"] = ratio(h.get("prefill_tps"), l.get("prefill_tps"))
         row["decode_ratio"] = ratio(h.get("decode_tps"), l.get("decode_tps"))
+        row["decode_short_ratio"] = ratio(h.get("decode_short_tps"), l.get("decode_empty_tps"))
         row["llamacpp_roofline_fraction"] = row.get("llamacpp_roofline_fraction") or ratio(l.get("decode_tps"),
                                                                                            h.get("roofline_tps"))
         for side in ("hearth", "llamacpp"):
             d = row[side] or {}
+            short = d.get("decode_short_tps", d.get("decode_empty_tps"))
             print(f"   {side:9s} prefill {fmt(d.get('prefill_tps'), '8.1f')} decode {fmt(d.get('decode_tps'), '7.1f')}"
+                  f" short ctx {fmt(short, '7.1f')}"
                   f"{'  ERROR ' + row[side + '_error'] if row[side + '_error'] else ''}", file=sys.stderr, flush=True)
         rows.append(row)
         save(args, started, machine, rows)  # after every model: an interrupted run keeps what it measured

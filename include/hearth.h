@@ -371,6 +371,12 @@ typedef enum hearth_constraint_kind {
 /* Compiles a constraint source without generating: HEARTH_OK, or an error (INVALID or
  * UNSUPPORTED) whose message names the problem (the keyword, the $ref, line:col). */
 hearth_status hearth_constraint_check(hearth_constraint_kind kind, const char *text, size_t len, hearth_error *err);
+/* Compiles a constraint for engine e's vocabulary and keeps it: requests with the same
+ * (kind, text) then share it, and a caller that prepares a request's constraint on its own
+ * thread spares the engine's step loop the compilation (the server does so for every
+ * constrained request). The engine keeps the 32 most recently used. Any thread. */
+hearth_status hearth_constraint_prepare(hearth_engine *e, hearth_constraint_kind kind, const char *text, size_t len,
+                                        hearth_error *err);
 
 typedef struct hearth_generate_params {
     hearth_sampling sampling;

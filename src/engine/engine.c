@@ -34,6 +34,8 @@
 struct hearth_engine {
     hearth_model *hm;
     gvocab *gvocab; /* the grammar engine's view of the vocabulary, built on first use */
+    pthread_mutex_t gvocab_mu; /* that first use may come from any thread */
+    gram_cache *grammars;      /* compiled constraints (constraint.c) */
     model *m;
     kv_cache kv;
     op_backend *be;    /* where the forward pass runs: the CPU backend, or the GPU's (then gpu = 1) */
@@ -323,6 +325,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     hearth_engine *e = calloc(1, sizeof *e);
     if (!e) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     e->hm = hm;
+    pthread_mutex_init(&e->gvocab_mu, NULL);
     adapter_registry_init(&e->adapters);
     /* the default KV pool's rooms, read before the weights take their share (as fit reads them) */
     size_t host_room = 0, dev_room = 0;
@@ -435,6 +438,8 @@ void hearth_engine_free(hearth_engine *e) {
     free(e->dev_req);
     model_free(e->m);
     gvocab_free(e->gvocab);
+    gram_cache_free(e->grammars);
+    pthread_mutex_destroy(&e->gvocab_mu);
     free(e->step_tok);
     free(e->step_pos);
     free(e->step_slot);
@@ -720,8 +725,24 @@ hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, in
 threadpool *engine_threads(hearth_engine *e) { return e->tp; }
 sampler *engine_slot_sampler(hearth_engine *e, int seq) { return &e->slot_smp[seq]; }
 
+/* made on first use (NULL on out of memory: engine_constraint_get then compiles per request) */
+gram_cache *engine_grammars(hearth_engine *e) {
+    pthread_mutex_lock(&e->gvocab_mu);
+    if (!e->grammars) e->grammars = gram_cache_new();
+    pthread_mutex_unlock(&e->gvocab_mu);
+    return e->grammars;
+}
+
+static void build_grammar_vocab(hearth_engine *e);
+
 gvocab *engine_grammar_vocab(hearth_engine *e) {
-    if (e->gvocab || !e->hm->tok) return e->gvocab;
+    pthread_mutex_lock(&e->gvocab_mu);
+    if (!e->gvocab && e->hm->tok) build_grammar_vocab(e);
+    pthread_mutex_unlock(&e->gvocab_mu);
+    return e->gvocab;
+}
+
+static void build_grammar_vocab(hearth_engine *e) {
     const tok_tokenizer *t = e->hm->tok;
     int32_t n = tok_vocab_size(t);
     char **bytes = calloc((size_t)n + 1, sizeof *bytes);
@@ -739,7 +760,6 @@ gvocab *engine_grammar_vocab(hearth_engine *e) {
     if (ok) e->gvocab = gvocab_new(n, (const char *const *)bytes, len, special, e->eos, e->n_eos);
     for (int32_t i = 0; bytes && i < n; i++) free(bytes[i]);
     free(bytes), free(len), free(special);
-    return e->gvocab;
 }
 
 int engine_eos_ids(const hearth_engine *e, const int32_t **ids) {

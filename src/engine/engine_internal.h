@@ -169,4 +169,14 @@ struct grammar;
 struct gvocab;
 hearth_status engine_constraint_compile(hearth_constraint_kind kind, const char *text, size_t len,
                                         const struct gvocab *v, struct grammar **out, hearth_error *err);
+/* The engine's compiled constraints (constraint.c): engine_constraint_get gives the grammar
+ * of (kind, text) for vocabulary v, compiled once and shared (a reference), released with
+ * engine_constraint_put. Any thread. */
+typedef struct gram_cache gram_cache;
+gram_cache *gram_cache_new(void);
+void gram_cache_free(gram_cache *c);
+gram_cache *engine_grammars(hearth_engine *e);
+hearth_status engine_constraint_get(gram_cache *c, hearth_constraint_kind kind, const char *text, size_t len,
+                                    const struct gvocab *v, struct grammar **out, hearth_error *err);
+void engine_constraint_put(gram_cache *c, struct grammar *g);
 #endif

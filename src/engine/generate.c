@@ -155,7 +155,8 @@ static hearth_status constraint_init(gen_stream *g, hearth_engine *e, const hear
     if (p->constraint == HEARTH_CONSTRAINT_NONE) return HEARTH_OK;
     gvocab *v = engine_grammar_vocab(e);
     if (!v) return err_set(err, HEARTH_ERR_UNSUPPORTED, "a constraint needs the model's tokenizer");
-    hearth_status st = engine_constraint_compile(p->constraint, p->constraint_text, p->constraint_len, v, &g->grammar, err);
+    hearth_status st = engine_constraint_get(engine_grammars(e), p->constraint, p->constraint_text, p->constraint_len, v,
+                                             &g->grammar, err);
     if (st) return st;
     size_t rows = (size_t)hearth_model_vocab_rows(e);
     g->matcher = gmatcher_new(g->grammar, v);
@@ -204,7 +205,7 @@ hearth_status gen_stream_init(gen_stream *g, hearth_engine *e, size_t n_prompt, 
 void gen_stream_free(gen_stream *g) {
     if (g->e) adapter_set_release(engine_adapters(g->e), g->adapters);
     gmatcher_free(g->matcher);
-    grammar_free(g->grammar);
+    engine_constraint_put(engine_grammars(g->e), g->grammar);
     free(g->masked);
     free(g->mask);
     hearth_detok_stream_free(g->ds);

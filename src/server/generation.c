@@ -201,6 +201,17 @@ int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_opti
         p.constraint_text = tool_doc;
         p.constraint_len = strlen(tool_doc);
     }
+    /* the constraint compiled here, on this request's thread, into the engine's cache: the
+     * engine thread finds it ready instead of compiling it between two steps */
+    if (p.constraint != HEARTH_CONSTRAINT_NONE && s->engine &&
+        hearth_constraint_prepare(s->engine, p.constraint, p.constraint_text, p.constraint_len, &err)) {
+        free(tool_doc);
+        hearth_free(ids);
+        srv_generation_free(g);
+        int oom = err.status == HEARTH_ERR_NOMEM;
+        return srv_fail(e, oom ? 500 : 400, oom ? "server_error" : "invalid_request_error",
+                        r->force_tool ? "tool_choice" : NULL, NULL, "%s", err.message);
+    }
     p.first_logprobs = o->first_logprobs;
     p.adapter = spec[0] ? spec : NULL;
     size_t n_seqs = 0, cap = r->n_stop ? r->n_stop : 1;

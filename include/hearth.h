@@ -838,7 +838,8 @@ typedef int (*hearth_memory_llm_fn)(void *user, const char *stage, const char *p
 typedef struct hearth_memory_synth_options {
     const char *stage; /* NULL: every stage and the commit; else "segment", "extract", "route",
                         * "synthesize" (the stages' own work only) or "link" (link and commit) */
-    const char *since; /* NULL, or a date "YYYY-MM-DD": only conversations created since */
+    const char *since; /* NULL, or "YYYY-MM-DD" or "YYYY-MM-DDTHH:MM" (UTC): only conversations
+                        * created then or later; anything else is HEARTH_ERR_INVALID */
     int limit;         /* > 0: at most this many items per stage */
     int dry_run;       /* report the work each stage has, call nothing, write nothing */
     hearth_memory_llm_fn llm;

@@ -18,7 +18,7 @@ static const char *memory_usage =
     "  toc <a> | section <a> <anchor> | links <a> | read <a>\n"
     "  import <file|folder>         ChatGPT/Claude conversations.json, Markdown or text files\n"
     "  reindex                      rebuild the search index from the vault's files\n"
-    "  synthesize [--model M] [--since YYYY-MM-DD] [--dry-run] [--limit N]   conversations -> articles\n"
+    "  synthesize [--model M] [--since YYYY-MM-DD[THH:MM]] [--dry-run] [--limit N]   conversations -> articles\n"
     "  segment|extract|route|synthesize-stage|link [--limit N]   one stage of it (link commits)\n"
     "  schedule --model M [--at 03:00] | unschedule   nightly synthesis (systemd user timer, else cron)\n"
     "  mcp                          serve the read-only memory tools over MCP on stdio\n"

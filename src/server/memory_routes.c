@@ -125,7 +125,9 @@ typedef struct synth_stream {
     hearth_memory *m;
     sse_stream ss;
     int dry, stage, done;
-    json_t *plan;     /* the dry run's counts */
+    char *since;  /* ?since=, or NULL */
+    json_t *plan; /* the dry run's counts, worked out before the stream starts */
+    int plan_sent;
     json_t *articles; /* the articles the run wrote, for its "done" event */
 } synth_stream;
 
@@ -140,11 +142,8 @@ static void synth_fail(synth_stream *st, const hearth_error *err) {
 static void synth_step(synth_stream *st) {
     hearth_error err = {0};
     char *report = NULL;
-    if (!st->plan) {
-        hearth_memory_synth_options o = {.dry_run = 1};
-        if (hearth_memory_synthesize(st->m, &o, &report, &err)) return synth_fail(st, &err);
-        st->plan = json_loads(report, 0, NULL);
-        hearth_free(report);
+    if (!st->plan_sent) {
+        st->plan_sent = 1;
         json_t *ev = json_deep_copy(st->plan);
         json_object_set_new(ev, "type", json_string("plan"));
         synth_event(st, ev);
@@ -156,7 +155,7 @@ static void synth_step(synth_stream *st) {
     }
     const char *stage = synth_stages[st->stage];
     int last = st->stage == N_SYNTH_STAGES - 1;
-    hearth_memory_synth_options o = {.stage = stage, .limit = 1, .llm = synth_llm, .user = st->s};
+    hearth_memory_synth_options o = {.stage = stage, .since = st->since, .limit = 1, .llm = synth_llm, .user = st->s};
     if (hearth_memory_synthesize(st->m, &o, &report, &err)) return synth_fail(st, &err);
     json_t *r = json_loads(report, 0, NULL);
     hearth_free(report);
@@ -201,15 +200,27 @@ static long synth_read(void *cls, char *buf, size_t max) {
 static void synth_free(void *cls) {
     synth_stream *st = cls;
     hearth_memory_close(st->m);
+    free(st->since);
     json_decref(st->plan), json_decref(st->articles);
     sbuf_free(&st->ss.out);
     free(st);
     atomic_store(&synthesis_running, 0);
 }
 
+/* The plan (a dry run) is worked out before the stream starts, so a bad ?since= or a vault
+ * that needs attention is an HTTP error, not an event. */
+static int synth_plan(synth_stream *st, hearth_error *err) {
+    char *report = NULL;
+    hearth_memory_synth_options o = {.since = st->since, .dry_run = 1};
+    hearth_status hs = hearth_memory_synthesize(st->m, &o, &report, err);
+    if (!hs && !(st->plan = json_loads(report, 0, NULL))) hs = HEARTH_ERR_NOMEM;
+    hearth_free(report);
+    return hs;
+}
+
 int srv_memory_synthesize(srv_server *s, srv_conn *c) {
     if (!s->cfg.memory) return memory_off(s, c);
-    const char *dry = srv_query(c, "dry");
+    const char *dry = srv_query(c, "dry"), *since = srv_query(c, "since");
     srv_error e = {0};
     if (dry && strcmp(dry, "0") && strcmp(dry, "1"))
         return srv_fail(&e, 400, "invalid_request_error", "dry", NULL, "dry must be 0 or 1"),
@@ -222,15 +233,19 @@ int srv_memory_synthesize(srv_server *s, srv_conn *c) {
     synth_stream *st = calloc(1, sizeof *st);
     hearth_error err = {0};
     hearth_memory_options mo = {.path = s->cfg.memory_vault};
-    hearth_status hs = st ? hearth_memory_open(&mo, &st->m, &err) : HEARTH_ERR_NOMEM;
+    hearth_status hs = st && (!since || (st->since = strdup(since))) && (st->articles = json_array())
+                           ? hearth_memory_open(&mo, &st->m, &err)
+                           : HEARTH_ERR_NOMEM;
+    if (!hs) hs = synth_plan(st, &err);
     if (hs) {
-        free(st);
-        atomic_store(&synthesis_running, 0);
+        if (st)
+            synth_free(st); /* lets the next run in */
+        else
+            atomic_store(&synthesis_running, 0);
         if (hs == HEARTH_ERR_NOMEM) snprintf(err.message, sizeof err.message, "out of memory");
-        return respond_status(s, c, hs, &err, NULL);
+        return respond_status(s, c, hs, &err, hs == HEARTH_ERR_INVALID ? "since" : NULL);
     }
     st->s = s;
-    st->articles = json_array();
     st->dry = dry && !strcmp(dry, "1");
     sbuf_init(&st->ss.out);
     return srv_respond_stream(c, s, "text/event-stream", synth_read, st, synth_free);

@@ -417,6 +417,23 @@ def test_synthesis_refuses_a_corrupt_vault_and_bad_stage(vault, tmp_path):
     assert not (vault / "articles" / "Baking.md").exists()
 
 
+def test_synthesis_since(vault, tmp_path):
+    """--since takes a UTC date or date and minute (the conversations' created times:
+    CHATGPT 2023-11-14 22:13, MORE 2023-11-16 02:00, CLAUDE 2024-03-01T10:00:00Z), keeps
+    older conversations waiting, and refuses anything else naming the flag's field."""
+    imported(vault, tmp_path, CHATGPT, MORE, CLAUDE)
+    plan = lambda since: synthesize(vault, "--dry-run", "--since", since)["segment"]  # noqa: E731
+    assert plan("2023-11-14") == 3 and plan("2023-11-15") == 2 and plan("2024-03-01") == 1
+    assert plan("2023-11-14T22:13") == 3 and plan("2023-11-14 22:14") == 2 and plan("2024-03-01T10:01") == 0
+    assert plan("2024-02-29") == 1  # a leap day
+    for bad in ("yesterday", "2023-11-31", "2023-02-29", "2023-11-14T24:00", "2023-11-14T22", "2023/11/14", ""):
+        r = synthesize(vault, "--dry-run", "--since", bad, check=False)
+        assert r.returncode == 1 and "since" in r.stderr and "YYYY-MM-DD" in r.stderr, (bad, r.stderr)
+    r = synthesize(vault, "--since", "2023-11-15")  # the run itself leaves the older one for later
+    assert r["segment"] == 2 and r["committed"]
+    assert synthesize(vault, "--dry-run")["segment"] == 1
+
+
 def test_serve_memory_log(vault):
     """`serve --memory-log`: each chat completion (streamed or not) lands in the vault, one
     file per chat (the next turn replaces the previous one), committed, searchable; the

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import BIN, SMOLLM2, server  # noqa: E402
 from hearth_process import need  # noqa: E402
-from test_memory import CHATGPT  # noqa: E402
+from test_memory import CHATGPT, MORE  # noqa: E402
 
 TOOLS = {"memory_status", "memory_list", "memory_search", "memory_read", "memory_toc", "memory_section",
          "memory_links"}
@@ -126,6 +127,33 @@ def test_synthesize_streams_progress_and_commits_once(vault):
         assert again[-1][0] == "done" and again[-1][1]["committed"] is False
         status, err = get(base, "/v1/memory/synthesize?dry=maybe")
         assert status == 400 and err["error"]["param"] == "dry"
+
+
+def test_synthesize_since(vault, tmp_path):
+    """?since= as `hearth memory synthesize --since` takes it (CHATGPT was created
+    2023-11-14 22:13 UTC, MORE 2023-11-16 02:00): the plan and the run leave older
+    conversations waiting; a bad value is a 400 naming the field, before any stream."""
+    export = tmp_path / "more.json"
+    export.write_text(json.dumps(MORE))
+    subprocess.run([str(BIN), "memory", "import", str(export), "--vault", str(vault), "--embed-model", "none"],
+                   check=True, capture_output=True)
+    n = int(git(vault, "rev-list", "--count", "HEAD"))
+    with server(SMOLLM2, "--memory", "--memory-vault", vault) as base:
+        def plan(since):
+            ev = events(base, "/v1/memory/synthesize?dry=1&since=" + urllib.parse.quote(since))
+            assert [e for e, _ in ev] == ["plan", "done"]
+            return ev[0][1]["segment"]
+        assert plan("2023-11-14") == 2 and plan("2023-11-15") == 1 and plan("2023-11-17") == 0
+        assert plan("2023-11-14T22:13") == 2 and plan("2023-11-14 22:14") == 1
+        for bad in ("yesterday", "2023-11-31", "2023-11-14T22:61", "2023-11-14T22", ""):
+            status, err = get(base, "/v1/memory/synthesize?since=" + urllib.parse.quote(bad))
+            assert status == 400 and err["error"]["param"] == "since", (bad, err)
+            assert err["error"]["type"] == "invalid_request_error" and "YYYY-MM-DD" in err["error"]["message"]
+        run = events(base, "/v1/memory/synthesize?since=2023-11-15")  # the served model reads MORE only
+        assert run[0][1]["segment"] == 1 and run[-1][0] == "done" and run[-1][1]["committed"] is True
+        assert [d["done"] for e, d in run if e == "progress" and d["stage"] == "segment"] == [1]
+        assert int(git(vault, "rev-list", "--count", "HEAD")) == n + 1
+        assert plan("2023-11-14") == 1  # the older conversation still waits
 
 
 def test_responses_store_feeds_the_vault(vault):

@@ -852,6 +852,14 @@ hearth_status hearth_memory_synthesize(hearth_memory *m, const hearth_memory_syn
 /* Drops the index and rebuilds it from the vault's files (vectors of unchanged text are
  * kept). *report_json: {"documents", "chunks", "seconds"}. */
 hearth_status hearth_memory_reindex(hearth_memory *m, char **report_json, hearth_error *err);
+/* What synthesis changed: the last `limit` (1..HEARTH_MEMORY_CHANGES_MAX) synthesis commits
+ * on HEAD's first-parent line, newest first, each diffed against its parent (libgit2, no
+ * context lines). *changes_json: [{"commit", "time" (UTC ISO 8601), "message" (the commit's
+ * first line), "files": [{"path", "kind", "status" (added|modified|deleted|renamed),
+ * "added", "removed" (line counts), "lines": [{"op": "+"|"-", "text"}] (at most 400 a file),
+ * "truncated"}]}]; [] before the first synthesis. Reads the repository only. */
+#define HEARTH_MEMORY_CHANGES_MAX 20
+hearth_status hearth_memory_changes(hearth_memory *m, int limit, char **changes_json, hearth_error *err);
 
 #ifdef __cplusplus
 }

@@ -73,6 +73,33 @@ int srv_memory_call(srv_server *s, srv_conn *c, const char *tool, const char *bo
     return rc;
 }
 
+/* GET /v1/memory/changes?limit=N: what the last N synthesis runs changed (default 1). */
+int srv_memory_changes(srv_server *s, srv_conn *c) {
+    if (!s->cfg.memory) return memory_off(s, c);
+    const char *q = srv_query(c, "limit");
+    char *end = NULL;
+    long limit = q ? strtol(q, &end, 10) : 1;
+    srv_error e = {0};
+    if (q && (!*q || *end || limit < 1 || limit > HEARTH_MEMORY_CHANGES_MAX))
+        return srv_fail(&e, 400, "invalid_request_error", "limit", NULL, "limit must be a whole number from 1 to %d",
+                        HEARTH_MEMORY_CHANGES_MAX),
+               srv_respond_error(c, s, &e);
+    char *list = NULL;
+    hearth_error err = {0};
+    pthread_mutex_lock(&memory_mu);
+    hearth_status st = hearth_memory_changes(s->cfg.memory, (int)limit, &list, &err);
+    pthread_mutex_unlock(&memory_mu);
+    if (st) return respond_status(s, c, st, &err, NULL);
+    sbuf b;
+    sbuf_init(&b);
+    sbuf_printf(&b, "{\"object\": \"list\", \"data\": %s}", list);
+    hearth_free(list);
+    int rc = b.oom ? (srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, s, &e))
+                   : srv_respond(c, s, 200, b.data);
+    sbuf_free(&b);
+    return rc;
+}
+
 /* ---- synthesis, streamed ---------------------------------------------------------- */
 
 /* Every answer is capped by its schema; this guards a runaway (the context ends it too). */

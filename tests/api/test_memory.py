@@ -298,6 +298,25 @@ def test_hybrid_search_and_reindex(vault, tmp_path):
     assert hits and hits[0]["path"] == "Notes/cats.md"
 
 
+def git_diff(vault, rev):
+    """{path: [(op, text)]} of a commit against its parent, read from the git CLI's patch."""
+    out = subprocess.run(["git", "-C", str(vault), "-c", "core.quotePath=false", "show", "--format=", "-U0",
+                          "--no-renames", "--no-color", rev], capture_output=True, text=True, check=True).stdout
+    files, cur, old, in_hunk = {}, None, None, False
+    for line in out.split("\n"):
+        if line.startswith("diff --git "):
+            cur, in_hunk = None, False
+        elif not in_hunk and line.startswith("--- "):
+            old = line[6:].rstrip("\t")  # git ends a name holding a space with a tab
+        elif not in_hunk and line.startswith("+++ "):
+            cur = files.setdefault(old if line[4:] == "/dev/null" else line[6:].rstrip("\t"), [])
+        elif line.startswith("@@"):
+            in_hunk = True
+        elif in_hunk and line[:1] in "+-" and line:
+            cur.append((line[0], line[1:]))
+    return files
+
+
 # ---- synthesis, with the scripted deterministic model -------------------------------
 SCRIPT = f"cmd:{sys.executable} {Path(__file__).resolve().parent / 'memory_scripted_model.py'}"
 MORE = [{"title": "More", "create_time": 1700100000.0, "current_node": "b", "mapping": {

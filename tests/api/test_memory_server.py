@@ -2,7 +2,8 @@
 as chat function tools (their parameter schemas checked by jsonschema, one offered to
 the model through the openai SDK), a tool call and its errors (OpenAI error bodies),
 `GET /v1/memory/synthesize` as server-sent events (parsed here from the raw stream; the
-commit checked with the git CLI), and the Responses store feeding the vault
+commit checked with the git CLI) and its ?since=, `GET /v1/memory/changes` (each line
+checked against the git CLI's diff), and the Responses store feeding the vault
 (`--memory-log`, written through the openai SDK). The served model is the default
 SmolLM2; what it writes is not judged, only the protocol and the vault."""
 import json
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import BIN, SMOLLM2, server  # noqa: E402
 from hearth_process import need  # noqa: E402
-from test_memory import CHATGPT, MORE  # noqa: E402
+from test_memory import CHATGPT, CLAUDE, MORE, SCRIPT, git_diff  # noqa: E402
 
 TOOLS = {"memory_status", "memory_list", "memory_search", "memory_read", "memory_toc", "memory_section",
          "memory_links"}
@@ -154,6 +155,47 @@ def test_synthesize_since(vault, tmp_path):
         assert [d["done"] for e, d in run if e == "progress" and d["stage"] == "segment"] == [1]
         assert int(git(vault, "rev-list", "--count", "HEAD")) == n + 1
         assert plan("2023-11-14") == 1  # the older conversation still waits
+
+
+def test_changes_shows_what_synthesis_changed(vault, tmp_path):
+    """GET /v1/memory/changes: the last synthesis commits (import commits skipped), each
+    file's added and removed lines equal to the git CLI's own diff of that commit."""
+    def memory(*args):
+        return subprocess.run([str(BIN), "memory", *args, "--vault", str(vault), "--embed-model", "none"],
+                              check=True, capture_output=True, text=True).stdout
+    assert json.loads(memory("changes", "--json")) == []  # no synthesis yet
+    for i, export in enumerate((CLAUDE, MORE)):
+        (tmp_path / f"e{i}.json").write_text(json.dumps(export))
+        memory("import", str(tmp_path / f"e{i}.json"))
+        memory("synthesize", "--model", SCRIPT)
+        if i == 0:
+            first = git(vault, "rev-parse", "HEAD").strip()
+    second = git(vault, "rev-parse", "HEAD").strip()
+    assert git(vault, "rev-list", "--count", f"{first}..{second}").strip() == "2"  # MORE's import between
+    with server(SMOLLM2, "--memory", "--memory-vault", vault) as base:
+        status, one = get(base, "/v1/memory/changes")
+        assert status == 200 and one["object"] == "list" and [c["commit"] for c in one["data"]] == [second]
+        status, two = get(base, "/v1/memory/changes?limit=20")
+        assert status == 200 and [c["commit"] for c in two["data"]] == [second, first]
+        for c in two["data"]:
+            assert c["message"] == git(vault, "log", "-1", "--format=%s", c["commit"]).strip()
+            assert c["message"].startswith("memory: synthesize")
+            want = git_diff(vault, c["commit"])
+            got = {f["path"]: [(ln["op"], ln["text"]) for ln in f["lines"]] for f in c["files"]}
+            assert got == want
+            for f in c["files"]:
+                assert f["added"] == sum(op == "+" for op, _ in want[f["path"]])
+                assert f["removed"] == sum(op == "-" for op, _ in want[f["path"]]) and not f["truncated"]
+        # the second run rewrote the articles the first one wrote: lines went and came
+        arts = {f["path"]: f for f in two["data"][0]["files"] if f["kind"] == "article"}
+        assert arts and all(f["status"] == "modified" for f in arts.values())
+        assert any("spelt" in ln["text"] for f in arts.values() for ln in f["lines"] if ln["op"] == "+")
+        assert {f["status"] for f in two["data"][1]["files"] if f["kind"] == "article"} == {"added"}
+        for bad in ("0", "21", "two", ""):
+            status, err = get(base, "/v1/memory/changes?limit=" + bad)
+            assert status == 400 and err["error"]["param"] == "limit", (bad, err)
+    text = memory("changes", "--limit", "2")  # the CLI prints the same diff
+    assert text.count("memory: synthesize") == 2 and "spelt" in text
 
 
 def test_responses_store_feeds_the_vault(vault):

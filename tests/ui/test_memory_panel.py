@@ -1,7 +1,8 @@
 """The chat page's memory panel and memory tools in headless Chromium, against `hearth
 --memory` serving a vault made here (a ChatGPT export imported, synthesized by the scripted
-model of tests/api): the panel lists the articles, searches, opens a page, shows the
-synthesis log and runs a synthesis by the served model with its progress; the model is offered the memory tools, and when it calls one the page runs
+model of tests/api): the panel lists the articles, searches, opens a page, shows what the
+last synthesis runs changed (each file's added and removed lines, checked against the git
+CLI's diff of the same commits) and the log, and runs a synthesis by the served model with its progress; the model is offered the memory tools, and when it calls one the page runs
 it on the server and sends the result back. The model's side of that exchange is played by
 Playwright (SmolLM2-135M does not call tools reliably): the requests the page sends are
 recorded and checked, and the tool result in the second request comes from the real
@@ -18,7 +19,7 @@ from conftest import BIN, appliance, chat_page, shot
 
 API = Path(__file__).resolve().parent.parent / "api"
 sys.path.insert(0, str(API))
-from test_memory import CHATGPT, CLAUDE, MORE  # noqa: E402
+from test_memory import CHATGPT, CLAUDE, MORE, git_diff  # noqa: E402
 
 SCRIPT = f"cmd:{sys.executable} {API / 'memory_scripted_model.py'}"
 TOOLS = {"memory_status", "memory_list", "memory_search", "memory_read", "memory_toc", "memory_section",
@@ -46,8 +47,26 @@ def page(browser, memory_app):
         yield pg
 
 
-def test_panel_lists_searches_opens_and_shows_changes(page):
-    pg = page
+def git_changes(vault):
+    """The last commit as the panel should show it: its message and, per file, the diff
+    lines the git CLI gives."""
+    msg = subprocess.run(["git", "-C", str(vault), "log", "-1", "--format=%s"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    return msg, {path: [f"{op} {text}" for op, text in lines] for path, lines in git_diff(vault, "HEAD").items()}
+
+
+def shown_changes(pg):
+    """Per run shown in the "What synthesis changed" view: (message, {path: [diff lines]})."""
+    runs = pg.evaluate("""() => [...document.querySelectorAll('#memory-view-body section.change')].map(s => [
+        s.querySelector('h3').textContent,
+        Object.fromEntries([...s.querySelectorAll('.change-file')].map(f => [
+            f.querySelector('summary .path').textContent,
+            [...f.querySelectorAll('pre.diff span')].map(x => x.textContent)]))])""")
+    return [(m, files) for m, files in runs]
+
+
+def test_panel_lists_searches_opens_and_shows_changes(page, memory_app):
+    pg, vault = page, memory_app[1]
     expect(pg.locator("#memory")).to_be_visible(timeout=10000)
     results = pg.locator("#memory-results button.open")
     expect(results).to_have_count(2)  # the articles synthesis wrote
@@ -61,6 +80,13 @@ def test_panel_lists_searches_opens_and_shows_changes(page):
     assert pg.evaluate("document.activeElement.id") == "memory-close"
     shot(pg, "memory-01-search-open")
     pg.click("#memory-changes")
+    expect(pg.locator("#memory-view-title")).to_have_text("What synthesis changed")
+    expect(pg.locator("#memory-view-body")).to_contain_text("synthesize: 2 article(s) written")
+    assert shown_changes(pg)[0] == git_changes(vault)
+    pg.locator(".change-file", has_text="articles/Baking.md").locator("button.open-changed").click()
+    expect(pg.locator("#memory-view-title")).to_have_text("Baking")
+    pg.click("#memory-changes")
+    pg.click("#memory-view-body button.open-log")  # the whole log is a click away
     expect(pg.locator("#memory-view-body")).to_contain_text("synthesize: 2 article(s) written")
     pg.click("#memory-close")
     expect(pg.locator("#memory-view")).to_be_hidden()
@@ -150,6 +176,13 @@ def test_synthesize_now_streams_progress_and_commits(page, memory_app, tmp_path)
     expect(pg.locator("#memory-progress")).to_contain_text("Synthesis done:", timeout=120000)
     expect(pg.locator("#memory-synthesize")).to_be_enabled()
     assert int(git("rev-list", "--count", "HEAD")) == n + 1 and "synthesize" in git("log", "-1", "--format=%s")
+    # what it changed: this run first, then the scripted run before it, as git shows them
+    pg.click("#memory-changes")
+    expect(pg.locator("#memory-view-body section.change")).to_have_count(2)
+    shown = shown_changes(pg)
+    assert shown[0] == git_changes(vault) and shown[1][0].startswith("memory: synthesize: 2 article(s)")
+    shot(pg, "memory-04-changes")
+    pg.click("#memory-close")
     # nothing new the second time
     pg.click("#memory-synthesize")
     expect(pg.locator("#memory-progress")).to_have_text("Nothing new to synthesize.", timeout=60000)

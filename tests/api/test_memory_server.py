@@ -100,6 +100,53 @@ def test_tools_calls_and_errors(vault):
     assert git(vault, "status", "--porcelain") == ""
 
 
+FORCE_SEARCH = {"type": "function", "function": {"name": "memory_search"}}
+
+
+def check_hits(vault, hits):
+    """A memory_search result from this vault: every passage is in the file it names."""
+    assert isinstance(hits, list)
+    for h in hits:
+        text = (vault / h["path"]).read_text()
+        assert all(line.strip() in text for line in h["text"].splitlines()), h
+
+
+def test_the_default_model_calls_a_memory_tool(vault):
+    """The real default model (SmolLM2-135M) offered the memory tools with tool_choice naming
+    memory_search makes one call whose arguments validate (jsonschema) against the tool's
+    own parameters; the call runs on the vault; its result goes back as a tool message and
+    is in the model's prompt (more prompt tokens than the same request with an empty
+    result), and the answer after it arrives. What the model says is not judged."""
+    with server(SMOLLM2, "--memory", "--memory-vault", vault) as base:
+        _, tools = get(base, "/v1/memory/tools")
+        schema = next(t["function"]["parameters"] for t in tools["data"] if t["function"]["name"] == "memory_search")
+        client = openai.OpenAI(base_url=base + "/v1", api_key="x")
+        msgs = [{"role": "user", "content": "What is my sourdough starter called?"}]
+        r = client.chat.completions.create(model="default_model", messages=msgs, tools=tools["data"],
+                                           tool_choice=FORCE_SEARCH, temperature=0, max_tokens=300)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1, choice
+        call = choice.message.tool_calls[0]
+        assert call.function.name == "memory_search"
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+        status, hits = post(base, "/v1/memory/tools/memory_search", call.function.arguments)
+        assert status == 200
+        check_hits(vault, hits)
+        print("the model asked", call.function.arguments, "->", len(hits), "hit(s)")
+        asked = {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": call.id, "type": "function",
+                                 "function": {"name": "memory_search", "arguments": call.function.arguments}}]}
+
+        def answer(content):
+            return client.chat.completions.create(
+                model="default_model", temperature=0, max_tokens=16, tools=tools["data"], tool_choice="none",
+                messages=msgs + [asked, {"role": "tool", "tool_call_id": call.id, "content": content}])
+        final, empty = answer(json.dumps(hits)), answer("")
+        assert final.usage.prompt_tokens > empty.usage.prompt_tokens  # the result is in the prompt
+        assert final.choices[0].finish_reason in ("stop", "length") and not final.choices[0].message.tool_calls
+        assert isinstance(final.choices[0].message.content, str) and final.usage.completion_tokens > 0
+
+
 def test_without_memory_the_routes_say_how(vault):
     with server(SMOLLM2) as base:
         status, err = get(base, "/v1/memory/tools")

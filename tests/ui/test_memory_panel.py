@@ -6,10 +6,13 @@ CLI's diff of the same commits) and the log, and runs a synthesis by the served 
 it on the server and sends the result back. The model's side of that exchange is played by
 Playwright (SmolLM2-135M does not call tools reliably): the requests the page sends are
 recorded and checked, and the tool result in the second request comes from the real
-server's vault."""
+server's vault. Then the real SmolLM2 plays it, its first turn forced to call
+memory_search by tool_choice (added to the page's request on its way): the call, the
+page's run of it and the answer after it."""
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -156,6 +159,56 @@ def test_model_calls_a_memory_tool_and_reads_the_result(page):
     expect(pg.locator("article.msg.assistant .body").last).to_have_text("Your starter is called Clint.",
                                                                         timeout=20000)
     assert "tools" not in sent[-1]
+
+
+def test_the_served_model_calls_a_memory_tool_through_the_page(page, memory_app):
+    """The real default model behind the page's tool loop. The question's first request
+    gets tool_choice naming memory_search on its way to the server (added here; the page
+    leaves the choice to the model, which SmolLM2 rarely uses), greedy; the later turns go
+    as the page sends them (tools offered while tool turns are left), greedy and short. The
+    model's call must validate against the tool's schema, the page must run it on the
+    server and send back the vault's own result for those arguments, and a final answer
+    must arrive within the 4 tool turns. Its wording is not judged."""
+    import jsonschema
+    pg, base = page, memory_app[0]
+    expect(pg.locator("#memory")).to_be_visible(timeout=10000)
+    sent = []
+
+    def to_the_model(route):
+        body = json.loads(route.request.post_data)
+        body["temperature"] = 0
+        if not sent:
+            body.update(tool_choice={"type": "function", "function": {"name": "memory_search"}}, max_tokens=300)
+        else:
+            body["max_tokens"] = 24
+        sent.append(body)
+        route.continue_(post_data=json.dumps(body))
+
+    pg.route("**/v1/chat/completions", to_the_model)
+    pg.fill("#prompt", "What is my sourdough starter called?")
+    pg.press("#prompt", "Enter")
+    expect(pg.locator("#status")).to_have_text("Answer complete.", timeout=240000)
+    assert 2 <= len(sent) <= 5, len(sent)
+    schema = next(t["function"]["parameters"] for t in sent[0]["tools"] if t["function"]["name"] == "memory_search")
+    asked = next(m for m in sent[1]["messages"] if m.get("tool_calls"))
+    call = asked["tool_calls"][0]
+    assert call["function"]["name"] == "memory_search"
+    args = json.loads(call["function"]["arguments"])
+    jsonschema.validate(args, schema)
+    result = next(m for m in sent[1]["messages"] if m["role"] == "tool")
+    assert result["tool_call_id"] == call["id"]
+    req = urllib.request.Request(base + "/v1/memory/tools/memory_search", data=json.dumps(args).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert json.loads(result["content"]) == json.loads(r.read())  # the vault's answer to that call
+    print("the model asked", call["function"]["arguments"], "->", result["content"][:200], f"({len(sent)} turns)")
+    tool_nodes = pg.locator("article.msg.tool")
+    expect(tool_nodes.first.locator(".who")).to_have_text("memory: memory_search")
+    assert tool_nodes.count() == len(sent) - 1 or "tools" not in sent[-1]
+    final = pg.locator("article.msg.assistant").last
+    expect(final.locator(".body")).not_to_be_empty()
+    assert final.locator(".note.calls").count() == 0  # the last turn answered, it called nothing
+    shot(pg, "memory-05-real-tool-call")
 
 
 def test_synthesize_now_streams_progress_and_commits(page, memory_app, tmp_path):

@@ -155,6 +155,7 @@ typedef struct synth_stream {
     char *since;  /* ?since=, or NULL */
     json_t *plan; /* the dry run's counts, worked out before the stream starts */
     int plan_sent;
+    int released;     /* synthesis_running cleared by this run */
     json_t *articles; /* the articles the run wrote, for its "done" event */
 } synth_stream;
 
@@ -208,12 +209,22 @@ static void synth_step(synth_stream *st) {
     json_decref(r);
 }
 
+/* Lets the next run in: at the stream's end, before the client can see it end (so a client
+ * that starts another run as soon as one ends is not refused), else when it is freed. */
+static void synth_release(synth_stream *st) {
+    if (!st->released) atomic_store(&synthesis_running, 0);
+    st->released = 1;
+}
+
 static long synth_read(void *cls, char *buf, size_t max) {
     synth_stream *st = cls;
     while (st->ss.out_pos == st->ss.out.len) {
         sbuf_reset(&st->ss.out);
         st->ss.out_pos = 0;
-        if (st->ss.ended) return SRV_STREAM_END;
+        if (st->ss.ended) {
+            synth_release(st);
+            return SRV_STREAM_END;
+        }
         synth_step(st);
         if (st->ss.out.oom) return SRV_STREAM_ERROR;
     }
@@ -230,8 +241,8 @@ static void synth_free(void *cls) {
     free(st->since);
     json_decref(st->plan), json_decref(st->articles);
     sbuf_free(&st->ss.out);
+    synth_release(st);
     free(st);
-    atomic_store(&synthesis_running, 0);
 }
 
 /* The plan (a dry run) is worked out before the stream starts, so a bad ?since= or a vault

@@ -218,7 +218,8 @@ def run(binary, embed, limit_convs, synth_model=None, threads=0):
     subprocess.run([binary, "memory", "init", "--vault", template], check=True, capture_output=True)
     subprocess.run([binary, "memory", "status", "--vault", template, "--embed-model", embed_arg], check=True,
                    capture_output=True)
-    names = ["hearth", "bm25", "bm25+minilm"][:3 if embed else 2] + (["hearth+articles"] if synth_model else [])
+    names = ["hearth", "bm25", "bm25+minilm"][:3 if embed else 2] + (["hearth+articles", "hearth all kinds"]
+                                                                      if synth_model else [])
     hits = {name: defaultdict(list) for name in names}
     timing = defaultdict(float)
     for f in files:
@@ -231,7 +232,12 @@ def run(binary, embed, limit_convs, synth_model=None, threads=0):
         subprocess.run([binary, "memory", "import", export, "--vault", vault, "--embed-model", embed_arg],
                        check=True, capture_output=True)
         timing["hearth_import_s"] += time.perf_counter() - t
-        if synth_model:
+        qas = [qa for qa in conv["qa"] if any(e.strip() for e in qa.get("evidence", []))]
+        if synth_model:  # every kind before synthesis: the same search as hearth+articles, without them
+            h = Hearth(binary, vault, embed_arg)
+            before = [[r["heading"].split(" ")[0] for r in h.search(qa["question"], kind=None)
+                       if r["kind"] == "conversation"] for qa in qas]
+            h.close()
             t = time.perf_counter()
             r = subprocess.run([binary, "memory", "synthesize", "--model", synth_model, "--vault", vault,
                                 "--embed-model", embed_arg, "--threads", str(threads)],
@@ -246,7 +252,6 @@ def run(binary, embed, limit_convs, synth_model=None, threads=0):
         ids = [i for i, _ in turns]
         bm25 = BM25([t for _, t in turns])
         t = time.perf_counter()
-        qas = [qa for qa in conv["qa"] if any(e.strip() for e in qa.get("evidence", []))]
         if minilm:
             vecs = minilm.embed([t for _, t in turns])
             qvecs = minilm.embed([qa["question"] for qa in qas])
@@ -261,13 +266,14 @@ def run(binary, embed, limit_convs, synth_model=None, threads=0):
             timing["questions"] += 1
             got = {"hearth": [r["heading"].split(" ")[0] for r in res]}
             if synth_model:
-                ids = []
+                cited = []
                 for r in h.search(q, kind=None):
                     conv_hit = r["kind"] == "conversation"
-                    ids += [r["heading"].split(" ")[0]] if conv_hit else cites(r)
+                    cited += [r["heading"].split(" ")[0]] if conv_hit else cites(r)
                     timing["places_" + ("conversation" if conv_hit else r["kind"])] += 1
-                got["hearth+articles"] = ids
-                timing["ids_in_top5"] += len(set(ids))
+                got["hearth+articles"] = cited
+                got["hearth all kinds"] = before[qi]
+                timing["ids_in_top5"] += len(set(cited))
             s = bm25.scores(q)
             got["bm25"] = [ids[i] for i in top(s, 5)]
             if minilm:
@@ -301,7 +307,7 @@ def table_lines(table, counts, names):
     cols = list(table["hearth"])
     lines = ["| system | " + " | ".join(f"{c} ({counts.get(c, sum(counts.values()))})" for c in cols) + " |",
              "| --- |" + " ---: |" * len(cols)]
-    return lines + [f"| {n} | " + " | ".join(f"{table[n][c]:.1f}" for c in cols) + " |" for n in names]
+    return lines + [f"| {n} | " + " | ".join(f"{table[n][c]:.1f}" for c in cols) + " |" for n in names if n in table]
 
 
 def markdown(result):
@@ -326,11 +332,15 @@ def markdown(result):
                   f"{w['model']} (greedy, every answer under its stage's JSON Schema) in {w['synthesis_s']} s "
                   f"({w['synthesis_s_per_turn']} s a turn; {w['stages']}). The raw rows are re-measured on the "
                   "same subset in the same run.\n"]
-        lines += table_lines(t, w["questions"], ("hearth+articles", "hearth", "bm25", "bm25+minilm"))
+        lines += table_lines(t, w["questions"], ("hearth+articles", "hearth all kinds", "hearth", "bm25",
+                                                 "bm25+minilm"))
         p = w["top5_places"]
-        lines += ["", f"hearth+articles - hearth: {t['hearth+articles']['all'] - t['hearth']['all']:+.1f} points. "
-                  f"The 5 places went to: " + ", ".join(f"{k} {v}" for k, v in p.items()) +
-                  f"; distinct dialogue ids per top 5: {w['ids_per_top5']} (raw rows: at most 5)."]
+        lines += ["", "hearth+articles: every kind searched after synthesis (articles, Talk, raw chunks, and "
+                  "Reference/, the docs every vault has); hearth all kinds: the same search before synthesis "
+                  "(what the articles change); hearth: conversations only (the raw run's row). hearth+articles - "
+                  f"hearth all kinds: {t['hearth+articles']['all'] - t['hearth all kinds']['all']:+.1f} points. "
+                  "After synthesis the 5 places went to: " + ", ".join(f"{k} {v}" for k, v in p.items()) +
+                  f"; distinct dialogue ids per top 5: {w['ids_per_top5']} (the other rows: at most 5)."]
         if w.get("note"):
             lines += ["", w["note"]]
     return "\n".join(lines) + "\n"

@@ -855,7 +855,8 @@ typedef int (*hearth_memory_llm_fn)(void *user, const char *stage, const char *p
 typedef struct hearth_memory_synth_options {
     const char *stage; /* NULL: every stage and the commit; else "segment", "extract", "route",
                         * "synthesize" (the stages' own work only) or "link" (link and commit) */
-    const char *since; /* NULL, or a date "YYYY-MM-DD": only conversations created since */
+    const char *since; /* NULL, or "YYYY-MM-DD" or "YYYY-MM-DDTHH:MM" (UTC): only conversations
+                        * created then or later; anything else is HEARTH_ERR_INVALID */
     int limit;         /* > 0: at most this many items per stage */
     int dry_run;       /* report the work each stage has, call nothing, write nothing */
     hearth_memory_llm_fn llm;
@@ -868,6 +869,14 @@ hearth_status hearth_memory_synthesize(hearth_memory *m, const hearth_memory_syn
 /* Drops the index and rebuilds it from the vault's files (vectors of unchanged text are
  * kept). *report_json: {"documents", "chunks", "seconds"}. */
 hearth_status hearth_memory_reindex(hearth_memory *m, char **report_json, hearth_error *err);
+/* What synthesis changed: the last `limit` (1..HEARTH_MEMORY_CHANGES_MAX) synthesis commits
+ * on HEAD's first-parent line, newest first, each diffed against its parent (libgit2, no
+ * context lines). *changes_json: [{"commit", "time" (UTC ISO 8601), "message" (the commit's
+ * first line), "files": [{"path", "kind", "status" (added|modified|deleted|renamed),
+ * "added", "removed" (line counts), "lines": [{"op": "+"|"-", "text"}] (at most 400 a file),
+ * "truncated"}]}]; [] before the first synthesis. Reads the repository only. */
+#define HEARTH_MEMORY_CHANGES_MAX 20
+hearth_status hearth_memory_changes(hearth_memory *m, int limit, char **changes_json, hearth_error *err);
 
 #ifdef __cplusplus
 }

@@ -548,6 +548,63 @@ async function openMemoryDoc(path) {
   }
 }
 
+// What the last synthesis runs changed (GET /v1/memory/changes): per run its commit message,
+// per file its added and removed lines; articles and Talk pages first, each openable.
+const CHANGES_SHOWN = 3;
+const KIND_ORDER = { article: 0, talk: 1 };
+
+function node(tag, cls, text) {
+  const n = document.createElement(tag);
+  if (cls) n.className = cls;
+  if (text !== undefined) n.textContent = text;
+  return n;
+}
+
+function renderChange(c) {
+  const sec = node("section", "change");
+  sec.append(node("h3", null, c.message), node("p", "when", c.time.replace("T", " ").replace("Z", " UTC")));
+  const files = [...c.files].sort((a, b) => (KIND_ORDER[a.kind] ?? 2) - (KIND_ORDER[b.kind] ?? 2));
+  for (const f of files) {
+    const d = node("details", "change-file");
+    d.open = f.kind in KIND_ORDER;
+    const sum = node("summary");
+    sum.append(node("span", "path", f.path), node("span", "counts", " " + f.status + ", +" + f.added + " −" + f.removed));
+    d.append(sum);
+    if (f.status !== "deleted" && f.kind !== "meta") {
+      const open = node("button", "open-changed", "Open");
+      open.type = "button";
+      open.addEventListener("click", () => openMemoryDoc(f.path));
+      d.append(open);
+    }
+    const pre = node("pre", "diff");
+    for (const l of f.lines) pre.append(node("span", l.op === "+" ? "add" : "del", l.op + " " + l.text));
+    if (f.truncated) pre.append(node("span", "more", "…"));
+    d.append(pre);
+    sec.append(d);
+  }
+  return sec;
+}
+
+async function showChanges() {
+  try {
+    const resp = await fetch("/v1/memory/changes?limit=" + CHANGES_SHOWN, { headers: headers() });
+    if (!resp.ok) return memoryMessage("What synthesis changed: " + (await describeHttpError(resp)));
+    const runs = (await resp.json()).data || [];
+    el.memoryViewTitle.textContent = "What synthesis changed";
+    el.memoryViewBody.textContent = "";
+    if (!runs.length) el.memoryViewBody.append(node("p", "empty", "No synthesis run has changed the memory yet."));
+    for (const c of runs) el.memoryViewBody.append(renderChange(c));
+    const log = node("button", "open-log", "The whole log");
+    log.type = "button";
+    log.addEventListener("click", () => openMemoryDoc("Meta/log.md"));
+    el.memoryViewBody.append(log);
+    el.memoryView.hidden = false;
+    el.memoryClose.focus();
+  } catch (e) {
+    memoryMessage("What synthesis changed: " + unreachable);
+  }
+}
+
 // A synthesis run by the served model, its progress streamed (GET /v1/memory/synthesize).
 async function synthesizeMemory() {
   el.memorySynthesize.disabled = true;
@@ -645,7 +702,7 @@ for (const input of [el.system, el.temperature, el.topP, el.maxTokens, el.useMem
   input.addEventListener("change", readSettings);
 el.memorySearch.addEventListener("submit", (e) => { e.preventDefault(); searchMemory(); });
 el.memoryArticles.addEventListener("click", () => { el.memoryQuery.value = ""; showArticles(); });
-el.memoryChanges.addEventListener("click", () => openMemoryDoc("Meta/log.md"));
+el.memoryChanges.addEventListener("click", showChanges);
 el.memorySynthesize.addEventListener("click", synthesizeMemory);
 el.memoryClose.addEventListener("click", () => { el.memoryView.hidden = true; el.memoryQuery.focus(); });
 el.keyForm.addEventListener("submit", (e) => {

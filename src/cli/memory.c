@@ -9,7 +9,7 @@
 #include <string.h>
 
 static const char *memory_usage =
-    "hearth memory [init|status|open|list|search|toc|section|links|read|import|reindex|synthesize|mcp] [args]\n"
+    "hearth memory [init|status|open|list|search|toc|section|links|read|import|reindex|synthesize|changes|mcp]\n"
     "  init                         create the vault (or refresh Reference/); idempotent\n"
     "  status                       where the vault is, commits, counts, problems (the default)\n"
     "  open [article]               open the vault (or an article) in Obsidian, else print its path\n"
@@ -18,8 +18,9 @@ static const char *memory_usage =
     "  toc <a> | section <a> <anchor> | links <a> | read <a>\n"
     "  import <file|folder>         ChatGPT/Claude conversations.json, Markdown or text files\n"
     "  reindex                      rebuild the search index from the vault's files\n"
-    "  synthesize [--model M] [--since YYYY-MM-DD] [--dry-run] [--limit N]   conversations -> articles\n"
+    "  synthesize [--model M] [--since YYYY-MM-DD[THH:MM]] [--dry-run] [--limit N]   conversations -> articles\n"
     "  segment|extract|route|synthesize-stage|link [--limit N]   one stage of it (link commits)\n"
+    "  changes [--limit N]          what the last N synthesis runs changed (default 1), line by line\n"
     "  schedule --model M [--at 03:00] | unschedule   nightly synthesis (systemd user timer, else cron)\n"
     "  mcp                          serve the read-only memory tools over MCP on stdio\n"
     "flags: --vault PATH (default $HEARTH_WIKI, else $XDG_DATA_HOME/hearth/wiki), --json,\n"
@@ -220,6 +221,31 @@ static int verb_simple(hearth_memory *m, const memory_args *a, const char *tool,
     return call(m, tool, args, a, show);
 }
 
+/* changes: what the last synthesis runs changed, as a short diff (--json: the library's list). */
+static int verb_changes(hearth_memory *m, const memory_args *a) {
+    char *text = NULL;
+    hearth_error err = {0};
+    if (hearth_memory_changes(m, a->limit_given ? a->limit : 1, &text, &err)) return cli_fail(&err);
+    json_t *list = a->json ? NULL : json_loads(text, 0, NULL), *commit, *file, *line;
+    size_t i, j, k;
+    if (a->json) puts(text);
+    if (!a->json && !json_array_size(list)) puts("no synthesis run has changed the vault yet");
+    json_array_foreach(list, i, commit) {
+        printf("%.10s %s %s\n", str(commit, "commit"), str(commit, "time"), str(commit, "message"));
+        json_array_foreach(json_object_get(commit, "files"), j, file) {
+            printf("  %s (%s, +%lld -%lld)\n", str(file, "path"), str(file, "status"),
+                   (long long)json_integer_value(json_object_get(file, "added")),
+                   (long long)json_integer_value(json_object_get(file, "removed")));
+            json_array_foreach(json_object_get(file, "lines"), k, line)
+                printf("    %s %s\n", str(line, "op"), str(line, "text"));
+            if (json_is_true(json_object_get(file, "truncated"))) puts("    ...");
+        }
+    }
+    json_decref(list);
+    hearth_free(text);
+    return 0;
+}
+
 static int verb_report(hearth_status st, char *report, hearth_error *err) {
     if (st) return cli_fail(err);
     puts(report ? report : "{}");
@@ -258,8 +284,8 @@ int cli_memory(int argc, char **argv) {
     }
     if (!strcmp(a.verb, "schedule")) return cli_memory_schedule(a.at ? a.at : "03:00", a.model, a.vault);
     if (!strcmp(a.verb, "unschedule")) return cli_memory_unschedule();
-    static const char *verbs[] = {"status",  "open",  "browse", "list",   "search",  "toc",
-                                  "section", "links", "read",   "import", "reindex", "mcp"};
+    static const char *verbs[] = {"status", "open", "browse", "list",    "search", "toc",    "section",
+                                  "links",  "read", "import", "reindex", "mcp",    "changes"};
     int known = 0, synth = -1;
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) known |= !strcmp(a.verb, verbs[i]);
     for (size_t i = 0; i < sizeof synth_verbs / sizeof synth_verbs[0]; i++)
@@ -294,6 +320,8 @@ int cli_memory(int argc, char **argv) {
     else if (!strcmp(a.verb, "import")) {
         hearth_status st = hearth_memory_import(m, a.pos[0], &report, &err);
         rc = verb_report(st, report, &err);
+    } else if (!strcmp(a.verb, "changes")) {
+        rc = verb_changes(m, &a);
     } else if (!strcmp(a.verb, "reindex")) {
         hearth_status st = hearth_memory_reindex(m, &report, &err);
         rc = verb_report(st, report, &err);

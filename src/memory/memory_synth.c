@@ -271,7 +271,8 @@ static hearth_status stage_segment(hearth_memory *m, const hearth_memory_synth_o
         char created[64] = "";
         json_t *msgs = synth_conversation(m->root, conv, created, sizeof created);
         if (!msgs) continue;
-        if (o->since && *o->since && strncmp(created, o->since, strlen(o->since)) < 0) {
+        char key[32];
+        if (o->since && *o->since && synth_since_key(o->since, key, sizeof key) == 0 && synth_before(created, key)) {
             json_decref(msgs);
             continue;
         }

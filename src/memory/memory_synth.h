@@ -37,6 +37,12 @@ int synth_has_secret(const char *text);
  * (optional) gets its front matter date. */
 json_t *synth_conversation(const char *root, const char *rel, char *created, size_t cap);
 void synth_article_name(const char *title, char *out, size_t cap);
+/* A `since` bound ("YYYY-MM-DD", optionally "THH:MM" or " HH:MM" after it, a real date and
+ * time) as the comparable key "YYYY-MM-DD[ HH:MM]" in key (cap >= 17); -1 when malformed. */
+int synth_since_key(const char *since, char *key, size_t cap);
+/* 1 when a conversation created at created (its front matter: "2023-05-08 13:56 UTC",
+ * "2023-05-08T13:56:00Z", ...; "" when unknown) is older than the bound key. */
+int synth_before(const char *created, const char *key);
 /* The gate: the share of old's prose (sentences, by bytes) found verbatim in new_text,
  * 1 when old has none; and whether every footnote marker of old is in new_text. */
 double synth_prose_kept(const char *old, const char *new_text);

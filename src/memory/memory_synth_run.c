@@ -133,6 +133,40 @@ static hearth_status publish(hearth_memory *m, json_t *articles, int rejected, i
     return st;
 }
 
+/* n digits at s as a number in [lo, hi], else -1. */
+static int field(const char *s, int n, int lo, int hi) {
+    int v = 0;
+    for (int i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v < lo || v > hi ? -1 : v;
+}
+
+int synth_since_key(const char *since, char *key, size_t cap) {
+    static const int mdays[12] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    size_t len = strlen(since);
+    if ((len != 10 && len != 16) || cap < 17 || since[4] != '-' || since[7] != '-') return -1;
+    int y = field(since, 4, 1, 9999), mo = field(since + 5, 2, 1, 12), d = mo < 0 ? -1 : field(since + 8, 2, 1, 31);
+    if (y < 0 || d < 0 || d > mdays[mo - 1] || (mo == 2 && d == 29 && (y % 4 || (y % 100 == 0 && y % 400)))) return -1;
+    if (len == 16 && ((since[10] != 'T' && since[10] != ' ') || since[13] != ':' || field(since + 11, 2, 0, 23) < 0 ||
+                      field(since + 14, 2, 0, 59) < 0))
+        return -1;
+    memcpy(key, since, len);
+    if (len == 16) key[10] = ' ';
+    key[len] = 0;
+    return 0;
+}
+
+int synth_before(const char *created, const char *key) {
+    char c[17] = "";
+    size_t n = strnlen(created, 16);
+    memcpy(c, created, n);
+    c[n] = 0;
+    if (n > 10 && c[10] == 'T') c[10] = ' ';
+    return strncmp(c, key, strlen(key)) < 0;
+}
+
 static const char *const stages[] = {"segment", "extract", "route", "synthesize"};
 
 hearth_status hearth_memory_synthesize(hearth_memory *m, const hearth_memory_synth_options *o, char **report_json,
@@ -144,6 +178,10 @@ hearth_status hearth_memory_synthesize(hearth_memory *m, const hearth_memory_syn
     if (!known)
         return err_set(err, HEARTH_ERR_INVALID, "memory: no stage '%s' (segment, extract, route, synthesize, link)",
                        only);
+    char key[32];
+    if (o->since && synth_since_key(o->since, key, sizeof key))
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "memory: since: '%s' is not a date and time YYYY-MM-DD or YYYY-MM-DDTHH:MM (UTC)", o->since);
     if (!o->dry_run && !o->llm && (!only || strcmp(only, "link")))
         return err_set(err, HEARTH_ERR_INVALID, "memory: synthesis needs a model");
     sbuf p;

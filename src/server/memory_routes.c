@@ -73,6 +73,33 @@ int srv_memory_call(srv_server *s, srv_conn *c, const char *tool, const char *bo
     return rc;
 }
 
+/* GET /v1/memory/changes?limit=N: what the last N synthesis runs changed (default 1). */
+int srv_memory_changes(srv_server *s, srv_conn *c) {
+    if (!s->cfg.memory) return memory_off(s, c);
+    const char *q = srv_query(c, "limit");
+    char *end = NULL;
+    long limit = q ? strtol(q, &end, 10) : 1;
+    srv_error e = {0};
+    if (q && (!*q || *end || limit < 1 || limit > HEARTH_MEMORY_CHANGES_MAX))
+        return srv_fail(&e, 400, "invalid_request_error", "limit", NULL, "limit must be a whole number from 1 to %d",
+                        HEARTH_MEMORY_CHANGES_MAX),
+               srv_respond_error(c, s, &e);
+    char *list = NULL;
+    hearth_error err = {0};
+    pthread_mutex_lock(&memory_mu);
+    hearth_status st = hearth_memory_changes(s->cfg.memory, (int)limit, &list, &err);
+    pthread_mutex_unlock(&memory_mu);
+    if (st) return respond_status(s, c, st, &err, NULL);
+    sbuf b;
+    sbuf_init(&b);
+    sbuf_printf(&b, "{\"object\": \"list\", \"data\": %s}", list);
+    hearth_free(list);
+    int rc = b.oom ? (srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, s, &e))
+                   : srv_respond(c, s, 200, b.data);
+    sbuf_free(&b);
+    return rc;
+}
+
 /* ---- synthesis, streamed ---------------------------------------------------------- */
 
 /* Every answer is capped by its schema; this guards a runaway (the context ends it too). */
@@ -125,7 +152,10 @@ typedef struct synth_stream {
     hearth_memory *m;
     sse_stream ss;
     int dry, stage, done;
-    json_t *plan;     /* the dry run's counts */
+    char *since;  /* ?since=, or NULL */
+    json_t *plan; /* the dry run's counts, worked out before the stream starts */
+    int plan_sent;
+    int released;     /* synthesis_running cleared by this run */
     json_t *articles; /* the articles the run wrote, for its "done" event */
 } synth_stream;
 
@@ -140,11 +170,8 @@ static void synth_fail(synth_stream *st, const hearth_error *err) {
 static void synth_step(synth_stream *st) {
     hearth_error err = {0};
     char *report = NULL;
-    if (!st->plan) {
-        hearth_memory_synth_options o = {.dry_run = 1};
-        if (hearth_memory_synthesize(st->m, &o, &report, &err)) return synth_fail(st, &err);
-        st->plan = json_loads(report, 0, NULL);
-        hearth_free(report);
+    if (!st->plan_sent) {
+        st->plan_sent = 1;
         json_t *ev = json_deep_copy(st->plan);
         json_object_set_new(ev, "type", json_string("plan"));
         synth_event(st, ev);
@@ -156,7 +183,7 @@ static void synth_step(synth_stream *st) {
     }
     const char *stage = synth_stages[st->stage];
     int last = st->stage == N_SYNTH_STAGES - 1;
-    hearth_memory_synth_options o = {.stage = stage, .limit = 1, .llm = synth_llm, .user = st->s};
+    hearth_memory_synth_options o = {.stage = stage, .since = st->since, .limit = 1, .llm = synth_llm, .user = st->s};
     if (hearth_memory_synthesize(st->m, &o, &report, &err)) return synth_fail(st, &err);
     json_t *r = json_loads(report, 0, NULL);
     hearth_free(report);
@@ -182,12 +209,22 @@ static void synth_step(synth_stream *st) {
     json_decref(r);
 }
 
+/* Lets the next run in: at the stream's end, before the client can see it end (so a client
+ * that starts another run as soon as one ends is not refused), else when it is freed. */
+static void synth_release(synth_stream *st) {
+    if (!st->released) atomic_store(&synthesis_running, 0);
+    st->released = 1;
+}
+
 static long synth_read(void *cls, char *buf, size_t max) {
     synth_stream *st = cls;
     while (st->ss.out_pos == st->ss.out.len) {
         sbuf_reset(&st->ss.out);
         st->ss.out_pos = 0;
-        if (st->ss.ended) return SRV_STREAM_END;
+        if (st->ss.ended) {
+            synth_release(st);
+            return SRV_STREAM_END;
+        }
         synth_step(st);
         if (st->ss.out.oom) return SRV_STREAM_ERROR;
     }
@@ -201,15 +238,27 @@ static long synth_read(void *cls, char *buf, size_t max) {
 static void synth_free(void *cls) {
     synth_stream *st = cls;
     hearth_memory_close(st->m);
+    free(st->since);
     json_decref(st->plan), json_decref(st->articles);
     sbuf_free(&st->ss.out);
+    synth_release(st);
     free(st);
-    atomic_store(&synthesis_running, 0);
+}
+
+/* The plan (a dry run) is worked out before the stream starts, so a bad ?since= or a vault
+ * that needs attention is an HTTP error, not an event. */
+static int synth_plan(synth_stream *st, hearth_error *err) {
+    char *report = NULL;
+    hearth_memory_synth_options o = {.since = st->since, .dry_run = 1};
+    hearth_status hs = hearth_memory_synthesize(st->m, &o, &report, err);
+    if (!hs && !(st->plan = json_loads(report, 0, NULL))) hs = HEARTH_ERR_NOMEM;
+    hearth_free(report);
+    return hs;
 }
 
 int srv_memory_synthesize(srv_server *s, srv_conn *c) {
     if (!s->cfg.memory) return memory_off(s, c);
-    const char *dry = srv_query(c, "dry");
+    const char *dry = srv_query(c, "dry"), *since = srv_query(c, "since");
     srv_error e = {0};
     if (dry && strcmp(dry, "0") && strcmp(dry, "1"))
         return srv_fail(&e, 400, "invalid_request_error", "dry", NULL, "dry must be 0 or 1"),
@@ -222,15 +271,19 @@ int srv_memory_synthesize(srv_server *s, srv_conn *c) {
     synth_stream *st = calloc(1, sizeof *st);
     hearth_error err = {0};
     hearth_memory_options mo = {.path = s->cfg.memory_vault};
-    hearth_status hs = st ? hearth_memory_open(&mo, &st->m, &err) : HEARTH_ERR_NOMEM;
+    hearth_status hs = st && (!since || (st->since = strdup(since))) && (st->articles = json_array())
+                           ? hearth_memory_open(&mo, &st->m, &err)
+                           : HEARTH_ERR_NOMEM;
+    if (!hs) hs = synth_plan(st, &err);
     if (hs) {
-        free(st);
-        atomic_store(&synthesis_running, 0);
+        if (st)
+            synth_free(st); /* lets the next run in */
+        else
+            atomic_store(&synthesis_running, 0);
         if (hs == HEARTH_ERR_NOMEM) snprintf(err.message, sizeof err.message, "out of memory");
-        return respond_status(s, c, hs, &err, NULL);
+        return respond_status(s, c, hs, &err, hs == HEARTH_ERR_INVALID ? "since" : NULL);
     }
     st->s = s;
-    st->articles = json_array();
     st->dry = dry && !strcmp(dry, "1");
     sbuf_init(&st->ss.out);
     return srv_respond_stream(c, s, "text/event-stream", synth_read, st, synth_free);

@@ -60,6 +60,7 @@ static int memory_call(srv_server *s, srv_conn *c) {
     return srv_memory_call(s, c, c->route_tail, c->body.data ? c->body.data : "", c->body.len);
 }
 static int memory_synthesize(srv_server *s, srv_conn *c) { return srv_memory_synthesize(s, c); }
+static int memory_changes(srv_server *s, srv_conn *c) { return srv_memory_changes(s, c); }
 static int health(srv_server *s, srv_conn *c) { return srv_respond(c, s, 200, "{\"status\": \"ok\"}"); }
 static int preflight(srv_server *s, srv_conn *c) { return srv_respond_bytes(c, 204, "application/json", "", 0, NULL); }
 
@@ -108,7 +109,9 @@ static const srv_route routes[] = {
     {"POST", "/v1/memory/tools/", R_BODY | R_PREFIX, memory_call, "/v1/memory/tools/{name}",
      "runs one memory tool; the body is its arguments, the reply its result"},
     {"GET", "/v1/memory/synthesize", R_ENGINE | R_STATE, memory_synthesize, NULL,
-     "a synthesis run by the served model, as server-sent progress (?dry=1: the plan only)"},
+     "a synthesis run by the served model, as server-sent progress (?dry=1: the plan only, ?since=YYYY-MM-DD)"},
+    {"GET", "/v1/memory/changes", 0, memory_changes, NULL,
+     "what the last synthesis runs changed in the vault (?limit=N commits), per file added and removed lines"},
     {"GET", "/health", R_PUBLIC, health, NULL, "liveness: {\"status\": \"ok\"}"},
     {"GET", "/library", 0, library, NULL,
      "every model hearth can find: size, parameters, quantization, fit (hearth ls --json)"},

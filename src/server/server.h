@@ -308,6 +308,7 @@ int srv_lab_junk(const char *text);
 int srv_memory_tools(srv_server *s, srv_conn *c);
 int srv_memory_call(srv_server *s, srv_conn *c, const char *tool, const char *body, size_t len);
 int srv_memory_synthesize(srv_server *s, srv_conn *c);
+int srv_memory_changes(srv_server *s, srv_conn *c);
 /* Logs one conversation ([{"role", "content"}], the answer last) into cfg.memory_log when
  * it is set (one writer at a time; failures are logged, never the request's). */
 void srv_memory_log(srv_server *s, const json_t *messages, const char *source);

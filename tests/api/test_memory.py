@@ -298,6 +298,25 @@ def test_hybrid_search_and_reindex(vault, tmp_path):
     assert hits and hits[0]["path"] == "Notes/cats.md"
 
 
+def git_diff(vault, rev):
+    """{path: [(op, text)]} of a commit against its parent, read from the git CLI's patch."""
+    out = subprocess.run(["git", "-C", str(vault), "-c", "core.quotePath=false", "show", "--format=", "-U0",
+                          "--no-renames", "--no-color", rev], capture_output=True, text=True, check=True).stdout
+    files, cur, old, in_hunk = {}, None, None, False
+    for line in out.split("\n"):
+        if line.startswith("diff --git "):
+            cur, in_hunk = None, False
+        elif not in_hunk and line.startswith("--- "):
+            old = line[6:].rstrip("\t")  # git ends a name holding a space with a tab
+        elif not in_hunk and line.startswith("+++ "):
+            cur = files.setdefault(old if line[4:] == "/dev/null" else line[6:].rstrip("\t"), [])
+        elif line.startswith("@@"):
+            in_hunk = True
+        elif in_hunk and line[:1] in "+-" and line:
+            cur.append((line[0], line[1:]))
+    return files
+
+
 # ---- synthesis, with the scripted deterministic model -------------------------------
 SCRIPT = f"cmd:{sys.executable} {Path(__file__).resolve().parent / 'memory_scripted_model.py'}"
 MORE = [{"title": "More", "create_time": 1700100000.0, "current_node": "b", "mapping": {
@@ -415,6 +434,23 @@ def test_synthesis_refuses_a_corrupt_vault_and_bad_stage(vault, tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--model" in r.stderr
     assert not (vault / "articles" / "Baking.md").exists()
+
+
+def test_synthesis_since(vault, tmp_path):
+    """--since takes a UTC date or date and minute (the conversations' created times:
+    CHATGPT 2023-11-14 22:13, MORE 2023-11-16 02:00, CLAUDE 2024-03-01T10:00:00Z), keeps
+    older conversations waiting, and refuses anything else naming the flag's field."""
+    imported(vault, tmp_path, CHATGPT, MORE, CLAUDE)
+    plan = lambda since: synthesize(vault, "--dry-run", "--since", since)["segment"]  # noqa: E731
+    assert plan("2023-11-14") == 3 and plan("2023-11-15") == 2 and plan("2024-03-01") == 1
+    assert plan("2023-11-14T22:13") == 3 and plan("2023-11-14 22:14") == 2 and plan("2024-03-01T10:01") == 0
+    assert plan("2024-02-29") == 1  # a leap day
+    for bad in ("yesterday", "2023-11-31", "2023-02-29", "2023-11-14T24:00", "2023-11-14T22", "2023/11/14", ""):
+        r = synthesize(vault, "--dry-run", "--since", bad, check=False)
+        assert r.returncode == 1 and "since" in r.stderr and "YYYY-MM-DD" in r.stderr, (bad, r.stderr)
+    r = synthesize(vault, "--since", "2023-11-15")  # the run itself leaves the older one for later
+    assert r["segment"] == 2 and r["committed"]
+    assert synthesize(vault, "--dry-run")["segment"] == 1
 
 
 def test_serve_memory_log(vault):

@@ -2,13 +2,15 @@
 as chat function tools (their parameter schemas checked by jsonschema, one offered to
 the model through the openai SDK), a tool call and its errors (OpenAI error bodies),
 `GET /v1/memory/synthesize` as server-sent events (parsed here from the raw stream; the
-commit checked with the git CLI), and the Responses store feeding the vault
+commit checked with the git CLI) and its ?since=, `GET /v1/memory/changes` (each line
+checked against the git CLI's diff), and the Responses store feeding the vault
 (`--memory-log`, written through the openai SDK). The served model is the default
 SmolLM2; what it writes is not judged, only the protocol and the vault."""
 import json
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -20,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import BIN, SMOLLM2, server  # noqa: E402
 from hearth_process import need  # noqa: E402
-from test_memory import CHATGPT  # noqa: E402
+from test_memory import CHATGPT, CLAUDE, MORE, SCRIPT, git_diff  # noqa: E402
 
 TOOLS = {"memory_status", "memory_list", "memory_search", "memory_read", "memory_toc", "memory_section",
          "memory_links"}
@@ -98,6 +100,53 @@ def test_tools_calls_and_errors(vault):
     assert git(vault, "status", "--porcelain") == ""
 
 
+FORCE_SEARCH = {"type": "function", "function": {"name": "memory_search"}}
+
+
+def check_hits(vault, hits):
+    """A memory_search result from this vault: every passage is in the file it names."""
+    assert isinstance(hits, list)
+    for h in hits:
+        text = (vault / h["path"]).read_text()
+        assert all(line.strip() in text for line in h["text"].splitlines()), h
+
+
+def test_the_default_model_calls_a_memory_tool(vault):
+    """The real default model (SmolLM2-135M) offered the memory tools with tool_choice naming
+    memory_search makes one call whose arguments validate (jsonschema) against the tool's
+    own parameters; the call runs on the vault; its result goes back as a tool message and
+    is in the model's prompt (more prompt tokens than the same request with an empty
+    result), and the answer after it arrives. What the model says is not judged."""
+    with server(SMOLLM2, "--memory", "--memory-vault", vault) as base:
+        _, tools = get(base, "/v1/memory/tools")
+        schema = next(t["function"]["parameters"] for t in tools["data"] if t["function"]["name"] == "memory_search")
+        client = openai.OpenAI(base_url=base + "/v1", api_key="x")
+        msgs = [{"role": "user", "content": "What is my sourdough starter called?"}]
+        r = client.chat.completions.create(model="default_model", messages=msgs, tools=tools["data"],
+                                           tool_choice=FORCE_SEARCH, temperature=0, max_tokens=300)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1, choice
+        call = choice.message.tool_calls[0]
+        assert call.function.name == "memory_search"
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+        status, hits = post(base, "/v1/memory/tools/memory_search", call.function.arguments)
+        assert status == 200
+        check_hits(vault, hits)
+        print("the model asked", call.function.arguments, "->", len(hits), "hit(s)")
+        asked = {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": call.id, "type": "function",
+                                 "function": {"name": "memory_search", "arguments": call.function.arguments}}]}
+
+        def answer(content):
+            return client.chat.completions.create(
+                model="default_model", temperature=0, max_tokens=16, tools=tools["data"], tool_choice="none",
+                messages=msgs + [asked, {"role": "tool", "tool_call_id": call.id, "content": content}])
+        final, empty = answer(json.dumps(hits)), answer("")
+        assert final.usage.prompt_tokens > empty.usage.prompt_tokens  # the result is in the prompt
+        assert final.choices[0].finish_reason in ("stop", "length") and not final.choices[0].message.tool_calls
+        assert isinstance(final.choices[0].message.content, str) and final.usage.completion_tokens > 0
+
+
 def test_without_memory_the_routes_say_how(vault):
     with server(SMOLLM2) as base:
         status, err = get(base, "/v1/memory/tools")
@@ -126,6 +175,74 @@ def test_synthesize_streams_progress_and_commits_once(vault):
         assert again[-1][0] == "done" and again[-1][1]["committed"] is False
         status, err = get(base, "/v1/memory/synthesize?dry=maybe")
         assert status == 400 and err["error"]["param"] == "dry"
+
+
+def test_synthesize_since(vault, tmp_path):
+    """?since= as `hearth memory synthesize --since` takes it (CHATGPT was created
+    2023-11-14 22:13 UTC, MORE 2023-11-16 02:00): the plan and the run leave older
+    conversations waiting; a bad value is a 400 naming the field, before any stream."""
+    export = tmp_path / "more.json"
+    export.write_text(json.dumps(MORE))
+    subprocess.run([str(BIN), "memory", "import", str(export), "--vault", str(vault), "--embed-model", "none"],
+                   check=True, capture_output=True)
+    n = int(git(vault, "rev-list", "--count", "HEAD"))
+    with server(SMOLLM2, "--memory", "--memory-vault", vault) as base:
+        def plan(since):
+            ev = events(base, "/v1/memory/synthesize?dry=1&since=" + urllib.parse.quote(since))
+            assert [e for e, _ in ev] == ["plan", "done"]
+            return ev[0][1]["segment"]
+        assert plan("2023-11-14") == 2 and plan("2023-11-15") == 1 and plan("2023-11-17") == 0
+        assert plan("2023-11-14T22:13") == 2 and plan("2023-11-14 22:14") == 1
+        for bad in ("yesterday", "2023-11-31", "2023-11-14T22:61", "2023-11-14T22", ""):
+            status, err = get(base, "/v1/memory/synthesize?since=" + urllib.parse.quote(bad))
+            assert status == 400 and err["error"]["param"] == "since", (bad, err)
+            assert err["error"]["type"] == "invalid_request_error" and "YYYY-MM-DD" in err["error"]["message"]
+        run = events(base, "/v1/memory/synthesize?since=2023-11-15")  # the served model reads MORE only
+        assert run[0][1]["segment"] == 1 and run[-1][0] == "done" and run[-1][1]["committed"] is True
+        assert [d["done"] for e, d in run if e == "progress" and d["stage"] == "segment"] == [1]
+        assert int(git(vault, "rev-list", "--count", "HEAD")) == n + 1
+        assert plan("2023-11-14") == 1  # the older conversation still waits
+
+
+def test_changes_shows_what_synthesis_changed(vault, tmp_path):
+    """GET /v1/memory/changes: the last synthesis commits (import commits skipped), each
+    file's added and removed lines equal to the git CLI's own diff of that commit."""
+    def memory(*args):
+        return subprocess.run([str(BIN), "memory", *args, "--vault", str(vault), "--embed-model", "none"],
+                              check=True, capture_output=True, text=True).stdout
+    assert json.loads(memory("changes", "--json")) == []  # no synthesis yet
+    for i, export in enumerate((CLAUDE, MORE)):
+        (tmp_path / f"e{i}.json").write_text(json.dumps(export))
+        memory("import", str(tmp_path / f"e{i}.json"))
+        memory("synthesize", "--model", SCRIPT)
+        if i == 0:
+            first = git(vault, "rev-parse", "HEAD").strip()
+    second = git(vault, "rev-parse", "HEAD").strip()
+    assert git(vault, "rev-list", "--count", f"{first}..{second}").strip() == "2"  # MORE's import between
+    with server(SMOLLM2, "--memory", "--memory-vault", vault) as base:
+        status, one = get(base, "/v1/memory/changes")
+        assert status == 200 and one["object"] == "list" and [c["commit"] for c in one["data"]] == [second]
+        status, two = get(base, "/v1/memory/changes?limit=20")
+        assert status == 200 and [c["commit"] for c in two["data"]] == [second, first]
+        for c in two["data"]:
+            assert c["message"] == git(vault, "log", "-1", "--format=%s", c["commit"]).strip()
+            assert c["message"].startswith("memory: synthesize")
+            want = git_diff(vault, c["commit"])
+            got = {f["path"]: [(ln["op"], ln["text"]) for ln in f["lines"]] for f in c["files"]}
+            assert got == want
+            for f in c["files"]:
+                assert f["added"] == sum(op == "+" for op, _ in want[f["path"]])
+                assert f["removed"] == sum(op == "-" for op, _ in want[f["path"]]) and not f["truncated"]
+        # the second run rewrote the articles the first one wrote: lines went and came
+        arts = {f["path"]: f for f in two["data"][0]["files"] if f["kind"] == "article"}
+        assert arts and all(f["status"] == "modified" for f in arts.values())
+        assert any("spelt" in ln["text"] for f in arts.values() for ln in f["lines"] if ln["op"] == "+")
+        assert {f["status"] for f in two["data"][1]["files"] if f["kind"] == "article"} == {"added"}
+        for bad in ("0", "21", "two", ""):
+            status, err = get(base, "/v1/memory/changes?limit=" + bad)
+            assert status == 400 and err["error"]["param"] == "limit", (bad, err)
+    text = memory("changes", "--limit", "2")  # the CLI prints the same diff
+    assert text.count("memory: synthesize") == 2 and "spelt" in text
 
 
 def test_responses_store_feeds_the_vault(vault):

@@ -1,7 +1,7 @@
 /* fuzz_memory_md.c: the memory's Markdown reading (memory_md.c: front matter, headings and
  * their sections, wikilinks, conflict markers, UTF-8), the synthesis gate's text checks and
  * the dangling-link rewrite, the lenient JSON reading of a model's answer and the repair of
- * its segments (synth_segments_cover), on arbitrary bytes. Must never crash, read out of
+ * its segments (synth_segments_cover), the --since bound's reading, on arbitrary bytes. Must never crash, read out of
  * bounds or leak. */
 #include "memory/memory_synth.h"
 #include <stdint.h>
@@ -46,8 +46,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     json_array_foreach(cover, i, seg) covered += json_array_size(json_object_get(seg, "messages"));
     if (covered != 3) abort(); /* every message, once, whatever the model said */
     json_decref(cover), json_decref(msgs), json_decref(answer);
-    char name[64];
+    char name[64], key[32];
     synth_article_name(s, name, sizeof name);
+    if (synth_since_key(s, key, sizeof key) == 0 && (strlen(key) != 10 && strlen(key) != 16)) abort();
+    synth_before(s, "2024-02-29 23:59");
     free(s);
     return 0;
 }

@@ -3,7 +3,8 @@
  * gate (prose kept, citations kept, secrets), the dangling-link rewrite and the lenient
  * reading of a model's JSON answer, the stages' answer schemas (each compiles as a
  * constraint; what they admit is checked against jsonschema by tests/api) and the repair
- * of a model's segments. Expected values are worked out by hand. */
+ * of a model's segments, and the --since bound (dates checked against libc's timegm).
+ * Expected values are worked out by hand. */
 /* cmocka.h needs these before it */
 // clang-format off
 #include <setjmp.h>
@@ -14,6 +15,7 @@
 // clang-format on
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "hearth.h"
 #include "memory/memory.h"
@@ -22,12 +24,58 @@
 static const char *doc = "---\ntitle: \"Garden\"\nsource: x\n---\n# Top\nintro\n## Beds & Soil\ntext\n```\n# no\n```\n"
                          "### Deep\nd\n## Last\nend\n";
 
+/* --since: a date is accepted exactly when libc's timegm keeps it as written (an impossible
+ * day is normalised into the next month), the minute form too; the bound compares against
+ * the created times import writes ("... HH:MM UTC", ISO "T...Z"). */
+static void test_since(void **state) {
+    (void)state;
+    static const int years[] = {1900, 1999, 2000, 2023, 2024, 2100};
+    char text[32], key[32];
+    for (size_t y = 0; y < sizeof years / sizeof years[0]; y++)
+        for (int mo = 0; mo <= 13; mo++)
+            for (int d = 0; d <= 32; d++) {
+                struct tm tm = {.tm_year = years[y] - 1900, .tm_mon = mo - 1, .tm_mday = d};
+                time_t t = timegm(&tm);
+                int valid = t != (time_t)-1 && tm.tm_mon == mo - 1 && tm.tm_mday == d && mo >= 1 && mo <= 12;
+                snprintf(text, sizeof text, "%04d-%02d-%02d", years[y], mo, d);
+                assert_int_equal(synth_since_key(text, key, sizeof key) == 0, valid);
+                snprintf(text, sizeof text, "%04d-%02d-%02dT23:59", years[y], mo, d);
+                assert_int_equal(synth_since_key(text, key, sizeof key) == 0, valid);
+            }
+    static const char *bad[] = {"",
+                                "2024",
+                                "2024-1-05",
+                                "2024-01-05T",
+                                "2024-01-05T7:00",
+                                "2024-01-05T24:00",
+                                "2024-01-05T12:60",
+                                "2024-01-05X12:00",
+                                "2024/01/05",
+                                "+024-01-05",
+                                "2024-01-05 ",
+                                "2024-01-05T12:00:00",
+                                "0000-01-01"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) assert_int_equal(synth_since_key(bad[i], key, 32), -1);
+    assert_int_equal(synth_since_key("2024-01-05T07:30", key, sizeof key), 0);
+    assert_string_equal(key, "2024-01-05 07:30");
+    assert_true(synth_before("2024-01-05 07:29 UTC", key) && !synth_before("2024-01-05 07:30 UTC", key));
+    assert_true(synth_before("2024-01-05T07:29:59Z", key) && !synth_before("2024-01-06T00:00:00Z", key));
+    assert_true(synth_before("", key)); /* no time: older */
+    assert_int_equal(synth_since_key("2024-01-05", key, sizeof key), 0);
+    assert_true(!synth_before("2024-01-05 00:00 UTC", key) && synth_before("2024-01-04T23:59:59Z", key));
+}
+
 /* RFC 3629's well-formed UTF-8 (what Python's strict decoder accepts): a vault file that is
  * not is reported, never rewritten */
 static void test_utf8(void **state) {
     (void)state;
-    static const struct { const char *s; int ok; } cases[] = {
-        {"plain", 1}, {"caf\xc3\xa9", 1}, {"\xe2\x82\xac \xf0\x9f\x8d\x95", 1},
+    static const struct {
+        const char *s;
+        int ok;
+    } cases[] = {
+        {"plain", 1},
+        {"caf\xc3\xa9", 1},
+        {"\xe2\x82\xac \xf0\x9f\x8d\x95", 1},
         {"\xc0\xaf", 0},         /* overlong 2-byte */
         {"\xe0\x80\xaf", 0},     /* overlong 3-byte */
         {"\xed\xa0\x80", 0},     /* a surrogate */
@@ -188,6 +236,7 @@ int main(void) {
         cmocka_unit_test(test_unlink_and_answers),
         cmocka_unit_test(test_stage_schemas_compile),
         cmocka_unit_test(test_segments_cover),
+        cmocka_unit_test(test_since),
     };
     return cmocka_run_group_tests_name("memory", tests, NULL, NULL);
 }

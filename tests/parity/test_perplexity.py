@@ -202,13 +202,14 @@ def test_perplexity_bad_input(tmp_path, env):
 
 
 def read_logprobs(path):
-    """A --save-logits file (docs/cli.md): magic, int32 vocab, rows, L, the tokens, then
-    float32 log-softmax rows, one per scored position."""
+    """A --save-logits file (docs/cli.md): magic, int32 vocab, rows, L, first scored position,
+    the tokens, then float32 log-softmax rows, one per scored position."""
     raw = open(path, "rb").read()
-    assert raw[:8] == b"HRTHLP01"
-    vocab, rows, seq_len = np.frombuffer(raw, np.int32, 3, 8)
-    body = 20 + 4 * rows * seq_len
-    tokens = np.frombuffer(raw, np.int32, rows * seq_len, 20).reshape(rows, seq_len)
+    assert raw[:8] == b"HRTHLP02"
+    vocab, rows, seq_len, first = np.frombuffer(raw, np.int32, 4, 8)
+    assert first == 0
+    body = 24 + 4 * rows * seq_len
+    tokens = np.frombuffer(raw, np.int32, rows * seq_len, 24).reshape(rows, seq_len)
     return tokens, np.frombuffer(raw, np.float32, offset=body).reshape(-1, vocab).astype(np.float64)
 
 

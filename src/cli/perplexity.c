@@ -188,7 +188,7 @@ static int dataset_row_tokens(const hearth_model *m, const dataset *d, size_t r,
 /* load_data: rows in the seeded order, concatenated until num_samples x L tokens (or all of
  * them), cut to whole rows of L. *out: rows x L tokens. */
 int ppl_load_tokens(const hearth_model *m, const dataset *d, int seed, int num_samples, int L, int32_t **out,
-                       size_t *rows) {
+                    size_t *rows) {
     /* the tokenizer's eos_token: tokenizer_config.json's, or the GGUF vocabulary's */
     char *info = hearth_model_info_json(m);
     json_t *ij = info ? json_loads(info, 0, NULL) : NULL;
@@ -269,8 +269,8 @@ static int logits_header(score_run *r, int vocab, const char *path, FILE *f, int
         return 1;
     }
     int32_t *saved = malloc(nt * sizeof *saved);
-    int same = saved && got[1] == h[1] && got[2] == h[2] && got[3] == h[3] && fread(saved, sizeof *saved, nt, f) == nt &&
-               !memcmp(saved, r->tokens, nt * sizeof *saved);
+    int same = saved && got[1] == h[1] && got[2] == h[2] && got[3] == h[3] &&
+               fread(saved, sizeof *saved, nt, f) == nt && !memcmp(saved, r->tokens, nt * sizeof *saved);
     free(saved);
     if (!same)
         fprintf(stderr,
@@ -596,9 +596,9 @@ int cli_perplexity(int argc, char **argv) {
         /* tok_s: the tokens through the engine (every position is computed, scored or not) */
         tok_s = (double)(r.rows * (size_t)(a.L - 1)) / r.seconds;
         json_t *rep = json_pack("{s:s, s:f, s:f, s:f, s:I, s:I, s:i, s:i, s:f, s:f}", "model", model_path, "perplexity",
-                                ppl, "standard_error", ppl * se, "mean_loss", mean, "rows", (json_int_t)r.rows, "tokens",
-                                (json_int_t)n, "sequence_length", a.L, "first_scored", r.first, "seconds", r.seconds,
-                                "tok_s", tok_s);
+                                ppl, "standard_error", ppl * se, "mean_loss", mean, "rows", (json_int_t)r.rows,
+                                "tokens", (json_int_t)n, "sequence_length", a.L, "first_scored", r.first, "seconds",
+                                r.seconds, "tok_s", tok_s);
         if (a.kl) json_object_set_new(rep, "kl_divergence", kl_report(&r.kl));
         if (a.as_json) {
             json_dumpf(rep, stdout, JSON_COMPACT | JSON_REAL_PRECISION(17));

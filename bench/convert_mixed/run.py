@@ -17,6 +17,7 @@ import glob
 import json
 import os
 import platform
+import shutil
 import re
 import subprocess
 import sys
@@ -125,6 +126,7 @@ def main():
            f"(shared). Run {res['date']}: `{res['command']}`.", "", "The plan (hearth's report):", "", "```",
            report.strip(), "```", ""]
     open(os.path.join(RESULTS, "convert_mixed.md"), "w").write("\n".join(md))
+    shutil.rmtree(tmp)  # the models and the reference log-probs (about 1 GB)
     print("\n".join(md))
 
 

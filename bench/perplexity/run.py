@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,7 @@ def main():
           f"Machine: {res['machine']}, load average {min(loads):.1f} .. {max(loads):.1f} (shared by other users: "
           f"the absolute rates move with it, the ratios less). Run {res['date']}: `{res['command']}`.", ""]
     open(os.path.join(RESULTS, "perplexity.md"), "w").write("\n".join(md))
+    shutil.rmtree(tmp)  # the models and the reference log-probs (about 1 GB)
     print("\n".join(md))
 
 

@@ -302,7 +302,7 @@ static double sum_exp(const float *x, int n, float mx) {
 
 /* KL(reference || model) at one position: sum over v of p_ref(v) (log p_ref(v) - log p(v)),
  * log p(v) = x[v] - lse. p_ref by float exp (as exact as the float32 log-probs it comes
- * from; a double exp per vocabulary entry cost as much as the forward pass), each term in
+ * from, and cheaper than a double exp per vocabulary entry), each term in
  * double, summed in double: the terms cancel to a small KL, so their sum keeps full width. */
 static double kl_row(const float *ref, const float *x, double lse, int n) {
     double kl = 0;

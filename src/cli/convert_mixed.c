@@ -1,9 +1,10 @@
 /* convert_mixed.c: `hearth convert -q --target-bpw B`: mixed precision by measured
- * sensitivity. Each quantizable module is quantized alone at each candidate width and
- * scored by the KL divergence it adds at the logits (against the float model, on
- * calibration rows made as `hearth perplexity` makes them); then a knapsack picks the
- * widths with the least summed KL under the bit budget; the report lists every
- * measurement and choice. Uses hearth.h and the perplexity scorer (ppl.h) only. */
+ * sensitivity. The quantizable modules form units (every module of one transformer layer,
+ * or one module outside the layers: the embeddings, lm_head); each unit is quantized alone
+ * at each candidate width and scored by the KL divergence it adds at the logits (against
+ * the float model, on calibration rows made as `hearth perplexity` makes them); then a
+ * knapsack picks the widths with the least summed KL under the bit budget; the report
+ * lists every measurement and choice. Uses hearth.h and the perplexity scorer (ppl.h). */
 #define _XOPEN_SOURCE 700
 #include "cli/ppl.h"
 #include <ftw.h>
@@ -16,9 +17,9 @@
 #define MAX_CANDIDATES 6
 
 typedef struct mixed_module {
-    char *path;        /* "model.layers.3.mlp.down_proj" */
-    double params;     /* rows x cols */
-    double scale_bits; /* per group: scale + bias, in the weight's dtype */
+    char *path;        /* a unit: "model.layers.3" or "model.embed_tokens" */
+    double params;     /* its weights' rows x cols, summed */
+    double scale_bits; /* per weight: scale + bias per group, in the weights' dtype */
     double kl[MAX_CANDIDATES];
     int choice; /* index into the candidates */
 } mixed_module;
@@ -32,15 +33,33 @@ typedef struct mixed_plan {
     int only_bits;
 } mixed_plan;
 
+/* The length of the unit name that starts module's path: through the layer number for
+ * "<prefix>layers.<N>.<rest>" (one transformer layer measures as one unit: 7x fewer
+ * conversions and scoring passes than module by module), else the whole path. */
+static size_t unit_len(const char *module) {
+    for (const char *s = strstr(module, "layers."); s; s = strstr(s + 1, "layers.")) {
+        if (s != module && s[-1] != '.') continue;
+        const char *d = s + 7, *e = d;
+        while (*e >= '0' && *e <= '9') e++;
+        if (e > d && *e == '.') return (size_t)(e - module);
+    }
+    return strlen(module);
+}
+
+static int in_unit(const char *module, const char *unit) {
+    size_t n = unit_len(module);
+    return strlen(unit) == n && !strncmp(module, unit, n);
+}
+
 static int choose_measured(void *user, const char *module) {
     const mixed_plan *p = user;
-    return !strcmp(module, p->only) ? p->only_bits : 0;
+    return in_unit(module, p->only) ? p->only_bits : 0;
 }
 
 static int choose_final(void *user, const char *module) {
     const mixed_plan *p = user;
     for (size_t i = 0; i < p->n; i++)
-        if (!strcmp(p->mods[i].path, module)) return p->cand[p->mods[i].choice];
+        if (in_unit(module, p->mods[i].path)) return p->cand[p->mods[i].choice];
     return 0;
 }
 
@@ -49,7 +68,8 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return remove(path);
 }
 
-/* The modules convert quantizes: 2-D float ".weight" tensors whose rows are whole groups. */
+/* The units of the modules convert quantizes (2-D float ".weight" tensors whose rows are
+ * whole groups), in the order their first module comes. */
 static int list_modules(hearth_model *m, int group, mixed_plan *p) {
     char *tj = hearth_model_tensors_json(m);
     json_t *arr = tj ? json_loads(tj, 0, NULL) : NULL;
@@ -66,10 +86,13 @@ static int list_modules(hearth_model *m, int group, mixed_plan *p) {
         double rows = (double)json_integer_value(json_array_get(shape, 0));
         json_int_t cols = json_integer_value(json_array_get(shape, 1));
         if (cols % group || (strcmp(dt, "F32") && strcmp(dt, "F16") && strcmp(dt, "BF16"))) continue;
-        mixed_module *mod = &p->mods[p->n++];
-        mod->path = strndup(name, len - 7);
-        mod->params = rows * (double)cols;
-        mod->scale_bits = 2.0 * (strcmp(dt, "F32") ? 16 : 32) / group;
+        size_t u = 0, ul = unit_len(name) < len - 7 ? unit_len(name) : len - 7;
+        while (u < p->n && !(strlen(p->mods[u].path) == ul && !strncmp(p->mods[u].path, name, ul))) u++;
+        mixed_module *mod = &p->mods[u];
+        if (u == p->n) p->n++, mod->path = strndup(name, ul);
+        double params = rows * (double)cols, sb = 2.0 * (strcmp(dt, "F32") ? 16 : 32) / group;
+        mod->scale_bits = (mod->scale_bits * mod->params + sb * params) / (mod->params + params);
+        mod->params += params;
     }
     json_decref(arr);
     if (!p->n) fprintf(stderr, "hearth: %s: no weights to quantize\n", hearth_model_path(m));
@@ -190,7 +213,7 @@ int cli_convert_mixed(const char *model, hearth_convert_options o, double target
             else
                 rc = mean_kl(work, tokens, rows, calib_len, ref_path, eo, &p.mods[i].kl[j]);
             nftw(work, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-            if (isatty(2)) fprintf(stderr, "\r  measured %zu/%zu modules", i + 1, p.n);
+            if (isatty(2)) fprintf(stderr, "\r  measured %zu/%zu units", i + 1, p.n);
         }
     if (isatty(2)) fprintf(stderr, "\n");
     double bpw = 0;
@@ -200,7 +223,7 @@ int cli_convert_mixed(const char *model, hearth_convert_options o, double target
         if (hearth_convert(model, &o, &err)) rc = cli_fail(&err);
     }
     if (!rc) {
-        printf("%-48s %10s", "module", "params");
+        printf("%-48s %10s", "unit", "params");
         for (int j = 0; j < n_cand; j++) printf("   KL@%d-bit", cand[j]);
         printf("  bits\n");
         double predicted = 0;
@@ -211,7 +234,7 @@ int cli_convert_mixed(const char *model, hearth_convert_options o, double target
             predicted += p.mods[i].kl[p.mods[i].choice];
         }
         printf("bits per weight (quantized modules, scales and biases included): %.4f of %.4f\n", bpw, target_bpw);
-        printf("sum of the chosen modules' KL (each measured alone): %.6f\n%s\n", predicted, o.out_dir);
+        printf("sum of the chosen units' KL (each measured alone): %.6f\n%s\n", predicted, o.out_dir);
     }
     unlink(ref_path);
     rmdir(tmp);

@@ -16,7 +16,7 @@
 static const char *ppl_usage =
     "hearth perplexity <model> --data-path <file.jsonl|file.txt> [--sequence-length 512] [--num-samples 256]\n"
     "       [--batch-size 8] [--seed 123] [--save-logits FILE] [--kl-divergence (--reference MODEL |\n"
-    "       --reference-logits FILE)] [--json] [--threads N] [--device cpu|cuda|auto]";
+    "       --reference-logits FILE)] [--second-half] [--json] [--threads N] [--device cpu|cuda|auto]";
 
 /* ---- numpy's legacy generator: np.random.seed(s); np.random.permutation(n) ---------- */
 
@@ -188,7 +188,7 @@ static int dataset_row_tokens(const hearth_model *m, const dataset *d, size_t r,
 /* load_data: rows in the seeded order, concatenated until num_samples x L tokens (or all of
  * them), cut to whole rows of L. *out: rows x L tokens. */
 int ppl_load_tokens(const hearth_model *m, const dataset *d, int seed, int num_samples, int L, int32_t **out,
-                       size_t *rows) {
+                    size_t *rows) {
     /* the tokenizer's eos_token: tokenizer_config.json's, or the GGUF vocabulary's */
     char *info = hearth_model_info_json(m);
     json_t *ij = info ? json_loads(info, 0, NULL) : NULL;
@@ -239,9 +239,10 @@ int ppl_load_tokens(const hearth_model *m, const dataset *d, int seed, int num_s
 
 /* ---- scoring -------------------------------------------------------------------------- */
 
-/* The reference log-probabilities file: a header naming the tokens it was computed on,
- * then float32 log-softmax rows, one per scored position (rows x (L-1) x vocab). */
-static const char LOGITS_MAGIC[8] = {'H', 'R', 'T', 'H', 'L', 'P', '0', '1'};
+/* The reference log-probabilities file: a header naming the tokens it was computed on and
+ * the first scored position of each row, then float32 log-softmax rows, one per scored
+ * position (rows x (L-1-first) x vocab). */
+static const char LOGITS_MAGIC[8] = {'H', 'R', 'T', 'H', 'L', 'P', '0', '2'};
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -252,13 +253,13 @@ static double now_seconds(void) {
 /* Writes or checks the file header: vocab, rows, L and the tokens themselves, so saved
  * log-probs are never compared with other data. */
 static int logits_header(score_run *r, int vocab, const char *path, FILE *f, int writing) {
-    int32_t h[3] = {vocab, (int32_t)r->rows, r->L};
+    int32_t h[4] = {vocab, (int32_t)r->rows, r->L, r->first};
     size_t nt = r->rows * (size_t)r->L;
     if (writing)
         return fwrite(LOGITS_MAGIC, 8, 1, f) != 1 || fwrite(h, sizeof h, 1, f) != 1 ||
                fwrite(r->tokens, sizeof(int32_t), nt, f) != nt;
     char magic[8];
-    int32_t got[3];
+    int32_t got[4];
     if (fread(magic, 8, 1, f) != 1 || memcmp(magic, LOGITS_MAGIC, 8) || fread(got, sizeof got, 1, f) != 1) {
         fprintf(stderr, "hearth: %s: not a hearth log-probabilities file (--save-logits writes one)\n", path);
         return 1;
@@ -268,14 +269,14 @@ static int logits_header(score_run *r, int vocab, const char *path, FILE *f, int
         return 1;
     }
     int32_t *saved = malloc(nt * sizeof *saved);
-    int same = saved && got[1] == h[1] && got[2] == h[2] && fread(saved, sizeof *saved, nt, f) == nt &&
-               !memcmp(saved, r->tokens, nt * sizeof *saved);
+    int same = saved && got[1] == h[1] && got[2] == h[2] && got[3] == h[3] &&
+               fread(saved, sizeof *saved, nt, f) == nt && !memcmp(saved, r->tokens, nt * sizeof *saved);
     free(saved);
     if (!same)
         fprintf(stderr,
-                "hearth: %s: saved for other tokens (%d rows of %d); use the same --data-path, --seed, "
-                "--num-samples, --sequence-length and tokenizer\n",
-                path, got[1], got[2]);
+                "hearth: %s: saved for other tokens (%d rows of %d, scored from position %d); use the same "
+                "--data-path, --seed, --num-samples, --sequence-length, --second-half and tokenizer\n",
+                path, got[1], got[2], got[3]);
     return !same;
 }
 
@@ -299,6 +300,16 @@ static double sum_exp(const float *x, int n, float mx) {
     return total;
 }
 
+/* KL(reference || model) at one position: sum over v of p_ref(v) (log p_ref(v) - log p(v)),
+ * log p(v) = x[v] - lse. p_ref by float exp (as exact as the float32 log-probs it comes
+ * from, and cheaper than a double exp per vocabulary entry), each term in
+ * double, summed in double: the terms cancel to a small KL, so their sum keeps full width. */
+static double kl_row(const float *ref, const float *x, double lse, int n) {
+    double kl = 0;
+    for (int v = 0; v < n; v++) kl += (double)expf(ref[v]) * ((double)ref[v] - ((double)x[v] - lse));
+    return kl;
+}
+
 /* Logits rows per append: a whole prefill step's (the engine's max_logits_rows), at most
  * 256 MiB of logits for the largest vocabularies. */
 static int ppl_chunk(int32_t vocab, int L) {
@@ -309,18 +320,18 @@ static int ppl_chunk(int32_t vocab, int L) {
 }
 
 /* One model over every row: each row is a fresh sequence given its first L-1 tokens, and
- * position t is scored on token t+1 (mlx-lm's batch[:, :-1] against batch[:, 1:]), in
- * appends of CHUNK tokens that return every position's logits. */
+ * position t >= first is scored on token t+1 (mlx-lm's batch[:, :-1] against batch[:, 1:];
+ * llama-perplexity's from first = L/2 on), in appends of CHUNK tokens that return every
+ * position's logits. */
 static int score_model(hearth_engine *e, score_run *r) {
     int vocab = hearth_model_vocab_rows(e), L = r->L, rc = 0;
     const size_t CHUNK = (size_t)ppl_chunk(vocab, L);
-    size_t per_row = (size_t)L - 1, n = r->rows * per_row;
+    size_t per_row = (size_t)L - 1, first = (size_t)r->first, scored = per_row - first, n = r->rows * scored;
     float *logits = malloc((size_t)CHUNK * vocab * sizeof *logits);
-    double *lp = malloc((size_t)vocab * sizeof *lp);
     float *lpf = malloc((size_t)vocab * sizeof *lpf), *ref = malloc((size_t)vocab * sizeof *ref);
     r->loss = malloc(n * sizeof *r->loss);
     if (r->ref) r->kl.kl = malloc(n * sizeof *r->kl.kl);
-    if (!logits || !lp || !lpf || !ref || !r->loss || (r->ref && !r->kl.kl)) {
+    if (!logits || !lpf || !ref || !r->loss || (r->ref && !r->kl.kl)) {
         fprintf(stderr, "hearth: out of memory for %zu scored tokens\n", n);
         rc = 1;
     }
@@ -341,19 +352,20 @@ static int score_model(hearth_engine *e, score_run *r) {
                 rc = cli_fail(&err);
                 break;
             }
-            for (size_t j = 0; j < k && !rc; j++) {
+            for (size_t j = done < first ? first - done : 0; j < k && !rc; j++) {
                 const float *x = logits + j * (size_t)vocab;
-                size_t at = row * per_row + done + j;
+                size_t at = row * scored + done + j - first;
                 int top = 0;
                 for (int v = 1; v < vocab; v++)
                     if (x[v] > x[top]) top = v;
                 double mx = x[top], lse = mx + log(sum_exp(x, vocab, (float)mx));
                 r->loss[at] = lse - (double)x[tok[done + j + 1]];
-                if (!r->save && !r->ref) continue; /* the full log-probabilities only when kept or compared */
-                for (int v = 0; v < vocab; v++) lpf[v] = (float)(lp[v] = (double)x[v] - lse);
-                if (r->save && fwrite(lpf, sizeof *lpf, (size_t)vocab, r->save) != (size_t)vocab) {
-                    fprintf(stderr, "hearth: cannot write the log-probabilities: %s\n", strerror(errno));
-                    rc = 1;
+                if (r->save) { /* the full log-probabilities only when kept */
+                    for (int v = 0; v < vocab; v++) lpf[v] = (float)((double)x[v] - lse);
+                    if (fwrite(lpf, sizeof *lpf, (size_t)vocab, r->save) != (size_t)vocab) {
+                        fprintf(stderr, "hearth: cannot write the log-probabilities: %s\n", strerror(errno));
+                        rc = 1;
+                    }
                 }
                 if (r->ref) {
                     if (fread(ref, sizeof *ref, (size_t)vocab, r->ref) != (size_t)vocab) {
@@ -361,13 +373,10 @@ static int score_model(hearth_engine *e, score_run *r) {
                         rc = 1;
                         break;
                     }
-                    double kl = 0;
+                    r->kl.kl[at] = kl_row(ref, x, lse, vocab);
                     int ref_top = 0;
-                    for (int v = 0; v < vocab; v++) {
-                        kl += exp((double)ref[v]) * ((double)ref[v] - lp[v]);
+                    for (int v = 1; v < vocab; v++)
                         if (ref[v] > ref[ref_top]) ref_top = v;
-                    }
-                    r->kl.kl[at] = kl;
                     r->kl.same_top += ref_top == top;
                 }
             }
@@ -379,7 +388,6 @@ static int score_model(hearth_engine *e, score_run *r) {
     r->seconds = now_seconds() - t0;
     r->kl.n = n;
     free(logits);
-    free(lp);
     free(lpf);
     free(ref);
     return rc;
@@ -430,7 +438,7 @@ int ppl_run_model(const char *name, hearth_engine_options eo, score_run *r) {
 
 typedef struct ppl_args {
     const char *model, *data, *save, *reference, *ref_logits;
-    int L, num_samples, batch_size, seed, kl, as_json;
+    int L, num_samples, batch_size, seed, kl, as_json, second_half;
     hearth_engine_options eo;
 } ppl_args;
 
@@ -448,6 +456,10 @@ static int parse_args(int argc, char **argv, ppl_args *a) {
         }
         if (!strcmp(f, "--json")) {
             a->as_json = 1;
+            continue;
+        }
+        if (!strcmp(f, "--second-half")) {
+            a->second_half = 1;
             continue;
         }
         const char **str = !strcmp(f, "--data-path")          ? &a->data
@@ -524,7 +536,7 @@ static int close_logits(FILE *f, const char *path) {
 /* The reference pass: its log-probs go to --reference-logits, else to a temporary file
  * that the model's pass reads back and that is removed afterwards. */
 static int run_reference(const ppl_args *a, score_run *r, char *tmp_path, const char **ref_path) {
-    score_run ref = {.tokens = r->tokens, .rows = r->rows, .L = r->L};
+    score_run ref = {.tokens = r->tokens, .rows = r->rows, .L = r->L, .first = r->first};
     *ref_path = a->ref_logits;
     if (!*ref_path) {
         int fd = mkstemp(tmp_path);
@@ -555,7 +567,7 @@ int cli_perplexity(int argc, char **argv) {
     if (!buf) return 1;
     dataset d = {0};
     hearth_model *m = NULL;
-    score_run r = {.L = a.L};
+    score_run r = {.L = a.L, .first = a.second_half ? a.L / 2 : 0};
     int32_t *tokens = NULL;
     char *model_path = NULL, tmp_path[] = "/tmp/hearth-reference-XXXXXX";
     const char *ref_path = NULL;
@@ -577,13 +589,16 @@ int cli_perplexity(int argc, char **argv) {
     if (r.ref) fclose(r.ref);
     if (ref_path == tmp_path) unlink(tmp_path);
     if (!rc) {
-        size_t n = r.rows * (size_t)(a.L - 1);
+        size_t n = r.rows * (size_t)(a.L - 1 - r.first);
         double mean, se;
         ppl_mean_se(r.loss, n, &mean, &se);
         double ppl = exp(mean), tok_s = (double)n / r.seconds;
-        json_t *rep = json_pack("{s:s, s:f, s:f, s:f, s:I, s:I, s:i, s:f, s:f}", "model", model_path, "perplexity", ppl,
-                                "standard_error", ppl * se, "mean_loss", mean, "rows", (json_int_t)r.rows, "tokens",
-                                (json_int_t)n, "sequence_length", a.L, "seconds", r.seconds, "tok_s", tok_s);
+        /* tok_s: the tokens through the engine (every position is computed, scored or not) */
+        tok_s = (double)(r.rows * (size_t)(a.L - 1)) / r.seconds;
+        json_t *rep = json_pack("{s:s, s:f, s:f, s:f, s:I, s:I, s:i, s:i, s:f, s:f}", "model", model_path, "perplexity",
+                                ppl, "standard_error", ppl * se, "mean_loss", mean, "rows", (json_int_t)r.rows,
+                                "tokens", (json_int_t)n, "sequence_length", a.L, "first_scored", r.first, "seconds",
+                                r.seconds, "tok_s", tok_s);
         if (a.kl) json_object_set_new(rep, "kl_divergence", kl_report(&r.kl));
         if (a.as_json) {
             json_dumpf(rep, stdout, JSON_COMPACT | JSON_REAL_PRECISION(17));

@@ -25,6 +25,7 @@ typedef struct score_run {
     const int32_t *tokens;
     size_t rows;
     int L;
+    int first;  /* the first scored position of each row: 0 (mlx-lm's rule), or L/2 (llama-perplexity's) */
     FILE *save; /* write this model's log-probs here */
     FILE *ref;  /* compare with these (KL, top-1) */
     const char *save_path, *ref_path;

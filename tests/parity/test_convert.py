@@ -8,6 +8,7 @@ must say the same thing. Then hearth loads both outputs and computes the same lo
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -175,6 +176,12 @@ def parse_report(text):
     return cands, rows
 
 
+def unit_of(module):
+    """hearth's measuring unit of a module: its transformer layer, else the module itself."""
+    m = re.match(r"(.*?(?:^|\.)layers\.\d+)\.", module)
+    return m.group(1) if m else module
+
+
 def exact_knapsack(cands, rows, spare_bits):
     """The least summed KL with the bits above the smallest width within spare_bits: an
     exact dynamic program over whole bits (numpy), the oracle for hearth's gridded one."""
@@ -191,7 +198,7 @@ def exact_knapsack(cands, rows, spare_bits):
 
 @pytest.mark.parametrize("name", ["llama-f32", "qwen3-f32", "gemma3-f32"])
 def test_target_bpw_beats_uniform_of_the_same_bytes(name, tmp_path):
-    """--target-bpw 7 over widths 4/6/8 (f32 scales: 1 bit per weight at group 64) holds the
+    """--target-bpw 7 over widths 4/5/6/8 (f32 scales: 1 bit per weight at group 64) holds the
     budget of uniform 6-bit, records every choice in config.json, solves the knapsack over
     its measured sensitivities (against an exact numpy DP), and on held-out text adds less
     KL than uniform 6-bit (hearth perplexity --kl-divergence against the float model)."""
@@ -203,16 +210,19 @@ def test_target_bpw_beats_uniform_of_the_same_bytes(name, tmp_path):
         path.write_text("".join(json.dumps({"text": " ".join(rng.choice(words, rng.integers(3, 40)))}) + "\n"
                                 for _ in range(120)))
     mixed, uniform = tmp_path / "mixed", tmp_path / "uniform"
-    p = hearth("convert", src, "--out", str(mixed), "-q", "--target-bpw", "7", "--candidate-bits", "4,6,8",
+    p = hearth("convert", src, "--out", str(mixed), "-q", "--target-bpw", "7", "--candidate-bits", "4,5,6,8",
                "--calibration-data", str(calib), "--n-calibration", "4", "--calibration-length", "64")
     cands, rows = parse_report(p.stdout.decode())
-    assert cands == [4, 6, 8] and rows
+    assert cands == [4, 5, 6, 8] and rows
     q = json.load(open(mixed / "config.json"))["quantization"]
-    assert {k: v["bits"] for k, v in q.items() if isinstance(v, dict)} == {k: r[2] for k, r in rows.items()}
+    widths = {k: v["bits"] for k, v in q.items() if isinstance(v, dict)}
+    assert {k: rows[unit_of(k)][2] for k in widths} == widths  # every module at its unit's width
+    assert sorted({unit_of(k) for k in widths}) == sorted(rows)
     # the budget, from the file itself: packed words + scales + biases over the weights' size
     t = tensors(mixed)
-    bits = sum(t[k + s].nbytes * 8 for k in rows for s in (".weight", ".scales", ".biases"))
+    bits = sum(t[k + s].nbytes * 8 for k in widths for s in (".weight", ".scales", ".biases"))
     params = sum(r[0] for r in rows.values())
+    assert params == sum(t[k + ".scales"].size * 64 for k in widths)
     assert bits / params <= 7.0
     chosen = sum(r[1][cands.index(r[2])] for r in rows.values())
     opt = exact_knapsack(cands, rows, (7.0 - 5.0) * params)
@@ -223,7 +233,7 @@ def test_target_bpw_beats_uniform_of_the_same_bytes(name, tmp_path):
 
     model, _ = load(str(mixed))
     loaded = {k: mod.bits for k, mod in model.named_modules() if hasattr(mod, "bits")}
-    assert loaded == {k: r[2] for k, r in rows.items()}
+    assert loaded == widths
     hearth("convert", src, "--out", str(uniform), "-q", "--q-bits", "6")
 
     def kl(model):

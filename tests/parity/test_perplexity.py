@@ -177,6 +177,10 @@ def test_kl_against_quantized_sibling(tmp_path, env):
     p = hearth("perplexity", q_dir, "--data-path", data_path, "--sequence-length", str(L), "--num-samples",
                str(ROWS), "--seed", "1", "--kl-divergence", "--reference-logits", saved, env=env, check=False)
     assert p.returncode == 1 and p.stderr.decode().startswith(f"hearth: {saved}: saved for other tokens")
+    # so are the same tokens scored from another position (--second-half: llama-perplexity's rule)
+    p = hearth("perplexity", q_dir, "--data-path", data_path, "--sequence-length", str(L), "--num-samples",
+               str(ROWS), "--second-half", "--kl-divergence", "--reference-logits", saved, env=env, check=False)
+    assert p.returncode == 1 and "scored from position 0" in p.stderr.decode()
 
 
 def test_perplexity_bad_input(tmp_path, env):
@@ -202,13 +206,13 @@ def test_perplexity_bad_input(tmp_path, env):
 
 
 def read_logprobs(path):
-    """A --save-logits file (docs/cli.md): magic, int32 vocab, rows, L, the tokens, then
-    float32 log-softmax rows, one per scored position."""
+    """A --save-logits file (docs/cli.md): magic, int32 vocab, rows, L, first scored position,
+    the tokens, then float32 log-softmax rows, one per scored position."""
     raw = open(path, "rb").read()
-    assert raw[:8] == b"HRTHLP01"
-    vocab, rows, seq_len = np.frombuffer(raw, np.int32, 3, 8)
-    body = 20 + 4 * rows * seq_len
-    tokens = np.frombuffer(raw, np.int32, rows * seq_len, 20).reshape(rows, seq_len)
+    assert raw[:8] == b"HRTHLP02"
+    vocab, rows, seq_len, first = np.frombuffer(raw, np.int32, 4, 8)
+    body = 24 + 4 * rows * seq_len
+    tokens = np.frombuffer(raw, np.int32, rows * seq_len, 24).reshape(rows, seq_len)
     return tokens, np.frombuffer(raw, np.float32, offset=body).reshape(-1, vocab).astype(np.float64)
 
 
@@ -232,6 +236,23 @@ def test_kl_statistics_match_numpy(tmp_path, env):
     assert k["top1_agreement"] == pytest.approx((lr.argmax(-1) == lq.argmax(-1)).mean(), abs=1e-12)
     # the perplexity agrees with the saved log-probs at the next tokens
     nll = -np.take_along_axis(lq, tq[:, 1:].reshape(-1, 1), 1).mean()
+    assert got["mean_loss"] == pytest.approx(nll, rel=1e-6)
+
+
+def test_second_half_scores_llama_perplexity_positions(tmp_path, env):
+    """--second-half: the same rows, only positions L/2 .. L-2 scored (llama-perplexity's
+    rule); each is what the full run gives at that position, and the loss is their mean."""
+    model_dir = tiny("llama-q8g32")
+    data_path = write_rows(tmp_path / "data.jsonl", text_rows())
+    full, half = str(tmp_path / "full.lp"), str(tmp_path / "half.lp")
+    run_ppl(model_dir, data_path, "--save-logits", full, env=env)
+    got = run_ppl(model_dir, data_path, "--second-half", "--save-logits", half, env=env)
+    tf, lf = read_logprobs(full)
+    th, lh = read_logprobs(half)
+    assert (tf == th).all() and got["first_scored"] == L // 2 and got["tokens"] == ROWS * (L - 1 - L // 2)
+    want = lf.reshape(ROWS, L - 1, -1)[:, L // 2:]
+    assert np.array_equal(lh.reshape(want.shape), want)
+    nll = -np.take_along_axis(want, tf[:, L // 2 + 1:, None], 2).mean()
     assert got["mean_loss"] == pytest.approx(nll, rel=1e-6)
 
 

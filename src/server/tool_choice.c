@@ -6,6 +6,7 @@
 #include "server/tool_choice.h"
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define BAD(e, param, ...) srv_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 #define OOM(e) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory")
@@ -110,10 +111,12 @@ static int add_piece(json_t *seq, const char *kind, const char *s) {
     return json_array_append_new(seq, json_pack("{s:s}", kind, s));
 }
 
-/* The pieces of one call to tools[i] in format f; 0, or -1 with e filled. */
-static int call_pieces(const json_t *tools, size_t i, size_t f, json_t *alts, srv_error *e) {
+/* tools[i]'s parameters schema, its objects closed (close_objects), checked to compile:
+ * 0 with *out set (caller frees), or -1 with e filled. */
+static int tool_schema(const json_t *tools, size_t i, json_t **out, srv_error *e) {
     const json_t *fn = json_object_get(json_array_get(tools, i), "function");
     const json_t *params = json_object_get(fn, "parameters");
+    *out = NULL;
     if (!tool_name(tools, i)) return BAD(e, "tools", "tools[%zu].function.name: a forced call needs a name", i);
     if (params && !json_is_null(params) && !json_is_object(params))
         return BAD(e, "tools", "tools[%zu].function.parameters must be an object (a JSON schema)", i);
@@ -127,13 +130,25 @@ static int call_pieces(const json_t *tools, size_t i, size_t f, json_t *alts, sr
     else if (hearth_constraint_check(HEARTH_CONSTRAINT_JSON_SCHEMA, src, strlen(src), &err))
         rc = BAD(e, "tools", "tools[%zu].function.parameters: %s", i, err.message);
     free(src);
+    if (rc)
+        json_decref(schema);
+    else
+        *out = schema;
+    return rc;
+}
+
+/* The pieces of one call to tools[i] in format f; 0, or -1 with e filled. */
+static int call_pieces(const json_t *tools, size_t i, size_t f, json_t *alts, srv_error *e) {
+    json_t *schema = NULL;
+    int rc = tool_schema(tools, i, &schema, e);
+    if (rc) return rc;
     json_t *name = json_string(tool_name(tools, i));
     char *quoted = name ? json_dumps(name, JSON_ENCODE_ANY) : NULL;
     json_decref(name);
     size_t cap = strlen(FORCED[f].lead) + (quoted ? strlen(quoted) : 0) + strlen(FORCED[f].key) + 8;
     char *lead = malloc(cap);
     json_t *seq = json_array();
-    if (!rc && (!quoted || !lead || !seq)) rc = OOM(e);
+    if (!quoted || !lead || !seq) rc = OOM(e);
     if (!rc) {
         snprintf(lead, cap, "%s%s, \"%s\": ", FORCED[f].lead, quoted, FORCED[f].key);
         if (add_piece(seq, "token", FORCED[f].open) || add_piece(seq, "text", lead) ||
@@ -148,6 +163,181 @@ static int call_pieces(const json_t *tools, size_t i, size_t f, json_t *alts, sr
     return rc;
 }
 
+/* ---- qwen3_coder: <tool_call>\n<function=f>\n<parameter=p>\nvalue\n</parameter>\n...
+ * </function>\n</tool_call>. toolparse.c (after mlx-lm's parser) reads a value by its
+ * property's schema type: a string is the raw text between the newlines, "null" in any
+ * case is null whatever the type, an untyped value is JSON when it is an object or array
+ * text and else a string, other types are JSON text. So a string value is free text that
+ * cannot contain the closing tag and is not "null"; every other value is JSON valid for
+ * its sub-schema. Required properties come in schema order; each optional one may be
+ * written or left out; one that cannot be forced this way is left out (required: 400). */
+
+#define QWEN_CLOSE "</parameter>"
+#define QWEN_NUM_BOUND 1000000000000000LL /* |numbers| the parser converts exactly (below 2^53) */
+/* a string with length bounds: code points but '<' and control characters (tab, newline,
+ * carriage return allowed), the first not 'n' / 'N' (so never "null") */
+#define QWEN_CH "[^<\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f]"
+#define QWEN_CH0 "[^<nN\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f]"
+
+/* A name the qwen3_coder parser reads back whole: no whitespace, '<' or '>'. */
+static int qwen_name_ok(const char *s) {
+    if (!s || !*s) return 0;
+    for (; *s; s++)
+        if (strchr(" \t\n\r\f\v<>", *s)) return 0;
+    return 1;
+}
+
+/* Whether string v, written raw, reads back as itself (untyped: as a string). */
+static int qwen_raw_ok(const json_t *v, int untyped) {
+    if (!json_is_string(v)) return 0;
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v);
+    if ((n == 4 && !strncasecmp(s, "null", 4)) || strstr(s, QWEN_CLOSE) || memchr(s, 0, n)) return 0;
+    if (untyped) {
+        json_t *j = json_loadb(s, n, JSON_DECODE_ANY, NULL);
+        int as_json = json_is_object(j) || json_is_array(j);
+        json_decref(j);
+        if (as_json) return 0;
+    }
+    return 1;
+}
+
+/* Sets key to a bound when neither it nor its exclusive form is there. */
+static void bound(json_t *s, const char *key, const char *exclusive, json_int_t v) {
+    if (!json_object_get(s, key) && !json_object_get(s, exclusive)) json_object_set_new(s, key, json_integer(v));
+}
+
+/* Appends to seq the pieces of a value valid for property schema p (of root, whose $defs
+ * its $refs name); 0 when this format cannot force one (or out of memory). */
+static int qwen_value(const json_t *root, const json_t *p, json_t *seq) {
+    if (!json_is_object(p)) return 0;
+    const json_t *type = json_object_get(p, "type"), *en = json_object_get(p, "enum");
+    const json_t *cn = json_object_get(p, "const");
+    const char *t = json_string_value(type);
+    static const char *const COMPOSED[] = {"pattern", "format", "anyOf", "oneOf", "allOf", "not", "$ref", "if"};
+    for (size_t k = 0; (!type || (t && !strcmp(t, "string"))) && k < sizeof COMPOSED / sizeof *COMPOSED; k++)
+        if (json_object_get(p, COMPOSED[k]) && !en && !cn) return 0;
+    if (!json_object_size(p) || (t && !strcmp(t, "string") && !en && !cn)) {
+        const json_t *lo = json_object_get(p, "minLength"), *hi = json_object_get(p, "maxLength");
+        if (!lo && !hi)
+            return !json_array_append_new(seq,
+                                          json_pack("{s:{s:s,s:[s]}}", "raw", "without", QWEN_CLOSE, "not", "null"));
+        json_int_t a = json_integer_value(lo), b = hi ? json_integer_value(hi) : -1;
+        if (a < 0 || (hi && (b < a || !json_is_integer(hi))) || (lo && !json_is_integer(lo)) || a > 10000 || b > 10000)
+            return 0;
+        if (b == 0) return !json_array_append_new(seq, json_pack("{s:s}", "text", ""));
+        char re[256], rest[32];
+        if (b < 0)
+            snprintf(rest, sizeof rest, "{%lld,}", (long long)(a > 1 ? a - 1 : 0));
+        else
+            snprintf(rest, sizeof rest, "{%lld,%lld}", (long long)(a > 1 ? a - 1 : 0), (long long)b - 1);
+        snprintf(re, sizeof re, "(?:%s%s%s)%s", QWEN_CH0, QWEN_CH, rest, a ? "" : "?");
+        return !json_array_append_new(seq, json_pack("{s:s}", "regex", re));
+    }
+    if (!type || (t && !strcmp(t, "string"))) { /* enum / const: the listed strings, raw */
+        json_t *alts = json_array(), *v;
+        size_t i;
+        if (cn && qwen_raw_ok(cn, !type)) json_array_append_new(alts, json_pack("[{s:O}]", "text", cn));
+        json_array_foreach(en, i, v) if (!cn && qwen_raw_ok(v, !type))
+            json_array_append_new(alts, json_pack("[{s:O}]", "text", v));
+        if (!json_array_size(alts)) {
+            json_decref(alts);
+            return 0;
+        }
+        return !json_array_append_new(seq, json_pack("{s:o}", "choice", alts));
+    }
+    if (t && !strcmp(t, "null")) return !json_array_append_new(seq, json_pack("{s:s}", "text", "null"));
+    static const char *const JSON_TYPES[] = {"integer", "number", "boolean", "object", "array"};
+    size_t k = 0;
+    while (t && k < sizeof JSON_TYPES / sizeof *JSON_TYPES && strcmp(t, JSON_TYPES[k])) k++;
+    if (!t || k == sizeof JSON_TYPES / sizeof *JSON_TYPES) return 0;
+    json_t *sub = json_deep_copy(p);
+    if (!sub) return 0;
+    static const char *const DEFS[] = {"$defs", "definitions"};
+    for (size_t d = 0; d < 2; d++)
+        if (json_object_get(root, DEFS[d]) && !json_object_get(sub, DEFS[d]))
+            json_object_set(sub, DEFS[d], json_object_get(root, DEFS[d]));
+    if (k < 2) { /* integer, number: within what the parser converts (strtod, int64) */
+        bound(sub, "minimum", "exclusiveMinimum", -QWEN_NUM_BOUND);
+        bound(sub, "maximum", "exclusiveMaximum", QWEN_NUM_BOUND);
+    }
+    return !json_array_append_new(seq, json_pack("{s:o}", "schema", sub));
+}
+
+/* Whether name is in the schema's "required". */
+static int is_required(const json_t *schema, const char *name) {
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(schema, "required"), i,
+                       v) if (json_is_string(v) && !strcmp(json_string_value(v), name)) return 1;
+    return 0;
+}
+
+/* The pieces of one qwen3_coder call to tools[i]; 0, or -1 with e filled. */
+static int qwen_call(const json_t *tools, size_t i, json_t *alts, srv_error *e) {
+    json_t *schema = NULL;
+    if (tool_schema(tools, i, &schema, e)) return -1;
+    const char *name = tool_name(tools, i);
+    int rc = 0;
+    json_t *seq = json_array(), *v, *p;
+    char *head = malloc(strlen(name) + 16);
+    size_t k;
+    const char *key;
+    if (!seq || !head)
+        rc = OOM(e);
+    else if (!qwen_name_ok(name))
+        rc = BAD(e, "tools",
+                 "tools[%zu].function.name: a forced qwen3_coder call cannot name '%.64s' (whitespace, "
+                 "'<' or '>')",
+                 i, name);
+    json_array_foreach(json_object_get(schema, "required"), k, v) {
+        if (!rc && !json_object_get(json_object_get(schema, "properties"), json_string_value(v)))
+            rc = BAD(e, "tools",
+                     "tools[%zu].function.parameters: '%.64s' is required but not in properties (a "
+                     "forced qwen3_coder call writes listed properties only)",
+                     i, json_string_value(v));
+    }
+    if (!rc) {
+        sprintf(head, "\n<function=%s>\n", name);
+        add_piece(seq, "token", "<tool_call>"), add_piece(seq, "text", head);
+    }
+    json_object_foreach(json_object_get(schema, "properties"), key, p) {
+        if (rc) break;
+        int req = is_required(schema, key);
+        json_t *part = json_array();
+        char *open = malloc(strlen(key) + 16);
+        if (!part || !open) {
+            rc = OOM(e);
+        } else {
+            sprintf(open, "<parameter=%s>\n", key);
+            add_piece(part, "text", open);
+            if (qwen_name_ok(key) && qwen_value(schema, p, part)) {
+                add_piece(part, "text", "\n" QWEN_CLOSE "\n");
+                if (req)
+                    json_array_extend(seq, part);
+                else
+                    json_array_append_new(seq, json_pack("{s:O}", "optional", part));
+            } else if (req) {
+                rc = BAD(e, "tools",
+                         "tools[%zu].function.parameters.properties.%.64s: forcing a qwen3_coder call supports a "
+                         "property of type string (without pattern or format), integer, number, boolean, object, "
+                         "array or null, or an enum of strings",
+                         i, key);
+            }
+        }
+        free(open);
+        json_decref(part);
+    }
+    if (!rc) {
+        add_piece(seq, "text", "</function>\n"), add_piece(seq, "token", "</tool_call>");
+        if (json_array_append(alts, seq)) rc = OOM(e);
+    }
+    free(head);
+    json_decref(seq);
+    json_decref(schema);
+    return rc;
+}
+
 int srv_tool_constraint(const srv_request *r, const ts_config *forced, char **doc, srv_error *e) {
     *doc = NULL;
     if (r->constraint != HEARTH_CONSTRAINT_NONE)
@@ -156,7 +346,8 @@ int srv_tool_constraint(const srv_request *r, const ts_config *forced, char **do
                    "json_schema");
     size_t f = 0;
     while (f < N_FORCED && FORCED[f].type != forced->tool) f++;
-    if (f == N_FORCED)
+    int qwen = forced->tool == TS_TOOL_QWEN3_CODER;
+    if (f == N_FORCED && !qwen)
         return BAD(e, "tool_choice",
                    "tool_choice: forcing a tool call is not supported for this model's tool-call format (%s) yet; "
                    "use 'auto'",
@@ -166,7 +357,7 @@ int srv_tool_constraint(const srv_request *r, const ts_config *forced, char **do
     int rc = 0;
     for (size_t i = 0; !rc && i < json_array_size(r->tools); i++)
         if (!r->forced_tool || (tool_name(r->tools, i) && !strcmp(tool_name(r->tools, i), r->forced_tool)))
-            rc = call_pieces(r->tools, i, f, alts, e);
+            rc = qwen ? qwen_call(r->tools, i, alts, e) : call_pieces(r->tools, i, f, alts, e);
     json_t *root = rc ? NULL : json_pack("{s:o}", "alternatives", alts);
     if (rc) json_decref(alts);
     if (!rc && !(root && (*doc = json_dumps(root, JSON_COMPACT)))) rc = OOM(e);

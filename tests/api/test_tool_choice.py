@@ -7,17 +7,20 @@ SDK parses the response. "auto" must answer exactly what a request without tool_
 answers, and "none" what a request without tools answers. Bad values are a 400 naming the
 field. Run on the default model (SmolLM2, no tool format of its own: the hermes
 <tool_call> form) and on tiny random-weight models of each template family: Qwen 3
-(json_tools), Llama 3 (its <|python_tag|> JSON, a special-token marker), Gemma 3 (no tool
-format) and Gemma 4 (its own call syntax: refused with a 400 until it is supported)."""
+(json_tools), Qwen 3.5 (qwen3_coder: <function=f><parameter=p> with raw string values),
+Llama 3 (its <|python_tag|> JSON, a special-token marker), Gemma 3 (no tool format) and
+Gemma 4 (its own call syntax: refused with a 400 until it is supported)."""
 import json
+import pathlib
 
 import jsonschema
 import pytest
 
-from conftest import TINY, server
+from conftest import TINY, server, with_template
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
+tokenizers = pytest.importorskip("tokenizers")
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
                                             "unit": {"enum": ["celsius", "fahrenheit"]}},
@@ -178,6 +181,7 @@ def test_anthropic_unknown_tool_is_400(base):
 # token, which the call must use as that one token (never its text spelled out)
 FAMILIES = {"qwen3-f32": "<tool_call>", "llama-f32": "<|python_tag|>", "gemma3-f32": "<tool_call>"}
 SPECIAL_MARKER = {"llama-f32"}
+QWEN35_TEMPLATE = pathlib.Path(__file__).resolve().parents[1] / "parity" / "templates" / "Qwen-Qwen3.5-4B.jinja"
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -201,6 +205,41 @@ def test_tiny_family_forced_call(family):
                 tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=300, temperature=1.0,
                 seed=seed)
             check_call(r.choices[0], {"add"})
+
+
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory):
+    """The tiny qwen3_5 model with Qwen3.5's own chat template, from which hearth infers
+    the qwen3_coder tool format as it does for a real Qwen3.5 repo."""
+    return with_template(TINY / "qwen3_5-f32", QWEN35_TEMPLATE, tmp_path_factory.mktemp("qwen35_forced") / "model")
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_tiny_qwen3_coder_forced_call(qwen35, thinking):
+    """qwen3_coder markup (<function=f><parameter=p> with raw string values): the raw
+    output is that form, and its parsed call, through the SDK, validates."""
+    with server(qwen35) as base:
+        c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+        kw = {"chat_template_kwargs": {"enable_thinking": thinking}}
+        tok = tokenizers.Tokenizer.from_file(str(qwen35 / "tokenizer.json"))
+        names = set()
+        for seed in range(6):
+            r = c.chat.completions.create(model="default_model", messages=[{"role": "user", "content": "hi"}],
+                                          tools=TOOLS, tool_choice="required", max_tokens=400, temperature=1.0,
+                                          seed=seed, extra_body=kw)
+            names.add(check_call(r.choices[0], SCHEMAS))
+            r = c.chat.completions.create(
+                model="default_model", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=400,
+                temperature=1.0, seed=seed, logprobs=True, top_logprobs=1, extra_body=kw)
+            check_call(r.choices[0], {"get_weather"})
+            ids = [tok.token_to_id(t.token) for t in r.choices[0].logprobs.content]
+            text = tok.decode(ids, skip_special_tokens=False)
+            assert text.startswith("<tool_call>\n<function=get_weather>\n<parameter=city>\n"), text
+            for eos in ("<|endoftext|>", "<|im_end|>"):  # the end of turn the grammar allows last
+                text = text.removesuffix(eos)
+            assert text.endswith("\n</parameter>\n</function>\n</tool_call>"), text
+        assert len(names) > 1, names
 
 
 def test_tiny_gemma4_refuses_forcing():

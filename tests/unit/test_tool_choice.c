@@ -198,11 +198,269 @@ static void test_errors(void **state) {
     srv_request_free(&r);
 }
 
+/* ---- qwen3_coder ---------------------------------------------------------------------- */
+
+static const char *QWEN_TOOLS =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"book\", \"parameters\": {\"type\": \"object\", "
+    "\"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 12}, \"unit\": {\"enum\": [\"celsius\", "
+    "\"fahrenheit\", \"null\", \"[1]\"]}, \"note\": {\"type\": \"string\"}, \"count\": {\"type\": \"integer\", "
+    "\"minimum\": 1, \"maximum\": 20}, \"ratio\": {\"type\": \"number\"}, \"flag\": {\"type\": \"boolean\"}, "
+    "\"tags\": {\"type\": \"array\", \"items\": {\"type\": \"integer\"}, \"maxItems\": 3}, \"when\": {\"type\": "
+    "\"string\", \"format\": \"date\"}}, \"required\": [\"city\", \"unit\", \"note\", \"ratio\", \"flag\"]}}},"
+    "{\"type\": \"function\", \"function\": {\"name\": \"ping\"}}]";
+
+/* ids: 0 eos, 1..256 bytes, then these (the markers special, as in Qwen's vocabulary) */
+static const char *QWEN_EXTRA[] = {
+    "<tool_call>", "</tool_call>", "\n</parameter>\n", "</parameter>", "<parameter=", "</function>\n", "null",
+    "NULL",        "true",         "celsius"};
+static const uint8_t QWEN_SPECIAL[] = {1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+#define N_QWEN_EXTRA (sizeof QWEN_EXTRA / sizeof *QWEN_EXTRA)
+
+/* accepts() for a qwen3_coder body whose "</tool_call>" (at the end) is the special token
+ * 258; marker: 257 or -1 (the body spells it) */
+static int qwen_accepts(const grammar *g, const gvocab *v, int32_t marker, const char *body) {
+    size_t n = strlen(body), c = strlen("</tool_call>");
+    assert_true(n >= c && !strcmp(body + n - c, "</tool_call>"));
+    gmatcher *m = gmatcher_new(g, v);
+    int ok = (marker < 0 || gmatcher_accept(m, marker)) && gmatcher_accept_bytes(m, body, n - c) &&
+             gmatcher_accept(m, 258) && gmatcher_accept(m, 0);
+    gmatcher_free(m);
+    return ok;
+}
+
+static grammar *qwen_grammar(const gvocab *v, srv_request *r, srv_tools_mode mode, const char *name) {
+    ts_config cfg = {0};
+    ts_set_tool(&cfg, TS_TOOL_QWEN3_CODER);
+    srv_error e = {0};
+    assert_int_equal(srv_set_tool_choice(r, mode, name, "tool_choice", &e), 0);
+    char *doc = NULL;
+    if (srv_tool_constraint(r, &cfg, &doc, &e)) fail_msg("constraint: %s", e.message);
+    grammar *g = NULL;
+    hearth_error err = {0};
+    if (grammar_compile(GRAMMAR_TOOL_CALL, doc, strlen(doc), v, &g, &err)) fail_msg("compile: %s", err.message);
+    free(doc);
+    return g;
+}
+
+/* The call toolparse reads from body (the text between the markers): its arguments. */
+static json_t *qwen_parse(const srv_request *r, const char *body, const char *want_name) {
+    json_t *calls = json_array();
+    hearth_error err = {0};
+    if (tp_parse(TS_TOOL_QWEN3_CODER, body, strlen(body), r->tools, calls, &err))
+        fail_msg("parse of %s: %s", body, err.message);
+    assert_int_equal(json_array_size(calls), 1);
+    json_t *call = json_array_get(calls, 0);
+    assert_string_equal(json_string_value(json_object_get(call, "name")), want_name);
+    json_t *args = json_object_get(call, "arguments");
+    if (json_is_string(args))
+        args = json_loads(json_string_value(args), 0, NULL);
+    else
+        json_incref(args);
+    json_decref(calls);
+    assert_non_null(args);
+    return args;
+}
+
+/* The template's own form is accepted and reads back; a wrong name, a missing required
+ * property, a bad value, "null" as a string and the closing tag inside a string are not. */
+static void test_qwen3_coder(void **state) {
+    (void)state;
+    gvocab *v = byte_vocab(QWEN_EXTRA, QWEN_SPECIAL, N_QWEN_EXTRA);
+    srv_request r = request(QWEN_TOOLS);
+    grammar *g = qwen_grammar(v, &r, SRV_TOOLS_NAMED, "book");
+    const char *good = "\n<function=book>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\ncelsius\n"
+                       "</parameter>\n<parameter=note>\nline one\n  <b>two</b> null\n</parameter>\n<parameter=count>\n"
+                       "7\n</parameter>\n<parameter=ratio>\n-2.5\n</parameter>\n<parameter=flag>\nfalse\n"
+                       "</parameter>\n<parameter=tags>\n[1, 2]\n</parameter>\n</function>\n";
+    char text[1024];
+    snprintf(text, sizeof text, "%s</tool_call>", good);
+    assert_true(qwen_accepts(g, v, 257, text));
+    json_t *args = qwen_parse(&r, good, "book");
+    json_t *want =
+        json_loads("{\"city\": \"Paris\", \"unit\": \"celsius\", \"note\": \"line one\\n  <b>two</b> null\", "
+                   "\"count\": 7, \"ratio\": -2.5, \"flag\": false, \"tags\": [1, 2]}",
+                   0, NULL);
+    if (!json_equal(args, want)) fail_msg("read back %s", json_dumps(args, 0));
+    json_decref(args), json_decref(want);
+    const char *bad[] = {
+        "\n<function=ping>\n</function>\n</tool_call>",
+        "\n<function=book>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+        "\n<function=book>\n<parameter=city>\nnull\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n"
+        "<parameter=note>\nx\n</parameter>\n<parameter=ratio>\n1\n</parameter>\n<parameter=flag>\ntrue\n"
+        "</parameter>\n</function>\n</tool_call>",
+        "\n<function=book>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\nkelvin\n</parameter>\n"
+        "<parameter=note>\nx\n</parameter>\n<parameter=ratio>\n1\n</parameter>\n<parameter=flag>\ntrue\n"
+        "</parameter>\n</function>\n</tool_call>",
+        "\n<function=book>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n"
+        "<parameter=note>\nNuLl\n</parameter>\n<parameter=ratio>\n1\n</parameter>\n<parameter=flag>\ntrue\n"
+        "</parameter>\n</function>\n</tool_call>",
+        "\n<function=book>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n"
+        "<parameter=note>\na</parameter>b\n</parameter>\n<parameter=ratio>\n1\n</parameter>\n<parameter=flag>\n"
+        "true\n</parameter>\n</function>\n</tool_call>",
+        "\n<function=book>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n"
+        "<parameter=note>\nx\n</parameter>\n<parameter=ratio>\n1\n</parameter>\n<parameter=flag>\nyes\n"
+        "</parameter>\n</function>\n</tool_call>",
+        "\n<function=book>\n<parameter=city>\nParis is a long name\n</parameter>\n<parameter=unit>\ncelsius\n"
+        "</parameter>\n<parameter=note>\nx\n</parameter>\n<parameter=ratio>\n1\n</parameter>\n<parameter=flag>\n"
+        "true\n</parameter>\n</function>\n</tool_call>",
+        "\n<function=book>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\n[1]\n</parameter>\n"
+        "<parameter=note>\nx\n</parameter>\n<parameter=ratio>\n1\n</parameter>\n<parameter=flag>\ntrue\n"
+        "</parameter>\n</function>\n</tool_call>",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (qwen_accepts(g, v, 257, bad[i])) fail_msg("accepted bad[%zu]: %s", i, bad[i]);
+    /* the marker is the special token only */
+    snprintf(text, sizeof text, "<tool_call>%s</tool_call>", good);
+    assert_false(qwen_accepts(g, v, -1, text));
+    grammar_free(g);
+    srv_request_free(&r);
+    /* "required": either tool; ping takes no parameters */
+    r = request(QWEN_TOOLS);
+    g = qwen_grammar(v, &r, SRV_TOOLS_REQUIRED, NULL);
+    assert_true(qwen_accepts(g, v, 257, "\n<function=ping>\n</function>\n</tool_call>"));
+    assert_true(qwen_accepts(g, v, 257, text + strlen("<tool_call>")));
+    grammar_free(g);
+    srv_request_free(&r);
+    gvocab_free(v);
+}
+
+/* Checks args against QWEN_TOOLS' book schema by hand (the API test uses jsonschema). */
+static void check_book(const json_t *a, const char *text) {
+    static const char *const keys[] = {"city", "unit", "note", "count", "ratio", "flag", "tags"};
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)a, key, v) {
+        size_t k = 0;
+        while (k < 7 && strcmp(key, keys[k])) k++;
+        if (k == 7) fail_msg("unknown key %s in %s", key, text);
+    }
+    const json_t *city = json_object_get(a, "city"), *unit = json_object_get(a, "unit");
+    const json_t *note = json_object_get(a, "note"), *count = json_object_get(a, "count");
+    const json_t *ratio = json_object_get(a, "ratio"), *flag = json_object_get(a, "flag");
+    const json_t *tags = json_object_get(a, "tags");
+    if (!json_is_string(city) || !json_is_string(note) || !json_is_number(ratio) || !json_is_boolean(flag))
+        fail_msg("bad required value in %s", text);
+    size_t cps = 0;
+    for (const char *c = json_string_value(city); *c; c++) cps += ((unsigned char)*c & 0xC0) != 0x80;
+    if (cps > 12) fail_msg("city longer than 12 in %s", text);
+    if (!json_is_string(unit) ||
+        (strcmp(json_string_value(unit), "celsius") && strcmp(json_string_value(unit), "fahrenheit")))
+        fail_msg("bad unit in %s", text);
+    if (count && (!json_is_integer(count) || json_integer_value(count) < 1 || json_integer_value(count) > 20))
+        fail_msg("bad count in %s", text);
+    if (tags) {
+        if (!json_is_array(tags) || json_array_size(tags) > 3) fail_msg("bad tags in %s", text);
+        size_t i;
+        json_array_foreach(tags, i, v) if (!json_is_integer(v)) fail_msg("bad tag in %s", text);
+    }
+}
+
+/* Random walks at "temperature 1" over the mask (uniform among the allowed tokens, then
+ * the longest allowed so every walk ends): each output reads back through toolparse into
+ * a call to the forced tool whose arguments meet the schema. */
+static void test_qwen3_coder_walks(void **state) {
+    (void)state;
+    gvocab *v = byte_vocab(QWEN_EXTRA, QWEN_SPECIAL, N_QWEN_EXTRA);
+    int32_t n = gvocab_size(v);
+    uint32_t *mask = calloc((size_t)(n + 31) / 32, 4);
+    int32_t *allowed = calloc((size_t)n, sizeof *allowed);
+    srv_request r = request(QWEN_TOOLS);
+    grammar *g = qwen_grammar(v, &r, SRV_TOOLS_NAMED, "book");
+    int seen_optional = 0;
+    for (unsigned seed = 1; seed <= 200; seed++) {
+        srand(seed);
+        gmatcher *m = gmatcher_new(g, v);
+        char text[16384];
+        size_t len = 0;
+        int steps = 0;
+        while (!gmatcher_is_done(m)) {
+            assert_true(++steps < 4000);
+            gmatcher_mask(m, mask);
+            int32_t na = 0, best = -1;
+            for (int32_t t = 0; t < n; t++)
+                if (mask[t / 32] >> (t % 32) & 1) allowed[na++] = t;
+            assert_true(na > 0);
+            int32_t pick = allowed[rand() % na];
+            if (steps > 60 || pick == 0) { /* the longest allowed: toward the end */
+                size_t best_len = 0;
+                for (int32_t k = 0; k < na; k++) {
+                    int32_t t = allowed[k];
+                    size_t tl = t == 0 ? 0 : t <= 256 ? 1 : strlen(QWEN_EXTRA[t - 257]);
+                    if (best < 0 || tl > best_len || (tl == best_len && rand() % 2)) best = t, best_len = tl;
+                }
+                pick = best;
+            }
+            assert_true(gmatcher_accept(m, pick));
+            if (pick == 0) break;
+            const char *bytes = pick <= 256 ? (const char[]){(char)(pick - 1)} : QWEN_EXTRA[pick - 257];
+            size_t bl = pick <= 256 ? 1 : strlen(bytes);
+            assert_true(len + bl < sizeof text);
+            memcpy(text + len, bytes, bl), len += bl;
+        }
+        gmatcher_free(m);
+        text[len] = 0;
+        const char *open = "<tool_call>", *close = "</tool_call>";
+        if (strncmp(text, open, strlen(open)) || len < strlen(open) + strlen(close) ||
+            strcmp(text + len - strlen(close), close))
+            fail_msg("seed %u: not one marked call: %s", seed, text);
+        text[len - strlen(close)] = 0;
+        json_t *args = qwen_parse(&r, text + strlen(open), "book");
+        check_book(args, text);
+        seen_optional |= json_object_get(args, "count") || json_object_get(args, "tags");
+        json_decref(args);
+    }
+    assert_true(seen_optional);
+    grammar_free(g);
+    srv_request_free(&r);
+    free(mask), free(allowed);
+    gvocab_free(v);
+}
+
+/* A property this format cannot force: 400 when required, left out when optional. */
+static void test_qwen3_coder_errors(void **state) {
+    (void)state;
+    ts_config cfg = {0};
+    ts_set_tool(&cfg, TS_TOOL_QWEN3_CODER);
+    static const struct {
+        const char *tools, *needle;
+    } bad[] = {
+        {"[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
+         "\"properties\": {\"d\": {\"type\": \"string\", \"pattern\": \"^a+$\"}}, \"required\": [\"d\"]}}}]",
+         "properties.d: forcing a qwen3_coder call supports"},
+        {"[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
+         "\"required\": [\"x\"]}}}]",
+         "'x' is required but not in properties"},
+        {"[{\"type\": \"function\", \"function\": {\"name\": \"a b\"}}]", "cannot name 'a b'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        srv_request r = request(bad[i].tools);
+        srv_error e = {0};
+        assert_int_equal(srv_set_tool_choice(&r, SRV_TOOLS_REQUIRED, NULL, "tool_choice", &e), 0);
+        char *doc = NULL;
+        expect_400(srv_tool_constraint(&r, &cfg, &doc, &e), &e, "tools", bad[i].needle);
+        srv_request_free(&r);
+    }
+    gvocab *v = byte_vocab(QWEN_EXTRA, QWEN_SPECIAL, N_QWEN_EXTRA);
+    srv_request r = request("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": "
+                            "\"object\", \"properties\": {\"d\": {\"type\": \"string\", \"format\": \"date\"}}}}}]");
+    grammar *g = qwen_grammar(v, &r, SRV_TOOLS_REQUIRED, NULL);
+    assert_true(qwen_accepts(g, v, 257, "\n<function=f>\n</function>\n</tool_call>"));
+    assert_false(qwen_accepts(g, v, 257,
+                              "\n<function=f>\n<parameter=d>\n2020-01-01\n</parameter>\n</function>\n"
+                              "</tool_call>"));
+    grammar_free(g);
+    srv_request_free(&r);
+    gvocab_free(v);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_formats),
         cmocka_unit_test(test_required),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_qwen3_coder),
+        cmocka_unit_test(test_qwen3_coder_walks),
+        cmocka_unit_test(test_qwen3_coder_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,14 +1,17 @@
 /* gram_tool.c: the tool-call constraint. Its source is a JSON document
  *   {"alternatives": [[piece, ...], ...]}, piece: {"text": s} | {"token": s} | {"schema": v}
  *     | {"optional": [piece, ...]} | {"choice": [[piece, ...], ...]}
- *     | {"raw": {"without": s, "not": [w, ...]}} | {"regex": s}
+ *     | {"raw": {"without": s, "not": [w, ...]}} | {"regex": s} | {"pyschema": v}
  * and the output is one alternative's pieces in order: literal text, a marker written as
  * the special token whose text is s (or the plain text s where the vocabulary has no such
- * token: grammar_compile), a JSON value valid against schema v, the pieces or nothing,
+ * token: grammar_compile), a JSON value valid against schema v (numbers within +-1e15,
+ * what every tool-call parser reads exactly), the pieces or nothing,
  * one of the piece lists, free text that never contains s and is none of the words w
  * (ASCII case ignored: a value some formats read as null), text matching a regular
- * expression. The server writes the alternatives from a model family's tool-call syntax;
- * this file knows no family. */
+ * expression, a JSON value valid against schema v written so that Python's literal syntax
+ * reads the same value (JSON's true/false/null read as Python's: no \/ or \uXXXX string
+ * escapes beyond the shortest forms of control characters). The server writes the alternatives from a model family's
+ * tool-call syntax; this file knows no family. */
 #include "grammar/grammar_internal.h"
 #include <jansson.h>
 #include <stdlib.h>
@@ -152,14 +155,15 @@ static hearth_status piece(gr_build *b, const json_t *p, const char *at, int dep
     const json_t *text = json_object_get(p, "text"), *token = json_object_get(p, "token");
     const json_t *schema = json_object_get(p, "schema"), *opt = json_object_get(p, "optional");
     const json_t *choice = json_object_get(p, "choice"), *raw = json_object_get(p, "raw");
-    const json_t *regex = json_object_get(p, "regex");
+    const json_t *regex = json_object_get(p, "regex"), *py = json_object_get(p, "pyschema");
     if (!json_is_object(p) || json_object_size(p) != 1 ||
         (!json_is_string(text) && !json_is_string(token) && !schema && !opt && !choice && !raw &&
-         !json_is_string(regex)))
-        return err_set(err, HEARTH_ERR_FORMAT,
-                       "tool call: %s must be {\"text\": s}, {\"token\": s}, {\"schema\": v}, {\"optional\": "
-                       "[pieces]}, {\"choice\": [[pieces], ...]}, {\"raw\": {...}} or {\"regex\": s}",
-                       at);
+         !json_is_string(regex) && !py))
+        return err_set(
+            err, HEARTH_ERR_FORMAT,
+            "tool call: %s must be {\"text\": s}, {\"token\": s}, {\"schema\": v}, {\"optional\": "
+            "[pieces]}, {\"choice\": [[pieces], ...]}, {\"raw\": {...}}, {\"regex\": s} or {\"pyschema\": v}",
+            at);
     if (depth > GT_MAX_DEPTH)
         return err_set(err, HEARTH_ERR_FORMAT, "tool call: %s: nested deeper than %d", at, GT_MAX_DEPTH);
     if (raw) return raw_piece(b, raw, at, out, err);
@@ -209,10 +213,12 @@ static hearth_status piece(gr_build *b, const json_t *p, const char *at, int dep
         free(marked);
         return HEARTH_OK;
     }
-    char *src = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    char *src = json_dumps(py ? py : schema, JSON_COMPACT | JSON_ENCODE_ANY);
     if (!src) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     int32_t rule = -1;
+    b->py_strings = py != NULL, b->small_numbers = 1;
     hearth_status st = gr_schema(b, src, strlen(src), 0, &rule, err);
+    b->py_strings = 0, b->small_numbers = 0;
     free(src);
     if (st) {
         err_prefix(err, "tool call: %s", at);

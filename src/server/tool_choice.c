@@ -173,7 +173,6 @@ static int call_pieces(const json_t *tools, size_t i, size_t f, json_t *alts, sr
  * written or left out; one that cannot be forced this way is left out (required: 400). */
 
 #define QWEN_CLOSE "</parameter>"
-#define QWEN_NUM_BOUND 1000000000000000LL /* |numbers| the parser converts exactly (below 2^53) */
 /* a string with length bounds: code points but '<' and control characters (tab, newline,
  * carriage return allowed), the first not 'n' / 'N' (so never "null") */
 #define QWEN_CH "[^<\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f]"
@@ -202,9 +201,31 @@ static int qwen_raw_ok(const json_t *v, int untyped) {
     return 1;
 }
 
-/* Sets key to a bound when neither it nor its exclusive form is there. */
-static void bound(json_t *s, const char *key, const char *exclusive, json_int_t v) {
-    if (!json_object_get(s, key) && !json_object_get(s, exclusive)) json_object_set_new(s, key, json_integer(v));
+/* Property schema p of root as a document of its own (root's $defs beside it, for its
+ * $refs); NULL: out of memory. */
+static json_t *param_schema(const json_t *root, const json_t *p) {
+    json_t *sub = json_deep_copy(p);
+    if (!sub) return NULL;
+    static const char *const DEFS[] = {"$defs", "definitions"};
+    for (size_t d = 0; d < 2; d++)
+        if (json_object_get(root, DEFS[d]) && !json_object_get(sub, DEFS[d]))
+            json_object_set(sub, DEFS[d], json_object_get(root, DEFS[d]));
+    return sub;
+}
+
+/* 400 unless every name in schema's "required" is one of its properties (the markups
+ * that write one key=value per property write listed ones only). */
+static int required_listed_or_400(const json_t *schema, size_t i, const char *format, srv_error *e) {
+    size_t k;
+    json_t *v;
+    json_array_foreach(json_object_get(schema, "required"), k, v) {
+        if (!json_object_get(json_object_get(schema, "properties"), json_string_value(v)))
+            return BAD(e, "tools",
+                       "tools[%zu].function.parameters: '%.64s' is required but not in properties (a forced %s "
+                       "call writes listed properties only)",
+                       i, json_string_value(v), format);
+    }
+    return 0;
 }
 
 /* Appends to seq the pieces of a value valid for property schema p (of root, whose $defs
@@ -251,17 +272,8 @@ static int qwen_value(const json_t *root, const json_t *p, json_t *seq) {
     size_t k = 0;
     while (t && k < sizeof JSON_TYPES / sizeof *JSON_TYPES && strcmp(t, JSON_TYPES[k])) k++;
     if (!t || k == sizeof JSON_TYPES / sizeof *JSON_TYPES) return 0;
-    json_t *sub = json_deep_copy(p);
-    if (!sub) return 0;
-    static const char *const DEFS[] = {"$defs", "definitions"};
-    for (size_t d = 0; d < 2; d++)
-        if (json_object_get(root, DEFS[d]) && !json_object_get(sub, DEFS[d]))
-            json_object_set(sub, DEFS[d], json_object_get(root, DEFS[d]));
-    if (k < 2) { /* integer, number: within what the parser converts (strtod, int64) */
-        bound(sub, "minimum", "exclusiveMinimum", -QWEN_NUM_BOUND);
-        bound(sub, "maximum", "exclusiveMaximum", QWEN_NUM_BOUND);
-    }
-    return !json_array_append_new(seq, json_pack("{s:o}", "schema", sub));
+    json_t *sub = param_schema(root, p);
+    return sub && !json_array_append_new(seq, json_pack("{s:o}", "schema", sub));
 }
 
 /* Whether name is in the schema's "required". */
@@ -279,9 +291,8 @@ static int qwen_call(const json_t *tools, size_t i, json_t *alts, srv_error *e) 
     if (tool_schema(tools, i, &schema, e)) return -1;
     const char *name = tool_name(tools, i);
     int rc = 0;
-    json_t *seq = json_array(), *v, *p;
+    json_t *seq = json_array(), *p;
     char *head = malloc(strlen(name) + 16);
-    size_t k;
     const char *key;
     if (!seq || !head)
         rc = OOM(e);
@@ -290,13 +301,7 @@ static int qwen_call(const json_t *tools, size_t i, json_t *alts, srv_error *e) 
                  "tools[%zu].function.name: a forced qwen3_coder call cannot name '%.64s' (whitespace, "
                  "'<' or '>')",
                  i, name);
-    json_array_foreach(json_object_get(schema, "required"), k, v) {
-        if (!rc && !json_object_get(json_object_get(schema, "properties"), json_string_value(v)))
-            rc = BAD(e, "tools",
-                     "tools[%zu].function.parameters: '%.64s' is required but not in properties (a "
-                     "forced qwen3_coder call writes listed properties only)",
-                     i, json_string_value(v));
-    }
+    if (!rc) rc = required_listed_or_400(schema, i, "qwen3_coder", e);
     if (!rc) {
         sprintf(head, "\n<function=%s>\n", name);
         add_piece(seq, "token", "<tool_call>"), add_piece(seq, "text", head);
@@ -338,6 +343,100 @@ static int qwen_call(const json_t *tools, size_t i, json_t *alts, srv_error *e) 
     return rc;
 }
 
+/* ---- pythonic (LFM2, Llama 3.2 / 4 style): <|tool_call_start|>[f(a=1, b="x")]<|tool_call_end|>.
+ * toolparse.c reads the list as Python literals (JSON's true / false / null too), so each
+ * value is JSON valid for its property's schema with only the string escapes Python reads
+ * the same way (pyschema). Required properties first, in schema order; then each
+ * optional one or nothing. */
+
+#define PY_MAX_OPTIONAL 16 /* optional properties offered when none is required (the choice is quadratic) */
+
+/* A Python identifier (ASCII), or with dots a dotted name of them. */
+static int py_name_ok(const char *s, int dots) {
+    int start = 1;
+    if (!s || !*s) return 0;
+    for (; *s; s++) {
+        int alpha = (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || *s == '_';
+        if (dots && *s == '.' && !start)
+            start = 1;
+        else if (alpha || (!start && *s >= '0' && *s <= '9'))
+            start = 0;
+        else
+            return 0;
+    }
+    return !start;
+}
+
+/* Appends to dst the pieces of list src (dst, src: arrays), each after an optional
+ * separator text sep. */
+static int extend_after(json_t *dst, const char *sep, const json_t *src) {
+    return (sep && add_piece(dst, "text", sep)) || json_array_extend(dst, (json_t *)src);
+}
+
+/* The pieces of one pythonic call to tools[i]; 0, or -1 with e filled. */
+static int py_call(const json_t *tools, size_t i, json_t *alts, srv_error *e) {
+    json_t *schema = NULL;
+    if (tool_schema(tools, i, &schema, e)) return -1;
+    const char *name = tool_name(tools, i), *key;
+    int rc = py_name_ok(name, 1) ? required_listed_or_400(schema, i, "pythonic", e)
+                                 : BAD(e, "tools",
+                                       "tools[%zu].function.name: a forced pythonic call needs a Python name (got "
+                                       "'%.64s')",
+                                       i, name);
+    json_t *req = json_array(), *opt = json_array(), *seq = json_array(), *p;
+    if (!rc && (!req || !opt || !seq)) rc = OOM(e);
+    json_object_foreach(json_object_get(schema, "properties"), key, p) {
+        if (rc) break;
+        int required = is_required(schema, key);
+        if (!py_name_ok(key, 0)) {
+            if (required)
+                rc = BAD(e, "tools",
+                         "tools[%zu].function.parameters.properties.%.64s: a forced pythonic call needs a Python "
+                         "identifier as the name",
+                         i, key);
+            continue;
+        }
+        if (!required && json_array_size(opt) == PY_MAX_OPTIONAL) continue;
+        char *eq = malloc(strlen(key) + 2);
+        json_t *sub = param_schema(schema, p);
+        if (!eq || !sub)
+            rc = OOM(e);
+        else {
+            sprintf(eq, "%s=", key);
+            if (json_array_append_new(required ? req : opt, json_pack("[{s:s},{s:O}]", "text", eq, "pyschema", sub)))
+                rc = OOM(e);
+        }
+        free(eq);
+        json_decref(sub);
+    }
+    if (!rc) {
+        size_t n_req = json_array_size(req), n_opt = json_array_size(opt), k, j;
+        json_t *part, *choice = n_req || !n_opt ? NULL : json_array();
+        add_piece(seq, "token", "<|tool_call_start|>");
+        json_array_append_new(seq, json_pack("{s:s++}", "text", "[", name, "("));
+        json_array_foreach(req, k, part) extend_after(seq, k ? ", " : NULL, part);
+        /* after a required one, each optional one with its comma; with none required, the
+         * first one written is any of them and the later ones follow it */
+        json_array_foreach(opt, k, part) {
+            json_t *tail = n_req ? seq : json_array();
+            if (!n_req) json_array_extend(tail, part);
+            for (j = n_req ? k : k + 1; j < n_opt; j++) {
+                json_t *later = json_array();
+                extend_after(later, ", ", json_array_get(opt, j));
+                json_array_append_new(tail, json_pack("{s:o}", "optional", later));
+                if (n_req) break;
+            }
+            if (!n_req) json_array_append_new(choice, tail);
+        }
+        if (choice) json_array_append_new(seq, json_pack("{s:[{s:o}]}", "optional", "choice", choice));
+        add_piece(seq, "text", ")]"), add_piece(seq, "token", "<|tool_call_end|>");
+        if (json_array_append(alts, seq)) rc = OOM(e);
+    }
+    json_decref(req), json_decref(opt), json_decref(seq);
+    json_decref(schema);
+    return rc;
+}
+
 int srv_tool_constraint(const srv_request *r, const ts_config *forced, char **doc, srv_error *e) {
     *doc = NULL;
     if (r->constraint != HEARTH_CONSTRAINT_NONE)
@@ -346,8 +445,8 @@ int srv_tool_constraint(const srv_request *r, const ts_config *forced, char **do
                    "json_schema");
     size_t f = 0;
     while (f < N_FORCED && FORCED[f].type != forced->tool) f++;
-    int qwen = forced->tool == TS_TOOL_QWEN3_CODER;
-    if (f == N_FORCED && !qwen)
+    int qwen = forced->tool == TS_TOOL_QWEN3_CODER, py = forced->tool == TS_TOOL_PYTHONIC;
+    if (f == N_FORCED && !qwen && !py)
         return BAD(e, "tool_choice",
                    "tool_choice: forcing a tool call is not supported for this model's tool-call format (%s) yet; "
                    "use 'auto'",
@@ -357,7 +456,9 @@ int srv_tool_constraint(const srv_request *r, const ts_config *forced, char **do
     int rc = 0;
     for (size_t i = 0; !rc && i < json_array_size(r->tools); i++)
         if (!r->forced_tool || (tool_name(r->tools, i) && !strcmp(tool_name(r->tools, i), r->forced_tool)))
-            rc = qwen ? qwen_call(r->tools, i, alts, e) : call_pieces(r->tools, i, f, alts, e);
+            rc = qwen ? qwen_call(r->tools, i, alts, e)
+                 : py ? py_call(r->tools, i, alts, e)
+                      : call_pieces(r->tools, i, f, alts, e);
     json_t *root = rc ? NULL : json_pack("{s:o}", "alternatives", alts);
     if (rc) json_decref(alts);
     if (!rc && !(root && (*doc = json_dumps(root, JSON_COMPACT)))) rc = OOM(e);

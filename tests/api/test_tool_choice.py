@@ -8,6 +8,7 @@ answers, and "none" what a request without tools answers. Bad values are a 400 n
 field. Run on the default model (SmolLM2, no tool format of its own: the hermes
 <tool_call> form) and on tiny random-weight models of each template family: Qwen 3
 (json_tools), Qwen 3.5 (qwen3_coder: <function=f><parameter=p> with raw string values),
+pythonic (the tiny Llama with a minimal LFM2-style template: [f(a=1)] Python literals),
 Llama 3 (its <|python_tag|> JSON, a special-token marker), Gemma 3 (no tool format) and
 Gemma 4 (its own call syntax: refused with a 400 until it is supported)."""
 import json
@@ -182,6 +183,7 @@ def test_anthropic_unknown_tool_is_400(base):
 FAMILIES = {"qwen3-f32": "<tool_call>", "llama-f32": "<|python_tag|>", "gemma3-f32": "<tool_call>"}
 SPECIAL_MARKER = {"llama-f32"}
 QWEN35_TEMPLATE = pathlib.Path(__file__).resolve().parents[1] / "parity" / "templates" / "Qwen-Qwen3.5-4B.jinja"
+PYTHONIC_TEMPLATE = pathlib.Path(__file__).resolve().parent / "templates" / "pythonic-minimal.jinja"
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -240,6 +242,41 @@ def test_tiny_qwen3_coder_forced_call(qwen35, thinking):
                 text = text.removesuffix(eos)
             assert text.endswith("\n</parameter>\n</function>\n</tool_call>"), text
         assert len(names) > 1, names
+
+
+@pytest.fixture(scope="module")
+def pythonic(tmp_path_factory):
+    """The tiny llama model with a minimal LFM2-style template (tests/api/templates), from
+    which hearth infers the pythonic tool format."""
+    return with_template(TINY / "llama-f32", PYTHONIC_TEMPLATE, tmp_path_factory.mktemp("pythonic_forced") / "model")
+
+
+def test_tiny_pythonic_forced_call(pythonic):
+    """pythonic markup (<|tool_call_start|>[f(a=1, b="x")]<|tool_call_end|>, Python literals):
+    every forced call, through the SDKs, validates; the raw output is that form."""
+    with server(pythonic) as base:
+        c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+        tok = tokenizers.Tokenizer.from_file(str(pythonic / "tokenizer.json"))
+        for seed in range(6):
+            r = c.chat.completions.create(model="default_model", messages=[{"role": "user", "content": "hi"}],
+                                          tools=TOOLS, tool_choice="required", max_tokens=400, temperature=1.0,
+                                          seed=seed)
+            check_call(r.choices[0], SCHEMAS)
+            r = c.chat.completions.create(
+                model="default_model", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
+                tool_choice={"type": "function", "function": {"name": "search"}}, max_tokens=400,
+                temperature=1.0, seed=seed, logprobs=True, top_logprobs=1)
+            check_call(r.choices[0], {"search"})
+            ids = [tok.token_to_id(t.token) for t in r.choices[0].logprobs.content]
+            text = tok.decode(ids, skip_special_tokens=True)
+            assert text.startswith("<|tool_call_start|>[search(query="), text
+            assert text.endswith(")]<|tool_call_end|>"), text
+        a = anthropic.Anthropic(base_url=base, api_key="none")
+        m = a.messages.create(model="local", max_tokens=400, tools=[{"name": "add", "input_schema": ADD}],
+                              tool_choice={"type": "any"}, messages=[{"role": "user", "content": "hi"}])
+        uses = [b for b in m.content if b.type == "tool_use"]
+        assert m.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "add", m.content
+        jsonschema.validate(uses[0].input, ADD)
 
 
 def test_tiny_gemma4_refuses_forcing():

@@ -484,6 +484,18 @@ static void test_tool_call_pieces(void **state) {
                     "[[{\"text\": \"1\"}], [{\"regex\": \"[a-c]{2}\"}, {\"optional\": [{\"text\": \"!\"}]}]]}]}, "
                     "{\"text\": \")\"}]]}",
                     L("f()", "f(x=1)", "f(x=ab)", "f(x=cc!)"), L("f(x=)", "f(x=1!)", "f(x=abc)", "f(1)", "f(x=ad)"));
+    /* tool-call numbers stay within +-1e15 (what the parsers read exactly); Python strings
+     * (pyschema) take no \/ or \u escapes but control characters' */
+    expect_language(GRAMMAR_TOOL_CALL,
+                    "{\"alternatives\": [[{\"schema\": {\"type\": \"array\", \"prefixItems\": [{\"type\": \"integer\"}, "
+                    "{\"type\": \"integer\", \"minimum\": 0}, {\"type\": \"number\", \"maximum\": 1}, {}]}}]]}",
+                    L("[999999999999999, 1000000000000000, -999999999999999.5, 1e99]"),
+                    L("[1000000000000000, 0, 0, 0]", "[0, 1000000000000001, 0, 0]", "[0, 0, -1e16, 0]",
+                      "[0, 0, 0, 1e100]", "[0, 0, 0, 12345678901234567]"));
+    expect_language(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"pyschema\": {\"type\": \"string\"}}]]}",
+                    L("\"a\\nb\\u001f\\\"\\\\\"", "\"\xc3\xa9/\""), L("\"\\/\"", "\"\\u00e9\"", "\"\\u001F\""));
+    expect_language(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"schema\": {\"type\": \"string\"}}]]}",
+                    L("\"\\/\"", "\"\\u00e9\""), NULL);
     compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"raw\": {\"not\": [\"x\"]}}]]}", "raw must be");
     compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"raw\": {\"without\": \"a\", \"not\": [\"\xc3\xa9\"]}}]]}",
                   "must be ASCII");

@@ -184,11 +184,11 @@ static void test_errors(void **state) {
     srv_request_free(&r);
     /* a format with no forced syntax, another constraint, a schema that does not compile */
     ts_config cfg = {0};
-    ts_set_tool(&cfg, TS_TOOL_GEMMA4);
+    ts_set_tool(&cfg, TS_TOOL_KIMI_K2);
     r = request(TOOLS);
     assert_int_equal(srv_set_tool_choice(&r, SRV_TOOLS_REQUIRED, NULL, "tool_choice", &e), 0);
     char *doc = NULL;
-    expect_400(srv_tool_constraint(&r, &cfg, &doc, &e), &e, "tool_choice", "(gemma4)");
+    expect_400(srv_tool_constraint(&r, &cfg, &doc, &e), &e, "tool_choice", "(kimi_k2)");
     ts_set_tool(&cfg, TS_TOOL_JSON_TOOLS);
     r.constraint = HEARTH_CONSTRAINT_JSON_OBJECT;
     expect_400(srv_tool_constraint(&r, &cfg, &doc, &e), &e, "tool_choice", "cannot be combined");
@@ -589,16 +589,110 @@ static void test_pythonic_errors(void **state) {
     (void)state;
     ts_tool_type type = TS_TOOL_PYTHONIC;
     static const tool_400 bad[] = {
-        {"[{\"type\": \"function\", \"function\": {\"name\": \"get-weather\"}}]", "needs a Python name (got "
-                                                                                  "'get-weather')"},
+        {"[{\"type\": \"function\", \"function\": {\"name\": \"get-weather\"}}]",
+         "cannot name 'get-weather' (names: Python"},
         {"[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
          "\"properties\": {\"a b\": {\"type\": \"string\"}}, \"required\": [\"a b\"]}}}]",
-         "properties.a b: a forced pythonic call needs a Python identifier"},
+         "properties.a b: a forced pythonic call cannot write this property (names: Python"},
         {"[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
          "\"required\": [\"x\"]}}}]",
          "'x' is required but not in properties (a forced pythonic call"},
     };
     tool_400s(type, bad, sizeof bad / sizeof *bad);
+}
+
+/* ---- Gemma 4 -------------------------------------------------------------------------- */
+
+/* ids 257.. : the call markers and the string delimiter are special tokens, as in Gemma 4 */
+static const char *G4_EXTRA[] = {"<|tool_call>", "<tool_call|>", "<|\"|>", "true", "null", "},"};
+static const uint8_t G4_SPECIAL[] = {1, 1, 1, 0, 0, 0};
+#define N_G4_EXTRA (sizeof G4_EXTRA / sizeof *G4_EXTRA)
+#define Q "\xff" /* where a test text has the <|"|> token (259), spelled out for the parser */
+
+/* Whether g accepts <|tool_call> body <tool_call|> eos, body's Q bytes being token 259. */
+static int g4_accepts(const grammar *g, const gvocab *v, const char *body) {
+    gmatcher *m = gmatcher_new(g, v);
+    int ok = gmatcher_accept(m, 257);
+    for (const char *p = body; ok && *p;) {
+        const char *q = strchr(p, '\xff');
+        size_t n = q ? (size_t)(q - p) : strlen(p);
+        ok = (!n || gmatcher_accept_bytes(m, p, n)) && (!q || gmatcher_accept(m, 259));
+        p = q ? q + 1 : p + n;
+    }
+    ok = ok && gmatcher_accept(m, 258) && gmatcher_accept(m, 0);
+    gmatcher_free(m);
+    return ok;
+}
+
+/* body with each Q as the delimiter's text: what the parser reads */
+static json_t *g4_parse(const srv_request *r, const char *body, const char *want_name) {
+    char text[2048];
+    size_t k = 0;
+    for (const char *p = body; *p && k + 8 < sizeof text; p++) {
+        if (*p == '\xff')
+            memcpy(text + k, "<|\"|>", 5), k += 5;
+        else
+            text[k++] = *p;
+    }
+    text[k] = 0;
+    return forced_parse(TS_TOOL_GEMMA4, r, text, want_name);
+}
+
+/* The template's form (format_argument: <|"|> strings, bare keys, no spacing) is accepted
+ * and reads back; refused: another tool, a missing required argument, a bad value, the
+ * delimiter spelled as text, a quoted key. */
+static void test_gemma4(void **state) {
+    (void)state;
+    gvocab *v = byte_vocab(G4_EXTRA, G4_SPECIAL, N_G4_EXTRA);
+    srv_request r = request(BOOK_TOOLS);
+    grammar *g = forced_grammar(TS_TOOL_GEMMA4, v, &r, SRV_TOOLS_NAMED, "book");
+    const char *good = "call:book{city:" Q "Paris" Q ",unit:" Q "celsius" Q ",note:" Q "a {b}, \"c\"\nd: e" Q
+                       ",ratio:-2.5,flag:false,count:7,tags:[1, 2]}";
+    assert_true(g4_accepts(g, v, good));
+    json_t *args = g4_parse(&r, good, "book");
+    json_t *want = json_loads("{\"city\": \"Paris\", \"unit\": \"celsius\", \"note\": \"a {b}, \\\"c\\\"\\nd: e\", "
+                              "\"ratio\": -2.5, \"flag\": false, \"count\": 7, \"tags\": [1, 2]}",
+                              0, NULL);
+    if (!json_equal(args, want)) fail_msg("read back %s", json_dumps(args, 0));
+    json_decref(args), json_decref(want);
+    assert_true(g4_accepts(g, v, "call:book{city:" Q Q ",unit:" Q "null" Q ",note:" Q "null" Q ",ratio:0,flag:true}"));
+    const char *bad[] = {
+        "call:ping{}",
+        "call:book{city:" Q "Paris" Q ",unit:" Q "celsius" Q ",note:" Q "x" Q ",ratio:1}",
+        "call:book{city:" Q "Paris" Q ",unit:" Q "kelvin" Q ",note:" Q "x" Q ",ratio:1,flag:true}",
+        "call:book{city:" Q "Paris" Q ",unit:" Q "celsius" Q ",note:" Q "x" Q ",ratio:1,flag:True}",
+        "call:book{city:<|\"|>Paris<|\"|>,unit:" Q "celsius" Q ",note:" Q "x" Q ",ratio:1,flag:true}",
+        "call:book{\"city\":" Q "Paris" Q ",unit:" Q "celsius" Q ",note:" Q "x" Q ",ratio:1,flag:true}",
+        "call:book{city:" Q "Paris" Q ", unit:" Q "celsius" Q ",note:" Q "x" Q ",ratio:1,flag:true}",
+        "call:book{city:" Q "Paris is a long name" Q ",unit:" Q "celsius" Q ",note:" Q "x" Q ",ratio:1,flag:true}",
+        "call:book{city:" Q "Paris" Q ",unit:" Q "celsius" Q ",note:" Q "x" Q ",ratio:1,flag:true,when:" Q
+        "2024-01-01" Q "}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (g4_accepts(g, v, bad[i])) fail_msg("accepted bad[%zu]: %s", i, bad[i]);
+    grammar_free(g);
+    srv_request_free(&r);
+    gvocab_free(v);
+}
+
+static void test_gemma4_walks(void **state) {
+    (void)state;
+    walks(TS_TOOL_GEMMA4, G4_EXTRA, G4_SPECIAL, N_G4_EXTRA, "<|tool_call>", "<tool_call|>");
+}
+
+static void test_gemma4_errors(void **state) {
+    (void)state;
+    static const tool_400 bad[] = {
+        {"[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
+         "\"properties\": {\"o\": {\"type\": \"object\"}}, \"required\": [\"o\"]}}}]",
+         "properties.o: a forced gemma4 call cannot write this property"},
+        {"[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
+         "\"properties\": {\"l\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": "
+         "[\"l\"]}}}]",
+         "properties.l: a forced gemma4 call cannot write this property"},
+        {"[{\"type\": \"function\", \"function\": {\"name\": \"f.g\"}}]", "cannot name 'f.g'"},
+    };
+    tool_400s(TS_TOOL_GEMMA4, bad, sizeof bad / sizeof *bad);
 }
 
 int main(void) {
@@ -612,6 +706,9 @@ int main(void) {
         cmocka_unit_test(test_pythonic),
         cmocka_unit_test(test_pythonic_walks),
         cmocka_unit_test(test_long_numbers),
+        cmocka_unit_test(test_gemma4),
+        cmocka_unit_test(test_gemma4_walks),
+        cmocka_unit_test(test_gemma4_errors),
         cmocka_unit_test(test_pythonic_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -63,11 +63,15 @@ static void sc_base(sc_ctx *c) {
     int32_t tabs = gr_repeat(b, re_node(c, "[ \t]", 0), 0, 20);
     c->ws = rule_of(c, gr_opt(b, gr_alt2(b, lit(c, " "), gr_seq2(b, lit(c, "\n"), tabs))));
     uint32_t all[2] = {0, 0x10FFFF};
-    int32_t ch = gr_alt2(b, gr_cpset(b, all, 1, 1), re_node(c, "\\\\([/]|u[0-9a-fA-F]{4})", 0));
+    int32_t ch = gr_cpset(b, all, 1, 1);
+    if (!b->py_strings) ch = gr_alt2(b, ch, re_node(c, "\\\\([/]|u[0-9a-fA-F]{4})", 0));
     c->string_rest = rule_of(c, gr_seq2(b, gr_repeat(b, ch, 0, GR_INF), lit(c, "\"")));
     c->string = rule_of(c, gr_seq2(b, lit(c, "\""), c->string_rest));
-    c->number = rule_of(c, re_node(c, "-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?", 0));
-    c->integer_any = rule_of(c, re_node(c, "-?(0|[1-9][0-9]*)", 0));
+    c->number = rule_of(c, re_node(c,
+                                   b->small_numbers ? "-?(0|[1-9][0-9]{0,14})(\\.[0-9]+)?([eE][-+]?[0-9]{1,2})?"
+                                                    : "-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?",
+                                   0));
+    c->integer_any = rule_of(c, re_node(c, b->small_numbers ? "-?(0|[1-9][0-9]{0,14})" : "-?(0|[1-9][0-9]*)", 0));
     int32_t vr = gr_rule_new(b, -1);
     c->value = gr_ref(b, vr);
     int32_t member = gr_seq(b, (int32_t[]){c->string, c->ws, lit(c, ":"), c->ws, c->value}, 5);
@@ -108,10 +112,8 @@ static const char *const REFUSED[] = {
 static int refused_ok(const char *k, json_t *v) {
     /* trivially satisfied forms */
     if (!strcmp(k, "uniqueItems")) return json_is_false(v);
-    if (!strcmp(k, "minContains"))
-        return json_is_integer(v) && json_integer_value(v) == 0;
-    if (!strcmp(k, "dependencies") || !strcmp(k, "dependentRequired") ||
-        !strcmp(k, "dependentSchemas"))
+    if (!strcmp(k, "minContains")) return json_is_integer(v) && json_integer_value(v) == 0;
+    if (!strcmp(k, "dependencies") || !strcmp(k, "dependentRequired") || !strcmp(k, "dependentSchemas"))
         return json_is_object(v) && json_object_size(v) == 0;
     if (!strcmp(k, "unevaluatedProperties") || !strcmp(k, "unevaluatedItems")) return json_is_true(v);
     if (!strcmp(k, "propertyNames")) return json_is_true(v) || (json_is_object(v) && !json_object_size(v));
@@ -461,6 +463,8 @@ static int num_of(json_t *s, const char *k, double *out) {
     return 1;
 }
 
+#define SMALL_BOUND 1e15 /* gr_build.small_numbers */
+
 static int32_t sc_integer(sc_ctx *c, json_t *s) {
     double v;
     int has_lo = 0, has_hi = 0;
@@ -479,6 +483,10 @@ static int32_t sc_integer(sc_ctx *c, json_t *s) {
         if (has_lo && lo < -1e18) has_lo = 0;
         if (has_hi && hi > 1e18) has_hi = 0;
         if ((has_lo && lo > 1e18) || (has_hi && hi < -1e18)) return sc_fail(c, "integer bound beyond 1e18");
+    }
+    if (c->b->small_numbers && (has_lo || has_hi)) { /* the other side within SMALL_BOUND too */
+        if (!has_lo || lo < -SMALL_BOUND) has_lo = 1, lo = -SMALL_BOUND;
+        if (!has_hi || hi > SMALL_BOUND) has_hi = 1, hi = SMALL_BOUND;
     }
     return int_range(c, has_lo, (int64_t)lo, has_hi, (int64_t)hi);
 }
@@ -524,7 +532,7 @@ static int dec_of(double v, int strict, sc_dec *d) {
 static int32_t frac_step(sc_ctx *c, const sc_dec *lo, const sc_dec *hi, int pos) {
     gr_build *b = c->b;
     if (lo && pos >= lo->nf && !lo->strict) lo = NULL; /* the rest is >= 0: satisfied */
-    if (hi && pos >= hi->nf) /* only zeros may follow, and only when equal is allowed */
+    if (hi && pos >= hi->nf)                           /* only zeros may follow, and only when equal is allowed */
         return hi->strict || lo ? c->never : gr_repeat(b, gr_byte(b, '0'), 1, GR_INF);
     if (!lo && !hi) return gr_repeat(b, gr_byte_range(b, '0', '9'), 1, GR_INF);
     if (lo && !hi && pos >= lo->nf) /* strict and exhausted: some nonzero digit */
@@ -588,6 +596,10 @@ static int32_t sc_number(sc_ctx *c, json_t *s) {
     if (has_lo && lo < -1e18) has_lo = 0;
     if (has_hi && hi > 1e18) has_hi = 0;
     if (!has_lo && !has_hi) return c->number;
+    if (c->b->small_numbers) { /* the other side within SMALL_BOUND too: no exponents */
+        if (!has_lo || lo < -SMALL_BOUND) has_lo = 1, lo = -SMALL_BOUND, slo = 0;
+        if (!has_hi || hi > SMALL_BOUND) has_hi = 1, hi = SMALL_BOUND, shi = 0;
+    }
     if ((has_lo && lo > 1e18) || (has_hi && hi < -1e18)) return sc_fail(c, "number bound beyond 1e18");
     if (!has_hi && lo == 0 && !slo) /* minimum 0: no sign, exponents too */
         return re_node(c, "(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?", 0);
@@ -731,8 +743,8 @@ static int32_t limit_len(sc_ctx *c, int32_t x, int64_t lo, int64_t hi) {
                 var = i;
         }
         if (var < 0) return -1;
-        int32_t part = limit_len(c, b->pool[n.kids + var], lo - fixed < 0 ? 0 : lo - fixed,
-                                 hi == GR_INF ? GR_INF : hi - fixed);
+        int32_t part =
+            limit_len(c, b->pool[n.kids + var], lo - fixed < 0 ? 0 : lo - fixed, hi == GR_INF ? GR_INF : hi - fixed);
         if (part < 0) return -1;
         int32_t *kids = malloc((size_t)n.n_kids * sizeof *kids);
         if (!kids) return -1;
@@ -772,8 +784,9 @@ static int32_t sc_string(sc_ctx *c, json_t *s) {
         if (!c->st) c->st = gr_regex(b, re, strlen(re), 1, &body, c->err);
         if (c->st && c->err) err_prefix(c->err, "json schema: pattern");
         if (!c->st && (min > 0 || max >= 0) && (body = limit_len(c, body, min, max < 0 ? GR_INF : max)) < 0)
-            return sc_fail(c, "'pattern' (or format) %.60s together with min/maxLength: the length does not narrow one "
-                              "repeat of the pattern",
+            return sc_fail(c,
+                           "'pattern' (or format) %.60s together with min/maxLength: the length does not narrow one "
+                           "repeat of the pattern",
                            re);
         return gr_seq3(b, lit(c, "\""), body, lit(c, "\""));
     }

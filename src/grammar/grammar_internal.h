@@ -55,6 +55,12 @@ typedef struct gr_build {
     gr_rule *rules;
     int32_t n_rules, cap_rules;
     int oom;
+    /* schema strings take only the escapes Python's literals read the same way (no \/ and
+     * no \uXXXX but the shortest forms of control characters): gram_tool.c's pyschema */
+    int py_strings;
+    /* schema numbers within +-1e15 (free ones: at most 15 integer digits, a 2-digit
+     * exponent): what every tool-call parser reads exactly (int64, doubles), gram_tool.c */
+    int small_numbers;
     const gvocab *vocab; /* NULL: not known (grammar_compile) */
 } gr_build;
 

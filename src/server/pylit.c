@@ -196,34 +196,41 @@ static json_t *read_number(rd *r, bool neg) {
         (void)hex;
         return json_integer(neg ? -(json_int_t)v : (json_int_t)v);
     }
-    while (r->i < r->n && k + 2 < sizeof buf) {
+    /* as many digits as Python reads (a float of hundreds of digits is still a float) */
+    size_t room = r->n - r->i + 2;
+    char *num = room <= sizeof buf ? buf : malloc(room);
+    if (!num) return NULL;
+    json_t *out = NULL;
+    while (r->i < r->n) {
         char c = r->s[r->i];
-        if (c >= '0' && c <= '9') buf[k++] = c;
+        if (c >= '0' && c <= '9') num[k++] = c;
         else if (c == '_') { /* digit separator */ }
-        else if (c == '.' || c == 'e' || c == 'E') { buf[k++] = c; is_float = true; }
-        else if ((c == '+' || c == '-') && k > 0 && (buf[k - 1] == 'e' || buf[k - 1] == 'E'))
-            buf[k++] = c;
+        else if (c == '.' || c == 'e' || c == 'E') { num[k++] = c; is_float = true; }
+        else if ((c == '+' || c == '-') && k > 0 && (num[k - 1] == 'e' || num[k - 1] == 'E'))
+            num[k++] = c;
         else break;
         r->i++;
     }
-    if (r->i == st || k == 0 || k + 2 >= sizeof buf) return NULL;
+    if (r->i == st || k == 0) goto done;
     if (r->i < r->n && (r->s[r->i] == 'j' || r->s[r->i] == 'J' || ident_char((unsigned char)r->s[r->i])))
-        return NULL; /* complex numbers and 1abc are not JSON-able literals */
-    buf[k] = 0;
+        goto done; /* complex numbers and 1abc are not JSON-able literals */
+    num[k] = 0;
     char *end;
     errno = 0;
     if (is_float) {
-        double d = strtod(buf, &end);
-        if (*end || (buf[0] == '.' && k == 1)) return NULL;
-        return json_real(neg ? -d : d);
+        double d = strtod(num, &end);
+        if (!*end && !(num[0] == '.' && k == 1)) out = json_real(neg ? -d : d);
+        goto done;
     }
-    if (k > 1 && buf[0] == '0') { /* Python 3 rejects 007 but allows 000 */
+    if (k > 1 && num[0] == '0') { /* Python 3 rejects 007 but allows 000 */
         for (size_t j = 0; j < k; j++)
-            if (buf[j] != '0') return NULL;
+            if (num[j] != '0') goto done;
     }
-    long long v = strtoll(buf, &end, 10);
-    if (*end || errno == ERANGE) return NULL;
-    return json_integer(neg ? -v : v);
+    long long v = strtoll(num, &end, 10);
+    if (!*end && errno != ERANGE) out = json_integer(neg ? -v : v);
+done:
+    if (num != buf) free(num);
+    return out;
 }
 
 static json_t *read_value(rd *r);

@@ -1,11 +1,14 @@
 /* tool_choice.c: tool_choice for every API (tool_choice.h). "none" leaves the tools out
  * of the prompt; a forced call ("required", a named tool) becomes a tool-call constraint:
- * the family's call markup around {"name": <a tool>, "arguments": <valid for its
- * parameters schema>}, one call, then the end of the turn. Builds documents only; the
- * grammar module compiles them. */
+ * the family's call markup around the tool's name and arguments valid for its
+ * parameters schema, one call, then the end of the turn. JSON-argument formats (hermes,
+ * Llama 3, Mistral) put one JSON value there; qwen3_coder, pythonic and Gemma 4 write one
+ * key / value per property, each value in the form that format's parser in toolparse.c
+ * reads back. Builds documents only; the grammar module compiles them. */
 #include "server/tool_choice.h"
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define BAD(e, param, ...) srv_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 #define OOM(e) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory")
@@ -110,10 +113,12 @@ static int add_piece(json_t *seq, const char *kind, const char *s) {
     return json_array_append_new(seq, json_pack("{s:s}", kind, s));
 }
 
-/* The pieces of one call to tools[i] in format f; 0, or -1 with e filled. */
-static int call_pieces(const json_t *tools, size_t i, size_t f, json_t *alts, srv_error *e) {
+/* tools[i]'s parameters schema, its objects closed (close_objects), checked to compile:
+ * 0 with *out set (caller frees), or -1 with e filled. */
+static int tool_schema(const json_t *tools, size_t i, json_t **out, srv_error *e) {
     const json_t *fn = json_object_get(json_array_get(tools, i), "function");
     const json_t *params = json_object_get(fn, "parameters");
+    *out = NULL;
     if (!tool_name(tools, i)) return BAD(e, "tools", "tools[%zu].function.name: a forced call needs a name", i);
     if (params && !json_is_null(params) && !json_is_object(params))
         return BAD(e, "tools", "tools[%zu].function.parameters must be an object (a JSON schema)", i);
@@ -127,13 +132,25 @@ static int call_pieces(const json_t *tools, size_t i, size_t f, json_t *alts, sr
     else if (hearth_constraint_check(HEARTH_CONSTRAINT_JSON_SCHEMA, src, strlen(src), &err))
         rc = BAD(e, "tools", "tools[%zu].function.parameters: %s", i, err.message);
     free(src);
+    if (rc)
+        json_decref(schema);
+    else
+        *out = schema;
+    return rc;
+}
+
+/* The pieces of one call to tools[i] in format f; 0, or -1 with e filled. */
+static int call_pieces(const json_t *tools, size_t i, size_t f, json_t *alts, srv_error *e) {
+    json_t *schema = NULL;
+    int rc = tool_schema(tools, i, &schema, e);
+    if (rc) return rc;
     json_t *name = json_string(tool_name(tools, i));
     char *quoted = name ? json_dumps(name, JSON_ENCODE_ANY) : NULL;
     json_decref(name);
     size_t cap = strlen(FORCED[f].lead) + (quoted ? strlen(quoted) : 0) + strlen(FORCED[f].key) + 8;
     char *lead = malloc(cap);
     json_t *seq = json_array();
-    if (!rc && (!quoted || !lead || !seq)) rc = OOM(e);
+    if (!quoted || !lead || !seq) rc = OOM(e);
     if (!rc) {
         snprintf(lead, cap, "%s%s, \"%s\": ", FORCED[f].lead, quoted, FORCED[f].key);
         if (add_piece(seq, "token", FORCED[f].open) || add_piece(seq, "text", lead) ||
@@ -148,6 +165,377 @@ static int call_pieces(const json_t *tools, size_t i, size_t f, json_t *alts, sr
     return rc;
 }
 
+/* ---- qwen3_coder: <tool_call>\n<function=f>\n<parameter=p>\nvalue\n</parameter>\n...
+ * </function>\n</tool_call>. toolparse.c (after mlx-lm's parser) reads a value by its
+ * property's schema type: a string is the raw text between the newlines, "null" in any
+ * case is null whatever the type, an untyped value is JSON when it is an object or array
+ * text and else a string, other types are JSON text. So a string value is free text that
+ * cannot contain the closing tag and is not "null"; every other value is JSON valid for
+ * its sub-schema. Required properties come in schema order; each optional one may be
+ * written or left out; one that cannot be forced this way is left out (required: 400). */
+
+#define QWEN_CLOSE "</parameter>"
+/* a string with length bounds: code points but '<' and control characters (tab, newline,
+ * carriage return allowed), the first not 'n' / 'N' (so never "null") */
+#define QWEN_CH "[^<\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f]"
+#define QWEN_CH0 "[^<nN\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f]"
+
+/* A name the qwen3_coder parser reads back whole: no whitespace, '<' or '>'. */
+static int qwen_name_ok(const char *s) {
+    if (!s || !*s) return 0;
+    for (; *s; s++)
+        if (strchr(" \t\n\r\f\v<>", *s)) return 0;
+    return 1;
+}
+
+/* Whether string v, written raw, reads back as itself (untyped: as a string). */
+static int qwen_raw_ok(const json_t *v, int untyped) {
+    if (!json_is_string(v)) return 0;
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v);
+    if ((n == 4 && !strncasecmp(s, "null", 4)) || strstr(s, QWEN_CLOSE) || memchr(s, 0, n)) return 0;
+    if (untyped) {
+        json_t *j = json_loadb(s, n, JSON_DECODE_ANY, NULL);
+        int as_json = json_is_object(j) || json_is_array(j);
+        json_decref(j);
+        if (as_json) return 0;
+    }
+    return 1;
+}
+
+/* Property schema p of root as a document of its own (root's $defs beside it, for its
+ * $refs); NULL: out of memory. */
+static json_t *param_schema(const json_t *root, const json_t *p) {
+    json_t *sub = json_deep_copy(p);
+    if (!sub) return NULL;
+    static const char *const DEFS[] = {"$defs", "definitions"};
+    for (size_t d = 0; d < 2; d++)
+        if (json_object_get(root, DEFS[d]) && !json_object_get(sub, DEFS[d]))
+            json_object_set(sub, DEFS[d], json_object_get(root, DEFS[d]));
+    return sub;
+}
+
+/* 400 unless every name in schema's "required" is one of its properties (the markups
+ * that write one key=value per property write listed ones only). */
+static int required_listed_or_400(const json_t *schema, size_t i, const char *format, srv_error *e) {
+    size_t k;
+    json_t *v;
+    json_array_foreach(json_object_get(schema, "required"), k, v) {
+        if (!json_object_get(json_object_get(schema, "properties"), json_string_value(v)))
+            return BAD(e, "tools",
+                       "tools[%zu].function.parameters: '%.64s' is required but not in properties (a forced %s "
+                       "call writes listed properties only)",
+                       i, json_string_value(v), format);
+    }
+    return 0;
+}
+
+/* How a markup whose values are not all JSON writes one: a string raw (between quote
+ * tokens, or bare), never containing `without` nor being `not_word` (ASCII case
+ * ignored); a length-bounded one from character classes first / rest; nested_json: object
+ * and array values as JSON (else only arrays of numbers / booleans, whose JSON is the same
+ * text there). */
+typedef struct {
+    const char *quote, *without, *not_word, *first, *rest;
+    int (*raw_ok)(const json_t *v, int untyped);
+    int nested_json;
+} text_fmt;
+
+/* Appends s (a piece list) to seq between f's quote tokens. */
+static int quoted(const text_fmt *f, json_t *seq, json_t *s) {
+    int bad = (f->quote && add_piece(seq, "token", f->quote)) || json_array_extend(seq, s) ||
+              (f->quote && add_piece(seq, "token", f->quote));
+    json_decref(s);
+    return !bad;
+}
+
+/* A schema whose JSON is written the same in Gemma 4's call syntax: numbers, booleans,
+ * null, arrays of them. */
+static int plain_json(const json_t *p, int depth) {
+    const char *t = json_string_value(json_object_get(p, "type"));
+    if (!t || depth > 8) return 0;
+    if (!strcmp(t, "integer") || !strcmp(t, "number") || !strcmp(t, "boolean") || !strcmp(t, "null")) return 1;
+    return !strcmp(t, "array") && !json_object_get(p, "prefixItems") &&
+           plain_json(json_object_get(p, "items"), depth + 1);
+}
+
+/* Appends to seq the pieces of a value valid for property schema p (of root, whose $defs
+ * its $refs name) in format f; 0 when f cannot force one (or out of memory). */
+static int text_value(const text_fmt *f, const json_t *root, const json_t *p, json_t *seq) {
+    if (!json_is_object(p)) return 0;
+    const json_t *type = json_object_get(p, "type"), *en = json_object_get(p, "enum");
+    const json_t *cn = json_object_get(p, "const");
+    const char *t = json_string_value(type);
+    static const char *const COMPOSED[] = {"pattern", "format", "anyOf", "oneOf", "allOf", "not", "$ref", "if"};
+    for (size_t k = 0; (!type || (t && !strcmp(t, "string"))) && k < sizeof COMPOSED / sizeof *COMPOSED; k++)
+        if (json_object_get(p, COMPOSED[k]) && !en && !cn) return 0;
+    if (!json_object_size(p) || (t && !strcmp(t, "string") && !en && !cn)) {
+        const json_t *lo = json_object_get(p, "minLength"), *hi = json_object_get(p, "maxLength");
+        if (!lo && !hi)
+            return quoted(f, seq,
+                          f->not_word ? json_pack("[{s:{s:s,s:[s]}}]", "raw", "without", f->without, "not", f->not_word)
+                                      : json_pack("[{s:{s:s}}]", "raw", "without", f->without));
+        json_int_t a = json_integer_value(lo), b = hi ? json_integer_value(hi) : -1;
+        if (a < 0 || (hi && (b < a || !json_is_integer(hi))) || (lo && !json_is_integer(lo)) || a > 10000 || b > 10000)
+            return 0;
+        if (b == 0) return quoted(f, seq, json_pack("[{s:s}]", "text", ""));
+        char re[256], rest[32];
+        if (b < 0)
+            snprintf(rest, sizeof rest, "{%lld,}", (long long)(a > 1 ? a - 1 : 0));
+        else
+            snprintf(rest, sizeof rest, "{%lld,%lld}", (long long)(a > 1 ? a - 1 : 0), (long long)b - 1);
+        snprintf(re, sizeof re, "(?:%s%s%s)%s", f->first, f->rest, rest, a ? "" : "?");
+        return quoted(f, seq, json_pack("[{s:s}]", "regex", re));
+    }
+    if (!type || (t && !strcmp(t, "string"))) { /* enum / const: the listed strings, raw */
+        json_t *alts = json_array(), *v;
+        size_t i;
+        if (cn && f->raw_ok(cn, !type)) json_array_append_new(alts, json_pack("[{s:O}]", "text", cn));
+        json_array_foreach(en, i, v) if (!cn && f->raw_ok(v, !type))
+            json_array_append_new(alts, json_pack("[{s:O}]", "text", v));
+        if (!json_array_size(alts)) {
+            json_decref(alts);
+            return 0;
+        }
+        return quoted(f, seq, json_pack("[{s:o}]", "choice", alts));
+    }
+    if (t && !strcmp(t, "null")) return !json_array_append_new(seq, json_pack("{s:s}", "text", "null"));
+    static const char *const JSON_TYPES[] = {"integer", "number", "boolean", "object", "array"};
+    size_t k = 0;
+    while (t && k < sizeof JSON_TYPES / sizeof *JSON_TYPES && strcmp(t, JSON_TYPES[k])) k++;
+    if (!t || k == sizeof JSON_TYPES / sizeof *JSON_TYPES || (!f->nested_json && !plain_json(p, 0))) return 0;
+    json_t *sub = param_schema(root, p);
+    return sub && !json_array_append_new(seq, json_pack("{s:o}", "schema", sub));
+}
+
+static const text_fmt QWEN = {NULL, QWEN_CLOSE, "null", QWEN_CH0, QWEN_CH, qwen_raw_ok, 1};
+
+/* Whether name is in the schema's "required". */
+static int is_required(const json_t *schema, const char *name) {
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(schema, "required"), i,
+                       v) if (json_is_string(v) && !strcmp(json_string_value(v), name)) return 1;
+    return 0;
+}
+
+/* The pieces of one qwen3_coder call to tools[i]; 0, or -1 with e filled. */
+static int qwen_call(const json_t *tools, size_t i, json_t *alts, srv_error *e) {
+    json_t *schema = NULL;
+    if (tool_schema(tools, i, &schema, e)) return -1;
+    const char *name = tool_name(tools, i);
+    int rc = 0;
+    json_t *seq = json_array(), *p;
+    char *head = malloc(strlen(name) + 16);
+    const char *key;
+    if (!seq || !head)
+        rc = OOM(e);
+    else if (!qwen_name_ok(name))
+        rc = BAD(e, "tools",
+                 "tools[%zu].function.name: a forced qwen3_coder call cannot name '%.64s' (whitespace, "
+                 "'<' or '>')",
+                 i, name);
+    if (!rc) rc = required_listed_or_400(schema, i, "qwen3_coder", e);
+    if (!rc) {
+        sprintf(head, "\n<function=%s>\n", name);
+        add_piece(seq, "token", "<tool_call>"), add_piece(seq, "text", head);
+    }
+    json_object_foreach(json_object_get(schema, "properties"), key, p) {
+        if (rc) break;
+        int req = is_required(schema, key);
+        json_t *part = json_array();
+        char *open = malloc(strlen(key) + 16);
+        if (!part || !open) {
+            rc = OOM(e);
+        } else {
+            sprintf(open, "<parameter=%s>\n", key);
+            add_piece(part, "text", open);
+            if (qwen_name_ok(key) && text_value(&QWEN, schema, p, part)) {
+                add_piece(part, "text", "\n" QWEN_CLOSE "\n");
+                if (req)
+                    json_array_extend(seq, part);
+                else
+                    json_array_append_new(seq, json_pack("{s:O}", "optional", part));
+            } else if (req) {
+                rc = BAD(e, "tools",
+                         "tools[%zu].function.parameters.properties.%.64s: forcing a qwen3_coder call supports a "
+                         "property of type string (without pattern or format), integer, number, boolean, object, "
+                         "array or null, or an enum of strings",
+                         i, key);
+            }
+        }
+        free(open);
+        json_decref(part);
+    }
+    if (!rc) {
+        add_piece(seq, "text", "</function>\n"), add_piece(seq, "token", "</tool_call>");
+        if (json_array_append(alts, seq)) rc = OOM(e);
+    }
+    free(head);
+    json_decref(seq);
+    json_decref(schema);
+    return rc;
+}
+
+/* ---- pythonic (LFM2, Llama 3.2 / 4 style): <|tool_call_start|>[f(a=1, b="x")]<|tool_call_end|>.
+ * toolparse.c reads the list as Python literals (JSON's true / false / null too), so each
+ * value is JSON valid for its property's schema with only the string escapes Python reads
+ * the same way (pyschema). Required properties first, in schema order; then each
+ * optional one or nothing. */
+
+#define KW_MAX_OPTIONAL 16 /* optional properties offered (with none required the choice is quadratic) */
+
+/* A Python identifier (ASCII), or with dots a dotted name of them. */
+static int py_name_ok(const char *s, int dots) {
+    int start = 1;
+    if (!s || !*s) return 0;
+    for (; *s; s++) {
+        int alpha = (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || *s == '_';
+        if (dots && *s == '.' && !start)
+            start = 1;
+        else if (alpha || (!start && *s >= '0' && *s <= '9'))
+            start = 0;
+        else
+            return 0;
+    }
+    return !start;
+}
+
+/* Appends to dst the pieces of list src (dst, src: arrays), each after an optional
+ * separator text sep. */
+static int extend_after(json_t *dst, const char *sep, const json_t *src) {
+    return (sep && add_piece(dst, "text", sep)) || json_array_extend(dst, (json_t *)src);
+}
+
+/* A markup of keyword arguments: open token, text, name, text, key eq value [sep key eq
+ * value ...], tail text, close token. */
+typedef struct {
+    const char *format, *open, *before_name, *after_name, *eq, *sep, *tail, *close;
+    int (*name_ok)(const char *name, int dots); /* dots: the tool's name (else an argument's) */
+    const char *names;                          /* what name_ok wants, for errors */
+    const text_fmt *text;                       /* NULL: every value a pyschema piece */
+    const char *values;                         /* the values text can force, for errors */
+} kw_format;
+
+static int pyschema_value(const json_t *root, const json_t *p, json_t *part) {
+    json_t *sub = param_schema(root, p);
+    return sub && !json_array_append_new(part, json_pack("{s:o}", "pyschema", sub));
+}
+
+/* The pieces of one call to tools[i] in keyword markup f; 0, or -1 with e filled. */
+static int kw_call(const kw_format *f, const json_t *tools, size_t i, json_t *alts, srv_error *e) {
+    json_t *schema = NULL;
+    if (tool_schema(tools, i, &schema, e)) return -1;
+    const char *name = tool_name(tools, i), *key;
+    int rc = f->name_ok(name, 1)
+                 ? required_listed_or_400(schema, i, f->format, e)
+                 : BAD(e, "tools", "tools[%zu].function.name: a forced %s call cannot name '%.64s' (names: %s)", i,
+                       f->format, name, f->names);
+    json_t *req = json_array(), *opt = json_array(), *seq = json_array(), *p;
+    if (!rc && (!req || !opt || !seq)) rc = OOM(e);
+    json_object_foreach(json_object_get(schema, "properties"), key, p) {
+        if (rc) break;
+        int required = is_required(schema, key);
+        if (!required && json_array_size(opt) == KW_MAX_OPTIONAL) continue;
+        char *eq = malloc(strlen(key) + strlen(f->eq) + 1);
+        json_t *part = json_array();
+        if (!eq || !part) {
+            rc = OOM(e);
+        } else {
+            sprintf(eq, "%s%s", key, f->eq);
+            add_piece(part, "text", eq);
+            int ok = f->name_ok(key, 0) &&
+                     (f->text ? text_value(f->text, schema, p, part) : pyschema_value(schema, p, part));
+            if (ok && json_array_append(required ? req : opt, part))
+                rc = OOM(e);
+            else if (!ok && required)
+                rc = BAD(e, "tools",
+                         "tools[%zu].function.parameters.properties.%.64s: a forced %s call cannot write this property "
+                         "(names: %s%s%s)",
+                         i, key, f->format, f->names, f->values ? "; values: " : "", f->values ? f->values : "");
+        }
+        free(eq);
+        json_decref(part);
+    }
+    if (!rc) {
+        size_t n_req = json_array_size(req), n_opt = json_array_size(opt), k, j;
+        json_t *part, *choice = n_req || !n_opt ? NULL : json_array();
+        add_piece(seq, "token", f->open);
+        json_array_append_new(seq, json_pack("{s:s++}", "text", f->before_name, name, f->after_name));
+        json_array_foreach(req, k, part) extend_after(seq, k ? f->sep : NULL, part);
+        /* after a required one, each optional one with its separator; with none required,
+         * the first one written is any of them and the later ones follow it */
+        json_array_foreach(opt, k, part) {
+            json_t *tail = n_req ? seq : json_array();
+            if (!n_req) json_array_extend(tail, part);
+            for (j = n_req ? k : k + 1; j < n_opt; j++) {
+                json_t *later = json_array();
+                extend_after(later, f->sep, json_array_get(opt, j));
+                json_array_append_new(tail, json_pack("{s:o}", "optional", later));
+                if (n_req) break;
+            }
+            if (!n_req) json_array_append_new(choice, tail);
+        }
+        if (choice) json_array_append_new(seq, json_pack("{s:[{s:o}]}", "optional", "choice", choice));
+        add_piece(seq, "text", f->tail), add_piece(seq, "token", f->close);
+        if (json_array_append(alts, seq)) rc = OOM(e);
+    }
+    json_decref(req), json_decref(opt), json_decref(seq);
+    json_decref(schema);
+    return rc;
+}
+
+static const kw_format PYTHONIC = {.format = "pythonic",
+                                   .open = "<|tool_call_start|>",
+                                   .before_name = "[",
+                                   .after_name = "(",
+                                   .eq = "=",
+                                   .sep = ", ",
+                                   .tail = ")]",
+                                   .close = "<|tool_call_end|>",
+                                   .name_ok = py_name_ok,
+                                   .names = "Python identifiers, dotted for the tool"};
+
+/* ---- Gemma 4: <|tool_call>call:f{a:1,b:<|"|>x<|"|>}<tool_call|>. toolparse.c (mlx-lm's
+ * parser) takes each <|"|>...<|"|> as a string whatever it holds, quotes the bare keys
+ * that follow '{' or ',' and reads the rest as JSON: strings are free text without the
+ * delimiter, numbers, booleans, null and arrays of them are JSON (the same text); nested
+ * objects and strings inside arrays (bare keys, no spacing) are not forced yet. */
+
+#define GEMMA4_QUOTE "<|\"|>"
+
+/* The parser's \w+ (ASCII): a key; with dots, a tool name ([\w-]+). */
+static int gemma4_name_ok(const char *s, int dots) {
+    if (!s || !*s) return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' ||
+              (dots && *s == '-')))
+            return 0;
+    return 1;
+}
+
+static int gemma4_raw_ok(const json_t *v, int untyped) {
+    (void)untyped;
+    return json_is_string(v) && !strstr(json_string_value(v), GEMMA4_QUOTE) &&
+           !memchr(json_string_value(v), 0, json_string_length(v));
+}
+
+static const text_fmt GEMMA4_TEXT = {GEMMA4_QUOTE, GEMMA4_QUOTE, NULL, QWEN_CH, QWEN_CH, gemma4_raw_ok, 0};
+static const kw_format GEMMA4 = {
+    .format = "gemma4",
+    .open = "<|tool_call>",
+    .before_name = "call:",
+    .after_name = "{",
+    .eq = ":",
+    .sep = ",",
+    .tail = "}",
+    .close = "<tool_call|>",
+    .name_ok = gemma4_name_ok,
+    .names = "ASCII letters, digits and '_', '-' too for the tool",
+    .text = &GEMMA4_TEXT,
+    .values = "a string (without pattern or format), an enum of strings, integer, number, boolean, null or an "
+              "array of those but strings"};
+
 int srv_tool_constraint(const srv_request *r, const ts_config *forced, char **doc, srv_error *e) {
     *doc = NULL;
     if (r->constraint != HEARTH_CONSTRAINT_NONE)
@@ -156,7 +544,11 @@ int srv_tool_constraint(const srv_request *r, const ts_config *forced, char **do
                    "json_schema");
     size_t f = 0;
     while (f < N_FORCED && FORCED[f].type != forced->tool) f++;
-    if (f == N_FORCED)
+    int qwen = forced->tool == TS_TOOL_QWEN3_CODER;
+    const kw_format *kw = forced->tool == TS_TOOL_PYTHONIC ? &PYTHONIC
+                          : forced->tool == TS_TOOL_GEMMA4 ? &GEMMA4
+                                                           : NULL;
+    if (f == N_FORCED && !qwen && !kw)
         return BAD(e, "tool_choice",
                    "tool_choice: forcing a tool call is not supported for this model's tool-call format (%s) yet; "
                    "use 'auto'",
@@ -166,7 +558,9 @@ int srv_tool_constraint(const srv_request *r, const ts_config *forced, char **do
     int rc = 0;
     for (size_t i = 0; !rc && i < json_array_size(r->tools); i++)
         if (!r->forced_tool || (tool_name(r->tools, i) && !strcmp(tool_name(r->tools, i), r->forced_tool)))
-            rc = call_pieces(r->tools, i, f, alts, e);
+            rc = qwen ? qwen_call(r->tools, i, alts, e)
+                 : kw ? kw_call(kw, r->tools, i, alts, e)
+                      : call_pieces(r->tools, i, f, alts, e);
     json_t *root = rc ? NULL : json_pack("{s:o}", "alternatives", alts);
     if (rc) json_decref(alts);
     if (!rc && !(root && (*doc = json_dumps(root, JSON_COMPACT)))) rc = OOM(e);

@@ -232,21 +232,27 @@ json_t *tp_json_load_lax(const char *s, size_t n) {
     return j;
 }
 
+/* Python's float(s): any number of digits (a value a model writes with hundreds of
+ * fraction digits is still a float). */
 bool tp_py_float(const char *s, size_t n, double *out) {
-    char buf[128];
+    char small[128];
     size_t k = 0;
     while (n && is_ws(*s)) { s++; n--; }
     while (n && is_ws(s[n - 1])) n--;
-    for (size_t i = 0; i < n; i++) {
+    char *buf = n < sizeof small ? small : malloc(n + 1);
+    if (!buf) return false;
+    bool ok = n > 0;
+    for (size_t i = 0; ok && i < n; i++) {
         if (s[i] == '_') continue;
-        if (k + 1 >= sizeof buf || s[i] == 'x' || s[i] == 'X') return false;
+        if (s[i] == 'x' || s[i] == 'X' || s[i] == 0) ok = false;
         buf[k++] = s[i];
     }
     buf[k] = 0;
-    if (!k) return false;
-    char *end;
-    *out = strtod(buf, &end);
-    return *end == 0;
+    char *end = buf;
+    if (ok && k) *out = strtod(buf, &end);
+    ok = ok && k && *end == 0;
+    if (buf != small) free(buf);
+    return ok;
 }
 
 static json_t *qwen_convert(const char *v, size_t n, const char *pname, const json_t *cfg) {

@@ -3,6 +3,8 @@ give back its base URL. Generic on purpose (any model, any flags); the tests own
 A missing binary or model FAILS with the command that fixes it, never a silent skip.
 """
 import contextlib
+import json
+import shutil
 import os
 import sys
 import urllib.request
@@ -110,3 +112,21 @@ def expected_cached(cached_ids, ids):
     while common < min(len(ids), len(cached_ids)) and ids[common] == cached_ids[common]:
         common += 1
     return min(common, len(ids) - 1)
+
+
+def with_template(source, template, out):
+    """A copy of model `source` in `out` (weights linked) whose chat template is `template`
+    and whose tokenizer_config names no tool_parser_type, so the tool format is inferred
+    from that template as for a real repo of that family."""
+    need(source, "tiny model", "run tools/make_tiny_models.py")
+    out.mkdir()
+    for f in source.iterdir():
+        if f.suffix == ".safetensors":
+            (out / f.name).symlink_to(f)
+        else:
+            shutil.copy(f, out / f.name)
+    shutil.copy(template, out / "chat_template.jinja")
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    cfg.pop("tool_parser_type", None)
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return out

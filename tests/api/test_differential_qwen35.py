@@ -18,11 +18,10 @@ checked against mlx-lm's own on Qwen3.5-shaped outputs in test_parsers.py instea
 """
 import json
 import pathlib
-import shutil
 
 import pytest
 
-from conftest import BIN, TINY, need, server, upstream_server
+from conftest import BIN, TINY, need, server, upstream_server, with_template
 from test_differential import FILLER, both, compare_forced, compare_greedy_chat, forced_body
 
 SOURCE = TINY / "qwen3_5-f32"
@@ -33,18 +32,7 @@ TEMPLATE = pathlib.Path(__file__).resolve().parents[1] / "parity" / "templates" 
 def model(tmp_path_factory):
     """A copy of the tiny qwen3_5 model whose chat template is Qwen3.5's own."""
     need(SOURCE, "tiny qwen3_5 model", "run tools/make_tiny_models.py")
-    out = tmp_path_factory.mktemp("qwen35_template") / "model"
-    out.mkdir()
-    for f in SOURCE.iterdir():
-        if f.suffix == ".safetensors":
-            (out / f.name).symlink_to(f)
-        else:
-            shutil.copy(f, out / f.name)
-    shutil.copy(TEMPLATE, out / "chat_template.jinja")
-    cfg = json.loads((out / "tokenizer_config.json").read_text())
-    cfg.pop("tool_parser_type", None)  # both servers infer qwen3_coder from the template
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
-    return out
+    return with_template(SOURCE, TEMPLATE, tmp_path_factory.mktemp("qwen35_template") / "model")
 
 
 @pytest.fixture(scope="module")

@@ -7,17 +7,21 @@ SDK parses the response. "auto" must answer exactly what a request without tool_
 answers, and "none" what a request without tools answers. Bad values are a 400 naming the
 field. Run on the default model (SmolLM2, no tool format of its own: the hermes
 <tool_call> form) and on tiny random-weight models of each template family: Qwen 3
-(json_tools), Llama 3 (its <|python_tag|> JSON, a special-token marker), Gemma 3 (no tool
-format) and Gemma 4 (its own call syntax: refused with a 400 until it is supported)."""
+(json_tools), Qwen 3.5 (qwen3_coder: <function=f><parameter=p> with raw string values),
+pythonic (the tiny Llama with a minimal LFM2-style template: [f(a=1)] Python literals),
+Llama 3 (its <|python_tag|> JSON, a special-token marker), Gemma 3 (no tool format) and
+Gemma 4 (its own call syntax, <|"|>-delimited strings)."""
 import json
+import pathlib
 
 import jsonschema
 import pytest
 
-from conftest import TINY, server
+from conftest import TINY, server, with_template
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
+tokenizers = pytest.importorskip("tokenizers")
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
                                             "unit": {"enum": ["celsius", "fahrenheit"]}},
@@ -178,6 +182,8 @@ def test_anthropic_unknown_tool_is_400(base):
 # token, which the call must use as that one token (never its text spelled out)
 FAMILIES = {"qwen3-f32": "<tool_call>", "llama-f32": "<|python_tag|>", "gemma3-f32": "<tool_call>"}
 SPECIAL_MARKER = {"llama-f32"}
+QWEN35_TEMPLATE = pathlib.Path(__file__).resolve().parents[1] / "parity" / "templates" / "Qwen-Qwen3.5-4B.jinja"
+PYTHONIC_TEMPLATE = pathlib.Path(__file__).resolve().parent / "templates" / "pythonic-minimal.jinja"
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -203,15 +209,88 @@ def test_tiny_family_forced_call(family):
             check_call(r.choices[0], {"add"})
 
 
-def test_tiny_gemma4_refuses_forcing():
-    with server(TINY / "gemma4-f32") as base:
-        c = openai.OpenAI(base_url=base + "/v1", api_key="none")
-        with pytest.raises(openai.BadRequestError) as ex:
-            c.chat.completions.create(model="default_model", messages=[{"role": "user", "content": "hi"}],
-                                      tools=TOOLS, tool_choice="required", max_tokens=5)
-        assert ex.value.body["param"] == "tool_choice"
-        assert "gemma4" in ex.value.body["message"]
-        # auto still works as before
-        r = c.chat.completions.create(model="default_model", messages=[{"role": "user", "content": "hi"}],
-                                      tools=TOOLS, tool_choice="auto", max_tokens=5)
-        assert r.choices[0].finish_reason in ("stop", "length")
+def forced_rounds(base, model, named, seeds=6, **extra):
+    """Per seed at temperature 1: a "required" call and one forced to `named`, both checked
+    (check_call); returns each named call's tokens (special ones as their text) and the
+    text they decode to with the model's tokenizer (an oracle of its own)."""
+    c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    tok = tokenizers.Tokenizer.from_file(str(model / "tokenizer.json"))
+    names, out = set(), []
+    for seed in range(seeds):
+        msgs = [{"role": "user", "content": "hi"}]
+        r = c.chat.completions.create(model="default_model", messages=msgs, tools=TOOLS, tool_choice="required",
+                                      max_tokens=400, temperature=1.0, seed=seed, extra_body=extra)
+        names.add(check_call(r.choices[0], SCHEMAS))
+        r = c.chat.completions.create(model="default_model", messages=msgs, tools=TOOLS,
+                                      tool_choice={"type": "function", "function": {"name": named}},
+                                      max_tokens=400, temperature=1.0, seed=seed, logprobs=True, top_logprobs=1,
+                                      extra_body=extra)
+        check_call(r.choices[0], {named})
+        toks = [t.token for t in r.choices[0].logprobs.content]
+        out.append((toks, tok.decode([tok.token_to_id(t) for t in toks], skip_special_tokens=False)))
+    return names, out
+
+
+def anthropic_forced_add(base):
+    a = anthropic.Anthropic(base_url=base, api_key="none")
+    m = a.messages.create(model="local", max_tokens=400, tools=[{"name": "add", "input_schema": ADD}],
+                          tool_choice={"type": "any"}, messages=[{"role": "user", "content": "hi"}])
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert m.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "add", m.content
+    jsonschema.validate(uses[0].input, ADD)
+
+
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory):
+    """The tiny qwen3_5 model with Qwen3.5's own chat template, from which hearth infers
+    the qwen3_coder tool format as it does for a real Qwen3.5 repo."""
+    return with_template(TINY / "qwen3_5-f32", QWEN35_TEMPLATE, tmp_path_factory.mktemp("qwen35_forced") / "model")
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_tiny_qwen3_coder_forced_call(qwen35, thinking):
+    """qwen3_coder markup (<function=f><parameter=p> with raw string values): the raw
+    output is that form, and its parsed call, through the SDK, validates."""
+    with server(qwen35) as base:
+        names, calls = forced_rounds(base, qwen35, "get_weather",
+                                     chat_template_kwargs={"enable_thinking": thinking})
+        for _, text in calls:
+            assert text.startswith("<tool_call>\n<function=get_weather>\n<parameter=city>\n"), text
+            for eos in ("<|endoftext|>", "<|im_end|>"):  # the end of turn the grammar allows last
+                text = text.removesuffix(eos)
+            assert text.endswith("\n</parameter>\n</function>\n</tool_call>"), text
+        assert len(names) > 1, names
+        anthropic_forced_add(base)
+
+
+@pytest.fixture(scope="module")
+def pythonic(tmp_path_factory):
+    """The tiny llama model with a minimal LFM2-style template (tests/api/templates), from
+    which hearth infers the pythonic tool format."""
+    return with_template(TINY / "llama-f32", PYTHONIC_TEMPLATE, tmp_path_factory.mktemp("pythonic_forced") / "model")
+
+
+def test_tiny_pythonic_forced_call(pythonic):
+    """pythonic markup (<|tool_call_start|>[f(a=1, b="x")]<|tool_call_end|>, Python literals):
+    every forced call, through the SDKs, validates; the raw output is that form."""
+    with server(pythonic) as base:
+        _, calls = forced_rounds(base, pythonic, "search")
+        for _, text in calls:
+            assert text.startswith("<|tool_call_start|>[search(query="), text
+            assert ")]<|tool_call_end|>" in text and text.endswith(("<|tool_call_end|>", "<|eot_id|>")), text
+        anthropic_forced_add(base)
+
+
+def test_tiny_gemma4_forced_call():
+    """Gemma 4's own call syntax (<|tool_call>call:f{a:1,b:<|"|>x<|"|>}<tool_call|>, the
+    delimiter a special token): every forced call, through the SDKs, validates."""
+    model = TINY / "gemma4-f32"
+    if not model.exists():
+        pytest.fail(f"{model} missing: run tools/make_tiny_models.py")
+    with server(model) as base:
+        _, calls = forced_rounds(base, model, "get_weather")
+        for toks, text in calls:
+            assert toks[0] == "<|tool_call>" and '<|"|>' in toks, toks  # special tokens, not spelled out
+            assert text.startswith('<|tool_call>call:get_weather{city:<|"|>'), text
+            assert "}<tool_call|>" in text, text
+        anthropic_forced_add(base)

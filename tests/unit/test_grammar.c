@@ -187,8 +187,8 @@ static void test_schema_bounds(void **state) {
                   "{\"properties\":{\"ab\":{}},\"patternProperties\":{\"^a\":{\"type\":\"integer\"}}}", "matches");
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"patternProperties\":{\"^a\":{\"type\":\"integer\"},\"^b\":{}}}",
                   "different schemas");
-    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"minProperties\":1}", L("{\"a\":1}", "{\"a\":1,\"b\":2}"),
-                    L("{}", "{ }"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"minProperties\":1}",
+                    L("{\"a\":1}", "{\"a\":1,\"b\":2}"), L("{}", "{ }"));
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"minProperties\":2}", "minProperties");
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[A-Za-z][a-z0-9_]*$\",\"maxLength\":4}",
                     L("\"a\"", "\"Ab_1\""), L("\"\"", "\"Ab_12\"", "\"1a\""));
@@ -203,8 +203,9 @@ static void test_schema_bounds(void **state) {
 /* Matchers of one grammar share its parse states: two threads following different outputs
  * at once get exactly the masks a grammar of their own gives. */
 #define SHARED_WORDS ((N_VOCAB + 31) / 32)
-static const char *SHARED_SCHEMA = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
-                                   "\"n\":{\"type\":\"number\",\"minimum\":-2.5}},\"required\":[\"n\"]}";
+static const char *SHARED_SCHEMA =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
+    "\"n\":{\"type\":\"number\",\"minimum\":-2.5}},\"required\":[\"n\"]}";
 static const char *SHARED_TEXT[2] = {"{\"name\":\"ab\xc3\xa9\",\"n\":-1.25}", "{\"n\":3,\"zz\":[true,{\"k\":\"v\"}]}"};
 typedef struct {
     const grammar *g;
@@ -439,13 +440,86 @@ static void test_tool_call(void **state) {
     compile_fails(GRAMMAR_GBNF, "root ::= \"\xff<tool_call>\"", "0xFF");
 }
 
+/* Whether s is, ignoring ASCII case, w. */
+static int same_ci(const char *s, const char *w) {
+    for (; *s && *w; s++, w++)
+        if ((*s | 0x20) != (*w | 0x20)) return 0;
+    return !*s && !*w;
+}
+
+/* The raw piece against its definition (strstr and a case-blind compare as the oracle),
+ * over every string of up to 9 letters from {a, b, N, o} (a self-overlapping excluded
+ * string, so the automaton's fallbacks are exercised), then characters it must allow or
+ * refuse; and the optional / choice / regex pieces. */
+static void test_tool_call_pieces(void **state) {
+    (void)state;
+    gvocab *v = test_vocab();
+    grammar *g = compile_ok(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"text\": \"<\"}, {\"raw\": {\"without\": "
+                                               "\"abab\", \"not\": [\"no\", \"nab\"]}}, {\"text\": \">\"}]]}");
+    const char letters[] = "abNo";
+    char s[16], framed[20];
+    size_t checked = 0;
+    for (int len = 0; len <= 9; len++) {
+        int total = 1;
+        for (int k = 0; k < len; k++) total *= 4;
+        for (int code = 0; code < total; code++) {
+            int c = code;
+            for (int k = 0; k < len; k++, c /= 4) s[k] = letters[c % 4];
+            s[len] = 0;
+            snprintf(framed, sizeof framed, "<%s>", s);
+            int want = !strstr(s, "abab") && !same_ci(s, "no") && !same_ci(s, "nab");
+            if (full_match(g, v, framed) != want) fail_msg("raw: '%s' should be %s", s, want ? "accepted" : "refused");
+            checked++;
+        }
+    }
+    assert_true(checked > 300000);
+    static const char *const yes[] = {"<\xc3\xa9t\xc3\xa9\n\t\r ~>", "<noo>", "<x\xf0\x9f\x98\x80>", "<<>"};
+    static const char *const no[] = {"<\x01>", "<\x7f>", "<\xc3>", "<\xff>", "<aabab>"};
+    for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) assert_true(full_match(g, v, yes[i]));
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++) assert_false(full_match(g, v, no[i]));
+    grammar_free(g);
+    gvocab_free(v);
+    expect_language(GRAMMAR_TOOL_CALL,
+                    "{\"alternatives\": [[{\"text\": \"f(\"}, {\"optional\": [{\"text\": \"x=\"}, {\"choice\": "
+                    "[[{\"text\": \"1\"}], [{\"regex\": \"[a-c]{2}\"}, {\"optional\": [{\"text\": \"!\"}]}]]}]}, "
+                    "{\"text\": \")\"}]]}",
+                    L("f()", "f(x=1)", "f(x=ab)", "f(x=cc!)"), L("f(x=)", "f(x=1!)", "f(x=abc)", "f(1)", "f(x=ad)"));
+    /* tool-call numbers stay within +-1e15 (what the parsers read exactly); Python strings
+     * (pyschema) take no \/ or \u escapes but control characters' */
+    expect_language(GRAMMAR_TOOL_CALL,
+                    "{\"alternatives\": [[{\"schema\": {\"type\": \"array\", \"prefixItems\": [{\"type\": \"integer\"}, "
+                    "{\"type\": \"integer\", \"minimum\": 0}, {\"type\": \"number\", \"maximum\": 1}, {}]}}]]}",
+                    L("[999999999999999, 1000000000000000, -999999999999999.5, 1e99]"),
+                    L("[1000000000000000, 0, 0, 0]", "[0, 1000000000000001, 0, 0]", "[0, 0, -1e16, 0]",
+                      "[0, 0, 0, 1e100]", "[0, 0, 0, 12345678901234567]"));
+    expect_language(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"pyschema\": {\"type\": \"string\"}}]]}",
+                    L("\"a\\nb\\u001f\\\"\\\\\"", "\"\xc3\xa9/\""), L("\"\\/\"", "\"\\u00e9\"", "\"\\u001F\""));
+    expect_language(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"schema\": {\"type\": \"string\"}}]]}",
+                    L("\"\\/\"", "\"\\u00e9\""), NULL);
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"raw\": {\"not\": [\"x\"]}}]]}", "raw must be");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"raw\": {\"without\": \"a\", \"not\": [\"\xc3\xa9\"]}}]]}",
+                  "must be ASCII");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"choice\": []}]]}", "'choice' must be");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"regex\": \"(\"}]]}", "alternatives[0][0]");
+    compile_fails(GRAMMAR_TOOL_CALL,
+                  "{\"alternatives\": [[{\"optional\": [{\"optional\": [{\"optional\": [{\"optional\": [{\"optional\": "
+                  "[{\"optional\": [{\"optional\": [{\"optional\": [{\"optional\": [{\"optional\": [{\"text\": "
+                  "\"a\"}]}]}]}]}]}]}]}]}]}]}]]}",
+                  "nested deeper");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_regex),        cmocka_unit_test(test_gbnf),
-        cmocka_unit_test(test_schema_types), cmocka_unit_test(test_schema_bounds),
-        cmocka_unit_test(test_schema_structure), cmocka_unit_test(test_shared_matchers),
-        cmocka_unit_test(test_masks),        cmocka_unit_test(test_accept_refuses),
+        cmocka_unit_test(test_regex),
+        cmocka_unit_test(test_gbnf),
+        cmocka_unit_test(test_schema_types),
+        cmocka_unit_test(test_schema_bounds),
+        cmocka_unit_test(test_schema_structure),
+        cmocka_unit_test(test_shared_matchers),
+        cmocka_unit_test(test_masks),
+        cmocka_unit_test(test_accept_refuses),
         cmocka_unit_test(test_tool_call),
+        cmocka_unit_test(test_tool_call_pieces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 #include "io/ggml_quant.h"
 #include "io/gguf_write.h"
 #include <errno.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -272,8 +273,76 @@ static hearth_status quantize_parallel(threadpool *tp, tensor_dtype dt, const fl
     return j.st;
 }
 
-static hearth_status write_tensor(const hearth_model *m, const gguf_item *it, threadpool *tp, FILE *f,
-                                  const char *fname, hearth_error *err) {
+/* The file is written by a thread of its own, one tensor behind: while tensor i goes to the
+ * file, tensor i+1 is read, converted to float and quantized (reading and writing were
+ * single-threaded phases that left a core idle). One buffer in flight. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    FILE *f;
+    const char *fname;
+    void *buf; /* the tensor waiting to be written (freed by the writer); NULL: none */
+    uint64_t n;
+    int quit;
+    hearth_status st; /* the first write error */
+    hearth_error err;
+} tensor_writer;
+
+static void *writer_main(void *arg) {
+    tensor_writer *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->buf && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
+        if (!w->buf) break;
+        void *buf = w->buf;
+        uint64_t n = w->n;
+        pthread_mutex_unlock(&w->mu);
+        hearth_error e = {0};
+        hearth_status st = fwrite(buf, 1, n, w->f) == n ? HEARTH_OK
+                                                        : err_set(&e, HEARTH_ERR_IO, "%s: %s", w->fname, strerror(errno));
+        if (!st) st = gguf_out_pad(w->f, n, w->fname, &e);
+        free(buf);
+        pthread_mutex_lock(&w->mu);
+        if (st && !w->st) w->st = st, w->err = e;
+        w->buf = NULL;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* Hands buf (n bytes; the writer frees it) over once the previous tensor is written; the
+ * first write error so far, if any (then buf is freed here). */
+static hearth_status writer_put(tensor_writer *w, void *buf, uint64_t n, hearth_error *err) {
+    pthread_mutex_lock(&w->mu);
+    while (w->buf) pthread_cond_wait(&w->cv, &w->mu);
+    hearth_status st = w->st;
+    if (st) {
+        if (err) *err = w->err;
+        free(buf);
+    } else {
+        w->buf = buf, w->n = n;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return st;
+}
+
+/* Waits for the last tensor, stops the thread; its first error, if any. */
+static hearth_status writer_finish(tensor_writer *w, pthread_t th, hearth_error *err) {
+    pthread_mutex_lock(&w->mu);
+    w->quit = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(th, NULL);
+    if (w->st && err) *err = w->err;
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    return w->st;
+}
+
+static hearth_status write_tensor(const hearth_model *m, const gguf_item *it, threadpool *tp, tensor_writer *wr,
+                                  hearth_error *err) {
     float *w = NULL;
     size_t n = it->src ? 0 : it->nbytes / sizeof(float);
     const char *name = it->src ? it->src->name : "rope_freqs.weight";
@@ -290,13 +359,13 @@ static hearth_status write_tensor(const hearth_model *m, const gguf_item *it, th
     void *out = st ? NULL : malloc(it->nbytes);
     if (!st && !out) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory converting '%s'", name);
     if (!st) st = quantize_parallel(tp, it->dt, x, n, out, it->nbytes, err);
-    if (!st && fwrite(out, 1, it->nbytes, f) != it->nbytes)
-        st = err_set(err, HEARTH_ERR_IO, "%s: %s", fname, strerror(errno));
-    if (!st) st = gguf_out_pad(f, it->nbytes, fname, err);
     hearth_free(w);
     free(permuted);
-    free(out);
-    return st;
+    if (st) {
+        free(out);
+        return st;
+    }
+    return writer_put(wr, out, it->nbytes, err);
 }
 
 static int ends_with(const char *s, const char *suffix) {
@@ -385,10 +454,29 @@ hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, 
     FILE *f = NULL;
     if (!st && !(f = fopen(o->out_dir, "wb"))) st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
     if (!st) st = gguf_out_write_header(&g, f, o->out_dir, err);
+    tensor_writer wr = {.f = f, .fname = o->out_dir};
+    pthread_t wth;
+    int writing = 0;
+    if (!st) {
+        pthread_mutex_init(&wr.mu, NULL);
+        pthread_cond_init(&wr.cv, NULL);
+        if (pthread_create(&wth, NULL, writer_main, &wr))
+            st = err_set(err, HEARTH_ERR_NOMEM, "cannot start the writer thread");
+        else
+            writing = 1;
+    }
     for (size_t i = 0; !st && i < n_items; i++) {
-        st = write_tensor(m, &items[i], tp, f, o->out_dir, err);
+        st = write_tensor(m, &items[i], tp, &wr, err);
         if (!st && o->progress)
             o->progress(o->user, i + 1, n_items, items[i].src ? items[i].src->name : "rope_freqs.weight");
+    }
+    if (writing) {
+        hearth_error werr = {0};
+        hearth_status ws = writer_finish(&wr, wth, &werr);
+        if (ws && !st) {
+            st = ws;
+            if (err) *err = werr;
+        }
     }
     if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
     if (st && f) remove(o->out_dir);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* HF module names -> GGUF names inside blk.N (llama.cpp's tensor map for these families) */
@@ -479,7 +480,8 @@ hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, 
         }
     }
     if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: %s", o->out_dir, strerror(errno));
-    if (st && f) remove(o->out_dir);
+    struct stat sb; /* a failed file goes; a device or pipe named as --out is never unlinked */
+    if (st && f && lstat(o->out_dir, &sb) == 0 && S_ISREG(sb.st_mode)) remove(o->out_dir);
     tp_destroy(tp);
     free(rope);
     free(items);

@@ -76,8 +76,9 @@ def test_page_references_nothing_external(hearth_app):
         assert "@import" not in text and "@font-face" not in text, path
     # the only addresses the script fetches are this server's own paths
     js = (WEB / "app.js").read_text()
-    assert sorted(set(re.findall(r'fetch\("([^"]*)"', js))) == ["/v1/chat/completions", "/v1/memory/synthesize",
-                                                               "/v1/memory/tools", "/v1/memory/tools/", "/v1/models"]
+    assert sorted(set(re.findall(r'fetch\("([^"]*)"', js))) == ["/v1/chat/completions", "/v1/memory/changes?limit=",
+                                                               "/v1/memory/synthesize", "/v1/memory/tools",
+                                                               "/v1/memory/tools/", "/v1/models"]
 
 
 def test_page_is_public_under_api_key(hearth_app):

@@ -45,6 +45,7 @@ typedef struct op_item {
     int logits;
     const char *name; /* for messages: "q_proj", "attn_norm", ... */
     int layer;        /* -1: not in a layer */
+    int experts;      /* > 0: w stacks this many experts' matrices (n / experts rows each) */
 } op_item;
 
 /* What a backend is told of a model when it starts: shapes, every item its ops will be
@@ -321,6 +322,12 @@ static inline hearth_status op_per_layer_gate_run(const op_step *s, int layer, c
 }
 static inline hearth_status op_softcap(const op_step *s, float cap) { return s->t->softcap(s, cap); }
 
+/* One token's experts from its router logits g [E] (overwritten): softmax over the experts
+ * (in float, max first, as mlx's precise softmax), the top K by weight (ties: the lower
+ * expert index), renormalized to sum 1 when m->norm_topk. Gemma 4 (m->router_norm): the
+ * top K by logit, then the softmax of those K logits times m->expert_scale of each. Every
+ * backend routes by this one rule, so they pick the same experts. */
+void op_moe_route(const op_moe *m, float *g, int E, int K, int32_t *sel, float *w);
 /* Expert e's rows of a stacked expert weight (op_moe): a view, no copy. */
 op_weight op_weight_rows(const op_weight *w, int64_t row0, int64_t rows);
 static inline hearth_status op_logits(const op_step *s, const float *w, float shift, float div,

@@ -67,6 +67,18 @@ def test_rewrite_replaces_the_json(tmp_path):
     assert Path(p).read_text().count(results_file.JSON_HEADING) == 1
 
 
+def test_rewrite_keeps_the_header(tmp_path):
+    """A script that re-renders a stored result or adds a section keeps the line naming the run."""
+    p = str(tmp_path / "k.md")
+    results_file.write(p, BODY, {"run": 1}, command="bench/x/run.py", machine_line="M", load="2.0", date="D")
+    head = Path(p).read_text().split("\n")[2]
+    results_file.rewrite(p, BODY + "\n## Added section\n\nrow\n", {"run": 1, "added": True})
+    text = Path(p).read_text()
+    assert text.split("\n")[2] == head and text.count("Made by `") == 1
+    assert results_file.read(p) == {"run": 1, "added": True}
+    assert results_file.body_of(p).endswith("## Added section\n\nrow\n")
+
+
 @pytest.mark.parametrize("text,why", [
     ("# t\n\nno json here\n", "no '## Machine-readable result' section"),
     ("# t\n\n## Machine-readable result\n\n```json\n{\"a\": 1}\n", "no closed ```json block"),

@@ -13,7 +13,7 @@ first), the ratio, peak memory, the machine and its load average.
 batch 1: one pair a step, each sequence cut to 512 tokens, tokens/s counting both
 sequences) next to its sft in the same run; no peer runs here (PyTorch + TRL is not
 installable, mlx-lm-lora defines other losses). It adds a "preference" entry to
-train_cpu.json and a section to train_cpu.md, keeping the sft comparison.
+the json of train_cpu.md and a section to its text, keeping the sft comparison.
 
     .venv/bin/python bench/train/train_cpu.py [--steps 4] [--preference]
 """

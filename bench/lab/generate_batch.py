@@ -3,7 +3,7 @@
 engine decodes them as one batch) against the same 8 samples as 8 sequential n = 1 requests
 (seeds seed+i each way), on one `hearth serve` in the same run. Prints the ratio (the issue's
 target: at least 5x) with the absolute times, tokens and the machine, and writes
-bench/results/lab_generate.{json,md}.
+bench/results/lab_generate.md (bench/results_file.py).
 
 usage: bench/lab/generate_batch.py [--bin build/bin/hearth] [--model M] [--threads N]
        [--device cpu|cuda] [--max-tokens 64] [--rounds 3] [--out bench/results] [--chat-template T]
@@ -21,6 +21,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import results_file  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench" / "tokenize"))
 from run import cpu_model as cpu_name  # noqa: E402  (one /proc/cpuinfo reader for the benches)
 PROMPT = "Write a short paragraph about the sea."
@@ -110,17 +112,14 @@ def main():
            "median_batch_s": round(mb, 3), "median_sequential_s": round(ms, 3), "speedup": round(ms / mb, 2)}
     print(f"/generate n=8 as one batch: {mb:.2f} s; 8 sequential n=1 requests: {ms:.2f} s; "
           f"speedup {ms / mb:.2f}x (target >= 5x) on {machine}, {Path(a.model).name}, max_tokens {a.max_tokens}")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     name = "lab_generate_default" if a.default_recipe else "lab_generate"
-    (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / f"{name}.md").write_text(
+    results_file.write(str(Path(a.out) / name),
         "# /generate n = 8 as one batch vs 8 sequential requests\n\n"
         f"`bench/lab/generate_batch.py`, hearth {res['hearth']}, {res['when']}, {machine}, "
         f"{res['model']}, device {a.device}, max_tokens {a.max_tokens}, a sharpening curve, medians of "
         f"{a.rounds} rounds (seeds differ per round; the same 8 seeds both ways).\n\n"
         "| n = 8 in one request (s) | 8 sequential n = 1 requests (s) | speedup | target |\n|---:|---:|---:|---:|\n"
-        f"| {mb:.2f} | {ms:.2f} | {ms / mb:.2f}x | 5x |\n")
+        f"| {mb:.2f} | {ms:.2f} | {ms / mb:.2f}x | 5x |\n", res, machine_line=machine)
     return 0
 
 

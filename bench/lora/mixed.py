@@ -8,11 +8,13 @@ and reports the best and the median of each (the machine is shared: best-of is t
 disturbed).
 Adapters are random, in MLX format, shaped for the model (made here with numpy + mlx).
 Usage: mixed.py BIN MODEL [--streams 8] [--adapters 4] [--rank 16] [--tokens 64] [--threads 2]
-Writes bench/results/lora_mixed.json and .md."""
-import argparse, json, os, platform, socket, statistics, subprocess, tempfile, time, urllib.request
+Writes bench/results/lora_mixed.md (bench/results_file.py)."""
+import argparse, json, os, platform, socket, statistics, subprocess, sys, tempfile, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
 PROJ = {"self_attn.q_proj": ("hidden", "q"), "self_attn.k_proj": ("hidden", "kv"), "self_attn.v_proj": ("hidden", "kv"),
         "self_attn.o_proj": ("q", "hidden"), "mlp.gate_proj": ("hidden", "ffn"), "mlp.up_proj": ("hidden", "ffn"),
         "mlp.down_proj": ("ffn", "hidden")}
@@ -118,8 +120,6 @@ def main():
     res["ratio_best"] = best(mixed_runs, 0) / best(base_runs, 0)
     res["ratio_median"] = med(mixed_runs, 0) / med(base_runs, 0)
     res["ratio_cpu_median"] = med(mixed_runs, 1) / med(base_runs, 1)
-    out = os.path.join(REPO, "bench", "results", "lora_mixed")
-    json.dump(res, open(out + ".json", "w"), indent=1)
     md = (f"# LoRA: mixed-adapter batches vs the base (`bench/lora/mixed.py`)\n\n"
           f"{a.streams} concurrent streams of {a.tokens} tokens, {a.model}, {a.threads} threads, {res['machine']}; "
           f"mixed: {a.adapters} rank-{a.rank} adapters on all 7 projections of every layer, and base rows "
@@ -129,7 +129,7 @@ def main():
           f"| mixed adapters | {best(mixed_runs, 0):.1f} | {med(mixed_runs, 0):.1f} | {med(mixed_runs, 1):.1f} |\n"
           f"| ratio mixed / base | {res['ratio_best']:.3f} | {res['ratio_median']:.3f} | "
           f"{res['ratio_cpu_median']:.3f} |\n")
-    open(out + ".md", "w").write(md)
+    results_file.write("lora_mixed", md, res)
     print(md)
 
 

@@ -4,10 +4,12 @@ prompt is already in the prefix cache, against the same request with a system pr
 seen before (nothing cached). Streams each request and stops the clock at the first SSE
 content chunk. Alternates cold and warm runs and reports medians of --repeat each.
 Usage: ttft.py BIN MODEL [--threads 2] [--repeat 5]
-Writes bench/results/prefix_cache.json and .md. Standard library only."""
-import argparse, json, os, platform, socket, statistics, subprocess, time, urllib.request
+Writes bench/results/prefix_cache.md (bench/results_file.py). Standard library only."""
+import argparse, json, os, platform, socket, statistics, subprocess, sys, time, urllib.request
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
 WORDS = ("river stone lantern harbor meadow copper violet engine orchard signal canyon "
          "thunder pebble marble falcon glacier saffron timber compass").split()
 
@@ -78,9 +80,6 @@ def main():
     out = {"model": a.model, "threads": a.threads, "repeat": a.repeat, "host": platform.node(),
            "date": time.strftime("%Y-%m-%d"), "cold": cold, "warm": warm, "median_cold_s": mc, "median_warm_s": mw,
            "speedup": mc / mw, "stats_at_end": stats}
-    res = os.path.join(REPO, "bench", "results")
-    with open(os.path.join(res, "prefix_cache.json"), "w") as f:
-        json.dump(out, f, indent=2)
     md = [
         "# Prefix cache: time to first token with a cached long prefix",
         "",
@@ -103,8 +102,7 @@ def main():
         f"{stats['prefix_cache']['hit_rate']:.3f}.",
         "",
     ]
-    with open(os.path.join(res, "prefix_cache.md"), "w") as f:
-        f.write("\n".join(md))
+    results_file.write("prefix_cache", "\n".join(md), out)
     print("\n".join(md))
 
 

@@ -3,12 +3,14 @@
 streams (continuous batching) against the same server limited to one sequence at a
 time (--max-sequences 1: requests run one after another, as before batching).
 Usage: batching_bench.py BIN MODEL [--tokens 64] [--threads 2] [--n 1,4,8]
-Writes its result into the HTTP-overhead benchmark's files: the "batching" key of
-bench/results/serve_overhead.json and the "Continuous batching" section of serve_overhead.md
-(replaced on each run). Standard library only."""
+Writes its result into the HTTP-overhead benchmark's file, bench/results/serve_overhead.md
+(bench/results_file.py): the "Continuous batching" section and the "batching" key of its json
+(both replaced on each run; the rest of the file is kept). Standard library only."""
 import argparse, json, os, socket, subprocess, sys, threading, time, urllib.request
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
 PROMPTS = ["The history of the city begins in the early medieval period, when",
            "In a distant galaxy, a small crew of explorers", "The recipe calls for flour, sugar and",
            "Machine learning models are trained by", "The old lighthouse keeper looked out at",
@@ -95,19 +97,12 @@ def section_md(rep):
 
 
 def write_results(rep):
-    base = os.path.join(REPO, "bench", "results", "serve_overhead")
-    try:
-        with open(base + ".json") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        doc = {}
+    if not os.path.exists(results_file.path_of("serve_overhead")):
+        md, doc = "# hearth serve: per-token overhead and hearth vs mlx_lm.server\n", {"batching": rep}
+        return results_file.write("serve_overhead", md + "\n" + section_md(rep), doc)
+    doc = results_file.read("serve_overhead")
     doc["batching"] = rep
-    with open(base + ".json", "w") as f:
-        json.dump(doc, f, indent=1)
-    try:
-        md = open(base + ".md").read()
-    except FileNotFoundError:
-        md = "# hearth serve: per-token overhead and hearth vs mlx_lm.server\n"
+    md = results_file.body_of("serve_overhead")
     at = md.find(SECTION)
     if at >= 0:  # replace the old section, up to the next "## " heading
         nxt = md.find("\n## ", at + len(SECTION))
@@ -115,8 +110,7 @@ def write_results(rep):
     else:
         at = md.find("\n## Notes")
         md = (md[:at + 1] + section_md(rep) + "\n" + md[at + 1:]) if at >= 0 else md.rstrip("\n") + "\n\n" + section_md(rep)
-    with open(base + ".md", "w") as f:
-        f.write(md)
+    results_file.rewrite("serve_overhead", md, doc)
 
 
 if __name__ == "__main__":

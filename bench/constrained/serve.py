@@ -16,7 +16,6 @@ over the streams that ran together.
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -25,10 +24,11 @@ import threading
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead import SCHEMA  # noqa: E402  (the same nested schema as the batch-1 bench)
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import results_file  # noqa: E402
+from overhead import SCHEMA  # noqa: E402  (the same nested schema as the batch-1 bench)
 PROMPT = "Write a detailed JSON profile of a fictional person, with a long bio."
 MODES = {
     "none": None,
@@ -127,22 +127,21 @@ def main():
             "| ---: | --- | ---: | ---: | ---: |"]
     table = "\n".join(head + rows)
     print(table)
-    gpu = ""
+    gpu = None
     if args.device == "cuda":
         try:
             gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True).stdout.strip().splitlines()[0]
+                                 text=True).stdout.strip().splitlines()[0] + f" + {results_file.machine()}"
         except Exception:
-            gpu = "unknown GPU"
-    where = f"{gpu}, " if gpu else ""
-    with open(args.out, "w") as o:
-        o.write(f"# Constrained decoding under concurrency ({args.device})\n\n"
-                f"`bench/constrained/serve.py --device {args.device} --concurrency {args.concurrency} --rounds "
-                f"{args.rounds} --max-tokens {args.max_tokens}` with {os.path.basename(args.model.rstrip('/'))} on "
-                f"{where}{platform.node()} ({platform.machine()}, {os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}: "
-                f"`hearth serve`, N streamed greedy chat requests at once per round, modes alternated; aggregate decode "
-                f"rate = the sum over streams of (tokens - 1) / (last token time - first token time).\n\n{table}\n\n"
-                f"```json\n{json.dumps(data, indent=1)}\n```\n")
+            gpu = None
+    body = (f"# Constrained decoding under concurrency ({args.device})\n\n"
+            f"{os.path.basename(args.model.rstrip('/'))}: `hearth serve --device {args.device}`, N streamed greedy chat "
+            f"requests at once per round, {args.rounds} rounds, modes alternated, {args.max_tokens} tokens at most; "
+            f"aggregate decode rate = the sum over streams of (tokens - 1) / (last token time - first token time).\n\n"
+            f"{table}\n")
+    results_file.write(args.out, body, {"model": os.path.basename(args.model.rstrip("/")), "device": args.device,
+                                        "rounds": args.rounds, "max_tokens": args.max_tokens, "rows": data},
+                       machine_line=gpu)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ over the streams that ran together.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import results_file  # noqa: E402
+from serve_util import hearth_serve  # noqa: E402
 from overhead import SCHEMA  # noqa: E402  (the same nested schema as the batch-1 bench)
 PROMPT = "Write a detailed JSON profile of a fictional person, with a long bio."
 MODES = {
@@ -35,12 +35,6 @@ MODES = {
     "json object": {"type": "json_object"},
     "json schema": {"type": "json_schema", "json_schema": {"name": "profile", "schema": SCHEMA, "strict": True}},
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stream(port, fmt, max_tokens, out):
@@ -92,21 +86,10 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "constrained_serve.md"))
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
-    port = free_port()
-    cmd = [args.bin, "serve", "--model", args.model, "--port", str(port), "--device", args.device,
-           "--max-sequences", str(max(levels))] + args.extra.split()
-    srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except Exception:
-                if srv.poll() is not None:
-                    sys.exit("hearth serve exited: " + srv.stderr.read()[-2000:])
-                time.sleep(0.5)
+    serve_args = ["--model", args.model, "--device", args.device, "--max-sequences", str(max(levels))]
+    rows, data = [], {}
+    with hearth_serve(args.bin, serve_args + args.extra.split()) as (_, port):
         round_rate(port, None, 1, 8)  # warm-up (graphs, caches)
-        rows, data = [], {}
         for n in levels:
             got = {k: [] for k in MODES}
             toks = {k: [] for k in MODES}
@@ -120,9 +103,6 @@ def main():
                 med = statistics.median(got[k])
                 rows.append(f"| {n} | {k} | {statistics.median(toks[k]):.0f} | {med:.1f} | {med / base:.3f} |")
                 data[f"{n}/{k}"] = {"tok_s": got[k], "tokens": toks[k], "ratio": med / base}
-    finally:
-        srv.terminate()
-        srv.wait(timeout=30)
     head = ["| streams | constraint | tokens per stream (median) | aggregate decode tok/s (median) | vs none |",
             "| ---: | --- | ---: | ---: | ---: |"]
     table = "\n".join(head + rows)

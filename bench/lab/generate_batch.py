@@ -12,7 +12,6 @@ usage: bench/lab/generate_batch.py [--bin build/bin/hearth] [--model M] [--threa
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,18 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import results_file  # noqa: E402
+from serve_util import hearth_serve  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench" / "tokenize"))
 from run import cpu_model as cpu_name  # noqa: E402  (one /proc/cpuinfo reader for the benches)
 PROMPT = "Write a short paragraph about the sea."
 # a sharpening curve (below the identity away from the top), as someone would draw it
 CURVE = {"space": "logprob", "points": [{"x_pct": 1e-4, "y_pct": 1e-6}, {"x_pct": 1, "y_pct": 0.5},
                                          {"x_pct": 100, "y_pct": 100}]}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(base, path, body):
@@ -65,20 +59,11 @@ def main():
     ap.add_argument("--default-recipe", action="store_true",
                     help="the model's default recipe instead of the curve (on the GPU: the device sampler)")
     a = ap.parse_args()
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = [a.bin, "serve", "--model", a.model, "--port", str(port), "--threads", str(a.threads),
-           "--device", a.device, "--max-sequences", "8"]
+    cmd = ["--model", a.model, "--threads", str(a.threads), "--device", a.device, "--max-sequences", "8"]
     if a.chat_template:
         cmd += ["--chat-template", a.chat_template]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except Exception:  # noqa: BLE001 - not up yet
-                time.sleep(0.2)
+    with hearth_serve(a.bin, cmd) as (_, port):
+        base = f"http://127.0.0.1:{port}"
         body = {"prompt": PROMPT, "max_tokens": a.max_tokens}
         body.update({"default": True} if a.default_recipe else {"curve": CURVE})
         post(base, "/generate", dict(body, n=8, seed=0))  # warm-up: weights paged in, prompt cached
@@ -93,9 +78,6 @@ def main():
             texts = [post(base, "/generate", dict(body, n=1, seed=seed + i))["samples"][0]["text"] for i in range(8)]
             seq.append(time.perf_counter() - t)
             tokens_s.append(sum(len(x) for x in texts))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     mb, ms = statistics.median(batch), statistics.median(seq)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()

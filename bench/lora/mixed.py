@@ -9,21 +9,16 @@ disturbed).
 Adapters are random, in MLX format, shaped for the model (made here with numpy + mlx).
 Usage: mixed.py BIN MODEL [--streams 8] [--adapters 4] [--rank 16] [--tokens 64] [--threads 2]
 Writes bench/results/lora_mixed.md (bench/results_file.py)."""
-import argparse, json, os, platform, socket, statistics, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, platform, statistics, subprocess, sys, tempfile, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import results_file  # noqa: E402
+from serve_util import hearth_serve  # noqa: E402
 PROJ = {"self_attn.q_proj": ("hidden", "q"), "self_attn.k_proj": ("hidden", "kv"), "self_attn.v_proj": ("hidden", "kv"),
         "self_attn.o_proj": ("q", "hidden"), "mlp.gate_proj": ("hidden", "ffn"), "mlp.up_proj": ("hidden", "ffn"),
         "mlp.down_proj": ("ffn", "hidden")}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def model_dims(bin_, model):
@@ -90,26 +85,14 @@ def main():
     for k in range(a.adapters):
         make_adapter(os.path.join(tmp, f"a{k}"), dims, a.rank, k)
         flags += ["--adapter", f"a{k}={os.path.join(tmp, f'a{k}')}"]
-    port = free_port()
-    p = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", str(port), "--threads", str(a.threads),
-                          "--ctx", "1024", "--max-sequences", str(a.streams), "--log-level",
-                          "WARNING", *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base_runs, mixed_runs = [], []
-    try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.1)
+    with hearth_serve(a.bin, ["--model", a.model, "--threads", str(a.threads), "--ctx", "1024", "--max-sequences",
+                              str(a.streams), "--log-level", "WARNING", *flags]) as (p, port):
         spread = [f"a{i % a.adapters}" if i % (a.adapters + 1) else "none" for i in range(a.streams)]
         run(port, p.pid, ["none"] * a.streams, 8)  # warm up
         for _ in range(a.repeat):
             base_runs.append(run(port, p.pid, ["none"] * a.streams, a.tokens))
             mixed_runs.append(run(port, p.pid, spread, a.tokens))
-    finally:
-        p.terminate()
-        p.wait()
     res = {"model": a.model, "streams": a.streams, "adapters": a.adapters, "rank": a.rank, "tokens": a.tokens,
            "threads": a.threads, "machine": f"{platform.machine()} {os.cpu_count()} cores, load "
                                             f"{os.getloadavg()[0]:.1f}",

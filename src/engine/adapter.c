@@ -43,6 +43,7 @@ hearth_status adapter_registry_add(adapter_registry *r, adapter *a, hearth_error
         st = err_set(err, HEARTH_ERR_INVALID, "an adapter with id '%s' is mounted already", a->id);
     else {
         a->serial = r->next_serial++;
+        a->ops.key = a->serial; /* a device backend's copy is found by it */
         a->refs = 1;
         adapter **tail = &r->head;
         while (*tail) tail = &(*tail)->next;

@@ -512,8 +512,6 @@ static hearth_status engine_model_forward(hearth_engine *e, const op_batch *batc
         e->step_adapters[t] = s ? &s->ops : NULL;
         adapted |= s != NULL;
     }
-    if (adapted && e->gpu)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "LoRA adapters run on the CPU backend only (--device cpu)");
     with.row_adapters = adapted ? e->step_adapters : NULL;
     if (e->gpu && e->dev_rows && b->n_out >= 1) { /* each row's history: its slot's tokens up to its position */
         for (int i = 0; i < b->n_out; i++) {

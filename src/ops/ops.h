@@ -275,6 +275,9 @@ struct op_table {
     /* The device copy of kv rows (a partial prefix match), ordered before the next step;
      * NULL where the KV pool is the host's own. */
     hearth_status (*kv_copy)(op_backend *be, int32_t src, int32_t dst, int rows, hearth_error *err);
+    /* The adapter of this op_adapter.key is gone (unmounted, no row uses it): its device
+     * copy may go. NULL where the backend reads the host's own copy. */
+    void (*adapter_gone)(op_backend *be, uint64_t key);
     void (*free)(op_backend *be);
 };
 

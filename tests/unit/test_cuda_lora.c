@@ -3,7 +3,8 @@
  * LoRA) and 16 (DoRA) over the seven projections of two layers, some projections left
  * alone, on a ragged prefill step whose rows use no adapter, one, two or three summed, or
  * the DoRA one, then decode steps that reuse the device copies; rows without adapters keep
- * their bits; past CUDA_LORA_KEEP adapters the least recently used copies go; a row of too
+ * their bits; an unmounted adapter's copy goes (cuda_lora_cache_forget) and comes back at
+ * its next use; past CUDA_LORA_KEEP adapters the least recently used copies go; a row of too
  * many adapters and an adapter without a key are refused. Without a GPU it says loudly
  * that nothing ran. */
 /* cmocka.h needs these first */
@@ -146,6 +147,14 @@ static void test_ragged_then_decode(void **state) {
         b.T = d;
         check_step(c, &b);
     }
+    assert_int_equal(cuda_lora_cache_count(c), 4);
+    /* A unmounted: its copy goes (an unknown key changes nothing); a later use copies it again */
+    cuda_lora_cache_forget(c, 11);
+    cuda_lora_cache_forget(c, 999);
+    assert_int_equal(cuda_lora_cache_count(c), 3);
+    b.T = T;
+    for (int t = 0; t < T; t++) rows[t] = kinds[t % 6];
+    check_step(c, &b);
     assert_int_equal(cuda_lora_cache_count(c), 4);
     assert_true(cuda_lora_cache_bytes(c) > (A.ops.floats + B.ops.floats + C.ops.floats + D.ops.floats) * 4);
     cuda_lora_cache_free(c);

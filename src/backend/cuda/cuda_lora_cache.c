@@ -175,6 +175,16 @@ hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, 
     return cuda_lora_apply(c->sets, c->n_set, layer * OP_N_PROJ + (int)p, x, k, y, n, T, err);
 }
 
+void cuda_lora_cache_forget(cuda_lora_cache *c, uint64_t key) {
+    for (int i = 0; c && i < c->n; i++)
+        if (c->copies[i].key == key) {
+            cuda_stream_sync(NULL); /* a step still in flight may read it (its error surfaces at the next step) */
+            copy_free(&c->copies[i]);
+            c->copies[i] = c->copies[--c->n];
+            return;
+        }
+}
+
 int cuda_lora_cache_count(const cuda_lora_cache *c) { return c ? c->n : 0; }
 
 size_t cuda_lora_cache_bytes(const cuda_lora_cache *c) {

@@ -8,7 +8,7 @@
 #include "ops/ops.h"
 
 /* Device copies kept beyond those the current step uses: the least recently used go first
- * (an unmounted adapter is never used again, so its copy leaves this way). 32 covers the
+ * (unmounted adapters' copies go earlier, through cuda_lora_cache_forget). 32 covers the
  * many-adapter serving case of issue 36 (8 adapters over 32 streams) with room to spare. */
 #define CUDA_LORA_KEEP 32
 
@@ -25,6 +25,9 @@ hearth_status cuda_lora_cache_step(cuda_lora_cache *c, const op_batch *b, hearth
  * to the last cuda_lora_cache_step (x [T, k] on the device, y [T, n]). */
 hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, op_proj p, const float *x, int64_t k,
                                     float *y, int64_t n, hearth_error *err);
+/* Drops the device copy of the adapter of this key, if there is one (after the stream's
+ * work that may still read it). */
+void cuda_lora_cache_forget(cuda_lora_cache *c, uint64_t key);
 /* The adapters copied to the device now, and their device bytes. */
 int cuda_lora_cache_count(const cuda_lora_cache *c);
 size_t cuda_lora_cache_bytes(const cuda_lora_cache *c);

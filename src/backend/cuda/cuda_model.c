@@ -576,6 +576,8 @@ static hearth_status cu_kv_copy(op_backend *be, int32_t src, int32_t dst, int ro
     return cuda_kv_copy_rows(&((cuda_model *)be)->kv, src, dst, rows, err);
 }
 
+static void cu_adapter_gone(op_backend *be, uint64_t key) { cuda_lora_cache_forget(((cuda_model *)be)->lora, key); }
+
 static const op_table cuda_table = {.name = "cuda",
                                     .step = cu_step,
                                     .add_norm = cu_add_norm,
@@ -588,6 +590,7 @@ static const op_table cuda_table = {.name = "cuda",
                                     .moe = cu_moe,
                                     .logits = cu_logits,
                                     .kv_copy = cu_kv_copy,
+                                    .adapter_gone = cu_adapter_gone,
                                     .free = cuda_model_free};
 
 /* The step's device buffers, each of the size the plan gives (cuda_plan.c). */

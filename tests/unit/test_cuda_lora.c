@@ -107,8 +107,8 @@ static void check_step(cuda_lora_cache *c, const op_batch *b) {
                 if (memcmp(got + (size_t)t * n, want + (size_t)t * n, (size_t)n * sizeof(float))) {
                     for (int64_t j = 0; j < n; j++)
                         if (got[(size_t)t * n + j] != want[(size_t)t * n + j])
-                            fail_msg("layer %d proj %d row %d (%d adapters) out %lld: cuda %.9g cpu %.9g", layer, p,
-                                     t, b->row_adapters[t] ? b->row_adapters[t]->n : 0, (long long)j,
+                            fail_msg("layer %d proj %d row %d (%d adapters) out %lld: cuda %.9g cpu %.9g", layer, p, t,
+                                     b->row_adapters[t] ? b->row_adapters[t]->n : 0, (long long)j,
                                      got[(size_t)t * n + j], want[(size_t)t * n + j]);
                 }
                 if (!b->row_adapters[t]) assert_memory_equal(got + (size_t)t * n, y + (size_t)t * n, n * sizeof(float));

@@ -14,9 +14,8 @@ extern "C" {
 #define LORA_LANES 8
 #define LORA_RANKS_PER_PASS (LORA_THREADS / LORA_LANES)
 
-__global__ void __launch_bounds__(LORA_THREADS)
-    lora_kernel(const cuda_lora *const *sets, const int32_t *n_set, int idx, const float *x, int64_t k, float *y,
-                int64_t n) {
+__global__ void __launch_bounds__(LORA_THREADS) lora_kernel(const cuda_lora *const *sets, const int32_t *n_set, int idx,
+                                                            const float *x, int64_t k, float *y, int64_t n) {
     __shared__ float u[CUDA_LORA_MAX_RANK];
     __shared__ float part[LORA_THREADS];
     const int t = blockIdx.x, tid = threadIdx.x;

@@ -6,9 +6,12 @@ same run. The peer is hearth's own base path (no peer engine batches different a
 together: llama.cpp runs one adapter set per batch). Alternates the two modes --repeat times
 and reports the best and the median of each (the machine is shared: best-of is the least
 disturbed).
-Adapters are random, in MLX format, shaped for the model (made here with numpy + mlx).
-Usage: mixed.py BIN MODEL [--streams 8] [--adapters 4] [--rank 16] [--tokens 64] [--threads 2]
-Writes bench/results/lora_mixed.md (bench/results_file.py)."""
+Adapters are random, in MLX format, shaped for the model (made here with numpy alone, so the
+GPU machine needs no mlx). --device cuda serves on the GPU (adapter steps run eagerly there,
+with the grouped low-rank kernel); --all-adapted gives every stream an adapter (no base rows).
+Usage: mixed.py BIN MODEL [--device cpu|cuda] [--streams 8] [--adapters 4] [--rank 16]
+                [--tokens 64] [--threads 2] [--all-adapted]
+Writes bench/results/lora_mixed.md (--device cuda: lora_mixed_cuda.md) through bench/results_file.py."""
 import argparse, json, os, platform, statistics, subprocess, sys, tempfile, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,17 +32,30 @@ def model_dims(bin_, model):
             "layers": info["num_hidden_layers"]}
 
 
+def save_safetensors(path, tensors):
+    """tensors: name -> float32 numpy array (the safetensors layout: a JSON header, then the data)."""
+    header, off = {}, 0
+    for name, t in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + t.nbytes]}
+        off += t.nbytes
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head)
+        for t in tensors.values():
+            f.write(t.tobytes())
+
+
 def make_adapter(path, dims, rank, seed):
     import numpy as np
-    import mlx.core as mx
     rng = np.random.default_rng(seed)
     w = {}
     for i in range(dims["layers"]):
         for name, (din, dout) in PROJ.items():
-            w[f"model.layers.{i}.{name}.lora_a"] = mx.array(rng.normal(0, 0.02, (dims[din], rank)).astype(np.float32))
-            w[f"model.layers.{i}.{name}.lora_b"] = mx.array(rng.normal(0, 0.02, (rank, dims[dout])).astype(np.float32))
+            w[f"model.layers.{i}.{name}.lora_a"] = rng.normal(0, 0.02, (dims[din], rank)).astype(np.float32)
+            w[f"model.layers.{i}.{name}.lora_b"] = rng.normal(0, 0.02, (rank, dims[dout])).astype(np.float32)
     os.makedirs(path, exist_ok=True)
-    mx.save_safetensors(os.path.join(path, "adapters.safetensors"), w)
+    save_safetensors(os.path.join(path, "adapters.safetensors"), w)
     json.dump({"fine_tune_type": "lora", "num_layers": dims["layers"],
                "lora_parameters": {"rank": rank, "scale": 2.0, "dropout": 0.0}},
               open(os.path.join(path, "adapter_config.json"), "w"))
@@ -78,6 +94,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--all-adapted", action="store_true", help="every stream uses an adapter (no base rows)")
     a = ap.parse_args()
     dims = model_dims(a.bin, a.model)
     tmp = tempfile.mkdtemp(prefix="hearth-lora-bench-")
@@ -87,15 +105,21 @@ def main():
         flags += ["--adapter", f"a{k}={os.path.join(tmp, f'a{k}')}"]
     base_runs, mixed_runs = [], []
     with hearth_serve(a.bin, ["--model", a.model, "--threads", str(a.threads), "--ctx", "1024", "--max-sequences",
-                              str(a.streams), "--log-level", "WARNING", *flags]) as (p, port):
-        spread = [f"a{i % a.adapters}" if i % (a.adapters + 1) else "none" for i in range(a.streams)]
+                              str(a.streams), "--device", a.device, "--log-level", "WARNING", *flags]) as (p, port):
+        if a.all_adapted:
+            spread = [f"a{i % a.adapters}" for i in range(a.streams)]
+        else:
+            spread = [f"a{i % a.adapters}" if i % (a.adapters + 1) else "none" for i in range(a.streams)]
         run(port, p.pid, ["none"] * a.streams, 8)  # warm up
         for _ in range(a.repeat):
             base_runs.append(run(port, p.pid, ["none"] * a.streams, a.tokens))
             mixed_runs.append(run(port, p.pid, spread, a.tokens))
-    res = {"model": a.model, "streams": a.streams, "adapters": a.adapters, "rank": a.rank, "tokens": a.tokens,
-           "threads": a.threads, "machine": f"{platform.machine()} {os.cpu_count()} cores, load "
-                                            f"{os.getloadavg()[0]:.1f}",
+    machine = f"{platform.machine()} {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+    if a.device == "cuda":
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+        machine = f"{gpu.stdout.strip().splitlines()[0] if gpu.returncode == 0 else 'unknown GPU'}; {machine}"
+    res = {"model": a.model, "device": a.device, "streams": a.streams, "adapters": a.adapters, "rank": a.rank,
+           "tokens": a.tokens, "threads": a.threads, "machine": machine,
            "mix": spread, "base_tok_s": [r[0] for r in base_runs], "mixed_tok_s": [r[0] for r in mixed_runs],
            "base_tok_per_cpu_s": [r[1] for r in base_runs], "mixed_tok_per_cpu_s": [r[1] for r in mixed_runs]}
     best = lambda runs, i: max(r[i] for r in runs)
@@ -104,15 +128,17 @@ def main():
     res["ratio_median"] = med(mixed_runs, 0) / med(base_runs, 0)
     res["ratio_cpu_median"] = med(mixed_runs, 1) / med(base_runs, 1)
     md = (f"# LoRA: mixed-adapter batches vs the base (`bench/lora/mixed.py`)\n\n"
-          f"{a.streams} concurrent streams of {a.tokens} tokens, {a.model}, {a.threads} threads, {res['machine']}; "
-          f"mixed: {a.adapters} rank-{a.rank} adapters on all 7 projections of every layer, and base rows "
+          f"{a.streams} concurrent streams of {a.tokens} tokens, {a.model}, --device {a.device}, {a.threads} threads, "
+          f"{res['machine']}; "
+          f"mixed: {a.adapters} rank-{a.rank} adapters on all 7 projections of every layer"
+          f"{'' if a.all_adapted else ', and base rows'} "
           f"({', '.join(spread)}).\n\n| mode | best tok/s | median tok/s | median tok per server CPU s |\n"
           f"| --- | --- | --- | --- |\n"
           f"| base only | {best(base_runs, 0):.1f} | {med(base_runs, 0):.1f} | {med(base_runs, 1):.1f} |\n"
           f"| mixed adapters | {best(mixed_runs, 0):.1f} | {med(mixed_runs, 0):.1f} | {med(mixed_runs, 1):.1f} |\n"
           f"| ratio mixed / base | {res['ratio_best']:.3f} | {res['ratio_median']:.3f} | "
           f"{res['ratio_cpu_median']:.3f} |\n")
-    results_file.write("lora_mixed", md, res)
+    results_file.write("lora_mixed" + ("_cuda" if a.device == "cuda" else ""), md, res)
     print(md)
 
 

@@ -76,9 +76,14 @@ typedef struct op_lora {
 } op_lora;
 
 /* An adapter as the ops see it: its update of every projection, [n_layers * OP_N_PROJ]
- * (layer i, projection p at i * OP_N_PROJ + p). */
+ * (layer i, projection p at i * OP_N_PROJ + p). A device backend copies it whole: every
+ * a / b / dora of proj points into data (floats of them), and key names this adapter
+ * uniquely for the backend's life (the registry's mount serial; 0: no device copy). */
 typedef struct op_adapter {
     const op_lora *proj;
+    const float *data;
+    size_t floats;
+    uint64_t key;
 } op_adapter;
 
 /* The adapters one token's row applies, their updates summed ("a+b"; a DoRA adapter is
@@ -270,6 +275,9 @@ struct op_table {
     /* The device copy of kv rows (a partial prefix match), ordered before the next step;
      * NULL where the KV pool is the host's own. */
     hearth_status (*kv_copy)(op_backend *be, int32_t src, int32_t dst, int rows, hearth_error *err);
+    /* The adapter of this op_adapter.key is gone (unmounted, no row uses it): its device
+     * copy may go. NULL where the backend reads the host's own copy. */
+    void (*adapter_gone)(op_backend *be, uint64_t key);
     void (*free)(op_backend *be);
 };
 

@@ -7,6 +7,7 @@
 #ifdef HEARTH_HAVE_CUDA
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_lora_cache.h"
 #include "backend/cuda/cuda_plan.h"
 #include "base/err.h"
 #include <cuda_runtime_api.h>
@@ -72,6 +73,11 @@ typedef struct cuda_model {
     int32_t *moe_rows;
     float *host_moe_logits, *host_moe_w, *host_moe_tw; /* [T, E]; [T K] by expert; [T, K] by token */
     int32_t *host_moe_rows, *host_moe_sel;             /* [T K] by expert; [T, K] by token */
+    /* LoRA / DoRA adapters: their device copies and the step's row tables; lora_step: this
+     * step has rows with adapters (then it runs eagerly, each adapted projection followed
+     * by the low-rank update) */
+    cuda_lora_cache *lora;
+    int lora_step;
 } cuda_model;
 
 #define TRY(call)                                                                                                      \
@@ -111,6 +117,14 @@ static cuda_model *cmod(const op_step *s) { return (cuda_model *)s->be; }
 
 static float *dbuf(const cuda_model *cm, op_buf b) {
     return b == OP_X ? cm->x : b == OP_XN ? cm->xn : b == OP_TMP ? cm->tmp : NULL;
+}
+
+/* y += the step's adapter updates of projection p of model layer `layer` (x [T, k] its
+ * input, y [T, n] its output before any bias); nothing in steps without adapters. */
+static hearth_status lora(const op_step *s, int layer, op_proj p, const float *x, int64_t k, float *y, int64_t n) {
+    cuda_model *cm = cmod(s);
+    if (!cm->lora_step) return HEARTH_OK;
+    return cuda_lora_cache_apply(cm->lora, s->b->T, layer, p, x, k, y, n, s->err);
 }
 
 /* Uploads item i: a weight in its device layout, or a vector of floats. */
@@ -261,6 +275,8 @@ static hearth_status cu_qkv_rope_store(const op_step *s, int layer, const op_att
     const cuda_weight *ws[3] = {dw(cm, a->q), dw(cm, a->k), dw(cm, a->v)};
     float *ys[3] = {cm->q, cm->k, cm->v};
     TRY(matmul_input(cm, ws, ys, 3, T, err));
+    for (int p = 0; p < 3; p++) /* adapters update the projections before their biases */
+        TRY(lora(s, a->layer, OP_PROJ_Q + p, cm->xn, c->hidden, ys[p], p ? kd : qd));
     TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
     TRY(cuda_add_bias(cm->k, dv(cm, a->k_bias), T, kd, err));
     TRY(cuda_add_bias(cm->v, dv(cm, a->v_bias), T, kd, err));
@@ -307,8 +323,10 @@ static hearth_status cu_attention(const op_step *s, int layer, const op_attn *a)
         cm->q8_ready = 0; /* xq no longer holds xn's copy */
     }
     TRY(cuda_attention(&args, s->err));
-    if (cuda_attention_writes_q8(&args)) return q8_matmul(cm, &o, &cm->tmp, 1, T, s->err);
-    return matmul(cm, o, cm->att, T, cm->tmp, s->err);
+    /* the merge that writes o's int8 activations writes att as floats too: the adapters' input */
+    if (cuda_attention_writes_q8(&args)) TRY(q8_matmul(cm, &o, &cm->tmp, 1, T, s->err));
+    else TRY(matmul(cm, o, cm->att, T, cm->tmp, s->err));
+    return lora(s, a->layer, OP_PROJ_O, cm->att, (int64_t)c->n_heads * c->head_dim, cm->tmp, c->hidden);
 }
 
 /* in: xn; out: tmp = down(act(gate(xn)) * up(xn)). */
@@ -320,18 +338,27 @@ static hearth_status cu_mlp(const op_step *s, const op_mlp *m) {
     const cuda_weight *ws[2] = {dw(cm, m->gate), dw(cm, m->up)};
     float *ys[2] = {cm->gate, cm->up};
     TRY(matmul_input(cm, ws, ys, 2, T, err));
+    int H = s->dims->hidden, F = s->dims->ffn;
+    TRY(lora(s, m->layer, OP_PROJ_GATE, cm->xn, H, cm->gate, F));
+    TRY(lora(s, m->layer, OP_PROJ_UP, cm->xn, H, cm->up, F));
     const cuda_weight *down = dw(cm, m->down);
-    if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself */
+    if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself (and the product to gate) */
         TRY(cuda_gated_q8(cm->gate, cm->up, n, gelu, cm->xq, cm->xs, err));
-        return q8_matmul(cm, &down, &cm->tmp, 1, T, err);
+        TRY(q8_matmul(cm, &down, &cm->tmp, 1, T, err));
+        return lora(s, m->layer, OP_PROJ_DOWN, cm->gate, F, cm->tmp, H);
     }
     int act = cm->invariant ? CUDA_ACT_NONE : cuda_matmul_act(cm->gemm, down, cm->gate, T);
     if (act) { /* prefill: the gated product goes to the GEMM's input type directly */
         TRY(cuda_matmul_load_gated(cm->gemm, act, cm->gate, cm->up, T, down->k, gelu, err));
-        return cuda_matmul_loaded(cm->gemm, down, act, T, cm->tmp, err);
+        TRY(cuda_matmul_loaded(cm->gemm, down, act, T, cm->tmp, err));
+        if (!cm->lora_step) return HEARTH_OK;
+        /* the adapters' input: the same product as floats (gate is free once the GEMM read it) */
+        TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
+        return lora(s, m->layer, OP_PROJ_DOWN, cm->gate, F, cm->tmp, H);
     }
     TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
-    return matmul(cm, down, cm->gate, T, cm->tmp, err);
+    TRY(matmul(cm, down, cm->gate, T, cm->tmp, err));
+    return lora(s, m->layer, OP_PROJ_DOWN, cm->gate, F, cm->tmp, H);
 }
 
 /* out = the sum over each token's chosen experts (host_moe_sel / host_moe_tw, [T, K]) of
@@ -517,8 +544,12 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
     cm->layers = layers;
     cm->layers_ctx = ctx;
     op_step s = {.t = be->t, .be = be, .dims = dims, .kv = kv, .b = b, .out = out, .err = err};
+    /* a step with adapters: their device copies and row tables first, then eagerly (graphs
+     * are captured without the adapters' launches) */
+    cm->lora_step = op_batch_has_adapters(b);
+    if (cm->lora_step) TRY(cuda_lora_cache_step(cm->lora, b, err));
     /* T <= GRAPH_MAX_T runs the same kernels either way, so decode graphs are shared */
-    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && out != OP_OUT_HIDDEN)
+    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && !cm->lora_step && out != OP_OUT_HIDDEN)
         TRY(run_graph(cm, &s));
     else
         TRY(run_layers(cm, &s));
@@ -545,6 +576,8 @@ static hearth_status cu_kv_copy(op_backend *be, int32_t src, int32_t dst, int ro
     return cuda_kv_copy_rows(&((cuda_model *)be)->kv, src, dst, rows, err);
 }
 
+static void cu_adapter_gone(op_backend *be, uint64_t key) { cuda_lora_cache_forget(((cuda_model *)be)->lora, key); }
+
 static const op_table cuda_table = {.name = "cuda",
                                     .step = cu_step,
                                     .add_norm = cu_add_norm,
@@ -557,6 +590,7 @@ static const op_table cuda_table = {.name = "cuda",
                                     .moe = cu_moe,
                                     .logits = cu_logits,
                                     .kv_copy = cu_kv_copy,
+                                    .adapter_gone = cu_adapter_gone,
                                     .free = cuda_model_free};
 
 /* The step's device buffers, each of the size the plan gives (cuda_plan.c). */
@@ -605,6 +639,7 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
             return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host buffers for the experts");
         }
     }
+    TRY(cuda_lora_cache_create(c->n_layers, cm->max_tokens, &cm->lora, err));
     return cuda_gemm_create(&cm->gemm, p->gemm_max_w, p->gemm_max_x, p->gemm_exact, err);
 }
 
@@ -707,6 +742,7 @@ void cuda_model_free(op_backend *be) {
         for (int r = 0; r <= GRAPH_MAX_T; r++)
             for (int g = 0; g < 2; g++) cuda_graph_free(cm->graphs[t][r][g]);
     cuda_kv_free(&cm->kv);
+    cuda_lora_cache_free(cm->lora);
     cuda_gemm_free(cm->gemm);
     free(cm);
 }

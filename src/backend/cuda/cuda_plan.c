@@ -5,6 +5,7 @@
 #include "backend/cuda/cuda_plan.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_affine.h"
+#include "backend/cuda/cuda_lora.h"
 #include "kv/kv_cache.h"
 #include <string.h>
 
@@ -261,6 +262,12 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     /* the MMQ split-k scratch (cuda_mmq.cu), allocated once per process at model creation */
     cuda_tally_add(t, CUDA_MMQ_PART_FLOATS * sizeof(float));
     cuda_tally_add(t, CUDA_MMQ_TILES_MAX * sizeof(unsigned));
+    /* each row's adapters (cuda_lora_cache_create: the device pointers of up to
+     * CUDA_LORA_MAX_SET adapter tables per row, then the rows' counts) */
+    p->lora_sets_bytes = T * CUDA_LORA_MAX_SET * sizeof(void *);
+    p->lora_counts_bytes = T * sizeof(int32_t);
+    cuda_tally_add(t, p->lora_sets_bytes);
+    cuda_tally_add(t, p->lora_counts_bytes);
     /* pinned host staging: the step's embeddings, its indices, the greedy ids */
     p->pinned_host = T * c->hidden * sizeof(float) + 3 * T * sizeof(int32_t) + (size_t)max_out * sizeof(int32_t);
     if (c->n_experts > 0) { /* cuda_model.c alloc_scratch, in its order */

@@ -92,6 +92,9 @@ typedef struct cuda_plan {
      * (token, expert) pairs, an expert's gate / up rows [T, the widest expert MLP], its input
      * and output rows [T, hidden], and Gemma 4's expert sum (moe_acc_floats, 0 elsewhere) */
     size_t moe_logits, moe_pairs, moe_ffn_floats, moe_hidden_floats, moe_acc_floats;
+    /* LoRA adapters (cuda_lora_cache.c): each step row's adapter tables and counts; the
+     * adapters' own device copies are made when a step first uses them, outside the plan */
+    size_t lora_sets_bytes, lora_counts_bytes;
     int gemm_exact; /* hearth_engine_options.cuda_exact (--cuda-exact) */
     int kv_dtype;   /* cuda_kv_dtype */
     int n_expanded; /* weights expanded to F32 (no kernel for their format) */

@@ -270,6 +270,11 @@ struct op_table {
     /* The device copy of kv rows (a partial prefix match), ordered before the next step;
      * NULL where the KV pool is the host's own. */
     hearth_status (*kv_copy)(op_backend *be, int32_t src, int32_t dst, int rows, hearth_error *err);
+    /* Hybrids: the device copy of a recurrent-state record into another, ordered before the
+     * next step (a snapshot kept or loaded, kv_state.h): record r < kv->max_slots is slot r's
+     * (every state layer), else snapshot r - max_slots. NULL where the state pool is the
+     * host's own. */
+    hearth_status (*state_copy)(op_backend *be, int src, int dst, hearth_error *err);
     void (*free)(op_backend *be);
 };
 

@@ -446,7 +446,9 @@ static hearth_status cu_gated_delta(const op_step *s, const op_gdn *g) {
         return err_set(s->err, HEARTH_ERR_INVALID, "cuda: state layer %d is not in the state pool", g->state_layer);
     const cuda_weight *ws[4] = {dw(cm, g->qkv), dw(cm, g->z), dw(cm, g->b), dw(cm, g->a)};
     float *ys[4] = {cm->gdn[0], cm->gdn[1], cm->gdn[2], cm->gdn[3]};
-    TRY(matmul_input(cm, ws, ys, 4, T, s->err));
+    /* the decode GEMV takes at most 3 weights per launch: qkv, z, b, then a */
+    TRY(matmul_input(cm, ws, ys, 3, T, s->err));
+    TRY(matmul_input(cm, ws + 3, ys + 3, 1, T, s->err));
     cm->q8_ready = 0;
     cuda_gdn_args args = {.state = cm->state,
                           .n_layers = d->n_state_layers,

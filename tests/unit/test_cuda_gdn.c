@@ -5,7 +5,10 @@
  * continue each sequence's state (one sequence restarted at position 0 midway), outputs,
  * normalised q/k and the whole state pool compared; the state-record copy of snapshots;
  * gated attention's split and sigmoid gate; partial RoPE in cuda_rope_kv_write against
- * ops_rope_part, with the pool's stored keys. Without a GPU it says loudly that nothing ran. */
+ * ops_rope_part, with the pool's stored keys; and the whole gated_delta op (its projections
+ * in f32 and Q8_0 weights) through both backends' op tables: cuda_model_create against
+ * cpu_backend_create, logits compared over ragged and decode steps, with a state snapshot
+ * kept and loaded through op_table.state_copy. Without a GPU it says loudly that nothing ran. */
 /* cmocka.h needs these first */
 /* clang-format off */
 #include <setjmp.h>
@@ -28,9 +31,12 @@ int main(void) {
     return 0;
 }
 #else
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_model.h"
 #include "cuda_test_util.h"
+#include "io/ggml_quant.h"
 #include "kv/kv_state.h"
 #include "ops/ops.h"
 
@@ -328,6 +334,185 @@ static void test_partial_rope(void **state) {
     }
 }
 
+/* ---- the whole op through both op tables: x = embed; xn = rmsnorm(x); tmp = gated_delta(xn);
+ * x += tmp; logits ---- */
+enum { M_HID = 64, M_VOC = 96, M_MT = 16, M_NS = 3 };
+
+typedef struct gdn_model {
+    op_dims dims;
+    op_weight embed, lm_head, proj[5]; /* qkv, z, b, a, out */
+    float *norm_in, *final_norm, *conv, *A_log, *dt_bias, *gnorm;
+    void *data[7];
+    op_item items[16];
+    op_model om;
+    int window[1];
+} gdn_model;
+
+static float *rnd_floats(size_t n, float scale, float offset) {
+    float *v = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) v[i] = offset + scale * rndf();
+    return v;
+}
+
+/* A weight [n, k] of random values in format dt (F32 or Q8_0 by ggml's reference quantizer). */
+static op_weight make_weight(tensor_dtype dt, int64_t n, int64_t k, void **keep) {
+    float *f = rnd_floats((size_t)(n * k), 1.0f / sqrtf((float)k) * 1.7f, 0.0f);
+    op_weight w = {.dtype = dt, .n = n, .k = k};
+    if (dt == DT_F32) {
+        *keep = f;
+    } else {
+        size_t bytes = (size_t)(n * k) / 32 * 34;
+        *keep = malloc(bytes);
+        assert_int_equal(ggml_quantize(dt, f, (uint64_t)(n * k), *keep, bytes, NULL), HEARTH_OK);
+        free(f);
+    }
+    w.data = *keep;
+    return w;
+}
+
+static void model_make(gdn_model *m, tensor_dtype dt, const gdn_shape *g) {
+    memset(m, 0, sizeof *m);
+    int C = 2 * g->k_heads * g->k_dim + g->v_heads * g->v_dim, vd = g->v_heads * g->v_dim;
+    m->dims = (op_dims){.n_layers = 1,
+                        .hidden = M_HID,
+                        .n_heads = 2,
+                        .n_kv_heads = 1,
+                        .head_dim = 32,
+                        .ffn = M_HID,
+                        .vocab = M_VOC,
+                        .norm_eps = 1e-6f,
+                        .n_state_layers = 1,
+                        .gdn_k_heads = g->k_heads,
+                        .gdn_v_heads = g->v_heads,
+                        .gdn_k_dim = g->k_dim,
+                        .gdn_v_dim = g->v_dim,
+                        .gdn_conv = g->conv_k,
+                        .gdn_v_tiled = g->v_tiled};
+    m->embed = make_weight(DT_F32, M_VOC, M_HID, &m->data[0]);
+    m->lm_head = make_weight(DT_F32, M_VOC, M_HID, &m->data[1]);
+    int64_t rows[5] = {C, vd, g->v_heads, g->v_heads, M_HID}, cols[5] = {M_HID, M_HID, M_HID, M_HID, vd};
+    for (int i = 0; i < 5; i++) m->proj[i] = make_weight(dt, rows[i], cols[i], &m->data[2 + i]);
+    m->norm_in = rnd_floats(M_HID, 0.3f, 1.0f);
+    m->final_norm = rnd_floats(M_HID, 0.3f, 1.0f);
+    m->conv = rnd_floats((size_t)C * g->conv_k, 0.5f, 0.0f);
+    m->A_log = rnd_floats((size_t)g->v_heads, 1.0f, 0.0f);
+    m->dt_bias = rnd_floats((size_t)g->v_heads, 1.0f, 0.0f);
+    m->gnorm = rnd_floats((size_t)g->v_dim, 0.3f, 1.0f);
+    int n = 0;
+    static const char *names[5] = {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
+    for (int i = 0; i < 5; i++) m->items[n++] = (op_item){.w = &m->proj[i], .name = names[i], .layer = 0};
+    m->items[n++] = (op_item){.w = &m->lm_head, .logits = 1, .name = "lm_head", .layer = -1};
+    const float *vecs[6] = {m->norm_in, m->final_norm, m->conv, m->A_log, m->dt_bias, m->gnorm};
+    int64_t lens[6] = {M_HID, M_HID, (int64_t)C * g->conv_k, g->v_heads, g->v_heads, g->v_dim};
+    for (int i = 0; i < 6; i++) m->items[n++] = (op_item){.vec = vecs[i], .n = lens[i], .name = "vector", .layer = 0};
+    m->om = (op_model){.dims = m->dims, .items = m->items, .n_items = n, .layer_window = m->window};
+}
+
+static void model_free(gdn_model *m) {
+    for (int i = 0; i < 7; i++) free(m->data[i]);
+    free(m->norm_in), free(m->final_norm), free(m->conv), free(m->A_log), free(m->dt_bias), free(m->gnorm);
+}
+
+static hearth_status gdn_layers(const op_step *s, const void *ctx) {
+    const gdn_model *m = ctx;
+    op_gdn g = {.qkv = &m->proj[0],
+                .z = &m->proj[1],
+                .b = &m->proj[2],
+                .a = &m->proj[3],
+                .out = &m->proj[4],
+                .conv = m->conv,
+                .A_log = m->A_log,
+                .dt_bias = m->dt_bias,
+                .norm = m->gnorm,
+                .norm_eps = 1e-6f,
+                .state_layer = 0};
+    hearth_status st = op_add_norm(s, OP_NONE, m->norm_in, 0.0f, NULL, 0);
+    if (!st) st = op_gated_delta(s, &g);
+    if (!st) st = op_add(s, OP_X, OP_TMP);
+    return st ? st : op_logits(s, m->final_norm, 0.0f, 1.0f, &m->lm_head);
+}
+
+/* One step of T tokens on both backends: every row's logits compared. tol: see the callers. */
+static void model_step(gdn_model *m, kv_cache *kv, op_backend *cpu, op_backend *gpu, int T, const int32_t *pos,
+                       const int32_t *slot, float tol) {
+    int32_t tokens[M_MT], rows[M_MT];
+    for (int t = 0; t < T; t++) {
+        tokens[t] = (int32_t)(rnd() % M_VOC), rows[t] = t;
+        assert_int_equal(kv_reserve(kv, slot[t], pos[t] + 1, NULL), HEARTH_OK);
+    }
+    float *want = malloc(sizeof(float) * T * M_VOC), *got = malloc(sizeof(float) * T * M_VOC);
+    op_embed embed = {.table = &m->embed, .scale = 1.0f};
+    op_batch b = {.T = T, .tokens = tokens, .pos = pos, .slot = slot, .n_out = T, .out_rows = rows, .logits = want};
+    hearth_error e = {0};
+    assert_int_equal(cpu->t->step(cpu, kv, &b, &m->dims, &embed, gdn_layers, m, OP_OUT_LOGITS, NULL, &e), HEARTH_OK);
+    b.logits = got;
+    if (gpu->t->step(gpu, kv, &b, &m->dims, &embed, gdn_layers, m, OP_OUT_LOGITS, NULL, &e)) {
+        printf("cuda step: %s\n", e.message);
+        fail();
+    }
+    float scale = 0.0f;
+    for (int i = 0; i < T * M_VOC; i++) scale = fmaxf(scale, fabsf(want[i]));
+    for (int i = 0; i < T * M_VOC; i++)
+        if (!(fabsf(want[i] - got[i]) <= tol * (1.0f + scale))) {
+            printf("logits row %d col %d: cpu %.7g, cuda %.7g (T %d)\n", i / M_VOC, i % M_VOC, want[i], got[i], T);
+            fail();
+        }
+    free(want), free(got);
+}
+
+static void check_model(tensor_dtype dt, const gdn_shape *g, float tol) {
+    gdn_model m;
+    model_make(&m, dt, g);
+    kv_cache kv;
+    hearth_error e = {0};
+    assert_int_equal(kv_create(&kv, 1, 1, 32, M_NS, 256, 64, &e), HEARTH_OK);
+    assert_int_equal(kv_state_attach(&kv, 1, op_gdn_state_floats(&m.dims), kv_state_default_snaps(M_NS), &e),
+                     HEARTH_OK);
+    op_backend *cpu = NULL, *gpu = NULL;
+    assert_int_equal(cpu_backend_create(&m.om, &kv, M_MT, M_MT, 1, NULL, &cpu, &e), HEARTH_OK);
+    if (cuda_model_create(&m.om, &kv, M_MT, M_MT, 1, NULL, &gpu, NULL, 0, &e)) {
+        printf("cuda_model_create: %s\n", e.message);
+        fail();
+    }
+    /* ragged prefill: slot 0 from position 0 (6 tokens), slots 1 and 2 (4 and 3 tokens)
+     * interleaved, also from 0 */
+    int32_t pos[] = {0, 0, 1, 2, 0, 1, 3, 4, 1, 2, 5, 3, 2}, slot[] = {0, 1, 0, 0, 2, 1, 0, 0, 2, 1, 0, 1, 2};
+    model_step(&m, &kv, cpu, gpu, 13, pos, slot, tol);
+    int32_t next[M_NS] = {6, 4, 3};
+    /* keep slot 1's state as a snapshot (host record and device record) */
+    size_t rec = kv.state->layer_floats;
+    float *kept = malloc(rec * sizeof(float));
+    memcpy(kept, kv_state_at(&kv, 0, 1), rec * sizeof(float));
+    assert_int_equal(gpu->t->state_copy(gpu, 1, M_NS + 2, &e), HEARTH_OK);
+    for (int step = 0; step < 4; step++) { /* decode: one token each (T = 3: a captured graph) */
+        int32_t dslot[M_NS] = {0, 1, 2}, dpos[M_NS];
+        for (int i = 0; i < M_NS; i++) dpos[i] = next[i]++;
+        model_step(&m, &kv, cpu, gpu, M_NS, dpos, dslot, tol);
+    }
+    /* load the snapshot back into slot 1 and continue from there on both backends */
+    memcpy(kv_state_at(&kv, 0, 1), kept, rec * sizeof(float));
+    assert_int_equal(gpu->t->state_copy(gpu, M_NS + 2, 1, &e), HEARTH_OK);
+    int32_t one_pos[1] = {4}, one_slot[1] = {1};
+    model_step(&m, &kv, cpu, gpu, 1, one_pos, one_slot, tol);
+    assert_int_equal(gpu->t->state_copy(gpu, 0, M_NS + kv_state_default_snaps(M_NS), &e), HEARTH_ERR_INVALID);
+    free(kept);
+    gpu->t->free(gpu);
+    cpu->t->free(cpu);
+    kv_destroy(&kv);
+    model_free(&m);
+}
+
+/* f32 projections: only summation orders differ (1e-4 of the logits' scale is ~10x what
+ * they give, far below a wrong index). Q8_0: the CPU backend's Q8_0 matmul rounds its
+ * activations to int8 where the GPU's exact tier may not: 2e-2 of the scale. */
+static void test_gated_delta_op(void **state) {
+    (void)state;
+    const gdn_shape tiny = {2, 4, 16, 16, 4, 0}, wide = {2, 4, 64, 32, 4, 1};
+    check_model(DT_F32, &tiny, 1e-4f);
+    check_model(DT_F32, &wide, 1e-4f);
+    check_model(DT_Q8_0, &tiny, 2e-2f);
+}
+
 int main(void) {
     const struct CMUnitTest host_only[] = {cmocka_unit_test(test_runs)};
     if (cuda_device_count() == 0) {
@@ -350,6 +535,7 @@ int main(void) {
         cmocka_unit_test(test_state_copy),
         cmocka_unit_test(test_attn_gate),
         cmocka_unit_test(test_partial_rope),
+        cmocka_unit_test(test_gated_delta_op),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -696,10 +696,10 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
                        c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv);
     if (c->n_state_layers > 0 && (!kv->state || kv->state->n_layers != c->n_state_layers ||
                                   kv->state->layer_floats != op_gdn_state_floats(c) ||
-                                  kv->state->n_snaps != kv_state_default_snaps(kv->max_slots)))
+                                  kv->state->n_snaps > kv_state_default_snaps(kv->max_slots)))
         return err_set(err, HEARTH_ERR_INVALID,
                        "cuda: a hybrid model needs the KV pool's recurrent-state pool attached first (kv_state_attach "
-                       "with %d layers of %zu floats and %d snapshots)",
+                       "with %d layers of %zu floats and at most %d snapshots)",
                        c->n_state_layers, op_gdn_state_floats(c), kv_state_default_snaps(kv->max_slots));
     cuda_model *cm = calloc(1, sizeof *cm);
     if (!cm) return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");

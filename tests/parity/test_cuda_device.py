@@ -51,6 +51,8 @@ def test_cuda_greedy_matches_cpu_reference(hearth_bin, tiny_models, name):
     m = tiny_models[name]
     if not has_gpu(hearth_bin, m):
         refused = trace(hearth_bin, m, "cuda")
+        # hybrid Gated DeltaNet models (qwen3_5, qwen3_5_moe) run on the GPU: never refused by name
+        assert not (name.startswith("qwen3_5") and "CPU backend only" in refused.stderr), refused.stderr
         if "CPU backend only" in refused.stderr:  # a family the CUDA backend refuses by name (MoE, Gemma 4)
             pytest.skip(f"the CUDA backend refuses {name} for now: {refused.stderr.strip()}")
         pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA forward pass did NOT run")
@@ -79,7 +81,7 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hearth_process import free_port, running  # noqa: E402
 
-GREEDY_MODELS = ["llama-f32", "qwen3-q4g64", "gemma3-bf16"]
+GREEDY_MODELS = ["llama-f32", "qwen3-q4g64", "gemma3-bf16", "qwen3_5-f32"]
 PROMPTS = ["Tell me about the sea.", "Count from one to ten.", "What is a prime number?"]
 DEVICE_NOTE = "greedy ids chosen on the device"
 
@@ -161,7 +163,8 @@ PROMPTS12 = PROMPTS + ["Name three rivers.", "Why is the sky blue?", "Write a ha
                        "Say hello in French.", "What do bees make?", "Spell the word house."]
 
 
-@pytest.mark.parametrize("name", ["llama-f32", "qwen3-q4g64"])
+# qwen3_5-f32: Gated DeltaNet layers with many sequences' tokens in one step (cuda_gdn_runs)
+@pytest.mark.parametrize("name", ["llama-f32", "qwen3-q4g64", "qwen3_5-f32"])
 def test_cuda_serve_12_concurrent_equal_alone(hearth_bin, tiny_models, name):
     m = tiny_models[name]
     if not has_gpu(hearth_bin, m):

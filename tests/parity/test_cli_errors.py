@@ -102,3 +102,18 @@ def test_bad_flag_is_a_usage_error_naming_it(argv, flag):
     lines = p.stderr.splitlines()
     assert lines[0].startswith(f"hearth: {flag}: "), lines[0]
     assert lines[1].startswith("usage: hearth"), p.stderr
+
+
+# The flags every engine-running verb parses through one shared parser (src/cli/common.c
+# cli_parse_engine_flag): each verb's --help must list them, or a user never finds them
+# (--device was missing from all four usage texts).
+ENGINE_FLAGS = ["--device", "--kv-quant", "--deterministic", "--cuda-exact"]
+
+
+@pytest.mark.parametrize("verb", ["generate", "chat", "bench", "serve", "fit"])
+def test_help_lists_the_engine_flags(verb):
+    p = subprocess.run([BIN, verb, "--help"], capture_output=True, text=True, timeout=30)
+    text = p.stdout + p.stderr
+    assert f"hearth {verb}" in text, text
+    missing = [f for f in ENGINE_FLAGS if f not in text]
+    assert not missing, f"hearth {verb} --help does not list {missing}"

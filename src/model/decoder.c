@@ -133,6 +133,8 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
     add_vec(m, c->inv_freq_local, 0, (g4 ? c->swa_head_dim : c->head_dim) / 2, "rope_inv_freq_local", -1);
     if (g4) {
         add_weight(m, &m->embed_per_layer, 0, "embed_tokens_per_layer", -1);
+        if (m->embed_per_layer.n) /* its rows are made on the host (op_per_layer_inputs), like the embeddings' */
+            m->items[m->ops.n_items - 1].host_only = 1;
         add_weight(m, &m->per_layer_proj, 0, "per_layer_model_projection", -1);
         add_vec(m, m->per_layer_proj_norm, c->per_layer_dim > 0, c->per_layer_dim, "per_layer_projection_norm", -1);
     }

@@ -45,6 +45,7 @@ typedef struct op_item {
     int logits;
     const char *name; /* for messages: "q_proj", "attn_norm", ... */
     int layer;        /* -1: not in a layer */
+    int host_only;    /* read on the host only (an embedding table, op_embed_rows): a device backend keeps no copy */
 } op_item;
 
 /* What a backend is told of a model when it starts: shapes, every item its ops will be

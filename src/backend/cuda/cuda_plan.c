@@ -50,6 +50,20 @@ void cuda_kv_plane_parts(int n_layers, int n_blocks, int n_kv_heads, int head_di
     *scales = dtype == CUDA_KV_F32 || dtype == CUDA_KV_F16 ? 0 : rows * sizeof(float);
 }
 
+void cuda_kv_pool_parts(const kv_cache *kv, int dtype, size_t *data, size_t *scales) {
+    if (!kv->layer_heads) {
+        cuda_kv_plane_parts(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, dtype, data, scales);
+        return;
+    }
+    *data = *scales = 0;
+    for (int l = 0; l < kv->n_layers; l++) {
+        size_t d, sc;
+        cuda_kv_plane_parts(1, kv->n_blocks, kv->layer_heads[l], kv->layer_dims[l], dtype, &d, &sc);
+        *data += d;
+        *scales += sc;
+    }
+}
+
 size_t cuda_kv_plane_bytes(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype) {
     size_t data, scales;
     cuda_kv_plane_parts(n_layers, n_blocks, n_kv_heads, head_dim, dtype, &data, &scales);
@@ -182,6 +196,7 @@ static void add_weight(cuda_plan *p, cuda_alloc_tally *t, const op_weight *w) {
 static void plan_weights(cuda_plan *p, const op_model *om, cuda_alloc_tally *t) {
     for (int i = 0; i < om->n_items; i++) {
         const op_item *it = &om->items[i];
+        if (it->host_only) continue; /* read on the host only, never copied to the device */
         if (it->w) add_weight(p, t, it->w);
         else cuda_tally_add(t, (size_t)it->n * sizeof(float));
     }
@@ -238,7 +253,8 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     size_t max_w = 0, max_k = kmax;
     for (int i = 0; i < om->n_items; i++) { /* the layers' weights (not lm_head: it never goes to the GEMM scratch) */
         const op_weight *w = om->items[i].w;
-        if (w && !om->items[i].logits && (size_t)(w->n * w->k) > max_w) max_w = (size_t)(w->n * w->k);
+        if (w && !om->items[i].logits && !om->items[i].host_only && (size_t)(w->n * w->k) > max_w)
+            max_w = (size_t)(w->n * w->k);
     }
     p->gemm_max_w = max_w;
     p->gemm_max_x = max_k * T;
@@ -249,8 +265,15 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     /* the MMQ split-k scratch (cuda_mmq.cu), allocated once per process at model creation */
     cuda_tally_add(t, CUDA_MMQ_PART_FLOATS * sizeof(float));
     cuda_tally_add(t, CUDA_MMQ_TILES_MAX * sizeof(unsigned));
-    /* pinned host staging: the step's embeddings, its indices, the greedy ids */
-    p->pinned_host = T * c->hidden * sizeof(float) + 3 * T * sizeof(int32_t) + (size_t)max_out * sizeof(int32_t);
+    /* per-layer inputs (Gemma 4): the step's rows and their working copy on the device */
+    p->per_layer_floats = T * (size_t)c->n_layers * (size_t)c->per_layer_dim;
+    if (p->per_layer_floats) {
+        cuda_tally_add(t, p->per_layer_floats * sizeof(float));
+        cuda_tally_add(t, p->per_layer_floats * sizeof(float));
+    }
+    /* pinned host staging: the step's embeddings (and per-layer rows), its indices, the greedy ids */
+    p->pinned_host = T * c->hidden * sizeof(float) + p->per_layer_floats * sizeof(float) + 3 * T * sizeof(int32_t) +
+                     (size_t)max_out * sizeof(int32_t);
 }
 
 void cuda_plan_make(const op_model *om, const kv_cache *kv, int max_tokens, int max_out, int kv_dtype, int gemm_exact,
@@ -264,7 +287,7 @@ void cuda_plan_make(const op_model *om, const kv_cache *kv, int max_tokens, int 
     plan_weights(p, om, &t);
     p->weights = t.large + t.small;
     size_t data, scales; /* cuda_kv.cu allocates keys, values, then their scales */
-    cuda_kv_plane_parts(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, kv_dtype, &data, &scales);
+    cuda_kv_pool_parts(kv, kv_dtype, &data, &scales);
     cuda_tally_add(&t, data);
     cuda_tally_add(&t, data);
     if (scales) cuda_tally_add(&t, scales), cuda_tally_add(&t, scales);

@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+/* cmocka needs the four above first */
 #include <cmocka.h>
 
 #include <math.h>
@@ -29,8 +30,8 @@ int main(void) {
 #else
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_backend.h"
-#include "kv/kv_cache.h"
 #include "cuda_test_util.h"
+#include "kv/kv_cache.h"
 
 /* Device buffer of n floats from host (NaN-poisoned when host is NULL). */
 static float *dev_floats(const float *host, size_t n) {
@@ -145,7 +146,7 @@ static void test_elementwise(void **state) {
 /* ---- a pool of varied layers: store and attend, layer by layer ---- */
 
 #define HEADS 4
-#define NL 3     /* KV layers */
+#define NL 3 /* KV layers */
 #define SEQS 3
 static const int layer_heads[NL] = {2, 1, 2}, layer_dims[NL] = {32, 512, 64};
 static const int layer_window[NL] = {8, 0, 0}; /* layer 0 sliding */
@@ -167,8 +168,8 @@ typedef struct layer_case {
 
 /* One step of T tokens (pos/slot) through one layer: host (kv_layer_view, ops_*) and device
  * (cuda_kv_layer_view, the same entry points cuda_model.c calls) side by side. */
-static void run_layer(kv_cache *kv, cuda_kv *dkv, const layer_case *lc, int T, const int32_t *pos,
-                      const int32_t *slot, const int32_t *dpos, const int32_t *dslot, const char *step) {
+static void run_layer(kv_cache *kv, cuda_kv *dkv, const layer_case *lc, int T, const int32_t *pos, const int32_t *slot,
+                      const int32_t *dpos, const int32_t *dslot, const char *step) {
     hearth_error e = {0};
     kv_cache hv;
     cuda_kv dv;
@@ -213,14 +214,34 @@ static void run_layer(kv_cache *kv, cuda_kv *dkv, const layer_case *lc, int T, c
     free(gq);
     /* attention over the layer's pool (the wide kernel at d 512) */
     float *ref = malloc(nq * sizeof *ref), *scratch = malloc(ops_attention_scratch(&hv) * sizeof(float));
-    ops_attention_args ca = {.kv = &hv, .layer = hl, .q = q, .out = ref, .T = T, .n_heads = HEADS, .n_kv_heads = nkv,
-                             .head_dim = d, .pos = pos, .slot = slot, .window = layer_window[lc->l],
-                             .scale = scale, .scratch = scratch};
+    ops_attention_args ca = {.kv = &hv,
+                             .layer = hl,
+                             .q = q,
+                             .out = ref,
+                             .T = T,
+                             .n_heads = HEADS,
+                             .n_kv_heads = nkv,
+                             .head_dim = d,
+                             .pos = pos,
+                             .slot = slot,
+                             .window = layer_window[lc->l],
+                             .scale = scale,
+                             .scratch = scratch};
     ops_attention(&ca, NULL);
     float *dout = dev_floats(NULL, nq);
-    cuda_attention_args ga = {.kv = &dv, .layer = dl, .q = dq, .out = dout, .T = T, .n_heads = HEADS,
-                              .n_kv_heads = nkv, .head_dim = d, .pos = dpos, .slot = dslot,
-                              .window = layer_window[lc->l], .scale = scale, .host_slot = slot};
+    cuda_attention_args ga = {.kv = &dv,
+                              .layer = dl,
+                              .q = dq,
+                              .out = dout,
+                              .T = T,
+                              .n_heads = HEADS,
+                              .n_kv_heads = nkv,
+                              .head_dim = d,
+                              .pos = dpos,
+                              .slot = dslot,
+                              .window = layer_window[lc->l],
+                              .scale = scale,
+                              .host_slot = slot};
     assert_int_equal(cuda_attention(&ga, &e), HEARTH_OK);
     float *out = download(dout, nq);
     snprintf(what, sizeof what, "%s layer %d (d %d%s%s) attention", step, lc->l, d, lc->k_eq_v ? ", k_eq_v" : "",
@@ -247,9 +268,9 @@ static void test_varied_pool(void **state) {
     hearth_error e = {0};
     kv_cache kv;
     int max_context = 64, n_blocks = 24;
-    assert_int_equal(kv_create_layers(&kv, NL, layer_heads, layer_dims, SEQS, max_context, n_blocks, HEARTH_KV_FLOAT,
-                                      1, &e),
-                     HEARTH_OK);
+    assert_int_equal(
+        kv_create_layers(&kv, NL, layer_heads, layer_dims, SEQS, max_context, n_blocks, HEARTH_KV_FLOAT, 1, &e),
+        HEARTH_OK);
     cuda_kv dkv;
     assert_int_equal(cuda_kv_alloc(&dkv, &kv, HEARTH_KV_FLOAT, &e), HEARTH_OK);
     /* a ragged prefill step of three sequences (20, 13 and 5 tokens), then one decode token each */
@@ -269,7 +290,8 @@ static void test_varied_pool(void **state) {
             T = SEQS;
             for (int s = 0; s < SEQS; s++) pos[s] = lens[s], slot[s] = s;
         }
-        int32_t *dpos = dev_upload(pos, (size_t)T * sizeof(int32_t)), *dslot = dev_upload(slot, (size_t)T * sizeof(int32_t));
+        int32_t *dpos = dev_upload(pos, (size_t)T * sizeof(int32_t)),
+                *dslot = dev_upload(slot, (size_t)T * sizeof(int32_t));
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
             run_layer(&kv, &dkv, &cases[c], T, pos, slot, dpos, dslot, step ? "decode" : "ragged prefill");
         cuda_free(dpos);
@@ -315,17 +337,37 @@ static void test_attention_512(void **state) {
         for (int inv = 0; inv < 2; inv++) {
             size_t nq = (size_t)T * H * D;
             float *q = rand_floats(nq), *ref = malloc(nq * 4), *scratch = malloc(ops_attention_scratch(&kv) * 4);
-            ops_attention_args ca = {.kv = &kv, .layer = 1, .q = q, .out = ref, .T = T, .n_heads = H,
-                                     .n_kv_heads = KVH, .head_dim = D, .pos = pos, .slot = slot,
-                                     .window = window, .scale = 1.0f / sqrtf((float)D), .scratch = scratch};
+            ops_attention_args ca = {.kv = &kv,
+                                     .layer = 1,
+                                     .q = q,
+                                     .out = ref,
+                                     .T = T,
+                                     .n_heads = H,
+                                     .n_kv_heads = KVH,
+                                     .head_dim = D,
+                                     .pos = pos,
+                                     .slot = slot,
+                                     .window = window,
+                                     .scale = 1.0f / sqrtf((float)D),
+                                     .scratch = scratch};
             ops_attention(&ca, NULL);
             cuda_kv dkv;
             assert_int_equal(cuda_kv_upload(&dkv, &kv, &e), HEARTH_OK);
             float *dq = dev_floats(q, nq), *dout = dev_floats(NULL, nq);
             int32_t *dpos = dev_upload(pos, sizeof pos), *dslot = dev_upload(slot, sizeof slot);
-            cuda_attention_args ga = {.kv = &dkv, .layer = 1, .q = dq, .out = dout, .T = T, .n_heads = H,
-                                      .n_kv_heads = KVH, .head_dim = D, .pos = dpos, .slot = dslot,
-                                      .window = window, .scale = ca.scale, .batch_invariant = inv};
+            cuda_attention_args ga = {.kv = &dkv,
+                                      .layer = 1,
+                                      .q = dq,
+                                      .out = dout,
+                                      .T = T,
+                                      .n_heads = H,
+                                      .n_kv_heads = KVH,
+                                      .head_dim = D,
+                                      .pos = dpos,
+                                      .slot = dslot,
+                                      .window = window,
+                                      .scale = ca.scale,
+                                      .batch_invariant = inv};
             assert_int_equal(cuda_attention(&ga, &e), HEARTH_OK);
             float *out = download(dout, nq);
             char what[96];

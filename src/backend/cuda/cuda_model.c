@@ -323,12 +323,6 @@ static hearth_status cu_moe(const op_step *s, const op_moe *m) {
 
 /* ---- Models whose layers differ (op_dims.varied_layers: Gemma 4) ---- */
 
-/* Per-head RMSNorm of rows of n: the one-warp kernel for n <= 256, the row kernel above. */
-static hearth_status head_norm(float *x, const float *w, float shift, int rows, int n, float eps, hearth_error *err) {
-    if (n <= 256) return cuda_rmsnorm_heads(x, x, w, shift, rows, n, eps, err);
-    return cuda_rmsnorm(x, x, w, shift, rows, n, eps, err);
-}
-
 /* cu_qkv_rope_store for a layer of its own head_dim and KV heads (a->head_dim / n_kv_heads,
  * on its view of the pool), as cpu_qkv_rope_store does it: a shared-KV layer (a->shared)
  * computes and rotates its queries only; without v (attention_k_eq_v) the values are the
@@ -350,11 +344,13 @@ static hearth_status cu_qkv_rope_store_varied(const op_step *s, int layer, const
     TRY(matmul_input(cm, ws, ys, a->shared ? 1 : a->v ? 3 : 2, T, err));
     if (!a->shared && !a->v) TRY(cuda_copy_f32(cm->v, cm->k, (size_t)T * kd, err));
     TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
-    if (a->q_norm) TRY(head_norm(cm->q, dv(cm, a->q_norm), a->norm_shift, T * c->n_heads, hd, a->norm_eps, err));
+    if (a->q_norm) /* rows over 256 (full layers' 512) go to the row kernel inside */
+        TRY(cuda_rmsnorm_heads(cm->q, cm->q, dv(cm, a->q_norm), a->norm_shift, T * c->n_heads, hd, a->norm_eps, err));
     if (a->shared) return cuda_rope(cm->q, T, c->n_heads, hd, pos, dv(cm, a->inv_freq), c->rope_adjacent, err);
     TRY(cuda_add_bias(cm->k, dv(cm, a->k_bias), T, kd, err));
     TRY(cuda_add_bias(cm->v, dv(cm, a->v_bias), T, kd, err));
-    if (a->k_norm) TRY(head_norm(cm->k, dv(cm, a->k_norm), a->norm_shift, T * nkv, hd, a->norm_eps, err));
+    if (a->k_norm)
+        TRY(cuda_rmsnorm_heads(cm->k, cm->k, dv(cm, a->k_norm), a->norm_shift, T * nkv, hd, a->norm_eps, err));
     if (a->v_norm) TRY(cuda_rmsnorm_plain(cm->v, T * nkv, hd, a->norm_eps, err));
     return cuda_rope_kv_write(&view, view_layer, cm->q, cm->k, cm->v, T, c->n_heads, pos, slot, dv(cm, a->inv_freq),
                               c->rope_adjacent, err);

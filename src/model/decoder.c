@@ -88,7 +88,10 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
                                  .shared_ffn = c->shared_ffn,
                                  .varied_layers = c->family == FAMILY_GEMMA4, .per_layer_dim = c->per_layer_dim},
                         .items = m->items,
-                        .layer_window = m->layer_window};
+                        .layer_window = m->layer_window,
+                        .n_kv_layers = c->n_kv_layers,
+                        .kv_heads = c->kv_heads,
+                        .kv_dims = c->kv_dims};
     for (int i = 0; i < c->n_layers; i++) {
         const layer_weights *l = &m->layers[i];
         const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};

@@ -56,6 +56,11 @@ typedef struct op_model {
     const op_item *items;
     int n_items;
     const int *layer_window;
+    /* The KV pool's layers where they have their own shapes (Gemma 4: n_kv_layers, kv_heads[l]
+     * x kv_dims[l], shared-KV layers storing none); NULL: one n_kv_heads x head_dim layer per
+     * attention layer. What a device plan sizes the pool by before there is one. */
+    int n_kv_layers;
+    const int *kv_heads, *kv_dims;
 } op_model;
 
 /* The projections of a layer a LoRA adapter may update. */

@@ -2,7 +2,8 @@
 """End-to-end cost of constrained decoding: `hearth generate` decode tok/s at batch 1 on
 the CPU with no constraint, with --json (free JSON object) and with --json-schema (a
 nested schema), runs alternated so machine noise hits all alike; prints the medians and
-the constrained/unconstrained ratio and writes bench/results/constrained_overhead.md.
+the constrained/unconstrained ratio and writes bench/results/constrained_overhead.md (the table,
+then every run as json: bench/results_file.py).
 
   bench/constrained/overhead.py [--bin build/bin/hearth] [--model PATH] [--runs 5] [--threads 1]
 """
@@ -13,10 +14,13 @@ import platform
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import results_file  # noqa: E402
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
     "email": {"type": "string", "format": "email"},
@@ -54,17 +58,19 @@ def main():
     os.unlink(f.name)
     base = statistics.median(t for _, t in got["none"])
     lines = ["| constraint | tokens (median) | decode tok/s (median) | vs none |", "| --- | ---: | ---: | ---: |"]
+    res = {"model": os.path.basename(args.model), "runs": args.runs, "threads": args.threads, "modes": {}}
     for k, v in got.items():
         tps = statistics.median(t for _, t in v)
         lines.append(f"| {k} | {statistics.median(n for n, _ in v):.0f} | {tps:.1f} | {tps / base:.3f} |")
+        res["modes"][k] = {"args": modes[k][:1], "runs_tokens_tps": v, "median_tps": tps, "vs_none": tps / base}
     table = "\n".join(lines)
     print(table)
-    with open(args.out, "w") as o:
-        o.write(f"# Constrained decoding overhead (CPU, batch 1)\n\n`bench/constrained/overhead.py --runs {args.runs} "
-                f"--threads {args.threads}` with {os.path.basename(args.model)} on {platform.node()} "
-                f"({platform.machine()}, {os.cpu_count()} cores, shared), {time.strftime('%Y-%m-%d')}: "
-                f"`hearth generate` decode speed (200 tokens at most, greedy: the sampler costs the same with and without a mask), runs alternated.\n\n"
-                f"{table}\n")
+    results_file.write(args.out,
+                       f"# Constrained decoding overhead (CPU, batch 1)\n\n`bench/constrained/overhead.py --runs {args.runs} "
+                       f"--threads {args.threads}` with {os.path.basename(args.model)} on {platform.node()} "
+                       f"({platform.machine()}, {os.cpu_count()} cores, shared), {time.strftime('%Y-%m-%d')}: "
+                       f"`hearth generate` decode speed (200 tokens at most, greedy: the sampler costs the same with and without a mask), runs alternated.\n\n"
+                       f"{table}\n", res)
 
 
 if __name__ == "__main__":

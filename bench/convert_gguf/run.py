@@ -9,7 +9,7 @@ tensor by tensor as safetensors (the tokenizer files come from the tiny llama). 
 converts that folder; llama.cpp quantizes hearth's --outtype f32 GGUF of it (the input it
 needs; that conversion is not timed). Each side runs --repeat times, best wall time kept;
 both outputs are then compared tensor by tensor (they must be byte-identical). Writes
-bench/results/convert_gguf.{json,md}.
+bench/results/convert_gguf.md (bench/results_file.py: tables, then the full result as json).
 
     HEARTH_BIN=build/bin/hearth .venv/bin/python bench/convert_gguf/run.py [--threads 2] [--layers 16]
 """
@@ -31,8 +31,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(REPO, "tests", "parity"))
 from kquant_oracle import CACHE, LLAMA_LIB, have_llama_cpp, tensor_bytes  # noqa: E402
 
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
+
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "build", "bin", "hearth"))
-RESULTS = os.path.join(REPO, "bench", "results")
 
 
 def write_model(dst, layers, seed=0):
@@ -132,10 +134,6 @@ def main():
            "cpu_ratio_llama_over_hearth": round(cpu_llama / cpu_hearth, 3),
            "byte_identical": identical, "loadavg_before": load0, "loadavg_after": load1,
            "machine": {"cpu": cpu_model(), "cores": os.cpu_count()}}
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "convert_gguf.json"), "w") as f:
-        json.dump(res, f, indent=1)
-        f.write("\n")
     md = (f"# convert to GGUF Q4_K_M: hearth vs llama.cpp\n\n"
           f"Random Llama-3.2-1B-shaped float model, {a.layers} layers, {params / 1e9:.2f}B parameters, "
           f"{a.threads} threads, best of {a.repeat}. Machine: {res['machine']['cpu']}, {os.cpu_count()} cores "
@@ -146,10 +144,8 @@ def main():
           f"{cpu_hearth:.2f} | {cpu_llama / cpu_hearth:.2f} |\n"
           f"| llama_model_quantize (F32 GGUF -> Q4_K_M) | {t_llama:.2f} | 1.00 | {cpu_llama:.2f} | 1.00 |\n\n"
           f"On a shared machine the wall times move with the other load; the CPU seconds less so.\n\n"
-          f"Outputs byte-identical tensor by tensor: {'yes' if identical else 'NO'}.\n\n"
-          f"Made by `bench/convert_gguf/run.py --threads {a.threads} --layers {a.layers}`.\n")
-    with open(os.path.join(RESULTS, "convert_gguf.md"), "w") as f:
-        f.write(md)
+          f"Outputs byte-identical tensor by tensor: {'yes' if identical else 'NO'}.\n")
+    results_file.write("convert_gguf", md, res)
     print(md)
 
 

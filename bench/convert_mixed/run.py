@@ -8,7 +8,7 @@ The float reference and the float16 input come from the real GGUF (tests/parity/
 calibration is LoCoMo conversations 26/30/41, the held-out text conversations 42/43/44.
 Uniform 4-bit at group 64 with float16 scales and biases is 4.5 bits per weight, the
 budget the mixed plan gets; uniform 4-bit at group 32 (5.0) is listed for scale. Writes
-bench/results/convert_mixed.{json,md}.
+bench/results/convert_mixed.md (bench/results_file.py).
 
     HEARTH_BIN=build/bin/hearth .venv/bin/python bench/convert_mixed/run.py
 """
@@ -25,11 +25,12 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
 sys.path.insert(0, os.path.join(REPO, "tests", "parity"))
 import mixed_data  # noqa: E402
 
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "build", "bin", "hearth"))
-RESULTS = os.path.join(REPO, "bench", "results")
 
 
 def hearth(*args):
@@ -110,7 +111,6 @@ def main():
            "machine": f"{cpu}, {os.cpu_count()} cores", "threads": a.threads,
            "load_average": {"min": min(loads), "max": max(loads)},
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv)}
-    json.dump(res, open(os.path.join(RESULTS, "convert_mixed.json"), "w"), indent=1)
     md = ["# Mixed precision (`hearth convert -q --target-bpw`) vs uniform 4-bit, SmolLM2-135M-Instruct", "",
           f"KL(float || quantized) on held-out text ({res['held_out']}); calibration {res['calibration']}. "
           "Bytes: packed weights + scales + biases of the quantized modules, from the file.", "",
@@ -125,7 +125,7 @@ def main():
            f"Machine: {res['machine']}, {a.threads} threads, load average {min(loads):.1f} .. {max(loads):.1f} "
            f"(shared). Run {res['date']}: `{res['command']}`.", "", "The plan (hearth's report):", "", "```",
            report.strip(), "```", ""]
-    open(os.path.join(RESULTS, "convert_mixed.md"), "w").write("\n".join(md))
+    results_file.write("convert_mixed", "\n".join(md), res)
     shutil.rmtree(tmp)  # the models and the reference log-probs (about 1 GB)
     print("\n".join(md))
 

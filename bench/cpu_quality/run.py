@@ -10,7 +10,7 @@ hearth's fast tier at each ISA level this CPU has (HEARTH_CPU=avx2, avx512), fed
 per call (the multi-token tile kernels of prefill and batched decode) or 1 (the decode kernels),
 and llama.cpp (llama-cpp-python with bench/cpu_vs_llamacpp's native build, all logits of one
 batch per document), on the same token ids of the same GGUF file, 2 threads each.
-Writes bench/results/cpu_quality.{json,md}. A benchmark, not a test: it asserts nothing.
+Writes bench/results/cpu_quality.md (bench/results_file.py: the tables, then the full result as json). A benchmark, not a test: it asserts nothing.
 usage: .venv/bin/python bench/cpu_quality/run.py [--hearth-lib lib/libhearth.so] [--threads 2]
        [--models smollm2,gemma3] [--out bench/results/cpu_quality] [--keep DIR] [--engines hearth,llamacpp] [--append]
 """
@@ -29,6 +29,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import results_file  # noqa: E402
 sys.path.insert(0, str(REPO / "bench" / "cpu_vs_llamacpp"))
 import run_bench  # noqa: E402  (machine description helpers)
 
@@ -275,7 +277,7 @@ def hearth_levels():
     return levels
 
 
-def write_markdown(res, path):
+def markdown(res):
     m = res["machine"]
     lines = ["# CPU fast tier vs reference tier: KL divergence and top-1 agreement", "",
              f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs ({', '.join(m['isa'])}), shared with other "
@@ -329,7 +331,7 @@ def write_markdown(res, path):
                          + (f"{s_['rms_margin_err_near']:.4f} ({s_['near_ties']} positions) | "
                             if s_.get("rms_margin_err_near") is not None else "- | ") +
                          f"{'%+.5f .. %+.5f' % tuple(v) if v else '-'} |")
-    Path(path).write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def main():
@@ -347,7 +349,7 @@ def main():
                     "reference kernels change), and llama.cpp's per-position results, which a later run with "
                     "--engines hearth compares against")
     ap.add_argument("--engines", default="hearth,llamacpp", help="which candidates to measure")
-    ap.add_argument("--append", action="store_true", help="keep the rows of <out>.json for the engines and models "
+    ap.add_argument("--append", action="store_true", help="keep the rows of <out>.md for the engines and models "
                     "not measured now (one table from runs taken at different times: each row keeps its date)")
     args = ap.parse_args()
     args.hearth_lib = Path(args.hearth_lib).resolve()
@@ -394,16 +396,15 @@ def main():
     rows = [r for r in rows if not r.get("_kept")]
     for r in rows:
         r.update(date=started, commit=run_bench.git_describe(), load_before=load_before, load_after=run_bench.loadavg())
-    prev = json.loads(Path(args.out + ".json").read_text()) if args.append and Path(args.out + ".json").exists() else {}
+    prev = results_file.read_if_exists(args.out, {}) if args.append else {}
     measured = {(r["model"], r["engine"].split(" ")[0]) for r in rows}
     kept = [r for r in prev.get("rows", []) if (r["model"], r["engine"].split(" ")[0]) not in measured]
     order = list(MODELS.values())
     rows = sorted(kept + rows, key=lambda r: ([m[0] for m in order].index(r["model"]), r["engine"].startswith("llama")))
     res = {"machine": run_bench.cpu_info(), "threads": args.threads,
            "python": platform.python_version(), "rows": rows}
-    Path(args.out + ".json").write_text(json.dumps(res, indent=1) + "\n")
-    write_markdown(res, args.out + ".md")
-    print(Path(args.out + ".md").read_text())
+    results_file.write(args.out, markdown(res), res)
+    print(markdown(res))
 
 
 if __name__ == "__main__":

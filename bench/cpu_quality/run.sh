@@ -2,7 +2,7 @@
 # run.sh: entry point of the CPU fast-tier quality benchmark (bench/cpu_quality/run.py): builds
 # hearth's library, installs llama.cpp as bench/cpu_vs_llamacpp does (llama-cpp-python into .venv,
 # native libraries built in build/llamacpp), fetches the models, then measures and writes
-# bench/results/cpu_quality.{json,md}. Arguments go to run.py (e.g. --keep DIR, --models smollm2).
+# bench/results/cpu_quality.md. Arguments go to run.py (e.g. --keep DIR, --models smollm2).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"

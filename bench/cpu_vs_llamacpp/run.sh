@@ -4,7 +4,7 @@
 # libraries in $HEARTH_CACHE/bench/llamacpp/lib, which the Python bindings in .venv use to quantize
 # the models, and llama-bench, the peer measured, linked against them into build/llamacpp/bin; builds
 # hearth, prepares the GGUF models in $HEARTH_CACHE/bench, then runs run_bench.py, which writes
-# bench/results/cpu_vs_llamacpp.{json,md}. Nothing of llama.cpp is committed (build/ is ignored).
+# bench/results/cpu_vs_llamacpp.md. Nothing of llama.cpp is committed (build/ is ignored).
 # usage: bench/cpu_vs_llamacpp/run.sh [run_bench.py flags: -p 512 -n 128 -t 2 -r 5 --only ID,.. --no-1b]
 #   env: HEARTH_BIN (skip the build and use this binary), HEARTH_BUILD (make build dir, default build-bench),
 #        HEARTH_CACHE (model cache, default ~/.cache/hearth), BENCH_THREADS (quantizer threads, default 2)

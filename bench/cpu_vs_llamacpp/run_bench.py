@@ -6,7 +6,7 @@ decode tg128 both at 512 context, llama-bench -d 512 against hearth bench -p 512
 llama-bench's default empty-cache tg128 against hearth bench -p 1), median of r runs each (by default in interleaved rounds: one run of each engine
 per round, alternating which goes first, so both see the same machine); both load weights into anonymous memory (hearth by
 design, llama-bench with -lm none; checked through /proc/<pid>/smaps). Writes
-bench/results/cpu_vs_llamacpp.json and .md. A benchmark, not a test: it asserts nothing about speed.
+bench/results/cpu_vs_llamacpp.md (bench/results_file.py: the table, then the full result as json). A benchmark, not a test: it asserts nothing about speed.
 usage: .venv/bin/python bench/cpu_vs_llamacpp/run_bench.py [-p 512] [-n 128] [-t 2] [-r 5] [--hearth BIN]
        [--only ID,ID] [--no-1b] [--out bench/results/cpu_vs_llamacpp]
 """
@@ -24,6 +24,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "bench"))
+import results_file  # noqa: E402
 import prepare_models  # noqa: E402  (model list and paths live there)
 
 # llama.cpp's benchmark tool, built by install_llamacpp.sh from the same vendored source
@@ -252,7 +254,7 @@ def ratio(a, b):
     return a / b if a and b else None
 
 
-def write_markdown(res, path):
+def markdown(res):
     s = res["settings"]
     lines = [f"# hearth vs llama.cpp (llama-bench -lm none) on CPU ({s['threads']} threads, prompt {s['prompt_tokens']}, "
              f"generate {s['gen_tokens']}, median of {s['runs']} runs, {s['runs_1b']} for the 1B-shaped models"
@@ -303,11 +305,11 @@ def write_markdown(res, path):
               f"Run {res['started']} .. {res['finished']}; command: `{res['command']}`."]
     if errs:
         lines += ["", "Errors:"] + errs
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def save(args, started, machine, rows):
-    """Writes <out>.json and <out>.md from the rows measured so far; returns the path stem."""
+    """Writes <out>.md from the rows measured so far; returns the path stem."""
     llama_cpp = prepare_models.import_llama_cpp()
     machine = dict(machine, loadavg_after=machine.get("loadavg_after", loadavg()))
     first = next((r["llamacpp"] for r in rows if r["llamacpp"]), {})
@@ -320,11 +322,7 @@ def save(args, started, machine, rows):
            "machine": machine, "hearth": {"binary": args.hearth, "commit": git_describe()},
            "llamacpp": {"version": llama_cpp.__version__, "build_commit": first.get("build_commit"),
                         "command": command}, "rows": rows}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
-    write_markdown(res, out.with_suffix(".md"))
-    return out
+    return Path(results_file.write(args.out, markdown(res), res))
 
 
 def main():

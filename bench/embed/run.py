@@ -5,7 +5,7 @@ at batch 1 (one text per request / encode call) and batch 32. Median of --repeat
 
 sentence-transformers needs torch, which the project venv does not carry: pass --st-python
 (e.g. ~/.cache/hearth/oracle-venv/bin/python, see tools/make_embed_goldens.py); without it
-only hearth is measured. Writes bench/results/embed.json and embed.md."""
+only hearth is measured. Writes bench/results/embed.md (bench/results_file.py)."""
 import argparse
 import json
 import os
@@ -18,6 +18,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+import results_file  # noqa: E402
 sys.path.insert(0, str(REPO / "tests"))
 from hearth_process import free_port  # noqa: E402
 
@@ -103,8 +105,6 @@ def main():
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     meta = {"machine": f"{cpu}, {os.cpu_count()} cores", "python": platform.python_version(), "threads": threads,
             "repeats": args.repeats, "texts": len(texts), "mean_tokens": round(tokens, 1), **versions}
-    out_dir = REPO / "bench" / "results"
-    (out_dir / "embed.json").write_text(json.dumps({"meta": meta, "embeddings_per_s": res}, indent=2) + "\n")
     lines = ["# Embedding throughput, all-MiniLM-L6-v2 (embeddings/s, higher is better)", "",
              f"Machine: {meta['machine']}; the same thread count on both sides; {len(texts)} short texts "
              f"(mean {meta['mean_tokens']} tokens with [CLS]/[SEP]); median of {args.repeats}. hearth is measured "
@@ -120,7 +120,7 @@ def main():
               "so batch 32 gains little over batch 1; torch's GEMM wins there at one thread. With 2 threads on a",
               "machine whose load average is far above its 2 cores, torch's OpenMP threads collapse (the 2-thread",
               "sentence-transformers rows); read the 1-thread rows as the fairer comparison."]
-    (out_dir / "embed.md").write_text("\n".join(lines) + "\n")
+    results_file.write("embed", "\n".join(lines), {"meta": meta, "embeddings_per_s": res})
     print("\n".join(lines))
 
 

@@ -2,7 +2,8 @@
  * weight bytes read, next to this machine's streaming read bandwidth measured in the same
  * run (1 and 2 threads); prints the fraction of that roofline. Weights are cycled over
  * copies filling ~1 GiB so they come from DRAM, not cache, as in a real decode step.
- * Usage: matvec_bench [out_dir|-] [MiB] [formats] [shapes] ; writes out_dir/kernels.json and kernels.md.
+ * Usage: matvec_bench [out_dir|-] [MiB] [formats] [shapes] ; writes out_dir/kernels.json and kernels.md
+ * (bench/kernels/run.sh packs the two into bench/results/kernels.md with bench/results_file.py).
  * shapes: NxK[,NxK...] (default 2048x2048,8192x2048; N up to 65536 for vocabulary heads, K up to 8192). */
 #include "backend/cpu/matmul.h"
 #include "base/half.h"

@@ -4,12 +4,13 @@ prefilling it again, on the CPU. A ~4k-token prompt (no chat template) is prefil
 to write the KV file; then, alternating, R runs prefill it from scratch and R runs load the
 file (the page cache warm, as on a machine that saved it recently) and compute only the
 last prompt token. Time to the first token = file load + the computed part of the prompt.
-Prints the absolute times, the ratio, and the machine; writes bench/results/kv_resume.{json,md}.
+Prints the absolute times, the ratio, and the machine; writes bench/results/kv_resume.md (bench/results_file.py).
 Usage: run.py BIN MODEL [--tokens 4096] [--rounds 3] [--threads 2]"""
 import argparse, json, os, re, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "..", "results")
+sys.path.insert(0, os.path.join(HERE, ".."))
+import results_file  # noqa: E402
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
          "every jolly box of figs near the old stone bridge").split()
 
@@ -62,17 +63,14 @@ def main():
     print(f"prompt: {out['prompt_tokens']} tokens, KV file {size / 2**20:.1f} MiB")
     print(f"prefill again: {best_fresh:.3f} s | resume from file: {best_resumed:.4f} s "
           f"(load {min(r['load_s'] for r in resumed):.4f} s + last token) | speed-up {out['speedup']:.1f}x")
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "kv_resume.json"), "w") as f:
-        json.dump(out, f, indent=1)
-    with open(os.path.join(RESULTS, "kv_resume.md"), "w") as f:
-        f.write(f"# Resuming a saved prompt vs prefilling it again (`bench/kv_resume/run.py`)\n\n"
-                f"{out['date']}, {out['machine']}, load {out['load_avg']:.1f}, {args.threads} threads, "
-                f"{out['model']}, float KV, best of {args.rounds} alternating runs, page cache warm.\n\n"
-                f"| prompt tokens | KV file | prefill again (TTFT) | resume from file (TTFT) | speed-up |\n"
-                f"|---:|---:|---:|---:|---:|\n"
-                f"| {out['prompt_tokens']} | {size / 2**20:.1f} MiB | {best_fresh:.3f} s | {best_resumed:.4f} s | "
-                f"{out['speedup']:.1f}x |\n")
+    results_file.write("kv_resume",
+                       f"# Resuming a saved prompt vs prefilling it again (`bench/kv_resume/run.py`)\n\n"
+                       f"{out['date']}, {out['machine']}, load {out['load_avg']:.1f}, {args.threads} threads, "
+                       f"{out['model']}, float KV, best of {args.rounds} alternating runs, page cache warm.\n\n"
+                       f"| prompt tokens | KV file | prefill again (TTFT) | resume from file (TTFT) | speed-up |\n"
+                       f"|---:|---:|---:|---:|---:|\n"
+                       f"| {out['prompt_tokens']} | {size / 2**20:.1f} MiB | {best_fresh:.3f} s | {best_resumed:.4f} s | "
+                       f"{out['speedup']:.1f}x |\n", out)
     return 0
 
 

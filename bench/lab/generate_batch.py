@@ -3,7 +3,7 @@
 engine decodes them as one batch) against the same 8 samples as 8 sequential n = 1 requests
 (seeds seed+i each way), on one `hearth serve` in the same run. Prints the ratio (the issue's
 target: at least 5x) with the absolute times, tokens and the machine, and writes
-bench/results/lab_generate.{json,md}.
+bench/results/lab_generate.md (bench/results_file.py).
 
 usage: bench/lab/generate_batch.py [--bin build/bin/hearth] [--model M] [--threads N]
        [--device cpu|cuda] [--max-tokens 64] [--rounds 3] [--out bench/results] [--chat-template T]
@@ -12,7 +12,6 @@ usage: bench/lab/generate_batch.py [--bin build/bin/hearth] [--model M] [--threa
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,18 +20,15 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import results_file  # noqa: E402
+from serve_util import hearth_serve  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench" / "tokenize"))
 from run import cpu_model as cpu_name  # noqa: E402  (one /proc/cpuinfo reader for the benches)
 PROMPT = "Write a short paragraph about the sea."
 # a sharpening curve (below the identity away from the top), as someone would draw it
 CURVE = {"space": "logprob", "points": [{"x_pct": 1e-4, "y_pct": 1e-6}, {"x_pct": 1, "y_pct": 0.5},
                                          {"x_pct": 100, "y_pct": 100}]}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(base, path, body):
@@ -63,20 +59,11 @@ def main():
     ap.add_argument("--default-recipe", action="store_true",
                     help="the model's default recipe instead of the curve (on the GPU: the device sampler)")
     a = ap.parse_args()
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = [a.bin, "serve", "--model", a.model, "--port", str(port), "--threads", str(a.threads),
-           "--device", a.device, "--max-sequences", "8"]
+    cmd = ["--model", a.model, "--threads", str(a.threads), "--device", a.device, "--max-sequences", "8"]
     if a.chat_template:
         cmd += ["--chat-template", a.chat_template]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except Exception:  # noqa: BLE001 - not up yet
-                time.sleep(0.2)
+    with hearth_serve(a.bin, cmd) as (_, port):
+        base = f"http://127.0.0.1:{port}"
         body = {"prompt": PROMPT, "max_tokens": a.max_tokens}
         body.update({"default": True} if a.default_recipe else {"curve": CURVE})
         post(base, "/generate", dict(body, n=8, seed=0))  # warm-up: weights paged in, prompt cached
@@ -91,9 +78,6 @@ def main():
             texts = [post(base, "/generate", dict(body, n=1, seed=seed + i))["samples"][0]["text"] for i in range(8)]
             seq.append(time.perf_counter() - t)
             tokens_s.append(sum(len(x) for x in texts))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     mb, ms = statistics.median(batch), statistics.median(seq)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
@@ -110,17 +94,14 @@ def main():
            "median_batch_s": round(mb, 3), "median_sequential_s": round(ms, 3), "speedup": round(ms / mb, 2)}
     print(f"/generate n=8 as one batch: {mb:.2f} s; 8 sequential n=1 requests: {ms:.2f} s; "
           f"speedup {ms / mb:.2f}x (target >= 5x) on {machine}, {Path(a.model).name}, max_tokens {a.max_tokens}")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     name = "lab_generate_default" if a.default_recipe else "lab_generate"
-    (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / f"{name}.md").write_text(
+    results_file.write(str(Path(a.out) / name),
         "# /generate n = 8 as one batch vs 8 sequential requests\n\n"
         f"`bench/lab/generate_batch.py`, hearth {res['hearth']}, {res['when']}, {machine}, "
         f"{res['model']}, device {a.device}, max_tokens {a.max_tokens}, a sharpening curve, medians of "
         f"{a.rounds} rounds (seeds differ per round; the same 8 seeds both ways).\n\n"
         "| n = 8 in one request (s) | 8 sequential n = 1 requests (s) | speedup | target |\n|---:|---:|---:|---:|\n"
-        f"| {mb:.2f} | {ms:.2f} | {ms / mb:.2f}x | 5x |\n")
+        f"| {mb:.2f} | {ms:.2f} | {ms / mb:.2f}x | 5x |\n", res, machine_line=machine)
     return 0
 
 

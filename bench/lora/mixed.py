@@ -6,22 +6,22 @@ same run. The peer is hearth's own base path (no peer engine batches different a
 together: llama.cpp runs one adapter set per batch). Alternates the two modes --repeat times
 and reports the best and the median of each (the machine is shared: best-of is the least
 disturbed).
-Adapters are random, in MLX format, shaped for the model (made here with numpy + mlx).
-Usage: mixed.py BIN MODEL [--streams 8] [--adapters 4] [--rank 16] [--tokens 64] [--threads 2]
-Writes bench/results/lora_mixed.json and .md."""
-import argparse, json, os, platform, socket, statistics, subprocess, tempfile, time, urllib.request
+Adapters are random, in MLX format, shaped for the model (made here with numpy alone, so the
+GPU machine needs no mlx). --device cuda serves on the GPU (adapter steps run eagerly there,
+with the grouped low-rank kernel); --all-adapted gives every stream an adapter (no base rows).
+Usage: mixed.py BIN MODEL [--device cpu|cuda] [--streams 8] [--adapters 4] [--rank 16]
+                [--tokens 64] [--threads 2] [--all-adapted]
+Writes bench/results/lora_mixed.md (--device cuda: lora_mixed_cuda.md) through bench/results_file.py."""
+import argparse, json, os, platform, statistics, subprocess, sys, tempfile, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
+from serve_util import hearth_serve  # noqa: E402
 PROJ = {"self_attn.q_proj": ("hidden", "q"), "self_attn.k_proj": ("hidden", "kv"), "self_attn.v_proj": ("hidden", "kv"),
         "self_attn.o_proj": ("q", "hidden"), "mlp.gate_proj": ("hidden", "ffn"), "mlp.up_proj": ("hidden", "ffn"),
         "mlp.down_proj": ("ffn", "hidden")}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def model_dims(bin_, model):
@@ -32,17 +32,30 @@ def model_dims(bin_, model):
             "layers": info["num_hidden_layers"]}
 
 
+def save_safetensors(path, tensors):
+    """tensors: name -> float32 numpy array (the safetensors layout: a JSON header, then the data)."""
+    header, off = {}, 0
+    for name, t in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + t.nbytes]}
+        off += t.nbytes
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head)
+        for t in tensors.values():
+            f.write(t.tobytes())
+
+
 def make_adapter(path, dims, rank, seed):
     import numpy as np
-    import mlx.core as mx
     rng = np.random.default_rng(seed)
     w = {}
     for i in range(dims["layers"]):
         for name, (din, dout) in PROJ.items():
-            w[f"model.layers.{i}.{name}.lora_a"] = mx.array(rng.normal(0, 0.02, (dims[din], rank)).astype(np.float32))
-            w[f"model.layers.{i}.{name}.lora_b"] = mx.array(rng.normal(0, 0.02, (rank, dims[dout])).astype(np.float32))
+            w[f"model.layers.{i}.{name}.lora_a"] = rng.normal(0, 0.02, (dims[din], rank)).astype(np.float32)
+            w[f"model.layers.{i}.{name}.lora_b"] = rng.normal(0, 0.02, (rank, dims[dout])).astype(np.float32)
     os.makedirs(path, exist_ok=True)
-    mx.save_safetensors(os.path.join(path, "adapters.safetensors"), w)
+    save_safetensors(os.path.join(path, "adapters.safetensors"), w)
     json.dump({"fine_tune_type": "lora", "num_layers": dims["layers"],
                "lora_parameters": {"rank": rank, "scale": 2.0, "dropout": 0.0}},
               open(os.path.join(path, "adapter_config.json"), "w"))
@@ -81,6 +94,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--all-adapted", action="store_true", help="every stream uses an adapter (no base rows)")
     a = ap.parse_args()
     dims = model_dims(a.bin, a.model)
     tmp = tempfile.mkdtemp(prefix="hearth-lora-bench-")
@@ -88,29 +103,23 @@ def main():
     for k in range(a.adapters):
         make_adapter(os.path.join(tmp, f"a{k}"), dims, a.rank, k)
         flags += ["--adapter", f"a{k}={os.path.join(tmp, f'a{k}')}"]
-    port = free_port()
-    p = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", str(port), "--threads", str(a.threads),
-                          "--ctx", "1024", "--max-sequences", str(a.streams), "--log-level",
-                          "WARNING", *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base_runs, mixed_runs = [], []
-    try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.1)
-        spread = [f"a{i % a.adapters}" if i % (a.adapters + 1) else "none" for i in range(a.streams)]
+    with hearth_serve(a.bin, ["--model", a.model, "--threads", str(a.threads), "--ctx", "1024", "--max-sequences",
+                              str(a.streams), "--device", a.device, "--log-level", "WARNING", *flags]) as (p, port):
+        if a.all_adapted:
+            spread = [f"a{i % a.adapters}" for i in range(a.streams)]
+        else:
+            spread = [f"a{i % a.adapters}" if i % (a.adapters + 1) else "none" for i in range(a.streams)]
         run(port, p.pid, ["none"] * a.streams, 8)  # warm up
         for _ in range(a.repeat):
             base_runs.append(run(port, p.pid, ["none"] * a.streams, a.tokens))
             mixed_runs.append(run(port, p.pid, spread, a.tokens))
-    finally:
-        p.terminate()
-        p.wait()
-    res = {"model": a.model, "streams": a.streams, "adapters": a.adapters, "rank": a.rank, "tokens": a.tokens,
-           "threads": a.threads, "machine": f"{platform.machine()} {os.cpu_count()} cores, load "
-                                            f"{os.getloadavg()[0]:.1f}",
+    machine = f"{platform.machine()} {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+    if a.device == "cuda":
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+        machine = f"{gpu.stdout.strip().splitlines()[0] if gpu.returncode == 0 else 'unknown GPU'}; {machine}"
+    res = {"model": a.model, "device": a.device, "streams": a.streams, "adapters": a.adapters, "rank": a.rank,
+           "tokens": a.tokens, "threads": a.threads, "machine": machine,
            "mix": spread, "base_tok_s": [r[0] for r in base_runs], "mixed_tok_s": [r[0] for r in mixed_runs],
            "base_tok_per_cpu_s": [r[1] for r in base_runs], "mixed_tok_per_cpu_s": [r[1] for r in mixed_runs]}
     best = lambda runs, i: max(r[i] for r in runs)
@@ -118,18 +127,18 @@ def main():
     res["ratio_best"] = best(mixed_runs, 0) / best(base_runs, 0)
     res["ratio_median"] = med(mixed_runs, 0) / med(base_runs, 0)
     res["ratio_cpu_median"] = med(mixed_runs, 1) / med(base_runs, 1)
-    out = os.path.join(REPO, "bench", "results", "lora_mixed")
-    json.dump(res, open(out + ".json", "w"), indent=1)
     md = (f"# LoRA: mixed-adapter batches vs the base (`bench/lora/mixed.py`)\n\n"
-          f"{a.streams} concurrent streams of {a.tokens} tokens, {a.model}, {a.threads} threads, {res['machine']}; "
-          f"mixed: {a.adapters} rank-{a.rank} adapters on all 7 projections of every layer, and base rows "
+          f"{a.streams} concurrent streams of {a.tokens} tokens, {a.model}, --device {a.device}, {a.threads} threads, "
+          f"{res['machine']}; "
+          f"mixed: {a.adapters} rank-{a.rank} adapters on all 7 projections of every layer"
+          f"{'' if a.all_adapted else ', and base rows'} "
           f"({', '.join(spread)}).\n\n| mode | best tok/s | median tok/s | median tok per server CPU s |\n"
           f"| --- | --- | --- | --- |\n"
           f"| base only | {best(base_runs, 0):.1f} | {med(base_runs, 0):.1f} | {med(base_runs, 1):.1f} |\n"
           f"| mixed adapters | {best(mixed_runs, 0):.1f} | {med(mixed_runs, 0):.1f} | {med(mixed_runs, 1):.1f} |\n"
           f"| ratio mixed / base | {res['ratio_best']:.3f} | {res['ratio_median']:.3f} | "
           f"{res['ratio_cpu_median']:.3f} |\n")
-    open(out + ".md", "w").write(md)
+    results_file.write("lora_mixed" + ("_cuda" if a.device == "cuda" else ""), md, res)
     print(md)
 
 

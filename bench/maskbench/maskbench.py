@@ -29,6 +29,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import results_file  # noqa: E402
 
 
 def shared_data():
@@ -336,7 +338,8 @@ def main():
     ap.add_argument("--limit", type=int)
     ap.add_argument("--stride", type=int, default=1, help="every Nth schema (a sample across categories)")
     ap.add_argument("--no-llguidance", action="store_true")
-    ap.add_argument("--out", help="write the markdown table here")
+    ap.add_argument("--out", help="write the result file here (bench/results/maskbench.md: the table, then "
+                    "the summary as json, bench/results_file.py)")
     ap.add_argument("--tmp", help="work folder (default: a fresh temporary one)")
     ap.add_argument("--json", help="write per-schema hearth results here")
     args = ap.parse_args()
@@ -362,19 +365,20 @@ def main():
             for r in hr:
                 f.write(json.dumps(r) + "\n")
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(f"# MaskBench: hearth vs llguidance\n\n"
-                    f"`bench/maskbench/maskbench.py --model {os.path.basename(args.model)}"
-                    f"{' --limit %d' % args.limit if args.limit else ''}{' --stride %d' % args.stride if args.stride > 1 else ''}` on {platform.node()} "
-                    f"({platform.processor() or platform.machine()}, one thread each), {time.strftime('%Y-%m-%d')}.\n\n"
-                    f"Data: maskbench-dev (2,192 JSONSchemaBench schemas with valid and invalid instances), instances "
-                    f"as compact JSON with keys in schema order, tokenized by hearth; llguidance gets the same ids and "
-                    f"byte strings (whitespace_flexible) and, because it refuses other splits of the text a grammar forces, instances encoded by its own tokenizer (greedy longest match over those byte strings; hearth accepts any split, so it gets the model's BPE ids). A schema passes when it compiles and every valid instance is "
-                    f"accepted token by token and every invalid one refused. Mask time: thread CPU time per token of "
-                    f"valid instances (the machine is shared: wall time would count other processes), each instance on a "
-                    f"fresh matcher (hearth's matchers of one compiled grammar share its parse-state and mask cache; "
-                    f"llguidance's LLMatcher keeps its own).\n\n")
-            f.write(table(args.model, rows, len(cases)) + "\n")
+        results_file.write(args.out,
+                           f"# MaskBench: hearth vs llguidance\n\n"
+                           f"`bench/maskbench/maskbench.py --model {os.path.basename(args.model)}"
+                           f"{' --limit %d' % args.limit if args.limit else ''}{' --stride %d' % args.stride if args.stride > 1 else ''}` on {platform.node()} "
+                           f"({platform.processor() or platform.machine()}, one thread each), {time.strftime('%Y-%m-%d')}.\n\n"
+                           f"Data: maskbench-dev (2,192 JSONSchemaBench schemas with valid and invalid instances), instances "
+                           f"as compact JSON with keys in schema order, tokenized by hearth; llguidance gets the same ids and "
+                           f"byte strings (whitespace_flexible) and, because it refuses other splits of the text a grammar forces, instances encoded by its own tokenizer (greedy longest match over those byte strings; hearth accepts any split, so it gets the model's BPE ids). A schema passes when it compiles and every valid instance is "
+                           f"accepted token by token and every invalid one refused. Mask time: thread CPU time per token of "
+                           f"valid instances (the machine is shared: wall time would count other processes), each instance on a "
+                           f"fresh matcher (hearth's matchers of one compiled grammar share its parse-state and mask cache; "
+                           f"llguidance's LLMatcher keeps its own).\n\n" + table(args.model, rows, len(cases)) + "\n",
+                           {"model": os.path.basename(args.model), "schemas": len(cases), "limit": args.limit,
+                            "stride": args.stride, "summary": dict(rows)})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Each LoCoMo conversation goes into its own fresh vault as a ChatGPT-format expor
 conversation per session, message ids = LoCoMo dia_ids, author names = speakers) through
 `hearth memory import`; questions are asked through `hearth memory mcp` (memory_search,
 limit 5, kind conversation). recall@5 = the share of a question's evidence dialogue ids
-found in the top 5, averaged per category. Writes bench/results/memory_locomo.{json,md}.
+found in the top 5, averaged per category. Writes bench/results/memory_locomo.md (bench/results_file.py).
 
 --synthesize MODEL (with --limit-convs N for a subset): after the import, `hearth memory
 synthesize --model MODEL` writes articles from each conversation, and a second hearth row,
@@ -39,6 +39,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+import results_file  # noqa: E402
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 RRF_K = 60  # the same fusion constant hearth uses (src/memory/memory_index.c)
 
@@ -362,8 +364,7 @@ def main():
     load = f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     table, counts = summarize(hits)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
-    out = Path(a.out + ".json")
-    old = json.loads(out.read_text()) if out.exists() else {}
+    old = results_file.read_if_exists(a.out, {})
     if a.synthesize:
         turns = int(timing["turns"])
         places = {k[len("places_"):]: int(v) for k, v in sorted(timing.items()) if k.startswith("places_")}
@@ -387,9 +388,8 @@ def main():
                   "synthesis": "none (raw conversations only; --synthesize MODEL measures it: with_synthesis)"}
         if "with_synthesis" in old:
             result["with_synthesis"] = old["with_synthesis"]
-    out.write_text(json.dumps(result, indent=1) + "\n")
     text = markdown(result)
-    Path(a.out + ".md").write_text(text)
+    results_file.write(a.out, text, result)
     print(text)
 
 

@@ -7,7 +7,7 @@ not in it). Targets (issue 37): p95 <= 20 ms, rebuild < 60 s, on 2 cores.
 
 BM25 only by default: embedding 10,000 articles with all-MiniLM-L6-v2 takes about an hour
 on 2 CPU cores (a one-time cost; vectors are cached by text, so a rebuild re-embeds
-nothing). Writes bench/results/memory_search.{json,md}.
+nothing). Writes bench/results/memory_search.md (bench/results_file.py).
 usage: search_speed.py [--bin build/bin/hearth] [--articles 10000]
 """
 import argparse
@@ -17,12 +17,15 @@ import platform
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+import results_file  # noqa: E402
 
 
 def words(rng, n_vocab=20000):
@@ -102,7 +105,6 @@ def main():
            "machine": f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
            "when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
            "load_average_1min": round(os.getloadavg()[0], 2)}
-    Path(a.out + ".json").write_text(json.dumps(res, indent=1) + "\n")
     md = (f"# memory search speed\n\n`bench/memory/search_speed.py`, {res['when']}, {res['machine']}, load "
           f"average {res['load_average_1min']} while it ran (a machine shared with other builds).\n\n"
           f"A generated vault of {a.articles} articles ({res['documents']} documents with Reference/ and Meta/, "
@@ -114,7 +116,7 @@ def main():
           f"| index rebuild (`memory reindex`) | {res['rebuild_s']} s ({res['rebuild_wall_s']} s wall) | < 60 s |\n"
           f"| first index on open | {res['first_index_wall_s']} s | |\n"
           f"| one `hearth memory search` process, start to end | {res['cli_search_wall_s']} s | |\n")
-    Path(a.out + ".md").write_text(md)
+    results_file.write(a.out, md, res)
     print(md)
 
 

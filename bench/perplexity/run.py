@@ -3,7 +3,7 @@
 same model, same threads, same run, alternating: SmolLM2-135M-Instruct Q4_1 (the real GGUF),
 rows of 512 tokens of LoCoMo held-out text (tests/parity/mixed_data.py). Perplexity is timed
 plain and with --kl-divergence against saved reference log-probs (the Q8_0 GGUF's, made
-once, not timed). Writes bench/results/perplexity.{json,md}.
+once, not timed). Writes bench/results/perplexity.md (bench/results_file.py).
 
     HEARTH_BIN=build/bin/hearth .venv/bin/python bench/perplexity/run.py [--threads 2] [--repeat 2]
 """
@@ -18,11 +18,12 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
 sys.path.insert(0, os.path.join(REPO, "tests", "parity"))
 import mixed_data  # noqa: E402
 
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "build", "bin", "hearth"))
-RESULTS = os.path.join(REPO, "bench", "results")
 REF_GGUF = mixed_data.CACHE / "bench" / "smollm2-135m-instruct-q8_0.gguf"
 
 
@@ -65,10 +66,9 @@ def main():
            "ratio_perplexity_kl_vs_prefill": best["perplexity_kl"] / best["prefill"],
            "machine": f"{cpu}, {os.cpu_count()} cores", "load_average": {"min": min(loads), "max": max(loads)},
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv)}
-    json.dump(res, open(os.path.join(RESULTS, "perplexity.json"), "w"), indent=1)
     md = ["# hearth perplexity vs the engine's prefill rate, SmolLM2-135M-Instruct Q4_1", "",
           f"Rows of {L} tokens ({a.num_samples} rows, LoCoMo held-out text), {t} threads, best of {a.repeat} "
-          "alternating runs (tok/s; every run listed in the JSON).", "",
+          "alternating runs (tok/s; every run listed in the json below).", "",
           "| | tok/s | vs prefill |", "| --- | ---: | ---: |",
           f"| `hearth bench -p {L}` prefill | {best['prefill']:.0f} | 1.00 |",
           f"| `hearth perplexity` | {best['perplexity']:.0f} | {res['ratio_perplexity_vs_prefill']:.2f} |",
@@ -76,7 +76,7 @@ def main():
           f"{res['ratio_perplexity_kl_vs_prefill']:.2f} |", "",
           f"Machine: {res['machine']}, load average {min(loads):.1f} .. {max(loads):.1f} (shared by other users: "
           f"the absolute rates move with it, the ratios less). Run {res['date']}: `{res['command']}`.", ""]
-    open(os.path.join(RESULTS, "perplexity.md"), "w").write("\n".join(md))
+    results_file.write("perplexity", "\n".join(md), res)
     shutil.rmtree(tmp)  # the models and the reference log-probs (about 1 GB)
     print("\n".join(md))
 

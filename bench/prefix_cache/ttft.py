@@ -4,18 +4,15 @@ prompt is already in the prefix cache, against the same request with a system pr
 seen before (nothing cached). Streams each request and stops the clock at the first SSE
 content chunk. Alternates cold and warm runs and reports medians of --repeat each.
 Usage: ttft.py BIN MODEL [--threads 2] [--repeat 5]
-Writes bench/results/prefix_cache.json and .md. Standard library only."""
-import argparse, json, os, platform, socket, statistics, subprocess, time, urllib.request
+Writes bench/results/prefix_cache.md (bench/results_file.py). Standard library only."""
+import argparse, json, os, platform, statistics, sys, time, urllib.request
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
+from serve_util import hearth_serve  # noqa: E402
 WORDS = ("river stone lantern harbor meadow copper violet engine orchard signal canyon "
          "thunder pebble marble falcon glacier saffron timber compass").split()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def system_prompt(seed, n_words=680):
@@ -50,18 +47,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
-    port = free_port()
-    p = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", str(port), "--threads", str(a.threads),
-                          "--ctx", "4096", "--max-sequences", "4"], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
     cold, warm = [], []
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with hearth_serve(a.bin, ["--model", a.model, "--threads", str(a.threads), "--ctx", "4096",
+                              "--max-sequences", "4"]) as (_, port):
         ttft(port, "warm up", "hi")
         for r in range(a.repeat):
             system = system_prompt(r)
@@ -70,17 +58,11 @@ def main():
             t, n, c = ttft(port, system, "Name the first word.")  # same system prompt: from the cache
             warm.append({"ttft_s": t, "prompt_tokens": n, "cached_tokens": c})
         stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10).read())
-    finally:
-        p.terminate()
-        p.wait()
     mc = statistics.median(x["ttft_s"] for x in cold)
     mw = statistics.median(x["ttft_s"] for x in warm)
     out = {"model": a.model, "threads": a.threads, "repeat": a.repeat, "host": platform.node(),
            "date": time.strftime("%Y-%m-%d"), "cold": cold, "warm": warm, "median_cold_s": mc, "median_warm_s": mw,
            "speedup": mc / mw, "stats_at_end": stats}
-    res = os.path.join(REPO, "bench", "results")
-    with open(os.path.join(res, "prefix_cache.json"), "w") as f:
-        json.dump(out, f, indent=2)
     md = [
         "# Prefix cache: time to first token with a cached long prefix",
         "",
@@ -103,8 +85,7 @@ def main():
         f"{stats['prefix_cache']['hit_rate']:.3f}.",
         "",
     ]
-    with open(os.path.join(res, "prefix_cache.md"), "w") as f:
-        f.write("\n".join(md))
+    results_file.write("prefix_cache", "\n".join(md), out)
     print("\n".join(md))
 
 

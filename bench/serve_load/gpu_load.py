@@ -7,7 +7,7 @@ a warm-up that leaves the shared prompt prefix in each server's cache, then N co
 /v1/completions requests through load_gen.run_level: prompts of --prompt-tokens tokens whose first
 --prefix-tokens are the same for every request (distinct tails), --max-tokens answers with EOS banned,
 greedy. Records aggregate tok/s, TTFT p50/p95, cached prompt tokens and hearth's /stats per level, and
-rewrites OUT.json / OUT.md after every level, so a run cut short still leaves a table. Runs within
+rewrites OUT.md (bench/results_file.py: the tables, then the full result as json) after every level, so a run cut short still leaves a table. Runs within
 --budget seconds: the levels come in priority order and a level whose projected time does not fit
 what is left is skipped (the results say so). Standard library only (the GPU machine has no extra
 Python packages); it never reads a server's text as an expected value.
@@ -27,6 +27,8 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "serve_overhead"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+import results_file  # noqa: E402
 sys.path.insert(0, HERE)
 from load_gen import run_level  # noqa: E402
 from run_bench import Server, free_port, loadavg, machine  # noqa: E402
@@ -156,11 +158,9 @@ class Run:
 
     def save(self):
         self.res["elapsed_s"] = round(time.monotonic() - self.t0, 1)
-        with open(self.a.out + ".json.tmp", "w") as f:
-            json.dump(self.res, f, indent=1)
-        os.replace(self.a.out + ".json.tmp", self.a.out + ".json")
-        with open(self.a.out + ".md", "w") as f:
-            f.write(markdown(self.res))
+        gpu = (self.res.get("gpu") or {}).get("name")
+        results_file.write(self.a.out, markdown(self.res), self.res,
+                           machine_line=f"{gpu} + {results_file.machine()}" if gpu else None)
 
     def stop(self, key):
         srv = self.up.pop(key, None)
@@ -485,7 +485,7 @@ def main():
     ap.add_argument("--llama-fa", default="on", help="llama-server -fa value")
     ap.add_argument("--budget", type=float, default=280, help="seconds for everything; levels that do not fit are skipped")
     ap.add_argument("--load-timeout", type=float, default=120)
-    ap.add_argument("--out", required=True, help="writes OUT.json and OUT.md (after every level)")
+    ap.add_argument("--out", required=True, help="writes OUT.md (after every level)")
     ap.add_argument("--logs", default=None, help="server logs folder (default: beside OUT)")
     a = ap.parse_args()
     a.model = dict(a.model)

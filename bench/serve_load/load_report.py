@@ -2,12 +2,15 @@
 
 It owns the definitions of the reported ratios (hearth / peer at the same N) and of the N=1 check
 against the engine (`hearth bench`); it must not measure anything itself.
-usage (rewrite the table from a results file): load_report.py bench/results/serve_load.json
+usage (rewrite the tables and summary of a result file from its json): load_report.py bench/results/serve_load.md
 """
-import json
+import os
 import random
 from statistics import median
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import results_file  # noqa: E402
 
 PEERS = ("mlx_lm", "llama.cpp")
 ENGINE_TOLERANCE = 0.03  # issue 6: hearth serve at N=1 within 3% of the engine's single-stream rate
@@ -231,10 +234,6 @@ def markdown(res):
 
 
 if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        results = json.load(f)
+    results = results_file.read(sys.argv[1])
     results["summary"] = summarize(results)
-    with open(sys.argv[1], "w") as f:
-        json.dump(results, f, indent=1)
-    with open(sys.argv[1].rsplit(".", 1)[0] + ".md", "w") as f:
-        f.write(markdown(results))
+    results_file.rewrite(sys.argv[1], markdown(results), results)

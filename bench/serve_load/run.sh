@@ -6,7 +6,7 @@
 # bench/serve_load/serve_load.py: hearth serve, mlx_lm.server and llama-server (--parallel, continuous
 # batching) in turn on the same weights, N = 1, 4, 16. When llama-server cannot be built, llama-cpp-python's
 # server (pinned extras into .venv; it serializes requests) is the fallback peer and the results say so.
-# Writes bench/results/serve_load.{json,md}. Takes ~12-15 min on 2 cores.
+# Writes bench/results/serve_load.md. Takes ~12-15 min on 2 cores.
 # usage: bench/serve_load/run.sh [serve_load.py flags: --n 1,4,16 --max-tokens 64 --threads 2 --budget 240
 #        --models smollm2-135m-q4_1,smollm2-135m-bf16,llama1b-q4_0 --servers hearth,mlx_lm,llama.cpp --out PREFIX]
 #        --pairs 7 (paired N=1 serve-vs-bench samples; 0: off)

@@ -5,7 +5,7 @@ It owns the run: for each model, each server in turn on the same weights and thr
 then N = 1, 4, 16 concurrent streaming chats through load_gen.py (llama.cpp's peer: its C++ `llama-server`
 with one slot per client and continuous batching, built by build_llama_server.sh; llama-cpp-python's
 serializing server only as a fallback when that binary is missing, labelled so in the results); then `hearth bench` on the same model
-as the engine reference for the N=1 single-stream rate. Writes bench/results/serve_load.{json,md}
+as the engine reference for the N=1 single-stream rate. Writes bench/results/serve_load.md (bench/results_file.py)
 (load_report.py makes the table). A server whose projected time for a level exceeds its time budget skips
 that level and the results say so; it must not read any server's text as an expected value.
 """
@@ -23,6 +23,8 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
 sys.path.insert(0, os.path.join(REPO, "bench", "serve_overhead"))
 sys.path.insert(0, HERE)
 from load_gen import per_client, run_level, warm_up  # noqa: E402
@@ -271,12 +273,8 @@ def main():
     res["loadavg_after"] = loadavg()
     res["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     res["summary"] = summarize(res)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out + ".json", "w") as f:
-        json.dump(res, f, indent=1)
     text = markdown(res)
-    with open(a.out + ".md", "w") as f:
-        f.write(text)
+    results_file.write(a.out, text, res)
     print(text)
 
 

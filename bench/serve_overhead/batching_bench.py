@@ -3,24 +3,21 @@
 streams (continuous batching) against the same server limited to one sequence at a
 time (--max-sequences 1: requests run one after another, as before batching).
 Usage: batching_bench.py BIN MODEL [--tokens 64] [--threads 2] [--n 1,4,8]
-Writes its result into the HTTP-overhead benchmark's files: the "batching" key of
-bench/results/serve_overhead.json and the "Continuous batching" section of serve_overhead.md
-(replaced on each run). Standard library only."""
-import argparse, json, os, socket, subprocess, sys, threading, time, urllib.request
+Writes its result into the HTTP-overhead benchmark's file, bench/results/serve_overhead.md
+(bench/results_file.py): the "Continuous batching" section and the "batching" key of its json
+(both replaced on each run; the rest of the file is kept). Standard library only."""
+import argparse, json, os, sys, threading, time, urllib.request
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
+from serve_util import hearth_serve  # noqa: E402
 PROMPTS = ["The history of the city begins in the early medieval period, when",
            "In a distant galaxy, a small crew of explorers", "The recipe calls for flour, sugar and",
            "Machine learning models are trained by", "The old lighthouse keeper looked out at",
            "Quantum computers differ from classical ones because", "The river flowed past the village and",
            "Every morning the baker would"]
 BAN = {str(i): -100 for i in (0, 1, 2)}  # SmolLM2 EOS / special ids: every stream runs its full length
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(port, body):
@@ -31,17 +28,8 @@ def post(port, body):
 
 
 def run(bin_, model, seqs, threads, ns, tokens):
-    port = free_port()
-    p = subprocess.Popen([bin_, "serve", "--model", model, "--port", str(port), "--threads", str(threads),
-                          "--max-sequences", str(seqs), "--ctx", "1024"], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-                break
-            except Exception:
-                time.sleep(0.1)
+    with hearth_serve(bin_, ["--model", model, "--threads", str(threads), "--max-sequences", str(seqs),
+                             "--ctx", "1024"]) as (_, port):
         post(port, {"prompt": "warm up", "max_tokens": 4, "temperature": 0})
         out = {}
         for n in ns:
@@ -58,9 +46,6 @@ def run(bin_, model, seqs, threads, ns, tokens):
             out[n] = {"tokens": toks, "seconds": round(wall, 3), "tok_per_s": round(toks / wall, 2)}
             print(f"max_sequences={seqs} N={n}: {toks} tokens in {wall:.2f}s = {toks / wall:.1f} tok/s", flush=True)
         return out
-    finally:
-        p.terminate()
-        p.wait()
 
 
 def main():
@@ -95,19 +80,12 @@ def section_md(rep):
 
 
 def write_results(rep):
-    base = os.path.join(REPO, "bench", "results", "serve_overhead")
-    try:
-        with open(base + ".json") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        doc = {}
+    if not os.path.exists(results_file.path_of("serve_overhead")):
+        md, doc = "# hearth serve: per-token overhead and hearth vs mlx_lm.server\n", {"batching": rep}
+        return results_file.write("serve_overhead", md + "\n" + section_md(rep), doc)
+    doc = results_file.read("serve_overhead")
     doc["batching"] = rep
-    with open(base + ".json", "w") as f:
-        json.dump(doc, f, indent=1)
-    try:
-        md = open(base + ".md").read()
-    except FileNotFoundError:
-        md = "# hearth serve: per-token overhead and hearth vs mlx_lm.server\n"
+    md = results_file.body_of("serve_overhead")
     at = md.find(SECTION)
     if at >= 0:  # replace the old section, up to the next "## " heading
         nxt = md.find("\n## ", at + len(SECTION))
@@ -115,8 +93,7 @@ def write_results(rep):
     else:
         at = md.find("\n## Notes")
         md = (md[:at + 1] + section_md(rep) + "\n" + md[at + 1:]) if at >= 0 else md.rstrip("\n") + "\n\n" + section_md(rep)
-    with open(base + ".md", "w") as f:
-        f.write(md)
+    results_file.rewrite("serve_overhead", md, doc)
 
 
 if __name__ == "__main__":

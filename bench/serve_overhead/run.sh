@@ -2,7 +2,7 @@
 # run.sh: entry point of the `hearth serve` overhead benchmark. Builds hearth (make is a no-op when up
 # to date), then runs bench/serve_overhead/run_bench.py: engine vs HTTP streaming on the SmolLM2 GGUF,
 # and hearth serve vs the real mlx_lm.server (from .venv) on a tiny f32 model, N=1 and N=8 clients.
-# Writes bench/results/serve_overhead.{json,md}; the servers run on free loopback ports and are stopped.
+# Writes bench/results/serve_overhead.md; the servers run on free loopback ports and are stopped.
 # usage: bench/serve_overhead/run.sh [run_bench.py flags: -n 128 --threads 2 --reps 5 --reps8 3 --skip-mlx
 #        --gguf FILE --tiny DIR --out PREFIX]
 #   env: HEARTH_BIN (skip the build and use this binary), HEARTH_BUILD (make build dir, default build-bench),

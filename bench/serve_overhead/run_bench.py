@@ -4,7 +4,7 @@
 Part 1 (real GGUF): the same 128-token greedy generation through the engine (`hearth bench`,
 `hearth generate`) and through HTTP streaming (`hearth serve`), N=1 and N=8 concurrent clients;
 per-token server overhead and time to first byte. Part 2 (tiny f32 model): hearth serve vs the real
-mlx_lm.server on identical requests. Writes bench/results/serve_overhead.{json,md}. Standard library
+mlx_lm.server on identical requests. Writes bench/results/serve_overhead.md (bench/results_file.py). Standard library
 only (plus the venv's mlx-lm, run as a server process); it never reads hearth's answers as expected values.
 """
 
@@ -24,6 +24,8 @@ from report import markdown, median, pct, summarize  # noqa: E402
 from sse_client import stream_completion  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
 CACHE = os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth"))
 # A prompt SmolLM2 continues for well over 128 tokens greedily; EOS ids are banned anyway.
 PROMPT = "The history of the city begins in the early medieval period, when"
@@ -342,11 +344,7 @@ def main():
     res["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     res["summary"] = summarize(res)
     md = markdown(res)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out + ".json", "w") as f:
-        json.dump(res, f, indent=1)
-    with open(a.out + ".md", "w") as f:
-        f.write(md)
+    results_file.write(a.out, md, res)
     print(md)
 
 

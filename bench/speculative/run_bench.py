@@ -20,7 +20,7 @@ own): the same prompts, `--speculate lookup` against `--speculate none`, alterna
 per run; decode tok/s as the command prints it (generated tokens - 1 over the time after the first),
 the proposed / accepted counts from its stderr, and whether the texts match.
 `--only generate` runs just that part and keeps the serve part of the current result file
-(its own date and load stay with it). Writes bench/results/speculative.{json,md}.
+(its own date and load stay with it). Writes bench/results/speculative.md (bench/results_file.py).
 
   .venv/bin/python bench/speculative/run_bench.py [--rounds 3] [--max-tokens 256] [--only serve|generate]
 """
@@ -41,6 +41,8 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
 CACHE = os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth"))
 MODEL = os.path.join(CACHE, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -251,8 +253,7 @@ def main():
         raise SystemExit(f"{MODEL} missing: tools/get_models.sh fetches it")
     prompts = json.load(open(os.path.join(HERE, "prompts.json")))
     if a.only == "generate":
-        with open(a.out + ".json") as f:
-            result = json.load(f)
+        result = results_file.read(a.out)
         result["generate"] = bench_generate(a, prompts)
         return write(a.out, result)
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
@@ -310,19 +311,15 @@ def main():
                         "OMP_WAIT_POLICY=passive" if llama else "llama.cpp lookup: not measured (no llama.cpp build)"))
     if a.only != "serve":
         result["generate"] = bench_generate(a, prompts)
-    elif os.path.exists(a.out + ".json"):  # keep the generate part of the current file
-        with open(a.out + ".json") as f:
-            old = json.load(f).get("generate")
+    else:  # keep the generate part of the current file
+        old = results_file.read_if_exists(a.out, {}).get("generate")
         if old:
             result["generate"] = old
     write(a.out, result)
 
 
 def write(out, result):
-    """The json, and the md: the serve part, then the generate part."""
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out + ".json", "w") as f:
-        json.dump(result, f, indent=1)
+    """The result file: the serve part, then the generate part, then the json."""
     info, rows, a_threads = result, result["single"], result["threads"]
     bn, bl, spec = result["concurrent4"]["none_tps"], result["concurrent4"]["lookup_tps"], result["lookup_stats"]
     md = [f"# Prompt lookup speculation vs none ({result['date']})", "",
@@ -345,8 +342,7 @@ def write(out, result):
            f"Lookup server /stats: {json.dumps(spec)}", "", f"Peer: {result['peer']}.", "", NOTE, ""]
     if "generate" in result:
         md += generate_md(result["generate"])
-    with open(out + ".md", "w") as f:
-        f.write("\n".join(md))
+    results_file.write(out, "\n".join(md), result)
     print("\n".join(md))
 
 

@@ -2,7 +2,7 @@
 """bench/tokenize/run.py: tokenizer encoding throughput, HF `tokenizers` (Python, one thread)
 vs hearth (bench/tokenize/tok_bench.c linked against lib/libhearth.a), on the tokenizer corpus
 concatenated and repeated to ~5 MB; whole text as one string and line by line. Loading is not
-timed. Writes bench/results/tokenize.json and tokenize.md. A benchmark, not a test: it asserts
+timed. Writes bench/results/tokenize.md (bench/results_file.py). A benchmark, not a test: it asserts
 nothing except that both sides produce the same number of tokens (else the row is flagged).
 usage: .venv/bin/python bench/tokenize/run.py [--mb 5] [--repeats 3] [--lib lib/libhearth.a]
 """
@@ -20,8 +20,9 @@ from pathlib import Path
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # must be set before tokenizers is imported
 
 REPO = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import results_file  # noqa: E402
 CACHE = Path(os.environ.get("HEARTH_CACHE", Path.home() / ".cache" / "hearth"))
-RESULTS = REPO / "bench" / "results"
 
 
 def cpu_model():
@@ -148,8 +149,6 @@ def main():
               "repeats": args.repeats, "timing": "best of repeats, encode only (load excluded), one thread",
               "command": " ".join([".venv/bin/python", "bench/tokenize/run.py"] + sys.argv[1:]),
               "machine": machine, "rows": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "tokenize.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     fmt = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
     lines = ["# Tokenizer encode throughput (MB/s, higher is better)", "",
              f"Machine: {machine['cpu']}, {machine['cores']} cores; HF tokenizers {machine['tokenizers']} "
@@ -165,7 +164,7 @@ def main():
     if errors:
         lines += ["", "hearth errors: " + "; ".join(errors)]
     md = "\n".join(lines) + "\n"
-    (RESULTS / "tokenize.md").write_text(md)
+    results_file.write("tokenize", md, result)
     print(md)
 
 

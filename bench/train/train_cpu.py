@@ -6,14 +6,14 @@ bench/train/smollm2_folder.py), rank 8, the last 16 layers (both tools' default)
 batch 1, sequences of 512 tokens (511 targets), Adam, 2 threads (the machine's cores).
 Both train the same folder on the same data; the first step's loss must agree (B starts
 at zero, so it is the base model's loss). Prints and writes
-bench/results/train_cpu.{json,md}: tokens/s of each (median of the steps after the
+bench/results/train_cpu.md (bench/results_file.py): tokens/s of each (median of the steps after the
 first), the ratio, peak memory, the machine and its load average.
 
 --preference measures hearth's dpo and orpo instead (same model, rank 8, last 16 layers,
 batch 1: one pair a step, each sequence cut to 512 tokens, tokens/s counting both
 sequences) next to its sft in the same run; no peer runs here (PyTorch + TRL is not
 installable, mlx-lm-lora defines other losses). It adds a "preference" entry to
-train_cpu.json and a section to train_cpu.md, keeping the sft comparison.
+the json of train_cpu.md and a section to its text, keeping the sft comparison.
 
     .venv/bin/python bench/train/train_cpu.py [--steps 4] [--preference]
 """
@@ -31,6 +31,8 @@ import types
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import results_file  # noqa: E402
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "bin", "hearth"))
 MODEL = os.path.expanduser("~/.cache/hearth/bench/smollm2-135m-f32")
 WORDS = ("the quick brown fox jumps over a lazy dog while the local language model runs on your own machine "
@@ -109,9 +111,6 @@ def preference(a, rng, tmp):
 
 
 def write_results(res):
-    out = os.path.join(REPO, "bench", "results")
-    with open(os.path.join(out, "train_cpu.json"), "w") as f:
-        json.dump(res, f, indent=2)
     h, m = res["hearth"], res["mlx_lm"]
     load0, load1 = res["load_average_before"], res["load_average_after"]
     md = f"""# LoRA training on the CPU: hearth train vs mlx_lm.lora
@@ -154,8 +153,7 @@ sft's activation memory), so orpo's tokens/s should sit near sft's; dpo's steps 
 see a new pair, so each also runs the frozen base's two forwards (cached per example for
 later epochs).
 """
-    with open(os.path.join(out, "train_cpu.md"), "w") as f:
-        f.write(md)
+    results_file.write("train_cpu", md, res)
 
 
 def main():
@@ -167,8 +165,7 @@ def main():
         subprocess.run([sys.executable, os.path.join(REPO, "bench", "train", "smollm2_folder.py")], check=True)
     rng = np.random.default_rng(0)
     tmp = tempfile.mkdtemp(prefix="hearth-train-bench-")
-    prev_path = os.path.join(REPO, "bench", "results", "train_cpu.json")
-    prev = json.load(open(prev_path)) if os.path.exists(prev_path) else {}
+    prev = results_file.read_if_exists("train_cpu", {})
     if a.preference:
         prev["preference"] = preference(a, rng, tmp)
         print(json.dumps(prev["preference"], indent=2))

@@ -16,15 +16,30 @@ void adapter_registry_init(adapter_registry *r) {
     r->next_serial = 1;
 }
 
-/* Drops one reference (mu held). */
-static void adapter_unref(adapter *a) {
-    if (--a->refs == 0) adapter_free(a);
+/* Drops one reference (mu held); a freed mounted adapter's serial joins r->gone. */
+static void adapter_unref(adapter_registry *r, adapter *a) {
+    if (--a->refs) return;
+    if (a->serial) {
+        if (r->n_gone == ADAPTER_GONE_MAX) memmove(r->gone, r->gone + 1, --r->n_gone * sizeof *r->gone);
+        r->gone[r->n_gone++] = a->serial;
+    }
+    adapter_free(a);
+}
+
+int adapter_registry_take_gone(adapter_registry *r, uint64_t *keys, int cap) {
+    pthread_mutex_lock(&r->mu);
+    int n = r->n_gone < cap ? r->n_gone : cap;
+    memcpy(keys, r->gone, (size_t)n * sizeof *keys);
+    memmove(r->gone, r->gone + n, (size_t)(r->n_gone - n) * sizeof *r->gone);
+    r->n_gone -= n;
+    pthread_mutex_unlock(&r->mu);
+    return n;
 }
 
 void adapter_registry_free(adapter_registry *r) {
     for (adapter *a = r->head, *next; a; a = next) {
         next = a->next;
-        adapter_unref(a);
+        adapter_unref(r, a);
     }
     free(r->default_id);
     pthread_mutex_destroy(&r->mu);
@@ -43,6 +58,7 @@ hearth_status adapter_registry_add(adapter_registry *r, adapter *a, hearth_error
         st = err_set(err, HEARTH_ERR_INVALID, "an adapter with id '%s' is mounted already", a->id);
     else {
         a->serial = r->next_serial++;
+        a->ops.key = a->serial; /* a device backend's copy is found by it */
         a->refs = 1;
         adapter **tail = &r->head;
         while (*tail) tail = &(*tail)->next;
@@ -63,7 +79,7 @@ hearth_status adapter_registry_remove(adapter_registry *r, const char *id, heart
             free(r->default_id);
             r->default_id = NULL;
         }
-        adapter_unref(a);
+        adapter_unref(r, a);
     }
     pthread_mutex_unlock(&r->mu);
     return a ? HEARTH_OK : err_set(err, HEARTH_ERR_NOT_FOUND, "no adapter with id '%s' is mounted", id);
@@ -155,7 +171,7 @@ void adapter_set_release(adapter_registry *r, adapter_set *s) {
     if (!s) return;
     pthread_mutex_lock(&r->mu);
     if (--s->refs == 0) {
-        for (int i = 0; i < s->ops.n; i++) adapter_unref(s->members[i]);
+        for (int i = 0; i < s->ops.n; i++) adapter_unref(r, s->members[i]);
         free(s);
     }
     pthread_mutex_unlock(&r->mu);

@@ -11,6 +11,8 @@
 
 /* The most adapters one request combines ("a+b+..."). */
 #define ADAPTER_MAX_SET 8
+/* Freed adapters' serials the registry holds for the engine (adapter_registry_take_gone). */
+#define ADAPTER_GONE_MAX 64
 
 typedef struct adapter {
     char *id, *path;
@@ -53,6 +55,11 @@ typedef struct adapter_registry {
     adapter *head;   /* mount order */
     char *default_id; /* the adapter of requests that name none (NULL: the base) */
     uint64_t next_serial;
+    /* serials of adapters freed since the engine last took them (adapter_registry_take_gone):
+     * a device backend drops their copies; past ADAPTER_GONE_MAX the oldest are forgotten
+     * (the backend's LRU drops those copies instead) */
+    uint64_t gone[ADAPTER_GONE_MAX];
+    int n_gone;
 } adapter_registry;
 
 void adapter_registry_init(adapter_registry *r);
@@ -65,6 +72,8 @@ hearth_status adapter_registry_set_default(adapter_registry *r, const char *id, 
 /* The set a request spec names: NULL spec: the default adapter; "none" or "" or the
  * default with none mounted: *out NULL (the base); "id" or "a+b": those adapters. */
 hearth_status adapter_registry_resolve(adapter_registry *r, const char *spec, adapter_set **out, hearth_error *err);
+/* Moves the serials of adapters freed since the last call into keys (at most cap), returns how many. */
+int adapter_registry_take_gone(adapter_registry *r, uint64_t *keys, int cap);
 void adapter_set_retain(adapter_registry *r, adapter_set *s);
 void adapter_set_release(adapter_registry *r, adapter_set *s);
 /* [{id, path, format, type, rank, scale, size_bytes, layers, modules, default}] */

@@ -22,8 +22,6 @@ hearth_status hearth_adapter_mount(hearth_engine *e, const char *id, const char 
                        "adapter id '%s' must be 1-128 characters of letters, digits, '-', '_' or '.' (not \"none\")",
                        id ? id : "");
     if (!path || !*path) return err_set(err, HEARTH_ERR_INVALID, "adapter '%s': no path", id);
-    if (hearth_engine_device(e) != HEARTH_DEVICE_CPU)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "LoRA adapters run on the CPU backend only (--device cpu)");
     adapter *a;
     hearth_status st = adapter_load(engine_weights(e), path, &a, err);
     if (st) return st;

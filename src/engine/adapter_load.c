@@ -376,6 +376,8 @@ hearth_status adapter_parse(const model *m, const char *path, int peft, const ch
     a->format = peft ? "peft" : "mlx";
     a->dora = c.dora, a->rank = c.rank, a->scale = c.scale;
     a->ops.proj = a->proj;
+    a->ops.data = a->data;
+    a->ops.floats = a->bytes / sizeof(float);
     *out = a;
     return HEARTH_OK;
 }

@@ -505,6 +505,11 @@ const model *engine_weights(const hearth_engine *e) { return e->m; }
 /* One step on whichever backend holds the model: on the GPU, rows sampled there (dev_rows)
  * or greedy ids chosen there (greedy_id) when the step asks, else logits to the host. */
 static hearth_status engine_model_forward(hearth_engine *e, const op_batch *batch, hearth_error *err) {
+    if (e->be->t->adapter_gone) { /* the device copies of adapters freed since the last step go first */
+        uint64_t gone[16];
+        for (int n; (n = adapter_registry_take_gone(&e->adapters, gone, 16)) > 0;)
+            for (int i = 0; i < n; i++) e->be->t->adapter_gone(e->be, gone[i]);
+    }
     op_batch with = *batch, *b = &with; /* each row's adapters: its slot's */
     int adapted = 0;
     for (int t = 0; t < b->T; t++) {
@@ -512,8 +517,6 @@ static hearth_status engine_model_forward(hearth_engine *e, const op_batch *batc
         e->step_adapters[t] = s ? &s->ops : NULL;
         adapted |= s != NULL;
     }
-    if (adapted && e->gpu)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "LoRA adapters run on the CPU backend only (--device cpu)");
     with.row_adapters = adapted ? e->step_adapters : NULL;
     if (e->gpu && e->dev_rows && b->n_out >= 1) { /* each row's history: its slot's tokens up to its position */
         for (int i = 0; i < b->n_out; i++) {

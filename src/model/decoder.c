@@ -60,6 +60,13 @@ static void add_gdn_items(model *m, const layer_weights *l, int i) {
 }
 /* ---- end qwen3_5 ---- */
 
+/* A stack of every expert's matrix, in `slices` equal parts (a backend that keeps one
+ * weight per expert splits it so; Hugging Face's fused gate_up stacks are 2 per expert). */
+static void add_experts(model *m, const op_weight *w, int slices, const char *name, int layer) {
+    if (!w->n) return;
+    m->items[m->ops.n_items++] = (op_item){.w = w, .name = name, .layer = layer, .experts = slices};
+}
+
 /* A vector the backends hold when the model has it; a planned model (no data yet) lists
  * the ones its family always has, so a device plan sizes them too. */
 static void add_vec(model *m, const float *v, int family_has, int64_t n, const char *name, int layer) {
@@ -69,9 +76,10 @@ static void add_vec(model *m, const float *v, int family_has, int64_t n, const c
 /* (Re)builds m->ops after model_plan and again after model_load (the vectors' pointers). */
 hearth_status model_ops_build(model *m, hearth_error *err) {
     const model_config *c = &m->cfg;
-    /* per layer at most 13 matrices (7 + router and 3 expert stacks + Gemma 4's per-layer gate
-     * and projection) and 16 vectors (3 biases, 6 norms, 7 of Gemma 4's); 7 model-level items */
-    size_t cap = (size_t)c->n_layers * 29 + 7;
+    /* per layer at most 17 matrices (7 + router and 3 expert stacks + a shared expert's 4 +
+     * Gemma 4's per-layer gate and projection), 5 of Gated DeltaNet and 16 vectors (3 biases,
+     * 6 norms, 7 of Gemma 4's; 4 of Gated DeltaNet); 7 model-level items */
+    size_t cap = (size_t)c->n_layers * 42 + 7;
     if (!m->items && !(m->items = calloc(cap, sizeof *m->items))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (!m->layer_window && !(m->layer_window = calloc((size_t)c->n_layers, sizeof *m->layer_window)))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
@@ -102,9 +110,16 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
         if (l->linear) add_gdn_items(m, l, i);
         if (l->moe) {
             add_weight(m, &l->router, 0, "router", i);
-            add_weight(m, &l->experts_gate, 0, "experts.gate_proj", i);
-            add_weight(m, &l->experts_up, 0, "experts.up_proj", i);
-            add_weight(m, &l->experts_down, 0, "experts.down_proj", i);
+            int E = c->n_experts;
+            add_experts(m, &l->experts_gate, l->experts_up.n ? E : 2 * E, "experts.gate_proj", i);
+            add_experts(m, &l->experts_up, E, "experts.up_proj", i);
+            add_experts(m, &l->experts_down, E, "experts.down_proj", i);
+            if (c->shared_ffn > 0) { /* qwen3_5_moe's shared expert and its gate */
+                add_weight(m, &l->shared_gate, 0, "shared_expert.gate_proj", i);
+                add_weight(m, &l->shared_up, 0, "shared_expert.up_proj", i);
+                add_weight(m, &l->shared_down, 0, "shared_expert.down_proj", i);
+                add_weight(m, &l->shared_router, 0, "shared_expert_gate", i);
+            }
         }
         add_vec(m, l->q_bias, 0, qd, "q_bias", i);
         add_vec(m, l->k_bias, 0, kd, "k_bias", i);

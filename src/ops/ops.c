@@ -3,6 +3,7 @@
  * from the same bits). The ops themselves are the backends'. */
 #include "ops/ops.h"
 #include "base/err.h"
+#include <math.h>
 #include <string.h>
 
 hearth_status op_batch_check(const op_batch *b, const kv_cache *kv, int max_tokens, int max_out, hearth_error *err) {
@@ -127,4 +128,30 @@ void op_lora_apply(const op_batch *b, int layer, op_proj p, const float *x, int6
     int threads = tp ? tp_threads(tp) : 1, rows = (b->T + 2 * threads - 1) / (2 * threads);
     lora_job j = {.b = b, .layer = layer, .p = p, .x = x, .k = k, .n = n, .y = y, .rows = rows};
     tp_run(tp, (b->T + rows - 1) / rows, lora_task, &j);
+}
+
+void op_moe_route(const op_moe *m, float *g, int E, int K, int32_t *sel, float *w) {
+    int topk_softmax = m->router_norm != NULL;
+    float mx = g[0], sum = 0.0f, total = 0.0f;
+    if (!topk_softmax) {
+        for (int e = 1; e < E; e++) mx = g[e] > mx ? g[e] : mx;
+        for (int e = 0; e < E; e++) sum += (g[e] = expf(g[e] - mx));
+        for (int e = 0; e < E; e++) g[e] /= sum;
+    }
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= sel[j] == e;
+            if (!taken && (best < 0 || g[e] > g[best])) best = e;
+        }
+        sel[k] = best;
+        total += (w[k] = g[best]);
+    }
+    if (topk_softmax) { /* w[0] is the largest logit */
+        float top = w[0], z = 0.0f;
+        for (int k = 0; k < K; k++) z += (w[k] = expf(w[k] - top));
+        for (int k = 0; k < K; k++) w[k] = w[k] / z * m->expert_scale[sel[k]];
+    } else if (m->norm_topk)
+        for (int k = 0; k < K; k++) w[k] /= total;
 }

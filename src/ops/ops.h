@@ -45,6 +45,7 @@ typedef struct op_item {
     int logits;
     const char *name; /* for messages: "q_proj", "attn_norm", ... */
     int layer;        /* -1: not in a layer */
+    int experts;      /* > 0: w stacks this many experts' matrices (n / experts rows each) */
     int host_only;    /* read on the host only (an embedding table, op_embed_rows): a device backend keeps no copy */
 } op_item;
 
@@ -81,9 +82,14 @@ typedef struct op_lora {
 } op_lora;
 
 /* An adapter as the ops see it: its update of every projection, [n_layers * OP_N_PROJ]
- * (layer i, projection p at i * OP_N_PROJ + p). */
+ * (layer i, projection p at i * OP_N_PROJ + p). A device backend copies it whole: every
+ * a / b / dora of proj points into data (floats of them), and key names this adapter
+ * uniquely for the backend's life (the registry's mount serial; 0: no device copy). */
 typedef struct op_adapter {
     const op_lora *proj;
+    const float *data;
+    size_t floats;
+    uint64_t key;
 } op_adapter;
 
 /* The adapters one token's row applies, their updates summed ("a+b"; a DoRA adapter is
@@ -275,6 +281,9 @@ struct op_table {
     /* The device copy of kv rows (a partial prefix match), ordered before the next step;
      * NULL where the KV pool is the host's own. */
     hearth_status (*kv_copy)(op_backend *be, int32_t src, int32_t dst, int rows, hearth_error *err);
+    /* The adapter of this op_adapter.key is gone (unmounted, no row uses it): its device
+     * copy may go. NULL where the backend reads the host's own copy. */
+    void (*adapter_gone)(op_backend *be, uint64_t key);
     void (*free)(op_backend *be);
 };
 
@@ -327,6 +336,12 @@ static inline hearth_status op_per_layer_gate_run(const op_step *s, int layer, c
 }
 static inline hearth_status op_softcap(const op_step *s, float cap) { return s->t->softcap(s, cap); }
 
+/* One token's experts from its router logits g [E] (overwritten): softmax over the experts
+ * (in float, max first, as mlx's precise softmax), the top K by weight (ties: the lower
+ * expert index), renormalized to sum 1 when m->norm_topk. Gemma 4 (m->router_norm): the
+ * top K by logit, then the softmax of those K logits times m->expert_scale of each. Every
+ * backend routes by this one rule, so they pick the same experts. */
+void op_moe_route(const op_moe *m, float *g, int E, int K, int32_t *sel, float *w);
 /* Expert e's rows of a stacked expert weight (op_moe): a view, no copy. */
 op_weight op_weight_rows(const op_weight *w, int64_t row0, int64_t rows);
 static inline hearth_status op_logits(const op_step *s, const float *w, float shift, float div,

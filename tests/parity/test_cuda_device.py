@@ -56,13 +56,8 @@ def test_cuda_greedy_matches_cpu_reference(hearth_bin, tiny_models, name):
         pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA forward pass did NOT run")
     ref = trace(hearth_bin, m, "cpu", {"HEARTH_CPU": "scalar"})
     gpu = trace(hearth_bin, m, "cuda", args=["--cuda-exact"])
-    if name.startswith(("qwen3_moe", "gemma4_moe")):
-        # mixture-of-experts layers have no CUDA op yet: the backend must refuse at create
-        # with a message that sends the user to the CPU backend, never run a wrong model
-        assert gpu.returncode != 0 and "CPU backend only" in gpu.stderr, gpu.stderr
-        return
-    # every other family runs, Gemma 4 dense included (per-layer head sizes, shared KV,
-    # per-layer inputs, softcap): a refusal here is a failure, not a skip
+    # every family but the hybrids runs, Gemma 4 dense and MoE included (per-layer head sizes,
+    # shared KV, per-layer inputs, softcap): a refusal here is a failure, not a skip
     assert ref.returncode == 0 and gpu.returncode == 0, ref.stderr + gpu.stderr
     a, b = json.loads(ref.stdout), json.loads(gpu.stdout)
     assert [s["token"] for s in a["steps"]] == [s["token"] for s in b["steps"]]

@@ -1,11 +1,13 @@
 /* test_adapter_registry.c: the registry of mounted adapters (engine/adapter.c): ids, the
  * default, "a+b" / "none" specs and their errors, DoRA refusing company, and that an adapter
  * unmounted while a request's set still names it stays valid until that set is released
- * (run under ASan it also proves nothing is freed early or leaked). */
+ * (run under ASan it also proves nothing is freed early or leaked), and that only then its
+ * mount serial (op_adapter.key) is handed to the engine as gone (a device copy may go). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,6 +75,8 @@ static void test_unmount_while_in_use(void **state) {
     hearth_error err = {0};
     assert_int_equal(adapter_registry_add(&r, fake("a", 0), &err), HEARTH_OK);
     assert_int_equal(adapter_registry_set_default(&r, "a", &err), HEARTH_OK);
+    uint64_t gone[4], key = r.head->ops.key;
+    assert_true(key != 0 && key == r.head->serial);
     adapter_set *held, *s;
     assert_int_equal(adapter_registry_resolve(&r, "a", &held, &err), HEARTH_OK);
     adapter_set_retain(&r, held); /* a request and its slot each hold it */
@@ -82,6 +86,7 @@ static void test_unmount_while_in_use(void **state) {
     assert_int_equal(adapter_registry_resolve(&r, NULL, &s, &err), HEARTH_OK);          /* the default went too */
     assert_null(s);
     assert_string_equal(held->members[0]->id, "a"); /* the running request still reads it */
+    assert_int_equal(adapter_registry_take_gone(&r, gone, 4), 0); /* not gone while a set holds it */
     assert_true(held->ops.a[0]->proj != NULL);
     /* mounted again under the same id: a new namespace, so no KV of the old one is reused */
     assert_int_equal(adapter_registry_add(&r, fake("a", 0), &err), HEARTH_OK);
@@ -90,6 +95,20 @@ static void test_unmount_while_in_use(void **state) {
     adapter_set_release(&r, s);
     adapter_set_release(&r, held);
     adapter_set_release(&r, held); /* the last reference frees the unmounted adapter */
+    assert_int_equal(adapter_registry_take_gone(&r, gone, 4), 1);
+    assert_true(gone[0] == key);
+    assert_int_equal(adapter_registry_take_gone(&r, gone, 4), 0); /* taken once */
+    /* more freed adapters than the registry keeps: the newest ADAPTER_GONE_MAX, in order */
+    for (int i = 0; i < ADAPTER_GONE_MAX + 3; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "x%d", i);
+        assert_int_equal(adapter_registry_add(&r, fake(id, 0), &err), HEARTH_OK);
+        assert_int_equal(adapter_registry_remove(&r, id, &err), HEARTH_OK);
+    }
+    uint64_t many[ADAPTER_GONE_MAX + 8];
+    int n = adapter_registry_take_gone(&r, many, ADAPTER_GONE_MAX + 8);
+    assert_int_equal(n, ADAPTER_GONE_MAX);
+    for (int i = 1; i < n; i++) assert_true(many[i] == many[i - 1] + 1);
     adapter_registry_free(&r);
 }
 

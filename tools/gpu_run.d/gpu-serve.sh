@@ -3,8 +3,8 @@
 # (budget 300 s, run last). Waits (bounded) for the 8B GGUFs ($G8/.done), then runs
 # bench/serve_load/gpu_load.py (it starts llama-server once gpu-serve.pre.sh's build is done):
 # hearth serve --device cuda and llama-server on the same F16 and Q4_K_M files, N = 1, 8, 32,
-# 64, 128 concurrent streams of 512-token prompts (400 shared) and 128-token answers. Writes LOGDIR/serve_load_gpu.{json,md}
-# (copy them to bench/results/) and the servers' logs; prints a short table last.
+# 64, 128 concurrent streams of 512-token prompts (400 shared) and 128-token answers. Writes LOGDIR/serve_load_gpu.md
+# (tables, then the full result as json; copy it to bench/results/) and the servers' logs; prints a short table last.
 # Env (set by the driver): H (hearth binary), G8 (GGUF folder). Optional: GPU_SERVE_BUDGET (s,
 # default 290), GPU_SERVE_N (default 1,8,32,64,128), GPU_SERVE_FORMATS (default "f16 q4_k_m"),
 # GPU_SERVE_SERVERS (default hearth,llama.cpp; "hearth" skips llama.cpp), GPU_SERVE_DEVICE (cuda;
@@ -46,10 +46,12 @@ rc=$?
 echo "gpu_load.py rc $rc after $(($(date +%s) - T0)) s (log: gpu_load.log); llama-server build: $(
     [ -f "$DIR/.done" ] && echo "rc, seconds: $(cat "$DIR/.done")" || echo "not finished"; tail -1 "$L/llama_server_build.log" 2>/dev/null | cut -c1-80)"
 [ $rc -ne 0 ] && grep -E "Error|error|Traceback" "$L/gpu_load.log" | head -3
-python3 - "$L/serve_load_gpu.json" <<'PY'
-import json, sys
+python3 - "$L/serve_load_gpu.md" <<'PY'
+import sys
+sys.path.insert(0, "bench")
+import results_file
 try:
-    r = json.load(open(sys.argv[1]))
+    r = results_file.read(sys.argv[1])
 except (OSError, ValueError) as e:
     sys.exit(f"no results: {e}")
 f = lambda x, nd=0: "-" if x is None else f"{x:.{nd}f}"

@@ -2,8 +2,8 @@
 # lab-bench.sh LOGDIR: the sampling lab's /generate batch benchmark on the GPU, a part of
 # tools/gpu_run: bench/lab/generate_batch.py against `hearth serve --device cuda` on the
 # random-weight Llama-3.1-8B-shaped F16 GGUF (run with GR_MODELS=f16), n = 8 in one request
-# against 8 sequential requests. Writes LOGDIR/lab_generate.{json,md} and, when $OUT is set,
-# copies them there (copy them to bench/results/).
+# against 8 sequential requests. Writes LOGDIR/lab_generate.md (tables, then the full result as
+# json: bench/results_file.py) and, when $OUT is set, copies it there (copy it to bench/results/).
 # Env (set by the driver): H (hearth binary), G8 (GGUF folder). Optional: LAB_FORMAT (f16),
 # LAB_MAX_TOKENS (64), LAB_ROUNDS (3).
 set -u
@@ -18,5 +18,5 @@ for _ in $(seq 1 200); do [ -f "$G8/.done" ] && break; sleep 1; done
 python3 bench/lab/generate_batch.py --bin "$H" --model "$M" --device cuda --threads 16 \
     --max-tokens "${LAB_MAX_TOKENS:-64}" --rounds "${LAB_ROUNDS:-3}" --out "$L" \
     --chat-template "{% for m in messages %}{{ m['content'] }}{% endfor %}" 2>&1 | tee "$L/bench.log"
-[ -n "${OUT:-}" ] && cp "$L"/lab_generate.* "$OUT"/ 2>/dev/null
+[ -n "${OUT:-}" ] && cp "$L"/lab_generate.md "$OUT"/ 2>/dev/null
 cat "$L/lab_generate.md" 2>/dev/null

@@ -221,38 +221,11 @@ static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
     return HEARTH_OK;
 }
 
-/* The experts of each token: softmax over the router's logits (in float, max first, as
- * mlx's precise softmax), the top_k by weight (ties: the lower expert index), those weights
- * renormalized to sum 1 when asked. Gemma 4 (router_norm): the top_k by logit, then the
- * softmax of those k logits times expert_scale of each. */
+/* The experts of each token by the routing rule every backend shares (op_moe_route). */
 static void moe_route(cpu_backend *c, const op_step *s, const op_moe *m) {
-    int T = s->b->T, E = s->dims->n_experts, K = s->dims->top_k_experts, topk_softmax = m->router_norm != NULL;
-    for (int t = 0; t < T; t++) {
-        float *g = c->moe_logits + (size_t)t * E, mx = g[0], sum = 0.0f;
-        if (!topk_softmax) {
-            for (int e = 1; e < E; e++) mx = g[e] > mx ? g[e] : mx;
-            for (int e = 0; e < E; e++) sum += (g[e] = expf(g[e] - mx));
-            for (int e = 0; e < E; e++) g[e] /= sum;
-        }
-        int32_t *sel = c->moe_sel + (size_t)t * K;
-        float *w = c->moe_w + (size_t)t * K, total = 0.0f;
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= sel[j] == e;
-                if (!taken && (best < 0 || g[e] > g[best])) best = e;
-            }
-            sel[k] = best;
-            total += (w[k] = g[best]);
-        }
-        if (topk_softmax) { /* w[0] is the largest logit */
-            float top = w[0], z = 0.0f;
-            for (int k = 0; k < K; k++) z += (w[k] = expf(w[k] - top));
-            for (int k = 0; k < K; k++) w[k] = w[k] / z * m->expert_scale[sel[k]];
-        } else if (m->norm_topk)
-            for (int k = 0; k < K; k++) w[k] /= total;
-    }
+    int E = s->dims->n_experts, K = s->dims->top_k_experts;
+    for (int t = 0; t < s->b->T; t++)
+        op_moe_route(m, c->moe_logits + (size_t)t * E, E, K, c->moe_sel + (size_t)t * K, c->moe_w + (size_t)t * K);
 }
 
 /* tmp += sigmoid(shared_router · xn) * shared expert(xn), for every token (the router's

@@ -291,6 +291,13 @@ hearth_status cuda_scale(float *x, float s, int divide, size_t n, hearth_error *
 hearth_status cuda_add_bias(float *y, const float *bias, int T, int n, hearth_error *err);
 hearth_status cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int n_rows, int width,
                                hearth_error *err);
+/* x[i] = 0; dst[rows[i], :] += src[i, :] * w[i] for n_rows distinct rows (the experts of
+ * the mixture-of-experts op, cuda_moe.cu; rows and w on the device). */
+hearth_status cuda_zero(float *x, size_t n, hearth_error *err);
+hearth_status cuda_scatter_add_rows(float *dst, const float *src, const int32_t *rows, const float *w, int n_rows,
+                                    int width, hearth_error *err);
+/* y[t, :] += sigmoid(g[t]) * o[t, :] for T rows of width (a shared expert's gated output). */
+hearth_status cuda_add_sigmoid_scaled(float *y, const float *o, const float *g, int T, int width, hearth_error *err);
 
 /* Device copy of the paged KV pool: same block layout and tables as kv_cache; the element
  * type is the pool's quant (hearth_kv_quant): float32, or int8 / fp8 e4m3 bytes with one

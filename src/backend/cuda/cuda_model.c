@@ -7,9 +7,11 @@
 #ifdef HEARTH_HAVE_CUDA
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_lora_cache.h"
 #include "backend/cuda/cuda_plan.h"
 #include "base/err.h"
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +32,8 @@ typedef struct cuda_model {
     op_backend base;
     op_dims dims;
     cuda_weight *weights; /* one per matrix item */
+    cuda_weight **experts; /* per stacked-experts item: one weight per slice (NULL: none) */
+    int *n_slices;         /* and how many slices (op_item.experts) */
     float **vecs;         /* one per vector item */
     int n_items;
     dev_entry *map;
@@ -64,6 +68,18 @@ typedef struct cuda_model {
     op_layers_fn layers; /* the step's forward pass (the same for every step of a model) */
     const void *layers_ctx;
     cuda_plan plan; /* every buffer's size (cuda_plan.c: what hearth fit predicts) */
+    /* mixture of experts (dims.n_experts > 0): router logits, the tokens of each expert in
+     * expert order with their weights, an expert's input / gate / up / output rows; the
+     * routing itself runs on the host (pinned copies) */
+    float *moe_logits, *moe_w, *moe_x, *moe_gate, *moe_up, *moe_out, *moe_acc;
+    int32_t *moe_rows;
+    float *host_moe_logits, *host_moe_w, *host_moe_tw; /* [T, E]; [T K] by expert; [T, K] by token */
+    int32_t *host_moe_rows, *host_moe_sel;             /* [T K] by expert; [T, K] by token */
+    /* LoRA / DoRA adapters: their device copies and the step's row tables; lora_step: this
+     * step has rows with adapters (then it runs eagerly, each adapted projection followed
+     * by the low-rank update) */
+    cuda_lora_cache *lora;
+    int lora_step;
 } cuda_model;
 
 #define TRY(call)                                                                                                      \
@@ -105,12 +121,38 @@ static float *dbuf(const cuda_model *cm, op_buf b) {
     return b == OP_X ? cm->x : b == OP_XN ? cm->xn : b == OP_TMP ? cm->tmp : NULL;
 }
 
+/* y += the step's adapter updates of projection p of model layer `layer` (x [T, k] its
+ * input, y [T, n] its output before any bias); nothing in steps without adapters. */
+static hearth_status lora(const op_step *s, int layer, op_proj p, const float *x, int64_t k, float *y, int64_t n) {
+    cuda_model *cm = cmod(s);
+    if (!cm->lora_step) return HEARTH_OK;
+    return cuda_lora_cache_apply(cm->lora, s->b->T, layer, p, x, k, y, n, s->err);
+}
+
 /* Uploads item i: a weight in its device layout, or a vector of floats. */
 static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, hearth_error *err) {
     char what[64];
     if (it->host_only) return HEARTH_OK; /* read on the host (op_embed_rows), never on the device */
     if (it->layer >= 0) snprintf(what, sizeof what, "layer %d %s", it->layer, it->name ? it->name : "?");
     else snprintf(what, sizeof what, "%s", it->name ? it->name : "?");
+    if (it->w && it->experts > 0) { /* one device weight per expert: every layout slices so */
+        int64_t rows = it->w->n / it->experts;
+        if (rows * it->experts != it->w->n)
+            return err_set(err, HEARTH_ERR_FORMAT, "cuda: %s: %lld rows do not split into %d experts", what,
+                           (long long)it->w->n, it->experts);
+        if (!(cm->experts[i] = calloc((size_t)it->experts, sizeof **cm->experts)))
+            return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
+        cm->n_slices[i] = it->experts;
+        for (int e = 0; e < it->experts; e++) {
+            int expanded = 0;
+            op_weight slice = op_weight_rows(it->w, (int64_t)e * rows, rows);
+            cuda_weight *d = &cm->experts[i][e];
+            TRY(cuda_weight_upload_any(d, &slice, what, &expanded, err));
+            if (d->dtype == DT_AFFINE) d->aff_f32act = cm->plan.gemm_exact;
+        }
+        map_put(cm, it->w, cm->experts[i]);
+        return HEARTH_OK;
+    }
     if (it->w) {
         int expanded = 0; /* counted by the plan (cuda_weight_layout) */
         cuda_weight *d = &cm->weights[i];
@@ -239,6 +281,8 @@ static hearth_status cu_qkv_rope_store(const op_step *s, int layer, const op_att
     const cuda_weight *ws[3] = {dw(cm, a->q), dw(cm, a->k), dw(cm, a->v)};
     float *ys[3] = {cm->q, cm->k, cm->v};
     TRY(matmul_input(cm, ws, ys, 3, T, err));
+    for (int p = 0; p < 3; p++) /* adapters update the projections before their biases */
+        TRY(lora(s, a->layer, OP_PROJ_Q + p, cm->xn, c->hidden, ys[p], p ? kd : qd));
     TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
     TRY(cuda_add_bias(cm->k, dv(cm, a->k_bias), T, kd, err));
     TRY(cuda_add_bias(cm->v, dv(cm, a->v_bias), T, kd, err));
@@ -287,8 +331,11 @@ static hearth_status cu_attention(const op_step *s, int layer, const op_attn *a)
         cm->q8_ready = 0; /* xq no longer holds xn's copy */
     }
     TRY(cuda_attention(&args, s->err));
-    if (cuda_attention_writes_q8(&args)) return q8_matmul(cm, &o, &cm->tmp, 1, T, s->err);
-    return matmul(cm, o, cm->att, T, cm->tmp, s->err);
+    /* the merge that writes o's int8 activations writes att as floats too: the adapters' input */
+    if (cuda_attention_writes_q8(&args)) TRY(q8_matmul(cm, &o, &cm->tmp, 1, T, s->err));
+    else TRY(matmul(cm, o, cm->att, T, cm->tmp, s->err));
+    /* the attention output is this layer's heads wide (Gemma 4's full layers are wider) */
+    return lora(s, a->layer, OP_PROJ_O, cm->att, (int64_t)c->n_heads * view.head_dim, cm->tmp, c->hidden);
 }
 
 /* in: xn; out: tmp = down(act(gate(xn)) * up(xn)). */
@@ -296,29 +343,125 @@ static hearth_status cu_mlp(const op_step *s, const op_mlp *m) {
     cuda_model *cm = cmod(s);
     hearth_error *err = s->err;
     int T = s->b->T, gelu = m->act == OP_ACT_GELU_TANH;
-    size_t n = (size_t)T * (m->ffn ? m->ffn : s->dims->ffn); /* this layer's width (Gemma 4's vary) */
+    int H = s->dims->hidden, F = m->ffn ? m->ffn : s->dims->ffn; /* this layer's width (Gemma 4's vary) */
+    size_t n = (size_t)T * F;
     const cuda_weight *ws[2] = {dw(cm, m->gate), dw(cm, m->up)};
     float *ys[2] = {cm->gate, cm->up};
     TRY(matmul_input(cm, ws, ys, 2, T, err));
+    TRY(lora(s, m->layer, OP_PROJ_GATE, cm->xn, H, cm->gate, F));
+    TRY(lora(s, m->layer, OP_PROJ_UP, cm->xn, H, cm->up, F));
     const cuda_weight *down = dw(cm, m->down);
-    if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself */
+    if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself (and the product to gate) */
         TRY(cuda_gated_q8(cm->gate, cm->up, n, gelu, cm->xq, cm->xs, err));
-        return q8_matmul(cm, &down, &cm->tmp, 1, T, err);
+        TRY(q8_matmul(cm, &down, &cm->tmp, 1, T, err));
+        return lora(s, m->layer, OP_PROJ_DOWN, cm->gate, F, cm->tmp, H);
     }
     int act = cm->invariant ? CUDA_ACT_NONE : cuda_matmul_act(cm->gemm, down, cm->gate, T);
     if (act) { /* prefill: the gated product goes to the GEMM's input type directly */
         TRY(cuda_matmul_load_gated(cm->gemm, act, cm->gate, cm->up, T, down->k, gelu, err));
-        return cuda_matmul_loaded(cm->gemm, down, act, T, cm->tmp, err);
+        TRY(cuda_matmul_loaded(cm->gemm, down, act, T, cm->tmp, err));
+        if (!cm->lora_step) return HEARTH_OK;
+        /* the adapters' input: the same product as floats (gate is free once the GEMM read it) */
+        TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
+        return lora(s, m->layer, OP_PROJ_DOWN, cm->gate, F, cm->tmp, H);
     }
     TRY(gelu ? cuda_gelu_tanh_mul(cm->gate, cm->up, n, err) : cuda_silu_mul(cm->gate, cm->up, n, err));
-    return matmul(cm, down, cm->gate, T, cm->tmp, err);
+    TRY(matmul(cm, down, cm->gate, T, cm->tmp, err));
+    return lora(s, m->layer, OP_PROJ_DOWN, cm->gate, F, cm->tmp, H);
 }
 
-/* Mixture-of-experts layers are not on the GPU yet: cuda_model_create refuses such a model,
- * so a step never gets here. */
+/* out = the sum over each token's chosen experts (host_moe_sel / host_moe_tw, [T, K]) of
+ * weight * down_e(act(gate_e x) * up_e x) for the rows x: each expert's tokens gathered
+ * into one matmul per weight, its output rows added back in expert order (the CPU
+ * backend's order: one rounding for each product and each sum). */
+static hearth_status moe_experts(cuda_model *cm, const op_step *s, const op_moe *m, const float *x, float *out) {
+    const op_dims *d = s->dims;
+    hearth_error *err = s->err;
+    int T = s->b->T, H = d->hidden, E = d->n_experts, K = d->top_k_experts, F = d->moe_ffn;
+    const cuda_weight *g = dw(cm, m->gate), *u = m->up ? dw(cm, m->up) : NULL, *dn = dw(cm, m->down);
+    if (!g || (m->up && !u) || !dn)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: a mixture-of-experts layer without its device weights");
+    /* the (token, weight) pairs ordered by expert, tokens ascending within one */
+    int count[E + 1], start[E + 1];
+    for (int e = 0; e <= E; e++) count[e] = 0;
+    for (int i = 0; i < T * K; i++) count[cm->host_moe_sel[i]]++;
+    start[0] = 0;
+    for (int e = 0; e < E; e++) start[e + 1] = start[e] + count[e];
+    for (int e = 0; e < E; e++) count[e] = start[e];
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e = cm->host_moe_sel[(size_t)t * K + k], at = count[e]++;
+            cm->host_moe_rows[at] = t;
+            cm->host_moe_w[at] = cm->host_moe_tw[(size_t)t * K + k];
+        }
+    TRY(cuda_upload_async(cm->moe_rows, cm->host_moe_rows, (size_t)T * K * sizeof(int32_t), err));
+    TRY(cuda_upload_async(cm->moe_w, cm->host_moe_w, (size_t)T * K * sizeof(float), err));
+    TRY(cuda_zero(out, (size_t)T * H, err));
+    for (int e = 0; e < E; e++) {
+        int n = start[e + 1] - start[e];
+        if (!n) continue;
+        const int32_t *rows = cm->moe_rows + start[e];
+        /* a fused gate_up stack (up NULL) was uploaded as 2E slices: expert e's gate, then its up */
+        const cuda_weight *ge = u ? &g[e] : &g[2 * e], *ue = u ? &u[e] : &g[2 * e + 1];
+        TRY(cuda_gather_rows(cm->moe_x, x, rows, n, H, err));
+        TRY(matmul(cm, ge, cm->moe_x, n, cm->moe_gate, err));
+        TRY(matmul(cm, ue, cm->moe_x, n, cm->moe_up, err));
+        TRY(m->act == OP_ACT_SILU ? cuda_silu_mul(cm->moe_gate, cm->moe_up, (size_t)n * F, err)
+                                  : cuda_gelu_tanh_mul(cm->moe_gate, cm->moe_up, (size_t)n * F, err));
+        TRY(matmul(cm, &dn[e], cm->moe_gate, n, cm->moe_out, err));
+        TRY(cuda_scatter_add_rows(out, cm->moe_out, rows, cm->moe_w + start[e], n, H, err));
+    }
+    if (!m->shared_up) return HEARTH_OK;
+    /* the shared expert: out += sigmoid(shared_router · x) * down(silu(gate x) * up x) */
+    const cuda_weight *sg = dw(cm, m->shared_gate), *su = dw(cm, m->shared_up), *sd = dw(cm, m->shared_down),
+                      *sr = dw(cm, m->shared_router);
+    if (!sg || !su || !sd || !sr)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: a shared expert without its device weights");
+    size_t n = (size_t)T * d->shared_ffn;
+    TRY(matmul(cm, sg, x, T, cm->moe_gate, err));
+    TRY(matmul(cm, su, x, T, cm->moe_up, err));
+    TRY(matmul(cm, sr, x, T, cm->moe_logits, err));
+    TRY(cuda_silu_mul(cm->moe_gate, cm->moe_up, n, err));
+    TRY(matmul(cm, sd, cm->moe_gate, T, cm->moe_out, err));
+    return cuda_add_sigmoid_scaled(out, cm->moe_out, cm->moe_logits, T, H, err);
+}
+
+/* The router's logits of rows x to the host and each token's experts by the rule every
+ * backend shares (op_moe_route): a synchronisation mid-step, so MoE models run without
+ * decode graphs. */
+static hearth_status moe_route(cuda_model *cm, const op_step *s, const op_moe *m, const float *x) {
+    const op_dims *d = s->dims;
+    int T = s->b->T, E = d->n_experts, K = d->top_k_experts;
+    const cuda_weight *router = dw(cm, m->router);
+    if (!router || E <= 0 || K <= 0 || K > E)
+        return err_set(s->err, HEARTH_ERR_INVALID, "cuda: a mixture-of-experts layer without its router");
+    TRY(matmul(cm, router, x, T, cm->moe_logits, s->err));
+    TRY(cuda_download_async(cm->host_moe_logits, cm->moe_logits, (size_t)T * E * sizeof(float), s->err));
+    TRY(cuda_stream_sync(s->err));
+    for (int t = 0; t < T; t++)
+        op_moe_route(m, cm->host_moe_logits + (size_t)t * E, E, K, cm->host_moe_sel + (size_t)t * K,
+                     cm->host_moe_tw + (size_t)t * K);
+    return HEARTH_OK;
+}
+
+/* tmp = the mixture-of-experts MLP of xn (plus the shared expert); Gemma 4's form: router
+ * and experts read rmsnorm(x) with their own norms, and their normed sum is added to tmp. */
 static hearth_status cu_moe(const op_step *s, const op_moe *m) {
-    (void)m;
-    return err_set(s->err, HEARTH_ERR_UNSUPPORTED, "cuda: mixture-of-experts layers run on the CPU backend only");
+    cuda_model *cm = cmod(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T, H = d->hidden;
+    cm->q8_ready = 0;
+    if (!m->router_norm) {
+        TRY(moe_route(cm, s, m, cm->xn));
+        return moe_experts(cm, s, m, cm->xn, cm->tmp);
+    }
+    /* xn (free once the dense MLP has read it) holds the router's input, then the experts' */
+    TRY(cuda_rmsnorm(cm->xn, cm->x, dv(cm, m->router_norm), 0.0f, T, H, d->norm_eps, s->err));
+    TRY(moe_route(cm, s, m, cm->xn));
+    TRY(cuda_rmsnorm(cm->xn, cm->x, dv(cm, m->in_norm), 0.0f, T, H, d->norm_eps, s->err));
+    TRY(moe_experts(cm, s, m, cm->xn, cm->moe_acc));
+    TRY(cuda_rmsnorm(cm->moe_acc, cm->moe_acc, dv(cm, m->out_norm), 0.0f, T, H, d->norm_eps, s->err));
+    return cuda_add(cm->tmp, cm->moe_acc, (size_t)T * H, s->err);
 }
 
 /* ---- Models whose layers differ (op_dims.varied_layers: Gemma 4) ---- */
@@ -341,7 +484,10 @@ static hearth_status cu_qkv_rope_store_varied(const op_step *s, int layer, const
     const int32_t *pos = cm->ints, *slot = cm->ints + cm->max_tokens;
     const cuda_weight *ws[3] = {dw(cm, a->q), dw(cm, a->k), dw(cm, a->v)};
     float *ys[3] = {cm->q, cm->k, cm->v};
-    TRY(matmul_input(cm, ws, ys, a->shared ? 1 : a->v ? 3 : 2, T, err));
+    int np = a->shared ? 1 : a->v ? 3 : 2; /* the projections this layer has */
+    TRY(matmul_input(cm, ws, ys, np, T, err));
+    for (int p = 0; p < np; p++) /* adapters update the projections before their biases */
+        TRY(lora(s, a->layer, OP_PROJ_Q + p, cm->xn, c->hidden, ys[p], p ? kd : qd));
     if (!a->shared && !a->v) TRY(cuda_copy_f32(cm->v, cm->k, (size_t)T * kd, err));
     TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
     if (a->q_norm) /* rows over 256 (full layers' 512) go to the row kernel inside */
@@ -487,9 +633,12 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
     cm->layers = layers;
     cm->layers_ctx = ctx;
     op_step s = {.t = be->t, .be = be, .dims = dims, .kv = kv, .b = b, .out = out, .err = err};
-    /* T <= GRAPH_MAX_T runs the same kernels either way, so decode graphs are shared; per-layer
-     * inputs are made on the host inside the layers (cu_per_layer_inputs): no graph then */
-    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && out != OP_OUT_HIDDEN && !dims->per_layer_dim)
+    /* a step with adapters: their device copies and row tables first, then eagerly (graphs
+     * are captured without the adapters' launches) */
+    cm->lora_step = op_batch_has_adapters(b);
+    if (cm->lora_step) TRY(cuda_lora_cache_step(cm->lora, b, err));
+    /* T <= GRAPH_MAX_T runs the same kernels either way, so decode graphs are shared */
+    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && !cm->lora_step && out != OP_OUT_HIDDEN)
         TRY(run_graph(cm, &s));
     else
         TRY(run_layers(cm, &s));
@@ -516,6 +665,8 @@ static hearth_status cu_kv_copy(op_backend *be, int32_t src, int32_t dst, int ro
     return cuda_kv_copy_rows(&((cuda_model *)be)->kv, src, dst, rows, err);
 }
 
+static void cu_adapter_gone(op_backend *be, uint64_t key) { cuda_lora_cache_forget(((cuda_model *)be)->lora, key); }
+
 static const op_table cuda_table = {.name = "cuda",
                                     .step = cu_step,
                                     .add_norm = cu_add_norm,
@@ -531,6 +682,7 @@ static const op_table cuda_table = {.name = "cuda",
                                     .per_layer_gate = cu_per_layer_gate,
                                     .softcap = cu_softcap,
                                     .kv_copy = cu_kv_copy,
+                                    .adapter_gone = cu_adapter_gone,
                                     .free = cuda_model_free};
 
 /* The step's device buffers, each of the size the plan gives (cuda_plan.c). */
@@ -568,6 +720,27 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
         return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host buffers for %d tokens",
                        cm->max_tokens);
     }
+    if (c->n_experts > 0) { /* cu_moe's buffers (sizes and order: cuda_plan.c) */
+        size_t P = p->moe_pairs;
+        TRY(cuda_alloc((void **)&cm->moe_logits, p->moe_logits * sizeof(float), "router logits", err));
+        TRY(cuda_alloc((void **)&cm->moe_rows, P * sizeof(int32_t), "expert rows", err));
+        TRY(cuda_alloc((void **)&cm->moe_w, P * sizeof(float), "expert weights", err));
+        TRY(cuda_alloc((void **)&cm->moe_x, p->moe_hidden_floats * sizeof(float), "expert inputs", err));
+        TRY(cuda_alloc((void **)&cm->moe_gate, p->moe_ffn_floats * sizeof(float), "expert gate", err));
+        TRY(cuda_alloc((void **)&cm->moe_up, p->moe_ffn_floats * sizeof(float), "expert up", err));
+        TRY(cuda_alloc((void **)&cm->moe_out, p->moe_hidden_floats * sizeof(float), "expert outputs", err));
+        if (p->moe_acc_floats)
+            TRY(cuda_alloc((void **)&cm->moe_acc, p->moe_acc_floats * sizeof(float), "expert sums", err));
+        if (cudaMallocHost((void **)&cm->host_moe_logits, p->moe_logits * sizeof(float)) != cudaSuccess ||
+            cudaMallocHost((void **)&cm->host_moe_rows, P * sizeof(int32_t)) != cudaSuccess ||
+            cudaMallocHost((void **)&cm->host_moe_sel, P * sizeof(int32_t)) != cudaSuccess ||
+            cudaMallocHost((void **)&cm->host_moe_w, P * sizeof(float)) != cudaSuccess ||
+            cudaMallocHost((void **)&cm->host_moe_tw, P * sizeof(float)) != cudaSuccess) {
+            cudaGetLastError();
+            return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host buffers for the experts");
+        }
+    }
+    TRY(cuda_lora_cache_create(c->n_layers, cm->max_tokens, &cm->lora, err));
     return cuda_gemm_create(&cm->gemm, p->gemm_max_w, p->gemm_max_x, p->gemm_exact, err);
 }
 
@@ -593,10 +766,6 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
                        "cuda: hybrid Gated DeltaNet models (Qwen3.5: %d linear-attention layers) run on the CPU "
                        "backend only for now; use --device cpu",
                        c->n_state_layers);
-    if (c->n_experts > 0)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                       "cuda: mixture-of-experts models (%d experts) run on the CPU backend only for now; use --device cpu",
-                       c->n_experts);
     cuda_model *cm = calloc(1, sizeof *cm);
     if (!cm) return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
     cm->base.t = &cuda_table;
@@ -606,14 +775,19 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
     for (cm->map_cap = 16; cm->map_cap < (size_t)om->n_items * 2; cm->map_cap *= 2) {
     }
     cm->weights = calloc((size_t)om->n_items, sizeof *cm->weights);
+    cm->experts = calloc((size_t)om->n_items, sizeof *cm->experts);
+    cm->n_slices = calloc((size_t)om->n_items, sizeof *cm->n_slices);
     cm->vecs = calloc((size_t)om->n_items, sizeof *cm->vecs);
     cm->map = calloc(cm->map_cap, sizeof *cm->map);
-    if (!cm->weights || !cm->vecs || !cm->map) {
+    if (!cm->weights || !cm->experts || !cm->n_slices || !cm->vecs || !cm->map) {
         cuda_model_free(&cm->base);
         return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
     }
     cm->max_tokens = max_tokens;
     cm->max_out = max_out;
+    /* the experts' routing reads the router's logits on the host mid-step: no graphs */
+    /* host work inside the layers (MoE routing; per-layer inputs' table rows): every step eager */
+    cm->graphs_off = c->n_experts > 0 || c->per_layer_dim > 0;
     cuda_plan_make(om, kv, max_tokens, max_out, cuda_kv_device_dtype(kv->quant), gemm_exact, &cm->plan);
     hearth_status st = HEARTH_OK;
     for (int i = 0; !st && i < om->n_items; i++) st = upload_item(cm, &om->items[i], i, err);
@@ -631,7 +805,10 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
                      cm->plan.n_expanded, tensor_dtype_name(cm->plan.expanded_from));
         snprintf(note, note_size, "cuda: %s, %.2f GB on the device, decode graphs %s%s", info.name,
                  (double)cuda_plan_bytes(&cm->plan) / 1e9,
-                 c->per_layer_dim ? "off (per-layer inputs are made on the host each step)" : "on", expanded);
+                 c->n_experts > 0    ? "off (mixture of experts: routed on the host)"
+                 : c->per_layer_dim ? "off (per-layer inputs: made on the host each step)"
+                                    : "on",
+                 expanded);
     }
     *out = &cm->base;
     return HEARTH_OK;
@@ -643,7 +820,13 @@ void cuda_model_free(op_backend *be) {
     for (int i = 0; i < cm->n_items; i++) {
         if (cm->weights) cuda_weight_free(&cm->weights[i]);
         if (cm->vecs) cuda_free(cm->vecs[i]);
+        if (cm->experts && cm->experts[i]) {
+            for (int e = 0; e < cm->n_slices[i]; e++) cuda_weight_free(&cm->experts[i][e]);
+            free(cm->experts[i]);
+        }
     }
+    free(cm->experts);
+    free(cm->n_slices);
     free(cm->weights);
     free(cm->vecs);
     free(cm->map);
@@ -658,6 +841,12 @@ void cuda_model_free(op_backend *be) {
     cuda_free(cm->pl_in);
     cuda_free(cm->pl_tmp);
     if (cm->host_pl) cudaFreeHost(cm->host_pl);
+    float *moe[] = {cm->moe_logits, cm->moe_w, cm->moe_x, cm->moe_gate, cm->moe_up, cm->moe_out, cm->moe_acc};
+    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) cuda_free(moe[i]);
+    cuda_free(cm->moe_rows);
+    void *pinned[] = {cm->host_moe_logits, cm->host_moe_rows, cm->host_moe_sel, cm->host_moe_w, cm->host_moe_tw};
+    for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
+        if (pinned[i]) cudaFreeHost(pinned[i]);
     if (cm->host_ids) cudaFreeHost(cm->host_ids);
     if (cm->host_x) cudaFreeHost(cm->host_x);
     if (cm->host_ints) cudaFreeHost(cm->host_ints);
@@ -665,6 +854,7 @@ void cuda_model_free(op_backend *be) {
         for (int r = 0; r <= GRAPH_MAX_T; r++)
             for (int g = 0; g < 2; g++) cuda_graph_free(cm->graphs[t][r][g]);
     cuda_kv_free(&cm->kv);
+    cuda_lora_cache_free(cm->lora);
     cuda_gemm_free(cm->gemm);
     free(cm);
 }

@@ -5,6 +5,7 @@
 #include "backend/cuda/cuda_plan.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_affine.h"
+#include "backend/cuda/cuda_lora.h"
 #include "kv/kv_cache.h"
 #include <string.h>
 
@@ -194,10 +195,21 @@ static void add_weight(cuda_plan *p, cuda_alloc_tally *t, const op_weight *w) {
 /* Every item of the model in cuda_model_create's upload order: weights in their device
  * layout, vectors as floats (a planned model lists the vectors its family has, without data). */
 static void plan_weights(cuda_plan *p, const op_model *om, cuda_alloc_tally *t) {
+    const op_dims *c = &om->dims;
     for (int i = 0; i < om->n_items; i++) {
         const op_item *it = &om->items[i];
         if (it->host_only) continue; /* read on the host only, never copied to the device */
-        if (it->w) add_weight(p, t, it->w);
+        if (it->w && it->experts > 0) { /* one device weight per expert slice (cuda_model.c) */
+            int64_t rows = it->w->n / it->experts;
+            size_t read0 = p->weights_read;
+            for (int e = 0; e < it->experts; e++) {
+                op_weight slice = op_weight_rows(it->w, (int64_t)e * rows, rows);
+                add_weight(p, t, &slice);
+            }
+            /* a decode step of one token reads only its top_k experts' slices */
+            if (c->n_experts > 0)
+                p->weights_read = read0 + (p->weights_read - read0) / (size_t)c->n_experts * (size_t)c->top_k_experts;
+        } else if (it->w) add_weight(p, t, it->w);
         else cuda_tally_add(t, (size_t)it->n * sizeof(float));
     }
 }
@@ -253,8 +265,9 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     size_t max_w = 0, max_k = kmax;
     for (int i = 0; i < om->n_items; i++) { /* the layers' weights (not lm_head: it never goes to the GEMM scratch) */
         const op_weight *w = om->items[i].w;
-        if (w && !om->items[i].logits && !om->items[i].host_only && (size_t)(w->n * w->k) > max_w)
-            max_w = (size_t)(w->n * w->k);
+        size_t rows = w ? (size_t)w->n / (size_t)(om->items[i].experts > 0 ? om->items[i].experts : 1) : 0;
+        if (w && !om->items[i].logits && !om->items[i].host_only && rows * (size_t)w->k > max_w)
+            max_w = rows * (size_t)w->k;
     }
     p->gemm_max_w = max_w;
     p->gemm_max_x = max_k * T;
@@ -271,9 +284,31 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
         cuda_tally_add(t, p->per_layer_floats * sizeof(float));
         cuda_tally_add(t, p->per_layer_floats * sizeof(float));
     }
+    /* each row's adapters (cuda_lora_cache_create: the device pointers of up to
+     * CUDA_LORA_MAX_SET adapter tables per row, then the rows' counts) */
+    p->lora_sets_bytes = T * CUDA_LORA_MAX_SET * sizeof(void *);
+    p->lora_counts_bytes = T * sizeof(int32_t);
+    cuda_tally_add(t, p->lora_sets_bytes);
+    cuda_tally_add(t, p->lora_counts_bytes);
     /* pinned host staging: the step's embeddings (and per-layer rows), its indices, the greedy ids */
     p->pinned_host = T * c->hidden * sizeof(float) + p->per_layer_floats * sizeof(float) + 3 * T * sizeof(int32_t) +
                      (size_t)max_out * sizeof(int32_t);
+    if (c->n_experts > 0) { /* cuda_model.c alloc_scratch, in its order */
+        size_t ffn = (size_t)(c->moe_ffn > c->shared_ffn ? c->moe_ffn : c->shared_ffn);
+        p->moe_logits = T * (size_t)c->n_experts;
+        p->moe_pairs = T * (size_t)c->top_k_experts;
+        p->moe_ffn_floats = T * ffn;
+        p->moe_hidden_floats = T * (size_t)c->hidden;
+        p->moe_acc_floats = c->varied_layers ? T * (size_t)c->hidden : 0;
+        size_t parts[] = {p->moe_logits * sizeof(float), p->moe_pairs * sizeof(int32_t), p->moe_pairs * sizeof(float),
+                          p->moe_hidden_floats * sizeof(float), p->moe_ffn_floats * sizeof(float),
+                          p->moe_ffn_floats * sizeof(float), p->moe_hidden_floats * sizeof(float),
+                          p->moe_acc_floats * sizeof(float)};
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+            if (parts[i]) cuda_tally_add(t, parts[i]);
+        /* the router's logits, and the pairs by expert and by token (rows and weights each) */
+        p->pinned_host += p->moe_logits * sizeof(float) + 2 * p->moe_pairs * (sizeof(int32_t) + sizeof(float));
+    }
 }
 
 void cuda_plan_make(const op_model *om, const kv_cache *kv, int max_tokens, int max_out, int kv_dtype, int gemm_exact,

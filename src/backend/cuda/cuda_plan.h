@@ -92,6 +92,13 @@ typedef struct cuda_plan {
     size_t decode_q8_bytes, decode_q8_scale_bytes; /* the fused norm / gate's int8 activations */
     size_t per_layer_floats; /* per-layer inputs [T, n_layers * per_layer_dim], twice (input, work); 0: none */
     size_t gemm_max_w, gemm_max_x;
+    /* mixture of experts (all 0 without): router logits [T, experts], the step's T * top_k
+     * (token, expert) pairs, an expert's gate / up rows [T, the widest expert MLP], its input
+     * and output rows [T, hidden], and Gemma 4's expert sum (moe_acc_floats, 0 elsewhere) */
+    size_t moe_logits, moe_pairs, moe_ffn_floats, moe_hidden_floats, moe_acc_floats;
+    /* LoRA adapters (cuda_lora_cache.c): each step row's adapter tables and counts; the
+     * adapters' own device copies are made when a step first uses them, outside the plan */
+    size_t lora_sets_bytes, lora_counts_bytes;
     int gemm_exact; /* hearth_engine_options.cuda_exact (--cuda-exact) */
     int kv_dtype;   /* cuda_kv_dtype */
     int n_expanded; /* weights expanded to F32 (no kernel for their format) */

@@ -1,0 +1,27 @@
+/* cuda_lora.h: the LoRA / DoRA update kernel's entry point (cuda_lora.cu), apart from
+ * cuda_backend.h so that only its users depend on it. Plain C; names no model family. */
+#ifndef HEARTH_BACKEND_CUDA_LORA_H
+#define HEARTH_BACKEND_CUDA_LORA_H
+#include "hearth.h"
+#include <stdint.h>
+
+/* LoRA / DoRA (op_lora_apply on the device, cuda_lora.cu): one adapter's update of one
+ * projection, op_lora's fields as device pointers (a NULL: the projection is left alone). */
+typedef struct cuda_lora {
+    const float *a, *b, *dora;
+    int rank;
+    float scale;
+} cuda_lora;
+/* The most adapters one row combines on the device (the engine's ADAPTER_MAX_SET). */
+#define CUDA_LORA_MAX_SET 8
+/* The widest rank the kernel takes (its shared memory): ops.h OP_LORA_MAX_RANK. */
+#define CUDA_LORA_MAX_RANK 1024
+/* For each row t of T with n_set[t] > 0: y[t] += the update of table entry idx of each of
+ * its adapters sets[t * CUDA_LORA_MAX_SET + i] (each a device table of
+ * n_layers * OP_N_PROJ entries), in order, DoRA rows then rescaled; x [T, k], y [T, n]. The
+ * CPU's arithmetic (ops.c lora_row: eight partial sums per row of A combined pairwise, the
+ * expansion summed over the rank in order, one rounding per product and sum): the same
+ * bits. Rows with n_set[t] == 0 are not touched. sets and n_set on the device. */
+hearth_status cuda_lora_apply(const cuda_lora *const *sets, const int32_t *n_set, int idx, const float *x, int64_t k,
+                              float *y, int64_t n, int T, hearth_error *err);
+#endif

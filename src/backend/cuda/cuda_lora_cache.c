@@ -1,0 +1,195 @@
+/* cuda_lora_cache.c: device copies of LoRA / DoRA adapters and a step's row tables
+ * (cuda_lora_cache.h). An adapter's floats go up as one block (op_adapter.data) and its
+ * op_lora table is rewritten with device pointers at the same offsets. Uploads are plain
+ * cudaMemcpy calls, which order with the backend's (blocking) stream: a step's tables are
+ * rewritten only after the previous step's kernels have read them. */
+#ifdef HEARTH_HAVE_CUDA
+#include "backend/cuda/cuda_lora_cache.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_lora.h"
+#include "base/err.h"
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(CUDA_LORA_MAX_RANK == OP_LORA_MAX_RANK, "the kernel's shared memory holds the ops' widest rank");
+
+typedef struct lora_copy {
+    uint64_t key;
+    const float *host; /* op_adapter.data it was made from (a second check beside the key) */
+    float *data;       /* device: the adapter's floats */
+    cuda_lora *table;  /* device: [n_layers * OP_N_PROJ] */
+    size_t bytes;
+    uint64_t used; /* the step that last used it */
+} lora_copy;
+
+struct cuda_lora_cache {
+    int n_layers, max_tokens;
+    lora_copy *copies;
+    int n, cap;
+    uint64_t step;
+    const cuda_lora **host_sets; /* [max_tokens * CUDA_LORA_MAX_SET]: device tables of each row's adapters */
+    int32_t *host_n;             /* [max_tokens] */
+    const cuda_lora **sets;      /* device copies of the two */
+    int32_t *n_set;
+};
+
+hearth_status cuda_lora_cache_create(int n_layers, int max_tokens, cuda_lora_cache **out, hearth_error *err) {
+    *out = NULL;
+    cuda_lora_cache *c = calloc(1, sizeof *c);
+    size_t T = (size_t)max_tokens;
+    if (!c || !(c->host_sets = calloc(T * CUDA_LORA_MAX_SET, sizeof *c->host_sets)) ||
+        !(c->host_n = calloc(T, sizeof *c->host_n))) {
+        cuda_lora_cache_free(c);
+        return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory for the adapter tables");
+    }
+    c->n_layers = n_layers;
+    c->max_tokens = max_tokens;
+    hearth_status st = cuda_alloc((void **)&c->sets, T * CUDA_LORA_MAX_SET * sizeof(void *), "adapter row tables", err);
+    if (!st) st = cuda_alloc((void **)&c->n_set, T * sizeof(int32_t), "adapter row counts", err);
+    if (st) {
+        cuda_lora_cache_free(c);
+        return st;
+    }
+    *out = c;
+    return HEARTH_OK;
+}
+
+static void copy_free(lora_copy *l) {
+    cuda_free(l->data);
+    cuda_free(l->table);
+}
+
+void cuda_lora_cache_free(cuda_lora_cache *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) copy_free(&c->copies[i]);
+    free(c->copies);
+    free(c->host_sets);
+    free(c->host_n);
+    cuda_free(c->sets);
+    cuda_free(c->n_set);
+    free(c);
+}
+
+/* The device address of host pointer p of an adapter whose floats start at base (n of
+ * them) and were copied to dev; NULL stays NULL, a pointer outside the block is an error. */
+static int translate(const float *p, const float *base, size_t n, float *dev, const float **out) {
+    if (!p) return *out = NULL, 0;
+    if (p < base || p >= base + n) return -1;
+    *out = dev + (p - base);
+    return 0;
+}
+
+/* Uploads adapter a into a new copy (its floats, then its table with device pointers). */
+static hearth_status copy_make(cuda_lora_cache *c, const op_adapter *a, lora_copy *l, hearth_error *err) {
+    size_t entries = (size_t)c->n_layers * OP_N_PROJ;
+    *l = (lora_copy){.key = a->key, .host = a->data, .bytes = a->floats * sizeof(float)};
+    cuda_lora *table = calloc(entries, sizeof *table);
+    if (!table) return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory for an adapter table");
+    hearth_status st = cuda_alloc((void **)&l->data, l->bytes, "LoRA adapter", err);
+    if (!st) st = cuda_upload(l->data, a->data, l->bytes, err);
+    for (size_t i = 0; !st && i < entries; i++) {
+        const op_lora *h = &a->proj[i];
+        if (!h->a) continue;
+        cuda_lora *d = &table[i];
+        if (h->rank <= 0 || h->rank > CUDA_LORA_MAX_RANK || translate(h->a, a->data, a->floats, l->data, &d->a) ||
+            translate(h->b, a->data, a->floats, l->data, &d->b) ||
+            translate(h->dora, a->data, a->floats, l->data, &d->dora) || !d->b)
+            st = err_set(err, HEARTH_ERR_INVALID,
+                         "cuda: adapter entry %zu (layer %zu) has rank %d or a pointer outside its data block", i,
+                         i / OP_N_PROJ, h->rank);
+        d->rank = h->rank;
+        d->scale = h->scale;
+    }
+    if (!st) st = cuda_alloc((void **)&l->table, entries * sizeof *table, "LoRA adapter table", err);
+    if (!st) st = cuda_upload(l->table, table, entries * sizeof *table, err);
+    free(table);
+    l->bytes += entries * sizeof *table;
+    if (st) copy_free(l);
+    return st;
+}
+
+/* The device table of adapter a, copied now if the device lacks it. */
+static hearth_status copy_of(cuda_lora_cache *c, const op_adapter *a, const cuda_lora **out, hearth_error *err) {
+    for (int i = 0; i < c->n; i++)
+        if (c->copies[i].key == a->key && c->copies[i].host == a->data) {
+            c->copies[i].used = c->step;
+            *out = c->copies[i].table;
+            return HEARTH_OK;
+        }
+    if (!a->key || !a->data || !a->floats || !a->proj)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: an adapter without a key or data block has no device copy");
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 8;
+        lora_copy *grown = realloc(c->copies, (size_t)cap * sizeof *grown);
+        if (!grown) return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
+        c->copies = grown, c->cap = cap;
+    }
+    lora_copy *l = &c->copies[c->n];
+    hearth_status st = copy_make(c, a, l, err);
+    if (st) return st;
+    l->used = c->step;
+    c->n++;
+    *out = l->table;
+    return HEARTH_OK;
+}
+
+/* Past CUDA_LORA_KEEP copies, drops the least recently used ones this step does not use. */
+static void evict(cuda_lora_cache *c) {
+    while (c->n > CUDA_LORA_KEEP) {
+        int oldest = -1;
+        for (int i = 0; i < c->n; i++)
+            if (c->copies[i].used < c->step && (oldest < 0 || c->copies[i].used < c->copies[oldest].used)) oldest = i;
+        if (oldest < 0) return; /* every copy serves this step */
+        copy_free(&c->copies[oldest]);
+        c->copies[oldest] = c->copies[--c->n];
+    }
+}
+
+hearth_status cuda_lora_cache_step(cuda_lora_cache *c, const op_batch *b, hearth_error *err) {
+    if (b->T > c->max_tokens)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: a step of %d rows (adapter tables hold %d)", b->T,
+                       c->max_tokens);
+    c->step++;
+    for (int t = 0; t < b->T; t++) {
+        const op_adapter_set *s = b->row_adapters ? b->row_adapters[t] : NULL;
+        int n = s ? s->n : 0;
+        if (n > CUDA_LORA_MAX_SET)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: a row combines %d adapters (at most %d)", n,
+                           CUDA_LORA_MAX_SET);
+        c->host_n[t] = n;
+        for (int i = 0; i < n; i++) {
+            hearth_status st = copy_of(c, s->a[i], &c->host_sets[(size_t)t * CUDA_LORA_MAX_SET + i], err);
+            if (st) return st;
+        }
+    }
+    evict(c);
+    hearth_status st = cuda_upload(c->sets, c->host_sets, (size_t)b->T * CUDA_LORA_MAX_SET * sizeof(void *), err);
+    return st ? st : cuda_upload(c->n_set, c->host_n, (size_t)b->T * sizeof(int32_t), err);
+}
+
+hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, op_proj p, const float *x, int64_t k,
+                                    float *y, int64_t n, hearth_error *err) {
+    if (layer < 0 || layer >= c->n_layers)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: adapter update of layer %d (the model has %d)", layer,
+                       c->n_layers);
+    return cuda_lora_apply(c->sets, c->n_set, layer * OP_N_PROJ + (int)p, x, k, y, n, T, err);
+}
+
+void cuda_lora_cache_forget(cuda_lora_cache *c, uint64_t key) {
+    for (int i = 0; c && i < c->n; i++)
+        if (c->copies[i].key == key) {
+            cuda_stream_sync(NULL); /* a step still in flight may read it (its error surfaces at the next step) */
+            copy_free(&c->copies[i]);
+            c->copies[i] = c->copies[--c->n];
+            return;
+        }
+}
+
+int cuda_lora_cache_count(const cuda_lora_cache *c) { return c ? c->n : 0; }
+
+size_t cuda_lora_cache_bytes(const cuda_lora_cache *c) {
+    size_t total = 0;
+    for (int i = 0; c && i < c->n; i++) total += c->copies[i].bytes;
+    return total;
+}
+#endif

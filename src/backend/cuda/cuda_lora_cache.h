@@ -1,0 +1,34 @@
+/* cuda_lora_cache.h: the CUDA backend's side of LoRA / DoRA adapters: a device copy of each
+ * adapter a step uses (made at its first use, found by op_adapter.key, the least recently
+ * used dropped past CUDA_LORA_KEEP), the step's per-row adapter tables on the device, and
+ * the launch of the low-rank update after a projection (cuda_lora.cu). Host-side C; knows
+ * no model family and no registry (the engine mounts and unmounts). */
+#ifndef HEARTH_BACKEND_CUDA_LORA_CACHE_H
+#define HEARTH_BACKEND_CUDA_LORA_CACHE_H
+#include "ops/ops.h"
+
+/* Device copies kept beyond those the current step uses: the least recently used go first
+ * (unmounted adapters' copies go earlier, through cuda_lora_cache_forget). 32 covers the
+ * many-adapter serving case of issue 36 (8 adapters over 32 streams) with room to spare. */
+#define CUDA_LORA_KEEP 32
+
+typedef struct cuda_lora_cache cuda_lora_cache;
+
+/* Allocates the row tables of steps of up to max_tokens rows (cuda_plan.c counts them:
+ * lora_sets_bytes, lora_counts_bytes); n_layers: the model's layers. */
+hearth_status cuda_lora_cache_create(int n_layers, int max_tokens, cuda_lora_cache **out, hearth_error *err);
+void cuda_lora_cache_free(cuda_lora_cache *c);
+/* Before a step with adapters (op_batch_has_adapters): copies the adapters its rows use
+ * that the device lacks and uploads each row's list (ordered with the backend's stream). */
+hearth_status cuda_lora_cache_step(cuda_lora_cache *c, const op_batch *b, hearth_error *err);
+/* y[t] += the updates of projection p of model layer `layer` for the rows of the step given
+ * to the last cuda_lora_cache_step (x [T, k] on the device, y [T, n]). */
+hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, op_proj p, const float *x, int64_t k,
+                                    float *y, int64_t n, hearth_error *err);
+/* Drops the device copy of the adapter of this key, if there is one (after the stream's
+ * work that may still read it). */
+void cuda_lora_cache_forget(cuda_lora_cache *c, uint64_t key);
+/* The adapters copied to the device now, and their device bytes. */
+int cuda_lora_cache_count(const cuda_lora_cache *c);
+size_t cuda_lora_cache_bytes(const cuda_lora_cache *c);
+#endif

@@ -1,0 +1,231 @@
+/* test_cuda_lora.c: LoRA / DoRA on the CUDA backend (cuda_lora_cache.c, cuda_lora.cu)
+ * against the CPU's op_lora_apply, bit for bit: random adapters of ranks 4, 8, 16 (plain
+ * LoRA) and 16 (DoRA) over the seven projections of two layers, some projections left
+ * alone, on a ragged prefill step whose rows use no adapter, one, two or three summed, or
+ * the DoRA one, then decode steps that reuse the device copies; rows without adapters keep
+ * their bits; an unmounted adapter's copy goes (cuda_lora_cache_forget) and comes back at
+ * its next use; past CUDA_LORA_KEEP adapters the least recently used copies go; a row of too
+ * many adapters and an adapter without a key are refused. Without a GPU it says loudly
+ * that nothing ran. */
+/* cmocka.h needs these first */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef HEARTH_HAVE_CUDA
+int main(void) {
+    printf("test_cuda_lora: skipped: CUDA backend not compiled in (no nvcc at build time); "
+           "NO CUDA test ran and none counts as passed\n");
+    return 0;
+}
+#else
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_lora.h"
+#include "backend/cuda/cuda_lora_cache.h"
+#include "ops/ops.h"
+
+#include "cuda_test_util.h"
+
+/* a small model's shapes, odd where the kernel has tails: hidden 203 (k % 8 != 0), queries
+ * 256, keys / values 64, MLP 517 */
+enum { LAYERS = 2, H = 203, QD = 256, KD = 64, F = 517, MAX_T = 64 };
+
+static void proj_shape(op_proj p, int64_t *k, int64_t *n) {
+    static const int ks[OP_N_PROJ] = {H, H, H, QD, H, H, F}, ns[OP_N_PROJ] = {QD, KD, KD, H, F, F, H};
+    *k = ks[p], *n = ns[p];
+}
+
+typedef struct test_adapter {
+    op_lora proj[LAYERS * OP_N_PROJ];
+    float *data;
+    op_adapter ops;
+} test_adapter;
+
+/* An adapter of rank r on every projection of both layers except those whose bit is set in
+ * skip (bit layer * OP_N_PROJ + p), A / B / DoRA factors in one block, as the loader lays them. */
+static void make(test_adapter *t, int r, float scale, int dora, unsigned skip, uint64_t key) {
+    memset(t, 0, sizeof *t);
+    size_t total = 0;
+    for (int i = 0; i < LAYERS * OP_N_PROJ; i++) {
+        int64_t k, n;
+        proj_shape((op_proj)(i % OP_N_PROJ), &k, &n);
+        if (!(skip >> i & 1)) total += (size_t)r * k + (size_t)r * n + (dora ? (size_t)n : 0);
+    }
+    t->data = malloc(total * sizeof(float));
+    assert_non_null(t->data);
+    float *at = t->data;
+    for (int i = 0; i < LAYERS * OP_N_PROJ; i++) {
+        int64_t k, n;
+        proj_shape((op_proj)(i % OP_N_PROJ), &k, &n);
+        if (skip >> i & 1) continue;
+        op_lora *l = &t->proj[i];
+        l->rank = r, l->scale = scale;
+        l->a = at;
+        for (int64_t j = 0; j < r * k; j++) *at++ = rndf() * 0.2f;
+        l->b = at;
+        for (int64_t j = 0; j < r * n; j++) *at++ = rndf() * 0.2f;
+        if (dora) {
+            l->dora = at;
+            for (int64_t j = 0; j < n; j++) *at++ = 1.0f + 0.25f * rndf();
+        }
+    }
+    t->ops = (op_adapter){.proj = t->proj, .data = t->data, .floats = total, .key = key};
+}
+
+static int n_checked;
+
+/* Every projection of both layers over the step: the device's update against op_lora_apply. */
+static void check_step(cuda_lora_cache *c, const op_batch *b) {
+    assert_int_equal(cuda_lora_cache_step(c, b, NULL), HEARTH_OK);
+    for (int layer = 0; layer < LAYERS; layer++)
+        for (int p = 0; p < OP_N_PROJ; p++) {
+            int64_t k, n;
+            proj_shape((op_proj)p, &k, &n);
+            size_t nx = (size_t)b->T * k, ny = (size_t)b->T * n;
+            float *x = malloc(nx * sizeof(float)), *y = malloc(ny * sizeof(float)), *want = malloc(ny * sizeof(float)),
+                  *got = malloc(ny * sizeof(float));
+            assert_true(x && y && want && got);
+            for (size_t i = 0; i < nx; i++) x[i] = rndf();
+            for (size_t i = 0; i < ny; i++) y[i] = rndf();
+            memcpy(want, y, ny * sizeof(float));
+            op_lora_apply(b, layer, (op_proj)p, x, k, want, n, NULL);
+            float *dx = dev_upload(x, nx * sizeof(float)), *dy = dev_upload(y, ny * sizeof(float));
+            assert_int_equal(cuda_lora_cache_apply(c, b->T, layer, (op_proj)p, dx, k, dy, n, NULL), HEARTH_OK);
+            assert_int_equal(cuda_sync(NULL), HEARTH_OK);
+            assert_int_equal(cuda_download(got, dy, ny * sizeof(float), NULL), HEARTH_OK);
+            for (int t = 0; t < b->T; t++) {
+                /* the CPU's order of float operations: the same bits (rows without adapters: the input's) */
+                if (memcmp(got + (size_t)t * n, want + (size_t)t * n, (size_t)n * sizeof(float))) {
+                    for (int64_t j = 0; j < n; j++)
+                        if (got[(size_t)t * n + j] != want[(size_t)t * n + j])
+                            fail_msg("layer %d proj %d row %d (%d adapters) out %lld: cuda %.9g cpu %.9g", layer, p, t,
+                                     b->row_adapters[t] ? b->row_adapters[t]->n : 0, (long long)j,
+                                     got[(size_t)t * n + j], want[(size_t)t * n + j]);
+                }
+                if (!b->row_adapters[t]) assert_memory_equal(got + (size_t)t * n, y + (size_t)t * n, n * sizeof(float));
+            }
+            cuda_free(dx);
+            cuda_free(dy);
+            free(x), free(y), free(want), free(got);
+            n_checked++;
+        }
+}
+
+static void test_ragged_then_decode(void **state) {
+    (void)state;
+    test_adapter A, B, C, D;
+    /* A leaves layer 0's v and layer 1's down alone; C adapts layer 1 only */
+    make(&A, 4, 2.0f, 0, 1u << OP_PROJ_V | 1u << (OP_N_PROJ + OP_PROJ_DOWN), 11);
+    make(&B, 8, 0.5f, 0, 0, 12);
+    make(&C, 16, 1.0f, 0, (1u << OP_N_PROJ) - 1, 13);
+    make(&D, 16, 1.5f, 1, 0, 14);
+    const op_adapter *la[] = {&A.ops}, *lab[] = {&A.ops, &B.ops}, *labc[] = {&A.ops, &B.ops, &C.ops},
+                     *lba[] = {&B.ops, &A.ops}, *ld[] = {&D.ops};
+    op_adapter_set sa = {1, la}, sab = {2, lab}, sabc = {3, labc}, sba = {2, lba}, sd = {1, ld};
+    const op_adapter_set *kinds[] = {NULL, &sa, &sab, &sabc, &sba, &sd};
+    cuda_lora_cache *c;
+    assert_int_equal(cuda_lora_cache_create(LAYERS, MAX_T, &c, NULL), HEARTH_OK);
+    /* prefill: 37 rows, every kind of row, in runs and interleaved */
+    const op_adapter_set *rows[MAX_T];
+    int T = 37;
+    for (int t = 0; t < T; t++) rows[t] = t < 12 ? kinds[t / 2] : kinds[(t * 7) % 6];
+    op_batch b = {.T = T, .row_adapters = rows};
+    check_step(c, &b);
+    assert_int_equal(cuda_lora_cache_count(c), 4);
+    /* decode after prefill: steps of 1..6 rows reuse the copies */
+    for (int d = 1; d <= 6; d++) {
+        for (int t = 0; t < d; t++) rows[t] = kinds[(t + d) % 6];
+        b.T = d;
+        check_step(c, &b);
+    }
+    assert_int_equal(cuda_lora_cache_count(c), 4);
+    /* A unmounted: its copy goes (an unknown key changes nothing); a later use copies it again */
+    cuda_lora_cache_forget(c, 11);
+    cuda_lora_cache_forget(c, 999);
+    assert_int_equal(cuda_lora_cache_count(c), 3);
+    b.T = T;
+    for (int t = 0; t < T; t++) rows[t] = kinds[t % 6];
+    check_step(c, &b);
+    assert_int_equal(cuda_lora_cache_count(c), 4);
+    assert_true(cuda_lora_cache_bytes(c) > (A.ops.floats + B.ops.floats + C.ops.floats + D.ops.floats) * 4);
+    cuda_lora_cache_free(c);
+    free(A.data), free(B.data), free(C.data), free(D.data);
+}
+
+/* More adapters than CUDA_LORA_KEEP, one per step: the oldest copies go, the results stay exact. */
+static void test_lru(void **state) {
+    (void)state;
+    enum { N = CUDA_LORA_KEEP + 5 };
+    static test_adapter ad[N];
+    cuda_lora_cache *c;
+    assert_int_equal(cuda_lora_cache_create(LAYERS, MAX_T, &c, NULL), HEARTH_OK);
+    for (int i = 0; i < N; i++) {
+        make(&ad[i], 4, 1.0f, 0, 0, 100 + (uint64_t)i);
+        const op_adapter *l[] = {&ad[i].ops};
+        op_adapter_set s = {1, l};
+        const op_adapter_set *rows[3] = {&s, NULL, &s};
+        op_batch b = {.T = 3, .row_adapters = rows};
+        check_step(c, &b);
+        assert_true(cuda_lora_cache_count(c) <= CUDA_LORA_KEEP);
+    }
+    assert_int_equal(cuda_lora_cache_count(c), CUDA_LORA_KEEP);
+    cuda_lora_cache_free(c);
+    for (int i = 0; i < N; i++) free(ad[i].data);
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    test_adapter A;
+    make(&A, 4, 1.0f, 0, 0, 0); /* key 0: never mounted */
+    cuda_lora_cache *c;
+    assert_int_equal(cuda_lora_cache_create(LAYERS, MAX_T, &c, NULL), HEARTH_OK);
+    const op_adapter *one[] = {&A.ops};
+    op_adapter_set s = {1, one};
+    const op_adapter_set *rows[1] = {&s};
+    op_batch b = {.T = 1, .row_adapters = rows};
+    hearth_error e = {0};
+    assert_int_equal(cuda_lora_cache_step(c, &b, &e), HEARTH_ERR_INVALID);
+    A.ops.key = 7;
+    const op_adapter *many[CUDA_LORA_MAX_SET + 1];
+    for (int i = 0; i <= CUDA_LORA_MAX_SET; i++) many[i] = &A.ops;
+    op_adapter_set big = {CUDA_LORA_MAX_SET + 1, many};
+    rows[0] = &big;
+    assert_int_equal(cuda_lora_cache_step(c, &b, &e), HEARTH_ERR_UNSUPPORTED);
+    b.T = MAX_T + 1;
+    assert_int_equal(cuda_lora_cache_step(c, &b, &e), HEARTH_ERR_INVALID);
+    cuda_lora_cache_free(c);
+    free(A.data);
+}
+
+int main(void) {
+    int n = cuda_device_count();
+    if (n == 0) {
+        printf("test_cuda_lora: skipped: no CUDA device. The LoRA kernel tests did NOT run and do not count as "
+               "passed.\n");
+        return 0;
+    }
+    cuda_device_info info;
+    hearth_error e = {0};
+    if (cuda_device_open(0, &info, &e)) {
+        printf("test_cuda_lora: cannot open device 0: %s\n", e.message);
+        return 1;
+    }
+    rng_state ^= (uint64_t)time(NULL) * 0x2545f4914f6cdd1dull;
+    printf("test_cuda_lora: device 0: %s (sm_%d%d); seed %llx\n", info.name, info.cc_major, info.cc_minor,
+           (unsigned long long)rng_state);
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_ragged_then_decode), cmocka_unit_test(test_lru),
+                                       cmocka_unit_test(test_refusals)};
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    printf("test_cuda_lora: %d projections compared bit for bit\n", n_checked);
+    return failed;
+}
+#endif

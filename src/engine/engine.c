@@ -725,6 +725,17 @@ hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, in
     kv_copy_rows(&e->kv, src, dst, rows);
     return HEARTH_OK;
 }
+void engine_state_snap_save(hearth_engine *e, int slot, int len, uint64_t hash, int rolling) {
+    int i = kv_state_snap_save(&e->kv, slot, len, hash, rolling);
+    hearth_error err = {0};
+    if (i >= 0 && e->be->t->state_copy && e->be->t->state_copy(e->be, slot, e->kv.max_slots + i, &err))
+        kv_state_snap_drop(&e->kv, i);
+}
+
+hearth_status engine_state_snap_load(hearth_engine *e, int snap, int slot, hearth_error *err) {
+    kv_state_snap_load(&e->kv, snap, slot);
+    return e->be->t->state_copy ? e->be->t->state_copy(e->be, e->kv.max_slots + snap, slot, err) : HEARTH_OK;
+}
 threadpool *engine_threads(hearth_engine *e) { return e->tp; }
 sampler *engine_slot_sampler(hearth_engine *e, int seq) { return &e->slot_smp[seq]; }
 

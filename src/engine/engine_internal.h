@@ -52,6 +52,11 @@ kv_cache *engine_kv(hearth_engine *e);
 /* Copies rows positions of KV block src into block dst wherever the pool lives (host, or
  * the GPU's copy): a partial prefix match (kv_prefix_attach_partial). */
 hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, int rows, hearth_error *err);
+/* kv_state_snap_save / kv_state_snap_load on the engine's pool, and on the backend's device
+ * copy of it where it has one (op_table.state_copy); a snapshot whose device copy failed is
+ * forgotten, a failed load returns the error (the slot's state is then unusable). */
+void engine_state_snap_save(hearth_engine *e, int slot, int len, uint64_t hash, int rolling);
+hearth_status engine_state_snap_load(hearth_engine *e, int snap, int slot, hearth_error *err);
 /* The engine's thread pool (for work between steps, e.g. sampling all rows at once). */
 threadpool *engine_threads(hearth_engine *e);
 /* The per-slot sampler the scheduler gives each running request (own seed, own RNG). */

@@ -112,7 +112,7 @@ static hearth_status warm_one(hearth_engine *e, prompt_cache *pc, const pc_file 
         /* a hybrid's file ends at a block boundary with the state there: kept as that
          * prefix's snapshot, so the prefix cache can start a request after it */
         if (kv->state && n % KV_BLOCK_SIZE == 0)
-            kv_state_snap_save(kv, seq, (int)n, kv_state_chain_hash(0, engine_history(e, seq), (int)n), 0);
+            engine_state_snap_save(e, seq, (int)n, kv_state_chain_hash(0, engine_history(e, seq), (int)n), 0);
         char *path = strdup(f->path);
         if (!path || add_entry(pc, path, engine_history(e, seq), (int)n, f->bytes, f->mtime)) {
             free(path);
@@ -264,7 +264,7 @@ static int flush_one(prompt_cache *pc, hearth_engine *e, const pc_entry *note, h
         int len = n / KV_BLOCK_SIZE * KV_BLOCK_SIZE, snap = -1;
         for (; len > 0 && snap < 0; len -= KV_BLOCK_SIZE)
             snap = kv_state_snap_find(kv, len, kv_state_chain_hash(0, note->tokens, len));
-        if (snap >= 0) kv_state_snap_load(kv, snap, seq);
+        if (snap >= 0 && engine_state_snap_load(e, snap, seq, err)) snap = -1;
         n = snap >= 0 ? len + KV_BLOCK_SIZE : 0;
     }
     char *path = NULL;

@@ -327,13 +327,11 @@ static int hybrid_attach(hearth_batch *b, sched_req *q) {
         int want = snapshot_before(kv, ns, tokens, limit, &snap);
         if (want == 0) return 0;
         int got = kv_prefix_attach(kv, q->seq, tokens, want + 1);
-        if (got == want) {
-            kv_state_snap_load(kv, snap, q->seq);
-            return got;
-        }
+        hearth_error err = {0};
+        if (got == want && !engine_state_snap_load(b->e, snap, q->seq, &err)) return got;
         kv_release(kv, q->seq); /* fewer blocks cached than the snapshot covers: try below them */
         kv_prefix_slot_namespace(kv, q->seq, ns); /* the release reset the slot's namespace */
-        limit = got;
+        limit = got == want ? 0 : got; /* the snapshot's device copy failed: the prompt is computed whole */
     }
     return 0;
 }
@@ -347,7 +345,8 @@ static void hybrid_snapshot(hearth_batch *b, const sched_req *q) {
     if (!kv->state || q->len <= 0 || q->len % KV_BLOCK_SIZE) return;
     const int32_t *hist = engine_history(b->e, q->seq);
     int prompt_end = !q->decoding && (size_t)q->len == q->n_fill / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
-    kv_state_snap_save(kv, q->seq, (int)q->len, kv_state_chain_hash(sched_namespace(q), hist, (int)q->len), !prompt_end);
+    engine_state_snap_save(b->e, q->seq, (int)q->len, kv_state_chain_hash(sched_namespace(q), hist, (int)q->len),
+                           !prompt_end);
 }
 
 static int waits_for_shared_prefix(const hearth_batch *b, const sched_req *q) {

@@ -61,13 +61,13 @@ int kv_state_snap_find(kv_cache *kv, int len, uint64_t hash) {
     return -1;
 }
 
-void kv_state_snap_save(kv_cache *kv, int slot, int len, uint64_t hash, int rolling) {
+int kv_state_snap_save(kv_cache *kv, int slot, int len, uint64_t hash, int rolling) {
     kv_state *s = kv->state;
-    if (!s || s->n_snaps <= 0) return;
+    if (!s || s->n_snaps <= 0) return -1;
     int i = kv_state_snap_find(kv, len, hash);
     if (i >= 0) { /* the same tokens give the same state: keep it, newer */
         s->snap[i].stamp = ++s->clock;
-        return;
+        return -1;
     }
     if (rolling)
         for (int j = 0; j < s->n_snaps && i < 0; j++)
@@ -78,12 +78,17 @@ void kv_state_snap_save(kv_cache *kv, int slot, int len, uint64_t hash, int roll
     for (int j = 0; i < 0 && lru < 0 && j < s->n_snaps; j++)
         if (lru < 0 || s->snap[j].stamp < s->snap[lru].stamp) lru = j;
     if (i < 0) i = lru;
-    if (i < 0) return;
+    if (i < 0) return -1;
     for (int j = 0; rolling && j < s->n_snaps; j++)
         if (s->snap[j].roll_slot == slot) s->snap[j].roll_slot = -1;
     memcpy(s->snap_data + (size_t)i * slot_floats(s), s->data + (size_t)slot * slot_floats(s),
            slot_floats(s) * sizeof(float));
     s->snap[i] = (kv_snap_meta){.hash = hash, .stamp = ++s->clock, .len = len, .roll_slot = rolling ? slot : -1};
+    return i;
+}
+
+void kv_state_snap_drop(kv_cache *kv, int i) {
+    kv->state->snap[i] = (kv_snap_meta){.roll_slot = -1};
 }
 
 void kv_state_snap_load(kv_cache *kv, int i, int slot) {

@@ -55,8 +55,11 @@ static inline float *kv_state_at(const kv_cache *kv, int layer, int slot) {
 uint64_t kv_state_chain_hash(uint64_t ns, const int32_t *tokens, int n);
 /* Keeps slot's current state as the state after its first len tokens (named hash):
  * rolling overwrites the slot's previous rolling snapshot, else the least recently used
- * record is taken. A snapshot of the same name already kept is only refreshed. */
-void kv_state_snap_save(kv_cache *kv, int slot, int len, uint64_t hash, int rolling);
+ * record is taken. A snapshot of the same name already kept is only refreshed. Returns the
+ * record the state was copied into, or -1 (refreshed only, or no records). */
+int kv_state_snap_save(kv_cache *kv, int slot, int len, uint64_t hash, int rolling);
+/* Forgets snapshot i (its device copy failed). */
+void kv_state_snap_drop(kv_cache *kv, int i);
 /* The snapshot named hash after len tokens, or -1. */
 int kv_state_snap_find(kv_cache *kv, int len, uint64_t hash);
 /* Copies snapshot i into slot's state (and marks it recently used). */

@@ -147,8 +147,11 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
     add_weight(m, &m->lm_head, 1, "lm_head", -1);
     add_vec(m, m->final_norm, 1, h, "final_norm", -1);
     int g4 = c->family == FAMILY_GEMMA4;
-    add_vec(m, c->inv_freq_global, 0, (g4 ? c->full_head_dim : c->rope_dims ? c->rope_dims : c->head_dim) / 2, "rope_inv_freq", -1);
-    add_vec(m, c->inv_freq_local, 0, (g4 ? c->swa_head_dim : c->head_dim) / 2, "rope_inv_freq_local", -1);
+    int64_t n_global = (g4 ? c->full_head_dim : c->rope_dims ? c->rope_dims : c->head_dim) / 2;
+    add_vec(m, c->inv_freq_global, 0, n_global, "rope_inv_freq", -1);
+    /* one table for both (no sliding layers): its own length, never past a partial RoPE's */
+    int64_t n_local = c->inv_freq_local == c->inv_freq_global ? n_global : (g4 ? c->swa_head_dim : c->head_dim) / 2;
+    add_vec(m, c->inv_freq_local, 0, n_local, "rope_inv_freq_local", -1);
     if (g4) {
         add_weight(m, &m->embed_per_layer, 0, "embed_tokens_per_layer", -1);
         if (m->embed_per_layer.n) /* its rows are made on the host (op_per_layer_inputs), like the embeddings' */

@@ -284,6 +284,11 @@ struct op_table {
     /* The adapter of this op_adapter.key is gone (unmounted, no row uses it): its device
      * copy may go. NULL where the backend reads the host's own copy. */
     void (*adapter_gone)(op_backend *be, uint64_t key);
+    /* Hybrids: the device copy of a recurrent-state record into another, ordered before the
+     * next step (a snapshot kept or loaded, kv_state.h): record r < kv->max_slots is slot r's
+     * (every state layer), else snapshot r - max_slots. NULL where the state pool is the
+     * host's own. */
+    hearth_status (*state_copy)(op_backend *be, int src, int dst, hearth_error *err);
     void (*free)(op_backend *be);
 };
 

@@ -8,10 +8,15 @@ turn's prompt tokens followed by its answer tokens, against the second turn's pr
 the answers from fresh servers (nothing cached). HEARTH_CPU=scalar: bit-identical logprobs.
 The answer is held to one word token by logit_bias, so that which of its tokens the
 re-rendered history repeats is known.
+
+On the GPU (--device cuda, skipped with the reason where there is none) the same, with the
+snapshots kept and loaded on the device (op_table.state_copy) and --deterministic, so the
+cached and the fresh server's steps give the same bits whatever their batch shapes.
 """
 import pytest
 
 from conftest import TINY, expected_cached, hf_tokenizer, need, prompt_ids, server
+from test_cuda_deterministic import gpu_present
 from test_prefix_cache import SCALAR, answer, cached, chat, wait_idle
 
 MODEL = TINY / "qwen3_5-f32"
@@ -24,13 +29,20 @@ def tok():
     return hf_tokenizer(MODEL)
 
 
-def test_second_chat_turn_reuses_prompt_and_answer(tok):
+DEVICES = {"cpu": ((), SCALAR), "cuda": (("--device", "cuda", "--deterministic"), {})}
+
+
+@pytest.mark.parametrize("device", sorted(DEVICES))
+def test_second_chat_turn_reuses_prompt_and_answer(tok, device):
+    args, env = DEVICES[device]
+    if device == "cuda" and not gpu_present(MODEL):
+        pytest.skip("no CUDA device here (or hearth built without nvcc): the GPU hybrid prefix cache did NOT run")
     word = tok.convert_tokens_to_ids("Ġthe")
     assert isinstance(word, int) and tok.decode([word] * 3) == " the the the"
     bias = {str(word): 100}
     turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say something."}]
     n_answer = 48
-    with server(MODEL, "--ctx", "2048", env=SCALAR) as base:
+    with server(MODEL, "--ctx", "2048", *args, env=env) as base:
         first = chat(base, turn1, n_answer, logit_bias=bias)
         text = first["choices"][0]["message"]["content"]
         assert cached(first) == 0 and first["usage"]["completion_tokens"] == n_answer
@@ -48,7 +60,7 @@ def test_second_chat_turn_reuses_prompt_and_answer(tok):
         assert got == max(kept)
         assert got >= 0.9 * shared
         wait_idle(base)
-    with server(MODEL, "--ctx", "2048", env=SCALAR) as fresh:
+    with server(MODEL, "--ctx", "2048", *args, env=env) as fresh:
         alone = chat(fresh, turn2, 24, logit_bias=bias | {str(word): 0})
         assert cached(alone) == 0
     assert answer(second) == answer(alone)

@@ -205,7 +205,7 @@ static void run_layer(kv_cache *kv, cuda_kv *dkv, const layer_case *lc, int T, c
             assert_int_equal(cuda_copy_f32(dvv, dk, nk, &e), HEARTH_OK);
             assert_int_equal(cuda_rmsnorm_plain(dvv, T * nkv, d, 1e-6f, &e), HEARTH_OK);
         }
-        assert_int_equal(cuda_rope_kv_write(&dv, dl, dq, dk, dvv, T, HEADS, dpos, dslot, dfreq, 0, &e), HEARTH_OK);
+        assert_int_equal(cuda_rope_kv_write(&dv, dl, dq, dk, dvv, T, HEADS, dpos, dslot, dfreq, 0, 0, &e), HEARTH_OK);
     }
     float *gq = download(dq, nq);
     char what[128];

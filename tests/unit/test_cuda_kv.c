@@ -528,7 +528,7 @@ static void test_rope_kv_write(void **state) {
                 int32_t *dpos = dev_from(pos, T * 4), *dslot = dev_from(slot, T * 4);
                 assert_int_equal(cuda_rope_qk(dq1, dk1, T, heads, kvh, d, dpos, dinv, adjacent, &e), HEARTH_OK);
                 assert_int_equal(cuda_kv_write(&P.dkv, 1, dk1, dv, T, dpos, dslot, &e), HEARTH_OK);
-                assert_int_equal(cuda_rope_kv_write(&two, 1, dq2, dk2, dv, T, heads, dpos, dslot, dinv, adjacent, &e),
+                assert_int_equal(cuda_rope_kv_write(&two, 1, dq2, dk2, dv, T, heads, dpos, dslot, dinv, adjacent, 0, &e),
                                  HEARTH_OK);
                 float *q1 = download(dq1, nq * 4), *q2 = download(dq2, nq * 4), *k1 = download(dk1, nk * 4),
                       *k2 = download(dk2, nk * 4);

@@ -49,13 +49,16 @@ static void test_snapshots(void **st) {
     assert_true(kv_state_snap_find(&kv, 48, 0xC) >= 0 && kv_state_snap_find(&kv, 16, 0xD) < 0);
     /* kept ones take the least recently used record that no running sequence rolls into:
      * a (loaded above, so newer) stays; the last free record goes first, then a */
-    fill(&kv, 2, 600), kv_state_snap_save(&kv, 2, 64, 0xF, 0);
+    fill(&kv, 2, 600);
+    int f = kv_state_snap_save(&kv, 2, 64, 0xF, 0); /* the record it copied into (a device copy follows it) */
+    assert_int_equal(f, kv_state_snap_find(&kv, 64, 0xF));
     fill(&kv, 2, 700), kv_state_snap_save(&kv, 2, 80, 0x10, 0);
     assert_int_equal(kv_state_snap_find(&kv, 16, 0xA), -1);
     assert_true(kv_state_snap_find(&kv, 48, 0xC) >= 0 && kv_state_snap_find(&kv, 32, 0xE) >= 0);
     assert_true(kv_state_snap_find(&kv, 64, 0xF) >= 0 && kv_state_snap_find(&kv, 80, 0x10) >= 0);
     /* the same name again is only refreshed, its content kept */
-    fill(&kv, 2, 800), kv_state_snap_save(&kv, 2, 64, 0xF, 0);
+    fill(&kv, 2, 800);
+    assert_int_equal(kv_state_snap_save(&kv, 2, 64, 0xF, 0), -1); /* nothing copied */
     kv_state_snap_load(&kv, kv_state_snap_find(&kv, 64, 0xF), 0);
     assert_true(holds(&kv, 0, 600));
     /* slot 0's sequence ends: its rolling snapshot (0xC) is ordinary now and the oldest */
@@ -63,6 +66,9 @@ static void test_snapshots(void **st) {
     fill(&kv, 2, 900), kv_state_snap_save(&kv, 2, 96, 0x11, 0);
     assert_int_equal(kv_state_snap_find(&kv, 48, 0xC), -1);
     assert_true(kv_state_snap_find(&kv, 32, 0xE) >= 0); /* slot 1 still rolls into its own */
+    /* a snapshot whose device copy failed is forgotten */
+    kv_state_snap_drop(&kv, kv_state_snap_find(&kv, 96, 0x11));
+    assert_int_equal(kv_state_snap_find(&kv, 96, 0x11), -1);
     assert_int_equal(kv_state_bytes(SLOTS, LAYERS, FLOATS, SNAPS),
                      sizeof(kv_state) + (SLOTS + SNAPS) * LAYERS * FLOATS * sizeof(float) + SNAPS * sizeof(kv_snap_meta));
     kv_state_free(&kv);

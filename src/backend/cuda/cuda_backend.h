@@ -337,10 +337,49 @@ hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const
  * values, scales), on the backend's stream: kv_copy_rows for the device pool. */
 hearth_status cuda_kv_copy_rows(const cuda_kv *dkv, int32_t src, int32_t dst, int rows, hearth_error *err);
 /* cuda_rope_qk of q [T][n_heads][head_dim] and k, then cuda_kv_write of the rotated k and v,
- * in one launch: the same q, k and pool bytes, bit for bit (head_dim even). */
+ * in one launch: the same q, k and pool bytes, bit for bit (head_dim even). rot_dims: RoPE
+ * on the first rot_dims of each head only (pairs i, i + rot_dims / 2, as ops_rope_part; even;
+ * 0: all). */
 hearth_status cuda_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float *k, const float *v, int T, int n_heads,
                                  const int32_t *pos, const int32_t *slot, const float *inv_freq, int adjacent,
-                                 hearth_error *err);
+                                 int rot_dims, hearth_error *err);
+
+/* Gated attention (op_attn.gated): q [T][n_heads][head_dim] = the queries of qg, the doubled
+ * projection [T][n_heads][2 head_dim] (per head: queries, then gates); and
+ * att[t][h][i] *= sigmoid(gate[t][h][i]) from the same qg. */
+hearth_status cuda_attn_gate_split(const float *qg, float *q, int T, int n_heads, int head_dim, hearth_error *err);
+hearth_status cuda_attn_gate_apply(float *att, const float *qg, int T, int n_heads, int head_dim, hearth_error *err);
+
+/* The middle of a Gated DeltaNet layer (op_gdn; cpu_gdn.c's ops_gated_delta on the device):
+ * qkv [T][conv_dim] (the in_proj_qkv rows, overwritten: conv, SiLU, q / k L2-normed), z
+ * [T][v_heads v_dim], a and b [T][v_heads] in; y [T][v_heads v_dim] out; each token on the
+ * record (layer, slot[t]) of the device state pool state [max_slots][n_layers][layer_floats]
+ * (kv_state.h's layout), a token at position 0 from a zero state. run_first[t] / run_next[t]
+ * (cuda_gdn_runs): whether t is its sequence's first token in the step, and the index of
+ * its next one (-1: none): a sequence's tokens run in batch order, sequences in parallel.
+ * Every pointer is device memory. */
+typedef struct cuda_gdn_args {
+    float *state;
+    int n_layers, layer;
+    size_t layer_floats;
+    int T;
+    const int32_t *pos, *slot, *run_first, *run_next;
+    int k_heads, v_heads, k_dim, v_dim, conv_k, v_tiled;
+    const float *conv, *A_log, *dt_bias, *norm;
+    float norm_eps;
+    float *qkv;
+    const float *z, *a, *b;
+    float *y;
+} cuda_gdn_args;
+hearth_status cuda_gated_delta(const cuda_gdn_args *a, hearth_error *err);
+/* Whether cuda_gated_delta takes heads of these sizes and a conv this long. */
+int cuda_gdn_supported(int k_dim, int v_dim, int conv_k);
+/* Host side: run_first / run_next of T tokens' slots (each < max_slots; last: max_slots
+ * ints of scratch). */
+void cuda_gdn_runs(const int32_t *slot, int T, int max_slots, int32_t *last, int32_t *first, int32_t *next);
+/* dst = src, floats of device memory, ordered on the backend's stream (a state record into
+ * a snapshot record or back). */
+hearth_status cuda_state_copy(float *dst, const float *src, size_t floats, hearth_error *err);
 
 /* Decode attention over the device pool: ops_attention's contract (causal, window,
  * grouped KV heads), q/out/pos/slot in device memory. head_dim <= 256, or up to

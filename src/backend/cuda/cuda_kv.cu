@@ -182,14 +182,15 @@ __global__ void __launch_bounds__(KVW_THREADS)
 /* RoPE of q and k (cuda_rope_qk) and kv_write in one launch, for the decode steps: blocks
  * (t, h) with h < n_kv_heads rotate key head h of token t in place, then store it and its
  * value row; the others rotate query head h - n_kv_heads in place. Every rotation is
- * rope_rotate_pair, so q, k and the pool rows equal those of the two launches bit for bit. */
+ * rope_rotate_pair, so q, k and the pool rows equal those of the two launches bit for bit.
+ * Only the first 2 half dims of each head rotate (partial RoPE; half = head_dim / 2: all). */
 template <int KVQ>
 __global__ void __launch_bounds__(KVW_THREADS)
     rope_kv_write_kernel(cuda_kv kv, int layer, float *q, float *k, const float *v, int n_heads, const int32_t *pos,
-                         const int32_t *slot, const float *inv_freq, int adjacent) {
+                         const int32_t *slot, const float *inv_freq, int adjacent, int half) {
     pdl_wait(); /* q, k and v come from the q/k/v GEMV (pdl_launch_small) */
     pdl_trigger();
-    int t = blockIdx.x, h = blockIdx.y, d = kv.head_dim, half = d / 2, p = pos[t];
+    int t = blockIdx.x, h = blockIdx.y, d = kv.head_dim, p = pos[t];
     if (h >= kv.n_kv_heads) {
         float *qh = q + ((size_t)t * n_heads + (h - kv.n_kv_heads)) * d;
         for (int i = threadIdx.x; i < half; i += KVW_THREADS) rope_rotate_pair(qh, i, half, p, inv_freq, adjacent);
@@ -203,8 +204,12 @@ __global__ void __launch_bounds__(KVW_THREADS)
 
 hearth_status cuda_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float *k, const float *v, int T, int n_heads,
                                  const int32_t *pos, const int32_t *slot, const float *inv_freq, int adjacent,
-                                 hearth_error *err) {
+                                 int rot_dims, hearth_error *err) {
     if (T <= 0) return HEARTH_OK;
+    if (rot_dims == 0) rot_dims = dkv->head_dim;
+    if (rot_dims < 0 || rot_dims > dkv->head_dim || rot_dims % 2)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_rope_kv_write: RoPE on %d of %d dims", rot_dims,
+                       dkv->head_dim);
     if (layer < 0 || layer >= dkv->n_layers)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_rope_kv_write: layer %d of %d", layer, dkv->n_layers);
     if (dkv->head_dim % 2)
@@ -212,7 +217,7 @@ hearth_status cuda_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float 
     dim3 grid((unsigned)T, (unsigned)(dkv->n_kv_heads + n_heads));
     CUDA_KV_DISPATCH(dkv->quant, KVQ,
                      pdl_launch_small(rope_kv_write_kernel<KVQ>, grid, dim3(KVW_THREADS), *dkv, layer, q, k, v, n_heads,
-                                      pos, slot, inv_freq, adjacent));
+                                      pos, slot, inv_freq, adjacent, rot_dims / 2));
     return cuda_launched("rope_kv_write", err);
 }
 

@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_lora_cache.h"
 #include "backend/cuda/cuda_plan.h"
 #include "base/err.h"
+#include "kv/kv_state.h"
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -46,11 +47,16 @@ typedef struct cuda_model {
     void *att_stage;  /* prefill attention's bf16 keys and values (cuda_attention_stage_bytes; NULL: none) */
     float *pl_in, *pl_tmp; /* per-layer inputs [T, n_layers * per_layer_dim] and their working rows (NULL: none) */
     float *host_pl;        /* pinned: the per-layer table's rows of the step, made on the host */
+    float *qgate;     /* gated attention: the doubled q projection (queries and gates per head) */
+    float *gdn[5];    /* Gated DeltaNet: qkv, z, b, a, y of the step (cuda_gdn_args) */
+    float *state;     /* hybrids: the device state pool, slots' records then snapshots' (kv_state.h) */
+    size_t state_record; /* floats of one slot's (or snapshot's) records, every state layer */
+    int32_t *run_last;   /* host scratch of cuda_gdn_runs, max_slots */
     int8_t *xq;       /* decode: the next GEMV's int8 activations, written by the fused norm / gate */
     float *xs;        /* and their (d, d * sum q) pairs per block of 32 (cuda_gemv_multi_q8) */
     int q8_ready;     /* 1 while xq / xs hold the quantized xn (step-building state, host side) */
     size_t att_split_floats;
-    int32_t *ints;      /* device: pos | slot | out_rows, max_tokens each */
+    int32_t *ints;      /* device: pos | slot | out_rows (| run_first | run_next), max_tokens each */
     float *host_x;      /* pinned: the step's embeddings, made on the host */
     threadpool *tp;     /* host threads for them (NULL: this thread) */
     int32_t *host_ints; /* pinned: staging for ints */
@@ -279,10 +285,11 @@ static hearth_status cu_qkv_rope_store(const op_step *s, int layer, const op_att
     int T = s->b->T, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
     const int32_t *pos = cm->ints, *slot = cm->ints + cm->max_tokens;
     const cuda_weight *ws[3] = {dw(cm, a->q), dw(cm, a->k), dw(cm, a->v)};
-    float *ys[3] = {cm->q, cm->k, cm->v};
+    float *ys[3] = {a->gated ? cm->qgate : cm->q, cm->k, cm->v};
     TRY(matmul_input(cm, ws, ys, 3, T, err));
-    for (int p = 0; p < 3; p++) /* adapters update the projections before their biases */
-        TRY(lora(s, a->layer, OP_PROJ_Q + p, cm->xn, c->hidden, ys[p], p ? kd : qd));
+    for (int p = 0; p < 3; p++) /* adapters update the projections before their biases (q doubled on gated attention) */
+        TRY(lora(s, a->layer, OP_PROJ_Q + p, cm->xn, c->hidden, ys[p], p ? kd : qd * (a->gated ? 2 : 1)));
+    if (a->gated) TRY(cuda_attn_gate_split(cm->qgate, cm->q, T, c->n_heads, c->head_dim, err));
     TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
     TRY(cuda_add_bias(cm->k, dv(cm, a->k_bias), T, kd, err));
     TRY(cuda_add_bias(cm->v, dv(cm, a->v_bias), T, kd, err));
@@ -293,7 +300,7 @@ static hearth_status cu_qkv_rope_store(const op_step *s, int layer, const op_att
         TRY(cuda_rmsnorm_heads(cm->k, cm->k, dv(cm, a->k_norm), a->norm_shift, T * c->n_kv_heads, c->head_dim,
                                a->norm_eps, err));
     return cuda_rope_kv_write(&cm->kv, layer, cm->q, cm->k, cm->v, T, c->n_heads, pos, slot, dv(cm, a->inv_freq),
-                              c->rope_adjacent, err);
+                              c->rope_adjacent, a->rope_dims, err);
 }
 
 /* in: q; out: tmp = o · attention. At decode sizes the split merge writes o's int8
@@ -326,11 +333,12 @@ static hearth_status cu_attention(const op_step *s, int layer, const op_attn *a)
                                 /* eager steps only: host_ints is the step's pinned copy of slot */
                                 .host_slot = T > GRAPH_MAX_T && !cm->single_slot ? cm->host_ints + cm->max_tokens : NULL};
     const cuda_weight *o = dw(cm, a->o);
-    if (q8_fusable(cm, &o, 1, T)) {
+    if (!a->gated && q8_fusable(cm, &o, 1, T)) { /* gated: the gates apply to the float output first */
         args.out_xq = cm->xq, args.out_xs = cm->xs;
         cm->q8_ready = 0; /* xq no longer holds xn's copy */
     }
     TRY(cuda_attention(&args, s->err));
+    if (a->gated) TRY(cuda_attn_gate_apply(cm->att, cm->qgate, T, c->n_heads, c->head_dim, s->err));
     /* the merge that writes o's int8 activations writes att as floats too: the adapters' input */
     if (cuda_attention_writes_q8(&args)) TRY(q8_matmul(cm, &o, &cm->tmp, 1, T, s->err));
     else TRY(matmul(cm, o, cm->att, T, cm->tmp, s->err));
@@ -492,14 +500,19 @@ static hearth_status cu_qkv_rope_store_varied(const op_step *s, int layer, const
     TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
     if (a->q_norm) /* rows over 256 (full layers' 512) go to the row kernel inside */
         TRY(cuda_rmsnorm_heads(cm->q, cm->q, dv(cm, a->q_norm), a->norm_shift, T * c->n_heads, hd, a->norm_eps, err));
-    if (a->shared) return cuda_rope(cm->q, T, c->n_heads, hd, pos, dv(cm, a->inv_freq), c->rope_adjacent, err);
+    if (a->shared) { /* queries only: RoPE on every pair (partial RoPE of a shared layer has no launch here) */
+        if (a->rope_dims && a->rope_dims != hd)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: partial RoPE (%d of %d dims) on a shared-KV layer",
+                           a->rope_dims, hd);
+        return cuda_rope(cm->q, T, c->n_heads, hd, pos, dv(cm, a->inv_freq), c->rope_adjacent, err);
+    }
     TRY(cuda_add_bias(cm->k, dv(cm, a->k_bias), T, kd, err));
     TRY(cuda_add_bias(cm->v, dv(cm, a->v_bias), T, kd, err));
     if (a->k_norm)
         TRY(cuda_rmsnorm_heads(cm->k, cm->k, dv(cm, a->k_norm), a->norm_shift, T * nkv, hd, a->norm_eps, err));
     if (a->v_norm) TRY(cuda_rmsnorm_plain(cm->v, T * nkv, hd, a->norm_eps, err));
     return cuda_rope_kv_write(&view, view_layer, cm->q, cm->k, cm->v, T, c->n_heads, pos, slot, dv(cm, a->inv_freq),
-                              c->rope_adjacent, err);
+                              c->rope_adjacent, a->rope_dims, err);
 }
 
 /* The step's per-layer inputs (cpu_per_layer_inputs): the table's rows made on the host as
@@ -542,6 +555,49 @@ static hearth_status cu_softcap(const op_step *s, float cap) {
     if (n_out == 0 || s->out == OP_OUT_HIDDEN) return HEARTH_OK;
     TRY(cuda_softcap(cm->logits, cap, (size_t)n_out * vocab, s->err));
     return s->out == OP_OUT_IDS ? cuda_argmax_checked(cm->logits, n_out, vocab, cm->ids_dev, s->err) : HEARTH_OK;
+}
+
+/* in: xn; out: tmp = out · the Gated DeltaNet middle (cuda_gated_delta) of the in_proj
+ * projections, each token on its sequence's device state record. */
+static hearth_status cu_gated_delta(const op_step *s, const op_gdn *g) {
+    cuda_model *cm = cmod(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T;
+    if (!cm->state || g->state_layer < 0 || g->state_layer >= d->n_state_layers)
+        return err_set(s->err, HEARTH_ERR_INVALID, "cuda: state layer %d is not in the state pool", g->state_layer);
+    const cuda_weight *ws[4] = {dw(cm, g->qkv), dw(cm, g->z), dw(cm, g->b), dw(cm, g->a)};
+    float *ys[4] = {cm->gdn[0], cm->gdn[1], cm->gdn[2], cm->gdn[3]};
+    /* the decode GEMV takes at most 3 weights per launch: qkv, z, b, then a */
+    TRY(matmul_input(cm, ws, ys, 3, T, s->err));
+    TRY(matmul_input(cm, ws + 3, ys + 3, 1, T, s->err));
+    cm->q8_ready = 0;
+    cuda_gdn_args args = {.state = cm->state,
+                          .n_layers = d->n_state_layers,
+                          .layer = g->state_layer,
+                          .layer_floats = op_gdn_state_floats(d),
+                          .T = T,
+                          .pos = cm->ints,
+                          .slot = cm->ints + cm->max_tokens,
+                          .run_first = cm->ints + 3 * cm->max_tokens,
+                          .run_next = cm->ints + 4 * cm->max_tokens,
+                          .k_heads = d->gdn_k_heads,
+                          .v_heads = d->gdn_v_heads,
+                          .k_dim = d->gdn_k_dim,
+                          .v_dim = d->gdn_v_dim,
+                          .conv_k = d->gdn_conv,
+                          .v_tiled = d->gdn_v_tiled,
+                          .conv = dv(cm, g->conv),
+                          .A_log = dv(cm, g->A_log),
+                          .dt_bias = dv(cm, g->dt_bias),
+                          .norm = dv(cm, g->norm),
+                          .norm_eps = g->norm_eps,
+                          .qkv = cm->gdn[0],
+                          .z = cm->gdn[1],
+                          .b = cm->gdn[2],
+                          .a = cm->gdn[3],
+                          .y = cm->gdn[4]};
+    TRY(cuda_gated_delta(&args, s->err));
+    return matmul(cm, dw(cm, g->out), cm->gdn[4], T, cm->tmp, s->err);
 }
 
 /* The final norm of the out_rows and lm_head into logits (and, for greedy steps, the ids). */
@@ -619,10 +675,13 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
     memcpy(cm->host_ints, b->pos, (size_t)T * sizeof(int32_t));
     memcpy(cm->host_ints + cm->max_tokens, b->slot, (size_t)T * sizeof(int32_t));
     memcpy(cm->host_ints + 2 * cm->max_tokens, b->out_rows, (size_t)b->n_out * sizeof(int32_t));
+    if (cm->state) /* each sequence's tokens of the step, for the Gated DeltaNet kernels */
+        cuda_gdn_runs(b->slot, T, cm->kv.max_slots, cm->run_last, cm->host_ints + 3 * cm->max_tokens,
+                      cm->host_ints + 4 * cm->max_tokens);
     /* Stream-ordered: a replayed graph reads these same device buffers. The pinned ones
      * are not rewritten before this step's final synchronization below. */
     TRY(cuda_upload_async(cm->x, cm->host_x, (size_t)T * dims->hidden * sizeof(float), err));
-    TRY(cuda_upload_async(cm->ints, cm->host_ints, 3 * (size_t)cm->max_tokens * sizeof(int32_t), err));
+    TRY(cuda_upload_async(cm->ints, cm->host_ints, cm->plan.ints * sizeof(int32_t), err));
     /* block tables change as sequences grow (kv_reserve on the host): sent every step */
     TRY(cuda_upload_async(cm->kv.tables, kv->tables, (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t),
                           err));
@@ -667,6 +726,15 @@ static hearth_status cu_kv_copy(op_backend *be, int32_t src, int32_t dst, int ro
 
 static void cu_adapter_gone(op_backend *be, uint64_t key) { cuda_lora_cache_forget(((cuda_model *)be)->lora, key); }
 
+static hearth_status cu_state_copy(op_backend *be, int src, int dst, hearth_error *err) {
+    cuda_model *cm = (cuda_model *)be;
+    int records = cm->kv.max_slots + cm->plan.state_snaps;
+    if (!cm->state || src < 0 || dst < 0 || src >= records || dst >= records)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: state records %d -> %d of %d", src, dst, records);
+    return cuda_state_copy(cm->state + (size_t)dst * cm->state_record, cm->state + (size_t)src * cm->state_record,
+                           cm->state_record, err);
+}
+
 static const op_table cuda_table = {.name = "cuda",
                                     .step = cu_step,
                                     .add_norm = cu_add_norm,
@@ -677,12 +745,14 @@ static const op_table cuda_table = {.name = "cuda",
                                     .attention = cu_attention,
                                     .mlp = cu_mlp,
                                     .moe = cu_moe,
+                                    .gated_delta = cu_gated_delta,
                                     .logits = cu_logits,
                                     .per_layer_inputs = cu_per_layer_inputs,
                                     .per_layer_gate = cu_per_layer_gate,
                                     .softcap = cu_softcap,
                                     .kv_copy = cu_kv_copy,
                                     .adapter_gone = cu_adapter_gone,
+                                    .state_copy = cu_state_copy,
                                     .free = cuda_model_free};
 
 /* The step's device buffers, each of the size the plan gives (cuda_plan.c). */
@@ -695,6 +765,9 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
     for (int i = 0; i < CUDA_PLAN_N_ACT; i++)
         TRY(cuda_alloc((void **)ptrs[i], p->act_floats[i] * sizeof(float), "activation scratch", err));
     TRY(cuda_alloc((void **)&cm->ints, p->ints * sizeof(int32_t), "step indices", err));
+    if (p->qgate_floats) TRY(cuda_alloc((void **)&cm->qgate, p->qgate_floats * sizeof(float), "attention gates", err));
+    for (int i = 0; i < 5 && p->gdn_floats[0]; i++)
+        TRY(cuda_alloc((void **)&cm->gdn[i], p->gdn_floats[i] * sizeof(float), "Gated DeltaNet scratch", err));
     cm->att_split_floats = p->att_split_floats;
     TRY(cuda_alloc((void **)&cm->att_split, cm->att_split_floats * sizeof(float), "attention split scratch", err));
     if (p->att_stage_bytes)
@@ -714,7 +787,7 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
     TRY(cuda_alloc((void **)&cm->xq, p->decode_q8_bytes, "decode int8 activations", err));
     TRY(cuda_alloc((void **)&cm->xs, p->decode_q8_scale_bytes, "decode activation scales", err));
     if (cudaMallocHost((void **)&cm->host_x, T * c->hidden * sizeof(float)) != cudaSuccess ||
-        cudaMallocHost((void **)&cm->host_ints, 3 * T * sizeof(int32_t)) != cudaSuccess ||
+        cudaMallocHost((void **)&cm->host_ints, p->ints * sizeof(int32_t)) != cudaSuccess ||
         cudaMallocHost((void **)&cm->host_ids, (size_t)cm->max_out * sizeof(int32_t)) != cudaSuccess) {
         cudaGetLastError();
         return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host buffers for %d tokens",
@@ -761,11 +834,18 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
         if (kv->layer_dims[l] % 2 || kv->layer_dims[l] > max_hd)
             return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: KV layer %d has head_dim %d (at most %d, even)", l,
                            kv->layer_dims[l], max_hd);
-    if (c->n_state_layers > 0 || c->attn_gate)
+    if (c->n_state_layers > 0 && !cuda_gdn_supported(c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv))
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                       "cuda: hybrid Gated DeltaNet models (Qwen3.5: %d linear-attention layers) run on the CPU "
-                       "backend only for now; use --device cpu",
-                       c->n_state_layers);
+                       "cuda: Gated DeltaNet heads of key dim %d / value dim %d with a conv of %d taps are not "
+                       "supported (at most 256 and 8); use --device cpu",
+                       c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv);
+    if (c->n_state_layers > 0 && (!kv->state || kv->state->n_layers != c->n_state_layers ||
+                                  kv->state->layer_floats != op_gdn_state_floats(c) ||
+                                  kv->state->n_snaps > kv_state_default_snaps(kv->max_slots)))
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "cuda: a hybrid model needs the KV pool's recurrent-state pool attached first (kv_state_attach "
+                       "with %d layers of %zu floats and at most %d snapshots)",
+                       c->n_state_layers, op_gdn_state_floats(c), kv_state_default_snaps(kv->max_slots));
     cuda_model *cm = calloc(1, sizeof *cm);
     if (!cm) return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
     cm->base.t = &cuda_table;
@@ -792,6 +872,16 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
     hearth_status st = HEARTH_OK;
     for (int i = 0; !st && i < om->n_items; i++) st = upload_item(cm, &om->items[i], i, err);
     if (!st) st = cuda_kv_alloc(&cm->kv, kv, kv->quant, err);
+    if (!st && cm->plan.state_floats) { /* zeroed: every sequence starts from position 0's zero state anyway */
+        cm->state_record = (size_t)c->n_state_layers * op_gdn_state_floats(c);
+        st = cuda_alloc((void **)&cm->state, cm->plan.state_floats * sizeof(float), "recurrent state", err);
+        if (!st && cudaMemset(cm->state, 0, cm->plan.state_floats * sizeof(float)) != cudaSuccess) {
+            cudaGetLastError();
+            st = err_set(err, HEARTH_ERR_IO, "cuda: cannot zero the recurrent state");
+        }
+        if (!st && !(cm->run_last = malloc((size_t)kv->max_slots * sizeof(int32_t))))
+            st = err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
+    }
     if (!st) st = alloc_scratch(cm, err);
     if (!st) st = cuda_sync(err);
     if (st) {
@@ -847,6 +937,10 @@ void cuda_model_free(op_backend *be) {
     void *pinned[] = {cm->host_moe_logits, cm->host_moe_rows, cm->host_moe_sel, cm->host_moe_w, cm->host_moe_tw};
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         if (pinned[i]) cudaFreeHost(pinned[i]);
+    cuda_free(cm->qgate);
+    for (int i = 0; i < 5; i++) cuda_free(cm->gdn[i]);
+    cuda_free(cm->state);
+    free(cm->run_last);
     if (cm->host_ids) cudaFreeHost(cm->host_ids);
     if (cm->host_x) cudaFreeHost(cm->host_x);
     if (cm->host_ints) cudaFreeHost(cm->host_ints);

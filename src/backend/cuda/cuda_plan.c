@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_affine.h"
 #include "backend/cuda/cuda_lora.h"
 #include "kv/kv_cache.h"
+#include "kv/kv_state.h"
 #include <string.h>
 
 /* The device allocator (cudaMalloc on Linux drivers since Pascal) backs memory with 2 MiB
@@ -231,8 +232,18 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
                                     (size_t)max_out * c->vocab};
     memcpy(p->act_floats, acts, sizeof acts);
     for (int i = 0; i < CUDA_PLAN_N_ACT; i++) cuda_tally_add(t, acts[i] * sizeof(float));
-    p->ints = 3 * T;
+    int hybrid = c->n_state_layers > 0;
+    p->ints = (hybrid ? 5 : 3) * T;
     cuda_tally_add(t, p->ints * sizeof(int32_t));
+    size_t vd = (size_t)c->gdn_v_heads * c->gdn_v_dim;
+    p->qgate_floats = c->attn_gate ? 2 * T * qd : 0;
+    if (p->qgate_floats) cuda_tally_add(t, p->qgate_floats * sizeof(float));
+    if (hybrid) {
+        size_t conv = 2 * (size_t)c->gdn_k_heads * c->gdn_k_dim + vd, hv = (size_t)c->gdn_v_heads;
+        size_t gdn[5] = {T * conv, T * vd, T * hv, T * hv, T * vd};
+        memcpy(p->gdn_floats, gdn, sizeof gdn);
+        for (int i = 0; i < 5; i++) cuda_tally_add(t, gdn[i] * sizeof(float));
+    }
     size_t decode_T = T < CUDA_GRAPH_MAX_T ? T : CUDA_GRAPH_MAX_T;
     p->att_split_floats = cuda_attention_split_floats((int)decode_T, c->n_heads, c->head_dim);
     cuda_tally_add(t, p->att_split_floats * sizeof(float));
@@ -248,6 +259,7 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     if (gemv_T > rows) rows = gemv_T;
     if ((size_t)c->ffn > kmax) kmax = (size_t)c->ffn;
     if (qd > kmax) kmax = qd;
+    if (vd > kmax) kmax = vd; /* a Gated DeltaNet layer's out projection reads its value heads */
     p->gemv_floats = rows * kmax;
     size_t gq, gs;
     cuda_gemv_act_layout(p->gemv_floats, &gq, &gs);
@@ -291,7 +303,7 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     cuda_tally_add(t, p->lora_sets_bytes);
     cuda_tally_add(t, p->lora_counts_bytes);
     /* pinned host staging: the step's embeddings (and per-layer rows), its indices, the greedy ids */
-    p->pinned_host = T * c->hidden * sizeof(float) + p->per_layer_floats * sizeof(float) + 3 * T * sizeof(int32_t) +
+    p->pinned_host = T * c->hidden * sizeof(float) + p->per_layer_floats * sizeof(float) + p->ints * sizeof(int32_t) +
                      (size_t)max_out * sizeof(int32_t);
     if (c->n_experts > 0) { /* cuda_model.c alloc_scratch, in its order */
         size_t ffn = (size_t)(c->moe_ffn > c->shared_ffn ? c->moe_ffn : c->shared_ffn);
@@ -327,6 +339,14 @@ void cuda_plan_make(const op_model *om, const kv_cache *kv, int max_tokens, int 
     cuda_tally_add(&t, data);
     if (scales) cuda_tally_add(&t, scales), cuda_tally_add(&t, scales);
     cuda_tally_add(&t, (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t));
+    /* hybrids: the recurrent state of every slot and the prefix cache's snapshots of it, in
+     * float32 (kv_state.h: the engine keeps kv_state_default_snaps records) */
+    if (om->dims.n_state_layers > 0) {
+        p->state_snaps = kv_state_default_snaps(kv->max_slots);
+        p->state_floats = (size_t)(kv->max_slots + p->state_snaps) * om->dims.n_state_layers *
+                          op_gdn_state_floats(&om->dims);
+        cuda_tally_add(&t, p->state_floats * sizeof(float));
+    }
     p->kv = t.large + t.small - p->weights;
     plan_scratch(p, om, kv, max_tokens, max_out, &t);
     p->scratch = cuda_tally_bytes(&t) - p->weights - p->kv;

@@ -84,7 +84,11 @@ enum { CUDA_PLAN_N_ACT = 11 };
 typedef struct cuda_plan {
     /* what cuda_model_create allocates, in its units */
     size_t act_floats[CUDA_PLAN_N_ACT];
-    size_t ints;             /* step indices: pos | slot | out_rows, int32 */
+    size_t ints;             /* step indices: pos | slot | out_rows (| run_first | run_next: hybrids), int32 */
+    size_t qgate_floats;     /* gated attention's doubled q projection (0: none) */
+    size_t gdn_floats[5];    /* Gated DeltaNet scratch: qkv, z, b, a, y (0: not a hybrid) */
+    size_t state_floats;     /* the recurrent-state pool: every slot's records, then the snapshots' */
+    int state_snaps;         /* snapshot records in it (kv_state_default_snaps) */
     size_t att_split_floats; /* decode attention split-K partials */
     size_t att_stage_bytes;  /* prefill attention's bf16 copy of a sequence's keys and values (0: none) */
     size_t ids;              /* greedy ids, int32 */
@@ -105,7 +109,7 @@ typedef struct cuda_plan {
     tensor_dtype expanded_from;
     /* device bytes, each part with the allocator's page rounding */
     size_t weights;      /* every matrix in its device layout, norms, RoPE frequencies */
-    size_t kv;           /* K and V planes and the block tables */
+    size_t kv;           /* K and V planes, the block tables and the recurrent-state pool */
     size_t scratch;      /* activations, indices, attention split, int8 activations, GEMM */
     size_t requested;    /* the same allocations without rounding */
     int n_allocs;        /* cudaMalloc calls */

@@ -47,6 +47,11 @@ typedef struct cuda_model {
     void *att_stage;  /* prefill attention's bf16 keys and values (cuda_attention_stage_bytes; NULL: none) */
     float *pl_in, *pl_tmp; /* per-layer inputs [T, n_layers * per_layer_dim] and their working rows (NULL: none) */
     float *host_pl;        /* pinned: the per-layer table's rows of the step, made on the host */
+    /* the per-layer table as the op first named it (pl_known): from then on each step makes
+     * and queues its rows before the layers (pl_staged), so a decode graph holds only the
+     * device part of cu_per_layer_inputs */
+    op_per_layer_inputs pl_table;
+    int pl_known, pl_staged;
     float *qgate;     /* gated attention: the doubled q projection (queries and gates per head) */
     float *gdn[5];    /* Gated DeltaNet: qkv, z, b, a, y of the step (cuda_gdn_args) */
     float *state;     /* hybrids: the device state pool, slots' records then snapshots' (kv_state.h) */
@@ -515,17 +520,30 @@ static hearth_status cu_qkv_rope_store_varied(const op_step *s, int layer, const
                               c->rope_adjacent, a->rope_dims, err);
 }
 
-/* The step's per-layer inputs (cpu_per_layer_inputs): the table's rows made on the host as
- * the embeddings are (so these steps run eagerly, never from a decode graph: cu_step) and
- * uploaded, the projection of x, its scale and norm, and the sum on the device. */
+/* The per-layer table's rows of b's tokens (times its scale) into pl_in: made on the host
+ * with the scalar dequantizer, as the embeddings are, and queued for upload. */
+static hearth_status stage_per_layer_rows(cuda_model *cm, const op_per_layer_inputs *p, const op_batch *b,
+                                          const op_dims *d, hearth_error *err) {
+    op_embed table = {.table = p->table, .scale = p->table_scale};
+    TRY(op_embed_rows(&table, b->tokens, b->T, p->vocab, cm->host_pl, cm->tp, err));
+    TRY(cuda_upload_async(cm->pl_in, cm->host_pl, (size_t)b->T * d->n_layers * d->per_layer_dim * sizeof(float), err));
+    cm->pl_staged = 1;
+    return HEARTH_OK;
+}
+
+/* The step's per-layer inputs (cpu_per_layer_inputs): the table's rows (staged by cu_step
+ * before the layers once the table is known; the first step stages them here, eagerly),
+ * then on the device the projection of x, its scale and norm, and the sum. */
 static hearth_status cu_per_layer_inputs(const op_step *s, const op_per_layer_inputs *p) {
     cuda_model *cm = cmod(s);
     const op_dims *d = s->dims;
     int T = s->b->T;
     size_t n = (size_t)T * d->n_layers * d->per_layer_dim;
-    op_embed table = {.table = p->table, .scale = p->table_scale};
-    TRY(op_embed_rows(&table, s->b->tokens, T, p->vocab, cm->host_pl, cm->tp, s->err));
-    TRY(cuda_upload_async(cm->pl_in, cm->host_pl, n * sizeof(float), s->err));
+    if (!cm->pl_staged) { /* a step before the table was known: never inside a graph (cu_step) */
+        cm->pl_table = *p;
+        cm->pl_known = 1;
+        TRY(stage_per_layer_rows(cm, p, s->b, d, s->err));
+    }
     TRY(matmul(cm, dw(cm, p->proj), cm->x, T, cm->pl_tmp, s->err));
     TRY(cuda_scale(cm->pl_tmp, p->proj_scale, 0, n, s->err));
     TRY(cuda_rmsnorm(cm->pl_tmp, cm->pl_tmp, dv(cm, p->norm), 0.0f, T * d->n_layers, d->per_layer_dim, d->norm_eps,
@@ -696,8 +714,13 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
      * are captured without the adapters' launches) */
     cm->lora_step = op_batch_has_adapters(b);
     if (cm->lora_step) TRY(cuda_lora_cache_step(cm->lora, b, err));
+    /* per-layer inputs: the table's rows queued like the embeddings (the table is known
+     * from the model's first step, which runs eagerly and stages them itself) */
+    cm->pl_staged = 0;
+    if (dims->per_layer_dim && cm->pl_known) TRY(stage_per_layer_rows(cm, &cm->pl_table, b, dims, err));
+    int pl_ready = !dims->per_layer_dim || cm->pl_known;
     /* T <= GRAPH_MAX_T runs the same kernels either way, so decode graphs are shared */
-    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && !cm->lora_step && out != OP_OUT_HIDDEN)
+    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && !cm->lora_step && pl_ready && out != OP_OUT_HIDDEN)
         TRY(run_graph(cm, &s));
     else
         TRY(run_layers(cm, &s));
@@ -866,8 +889,7 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
     cm->max_tokens = max_tokens;
     cm->max_out = max_out;
     /* the experts' routing reads the router's logits on the host mid-step: no graphs */
-    /* host work inside the layers (MoE routing; per-layer inputs' table rows): every step eager */
-    cm->graphs_off = c->n_experts > 0 || c->per_layer_dim > 0;
+    cm->graphs_off = c->n_experts > 0;
     cuda_plan_make(om, kv, max_tokens, max_out, cuda_kv_device_dtype(kv->quant), gemm_exact, &cm->plan);
     hearth_status st = HEARTH_OK;
     for (int i = 0; !st && i < om->n_items; i++) st = upload_item(cm, &om->items[i], i, err);
@@ -895,10 +917,7 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
                      cm->plan.n_expanded, tensor_dtype_name(cm->plan.expanded_from));
         snprintf(note, note_size, "cuda: %s, %.2f GB on the device, decode graphs %s%s", info.name,
                  (double)cuda_plan_bytes(&cm->plan) / 1e9,
-                 c->n_experts > 0    ? "off (mixture of experts: routed on the host)"
-                 : c->per_layer_dim ? "off (per-layer inputs: made on the host each step)"
-                                    : "on",
-                 expanded);
+                 c->n_experts > 0 ? "off (mixture of experts: routed on the host)" : "on", expanded);
     }
     *out = &cm->base;
     return HEARTH_OK;

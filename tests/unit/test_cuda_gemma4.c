@@ -182,7 +182,7 @@ static void run_layer(kv_cache *kv, cuda_kv *dkv, const layer_case *lc, int T, c
     size_t nq = (size_t)T * HEADS * d, nk = (size_t)T * nkv * d;
     float *q = rand_floats(nq), *k = rand_floats(nk), *v = rand_floats(nk), *freq = inv_freq_for(lc->l);
     float *dq = dev_floats(q, nq), *dk = dev_floats(k, nk), *dvv = dev_floats(v, nk), *dfreq = dev_floats(freq, d / 2);
-    float scale = 1.0f;
+    float scale = 1.0f / sqrtf((float)d); /* scores of O(1): the summation orders' difference stays ~1e-6 */
     /* host: cpu_qkv_rope_store's order */
     ops_rope_part(q, T, HEADS, d, d, pos, freq, 0);
     if (!lc->shared) {
@@ -372,7 +372,7 @@ static void test_attention_512(void **state) {
             float *out = download(dout, nq);
             char what[96];
             snprintf(what, sizeof what, "attention d=512 window=%d invariant=%d", window, inv);
-            expect_close(what, out, ref, nq, 2e-5f);
+            expect_close(what, out, ref, nq, 3e-5f); /* 512 products per score: a little more than d 256's 2e-5 */
             free(out);
             free(q);
             free(ref);

@@ -128,6 +128,11 @@ size_t engine_device_plan_bytes(const op_model *om, const engine_plan *p, int kv
                       .n_blocks = p->n_blocks,
                       .max_slots = p->max_seqs,
                       .max_blocks_per_slot = (p->context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
+    if (om->kv_heads) { /* layers of their own shape, shared-KV layers storing none (Gemma 4) */
+        shape.n_layers = om->n_kv_layers;
+        shape.layer_heads = (int *)om->kv_heads; /* read only: the plan's arithmetic */
+        shape.layer_dims = (int *)om->kv_dims;
+    }
     cuda_plan d;
     cuda_plan_make(om, &shape, p->step_tokens, p->max_out, cuda_kv_device_dtype(kv_quant), cuda_exact, &d);
     return cuda_plan_bytes(&d);

@@ -188,7 +188,9 @@ static hearth_status sizes_make(const model *m, const hearth_engine_options *eo,
                       .head_dim = c->head_dim,
                       .n_blocks = z->host.n_blocks,
                       .max_slots = z->host.max_seqs,
-                      .max_blocks_per_slot = (z->host.context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE};
+                      .max_blocks_per_slot = (z->host.context + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE,
+                      .layer_heads = c->kv_heads, /* Gemma 4: each KV layer's own shape (NULL: uniform) */
+                      .layer_dims = c->kv_dims};
     cuda_plan_make(model_ops(m), &shape, z->host.step_tokens, z->host.max_out, cuda_kv_device_dtype(eo->kv_quant),
                    eo->cuda_exact, &z->dev);
     z->peak = cuda_plan_bytes(&z->dev) + g->context_bytes;

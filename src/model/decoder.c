@@ -96,7 +96,10 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
                                  .shared_ffn = c->shared_ffn,
                                  .varied_layers = c->family == FAMILY_GEMMA4, .per_layer_dim = c->per_layer_dim},
                         .items = m->items,
-                        .layer_window = m->layer_window};
+                        .layer_window = m->layer_window,
+                        .n_kv_layers = c->n_kv_layers,
+                        .kv_heads = c->kv_heads,
+                        .kv_dims = c->kv_dims};
     for (int i = 0; i < c->n_layers; i++) {
         const layer_weights *l = &m->layers[i];
         const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
@@ -151,6 +154,8 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
     add_vec(m, c->inv_freq_local, 0, n_local, "rope_inv_freq_local", -1);
     if (g4) {
         add_weight(m, &m->embed_per_layer, 0, "embed_tokens_per_layer", -1);
+        if (m->embed_per_layer.n) /* its rows are made on the host (op_per_layer_inputs), like the embeddings' */
+            m->items[m->ops.n_items - 1].host_only = 1;
         add_weight(m, &m->per_layer_proj, 0, "per_layer_model_projection", -1);
         add_vec(m, m->per_layer_proj_norm, c->per_layer_dim > 0, c->per_layer_dim, "per_layer_projection_norm", -1);
     }

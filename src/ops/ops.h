@@ -46,6 +46,7 @@ typedef struct op_item {
     const char *name; /* for messages: "q_proj", "attn_norm", ... */
     int layer;        /* -1: not in a layer */
     int experts;      /* > 0: w stacks this many experts' matrices (n / experts rows each) */
+    int host_only;    /* read on the host only (an embedding table, op_embed_rows): a device backend keeps no copy */
 } op_item;
 
 /* What a backend is told of a model when it starts: shapes, every item its ops will be
@@ -56,6 +57,11 @@ typedef struct op_model {
     const op_item *items;
     int n_items;
     const int *layer_window;
+    /* The KV pool's layers where they have their own shapes (Gemma 4: n_kv_layers, kv_heads[l]
+     * x kv_dims[l], shared-KV layers storing none); NULL: one n_kv_heads x head_dim layer per
+     * attention layer. What a device plan sizes the pool by before there is one. */
+    int n_kv_layers;
+    const int *kv_heads, *kv_dims;
 } op_model;
 
 /* The projections of a layer a LoRA adapter may update. */

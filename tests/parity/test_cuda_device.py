@@ -51,13 +51,16 @@ def test_cuda_greedy_matches_cpu_reference(hearth_bin, tiny_models, name):
     m = tiny_models[name]
     if not has_gpu(hearth_bin, m):
         refused = trace(hearth_bin, m, "cuda")
-        # hybrid Gated DeltaNet models (qwen3_5, qwen3_5_moe) run on the GPU: never refused by name
-        assert not (name.startswith("qwen3_5") and "CPU backend only" in refused.stderr), refused.stderr
-        if "CPU backend only" in refused.stderr:  # a family the CUDA backend refuses by name (MoE, Gemma 4)
+        # hybrid Gated DeltaNet models (qwen3_5, qwen3_5_moe) and Gemma 4 (dense and MoE) run on
+        # the GPU: never refused by name
+        assert not (name.startswith(("qwen3_5", "gemma4")) and "CPU backend only" in refused.stderr), refused.stderr
+        if "CPU backend only" in refused.stderr:  # a family the CUDA backend refuses by name
             pytest.skip(f"the CUDA backend refuses {name} for now: {refused.stderr.strip()}")
         pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA forward pass did NOT run")
     ref = trace(hearth_bin, m, "cpu", {"HEARTH_CPU": "scalar"})
     gpu = trace(hearth_bin, m, "cuda", args=["--cuda-exact"])
+    # every family runs, Gemma 4 dense and MoE included (per-layer head sizes, shared KV,
+    # per-layer inputs, softcap): a refusal here is a failure, not a skip
     assert ref.returncode == 0 and gpu.returncode == 0, ref.stderr + gpu.stderr
     a, b = json.loads(ref.stdout), json.loads(gpu.stdout)
     assert [s["token"] for s in a["steps"]] == [s["token"] for s in b["steps"]]
@@ -81,7 +84,8 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hearth_process import free_port, running  # noqa: E402
 
-GREEDY_MODELS = ["llama-f32", "qwen3-q4g64", "gemma3-bf16", "qwen3_5-f32"]
+# gemma4: the device sampler reads the softcapped logits; its steps run eagerly (per-layer inputs)
+GREEDY_MODELS = ["llama-f32", "qwen3-q4g64", "gemma3-bf16", "qwen3_5-f32", "gemma4-q4g64"]
 PROMPTS = ["Tell me about the sea.", "Count from one to ten.", "What is a prime number?"]
 DEVICE_NOTE = "greedy ids chosen on the device"
 
@@ -163,8 +167,9 @@ PROMPTS12 = PROMPTS + ["Name three rivers.", "Why is the sky blue?", "Write a ha
                        "Say hello in French.", "What do bees make?", "Spell the word house."]
 
 
-# qwen3_5-f32: Gated DeltaNet layers with many sequences' tokens in one step (cuda_gdn_runs)
-@pytest.mark.parametrize("name", ["llama-f32", "qwen3-q4g64", "qwen3_5-f32"])
+# qwen3_5-f32: Gated DeltaNet layers with many sequences' tokens in one step (cuda_gdn_runs);
+# gemma4-bf16: layers of their own shapes, shared KV, per-layer inputs in ragged steps
+@pytest.mark.parametrize("name", ["llama-f32", "qwen3-q4g64", "qwen3_5-f32", "gemma4-bf16"])
 def test_cuda_serve_12_concurrent_equal_alone(hearth_bin, tiny_models, name):
     m = tiny_models[name]
     if not has_gpu(hearth_bin, m):

@@ -171,6 +171,31 @@ def test_kv_pool_matches_config(hearth_bin, name):
         assert fit["kv_blocks"] == blocks and fit["kv_blocks_cut_from"] == 0
 
 
+@pytest.mark.parametrize("name", ["llama-f32", "gemma4-f32"])
+def test_cuda_kv_pool_matches_config(hearth_bin, name):
+    """fit --device cuda (no GPU needed: --sku): the device pool is K and V of every layer
+    that keeps a cache at that layer's own shape (Gemma 4: sliding and full layers differ,
+    shared-KV layers keep none), block-rounded positions, then the block tables; each
+    allocation rounded as the device allocator takes it (2 MiB pages from 2 MiB, else 512
+    bytes: cuda_plan.c). int8: one byte per element and a float scale per (position, head)."""
+    model = model_path(f"tiny/{name}")
+    shapes = kv_layer_shapes(json.loads((model / "config.json").read_text()))
+
+    def alloc(n):
+        return -(-n // (2 << 20)) * (2 << 20) if n >= 2 << 20 else -(-n // 512) * 512
+    for ctx, batch in ((100, 1), (4096, 8)):
+        blocks = -(-ctx // KV_BLOCK) * batch
+        rows = sum(blocks * KV_BLOCK * heads for heads, _ in shapes)
+        elems = sum(blocks * KV_BLOCK * heads * dim for heads, dim in shapes)
+        tables = alloc(4 * blocks)  # one int32 per block of each slot's table
+        f32 = run_fit(hearth_bin, model, "--device", "cuda", "--sku", "h200", "--ctx", str(ctx), "--batch", str(batch))
+        q8 = run_fit(hearth_bin, model, "--device", "cuda", "--sku", "h200", "--ctx", str(ctx), "--batch", str(batch),
+                     "--kv-quant", "int8")
+        assert f32["kv_blocks"] == q8["kv_blocks"] == blocks and f32["kv_device_dtype"] == "f32"
+        assert f32["kv_pool_bytes"] == 2 * alloc(4 * elems) + tables
+        assert q8["kv_pool_bytes"] == 2 * alloc(elems) + 2 * alloc(4 * rows) + tables
+
+
 def test_fit_is_deterministic_and_flags_checked(hearth_bin):
     model = model_path(f"models/{REAL_GGUFS['smollm2']}")
     a = run_fit(hearth_bin, model, "--ctx", "1024", "--bandwidth", "20")

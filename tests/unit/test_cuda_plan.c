@@ -144,6 +144,59 @@ static void test_q4k_packed_scales_round_trip(void **state) {
     }
 }
 
+/* Models whose layers differ (Gemma 4): the KV pool is each layer's own shape summed (as the
+ * host pool lays it out), the per-layer inputs add two [T, n_layers * per_layer_dim] device
+ * buffers and one pinned staging buffer, and a host-only item (the per-layer embedding table,
+ * made into rows on the host) takes no device bytes and is no GEMM scratch candidate. */
+static void test_varied_layers_plan(void **state) {
+    (void)state;
+    int heads[3] = {2, 1, 2}, dims[3] = {256, 512, 256};
+    kv_cache kv = {.n_layers = 3, .n_kv_heads = 2, .head_dim = 512, .n_blocks = 10, .max_slots = 2,
+                   .max_blocks_per_slot = 4, .layer_heads = heads, .layer_dims = dims};
+    size_t data, scales, elems = (size_t)10 * KV_BLOCK_SIZE * (2 * 256 + 1 * 512 + 2 * 256);
+    cuda_kv_pool_parts(&kv, CUDA_KV_F32, &data, &scales);
+    assert_int_equal(data, elems * 4);
+    assert_int_equal(scales, 0);
+    cuda_kv_pool_parts(&kv, CUDA_KV_INT8, &data, &scales);
+    assert_int_equal(data, elems);
+    assert_int_equal(scales, (size_t)10 * KV_BLOCK_SIZE * (2 + 1 + 2) * sizeof(float));
+    cuda_kv_pool_parts(&kv, CUDA_KV_F16, &data, &scales);
+    assert_int_equal(data, elems * 2);
+    /* a uniform pool: the planes of n_layers x n_kv_heads x head_dim */
+    kv_cache uni = kv;
+    uni.layer_heads = uni.layer_dims = NULL;
+    size_t d2, s2;
+    cuda_kv_pool_parts(&uni, CUDA_KV_FP8, &data, &scales);
+    cuda_kv_plane_parts(3, 10, 2, 512, CUDA_KV_FP8, &d2, &s2);
+    assert_int_equal(data, d2);
+    assert_int_equal(scales, s2);
+
+    enum { T = 32, L = 3, D = 64, H = 128 };
+    op_weight table = {.dtype = DT_BF16, .n = 1000, .k = L * D}, proj = {.dtype = DT_F32, .n = L * D, .k = H};
+    op_item items[2] = {{.w = &table, .name = "embed_tokens_per_layer", .layer = -1, .host_only = 1},
+                        {.w = &proj, .name = "per_layer_model_projection", .layer = -1}};
+    op_model om = {.dims = {.n_layers = L, .hidden = H, .n_heads = 4, .n_kv_heads = 2, .head_dim = 512, .ffn = 256,
+                            .vocab = 1000, .norm_eps = 1e-6f, .varied_layers = 1, .per_layer_dim = D},
+                   .items = items,
+                   .n_items = 2};
+    cuda_plan p, q;
+    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, &p);
+    assert_int_equal(p.per_layer_floats, (size_t)T * L * D);
+    assert_int_equal(p.gemm_max_w, (size_t)L * D * H); /* the projection, not the table */
+    /* keys, values and the block tables */
+    assert_true(p.kv >= 2 * elems * sizeof(float) && p.kv < 2 * elems * sizeof(float) + 2 * MIB);
+    om.items = items + 1, om.n_items = 1; /* the same model without the host-only table */
+    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, &q);
+    assert_int_equal(p.weights, q.weights);
+    assert_int_equal(p.requested, q.requested);
+    om.dims.per_layer_dim = 0; /* no per-layer inputs: two device buffers and their staging less */
+    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, &q);
+    assert_int_equal(q.per_layer_floats, 0);
+    assert_int_equal(p.requested - q.requested, 2 * (size_t)T * L * D * sizeof(float));
+    assert_int_equal(p.pinned_host - q.pinned_host, (size_t)T * L * D * sizeof(float));
+    assert_int_equal(p.n_allocs - q.n_allocs, 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layouts_keep_the_gguf_bytes),
@@ -151,6 +204,7 @@ int main(void) {
         cmocka_unit_test(test_affine_layout_bits_plus_pairs), cmocka_unit_test(test_formats_without_a_kernel_expand_to_f32),
         cmocka_unit_test(test_kv_planes_per_dtype),
         cmocka_unit_test(test_page_rounding),
+        cmocka_unit_test(test_varied_layers_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -310,7 +310,17 @@ typedef struct cuda_kv {
     void *k, *v;              /* [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE][head_dim] elements */
     float *k_scale, *v_scale; /* int8 / fp8: [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE]; else NULL */
     int32_t *tables;
+    /* Layers of their own shape (kv_cache.layer_heads / layer_dims, host copies; NULL when
+     * every layer is n_kv_heads x head_dim, else those are the maxima): layer l's rows and
+     * elements follow layer l - 1's, as on the host; kernels see one layer through
+     * cuda_kv_layer_view. Kernels never read these arrays. */
+    int *layer_heads, *layer_dims;
 } cuda_kv;
+/* A pool of one layer's shape whose layer 0 is layer `layer` of kv (the same tables, the
+ * storage pointers moved to that layer): kv_layer_view for the device pool. Returns the
+ * layer index to use with view (0, or `layer` where kv's layers share one shape and view
+ * is a copy of kv). */
+int cuda_kv_layer_view(const cuda_kv *kv, int layer, cuda_kv *view);
 /* Allocates the device pool for kv's sizes and quant and copies keys, values (float or
  * int8 with their scales) and tables. */
 hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err);
@@ -372,7 +382,8 @@ void cuda_gdn_runs(const int32_t *slot, int T, int max_slots, int32_t *last, int
 hearth_status cuda_state_copy(float *dst, const float *src, size_t floats, hearth_error *err);
 
 /* Decode attention over the device pool: ops_attention's contract (causal, window,
- * grouped KV heads), q/out/pos/slot in device memory. head_dim <= 256. */
+ * grouped KV heads), q/out/pos/slot in device memory. head_dim <= 256, or up to
+ * CUDA_ATT_WIDE_DMAX through the simple wide kernel. */
 typedef struct cuda_attention_args {
     const cuda_kv *kv;
     int layer;
@@ -430,6 +441,23 @@ hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err);
  * 8 tokens whenever _fits says so. */
 int cuda_attention_prefill_tc_fits(const cuda_attention_args *a);
 hearth_status cuda_attention_prefill_tc(const cuda_attention_args *a, hearth_error *err);
+
+/* The widest head cuda_attention takes: head_dim > 256 goes to a simple kernel (one block
+ * of 8 warps per query head and token over the token's own positions, f32 throughout, any T
+ * and any mix of sequences, batch-invariant; no int8 output for o). */
+#define CUDA_ATT_WIDE_DMAX 512
+
+/* Ops of models whose layers differ (op_dims.varied_layers; cuda_varied.cu), each the CPU
+ * op's float32 arithmetic: x[r] = x[r] / rms(x[r]) for rows of n (ops_rmsnorm without a
+ * weight: values normed without a scale); dst = src (a stream-ordered device copy); in =
+ * (proj + in) * s (the per-layer inputs' two halves); gate[t][i] = gelu_tanh(gate[t][i]) *
+ * up[t * up_stride + i] for T rows of n (a layer's slice of the per-layer inputs); x =
+ * tanh(x / cap) * cap (logit softcap). */
+hearth_status cuda_rmsnorm_plain(float *x, int rows, int n, float eps, hearth_error *err);
+hearth_status cuda_copy_f32(float *dst, const float *src, size_t n, hearth_error *err);
+hearth_status cuda_per_layer_combine(float *in, const float *proj, float s, size_t n, hearth_error *err);
+hearth_status cuda_gelu_tanh_mul_rows(float *gate, const float *up, int T, int n, size_t up_stride, hearth_error *err);
+hearth_status cuda_softcap(float *x, float cap, size_t n, hearth_error *err);
 
 /* Prefill matmul: y[T, n] = x[T, k] · W^T through cuBLAS. The weight is dequantized into
  * a device scratch (max_weight_elems, plus max_act_elems for x: 2 bytes each, 4 in exact

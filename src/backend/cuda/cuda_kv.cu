@@ -8,10 +8,53 @@
 extern "C" {
 #include "backend/cuda/cuda_plan.h"
 }
+#include <stdlib.h>
 #include <string.h>
+
+/* Rows (positions x heads) and elements of layers [0, n) of a pool (kv_cache.c's layer_extent). */
+static void layer_extent(const cuda_kv *kv, int n, size_t *rows, size_t *elems) {
+    size_t per_block = (size_t)kv->n_blocks * KV_BLOCK_SIZE;
+    *rows = *elems = 0;
+    for (int l = 0; l < n; l++) {
+        int heads = kv->layer_heads ? kv->layer_heads[l] : kv->n_kv_heads;
+        int dim = kv->layer_dims ? kv->layer_dims[l] : kv->head_dim;
+        *rows += per_block * heads;
+        *elems += per_block * heads * dim;
+    }
+}
+
+static size_t elem_bytes(int quant) {
+    int dtype = cuda_kv_device_dtype(quant);
+    return dtype == CUDA_KV_F32 ? sizeof(float) : dtype == CUDA_KV_F16 ? 2 : 1;
+}
+
+int cuda_kv_layer_view(const cuda_kv *kv, int layer, cuda_kv *view) {
+    *view = *kv;
+    if (!kv->layer_heads) return layer;
+    size_t rows, elems, eb = elem_bytes(kv->quant);
+    layer_extent(kv, layer, &rows, &elems);
+    view->n_layers = 1;
+    view->n_kv_heads = kv->layer_heads[layer];
+    view->head_dim = kv->layer_dims[layer];
+    view->layer_heads = view->layer_dims = NULL;
+    view->k = (char *)kv->k + elems * eb;
+    view->v = (char *)kv->v + elems * eb;
+    if (kv->k_scale) view->k_scale = kv->k_scale + rows, view->v_scale = kv->v_scale + rows;
+    return 0;
+}
 
 static hearth_status kv_create(cuda_kv *dkv, const kv_cache *kv, int quant, hearth_error *err) {
     memset(dkv, 0, sizeof *dkv);
+    if (kv->layer_heads) { /* host copies of the layers' shapes (cuda_kv_layer_view) */
+        dkv->layer_heads = (int *)malloc((size_t)kv->n_layers * sizeof(int));
+        dkv->layer_dims = (int *)malloc((size_t)kv->n_layers * sizeof(int));
+        if (!dkv->layer_heads || !dkv->layer_dims) {
+            cuda_kv_free(dkv);
+            return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
+        }
+        memcpy(dkv->layer_heads, kv->layer_heads, (size_t)kv->n_layers * sizeof(int));
+        memcpy(dkv->layer_dims, kv->layer_dims, (size_t)kv->n_layers * sizeof(int));
+    }
     dkv->n_layers = kv->n_layers;
     dkv->n_kv_heads = kv->n_kv_heads;
     dkv->head_dim = kv->head_dim;
@@ -24,7 +67,7 @@ static hearth_status kv_create(cuda_kv *dkv, const kv_cache *kv, int quant, hear
                        "cuda: unknown KV quantization %d (--kv-quant takes none, int8, fp8 or f16)", quant);
     int scaled = kv_quant_scaled(quant);
     size_t eb, sb; /* the sizes hearth fit counts (cuda_plan.c) */
-    cuda_kv_plane_parts(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, cuda_kv_device_dtype(quant), &eb, &sb);
+    cuda_kv_pool_parts(kv, cuda_kv_device_dtype(quant), &eb, &sb);
     size_t tb = (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t);
     hearth_status s = cuda_alloc(&dkv->k, eb, "KV keys", err);
     if (!s) s = cuda_alloc(&dkv->v, eb, "KV values", err);
@@ -50,14 +93,15 @@ hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_kv_upload: a host pool holds float or int8 KV only");
     hearth_status s = kv_create(dkv, kv, kv->quant, err);
     if (s) return s;
-    size_t rows = (size_t)kv->n_layers * kv->n_blocks * kv->n_kv_heads * KV_BLOCK_SIZE;
+    size_t rows, elems; /* the host pool's layout, layer after layer */
+    layer_extent(dkv, dkv->n_layers, &rows, &elems);
     if (kv->quant == HEARTH_KV_FLOAT) {
-        size_t eb = rows * kv->head_dim * sizeof(float);
+        size_t eb = elems * sizeof(float);
         s = cuda_upload(dkv->k, kv->k, eb, err);
         if (!s) s = cuda_upload(dkv->v, kv->v, eb, err);
     } else {
-        s = cuda_upload(dkv->k, kv->k8, rows * kv->head_dim, err);
-        if (!s) s = cuda_upload(dkv->v, kv->v8, rows * kv->head_dim, err);
+        s = cuda_upload(dkv->k, kv->k8, elems, err);
+        if (!s) s = cuda_upload(dkv->v, kv->v8, elems, err);
         if (!s) s = cuda_upload(dkv->k_scale, kv->k_scale, rows * sizeof(float), err);
         if (!s) s = cuda_upload(dkv->v_scale, kv->v_scale, rows * sizeof(float), err);
     }
@@ -71,6 +115,8 @@ void cuda_kv_free(cuda_kv *dkv) {
     cuda_free(dkv->k_scale);
     cuda_free(dkv->v_scale);
     cuda_free(dkv->tables);
+    free(dkv->layer_heads);
+    free(dkv->layer_dims);
     memset(dkv, 0, sizeof *dkv);
 }
 
@@ -204,8 +250,16 @@ hearth_status cuda_kv_copy_rows(const cuda_kv *dkv, int32_t src, int32_t dst, in
     if (src < 0 || dst < 0 || src >= dkv->n_blocks || dst >= dkv->n_blocks || rows < 0 || rows > KV_BLOCK_SIZE)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_kv_copy_rows: blocks %d -> %d, %d rows", src, dst, rows);
     if (rows == 0) return HEARTH_OK;
-    int dtype = cuda_kv_device_dtype(dkv->quant);
-    size_t eb = dtype == CUDA_KV_F32 ? sizeof(float) : dtype == CUDA_KV_F16 ? 2 : 1;
+    size_t eb = elem_bytes(dkv->quant);
+    if (dkv->layer_heads) { /* layers of their own shape: one launch per layer, on its view */
+        for (int l = 0; l < dkv->n_layers; l++) {
+            cuda_kv view;
+            cuda_kv_layer_view(dkv, l, &view);
+            kv_copy_rows_kernel<<<view.n_kv_heads, 256, 0, cuda_stream()>>>(view, eb * view.head_dim, src, dst, rows);
+            if (cuda_launched("kv_copy_rows", err)) return HEARTH_ERR_IO;
+        }
+        return HEARTH_OK;
+    }
     kv_copy_rows_kernel<<<dkv->n_layers * dkv->n_kv_heads, 256, 0, cuda_stream()>>>(*dkv, eb * dkv->head_dim, src,
                                                                                     dst, rows);
     return cuda_launched("kv_copy_rows", err);

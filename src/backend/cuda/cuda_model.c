@@ -45,6 +45,13 @@ typedef struct cuda_model {
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *rows, *logits; /* device scratch */
     float *att_split; /* decode attention's split-K partials (cuda_attention_split_floats) */
     void *att_stage;  /* prefill attention's bf16 keys and values (cuda_attention_stage_bytes; NULL: none) */
+    float *pl_in, *pl_tmp; /* per-layer inputs [T, n_layers * per_layer_dim] and their working rows (NULL: none) */
+    float *host_pl;        /* pinned: the per-layer table's rows of the step, made on the host */
+    /* the per-layer table as the op first named it (pl_known): from then on each step makes
+     * and queues its rows before the layers (pl_staged), so a decode graph holds only the
+     * device part of cu_per_layer_inputs */
+    op_per_layer_inputs pl_table;
+    int pl_known, pl_staged;
     float *qgate;     /* gated attention: the doubled q projection (queries and gates per head) */
     float *gdn[5];    /* Gated DeltaNet: qkv, z, b, a, y of the step (cuda_gdn_args) */
     float *state;     /* hybrids: the device state pool, slots' records then snapshots' (kv_state.h) */
@@ -136,6 +143,7 @@ static hearth_status lora(const op_step *s, int layer, op_proj p, const float *x
 /* Uploads item i: a weight in its device layout, or a vector of floats. */
 static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, hearth_error *err) {
     char what[64];
+    if (it->host_only) return HEARTH_OK; /* read on the host (op_embed_rows), never on the device */
     if (it->layer >= 0) snprintf(what, sizeof what, "layer %d %s", it->layer, it->name ? it->name : "?");
     else snprintf(what, sizeof what, "%s", it->name ? it->name : "?");
     if (it->w && it->experts > 0) { /* one device weight per expert: every layout slices so */
@@ -270,12 +278,15 @@ static hearth_status cu_scale(const op_step *s, op_buf b, float factor) {
     return cuda_scale(dbuf(cm, b), factor, 0, (size_t)s->b->T * s->dims->hidden, s->err);
 }
 
+static hearth_status cu_qkv_rope_store_varied(const op_step *s, int layer, const op_attn *a);
+
 /* in: xn; out: q, and the layer's keys and values in the pool (RoPE and the KV write in
  * one launch). */
 static hearth_status cu_qkv_rope_store(const op_step *s, int layer, const op_attn *a) {
     cuda_model *cm = cmod(s);
     const op_dims *c = s->dims;
     hearth_error *err = s->err;
+    if (c->varied_layers) return cu_qkv_rope_store_varied(s, layer, a);
     int T = s->b->T, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
     const int32_t *pos = cm->ints, *slot = cm->ints + cm->max_tokens;
     const cuda_weight *ws[3] = {dw(cm, a->q), dw(cm, a->k), dw(cm, a->v)};
@@ -303,14 +314,16 @@ static hearth_status cu_attention(const op_step *s, int layer, const op_attn *a)
     cuda_model *cm = cmod(s);
     const op_dims *c = s->dims;
     int T = s->b->T;
-    cuda_attention_args args = {.kv = &cm->kv,
-                                .layer = layer,
+    cuda_kv view; /* the layer's own shape where layers differ (cuda_kv_layer_view) */
+    int view_layer = cuda_kv_layer_view(&cm->kv, layer, &view);
+    cuda_attention_args args = {.kv = &view,
+                                .layer = view_layer,
                                 .q = cm->q,
                                 .out = cm->att,
                                 .T = T,
                                 .n_heads = c->n_heads,
-                                .n_kv_heads = c->n_kv_heads,
-                                .head_dim = c->head_dim,
+                                .n_kv_heads = view.n_kv_heads,
+                                .head_dim = view.head_dim,
                                 .pos = cm->ints,
                                 .slot = cm->ints + cm->max_tokens,
                                 .window = a->window,
@@ -334,7 +347,8 @@ static hearth_status cu_attention(const op_step *s, int layer, const op_attn *a)
     /* the merge that writes o's int8 activations writes att as floats too: the adapters' input */
     if (cuda_attention_writes_q8(&args)) TRY(q8_matmul(cm, &o, &cm->tmp, 1, T, s->err));
     else TRY(matmul(cm, o, cm->att, T, cm->tmp, s->err));
-    return lora(s, a->layer, OP_PROJ_O, cm->att, (int64_t)c->n_heads * c->head_dim, cm->tmp, c->hidden);
+    /* the attention output is this layer's heads wide (Gemma 4's full layers are wider) */
+    return lora(s, a->layer, OP_PROJ_O, cm->att, (int64_t)c->n_heads * view.head_dim, cm->tmp, c->hidden);
 }
 
 /* in: xn; out: tmp = down(act(gate(xn)) * up(xn)). */
@@ -342,11 +356,11 @@ static hearth_status cu_mlp(const op_step *s, const op_mlp *m) {
     cuda_model *cm = cmod(s);
     hearth_error *err = s->err;
     int T = s->b->T, gelu = m->act == OP_ACT_GELU_TANH;
-    size_t n = (size_t)T * s->dims->ffn;
+    int H = s->dims->hidden, F = m->ffn ? m->ffn : s->dims->ffn; /* this layer's width (Gemma 4's vary) */
+    size_t n = (size_t)T * F;
     const cuda_weight *ws[2] = {dw(cm, m->gate), dw(cm, m->up)};
     float *ys[2] = {cm->gate, cm->up};
     TRY(matmul_input(cm, ws, ys, 2, T, err));
-    int H = s->dims->hidden, F = s->dims->ffn;
     TRY(lora(s, m->layer, OP_PROJ_GATE, cm->xn, H, cm->gate, F));
     TRY(lora(s, m->layer, OP_PROJ_UP, cm->xn, H, cm->up, F));
     const cuda_weight *down = dw(cm, m->down);
@@ -461,6 +475,104 @@ static hearth_status cu_moe(const op_step *s, const op_moe *m) {
     TRY(moe_experts(cm, s, m, cm->xn, cm->moe_acc));
     TRY(cuda_rmsnorm(cm->moe_acc, cm->moe_acc, dv(cm, m->out_norm), 0.0f, T, H, d->norm_eps, s->err));
     return cuda_add(cm->tmp, cm->moe_acc, (size_t)T * H, s->err);
+}
+
+/* ---- Models whose layers differ (op_dims.varied_layers: Gemma 4) ---- */
+
+/* cu_qkv_rope_store for a layer of its own head_dim and KV heads (a->head_dim / n_kv_heads,
+ * on its view of the pool), as cpu_qkv_rope_store does it: a shared-KV layer (a->shared)
+ * computes and rotates its queries only; without v (attention_k_eq_v) the values are the
+ * keys as projected, before their norm and RoPE; v_norm: the values RMS-normed without a
+ * scale. */
+static hearth_status cu_qkv_rope_store_varied(const op_step *s, int layer, const op_attn *a) {
+    cuda_model *cm = cmod(s);
+    const op_dims *c = s->dims;
+    hearth_error *err = s->err;
+    cuda_kv view;
+    int view_layer = cuda_kv_layer_view(&cm->kv, layer, &view);
+    int T = s->b->T, hd = view.head_dim, nkv = view.n_kv_heads, qd = c->n_heads * hd, kd = nkv * hd;
+    if ((a->head_dim && a->head_dim != hd) || (a->n_kv_heads && a->n_kv_heads != nkv))
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: layer of head_dim %d x %d KV heads on KV layer %d of %d x %d",
+                       a->head_dim, a->n_kv_heads, layer, hd, nkv);
+    const int32_t *pos = cm->ints, *slot = cm->ints + cm->max_tokens;
+    const cuda_weight *ws[3] = {dw(cm, a->q), dw(cm, a->k), dw(cm, a->v)};
+    float *ys[3] = {cm->q, cm->k, cm->v};
+    int np = a->shared ? 1 : a->v ? 3 : 2; /* the projections this layer has */
+    TRY(matmul_input(cm, ws, ys, np, T, err));
+    for (int p = 0; p < np; p++) /* adapters update the projections before their biases */
+        TRY(lora(s, a->layer, OP_PROJ_Q + p, cm->xn, c->hidden, ys[p], p ? kd : qd));
+    if (!a->shared && !a->v) TRY(cuda_copy_f32(cm->v, cm->k, (size_t)T * kd, err));
+    TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
+    if (a->q_norm) /* rows over 256 (full layers' 512) go to the row kernel inside */
+        TRY(cuda_rmsnorm_heads(cm->q, cm->q, dv(cm, a->q_norm), a->norm_shift, T * c->n_heads, hd, a->norm_eps, err));
+    if (a->shared) { /* queries only: RoPE on every pair (partial RoPE of a shared layer has no launch here) */
+        if (a->rope_dims && a->rope_dims != hd)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: partial RoPE (%d of %d dims) on a shared-KV layer",
+                           a->rope_dims, hd);
+        return cuda_rope(cm->q, T, c->n_heads, hd, pos, dv(cm, a->inv_freq), c->rope_adjacent, err);
+    }
+    TRY(cuda_add_bias(cm->k, dv(cm, a->k_bias), T, kd, err));
+    TRY(cuda_add_bias(cm->v, dv(cm, a->v_bias), T, kd, err));
+    if (a->k_norm)
+        TRY(cuda_rmsnorm_heads(cm->k, cm->k, dv(cm, a->k_norm), a->norm_shift, T * nkv, hd, a->norm_eps, err));
+    if (a->v_norm) TRY(cuda_rmsnorm_plain(cm->v, T * nkv, hd, a->norm_eps, err));
+    return cuda_rope_kv_write(&view, view_layer, cm->q, cm->k, cm->v, T, c->n_heads, pos, slot, dv(cm, a->inv_freq),
+                              c->rope_adjacent, a->rope_dims, err);
+}
+
+/* The per-layer table's rows of b's tokens (times its scale) into pl_in: made on the host
+ * with the scalar dequantizer, as the embeddings are, and queued for upload. */
+static hearth_status stage_per_layer_rows(cuda_model *cm, const op_per_layer_inputs *p, const op_batch *b,
+                                          const op_dims *d, hearth_error *err) {
+    op_embed table = {.table = p->table, .scale = p->table_scale};
+    TRY(op_embed_rows(&table, b->tokens, b->T, p->vocab, cm->host_pl, cm->tp, err));
+    TRY(cuda_upload_async(cm->pl_in, cm->host_pl, (size_t)b->T * d->n_layers * d->per_layer_dim * sizeof(float), err));
+    cm->pl_staged = 1;
+    return HEARTH_OK;
+}
+
+/* The step's per-layer inputs (cpu_per_layer_inputs): the table's rows (staged by cu_step
+ * before the layers once the table is known; the first step stages them here, eagerly),
+ * then on the device the projection of x, its scale and norm, and the sum. */
+static hearth_status cu_per_layer_inputs(const op_step *s, const op_per_layer_inputs *p) {
+    cuda_model *cm = cmod(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T;
+    size_t n = (size_t)T * d->n_layers * d->per_layer_dim;
+    if (!cm->pl_staged) { /* a step before the table was known: never inside a graph (cu_step) */
+        cm->pl_table = *p;
+        cm->pl_known = 1;
+        TRY(stage_per_layer_rows(cm, p, s->b, d, s->err));
+    }
+    TRY(matmul(cm, dw(cm, p->proj), cm->x, T, cm->pl_tmp, s->err));
+    TRY(cuda_scale(cm->pl_tmp, p->proj_scale, 0, n, s->err));
+    TRY(cuda_rmsnorm(cm->pl_tmp, cm->pl_tmp, dv(cm, p->norm), 0.0f, T * d->n_layers, d->per_layer_dim, d->norm_eps,
+                     s->err));
+    return cuda_per_layer_combine(cm->pl_in, cm->pl_tmp, p->input_scale, n, s->err);
+}
+
+/* x += rmsnorm(proj · (gelu_tanh(gate · x) * input[layer])) * norm (cpu_per_layer_gate). */
+static hearth_status cu_per_layer_gate(const op_step *s, int layer, const op_per_layer_gate *g) {
+    cuda_model *cm = cmod(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T, D = d->per_layer_dim;
+    cm->q8_ready = 0;
+    TRY(matmul(cm, dw(cm, g->gate), cm->x, T, cm->pl_tmp, s->err));
+    TRY(cuda_gelu_tanh_mul_rows(cm->pl_tmp, cm->pl_in + (size_t)layer * D, T, D, (size_t)d->n_layers * D, s->err));
+    TRY(matmul(cm, dw(cm, g->proj), cm->pl_tmp, T, cm->tmp, s->err));
+    TRY(cuda_rmsnorm(cm->tmp, cm->tmp, dv(cm, g->norm), 0.0f, T, d->hidden, d->norm_eps, s->err));
+    return cuda_add(cm->x, cm->tmp, (size_t)T * d->hidden, s->err);
+}
+
+/* logits = tanh(logits / cap) * cap for the rows cu_logits made (every output but hidden
+ * rows: the host's, the device sampler's); greedy ids are taken again from the capped
+ * logits, as the host would take them (tanh may round neighbouring logits to one value). */
+static hearth_status cu_softcap(const op_step *s, float cap) {
+    cuda_model *cm = cmod(s);
+    int n_out = s->b->n_out, vocab = s->dims->vocab;
+    if (n_out == 0 || s->out == OP_OUT_HIDDEN) return HEARTH_OK;
+    TRY(cuda_softcap(cm->logits, cap, (size_t)n_out * vocab, s->err));
+    return s->out == OP_OUT_IDS ? cuda_argmax_checked(cm->logits, n_out, vocab, cm->ids_dev, s->err) : HEARTH_OK;
 }
 
 /* in: xn; out: tmp = out · the Gated DeltaNet middle (cuda_gated_delta) of the in_proj
@@ -602,8 +714,13 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
      * are captured without the adapters' launches) */
     cm->lora_step = op_batch_has_adapters(b);
     if (cm->lora_step) TRY(cuda_lora_cache_step(cm->lora, b, err));
+    /* per-layer inputs: the table's rows queued like the embeddings (the table is known
+     * from the model's first step, which runs eagerly and stages them itself) */
+    cm->pl_staged = 0;
+    if (dims->per_layer_dim && cm->pl_known) TRY(stage_per_layer_rows(cm, &cm->pl_table, b, dims, err));
+    int pl_ready = !dims->per_layer_dim || cm->pl_known;
     /* T <= GRAPH_MAX_T runs the same kernels either way, so decode graphs are shared */
-    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && !cm->lora_step && out != OP_OUT_HIDDEN)
+    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && !cm->lora_step && pl_ready && out != OP_OUT_HIDDEN)
         TRY(run_graph(cm, &s));
     else
         TRY(run_layers(cm, &s));
@@ -653,6 +770,9 @@ static const op_table cuda_table = {.name = "cuda",
                                     .moe = cu_moe,
                                     .gated_delta = cu_gated_delta,
                                     .logits = cu_logits,
+                                    .per_layer_inputs = cu_per_layer_inputs,
+                                    .per_layer_gate = cu_per_layer_gate,
+                                    .softcap = cu_softcap,
                                     .kv_copy = cu_kv_copy,
                                     .adapter_gone = cu_adapter_gone,
                                     .state_copy = cu_state_copy,
@@ -676,6 +796,15 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
     if (p->att_stage_bytes)
         TRY(cuda_alloc(&cm->att_stage, p->att_stage_bytes, "prefill attention stage", err));
     TRY(cuda_alloc((void **)&cm->ids_dev, p->ids * sizeof(int32_t), "greedy ids", err));
+    if (p->per_layer_floats) {
+        TRY(cuda_alloc((void **)&cm->pl_in, p->per_layer_floats * sizeof(float), "per-layer inputs", err));
+        TRY(cuda_alloc((void **)&cm->pl_tmp, p->per_layer_floats * sizeof(float), "per-layer input rows", err));
+        if (cudaMallocHost((void **)&cm->host_pl, p->per_layer_floats * sizeof(float)) != cudaSuccess) {
+            cudaGetLastError();
+            return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host buffers for %d tokens",
+                           cm->max_tokens);
+        }
+    }
     TRY(cuda_gemv_reserve(p->gemv_floats, err)); /* int8 activations of the quantized GEMVs */
     /* decode: the int8 activations the fused norm / gate write for the next GEMV */
     TRY(cuda_alloc((void **)&cm->xq, p->decode_q8_bytes, "decode int8 activations", err));
@@ -715,15 +844,19 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
                                 threadpool *tp, op_backend **out, char *note, size_t note_size, hearth_error *err) {
     *out = NULL;
     const op_dims *c = &om->dims;
-    if (c->varied_layers)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                       "cuda: Gemma 4 (per-layer head sizes, shared KV, per-layer inputs) runs on the CPU backend only "
-                       "for now; use --device cpu");
     cuda_device_info info;
     TRY(cuda_device_open(0, &info, err));
-    if (c->head_dim > 256 || c->head_dim % 2 || kv->head_dim != c->head_dim || kv->n_kv_heads != c->n_kv_heads)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: head_dim %d is not supported (at most 256, even)",
-                       c->head_dim);
+    /* layers of their own shape (Gemma 4): heads up to the wide attention kernel's 512 */
+    int max_hd = c->varied_layers ? CUDA_ATT_WIDE_DMAX : 256;
+    if (c->head_dim > max_hd || c->head_dim % 2 || kv->head_dim != c->head_dim || kv->n_kv_heads != c->n_kv_heads)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: head_dim %d is not supported (at most %d, even)",
+                       c->head_dim, max_hd);
+    if (!c->varied_layers && kv->layer_heads)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: the KV pool has per-layer shapes but the model does not");
+    for (int l = 0; kv->layer_dims && l < kv->n_layers; l++)
+        if (kv->layer_dims[l] % 2 || kv->layer_dims[l] > max_hd)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: KV layer %d has head_dim %d (at most %d, even)", l,
+                           kv->layer_dims[l], max_hd);
     if (c->n_state_layers > 0 && !cuda_gdn_supported(c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv))
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
                        "cuda: Gated DeltaNet heads of key dim %d / value dim %d with a conv of %d taps are not "
@@ -814,6 +947,9 @@ void cuda_model_free(op_backend *be) {
     cuda_free(cm->att_stage);
     cuda_free(cm->xq);
     cuda_free(cm->xs);
+    cuda_free(cm->pl_in);
+    cuda_free(cm->pl_tmp);
+    if (cm->host_pl) cudaFreeHost(cm->host_pl);
     float *moe[] = {cm->moe_logits, cm->moe_w, cm->moe_x, cm->moe_gate, cm->moe_up, cm->moe_out, cm->moe_acc};
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) cuda_free(moe[i]);
     cuda_free(cm->moe_rows);

@@ -285,24 +285,26 @@ hearth_status cuda_gather_rows(float *dst, const float *src, const int32_t *rows
  * per SM and decode latency-bound); prefill has T * n_heads blocks and keeps 4. */
 #define ATT_WARPS_DECODE 16
 #define ATT_WARPS_PREFILL 4
-#define ATT_DMAX 256 /* largest head_dim of the supported families (gemma3: 256) */
+#define ATT_DMAX 256 /* largest head_dim of the tuned kernels (gemma3: 256); wider: attention_wide */
 #define ATT_PER_LANE (ATT_DMAX / 32)
 
 /* One block per (query head, token); each warp runs an online softmax over every
  * ATT_WARPS-th position with the head dims spread over its lanes, then the warps' partial
  * (max, sum, accumulator) triples are merged in shared memory. Positions whose block is
- * missing from the table are skipped rather than read out of bounds. */
-template <int ATT_WARPS, int KVQ>
+ * missing from the table are skipped rather than read out of bounds. DMAX: the widest head
+ * (ATT_DMAX, or CUDA_ATT_WIDE_DMAX for attention_wide). */
+template <int ATT_WARPS, int KVQ, int DMAX = ATT_DMAX>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_attention_args a, cuda_kv kv) {
-    __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS], s_acc[ATT_WARPS][ATT_DMAX];
+    constexpr int ATT_PER_LANE_D = DMAX / 32;
+    __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS], s_acc[ATT_WARPS][DMAX];
     int h = blockIdx.x, t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, d = a.head_dim;
     int kvh = h / (a.n_heads / a.n_kv_heads), slot = a.slot[t];
     int p_end = a.pos[t], p_start = 0;
     if (a.window > 0 && p_end - a.window + 1 > 0) p_start = p_end - a.window + 1;
     const float *q = a.q + ((size_t)t * a.n_heads + h) * d;
-    float qr[ATT_PER_LANE], acc[ATT_PER_LANE];
+    float qr[ATT_PER_LANE_D], acc[ATT_PER_LANE_D];
 #pragma unroll
-    for (int i = 0; i < ATT_PER_LANE; i++) {
+    for (int i = 0; i < ATT_PER_LANE_D; i++) {
         int di = lane + 32 * i;
         qr[i] = di < d ? q[di] : 0.0f;
         acc[i] = 0.0f;
@@ -314,7 +316,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_attentio
         size_t row = cuda_kv_row(kv, a.layer, b, kvh, p);
         float s = 0.0f;
 #pragma unroll
-        for (int i = 0; i < ATT_PER_LANE; i++) {
+        for (int i = 0; i < ATT_PER_LANE_D; i++) {
             int di = lane + 32 * i;
             if (di < d) s += qr[i] * cuda_kv_k<KVQ>(kv, row, d, di);
         }
@@ -322,7 +324,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_attentio
         float m_new = fmaxf(m, s), corr = expf(m - m_new), w = expf(s - m_new);
         l = l * corr + w;
 #pragma unroll
-        for (int i = 0; i < ATT_PER_LANE; i++) {
+        for (int i = 0; i < ATT_PER_LANE_D; i++) {
             int di = lane + 32 * i;
             acc[i] = acc[i] * corr + (di < d ? w * cuda_kv_v<KVQ>(kv, row, d, di) : 0.0f);
         }
@@ -333,7 +335,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_attentio
         s_l[warp] = l;
     }
 #pragma unroll
-    for (int i = 0; i < ATT_PER_LANE; i++) s_acc[warp][lane + 32 * i] = acc[i];
+    for (int i = 0; i < ATT_PER_LANE_D; i++) s_acc[warp][lane + 32 * i] = acc[i];
     __syncthreads();
     float M = -INFINITY;
     for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, s_m[w]);
@@ -781,6 +783,16 @@ template <int KVQ> static hearth_status launch_prefill(const cuda_attention_args
     return cuda_launched("attention_prefill", err);
 }
 
+/* Heads wider than ATT_DMAX (Gemma 4's full layers: 512): the simple kernel above at that
+ * width, 8 warps per (query head, token), for any T and any mix of sequences (each token
+ * reads its own positions, so batch-invariant too). */
+static hearth_status attention_wide(const cuda_attention_args *a, hearth_error *err) {
+    dim3 grid((unsigned)a->n_heads, (unsigned)a->T);
+    CUDA_KV_DISPATCH(a->kv->quant, KVQ,
+                     (attention_kernel<8, KVQ, CUDA_ATT_WIDE_DMAX><<<grid, 8 * 32, 0, cuda_stream()>>>(*a, *a->kv)));
+    return cuda_launched("attention_wide", err);
+}
+
 /* T <= 8 tokens: the GQA-shared split-K kernel where it fits, else one block per (head, token). */
 static hearth_status launch_small(const cuda_attention_args *a, int whole_step, hearth_error *err) {
     if (decode_kernel_fits(a)) return launch_decode_attention(a, whole_step, err);
@@ -837,13 +849,14 @@ hearth_status cuda_attention(const cuda_attention_args *args, hearth_error *err)
     cuda_attention_args local = *args; /* the int8 copy only where the caller is told it is made */
     if (!cuda_attention_writes_q8(args)) local.out_xq = NULL, local.out_xs = NULL;
     const cuda_attention_args *a = &local;
-    if (a->head_dim <= 0 || a->head_dim > ATT_DMAX || a->head_dim != a->kv->head_dim)
+    if (a->head_dim <= 0 || a->head_dim > CUDA_ATT_WIDE_DMAX || a->head_dim != a->kv->head_dim)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_attention: head_dim %d (max %d, pool %d)", a->head_dim,
-                       ATT_DMAX, a->kv->head_dim);
+                       CUDA_ATT_WIDE_DMAX, a->kv->head_dim);
     if (a->n_kv_heads != a->kv->n_kv_heads || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads != 0 ||
         a->layer < 0 || a->layer >= a->kv->n_layers)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_attention: heads %d/%d or layer %d do not fit the pool",
                        a->n_heads, a->n_kv_heads, a->layer);
+    if (a->head_dim > ATT_DMAX) return attention_wide(a, err); /* wider heads: the simple kernel, any T */
     if (a->batch_invariant) { /* the decode kernels only, at most 8 tokens per launch */
         for (int t0 = 0; t0 < a->T; t0 += 8) {
             cuda_attention_args c = *a;

@@ -52,6 +52,20 @@ void cuda_kv_plane_parts(int n_layers, int n_blocks, int n_kv_heads, int head_di
     *scales = dtype == CUDA_KV_F32 || dtype == CUDA_KV_F16 ? 0 : rows * sizeof(float);
 }
 
+void cuda_kv_pool_parts(const kv_cache *kv, int dtype, size_t *data, size_t *scales) {
+    if (!kv->layer_heads) {
+        cuda_kv_plane_parts(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, dtype, data, scales);
+        return;
+    }
+    *data = *scales = 0;
+    for (int l = 0; l < kv->n_layers; l++) {
+        size_t d, sc;
+        cuda_kv_plane_parts(1, kv->n_blocks, kv->layer_heads[l], kv->layer_dims[l], dtype, &d, &sc);
+        *data += d;
+        *scales += sc;
+    }
+}
+
 size_t cuda_kv_plane_bytes(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype) {
     size_t data, scales;
     cuda_kv_plane_parts(n_layers, n_blocks, n_kv_heads, head_dim, dtype, &data, &scales);
@@ -185,6 +199,7 @@ static void plan_weights(cuda_plan *p, const op_model *om, cuda_alloc_tally *t) 
     const op_dims *c = &om->dims;
     for (int i = 0; i < om->n_items; i++) {
         const op_item *it = &om->items[i];
+        if (it->host_only) continue; /* read on the host only, never copied to the device */
         if (it->w && it->experts > 0) { /* one device weight per expert slice (cuda_model.c) */
             int64_t rows = it->w->n / it->experts;
             size_t read0 = p->weights_read;
@@ -263,7 +278,8 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     for (int i = 0; i < om->n_items; i++) { /* the layers' weights (not lm_head: it never goes to the GEMM scratch) */
         const op_weight *w = om->items[i].w;
         size_t rows = w ? (size_t)w->n / (size_t)(om->items[i].experts > 0 ? om->items[i].experts : 1) : 0;
-        if (w && !om->items[i].logits && rows * (size_t)w->k > max_w) max_w = rows * (size_t)w->k;
+        if (w && !om->items[i].logits && !om->items[i].host_only && rows * (size_t)w->k > max_w)
+            max_w = rows * (size_t)w->k;
     }
     p->gemm_max_w = max_w;
     p->gemm_max_x = max_k * T;
@@ -274,14 +290,21 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     /* the MMQ split-k scratch (cuda_mmq.cu), allocated once per process at model creation */
     cuda_tally_add(t, CUDA_MMQ_PART_FLOATS * sizeof(float));
     cuda_tally_add(t, CUDA_MMQ_TILES_MAX * sizeof(unsigned));
+    /* per-layer inputs (Gemma 4): the step's rows and their working copy on the device */
+    p->per_layer_floats = T * (size_t)c->n_layers * (size_t)c->per_layer_dim;
+    if (p->per_layer_floats) {
+        cuda_tally_add(t, p->per_layer_floats * sizeof(float));
+        cuda_tally_add(t, p->per_layer_floats * sizeof(float));
+    }
     /* each row's adapters (cuda_lora_cache_create: the device pointers of up to
      * CUDA_LORA_MAX_SET adapter tables per row, then the rows' counts) */
     p->lora_sets_bytes = T * CUDA_LORA_MAX_SET * sizeof(void *);
     p->lora_counts_bytes = T * sizeof(int32_t);
     cuda_tally_add(t, p->lora_sets_bytes);
     cuda_tally_add(t, p->lora_counts_bytes);
-    /* pinned host staging: the step's embeddings, its indices, the greedy ids */
-    p->pinned_host = T * c->hidden * sizeof(float) + p->ints * sizeof(int32_t) + (size_t)max_out * sizeof(int32_t);
+    /* pinned host staging: the step's embeddings (and per-layer rows), its indices, the greedy ids */
+    p->pinned_host = T * c->hidden * sizeof(float) + p->per_layer_floats * sizeof(float) + p->ints * sizeof(int32_t) +
+                     (size_t)max_out * sizeof(int32_t);
     if (c->n_experts > 0) { /* cuda_model.c alloc_scratch, in its order */
         size_t ffn = (size_t)(c->moe_ffn > c->shared_ffn ? c->moe_ffn : c->shared_ffn);
         p->moe_logits = T * (size_t)c->n_experts;
@@ -311,7 +334,7 @@ void cuda_plan_make(const op_model *om, const kv_cache *kv, int max_tokens, int 
     plan_weights(p, om, &t);
     p->weights = t.large + t.small;
     size_t data, scales; /* cuda_kv.cu allocates keys, values, then their scales */
-    cuda_kv_plane_parts(kv->n_layers, kv->n_blocks, kv->n_kv_heads, kv->head_dim, kv_dtype, &data, &scales);
+    cuda_kv_pool_parts(kv, kv_dtype, &data, &scales);
     cuda_tally_add(&t, data);
     cuda_tally_add(&t, data);
     if (scales) cuda_tally_add(&t, scales), cuda_tally_add(&t, scales);

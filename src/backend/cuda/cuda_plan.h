@@ -42,6 +42,9 @@ size_t cuda_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, i
  * float scale per row; cuda_kv.cu allocates by these, the plan counts them. */
 void cuda_kv_plane_parts(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype, size_t *data,
                          size_t *scales);
+/* cuda_kv_plane_parts of a whole pool: its layers' own shapes summed where they differ
+ * (kv->layer_heads, Gemma 4), else n_layers of n_kv_heads x head_dim. */
+void cuda_kv_pool_parts(const kv_cache *kv, int dtype, size_t *data, size_t *scales);
 /* Bytes of K and V read per cached position and layer in a decode step. */
 double cuda_kv_position_bytes(int n_kv_heads, int head_dim, int dtype);
 
@@ -91,6 +94,7 @@ typedef struct cuda_plan {
     size_t ids;              /* greedy ids, int32 */
     size_t gemv_floats;      /* cuda_gemv_reserve's argument */
     size_t decode_q8_bytes, decode_q8_scale_bytes; /* the fused norm / gate's int8 activations */
+    size_t per_layer_floats; /* per-layer inputs [T, n_layers * per_layer_dim], twice (input, work); 0: none */
     size_t gemm_max_w, gemm_max_x;
     /* mixture of experts (all 0 without): router logits [T, experts], the step's T * top_k
      * (token, expert) pairs, an expert's gate / up rows [T, the widest expert MLP], its input

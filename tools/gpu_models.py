@@ -24,6 +24,7 @@ are tiled from pools of random data with a rotation per tensor and streamed to d
   python3 tools/gpu_models.py MODEL mlx OUT_DIR [--tokenizer TINY_DIR] [--scale small]
   python3 tools/gpu_models.py MODEL gguf OUT.gguf [--scale small]
   python3 tools/gpu_models.py --list
+  python3 tools/gpu_models.py --stats MODEL [--scale small]   (FLOP-count inputs, json)
 --scale small writes the same architecture (every kind of layer and tensor) with tiny
 dimensions, for checking the writers on a CPU against mlx-lm, gguf-py, llama.cpp and hearth.
 """
@@ -461,7 +462,36 @@ def write_gguf(name, path, scale="full", pool_bytes=POOL_BYTES):
     return g8.write_file(path, gguf_meta(c, arch, name), ts, np.random.default_rng(34), pool_bytes)
 
 
+def stats(name, scale="full"):
+    """What a prefill's FLOP count needs: the matmul weights one token multiplies (experts as
+    top_k of them; embedding tables are looked up, not multiplied) and, per softmax-attention
+    layer, (query heads, head dim, window or 0). The Gated DeltaNet recurrence is not counted."""
+    c = model_config(name, scale)
+    E = c.get("num_experts") or 0
+    top = c.get("num_experts_per_tok") or c.get("top_k_experts") or 0
+    active = 0.0
+    for n, kind, shape in mlx_tensors(c):
+        if not kind.startswith("q") and "per_layer_projection." not in n:
+            continue
+        if n.endswith(("embed_tokens", "embed_tokens_per_layer")):
+            continue
+        active += float(np.prod(shape)) * (top / E if len(shape) == 3 else 1)
+    if c.get("tie_word_embeddings"):
+        active += c["vocab_size"] * c["hidden_size"]  # the output projection is the embedding
+    attn = []
+    for i in range(c["num_hidden_layers"]):
+        kind = (c.get("layer_types") or ["full_attention"] * c["num_hidden_layers"])[i]
+        if kind == "linear_attention":
+            continue
+        hd = c["global_head_dim"] if kind == "full_attention" and c.get("global_head_dim") else c["head_dim"]
+        attn.append((c["num_attention_heads"], hd, c["sliding_window"] if kind == "sliding_attention" else 0))
+    return {"active_matmul_params": active, "attention_layers": attn}
+
+
 def main(argv):
+    if argv[:1] == ["--stats"]:
+        print(json.dumps(stats(argv[1], argv[argv.index("--scale") + 1] if "--scale" in argv else "full")))
+        return
     if argv[:1] == ["--list"]:
         for n, s in MODELS.items():
             print(f"{n:16s} {s['config']['model_type']:12s} mlx{' gguf' if s['gguf'] else ''}")

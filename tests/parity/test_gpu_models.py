@@ -239,3 +239,53 @@ def test_decode_bytes_count_a_tokens_experts_and_the_shared_expert(small):
     assert b1 - b0 == pytest.approx(router)
     shared = st_bytes(wide, "mlp.shared_expert.") - st_bytes(base, "mlp.shared_expert.")
     assert shared > 0 and b2 - b0 == pytest.approx(shared)
+
+
+def run_phase(tmp_path, device):
+    env = dict(os.environ, H=BIN, NF_DEVICE=device, NF_SCALE="small", NF_PREFILL="96", NF_CTX="32", NF_GEN="8",
+               NF_REPS="1", NF_DIR=str(tmp_path / "models"), NF_MODELS="qwen35_35b_a3b gemma4_26b_a4b",
+               LLAMA_SERVER_DIR=str(tmp_path / "llama"), PHASE_BUDGET="240", TINY=os.path.join(CACHE, "tiny"),
+               PATH=os.pathsep.join([os.path.join(REPO, ".venv", "bin"), os.environ["PATH"]]))
+    env.pop("OUT", None)
+    log = tmp_path / "log"
+    pre = subprocess.Popen([os.path.join(REPO, "tools", "gpu_run.d", "newfam-bench.pre.sh"), str(log)], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        p = subprocess.run([os.path.join(REPO, "tools", "gpu_run.d", "newfam-bench.sh"), str(log)], env=env,
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        pre.wait(timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import results_file
+    return p.stdout, results_file.read(str(log / "cuda_newfam.md"))["rows"], os.listdir(tmp_path / "models")
+
+
+def test_phase_dry_run_on_the_cpu(tmp_path):
+    """tools/gpu_run.d/newfam-bench.sh with a CPU hearth and the small models: its models are
+    written by the .pre.sh, measured, deleted, and every (model, format) has a row."""
+    if not os.access(BIN, os.X_OK):
+        pytest.fail(f"no hearth binary at {BIN}", pytrace=False)
+    out, rows, left = run_phase(tmp_path, "cpu")
+    got = {(r["model"], r["format"]): r for r in rows}
+    assert set(got) == {("qwen35_35b_a3b", "gguf"), ("qwen35_35b_a3b", "mlx"), ("gemma4_26b_a4b", "mlx")}
+    for r in rows:
+        assert r["status"] == "ok" and r["decode_tps"] > 0 and r["prefill_tps"] > 0, r
+        assert r["gen_tokens"] == 8 and r["decode_context"] == 32 and r["prefill_tokens"] == 96
+        assert 0 < r["roofline_fraction"]
+    assert "| qwen35_35b_a3b | mlx |" in out
+    assert not [f for f in left if not f.endswith((".ready", ".gone"))], "models left on the disk"
+
+
+def test_phase_prints_a_refusal_as_the_row(tmp_path):
+    """A model hearth refuses on the device (here: --device cuda on a build without CUDA) is a
+    row 'refused: <message>', not a crash."""
+    if not os.access(BIN, os.X_OK):
+        pytest.fail(f"no hearth binary at {BIN}", pytrace=False)
+    if "cuda" in subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout.lower():
+        pytest.skip("this hearth has the CUDA backend: the refusal case needs a CPU-only build")
+    out, rows, _ = run_phase(tmp_path, "cuda")
+    assert len(rows) == 3
+    for r in rows:
+        assert r["status"].startswith("refused: ") and "cuda" in r["status"].lower(), r
+    assert out.count("| refused: ") == 3

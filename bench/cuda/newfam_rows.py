@@ -14,7 +14,8 @@ its rate over the same roofline (same GGUF; for an MLX row, the GGUF's). Prefill
 FLOPs of the 4096 tokens (2 x the matmul weights a token multiplies, its experts only, plus
 causal softmax attention; the Gated DeltaNet recurrence not counted) over the bf16 GEMM rate
 measured in the same call (bench/cuda/roofline.py). A model hearth refuses gets the row
-"refused: <its message>". Standard library and numpy only (tools/gpu_models.py).
+"refused: <its message>" ("timed out: ..." or "crashed (signal N): ..." when that is what
+happened). Standard library and numpy only (tools/gpu_models.py).
 """
 import json
 import os
@@ -36,15 +37,28 @@ def last_json(path):
         return None
 
 
-def refusal(log):
-    """The last line hearth wrote to stderr, without its 'hearth: ' prefix."""
+def failure(base):
+    """Why base.json has no result: 'refused: <the last line hearth wrote to stderr>', or a
+    timeout or crash by its exit status (base.rc, written by the phase)."""
     try:
-        with open(log) as f:
+        with open(base + ".log") as f:
             lines = [l.strip() for l in f if l.strip()]
     except OSError:
-        return "no log"
+        lines = []
     msg = lines[-1] if lines else "no output"
-    return msg[len("hearth: "):] if msg.startswith("hearth: ") else msg
+    msg = msg[len("hearth: "):] if msg.startswith("hearth: ") else msg
+    try:
+        with open(base + ".rc") as f:
+            rc = int(f.read().strip())
+    except (OSError, ValueError):
+        rc = None
+    if rc == 124:
+        return "timed out: " + msg
+    if rc is not None and rc > 128:
+        return f"crashed (signal {rc - 128}): " + msg
+    if rc == 0:
+        return "no result: " + msg
+    return "refused: " + msg
 
 
 def llama_rate(path, kind):
@@ -75,7 +89,7 @@ def row(logdir, model, fmt, tflops=None):
     dec, pre = last_json(base + ".decode.json"), last_json(base + ".prefill.json")
     r = {"model": model, "format": fmt}
     if dec is None and pre is None:
-        r["status"] = "refused: " + refusal(base + ".decode.log")
+        r["status"] = failure(base + ".decode")
         return r
     r["status"] = "ok"
     lp = os.path.join(logdir, f"llama-{model}")
@@ -89,7 +103,7 @@ def row(logdir, model, fmt, tflops=None):
             r["decode_ratio"] = dec["decode_tps"] / r["llama_decode_tps"]
             r["llama_roofline_fraction"] = r["llama_decode_tps"] / dec["roofline_tps"] if dec["roofline_tps"] else None
     else:
-        r["decode_status"] = "refused: " + refusal(base + ".decode.log")
+        r["decode_status"] = failure(base + ".decode")
     if pre:
         T = pre["prompt_tokens"]
         r.update(prefill_tps=pre["prefill_tps"], prefill_tokens=T)
@@ -101,21 +115,22 @@ def row(logdir, model, fmt, tflops=None):
         if r["llama_prefill_tps"]:
             r["prefill_ratio"] = pre["prefill_tps"] / r["llama_prefill_tps"]
     else:
-        r["prefill_status"] = "refused: " + refusal(base + ".prefill.log")
+        r["prefill_status"] = failure(base + ".prefill")
     return r
 
 
-def fmt_num(v, spec):
-    return spec % v if isinstance(v, (int, float)) else "-"
+def fmt_num(v, spec, missing="-"):
+    return spec % v if isinstance(v, (int, float)) else missing
 
 
 def line(r):
     if r["status"] != "ok":
         return f"| {r['model']} | {r['format']} | {r['status']} |" + " |" * 8
     return "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-        r["model"], r["format"], fmt_num(r.get("decode_tps"), "%.1f"), fmt_num(r.get("llama_decode_tps"), "%.1f"),
+        r["model"], r["format"], fmt_num(r.get("decode_tps"), "%.1f", r.get("decode_status", "-")), fmt_num(r.get("llama_decode_tps"), "%.1f"),
         fmt_num(r.get("decode_ratio"), "%.2f"), fmt_num(r.get("roofline_fraction"), "%.2f"),
-        fmt_num(r.get("llama_roofline_fraction"), "%.2f"), fmt_num(r.get("prefill_tps"), "%.0f"),
+        fmt_num(r.get("llama_roofline_fraction"), "%.2f"),
+        fmt_num(r.get("prefill_tps"), "%.0f", r.get("prefill_status", "-")),
         fmt_num(r.get("llama_prefill_tps"), "%.0f"), fmt_num(r.get("prefill_ratio"), "%.2f"),
         fmt_num(r.get("prefill_gemm_fraction"), "%.2f"))
 

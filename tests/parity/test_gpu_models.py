@@ -289,3 +289,17 @@ def test_phase_prints_a_refusal_as_the_row(tmp_path):
     for r in rows:
         assert r["status"].startswith("refused: ") and "cuda" in r["status"].lower(), r
     assert out.count("| refused: ") == 3
+
+
+@pytest.mark.parametrize("rc,status", [("2", "refused: "), ("124", "timed out: "), ("139", "crashed (signal 11): ")])
+def test_a_row_says_why_a_run_gave_no_result(tmp_path, rc, status):
+    sys.path.insert(0, os.path.join(REPO, "bench", "cuda"))
+    import newfam_rows
+
+    for kind in ("decode", "prefill"):
+        (tmp_path / f"qwen35_9b-mlx.{kind}.json").write_text("")
+        (tmp_path / f"qwen35_9b-mlx.{kind}.log").write_text("loading\nhearth: the reason\n")
+        (tmp_path / f"qwen35_9b-mlx.{kind}.rc").write_text(rc + "\n")
+    r = newfam_rows.row(str(tmp_path), "qwen35_9b", "mlx")
+    assert r["status"] == status + "the reason"
+    assert newfam_rows.line(r).startswith(f"| qwen35_9b | mlx | {status}the reason |")

@@ -33,6 +33,7 @@ bench() { # item kind args...: hearth bench into LOGDIR/<item>.<kind>.{json,log}
     shift 2
     [ "$(left)" -lt 20 ] && { echo "hearth: NOT RUN ($(left) s left)" >"$L/$item.$kind.log"; return; }
     timeout $(($(left) - 10)) "$H" bench "$(nf_path "$item")" --device "$DEV" "$@" --json >"$L/$item.$kind.json" 2>"$L/$item.$kind.log"
+    echo $? >"$L/$item.$kind.rc" # a refusal (rc 1 or 2), a timeout (124) or a crash (a signal) say so in the row
 }
 llama() { # item kind args...: llama-bench into LOGDIR/llama-<model>.<kind>.json
     local item=$1 kind=$2

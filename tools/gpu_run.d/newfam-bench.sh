@@ -68,4 +68,7 @@ GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/nu
 python3 bench/cuda/newfam_rows.py write "$L" "$L/cuda_newfam.md" --machine "${GPU:-$(uname -n) (no GPU)}, device $DEV" \
     --command "NF_MODELS=\"${NF_MODELS:-}\" tools/gpu_run TOTAL newfam-bench:$BUDGET" >/dev/null &&
     [ -n "${OUT:-}" ] && cp "$L/cuda_newfam.md" "$OUT/" 2>/dev/null
+# the writes' times (newfam-bench.pre.sh), then the table again: gpu_run's summary shows the tail
+[ -f "$L/pre.txt" ] && sed 's/^/write: /' "$L/pre.txt"
+grep '^| ' "$L/cuda_newfam.md" 2>/dev/null | grep -v '^| ---'
 echo "result: $L/cuda_newfam.md"

@@ -285,7 +285,7 @@ def test_phase_prints_a_refusal_as_the_row(tmp_path):
     assert len(rows) == 3
     for r in rows:
         assert r["status"].startswith("refused: ") and "cuda" in r["status"].lower(), r
-    assert out.count("| refused: ") == 3
+    assert out.count("| refused: ") == 6  # as each row finishes, and the table again at the end
 
 
 @pytest.mark.parametrize("rc,status", [("2", "refused: "), ("124", "timed out: "), ("139", "crashed (signal 11): ")])

@@ -12,7 +12,8 @@ Models (the shapes are the text part of each real config.json, read from public 
   qwen3_30b_a3b   Qwen3-30B-A3B     qwen3_moe: 48 layers, 128 experts, top 8
   gemma4_e4b      Gemma-4-E4B       gemma4_text: per-layer inputs, 18 KV-shared layers, 256/512 heads
   gemma4_26b_a4b  Gemma-4-26B-A4B   gemma4_text MoE: 128 experts, top 8, beside a dense MLP
-(Gemma 4 has no GGUF form here: hearth does not read that architecture from GGUF.)
+Gemma 4's GGUF (llama.cpp's gemma4 architecture) is for llama-bench only, the peer's half of the
+Gemma rows: hearth does not read that architecture from GGUF and says so.
 
 Weights: MLX 4-bit words are random nibbles with per-group bf16 scales/biases giving mean ~0
 and std ~0.02 (tools/cuda_mlx8b.py's recipe); GGUF blocks are random valid blocks of the same
@@ -41,6 +42,7 @@ import cuda_gguf8b as g8  # noqa: E402  (its block pools, metadata writer and st
 from cuda_mlx8b import bf16_bytes  # noqa: E402
 
 GROUP = 64
+HEARTH_GGUF = ("qwen35", "qwen35moe", "qwen3moe")  # the GGUF architectures hearth reads
 POOL_BYTES = 96 << 20  # far above the L2; tiles of it repeat inside the big tensors
 
 
@@ -92,7 +94,7 @@ MODELS = {
         small=dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
                    moe_intermediate_size=256, max_position_embeddings=4096)),
-    "gemma4_e4b": dict(tok="gemma4-bf16", gguf=None, config=dict(
+    "gemma4_e4b": dict(tok="gemma4-bf16", gguf="gemma4", config=dict(
         architectures=["Gemma4ForCausalLM"], model_type="gemma4_text", vocab_size=262144, hidden_size=2560,
         intermediate_size=10240, num_hidden_layers=42, layer_types=_layers(SLIDE5, 42), num_attention_heads=8,
         num_key_value_heads=2, head_dim=256, global_head_dim=512, num_global_key_value_heads=None,
@@ -100,11 +102,13 @@ MODELS = {
         vocab_size_per_layer_input=262144, use_double_wide_mlp=False, enable_moe_block=False, sliding_window=512,
         final_logit_softcapping=30.0, rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=131072,
         rope_parameters=GEMMA4_ROPE, pad_token_id=0),
+        # as in the real one, the last layer with its own KV is a full one: llama.cpp's KV-sharing
+        # map needs it (the shared layers reuse the last of each kind)
         small=dict(vocab_size=1024, vocab_size_per_layer_input=1024, hidden_size=256, intermediate_size=512,
                    num_hidden_layers=12, layer_types=_layers(SLIDE5, 12), num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=64, global_head_dim=128, num_kv_shared_layers=4,
+                   num_key_value_heads=2, head_dim=64, global_head_dim=128, num_kv_shared_layers=6,
                    hidden_size_per_layer_input=64, sliding_window=64, max_position_embeddings=4096)),
-    "gemma4_26b_a4b": dict(tok="gemma4-bf16", gguf=None, config=dict(
+    "gemma4_26b_a4b": dict(tok="gemma4-bf16", gguf="gemma4", config=dict(
         architectures=["Gemma4ForCausalLM"], model_type="gemma4_text", vocab_size=262144, hidden_size=2816,
         intermediate_size=2112, num_hidden_layers=30, layer_types=_layers(SLIDE5, 30), num_attention_heads=16,
         num_key_value_heads=8, head_dim=256, global_head_dim=512, num_global_key_value_heads=2,
@@ -342,6 +346,8 @@ def gguf_tensors(c, arch):
     the recurrence's scalars, as the converter and llama-quantize leave them; filled with ones,
     or -1, zeros, N(0, 0.02)), "v" / "down" are
     the tensors Q4_K_M gives more bits on some layers, "m" every other matrix, "out" output."""
+    if arch == "gemma4":
+        return gemma4_gguf_tensors(c)
     H, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
     out = [("token_embd.weight", [H, V], "m"), ("output_norm.weight", [H], "f32"), ("output.weight", [H, V], "out")]
     E, Fm = c.get("num_experts"), c.get("moe_intermediate_size")
@@ -391,6 +397,60 @@ def gguf_tensors(c, arch):
     return out
 
 
+def gemma4_gguf_tensors(c):
+    """Gemma 4 as llama.cpp's converter (conversion/gemma.py Gemma4Model) and loader
+    (src/models/gemma4.cpp) name it: tied output, the per-layer input tables, no K/V on the
+    KV-shared layers, no V where K is V, one rope_freqs (the full layers' proportional RoPE),
+    the MoE block beside the dense MLP. Only llama.cpp reads this file (hearth does not read
+    Gemma 4 from GGUF): it is the peer's half of the Gemma rows."""
+    H, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    P, E, Fm = c["hidden_size_per_layer_input"], c.get("num_experts"), c.get("moe_intermediate_size")
+    out = [("token_embd.weight", [H, V], "m"), ("output_norm.weight", [H], "f32"),
+           ("rope_freqs.weight", [c["global_head_dim"] // 2], "f32:rope_freqs")]
+    if P:
+        out += [("per_layer_token_embd.weight", [P * L, V], "m"), ("per_layer_model_proj.weight", [H, P * L], "m"),
+                ("per_layer_proj_norm.weight", [P], "f32")]
+    first_shared = L - c["num_kv_shared_layers"]
+    for i in range(L):
+        b = f"blk.{i}."
+        t = lambda n, s, r="m": out.append((b + n, s, r))  # noqa: E731
+        full = c["layer_types"][i] == "full_attention"
+        hd = c["global_head_dim"] if full else c["head_dim"]
+        kv = (c["num_global_key_value_heads"] or c["num_key_value_heads"]) if full else c["num_key_value_heads"]
+        heads = c["num_attention_heads"]
+        t("attn_norm.weight", [H], "f32")
+        t("attn_q.weight", [H, heads * hd])
+        if i < first_shared:
+            t("attn_k.weight", [H, kv * hd])
+            if not (full and c["attention_k_eq_v"]):
+                t("attn_v.weight", [H, kv * hd], "v")
+            t("attn_k_norm.weight", [hd], "f32")
+        t("attn_output.weight", [heads * hd, H])
+        t("attn_q_norm.weight", [hd], "f32")
+        t("post_attention_norm.weight", [H], "f32")
+        t("layer_output_scale.weight", [1], "f32")
+        F = c["intermediate_size"] * (2 if i >= first_shared and c["use_double_wide_mlp"] else 1)
+        t("ffn_norm.weight", [H], "f32")
+        t("ffn_gate.weight", [H, F])
+        t("ffn_up.weight", [H, F])
+        t("ffn_down.weight", [F, H], "down")
+        t("post_ffw_norm.weight", [H], "f32")
+        if c["enable_moe_block"]:
+            t("ffn_gate_inp.weight", [H, E], "f32:rand")
+            t("ffn_gate_inp.scale", [H], "f32")
+            t("pre_ffw_norm_2.weight", [H], "f32")
+            t("post_ffw_norm_1.weight", [H], "f32")
+            t("post_ffw_norm_2.weight", [H], "f32")
+            t("ffn_gate_up_exps.weight", [H, 2 * Fm, E])
+            t("ffn_down_exps.weight", [Fm, H, E], "down")
+            t("ffn_down_exps.scale", [E], "f32")
+        if P:
+            t("inp_gate.weight", [H, P])
+            t("proj.weight", [P, H])
+            t("post_norm.weight", [H], "f32")
+    return out
+
+
 def gguf_types(c, tensors):
     """Q4_K_M's choice per role (tools/cuda_gguf8b.py: Q6_K for output, and for attn_v and the
     down projections on the layers llama.cpp's use_more_bits picks; Q4_K for the rest)."""
@@ -402,13 +462,19 @@ def gguf_types(c, tensors):
         i = int(name.split(".")[1]) if name.startswith("blk.") else -1
         if role.startswith("f32"):
             n = int(np.prod(shape))
-            data = rng.normal(0, 0.02, n) if role == "f32:rand" else np.full(n, fills[role])
+            if role == "f32:rope_freqs":  # 1 for the rotated pairs, 1e30 (no rotation) for the rest
+                rot = int(c["global_head_dim"] * c["rope_parameters"]["full_attention"]["partial_rotary_factor"] / 2)
+                data = np.array([1.0] * rot + [1e30] * (n - rot))
+            else:
+                data = rng.normal(0, 0.02, n) if role == "f32:rand" else np.full(n, fills[role])
             typed.append((name, shape, g8.T_F32, data.astype(np.float32).tobytes()))
             continue
         if role == "out" or (role in ("v", "down") and g8.use_more_bits(i, L)):
             t = g8.T_Q6_K
         else:
             t = g8.T_Q4_K
+        if shape[0] % 256:  # a row k-quants cannot split: llama-quantize falls back to Q5_0
+            t = g8.T_Q5_0
         typed.append((name, shape, t))
     return typed
 
@@ -425,19 +491,24 @@ def gguf_meta(c, arch, name):
     m.u32(f"{arch}.embedding_length", c["hidden_size"])
     m.u32(f"{arch}.feed_forward_length", c["intermediate_size"])
     m.u32(f"{arch}.attention.head_count", c["num_attention_heads"])
-    m.u32(f"{arch}.attention.head_count_kv", c["num_key_value_heads"])
-    m.u32(f"{arch}.attention.key_length", c["head_dim"])
-    m.u32(f"{arch}.attention.value_length", c["head_dim"])
+    gemma = arch == "gemma4"
+    if not (gemma and c.get("num_global_key_value_heads")):  # else an array per layer (gemma4_meta)
+        m.u32(f"{arch}.attention.head_count_kv", c["num_key_value_heads"])
+    hd = c["global_head_dim"] if gemma else c["head_dim"]
+    m.u32(f"{arch}.attention.key_length", hd)
+    m.u32(f"{arch}.attention.value_length", hd)
     rp = c.get("rope_parameters") or {"rope_theta": c.get("rope_theta", 10000.0)}
-    m.f32(f"{arch}.rope.freq_base", rp["rope_theta"])
+    m.f32(f"{arch}.rope.freq_base", (rp["full_attention"] if gemma else rp)["rope_theta"])
     m.f32(f"{arch}.attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
     m.u32(f"{arch}.vocab_size", c["vocab_size"])
-    if c.get("num_experts"):
+    if c.get("num_experts") and not gemma:
         m.u32(f"{arch}.expert_count", c["num_experts"])
         m.u32(f"{arch}.expert_used_count", c["num_experts_per_tok"])
         m.u32(f"{arch}.expert_feed_forward_length", c["moe_intermediate_size"])
         if c.get("shared_expert_intermediate_size"):
             m.u32(f"{arch}.expert_shared_feed_forward_length", c["shared_expert_intermediate_size"])
+    if arch == "gemma4":
+        gemma4_meta(m, c)
     if arch in ("qwen35", "qwen35moe"):
         nv = c["linear_num_value_heads"]
         m.u32(f"{arch}.ssm.conv_kernel", c["linear_conv_kernel_dim"])
@@ -453,10 +524,32 @@ def gguf_meta(c, arch, name):
     return m
 
 
+def gemma4_meta(m, c):
+    """The keys Gemma4Model.set_gguf_parameters adds (the generic ones are gguf_meta's, with the
+    full layers' head dim as key/value length, as the converter corrects them)."""
+    a = "gemma4"
+    swa = [t == "sliding_attention" for t in c["layer_types"]]
+    m.u32(f"{a}.attention.key_length_swa", c["head_dim"])
+    m.u32(f"{a}.attention.value_length_swa", c["head_dim"])
+    m.u32(f"{a}.rope.dimension_count", c["global_head_dim"])
+    m.u32(f"{a}.rope.dimension_count_swa", c["head_dim"])
+    m.f32(f"{a}.rope.freq_base_swa", c["rope_parameters"]["sliding_attention"]["rope_theta"])
+    m.u32(f"{a}.attention.sliding_window", c["sliding_window"])
+    m.arr(f"{a}.attention.sliding_window_pattern", 7, bytes(swa), len(swa))
+    m.u32(f"{a}.attention.shared_kv_layers", c["num_kv_shared_layers"])
+    m.u32(f"{a}.embedding_length_per_layer_input", c["hidden_size_per_layer_input"])
+    m.f32(f"{a}.final_logit_softcapping", c["final_logit_softcapping"])
+    if c.get("num_global_key_value_heads"):
+        kv = [c["num_key_value_heads"] if s else c["num_global_key_value_heads"] for s in swa]
+        m.arr(f"{a}.attention.head_count_kv", 4, np.array(kv, np.uint32).tobytes(), len(kv))
+    if c.get("enable_moe_block"):
+        m.u32(f"{a}.expert_count", c["num_experts"])
+        m.u32(f"{a}.expert_used_count", c["top_k_experts"])
+        m.u32(f"{a}.expert_feed_forward_length", c["moe_intermediate_size"])
+
+
 def write_gguf(name, path, scale="full", pool_bytes=POOL_BYTES):
     arch = MODELS[name]["gguf"]
-    if not arch:
-        raise SystemExit(f"{name}: no GGUF form (hearth does not read Gemma 4 from GGUF)")
     c = model_config(name, scale)
     ts = gguf_types(c, gguf_tensors(c, arch))
     return g8.write_file(path, gguf_meta(c, arch, name), ts, np.random.default_rng(34), pool_bytes)

@@ -88,13 +88,13 @@ def row(logdir, model, fmt, tflops=None):
     base = os.path.join(logdir, f"{model}-{fmt}")
     dec, pre = last_json(base + ".decode.json"), last_json(base + ".prefill.json")
     r = {"model": model, "format": fmt}
-    if dec is None and pre is None:
-        r["status"] = failure(base + ".decode")
-        return r
-    r["status"] = "ok"
     lp = os.path.join(logdir, f"llama-{model}")
     r["llama_decode_tps"], r["llama_prefill_tps"] = llama_rate(lp + ".decode.json", "decode"), \
         llama_rate(lp + ".prefill.json", "prefill")
+    if dec is None and pre is None:  # the llama.cpp numbers stay (Gemma 4's GGUF: only llama.cpp reads it)
+        r["status"] = failure(base + ".decode")
+        return r
+    r["status"] = "ok"
     if dec:
         r.update(decode_tps=dec["decode_tps"], gen_tokens=dec["gen_tokens"], runs=dec["runs"], roofline_fraction=dec["roofline_fraction"],
                  roofline_tps=dec["roofline_tps"], decode_bytes_per_token=dec["decode_bytes_per_token"],
@@ -125,7 +125,7 @@ def fmt_num(v, spec, missing="-"):
 
 def line(r):
     if r["status"] != "ok":
-        return f"| {r['model']} | {r['format']} | {r['status']} |" + " |" * 8
+        r = dict(r, decode_status=r["status"], prefill_status="-")
     return "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
         r["model"], r["format"], fmt_num(r.get("decode_tps"), "%.1f", r.get("decode_status", "-")), fmt_num(r.get("llama_decode_tps"), "%.1f"),
         fmt_num(r.get("decode_ratio"), "%.2f"), fmt_num(r.get("roofline_fraction"), "%.2f"),
@@ -156,7 +156,8 @@ def write(logdir, out, machine, command=None, load=None):
             f"8-bit) and Q4_K_M-structured GGUF. Decode: {n} tokens after a {c}-token prompt (llama-bench "
             f"`-n {n} -d {c}`); prefill: {p} tokens (`-p {p}`); hearth median of {ok.get('runs', 3)} runs, "
             f"llama-bench mean of 2; {where}. The llama.cpp columns of an MLX row are the same model's "
-            "GGUF (llama.cpp reads no MLX; Gemma 4 has no GGUF here). Roofline: hearth bench's bytes per token "
+            "GGUF (llama.cpp reads no MLX; hearth reads no Gemma 4 GGUF: that row is refused, its llama.cpp "
+            "columns stay). Roofline: hearth bench's bytes per token "
             "(weights as stored, only a token's experts, KV at the mean context) over the device's copy "
             "bandwidth; prefill: its FLOPs (2 x active matmul weights + causal attention; the Gated DeltaNet "
             "recurrence not counted) over the bf16 GEMM rate of the same call. Targets: decode 1.5x llama.cpp "

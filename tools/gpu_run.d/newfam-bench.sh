@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # newfam-bench LOGDIR: issue 33's speed rows on the new families, random weights with the real
 # shapes: per model of NF_MODELS (default gemma4_e4b qwen35_9b gemma4_26b_a4b qwen35_35b_a3b; also
-# qwen3_30b_a3b) and format (MLX 4-bit; Q4_K_M GGUF for the Qwen ones), hearth bench decode (128
+# qwen3_30b_a3b) and format (Q4_K_M GGUF, MLX 4-bit), hearth bench decode (128
 # after 512) and prefill-4096, llama.cpp's llama-bench on the GGUF (same shapes), one row each:
 # hearth tok/s, llama.cpp tok/s, ratio, roofline fractions (bench/cuda/newfam_rows.py). A model
-# hearth refuses prints "refused: <message>" as its row. Models come from newfam-bench.pre.sh
+# hearth refuses prints "refused: <message>" as its row (Gemma 4's GGUF, there for llama-bench:
+# hearth does not read it). Models come from newfam-bench.pre.sh
 # (written in the background from the call's start); each is deleted after its rows (disk).
 # Writes LOGDIR/cuda_newfam.md (bench/results_file.py; copy it to bench/results/), and $OUT/ too.
 # Env: NF_MODELS, NF_FORMATS ("gguf mlx"), NF_DIR (/tmp/newfam), NF_DEVICE (cuda; cpu for a dry

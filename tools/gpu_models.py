@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """gpu_models.py: writes random-weight benchmark models with the exact shapes of the new
 families' real checkpoints, as MLX affine 4-bit safetensors (group 64, the routers at 8 bits
-as mlx-lm quantizes them) and, for the architectures hearth reads from GGUF (qwen35,
-qwen35moe, qwen3moe), as a Q4_K_M-structured GGUF with llama.cpp's tensor names and keys.
-numpy only: the GPU machine has no torch, mlx or gguf package. A speed fixture, not a parity
+as mlx-lm quantizes them) and as a Q4_K_M-structured GGUF with llama.cpp's tensor names and
+keys (qwen35, qwen35moe, qwen3moe, gemma4). numpy only: the GPU machine has no torch, mlx or gguf package. A speed fixture, not a parity
 oracle (tools/make_tiny_models.py and its mlx-lm goldens are that).
 
 Models (the shapes are the text part of each real config.json, read from public copies):
@@ -17,7 +16,8 @@ Gemma rows: hearth does not read that architecture from GGUF and says so.
 
 Weights: MLX 4-bit words are random nibbles with per-group bf16 scales/biases giving mean ~0
 and std ~0.02 (tools/cuda_mlx8b.py's recipe); GGUF blocks are random valid blocks of the same
-magnitude (tools/cuda_gguf8b.py); norms and scalars are ones, A_log and dt_bias zeros. Bytes
+magnitude (tools/cuda_gguf8b.py), Q5_0 where a row is not a multiple of 256 (llama-quantize's
+fallback); norms and scalars are ones, A_log and dt_bias zeros (ssm_a -1). Bytes
 are tiled from pools of random data with a rotation per tensor and streamed to disk, so a
 20 GB model is written at disk speed with little memory. The tokenizer is the tiny model's
 (MLX; the config's vocab is larger, as with cuda_mlx8b) or a stand-in vocabulary (GGUF).
@@ -587,7 +587,8 @@ def main(argv):
         return
     if argv[:1] == ["--list"]:
         for n, s in MODELS.items():
-            print(f"{n:16s} {s['config']['model_type']:12s} mlx{' gguf' if s['gguf'] else ''}")
+            gguf = f"gguf ({s['gguf']}{'' if s['gguf'] in HEARTH_GGUF else ', llama.cpp only'})"
+            print(f"{n:16s} {s['config']['model_type']:12s} mlx {gguf}")
         return
     if len(argv) < 3 or argv[0] not in MODELS or argv[1] not in ("mlx", "gguf"):
         sys.exit(__doc__)

@@ -151,6 +151,68 @@ def pool(t, rng, n_blocks):
     return b.reshape(-1)
 
 
+def standin_vocab(m, V):
+    """A stand-in SentencePiece ("llama") vocabulary of V distinct pieces: <unk> <s> </s>, the
+    256 byte pieces, then "\u2581t<i>" (both hearth and llama.cpp need one to open a file)."""
+    toks = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    toks += [f"\u2581t{i}" for i in range(V - len(toks))]
+    blob = b"".join(kv_str(t) for t in toks)
+    types = np.full(V, 1, np.int32)
+    types[0], types[1:3], types[3:259] = 2, 3, 6
+    m.str("tokenizer.ggml.model", "llama")
+    m.arr("tokenizer.ggml.tokens", 8, blob, V)
+    m.arr("tokenizer.ggml.scores", 6, (-np.arange(V, dtype=np.float32)).tobytes(), V)
+    m.arr("tokenizer.ggml.token_type", 5, types.tobytes(), V)
+    m.u32("tokenizer.ggml.bos_token_id", 1)
+    m.u32("tokenizer.ggml.eos_token_id", 2)
+    m.u32("tokenizer.ggml.unknown_token_id", 0)
+
+
+def write_file(path, m, ts, rng, pool_bytes):
+    """Write a GGUF of metadata m and tensors ts [(name, ggml shape, type[, bytes])], each
+    tensor's bytes given or tiled from a pool of pool_bytes of random valid blocks of its type;
+    returns the file size."""
+    infos, off = [], 0
+    for name, shape, t, *_ in ts:
+        infos.append(kv_str(name) + struct.pack("<I", len(shape)) + b"".join(struct.pack("<Q", d) for d in shape)
+                     + struct.pack("<IQ", t, off))
+        off += nbytes(shape, t)
+        off = (off + GGUF_ALIGN - 1) // GGUF_ALIGN * GGUF_ALIGN
+    header = b"GGUF" + struct.pack("<IQQ", 3, len(ts), len(m.items)) + b"".join(m.items) + b"".join(infos)
+    header += b"\0" * ((-len(header)) % GGUF_ALIGN)
+    pools = {}
+    with open(path, "wb") as fo:
+        fo.write(header)
+        pos = 0
+        for idx, (name, shape, t, *given) in enumerate(ts):
+            n = nbytes(shape, t)
+            if given:
+                assert len(given[0]) == n, name
+                fo.write(given[0])
+                pos += n
+                pad = (-pos) % GGUF_ALIGN
+                fo.write(b"\0" * pad)
+                pos += pad
+                continue
+            if t not in pools:
+                pools[t] = pool(t, rng, pool_bytes // BLOCK[t][1])
+            p = pools[t]
+            bb = BLOCK[t][1]
+            rot = (idx * 7919 % (len(p) // bb)) * bb  # rotation by whole blocks, so every
+            # slice of the pool starts and ends on a block boundary
+            done = 0
+            while done < n:
+                start = (rot + done) % len(p)
+                take = min(n - done, len(p) - start)
+                fo.write(p[start:start + take].tobytes())
+                done += take
+            pos += n
+            pad = (-pos) % GGUF_ALIGN
+            fo.write(b"\0" * pad)
+            pos += pad
+    return len(header) + pos
+
+
 def main():
     if len(sys.argv) < 3 or sys.argv[2] not in FILE_TYPE:
         sys.exit(__doc__)
@@ -179,56 +241,11 @@ def main():
     m.f32(f"{arch}.rope.freq_base", c["rope_base"])
     m.f32(f"{arch}.attention.layer_norm_rms_epsilon", c["eps"])
     m.u32(f"{arch}.vocab_size", c["vocab"])
-    # stand-in SentencePiece vocabulary: <unk> <s> </s>, the 256 byte pieces, then "▁t<i>"
-    V = c["vocab"]
-    toks = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
-    toks += [f"\u2581t{i}" for i in range(V - len(toks))]
-    blob = b"".join(kv_str(t) for t in toks)
-    types = np.full(V, 1, np.int32)
-    types[0], types[1:3], types[3:259] = 2, 3, 6
-    m.str("tokenizer.ggml.model", "llama")
-    m.arr("tokenizer.ggml.tokens", 8, blob, V)
-    m.arr("tokenizer.ggml.scores", 6, (-np.arange(V, dtype=np.float32)).tobytes(), V)
-    m.arr("tokenizer.ggml.token_type", 5, types.tobytes(), V)
-    m.u32("tokenizer.ggml.bos_token_id", 1)
-    m.u32("tokenizer.ggml.eos_token_id", 2)
-    m.u32("tokenizer.ggml.unknown_token_id", 0)
+    standin_vocab(m, c["vocab"])
 
     ts = tensors(shape, arch, kind)
-    infos, off = [], 0
-    for name, shape, t in ts:
-        infos.append(kv_str(name) + struct.pack("<I", len(shape)) + b"".join(struct.pack("<Q", d) for d in shape)
-                     + struct.pack("<IQ", t, off))
-        off += nbytes(shape, t)
-        off = (off + GGUF_ALIGN - 1) // GGUF_ALIGN * GGUF_ALIGN
-    header = b"GGUF" + struct.pack("<IQQ", 3, len(ts), len(m.items)) + b"".join(m.items) + b"".join(infos)
-    header += b"\0" * ((-len(header)) % GGUF_ALIGN)
-
-    pools = {}
     POOL_BYTES = (96 << 20) if shape != "tiny" else (1 << 20)  # larger than the L2 by far; tiles of it repeat inside big tensors
-    with open(path, "wb") as fo:
-        fo.write(header)
-        pos = 0
-        for idx, (name, shape, t) in enumerate(ts):
-            if t not in pools:
-                be, bb = BLOCK[t]
-                pools[t] = pool(t, rng, POOL_BYTES // bb)
-            p = pools[t]
-            n = nbytes(shape, t)
-            bb = BLOCK[t][1]
-            rot = (idx * 7919 % (len(p) // bb)) * bb  # rotation by whole blocks, so every
-            # slice of the pool starts and ends on a block boundary
-            done = 0
-            while done < n:
-                start = (rot + done) % len(p)
-                take = min(n - done, len(p) - start)
-                fo.write(p[start:start + take].tobytes())
-                done += take
-            pos += n
-            pad = (-pos) % GGUF_ALIGN
-            fo.write(b"\0" * pad)
-            pos += pad
-    size = len(header) + pos
+    size = write_file(path, m, ts, rng, POOL_BYTES)
     print(f"{path}: {kind} {arch}, {len(ts)} tensors, {size / 1e9:.2f} GB in {time.time() - t0:.1f} s")
 
 

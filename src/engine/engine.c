@@ -817,8 +817,9 @@ double engine_decode_bytes(const model *m, int context, int kv_quant) {
     double active = c->n_experts > 0 ? (double)c->top_k_experts / (double)c->n_experts : 0.0;
     for (int i = 0; i < c->n_layers; i++) {
         const layer_weights *l = &m->layers[i];
+        /* the ones a layer lacks have no rows; a shared expert is read by every token */
         const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down, &l->router, &l->pl_gate,
-                                 &l->pl_proj}; /* the ones a layer lacks have no rows */
+                                 &l->pl_proj, &l->shared_gate, &l->shared_up, &l->shared_down, &l->shared_router};
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) b += weight_read_bytes(ws[j]);
         b += active * (weight_read_bytes(&l->experts_gate) + weight_read_bytes(&l->experts_up) +
                        weight_read_bytes(&l->experts_down));

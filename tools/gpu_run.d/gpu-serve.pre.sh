@@ -4,7 +4,8 @@
 # flash attention, no curl/OpenSSL/web UI, static llama/ggml libraries, only that target) from the
 # carried build-cuda/llamacpp-src.tgz (tools/cuda_llamacpp_src) into $LLAMA_SERVER_DIR
 # (/tmp/llamacpp-server). Touches DIR/.done with the exit status and the seconds it took, which
-# gpu-serve.sh waits for. Builds nothing when DIR/b/bin/llama-server already runs.
+# gpu-serve.sh waits for. Builds nothing when DIR/b/bin/llama-server already runs. Also run by
+# newfam-bench.pre.sh (its llama-bench rows); a lock makes the two wait for one build.
 set -u
 LOG=${1:?usage: gpu-serve.pre.sh LOGDIR}
 mkdir -p "$LOG" && LOG=$(cd "$LOG" && pwd)
@@ -18,7 +19,10 @@ JOBS=${GPU_SERVE_BUILD_JOBS:-$((CORES > 8 ? CORES - 4 : CORES))}
 T0=$(date +%s)
 done_with() { echo "$1 $(($(date +%s) - T0))" >"$DIR/.done"; echo "llama-server build: rc $1 in $(($(date +%s) - T0)) s (-j$JOBS)"; exit "$1"; }
 
-mkdir -p "$DIR" && rm -f "$DIR/.done"
+mkdir -p "$DIR"
+# one build at a time: newfam-bench.pre.sh runs this too; the second finds the first's binaries
+exec 9>"$DIR.lock" && flock 9
+rm -f "$DIR/.done"
 if [ -x "$DIR/b/bin/llama-server" ] && [ -x "$DIR/b/bin/llama-bench" ] && "$DIR/b/bin/llama-server" --version >/dev/null 2>&1; then done_with 0; fi
 [ -f "$TGZ" ] || { echo "no $TGZ: make it here with tools/cuda_llamacpp_src and carry it"; done_with 3; }
 { rm -rf "$DIR/src" "$DIR/b" && mkdir -p "$DIR/src" && tar xzf "$TGZ" -C "$DIR/src"; } || done_with 4

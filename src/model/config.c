@@ -12,8 +12,8 @@
 #include <string.h>
 
 #define SUPPORTED                                                                                                      \
-    "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, qwen3_5, gemma3_text, gemma4_text, minicpm (GGUF: "   \
-    "llama, qwen3, gemma3, qwen3moe, qwen35, qwen35moe)"
+    "supported: llama (Llama 2/3.x, SmolLM2), qwen3, qwen3_moe, qwen3_5, gemma3_text, gemma4_text, minicpm (GGUF: "    \
+    "llama, qwen3, gemma3, gemma4, qwen3moe, qwen35, qwen35moe)"
 
 static double num(const json_t *o, const char *k, double dflt) {
     const json_t *v = json_object_get(o, k);
@@ -234,17 +234,26 @@ static hearth_status gemma4_rope(const hearth_model *hm, const json_t *rp, const
  * "none" where it tests the value (global_head_dim, hidden_size_per_layer_input). */
 static int gemma4_int(const json_t *cfg, const char *key, int dflt) { return int_key_or(cfg, key, dflt, 0); }
 
+static hearth_status gemma4_kv_map(const hearth_model *hm, model_config *c, int shared, const char *source,
+                                   hearth_error *err);
+
+/* The per-layer tables of model_config (freed by model_free); 0: out of memory. */
+static int gemma4_alloc_layers(model_config *c) {
+    size_t L = (size_t)c->n_layers;
+    c->layer_full = calloc(L, 1);
+    c->layer_kv = calloc(L, sizeof *c->layer_kv);
+    c->kv_heads = calloc(L, sizeof *c->kv_heads);
+    c->kv_dims = calloc(L, sizeof *c->kv_dims);
+    return c->layer_full && c->layer_kv && c->kv_heads && c->kv_dims;
+}
+
 /* Which layers are full attention (layer_types, else every sliding_window_pattern-th), which
  * KV layer each reads (the last layer of its type before first_shared, for the shared ones),
  * and the pool's shape per KV layer. */
 static hearth_status gemma4_layers_read(const hearth_model *hm, const json_t *cfg, model_config *c, hearth_error *err) {
     int L = c->n_layers, pattern = gemma4_int(cfg, "sliding_window_pattern", 5);
     const json_t *types = json_object_get(cfg, "layer_types");
-    c->layer_full = calloc((size_t)L, 1);
-    c->layer_kv = calloc((size_t)L, sizeof *c->layer_kv);
-    c->kv_heads = calloc((size_t)L, sizeof *c->kv_heads);
-    c->kv_dims = calloc((size_t)L, sizeof *c->kv_dims);
-    if (!c->layer_full || !c->layer_kv || !c->kv_heads || !c->kv_dims) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    if (!gemma4_alloc_layers(c)) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (json_is_array(types) && json_array_size(types) != (size_t)L)
         return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: layer_types lists %zu layers, num_hidden_layers is %d",
                        hm->entry.path, json_array_size(types), L);
@@ -260,6 +269,15 @@ static hearth_status gemma4_layers_read(const hearth_model *hm, const json_t *cf
     if (shared < 0 || shared >= L)
         return err_set(err, HEARTH_ERR_FORMAT, "%s: config.json: num_kv_shared_layers %d must be in 0..%d",
                        hm->entry.path, shared, L - 1);
+    return gemma4_kv_map(hm, c, shared, "config.json", err);
+}
+
+/* From layer_full and the number of KV-shared layers: which KV layer each layer stores
+ * into or reads (a shared one: the last layer of its type before first_shared, mlx-lm's
+ * rule), and the pool's shape per KV layer. `source` names the file part for errors. */
+static hearth_status gemma4_kv_map(const hearth_model *hm, model_config *c, int shared, const char *source,
+                                   hearth_error *err) {
+    int L = c->n_layers;
     c->first_shared = c->n_kv_layers = L - shared;
     for (int i = 0; i < L; i++) {
         int full = c->layer_full[i];
@@ -274,8 +292,8 @@ static hearth_status gemma4_layers_read(const hearth_model *hm, const json_t *cf
             if (c->layer_full[j] == full) c->layer_kv[i] = j;
         if (c->layer_kv[i] < 0)
             return err_set(err, HEARTH_ERR_FORMAT,
-                           "%s: config.json: layer %d (%s attention) shares KV, but no layer before %d has that type",
-                           hm->entry.path, i, full ? "full" : "sliding", c->first_shared);
+                           "%s: %s: layer %d (%s attention) shares KV, but no layer before %d has that type",
+                           hm->entry.path, source, i, full ? "full" : "sliding", c->first_shared);
     }
     return HEARTH_OK;
 }
@@ -506,6 +524,176 @@ static hearth_status read_gguf_moe(const hearth_model *hm, model_config *c, int 
     return HEARTH_OK;
 }
 
+/* ---- Gemma 4 as llama.cpp's converter writes it (arch "gemma4", conversion/gemma.py
+ * Gemma4Model): key_length / key_length_swa for the full / sliding head dims,
+ * head_count_kv and feed_forward_length a number or one per layer (the full layers' KV
+ * heads, the double-wide shared layers), sliding_window_pattern one bool per layer (true:
+ * sliding), attention.shared_kv_layers, embedding_length_per_layer_input, the sliding
+ * layers' rope.freq_base_swa and the full layers' proportional RoPE as rope_freqs factors
+ * (1e30 past the rotated part), final_logit_softcapping (absent: 30, llama.cpp's default),
+ * the experts' keys. Norms are stored as the model uses them (no offset). */
+
+/* A per-layer integer key: one number for every layer, or an array of L of them. */
+static hearth_status gguf_layer_ints(const hearth_model *hm, const char *key, int L, int required, int64_t dflt,
+                                     int64_t *out, hearth_error *err) {
+    const gguf_kv *kv = gguf_find(&hm->gguf, key);
+    int64_t v = dflt;
+    if (kv && kv->type == GGUF_ARRAY) {
+        if (kv->v.arr.type == GGUF_STRING || kv->v.arr.type == GGUF_ARRAY || kv->v.arr.n != (uint64_t)L)
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: GGUF key '%s' must be a number or %d numbers (one per layer)",
+                           hm->entry.path, key, L);
+        for (int i = 0; i < L; i++) out[i] = gguf_arr_i64(kv, (uint64_t)i);
+        return HEARTH_OK;
+    }
+    if (kv && !gguf_get_i64(&hm->gguf, key, &v))
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: GGUF key '%s' is a %s, not a number", hm->entry.path, key,
+                       gguf_type_name(kv->type));
+    if (!kv && required)
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: GGUF gemma4 needs the key '%s'", hm->entry.path, key);
+    for (int i = 0; i < L; i++) out[i] = v;
+    return HEARTH_OK;
+}
+
+/* kv heads and FFN width per layer type from the per-layer arrays, which must agree within a type. */
+static hearth_status gemma4_gguf_layers(const hearth_model *hm, model_config *c, const int64_t *kvh, const int64_t *ff,
+                                        hearth_error *err) {
+    int L = c->n_layers, seen[2] = {0, 0};
+    c->swa_ffn = (int)ff[0];
+    c->double_wide = 0;
+    for (int i = 0; i < L; i++) {
+        int full = c->layer_full[i], *heads = full ? &c->full_kv_heads : &c->swa_kv_heads;
+        if (!seen[full]) *heads = (int)kvh[i], seen[full] = 1;
+        if (kvh[i] != *heads || kvh[i] <= 0 || kvh[i] > 4096)
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: gemma4.attention.head_count_kv[%d] is %lld; every %s layer must have the same positive "
+                           "count (%d)",
+                           hm->entry.path, i, (long long)kvh[i], full ? "full" : "sliding", *heads);
+        if (i >= c->first_shared && ff[i] == 2 * ff[0] && c->first_shared > 0) c->double_wide = 1;
+    }
+    for (int i = 0; i < L; i++) {
+        int64_t want = i >= c->first_shared && c->double_wide ? 2 * ff[0] : ff[0];
+        if (ff[i] != want || ff[i] <= 0 || ff[i] > (1 << 28))
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: gemma4.feed_forward_length[%d] is %lld, expected %lld (the first layer's width, "
+                           "doubled on the KV-shared layers of a double-wide model)",
+                           hm->entry.path, i, (long long)ff[i], (long long)want);
+    }
+    c->ffn = c->double_wide ? 2 * c->swa_ffn : c->swa_ffn;
+    if (!seen[0]) c->swa_kv_heads = c->full_kv_heads; /* no layer of that type: unused */
+    if (!seen[1]) c->full_kv_heads = c->swa_kv_heads;
+    return HEARTH_OK;
+}
+
+/* The full layers' RoPE: base^(-2i/head_dim) divided by rope_freqs (llama.cpp's freq
+ * factors; the converter's 1e30 leaves a pair unrotated), the sliding layers' plain RoPE
+ * from rope.freq_base_swa. */
+static hearth_status gemma4_gguf_rope(const hearth_model *hm, model_config *c, hearth_error *err) {
+    const gguf_file *g = &hm->gguf;
+    double base = hm->sum.rope_theta, base_swa = base;
+    gguf_get_f64(g, "gemma4.rope.freq_base_swa", &base_swa);
+    int64_t rot = c->full_head_dim, rot_swa = c->swa_head_dim;
+    gguf_get_i64(g, "gemma4.rope.dimension_count", &rot);
+    gguf_get_i64(g, "gemma4.rope.dimension_count_swa", &rot_swa);
+    if (rot != c->full_head_dim || rot_swa != c->swa_head_dim)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: gemma4.rope.dimension_count %lld / dimension_count_swa %lld: only RoPE over the whole head "
+                       "(%d / %d) is supported (the full layers' partial rotation comes from rope_freqs)",
+                       hm->entry.path, (long long)rot, (long long)rot_swa, c->full_head_dim, c->swa_head_dim);
+    if (!(base > 0) || !(base_swa > 0))
+        return err_set(err, HEARTH_ERR_FORMAT, "%s: gemma4.rope.freq_base %g / freq_base_swa %g must be positive",
+                       hm->entry.path, base, base_swa);
+    free(c->inv_freq_global);
+    c->inv_freq_global = rope_inv_freq(c->full_head_dim, base, NULL);
+    c->inv_freq_local = rope_inv_freq(c->swa_head_dim, base_swa, NULL);
+    if (!c->inv_freq_global || !c->inv_freq_local) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    int any_full = 0;
+    for (int i = 0; i < c->n_layers; i++) any_full |= c->layer_full[i];
+    const tensor_info *rf = gguf_find_tensor(g, "rope_freqs.weight");
+    if (!any_full) return HEARTH_OK;
+    if (!rf || rf->dtype != DT_F32 || tensor_elems(rf) != (uint64_t)c->full_head_dim / 2)
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: tensor 'rope_freqs.weight' must be %d F32 values (the full layers' RoPE factors)%s",
+                       hm->entry.path, c->full_head_dim / 2, rf ? "" : "; it is missing");
+    for (int i = 0; i < c->full_head_dim / 2; i++) {
+        float f;
+        memcpy(&f, rf->data + 4 * i, 4);
+        if (!(f > 0.0f) || !isfinite(f))
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: rope_freqs.weight[%d] is %g; factors must be positive",
+                           hm->entry.path, i, (double)f);
+        c->inv_freq_global[i] /= f;
+    }
+    return HEARTH_OK;
+}
+
+static hearth_status read_gguf_gemma4(const hearth_model *hm, model_config *c, hearth_error *err) {
+    const gguf_file *g = &hm->gguf;
+    const char *path = hm->entry.path;
+    int L = c->n_layers;
+    if (!gemma4_alloc_layers(c)) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    const gguf_kv *pat = gguf_find(g, "gemma4.attention.sliding_window_pattern");
+    if (!pat || pat->type != GGUF_ARRAY || pat->v.arr.type == GGUF_STRING || pat->v.arr.type == GGUF_ARRAY ||
+        pat->v.arr.n != (uint64_t)L)
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: GGUF gemma4 needs 'gemma4.attention.sliding_window_pattern', %d bools (one per layer)",
+                       path, L);
+    for (int i = 0; i < L; i++) c->layer_full[i] = gguf_arr_i64(pat, (uint64_t)i) == 0;
+    int64_t swa_dim = 0, swa_vdim = 0, vdim = c->head_dim, window = 0, shared = 0, pl = 0;
+    static const char *const need[] = {"gemma4.attention.key_length_swa", "gemma4.attention.value_length_swa",
+                                       "gemma4.attention.sliding_window", "gemma4.embedding_length_per_layer_input"};
+    int64_t *dst[] = {&swa_dim, &swa_vdim, &window, &pl};
+    for (int i = 0; i < 4; i++)
+        if (!gguf_get_i64(g, need[i], dst[i]))
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: GGUF gemma4 needs the integer key '%s'", path, need[i]);
+    gguf_get_i64(g, "gemma4.attention.value_length", &vdim);
+    gguf_get_i64(g, "gemma4.attention.shared_kv_layers", &shared);
+    if (vdim != c->head_dim || swa_vdim != swa_dim || swa_dim <= 0 || swa_dim % 2 || swa_dim > 4096 ||
+        c->head_dim > 4096 || window <= 0 || window > (1 << 30) || pl < 0 || pl > 65536 || shared < 0 || shared >= L ||
+        (shared > 0 && L - shared < 2))
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: GGUF gemma4 sizes are inconsistent (key/value_length %d/%lld, key/value_length_swa "
+                       "%lld/%lld, sliding_window %lld, embedding_length_per_layer_input %lld, shared_kv_layers %lld "
+                       "of %d layers)",
+                       path, c->head_dim, (long long)vdim, (long long)swa_dim, (long long)swa_vdim, (long long)window,
+                       (long long)pl, (long long)shared, L);
+    c->full_head_dim = c->head_dim, c->swa_head_dim = (int)swa_dim;
+    c->sliding_window = (int)window, c->sliding_pattern = 0, c->per_layer_dim = (int)pl;
+    c->first_shared = L - (int)shared;
+    /* llama.cpp's KV-sharing map: a shared sliding layer reads layer first_shared - 2, a full
+     * one first_shared - 1; mlx-lm's (the last of the type) agrees when those are of that type */
+    if (shared > 0 && (!c->layer_full[c->first_shared - 1] || c->layer_full[c->first_shared - 2]))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: gemma4 with KV-shared layers needs layer %d (the last one with its own KV) full and layer "
+                       "%d sliding, as llama.cpp reads them; this file's are not",
+                       path, c->first_shared - 1, c->first_shared - 2);
+    int64_t *kvh = calloc((size_t)L, sizeof *kvh), *ff = calloc((size_t)L, sizeof *ff);
+    hearth_status st = !kvh || !ff ? err_set(err, HEARTH_ERR_NOMEM, "out of memory") : HEARTH_OK;
+    if (!st) st = gguf_layer_ints(hm, "gemma4.attention.head_count_kv", L, 1, 0, kvh, err);
+    if (!st) st = gguf_layer_ints(hm, "gemma4.feed_forward_length", L, 1, 0, ff, err);
+    if (!st) st = gemma4_gguf_layers(hm, c, kvh, ff, err);
+    free(kvh);
+    free(ff);
+    if (st) return st;
+    if ((st = gemma4_kv_map(hm, c, (int)shared, "GGUF gemma4.attention.shared_kv_layers", err))) return st;
+    if ((st = gemma4_gguf_rope(hm, c, err))) return st;
+    const tensor_info *plt = gguf_find_tensor(g, "per_layer_token_embd.weight");
+    c->per_layer_vocab = plt && plt->ndim == 2 ? (int)plt->shape[0] : c->vocab; /* the loader names a bad one */
+    double cap = 30.0;
+    gguf_get_f64(g, "gemma4.final_logit_softcapping", &cap);
+    c->softcap = cap > 0 ? (float)cap : 0.0f;
+    c->norm_shift = 0.0f, c->attn_scale = 1.0f, c->embed_scale = (float)sqrt((double)c->hidden);
+    int64_t experts = 0;
+    gguf_get_i64(g, "gemma4.expert_count", &experts);
+    if (experts > 0) { /* enable_moe_block: every layer has the experts beside its MLP */
+        if ((st = read_gguf_moe(hm, c, 0, err))) return st;
+    } else if (gguf_find_tensor(g, "blk.0.ffn_gate_inp.weight"))
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: tensor 'blk.0.ffn_gate_inp.weight' (a router) without the key 'gemma4.expert_count'", path);
+    c->n_kv_heads = c->full_kv_heads > c->swa_kv_heads ? c->full_kv_heads : c->swa_kv_heads;
+    c->head_dim = c->full_head_dim > c->swa_head_dim ? c->full_head_dim : c->swa_head_dim;
+    return HEARTH_OK;
+}
+/* ---- end of Gemma 4 GGUF */
+
 static hearth_status read_gguf_config(const hearth_model *hm, model_config *c, hearth_error *err) {
     const gguf_file *g = &hm->gguf;
     const char *arch = hm->sum.architecture;
@@ -514,6 +702,7 @@ static hearth_status read_gguf_config(const hearth_model *hm, model_config *c, h
     else if (!strcmp(arch, "gemma3")) c->family = FAMILY_GEMMA3;
     else if (!strcmp(arch, "qwen35") || !strcmp(arch, "qwen35moe")) c->family = FAMILY_QWEN3_5;
     else if (!strcmp(arch, "qwen3moe")) c->family = FAMILY_QWEN3_MOE;
+    else if (!strcmp(arch, "gemma4")) c->family = FAMILY_GEMMA4;
     else return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported; " SUPPORTED,
                         hm->entry.path, arch);
     const model_summary *s = &hm->sum;
@@ -571,6 +760,7 @@ static hearth_status read_gguf_config(const hearth_model *hm, model_config *c, h
         c->sliding_pattern = 6; /* fixed for Gemma 3; GGUF does not store it */
         c->inv_freq_local = rope_inv_freq(c->head_dim, 10000.0, NULL); /* Gemma 3's local base */
     }
+    if (c->family == FAMILY_GEMMA4) return read_gguf_gemma4(hm, c, err);
     int moe = c->family == FAMILY_QWEN3_MOE || !strcmp(arch, "qwen35moe");
     hearth_status st = moe ? read_gguf_moe(hm, c, c->family == FAMILY_QWEN3_5, err) : HEARTH_OK;
     if (!st && c->family == FAMILY_QWEN3_5) st = read_gguf_qwen35(hm, c, err);

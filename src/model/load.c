@@ -423,6 +423,13 @@ static const char *gemma4_name(loader *L, int layer, const char *what, char *buf
     return buf;
 }
 
+/* A layer's tensor by its HF / mlx-lm name, or in a GGUF by llama.cpp's (blk.N.<gguf>). */
+static const char *gemma4_tensor(loader *L, int layer, const char *hf, const char *gguf, char *buf, size_t n) {
+    if (L->gguf) snprintf(buf, n, "blk.%d.%s", layer, gguf);
+    else gemma4_name(L, layer, hf, buf, n);
+    return buf;
+}
+
 /* The MoE block of a layer (enable_moe_block): router, experts stacked [experts, rows, cols]
  * as mlx-lm's sanitize leaves them (experts.switch_glu.*), and its three extra norms. */
 static hearth_status load_gemma4_moe(loader *L, int i, layer_weights *lw) {
@@ -431,36 +438,43 @@ static hearth_status load_gemma4_moe(loader *L, int i, layer_weights *lw) {
     hearth_status st;
     int64_t E = c->n_experts, F = c->moe_ffn, H = c->hidden;
     lw->moe = 1;
-    struct { const char *name; op_weight *w; int64_t n_out, n_in; } mats[] = {
-        {"router.proj", &lw->router, E, H},
-        {"experts.switch_glu.gate_proj", &lw->experts_gate, E * F, H},
-        {"experts.switch_glu.up_proj", &lw->experts_up, E * F, H},
-        {"experts.switch_glu.down_proj", &lw->experts_down, E * H, F},
+    struct { const char *name, *gguf; op_weight *w; int64_t n_out, n_in; } mats[] = {
+        {"router.proj", "ffn_gate_inp", &lw->router, E, H},
+        {"experts.switch_glu.gate_proj", "ffn_gate_exps", &lw->experts_gate, E * F, H},
+        {"experts.switch_glu.up_proj", "ffn_up_exps", &lw->experts_up, E * F, H},
+        {"experts.switch_glu.down_proj", "ffn_down_exps", &lw->experts_down, E * H, F},
     };
     char module[512];
     /* Hugging Face's own layout (before mlx-lm's sanitize): experts.gate_up_proj [experts,
      * 2 * moe_ffn, hidden], each expert's gate rows then its up rows, and experts.down_proj,
-     * both bare parameters; the experts' up is then read from the fused weight */
-    int fused = model_find_tensor(L->hm, gemma4_name(L, i, "experts.gate_up_proj", module, sizeof module)) != NULL;
+     * both bare parameters; the experts' up is then read from the fused weight. llama.cpp's
+     * converter keeps that fusion (ffn_gate_up_exps). */
+    int fused = model_find_tensor(L->hm, gemma4_tensor(L, i, "experts.gate_up_proj", "ffn_gate_up_exps.weight", module,
+                                                       sizeof module)) != NULL;
     for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) {
-        gemma4_name(L, i, mats[j].name, module, sizeof module);
-        if (fused && j == 1) st = load_tensor_matrix(L, module, gemma4_name(L, i, "experts.gate_up_proj", name, sizeof name),
-                                                     2 * E * F, H, mats[j].w);
+        gemma4_tensor(L, i, mats[j].name, mats[j].gguf, module, sizeof module);
+        if (fused && j == 1)
+            st = load_tensor_matrix(L, module, gemma4_tensor(L, i, "experts.gate_up_proj", "ffn_gate_up_exps.weight",
+                                                             name, sizeof name), 2 * E * F, H, mats[j].w);
         else if (fused && j == 2) continue;
-        else if (fused && j == 3) st = load_tensor_matrix(L, module, gemma4_name(L, i, "experts.down_proj", name, sizeof name),
-                                                          E * H, F, mats[j].w);
+        else if (fused && j == 3 && !L->gguf)
+            st = load_tensor_matrix(L, module, gemma4_name(L, i, "experts.down_proj", name, sizeof name), E * H, F,
+                                    mats[j].w);
         else st = load_matrix(L, module, mats[j].n_out, mats[j].n_in, mats[j].w);
         if (st) return st;
     }
-    struct { const char *name; const float **v; int64_t n; } vecs[] = {
-        {"router.scale", &lw->router_norm, H},
-        {"router.per_expert_scale", &lw->expert_scale, E},
-        {"pre_feedforward_layernorm_2.weight", &lw->ffn_norm_2, H},
-        {"post_feedforward_layernorm_1.weight", &lw->post_ffn_norm_1, H},
-        {"post_feedforward_layernorm_2.weight", &lw->post_ffn_norm_2, H},
+    /* the converter names router.scale ffn_gate_inp.scale and per_expert_scale (a per-expert
+     * factor on the experts' outputs) ffn_down_exps.scale */
+    struct { const char *name, *gguf; const float **v; int64_t n; } vecs[] = {
+        {"router.scale", "ffn_gate_inp.scale", &lw->router_norm, H},
+        {"router.per_expert_scale", "ffn_down_exps.scale", &lw->expert_scale, E},
+        {"pre_feedforward_layernorm_2.weight", "pre_ffw_norm_2.weight", &lw->ffn_norm_2, H},
+        {"post_feedforward_layernorm_1.weight", "post_ffw_norm_1.weight", &lw->post_ffn_norm_1, H},
+        {"post_feedforward_layernorm_2.weight", "post_ffw_norm_2.weight", &lw->post_ffn_norm_2, H},
     };
     for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++)
-        if ((st = load_vector(L, gemma4_name(L, i, vecs[j].name, name, sizeof name), vecs[j].n, 1, vecs[j].v)))
+        if ((st = load_vector(L, gemma4_tensor(L, i, vecs[j].name, vecs[j].gguf, name, sizeof name), vecs[j].n, 1,
+                              vecs[j].v)))
             return st;
     if (lw->router_norm) { /* the router's norm weight: scale * hidden^-0.5, a float32 product as mlx-lm's */
         float *w = (float *)lw->router_norm, root = (float)pow((double)H, -0.5);
@@ -482,36 +496,47 @@ static hearth_status load_gemma4_layer(loader *L, int i, layer_weights *lw) {
     lw->ffn = lw->shares_kv && c->double_wide ? c->ffn : c->swa_ffn;
     int64_t qd = (int64_t)c->n_heads * lw->head_dim, kd = (int64_t)lw->n_kv_heads * lw->head_dim, H = c->hidden;
     int has_v = !lw->shares_kv && !(full && c->k_eq_v);
-    struct { const char *name; op_weight *w; int64_t n_out, n_in; int present; } mats[] = {
-        {"self_attn.q_proj", &lw->q, qd, H, 1},
-        {"self_attn.k_proj", &lw->k, kd, H, !lw->shares_kv},
-        {"self_attn.v_proj", &lw->v, kd, H, has_v},
-        {"self_attn.o_proj", &lw->o, H, qd, 1},
-        {"mlp.gate_proj", &lw->gate, lw->ffn, H, 1},
-        {"mlp.up_proj", &lw->up, lw->ffn, H, 1},
-        {"mlp.down_proj", &lw->down, H, lw->ffn, 1},
-        {"per_layer_input_gate", &lw->pl_gate, c->per_layer_dim, H, c->per_layer_dim > 0},
-        {"per_layer_projection", &lw->pl_proj, H, c->per_layer_dim, c->per_layer_dim > 0},
+    if (L->gguf) /* llama.cpp: a layer without attn_v takes its values from the keys */
+        has_v = !lw->shares_kv && model_find_tensor(L->hm, gemma4_tensor(L, i, "", "attn_v.weight", name, sizeof name));
+    struct { const char *name, *gguf; op_weight *w; int64_t n_out, n_in; int present; } mats[] = {
+        {"self_attn.q_proj", "attn_q", &lw->q, qd, H, 1},
+        {"self_attn.k_proj", "attn_k", &lw->k, kd, H, !lw->shares_kv},
+        {"self_attn.v_proj", "attn_v", &lw->v, kd, H, has_v},
+        {"self_attn.o_proj", "attn_output", &lw->o, H, qd, 1},
+        {"mlp.gate_proj", "ffn_gate", &lw->gate, lw->ffn, H, 1},
+        {"mlp.up_proj", "ffn_up", &lw->up, lw->ffn, H, 1},
+        {"mlp.down_proj", "ffn_down", &lw->down, H, lw->ffn, 1},
+        {"per_layer_input_gate", "inp_gate", &lw->pl_gate, c->per_layer_dim, H, c->per_layer_dim > 0},
+        {"per_layer_projection", "proj", &lw->pl_proj, H, c->per_layer_dim, c->per_layer_dim > 0},
     };
     for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++)
         if (mats[j].present &&
-            (st = load_matrix(L, gemma4_name(L, i, mats[j].name, name, sizeof name), mats[j].n_out, mats[j].n_in,
-                              mats[j].w)))
+            (st = load_matrix(L, gemma4_tensor(L, i, mats[j].name, mats[j].gguf, name, sizeof name), mats[j].n_out,
+                              mats[j].n_in, mats[j].w)))
             return st;
-    struct { const char *name; const float **v; int64_t n; int present; } vecs[] = {
-        {"input_layernorm.weight", &lw->attn_norm, H, 1},
-        {"post_attention_layernorm.weight", &lw->post_attn_norm, H, 1},
-        {"pre_feedforward_layernorm.weight", &lw->ffn_norm, H, 1},
-        {"post_feedforward_layernorm.weight", &lw->post_ffn_norm, H, 1},
-        {"self_attn.q_norm.weight", &lw->q_norm, lw->head_dim, 1},
-        {"self_attn.k_norm.weight", &lw->k_norm, lw->head_dim, !lw->shares_kv},
-        {"layer_scalar", &lw->layer_scalar, 1, 1},
-        {"post_per_layer_input_norm.weight", &lw->pl_norm, H, c->per_layer_dim > 0},
+    struct { const char *name, *gguf; const float **v; int64_t n; int present; } vecs[] = {
+        {"input_layernorm.weight", "attn_norm.weight", &lw->attn_norm, H, 1},
+        {"post_attention_layernorm.weight", "post_attention_norm.weight", &lw->post_attn_norm, H, 1},
+        {"pre_feedforward_layernorm.weight", "ffn_norm.weight", &lw->ffn_norm, H, 1},
+        {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", &lw->post_ffn_norm, H, 1},
+        {"self_attn.q_norm.weight", "attn_q_norm.weight", &lw->q_norm, lw->head_dim, 1},
+        {"self_attn.k_norm.weight", "attn_k_norm.weight", &lw->k_norm, lw->head_dim, !lw->shares_kv},
+        {"layer_scalar", "layer_output_scale.weight", &lw->layer_scalar, 1, 1},
+        {"post_per_layer_input_norm.weight", "post_norm.weight", &lw->pl_norm, H, c->per_layer_dim > 0},
     };
+    /* llama.cpp reads a GGUF without layer_output_scale as a scale of 1 */
+    int unscaled = L->gguf && !model_find_tensor(L->hm, gemma4_tensor(L, i, "", "layer_output_scale.weight", name,
+                                                                      sizeof name));
     for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++)
-        if (vecs[j].present &&
-            (st = load_vector(L, gemma4_name(L, i, vecs[j].name, name, sizeof name), vecs[j].n, 1, vecs[j].v)))
+        if (vecs[j].present && !(unscaled && vecs[j].v == &lw->layer_scalar) &&
+            (st = load_vector(L, gemma4_tensor(L, i, vecs[j].name, vecs[j].gguf, name, sizeof name), vecs[j].n, 1,
+                              vecs[j].v)))
             return st;
+    if (unscaled) {
+        float *one = arena_take(L, sizeof *one);
+        if (one) *one = 1.0f;
+        lw->layer_scalar = one;
+    }
     return c->n_experts ? load_gemma4_moe(L, i, lw) : HEARTH_OK;
 }
 
@@ -522,11 +547,13 @@ static hearth_status load_gemma4_model(loader *L) {
     hearth_status st;
     if (!c->per_layer_dim) return HEARTH_OK;
     int64_t all = (int64_t)c->n_layers * c->per_layer_dim;
-    snprintf(name, sizeof name, "%sembed_tokens_per_layer", L->prefix);
+    const char *prefix = L->gguf ? "" : L->prefix;
+    snprintf(name, sizeof name, "%s%s", prefix, L->gguf ? "per_layer_token_embd" : "embed_tokens_per_layer");
     if ((st = load_matrix(L, name, c->per_layer_vocab, all, &m->embed_per_layer))) return st;
-    snprintf(name, sizeof name, "%sper_layer_model_projection", L->prefix);
+    snprintf(name, sizeof name, "%s%s", prefix, L->gguf ? "per_layer_model_proj" : "per_layer_model_projection");
     if ((st = load_matrix(L, name, all, c->hidden, &m->per_layer_proj))) return st;
-    snprintf(name, sizeof name, "%sper_layer_projection_norm.weight", L->prefix);
+    snprintf(name, sizeof name, "%s%s", prefix,
+             L->gguf ? "per_layer_proj_norm.weight" : "per_layer_projection_norm.weight");
     return load_vector(L, name, c->per_layer_dim, 1, &m->per_layer_proj_norm);
 }
 /* ---- end of Gemma 4 */

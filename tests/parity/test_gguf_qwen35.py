@@ -177,9 +177,9 @@ def write_gguf(path, outtype, tweak=None, model="qwen3_5-f32"):
     g.close()
 
 
-@pytest.fixture(scope="module")
-def gguf_files(tmp_path_factory):
-    """{(model, outtype): path}, written on first use."""
+def gguf_maker(tmp_path_factory, write):
+    """get(model, outtype) -> the path of that tiny model's GGUF, written by
+    write(path, outtype, model=...) on first use."""
     made = {}
 
     def get(model, outtype):
@@ -187,9 +187,15 @@ def gguf_files(tmp_path_factory):
             if not os.path.isfile(os.path.join(CACHE, "tiny", model, "config.json")):
                 pytest.fail(f"{model} missing: run tools/make_tiny_models.py", pytrace=False)
             made[model, outtype] = str(tmp_path_factory.mktemp("gguf") / f"{model}-{outtype}.gguf")
-            write_gguf(made[model, outtype], outtype, model=model)
+            write(made[model, outtype], outtype, model=model)
         return made[model, outtype]
     return get
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory):
+    """{(model, outtype): path}, written on first use."""
+    return gguf_maker(tmp_path_factory, write_gguf)
 
 
 def golden_prompts(model="qwen3_5-f32"):
@@ -250,26 +256,38 @@ def test_llama_cpp_reads_the_file_as_mlx_lm_computes(gguf_files, model):
     if model == "qwen3_moe-f32":
         pytest.skip("the tiny qwen3_moe has a dense layer (mlp_only_layers), which llama.cpp's qwen3moe cannot load; "
                     "its expert tensors are the ones qwen3_5_moe-f32 checks")
-    prompts, worst = golden_prompts(model), 0.0
-    for q, rows in zip(prompts, llama_cpp_tops(gguf_files(model, "f32"), prompts)):
+    worst = llama_cpp_beside_goldens(gguf_files(model, "f32"), golden_prompts(model))
+    print(f"\n{ARCH[model]} f32 GGUF: worst |llama.cpp - mlx-lm golden| {worst:.2e}")
+    assert worst < LLAMA_TOL
+
+
+def llama_cpp_beside_goldens(path, prompts):
+    """llama.cpp on the file: the goldens' best token at each prompt's last positions
+    (asserted); returns the worst gap over the goldens' top logits."""
+    worst = 0.0
+    for q, rows in zip(prompts, llama_cpp_tops(path, prompts)):
         for gl, ours in zip(q["last_logits"], rows):
             assert ours[0][0] == gl["top_ids"][0], (q["name"], gl["position"])
             worst = max(worst, diff(gl, ours))
-    print(f"\n{ARCH[model]} f32 GGUF: worst |llama.cpp - mlx-lm golden| {worst:.2e}")
-    assert worst < LLAMA_TOL
+    return worst
+
+
+def hearth_beside_golden(path, q):
+    """hearth's reference tier on the file for golden prompt q: its greedy tokens (asserted
+    equal) and (the trace, the worst gap over the golden's top logits)."""
+    out, worst = hearth_trace(path, q), 0.0
+    for gl, ol in zip(q["last_logits"], out["prompt"]):
+        assert gl["position"] == ol["pos"]
+        worst = max(worst, diff(gl, ol["top"]))
+    ours = [s["token"] for s in out["steps"]] + [out["steps"][-1]["top"][0][0]]
+    assert ours == q["greedy_ids"], (q["name"], ours, q["greedy_ids"])
+    return out, worst
 
 
 @pytest.mark.parametrize("model", list(ARCH))
 def test_hearth_reads_the_file_as_mlx_lm_computes(gguf_files, model):
     """hearth on the GGUF: the golden's logits (reference tier) and its greedy tokens."""
-    worst = 0.0
-    for q in golden_prompts(model):
-        out = hearth_trace(gguf_files(model, "f32"), q)
-        for gl, ol in zip(q["last_logits"], out["prompt"]):
-            assert gl["position"] == ol["pos"]
-            worst = max(worst, diff(gl, ol["top"]))
-        ours = [s["token"] for s in out["steps"]] + [out["steps"][-1]["top"][0][0]]
-        assert ours == q["greedy_ids"], (q["name"], ours, q["greedy_ids"])
+    worst = max(hearth_beside_golden(gguf_files(model, "f32"), q)[1] for q in golden_prompts(model))
     print(f"\n{ARCH[model]} f32 GGUF: worst |hearth - mlx-lm golden| {worst:.2e}")
     assert worst < REF_TOL
 
@@ -279,7 +297,15 @@ def test_hearth_reads_the_file_as_mlx_lm_computes(gguf_files, model):
 def test_q8_0_file_hearth_equals_llama_cpp(gguf_files, level, model):
     """A Q8_0 file: hearth's logits (both tiers) beside llama.cpp's on the same file, same
     best token at every compared position."""
-    prompts, path = golden_prompts(model), gguf_files(model, "q8_0")
+    worst = hearth_beside_llama_cpp(gguf_files(model, "q8_0"), golden_prompts(model), level)
+    print(f"\n{ARCH[model]} Q8_0 GGUF, {level or 'fast'} tier: worst |hearth - llama.cpp| over the top-5 logits "
+          f"{worst:.2e}")
+    assert worst < Q8_TOL
+
+
+def hearth_beside_llama_cpp(path, prompts, level):
+    """hearth (tier `level`) and llama.cpp on one file: the same best token at each prompt's
+    last 4 positions (asserted); returns the worst gap over llama.cpp's top-5 logits."""
     worst = 0.0
     for q, rows in zip(prompts, llama_cpp_tops(path, prompts)):
         out = hearth_trace(path, q, level)
@@ -287,9 +313,7 @@ def test_q8_0_file_hearth_equals_llama_cpp(gguf_files, level, model):
             ours = dict((i, v) for i, v in ol["top"])
             assert ol["top"][0][0] == lrow[0][0], (q["name"], ol["pos"], ol["top"][:3], lrow[:3])
             worst = max([worst] + [abs(ours[i] - v) for i, v in lrow[:5] if i in ours])
-    print(f"\n{ARCH[model]} Q8_0 GGUF, {level or 'fast'} tier: worst |hearth - llama.cpp| over the top-5 logits "
-          f"{worst:.2e}")
-    assert worst < Q8_TOL
+    return worst
 
 
 def flip_first_recurrent(kv):
@@ -304,7 +328,8 @@ BAD = {  # name: (what: value -> value, the words the error must hold)
         kv["qwen35.ssm.group_count"])(3, kv["qwen35.ssm.group_count"].type))}, "linear attention is inconsistent"),
     "positive ssm_a": ({"ssm_a": lambda a: -a}, "must be negative"),
     "qwen35moe without experts": ({"arch": lambda a: "qwen35moe"}, "needs the integer key 'qwen35moe.expert_count'"),
-    "gemma4 (not read yet)": ({"arch": lambda a: "gemma4"}, "architecture 'gemma4' is not supported"),
+    "qwen35 keys under gemma4": ({"arch": lambda a: "gemma4"}, "gemma4.attention.sliding_window_pattern"),
+    "an unknown architecture": ({"arch": lambda a: "gemma9"}, "architecture 'gemma9' is not supported"),
 }
 
 
@@ -314,7 +339,13 @@ def test_bad_qwen35_gguf_is_refused(tmp_path, name):
     if not os.path.isfile(os.path.join(MODEL, "config.json")):
         pytest.fail(f"{MODEL} missing: run tools/make_tiny_models.py", pytrace=False)
     changes, expect = BAD[name]
+    p = hearth_on_bad_file(str(tmp_path / "bad.gguf"), write_gguf, changes)
+    assert p.returncode != 0 and expect in p.stderr, p.stderr
 
+
+def hearth_on_bad_file(path, write, changes, **kw):
+    """Writes an f32 file through write(path, "f32", tweak=..., **kw) with changes ({what:
+    value -> value}; "kv" changes the metadata dict in place) and runs hearth on it."""
     def tweak(what, value):
         f = changes.get(what)
         if f is None:
@@ -322,8 +353,6 @@ def test_bad_qwen35_gguf_is_refused(tmp_path, name):
         out = f(value)
         return value if what == "kv" else out
 
-    path = str(tmp_path / "bad.gguf")
-    write_gguf(path, "f32", tweak)
-    p = subprocess.run([BIN, "trace", path, "--ids", "[1, 2, 3]", "--last", "1"], capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode != 0 and expect in p.stderr, p.stderr
+    write(path, "f32", tweak=tweak, **kw)
+    return subprocess.run([BIN, "trace", path, "--ids", "[1, 2, 3]", "--last", "1"], capture_output=True, text=True,
+                          timeout=120)

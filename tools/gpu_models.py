@@ -11,8 +11,7 @@ Models (the shapes are the text part of each real config.json, read from public 
   qwen3_30b_a3b   Qwen3-30B-A3B     qwen3_moe: 48 layers, 128 experts, top 8
   gemma4_e4b      Gemma-4-E4B       gemma4_text: per-layer inputs, 18 KV-shared layers, 256/512 heads
   gemma4_26b_a4b  Gemma-4-26B-A4B   gemma4_text MoE: 128 experts, top 8, beside a dense MLP
-Gemma 4's GGUF (llama.cpp's gemma4 architecture) is for llama-bench only, the peer's half of the
-Gemma rows: hearth does not read that architecture from GGUF and says so.
+Both read every GGUF here, hearth included (Gemma 4's as llama.cpp's gemma4 architecture).
 
 Weights: MLX 4-bit words are random nibbles with per-group bf16 scales/biases giving mean ~0
 and std ~0.02 (tools/cuda_mlx8b.py's recipe); GGUF blocks are random valid blocks of the same
@@ -42,7 +41,7 @@ import cuda_gguf8b as g8  # noqa: E402  (its block pools, metadata writer and st
 from cuda_mlx8b import bf16_bytes  # noqa: E402
 
 GROUP = 64
-HEARTH_GGUF = ("qwen35", "qwen35moe", "qwen3moe")  # the GGUF architectures hearth reads
+HEARTH_GGUF = ("qwen35", "qwen35moe", "qwen3moe", "gemma4")  # the GGUF architectures hearth reads
 POOL_BYTES = 96 << 20  # far above the L2; tiles of it repeat inside the big tensors
 
 
@@ -401,8 +400,7 @@ def gemma4_gguf_tensors(c):
     """Gemma 4 as llama.cpp's converter (conversion/gemma.py Gemma4Model) and loader
     (src/models/gemma4.cpp) name it: tied output, the per-layer input tables, no K/V on the
     KV-shared layers, no V where K is V, one rope_freqs (the full layers' proportional RoPE),
-    the MoE block beside the dense MLP. Only llama.cpp reads this file (hearth does not read
-    Gemma 4 from GGUF): it is the peer's half of the Gemma rows."""
+    the MoE block beside the dense MLP."""
     H, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
     P, E, Fm = c["hidden_size_per_layer_input"], c.get("num_experts"), c.get("moe_intermediate_size")
     out = [("token_embd.weight", [H, V], "m"), ("output_norm.weight", [H], "f32"),

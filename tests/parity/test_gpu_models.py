@@ -268,9 +268,6 @@ def test_phase_dry_run_on_the_cpu(tmp_path):
     got = {(r["model"], r["format"]): r for r in rows}
     assert set(got) == {("qwen35_35b_a3b", "gguf"), ("qwen35_35b_a3b", "mlx"), ("gemma4_26b_a4b", "gguf"),
                         ("gemma4_26b_a4b", "mlx")}
-    # Gemma 4's GGUF is written for llama-bench: hearth refuses it, by name, and the row says so
-    gemma_gguf = got.pop(("gemma4_26b_a4b", "gguf"))
-    assert gemma_gguf["status"].startswith("refused: ") and "'gemma4' is not supported" in gemma_gguf["status"]
     rows = list(got.values())
     for r in rows:
         assert r["status"] == "ok" and r["decode_tps"] > 0 and r["prefill_tps"] > 0, r
@@ -291,8 +288,7 @@ def test_phase_prints_a_refusal_as_the_row(tmp_path):
     assert len(rows) == 4
     for r in rows:
         assert r["status"].startswith("refused: "), r
-        # hearth names the GGUF architecture it does not read before it looks at the device
-        assert ("cuda" if (r["model"], r["format"]) != ("gemma4_26b_a4b", "gguf") else "'gemma4'") in r["status"], r
+        assert "cuda" in r["status"], r
     assert out.count("| refused: ") == 8  # as each row finishes, and the table again at the end
 
 

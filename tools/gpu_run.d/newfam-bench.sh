@@ -4,8 +4,7 @@
 # qwen3_30b_a3b) and format (Q4_K_M GGUF, MLX 4-bit), hearth bench decode (128
 # after 512) and prefill-4096, llama.cpp's llama-bench on the GGUF (same shapes), one row each:
 # hearth tok/s, llama.cpp tok/s, ratio, roofline fractions (bench/cuda/newfam_rows.py). A model
-# hearth refuses prints "refused: <message>" as its row (Gemma 4's GGUF, there for llama-bench:
-# hearth does not read it). Models come from newfam-bench.pre.sh
+# hearth refuses prints "refused: <message>" as its row. Models come from newfam-bench.pre.sh
 # (written in the background from the call's start); each is deleted after its rows (disk).
 # Writes LOGDIR/cuda_newfam.md (bench/results_file.py; copy it to bench/results/), and $OUT/ too.
 # Env: NF_MODELS, NF_FORMATS ("gguf mlx"), NF_DIR (/tmp/newfam), NF_DEVICE (cuda; cpu for a dry

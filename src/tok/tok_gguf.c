@@ -2,7 +2,9 @@
  * transformers' GGUF conversion builds (integrations/gguf/gguf_tokenizer_mapping.py):
  * "gpt2" -> byte-level BPE with the pre-tokenizer regex picked by tokenizer.ggml.pre;
  * "llama" -> SentencePiece-style BPE with byte fallback, merges recovered from the
- * vocabulary when the file has none (Gemma: by token position). Reads metadata only. */
+ * vocabulary when the file has none (Gemma: by token position);
+ * "gemma4" -> Gemma 4's tokenizer.json: spaces replaced by U+2581, no pre-tokenizer, BPE
+ * with the file's merges and byte fallback, always a BOS. Reads metadata only. */
 #include "tok/tok_internal.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,8 +156,8 @@ static hearth_status build(tok_tokenizer *t, const gguf_file *g, const char *mod
         return err_set(err, HEARTH_ERR_FORMAT, "tokenizer.ggml.tokens is missing or has a bad length");
     int32_t n = (int32_t)toks->v.arr.n;
     const gguf_kv *types = get_arr(g, "tokenizer.ggml.token_type", GGUF_ARRAY);
-    int byte_level = !strcmp(model, "gpt2");
-    int gemma = !byte_level && arch && (!strcmp(arch, "gemma") || !strcmp(arch, "gemma2") || !strcmp(arch, "gemma3"));
+    int byte_level = !strcmp(model, "gpt2"), gemma4 = !strcmp(model, "gemma4");
+    int gemma = !byte_level && !gemma4 && arch && (!strcmp(arch, "gemma") || !strcmp(arch, "gemma2") || !strcmp(arch, "gemma3"));
     tok_bytelevel_init();
     sbuf tmp;
     sbuf_init(&tmp);
@@ -234,11 +236,14 @@ static hearth_status build(tok_tokenizer *t, const gguf_file *g, const char *mod
             t->model.byte_ids[b] = tok_strmap_get(&t->model.vocab, name, 6);
         }
         json_t *norm = NULL, *pj, *dj;
-        if (gemma) {
+        if (gemma || gemma4) {
             int32_t unk = get_id(g, "tokenizer.ggml.unknown_token_id", n);
             t->model.unk_id = unk >= 0 ? tok_strmap_get(&t->model.vocab, t->strs[unk], t->str_lens[unk]) : tok_token_id(t, "<unk>");
             norm = json_pack("{s:s,s:{s:s},s:s}", "type", "Replace", "pattern", "String", " ", "content", "\xE2\x96\x81");
-            pj = json_pack("{s:s,s:{s:s},s:s,s:b}", "type", "Split", "pattern", "String", " ", "behavior", "MergedWithPrevious", "invert", 0);
+            /* Gemma 4's tokenizer.json has no pre-tokenizer: BPE over the whole normalized text */
+            pj = gemma4 ? NULL
+                        : json_pack("{s:s,s:{s:s},s:s,s:b}", "type", "Split", "pattern", "String", " ", "behavior",
+                                    "MergedWithPrevious", "invert", 0);
             dj = json_pack("{s:s,s:[{s:s,s:{s:s},s:s},{s:s},{s:s}]}", "type", "Sequence", "decoders", "type", "Replace", "pattern",
                            "String", "\xE2\x96\x81", "content", " ", "type", "ByteFallback", "type", "Fuse");
         } else if (arch && !strcmp(arch, "phi3")) {
@@ -273,8 +278,9 @@ hearth_status tok_load_gguf(const gguf_file *g, tok_tokenizer **out, hearth_erro
     hearth_status st = HEARTH_OK;
     tok_tokenizer *t = NULL;
     if (!model) { st = err_set(err, HEARTH_ERR_NOT_FOUND, "no tokenizer.ggml.model in the GGUF metadata"); goto done; }
-    if (strcmp(model, "gpt2") && strcmp(model, "llama")) {
-        st = err_set(err, HEARTH_ERR_UNSUPPORTED, "GGUF tokenizer model '%.60s' is not supported (gpt2 and llama are)", model);
+    if (strcmp(model, "gpt2") && strcmp(model, "llama") && strcmp(model, "gemma4")) {
+        st = err_set(err, HEARTH_ERR_UNSUPPORTED, "GGUF tokenizer model '%.60s' is not supported (gpt2, llama and gemma4 are)",
+                     model);
         goto done;
     }
     if (!(t = tok_alloc())) { st = err_set(err, HEARTH_ERR_NOMEM, "out of memory"); goto done; }
@@ -286,6 +292,7 @@ hearth_status tok_load_gguf(const gguf_file *g, tok_tokenizer **out, hearth_erro
     int add_bos = !strcmp(model, "llama"), add_eos = 0;
     gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
     gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &add_eos);
+    if (!strcmp(model, "gemma4")) add_bos = 1; /* llama.cpp overrides a false add_bos_token for Gemma 4 */
     t->post.present = 1;
     int32_t none = 0;
     tok_tmpl_piece pieces[3];

@@ -25,11 +25,12 @@ agree with llama.cpp on the Q8_0 files. Without llama.cpp's libraries those test
 """
 import json
 import os
+import subprocess
 
 import numpy as np
 import pytest
 
-from test_gguf_qwen35 import (CACHE, REF_TOL, gguf_maker, golden_prompts, hearth_beside_golden,
+from test_gguf_qwen35 import (BIN, CACHE, REF_TOL, gguf_maker, golden_prompts, hearth_beside_golden,
                               hearth_beside_llama_cpp, hearth_on_bad_file, hearth_trace, llama_cpp_beside_goldens)
 
 MODELS = ["gemma4-f32", "gemma4_moe-f32"]
@@ -313,3 +314,24 @@ def test_bad_gemma4_gguf_is_refused(tmp_path, name):
 
     p = hearth_on_bad_file(str(tmp_path / "bad.gguf"), write_gguf, changes, model=model)
     assert p.returncode != 0 and expect in p.stderr, p.stderr
+
+
+TEXTS = ["Hello world", "  two  spaces and a trailing one ", "line one\nline two\n\n\tindented",
+         "unicode: héllo wörld, 日本語, emoji 🙂🚀", "numbers 1234567 and punctuation!?.,;:", "<bos>a control token"]
+
+
+def test_gguf_vocabulary_tokenizes_as_tokenizer_json(gguf_files):
+    """The converter's gemma4 vocabulary (tokenizer model "gemma4": tokens, types, merges)
+    gives hearth the ids Hugging Face tokenizers gives from the model's tokenizer.json (BOS
+    included), and those ids decode back to the text."""
+    from tokenizers import Tokenizer
+
+    path = gguf_files("gemma4-f32", "f32")
+    hf = Tokenizer.from_file(os.path.join(CACHE, "tiny", "gemma4-f32", "tokenizer.json"))
+    for text in TEXTS:
+        p = subprocess.run([BIN, "tokenize", path, text], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        ids = json.loads(p.stdout)
+        assert ids == hf.encode(text).ids, text
+        p = subprocess.run([BIN, "detokenize", path, json.dumps(ids[1:])], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.rstrip("\n") == hf.decode(ids[1:], skip_special_tokens=False), text

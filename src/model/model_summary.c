@@ -75,6 +75,18 @@ static hearth_status summarize_dir(hearth_model *m, hearth_error *err) {
     return HEARTH_OK;
 }
 
+/* The largest element of a numeric array key (Gemma 4 writes KV heads and FFN widths one
+ * per layer), else dflt. */
+static int64_t arr_max(const gguf_kv *kv, int64_t dflt) {
+    if (!kv || kv->type != GGUF_ARRAY || kv->v.arr.type == GGUF_STRING || kv->v.arr.type == GGUF_ARRAY ||
+        !kv->v.arr.n)
+        return dflt;
+    int64_t best = gguf_arr_i64(kv, 0);
+    for (uint64_t i = 1; i < kv->v.arr.n; i++)
+        if (gguf_arr_i64(kv, i) > best) best = gguf_arr_i64(kv, i);
+    return best;
+}
+
 static hearth_status summarize_gguf(hearth_model *m, hearth_error *err) {
     model_summary *s = &m->sum;
     char *arch = gguf_get_str(&m->gguf, "general.architecture");
@@ -85,7 +97,7 @@ static hearth_status summarize_gguf(hearth_model *m, hearth_error *err) {
     do {                                                                                                     \
         snprintf(key, sizeof key, "%s.%s", arch, suffix);                                                    \
         int64_t v_ = (dflt);                                                                                 \
-        gguf_get_i64(&m->gguf, key, &v_);                                                                    \
+        if (!gguf_get_i64(&m->gguf, key, &v_)) v_ = arr_max(gguf_find(&m->gguf, key), v_);                  \
         s->field = v_;                                                                                       \
     } while (0)
     ARCH_INT(n_layers, "block_count", 0);

@@ -496,6 +496,9 @@ static hearth_status load_gemma4_layer(loader *L, int i, layer_weights *lw) {
     lw->ffn = lw->shares_kv && c->double_wide ? c->ffn : c->swa_ffn;
     int64_t qd = (int64_t)c->n_heads * lw->head_dim, kd = (int64_t)lw->n_kv_heads * lw->head_dim, H = c->hidden;
     int has_v = !lw->shares_kv && !(full && c->k_eq_v);
+    if (L->gguf && model_find_tensor(L->hm, gemma4_tensor(L, i, "", "attn_qkv.weight", name, sizeof name)))
+        return err_set(L->err, HEARTH_ERR_UNSUPPORTED, "%s: tensor '%s' (fused Q/K/V) is not supported; "
+                       "hearth reads attn_q, attn_k and attn_v", L->hm->entry.path, name);
     if (L->gguf) /* llama.cpp: a layer without attn_v takes its values from the keys */
         has_v = !lw->shares_kv && model_find_tensor(L->hm, gemma4_tensor(L, i, "", "attn_v.weight", name, sizeof name));
     struct { const char *name, *gguf; op_weight *w; int64_t n_out, n_in; int present; } mats[] = {

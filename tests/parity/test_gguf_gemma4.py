@@ -258,6 +258,30 @@ def test_q8_0_file_hearth_equals_llama_cpp(gguf_files, level):
     assert worst < Q8_LLAMA_TOL
 
 
+def split_experts(tensors):
+    """The experts' gate and up as two tensors (ffn_gate_exps, ffn_up_exps), which llama.cpp
+    reads where a file has no fused ffn_gate_up_exps."""
+    out = []
+    for name, a in tensors:
+        if name.endswith("ffn_gate_up_exps.weight"):
+            f = a.shape[1] // 2
+            out += [(name.replace("gate_up", "gate"), a[:, :f]), (name.replace("gate_up", "up"), a[:, f:])]
+        else:
+            out.append((name, a))
+    return out
+
+
+def test_split_experts_read_as_the_fused_ones(gguf_files, tmp_path):
+    """A MoE file with ffn_gate_exps + ffn_up_exps gives hearth the same logits as the fused
+    ffn_gate_up_exps file (the same weights)."""
+    model = "gemma4_moe-f32"
+    path = str(tmp_path / "split.gguf")
+    write_gguf(path, "f32", model, lambda what, v: split_experts(v) if what == "tensors" else v)
+    for q in golden_prompts(model)[:2]:
+        split, fused = hearth_trace(path, q), hearth_trace(gguf_files(model, "f32"), q)
+        assert split["prompt"] == fused["prompt"] and split["steps"] == fused["steps"], q["name"]
+
+
 def drop(kv, key):
     kv.pop(key)
 
@@ -300,6 +324,8 @@ BAD = {  # name: (model, {what: change}, the words the error must hold)
     "no expert_count": ("gemma4_moe-f32", {"kv": lambda kv: drop(kv, "gemma4.expert_count")}, "gemma4.expert_count"),
     "too many experts used": ("gemma4_moe-f32", {"kv": lambda kv: set_int(kv, "gemma4.expert_used_count", 9)},
                               "experts are inconsistent"),
+    "fused attn_qkv": ("gemma4-f32", {"tensors": lambda ts: ts + [("blk.1.attn_qkv.weight", np.zeros((96, 64)))]},
+                       "blk.1.attn_qkv.weight"),
     "a missing router scale": ("gemma4_moe-f32", {"tensors": lambda ts: [
         t for t in ts if t[0] != "blk.4.ffn_gate_inp.scale"]}, "blk.4.ffn_gate_inp.scale"),
 }

@@ -72,15 +72,17 @@ static const file_map *map_of(const hearth_model *hm, const void *p) {
 }
 
 /* The pages reading [p, p + n) can map: its pages widened to the fault-around windows at
- * both ends, within its mapping. */
-static void fault_range(const loader *L, const void *p, size_t n, uintptr_t *a, uintptr_t *b) {
+ * both ends, within its mapping. 0 (and its own pages) when p is in no file mapping (a GGUF
+ * parsed from a caller's buffer, as the fuzz target does): those pages are not ours to drop. */
+static int fault_range(const loader *L, const void *p, size_t n, uintptr_t *a, uintptr_t *b) {
     page_range(p, n, a, b);
     const file_map *fm = map_of(L->hm, p);
-    if (!fm || !fm->data) return;
+    if (!fm || !fm->data) return 0;
     uintptr_t lo = *a & ~(LOAD_FAULT_AROUND - 1), hi = (*b + LOAD_FAULT_AROUND - 1) & ~(LOAD_FAULT_AROUND - 1),
               start = (uintptr_t)fm->data, end = start + page_span(fm->data, fm->size);
     *a = lo > start ? lo : start;
     *b = hi < end ? hi : end;
+    return 1;
 }
 
 /* Drops the pages of one tensor's file bytes from this process once they are copied (and,
@@ -93,8 +95,7 @@ static void fault_range(const loader *L, const void *p, size_t n, uintptr_t *a, 
 static void drop_span(const loader *L, const void *p, size_t n) {
     if (L->use_mmap || !n) return;
     uintptr_t a, b;
-    fault_range(L, p, n, &a, &b);
-    (void)madvise((void *)a, b - a, MADV_DONTNEED);
+    if (fault_range(L, p, n, &a, &b)) (void)madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
 /* After tensor t's bytes went into the arena (or were sized): the load's peak so far, then

@@ -26,6 +26,7 @@ agree with llama.cpp on the Q8_0 files. Without llama.cpp's libraries those test
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ from test_gguf_qwen35 import (BIN, CACHE, REF_TOL, gguf_maker, golden_prompts, h
                               hearth_beside_llama_cpp, hearth_on_bad_file, hearth_trace, llama_cpp_beside_goldens)
 
 MODELS = ["gemma4-f32", "gemma4_moe-f32"]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # hearth on the GGUF against hearth on the safetensors folder: the same weights in the same
 # reference kernels, only the file differs (measured 0 on both models); bound for summation
 # order should a kernel pick another path for GGUF-typed F32 matrices
@@ -256,6 +258,63 @@ def test_q8_0_file_hearth_equals_llama_cpp(gguf_files, level):
     worst = hearth_beside_llama_cpp(gguf_files(model, "q8_0"), golden_prompts(model), level)
     print(f"\n{model} Q8_0 GGUF, {level or 'fast'} tier: worst |hearth - llama.cpp| over the top-5 logits {worst:.2e}")
     assert worst < Q8_LLAMA_TOL
+
+
+# Q4_K_M-structured files with the real models' layouts at small sizes (tools/gpu_models.py:
+# Q4_K, Q6_K where llama-quantize gives more bits, Q5_0 where a row is not a multiple of 256,
+# random blocks, unit norms). Random weights make some positions chaotic (llama.cpp's own f32
+# and Q4_K readings of the E4B-shaped file differ by 4.4 there: its int8 activations), so
+# each tier is held to llama.cpp computing as it does: the reference tier (exact weights,
+# float activations) to llama.cpp on the file dequantized to F32, the fast tier (int8
+# activations per block, as llama.cpp's Q4_K / Q6_K / Q5_0 dot products) to llama.cpp on
+# the file itself. Measured worst over the top-5: reference 3.2e-2 / 1.9e-5 (E4B / 26B-A4B
+# shape; llama.cpp's f16-table GELU on the E4B's chaotic positions), fast 2.9e-1 / 1.3e-3
+# (one chaotic position of E4B: 4.79 against 4.51), same best token everywhere
+Q4K_REF_TOL = 5e-2
+Q4K_FAST_TOL = 0.5
+
+
+def dequantized_copy(src, dst):
+    """src with every tensor dequantized to F32 (gguf.quants), the metadata as it is."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
+    for t in r.tensors:
+        a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        w.add_tensor(t.name, a.reshape([int(x) for x in reversed(t.shape)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("level", ["scalar", None], ids=["reference", "fast"])
+@pytest.mark.parametrize("name", ["gemma4_e4b", "gemma4_26b_a4b"])
+def test_q4_k_m_file_hearth_equals_llama_cpp(tmp_path_factory, name, level):
+    """The Gemma-4-E4B-shaped (per-layer inputs, KV-shared layers, 64-token window) and
+    26B-A4B-shaped (MoE, K = V on full layers) files of tools/gpu_models.py at small scale:
+    hearth (both tiers) beside llama.cpp on prompts shorter and longer than the window."""
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    import gpu_models
+
+    folder = tmp_path_factory.mktemp("q4k")
+    path, f32 = str(folder / f"{name}.gguf"), str(folder / f"{name}-f32.gguf")
+    gpu_models.write_gguf(name, path, "small", 1 << 20)
+    rng = np.random.default_rng(4)
+    prompts = [{"name": f"{n} tokens", "ids": [2] + [int(i) for i in rng.integers(20, 1000, n - 1)],
+                "greedy_ids": [0, 0]} for n in (9, 40, 100)]
+    if level == "scalar":
+        dequantized_copy(path, f32)
+    worst = hearth_beside_llama_cpp(path, prompts, level, f32 if level == "scalar" else None)
+    print(f"\n{name} small Q4_K_M GGUF, {level or 'fast'} tier: worst |hearth - llama.cpp| over the top-5 logits "
+          f"{worst:.2e}")
+    assert worst < (Q4K_REF_TOL if level == "scalar" else Q4K_FAST_TOL)
 
 
 def split_experts(tensors):

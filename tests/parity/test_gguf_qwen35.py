@@ -303,11 +303,12 @@ def test_q8_0_file_hearth_equals_llama_cpp(gguf_files, level, model):
     assert worst < Q8_TOL
 
 
-def hearth_beside_llama_cpp(path, prompts, level):
-    """hearth (tier `level`) and llama.cpp on one file: the same best token at each prompt's
-    last 4 positions (asserted); returns the worst gap over llama.cpp's top-5 logits."""
+def hearth_beside_llama_cpp(path, prompts, level, llama_path=None):
+    """hearth (tier `level`) on a file and llama.cpp on it (or on llama_path): the same best
+    token at each prompt's last 4 positions (asserted); returns the worst gap over llama.cpp's
+    top-5 logits."""
     worst = 0.0
-    for q, rows in zip(prompts, llama_cpp_tops(path, prompts)):
+    for q, rows in zip(prompts, llama_cpp_tops(llama_path or path, prompts)):
         out = hearth_trace(path, q, level)
         for lrow, ol in zip(rows, out["prompt"]):
             ours = dict((i, v) for i, v in ol["top"])

@@ -353,7 +353,19 @@ def set_array(kv, key, values):
     kv[key] = type(kv[key])(values, kv[key].type, kv[key].sub_type)
 
 
+def set_str(kv, key, value):
+    import gguf
+
+    kv[key] = type(kv[key])(value, gguf.GGUFValueType.STRING)
+
+
 BAD = {  # name: (model, {what: change}, the words the error must hold)
+    "head_count_kv a string": ("gemma4-f32", {"kv": lambda kv: set_str(kv, "gemma4.attention.head_count_kv", "2")},
+                               "'gemma4.attention.head_count_kv' is a STRING, not a number"),
+    "key_length_swa a string": ("gemma4-f32", {"kv": lambda kv: set_str(kv, "gemma4.attention.key_length_swa", "16")},
+                                "gemma4.attention.key_length_swa"),
+    "block_count against the tensors": ("gemma4-f32", {"kv": lambda kv: set_int(kv, "gemma4.block_count", 5)},
+                                        "the config says 5 layers but the tensors hold 6"),
     "no sliding_window_pattern": ("gemma4-f32", {"kv": lambda kv: drop(kv, "gemma4.attention.sliding_window_pattern")},
                                   "gemma4.attention.sliding_window_pattern"),
     "pattern of the wrong length": ("gemma4-f32", {"kv": lambda kv: set_array(

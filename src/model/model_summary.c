@@ -78,8 +78,7 @@ static hearth_status summarize_dir(hearth_model *m, hearth_error *err) {
 /* The largest element of a numeric array key (Gemma 4 writes KV heads and FFN widths one
  * per layer), else dflt. */
 static int64_t arr_max(const gguf_kv *kv, int64_t dflt) {
-    if (!kv || kv->type != GGUF_ARRAY || kv->v.arr.type == GGUF_STRING || kv->v.arr.type == GGUF_ARRAY ||
-        !kv->v.arr.n)
+    if (!kv || kv->type != GGUF_ARRAY || kv->v.arr.type == GGUF_STRING || kv->v.arr.type == GGUF_ARRAY || !kv->v.arr.n)
         return dflt;
     int64_t best = gguf_arr_i64(kv, 0);
     for (uint64_t i = 1; i < kv->v.arr.n; i++)

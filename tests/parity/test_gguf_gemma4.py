@@ -32,7 +32,8 @@ import numpy as np
 import pytest
 
 from test_gguf_qwen35 import (BIN, CACHE, REF_TOL, gguf_maker, golden_prompts, hearth_beside_golden,
-                              hearth_beside_llama_cpp, hearth_on_bad_file, hearth_trace, llama_cpp_beside_goldens)
+                              hearth_beside_llama_cpp, hearth_on_bad_file, hearth_trace, llama_cpp_beside_goldens,
+                              llama_cpp_run)
 
 MODELS = ["gemma4-f32", "gemma4_moe-f32"]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -415,6 +416,23 @@ def test_bad_gemma4_gguf_is_refused(tmp_path, name):
 
 TEXTS = ["Hello world", "  two  spaces and a trailing one ", "line one\nline two\n\n\tindented",
          "unicode: héllo wörld, 日本語, emoji 🙂🚀", "numbers 1234567 and punctuation!?.,;:", "<bos>a control token"]
+
+
+LLAMA_TOKENIZE = r"""
+import json, sys
+import llama_cpp
+m = llama_cpp.Llama(model_path=sys.argv[1], vocab_only=True, verbose=False)
+print(json.dumps([m.tokenize(t.encode(), add_bos=True, special=True) for t in json.loads(sys.stdin.read())]))
+"""
+
+
+def test_gguf_vocabulary_tokenizes_as_llama_cpp(gguf_files):
+    """llama.cpp's tokenizer on the same file gives hearth's ids."""
+    path = gguf_files("gemma4-f32", "f32")
+    theirs = llama_cpp_run(LLAMA_TOKENIZE, path, TEXTS)
+    for text, ids in zip(TEXTS, theirs):
+        p = subprocess.run([BIN, "tokenize", path, text], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and json.loads(p.stdout) == ids, text
 
 
 def test_gguf_vocabulary_tokenizes_as_tokenizer_json(gguf_files):

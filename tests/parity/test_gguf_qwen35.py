@@ -224,6 +224,12 @@ print(json.dumps(out))
 
 def llama_cpp_tops(path, prompts):
     """llama.cpp's top-20 logits at each prompt's last 4 positions (f32 KV cache)."""
+    return llama_cpp_run(LLAMA_CODE, path, [q["ids"] for q in prompts])
+
+
+def llama_cpp_run(code, path, payload):
+    """Runs `code` (python, argv[1] = path, payload as JSON on stdin) with llama-cpp-python on
+    the llama.cpp libraries in LLAMA_LIB; returns its stdout as JSON. Skips without them."""
     if not os.path.isfile(os.path.join(LLAMA_LIB, "libllama.so")):
         pytest.skip(f"llama.cpp libraries not in {LLAMA_LIB}: run bench/cpu_vs_llamacpp/install_llamacpp.sh")
     venv_python = os.path.join(REPO, ".venv", "bin", "python")
@@ -232,9 +238,8 @@ def llama_cpp_tops(path, prompts):
         pytest.skip("llama-cpp-python is not installed in .venv: run bench/cpu_vs_llamacpp/install_llamacpp.sh")
     env = dict(os.environ, LLAMA_CPP_LIB_PATH=LLAMA_LIB,  # libllama's RUNPATH names its build folder, not this one
                LD_LIBRARY_PATH=os.pathsep.join(filter(None, [LLAMA_LIB, os.environ.get("LD_LIBRARY_PATH")])))
-    p = subprocess.run([venv_python, "-c", LLAMA_CODE, path],
-                       input=json.dumps([q["ids"] for q in prompts]), capture_output=True, text=True, env=env,
-                       timeout=600)
+    p = subprocess.run([venv_python, "-c", code, path], input=json.dumps(payload), capture_output=True, text=True,
+                       env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout)
 

@@ -563,11 +563,11 @@ static hearth_status gemma4_gguf_layers(const hearth_model *hm, model_config *c,
     for (int i = 0; i < L; i++) {
         int full = c->layer_full[i], *heads = full ? &c->full_kv_heads : &c->swa_kv_heads;
         if (!seen[full]) *heads = (int)kvh[i], seen[full] = 1;
-        if (kvh[i] != *heads || kvh[i] <= 0 || kvh[i] > 4096)
+        if (kvh[i] != *heads || kvh[i] <= 0 || kvh[i] > 4096 || c->n_heads % kvh[i])
             return err_set(err, HEARTH_ERR_FORMAT,
                            "%s: gemma4.attention.head_count_kv[%d] is %lld; every %s layer must have the same positive "
-                           "count (%d)",
-                           hm->entry.path, i, (long long)kvh[i], full ? "full" : "sliding", *heads);
+                           "count (%d), a divisor of head_count %d",
+                           hm->entry.path, i, (long long)kvh[i], full ? "full" : "sliding", *heads, c->n_heads);
         if (i >= c->first_shared && ff[i] == 2 * ff[0] && c->first_shared > 0) c->double_wide = 1;
     }
     for (int i = 0; i < L; i++) {

@@ -379,6 +379,8 @@ BAD = {  # name: (model, {what: change}, the words the error must hold)
         kv, "gemma4.attention.head_count_kv", [2, 2, 2])}, "gemma4.attention.head_count_kv"),
     "kv heads vary within a type": ("gemma4-f32", {"kv": lambda kv: set_array(
         kv, "gemma4.attention.head_count_kv", [2, 1, 2, 1, 2, 1])}, "head_count_kv[1]"),
+    "kv heads not dividing the heads": ("gemma4-f32", {"kv": lambda kv: set_array(
+        kv, "gemma4.attention.head_count_kv", [3, 3, 3, 1, 3, 1])}, "a divisor of head_count 4"),
     "ffn width not double-wide": ("gemma4-f32", {"kv": lambda kv: set_array(
         kv, "gemma4.feed_forward_length", [64, 64, 96, 64, 128, 128])}, "feed_forward_length[2]"),
     "shared layers as many as all": ("gemma4-f32", {"kv": lambda kv: set_int(

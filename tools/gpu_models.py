@@ -7,9 +7,11 @@ oracle (tools/make_tiny_models.py and its mlx-lm goldens are that).
 
 Models (the shapes are the text part of each real config.json, read from public copies):
   qwen35_9b       Qwen3.5-9B        qwen3_5: 32 layers, 3 Gated DeltaNet : 1 gated attention
+  qwen35_0_8b     Qwen3.5-0.8B      qwen3_5: 24 layers, tied embeddings, 16 linear value heads (CPU rows)
   qwen35_35b_a3b  Qwen3.5-35B-A3B   qwen3_5_moe: 40 layers, 256 experts, top 8, shared expert
   qwen3_30b_a3b   Qwen3-30B-A3B     qwen3_moe: 48 layers, 128 experts, top 8
   gemma4_e4b      Gemma-4-E4B       gemma4_text: per-layer inputs, 18 KV-shared layers, 256/512 heads
+  gemma4_e2b      Gemma-4-E2B       gemma4_text: 4 sliding : 1 full, 20 KV-shared layers, double-wide MLP (CPU rows)
   gemma4_26b_a4b  Gemma-4-26B-A4B   gemma4_text MoE: 128 experts, top 8, beside a dense MLP
 Both read every GGUF here, hearth included (Gemma 4's as llama.cpp's gemma4 architecture).
 
@@ -55,6 +57,7 @@ GEMMA4_ROPE = {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1
                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}
 LIN3 = ["linear_attention"] * 3 + ["full_attention"]
 SLIDE5 = ["sliding_attention"] * 5 + ["full_attention"]
+SLIDE4 = ["sliding_attention"] * 4 + ["full_attention"]  # Gemma-4-E2B
 
 # the real configs (text part), and the small stand-ins: same features, tiny dimensions
 # (multiples of 256 where a GGUF k-quant row needs it)
@@ -68,6 +71,18 @@ MODELS = {
         small=dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
                    layer_types=_layers(LIN3, 8), num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                    linear_key_head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_value_head_dim=64, max_position_embeddings=4096,
+                   rope_parameters=dict(QWEN35_ROPE, mrope_section=[3, 3, 2]))),
+    # CPU rows of issue 33 (bench/cpu_vs_llamacpp/newfam.sh): tied embeddings, 16 linear value heads
+    "qwen35_0_8b": dict(tok="qwen3_5-bf16", gguf="qwen35", config=dict(
+        architectures=["Qwen3_5ForConditionalGeneration"], model_type="qwen3_5", vocab_size=248320, hidden_size=1024,
+        intermediate_size=3584, num_hidden_layers=24, layer_types=_layers(LIN3, 24), full_attention_interval=4,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_conv_kernel_dim=4,
+        linear_key_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=16, linear_value_head_dim=128,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=262144, rope_parameters=QWEN35_ROPE),
+        small=dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                   layer_types=_layers(LIN3, 4), num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                   linear_key_head_dim=64, linear_num_key_heads=2, linear_num_value_heads=2,
                    linear_value_head_dim=64, max_position_embeddings=4096,
                    rope_parameters=dict(QWEN35_ROPE, mrope_section=[3, 3, 2]))),
     "qwen35_35b_a3b": dict(tok="qwen3_5-bf16", gguf="qwen35moe", config=dict(
@@ -106,6 +121,18 @@ MODELS = {
         small=dict(vocab_size=1024, vocab_size_per_layer_input=1024, hidden_size=256, intermediate_size=512,
                    num_hidden_layers=12, layer_types=_layers(SLIDE5, 12), num_attention_heads=4,
                    num_key_value_heads=2, head_dim=64, global_head_dim=128, num_kv_shared_layers=6,
+                   hidden_size_per_layer_input=64, sliding_window=64, max_position_embeddings=4096)),
+    "gemma4_e2b": dict(tok="gemma4-bf16", gguf="gemma4", config=dict(
+        architectures=["Gemma4ForCausalLM"], model_type="gemma4_text", vocab_size=262144, hidden_size=1536,
+        intermediate_size=6144, num_hidden_layers=35, layer_types=_layers(SLIDE4, 35), num_attention_heads=8,
+        num_key_value_heads=1, head_dim=256, global_head_dim=512, num_global_key_value_heads=None,
+        attention_k_eq_v=False, num_kv_shared_layers=20, hidden_size_per_layer_input=256,
+        vocab_size_per_layer_input=262144, use_double_wide_mlp=True, enable_moe_block=False, sliding_window=512,
+        final_logit_softcapping=30.0, rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=131072,
+        rope_parameters=GEMMA4_ROPE, pad_token_id=0),
+        small=dict(vocab_size=1024, vocab_size_per_layer_input=1024, hidden_size=256, intermediate_size=512,
+                   num_hidden_layers=10, layer_types=_layers(SLIDE4, 10), num_attention_heads=4,
+                   num_key_value_heads=1, head_dim=64, global_head_dim=128, num_kv_shared_layers=5,
                    hidden_size_per_layer_input=64, sliding_window=64, max_position_embeddings=4096)),
     "gemma4_26b_a4b": dict(tok="gemma4-bf16", gguf="gemma4", config=dict(
         architectures=["Gemma4ForCausalLM"], model_type="gemma4_text", vocab_size=262144, hidden_size=2816,
@@ -348,7 +375,11 @@ def gguf_tensors(c, arch):
     if arch == "gemma4":
         return gemma4_gguf_tensors(c)
     H, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
-    out = [("token_embd.weight", [H, V], "m"), ("output_norm.weight", [H], "f32"), ("output.weight", [H, V], "out")]
+    # tied embeddings (Qwen3.5-0.8B): no output.weight; llama-quantize gives token_embd the output's type
+    tied = c.get("tie_word_embeddings")
+    out = [("token_embd.weight", [H, V], "out" if tied else "m"), ("output_norm.weight", [H], "f32")]
+    if not tied:
+        out.append(("output.weight", [H, V], "out"))
     E, Fm = c.get("num_experts"), c.get("moe_intermediate_size")
     hybrid = arch in ("qwen35", "qwen35moe")
     for i in range(L):
@@ -487,9 +518,14 @@ def gguf_meta(c, arch, name):
     m.u32(f"{arch}.block_count", c["num_hidden_layers"])
     m.u32(f"{arch}.context_length", c["max_position_embeddings"])
     m.u32(f"{arch}.embedding_length", c["hidden_size"])
-    m.u32(f"{arch}.feed_forward_length", c["intermediate_size"])
-    m.u32(f"{arch}.attention.head_count", c["num_attention_heads"])
     gemma = arch == "gemma4"
+    if gemma and c.get("use_double_wide_mlp"):  # one per layer: the KV-shared layers' MLP is twice as wide
+        first_shared, F = c["num_hidden_layers"] - c["num_kv_shared_layers"], c["intermediate_size"]
+        ff = [F * (2 if i >= first_shared else 1) for i in range(c["num_hidden_layers"])]
+        m.arr(f"{arch}.feed_forward_length", 4, np.array(ff, np.uint32).tobytes(), len(ff))
+    else:
+        m.u32(f"{arch}.feed_forward_length", c["intermediate_size"])
+    m.u32(f"{arch}.attention.head_count", c["num_attention_heads"])
     if not (gemma and c.get("num_global_key_value_heads")):  # else an array per layer (gemma4_meta)
         m.u32(f"{arch}.attention.head_count_kv", c["num_key_value_heads"])
     hd = c["global_head_dim"] if gemma else c["head_dim"]

@@ -1,5 +1,6 @@
 """tools/gpu_models.py, the random-weight benchmark models of the new families (Qwen3.5-9B,
-Qwen3.5-35B-A3B, Qwen3-30B-A3B, Gemma-4-E4B, Gemma-4-26B-A4B), checked on the CPU.
+Qwen3.5-35B-A3B, Qwen3-30B-A3B, Gemma-4-E4B, Gemma-4-26B-A4B; the CPU rows' Qwen3.5-0.8B and
+Gemma-4-E2B), checked on the CPU.
 
 Oracles: mlx-lm 0.32.2 builds each model from the written config.json and quantizes it
 (lazily: at the real scale nothing is computed) — its tensor names and shapes must be the
@@ -98,10 +99,11 @@ def test_real_shapes_are_the_published_sizes():
         return sum(int(np.prod(s)) for _, _, s in gm.mlx_tensors(gm.model_config(name)))
     # published totals: Qwen3.5-9B ~9.0e9 with its vision tower (the text part is ~8.9e9 here),
     # Qwen3-30B-A3B 30.5e9, Qwen3.5-35B-A3B ~35e9, Gemma-4-26B-A4B ~25-26e9 (text),
-    # Gemma-4-E4B ~7.9e9 with the per-layer tables (4e9 "effective")
+    # Gemma-4-E4B ~7.9e9 with the per-layer tables (4e9 "effective"), Qwen3.5-0.8B ~0.85e9 with its
+    # vision tower (0.75e9 text), Gemma-4-E2B ~5.1e9 with vision and audio (2.3e9 "effective")
     for name, lo, hi in (("qwen35_9b", 8.5e9, 9.7e9), ("qwen3_30b_a3b", 30.0e9, 31.0e9),
                          ("qwen35_35b_a3b", 33e9, 36e9), ("gemma4_26b_a4b", 24e9, 27e9),
-                         ("gemma4_e4b", 6.5e9, 8.5e9)):
+                         ("gemma4_e4b", 6.5e9, 8.5e9), ("qwen35_0_8b", 0.7e9, 0.85e9), ("gemma4_e2b", 4.2e9, 5.1e9)):
         assert lo < params(name) < hi, (name, params(name))
 
 

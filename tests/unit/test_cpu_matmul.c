@@ -622,15 +622,25 @@ static void test_quantize_row_matches_reference(void **state) {
         for (int i = 32; i < 64; i++) x[i] = (float)(i - 48) * 0.5f;     /* block 1: exact halves */
         for (int i = 64; i < 96; i++) x[i] = (i % 2 ? -1.0f : 1.0f) * 127; /* block 2: +-amax */
         for (int i = 96; i < 128; i++) x[i] = i == 100 ? -5.0f : 0.01f * (float)(i - 112); /* amax negative */
-        memset(a, 0x55, sizeof a);
-        cpu_quantize_row_ref(x, K, a, 0);
-        memset(b, 0x55, sizeof b);
-        cpu_avx2_quantize_row(x, K, b);
-        if (memcmp(a, b, sizeof a)) fail_msg("rep %d: AVX2 quantizer differs from the reference", rep);
-        if (cpu_level_hardware() < CPU_LEVEL_AVX512) continue;
-        memset(b, 0x55, sizeof b);
-        cpu_avx512_quantize_row(x, K, b);
-        if (memcmp(a, b, sizeof a)) fail_msg("rep %d: AVX-512 quantizer differs from the reference", rep);
+        for (int eo = 0; eo < 2; eo++) { /* in order, and MLX 4-bit's evens-then-odds order */
+            memset(a, 0x55, sizeof a);
+            cpu_quantize_row_ref(x, K, a, eo);
+            if (eo) { /* the order itself: the in-order quantizer on the permuted input gives the same bytes */
+                float xp[K];
+                cpu_q8_block c[K / 32];
+                for (int i = 0; i < K; i++) xp[i] = x[i / 32 * 32 + (i % 32 < 16 ? 2 * (i % 32) : 2 * (i % 32 - 16) + 1)];
+                memset(c, 0x55, sizeof c);
+                cpu_quantize_row_ref(xp, K, c, 0);
+                if (memcmp(a, c, sizeof a)) fail_msg("rep %d: even/odd reference is not the permuted row", rep);
+            }
+            memset(b, 0x55, sizeof b);
+            cpu_avx2_quantize_row(x, K, b, eo);
+            if (memcmp(a, b, sizeof a)) fail_msg("rep %d evenodd %d: AVX2 quantizer differs from the reference", rep, eo);
+            if (cpu_level_hardware() < CPU_LEVEL_AVX512) continue;
+            memset(b, 0x55, sizeof b);
+            cpu_avx512_quantize_row(x, K, b, eo);
+            if (memcmp(a, b, sizeof a)) fail_msg("rep %d evenodd %d: AVX-512 quantizer differs from the reference", rep, eo);
+        }
     }
     if (cpu_level_hardware() < CPU_LEVEL_AVX512) print_message("no AVX-512 here: AVX2 quantizer checked only\n");
 }

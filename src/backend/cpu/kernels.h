@@ -78,8 +78,8 @@ cpu_rows_fn cpu_avx512_rows1(const op_weight *w);
  * cpu_quantize_row picks the AVX-512 or AVX2 form where it can; every form gives identical bytes. */
 void cpu_quantize_row_ref(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
 void cpu_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
-void cpu_avx512_quantize_row(const float *x, int64_t k, cpu_q8_block *out); /* in-order only */
-void cpu_avx2_quantize_row(const float *x, int64_t k, cpu_q8_block *out);   /* in-order only */
+void cpu_avx512_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
+void cpu_avx2_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
 
 /* The eight 6-bit scales sc_c (byte c of *sc) and mins m_c (byte c of *mn) of a Q4_K / Q5_K
  * super-block at blk (f16 d, f16 dmin, then 12 bytes): sub-blocks 0..3 are the low 6 bits

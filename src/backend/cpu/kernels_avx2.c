@@ -883,15 +883,26 @@ P2_TILE(p2_tile_q5_k, PK_Q5_K)
 P2_TILE(p2_tile_q6_k, PK_Q6_K)
 P2_TILE(p2_tile_mlxb, PK_MLXB)
 
-/* cpu_quantize_row_ref (in order), 8 values per instruction: the same amax, d, 1/d and
- * float product, and the conversion rounds to nearest even like lrintf, so the bytes are
- * identical (tests/unit/test_cpu_matmul.c checks it). */
-__attribute__((target(KTARGET))) void cpu_avx2_quantize_row(const float *x, int64_t k, cpu_q8_block *out) {
+/* cpu_quantize_row_ref, 8 values per instruction: the same amax, d, 1/d and float product,
+ * and the conversion rounds to nearest even like lrintf, so the bytes are identical
+ * (tests/unit/test_cpu_matmul.c checks it). evenodd: a block's even inputs first, then its
+ * odd ones (MLX 4-bit's order): a shuffle and a lane permute per 8. */
+__attribute__((target(KTARGET))) void cpu_avx2_quantize_row(const float *x, int64_t k, cpu_q8_block *out,
+                                                            int evenodd) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
     for (int64_t b = 0; b < k / 32; b++) {
         __m256 v[4];
         for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + 32 * b + 8 * i);
+        if (evenodd) { /* shuffle: [a0 a2 b0 b2 | a4 a6 b4 b6]; the 64-bit permute puts a's before b's */
+            __m256 e0 = _mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0));
+            __m256 e1 = _mm256_shuffle_ps(v[2], v[3], _MM_SHUFFLE(2, 0, 2, 0));
+            __m256 o0 = _mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1));
+            __m256 o1 = _mm256_shuffle_ps(v[2], v[3], _MM_SHUFFLE(3, 1, 3, 1));
+            __m256 *in[4] = {&e0, &e1, &o0, &o1};
+            for (int i = 0; i < 4; i++)
+                v[i] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(*in[i]), _MM_SHUFFLE(3, 1, 2, 0)));
+        }
         __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
                                  _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)));
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));

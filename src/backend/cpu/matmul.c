@@ -84,8 +84,8 @@ void cpu_quantize_row_ref(const float *x, int64_t k, cpu_q8_block *out, int even
 void cpu_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd) {
     /* the scalar loop took ~4% of prefill and sits between pool rounds in decode */
     cpu_level level = cpu_matmul_level();
-    if (!evenodd && level >= CPU_LEVEL_AVX512) cpu_avx512_quantize_row(x, k, out);
-    else if (!evenodd && level >= CPU_LEVEL_AVX2) cpu_avx2_quantize_row(x, k, out);
+    if (level >= CPU_LEVEL_AVX512) cpu_avx512_quantize_row(x, k, out, evenodd);
+    else if (level >= CPU_LEVEL_AVX2) cpu_avx2_quantize_row(x, k, out, evenodd);
     else cpu_quantize_row_ref(x, k, out, evenodd);
 }
 

@@ -74,10 +74,21 @@ def main(root):
                     bad.append(f"{rel}: includes {inc} (a forward pass calls the op table, never a backend)")
                 elif LAYERS[them] > LAYERS[me]:
                     bad.append(f"{rel}: includes {inc} (layer {LAYERS[them]} '{them}' is above layer {LAYERS[me]} '{me}')")
+    # a backend implements ops, never a model family: no file under src/backend/ names one
+    # (not even in a comment: a feature is named by its op or op_dims field)
+    family = re.compile(r"\b(gemma\d*|qwen\d*(?:[._]\d+)?|minicpm\d*|llama(?![.-]cpp|\.cpp))\b", re.I)
+    for dirpath, _, files in os.walk(os.path.join(src, "backend")):
+        for f in sorted(files):
+            path = os.path.join(dirpath, f)
+            rel = os.path.relpath(path, root)
+            for n, line in enumerate(open(path, encoding="utf-8", errors="replace"), 1):
+                m = family.search(line)
+                if m:
+                    bad.append(f"{rel}:{n}: names the model family '{m.group(0)}' (backends know ops, not families)")
     for b in bad:
         print("layers:", b)
     if bad:
-        print(f"layers: {len(bad)} include(s) point up; see docs/design.md (Layers)")
+        print(f"layers: {len(bad)} finding(s); see docs/design.md (Layers)")
         return 1
     print("layers: every include points down")
     return 0

@@ -23,9 +23,9 @@ typedef struct cpu_backend {
     float *moe_logits, *moe_x, *moe_gate, *moe_up, *moe_out, *moe_w;
     int32_t *moe_sel, *moe_tok;
     float *moe_tokw;
-    /* Gemma 4's per-layer inputs [T, n_layers * per_layer_dim] and their working rows */
+    /* per-layer inputs (op_per_layer_inputs) [T, n_layers * per_layer_dim] and their working rows */
     float *pl_in, *pl_tmp;
-    float *moe_acc; /* [T, hidden]: Gemma 4's experts' sum before its norm (moe only) */
+    float *moe_acc; /* [T, hidden]: the normed MoE form's experts' sum before its norm (moe only) */
     float *attn;                                       /* attention scratch, per thread */
     /* hybrid models: attention's output gates [T, heads*head_dim] (dims.attn_gate); the
      * Gated DeltaNet projections qkv [T, conv_dim], z [T, v_heads*v_dim], a and b
@@ -136,7 +136,7 @@ static void add_bias(float *y, const float *bias, int T, int n) {
     for (int t = 0; t < T; t++) ops_add(y + (size_t)t * n, bias, (size_t)n);
 }
 
-/* This layer's head_dim and KV heads (Gemma 4's differ per layer type), else the model's. */
+/* This layer's head_dim and KV heads (varied layers differ), else the model's. */
 static int attn_head_dim(const op_step *s, const op_attn *a) { return a->head_dim ? a->head_dim : s->dims->head_dim; }
 static int attn_kv_heads(const op_step *s, const op_attn *a) {
     return a->n_kv_heads ? a->n_kv_heads : s->dims->n_kv_heads;
@@ -166,7 +166,7 @@ static hearth_status cpu_qkv_rope_store(const op_step *s, int layer, const op_at
                        (size_t)d->head_dim * sizeof(float));
                 memmove(c->q + (size_t)t * qd + (size_t)h * d->head_dim, src, (size_t)d->head_dim * sizeof(float));
             }
-    int rot = a->rope_dims ? a->rope_dims : hd; /* partial RoPE (Qwen3.5): the first rot dims */
+    int rot = a->rope_dims ? a->rope_dims : hd; /* partial RoPE: the first rot dims */
     add_bias(c->q, a->q_bias, T, qd);
     if (a->q_norm) ops_rmsnorm(c->q, c->q, a->q_norm, a->norm_shift, T * d->n_heads, hd, a->norm_eps);
     ops_rope_part(c->q, T, d->n_heads, hd, rot, s->b->pos, a->inv_freq, d->rope_adjacent);
@@ -198,7 +198,7 @@ static hearth_status cpu_attention(const op_step *s, int layer, const op_attn *a
         for (size_t i = 0, n = (size_t)s->b->T * d->n_heads * d->head_dim; i < n; i++)
             c->att[i] *= 1.0f / (1.0f + expf(-c->qgate[i]));
     hearth_status st = matmul(s, a->o, c->att, s->b->T, c->tmp);
-    if (!st) /* the attention output is this layer's heads wide (Gemma 4's full layers are wider) */
+    if (!st) /* the attention output is this layer's heads wide (wider on a varied model's full layers) */
         op_lora_apply(s->b, a->layer, OP_PROJ_O, c->att, (int64_t)d->n_heads * attn_head_dim(s, a), c->tmp, d->hidden,
                       c->tp);
     return st;
@@ -317,7 +317,7 @@ static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
         moe_route(c, s, m);
         return moe_experts(s, m, c->xn, c->tmp);
     }
-    /* Gemma 4: xn (free once the dense MLP has read it) holds the router's input, then the experts' */
+    /* the normed form (router_norm): xn (free once the dense MLP has read it) holds the router's input, then the experts' */
     ops_rmsnorm(c->xn, c->x, m->router_norm, 0.0f, T, H, d->norm_eps);
     hearth_status st = matmul(s, m->router, c->xn, T, c->moe_logits);
     if (st) return st;

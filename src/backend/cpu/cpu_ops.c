@@ -841,7 +841,7 @@ ATT_AVX2 static void attention_task_f32_avx2(void *ctx, int task, int thread) {
  * ATT_TILE_ROWS query rows that share one KV head (consecutive tokens x the query heads of
  * its GQA group) and reads each KV block once for all of them, while it sits in L1; the
  * per-(token, head) task streams the sequence's whole K/V from L3 for every row (1 MiB at
- * 512 positions for Gemma 3 270M's head_dim 256). Each row's arithmetic is
+ * 512 positions for a head_dim of 256). Each row's arithmetic is
  * attention_task_f32_avx2's operation for operation (att_block_scores_avx2 per block, the
  * same exp_sum_avx2 over the row's buffered scores, att_row_values_avx2 in position order),
  * so a row's result is bit-identical whichever kernel runs and whichever tokens share its
@@ -1004,7 +1004,7 @@ void ops_attention(const ops_attention_args *a, threadpool *tp) {
             }
         }
         /* every query head of a KV head in one task, unless that leaves a thread idle (a
-         * decode step of a model with fewer KV heads than threads: Gemma 3 270M has one) */
+         * decode step of a model with fewer KV heads than threads, e.g. one) */
         if (units < tp_threads(tp)) parts = (tp_threads(tp) + units - 1) / units;
         if (parts > group) parts = group;
         args.heads_per_task = (group + parts - 1) / parts;

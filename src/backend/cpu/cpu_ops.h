@@ -9,17 +9,17 @@
 #include <stdint.h>
 
 /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * (w + shift), for T rows of n. shift is 1 for
- * Gemma's (1 + weight) norms, else 0; w NULL: no scale (Gemma 4's value norm). out may equal x. */
+ * (1 + weight) norms, else 0; w NULL: no scale (a value norm). out may equal x. */
 void ops_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps);
 /* Applies RoPE in place to n_heads heads of head_dim in each of T rows at positions pos.
  * inv_freq has head_dim/2 entries (theta_i = pos * inv_freq[i]). adjacent: rotate pairs
- * (2i, 2i+1) as GGUF llama weights expect; else pairs (i, i + head_dim/2) as HF/MLX do. */
+ * (2i, 2i+1) as llama.cpp-permuted GGUF weights expect; else pairs (i, i + head_dim/2) as HF/MLX do. */
 void ops_rope(float *x, int T, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq, int adjacent);
 /* The same on the first rot_dims of each head only (pairs i, i + rot_dims/2; inv_freq has
- * rot_dims/2 entries), the rest unchanged: partial RoPE (Qwen3.5). */
+ * rot_dims/2 entries), the rest unchanged: partial RoPE. */
 void ops_rope_part(float *x, int T, int n_heads, int head_dim, int rot_dims, const int32_t *pos, const float *inv_freq,
                    int adjacent);
-/* x[i] = act(gate[i]) * up[i]: SiLU (llama, qwen3) or tanh-approximated GELU (gemma3). */
+/* x[i] = act(gate[i]) * up[i]: SiLU or tanh-approximated GELU (op_act). */
 void ops_silu_mul(float *gate, const float *up, size_t n);
 void ops_gelu_tanh_mul(float *gate, const float *up, size_t n);
 /* The first index of the largest of x[0..n), NaN never above anything (x[0] NaN: 0): the

@@ -427,7 +427,7 @@ __attribute__((target(R1_TARGET))) static void r1_rows_q8_0(const op_weight *w, 
  * is set; w = d * (q - 16) (Q5_0) or d * q + m (Q5_1). As Q8_0 above: a zmm holds two
  * consecutive blocks in element order (unpacked as the 4-row kernels of kernels_avx512.c
  * do), eight blocks fold into one vector of half-block sums, and the float work is once per
- * eight blocks. Only for K a multiple of 256: at Gemma 3's K = 640 (2.5 groups, the last
+ * eight blocks. Only for K a multiple of 256: at K = 640 (2.5 groups, the last
  * one half empty) it is no faster than the 4-row pair kernels, which keep that K
  * (bench/results/kernel_choices.md, "CPU Q5 one-row kernels"). */
 R1_INLINE __m512i r1_q5_pair(const uint8_t *p0, const uint8_t *p1, int qo) {

@@ -1,4 +1,4 @@
-/* cuda_attn_gate.cu: gated attention's two element-wise steps (op_attn.gated, Qwen3.5): the
+/* cuda_attn_gate.cu: gated attention's two element-wise steps (op_attn.gated): the
  * doubled q projection split into its queries, and the attention output times sigmoid of
  * the gates, as the CPU backend's loops compute them (one rounding order, float32). */
 #include "backend/cuda/cuda_internal.h"

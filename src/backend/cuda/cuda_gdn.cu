@@ -6,7 +6,7 @@
  * no allocation, no host sync. */
 #include "backend/cuda/cuda_internal.h"
 
-/* The widest key / value head and the longest conv a warp keeps in registers (Qwen3.5: 128
+/* The widest key / value head and the longest conv a warp keeps in registers (128 in the hybrid models run so far:
  * and 4; cuda_gdn_supported refuses more). */
 #define GDN_MAX_DIM 256
 #define GDN_MAX_CONV 8

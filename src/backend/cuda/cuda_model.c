@@ -347,7 +347,7 @@ static hearth_status cu_attention(const op_step *s, int layer, const op_attn *a)
     /* the merge that writes o's int8 activations writes att as floats too: the adapters' input */
     if (cuda_attention_writes_q8(&args)) TRY(q8_matmul(cm, &o, &cm->tmp, 1, T, s->err));
     else TRY(matmul(cm, o, cm->att, T, cm->tmp, s->err));
-    /* the attention output is this layer's heads wide (Gemma 4's full layers are wider) */
+    /* the attention output is this layer's heads wide (wider on a varied model's full layers) */
     return lora(s, a->layer, OP_PROJ_O, cm->att, (int64_t)c->n_heads * view.head_dim, cm->tmp, c->hidden);
 }
 
@@ -356,7 +356,7 @@ static hearth_status cu_mlp(const op_step *s, const op_mlp *m) {
     cuda_model *cm = cmod(s);
     hearth_error *err = s->err;
     int T = s->b->T, gelu = m->act == OP_ACT_GELU_TANH;
-    int H = s->dims->hidden, F = m->ffn ? m->ffn : s->dims->ffn; /* this layer's width (Gemma 4's vary) */
+    int H = s->dims->hidden, F = m->ffn ? m->ffn : s->dims->ffn; /* this layer's width (varied layers differ) */
     size_t n = (size_t)T * F;
     const cuda_weight *ws[2] = {dw(cm, m->gate), dw(cm, m->up)};
     float *ys[2] = {cm->gate, cm->up};
@@ -457,7 +457,7 @@ static hearth_status moe_route(cuda_model *cm, const op_step *s, const op_moe *m
     return HEARTH_OK;
 }
 
-/* tmp = the mixture-of-experts MLP of xn (plus the shared expert); Gemma 4's form: router
+/* tmp = the mixture-of-experts MLP of xn (plus the shared expert); the normed form (op_moe.router_norm): router
  * and experts read rmsnorm(x) with their own norms, and their normed sum is added to tmp. */
 static hearth_status cu_moe(const op_step *s, const op_moe *m) {
     cuda_model *cm = cmod(s);
@@ -477,7 +477,7 @@ static hearth_status cu_moe(const op_step *s, const op_moe *m) {
     return cuda_add(cm->tmp, cm->moe_acc, (size_t)T * H, s->err);
 }
 
-/* ---- Models whose layers differ (op_dims.varied_layers: Gemma 4) ---- */
+/* ---- Models whose layers differ (op_dims.varied_layers) ---- */
 
 /* cu_qkv_rope_store for a layer of its own head_dim and KV heads (a->head_dim / n_kv_heads,
  * on its view of the pool), as cpu_qkv_rope_store does it: a shared-KV layer (a->shared)
@@ -846,7 +846,7 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
     const op_dims *c = &om->dims;
     cuda_device_info info;
     TRY(cuda_device_open(0, &info, err));
-    /* layers of their own shape (Gemma 4): heads up to the wide attention kernel's 512 */
+    /* layers of their own shape (varied_layers): heads up to the wide attention kernel's 512 */
     int max_hd = c->varied_layers ? CUDA_ATT_WIDE_DMAX : 256;
     if (c->head_dim > max_hd || c->head_dim % 2 || kv->head_dim != c->head_dim || kv->n_kv_heads != c->n_kv_heads)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: head_dim %d is not supported (at most %d, even)",

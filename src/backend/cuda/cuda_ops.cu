@@ -48,7 +48,7 @@ hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shi
 /* Rows of at most 256 (the per-head q / k norms: T * heads rows of head_dim): one warp per
  * row, 8 rows per block, lane l summing elements l, l + 32, ... then the warp's xor-tree. A
  * block of NORM_THREADS per 128-value row left 7/8 of its threads idle and made 131072
- * blocks per layer for a 4096-token Qwen3 prefill. */
+ * blocks per layer for a 4096-token prefill with 32 query heads. */
 #define HEADNORM_ROWS 8
 __global__ void __launch_bounds__(HEADNORM_ROWS * 32)
     rmsnorm_heads_kernel(float *out, const float *x, const float *w, float shift, int rows, int n, float eps) {
@@ -285,7 +285,7 @@ hearth_status cuda_gather_rows(float *dst, const float *src, const int32_t *rows
  * per SM and decode latency-bound); prefill has T * n_heads blocks and keeps 4. */
 #define ATT_WARPS_DECODE 16
 #define ATT_WARPS_PREFILL 4
-#define ATT_DMAX 256 /* largest head_dim of the tuned kernels (gemma3: 256); wider: attention_wide */
+#define ATT_DMAX 256 /* largest head_dim of the tuned kernels (256, the widest of the fixed-shape models); wider: attention_wide */
 #define ATT_PER_LANE (ATT_DMAX / 32)
 
 /* One block per (query head, token); each warp runs an online softmax over every
@@ -783,7 +783,7 @@ template <int KVQ> static hearth_status launch_prefill(const cuda_attention_args
     return cuda_launched("attention_prefill", err);
 }
 
-/* Heads wider than ATT_DMAX (Gemma 4's full layers: 512): the simple kernel above at that
+/* Heads wider than ATT_DMAX (varied models' full layers: 512): the simple kernel above at that
  * width, 8 warps per (query head, token), for any T and any mix of sequences (each token
  * reads its own positions, so batch-invariant too). */
 static hearth_status attention_wide(const cuda_attention_args *a, hearth_error *err) {

@@ -290,7 +290,7 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     /* the MMQ split-k scratch (cuda_mmq.cu), allocated once per process at model creation */
     cuda_tally_add(t, CUDA_MMQ_PART_FLOATS * sizeof(float));
     cuda_tally_add(t, CUDA_MMQ_TILES_MAX * sizeof(unsigned));
-    /* per-layer inputs (Gemma 4): the step's rows and their working copy on the device */
+    /* per-layer inputs (op_per_layer_inputs): the step's rows and their working copy on the device */
     p->per_layer_floats = T * (size_t)c->n_layers * (size_t)c->per_layer_dim;
     if (p->per_layer_floats) {
         cuda_tally_add(t, p->per_layer_floats * sizeof(float));

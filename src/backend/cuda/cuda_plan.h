@@ -43,7 +43,7 @@ size_t cuda_kv_bytes(int n_layers, int n_kv_heads, int head_dim, int n_blocks, i
 void cuda_kv_plane_parts(int n_layers, int n_blocks, int n_kv_heads, int head_dim, int dtype, size_t *data,
                          size_t *scales);
 /* cuda_kv_plane_parts of a whole pool: its layers' own shapes summed where they differ
- * (kv->layer_heads, Gemma 4), else n_layers of n_kv_heads x head_dim. */
+ * (kv->layer_heads: varied layers), else n_layers of n_kv_heads x head_dim. */
 void cuda_kv_pool_parts(const kv_cache *kv, int dtype, size_t *data, size_t *scales);
 /* Bytes of K and V read per cached position and layer in a decode step. */
 double cuda_kv_position_bytes(int n_kv_heads, int head_dim, int dtype);
@@ -98,7 +98,7 @@ typedef struct cuda_plan {
     size_t gemm_max_w, gemm_max_x;
     /* mixture of experts (all 0 without): router logits [T, experts], the step's T * top_k
      * (token, expert) pairs, an expert's gate / up rows [T, the widest expert MLP], its input
-     * and output rows [T, hidden], and Gemma 4's expert sum (moe_acc_floats, 0 elsewhere) */
+     * and output rows [T, hidden], and the normed form's expert sum (moe_acc_floats, 0 elsewhere) */
     size_t moe_logits, moe_pairs, moe_ffn_floats, moe_hidden_floats, moe_acc_floats;
     /* LoRA adapters (cuda_lora_cache.c): each step row's adapter tables and counts; the
      * adapters' own device copies are made when a step first uses them, outside the plan */

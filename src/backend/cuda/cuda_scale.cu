@@ -1,5 +1,5 @@
 /* cuda_scale.cu: x *= s or x /= s over a float buffer (the op table's scale op, and
- * MiniCPM's division of the normed rows before lm_head): one IEEE rounding per element, as
+ * the division of the normed rows before lm_head (op_logits' div)): one IEEE rounding per element, as
  * the CPU backend's loop, so both backends give the same bits. */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_pdl.cuh"

@@ -195,6 +195,9 @@ def test_small_gguf_runs_in_llama_cpp(small, name):
     if not os.path.isfile(os.path.join(LLAMA_LIB, "libllama.so")):
         pytest.skip(f"llama.cpp libraries not in {LLAMA_LIB}: run bench/cpu_vs_llamacpp/install_llamacpp.sh")
     py = os.path.join(REPO, ".venv", "bin", "python")
+    if subprocess.run([py, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('llama_cpp') is None)"]
+                      ).returncode:
+        pytest.skip("llama-cpp-python is not installed in .venv: run bench/cpu_vs_llamacpp/install_llamacpp.sh")
     env = dict(os.environ, LLAMA_CPP_LIB_PATH=LLAMA_LIB,
                LD_LIBRARY_PATH=os.pathsep.join(filter(None, [LLAMA_LIB, os.environ.get("LD_LIBRARY_PATH")])))
     p = subprocess.run([py, "-c", LLAMA_CODE, small(name, "gguf")], capture_output=True, text=True, env=env,

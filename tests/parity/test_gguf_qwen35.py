@@ -227,9 +227,9 @@ def llama_cpp_tops(path, prompts):
     return llama_cpp_run(LLAMA_CODE, path, [q["ids"] for q in prompts])
 
 
-def llama_cpp_run(code, path, payload):
-    """Runs `code` (python, argv[1] = path, payload as JSON on stdin) with llama-cpp-python on
-    the llama.cpp libraries in LLAMA_LIB; returns its stdout as JSON. Skips without them."""
+def llama_cpp_python():
+    """(the .venv python that has llama-cpp-python, the environment that points it at the
+    llama.cpp libraries in LLAMA_LIB); skips the test without either."""
     if not os.path.isfile(os.path.join(LLAMA_LIB, "libllama.so")):
         pytest.skip(f"llama.cpp libraries not in {LLAMA_LIB}: run bench/cpu_vs_llamacpp/install_llamacpp.sh")
     venv_python = os.path.join(REPO, ".venv", "bin", "python")
@@ -238,6 +238,13 @@ def llama_cpp_run(code, path, payload):
         pytest.skip("llama-cpp-python is not installed in .venv: run bench/cpu_vs_llamacpp/install_llamacpp.sh")
     env = dict(os.environ, LLAMA_CPP_LIB_PATH=LLAMA_LIB,  # libllama's RUNPATH names its build folder, not this one
                LD_LIBRARY_PATH=os.pathsep.join(filter(None, [LLAMA_LIB, os.environ.get("LD_LIBRARY_PATH")])))
+    return venv_python, env
+
+
+def llama_cpp_run(code, path, payload):
+    """Runs `code` (python, argv[1] = path, payload as JSON on stdin) with llama-cpp-python on
+    the llama.cpp libraries in LLAMA_LIB; returns its stdout as JSON. Skips without them."""
+    venv_python, env = llama_cpp_python()
     p = subprocess.run([venv_python, "-c", code, path], input=json.dumps(payload), capture_output=True, text=True,
                        env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -23,10 +23,10 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import gpu_models as gm  # noqa: E402
+from test_gguf_qwen35 import llama_cpp_python  # noqa: E402
 
 CACHE = os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth"))
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "bin", "hearth"))
-LLAMA_LIB = os.path.realpath(os.environ.get("LLAMA_CPP_LIB_PATH", os.path.join(CACHE, "bench", "llamacpp", "lib")))
 GGUF_MODELS = [n for n, s in gm.MODELS.items() if s["gguf"]]
 HEARTH_GGUF_MODELS = [n for n, s in gm.MODELS.items() if s["gguf"] in gm.HEARTH_GGUF]
 
@@ -192,14 +192,7 @@ print(np.isfinite(s).all(), float(s.std()))
 def test_small_gguf_runs_in_llama_cpp(small, name):
     """llama.cpp reads the file as its architecture (the same writer makes the file llama-bench
     measures on the GPU)."""
-    if not os.path.isfile(os.path.join(LLAMA_LIB, "libllama.so")):
-        pytest.skip(f"llama.cpp libraries not in {LLAMA_LIB}: run bench/cpu_vs_llamacpp/install_llamacpp.sh")
-    py = os.path.join(REPO, ".venv", "bin", "python")
-    if subprocess.run([py, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('llama_cpp') is None)"]
-                      ).returncode:
-        pytest.skip("llama-cpp-python is not installed in .venv: run bench/cpu_vs_llamacpp/install_llamacpp.sh")
-    env = dict(os.environ, LLAMA_CPP_LIB_PATH=LLAMA_LIB,
-               LD_LIBRARY_PATH=os.pathsep.join(filter(None, [LLAMA_LIB, os.environ.get("LD_LIBRARY_PATH")])))
+    py, env = llama_cpp_python()
     p = subprocess.run([py, "-c", LLAMA_CODE, small(name, "gguf")], capture_output=True, text=True, env=env,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]

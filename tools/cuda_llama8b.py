@@ -39,8 +39,9 @@ def make(out, tok_dir):
         c["rope_theta"] = rp.pop("rope_theta")
         c["rope_scaling"] = rp
         json.dump(c, open(path, "w"), indent=2)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(tok_dir, f), out)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if os.path.exists(os.path.join(tok_dir, f)):  # the chat template, where it is its own file
+            shutil.copy(os.path.join(tok_dir, f), out)
 
 
 def ref(out, ids_json, steps):

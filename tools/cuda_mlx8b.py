@@ -98,8 +98,9 @@ def main(shape, out, tok_dir):
            "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
            "torch_dtype": "bfloat16", "quantization": q, "quantization_config": q, **c["extra"]}
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(tok_dir, name), out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if os.path.exists(os.path.join(tok_dir, name)):  # the chat template, where it is its own file
+            shutil.copy(os.path.join(tok_dir, name), out)
     print(json.dumps({"model": out, "shape": shape, "bytes": off}))
 
 

@@ -360,8 +360,9 @@ def write_mlx(name, out, tok_dir, scale="full", pool_bytes=POOL_BYTES):
             cfg[k] = tok_cfg[k]
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(tok_dir, f), out)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if os.path.exists(os.path.join(tok_dir, f)):  # the chat template, where it is its own file
+            shutil.copy(os.path.join(tok_dir, f), out)
     return len(hj) + 8 + off
 
 

@@ -525,9 +525,10 @@ static int check_model(tensor_dtype dt, const gdn_shape *g, float tol, const gdn
 
 /* f32 projections: only summation orders differ (1e-4 of the logits' scale is ~10x what
  * they give, far below a wrong index). Q8_0: the CPU at its scalar level (exact
- * dequantization, float activations, as the GPU's exact tier): its fast kernels round the
- * activations to int8, which the recurrence carries to ~3e-2 of the scale on some seeds
- * (seen on the H200: one row of 13, 4 of 96 columns); 1e-3 leaves float summation orders. */
+ * dequantization, float activations) so that only one side rounds activations: the GPU's
+ * decode GEMV takes int8 activations, whose error the recurrence carries to ~1e-2 of the
+ * logits (seen on the H200); 2e-2 of the scale. The CPU's fast kernels round too, in their
+ * own way (one prefill row of 13 then differed by 3e-2 on one seed). */
 static void test_gated_delta_op(void **state) {
     (void)state;
     const gdn_shape tiny = {2, 4, 16, 16, 4, 0}, wide = {2, 4, 64, 32, 4, 1};
@@ -537,7 +538,7 @@ static void test_gated_delta_op(void **state) {
         bad += check_model(DT_F32, &wide, 1e-4f, &orders[i]);
         cpu_level was = cpu_matmul_level();
         cpu_matmul_set_level(CPU_LEVEL_SCALAR);
-        bad += check_model(DT_Q8_0, &tiny, 1e-3f, &orders[i]);
+        bad += check_model(DT_Q8_0, &tiny, 2e-2f, &orders[i]);
         cpu_matmul_set_level(was);
     }
     assert_int_equal(bad, 0);

@@ -241,6 +241,8 @@ def run_phase(tmp_path, device):
     env = dict(os.environ, H=BIN, NF_DEVICE=device, NF_SCALE="small", NF_PREFILL="96", NF_CTX="32", NF_GEN="8",
                NF_REPS="1", NF_DIR=str(tmp_path / "models"), NF_MODELS="qwen35_35b_a3b gemma4_26b_a4b",
                LLAMA_SERVER_DIR=str(tmp_path / "llama"), PHASE_BUDGET="240", TINY=os.path.join(CACHE, "tiny"),
+               # no llama.cpp build (minutes of a 2-core CI) where a developer's tree has the sources
+               LLAMACPP_SRC_TGZ=str(tmp_path / "no-llamacpp-src.tgz"),
                PATH=os.pathsep.join([os.path.join(REPO, ".venv", "bin"), os.environ["PATH"]]))
     env.pop("OUT", None)
     log = tmp_path / "log"

@@ -258,6 +258,11 @@ def test_big_endian_rejected(dump, tmp_path):
     assert p.returncode != 0 and "big-endian" in p.stderr and "be.gguf" in p.stderr, p.stderr
 
 
+# Tensors above BIG_TENSOR values are compared at 3 x SAMPLE_ROWS of their rows.
+BIG_TENSOR = 16 << 20
+SAMPLE_ROWS = 2048
+
+
 @pytest.mark.parametrize("model", REAL_MODELS)
 def test_real_model_every_tensor(dump, tmp_path, model):
     path = CACHE / "models" / model
@@ -266,7 +271,18 @@ def test_real_model_every_tensor(dump, tmp_path, model):
     meta, r = compare_file(dump, path)
     out = tmp_path / "t.f32"
     for t in r.tensors:
-        want = gguf.quants.dequantize(t.data, t.tensor_type)
         got = hearth_tensor(dump, path, t.name, out)
-        assert_bits_equal(got, want, f"{model}: tensor {t.name} ({t.tensor_type.name})")
-        del want, got
+        what = f"{model}: tensor {t.name} ({t.tensor_type.name})"
+        rows = t.data.shape[0] if t.data.ndim > 1 else 1
+        if t.n_elements <= BIG_TENSOR or rows < 3 * SAMPLE_ROWS:
+            assert_bits_equal(got, gguf.quants.dequantize(t.data, t.tensor_type), what)
+            continue
+        # A vocabulary-sized table (Gemma 3's embeddings: 168M values, 100 s of numpy
+        # dequantization): hearth's whole tensor, compared at its first, middle and last rows
+        # (every block of those rows; the same kernel decodes every row).
+        got = got.reshape(rows, -1)
+        for start in (0, rows // 2, rows - SAMPLE_ROWS):
+            sl = slice(start, start + SAMPLE_ROWS)
+            assert_bits_equal(np.ascontiguousarray(got[sl]).ravel(), gguf.quants.dequantize(t.data[sl], t.tensor_type),
+                              f"{what}, rows {start}..{start + SAMPLE_ROWS}")
+        del got

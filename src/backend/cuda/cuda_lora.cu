@@ -1,8 +1,10 @@
 /* cuda_lora.cu: the grouped low-rank update of LoRA / DoRA adapters (cuda_model.c calls it
- * right after an adapted projection's matmul in steps that have adapters). One block per
- * row of the step; a row's adapters are applied one after the other, each as shrink (u =
- * A x, rank values in shared memory) then expand (y += scale * B^T u, DoRA rescale), with
- * the CPU's order of float operations (ops.c lora_row), so both backends give the same bits. */
+ * right after an adapted projection's matmul in steps that have adapters), in two tiers.
+ * Exact (--cuda-exact): one block per row of the step; a row's adapters are applied one
+ * after the other, each as shrink (u = A x, rank values in shared memory) then expand (y +=
+ * scale * B^T u, DoRA rescale), with the CPU's order of float operations (ops.c lora_row),
+ * so both backends give the same bits. Fast (serving): every (row, adapter, rank) dot
+ * product at once, one warp each, into a scratch, then one thread per (row, output). */
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
 #include "backend/cuda/cuda_lora.h"
@@ -56,6 +58,95 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_kernel(const cuda_lora *con
         }
         __syncthreads(); /* u is rewritten by the row's next adapter */
     }
+}
+
+/* Fast tier. Shrink: block (c, i, row) holds LORA_SHRINK_WARPS warps; warp w of it takes
+ * the ranks c * LORA_SHRINK_WARPS + w, + LORA_SHRINK_BLOCKS * LORA_SHRINK_WARPS, ... of the
+ * row's adapter i (16 ranks in flight per (row, adapter): a rank-16 adapter is one rank per
+ * warp), summing A's row times x with coalesced float4 loads (scalar ones where k or the
+ * addresses break 16-byte alignment) and a shuffle reduction. Empty (row, i) blocks leave at
+ * once. The shapes are fixed so that graphs can hold the launch. */
+#define LORA_SHRINK_WARPS 4
+#define LORA_SHRINK_BLOCKS 4
+#define LORA_EXPAND_THREADS 256
+
+__global__ void __launch_bounds__(LORA_SHRINK_WARPS * 32)
+    lora_shrink_fast(const cuda_lora *const *sets, const int32_t *n_set, int idx, int t0, const float *x, int64_t k,
+                     float *u) {
+    const int row = blockIdx.z, i = blockIdx.y, t = t0 + row;
+    if (i >= n_set[t]) return;
+    const cuda_lora *l = &sets[(size_t)t * CUDA_LORA_MAX_SET + i][idx];
+    if (!l->a) return; /* this adapter leaves the projection alone */
+    const int lane = threadIdx.x % 32, rank = l->rank;
+    const float *xr = x + (size_t)t * k;
+    float *ur = u + ((size_t)row * CUDA_LORA_MAX_SET + i) * CUDA_LORA_MAX_RANK;
+    /* r depends on the warp alone: every lane of a warp runs the same iterations (full-mask shuffles) */
+    for (int r = blockIdx.x * LORA_SHRINK_WARPS + threadIdx.x / 32; r < rank;
+         r += LORA_SHRINK_BLOCKS * LORA_SHRINK_WARPS) {
+        const float *a = l->a + (size_t)r * k;
+        float p = 0.0f;
+        int64_t tail = 0; /* the first element the scalar loop takes */
+        if ((((uintptr_t)a | (uintptr_t)xr) & 15) == 0) {
+            const float4 *a4 = (const float4 *)a, *x4 = (const float4 *)xr;
+            const int64_t k4 = k / 4;
+#pragma unroll 4
+            for (int64_t j = lane; j < k4; j += 32) {
+                const float4 av = __ldg(a4 + j), xv = x4[j];
+                p += av.x * xv.x + av.y * xv.y + av.z * xv.z + av.w * xv.w;
+            }
+            tail = k4 * 4;
+        }
+        for (int64_t j = tail + lane; j < k; j += 32) p += __ldg(a + j) * xr[j];
+        for (int o = 16; o > 0; o /= 2) p += __shfl_xor_sync(0xffffffffu, p, o);
+        if (lane == 0) ur[r] = p;
+    }
+}
+
+/* Expand: thread (j, row) adds each adapter's scale * sum_r B^T[r][j] u[r] to y[row][j],
+ * then its DoRA rescale, adapter after adapter in the row's order (ops.c lora_row's
+ * semantics); consecutive threads read consecutive entries of B's rows. A row no adapter
+ * touches keeps its bits (not even rewritten). */
+__global__ void __launch_bounds__(LORA_EXPAND_THREADS)
+    lora_expand_fast(const cuda_lora *const *sets, const int32_t *n_set, int idx, int t0, const float *u, float *y,
+                     int64_t n) {
+    const int row = blockIdx.y, t = t0 + row;
+    const int64_t j = (int64_t)blockIdx.x * LORA_EXPAND_THREADS + threadIdx.x;
+    const int count = n_set[t];
+    if (j >= n || count == 0) return;
+    float *yj = y + (size_t)t * n + j;
+    float v = *yj;
+    int touched = 0;
+    for (int i = 0; i < count; i++) {
+        const cuda_lora *l = &sets[(size_t)t * CUDA_LORA_MAX_SET + i][idx];
+        if (!l->a) continue;
+        const float *ur = u + ((size_t)row * CUDA_LORA_MAX_SET + i) * CUDA_LORA_MAX_RANK;
+        float acc = 0.0f;
+        for (int r = 0; r < l->rank; r++) acc += __ldg(l->b + (size_t)r * n + j) * ur[r];
+        v += l->scale * acc;
+        if (l->dora) v *= __ldg(l->dora + j);
+        touched = 1;
+    }
+    if (touched) *yj = v;
+}
+
+extern "C" hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, const int32_t *n_set, int idx,
+                                              const float *x, int64_t k, float *y, int64_t n, int T, float *u,
+                                              hearth_error *err) {
+    if (n <= 0) return HEARTH_OK;
+    /* the scratch holds CUDA_LORA_FAST_ROWS rows: longer steps go in chunks (stream order
+     * keeps a chunk's shrink after the previous chunk's expand) */
+    for (int t0 = 0; t0 < T; t0 += CUDA_LORA_FAST_ROWS) {
+        const int rows = T - t0 < CUDA_LORA_FAST_ROWS ? T - t0 : CUDA_LORA_FAST_ROWS;
+        lora_shrink_fast<<<dim3(LORA_SHRINK_BLOCKS, CUDA_LORA_MAX_SET, (unsigned)rows), dim3(LORA_SHRINK_WARPS * 32), 0,
+                           cuda_stream()>>>(sets, n_set, idx, t0, x, k, u);
+        hearth_status st = cuda_launched("lora shrink", err);
+        if (st) return st;
+        lora_expand_fast<<<dim3((unsigned)((n + LORA_EXPAND_THREADS - 1) / LORA_EXPAND_THREADS), (unsigned)rows),
+                           dim3(LORA_EXPAND_THREADS), 0, cuda_stream()>>>(sets, n_set, idx, t0, u, y, n);
+        st = cuda_launched("lora expand", err);
+        if (st) return st;
+    }
+    return HEARTH_OK;
 }
 
 extern "C" hearth_status cuda_lora_apply(const cuda_lora *const *sets, const int32_t *n_set, int idx, const float *x,

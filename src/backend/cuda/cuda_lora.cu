@@ -4,7 +4,7 @@
  * after the other, each as shrink (u = A x, rank values in shared memory) then expand (y +=
  * scale * B^T u, DoRA rescale), with the CPU's order of float operations (ops.c lora_row),
  * so both backends give the same bits. Fast (serving): every (row, adapter, rank) dot
- * product at once, one warp each, into a scratch, then one thread per (row, output). */
+ * product at once, one block each, into a scratch, then one thread per (row, output). */
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
 #include "backend/cuda/cuda_lora.h"
@@ -60,29 +60,30 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_kernel(const cuda_lora *con
     }
 }
 
-/* Fast tier. Shrink: block (c, i, row) holds LORA_SHRINK_WARPS warps; warp w of it takes
- * the ranks c * LORA_SHRINK_WARPS + w, + LORA_SHRINK_BLOCKS * LORA_SHRINK_WARPS, ... of the
- * row's adapter i (16 ranks in flight per (row, adapter): a rank-16 adapter is one rank per
- * warp), summing A's row times x with coalesced float4 loads (scalar ones where k or the
- * addresses break 16-byte alignment) and a shuffle reduction. Empty (row, i) blocks leave at
- * once. The shapes are fixed so that graphs can hold the launch. */
-#define LORA_SHRINK_WARPS 4
-#define LORA_SHRINK_BLOCKS 4
+/* Fast tier. Shrink: block (c, i, row) computes ranks c, c + LORA_SHRINK_RANKS, ... of the
+ * row's adapter i, each as one dot product of A's row with x over all the block's threads
+ * (coalesced float4 loads where A's row and x are 16-byte aligned, scalar loads otherwise),
+ * reduced by warp shuffles then across the warps in shared memory. LORA_SHRINK_RANKS blocks
+ * per (row, adapter): a rank-16 adapter is one rank per block, enough blocks in flight to
+ * keep the loads of a 32-row decode step going. Blocks of an empty (row, i) or rank slot
+ * leave at once; every condition and loop bound before a barrier is the block's own. */
+#define LORA_SHRINK_THREADS 256
+#define LORA_SHRINK_WARPS (LORA_SHRINK_THREADS / 32)
+#define LORA_SHRINK_RANKS 16
 #define LORA_EXPAND_THREADS 256
 
-__global__ void __launch_bounds__(LORA_SHRINK_WARPS * 32)
+__global__ void __launch_bounds__(LORA_SHRINK_THREADS)
     lora_shrink_fast(const cuda_lora *const *sets, const int32_t *n_set, int idx, int t0, const float *x, int64_t k,
                      float *u) {
+    __shared__ float part[LORA_SHRINK_WARPS];
     const int row = blockIdx.z, i = blockIdx.y, t = t0 + row;
     if (i >= n_set[t]) return;
     const cuda_lora *l = &sets[(size_t)t * CUDA_LORA_MAX_SET + i][idx];
     if (!l->a) return; /* this adapter leaves the projection alone */
-    const int lane = threadIdx.x % 32, rank = l->rank;
+    const int tid = threadIdx.x, lane = tid % 32, rank = l->rank;
     const float *xr = x + (size_t)t * k;
     float *ur = u + ((size_t)row * CUDA_LORA_MAX_SET + i) * CUDA_LORA_MAX_RANK;
-    /* r depends on the warp alone: every lane of a warp runs the same iterations (full-mask shuffles) */
-    for (int r = blockIdx.x * LORA_SHRINK_WARPS + threadIdx.x / 32; r < rank;
-         r += LORA_SHRINK_BLOCKS * LORA_SHRINK_WARPS) {
+    for (int r = blockIdx.x; r < rank; r += LORA_SHRINK_RANKS) {
         const float *a = l->a + (size_t)r * k;
         float p = 0.0f;
         int64_t tail = 0; /* the first element the scalar loop takes */
@@ -90,15 +91,22 @@ __global__ void __launch_bounds__(LORA_SHRINK_WARPS * 32)
             const float4 *a4 = (const float4 *)a, *x4 = (const float4 *)xr;
             const int64_t k4 = k / 4;
 #pragma unroll 4
-            for (int64_t j = lane; j < k4; j += 32) {
+            for (int64_t j = tid; j < k4; j += LORA_SHRINK_THREADS) {
                 const float4 av = __ldg(a4 + j), xv = x4[j];
                 p += av.x * xv.x + av.y * xv.y + av.z * xv.z + av.w * xv.w;
             }
             tail = k4 * 4;
         }
-        for (int64_t j = tail + lane; j < k; j += 32) p += __ldg(a + j) * xr[j];
+        for (int64_t j = tail + tid; j < k; j += LORA_SHRINK_THREADS) p += __ldg(a + j) * xr[j];
         for (int o = 16; o > 0; o /= 2) p += __shfl_xor_sync(0xffffffffu, p, o);
-        if (lane == 0) ur[r] = p;
+        if (lane == 0) part[tid / 32] = p;
+        __syncthreads();
+        if (tid == 0) {
+            float sum = 0.0f;
+            for (int w = 0; w < LORA_SHRINK_WARPS; w++) sum += part[w];
+            ur[r] = sum;
+        }
+        __syncthreads(); /* part is rewritten for the next rank */
     }
 }
 
@@ -137,7 +145,7 @@ extern "C" hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, cons
      * keeps a chunk's shrink after the previous chunk's expand) */
     for (int t0 = 0; t0 < T; t0 += CUDA_LORA_FAST_ROWS) {
         const int rows = T - t0 < CUDA_LORA_FAST_ROWS ? T - t0 : CUDA_LORA_FAST_ROWS;
-        lora_shrink_fast<<<dim3(LORA_SHRINK_BLOCKS, CUDA_LORA_MAX_SET, (unsigned)rows), dim3(LORA_SHRINK_WARPS * 32), 0,
+        lora_shrink_fast<<<dim3(LORA_SHRINK_RANKS, CUDA_LORA_MAX_SET, (unsigned)rows), dim3(LORA_SHRINK_THREADS), 0,
                            cuda_stream()>>>(sets, n_set, idx, t0, x, k, u);
         hearth_status st = cuda_launched("lora shrink", err);
         if (st) return st;

@@ -26,7 +26,7 @@ hearth_status cuda_lora_apply(const cuda_lora *const *sets, const int32_t *n_set
                               float *y, int64_t n, int T, hearth_error *err);
 /* The serving tier's kernels (every step outside --cuda-exact): the same update in two
  * launches per CUDA_LORA_FAST_ROWS rows, shrink (u = A x for every row, adapter and rank at
- * once, one warp per rank) then expand (y += scale * B^T u, DoRA rescale, after each adapter
+ * once, one block per rank) then expand (y += scale * B^T u, DoRA rescale, after each adapter
  * in order as above), in float order of their own: close to the CPU, not its bits. u: device
  * scratch of CUDA_LORA_FAST_FLOATS(max_tokens) floats (steps of up to max_tokens rows).
  * Launch shapes depend on T, k and n only: a decode step with adapters can be captured

@@ -1,8 +1,8 @@
 /* test_cuda_lora.c: LoRA / DoRA on the CUDA backend (cuda_lora_cache.c, cuda_lora.cu)
  * against the CPU's op_lora_apply, every projection in both tiers: the exact one
- * (--cuda-exact) bit for bit, the fast one (serving) within a float tolerance, rows without
- * adapters keeping their bits in both. Random adapters of ranks 4, 8, 16 (plain LoRA) and 16
- * (DoRA) over the seven projections of two layers, some projections left alone, on a ragged
+ * (--cuda-exact) bit for bit, the fast one (serving; q / k / v and gate / up each in one
+ * launch pair) within a float tolerance, rows without adapters keeping their bits in both. Random adapters of ranks 4,
+ * 8, 16 (plain LoRA) and 16 (DoRA) over the seven projections of two layers, some projections left alone, on a ragged
  * prefill step whose rows use no adapter, one, two or three summed, or the DoRA one, then
  * decode steps that reuse the device copies; then ranks 2 to 37 (not all multiples of 4,
  * more than the fast shrink's 16 ranks in flight), rows of CUDA_LORA_MAX_SET adapters, steps
@@ -95,58 +95,80 @@ static double worst_fast; /* the fast tier's largest |cuda - cpu| / (1 + |cpu|) 
  * wide margin while a wrong index or stride is off by O(1). */
 #define FAST_TOL 1e-4
 
-/* The device's update (tier exact or fast) of y by x against want (op_lora_apply's). */
-static void check_tier(cuda_lora_cache *c, const op_batch *b, int layer, int p, const float *x, const float *y,
-                       const float *want, int exact) {
-    int64_t k, n;
-    proj_shape((op_proj)p, &k, &n);
-    size_t nx = (size_t)b->T * k, ny = (size_t)b->T * n;
-    float *got = malloc(ny * sizeof(float));
-    assert_non_null(got);
-    float *dx = dev_upload(x, nx * sizeof(float)), *dy = dev_upload(y, ny * sizeof(float));
-    assert_int_equal(cuda_lora_cache_apply(c, b->T, layer, (op_proj)p, dx, k, dy, n, exact, NULL), HEARTH_OK);
+/* The device's update (tier exact or fast) of projections p .. p + np - 1, all reading x,
+ * of ys[g] against wants[g] (op_lora_apply's). */
+static void check_tier(cuda_lora_cache *c, const op_batch *b, int layer, int p, int np, const float *x,
+                       float *const *ys, float *const *wants, int exact) {
+    int64_t k, ns[CUDA_LORA_MAX_GROUP];
+    float *dys[CUDA_LORA_MAX_GROUP], *got[CUDA_LORA_MAX_GROUP];
+    proj_shape((op_proj)p, &k, &ns[0]); /* the group's projections share their input width */
+    for (int g = 0; g < np; g++) {
+        proj_shape((op_proj)(p + g), &k, &ns[g]);
+        size_t ny = (size_t)b->T * ns[g];
+        got[g] = malloc(ny * sizeof(float));
+        assert_non_null(got[g]);
+        dys[g] = dev_upload(ys[g], ny * sizeof(float));
+    }
+    float *dx = dev_upload(x, (size_t)b->T * k * sizeof(float));
+    assert_int_equal(cuda_lora_cache_apply(c, b->T, layer, (op_proj)p, np, dx, k, dys, ns, exact, NULL), HEARTH_OK);
     assert_int_equal(cuda_sync(NULL), HEARTH_OK);
-    assert_int_equal(cuda_download(got, dy, ny * sizeof(float), NULL), HEARTH_OK);
-    for (int t = 0; t < b->T; t++) {
-        const float *g = got + (size_t)t * n, *w = want + (size_t)t * n;
-        int adapters = b->row_adapters[t] ? b->row_adapters[t]->n : 0;
-        /* rows without adapters: the input's bits, in both tiers */
-        if (!adapters) assert_memory_equal(g, y + (size_t)t * n, n * sizeof(float));
-        for (int64_t j = 0; j < n; j++) {
-            double d = fabs((double)g[j] - (double)w[j]), rel = d / (1.0 + fabs((double)w[j]));
-            if (!exact && rel > worst_fast) worst_fast = rel;
-            /* exact: the CPU's order of float operations, the same bits */
-            if (exact ? g[j] != w[j] : !(rel <= FAST_TOL))
-                fail_msg("%s tier: layer %d proj %d row %d of %d (%d adapters) out %lld: cuda %.9g cpu %.9g",
-                         exact ? "exact" : "fast", layer, p, t, b->T, adapters, (long long)j, g[j], w[j]);
+    for (int g = 0; g < np; g++) {
+        int64_t n = ns[g];
+        assert_int_equal(cuda_download(got[g], dys[g], (size_t)b->T * n * sizeof(float), NULL), HEARTH_OK);
+        for (int t = 0; t < b->T; t++) {
+            const float *gt = got[g] + (size_t)t * n, *w = wants[g] + (size_t)t * n;
+            int adapters = b->row_adapters[t] ? b->row_adapters[t]->n : 0;
+            /* rows without adapters: the input's bits, in both tiers */
+            if (!adapters) assert_memory_equal(gt, ys[g] + (size_t)t * n, n * sizeof(float));
+            for (int64_t j = 0; j < n; j++) {
+                double d = fabs((double)gt[j] - (double)w[j]), rel = d / (1.0 + fabs((double)w[j]));
+                if (!exact && rel > worst_fast) worst_fast = rel;
+                /* exact: the CPU's order of float operations, the same bits */
+                if (exact ? gt[j] != w[j] : !(rel <= FAST_TOL))
+                    fail_msg("%s tier: layer %d proj %d (of %d at once) row %d of %d (%d adapters) out %lld: cuda %.9g "
+                             "cpu %.9g",
+                             exact ? "exact" : "fast", layer, p + g, np, t, b->T, adapters, (long long)j, gt[j], w[j]);
+            }
         }
+        cuda_free(dys[g]);
+        free(got[g]);
+        if (exact)
+            n_checked++;
+        else
+            n_checked_fast++;
     }
     cuda_free(dx);
-    cuda_free(dy);
-    free(got);
-    if (exact)
-        n_checked++;
-    else
-        n_checked_fast++;
 }
 
-/* Every projection of both layers over the step, in both tiers, against op_lora_apply. */
+/* Every projection of both layers over the step, in both tiers, against op_lora_apply: q /
+ * k / v in one call, o alone, gate / up in one call, down alone (as cuda_model.c groups
+ * the projections that read the same input). */
 static void check_step(cuda_lora_cache *c, const op_batch *b) {
+    static const int first[] = {OP_PROJ_Q, OP_PROJ_O, OP_PROJ_GATE, OP_PROJ_DOWN}, count[] = {3, 1, 2, 1};
     assert_int_equal(cuda_lora_cache_step(c, b, NULL), HEARTH_OK);
     for (int layer = 0; layer < LAYERS; layer++)
-        for (int p = 0; p < OP_N_PROJ; p++) {
+        for (int q = 0; q < 4; q++) {
+            int p = first[q], np = count[q];
             int64_t k, n;
             proj_shape((op_proj)p, &k, &n);
-            size_t nx = (size_t)b->T * k, ny = (size_t)b->T * n;
-            float *x = malloc(nx * sizeof(float)), *y = malloc(ny * sizeof(float)), *want = malloc(ny * sizeof(float));
-            assert_true(x && y && want);
+            size_t nx = (size_t)b->T * k;
+            float *x = malloc(nx * sizeof(float)), *ys[CUDA_LORA_MAX_GROUP], *wants[CUDA_LORA_MAX_GROUP];
+            assert_non_null(x);
             for (size_t i = 0; i < nx; i++) x[i] = rndf();
-            for (size_t i = 0; i < ny; i++) y[i] = rndf();
-            memcpy(want, y, ny * sizeof(float));
-            op_lora_apply(b, layer, (op_proj)p, x, k, want, n, NULL);
-            check_tier(c, b, layer, p, x, y, want, 1);
-            check_tier(c, b, layer, p, x, y, want, 0);
-            free(x), free(y), free(want);
+            for (int g = 0; g < np; g++) {
+                proj_shape((op_proj)(p + g), &k, &n);
+                size_t ny = (size_t)b->T * n;
+                ys[g] = malloc(ny * sizeof(float));
+                wants[g] = malloc(ny * sizeof(float));
+                assert_true(ys[g] && wants[g]);
+                for (size_t i = 0; i < ny; i++) ys[g][i] = rndf();
+                memcpy(wants[g], ys[g], ny * sizeof(float));
+                op_lora_apply(b, layer, (op_proj)(p + g), x, k, wants[g], n, NULL);
+            }
+            check_tier(c, b, layer, p, np, x, ys, wants, 1);
+            check_tier(c, b, layer, p, np, x, ys, wants, 0);
+            for (int g = 0; g < np; g++) free(ys[g]), free(wants[g]);
+            free(x);
         }
 }
 
@@ -276,6 +298,13 @@ static void test_refusals(void **state) {
     assert_int_equal(cuda_lora_cache_step(c, &b, &e), HEARTH_ERR_UNSUPPORTED);
     b.T = MAX_T + 1;
     assert_int_equal(cuda_lora_cache_step(c, &b, &e), HEARTH_ERR_INVALID);
+    /* a group of projections past the last one, more than one launch takes, a layer the model lacks */
+    float *ys[CUDA_LORA_MAX_GROUP + 1] = {0};
+    int64_t ns[CUDA_LORA_MAX_GROUP + 1] = {1, 1, 1, 1};
+    assert_int_equal(cuda_lora_cache_apply(c, 1, 0, OP_PROJ_DOWN, 2, NULL, 1, ys, ns, 0, &e), HEARTH_ERR_INVALID);
+    assert_int_equal(cuda_lora_cache_apply(c, 1, 0, OP_PROJ_Q, CUDA_LORA_MAX_GROUP + 1, NULL, 1, ys, ns, 0, &e),
+                     HEARTH_ERR_INVALID);
+    assert_int_equal(cuda_lora_cache_apply(c, 1, LAYERS, OP_PROJ_Q, 1, NULL, 1, ys, ns, 1, &e), HEARTH_ERR_INVALID);
     cuda_lora_cache_free(c);
     free(A.data);
 }

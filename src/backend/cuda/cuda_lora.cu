@@ -4,7 +4,8 @@
  * after the other, each as shrink (u = A x, rank values in shared memory) then expand (y +=
  * scale * B^T u, DoRA rescale), with the CPU's order of float operations (ops.c lora_row),
  * so both backends give the same bits. Fast (serving): every (row, adapter, rank) dot
- * product at once, one block each, into a scratch, then one thread per (row, output). */
+ * product of up to three projections that share their input at once, one block each, into
+ * a scratch, then one thread per (row, output). */
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
 #include "backend/cuda/cuda_lora.h"
@@ -60,29 +61,45 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_kernel(const cuda_lora *con
     }
 }
 
-/* Fast tier. Shrink: block (c, i, row) computes ranks c, c + LORA_SHRINK_RANKS, ... of the
- * row's adapter i, each as one dot product of A's row with x over all the block's threads
- * (coalesced float4 loads where A's row and x are 16-byte aligned, scalar loads otherwise),
- * reduced by warp shuffles then across the warps in shared memory. LORA_SHRINK_RANKS blocks
- * per (row, adapter): a rank-16 adapter is one rank per block, enough blocks in flight to
- * keep the loads of a 32-row decode step going. Blocks of an empty (row, i) or rank slot
- * leave at once; every condition and loop bound before a barrier is the block's own. */
+/* Fast tier: the projections of one launch pair (up to CUDA_LORA_MAX_GROUP reading the same
+ * x), by value. Expand blocks [first_block[g], first_block[g + 1]) cover projection g. */
+typedef struct lora_group {
+    int np;
+    int idx[CUDA_LORA_MAX_GROUP];
+    float *y[CUDA_LORA_MAX_GROUP];
+    int64_t n[CUDA_LORA_MAX_GROUP];
+    int first_block[CUDA_LORA_MAX_GROUP + 1];
+} lora_group;
+
+/* The rank values of (row of the chunk, projection g, adapter i) in the scratch. */
+__device__ __forceinline__ float *lora_u(float *u, int row, int g, int i) {
+    return u + (((size_t)row * CUDA_LORA_MAX_GROUP + g) * CUDA_LORA_MAX_SET + i) * CUDA_LORA_MAX_RANK;
+}
+
+/* Shrink: block (c, g * CUDA_LORA_MAX_SET + i, row) computes ranks c, c + LORA_SHRINK_RANKS,
+ * ... of projection g of the row's adapter i, each as one dot product of A's row with x
+ * over all the block's threads (coalesced float4 loads where A's row and x are 16-byte
+ * aligned, scalar loads otherwise), reduced by warp shuffles then across the warps in
+ * shared memory. LORA_SHRINK_RANKS blocks per (row, projection, adapter): a rank-16 adapter
+ * is one rank per block, enough blocks in flight to keep the loads of a 32-row decode step
+ * going. Blocks of an empty (row, i), projection or rank slot leave at once; every
+ * condition and loop bound before a barrier is the block's own. */
 #define LORA_SHRINK_THREADS 256
 #define LORA_SHRINK_WARPS (LORA_SHRINK_THREADS / 32)
 #define LORA_SHRINK_RANKS 16
 #define LORA_EXPAND_THREADS 256
 
 __global__ void __launch_bounds__(LORA_SHRINK_THREADS)
-    lora_shrink_fast(const cuda_lora *const *sets, const int32_t *n_set, int idx, int t0, const float *x, int64_t k,
-                     float *u) {
+    lora_shrink_fast(const cuda_lora *const *sets, const int32_t *n_set, lora_group grp, int t0, const float *x,
+                     int64_t k, float *u) {
     __shared__ float part[LORA_SHRINK_WARPS];
-    const int row = blockIdx.z, i = blockIdx.y, t = t0 + row;
+    const int row = blockIdx.z, i = blockIdx.y % CUDA_LORA_MAX_SET, g = blockIdx.y / CUDA_LORA_MAX_SET, t = t0 + row;
     if (i >= n_set[t]) return;
-    const cuda_lora *l = &sets[(size_t)t * CUDA_LORA_MAX_SET + i][idx];
+    const cuda_lora *l = &sets[(size_t)t * CUDA_LORA_MAX_SET + i][grp.idx[g]];
     if (!l->a) return; /* this adapter leaves the projection alone */
     const int tid = threadIdx.x, lane = tid % 32, rank = l->rank;
     const float *xr = x + (size_t)t * k;
-    float *ur = u + ((size_t)row * CUDA_LORA_MAX_SET + i) * CUDA_LORA_MAX_RANK;
+    float *ur = lora_u(u, row, g, i);
     for (int r = blockIdx.x; r < rank; r += LORA_SHRINK_RANKS) {
         const float *a = l->a + (size_t)r * k;
         float p = 0.0f;
@@ -110,24 +127,25 @@ __global__ void __launch_bounds__(LORA_SHRINK_THREADS)
     }
 }
 
-/* Expand: thread (j, row) adds each adapter's scale * sum_r B^T[r][j] u[r] to y[row][j],
- * then its DoRA rescale, adapter after adapter in the row's order (ops.c lora_row's
- * semantics); consecutive threads read consecutive entries of B's rows. A row no adapter
- * touches keeps its bits (not even rewritten). */
+/* Expand: thread (j of projection g, row) adds each adapter's scale * sum_r B^T[r][j] u[r]
+ * to y_g[row][j], then its DoRA rescale, adapter after adapter in the row's order (ops.c
+ * lora_row's semantics); consecutive threads read consecutive entries of B's rows. A row no
+ * adapter touches keeps its bits (not even rewritten). */
 __global__ void __launch_bounds__(LORA_EXPAND_THREADS)
-    lora_expand_fast(const cuda_lora *const *sets, const int32_t *n_set, int idx, int t0, const float *u, float *y,
-                     int64_t n) {
-    const int row = blockIdx.y, t = t0 + row;
-    const int64_t j = (int64_t)blockIdx.x * LORA_EXPAND_THREADS + threadIdx.x;
+    lora_expand_fast(const cuda_lora *const *sets, const int32_t *n_set, lora_group grp, int t0, float *u) {
+    const int row = blockIdx.y, t = t0 + row, bx = blockIdx.x;
+    int g = 0;
+    while (g + 1 < grp.np && bx >= grp.first_block[g + 1]) g++;
+    const int64_t n = grp.n[g], j = (int64_t)(bx - grp.first_block[g]) * LORA_EXPAND_THREADS + threadIdx.x;
     const int count = n_set[t];
     if (j >= n || count == 0) return;
-    float *yj = y + (size_t)t * n + j;
+    float *yj = grp.y[g] + (size_t)t * n + j;
     float v = *yj;
     int touched = 0;
     for (int i = 0; i < count; i++) {
-        const cuda_lora *l = &sets[(size_t)t * CUDA_LORA_MAX_SET + i][idx];
+        const cuda_lora *l = &sets[(size_t)t * CUDA_LORA_MAX_SET + i][grp.idx[g]];
         if (!l->a) continue;
-        const float *ur = u + ((size_t)row * CUDA_LORA_MAX_SET + i) * CUDA_LORA_MAX_RANK;
+        const float *ur = lora_u(u, row, g, i);
         float acc = 0.0f;
         for (int r = 0; r < l->rank; r++) acc += __ldg(l->b + (size_t)r * n + j) * ur[r];
         v += l->scale * acc;
@@ -137,20 +155,29 @@ __global__ void __launch_bounds__(LORA_EXPAND_THREADS)
     if (touched) *yj = v;
 }
 
-extern "C" hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, const int32_t *n_set, int idx,
-                                              const float *x, int64_t k, float *y, int64_t n, int T, float *u,
-                                              hearth_error *err) {
-    if (n <= 0) return HEARTH_OK;
+extern "C" hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, const int32_t *n_set, int np,
+                                              const int *idx, float *const *ys, const int64_t *ns, const float *x,
+                                              int64_t k, int T, float *u, hearth_error *err) {
+    if (np < 1 || np > CUDA_LORA_MAX_GROUP)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: %d projections in one adapter launch (1 to %d)", np,
+                       CUDA_LORA_MAX_GROUP);
+    lora_group grp = {};
+    grp.np = np;
+    for (int g = 0; g < np; g++) {
+        grp.idx[g] = idx[g], grp.y[g] = ys[g], grp.n[g] = ns[g];
+        grp.first_block[g + 1] = grp.first_block[g] + (int)((ns[g] + LORA_EXPAND_THREADS - 1) / LORA_EXPAND_THREADS);
+    }
+    if (grp.first_block[np] <= 0) return HEARTH_OK;
     /* the scratch holds CUDA_LORA_FAST_ROWS rows: longer steps go in chunks (stream order
      * keeps a chunk's shrink after the previous chunk's expand) */
     for (int t0 = 0; t0 < T; t0 += CUDA_LORA_FAST_ROWS) {
         const int rows = T - t0 < CUDA_LORA_FAST_ROWS ? T - t0 : CUDA_LORA_FAST_ROWS;
-        lora_shrink_fast<<<dim3(LORA_SHRINK_RANKS, CUDA_LORA_MAX_SET, (unsigned)rows), dim3(LORA_SHRINK_THREADS), 0,
-                           cuda_stream()>>>(sets, n_set, idx, t0, x, k, u);
+        lora_shrink_fast<<<dim3(LORA_SHRINK_RANKS, CUDA_LORA_MAX_SET * np, (unsigned)rows), dim3(LORA_SHRINK_THREADS),
+                           0, cuda_stream()>>>(sets, n_set, grp, t0, x, k, u);
         hearth_status st = cuda_launched("lora shrink", err);
         if (st) return st;
-        lora_expand_fast<<<dim3((unsigned)((n + LORA_EXPAND_THREADS - 1) / LORA_EXPAND_THREADS), (unsigned)rows),
-                           dim3(LORA_EXPAND_THREADS), 0, cuda_stream()>>>(sets, n_set, idx, t0, u, y, n);
+        lora_expand_fast<<<dim3((unsigned)grp.first_block[np], (unsigned)rows), dim3(LORA_EXPAND_THREADS), 0,
+                           cuda_stream()>>>(sets, n_set, grp, t0, u);
         st = cuda_launched("lora expand", err);
         if (st) return st;
     }

@@ -175,14 +175,22 @@ hearth_status cuda_lora_cache_step(cuda_lora_cache *c, const op_batch *b, hearth
     return st ? st : cuda_upload_async(c->n_set, c->host_n, (size_t)b->T * sizeof(int32_t), err);
 }
 
-hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, op_proj p, const float *x, int64_t k,
-                                    float *y, int64_t n, int exact, hearth_error *err) {
+hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, op_proj p, int np, const float *x,
+                                    int64_t k, float *const *ys, const int64_t *ns, int exact, hearth_error *err) {
     if (layer < 0 || layer >= c->n_layers)
         return err_set(err, HEARTH_ERR_INVALID, "cuda: adapter update of layer %d (the model has %d)", layer,
                        c->n_layers);
-    int idx = layer * OP_N_PROJ + (int)p;
-    if (exact) return cuda_lora_apply(c->sets, c->n_set, idx, x, k, y, n, T, err);
-    return cuda_lora_apply_fast(c->sets, c->n_set, idx, x, k, y, n, T, c->u, err);
+    if (np < 1 || np > CUDA_LORA_MAX_GROUP || (int)p < 0 || (int)p + np > OP_N_PROJ)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: adapter update of projections %d to %d", (int)p,
+                       (int)p + np - 1);
+    int idx[CUDA_LORA_MAX_GROUP];
+    for (int g = 0; g < np; g++) idx[g] = layer * OP_N_PROJ + (int)p + g;
+    if (!exact) return cuda_lora_apply_fast(c->sets, c->n_set, np, idx, ys, ns, x, k, T, c->u, err);
+    for (int g = 0; g < np; g++) {
+        hearth_status st = cuda_lora_apply(c->sets, c->n_set, idx[g], x, k, ys[g], ns[g], T, err);
+        if (st) return st;
+    }
+    return HEARTH_OK;
 }
 
 void cuda_lora_cache_forget(cuda_lora_cache *c, uint64_t key) {

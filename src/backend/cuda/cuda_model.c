@@ -133,12 +133,19 @@ static float *dbuf(const cuda_model *cm, op_buf b) {
     return b == OP_X ? cm->x : b == OP_XN ? cm->xn : b == OP_TMP ? cm->tmp : NULL;
 }
 
-/* y += the step's adapter updates of projection p of model layer `layer` (x [T, k] its
- * input, y [T, n] its output before any bias); nothing in steps without adapters. */
-static hearth_status lora(const op_step *s, int layer, op_proj p, const float *x, int64_t k, float *y, int64_t n) {
+/* ys[g] += the step's adapter updates of projections p, p + 1, ... (np of them, all reading
+ * x [T, k]; ys[g] [T, ns[g]] their outputs before any bias) of model layer `layer`; nothing
+ * in steps without adapters. */
+static hearth_status lora_group(const op_step *s, int layer, op_proj p, int np, const float *x, int64_t k,
+                                float *const *ys, const int64_t *ns) {
     cuda_model *cm = cmod(s);
     if (!cm->lora_step) return HEARTH_OK;
-    return cuda_lora_cache_apply(cm->lora, s->b->T, layer, p, x, k, y, n, cm->plan.gemm_exact, s->err);
+    return cuda_lora_cache_apply(cm->lora, s->b->T, layer, p, np, x, k, ys, ns, cm->plan.gemm_exact, s->err);
+}
+
+/* The same for one projection p: y [T, n]. */
+static hearth_status lora(const op_step *s, int layer, op_proj p, const float *x, int64_t k, float *y, int64_t n) {
+    return lora_group(s, layer, p, 1, x, k, &y, &n);
 }
 
 /* Uploads item i: a weight in its device layout, or a vector of floats. */
@@ -293,8 +300,9 @@ static hearth_status cu_qkv_rope_store(const op_step *s, int layer, const op_att
     const cuda_weight *ws[3] = {dw(cm, a->q), dw(cm, a->k), dw(cm, a->v)};
     float *ys[3] = {a->gated ? cm->qgate : cm->q, cm->k, cm->v};
     TRY(matmul_input(cm, ws, ys, 3, T, err));
-    for (int p = 0; p < 3; p++) /* adapters update the projections before their biases (q doubled on gated attention) */
-        TRY(lora(s, a->layer, OP_PROJ_Q + p, cm->xn, c->hidden, ys[p], p ? kd : qd * (a->gated ? 2 : 1)));
+    /* adapters update the projections before their biases (q doubled on gated attention) */
+    const int64_t ns[3] = {(int64_t)qd * (a->gated ? 2 : 1), kd, kd};
+    TRY(lora_group(s, a->layer, OP_PROJ_Q, 3, cm->xn, c->hidden, ys, ns));
     if (a->gated) TRY(cuda_attn_gate_split(cm->qgate, cm->q, T, c->n_heads, c->head_dim, err));
     TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
     TRY(cuda_add_bias(cm->k, dv(cm, a->k_bias), T, kd, err));
@@ -362,8 +370,8 @@ static hearth_status cu_mlp(const op_step *s, const op_mlp *m) {
     const cuda_weight *ws[2] = {dw(cm, m->gate), dw(cm, m->up)};
     float *ys[2] = {cm->gate, cm->up};
     TRY(matmul_input(cm, ws, ys, 2, T, err));
-    TRY(lora(s, m->layer, OP_PROJ_GATE, cm->xn, H, cm->gate, F));
-    TRY(lora(s, m->layer, OP_PROJ_UP, cm->xn, H, cm->up, F));
+    const int64_t fs[2] = {F, F};
+    TRY(lora_group(s, m->layer, OP_PROJ_GATE, 2, cm->xn, H, ys, fs));
     const cuda_weight *down = dw(cm, m->down);
     if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself (and the product to gate) */
         TRY(cuda_gated_q8(cm->gate, cm->up, n, gelu, cm->xq, cm->xs, err));
@@ -500,8 +508,8 @@ static hearth_status cu_qkv_rope_store_varied(const op_step *s, int layer, const
     float *ys[3] = {cm->q, cm->k, cm->v};
     int np = a->shared ? 1 : a->v ? 3 : 2; /* the projections this layer has */
     TRY(matmul_input(cm, ws, ys, np, T, err));
-    for (int p = 0; p < np; p++) /* adapters update the projections before their biases */
-        TRY(lora(s, a->layer, OP_PROJ_Q + p, cm->xn, c->hidden, ys[p], p ? kd : qd));
+    const int64_t ns[3] = {qd, kd, kd};
+    TRY(lora_group(s, a->layer, OP_PROJ_Q, np, cm->xn, c->hidden, ys, ns)); /* before the biases */
     if (!a->shared && !a->v) TRY(cuda_copy_f32(cm->v, cm->k, (size_t)T * kd, err));
     TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
     if (a->q_norm) /* rows over 256 (full layers' 512) go to the row kernel inside */

@@ -108,7 +108,8 @@ def test_cuda_serving_tier_adapter_follows_cpu(hearth_bin, tiny_models, tmp_path
     CPU reference puts them. On the f32 Llama with this rank-16 adapter the CPU's top-1 leads
     its runner-up by 0.7 or more at the two prompt positions and the first three steps, and
     the adapter changes the prompt positions' top-1 (measured on the CPU); the serving tier's
-    bf16 / float-order differences stay far below that."""
+    bf16 / float-order differences stay far below that (without adapters it gives the CPU's 24
+    greedy tokens on this model: gpu_run phase parity, bench/results/cuda_engine.md)."""
     m = tiny_models["llama-f32"]
     if not has_gpu(hearth_bin, m):
         pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA adapter path did NOT run")

@@ -213,7 +213,7 @@ static void test_ragged_then_decode(void **state) {
     free(A.data), free(B.data), free(C.data), free(D.data);
 }
 
-/* The fast tier's shapes: ranks 2 to 37 (16 ranks in flight per (row, adapter): 37 takes
+/* The fast tier's shapes: ranks 2 to 37 (16 ranks in flight per (row, projection): 37 takes
  * three rounds; 2, 3, 6 and 37 not multiples of 4), DoRA, rows of one, two and
  * CUDA_LORA_MAX_SET adapters beside rows of none, a prefill-sized step, decode steps of 1, 3
  * and 32 rows after it, and 300 rows (two CUDA_LORA_FAST_ROWS chunks, the second ragged). */

@@ -7,8 +7,9 @@ together: llama.cpp runs one adapter set per batch). Alternates the two modes --
 and reports the best and the median of each (the machine is shared: best-of is the least
 disturbed).
 Adapters are random, in MLX format, shaped for the model (made here with numpy alone, so the
-GPU machine needs no mlx). --device cuda serves on the GPU (adapter steps run eagerly there,
-with the grouped low-rank kernel); --all-adapted gives every stream an adapter (no base rows).
+GPU machine needs no mlx). --device cuda serves on the GPU (the serving tier's shrink /
+expand kernels, decode steps in CUDA graphs); --all-adapted gives every stream an adapter
+(no base rows).
 Usage: mixed.py BIN MODEL [--device cpu|cuda] [--streams 8] [--adapters 4] [--rank 16]
                 [--tokens 64] [--threads 2] [--all-adapted]
 Writes bench/results/lora_mixed.md (--device cuda: lora_mixed_cuda.md) through bench/results_file.py."""

@@ -1,12 +1,16 @@
 /* test_cuda_lora.c: LoRA / DoRA on the CUDA backend (cuda_lora_cache.c, cuda_lora.cu)
- * against the CPU's op_lora_apply, bit for bit: random adapters of ranks 4, 8, 16 (plain
- * LoRA) and 16 (DoRA) over the seven projections of two layers, some projections left
- * alone, on a ragged prefill step whose rows use no adapter, one, two or three summed, or
- * the DoRA one, then decode steps that reuse the device copies; rows without adapters keep
- * their bits; an unmounted adapter's copy goes (cuda_lora_cache_forget) and comes back at
- * its next use; past CUDA_LORA_KEEP adapters the least recently used copies go; a row of too
- * many adapters and an adapter without a key are refused. Without a GPU it says loudly
- * that nothing ran. */
+ * against the CPU's op_lora_apply, every projection in both tiers: the exact one
+ * (--cuda-exact) bit for bit, the fast one (serving; q / k / v and gate / up each in one
+ * launch pair) within a float tolerance, rows without adapters keeping their bits in both. Random adapters of ranks 4,
+ * 8, 16 (plain LoRA) and 16 (DoRA) over the seven projections of two layers, some projections left alone, on a ragged
+ * prefill step whose rows use no adapter, one, two or three summed, or the DoRA one, then
+ * decode steps that reuse the device copies; then ranks 2 to 37 (not all multiples of 4,
+ * more than the fast shrink's 16 ranks in flight), rows of CUDA_LORA_MAX_SET adapters, steps
+ * of 1, 3, 32, 100 and 300 rows (past the fast tier's CUDA_LORA_FAST_ROWS chunk); an
+ * unmounted adapter's copy goes (cuda_lora_cache_forget) and comes back at its next use;
+ * past CUDA_LORA_KEEP adapters the least recently used copies go; a row of too many
+ * adapters and an adapter without a key are refused. Without a GPU it says loudly that
+ * nothing ran. */
 /* cmocka.h needs these first */
 /* clang-format off */
 #include <setjmp.h>
@@ -16,6 +20,7 @@
 #include <cmocka.h>
 /* clang-format on */
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +42,7 @@ int main(void) {
 
 /* a small model's shapes, odd where the kernel has tails: hidden 203 (k % 8 != 0), queries
  * 256, keys / values 64, MLP 517 */
-enum { LAYERS = 2, H = 203, QD = 256, KD = 64, F = 517, MAX_T = 64 };
+enum { LAYERS = 2, H = 203, QD = 256, KD = 64, F = 517, MAX_T = 64, BIG_T = 320 };
 
 static void proj_shape(op_proj p, int64_t *k, int64_t *n) {
     static const int ks[OP_N_PROJ] = {H, H, H, QD, H, H, F}, ns[OP_N_PROJ] = {QD, KD, KD, H, F, F, H};
@@ -81,42 +86,89 @@ static void make(test_adapter *t, int r, float scale, int dora, unsigned skip, u
     t->ops = (op_adapter){.proj = t->proj, .data = t->data, .floats = total, .key = key};
 }
 
-static int n_checked;
+static int n_checked, n_checked_fast;
+static double worst_fast; /* the fast tier's largest |cuda - cpu| / (1 + |cpu|) */
 
-/* Every projection of both layers over the step: the device's update against op_lora_apply. */
+/* The fast tier sums in its own order. Against float64, float32 sums of these sizes (k up
+ * to 517, ranks up to 37, eight rank-37 adapters summed, scale 2) stay within 4e-6 of
+ * 1 + |y| (numpy, 200 random draws), on the CPU's side as on the device's: 1e-4 leaves a
+ * wide margin while a wrong index or stride is off by O(1). */
+#define FAST_TOL 1e-4
+
+/* The device's update (tier exact or fast) of projections p .. p + np - 1, all reading x,
+ * of ys[g] against wants[g] (op_lora_apply's). */
+static void check_tier(cuda_lora_cache *c, const op_batch *b, int layer, int p, int np, const float *x,
+                       float *const *ys, float *const *wants, int exact) {
+    int64_t k, ns[CUDA_LORA_MAX_GROUP];
+    float *dys[CUDA_LORA_MAX_GROUP], *got[CUDA_LORA_MAX_GROUP];
+    proj_shape((op_proj)p, &k, &ns[0]); /* the group's projections share their input width */
+    for (int g = 0; g < np; g++) {
+        proj_shape((op_proj)(p + g), &k, &ns[g]);
+        size_t ny = (size_t)b->T * ns[g];
+        got[g] = malloc(ny * sizeof(float));
+        assert_non_null(got[g]);
+        dys[g] = dev_upload(ys[g], ny * sizeof(float));
+    }
+    float *dx = dev_upload(x, (size_t)b->T * k * sizeof(float));
+    assert_int_equal(cuda_lora_cache_apply(c, b->T, layer, (op_proj)p, np, dx, k, dys, ns, exact, NULL), HEARTH_OK);
+    assert_int_equal(cuda_sync(NULL), HEARTH_OK);
+    for (int g = 0; g < np; g++) {
+        int64_t n = ns[g];
+        assert_int_equal(cuda_download(got[g], dys[g], (size_t)b->T * n * sizeof(float), NULL), HEARTH_OK);
+        for (int t = 0; t < b->T; t++) {
+            const float *gt = got[g] + (size_t)t * n, *w = wants[g] + (size_t)t * n;
+            int adapters = b->row_adapters[t] ? b->row_adapters[t]->n : 0;
+            /* rows without adapters: the input's bits, in both tiers */
+            if (!adapters) assert_memory_equal(gt, ys[g] + (size_t)t * n, n * sizeof(float));
+            for (int64_t j = 0; j < n; j++) {
+                double d = fabs((double)gt[j] - (double)w[j]), rel = d / (1.0 + fabs((double)w[j]));
+                if (!exact && rel > worst_fast) worst_fast = rel;
+                /* exact: the CPU's order of float operations, the same bits */
+                if (exact ? gt[j] != w[j] : !(rel <= FAST_TOL))
+                    fail_msg("%s tier: layer %d proj %d (of %d at once) row %d of %d (%d adapters) out %lld: cuda %.9g "
+                             "cpu %.9g",
+                             exact ? "exact" : "fast", layer, p + g, np, t, b->T, adapters, (long long)j, gt[j], w[j]);
+            }
+        }
+        cuda_free(dys[g]);
+        free(got[g]);
+        if (exact)
+            n_checked++;
+        else
+            n_checked_fast++;
+    }
+    cuda_free(dx);
+}
+
+/* Every projection of both layers over the step, in both tiers, against op_lora_apply: q /
+ * k / v in one call, o alone, gate / up in one call, down alone (as cuda_model.c groups
+ * the projections that read the same input). */
 static void check_step(cuda_lora_cache *c, const op_batch *b) {
+    static const int first[] = {OP_PROJ_Q, OP_PROJ_O, OP_PROJ_GATE, OP_PROJ_DOWN}, count[] = {3, 1, 2, 1};
     assert_int_equal(cuda_lora_cache_step(c, b, NULL), HEARTH_OK);
     for (int layer = 0; layer < LAYERS; layer++)
-        for (int p = 0; p < OP_N_PROJ; p++) {
+        for (int q = 0; q < 4; q++) {
+            int p = first[q], np = count[q];
             int64_t k, n;
             proj_shape((op_proj)p, &k, &n);
-            size_t nx = (size_t)b->T * k, ny = (size_t)b->T * n;
-            float *x = malloc(nx * sizeof(float)), *y = malloc(ny * sizeof(float)), *want = malloc(ny * sizeof(float)),
-                  *got = malloc(ny * sizeof(float));
-            assert_true(x && y && want && got);
+            size_t nx = (size_t)b->T * k;
+            float *x = malloc(nx * sizeof(float)), *ys[CUDA_LORA_MAX_GROUP], *wants[CUDA_LORA_MAX_GROUP];
+            assert_non_null(x);
             for (size_t i = 0; i < nx; i++) x[i] = rndf();
-            for (size_t i = 0; i < ny; i++) y[i] = rndf();
-            memcpy(want, y, ny * sizeof(float));
-            op_lora_apply(b, layer, (op_proj)p, x, k, want, n, NULL);
-            float *dx = dev_upload(x, nx * sizeof(float)), *dy = dev_upload(y, ny * sizeof(float));
-            assert_int_equal(cuda_lora_cache_apply(c, b->T, layer, (op_proj)p, dx, k, dy, n, NULL), HEARTH_OK);
-            assert_int_equal(cuda_sync(NULL), HEARTH_OK);
-            assert_int_equal(cuda_download(got, dy, ny * sizeof(float), NULL), HEARTH_OK);
-            for (int t = 0; t < b->T; t++) {
-                /* the CPU's order of float operations: the same bits (rows without adapters: the input's) */
-                if (memcmp(got + (size_t)t * n, want + (size_t)t * n, (size_t)n * sizeof(float))) {
-                    for (int64_t j = 0; j < n; j++)
-                        if (got[(size_t)t * n + j] != want[(size_t)t * n + j])
-                            fail_msg("layer %d proj %d row %d (%d adapters) out %lld: cuda %.9g cpu %.9g", layer, p, t,
-                                     b->row_adapters[t] ? b->row_adapters[t]->n : 0, (long long)j,
-                                     got[(size_t)t * n + j], want[(size_t)t * n + j]);
-                }
-                if (!b->row_adapters[t]) assert_memory_equal(got + (size_t)t * n, y + (size_t)t * n, n * sizeof(float));
+            for (int g = 0; g < np; g++) {
+                proj_shape((op_proj)(p + g), &k, &n);
+                size_t ny = (size_t)b->T * n;
+                ys[g] = malloc(ny * sizeof(float));
+                wants[g] = malloc(ny * sizeof(float));
+                assert_true(ys[g] && wants[g]);
+                for (size_t i = 0; i < ny; i++) ys[g][i] = rndf();
+                memcpy(wants[g], ys[g], ny * sizeof(float));
+                op_lora_apply(b, layer, (op_proj)(p + g), x, k, wants[g], n, NULL);
             }
-            cuda_free(dx);
-            cuda_free(dy);
-            free(x), free(y), free(want), free(got);
-            n_checked++;
+            check_tier(c, b, layer, p, np, x, ys, wants, 1);
+            check_tier(c, b, layer, p, np, x, ys, wants, 0);
+            for (int g = 0; g < np; g++) free(ys[g]), free(wants[g]);
+            free(x);
         }
 }
 
@@ -161,6 +213,50 @@ static void test_ragged_then_decode(void **state) {
     free(A.data), free(B.data), free(C.data), free(D.data);
 }
 
+/* The fast tier's shapes: ranks 2 to 37 (16 ranks in flight per (row, projection): 37 takes
+ * three rounds; 2, 3, 6 and 37 not multiples of 4), DoRA, rows of one, two and
+ * CUDA_LORA_MAX_SET adapters beside rows of none, a prefill-sized step, decode steps of 1, 3
+ * and 32 rows after it, and 300 rows (two CUDA_LORA_FAST_ROWS chunks, the second ragged). */
+static void test_fast_shapes(void **state) {
+    (void)state;
+    enum { N = CUDA_LORA_MAX_SET + 2 };
+    static const int ranks[N] = {4, 8, 16, 37, 2, 12, 6, 3, 16, 16};
+    static test_adapter ad[N];
+    for (int i = 0; i < N; i++) {
+        /* adapter 2 leaves layer 0 alone, adapter 6 every down projection; 8 is DoRA */
+        unsigned skip = i == 2   ? (1u << OP_N_PROJ) - 1
+                        : i == 6 ? 1u << OP_PROJ_DOWN | 1u << (OP_N_PROJ + OP_PROJ_DOWN)
+                                 : 0;
+        make(&ad[i], ranks[i], i % 2 ? 0.5f : 2.0f, i == 8, skip, 200 + (uint64_t)i);
+    }
+    const op_adapter *one[N][1], *all[CUDA_LORA_MAX_SET], *two_a[2] = {&ad[0].ops, &ad[3].ops},
+                                                          *two_b[2] = {&ad[2].ops, &ad[1].ops};
+    op_adapter_set singles[N], pair_a = {2, two_a}, pair_b = {2, two_b}, full = {CUDA_LORA_MAX_SET, all};
+    for (int i = 0; i < N; i++) one[i][0] = &ad[i].ops, singles[i] = (op_adapter_set){1, one[i]};
+    for (int i = 0; i < CUDA_LORA_MAX_SET; i++) all[i] = &ad[i].ops;
+    /* no adapter; each single one (the DoRA one, 8, among them); two pairs; all eight summed */
+    const op_adapter_set *kinds[] = {NULL,        &singles[0], &singles[1], &singles[2], &singles[3],
+                                     &singles[4], &singles[5], &singles[6], &singles[7], &singles[8],
+                                     &singles[9], &pair_a,     &pair_b,     &full};
+    const int n_kinds = (int)(sizeof kinds / sizeof kinds[0]);
+    cuda_lora_cache *c;
+    assert_int_equal(cuda_lora_cache_create(LAYERS, BIG_T, &c, NULL), HEARTH_OK);
+    static const op_adapter_set *rows[BIG_T];
+    static const int steps[] = {100, 1, 3, 32, 300};
+    for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+        int T = steps[s];
+        /* runs of one kind, then kinds interleaved */
+        for (int t = 0; t < T; t++) rows[t] = t < 2 * n_kinds ? kinds[t / 2] : kinds[(t * 5 + (int)s) % n_kinds];
+        if (T < n_kinds) /* decode: the widest rows first */
+            for (int t = 0; t < T; t++) rows[t] = kinds[n_kinds - 1 - t];
+        op_batch b = {.T = T, .row_adapters = rows};
+        check_step(c, &b);
+    }
+    assert_int_equal(cuda_lora_cache_count(c), N);
+    cuda_lora_cache_free(c);
+    for (int i = 0; i < N; i++) free(ad[i].data);
+}
+
 /* More adapters than CUDA_LORA_KEEP, one per step: the oldest copies go, the results stay exact. */
 static void test_lru(void **state) {
     (void)state;
@@ -202,6 +298,13 @@ static void test_refusals(void **state) {
     assert_int_equal(cuda_lora_cache_step(c, &b, &e), HEARTH_ERR_UNSUPPORTED);
     b.T = MAX_T + 1;
     assert_int_equal(cuda_lora_cache_step(c, &b, &e), HEARTH_ERR_INVALID);
+    /* a group of projections past the last one, more than one launch takes, a layer the model lacks */
+    float *ys[CUDA_LORA_MAX_GROUP + 1] = {0};
+    int64_t ns[CUDA_LORA_MAX_GROUP + 1] = {1, 1, 1, 1};
+    assert_int_equal(cuda_lora_cache_apply(c, 1, 0, OP_PROJ_DOWN, 2, NULL, 1, ys, ns, 0, &e), HEARTH_ERR_INVALID);
+    assert_int_equal(cuda_lora_cache_apply(c, 1, 0, OP_PROJ_Q, CUDA_LORA_MAX_GROUP + 1, NULL, 1, ys, ns, 0, &e),
+                     HEARTH_ERR_INVALID);
+    assert_int_equal(cuda_lora_cache_apply(c, 1, LAYERS, OP_PROJ_Q, 1, NULL, 1, ys, ns, 1, &e), HEARTH_ERR_INVALID);
     cuda_lora_cache_free(c);
     free(A.data);
 }
@@ -222,10 +325,11 @@ int main(void) {
     rng_state ^= (uint64_t)time(NULL) * 0x2545f4914f6cdd1dull;
     printf("test_cuda_lora: device 0: %s (sm_%d%d); seed %llx\n", info.name, info.cc_major, info.cc_minor,
            (unsigned long long)rng_state);
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_ragged_then_decode), cmocka_unit_test(test_lru),
-                                       cmocka_unit_test(test_refusals)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_ragged_then_decode), cmocka_unit_test(test_fast_shapes),
+                                       cmocka_unit_test(test_lru), cmocka_unit_test(test_refusals)};
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    printf("test_cuda_lora: %d projections compared bit for bit\n", n_checked);
+    printf("test_cuda_lora: %d projections compared bit for bit (exact tier), %d within %g (fast tier; worst %.3g)\n",
+           n_checked, n_checked_fast, FAST_TOL, worst_fast);
     return failed;
 }
 #endif

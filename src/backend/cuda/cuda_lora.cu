@@ -1,8 +1,11 @@
 /* cuda_lora.cu: the grouped low-rank update of LoRA / DoRA adapters (cuda_model.c calls it
- * right after an adapted projection's matmul in steps that have adapters). One block per
- * row of the step; a row's adapters are applied one after the other, each as shrink (u =
- * A x, rank values in shared memory) then expand (y += scale * B^T u, DoRA rescale), with
- * the CPU's order of float operations (ops.c lora_row), so both backends give the same bits. */
+ * right after an adapted projection's matmul in steps that have adapters), in two tiers.
+ * Exact (--cuda-exact): one block per row of the step; a row's adapters are applied one
+ * after the other, each as shrink (u = A x, rank values in shared memory) then expand (y +=
+ * scale * B^T u, DoRA rescale), with the CPU's order of float operations (ops.c lora_row),
+ * so both backends give the same bits. Fast (serving): every (row, adapter, rank) dot
+ * product of up to three projections that share their input at once, one block each, into
+ * a scratch, then one thread per (row, output). */
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
 #include "backend/cuda/cuda_lora.h"
@@ -56,6 +59,138 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_kernel(const cuda_lora *con
         }
         __syncthreads(); /* u is rewritten by the row's next adapter */
     }
+}
+
+/* Fast tier: the projections of one launch pair (up to CUDA_LORA_MAX_GROUP reading the same
+ * x), by value. Expand blocks [first_block[g], first_block[g + 1]) cover projection g. */
+typedef struct lora_group {
+    int np;
+    int idx[CUDA_LORA_MAX_GROUP];
+    float *y[CUDA_LORA_MAX_GROUP];
+    int64_t n[CUDA_LORA_MAX_GROUP];
+    int first_block[CUDA_LORA_MAX_GROUP + 1];
+} lora_group;
+
+/* v[g] for a g known only at run time, without indexing the kernel's by-value parameters
+ * (which would copy them to local memory). */
+static_assert(CUDA_LORA_MAX_GROUP == 3, "lora_pick names each projection of a group");
+template <class V> __device__ __forceinline__ V lora_pick(const V (&v)[CUDA_LORA_MAX_GROUP], int g) {
+    return g == 0 ? v[0] : g == 1 ? v[1] : v[2];
+}
+
+/* The rank values of (row of the chunk, projection g, adapter i) in the scratch. */
+__device__ __forceinline__ float *lora_u(float *u, int row, int g, int i) {
+    return u + (((size_t)row * CUDA_LORA_MAX_GROUP + g) * CUDA_LORA_MAX_SET + i) * CUDA_LORA_MAX_RANK;
+}
+
+/* Shrink: block (c, g, row) computes ranks c, c + LORA_SHRINK_RANKS, ... of projection g of
+ * each of the row's adapters in turn, each as one dot product of A's row with x over all
+ * the block's threads (coalesced float4 loads where A's row and x are 16-byte aligned,
+ * scalar loads otherwise), reduced by warp shuffles then across the warps in shared memory.
+ * LORA_SHRINK_RANKS blocks per (row, projection): a rank-16 adapter is one rank per block,
+ * enough blocks in flight to keep the loads of a 32-row decode step going, and no block
+ * per empty adapter slot (a grid over the slots would be mostly blocks that only exit).
+ * Every condition and loop bound before a barrier is the block's own. */
+#define LORA_SHRINK_THREADS 256
+#define LORA_SHRINK_WARPS (LORA_SHRINK_THREADS / 32)
+#define LORA_SHRINK_RANKS 16
+#define LORA_EXPAND_THREADS 256
+
+__global__ void __launch_bounds__(LORA_SHRINK_THREADS)
+    lora_shrink_fast(const cuda_lora *const *sets, const int32_t *n_set, lora_group grp, int t0, const float *x,
+                     int64_t k, float *u) {
+    __shared__ float part[LORA_SHRINK_WARPS];
+    const int row = blockIdx.z, g = blockIdx.y, t = t0 + row, count = n_set[t], idx = lora_pick(grp.idx, g);
+    const int tid = threadIdx.x, lane = tid % 32;
+    const float *xr = x + (size_t)t * k;
+    for (int i = 0; i < count; i++) {
+        const cuda_lora *l = &sets[(size_t)t * CUDA_LORA_MAX_SET + i][idx];
+        if (!l->a) continue; /* this adapter leaves the projection alone */
+        float *ur = lora_u(u, row, g, i);
+        for (int r = blockIdx.x; r < l->rank; r += LORA_SHRINK_RANKS) {
+            const float *a = l->a + (size_t)r * k;
+            float p = 0.0f;
+            int64_t tail = 0; /* the first element the scalar loop takes */
+            if ((((uintptr_t)a | (uintptr_t)xr) & 15) == 0) {
+                const float4 *a4 = (const float4 *)a, *x4 = (const float4 *)xr;
+                const int64_t k4 = k / 4;
+#pragma unroll 4
+                for (int64_t j = tid; j < k4; j += LORA_SHRINK_THREADS) {
+                    const float4 av = __ldg(a4 + j), xv = x4[j];
+                    p += av.x * xv.x + av.y * xv.y + av.z * xv.z + av.w * xv.w;
+                }
+                tail = k4 * 4;
+            }
+            for (int64_t j = tail + tid; j < k; j += LORA_SHRINK_THREADS) p += __ldg(a + j) * xr[j];
+            for (int o = 16; o > 0; o /= 2) p += __shfl_xor_sync(0xffffffffu, p, o);
+            if (lane == 0) part[tid / 32] = p;
+            __syncthreads();
+            if (tid == 0) {
+                float sum = 0.0f;
+                for (int w = 0; w < LORA_SHRINK_WARPS; w++) sum += part[w];
+                ur[r] = sum;
+            }
+            __syncthreads(); /* part is rewritten for the next rank */
+        }
+    }
+}
+
+/* Expand: thread (j of projection g, row) adds each adapter's scale * sum_r B^T[r][j] u[r]
+ * to y_g[row][j], then its DoRA rescale, adapter after adapter in the row's order (ops.c
+ * lora_row's semantics); consecutive threads read consecutive entries of B's rows. A row no
+ * adapter touches keeps its bits (not even rewritten). */
+__global__ void __launch_bounds__(LORA_EXPAND_THREADS)
+    lora_expand_fast(const cuda_lora *const *sets, const int32_t *n_set, lora_group grp, int t0, float *u) {
+    const int row = blockIdx.y, t = t0 + row, bx = blockIdx.x;
+    /* the projection: how many of its later first blocks bx has reached (they never decrease) */
+    const int g = (grp.np > 1 && bx >= grp.first_block[1]) + (grp.np > 2 && bx >= grp.first_block[2]);
+    const int idx = lora_pick(grp.idx, g), first = g == 0 ? 0 : g == 1 ? grp.first_block[1] : grp.first_block[2];
+    const int64_t n = lora_pick(grp.n, g), j = (int64_t)(bx - first) * LORA_EXPAND_THREADS + threadIdx.x;
+    const int count = n_set[t];
+    if (j >= n || count == 0) return;
+    float *yj = lora_pick(grp.y, g) + (size_t)t * n + j;
+    float v = *yj;
+    int touched = 0;
+    for (int i = 0; i < count; i++) {
+        const cuda_lora *l = &sets[(size_t)t * CUDA_LORA_MAX_SET + i][idx];
+        if (!l->a) continue;
+        const float *ur = lora_u(u, row, g, i);
+        float acc = 0.0f;
+        for (int r = 0; r < l->rank; r++) acc += __ldg(l->b + (size_t)r * n + j) * ur[r];
+        v += l->scale * acc;
+        if (l->dora) v *= __ldg(l->dora + j);
+        touched = 1;
+    }
+    if (touched) *yj = v;
+}
+
+extern "C" hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, const int32_t *n_set, int np,
+                                              const int *idx, float *const *ys, const int64_t *ns, const float *x,
+                                              int64_t k, int T, float *u, hearth_error *err) {
+    if (np < 1 || np > CUDA_LORA_MAX_GROUP)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: %d projections in one adapter launch (1 to %d)", np,
+                       CUDA_LORA_MAX_GROUP);
+    lora_group grp = {};
+    grp.np = np;
+    for (int g = 0; g < np; g++) {
+        grp.idx[g] = idx[g], grp.y[g] = ys[g], grp.n[g] = ns[g];
+        grp.first_block[g + 1] = grp.first_block[g] + (int)((ns[g] + LORA_EXPAND_THREADS - 1) / LORA_EXPAND_THREADS);
+    }
+    if (grp.first_block[np] <= 0) return HEARTH_OK;
+    /* the scratch holds CUDA_LORA_FAST_ROWS rows: longer steps go in chunks (stream order
+     * keeps a chunk's shrink after the previous chunk's expand) */
+    for (int t0 = 0; t0 < T; t0 += CUDA_LORA_FAST_ROWS) {
+        const int rows = T - t0 < CUDA_LORA_FAST_ROWS ? T - t0 : CUDA_LORA_FAST_ROWS;
+        lora_shrink_fast<<<dim3(LORA_SHRINK_RANKS, (unsigned)np, (unsigned)rows), dim3(LORA_SHRINK_THREADS), 0,
+                           cuda_stream()>>>(sets, n_set, grp, t0, x, k, u);
+        hearth_status st = cuda_launched("lora shrink", err);
+        if (st) return st;
+        lora_expand_fast<<<dim3((unsigned)grp.first_block[np], (unsigned)rows), dim3(LORA_EXPAND_THREADS), 0,
+                           cuda_stream()>>>(sets, n_set, grp, t0, u);
+        st = cuda_launched("lora expand", err);
+        if (st) return st;
+    }
+    return HEARTH_OK;
 }
 
 extern "C" hearth_status cuda_lora_apply(const cuda_lora *const *sets, const int32_t *n_set, int idx, const float *x,

@@ -24,4 +24,21 @@ typedef struct cuda_lora {
  * bits. Rows with n_set[t] == 0 are not touched. sets and n_set on the device. */
 hearth_status cuda_lora_apply(const cuda_lora *const *sets, const int32_t *n_set, int idx, const float *x, int64_t k,
                               float *y, int64_t n, int T, hearth_error *err);
+/* The serving tier's kernels (every step outside --cuda-exact): the same update of np
+ * projections that read the same input x [T, k] (q, k and v; gate and up; np <=
+ * CUDA_LORA_MAX_GROUP), table entries idx[g], outputs ys[g] [T, ns[g]], in two launches per
+ * CUDA_LORA_FAST_ROWS rows: shrink (u = A x for every row, projection, adapter and rank at
+ * once, one block per rank) then expand (y += scale * B^T u, DoRA rescale, after each
+ * adapter in order as above), in float order of their own: close to the CPU, not its bits.
+ * u: device scratch of CUDA_LORA_FAST_FLOATS(max_tokens) floats (steps of up to max_tokens
+ * rows). Launch shapes depend on T, k and the ns only: a decode step with adapters can be
+ * captured into a CUDA graph. */
+#define CUDA_LORA_MAX_GROUP 3
+#define CUDA_LORA_FAST_ROWS 256
+#define CUDA_LORA_FAST_FLOATS(max_tokens)                                                                              \
+    ((size_t)((max_tokens) < CUDA_LORA_FAST_ROWS ? (max_tokens) : CUDA_LORA_FAST_ROWS) * CUDA_LORA_MAX_GROUP *         \
+     CUDA_LORA_MAX_SET * CUDA_LORA_MAX_RANK)
+hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, const int32_t *n_set, int np, const int *idx,
+                                   float *const *ys, const int64_t *ns, const float *x, int64_t k, int T, float *u,
+                                   hearth_error *err);
 #endif

@@ -1,13 +1,15 @@
 /* cuda_lora_cache.c: device copies of LoRA / DoRA adapters and a step's row tables
  * (cuda_lora_cache.h). An adapter's floats go up as one block (op_adapter.data) and its
- * op_lora table is rewritten with device pointers at the same offsets. Uploads are plain
- * cudaMemcpy calls, which order with the backend's (blocking) stream: a step's tables are
- * rewritten only after the previous step's kernels have read them. */
+ * op_lora table is rewritten with device pointers at the same offsets (plain cudaMemcpy, at
+ * an adapter's first use). A step's row tables go up stream-ordered from pinned memory, as
+ * cuda_model.c's step inputs do: no host wait, and a replayed graph reads them; the host
+ * copies are rewritten only at the next step, after this one's final synchronization. */
 #ifdef HEARTH_HAVE_CUDA
 #include "backend/cuda/cuda_lora_cache.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_lora.h"
 #include "base/err.h"
+#include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,25 +29,30 @@ struct cuda_lora_cache {
     lora_copy *copies;
     int n, cap;
     uint64_t step;
-    const cuda_lora **host_sets; /* [max_tokens * CUDA_LORA_MAX_SET]: device tables of each row's adapters */
-    int32_t *host_n;             /* [max_tokens] */
+    const cuda_lora **host_sets; /* pinned, [max_tokens * CUDA_LORA_MAX_SET]: device tables of each row's adapters */
+    int32_t *host_n;             /* pinned, [max_tokens] */
     const cuda_lora **sets;      /* device copies of the two */
     int32_t *n_set;
+    float *u; /* device: the fast tier's rank values, CUDA_LORA_FAST_FLOATS(max_tokens) */
 };
 
 hearth_status cuda_lora_cache_create(int n_layers, int max_tokens, cuda_lora_cache **out, hearth_error *err) {
     *out = NULL;
     cuda_lora_cache *c = calloc(1, sizeof *c);
     size_t T = (size_t)max_tokens;
-    if (!c || !(c->host_sets = calloc(T * CUDA_LORA_MAX_SET, sizeof *c->host_sets)) ||
-        !(c->host_n = calloc(T, sizeof *c->host_n))) {
+    if (!c) return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory for the adapter tables");
+    if (cudaMallocHost((void **)&c->host_sets, T * CUDA_LORA_MAX_SET * sizeof *c->host_sets) != cudaSuccess ||
+        cudaMallocHost((void **)&c->host_n, T * sizeof *c->host_n) != cudaSuccess) {
+        cudaGetLastError();
         cuda_lora_cache_free(c);
-        return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory for the adapter tables");
+        return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host tables for %d adapter rows",
+                       max_tokens);
     }
     c->n_layers = n_layers;
     c->max_tokens = max_tokens;
     hearth_status st = cuda_alloc((void **)&c->sets, T * CUDA_LORA_MAX_SET * sizeof(void *), "adapter row tables", err);
     if (!st) st = cuda_alloc((void **)&c->n_set, T * sizeof(int32_t), "adapter row counts", err);
+    if (!st) st = cuda_alloc((void **)&c->u, CUDA_LORA_FAST_FLOATS(T) * sizeof(float), "adapter rank values", err);
     if (st) {
         cuda_lora_cache_free(c);
         return st;
@@ -63,10 +70,11 @@ void cuda_lora_cache_free(cuda_lora_cache *c) {
     if (!c) return;
     for (int i = 0; i < c->n; i++) copy_free(&c->copies[i]);
     free(c->copies);
-    free(c->host_sets);
-    free(c->host_n);
+    if (c->host_sets) cudaFreeHost(c->host_sets);
+    if (c->host_n) cudaFreeHost(c->host_n);
     cuda_free(c->sets);
     cuda_free(c->n_set);
+    cuda_free(c->u);
     free(c);
 }
 
@@ -163,16 +171,26 @@ hearth_status cuda_lora_cache_step(cuda_lora_cache *c, const op_batch *b, hearth
         }
     }
     evict(c);
-    hearth_status st = cuda_upload(c->sets, c->host_sets, (size_t)b->T * CUDA_LORA_MAX_SET * sizeof(void *), err);
-    return st ? st : cuda_upload(c->n_set, c->host_n, (size_t)b->T * sizeof(int32_t), err);
+    hearth_status st = cuda_upload_async(c->sets, c->host_sets, (size_t)b->T * CUDA_LORA_MAX_SET * sizeof(void *), err);
+    return st ? st : cuda_upload_async(c->n_set, c->host_n, (size_t)b->T * sizeof(int32_t), err);
 }
 
-hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, op_proj p, const float *x, int64_t k,
-                                    float *y, int64_t n, hearth_error *err) {
+hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, op_proj p, int np, const float *x,
+                                    int64_t k, float *const *ys, const int64_t *ns, int exact, hearth_error *err) {
     if (layer < 0 || layer >= c->n_layers)
         return err_set(err, HEARTH_ERR_INVALID, "cuda: adapter update of layer %d (the model has %d)", layer,
                        c->n_layers);
-    return cuda_lora_apply(c->sets, c->n_set, layer * OP_N_PROJ + (int)p, x, k, y, n, T, err);
+    if (np < 1 || np > CUDA_LORA_MAX_GROUP || (int)p < 0 || (int)p + np > OP_N_PROJ)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: adapter update of projections %d to %d", (int)p,
+                       (int)p + np - 1);
+    int idx[CUDA_LORA_MAX_GROUP];
+    for (int g = 0; g < np; g++) idx[g] = layer * OP_N_PROJ + (int)p + g;
+    if (!exact) return cuda_lora_apply_fast(c->sets, c->n_set, np, idx, ys, ns, x, k, T, c->u, err);
+    for (int g = 0; g < np; g++) {
+        hearth_status st = cuda_lora_apply(c->sets, c->n_set, idx[g], x, k, ys[g], ns[g], T, err);
+        if (st) return st;
+    }
+    return HEARTH_OK;
 }
 
 void cuda_lora_cache_forget(cuda_lora_cache *c, uint64_t key) {

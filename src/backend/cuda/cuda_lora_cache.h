@@ -14,17 +14,24 @@
 
 typedef struct cuda_lora_cache cuda_lora_cache;
 
-/* Allocates the row tables of steps of up to max_tokens rows (cuda_plan.c counts them:
- * lora_sets_bytes, lora_counts_bytes); n_layers: the model's layers. */
+/* Allocates the row tables of steps of up to max_tokens rows and the fast tier's scratch
+ * (cuda_plan.c counts them: lora_sets_bytes, lora_counts_bytes, lora_fast_bytes, and the
+ * tables' pinned host copies in pinned_host); n_layers: the model's layers. */
 hearth_status cuda_lora_cache_create(int n_layers, int max_tokens, cuda_lora_cache **out, hearth_error *err);
 void cuda_lora_cache_free(cuda_lora_cache *c);
 /* Before a step with adapters (op_batch_has_adapters): copies the adapters its rows use
- * that the device lacks and uploads each row's list (ordered with the backend's stream). */
+ * that the device lacks and queues each row's list on the backend's stream from pinned
+ * host copies, which the next call rewrites without waiting: call it once the previous
+ * step's work is done (cu_step ends each step with a synchronization). */
 hearth_status cuda_lora_cache_step(cuda_lora_cache *c, const op_batch *b, hearth_error *err);
-/* y[t] += the updates of projection p of model layer `layer` for the rows of the step given
- * to the last cuda_lora_cache_step (x [T, k] on the device, y [T, n]). */
-hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, op_proj p, const float *x, int64_t k,
-                                    float *y, int64_t n, hearth_error *err);
+/* ys[g][t] += the updates of projection p + g (g < np <= CUDA_LORA_MAX_GROUP: projections
+ * that read the same input, q / k / v or gate / up) of model layer `layer` for the rows of
+ * the step given to the last cuda_lora_cache_step (x [T, k] on the device, ys[g] [T, ns[g]]).
+ * exact: the CPU's bits (cuda_lora_apply per projection, the --cuda-exact tier), else the
+ * serving tier's kernels (cuda_lora_apply_fast, one launch pair for the np projections).
+ * Launches only (no host wait, no allocation): graphs can hold it. */
+hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, op_proj p, int np, const float *x,
+                                    int64_t k, float *const *ys, const int64_t *ns, int exact, hearth_error *err);
 /* Drops the device copy of the adapter of this key, if there is one (after the stream's
  * work that may still read it). */
 void cuda_lora_cache_forget(cuda_lora_cache *c, uint64_t key);

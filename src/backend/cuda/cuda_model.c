@@ -68,8 +68,9 @@ typedef struct cuda_model {
     int32_t *ids_dev;   /* device: greedy ids of the logits rows */
     int32_t *host_ids;  /* pinned: their copy on the host */
     /* decode steps (T <= GRAPH_MAX_T tokens, n_out <= T rows) replay a captured graph, one
-     * per (T, n_out, greedy ids or not) */
-    cuda_graph *graphs[GRAPH_MAX_T + 1][GRAPH_MAX_T + 1][2];
+     * per (T, n_out, greedy ids or not, adapters or not): the adapter kernels' shapes depend
+     * on T alone and they read the step's row tables from fixed device buffers */
+    cuda_graph *graphs[GRAPH_MAX_T + 1][GRAPH_MAX_T + 1][2][2];
     int graphs_off; /* a capture failed: every step eager from then on */
     /* this step is batch-invariant (deterministic mode): every matmul goes to the GEMV
      * kernels whatever T (a row's sums do not depend on how many rows share the launch;
@@ -87,8 +88,8 @@ typedef struct cuda_model {
     float *host_moe_logits, *host_moe_w, *host_moe_tw; /* [T, E]; [T K] by expert; [T, K] by token */
     int32_t *host_moe_rows, *host_moe_sel;             /* [T K] by expert; [T, K] by token */
     /* LoRA / DoRA adapters: their device copies and the step's row tables; lora_step: this
-     * step has rows with adapters (then it runs eagerly, each adapted projection followed
-     * by the low-rank update) */
+     * step has rows with adapters (each adapted projection is then followed by the low-rank
+     * update; decode shapes use graphs of their own) */
     cuda_lora_cache *lora;
     int lora_step;
 } cuda_model;
@@ -132,12 +133,19 @@ static float *dbuf(const cuda_model *cm, op_buf b) {
     return b == OP_X ? cm->x : b == OP_XN ? cm->xn : b == OP_TMP ? cm->tmp : NULL;
 }
 
-/* y += the step's adapter updates of projection p of model layer `layer` (x [T, k] its
- * input, y [T, n] its output before any bias); nothing in steps without adapters. */
-static hearth_status lora(const op_step *s, int layer, op_proj p, const float *x, int64_t k, float *y, int64_t n) {
+/* ys[g] += the step's adapter updates of projections p, p + 1, ... (np of them, all reading
+ * x [T, k]; ys[g] [T, ns[g]] their outputs before any bias) of model layer `layer`; nothing
+ * in steps without adapters. */
+static hearth_status lora_group(const op_step *s, int layer, op_proj p, int np, const float *x, int64_t k,
+                                float *const *ys, const int64_t *ns) {
     cuda_model *cm = cmod(s);
     if (!cm->lora_step) return HEARTH_OK;
-    return cuda_lora_cache_apply(cm->lora, s->b->T, layer, p, x, k, y, n, s->err);
+    return cuda_lora_cache_apply(cm->lora, s->b->T, layer, p, np, x, k, ys, ns, cm->plan.gemm_exact, s->err);
+}
+
+/* The same for one projection p: y [T, n]. */
+static hearth_status lora(const op_step *s, int layer, op_proj p, const float *x, int64_t k, float *y, int64_t n) {
+    return lora_group(s, layer, p, 1, x, k, &y, &n);
 }
 
 /* Uploads item i: a weight in its device layout, or a vector of floats. */
@@ -292,8 +300,9 @@ static hearth_status cu_qkv_rope_store(const op_step *s, int layer, const op_att
     const cuda_weight *ws[3] = {dw(cm, a->q), dw(cm, a->k), dw(cm, a->v)};
     float *ys[3] = {a->gated ? cm->qgate : cm->q, cm->k, cm->v};
     TRY(matmul_input(cm, ws, ys, 3, T, err));
-    for (int p = 0; p < 3; p++) /* adapters update the projections before their biases (q doubled on gated attention) */
-        TRY(lora(s, a->layer, OP_PROJ_Q + p, cm->xn, c->hidden, ys[p], p ? kd : qd * (a->gated ? 2 : 1)));
+    /* adapters update the projections before their biases (q doubled on gated attention) */
+    const int64_t ns[3] = {(int64_t)qd * (a->gated ? 2 : 1), kd, kd};
+    TRY(lora_group(s, a->layer, OP_PROJ_Q, 3, cm->xn, c->hidden, ys, ns));
     if (a->gated) TRY(cuda_attn_gate_split(cm->qgate, cm->q, T, c->n_heads, c->head_dim, err));
     TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
     TRY(cuda_add_bias(cm->k, dv(cm, a->k_bias), T, kd, err));
@@ -361,8 +370,8 @@ static hearth_status cu_mlp(const op_step *s, const op_mlp *m) {
     const cuda_weight *ws[2] = {dw(cm, m->gate), dw(cm, m->up)};
     float *ys[2] = {cm->gate, cm->up};
     TRY(matmul_input(cm, ws, ys, 2, T, err));
-    TRY(lora(s, m->layer, OP_PROJ_GATE, cm->xn, H, cm->gate, F));
-    TRY(lora(s, m->layer, OP_PROJ_UP, cm->xn, H, cm->up, F));
+    const int64_t fs[2] = {F, F};
+    TRY(lora_group(s, m->layer, OP_PROJ_GATE, 2, cm->xn, H, ys, fs));
     const cuda_weight *down = dw(cm, m->down);
     if (q8_fusable(cm, &down, 1, T)) { /* the gate writes down's int8 activations itself (and the product to gate) */
         TRY(cuda_gated_q8(cm->gate, cm->up, n, gelu, cm->xq, cm->xs, err));
@@ -499,8 +508,8 @@ static hearth_status cu_qkv_rope_store_varied(const op_step *s, int layer, const
     float *ys[3] = {cm->q, cm->k, cm->v};
     int np = a->shared ? 1 : a->v ? 3 : 2; /* the projections this layer has */
     TRY(matmul_input(cm, ws, ys, np, T, err));
-    for (int p = 0; p < np; p++) /* adapters update the projections before their biases */
-        TRY(lora(s, a->layer, OP_PROJ_Q + p, cm->xn, c->hidden, ys[p], p ? kd : qd));
+    const int64_t ns[3] = {qd, kd, kd};
+    TRY(lora_group(s, a->layer, OP_PROJ_Q, np, cm->xn, c->hidden, ys, ns)); /* before the biases */
     if (!a->shared && !a->v) TRY(cuda_copy_f32(cm->v, cm->k, (size_t)T * kd, err));
     TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
     if (a->q_norm) /* rows over 256 (full layers' 512) go to the row kernel inside */
@@ -655,7 +664,7 @@ static hearth_status run_layers(cuda_model *cm, const op_step *s) {
  * replayed. A capture that fails turns graphs off for this model (eager steps give the
  * same results), with one line on stderr saying why. */
 static hearth_status run_graph(cuda_model *cm, const op_step *s) {
-    cuda_graph **g = &cm->graphs[s->b->T][s->b->n_out][s->out == OP_OUT_IDS];
+    cuda_graph **g = &cm->graphs[s->b->T][s->b->n_out][s->out == OP_OUT_IDS][cm->lora_step];
     if (!*g) {
         hearth_error ce = {0};
         op_step cs = *s;
@@ -710,8 +719,8 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
     cm->layers = layers;
     cm->layers_ctx = ctx;
     op_step s = {.t = be->t, .be = be, .dims = dims, .kv = kv, .b = b, .out = out, .err = err};
-    /* a step with adapters: their device copies and row tables first, then eagerly (graphs
-     * are captured without the adapters' launches) */
+    /* a step with adapters: their device copies and row tables first (queued, no wait);
+     * decode shapes then replay their own graphs, captured with the adapters' launches */
     cm->lora_step = op_batch_has_adapters(b);
     if (cm->lora_step) TRY(cuda_lora_cache_step(cm->lora, b, err));
     /* per-layer inputs: the table's rows queued like the embeddings (the table is known
@@ -720,7 +729,7 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
     if (dims->per_layer_dim && cm->pl_known) TRY(stage_per_layer_rows(cm, &cm->pl_table, b, dims, err));
     int pl_ready = !dims->per_layer_dim || cm->pl_known;
     /* T <= GRAPH_MAX_T runs the same kernels either way, so decode graphs are shared */
-    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && !cm->lora_step && pl_ready && out != OP_OUT_HIDDEN)
+    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && pl_ready && out != OP_OUT_HIDDEN)
         TRY(run_graph(cm, &s));
     else
         TRY(run_layers(cm, &s));
@@ -965,7 +974,8 @@ void cuda_model_free(op_backend *be) {
     if (cm->host_ints) cudaFreeHost(cm->host_ints);
     for (int t = 0; t <= GRAPH_MAX_T; t++)
         for (int r = 0; r <= GRAPH_MAX_T; r++)
-            for (int g = 0; g < 2; g++) cuda_graph_free(cm->graphs[t][r][g]);
+            for (int g = 0; g < 2; g++)
+                for (int l = 0; l < 2; l++) cuda_graph_free(cm->graphs[t][r][g][l]);
     cuda_kv_free(&cm->kv);
     cuda_lora_cache_free(cm->lora);
     cuda_gemm_free(cm->gemm);

@@ -297,14 +297,17 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
         cuda_tally_add(t, p->per_layer_floats * sizeof(float));
     }
     /* each row's adapters (cuda_lora_cache_create: the device pointers of up to
-     * CUDA_LORA_MAX_SET adapter tables per row, then the rows' counts) */
+     * CUDA_LORA_MAX_SET adapter tables per row, the rows' counts, then the fast tier's rank values) */
     p->lora_sets_bytes = T * CUDA_LORA_MAX_SET * sizeof(void *);
     p->lora_counts_bytes = T * sizeof(int32_t);
+    p->lora_fast_bytes = CUDA_LORA_FAST_FLOATS(T) * sizeof(float);
     cuda_tally_add(t, p->lora_sets_bytes);
     cuda_tally_add(t, p->lora_counts_bytes);
-    /* pinned host staging: the step's embeddings (and per-layer rows), its indices, the greedy ids */
+    cuda_tally_add(t, p->lora_fast_bytes);
+    /* pinned host staging: the step's embeddings (and per-layer rows), its indices, the greedy
+     * ids, the adapter row tables */
     p->pinned_host = T * c->hidden * sizeof(float) + p->per_layer_floats * sizeof(float) + p->ints * sizeof(int32_t) +
-                     (size_t)max_out * sizeof(int32_t);
+                     (size_t)max_out * sizeof(int32_t) + p->lora_sets_bytes + p->lora_counts_bytes;
     if (c->n_experts > 0) { /* cuda_model.c alloc_scratch, in its order */
         size_t ffn = (size_t)(c->moe_ffn > c->shared_ffn ? c->moe_ffn : c->shared_ffn);
         p->moe_logits = T * (size_t)c->n_experts;

@@ -100,9 +100,10 @@ typedef struct cuda_plan {
      * (token, expert) pairs, an expert's gate / up rows [T, the widest expert MLP], its input
      * and output rows [T, hidden], and the normed form's expert sum (moe_acc_floats, 0 elsewhere) */
     size_t moe_logits, moe_pairs, moe_ffn_floats, moe_hidden_floats, moe_acc_floats;
-    /* LoRA adapters (cuda_lora_cache.c): each step row's adapter tables and counts; the
+    /* LoRA adapters (cuda_lora_cache.c): each step row's adapter tables and counts (also
+     * pinned on the host), the fast tier's rank values (cuda_lora_apply_fast's scratch); the
      * adapters' own device copies are made when a step first uses them, outside the plan */
-    size_t lora_sets_bytes, lora_counts_bytes;
+    size_t lora_sets_bytes, lora_counts_bytes, lora_fast_bytes;
     int gemm_exact; /* hearth_engine_options.cuda_exact (--cuda-exact) */
     int kv_dtype;   /* cuda_kv_dtype */
     int n_expanded; /* weights expanded to F32 (no kernel for their format) */

@@ -18,7 +18,10 @@ static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t thr
                                 "        --host-sampler) [--sampler-ab]  (then the same runs with the host sampler)\n"
                                 "       [--prompt-file F [--draft-model M] [--num-draft-tokens 3]]  (speculative decoding:\n"
                                 "        --batch B (1) requests of F's text, greedy, on an engine without speculation and one\n"
-                                "        with prompt lookup or the draft model, runs alternating; decode tok/s, ratio, acceptance)";
+                                "        with prompt lookup or the draft model, runs alternating; decode tok/s, ratio, acceptance)\n"
+                                "       [--spec-accept A]  (with --draft-model, benchmarks only: the draft's proposals replaced by\n"
+                                "        the target's own greedy text, each token kept with probability A (0..1), so acceptance is\n"
+                                "        known; adds the ideal speedup (1 - A^(K+1)) / (1 - A) and the fraction of it achieved)";
 
 
 static double now_seconds(void) {
@@ -80,6 +83,8 @@ static int run_sampled(hearth_engine *e, const int32_t *prompt, int p, int n, co
  * early finishers' tail is the only part with fewer than B rows), as llama-batched-bench. */
 typedef struct bench_batch_req {
     struct bench_batch_run *run;
+    int32_t *out; /* NULL, or where its first n tokens go */
+    int n;
     int ntok, done;
     hearth_status st;
     hearth_error err;
@@ -93,6 +98,7 @@ typedef struct bench_batch_run {
 static int bench_batch_token(void *user, int32_t token, const char *text, const hearth_logprobs *lp) {
     (void)token, (void)text, (void)lp;
     bench_batch_req *r = user;
+    if (r->out && r->ntok < r->n) r->out[r->ntok] = token;
     r->run->tokens++;
     if (!r->ntok++ && ++r->run->started == r->run->B) {
         r->run->t_all = now_seconds();
@@ -131,6 +137,7 @@ int cli_bench_run_batch(hearth_engine *e, int B, int p, int n, int vocab, uint64
     double t0 = now_seconds();
     for (int i = 0; !rc && i < B; i++) {
         reqs[i].run = &run;
+        reqs[i].out = text && text->out ? text->out + (size_t)i * (size_t)n : NULL, reqs[i].n = n;
         hearth_batch_request r = {.prompt = prompts + (size_t)i * (size_t)p, .n_prompt = (size_t)p, .params = &gp,
                                   .on_token = bench_batch_token, .on_done = bench_batch_done,
                                   .result = &res[i], .user = &reqs[i]};
@@ -207,6 +214,7 @@ int cli_bench(int argc, char **argv) {
     hearth_engine_options eo = {0};
     hearth_sampling sp = {.top_p = 1.0f, .repetition_penalty = 1.0f};
     int sampled = 0, sampler_ab = 0, batch = 0, batches[16], n_batches = 0, num_draft = 3;
+    double spec_accept = -1;
     const char *prompt_file = NULL, *draft_name = NULL;
     double host_decode_tps = 0;
     for (int i = 1; i < argc; i++) {
@@ -236,6 +244,12 @@ int cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "--prompt-file") && has) prompt_file = argv[++i];
         else if (!strcmp(a, "--draft-model") && has) draft_name = argv[++i];
         else if (!strcmp(a, "--num-draft-tokens") && has) num_draft = atoi(argv[++i]);
+        else if (!strcmp(a, "--spec-accept") && has) {
+            char *end;
+            spec_accept = strtod(argv[++i], &end);
+            if (end == argv[i] || *end || !(spec_accept >= 0 && spec_accept <= 1))
+                return cli_usage_error(bench_usage, "--spec-accept '%s': need a probability from 0 to 1", argv[i]);
+        }
         else if (!strcmp(a, "--temp") && has) sp.temperature = (float)atof(argv[++i]), sampled = 1;
         else if (!strcmp(a, "--top-p") && has) sp.top_p = (float)atof(argv[++i]), sampled = 1;
         else if (!strcmp(a, "--top-k") && has) sp.top_k = atoi(argv[++i]), sampled = 1;
@@ -254,13 +268,17 @@ int cli_bench(int argc, char **argv) {
         return cli_usage_error(bench_usage, "%s", "--draft-model and --num-draft-tokens go with --prompt-file");
     if (prompt_file && (sampled || host_argmax || n_batches > 1 || num_draft < 0))
         return cli_usage_error(bench_usage, "%s", "--prompt-file runs greedy requests of one --batch count");
+    if (spec_accept >= 0 && !draft_name)
+        return cli_usage_error(bench_usage, "%s", "--spec-accept replaces a draft model's proposals: it needs --draft-model");
+    if (spec_accept >= 0 && num_draft < 1)
+        return cli_usage_error(bench_usage, "%s", "--spec-accept needs --num-draft-tokens 1 or more");
     hearth_model *m;
     if (cli_open_model(model, &m)) return 1;
     if (prompt_file) {
         hearth_model *dm = NULL;
         if (draft_name && cli_open_model(draft_name, &dm)) return 1;
         eo.draft_model = dm;
-        int rc = cli_bench_spec(m, eo, prompt_file, batch ? batch : 1, n, reps, num_draft, as_json);
+        int rc = cli_bench_spec(m, eo, prompt_file, batch ? batch : 1, n, reps, num_draft, spec_accept, as_json);
         hearth_model_close(dm);
         hearth_model_close(m);
         return rc;

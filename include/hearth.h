@@ -184,7 +184,8 @@ typedef struct hearth_engine_options {
     const struct hearth_spec_replay *spec_replay; /* benchmarks only (`hearth bench
                             --spec-accept`): the draft model's proposals replaced by a
                             recorded greedy text with a set acceptance; NULL: none.
-                            Copied at creation; its tokens must outlive the engine. */
+                            Read at every step (the bench changes it between runs; tokens
+                            NULL: the draft's own proposals); must outlive the engine. */
 } hearth_engine_options;
 
 /* Controlled acceptance for benchmarks (hearth_engine_options.spec_replay): the draft model

@@ -50,7 +50,7 @@ struct hearth_engine {
     int speculate;     /* hearth_speculate, for the scheduler */
     hearth_engine *draft; /* hearth_engine_options.draft_model's engine, or NULL */
     spec_limits spec;     /* where proposing stops on this engine's backend */
-    hearth_spec_replay replay; /* hearth_engine_options.spec_replay (tokens NULL: none) */
+    const hearth_spec_replay *replay; /* hearth_engine_options.spec_replay, or NULL */
     int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
     cuda_sampler *gsmp;                /* the device sampler (with gpu) */
     const engine_sample_row *dev_rows; /* set for a step whose rows it samples (ids into greedy_id) */
@@ -363,7 +363,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     e->deterministic = o.deterministic != 0;
     e->host_sampler = o.host_sampler != 0;
     e->speculate = o.speculate;
-    if (o.spec_replay && o.spec_replay->tokens) e->replay = *o.spec_replay;
+    e->replay = o.spec_replay;
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
     /* host K/V storage only where the CPU runs the forward pass (after the device is open:
      * --device auto falls back to the CPU when the GPU path fails) */
@@ -690,7 +690,9 @@ int engine_max_sequences(const hearth_engine *e) { return e->max_seqs; }
 int engine_speculate(const hearth_engine *e) { return e->speculate; }
 hearth_engine *engine_draft(hearth_engine *e) { return e->draft; }
 spec_limits engine_spec_limits(const hearth_engine *e) { return e->spec; }
-const hearth_spec_replay *engine_spec_replay(const hearth_engine *e) { return e->replay.tokens ? &e->replay : NULL; }
+const hearth_spec_replay *engine_spec_replay(const hearth_engine *e) {
+    return e->replay && e->replay->tokens ? e->replay : NULL;
+}
 
 /* The draft model's engine: the same options (sequences, context, step, threads, device),
  * no speculation of its own. Refused unless its tokenizer is the model's, token for token. */

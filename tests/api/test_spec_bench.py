@@ -76,3 +76,19 @@ def test_bad_spec_accept(tmp_path):
     r = subprocess.run([str(BIN), "bench", str(MODEL), "--prompt-file", str(tmp_path / "prompt.txt"),
                         "--spec-accept", "0.5"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--draft-model" in r.stderr, r.stderr
+
+
+def test_lists_run_every_combination(tmp_path):
+    r = bench(tmp_path, "--spec-accept", "1,0", "--num-draft-tokens", "2,3", "--batch", "1,2", "-n", "24", "-r", "1",
+              "--json")
+    assert r.returncode == 0, r.stderr
+    reports = [json.loads(line) for line in r.stdout.strip().splitlines()]
+    got = [(o["batch"], o["num_draft_tokens"], o["spec_accept"]) for o in reports]
+    assert got == [(b, k, a) for b in (1, 2) for k in (2, 3) for a in (1.0, 0.0)]
+    for o in reports:
+        assert o["texts_equal"] is True
+        assert o["measured_accept"] == o["spec_accept"], o
+        assert o["ideal_speedup"] == (o["num_draft_tokens"] + 1 if o["spec_accept"] == 1 else 1), o
+    bad = subprocess.run([str(BIN), "bench", str(MODEL), "--prompt-file", str(tmp_path / "prompt.txt"), "--draft-model",
+                          str(DRAFT), "--num-draft-tokens", "2,3"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--spec-accept" in bad.stderr, bad.stderr

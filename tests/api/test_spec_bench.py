@@ -92,3 +92,29 @@ def test_lists_run_every_combination(tmp_path):
     bad = subprocess.run([str(BIN), "bench", str(MODEL), "--prompt-file", str(tmp_path / "prompt.txt"), "--draft-model",
                           str(DRAFT), "--num-draft-tokens", "2,3"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--spec-accept" in bad.stderr, bad.stderr
+
+
+def test_gpu_phase_dry_run_on_the_cpu(tmp_path):
+    """tools/gpu_run.d/spec-bench.sh's whole path (bench/speculative/replay_gpu.py, the
+    results file) with tiny models on the CPU, so the GPU call does not fail on a typo."""
+    need(BIN, "hearth binary", "run make (or set HEARTH_BIN)")
+    need(MODEL, "tiny model", "run tools/make_tiny_models.py")
+    need(DRAFT, "tiny model", "run tools/make_tiny_models.py")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "H": str(BIN), "TINY": str(TINY), "SB_MODEL": str(MODEL), "SB_DRAFT": str(DRAFT),
+           "SB_DEVICE": "cpu", "SB_N": "16", "SB_RUNS": "1", "SB_ACCEPT": "0.6,1", "SB_DEPTHS": "2,3",
+           "SB_STREAMS": "2,8", "SB_FLAGS": "-t 1", "HEARTH_CPU": "scalar"}
+    env.pop("OUT", None)
+    r = subprocess.run(["bash", os.path.join(repo, "tools", "gpu_run.d", "spec-bench.sh"), str(tmp_path / "log")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    md = (tmp_path / "log" / "speculative_gpu.md").read_text()
+    assert "## One stream" in md and "## Concurrent streams" in md and "## Machine-readable result" in md
+    data = json.loads(md.split("```json\n", 1)[1].split("\n```", 1)[0])
+    assert [(o["spec_accept"], o["num_draft_tokens"]) for o in data["one_stream"]] == [
+        (a, k) for k in (2, 3) for a in (0.6, 1.0)]
+    assert [o["batch"] for o in data["streams"]] == [2, 8]
+    # the CPU proposes for up to 4 decoding requests: 2 streams speculate, 8 do not
+    assert data["streams"][0]["last_run_proposed"] > 0 and data["streams"][1]["last_run_proposed"] == 0
+    assert all(o["texts_equal"] for o in data["one_stream"] + data["streams"])
+    assert "every speculative text equal to the text without speculation: yes" in md

@@ -190,16 +190,19 @@ typedef struct hearth_engine_options {
 
 /* Controlled acceptance for benchmarks (hearth_engine_options.spec_replay): the draft model
  * runs and pays its cost as usual, then each token it proposes for position pos is
- * replaced by tokens[pos] with probability accept, else by a token that differs from it
- * (the verifier rejects there, as it would a wrong guess); positions at or past n keep the
- * draft's own. tokens is the target's greedy text (prompt and continuation) from a run
- * without speculation, so every request must be that prompt. Verification is unchanged:
- * the output stays the target's greedy text. */
+ * replaced by the recorded text's token at pos with probability accept, else by a token
+ * that differs from it (the verifier rejects there, as it would a wrong guess). The
+ * recorded texts are the target's greedy texts (prompt and continuation, n tokens each)
+ * from a run without speculation; a request replays the first of them that holds its
+ * tokens so far (none: the draft's own proposals stay). The keep / replace draw is a
+ * function of (seed, sequence slot, position), so the same requests replay the same way
+ * every run. Verification is unchanged: the output stays the target's greedy text. */
 typedef struct hearth_spec_replay {
-    const int32_t *tokens;
+    const int32_t *tokens; /* [n_texts, n] */
     size_t n;
+    int n_texts;
     double accept;  /* 0..1 */
-    uint64_t seed;  /* the keep / replace draws */
+    uint64_t seed;
 } hearth_spec_replay;
 
 /* Speculative decoding in the batch scheduler: a proposer guesses the next tokens of a

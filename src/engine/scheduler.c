@@ -73,7 +73,6 @@ struct hearth_batch {
     unsigned long long prompt_tokens, cached_tokens, requests_done, steps, preemptions;
     unsigned long long spec_proposed[3], spec_accepted[3]; /* by hearth_speculate */
     unsigned long long spec_drafts[3], spec_rejected[3];
-    uint64_t replay_draws; /* hearth_spec_replay's draws so far */
     sched_proposer_fn propose_fn; /* NULL: prompt lookup */
     void *propose_user;
     double last_step_seconds;
@@ -565,19 +564,22 @@ static int32_t argmax_row(const float *x, int n) {
 }
 
 /* Benchmarks' controlled acceptance (hearth_spec_replay): q's draft proposals replaced by
- * the recorded text, each kept with probability accept, else made to differ from it (the
- * draft's own KV keeps what the draft computed: its proposals are discarded anyway, and
- * it pays the cost a draft of that acceptance would). */
+ * the first recorded text that holds q's tokens so far, each kept with probability accept,
+ * else made to differ from it (the draft's own KV keeps what the draft computed: its
+ * proposals are discarded anyway, and it pays the cost a draft of that acceptance would). */
 static void replay(hearth_batch *b, const hearth_spec_replay *rp, sched_req *q, int vocab) {
-    for (int j = 0; j < q->n_draft; j++) {
-        size_t pos = (size_t)q->len + 1 + (size_t)j; /* next is at q->len */
-        if (pos >= rp->n) break;
-        uint64_t z = rp->seed + 0x9e3779b97f4a7c15ULL * ++b->replay_draws; /* splitmix64 */
+    const int32_t *hist = engine_history(b->e, q->seq), *text = NULL;
+    size_t have = (size_t)q->len + 1; /* next is at q->len */
+    for (int t = 0; !text && t < rp->n_texts && have < rp->n; t++)
+        if (!memcmp(rp->tokens + (size_t)t * rp->n, hist, have * sizeof *hist)) text = rp->tokens + (size_t)t * rp->n;
+    for (int j = 0; text && j < q->n_draft && have + (size_t)j < rp->n; j++) {
+        uint64_t pos = have + (uint64_t)j; /* splitmix64 of (seed, slot, position) */
+        uint64_t z = rp->seed ^ ((uint64_t)q->seq * 0xd1b54a32d192ed03ULL) ^ (pos * 0x9e3779b97f4a7c15ULL);
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
         z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
         z ^= z >> 31;
         int keep = (double)(z >> 11) * 0x1.0p-53 < rp->accept;
-        q->draft[j] = keep ? rp->tokens[pos] : (rp->tokens[pos] + 1) % vocab;
+        q->draft[j] = keep ? text[pos] : (text[pos] + 1) % vocab;
     }
 }
 

@@ -65,41 +65,8 @@ def gpu_name():
         return None
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("hearth")
-    ap.add_argument("model")
-    ap.add_argument("draft")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("-n", type=int, default=128, help="tokens generated a request")
-    ap.add_argument("-r", type=int, default=3, help="runs a row (median)")
-    ap.add_argument("--accept", default="0.6,0.8,0.95")
-    ap.add_argument("--depths", default="2,4,8")
-    ap.add_argument("--streams", default="32,128")
-    ap.add_argument("--streams-accept", default="0.8")
-    ap.add_argument("--streams-depth", default="4")
-    ap.add_argument("--flags", default="", help="more hearth bench flags (e.g. --deterministic, -t 2)")
-    ap.add_argument("--timeout", type=int, default=900)
-    ap.add_argument("--out", default="speculative_gpu", help="a bench/results name or a path")
-    ap.add_argument("--log", default=None, help="the hearth bench output (default: beside --out)")
-    args = ap.parse_args()
-    accepts = [float(a) for a in args.accept.split(",")]
-    depths = [int(k) for k in args.depths.split(",")]
-    streams = [int(s) for s in args.streams.split(",") if s]
-    out_path = results_file.path_of(args.out)
-    log = args.log or os.path.splitext(out_path)[0] + ".log"
-    os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
-    open(log, "w").close()
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(PROMPT)
-        prompt = f.name
-    try:
-        one, rc1, tail1 = bench(args, prompt, [1], depths, accepts, log)
-        many, rc2, tail2 = bench(args, prompt, streams, [int(args.streams_depth)], [float(args.streams_accept)],
-                                 log) if streams else ([], 0, [])
-    finally:
-        os.unlink(prompt)
-
+def report(args, one, rc1, tail1, many, rc2, tail2, streams, pending):
+    """Writes the result file (the tables so far); returns whether every text was equal."""
     def equal(o):  # the timed texts against the replayed ones, and where those depart from no speculation
         if not o.get("texts_equal"):
             return "**no**"
@@ -146,6 +113,8 @@ def main():
                          f"{o['tokens_per_step']:.2f} | {equal(o)} |")
         if rc2 and not many:
             lines.append(f"\nStream runs failed (rc {rc2}): {' / '.join(tail2)}")
+    if pending:
+        lines.append("\nConcurrent streams: not run yet (the run was cut short, or is still going).")
     all_equal = all(o.get("texts_equal") for o in one + many)
     departing = sum(1 for o in one + many if o.get("requests_departing_from_none"))
     lines += ["", f"Targets met: {sum(verdicts)} of {len(verdicts)}; every speculative text equal to the text it "
@@ -162,8 +131,49 @@ def main():
             "targets": {"fraction_of_ideal": TARGET_FRACTION, "streams_32": TARGET_32, "floor": TARGET_FLOOR}}
     gpu = gpu_name() if args.device == "cuda" else None
     path = results_file.write(args.out, body, data, machine_line=f"{gpu}, {results_file.machine()}" if gpu else None)
-    print(body)
+    if not pending:
+        print(body)
     print(f"wrote {path}")
+    return all_equal
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("hearth")
+    ap.add_argument("model")
+    ap.add_argument("draft")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("-n", type=int, default=128, help="tokens generated a request")
+    ap.add_argument("-r", type=int, default=3, help="runs a row (median)")
+    ap.add_argument("--accept", default="0.6,0.8,0.95")
+    ap.add_argument("--depths", default="2,4,8")
+    ap.add_argument("--streams", default="32,128")
+    ap.add_argument("--streams-accept", default="0.8")
+    ap.add_argument("--streams-depth", default="4")
+    ap.add_argument("--flags", default="", help="more hearth bench flags (e.g. --deterministic, -t 2)")
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--out", default="speculative_gpu", help="a bench/results name or a path")
+    ap.add_argument("--log", default=None, help="the hearth bench output (default: beside --out)")
+    args = ap.parse_args()
+    accepts = [float(a) for a in args.accept.split(",")]
+    depths = [int(k) for k in args.depths.split(",")]
+    streams = [int(s) for s in args.streams.split(",") if s]
+    out_path = results_file.path_of(args.out)
+    log = args.log or os.path.splitext(out_path)[0] + ".log"
+    os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
+    open(log, "w").close()
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(PROMPT)
+        prompt = f.name
+    try:
+        one, rc1, tail1 = bench(args, prompt, [1], depths, accepts, log)
+        # written now too: a phase cut short by its time budget keeps the one-stream table
+        report(args, one, rc1, tail1, [], 0, [], streams, pending=bool(streams))
+        many, rc2, tail2 = bench(args, prompt, streams, [int(args.streams_depth)], [float(args.streams_accept)],
+                                 log) if streams else ([], 0, [])
+    finally:
+        os.unlink(prompt)
+    all_equal = report(args, one, rc1, tail1, many, rc2, tail2, streams, pending=False)
     return 0 if one and (not streams or many) and all_equal else 1
 
 

@@ -16,7 +16,8 @@ mkdir -p "$L" && L=$(cd "$L" && pwd)
 cd "$(dirname "$0")/../.." || exit 1
 : "${H:?H (the hearth binary) is not set}"
 M=${SB_MODEL:-${L8:-/tmp/llama8b}} D=${SB_DRAFT:-${D1:-/tmp/llama1b}}
-if [ -z "${SB_DRAFT:-}" ] && [ ! -f "$D/.done" ] && ! pgrep -f "cuda_llama8b.py make1b" >/dev/null; then
+# the runner's writer logs to LOGDIR/../model_d1.log when GR_MODELS has d1
+if [ -z "${SB_DRAFT:-}" ] && [ ! -f "$D/.done" ] && [ ! -e "$L/../model_d1.log" ]; then
   echo "writing the 1B draft (GR_MODELS had no d1)"
   timeout 300 python3 tools/cuda_llama8b.py make1b "$D" "$TINY"/llama-bf16 >"$L"/write_d1.log 2>&1 && touch "$D/.done"
 fi

@@ -84,11 +84,14 @@ def report(args, one, rc1, tail1, many, rc2, tail2, streams, pending):
              f"tokens, {args.n} generated a request, greedy, median of {args.r} runs alternating with no "
              "speculation in the same process. The draft model runs and pays its cost; its proposals are replaced "
              "by the target's recorded greedy text, each token kept with probability A (`hearth bench "
-             "--spec-accept`). Ideal: expected tokens a verified step, (1 - A^(K+1)) / (1 - A).", "",
+             "--spec-accept`). Ideal: expected tokens a verified step, (1 - A^(K+1)) / (1 - A). Ideal with "
+             "draft cost: that over (1 + K x the model's decode time a token / the draft's), a cycle being one "
+             "step of the model and K of the draft, each timed alone at the same batch in the same run.", "",
              "## One stream", "",
              "| A | K | none tok/s | speculative tok/s | speedup | measured A | tokens / step | ideal | "
-             f"of ideal (target {TARGET_FRACTION}) | met | text equal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"of ideal (target {TARGET_FRACTION}) | met | draft alone tok/s | ideal with draft cost | of it | "
+             "text equal |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     verdicts = []
     for o in one:
         met = o["fraction_of_ideal"] >= TARGET_FRACTION
@@ -96,7 +99,8 @@ def report(args, one, rc1, tail1, many, rc2, tail2, streams, pending):
         lines.append(f"| {o['spec_accept']:.2f} | {o['num_draft_tokens']} | {o['none_decode_tps']:.1f} | "
                      f"{o['spec_decode_tps']:.1f} | {o['speedup']:.2f}x | {measured(o)} | "
                      f"{o['tokens_per_step']:.2f} | {o['ideal_speedup']:.2f}x | {o['fraction_of_ideal']:.2f} | "
-                     f"{'yes' if met else 'no'} | {equal(o)} |")
+                     f"{'yes' if met else 'no'} | {o['draft_decode_tps']:.1f} | {o['ideal_with_draft_cost']:.2f}x | "
+                     f"{o['fraction_of_ideal_with_draft_cost']:.2f} | {equal(o)} |")
     if rc1 and not one:
         lines.append(f"\nOne-stream runs failed (rc {rc1}): {' / '.join(tail1)}")
     if streams:

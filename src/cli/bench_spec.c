@@ -47,11 +47,11 @@ static int first_difference(const int32_t *out, const int32_t *ref, size_t ref_s
 
 typedef struct spec_run {
     hearth_model *m;
-    hearth_engine *e[2]; /* [0]: none, [1]: speculating */
+    hearth_engine *e[3]; /* [0]: none, [1]: speculating, [2]: the draft model alone (replaying) */
     const char *prompt_file;
     cli_bench_text t;
     int vocab, n, reps, as_json, replaying, proposer;
-    double *dec[2];
+    double *dec[3];
     int32_t *full;  /* [B, prompt + n]: the replayed texts */
     int32_t *none;  /* [B, n]: the texts without speculation */
     int32_t *outs;  /* [B, n]: a speculative run's */
@@ -100,9 +100,15 @@ static int spec_config(spec_run *s, int B, int K, double A, int *differs, hearth
                         st[k].spec_accepted[HEARTH_SPEC_LOOKUP] + st[k].spec_accepted[HEARTH_SPEC_DRAFT],
                         st[k].spec_proposed[HEARTH_SPEC_LOOKUP] + st[k].spec_proposed[HEARTH_SPEC_DRAFT]);
         }
-    qsort(s->dec[0], (size_t)s->reps, sizeof(double), cli_cmp_double);
-    qsort(s->dec[1], (size_t)s->reps, sizeof(double), cli_cmp_double);
+    /* the draft model alone, as many runs: what one of its steps costs against the model's */
+    for (int r = 0; s->e[2] && r < s->reps; r++) {
+        hearth_batch_stats unused_st;
+        int rc = cli_bench_run_batch(s->e[2], B, 0, s->n, s->vocab, 1, &s->t, &unused, &s->dec[2][r], &unused_st, err);
+        if (rc) return rc;
+    }
+    for (int k = 0; k < (s->e[2] ? 3 : 2); k++) qsort(s->dec[k], (size_t)s->reps, sizeof(double), cli_cmp_double);
     double a = cli_median_sorted(s->dec[0], s->reps), b = cli_median_sorted(s->dec[1], s->reps);
+    double draft_tps = s->e[2] ? cli_median_sorted(s->dec[2], s->reps) : 0.0;
     double speedup = a > 0 ? b / a : 0.0;
     int p = s->proposer;
     unsigned long long prop = st[1].spec_proposed[p], acc = st[1].spec_accepted[p];
@@ -112,6 +118,9 @@ static int spec_config(spec_run *s, int B, int K, double A, int *differs, hearth
     double a_hat = acc + rej ? (double)acc / (double)(acc + rej) : 0.0;
     double per_step = drafts ? 1.0 + (double)acc / (double)drafts : 1.0;
     double ideal = s->replaying ? ideal_speedup(A, K) : 0.0;
+    /* a verification cycle: one step of the model and K of the draft (the first feeding what
+     * was accepted), each about a decode step of its own: the ideal with the draft's cost */
+    double ideal_draft = draft_tps > 0 ? ideal / (1.0 + K * a / draft_tps) : 0.0;
     json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:I, s:I, s:I}", "model",
                           hearth_model_path(s->m), "device",
                           hearth_engine_device(s->e[1]) == HEARTH_DEVICE_CUDA ? "cuda" : "cpu", "proposer",
@@ -120,9 +129,11 @@ static int spec_config(spec_run *s, int B, int K, double A, int *differs, hearth
                           "spec_decode_tps", b, "speedup", speedup, "last_run_proposed", (json_int_t)prop,
                           "last_run_accepted", (json_int_t)acc, "last_run_drafts", (json_int_t)drafts);
     if (s->replaying) {
-        json_t *x = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:b, s:i, s:i, s:i}", "num_draft_tokens", K,
-                              "spec_accept", A, "measured_accept", a_hat, "tokens_per_step", per_step,
+        json_t *x = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:b, s:i, s:i, s:i}", "num_draft_tokens",
+                              K, "spec_accept", A, "measured_accept", a_hat, "tokens_per_step", per_step,
                               "ideal_speedup", ideal, "fraction_of_ideal", ideal > 0 ? speedup / ideal : 0.0,
+                              "draft_decode_tps", draft_tps, "ideal_with_draft_cost", ideal_draft,
+                              "fraction_of_ideal_with_draft_cost", ideal_draft > 0 ? speedup / ideal_draft : 0.0,
                               "texts_equal", mismatch < 0, "rerecorded", rounds, "requests_departing_from_none",
                               departs < 0 ? 0 : departs, "first_departure_from_none", departs < 0 ? -1 : departs_at);
         json_object_update(o, x);
@@ -140,8 +151,11 @@ static int spec_config(spec_run *s, int B, int K, double A, int *differs, hearth
         if (s->replaying)
         {
             printf("replay      A %.2f, K %d: measured A %.3f, %.2f tokens a verified step\n"
-                   "ideal       %.2fx (1 - A^(K+1)) / (1 - A): achieved %.2f of it\ntext        %s",
-                   A, K, a_hat, per_step, ideal, ideal > 0 ? speedup / ideal : 0.0,
+                   "ideal       %.2fx (1 - A^(K+1)) / (1 - A): achieved %.2f of it\n"
+                   "draft cost  the draft alone %.1f tok/s: ideal with K of its steps a cycle %.2fx, achieved %.2f\n"
+                   "text        %s",
+                   A, K, a_hat, per_step, ideal, ideal > 0 ? speedup / ideal : 0.0, draft_tps, ideal_draft,
+                   ideal_draft > 0 ? speedup / ideal_draft : 0.0,
                    mismatch >= 0 ? "DIFFERS from the replayed text" :
                    departs < 0   ? "equal to the run without speculation" :
                                    "equal to the replayed text, which");
@@ -187,26 +201,27 @@ int cli_bench_spec(hearth_model *m, hearth_engine_options eo, const char *prompt
     if (s.replaying) on.spec_replay = &rp; /* tokens NULL until the first recording */
     if (!on.context_length) on.context_length = off.context_length = (int)s.t.n + n + 16;
     if (!on.max_sequences) on.max_sequences = off.max_sequences = maxB;
-    s.dec[0] = calloc((size_t)reps, sizeof(double)), s.dec[1] = calloc((size_t)reps, sizeof(double));
+    for (int k = 0; k < 3; k++) s.dec[k] = calloc((size_t)reps, sizeof(double));
     if (s.replaying) {
         s.full = malloc((size_t)maxB * (s.t.n + (size_t)n) * sizeof *s.full);
         s.none = malloc((size_t)maxB * (size_t)n * sizeof *s.none);
         s.outs = malloc((size_t)maxB * (size_t)n * sizeof *s.outs);
     }
     int rc = 0, differs = 0;
-    if (!s.dec[0] || !s.dec[1] || (s.replaying && (!s.full || !s.none || !s.outs))) {
+    if (!s.dec[0] || !s.dec[1] || !s.dec[2] || (s.replaying && (!s.full || !s.none || !s.outs))) {
         fprintf(stderr, "hearth: bench: out of memory\n");
         rc = 1;
     }
     if (!rc) rc = hearth_engine_create(m, &off, &s.e[0], &err) || hearth_engine_create(m, &on, &s.e[1], &err);
+    if (!rc && s.replaying) rc = hearth_engine_create(eo.draft_model, &off, &s.e[2], &err);
     s.vocab = rc ? 0 : hearth_model_vocab_rows(s.e[0]);
     for (int bi = 0; !rc && bi < nB; bi++) {
         int B = Bs[bi], at = 0, who;
         double unused;
         s.t.num_draft_tokens = Ks[0];
         rp.tokens = NULL; /* warm-up with the draft's own proposals */
-        for (int k = 0; !rc && k < 2; k++)
-            rc = cli_bench_run_batch(s.e[k], B, 0, 8, s.vocab, 1, &s.t, &unused, &unused, NULL, &err);
+        for (int k = 0; !rc && k < 3; k++)
+            if (s.e[k]) rc = cli_bench_run_batch(s.e[k], B, 0, 8, s.vocab, 1, &s.t, &unused, &unused, NULL, &err);
         if (!rc && s.replaying) { /* the target's greedy texts at this batch count, without speculation */
             s.t.out = s.none;
             rc = cli_bench_run_batch(s.e[0], B, 0, n, s.vocab, 1, &s.t, &unused, &unused, NULL, &err);
@@ -222,10 +237,7 @@ int cli_bench_spec(hearth_model *m, hearth_engine_options eo, const char *prompt
                 rc = spec_config(&s, B, Ks[ki], s.replaying ? As[ai] : -1.0, &differs, &err);
     }
     if (rc) rc = err.status ? cli_fail(&err) : 1;
-    hearth_engine_free(s.e[0]);
-    hearth_engine_free(s.e[1]);
-    free(s.dec[0]);
-    free(s.dec[1]);
+    for (int k = 0; k < 3; k++) hearth_engine_free(s.e[k]), free(s.dec[k]);
     free(s.full);
     free(s.none);
     free(s.outs);

@@ -64,6 +64,10 @@ def test_partial_acceptance_in_a_batch(tmp_path):
     assert abs(o["measured_accept"] - a) < 0.2, o
     assert abs(o["ideal_speedup"] - (1 - a ** (k + 1)) / (1 - a)) < 1e-9
     assert abs(o["fraction_of_ideal"] - o["speedup"] / o["ideal_speedup"]) < 1e-9
+    # a cycle: one step of the model and K of the draft, each at its own measured rate
+    assert o["draft_decode_tps"] > 0
+    assert abs(o["ideal_with_draft_cost"] - o["ideal_speedup"] /
+               (1 + k * o["none_decode_tps"] / o["draft_decode_tps"])) < 1e-9
 
 
 def test_text_report(tmp_path):

@@ -181,7 +181,29 @@ typedef struct hearth_engine_options {
                             options, its own KV pool): the batch scheduler proposes its
                             greedy tokens instead of prompt lookup's. NULL: none. Must
                             outlive the engine. */
+    const struct hearth_spec_replay *spec_replay; /* benchmarks only (`hearth bench
+                            --spec-accept`): the draft model's proposals replaced by a
+                            recorded greedy text with a set acceptance; NULL: none.
+                            Read at every step (the bench changes it between runs; tokens
+                            NULL: the draft's own proposals); must outlive the engine. */
 } hearth_engine_options;
+
+/* Controlled acceptance for benchmarks (hearth_engine_options.spec_replay): the draft model
+ * runs and pays its cost as usual, then each token it proposes for position pos is
+ * replaced by the recorded text's token at pos with probability accept, else by a token
+ * that differs from it (the verifier rejects there, as it would a wrong guess). The
+ * recorded texts are the target's greedy texts (prompt and continuation, n tokens each)
+ * from a run without speculation; a request replays the first of them that holds its
+ * tokens so far (none: the draft's own proposals stay). The keep / replace draw is a
+ * function of (seed, sequence slot, position), so the same requests replay the same way
+ * every run. Verification is unchanged: the output stays the target's greedy text. */
+typedef struct hearth_spec_replay {
+    const int32_t *tokens; /* [n_texts, n] */
+    size_t n;
+    int n_texts;
+    double accept;  /* 0..1 */
+    uint64_t seed;
+} hearth_spec_replay;
 
 /* Speculative decoding in the batch scheduler: a proposer guesses the next tokens of a
  * decoding request, one step scores them all, and the request keeps the longest prefix
@@ -591,6 +613,9 @@ typedef struct hearth_batch_stats {
     /* speculative decoding, per proposer (hearth_speculate; only prompt lookup proposes
        now): tokens proposed and, of those, accepted (emitted without a step of their own) */
     unsigned long long spec_proposed[3], spec_accepted[3];
+    /* verified proposals (steps of one request that carried any), and those of them that
+     * a rejection ended (not fully accepted, the request not finished) */
+    unsigned long long spec_drafts[3], spec_rejected[3];
 } hearth_batch_stats;
 void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out);
 

@@ -6,6 +6,8 @@ rounding; TF32 off).
 
   make  OUT_DIR TOKENIZER_DIR      writes the model (tokenizer files copied from a tiny model:
                                    ids are given directly, the text side is never used)
+  make1b OUT_DIR TOKENIZER_DIR     the same with Llama-3.2-1B's shapes (tied embeddings): the
+                                   8B model's draft for speculative decoding (same tokenizer)
   ref   OUT_DIR IDS_JSON STEPS     prints {"last": [[id, logit]...top 64], "steps": [ids]} as JSON
   compare REF_JSON HEARTH_TRACE_JSON   prints the max |logit| difference and greedy agreement
 """
@@ -15,16 +17,23 @@ import shutil
 import sys
 
 
-def make(out, tok_dir):
+SHAPE_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128, rope_factor=8.0,
+                tie_word_embeddings=False)
+SHAPE_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64, rope_factor=32.0,
+                tie_word_embeddings=True)
+
+
+def make(out, tok_dir, shape=SHAPE_8B):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+    sh = dict(shape)
+    factor = sh.pop("rope_factor")
+    cfg = LlamaConfig(vocab_size=128256, num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
                       rms_norm_eps=1e-5, rope_theta=500000.0,
-                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      rope_scaling={"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-                      tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16")
+                      bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16", **sh)
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
@@ -89,6 +98,8 @@ if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "make":
         make(sys.argv[2], sys.argv[3])
+    elif cmd == "make1b":
+        make(sys.argv[2], sys.argv[3], SHAPE_1B)
     elif cmd == "ref":
         ref(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:

@@ -18,13 +18,32 @@ static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t thr
                                 "        --host-sampler) [--sampler-ab]  (then the same runs with the host sampler)\n"
                                 "       [--prompt-file F [--draft-model M] [--num-draft-tokens 3]]  (speculative decoding:\n"
                                 "        --batch B (1) requests of F's text, greedy, on an engine without speculation and one\n"
-                                "        with prompt lookup or the draft model, runs alternating; decode tok/s, ratio, acceptance)";
+                                "        with prompt lookup or the draft model, runs alternating; decode tok/s, ratio, acceptance)\n"
+                                "       [--spec-accept A[,A...]]  (with --draft-model, benchmarks only: the draft's proposals replaced by\n"
+                                "        the target's own greedy text, each token kept with probability A (0..1), so acceptance is\n"
+                                "        known; adds the ideal speedup (1 - A^(K+1)) / (1 - A) and the fraction of it achieved;\n"
+                                "        lists of --batch, --num-draft-tokens and A run every combination, one report each)";
 
 
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A comma-separated list of 1..16 numbers in [lo, hi] (integers only with whole) into v;
+ * returns the count, -1 when it does not parse. */
+static int parse_list(const char *s, double *v, double lo, double hi, int whole) {
+    int n = 0;
+    for (;;) {
+        char *end;
+        double x = strtod(s, &end);
+        if (end == s || n == 16 || !(x >= lo && x <= hi) || (whole && x != (double)(long)x)) return -1;
+        v[n++] = x;
+        if (*end == 0) return n;
+        if (*end != ',') return -1;
+        s = end + 1;
+    }
 }
 
 int cli_cmp_double(const void *a, const void *b) {
@@ -80,6 +99,8 @@ static int run_sampled(hearth_engine *e, const int32_t *prompt, int p, int n, co
  * early finishers' tail is the only part with fewer than B rows), as llama-batched-bench. */
 typedef struct bench_batch_req {
     struct bench_batch_run *run;
+    int32_t *out; /* NULL, or where its first n tokens go */
+    int n;
     int ntok, done;
     hearth_status st;
     hearth_error err;
@@ -93,6 +114,7 @@ typedef struct bench_batch_run {
 static int bench_batch_token(void *user, int32_t token, const char *text, const hearth_logprobs *lp) {
     (void)token, (void)text, (void)lp;
     bench_batch_req *r = user;
+    if (r->out && r->ntok < r->n) r->out[r->ntok] = token;
     r->run->tokens++;
     if (!r->ntok++ && ++r->run->started == r->run->B) {
         r->run->t_all = now_seconds();
@@ -131,6 +153,7 @@ int cli_bench_run_batch(hearth_engine *e, int B, int p, int n, int vocab, uint64
     double t0 = now_seconds();
     for (int i = 0; !rc && i < B; i++) {
         reqs[i].run = &run;
+        reqs[i].out = text && text->out ? text->out + (size_t)i * (size_t)n : NULL, reqs[i].n = n;
         hearth_batch_request r = {.prompt = prompts + (size_t)i * (size_t)p, .n_prompt = (size_t)p, .params = &gp,
                                   .on_token = bench_batch_token, .on_done = bench_batch_done,
                                   .result = &res[i], .user = &reqs[i]};
@@ -206,7 +229,9 @@ int cli_bench(int argc, char **argv) {
     int p = 512, n = 128, reps = 5, as_json = 0, host_argmax = 0;
     hearth_engine_options eo = {0};
     hearth_sampling sp = {.top_p = 1.0f, .repetition_penalty = 1.0f};
-    int sampled = 0, sampler_ab = 0, batch = 0, batches[16], n_batches = 0, num_draft = 3;
+    int sampled = 0, sampler_ab = 0, batch = 0, batches[16], n_batches = 0, num_draft[16] = {3}, n_draft = 1;
+    double spec_accept[16];
+    int n_accept = 0;
     const char *prompt_file = NULL, *draft_name = NULL;
     double host_decode_tps = 0;
     for (int i = 1; i < argc; i++) {
@@ -235,7 +260,16 @@ int cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "--sampler-ab")) sampler_ab = sampled = 1;
         else if (!strcmp(a, "--prompt-file") && has) prompt_file = argv[++i];
         else if (!strcmp(a, "--draft-model") && has) draft_name = argv[++i];
-        else if (!strcmp(a, "--num-draft-tokens") && has) num_draft = atoi(argv[++i]);
+        else if (!strcmp(a, "--num-draft-tokens") && has) {
+            double v[16];
+            if ((n_draft = parse_list(argv[++i], v, 0, 64, 1)) <= 0)
+                return cli_usage_error(bench_usage, "--num-draft-tokens '%s': need 1..16 counts of 0..64, comma-separated", argv[i]);
+            for (int j = 0; j < n_draft; j++) num_draft[j] = (int)v[j];
+        }
+        else if (!strcmp(a, "--spec-accept") && has) {
+            if ((n_accept = parse_list(argv[++i], spec_accept, 0, 1, 0)) <= 0)
+                return cli_usage_error(bench_usage, "--spec-accept '%s': need 1..16 probabilities from 0 to 1, comma-separated", argv[i]);
+        }
         else if (!strcmp(a, "--temp") && has) sp.temperature = (float)atof(argv[++i]), sampled = 1;
         else if (!strcmp(a, "--top-p") && has) sp.top_p = (float)atof(argv[++i]), sampled = 1;
         else if (!strcmp(a, "--top-k") && has) sp.top_k = atoi(argv[++i]), sampled = 1;
@@ -250,17 +284,25 @@ int cli_bench(int argc, char **argv) {
     if (batch && (sampled || host_argmax))
         return cli_usage_error(bench_usage, "%s", "--batch runs greedy requests (no sampler flags)");
     if (batch && n < 2) return cli_usage_error(bench_usage, "%s", "--batch needs -n 2 or more");
-    if ((draft_name || num_draft != 3) && !prompt_file)
-        return cli_usage_error(bench_usage, "%s", "--draft-model and --num-draft-tokens go with --prompt-file");
-    if (prompt_file && (sampled || host_argmax || n_batches > 1 || num_draft < 0))
-        return cli_usage_error(bench_usage, "%s", "--prompt-file runs greedy requests of one --batch count");
+    if ((draft_name || n_draft != 1 || num_draft[0] != 3 || n_accept) && !prompt_file)
+        return cli_usage_error(bench_usage, "%s", "--draft-model, --num-draft-tokens and --spec-accept go with --prompt-file");
+    if (prompt_file && (sampled || host_argmax))
+        return cli_usage_error(bench_usage, "%s", "--prompt-file runs greedy requests");
+    if (prompt_file && !n_accept && (n_batches > 1 || n_draft > 1))
+        return cli_usage_error(bench_usage, "%s", "lists of --batch or --num-draft-tokens counts go with --spec-accept");
+    if (n_accept && !draft_name)
+        return cli_usage_error(bench_usage, "%s", "--spec-accept replaces a draft model's proposals: it needs --draft-model");
+    for (int j = 0; n_accept && j < n_draft; j++)
+        if (num_draft[j] < 1) return cli_usage_error(bench_usage, "%s", "--spec-accept needs --num-draft-tokens 1 or more");
     hearth_model *m;
     if (cli_open_model(model, &m)) return 1;
     if (prompt_file) {
         hearth_model *dm = NULL;
         if (draft_name && cli_open_model(draft_name, &dm)) return 1;
         eo.draft_model = dm;
-        int rc = cli_bench_spec(m, eo, prompt_file, batch ? batch : 1, n, reps, num_draft, as_json);
+        int one = 1;
+        int rc = cli_bench_spec(m, eo, prompt_file, n_batches > 0 ? batches : &one, n_batches > 0 ? n_batches : 1, n,
+                                reps, num_draft, n_draft, spec_accept, n_accept, as_json);
         hearth_model_close(dm);
         hearth_model_close(m);
         return rc;

@@ -20,14 +20,17 @@ typedef struct cli_bench_text {
     const int32_t *ids;
     size_t n;
     int num_draft_tokens;
+    int32_t *out; /* optional: [B, n] the requests' generated tokens */
 } cli_bench_text;
 /* One --batch run (bench.c): B greedy requests of p random tokens (text: its tokens) and n
  * new ones through one hearth_batch; aggregate prefill and decode tok/s; *stats (optional)
  * the batch's counters at the end. */
 int cli_bench_run_batch(hearth_engine *e, int B, int p, int n, int vocab, uint64_t seed, const cli_bench_text *text,
                         double *prefill_tps, double *decode_tps, hearth_batch_stats *stats, hearth_error *err);
-int cli_bench_spec(hearth_model *m, hearth_engine_options eo, const char *prompt_file, int B, int n, int reps,
-                   int num_draft_tokens, int as_json);
+/* Every combination of the batch counts Bs, draft depths Ks and (nA > 0, with the draft
+ * model) controlled acceptances As (hearth_spec_replay); one report each. */
+int cli_bench_spec(hearth_model *m, hearth_engine_options eo, const char *prompt_file, const int *Bs, int nB, int n,
+                   int reps, const int *Ks, int nK, const double *As, int nA, int as_json);
 /* qsort's comparison of doubles, and the median of n sorted values. */
 int cli_cmp_double(const void *a, const void *b);
 double cli_median_sorted(const double *v, int n);

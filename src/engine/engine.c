@@ -49,6 +49,8 @@ struct hearth_engine {
     int append_rows;   /* logits rows one hearth_seq_append may return (max_logits_rows) */
     int speculate;     /* hearth_speculate, for the scheduler */
     hearth_engine *draft; /* hearth_engine_options.draft_model's engine, or NULL */
+    spec_limits spec;     /* where proposing stops on this engine's backend */
+    const hearth_spec_replay *replay; /* hearth_engine_options.spec_replay, or NULL */
     int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
     cuda_sampler *gsmp;                /* the device sampler (with gpu) */
     const engine_sample_row *dev_rows; /* set for a step whose rows it samples (ids into greedy_id) */
@@ -127,6 +129,8 @@ void engine_trim_heap(void) {
 #endif
 }
 
+static spec_limits model_spec_limits(const model *m, int gpu);
+
 hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts, engine_plan *p,
                                hearth_error *err) {
     hearth_engine_options o = opts ? *opts : (hearth_engine_options){0};
@@ -156,7 +160,12 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
         return err_set(err, HEARTH_ERR_INVALID, "unknown --speculate mode (it takes lookup or none)");
     p->append_rows = o.max_logits_rows > ENGINE_MAX_LOGITS_ROWS ? o.max_logits_rows : ENGINE_MAX_LOGITS_ROWS;
     p->max_out = p->max_seqs > p->append_rows ? p->max_seqs : p->append_rows;
-    if (o.speculate != HEARTH_SPEC_NONE) p->max_out += SPEC_MAX_DRAFT;
+    /* the CPU: SPEC_MAX_DRAFT for its few speculating rows; the GPU: every proposal the
+     * step's token limit leaves room for */
+    if (o.speculate != HEARTH_SPEC_NONE) {
+        int gpu_room = o.device == HEARTH_DEVICE_CUDA ? model_spec_limits(m, 1).max_step_tokens : 0;
+        p->max_out += gpu_room > SPEC_MAX_DRAFT ? gpu_room : SPEC_MAX_DRAFT;
+    }
     /* default KV pool: every sequence its whole context, so admission never waits on the
      * pool below the sequence limit; engine_plan_room cuts it to what fits in memory */
     if (o.kv_blocks < 0) return err_set(err, HEARTH_ERR_INVALID, "engine: invalid KV pool size %d", o.kv_blocks);
@@ -354,6 +363,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     e->deterministic = o.deterministic != 0;
     e->host_sampler = o.host_sampler != 0;
     e->speculate = o.speculate;
+    e->replay = o.spec_replay;
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
     /* host K/V storage only where the CPU runs the forward pass (after the device is open:
      * --device auto falls back to the CPU when the GPU path fails) */
@@ -365,6 +375,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
                              kv_state_default_snaps(e->max_seqs), err);
     if (!st) st = engine_device_open(model_ops(e->m), &e->kv, o.device, o.cuda_exact, e->step_tokens, e->max_out, e->tp, &e->be, err);
     e->gpu = e->be != NULL;
+    e->spec = model_spec_limits(e->m, e->gpu);
     if (!st && !e->gpu && po.device == HEARTH_DEVICE_CUDA) st = kv_storage_attach(&e->kv, err);
     if (!st && !e->gpu)
         st = cpu_backend_create(model_ops(e->m), &e->kv, e->step_tokens, e->max_out, e->n_threads, e->tp, &e->be, err);
@@ -678,6 +689,10 @@ int engine_max_out_rows(const hearth_engine *e) { return e->max_out; }
 int engine_max_sequences(const hearth_engine *e) { return e->max_seqs; }
 int engine_speculate(const hearth_engine *e) { return e->speculate; }
 hearth_engine *engine_draft(hearth_engine *e) { return e->draft; }
+spec_limits engine_spec_limits(const hearth_engine *e) { return e->spec; }
+const hearth_spec_replay *engine_spec_replay(const hearth_engine *e) {
+    return e->replay && e->replay->tokens ? e->replay : NULL;
+}
 
 /* The draft model's engine: the same options (sequences, context, step, threads, device),
  * no speculation of its own. Refused unless its tokenizer is the model's, token for token. */
@@ -701,6 +716,7 @@ static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_opt
                        hearth_token_piece(t, bad) ? hearth_token_piece(t, bad) : "(none)", hearth_model_path(t));
     hearth_engine_options dop = *o;
     dop.draft_model = NULL;
+    dop.spec_replay = NULL;
     dop.speculate = HEARTH_SPEC_NONE;
     dop.context_length = e->context;
     dop.max_sequences = e->max_seqs;
@@ -805,6 +821,19 @@ static double weight_read_bytes(const op_weight *w) {
     if (w->dtype == DT_U32 && w->group_size > 0) /* MLX scales and biases */
         b += 2.0 * (double)w->n * (double)(w->k / w->group_size) * tensor_dtype_block_bytes(w->sb_dtype);
     return b;
+}
+
+/* spec_limits_for with the bytes a parameter of the model's projections take as stored
+ * (quantized ones with their scales; 2 where it has none). */
+static spec_limits model_spec_limits(const model *m, int gpu) {
+    double bytes = 0, params = 0;
+    for (int i = 0; i < m->cfg.n_layers; i++) {
+        const layer_weights *l = &m->layers[i];
+        const op_weight *ws[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++)
+            bytes += weight_read_bytes(ws[j]), params += (double)ws[j]->n * (double)ws[j]->k;
+    }
+    return spec_limits_for(gpu, params > 0 ? bytes / params : 2.0);
 }
 
 double engine_decode_bytes(const model *m, int context, int kv_quant) {

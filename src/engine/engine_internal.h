@@ -6,6 +6,7 @@
 #include "base/threadpool.h"
 #include "kv/kv_cache.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "engine/fit_internal.h"
 #include "backend/cuda/cuda_sample.h"
 
@@ -46,6 +47,11 @@ int engine_max_sequences(const hearth_engine *e);
 int engine_speculate(const hearth_engine *e);
 /* The draft model's engine (hearth_engine_options.draft_model), or NULL. */
 hearth_engine *engine_draft(hearth_engine *e);
+/* Where proposing stops on the engine's backend (spec.h: spec_limits_for with the model's
+ * bytes a weight). */
+spec_limits engine_spec_limits(const hearth_engine *e);
+/* hearth_engine_options.spec_replay (benchmarks only), or NULL. */
+const hearth_spec_replay *engine_spec_replay(const hearth_engine *e);
 /* Sets position pos of seq's history (a proposed token, before the step that scores it). */
 void engine_history_set(hearth_engine *e, int seq, int pos, int32_t token);
 kv_cache *engine_kv(hearth_engine *e);

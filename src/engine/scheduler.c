@@ -72,6 +72,7 @@ struct hearth_batch {
     /* monitoring (hearth_batch_stats_get) */
     unsigned long long prompt_tokens, cached_tokens, requests_done, steps, preemptions;
     unsigned long long spec_proposed[3], spec_accepted[3]; /* by hearth_speculate */
+    unsigned long long spec_drafts[3], spec_rejected[3];
     sched_proposer_fn propose_fn; /* NULL: prompt lookup */
     void *propose_user;
     double last_step_seconds;
@@ -532,6 +533,8 @@ void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out) {
     }
     memcpy(out->spec_proposed, b->spec_proposed, sizeof out->spec_proposed);
     memcpy(out->spec_accepted, b->spec_accepted, sizeof out->spec_accepted);
+    memcpy(out->spec_drafts, b->spec_drafts, sizeof out->spec_drafts);
+    memcpy(out->spec_rejected, b->spec_rejected, sizeof out->spec_rejected);
     if (dsec > 0) out->decode_tok_s = decode / dsec;
     if (psec > 0) out->prefill_tok_s = prefill / psec;
 }
@@ -558,6 +561,26 @@ static int32_t argmax_row(const float *x, int n) {
     for (int i = 1; i < n; i++)
         if (x[i] > x[best]) best = i;
     return best;
+}
+
+/* Benchmarks' controlled acceptance (hearth_spec_replay): q's draft proposals replaced by
+ * the first recorded text that holds q's tokens so far, each kept with probability accept,
+ * else made to differ from it (the draft's own KV keeps what the draft computed: its
+ * proposals are discarded anyway, and it pays the cost a draft of that acceptance would). */
+static void replay(hearth_batch *b, const hearth_spec_replay *rp, sched_req *q, int vocab) {
+    const int32_t *hist = engine_history(b->e, q->seq), *text = NULL;
+    size_t have = (size_t)q->len + 1; /* next is at q->len */
+    for (int t = 0; !text && t < rp->n_texts && have < rp->n; t++)
+        if (!memcmp(rp->tokens + (size_t)t * rp->n, hist, have * sizeof *hist)) text = rp->tokens + (size_t)t * rp->n;
+    for (int j = 0; text && j < q->n_draft && have + (size_t)j < rp->n; j++) {
+        uint64_t pos = have + (uint64_t)j; /* splitmix64 of (seed, slot, position) */
+        uint64_t z = rp->seed ^ ((uint64_t)q->seq * 0xd1b54a32d192ed03ULL) ^ (pos * 0x9e3779b97f4a7c15ULL);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        z ^= z >> 31;
+        int keep = (double)(z >> 11) * 0x1.0p-53 < rp->accept;
+        q->draft[j] = keep ? text[pos] : (text[pos] + 1) % vocab;
+    }
 }
 
 /* The draft model's proposals for the n requests in b->row_req (n_draft: how many each
@@ -614,6 +637,8 @@ static int draft_propose(hearth_batch *b, hearth_engine *d, int n) {
             if (q->n_draft > j) q->draft[j] = argmax_row(logits + (size_t)o++ * vocab, vocab);
         }
     }
+    const hearth_spec_replay *rp = engine_spec_replay(b->e);
+    for (int r = 0; rp && r < n; r++) replay(b, rp, b->row_req[r], hearth_model_vocab_rows(b->e));
     for (int r = 0; r < n; r++) /* proposals into the target's KV: reserved as lookup's are */
         if (b->row_req[r]->n_draft && kv_reserve(engine_kv(b->e), b->row_req[r]->seq,
                                                  b->row_req[r]->len + 1 + b->row_req[r]->n_draft, &err))
@@ -631,8 +656,9 @@ fail: /* a failing draft step: no proposals this step, the draft starts over for
 
 /* Proposes tokens for decoding requests (the draft model's num_draft_tokens when the
  * engine has one, else prompt lookup over each one's own tokens, as deep as its acceptance
- * allows) while the step has spare logits rows and tokens: none
- * with speculation off or more than SPEC_MAX_DECODE_ROWS decoding, none for rows the GPU
+ * allows) while the step has spare logits rows and tokens, within the backend's limits
+ * (spec_step_room: none with more decoding than the CPU's few rows, or past the GPU's
+ * memory-bound token count; a draft model all rows or none), none for rows the GPU
  * samples (their draws are not the host sampler's sequence), and only into KV blocks that
  * are free now (a guess never evicts cached prefixes or preempts a request). Returns the
  * tokens proposed. */
@@ -642,10 +668,18 @@ static int propose(hearth_batch *b) {
     for (int i = 0; i < b->n_run; i++) b->run[i]->n_draft = 0, n_dec += b->run[i]->decoding;
     kv_cache *kv = engine_kv(e);
     /* a hybrid model's recurrent state would run through rejected tokens: no rollback of it yet */
-    if (engine_speculate(e) == HEARTH_SPEC_NONE || n_dec == 0 || n_dec > SPEC_MAX_DECODE_ROWS || kv->state) return 0;
-    int rows = engine_max_out_rows(e) - b->n_run, tokens = b->budget - b->n_run;
-    int ctx = hearth_engine_context_length(e), n_drafting = 0;
     hearth_engine *draft = engine_draft(e);
+    int depth = 0; /* a draft model's: the deepest request's */
+    for (int i = 0; draft && i < b->n_run; i++)
+        if (b->run[i]->decoding && b->run[i]->r.params->num_draft_tokens > depth)
+            depth = b->run[i]->r.params->num_draft_tokens;
+    if (depth > SPEC_MAX_DRAFT) depth = SPEC_MAX_DRAFT;
+    if (engine_speculate(e) == HEARTH_SPEC_NONE || kv->state) return 0;
+    int reach = spec_step_room(engine_spec_limits(e), n_dec, depth);
+    if (reach <= 0) return 0;
+    int rows = engine_max_out_rows(e) - b->n_run, tokens = b->budget - b->n_run;
+    if (reach < tokens) tokens = reach;
+    int ctx = hearth_engine_context_length(e), n_drafting = 0;
     for (int i = 0; i < b->n_run; i++) {
         sched_req *q = b->run[i];
         const hearth_generate_params *p = q->r.params;
@@ -711,6 +745,8 @@ static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
     }
     accepted = j < k && id == q->draft[j] ? j + 1 : j;
     b->spec_proposed[q->proposer] += (unsigned long long)k, b->spec_accepted[q->proposer] += (unsigned long long)accepted;
+    b->spec_drafts[q->proposer]++;
+    b->spec_rejected[q->proposer] += accepted < k && !q->r.result->finish;
     if (q->proposer == HEARTH_SPEC_LOOKUP) spec_depth_update(&q->depth, k, accepted);
     if (q->dseq >= 0) { /* the draft's KV holds next and the proposals before the last: keep the accepted */
         if (q->dlen > q->len) q->dlen = q->len;

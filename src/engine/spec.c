@@ -1,6 +1,7 @@
 /* spec.c: prompt lookup and adaptive draft depth (see spec.h). Knows tokens only. */
 #include "engine/spec.h"
 #include "hearth.h"
+#include <stdint.h>
 #include <string.h>
 
 /* The tokens after the latest earlier occurrence of hist's last n-gram (longest first),
@@ -58,4 +59,20 @@ int hearth_speculate_parse(const char *name) {
     for (int s = HEARTH_SPEC_LOOKUP; s <= HEARTH_SPEC_NONE; s++)
         if (name && !strcmp(name, hearth_speculate_name(s))) return s;
     return -1;
+}
+
+spec_limits spec_limits_for(int gpu, double bytes_per_weight) {
+    if (!gpu) return (spec_limits){.max_decode_rows = SPEC_CPU_DECODE_ROWS, .max_step_tokens = 0};
+    double ridge = SPEC_GPU_FLOP_PER_BYTE * bytes_per_weight / 2.0;
+    int t = ridge < 2.0 ? 2 : ridge > 65536.0 ? 65536 : (int)ridge;
+    return (spec_limits){.max_decode_rows = t - 1, .max_step_tokens = t};
+}
+
+int spec_step_room(spec_limits l, int n_dec, int draft_depth) {
+    if (n_dec <= 0 || n_dec > l.max_decode_rows) return 0;
+    if (l.max_step_tokens <= 0) return INT32_MAX;
+    int room = l.max_step_tokens - n_dec;
+    if (room <= 0) return 0;
+    if (draft_depth > 0 && (long long)n_dec * draft_depth > room) return 0;
+    return room;
 }

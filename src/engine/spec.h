@@ -17,9 +17,32 @@
  * predicting better. */
 #define SPEC_NGRAM_MAX 4
 #define SPEC_NGRAM_MIN 2
-/* Decoding requests in a step above which nothing is proposed: a batch that large fills
- * the step's arithmetic already, so extra verified tokens cost about what they save. */
-#define SPEC_MAX_DECODE_ROWS 4
+/* Where proposing stops: a verified token is nearly free only while the step is
+ * memory-bound (reading the weights costs more than the arithmetic on its tokens). The
+ * engine gives each backend's limits (engine_spec_limits):
+ * - CPU: at most SPEC_CPU_DECODE_ROWS decoding requests, whatever the depth: a CPU step's
+ *   arithmetic catches up with its weight reads after a few rows.
+ * - GPU: the step's tokens (decoding rows and proposals) at most the ridge point, the
+ *   tokens at which the arithmetic (2 FLOP a weight a token) takes as long as reading the
+ *   weights once: SPEC_GPU_FLOP_PER_BYTE x (weight bytes a parameter) / 2; about 200
+ *   tokens for bf16 weights, 56 for 4.5-bit ones. SPEC_GPU_FLOP_PER_BYTE is a dense
+ *   bf16 tensor-core GPU's peak FLOP/s over its memory bytes/s, rounded down: H200 989e12
+ *   / 4.8e12 = 206, H100 SXM 295, A100 156. */
+#define SPEC_CPU_DECODE_ROWS 4
+#define SPEC_GPU_FLOP_PER_BYTE 200.0
+typedef struct spec_limits {
+    int max_decode_rows; /* decoding requests above which nothing is proposed */
+    int max_step_tokens; /* decoding rows plus proposals a step may carry; 0: no limit */
+} spec_limits;
+/* The limits of the CPU (gpu 0) or the GPU, for weights of bytes_per_weight bytes a
+ * parameter (the GPU's ridge; at least 2 tokens). */
+spec_limits spec_limits_for(int gpu, double bytes_per_weight);
+/* Tokens the step may propose in all with n_dec decoding requests: 0 above
+ * max_decode_rows or at the token limit, else what the token limit leaves (INT32_MAX
+ * without one). draft_depth > 0 (a draft model proposing that many for each request):
+ * the draft's steps cost as much for one request as for all of them, so either every
+ * decoding request gets its full depth within the limit or none proposes. */
+int spec_step_room(spec_limits l, int n_dec, int draft_depth);
 
 /* Prompt lookup: for n-gram lengths SPEC_NGRAM_MAX down to SPEC_NGRAM_MIN, the latest
  * earlier occurrence of hist's last n tokens; the up to max_k tokens that followed it go

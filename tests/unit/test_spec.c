@@ -74,6 +74,35 @@ static void test_depth(void **st) {
 }
 
 /* a hybrid draft model is refused: its recurrent state would keep rejected proposals */
+/* Where proposing stops (spec_step_room): the CPU's few rows whatever the depth; the GPU's
+ * step tokens up to the ridge (200 FLOP/byte: 200 tokens of bf16 weights, 56 of 4.5-bit
+ * ones), a draft model every row at full depth or none. */
+static void test_limits(void **st) {
+    (void)st;
+    spec_limits cpu = spec_limits_for(0, 2.0), bf16 = spec_limits_for(1, 2.0), q4 = spec_limits_for(1, 0.5625);
+    assert_int_equal(cpu.max_decode_rows, 4);
+    assert_int_equal(cpu.max_step_tokens, 0);
+    for (int n = 1; n <= 4; n++) { /* as before: any depth up to 4 decoding requests, none above */
+        assert_int_equal(spec_step_room(cpu, n, 0), INT32_MAX);
+        assert_int_equal(spec_step_room(cpu, n, 8), INT32_MAX);
+    }
+    assert_int_equal(spec_step_room(cpu, 5, 0), 0);
+    assert_int_equal(spec_step_room(cpu, 0, 0), 0);
+    assert_int_equal(bf16.max_step_tokens, 200);
+    assert_int_equal(bf16.max_decode_rows, 199);
+    assert_int_equal(q4.max_step_tokens, 56);
+    assert_int_equal(spec_step_room(bf16, 1, 8), 199);
+    assert_int_equal(spec_step_room(bf16, 32, 4), 168);   /* 32 x 5 = 160 tokens: memory-bound */
+    assert_int_equal(spec_step_room(bf16, 32, 8), 0);     /* 32 x 9 = 288: past the ridge */
+    assert_int_equal(spec_step_room(bf16, 32, 0), 168);   /* prompt lookup: what is left */
+    assert_int_equal(spec_step_room(bf16, 128, 4), 0);    /* 128 streams: never a partial draft */
+    assert_int_equal(spec_step_room(bf16, 128, 0), 72);
+    assert_int_equal(spec_step_room(bf16, 200, 0), 0);
+    assert_int_equal(spec_step_room(q4, 32, 4), 0);
+    assert_int_equal(spec_step_room(q4, 8, 4), 48);
+    assert_int_equal(spec_limits_for(1, 0.001).max_step_tokens, 2); /* never below one proposal */
+}
+
 static void test_hybrid_draft_refused(void **st) {
     (void)st;
     hearth_model *m = open_tiny("qwen3_5-f32"), *d = open_tiny("qwen3_5-bf16");
@@ -480,6 +509,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lookup),
         cmocka_unit_test(test_depth),
+        cmocka_unit_test(test_limits),
         cmocka_unit_test(test_truncate),
         cmocka_unit_test(test_hybrid_draft_refused),
         cmocka_unit_test(test_lossless_every_tiny_model),

@@ -222,7 +222,7 @@ static void check(tensor_dtype dt, int fused) {
     /* three slots for 24 slices: every step copies at least its first expert's three slices
      * and the 11 steps use at least 2 experts each, so far more copies than slices */
     assert_true(misses > slices);
-    assert_true(small_bytes < resident_bytes);
+    assert_true(small_bytes <= resident_bytes); /* the plan's pages: fewer or the same (test_cuda_plan has the bytes) */
     long diff = first_difference(resident, small, n);
     if (diff >= 0) printf("  3 slots: logit %ld differs: resident %.9g offloaded %.9g\n", diff, resident[diff], small[diff]);
     assert_int_equal(diff, -1);

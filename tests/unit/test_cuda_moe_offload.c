@@ -198,6 +198,20 @@ static float *gpu_run(moe_model *m, const step_plan *p, int slots, long long *hi
     return out;
 }
 
+/* The CPU backend's logits of the steps (one thread). */
+static float *cpu_run(moe_model *m, const step_plan *p) {
+    kv_cache kv;
+    kv_make(&kv);
+    op_backend *cpu = NULL;
+    hearth_error e = {0};
+    assert_int_equal(cpu_backend_create(&m->om, &kv, M_MT, M_MT, 1, NULL, &cpu, &e), HEARTH_OK);
+    float *out = malloc(logits_floats(p) * sizeof(float));
+    run_steps(m, cpu, &kv, p, out);
+    cpu->t->free(cpu);
+    kv_destroy(&kv);
+    return out;
+}
+
 /* Index of the first float that differs bit for bit (-1: none). */
 static long first_difference(const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++)
@@ -233,13 +247,7 @@ static void check(tensor_dtype dt, int fused) {
     if (diff >= 0) printf("  32 slots: logit %ld differs: resident %.9g offloaded %.9g\n", diff, resident[diff], big[diff]);
     assert_int_equal(diff, -1);
     if (dt == DT_F32) { /* the resident run against the CPU reference */
-        kv_cache kv;
-        kv_make(&kv);
-        op_backend *cpu = NULL;
-        hearth_error e = {0};
-        assert_int_equal(cpu_backend_create(&m.om, &kv, M_MT, M_MT, 1, NULL, &cpu, &e), HEARTH_OK);
-        float *want = malloc(n * sizeof(float));
-        run_steps(&m, cpu, &kv, p, want);
+        float *want = cpu_run(&m, p);
         float scale = 0.0f;
         for (size_t i = 0; i < n; i++) scale = fmaxf(scale, fabsf(want[i]));
         size_t bad = 0;
@@ -249,8 +257,6 @@ static void check(tensor_dtype dt, int fused) {
         if (bad) printf("  cpu vs cuda: %zu of %zu logits differ\n", bad, n);
         assert_int_equal(bad, 0);
         free(want);
-        cpu->t->free(cpu);
-        kv_destroy(&kv);
     }
     free(resident), free(small), free(big), free(p);
     model_free(&m);
@@ -278,13 +284,7 @@ static void test_model_runs_on_cpu(void **state) {
         step_plan *p = malloc(sizeof(step_plan) * N_STEPS);
         plan_steps(p);
         size_t n = logits_floats(p);
-        kv_cache kv;
-        kv_make(&kv);
-        op_backend *cpu = NULL;
-        hearth_error e = {0};
-        assert_int_equal(cpu_backend_create(&m.om, &kv, M_MT, M_MT, 1, NULL, &cpu, &e), HEARTH_OK);
-        float *out = malloc(n * sizeof(float));
-        run_steps(&m, cpu, &kv, p, out);
+        float *out = cpu_run(&m, p);
         size_t distinct = 0;
         for (size_t i = 0; i < n; i++) {
             assert_true(isfinite(out[i]));
@@ -292,8 +292,6 @@ static void test_model_runs_on_cpu(void **state) {
         }
         assert_true(distinct > n / 2);
         free(out), free(p);
-        cpu->t->free(cpu);
-        kv_destroy(&kv);
         model_free(&m);
     }
 }

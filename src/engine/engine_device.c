@@ -61,7 +61,7 @@ hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int dev
         fprintf(stderr, "hearth: device auto: cpu (no CUDA device found)\n");
         return HEARTH_OK;
     }
-    char note[256] = "";
+    char note[384] = ""; /* the start note: device, memory, graphs, expansions, expert offload */
     hearth_error e2 = {0};
     hearth_status st =
         cuda_model_create(om, kv, max_tokens, max_out, cuda_exact, expert_offload, tp, gpu, note, sizeof note, &e2);

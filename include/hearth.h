@@ -169,6 +169,11 @@ typedef struct hearth_engine_options {
     int cuda_exact;      /* 1: on the GPU, f32 prefill GEMMs and attention instead of bf16 tensor
                             cores (the exact parity tier, whose greedy tokens equal the CPU
                             reference tier's); no effect on the CPU */
+    int expert_offload;  /* > 0 (--expert-offload N, N >= 3): on the GPU, a mixture-of-experts
+                            model's expert weights stay in pinned host memory and the ones a
+                            step uses are copied into a device pool of N slots (one expert
+                            weight each); refused on the CPU and for models without experts.
+                            0: every expert resident on the device */
     int max_logits_rows; /* rows of logits one hearth_seq_append may return (scoring every
                             position of a prompt, as perplexity does); 0: 8 */
     int host_sampler;    /* 1: on the GPU, tokens are picked on the host from the copied logits

@@ -23,11 +23,12 @@ are tiled from pools of random data with a rotation per tensor and streamed to d
 20 GB model is written at disk speed with little memory. The tokenizer is the tiny model's
 (MLX; the config's vocab is larger, as with cuda_mlx8b) or a stand-in vocabulary (GGUF).
 
-  python3 tools/gpu_models.py MODEL mlx OUT_DIR [--tokenizer TINY_DIR] [--scale small]
+  python3 tools/gpu_models.py MODEL mlx OUT_DIR [--tokenizer TINY_DIR] [--scale small] [--sparse]
   python3 tools/gpu_models.py MODEL gguf OUT.gguf [--scale small]
   python3 tools/gpu_models.py --list
   python3 tools/gpu_models.py --stats MODEL [--scale small]   (FLOP-count inputs, json)
---scale small writes the same architecture (every kind of layer and tensor) with tiny
+--sparse (mlx) writes the header and leaves the data a hole of its size (no disk used, zeros
+when read): enough for `hearth fit`, which plans from the header. --scale small writes the same architecture (every kind of layer and tensor) with tiny
 dimensions, for checking the writers on a CPU against mlx-lm, gguf-py, llama.cpp and hearth.
 """
 import json
@@ -324,7 +325,7 @@ def tile(fo, pool, nbytes, rot, unit):
         done += take
 
 
-def write_mlx(name, out, tok_dir, scale="full", pool_bytes=POOL_BYTES):
+def write_mlx(name, out, tok_dir, scale="full", pool_bytes=POOL_BYTES, sparse=False):
     c = model_config(name, scale)
     ts = mlx_tensors(c)
     rows = mlx_layout(ts)
@@ -342,6 +343,9 @@ def write_mlx(name, out, tok_dir, scale="full", pool_bytes=POOL_BYTES):
     with open(os.path.join(out, "model.safetensors"), "wb") as fo:
         fo.write(len(hj).to_bytes(8, "little"))
         fo.write(hj)
+        if sparse:  # the header and a hole of the data's size: for hearth fit, which reads no weight
+            fo.truncate(8 + len(hj) + off)
+            rows = []
         for idx, (n, dt, shape, (kind, bits)) in enumerate(rows):
             nb = header[n]["data_offsets"][1] - header[n]["data_offsets"][0]
             rot = idx // 3 * 7919  # the scales and biases of one matrix share a rotation: each group's pair matches
@@ -639,7 +643,7 @@ def main(argv):
         tok = argv[argv.index("--tokenizer") + 1] if "--tokenizer" in argv else os.path.join(tiny, MODELS[name]["tok"])
         if not os.path.isfile(os.path.join(tok, "tokenizer.json")):
             sys.exit(f"{tok}: no tokenizer.json (make the tiny models: {here}/make_tiny_models.py)")
-        nbytes = write_mlx(name, out, tok, scale, pool)
+        nbytes = write_mlx(name, out, tok, scale, pool, sparse="--sparse" in argv)
     else:
         nbytes = write_gguf(name, out, scale, pool)
     print(json.dumps({"model": name, "format": fmt, "scale": scale, "path": out, "bytes": nbytes,

@@ -9,7 +9,7 @@
 #include <time.h>
 
 static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--kv-quant none|int8|fp8|f16]\n"
-                                "       [--device cpu|cuda|auto] [--deterministic] [--cuda-exact] [--host-sampler] [--json] [--batch B[,B...]]  (B requests at once through the\n"
+                                "       [--device cpu|cuda|auto] [--deterministic] [--cuda-exact] [--expert-offload N] [--host-sampler] [--json] [--batch B[,B...]]  (B requests at once through the\n"
                                 "        batch scheduler, as hearth serve runs them: aggregate prefill and decode tok/s;\n"
                                 "        a list runs each count in turn on one engine, one report each)\n"
                                 "       [--host-argmax]  (logits row to the host every step, as a sampler needing it)\n"

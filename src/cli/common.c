@@ -111,7 +111,7 @@ int cli_parse_pool_flag(int argc, char **argv, int *i, hearth_engine_options *eo
     return 1;
 }
 
-/* --threads, --ctx, --mmap, --kv-quant, --speculate, --device, --deterministic, --cuda-exact and --host-sampler, shared by the verbs that run
+/* --threads, --ctx, --mmap, --kv-quant, --speculate, --device, --deterministic, --cuda-exact, --expert-offload and --host-sampler, shared by the verbs that run
  * the engine. An unknown --kv-quant name leaves -1, which the engine rejects by name. */
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o) {
     if (!strcmp(argv[*i], "--mmap")) return o->use_mmap = 1;
@@ -129,7 +129,10 @@ int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *
         if (!hearth_kv_quant_parse(argv[++*i], &o->kv_quant)) o->kv_quant = -1;
     } else if (!strcmp(argv[*i], "--speculate")) /* lookup|none; an unknown name: -1, refused at engine start */
         o->speculate = hearth_speculate_parse(argv[++*i]);
-    else return 0;
+    else if (!strcmp(argv[*i], "--expert-offload")) { /* device slots; not a count: -1, refused at engine start */
+        long v;
+        o->expert_offload = cli_parse_long(argv[++*i], 0, 1 << 20, &v) ? -1 : (int)v;
+    } else return 0;
     return 1;
 }
 

@@ -10,7 +10,7 @@
 
 static const char *fit_usage =
     "hearth fit <model> [--ctx N] [--max-sequences 8] [--max-step-tokens 256] [--kv-blocks N | --kv-budget 1.5GB|N]\n"
-    "       [--threads N] [--mmap] [--kv-quant none|int8|fp8|f16] [--speculate lookup|none] [--deterministic] [--cuda-exact]\n"
+    "       [--threads N] [--mmap] [--kv-quant none|int8|fp8|f16] [--speculate lookup|none] [--deterministic] [--cuda-exact] [--expert-offload N]\n"
     "       [--device cpu|cuda|auto]\n"
     "       [--measure | --bandwidth GBS] [--sku NAME] [--json] [--skus] [--record]\n"
     "  every flag that sizes `hearth serve`'s memory, with serve's defaults (--batch B: --max-sequences B)";
@@ -59,6 +59,12 @@ static void print_cuda_table(const json_t *r) {
     printf("  %-38s %10.1f MiB\n", "device: predicted peak", mib(r, "predicted_peak_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: available", mib(r, "available_bytes"));
     printf("  %-38s %10.1f MiB\n\n", "host: predicted peak resident", mib(h, "predicted_peak_bytes"));
+    const json_t *x = json_object_get(r, "experts");
+    if (x && json_is_true(json_object_get(x, "offloaded")))
+        printf("experts:  %.1f MiB pinned on the host (--expert-offload), %lld device slots of %.1f KiB\n\n",
+               mib(x, "bytes"), (long long)json_integer_value(json_object_get(x, "device_slots")), mib(x, "slot_bytes") * 1024.0);
+    else if (x)
+        printf("experts:  %.1f MiB of the device weights (--expert-offload N keeps them on the host)\n\n", mib(x, "bytes"));
     long long expanded = (long long)json_integer_value(json_object_get(r, "weights_expanded_to_f32"));
     if (expanded)
         printf("%lld weights in %s have no CUDA kernel: expanded to f32 on the device (4 bytes per weight)\n", expanded,

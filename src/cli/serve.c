@@ -32,7 +32,7 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "[--prompt-cache-bytes 4G]\n"
                                  "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] "
                                  "[--kv-blocks N] [--kv-budget 1.5GB|N]\n"
-                                 "             [--device cpu|cuda|auto] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--host-sampler] "
+                                 "             [--device cpu|cuda|auto] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--expert-offload N] [--host-sampler] "
                                  "[--speculate lookup|none]\n"
                                  "             [--kv-bits 8 (= --kv-quant int8; 2-6 also take int8)] "
                                  "[--kv-group-size 64] [--quantized-kv-start 5000]\n"

@@ -8,7 +8,7 @@
 
 static const char *trace_usage =
     "hearth trace <model> --ids '[1,2,3]' [--last 4] [--top 20] [--steps 32] [--step-top 5] [--threads N]\n"
-    "       [--device cpu|cuda|auto] [--cuda-exact] [--adapter-path DIR] [--max-step-tokens 256]";
+    "       [--device cpu|cuda|auto] [--cuda-exact] [--expert-offload N] [--adapter-path DIR] [--max-step-tokens 256]";
 
 
 static json_t *top_json(const float *x, int vocab, int k) {

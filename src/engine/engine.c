@@ -302,18 +302,18 @@ size_t engine_device_room(size_t free_bytes, size_t total_bytes) {
 
 typedef struct plan_rooms {
     size_t host, dev;
-    int kv_quant, cuda_exact;
+    int kv_quant, cuda_exact, expert_offload;
 } plan_rooms;
 
 static int fits_rooms(const model *m, const engine_plan *p, const void *arg) {
     const plan_rooms *r = arg;
     return (!r->host || engine_plan_bytes(p) <= r->host) &&
-           (!r->dev || engine_device_plan_bytes(model_ops(m), p, r->kv_quant, r->cuda_exact) <= r->dev);
+           (!r->dev || engine_device_plan_bytes(model_ops(m), p, r->kv_quant, r->cuda_exact, r->expert_offload) <= r->dev);
 }
 
 hearth_status engine_plan_rooms(const model *m, const hearth_engine_options *o, size_t host_room, size_t dev_room,
                                 engine_plan *p, hearth_error *err) {
-    plan_rooms r = {host_room, dev_room, o ? o->kv_quant : 0, o ? o->cuda_exact : 0};
+    plan_rooms r = {host_room, dev_room, o ? o->kv_quant : 0, o ? o->cuda_exact : 0, o ? o->expert_offload : 0};
     return engine_plan_room(m, o, fits_rooms, &r, p, err);
 }
 
@@ -373,7 +373,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     if (!st && c->n_state_layers > 0)
         st = kv_state_attach(&e->kv, c->n_state_layers, op_gdn_state_floats(&model_ops(e->m)->dims),
                              kv_state_default_snaps(e->max_seqs), err);
-    if (!st) st = engine_device_open(model_ops(e->m), &e->kv, o.device, o.cuda_exact, e->step_tokens, e->max_out, e->tp, &e->be, err);
+    if (!st) st = engine_device_open(model_ops(e->m), &e->kv, o.device, o.cuda_exact, o.expert_offload, e->step_tokens, e->max_out, e->tp, &e->be, err);
     e->gpu = e->be != NULL;
     e->spec = model_spec_limits(e->m, e->gpu);
     if (!st && !e->gpu && po.device == HEARTH_DEVICE_CUDA) st = kv_storage_attach(&e->kv, err);
@@ -718,6 +718,7 @@ static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_opt
     dop.draft_model = NULL;
     dop.spec_replay = NULL;
     dop.speculate = HEARTH_SPEC_NONE;
+    dop.expert_offload = 0; /* the target's experts; a small draft stays resident */
     dop.context_length = e->context;
     dop.max_sequences = e->max_seqs;
     dop.max_step_tokens = e->step_tokens;

@@ -21,15 +21,34 @@ int hearth_device_parse(const char *name, int *out) {
     return 0;
 }
 
-hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int device, int cuda_exact, int max_tokens,
-                                 int max_out, threadpool *tp, op_backend **gpu, hearth_error *err) {
+/* --expert-offload N: a device pool of N >= 3 slots (an expert's gate, up and down at once),
+ * for a model with experts. */
+hearth_status engine_expert_offload_check(const op_model *om, int device, int expert_offload, hearth_error *err) {
+    if (!expert_offload) return HEARTH_OK;
+    if (expert_offload < 3)
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "--expert-offload takes the number of device slots for expert weights, at least 3 (got %d)",
+                       expert_offload);
+    if (om->dims.n_experts <= 0)
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "--expert-offload: this model has no experts (it is for mixture-of-experts models)");
+    if (device == HEARTH_DEVICE_CPU)
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "--expert-offload needs --device cuda (on the CPU the experts are in host memory already)");
+    return HEARTH_OK;
+}
+
+hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int device, int cuda_exact, int expert_offload,
+                                 int max_tokens, int max_out, threadpool *tp, op_backend **gpu, hearth_error *err) {
     *gpu = NULL;
+    hearth_status st0 = engine_expert_offload_check(om, device, expert_offload, err);
+    if (st0) return st0;
     if (device == HEARTH_DEVICE_CPU) return HEARTH_OK;
     if (device != HEARTH_DEVICE_CUDA && device != HEARTH_DEVICE_AUTO)
         return err_set(err, HEARTH_ERR_INVALID, "engine: unknown device %d (--device takes cpu, cuda or auto)", device);
 #ifndef HEARTH_HAVE_CUDA
     (void)om, (void)kv, (void)cuda_exact, (void)max_tokens, (void)max_out, (void)tp;
-    if (device == HEARTH_DEVICE_CUDA)
+    if (device == HEARTH_DEVICE_CUDA || expert_offload)
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
                        "--device cuda: this hearth was built without the CUDA backend "
                        "(no nvcc at build time); use --device cpu");
@@ -37,14 +56,16 @@ hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int dev
     return HEARTH_OK;
 #else
     if (device == HEARTH_DEVICE_AUTO && cuda_device_count() == 0) {
+        if (expert_offload)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "--expert-offload needs a CUDA device (--device auto found none)");
         fprintf(stderr, "hearth: device auto: cpu (no CUDA device found)\n");
         return HEARTH_OK;
     }
-    char note[256] = "";
+    char note[384] = ""; /* the start note: device, memory, graphs, expansions, expert offload */
     hearth_error e2 = {0};
     hearth_status st =
-        cuda_model_create(om, kv, max_tokens, max_out, cuda_exact, tp, gpu, note, sizeof note, &e2);
-    if (st && device == HEARTH_DEVICE_AUTO) {
+        cuda_model_create(om, kv, max_tokens, max_out, cuda_exact, expert_offload, tp, gpu, note, sizeof note, &e2);
+    if (st && device == HEARTH_DEVICE_AUTO && !expert_offload) { /* offload asked for the GPU: its failure is the answer */
         fprintf(stderr, "hearth: device auto: cpu (the GPU path failed: %s)\n", e2.message);
         return HEARTH_OK;
     }
@@ -120,7 +141,8 @@ void engine_device_close(op_backend *gpu) {
     if (gpu) gpu->t->free(gpu);
 }
 
-size_t engine_device_plan_bytes(const op_model *om, const engine_plan *p, int kv_quant, int cuda_exact) {
+size_t engine_device_plan_bytes(const op_model *om, const engine_plan *p, int kv_quant, int cuda_exact,
+                                int expert_offload) {
     const op_dims *c = &om->dims;
     kv_cache shape = {.n_layers = c->n_layers - c->n_state_layers, /* attention layers only */
                       .n_kv_heads = c->n_kv_heads,
@@ -134,7 +156,7 @@ size_t engine_device_plan_bytes(const op_model *om, const engine_plan *p, int kv
         shape.layer_dims = (int *)om->kv_dims;
     }
     cuda_plan d;
-    cuda_plan_make(om, &shape, p->step_tokens, p->max_out, cuda_kv_device_dtype(kv_quant), cuda_exact, &d);
+    cuda_plan_make(om, &shape, p->step_tokens, p->max_out, cuda_kv_device_dtype(kv_quant), cuda_exact, expert_offload, &d);
     return cuda_plan_bytes(&d);
 }
 

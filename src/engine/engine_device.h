@@ -6,11 +6,15 @@
 #include "backend/cuda/cuda_sample.h"
 
 /* Resolves device (hearth_device): opens the CUDA backend of the op table for model om into
- * *gpu (cuda_exact: hearth_engine_options.cuda_exact), or leaves *gpu NULL when the CPU runs
+ * *gpu (cuda_exact, expert_offload: hearth_engine_options), or leaves *gpu NULL when the CPU runs
  * the model. tp: the engine's host threads,
  * which the GPU steps use for their host work (embedding rows). */
-hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int device, int cuda_exact, int max_tokens,
-                                 int max_out, threadpool *tp, op_backend **gpu, hearth_error *err);
+hearth_status engine_device_open(const op_model *om, const kv_cache *kv, int device, int cuda_exact, int expert_offload,
+                                 int max_tokens, int max_out, threadpool *tp, op_backend **gpu, hearth_error *err);
+/* --expert-offload N (hearth_engine_options.expert_offload) for model om on device: 0 (off),
+ * or N >= 3 slots for a model with experts on a device other than the CPU; else an error
+ * that says which. */
+hearth_status engine_expert_offload_check(const op_model *om, int device, int expert_offload, hearth_error *err);
 /* The device sampler (cuda_sample.h), made with the GPU model: rows up to max_out. *smp
  * stays NULL without CUDA. */
 hearth_status engine_device_sampler_open(int max_out, int vocab, cuda_sampler **smp, hearth_error *err);
@@ -29,7 +33,8 @@ struct engine_plan;
 /* Device bytes cuda_model_create allocates for the engine of plan p (cuda_plan_make with the
  * pool's shape, as `hearth fit --device cuda` sizes it; weights + KV + scratch, without the
  * runtime). Computable in any build: it allocates nothing. */
-size_t engine_device_plan_bytes(const op_model *om, const struct engine_plan *p, int kv_quant, int cuda_exact);
+size_t engine_device_plan_bytes(const op_model *om, const struct engine_plan *p, int kv_quant, int cuda_exact,
+                                int expert_offload);
 /* The GPU's copy bandwidth (GB/s, read + write; cuda_copy_bandwidth_gbs), 0 without CUDA. */
 double engine_device_bandwidth_gbs(void);
 void engine_device_close(op_backend *gpu);

@@ -8,6 +8,7 @@
 #include "backend/cpu/bandwidth.h"
 #include "base/err.h"
 #include "base/threadpool.h"
+#include "engine/engine_device.h"
 #include "engine/engine_plan.h"
 #include "kv/kv_cache.h"
 #include "engine/fit_internal.h"
@@ -213,6 +214,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     if (device == HEARTH_DEVICE_CUDA) return fit_cuda(hm, &o, report_json, err);
     model *m;
     st = model_plan(hm, o.engine.use_mmap, &m, err);
+    if (!st && (st = engine_expert_offload_check(model_ops(m), device, o.engine.expert_offload, err))) model_free(m);
     if (st) return st;
     engine_plan p;
     size_t room = engine_plan_is_auto(&o.engine) ? engine_host_room() : 0; /* as hearth_engine_create reads it */

@@ -192,7 +192,7 @@ static hearth_status sizes_make(const model *m, const hearth_engine_options *eo,
                       .layer_heads = c->kv_heads, /* Gemma 4: each KV layer's own shape (NULL: uniform) */
                       .layer_dims = c->kv_dims};
     cuda_plan_make(model_ops(m), &shape, z->host.step_tokens, z->host.max_out, cuda_kv_device_dtype(eo->kv_quant),
-                   eo->cuda_exact, &z->dev);
+                   eo->cuda_exact, eo->expert_offload, &z->dev);
     z->peak = cuda_plan_bytes(&z->dev) + g->context_bytes;
     return HEARTH_OK;
 }
@@ -235,6 +235,11 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
     json_object_set_new(r, "device_allocations",
                         json_pack("{s:i, s:I, s:I}", "count", d->n_allocs, "requested_bytes", (json_int_t)d->requested,
                                   "page_rounding_bytes", (json_int_t)(cuda_plan_bytes(d) - d->requested)));
+    if (model_ops(m)->dims.n_experts > 0) /* resident (in weights_bytes), or offloaded (--expert-offload N: in host.pinned_bytes) */
+        json_object_set_new(r, "experts",
+                            json_pack("{s:b, s:I, s:i, s:I}", "offloaded", d->expert_slots > 0, "bytes",
+                                      (json_int_t)d->expert_bytes, "device_slots", d->expert_slots, "slot_bytes",
+                                      (json_int_t)(d->slot_data_bytes + d->slot_scale_bytes)));
     json_object_set_new(r, "weights_expanded_to_f32", json_integer(d->n_expanded));
     if (d->n_expanded) json_object_set_new(r, "expanded_format", json_string(tensor_dtype_name(d->expanded_from)));
     json_object_set_new(r, "predicted_peak_bytes", JSON_SIZE(z->peak));
@@ -269,7 +274,8 @@ hearth_status fit_cuda(hearth_model *hm, const hearth_fit_options *o, char **rep
     model *m;
     if ((st = model_plan(hm, o->engine.use_mmap, &m, err))) return st;
     fit_cuda_sizes z;
-    if (!(st = sizes_make(m, &o->engine, &g, &z, err))) {
+    st = engine_expert_offload_check(model_ops(m), HEARTH_DEVICE_CUDA, o->engine.expert_offload, err);
+    if (!st && !(st = sizes_make(m, &o->engine, &g, &z, err))) {
         json_t *r = report(hm, m, o, &g, &z);
         *report_json = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
         json_decref(r);

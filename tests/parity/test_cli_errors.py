@@ -107,7 +107,7 @@ def test_bad_flag_is_a_usage_error_naming_it(argv, flag):
 # The flags every engine-running verb parses through one shared parser (src/cli/common.c
 # cli_parse_engine_flag): each verb's --help must list them, or a user never finds them
 # (--device was missing from all four usage texts).
-ENGINE_FLAGS = ["--device", "--kv-quant", "--deterministic", "--cuda-exact"]
+ENGINE_FLAGS = ["--device", "--kv-quant", "--deterministic", "--cuda-exact", "--expert-offload"]
 
 
 @pytest.mark.parametrize("verb", ["generate", "chat", "bench", "serve", "fit"])

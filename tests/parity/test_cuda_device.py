@@ -205,3 +205,37 @@ def test_cuda_exact_flag(hearth_bin, tiny_models, real_ggufs):
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)["scratch_bytes"]
     assert scratch("--cuda-exact") > scratch()
+
+
+# ---- --expert-offload N: expert weights in pinned host memory, a device pool of N slots ----
+# Bit-identical to the resident run (same kernels, same bytes; only where they live
+# changes): trace's logits compared exactly, serve's greedy answers with 3 concurrent
+# requests (ragged steps) equal. 3 slots: misses and slot reuse inside every step; 64: the
+# experts stay across steps.
+OFFLOAD_MODELS = ["qwen3_moe-q4g64", "gemma4_moe-q4g64", "qwen3_5_moe-q4g64", "qwen3_moe-f32"]
+
+
+@pytest.mark.parametrize("name", OFFLOAD_MODELS)
+def test_cuda_expert_offload_trace_identical(hearth_bin, tiny_models, name):
+    m = tiny_models[name]
+    if not has_gpu(hearth_bin, m):
+        pytest.skip("no CUDA device here (or hearth built without nvcc): --expert-offload on the GPU did NOT run")
+    resident = trace(hearth_bin, m, "cuda", args=["--cuda-exact"])
+    assert resident.returncode == 0, resident.stderr
+    for slots in ("3", "64"):
+        off = trace(hearth_bin, m, "cuda", args=["--cuda-exact", "--expert-offload", slots])
+        assert off.returncode == 0, off.stderr
+        assert f"{slots} device slots" in off.stderr, off.stderr
+        assert json.loads(off.stdout) == json.loads(resident.stdout), slots
+
+
+@pytest.mark.parametrize("name", OFFLOAD_MODELS[:2])
+def test_cuda_expert_offload_serve_matches_resident(hearth_bin, tiny_models, name):
+    m = tiny_models[name]
+    if not has_gpu(hearth_bin, m):
+        pytest.skip("no CUDA device here (or hearth built without nvcc): --expert-offload on the GPU did NOT run")
+    resident, _ = serve_answers(hearth_bin, m, "cuda", {}, concurrent=True, args=["--cuda-exact"])
+    off, log = serve_answers(hearth_bin, m, "cuda", {}, concurrent=True,
+                             args=["--cuda-exact", "--expert-offload", "3"])
+    assert "experts offloaded" in log, log[-2000:]
+    assert off == resident

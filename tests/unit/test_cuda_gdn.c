@@ -37,6 +37,7 @@ int main(void) {
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_model.h"
 #include "cuda_test_util.h"
+#include "cuda_test_model.h"
 #include "io/ggml_quant.h"
 #include "kv/kv_state.h"
 #include "ops/ops.h"
@@ -349,28 +350,6 @@ typedef struct gdn_model {
     int window[1];
 } gdn_model;
 
-static float *rnd_floats(size_t n, float scale, float offset) {
-    float *v = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) v[i] = offset + scale * rndf();
-    return v;
-}
-
-/* A weight [n, k] of random values in format dt (F32 or Q8_0 by ggml's reference quantizer). */
-static op_weight make_weight(tensor_dtype dt, int64_t n, int64_t k, void **keep) {
-    float *f = rnd_floats((size_t)(n * k), 1.0f / sqrtf((float)k) * 1.7f, 0.0f);
-    op_weight w = {.dtype = dt, .n = n, .k = k};
-    if (dt == DT_F32) {
-        *keep = f;
-    } else {
-        size_t bytes = (size_t)(n * k) / 32 * 34;
-        *keep = malloc(bytes);
-        assert_int_equal(ggml_quantize(dt, f, (uint64_t)(n * k), *keep, bytes, NULL), HEARTH_OK);
-        free(f);
-    }
-    w.data = *keep;
-    return w;
-}
-
 static void model_make(gdn_model *m, tensor_dtype dt, const gdn_shape *g) {
     memset(m, 0, sizeof *m);
     int C = 2 * g->k_heads * g->k_dim + g->v_heads * g->v_dim, vd = g->v_heads * g->v_dim;
@@ -493,7 +472,7 @@ static int check_model(tensor_dtype dt, const gdn_shape *g, float tol, const gdn
                      HEARTH_OK);
     op_backend *cpu = NULL, *gpu = NULL;
     assert_int_equal(cpu_backend_create(&m.om, &kv, M_MT, M_MT, 1, NULL, &cpu, &e), HEARTH_OK);
-    if (cuda_model_create(&m.om, &kv, M_MT, M_MT, 1, NULL, &gpu, NULL, 0, &e)) {
+    if (cuda_model_create(&m.om, &kv, M_MT, M_MT, 1, 0, NULL, &gpu, NULL, 0, &e)) {
         printf("cuda_model_create: %s\n", e.message);
         fail();
     }

@@ -180,25 +180,69 @@ static void test_varied_layers_plan(void **state) {
                    .items = items,
                    .n_items = 2};
     cuda_plan p, q;
-    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, &p);
+    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, 0, &p);
     assert_int_equal(p.per_layer_floats, (size_t)T * L * D);
     assert_int_equal(p.gemm_max_w, (size_t)L * D * H); /* the projection, not the table */
     /* keys, values and the block tables */
     assert_true(p.kv >= 2 * elems * sizeof(float) && p.kv < 2 * elems * sizeof(float) + 2 * MIB);
     om.items = items + 1, om.n_items = 1; /* the same model without the host-only table */
-    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, &q);
+    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, 0, &q);
     assert_int_equal(p.weights, q.weights);
     assert_int_equal(p.requested, q.requested);
     om.dims.per_layer_dim = 0; /* no per-layer inputs: two device buffers and their staging less */
-    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, &q);
+    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, 0, &q);
     assert_int_equal(q.per_layer_floats, 0);
     assert_int_equal(p.requested - q.requested, 2 * (size_t)T * L * D * sizeof(float));
     assert_int_equal(p.pinned_host - q.pinned_host, (size_t)T * L * D * sizeof(float));
     assert_int_equal(p.n_allocs - q.n_allocs, 2);
 }
 
+/* --expert-offload (cuda_plan.expert_slots): the expert slices leave the device's weights
+ * for pinned host memory, a pool of slots comes in their place, each slot a data plane of
+ * the largest slice's data and a scales plane of the largest slice's scales; the numbers
+ * written out from each format's layout (Q8_0: k int8 + k/32 f16 per row; F32: 4k per row). */
+static void test_expert_offload_plan(void **state) {
+    (void)state;
+    enum { E = 4, F = 96, H = 64, T = 16 };
+    op_weight router = {.dtype = DT_F32, .n = E, .k = H}, gate = {.dtype = DT_Q8_0, .n = E * F, .k = H},
+              down = {.dtype = DT_F32, .n = E * H, .k = F};
+    op_item items[3] = {{.w = &router, .name = "router", .layer = 0},
+                        {.w = &gate, .name = "experts_gate", .layer = 0, .experts = E},
+                        {.w = &down, .name = "experts_down", .layer = 0, .experts = E}};
+    op_model om = {.dims = {.n_layers = 1, .hidden = H, .n_heads = 1, .n_kv_heads = 1, .head_dim = 32, .ffn = F,
+                            .vocab = 100, .norm_eps = 1e-6f, .n_experts = E, .top_k_experts = 2, .moe_ffn = F},
+                   .items = items,
+                   .n_items = 3};
+    kv_cache kv = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 32, .n_blocks = 4, .max_slots = 1,
+                   .max_blocks_per_slot = 4};
+    size_t gate_data = (size_t)F * H, gate_scales = (size_t)F * (H / 32) * 2, down_data = (size_t)H * F * 4;
+    size_t experts = E * (gate_data + gate_scales + down_data);
+    cuda_plan r, o;
+    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, 0, &r);
+    assert_int_equal(r.expert_slots, 0);
+    assert_int_equal(r.expert_bytes, experts);
+    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, 5, &o);
+    assert_int_equal(o.expert_slots, 5);
+    assert_int_equal(o.expert_bytes, experts);
+    assert_int_equal(o.slot_data_bytes, down_data); /* the largest data plane: an f32 down slice */
+    assert_int_equal(o.slot_scale_bytes, gate_scales);
+    /* requested device bytes: 2E slices' planes (3 allocations per expert) out, 5 x (data + scales) in */
+    assert_int_equal(r.requested - experts + 5 * (down_data + gate_scales), o.requested);
+    assert_int_equal(r.n_allocs - 3 * E + 2 * 5, o.n_allocs);
+    assert_int_equal(o.pinned_host - r.pinned_host, experts);
+    assert_int_equal(o.weights_read, r.weights_read); /* the kernels read the same slices */
+    /* a model without experts: nothing to offload, the plan unchanged */
+    om.dims.n_experts = 0, om.n_items = 1;
+    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, 0, &r);
+    cuda_plan_make(&om, &kv, T, 4, CUDA_KV_F32, 1, 5, &o);
+    assert_int_equal(o.expert_slots, 0);
+    assert_int_equal(o.requested, r.requested);
+    assert_int_equal(o.pinned_host, r.pinned_host);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_expert_offload_plan),
         cmocka_unit_test(test_layouts_keep_the_gguf_bytes),
         cmocka_unit_test(test_q4k_packed_scales_round_trip),
         cmocka_unit_test(test_affine_layout_bits_plus_pairs), cmocka_unit_test(test_formats_without_a_kernel_expand_to_f32),

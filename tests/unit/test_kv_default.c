@@ -102,7 +102,7 @@ static void test_sized_pools_are_not_cut(void **state) {
 static void test_device_room_cuts_too(void **state) {
     (void)state;
     engine_plan full = host_plan(&opts, 0);
-    size_t dev_full = engine_device_plan_bytes(model_ops(m), &full, HEARTH_KV_FLOAT, 0);
+    size_t dev_full = engine_device_plan_bytes(model_ops(m), &full, HEARTH_KV_FLOAT, 0, 0);
     assert_true(dev_full > 0);
     engine_plan p;
     hearth_error err = {0};
@@ -110,12 +110,12 @@ static void test_device_room_cuts_too(void **state) {
     assert_int_equal(engine_plan_rooms(m, &opts, 0, room, &p, &err), HEARTH_OK);
     assert_int_equal(p.kv_cut_from, 6 * CTX_BLOCKS);
     assert_true(p.n_blocks < 6 * CTX_BLOCKS);
-    assert_true(engine_device_plan_bytes(model_ops(m), &p, HEARTH_KV_FLOAT, 0) <= room);
+    assert_true(engine_device_plan_bytes(model_ops(m), &p, HEARTH_KV_FLOAT, 0, 0) <= room);
     /* both rooms: the tighter one decides */
     engine_plan h = host_plan(&opts, engine_plan_bytes(&full) - full.kv / 2);
     assert_int_equal(engine_plan_rooms(m, &opts, engine_plan_bytes(&h), room, &p, &err), HEARTH_OK);
     assert_true(p.n_blocks <= h.n_blocks);
-    assert_true(engine_device_plan_bytes(model_ops(m), &p, HEARTH_KV_FLOAT, 0) <= room);
+    assert_true(engine_device_plan_bytes(model_ops(m), &p, HEARTH_KV_FLOAT, 0, 0) <= room);
     /* the device reserve: a twentieth of the total, at least 1 GiB */
     assert_int_equal(engine_device_room((size_t)100 << 30, (size_t)140 << 30), ((size_t)100 << 30) - ((size_t)7 << 30));
     assert_int_equal(engine_device_room((size_t)8 << 30, (size_t)8 << 30), (size_t)7 << 30);

@@ -7,6 +7,7 @@
 #ifdef HEARTH_HAVE_CUDA
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_experts.h"
 #include "backend/cuda/cuda_lora_cache.h"
 #include "backend/cuda/cuda_plan.h"
 #include "base/err.h"
@@ -35,6 +36,7 @@ typedef struct cuda_model {
     cuda_weight *weights; /* one per matrix item */
     cuda_weight **experts; /* per stacked-experts item: one weight per slice (NULL: none) */
     int *n_slices;         /* and how many slices (op_item.experts) */
+    cuda_experts *xp;      /* --expert-offload: the slices live on the host, used through this pool (NULL: resident) */
     float **vecs;         /* one per vector item */
     int n_items;
     dev_entry *map;
@@ -162,12 +164,18 @@ static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, heart
         if (!(cm->experts[i] = calloc((size_t)it->experts, sizeof **cm->experts)))
             return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
         cm->n_slices[i] = it->experts;
+        if (cm->xp) TRY(cuda_experts_register(cm->xp, cm->experts[i], it->experts, err));
         for (int e = 0; e < it->experts; e++) {
             int expanded = 0;
             op_weight slice = op_weight_rows(it->w, (int64_t)e * rows, rows);
             cuda_weight *d = &cm->experts[i][e];
             TRY(cuda_weight_upload_any(d, &slice, what, &expanded, err));
             if (d->dtype == DT_AFFINE) d->aff_f32act = cm->plan.gemm_exact;
+            if (cm->xp) { /* to pinned host memory now, so the device holds at most one slice besides the pool */
+                size_t data, scales;
+                cuda_weight_layout(&slice, &data, &scales);
+                TRY(cuda_experts_offload(cm->xp, d, data, scales, what, err));
+            }
         }
         map_put(cm, it->w, cm->experts[i]);
         return HEARTH_OK;
@@ -424,13 +432,20 @@ static hearth_status moe_experts(cuda_model *cm, const op_step *s, const op_moe 
         if (!n) continue;
         const int32_t *rows = cm->moe_rows + start[e];
         /* a fused gate_up stack (up NULL) was uploaded as 2E slices: expert e's gate, then its up */
-        const cuda_weight *ge = u ? &g[e] : &g[2 * e], *ue = u ? &u[e] : &g[2 * e + 1];
+        const cuda_weight *ge = u ? &g[e] : &g[2 * e], *ue = u ? &u[e] : &g[2 * e + 1], *de = &dn[e];
+        cuda_weight slot[3]; /* offloaded: the three slices' copies in the pool (queued on the stream) */
+        if (cm->xp) {
+            TRY(cuda_experts_use(cm->xp, ge, &slot[0], err));
+            TRY(cuda_experts_use(cm->xp, ue, &slot[1], err));
+            TRY(cuda_experts_use(cm->xp, de, &slot[2], err));
+            ge = &slot[0], ue = &slot[1], de = &slot[2];
+        }
         TRY(cuda_gather_rows(cm->moe_x, x, rows, n, H, err));
         TRY(matmul(cm, ge, cm->moe_x, n, cm->moe_gate, err));
         TRY(matmul(cm, ue, cm->moe_x, n, cm->moe_up, err));
         TRY(m->act == OP_ACT_SILU ? cuda_silu_mul(cm->moe_gate, cm->moe_up, (size_t)n * F, err)
                                   : cuda_gelu_tanh_mul(cm->moe_gate, cm->moe_up, (size_t)n * F, err));
-        TRY(matmul(cm, &dn[e], cm->moe_gate, n, cm->moe_out, err));
+        TRY(matmul(cm, de, cm->moe_gate, n, cm->moe_out, err));
         TRY(cuda_scatter_add_rows(out, cm->moe_out, rows, cm->moe_w + start[e], n, H, err));
     }
     if (!m->shared_up) return HEARTH_OK;
@@ -850,7 +865,7 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
 }
 
 hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_tokens, int max_out, int gemm_exact,
-                                threadpool *tp, op_backend **out, char *note, size_t note_size, hearth_error *err) {
+                                int expert_slots, threadpool *tp, op_backend **out, char *note, size_t note_size, hearth_error *err) {
     *out = NULL;
     const op_dims *c = &om->dims;
     cuda_device_info info;
@@ -899,8 +914,11 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
     cm->max_out = max_out;
     /* the experts' routing reads the router's logits on the host mid-step: no graphs */
     cm->graphs_off = c->n_experts > 0;
-    cuda_plan_make(om, kv, max_tokens, max_out, cuda_kv_device_dtype(kv->quant), gemm_exact, &cm->plan);
+    cuda_plan_make(om, kv, max_tokens, max_out, cuda_kv_device_dtype(kv->quant), gemm_exact, expert_slots, &cm->plan);
     hearth_status st = HEARTH_OK;
+    if (cm->plan.expert_slots) /* the pool first: the slices pass through the device one at a time */
+        st = cuda_experts_create(cm->plan.expert_slots, cm->plan.slot_data_bytes, cm->plan.slot_scale_bytes, &cm->xp,
+                                 err);
     for (int i = 0; !st && i < om->n_items; i++) st = upload_item(cm, &om->items[i], i, err);
     if (!st) st = cuda_kv_alloc(&cm->kv, kv, kv->quant, err);
     if (!st && cm->plan.state_floats) { /* zeroed: every sequence starts from position 0's zero state anyway */
@@ -924,9 +942,13 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
         if (cm->plan.n_expanded)
             snprintf(expanded, sizeof expanded, "; %d weights in %s have no CUDA kernel and were expanded to f32",
                      cm->plan.n_expanded, tensor_dtype_name(cm->plan.expanded_from));
-        snprintf(note, note_size, "cuda: %s, %.2f GB on the device, decode graphs %s%s", info.name,
+        char offload[96] = "";
+        if (cm->xp)
+            snprintf(offload, sizeof offload, "; experts offloaded: %.2f GB pinned on the host, %d device slots",
+                     (double)cm->plan.expert_bytes / 1e9, cm->plan.expert_slots);
+        snprintf(note, note_size, "cuda: %s, %.2f GB on the device, decode graphs %s%s%s", info.name,
                  (double)cuda_plan_bytes(&cm->plan) / 1e9,
-                 c->n_experts > 0 ? "off (mixture of experts: routed on the host)" : "on", expanded);
+                 c->n_experts > 0 ? "off (mixture of experts: routed on the host)" : "on", expanded, offload);
     }
     *out = &cm->base;
     return HEARTH_OK;
@@ -943,6 +965,7 @@ void cuda_model_free(op_backend *be) {
             free(cm->experts[i]);
         }
     }
+    cuda_experts_free(cm->xp);
     free(cm->experts);
     free(cm->n_slices);
     free(cm->weights);
@@ -983,6 +1006,10 @@ void cuda_model_free(op_backend *be) {
 }
 
 size_t cuda_model_device_bytes(const op_backend *be) { return cuda_plan_bytes(&((const cuda_model *)be)->plan); }
+
+void cuda_model_expert_stats(const op_backend *be, long long *hits, long long *misses) {
+    cuda_experts_stats(((const cuda_model *)be)->xp, hits, misses);
+}
 
 float *cuda_model_device_logits(op_backend *be) { return ((cuda_model *)be)->logits; }
 

@@ -179,13 +179,10 @@ static size_t upload_host_bytes(const op_weight *w, size_t data, size_t scales, 
     return 0;
 }
 
-static void add_weight(cuda_plan *p, cuda_alloc_tally *t, const op_weight *w) {
-    size_t data, scales;
-    int expanded = cuda_weight_layout(w, &data, &scales);
-    cuda_tally_add(t, data);
-    if (scales) cuda_tally_add(t, scales);
-    p->weights_read += data + scales;
-    size_t host = upload_host_bytes(w, data, scales, expanded);
+/* w's device layout; its upload's temporary host buffer counted, and how often F32 expansion happens. */
+static void weight_layout(cuda_plan *p, const op_weight *w, size_t *data, size_t *scales) {
+    int expanded = cuda_weight_layout(w, data, scales);
+    size_t host = upload_host_bytes(w, *data, *scales, expanded);
     if (host > p->upload_host) p->upload_host = host;
     if (expanded) {
         p->n_expanded++;
@@ -193,8 +190,32 @@ static void add_weight(cuda_plan *p, cuda_alloc_tally *t, const op_weight *w) {
     }
 }
 
-/* Every item of the model in cuda_model_create's upload order: weights in their device
- * layout, vectors as floats (a planned model lists the vectors its family has, without data). */
+static void add_weight(cuda_plan *p, cuda_alloc_tally *t, const op_weight *w) {
+    size_t data, scales;
+    weight_layout(p, w, &data, &scales);
+    cuda_tally_add(t, data);
+    if (scales) cuda_tally_add(t, scales);
+    p->weights_read += data + scales;
+}
+
+/* An expert slice: on the device (tallied) or, offloaded, in pinned host memory with the
+ * pool's slots sized for the largest. */
+static void add_expert(cuda_plan *p, cuda_alloc_tally *t, const op_weight *w) {
+    size_t data, scales;
+    weight_layout(p, w, &data, &scales);
+    p->expert_bytes += data + scales;
+    p->weights_read += data + scales;
+    if (!p->expert_slots) {
+        cuda_tally_add(t, data);
+        if (scales) cuda_tally_add(t, scales);
+    }
+    if (data > p->slot_data_bytes) p->slot_data_bytes = data;
+    if (scales > p->slot_scale_bytes) p->slot_scale_bytes = scales;
+}
+
+/* Every item of the model in cuda_model_create's order: the expert pool's slots (offload),
+ * then the weights in their device layout, vectors as floats (a planned model lists the
+ * vectors its family has, without data). */
 static void plan_weights(cuda_plan *p, const op_model *om, cuda_alloc_tally *t) {
     const op_dims *c = &om->dims;
     for (int i = 0; i < om->n_items; i++) {
@@ -205,7 +226,7 @@ static void plan_weights(cuda_plan *p, const op_model *om, cuda_alloc_tally *t) 
             size_t read0 = p->weights_read;
             for (int e = 0; e < it->experts; e++) {
                 op_weight slice = op_weight_rows(it->w, (int64_t)e * rows, rows);
-                add_weight(p, t, &slice);
+                add_expert(p, t, &slice);
             }
             /* a decode step of one token reads only its top_k experts' slices */
             if (c->n_experts > 0)
@@ -213,6 +234,12 @@ static void plan_weights(cuda_plan *p, const op_model *om, cuda_alloc_tally *t) 
         } else if (it->w) add_weight(p, t, it->w);
         else cuda_tally_add(t, (size_t)it->n * sizeof(float));
     }
+    /* the pool (cuda_model.c allocates it before the uploads; the tally's sum does not depend on the order) */
+    for (int s = 0; s < p->expert_slots; s++) {
+        cuda_tally_add(t, p->slot_data_bytes);
+        if (p->slot_scale_bytes) cuda_tally_add(t, p->slot_scale_bytes);
+    }
+    if (p->expert_slots) p->pinned_host += p->expert_bytes;
 }
 
 static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, int max_tokens, int max_out,
@@ -306,8 +333,8 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     cuda_tally_add(t, p->lora_fast_bytes);
     /* pinned host staging: the step's embeddings (and per-layer rows), its indices, the greedy
      * ids, the adapter row tables */
-    p->pinned_host = T * c->hidden * sizeof(float) + p->per_layer_floats * sizeof(float) + p->ints * sizeof(int32_t) +
-                     (size_t)max_out * sizeof(int32_t) + p->lora_sets_bytes + p->lora_counts_bytes;
+    p->pinned_host += T * c->hidden * sizeof(float) + p->per_layer_floats * sizeof(float) + p->ints * sizeof(int32_t) +
+                      (size_t)max_out * sizeof(int32_t) + p->lora_sets_bytes + p->lora_counts_bytes;
     if (c->n_experts > 0) { /* cuda_model.c alloc_scratch, in its order */
         size_t ffn = (size_t)(c->moe_ffn > c->shared_ffn ? c->moe_ffn : c->shared_ffn);
         p->moe_logits = T * (size_t)c->n_experts;
@@ -327,9 +354,10 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
 }
 
 void cuda_plan_make(const op_model *om, const kv_cache *kv, int max_tokens, int max_out, int kv_dtype, int gemm_exact,
-                    cuda_plan *p) {
+                    int expert_slots, cuda_plan *p) {
     memset(p, 0, sizeof *p);
     p->kv_dtype = kv_dtype;
+    p->expert_slots = om->dims.n_experts > 0 && expert_slots > 0 ? expert_slots : 0;
     p->gemm_exact = gemm_exact;
     /* one tally (the small allocations of all parts share pages); each part gets its own
      * pages and aligned small bytes, the shared pages' rounding goes to scratch */

@@ -104,6 +104,13 @@ typedef struct cuda_plan {
      * pinned on the host), the fast tier's rank values (cuda_lora_apply_fast's scratch); the
      * adapters' own device copies are made when a step first uses them, outside the plan */
     size_t lora_sets_bytes, lora_counts_bytes, lora_fast_bytes;
+    /* --expert-offload N (hearth_engine_options.expert_offload; 0: off): the experts' slices
+     * live in pinned host memory in their device layout and a device pool of expert_slots
+     * slots, each of the largest slice's data and scales planes, holds the ones a step uses
+     * (cuda_model.c moe_experts) */
+    int expert_slots;
+    size_t slot_data_bytes, slot_scale_bytes;
+    size_t expert_bytes; /* every expert slice in its device layout: on the device, or pinned on the host (offload) */
     int gemm_exact; /* hearth_engine_options.cuda_exact (--cuda-exact) */
     int kv_dtype;   /* cuda_kv_dtype */
     int n_expanded; /* weights expanded to F32 (no kernel for their format) */
@@ -116,14 +123,16 @@ typedef struct cuda_plan {
     int n_allocs;        /* cudaMalloc calls */
     size_t weights_read; /* device bytes one decode step reads from the weights (GEMV bytes) */
     /* host memory the GPU path adds */
-    size_t pinned_host; /* cudaMallocHost staging buffers */
+    size_t pinned_host; /* cudaMallocHost staging buffers (and the offloaded experts: expert_bytes) */
     size_t upload_host; /* the largest temporary host buffer of an upload (repack, f32 expansion) */
 } cuda_plan;
 
 /* Sizes cuda_model_create's buffers for om (a loaded or only planned model), a KV pool
- * of kv's shape stored as kv_dtype, max_tokens per step and max_out logits rows. */
+ * of kv's shape stored as kv_dtype, max_tokens per step and max_out logits rows;
+ * expert_slots > 0: the experts offloaded to the host with a device pool of that many
+ * slots (cuda_plan.expert_slots; ignored for a model without experts). */
 void cuda_plan_make(const op_model *om, const kv_cache *kv, int max_tokens, int max_out, int kv_dtype, int gemm_exact,
-                    cuda_plan *p);
+                    int expert_slots, cuda_plan *p);
 /* Device bytes of the plan (weights + kv + scratch), without the runtime (context, cuBLAS). */
 size_t cuda_plan_bytes(const cuda_plan *p);
 /* Device bytes one decode step reads with `context` positions cached per layer (sliding

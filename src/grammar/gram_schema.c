@@ -12,6 +12,9 @@
 #include <string.h>
 
 #define SC_MAX_DEPTH 64 /* schema nesting / $ref-merge chains followed */
+/* minProperties / maxProperties: rules per (property, count) pair; 100 declared names
+ * with maxProperties 1000 is about this many */
+#define SC_MAX_COUNT_RULES 100000
 
 typedef struct {
     json_t *target;
@@ -100,8 +103,6 @@ static const char *const REFUSED[] = {
     "dependencies",
     "dependentRequired",
     "dependentSchemas",
-    "maxProperties",
-    "multipleOf",
     "unevaluatedProperties",
     "unevaluatedItems",
     "$dynamicRef",
@@ -456,6 +457,8 @@ static int32_t int_range(sc_ctx *c, int has_lo, int64_t lo, int has_hi, int64_t 
     return gr_alt(c->b, alts, k);
 }
 
+#define SMALL_BOUND 1e15 /* gr_build.small_numbers */
+
 static int num_of(json_t *s, const char *k, double *out) {
     json_t *v = json_object_get(s, k);
     if (!json_is_number(v)) return 0;
@@ -463,7 +466,95 @@ static int num_of(json_t *s, const char *k, double *out) {
     return 1;
 }
 
-#define SMALL_BOUND 1e15 /* gr_build.small_numbers */
+/* ---- multipleOf ------------------------------------------------------------------------- */
+
+#define SC_MAX_MODULUS 1000 /* multipleOf m: m rules (times the digit limit) of 10 steps each */
+#define SC_MAX_LISTED 256   /* bounded multiples written out one by one */
+
+/* Positive multiples of m as digit strings (no leading zero): a remainder automaton, one
+ * rule per remainder. max_digits > 0: at most that many digits, one rule per remainder and
+ * digits still allowed. */
+static int32_t positive_multiples(sc_ctx *c, int64_t m, int max_digits) {
+    gr_build *b = c->b;
+    int levels = max_digits > 0 ? max_digits : 1;
+    int32_t *rule = malloc((size_t)m * (size_t)levels * sizeof *rule);
+    if (!rule) return sc_fail(c, "out of memory");
+    for (int64_t i = 0; i < m * levels; i++) rule[i] = gr_rule_new(b, -1);
+    for (int lv = 0; lv < levels; lv++)
+        for (int64_t r = 0; r < m; r++) {
+            int32_t alts[11];
+            int k = 0;
+            if (r == 0) alts[k++] = gr_empty(b);
+            int next = max_digits > 0 ? lv - 1 : 0; /* unlimited: the one level again */
+            if (next >= 0)
+                for (int d = 0; d < 10; d++)
+                    alts[k++] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, rule[next * m + (r * 10 + d) % m]));
+            int32_t id = rule[lv * m + r];
+            if (id >= 0) b->rules[id].body = k ? gr_alt(b, alts, k) : c->never;
+        }
+    int top = max_digits > 0 ? max_digits - 1 : 0; /* digits allowed after the first */
+    int32_t alts[9];
+    for (int d = 1; d <= 9; d++) alts[d - 1] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, rule[top * m + d % m]));
+    free(rule);
+    return gr_alt(b, alts, 9);
+}
+
+/* Integers in the bounds (has_lo / has_hi: bounded) that are multiples of m (a positive
+ * integer). Exact where the range holds at most SC_MAX_LISTED multiples (written out), or
+ * each bound is absent or a sign bound (the nearest multiple inside it is 0 or +-m); other
+ * ranges are refused. */
+static int32_t int_multiples(sc_ctx *c, int64_t m, int has_lo, int64_t lo, int has_hi, int64_t hi,
+                             int max_digits) {
+    gr_build *b = c->b;
+    if (m > SC_MAX_MODULUS) return sc_fail(c, "multipleOf %lld: above %d is not supported", (long long)m, SC_MAX_MODULUS);
+    /* the bounds moved inwards to multiples of m */
+    if (has_lo) lo = lo >= 0 ? (lo + m - 1) / m * m : -((-lo) / m * m);
+    if (has_hi) hi = hi >= 0 ? hi / m * m : -((-hi + m - 1) / m * m);
+    if (has_lo && has_hi && lo > hi) return c->never;
+    if (has_lo && has_hi && (hi - lo) / m < SC_MAX_LISTED) {
+        int32_t alts[SC_MAX_LISTED];
+        int k = 0;
+        for (int64_t v = lo; v <= hi; v += m) {
+            char buf[24];
+            snprintf(buf, sizeof buf, "%lld", (long long)v);
+            alts[k++] = lit(c, buf);
+        }
+        return gr_alt(b, alts, k);
+    }
+    if ((has_lo && lo != 0 && lo != m) || (has_hi && hi != 0 && hi != -m))
+        return sc_fail(c,
+                       "multipleOf %lld with minimum/maximum: only sign bounds or ranges of at most %d multiples are "
+                       "supported",
+                       (long long)m, SC_MAX_LISTED);
+    int32_t pos = positive_multiples(c, m, max_digits), alts[3];
+    int k = 0;
+    if (!has_hi) alts[k++] = pos;
+    if ((!has_lo || lo == 0) && (!has_hi || hi == 0)) alts[k++] = lit(c, "0");
+    if (!has_lo) alts[k++] = gr_seq2(b, lit(c, "-"), pos);
+    return k ? gr_alt(b, alts, k) : c->never;
+}
+
+/* multipleOf as an integer m (*m), or 0 with c->st set when it is not one: a fractional
+ * step is refused (validators divide in floating point, 0.07 / 0.01 is no integer there,
+ * so no digit grammar matches them exactly). *float_step: written as a real (1.0), which
+ * validators divide as doubles: exact only while the value is (15 digits). */
+static int multiple_of(sc_ctx *c, json_t *s, int64_t *m, int *float_step) {
+    json_t *v = json_object_get(s, "multipleOf");
+    double d = json_number_value(v);
+    if (!json_is_number(v) || !(d > 0)) {
+        sc_fail(c, "multipleOf must be a number above 0");
+        return 0;
+    }
+    if (d != floor(d) || d > 1e15) {
+        sc_fail(c, "multipleOf %g: only whole-number steps are supported (validators test fractional steps in "
+                   "floating point)",
+                d);
+        return 0;
+    }
+    *m = (int64_t)d;
+    *float_step = json_is_real(v);
+    return 1;
+}
 
 static int32_t sc_integer(sc_ctx *c, json_t *s) {
     double v;
@@ -483,6 +574,14 @@ static int32_t sc_integer(sc_ctx *c, json_t *s) {
         if (has_lo && lo < -1e18) has_lo = 0;
         if (has_hi && hi > 1e18) has_hi = 0;
         if ((has_lo && lo > 1e18) || (has_hi && hi < -1e18)) return sc_fail(c, "integer bound beyond 1e18");
+    }
+    if (json_object_get(s, "multipleOf")) {
+        int64_t m;
+        int float_step;
+        if (!multiple_of(c, s, &m, &float_step)) return c->never;
+        if (m > 1) /* 15 digits: values a double holds exactly */
+            return int_multiples(c, m, has_lo, (int64_t)lo, has_hi, (int64_t)hi,
+                                 float_step || c->b->small_numbers ? 15 : 0);
     }
     if (c->b->small_numbers && (has_lo || has_hi)) { /* the other side within SMALL_BOUND too */
         if (!has_lo || lo < -SMALL_BOUND) has_lo = 1, lo = -SMALL_BOUND;
@@ -587,6 +686,7 @@ static int32_t mag_range(sc_ctx *c, const sc_dec *lo, const sc_dec *hi) {
 }
 
 static int32_t sc_number(sc_ctx *c, json_t *s) {
+    if (json_object_get(s, "multipleOf")) return sc_integer(c, s); /* whole-number steps: integers */
     double lo = 0, hi = 0, v;
     int has_lo = 0, has_hi = 0, slo = 0, shi = 0;
     if (num_of(s, "minimum", &v)) has_lo = 1, lo = v, slo = json_is_true(json_object_get(s, "exclusiveMinimum"));
@@ -1048,11 +1148,30 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
             }
         }
     }
-    json_t *minp = json_object_get(s, "minProperties");
+    json_t *minp = json_object_get(s, "minProperties"), *maxp = json_object_get(s, "maxProperties");
+    int64_t min_p = json_is_number(minp) ? (int64_t)ceil(json_number_value(minp)) : 0;
+    int64_t max_p = json_is_number(maxp) ? (int64_t)floor(json_number_value(maxp)) : GR_INF;
     int n_req = 0;
     for (int i = 0; i < n; i++) n_req += required[i];
-    if (json_is_number(minp) && json_number_value(minp) > 1 && json_number_value(minp) > n_req) {
-        sc_fail(c, "minProperties above 1 beyond the required properties is not supported");
+    if (min_p < 0) min_p = 0;
+    if (max_p != GR_INF && (max_p < n_req || max_p < min_p)) goto done; /* nothing validates */
+    /* the count of members written, tracked up to max_p (or min_p when unbounded: past it
+     * every count is alike), one rule per (member index, count) */
+    int64_t top = max_p != GR_INF ? max_p : min_p;
+    if (top > n) top = n; /* at most n declared members are ever written */
+    if (min_p > GR_MAX_REPEAT || max_p > GR_MAX_REPEAT) {
+        sc_fail(c, "minProperties / maxProperties above %d", GR_MAX_REPEAT);
+        goto done;
+    }
+    int has_extra = pp_on || !json_is_false(addl);
+    if (min_p > n + has_extra) { /* see rest(i, k) below: one extra member counts */
+        if (has_extra)
+            sc_fail(c, "minProperties %lld needs more than one property beyond the %d declared: not supported",
+                    (long long)min_p, n);
+        goto done;
+    }
+    if ((int64_t)(n + 1) * (top + 1) > SC_MAX_COUNT_RULES) {
+        sc_fail(c, "minProperties / maxProperties with %d properties: more than %d rules", n, SC_MAX_COUNT_RULES);
         goto done;
     }
     for (int i = 0; i < n; i++) {
@@ -1099,27 +1218,41 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
         int32_t val = addl && !json_is_true(addl) ? sc_node(c, addl, depth + 1) : c->value;
         extra = rule_of(c, gr_seq(b, (int32_t[]){key, c->ws, lit(c, ":"), c->ws, val}, 5));
     }
-    /* rest(i): members i.. after something was written, each behind a comma */
-    int32_t *rest = calloc((size_t)n + 2, sizeof *rest);
+    /* rest(i, k): members i.. after k were written (k >= 1), each behind a comma. Extra
+     * members (additional or pattern keys) come last; two of them may carry the same key,
+     * which a validator counts once, so toward minProperties only the first one counts
+     * (it differs from every declared name) while toward maxProperties each one does. */
+    int64_t width = top + 1;
+    int32_t *rest = calloc((size_t)(n + 1) * (size_t)width, sizeof *rest);
     if (!rest) {
         free(member);
         sc_fail(c, "out of memory");
         goto done;
     }
-    rest[n] = extra >= 0 ? gr_repeat(b, gr_seq2(b, comma, extra), 0, GR_INF) : gr_empty(b);
-    for (int i = n - 1; i >= 0; i--) {
-        int32_t step = gr_seq2(b, comma, member[i]);
-        rest[i] = rule_of(c, gr_seq2(b, required[i] ? step : gr_opt(b, step), rest[i + 1]));
+#define REST(i, k) rest[(size_t)(i) * (size_t)width + (size_t)((k) < top ? (k) : top)]
+    for (int64_t k = 0; k <= top; k++) {
+        int64_t left = max_p == GR_INF ? GR_INF : max_p - k; /* extras still allowed */
+        int32_t more = extra >= 0 && left != 0 ? gr_seq2(b, comma, extra) : -1;
+        if (k >= min_p)
+            REST(n, k) = more >= 0 ? gr_repeat(b, more, 0, (int32_t)left) : gr_empty(b);
+        else
+            REST(n, k) = more >= 0 && k + 1 == min_p ? gr_repeat(b, more, 1, (int32_t)left) : c->never;
     }
-    /* first(i): the first member written is i or a later one (never past a required one);
-     * minProperties 1 without a required member: not the empty object */
-    int nonempty = json_is_number(minp) && json_number_value(minp) >= 1;
-    int32_t first = extra >= 0 ? gr_seq2(b, extra, rest[n]) : c->never;
-    if (!nonempty) first = extra >= 0 ? gr_opt(b, first) : gr_empty(b);
+    for (int i = n - 1; i >= 0; i--)
+        for (int64_t k = 0; k <= top; k++) {
+            int32_t take = max_p == GR_INF || k < max_p ? gr_seq3(b, comma, member[i], REST(i + 1, k + 1)) : c->never;
+            REST(i, k) = rule_of(c, required[i] ? take : gr_alt2(b, take, REST(i + 1, k)));
+        }
+    /* first(i): the first member written is i or a later one (never past a required one) */
+    int32_t first = c->never;
+    if (extra >= 0 && max_p != 0 && min_p <= 1)
+        first = gr_seq2(b, extra, gr_repeat(b, gr_seq2(b, comma, extra), 0, max_p == GR_INF ? GR_INF : (int32_t)max_p - 1));
+    if (min_p == 0) first = extra >= 0 && max_p != 0 ? gr_opt(b, first) : gr_empty(b);
     for (int i = n - 1; i >= 0; i--) {
-        int32_t here = gr_seq2(b, member[i], rest[i + 1]);
+        int32_t here = max_p != 0 ? gr_seq2(b, member[i], REST(i + 1, 1)) : c->never;
         first = required[i] ? here : rule_of(c, gr_alt2(b, here, first));
     }
+#undef REST
     result = gr_seq(b, (int32_t[]){lit(c, "{"), c->ws, first, c->ws, lit(c, "}")}, 5);
     free(member), free(rest);
 done:

@@ -1275,19 +1275,6 @@ static int value_is(json_t *v, const char *t) {
     return 0;
 }
 
-/* v satisfies s's "type" (or s has none) */
-static int value_typed(json_t *s, json_t *v) {
-    json_t *t = json_object_get(s, "type");
-    if (!t) return 1;
-    json_t *ts = types_of(t);
-    size_t i;
-    json_t *x;
-    int ok = 0;
-    json_array_foreach(ts, i, x) ok |= json_is_string(x) && value_is(v, json_string_value(x));
-    json_decref(ts);
-    return ok;
-}
-
 /* the values s allows, when it lists them (const / enum); a new array or NULL */
 static json_t *listed_values(json_t *s) {
     json_t *c = json_object_get(s, "const"), *e = json_object_get(s, "enum");
@@ -1352,6 +1339,288 @@ static int schemas_disjoint(json_t *a, json_t *b) {
         if (d) return 1;
     }
     return 0;
+}
+
+/* ---- listed values: an exact validator ---------------------------------------------------- */
+
+/* A const / enum lists its values: those that meet the schema's other keywords are written
+ * out, the others dropped, which makes every keyword exact there (not, multipleOf,
+ * uniqueItems...). sc_valid decides one value: 1 valid, 0 not, -1 when a keyword has no
+ * exact test here (the schema is then refused naming it). Equality and types follow JSON
+ * Schema: 1 and 1.0 are one number, an integer is any whole number. */
+
+static int sc_equal(json_t *a, json_t *b) {
+    if (json_is_number(a) && json_is_number(b)) {
+        if (json_is_integer(a) && json_is_integer(b)) return json_integer_value(a) == json_integer_value(b);
+        return json_number_value(a) == json_number_value(b);
+    }
+    if (json_is_array(a) && json_is_array(b)) {
+        if (json_array_size(a) != json_array_size(b)) return 0;
+        for (size_t i = 0; i < json_array_size(a); i++)
+            if (!sc_equal(json_array_get(a, i), json_array_get(b, i))) return 0;
+        return 1;
+    }
+    if (json_is_object(a) && json_is_object(b)) {
+        if (json_object_size(a) != json_object_size(b)) return 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(a, k, v) {
+            json_t *w = json_object_get(b, k);
+            if (!w || !sc_equal(v, w)) return 0;
+        }
+        return 1;
+    }
+    return json_equal(a, b);
+}
+
+/* s's code points as the grammar's JSON strings spell them (shortest escapes, \u00xx
+ * lowercase): what patterns are matched against. A new string. */
+static char *canon_body(const char *s, size_t n, size_t *out_len) {
+    char *o = malloc(n * 6 + 1), *p = o;
+    if (!o) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        static const char *named[0x20] = {[8] = "b", [9] = "t", [10] = "n", [12] = "f", [13] = "r"};
+        if (ch == '"' || ch == '\\')
+            *p++ = '\\', *p++ = (char)ch;
+        else if (ch < 0x20 && named[ch])
+            *p++ = '\\', *p++ = named[ch][0];
+        else if (ch < 0x20)
+            p += sprintf(p, "\\u%04x", ch);
+        else
+            *p++ = (char)ch;
+    }
+    *p = 0;
+    *out_len = (size_t)(p - o);
+    return o;
+}
+
+static int sc_valid(sc_ctx *c, json_t *s, json_t *v, int depth);
+
+/* pattern re searched in string v: 1, 0, -1 (not a pattern this engine reads) */
+static int string_matches(const char *re, json_t *v) {
+    size_t n;
+    char *body = canon_body(json_string_value(v), json_string_length(v), &n);
+    int r = body ? pattern_matches(re, body, n) : -1;
+    free(body);
+    return r;
+}
+
+static size_t utf8_length(const char *s, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
+/* all of list's schemas (allOf), at least one (anyOf), exactly one (oneOf) */
+static int valid_count(sc_ctx *c, json_t *list, json_t *v, int depth, int *n_valid) {
+    size_t i;
+    json_t *x;
+    *n_valid = 0;
+    json_array_foreach(list, i, x) {
+        int r = sc_valid(c, x, v, depth + 1);
+        if (r < 0) return -1;
+        *n_valid += r;
+    }
+    return 1;
+}
+
+/* The JSON Schema number keywords as python-jsonschema evaluates them (multipleOf with a
+ * real step divides in floating point). */
+static int valid_number(json_t *s, json_t *v) {
+    double x = json_number_value(v), b;
+    json_t *emin = json_object_get(s, "exclusiveMinimum"), *emax = json_object_get(s, "exclusiveMaximum");
+    if (num_of(s, "minimum", &b) && (json_is_true(emin) ? x <= b : x < b)) return 0;
+    if (num_of(s, "maximum", &b) && (json_is_true(emax) ? x >= b : x > b)) return 0;
+    if (json_is_number(emin) && x <= json_number_value(emin)) return 0;
+    if (json_is_number(emax) && x >= json_number_value(emax)) return 0;
+    json_t *m = json_object_get(s, "multipleOf");
+    if (json_is_integer(m) && json_is_integer(v) && json_integer_value(m) > 0)
+        return json_integer_value(v) % json_integer_value(m) == 0;
+    if (json_is_number(m)) {
+        double q = json_is_real(m) ? x / json_number_value(m) : fmod(x, json_number_value(m));
+        if (!isfinite(q)) return -1;
+        return json_is_real(m) ? q == trunc(q) : q == 0;
+    }
+    return 1;
+}
+
+static int valid_string(json_t *s, json_t *v) {
+    double b;
+    size_t len = utf8_length(json_string_value(v), json_string_length(v));
+    if (num_of(s, "minLength", &b) && (double)len < b) return 0;
+    if (num_of(s, "maxLength", &b) && (double)len > b) return 0;
+    json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+    if (json_is_string(pat)) {
+        int r = string_matches(json_string_value(pat), v);
+        if (r <= 0) return r;
+    }
+    const char *fre;
+    if (json_is_string(fmt) && format_regex(json_string_value(fmt), &fre)) {
+        if (!fre) return -1;
+        return string_matches(fre, v);
+    }
+    return 1;
+}
+
+static int valid_array(sc_ctx *c, json_t *s, json_t *v, int depth) {
+    double b;
+    size_t n = json_array_size(v);
+    if (num_of(s, "minItems", &b) && (double)n < b) return 0;
+    if (num_of(s, "maxItems", &b) && (double)n > b) return 0;
+    json_t *items = json_object_get(s, "items"), *prefix = json_object_get(s, "prefixItems"), *more = items;
+    if (json_is_array(items)) prefix = items, more = json_object_get(s, "additionalItems");
+    size_t np = json_is_array(prefix) ? json_array_size(prefix) : 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *is = i < np ? json_array_get(prefix, i) : more;
+        int r = is ? sc_valid(c, is, json_array_get(v, i), depth + 1) : 1;
+        if (r <= 0) return r;
+    }
+    json_t *u = json_object_get(s, "uniqueItems");
+    if (json_is_true(u))
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = i + 1; j < n; j++)
+                if (sc_equal(json_array_get(v, i), json_array_get(v, j))) return 0;
+    json_t *has = json_object_get(s, "contains");
+    if (has) {
+        double lo = 1, hi = -1;
+        num_of(s, "minContains", &lo);
+        num_of(s, "maxContains", &hi);
+        size_t hits = 0;
+        for (size_t i = 0; i < n; i++) {
+            int r = sc_valid(c, has, json_array_get(v, i), depth + 1);
+            if (r < 0) return r;
+            hits += (size_t)r;
+        }
+        if ((double)hits < lo || (hi >= 0 && (double)hits > hi)) return 0;
+    }
+    return 1;
+}
+
+static int valid_object(sc_ctx *c, json_t *s, json_t *v, int depth) {
+    double b;
+    if (num_of(s, "minProperties", &b) && (double)json_object_size(v) < b) return 0;
+    if (num_of(s, "maxProperties", &b) && (double)json_object_size(v) > b) return 0;
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_object_get(s, "required"), i, x) if (json_is_string(x) &&
+                                                                 !json_object_get(v, json_string_value(x))) return 0;
+    json_t *props = json_object_get(s, "properties"), *pp = json_object_get(s, "patternProperties");
+    json_t *addl = json_object_get(s, "additionalProperties"), *names = json_object_get(s, "propertyNames");
+    json_t *deps[2] = {json_object_get(s, "dependencies"), json_object_get(s, "dependentRequired")};
+    json_t *dep_schemas = json_object_get(s, "dependentSchemas");
+    const char *k;
+    json_t *val;
+    json_object_foreach(v, k, val) {
+        json_t *key = json_string(k);
+        int r = names ? sc_valid(c, names, key, depth + 1) : 1, known = 0;
+        json_t *ps = json_object_get(props, k);
+        if (r > 0 && ps) known = 1, r = sc_valid(c, ps, val, depth + 1);
+        const char *re;
+        json_t *rs;
+        if (json_is_object(pp)) json_object_foreach(pp, re, rs) {
+                if (r <= 0) break;
+                int hit = string_matches(re, key);
+                if (hit < 0) r = -1;
+                if (hit > 0) known = 1, r = sc_valid(c, rs, val, depth + 1);
+            }
+        if (r > 0 && !known && addl) r = sc_valid(c, addl, val, depth + 1);
+        for (int d = 0; d < 2 && r > 0; d++) {
+            json_t *dep = json_object_get(deps[d], k);
+            if (json_is_array(dep)) {
+                json_array_foreach(dep, i, x) if (json_is_string(x) && !json_object_get(v, json_string_value(x))) r = 0;
+            } else if (dep)
+                r = sc_valid(c, dep, v, depth + 1);
+        }
+        json_t *ds = json_object_get(dep_schemas, k);
+        if (r > 0 && ds) r = sc_valid(c, ds, v, depth + 1);
+        json_decref(key);
+        if (r <= 0) return r;
+    }
+    return 1;
+}
+
+static int sc_valid(sc_ctx *c, json_t *s, json_t *v, int depth) {
+    if (json_is_boolean(s)) return json_is_true(s);
+    if (!json_is_object(s) || depth > SC_MAX_DEPTH) return -1;
+    const char *k;
+    json_t *x;
+    json_object_foreach(s, k, x) { /* keywords with no test here */
+        if (!strcmp(k, "unevaluatedProperties") || !strcmp(k, "unevaluatedItems") || !strcmp(k, "$dynamicRef") ||
+            !strcmp(k, "$recursiveRef"))
+            if (!refused_ok(k, x)) return -1;
+    }
+    json_t *ref = json_object_get(s, "$ref");
+    if (json_is_string(ref)) {
+        json_t *t = resolve(c, json_string_value(ref));
+        if (!t) return -1;
+        int r = sc_valid(c, t, v, depth + 1);
+        if (r <= 0 || c->ref_alone) return r;
+    }
+    json_t *t = json_object_get(s, "type");
+    if (t) {
+        json_t *ts = types_of(t);
+        size_t i;
+        int ok = 0;
+        json_array_foreach(ts, i, x) ok |= json_is_string(x) && value_is(v, json_string_value(x));
+        json_decref(ts);
+        if (!ok) return 0;
+    }
+    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    if (cst && !sc_equal(cst, v)) return 0;
+    if (en) {
+        size_t i;
+        int ok = 0;
+        json_array_foreach(en, i, x) ok |= sc_equal(x, v);
+        if (!ok) return 0;
+    }
+    int n, r;
+    json_t *all = json_object_get(s, "allOf"), *any = json_object_get(s, "anyOf"), *one = json_object_get(s, "oneOf");
+    if (all && valid_count(c, all, v, depth, &n) < 0) return -1;
+    if (all && n != (int)json_array_size(all)) return 0;
+    if (any && (r = valid_count(c, any, v, depth, &n)) <= 0) return r;
+    if (any && !n) return 0;
+    if (one && (r = valid_count(c, one, v, depth, &n)) <= 0) return r;
+    if (one && n != 1) return 0;
+    json_t *no = json_object_get(s, "not");
+    if (no && (r = sc_valid(c, no, v, depth + 1)) != 0) return r < 0 ? -1 : 0;
+    json_t *cond = json_object_get(s, "if");
+    if (cond) {
+        r = sc_valid(c, cond, v, depth + 1);
+        if (r < 0) return r;
+        json_t *then = json_object_get(s, r ? "then" : "else");
+        if (then && (r = sc_valid(c, then, v, depth + 1)) <= 0) return r;
+    }
+    if (json_is_number(v) && (r = valid_number(s, v)) <= 0) return r;
+    if (json_is_string(v) && (r = valid_string(s, v)) <= 0) return r;
+    if (json_is_array(v)) return valid_array(c, s, v, depth);
+    if (json_is_object(v)) return valid_object(c, s, v, depth);
+    return 1;
+}
+
+/* const / enum: the listed values that meet every other keyword of s */
+static int32_t sc_listed(sc_ctx *c, json_t *s) {
+    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    if (en && !json_is_array(en)) return sc_fail(c, "'enum' must be an array");
+    json_t *list = cst ? cst : en;
+    size_t n = cst ? 1 : json_array_size(en), i;
+    if (!n) return c->never;
+    int32_t *alts = malloc(n * sizeof *alts);
+    if (!alts) return sc_fail(c, "out of memory");
+    int k = 0;
+    for (i = 0; i < n && !c->st; i++) {
+        json_t *v = cst ? list : json_array_get(en, i);
+        int r = sc_valid(c, s, v, 0);
+        if (r < 0)
+            sc_fail(c, "%s value %zu: a keyword beside it has no exact test here (a format or pattern this engine "
+                       "does not read, unevaluated*, $dynamicRef)",
+                    cst ? "const" : "enum", i);
+        else if (r)
+            alts[k++] = sc_const(c, v, 0);
+    }
+    int32_t out = k && !c->st ? gr_alt(c->b, alts, k) : c->never;
+    free(alts);
+    return out;
 }
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
@@ -1434,6 +1703,7 @@ static int32_t sc_node(sc_ctx *c, json_t *s, int depth) {
         if (json_object_get(m, "$ref") || json_object_get(m, "allOf")) return sc_node(c, m, depth + 1);
         return sc_node(c, m, depth + 1);
     }
+    if (json_object_get(s, "const") || json_object_get(s, "enum")) return sc_listed(c, s);
     if (!check_keywords(c, s)) return c->never;
     json_t *any = json_object_get(s, "anyOf");
     if (!any) any = json_object_get(s, "oneOf");
@@ -1472,20 +1742,6 @@ static int32_t sc_node(sc_ctx *c, json_t *s, int depth) {
         json_array_append_new(c->keep, merged);
         json_decref(rest);
         int32_t r = gr_alt(c->b, alts, (int)n);
-        free(alts);
-        return r;
-    }
-    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
-    if (cst) return value_typed(s, cst) ? sc_const(c, cst, 0) : c->never;
-    if (en) {
-        if (!json_is_array(en)) return sc_fail(c, "'enum' must be an array");
-        size_t n = json_array_size(en), i;
-        if (!n) return c->never;
-        int32_t *alts = malloc(n * sizeof *alts);
-        if (!alts) return sc_fail(c, "out of memory");
-        int k = 0;
-        json_array_foreach(en, i, v) if (value_typed(s, v)) alts[k++] = sc_const(c, v, 0);
-        int32_t r = k ? gr_alt(c->b, alts, k) : c->never;
         free(alts);
         return r;
     }

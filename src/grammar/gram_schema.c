@@ -15,6 +15,10 @@
 /* minProperties / maxProperties: rules per (property, count) pair; 100 declared names
  * with maxProperties 1000 is about this many */
 #define SC_MAX_COUNT_RULES 100000
+#define SC_MAX_PAIRS 256 /* anyOf and anyOf combined: one branch per pair */
+/* The strings a `not: {enum: [...]}` excludes, as the complement of the enum writes them
+ * (a key no JSON Schema vocabulary uses; sc_string and sc_valid read it). */
+#define SC_NOT_STRINGS "$hearth-not-strings"
 
 typedef struct {
     json_t *target;
@@ -92,7 +96,6 @@ static void sc_base(sc_ctx *c) {
 /* Keywords that only annotate: ignored. Unknown keywords are annotations too (JSON
  * Schema ignores them); the refused list below names what we cannot enforce. */
 static const char *const REFUSED[] = {
-    "not",
     "if",
     "then",
     "else",
@@ -292,6 +295,12 @@ static json_t *merge_key(sc_ctx *c, const char *k, json_t *x, json_t *y, int dep
         if (json_is_false(x) || json_is_false(y)) return json_false();
         if (json_is_object(x) && json_is_object(y)) return merge(c, x, y, depth + 1);
     }
+    if (!strcmp(k, "not")) return json_pack("{s:[O,O]}", "anyOf", x, y); /* not x and not y */
+    if (!strcmp(k, SC_NOT_STRINGS) && json_is_array(x) && json_is_array(y)) {
+        json_t *out = json_copy(x);
+        json_array_extend(out, y);
+        return out;
+    }
     if (is_annotation(k)) return json_incref(x);
     sc_fail(c, "cannot combine two different '%s' (allOf or $ref siblings)", k);
     return json_incref(x);
@@ -302,6 +311,18 @@ static json_t *merge_key(sc_ctx *c, const char *k, json_t *x, json_t *y, int dep
 static json_t *combine_keywords(sc_ctx *c, json_t *out, const char *k, json_t *mine, json_t *theirs, int depth) {
     if ((strcmp(k, "anyOf") && strcmp(k, "oneOf") && strcmp(k, "allOf")) || json_equal(mine, theirs))
         return merge_key(c, k, mine, theirs, depth);
+    if (!strcmp(k, "anyOf") && json_is_array(mine) && json_is_array(theirs)) {
+        /* (a1 or a2) and (b1 or b2): every pair, so no allOf is left to fold again */
+        if (json_array_size(mine) * json_array_size(theirs) > SC_MAX_PAIRS) {
+            sc_fail(c, "two anyOf to combine (allOf or $ref siblings) with more than %d branch pairs", SC_MAX_PAIRS);
+            return json_incref(mine);
+        }
+        json_t *pairs = json_array(), *x, *y;
+        size_t i, j;
+        json_array_foreach(mine, i, x) json_array_foreach(theirs, j, y)
+            json_array_append_new(pairs, json_pack("{s:[O,O]}", "allOf", x, y));
+        return pairs;
+    }
     json_t *all = json_object_get(out, "allOf");
     json_t *folded = all ? json_copy(all) : json_array();
     json_t *w = json_object();
@@ -867,6 +888,8 @@ static int32_t limit_len(sc_ctx *c, int32_t x, int64_t lo, int64_t hi) {
     return -1;
 }
 
+static int32_t sc_excluded_strings(sc_ctx *c, json_t *list);
+
 static int32_t sc_string(sc_ctx *c, json_t *s) {
     gr_build *b = c->b;
     json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
@@ -878,6 +901,12 @@ static int32_t sc_string(sc_ctx *c, json_t *s) {
     if (json_is_string(fmt) && format_regex(json_string_value(fmt), &fre) && !fre)
         return sc_fail(c, "format '%.40s' is not supported", json_string_value(fmt));
     if (re && fre) return sc_fail(c, "'pattern' together with 'format' is not supported");
+    json_t *excluded = json_object_get(s, SC_NOT_STRINGS);
+    if (excluded) {
+        if (re || min > 0 || max >= 0)
+            return sc_fail(c, "'not' with string values beside pattern, format or a length is not supported");
+        return sc_excluded_strings(c, excluded);
+    }
     if (!re) re = fre;
     if (re) {
         int32_t body = 0;
@@ -1005,11 +1034,17 @@ static int32_t sc_array(sc_ctx *c, json_t *s, int depth) {
 
 /* ---- objects ----------------------------------------------------------------------------- */
 
+/* How a string goes on once it left the trie of names: the rest up to the closing quote,
+ * and the escapes that may start that rest. */
+typedef struct {
+    int32_t rest, escape;
+} sc_tail;
+
 /* A JSON string (after its opening quote) whose encoded bytes (closing quote included)
  * differ from every name in the list: the keys an additionalProperties may use. Names
  * are walked as a byte trie; a string leaves the trie at an ASCII byte, a backslash
  * escape, or (where no name has a non-ASCII byte at that point) a non-ASCII character. */
-static int32_t not_names(sc_ctx *c, char **names, size_t *lens, int n, size_t depth) {
+static int32_t not_names(sc_ctx *c, char **names, size_t *lens, int n, size_t depth, const sc_tail *tail) {
     gr_build *b = c->b;
     int32_t alts[300];
     int k = 0;
@@ -1023,14 +1058,13 @@ static int32_t not_names(sc_ctx *c, char **names, size_t *lens, int n, size_t de
         if (x != '"' && x != '\\' && !gr_has(&kids, x)) gr_add(&div, x);
     int any_div = 0;
     for (int w = 0; w < 8; w++) any_div |= div.w[w] != 0;
-    if (any_div) alts[k++] = gr_seq2(b, gr_byteset_node(b, &div), c->string_rest);
-    if (!gr_has(&kids, '\\'))
-        alts[k++] = gr_seq2(b, re_node(c, "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})", 0), c->string_rest);
+    if (any_div) alts[k++] = gr_seq2(b, gr_byteset_node(b, &div), tail->rest);
+    if (!gr_has(&kids, '\\')) alts[k++] = gr_seq2(b, tail->escape, tail->rest);
     int non_ascii = 0;
     for (unsigned x = 0x80; x < 0x100; x++) non_ascii |= gr_has(&kids, x);
     if (!non_ascii) {
         uint32_t r[2] = {0x80, 0x10FFFF};
-        alts[k++] = gr_seq2(b, gr_cpset(b, r, 1, 1), c->string_rest);
+        alts[k++] = gr_seq2(b, gr_cpset(b, r, 1, 1), tail->rest);
     }
     /* a proper prefix of names ends here */
     if (!gr_has(&kids, '"')) alts[k++] = lit(c, "\"");
@@ -1046,11 +1080,51 @@ static int32_t not_names(sc_ctx *c, char **names, size_t *lens, int n, size_t de
         }
         for (int i = 0; i < n; i++)
             if (lens[i] > depth && (unsigned char)names[i][depth] == x) sub[m] = names[i], sl[m++] = lens[i];
-        alts[k++] = gr_seq2(b, gr_byte(b, x), not_names(c, sub, sl, m, depth + 1));
+        alts[k++] = gr_seq2(b, gr_byte(b, x), not_names(c, sub, sl, m, depth + 1, tail));
         free(sub), free(sl);
     }
     if (k >= 299) return sc_fail(c, "too many property names");
     return k ? gr_alt(b, alts, k) : c->never;
+}
+
+/* Strings other than the listed ones (printable ASCII without quote or backslash: each
+ * has one spelling then, and the string rule spells every other code point one way too,
+ * its shortest escape, so a different spelling is a different string). */
+static int32_t sc_excluded_strings(sc_ctx *c, json_t *list) {
+    gr_build *b = c->b;
+    size_t n = json_array_size(list), i;
+    json_t *x;
+    char **names = calloc(n + 1, sizeof *names);
+    size_t *lens = calloc(n + 1, sizeof *lens);
+    if (!names || !lens) {
+        free(names), free(lens);
+        return sc_fail(c, "out of memory");
+    }
+    int32_t out = c->never;
+    json_array_foreach(list, i, x) {
+        const char *s = json_string_value(x);
+        lens[i] = json_string_length(x);
+        for (size_t j = 0; j < lens[i]; j++)
+            if (s[j] < 0x20 || s[j] > 0x7e || s[j] == '"' || s[j] == '\\') {
+                sc_fail(c, "'not' with a string value holding a quote, backslash, control or non-ASCII character "
+                           "is not supported");
+                goto done;
+            }
+        if (!(names[i] = malloc(lens[i] + 2))) {
+            sc_fail(c, "out of memory");
+            goto done;
+        }
+        memcpy(names[i], s, lens[i]);
+        names[i][lens[i]++] = '"'; /* the closing quote ends a name in the trie */
+    }
+    uint32_t all[2] = {0, 0x10FFFF}, escaped[6] = {0, 0x1f, '"', '"', '\\', '\\'};
+    sc_tail canon = {rule_of(c, gr_seq2(b, gr_repeat(b, gr_cpset(b, all, 1, 1), 0, GR_INF), lit(c, "\""))),
+                     gr_cpset(b, escaped, 3, 1)};
+    out = gr_seq2(b, lit(c, "\""), not_names(c, names, lens, (int)n, 0, &canon));
+done:
+    for (size_t j = 0; j < n; j++) free(names[j]);
+    free(names), free(lens);
+    return out;
 }
 
 /* Whether the JSON-encoded string body text[0..n) (no quotes) matches pattern re (searched,
@@ -1213,7 +1287,8 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
             goto done;
         }
         for (int i = 0; i < n; i++) after_quote[i] = enc[i] + 1, al[i] = enc_len[i] - 1;
-        int32_t key = gr_seq2(b, lit(c, "\""), n ? not_names(c, after_quote, al, n, 0) : c->string_rest);
+        sc_tail any_key = {c->string_rest, re_node(c, "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})", 0)};
+        int32_t key = gr_seq2(b, lit(c, "\""), n ? not_names(c, after_quote, al, n, 0, &any_key) : c->string_rest);
         free(after_quote), free(al);
         int32_t val = addl && !json_is_true(addl) ? sc_node(c, addl, depth + 1) : c->value;
         extra = rule_of(c, gr_seq(b, (int32_t[]){key, c->ws, lit(c, ":"), c->ws, val}, 5));
@@ -1447,6 +1522,9 @@ static int valid_number(json_t *s, json_t *v) {
 
 static int valid_string(json_t *s, json_t *v) {
     double b;
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_object_get(s, SC_NOT_STRINGS), i, x) if (json_equal(x, v)) return 0;
     size_t len = utf8_length(json_string_value(v), json_string_length(v));
     if (num_of(s, "minLength", &b) && (double)len < b) return 0;
     if (num_of(s, "maxLength", &b) && (double)len > b) return 0;
@@ -1623,6 +1701,134 @@ static int32_t sc_listed(sc_ctx *c, json_t *s) {
     return out;
 }
 
+/* ---- not ------------------------------------------------------------------------------------ */
+
+/* The complement of schema n as a schema again (a new reference), for the forms where it is
+ * one: boolean schemas, not, anyOf / allOf (De Morgan), type, required, properties, enum /
+ * const of null and booleans, and the bound keywords (a bound's complement is the opposite
+ * bound on that type; values of other types meet a bound, so they fail its not). A keyword
+ * the complement cannot be written for refuses the schema, naming it. */
+static json_t *sc_complement(sc_ctx *c, json_t *n, int depth) {
+    if (depth > SC_MAX_DEPTH) {
+        sc_fail(c, "'not' nested too deeply");
+        return json_false();
+    }
+    if (json_is_boolean(n)) return json_boolean(!json_is_true(n));
+    if (!json_is_object(n)) {
+        sc_fail(c, "'not' must hold a schema");
+        return json_false();
+    }
+    json_t *d = sc_deref(c, n, depth + 1); /* $ref and allOf folded in */
+    json_t *any = json_array();            /* an instance fails n when it fails one keyword */
+    static const char *const all_types[] = {"object", "array", "string", "number", "boolean", "null"};
+    /* bound keyword, the type it bounds, its complement */
+    static const char *const bounds[][3] = {
+        {"minimum", "number", "exclusiveMaximum"}, {"maximum", "number", "exclusiveMinimum"},
+        {"exclusiveMinimum", "number", "maximum"}, {"exclusiveMaximum", "number", "minimum"},
+        {"minLength", "string", "maxLength"},      {"maxLength", "string", "minLength"},
+        {"minItems", "array", "maxItems"},         {"maxItems", "array", "minItems"},
+        {"minProperties", "object", "maxProperties"}, {"maxProperties", "object", "minProperties"},
+    };
+    const char *k;
+    json_t *v;
+    json_object_foreach(json_is_object(d) ? d : NULL, k, v) {
+        if (c->st || is_annotation(k)) continue;
+        size_t i;
+        json_t *x;
+        if (!strcmp(k, "not")) {
+            json_array_append(any, v);
+        } else if (!strcmp(k, "anyOf") || !strcmp(k, "oneOf")) {
+            /* not anyOf: every branch fails; not oneOf: the same when branches exclude each other */
+            json_t *each = json_array();
+            json_array_foreach(v, i, x) json_array_append_new(each, sc_complement(c, x, depth + 1));
+            for (size_t a = 0; !strcmp(k, "oneOf") && a < json_array_size(v); a++)
+                for (size_t z = a + 1; z < json_array_size(v); z++)
+                    if (!schemas_disjoint(json_array_get(v, a), json_array_get(v, z)))
+                        sc_fail(c, "'not' over a oneOf whose branches %zu and %zu may both match", a, z);
+            json_array_append_new(any, json_pack("{s:o}", "allOf", each));
+        } else if (!strcmp(k, "allOf")) {
+            json_array_foreach(v, i, x) json_array_append_new(any, sc_complement(c, x, depth + 1));
+        } else if (!strcmp(k, "type")) {
+            json_t *ts = types_of(v), *rest = json_array();
+            /* not integer: numbers that are not whole have no grammar here, so they are left
+             * out (never written), as are all numbers */
+            int no_numbers = has_type(ts, "integer");
+            for (int t = 0; t < 6; t++)
+                if (!has_type(ts, all_types[t]) && (!no_numbers || strcmp(all_types[t], "number")))
+                    json_array_append_new(rest, json_string(all_types[t]));
+            json_array_append_new(any, json_pack("{s:o}", "type", rest));
+            json_decref(ts);
+        } else if (!strcmp(k, "required")) {
+            json_array_foreach(v, i, x) if (json_is_string(x)) json_array_append_new(
+                any, json_pack("{s:s,s:{s:b}}", "type", "object", "properties", json_string_value(x), 0));
+        } else if (!strcmp(k, "properties")) {
+            const char *p;
+            json_object_foreach(v, p, x) json_array_append_new(
+                any, json_pack("{s:s,s:[s],s:{s:o}}", "type", "object", "required", p, "properties", p,
+                               sc_complement(c, x, depth + 1)));
+        } else if (!strcmp(k, "enum") || !strcmp(k, "const")) {
+            json_t *vals = strcmp(k, "const") ? json_incref(v) : json_pack("[O]", v);
+            int has_null = 0, has_true = 0, has_false = 0;
+            json_t *strings = NULL;
+            json_array_foreach(vals, i, x) {
+                has_null |= json_is_null(x), has_true |= json_is_true(x), has_false |= json_is_false(x);
+                if (json_is_string(x)) {
+                    if (!strings) strings = json_array();
+                    json_array_append(strings, x);
+                } else if (!json_is_null(x) && !json_is_boolean(x))
+                    sc_fail(c, "'not' with enum / const values other than strings, null, true and false is not "
+                               "supported");
+            }
+            json_decref(vals);
+            json_t *rest = json_array();
+            for (int t = 0; t < 6; t++)
+                if (strcmp(all_types[t], "null") && strcmp(all_types[t], "boolean") &&
+                    (!strings || strcmp(all_types[t], "string")))
+                    json_array_append_new(rest, json_string(all_types[t]));
+            if (!has_null) json_array_append_new(rest, json_string("null"));
+            json_array_append_new(any, json_pack("{s:o}", "type", rest));
+            if (has_true != has_false) json_array_append_new(any, json_pack("{s:b}", "const", has_false));
+            if (!has_true && !has_false) json_array_append_new(any, json_pack("{s:s}", "type", "boolean"));
+            if (strings) json_array_append_new(any, json_pack("{s:s,s:o}", "type", "string", SC_NOT_STRINGS, strings));
+        } else {
+            size_t b = 0;
+            while (b < sizeof bounds / sizeof *bounds && strcmp(k, bounds[b][0])) b++;
+            if (b == sizeof bounds / sizeof *bounds || !json_is_number(v)) {
+                sc_fail(c, "keyword '%.40s' inside 'not' is not supported", k);
+                break;
+            }
+            json_t *opp = json_pack("{s:s}", "type", bounds[b][1]);
+            double x = json_number_value(v);
+            if (bounds[b][1][0] == 'n') /* numbers: the strict / loose opposite */
+                json_object_set(opp, bounds[b][2], v);
+            else if (k[1] == 'i') /* minLength n: at most n-1 */
+                json_object_set_new(opp, bounds[b][2], json_integer((json_int_t)ceil(x) - 1));
+            else
+                json_object_set_new(opp, bounds[b][2], json_integer((json_int_t)floor(x) + 1));
+            if ((!strcmp(k, "minimum") || !strcmp(k, "maximum")) &&
+                json_is_boolean(json_object_get(d, k[1] == 'i' ? "exclusiveMinimum" : "exclusiveMaximum")))
+                sc_fail(c, "'not' with a draft-4 exclusiveMinimum / exclusiveMaximum is not supported");
+            json_array_append_new(any, opp);
+        }
+    }
+    json_decref(d);
+    if (!json_array_size(any)) {
+        json_decref(any);
+        return json_false(); /* n accepts everything */
+    }
+    return json_pack("{s:o}", "anyOf", any);
+}
+
+/* s with its not replaced by the complement, folded in through allOf */
+static json_t *sc_without_not(sc_ctx *c, json_t *s) {
+    json_t *out = json_copy(s), *all = json_object_get(s, "allOf");
+    json_t *folded = json_is_array(all) ? json_copy(all) : json_array();
+    json_array_append_new(folded, sc_complement(c, json_object_get(s, "not"), 0));
+    json_object_del(out, "not");
+    json_object_set_new(out, "allOf", folded);
+    return out;
+}
+
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
 static int32_t sc_types(sc_ctx *c, json_t *s, int depth) {
@@ -1704,6 +1910,11 @@ static int32_t sc_node(sc_ctx *c, json_t *s, int depth) {
         return sc_node(c, m, depth + 1);
     }
     if (json_object_get(s, "const") || json_object_get(s, "enum")) return sc_listed(c, s);
+    if (json_object_get(s, "not")) {
+        json_t *m = sc_without_not(c, s);
+        json_array_append_new(c->keep, m);
+        return c->st ? c->never : sc_node(c, m, depth + 1);
+    }
     if (!check_keywords(c, s)) return c->never;
     json_t *any = json_object_get(s, "anyOf");
     if (!any) any = json_object_get(s, "oneOf");

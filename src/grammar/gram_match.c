@@ -293,6 +293,7 @@ struct gm_core {
     int32_t *set_len;
     int32_t *trans; /* 256 per set: -2 unknown, -1 dead */
     int32_t *uni;   /* per set: the set every plain character leads it to; -1 none, -2 unknown */
+    int8_t *closed; /* per set: plain_closed(); -1 unknown */
     int32_t n_sets, cap_sets;
     int32_t *set_hash;
     uint32_t set_hash_cap;
@@ -465,7 +466,9 @@ static int32_t set_intern(gm_core *m) {
         if (t) m->trans = t;
         int32_t *lp = realloc(m->uni, (size_t)nc * sizeof *lp);
         if (lp) m->uni = lp;
-        if (!o || !l || !t || !lp) {
+        int8_t *cl = realloc(m->closed, (size_t)nc);
+        if (cl) m->closed = cl;
+        if (!o || !l || !t || !lp || !cl) {
             m->oom = 1;
             return -1;
         }
@@ -486,6 +489,7 @@ static int32_t set_intern(gm_core *m) {
     m->n_items += n;
     for (int i = 0; i < 256; i++) m->trans[(int64_t)s * 256 + i] = -2;
     m->uni[s] = -2;
+    m->closed[s] = -1;
     m->set_hash[k] = s;
     return s;
 }
@@ -567,6 +571,7 @@ static void core_free(gm_core *m) {
     pthread_mutex_destroy(&m->mu);
     free(m->nodes), free(m->node_hash), free(m->visit);
     free(m->set_items), free(m->set_off), free(m->set_len), free(m->trans), free(m->set_hash), free(m->uni);
+    free(m->closed);
     free(m->tmp), free(m->walk);
     for (int i = 0; i < GM_MASK_CACHE; i++) free(m->mask_val[i]);
     free(m);
@@ -816,16 +821,63 @@ static int32_t plain_main(gm_core *m, int32_t s, gr_byteset *exc, int *limit) {
     return m->oom ? -1 : u;
 }
 
+/* Every short plain token is allowed from s although plain characters lead it to different
+ * states (a pattern searched inside a string, whose progress each character moves): every
+ * state fewer than GV_SHORT plain characters away takes every plain character. Breadth
+ * first over those states, at most GM_CLOSED_MAX of them (else: not shown, 0). */
+#define GM_CLOSED_MAX 256
+#define GM_CLOSED_HASH 1024 /* open addressing over the states seen, a power of two */
+static int plain_closed(gm_core *m, int32_t s) {
+    if (m->closed[s] >= 0) return m->closed[s];
+    int32_t seen[GM_CLOSED_MAX], hash[GM_CLOSED_HASH];
+    memset(hash, 0xff, sizeof hash);
+    int n = 0, lo = 0, ok = 1;
+    seen[n++] = s;
+    hash[mix((uint64_t)s) & (GM_CLOSED_HASH - 1)] = s;
+    for (int level = 0; level < GV_SHORT && ok; level++) {
+        int hi = n;
+        for (int i = lo; i < hi && ok; i++) {
+            gm_memo mo = {.n = 0};
+            for (unsigned b = 0x20; b < 0xF5 && ok; b++) {
+                if (b == '"' || b == '\\' || (b >= 0x80 && b < 0xC2)) continue;
+                int32_t nx = b < 0x80 ? advance(m, seen[i], b) : char_target(m, &mo, seen[i], b);
+                if (nx < 0) {
+                    ok = 0;
+                    break;
+                }
+                if (level == GV_SHORT - 1) continue; /* the last character's state need not go on */
+                uint32_t k = mix((uint64_t)nx) & (GM_CLOSED_HASH - 1);
+                while (hash[k] >= 0 && hash[k] != nx) k = (k + 1) & (GM_CLOSED_HASH - 1);
+                if (hash[k] == nx) continue;
+                if (n == GM_CLOSED_MAX) {
+                    ok = 0;
+                    break;
+                }
+                hash[k] = nx, seen[n++] = nx;
+            }
+        }
+        lo = hi;
+    }
+    if (m->oom) return 0; /* not cached: out of memory is not a grammar fact */
+    m->closed[s] = (int8_t)ok;
+    return ok;
+}
+
 static size_t compute_mask(gm_core *m, int32_t cur, uint32_t *bits) {
     const gvocab *v = m->v;
     size_t words = ((size_t)v->n_tokens + 31) / 32, count = 0;
     memset(bits, 0, words * sizeof *bits);
     gr_byteset exc;
     int limit = GV_SHORT;
-    if (v->n_plain && short_plain_ok(m, cur)) {
+    /* every short plain token allowed: plain characters lead on uniformly, or (tried last,
+     * a search over the states near) to states that all go on */
+    int all_plain = v->n_plain && short_plain_ok(m, cur);
+    int main_ok = !all_plain && v->n_plain && plain_main(m, cur, &exc, &limit) >= 0;
+    if (!all_plain && !main_ok && v->n_plain) all_plain = plain_closed(m, cur);
+    if (all_plain) {
         memcpy(bits, v->plain_bits, words * sizeof *bits);
         count = v->n_plain + walk_trie(m, &v->rest, cur, bits);
-    } else if (v->n_plain && plain_main(m, cur, &exc, &limit) >= 0) {
+    } else if (main_ok) {
         /* the short plain tokens up to the limit, less those of the exception first bytes,
          * which are walked */
         const gv_trie *pt = &v->plain;

@@ -544,17 +544,28 @@ static int32_t advance(gm_core *m, int32_t set, unsigned byte) {
         return r;
     }
     uint64_t sig[256] = {0};
-    for (int j = 0; j < k; j++) {
+    for (int j = 0; j < k; j++) { /* the set bits only: key states hold many one-byte sets */
         const gr_byteset *bs = &g->sets[arg[j]];
-        for (unsigned b = 0; b < 256; b++) sig[b] |= (uint64_t)gr_has(bs, b) << j;
+        for (unsigned w = 0; w < 8; w++)
+            for (uint32_t bits = bs->w[w]; bits; bits &= bits - 1)
+                sig[w * 32 + (unsigned)__builtin_ctz(bits)] |= (uint64_t)1 << j;
     }
     uint64_t class_sig[256];
     int32_t res[256], out[256];
     int n_class = 0;
+    /* classes found through a small open-addressing table on the signature */
+    int16_t slot[512];
+    memset(slot, 0xff, sizeof slot);
     for (unsigned b = 0; b < 256; b++) {
-        int c = 0;
-        while (c < n_class && class_sig[c] != sig[b]) c++;
+        if (b && sig[b] == sig[b - 1]) { /* runs of bytes alike are the common case */
+            out[b] = out[b - 1];
+            continue;
+        }
+        uint32_t h = mix(sig[b]) & 511;
+        while (slot[h] >= 0 && class_sig[slot[h]] != sig[b]) h = (h + 1) & 511;
+        int c = slot[h] >= 0 ? slot[h] : n_class;
         if (c == n_class) {
+            slot[h] = (int16_t)n_class;
             class_sig[n_class] = sig[b];
             res[n_class++] = sig[b] ? step(m, set, b) : -1; /* no stack takes it: dead */
             if (m->oom) return -1;                          /* not cached: out of memory is not a grammar fact */

@@ -439,7 +439,14 @@ static int set_rehash(gm_core *m) {
 /* Interns m->tmp (sorted, deduplicated here) as a set; -1 when empty. */
 static int32_t set_intern(gm_core *m) {
     if (m->oom || !m->n_tmp) return -1;
-    qsort(m->tmp, (size_t)m->n_tmp, sizeof *m->tmp, cmp_i32);
+    if (m->n_tmp <= 32) /* most sets are a few stacks: insertion sort beats qsort's calls */
+        for (int32_t i = 1; i < m->n_tmp; i++) {
+            int32_t x = m->tmp[i], j = i;
+            for (; j > 0 && m->tmp[j - 1] > x; j--) m->tmp[j] = m->tmp[j - 1];
+            m->tmp[j] = x;
+        }
+    else
+        qsort(m->tmp, (size_t)m->n_tmp, sizeof *m->tmp, cmp_i32);
     int32_t n = 1;
     for (int32_t i = 1; i < m->n_tmp; i++)
         if (m->tmp[i] != m->tmp[n - 1]) m->tmp[n++] = m->tmp[i];

@@ -16,6 +16,7 @@
  * with maxProperties 1000 is about this many */
 #define SC_MAX_COUNT_RULES 100000
 #define SC_MAX_PAIRS 256 /* anyOf and anyOf combined: one branch per pair */
+#define SC_MAX_PAIRS_ALL 4096 /* in one schema: nested pairings grow as a product */
 /* The strings a `not: {enum: [...]}` excludes, as the complement of the enum writes them
  * (a key no JSON Schema vocabulary uses; sc_string and sc_valid read it). */
 #define SC_NOT_STRINGS "$hearth-not-strings"
@@ -35,6 +36,7 @@ typedef struct {
     int32_t ws, value, string, string_rest, number, integer_any, never;
     json_t *keep;  /* merged schemas, freed with the context */
     int ref_alone; /* drafts 4-7: keywords beside $ref are ignored */
+    int64_t pairs; /* anyOf branch pairs made so far (SC_MAX_PAIRS_ALL in all) */
 } sc_ctx;
 
 __attribute__((format(printf, 2, 3))) static int32_t sc_fail(sc_ctx *c, const char *fmt, ...) {
@@ -313,7 +315,8 @@ static json_t *combine_keywords(sc_ctx *c, json_t *out, const char *k, json_t *m
         return merge_key(c, k, mine, theirs, depth);
     if (!strcmp(k, "anyOf") && json_is_array(mine) && json_is_array(theirs)) {
         /* (a1 or a2) and (b1 or b2): every pair, so no allOf is left to fold again */
-        if (json_array_size(mine) * json_array_size(theirs) > SC_MAX_PAIRS) {
+        c->pairs += (int64_t)(json_array_size(mine) * json_array_size(theirs));
+        if (json_array_size(mine) * json_array_size(theirs) > SC_MAX_PAIRS || c->pairs > SC_MAX_PAIRS_ALL) {
             sc_fail(c, "two anyOf to combine (allOf or $ref siblings) with more than %d branch pairs", SC_MAX_PAIRS);
             return json_incref(mine);
         }

@@ -190,6 +190,16 @@ static void test_schema_bounds(void **state) {
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"minProperties\":1}",
                     L("{\"a\":1}", "{\"a\":1,\"b\":2}"), L("{}", "{ }"));
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"minProperties\":2}", "minProperties");
+    /* the oracle-checked cases are tests/parity/test_schema_keywords.py; these need no model */
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"multipleOf\":7}",
+                    L("0", "7", "-14", "700000000000000000007"), L("1", "-8", "71"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"maxProperties\":1}", L("{}", "{\"a\":1}"),
+                    L("{\"a\":1,\"b\":2}"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"not\":{\"enum\":[\"ab\",\"\"]}}",
+                    L("\"a\"", "\"abc\"", "\"b\""), L("\"ab\"", "\"\"", "\"a\\u0062\""));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"enum\":[1,2,3,4],\"multipleOf\":2,\"not\":{\"const\":4}}", L("2"),
+                    L("1", "3", "4"));
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.01}", "multipleOf 0.01");
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[A-Za-z][a-z0-9_]*$\",\"maxLength\":4}",
                     L("\"a\"", "\"Ab_1\""), L("\"\"", "\"Ab_12\"", "\"1a\""));
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[0-9]{16}$\",\"minLength\":15}",

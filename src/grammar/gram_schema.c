@@ -15,7 +15,7 @@
 /* minProperties / maxProperties: rules per (property, count) pair; 100 declared names
  * with maxProperties 1000 is about this many */
 #define SC_MAX_COUNT_RULES 100000
-#define SC_MAX_PAIRS 256 /* anyOf and anyOf combined: one branch per pair */
+#define SC_MAX_PAIRS 256      /* anyOf and anyOf combined: one branch per pair */
 #define SC_MAX_PAIRS_ALL 4096 /* in one schema: nested pairings grow as a product */
 /* The strings a `not: {enum: [...]}` excludes, as the complement of the enum writes them
  * (a key no JSON Schema vocabulary uses; sc_string and sc_valid read it). */
@@ -527,10 +527,10 @@ static int32_t positive_multiples(sc_ctx *c, int64_t m, int max_digits) {
  * integer). Exact where the range holds at most SC_MAX_LISTED multiples (written out), or
  * each bound is absent or a sign bound (the nearest multiple inside it is 0 or +-m); other
  * ranges are refused. */
-static int32_t int_multiples(sc_ctx *c, int64_t m, int has_lo, int64_t lo, int has_hi, int64_t hi,
-                             int max_digits) {
+static int32_t int_multiples(sc_ctx *c, int64_t m, int has_lo, int64_t lo, int has_hi, int64_t hi, int max_digits) {
     gr_build *b = c->b;
-    if (m > SC_MAX_MODULUS) return sc_fail(c, "multipleOf %lld: above %d is not supported", (long long)m, SC_MAX_MODULUS);
+    if (m > SC_MAX_MODULUS)
+        return sc_fail(c, "multipleOf %lld: above %d is not supported", (long long)m, SC_MAX_MODULUS);
     /* the bounds moved inwards to multiples of m */
     if (has_lo) lo = lo >= 0 ? (lo + m - 1) / m * m : -((-lo) / m * m);
     if (has_hi) hi = hi >= 0 ? hi / m * m : -((-hi + m - 1) / m * m);
@@ -570,8 +570,9 @@ static int multiple_of(sc_ctx *c, json_t *s, int64_t *m, int *float_step) {
         return 0;
     }
     if (d != floor(d) || d > 1e15) {
-        sc_fail(c, "multipleOf %g: only whole-number steps are supported (validators test fractional steps in "
-                   "floating point)",
+        sc_fail(c,
+                "multipleOf %g: only whole-number steps are supported (validators test fractional steps in "
+                "floating point)",
                 d);
         return 0;
     }
@@ -1324,7 +1325,8 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
     /* first(i): the first member written is i or a later one (never past a required one) */
     int32_t first = c->never;
     if (extra >= 0 && max_p != 0 && min_p <= 1)
-        first = gr_seq2(b, extra, gr_repeat(b, gr_seq2(b, comma, extra), 0, max_p == GR_INF ? GR_INF : (int32_t)max_p - 1));
+        first =
+            gr_seq2(b, extra, gr_repeat(b, gr_seq2(b, comma, extra), 0, max_p == GR_INF ? GR_INF : (int32_t)max_p - 1));
     if (min_p == 0) first = extra >= 0 && max_p != 0 ? gr_opt(b, first) : gr_empty(b);
     for (int i = n - 1; i >= 0; i--) {
         int32_t here = max_p != 0 ? gr_seq2(b, member[i], REST(i + 1, 1)) : c->never;
@@ -1584,8 +1586,8 @@ static int valid_object(sc_ctx *c, json_t *s, json_t *v, int depth) {
     if (num_of(s, "maxProperties", &b) && (double)json_object_size(v) > b) return 0;
     size_t i;
     json_t *x;
-    json_array_foreach(json_object_get(s, "required"), i, x) if (json_is_string(x) &&
-                                                                 !json_object_get(v, json_string_value(x))) return 0;
+    json_array_foreach(json_object_get(s, "required"), i,
+                       x) if (json_is_string(x) && !json_object_get(v, json_string_value(x))) return 0;
     json_t *props = json_object_get(s, "properties"), *pp = json_object_get(s, "patternProperties");
     json_t *addl = json_object_get(s, "additionalProperties"), *names = json_object_get(s, "propertyNames");
     json_t *deps[2] = {json_object_get(s, "dependencies"), json_object_get(s, "dependentRequired")};
@@ -1693,8 +1695,9 @@ static int32_t sc_listed(sc_ctx *c, json_t *s) {
         json_t *v = cst ? list : json_array_get(en, i);
         int r = sc_valid(c, s, v, 0);
         if (r < 0)
-            sc_fail(c, "%s value %zu: a keyword beside it has no exact test here (a format or pattern this engine "
-                       "does not read, unevaluated*, $dynamicRef)",
+            sc_fail(c,
+                    "%s value %zu: a keyword beside it has no exact test here (a format or pattern this engine "
+                    "does not read, unevaluated*, $dynamicRef)",
                     cst ? "const" : "enum", i);
         else if (r)
             alts[k++] = sc_const(c, v, 0);
@@ -1726,11 +1729,16 @@ static json_t *sc_complement(sc_ctx *c, json_t *n, int depth) {
     static const char *const all_types[] = {"object", "array", "string", "number", "boolean", "null"};
     /* bound keyword, the type it bounds, its complement */
     static const char *const bounds[][3] = {
-        {"minimum", "number", "exclusiveMaximum"}, {"maximum", "number", "exclusiveMinimum"},
-        {"exclusiveMinimum", "number", "maximum"}, {"exclusiveMaximum", "number", "minimum"},
-        {"minLength", "string", "maxLength"},      {"maxLength", "string", "minLength"},
-        {"minItems", "array", "maxItems"},         {"maxItems", "array", "minItems"},
-        {"minProperties", "object", "maxProperties"}, {"maxProperties", "object", "minProperties"},
+        {"minimum", "number", "exclusiveMaximum"},
+        {"maximum", "number", "exclusiveMinimum"},
+        {"exclusiveMinimum", "number", "maximum"},
+        {"exclusiveMaximum", "number", "minimum"},
+        {"minLength", "string", "maxLength"},
+        {"maxLength", "string", "minLength"},
+        {"minItems", "array", "maxItems"},
+        {"maxItems", "array", "minItems"},
+        {"minProperties", "object", "maxProperties"},
+        {"maxProperties", "object", "minProperties"},
     };
     const char *k;
     json_t *v;
@@ -1766,9 +1774,9 @@ static json_t *sc_complement(sc_ctx *c, json_t *n, int depth) {
                 any, json_pack("{s:s,s:{s:b}}", "type", "object", "properties", json_string_value(x), 0));
         } else if (!strcmp(k, "properties")) {
             const char *p;
-            json_object_foreach(v, p, x) json_array_append_new(
-                any, json_pack("{s:s,s:[s],s:{s:o}}", "type", "object", "required", p, "properties", p,
-                               sc_complement(c, x, depth + 1)));
+            json_object_foreach(v, p, x)
+                json_array_append_new(any, json_pack("{s:s,s:[s],s:{s:o}}", "type", "object", "required", p,
+                                                     "properties", p, sc_complement(c, x, depth + 1)));
         } else if (!strcmp(k, "enum") || !strcmp(k, "const")) {
             json_t *vals = strcmp(k, "const") ? json_incref(v) : json_pack("[O]", v);
             int has_null = 0, has_true = 0, has_false = 0;

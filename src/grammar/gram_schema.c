@@ -1,9 +1,11 @@
 /* gram_schema.c: JSON Schema (draft 2020-12 / 2019-09 / 07 / 04 keywords) to grammar
  * rules. The output is JSON text with object properties in the schema's order, optional
  * spacing (none, one space, or a newline and indentation), and strings in their shortest
- * escaped form. A keyword that constrains values but has no exact grammar here (not,
- * uniqueItems, multipleOf, ...) is refused by name rather than silently ignored: a
- * schema compiles only when every instance the grammar accepts validates. */
+ * escaped form. A keyword that constrains values but has no exact grammar here
+ * (uniqueItems, if/then/else, a fractional multipleOf, not over a pattern, ...) is refused
+ * by name rather than silently ignored: a schema compiles only when every instance the
+ * grammar accepts validates. Listed values (const / enum) meet every keyword through an
+ * exact validator instead. */
 #include "grammar/gram_parse.h"
 #include <jansson.h>
 #include <math.h>

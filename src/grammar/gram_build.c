@@ -320,22 +320,74 @@ static void literal_alt(lower_ctx *c, int32_t r, const char *s) {
     }
 }
 
+/* The JSON escapes of one code-point set (at most the 32 control characters, quote and
+ * backslash), gathered to be written as one trie. */
+typedef struct {
+    char s[40][8];
+    int n;
+} esc_list;
+
+/* Alternatives of rule r for the strings s[0..n) from byte depth on, as a byte trie: the
+ * strings ending at the next byte share one byte-set alternative, the others one rule per
+ * next byte. Escapes all start with a backslash, so a string state holds one stack for
+ * them rather than one per escape (the language is the same). */
+static void trie_alts(lower_ctx *c, int32_t r, char (*s)[8], int n, int depth) {
+    gr_byteset leaf = {{0}}, done = {{0}};
+    int any_leaf = 0;
+    for (int i = 0; i < n && !c->oom; i++) {
+        unsigned x = (unsigned char)s[i][depth];
+        if (!x) { /* a string that ends here: the empty alternative */
+            alt_new(c, r);
+            continue;
+        }
+        if (gr_has(&done, x)) continue;
+        gr_add(&done, x);
+        char(*grp)[8] = malloc((size_t)n * sizeof *grp);
+        if (!grp) {
+            c->oom = 1;
+            return;
+        }
+        int m = 0, longer = 0;
+        for (int j = i; j < n; j++)
+            if ((unsigned char)s[j][depth] == x) {
+                memcpy(grp[m++], s[j], 8);
+                longer |= s[j][depth + 1] != 0;
+            }
+        if (!longer) {
+            gr_add(&leaf, x), any_leaf = 1;
+        } else if (m == 1) {
+            literal_alt(c, r, grp[0] + depth);
+        } else {
+            int32_t next = flat_new(c);
+            if (next >= 0 && alt_new(c, r)) {
+                int32_t ai = c->n_alts[r] - 1;
+                gr_byteset bs = {{0}};
+                gr_add(&bs, x);
+                push_elem(c, r, ai, GE_BYTES, set_index(c, &bs));
+                push_elem(c, r, ai, GE_RULE, next);
+                trie_alts(c, next, grp, m, depth + 1);
+            }
+        }
+        free(grp);
+    }
+    if (any_leaf && alt_new(c, r)) push_elem(c, r, c->n_alts[r] - 1, GE_BYTES, set_index(c, &leaf));
+}
+
 /* One code-point range; in a JSON string control characters, quote and backslash only
- * in their escaped form (the shortest one, as JSON encoders write it). */
-static void cp_range_alts(lower_ctx *c, int32_t r, uint32_t lo, uint32_t hi, int json) {
+ * in their escaped form (the shortest one, as JSON encoders write it), added to esc. */
+static void cp_range_alts(lower_ctx *c, int32_t r, uint32_t lo, uint32_t hi, int json, esc_list *esc) {
     if (!json) {
         utf8_alts(c, r, lo, hi);
         return;
     }
     for (uint32_t cp = lo; cp <= hi && cp < 0x20; cp++) {
         static const char *named[0x20] = {[8] = "\\b", [9] = "\\t", [10] = "\\n", [12] = "\\f", [13] = "\\r"};
-        char buf[8];
+        char *buf = esc->s[esc->n++];
         if (named[cp])
-            literal_alt(c, r, named[cp]);
+            strcpy(buf, named[cp]);
         else {
             static const char hex[] = "0123456789abcdef";
             memcpy(buf, "\\u00", 4), buf[4] = hex[cp >> 4], buf[5] = hex[cp & 15], buf[6] = 0;
-            literal_alt(c, r, buf);
         }
     }
     if (hi < 0x20) return;
@@ -344,7 +396,7 @@ static void cp_range_alts(lower_ctx *c, int32_t r, uint32_t lo, uint32_t hi, int
     for (int j = 0; j < 2; j++)
         if (lo <= cut[j] && hi >= cut[j]) {
             if (lo < cut[j]) utf8_alts(c, r, lo, cut[j] - 1);
-            literal_alt(c, r, j ? "\\\\" : "\\\"");
+            strcpy(esc->s[esc->n++], j ? "\\\\" : "\\\"");
             lo = cut[j] + 1;
         }
     if (lo <= hi) utf8_alts(c, r, lo, hi);
@@ -368,15 +420,17 @@ static void cpset_alts(lower_ctx *c, int32_t r, const gr_node *n) {
         } else
             v[2 * m] = v[2 * i], v[2 * m + 1] = v[2 * i + 1], m++;
     }
+    esc_list esc = {.n = 0};
     for (int32_t i = 0; i < m; i++) {
         uint32_t lo = v[2 * i], hi = v[2 * i + 1] > 0x10FFFF ? 0x10FFFF : v[2 * i + 1];
         /* surrogates have no UTF-8 form: the range splits around them */
         if (lo <= 0xDFFF && hi >= 0xD800) {
-            if (lo < 0xD800) cp_range_alts(c, r, lo, 0xD7FF, n->json);
-            if (hi > 0xDFFF) cp_range_alts(c, r, 0xE000, hi, n->json);
+            if (lo < 0xD800) cp_range_alts(c, r, lo, 0xD7FF, n->json, &esc);
+            if (hi > 0xDFFF) cp_range_alts(c, r, 0xE000, hi, n->json, &esc);
         } else
-            cp_range_alts(c, r, lo, hi, n->json);
+            cp_range_alts(c, r, lo, hi, n->json, &esc);
     }
+    if (esc.n) trie_alts(c, r, esc.s, esc.n, 0);
     free(v);
 }
 

@@ -293,6 +293,7 @@ struct gm_core {
     int32_t *set_len;
     int32_t *trans; /* 256 per set: -2 unknown, -1 dead */
     int32_t *uni;   /* per set: the set every plain character leads it to; -1 none, -2 unknown */
+    int8_t *closed; /* per set: plain_closed(); -1 unknown */
     int32_t n_sets, cap_sets;
     int32_t *set_hash;
     uint32_t set_hash_cap;
@@ -438,7 +439,14 @@ static int set_rehash(gm_core *m) {
 /* Interns m->tmp (sorted, deduplicated here) as a set; -1 when empty. */
 static int32_t set_intern(gm_core *m) {
     if (m->oom || !m->n_tmp) return -1;
-    qsort(m->tmp, (size_t)m->n_tmp, sizeof *m->tmp, cmp_i32);
+    if (m->n_tmp <= 32) /* most sets are a few stacks: insertion sort beats qsort's calls */
+        for (int32_t i = 1; i < m->n_tmp; i++) {
+            int32_t x = m->tmp[i], j = i;
+            for (; j > 0 && m->tmp[j - 1] > x; j--) m->tmp[j] = m->tmp[j - 1];
+            m->tmp[j] = x;
+        }
+    else
+        qsort(m->tmp, (size_t)m->n_tmp, sizeof *m->tmp, cmp_i32);
     int32_t n = 1;
     for (int32_t i = 1; i < m->n_tmp; i++)
         if (m->tmp[i] != m->tmp[n - 1]) m->tmp[n++] = m->tmp[i];
@@ -465,7 +473,9 @@ static int32_t set_intern(gm_core *m) {
         if (t) m->trans = t;
         int32_t *lp = realloc(m->uni, (size_t)nc * sizeof *lp);
         if (lp) m->uni = lp;
-        if (!o || !l || !t || !lp) {
+        int8_t *cl = realloc(m->closed, (size_t)nc);
+        if (cl) m->closed = cl;
+        if (!o || !l || !t || !lp || !cl) {
             m->oom = 1;
             return -1;
         }
@@ -486,6 +496,7 @@ static int32_t set_intern(gm_core *m) {
     m->n_items += n;
     for (int i = 0; i < 256; i++) m->trans[(int64_t)s * 256 + i] = -2;
     m->uni[s] = -2;
+    m->closed[s] = -1;
     m->set_hash[k] = s;
     return s;
 }
@@ -540,17 +551,28 @@ static int32_t advance(gm_core *m, int32_t set, unsigned byte) {
         return r;
     }
     uint64_t sig[256] = {0};
-    for (int j = 0; j < k; j++) {
+    for (int j = 0; j < k; j++) { /* the set bits only: key states hold many one-byte sets */
         const gr_byteset *bs = &g->sets[arg[j]];
-        for (unsigned b = 0; b < 256; b++) sig[b] |= (uint64_t)gr_has(bs, b) << j;
+        for (unsigned w = 0; w < 8; w++)
+            for (uint32_t bits = bs->w[w]; bits; bits &= bits - 1)
+                sig[w * 32 + (unsigned)__builtin_ctz(bits)] |= (uint64_t)1 << j;
     }
     uint64_t class_sig[256];
     int32_t res[256], out[256];
     int n_class = 0;
+    /* classes found through a small open-addressing table on the signature */
+    int16_t slot[512];
+    memset(slot, 0xff, sizeof slot);
     for (unsigned b = 0; b < 256; b++) {
-        int c = 0;
-        while (c < n_class && class_sig[c] != sig[b]) c++;
+        if (b && sig[b] == sig[b - 1]) { /* runs of bytes alike are the common case */
+            out[b] = out[b - 1];
+            continue;
+        }
+        uint32_t h = mix(sig[b]) & 511;
+        while (slot[h] >= 0 && class_sig[slot[h]] != sig[b]) h = (h + 1) & 511;
+        int c = slot[h] >= 0 ? slot[h] : n_class;
         if (c == n_class) {
+            slot[h] = (int16_t)n_class;
             class_sig[n_class] = sig[b];
             res[n_class++] = sig[b] ? step(m, set, b) : -1; /* no stack takes it: dead */
             if (m->oom) return -1;                          /* not cached: out of memory is not a grammar fact */
@@ -567,6 +589,7 @@ static void core_free(gm_core *m) {
     pthread_mutex_destroy(&m->mu);
     free(m->nodes), free(m->node_hash), free(m->visit);
     free(m->set_items), free(m->set_off), free(m->set_len), free(m->trans), free(m->set_hash), free(m->uni);
+    free(m->closed);
     free(m->tmp), free(m->walk);
     for (int i = 0; i < GM_MASK_CACHE; i++) free(m->mask_val[i]);
     free(m);
@@ -816,16 +839,63 @@ static int32_t plain_main(gm_core *m, int32_t s, gr_byteset *exc, int *limit) {
     return m->oom ? -1 : u;
 }
 
+/* Every short plain token is allowed from s although plain characters lead it to different
+ * states (a pattern searched inside a string, whose progress each character moves): every
+ * state fewer than GV_SHORT plain characters away takes every plain character. Breadth
+ * first over those states, at most GM_CLOSED_MAX of them (else: not shown, 0). */
+#define GM_CLOSED_MAX 256
+#define GM_CLOSED_HASH 1024 /* open addressing over the states seen, a power of two */
+static int plain_closed(gm_core *m, int32_t s) {
+    if (m->closed[s] >= 0) return m->closed[s];
+    int32_t seen[GM_CLOSED_MAX], hash[GM_CLOSED_HASH];
+    memset(hash, 0xff, sizeof hash);
+    int n = 0, lo = 0, ok = 1;
+    seen[n++] = s;
+    hash[mix((uint64_t)s) & (GM_CLOSED_HASH - 1)] = s;
+    for (int level = 0; level < GV_SHORT && ok; level++) {
+        int hi = n;
+        for (int i = lo; i < hi && ok; i++) {
+            gm_memo mo = {.n = 0};
+            for (unsigned b = 0x20; b < 0xF5 && ok; b++) {
+                if (b == '"' || b == '\\' || (b >= 0x80 && b < 0xC2)) continue;
+                int32_t nx = b < 0x80 ? advance(m, seen[i], b) : char_target(m, &mo, seen[i], b);
+                if (nx < 0) {
+                    ok = 0;
+                    break;
+                }
+                if (level == GV_SHORT - 1) continue; /* the last character's state need not go on */
+                uint32_t k = mix((uint64_t)nx) & (GM_CLOSED_HASH - 1);
+                while (hash[k] >= 0 && hash[k] != nx) k = (k + 1) & (GM_CLOSED_HASH - 1);
+                if (hash[k] == nx) continue;
+                if (n == GM_CLOSED_MAX) {
+                    ok = 0;
+                    break;
+                }
+                hash[k] = nx, seen[n++] = nx;
+            }
+        }
+        lo = hi;
+    }
+    if (m->oom) return 0; /* not cached: out of memory is not a grammar fact */
+    m->closed[s] = (int8_t)ok;
+    return ok;
+}
+
 static size_t compute_mask(gm_core *m, int32_t cur, uint32_t *bits) {
     const gvocab *v = m->v;
     size_t words = ((size_t)v->n_tokens + 31) / 32, count = 0;
     memset(bits, 0, words * sizeof *bits);
     gr_byteset exc;
     int limit = GV_SHORT;
-    if (v->n_plain && short_plain_ok(m, cur)) {
+    /* every short plain token allowed: plain characters lead on uniformly, or (tried last,
+     * a search over the states near) to states that all go on */
+    int all_plain = v->n_plain && short_plain_ok(m, cur);
+    int main_ok = !all_plain && v->n_plain && plain_main(m, cur, &exc, &limit) >= 0;
+    if (!all_plain && !main_ok && v->n_plain) all_plain = plain_closed(m, cur);
+    if (all_plain) {
         memcpy(bits, v->plain_bits, words * sizeof *bits);
         count = v->n_plain + walk_trie(m, &v->rest, cur, bits);
-    } else if (v->n_plain && plain_main(m, cur, &exc, &limit) >= 0) {
+    } else if (main_ok) {
         /* the short plain tokens up to the limit, less those of the exception first bytes,
          * which are walked */
         const gv_trie *pt = &v->plain;

@@ -1,9 +1,11 @@
 /* gram_schema.c: JSON Schema (draft 2020-12 / 2019-09 / 07 / 04 keywords) to grammar
  * rules. The output is JSON text with object properties in the schema's order, optional
  * spacing (none, one space, or a newline and indentation), and strings in their shortest
- * escaped form. A keyword that constrains values but has no exact grammar here (not,
- * uniqueItems, multipleOf, ...) is refused by name rather than silently ignored: a
- * schema compiles only when every instance the grammar accepts validates. */
+ * escaped form. A keyword that constrains values but has no exact grammar here
+ * (uniqueItems, if/then/else, a fractional multipleOf, not over a pattern, ...) is refused
+ * by name rather than silently ignored: a schema compiles only when every instance the
+ * grammar accepts validates. Listed values (const / enum) meet every keyword through an
+ * exact validator instead. */
 #include "grammar/gram_parse.h"
 #include <jansson.h>
 #include <math.h>
@@ -12,6 +14,14 @@
 #include <string.h>
 
 #define SC_MAX_DEPTH 64 /* schema nesting / $ref-merge chains followed */
+/* minProperties / maxProperties: rules per (property, count) pair; 100 declared names
+ * with maxProperties 1000 is about this many */
+#define SC_MAX_COUNT_RULES 100000
+#define SC_MAX_PAIRS 256      /* anyOf and anyOf combined: one branch per pair */
+#define SC_MAX_PAIRS_ALL 4096 /* in one schema: nested pairings grow as a product */
+/* The strings a `not: {enum: [...]}` excludes, as the complement of the enum writes them
+ * (a key no JSON Schema vocabulary uses; sc_string and sc_valid read it). */
+#define SC_NOT_STRINGS "$hearth-not-strings"
 
 typedef struct {
     json_t *target;
@@ -28,6 +38,7 @@ typedef struct {
     int32_t ws, value, string, string_rest, number, integer_any, never;
     json_t *keep;  /* merged schemas, freed with the context */
     int ref_alone; /* drafts 4-7: keywords beside $ref are ignored */
+    int64_t pairs; /* anyOf branch pairs made so far (SC_MAX_PAIRS_ALL in all) */
 } sc_ctx;
 
 __attribute__((format(printf, 2, 3))) static int32_t sc_fail(sc_ctx *c, const char *fmt, ...) {
@@ -89,7 +100,6 @@ static void sc_base(sc_ctx *c) {
 /* Keywords that only annotate: ignored. Unknown keywords are annotations too (JSON
  * Schema ignores them); the refused list below names what we cannot enforce. */
 static const char *const REFUSED[] = {
-    "not",
     "if",
     "then",
     "else",
@@ -100,8 +110,6 @@ static const char *const REFUSED[] = {
     "dependencies",
     "dependentRequired",
     "dependentSchemas",
-    "maxProperties",
-    "multipleOf",
     "unevaluatedProperties",
     "unevaluatedItems",
     "$dynamicRef",
@@ -291,6 +299,12 @@ static json_t *merge_key(sc_ctx *c, const char *k, json_t *x, json_t *y, int dep
         if (json_is_false(x) || json_is_false(y)) return json_false();
         if (json_is_object(x) && json_is_object(y)) return merge(c, x, y, depth + 1);
     }
+    if (!strcmp(k, "not")) return json_pack("{s:[O,O]}", "anyOf", x, y); /* not x and not y */
+    if (!strcmp(k, SC_NOT_STRINGS) && json_is_array(x) && json_is_array(y)) {
+        json_t *out = json_copy(x);
+        json_array_extend(out, y);
+        return out;
+    }
     if (is_annotation(k)) return json_incref(x);
     sc_fail(c, "cannot combine two different '%s' (allOf or $ref siblings)", k);
     return json_incref(x);
@@ -301,6 +315,19 @@ static json_t *merge_key(sc_ctx *c, const char *k, json_t *x, json_t *y, int dep
 static json_t *combine_keywords(sc_ctx *c, json_t *out, const char *k, json_t *mine, json_t *theirs, int depth) {
     if ((strcmp(k, "anyOf") && strcmp(k, "oneOf") && strcmp(k, "allOf")) || json_equal(mine, theirs))
         return merge_key(c, k, mine, theirs, depth);
+    if (!strcmp(k, "anyOf") && json_is_array(mine) && json_is_array(theirs)) {
+        /* (a1 or a2) and (b1 or b2): every pair, so no allOf is left to fold again */
+        c->pairs += (int64_t)(json_array_size(mine) * json_array_size(theirs));
+        if (json_array_size(mine) * json_array_size(theirs) > SC_MAX_PAIRS || c->pairs > SC_MAX_PAIRS_ALL) {
+            sc_fail(c, "two anyOf to combine (allOf or $ref siblings) with more than %d branch pairs", SC_MAX_PAIRS);
+            return json_incref(mine);
+        }
+        json_t *pairs = json_array(), *x, *y;
+        size_t i, j;
+        json_array_foreach(mine, i, x) json_array_foreach(theirs, j, y)
+            json_array_append_new(pairs, json_pack("{s:[O,O]}", "allOf", x, y));
+        return pairs;
+    }
     json_t *all = json_object_get(out, "allOf");
     json_t *folded = all ? json_copy(all) : json_array();
     json_t *w = json_object();
@@ -456,6 +483,8 @@ static int32_t int_range(sc_ctx *c, int has_lo, int64_t lo, int has_hi, int64_t 
     return gr_alt(c->b, alts, k);
 }
 
+#define SMALL_BOUND 1e15 /* gr_build.small_numbers */
+
 static int num_of(json_t *s, const char *k, double *out) {
     json_t *v = json_object_get(s, k);
     if (!json_is_number(v)) return 0;
@@ -463,7 +492,96 @@ static int num_of(json_t *s, const char *k, double *out) {
     return 1;
 }
 
-#define SMALL_BOUND 1e15 /* gr_build.small_numbers */
+/* ---- multipleOf ------------------------------------------------------------------------- */
+
+#define SC_MAX_MODULUS 1000 /* multipleOf m: m rules (times the digit limit) of 10 steps each */
+#define SC_MAX_LISTED 256   /* bounded multiples written out one by one */
+
+/* Positive multiples of m as digit strings (no leading zero): a remainder automaton, one
+ * rule per remainder. max_digits > 0: at most that many digits, one rule per remainder and
+ * digits still allowed. */
+static int32_t positive_multiples(sc_ctx *c, int64_t m, int max_digits) {
+    gr_build *b = c->b;
+    int levels = max_digits > 0 ? max_digits : 1;
+    int32_t *rule = malloc((size_t)m * (size_t)levels * sizeof *rule);
+    if (!rule) return sc_fail(c, "out of memory");
+    for (int64_t i = 0; i < m * levels; i++) rule[i] = gr_rule_new(b, -1);
+    for (int lv = 0; lv < levels; lv++)
+        for (int64_t r = 0; r < m; r++) {
+            int32_t alts[11];
+            int k = 0;
+            if (r == 0) alts[k++] = gr_empty(b);
+            int next = max_digits > 0 ? lv - 1 : 0; /* unlimited: the one level again */
+            if (next >= 0)
+                for (int d = 0; d < 10; d++)
+                    alts[k++] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, rule[next * m + (r * 10 + d) % m]));
+            int32_t id = rule[lv * m + r];
+            if (id >= 0) b->rules[id].body = k ? gr_alt(b, alts, k) : c->never;
+        }
+    int top = max_digits > 0 ? max_digits - 1 : 0; /* digits allowed after the first */
+    int32_t alts[9];
+    for (int d = 1; d <= 9; d++) alts[d - 1] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, rule[top * m + d % m]));
+    free(rule);
+    return gr_alt(b, alts, 9);
+}
+
+/* Integers in the bounds (has_lo / has_hi: bounded) that are multiples of m (a positive
+ * integer). Exact where the range holds at most SC_MAX_LISTED multiples (written out), or
+ * each bound is absent or a sign bound (the nearest multiple inside it is 0 or +-m); other
+ * ranges are refused. */
+static int32_t int_multiples(sc_ctx *c, int64_t m, int has_lo, int64_t lo, int has_hi, int64_t hi, int max_digits) {
+    gr_build *b = c->b;
+    if (m > SC_MAX_MODULUS)
+        return sc_fail(c, "multipleOf %lld: above %d is not supported", (long long)m, SC_MAX_MODULUS);
+    /* the bounds moved inwards to multiples of m */
+    if (has_lo) lo = lo >= 0 ? (lo + m - 1) / m * m : -((-lo) / m * m);
+    if (has_hi) hi = hi >= 0 ? hi / m * m : -((-hi + m - 1) / m * m);
+    if (has_lo && has_hi && lo > hi) return c->never;
+    if (has_lo && has_hi && (hi - lo) / m < SC_MAX_LISTED) {
+        int32_t alts[SC_MAX_LISTED];
+        int k = 0;
+        for (int64_t v = lo; v <= hi; v += m) {
+            char buf[24];
+            snprintf(buf, sizeof buf, "%lld", (long long)v);
+            alts[k++] = lit(c, buf);
+        }
+        return gr_alt(b, alts, k);
+    }
+    if ((has_lo && lo != 0 && lo != m) || (has_hi && hi != 0 && hi != -m))
+        return sc_fail(c,
+                       "multipleOf %lld with minimum/maximum: only sign bounds or ranges of at most %d multiples are "
+                       "supported",
+                       (long long)m, SC_MAX_LISTED);
+    int32_t pos = positive_multiples(c, m, max_digits), alts[3];
+    int k = 0;
+    if (!has_hi) alts[k++] = pos;
+    if ((!has_lo || lo == 0) && (!has_hi || hi == 0)) alts[k++] = lit(c, "0");
+    if (!has_lo) alts[k++] = gr_seq2(b, lit(c, "-"), pos);
+    return k ? gr_alt(b, alts, k) : c->never;
+}
+
+/* multipleOf as an integer m (*m), or 0 with c->st set when it is not one: a fractional
+ * step is refused (validators divide in floating point, 0.07 / 0.01 is no integer there,
+ * so no digit grammar matches them exactly). *float_step: written as a real (1.0), which
+ * validators divide as doubles: exact only while the value is (15 digits). */
+static int multiple_of(sc_ctx *c, json_t *s, int64_t *m, int *float_step) {
+    json_t *v = json_object_get(s, "multipleOf");
+    double d = json_number_value(v);
+    if (!json_is_number(v) || !(d > 0)) {
+        sc_fail(c, "multipleOf must be a number above 0");
+        return 0;
+    }
+    if (d != floor(d) || d > 1e15) {
+        sc_fail(c,
+                "multipleOf %g: only whole-number steps are supported (validators test fractional steps in "
+                "floating point)",
+                d);
+        return 0;
+    }
+    *m = (int64_t)d;
+    *float_step = json_is_real(v);
+    return 1;
+}
 
 static int32_t sc_integer(sc_ctx *c, json_t *s) {
     double v;
@@ -483,6 +601,14 @@ static int32_t sc_integer(sc_ctx *c, json_t *s) {
         if (has_lo && lo < -1e18) has_lo = 0;
         if (has_hi && hi > 1e18) has_hi = 0;
         if ((has_lo && lo > 1e18) || (has_hi && hi < -1e18)) return sc_fail(c, "integer bound beyond 1e18");
+    }
+    if (json_object_get(s, "multipleOf")) {
+        int64_t m;
+        int float_step;
+        if (!multiple_of(c, s, &m, &float_step)) return c->never;
+        if (m > 1) /* 15 digits: values a double holds exactly */
+            return int_multiples(c, m, has_lo, (int64_t)lo, has_hi, (int64_t)hi,
+                                 float_step || c->b->small_numbers ? 15 : 0);
     }
     if (c->b->small_numbers && (has_lo || has_hi)) { /* the other side within SMALL_BOUND too */
         if (!has_lo || lo < -SMALL_BOUND) has_lo = 1, lo = -SMALL_BOUND;
@@ -587,6 +713,7 @@ static int32_t mag_range(sc_ctx *c, const sc_dec *lo, const sc_dec *hi) {
 }
 
 static int32_t sc_number(sc_ctx *c, json_t *s) {
+    if (json_object_get(s, "multipleOf")) return sc_integer(c, s); /* whole-number steps: integers */
     double lo = 0, hi = 0, v;
     int has_lo = 0, has_hi = 0, slo = 0, shi = 0;
     if (num_of(s, "minimum", &v)) has_lo = 1, lo = v, slo = json_is_true(json_object_get(s, "exclusiveMinimum"));
@@ -767,6 +894,8 @@ static int32_t limit_len(sc_ctx *c, int32_t x, int64_t lo, int64_t hi) {
     return -1;
 }
 
+static int32_t sc_excluded_strings(sc_ctx *c, json_t *list);
+
 static int32_t sc_string(sc_ctx *c, json_t *s) {
     gr_build *b = c->b;
     json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
@@ -778,6 +907,12 @@ static int32_t sc_string(sc_ctx *c, json_t *s) {
     if (json_is_string(fmt) && format_regex(json_string_value(fmt), &fre) && !fre)
         return sc_fail(c, "format '%.40s' is not supported", json_string_value(fmt));
     if (re && fre) return sc_fail(c, "'pattern' together with 'format' is not supported");
+    json_t *excluded = json_object_get(s, SC_NOT_STRINGS);
+    if (excluded) {
+        if (re || min > 0 || max >= 0)
+            return sc_fail(c, "'not' with string values beside pattern, format or a length is not supported");
+        return sc_excluded_strings(c, excluded);
+    }
     if (!re) re = fre;
     if (re) {
         int32_t body = 0;
@@ -905,11 +1040,17 @@ static int32_t sc_array(sc_ctx *c, json_t *s, int depth) {
 
 /* ---- objects ----------------------------------------------------------------------------- */
 
+/* How a string goes on once it left the trie of names: the rest up to the closing quote,
+ * and the escapes that may start that rest. */
+typedef struct {
+    int32_t rest, escape;
+} sc_tail;
+
 /* A JSON string (after its opening quote) whose encoded bytes (closing quote included)
  * differ from every name in the list: the keys an additionalProperties may use. Names
  * are walked as a byte trie; a string leaves the trie at an ASCII byte, a backslash
  * escape, or (where no name has a non-ASCII byte at that point) a non-ASCII character. */
-static int32_t not_names(sc_ctx *c, char **names, size_t *lens, int n, size_t depth) {
+static int32_t not_names(sc_ctx *c, char **names, size_t *lens, int n, size_t depth, const sc_tail *tail) {
     gr_build *b = c->b;
     int32_t alts[300];
     int k = 0;
@@ -923,14 +1064,13 @@ static int32_t not_names(sc_ctx *c, char **names, size_t *lens, int n, size_t de
         if (x != '"' && x != '\\' && !gr_has(&kids, x)) gr_add(&div, x);
     int any_div = 0;
     for (int w = 0; w < 8; w++) any_div |= div.w[w] != 0;
-    if (any_div) alts[k++] = gr_seq2(b, gr_byteset_node(b, &div), c->string_rest);
-    if (!gr_has(&kids, '\\'))
-        alts[k++] = gr_seq2(b, re_node(c, "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})", 0), c->string_rest);
+    if (any_div) alts[k++] = gr_seq2(b, gr_byteset_node(b, &div), tail->rest);
+    if (!gr_has(&kids, '\\')) alts[k++] = gr_seq2(b, tail->escape, tail->rest);
     int non_ascii = 0;
     for (unsigned x = 0x80; x < 0x100; x++) non_ascii |= gr_has(&kids, x);
     if (!non_ascii) {
         uint32_t r[2] = {0x80, 0x10FFFF};
-        alts[k++] = gr_seq2(b, gr_cpset(b, r, 1, 1), c->string_rest);
+        alts[k++] = gr_seq2(b, gr_cpset(b, r, 1, 1), tail->rest);
     }
     /* a proper prefix of names ends here */
     if (!gr_has(&kids, '"')) alts[k++] = lit(c, "\"");
@@ -946,11 +1086,51 @@ static int32_t not_names(sc_ctx *c, char **names, size_t *lens, int n, size_t de
         }
         for (int i = 0; i < n; i++)
             if (lens[i] > depth && (unsigned char)names[i][depth] == x) sub[m] = names[i], sl[m++] = lens[i];
-        alts[k++] = gr_seq2(b, gr_byte(b, x), not_names(c, sub, sl, m, depth + 1));
+        alts[k++] = gr_seq2(b, gr_byte(b, x), not_names(c, sub, sl, m, depth + 1, tail));
         free(sub), free(sl);
     }
     if (k >= 299) return sc_fail(c, "too many property names");
     return k ? gr_alt(b, alts, k) : c->never;
+}
+
+/* Strings other than the listed ones (printable ASCII without quote or backslash: each
+ * has one spelling then, and the string rule spells every other code point one way too,
+ * its shortest escape, so a different spelling is a different string). */
+static int32_t sc_excluded_strings(sc_ctx *c, json_t *list) {
+    gr_build *b = c->b;
+    size_t n = json_array_size(list), i;
+    json_t *x;
+    char **names = calloc(n + 1, sizeof *names);
+    size_t *lens = calloc(n + 1, sizeof *lens);
+    if (!names || !lens) {
+        free(names), free(lens);
+        return sc_fail(c, "out of memory");
+    }
+    int32_t out = c->never;
+    json_array_foreach(list, i, x) {
+        const char *s = json_string_value(x);
+        lens[i] = json_string_length(x);
+        for (size_t j = 0; j < lens[i]; j++)
+            if (s[j] < 0x20 || s[j] > 0x7e || s[j] == '"' || s[j] == '\\') {
+                sc_fail(c, "'not' with a string value holding a quote, backslash, control or non-ASCII character "
+                           "is not supported");
+                goto done;
+            }
+        if (!(names[i] = malloc(lens[i] + 2))) {
+            sc_fail(c, "out of memory");
+            goto done;
+        }
+        memcpy(names[i], s, lens[i]);
+        names[i][lens[i]++] = '"'; /* the closing quote ends a name in the trie */
+    }
+    uint32_t all[2] = {0, 0x10FFFF}, escaped[6] = {0, 0x1f, '"', '"', '\\', '\\'};
+    sc_tail canon = {rule_of(c, gr_seq2(b, gr_repeat(b, gr_cpset(b, all, 1, 1), 0, GR_INF), lit(c, "\""))),
+                     gr_cpset(b, escaped, 3, 1)};
+    out = gr_seq2(b, lit(c, "\""), not_names(c, names, lens, (int)n, 0, &canon));
+done:
+    for (size_t j = 0; j < n; j++) free(names[j]);
+    free(names), free(lens);
+    return out;
 }
 
 /* Whether the JSON-encoded string body text[0..n) (no quotes) matches pattern re (searched,
@@ -1048,11 +1228,30 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
             }
         }
     }
-    json_t *minp = json_object_get(s, "minProperties");
+    json_t *minp = json_object_get(s, "minProperties"), *maxp = json_object_get(s, "maxProperties");
+    int64_t min_p = json_is_number(minp) ? (int64_t)ceil(json_number_value(minp)) : 0;
+    int64_t max_p = json_is_number(maxp) ? (int64_t)floor(json_number_value(maxp)) : GR_INF;
     int n_req = 0;
     for (int i = 0; i < n; i++) n_req += required[i];
-    if (json_is_number(minp) && json_number_value(minp) > 1 && json_number_value(minp) > n_req) {
-        sc_fail(c, "minProperties above 1 beyond the required properties is not supported");
+    if (min_p < 0) min_p = 0;
+    if (max_p != GR_INF && (max_p < n_req || max_p < min_p)) goto done; /* nothing validates */
+    /* the count of members written, tracked up to max_p (or min_p when unbounded: past it
+     * every count is alike), one rule per (member index, count) */
+    int64_t top = max_p != GR_INF ? max_p : min_p;
+    if (top > n) top = n; /* at most n declared members are ever written */
+    if (min_p > GR_MAX_REPEAT || max_p > GR_MAX_REPEAT) {
+        sc_fail(c, "minProperties / maxProperties above %d", GR_MAX_REPEAT);
+        goto done;
+    }
+    int has_extra = pp_on || !json_is_false(addl);
+    if (min_p > n + has_extra) { /* see rest(i, k) below: one extra member counts */
+        if (has_extra)
+            sc_fail(c, "minProperties %lld needs more than one property beyond the %d declared: not supported",
+                    (long long)min_p, n);
+        goto done;
+    }
+    if ((int64_t)(n + 1) * (top + 1) > SC_MAX_COUNT_RULES) {
+        sc_fail(c, "minProperties / maxProperties with %d properties: more than %d rules", n, SC_MAX_COUNT_RULES);
         goto done;
     }
     for (int i = 0; i < n; i++) {
@@ -1094,32 +1293,48 @@ static int32_t sc_object(sc_ctx *c, json_t *s, int depth) {
             goto done;
         }
         for (int i = 0; i < n; i++) after_quote[i] = enc[i] + 1, al[i] = enc_len[i] - 1;
-        int32_t key = gr_seq2(b, lit(c, "\""), n ? not_names(c, after_quote, al, n, 0) : c->string_rest);
+        sc_tail any_key = {c->string_rest, re_node(c, "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})", 0)};
+        int32_t key = gr_seq2(b, lit(c, "\""), n ? not_names(c, after_quote, al, n, 0, &any_key) : c->string_rest);
         free(after_quote), free(al);
         int32_t val = addl && !json_is_true(addl) ? sc_node(c, addl, depth + 1) : c->value;
         extra = rule_of(c, gr_seq(b, (int32_t[]){key, c->ws, lit(c, ":"), c->ws, val}, 5));
     }
-    /* rest(i): members i.. after something was written, each behind a comma */
-    int32_t *rest = calloc((size_t)n + 2, sizeof *rest);
+    /* rest(i, k): members i.. after k were written (k >= 1), each behind a comma. Extra
+     * members (additional or pattern keys) come last; two of them may carry the same key,
+     * which a validator counts once, so toward minProperties only the first one counts
+     * (it differs from every declared name) while toward maxProperties each one does. */
+    int64_t width = top + 1;
+    int32_t *rest = calloc((size_t)(n + 1) * (size_t)width, sizeof *rest);
     if (!rest) {
         free(member);
         sc_fail(c, "out of memory");
         goto done;
     }
-    rest[n] = extra >= 0 ? gr_repeat(b, gr_seq2(b, comma, extra), 0, GR_INF) : gr_empty(b);
-    for (int i = n - 1; i >= 0; i--) {
-        int32_t step = gr_seq2(b, comma, member[i]);
-        rest[i] = rule_of(c, gr_seq2(b, required[i] ? step : gr_opt(b, step), rest[i + 1]));
+#define REST(i, k) rest[(size_t)(i) * (size_t)width + (size_t)((k) < top ? (k) : top)]
+    for (int64_t k = 0; k <= top; k++) {
+        int64_t left = max_p == GR_INF ? GR_INF : max_p - k; /* extras still allowed */
+        int32_t more = extra >= 0 && left != 0 ? gr_seq2(b, comma, extra) : -1;
+        if (k >= min_p)
+            REST(n, k) = more >= 0 ? gr_repeat(b, more, 0, (int32_t)left) : gr_empty(b);
+        else
+            REST(n, k) = more >= 0 && k + 1 == min_p ? gr_repeat(b, more, 1, (int32_t)left) : c->never;
     }
-    /* first(i): the first member written is i or a later one (never past a required one);
-     * minProperties 1 without a required member: not the empty object */
-    int nonempty = json_is_number(minp) && json_number_value(minp) >= 1;
-    int32_t first = extra >= 0 ? gr_seq2(b, extra, rest[n]) : c->never;
-    if (!nonempty) first = extra >= 0 ? gr_opt(b, first) : gr_empty(b);
+    for (int i = n - 1; i >= 0; i--)
+        for (int64_t k = 0; k <= top; k++) {
+            int32_t take = max_p == GR_INF || k < max_p ? gr_seq3(b, comma, member[i], REST(i + 1, k + 1)) : c->never;
+            REST(i, k) = rule_of(c, required[i] ? take : gr_alt2(b, take, REST(i + 1, k)));
+        }
+    /* first(i): the first member written is i or a later one (never past a required one) */
+    int32_t first = c->never;
+    if (extra >= 0 && max_p != 0 && min_p <= 1)
+        first =
+            gr_seq2(b, extra, gr_repeat(b, gr_seq2(b, comma, extra), 0, max_p == GR_INF ? GR_INF : (int32_t)max_p - 1));
+    if (min_p == 0) first = extra >= 0 && max_p != 0 ? gr_opt(b, first) : gr_empty(b);
     for (int i = n - 1; i >= 0; i--) {
-        int32_t here = gr_seq2(b, member[i], rest[i + 1]);
+        int32_t here = max_p != 0 ? gr_seq2(b, member[i], REST(i + 1, 1)) : c->never;
         first = required[i] ? here : rule_of(c, gr_alt2(b, here, first));
     }
+#undef REST
     result = gr_seq(b, (int32_t[]){lit(c, "{"), c->ws, first, c->ws, lit(c, "}")}, 5);
     free(member), free(rest);
 done:
@@ -1140,19 +1355,6 @@ static int value_is(json_t *v, const char *t) {
     if (!strcmp(t, "integer"))
         return json_is_integer(v) || (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)));
     return 0;
-}
-
-/* v satisfies s's "type" (or s has none) */
-static int value_typed(json_t *s, json_t *v) {
-    json_t *t = json_object_get(s, "type");
-    if (!t) return 1;
-    json_t *ts = types_of(t);
-    size_t i;
-    json_t *x;
-    int ok = 0;
-    json_array_foreach(ts, i, x) ok |= json_is_string(x) && value_is(v, json_string_value(x));
-    json_decref(ts);
-    return ok;
 }
 
 /* the values s allows, when it lists them (const / enum); a new array or NULL */
@@ -1219,6 +1421,425 @@ static int schemas_disjoint(json_t *a, json_t *b) {
         if (d) return 1;
     }
     return 0;
+}
+
+/* ---- listed values: an exact validator ---------------------------------------------------- */
+
+/* A const / enum lists its values: those that meet the schema's other keywords are written
+ * out, the others dropped, which makes every keyword exact there (not, multipleOf,
+ * uniqueItems...). sc_valid decides one value: 1 valid, 0 not, -1 when a keyword has no
+ * exact test here (the schema is then refused naming it). Equality and types follow JSON
+ * Schema: 1 and 1.0 are one number, an integer is any whole number. */
+
+static int sc_equal(json_t *a, json_t *b) {
+    if (json_is_number(a) && json_is_number(b)) {
+        if (json_is_integer(a) && json_is_integer(b)) return json_integer_value(a) == json_integer_value(b);
+        return json_number_value(a) == json_number_value(b);
+    }
+    if (json_is_array(a) && json_is_array(b)) {
+        if (json_array_size(a) != json_array_size(b)) return 0;
+        for (size_t i = 0; i < json_array_size(a); i++)
+            if (!sc_equal(json_array_get(a, i), json_array_get(b, i))) return 0;
+        return 1;
+    }
+    if (json_is_object(a) && json_is_object(b)) {
+        if (json_object_size(a) != json_object_size(b)) return 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(a, k, v) {
+            json_t *w = json_object_get(b, k);
+            if (!w || !sc_equal(v, w)) return 0;
+        }
+        return 1;
+    }
+    return json_equal(a, b);
+}
+
+/* s's code points as the grammar's JSON strings spell them (shortest escapes, \u00xx
+ * lowercase): what patterns are matched against. A new string. */
+static char *canon_body(const char *s, size_t n, size_t *out_len) {
+    char *o = malloc(n * 6 + 1), *p = o;
+    if (!o) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        static const char *named[0x20] = {[8] = "b", [9] = "t", [10] = "n", [12] = "f", [13] = "r"};
+        if (ch == '"' || ch == '\\')
+            *p++ = '\\', *p++ = (char)ch;
+        else if (ch < 0x20 && named[ch])
+            *p++ = '\\', *p++ = named[ch][0];
+        else if (ch < 0x20)
+            p += sprintf(p, "\\u%04x", ch);
+        else
+            *p++ = (char)ch;
+    }
+    *p = 0;
+    *out_len = (size_t)(p - o);
+    return o;
+}
+
+static int sc_valid(sc_ctx *c, json_t *s, json_t *v, int depth);
+
+/* pattern re searched in string v: 1, 0, -1 (not a pattern this engine reads) */
+static int string_matches(const char *re, json_t *v) {
+    size_t n;
+    char *body = canon_body(json_string_value(v), json_string_length(v), &n);
+    int r = body ? pattern_matches(re, body, n) : -1;
+    free(body);
+    return r;
+}
+
+static size_t utf8_length(const char *s, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
+/* all of list's schemas (allOf), at least one (anyOf), exactly one (oneOf) */
+static int valid_count(sc_ctx *c, json_t *list, json_t *v, int depth, int *n_valid) {
+    size_t i;
+    json_t *x;
+    *n_valid = 0;
+    json_array_foreach(list, i, x) {
+        int r = sc_valid(c, x, v, depth + 1);
+        if (r < 0) return -1;
+        *n_valid += r;
+    }
+    return 1;
+}
+
+/* The JSON Schema number keywords as python-jsonschema evaluates them (multipleOf with a
+ * real step divides in floating point). */
+static int valid_number(json_t *s, json_t *v) {
+    double x = json_number_value(v), b;
+    json_t *emin = json_object_get(s, "exclusiveMinimum"), *emax = json_object_get(s, "exclusiveMaximum");
+    if (num_of(s, "minimum", &b) && (json_is_true(emin) ? x <= b : x < b)) return 0;
+    if (num_of(s, "maximum", &b) && (json_is_true(emax) ? x >= b : x > b)) return 0;
+    if (json_is_number(emin) && x <= json_number_value(emin)) return 0;
+    if (json_is_number(emax) && x >= json_number_value(emax)) return 0;
+    json_t *m = json_object_get(s, "multipleOf");
+    if (json_is_integer(m) && json_is_integer(v) && json_integer_value(m) > 0)
+        return json_integer_value(v) % json_integer_value(m) == 0;
+    if (json_is_number(m)) {
+        double q = json_is_real(m) ? x / json_number_value(m) : fmod(x, json_number_value(m));
+        if (!isfinite(q)) return -1;
+        return json_is_real(m) ? q == trunc(q) : q == 0;
+    }
+    return 1;
+}
+
+static int valid_string(json_t *s, json_t *v) {
+    double b;
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_object_get(s, SC_NOT_STRINGS), i, x) if (json_equal(x, v)) return 0;
+    size_t len = utf8_length(json_string_value(v), json_string_length(v));
+    if (num_of(s, "minLength", &b) && (double)len < b) return 0;
+    if (num_of(s, "maxLength", &b) && (double)len > b) return 0;
+    json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+    if (json_is_string(pat)) {
+        int r = string_matches(json_string_value(pat), v);
+        if (r <= 0) return r;
+    }
+    const char *fre;
+    if (json_is_string(fmt) && format_regex(json_string_value(fmt), &fre)) {
+        if (!fre) return -1;
+        return string_matches(fre, v);
+    }
+    return 1;
+}
+
+static int valid_array(sc_ctx *c, json_t *s, json_t *v, int depth) {
+    double b;
+    size_t n = json_array_size(v);
+    if (num_of(s, "minItems", &b) && (double)n < b) return 0;
+    if (num_of(s, "maxItems", &b) && (double)n > b) return 0;
+    json_t *items = json_object_get(s, "items"), *prefix = json_object_get(s, "prefixItems"), *more = items;
+    if (json_is_array(items)) prefix = items, more = json_object_get(s, "additionalItems");
+    size_t np = json_is_array(prefix) ? json_array_size(prefix) : 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *is = i < np ? json_array_get(prefix, i) : more;
+        int r = is ? sc_valid(c, is, json_array_get(v, i), depth + 1) : 1;
+        if (r <= 0) return r;
+    }
+    json_t *u = json_object_get(s, "uniqueItems");
+    if (json_is_true(u))
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = i + 1; j < n; j++)
+                if (sc_equal(json_array_get(v, i), json_array_get(v, j))) return 0;
+    json_t *has = json_object_get(s, "contains");
+    if (has) {
+        double lo = 1, hi = -1;
+        num_of(s, "minContains", &lo);
+        num_of(s, "maxContains", &hi);
+        size_t hits = 0;
+        for (size_t i = 0; i < n; i++) {
+            int r = sc_valid(c, has, json_array_get(v, i), depth + 1);
+            if (r < 0) return r;
+            hits += (size_t)r;
+        }
+        if ((double)hits < lo || (hi >= 0 && (double)hits > hi)) return 0;
+    }
+    return 1;
+}
+
+static int valid_object(sc_ctx *c, json_t *s, json_t *v, int depth) {
+    double b;
+    if (num_of(s, "minProperties", &b) && (double)json_object_size(v) < b) return 0;
+    if (num_of(s, "maxProperties", &b) && (double)json_object_size(v) > b) return 0;
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_object_get(s, "required"), i,
+                       x) if (json_is_string(x) && !json_object_get(v, json_string_value(x))) return 0;
+    json_t *props = json_object_get(s, "properties"), *pp = json_object_get(s, "patternProperties");
+    json_t *addl = json_object_get(s, "additionalProperties"), *names = json_object_get(s, "propertyNames");
+    json_t *deps[2] = {json_object_get(s, "dependencies"), json_object_get(s, "dependentRequired")};
+    json_t *dep_schemas = json_object_get(s, "dependentSchemas");
+    const char *k;
+    json_t *val;
+    json_object_foreach(v, k, val) {
+        json_t *key = json_string(k);
+        int r = names ? sc_valid(c, names, key, depth + 1) : 1, known = 0;
+        json_t *ps = json_object_get(props, k);
+        if (r > 0 && ps) known = 1, r = sc_valid(c, ps, val, depth + 1);
+        const char *re;
+        json_t *rs;
+        if (json_is_object(pp)) json_object_foreach(pp, re, rs) {
+                if (r <= 0) break;
+                int hit = string_matches(re, key);
+                if (hit < 0) r = -1;
+                if (hit > 0) known = 1, r = sc_valid(c, rs, val, depth + 1);
+            }
+        if (r > 0 && !known && addl) r = sc_valid(c, addl, val, depth + 1);
+        for (int d = 0; d < 2 && r > 0; d++) {
+            json_t *dep = json_object_get(deps[d], k);
+            if (json_is_array(dep)) {
+                json_array_foreach(dep, i, x) if (json_is_string(x) && !json_object_get(v, json_string_value(x))) r = 0;
+            } else if (dep)
+                r = sc_valid(c, dep, v, depth + 1);
+        }
+        json_t *ds = json_object_get(dep_schemas, k);
+        if (r > 0 && ds) r = sc_valid(c, ds, v, depth + 1);
+        json_decref(key);
+        if (r <= 0) return r;
+    }
+    return 1;
+}
+
+static int sc_valid(sc_ctx *c, json_t *s, json_t *v, int depth) {
+    if (json_is_boolean(s)) return json_is_true(s);
+    if (!json_is_object(s) || depth > SC_MAX_DEPTH) return -1;
+    const char *k;
+    json_t *x;
+    json_object_foreach(s, k, x) { /* keywords with no test here */
+        if (!strcmp(k, "unevaluatedProperties") || !strcmp(k, "unevaluatedItems") || !strcmp(k, "$dynamicRef") ||
+            !strcmp(k, "$recursiveRef"))
+            if (!refused_ok(k, x)) return -1;
+    }
+    json_t *ref = json_object_get(s, "$ref");
+    if (json_is_string(ref)) {
+        json_t *t = resolve(c, json_string_value(ref));
+        if (!t) return -1;
+        int r = sc_valid(c, t, v, depth + 1);
+        if (r <= 0 || c->ref_alone) return r;
+    }
+    json_t *t = json_object_get(s, "type");
+    if (t) {
+        json_t *ts = types_of(t);
+        size_t i;
+        int ok = 0;
+        json_array_foreach(ts, i, x) ok |= json_is_string(x) && value_is(v, json_string_value(x));
+        json_decref(ts);
+        if (!ok) return 0;
+    }
+    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    if (cst && !sc_equal(cst, v)) return 0;
+    if (en) {
+        size_t i;
+        int ok = 0;
+        json_array_foreach(en, i, x) ok |= sc_equal(x, v);
+        if (!ok) return 0;
+    }
+    int n, r;
+    json_t *all = json_object_get(s, "allOf"), *any = json_object_get(s, "anyOf"), *one = json_object_get(s, "oneOf");
+    if (all && valid_count(c, all, v, depth, &n) < 0) return -1;
+    if (all && n != (int)json_array_size(all)) return 0;
+    if (any && (r = valid_count(c, any, v, depth, &n)) <= 0) return r;
+    if (any && !n) return 0;
+    if (one && (r = valid_count(c, one, v, depth, &n)) <= 0) return r;
+    if (one && n != 1) return 0;
+    json_t *no = json_object_get(s, "not");
+    if (no && (r = sc_valid(c, no, v, depth + 1)) != 0) return r < 0 ? -1 : 0;
+    json_t *cond = json_object_get(s, "if");
+    if (cond) {
+        r = sc_valid(c, cond, v, depth + 1);
+        if (r < 0) return r;
+        json_t *then = json_object_get(s, r ? "then" : "else");
+        if (then && (r = sc_valid(c, then, v, depth + 1)) <= 0) return r;
+    }
+    if (json_is_number(v) && (r = valid_number(s, v)) <= 0) return r;
+    if (json_is_string(v) && (r = valid_string(s, v)) <= 0) return r;
+    if (json_is_array(v)) return valid_array(c, s, v, depth);
+    if (json_is_object(v)) return valid_object(c, s, v, depth);
+    return 1;
+}
+
+/* const / enum: the listed values that meet every other keyword of s */
+static int32_t sc_listed(sc_ctx *c, json_t *s) {
+    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    if (en && !json_is_array(en)) return sc_fail(c, "'enum' must be an array");
+    json_t *list = cst ? cst : en;
+    size_t n = cst ? 1 : json_array_size(en), i;
+    if (!n) return c->never;
+    int32_t *alts = malloc(n * sizeof *alts);
+    if (!alts) return sc_fail(c, "out of memory");
+    int k = 0;
+    for (i = 0; i < n && !c->st; i++) {
+        json_t *v = cst ? list : json_array_get(en, i);
+        int r = sc_valid(c, s, v, 0);
+        if (r < 0)
+            sc_fail(c,
+                    "%s value %zu: a keyword beside it has no exact test here (a format or pattern this engine "
+                    "does not read, unevaluated*, $dynamicRef)",
+                    cst ? "const" : "enum", i);
+        else if (r)
+            alts[k++] = sc_const(c, v, 0);
+    }
+    int32_t out = k && !c->st ? gr_alt(c->b, alts, k) : c->never;
+    free(alts);
+    return out;
+}
+
+/* ---- not ------------------------------------------------------------------------------------ */
+
+/* The complement of schema n as a schema again (a new reference), for the forms where it is
+ * one: boolean schemas, not, anyOf / allOf (De Morgan), type, required, properties, enum /
+ * const of null and booleans, and the bound keywords (a bound's complement is the opposite
+ * bound on that type; values of other types meet a bound, so they fail its not). A keyword
+ * the complement cannot be written for refuses the schema, naming it. */
+static json_t *sc_complement(sc_ctx *c, json_t *n, int depth) {
+    if (depth > SC_MAX_DEPTH) {
+        sc_fail(c, "'not' nested too deeply");
+        return json_false();
+    }
+    if (json_is_boolean(n)) return json_boolean(!json_is_true(n));
+    if (!json_is_object(n)) {
+        sc_fail(c, "'not' must hold a schema");
+        return json_false();
+    }
+    json_t *d = sc_deref(c, n, depth + 1); /* $ref and allOf folded in */
+    json_t *any = json_array();            /* an instance fails n when it fails one keyword */
+    static const char *const all_types[] = {"object", "array", "string", "number", "boolean", "null"};
+    /* bound keyword, the type it bounds, its complement */
+    static const char *const bounds[][3] = {
+        {"minimum", "number", "exclusiveMaximum"},
+        {"maximum", "number", "exclusiveMinimum"},
+        {"exclusiveMinimum", "number", "maximum"},
+        {"exclusiveMaximum", "number", "minimum"},
+        {"minLength", "string", "maxLength"},
+        {"maxLength", "string", "minLength"},
+        {"minItems", "array", "maxItems"},
+        {"maxItems", "array", "minItems"},
+        {"minProperties", "object", "maxProperties"},
+        {"maxProperties", "object", "minProperties"},
+    };
+    const char *k;
+    json_t *v;
+    json_object_foreach(json_is_object(d) ? d : NULL, k, v) {
+        if (c->st || is_annotation(k)) continue;
+        size_t i;
+        json_t *x;
+        if (!strcmp(k, "not")) {
+            json_array_append(any, v);
+        } else if (!strcmp(k, "anyOf") || !strcmp(k, "oneOf")) {
+            /* not anyOf: every branch fails; not oneOf: the same when branches exclude each other */
+            json_t *each = json_array();
+            json_array_foreach(v, i, x) json_array_append_new(each, sc_complement(c, x, depth + 1));
+            for (size_t a = 0; !strcmp(k, "oneOf") && a < json_array_size(v); a++)
+                for (size_t z = a + 1; z < json_array_size(v); z++)
+                    if (!schemas_disjoint(json_array_get(v, a), json_array_get(v, z)))
+                        sc_fail(c, "'not' over a oneOf whose branches %zu and %zu may both match", a, z);
+            json_array_append_new(any, json_pack("{s:o}", "allOf", each));
+        } else if (!strcmp(k, "allOf")) {
+            json_array_foreach(v, i, x) json_array_append_new(any, sc_complement(c, x, depth + 1));
+        } else if (!strcmp(k, "type")) {
+            json_t *ts = types_of(v), *rest = json_array();
+            /* not integer: numbers that are not whole have no grammar here, so they are left
+             * out (never written), as are all numbers */
+            int no_numbers = has_type(ts, "integer");
+            for (int t = 0; t < 6; t++)
+                if (!has_type(ts, all_types[t]) && (!no_numbers || strcmp(all_types[t], "number")))
+                    json_array_append_new(rest, json_string(all_types[t]));
+            json_array_append_new(any, json_pack("{s:o}", "type", rest));
+            json_decref(ts);
+        } else if (!strcmp(k, "required")) {
+            json_array_foreach(v, i, x) if (json_is_string(x)) json_array_append_new(
+                any, json_pack("{s:s,s:{s:b}}", "type", "object", "properties", json_string_value(x), 0));
+        } else if (!strcmp(k, "properties")) {
+            const char *p;
+            json_object_foreach(v, p, x)
+                json_array_append_new(any, json_pack("{s:s,s:[s],s:{s:o}}", "type", "object", "required", p,
+                                                     "properties", p, sc_complement(c, x, depth + 1)));
+        } else if (!strcmp(k, "enum") || !strcmp(k, "const")) {
+            json_t *vals = strcmp(k, "const") ? json_incref(v) : json_pack("[O]", v);
+            int has_null = 0, has_true = 0, has_false = 0;
+            json_t *strings = NULL;
+            json_array_foreach(vals, i, x) {
+                has_null |= json_is_null(x), has_true |= json_is_true(x), has_false |= json_is_false(x);
+                if (json_is_string(x)) {
+                    if (!strings) strings = json_array();
+                    json_array_append(strings, x);
+                } else if (!json_is_null(x) && !json_is_boolean(x))
+                    sc_fail(c, "'not' with enum / const values other than strings, null, true and false is not "
+                               "supported");
+            }
+            json_decref(vals);
+            json_t *rest = json_array();
+            for (int t = 0; t < 6; t++)
+                if (strcmp(all_types[t], "null") && strcmp(all_types[t], "boolean") &&
+                    (!strings || strcmp(all_types[t], "string")))
+                    json_array_append_new(rest, json_string(all_types[t]));
+            if (!has_null) json_array_append_new(rest, json_string("null"));
+            json_array_append_new(any, json_pack("{s:o}", "type", rest));
+            if (has_true != has_false) json_array_append_new(any, json_pack("{s:b}", "const", has_false));
+            if (!has_true && !has_false) json_array_append_new(any, json_pack("{s:s}", "type", "boolean"));
+            if (strings) json_array_append_new(any, json_pack("{s:s,s:o}", "type", "string", SC_NOT_STRINGS, strings));
+        } else {
+            size_t b = 0;
+            while (b < sizeof bounds / sizeof *bounds && strcmp(k, bounds[b][0])) b++;
+            if (b == sizeof bounds / sizeof *bounds || !json_is_number(v)) {
+                sc_fail(c, "keyword '%.40s' inside 'not' is not supported", k);
+                break;
+            }
+            json_t *opp = json_pack("{s:s}", "type", bounds[b][1]);
+            double x = json_number_value(v);
+            if (bounds[b][1][0] == 'n') /* numbers: the strict / loose opposite */
+                json_object_set(opp, bounds[b][2], v);
+            else if (k[1] == 'i') /* minLength n: at most n-1 */
+                json_object_set_new(opp, bounds[b][2], json_integer((json_int_t)ceil(x) - 1));
+            else
+                json_object_set_new(opp, bounds[b][2], json_integer((json_int_t)floor(x) + 1));
+            if ((!strcmp(k, "minimum") || !strcmp(k, "maximum")) &&
+                json_is_boolean(json_object_get(d, k[1] == 'i' ? "exclusiveMinimum" : "exclusiveMaximum")))
+                sc_fail(c, "'not' with a draft-4 exclusiveMinimum / exclusiveMaximum is not supported");
+            json_array_append_new(any, opp);
+        }
+    }
+    json_decref(d);
+    if (!json_array_size(any)) {
+        json_decref(any);
+        return json_false(); /* n accepts everything */
+    }
+    return json_pack("{s:o}", "anyOf", any);
+}
+
+/* s with its not replaced by the complement, folded in through allOf */
+static json_t *sc_without_not(sc_ctx *c, json_t *s) {
+    json_t *out = json_copy(s), *all = json_object_get(s, "allOf");
+    json_t *folded = json_is_array(all) ? json_copy(all) : json_array();
+    json_array_append_new(folded, sc_complement(c, json_object_get(s, "not"), 0));
+    json_object_del(out, "not");
+    json_object_set_new(out, "allOf", folded);
+    return out;
 }
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
@@ -1301,6 +1922,12 @@ static int32_t sc_node(sc_ctx *c, json_t *s, int depth) {
         if (json_object_get(m, "$ref") || json_object_get(m, "allOf")) return sc_node(c, m, depth + 1);
         return sc_node(c, m, depth + 1);
     }
+    if (json_object_get(s, "const") || json_object_get(s, "enum")) return sc_listed(c, s);
+    if (json_object_get(s, "not")) {
+        json_t *m = sc_without_not(c, s);
+        json_array_append_new(c->keep, m);
+        return c->st ? c->never : sc_node(c, m, depth + 1);
+    }
     if (!check_keywords(c, s)) return c->never;
     json_t *any = json_object_get(s, "anyOf");
     if (!any) any = json_object_get(s, "oneOf");
@@ -1339,20 +1966,6 @@ static int32_t sc_node(sc_ctx *c, json_t *s, int depth) {
         json_array_append_new(c->keep, merged);
         json_decref(rest);
         int32_t r = gr_alt(c->b, alts, (int)n);
-        free(alts);
-        return r;
-    }
-    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
-    if (cst) return value_typed(s, cst) ? sc_const(c, cst, 0) : c->never;
-    if (en) {
-        if (!json_is_array(en)) return sc_fail(c, "'enum' must be an array");
-        size_t n = json_array_size(en), i;
-        if (!n) return c->never;
-        int32_t *alts = malloc(n * sizeof *alts);
-        if (!alts) return sc_fail(c, "out of memory");
-        int k = 0;
-        json_array_foreach(en, i, v) if (value_typed(s, v)) alts[k++] = sc_const(c, v, 0);
-        int32_t r = k ? gr_alt(c->b, alts, k) : c->never;
         free(alts);
         return r;
     }

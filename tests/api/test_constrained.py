@@ -97,8 +97,11 @@ def test_completions_regex_and_grammar(client):
 @pytest.mark.parametrize("body,field,needle", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strng"}}}},
      "response_format", "unknown type 'strng'"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
-     "response_format", "keyword 'not' is not supported"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {"pattern": "a"}}}}},
+     "response_format", "keyword 'pattern' inside 'not' is not supported"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number",
+                                                                                         "multipleOf": 0.01}}}},
+     "response_format", "multipleOf 0.01: only whole-number steps"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/no"}}}},
      "response_format", "points at nothing"),
     ({"grammar": "root ::= foo"}, "grammar", "undefined rule 'foo'"),

@@ -157,8 +157,8 @@ def test_forced_streams_on_responses_and_anthropic(base):
     ({"tool_choice": "required"}, "tool_choice", "needs a non-empty 'tools'"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
      "cannot be combined"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}],
-      "tool_choice": "required"}, "tools", "tools[0].function.parameters: json schema: keyword 'not'"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"uniqueItems": True}}}],
+      "tool_choice": "required"}, "tools", "tools[0].function.parameters: json schema: keyword 'uniqueItems'"),
 ])
 def test_bad_tool_choice_is_400(client, extra, field, needle):
     with pytest.raises(openai.BadRequestError) as ex:

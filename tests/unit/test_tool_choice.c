@@ -193,7 +193,7 @@ static void test_errors(void **state) {
     r.constraint = HEARTH_CONSTRAINT_JSON_OBJECT;
     expect_400(srv_tool_constraint(&r, &cfg, &doc, &e), &e, "tool_choice", "cannot be combined");
     srv_request_free(&r);
-    r = request("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"not\": {}}}}]");
+    r = request("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"uniqueItems\": true}}}]");
     assert_int_equal(srv_set_tool_choice(&r, SRV_TOOLS_NAMED, "f", "tool_choice", &e), 0);
     expect_400(srv_tool_constraint(&r, &cfg, &doc, &e), &e, "tools", "tools[0].function.parameters: json schema");
     assert_null(doc);

@@ -9,7 +9,9 @@
 # writes both in the background; a missing d1 is written here). Knobs: SB_MODEL, SB_DRAFT
 # (paths instead of l8 / d1), SB_DEVICE (cuda; cpu for a dry run with tiny models), SB_N
 # (128 tokens), SB_RUNS (3), SB_ACCEPT, SB_DEPTHS, SB_STREAMS (32,128), SB_STREAMS_ACCEPT,
-# SB_STREAMS_DEPTH, SB_FLAGS (more hearth bench flags).
+# SB_STREAMS_DEPTH, SB_FLAGS (hearth bench flags; default --deterministic: the batch-invariant
+# mode, in which a verify step's rows round as one-row steps do, so the replay is exact; in the
+# fast tier a random-weight model's near-flat logits broke the replay on an H100, 2026-12-05).
 set -u
 L=${1:?usage: spec-bench.sh LOGDIR}
 mkdir -p "$L" && L=$(cd "$L" && pwd)
@@ -30,7 +32,7 @@ done
 python3 bench/speculative/replay_gpu.py "$H" "$M" "$D" --device "${SB_DEVICE:-cuda}" -n "${SB_N:-128}" \
   -r "${SB_RUNS:-3}" --accept "${SB_ACCEPT:-0.6,0.8,0.95}" --depths "${SB_DEPTHS:-2,4,8}" \
   --streams "${SB_STREAMS:-32,128}" --streams-accept "${SB_STREAMS_ACCEPT:-0.8}" \
-  --streams-depth "${SB_STREAMS_DEPTH:-4}" --flags "${SB_FLAGS:-}" --out "$L"/speculative_gpu.md \
+  --streams-depth "${SB_STREAMS_DEPTH:-4}" --flags "${SB_FLAGS---deterministic}" --out "$L"/speculative_gpu.md \
   --log "$L"/hearth_bench.log
 rc=$?
 [ -n "${OUT:-}" ] && cp "$L"/speculative_gpu.md "$OUT"/ 2>/dev/null

@@ -106,7 +106,14 @@ static void test_device_room_cuts_too(void **state) {
     assert_true(dev_full > 0);
     engine_plan p;
     hearth_error err = {0};
-    size_t room = dev_full - dev_full / 10;
+    /* halfway between one context's pool and the full one (the plan's fixed part, weights
+     * and scratch, is most of a tiny model's device bytes) */
+    hearth_engine_options one = opts;
+    one.kv_blocks = CTX_BLOCKS;
+    engine_plan floor_plan = host_plan(&one, 0);
+    size_t dev_floor = engine_device_plan_bytes(model_ops(m), &floor_plan, HEARTH_KV_FLOAT, 0, 0);
+    assert_true(dev_floor < dev_full);
+    size_t room = dev_floor + (dev_full - dev_floor) / 2;
     assert_int_equal(engine_plan_rooms(m, &opts, 0, room, &p, &err), HEARTH_OK);
     assert_int_equal(p.kv_cut_from, 6 * CTX_BLOCKS);
     assert_true(p.n_blocks < 6 * CTX_BLOCKS);

@@ -590,6 +590,55 @@ void grammar_free(grammar *g) {
 
 size_t grammar_size(const grammar *g) { return g ? (size_t)g->n_elems : 0; }
 
+/* Whether node k matches at least one string, rules judged by prod_rule (the previous
+ * round of the fixpoint below); memo: this round's answers per node (-1: not yet). */
+static int node_productive(const gr_build *b, int32_t k, const uint8_t *prod_rule, int8_t *memo) {
+    if (memo[k] >= 0) return memo[k];
+    const gr_node *n = &b->nodes[k];
+    int v = 0;
+    switch (n->kind) {
+    case GN_EMPTY: v = 1; break;
+    case GN_BYTES:
+        for (int i = 0; i < 8 && !v; i++) v = b->sets[n->a].w[i] != 0;
+        break;
+    case GN_CPSET:
+        for (int32_t i = 0; i < n->b && !v; i++) v = b->ranges[n->a + 2 * i] <= b->ranges[n->a + 2 * i + 1];
+        break;
+    case GN_SEQ:
+        v = 1;
+        for (int32_t i = 0; i < n->n_kids && v; i++) v = node_productive(b, b->pool[n->kids + i], prod_rule, memo);
+        break;
+    case GN_ALT:
+        for (int32_t i = 0; i < n->n_kids && !v; i++) v = node_productive(b, b->pool[n->kids + i], prod_rule, memo);
+        break;
+    case GN_REPEAT: v = n->a == 0 || node_productive(b, n->kids, prod_rule, memo); break; /* kids: the node itself */
+    case GN_RULE: v = prod_rule[n->a]; break;
+    default: v = 1; break; /* a kind this check does not know: never the reason to refuse */
+    }
+    return memo[k] = (int8_t)v;
+}
+
+/* Whether rule root matches at least one string: the productive rules as a least fixpoint
+ * (a rule is productive once its body is, given the rules found so far). -1: out of memory. */
+static int rule_productive(const gr_build *b, int32_t root) {
+    uint8_t *prod = calloc((size_t)b->n_rules + 1, 1);
+    int8_t *memo = malloc((size_t)b->n_nodes + 1);
+    if (!prod || !memo) {
+        free(prod), free(memo);
+        return -1;
+    }
+    for (int changed = 1; changed && !prod[root];) {
+        changed = 0;
+        memset(memo, -1, (size_t)b->n_nodes + 1);
+        for (int32_t r = 0; r < b->n_rules; r++)
+            if (!prod[r] && b->rules[r].body >= 0 && node_productive(b, b->rules[r].body, prod, memo))
+                prod[r] = 1, changed = 1;
+    }
+    int v = prod[root];
+    free(prod), free(memo);
+    return v;
+}
+
 hearth_status gr_finish(gr_build *b, int32_t root, grammar **out, hearth_error *err) {
     *out = NULL;
     if (b->oom) return err_set(err, HEARTH_ERR_NOMEM, "grammar too large or out of memory");
@@ -638,6 +687,10 @@ hearth_status gr_finish(gr_build *b, int32_t root, grammar **out, hearth_error *
                     g->rule_names[c.flat_of_rule[i]] = strdup(b->rules[i].name);
             g->root = 0; /* the root is lowered first */
             st = check_left_recursion(g, err);
+            int productive = st ? 1 : rule_productive(b, root);
+            if (productive < 0) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+            else if (!productive) /* a JSON schema no value satisfies ({"not": {}}, a required property of schema false) */
+                st = err_set(err, HEARTH_ERR_FORMAT, "the constraint accepts no output at all (nothing satisfies it)");
             if (st) grammar_free(g), g = NULL;
         }
     }

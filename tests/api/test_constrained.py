@@ -104,6 +104,10 @@ def test_completions_regex_and_grammar(client):
      "response_format", "multipleOf 0.01: only whole-number steps"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/no"}}}},
      "response_format", "points at nothing"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
+     "response_format", "accepts no output at all"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "required": ["a"], "properties": {"a": False}}}}}, "response_format", "accepts no output at all"),
     ({"grammar": "root ::= foo"}, "grammar", "undefined rule 'foo'"),
     ({"regex": "(a"}, "regex", "unbalanced"),
     ({"response_format": {"type": "xml"}}, "response_format", "json_schema"),

@@ -356,6 +356,36 @@ static void check_masks(const char *src, grammar_kind k, const char *text) {
     gvocab_free(v);
 }
 
+/* A constraint nothing satisfies is refused when compiled (a 400 naming it at the API),
+ * not served as a turn that ends at once with no output; a part nothing satisfies inside
+ * an alternative or an optional place leaves the rest in force. */
+static void test_unsatisfiable(void **state) {
+    (void)state;
+    const char *none = "accepts no output at all";
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"not\": {}}", none);
+    compile_fails(GRAMMAR_JSON_SCHEMA, "false", none);
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\": \"object\", \"required\": [\"a\"], \"properties\": {\"a\": false}}",
+                  none);
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\": \"array\", \"minItems\": 1, \"items\": {\"not\": {}}}", none);
+    compile_fails(GRAMMAR_GBNF, "root ::= x\nx ::= \"a\" x", none); /* recursion without a way out */
+    gvocab *v = test_vocab();
+    struct {
+        const char *schema, *yes, *no;
+    } ok[] = {
+        {"{\"anyOf\": [{\"not\": {}}, {\"type\": \"null\"}]}", "null", "1"},
+        {"{\"type\": \"object\", \"properties\": {\"a\": false, \"b\": {\"type\": \"integer\"}}}", "{\"b\":1}",
+         "{\"a\":1}"},
+        {"{\"type\": \"array\", \"items\": {\"not\": {}}}", "[]", "[1]"},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, ok[i].schema);
+        assert_true(full_match(g, v, ok[i].yes));
+        assert_false(full_match(g, v, ok[i].no));
+        grammar_free(g);
+    }
+    gvocab_free(v);
+}
+
 static void test_masks(void **state) {
     (void)state;
     check_masks("{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"}}}",
@@ -527,6 +557,7 @@ int main(void) {
         cmocka_unit_test(test_schema_bounds),
         cmocka_unit_test(test_schema_structure),
         cmocka_unit_test(test_shared_matchers),
+        cmocka_unit_test(test_unsatisfiable),
         cmocka_unit_test(test_masks),
         cmocka_unit_test(test_accept_refuses),
         cmocka_unit_test(test_tool_call),

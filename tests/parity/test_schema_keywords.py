@@ -75,7 +75,6 @@ CASES = [
     ({"allOf": [{"not": {"type": "string"}}, {"not": {"type": "null"}}]}, ANY),
     ({"enum": [1, 2, 3, "a", 4.0], "not": {"type": "string"}, "multipleOf": 2}, ["1", "2", "3", '"a"', "4", "4.0"]),
     ({"enum": [[1, 1], [1, 2]], "uniqueItems": True}, ["[1,1]", "[1,2]"]),
-    ({"const": "abc", "maxLength": 2}, ['"abc"']),
     ({"enum": [{"a": 1}, {"b": 1}], "not": {"required": ["a"]}}, ['{"a":1}', '{"b":1}']),
     ({"enum": ["x", "yy"], "if": {"maxLength": 1}, "then": {"pattern": "^x$"}, "else": {"const": "zz"}},
      ['"x"', '"yy"']),
@@ -83,6 +82,8 @@ CASES = [
 
 REFUSED = [
     ({"not": {"pattern": "a"}}, "keyword 'pattern' inside 'not'"),
+    # nothing satisfies it (jsonschema: "abc" is longer than 2): refused, not served as an empty turn
+    ({"const": "abc", "maxLength": 2}, "accepts no output at all"),
     ({"type": "number", "multipleOf": 0.5}, "multipleOf 0.5"),
     ({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 100000}, "multipleOf 7 with minimum/maximum"),
     ({"not": {"enum": [1]}}, "'not' with enum / const values"),

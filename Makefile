@@ -268,8 +268,9 @@ test-build: all unit-build asan-build fuzz-build
 # The test build compiles the CUDA objects for sm_90a and sm_80, not sm_89 as well: every
 # arch-specific branch of the kernels (>= 800, >= 900) is compiled either way, sm_80 code runs
 # on sm_89 GPUs (same major version), and the third architecture cost about a minute of CI.
-TEST_NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
-                  -gencode=arch=compute_80,code=sm_80
+# Derived from NVCCFLAGS (so a user's own flags hold in `make test` too), less sm_89.
+comma := ,
+TEST_NVCCFLAGS ?= $(filter-out -gencode=arch=compute_89$(comma)code=sm_89,$(NVCCFLAGS))
 test: deps
 	@python3 tools/check_layers.py
 	+@$(STAGE) build $(MAKE) --no-print-directory -j$(JOBS) test-build $(if $(NVCC),NVCCFLAGS="$(TEST_NVCCFLAGS)")

@@ -8,9 +8,9 @@
 L=${1:?usage: python-gpu.sh LOGDIR}; mkdir -p "$L"
 cd "$(dirname "$0")/../.." || exit 1
 : "${B:?B (the build dir) must be set by tools/gpu_run}" "${H:?}" "${TINY:?}"
-if ! python3 -c 'import os, sysconfig, setuptools
+if ! python3 -c 'import os, sysconfig, setuptools, pip
 assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")), "no Python.h"' >"$L/missing.txt" 2>&1; then
-  echo "python-gpu: NOT RUN (not a pass): python3 here lacks setuptools or its headers: $(tail -n1 "$L/missing.txt")"
+  echo "python-gpu: NOT RUN (not a pass): python3 here lacks pip, setuptools or its headers: $(tail -n1 "$L/missing.txt")"
   exit 0
 fi
 if ! HEARTH_CUDA=1 HEARTH_BUILD="$PWD/$B" timeout 300 python3 -m pip install -q --disable-pip-version-check \

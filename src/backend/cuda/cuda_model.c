@@ -58,6 +58,7 @@ typedef struct cuda_model {
     float *qgate;     /* gated attention: the doubled q projection (queries and gates per head) */
     float *gdn[5];    /* Gated DeltaNet: qkv, z, b, a, y of the step (cuda_gdn_args) */
     float *state;     /* hybrids: the device state pool, slots' records then snapshots' (kv_state.h) */
+    cuda_rows_stage rows_stage; /* saved KV files: the host stage of cu_kv_rows (cuda_kv_rows.h) */
     size_t state_record; /* floats of one slot's (or snapshot's) records, every state layer */
     int32_t *run_last;   /* host scratch of cuda_gdn_runs, max_slots */
     int8_t *xq;       /* decode: the next GEMV's int8 activations, written by the fused norm / gate */
@@ -785,7 +786,8 @@ static hearth_status cu_state_copy(op_backend *be, int src, int dst, hearth_erro
 
 static hearth_status cu_kv_rows(op_backend *be, const kv_cache *kv, int layer, int slot, int head, int n, void *keys,
                                 void *values, float *k_scale, float *v_scale, int to_host, hearth_error *err) {
-    return cuda_kv_rows(&((cuda_model *)be)->kv, kv->tables, layer, slot, head, n, keys, values, k_scale, v_scale,
+    cuda_model *cm = (cuda_model *)be;
+    return cuda_kv_rows(&cm->kv, &cm->rows_stage, kv->tables, layer, slot, head, n, keys, values, k_scale, v_scale,
                         to_host, err);
 }
 
@@ -987,6 +989,7 @@ void cuda_model_free(op_backend *be) {
         }
     }
     cuda_experts_free(cm->xp);
+    cuda_rows_stage_free(&cm->rows_stage);
     free(cm->experts);
     free(cm->n_slices);
     free(cm->weights);

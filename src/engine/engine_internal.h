@@ -58,6 +58,13 @@ kv_cache *engine_kv(hearth_engine *e);
 /* Copies rows positions of KV block src into block dst wherever the pool lives (host, or
  * the GPU's copy): a partial prefix match (kv_prefix_attach_partial). */
 hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, int rows, hearth_error *err);
+/* Saved KV files (seq_file.c), wherever the pools live (host, or the GPU's copies): seq's
+ * positions [0, n) of (layer, KV head) in kv_slot_rows_read's form (the layer's own
+ * head_dim), and seq's recurrent-state record (every state layer, kv_state's layout), to
+ * the caller's buffers (to_host) or from them. */
+hearth_status engine_kv_rows(hearth_engine *e, int layer, int seq, int head, int n, void *keys, void *values,
+                             float *k_scale, float *v_scale, int to_host, hearth_error *err);
+hearth_status engine_state_rows(hearth_engine *e, int seq, void *record, int to_host, hearth_error *err);
 /* kv_state_snap_save / kv_state_snap_load on the engine's pool, and on the backend's device
  * copy of it where it has one (op_table.state_copy); a snapshot whose device copy failed is
  * forgotten, a failed load returns the error (the slot's state is then unusable). */

@@ -537,6 +537,10 @@ static hearth_status engine_model_forward(hearth_engine *e, const op_batch *batc
                                               .lp = e->dev_rows[i].lp};
         }
         hearth_status st = model_forward(e->m, e->be, &e->kv, b, OP_OUT_KEEP, NULL, err);
+        /* the forward pass is queued: constrained rows make their masks while it runs */
+        for (int i = 0; !st && i < b->n_out; i++)
+            if (e->dev_rows[i].allow)
+                e->dev_req[i].allow = e->dev_rows[i].allow(e->dev_rows[i].allow_ctx, &e->dev_req[i].allow_n);
         return st ? st : engine_device_sample(e->be, e->gsmp, b->n_out, e->dev_req, e->greedy_id, err);
     }
     if (e->gpu && e->greedy_id && b->n_out >= 1) {

@@ -89,11 +89,15 @@ hearth_status engine_forward_rows_greedy(hearth_engine *e, int T, const int32_t 
                                          hearth_error *err);
 /* A logits row the device sampler draws (engine_forward_rows_sample): the request's
  * parameters, its Philox key (gen_device_seed) and where its logprobs go (NULL: none). The
- * row's history and position come from the step's slot and position. */
+ * row's history and position come from the step's slot and position. A constrained row
+ * names its token mask's maker (gen_stream_allow with its gen_stream), called once the
+ * step's forward pass is queued, so the mask is made while the GPU runs it. */
 typedef struct engine_sample_row {
     const hearth_sampling *p;
     uint64_t seed;
     hearth_logprobs *lp;
+    const uint32_t *(*allow)(void *ctx, int32_t *n);
+    void *allow_ctx;
 } engine_sample_row;
 /* engine_forward_rows with every logits row's token sampled on the GPU (cuda_sample.cu:
  * sampler.c's semantics, its own draws): ids[i] for row i, logprobs into rows[i].lp; no
@@ -180,6 +184,10 @@ int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, doubl
 /* Where the sampler leaves the stream's logprobs: g->lp when the request reports them, else
  * NULL (no log-softmax over the vocabulary per token). */
 hearth_logprobs *gen_stream_lp(gen_stream *g);
+/* A constrained stream's token mask for its next token (ctx: the gen_stream): bit v % 32 of
+ * word v / 32 set where token v may follow, *n tokens covered (the grammar's vocabulary);
+ * only the end-of-turn ids when nothing may follow. NULL for a stream without a constraint. */
+const uint32_t *gen_stream_allow(void *ctx, int32_t *n);
 void gen_stream_free(gen_stream *g);
 /* A constraint's source compiled (constraint.c) for vocabulary v (NULL: only checked);
  * bad input is HEARTH_ERR_INVALID. */

@@ -160,6 +160,29 @@ def test_cuda_generate_device_greedy_matches_cpu(hearth_bin, tiny_models, name):
     assert host.stdout == ref.stdout
 
 
+# ---- constrained rows: the token mask applied by the device sampler (cuda_sample.cu), made
+# on the host while the step's forward pass runs; the CPU scalar tier's masked sampling is
+# the oracle (exact tier: the same greedy tokens) ----
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0,
+                                                                               "maximum": 99}}}
+DEVICE_SAMPLE_NOTE = "tokens sampled on the device"
+
+
+@pytest.mark.parametrize("name", ["llama-f32", "qwen3-q4g64"])
+def test_cuda_constrained_masks_on_device(hearth_bin, tiny_models, name):
+    m = tiny_models[name]
+    if not has_gpu(hearth_bin, m):
+        pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA constrained path did NOT run")
+    extra = {"max_tokens": 40,
+             "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA, "strict": True}}}
+    ref, _ = serve_answers(hearth_bin, m, "cpu", {"HEARTH_CPU": "scalar"}, concurrent=False, extra=extra)
+    gpu, log = serve_answers(hearth_bin, m, "cuda", {}, concurrent=True, extra=extra, args=["--cuda-exact"])
+    assert DEVICE_SAMPLE_NOTE in log, log[-2000:]  # the masked rows went through the device sampler
+    assert gpu == ref
+    assert all(a.startswith("{") for a in gpu), gpu
+
+
 # ---- ragged steps: 12 concurrent requests (decode rows of many sequences beside prefill
 # chunks, T > 8: the split attention dispatch, cuBLAS matmuls, lm_head through the GEMM) ----
 PROMPTS12 = PROMPTS + ["Name three rivers.", "Why is the sky blue?", "Write a haiku about rain.",

@@ -597,6 +597,18 @@ static int32_t int_multiples(sc_ctx *c, int64_t m, int has_lo, int64_t lo, int h
     return k ? gr_alt(b, alts, k) : c->never;
 }
 
+/* A fractional step d as *coef * 10^-*scale from its shortest decimal (0.25: 25, 2); 0
+ * when that needs more than SC_MAX_STEP_DECIMALS fraction digits or coef is above
+ * SC_MAX_MODULUS. */
+static int decimal_step(double d, int64_t *coef, int *scale) {
+    sc_dec dec;
+    if (!dec_of(d, 0, &dec) || dec.nf > SC_MAX_STEP_DECIMALS || dec.ip > SC_MAX_MODULUS) return 0;
+    int64_t c = dec.ip;
+    for (int i = 0; i < dec.nf; i++) c = c * 10 + (dec.fp[i] - '0');
+    *coef = c, *scale = dec.nf;
+    return c <= SC_MAX_MODULUS;
+}
+
 /* multipleOf as a decimal step coef * 10^-scale (*scale 0: a whole number), from the
  * shortest decimal that reads back as the schema's double (its text 0.01, not
  * 0.01000000000000000020816...), or 0 with c->st set when it is no such step. The
@@ -622,23 +634,13 @@ static int multiple_of(sc_ctx *c, json_t *s, int64_t *m, int *scale, int *float_
         *m = (int64_t)d;
         return 1;
     }
-    sc_dec dec;
-    int64_t coef = 0;
-    int ok = dec_of(d, 0, &dec) && dec.nf <= SC_MAX_STEP_DECIMALS && dec.ip <= SC_MAX_MODULUS;
-    for (int i = 0; ok && i < dec.nf; i++) coef = coef * 10 + (dec.fp[i] - '0');
-    if (ok) {
-        int64_t p10 = 1;
-        for (int i = 0; i < dec.nf; i++) p10 *= 10;
-        coef += dec.ip * p10;
-    }
-    if (!ok || coef > SC_MAX_MODULUS) {
+    if (!decimal_step(d, m, scale)) {
         sc_fail(c,
                 "multipleOf %g: a fractional step must be a decimal of at most %d fraction digits whose digits, "
                 "read as a whole number, are at most %d (0.01, 0.5, 2.5, 0.125)",
                 d, SC_MAX_STEP_DECIMALS, SC_MAX_MODULUS);
         return 0;
     }
-    *m = coef, *scale = dec.nf;
     return 1;
 }
 
@@ -1199,7 +1201,15 @@ static int32_t sc_const(sc_ctx *c, json_t *v, int depth) {
         snprintf(buf2, sizeof buf2, "%s.0", buf);
         return gr_alt2(b, lit(c, buf), lit(c, buf2));
     }
-    char *enc = json_dumps(v, JSON_ENCODE_ANY | JSON_REAL_PRECISION(17));
+    if (json_is_real(v)) { /* the shortest text that reads back as the value: 0.07, not 0.070000000000000007 */
+        char buf[40];
+        for (int p = 1; p <= 17; p++) {
+            snprintf(buf, sizeof buf, "%.*g", p, json_real_value(v));
+            if (strtod(buf, NULL) == json_real_value(v)) break;
+        }
+        return lit(c, buf);
+    }
+    char *enc = json_dumps(v, JSON_ENCODE_ANY);
     if (!enc) return sc_fail(c, "out of memory");
     int32_t r = lit(c, enc);
     if (json_is_integer(v)) {
@@ -1727,8 +1737,9 @@ static int valid_count(sc_ctx *c, json_t *list, json_t *v, int depth, int *n_val
     return 1;
 }
 
-/* The JSON Schema number keywords as python-jsonschema evaluates them (multipleOf with a
- * real step divides in floating point). */
+/* The JSON Schema number keywords as python-jsonschema evaluates them, but a fractional
+ * multipleOf, which is decided exactly as the grammars take it (multiple_of: 0.07 is a
+ * multiple of 0.01); other real steps divide in floating point. */
 static int valid_number(json_t *s, json_t *v) {
     double x = json_number_value(v), b;
     json_t *emin = json_object_get(s, "exclusiveMinimum"), *emax = json_object_get(s, "exclusiveMaximum");
@@ -1739,6 +1750,13 @@ static int valid_number(json_t *s, json_t *v) {
     json_t *m = json_object_get(s, "multipleOf");
     if (json_is_integer(m) && json_is_integer(v) && json_integer_value(m) > 0)
         return json_integer_value(v) % json_integer_value(m) == 0;
+    int64_t coef, lo_u, hi_u;
+    int scale, whole;
+    if (json_is_real(m) && json_real_value(m) > 0 && json_real_value(m) != floor(json_real_value(m)) &&
+        decimal_step(json_real_value(m), &coef, &scale)) {
+        if (!bound_units(x, scale, &lo_u, &hi_u, &whole)) return -1;
+        return whole && lo_u % coef == 0;
+    }
     if (json_is_number(m)) {
         double q = json_is_real(m) ? x / json_number_value(m) : fmod(x, json_number_value(m));
         if (!isfinite(q)) return -1;

@@ -104,6 +104,7 @@ DECIMAL_CASES = [
     ({"type": "number", "multipleOf": 1, "minimum": 0}, FRACTIONS + ["12500.0", "3.00", "-1.0"]),
     ({"type": "number", "multipleOf": 5}, FRACTIONS + ["12500.0", "-5.0", "5.01"]),
     ({"type": "integer", "multipleOf": 2.5}, [t for t in FRACTIONS if "." not in t]),
+    ({"enum": [0.07, 0.075, 1, "a", 2.5], "multipleOf": 0.01}, ["0.07", "0.075", "1", '"a"', "2.5", "0.7"]),
     ({"type": "integer", "multipleOf": 0.5, "minimum": -3}, [t for t in FRACTIONS if "." not in t]),
 ]
 

@@ -238,8 +238,25 @@ static const float *constrained_logits(gen_stream *g, const float *logits) {
     int32_t n32 = 0;
     gen_stream_allow(g, &n32);
     size_t n = (size_t)n32;
-    for (size_t i = 0; i < rows; i++)
-        g->masked[i] = i < n && (g->mask[i >> 5] >> (i & 31) & 1) ? logits[i] : -INFINITY;
+    /* a word of the mask at a time: in most states a word allows none of its 32 tokens (in
+     * structure) or all of them, a fill or a copy; the others a branch-free blend (a bit test
+     * and branch per token was ~8% of a 32-stream CPU server's time) */
+    size_t whole = n < rows ? n : rows, i = 0;
+    for (; i + 32 <= whole; i += 32) {
+        uint32_t w = g->mask[i >> 5];
+        if (w == 0)
+            for (int k = 0; k < 32; k++) g->masked[i + k] = -INFINITY;
+        else if (w == UINT32_MAX)
+            memcpy(g->masked + i, logits + i, 32 * sizeof *logits);
+        else /* the float's bits kept or replaced by -inf's */
+            for (int k = 0; k < 32; k++) {
+                uint32_t keep = 0u - (w >> k & 1), v;
+                memcpy(&v, logits + i + k, sizeof v);
+                v = (v & keep) | (0xff800000u & ~keep);
+                memcpy(g->masked + i + k, &v, sizeof v);
+            }
+    }
+    for (; i < rows; i++) g->masked[i] = i < n && (g->mask[i >> 5] >> (i & 31) & 1) ? logits[i] : -INFINITY;
     return g->masked;
 }
 

@@ -52,6 +52,9 @@ typedef struct cpu_kernel {
 /* Scalar reference: dequantizes each block to float and accumulates in double. Handles
  * every format op_weight_check accepts; x is a float row (CPU_ACT_F32). */
 void cpu_ref_rows(const op_weight *w, int64_t n0, int64_t n1, const void *x, float *y);
+/* The same for count rows of w listed in rows (any order, repeats allowed): out[i] gets
+ * row rows[i], bit-identical to what cpu_ref_rows gives for that row. */
+void cpu_ref_rows_at(const op_weight *w, const int64_t *rows, int count, const float *x, float *out);
 /* The same for T float rows (x row t at x + t * x_stride), bit-identical to T calls of
  * cpu_ref_rows; matmul.c uses it for prefill on the scalar tier. */
 void cpu_ref_tile(const op_weight *w, int64_t n0, int64_t n1, const float *x, int64_t x_stride, int T, float *y,

@@ -80,6 +80,8 @@ cpu_rows_fn cpu_avx512_rows1(const op_weight *w);
  * q = round-to-nearest-even(x / d) clamped to +-127), in order or CPU_ACT_Q8_EVENODD order.
  * cpu_quantize_row picks the AVX-512 or AVX2 form where it can; every form gives identical bytes. */
 void cpu_quantize_row_ref(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
+/* The first i in from..n-1 with y[i] > floor (never a NaN), else n; 32 values per step. */
+int64_t cpu_avx2_find_above(const float *y, int64_t from, int64_t n, float floor);
 void cpu_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
 void cpu_avx512_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
 void cpu_avx2_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd);

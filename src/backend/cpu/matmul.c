@@ -241,32 +241,23 @@ hearth_status cpu_matmul_fused(int count, const op_weight *const *ws, float *con
  * SmolLM2 rescored; 16 keeps the whole probable head of the distribution exact. */
 #define CPU_RESCORE_TOP 16
 
-/* The indices of the k largest values of y[0..n) (k <= n; any order among them); NaN and -inf are never kept, so fewer
- * than k come back only where y has fewer other values.
- * One pass keeping the k best seen; a value not above the smallest kept (nearly all of a
- * vocabulary) costs one compare, and chunks of 16 are skipped on their maximum. */
+/* The indices of the k largest values of y[0..n) (k <= n; any order among them); NaN and
+ * -inf are never kept, so fewer than k come back only where y has fewer other values. One
+ * pass keeping the k best seen: the vector scan skips every value not above the smallest
+ * kept (nearly all of a vocabulary). AVX2 is there: rescoring runs only after a fast kernel. */
 static int top_indices(const float *y, int64_t n, int k, int64_t *idx) {
     float val[CPU_RESCORE_TOP];
     int kept = 0, low = 0;
     float floor = -INFINITY;
-    for (int64_t i0 = 0; i0 < n; i0 += 16) {
-        int64_t i1 = i0 + 16 < n ? i0 + 16 : n;
-        if (kept == k && i1 - i0 == 16) {
-            float mx = -INFINITY;
-            for (int j = 0; j < 16; j++) mx = y[i0 + j] > mx ? y[i0 + j] : mx;
-            if (!(mx > floor)) continue;
-        }
-        for (int64_t i = i0; i < i1; i++) {
-            if (!(y[i] > floor)) continue; /* while filling, floor is -inf: NaN and -inf only */
-            if (kept < k) {
-                val[kept] = y[i], idx[kept++] = i;
-                if (kept < k) continue;
-            } else
-                val[low] = y[i], idx[low] = i;
-            low = 0; /* the smallest kept: the next to be replaced */
-            for (int j = 1; j < k; j++) low = val[j] < val[low] ? j : low;
-            floor = val[low];
-        }
+    for (int64_t i = 0; (i = cpu_avx2_find_above(y, i, n, floor)) < n; i++) {
+        if (kept < k) {
+            val[kept] = y[i], idx[kept++] = i;
+            if (kept < k) continue;
+        } else
+            val[low] = y[i], idx[low] = i;
+        low = 0; /* the smallest kept: the next to be replaced */
+        for (int j = 1; j < k; j++) low = val[j] < val[low] ? j : low;
+        floor = val[low];
     }
     return kept;
 }

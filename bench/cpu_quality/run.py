@@ -10,7 +10,8 @@ hearth's fast tier at each ISA level this CPU has (HEARTH_CPU=avx2, avx512), fed
 per call (the multi-token tile kernels of prefill and batched decode) or 1 (the decode kernels),
 and llama.cpp (llama-cpp-python with bench/cpu_vs_llamacpp's native build, all logits of one
 batch per document), on the same token ids of the same GGUF file, 2 threads each.
-Writes bench/results/cpu_quality.md (bench/results_file.py: the tables, then the full result as json). A benchmark, not a test: it asserts nothing.
+Writes bench/results/cpu_quality.md (bench/results_file.py: the tables, bench/cpu_quality/notes.md's
+hand-measured sections, then the full result as json). A benchmark, not a test: it asserts nothing.
 usage: .venv/bin/python bench/cpu_quality/run.py [--hearth-lib lib/libhearth.so] [--threads 2]
        [--models smollm2,gemma3] [--out bench/results/cpu_quality] [--keep DIR] [--engines hearth,llamacpp] [--append]
 """
@@ -331,6 +332,9 @@ def markdown(res):
                          + (f"{s_['rms_margin_err_near']:.4f} ({s_['near_ties']} positions) | "
                             if s_.get("rms_margin_err_near") is not None else "- | ") +
                          f"{'%+.5f .. %+.5f' % tuple(v) if v else '-'} |")
+    notes = HERE / "notes.md"  # hand-measured sections (error sources, other peer settings), kept across runs
+    if notes.exists():
+        lines += [""] + notes.read_text(encoding="utf-8").rstrip("\n").splitlines()
     return "\n".join(lines) + "\n"
 
 

@@ -11,17 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint32_t next(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (uint32_t)rng;
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1;

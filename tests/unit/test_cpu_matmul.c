@@ -2,7 +2,8 @@
  * bit-exact against fixtures made by gguf/mlx (tools/make_cpu_quant_fixtures.py);
  * (2) every format at every ISA level the machine has (scalar/avx2/avx512), T in
  * {1, 3, 17}, 1 and 2 threads, matches the reference within the bound stated below;
- * (3) invalid weights and short scratch fail with an error instead of crashing. */
+ * (3) invalid weights and short scratch fail with an error instead of crashing;
+ * (4) the exact rescoring of each row's largest outputs gives the reference's bits there. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -683,6 +684,78 @@ static void test_invalid_weights_fail_cleanly(void **state) {
     assert_int_equal(cpu_matmul(&w, x, -1, y, NULL, 0, NULL, &err), HEARTH_ERR_INVALID);
 }
 
+/* ---------- (4) the exact rescoring of the largest outputs (cpu_matmul_rescore_top) ---------- */
+
+/* Whether row r is among the 16 largest of y[0..n) (ties broken towards the lower index,
+ * as any choice among equal values gives the same rescored result only up to which one
+ * is picked: the data here has none). */
+static int in_top16(const float *y, int64_t n, int64_t r) {
+    int64_t above = 0;
+    for (int64_t i = 0; i < n; i++) above += y[i] > y[r] || (y[i] == y[r] && i < r);
+    return above < 16;
+}
+
+/* After the fast matmul, the 16 largest outputs of each row must be the reference kernel's
+ * own bits (float activations, double sums) and every other output the fast value, for
+ * each format whose kernel rounds the activations, at every fast level, T = 1 (decode: the
+ * calling thread) and T = 5 (rows over the pool), N below and above 16; at the scalar level
+ * and for float-activation kernels nothing changes. */
+static void test_rescore_top_is_reference_exact(void **state) {
+    static const wcase cases[] = {
+        {"q8_0", DT_Q8_0, 0, 0, 0}, {"q4_1", DT_Q4_1, 0, 0, 0}, {"q4_k", DT_Q4_K, 0, 0, 0},
+        {"q6_k", DT_Q6_K, 0, 0, 0}, {"bf16", DT_BF16, 0, 0, 0}, {"f32", DT_F32, 0, 0, 0},
+        {"mlx4", DT_U32, 4, 64, DT_F16},
+    };
+    static const int64_t ns[] = {300, 9};
+    static const int Ts[] = {1, 5};
+    const int64_t k = 512;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t ni = 0; ni < 2; ni++)
+            for (size_t ti = 0; ti < 2; ti++) {
+                int64_t n = ns[ni];
+                int T = Ts[ti];
+                op_weight w;
+                void *sb, *data = make_weight(&cases[ci], n, k, &w, &sb);
+                float *x = malloc((size_t)(T * k) * sizeof *x), *ref = malloc((size_t)(T * n) * sizeof *ref);
+                float *fast = malloc((size_t)(T * n) * sizeof *fast), *y = malloc((size_t)(T * n) * sizeof *y);
+                for (int64_t i = 0; i < T * k; i++) x[i] = rndf() * (i % 7 == 0 ? 4.0f : 1.0f);
+                for (int t = 0; t < T; t++) cpu_ref_rows(&w, 0, n, x + t * k, ref + t * n);
+                for (int lv = CPU_LEVEL_SCALAR; lv <= (int)cpu_level_hardware(); lv++) {
+                    cpu_matmul_set_level((cpu_level)lv);
+                    size_t ss = cpu_matmul_scratch_size(&w, T);
+                    void *scratch = ss ? malloc(ss) : NULL;
+                    hearth_error err = {0};
+                    assert_int_equal(cpu_matmul(&w, x, T, fast, scratch, ss, pools[2], &err), HEARTH_OK);
+                    memcpy(y, fast, (size_t)(T * n) * sizeof *y);
+                    assert_int_equal(cpu_matmul_rescore_top(&w, x, T, y, pools[2], &err), HEARTH_OK);
+                    int rounds_x = ss > 0; /* the kernel rounds the activations (int8 or bf16) */
+                    int changed = 0;
+                    for (int t = 0; t < T; t++)
+                        for (int64_t r = 0; r < n; r++) {
+                            int64_t i = t * n + r;
+                            int exact = rounds_x && in_top16(fast + t * n, n, r);
+                            float want = exact ? ref[i] : fast[i];
+                            if (memcmp(&y[i], &want, sizeof want))
+                                fail_msg("%s level %s N %lld T %d: y[%d][%lld] = %.9g, want the %s value %.9g (fast "
+                                         "%.9g, reference %.9g)",
+                                         cases[ci].name, cpu_level_name((cpu_level)lv), (long long)n, T, t,
+                                         (long long)r, y[i], exact ? "reference" : "fast", want, fast[i], ref[i]);
+                            changed += exact && fast[i] != ref[i];
+                        }
+                    /* the case must exercise something: the int8 kernels' values differ from the
+                     * reference's in the last bits at least */
+                    if (rounds_x && cases[ci].t != DT_BF16) assert_true(changed > 0);
+                    free(scratch);
+                }
+                free(x), free(ref), free(fast), free(y), free(data), free(sb);
+            }
+    /* an invalid weight is an error, not a crash */
+    hearth_error err = {0};
+    float x[64] = {0}, y[2] = {0};
+    op_weight bad = {.dtype = DT_Q4_K, .data = x, .n = 2, .k = 64};
+    assert_int_equal(cpu_matmul_rescore_top(&bad, x, 1, y, NULL, &err), HEARTH_ERR_FORMAT);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_dequant_matches_fixtures),
@@ -697,6 +770,7 @@ int main(void) {
         cmocka_unit_test(test_fused_matches_separate),
         cmocka_unit_test(test_quantize_row_matches_reference),
         cmocka_unit_test(test_invalid_weights_fail_cleanly),
+        cmocka_unit_test(test_rescore_top_is_reference_exact),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -341,7 +341,10 @@ static hearth_status cpu_logits(const op_step *s, const float *w, float shift, f
     if (s->out == OP_OUT_HIDDEN || b->n_out == 0) return HEARTH_OK;
     if (div != 1.0f) /* a division, not a product by 1/div: the reference's rounding */
         for (size_t i = 0; i < (size_t)b->n_out * H; i++) rows[i] /= div;
-    return matmul(s, lm_head, rows, b->n_out, b->logits);
+    hearth_status st = matmul(s, lm_head, rows, b->n_out, b->logits);
+    /* the fast kernels' int8 activations move every logit a little: the largest, which decide
+     * a greedy choice and carry nearly all the probability, are recomputed exactly (matmul.h) */
+    return st ? st : cpu_matmul_rescore_top(lm_head, rows, b->n_out, b->logits, c->tp, s->err);
 }
 
 static hearth_status cpu_per_layer_inputs(const op_step *s, const op_per_layer_inputs *p) {

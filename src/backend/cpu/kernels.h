@@ -52,6 +52,9 @@ typedef struct cpu_kernel {
 /* Scalar reference: dequantizes each block to float and accumulates in double. Handles
  * every format op_weight_check accepts; x is a float row (CPU_ACT_F32). */
 void cpu_ref_rows(const op_weight *w, int64_t n0, int64_t n1, const void *x, float *y);
+/* The same for count rows of w listed in rows (any order, repeats allowed): out[i] gets
+ * row rows[i], bit-identical to what cpu_ref_rows gives for that row. */
+void cpu_ref_rows_at(const op_weight *w, const int64_t *rows, int count, const float *x, float *out);
 /* The same for T float rows (x row t at x + t * x_stride), bit-identical to T calls of
  * cpu_ref_rows; matmul.c uses it for prefill on the scalar tier. */
 void cpu_ref_tile(const op_weight *w, int64_t n0, int64_t n1, const float *x, int64_t x_stride, int T, float *y,
@@ -77,6 +80,8 @@ cpu_rows_fn cpu_avx512_rows1(const op_weight *w);
  * q = round-to-nearest-even(x / d) clamped to +-127), in order or CPU_ACT_Q8_EVENODD order.
  * cpu_quantize_row picks the AVX-512 or AVX2 form where it can; every form gives identical bytes. */
 void cpu_quantize_row_ref(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
+/* The first i in from..n-1 with y[i] > floor (never a NaN), else n; 32 values per step. */
+int64_t cpu_avx2_find_above(const float *y, int64_t from, int64_t n, float floor);
 void cpu_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
 void cpu_avx512_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd);
 void cpu_avx2_quantize_row(const float *x, int64_t k, cpu_q8_block *out, int evenodd);

@@ -958,3 +958,18 @@ int cpu_avx2_kernel(const op_weight *w, cpu_kernel *out) {
     *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small, 0};
     return 1;
 }
+
+__attribute__((target(KTARGET))) int64_t cpu_avx2_find_above(const float *y, int64_t from, int64_t n, float floor) {
+    const __m256 f = _mm256_set1_ps(floor);
+    int64_t i = from;
+    for (; i + 32 <= n; i += 32) { /* ordered compares: NaN is never above */
+        __m256 c0 = _mm256_cmp_ps(_mm256_loadu_ps(y + i), f, _CMP_GT_OQ);
+        __m256 c1 = _mm256_cmp_ps(_mm256_loadu_ps(y + i + 8), f, _CMP_GT_OQ);
+        __m256 c2 = _mm256_cmp_ps(_mm256_loadu_ps(y + i + 16), f, _CMP_GT_OQ);
+        __m256 c3 = _mm256_cmp_ps(_mm256_loadu_ps(y + i + 24), f, _CMP_GT_OQ);
+        if (_mm256_movemask_ps(_mm256_or_ps(_mm256_or_ps(c0, c1), _mm256_or_ps(c2, c3)))) break;
+    }
+    for (; i < n; i++)
+        if (y[i] > floor) return i;
+    return n;
+}

@@ -13,33 +13,43 @@
 static int ref_step(const op_weight *w) { return w->dtype == DT_U32 ? w->group_size : 256; }
 
 /* Four rows at a time: four independent accumulation chains instead of one (each row's
- * sum is still its own, in k order). */
+ * sum is still its own, in k order). rows[0..nr) (nr <= REF_ROWS) are any rows of w; their
+ * sums go to out[0..nr). */
 #define REF_ROWS 4
-void cpu_ref_rows(const op_weight *w, int64_t n0, int64_t n1, const void *xv, float *y) {
-    const float *x = xv;
+static void ref_rows_group(const op_weight *w, const int64_t *rows, int nr, const float *x, float *out) {
     int step = ref_step(w);
     float buf[REF_ROWS][256];
+    double acc[REF_ROWS] = {0};
+    for (int64_t k0 = 0; k0 < w->k; k0 += step) {
+        int count = w->k - k0 < step ? (int)(w->k - k0) : step;
+        for (int r = 0; r < nr; r++) op_weight_dequant(w, rows[r], k0, count, buf[r]);
+        const float *xk = x + k0;
+        if (nr == REF_ROWS)
+            for (int j = 0; j < count; j++) {
+                double xj = (double)xk[j];
+                acc[0] += (double)buf[0][j] * xj;
+                acc[1] += (double)buf[1][j] * xj;
+                acc[2] += (double)buf[2][j] * xj;
+                acc[3] += (double)buf[3][j] * xj;
+            }
+        else
+            for (int r = 0; r < nr; r++)
+                for (int j = 0; j < count; j++) acc[r] += (double)buf[r][j] * (double)xk[j];
+    }
+    for (int r = 0; r < nr; r++) out[r] = (float)acc[r];
+}
+
+void cpu_ref_rows(const op_weight *w, int64_t n0, int64_t n1, const void *xv, float *y) {
     for (int64_t n = n0; n < n1; n += REF_ROWS) {
         int nr = n1 - n < REF_ROWS ? (int)(n1 - n) : REF_ROWS;
-        double acc[REF_ROWS] = {0};
-        for (int64_t k0 = 0; k0 < w->k; k0 += step) {
-            int count = w->k - k0 < step ? (int)(w->k - k0) : step;
-            for (int r = 0; r < nr; r++) op_weight_dequant(w, n + r, k0, count, buf[r]);
-            const float *xk = x + k0;
-            if (nr == REF_ROWS)
-                for (int j = 0; j < count; j++) {
-                    double xj = (double)xk[j];
-                    acc[0] += (double)buf[0][j] * xj;
-                    acc[1] += (double)buf[1][j] * xj;
-                    acc[2] += (double)buf[2][j] * xj;
-                    acc[3] += (double)buf[3][j] * xj;
-                }
-            else
-                for (int r = 0; r < nr; r++)
-                    for (int j = 0; j < count; j++) acc[r] += (double)buf[r][j] * (double)xk[j];
-        }
-        for (int r = 0; r < nr; r++) y[n + r] = (float)acc[r];
+        int64_t rows[REF_ROWS] = {n, n + 1, n + 2, n + 3};
+        ref_rows_group(w, rows, nr, xv, y + n);
     }
+}
+
+void cpu_ref_rows_at(const op_weight *w, const int64_t *rows, int count, const float *x, float *out) {
+    for (int i = 0; i < count; i += REF_ROWS)
+        ref_rows_group(w, rows + i, count - i < REF_ROWS ? count - i : REF_ROWS, x, out + i);
 }
 
 /* cpu_ref_rows for T activation rows at once (prefill under HEARTH_CPU=scalar): each block

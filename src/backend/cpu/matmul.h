@@ -35,6 +35,18 @@ hearth_status cpu_matmul_fused(int count, const op_weight *const *ws, float *con
                                void *scratch, size_t scratch_size, threadpool *tp, int invariant,
                                hearth_error *err);
 
+/* After y = x W^T from cpu_matmul / cpu_matmul_invariant (T rows of x, y T x N): in each
+ * row of y, the 16 largest values (all N if fewer) are recomputed by the reference
+ * kernel on the float row of x (float activations, double sums: the same bits as the
+ * scalar tier's matmul of that row) and replace the fast ones; the rest stay as they are.
+ * For the output projection: the fast kernels round the activations to int8 (or bf16),
+ * which moves every logit a little, and the ones that decide a greedy choice and carry
+ * nearly all the probability are the largest. Per row, so batch-invariant when the matmul
+ * was. A no-op where w's kernel reads float activations (the scalar tier, dense formats).
+ * Fails only on an invalid weight. */
+hearth_status cpu_matmul_rescore_top(const op_weight *w, const float *x, int T, float *y, threadpool *tp,
+                                     hearth_error *err);
+
 /* Kernel level used by cpu_matmul: chosen once from cpu_level_active() (HEARTH_CPU);
  * cpu_matmul_set_level changes it (for tests and benchmarks; not while a matmul runs).
  * Levels above the hardware's are lowered to it. Returns the level now in use. */

@@ -808,9 +808,8 @@ template <int KVQ> static hearth_status launch_prefill(const cuda_attention_args
  * width, 8 warps per (query head, token), for any T and any mix of sequences (each token
  * reads its own positions). Decode steps (T <= 8) split the positions as attention_decode
  * does (decode_splits: fixed per launch shape, so graphs stay valid) and attention_combine
- * merges them: one block per query head alone left the GPU nearly idle (Gemma-4-E4B on an
- * H100: 28% of a decode step in this kernel). Batch-invariant mode keeps one split: the split
- * count follows the step's T. */
+ * merges them: one block per query head alone left the GPU nearly idle (bench/results/
+ * cuda_newfam.md). Batch-invariant mode keeps one split: the split count follows the step's T. */
 static hearth_status attention_wide(const cuda_attention_args *a, hearth_error *err) {
     int S = a->T <= 8 && !a->batch_invariant ? decode_splits(a) : 1;
     dim3 grid((unsigned)a->n_heads, (unsigned)a->T, (unsigned)S);

@@ -37,6 +37,7 @@ int cuda_kv_layer_view(const cuda_kv *kv, int layer, cuda_kv *view) {
     view->n_kv_heads = kv->layer_heads[layer];
     view->head_dim = kv->layer_dims[layer];
     view->layer_heads = view->layer_dims = NULL;
+    kv_strides(1, view->n_kv_heads, kv->n_blocks, 1, &view->block_rows, &view->layer_rows);
     view->k = (char *)kv->k + elems * eb;
     view->v = (char *)kv->v + elems * eb;
     if (kv->k_scale) view->k_scale = kv->k_scale + rows, view->v_scale = kv->v_scale + rows;
@@ -61,6 +62,9 @@ static hearth_status kv_create(cuda_kv *dkv, const kv_cache *kv, int quant, hear
     dkv->n_blocks = kv->n_blocks;
     dkv->max_slots = kv->max_slots;
     dkv->max_blocks_per_slot = kv->max_blocks_per_slot;
+    /* the host pool's layout (kv_cache.h): block-major, layer-major where layers differ */
+    kv_strides(kv->n_layers, kv->n_kv_heads, kv->n_blocks, kv->layer_heads != NULL, &dkv->block_rows,
+               &dkv->layer_rows);
     dkv->quant = quant;
     if (!kv_quant_known(quant))
         return err_set(err, HEARTH_ERR_INVALID,
@@ -93,7 +97,7 @@ hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_kv_upload: a host pool holds float or int8 KV only");
     hearth_status s = kv_create(dkv, kv, kv->quant, err);
     if (s) return s;
-    size_t rows, elems; /* the host pool's layout, layer after layer */
+    size_t rows, elems; /* the host pool's sizes; its layout is the device pool's (kv_strides) */
     layer_extent(dkv, dkv->n_layers, &rows, &elems);
     if (kv->quant == HEARTH_KV_FLOAT) {
         size_t eb = elems * sizeof(float);
@@ -236,8 +240,7 @@ hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const
  * the rows' bytes in the pool's own element type, and their scales. */
 __global__ void kv_copy_rows_kernel(cuda_kv kv, size_t row_bytes, int src, int dst, int rows) {
     int l = blockIdx.x / kv.n_kv_heads, h = blockIdx.x % kv.n_kv_heads;
-    size_t from = (((size_t)l * kv.n_blocks + src) * kv.n_kv_heads + h) * KV_BLOCK_SIZE;
-    size_t to = (((size_t)l * kv.n_blocks + dst) * kv.n_kv_heads + h) * KV_BLOCK_SIZE;
+    size_t from = cuda_kv_row(kv, l, src, h, 0), to = cuda_kv_row(kv, l, dst, h, 0);
     const char *ks = (const char *)kv.k + from * row_bytes, *vs = (const char *)kv.v + from * row_bytes;
     char *kd = (char *)kv.k + to * row_bytes, *vd = (char *)kv.v + to * row_bytes;
     for (size_t i = threadIdx.x; i < (size_t)rows * row_bytes; i += blockDim.x) kd[i] = ks[i], vd[i] = vs[i];

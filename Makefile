@@ -55,7 +55,7 @@ UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all lib install examples python-test test test-quick test-build unit unit-build asan asan-build fuzz fuzz-build parity soak soak-bin soak-short deps run clean format
+.PHONY: all lib link-flags install examples wheel python-test test test-quick test-build unit unit-build asan asan-build fuzz fuzz-build parity soak soak-bin soak-short deps run clean format
 all: $(BINDIR)/hearth $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
 
 lib: $(LIBDIR)/libhearth.a $(LIBDIR)/libhearth.so
@@ -233,12 +233,30 @@ examples:
 	@$(MAKE) --no-print-directory install PREFIX=$(EXAMPLES_PREFIX) >/dev/null
 	@HEARTH_PREFIX=$(EXAMPLES_PREFIX) $(PYTHON) -m pytest -q -p no:cacheprovider tests/examples
 
-# The Python package (python/) installed with pip as a user would (its setup.py builds
-# libhearth itself, into build/python) into build/python/site, then tests/python on it.
+# The flags a program that links libhearth.a needs after it (python/setup.py reads them):
+# the C libraries, and the CUDA runtime and cuBLAS where the CUDA backend is built in.
+link-flags:
+	@echo $(LDLIBS) $(CUDA_LIBS)
+
+# The Python package (python/) as users get it: `make wheel` builds its wheel with pip (its
+# setup.py builds libhearth itself: a CPU build in build/python) into build/python/dist.
+# python-test installs that wheel into a fresh virtual environment (no packages, no
+# network: tests/python/wheel_smoke.py imports it there and generates as the CLI does) and
+# into build/python/site, where tests/python run on it.
+PY_DIST := $(abspath build/python/dist)
 PY_SITE := $(abspath build/python/site)
-python-test: all
-	@rm -rf $(PY_SITE)
-	@$(PYTHON) -m pip install -q --disable-pip-version-check --no-build-isolation --target $(PY_SITE) ./python
+PY_VENV := $(abspath build/python/venv)
+PIP     := $(PYTHON) -m pip -q --disable-pip-version-check
+wheel:
+	@rm -rf $(PY_DIST)
+	@$(PIP) wheel --no-deps --no-build-isolation -w $(PY_DIST) ./python
+	@echo "  WHEEL $$(ls $(PY_DIST)/hearth-*.whl)"
+python-test: all wheel
+	@rm -rf $(PY_SITE) $(PY_VENV)
+	@$(PYTHON) -m venv --without-pip $(PY_VENV)
+	@$(PIP) --python $(PY_VENV)/bin/python install --no-index --no-deps $(PY_DIST)/hearth-*.whl
+	@HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PY_VENV)/bin/python tests/python/wheel_smoke.py
+	@$(PIP) install --no-index --no-deps --target $(PY_SITE) $(PY_DIST)/hearth-*.whl
 	@PYTHONPATH=$(PY_SITE) HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/python
 
 # Parity tests against the Python oracles (mlx-lm, HF tokenizers, gguf, jinja2) and the

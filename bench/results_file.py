@@ -114,6 +114,37 @@ def rewrite(name, body, data):
     return path
 
 
+def write_section(name, title, heading, section, key, data):
+    """Writes one section of a results file that several benchmarks share: `section` (markdown
+    whose first line is `heading`, a "## " line, with its own provenance line) replaces the
+    section under that heading (up to the next "## " heading), or is added at the end;
+    data goes into the json block under `key`, the other keys kept. A new file gets `title`
+    (a "# " line). Returns the path."""
+    path = path_of(name)
+    doc, md = {}, title.rstrip("\n") + "\n"
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if ("\n" + JSON_HEADING + "\n") in text:
+            doc = parse(text, path)
+            text = text[:text.rfind("\n" + JSON_HEADING + "\n")]
+        md = text.rstrip("\n") + "\n"
+    section = section.strip("\n") + "\n"
+    at = md.find("\n" + heading + "\n")
+    if at >= 0:
+        nxt = md.find("\n## ", at + 1 + len(heading))
+        md = md[:at + 1] + section + (md[nxt:] if nxt >= 0 else "")
+    else:
+        md = md + "\n" + section
+    doc[key] = data
+    blob = json.dumps(doc, indent=1, ensure_ascii=False)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(f"{md.rstrip()}\n\n{JSON_HEADING}\n\n{_FENCE_OPEN}\n{blob}\n{_FENCE_CLOSE}\n")
+    os.replace(tmp, path)
+    return path
+
+
 def parse(text, where="<text>"):
     """The json block after the last "Machine-readable result" heading of a result file's text."""
     at = text.rfind("\n" + JSON_HEADING + "\n")

@@ -2,21 +2,20 @@
 """End-to-end cost of constrained decoding: `hearth generate` decode tok/s at batch 1 on
 the CPU with no constraint, with --json (free JSON object) and with --json-schema (a
 nested schema), runs alternated so machine noise hits all alike; prints the medians and
-the constrained/unconstrained ratio and writes bench/results/constrained_overhead.md (the table,
-then every run as json: bench/results_file.py).
+the constrained/unconstrained ratio and writes its section ("## Batch 1") of
+bench/results/constrained_overhead.md (the serving section of serve.py is kept; every run
+as json: bench/results_file.py).
 
   bench/constrained/overhead.py [--bin build/bin/hearth] [--model PATH] [--runs 5] [--threads 1]
 """
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -65,13 +64,11 @@ def main():
         res["modes"][k] = {"args": modes[k][:1], "runs_tokens_tps": v, "median_tps": tps, "vs_none": tps / base}
     table = "\n".join(lines)
     print(table)
-    results_file.write(args.out,
-                       f"# Constrained decoding overhead (CPU, batch 1)\n\n`bench/constrained/overhead.py --runs {args.runs} "
-                       f"--threads {args.threads}` with {os.path.basename(args.model)} on {platform.node()} "
-                       f"({platform.machine()}, {os.cpu_count()} cores, shared), {time.strftime('%Y-%m-%d')}: "
-                       f"`hearth generate` decode speed (200 tokens at most, greedy: the sampler costs the same with and without a mask), runs alternated.\n\n"
-                       f"{table}\n", res)
-
+    heading = "## Batch 1: `hearth generate`"
+    body = (f"{heading}\n\n{results_file.provenance()}\n\n`bench/constrained/overhead.py --runs {args.runs} "
+            f"--threads {args.threads}` with {os.path.basename(args.model)}: `hearth generate` decode speed (200 tokens "
+            f"at most, greedy: the sampler costs the same with and without a mask), runs alternated.\n\n{table}\n")
+    print("wrote", results_file.write_section(args.out, "# Constrained decoding overhead", heading, body, "batch1", res))
 
 if __name__ == "__main__":
     main()

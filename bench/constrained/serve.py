@@ -3,7 +3,8 @@
 asking for the same number of tokens with no constraint, with `response_format`
 json_object and with a json_schema (a nested schema), rounds alternated so machine noise
 hits all alike; prints the aggregate decode tok/s of each mode, its ratio to no
-constraint, and writes bench/results/constrained_serve.md.
+constraint, and writes its section ("## Serving ... (DEVICE)") of
+bench/results/constrained_overhead.md (the batch-1 `overhead.py` section is kept).
 
   bench/constrained/serve.py --model PATH [--bin build/bin/hearth] [--device cuda]
                              [--concurrency 1,32] [--rounds 3] [--max-tokens 128]
@@ -12,7 +13,10 @@ With random weights (the GPU benchmark models) an unconstrained stream runs to
 max_tokens; a constrained one may close its JSON earlier, so the rate is counted in
 completion tokens per second of each request's own decode time (its first answer chunk to its
 last; chunks, not their text: the GPU models' 8B vocabularies outrun their tiny tokenizers', so
-most of their tokens have no text), summed over the streams that ran together.
+most of their tokens have no text), summed over the streams that ran together ("stream").
+The same requests are also sent unstreamed ("whole": tokens over each answer's own time),
+the engine's rate without the per-chunk delivery, which on a small shared CPU machine
+competes with the forward pass for the cores.
 """
 import argparse
 import json
@@ -31,10 +35,13 @@ import results_file  # noqa: E402
 from serve_util import hearth_serve  # noqa: E402
 from overhead import SCHEMA  # noqa: E402  (the same nested schema as the batch-1 bench)
 PROMPT = "Write a detailed JSON profile of a fictional person, with a long bio."
+# each mode: the request fields it adds (a forced tool call is left out: a stream sends
+# nothing while the model writes a call, so its decode span cannot be timed from chunks)
 MODES = {
-    "none": None,
-    "json object": {"type": "json_object"},
-    "json schema": {"type": "json_schema", "json_schema": {"name": "profile", "schema": SCHEMA, "strict": True}},
+    "none": {},
+    "json object": {"response_format": {"type": "json_object"}},
+    "json schema": {"response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "profile", "schema": SCHEMA, "strict": True}}},
 }
 
 
@@ -42,8 +49,7 @@ def stream(port, fmt, max_tokens, out):
     """One streamed chat request: (completion tokens, seconds from first to last token)."""
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
-    if fmt:
-        body["response_format"] = fmt
+    body.update(fmt or {})
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     first = last = None
@@ -60,18 +66,31 @@ def stream(port, fmt, max_tokens, out):
                 now = time.perf_counter()
                 first = first or now
                 last = now
-    out.append((tokens, (last - first) if first and last and last > first else 0.0))
+    out.append((tokens - 1, (last - first) if first and last and last > first else 0.0))
 
 
-def round_rate(port, fmt, n, max_tokens):
-    """Aggregate decode tok/s of n concurrent streams (tokens after each one's first, over its span)."""
+def whole(port, fmt, max_tokens, out):
+    """One chat request answered whole: (completion tokens, seconds from sending it to its
+    answer: the prompt's prefill, a cached prefix after the first round, included)."""
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "temperature": 0}
+    body.update(fmt or {})
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    t = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=600) as r:
+        tokens = json.load(r)["usage"]["completion_tokens"]
+    out.append((tokens, time.perf_counter() - t))
+
+
+def round_rate(port, fmt, n, max_tokens, how=stream):
+    """Aggregate tok/s of n concurrent requests (each one's tokens over its own span)."""
     got = []
-    ts = [threading.Thread(target=stream, args=(port, fmt, max_tokens, got)) for _ in range(n)]
+    ts = [threading.Thread(target=how, args=(port, fmt, max_tokens, got)) for _ in range(n)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    rate = sum((tok - 1) / span for tok, span in got if span > 0 and tok > 1)
+    rate = sum(tok / span for tok, span in got if span > 0 and tok > 0)
     return rate, statistics.median(tok for tok, _ in got)
 
 
@@ -84,28 +103,35 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--extra", default="", help="more serve flags, one string")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "constrained_serve.md"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "constrained_overhead.md"))
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
     serve_args = ["--model", args.model, "--device", args.device, "--max-sequences", str(max(levels))]
     rows, data = [], {}
+    load = [os.getloadavg()[0]]
     with hearth_serve(args.bin, serve_args + args.extra.split()) as (_, port):
         round_rate(port, None, 1, 8)  # warm-up (graphs, caches)
         for n in levels:
-            got = {k: [] for k in MODES}
-            toks = {k: [] for k in MODES}
-            for _ in range(args.rounds):
-                for k, fmt in MODES.items():
-                    r, t = round_rate(port, fmt, n, args.max_tokens)
-                    got[k].append(r)
-                    toks[k].append(t)
-            base = statistics.median(got["none"])
-            for k in MODES:
-                med = statistics.median(got[k])
-                rows.append(f"| {n} | {k} | {statistics.median(toks[k]):.0f} | {med:.1f} | {med / base:.3f} |")
-                data[f"{n}/{k}"] = {"tok_s": got[k], "tokens": toks[k], "ratio": med / base}
-    head = ["| streams | constraint | tokens per stream (median) | aggregate decode tok/s (median) | vs none |",
-            "| ---: | --- | ---: | ---: | ---: |"]
+            for how in (stream, whole):
+                got = {k: [] for k in MODES}
+                toks = {k: [] for k in MODES}
+                for _ in range(args.rounds):
+                    for k, fmt in MODES.items():
+                        r, t = round_rate(port, fmt, n, args.max_tokens, how)
+                        got[k].append(r)
+                        toks[k].append(t)
+                load.append(os.getloadavg()[0])
+                base = statistics.median(got["none"])
+                for k in MODES:
+                    med = statistics.median(got[k])
+                    # no chunk to time (a random-weight GPU model's tokens mostly have no text):
+                    # the streamed rate is unknown, the whole row still measures
+                    ratio = med / base if base > 0 else None
+                    rows.append(f"| {n} | {how.__name__} | {k} | {statistics.median(toks[k]):.0f} | {med:.1f} | "
+                                f"{'-' if ratio is None else f'{ratio:.3f}'} |")
+                    data[f"{n}/{how.__name__}/{k}"] = {"tok_s": got[k], "tokens": toks[k], "ratio": ratio}
+    head = ["| streams | measured | constraint | tokens per stream (median) | aggregate tok/s (median) | vs none |",
+            "| ---: | --- | --- | ---: | ---: | ---: |"]
     table = "\n".join(head + rows)
     print(table)
     gpu = None
@@ -115,15 +141,19 @@ def main():
                                  text=True).stdout.strip().splitlines()[0] + f" + {results_file.machine()}"
         except Exception:
             gpu = None
-    body = (f"# Constrained decoding under concurrency ({args.device})\n\n"
+    extra = f", {args.extra}" if args.extra else ""
+    heading = f"## Serving: N concurrent streams ({args.device}{extra})"
+    body = (f"{heading}\n\n{results_file.provenance(machine_line=gpu, load=' / '.join(f'{x:.1f}' for x in load))}\n\n"
             f"{os.path.basename(args.model.rstrip('/'))}: `hearth serve --device {args.device}`, N streamed greedy chat "
             f"requests at once per round, {args.rounds} rounds, modes alternated, {args.max_tokens} tokens at most; "
-            f"aggregate decode rate = the sum over streams of (tokens - 1) / (last answer chunk's time - first's).\n\n"
-            f"{table}\n")
-    results_file.write(args.out, body, {"model": os.path.basename(args.model.rstrip("/")), "device": args.device,
-                                        "rounds": args.rounds, "max_tokens": args.max_tokens, "rows": data},
-                       machine_line=gpu)
-
+            f"`stream`: streamed requests, aggregate decode rate = the sum over streams of (tokens - 1) / (last "
+            f"answer chunk's time - first's); `whole`: the same requests answered whole, the sum of tokens / "
+            f"(answer time - send time), the cached prompt's prefill included. Load average: before the run, "
+            f"then after each measurement.\n\n{table}\n")
+    path = results_file.write_section(args.out, "# Constrained decoding overhead", heading, body, f"serve_{args.device}{extra}",
+                                      {"model": os.path.basename(args.model.rstrip("/")), "rounds": args.rounds,
+                                       "max_tokens": args.max_tokens, "loadavg": load, "rows": data})
+    print("wrote", path)
 
 if __name__ == "__main__":
     main()

@@ -206,13 +206,14 @@ class Engine:
     Options are `hearth.h`'s hearth_engine_options: threads (0: all cores), ctx (0: the
     model's own limit, cut to fit memory), max_sequences (sequences at once: batch() runs
     that many together), kv_quant ("none", "int8"; "fp8"/"f16" on the GPU), device ("cpu",
-    "cuda", "auto"), deterministic (batch-invariant numerics), kv_budget (bytes of KV
-    pool), max_step_tokens. An embedding model gets an embedder instead: only embed()
+    "cuda", "auto"), deterministic (batch-invariant numerics), cuda_exact (on the GPU: f32
+    prefill GEMMs and attention, `--cuda-exact`), kv_budget (bytes of KV pool),
+    max_step_tokens. An embedding model gets an embedder instead: only embed()
     works. One call at a time per engine (a lock serialises them)."""
 
     def __init__(self, model: Model, *, device: str = "cpu", ctx: int = 0, kv_quant: str = "none", threads: int = 0,
                  max_sequences: int = 1, deterministic: bool = False, kv_budget: Optional[float] = None,
-                 max_step_tokens: int = 0):
+                 max_step_tokens: int = 0, cuda_exact: bool = False):
         self.model = model
         self._lock = threading.Lock()
         self._session: Optional[str] = None
@@ -223,7 +224,8 @@ class Engine:
             self._emb = None
             self._e = _hearth.Engine(model._m, device=device, ctx=ctx, kv_quant=kv_quant, threads=threads,
                                      max_sequences=max_sequences, deterministic=int(deterministic),
-                                     kv_budget=kv_budget, max_step_tokens=max_step_tokens)
+                                     kv_budget=kv_budget, max_step_tokens=max_step_tokens,
+                                     cuda_exact=int(cuda_exact))
 
     @property
     def context_length(self) -> int:

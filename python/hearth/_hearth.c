@@ -204,7 +204,8 @@ static PyTypeObject ModelType = {
 /* ---- engine options (shared by Engine and fit) ------------------------------------- */
 
 static int parse_engine_options(PyObject *kw_dict, hearth_engine_options *o) {
-    /* kw_dict: threads, ctx, max_sequences, kv_quant, device, deterministic, kv_budget, max_step_tokens */
+    /* kw_dict: threads, ctx, max_sequences, kv_quant, device, deterministic, cuda_exact, kv_budget,
+     * max_step_tokens */
     memset(o, 0, sizeof *o);
     o->device = HEARTH_DEVICE_CPU;
     if (!kw_dict) return 0;
@@ -214,7 +215,8 @@ static int parse_engine_options(PyObject *kw_dict, hearth_engine_options *o) {
         int *dst;
     } ints[] = {{"threads", &o->n_threads},           {"ctx", &o->context_length},
                 {"max_sequences", &o->max_sequences}, {"max_step_tokens", &o->max_step_tokens},
-                {"deterministic", &o->deterministic}, {"kv_blocks", &o->kv_blocks}};
+                {"deterministic", &o->deterministic}, {"kv_blocks", &o->kv_blocks},
+                {"cuda_exact", &o->cuda_exact}};
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
         if ((v = PyDict_GetItemString(kw_dict, ints[i].key)) && v != Py_None) {
             long x = PyLong_AsLong(v);

@@ -366,6 +366,11 @@ int cli_harness(int argc, char **argv) {
         printf("start the server with:  hearth serve --model %s --ctx %d --max-sequences 2\n",
                model ? model : HARNESS_DEFAULT_MODEL, h.ctx);
         if (!strcmp(h.agent, "codex")) printf("then run:  codex --profile hearth\n");
+        /* pi's models.json holds a fixed list (no live /v1/models query for such providers) */
+        if (!strcmp(h.agent, "pi"))
+            printf("note: pi keeps a fixed model list (%s); after serving another model run:  hearth harness pi "
+                   "--model M\n",
+                   model_id);
     }
     hearth_model_close(m);
     json_decref(state);

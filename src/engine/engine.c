@@ -537,6 +537,10 @@ static hearth_status engine_model_forward(hearth_engine *e, const op_batch *batc
                                               .lp = e->dev_rows[i].lp};
         }
         hearth_status st = model_forward(e->m, e->be, &e->kv, b, OP_OUT_KEEP, NULL, err);
+        /* the forward pass is queued: constrained rows make their masks while it runs */
+        for (int i = 0; !st && i < b->n_out; i++)
+            if (e->dev_rows[i].allow)
+                e->dev_req[i].allow = e->dev_rows[i].allow(e->dev_rows[i].allow_ctx, &e->dev_req[i].allow_n);
         return st ? st : engine_device_sample(e->be, e->gsmp, b->n_out, e->dev_req, e->greedy_id, err);
     }
     if (e->gpu && e->greedy_id && b->n_out >= 1) {
@@ -742,6 +746,34 @@ hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, in
     kv_copy_rows(&e->kv, src, dst, rows);
     return HEARTH_OK;
 }
+hearth_status engine_kv_rows(hearth_engine *e, int layer, int seq, int head, int n, void *keys, void *values,
+                             float *k_scale, float *v_scale, int to_host, hearth_error *err) {
+    if (e->be->t->kv_rows)
+        return e->be->t->kv_rows(e->be, &e->kv, layer, seq, head, n, keys, values, k_scale, v_scale, to_host, err);
+    kv_cache view; /* the layer's own shape where layers differ */
+    int vl = kv_layer_view(&e->kv, layer, &view);
+    if (to_host)
+        kv_slot_rows_read(&view, vl, seq, head, n, keys, values, k_scale, v_scale);
+    else
+        kv_slot_rows_write(&view, vl, seq, head, n, keys, values, k_scale, v_scale);
+    return HEARTH_OK;
+}
+
+hearth_status engine_state_rows(hearth_engine *e, int seq, void *record, int to_host, hearth_error *err) {
+    const kv_state *st = e->kv.state;
+    size_t rec = st->layer_floats * sizeof(float);
+    if (e->be->t->state_rows) return e->be->t->state_rows(e->be, seq, record, (size_t)st->n_layers * rec, to_host, err);
+    for (int l = 0; l < st->n_layers; l++) {
+        float *at = kv_state_at(&e->kv, l, seq);
+        uint8_t *r = (uint8_t *)record + (size_t)l * rec;
+        if (to_host)
+            memcpy(r, at, rec);
+        else
+            memcpy(at, r, rec);
+    }
+    return HEARTH_OK;
+}
+
 void engine_state_snap_save(hearth_engine *e, int slot, int len, uint64_t hash, int rolling) {
     int i = kv_state_snap_save(&e->kv, slot, len, hash, rolling);
     hearth_error err = {0};

@@ -58,6 +58,13 @@ kv_cache *engine_kv(hearth_engine *e);
 /* Copies rows positions of KV block src into block dst wherever the pool lives (host, or
  * the GPU's copy): a partial prefix match (kv_prefix_attach_partial). */
 hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, int rows, hearth_error *err);
+/* Saved KV files (seq_file.c), wherever the pools live (host, or the GPU's copies): seq's
+ * positions [0, n) of (layer, KV head) in kv_slot_rows_read's form (the layer's own
+ * head_dim), and seq's recurrent-state record (every state layer, kv_state's layout), to
+ * the caller's buffers (to_host) or from them. */
+hearth_status engine_kv_rows(hearth_engine *e, int layer, int seq, int head, int n, void *keys, void *values,
+                             float *k_scale, float *v_scale, int to_host, hearth_error *err);
+hearth_status engine_state_rows(hearth_engine *e, int seq, void *record, int to_host, hearth_error *err);
 /* kv_state_snap_save / kv_state_snap_load on the engine's pool, and on the backend's device
  * copy of it where it has one (op_table.state_copy); a snapshot whose device copy failed is
  * forgotten, a failed load returns the error (the slot's state is then unusable). */
@@ -82,11 +89,15 @@ hearth_status engine_forward_rows_greedy(hearth_engine *e, int T, const int32_t 
                                          hearth_error *err);
 /* A logits row the device sampler draws (engine_forward_rows_sample): the request's
  * parameters, its Philox key (gen_device_seed) and where its logprobs go (NULL: none). The
- * row's history and position come from the step's slot and position. */
+ * row's history and position come from the step's slot and position. A constrained row
+ * names its token mask's maker (gen_stream_allow with its gen_stream), called once the
+ * step's forward pass is queued, so the mask is made while the GPU runs it. */
 typedef struct engine_sample_row {
     const hearth_sampling *p;
     uint64_t seed;
     hearth_logprobs *lp;
+    const uint32_t *(*allow)(void *ctx, int32_t *n);
+    void *allow_ctx;
 } engine_sample_row;
 /* engine_forward_rows with every logits row's token sampled on the GPU (cuda_sample.cu:
  * sampler.c's semantics, its own draws): ids[i] for row i, logprobs into rows[i].lp; no
@@ -173,6 +184,10 @@ int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, doubl
 /* Where the sampler leaves the stream's logprobs: g->lp when the request reports them, else
  * NULL (no log-softmax over the vocabulary per token). */
 hearth_logprobs *gen_stream_lp(gen_stream *g);
+/* A constrained stream's token mask for its next token (ctx: the gen_stream): bit v % 32 of
+ * word v / 32 set where token v may follow, *n tokens covered (the grammar's vocabulary);
+ * only the end-of-turn ids when nothing may follow. NULL for a stream without a constraint. */
+const uint32_t *gen_stream_allow(void *ctx, int32_t *n);
 void gen_stream_free(gen_stream *g);
 /* A constraint's source compiled (constraint.c) for vocabulary v (NULL: only checked);
  * bad input is HEARTH_ERR_INVALID. */

@@ -190,9 +190,6 @@ hearth_status prompt_cache_open(hearth_engine *e, const char *dir, long long max
                                 hearth_prompt_cache_report *rep, hearth_error *err) {
     *out = NULL;
     memset(rep, 0, sizeof *rep);
-    if (hearth_engine_device(e) == HEARTH_DEVICE_CUDA)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                       "--prompt-cache-dir: saved KV files work with the CPU engine only so far");
     if (max_bytes <= 0) return err_set(err, HEARTH_ERR_INVALID, "--prompt-cache-bytes must be positive");
     if (mkdir(dir, 0755) && access(dir, W_OK))
         return err_set(err, HEARTH_ERR_IO, "%s: cannot create or write the prompt cache folder: %m", dir);

@@ -812,10 +812,13 @@ size_t hearth_batch_step(hearth_batch *b) {
         if (b->out_of[i] < 0) continue;
         const hearth_generate_params *p = b->run[i]->r.params;
         greedy = greedy && gen_device_greedy(b->e, p);
-        dev = dev && gen_device_sample(b->e, p);
+        /* a constrained row's mask follows its own tokens: the device masks its one row, a
+         * proposal's rows (none on the GPU: propose skips device-sampled rows) the host */
+        dev = dev && gen_device_sample(b->e, p) && !(b->run[i]->g.matcher && b->run[i]->n_draft);
         for (int j = 0; j <= b->run[i]->n_draft; j++) /* a proposal's rows: plain greedy ones only */
             b->dev_rows[b->out_of[i] + j] = (engine_sample_row){
-                .p = &p->sampling, .seed = b->run[i]->dev_seed, .lp = gen_stream_lp(&b->run[i]->g)};
+                .p = &p->sampling, .seed = b->run[i]->dev_seed, .lp = gen_stream_lp(&b->run[i]->g),
+                .allow = j == 0 && b->run[i]->g.matcher ? gen_stream_allow : NULL, .allow_ctx = &b->run[i]->g};
     }
     hearth_status st =
         greedy ? engine_forward_rows_greedy(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, b->greedy_ids, &err)

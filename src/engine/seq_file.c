@@ -16,22 +16,13 @@
 #include <unistd.h>
 
 /* Recurrent state (hybrid models: the Gated DeltaNet layers' records in the pool's
- * kv_state) travels after the KV rows: the sequence's record of every state layer. It is
- * the state after all the saved tokens, so a file with state is loaded whole or not at
- * all. A file whose state size differs is refused (check_shape). */
+ * kv_state, or its device copy: engine_state_rows) travels after the KV rows: the
+ * sequence's record of every state layer. It is the state after all the saved tokens, so a
+ * file with state is loaded whole or not at all. A file whose state size differs is refused
+ * (check_shape). */
 static uint64_t seq_state_bytes(const hearth_engine *e) {
     const kv_state *st = engine_kv((hearth_engine *)e)->state;
     return st ? (uint64_t)st->n_layers * st->layer_floats * sizeof(float) : 0;
-}
-static void seq_state_read(const hearth_engine *e, int seq, uint8_t *out) {
-    const kv_cache *kv = engine_kv((hearth_engine *)e);
-    size_t rec = kv->state->layer_floats * sizeof(float);
-    for (int l = 0; l < kv->state->n_layers; l++) memcpy(out + (size_t)l * rec, kv_state_at(kv, l, seq), rec);
-}
-static void seq_state_write(hearth_engine *e, int seq, const uint8_t *in) {
-    kv_cache *kv = engine_kv(e);
-    size_t rec = kv->state->layer_floats * sizeof(float);
-    for (int l = 0; l < kv->state->n_layers; l++) memcpy(kv_state_at(kv, l, seq), in + (size_t)l * rec, rec);
 }
 
 /* Layers of different shapes (Gemma 4's sliding and full layers) are stored in the file's
@@ -85,8 +76,6 @@ static kv_file_shape engine_shape(hearth_engine *e, int n_tokens) {
 
 static hearth_status check_seq(hearth_engine *e, int seq, const char *what, hearth_error *err) {
     if (!engine_seq_is_open(e, seq)) return err_set(err, HEARTH_ERR_INVALID, "%s: sequence %d is not open", what, seq);
-    if (hearth_engine_device(e) == HEARTH_DEVICE_CUDA)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: saved KV files work with the CPU engine only so far", what);
     return HEARTH_OK;
 }
 
@@ -120,13 +109,13 @@ hearth_status engine_seq_save_n(hearth_engine *e, int seq, int n, const char *pa
     kv_file_writer w;
     kv_file_begin(&w, f, &s);
     kv_file_put(&w, engine_history(e, seq), (size_t)n * sizeof(int32_t));
-    for (int l = 0; l < kv->n_layers; l++) {
+    for (int l = 0; l < kv->n_layers && !st; l++) {
         kv_cache view; /* the layer's own shape where layers differ */
-        int vl = kv_layer_view(kv, l, &view);
+        kv_layer_view(kv, l, &view);
         size_t vrow = (size_t)view.head_dim * kv_elem_bytes(kv->quant);
-        for (int h = 0; h < kv->n_kv_heads; h++) {
+        for (int h = 0; h < kv->n_kv_heads && !st; h++) {
             if (h < view.n_kv_heads) {
-                kv_slot_rows_read(&view, vl, seq, h, n, keys, values, scales, scales ? scales + n : NULL);
+                st = engine_kv_rows(e, l, seq, h, n, keys, values, scales, scales ? scales + n : NULL, 1, err);
                 repad(keys, row, keys, vrow, n);
                 repad(values, row, values, vrow, n);
             } else {
@@ -139,13 +128,14 @@ hearth_status engine_seq_save_n(hearth_engine *e, int seq, int n, const char *pa
             if (scales) kv_file_put(&w, scales, 2 * (size_t)n * sizeof(float));
         }
     }
-    if (state) {
-        seq_state_read(e, seq, state);
-        kv_file_put(&w, state, s.state_bytes);
-    }
+    if (state && !st) st = engine_state_rows(e, seq, state, 1, err);
+    if (state && !st) kv_file_put(&w, state, s.state_bytes);
     int bad = kv_file_end(&w);
     if (fclose(f)) bad = 1;
-    if (bad || rename(tmp, path)) {
+    if (st) { /* the device copy failed (its error is in err): no file */
+        err_prefix(err, "%s", path);
+        unlink(tmp);
+    } else if (bad || rename(tmp, path)) {
         st = err_set(err, HEARTH_ERR_IO, "%s: cannot write the KV file (disk full or not writable?)", path);
         unlink(tmp);
     }
@@ -218,11 +208,11 @@ hearth_status hearth_seq_load(hearth_engine *e, int seq, const char *path, const
     else if (!st && n > 0) {
         size_t all = v.shape.n_tokens, scale = kv_quant_scaled(kv->quant) ? all * sizeof(float) : 0;
         const uint8_t *p = v.kv;
-        for (int l = 0; l < kv->n_layers; l++) {
+        for (int l = 0; l < kv->n_layers && !st; l++) {
             kv_cache view; /* the layer's own shape where layers differ: rows unpadded */
-            int vl = kv_layer_view(kv, l, &view);
+            kv_layer_view(kv, l, &view);
             size_t vrow = (size_t)view.head_dim * kv_elem_bytes(kv->quant);
-            for (int h = 0; h < kv->n_kv_heads; h++, p += 2 * (all * row + scale)) {
+            for (int h = 0; h < kv->n_kv_heads && !st; h++, p += 2 * (all * row + scale)) {
                 if (h >= view.n_kv_heads) continue;
                 const float *ks = scale ? (const float *)(const void *)(p + 2 * all * row) : NULL;
                 const uint8_t *pk = p, *pv = p + all * row;
@@ -233,12 +223,19 @@ hearth_status hearth_seq_load(hearth_engine *e, int seq, const char *path, const
                     }
                     pk = kbuf, pv = vbuf;
                 }
-                kv_slot_rows_write(&view, vl, seq, h, (int)n, pk, pv, ks, ks ? ks + all : NULL);
+                /* the rows' bytes are only read: the mapping stays read-only */
+                st = engine_kv_rows(e, l, seq, h, (int)n, (void *)pk, (void *)pv, (float *)ks,
+                                    ks ? (float *)ks + all : NULL, 0, err);
             }
         }
-        if (v.shape.state_bytes) seq_state_write(e, seq, v.state);
-        engine_history_write(e, seq, tokens, (int)n);
-        if (n_loaded) *n_loaded = n;
+        if (!st && v.shape.state_bytes) st = engine_state_rows(e, seq, (void *)v.state, 0, err);
+        if (st) { /* a failed device copy: the reserved blocks go back, the sequence stays empty */
+            err_prefix(err, "%s", path);
+            kv_release(kv, seq);
+        } else {
+            engine_history_write(e, seq, tokens, (int)n);
+            if (n_loaded) *n_loaded = n;
+        }
     }
     free(kbuf);
     free(vbuf);

@@ -39,6 +39,7 @@ typedef struct {
     json_t *keep;  /* merged schemas, freed with the context */
     int ref_alone; /* drafts 4-7: keywords beside $ref are ignored */
     int64_t pairs; /* anyOf branch pairs made so far (SC_MAX_PAIRS_ALL in all) */
+    int frac_max;  /* sc_number under multipleOf 10^-k: k (fraction digits after the k-th are 0); 0: any */
 } sc_ctx;
 
 __attribute__((format(printf, 2, 3))) static int32_t sc_fail(sc_ctx *c, const char *fmt, ...) {
@@ -492,10 +493,46 @@ static int num_of(json_t *s, const char *k, double *out) {
     return 1;
 }
 
+/* A non-negative bound as decimal digits: the integer part and the fraction digits (no
+ * trailing zeros), from the shortest decimal that reads back as the same double (a
+ * schema's 0.1 is the text 0.1, not 0.1000000000000000055...). 0: beyond 1e18 or finer
+ * than 30 fraction digits. */
+typedef struct {
+    int64_t ip;
+    char fp[32];
+    int nf, strict;
+} sc_dec;
+
+static int dec_of(double v, int strict, sc_dec *d) {
+    char buf[40];
+    int p = 1;
+    for (; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*e", p - 1, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    char dig[24];
+    int nd = 0;
+    const char *s = buf;
+    for (; *s && *s != 'e'; s++)
+        if (*s >= '0' && *s <= '9') dig[nd++] = *s;
+    int e = *s == 'e' ? atoi(s + 1) : 0, ni = e + 1; /* integer digits */
+    if (ni > 18) return 0;
+    d->ip = 0, d->nf = 0, d->strict = strict;
+    for (int i = 0; i < ni; i++) d->ip = d->ip * 10 + (i < nd ? dig[i] - '0' : 0);
+    for (int i = ni; i < nd; i++) {
+        if (d->nf >= 30) return 0;
+        d->fp[d->nf++] = i < 0 ? '0' : dig[i];
+    }
+    while (d->nf && d->fp[d->nf - 1] == '0') d->nf--;
+    d->fp[d->nf] = 0;
+    return 1;
+}
+
 /* ---- multipleOf ------------------------------------------------------------------------- */
 
-#define SC_MAX_MODULUS 1000 /* multipleOf m: m rules (times the digit limit) of 10 steps each */
-#define SC_MAX_LISTED 256   /* bounded multiples written out one by one */
+#define SC_MAX_MODULUS 1000     /* multipleOf m: m rules (times the digit limit) of 10 steps each */
+#define SC_MAX_LISTED 256       /* bounded multiples written out one by one */
+#define SC_MAX_STEP_DECIMALS 15 /* a fractional multipleOf's step: 1e-15 at the finest (what doubles hold) */
 
 /* Positive multiples of m as digit strings (no leading zero): a remainder automaton, one
  * rule per remainder. max_digits > 0: at most that many digits, one rule per remainder and
@@ -560,27 +597,59 @@ static int32_t int_multiples(sc_ctx *c, int64_t m, int has_lo, int64_t lo, int h
     return k ? gr_alt(b, alts, k) : c->never;
 }
 
-/* multipleOf as an integer m (*m), or 0 with c->st set when it is not one: a fractional
- * step is refused (validators divide in floating point, 0.07 / 0.01 is no integer there,
- * so no digit grammar matches them exactly). *float_step: written as a real (1.0), which
- * validators divide as doubles: exact only while the value is (15 digits). */
-static int multiple_of(sc_ctx *c, json_t *s, int64_t *m, int *float_step) {
+/* A fractional step d as *coef * 10^-*scale from its shortest decimal (0.25: 25, 2); 0
+ * when that needs more than SC_MAX_STEP_DECIMALS fraction digits or coef is above
+ * SC_MAX_MODULUS. */
+static int decimal_step(double d, int64_t *coef, int *scale) {
+    sc_dec dec;
+    if (!dec_of(d, 0, &dec) || dec.nf > SC_MAX_STEP_DECIMALS || dec.ip > SC_MAX_MODULUS) return 0;
+    int64_t c = dec.ip;
+    for (int i = 0; i < dec.nf; i++) c = c * 10 + (dec.fp[i] - '0');
+    *coef = c, *scale = dec.nf;
+    return c <= SC_MAX_MODULUS;
+}
+
+/* multipleOf as a decimal step coef * 10^-scale (*scale 0: a whole number), from the
+ * shortest decimal that reads back as the schema's double (its text 0.01, not
+ * 0.01000000000000000020816...), or 0 with c->st set when it is no such step. The
+ * step is taken exactly, as a validator that reads decimals exactly decides (a
+ * multiple of 0.01 is any number with at most two fraction digits; a validator that
+ * divides doubles says 0.07 is not, since 0.07 / 0.01 = 7.000000000000001 there).
+ * *float_step: written as a real (1.0), which validators divide as doubles: exact only
+ * while the value is (15 digits). */
+static int multiple_of(sc_ctx *c, json_t *s, int64_t *m, int *scale, int *float_step) {
     json_t *v = json_object_get(s, "multipleOf");
     double d = json_number_value(v);
+    *scale = 0;
     if (!json_is_number(v) || !(d > 0)) {
         sc_fail(c, "multipleOf must be a number above 0");
         return 0;
     }
-    if (d != floor(d) || d > 1e15) {
-        sc_fail(c,
-                "multipleOf %g: only whole-number steps are supported (validators test fractional steps in "
-                "floating point)",
-                d);
+    if (d > 1e15) {
+        sc_fail(c, "multipleOf %g: steps above 1e15 are not supported", d);
         return 0;
     }
-    *m = (int64_t)d;
     *float_step = json_is_real(v);
+    if (d == floor(d)) {
+        *m = (int64_t)d;
+        return 1;
+    }
+    if (!decimal_step(d, m, scale)) {
+        sc_fail(c,
+                "multipleOf %g: a fractional step must be a decimal of at most %d fraction digits whose digits, "
+                "read as a whole number, are at most %d (0.01, 0.5, 2.5, 0.125)",
+                d, SC_MAX_STEP_DECIMALS, SC_MAX_MODULUS);
+        return 0;
+    }
     return 1;
+}
+
+static int64_t gcd64(int64_t a, int64_t b) {
+    while (b) {
+        int64_t t = a % b;
+        a = b, b = t;
+    }
+    return a;
 }
 
 static int32_t sc_integer(sc_ctx *c, json_t *s) {
@@ -603,9 +672,12 @@ static int32_t sc_integer(sc_ctx *c, json_t *s) {
         if ((has_lo && lo > 1e18) || (has_hi && hi < -1e18)) return sc_fail(c, "integer bound beyond 1e18");
     }
     if (json_object_get(s, "multipleOf")) {
-        int64_t m;
-        int float_step;
-        if (!multiple_of(c, s, &m, &float_step)) return c->never;
+        int64_t m, p10 = 1;
+        int float_step, scale;
+        if (!multiple_of(c, s, &m, &scale, &float_step)) return c->never;
+        /* an integer n is a multiple of m * 10^-scale when n * 10^scale is one of m */
+        for (int i = 0; i < scale; i++) p10 *= 10;
+        if (scale) m /= gcd64(m, p10), float_step = 1;
         if (m > 1) /* 15 digits: values a double holds exactly */
             return int_multiples(c, m, has_lo, (int64_t)lo, has_hi, (int64_t)hi,
                                  float_step || c->b->small_numbers ? 15 : 0);
@@ -617,55 +689,46 @@ static int32_t sc_integer(sc_ctx *c, json_t *s) {
     return int_range(c, has_lo, (int64_t)lo, has_hi, (int64_t)hi);
 }
 
-/* A non-negative bound as decimal digits: the integer part and the fraction digits (no
- * trailing zeros), from the shortest decimal that reads back as the same double (a
- * schema's 0.1 is the text 0.1, not 0.1000000000000000055...). 0: beyond 1e18 or finer
- * than 30 fraction digits. */
-typedef struct {
-    int64_t ip;
-    char fp[32];
-    int nf, strict;
-} sc_dec;
-
-static int dec_of(double v, int strict, sc_dec *d) {
-    char buf[40];
-    int p = 1;
-    for (; p <= 17; p++) {
-        snprintf(buf, sizeof buf, "%.*e", p - 1, v);
-        if (strtod(buf, NULL) == v) break;
-    }
-    char dig[24];
-    int nd = 0;
-    const char *s = buf;
-    for (; *s && *s != 'e'; s++)
-        if (*s >= '0' && *s <= '9') dig[nd++] = *s;
-    int e = *s == 'e' ? atoi(s + 1) : 0, ni = e + 1; /* integer digits */
-    if (ni > 18) return 0;
-    d->ip = 0, d->nf = 0, d->strict = strict;
-    for (int i = 0; i < ni; i++) d->ip = d->ip * 10 + (i < nd ? dig[i] - '0' : 0);
-    for (int i = ni; i < nd; i++) {
-        if (d->nf >= 30) return 0;
-        d->fp[d->nf++] = i < 0 ? '0' : dig[i];
-    }
-    while (d->nf && d->fp[d->nf - 1] == '0') d->nf--;
-    d->fp[d->nf] = 0;
-    return 1;
+/* Fraction digits from position pos on, at least min of them: any digits, or under a
+ * multipleOf of 10^-k (c->frac_max k) zeros after the k-th. */
+static int32_t frac_tail(sc_ctx *c, int pos, int min) {
+    gr_build *b = c->b;
+    int32_t digit = gr_byte_range(b, '0', '9');
+    if (!c->frac_max) return gr_repeat(b, digit, min, GR_INF);
+    int n = c->frac_max > pos ? c->frac_max - pos : 0; /* digits still free */
+    int free_lo = min < n ? min : n;
+    int32_t head = n ? gr_repeat(b, digit, free_lo, n) : gr_empty(b);
+    return gr_seq2(b, head, gr_repeat(b, gr_byte(b, '0'), min > n ? min - n : 0, GR_INF));
 }
 
 /* Fraction digits d (at least one, after pos digits already read) such that 0.d meets
  * the bounds still tight: lo (0.d >= 0.lo->fp, > when strict) while the digits so far
- * equal lo's, likewise hi; NULL: that bound no longer binds. */
+ * equal lo's, likewise hi; NULL: that bound no longer binds. Under c->frac_max every
+ * digit from that position on is 0. */
 static int32_t frac_step(sc_ctx *c, const sc_dec *lo, const sc_dec *hi, int pos) {
     gr_build *b = c->b;
+    int zeros_only = c->frac_max && pos >= c->frac_max;
     if (lo && pos >= lo->nf && !lo->strict) lo = NULL; /* the rest is >= 0: satisfied */
     if (hi && pos >= hi->nf)                           /* only zeros may follow, and only when equal is allowed */
         return hi->strict || lo ? c->never : gr_repeat(b, gr_byte(b, '0'), 1, GR_INF);
-    if (!lo && !hi) return gr_repeat(b, gr_byte_range(b, '0', '9'), 1, GR_INF);
-    if (lo && !hi && pos >= lo->nf) /* strict and exhausted: some nonzero digit */
-        return gr_seq3(b, gr_repeat(b, gr_byte(b, '0'), 0, GR_INF), gr_byte_range(b, '1', '9'),
-                       gr_repeat(b, gr_byte_range(b, '0', '9'), 0, GR_INF));
+    if (!lo && !hi) return frac_tail(c, pos, 1);
+    if (lo && !hi && pos >= lo->nf) { /* strict and exhausted: some nonzero digit, at a free position */
+        if (!c->frac_max)
+            return gr_seq3(b, gr_repeat(b, gr_byte(b, '0'), 0, GR_INF), gr_byte_range(b, '1', '9'),
+                           gr_repeat(b, gr_byte_range(b, '0', '9'), 0, GR_INF));
+        int32_t alts[SC_MAX_STEP_DECIMALS + 1];
+        int k = 0;
+        for (int p = pos; p < c->frac_max && k <= SC_MAX_STEP_DECIMALS; p++)
+            alts[k++] = gr_seq3(b, p > pos ? gr_repeat(b, gr_byte(b, '0'), p - pos, p - pos) : gr_empty(b),
+                                gr_byte_range(b, '1', '9'), frac_tail(c, p + 1, 0));
+        return k ? gr_alt(b, alts, k) : c->never;
+    }
     unsigned lc = lo ? (unsigned char)(pos < lo->nf ? lo->fp[pos] : '0') : '0';
-    unsigned hc = hi ? (unsigned char)hi->fp[pos] : '9';
+    unsigned hc = hi ? (unsigned char)hi->fp[pos] : '9', hc_bound = hc;
+    if (zeros_only) { /* the one digit 0: below hi's digit, hi binds no more */
+        if (lc != '0') return c->never;
+        hc = '0';
+    }
     if (lc > hc) return c->never;
     int32_t alts[3];
     int k = 0;
@@ -674,14 +737,13 @@ static int32_t frac_step(sc_ctx *c, const sc_dec *lo, const sc_dec *hi, int pos)
     for (int side = 0; side < 2; side++) {
         unsigned ch = side ? hc : lc;
         if (side && hc == lc) break;
-        const sc_dec *l2 = side ? NULL : nlo, *h2 = side ? nhi : (lc == hc ? nhi : NULL);
+        const sc_dec *l2 = side ? NULL : nlo, *h2 = side ? nhi : (lc == hc_bound ? nhi : NULL);
         int p = pos + 1;
         int end_ok = (!l2 || (p >= l2->nf && !l2->strict)) && (!h2 || !h2->strict || p < h2->nf);
         int32_t more = frac_step(c, l2, h2, p);
         alts[k++] = gr_seq2(b, gr_byte(b, ch), end_ok ? gr_opt(b, more) : more);
     }
-    if (lc + 1 <= hc - 1 && hc > 0)
-        alts[k++] = gr_seq2(b, gr_byte_range(b, lc + 1, hc - 1), gr_repeat(b, gr_byte_range(b, '0', '9'), 0, GR_INF));
+    if (lc + 1 <= hc - 1 && hc > 0) alts[k++] = gr_seq2(b, gr_byte_range(b, lc + 1, hc - 1), frac_tail(c, pos + 1, 0));
     return gr_alt(b, alts, k);
 }
 
@@ -712,8 +774,168 @@ static int32_t mag_range(sc_ctx *c, const sc_dec *lo, const sc_dec *hi) {
     return gr_alt(b, alts, k);
 }
 
+/* The bound v (a schema number) times 10^scale: *floor_u, *ceil_u and whether it is whole
+ * (*exact). 0: beyond what int64 holds. */
+static int bound_units(double v, int scale, int64_t *floor_u, int64_t *ceil_u, int *exact) {
+    sc_dec d;
+    int64_t p10 = 1;
+    for (int i = 0; i < scale; i++) p10 *= 10;
+    if (!dec_of(fabs(v), 0, &d) || d.ip > INT64_MAX / 10 / p10) return 0;
+    int64_t u = d.ip;
+    for (int i = 0; i < scale; i++) u = u * 10 + (i < d.nf ? d.fp[i] - '0' : 0);
+    *exact = d.nf <= scale;
+    int64_t up = u + !*exact; /* |v| * 10^scale rounded up */
+    if (v >= 0)
+        *floor_u = u, *ceil_u = up;
+    else
+        *floor_u = -up, *ceil_u = -u;
+    return 1;
+}
+
+/* Magnitudes (no sign, no exponent) of the multiples of m * 10^-scale (m > 1, scale > 0):
+ * an integer part ("0" or no leading zero; at most max_int digits when > 0) and an
+ * optional fraction whose digits after the scale-th are zeros, such that the value times
+ * 10^scale, an integer, is a multiple of m: one rule per remainder mod m and position. */
+static int32_t decimal_multiples(sc_ctx *c, int64_t m, int scale, int max_int) {
+    gr_build *b = c->b;
+    int levels = max_int > 0 ? max_int : 1;
+    size_t n_rules = (size_t)m * (size_t)(levels + scale + 2);
+    int32_t *rule = malloc(n_rules * sizeof *rule);
+    if (!rule) return sc_fail(c, "out of memory");
+    for (size_t i = 0; i < n_rules; i++) rule[i] = gr_rule_new(b, -1);
+        /* rows: I(lv) = rule[lv * m + r] (integer digits, lv more allowed), E = row levels
+         * (the integer part ended), F(j) = row levels + j (j = 1..scale fraction digits read) */
+#define DM_RULE(row, r) rule[(size_t)(row) * (size_t)m + (size_t)(r)]
+    int64_t p10 = 1;
+    for (int i = 0; i < scale; i++) p10 = p10 * 10 % m;
+    for (int64_t r = 0; r < m; r++) {
+        int32_t alts[11];
+        for (int lv = 0; lv < levels; lv++) {
+            int k = 0, next = max_int > 0 ? lv - 1 : 0;
+            alts[k++] = gr_ref(b, DM_RULE(levels, r));
+            for (int d = 0; next >= 0 && d < 10; d++)
+                alts[k++] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, DM_RULE(next, (r * 10 + d) % m)));
+            if (DM_RULE(lv, r) >= 0) b->rules[DM_RULE(lv, r)].body = gr_alt(b, alts, k);
+        }
+        /* E: the end (the integer times 10^scale a multiple) or a point and a first digit */
+        int k = 0;
+        if (r * p10 % m == 0) alts[k++] = gr_empty(b);
+        int32_t first[10];
+        for (int d = 0; d < 10; d++)
+            first[d] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, DM_RULE(levels + 1, (r * 10 + d) % m)));
+        alts[k++] = gr_seq2(b, lit(c, "."), gr_alt(b, first, 10));
+        if (DM_RULE(levels, r) >= 0) b->rules[DM_RULE(levels, r)].body = gr_alt(b, alts, k);
+        for (int j = 1; j <= scale; j++) { /* F(j): j fraction digits read, remainder r */
+            int64_t rest = 1;
+            for (int i = j; i < scale; i++) rest = rest * 10 % m;
+            k = 0;
+            if (r * rest % m == 0) alts[k++] = gr_empty(b);
+            if (j < scale)
+                for (int d = 0; d < 10; d++)
+                    alts[k++] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, DM_RULE(levels + j + 1, (r * 10 + d) % m)));
+            else if (r == 0)
+                alts[k++] = gr_seq2(b, gr_byte(b, '0'), gr_ref(b, DM_RULE(levels + j, 0)));
+            int32_t id = DM_RULE(levels + j, r);
+            if (id >= 0) b->rules[id].body = k ? gr_alt(b, alts, k) : c->never;
+        }
+    }
+    int32_t tops[10];
+    tops[0] = gr_seq2(b, gr_byte(b, '0'), gr_ref(b, DM_RULE(levels, 0)));
+    int top = max_int > 0 ? max_int - 1 : 0;
+    for (int d = 1; d <= 9; d++) tops[d] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, DM_RULE(top, d % m)));
+#undef DM_RULE
+    free(rule);
+    return gr_alt(b, tops, 10);
+}
+
+/* The number u * 10^-scale as the shortest decimal text. */
+static void units_text(int64_t u, int scale, char *out, size_t cap) {
+    if (!u) {
+        snprintf(out, cap, "0");
+        return;
+    }
+    char digits[32];
+    int neg = u < 0;
+    snprintf(digits, sizeof digits, "%lld", (long long)(neg ? -u : u));
+    int nd = (int)strlen(digits), ni = nd - scale;
+    char buf[48];
+    int k = 0;
+    if (neg) buf[k++] = '-';
+    if (ni <= 0) buf[k++] = '0';
+    for (int i = 0; i < ni; i++) buf[k++] = digits[i];
+    int last = nd - 1;
+    while (last >= (ni > 0 ? ni : 0) && digits[last] == '0') last--;
+    if (last >= ni) {
+        buf[k++] = '.';
+        for (int i = ni; i <= last; i++) buf[k++] = i < 0 ? '0' : digits[i];
+    }
+    buf[k] = 0;
+    snprintf(out, cap, "%s", buf);
+}
+
+/* A number under a fractional multipleOf m * 10^-scale (m > 1: 0.5, 2.5, 0.25): the
+ * remainder automaton, signed by the bounds when they are 0 or absent; other bounds list
+ * the multiples between them (at most SC_MAX_LISTED) or are refused. */
+static int32_t number_multiples(sc_ctx *c, json_t *s, int64_t m, int scale) {
+    gr_build *b = c->b;
+    double v, step = json_number_value(json_object_get(s, "multipleOf"));
+    int has_lo = 0, has_hi = 0, slo = 0, shi = 0;
+    double lo = 0, hi = 0;
+    if (num_of(s, "minimum", &v)) has_lo = 1, lo = v, slo = json_is_true(json_object_get(s, "exclusiveMinimum"));
+    if (num_of(s, "exclusiveMinimum", &v) && (!has_lo || v >= lo)) has_lo = 1, lo = v, slo = 1;
+    if (num_of(s, "maximum", &v)) has_hi = 1, hi = v, shi = json_is_true(json_object_get(s, "exclusiveMaximum"));
+    if (num_of(s, "exclusiveMaximum", &v) && (!has_hi || v <= hi)) has_hi = 1, hi = v, shi = 1;
+    int max_int = b->small_numbers ? 15 : 0; /* a tool call's +-1e15 */
+    if (!has_hi && (!has_lo || (lo == 0 && !slo))) {
+        int32_t mag = decimal_multiples(c, m, scale, max_int);
+        return has_lo ? mag : gr_alt2(b, mag, gr_seq2(b, lit(c, "-"), mag));
+    }
+    if (!has_lo && hi == 0 && !shi)
+        return gr_alt2(b, lit(c, "0"), gr_seq2(b, lit(c, "-"), decimal_multiples(c, m, scale, max_int)));
+    int64_t lf, lc, hf, hc;
+    int lx, hx;
+    if (has_lo && has_hi && bound_units(lo, scale, &lf, &lc, &lx) && bound_units(hi, scale, &hf, &hc, &hx)) {
+        int64_t first = lc + (slo && lx), last = hf - (shi && hx); /* in units of 10^-scale */
+        int64_t n0 = first >= 0 ? (first + m - 1) / m : -((-first) / m),
+                n1 = last >= 0 ? last / m : -((-last + m - 1) / m);
+        if (n0 > n1) return c->never;
+        if (n1 - n0 < SC_MAX_LISTED) {
+            int32_t alts[SC_MAX_LISTED];
+            int k = 0;
+            for (int64_t n = n0; n <= n1; n++) {
+                char buf[48];
+                units_text(n * m, scale, buf, sizeof buf);
+                alts[k++] = lit(c, buf);
+            }
+            return gr_alt(b, alts, k);
+        }
+    }
+    return sc_fail(c,
+                   "multipleOf %g with minimum/maximum: only a bound of 0 or ranges of at most %d multiples are "
+                   "supported",
+                   step, SC_MAX_LISTED);
+}
+
+static int32_t sc_number_bounded(sc_ctx *c, json_t *s, int decimal_only);
+
 static int32_t sc_number(sc_ctx *c, json_t *s) {
-    if (json_object_get(s, "multipleOf")) return sc_integer(c, s); /* whole-number steps: integers */
+    if (json_object_get(s, "multipleOf")) {
+        int64_t m;
+        int scale, float_step;
+        if (!multiple_of(c, s, &m, &scale, &float_step)) return c->never;
+        if (!scale) /* whole-number steps: integers, written with a zero fraction or not (12.0) */
+            return gr_seq2(c->b, sc_integer(c, s), gr_opt(c->b, re_node(c, "\\.0+", 0)));
+        if (m > 1) return number_multiples(c, s, m, scale);
+        c->frac_max = scale; /* 10^-scale: the decimals with at most `scale` fraction digits */
+        int32_t x = sc_number_bounded(c, s, 1);
+        c->frac_max = 0;
+        return x;
+    }
+    return sc_number_bounded(c, s, 0);
+}
+
+/* Numbers in the schema's bounds; decimal_only: never with an exponent (c->frac_max set). */
+static int32_t sc_number_bounded(sc_ctx *c, json_t *s, int decimal_only) {
     double lo = 0, hi = 0, v;
     int has_lo = 0, has_hi = 0, slo = 0, shi = 0;
     if (num_of(s, "minimum", &v)) has_lo = 1, lo = v, slo = json_is_true(json_object_get(s, "exclusiveMinimum"));
@@ -722,15 +944,15 @@ static int32_t sc_number(sc_ctx *c, json_t *s) {
     if (num_of(s, "exclusiveMaximum", &v) && (!has_hi || v <= hi)) has_hi = 1, hi = v, shi = 1;
     if (has_lo && lo < -1e18) has_lo = 0;
     if (has_hi && hi > 1e18) has_hi = 0;
-    if (!has_lo && !has_hi) return c->number;
+    if (!has_lo && !has_hi && !decimal_only) return c->number;
     if (c->b->small_numbers) { /* the other side within SMALL_BOUND too: no exponents */
         if (!has_lo || lo < -SMALL_BOUND) has_lo = 1, lo = -SMALL_BOUND, slo = 0;
         if (!has_hi || hi > SMALL_BOUND) has_hi = 1, hi = SMALL_BOUND, shi = 0;
     }
     if ((has_lo && lo > 1e18) || (has_hi && hi < -1e18)) return sc_fail(c, "number bound beyond 1e18");
-    if (!has_hi && lo == 0 && !slo) /* minimum 0: no sign, exponents too */
+    if (!has_hi && lo == 0 && !slo && !decimal_only) /* minimum 0: no sign, exponents too */
         return re_node(c, "(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?", 0);
-    if (!has_hi && lo == 0 && slo) /* exclusiveMinimum 0: no sign, not zero */
+    if (!has_hi && has_lo && lo == 0 && slo && !decimal_only) /* exclusiveMinimum 0: no sign, not zero */
         return re_node(c, "(0\\.[0-9]*[1-9][0-9]*|[1-9][0-9]*(\\.[0-9]+)?)([eE][-+]?[0-9]+)?", 0);
     /* other bounds: plain decimals (no exponent), the non-negative and negative parts apart */
     int32_t alts[2];
@@ -979,7 +1201,15 @@ static int32_t sc_const(sc_ctx *c, json_t *v, int depth) {
         snprintf(buf2, sizeof buf2, "%s.0", buf);
         return gr_alt2(b, lit(c, buf), lit(c, buf2));
     }
-    char *enc = json_dumps(v, JSON_ENCODE_ANY | JSON_REAL_PRECISION(17));
+    if (json_is_real(v)) { /* the shortest text that reads back as the value: 0.07, not 0.070000000000000007 */
+        char buf[40];
+        for (int p = 1; p <= 17; p++) {
+            snprintf(buf, sizeof buf, "%.*g", p, json_real_value(v));
+            if (strtod(buf, NULL) == json_real_value(v)) break;
+        }
+        return lit(c, buf);
+    }
+    char *enc = json_dumps(v, JSON_ENCODE_ANY);
     if (!enc) return sc_fail(c, "out of memory");
     int32_t r = lit(c, enc);
     if (json_is_integer(v)) {
@@ -1507,8 +1737,9 @@ static int valid_count(sc_ctx *c, json_t *list, json_t *v, int depth, int *n_val
     return 1;
 }
 
-/* The JSON Schema number keywords as python-jsonschema evaluates them (multipleOf with a
- * real step divides in floating point). */
+/* The JSON Schema number keywords as python-jsonschema evaluates them, but a fractional
+ * multipleOf, which is decided exactly as the grammars take it (multiple_of: 0.07 is a
+ * multiple of 0.01); other real steps divide in floating point. */
 static int valid_number(json_t *s, json_t *v) {
     double x = json_number_value(v), b;
     json_t *emin = json_object_get(s, "exclusiveMinimum"), *emax = json_object_get(s, "exclusiveMaximum");
@@ -1519,6 +1750,13 @@ static int valid_number(json_t *s, json_t *v) {
     json_t *m = json_object_get(s, "multipleOf");
     if (json_is_integer(m) && json_is_integer(v) && json_integer_value(m) > 0)
         return json_integer_value(v) % json_integer_value(m) == 0;
+    int64_t coef, lo_u, hi_u;
+    int scale, whole;
+    if (json_is_real(m) && json_real_value(m) > 0 && json_real_value(m) != floor(json_real_value(m)) &&
+        decimal_step(json_real_value(m), &coef, &scale)) {
+        if (!bound_units(x, scale, &lo_u, &hi_u, &whole)) return -1;
+        return whole && lo_u % coef == 0;
+    }
     if (json_is_number(m)) {
         double q = json_is_real(m) ? x / json_number_value(m) : fmod(x, json_number_value(m));
         if (!isfinite(q)) return -1;

@@ -1,8 +1,12 @@
 /* gram_tool.c: the tool-call constraint. Its source is a JSON document
- *   {"alternatives": [[piece, ...], ...]}, piece: {"text": s} | {"token": s} | {"schema": v}
+ *   {"alternatives": [[piece, ...], ...], "before": [piece, ...], "between": [piece, ...],
+ *    "after": [piece, ...], "parallel": bool}   (all but "alternatives" optional)
+ *   piece: {"text": s} | {"token": s} | {"schema": v}
  *     | {"optional": [piece, ...]} | {"choice": [[piece, ...], ...]}
  *     | {"raw": {"without": s, "not": [w, ...]}} | {"regex": s} | {"pyschema": v}
- * and the output is one alternative's pieces in order: literal text, a marker written as
+ * and the output is "before", one call (one alternative), then with "parallel" true any
+ * number of further calls each after "between", then "after". A call is one alternative's
+ * pieces in order: literal text, a marker written as
  * the special token whose text is s (or the plain text s where the vocabulary has no such
  * token: grammar_compile), a JSON value valid against schema v (numbers within +-1e15,
  * what every tool-call parser reads exactly), the pieces or nothing,
@@ -245,19 +249,28 @@ static hearth_status seq_of(gr_build *b, const json_t *seq, const char *at, int 
     return HEARTH_OK;
 }
 
+/* The optional piece list `key` of doc (absent: *out = -1). */
+static hearth_status envelope(gr_build *b, const json_t *doc, const char *key, int32_t *out, hearth_error *err) {
+    const json_t *v = json_object_get(doc, key);
+    *out = -1;
+    return v ? seq_of(b, v, key, 0, out, err) : HEARTH_OK;
+}
+
 hearth_status gr_tool_call(gr_build *b, const char *text, size_t len, int32_t *root, hearth_error *err) {
     json_error_t je;
     json_t *doc = json_loadb(text, len, 0, &je);
     if (!doc)
         return err_set(err, HEARTH_ERR_FORMAT, "tool call: invalid JSON at line %d column %d: %s", je.line, je.column,
                        je.text);
-    const json_t *alts = json_object_get(doc, "alternatives");
+    const json_t *alts = json_object_get(doc, "alternatives"), *parallel = json_object_get(doc, "parallel");
     size_t n = json_array_size(alts);
     hearth_status st = HEARTH_OK;
     int32_t *nodes = malloc((n ? n : 1) * sizeof *nodes);
     if (!json_is_array(alts) || !n || n > GT_MAX_ALTERNATIVES)
         st = err_set(err, HEARTH_ERR_FORMAT, "tool call: 'alternatives' must be a list of 1 to %d piece lists",
                      GT_MAX_ALTERNATIVES);
+    else if (parallel && !json_is_boolean(parallel))
+        st = err_set(err, HEARTH_ERR_FORMAT, "tool call: 'parallel' must be true or false");
     else if (!nodes)
         st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     for (size_t i = 0; !st && i < n; i++) {
@@ -265,7 +278,23 @@ hearth_status gr_tool_call(gr_build *b, const char *text, size_t len, int32_t *r
         snprintf(at, sizeof at, "alternatives[%zu]", i);
         st = seq_of(b, json_array_get(alts, i), at, 0, &nodes[i], err);
     }
-    if (!st) *root = gr_rule_new(b, gr_alt(b, nodes, (int)n));
+    int32_t before = -1, between = -1, after = -1;
+    if (!st) st = envelope(b, doc, "before", &before, err);
+    if (!st) st = envelope(b, doc, "between", &between, err);
+    if (!st) st = envelope(b, doc, "after", &after, err);
+    if (!st) {
+        /* one rule for a call, referenced by the first call and by each further one */
+        int32_t call = gr_rule_new(b, gr_alt(b, nodes, (int)n)), kids[4];
+        int k = 0;
+        if (before >= 0) kids[k++] = before;
+        kids[k++] = gr_ref(b, call);
+        if (json_is_true(parallel)) {
+            int32_t more = between >= 0 ? gr_seq2(b, between, gr_ref(b, call)) : gr_ref(b, call);
+            kids[k++] = gr_repeat(b, more, 0, GR_INF);
+        }
+        if (after >= 0) kids[k++] = after;
+        *root = gr_rule_new(b, gr_seq(b, kids, k));
+    }
     free(nodes);
     json_decref(doc);
     if (!st && b->oom) st = err_set(err, HEARTH_ERR_NOMEM, "tool call: grammar too large or out of memory");

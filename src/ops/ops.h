@@ -289,6 +289,14 @@ struct op_table {
      * (every state layer), else snapshot r - max_slots. NULL where the state pool is the
      * host's own. */
     hearth_status (*state_copy)(op_backend *be, int src, int dst, hearth_error *err);
+    /* Saved KV files (engine/seq_file.c) on a device pool: positions [0, n) of slot's
+     * (layer, KV head) rows in kv_slot_rows_read's form (the layer's own head_dim, the
+     * pool's element type, scales for int8 / fp8), to the host (to_host) or from it; and
+     * slot's recurrent-state record (every state layer, `bytes`) likewise. Done when they
+     * return. NULL where the pools are the host's own. */
+    hearth_status (*kv_rows)(op_backend *be, const kv_cache *kv, int layer, int slot, int head, int n, void *keys,
+                             void *values, float *k_scale, float *v_scale, int to_host, hearth_error *err);
+    hearth_status (*state_rows)(op_backend *be, int slot, void *record, size_t bytes, int to_host, hearth_error *err);
     void (*free)(op_backend *be);
 };
 

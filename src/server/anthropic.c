@@ -158,7 +158,8 @@ static void add_tool_calls(anth_state *st, const char *text, size_t len) {
         json_decref(calls);
         return;
     }
-    for (size_t i = 0; i < json_array_size(calls); i++) {
+    /* disable_parallel_tool_use: the calls after the model's first are dropped */
+    for (size_t i = 0; i < json_array_size(calls) && !(st->req.single_tool_call && st->blocks.n_tool_use); i++) {
         json_t *call = json_array_get(calls, i), *input = tool_input(json_object_get(call, "arguments"));
         const char *name = json_string_value(json_object_get(call, "name"));
         if (!input || !name) {

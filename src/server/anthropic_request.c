@@ -316,6 +316,7 @@ static int parse_tool_choice(const json_t *root, srv_request *r, anth_extra *x, 
         return BAD(e, "tool_choice",
                    "tool_choice.disable_parallel_tool_use: Input should be a valid "
                    "boolean");
+    r->single_tool_call = json_is_true(dp);
     if (!strcmp(t, "auto"))
         x->tool_choice = ANTH_TOOL_CHOICE_AUTO;
     else if (!strcmp(t, "any"))

@@ -22,6 +22,7 @@ typedef struct gen_state {
     sbuf content, reasoning; /* non-streaming: the whole message */
     json_t *tool_calls;      /* formatted items not yet sent */
     int tool_index;          /* streaming: "index" of the next call */
+    size_t n_calls;          /* calls formatted so far (single_tool_call keeps the first) */
     json_t *logprobs;        /* non-streaming: logprobs.content entries */
     sse_stream ss;           /* streaming: SSE bytes not yet written */
     sbuf answer;             /* --memory-log: the whole answer, streamed or not */
@@ -60,8 +61,14 @@ static void take_pending(gen_state *g) {
     ts_pending_view v;
     ts_pending(g->gen.ts, &v);
     if (v.n_tools && g->req.kind == SRV_CHAT) {
-        tp_format_calls(g->gen.tool, v.tool_texts, v.tool_lens, v.n_tools, g->req.tools, g->req.stream, &g->tool_index,
-                        g->tool_calls, warn_tool, g->s);
+        size_t added = tp_format_calls(g->gen.tool, v.tool_texts, v.tool_lens, v.n_tools, g->req.tools, g->req.stream,
+                                       &g->tool_index, g->tool_calls, warn_tool, g->s);
+        /* parallel_tool_calls false: the calls after the model's first are dropped */
+        for (; g->req.single_tool_call && added && g->n_calls + added > 1; added--) {
+            json_array_remove(g->tool_calls, json_array_size(g->tool_calls) - 1);
+            if (g->req.stream) g->tool_index--;
+        }
+        g->n_calls += added;
     }
     sbuf_append(&g->content, v.content ? v.content : "", v.content_len);
     if (g->s->cfg.memory_log) sbuf_append(&g->answer, v.content ? v.content : "", v.content_len);
@@ -106,8 +113,8 @@ static void on_token_event(gen_state *g, const srv_event *ev) {
 static void memory_log(gen_state *g) {
     if (!g->s->cfg.memory_log || g->req.kind != SRV_CHAT || !json_is_array(g->req.messages)) return;
     json_t *msgs = json_copy(g->req.messages);
-    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content",
-                                          g->answer.data ? g->answer.data : ""));
+    json_array_append_new(
+        msgs, json_pack("{s:s, s:s}", "role", "assistant", "content", g->answer.data ? g->answer.data : ""));
     srv_memory_log(g->s, msgs, "hearth serve");
     json_decref(msgs);
 }

@@ -109,7 +109,8 @@ static int set_constraint(srv_request *r, hearth_constraint_kind kind, const cha
     hearth_error err = {0};
     if (hearth_constraint_check(kind, text, text ? strlen(text) : 0, &err))
         return BAD(e, field, "%s: %s", field, err.message);
-    if (text && !(r->constraint_text = strdup(text))) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (text && !(r->constraint_text = strdup(text)))
+        return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     r->constraint = kind;
     return 0;
 }
@@ -320,7 +321,10 @@ static int parse_root(json_t *root, srv_kind kind, const srv_defaults *d, srv_re
         parse_logit_bias(root, r, e) || parse_stop(root, r, e) || parse_template_kwargs(root, d, r, e) ||
         srv_parse_constraint(root, NULL, r, e))
         return -1;
-    if (kind == SRV_CHAT) return parse_chat(root, r, e) || srv_parse_tool_choice(root, r, e) ? -1 : 0;
+    if (kind == SRV_CHAT)
+        return parse_chat(root, r, e) || srv_parse_tool_choice(root, r, e) || srv_parse_parallel_tool_calls(root, r, e)
+                   ? -1
+                   : 0;
     v = json_object_get(root, "prompt");
     if (!v) return BAD(e, "prompt", "Request did not contain a prompt");
     if (!json_is_string(v)) return BAD(e, "prompt", "prompt must be a string");

@@ -27,7 +27,8 @@ typedef struct resp_state {
     sse_stream ss;   /* streaming: event bytes not yet written */
     int msg_open;    /* an output message item is being written */
     char msg_id[48];
-    sbuf text; /* the open message's text so far */
+    sbuf text;   /* the open message's text so far */
+    int n_calls; /* function_call items so far (single_tool_call keeps the first) */
 } resp_state;
 
 static void state_free(resp_state *st) {
@@ -135,13 +136,13 @@ static void add_tool_calls(resp_state *st, const char *text, size_t len) {
         json_decref(calls);
         return;
     }
-    for (size_t i = 0; i < json_array_size(calls); i++) {
+    for (size_t i = 0; i < json_array_size(calls) && !(st->rq.req.single_tool_call && st->n_calls); i++) {
         json_t *call = json_array_get(calls, i), *args = json_object_get(call, "arguments");
         const char *name = json_string_value(json_object_get(call, "name"));
         char *text_args = json_is_string(args) ? strdup(json_string_value(args))
                           : args               ? srv_json_dumps(args)
                                                : strdup("{}");
-        if (name && text_args) function_call(st, name, text_args);
+        if (name && text_args) function_call(st, name, text_args), st->n_calls++;
         free(text_args);
     }
     json_decref(calls);
@@ -187,13 +188,14 @@ static json_t *response_json(resp_state *st, const char *status) {
     json_object_set_new(o, "max_output_tokens", rq->has_max_output ? json_integer(rq->req.max_tokens) : json_null());
     json_object_set_new(o, "model", json_string(rq->req.model));
     json_object_set_new(o, "output", done ? json_deep_copy(st->output) : json_array());
-    json_object_set_new(o, "parallel_tool_calls", json_true());
+    json_object_set_new(o, "parallel_tool_calls", json_boolean(!rq->req.single_tool_call));
     json_object_set_new(o, "previous_response_id", nullable_string(rq->previous_id));
     json_object_set_new(o, "reasoning", json_pack("{s:n,s:n}", "effort", "summary"));
     json_object_set_new(o, "store", json_boolean(rq->store));
     json_object_set_new(o, "temperature", json_real(rq->req.temperature));
-    json_object_set_new(o, "text", rq->text_format ? json_pack("{s:O}", "format", rq->text_format)
-                                                   : json_pack("{s:{s:s}}", "format", "type", "text"));
+    json_object_set_new(o, "text",
+                        rq->text_format ? json_pack("{s:O}", "format", rq->text_format)
+                                        : json_pack("{s:{s:s}}", "format", "type", "text"));
     json_object_set_new(o, "tool_choice", json_deep_copy(rq->tool_choice));
     json_object_set_new(o, "tools", json_deep_copy(rq->tools_echo));
     json_object_set_new(o, "top_p", json_real(rq->req.top_p));

@@ -382,6 +382,7 @@ int resp_request_parse(const char *body, size_t len, const srv_defaults *d, resp
     else
         rc = parse_scalars(root, d, r, e) || srv_parse_lab(root, d, &r->req, e) || parse_input(root, r, e) ||
                      parse_tools(root, r, e) || parse_tool_choice(root, r, e) ||
+                     srv_parse_parallel_tool_calls(root, &r->req, e) ||
                      srv_parse_constraint(root, json_object_get(json_object_get(root, "text"), "format"), &r->req, e)
                  ? -1
                  : 0;

@@ -84,9 +84,12 @@ typedef struct srv_request {
     hearth_constraint_kind constraint;
     char *constraint_text; /* NUL-terminated; NULL for json_object */
     /* tool_choice that forces a call (tool_choice.h): "required" / a named function
-     * (OpenAI), "any" / "tool" (Anthropic); the output is then one call */
+     * (OpenAI), "any" / "tool" (Anthropic); the output is then one or more calls */
     int force_tool;
     char *forced_tool; /* the named tool; NULL: any of tools */
+    /* parallel_tool_calls false (OpenAI) / disable_parallel_tool_use (Anthropic): a forced
+     * call is exactly one; with "auto", calls after the model's first are dropped */
+    int single_tool_call;
 } srv_request;
 
 /* The output constraint of a request body (OpenAI response_format json_schema /

@@ -1,7 +1,8 @@
 /* tool_choice.c: tool_choice for every API (tool_choice.h). "none" leaves the tools out
  * of the prompt; a forced call ("required", a named tool) becomes a tool-call constraint:
  * the family's call markup around the tool's name and arguments valid for its
- * parameters schema, one call, then the end of the turn. JSON-argument formats (hermes,
+ * parameters schema: one call, or with parallel_tool_calls one or more in the family's
+ * list form, then the end of the turn. JSON-argument formats (hermes,
  * Llama 3, Mistral) put one JSON value there; qwen3_coder, pythonic and Gemma 4 write one
  * key / value per property, each value in the form that format's parser in toolparse.c
  * reads back. Builds documents only; the grammar module compiles them. */
@@ -15,15 +16,20 @@
 
 /* The forced-call syntax of each format whose arguments are plain JSON: the opening
  * marker (a special token in some vocabularies), the text before the name, the key the
- * arguments go under, the text after them and the closing marker (NULL: none). These are
- * what the families' chat templates show the model and what toolparse.c reads back. */
+ * arguments go under, the text after them and the closing marker (NULL: none); shared:
+ * the markers open and close the whole list of calls (else each call), the calls written
+ * between list_open and list_close, `between` apart. These are what the families' chat
+ * templates show the model and what toolparse.c reads back (hermes: one <tool_call> per
+ * call; Llama 3: ';'-separated objects; Mistral: a JSON list). */
 static const struct {
     ts_tool_type type;
     const char *open, *lead, *key, *tail, *close;
+    int shared;
+    const char *list_open, *between, *list_close;
 } FORCED[] = {
-    {TS_TOOL_JSON_TOOLS, "<tool_call>", "\n{\"name\": ", "arguments", "}\n", "</tool_call>"},
-    {TS_TOOL_LLAMA3_JSON, "<|python_tag|>", "{\"name\": ", "parameters", "}", NULL},
-    {TS_TOOL_MISTRAL, "[TOOL_CALLS]", "[{\"name\": ", "arguments", "}]", NULL},
+    {TS_TOOL_JSON_TOOLS, "<tool_call>", "\n{\"name\": ", "arguments", "}\n", "</tool_call>", 0, NULL, "\n", NULL},
+    {TS_TOOL_LLAMA3_JSON, "<|python_tag|>", "{\"name\": ", "parameters", "}", NULL, 1, NULL, "; ", NULL},
+    {TS_TOOL_MISTRAL, "[TOOL_CALLS]", "{\"name\": ", "arguments", "}", NULL, 1, "[", ", ", "]"},
 };
 #define N_FORCED (sizeof FORCED / sizeof *FORCED)
 
@@ -153,10 +159,11 @@ static int call_pieces(const json_t *tools, size_t i, size_t f, json_t *alts, sr
     if (!quoted || !lead || !seq) rc = OOM(e);
     if (!rc) {
         snprintf(lead, cap, "%s%s, \"%s\": ", FORCED[f].lead, quoted, FORCED[f].key);
-        if (add_piece(seq, "token", FORCED[f].open) || add_piece(seq, "text", lead) ||
+        int wrap = !FORCED[f].shared; /* the markers around each call */
+        if ((wrap && add_piece(seq, "token", FORCED[f].open)) || add_piece(seq, "text", lead) ||
             json_array_append_new(seq, json_pack("{s:O}", "schema", schema)) ||
-            add_piece(seq, "text", FORCED[f].tail) || (FORCED[f].close && add_piece(seq, "token", FORCED[f].close)) ||
-            json_array_append(alts, seq))
+            add_piece(seq, "text", FORCED[f].tail) ||
+            (wrap && FORCED[f].close && add_piece(seq, "token", FORCED[f].close)) || json_array_append(alts, seq))
             rc = OOM(e);
     }
     free(quoted), free(lead);
@@ -377,7 +384,8 @@ static int qwen_call(const json_t *tools, size_t i, json_t *alts, srv_error *e) 
     return rc;
 }
 
-/* ---- pythonic (LFM2, Llama 3.2 / 4 style): <|tool_call_start|>[f(a=1, b="x")]<|tool_call_end|>.
+/* ---- pythonic (LFM2, Llama 3.2 / 4 style): <|tool_call_start|>[f(a=1, b="x")]<|tool_call_end|>,
+ * several calls in the one list ([f(a=1), g(b=2)]).
  * toolparse.c reads the list as Python literals (JSON's true / false / null too), so each
  * value is JSON valid for its property's schema with only the string escapes Python reads
  * the same way (pyschema). Required properties first, in schema order; then each
@@ -408,9 +416,12 @@ static int extend_after(json_t *dst, const char *sep, const json_t *src) {
 }
 
 /* A markup of keyword arguments: open token, text, name, text, key eq value [sep key eq
- * value ...], tail text, close token. */
+ * value ...], tail text, close token; shared: the tokens open and close the whole list of
+ * calls (list_open call between call ... list_close), else each call. */
 typedef struct {
     const char *format, *open, *before_name, *after_name, *eq, *sep, *tail, *close;
+    int shared;
+    const char *list_open, *between, *list_close;
     int (*name_ok)(const char *name, int dots); /* dots: the tool's name (else an argument's) */
     const char *names;                          /* what name_ok wants, for errors */
     const text_fmt *text;                       /* NULL: every value a pyschema piece */
@@ -460,7 +471,7 @@ static int kw_call(const kw_format *f, const json_t *tools, size_t i, json_t *al
     if (!rc) {
         size_t n_req = json_array_size(req), n_opt = json_array_size(opt), k, j;
         json_t *part, *choice = n_req || !n_opt ? NULL : json_array();
-        add_piece(seq, "token", f->open);
+        if (!f->shared) add_piece(seq, "token", f->open);
         json_array_append_new(seq, json_pack("{s:s++}", "text", f->before_name, name, f->after_name));
         json_array_foreach(req, k, part) extend_after(seq, k ? f->sep : NULL, part);
         /* after a required one, each optional one with its separator; with none required,
@@ -477,7 +488,8 @@ static int kw_call(const kw_format *f, const json_t *tools, size_t i, json_t *al
             if (!n_req) json_array_append_new(choice, tail);
         }
         if (choice) json_array_append_new(seq, json_pack("{s:[{s:o}]}", "optional", "choice", choice));
-        add_piece(seq, "text", f->tail), add_piece(seq, "token", f->close);
+        add_piece(seq, "text", f->tail);
+        if (!f->shared) add_piece(seq, "token", f->close);
         if (json_array_append(alts, seq)) rc = OOM(e);
     }
     json_decref(req), json_decref(opt), json_decref(seq);
@@ -487,12 +499,16 @@ static int kw_call(const kw_format *f, const json_t *tools, size_t i, json_t *al
 
 static const kw_format PYTHONIC = {.format = "pythonic",
                                    .open = "<|tool_call_start|>",
-                                   .before_name = "[",
+                                   .before_name = "",
                                    .after_name = "(",
                                    .eq = "=",
                                    .sep = ", ",
-                                   .tail = ")]",
+                                   .tail = ")",
                                    .close = "<|tool_call_end|>",
+                                   .shared = 1,
+                                   .list_open = "[",
+                                   .between = ", ",
+                                   .list_close = "]",
                                    .name_ok = py_name_ok,
                                    .names = "Python identifiers, dotted for the tool"};
 
@@ -500,7 +516,8 @@ static const kw_format PYTHONIC = {.format = "pythonic",
  * parser) takes each <|"|>...<|"|> as a string whatever it holds, quotes the bare keys
  * that follow '{' or ',' and reads the rest as JSON: strings are free text without the
  * delimiter, numbers, booleans, null and arrays of them are JSON (the same text); nested
- * objects and strings inside arrays (bare keys, no spacing) are not forced yet. */
+ * objects and strings inside arrays (bare keys, no spacing) are not forced yet. Several
+ * calls follow one another, each in its own markers. */
 
 #define GEMMA4_QUOTE "<|\"|>"
 
@@ -561,9 +578,42 @@ int srv_tool_constraint(const srv_request *r, const ts_config *forced, char **do
             rc = qwen ? qwen_call(r->tools, i, alts, e)
                  : kw ? kw_call(kw, r->tools, i, alts, e)
                       : call_pieces(r->tools, i, f, alts, e);
-    json_t *root = rc ? NULL : json_pack("{s:o}", "alternatives", alts);
+    /* the list around the calls: markers once for the formats that share them, and what
+     * comes between two calls when parallel calls are allowed */
+    int shared = kw ? kw->shared : f < N_FORCED && FORCED[f].shared;
+    const char *open = kw ? kw->open : f < N_FORCED ? FORCED[f].open : NULL;
+    const char *close = kw ? kw->close : f < N_FORCED ? FORCED[f].close : NULL;
+    const char *list_open = kw ? kw->list_open : f < N_FORCED ? FORCED[f].list_open : NULL;
+    const char *list_close = kw ? kw->list_close : f < N_FORCED ? FORCED[f].list_close : NULL;
+    const char *between = qwen ? "\n" : kw ? kw->between : FORCED[f].between;
+    json_t *root = rc ? NULL : json_pack("{s:o,s:b}", "alternatives", alts, "parallel", !r->single_tool_call);
     if (rc) json_decref(alts);
+    json_t *before = json_array(), *after = json_array(), *sep = json_array();
+    if (root && before && after && sep) {
+        if (shared && open) add_piece(before, "token", open);
+        if (shared && list_open) add_piece(before, "text", list_open);
+        if (shared && list_close) add_piece(after, "text", list_close);
+        if (shared && close) add_piece(after, "token", close);
+        if (between) add_piece(sep, "text", between);
+        /* calls each in their own markers, parallel: the separator may also end the list (a
+         * model that writes a newline after a call may still end its turn there) */
+        if (!shared && between && !r->single_tool_call)
+            json_array_append_new(after, json_pack("{s:[{s:s}]}", "optional", "text", between));
+        if (json_array_size(before)) json_object_set(root, "before", before);
+        if (json_array_size(after)) json_object_set(root, "after", after);
+        if (json_array_size(sep)) json_object_set(root, "between", sep);
+    }
+    json_decref(before), json_decref(after), json_decref(sep);
     if (!rc && !(root && (*doc = json_dumps(root, JSON_COMPACT)))) rc = OOM(e);
     json_decref(root);
     return rc;
+}
+
+int srv_parse_parallel_tool_calls(const json_t *root, srv_request *r, srv_error *e) {
+    const json_t *v = json_object_get(root, "parallel_tool_calls");
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v))
+        return BAD(e, "parallel_tool_calls", "parallel_tool_calls must be a boolean (true or false)");
+    r->single_tool_call = json_is_false(v);
+    return 0;
 }

@@ -22,8 +22,13 @@ int srv_set_tool_choice(srv_request *r, srv_tools_mode mode, const char *name, c
  * "function": {"name"}}. 0, or -1 with a 400 naming tool_choice. */
 int srv_parse_tool_choice(const json_t *root, srv_request *r, srv_error *e);
 
+/* OpenAI's parallel_tool_calls (chat and Responses): true (the default) or false, which
+ * sets r->single_tool_call. 0, or -1 with a 400 naming the field. */
+int srv_parse_parallel_tool_calls(const json_t *root, srv_request *r, srv_error *e);
+
 /* For a request that forces a call (r->force_tool): the constraint document (caller
- * frees) for one call in the tool format of `forced` (srv_server.forced_text_config).
+ * frees) for one call (r->single_tool_call) or one or more in the tool format of
+ * `forced` (srv_server.forced_text_config).
  * 0, or -1 with a 400: a format with no forced-call syntax yet, a tool schema that does
  * not compile (naming tools[i]), or another output constraint in the same request. */
 int srv_tool_constraint(const srv_request *r, const ts_config *forced, char **doc, srv_error *e);

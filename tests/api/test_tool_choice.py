@@ -1,9 +1,11 @@
 """Enforced tool_choice through the real SDKs (openai chat and Responses, anthropic).
 
-"required" / a named function (Anthropic "any" / "tool") must always give exactly one call
-to an offered (or the named) tool whose arguments validate with `jsonschema` against that
-tool's parameters, with finish_reason "tool_calls" (stop_reason "tool_use"); the openai
-SDK parses the response. "auto" must answer exactly what a request without tool_choice
+"required" / a named function (Anthropic "any" / "tool") must always give calls to an
+offered (or the named) tool whose arguments validate with `jsonschema` against that tool's
+parameters, with finish_reason "tool_calls" (stop_reason "tool_use"): exactly one with
+parallel_tool_calls false (Anthropic's disable_parallel_tool_use true), one or more with it
+true, the default; the openai SDK parses the response. With "auto" and parallel calls off,
+the calls after the model's first are dropped. "auto" must answer exactly what a request without tool_choice
 answers, and "none" what a request without tools answers. Bad values are a 400 naming the
 field. Run on the default model (SmolLM2, no tool format of its own: the hermes
 <tool_call> form) and on tiny random-weight models of each template family: Qwen 3
@@ -40,15 +42,23 @@ TOOLS = [{"type": "function", "function": {"name": n, "description": f"the {n} t
 PROMPTS = ["What is the weather in Paris?", "What is 12 plus 30?", "Find news about rockets.", "Hello!"]
 
 
+def check_calls(choice, allowed, single=True):
+    """Calls to tools in `allowed` (exactly one when single, else one or more), arguments
+    valid for their schemas; returns their names. A list of parallel calls may run to
+    max_tokens (a small model that keeps calling): the complete calls come back."""
+    assert choice.finish_reason == "tool_calls" or (not single and choice.finish_reason == "length"), choice
+    calls = choice.message.tool_calls
+    assert calls and (len(calls) == 1 or not single), choice.message
+    for c in calls:
+        assert c.function.name in allowed, c.function.name
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name],
+                            format_checker=jsonschema.FormatChecker())
+    return [c.function.name for c in calls]
+
+
 def check_call(choice, allowed):
     """One call to a tool in `allowed`, arguments valid for its schema; returns its name."""
-    assert choice.finish_reason == "tool_calls", choice
-    calls = choice.message.tool_calls
-    assert calls and len(calls) == 1, choice.message
-    fn = calls[0].function
-    assert fn.name in allowed, fn.name
-    jsonschema.validate(json.loads(fn.arguments), SCHEMAS[fn.name], format_checker=jsonschema.FormatChecker())
-    return fn.name
+    return check_calls(choice, allowed)[0]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +75,8 @@ def client(base):
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
 def test_required_calls_an_offered_tool(client, i):
     r = client.chat.completions.create(model="default_model", messages=[{"role": "user", "content": PROMPTS[i]}],
-                                       tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0.7, seed=i)
+                                       tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0.7, seed=i,
+                                       parallel_tool_calls=False)
     check_call(r.choices[0], SCHEMAS)
 
 
@@ -74,14 +85,15 @@ def test_named_function_calls_that_tool(client, name):
     for i in range(2):
         r = client.chat.completions.create(
             model="default_model", messages=[{"role": "user", "content": PROMPTS[i]}], tools=TOOLS,
-            tool_choice={"type": "function", "function": {"name": name}}, max_tokens=120, temperature=0.9, seed=i)
+            tool_choice={"type": "function", "function": {"name": name}}, max_tokens=120, temperature=0.9, seed=i,
+            parallel_tool_calls=False)
         assert check_call(r.choices[0], {name}) == name
 
 
 def test_required_streaming(client):
     chunks = list(client.chat.completions.create(
         model="default_model", messages=[{"role": "user", "content": PROMPTS[0]}], tools=TOOLS,
-        tool_choice="required", max_tokens=120, stream=True))
+        tool_choice="required", max_tokens=120, stream=True, parallel_tool_calls=False))
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert len(calls) == 1 and calls[0].function.name in SCHEMAS
     jsonschema.validate(json.loads(calls[0].function.arguments), SCHEMAS[calls[0].function.name])
@@ -112,7 +124,8 @@ def test_responses_forced(client):
     tools = [{"type": "function", "name": n, "parameters": s} for n, s in SCHEMAS.items()]
     for choice, allowed in (("required", set(SCHEMAS)), ({"type": "function", "name": "add"}, {"add"})):
         r = client.responses.create(model="default_model", input=PROMPTS[1], tools=tools, tool_choice=choice,
-                                    max_output_tokens=120)
+                                    max_output_tokens=120, parallel_tool_calls=False)
+        assert r.parallel_tool_calls is False
         calls = [o for o in r.output if o.type == "function_call"]
         assert len(calls) == 1 and calls[0].name in allowed, r.output
         jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS[calls[0].name])
@@ -122,6 +135,7 @@ def test_anthropic_forced(base):
     a = anthropic.Anthropic(base_url=base, api_key="none")
     tools = [{"name": n, "input_schema": s} for n, s in SCHEMAS.items()]
     for choice, allowed in (({"type": "any"}, set(SCHEMAS)), ({"type": "tool", "name": "search"}, {"search"})):
+        choice = dict(choice, disable_parallel_tool_use=True)
         m = a.messages.create(model="local", max_tokens=120, tools=tools, tool_choice=choice,
                               messages=[{"role": "user", "content": PROMPTS[2]}])
         uses = [b for b in m.content if b.type == "tool_use"]
@@ -135,13 +149,15 @@ def test_forced_streams_on_responses_and_anthropic(base):
     c = openai.OpenAI(base_url=base + "/v1", api_key="none")
     tools = [{"type": "function", "name": n, "parameters": s} for n, s in SCHEMAS.items()]
     events = list(c.responses.create(model="default_model", input=PROMPTS[0], tools=tools, stream=True,
-                                     tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=120))
+                                     tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=120,
+                                     parallel_tool_calls=False))
     done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
     assert len(done) == 1 and done[0].name == "get_weather"
     jsonschema.validate(json.loads(done[0].arguments), WEATHER)
     a = anthropic.Anthropic(base_url=base, api_key="none")
     with a.messages.stream(model="local", max_tokens=120, tools=[{"name": "add", "input_schema": ADD}],
-                           tool_choice={"type": "any"}, messages=[{"role": "user", "content": PROMPTS[1]}]) as s:
+                           tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                           messages=[{"role": "user", "content": PROMPTS[1]}]) as s:
         m = s.get_final_message()
     uses = [b for b in m.content if b.type == "tool_use"]
     assert m.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "add"
@@ -166,6 +182,58 @@ def test_bad_tool_choice_is_400(client, extra, field, needle):
                                        messages=[{"role": "user", "content": "hi"}], extra_body=extra)
     assert ex.value.body["param"] == field
     assert needle in ex.value.body["message"], ex.value.body["message"]
+
+
+def test_parallel_calls_on_by_default(client, base):
+    """parallel_tool_calls true (OpenAI's default) or absent: one or more calls, each to an
+    offered tool with valid arguments; Responses echo the value; Anthropic the same."""
+    for i, extra in enumerate([{}, {"parallel_tool_calls": True}, {}, {"parallel_tool_calls": True}]):
+        r = client.chat.completions.create(model="default_model", messages=[{"role": "user", "content": PROMPTS[i]}],
+                                           tools=TOOLS, tool_choice="required", max_tokens=300, temperature=0.7,
+                                           seed=i, extra_body=extra)
+        check_calls(r.choices[0], SCHEMAS, single=False)
+    tools = [{"type": "function", "name": n, "parameters": s} for n, s in SCHEMAS.items()]
+    r = client.responses.create(model="default_model", input=PROMPTS[0], tools=tools, tool_choice="required",
+                                max_output_tokens=300)
+    assert r.parallel_tool_calls is True
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls, r.output
+    for c in calls:
+        jsonschema.validate(json.loads(c.arguments), SCHEMAS[c.name])
+    a = anthropic.Anthropic(base_url=base, api_key="none")
+    m = a.messages.create(model="local", max_tokens=300, tools=[{"name": n, "input_schema": s} for n, s in
+                                                                 SCHEMAS.items()],
+                          tool_choice={"type": "any"}, messages=[{"role": "user", "content": PROMPTS[2]}])
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert m.stop_reason in ("tool_use", "max_tokens") and uses, m.content
+    for u in uses:
+        jsonschema.validate(u.input, SCHEMAS[u.name])
+
+
+@pytest.mark.parametrize("extra,field,needle", [
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "must be a boolean"),
+    ({"parallel_tool_calls": 1}, "parallel_tool_calls", "must be a boolean"),
+    ({"parallel_tool_calls": [True]}, "parallel_tool_calls", "must be a boolean"),
+])
+def test_bad_parallel_tool_calls_is_400(client, extra, field, needle):
+    with pytest.raises(openai.BadRequestError) as ex:
+        client.chat.completions.create(model="default_model", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
+                                       extra_body=dict(extra, tools=TOOLS, tool_choice="required"))
+    assert ex.value.body["param"] == field and needle in ex.value.body["message"], ex.value.body
+    tools = [{"type": "function", "name": n, "parameters": s} for n, s in SCHEMAS.items()]
+    with pytest.raises(openai.BadRequestError) as ex:
+        client.responses.create(model="default_model", max_output_tokens=5, input="hi",
+                                extra_body=dict(extra, tools=tools, tool_choice="required"))
+    assert needle in str(ex.value) and field in str(ex.value), ex.value
+
+
+def test_anthropic_bad_disable_parallel_is_400(base):
+    a = anthropic.Anthropic(base_url=base, api_key="none")
+    with pytest.raises(anthropic.BadRequestError) as ex:
+        a.messages.create(model="local", max_tokens=5, tools=[{"name": "f", "input_schema": ADD}],
+                          tool_choice={"type": "any", "disable_parallel_tool_use": "yes"},
+                          messages=[{"role": "user", "content": "hi"}])
+    assert "disable_parallel_tool_use" in str(ex.value)
 
 
 def test_anthropic_unknown_tool_is_400(base):
@@ -198,14 +266,14 @@ def test_tiny_family_forced_call(family):
         for seed in range(4):
             r = c.chat.completions.create(model="default_model", messages=[{"role": "user", "content": "hi"}],
                                           tools=TOOLS, tool_choice="required", max_tokens=300, temperature=1.0,
-                                          seed=seed, logprobs=True, top_logprobs=1)
+                                          seed=seed, logprobs=True, top_logprobs=1, parallel_tool_calls=False)
             names.add(check_call(r.choices[0], SCHEMAS))
             if family in SPECIAL_MARKER:
                 assert r.choices[0].logprobs.content[0].token == FAMILIES[family]
             r = c.chat.completions.create(
                 model="default_model", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
                 tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=300, temperature=1.0,
-                seed=seed)
+                seed=seed, parallel_tool_calls=False)
             check_call(r.choices[0], {"add"})
 
 
@@ -219,12 +287,13 @@ def forced_rounds(base, model, named, seeds=6, **extra):
     for seed in range(seeds):
         msgs = [{"role": "user", "content": "hi"}]
         r = c.chat.completions.create(model="default_model", messages=msgs, tools=TOOLS, tool_choice="required",
-                                      max_tokens=400, temperature=1.0, seed=seed, extra_body=extra)
+                                      max_tokens=400, temperature=1.0, seed=seed, extra_body=extra,
+                                      parallel_tool_calls=False)
         names.add(check_call(r.choices[0], SCHEMAS))
         r = c.chat.completions.create(model="default_model", messages=msgs, tools=TOOLS,
                                       tool_choice={"type": "function", "function": {"name": named}},
                                       max_tokens=400, temperature=1.0, seed=seed, logprobs=True, top_logprobs=1,
-                                      extra_body=extra)
+                                      extra_body=extra, parallel_tool_calls=False)
         check_call(r.choices[0], {named})
         toks = [t.token for t in r.choices[0].logprobs.content]
         out.append((toks, tok.decode([tok.token_to_id(t) for t in toks], skip_special_tokens=False)))
@@ -234,7 +303,8 @@ def forced_rounds(base, model, named, seeds=6, **extra):
 def anthropic_forced_add(base):
     a = anthropic.Anthropic(base_url=base, api_key="none")
     m = a.messages.create(model="local", max_tokens=400, tools=[{"name": "add", "input_schema": ADD}],
-                          tool_choice={"type": "any"}, messages=[{"role": "user", "content": "hi"}])
+                          tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                          messages=[{"role": "user", "content": "hi"}])
     uses = [b for b in m.content if b.type == "tool_use"]
     assert m.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "add", m.content
     jsonschema.validate(uses[0].input, ADD)
@@ -294,3 +364,67 @@ def test_tiny_gemma4_forced_call():
             assert text.startswith('<|tool_call>call:get_weather{city:<|"|>'), text
             assert "}<tool_call|>" in text, text
         anthropic_forced_add(base)
+
+
+# two hermes calls, forced as text by a regex (tool_choice "auto": the model's own choice)
+TWO_CALLS = ('<tool_call>\\n\\{"name": "add", "arguments": \\{"a": 1, "b": 2\\}\\}\\n</tool_call>\\n'
+             '<tool_call>\\n\\{"name": "add", "arguments": \\{"a": 3, "b": 4\\}\\}\\n</tool_call>')
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3():
+    model = TINY / "qwen3-f32"
+    if not model.exists():
+        pytest.fail(f"{model} missing: run tools/make_tiny_models.py")
+    with server(model) as base:
+        yield model, base
+
+
+def test_auto_single_call_drops_the_second(tiny_qwen3):
+    """tool_choice "auto" with parallel calls off: a second call the model writes is dropped
+    (chat, streamed chat and Responses); with them on both come back."""
+    _, base = tiny_qwen3
+    c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    msgs = [{"role": "user", "content": "add twice"}]
+    for parallel, n in ((True, 2), (False, 1)):
+        r = c.chat.completions.create(model="default_model", messages=msgs, tools=TOOLS, max_tokens=200,
+                                      parallel_tool_calls=parallel, extra_body={"regex": TWO_CALLS})
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and len(calls) == n, r.choices[0]
+        assert [json.loads(x.function.arguments) for x in calls] == [{"a": 1, "b": 2}, {"a": 3, "b": 4}][:n]
+        chunks = list(c.chat.completions.create(model="default_model", messages=msgs, tools=TOOLS, max_tokens=200,
+                                                stream=True, parallel_tool_calls=parallel,
+                                                extra_body={"regex": TWO_CALLS}))
+        deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+        assert [d.index for d in deltas] == list(range(n)), deltas
+        tools = [{"type": "function", "name": n_, "parameters": s_} for n_, s_ in SCHEMAS.items()]
+        r = c.responses.create(model="default_model", input="add twice", tools=tools, max_output_tokens=200,
+                               parallel_tool_calls=parallel, extra_body={"regex": TWO_CALLS})
+        assert r.parallel_tool_calls is parallel
+        assert len([o for o in r.output if o.type == "function_call"]) == n, r.output
+
+
+@pytest.mark.parametrize("family", ["qwen3-f32", "llama-f32", "gemma4-f32", "qwen35"])
+def test_tiny_forced_parallel_calls(family, request):
+    """Forced calls with parallel calls on, random weights at temperature 1: every call of
+    every finished turn validates and some turn has more than one, in the family's list
+    form: one <tool_call> each for hermes and qwen3_coder, ';'-separated after one
+    <|python_tag|> for Llama 3, one <|tool_call> each for Gemma 4 (with parallel calls off
+    every turn has exactly one: the tests above). The pythonic tiny model writes the same
+    single call at every seed, so its [f(..), g(..)] list is checked by the unit walks
+    (tests/unit/test_tool_choice.c)."""
+    model = request.getfixturevalue(family) if family == "qwen35" else TINY / family
+    if not model.exists():
+        pytest.fail(f"{model} missing: run tools/make_tiny_models.py")
+    with server(model) as base:
+        c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+        most, finished = 0, 0
+        for seed in range(8):
+            r = c.chat.completions.create(model="default_model", messages=[{"role": "user", "content": "hi"}],
+                                          tools=TOOLS, tool_choice="required", max_tokens=1000, temperature=1.0,
+                                          seed=seed)
+            if r.choices[0].finish_reason == "length":
+                continue  # a long list cut short: its last call is incomplete
+            finished += 1
+            most = max(most, len(check_calls(r.choices[0], SCHEMAS, single=False)))
+        assert finished >= 4 and most >= 2, (finished, most)

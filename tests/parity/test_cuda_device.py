@@ -160,6 +160,29 @@ def test_cuda_generate_device_greedy_matches_cpu(hearth_bin, tiny_models, name):
     assert host.stdout == ref.stdout
 
 
+# ---- constrained rows: the token mask applied by the device sampler (cuda_sample.cu), made
+# on the host while the step's forward pass runs; the CPU scalar tier's masked sampling is
+# the oracle (exact tier: the same greedy tokens) ----
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0,
+                                                                               "maximum": 99}}}
+DEVICE_SAMPLE_NOTE = "tokens sampled on the device"
+
+
+@pytest.mark.parametrize("name", ["llama-f32", "qwen3-q4g64"])
+def test_cuda_constrained_masks_on_device(hearth_bin, tiny_models, name):
+    m = tiny_models[name]
+    if not has_gpu(hearth_bin, m):
+        pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA constrained path did NOT run")
+    extra = {"max_tokens": 40,
+             "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA, "strict": True}}}
+    ref, _ = serve_answers(hearth_bin, m, "cpu", {"HEARTH_CPU": "scalar"}, concurrent=False, extra=extra)
+    gpu, log = serve_answers(hearth_bin, m, "cuda", {}, concurrent=True, extra=extra, args=["--cuda-exact"])
+    assert DEVICE_SAMPLE_NOTE in log, log[-2000:]  # the masked rows went through the device sampler
+    assert gpu == ref
+    assert all(a.startswith("{") for a in gpu), gpu
+
+
 # ---- ragged steps: 12 concurrent requests (decode rows of many sequences beside prefill
 # chunks, T > 8: the split attention dispatch, cuBLAS matmuls, lm_head through the GEMM) ----
 PROMPTS12 = PROMPTS + ["Name three rivers.", "Why is the sky blue?", "Write a haiku about rain.",
@@ -239,3 +262,48 @@ def test_cuda_expert_offload_serve_matches_resident(hearth_bin, tiny_models, nam
                              args=["--cuda-exact", "--expert-offload", "3"])
     assert "experts offloaded" in log, log[-2000:]
     assert off == resident
+
+
+# ---- saved KV files on the GPU (engine/seq_file.c through the device pools) ----
+@pytest.mark.parametrize("name", ["llama-f32", "qwen3_5-f32", "gemma4-q4g64"])
+def test_cuda_prompt_cache_file(hearth_bin, tiny_models, name, tmp_path):
+    """generate --prompt-cache-file --device cuda: the first run writes the file, the second
+    loads the prompt's prefix from it (a hybrid's state cannot be cut to a prefix: none), both
+    with the text of a run without the file; the CPU (scalar tier) loads the GPU's file and
+    gives its own reference text."""
+    m = tiny_models[name]
+    if not has_gpu(hearth_bin, m):
+        pytest.skip("no CUDA device here (or hearth built without nvcc): saved KV files on the GPU did NOT run")
+    cache = tmp_path / "p.hkv"
+
+    def gen(device, env, *args):
+        r = subprocess.run([str(hearth_bin), "generate", str(m), PROMPTS[0], "--max-tokens", "16", "--temp", "0",
+                            "--device", device, *args], capture_output=True, text=True,
+                           env=dict(os.environ, **env), timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r
+    plain = gen("cuda", {}, "--cuda-exact")
+    first = gen("cuda", {}, "--cuda-exact", "--prompt-cache-file", str(cache))
+    assert cache.exists() and first.stdout == plain.stdout
+    second = gen("cuda", {}, "--cuda-exact", "--prompt-cache-file", str(cache))
+    assert second.stdout == plain.stdout
+    loaded = int(second.stderr.split("prompt cache: ")[1].split()[0])
+    assert loaded == 0 if name.startswith("qwen3_5") else loaded > 0, second.stderr
+    ref = gen("cpu", {"HEARTH_CPU": "scalar"})
+    cpu = gen("cpu", {"HEARTH_CPU": "scalar"}, "--prompt-cache-file", str(cache))
+    assert "prompt cache: " in cpu.stderr and cpu.stdout == ref.stdout
+
+
+def test_cuda_serve_prompt_cache_dir(hearth_bin, tiny_models, tmp_path):
+    """serve --prompt-cache-dir --device cuda: the first server saves its requests' KV when it
+    stops, a second one loads the files at start and answers the same."""
+    m = tiny_models["llama-f32"]
+    if not has_gpu(hearth_bin, m):
+        pytest.skip("no CUDA device here (or hearth built without nvcc): --prompt-cache-dir on the GPU did NOT run")
+    args = ["--cuda-exact", "--prompt-cache-dir", str(tmp_path / "pc")]
+    first, _ = serve_answers(hearth_bin, m, "cuda", {}, concurrent=False, args=args)
+    assert any(f.endswith(".hkv") for f in os.listdir(tmp_path / "pc"))
+    again, log = serve_answers(hearth_bin, m, "cuda", {}, concurrent=False, args=args)
+    assert again == first
+    loaded = log.split("prompt cache ")[1]
+    assert "files" in loaded and not loaded.split(":")[1].strip().startswith("0 files"), log[-2000:]

@@ -49,6 +49,8 @@ def test_golden_write_and_remove(hearth_bin, tiny, tmp_path, agent):
         p = parsed["providers"]["hearth"]
         assert p["api"] == "openai-completions" and p["baseUrl"] == "http://127.0.0.1:8080/v1"
         assert p["models"][0]["contextWindow"] == 32768 and "ollama" in parsed["providers"]
+        # pi has no live model list for a models.json provider: the command says how to switch
+        assert "fixed model list (llama-f32)" in r.stdout and "hearth harness pi --model" in r.stdout
     else:
         assert parsed["env"]["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8080"
         assert parsed["env"]["ANTHROPIC_AUTH_TOKEN"] and parsed["env"]["BASH_DEFAULT_TIMEOUT_MS"] == "120000"

@@ -79,6 +79,22 @@ def test_rewrite_keeps_the_header(tmp_path):
     assert results_file.body_of(p).endswith("## Added section\n\nrow\n")
 
 
+def test_write_section_keeps_the_other_sections(tmp_path):
+    """Two benchmarks sharing one file: each replaces its own "## " section and json key,
+    the other's (and hand-written sections) stay; a new file gets the title."""
+    out = tmp_path / "shared.md"
+    results_file.write_section(str(out), "# Shared", "## A", "## A\n\nfirst a\n", "a", {"x": 1})
+    results_file.write_section(str(out), "# Shared", "## B", "## B\n\nfirst b\n", "b", {"y": 2})
+    text = out.read_text()
+    out.write_text(text.replace("\n## Machine", "\n## Notes\n\nby hand\n\n## Machine"))
+    results_file.write_section(str(out), "# Shared", "## A", "## A\n\nsecond a\n", "a", {"x": 3})
+    text = out.read_text()
+    assert text.startswith("# Shared\n")
+    assert "second a" in text and "first a" not in text and "first b" in text and "by hand" in text
+    assert text.index("## A") < text.index("## B") < text.index("## Notes")
+    assert results_file.read(str(out)) == {"a": {"x": 3}, "b": {"y": 2}}
+
+
 @pytest.mark.parametrize("text,why", [
     ("# t\n\nno json here\n", "no '## Machine-readable result' section"),
     ("# t\n\n## Machine-readable result\n\n```json\n{\"a\": 1}\n", "no closed ```json block"),

@@ -6,9 +6,15 @@ refuses must fail validation (the candidates are written the way the grammar wri
 compact, keys in schema order, whole numbers without a fraction; where a form leaves valid
 values out, such as the fractional numbers of `not: {type: integer}`, no such candidate is
 listed, nor objects reaching minProperties only through two or more keys beyond the declared
-ones, which the grammar leaves out since a repeated key counts once). Forms with no exact grammar must be refused with a message naming the keyword."""
+ones, which the grammar leaves out since a repeated key counts once). Forms with no exact grammar must be refused with a message naming the keyword.
+
+A fractional multipleOf (0.01, 0.5, 2.5) is taken exactly, so its oracle is `jsonschema`
+reading the schema and every candidate with exact decimals (json parse_float=Decimal): a
+validator that divides doubles calls 0.07 no multiple of 0.01 (0.07 / 0.01 is
+7.000000000000001 there), which is the float's rounding, not the schema's meaning."""
 import json
 import os
+from decimal import Decimal
 import sys
 import tempfile
 from pathlib import Path
@@ -80,11 +86,35 @@ CASES = [
      ['"x"', '"yy"']),
 ]
 
+# fractional multipleOf, every candidate judged with exact decimals (DECIMAL_CASES' docstring above)
+FRACTIONS = ["0", "0.0", "-0", "1", "-3", "-4", "7", "0.5", "0.25", "0.75", "0.125", "1.5", "-2.5", "2.50", "0.01", "0.07",
+             "-0.07", "0.05", "0.1", "0.3", "3.10", "3.100", "3.1001", "19.99", "99.99", "99.991", "100", "0.001",
+             "0.005", "12.345", "-12.34", "5", "7.5", "10", "12.5", "15", "0.6", "0.2", "1.0000000000000001"]
+DECIMAL_CASES = [
+    ({"type": "number", "multipleOf": 0.01}, FRACTIONS),
+    ({"type": "number", "multipleOf": 0.1}, FRACTIONS),
+    ({"type": "number", "multipleOf": 0.01, "minimum": 0, "maximum": 99.99}, FRACTIONS),
+    ({"type": "number", "multipleOf": 0.01, "minimum": -100000000.0, "maximum": 100000000.0}, FRACTIONS),
+    ({"type": "number", "multipleOf": 0.01, "exclusiveMinimum": 0.005, "exclusiveMaximum": 19.99}, FRACTIONS),
+    ({"type": "number", "multipleOf": 0.5}, FRACTIONS),
+    ({"type": "number", "multipleOf": 0.25, "minimum": 0}, FRACTIONS),
+    ({"type": "number", "multipleOf": 0.05, "maximum": 0}, FRACTIONS),
+    ({"type": "number", "multipleOf": 2.5, "minimum": -5, "exclusiveMaximum": 15}, FRACTIONS),
+    ({"type": "number", "multipleOf": 0.125}, FRACTIONS),
+    ({"type": "number", "multipleOf": 1, "minimum": 0}, FRACTIONS + ["12500.0", "3.00", "-1.0"]),
+    ({"type": "number", "multipleOf": 5}, FRACTIONS + ["12500.0", "-5.0", "5.01"]),
+    ({"type": "integer", "multipleOf": 2.5}, [t for t in FRACTIONS if "." not in t]),
+    ({"enum": [0.07, 0.075, 1, "a", 2.5], "multipleOf": 0.01}, ["0.07", "0.075", "1", '"a"', "2.5", "0.7"]),
+    ({"type": "integer", "multipleOf": 0.5, "minimum": -3}, [t for t in FRACTIONS if "." not in t]),
+]
+
 REFUSED = [
     ({"not": {"pattern": "a"}}, "keyword 'pattern' inside 'not'"),
     # nothing satisfies it (jsonschema: "abc" is longer than 2): refused, not served as an empty turn
     ({"const": "abc", "maxLength": 2}, "accepts no output at all"),
-    ({"type": "number", "multipleOf": 0.5}, "multipleOf 0.5"),
+    ({"type": "number", "multipleOf": 0.5, "minimum": 1}, "multipleOf 0.5 with minimum/maximum"),
+    ({"type": "number", "multipleOf": 0.3333}, "multipleOf 0.3333"),
+    ({"type": "number", "multipleOf": 1 / 3}, "multipleOf 0.333333"),
     ({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 100000}, "multipleOf 7 with minimum/maximum"),
     ({"not": {"enum": [1]}}, "'not' with enum / const values"),
     ({"type": "string", "not": {"const": "a\"b"}}, "'not' with a string value"),
@@ -120,6 +150,32 @@ def test_keywords_against_jsonschema():
     for schema, texts in CASES:
         seen = {jsonschema.Draft202012Validator(schema).is_valid(json.loads(t)) for t in texts}
         assert seen == {True, False} or "const" in schema or "enum" in schema, schema
+
+
+def test_fractional_multiple_of_exactly():
+    """No candidate the exact-decimal oracle calls invalid is accepted, and every valid one
+    written in its shortest form is (bounded forms write the multiples' shortest texts only:
+    "2.50", "0.0" and "-0" may be refused there, never accepted wrongly); each schema sees both."""
+    def shortest(t):
+        return t != "-0" and not ("." in t and t.endswith("0"))
+
+    def exact(x):
+        return json.loads(json.dumps(x), parse_float=Decimal)
+    cases, verdicts = [], []
+    for i, (schema, texts) in enumerate(DECIMAL_CASES):
+        check = jsonschema.Draft202012Validator(exact(schema))
+        v = [check.is_valid(json.loads(t, parse_float=Decimal)) for t in texts]
+        assert set(v) == {True, False}, schema
+        verdicts.append(v)
+        cases.append({"name": f"dec{i}", "schema": json.dumps(schema),
+                      "tests": [{"valid": ok, "text": t} for ok, t in zip(v, texts)]})
+    wrong = []
+    for (schema, texts), v, r in zip(DECIMAL_CASES, verdicts, run(cases)):
+        assert r["error"] is None, (schema, r["error"])
+        for t, ok, got in zip(texts, v, r["tests"]):
+            if (got["accepted"] and not ok) or (ok and shortest(t) and not got["accepted"]):
+                wrong.append((json.dumps(schema), t, "valid" if ok else "invalid"))
+    assert not wrong, "\n".join(map(str, wrong))
 
 
 def test_refused_forms_name_the_keyword():

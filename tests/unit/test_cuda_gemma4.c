@@ -321,18 +321,23 @@ static void test_varied_pool(void **state) {
 }
 
 /* The wide kernel alone at head_dim 512 on a uniform pool (cuda_kv_upload), grouped heads,
- * a window, a mid-sequence token and batch-invariant mode (which takes it too). */
+ * a window, a mid-sequence token and batch-invariant mode (which takes it too); with a split
+ * scratch (as the model gives it) a decode step splits the positions (a context of 512: 8
+ * splits of ceil(len / 8) positions, merged by attention_combine), without one it does not. */
 static void test_attention_512(void **state) {
     (void)state;
     hearth_error e = {0};
     enum { D = 512, KVH = 2, H = 8, SL = 3, T = 4 };
     kv_cache kv;
-    assert_int_equal(kv_create(&kv, 2, KVH, D, SL, 96, 20, &e), HEARTH_OK);
+    assert_int_equal(kv_create(&kv, 2, KVH, D, SL, 512, 20, &e), HEARTH_OK);
+    size_t split_floats = (size_t)T * H * 32 * (D + 4);
+    float *dsplit = dev_floats(NULL, split_floats);
     int lens[SL] = {70, 33, 9};
     for (int s = 0; s < SL; s++) assert_int_equal(kv_reserve(&kv, s, lens[s], &e), HEARTH_OK);
     size_t nf = (size_t)2 * kv.n_blocks * kv.block_floats;
     for (size_t i = 0; i < nf; i++) kv.k[i] = rndf(), kv.v[i] = rndf();
     int32_t slot[T] = {0, 1, 2, 0}, pos[T] = {69, 32, 8, 40};
+    for (int split = 0; split < 2; split++)
     for (int window = 0; window <= 16; window += 16)
         for (int inv = 0; inv < 2; inv++) {
             size_t nq = (size_t)T * H * D;
@@ -367,11 +372,13 @@ static void test_attention_512(void **state) {
                                       .slot = dslot,
                                       .window = window,
                                       .scale = ca.scale,
-                                      .batch_invariant = inv};
+                                      .batch_invariant = inv,
+                                      .split_scratch = split ? dsplit : NULL,
+                                      .split_scratch_floats = split ? split_floats : 0};
             assert_int_equal(cuda_attention(&ga, &e), HEARTH_OK);
             float *out = download(dout, nq);
             char what[96];
-            snprintf(what, sizeof what, "attention d=512 window=%d invariant=%d", window, inv);
+            snprintf(what, sizeof what, "attention d=512 window=%d invariant=%d split scratch=%d", window, inv, split);
             expect_close(what, out, ref, nq, 3e-5f); /* 512 products per score: a little more than d 256's 2e-5 */
             free(out);
             free(q);
@@ -383,6 +390,7 @@ static void test_attention_512(void **state) {
             cuda_free(dslot);
             cuda_kv_free(&dkv);
         }
+    cuda_free(dsplit);
     /* wider than the kernel takes: a clear error, nothing launched */
     cuda_kv dkv = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 640};
     cuda_attention_args ga = {.kv = &dkv, .T = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 640};

@@ -101,11 +101,18 @@ static void assert_close(float a, float b, double tol, const char *what, int row
     }
 }
 
-/* R rows of vocabulary V: greedy ids, survivor sets and logprobs against the host sampler. */
-static void check_rows(int V, int R, int kind, int greedy_every) {
+/* R rows of vocabulary V: greedy ids, survivor sets and logprobs against the host sampler.
+ * Every constrained_every-th row (0: none) carries a constraint's token mask (a random third
+ * of the tokens below a random allow_n, the end of the vocabulary past it forbidden); the
+ * host's reference is its sampler on the row with the forbidden tokens at -inf, as
+ * generate.c's constrained_logits hands it. */
+static void check_rows_c(int V, int R, int kind, int greedy_every, int constrained_every) {
     float *x = malloc((size_t)R * V * sizeof *x);
+    float *hx = malloc((size_t)R * V * sizeof *hx); /* the host's rows: masked where constrained */
     uint8_t *mask = malloc((size_t)R * V);
     trow *rows = calloc((size_t)R, sizeof *rows);
+    int words = (V + 31) / 32, n_constrained = 0;
+    uint32_t *allow = calloc((size_t)R * words, sizeof *allow);
     cuda_sample_req req[MAX_ROWS];
     int32_t ids[MAX_ROWS];
     for (int r = 0; r < R; r++) {
@@ -117,6 +124,16 @@ static void check_rows(int V, int R, int kind, int greedy_every) {
                                    .n_history = HIST,
                                    .seed = rnd() | (uint64_t)rnd() << 32,
                                    .lp = rows[r].p.top_logprobs || r % 2 ? &rows[r].lp : NULL};
+        memcpy(hx + (size_t)r * V, x + (size_t)r * V, (size_t)V * sizeof *x);
+        if (!constrained_every || r % constrained_every) continue;
+        uint32_t *a = allow + (size_t)r * words;
+        int n = V - pick(V / 4 + 1), some = pick(n); /* one allowed token at least */
+        for (int v = 0; v < n; v++)
+            if (v == some || pick(3) == 0) a[v >> 5] |= 1u << (v & 31);
+        for (int v = 0; v < V; v++)
+            if (v >= n || !(a[v >> 5] >> (v & 31) & 1)) hx[(size_t)r * V + v] = -INFINITY;
+        req[r].allow = a, req[r].allow_n = n;
+        n_constrained++;
     }
     cuda_sampler *s;
     hearth_error e = {0};
@@ -135,7 +152,7 @@ static void check_rows(int V, int R, int kind, int greedy_every) {
     uint8_t *hm = malloc((size_t)V);
     int sizes[4] = {0}; /* survivors: 1, <=40, <=1000, more (shows what the rows exercised) */
     for (int r = 0; r < R; r++) {
-        const float *row = x + (size_t)r * V;
+        const float *row = hx + (size_t)r * V;
         const hearth_sampling *p = &rows[r].p;
         int n = sampler_survivors(&h, row, p, rows[r].hist, HIST);
         sizes[n == 1 ? 0 : n <= 40 ? 1 : n <= 1000 ? 2 : 3]++;
@@ -171,17 +188,22 @@ static void check_rows(int V, int R, int kind, int greedy_every) {
             assert_close(rows[r].lp.top_logprobs[i], hl.top_logprobs[i], 1e-5, "top logprob", r);
         }
     }
-    printf("  V %d, %d rows (logits kind %d): survivor sets 1:%d <=40:%d <=1000:%d more:%d, all equal the host's\n", V,
-           R, kind, sizes[0], sizes[1], sizes[2], sizes[3]);
+    printf("  V %d, %d rows (logits kind %d, %d with a token mask): survivor sets 1:%d <=40:%d <=1000:%d more:%d, all "
+           "equal the host's\n",
+           V, R, kind, n_constrained, sizes[0], sizes[1], sizes[2], sizes[3]);
     sampler_free(&h);
     free(hm);
     cuda_free(dx);
     cuda_free(dm);
     cuda_sampler_free(s);
     free(x);
+    free(hx);
+    free(allow);
     free(mask);
     free(rows);
 }
+
+static void check_rows(int V, int R, int kind, int greedy_every) { check_rows_c(V, R, kind, greedy_every, 0); }
 
 static void test_rows_against_host(void **state) {
     (void)state;
@@ -195,6 +217,14 @@ static void test_rows_against_host(void **state) {
     check_rows(151, MAX_ROWS, 1, 5); /* ties everywhere: the id passes decide */
     check_rows(32000, MAX_ROWS, 1, 5);
     check_rows(128256, 16, 2, 4); /* Llama-3's vocabulary: 17-bit ids */
+}
+
+/* Constrained rows (a token mask each) beside unconstrained ones in one launch. */
+static void test_constraint_masks(void **state) {
+    (void)state;
+    check_rows_c(151, MAX_ROWS, 0, 4, 2);
+    check_rows_c(32000, MAX_ROWS, 1, 3, 2);
+    check_rows_c(128256, 16, 2, 4, 1);
 }
 
 /* Draws of one row under many (seed, position) keys against the host's probabilities. */
@@ -310,7 +340,11 @@ static void test_non_finite(void **state) {
     make_logits(x, 2 * V, 0);
     x[V + 77] = INFINITY;
     hearth_sampling g = {.repetition_penalty = 1}, t = {.temperature = 1, .top_p = 0.9f, .repetition_penalty = 1};
-    cuda_sample_req req[2] = {{.p = &g}, {.p = &t}};
+    /* the infinity sits on a token row 1's constraint forbids: still the model's error */
+    uint32_t allow[(V + 31) / 32];
+    memset(allow, 0xff, sizeof allow);
+    allow[77 >> 5] &= ~(1u << (77 & 31));
+    cuda_sample_req req[2] = {{.p = &g}, {.p = &t, .allow = allow, .allow_n = V}};
     cuda_sampler *s;
     hearth_error e = {0};
     assert_int_equal(cuda_sampler_create(2, V, &s, &e), HEARTH_OK);
@@ -340,13 +374,14 @@ int main(void) {
     rng_state ^= (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull; /* fresh rows each run; the seed is printed */
     printf("test_cuda_sample on %s, input seed %llu\n", info.name, (unsigned long long)rng_state);
     if (getenv("HEARTH_SAMPLE_QUICK")) {
-        const struct CMUnitTest quick[] = {cmocka_unit_test(test_rows_against_host), cmocka_unit_test(test_non_finite)};
+        const struct CMUnitTest quick[] = {cmocka_unit_test(test_rows_against_host), cmocka_unit_test(test_non_finite),
+                                           cmocka_unit_test(test_constraint_masks)};
         return cmocka_run_group_tests(quick, NULL, NULL);
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_philox_known_answers), cmocka_unit_test(test_rows_against_host),
         cmocka_unit_test(test_distribution),         cmocka_unit_test(test_batch_invariance),
-        cmocka_unit_test(test_non_finite),
+        cmocka_unit_test(test_non_finite),           cmocka_unit_test(test_constraint_masks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -199,7 +199,25 @@ static void test_schema_bounds(void **state) {
                     L("\"a\"", "\"abc\"", "\"b\""), L("\"ab\"", "\"\"", "\"a\\u0062\""));
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"enum\":[1,2,3,4],\"multipleOf\":2,\"not\":{\"const\":4}}", L("2"),
                     L("1", "3", "4"));
-    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.01}", "multipleOf 0.01");
+    /* fractional steps, taken exactly (0.07 is a multiple of 0.01); the oracle-checked
+     * cases are tests/parity/test_schema_keywords.py */
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.01}",
+                    L("0", "0.07", "-12.5", "3.10", "3.100", "19.99", "7"), L("0.001", "0.071", "1e2", "3.1001"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.01,\"minimum\":0,\"maximum\":99.99}",
+                    L("0", "99.99", "5.5", "0.01"), L("-0.01", "100", "99.991", "5.555"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.01,\"exclusiveMinimum\":0.005}",
+                    L("0.01", "3"), L("0", "0.00", "0.005", "-1"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.5}",
+                    L("0", "0.5", "-1.5", "2", "2.50", "0.0"), L("0.25", "1.51", "0.05"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.25,\"minimum\":0}",
+                    L("0.75", "1.25", "1.5", "3"), L("-0.25", "0.2", "0.125"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":2.5,\"minimum\":-5,\"maximum\":5}",
+                    L("-5", "-2.5", "0", "2.5", "5"), L("7.5", "1", "-7.5", "2.50"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"multipleOf\":2.5}", L("0", "5", "-10"),
+                    L("2", "7", "2.5"));
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.3333}", "multipleOf 0.3333");
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.5,\"minimum\":1}",
+                  "multipleOf 0.5 with minimum/maximum");
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[A-Za-z][a-z0-9_]*$\",\"maxLength\":4}",
                     L("\"a\"", "\"Ab_1\""), L("\"\"", "\"Ab_12\"", "\"1a\""));
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[0-9]{16}$\",\"minLength\":15}",
@@ -477,6 +495,18 @@ static void test_tool_call(void **state) {
     compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"text\": \"a\"}, {\"schema\": {\"uniqueItems\": true}}]]}",
                   "alternatives[0][1]: json schema: keyword 'uniqueItems'");
     compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"schema\": {\"$ref\": \"#/$defs/x\"}}]]}", "$defs/x");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"text\": \"a\"}]], \"parallel\": 1}", "'parallel'");
+    compile_fails(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"text\": \"a\"}]], \"between\": []}", "between");
+    /* the list around the calls: one call, or with "parallel" one or more, "between" apart */
+    const char *calls = "{\"alternatives\": [[{\"text\": \"f(\"}, {\"schema\": {\"type\": \"integer\"}}, "
+                        "{\"text\": \")\"}], [{\"text\": \"g()\"}]], \"before\": [{\"text\": \"[\"}], "
+                        "\"between\": [{\"text\": \", \"}], \"after\": [{\"text\": \"]\"}]";
+    char one[512], many[512];
+    snprintf(one, sizeof one, "%s, \"parallel\": false}", calls);
+    snprintf(many, sizeof many, "%s, \"parallel\": true}", calls);
+    expect_language(GRAMMAR_TOOL_CALL, one, L("[f(1)]", "[g()]"), L("[f(1), g()]", "[]", "[f(1)", "[g(), g()]"));
+    expect_language(GRAMMAR_TOOL_CALL, many, L("[f(1)]", "[f(1), g()]", "[g(), g(), f(-2)]"),
+                    L("[]", "[f(1) g()]", "[f(1), ]", "[f(x)]", "[f(1), g()"));
     /* a GBNF literal cannot spell the marker byte */
     compile_fails(GRAMMAR_GBNF, "root ::= \"\xff<tool_call>\"", "0xFF");
 }
@@ -527,12 +557,13 @@ static void test_tool_call_pieces(void **state) {
                     L("f()", "f(x=1)", "f(x=ab)", "f(x=cc!)"), L("f(x=)", "f(x=1!)", "f(x=abc)", "f(1)", "f(x=ad)"));
     /* tool-call numbers stay within +-1e15 (what the parsers read exactly); Python strings
      * (pyschema) take no \/ or \u escapes but control characters' */
-    expect_language(GRAMMAR_TOOL_CALL,
-                    "{\"alternatives\": [[{\"schema\": {\"type\": \"array\", \"prefixItems\": [{\"type\": \"integer\"}, "
-                    "{\"type\": \"integer\", \"minimum\": 0}, {\"type\": \"number\", \"maximum\": 1}, {}]}}]]}",
-                    L("[999999999999999, 1000000000000000, -999999999999999.5, 1e99]"),
-                    L("[1000000000000000, 0, 0, 0]", "[0, 1000000000000001, 0, 0]", "[0, 0, -1e16, 0]",
-                      "[0, 0, 0, 1e100]", "[0, 0, 0, 12345678901234567]"));
+    expect_language(
+        GRAMMAR_TOOL_CALL,
+        "{\"alternatives\": [[{\"schema\": {\"type\": \"array\", \"prefixItems\": [{\"type\": \"integer\"}, "
+        "{\"type\": \"integer\", \"minimum\": 0}, {\"type\": \"number\", \"maximum\": 1}, {}]}}]]}",
+        L("[999999999999999, 1000000000000000, -999999999999999.5, 1e99]"),
+        L("[1000000000000000, 0, 0, 0]", "[0, 1000000000000001, 0, 0]", "[0, 0, -1e16, 0]", "[0, 0, 0, 1e100]",
+          "[0, 0, 0, 12345678901234567]"));
     expect_language(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"pyschema\": {\"type\": \"string\"}}]]}",
                     L("\"a\\nb\\u001f\\\"\\\\\"", "\"\xc3\xa9/\""), L("\"\\/\"", "\"\\u00e9\"", "\"\\u001F\""));
     expect_language(GRAMMAR_TOOL_CALL, "{\"alternatives\": [[{\"schema\": {\"type\": \"string\"}}]]}",

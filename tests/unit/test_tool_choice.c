@@ -144,6 +144,53 @@ static void test_required(void **state) {
     gvocab_free(v);
 }
 
+static grammar *forced_grammar(ts_tool_type type, const gvocab *v, srv_request *r, srv_tools_mode mode,
+                               const char *name);
+
+/* parallel_tool_calls: two calls in the family's list form are accepted with it on (and
+ * read back as two calls) and refused with it off, where one call still is */
+static void test_parallel_lists(void **state) {
+    (void)state;
+    static const struct {
+        ts_tool_type type;
+        int32_t marker;
+        const char *one, *two, *span; /* span: the two calls' text toolparse gets (NULL: one span per call) */
+    } cases[] = {
+        {TS_TOOL_JSON_TOOLS, -1, "<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>",
+         "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": "
+         "\"ping\", \"arguments\": {}}\n</tool_call>",
+         NULL},
+        {TS_TOOL_LLAMA3_JSON, 257, "{\"name\": \"ping\", \"parameters\": {}}",
+         "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}; {\"name\": \"ping\", \"parameters\": {}}",
+         "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}; {\"name\": \"ping\", \"parameters\": {}}"},
+        {TS_TOOL_MISTRAL, 258, "[{\"name\": \"ping\", \"arguments\": {}}]",
+         "[{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}, {\"name\": \"ping\", \"arguments\": {}}]",
+         "[{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}, {\"name\": \"ping\", \"arguments\": {}}]"},
+    };
+    gvocab *v = vocab();
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        for (int parallel = 0; parallel < 2; parallel++) {
+            srv_request r = request(TOOLS);
+            r.single_tool_call = !parallel;
+            grammar *g = forced_grammar(cases[i].type, v, &r, SRV_TOOLS_REQUIRED, NULL);
+            assert_true(accepts(g, v, cases[i].marker, cases[i].one));
+            if (accepts(g, v, cases[i].marker, cases[i].two) != parallel)
+                fail_msg("case %zu, parallel %d: %s", i, parallel, cases[i].two);
+            if (parallel && cases[i].span) {
+                json_t *calls = json_array();
+                hearth_error err = {0};
+                assert_int_equal(tp_parse(cases[i].type, cases[i].span, strlen(cases[i].span), r.tools, calls, &err),
+                                 HEARTH_OK);
+                assert_int_equal(json_array_size(calls), 2);
+                json_decref(calls);
+            }
+            grammar_free(g);
+            srv_request_free(&r);
+        }
+    }
+    gvocab_free(v);
+}
+
 static void expect_400(int rc, const srv_error *e, const char *param, const char *needle) {
     assert_int_equal(rc, -1);
     assert_int_equal(e->http_status, 400);
@@ -367,14 +414,16 @@ static void check_book(const json_t *a, const char *text) {
  * 257...; the call's open / close markers among them): each output is one call between the markers that reads back
  * through toolparse into a call to the forced tool whose arguments meet the schema. */
 static void walks(ts_tool_type type, const char *const *extra, const uint8_t *special, size_t n_extra, const char *open,
-                  const char *close) {
+                  const char *close, int parallel) {
     gvocab *v = byte_vocab(extra, special, n_extra);
     int32_t n = gvocab_size(v);
     uint32_t *mask = calloc((size_t)(n + 31) / 32, 4);
     int32_t *allowed = calloc((size_t)n, sizeof *allowed);
     srv_request r = request(BOOK_TOOLS);
+    r.single_tool_call = !parallel;
     grammar *g = forced_grammar(type, v, &r, SRV_TOOLS_NAMED, "book");
     int seen_optional = 0;
+    size_t most = 0;
     for (unsigned seed = 1; seed <= 200; seed++) {
         srand(seed);
         gmatcher *m = gmatcher_new(g, v);
@@ -389,7 +438,8 @@ static void walks(ts_tool_type type, const char *const *extra, const uint8_t *sp
                 if (mask[t / 32] >> (t % 32) & 1) allowed[na++] = t;
             assert_true(na > 0);
             int32_t pick = allowed[rand() % na];
-            if (steps > 60 + 2 * (int)seed || pick == 0) { /* toward the end: the longest token that closes something */
+            if (steps > 60 + 2 * (int)seed && allowed[0] == 0) pick = 0; /* toward the end: the end when allowed */
+            if (pick && (steps > 60 + 2 * (int)seed)) { /* else the longest token that closes something */
                 size_t best_len = 0;
                 for (int32_t k = 0; k < na; k++) {
                     int32_t t = allowed[k];
@@ -408,17 +458,49 @@ static void walks(ts_tool_type type, const char *const *extra, const uint8_t *sp
             memcpy(text + len, bytes, bl), len += bl;
         }
         gmatcher_free(m);
+        while (parallel && len && text[len - 1] == '\n') len--; /* a list may end with its separator */
         text[len] = 0;
         if (strncmp(text, open, strlen(open)) || len < strlen(open) + strlen(close) ||
             strcmp(text + len - strlen(close), close))
             fail_msg("seed %u: not one marked call: %s", seed, text);
         text[len - strlen(close)] = 0;
-        json_t *args = forced_parse(type, &r, text + strlen(open), "book");
-        check_book(args, text);
-        seen_optional |= json_object_get(args, "count") || json_object_get(args, "tags");
-        json_decref(args);
+        if (!parallel) {
+            json_t *args = forced_parse(type, &r, text + strlen(open), "book");
+            check_book(args, text);
+            seen_optional |= json_object_get(args, "count") || json_object_get(args, "tags");
+            json_decref(args);
+            continue;
+        }
+        /* one or more calls: each span between the markers reads back, as the text state
+         * machine hands them to toolparse (a list inside one span for pythonic) */
+        json_t *calls = json_array();
+        hearth_error err = {0};
+        text[len - strlen(close)] = close[0]; /* the last close back: every span ends with one */
+        for (char *at = text; *at;) {
+            while (*at == '\n') at++;
+            char *end = strstr(at, close);
+            if (strncmp(at, open, strlen(open)) || !end) fail_msg("seed %u: not marked calls: %s", seed, text);
+            if (tp_parse(type, at + strlen(open), (size_t)(end - at) - strlen(open), r.tools, calls, &err))
+                fail_msg("seed %u: parse of %s: %s", seed, text, err.message);
+            at = end + strlen(close);
+        }
+        assert_true(json_array_size(calls) >= 1);
+        if (json_array_size(calls) > most) most = json_array_size(calls);
+        size_t i;
+        json_t *call;
+        json_array_foreach(calls, i, call) {
+            assert_string_equal(json_string_value(json_object_get(call, "name")), "book");
+            json_t *args = json_object_get(call, "arguments");
+            args = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : json_incref(args);
+            assert_non_null(args);
+            check_book(args, text);
+            seen_optional |= json_object_get(args, "count") || json_object_get(args, "tags");
+            json_decref(args);
+        }
+        json_decref(calls);
     }
     assert_true(seen_optional);
+    if (parallel) assert_true(most >= 2); /* the walks reach lists of several calls */
     grammar_free(g);
     srv_request_free(&r);
     free(mask), free(allowed);
@@ -427,7 +509,8 @@ static void walks(ts_tool_type type, const char *const *extra, const uint8_t *sp
 
 static void test_qwen3_coder_walks(void **state) {
     (void)state;
-    walks(TS_TOOL_QWEN3_CODER, QWEN_EXTRA, QWEN_SPECIAL, N_QWEN_EXTRA, "<tool_call>", "</tool_call>");
+    walks(TS_TOOL_QWEN3_CODER, QWEN_EXTRA, QWEN_SPECIAL, N_QWEN_EXTRA, "<tool_call>", "</tool_call>", 0);
+    walks(TS_TOOL_QWEN3_CODER, QWEN_EXTRA, QWEN_SPECIAL, N_QWEN_EXTRA, "<tool_call>", "</tool_call>", 1);
 }
 
 typedef struct {
@@ -582,7 +665,8 @@ static void test_long_numbers(void **state) {
 
 static void test_pythonic_walks(void **state) {
     (void)state;
-    walks(TS_TOOL_PYTHONIC, PY_EXTRA, PY_SPECIAL, N_PY_EXTRA, "<|tool_call_start|>", "<|tool_call_end|>");
+    walks(TS_TOOL_PYTHONIC, PY_EXTRA, PY_SPECIAL, N_PY_EXTRA, "<|tool_call_start|>", "<|tool_call_end|>", 0);
+    walks(TS_TOOL_PYTHONIC, PY_EXTRA, PY_SPECIAL, N_PY_EXTRA, "<|tool_call_start|>", "<|tool_call_end|>", 1);
 }
 
 static void test_pythonic_errors(void **state) {
@@ -677,7 +761,8 @@ static void test_gemma4(void **state) {
 
 static void test_gemma4_walks(void **state) {
     (void)state;
-    walks(TS_TOOL_GEMMA4, G4_EXTRA, G4_SPECIAL, N_G4_EXTRA, "<|tool_call>", "<tool_call|>");
+    walks(TS_TOOL_GEMMA4, G4_EXTRA, G4_SPECIAL, N_G4_EXTRA, "<|tool_call>", "<tool_call|>", 0);
+    walks(TS_TOOL_GEMMA4, G4_EXTRA, G4_SPECIAL, N_G4_EXTRA, "<|tool_call>", "<tool_call|>", 1);
 }
 
 static void test_gemma4_errors(void **state) {
@@ -699,6 +784,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_formats),
         cmocka_unit_test(test_required),
+        cmocka_unit_test(test_parallel_lists),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_qwen3_coder),
         cmocka_unit_test(test_qwen3_coder_walks),

@@ -2,8 +2,8 @@
 # constrained: constrained decoding under concurrency on the GPU: bench/constrained/serve.py
 # (`hearth serve --device cuda`, N streams with no constraint, json_object and a json_schema,
 # rounds alternated) on the 8B bf16 model. Env: CO_MODEL (default $L8), CO_LEVELS (1,32),
-# CO_ROUNDS (3), CO_TOKENS (128). Writes LOGDIR/constrained_serve.md (copy it to
-# bench/results/). Usage: constrained.sh LOGDIR
+# CO_ROUNDS (3), CO_TOKENS (128). Writes LOGDIR/constrained_serve.md (its table goes into
+# bench/results/constrained_serve_gpu.md). Usage: constrained.sh LOGDIR
 L=${1:?usage: constrained.sh LOGDIR}; mkdir -p "$L"
 cd "$(dirname "$0")/../.." || exit 1
 m=${CO_MODEL:-$L8}

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_experts.h"
+#include "backend/cuda/cuda_kv_rows.h"
 #include "backend/cuda/cuda_lora_cache.h"
 #include "backend/cuda/cuda_plan.h"
 #include "base/err.h"
@@ -57,6 +58,7 @@ typedef struct cuda_model {
     float *qgate;     /* gated attention: the doubled q projection (queries and gates per head) */
     float *gdn[5];    /* Gated DeltaNet: qkv, z, b, a, y of the step (cuda_gdn_args) */
     float *state;     /* hybrids: the device state pool, slots' records then snapshots' (kv_state.h) */
+    cuda_rows_stage rows_stage; /* saved KV files: the host stage of cu_kv_rows (cuda_kv_rows.h) */
     size_t state_record; /* floats of one slot's (or snapshot's) records, every state layer */
     int32_t *run_last;   /* host scratch of cuda_gdn_runs, max_slots */
     int8_t *xq;       /* decode: the next GEMV's int8 activations, written by the fused norm / gate */
@@ -782,6 +784,25 @@ static hearth_status cu_state_copy(op_backend *be, int src, int dst, hearth_erro
                            cm->state_record, err);
 }
 
+static hearth_status cu_kv_rows(op_backend *be, const kv_cache *kv, int layer, int slot, int head, int n, void *keys,
+                                void *values, float *k_scale, float *v_scale, int to_host, hearth_error *err) {
+    cuda_model *cm = (cuda_model *)be;
+    return cuda_kv_rows(&cm->kv, &cm->rows_stage, kv->tables, layer, slot, head, n, keys, values, k_scale, v_scale,
+                        to_host, err);
+}
+
+/* slot's record (every state layer) of the device state pool: the host kv_state's layout */
+static hearth_status cu_state_rows(op_backend *be, int slot, void *record, size_t bytes, int to_host,
+                                   hearth_error *err) {
+    cuda_model *cm = (cuda_model *)be;
+    if (!cm->state || slot < 0 || slot >= cm->kv.max_slots || bytes != cm->state_record * sizeof(float))
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: state record of slot %d (%zu bytes) is not in the state pool",
+                       slot, bytes);
+    float *dev = cm->state + (size_t)slot * cm->state_record;
+    hearth_status st = to_host ? cuda_download_async(record, dev, bytes, err) : cuda_upload_async(dev, record, bytes, err);
+    return st ? st : cuda_stream_sync(err);
+}
+
 static const op_table cuda_table = {.name = "cuda",
                                     .step = cu_step,
                                     .add_norm = cu_add_norm,
@@ -800,6 +821,8 @@ static const op_table cuda_table = {.name = "cuda",
                                     .kv_copy = cu_kv_copy,
                                     .adapter_gone = cu_adapter_gone,
                                     .state_copy = cu_state_copy,
+                                    .kv_rows = cu_kv_rows,
+                                    .state_rows = cu_state_rows,
                                     .free = cuda_model_free};
 
 /* The step's device buffers, each of the size the plan gives (cuda_plan.c). */
@@ -966,6 +989,7 @@ void cuda_model_free(op_backend *be) {
         }
     }
     cuda_experts_free(cm->xp);
+    cuda_rows_stage_free(&cm->rows_stage);
     free(cm->experts);
     free(cm->n_slices);
     free(cm->weights);

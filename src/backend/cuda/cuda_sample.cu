@@ -1,5 +1,6 @@
 /* cuda_sample.cu: sampling for every logits row of a step in one kernel launch, one block
- * per row, with sampler.c's semantics: logit bias, then repetition / presence / frequency
+ * per row, with sampler.c's semantics: a constraint's token mask (forbidden tokens -inf, as
+ * generate.c's constrained_logits on the host), logit bias, then repetition / presence / frequency
  * penalties, then (temperature > 0) candidates within 40 temperatures of the best, top-k,
  * top-p over the top-k mass, min-p relative to the best, a draw; greedy at temperature 0;
  * logprobs of the processed logits. The sorted order (value desc, id asc) is never
@@ -31,6 +32,7 @@ typedef struct row_params {
     float rep, presence, frequency;
     int rep_on;
     int bias_off, n_bias, pen_off, n_pen; /* entries: (id, bias) sorted by id; (id, count) */
+    int has_allow, allow_n;               /* the constraint's mask: row r's words at r * words */
     uint32_t key0, key1, pos0, pos1;
 } row_params;
 
@@ -47,6 +49,8 @@ struct cuda_sampler {
     int32_t *d_eid, *h_eid;          /* [max_rows * ROW_ENTRIES] entry ids */
     float *d_eval, *h_eval;          /* their bias values / penalty counts */
     row_out *d_out, *h_out;
+    uint32_t *d_allow, *h_allow; /* [max_rows * words] constraint masks, words = vocab / 32 rounded up */
+    int words;
     int32_t *counts; /* host [vocab]: ids' counts in a penalty window */
     int32_t *order;  /* host [CUDA_SAMPLE_MAX_BIAS]: bias entries sorted */
     size_t bytes;
@@ -293,19 +297,28 @@ __device__ void apply_entries(float *x, const row_params &p, const int32_t *eid,
 
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows_kernel(float *logits, int V, const row_params *params, const int32_t *eid, const float *ev,
-                       row_out *outs, uint8_t *mask, double scale) {
+                       row_out *outs, uint8_t *mask, const uint32_t *allow, int words, double scale) {
     __shared__ smem_t sm;
     const row_params p = params[blockIdx.x];
     float *x = logits + (size_t)blockIdx.x * V;
     row_out *out = outs + blockIdx.x;
+    int bad = 0;
+    if (p.has_allow) { /* the model's own values are checked before the mask writes -inf */
+        const uint32_t *a = allow + (size_t)blockIdx.x * words;
+        for (int i = threadIdx.x; i < V; i += blockDim.x) {
+            bad |= !isfinite(x[i]);
+            if (i >= p.allow_n || !(a[i >> 5] >> (i & 31) & 1u)) x[i] = -INFINITY;
+        }
+        __syncthreads();
+    }
     apply_entries(x, p, eid, ev);
 
     /* the best token (first index of the largest value) and the non-finite check */
     float best_v = -INFINITY;
-    int best_i = INT_MAX, bad = 0;
+    int best_i = INT_MAX;
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
         float v = x[i];
-        bad |= !isfinite(v);
+        if (!p.has_allow) bad |= !isfinite(v);
         if (v > best_v || (best_i == INT_MAX && v == best_v)) best_v = v, best_i = i;
     }
     for (int o = 16; o > 0; o >>= 1) {
@@ -438,10 +451,13 @@ extern "C" hearth_status cuda_sampler_create(int max_rows, int vocab, cuda_sampl
     if (!st) st = cuda_alloc((void **)&s->d_eid, E * sizeof(int32_t), "sampler entries", err);
     if (!st) st = cuda_alloc((void **)&s->d_eval, E * sizeof(float), "sampler entries", err);
     if (!st) st = cuda_alloc((void **)&s->d_out, R * sizeof(row_out), "sampler results", err);
+    s->words = (vocab + 31) / 32;
+    if (!st) st = cuda_alloc((void **)&s->d_allow, R * s->words * sizeof(uint32_t), "sampler constraint masks", err);
     if (!st && (cudaMallocHost((void **)&s->h_params, R * sizeof(row_params)) != cudaSuccess ||
                 cudaMallocHost((void **)&s->h_eid, E * sizeof(int32_t)) != cudaSuccess ||
                 cudaMallocHost((void **)&s->h_eval, E * sizeof(float)) != cudaSuccess ||
-                cudaMallocHost((void **)&s->h_out, R * sizeof(row_out)) != cudaSuccess)) {
+                cudaMallocHost((void **)&s->h_out, R * sizeof(row_out)) != cudaSuccess ||
+                cudaMallocHost((void **)&s->h_allow, R * s->words * sizeof(uint32_t)) != cudaSuccess)) {
         cudaGetLastError();
         st = err_set(err, HEARTH_ERR_NOMEM, "cuda sampler: cannot allocate pinned buffers for %d rows", max_rows);
     }
@@ -449,7 +465,8 @@ extern "C" hearth_status cuda_sampler_create(int max_rows, int vocab, cuda_sampl
         cuda_sampler_free(s);
         return st;
     }
-    s->bytes = R * (sizeof(row_params) + sizeof(row_out)) + E * (sizeof(int32_t) + sizeof(float));
+    s->bytes = R * (sizeof(row_params) + sizeof(row_out) + s->words * sizeof(uint32_t)) +
+               E * (sizeof(int32_t) + sizeof(float));
     *out = s;
     return HEARTH_OK;
 }
@@ -460,8 +477,9 @@ extern "C" void cuda_sampler_free(cuda_sampler *s) {
     cuda_free(s->d_eid);
     cuda_free(s->d_eval);
     cuda_free(s->d_out);
-    void *pinned[] = {s->h_params, s->h_eid, s->h_eval, s->h_out};
-    for (int i = 0; i < 4; i++)
+    cuda_free(s->d_allow);
+    void *pinned[] = {s->h_params, s->h_eid, s->h_eval, s->h_out, s->h_allow};
+    for (int i = 0; i < 5; i++)
         if (pinned[i]) cudaFreeHost(pinned[i]);
     free(s->counts);
     free(s->order);
@@ -502,6 +520,11 @@ static hearth_status pack_row(cuda_sampler *s, int r, const cuda_sample_req *q, 
         int n = q->lp->n < 0 ? 0 : q->lp->n > SAMPLE_MAX_TOP ? SAMPLE_MAX_TOP : q->lp->n;
         rp->want_lp = 1, rp->n_top = n > V ? V : n;
     }
+    if (q->allow) {
+        rp->has_allow = 1;
+        rp->allow_n = q->allow_n < 0 ? 0 : q->allow_n > V ? V : q->allow_n;
+        memcpy(s->h_allow + (size_t)r * s->words, q->allow, (size_t)(rp->allow_n + 31) / 32 * sizeof(uint32_t));
+    }
     rp->key0 = (uint32_t)q->seed, rp->key1 = (uint32_t)(q->seed >> 32);
     rp->pos0 = (uint32_t)q->n_history, rp->pos1 = (uint32_t)((uint64_t)q->n_history >> 32);
     size_t at = *n_entries;
@@ -538,9 +561,11 @@ static hearth_status run_queued(cuda_sampler *s, float *logits, int rows, const 
     if (rows > s->max_rows)
         return err_set(err, HEARTH_ERR_INVALID, "cuda sampler: %d rows, made for %d", rows, s->max_rows);
     size_t n_entries = 0;
+    int allow_rows = 0; /* the masks go up as far as the last row that has one */
     for (int r = 0; r < rows; r++) {
         hearth_status st = pack_row(s, r, &req[r], &n_entries, err);
         if (st) return st;
+        if (req[r].allow) allow_rows = r + 1;
     }
     /* 2^(63 - bits(V)) per unit of mass: V tokens of mass <= 1 never overflow 64 bits */
     int bits = 0;
@@ -549,9 +574,11 @@ static hearth_status run_queued(cuda_sampler *s, float *logits, int rows, const 
     hearth_status st = cuda_upload_async(s->d_params, s->h_params, (size_t)rows * sizeof(row_params), err);
     if (!st && n_entries) st = cuda_upload_async(s->d_eid, s->h_eid, n_entries * sizeof(int32_t), err);
     if (!st && n_entries) st = cuda_upload_async(s->d_eval, s->h_eval, n_entries * sizeof(float), err);
+    if (!st && allow_rows)
+        st = cuda_upload_async(s->d_allow, s->h_allow, (size_t)allow_rows * s->words * sizeof(uint32_t), err);
     if (st) return st;
     sample_rows_kernel<<<rows, SAMPLE_THREADS, 0, cuda_stream()>>>(logits, s->vocab, s->d_params, s->d_eid, s->d_eval,
-                                                                   s->d_out, mask, scale);
+                                                                   s->d_out, mask, s->d_allow, s->words, scale);
     if ((st = cuda_launched("sample_rows", err))) return st;
     if ((st = cuda_download_async(s->h_out, s->d_out, (size_t)rows * sizeof(row_out), err))) return st;
     if ((st = cuda_stream_sync(err))) return st;

@@ -27,9 +27,15 @@ typedef struct cuda_sample_req {
     size_t n_history;
     uint64_t seed;
     hearth_logprobs *lp; /* NULL: no logprobs; else the chosen token's and lp->n alternatives */
+    /* a constraint's token mask (generate.c's constrained_logits on the device): NULL none;
+     * else token v < allow_n may be drawn when bit v % 32 of allow[v / 32] is set, and every
+     * other token's logit is -inf before the bias and penalties */
+    const uint32_t *allow;
+    int32_t allow_n;
 } cuda_sample_req;
 
-/* Whether the device path takes these parameters (bias and penalty window within the caps). */
+/* Whether the device path takes these parameters (bias and penalty window within the caps;
+ * any constraint mask). */
 int cuda_sample_supported(const hearth_sampling *p);
 hearth_status cuda_sampler_create(int max_rows, int vocab, cuda_sampler **out, hearth_error *err);
 void cuda_sampler_free(cuda_sampler *s);

@@ -54,7 +54,8 @@ typedef struct kv_cache {
 /* The row strides of a pool of n_layers layers of n_kv_heads heads and n_blocks blocks:
  * block-major when the layers share one shape, layer-major (layered = 1) when they do not
  * (kv_create_layers' pools and their one-layer views, where the two agree). The device pool
- * (cuda_kv) uses the same strides, so a host pool uploads as one flat copy. */
+ * (cuda_kv) is layer-major whatever the shapes (nothing on the GPU pages in); cuda_kv_upload
+ * reorders a host pool. */
 static inline void kv_strides(int n_layers, int n_kv_heads, int n_blocks, int layered, size_t *block_rows,
                               size_t *layer_rows) {
     size_t head_rows = (size_t)n_kv_heads * KV_BLOCK_SIZE;

@@ -299,7 +299,7 @@ hearth_status cuda_scatter_add_rows(float *dst, const float *src, const int32_t 
 /* y[t, :] += sigmoid(g[t]) * o[t, :] for T rows of width (a shared expert's gated output). */
 hearth_status cuda_add_sigmoid_scaled(float *y, const float *o, const float *g, int T, int width, hearth_error *err);
 
-/* Device copy of the paged KV pool: same block layout (kv_strides) and tables as kv_cache; the element
+/* Device copy of the paged KV pool: same block layout and tables as kv_cache; the element
  * type is the pool's quant (hearth_kv_quant): float32, or int8 / fp8 e4m3 bytes with one
  * float scale per (layer, block, KV head, position) row. Kernels read and write elements only
  * through cuda_kv_access.cuh. */
@@ -307,13 +307,12 @@ typedef struct cuda_kv {
     int n_layers, n_kv_heads, head_dim;
     int n_blocks, max_slots, max_blocks_per_slot;
     int quant;                /* hearth_kv_quant */
-    size_t block_rows, layer_rows; /* kv_cache's row strides (kv_strides): cuda_kv_row */
-    void *k, *v;              /* [n_blocks][n_layers][n_kv_heads][KV_BLOCK_SIZE][head_dim] elements (cuda_kv_row) */
-    float *k_scale, *v_scale; /* int8 / fp8: [n_blocks][n_layers][n_kv_heads][KV_BLOCK_SIZE]; else NULL */
+    void *k, *v;              /* [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE][head_dim] elements */
+    float *k_scale, *v_scale; /* int8 / fp8: [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE]; else NULL */
     int32_t *tables;
     /* Layers of their own shape (kv_cache.layer_heads / layer_dims, host copies; NULL when
-     * every layer is n_kv_heads x head_dim, else those are the maxima): layer-major, layer
-     * l's rows and elements follow layer l - 1's, as on the host; kernels see one layer through
+     * every layer is n_kv_heads x head_dim, else those are the maxima): layer l's rows and
+     * elements follow layer l - 1's, as on the host; kernels see one layer through
      * cuda_kv_layer_view. Kernels never read these arrays. */
     int *layer_heads, *layer_dims;
 } cuda_kv;

@@ -37,7 +37,6 @@ int cuda_kv_layer_view(const cuda_kv *kv, int layer, cuda_kv *view) {
     view->n_kv_heads = kv->layer_heads[layer];
     view->head_dim = kv->layer_dims[layer];
     view->layer_heads = view->layer_dims = NULL;
-    kv_strides(1, view->n_kv_heads, kv->n_blocks, 1, &view->block_rows, &view->layer_rows);
     view->k = (char *)kv->k + elems * eb;
     view->v = (char *)kv->v + elems * eb;
     if (kv->k_scale) view->k_scale = kv->k_scale + rows, view->v_scale = kv->v_scale + rows;
@@ -62,9 +61,6 @@ static hearth_status kv_create(cuda_kv *dkv, const kv_cache *kv, int quant, hear
     dkv->n_blocks = kv->n_blocks;
     dkv->max_slots = kv->max_slots;
     dkv->max_blocks_per_slot = kv->max_blocks_per_slot;
-    /* the host pool's layout (kv_cache.h): block-major, layer-major where layers differ */
-    kv_strides(kv->n_layers, kv->n_kv_heads, kv->n_blocks, kv->layer_heads != NULL, &dkv->block_rows,
-               &dkv->layer_rows);
     dkv->quant = quant;
     if (!kv_quant_known(quant))
         return err_set(err, HEARTH_ERR_INVALID,
@@ -92,22 +88,39 @@ hearth_status cuda_kv_alloc(cuda_kv *dkv, const kv_cache *kv, int quant, hearth_
     return kv_create(dkv, kv, quant, err);
 }
 
+/* One of a host pool's arrays (bytes in all, rows of row_bytes) to the device in the device
+ * pool's order: the device pool is layer-major ([layer][block][head][position], cuda_kv_row),
+ * the host pool block-major where its layers share one shape (kv_cache.h), so each (layer,
+ * block)'s run of n_kv_heads x KV_BLOCK_SIZE rows moves; a pool of layers of their own
+ * shapes is layer-major on both sides and goes as it is. */
+static hearth_status upload_rows(void *dst, const void *src, size_t bytes, size_t row_bytes, const kv_cache *kv,
+                                 hearth_error *err) {
+    if (kv->layer_heads || kv->n_layers == 1) return cuda_upload(dst, src, bytes, err);
+    char *stage = (char *)malloc(bytes);
+    if (!stage) return err_set(err, HEARTH_ERR_NOMEM, "cuda_kv_upload: out of memory");
+    size_t run = (size_t)kv->n_kv_heads * KV_BLOCK_SIZE * row_bytes;
+    for (int l = 0; l < kv->n_layers; l++)
+        for (int b = 0; b < kv->n_blocks; b++)
+            memcpy(stage + ((size_t)l * kv->n_blocks + b) * run, (const char *)src + kv_block_row(kv, l, b, 0) * row_bytes,
+                   run);
+    hearth_status s = cuda_upload(dst, stage, bytes, err);
+    free(stage);
+    return s;
+}
+
 hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err) {
     if (kv->quant != HEARTH_KV_FLOAT && kv->quant != HEARTH_KV_INT8)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_kv_upload: a host pool holds float or int8 KV only");
     hearth_status s = kv_create(dkv, kv, kv->quant, err);
     if (s) return s;
-    size_t rows, elems; /* the host pool's sizes; its layout is the device pool's (kv_strides) */
+    size_t rows, elems; /* over all layers */
     layer_extent(dkv, dkv->n_layers, &rows, &elems);
-    if (kv->quant == HEARTH_KV_FLOAT) {
-        size_t eb = elems * sizeof(float);
-        s = cuda_upload(dkv->k, kv->k, eb, err);
-        if (!s) s = cuda_upload(dkv->v, kv->v, eb, err);
-    } else {
-        s = cuda_upload(dkv->k, kv->k8, elems, err);
-        if (!s) s = cuda_upload(dkv->v, kv->v8, elems, err);
-        if (!s) s = cuda_upload(dkv->k_scale, kv->k_scale, rows * sizeof(float), err);
-        if (!s) s = cuda_upload(dkv->v_scale, kv->v_scale, rows * sizeof(float), err);
+    size_t eb = kv->quant == HEARTH_KV_FLOAT ? sizeof(float) : 1, row = (size_t)kv->head_dim * eb;
+    s = upload_rows(dkv->k, kv->k ? (const void *)kv->k : kv->k8, elems * eb, row, kv, err);
+    if (!s) s = upload_rows(dkv->v, kv->v ? (const void *)kv->v : kv->v8, elems * eb, row, kv, err);
+    if (!s && kv->quant == HEARTH_KV_INT8) {
+        s = upload_rows(dkv->k_scale, kv->k_scale, rows * sizeof(float), sizeof(float), kv, err);
+        if (!s) s = upload_rows(dkv->v_scale, kv->v_scale, rows * sizeof(float), sizeof(float), kv, err);
     }
     if (s) cuda_kv_free(dkv);
     return s;
@@ -240,7 +253,8 @@ hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const
  * the rows' bytes in the pool's own element type, and their scales. */
 __global__ void kv_copy_rows_kernel(cuda_kv kv, size_t row_bytes, int src, int dst, int rows) {
     int l = blockIdx.x / kv.n_kv_heads, h = blockIdx.x % kv.n_kv_heads;
-    size_t from = cuda_kv_row(kv, l, src, h, 0), to = cuda_kv_row(kv, l, dst, h, 0);
+    size_t from = (((size_t)l * kv.n_blocks + src) * kv.n_kv_heads + h) * KV_BLOCK_SIZE;
+    size_t to = (((size_t)l * kv.n_blocks + dst) * kv.n_kv_heads + h) * KV_BLOCK_SIZE;
     const char *ks = (const char *)kv.k + from * row_bytes, *vs = (const char *)kv.v + from * row_bytes;
     char *kd = (char *)kv.k + to * row_bytes, *vd = (char *)kv.v + to * row_bytes;
     for (size_t i = threadIdx.x; i < (size_t)rows * row_bytes; i += blockDim.x) kd[i] = ks[i], vd[i] = vs[i];

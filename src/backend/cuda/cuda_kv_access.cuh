@@ -52,8 +52,7 @@ extern "C" {
     } while (0)
 
 static __device__ __forceinline__ size_t cuda_kv_row(const cuda_kv &kv, int layer, int block, int head, int p) {
-    return (size_t)block * kv.block_rows + (size_t)layer * kv.layer_rows + (size_t)head * KV_BLOCK_SIZE +
-           (size_t)(p % KV_BLOCK_SIZE);
+    return (((size_t)layer * kv.n_blocks + block) * kv.n_kv_heads + head) * KV_BLOCK_SIZE + (size_t)(p % KV_BLOCK_SIZE);
 }
 
 static __device__ __forceinline__ int cuda_kv_block(const cuda_kv &kv, int slot, int p) {

@@ -2,6 +2,7 @@
  * mem.h). The advice is best effort: without THP (or with it off) the buffer is ordinary
  * memory and nothing fails. */
 #include "base/mem.h"
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -10,10 +11,15 @@
 #define MEM_HUGE_MIN ((size_t)4 << 20)
 #define MEM_HUGE_ALIGN ((size_t)2 << 20)
 
+/* HEARTH_HUGEPAGES=0 turns the advice off (docs/cli.md). */
+static int huge_allowed(void) {
+    const char *env = getenv("HEARTH_HUGEPAGES");
+    return !(env && !strcmp(env, "0"));
+}
+
 void *mem_alloc_stream(size_t bytes) {
     if (!bytes) bytes = 1;
-    const char *env = getenv("HEARTH_HUGEPAGES");
-    int huge = bytes >= MEM_HUGE_MIN && !(env && !strcmp(env, "0"));
+    int huge = bytes >= MEM_HUGE_MIN && huge_allowed();
     void *p;
     if (posix_memalign(&p, huge ? MEM_HUGE_ALIGN : 64, bytes)) return NULL;
 #ifdef MADV_HUGEPAGE
@@ -29,13 +35,24 @@ static size_t page_round(size_t bytes) {
 }
 
 /* mmap, not malloc: glibc may serve even a large request from heap it has touched before,
- * and only a fresh mapping promises zero pages that cost nothing until written. No huge
- * pages: one would make 2 MiB resident for the first 16-position block of each layer, and
- * the resident size would no longer follow the blocks written. */
-void *mem_alloc_reserved(size_t bytes) {
-    void *p = mmap(NULL, page_round(bytes ? bytes : 1), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+ * and only a fresh mapping promises zero pages that cost nothing until written. huge: the
+ * mapping is made 2 MiB aligned (a larger one trimmed at both ends, so mem_free_reserved
+ * unmaps exactly page_round(bytes)) and advised MADV_HUGEPAGE: a write then makes the 2 MiB
+ * around it resident, so it suits a buffer filled from its start onward. */
+void *mem_alloc_reserved(size_t bytes, int huge) {
+    size_t len = page_round(bytes ? bytes : 1);
+    huge = huge && len >= MEM_HUGE_ALIGN && huge_allowed();
+    size_t extra = huge ? MEM_HUGE_ALIGN : 0;
+    char *p = mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    if (!huge) return p;
+    char *a = (char *)(((uintptr_t)p + MEM_HUGE_ALIGN - 1) / MEM_HUGE_ALIGN * MEM_HUGE_ALIGN);
+    if (a > p) munmap(p, (size_t)(a - p));
+    if (a + len < p + len + extra) munmap(a + len, (size_t)(p + len + extra - (a + len)));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(a, len, MADV_HUGEPAGE);
+#endif
+    return a;
 }
 
 void mem_free_reserved(void *p, size_t bytes) {

@@ -12,9 +12,11 @@
 void *mem_alloc_stream(size_t bytes);
 
 /* A page-aligned reservation that is filled a part at a time (the KV pool): anonymous
- * pages, read as zeros and made resident (4 KiB at a time, no huge pages) only when first
- * written, so the process holds what it has used, not what it reserved. NULL when the
- * address space is short; release with mem_free_reserved and the same byte count. */
-void *mem_alloc_reserved(size_t bytes);
+ * pages, read as zeros and made resident only when first written, so the process holds
+ * what it has used, not what it reserved. Made resident 4 KiB at a time, or with huge (and
+ * bytes >= 2 MiB, unless HEARTH_HUGEPAGES=0) 2 MiB aligned and advised MADV_HUGEPAGE, so
+ * up to 2 MiB at a time: for a buffer whose used part is one run from its start. NULL when
+ * the address space is short; release with mem_free_reserved and the same byte count. */
+void *mem_alloc_reserved(size_t bytes, int huge);
 void mem_free_reserved(void *p, size_t bytes);
 #endif

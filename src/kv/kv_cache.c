@@ -62,6 +62,7 @@ int kv_layer_view(const kv_cache *kv, int layer, kv_cache *view) {
     view->n_kv_heads = kv->layer_heads[layer];
     view->head_dim = kv->layer_dims[layer];
     view->block_floats = (size_t)KV_BLOCK_SIZE * view->n_kv_heads * view->head_dim;
+    kv_strides(1, view->n_kv_heads, kv->n_blocks, 1, &view->block_rows, &view->layer_rows);
     view->layer_heads = view->layer_dims = NULL;
     if (kv->k) view->k = kv->k + elems, view->v = kv->v + elems;
     if (kv->k8) view->k8 = (int8_t *)((char *)kv->k8 + elems * eb), view->v8 = (int8_t *)((char *)kv->v8 + elems * eb);
@@ -82,7 +83,11 @@ static void storage_sizes(const kv_cache *kv, int quant, size_t sizes[6]) {
  * zeros and become resident as blocks are first written, so a server holds the KV memory
  * its requests have used and starts without faulting in the whole pool (page-aligned, so
  * cache-line aligned as AVX-512 loads like). hearth fit reports both: the pool untouched at
- * start and the whole pool written (the peak). */
+ * start and the whole pool written (the peak). A block-major pool's key and value arrays
+ * are on transparent huge pages (mem_alloc_reserved's huge): consecutive blocks are
+ * consecutive memory, so a 2 MiB page is made resident by the blocks written into it, and
+ * the attention kernels, which walk a sequence's blocks across the pool, take fewer TLB
+ * misses. The scale arrays (1 / head_dim of the elements) stay on 4 KiB pages. */
 static void storage_free(kv_cache *kv) {
     size_t sizes[6];
     storage_sizes(kv, kv->quant, sizes);
@@ -102,7 +107,7 @@ static hearth_status storage_create(kv_cache *kv, int quant, hearth_error *err) 
                         (void **)&kv->v8, (void **)&kv->k_scale, (void **)&kv->v_scale};
     int ok = 1;
     for (int i = 0; i < 6; i++)
-        if (sizes[i] && !(*arrays[i] = mem_alloc_reserved(sizes[i]))) ok = 0;
+        if (sizes[i] && !(*arrays[i] = mem_alloc_reserved(sizes[i], i < 4 && !kv->layer_heads))) ok = 0;
     if (ok) return HEARTH_OK;
     size_t rows, elems;
     layer_extent(kv, kv->n_layers, &rows, &elems);
@@ -169,8 +174,7 @@ void kv_copy_rows(kv_cache *kv, int32_t src, int32_t dst, int rows) {
     char *k = kv->k ? (char *)kv->k : (char *)kv->k8, *v = kv->v ? (char *)kv->v : (char *)kv->v8;
     for (int l = 0; l < kv->n_layers; l++)
         for (int h = 0; h < kv->n_kv_heads; h++) {
-            size_t from = (((size_t)l * kv->n_blocks + src) * kv->n_kv_heads + h) * KV_BLOCK_SIZE;
-            size_t to = (((size_t)l * kv->n_blocks + dst) * kv->n_kv_heads + h) * KV_BLOCK_SIZE;
+            size_t from = kv_block_row(kv, l, src, h), to = kv_block_row(kv, l, dst, h);
             memcpy(k + to * d * eb, k + from * d * eb, (size_t)rows * d * eb);
             memcpy(v + to * d * eb, v + from * d * eb, (size_t)rows * d * eb);
             if (kv->k_scale) {
@@ -203,6 +207,7 @@ hearth_status kv_create_meta(kv_cache *kv, int n_layers, int n_kv_heads, int hea
     kv->max_slots = max_slots;
     kv->max_blocks_per_slot = blocks_for(max_context);
     kv->block_floats = (size_t)KV_BLOCK_SIZE * n_kv_heads * head_dim;
+    kv_strides(n_layers, n_kv_heads, n_blocks, 0, &kv->block_rows, &kv->layer_rows);
     kv->quant = quant;
     hearth_status st = HEARTH_OK;
     if (!kv_quant_known(quant)) {
@@ -242,6 +247,7 @@ hearth_status kv_create_layers(kv_cache *kv, int n_layers, const int *heads, con
     }
     memcpy(kv->layer_heads, heads, (size_t)n_layers * sizeof(int));
     memcpy(kv->layer_dims, dims, (size_t)n_layers * sizeof(int));
+    kv_strides(n_layers, max_heads, n_blocks, 1, &kv->block_rows, &kv->layer_rows); /* layer-major */
     return with_storage ? kv_storage_attach(kv, err) : HEARTH_OK;
 }
 

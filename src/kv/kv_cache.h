@@ -1,10 +1,20 @@
-/* kv_cache.h: the paged KV pool: for every layer, a fixed array of blocks of
- * KV_BLOCK_SIZE positions x n_kv_heads x head_dim keys and values (--kv-quant: float32;
+/* kv_cache.h: the paged KV pool: a fixed array of blocks, each holding KV_BLOCK_SIZE
+ * positions x n_kv_heads x head_dim keys and values of every layer (--kv-quant: float32;
  * int8 with a scale per position and head; fp8 and f16 on the GPU only, whose host copy
  * keeps the layout for the byte counts), and a block table per sequence slot. Full blocks
  * are shared between sequences by content (kv_prefix.h). Reserved once at engine start
  * (pages become resident when first written); adding or dropping a sequence is O(blocks),
- * nothing is copied. Knows nothing of models or sampling. */
+ * nothing is copied. Knows nothing of models or sampling.
+ *
+ * Layout (kv_row): block-major, [block][layer][kv head][position in block][head_dim], so
+ * a block's rows for every layer are one contiguous run and the pool's memory grows with
+ * the blocks written even on 2 MiB transparent huge pages (the pool's element arrays are
+ * advised MADV_HUGEPAGE). Inside a block, the 16 positions of one (layer, KV head) are
+ * contiguous rows, head_dim elements apart, which the attention kernels rely on. A pool
+ * whose layers have their own shapes (kv_create_layers) stays layer-major,
+ * [layer][block][kv head][position][head_dim] with each layer's own heads and head_dim,
+ * and off huge pages (its first block would make 2 MiB of every layer's region resident);
+ * kernels see one of its layers at a time through kv_layer_view. */
 #ifndef HEARTH_KV_KV_CACHE_H
 #define HEARTH_KV_KV_CACHE_H
 #include "base/threadpool.h"
@@ -21,10 +31,13 @@ typedef struct kv_cache {
     int n_layers, n_kv_heads, head_dim;
     int n_blocks, max_slots, max_blocks_per_slot;
     size_t block_floats;   /* KV_BLOCK_SIZE * n_kv_heads * head_dim */
-    float *k, *v;          /* [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE][head_dim]; NULL when int8 */
+    /* Rows between block b and b + 1 of a layer, and between layer l and l + 1 of a block
+     * (kv_strides): kv_row = b * block_rows + layer * layer_rows + head * KV_BLOCK_SIZE + p % 16. */
+    size_t block_rows, layer_rows;
+    float *k, *v;          /* [n_blocks][n_layers][n_kv_heads][KV_BLOCK_SIZE][head_dim] (kv_row); NULL when int8 */
     int quant;             /* hearth_kv_quant */
     int8_t *k8, *v8;       /* int8 storage: the same layout as k, v */
-    float *k_scale, *v_scale; /* int8: one scale per row, [n_layers][n_blocks][n_kv_heads][KV_BLOCK_SIZE] */
+    float *k_scale, *v_scale; /* int8: one scale per row, [n_blocks][n_layers][n_kv_heads][KV_BLOCK_SIZE] */
     int32_t *tables;       /* [max_slots][max_blocks_per_slot], -1 = none */
     int32_t *n_tokens;     /* positions stored per slot */
     int32_t *free_list;    /* stack of free block ids */
@@ -33,10 +46,22 @@ typedef struct kv_cache {
     struct kv_state *state;   /* recurrent state of hybrid models (kv_state.h), NULL without */
     /* Layers of their own shape (Gemma 4: sliding and full layers differ in head_dim and KV
      * heads): per layer its KV heads and head_dim, NULL when every layer is n_kv_heads x
-     * head_dim (then the maxima). Layer l's storage follows layer l - 1's; kernels see one
-     * layer at a time through kv_layer_view. */
+     * head_dim (then the maxima). Such a pool is layer-major: layer l's storage (all its
+     * blocks) follows layer l - 1's; kernels see one layer at a time through kv_layer_view. */
     int *layer_heads, *layer_dims;
 } kv_cache;
+
+/* The row strides of a pool of n_layers layers of n_kv_heads heads and n_blocks blocks:
+ * block-major when the layers share one shape, layer-major (layered = 1) when they do not
+ * (kv_create_layers' pools and their one-layer views, where the two agree). The device pool
+ * (cuda_kv) is layer-major whatever the shapes (nothing on the GPU pages in); cuda_kv_upload
+ * reorders a host pool. */
+static inline void kv_strides(int n_layers, int n_kv_heads, int n_blocks, int layered, size_t *block_rows,
+                              size_t *layer_rows) {
+    size_t head_rows = (size_t)n_kv_heads * KV_BLOCK_SIZE;
+    *block_rows = layered ? head_rows : (size_t)n_layers * head_rows;
+    *layer_rows = layered ? (size_t)n_blocks * head_rows : head_rows;
+}
 
 /* hearth_kv_quant properties, the one place that says them: a value the engine knows;
  * stored only by the CUDA backend (fp8, f16); rows carrying one float scale (int8, fp8);
@@ -96,12 +121,14 @@ void kv_release(kv_cache *kv, int slot);
  * to the pool. Speculative decoding's rollback of rejected positions: those blocks are
  * private (only full blocks within the kept positions are ever named for sharing). */
 void kv_truncate(kv_cache *kv, int slot, int n_positions);
-/* Pointers to position p of slot (which must be reserved) for a layer and KV head. */
 /* Row index of position p of slot for a layer and KV head: the key is head_dim values at
  * k (or k8) + row * head_dim, its int8 scale k_scale[row]; the same for values. */
+static inline size_t kv_block_row(const kv_cache *kv, int layer, int32_t b, int head) {
+    return (size_t)b * kv->block_rows + (size_t)layer * kv->layer_rows + (size_t)head * KV_BLOCK_SIZE;
+}
 static inline size_t kv_row(const kv_cache *kv, int layer, int slot, int p, int head) {
     int32_t b = kv->tables[(size_t)slot * kv->max_blocks_per_slot + p / KV_BLOCK_SIZE];
-    return (((size_t)layer * kv->n_blocks + b) * kv->n_kv_heads + head) * KV_BLOCK_SIZE + (size_t)(p % KV_BLOCK_SIZE);
+    return kv_block_row(kv, layer, b, head) + (size_t)(p % KV_BLOCK_SIZE);
 }
 /* Writes one position's key and value (head_dim floats each), quantizing them when the
  * pool is int8: the only way K/V enter the pool. */
@@ -120,13 +147,9 @@ void kv_slot_rows_write(kv_cache *kv, int layer, int slot, int head, int n, cons
                         const float *k_scale, const float *v_scale);
 /* Float pool only: */
 static inline float *kv_key(const kv_cache *kv, int layer, int slot, int p, int head) {
-    int32_t b = kv->tables[(size_t)slot * kv->max_blocks_per_slot + p / KV_BLOCK_SIZE];
-    return kv->k + (((size_t)layer * kv->n_blocks + b) * kv->n_kv_heads + head) * KV_BLOCK_SIZE * kv->head_dim +
-           (size_t)(p % KV_BLOCK_SIZE) * kv->head_dim;
+    return kv->k + kv_row(kv, layer, slot, p, head) * kv->head_dim;
 }
 static inline float *kv_value(const kv_cache *kv, int layer, int slot, int p, int head) {
-    int32_t b = kv->tables[(size_t)slot * kv->max_blocks_per_slot + p / KV_BLOCK_SIZE];
-    return kv->v + (((size_t)layer * kv->n_blocks + b) * kv->n_kv_heads + head) * KV_BLOCK_SIZE * kv->head_dim +
-           (size_t)(p % KV_BLOCK_SIZE) * kv->head_dim;
+    return kv->v + kv_row(kv, layer, slot, p, head) * kv->head_dim;
 }
 #endif

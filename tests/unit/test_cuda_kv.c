@@ -184,6 +184,14 @@ static const char *qname(int q) { return hearth_kv_quant_name(q); }
 
 /* ---------- kv_write: the stored rows ---------- */
 
+/* Row of (layer, slot, position, head) in the device pool, which is layer-major
+ * ([layer][block][head][position], cuda_kv_row) while the host pool kv is block-major:
+ * kv gives only the block table. */
+static size_t dev_row(const kv_cache *kv, int l, int slot, int p, int h) {
+    int32_t b = kv->tables[(size_t)slot * kv->max_blocks_per_slot + p / KV_BLOCK_SIZE];
+    return (((size_t)l * kv->n_blocks + b) * kv->n_kv_heads + h) * KV_BLOCK_SIZE + (size_t)(p % KV_BLOCK_SIZE);
+}
+
 static void check_stored(const pool *P) {
     int d = P->d;
     size_t rows = (size_t)LAYERS * P->kvf.n_blocks * P->kvh * KV_BLOCK_SIZE;
@@ -196,7 +204,7 @@ static void check_stored(const pool *P) {
             for (int s = 0; s < SLOTS; s++)
                 for (int p = 0; p < P->lens[s]; p++)
                     for (int h = 0; h < P->kvh; h++) {
-                        size_t row = kv_row(&P->kvf, l, s, p, h);
+                        size_t row = dev_row(&P->kvf, l, s, p, h);
                         const float *x = (which ? P->v[l] : P->k[l]) + ((size_t)(P->first[s] + p) * P->kvh + h) * d;
                         if (P->quant == HEARTH_KV_FLOAT) {
                             if (memcmp(dev + row * d * 4, x, (size_t)d * 4))
@@ -544,7 +552,7 @@ static void test_rope_kv_write(void **state) {
                           *sb = scaled ? download(which ? two.v_scale : two.k_scale, rows * 4) : NULL;
                     for (int t = 0; t < T; t++)
                         for (int h = 0; h < kvh; h++) {
-                            size_t row = kv_row(&P.kvf, 1, slot[t], pos[t], h);
+                            size_t row = dev_row(&P.kvf, 1, slot[t], pos[t], h);
                             if (memcmp(a + row * d * eb, b + row * d * eb, (size_t)d * eb) ||
                                 (scaled && memcmp(&sa[row], &sb[row], 4)))
                                 fail_msg("rope_kv_write quant %d heads %d/%d d=%d adjacent=%d: %s row of token %d "

@@ -88,22 +88,39 @@ hearth_status cuda_kv_alloc(cuda_kv *dkv, const kv_cache *kv, int quant, hearth_
     return kv_create(dkv, kv, quant, err);
 }
 
+/* One of a host pool's arrays (bytes in all, rows of row_bytes) to the device in the device
+ * pool's order: the device pool is layer-major ([layer][block][head][position], cuda_kv_row),
+ * the host pool block-major where its layers share one shape (kv_cache.h), so each (layer,
+ * block)'s run of n_kv_heads x KV_BLOCK_SIZE rows moves; a pool of layers of their own
+ * shapes is layer-major on both sides and goes as it is. */
+static hearth_status upload_rows(void *dst, const void *src, size_t bytes, size_t row_bytes, const kv_cache *kv,
+                                 hearth_error *err) {
+    if (kv->layer_heads || kv->n_layers == 1) return cuda_upload(dst, src, bytes, err);
+    char *stage = (char *)malloc(bytes);
+    if (!stage) return err_set(err, HEARTH_ERR_NOMEM, "cuda_kv_upload: out of memory");
+    size_t run = (size_t)kv->n_kv_heads * KV_BLOCK_SIZE * row_bytes;
+    for (int l = 0; l < kv->n_layers; l++)
+        for (int b = 0; b < kv->n_blocks; b++)
+            memcpy(stage + ((size_t)l * kv->n_blocks + b) * run, (const char *)src + kv_block_row(kv, l, b, 0) * row_bytes,
+                   run);
+    hearth_status s = cuda_upload(dst, stage, bytes, err);
+    free(stage);
+    return s;
+}
+
 hearth_status cuda_kv_upload(cuda_kv *dkv, const kv_cache *kv, hearth_error *err) {
     if (kv->quant != HEARTH_KV_FLOAT && kv->quant != HEARTH_KV_INT8)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_kv_upload: a host pool holds float or int8 KV only");
     hearth_status s = kv_create(dkv, kv, kv->quant, err);
     if (s) return s;
-    size_t rows, elems; /* the host pool's layout, layer after layer */
+    size_t rows, elems; /* over all layers */
     layer_extent(dkv, dkv->n_layers, &rows, &elems);
-    if (kv->quant == HEARTH_KV_FLOAT) {
-        size_t eb = elems * sizeof(float);
-        s = cuda_upload(dkv->k, kv->k, eb, err);
-        if (!s) s = cuda_upload(dkv->v, kv->v, eb, err);
-    } else {
-        s = cuda_upload(dkv->k, kv->k8, elems, err);
-        if (!s) s = cuda_upload(dkv->v, kv->v8, elems, err);
-        if (!s) s = cuda_upload(dkv->k_scale, kv->k_scale, rows * sizeof(float), err);
-        if (!s) s = cuda_upload(dkv->v_scale, kv->v_scale, rows * sizeof(float), err);
+    size_t eb = kv->quant == HEARTH_KV_FLOAT ? sizeof(float) : 1, row = (size_t)kv->head_dim * eb;
+    s = upload_rows(dkv->k, kv->k ? (const void *)kv->k : kv->k8, elems * eb, row, kv, err);
+    if (!s) s = upload_rows(dkv->v, kv->v ? (const void *)kv->v : kv->v8, elems * eb, row, kv, err);
+    if (!s && kv->quant == HEARTH_KV_INT8) {
+        s = upload_rows(dkv->k_scale, kv->k_scale, rows * sizeof(float), sizeof(float), kv, err);
+        if (!s) s = upload_rows(dkv->v_scale, kv->v_scale, rows * sizeof(float), sizeof(float), kv, err);
     }
     if (s) cuda_kv_free(dkv);
     return s;

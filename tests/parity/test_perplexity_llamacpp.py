@@ -14,8 +14,14 @@ llama-perplexity's numbers are goldens (tests/parity/data/llama_perplexity_kl.js
 this file run as a script with the binary from tools/build_llama_perplexity.sh), so the
 comparison runs wherever the models are; where the binary is, it is run again and checked
 against the goldens. The two engines compute their own logits (llama.cpp's kernels vs
-hearth's), so the statistics agree to 1e-3, and top-1 agreement to 0.005 (a few positions
-of near-tied logits out of 2,286)."""
+hearth's). Both quantize activations in their fast kernels, which adds noise of its own to
+each model's logits on top of the weights' difference; hearth then recomputes each row's 16
+largest logits exactly (cpu_matmul_rescore_top), so its KL between the two files is smaller
+than llama.cpp's (mean 0.0049 against 0.0060 when that landed). So the statistics are checked
+to be no further apart than llama.cpp's plus 1e-3 and of the same size (at least half of
+llama.cpp's: a wrong pairing of rows or positions gives a KL many times larger, and
+test_perplexity.py checks the arithmetic against numpy), and top-1 agreement at least
+llama.cpp's less 0.005 (a few positions of near-tied logits out of 2,286)."""
 import json
 import os
 import re
@@ -92,10 +98,10 @@ def test_kl_statistics_match_llama_perplexity(tmp_path):
     assert golden["tokens_sha256"] == __import__("hashlib").sha256(tokens.tobytes()).hexdigest()
     k, want = got["kl_divergence"], golden["llama_perplexity"]
     for name in ("mean", "median", "p99"):
-        assert abs(k[name] - want[name]) <= 1e-3, (name, k, want)
-    assert abs(k["top1_agreement"] - want["top1_agreement"]) <= 0.005, (k, want)
+        assert 0.5 * want[name] <= k[name] <= want[name] + 1e-3, (name, k, want)
+    assert k["top1_agreement"] >= want["top1_agreement"] - 0.005, (k, want)
     if not LLAMA_PPL.exists():
-        pytest.skip(f"hearth matched the goldens; {LLAMA_PPL} absent (tools/build_llama_perplexity.sh), "
+        pytest.skip(f"hearth is within the goldens' bounds; {LLAMA_PPL} absent (tools/build_llama_perplexity.sh), "
                     "so llama-perplexity itself was not run again")
     live, llama_tokens = llama_stats(base, model, text, tmp_path)
     assert (llama_tokens == tokens).all()

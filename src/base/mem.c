@@ -4,18 +4,19 @@
 #include "base/mem.h"
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #define MEM_HUGE_MIN ((size_t)4 << 20)
 #define MEM_HUGE_ALIGN ((size_t)2 << 20)
 
-/* HEARTH_HUGEPAGES=0 turns the advice off (docs/cli.md). */
-static int huge_allowed(void) {
-    const char *env = getenv("HEARTH_HUGEPAGES");
-    return !(env && !strcmp(env, "0"));
-}
+/* Process-wide: `--no-hugepages` (docs/cli.md) turns the advice off before anything is
+ * allocated. */
+static int huge_on = 1;
+
+void mem_set_hugepages(int on) { __atomic_store_n(&huge_on, on != 0, __ATOMIC_RELAXED); }
+
+static int huge_allowed(void) { return __atomic_load_n(&huge_on, __ATOMIC_RELAXED); }
 
 void *mem_alloc_stream(size_t bytes) {
     if (!bytes) bytes = 1;

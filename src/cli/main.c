@@ -1,6 +1,7 @@
 /* main.c: the hearth command line: dispatches to one function per verb (src/cli/).
  * Uses only include/hearth.h. */
 #include "cli/cli.h"
+#include "base/mem.h"
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,7 +41,9 @@ static void usage(FILE *f) {
                "this machine (else the default) and opens the chat page in a browser\n"
                "('hearth serve' flags apply; --no-open just prints the page's address). When a better\n"
                "catalogue model is not on disk it says which and how big, and downloads it in the background\n"
-               "from an interactive terminal; --no-download never does.\n");
+               "from an interactive terminal; --no-download never does.\n"
+               "\n--no-hugepages, anywhere on the line and with any command, keeps the weights and the KV\n"
+               "pool off transparent huge pages.\n");
 }
 
 /* `hearth` alone (or with only serve flags, e.g. `hearth --no-open --port 9000`) is
@@ -71,6 +74,13 @@ int main(int argc, char **argv) {
      * reports with the file's name (a download keeps its resumable .incomplete part),
      * instead of killing the process mid-write. */
     signal(SIGXFSZ, SIG_IGN);
+    /* --no-hugepages: every command's, taken out before the command parses its own flags */
+    int kept = 1;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--no-hugepages")) mem_set_hugepages(0);
+        else argv[kept++] = argv[i];
+    argc = kept;
+    argv[argc] = NULL;
     if (argc >= 2 && (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         usage(stdout);
         return 0;

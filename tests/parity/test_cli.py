@@ -243,3 +243,15 @@ def test_bench_batch_reports_each_count():
         assert q.returncode != 0 and b"--batch" in q.stderr and b"Traceback" not in q.stderr
     q = hearth("bench", model, "--batch", "2", "--temp", "0.7", check=False)
     assert q.returncode != 0 and b"greedy" in q.stderr
+
+
+def test_no_hugepages_flag_on_any_command():
+    """--no-hugepages is every command's (taken out before the command's own flags): the
+    same tokens as the HF tokenizer with it, in any position, and the same greedy text."""
+    model = next(m for m in TINY if m.endswith("llama-f32"))
+    want = hf_tokenizer(model)("Hello there", add_special_tokens=True)["input_ids"]
+    for args in (["--no-hugepages", "tokenize", model, "Hello there"],
+                 ["tokenize", model, "Hello there", "--no-hugepages"]):
+        assert json.loads(hearth(*args).stdout) == want, args
+    gen = ["generate", model, "Hello there", "--max-tokens", "6", "--temp", "0"]
+    assert hearth(*gen, "--no-hugepages").stdout == hearth(*gen).stdout

@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "base/mem.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_file.h"
 #include "engine/fit_internal.h"
@@ -234,11 +236,8 @@ static void test_resident_follows_blocks(void **state) {
     kv_cache kv;
     /* 4 layers, 4 KV heads of 128: 128 KiB per block and array; 4096 blocks = 512 MiB each */
     assert_int_equal(kv_create(&kv, 4, 4, 128, 1, 4096 * KV_BLOCK_SIZE, 4096, NULL), HEARTH_OK);
-    const char *env = getenv("HEARTH_HUGEPAGES");
-    if (!(env && !strcmp(env, "0"))) {
-        assert_int_equal((uintptr_t)kv.k % (2u << 20), 0);
-        assert_int_equal((uintptr_t)kv.v % (2u << 20), 0);
-    }
+    assert_int_equal((uintptr_t)kv.k % (2u << 20), 0);
+    assert_int_equal((uintptr_t)kv.v % (2u << 20), 0);
     long long before = hearth_proc_kb_field("/proc/self/status", "VmRSS") / 1024;
     assert_int_equal(kv_reserve(&kv, 0, 64 * KV_BLOCK_SIZE, NULL), HEARTH_OK);
     float key[128], val[128];
@@ -252,8 +251,59 @@ static void test_resident_follows_blocks(void **state) {
     kv_destroy(&kv);
 }
 
+/* Whether the mapping holding p carries VmFlag fl in /proc/self/smaps ("hg": MADV_HUGEPAGE). */
+static int smaps_flag(const void *p, const char *fl) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0, found = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            continue;
+        }
+        if (in && !strncmp(line, "VmFlags:", 8)) {
+            char want[8];
+            snprintf(want, sizeof want, " %s", fl);
+            found = strstr(line, want) != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* mem_set_hugepages (the CLI's --no-hugepages): with it off, neither the KV reservation nor
+ * a streamed buffer is advised MADV_HUGEPAGE; on (the default) both are, where the kernel
+ * has transparent huge pages. */
+static void test_hugepages_switch(void **state) {
+    (void)state;
+    size_t n = (size_t)8 << 20;
+    int thp = access("/sys/kernel/mm/transparent_hugepage/enabled", R_OK) == 0;
+    void *r = mem_alloc_reserved(n, 1), *w = mem_alloc_stream(n);
+    assert_non_null(r);
+    assert_non_null(w);
+    if (thp) {
+        assert_int_equal(smaps_flag(r, "hg"), 1);
+        assert_int_equal(smaps_flag(w, "hg"), 1);
+    }
+    mem_free_reserved(r, n);
+    free(w);
+    mem_set_hugepages(0);
+    r = mem_alloc_reserved(n, 1), w = mem_alloc_stream(n);
+    assert_non_null(r);
+    assert_non_null(w);
+    assert_int_equal(smaps_flag(r, "hg"), 0);
+    assert_int_equal(smaps_flag(w, "hg"), 0);
+    mem_free_reserved(r, n);
+    free(w);
+    mem_set_hugepages(1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_block_major), cmocka_unit_test(test_layers_of_their_own_shape),
-                                       cmocka_unit_test(test_resident_follows_blocks)};
+                                       cmocka_unit_test(test_resident_follows_blocks),
+                                       cmocka_unit_test(test_hugepages_switch)};
     return cmocka_run_group_tests_name("kv_layout", tests, NULL, NULL);
 }

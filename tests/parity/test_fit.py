@@ -16,11 +16,14 @@ import pytest
 from conftest import CACHE, REAL_GGUFS
 
 TOLERANCE = 0.02  # issue 7: predicted vs measured peak within 2%
-# The tiny test models run in a ~8-12 MiB process whose own baseline (which code pages and
-# heap the two processes' different paths touched) differs by up to ~300 KiB between the
-# fit process and the measured one: for processes under 64 MiB the bound is absolute.
+# The tiny test models run in a ~8-16 MiB process whose own baseline (which code pages and
+# heap the two processes' different paths touched) differs between the fit process and the
+# measured one, and from run to run: the kernel maps a faulted library page's neighbours
+# when they are in the page cache (fault-around), so the same binary on the same input
+# measured 15.40-16.02 MB for qwen3-q4g64 at ctx 2048 (1 or 2 threads, huge pages on or
+# off). For processes under 64 MiB the bound is absolute, on the medians of three runs.
 SMALL_PROCESS = 64 << 20
-SMALL_TOLERANCE_BYTES = 512 << 10
+SMALL_TOLERANCE_BYTES = 1 << 20
 KV_BLOCK = 16     # src/kv/kv_cache.h KV_BLOCK_SIZE
 
 # Filling the pool is a prefill of the whole context: real models at contexts a 2-core
@@ -108,7 +111,14 @@ def test_predicted_peak_within_2_percent(hearth_bin, rel, ctx, threads, extra=()
                          capture_output=True, text=True, timeout=60)
     assert rec.returncode == 0, rec.stderr
     if peak < SMALL_PROCESS:
-        assert abs(fit["predicted_peak_bytes"] - peak) <= SMALL_TOLERANCE_BYTES
+        # both sides' baselines move by a few hundred KiB from run to run (above): compare the
+        # medians of three runs of each
+        preds = [fit["predicted_peak_bytes"]] + [
+            run_fit(hearth_bin, model, "--ctx", str(ctx), "--threads", str(threads), "--max-sequences", "1",
+                    "--speculate", "none", *extra)["predicted_peak_bytes"] for _ in range(2)]
+        peaks = [peak] + [measure_peak(hearth_bin, model, ctx, threads, *extra)["peak_rss_bytes"] for _ in range(2)]
+        pred, peak = sorted(preds)[1], sorted(peaks)[1]
+        assert abs(pred - peak) <= SMALL_TOLERANCE_BYTES, f"median predicted {pred} vs median measured {peak}: {preds} {peaks}"
         return
     assert abs(err) <= TOLERANCE, f"predicted {fit['predicted_peak_bytes']} vs measured {peak} ({100 * err:+.2f}%)"
 

@@ -138,11 +138,11 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS) -lcmocka
 
-# Builds (unit-build) or builds and runs (unit) every unit test binary; each prints cmocka's summary.
+# Builds (unit-build) or builds and runs (unit) every unit test binary, JOBS at a time
+# (tools/run_units.sh: each one's cmocka output printed whole, in order, after all ran).
 unit-build: $(UNIT_BIN)
 unit: $(UNIT_BIN)
-	@fail=0; for t in $(UNIT_BIN); do \
-	  HEARTH_TEST_DATA=tests/data $$t || fail=1; done; exit $$fail
+	@sh tools/run_units.sh $(JOBS) $(BUILD)/unit-logs $(UNIT_BIN)
 
 ASAN_MAKE = $(MAKE) --no-print-directory BUILD=build/asan BINDIR=build/asan/bin LIBDIR=build/asan/lib \
   CU_BUILD=$(CU_BUILD) OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \

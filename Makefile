@@ -272,8 +272,8 @@ STAGE := sh tools/stage.sh
 parity: all
 	@bash tools/get_models.sh
 	@# one run per folder: each folder's tests import helpers from its own conftest module
-	@$(STAGE) parity env HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist load tests/parity
-	@$(STAGE) api env HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist loadfile tests/api
+	@$(STAGE) parity env HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist load --durations=20 tests/parity
+	@$(STAGE) api env HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist loadfile --durations=20 tests/api
 	+@$(STAGE) soak $(MAKE) --no-print-directory soak-short
 	@$(STAGE) ui env HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/ui
 

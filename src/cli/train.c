@@ -18,7 +18,10 @@ static const char *train_usage =
 
 static void on_metrics(void *ctx, const char *line) {
     json_t *j = json_loads(line, 0, NULL);
-    if (!j) return;
+    if (!j || json_object_get(j, "done")) { /* the final record: main says what was written */
+        json_decref(j);
+        return;
+    }
     int step = (int)json_integer_value(json_object_get(j, "step"));
     if (json_object_get(j, "rewards/chosen") && json_object_get(j, "loss"))
         printf("Iter %d: Train loss %.3f, Chosen reward %.3f, Rejected reward %.3f, Accuracy %.3f, Margin %.3f, "
@@ -123,6 +126,7 @@ int cli_train(int argc, char **argv) {
     if (!o.data) return cli_usage_error(train_usage, "%s", "need --data <dir> (a folder with train.jsonl)");
     hearth_error err = {0};
     if (hearth_train(model, &o, &err)) return cli_fail(&err);
-    fprintf(stderr, "hearth train: wrote %s/adapters.safetensors\n", o.adapter_path);
+    fprintf(stderr, "hearth train: wrote %s/adapters.safetensors (MLX) and %s/peft/ (PEFT)\n", o.adapter_path,
+            o.adapter_path);
     return 0;
 }

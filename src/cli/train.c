@@ -14,7 +14,8 @@ static const char *train_usage =
     "  [--steps-per-report 10] [--steps-per-eval 200] [--val-batches 25] [--save-every 100] [--mask-prompt]\n"
     "  [--threads N]  (mlx_lm.lora's --model M and --train work too)\n"
     "  method: orpo for prompt/chosen/rejected data, else sft. Defaults: sft iters 1000, batch 4, lr 1e-5,\n"
-    "  rank 8, scale 20, seq 2048; dpo/orpo iters 100, batch 1, lr 5e-5/1e-5, rank 8/16, scale 1/2, seq 4096";
+    "  rank 8, scale 20, seq 2048; dpo/orpo iters 100, batch 1, lr 5e-5/1e-5, rank 8/16, scale 1/2, seq 4096\n"
+    "  writes DIR/adapters.safetensors (MLX), DIR/peft/ (PEFT) and DIR/metrics.jsonl (hearth train-watch DIR)";
 
 static void on_metrics(void *ctx, const char *line) {
     json_t *j = json_loads(line, 0, NULL);

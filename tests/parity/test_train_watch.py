@@ -184,3 +184,22 @@ def test_bad_input(tmp_path):
     w = watch(d, "--once", "--json")
     got = json.loads(w.stdout)
     assert w.returncode == 0 and got["skipped_lines"] == 1 and got["losses"] == [[5, 1.0]]
+
+
+def test_a_failed_save_ends_the_file_and_the_watch(tmp_path):
+    """hearth train's final record carries the error when the adapter cannot be saved (here
+    adapters.safetensors is a folder): the watch reports the run as failed and exits 1."""
+    model = model_dir("llama-f32")
+    data = make_data(str(tmp_path / "data"), "text")
+    out = tmp_path / "ad"
+    (out / "adapters.safetensors").mkdir(parents=True)
+    p = subprocess.run([BIN, "train", model, "--data", data, "--iters", "3", "--batch-size", "2", "--num-layers", "1",
+                        "--steps-per-report", "1", "--adapter-path", str(out), "--threads", "2"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 1 and "adapters.safetensors" in p.stderr
+    final = records(out / "metrics.jsonl")[-1]
+    assert final["done"] is True and final["step"] == 3 and "adapters.safetensors" in final["error"]
+    w = watch(out, "--json", timeout=20)
+    got = json.loads(w.stdout.splitlines()[-1])
+    assert w.returncode == 1 and got["status"] == "failed" and got["error"] == final["error"]
+    assert [s for s, _ in got["losses"]] == [1, 2, 3]

@@ -203,3 +203,24 @@ def test_a_failed_save_ends_the_file_and_the_watch(tmp_path):
     got = json.loads(w.stdout.splitlines()[-1])
     assert w.returncode == 1 and got["status"] == "failed" and got["error"] == final["error"]
     assert [s for s, _ in got["losses"]] == [1, 2, 3]
+
+
+def test_preference_run_shows_its_rewards(tmp_path):
+    """A dpo run's reports carry TRL's reward metrics: the JSON's last_train is the record as
+    written and the text view shows the reward accuracy and margin."""
+    model = model_dir("llama-f32")
+    d = tmp_path / "prefs"
+    d.mkdir()
+    rows = [{"prompt": f"question {i} about cats", "chosen": " the cat sat on a mat", "rejected": " dogs ran"}
+            for i in range(4)]
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "dpo"
+    p = subprocess.run([BIN, "train", model, "--data", str(d), "--method", "dpo", "--iters", "4", "--num-layers", "1",
+                        "--steps-per-report", "2", "--adapter-path", str(out), "--threads", "2"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    last = [r for r in records(out / "metrics.jsonl") if "loss" in r][-1]
+    w = watch(out, "--once", "--json")
+    assert w.returncode == 0 and json.loads(w.stdout)["last_train"] == last
+    t = watch(out, "--once")
+    assert f"accuracy {last['rewards/accuracies']:.3f}  margin {last['rewards/margins']:.4f}" in t.stdout

@@ -559,8 +559,9 @@ void hearth_train_defaults(hearth_train_options *o);
 /* Trains LoRA adapters on the attention and MLP projections of the last num_layers layers
  * (-1: all) of model (llama or qwen3 family; float or quantized base, dequantized to
  * float32) and writes adapter_path/adapters.safetensors, adapter_config.json (loadable by
- * hearth serve --adapter-path and mlx-lm), checkpoints every save_every steps and
- * metrics.jsonl. */
+ * hearth serve --adapter-path and mlx-lm), the same adapter in PEFT's format in
+ * adapter_path/peft/, checkpoints every save_every steps and metrics.jsonl (its last line
+ * {"done": true, ...}, with "error" when saving failed). */
 hearth_status hearth_train(const char *model, const hearth_train_options *o, hearth_error *err);
 
 /* ---- continuous batching ---------------------------------------------------

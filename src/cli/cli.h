@@ -49,6 +49,7 @@ int cli_convert(int argc, char **argv);
 int cli_harness(int argc, char **argv);
 int cli_fuse(int argc, char **argv);
 int cli_train(int argc, char **argv);
+int cli_train_watch(int argc, char **argv);
 /* The appliance's model for `hearth` without --model (choose.c); NULL: serve's default.
  * no_download: never start the background pull of a better model (--no-download). */
 const char *cli_choose_model(int argc, char **argv, int no_download);

@@ -14,11 +14,15 @@ static const char *train_usage =
     "  [--steps-per-report 10] [--steps-per-eval 200] [--val-batches 25] [--save-every 100] [--mask-prompt]\n"
     "  [--threads N]  (mlx_lm.lora's --model M and --train work too)\n"
     "  method: orpo for prompt/chosen/rejected data, else sft. Defaults: sft iters 1000, batch 4, lr 1e-5,\n"
-    "  rank 8, scale 20, seq 2048; dpo/orpo iters 100, batch 1, lr 5e-5/1e-5, rank 8/16, scale 1/2, seq 4096";
+    "  rank 8, scale 20, seq 2048; dpo/orpo iters 100, batch 1, lr 5e-5/1e-5, rank 8/16, scale 1/2, seq 4096\n"
+    "  writes DIR/adapters.safetensors (MLX), DIR/peft/ (PEFT) and DIR/metrics.jsonl (hearth train-watch DIR)";
 
 static void on_metrics(void *ctx, const char *line) {
     json_t *j = json_loads(line, 0, NULL);
-    if (!j) return;
+    if (!j || json_object_get(j, "done")) { /* the final record: main says what was written */
+        json_decref(j);
+        return;
+    }
     int step = (int)json_integer_value(json_object_get(j, "step"));
     if (json_object_get(j, "rewards/chosen") && json_object_get(j, "loss"))
         printf("Iter %d: Train loss %.3f, Chosen reward %.3f, Rejected reward %.3f, Accuracy %.3f, Margin %.3f, "
@@ -123,6 +127,7 @@ int cli_train(int argc, char **argv) {
     if (!o.data) return cli_usage_error(train_usage, "%s", "need --data <dir> (a folder with train.jsonl)");
     hearth_error err = {0};
     if (hearth_train(model, &o, &err)) return cli_fail(&err);
-    fprintf(stderr, "hearth train: wrote %s/adapters.safetensors\n", o.adapter_path);
+    fprintf(stderr, "hearth train: wrote %s/adapters.safetensors (MLX) and %s/peft/ (PEFT)\n", o.adapter_path,
+            o.adapter_path);
     return 0;
 }

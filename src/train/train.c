@@ -508,21 +508,30 @@ static void adam_step(trainer *t, float lr) {
         }
 }
 
-static hearth_status save_adapters(trainer *t, const char *path, hearth_error *err) {
+/* The trained pairs in one of two layouts: MLX's (mlx-lm's names, A [in, rank], B [rank, out],
+ * as hearth trains them) or PEFT's (save_pretrained's names under "base_model.model.",
+ * lora_A.weight [rank, in] and lora_B.weight [out, rank]: each transposed on the way out).
+ * Either way B's columns (PEFT: rows) are in HF order. */
+static hearth_status save_adapters(trainer *t, const char *path, int peft, hearth_error *err) {
     int n = (t->L - t->first_lora) * N_P * 2;
     st_out_tensor *h = calloc((size_t)n, sizeof *h);
-    char (*names)[128] = calloc((size_t)n, 128);
+    char (*names)[160] = calloc((size_t)n, 160);
     const float **data = calloc((size_t)n, sizeof *data);
-    float *tmp = NULL;
+    float *tmp = NULL, *tmp2 = NULL;
     if (!h || !names || !data) return free(h), free(names), free(data), err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     int i = 0;
     for (int l = t->first_lora; l < t->L; l++)
         for (int p = 0; p < N_P; p++)
             for (int b = 0; b < 2; b++, i++) {
                 tlayer *y = &t->layers[l];
-                lora_tensor_name(names[i], 128, l, p, b);
+                int64_t rows = b ? t->r : y->k[p], cols = b ? y->n[p] : t->r; /* hearth's layout */
+                if (peft)
+                    snprintf(names[i], 160, "base_model.model.model.layers.%d.%s.lora_%c.weight", l, proj_name[p],
+                             b ? 'B' : 'A');
+                else
+                    lora_tensor_name(names[i], 160, l, p, b);
                 h[i] = (st_out_tensor){.name = names[i], .dtype = DT_F32, .ndim = 2,
-                                       .shape = {b ? t->r : y->k[p], b ? y->n[p] : t->r}};
+                                       .shape = {peft ? cols : rows, peft ? rows : cols}};
                 data[i] = b ? y->lora[p].b : y->lora[p].a;
             }
     FILE *f = fopen(path, "wb");
@@ -531,23 +540,88 @@ static hearth_status save_adapters(trainer *t, const char *path, hearth_error *e
                          : err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
     for (i = 0; !st && i < n; i++) {
         int p = (i / 2) % N_P;
+        int64_t rows = peft ? h[i].shape[1] : h[i].shape[0], cols = peft ? h[i].shape[0] : h[i].shape[1];
         const float *d = data[i];
-        if (i % 2 && permuted(t, p)) {
-            free(tmp);
-            if (!(tmp = malloc(st_out_nbytes(&h[i])))) {
+        free(tmp), free(tmp2);
+        tmp = tmp2 = NULL;
+        if ((i % 2 && permuted(t, p)) || peft) {
+            if (!(tmp = malloc(st_out_nbytes(&h[i]))) || (peft && !(tmp2 = malloc(st_out_nbytes(&h[i]))))) {
                 st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
                 break;
             }
-            permute_b(d, tmp, t->r, h[i].shape[1], heads_of(t, p), 1);
+        }
+        if (i % 2 && permuted(t, p)) {
+            permute_b(d, tmp, t->r, cols, heads_of(t, p), 1);
             d = tmp;
+        }
+        if (peft) {
+            float *o = d == tmp ? tmp2 : tmp;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < cols; c++) o[c * rows + r] = d[r * cols + c];
+            d = o;
         }
         if (fwrite(d, 1, st_out_nbytes(&h[i]), f) != st_out_nbytes(&h[i]))
             st = err_set(err, HEARTH_ERR_IO, "%s: write failed", path);
     }
-    free(tmp);
+    free(tmp), free(tmp2);
     if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: write failed", path);
     free(h), free(names), free(data);
     return st;
+}
+
+/* PEFT's adapter_config.json for the same pairs: lora_alpha = scale * r, so PEFT's scaling
+ * alpha / r is hearth's scale; layers_to_transform when only the last layers are trained. */
+static hearth_status write_peft_config(const trainer *t, const char *model, double scale, const char *dir,
+                                       hearth_error *err) {
+    static const char *const modules[N_P] = {"down_proj", "gate_proj", "k_proj", "o_proj",
+                                             "q_proj",    "up_proj",   "v_proj"}; /* sorted, as a set's list */
+    json_t *j = json_object(), *tm = json_array(), *layers = json_null();
+    if (!j || !tm) return json_decref(j), json_decref(tm), err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    for (int p = 0; p < N_P; p++) json_array_append_new(tm, json_string(modules[p]));
+    if (t->first_lora > 0) {
+        layers = json_array();
+        for (int l = t->first_lora; l < t->L; l++) json_array_append_new(layers, json_integer(l));
+    }
+    double alpha = scale * t->r; /* the flag's double: alpha / r rounds to the float32 scale trained with */
+    json_object_set_new(j, "peft_type", json_string("LORA"));
+    json_object_set_new(j, "task_type", json_string("CAUSAL_LM"));
+    json_object_set_new(j, "base_model_name_or_path", json_string(model));
+    json_object_set_new(j, "r", json_integer(t->r));
+    json_object_set_new(j, "lora_alpha", alpha == floor(alpha) && fabs(alpha) < 1e15 ? json_integer((json_int_t)alpha)
+                                                                                      : json_real(alpha));
+    json_object_set_new(j, "lora_dropout", json_real(0.0));
+    json_object_set_new(j, "target_modules", tm);
+    json_object_set_new(j, "layers_to_transform", layers);
+    json_object_set_new(j, "layers_pattern", t->first_lora > 0 ? json_string("layers") : json_null());
+    json_object_set_new(j, "fan_in_fan_out", json_false());
+    json_object_set_new(j, "bias", json_string("none"));
+    json_object_set_new(j, "use_rslora", json_false());
+    json_object_set_new(j, "use_dora", json_false());
+    json_object_set_new(j, "inference_mode", json_true());
+    json_object_set_new(j, "init_lora_weights", json_true());
+    json_object_set_new(j, "modules_to_save", json_null());
+    json_object_set_new(j, "rank_pattern", json_object());
+    json_object_set_new(j, "alpha_pattern", json_object());
+    json_object_set_new(j, "revision", json_null());
+    char path[4096 + 32]; /* dir is a 4096-byte path of save_all */
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    int bad = json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(j);
+    return bad ? err_set(err, HEARTH_ERR_IO, "%s: could not write", path) : HEARTH_OK;
+}
+
+/* The adapter in both formats: <dir>/adapters.safetensors (MLX) and <dir>/peft/ (PEFT's
+ * adapter_model.safetensors and its adapter_config.json: PEFT and MLX both name their
+ * config adapter_config.json, so PEFT's gets a folder of its own). */
+static hearth_status save_all(trainer *t, const char *model, double scale, const char *dir, hearth_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapters.safetensors", dir);
+    hearth_status st = save_adapters(t, path, 0, err);
+    snprintf(path, sizeof path, "%s/peft", dir);
+    if (!st && mkdir(path, 0777) && errno != EEXIST) st = err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
+    if (!st) st = write_peft_config(t, model, scale, path, err);
+    snprintf(path, sizeof path, "%s/peft/adapter_model.safetensors", dir);
+    return st ? st : save_adapters(t, path, 1, err);
 }
 
 static hearth_status write_config(const char *model, const hearth_train_options *o, const char *dir,
@@ -723,15 +797,17 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
     int pos = nb; /* position in the current epoch's permutation */
     double losses = 0, train_time = 0;
     long long n_tokens = 0, trained = 0;
-    int steps = 0;
+    int steps = 0, done_steps = 0;
     pref_stats acc = {0};
+    double started = now(); /* "elapsed" in metrics.jsonl: wall seconds since here, validation included */
     for (int it = 1; !st && it <= o->iters; it++) {
         if (pos == nb) tr_mt_permutation(&rng, perm, nb), pos = 0;
         double tic = now();
         if (vd.n && (it == 1 || it % o->steps_per_eval == 0 || it == o->iters)) {
             double vl = pref ? pref_val_loss(&t, &vd, vidx, n_vb, &rng, o, orpo, beta, vperm)
                              : val_loss(&t, &vd, vidx, n_vb, &rng, o, vperm);
-            emit(metrics, o, json_pack("{s:i,s:f,s:f}", "step", it - 1, "val_loss", vl, "val_time", now() - tic));
+            emit(metrics, o, json_pack("{s:i,s:f,s:f,s:i,s:f}", "step", it - 1, "val_loss", vl, "val_time",
+                                       now() - tic, "iters", o->iters, "elapsed", now() - started));
             tic = now();
         }
         long long toks;
@@ -748,7 +824,7 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
             loss = run_batch(&t, &td, idx + perm[pos++] * o->batch_size, o->batch_size, o->max_seq_length, 1, &toks);
         }
         adam_step(&t, (float)o->learning_rate);
-        losses += loss, n_tokens += toks, steps++;
+        losses += loss, n_tokens += toks, steps++, done_steps = it;
         train_time += now() - tic;
         if (it % o->steps_per_report == 0 || it == o->iters) {
             hearth_process_memory pm;
@@ -758,6 +834,8 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
                                   "learning_rate", (double)(float)o->learning_rate, "iterations_per_second",
                                   steps / train_time, "tokens_per_second", n_tokens / train_time, "trained_tokens",
                                   (json_int_t)trained, "peak_memory_gb", pm.peak_resident_bytes / 1e9);
+            json_object_set_new(j, "iters", json_integer(o->iters));
+            json_object_set_new(j, "elapsed", json_real(now() - started));
             if (pref) { /* TRL's names for its batch metrics, averaged over the report's steps */
                 static const char *const names[] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
                                                     "rewards/margins", "logps/chosen", "logps/rejected",
@@ -770,17 +848,22 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
             losses = 0, n_tokens = 0, steps = 0, train_time = 0;
         }
         if (it % o->save_every == 0) {
-            snprintf(path, sizeof path, "%s/adapters.safetensors", dir);
-            st = save_adapters(&t, path, err);
+            st = save_all(&t, model_name, o->lora_scale, dir, err);
             snprintf(path, sizeof path, "%s/%07d_adapters.safetensors", dir, it);
-            if (!st) st = save_adapters(&t, path, err);
+            if (!st) st = save_adapters(&t, path, 0, err);
         }
     }
-    if (!st) {
-        snprintf(path, sizeof path, "%s/adapters.safetensors", dir);
-        st = save_adapters(&t, path, err);
+    if (!st) st = save_all(&t, model_name, o->lora_scale, dir, err);
+    if (metrics) { /* the run's last line: hearth train-watch stops at it */
+        hearth_process_memory pm;
+        hearth_process_memory_get(&pm);
+        json_t *j = json_pack("{s:b,s:i,s:i,s:f,s:I,s:f}", "done", 1, "step", done_steps, "iters", o->iters,
+                              "elapsed", now() - started, "trained_tokens", (json_int_t)(trained + n_tokens),
+                              "peak_memory_gb", pm.peak_resident_bytes / 1e9);
+        if (st) json_object_set_new(j, "error", json_string(err ? err->message : hearth_status_name(st)));
+        emit(metrics, o, j);
+        fclose(metrics);
     }
-    if (metrics) fclose(metrics);
     free(idx), free(vidx), free(perm), free(vperm);
     tr_dataset_free(&td), tr_dataset_free(&vd);
     free_trainer(&t);

@@ -121,7 +121,10 @@ def hearth_train(model, data, adapter_path, resume, extra=()):
         cmd += ["--resume-adapter-file", resume]
     p = subprocess.run(cmd, capture_output=True, timeout=600)
     assert p.returncode == 0, p.stderr.decode()
-    return [json.loads(line) for line in open(os.path.join(adapter_path, "metrics.jsonl"))]
+    rows = [json.loads(line) for line in open(os.path.join(adapter_path, "metrics.jsonl"))]
+    # the run's final record (hearth train-watch stops at it) is no report of mlx-lm's
+    assert rows[-1].get("done") is True and "error" not in rows[-1], rows[-1]
+    return rows[:-1]
 
 
 CASES = [  # model, data format, num_layers, mask_prompt

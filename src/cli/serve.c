@@ -29,7 +29,7 @@ static const char *serve_usage = "hearth serve [--model M] [--host 127.0.0.1] [-
                                  "             [--max-header 64K] [--timeout 300] [--max-connections 256] "
                                  "[--threads N] [--ctx N] [--mmap]\n"
                                  "             [--responses-ttl 3600] [--responses-max-bytes 64M] [--prompt-cache-dir DIR] "
-                                 "[--prompt-cache-bytes 4G]\n"
+                                 "[--prompt-cache-bytes 4G] [--train-dir DIR]\n"
                                  "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] "
                                  "[--kv-blocks N] [--kv-budget 1.5GB|N]\n"
                                  "             [--device cpu|cuda|auto] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--expert-offload N] [--host-sampler] "
@@ -274,6 +274,8 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             if (parse_size(v, &c->responses_max_bytes)) BADV("--responses-max-bytes");
         } else if (VAL("--prompt-cache-dir")) {
             c->prompt_cache_dir = v;
+        } else if (VAL("--train-dir")) {
+            c->train_dir = v;
         } else if (VAL("--prompt-cache-bytes")) {
             if (parse_size(v, &c->prompt_cache_bytes) || !c->prompt_cache_bytes) BADV("--prompt-cache-bytes");
             o->prompt_cache_bytes_set = 1;

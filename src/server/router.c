@@ -61,6 +61,8 @@ static int memory_call(srv_server *s, srv_conn *c) {
 }
 static int memory_synthesize(srv_server *s, srv_conn *c) { return srv_memory_synthesize(s, c); }
 static int memory_changes(srv_server *s, srv_conn *c) { return srv_memory_changes(s, c); }
+static int train_runs(srv_server *s, srv_conn *c) { return srv_train_runs(s, c); }
+static int train_run(srv_server *s, srv_conn *c) { return srv_train_run(s, c, c->route_tail); }
 static int health(srv_server *s, srv_conn *c) { return srv_respond(c, s, 200, "{\"status\": \"ok\"}"); }
 static int preflight(srv_server *s, srv_conn *c) { return srv_respond_bytes(c, 204, "application/json", "", 0, NULL); }
 
@@ -112,6 +114,10 @@ static const srv_route routes[] = {
      "a synthesis run by the served model, as server-sent progress (?dry=1: the plan only, ?since=YYYY-MM-DD)"},
     {"GET", "/v1/memory/changes", 0, memory_changes, NULL,
      "what the last synthesis runs changed in the vault (?limit=N commits), per file added and removed lines"},
+    {"GET", "/v1/train/runs", 0, train_runs, NULL,
+     "hearth train runs under serve --train-dir, newest first, with their latest numbers"},
+    {"GET", "/v1/train/runs/", R_PREFIX, train_run, "/v1/train/runs/{id}",
+     "a training run's metrics.jsonl records (?from=N: from the N-th on)"},
     {"GET", "/health", R_PUBLIC, health, NULL, "liveness: {\"status\": \"ok\"}"},
     {"GET", "/library", 0, library, NULL,
      "every model hearth can find: size, parameters, quantization, fit (hearth ls --json)"},
@@ -125,8 +131,9 @@ static const srv_route routes[] = {
      "Prometheus text format: requests, tokens, latency histograms, queue, KV blocks, memory"},
     {"GET", "/v1", 0, index_page, NULL, "this index"},
     {"GET", "/v1/", 0, index_page, NULL, "alias of /v1"},
-    {"GET", "/", R_PUBLIC | R_PAGE, page, "/, /chat, /curves",
-     "the chat page (index.html, app.js, style.css) and the sampling lab's curve designer (curves.*)"},
+    {"GET", "/", R_PUBLIC | R_PAGE, page, "/, /chat, /curves, /train",
+     "the chat page (index.html, app.js, style.css), the sampling lab's curve designer (curves.*) and the "
+     "training view (train.*)"},
     {"POST", "/signal", GEN, lab_signal, NULL, "{\"prompt\"}: the next-token log-probability histogram (80 bins)"},
     {"POST", "/generate", GEN, lab_generate, NULL,
      "{\"prompt\", \"curve\", \"n\"}: n samples under a drawn curve, as one batch"},

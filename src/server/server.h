@@ -229,6 +229,7 @@ typedef struct srv_config {
                                    into this vault (the same handle); NULL: nothing is logged */
     const char *prompt_cache_dir; /* --prompt-cache-dir: the prefix cache kept on disk (NULL: not kept) */
     size_t prompt_cache_bytes;    /* --prompt-cache-bytes: that folder's bound */
+    const char *train_dir;        /* --train-dir: hearth train runs the training view lists (NULL: none) */
 } srv_config;
 
 typedef struct srv_server {
@@ -312,6 +313,13 @@ int srv_memory_tools(srv_server *s, srv_conn *c);
 int srv_memory_call(srv_server *s, srv_conn *c, const char *tool, const char *body, size_t len);
 int srv_memory_synthesize(srv_server *s, srv_conn *c);
 int srv_memory_changes(srv_server *s, srv_conn *c);
+/* train_routes.c: GET /v1/train/runs and /v1/train/runs/{id} (serve --train-dir). */
+int srv_train_runs(srv_server *s, srv_conn *c);
+int srv_train_run(srv_server *s, srv_conn *c, const char *id);
+/* The complete lines of buf (len bytes, NUL-terminated; its newlines are overwritten) that are
+ * metrics records (JSON objects with a numeric step), as a new array; *skipped counts the
+ * complete lines that are not. A last line without its newline is not read. */
+json_t *srv_train_records(char *buf, size_t len, int *skipped);
 /* Logs one conversation ([{"role", "content"}], the answer last) into cfg.memory_log when
  * it is set (one writer at a time; failures are logged, never the request's). */
 void srv_memory_log(srv_server *s, const json_t *messages, const char *source);

@@ -1,5 +1,5 @@
 /* web_assets.c: the chat page (web/index.html, app.js, style.css) and the curve designer
- * (web/curves.html, curves.js, curves.css) embedded in the
+ * (web/curves.html, curves.js, curves.css) and the training view (web/train.*) embedded in the
  * binary with the assembler's .incbin, so `make` needs no generator and no tools
  * beyond the compiler; the Makefile makes this object depend on the files in web/. Serves
  * them from memory with Content-Type, ETag and Cache-Control (through respond.c).
@@ -44,6 +44,9 @@ WEB_INCBIN(web_style_css, "web/style.css");
 WEB_INCBIN(web_curves_html, "web/curves.html");
 WEB_INCBIN(web_curves_js, "web/curves.js");
 WEB_INCBIN(web_curves_css, "web/curves.css");
+WEB_INCBIN(web_train_html, "web/train.html");
+WEB_INCBIN(web_train_js, "web/train.js");
+WEB_INCBIN(web_train_css, "web/train.css");
 
 typedef struct web_asset {
     const char *path, *content_type;
@@ -57,6 +60,9 @@ static const web_asset assets[] = {
     {"/curves.html", "text/html; charset=utf-8", web_curves_html_start, web_curves_html_end},
     {"/curves.js", "text/javascript; charset=utf-8", web_curves_js_start, web_curves_js_end},
     {"/curves.css", "text/css; charset=utf-8", web_curves_css_start, web_curves_css_end},
+    {"/train.html", "text/html; charset=utf-8", web_train_html_start, web_train_html_end},
+    {"/train.js", "text/javascript; charset=utf-8", web_train_js_start, web_train_js_end},
+    {"/train.css", "text/css; charset=utf-8", web_train_css_start, web_train_css_end},
 };
 
 const srv_web_asset_view *srv_web_find(const char *path, srv_web_asset_view *out) {
@@ -65,6 +71,7 @@ const srv_web_asset_view *srv_web_find(const char *path, srv_web_asset_view *out
      * fragment stays in the browser) */
     if (!strcmp(path, "/") || !strcmp(path, "/chat")) path = "/index.html";
     if (!strcmp(path, "/curves")) path = "/curves.html"; /* the sampling lab's designer */
+    if (!strcmp(path, "/train")) path = "/train.html";   /* the training view */
     for (size_t i = 0; i < sizeof assets / sizeof assets[0]; i++) {
         if (strcmp(path, assets[i].path)) continue;
         out->content_type = assets[i].content_type;

@@ -11,6 +11,13 @@
 #include <string.h>
 #include <time.h>
 
+/* draw_in_order's buckets: the top 12 bits of the sort key (sign, exponent, 3 mantissa
+ * bits: an eighth of a binade each), so the bucket a draw lands in holds few tokens. Below
+ * DRAW_MIN_CANDIDATES the full sort is as cheap, and sort_buf may be too small for them. */
+#define DRAW_SHIFT 20
+#define DRAW_BUCKETS (1 << (32 - DRAW_SHIFT))
+#define DRAW_MIN_CANDIDATES DRAW_BUCKETS
+
 hearth_status sampler_init(sampler *s, int vocab, hearth_error *err) {
     memset(s, 0, sizeof *s);
     s->vocab = vocab;
@@ -184,9 +191,17 @@ static int32_t process(sampler *s, const float *logits, const hearth_sampling *p
     return ops_argmax(x, V);
 }
 
+/* Whether the draw needs the candidates in order before it: a top-k, top-p or min-p cut,
+ * or XTC (which may fire). Without them the draw finds its token by draw_in_order. */
+static int needs_order(const hearth_sampling *p) {
+    return p->top_k > 0 || (p->top_p > 0 && p->top_p < 1) || p->min_p > 0 || p->xtc_probability > 0;
+}
+
 /* Temperature t > 0: the tokens the draw is made from into s->cand[0..n), sorted by x
- * (s->work, or the lab's shaped values); returns n. */
-static int filter(sampler *s, const float *x, const hearth_sampling *p, float t, float mx) {
+ * (s->work, or the lab's shaped values) unless !sorted and no filter needs the order
+ * (then in id order, *in_order 0); returns n. */
+static int filter(sampler *s, const float *x, const hearth_sampling *p, float t, float mx, int sorted,
+                  int *in_order) {
     int V = s->vocab;
     /* candidates: tokens within e^-40 of the best after temperature; the rest cannot
      * carry probability mass that float sampling would see */
@@ -194,6 +209,8 @@ static int filter(sampler *s, const float *x, const hearth_sampling *p, float t,
     int n = 0;
     for (int i = 0; i < V; i++)
         if (x[i] >= floor) s->cand[n++] = i;
+    *in_order = sorted || needs_order(p) || n < DRAW_MIN_CANDIDATES;
+    if (!*in_order) return n;
     sort_candidates(s, x, s->cand, n);
     if (p->top_k > 0 && p->top_k < n) n = p->top_k;
     double total = 0;
@@ -218,15 +235,17 @@ static int filter(sampler *s, const float *x, const hearth_sampling *p, float t,
  * filters and XTC (xtc: 1 fires, 0 never, -1 draws with p->xtc_probability). *x gets the
  * values the draw uses at temperature *t (0: greedy, s->cand[0] the argmax); returns n. */
 static int candidates(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
-                      size_t n_history, int xtc, const float **x, float *t) {
+                      size_t n_history, int xtc, const float **x, float *t, int *in_order) {
     int32_t best = process(s, logits, p, history, n_history);
     *x = s->work, *t = p->temperature;
     if (sampler_shape(s->work, s->vocab, p, s->shaped)) *x = s->shaped, *t = 1; /* monotone: best stays best */
     if (!(*t > 0)) {
         s->cand[0] = best;
+        *in_order = 1;
         return 1;
     }
-    int n = filter(s, *x, p, *t, (*x)[best]);
+    int sorted = *in_order;
+    int n = filter(s, *x, p, *t, (*x)[best], sorted, in_order);
     if (xtc < 0 && p->xtc_probability > 0) xtc = next_uniform(s) <= p->xtc_probability; /* mlx-lm: u > p skips */
     if (xtc > 0 && p->xtc_probability > 0)
         n = sampler_xtc_cut(*x, s->cand, n, p->xtc_threshold, s->xtc_exempt, s->n_xtc_exempt);
@@ -237,14 +256,16 @@ int sampler_survivors(sampler *s, const float *logits, const hearth_sampling *p,
                       size_t n_history) {
     const float *x;
     float t;
-    return candidates(s, logits, p, history, n_history, 0, &x, &t);
+    int in_order = 1;
+    return candidates(s, logits, p, history, n_history, 0, &x, &t, &in_order);
 }
 
 int sampler_distribution(sampler *s, const float *logits, const hearth_sampling *p, const int32_t *history,
                          size_t n_history, double *probs) {
     const float *x;
     float t;
-    int n = candidates(s, logits, p, history, n_history, 1, &x, &t);
+    int in_order = 1;
+    int n = candidates(s, logits, p, history, n_history, 1, &x, &t, &in_order);
     memset(probs, 0, (size_t)s->vocab * sizeof *probs);
     if (!(t > 0)) {
         probs[s->cand[0]] = 1;
@@ -254,6 +275,46 @@ int sampler_distribution(sampler *s, const float *logits, const hearth_sampling 
     for (int i = 0; i < n; i++) total += exp((x[s->cand[i]] - mx) / t);
     for (int i = 0; i < n; i++) probs[s->cand[i]] = exp((x[s->cand[i]] - mx) / t) / total;
     return n;
+}
+
+/* The sorted walk's draw without sorting everything: the token at which the mass summed
+ * in the sampler's order (value descending, lower id first) passes u * total, for the
+ * candidates s->cand[0..n) in id order. One pass sums each bucket of the value order
+ * (DRAW_BUCKETS of them, by the sort key's top bits); the walk over the buckets finds the
+ * one the draw lands in, and only its members are sorted and walked. Picks what sorting
+ * all n and walking them picks, up to the rounding of the sums' order. */
+static int32_t draw_in_order(sampler *s, const float *x, int n, float inv_t, double u) {
+    double *mass = (double *)s->sort_buf; /* DRAW_BUCKETS doubles: n >= DRAW_MIN_CANDIDATES
+                                             makes sort_buf (3 * vocab words) hold them */
+    memset(mass, 0, DRAW_BUCKETS * sizeof *mass);
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = fmaxf(mx, x[s->cand[i]]);
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        float v = x[s->cand[i]];
+        double w = exp((double)(v - mx) * inv_t);
+        mass[desc_key(v) >> DRAW_SHIFT] += w;
+        total += w;
+    }
+    double r = u * total, acc = 0, before = 0; /* before: the mass of the buckets ahead of b */
+    int b = -1;
+    for (int k = 0; k < DRAW_BUCKETS; k++) {
+        if (mass[k] == 0) continue;
+        b = k, before = acc; /* past the end by rounding: the last bucket (its last token) */
+        acc += mass[k];
+        if (r < acc) break;
+    }
+    if (b < 0) return s->cand[0];
+    acc = before;
+    int m = 0; /* the bucket's members, still in id order */
+    for (int i = 0; i < n; i++)
+        if ((int)(desc_key(x[s->cand[i]]) >> DRAW_SHIFT) == b) s->cand[m++] = s->cand[i];
+    sort_candidates(s, x, s->cand, m); /* mass[] is not read after this */
+    for (int i = 0; i < m; i++) {
+        acc += exp((double)(x[s->cand[i]] - mx) * inv_t);
+        if (r < acc) return s->cand[i];
+    }
+    return s->cand[m - 1];
 }
 
 /* logsumexp of the processed logits in s->work: one pass of exp over the vocabulary per
@@ -273,9 +334,12 @@ int32_t sampler_sample(sampler *s, const float *logits, const hearth_sampling *p
                        size_t n_history, hearth_logprobs *lp) {
     const float *x;
     float t;
-    int n = candidates(s, logits, p, history, n_history, -1, &x, &t);
+    int in_order = 0;
+    int n = candidates(s, logits, p, history, n_history, -1, &x, &t, &in_order);
     int32_t chosen = s->cand[0];
-    if (t > 0) {
+    if (!in_order) {
+        chosen = draw_in_order(s, x, n, 1.0f / t, next_uniform(s));
+    } else if (t > 0) {
         /* relative to the best survivor (XTC may have dropped the overall best) */
         float inv_t = 1.0f / t, mx = x[s->cand[0]];
         double total = 0;

@@ -367,12 +367,27 @@ static int parse_misc(const json_t *root, const srv_defaults *d, srv_request *r,
     return 0;
 }
 
+/* llama-server's constraint fields (grammar, regex, json_schema), as on the OpenAI
+ * endpoints; Anthropic's API has no response_format. */
+static int parse_constraint(const json_t *root, srv_request *r, srv_error *e) {
+    static const char *const FIELDS[] = {"grammar", "regex", "json_schema"};
+    json_t *only = json_object();
+    if (!only) return OOM(e);
+    for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++) {
+        json_t *v = json_object_get(root, FIELDS[i]);
+        if (v) json_object_set(only, FIELDS[i], v);
+    }
+    int rc = srv_parse_constraint(only, NULL, r, e);
+    json_decref(only);
+    return rc;
+}
+
 static int parse_root(const json_t *root, const srv_defaults *d, int count_only, srv_request *r, anth_extra *x,
                       srv_error *e) {
     if (!json_is_object(root)) return BAD(e, NULL, "the request body must be a JSON object");
     if (parse_misc(root, d, r, x, e) || parse_sampling(root, d, count_only, r, e) || srv_parse_lab(root, d, r, e) ||
         parse_stop_sequences(root, r, e) || parse_messages(root, r, e) || parse_tools(root, r, e) ||
-        parse_tool_choice(root, r, x, e))
+        parse_tool_choice(root, r, x, e) || parse_constraint(root, r, e))
         return -1;
     return 0;
 }

@@ -243,6 +243,9 @@ int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_opti
         srv_generation_free(g);
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
+    /* parallel calls off, the model free to call or not: its first call ends the turn */
+    if (r->single_tool_call && !r->force_tool && r->tools)
+        g->job->watch_calls = ts_call_watch_init(&g->job->call_watch, text_config);
     srv_queue_submit(s->queue, g->job);
     return 0;
 }
@@ -250,6 +253,12 @@ int srv_generation_start(srv_server *s, const srv_request *r, const srv_gen_opti
 void srv_generation_feed(srv_generation *g, const srv_event *ev, const srv_gen_options *o) {
     hearth_error err = {0};
     size_t len = strlen(ev->text);
+    if (ev->call_ended) { /* the text closes the first tool call: all of it counts */
+        ts_feed(g->ts, ev->text, len, TS_FINISH_NONE, &err);
+        g->last_finish = TS_FINISH_STOP;
+        ts_feed(g->ts, "", 0, TS_FINISH_STOP, &err);
+        return;
+    }
     switch (ev->finish) {
     case HEARTH_FINISH_STOP_STRING:
         if (o->text_stops) { /* the text before the stop string is part of the

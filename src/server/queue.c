@@ -138,19 +138,26 @@ srv_event *srv_job_next_event(srv_job *j) {
 static int on_token(void *user, int32_t token, const char *text, const hearth_logprobs *lp) {
     srv_job *j = user;
     size_t n = strlen(text);
+    long call_end = j->watch_calls ? ts_call_watch_feed(&j->call_watch, text, n) : -1;
+    if (call_end >= 0) { /* what follows the call's end in this token is not shown */
+        n = (size_t)call_end;
+        j->result.finish = HEARTH_FINISH_EOS;
+    }
     srv_event *ev = calloc(1, sizeof *ev + n + 1);
     if (!ev) return 1;
     ev->kind = SRV_EV_TOKEN;
     ev->token = token;
     ev->finish = j->result.finish; /* hearth_generate decides the finish before emitting */
+    ev->call_ended = call_end >= 0;
     if (lp) {
         ev->has_lp = 1;
         ev->lp = *lp;
     }
-    memcpy(ev->text, text, n + 1);
+    memcpy(ev->text, text, n);
+    ev->text[n] = 0;
     srv_metrics_token(j);
     push(j, ev);
-    return atomic_load(&j->cancel);
+    return call_end >= 0 || atomic_load(&j->cancel);
 }
 
 static int on_progress(void *user, size_t done, size_t total) {

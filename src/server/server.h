@@ -6,6 +6,7 @@
 #define HEARTH_SERVER_SERVER_H
 #include "base/sbuf.h"
 #include "hearth.h"
+#include "server/textstate.h"
 #include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -119,6 +120,8 @@ typedef struct srv_event {
     int32_t token;        /* TOKEN */
     hearth_finish finish; /* TOKEN: set on the last token (the engine sets it
                              before the callback) */
+    int call_ended;       /* TOKEN: the first tool call ended in text (the job's
+                             call_watch); the generation stops here */
     int has_lp;
     hearth_logprobs lp;
     char text[]; /* TOKEN: the text that became final (may be "") */
@@ -132,6 +135,10 @@ typedef struct srv_job {
     size_t n_ids;
     hearth_generate_params params; /* owns copies of its stop strings, stop ids and bias */
     atomic_int cancel;             /* set by the HTTP side when the client went away */
+    /* parallel tool calls off with tool_choice "auto": the engine thread ends the job where
+     * the model's first call ends (finish EOS: the turn is over) */
+    int watch_calls;
+    ts_call_watch call_watch;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     srv_event *head, *tail; /* events not yet taken by the HTTP side */

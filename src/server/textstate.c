@@ -461,3 +461,65 @@ const char *ts_finish_reason(const ts_parser *p, ts_finish finish) {
     if (finish == TS_FINISH_LENGTH) return "length";
     return p->made_tool_call ? "tool_calls" : "stop";
 }
+
+/* ---- the end of the first tool call ---- */
+
+bool ts_call_watch_init(ts_call_watch *w, const ts_config *cfg) {
+    memset(w, 0, sizeof *w);
+    if (cfg->tool == TS_TOOL_NONE || !cfg->tool_start[0]) return false;
+    memcpy(w->tool_start, cfg->tool_start, sizeof w->tool_start);
+    memcpy(w->tool_end, cfg->tool_end, sizeof w->tool_end);
+    return true;
+}
+
+/* Appends c to the window of recent bytes; whether it now ends with marker. */
+static bool window_push(ts_call_watch *w, char c, const char *marker) {
+    if (w->window_len == sizeof w->window) {
+        memmove(w->window, w->window + 1, sizeof w->window - 1);
+        w->window_len--;
+    }
+    w->window[w->window_len++] = c;
+    size_t n = strlen(marker);
+    return n && n <= w->window_len && !memcmp(w->window + w->window_len - n, marker, n);
+}
+
+/* One byte of a call without an end marker: whether its first JSON value closed. */
+static bool json_value_closes(ts_call_watch *w, char c) {
+    if (w->in_string) {
+        if (w->escaped) w->escaped = 0;
+        else if (c == '\\') w->escaped = 1;
+        else if (c == '"') w->in_string = 0;
+        return false;
+    }
+    if (c == '"' && w->depth > 0) w->in_string = 1;
+    else if (c == '{' || c == '[') w->depth++;
+    else if ((c == '}' || c == ']') && w->depth > 0) return --w->depth == 0;
+    return false;
+}
+
+long ts_call_watch_feed(ts_call_watch *w, const char *text, size_t len) {
+    for (size_t i = 0; i < len && !w->ended; i++) {
+        if (!w->in_call) {
+            if (window_push(w, text[i], w->tool_start)) w->in_call = 1, w->lead = 1, w->window_len = 0;
+            continue;
+        }
+        if (!w->tool_end[0] && w->lead) { /* the value starts at once, or after a header */
+            char c = text[i];
+            if (w->lead == 2) {
+                if (window_push(w, c, "[ARGS]")) w->lead = 0;
+                continue;
+            }
+            if (c == ' ' || c == '\n' || c == '\t' || c == '\r') continue;
+            w->lead = c == '{' || c == '[' ? 0 : 2;
+            if (w->lead) {
+                window_push(w, c, "[ARGS]");
+                continue;
+            }
+        }
+        if (w->tool_end[0] ? window_push(w, text[i], w->tool_end) : json_value_closes(w, text[i])) {
+            w->ended = 1;
+            return (long)(i + 1);
+        }
+    }
+    return -1;
+}

@@ -136,6 +136,28 @@ bool ts_in_tool(const ts_parser *p);
 /* Whether the current state is reasoning (for diagnostics and tests). */
 bool ts_in_reasoning(const ts_parser *p);
 
+/* Where the model's first tool call ends (parallel tool calls off with tool_choice "auto":
+ * the generation stops there). Fed the same text as the parser, token by token, on any
+ * thread. A call opens at the tool-start marker (the parser enters its tool state from
+ * content and from reasoning alike) and ends at the tool-end marker, or, in the formats
+ * without one (mistral, llama3_json), where its first JSON value closes (an object, after
+ * mistral's name[ARGS] header if it has one, or mistral's whole [...] list). */
+typedef struct ts_call_watch {
+    char tool_start[TS_MARKER_MAX], tool_end[TS_MARKER_MAX];
+    int in_call, ended;
+    /* a call without an end marker: before its value (1), in mistral's name[ARGS] header
+     * (2), in the value (0); the value's JSON nesting */
+    int lead, depth, in_string, escaped;
+    char window[TS_MARKER_MAX];    /* the last bytes seen, for markers split across tokens */
+    size_t window_len;
+} ts_call_watch;
+
+/* Whether cfg's tool format has calls to watch (a tool parser with a start marker). */
+bool ts_call_watch_init(ts_call_watch *w, const ts_config *cfg);
+/* The bytes of text up to and including the end of the first call, or -1 while it has not
+ * ended (and after it ended: the first call ends once). */
+long ts_call_watch_feed(ts_call_watch *w, const char *text, size_t len);
+
 /* "tool_calls" when finish is STOP and a tool section was seen (even one that fails
  * to parse), else "stop" / "length". finish NONE counts as "stop" (upstream default). */
 const char *ts_finish_reason(const ts_parser *p, ts_finish finish);

@@ -5,7 +5,7 @@ offered (or the named) tool whose arguments validate with `jsonschema` against t
 parameters, with finish_reason "tool_calls" (stop_reason "tool_use"): exactly one with
 parallel_tool_calls false (Anthropic's disable_parallel_tool_use true), one or more with it
 true, the default; the openai SDK parses the response. With "auto" and parallel calls off,
-the calls after the model's first are dropped. "auto" must answer exactly what a request without tool_choice
+the generation ends with the model's first call (fewer tokens than with them on). "auto" must answer exactly what a request without tool_choice
 answers, and "none" what a request without tools answers. Bad values are a 400 naming the
 field. Run on the default model (SmolLM2, no tool format of its own: the hermes
 <tool_call> form) and on tiny random-weight models of each template family: Qwen 3
@@ -380,28 +380,106 @@ def tiny_qwen3():
         yield model, base
 
 
-def test_auto_single_call_drops_the_second(tiny_qwen3):
-    """tool_choice "auto" with parallel calls off: a second call the model writes is dropped
-    (chat, streamed chat and Responses); with them on both come back."""
+def test_auto_single_call_stops_after_the_first(tiny_qwen3):
+    """tool_choice "auto" with parallel calls off: the generation ends where the model's first
+    call ends, so the second call it was about to write (the regex makes it write two) is
+    never generated: finish_reason "tool_calls" with one call, and fewer completion tokens
+    than with parallel calls on, where both come back (chat, streamed chat, Responses,
+    streamed Responses)."""
     _, base = tiny_qwen3
     c = openai.OpenAI(base_url=base + "/v1", api_key="none")
     msgs = [{"role": "user", "content": "add twice"}]
+    rtools = [{"type": "function", "name": n_, "parameters": s_} for n_, s_ in SCHEMAS.items()]
+    used = {}
     for parallel, n in ((True, 2), (False, 1)):
         r = c.chat.completions.create(model="default_model", messages=msgs, tools=TOOLS, max_tokens=200,
                                       parallel_tool_calls=parallel, extra_body={"regex": TWO_CALLS})
         calls = r.choices[0].message.tool_calls
         assert r.choices[0].finish_reason == "tool_calls" and len(calls) == n, r.choices[0]
         assert [json.loads(x.function.arguments) for x in calls] == [{"a": 1, "b": 2}, {"a": 3, "b": 4}][:n]
+        assert not (r.choices[0].message.content or "").strip(), r.choices[0].message
+        used["chat", parallel] = r.usage.completion_tokens
         chunks = list(c.chat.completions.create(model="default_model", messages=msgs, tools=TOOLS, max_tokens=200,
                                                 stream=True, parallel_tool_calls=parallel,
+                                                stream_options={"include_usage": True},
                                                 extra_body={"regex": TWO_CALLS}))
         deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
         assert [d.index for d in deltas] == list(range(n)), deltas
-        tools = [{"type": "function", "name": n_, "parameters": s_} for n_, s_ in SCHEMAS.items()]
-        r = c.responses.create(model="default_model", input="add twice", tools=tools, max_output_tokens=200,
-                               parallel_tool_calls=parallel, extra_body={"regex": TWO_CALLS})
-        assert r.parallel_tool_calls is parallel
-        assert len([o for o in r.output if o.type == "function_call"]) == n, r.output
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+        used["stream", parallel] = chunks[-1].usage.completion_tokens
+        for stream in (False, True):
+            r = c.responses.create(model="default_model", input="add twice", tools=rtools, max_output_tokens=200,
+                                   parallel_tool_calls=parallel, extra_body={"regex": TWO_CALLS}, stream=stream)
+            if stream:
+                r = [e for e in r if e.type == "response.completed"][0].response
+            assert r.parallel_tool_calls is parallel and r.status == "completed", r
+            assert len([o for o in r.output if o.type == "function_call"]) == n, r.output
+            used["responses", stream, parallel] = r.usage.output_tokens
+    # the same forced text may take other token splits from one request to the next, but
+    # the second call (a newline and its <tool_call> block) is at least 30 tokens of this
+    # vocabulary however it is split (a shortest-split search over the vocabulary's byte
+    # strings): none of them is generated
+    for k in used:
+        if k[-1] is False:
+            assert used[k] + 30 <= used[k[:-1] + (True,)], used
+
+
+PYTHONIC_TWO = ('<\\|tool_call_start\\|>\\[add\\(a=1, b=2\\)\\]<\\|tool_call_end\\|>'
+                '<\\|tool_call_start\\|>\\[add\\(a=3, b=4\\)\\]<\\|tool_call_end\\|>')
+
+
+def test_auto_single_call_stops_pythonic(pythonic):
+    """The same on the pythonic format (markers <|tool_call_start|> / <|tool_call_end|>,
+    plain text in the tiny Llama's vocabulary, so the regex can make it write two blocks)."""
+    with server(pythonic) as base:
+        c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+        used = {}
+        for parallel, n in ((True, 2), (False, 1)):
+            r = c.chat.completions.create(model="default_model", messages=[{"role": "user", "content": "add"}],
+                                          tools=TOOLS, max_tokens=200, parallel_tool_calls=parallel,
+                                          extra_body={"regex": PYTHONIC_TWO})
+            calls = r.choices[0].message.tool_calls
+            assert r.choices[0].finish_reason == "tool_calls" and len(calls) == n, r.choices[0]
+            assert [json.loads(x.function.arguments) for x in calls] == [{"a": 1, "b": 2}, {"a": 3, "b": 4}][:n]
+            used[parallel] = r.usage.completion_tokens
+        # the second block is at least 41 tokens of the tiny Llama's 608-entry vocabulary
+        # however it is split (a shortest-split search over its byte strings)
+        assert used[False] + 41 <= used[True], used
+
+
+def test_anthropic_auto_single_call_stops_after_the_first(tiny_qwen3):
+    """Anthropic's disable_parallel_tool_use with tool_choice auto: one tool_use block,
+    stop_reason "tool_use", fewer output tokens than with parallel use allowed (streaming
+    and not); the regex field (llama-server's, on every API) makes the model write two."""
+    _, base = tiny_qwen3
+    c = anthropic.Anthropic(base_url=base, api_key="none")
+    tools = [{"name": n_, "input_schema": s_} for n_, s_ in SCHEMAS.items()]
+    used = {}
+    for disable, n in ((False, 2), (True, 1)):
+        kw = dict(model="default_model", max_tokens=200, tools=tools,
+                  messages=[{"role": "user", "content": "add twice"}],
+                  tool_choice={"type": "auto", "disable_parallel_tool_use": disable},
+                  extra_body={"regex": TWO_CALLS})
+        m = c.messages.create(**kw)
+        uses = [b for b in m.content if b.type == "tool_use"]
+        assert m.stop_reason == "tool_use" and len(uses) == n, m
+        assert [u.input for u in uses] == [{"a": 1, "b": 2}, {"a": 3, "b": 4}][:n]
+        used["messages", disable] = m.usage.output_tokens
+        with c.messages.stream(**kw) as st:
+            final = st.get_final_message()
+        assert final.stop_reason == "tool_use" and len([b for b in final.content if b.type == "tool_use"]) == n
+        used["stream", disable] = final.usage.output_tokens
+    for api in ("messages", "stream"):
+        assert used[api, True] + 30 <= used[api, False], used
+
+
+def test_anthropic_bad_regex_is_400(tiny_qwen3):
+    _, base = tiny_qwen3
+    c = anthropic.Anthropic(base_url=base, api_key="none")
+    with pytest.raises(anthropic.BadRequestError) as ex:
+        c.messages.create(model="default_model", max_tokens=8, messages=[{"role": "user", "content": "hi"}],
+                          extra_body={"regex": "(a"})
+    assert "regex" in str(ex.value)
 
 
 @pytest.mark.parametrize("family", ["qwen3-f32", "llama-f32", "gemma4-f32", "qwen35"])

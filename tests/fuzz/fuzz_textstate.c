@@ -1,7 +1,8 @@
 /* fuzz_textstate.c: random chunks, stop strings and tool formats through the text
  * state machine and every tool parser. Input layout: byte 0 picks the tool format,
  * byte 1 the think markers and start state, then NUL-separated fields: up to two stop
- * strings, then chunks whose first byte is the chunk's finish (last chunk only). */
+ * strings, then chunks whose first byte is the chunk's finish (last chunk only). The
+ * first-call watcher (ts_call_watch) is fed the same chunks. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,8 +43,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                0, NULL);
     json_t *out = json_array();
     int index = 0;
+    ts_call_watch w;
+    bool watch = ts_call_watch_init(&w, &cfg);
+    int ended = 0;
     while (p && pos < n) {
         size_t len = strlen(copy + pos);
+        long k = watch ? ts_call_watch_feed(&w, copy + pos, len) : -1;
+        if (k >= 0 && (ended++ || k < 1 || (size_t)k > len)) abort(); /* once, inside the chunk */
         bool last = pos + len + 1 >= n;
         ts_finish fin = last ? (ts_finish)((len ? (uint8_t)copy[pos] : 0) % 3) : TS_FINISH_NONE;
         ts_feed(p, copy + pos, len, fin, &err);

@@ -177,12 +177,71 @@ static void test_seed_reproducible(void **state) {
     sampler_free(&b);
 }
 
+
+/* A large vocabulary at a temperature with no filter: the draw takes the bucketed path
+ * (sampler.c draw_in_order), which must pick, seed for seed, what the full sort's walk
+ * picks (top_k = the vocabulary forces that walk without cutting anything), over spread,
+ * tied, flat and peaked logits; and its frequencies must follow the softmax (chi-square
+ * over the 4 top tokens and the rest, 5 cells: 4 degrees of freedom, 18.47 is p = 0.001). */
+static void test_large_vocab_draw(void **state) {
+    (void)state;
+    enum { V = 50000 };
+    static float x[V];
+    sampler a, b;
+    assert_int_equal(sampler_init(&a, V, NULL), HEARTH_OK);
+    assert_int_equal(sampler_init(&b, V, NULL), HEARTH_OK);
+    uint64_t lcg = 12345;
+    for (int shape = 0; shape < 4; shape++) {
+        for (int i = 0; i < V; i++) {
+            lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+            float u = (float)((lcg >> 11) * 0x1.0p-53);
+            x[i] = shape == 0 ? 12 * u - 6 : shape == 1 ? floorf(8 * u) : shape == 2 ? 0 : (i % 997 == 3 ? 9 + u : -4 * u);
+        }
+        hearth_sampling p = base(), sorted;
+        p.temperature = shape == 3 ? 0.8f : 1.3f;
+        sorted = p;
+        sorted.top_k = V;
+        sampler_seed(&a, 100 + (uint64_t)shape);
+        sampler_seed(&b, 100 + (uint64_t)shape);
+        for (int i = 0; i < 100; i++)
+            assert_int_equal(sampler_sample(&a, x, &p, NULL, 0, NULL), sampler_sample(&b, x, &sorted, NULL, 0, NULL));
+    }
+    sampler_free(&a);
+    sampler_free(&b);
+    /* frequencies: 4 tokens carry most of the mass, the rest share the remainder */
+    enum { VF = 8192 };
+    assert_int_equal(sampler_init(&a, VF, NULL), HEARTH_OK);
+    for (int i = 0; i < VF; i++) x[i] = -2.0f - (float)(i % 7) * 0.1f;
+    const int top[4] = {17, 4242, 6001, 8191};
+    const float lv[4] = {8.0f, 7.5f, 7.0f, 6.0f};
+    for (int k = 0; k < 4; k++) x[top[k]] = lv[k];
+    hearth_sampling p = base();
+    p.temperature = 1.0f;
+    double z = 0, pr[5] = {0};
+    for (int i = 0; i < VF; i++) z += exp(x[i]);
+    for (int k = 0; k < 4; k++) pr[k] = exp(lv[k]) / z;
+    pr[4] = 1 - pr[0] - pr[1] - pr[2] - pr[3];
+    const int N = 10000;
+    int count[5] = {0};
+    sampler_seed(&a, 9);
+    for (int i = 0; i < N; i++) {
+        int32_t t = sampler_sample(&a, x, &p, NULL, 0, NULL);
+        int k = 0;
+        while (k < 4 && top[k] != t) k++;
+        count[k]++;
+    }
+    double chi2 = 0;
+    for (int k = 0; k < 5; k++) chi2 += (count[k] - N * pr[k]) * (count[k] - N * pr[k]) / (N * pr[k]);
+    assert_true(chi2 < 18.47);
+    sampler_free(&a);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_and_bias),          cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_penalty_windows),          cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_temperature_distribution), cmocka_unit_test(test_filters),
-        cmocka_unit_test(test_seed_reproducible),
+        cmocka_unit_test(test_seed_reproducible),        cmocka_unit_test(test_large_vocab_draw),
     };
     return cmocka_run_group_tests_name("sampler", tests, NULL, NULL);
 }

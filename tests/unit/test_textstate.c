@@ -205,6 +205,81 @@ static void test_parsers(void **state) {
     json_decref(calls);
 }
 
+
+/* ts_call_watch: where the first of two calls ends, the text fed in pieces of every size
+ * from 1 to 7 bytes (markers split across pieces); the text up to there holds exactly one
+ * call for the format's own parser, and a text with no call never ends. */
+static void test_call_watch(void **state) {
+    (void)state;
+    static const struct {
+        ts_tool_type type;
+        const char *text, *first_end; /* the text ends its first call right after first_end */
+    } cases[] = {
+        {TS_TOOL_JSON_TOOLS,
+         "Sure.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"s\": \"}</tool\"}}\n</tool_call>\n"
+         "<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>",
+         "}\n</tool_call>"},
+        {TS_TOOL_QWEN3_CODER,
+         "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>\n"
+         "<tool_call>\n<function=g>\n</function>\n</tool_call>",
+         "</function>\n</tool_call>"},
+        {TS_TOOL_MINICPM5, "<function name=\"f\"><param name=\"a\">1</param></function><function name=\"g\"></function>",
+         "</param></function>"},
+        {TS_TOOL_GEMMA4, "<|tool_call>call:f{a:<|\"|>x}<|\"|>}<tool_call|><|tool_call>call:g{}<tool_call|>",
+         "}<tool_call|>"},
+        {TS_TOOL_PYTHONIC, "<|tool_call_start|>[f(a=1), g(b=2)]<|tool_call_end|><|tool_call_start|>[h()]<|tool_call_end|>",
+         ")]<|tool_call_end|>"},
+        {TS_TOOL_LLAMA3_JSON,
+         "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"s\": \"a}\\\"{\"}}; {\"name\": \"g\", \"parameters\": {}}",
+         "\"}}"},
+        {TS_TOOL_MISTRAL, "[TOOL_CALLS] f[ARGS]{\"a\": [1, {\"b\": \"]\"}]}[TOOL_CALLS]g[ARGS]{}", "\"}]}"},
+        {TS_TOOL_MISTRAL, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"arguments\": {}}] done",
+         "{}}]"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ts_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        ts_set_tool(&cfg, cases[c].type);
+        const char *text = cases[c].text;
+        size_t len = strlen(text), want = (size_t)(strstr(text, cases[c].first_end) - text) + strlen(cases[c].first_end);
+        for (size_t piece = 1; piece <= 7; piece++) {
+            ts_call_watch w;
+            assert_true(ts_call_watch_init(&w, &cfg));
+            size_t at = 0, got = 0;
+            for (; at < len; at += piece) {
+                size_t n = len - at < piece ? len - at : piece;
+                long k = ts_call_watch_feed(&w, text + at, n);
+                if (k >= 0) {
+                    assert_true(k >= 1 && (size_t)k <= n);
+                    assert_int_equal(got, 0); /* ends once */
+                    got = at + (size_t)k;
+                }
+            }
+            assert_int_equal(got, want);
+        }
+        /* the text through the end, markers stripped, is one call (two for mistral's list
+         * and pythonic's: one call text holding the list) */
+        size_t start = (size_t)(strstr(text, cfg.tool_start) - text) + strlen(cfg.tool_start);
+        size_t end = want - (cfg.tool_end[0] ? strlen(cfg.tool_end) : 0);
+        json_t *calls = json_array();
+        hearth_error err = {0};
+        assert_int_equal(tp_parse(cases[c].type, text + start, end - start, NULL, calls, &err), HEARTH_OK);
+        int list = strstr(text, ", g(") || strstr(text, "[{");
+        assert_int_equal(json_array_size(calls), list ? 2 : 1);
+        json_decref(calls);
+    }
+    ts_config none;
+    memset(&none, 0, sizeof none);
+    ts_call_watch w;
+    assert_false(ts_call_watch_init(&w, &none));
+    ts_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    ts_set_tool(&cfg, TS_TOOL_JSON_TOOLS);
+    assert_true(ts_call_watch_init(&w, &cfg));
+    const char *plain = "No call: </tool_call> then <tool_call"; /* an end before any start, a partial start */
+    assert_int_equal(ts_call_watch_feed(&w, plain, strlen(plain)), -1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_infer),
@@ -214,6 +289,7 @@ int main(void) {
         cmocka_unit_test(test_tool_calls_formatted),
         cmocka_unit_test(test_truncated_tool),
         cmocka_unit_test(test_parsers),
+        cmocka_unit_test(test_call_watch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

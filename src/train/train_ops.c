@@ -1,6 +1,7 @@
 /* train_ops.c: the float32 forward and backward kernels of LoRA training (train_ops.h).
- * Portable C with GCC vector types; the two matmuls that carry nearly all the work are
- * also built for AVX2+FMA and picked at load (target_clones). */
+ * Portable C with GCC vector types, the small loops also built for AVX2+FMA and picked by
+ * what the CPU has; the products that carry nearly all the work go to tr_gemm
+ * (train_gemm.c). */
 #include "train/train_ops.h"
 #include <math.h>
 #include <stdlib.h>
@@ -10,8 +11,8 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float v8 __attribute__((vector_size(32)));
 #define INL static inline __attribute__((always_inline))
-/* The two matmul kernels are bodies inlined twice: built for AVX2+FMA and for the baseline,
- * picked once per call by what the CPU has. */
+/* The small loops are bodies inlined twice: built for AVX2+FMA and for the baseline, picked
+ * once per call by what the CPU has. */
 #define AVX2 __attribute__((target("avx2,fma")))
 static int have_avx2(void) {
     static int v = -1;
@@ -44,105 +45,14 @@ INL void axpyf(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* ---- y = x w^T ---------------------------------------------------------- */
-
-typedef struct mm_ctx {
-    const float *a, *b;
-    float *c;
-    int64_t M, N, K;
-    int acc;
-} mm_ctx;
-
-#define NT_BLOCK 16 /* rows of w per task */
-
-INL void nt_body(void *vctx, int task) {
-    const mm_ctx *c = vctx;
-    int64_t n0 = (int64_t)task * NT_BLOCK, n1 = n0 + NT_BLOCK < c->N ? n0 + NT_BLOCK : c->N, K = c->K;
-    int64_t K8 = K & ~(int64_t)7;
-    for (int64_t m = 0; m < c->M; m += 4) {
-        int mr = c->M - m < 4 ? (int)(c->M - m) : 4;
-        const float *x[4];
-        for (int r = 0; r < 4; r++) x[r] = c->a + (m + (r < mr ? r : 0)) * K;
-        for (int64_t n = n0; n < n1; n += 2) {
-            int nr = n1 - n < 2 ? 1 : 2;
-            const float *w0 = c->b + n * K, *w1 = c->b + (n + nr - 1) * K;
-            v8 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
-            for (int64_t k = 0; k < K8; k += 8) {
-                v8 b0 = ld8(w0 + k), b1 = ld8(w1 + k);
-                v8 x0 = ld8(x[0] + k), x1 = ld8(x[1] + k), x2 = ld8(x[2] + k), x3 = ld8(x[3] + k);
-                a00 += x0 * b0, a01 += x0 * b1, a10 += x1 * b0, a11 += x1 * b1;
-                a20 += x2 * b0, a21 += x2 * b1, a30 += x3 * b0, a31 += x3 * b1;
-            }
-            float s[4][2] = {{hsum(a00), hsum(a01)}, {hsum(a10), hsum(a11)}, {hsum(a20), hsum(a21)},
-                             {hsum(a30), hsum(a31)}};
-            for (int64_t k = K8; k < K; k++)
-                for (int r = 0; r < 4; r++) s[r][0] += x[r][k] * w0[k], s[r][1] += x[r][k] * w1[k];
-            for (int r = 0; r < mr; r++)
-                for (int j = 0; j < nr; j++) {
-                    float *out = c->c + (m + r) * c->N + n + j;
-                    *out = c->acc ? *out + s[r][j] : s[r][j];
-                }
-        }
-    }
-}
-
-AVX2 static void nt_task_avx2(void *c, int task, int thread) { nt_body(c, task); }
-static void nt_task(void *c, int task, int thread) { nt_body(c, task); }
+/* ---- the two products of a frozen linear ------------------------------------ */
 
 void tr_matmul_nt(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int acc) {
-    mm_ctx c = {.a = x, .b = w, .c = y, .M = M, .N = N, .K = K, .acc = acc};
-    int tasks = (int)((N + NT_BLOCK - 1) / NT_BLOCK);
-    tp_run(M * N * K < 65536 ? NULL : tp, tasks, have_avx2() ? nt_task_avx2 : nt_task, &c);
+    tr_gemm(tp, M, N, K, x, K, 1, w, 1, K, y, N, acc ? TR_GEMM_ACC : 0);
 }
-
-/* ---- dx += dy w --------------------------------------------------------- */
-
-#define NN_STRIP 64 /* columns of dx (and w) per task */
-#define NN_TILE 256 /* rows of w per pass: a 64 KB block of w, reused by every row block of dy */
-
-INL void nn_body(void *vctx, int task) {
-    const mm_ctx *c = vctx;
-    int64_t k0 = (int64_t)task * NN_STRIP, k1 = k0 + NN_STRIP < c->K ? k0 + NN_STRIP : c->K, K = c->K;
-    for (int64_t n0 = 0; n0 < c->N; n0 += NN_TILE) {
-        int64_t n1 = n0 + NN_TILE < c->N ? n0 + NN_TILE : c->N;
-        for (int64_t m = 0; m < c->M; m += 4) {
-            int mr = c->M - m < 4 ? (int)(c->M - m) : 4;
-            const float *dy[4];
-            for (int r = 0; r < mr; r++) dy[r] = c->a + (m + r) * c->N;
-            int64_t k = k0;
-            if (mr == 4)
-                for (; k + 16 <= k1; k += 16) {
-                    float *d[4] = {c->c + m * K + k, c->c + (m + 1) * K + k, c->c + (m + 2) * K + k,
-                                   c->c + (m + 3) * K + k};
-                    v8 a00 = ld8(d[0]), a01 = ld8(d[0] + 8), a10 = ld8(d[1]), a11 = ld8(d[1] + 8);
-                    v8 a20 = ld8(d[2]), a21 = ld8(d[2] + 8), a30 = ld8(d[3]), a31 = ld8(d[3] + 8);
-                    for (int64_t n = n0; n < n1; n++) {
-                        const float *wr = c->b + n * K + k;
-                        v8 b0 = ld8(wr), b1 = ld8(wr + 8);
-                        float g0 = dy[0][n], g1 = dy[1][n], g2 = dy[2][n], g3 = dy[3][n];
-                        a00 += g0 * b0, a01 += g0 * b1, a10 += g1 * b0, a11 += g1 * b1;
-                        a20 += g2 * b0, a21 += g2 * b1, a30 += g3 * b0, a31 += g3 * b1;
-                    }
-                    st8(d[0], a00), st8(d[0] + 8, a01), st8(d[1], a10), st8(d[1] + 8, a11);
-                    st8(d[2], a20), st8(d[2] + 8, a21), st8(d[3], a30), st8(d[3] + 8, a31);
-                }
-            for (int r = 0; r < mr; r++) /* the tail columns (and rows past a multiple of 4) */
-                for (int64_t kk = k; kk < k1; kk++) {
-                    float s = 0;
-                    for (int64_t n = n0; n < n1; n++) s += dy[r][n] * c->b[n * K + kk];
-                    c->c[(m + r) * K + kk] += s;
-                }
-        }
-    }
-}
-
-AVX2 static void nn_task_avx2(void *c, int task, int thread) { nn_body(c, task); }
-static void nn_task(void *c, int task, int thread) { nn_body(c, task); }
 
 void tr_matmul_nn(threadpool *tp, const float *dy, int64_t M, int64_t N, const float *w, int64_t K, float *dx) {
-    mm_ctx c = {.a = dy, .b = w, .c = dx, .M = M, .N = N, .K = K};
-    int tasks = (int)((K + NN_STRIP - 1) / NN_STRIP);
-    tp_run(M * N * K < 65536 ? NULL : tp, tasks, have_avx2() ? nn_task_avx2 : nn_task, &c);
+    tr_gemm(tp, M, K, N, dy, N, 1, w, K, 1, dx, K, TR_GEMM_ACC);
 }
 
 /* ---- linear with LoRA ----------------------------------------------------- */

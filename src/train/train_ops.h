@@ -10,9 +10,18 @@
 #include "base/threadpool.h"
 #include <stdint.h>
 
-/* y[M,N] = x[M,K] . w[N,K]^T, or += when acc. Threaded over blocks of w's rows. */
+/* C[M,N] = A[M,K] B[K,N] (+= with TR_GEMM_ACC) in float32 (train_gemm.c), any strides:
+ * A(m,k) = a[m*sam + k*sak], B(k,n) = b[k*sbk + n*sbn], C(m,n) = c[m*ldc + n]. Each output
+ * is one sum in k order whatever the threads. TR_GEMM_CAUSAL (M >= N square products of
+ * attention): outputs with n > m may be left unwritten. tp may be NULL. */
+#define TR_GEMM_ACC 1
+#define TR_GEMM_CAUSAL 2
+void tr_gemm(threadpool *tp, int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak,
+             const float *b, int64_t sbk, int64_t sbn, float *c, int64_t ldc, int flags);
+
+/* y[M,N] = x[M,K] . w[N,K]^T, or += when acc. */
 void tr_matmul_nt(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int acc);
-/* dx[M,K] += dy[M,N] . w[N,K]. Threaded over blocks of dx's rows. */
+/* dx[M,K] += dy[M,N] . w[N,K]. */
 void tr_matmul_nn(threadpool *tp, const float *dy, int64_t M, int64_t N, const float *w, int64_t K, float *dx);
 
 /* A LoRA pair in MLX's layout: a [K, r], b [r, N]; y gains scale * (x a) b. ga, gb: their

@@ -34,23 +34,100 @@ typedef struct gemm {
     int64_t M, N, K, sam, sak, sbk, sbn, ldc;
     const float *a, *b;
     float *c, *ap, *bp; /* ap: A packed, one [K][MR] panel per row tile; bp: KC x NR per thread */
-    int acc, mtiles, npanels, mblocks, avx512, causal;
+    int flags, mtiles, npanels, mblocks, isa; /* isa: 2 AVX-512, 1 AVX2, 0 baseline */
     int64_t mb; /* row tiles per task */
 } gemm;
 
-/* Row tile t of A as [K][MR] (rows past M are zero). */
+/* One stage of a block-swap transpose of rows lo, lo + d: lo keeps the elements of each
+ * 2d-group's first half and takes the partner's first half; hi the second halves. Four
+ * stages (d = 1, 2, 4, 8) transpose 16 x 16; the first three transpose each 8 x 8 half
+ * of 8 rows. */
+#define SWAP_MASKS(d)                                                                                          \
+    static const vi16 lo_##d = {L(0, d), L(1, d), L(2, d), L(3, d), L(4, d), L(5, d), L(6, d), L(7, d),        \
+                                L(8, d), L(9, d), L(10, d), L(11, d), L(12, d), L(13, d), L(14, d), L(15, d)}; \
+    static const vi16 hi_##d = {H(0, d), H(1, d), H(2, d), H(3, d), H(4, d), H(5, d), H(6, d), H(7, d),        \
+                                H(8, d), H(9, d), H(10, d), H(11, d), H(12, d), H(13, d), H(14, d), H(15, d)}
+#define L(e, d) ((e) & (d) ? 16 + (e) - (d) : (e))
+#define H(e, d) ((e) & (d) ? 16 + (e) : (e) + (d))
+typedef int32_t vi16 __attribute__((vector_size(64)));
+SWAP_MASKS(1);
+SWAP_MASKS(2);
+SWAP_MASKS(4);
+SWAP_MASKS(8);
+#undef L
+#undef H
+#define SWAP_STAGE(r, n, d)                                                                                    \
+    for (int i = 0; i < n; i++)                                                                                \
+        if (!(i & d)) {                                                                                        \
+            v16 x = r[i], y = r[i + d];                                                                        \
+            r[i] = __builtin_shuffle(x, y, lo_##d), r[i + d] = __builtin_shuffle(x, y, hi_##d);                \
+        }
+
+/* dst[k * ld + j] = src[j * ss + k] for j, k < 16 (16 rows of 16 floats, transposed). */
+INL void transpose16(const float *src, int64_t ss, float *dst, int64_t ld) {
+    v16 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = ld16(src + i * ss);
+    SWAP_STAGE(r, 16, 1) SWAP_STAGE(r, 16, 2) SWAP_STAGE(r, 16, 4) SWAP_STAGE(r, 16, 8)
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) st16(dst + i * ld, r[i]);
+}
+
+/* dst[k * 8 + i] = src[i * ss + k] for i < 8, k < 16: 16 values of 8 rows, interleaved. */
+INL void transpose8x16(const float *src, int64_t ss, float *dst) {
+    static const vi16 lows = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    static const vi16 highs = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    v16 r[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) r[i] = ld16(src + i * ss);
+    SWAP_STAGE(r, 8, 1) SWAP_STAGE(r, 8, 2) SWAP_STAGE(r, 8, 4)
+    /* r[i] is now column i (rows 0..7), then column 8 + i */
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) {
+        st16(dst + 16 * v, __builtin_shuffle(r[2 * v], r[2 * v + 1], lows));
+        st16(dst + 64 + 16 * v, __builtin_shuffle(r[2 * v], r[2 * v + 1], highs));
+    }
+}
+
+/* The packers' bodies, built per ISA like the micro-kernel. */
+#define PACK_FNS(sfx, attr)                                                                                    \
+    attr static void t16_##sfx(const float *s, int64_t ss, float *d, int64_t ld) { transpose16(s, ss, d, ld); } \
+    attr static void t8x16_##sfx(const float *s, int64_t ss, float *d) { transpose8x16(s, ss, d); }
+PACK_FNS(avx512, __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"))))
+PACK_FNS(base, )
+
+/* The k range row tile t reads: all of K, or only k <= m (TR_GEMM_K_LE_M) or k >= m
+ * (TR_GEMM_K_GE_M) for some row m of the tile. */
+static void tile_k_range(const gemm *g, int64_t t, int64_t *kb, int64_t *ke) {
+    int64_t m0 = t * MR, m1 = m0 + MR < g->M ? m0 + MR : g->M;
+    *kb = g->flags & TR_GEMM_K_GE_M ? m0 : 0;
+    *ke = g->flags & TR_GEMM_K_LE_M ? (m1 < g->K ? m1 : g->K) : g->K;
+}
+
+/* Row tile t of A as [K][MR] (rows past M are zero; only its k range). */
 static void pack_a_task(void *vctx, int t, int thread) {
     const gemm *g = vctx;
     float *dst = g->ap + (int64_t)t * g->K * MR;
-    int64_t m0 = (int64_t)t * MR, mr = g->M - m0 < MR ? g->M - m0 : MR;
-    if (g->sak == 1) { /* row-major A: MR rows read side by side */
+    int64_t m0 = (int64_t)t * MR, mr = g->M - m0 < MR ? g->M - m0 : MR, kb, ke;
+    tile_k_range(g, t, &kb, &ke);
+    if (g->sak == 1 && mr == MR) { /* row-major A: 8 x 16 blocks transposed in registers */
+        const float *src = g->a + m0 * g->sam;
+        int64_t k = kb;
+        for (; k + 16 <= ke; k += 16)
+            if (g->isa == 2) t8x16_avx512(src + k, g->sam, dst + k * MR);
+            else t8x16_base(src + k, g->sam, dst + k * MR);
+        for (; k < ke; k++)
+            for (int i = 0; i < MR; i++) dst[k * MR + i] = src[i * g->sam + k];
+        return;
+    }
+    if (g->sak == 1) { /* the last, partial row tile */
         const float *src[MR];
         for (int i = 0; i < MR; i++) src[i] = g->a + (m0 + (i < mr ? i : 0)) * g->sam;
-        for (int64_t k = 0; k < g->K; k++)
+        for (int64_t k = kb; k < ke; k++)
             for (int i = 0; i < MR; i++) dst[k * MR + i] = i < mr ? src[i][k] : 0.0f;
         return;
     }
-    for (int64_t k = 0; k < g->K; k++)
+    for (int64_t k = kb; k < ke; k++)
         for (int i = 0; i < MR; i++) dst[k * MR + i] = i < mr ? g->a[(m0 + i) * g->sam + k * g->sak] : 0.0f;
 }
 
@@ -60,18 +137,31 @@ static void pack_b(const gemm *g, int64_t n0, int64_t k0, int64_t kc, float *dst
     if (g->sbn == 1) { /* rows of B: copies */
         for (int64_t k = 0; k < kc; k++) {
             const float *s = g->b + (k0 + k) * g->sbk + n0;
-            memcpy(dst + k * NR, s, sizeof(float) * (size_t)nr);
-            if (nr < NR) memset(dst + k * NR + nr, 0, sizeof(float) * (size_t)(NR - nr));
+            float *d = dst + k * NR;
+            if (nr == NR) st16(d, ld16(s)), st16(d + 16, ld16(s + 16)), st16(d + 32, ld16(s + 32));
+            else memcpy(d, s, sizeof(float) * (size_t)nr), memset(d + nr, 0, sizeof(float) * (size_t)(NR - nr));
         }
         return;
     }
-    for (int64_t j = 0; j < NR; j++) { /* columns of B are rows in memory (x W^T): a transpose */
+    /* columns of B are rows in memory (x W^T): 16 x 16 blocks transposed in registers */
+    int64_t j = 0, k = 0;
+    if (g->sbk == 1) {
+        for (; j + 16 <= nr; j += 16) {
+            const float *s = g->b + (n0 + j) * g->sbn + k0;
+            for (k = 0; k + 16 <= kc; k += 16)
+                if (g->isa == 2) t16_avx512(s + k, g->sbn, dst + k * NR + j, NR);
+                else t16_base(s + k, g->sbn, dst + k * NR + j, NR);
+            for (; k < kc; k++)
+                for (int64_t jj = j; jj < j + 16; jj++) dst[k * NR + jj] = g->b[(n0 + jj) * g->sbn + (k0 + k)];
+        }
+    }
+    for (; j < NR; j++) { /* what the blocks left: columns one by one */
         if (j >= nr) {
-            for (int64_t k = 0; k < kc; k++) dst[k * NR + j] = 0.0f;
+            for (k = 0; k < kc; k++) dst[k * NR + j] = 0.0f;
             continue;
         }
         const float *s = g->b + (n0 + j) * g->sbn + k0 * g->sbk;
-        for (int64_t k = 0; k < kc; k++) dst[k * NR + j] = s[k * g->sbk];
+        for (k = 0; k < kc; k++) dst[k * NR + j] = s[k * g->sbk];
     }
 }
 
@@ -157,23 +247,35 @@ static void gemm_task(void *vctx, int task, int thread) {
     int64_t panel = task % g->npanels, blk = task / g->npanels, n0 = panel * NR;
     int64_t nr = g->N - n0 < NR ? g->N - n0 : NR;
     int64_t t0 = blk * g->mb, t1 = t0 + g->mb < g->mtiles ? t0 + g->mb : g->mtiles;
-    if (g->causal) { /* rows < n0 see none of these columns */
+    if (g->flags & TR_GEMM_CAUSAL) { /* rows < n0 see none of these columns */
         int64_t first = n0 / MR;
         t0 = t0 > first ? t0 : first;
     }
     if (t0 >= t1) return;
+    int64_t kmin = g->K, kmax = 0;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t kb, ke;
+        tile_k_range(g, t, &kb, &ke);
+        if (kb >= ke && !(g->flags & TR_GEMM_ACC)) /* nothing to add: the tile is zero */
+            for (int64_t m = t * MR; m < t * MR + MR && m < g->M; m++)
+                memset(g->c + m * g->ldc + n0, 0, sizeof(float) * (size_t)nr);
+        kmin = kb < kmin ? kb : kmin, kmax = ke > kmax ? ke : kmax;
+    }
     float *bp = g->bp + (int64_t)thread * KC * NR;
-    for (int64_t k0 = 0; k0 < g->K; k0 += KC) {
+    for (int64_t k0 = kmin - kmin % KC; k0 < kmax; k0 += KC) {
         int64_t kc = g->K - k0 < KC ? g->K - k0 : KC;
         pack_b(g, n0, k0, kc, bp);
         for (int64_t t = t0; t < t1; t++) {
-            int64_t m0 = t * MR, mr = g->M - m0 < MR ? g->M - m0 : MR;
-            const float *pa = g->ap + t * g->K * MR + k0 * MR;
+            int64_t m0 = t * MR, mr = g->M - m0 < MR ? g->M - m0 : MR, kb, ke;
+            tile_k_range(g, t, &kb, &ke);
+            int64_t lo = kb > k0 ? kb : k0, hi = ke < k0 + kc ? ke : k0 + kc;
+            if (lo >= hi) continue;
+            const float *pa = g->ap + t * g->K * MR + lo * MR, *pb = bp + (lo - k0) * NR;
             float *c = g->c + m0 * g->ldc + n0;
-            int load = k0 > 0 || g->acc;
-            if (g->avx512 == 2) ukernel_avx512(pa, bp, kc, c, g->ldc, mr, nr, load);
-            else if (g->avx512 == 1) ukernel_avx2(pa, bp, kc, c, g->ldc, mr, nr, load);
-            else ukernel_base(pa, bp, kc, c, g->ldc, mr, nr, load);
+            int load = lo > kb || (g->flags & TR_GEMM_ACC);
+            if (g->isa == 2) ukernel_avx512(pa, pb, hi - lo, c, g->ldc, mr, nr, load);
+            else if (g->isa == 1) ukernel_avx2(pa, pb, hi - lo, c, g->ldc, mr, nr, load);
+            else ukernel_base(pa, pb, hi - lo, c, g->ldc, mr, nr, load);
         }
     }
 }
@@ -182,7 +284,7 @@ static void gemm_task(void *vctx, int task, int thread) {
 static void gemm_plain(const gemm *g) {
     for (int64_t m = 0; m < g->M; m++)
         for (int64_t n = 0; n < g->N; n++) {
-            float s = g->acc ? g->c[m * g->ldc + n] : 0.0f;
+            float s = g->flags & TR_GEMM_ACC ? g->c[m * g->ldc + n] : 0.0f;
             for (int64_t k = 0; k < g->K; k++) s += g->a[m * g->sam + k * g->sak] * g->b[k * g->sbk + n * g->sbn];
             g->c[m * g->ldc + n] = s;
         }
@@ -193,9 +295,9 @@ void tr_gemm(threadpool *tp, int64_t M, int64_t N, int64_t K, const float *a, in
     if (M <= 0 || N <= 0) return;
     int threads = tp_threads(tp);
     gemm g = {.M = M, .N = N, .K = K, .a = a, .sam = sam, .sak = sak, .b = b, .sbk = sbk, .sbn = sbn, .c = c,
-              .ldc = ldc, .acc = !!(flags & TR_GEMM_ACC), .causal = !!(flags & TR_GEMM_CAUSAL)};
+              .ldc = ldc, .flags = flags};
     cpu_level lv = cpu_level_active();
-    g.avx512 = lv >= CPU_LEVEL_AVX512 ? 2 : lv >= CPU_LEVEL_AVX2 ? 1 : 0;
+    g.isa = lv >= CPU_LEVEL_AVX512 ? 2 : lv >= CPU_LEVEL_AVX2 ? 1 : 0;
     g.mtiles = (int)((M + MR - 1) / MR), g.npanels = (int)((N + NR - 1) / NR);
     /* Enough tasks to keep every thread busy: whole columns of C when there are many panels
      * (each packs its B block once), else the rows split into blocks too. */

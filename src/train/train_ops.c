@@ -158,89 +158,123 @@ void tr_rope(float *x, int64_t T, int H, int hd, int pos0, const float *inv_freq
         }
 }
 
-/* ---- causal attention ---------------------------------------------------- */
+/* ---- exp over rows --------------------------------------------------------- */
 
-typedef struct attn_ctx {
-    const float *q, *k, *v, *p, *dout;
-    float *pw, *out, *dq, *dk, *dv;
-    int64_t T;
-    int Hq, Hkv, hd;
-    float scale;
-} attn_ctx;
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
 
-INL void attn_fwd_body(void *vctx, int g) {
-    const attn_ctx *c = vctx;
-    int64_t T = c->T, qs = (int64_t)c->Hq * c->hd, ks = (int64_t)c->Hkv * c->hd;
-    int per = c->Hq / c->Hkv;
-    for (int h = g * per; h < (g + 1) * per; h++)
-        for (int64_t i = 0; i < T; i++) {
-            float *p = c->pw + ((int64_t)h * T + i) * T;
-            const float *qi = c->q + i * qs + (int64_t)h * c->hd;
-            float mx = -INFINITY;
-            for (int64_t j = 0; j <= i; j++) {
-                p[j] = c->scale * dotf(qi, c->k + j * ks + (int64_t)g * c->hd, c->hd);
-                if (p[j] > mx) mx = p[j];
-            }
-            float sum = 0;
-            for (int64_t j = 0; j <= i; j++) sum += (p[j] = expf(p[j] - mx));
-            float inv = 1.0f / sum;
-            float *o = c->out + i * qs + (int64_t)h * c->hd;
-            memset(o, 0, sizeof(float) * (size_t)c->hd);
-            for (int64_t j = 0; j <= i; j++) {
-                p[j] *= inv;
-                axpyf(o, p[j], c->v + j * ks + (int64_t)g * c->hd, c->hd);
-            }
-            for (int64_t j = i + 1; j < T; j++) p[j] = 0;
-        }
+/* exp of 16 floats: 2^n e^r with n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts)
+ * and Cephes' degree-6 polynomial for e^r; within 2 ulp over [-87.3, 88.3] (x is clamped
+ * there: below it the result is ~1e-38, not 0). */
+INL v16 vexp(v16 x) {
+    const v16 lo = (v16){0} - 87.3f, hi = (v16){0} + 88.3f;
+    vi16 m = x < lo;
+    x = (v16)(((vi16)x & ~m) | ((vi16)lo & m));
+    m = x > hi;
+    x = (v16)(((vi16)x & ~m) | ((vi16)hi & m));
+    v16 t = x * 1.44269504088896341f + 0.5f;
+    vi16 n = __builtin_convertvector(t, vi16);
+    n += (vi16)(__builtin_convertvector(n, v16) > t); /* truncation to floor: -1 where it rounded up */
+    v16 nf = __builtin_convertvector(n, v16);
+    v16 r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+    v16 p = (v16){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    return p * (v16)((n + 127) << 23);
 }
 
-AVX2 static void attn_fwd_avx2(void *c, int g, int thread) { attn_fwd_body(c, g); }
-static void attn_fwd_task(void *c, int g, int thread) { attn_fwd_body(c, g); }
+/* y[i] = exp(x[i] - sub), returning their sum (double over 16-wide partial float sums). */
+INL double exp_sum_body(const float *x, int64_t n, float sub, float *y) {
+    int64_t i = 0;
+    double s = 0;
+    for (; i + 16 <= n; i += 16) {
+        v16 v;
+        memcpy(&v, x + i, sizeof v);
+        v = vexp(v - sub);
+        memcpy(y + i, &v, sizeof v);
+        float h = 0;
+        for (int j = 0; j < 16; j++) h += v[j];
+        s += h;
+    }
+    if (i < n) {
+        float tail[16] = {0};
+        memcpy(tail, x + i, sizeof(float) * (size_t)(n - i));
+        v16 v;
+        memcpy(&v, tail, sizeof v);
+        v = vexp(v - sub);
+        for (int64_t j = 0; j < n - i; j++) y[i + j] = v[j], s += v[j];
+    }
+    return s;
+}
+__attribute__((target("avx512f,avx512vl,avx512dq,fma"))) static double exp_sum_avx512(const float *x, int64_t n,
+                                                                                     float sub, float *y) {
+    return exp_sum_body(x, n, sub, y);
+}
+static double exp_sum_base(const float *x, int64_t n, float sub, float *y) { return exp_sum_body(x, n, sub, y); }
+static int have_avx512(void) {
+    static int v = -1;
+    if (v < 0) v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    return v;
+}
+/* y = exp(x - sub) over n values (y may be x); returns the sum. */
+static double exp_sum(const float *x, int64_t n, float sub, float *y) {
+    return have_avx512() ? exp_sum_avx512(x, n, sub, y) : exp_sum_base(x, n, sub, y);
+}
+
+/* ---- causal attention ----------------------------------------------------- *
+ * Per query head h (group g = h / (Hq / Hkv)), with S = scale Q K^T and P its causal
+ * softmax, every product goes to tr_gemm with the causal flags (half the work):
+ * forward S = Q K^T, O = P V; backward dP = dO V^T, dS = P (dP - rowsum(P dP)),
+ * dQ = scale dS K, dK += scale dS^T Q, dV += P^T dO. */
 
 void tr_attn_fwd(threadpool *tp, const float *q, const float *k, const float *v, int64_t T, int Hq, int Hkv, int hd,
                  float scale, float *p, float *out) {
-    attn_ctx c = {.q = q, .k = k, .v = v, .pw = p, .out = out, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd, .scale = scale};
-    tp_run(tp, Hkv, have_avx2() ? attn_fwd_avx2 : attn_fwd_task, &c);
-}
-
-INL void attn_bwd_body(void *vctx, int g) {
-    const attn_ctx *c = vctx;
-    int64_t T = c->T, qs = (int64_t)c->Hq * c->hd, ks = (int64_t)c->Hkv * c->hd, hd = c->hd;
-    int per = c->Hq / c->Hkv;
-    float *ds = malloc(sizeof(float) * (size_t)T);
-    for (int64_t j = 0; j < T; j++) {
-        memset(c->dk + j * ks + g * hd, 0, sizeof(float) * (size_t)hd);
-        memset(c->dv + j * ks + g * hd, 0, sizeof(float) * (size_t)hd);
-    }
-    for (int h = g * per; h < (g + 1) * per; h++)
+    int64_t qs = (int64_t)Hq * hd, ks = (int64_t)Hkv * hd;
+    int per = Hq / Hkv;
+    for (int h = 0; h < Hq; h++) {
+        int64_t go = (int64_t)(h / per) * hd;
+        float *ph = p + (int64_t)h * T * T;
+        tr_gemm(tp, T, T, hd, q + (int64_t)h * hd, qs, 1, k + go, 1, ks, ph, T, TR_GEMM_CAUSAL);
         for (int64_t i = 0; i < T; i++) {
-            const float *p = c->p + ((int64_t)h * T + i) * T;
-            const float *doi = c->dout + i * qs + h * hd, *qi = c->q + i * qs + h * hd;
-            float dot = 0;
-            for (int64_t j = 0; j <= i; j++) {
-                ds[j] = dotf(doi, c->v + j * ks + g * hd, hd);
-                dot += p[j] * ds[j];
-                axpyf(c->dv + j * ks + g * hd, p[j], doi, hd);
-            }
-            float *dqi = c->dq + i * qs + h * hd;
-            memset(dqi, 0, sizeof(float) * (size_t)hd);
-            for (int64_t j = 0; j <= i; j++) {
-                float s = c->scale * p[j] * (ds[j] - dot);
-                axpyf(dqi, s, c->k + j * ks + g * hd, hd);
-                axpyf(c->dk + j * ks + g * hd, s, qi, hd);
-            }
+            float *r = ph + i * T, mx = -INFINITY;
+            for (int64_t j = 0; j <= i; j++) mx = r[j] > mx ? r[j] : mx;
+            for (int64_t j = 0; j <= i; j++) r[j] *= scale;
+            float inv = (float)(1.0 / exp_sum(r, i + 1, mx * scale, r));
+            for (int64_t j = 0; j <= i; j++) r[j] *= inv;
+            memset(r + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
         }
-    free(ds);
+        tr_gemm(tp, T, hd, T, ph, T, 1, v + go, ks, 1, out + (int64_t)h * hd, qs, TR_GEMM_K_LE_M);
+    }
 }
-
-AVX2 static void attn_bwd_avx2(void *c, int g, int thread) { attn_bwd_body(c, g); }
-static void attn_bwd_task(void *c, int g, int thread) { attn_bwd_body(c, g); }
 
 void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v, const float *p, const float *dout,
                  int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv) {
-    attn_ctx c = {.q = q, .k = k, .v = v, .p = p, .dout = dout, .dq = dq, .dk = dk, .dv = dv, .T = T, .Hq = Hq,
-                  .Hkv = Hkv, .hd = hd, .scale = scale};
-    tp_run(tp, Hkv, have_avx2() ? attn_bwd_avx2 : attn_bwd_task, &c);
+    int64_t qs = (int64_t)Hq * hd, ks = (int64_t)Hkv * hd;
+    int per = Hq / Hkv;
+    float *ds = malloc(sizeof(float) * (size_t)(T * T));
+    if (!ds) return; /* the caller's buffers are sized at load; a step cannot fail here */
+    for (int h = 0; h < Hq; h++) {
+        int64_t go = (int64_t)(h / per) * hd, ho = (int64_t)h * hd;
+        int first = h % per == 0; /* the group's first head writes dK, dV; the others add */
+        const float *ph = p + (int64_t)h * T * T;
+        tr_gemm(tp, T, T, hd, dout + ho, qs, 1, v + go, 1, ks, ds, T, TR_GEMM_CAUSAL);
+        for (int64_t i = 0; i < T; i++) {
+            const float *pr = ph + i * T;
+            float *r = ds + i * T;
+            float dot = 0;
+            for (int64_t j = 0; j <= i; j++) dot += pr[j] * r[j];
+            for (int64_t j = 0; j <= i; j++) r[j] = scale * pr[j] * (r[j] - dot);
+            memset(r + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
+        }
+        tr_gemm(tp, T, hd, T, ds, T, 1, k + go, ks, 1, dq + ho, qs, TR_GEMM_K_LE_M);
+        tr_gemm(tp, T, hd, T, ds, 1, T, q + ho, qs, 1, dk + go, ks, TR_GEMM_K_GE_M | (first ? 0 : TR_GEMM_ACC));
+        tr_gemm(tp, T, hd, T, ph, 1, T, dout + ho, qs, 1, dv + go, ks, TR_GEMM_K_GE_M | (first ? 0 : TR_GEMM_ACC));
+    }
+    free(ds);
 }
 
 /* ---- SiLU-gated product ---------------------------------------------------- */

@@ -12,10 +12,14 @@
 
 /* C[M,N] = A[M,K] B[K,N] (+= with TR_GEMM_ACC) in float32 (train_gemm.c), any strides:
  * A(m,k) = a[m*sam + k*sak], B(k,n) = b[k*sbk + n*sbn], C(m,n) = c[m*ldc + n]. Each output
- * is one sum in k order whatever the threads. TR_GEMM_CAUSAL (M >= N square products of
- * attention): outputs with n > m may be left unwritten. tp may be NULL. */
+ * is one sum in k order whatever the threads. tp may be NULL. For causal attention:
+ * TR_GEMM_CAUSAL: outputs with n > m are not wanted (some are left unwritten);
+ * TR_GEMM_K_LE_M / TR_GEMM_K_GE_M: A(m,k) is zero for k > m / k < m, so whole blocks of
+ * those terms are skipped (the ones near the diagonal are read: they must be zeros). */
 #define TR_GEMM_ACC 1
 #define TR_GEMM_CAUSAL 2
+#define TR_GEMM_K_LE_M 4
+#define TR_GEMM_K_GE_M 8
 void tr_gemm(threadpool *tp, int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak,
              const float *b, int64_t sbk, int64_t sbn, float *c, int64_t ldc, int flags);
 

@@ -106,6 +106,7 @@ static void free_trainer(trainer *t) {
     free(t->layers);
     free(t->targets);
     tp_destroy(t->tp);
+    tr_gemm_release();
     model_free(t->m);
     hearth_model_close(t->hm);
 }

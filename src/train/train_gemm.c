@@ -3,7 +3,8 @@
  * micro-kernel (AVX-512: 24 accumulators) over blocks of K, output panels handed to the
  * thread pool. Any strides on either input, so x W^T, dy W and the attention products
  * run without transposing anything first. Each output is one sum in k order (no split K),
- * whatever the threads. Must not allocate per task or read the environment itself. */
+ * whatever the threads. The packed panels live in a per-thread workspace kept between calls
+ * (tr_gemm_release frees it). */
 #include "train/train_ops.h"
 #include "base/cpu_features.h"
 #include <stdlib.h>
@@ -89,12 +90,6 @@ INL void transpose8x16(const float *src, int64_t ss, float *dst) {
     }
 }
 
-/* The packers' bodies, built per ISA like the micro-kernel. */
-#define PACK_FNS(sfx, attr)                                                                                    \
-    attr static void t16_##sfx(const float *s, int64_t ss, float *d, int64_t ld) { transpose16(s, ss, d, ld); } \
-    attr static void t8x16_##sfx(const float *s, int64_t ss, float *d) { transpose8x16(s, ss, d); }
-PACK_FNS(avx512, __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"))))
-PACK_FNS(base, )
 
 /* The k range row tile t reads: all of K, or only k <= m (TR_GEMM_K_LE_M) or k >= m
  * (TR_GEMM_K_GE_M) for some row m of the tile. */
@@ -105,8 +100,7 @@ static void tile_k_range(const gemm *g, int64_t t, int64_t *kb, int64_t *ke) {
 }
 
 /* Row tile t of A as [K][MR] (rows past M are zero; only its k range). */
-static void pack_a_task(void *vctx, int t, int thread) {
-    const gemm *g = vctx;
+INL void pack_a_body(const gemm *g, int t) {
     float *dst = g->ap + (int64_t)t * g->K * MR;
     int64_t m0 = (int64_t)t * MR, mr = g->M - m0 < MR ? g->M - m0 : MR, kb, ke;
     tile_k_range(g, t, &kb, &ke);
@@ -114,8 +108,7 @@ static void pack_a_task(void *vctx, int t, int thread) {
         const float *src = g->a + m0 * g->sam;
         int64_t k = kb;
         for (; k + 16 <= ke; k += 16)
-            if (g->isa == 2) t8x16_avx512(src + k, g->sam, dst + k * MR);
-            else t8x16_base(src + k, g->sam, dst + k * MR);
+            transpose8x16(src + k, g->sam, dst + k * MR);
         for (; k < ke; k++)
             for (int i = 0; i < MR; i++) dst[k * MR + i] = src[i * g->sam + k];
         return;
@@ -132,7 +125,7 @@ static void pack_a_task(void *vctx, int t, int thread) {
 }
 
 /* Columns n0 .. n0 + NR of B, rows k0 .. k0 + kc, as [kc][NR] (columns past N are zero). */
-static void pack_b(const gemm *g, int64_t n0, int64_t k0, int64_t kc, float *dst) {
+INL void pack_b(const gemm *g, int64_t n0, int64_t k0, int64_t kc, float *dst) {
     int64_t nr = g->N - n0 < NR ? g->N - n0 : NR;
     if (g->sbn == 1) { /* rows of B: copies */
         for (int64_t k = 0; k < kc; k++) {
@@ -149,8 +142,7 @@ static void pack_b(const gemm *g, int64_t n0, int64_t k0, int64_t kc, float *dst
         for (; j + 16 <= nr; j += 16) {
             const float *s = g->b + (n0 + j) * g->sbn + k0;
             for (k = 0; k + 16 <= kc; k += 16)
-                if (g->isa == 2) t16_avx512(s + k, g->sbn, dst + k * NR + j, NR);
-                else t16_base(s + k, g->sbn, dst + k * NR + j, NR);
+                transpose16(s + k, g->sbn, dst + k * NR + j, NR);
             for (; k < kc; k++)
                 for (int64_t jj = j; jj < j + 16; jj++) dst[k * NR + jj] = g->b[(n0 + jj) * g->sbn + (k0 + k)];
         }
@@ -225,25 +217,10 @@ INL void ukernel(int narrow, const float *pa, const float *pb, int64_t kc, float
         for (int64_t i = 0; i < mr; i++) memcpy(c + i * ldc, tmp + i * NR, sizeof(float) * (size_t)nr);
 }
 
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"))) static void ukernel_avx512(const float *pa, const float *pb, int64_t kc,
-                                                              float *c, int64_t ldc, int64_t mr, int64_t nr,
-                                                              int load) {
-    ukernel(0, pa, pb, kc, c, ldc, mr, nr, load);
-}
-__attribute__((target("avx2,fma"))) static void ukernel_avx2(const float *pa, const float *pb, int64_t kc, float *c,
-                                                            int64_t ldc, int64_t mr, int64_t nr, int load) {
-    ukernel(1, pa, pb, kc, c, ldc, mr, nr, load);
-}
-static void ukernel_base(const float *pa, const float *pb, int64_t kc, float *c, int64_t ldc, int64_t mr, int64_t nr,
-                         int load) {
-    ukernel(1, pa, pb, kc, c, ldc, mr, nr, load);
-}
-
 /* Task: one NR-column panel of C over the row tiles of one row block. With causal, tiles
  * wholly above the diagonal (every column past every row) are skipped: the caller ignores
  * them. */
-static void gemm_task(void *vctx, int task, int thread) {
-    const gemm *g = vctx;
+INL void gemm_body(const gemm *g, int task, int thread, const int narrow) {
     int64_t panel = task % g->npanels, blk = task / g->npanels, n0 = panel * NR;
     int64_t nr = g->N - n0 < NR ? g->N - n0 : NR;
     int64_t t0 = blk * g->mb, t1 = t0 + g->mb < g->mtiles ? t0 + g->mb : g->mtiles;
@@ -273,11 +250,36 @@ static void gemm_task(void *vctx, int task, int thread) {
             const float *pa = g->ap + t * g->K * MR + lo * MR, *pb = bp + (lo - k0) * NR;
             float *c = g->c + m0 * g->ldc + n0;
             int load = lo > kb || (g->flags & TR_GEMM_ACC);
-            if (g->isa == 2) ukernel_avx512(pa, pb, hi - lo, c, g->ldc, mr, nr, load);
-            else if (g->isa == 1) ukernel_avx2(pa, pb, hi - lo, c, g->ldc, mr, nr, load);
-            else ukernel_base(pa, pb, hi - lo, c, g->ldc, mr, nr, load);
+            ukernel(narrow, pa, pb, hi - lo, c, g->ldc, mr, nr, load);
         }
     }
+}
+
+/* The packing and product tasks, each built for AVX-512 (one register tile), AVX2+FMA and
+ * the baseline (the tile in six narrower passes). */
+#define ISA_TASKS(sfx, attr, narrow)                                                                           \
+    attr static void pack_a_##sfx(void *g, int t, int thread) { pack_a_body(g, t); }                            \
+    attr static void gemm_##sfx(void *g, int task, int thread) { gemm_body(g, task, thread, narrow); }
+ISA_TASKS(avx512, __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"))), 0)
+ISA_TASKS(avx2, __attribute__((target("avx2,fma"))), 1)
+ISA_TASKS(base, , 1)
+
+/* The packed panels of the calling thread's products, kept between calls (a training step
+ * makes thousands; fresh large blocks each time cost page faults) and grown as needed. */
+static __thread float *workspace;
+static __thread size_t workspace_floats;
+
+static float *get_workspace(size_t n) {
+    if (n <= workspace_floats) return workspace;
+    free(workspace);
+    workspace = aligned_alloc(64, sizeof(float) * ((n + 15) & ~(size_t)15));
+    workspace_floats = workspace ? n : 0;
+    return workspace;
+}
+
+void tr_gemm_release(void) {
+    free(workspace);
+    workspace = NULL, workspace_floats = 0;
 }
 
 /* Without memory for the packed panels: the same sums, plainly. */
@@ -306,11 +308,12 @@ void tr_gemm(threadpool *tp, int64_t M, int64_t N, int64_t K, const float *a, in
     g.mb = (g.mtiles + blocks - 1) / blocks;
     g.mblocks = (int)((g.mtiles + g.mb - 1) / g.mb);
     size_t na = ((size_t)g.mtiles * MR * (size_t)K + 15) & ~(size_t)15, nb = (size_t)(threads > 0 ? threads : 1) * KC * NR;
-    float *buf = aligned_alloc(64, sizeof(float) * (na + nb));
+    float *buf = get_workspace(na + nb);
     if (!buf) return gemm_plain(&g);
     g.ap = buf, g.bp = buf + na;
     threadpool *use = M * N * K < 65536 ? NULL : tp; /* a pool round costs more than a small product */
-    tp_run(use, g.mtiles, pack_a_task, &g);
-    tp_run(use, g.npanels * g.mblocks, gemm_task, &g);
-    free(buf);
+    tp_task_fn pack_a = g.isa == 2 ? pack_a_avx512 : g.isa == 1 ? pack_a_avx2 : pack_a_base;
+    tp_task_fn product = g.isa == 2 ? gemm_avx512 : g.isa == 1 ? gemm_avx2 : gemm_base;
+    tp_run(use, g.mtiles, pack_a, &g);
+    tp_run(use, g.npanels * g.mblocks, product, &g);
 }

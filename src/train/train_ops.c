@@ -1,7 +1,7 @@
 /* train_ops.c: the float32 forward and backward kernels of LoRA training (train_ops.h).
- * Portable C with GCC vector types, the small loops also built for AVX2+FMA and picked by
- * what the CPU has; the products that carry nearly all the work go to tr_gemm
- * (train_gemm.c). */
+ * Portable C with GCC vector types; the products that carry nearly all the work go to
+ * tr_gemm (train_gemm.c), the exponentials to a 16-wide exp built for AVX-512 and the
+ * baseline. */
 #include "train/train_ops.h"
 #include <math.h>
 #include <stdlib.h>
@@ -11,14 +11,6 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float v8 __attribute__((vector_size(32)));
 #define INL static inline __attribute__((always_inline))
-/* The small loops are bodies inlined twice: built for AVX2+FMA and for the baseline, picked
- * once per call by what the CPU has. */
-#define AVX2 __attribute__((target("avx2,fma")))
-static int have_avx2(void) {
-    static int v = -1;
-    if (v < 0) v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return v;
-}
 
 INL v8 ld8(const float *p) {
     v8 v;
@@ -55,48 +47,12 @@ void tr_matmul_nn(threadpool *tp, const float *dy, int64_t M, int64_t N, const f
     tr_gemm(tp, M, K, N, dy, N, 1, w, K, 1, dx, K, TR_GEMM_ACC);
 }
 
-/* ---- linear with LoRA ----------------------------------------------------- */
+/* ---- linear with LoRA ----------------------------------------------------- *
+ * The low-rank products are thin (r columns) but go to tr_gemm too: a [K, r] and b [r, N]
+ * are read in place; scale is applied to an M x r copy. */
 
-INL void lora_fwd_body(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, float *xa, float *y) {
-    int r = l->r;
-    for (int64_t m = 0; m < M; m++) {
-        float *xr = xa + m * r;
-        memset(xr, 0, sizeof(float) * (size_t)r);
-        for (int64_t k = 0; k < K; k++) axpyf(xr, x[m * K + k], l->a + k * r, r);
-        for (int j = 0; j < r; j++) axpyf(y + m * N, l->scale * xr[j], l->b + (int64_t)j * N, N);
-    }
-}
-AVX2 static void lora_fwd_avx2(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, float *xa,
-                               float *y) {
-    lora_fwd_body(x, M, K, N, l, xa, y);
-}
-static void lora_fwd_base(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, float *xa, float *y) {
-    lora_fwd_body(x, M, K, N, l, xa, y);
-}
-
-INL void lora_bwd_body(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, const float *xa,
-                       const float *dy, float *dx, float *scratch) {
-    int r = l->r;
-    for (int64_t m = 0; m < M; m++) {
-        const float *g = dy + m * N;
-        float *dxa = scratch + m * r;
-        for (int j = 0; j < r; j++) {
-            dxa[j] = l->scale * dotf(g, l->b + (int64_t)j * N, N);
-            axpyf(l->gb + (int64_t)j * N, l->scale * xa[m * r + j], g, N);
-        }
-        for (int64_t k = 0; k < K; k++) {
-            axpyf(l->ga + k * r, x[m * K + k], dxa, r);
-            if (dx) dx[m * K + k] += dotf(dxa, l->a + k * r, r);
-        }
-    }
-}
-AVX2 static void lora_bwd_avx2(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, const float *xa,
-                               const float *dy, float *dx, float *scratch) {
-    lora_bwd_body(x, M, K, N, l, xa, dy, dx, scratch);
-}
-static void lora_bwd_base(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, const float *xa,
-                          const float *dy, float *dx, float *scratch) {
-    lora_bwd_body(x, M, K, N, l, xa, dy, dx, scratch);
+static void scaled(const float *x, int64_t n, float s, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = s * x[i];
 }
 
 void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
@@ -105,16 +61,26 @@ void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const f
     if (bias)
         for (int64_t m = 0; m < M; m++) axpyf(y + m * N, 1.0f, bias, N);
     if (!l) return;
-    if (have_avx2()) lora_fwd_avx2(x, M, K, N, l, xa, y);
-    else lora_fwd_base(x, M, K, N, l, xa, y);
+    int64_t r = l->r;
+    tr_gemm(tp, M, r, K, x, K, 1, l->a, r, 1, xa, r, 0); /* xa = x a */
+    float *xs = malloc(sizeof(float) * (size_t)(M * r));
+    if (!xs) return; /* M x r floats; the trainer's buffers are far larger */
+    scaled(xa, M * r, l->scale, xs);
+    tr_gemm(tp, M, N, r, xs, r, 1, l->b, N, 1, y, N, TR_GEMM_ACC); /* y += scale (x a) b */
+    free(xs);
 }
 
 void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const tr_lora *l,
                    const float *xa, const float *dy, float *dx, float *scratch) {
     if (dx) tr_matmul_nn(tp, dy, M, N, w, K, dx);
     if (!l) return;
-    if (have_avx2()) lora_bwd_avx2(x, M, K, N, l, xa, dy, dx, scratch);
-    else lora_bwd_base(x, M, K, N, l, xa, dy, dx, scratch);
+    int64_t r = l->r;
+    scaled(xa, M * r, l->scale, scratch);
+    tr_gemm(tp, r, N, M, scratch, 1, r, dy, N, 1, l->gb, N, TR_GEMM_ACC); /* gb += scale xa^T dy */
+    tr_gemm(tp, M, r, N, dy, N, 1, l->b, 1, N, scratch, r, 0);           /* dxa = scale dy b^T */
+    scaled(scratch, M * r, l->scale, scratch);
+    tr_gemm(tp, K, r, M, x, 1, K, scratch, r, 1, l->ga, r, TR_GEMM_ACC); /* ga += x^T dxa */
+    if (dx) tr_gemm(tp, M, K, r, scratch, r, 1, l->a, 1, r, dx, K, TR_GEMM_ACC); /* dx += dxa a^T */
 }
 
 /* ---- RMSNorm ------------------------------------------------------------- */
@@ -279,13 +245,25 @@ void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v,
 
 /* ---- SiLU-gated product ---------------------------------------------------- */
 
+/* e[i] = exp(-g[i]) for the sigmoids, 16 at a time */
+static void exp_neg(const float *g, int64_t n, float *e) {
+    for (int64_t i = 0; i < n; i += 4096) {
+        int64_t c = n - i < 4096 ? n - i : 4096;
+        float neg[4096];
+        for (int64_t j = 0; j < c; j++) neg[j] = -g[i + j];
+        exp_sum(neg, c, 0.0f, e + i);
+    }
+}
+
 void tr_silu_mul_fwd(const float *g, const float *u, int64_t n, float *h) {
-    for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    exp_neg(g, n, h);
+    for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + h[i]) * u[i];
 }
 
 void tr_silu_mul_bwd(const float *g, const float *u, const float *dh, int64_t n, float *dg, float *du) {
+    exp_neg(g, n, dg);
     for (int64_t i = 0; i < n; i++) {
-        float s = 1.0f / (1.0f + expf(-g[i]));
+        float s = 1.0f / (1.0f + dg[i]);
         du[i] = dh[i] * g[i] * s;
         dg[i] = dh[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
     }
@@ -313,13 +291,13 @@ double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float
         for (int r = 0; r < n; r++) {
             float *zr = z + (int64_t)r * V, mx = -INFINITY;
             for (int64_t j = 0; j < V; j++) mx = zr[j] > mx ? zr[j] : mx;
-            double sum = 0;
-            for (int64_t j = 0; j < V; j++) sum += expf(zr[j] - mx);
-            float lse = mx + (float)log(sum), wt = weight[rows[r]];
             int32_t t = targets[rows[r]];
-            total += (double)wt * (lse - zr[t]);
-            if (ce) ce[rows[r]] = lse - zr[t];
-            for (int64_t j = 0; j < V; j++) zr[j] = wt * expf(zr[j] - lse);
+            float zt = zr[t], wt = weight[rows[r]];
+            double sum = exp_sum(zr, V, mx, zr); /* zr = exp(z - max) */
+            float lse = mx + (float)log(sum), inv = (float)(wt / sum);
+            total += (double)wt * (lse - zt);
+            if (ce) ce[rows[r]] = lse - zt;
+            for (int64_t j = 0; j < V; j++) zr[j] *= inv; /* wt softmax */
             zr[t] -= wt;
         }
         memset(dc, 0, sizeof(float) * (size_t)(n * D));

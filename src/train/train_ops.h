@@ -16,6 +16,8 @@
  * TR_GEMM_CAUSAL: outputs with n > m are not wanted (some are left unwritten);
  * TR_GEMM_K_LE_M / TR_GEMM_K_GE_M: A(m,k) is zero for k > m / k < m, so whole blocks of
  * those terms are skipped (the ones near the diagonal are read: they must be zeros). */
+/* Frees the calling thread's packing workspace (kept between tr_gemm calls). */
+void tr_gemm_release(void);
 #define TR_GEMM_ACC 1
 #define TR_GEMM_CAUSAL 2
 #define TR_GEMM_K_LE_M 4
@@ -71,7 +73,7 @@ void tr_silu_mul_bwd(const float *g, const float *u, const float *dh, int64_t n,
  * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten) to
  * its gradient; ce (NULL: not wanted) gets each row's ce_i (0 for skipped rows). scratch:
  * TR_XENT_ROWS * (V + 2 * D) floats. */
-#define TR_XENT_ROWS 64
+#define TR_XENT_ROWS 128
 double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
                const int32_t *targets, const float *weight, float *dh, float *ce, float *scratch);
 #endif

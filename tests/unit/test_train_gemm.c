@@ -81,6 +81,7 @@ static void test_gemm(void **state) {
     }
     unsetenv("HEARTH_CPU");
     tp_destroy(tp2);
+    tr_gemm_release();
 }
 
 int main(void) {

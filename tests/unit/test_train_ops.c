@@ -68,6 +68,7 @@ static int teardown(void **state) {
     free(ALIGNED);
     st_close(&F);
     tp_destroy(TP);
+    tr_gemm_release();
     return 0;
 }
 

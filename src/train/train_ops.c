@@ -153,42 +153,67 @@ INL v16 vexp(v16 x) {
     return p * (v16)((n + 127) << 23);
 }
 
-/* y[i] = exp(x[i] - sub), returning their sum (double over 16-wide partial float sums). */
-INL double exp_sum_body(const float *x, int64_t n, float sub, float *y) {
-    int64_t i = 0;
+/* y[i] = exp(mul * x[i] - sub), returning their sum (double over 16-wide float partial
+ * sums). y may be x. */
+INL double exp_sum_body(const float *x, int64_t n, float mul, float sub, float *y) {
     double s = 0;
-    for (; i + 16 <= n; i += 16) {
-        v16 v;
-        memcpy(&v, x + i, sizeof v);
-        v = vexp(v - sub);
-        memcpy(y + i, &v, sizeof v);
+    for (int64_t i = 0; i < n; i += 16) {
+        int64_t c = n - i < 16 ? n - i : 16;
+        v16 v = {0};
+        memcpy(&v, x + i, sizeof(float) * (size_t)c);
+        v = vexp(v * mul - sub);
+        memcpy(y + i, &v, sizeof(float) * (size_t)c);
         float h = 0;
-        for (int j = 0; j < 16; j++) h += v[j];
+        for (int j = 0; j < c; j++) h += v[j];
         s += h;
-    }
-    if (i < n) {
-        float tail[16] = {0};
-        memcpy(tail, x + i, sizeof(float) * (size_t)(n - i));
-        v16 v;
-        memcpy(&v, tail, sizeof v);
-        v = vexp(v - sub);
-        for (int64_t j = 0; j < n - i; j++) y[i + j] = v[j], s += v[j];
     }
     return s;
 }
-__attribute__((target("avx512f,avx512vl,avx512dq,fma"))) static double exp_sum_avx512(const float *x, int64_t n,
-                                                                                     float sub, float *y) {
-    return exp_sum_body(x, n, sub, y);
+
+/* x = wt * softmax(mul * x) over n values (mul > 0); returns the log-sum-exp of mul * x. */
+INL double softmax_body(float *x, int64_t n, float mul, float wt) {
+    v16 m = (v16){0} - INFINITY;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v16 v;
+        memcpy(&v, x + i, sizeof v);
+        vi16 gt = v > m;
+        m = (v16)(((vi16)v & gt) | ((vi16)m & ~gt));
+    }
+    float mx = -INFINITY;
+    for (int j = 0; j < 16; j++) mx = m[j] > mx ? m[j] : mx;
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = exp_sum_body(x, n, mul, mul * mx, x);
+    v16 f = (v16){0} + (float)(wt / sum);
+    for (i = 0; i + 16 <= n; i += 16) {
+        v16 v;
+        memcpy(&v, x + i, sizeof v);
+        v *= f;
+        memcpy(x + i, &v, sizeof v);
+    }
+    for (; i < n; i++) x[i] *= f[0];
+    return (double)(mul * mx) + log(sum);
 }
-static double exp_sum_base(const float *x, int64_t n, float sub, float *y) { return exp_sum_body(x, n, sub, y); }
+
+#define AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,fma")))
+AVX512 static double exp_sum_avx512(const float *x, int64_t n, float mul, float sub, float *y) {
+    return exp_sum_body(x, n, mul, sub, y);
+}
+static double exp_sum_base(const float *x, int64_t n, float mul, float sub, float *y) {
+    return exp_sum_body(x, n, mul, sub, y);
+}
+AVX512 static double softmax_avx512(float *x, int64_t n, float mul, float wt) { return softmax_body(x, n, mul, wt); }
+static double softmax_base(float *x, int64_t n, float mul, float wt) { return softmax_body(x, n, mul, wt); }
 static int have_avx512(void) {
     static int v = -1;
     if (v < 0) v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
     return v;
 }
-/* y = exp(x - sub) over n values (y may be x); returns the sum. */
-static double exp_sum(const float *x, int64_t n, float sub, float *y) {
-    return have_avx512() ? exp_sum_avx512(x, n, sub, y) : exp_sum_base(x, n, sub, y);
+static double exp_sum(const float *x, int64_t n, float mul, float sub, float *y) {
+    return have_avx512() ? exp_sum_avx512(x, n, mul, sub, y) : exp_sum_base(x, n, mul, sub, y);
+}
+static double softmax(float *x, int64_t n, float mul, float wt) {
+    return have_avx512() ? softmax_avx512(x, n, mul, wt) : softmax_base(x, n, mul, wt);
 }
 
 /* ---- causal attention ----------------------------------------------------- *
@@ -206,12 +231,8 @@ void tr_attn_fwd(threadpool *tp, const float *q, const float *k, const float *v,
         float *ph = p + (int64_t)h * T * T;
         tr_gemm(tp, T, T, hd, q + (int64_t)h * hd, qs, 1, k + go, 1, ks, ph, T, TR_GEMM_CAUSAL);
         for (int64_t i = 0; i < T; i++) {
-            float *r = ph + i * T, mx = -INFINITY;
-            for (int64_t j = 0; j <= i; j++) mx = r[j] > mx ? r[j] : mx;
-            for (int64_t j = 0; j <= i; j++) r[j] *= scale;
-            float inv = (float)(1.0 / exp_sum(r, i + 1, mx * scale, r));
-            for (int64_t j = 0; j <= i; j++) r[j] *= inv;
-            memset(r + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
+            softmax(ph + i * T, i + 1, scale, 1.0f);
+            memset(ph + i * T + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
         }
         tr_gemm(tp, T, hd, T, ph, T, 1, v + go, ks, 1, out + (int64_t)h * hd, qs, TR_GEMM_K_LE_M);
     }
@@ -245,23 +266,13 @@ void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v,
 
 /* ---- SiLU-gated product ---------------------------------------------------- */
 
-/* e[i] = exp(-g[i]) for the sigmoids, 16 at a time */
-static void exp_neg(const float *g, int64_t n, float *e) {
-    for (int64_t i = 0; i < n; i += 4096) {
-        int64_t c = n - i < 4096 ? n - i : 4096;
-        float neg[4096];
-        for (int64_t j = 0; j < c; j++) neg[j] = -g[i + j];
-        exp_sum(neg, c, 0.0f, e + i);
-    }
-}
-
 void tr_silu_mul_fwd(const float *g, const float *u, int64_t n, float *h) {
-    exp_neg(g, n, h);
+    exp_sum(g, n, -1.0f, 0.0f, h); /* exp(-g), for the sigmoid */
     for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + h[i]) * u[i];
 }
 
 void tr_silu_mul_bwd(const float *g, const float *u, const float *dh, int64_t n, float *dg, float *du) {
-    exp_neg(g, n, dg);
+    exp_sum(g, n, -1.0f, 0.0f, dg);
     for (int64_t i = 0; i < n; i++) {
         float s = 1.0f / (1.0f + dg[i]);
         du[i] = dh[i] * g[i] * s;
@@ -289,15 +300,12 @@ double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float
         if (!n) break;
         tr_matmul_nt(tp, hc, n, D, w, V, z, 0);
         for (int r = 0; r < n; r++) {
-            float *zr = z + (int64_t)r * V, mx = -INFINITY;
-            for (int64_t j = 0; j < V; j++) mx = zr[j] > mx ? zr[j] : mx;
+            float *zr = z + (int64_t)r * V;
             int32_t t = targets[rows[r]];
             float zt = zr[t], wt = weight[rows[r]];
-            double sum = exp_sum(zr, V, mx, zr); /* zr = exp(z - max) */
-            float lse = mx + (float)log(sum), inv = (float)(wt / sum);
+            float lse = (float)softmax(zr, V, 1.0f, wt); /* zr = wt softmax(z) */
             total += (double)wt * (lse - zt);
             if (ce) ce[rows[r]] = lse - zt;
-            for (int64_t j = 0; j < V; j++) zr[j] *= inv; /* wt softmax */
             zr[t] -= wt;
         }
         memset(dc, 0, sizeof(float) * (size_t)(n * D));

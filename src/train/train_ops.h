@@ -73,7 +73,7 @@ void tr_silu_mul_bwd(const float *g, const float *u, const float *dh, int64_t n,
  * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten) to
  * its gradient; ce (NULL: not wanted) gets each row's ce_i (0 for skipped rows). scratch:
  * TR_XENT_ROWS * (V + 2 * D) floats. */
-#define TR_XENT_ROWS 128
+#define TR_XENT_ROWS 256
 double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
                const int32_t *targets, const float *weight, float *dh, float *ce, float *scratch);
 #endif

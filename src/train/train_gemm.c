@@ -36,6 +36,8 @@ typedef struct gemm {
     const float *a, *b;
     float *c, *ap, *bp; /* ap: A packed, one [K][MR] panel per row tile; bp: KC x NR per thread */
     int flags, mtiles, npanels, mblocks, isa; /* isa: 2 AVX-512, 1 AVX2, 0 baseline */
+    int64_t a_bs, b_bs, c_bs, ap_bs; /* batched products: product i reads a + i a_bs, */
+    int b_div;                       /* b + (i / b_div) b_bs, writes c + i c_bs */
     int64_t mb; /* row tiles per task */
 } gemm;
 
@@ -255,11 +257,27 @@ INL void gemm_body(const gemm *g, int task, int thread, const int narrow) {
     }
 }
 
+/* Product i of a batch, as a product of its own. */
+static inline gemm product_of(const gemm *g, int i) {
+    gemm one = *g;
+    one.a += i * g->a_bs, one.b += (i / g->b_div) * g->b_bs, one.c += i * g->c_bs, one.ap += i * g->ap_bs;
+    return one;
+}
+
 /* The packing and product tasks, each built for AVX-512 (one register tile), AVX2+FMA and
  * the baseline (the tile in six narrower passes). */
 #define ISA_TASKS(sfx, attr, narrow)                                                                           \
-    attr static void pack_a_##sfx(void *g, int t, int thread) { pack_a_body(g, t); }                            \
-    attr static void gemm_##sfx(void *g, int task, int thread) { gemm_body(g, task, thread, narrow); }
+    attr static void pack_a_##sfx(void *vg, int t, int thread) {                                               \
+        const gemm *g = vg;                                                                                    \
+        gemm one = product_of(g, t / g->mtiles);                                                               \
+        pack_a_body(&one, t % g->mtiles);                                                                      \
+    }                                                                                                          \
+    attr static void gemm_##sfx(void *vg, int task, int thread) {                                              \
+        const gemm *g = vg;                                                                                    \
+        int per = g->npanels * g->mblocks;                                                                     \
+        gemm one = product_of(g, task / per);                                                                  \
+        gemm_body(&one, task % per, thread, narrow);                                                           \
+    }
 ISA_TASKS(avx512, __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"))), 0)
 ISA_TASKS(avx2, __attribute__((target("avx2,fma"))), 1)
 ISA_TASKS(base, , 1)
@@ -283,37 +301,51 @@ void tr_gemm_release(void) {
 }
 
 /* Without memory for the packed panels: the same sums, plainly. */
-static void gemm_plain(const gemm *g) {
-    for (int64_t m = 0; m < g->M; m++)
-        for (int64_t n = 0; n < g->N; n++) {
-            float s = g->flags & TR_GEMM_ACC ? g->c[m * g->ldc + n] : 0.0f;
-            for (int64_t k = 0; k < g->K; k++) s += g->a[m * g->sam + k * g->sak] * g->b[k * g->sbk + n * g->sbn];
-            g->c[m * g->ldc + n] = s;
-        }
+static void gemm_plain(const gemm *g, int batch) {
+    for (int i = 0; i < batch; i++) {
+        gemm one = product_of(g, i);
+        for (int64_t m = 0; m < one.M; m++)
+            for (int64_t n = 0; n < one.N; n++) {
+                float s = one.flags & TR_GEMM_ACC ? one.c[m * one.ldc + n] : 0.0f;
+                for (int64_t k = 0; k < one.K; k++) s += one.a[m * one.sam + k * one.sak] * one.b[k * one.sbk + n * one.sbn];
+                one.c[m * one.ldc + n] = s;
+            }
+    }
 }
 
-void tr_gemm(threadpool *tp, int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak,
-             const float *b, int64_t sbk, int64_t sbn, float *c, int64_t ldc, int flags) {
-    if (M <= 0 || N <= 0) return;
+void tr_gemm_batch(threadpool *tp, int batch, int64_t M, int64_t N, int64_t K, const float *a, int64_t sam,
+                   int64_t sak, int64_t a_bs, const float *b, int64_t sbk, int64_t sbn, int64_t b_bs, int b_div,
+                   float *c, int64_t ldc, int64_t c_bs, int flags) {
+    if (M <= 0 || N <= 0 || batch <= 0) return;
     int threads = tp_threads(tp);
     gemm g = {.M = M, .N = N, .K = K, .a = a, .sam = sam, .sak = sak, .b = b, .sbk = sbk, .sbn = sbn, .c = c,
-              .ldc = ldc, .flags = flags};
+              .ldc = ldc, .flags = flags, .a_bs = a_bs, .b_bs = b_bs, .c_bs = c_bs, .b_div = b_div > 0 ? b_div : 1};
     cpu_level lv = cpu_level_active();
     g.isa = lv >= CPU_LEVEL_AVX512 ? 2 : lv >= CPU_LEVEL_AVX2 ? 1 : 0;
     g.mtiles = (int)((M + MR - 1) / MR), g.npanels = (int)((N + NR - 1) / NR);
     /* Enough tasks to keep every thread busy: whole columns of C when there are many panels
      * (each packs its B block once), else the rows split into blocks too. */
-    int want = 4 * (threads > 0 ? threads : 1), blocks = g.npanels >= want ? 1 : (want + g.npanels - 1) / g.npanels;
+    int want = 4 * (threads > 0 ? threads : 1), have = batch * g.npanels;
+    int blocks = have >= want ? 1 : (want + have - 1) / have;
     blocks = blocks < g.mtiles ? blocks : g.mtiles;
     g.mb = (g.mtiles + blocks - 1) / blocks;
     g.mblocks = (int)((g.mtiles + g.mb - 1) / g.mb);
-    size_t na = ((size_t)g.mtiles * MR * (size_t)K + 15) & ~(size_t)15, nb = (size_t)(threads > 0 ? threads : 1) * KC * NR;
+    g.ap_bs = ((int64_t)g.mtiles * MR * K + 15) & ~(int64_t)15;
+    size_t na = (size_t)g.ap_bs * (size_t)batch, nb = (size_t)(threads > 0 ? threads : 1) * KC * NR;
     float *buf = get_workspace(na + nb);
-    if (!buf) return gemm_plain(&g);
+    if (!buf) return gemm_plain(&g, batch);
     g.ap = buf, g.bp = buf + na;
-    threadpool *use = M * N * K < 65536 ? NULL : tp; /* a pool round costs more than a small product */
+    /* A pool round costs tens of microseconds more than it saves on a small product, and far
+     * more when other processes hold the cores (every round waits for its slowest thread):
+     * products under 4M multiply-adds (LoRA's rank-wide ones) stay on the calling thread. */
+    threadpool *use = (double)M * N * K * batch < 4e6 ? NULL : tp;
     tp_task_fn pack_a = g.isa == 2 ? pack_a_avx512 : g.isa == 1 ? pack_a_avx2 : pack_a_base;
     tp_task_fn product = g.isa == 2 ? gemm_avx512 : g.isa == 1 ? gemm_avx2 : gemm_base;
-    tp_run(use, g.mtiles, pack_a, &g);
-    tp_run(use, g.npanels * g.mblocks, product, &g);
+    tp_run(use, batch * g.mtiles, pack_a, &g);
+    tp_run(use, batch * g.npanels * g.mblocks, product, &g);
+}
+
+void tr_gemm(threadpool *tp, int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak,
+             const float *b, int64_t sbk, int64_t sbn, float *c, int64_t ldc, int flags) {
+    tr_gemm_batch(tp, 1, M, N, K, a, sam, sak, 0, b, sbk, sbn, 0, 1, c, ldc, 0, flags);
 }

@@ -157,15 +157,21 @@ INL v16 vexp(v16 x) {
  * sums). y may be x. */
 INL double exp_sum_body(const float *x, int64_t n, float mul, float sub, float *y) {
     double s = 0;
-    for (int64_t i = 0; i < n; i += 16) {
-        int64_t c = n - i < 16 ? n - i : 16;
-        v16 v = {0};
-        memcpy(&v, x + i, sizeof(float) * (size_t)c);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v16 v;
+        memcpy(&v, x + i, sizeof v);
         v = vexp(v * mul - sub);
-        memcpy(y + i, &v, sizeof(float) * (size_t)c);
-        float h = 0;
-        for (int j = 0; j < c; j++) h += v[j];
-        s += h;
+        memcpy(y + i, &v, sizeof v);
+        s += ((v[0] + v[8]) + (v[4] + v[12])) + ((v[2] + v[10]) + (v[6] + v[14])) +
+             (((v[1] + v[9]) + (v[5] + v[13])) + ((v[3] + v[11]) + (v[7] + v[15])));
+    }
+    if (i < n) { /* the tail through a zero-padded vector */
+        v16 v = {0};
+        memcpy(&v, x + i, sizeof(float) * (size_t)(n - i));
+        v = vexp(v * mul - sub);
+        memcpy(y + i, &v, sizeof(float) * (size_t)(n - i));
+        for (int64_t j = 0; j < n - i; j++) s += v[j];
     }
     return s;
 }
@@ -218,50 +224,46 @@ static double softmax(float *x, int64_t n, float mul, float wt) {
 
 /* ---- causal attention ----------------------------------------------------- *
  * Per query head h (group g = h / (Hq / Hkv)), with S = scale Q K^T and P its causal
- * softmax, every product goes to tr_gemm with the causal flags (half the work):
+ * softmax, every product goes to tr_gemm_batch (all heads in one call) with the causal
+ * flags (half the work):
  * forward S = Q K^T, O = P V; backward dP = dO V^T, dS = P (dP - rowsum(P dP)),
  * dQ = scale dS K, dK += scale dS^T Q, dV += P^T dO. */
 
 void tr_attn_fwd(threadpool *tp, const float *q, const float *k, const float *v, int64_t T, int Hq, int Hkv, int hd,
                  float scale, float *p, float *out) {
-    int64_t qs = (int64_t)Hq * hd, ks = (int64_t)Hkv * hd;
+    int64_t qs = (int64_t)Hq * hd, ks = (int64_t)Hkv * hd, TT = T * T;
     int per = Hq / Hkv;
-    for (int h = 0; h < Hq; h++) {
-        int64_t go = (int64_t)(h / per) * hd;
-        float *ph = p + (int64_t)h * T * T;
-        tr_gemm(tp, T, T, hd, q + (int64_t)h * hd, qs, 1, k + go, 1, ks, ph, T, TR_GEMM_CAUSAL);
-        for (int64_t i = 0; i < T; i++) {
-            softmax(ph + i * T, i + 1, scale, 1.0f);
-            memset(ph + i * T + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
-        }
-        tr_gemm(tp, T, hd, T, ph, T, 1, v + go, ks, 1, out + (int64_t)h * hd, qs, TR_GEMM_K_LE_M);
+    tr_gemm_batch(tp, Hq, T, T, hd, q, qs, 1, hd, k, 1, ks, hd, per, p, T, TT, TR_GEMM_CAUSAL);
+    for (int64_t r = 0; r < Hq * T; r++) {
+        int64_t i = r % T;
+        softmax(p + r * T, i + 1, scale, 1.0f);
+        memset(p + r * T + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
     }
+    tr_gemm_batch(tp, Hq, T, hd, T, p, T, 1, TT, v, ks, 1, hd, per, out, qs, hd, TR_GEMM_K_LE_M);
 }
 
 void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v, const float *p, const float *dout,
-                 int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv) {
-    int64_t qs = (int64_t)Hq * hd, ks = (int64_t)Hkv * hd;
+                 int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv, float *ds) {
+    int64_t qs = (int64_t)Hq * hd, ks = (int64_t)Hkv * hd, TT = T * T;
     int per = Hq / Hkv;
-    float *ds = malloc(sizeof(float) * (size_t)(T * T));
-    if (!ds) return; /* the caller's buffers are sized at load; a step cannot fail here */
-    for (int h = 0; h < Hq; h++) {
-        int64_t go = (int64_t)(h / per) * hd, ho = (int64_t)h * hd;
-        int first = h % per == 0; /* the group's first head writes dK, dV; the others add */
-        const float *ph = p + (int64_t)h * T * T;
-        tr_gemm(tp, T, T, hd, dout + ho, qs, 1, v + go, 1, ks, ds, T, TR_GEMM_CAUSAL);
-        for (int64_t i = 0; i < T; i++) {
-            const float *pr = ph + i * T;
-            float *r = ds + i * T;
-            float dot = 0;
-            for (int64_t j = 0; j <= i; j++) dot += pr[j] * r[j];
-            for (int64_t j = 0; j <= i; j++) r[j] = scale * pr[j] * (r[j] - dot);
-            memset(r + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
-        }
-        tr_gemm(tp, T, hd, T, ds, T, 1, k + go, ks, 1, dq + ho, qs, TR_GEMM_K_LE_M);
-        tr_gemm(tp, T, hd, T, ds, 1, T, q + ho, qs, 1, dk + go, ks, TR_GEMM_K_GE_M | (first ? 0 : TR_GEMM_ACC));
-        tr_gemm(tp, T, hd, T, ph, 1, T, dout + ho, qs, 1, dv + go, ks, TR_GEMM_K_GE_M | (first ? 0 : TR_GEMM_ACC));
+    tr_gemm_batch(tp, Hq, T, T, hd, dout, qs, 1, hd, v, 1, ks, hd, per, ds, T, TT, TR_GEMM_CAUSAL); /* dP */
+    for (int64_t row = 0; row < Hq * T; row++) {
+        int64_t i = row % T;
+        const float *pr = p + row * T;
+        float *r = ds + row * T, dot = 0;
+        for (int64_t j = 0; j <= i; j++) dot += pr[j] * r[j];
+        for (int64_t j = 0; j <= i; j++) r[j] = scale * pr[j] * (r[j] - dot);
+        memset(r + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
     }
-    free(ds);
+    tr_gemm_batch(tp, Hq, T, hd, T, ds, T, 1, TT, k, ks, 1, hd, per, dq, qs, hd, TR_GEMM_K_LE_M);
+    /* dK, dV: a sum over each group's heads, so one batch (one head of every group) at a time */
+    for (int j = 0; j < per; j++) {
+        int flags = TR_GEMM_K_GE_M | (j ? TR_GEMM_ACC : 0);
+        tr_gemm_batch(tp, Hkv, T, hd, T, ds + j * TT, 1, T, per * TT, q + j * hd, qs, 1, per * hd, 1, dk, ks, hd,
+                      flags);
+        tr_gemm_batch(tp, Hkv, T, hd, T, p + j * TT, 1, T, per * TT, dout + j * hd, qs, 1, per * hd, 1, dv, ks, hd,
+                      flags);
+    }
 }
 
 /* ---- SiLU-gated product ---------------------------------------------------- */

@@ -16,6 +16,11 @@
  * TR_GEMM_CAUSAL: outputs with n > m are not wanted (some are left unwritten);
  * TR_GEMM_K_LE_M / TR_GEMM_K_GE_M: A(m,k) is zero for k > m / k < m, so whole blocks of
  * those terms are skipped (the ones near the diagonal are read: they must be zeros). */
+/* batch products at once (one round of the pool): product i reads a + i a_bs and
+ * b + (i / b_div) b_bs (b_div query heads share a KV head) and writes c + i c_bs. */
+void tr_gemm_batch(threadpool *tp, int batch, int64_t M, int64_t N, int64_t K, const float *a, int64_t sam,
+                   int64_t sak, int64_t a_bs, const float *b, int64_t sbk, int64_t sbn, int64_t b_bs, int b_div,
+                   float *c, int64_t ldc, int64_t c_bs, int flags);
 /* Frees the calling thread's packing workspace (kept between tr_gemm calls). */
 void tr_gemm_release(void);
 #define TR_GEMM_ACC 1
@@ -61,9 +66,9 @@ void tr_rope(float *x, int64_t T, int H, int hd, int pos0, const float *inv_freq
  * p [Hq, T, T]: the softmax probabilities kept for the backward (rows i, columns <= i). */
 void tr_attn_fwd(threadpool *tp, const float *q, const float *k, const float *v, int64_t T, int Hq, int Hkv, int hd,
                  float scale, float *p, float *out);
-/* dq, dk, dv are overwritten (not added to). */
+/* dq, dk, dv are overwritten (not added to). scratch: Hq * T * T floats. */
 void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v, const float *p, const float *dout,
-                 int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv);
+                 int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv, float *scratch);
 
 /* h = silu(g) * u over n values; the backward overwrites dg and du. */
 void tr_silu_mul_fwd(const float *g, const float *u, int64_t n, float *h);

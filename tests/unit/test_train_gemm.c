@@ -3,7 +3,7 @@
  * column-major, so the register transposes and their scalar edges run), ragged shapes
  * around the 8 x 48 tile, 16-wide transpose blocks and the 512-deep K blocks, accumulate,
  * the causal flags (outputs above the diagonal never compared, zeros promised where A is
- * zero), one and two threads, and each ISA tier HEARTH_CPU can select. Tolerance: 1e-5 of
+ * zero), batches (each product as a call of its own), one and two threads, and each ISA tier HEARTH_CPU can select. Tolerance: 1e-5 of
  * the sum of |terms| of each output (float32 rounding of a sum of K products). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -70,6 +70,22 @@ static void run_shapes(threadpool *tp) {
     }
 }
 
+/* A batch (b shared by pairs of products, as query heads share a KV head) gives each
+ * product exactly what a call of its own gives. */
+static void check_batch(threadpool *tp) {
+    int64_t M = 37, N = 53, K = 70, batch = 5;
+    float *a = malloc(sizeof(float) * (size_t)(batch * M * K)), *b = malloc(sizeof(float) * (size_t)(3 * K * N));
+    float *c = malloc(sizeof(float) * (size_t)(batch * M * N)), *one = malloc(sizeof(float) * (size_t)(M * N));
+    for (int64_t i = 0; i < batch * M * K; i++) a[i] = rnd();
+    for (int64_t i = 0; i < 3 * K * N; i++) b[i] = rnd();
+    tr_gemm_batch(tp, (int)batch, M, N, K, a, K, 1, M * K, b, 1, K, K * N, 2, c, N, M * N, 0);
+    for (int64_t i = 0; i < batch; i++) {
+        tr_gemm(tp, M, N, K, a + i * M * K, K, 1, b + (i / 2) * K * N, 1, K, one, N, 0);
+        assert_memory_equal(one, c + i * M * N, sizeof(float) * (size_t)(M * N));
+    }
+    free(a), free(b), free(c), free(one);
+}
+
 static void test_gemm(void **state) {
     threadpool *tp2;
     assert_int_equal(tp_create(2, &tp2, NULL), 0);
@@ -78,6 +94,8 @@ static void test_gemm(void **state) {
         if (tiers[i]) setenv("HEARTH_CPU", tiers[i], 1);
         run_shapes(NULL);
         run_shapes(tp2);
+        check_batch(NULL);
+        check_batch(tp2);
     }
     unsetenv("HEARTH_CPU");
     tp_destroy(tp2);

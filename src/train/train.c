@@ -285,7 +285,7 @@ static double forward(trainer *t, const int32_t *ids, int64_t T) {
         tr_rmsnorm_fwd(t->x, T, D, y->ffn_norm, t->eps, s->h2, s->rstd2);
         tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_GATE], F, NULL, LORA(P_GATE), s->xa[P_GATE], s->g);
         tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_UP], F, NULL, LORA(P_UP), s->xa[P_UP], s->u);
-        tr_silu_mul_fwd(s->g, s->u, T * F, s->mm);
+        tr_silu_mul_fwd(t->tp, s->g, s->u, T * F, s->mm);
         tr_linear_fwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, NULL, LORA(P_DOWN), s->xa[P_DOWN], t->tmp);
         for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
 #undef LORA
@@ -307,7 +307,7 @@ static void backward(trainer *t, int64_t T) {
         int below = l > t->first_lora; /* the input's gradient is needed further down */
         memset(t->dmm, 0, sizeof(float) * (size_t)(T * F));
         tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, &y->lora[P_DOWN], s->xa[P_DOWN], t->dx, t->dmm, sc);
-        tr_silu_mul_bwd(s->g, s->u, t->dmm, T * F, t->dg, t->du);
+        tr_silu_mul_bwd(t->tp, s->g, s->u, t->dmm, T * F, t->dg, t->du);
         memset(t->dtmp, 0, sizeof(float) * (size_t)(T * D));
         tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_GATE], F, &y->lora[P_GATE], s->xa[P_GATE], t->dg, t->dtmp, sc);
         tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_UP], F, &y->lora[P_UP], s->xa[P_UP], t->du, t->dtmp, sc);

@@ -222,6 +222,30 @@ static double softmax(float *x, int64_t n, float mul, float wt) {
     return have_avx512() ? softmax_avx512(x, n, mul, wt) : softmax_base(x, n, mul, wt);
 }
 
+/* ---- rows over the pool --------------------------------------------------------- */
+
+/* fn(ctx, row) for rows 0..n, in blocks handed to the pool: the row-wise steps between the
+ * products (softmaxes, SiLU) would otherwise run on one core while the others wait. */
+typedef void (*row_fn)(void *ctx, int64_t row);
+typedef struct rows_job {
+    row_fn fn;
+    void *ctx;
+    int64_t n, per;
+} rows_job;
+
+static void rows_task(void *vj, int task, int thread) {
+    const rows_job *j = vj;
+    int64_t r1 = ((int64_t)task + 1) * j->per < j->n ? ((int64_t)task + 1) * j->per : j->n;
+    for (int64_t r = (int64_t)task * j->per; r < r1; r++) j->fn(j->ctx, r);
+}
+
+static void for_rows(threadpool *tp, int64_t n, row_fn fn, void *ctx) {
+    int64_t tasks = 8 * (int64_t)tp_threads(tp);
+    rows_job j = {.fn = fn, .ctx = ctx, .n = n, .per = (n + tasks - 1) / tasks};
+    if (j.per < 1) j.per = 1;
+    tp_run(tp, (int)((n + j.per - 1) / j.per), rows_task, &j);
+}
+
 /* ---- causal attention ----------------------------------------------------- *
  * Per query head h (group g = h / (Hq / Hkv)), with S = scale Q K^T and P its causal
  * softmax, every product goes to tr_gemm_batch (all heads in one call) with the causal
@@ -229,16 +253,39 @@ static double softmax(float *x, int64_t n, float mul, float wt) {
  * forward S = Q K^T, O = P V; backward dP = dO V^T, dS = P (dP - rowsum(P dP)),
  * dQ = scale dS K, dK += scale dS^T Q, dV += P^T dO. */
 
+typedef struct attn_rows {
+    const float *p;
+    float *s;
+    int64_t T;
+    float scale;
+} attn_rows;
+
+/* row r (head r / T, query r % T) of S: its causal softmax (the masked tail zero) */
+static void softmax_row(void *vc, int64_t r) {
+    const attn_rows *c = vc;
+    int64_t i = r % c->T;
+    softmax(c->s + r * c->T, i + 1, c->scale, 1.0f);
+    memset(c->s + r * c->T + i + 1, 0, sizeof(float) * (size_t)(c->T - i - 1));
+}
+
+/* row r of dP becomes dS = scale P (dP - sum_j P dP) (the masked tail zero) */
+static void dsoftmax_row(void *vc, int64_t row) {
+    const attn_rows *c = vc;
+    int64_t i = row % c->T;
+    const float *pr = c->p + row * c->T;
+    float *r = c->s + row * c->T, dot = 0;
+    for (int64_t j = 0; j <= i; j++) dot += pr[j] * r[j];
+    for (int64_t j = 0; j <= i; j++) r[j] = c->scale * pr[j] * (r[j] - dot);
+    memset(r + i + 1, 0, sizeof(float) * (size_t)(c->T - i - 1));
+}
+
 void tr_attn_fwd(threadpool *tp, const float *q, const float *k, const float *v, int64_t T, int Hq, int Hkv, int hd,
                  float scale, float *p, float *out) {
     int64_t qs = (int64_t)Hq * hd, ks = (int64_t)Hkv * hd, TT = T * T;
     int per = Hq / Hkv;
     tr_gemm_batch(tp, Hq, T, T, hd, q, qs, 1, hd, k, 1, ks, hd, per, p, T, TT, TR_GEMM_CAUSAL);
-    for (int64_t r = 0; r < Hq * T; r++) {
-        int64_t i = r % T;
-        softmax(p + r * T, i + 1, scale, 1.0f);
-        memset(p + r * T + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
-    }
+    attn_rows c = {.s = p, .T = T, .scale = scale};
+    for_rows(tp, Hq * T, softmax_row, &c);
     tr_gemm_batch(tp, Hq, T, hd, T, p, T, 1, TT, v, ks, 1, hd, per, out, qs, hd, TR_GEMM_K_LE_M);
 }
 
@@ -247,14 +294,8 @@ void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v,
     int64_t qs = (int64_t)Hq * hd, ks = (int64_t)Hkv * hd, TT = T * T;
     int per = Hq / Hkv;
     tr_gemm_batch(tp, Hq, T, T, hd, dout, qs, 1, hd, v, 1, ks, hd, per, ds, T, TT, TR_GEMM_CAUSAL); /* dP */
-    for (int64_t row = 0; row < Hq * T; row++) {
-        int64_t i = row % T;
-        const float *pr = p + row * T;
-        float *r = ds + row * T, dot = 0;
-        for (int64_t j = 0; j <= i; j++) dot += pr[j] * r[j];
-        for (int64_t j = 0; j <= i; j++) r[j] = scale * pr[j] * (r[j] - dot);
-        memset(r + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
-    }
+    attn_rows c = {.p = p, .s = ds, .T = T, .scale = scale};
+    for_rows(tp, Hq * T, dsoftmax_row, &c);
     tr_gemm_batch(tp, Hq, T, hd, T, ds, T, 1, TT, k, ks, 1, hd, per, dq, qs, hd, TR_GEMM_K_LE_M);
     /* dK, dV: a sum over each group's heads, so one batch (one head of every group) at a time */
     for (int j = 0; j < per; j++) {
@@ -268,12 +309,27 @@ void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v,
 
 /* ---- SiLU-gated product ---------------------------------------------------- */
 
-void tr_silu_mul_fwd(const float *g, const float *u, int64_t n, float *h) {
+#define SILU_ROW 4096 /* values per row of the pool's work */
+typedef struct silu_job {
+    const float *g, *u, *dh;
+    float *h, *dg, *du;
+    int64_t n;
+} silu_job;
+
+static void silu_fwd_row(void *vc, int64_t r) {
+    const silu_job *c = vc;
+    int64_t i0 = r * SILU_ROW, n = c->n - i0 < SILU_ROW ? c->n - i0 : SILU_ROW;
+    const float *g = c->g + i0, *u = c->u + i0;
+    float *h = c->h + i0;
     exp_sum(g, n, -1.0f, 0.0f, h); /* exp(-g), for the sigmoid */
     for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + h[i]) * u[i];
 }
 
-void tr_silu_mul_bwd(const float *g, const float *u, const float *dh, int64_t n, float *dg, float *du) {
+static void silu_bwd_row(void *vc, int64_t r) {
+    const silu_job *c = vc;
+    int64_t i0 = r * SILU_ROW, n = c->n - i0 < SILU_ROW ? c->n - i0 : SILU_ROW;
+    const float *g = c->g + i0, *u = c->u + i0, *dh = c->dh + i0;
+    float *dg = c->dg + i0, *du = c->du + i0;
     exp_sum(g, n, -1.0f, 0.0f, dg);
     for (int64_t i = 0; i < n; i++) {
         float s = 1.0f / (1.0f + dg[i]);
@@ -282,12 +338,43 @@ void tr_silu_mul_bwd(const float *g, const float *u, const float *dh, int64_t n,
     }
 }
 
+void tr_silu_mul_fwd(threadpool *tp, const float *g, const float *u, int64_t n, float *h) {
+    silu_job c = {.g = g, .u = u, .h = h, .n = n};
+    for_rows(tp, (n + SILU_ROW - 1) / SILU_ROW, silu_fwd_row, &c);
+}
+
+void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float *dh, int64_t n, float *dg,
+                     float *du) {
+    silu_job c = {.g = g, .u = u, .dh = dh, .dg = dg, .du = du, .n = n};
+    for_rows(tp, (n + SILU_ROW - 1) / SILU_ROW, silu_bwd_row, &c);
+}
+
 /* ---- cross-entropy --------------------------------------------------------- */
+
+typedef struct xent_rows {
+    float *z;
+    int64_t V;
+    const int64_t *rows;
+    const int32_t *targets;
+    const float *weight;
+    float *ce;
+} xent_rows;
+
+/* logits row r becomes weight (softmax - onehot(target)); ce[r] its cross-entropy */
+static void xent_row(void *vc, int64_t r) {
+    const xent_rows *c = vc;
+    float *zr = c->z + r * c->V, wt = c->weight[c->rows[r]];
+    int32_t t = c->targets[c->rows[r]];
+    float zt = zr[t];
+    c->ce[r] = (float)softmax(zr, c->V, 1.0f, wt) - zt;
+    zr[t] -= wt;
+}
 
 double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
                const int32_t *targets, const float *weight, float *dh, float *ce, float *scratch) {
     float *z = scratch, *hc = scratch + (int64_t)TR_XENT_ROWS * V, *dc = hc + (int64_t)TR_XENT_ROWS * D;
     int64_t rows[TR_XENT_ROWS];
+    float row_ce[TR_XENT_ROWS];
     double total = 0;
     memset(dh, 0, sizeof(float) * (size_t)(M * D));
     if (ce) memset(ce, 0, sizeof(float) * (size_t)M);
@@ -301,14 +388,11 @@ double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float
             }
         if (!n) break;
         tr_matmul_nt(tp, hc, n, D, w, V, z, 0);
-        for (int r = 0; r < n; r++) {
-            float *zr = z + (int64_t)r * V;
-            int32_t t = targets[rows[r]];
-            float zt = zr[t], wt = weight[rows[r]];
-            float lse = (float)softmax(zr, V, 1.0f, wt); /* zr = wt softmax(z) */
-            total += (double)wt * (lse - zt);
-            if (ce) ce[rows[r]] = lse - zt;
-            zr[t] -= wt;
+        xent_rows c = {.z = z, .V = V, .rows = rows, .targets = targets, .weight = weight, .ce = row_ce};
+        for_rows(tp, n, xent_row, &c);
+        for (int r = 0; r < n; r++) { /* in row order: the same sum whatever the threads */
+            total += (double)weight[rows[r]] * row_ce[r];
+            if (ce) ce[rows[r]] = row_ce[r];
         }
         memset(dc, 0, sizeof(float) * (size_t)(n * D));
         tr_matmul_nn(tp, z, n, V, w, D, dc);

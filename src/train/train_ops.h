@@ -71,8 +71,9 @@ void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v,
                  int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv, float *scratch);
 
 /* h = silu(g) * u over n values; the backward overwrites dg and du. */
-void tr_silu_mul_fwd(const float *g, const float *u, int64_t n, float *h);
-void tr_silu_mul_bwd(const float *g, const float *u, const float *dh, int64_t n, float *dg, float *du);
+void tr_silu_mul_fwd(threadpool *tp, const float *g, const float *u, int64_t n, float *h);
+void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float *dh, int64_t n, float *dg,
+                     float *du);
 
 /* Cross-entropy of the logits h[M,D] w[V,D]^T against targets: rows with weight[i] == 0
  * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten) to

@@ -140,9 +140,9 @@ static void test_attention(void **state) {
 
 static void test_silu_mul(void **state) {
     float h[50], dg[50], du[50];
-    tr_silu_mul_fwd(T_("silu.g", NULL), T_("silu.u", NULL), 50, h);
+    tr_silu_mul_fwd(TP, T_("silu.g", NULL), T_("silu.u", NULL), 50, h);
     close_to("silu h", h, "silu.h");
-    tr_silu_mul_bwd(T_("silu.g", NULL), T_("silu.u", NULL), T_("silu.dh", NULL), 50, dg, du);
+    tr_silu_mul_bwd(TP, T_("silu.g", NULL), T_("silu.u", NULL), T_("silu.dh", NULL), 50, dg, du);
     close_to("silu dg", dg, "silu.dg");
     close_to("silu du", du, "silu.du");
 }

@@ -48,11 +48,11 @@ void tr_matmul_nn(threadpool *tp, const float *dy, int64_t M, int64_t N, const f
 }
 
 /* ---- linear with LoRA ----------------------------------------------------- *
- * The low-rank products are thin (r columns) but go to tr_gemm too: a [K, r] and b [r, N]
- * are read in place; scale is applied to an M x r copy. */
+ * The low-rank products are thin (r columns) but go to tr_gemm too; a [K, r] and b [r, N]
+ * are read in place. */
 
-static void scaled(const float *x, int64_t n, float s, float *y) {
-    for (int64_t i = 0; i < n; i++) y[i] = s * x[i];
+static void scale_rows(float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
 void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
@@ -62,12 +62,9 @@ void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const f
         for (int64_t m = 0; m < M; m++) axpyf(y + m * N, 1.0f, bias, N);
     if (!l) return;
     int64_t r = l->r;
-    tr_gemm(tp, M, r, K, x, K, 1, l->a, r, 1, xa, r, 0); /* xa = x a */
-    float *xs = malloc(sizeof(float) * (size_t)(M * r));
-    if (!xs) return; /* M x r floats; the trainer's buffers are far larger */
-    scaled(xa, M * r, l->scale, xs);
-    tr_gemm(tp, M, N, r, xs, r, 1, l->b, N, 1, y, N, TR_GEMM_ACC); /* y += scale (x a) b */
-    free(xs);
+    tr_gemm(tp, M, r, K, x, K, 1, l->a, r, 1, xa, r, 0); /* xa = scale x a */
+    scale_rows(xa, M * r, l->scale);
+    tr_gemm(tp, M, N, r, xa, r, 1, l->b, N, 1, y, N, TR_GEMM_ACC); /* y += xa b */
 }
 
 void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const tr_lora *l,
@@ -75,10 +72,9 @@ void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const f
     if (dx) tr_matmul_nn(tp, dy, M, N, w, K, dx);
     if (!l) return;
     int64_t r = l->r;
-    scaled(xa, M * r, l->scale, scratch);
-    tr_gemm(tp, r, N, M, scratch, 1, r, dy, N, 1, l->gb, N, TR_GEMM_ACC); /* gb += scale xa^T dy */
-    tr_gemm(tp, M, r, N, dy, N, 1, l->b, 1, N, scratch, r, 0);           /* dxa = scale dy b^T */
-    scaled(scratch, M * r, l->scale, scratch);
+    tr_gemm(tp, r, N, M, xa, 1, r, dy, N, 1, l->gb, N, TR_GEMM_ACC);  /* gb += (scale x a)^T dy */
+    tr_gemm(tp, M, r, N, dy, N, 1, l->b, 1, N, scratch, r, 0);       /* dxa = scale dy b^T */
+    scale_rows(scratch, M * r, l->scale);
     tr_gemm(tp, K, r, M, x, 1, K, scratch, r, 1, l->ga, r, TR_GEMM_ACC); /* ga += x^T dxa */
     if (dx) tr_gemm(tp, M, K, r, scratch, r, 1, l->a, 1, r, dx, K, TR_GEMM_ACC); /* dx += dxa a^T */
 }

@@ -43,10 +43,11 @@ typedef struct tr_lora {
     float scale;
 } tr_lora;
 
-/* y[M,N] = x w^T (+ bias) (+ scale * (x a) b when l); xa [M, r]: x a, kept for the backward. */
+/* y[M,N] = x w^T (+ bias) (+ scale * (x a) b when l); xa [M, r]: scale * x a, kept for the
+ * backward. */
 void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
                    const tr_lora *l, float *xa, float *y);
-/* dx[M,K] += dy w + scale * (dy b^T) a^T; l->ga += x^T (scale * dy b^T), l->gb += scale * xa^T dy.
+/* dx[M,K] += dy w + scale * (dy b^T) a^T; l->ga += x^T (scale * dy b^T), l->gb += xa^T dy.
  * dx may be NULL (no input gradient needed). scratch: M * r floats. */
 void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const tr_lora *l,
                    const float *xa, const float *dy, float *dx, float *scratch);

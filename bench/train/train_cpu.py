@@ -13,9 +13,11 @@ first), the ratio, peak memory, the machine and its load average.
 batch 1: one pair a step, each sequence cut to 512 tokens, tokens/s counting both
 sequences) next to its sft in the same run; no peer runs here (PyTorch + TRL is not
 installable, mlx-lm-lora defines other losses). It adds a "preference" entry to
-the json of train_cpu.md and a section to its text, keeping the sft comparison.
+the json of train_cpu.md and a section to its text, keeping the sft comparison. With
+--baseline BIN (another build of hearth) each of the three also runs with BIN right after,
+for a before/after table from the same minutes.
 
-    .venv/bin/python bench/train/train_cpu.py [--steps 4] [--preference]
+    .venv/bin/python bench/train/train_cpu.py [--steps 4] [--preference [--baseline BIN --baseline-label L]]
 """
 import argparse
 import json
@@ -46,8 +48,8 @@ def cpu_name():
     return platform.processor()
 
 
-def run_hearth(data, out, steps, method="sft"):
-    cmd = [BIN, "train", MODEL, "--data", data, "--adapter-path", out, "--iters", str(steps), "--batch-size", "1",
+def run_hearth(data, out, steps, method="sft", binary=None):
+    cmd = [binary or BIN, "train", MODEL, "--data", data, "--adapter-path", out, "--iters", str(steps), "--batch-size", "1",
            "--max-seq-length", "512", "--lora-rank", "8", "--num-layers", "16", "--steps-per-report", "1",
            "--threads", "2", "--method", method]
     subprocess.run(cmd, check=True, capture_output=True)
@@ -97,11 +99,16 @@ def preference(a, rng, tmp):
     load0 = os.getloadavg()
     out = {}
     for method, data in (("sft", text), ("dpo", pairs), ("orpo", pairs)):
-        t0 = time.time()
-        rows = run_hearth(data, os.path.join(tmp, method), a.steps, method)
-        out[method] = {"tokens_per_second": tps(rows), "first_loss": rows[0]["loss"],
-                       "peak_memory_gb": max(r["peak_memory_gb"] for r in rows), "wall_s": time.time() - t0}
-        print(method, json.dumps(out[method]), flush=True)
+        runs = [("", BIN)] + ([("baseline_", a.baseline)] if a.baseline else [])
+        for prefix, binary in runs:  # the baseline right after, on the same data, in the same minutes
+            t0 = time.time()
+            rows = run_hearth(data, os.path.join(tmp, prefix + method), a.steps, method, binary)
+            out[prefix + method] = {"tokens_per_second": tps(rows), "first_loss": rows[0]["loss"],
+                                    "peak_memory_gb": max(r["peak_memory_gb"] for r in rows),
+                                    "wall_s": time.time() - t0}
+            print(prefix + method, json.dumps(out[prefix + method]), flush=True)
+    if a.baseline:
+        out["baseline"] = a.baseline_label or a.baseline
     out.update(benchmark="hearth train --method sft|dpo|orpo on the CPU: SmolLM2-135M-Instruct f32, rank 8, last 16 "
                "layers, batch 1 (one text or one pair), every sequence 512 tokens, Adam",
                machine=f"{cpu_name()}, {os.cpu_count()} cores", threads=2, steps=a.steps,
@@ -147,6 +154,18 @@ mlx-lm-lora defines both losses differently; sft is the same run's yardstick.
             r = p[k]
             md += (f"| --method {k} | {r['tokens_per_second']:.1f} | {r['first_loss']:.4f} | "
                    f"{r['peak_memory_gb']:.2f} GB | {r['wall_s']:.0f} s |\n")
+        if "baseline" in p:
+            md += f"""
+The same three runs of the baseline binary ({p['baseline']}), each right after hearth's on the
+same data:
+
+| --method | baseline tokens/s | this build tokens/s | speed-up | baseline first loss |
+|---|---|---|---|---|
+"""
+            for k in ("sft", "dpo", "orpo"):
+                b, r = p["baseline_" + k], p[k]
+                md += (f"| {k} | {b['tokens_per_second']:.1f} | {r['tokens_per_second']:.1f} | "
+                       f"{r['tokens_per_second'] / b['tokens_per_second']:.2f}x | {b['first_loss']:.4f} |\n")
         md += """
 A pair costs two forwards and two backwards (both sequences' activations kept: twice
 sft's activation memory), so orpo's tokens/s should sit near sft's; dpo's steps here all
@@ -160,6 +179,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--preference", action="store_true")
+    ap.add_argument("--baseline", help="with --preference: another hearth binary (an older build) run on the "
+                    "same data right after each of this build's runs, for a before/after in one run")
+    ap.add_argument("--baseline-label", help="how the results name --baseline (e.g. its commit)")
     a = ap.parse_args()
     if not os.path.exists(os.path.join(MODEL, "model.safetensors")):
         subprocess.run([sys.executable, os.path.join(REPO, "bench", "train", "smollm2_folder.py")], check=True)

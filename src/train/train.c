@@ -55,7 +55,7 @@ typedef struct trainer {
     int lora_off, pref; /* lora_off: the frozen base alone (dpo's reference); pref: two activation slots */
     float *xf2, *hf2, *rstdf2, *dh2, *ce; /* the second slot's final-norm activations; per-row ce */
     float *x, *tmp, *xf, *hf, *rstdf, *dx, *dtmp, *dmm, *dg, *du, *dq, *dk, *dv, *dql, *dkl, *da, *dh, *xent_scratch,
-        *lin_scratch, *weight;
+        *lin_scratch, *attn_scratch, *weight;
     int32_t *targets;
     float *adam_m, *adam_v; /* one block over every LoRA tensor, in layer and projection order */
     size_t n_params;
@@ -106,6 +106,7 @@ static void free_trainer(trainer *t) {
     free(t->layers);
     free(t->targets);
     tp_destroy(t->tp);
+    tr_gemm_release();
     model_free(t->m);
     hearth_model_close(t->hm);
 }
@@ -191,6 +192,7 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         (t->pref && (!(t->xf2 = falloc(t, (size_t)(T * D))) || !(t->hf2 = falloc(t, (size_t)(T * D))) ||
                      !(t->rstdf2 = falloc(t, (size_t)T)) || !(t->dh2 = falloc(t, (size_t)(T * D))))) ||
         !(t->lin_scratch = falloc(t, (size_t)(T * t->r))) ||
+        !(t->attn_scratch = falloc(t, (size_t)(t->Hq * T * T))) ||
         !(t->xent_scratch = falloc(t, (size_t)TR_XENT_ROWS * (size_t)(t->V + 2 * D))) ||
         !(t->adam_m = falloc(t, t->n_params)) || !(t->adam_v = falloc(t, t->n_params)) ||
         !(t->targets = calloc((size_t)T, sizeof(int32_t))))
@@ -283,7 +285,7 @@ static double forward(trainer *t, const int32_t *ids, int64_t T) {
         tr_rmsnorm_fwd(t->x, T, D, y->ffn_norm, t->eps, s->h2, s->rstd2);
         tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_GATE], F, NULL, LORA(P_GATE), s->xa[P_GATE], s->g);
         tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_UP], F, NULL, LORA(P_UP), s->xa[P_UP], s->u);
-        tr_silu_mul_fwd(s->g, s->u, T * F, s->mm);
+        tr_silu_mul_fwd(t->tp, s->g, s->u, T * F, s->mm);
         tr_linear_fwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, NULL, LORA(P_DOWN), s->xa[P_DOWN], t->tmp);
         for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
 #undef LORA
@@ -305,7 +307,7 @@ static void backward(trainer *t, int64_t T) {
         int below = l > t->first_lora; /* the input's gradient is needed further down */
         memset(t->dmm, 0, sizeof(float) * (size_t)(T * F));
         tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, &y->lora[P_DOWN], s->xa[P_DOWN], t->dx, t->dmm, sc);
-        tr_silu_mul_bwd(s->g, s->u, t->dmm, T * F, t->dg, t->du);
+        tr_silu_mul_bwd(t->tp, s->g, s->u, t->dmm, T * F, t->dg, t->du);
         memset(t->dtmp, 0, sizeof(float) * (size_t)(T * D));
         tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_GATE], F, &y->lora[P_GATE], s->xa[P_GATE], t->dg, t->dtmp, sc);
         tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_UP], F, &y->lora[P_UP], s->xa[P_UP], t->du, t->dtmp, sc);
@@ -313,7 +315,7 @@ static void backward(trainer *t, int64_t T) {
         memset(t->da, 0, sizeof(float) * (size_t)(T * qd));
         tr_linear_bwd(t->tp, s->a, T, qd, y->w[P_O], D, &y->lora[P_O], s->xa[P_O], t->dx, t->da, sc);
         tr_attn_bwd(t->tp, s->qr, s->kr, s->v, s->p, t->da, T, t->Hq, t->Hkv, t->hd, t->attn_scale, t->dq, t->dk,
-                    t->dv);
+                    t->dv, t->attn_scratch);
         tr_rope(t->dq, T, t->Hq, t->hd, 0, t->inv_freq, t->adjacent, -1);
         tr_rope(t->dk, T, t->Hkv, t->hd, 0, t->inv_freq, t->adjacent, -1);
         const float *dq = t->dq, *dk = t->dk;

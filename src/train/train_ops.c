@@ -1,6 +1,7 @@
 /* train_ops.c: the float32 forward and backward kernels of LoRA training (train_ops.h).
- * Portable C with GCC vector types; the two matmuls that carry nearly all the work are
- * also built for AVX2+FMA and picked at load (target_clones). */
+ * Portable C with GCC vector types; the products that carry nearly all the work go to
+ * tr_gemm (train_gemm.c), the exponentials to a 16-wide exp built for AVX-512 and the
+ * baseline. */
 #include "train/train_ops.h"
 #include <math.h>
 #include <stdlib.h>
@@ -10,14 +11,6 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float v8 __attribute__((vector_size(32)));
 #define INL static inline __attribute__((always_inline))
-/* The two matmul kernels are bodies inlined twice: built for AVX2+FMA and for the baseline,
- * picked once per call by what the CPU has. */
-#define AVX2 __attribute__((target("avx2,fma")))
-static int have_avx2(void) {
-    static int v = -1;
-    if (v < 0) v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return v;
-}
 
 INL v8 ld8(const float *p) {
     v8 v;
@@ -44,149 +37,22 @@ INL void axpyf(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* ---- y = x w^T ---------------------------------------------------------- */
-
-typedef struct mm_ctx {
-    const float *a, *b;
-    float *c;
-    int64_t M, N, K;
-    int acc;
-} mm_ctx;
-
-#define NT_BLOCK 16 /* rows of w per task */
-
-INL void nt_body(void *vctx, int task) {
-    const mm_ctx *c = vctx;
-    int64_t n0 = (int64_t)task * NT_BLOCK, n1 = n0 + NT_BLOCK < c->N ? n0 + NT_BLOCK : c->N, K = c->K;
-    int64_t K8 = K & ~(int64_t)7;
-    for (int64_t m = 0; m < c->M; m += 4) {
-        int mr = c->M - m < 4 ? (int)(c->M - m) : 4;
-        const float *x[4];
-        for (int r = 0; r < 4; r++) x[r] = c->a + (m + (r < mr ? r : 0)) * K;
-        for (int64_t n = n0; n < n1; n += 2) {
-            int nr = n1 - n < 2 ? 1 : 2;
-            const float *w0 = c->b + n * K, *w1 = c->b + (n + nr - 1) * K;
-            v8 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
-            for (int64_t k = 0; k < K8; k += 8) {
-                v8 b0 = ld8(w0 + k), b1 = ld8(w1 + k);
-                v8 x0 = ld8(x[0] + k), x1 = ld8(x[1] + k), x2 = ld8(x[2] + k), x3 = ld8(x[3] + k);
-                a00 += x0 * b0, a01 += x0 * b1, a10 += x1 * b0, a11 += x1 * b1;
-                a20 += x2 * b0, a21 += x2 * b1, a30 += x3 * b0, a31 += x3 * b1;
-            }
-            float s[4][2] = {{hsum(a00), hsum(a01)}, {hsum(a10), hsum(a11)}, {hsum(a20), hsum(a21)},
-                             {hsum(a30), hsum(a31)}};
-            for (int64_t k = K8; k < K; k++)
-                for (int r = 0; r < 4; r++) s[r][0] += x[r][k] * w0[k], s[r][1] += x[r][k] * w1[k];
-            for (int r = 0; r < mr; r++)
-                for (int j = 0; j < nr; j++) {
-                    float *out = c->c + (m + r) * c->N + n + j;
-                    *out = c->acc ? *out + s[r][j] : s[r][j];
-                }
-        }
-    }
-}
-
-AVX2 static void nt_task_avx2(void *c, int task, int thread) { nt_body(c, task); }
-static void nt_task(void *c, int task, int thread) { nt_body(c, task); }
+/* ---- the two products of a frozen linear ------------------------------------ */
 
 void tr_matmul_nt(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int acc) {
-    mm_ctx c = {.a = x, .b = w, .c = y, .M = M, .N = N, .K = K, .acc = acc};
-    int tasks = (int)((N + NT_BLOCK - 1) / NT_BLOCK);
-    tp_run(M * N * K < 65536 ? NULL : tp, tasks, have_avx2() ? nt_task_avx2 : nt_task, &c);
+    tr_gemm(tp, M, N, K, x, K, 1, w, 1, K, y, N, acc ? TR_GEMM_ACC : 0);
 }
-
-/* ---- dx += dy w --------------------------------------------------------- */
-
-#define NN_STRIP 64 /* columns of dx (and w) per task */
-#define NN_TILE 256 /* rows of w per pass: a 64 KB block of w, reused by every row block of dy */
-
-INL void nn_body(void *vctx, int task) {
-    const mm_ctx *c = vctx;
-    int64_t k0 = (int64_t)task * NN_STRIP, k1 = k0 + NN_STRIP < c->K ? k0 + NN_STRIP : c->K, K = c->K;
-    for (int64_t n0 = 0; n0 < c->N; n0 += NN_TILE) {
-        int64_t n1 = n0 + NN_TILE < c->N ? n0 + NN_TILE : c->N;
-        for (int64_t m = 0; m < c->M; m += 4) {
-            int mr = c->M - m < 4 ? (int)(c->M - m) : 4;
-            const float *dy[4];
-            for (int r = 0; r < mr; r++) dy[r] = c->a + (m + r) * c->N;
-            int64_t k = k0;
-            if (mr == 4)
-                for (; k + 16 <= k1; k += 16) {
-                    float *d[4] = {c->c + m * K + k, c->c + (m + 1) * K + k, c->c + (m + 2) * K + k,
-                                   c->c + (m + 3) * K + k};
-                    v8 a00 = ld8(d[0]), a01 = ld8(d[0] + 8), a10 = ld8(d[1]), a11 = ld8(d[1] + 8);
-                    v8 a20 = ld8(d[2]), a21 = ld8(d[2] + 8), a30 = ld8(d[3]), a31 = ld8(d[3] + 8);
-                    for (int64_t n = n0; n < n1; n++) {
-                        const float *wr = c->b + n * K + k;
-                        v8 b0 = ld8(wr), b1 = ld8(wr + 8);
-                        float g0 = dy[0][n], g1 = dy[1][n], g2 = dy[2][n], g3 = dy[3][n];
-                        a00 += g0 * b0, a01 += g0 * b1, a10 += g1 * b0, a11 += g1 * b1;
-                        a20 += g2 * b0, a21 += g2 * b1, a30 += g3 * b0, a31 += g3 * b1;
-                    }
-                    st8(d[0], a00), st8(d[0] + 8, a01), st8(d[1], a10), st8(d[1] + 8, a11);
-                    st8(d[2], a20), st8(d[2] + 8, a21), st8(d[3], a30), st8(d[3] + 8, a31);
-                }
-            for (int r = 0; r < mr; r++) /* the tail columns (and rows past a multiple of 4) */
-                for (int64_t kk = k; kk < k1; kk++) {
-                    float s = 0;
-                    for (int64_t n = n0; n < n1; n++) s += dy[r][n] * c->b[n * K + kk];
-                    c->c[(m + r) * K + kk] += s;
-                }
-        }
-    }
-}
-
-AVX2 static void nn_task_avx2(void *c, int task, int thread) { nn_body(c, task); }
-static void nn_task(void *c, int task, int thread) { nn_body(c, task); }
 
 void tr_matmul_nn(threadpool *tp, const float *dy, int64_t M, int64_t N, const float *w, int64_t K, float *dx) {
-    mm_ctx c = {.a = dy, .b = w, .c = dx, .M = M, .N = N, .K = K};
-    int tasks = (int)((K + NN_STRIP - 1) / NN_STRIP);
-    tp_run(M * N * K < 65536 ? NULL : tp, tasks, have_avx2() ? nn_task_avx2 : nn_task, &c);
+    tr_gemm(tp, M, K, N, dy, N, 1, w, K, 1, dx, K, TR_GEMM_ACC);
 }
 
-/* ---- linear with LoRA ----------------------------------------------------- */
+/* ---- linear with LoRA ----------------------------------------------------- *
+ * The low-rank products are thin (r columns) but go to tr_gemm too; a [K, r] and b [r, N]
+ * are read in place. */
 
-INL void lora_fwd_body(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, float *xa, float *y) {
-    int r = l->r;
-    for (int64_t m = 0; m < M; m++) {
-        float *xr = xa + m * r;
-        memset(xr, 0, sizeof(float) * (size_t)r);
-        for (int64_t k = 0; k < K; k++) axpyf(xr, x[m * K + k], l->a + k * r, r);
-        for (int j = 0; j < r; j++) axpyf(y + m * N, l->scale * xr[j], l->b + (int64_t)j * N, N);
-    }
-}
-AVX2 static void lora_fwd_avx2(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, float *xa,
-                               float *y) {
-    lora_fwd_body(x, M, K, N, l, xa, y);
-}
-static void lora_fwd_base(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, float *xa, float *y) {
-    lora_fwd_body(x, M, K, N, l, xa, y);
-}
-
-INL void lora_bwd_body(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, const float *xa,
-                       const float *dy, float *dx, float *scratch) {
-    int r = l->r;
-    for (int64_t m = 0; m < M; m++) {
-        const float *g = dy + m * N;
-        float *dxa = scratch + m * r;
-        for (int j = 0; j < r; j++) {
-            dxa[j] = l->scale * dotf(g, l->b + (int64_t)j * N, N);
-            axpyf(l->gb + (int64_t)j * N, l->scale * xa[m * r + j], g, N);
-        }
-        for (int64_t k = 0; k < K; k++) {
-            axpyf(l->ga + k * r, x[m * K + k], dxa, r);
-            if (dx) dx[m * K + k] += dotf(dxa, l->a + k * r, r);
-        }
-    }
-}
-AVX2 static void lora_bwd_avx2(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, const float *xa,
-                               const float *dy, float *dx, float *scratch) {
-    lora_bwd_body(x, M, K, N, l, xa, dy, dx, scratch);
-}
-static void lora_bwd_base(const float *x, int64_t M, int64_t K, int64_t N, const tr_lora *l, const float *xa,
-                          const float *dy, float *dx, float *scratch) {
-    lora_bwd_body(x, M, K, N, l, xa, dy, dx, scratch);
+static void scale_rows(float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
 void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
@@ -195,16 +61,22 @@ void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const f
     if (bias)
         for (int64_t m = 0; m < M; m++) axpyf(y + m * N, 1.0f, bias, N);
     if (!l) return;
-    if (have_avx2()) lora_fwd_avx2(x, M, K, N, l, xa, y);
-    else lora_fwd_base(x, M, K, N, l, xa, y);
+    int64_t r = l->r;
+    tr_gemm(tp, M, r, K, x, K, 1, l->a, r, 1, xa, r, 0); /* xa = scale x a */
+    scale_rows(xa, M * r, l->scale);
+    tr_gemm(tp, M, N, r, xa, r, 1, l->b, N, 1, y, N, TR_GEMM_ACC); /* y += xa b */
 }
 
 void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const tr_lora *l,
                    const float *xa, const float *dy, float *dx, float *scratch) {
     if (dx) tr_matmul_nn(tp, dy, M, N, w, K, dx);
     if (!l) return;
-    if (have_avx2()) lora_bwd_avx2(x, M, K, N, l, xa, dy, dx, scratch);
-    else lora_bwd_base(x, M, K, N, l, xa, dy, dx, scratch);
+    int64_t r = l->r;
+    tr_gemm(tp, r, N, M, xa, 1, r, dy, N, 1, l->gb, N, TR_GEMM_ACC);  /* gb += (scale x a)^T dy */
+    tr_gemm(tp, M, r, N, dy, N, 1, l->b, 1, N, scratch, r, 0);       /* dxa = scale dy b^T */
+    scale_rows(scratch, M * r, l->scale);
+    tr_gemm(tp, K, r, M, x, 1, K, scratch, r, 1, l->ga, r, TR_GEMM_ACC); /* ga += x^T dxa */
+    if (dx) tr_gemm(tp, M, K, r, scratch, r, 1, l->a, 1, r, dx, K, TR_GEMM_ACC); /* dx += dxa a^T */
 }
 
 /* ---- RMSNorm ------------------------------------------------------------- */
@@ -248,111 +120,257 @@ void tr_rope(float *x, int64_t T, int H, int hd, int pos0, const float *inv_freq
         }
 }
 
-/* ---- causal attention ---------------------------------------------------- */
+/* ---- exp over rows --------------------------------------------------------- */
 
-typedef struct attn_ctx {
-    const float *q, *k, *v, *p, *dout;
-    float *pw, *out, *dq, *dk, *dv;
-    int64_t T;
-    int Hq, Hkv, hd;
-    float scale;
-} attn_ctx;
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
 
-INL void attn_fwd_body(void *vctx, int g) {
-    const attn_ctx *c = vctx;
-    int64_t T = c->T, qs = (int64_t)c->Hq * c->hd, ks = (int64_t)c->Hkv * c->hd;
-    int per = c->Hq / c->Hkv;
-    for (int h = g * per; h < (g + 1) * per; h++)
-        for (int64_t i = 0; i < T; i++) {
-            float *p = c->pw + ((int64_t)h * T + i) * T;
-            const float *qi = c->q + i * qs + (int64_t)h * c->hd;
-            float mx = -INFINITY;
-            for (int64_t j = 0; j <= i; j++) {
-                p[j] = c->scale * dotf(qi, c->k + j * ks + (int64_t)g * c->hd, c->hd);
-                if (p[j] > mx) mx = p[j];
-            }
-            float sum = 0;
-            for (int64_t j = 0; j <= i; j++) sum += (p[j] = expf(p[j] - mx));
-            float inv = 1.0f / sum;
-            float *o = c->out + i * qs + (int64_t)h * c->hd;
-            memset(o, 0, sizeof(float) * (size_t)c->hd);
-            for (int64_t j = 0; j <= i; j++) {
-                p[j] *= inv;
-                axpyf(o, p[j], c->v + j * ks + (int64_t)g * c->hd, c->hd);
-            }
-            for (int64_t j = i + 1; j < T; j++) p[j] = 0;
-        }
+/* exp of 16 floats: 2^n e^r with n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts)
+ * and Cephes' degree-6 polynomial for e^r; within 2 ulp over [-87.3, 88.3] (x is clamped
+ * there: below it the result is ~1e-38, not 0). */
+INL v16 vexp(v16 x) {
+    const v16 lo = (v16){0} - 87.3f, hi = (v16){0} + 88.3f;
+    vi16 m = x < lo;
+    x = (v16)(((vi16)x & ~m) | ((vi16)lo & m));
+    m = x > hi;
+    x = (v16)(((vi16)x & ~m) | ((vi16)hi & m));
+    v16 t = x * 1.44269504088896341f + 0.5f;
+    vi16 n = __builtin_convertvector(t, vi16);
+    n += (vi16)(__builtin_convertvector(n, v16) > t); /* truncation to floor: -1 where it rounded up */
+    v16 nf = __builtin_convertvector(n, v16);
+    v16 r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+    v16 p = (v16){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    return p * (v16)((n + 127) << 23);
 }
 
-AVX2 static void attn_fwd_avx2(void *c, int g, int thread) { attn_fwd_body(c, g); }
-static void attn_fwd_task(void *c, int g, int thread) { attn_fwd_body(c, g); }
+/* y[i] = exp(mul * x[i] - sub), returning their sum (double over 16-wide float partial
+ * sums). y may be x. */
+INL double exp_sum_body(const float *x, int64_t n, float mul, float sub, float *y) {
+    double s = 0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v16 v;
+        memcpy(&v, x + i, sizeof v);
+        v = vexp(v * mul - sub);
+        memcpy(y + i, &v, sizeof v);
+        s += ((v[0] + v[8]) + (v[4] + v[12])) + ((v[2] + v[10]) + (v[6] + v[14])) +
+             (((v[1] + v[9]) + (v[5] + v[13])) + ((v[3] + v[11]) + (v[7] + v[15])));
+    }
+    if (i < n) { /* the tail through a zero-padded vector */
+        v16 v = {0};
+        memcpy(&v, x + i, sizeof(float) * (size_t)(n - i));
+        v = vexp(v * mul - sub);
+        memcpy(y + i, &v, sizeof(float) * (size_t)(n - i));
+        for (int64_t j = 0; j < n - i; j++) s += v[j];
+    }
+    return s;
+}
+
+/* x = wt * softmax(mul * x) over n values (mul > 0); returns the log-sum-exp of mul * x. */
+INL double softmax_body(float *x, int64_t n, float mul, float wt) {
+    v16 m = (v16){0} - INFINITY;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v16 v;
+        memcpy(&v, x + i, sizeof v);
+        vi16 gt = v > m;
+        m = (v16)(((vi16)v & gt) | ((vi16)m & ~gt));
+    }
+    float mx = -INFINITY;
+    for (int j = 0; j < 16; j++) mx = m[j] > mx ? m[j] : mx;
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = exp_sum_body(x, n, mul, mul * mx, x);
+    v16 f = (v16){0} + (float)(wt / sum);
+    for (i = 0; i + 16 <= n; i += 16) {
+        v16 v;
+        memcpy(&v, x + i, sizeof v);
+        v *= f;
+        memcpy(x + i, &v, sizeof v);
+    }
+    for (; i < n; i++) x[i] *= f[0];
+    return (double)(mul * mx) + log(sum);
+}
+
+#define AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,fma")))
+AVX512 static double exp_sum_avx512(const float *x, int64_t n, float mul, float sub, float *y) {
+    return exp_sum_body(x, n, mul, sub, y);
+}
+static double exp_sum_base(const float *x, int64_t n, float mul, float sub, float *y) {
+    return exp_sum_body(x, n, mul, sub, y);
+}
+AVX512 static double softmax_avx512(float *x, int64_t n, float mul, float wt) { return softmax_body(x, n, mul, wt); }
+static double softmax_base(float *x, int64_t n, float mul, float wt) { return softmax_body(x, n, mul, wt); }
+static int have_avx512(void) {
+    static int v = -1;
+    if (v < 0) v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    return v;
+}
+static double exp_sum(const float *x, int64_t n, float mul, float sub, float *y) {
+    return have_avx512() ? exp_sum_avx512(x, n, mul, sub, y) : exp_sum_base(x, n, mul, sub, y);
+}
+static double softmax(float *x, int64_t n, float mul, float wt) {
+    return have_avx512() ? softmax_avx512(x, n, mul, wt) : softmax_base(x, n, mul, wt);
+}
+
+/* ---- rows over the pool --------------------------------------------------------- */
+
+/* fn(ctx, row) for rows 0..n, in blocks handed to the pool: the row-wise steps between the
+ * products (softmaxes, SiLU) would otherwise run on one core while the others wait. */
+typedef void (*row_fn)(void *ctx, int64_t row);
+typedef struct rows_job {
+    row_fn fn;
+    void *ctx;
+    int64_t n, per;
+} rows_job;
+
+static void rows_task(void *vj, int task, int thread) {
+    const rows_job *j = vj;
+    int64_t r1 = ((int64_t)task + 1) * j->per < j->n ? ((int64_t)task + 1) * j->per : j->n;
+    for (int64_t r = (int64_t)task * j->per; r < r1; r++) j->fn(j->ctx, r);
+}
+
+static void for_rows(threadpool *tp, int64_t n, row_fn fn, void *ctx) {
+    int64_t tasks = 8 * (int64_t)tp_threads(tp);
+    rows_job j = {.fn = fn, .ctx = ctx, .n = n, .per = (n + tasks - 1) / tasks};
+    if (j.per < 1) j.per = 1;
+    tp_run(tp, (int)((n + j.per - 1) / j.per), rows_task, &j);
+}
+
+/* ---- causal attention ----------------------------------------------------- *
+ * Per query head h (group g = h / (Hq / Hkv)), with S = scale Q K^T and P its causal
+ * softmax, every product goes to tr_gemm_batch (all heads in one call) with the causal
+ * flags (half the work):
+ * forward S = Q K^T, O = P V; backward dP = dO V^T, dS = P (dP - rowsum(P dP)),
+ * dQ = scale dS K, dK += scale dS^T Q, dV += P^T dO. */
+
+typedef struct attn_rows {
+    const float *p;
+    float *s;
+    int64_t T;
+    float scale;
+} attn_rows;
+
+/* row r (head r / T, query r % T) of S: its causal softmax (the masked tail zero) */
+static void softmax_row(void *vc, int64_t r) {
+    const attn_rows *c = vc;
+    int64_t i = r % c->T;
+    softmax(c->s + r * c->T, i + 1, c->scale, 1.0f);
+    memset(c->s + r * c->T + i + 1, 0, sizeof(float) * (size_t)(c->T - i - 1));
+}
+
+/* row r of dP becomes dS = scale P (dP - sum_j P dP) (the masked tail zero) */
+static void dsoftmax_row(void *vc, int64_t row) {
+    const attn_rows *c = vc;
+    int64_t i = row % c->T;
+    const float *pr = c->p + row * c->T;
+    float *r = c->s + row * c->T, dot = 0;
+    for (int64_t j = 0; j <= i; j++) dot += pr[j] * r[j];
+    for (int64_t j = 0; j <= i; j++) r[j] = c->scale * pr[j] * (r[j] - dot);
+    memset(r + i + 1, 0, sizeof(float) * (size_t)(c->T - i - 1));
+}
 
 void tr_attn_fwd(threadpool *tp, const float *q, const float *k, const float *v, int64_t T, int Hq, int Hkv, int hd,
                  float scale, float *p, float *out) {
-    attn_ctx c = {.q = q, .k = k, .v = v, .pw = p, .out = out, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd, .scale = scale};
-    tp_run(tp, Hkv, have_avx2() ? attn_fwd_avx2 : attn_fwd_task, &c);
+    int64_t qs = (int64_t)Hq * hd, ks = (int64_t)Hkv * hd, TT = T * T;
+    int per = Hq / Hkv;
+    tr_gemm_batch(tp, Hq, T, T, hd, q, qs, 1, hd, k, 1, ks, hd, per, p, T, TT, TR_GEMM_CAUSAL);
+    attn_rows c = {.s = p, .T = T, .scale = scale};
+    for_rows(tp, Hq * T, softmax_row, &c);
+    tr_gemm_batch(tp, Hq, T, hd, T, p, T, 1, TT, v, ks, 1, hd, per, out, qs, hd, TR_GEMM_K_LE_M);
 }
-
-INL void attn_bwd_body(void *vctx, int g) {
-    const attn_ctx *c = vctx;
-    int64_t T = c->T, qs = (int64_t)c->Hq * c->hd, ks = (int64_t)c->Hkv * c->hd, hd = c->hd;
-    int per = c->Hq / c->Hkv;
-    float *ds = malloc(sizeof(float) * (size_t)T);
-    for (int64_t j = 0; j < T; j++) {
-        memset(c->dk + j * ks + g * hd, 0, sizeof(float) * (size_t)hd);
-        memset(c->dv + j * ks + g * hd, 0, sizeof(float) * (size_t)hd);
-    }
-    for (int h = g * per; h < (g + 1) * per; h++)
-        for (int64_t i = 0; i < T; i++) {
-            const float *p = c->p + ((int64_t)h * T + i) * T;
-            const float *doi = c->dout + i * qs + h * hd, *qi = c->q + i * qs + h * hd;
-            float dot = 0;
-            for (int64_t j = 0; j <= i; j++) {
-                ds[j] = dotf(doi, c->v + j * ks + g * hd, hd);
-                dot += p[j] * ds[j];
-                axpyf(c->dv + j * ks + g * hd, p[j], doi, hd);
-            }
-            float *dqi = c->dq + i * qs + h * hd;
-            memset(dqi, 0, sizeof(float) * (size_t)hd);
-            for (int64_t j = 0; j <= i; j++) {
-                float s = c->scale * p[j] * (ds[j] - dot);
-                axpyf(dqi, s, c->k + j * ks + g * hd, hd);
-                axpyf(c->dk + j * ks + g * hd, s, qi, hd);
-            }
-        }
-    free(ds);
-}
-
-AVX2 static void attn_bwd_avx2(void *c, int g, int thread) { attn_bwd_body(c, g); }
-static void attn_bwd_task(void *c, int g, int thread) { attn_bwd_body(c, g); }
 
 void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v, const float *p, const float *dout,
-                 int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv) {
-    attn_ctx c = {.q = q, .k = k, .v = v, .p = p, .dout = dout, .dq = dq, .dk = dk, .dv = dv, .T = T, .Hq = Hq,
-                  .Hkv = Hkv, .hd = hd, .scale = scale};
-    tp_run(tp, Hkv, have_avx2() ? attn_bwd_avx2 : attn_bwd_task, &c);
+                 int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv, float *ds) {
+    int64_t qs = (int64_t)Hq * hd, ks = (int64_t)Hkv * hd, TT = T * T;
+    int per = Hq / Hkv;
+    tr_gemm_batch(tp, Hq, T, T, hd, dout, qs, 1, hd, v, 1, ks, hd, per, ds, T, TT, TR_GEMM_CAUSAL); /* dP */
+    attn_rows c = {.p = p, .s = ds, .T = T, .scale = scale};
+    for_rows(tp, Hq * T, dsoftmax_row, &c);
+    tr_gemm_batch(tp, Hq, T, hd, T, ds, T, 1, TT, k, ks, 1, hd, per, dq, qs, hd, TR_GEMM_K_LE_M);
+    /* dK, dV: a sum over each group's heads, so one batch (one head of every group) at a time */
+    for (int j = 0; j < per; j++) {
+        int flags = TR_GEMM_K_GE_M | (j ? TR_GEMM_ACC : 0);
+        tr_gemm_batch(tp, Hkv, T, hd, T, ds + j * TT, 1, T, per * TT, q + j * hd, qs, 1, per * hd, 1, dk, ks, hd,
+                      flags);
+        tr_gemm_batch(tp, Hkv, T, hd, T, p + j * TT, 1, T, per * TT, dout + j * hd, qs, 1, per * hd, 1, dv, ks, hd,
+                      flags);
+    }
 }
 
 /* ---- SiLU-gated product ---------------------------------------------------- */
 
-void tr_silu_mul_fwd(const float *g, const float *u, int64_t n, float *h) {
-    for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+#define SILU_ROW 4096 /* values per row of the pool's work */
+typedef struct silu_job {
+    const float *g, *u, *dh;
+    float *h, *dg, *du;
+    int64_t n;
+} silu_job;
+
+static void silu_fwd_row(void *vc, int64_t r) {
+    const silu_job *c = vc;
+    int64_t i0 = r * SILU_ROW, n = c->n - i0 < SILU_ROW ? c->n - i0 : SILU_ROW;
+    const float *g = c->g + i0, *u = c->u + i0;
+    float *h = c->h + i0;
+    exp_sum(g, n, -1.0f, 0.0f, h); /* exp(-g), for the sigmoid */
+    for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + h[i]) * u[i];
 }
 
-void tr_silu_mul_bwd(const float *g, const float *u, const float *dh, int64_t n, float *dg, float *du) {
+static void silu_bwd_row(void *vc, int64_t r) {
+    const silu_job *c = vc;
+    int64_t i0 = r * SILU_ROW, n = c->n - i0 < SILU_ROW ? c->n - i0 : SILU_ROW;
+    const float *g = c->g + i0, *u = c->u + i0, *dh = c->dh + i0;
+    float *dg = c->dg + i0, *du = c->du + i0;
+    exp_sum(g, n, -1.0f, 0.0f, dg);
     for (int64_t i = 0; i < n; i++) {
-        float s = 1.0f / (1.0f + expf(-g[i]));
+        float s = 1.0f / (1.0f + dg[i]);
         du[i] = dh[i] * g[i] * s;
         dg[i] = dh[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
     }
 }
 
+void tr_silu_mul_fwd(threadpool *tp, const float *g, const float *u, int64_t n, float *h) {
+    silu_job c = {.g = g, .u = u, .h = h, .n = n};
+    for_rows(tp, (n + SILU_ROW - 1) / SILU_ROW, silu_fwd_row, &c);
+}
+
+void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float *dh, int64_t n, float *dg,
+                     float *du) {
+    silu_job c = {.g = g, .u = u, .dh = dh, .dg = dg, .du = du, .n = n};
+    for_rows(tp, (n + SILU_ROW - 1) / SILU_ROW, silu_bwd_row, &c);
+}
+
 /* ---- cross-entropy --------------------------------------------------------- */
+
+typedef struct xent_rows {
+    float *z;
+    int64_t V;
+    const int64_t *rows;
+    const int32_t *targets;
+    const float *weight;
+    float *ce;
+} xent_rows;
+
+/* logits row r becomes weight (softmax - onehot(target)); ce[r] its cross-entropy */
+static void xent_row(void *vc, int64_t r) {
+    const xent_rows *c = vc;
+    float *zr = c->z + r * c->V, wt = c->weight[c->rows[r]];
+    int32_t t = c->targets[c->rows[r]];
+    float zt = zr[t];
+    c->ce[r] = (float)softmax(zr, c->V, 1.0f, wt) - zt;
+    zr[t] -= wt;
+}
 
 double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
                const int32_t *targets, const float *weight, float *dh, float *ce, float *scratch) {
     float *z = scratch, *hc = scratch + (int64_t)TR_XENT_ROWS * V, *dc = hc + (int64_t)TR_XENT_ROWS * D;
     int64_t rows[TR_XENT_ROWS];
+    float row_ce[TR_XENT_ROWS];
     double total = 0;
     memset(dh, 0, sizeof(float) * (size_t)(M * D));
     if (ce) memset(ce, 0, sizeof(float) * (size_t)M);
@@ -366,17 +384,11 @@ double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float
             }
         if (!n) break;
         tr_matmul_nt(tp, hc, n, D, w, V, z, 0);
-        for (int r = 0; r < n; r++) {
-            float *zr = z + (int64_t)r * V, mx = -INFINITY;
-            for (int64_t j = 0; j < V; j++) mx = zr[j] > mx ? zr[j] : mx;
-            double sum = 0;
-            for (int64_t j = 0; j < V; j++) sum += expf(zr[j] - mx);
-            float lse = mx + (float)log(sum), wt = weight[rows[r]];
-            int32_t t = targets[rows[r]];
-            total += (double)wt * (lse - zr[t]);
-            if (ce) ce[rows[r]] = lse - zr[t];
-            for (int64_t j = 0; j < V; j++) zr[j] = wt * expf(zr[j] - lse);
-            zr[t] -= wt;
+        xent_rows c = {.z = z, .V = V, .rows = rows, .targets = targets, .weight = weight, .ce = row_ce};
+        for_rows(tp, n, xent_row, &c);
+        for (int r = 0; r < n; r++) { /* in row order: the same sum whatever the threads */
+            total += (double)weight[rows[r]] * row_ce[r];
+            if (ce) ce[rows[r]] = row_ce[r];
         }
         memset(dc, 0, sizeof(float) * (size_t)(n * D));
         tr_matmul_nn(tp, z, n, V, w, D, dc);

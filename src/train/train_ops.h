@@ -10,9 +10,29 @@
 #include "base/threadpool.h"
 #include <stdint.h>
 
-/* y[M,N] = x[M,K] . w[N,K]^T, or += when acc. Threaded over blocks of w's rows. */
+/* C[M,N] = A[M,K] B[K,N] (+= with TR_GEMM_ACC) in float32 (train_gemm.c), any strides:
+ * A(m,k) = a[m*sam + k*sak], B(k,n) = b[k*sbk + n*sbn], C(m,n) = c[m*ldc + n]. Each output
+ * is one sum in k order whatever the threads. tp may be NULL. For causal attention:
+ * TR_GEMM_CAUSAL: outputs with n > m are not wanted (some are left unwritten);
+ * TR_GEMM_K_LE_M / TR_GEMM_K_GE_M: A(m,k) is zero for k > m / k < m, so whole blocks of
+ * those terms are skipped (the ones near the diagonal are read: they must be zeros). */
+/* batch products at once (one round of the pool): product i reads a + i a_bs and
+ * b + (i / b_div) b_bs (b_div query heads share a KV head) and writes c + i c_bs. */
+void tr_gemm_batch(threadpool *tp, int batch, int64_t M, int64_t N, int64_t K, const float *a, int64_t sam,
+                   int64_t sak, int64_t a_bs, const float *b, int64_t sbk, int64_t sbn, int64_t b_bs, int b_div,
+                   float *c, int64_t ldc, int64_t c_bs, int flags);
+/* Frees the calling thread's packing workspace (kept between tr_gemm calls). */
+void tr_gemm_release(void);
+#define TR_GEMM_ACC 1
+#define TR_GEMM_CAUSAL 2
+#define TR_GEMM_K_LE_M 4
+#define TR_GEMM_K_GE_M 8
+void tr_gemm(threadpool *tp, int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak,
+             const float *b, int64_t sbk, int64_t sbn, float *c, int64_t ldc, int flags);
+
+/* y[M,N] = x[M,K] . w[N,K]^T, or += when acc. */
 void tr_matmul_nt(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int acc);
-/* dx[M,K] += dy[M,N] . w[N,K]. Threaded over blocks of dx's rows. */
+/* dx[M,K] += dy[M,N] . w[N,K]. */
 void tr_matmul_nn(threadpool *tp, const float *dy, int64_t M, int64_t N, const float *w, int64_t K, float *dx);
 
 /* A LoRA pair in MLX's layout: a [K, r], b [r, N]; y gains scale * (x a) b. ga, gb: their
@@ -23,10 +43,11 @@ typedef struct tr_lora {
     float scale;
 } tr_lora;
 
-/* y[M,N] = x w^T (+ bias) (+ scale * (x a) b when l); xa [M, r]: x a, kept for the backward. */
+/* y[M,N] = x w^T (+ bias) (+ scale * (x a) b when l); xa [M, r]: scale * x a, kept for the
+ * backward. */
 void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
                    const tr_lora *l, float *xa, float *y);
-/* dx[M,K] += dy w + scale * (dy b^T) a^T; l->ga += x^T (scale * dy b^T), l->gb += scale * xa^T dy.
+/* dx[M,K] += dy w + scale * (dy b^T) a^T; l->ga += x^T (scale * dy b^T), l->gb += xa^T dy.
  * dx may be NULL (no input gradient needed). scratch: M * r floats. */
 void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const tr_lora *l,
                    const float *xa, const float *dy, float *dx, float *scratch);
@@ -46,19 +67,20 @@ void tr_rope(float *x, int64_t T, int H, int hd, int pos0, const float *inv_freq
  * p [Hq, T, T]: the softmax probabilities kept for the backward (rows i, columns <= i). */
 void tr_attn_fwd(threadpool *tp, const float *q, const float *k, const float *v, int64_t T, int Hq, int Hkv, int hd,
                  float scale, float *p, float *out);
-/* dq, dk, dv are overwritten (not added to). */
+/* dq, dk, dv are overwritten (not added to). scratch: Hq * T * T floats. */
 void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v, const float *p, const float *dout,
-                 int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv);
+                 int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv, float *scratch);
 
 /* h = silu(g) * u over n values; the backward overwrites dg and du. */
-void tr_silu_mul_fwd(const float *g, const float *u, int64_t n, float *h);
-void tr_silu_mul_bwd(const float *g, const float *u, const float *dh, int64_t n, float *dg, float *du);
+void tr_silu_mul_fwd(threadpool *tp, const float *g, const float *u, int64_t n, float *h);
+void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float *dh, int64_t n, float *dg,
+                     float *du);
 
 /* Cross-entropy of the logits h[M,D] w[V,D]^T against targets: rows with weight[i] == 0
  * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten) to
  * its gradient; ce (NULL: not wanted) gets each row's ce_i (0 for skipped rows). scratch:
  * TR_XENT_ROWS * (V + 2 * D) floats. */
-#define TR_XENT_ROWS 64
+#define TR_XENT_ROWS 256
 double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
                const int32_t *targets, const float *weight, float *dh, float *ce, float *scratch);
 #endif

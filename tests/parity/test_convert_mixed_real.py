@@ -1,20 +1,24 @@
 """Mixed precision on a real model: the plan `hearth convert -q --target-bpw 4.5` chose for
 SmolLM2-135M-Instruct (bench/convert_mixed/run.py measured it and recorded it in
 bench/results/convert_mixed.md), re-applied with `hearth convert -q --plan` (the same
-fitted scales and biases, no measuring), adds at most 0.7x the mean KL of uniform 4-bit at
+fitted scales and biases, no measuring), adds at most 0.62x the mean KL of uniform 4-bit at
 group 64 (what mlx_lm.convert -q writes, byte for byte) in no more bytes, on held-out text
-the calibration never saw. The issue's target is 0.7x; the bench measured the ratio the
-results file gives on 8 rows of 512 with hearth's scorer.
+the calibration never saw. The issue's target is 0.7x; the bound here is 0.62x (measured
+0.572x on these rows, 0.553x on the bench's 8 rows of 512).
 
-The oracle here is mlx-lm: it loads both folders (per-module bits and group sizes from
-config.json) and the float32 reference, and computes the logits of 4 rows of 256 held-out
-tokens; the KL is numpy's. Skips when the real model or the LoCoMo data is absent."""
+mlx-lm loads the re-applied folder with every module at its recorded bits and group size
+(config.json as mlx-lm records mixed precision), and its dequantizer reads the fitted scales
+(tests/parity/test_convert.py checks them against mx.quantize's). Both models are scored
+with hearth perplexity --kl-divergence against the float32 reference on 4 rows of 256
+held-out tokens (hearth's KL statistics equal numpy's on the saved log-probs,
+tests/parity/test_perplexity.py); computing the logits with mlx-lm instead takes mlx's CPU
+quantized matmul over ten minutes here. Skips when the real model or the LoCoMo data is
+absent."""
 import json
 import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import mixed_data
@@ -32,26 +36,11 @@ def hearth(*args):
     return p.stdout
 
 
-def log_probs(folder, tokens):
-    """mlx-lm's log-softmax of the logits of every position of every row (float64)."""
-    import mlx.core as mx
-    from mlx_lm.utils import load
-
-    model, _ = load(str(folder))
-    out = []
-    for row in tokens:
-        x = np.array(model(mx.array(row[None, :])).astype(mx.float32))[0].astype(np.float64)
-        x -= x.max(axis=-1, keepdims=True)
-        out.append(x - np.log(np.exp(x).sum(axis=-1, keepdims=True)))
-    return np.stack(out)
-
-
 def test_target_bpw_plan_vs_uniform_4bit_on_smollm2(tmp_path):
     why = mixed_data.missing()
     if why:
         pytest.skip(why)
     import mlx.core as mx
-    from transformers import AutoTokenizer
 
     recorded = results_file.read("convert_mixed")
     plan = recorded["plan"]
@@ -73,20 +62,22 @@ def test_target_bpw_plan_vs_uniform_4bit_on_smollm2(tmp_path):
     assert mw == uw and mb <= ub and mb / mw <= 4.5, (mb / mw, ub / uw)
     assert len({(v["bits"], v["group_size"]) for v in plan.values()}) > 1  # a mixed plan, not a uniform one
 
-    tok = AutoTokenizer.from_pretrained(str(ref))
-    ids = []
-    for line in open(held):
-        ids += tok(json.loads(line)["text"])["input_ids"]
-        if len(ids) >= ROWS * LENGTH:
-            break
-    tokens = np.array(ids[: ROWS * LENGTH]).reshape(ROWS, LENGTH)
-    p_ref = log_probs(ref, tokens)
+    from mlx_lm.utils import load
 
-    def mean_kl(folder):
-        lp = log_probs(folder, tokens)
-        return float((np.exp(p_ref) * (p_ref - lp)).sum(axis=-1).mean())
+    model, _ = load(str(mixed))
+    loaded = {k: {"bits": m.bits, "group_size": m.group_size} for k, m in model.named_modules() if hasattr(m, "bits")}
+    assert loaded == plan
+    del model
 
-    k_uniform, k_mixed = mean_kl(uniform), mean_kl(mixed)
+    logits = tmp_path / "reference.logprobs"
+
+    def mean_kl(folder, *ref_args):
+        out = hearth("perplexity", folder, "--data-path", held, "--sequence-length", LENGTH, "--num-samples", ROWS,
+                     "--kl-divergence", *ref_args, "--reference-logits", logits, "--json")
+        return json.loads(out)["kl_divergence"]["mean"]
+
+    k_uniform, k_mixed = mean_kl(uniform, "--reference", ref), mean_kl(mixed)
     ratio = k_mixed / k_uniform
     print(f"mean KL: mixed {k_mixed:.4f}, uniform 4-bit {k_uniform:.4f}, ratio {ratio:.3f}")
-    assert ratio <= 0.7, f"mixed KL {k_mixed:.4f} vs uniform 4-bit {k_uniform:.4f}: {ratio:.3f}x"
+    # the issue's target is 0.7; this plan measured 0.572 here (0.553 on the bench's 8 rows of 512)
+    assert ratio <= 0.62, f"mixed KL {k_mixed:.4f} vs uniform 4-bit {k_uniform:.4f}: {ratio:.3f}x"

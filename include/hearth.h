@@ -18,7 +18,7 @@ extern "C" {
 /* The version of this API: raised when a declaration here changes incompatibly (a
  * removed or changed function, a struct whose layout changes), which also changes the
  * shared library's soname (libhearth.so.<HEARTH_API_VERSION - 1>). */
-#define HEARTH_API_VERSION 1
+#define HEARTH_API_VERSION 2
 
 typedef enum hearth_status {
     HEARTH_OK = 0,

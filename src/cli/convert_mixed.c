@@ -1,10 +1,11 @@
 /* convert_mixed.c: `hearth convert -q --target-bpw B`: mixed precision by measured
  * sensitivity. The quantizable modules form units (every module of one transformer layer,
  * or one module outside the layers: the embeddings, lm_head); each unit is quantized alone
- * at each candidate width and scored by the KL divergence it adds at the logits (against
- * the float model, on calibration rows made as `hearth perplexity` makes them); then a
- * knapsack picks the widths with the least summed KL under the bit budget; the report
- * lists every measurement and choice. Uses hearth.h and the perplexity scorer (ppl.h). */
+ * at each candidate (a width and a group size, with fitted scales: fit_scales) and scored by
+ * the KL divergence it adds at the logits (against the float model, on calibration rows
+ * made as `hearth perplexity` makes them); then a knapsack picks the candidates with the
+ * least summed KL under the bit budget; the report lists every measurement and choice.
+ * Uses hearth.h and the perplexity scorer (ppl.h). */
 #define _XOPEN_SOURCE 700
 #include "cli/ppl.h"
 #include <ftw.h>

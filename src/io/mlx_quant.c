@@ -1,7 +1,9 @@
 /* mlx_quant.c: MLX affine quantization: reads the quantization section of config.json
  * the way mlx-lm's load_model does, dequantizes packed uint32 weights bit-exactly
- * against mx.dequantize and quantizes float rows bit-exactly as mx.quantize (convert). Reference code for loaders and tests; the fast matmul kernels
- * live in backend/ and must agree with mlxq_dequantize. */
+ * against mx.dequantize and quantizes float rows bit-exactly as mx.quantize (convert -q),
+ * or with each group's scale and bias fitted to the least squared error (--target-bpw).
+ * Reference code for loaders and tests; the fast matmul kernels live in backend/ and must
+ * agree with mlxq_dequantize. */
 #include "io/mlx_quant.h"
 #include "base/err.h"
 #include "base/half.h"
@@ -392,9 +394,11 @@ static mlxq_fit_sums mlxq_fit_eval(const float *x, int n, float n_bins, float sc
 }
 
 /* Number of starting steps tried per group: the range over n_bins + k/4 steps for k in
- * [-2, 5] (a slightly wider step clips the extremes, a narrower one fits the middle);
- * each start then takes MLXQ_FIT_ROUNDS least-squares refits of its codes. Eight starts
- * and two refits: past that the summed error of SmolLM2's weights moved under 0.5%. */
+ * [-2, 5] (a narrower step than min/max's clips the extremes to fit the middle finer, a
+ * wider one leaves room past them); each start then takes MLXQ_FIT_ROUNDS least-squares
+ * refits of its codes. A small search, not a tuned one: `hearth convert` of SmolLM2-135M
+ * takes about 14 s with it (1.2 s without), and the error it leaves is 0.71-0.90 of
+ * mx.quantize's on bell-shaped weights (tests/unit/test_mlx_quant.c). */
 #define MLXQ_FIT_STARTS 8
 #define MLXQ_FIT_ROUNDS 2
 

@@ -289,8 +289,8 @@ static int cmp_double(const void *a, const void *b) {
 /* The row scorers: GCC vector extensions, 8 floats a vector, so each step of these loops
  * is a handful of vector instructions (AVX2 where the CPU has it, a pair of SSE2 ones where
  * not: target_clones picks at load time); they read every logit once or twice, where a
- * plain loop with libm's expf and a running argmax made scoring a third of
- * `hearth perplexity`'s time (bench/results/perplexity.md). */
+ * plain loop with libm's expf and a running argmax, on one thread, took about 15% of
+ * `hearth perplexity`'s time (bench/results/perplexity.md has the rates before and after). */
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef double v8d __attribute__((vector_size(64)));

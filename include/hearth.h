@@ -18,7 +18,7 @@ extern "C" {
 /* The version of this API: raised when a declaration here changes incompatibly (a
  * removed or changed function, a struct whose layout changes), which also changes the
  * shared library's soname (libhearth.so.<HEARTH_API_VERSION - 1>). */
-#define HEARTH_API_VERSION 1
+#define HEARTH_API_VERSION 2
 
 typedef enum hearth_status {
     HEARTH_OK = 0,
@@ -765,9 +765,14 @@ typedef struct hearth_convert_options {
      * mixed_3_6, mixed_4_6): per-module widths, each recorded in config.json */
     const char *quant_recipe;
     /* NULL, or (with quantize, no recipe) each module's width by its path, e.g.
-     * "model.layers.3.mlp.down_proj" (0: keep it float); recorded in config.json */
-    int (*choose_bits)(void *choose_user, const char *module);
+     * "model.layers.3.mlp.down_proj" (0: keep it float), and optionally its group size
+     * (*group_size comes set to group_size; 32, 64 or 128); recorded in config.json */
+    int (*choose_bits)(void *choose_user, const char *module, int *group_size);
     void *choose_user;
+    /* 1: each group's scale and bias chosen to minimise the group's squared error
+     * (mlxq_quantize_fit) instead of mx.quantize's min/max rule: same format, not
+     * bit-identical to mlx_lm.convert. --target-bpw sets it; plain -q does not. */
+    int fit_scales;
     /* NULL: the MLX folder above. Else out_dir is one GGUF file, 2-D weights in this type
      * (llama.cpp's names: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1; bytes as the gguf
      * package's quantizers; or the file types q6_k, q4_k_m: each weight's type and bytes as

@@ -58,7 +58,7 @@ def quantized_bits(folder):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--target-bpw", type=float, default=4.5)
-    ap.add_argument("--candidate-bits", default="3,4,5,6")
+    ap.add_argument("--candidate-bits", default="3,4,4:32,5")
     ap.add_argument("--n-calibration", type=int, default=4)
     ap.add_argument("--calibration-length", type=int, default=256)
     ap.add_argument("--num-samples", type=int, default=8, help="held-out rows of --sequence-length")
@@ -74,7 +74,9 @@ def main():
     loads = [os.getloadavg()[0]]
     recipes = [("uniform 4-bit, group 64", ["--q-bits", "4", "--q-group-size", "64"]),
                ("uniform 4-bit, group 32", ["--q-bits", "4", "--q-group-size", "32"]),
-               (f"--target-bpw {a.target_bpw} (candidates {a.candidate_bits}, group 64)",
+               ("uniform 4-bit, group 64, fitted scales (--target-bpw 4.5 --candidate-bits 4)",
+                ["--target-bpw", 4.5, "--candidate-bits", "4", "--calibration-data", calib]),
+               (f"--target-bpw {a.target_bpw} (candidates {a.candidate_bits}; group 64 unless :32)",
                 ["--target-bpw", a.target_bpw, "--candidate-bits", a.candidate_bits, "--calibration-data", calib,
                  "--n-calibration", a.n_calibration, "--calibration-length", a.calibration_length])]
     rows, report, plan = [], None, None
@@ -83,10 +85,10 @@ def main():
         out = os.path.join(tmp, f"m{i}")
         text, secs = hearth("convert", f16, "--out", out, "-q", *flags)
         loads.append(os.getloadavg()[0])
-        if "--target-bpw" in flags:
+        if "--target-bpw" in flags and a.candidate_bits in flags:
             report = text
             q = json.load(open(os.path.join(out, "config.json")))["quantization"]
-            plan = {k: v["bits"] for k, v in q.items() if isinstance(v, dict)}
+            plan = {k: {"bits": v["bits"], "group_size": v["group_size"]} for k, v in q.items() if isinstance(v, dict)}
         bits, weights = quantized_bits(out)
         ref_args = ["--reference", ref] if not os.path.exists(ref_logits) else []
         js, ppl_secs = hearth("perplexity", out, "--data-path", held, "--sequence-length", a.sequence_length,

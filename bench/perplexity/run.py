@@ -3,14 +3,18 @@
 same model, same threads, same run, alternating: SmolLM2-135M-Instruct Q4_1 (the real GGUF),
 rows of 512 tokens of LoCoMo held-out text (tests/parity/mixed_data.py). Perplexity is timed
 plain and with --kl-divergence against saved reference log-probs (the Q8_0 GGUF's, made
-once, not timed). Writes bench/results/perplexity.md (bench/results_file.py).
+once, not timed). With --baseline OTHER_HEARTH, another build's perplexity (an earlier
+commit) is timed in the same alternation and listed beside. Writes
+bench/results/perplexity.md (bench/results_file.py).
 
     HEARTH_BIN=build/bin/hearth .venv/bin/python bench/perplexity/run.py [--threads 2] [--repeat 2]
+        [--baseline /path/to/older/hearth --baseline-name "main at abc1234"]
 """
 import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -27,10 +31,18 @@ BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "build", "bin", "hearth"))
 REF_GGUF = mixed_data.CACHE / "bench" / "smollm2-135m-instruct-q8_0.gguf"
 
 
-def hearth(*args):
-    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
+CPU_SECONDS = {}  # run kind -> CPU seconds (user + sys) of each process, model load included
+
+
+def hearth(*args, binary=BIN, kind=None):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run([binary, *map(str, args)], capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"hearth {' '.join(map(str, args))} failed: {p.stderr}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if kind:
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        CPU_SECONDS.setdefault(kind, []).append(cpu)
     return json.loads(p.stdout)
 
 
@@ -39,6 +51,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--num-samples", type=int, default=8)
+    ap.add_argument("--baseline", help="another hearth binary whose perplexity is timed beside")
+    ap.add_argument("--baseline-name", default="baseline")
     a = ap.parse_args()
     why = mixed_data.missing() or (None if REF_GGUF.exists() else f"{REF_GGUF} missing: run bench/cpu_vs_llamacpp")
     if why:
@@ -50,18 +64,26 @@ def main():
     ref = os.path.join(tmp, "ref.logprobs")
     hearth("perplexity", REF_GGUF, *ppl, "--save-logits", ref)
     runs, loads = {"prefill": [], "perplexity": [], "perplexity_kl": []}, [os.getloadavg()[0]]
+    if a.baseline:
+        runs.update({"baseline_perplexity": [], "baseline_perplexity_kl": []})
     for _ in range(a.repeat):
         runs["prefill"].append(hearth("bench", model, "-p", L, "-n", 1, "-r", 1, "-t", t, "--json")["prefill_tps"])
-        runs["perplexity"].append(hearth("perplexity", model, *ppl)["tok_s"])
+        runs["perplexity"].append(hearth("perplexity", model, *ppl, kind="perplexity")["tok_s"])
         runs["perplexity_kl"].append(hearth("perplexity", model, *ppl, "--kl-divergence", "--reference-logits",
-                                            ref)["tok_s"])
+                                            ref, kind="perplexity_kl")["tok_s"])
+        if a.baseline:
+            runs["baseline_perplexity"].append(hearth("perplexity", model, *ppl, binary=a.baseline,
+                                                      kind="baseline_perplexity")["tok_s"])
+            runs["baseline_perplexity_kl"].append(hearth("perplexity", model, *ppl, "--kl-divergence",
+                                                         "--reference-logits", ref, binary=a.baseline,
+                                                         kind="baseline_perplexity_kl")["tok_s"])
         loads.append(os.getloadavg()[0])
         print(json.dumps(runs), flush=True)
     best = {k: max(v) for k, v in runs.items()}
     cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")),
                platform.machine())
     res = {"model": "SmolLM2-135M-Instruct Q4_1 GGUF", "sequence_length": L, "rows": a.num_samples,
-           "threads": t, "runs": runs, "best": best,
+           "threads": t, "runs": runs, "best": best, "cpu_seconds": CPU_SECONDS, "baseline": a.baseline_name if a.baseline else None,
            "ratio_perplexity_vs_prefill": best["perplexity"] / best["prefill"],
            "ratio_perplexity_kl_vs_prefill": best["perplexity_kl"] / best["prefill"],
            "machine": f"{cpu}, {os.cpu_count()} cores", "load_average": {"min": min(loads), "max": max(loads)},
@@ -69,11 +91,18 @@ def main():
     md = ["# hearth perplexity vs the engine's prefill rate, SmolLM2-135M-Instruct Q4_1", "",
           f"Rows of {L} tokens ({a.num_samples} rows, LoCoMo held-out text), {t} threads, best of {a.repeat} "
           "alternating runs (tok/s; every run listed in the json below).", "",
-          "| | tok/s | vs prefill |", "| --- | ---: | ---: |",
-          f"| `hearth bench -p {L}` prefill | {best['prefill']:.0f} | 1.00 |",
-          f"| `hearth perplexity` | {best['perplexity']:.0f} | {res['ratio_perplexity_vs_prefill']:.2f} |",
-          f"| `hearth perplexity --kl-divergence` (saved reference) | {best['perplexity_kl']:.0f} | "
-          f"{res['ratio_perplexity_kl_vs_prefill']:.2f} |", "",
+          "The CPU seconds (user + sys of the whole process, model load included, the least of the runs) "
+          "move less with other users' load than the rates do.", "",
+          "| | tok/s | vs prefill | CPU s |", "| --- | ---: | ---: | ---: |",
+          f"| `hearth bench -p {L}` prefill | {best['prefill']:.0f} | 1.00 | |"]
+    rows = [("perplexity", "`hearth perplexity`"),
+            ("perplexity_kl", "`hearth perplexity --kl-divergence` (saved reference)")]
+    if a.baseline:
+        rows += [("baseline_perplexity", f"`hearth perplexity`, {a.baseline_name}"),
+                 ("baseline_perplexity_kl", f"`hearth perplexity --kl-divergence`, {a.baseline_name}")]
+    md += [f"| {label} | {best[k]:.0f} | {best[k] / best['prefill']:.2f} | {min(CPU_SECONDS[k]):.2f} |"
+           for k, label in rows]
+    md += ["",
           f"Machine: {res['machine']}, load average {min(loads):.1f} .. {max(loads):.1f} (shared by other users: "
           f"the absolute rates move with it, the ratios less). Run {res['date']}: `{res['command']}`.", ""]
     results_file.write("perplexity", "\n".join(md), res)

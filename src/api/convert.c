@@ -18,7 +18,8 @@
 
 typedef struct convert_item {
     const tensor_info *src;
-    int bits; /* > 0: quantized to this width (three outputs: weight, scales, biases) */
+    int bits;  /* > 0: quantized to this width (three outputs: weight, scales, biases) */
+    int group; /* and this group size */
 } convert_item;
 
 static int ends_with(const char *s, const char *suffix) {
@@ -52,10 +53,11 @@ static int recipe_bits(const hearth_model *m, const char *name, int recipe) {
     return recipes[recipe].low;
 }
 
-/* The width the module of weight t is quantized to, 0 to keep it float. mlx-lm quantizes
- * the modules that have to_quantized (Linear, Embedding: the 2-D ".weight" tensors of these
- * families) whose input width is a multiple of the group. */
-static int module_bits(const hearth_model *m, const tensor_info *t, const hearth_convert_options *o) {
+/* The width the module of weight t is quantized to (and *group its group size), 0 to keep
+ * it float. mlx-lm quantizes the modules that have to_quantized (Linear, Embedding: the 2-D
+ * ".weight" tensors of these families) whose input width is a multiple of the group. */
+static int module_bits(const hearth_model *m, const tensor_info *t, const hearth_convert_options *o, int *group) {
+    *group = o->group_size;
     if (!o->quantize || t->ndim != 2 || !ends_with(t->name, ".weight") || t->shape[1] % o->group_size) return 0;
     int r = recipe_index(o->quant_recipe), bits = o->bits;
     if (r >= 0)
@@ -63,9 +65,10 @@ static int module_bits(const hearth_model *m, const tensor_info *t, const hearth
     else if (o->choose_bits) {
         char path[512];
         snprintf(path, sizeof path, "%.*s", (int)(strlen(t->name) - strlen(".weight")), t->name);
-        bits = o->choose_bits(o->choose_user, path);
+        bits = o->choose_bits(o->choose_user, path, group);
+        if (*group != 32 && *group != 64 && *group != 128) *group = o->group_size;
     }
-    return bits > 0 && (t->shape[1] * bits) % 32 == 0 ? bits : 0;
+    return bits > 0 && (t->shape[1] * bits) % 32 == 0 && t->shape[1] % *group == 0 ? bits : 0;
 }
 
 int convert_dropped(const hearth_model *m, const tensor_info *t) {
@@ -90,20 +93,23 @@ hearth_status convert_write_values(FILE *f, const float *v, size_t n, tensor_dty
     return st;
 }
 
-static hearth_status write_quantized(const hearth_model *m, const tensor_info *t, int bits,
+static hearth_status write_quantized(const hearth_model *m, const tensor_info *t, int bits, int group,
                                      const hearth_convert_options *o, FILE *f, const char *fname, hearth_error *err) {
     float *w = NULL;
     size_t n = 0;
     hearth_status st = hearth_model_tensor_f32(m, t->name, &w, &n, err);
     if (st) return st;
-    int64_t rows = t->shape[0], cols = t->shape[1], groups = cols / o->group_size;
+    int64_t rows = t->shape[0], cols = t->shape[1], groups = cols / group;
     size_t packed_bytes = (size_t)rows * (size_t)cols * (size_t)bits / 8, ng = (size_t)rows * (size_t)groups;
     uint8_t *packed = malloc(packed_bytes);
     float *sb = malloc(2 * ng * sizeof *sb);
     if (!packed || !sb)
         st = err_set(err, HEARTH_ERR_NOMEM, "out of memory quantizing '%s'", t->name);
     else {
-        mlxq_quantize(w, rows, cols, bits, o->group_size, packed, sb, sb + ng);
+        if (o->fit_scales)
+            mlxq_quantize_fit(w, rows, cols, bits, group, t->dtype, packed, sb, sb + ng);
+        else
+            mlxq_quantize(w, rows, cols, bits, group, packed, sb, sb + ng);
         if (!(st = convert_write_all(f, packed, packed_bytes, fname, err)) &&
             !(st = convert_write_values(f, sb, ng, t->dtype, fname, err)))
             st = convert_write_values(f, sb + ng, ng, t->dtype, fname, err);
@@ -135,13 +141,13 @@ static hearth_status plan_outputs(const hearth_model *m, const hearth_convert_op
             return err_set(err, HEARTH_ERR_UNSUPPORTED,
                            "%s: tensor '%s' is a stack of expert weights; quantizing MoE models is not done yet",
                            t->file, t->name);
-        int bits = module_bits(m, t, o);
-        items[(*n_items)++] = (convert_item){t, bits};
+        int group, bits = module_bits(m, t, o, &group);
+        items[(*n_items)++] = (convert_item){t, bits, group};
         if (bits) {
             int64_t rows = t->shape[0], cols = t->shape[1];
             outs[(*n_outs)++] = out_tensor(t->name, ".weight", DT_U32, rows, cols * bits / 32);
-            outs[(*n_outs)++] = out_tensor(t->name, ".scales", t->dtype, rows, cols / o->group_size);
-            outs[(*n_outs)++] = out_tensor(t->name, ".biases", t->dtype, rows, cols / o->group_size);
+            outs[(*n_outs)++] = out_tensor(t->name, ".scales", t->dtype, rows, cols / group);
+            outs[(*n_outs)++] = out_tensor(t->name, ".biases", t->dtype, rows, cols / group);
         } else {
             st_out_tensor c = {.name = strdup(t->name), .dtype = t->dtype, .ndim = t->ndim};
             memcpy(c.shape, t->shape, sizeof c.shape);
@@ -164,7 +170,7 @@ static hearth_status write_weights(const hearth_model *m, const hearth_convert_o
     if (!st) st = st_write_header(f, fname, outs, n_outs, total, err);
     for (size_t i = 0; !st && i < n_items; i++) {
         const tensor_info *t = items[i].src;
-        st = items[i].bits ? write_quantized(m, t, items[i].bits, o, f, fname, err)
+        st = items[i].bits ? write_quantized(m, t, items[i].bits, items[i].group, o, f, fname, err)
                            : convert_write_all(f, t->data, t->nbytes, fname, err);
         if (!st && o->progress) o->progress(o->user, i + 1, n_items, t->name);
     }
@@ -293,12 +299,12 @@ hearth_status hearth_convert(const char *model, const hearth_convert_options *o,
            mlx-lm records them */
         for (size_t i = 0; (recipe_index(o->quant_recipe) >= 0 || o->choose_bits) && i < m->st.n_tensors; i++) {
             const tensor_info *t = m->st.by_name[i];
-            int bits = convert_dropped(m, t) ? 0 : module_bits(m, t, o);
+            int group, bits = convert_dropped(m, t) ? 0 : module_bits(m, t, o, &group);
             if (!bits) continue;
             char path[512];
             snprintf(path, sizeof path, "%.*s", (int)(strlen(t->name) - strlen(".weight")), t->name);
-            json_object_set_new(
-                q, path, json_pack("{s:i, s:i, s:s}", "group_size", o->group_size, "bits", bits, "mode", "affine"));
+            json_object_set_new(q, path,
+                                json_pack("{s:i, s:i, s:s}", "group_size", group, "bits", bits, "mode", "affine"));
         }
         json_object_set(config, "quantization", q);
         json_object_set_new(config, "quantization_config", q);

@@ -46,6 +46,12 @@ int cli_rm(int argc, char **argv);
 int cli_evals(int argc, char **argv);
 int cli_perplexity(int argc, char **argv);
 int cli_convert(int argc, char **argv);
+/* A --target-bpw candidate: a width and its group size. */
+typedef struct mixed_candidate {
+    int bits, group;
+} mixed_candidate;
+int cli_convert_mixed(const char *model, hearth_convert_options o, double target_bpw, const mixed_candidate *cand,
+                      int n_cand, const char *calib_path, int n_calib, int calib_len);
 int cli_harness(int argc, char **argv);
 int cli_fuse(int argc, char **argv);
 int cli_train(int argc, char **argv);

@@ -1,6 +1,7 @@
 /* convert.c: `hearth convert`: a float safetensors model to an MLX folder, optionally
  * quantized (hearth_convert does the work), with a progress line on a terminal. */
 #include "cli/cli.h"
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,8 +10,8 @@
 static const char *convert_usage =
     "hearth convert <model> --out <dir> [-q|--quantize] [--q-bits 4] [--q-group-size 64]\n"
     "       [--quant-predicate mixed_2_6|mixed_3_4|mixed_3_6|mixed_4_6]\n"
-    "       [--target-bpw B --calibration-data F.jsonl [--candidate-bits 3,4,6,8] [--n-calibration 8]\n"
-    "        [--calibration-length 256]]\n"
+    "       [--target-bpw B --calibration-data F.jsonl [--candidate-bits 3,4,4:32,5] [--n-calibration 8]\n"
+    "        [--calibration-length 256]] [--plan config.json]\n"
     "       hearth convert <model> --out <file.gguf> --outtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q6_k|q4_k_m\n"
     "       [--threads N]";
 
@@ -20,24 +21,66 @@ static void on_progress(void *user, size_t done, size_t total, const char *tenso
     if (done == total) fprintf(stderr, "\n");
 }
 
-int cli_convert_mixed(const char *model, hearth_convert_options o, double target_bpw, const int *cand, int n_cand,
-                      const char *calib_path, int n_calib, int calib_len);
-
-/* "3,4,6,8" -> ascending MLX widths; 0 on a bad list */
-static int parse_candidates(const char *s, int *out, int cap) {
+/* "3,4,4:32,5,6" -> MLX widths, each with its group size (after a colon; else the
+ * default group), ascending in bits per weight with 16-bit scales and biases
+ * (bits + 32 / group); 0 on a bad list */
+static int parse_candidates(const char *s, int group, mixed_candidate *out, int cap) {
     int n = 0;
     for (char *end; *s && n < cap; s = *end == ',' ? end + 1 : end) {
-        long b = strtol(s, &end, 10);
-        if (end == s || (b != 2 && b != 3 && b != 4 && b != 5 && b != 6 && b != 8) || (n && b <= out[n - 1])) return 0;
-        out[n++] = (int)b;
+        long b = strtol(s, &end, 10), g = group;
+        if (end != s && *end == ':') {
+            const char *gs = end + 1;
+            g = strtol(gs, &end, 10);
+            if (end == gs) return 0;
+        }
+        if (end == s || (b != 2 && b != 3 && b != 4 && b != 5 && b != 6 && b != 8) ||
+            (g != 32 && g != 64 && g != 128) || (n && b + 32.0 / g <= out[n - 1].bits + 32.0 / out[n - 1].group))
+            return 0;
+        out[n++] = (mixed_candidate){(int)b, (int)g};
         if (!*end) return n;
         if (*end != ',') return 0;
     }
     return 0;
 }
 
+/* --plan: a quantization section as config.json records one (the file's "quantization"
+ * object, or the file itself): a module it names with {"bits", "group_size"} gets those,
+ * one it names as false stays float, others get the -q defaults. */
+static int choose_planned(void *user, const char *module, int *group) {
+    json_t *q = user, *v = json_object_get(q, module);
+    if (json_is_false(v)) return 0;
+    if (!json_is_object(v)) return (int)json_integer_value(json_object_get(q, "bits"));
+    json_t *g = json_object_get(v, "group_size");
+    if (json_is_integer(g)) *group = (int)json_integer_value(g);
+    return (int)json_integer_value(json_object_get(v, "bits"));
+}
+
+static int convert_planned(const char *model, hearth_convert_options o, const char *plan_path) {
+    json_error_t je;
+    json_t *root = json_load_file(plan_path, 0, &je), *q = json_object_get(root, "quantization");
+    if (!q) q = root;
+    if (!json_is_object(q) || !json_is_integer(json_object_get(q, "bits"))) {
+        if (root)
+            fprintf(stderr, "hearth: %s: no quantization section with \"bits\" (a config.json that convert -q wrote)\n",
+                    plan_path);
+        else
+            fprintf(stderr, "hearth: %s: line %d: %s\n", plan_path, je.line, je.text);
+        json_decref(root);
+        return 1;
+    }
+    o.bits = (int)json_integer_value(json_object_get(q, "bits"));
+    if (json_is_integer(json_object_get(q, "group_size")))
+        o.group_size = (int)json_integer_value(json_object_get(q, "group_size"));
+    o.choose_bits = choose_planned, o.choose_user = q, o.fit_scales = 1;
+    hearth_error err = {0};
+    int rc = hearth_convert(model, &o, &err) ? cli_fail(&err) : 0;
+    if (!rc) printf("%s\n", o.out_dir);
+    json_decref(root);
+    return rc;
+}
+
 int cli_convert(int argc, char **argv) {
-    const char *model = NULL, *calib = NULL, *cand_list = "3,4,6,8";
+    const char *model = NULL, *calib = NULL, *cand_list = NULL, *plan = NULL;
     double target_bpw = 0;
     int n_calib = 8, calib_len = 256;
     hearth_convert_options o = {.bits = 4, .group_size = 64};
@@ -62,6 +105,7 @@ int cli_convert(int argc, char **argv) {
                            : !strcmp(a, "--quant-predicate")  ? &o.quant_recipe
                            : !strcmp(a, "--calibration-data") ? &calib
                            : !strcmp(a, "--candidate-bits")   ? &cand_list
+                           : !strcmp(a, "--plan")             ? &plan
                                                               : NULL;
         if ((num || str || !strcmp(a, "--target-bpw")) && !v)
             return cli_usage_error(convert_usage, "flag '%s' needs a value", a);
@@ -89,12 +133,23 @@ int cli_convert(int argc, char **argv) {
     if (o.gguf_type && o.quantize)
         return cli_usage_error(convert_usage, "%s", "-q makes MLX output; GGUF output takes --outtype");
     if (isatty(2)) o.progress = on_progress;
+    if (plan) {
+        if (!o.quantize || o.quant_recipe || target_bpw > 0)
+            return cli_usage_error(convert_usage, "%s", "--plan goes with -q, without a recipe or --target-bpw");
+        return convert_planned(model, o, plan);
+    }
     if (target_bpw > 0) {
-        int cand[6], n_cand = parse_candidates(cand_list, cand, 6);
+        /* measured in bench/results/convert_mixed.md; group 32 at 4 bits is a candidate of its own */
+        if (!cand_list) cand_list = o.group_size == 64 ? "3,4,4:32,5" : "3,4,5";
+        mixed_candidate cand[8];
+        int n_cand = parse_candidates(cand_list, o.group_size, cand, 8);
         if (!o.quantize || o.quant_recipe || !calib)
             return cli_usage_error(convert_usage, "%s", "--target-bpw goes with -q and --calibration-data, no recipe");
         if (!n_cand)
-            return cli_usage_error(convert_usage, "--candidate-bits '%s': ascending widths of 2,3,4,5,6,8", cand_list);
+            return cli_usage_error(convert_usage,
+                                   "--candidate-bits '%s': widths of 2,3,4,5,6,8, each optionally "
+                                   ":32|:64|:128 (group size), ascending in bits per weight",
+                                   cand_list);
         if (n_calib < 1 || calib_len < 2)
             return cli_usage_error(convert_usage, "%s", "--n-calibration >= 1, --calibration-length >= 2");
         return cli_convert_mixed(model, o, target_bpw, cand, n_cand, calib, n_calib, calib_len);

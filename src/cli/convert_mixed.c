@@ -1,10 +1,11 @@
 /* convert_mixed.c: `hearth convert -q --target-bpw B`: mixed precision by measured
  * sensitivity. The quantizable modules form units (every module of one transformer layer,
  * or one module outside the layers: the embeddings, lm_head); each unit is quantized alone
- * at each candidate width and scored by the KL divergence it adds at the logits (against
- * the float model, on calibration rows made as `hearth perplexity` makes them); then a
- * knapsack picks the widths with the least summed KL under the bit budget; the report
- * lists every measurement and choice. Uses hearth.h and the perplexity scorer (ppl.h). */
+ * at each candidate (a width and a group size, with fitted scales: fit_scales) and scored by
+ * the KL divergence it adds at the logits (against the float model, on calibration rows
+ * made as `hearth perplexity` makes them); then a knapsack picks the candidates with the
+ * least summed KL under the bit budget; the report lists every measurement and choice.
+ * Uses hearth.h and the perplexity scorer (ppl.h). */
 #define _XOPEN_SOURCE 700
 #include "cli/ppl.h"
 #include <ftw.h>
@@ -14,12 +15,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAX_CANDIDATES 6
+#define MAX_CANDIDATES 8
 
 typedef struct mixed_module {
-    char *path;        /* a unit: "model.layers.3" or "model.embed_tokens" */
-    double params;     /* its weights' rows x cols, summed */
-    double scale_bits; /* per weight: scale + bias per group, in the weights' dtype */
+    char *path;         /* a unit: "model.layers.3" or "model.embed_tokens" */
+    double params;      /* its weights' rows x cols, summed */
+    double scale_width; /* bits of one group's scale + bias, in the weights' dtype */
     double kl[MAX_CANDIDATES];
     int choice; /* index into the candidates */
 } mixed_module;
@@ -27,10 +28,10 @@ typedef struct mixed_module {
 typedef struct mixed_plan {
     mixed_module *mods;
     size_t n;
-    const int *cand;
-    int n_cand, group;
+    const mixed_candidate *cand; /* ascending in bits per weight */
+    int n_cand;
     const char *only; /* while measuring: the one module quantized */
-    int only_bits;
+    int only_cand;
 } mixed_plan;
 
 /* The length of the unit name that starts module's path: through the layer number for
@@ -51,16 +52,27 @@ static int in_unit(const char *module, const char *unit) {
     return strlen(unit) == n && !strncmp(module, unit, n);
 }
 
-static int choose_measured(void *user, const char *module) {
+static int choose_measured(void *user, const char *module, int *group) {
     const mixed_plan *p = user;
-    return in_unit(module, p->only) ? p->only_bits : 0;
+    if (!in_unit(module, p->only)) return 0;
+    *group = p->cand[p->only_cand].group;
+    return p->cand[p->only_cand].bits;
 }
 
-static int choose_final(void *user, const char *module) {
+static int choose_final(void *user, const char *module, int *group) {
     const mixed_plan *p = user;
     for (size_t i = 0; i < p->n; i++)
-        if (in_unit(module, p->mods[i].path)) return p->cand[p->mods[i].choice];
+        if (in_unit(module, p->mods[i].path)) {
+            *group = p->cand[p->mods[i].choice].group;
+            return p->cand[p->mods[i].choice].bits;
+        }
     return 0;
+}
+
+/* A unit's stored bits at candidate j: its weights at that width plus one scale and one
+ * bias per group (whole numbers: every weight row is whole groups). */
+static double unit_bits(const mixed_module *mod, mixed_candidate c) {
+    return mod->params * c.bits + mod->params / c.group * mod->scale_width;
 }
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -70,7 +82,7 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 
 /* The units of the modules convert quantizes (2-D float ".weight" tensors whose rows are
  * whole groups), in the order their first module comes. */
-static int list_modules(hearth_model *m, int group, mixed_plan *p) {
+static int list_modules(hearth_model *m, mixed_plan *p) {
     char *tj = hearth_model_tensors_json(m);
     json_t *arr = tj ? json_loads(tj, 0, NULL) : NULL;
     hearth_free(tj);
@@ -85,13 +97,15 @@ static int list_modules(hearth_model *m, int group, mixed_plan *p) {
         if (!p->mods || !dt || len < 8 || strcmp(name + len - 7, ".weight") || json_array_size(shape) != 2) continue;
         double rows = (double)json_integer_value(json_array_get(shape, 0));
         json_int_t cols = json_integer_value(json_array_get(shape, 1));
+        int group = 0;
+        for (int j = 0; j < p->n_cand; j++) group = group > p->cand[j].group ? group : p->cand[j].group;
         if (cols % group || (strcmp(dt, "F32") && strcmp(dt, "F16") && strcmp(dt, "BF16"))) continue;
         size_t u = 0, ul = unit_len(name) < len - 7 ? unit_len(name) : len - 7;
         while (u < p->n && !(strlen(p->mods[u].path) == ul && !strncmp(p->mods[u].path, name, ul))) u++;
         mixed_module *mod = &p->mods[u];
         if (u == p->n) p->n++, mod->path = strndup(name, ul);
-        double params = rows * (double)cols, sb = 2.0 * (strcmp(dt, "F32") ? 16 : 32) / group;
-        mod->scale_bits = (mod->scale_bits * mod->params + sb * params) / (mod->params + params);
+        double params = rows * (double)cols, sw = 2.0 * (strcmp(dt, "F32") ? 16 : 32);
+        mod->scale_width = (mod->scale_width * mod->params + sw * params) / (mod->params + params);
         mod->params += params;
     }
     json_decref(arr);
@@ -133,13 +147,14 @@ static double allocate(mixed_plan *p, double target_bpw) {
     double params = 0, base = 0;
     for (size_t i = 0; i < p->n; i++) {
         params += p->mods[i].params;
-        base += p->mods[i].params * (p->cand[0] + p->mods[i].scale_bits);
+        base += unit_bits(&p->mods[i], p->cand[0]);
     }
     double spare = target_bpw * params - base;
     unsigned long long g = 0;
     for (size_t i = 0; i < p->n; i++)
         for (int j = 1; j < p->n_cand; j++)
-            g = gcd_u64(g, (unsigned long long)p->mods[i].params * (unsigned long long)(p->cand[j] - p->cand[0]));
+            g = gcd_u64(g,
+                        (unsigned long long)(unit_bits(&p->mods[i], p->cand[j]) - unit_bits(&p->mods[i], p->cand[0])));
     double unit = g ? (double)g : 1.0;
     if (spare / unit > MAX_STEPS) unit = spare / MAX_STEPS;
     size_t steps = spare > 0 ? (size_t)floor(spare / unit) : 0, W = steps + 1;
@@ -156,7 +171,8 @@ static double allocate(mixed_plan *p, double target_bpw) {
         for (size_t w = 0; w < W; w++) {
             double b = INFINITY;
             for (int j = 0; j < p->n_cand; j++) {
-                double c = ceil(mod->params * (p->cand[j] - p->cand[0]) / unit - 1e-9); /* whole units */
+                double extra = unit_bits(mod, p->cand[j]) - unit_bits(mod, p->cand[0]);
+                double c = ceil(extra / unit - 1e-9); /* whole units */
                 if (c > (double)w) continue;
                 double v = best[(i & 1) * W + w - (size_t)c] + mod->kl[j];
                 if (v < b) b = v, pick[i * W + w] = (unsigned char)j;
@@ -167,47 +183,56 @@ static double allocate(mixed_plan *p, double target_bpw) {
     double used = base;
     for (size_t i = p->n, w = steps; i-- > 0;) { /* walk the choices back */
         int j = pick[i * W + w];
+        double extra = unit_bits(&p->mods[i], p->cand[j]) - unit_bits(&p->mods[i], p->cand[0]);
         p->mods[i].choice = j;
-        used += p->mods[i].params * (p->cand[j] - p->cand[0]);
-        w -= (size_t)ceil(p->mods[i].params * (p->cand[j] - p->cand[0]) / unit - 1e-9);
+        used += extra;
+        w -= (size_t)ceil(extra / unit - 1e-9);
     }
     free(best);
     free(pick);
     return used / params;
 }
 
-int cli_convert_mixed(const char *model, hearth_convert_options o, double target_bpw, const int *cand, int n_cand,
-                      const char *calib_path, int n_calib, int calib_len) {
+int cli_convert_mixed(const char *model, hearth_convert_options o, double target_bpw, const mixed_candidate *cand,
+                      int n_cand, const char *calib_path, int n_calib, int calib_len) {
     hearth_model *m = NULL;
-    mixed_plan p = {.cand = cand, .n_cand = n_cand, .group = o.group_size};
+    mixed_plan p = {.cand = cand, .n_cand = n_cand};
     dataset d = {0};
     int32_t *tokens = NULL;
     size_t rows = 0;
     char *buf = cli_read_file(calib_path);
     char tmp[] = "/tmp/hearth-mixed-XXXXXX", ref_path[64], work[64];
-    int rc = !buf || cli_open_model(model, &m) || list_modules(m, o.group_size, &p) ||
-             ppl_dataset_load(calib_path, buf, &d) || ppl_load_tokens(m, &d, 123, n_calib, calib_len, &tokens, &rows);
-    if (!rc && target_bpw < cand[0] + p.mods[0].scale_bits) {
-        fprintf(stderr, "hearth: --target-bpw %.3g is below the smallest candidate (%d bits + scales)\n", target_bpw,
-                cand[0]);
+    int rc = !buf || cli_open_model(model, &m) || list_modules(m, &p) || ppl_dataset_load(calib_path, buf, &d) ||
+             ppl_load_tokens(m, &d, 123, n_calib, calib_len, &tokens, &rows);
+    if (!rc && target_bpw * p.mods[0].params < unit_bits(&p.mods[0], cand[0])) {
+        fprintf(stderr, "hearth: --target-bpw %.3g is below the cheapest candidate (%d bits + scales)\n", target_bpw,
+                cand[0].bits);
         rc = 1;
     }
+    for (size_t i = 0; !rc && i < p.n; i++) /* the knapsack counts costs above the first candidate's */
+        for (int j = 1; !rc && j < n_cand; j++)
+            if (unit_bits(&p.mods[i], cand[j]) < unit_bits(&p.mods[i], cand[j - 1])) {
+                fprintf(stderr, "hearth: --candidate-bits: %d:%d costs %s than %d:%d with %s's scales\n", cand[j].bits,
+                        cand[j].group, "less", cand[j - 1].bits, cand[j - 1].group, p.mods[i].path);
+                rc = 1;
+            }
+    o.fit_scales = 1; /* error-minimising scales: bench/results/convert_mixed.md measures what they win */
     if (!rc && !mkdtemp(tmp)) rc = 1, perror(tmp);
     snprintf(ref_path, sizeof ref_path, "%s/reference.logprobs", tmp);
     snprintf(work, sizeof work, "%s/candidate", tmp);
     hearth_engine_options eo = {0};
-    if (!rc) { /* the float model's log-probs: the reference every candidate is scored against */
+    if (!rc && n_cand > 1) { /* the float model's log-probs: the reference every candidate is scored against */
         score_run ref = {.tokens = tokens, .rows = rows, .L = calib_len, .save_path = ref_path};
         rc = !(ref.save = fopen(ref_path, "wb")) || ppl_run_model(model, eo, &ref);
         if (ref.save) fclose(ref.save);
         free(ref.loss);
     }
     hearth_error err = {0};
-    for (size_t i = 0; !rc && i < p.n; i++)
+    for (size_t i = 0; !rc && n_cand > 1 && i < p.n; i++) /* one candidate: nothing to choose, nothing to measure */
         for (int j = 0; !rc && j < n_cand; j++) {
             hearth_convert_options one = o;
             one.out_dir = work, one.progress = NULL, one.choose_bits = choose_measured, one.choose_user = &p;
-            p.only = p.mods[i].path, p.only_bits = cand[j];
+            p.only = p.mods[i].path, p.only_cand = j;
             if (hearth_convert(model, &one, &err))
                 rc = cli_fail(&err);
             else
@@ -215,7 +240,7 @@ int cli_convert_mixed(const char *model, hearth_convert_options o, double target
             nftw(work, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
             if (isatty(2)) fprintf(stderr, "\r  measured %zu/%zu units", i + 1, p.n);
         }
-    if (isatty(2)) fprintf(stderr, "\n");
+    if (isatty(2) && n_cand > 1) fprintf(stderr, "\n");
     double bpw = 0;
     if (!rc) bpw = allocate(&p, target_bpw);
     if (!rc) {
@@ -224,13 +249,13 @@ int cli_convert_mixed(const char *model, hearth_convert_options o, double target
     }
     if (!rc) {
         printf("%-48s %10s", "unit", "params");
-        for (int j = 0; j < n_cand; j++) printf("   KL@%d-bit", cand[j]);
-        printf("  bits\n");
+        for (int j = 0; j < n_cand; j++) printf("  KL@%d-bit/%-3d", cand[j].bits, cand[j].group);
+        printf("  bits/group\n");
         double predicted = 0;
         for (size_t i = 0; i < p.n; i++) {
             printf("%-48s %10.0f", p.mods[i].path, p.mods[i].params);
-            for (int j = 0; j < n_cand; j++) printf(" %10.6f", p.mods[i].kl[j]);
-            printf("  %4d\n", cand[p.mods[i].choice]);
+            for (int j = 0; j < n_cand; j++) printf(" %13.6f", p.mods[i].kl[j]);
+            printf("  %d/%d\n", cand[p.mods[i].choice].bits, cand[p.mods[i].choice].group);
             predicted += p.mods[i].kl[p.mods[i].choice];
         }
         printf("bits per weight (quantized modules, scales and biases included): %.4f of %.4f\n", bpw, target_bpw);

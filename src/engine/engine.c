@@ -582,18 +582,23 @@ hearth_status hearth_seq_append(hearth_engine *e, int seq, const int32_t *tokens
         int n_out = 0;
         for (int t = 0; t < T; t++)
             if (done + t >= n - n_logits) e->out_rows[n_out++] = t;
-        op_batch b = {.T = T, .tokens = e->step_tok, .pos = e->step_pos, .slot = e->step_slot, .n_out = n_out,
-                         .out_rows = e->out_rows, .logits = e->logits, .batch_invariant = e->deterministic};
+        /* the CPU backend writes the rows (consecutive: the append's last ones) straight into
+           the caller's buffer; a device's come through e->logits */
+        float *dst = n_out && logits ? logits + (done + (size_t)e->out_rows[0] - (n - n_logits)) * vocab : NULL;
+        op_batch b = {.T = T,
+                      .tokens = e->step_tok,
+                      .pos = e->step_pos,
+                      .slot = e->step_slot,
+                      .n_out = n_out,
+                      .out_rows = e->out_rows,
+                      .logits = dst && !e->gpu ? dst : e->logits,
+                      .batch_invariant = e->deterministic};
         if ((st = engine_model_forward(e, &b, err))) return st;
-        for (size_t i = 0; !e->greedy_id && i < (size_t)n_out * vocab; i++)
-            if (!isfinite(e->logits[i]))
-                return err_set(err, HEARTH_ERR_FORMAT,
-                               "%s: the model produced non-finite logits; its weights contain NaN or Inf values",
-                               e->hm->entry.path);
-        if (n_out && logits) {
-            size_t first = done + (size_t)e->out_rows[0] - (n - n_logits);
-            memcpy(logits + first * vocab, e->logits, (size_t)n_out * vocab * sizeof(float));
-        }
+        if (!e->greedy_id && !ops_all_finite(b.logits, (size_t)n_out * vocab))
+            return err_set(err, HEARTH_ERR_FORMAT,
+                           "%s: the model produced non-finite logits; its weights contain NaN or Inf values",
+                           e->hm->entry.path);
+        if (dst && b.logits != dst) memcpy(dst, b.logits, (size_t)n_out * vocab * sizeof(float));
         done += (size_t)T;
     }
     return HEARTH_OK;
@@ -652,11 +657,10 @@ hearth_status engine_forward_rows(hearth_engine *e, int T, const int32_t *tokens
     hearth_status st = engine_model_forward(e, &b, err);
     if (st) return st;
     int vocab = e->m->cfg.vocab;
-    for (size_t i = 0; !e->greedy_id && i < (size_t)n_out * vocab; i++) /* greedy ids: the device checked */
-        if (!isfinite(e->logits[i]))
-            return err_set(err, HEARTH_ERR_FORMAT,
-                           "%s: the model produced non-finite logits; its weights contain NaN or Inf values",
-                           e->hm->entry.path);
+    if (!e->greedy_id && !ops_all_finite(e->logits, (size_t)n_out * vocab)) /* greedy ids: the device checked */
+        return err_set(err, HEARTH_ERR_FORMAT,
+                       "%s: the model produced non-finite logits; its weights contain NaN or Inf values",
+                       e->hm->entry.path);
     *logits = e->logits;
     return HEARTH_OK;
 }

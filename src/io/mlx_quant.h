@@ -39,4 +39,11 @@ hearth_status mlxq_dequantize(const tensor_info *w, const tensor_info *scales, c
  * caller does when writing). cols must be a multiple of group_size and of 32. */
 void mlxq_quantize(const float *w, int64_t rows, int64_t cols, int bits, int group_size, uint8_t *packed,
                    float *scales, float *biases);
+/* The same affine format with each group's (scale, bias) chosen to minimise the squared
+ * error of the dequantized group, the scale and bias as stored (rounded to dt: F32, F16
+ * or BF16): mx.quantize's pair and least-squares refits from several starting steps are
+ * tried, the least error kept, so no group comes out worse than mlxq_quantize's (in
+ * float32 arithmetic). Not bit-identical to mx.quantize; mlx-lm loads it the same way. */
+void mlxq_quantize_fit(const float *w, int64_t rows, int64_t cols, int bits, int group_size, tensor_dtype dt,
+                       uint8_t *packed, float *scales, float *biases);
 #endif

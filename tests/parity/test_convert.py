@@ -153,7 +153,18 @@ def test_convert_bad_input(tmp_path):
     calib.write_text('{"text": "a few words"}\n' * 40)
     p = hearth("convert", src, "--out", str(tmp_path / "g"), "-q", "--target-bpw", "4", "--candidate-bits", "4,8",
                "--calibration-data", str(calib), check=False)
-    assert p.returncode == 1 and "below the smallest candidate" in p.stderr.decode()
+    assert p.returncode == 1 and "below the cheapest candidate" in p.stderr.decode()
+    for bad in ("4,3", "4,4:64", "4:48", "4:", "9"):  # not ascending in bits per weight, no such group or width
+        p = hearth("convert", src, "--out", str(tmp_path / "g"), "-q", "--target-bpw", "6", "--candidate-bits", bad,
+                   "--calibration-data", str(calib), check=False)
+        assert p.returncode == 2 and "--candidate-bits" in p.stderr.decode(), bad
+    plan = tmp_path / "plan.json"
+    for text, why in (("{", "line 1"), ('{"quantization": {"group_size": 64}}', "no quantization section")):
+        plan.write_text(text)
+        p = hearth("convert", src, "--out", str(tmp_path / "g"), "-q", "--plan", str(plan), check=False)
+        assert p.returncode == 1 and why in p.stderr.decode() and "plan.json" in p.stderr.decode(), text
+    p = hearth("convert", src, "--out", str(tmp_path / "g"), "--plan", str(plan), check=False)
+    assert p.returncode == 2 and "--plan goes with -q" in p.stderr.decode()
     p = hearth("convert", src, "--out", str(tmp_path / "g"), "-q", "--target-bpw", "6", check=False)
     assert p.returncode == 2 and "--calibration-data" in p.stderr.decode()
     assert not (tmp_path / "g").exists()
@@ -165,14 +176,15 @@ def test_convert_bad_input(tmp_path):
 
 
 def parse_report(text):
-    """hearth convert --target-bpw's table: module -> (params, KL per candidate, chosen bits)."""
+    """hearth convert --target-bpw's table: (candidates as (bits, group)), module -> (params,
+    KL per candidate, the chosen (bits, group))."""
     lines = text.splitlines()
-    cands = [int(c.split("@")[1].split("-")[0]) for c in lines[0].split()[2:-1]]
+    cands = [tuple(int(x) for x in c.split("@")[1].replace("-bit", "").split("/")) for c in lines[0].split()[2:-1]]
     rows = {}
     for line in lines[1:]:
         f = line.split()
         if len(f) == len(cands) + 3 and f[0].startswith(("model.", "lm_head")):
-            rows[f[0]] = (float(f[1]), [float(x) for x in f[2:-1]], int(f[-1]))
+            rows[f[0]] = (float(f[1]), [float(x) for x in f[2:-1]], tuple(int(x) for x in f[-1].split("/")))
     return cands, rows
 
 
@@ -182,14 +194,20 @@ def unit_of(module):
     return m.group(1) if m else module
 
 
+def stored_bits(params, cand, scale_width=64):
+    """A unit's bits at candidate (bits, group): the weights plus a scale and a bias per group
+    (float32 ones, 64 bits a group, for the tiny float32 models)."""
+    return int(params) * cand[0] + int(params) // cand[1] * scale_width
+
+
 def exact_knapsack(cands, rows, spare_bits):
-    """The least summed KL with the bits above the smallest width within spare_bits: an
+    """The least summed KL with the bits above the cheapest candidate within spare_bits: an
     exact dynamic program over whole bits (numpy), the oracle for hearth's gridded one."""
     best = np.zeros(int(spare_bits) + 1)
     for params, kl, _ in rows.values():
         nxt = np.full_like(best, np.inf)
         for c, k in zip(cands, kl):
-            cost = int(params) * (c - cands[0])
+            cost = stored_bits(params, c) - stored_bits(params, cands[0])
             if cost < len(best):
                 nxt[cost:] = np.minimum(nxt[cost:], best[: len(best) - cost] + k)
         best = nxt
@@ -213,10 +231,10 @@ def test_target_bpw_beats_uniform_of_the_same_bytes(name, tmp_path):
     p = hearth("convert", src, "--out", str(mixed), "-q", "--target-bpw", "7", "--candidate-bits", "4,5,6,8",
                "--calibration-data", str(calib), "--n-calibration", "4", "--calibration-length", "64")
     cands, rows = parse_report(p.stdout.decode())
-    assert cands == [4, 5, 6, 8] and rows
+    assert cands == [(4, 64), (5, 64), (6, 64), (8, 64)] and rows
     q = json.load(open(mixed / "config.json"))["quantization"]
     widths = {k: v["bits"] for k, v in q.items() if isinstance(v, dict)}
-    assert {k: rows[unit_of(k)][2] for k in widths} == widths  # every module at its unit's width
+    assert {k: rows[unit_of(k)][2][0] for k in widths} == widths  # every module at its unit's width
     assert sorted({unit_of(k) for k in widths}) == sorted(rows)
     # the budget, from the file itself: packed words + scales + biases over the weights' size
     t = tensors(mixed)
@@ -242,3 +260,47 @@ def test_target_bpw_beats_uniform_of_the_same_bytes(name, tmp_path):
         return json.loads(out)["kl_divergence"]["mean"]
 
     assert kl(mixed) < kl(uniform)
+
+
+def test_target_bpw_group_candidates_and_plan(tmp_path):
+    """A candidate may name its group size ("4:32"): the report and config.json give each
+    unit its (bits, group) and mlx-lm loads every module with them; each group's scale and
+    bias are fitted (error-minimising), so every module dequantized by mlx (mx.dequantize)
+    is at least as close to the float weights as mx.quantize's own at the same width and
+    group, and closer summed over the model; --plan re-applies the recorded plan to the
+    same bytes without measuring."""
+    import mlx.core as mx
+    from mlx_lm.utils import load
+
+    src = tiny("llama-f32")
+    calib = tmp_path / "calib.jsonl"
+    calib.write_text("".join(json.dumps({"text": f"line {i}: the quick brown fox jumps over the lazy dog"}) + "\n"
+                             for i in range(60)))
+    mixed = tmp_path / "mixed"
+    # float32 scales: 4/64 is 5 bits per weight, 4/32 6, 8/64 9; a budget of 6 has room for some of each
+    p = hearth("convert", src, "--out", str(mixed), "-q", "--target-bpw", "6", "--candidate-bits", "4,4:32,8",
+               "--calibration-data", str(calib), "--n-calibration", "2", "--calibration-length", "32")
+    cands, rows = parse_report(p.stdout.decode())
+    assert cands == [(4, 64), (4, 32), (8, 64)]
+    q = json.load(open(mixed / "config.json"))["quantization"]
+    plan = {k: (v["bits"], v["group_size"]) for k, v in q.items() if isinstance(v, dict)}
+    assert {k: rows[unit_of(k)][2] for k in plan} == plan
+    assert len(set(plan.values())) > 1, plan
+    model, _ = load(str(mixed))
+    assert {k: (m.bits, m.group_size) for k, m in model.named_modules() if hasattr(m, "bits")} == plan
+
+    t, floats = tensors(mixed), tensors(src)
+    err_fit = err_mlx = 0.0
+    for k, (bits, group) in plan.items():
+        w = floats[k + ".weight"]
+        mine = mx.dequantize(t[k + ".weight"], t[k + ".scales"], t[k + ".biases"], group_size=group, bits=bits)
+        theirs = mx.dequantize(*mx.quantize(w, group_size=group, bits=bits), group_size=group, bits=bits)
+        e_fit, e_mlx = mx.sum((mine - w) ** 2).item(), mx.sum((theirs - w) ** 2).item()
+        assert e_fit <= e_mlx * (1 + 1e-5), k  # float32 sums of the same errors: 1e-5 relative
+        err_fit, err_mlx = err_fit + e_fit, err_mlx + e_mlx
+    assert err_fit < 0.95 * err_mlx
+
+    again = tmp_path / "again"
+    assert hearth("convert", src, "--out", str(again), "-q", "--plan", str(mixed / "config.json")).returncode == 0
+    t2 = tensors(again)
+    assert sorted(t2) == sorted(t) and all(np.array_equal(np.array(t2[k]), np.array(t[k])) for k in t)

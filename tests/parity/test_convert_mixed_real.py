@@ -1,17 +1,19 @@
 """Mixed precision on a real model: the plan `hearth convert -q --target-bpw 4.5` chose for
 SmolLM2-135M-Instruct (bench/convert_mixed/run.py measured it and recorded it in
-bench/results/convert_mixed.md) adds less mean KL than uniform 4-bit at group 64 in no more
-bytes, on held-out text the calibration never saw. The issue's target is at most 0.7x; the
-bench measured 0.853x (8 rows of 512), so that is what this test does NOT claim: it asserts
-a strict improvement, below 0.95x.
+bench/results/convert_mixed.md), re-applied with `hearth convert -q --plan` (the same
+fitted scales and biases, no measuring), adds at most 0.62x the mean KL of uniform 4-bit at
+group 64 (what mlx_lm.convert -q writes, byte for byte) in no more bytes, on held-out text
+the calibration never saw. The issue's target is 0.7x; the bound here is 0.62x (measured
+0.572x on these rows, 0.553x on the bench's 8 rows of 512).
 
-Measuring the plan takes one conversion and one scoring pass per layer and candidate
-(minutes), so this test re-applies the recorded plan instead, with mlx-lm's converter (an
-independent quantizer: its bytes equal hearth's, tests/parity/test_convert.py) and scores
-both models with hearth perplexity --kl-divergence against the float32 reference on 4 rows
-of 256 held-out tokens. Skips when the real model or the LoCoMo data is absent."""
-import contextlib
-import io
+mlx-lm loads the re-applied folder with every module at its recorded bits and group size
+(config.json as mlx-lm records mixed precision), and its dequantizer reads the fitted scales
+(tests/parity/test_convert.py checks them against mx.quantize's). Both models are scored
+with hearth perplexity --kl-divergence against the float32 reference on 4 rows of 256
+held-out tokens (hearth's KL statistics equal numpy's on the saved log-probs,
+tests/parity/test_perplexity.py); computing the logits with mlx-lm instead takes mlx's CPU
+quantized matmul over ten minutes here. Skips when the real model or the LoCoMo data is
+absent."""
 import json
 import os
 import subprocess
@@ -25,6 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import results_file  # noqa: E402
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "bin", "hearth"))
+ROWS, LENGTH = 4, 256
 
 
 def hearth(*args):
@@ -33,45 +36,48 @@ def hearth(*args):
     return p.stdout
 
 
-def test_target_bpw_plan_beats_uniform_4bit_on_smollm2(tmp_path):
+def test_target_bpw_plan_vs_uniform_4bit_on_smollm2(tmp_path):
     why = mixed_data.missing()
     if why:
         pytest.skip(why)
     import mlx.core as mx
-    from mlx_lm.convert import convert
 
-    plan = results_file.read("convert_mixed")["plan"]
+    recorded = results_file.read("convert_mixed")
+    plan = recorded["plan"]
     ref, f16 = mixed_data.smol_folders()
     _, held = mixed_data.write_text(tmp_path)
-    mixed, uniform = tmp_path / "mixed", tmp_path / "uniform"
-
-    def predicate(path, module, *_):
-        if not hasattr(module, "to_quantized"):
-            return False
-        assert path in plan, f"{path}: not in the recorded plan"
-        return {"bits": plan[path], "group_size": 64}
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        convert(str(f16), str(mixed), quantize=True, q_group_size=64, quant_predicate=predicate)
+    mixed, uniform, plan_file = tmp_path / "mixed", tmp_path / "uniform", tmp_path / "plan.json"
+    plan_file.write_text(json.dumps({"quantization": {"bits": 4, "group_size": 64, **plan}}))
+    hearth("convert", f16, "--out", mixed, "-q", "--plan", plan_file)
     hearth("convert", f16, "--out", uniform, "-q", "--q-bits", "4", "--q-group-size", "64")
 
-    def stored_bits(folder):  # packed weights + scales + biases, weights
+    def stored(folder):  # packed weights + scales + biases, and the weights they hold
         t = mx.load(str(folder / "model.safetensors"))
+        q = json.load(open(folder / "config.json"))["quantization"]
         mods = [k[: -len(".scales")] for k in t if k.endswith(".scales")]
-        return sum(t[m + s].nbytes * 8 for m in mods for s in (".weight", ".scales", ".biases")), \
-            sum(t[m + ".scales"].size * 64 for m in mods)
+        bits = sum(t[m + s].nbytes * 8 for m in mods for s in (".weight", ".scales", ".biases"))
+        return bits, sum(t[m + ".weight"].size * 32 // q.get(m, q)["bits"] for m in mods)
 
-    (mb, mw), (ub, uw) = stored_bits(mixed), stored_bits(uniform)
+    (mb, mw), (ub, uw) = stored(mixed), stored(uniform)
     assert mw == uw and mb <= ub and mb / mw <= 4.5, (mb / mw, ub / uw)
-    assert len(set(plan.values())) > 1  # a mixed plan, not a uniform one
+    assert len({(v["bits"], v["group_size"]) for v in plan.values()}) > 1  # a mixed plan, not a uniform one
+
+    from mlx_lm.utils import load
+
+    model, _ = load(str(mixed))
+    loaded = {k: {"bits": m.bits, "group_size": m.group_size} for k, m in model.named_modules() if hasattr(m, "bits")}
+    assert loaded == plan
+    del model
 
     logits = tmp_path / "reference.logprobs"
 
-    def kl(model, *ref_args):
-        out = hearth("perplexity", model, "--data-path", held, "--sequence-length", 256, "--num-samples", 4,
+    def mean_kl(folder, *ref_args):
+        out = hearth("perplexity", folder, "--data-path", held, "--sequence-length", LENGTH, "--num-samples", ROWS,
                      "--kl-divergence", *ref_args, "--reference-logits", logits, "--json")
         return json.loads(out)["kl_divergence"]["mean"]
 
-    k_uniform = kl(uniform, "--reference", ref)
-    k_mixed = kl(mixed)
-    assert k_mixed < 0.95 * k_uniform, f"mixed KL {k_mixed:.4f} vs uniform 4-bit {k_uniform:.4f}"
+    k_uniform, k_mixed = mean_kl(uniform, "--reference", ref), mean_kl(mixed)
+    ratio = k_mixed / k_uniform
+    print(f"mean KL: mixed {k_mixed:.4f}, uniform 4-bit {k_uniform:.4f}, ratio {ratio:.3f}")
+    # the issue's target is 0.7; this plan measured 0.572 here (0.553 on the bench's 8 rows of 512)
+    assert ratio <= 0.62, f"mixed KL {k_mixed:.4f} vs uniform 4-bit {k_uniform:.4f}: {ratio:.3f}x"

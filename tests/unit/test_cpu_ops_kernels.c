@@ -9,7 +9,8 @@
  * (2) ops_silu_mul / ops_gelu_tanh_mul against
  * the textbook formulas in double (libm exp / tanh), at every level, odd lengths.
  * (3) ops_argmax against the greedy rule written as its loop, at every level: ties, NaN
- * (first and elsewhere), -inf rows, lengths around the 8-lane step. */
+ * (first and elsewhere), -inf rows, lengths around the 8-lane step. (4) ops_all_finite
+ * against isfinite. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -366,11 +367,36 @@ static void test_argmax_matches_rule(void **state) {
     free(x);
 }
 
+/* ops_all_finite against isfinite over every value, at every level: clean rows of every
+ * length around the 8-lane step, and one Inf, -Inf or NaN (quiet or signalling, either sign)
+ * at every position of them, in the lane blocks and the tail. */
+static void test_all_finite_matches_isfinite(void **state) {
+    (void)state;
+    static const char *levels[] = {"scalar", "avx2", "avx512"};
+    uint32_t bad_bits[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u};
+    float x[41];
+    for (int lv = CPU_LEVEL_SCALAR; lv <= (int)cpu_level_hardware(); lv++) {
+        setenv("HEARTH_CPU", levels[lv], 1);
+        for (int n = 0; n <= 41; n++) {
+            for (int i = 0; i < n; i++) x[i] = rndf() * 3e38f; /* large, finite */
+            if (n) x[rnd() % n] = 3.4028235e38f;               /* FLT_MAX: finite */
+            assert_int_equal(ops_all_finite(x, (size_t)n), 1);
+            for (int at = 0; at < n; at++) {
+                float keep = x[at];
+                memcpy(&x[at], &bad_bits[(size_t)at % 5], sizeof x[at]);
+                if (ops_all_finite(x, (size_t)n))
+                    fail_msg("%s n %d: %08x at %d not seen", levels[lv], n, bad_bits[at % 5], at);
+                x[at] = keep;
+            }
+        }
+    }
+    unsetenv("HEARTH_CPU");
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_attention_matches_naive),
-                                       cmocka_unit_test(test_attention_tiles_match_tokens),
-                                       cmocka_unit_test(test_attention_splits),
-                                       cmocka_unit_test(test_activations_match_double),
-                                       cmocka_unit_test(test_argmax_matches_rule)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention_matches_naive), cmocka_unit_test(test_attention_tiles_match_tokens),
+        cmocka_unit_test(test_attention_splits),        cmocka_unit_test(test_activations_match_double),
+        cmocka_unit_test(test_argmax_matches_rule),     cmocka_unit_test(test_all_finite_matches_isfinite)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

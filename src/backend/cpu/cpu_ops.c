@@ -288,6 +288,28 @@ int ops_argmax(const float *x, int n) {
     return i;
 }
 
+/* Whether any of the 8-lane blocks of x[0..*done) holds an all-ones exponent (Inf or NaN);
+ * *done: the values checked. */
+__attribute__((target("avx2"))) static int nonfinite_avx2(const float *x, size_t n, size_t *done) {
+    const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+    __m256i hit = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i e = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), exponent);
+        hit = _mm256_or_si256(hit, _mm256_cmpeq_epi32(e, exponent));
+    }
+    *done = i;
+    return !_mm256_testz_si256(hit, hit);
+}
+
+int ops_all_finite(const float *x, size_t n) {
+    size_t i = 0;
+    if (cpu_level_active() >= CPU_LEVEL_AVX2 && nonfinite_avx2(x, n, &i)) return 0;
+    for (; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
 void ops_add(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }

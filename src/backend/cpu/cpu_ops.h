@@ -25,6 +25,8 @@ void ops_gelu_tanh_mul(float *gate, const float *up, size_t n);
 /* The first index of the largest of x[0..n), NaN never above anything (x[0] NaN: 0): the
  * greedy rule, as the loop `if (x[i] > x[best]) best = i` gives it. */
 int ops_argmax(const float *x, int n);
+/* 1 when no value of x[0..n) is Inf or NaN (the engine's check of every logits row). */
+int ops_all_finite(const float *x, size_t n);
 void ops_add(float *x, const float *y, size_t n);
 void ops_scale(float *x, float s, size_t n);
 

@@ -45,25 +45,24 @@ typedef struct gemm {
  * 2d-group's first half and takes the partner's first half; hi the second halves. Four
  * stages (d = 1, 2, 4, 8) transpose 16 x 16; the first three transpose each 8 x 8 half
  * of 8 rows. */
-#define SWAP_MASKS(d)                                                                                          \
-    static const vi16 lo_##d = {L(0, d), L(1, d), L(2, d), L(3, d), L(4, d), L(5, d), L(6, d), L(7, d),        \
-                                L(8, d), L(9, d), L(10, d), L(11, d), L(12, d), L(13, d), L(14, d), L(15, d)}; \
-    static const vi16 hi_##d = {H(0, d), H(1, d), H(2, d), H(3, d), H(4, d), H(5, d), H(6, d), H(7, d),        \
-                                H(8, d), H(9, d), H(10, d), H(11, d), H(12, d), H(13, d), H(14, d), H(15, d)}
-#define L(e, d) ((e) & (d) ? 16 + (e) - (d) : (e))
-#define H(e, d) ((e) & (d) ? 16 + (e) : (e) + (d))
+#define SWAP_L(e, d) ((e) & (d) ? 16 + (e) - (d) : (e))
+#define SWAP_H(e, d) ((e) & (d) ? 16 + (e) : (e) + (d))
+#define SWAP_IDX(F, d)                                                                                         \
+    F(0, d), F(1, d), F(2, d), F(3, d), F(4, d), F(5, d), F(6, d), F(7, d), F(8, d), F(9, d), F(10, d), F(11, d), \
+        F(12, d), F(13, d), F(14, d), F(15, d)
 typedef int32_t vi16 __attribute__((vector_size(64)));
-SWAP_MASKS(1);
-SWAP_MASKS(2);
-SWAP_MASKS(4);
-SWAP_MASKS(8);
-#undef L
-#undef H
+/* Elements of x (0..15) and y (16..31) picked by constant indices: GCC's and clang's
+ * builtins for it differ (clang has no __builtin_shuffle; GCC 12 no __builtin_shufflevector). */
+#if defined(__clang__)
+#define SHUF2(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+#else
+#define SHUF2(x, y, ...) __builtin_shuffle(x, y, (vi16){__VA_ARGS__})
+#endif
 #define SWAP_STAGE(r, n, d)                                                                                    \
     for (int i = 0; i < n; i++)                                                                                \
         if (!(i & d)) {                                                                                        \
             v16 x = r[i], y = r[i + d];                                                                        \
-            r[i] = __builtin_shuffle(x, y, lo_##d), r[i + d] = __builtin_shuffle(x, y, hi_##d);                \
+            r[i] = SHUF2(x, y, SWAP_IDX(SWAP_L, d)), r[i + d] = SHUF2(x, y, SWAP_IDX(SWAP_H, d));              \
         }
 
 /* dst[k * ld + j] = src[j * ss + k] for j, k < 16 (16 rows of 16 floats, transposed). */
@@ -78,8 +77,6 @@ INL void transpose16(const float *src, int64_t ss, float *dst, int64_t ld) {
 
 /* dst[k * 8 + i] = src[i * ss + k] for i < 8, k < 16: 16 values of 8 rows, interleaved. */
 INL void transpose8x16(const float *src, int64_t ss, float *dst) {
-    static const vi16 lows = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    static const vi16 highs = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
     v16 r[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) r[i] = ld16(src + i * ss);
@@ -87,8 +84,9 @@ INL void transpose8x16(const float *src, int64_t ss, float *dst) {
     /* r[i] is now column i (rows 0..7), then column 8 + i */
 #pragma GCC unroll 4
     for (int v = 0; v < 4; v++) {
-        st16(dst + 16 * v, __builtin_shuffle(r[2 * v], r[2 * v + 1], lows));
-        st16(dst + 64 + 16 * v, __builtin_shuffle(r[2 * v], r[2 * v + 1], highs));
+        st16(dst + 16 * v, SHUF2(r[2 * v], r[2 * v + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23));
+        st16(dst + 64 + 16 * v,
+             SHUF2(r[2 * v], r[2 * v + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31));
     }
 }
 

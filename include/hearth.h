@@ -563,6 +563,17 @@ void hearth_train_defaults(hearth_train_options *o);
  * adapter_path/peft/, checkpoints every save_every steps and metrics.jsonl (its last line
  * {"done": true, ...}, with "error" when saving failed). */
 hearth_status hearth_train(const char *model, const hearth_train_options *o, hearth_error *err);
+/* What one line of metrics.jsonl is (len bytes, without its newline): a training report (a
+ * JSON object with a numeric "step" and "loss"), a validation report ("step" and
+ * "val_loss"), the final record ("step" and "done": true), or none of them. The one rule
+ * hearth train-watch and the server's training view read the file by. */
+typedef enum hearth_train_record {
+    HEARTH_TRAIN_RECORD_NONE = 0,
+    HEARTH_TRAIN_RECORD_TRAIN,
+    HEARTH_TRAIN_RECORD_VAL,
+    HEARTH_TRAIN_RECORD_FINAL,
+} hearth_train_record;
+hearth_train_record hearth_train_record_kind(const char *line, size_t len);
 
 /* ---- continuous batching ---------------------------------------------------
  * A batch runs many requests on one engine, one step at a time: each step packs the

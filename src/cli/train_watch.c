@@ -70,18 +70,18 @@ static void take_line(watch *w, const char *s, size_t n) {
     w->line++, w->updates++;
     while (n && (s[n - 1] == '\r' || s[n - 1] == ' ')) n--;
     if (!n) return;
-    json_t *j = json_loadb(s, n, 0, NULL);
-    double step, loss, iters, elapsed;
-    int ok = json_is_object(j) && num(j, "step", &step);
-    int is_final = ok && json_is_true(json_object_get(j, "done"));
-    int is_train = ok && !is_final && num(j, "loss", &loss);
-    int is_val = ok && !is_final && !is_train && num(j, "val_loss", &loss);
-    if (!is_final && !is_train && !is_val) {
+    hearth_train_record kind = hearth_train_record_kind(s, n);
+    if (kind == HEARTH_TRAIN_RECORD_NONE) {
         w->skipped++;
         fprintf(w->warn, "hearth train-watch: %s:%d: not a hearth train metrics record (skipped)\n", w->path, w->line);
-        json_decref(j);
         return;
     }
+    json_t *j = json_loadb(s, n, 0, NULL);
+    double step = 0, loss = 0, iters, elapsed;
+    int is_final = kind == HEARTH_TRAIN_RECORD_FINAL, is_train = kind == HEARTH_TRAIN_RECORD_TRAIN,
+        is_val = kind == HEARTH_TRAIN_RECORD_VAL;
+    num(j, "step", &step);
+    num(j, is_val ? "val_loss" : "loss", &loss);
     if (num(j, "iters", &iters)) w->iters = (int)iters;
     if (num(j, "elapsed", &elapsed)) w->elapsed = elapsed;
     if (is_final || is_train) w->step = (int)step;

@@ -324,8 +324,8 @@ int srv_memory_changes(srv_server *s, srv_conn *c);
 int srv_train_runs(srv_server *s, srv_conn *c);
 int srv_train_run(srv_server *s, srv_conn *c, const char *id);
 /* The complete lines of buf (len bytes, NUL-terminated; its newlines are overwritten) that are
- * metrics records (JSON objects with a numeric step), as a new array; *skipped counts the
- * complete lines that are not. A last line without its newline is not read. */
+ * metrics records (hearth_train_record_kind), as a new array; *skipped counts the complete
+ * lines that are not. A last line without its newline is not read. */
 json_t *srv_train_records(char *buf, size_t len, int *skipped);
 /* Logs one conversation ([{"role", "content"}], the answer last) into cfg.memory_log when
  * it is set (one writer at a time; failures are logged, never the request's). */

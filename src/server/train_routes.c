@@ -4,8 +4,9 @@
  *   GET /v1/train/runs            the runs, newest first, each with its latest numbers
  *   GET /v1/train/runs/{id}?from=N the run's records from the N-th on (the page polls with
  *                                 the previous answer's `next`)
- * Records are returned as the run wrote them; a line that is no metrics record (not a JSON
- * object with a numeric step, or cut short by the writer) is skipped and counted. Reads files
+ * Records are returned as the run wrote them; a line that is no metrics record
+ * (hearth_train_record_kind: what hearth train-watch skips too) is skipped and counted, and a
+ * last line the writer has not finished is not read yet. Reads files
  * only; an id is a folder name under DIR, never a path. */
 #include "server/server.h"
 #include <dirent.h>
@@ -64,11 +65,10 @@ json_t *srv_train_records(char *buf, size_t len, int *skipped) {
         if (!nl) break;
         *nl = 0;
         if (nl > p) {
-            json_t *j = json_loads(p, 0, NULL);
-            if (json_is_object(j) && json_is_number(json_object_get(j, "step")))
-                json_array_append_new(arr, j);
+            if (hearth_train_record_kind(p, (size_t)(nl - p)) != HEARTH_TRAIN_RECORD_NONE)
+                json_array_append_new(arr, json_loadb(p, (size_t)(nl - p), 0, NULL));
             else
-                json_decref(j), ++*skipped;
+                ++*skipped;
         }
         p = nl + 1;
     }

@@ -871,3 +871,15 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
     free_trainer(&t);
     return st;
 }
+
+hearth_train_record hearth_train_record_kind(const char *line, size_t len) {
+    json_t *j = json_loadb(line, len, 0, NULL);
+    hearth_train_record k = HEARTH_TRAIN_RECORD_NONE;
+    if (json_is_object(j) && json_is_number(json_object_get(j, "step")))
+        k = json_is_true(json_object_get(j, "done"))          ? HEARTH_TRAIN_RECORD_FINAL
+            : json_is_number(json_object_get(j, "loss"))     ? HEARTH_TRAIN_RECORD_TRAIN
+            : json_is_number(json_object_get(j, "val_loss")) ? HEARTH_TRAIN_RECORD_VAL
+                                                              : HEARTH_TRAIN_RECORD_NONE;
+    json_decref(j);
+    return k;
+}

@@ -73,13 +73,14 @@ def browser():
 
 
 @contextlib.contextmanager
-def chat_page(browser, base):
-    """A fresh browser context on the chat page of base; fails the test if the page threw."""
+def chat_page(browser, base, path="/#/chat"):
+    """A fresh browser context on a page of base (the chat page unless path says another);
+    fails the test if the page threw."""
     ctx = browser.new_context(viewport={"width": 1100, "height": 800})
     pg = ctx.new_page()
     errors = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.goto(base + "/#/chat")
+    pg.goto(base + path)
     yield pg
     ctx.close()
     assert not errors, f"JavaScript errors on the page: {errors}"

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from playwright.sync_api import expect
 
-from conftest import WEB, appliance, shot
+from conftest import WEB, appliance, chat_page, shot
 
 
 def rec(step, loss, iters=8, elapsed=None):
@@ -45,15 +45,8 @@ def train_app(tmp_path_factory):
 
 @pytest.fixture
 def page(browser, train_app):
-    base, _ = train_app
-    ctx = browser.new_context(viewport={"width": 1100, "height": 800})
-    pg = ctx.new_page()
-    errors = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.goto(base + "/train")
-    yield pg
-    ctx.close()
-    assert not errors, errors
+    with chat_page(browser, train_app[0], "/train") as pg:
+        yield pg
 
 
 def test_assets_are_the_files(train_app):

@@ -8,6 +8,7 @@ make --no-print-directory BUILD="$B" BINDIR="$B/bin" LIBDIR="$B/lib" "$B/libhear
 gcc -O2 -std=gnu11 -Wall -Wextra -Iinclude -Isrc -o "$B/matvec_bench" bench/kernels/matvec_bench.c \
     "$B/libhearth.a" $(pkg-config --libs jansson libpcre2-8 libutf8proc) -lm -pthread
 # the small-T (batched decode) GEMM benchmark, run by hand: $B/gemm_small_bench [threads] [formats] [NxK] [T,...]
+# (HEARTH_BENCH_CPU_CLOCK=1 times one thread by its CPU clock on a busy machine)
 gcc -O2 -std=gnu11 -Wall -Wextra -Iinclude -Isrc -o "$B/gemm_small_bench" bench/kernels/gemm_small_bench.c \
     "$B/libhearth.a" $(pkg-config --libs jansson libpcre2-8 libutf8proc) -lm -pthread
 # the Gated DeltaNet op (Qwen3.5), run by hand: $B/gdn_bench [threads] [layers] (bench/results/kernel_choices.md)

@@ -144,8 +144,16 @@ AVX512_INLINE __m512 avx512_pair_f16(const uint8_t *p0, const uint8_t *p1, int w
         int T4 = T / TILE_TOKENS * TILE_TOKENS;                                                        \
         FN(w, n0, n4, x, xstride, T4, y, ystride, ARG, R, TILE_TOKENS);                                \
         FN(w, n4, n1, x, xstride, T4, y, ystride, ARG, 1, TILE_TOKENS);                                \
-        for (int t = T4; t < T; t++) /* leftover tokens: one at a time */                              \
-            FN(w, n0, n1, x + t * xstride, xstride, 1, y + t * ystride, ystride, ARG, 1, 1);           \
+        /* the 1-3 leftover tokens in one more pass of R-row tiles (each weight pair unpacked   \
+         * once for all of them; a token's sums are the same operations in the same order),     \
+         * the leftover rows token by token */                                                   \
+        const cpu_q8_block *xr = x + T4 * xstride;                                                     \
+        float *yr = y + T4 * ystride;                                                                  \
+        if (T - T4 == 3) FN(w, n0, n4, xr, xstride, 3, yr, ystride, ARG, R, 3);                        \
+        else if (T - T4 == 2) FN(w, n0, n4, xr, xstride, 2, yr, ystride, ARG, R, 2);                   \
+        else if (T - T4 == 1) FN(w, n0, n4, xr, xstride, 1, yr, ystride, ARG, R, 1);                   \
+        for (int t = T4; t < T; t++)                                                                   \
+            FN(w, n4, n1, x + t * xstride, xstride, 1, y + t * ystride, ystride, ARG, 1, 1);           \
     }
 
 /* R rows x TT tokens: each unpacked weight pair feeds TT vpdpbusd (TT = 1 for decode,
@@ -1018,10 +1026,10 @@ int cpu_avx512_kernel(const op_weight *w, cpu_kernel *out) {
      * packed GEMM takes over from the pair tiles at a smaller T; each format's T below is
      * its crossover in bench/kernels/gemm_small_bench (bench/results/kernel_choices.md,
      * "CPU packed GEMM crossovers"). */
-    int below = w->dtype == DT_Q4_0                          ? 6
-                : w->dtype == DT_Q4_1 || w->dtype == DT_Q8_0 ? 9
+    int below = w->dtype == DT_Q4_0 || w->dtype == DT_Q4_K ? 6
+                : w->dtype == DT_Q4_1                        ? 5
+                : w->dtype == DT_Q8_0                        ? 9
                 : w->dtype == DT_Q6_K                        ? 10
-                : w->dtype == DT_Q4_K                        ? 6
                                                              : CPU_TILE_SMALL_T_AVX512;
     *out = (cpu_kernel){f, CPU_ACT_Q8, tile, small, below};
     return 1;

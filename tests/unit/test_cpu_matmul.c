@@ -456,17 +456,17 @@ static void test_avx2_decode_rows_match_tiles(void **state) {
         }
 }
 
-/* The AVX-512 small tiles (batched decode and speculative verify steps below each format's
- * packed-GEMM threshold) run T tokens as 4-token passes of 4-row tiles, then the 1-3 leftover
- * tokens as one more pass of 4-row tiles, then the rows left over token by token. A token's
- * sums are the same operations in the same order in every pass, so each output must be
- * bit-identical to the tile run on that token alone (T = 1), for every T up to 9 and N with
- * rows left over; and every T against the reference (check_case_ts, at the threshold's side
- * the tile kernel is picked for). Skipped, and said so, without AVX-512. */
-static void test_avx512_small_tiles_every_t(void **state) {
+/* The small tiles (batched decode and speculative verify steps below each format's
+ * packed-GEMM threshold) run T tokens as passes of several tokens (AVX-512: 4, AVX2: 2) over
+ * multi-row tiles, then the tokens left over as one more pass of those row tiles, then the
+ * rows left over token by token. A token's sums are the same operations in the same order in
+ * every pass, so each output must be bit-identical to the tile run on that token alone
+ * (T = 1), for every T up to 9 and N with rows left over, on AVX2 and AVX-512; and every T
+ * against the reference (check_case_ts). Skipped, and said so, without AVX2. */
+static void test_small_tiles_every_t(void **state) {
     (void)state;
-    if (cpu_level_hardware() < CPU_LEVEL_AVX512) {
-        print_message("no AVX-512 here: the small tiles did NOT run\n");
+    if (cpu_level_hardware() < CPU_LEVEL_AVX2) {
+        print_message("no AVX2 here: the small tiles did NOT run\n");
         return;
     }
     static const wcase cases[] = {
@@ -481,26 +481,30 @@ static void test_avx512_small_tiles_every_t(void **state) {
         op_weight w;
         void *sb;
         void *data = make_weight(&cases[ci], n, k, &w, &sb);
-        cpu_kernel kern = {0};
-        assert_true(cpu_avx512_kernel(&w, &kern));
-        cpu_tile_fn tile = kern.tile_small ? kern.tile_small : kern.tile;
-        assert_true(kern.act != CPU_ACT_F32 && tile);
-        const int tmax = 9;
-        float *x = malloc((size_t)(tmax * k) * sizeof *x), y1[9 * 23], y2[9 * 23];
-        cpu_q8_block *xq = malloc((size_t)(tmax * k / 32) * sizeof *xq);
-        for (int64_t i = 0; i < tmax * k; i++) x[i] = rndf() * (i % 7 == 0 ? 4.0f : 1.0f);
-        for (int t = 0; t < tmax; t++)
-            cpu_quantize_row(x + t * k, k, xq + t * (k / 32), kern.act == CPU_ACT_Q8_EVENODD);
-        for (int t = 0; t < tmax; t++) tile(&w, 0, n, xq + t * (k / 32), k / 32, 1, y1 + t * n, n);
-        for (int T = 1; T <= tmax; T++) {
-            memset(y2, 0xff, sizeof y2);
-            tile(&w, 0, n, xq, k / 32, T, y2, n);
-            for (int64_t i = 0; i < T * n; i++)
-                if (memcmp(&y1[i], &y2[i], sizeof(float)))
-                    fail_msg("%s T %d: y[%lld] = %.9g, alone %.9g", cases[ci].name, T, (long long)i, y2[i], y1[i]);
+        for (int isa = 0; isa < 2; isa++) {
+            cpu_kernel kern = {0};
+            if (isa == 1 && cpu_level_hardware() < CPU_LEVEL_AVX512) continue;
+            if (!(isa ? cpu_avx512_kernel(&w, &kern) : cpu_avx2_kernel(&w, &kern))) continue;
+            cpu_tile_fn tile = kern.tile_small ? kern.tile_small : kern.tile;
+            if (kern.act == CPU_ACT_F32 || !tile) continue; /* AVX2 formats without an int8 tile */
+            const int tmax = 9;
+            float *x = malloc((size_t)(tmax * k) * sizeof *x), y1[9 * 23], y2[9 * 23];
+            cpu_q8_block *xq = malloc((size_t)(tmax * k / 32) * sizeof *xq);
+            for (int64_t i = 0; i < tmax * k; i++) x[i] = rndf() * (i % 7 == 0 ? 4.0f : 1.0f);
+            for (int t = 0; t < tmax; t++)
+                cpu_quantize_row(x + t * k, k, xq + t * (k / 32), kern.act == CPU_ACT_Q8_EVENODD);
+            for (int t = 0; t < tmax; t++) tile(&w, 0, n, xq + t * (k / 32), k / 32, 1, y1 + t * n, n);
+            for (int T = 1; T <= tmax; T++) {
+                memset(y2, 0xff, sizeof y2);
+                tile(&w, 0, n, xq, k / 32, T, y2, n);
+                for (int64_t i = 0; i < T * n; i++)
+                    if (memcmp(&y1[i], &y2[i], sizeof(float)))
+                        fail_msg("%s %s T %d: y[%lld] = %.9g, alone %.9g", isa ? "avx512" : "avx2", cases[ci].name, T,
+                                 (long long)i, y2[i], y1[i]);
+            }
+            free(x);
+            free(xq);
         }
-        free(x);
-        free(xq);
         free(data);
         free(sb);
         static const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -817,7 +821,7 @@ int main(void) {
         cmocka_unit_test(test_k_quants_beyond_staged_k),
         cmocka_unit_test(test_avx512_decode_rows_staged_k),
         cmocka_unit_test(test_avx2_decode_rows_match_tiles),
-        cmocka_unit_test(test_avx512_small_tiles_every_t),
+        cmocka_unit_test(test_small_tiles_every_t),
         cmocka_unit_test(test_bf16_dot_kernels),
         cmocka_unit_test(test_dense_tiles_match_rows),
         cmocka_unit_test(test_fused_matches_separate),

@@ -632,7 +632,8 @@ A2_INLINE void a2_q6k_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu
 
 /* Prefill (tile) entry point of a multi-row kernel FN(w, n0, n1, x, xstride, T, y, ystride,
  * ARG, rows, tokens): A2_ROWS rows and A2_TOKENS tokens at a time, the remaining rows one by
- * one, a last odd token alone. */
+ * one, a last odd token in A2_ROWS-row tiles of its own (a token's sums are the same
+ * operations in every pass: test_small_tiles_every_t). */
 #define A2_TILE_KERNEL(TILE_NAME, FN, ARG)                                                                             \
     __attribute__((target(KTARGET))) static void TILE_NAME(const op_weight *w, int64_t n0, int64_t n1,                \
                                                            const void *xv, int64_t xstride, int T, float *y,           \
@@ -642,8 +643,10 @@ A2_INLINE void a2_q6k_tile(const op_weight *w, int64_t n0, int64_t n1, const cpu
         int T2 = T / A2_TOKENS * A2_TOKENS;                                                                            \
         FN(w, n0, n4, x, xstride, T2, y, ystride, ARG, A2_ROWS, A2_TOKENS);                                            \
         FN(w, n4, n1, x, xstride, T2, y, ystride, ARG, 1, A2_TOKENS);                                                  \
-        for (int t = T2; t < T; t++) /* a leftover token */                                                            \
-            FN(w, n0, n1, x + t * xstride, xstride, 1, y + t * ystride, ystride, ARG, 1, 1);                           \
+        if (T2 < T) /* a leftover token: one more pass of A2_ROWS-row tiles, then the rows left over */                \
+            FN(w, n0, n4, x + T2 * xstride, xstride, 1, y + T2 * ystride, ystride, ARG, A2_ROWS, 1);                   \
+        for (int t = T2; t < T; t++)                                                                                   \
+            FN(w, n4, n1, x + t * xstride, xstride, 1, y + t * ystride, ystride, ARG, 1, 1);                           \
     }
 /* Decode (rows) entry point: CALL on the row range n0..n1-1 of w, activation x, output y. */
 #define A2_ROWS_KERNEL(ROWS_NAME, CALL)                                                                                \

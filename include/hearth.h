@@ -563,6 +563,16 @@ void hearth_train_defaults(hearth_train_options *o);
  * adapter_path/peft/, checkpoints every save_every steps and metrics.jsonl (its last line
  * {"done": true, ...}, with "error" when saving failed). */
 hearth_status hearth_train(const char *model, const hearth_train_options *o, hearth_error *err);
+/* Predicts, without loading the weights or allocating the trainer, the peak resident
+ * memory hearth_train(model, o) would reach: the process as it is (with o->data read, as
+ * training reads it), the weights as loaded, their float32 copies (a quantized base), the
+ * LoRA tensors and their gradients, Adam's state, the activations kept for the backward,
+ * the step's buffers and the GEMM packing workspace, for the sequence length training
+ * sizes everything for (with o->data: its longest example or response, cut to
+ * max_seq_length; without: max_seq_length). *report_json: a JSON object (hearth_free):
+ * predicted_peak_bytes, each part, the settings it assumed, available_bytes and fits. */
+hearth_status hearth_train_fit(const char *model, const hearth_train_options *o, char **report_json,
+                               hearth_error *err);
 /* What one line of metrics.jsonl is (len bytes, without its newline): a training report (a
  * JSON object with a numeric "step" and "loss"), a validation report ("step" and
  * "val_loss"), the final record ("step" and "done": true), or none of them. The one rule

@@ -55,6 +55,7 @@ int cli_convert_mixed(const char *model, hearth_convert_options o, double target
 int cli_harness(int argc, char **argv);
 int cli_fuse(int argc, char **argv);
 int cli_train(int argc, char **argv);
+int cli_train_fit(int argc, char **argv); /* hearth fit --train */
 int cli_train_watch(int argc, char **argv);
 /* The appliance's model for `hearth` without --model (choose.c); NULL: serve's default.
  * no_download: never start the background pull of a better model (--no-download). */

@@ -13,7 +13,8 @@ static const char *fit_usage =
     "       [--threads N] [--mmap] [--kv-quant none|int8|fp8|f16] [--speculate lookup|none] [--deterministic] [--cuda-exact] [--expert-offload N]\n"
     "       [--device cpu|cuda|auto]\n"
     "       [--measure | --bandwidth GBS] [--sku NAME] [--json] [--skus] [--record]\n"
-    "  every flag that sizes `hearth serve`'s memory, with serve's defaults (--batch B: --max-sequences B)";
+    "  every flag that sizes `hearth serve`'s memory, with serve's defaults (--batch B: --max-sequences B)\n"
+    "hearth fit <model> --train [hearth train's flags] [--json]: the memory `hearth train` would take";
 
 void cli_fit_print_skus(const char *report_json); /* fit_skus.c */
 int cli_fit_record(const char *report_json);
@@ -122,6 +123,8 @@ static void print_table(const json_t *r) {
 }
 
 int cli_fit(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) /* training's memory: hearth train's flags (train.c) */
+        if (!strcmp(argv[i], "--train")) return cli_train_fit(argc, argv);
     const char *model = NULL;
     int as_json = 0, skus = 0, record = 0;
     hearth_fit_options fo = {0};

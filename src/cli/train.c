@@ -71,63 +71,126 @@ static int real_flag(const char *name, const char *v, double *out) {
     return 0;
 }
 
-int cli_train(int argc, char **argv) {
-    hearth_train_options o;
-    hearth_train_defaults(&o);
-    o.on_metrics = on_metrics;
-    const char *model = NULL;
+/* The flags of hearth train into *o and *model (hearth fit --train takes them too, and
+ * --json: *as_json when as_json is not NULL); 0, or the exit code of a usage error. */
+static int parse_train_flags(int argc, char **argv, const char *usage, hearth_train_options *o, const char **model,
+                             int *as_json) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0, used = 1;
         if (cli_is_help(a)) {
-            printf("usage: %s\n", train_usage);
-            return 0;
+            printf("usage: %s\n", usage);
+            return -1;
         }
         if (!strcmp(a, "--train")) continue;          /* mlx_lm.lora needs it; training is what this verb does */
-        if (!strcmp(a, "--mask-prompt")) { o.mask_prompt = 1; continue; }
+        if (as_json && !strcmp(a, "--json")) { *as_json = 1; continue; }
+        if (!strcmp(a, "--mask-prompt")) { o->mask_prompt = 1; continue; }
         if (!v) used = 0;
-        else if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--data")) o.data = v;
-        else if (!strcmp(a, "--method")) o.method = v;
-        else if (!strcmp(a, "--adapter-path")) o.adapter_path = v;
-        else if (!strcmp(a, "--resume-adapter-file")) o.resume_adapter_file = v;
-        else if (!strcmp(a, "--iters")) bad = int_flag(a, v, 1, &o.iters);
-        else if (!strcmp(a, "--batch-size")) bad = int_flag(a, v, 1, &o.batch_size);
-        else if (!strcmp(a, "--lora-rank")) bad = int_flag(a, v, 1, &o.lora_rank);
-        else if (!strcmp(a, "--max-seq-length")) bad = int_flag(a, v, 2, &o.max_seq_length);
-        else if (!strcmp(a, "--steps-per-report")) bad = int_flag(a, v, 1, &o.steps_per_report);
-        else if (!strcmp(a, "--steps-per-eval")) bad = int_flag(a, v, 1, &o.steps_per_eval);
-        else if (!strcmp(a, "--save-every")) bad = int_flag(a, v, 1, &o.save_every);
-        else if (!strcmp(a, "--threads")) bad = int_flag(a, v, 1, &o.threads);
+        else if (!strcmp(a, "--model")) *model = v;
+        else if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--method")) o->method = v;
+        else if (!strcmp(a, "--adapter-path")) o->adapter_path = v;
+        else if (!strcmp(a, "--resume-adapter-file")) o->resume_adapter_file = v;
+        else if (!strcmp(a, "--iters")) bad = int_flag(a, v, 1, &o->iters);
+        else if (!strcmp(a, "--batch-size")) bad = int_flag(a, v, 1, &o->batch_size);
+        else if (!strcmp(a, "--lora-rank")) bad = int_flag(a, v, 1, &o->lora_rank);
+        else if (!strcmp(a, "--max-seq-length")) bad = int_flag(a, v, 2, &o->max_seq_length);
+        else if (!strcmp(a, "--steps-per-report")) bad = int_flag(a, v, 1, &o->steps_per_report);
+        else if (!strcmp(a, "--steps-per-eval")) bad = int_flag(a, v, 1, &o->steps_per_eval);
+        else if (!strcmp(a, "--save-every")) bad = int_flag(a, v, 1, &o->save_every);
+        else if (!strcmp(a, "--threads")) bad = int_flag(a, v, 1, &o->threads);
         else if (!strcmp(a, "--num-layers")) {
-            if (!strcmp(v, "-1")) o.num_layers = -1;
-            else bad = int_flag(a, v, 1, &o.num_layers);
+            if (!strcmp(v, "-1")) o->num_layers = -1;
+            else bad = int_flag(a, v, 1, &o->num_layers);
         } else if (!strcmp(a, "--val-batches")) {
-            if (!strcmp(v, "-1")) o.val_batches = -1;
-            else bad = int_flag(a, v, 1, &o.val_batches);
+            if (!strcmp(v, "-1")) o->val_batches = -1;
+            else bad = int_flag(a, v, 1, &o->val_batches);
         } else if (!strcmp(a, "--seed")) {
             int s;
             bad = int_flag(a, v, 0, &s);
-            o.seed = (unsigned long long)s;
-        } else if (!strcmp(a, "--learning-rate")) bad = real_flag(a, v, &o.learning_rate);
-        else if (!strcmp(a, "--lora-scale")) bad = real_flag(a, v, &o.lora_scale);
-        else if (!strcmp(a, "--beta")) bad = real_flag(a, v, &o.beta);
-        else if (!strcmp(a, "--lambda")) bad = real_flag(a, v, &o.orpo_lambda);
+            o->seed = (unsigned long long)s;
+        } else if (!strcmp(a, "--learning-rate")) bad = real_flag(a, v, &o->learning_rate);
+        else if (!strcmp(a, "--lora-scale")) bad = real_flag(a, v, &o->lora_scale);
+        else if (!strcmp(a, "--beta")) bad = real_flag(a, v, &o->beta);
+        else if (!strcmp(a, "--lambda")) bad = real_flag(a, v, &o->orpo_lambda);
         else used = 0;
         if (bad) return 2;
         if (used) {
             i++;
             continue;
         }
-        if (a[0] == '-') return cli_usage_error(train_usage, "%s: unknown flag, or a flag without its value", a);
-        if (model) return cli_usage_error(train_usage, "%s: unexpected argument", a);
-        model = a;
+        if (a[0] == '-') return cli_usage_error(usage, "%s: unknown flag, or a flag without its value", a);
+        if (*model) return cli_usage_error(usage, "%s: unexpected argument", a);
+        *model = a;
     }
+    return 0;
+}
+
+int cli_train(int argc, char **argv) {
+    hearth_train_options o;
+    hearth_train_defaults(&o);
+    o.on_metrics = on_metrics;
+    const char *model = NULL;
+    int rc = parse_train_flags(argc, argv, train_usage, &o, &model, NULL);
+    if (rc) return rc < 0 ? 0 : rc;
     if (!model) return cli_usage_error(train_usage, "%s", "need a model");
     if (!o.data) return cli_usage_error(train_usage, "%s", "need --data <dir> (a folder with train.jsonl)");
     hearth_error err = {0};
     if (hearth_train(model, &o, &err)) return cli_fail(&err);
     fprintf(stderr, "hearth train: wrote %s/adapters.safetensors (MLX) and %s/peft/ (PEFT)\n", o.adapter_path,
             o.adapter_path);
+    return 0;
+}
+
+static const char *train_fit_usage =
+    "hearth fit <model> --train [--data <dir>] [--method sft|dpo|orpo] [--max-seq-length N] [--lora-rank N]\n"
+    "       [--num-layers N|-1] [--threads N] [--json]\n"
+    "  the peak memory `hearth train` would take with the same flags (every other train flag is accepted\n"
+    "  and changes nothing here); with --data, sized for its longest example as training is";
+
+static double train_mib(const json_t *o, const char *key) {
+    return (double)json_integer_value(json_object_get(o, key)) / (1024.0 * 1024.0);
+}
+
+int cli_train_fit(int argc, char **argv) {
+    hearth_train_options o;
+    hearth_train_defaults(&o);
+    const char *model = NULL;
+    int as_json = 0, rc = parse_train_flags(argc, argv, train_fit_usage, &o, &model, &as_json);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (!model) return cli_usage_error(train_fit_usage, "%s", "need a model");
+    hearth_error err = {0};
+    char *report = NULL;
+    if (hearth_train_fit(model, &o, &report, &err)) return cli_fail(&err);
+    json_t *r = as_json ? NULL : json_loads(report, 0, NULL);
+    if (as_json || !r) {
+        printf("%s\n", report);
+    } else {
+        const json_t *p = json_object_get(r, "parts");
+        printf("model:    %s\n", json_string_value(json_object_get(r, "model")));
+        printf("training: %s, sequences of %lld tokens (%s), LoRA rank %lld on the last %lld layers (%lld "
+               "parameters), %lld threads\n\n",
+               json_string_value(json_object_get(r, "method")),
+               (long long)json_integer_value(json_object_get(r, "sequence_length")),
+               json_string_value(json_object_get(r, "sequence_length_source")),
+               (long long)json_integer_value(json_object_get(r, "lora_rank")),
+               (long long)json_integer_value(json_object_get(r, "layers_trained")),
+               (long long)json_integer_value(json_object_get(r, "trainable_parameters")),
+               (long long)json_integer_value(json_object_get(r, "threads")));
+        static const char *const rows[][2] = {
+            {"process", "this process (libraries, tokenizer, data)"}, {"weights", "weights as loaded"},
+            {"dense_weight_copies", "float32 copies of quantized weights"},
+            {"adapter_and_gradients", "LoRA tensors and their gradients"}, {"optimizer_state", "Adam state"},
+            {"saved_activations", "activations kept for the backward"}, {"step_buffers", "the step's buffers"},
+            {"gemm_workspace", "GEMM packing workspace"}};
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+            printf("  %-42s %10.1f MiB\n", rows[i][1], train_mib(p, rows[i][0]));
+        printf("  %-42s %10.1f MiB\n", "predicted peak resident", train_mib(r, "predicted_peak_bytes"));
+        if (json_object_get(r, "fits"))
+            printf("  %-42s %10.1f MiB\nfits: %s\n", "available", train_mib(r, "available_bytes"),
+                   json_is_true(json_object_get(r, "fits")) ? "yes" : "NO");
+    }
+    json_decref(r);
+    hearth_free(report);
     return 0;
 }

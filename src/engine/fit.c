@@ -138,6 +138,14 @@ static fit_base fit_base_now(const hearth_model *hm, const engine_plan *p, int u
                       .keeps_file = use_mmap != 0};
 }
 
+size_t fit_process_base(const hearth_model *hm, int threads) {
+    engine_trim_heap();
+    model_drop_file_pages(hm);
+    long long rss = hearth_proc_kb_field("/proc/self/status", "VmRSS");
+    return (rss > 0 ? (size_t)rss : 0) + FIT_ENGINE_CODE_BYTES +
+           (size_t)(threads > 1 ? threads - 1 : 0) * FIT_THREAD_RESIDENT_BYTES;
+}
+
 size_t fit_host_peak(const hearth_model *hm, const engine_plan *p, int use_mmap) {
     fit_base b = fit_base_now(hm, p, use_mmap);
     return fit_peak(&b, p);

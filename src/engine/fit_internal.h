@@ -11,6 +11,10 @@ long long hearth_proc_kb_field(const char *path, const char *key);
 /* The process's predicted resident high-water mark once an engine of plan p exists: what
  * it holds now, the model file pages loading maps, worker stacks, code pages, the plan. */
 size_t fit_host_peak(const hearth_model *hm, const engine_plan *p, int use_mmap);
+/* What this process holds besides the weights it is about to load (without --mmap): its
+ * resident set now with the model's tensor file pages dropped, hearth's code pages and
+ * threads - 1 worker stacks. hearth_train_fit's base. */
+size_t fit_process_base(const hearth_model *hm, int threads);
 /* Resolves o->engine.device (and o->sku, which implies cuda) to HEARTH_DEVICE_CPU or
  * HEARTH_DEVICE_CUDA: auto is cuda when a GPU is present. */
 hearth_status fit_device(const hearth_fit_options *o, int *device, hearth_error *err);

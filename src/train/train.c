@@ -12,6 +12,7 @@
 #include "io/safetensors_write.h"
 #include "model/model.h"
 #include "model/model_handle.h"
+#include "engine/fit_internal.h"
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -59,9 +60,29 @@ typedef struct trainer {
     int32_t *targets;
     float *adam_m, *adam_v; /* one block over every LoRA tensor, in layer and projection order */
     size_t n_params;
+    /* dry: size everything, allocate and load nothing (hearth_train_fit); the bytes each
+     * allocation would take, by what it holds (part) */
+    int dry, part, threads, T1, T2; /* the two slots' longest sequences (a pair's chosen and rejected), for dry sizing */
+    size_t dry_bytes[5];
 } trainer;
 
+enum { PART_DENSE, PART_ADAPTER, PART_OPTIMIZER, PART_ACTIVATIONS, PART_BUFFERS };
+static const char *const part_name[] = {"dense_weight_copies", "adapter_and_gradients", "optimizer_state",
+                                        "saved_activations", "step_buffers"};
+
+/* What an allocation of n bytes adds to the resident set once written: glibc serves large
+ * blocks (from its mmap threshold, 128 KiB at first) as whole pages plus a header page,
+ * small ones from the heap with a 16-byte header. */
+static size_t resident_of(size_t n) {
+    return n >= 128 * 1024 ? (n + 4096 + 4095) / 4096 * 4096 : n + 16;
+}
+static float dry_block[16]; /* what a dry falloc returns: never written through */
+
 static float *falloc(trainer *t, size_t n) {
+    if (t->dry) {
+        t->dry_bytes[t->part] += resident_of((n ? n : 1) * sizeof(float));
+        return dry_block;
+    }
     float *p = calloc(n ? n : 1, sizeof(float));
     if (!p) return NULL;
     float **g = realloc(t->owned, sizeof(float *) * (size_t)(t->n_owned + 1));
@@ -73,9 +94,10 @@ static float *falloc(trainer *t, size_t n) {
 
 /* A frozen weight as float32 rows: used in place when it is float32 already. */
 static const float *dense(trainer *t, const op_weight *w) {
-    if (w->dtype == DT_F32) return w->data;
+    if (w->dtype == DT_F32) return t->dry ? dry_block : w->data;
+    t->part = PART_DENSE;
     float *p = falloc(t, (size_t)(w->n * w->k));
-    if (p)
+    if (p && !t->dry)
         for (int64_t i = 0; i < w->n; i++) op_weight_dequant_row(w, i, p + i * w->k);
     return p;
 }
@@ -123,7 +145,7 @@ static double uniform01(uint64_t *s) {
 static hearth_status open_trainer(trainer *t, const char *name, const hearth_train_options *o, int max_T,
                                   hearth_error *err) {
     hearth_status st;
-    if ((st = model_load(t->hm, 0, &t->m, err))) return st;
+    if ((st = (t->dry ? model_plan : model_load)(t->hm, 0, &t->m, err))) return st;
     const model_config *c = &t->m->cfg;
     if (c->family != FAMILY_LLAMA && c->family != FAMILY_QWEN3)
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
@@ -141,7 +163,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         return err_set(err, HEARTH_ERR_INVALID, "--num-layers %d: the model has only %d layers", o->num_layers, t->L);
     t->first_lora = o->num_layers < 0 ? 0 : t->L - o->num_layers;
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if ((st = tp_create(threads > 0 ? threads : 1, &t->tp, err))) return st;
+    t->threads = threads > 0 ? threads : 1;
+    if (!t->dry && (st = tp_create(t->threads, &t->tp, err))) return st;
     if (!(t->layers = calloc((size_t)t->L, sizeof *t->layers))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (!(t->lm_head = dense(t, &t->m->lm_head))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     uint64_t rng = o->seed * 0x2545f4914f6cdd1dull + 1;
@@ -159,6 +182,7 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         y->attn_norm = lw->attn_norm, y->ffn_norm = lw->ffn_norm, y->q_norm = lw->q_norm, y->k_norm = lw->k_norm;
         y->has_lora = l >= t->first_lora;
         if (y->has_lora) {
+            t->part = PART_ADAPTER;
             for (int p = 0; p < N_P; p++) {
                 tr_lora *lo = &y->lora[p];
                 int64_t K = y->k[p], N = y->n[p];
@@ -167,15 +191,23 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                                 .gb = falloc(t, (size_t)(t->r * N))};
                 if (!lo->a || !lo->b || !lo->ga || !lo->gb) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
                 double bound = 1.0 / sqrt((double)K); /* mlx-lm: A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0 */
-                for (int64_t i = 0; i < K * t->r; i++) lo->a[i] = (float)((2 * uniform01(&rng) - 1) * bound);
+                for (int64_t i = 0; !t->dry && i < K * t->r; i++) lo->a[i] = (float)((2 * uniform01(&rng) - 1) * bound);
                 t->n_params += (size_t)(K * t->r + t->r * N);
             }
-            if (alloc_acts(t, &y->s) || (t->pref && alloc_acts(t, &y->s2)))
-                return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
+            t->part = PART_ACTIVATIONS;
+            /* dry: each slot (a pair's chosen and rejected sequences) is resident only as
+             * far as the longest of its sequences is long */
+            int T = t->T, T1 = t->dry && t->T1 > 0 && t->T1 < T ? t->T1 : T;
+            int T2 = t->dry && t->T2 > 0 && t->T2 < T ? t->T2 : T, bad;
+            t->T = T1, bad = alloc_acts(t, &y->s);
+            t->T = T2, bad = bad || (t->pref && alloc_acts(t, &y->s2)), t->T = T;
+            if (bad) return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
         }
     }
+    t->part = PART_ACTIVATIONS;
     if (t->first_lora > 0 && alloc_acts(t, &t->shared))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
+    t->part = PART_BUFFERS;
     int64_t T = max_T, D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
     int64_t wide = F > qd ? F : qd;
     wide = wide > D ? wide : D;
@@ -193,10 +225,12 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                      !(t->rstdf2 = falloc(t, (size_t)T)) || !(t->dh2 = falloc(t, (size_t)(T * D))))) ||
         !(t->lin_scratch = falloc(t, (size_t)(T * t->r))) ||
         !(t->attn_scratch = falloc(t, (size_t)(t->Hq * T * T))) ||
-        !(t->xent_scratch = falloc(t, (size_t)TR_XENT_ROWS * (size_t)(t->V + 2 * D))) ||
-        !(t->adam_m = falloc(t, t->n_params)) || !(t->adam_v = falloc(t, t->n_params)) ||
-        !(t->targets = calloc((size_t)T, sizeof(int32_t))))
+        /* a chunk holds at most T rows: dry, what of the scratch is ever written */
+        !(t->xent_scratch = falloc(t, (size_t)(t->dry && T < TR_XENT_ROWS ? T : TR_XENT_ROWS) * (size_t)(t->V + 2 * D))) ||
+        (t->part = PART_OPTIMIZER, !(t->adam_m = falloc(t, t->n_params))) || !(t->adam_v = falloc(t, t->n_params)))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    if (t->dry) t->dry_bytes[PART_BUFFERS] += resident_of((size_t)T * sizeof(int32_t));
+    else if (!(t->targets = calloc((size_t)T, sizeof(int32_t)))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     return HEARTH_OK;
 }
 
@@ -725,39 +759,42 @@ static hearth_status check_pairs(const tr_dataset *d, int max_seq, const char *p
     return HEARTH_OK;
 }
 
-hearth_status hearth_train(const char *model_name, const hearth_train_options *opts, hearth_error *err) {
-    const char *method = opts->method;
+/* What hearth_train and hearth_train_fit share before the trainer exists: the method
+ * checked, the model opened (t->hm), train.jsonl and valid.jsonl read when o->data is set
+ * (required when need_data), the method resolved from the data (sft without data), the
+ * defaults filled in and checked, preference pairs checked, and *longest: the sequence
+ * length the trainer is sized for (the longest example or response, cut to max_seq_length;
+ * without data, max_seq_length). */
+static hearth_status train_setup(const char *model_name, hearth_train_options *o, int need_data, trainer *t,
+                                 tr_dataset *td, tr_dataset *vd, int *longest, hearth_error *err) {
+    const char *method = o->method;
     if (method && strcmp(method, "sft") && strcmp(method, "dpo") && strcmp(method, "orpo"))
         return err_set(err, HEARTH_ERR_INVALID, "--method %s: unknown (sft, dpo or orpo)", method);
-    if (!opts->data) return err_set(err, HEARTH_ERR_INVALID, "need --data <dir> (with train.jsonl)");
-    hearth_train_options ro = *opts, *o = &ro;
-    trainer t = {0};
-    tr_dataset td = {0}, vd = {0};
+    if (need_data && !o->data) return err_set(err, HEARTH_ERR_INVALID, "need --data <dir> (with train.jsonl)");
     char path[4096];
-    hearth_status st = hearth_model_open(model_name, &t.hm, err);
-    if (!st) {
+    hearth_status st = hearth_model_open(model_name, &t->hm, err);
+    if (!st && o->data) {
         snprintf(path, sizeof path, "%s/train.jsonl", o->data);
-        st = tr_dataset_load(t.hm, path, 0, o->mask_prompt, &td, err);
+        st = tr_dataset_load(t->hm, path, 0, o->mask_prompt, td, err);
     }
-    if (!st) {
+    if (!st && o->data) {
         snprintf(path, sizeof path, "%s/valid.jsonl", o->data);
-        st = tr_dataset_load(t.hm, path, 1, o->mask_prompt, &vd, err);
+        st = tr_dataset_load(t->hm, path, 1, o->mask_prompt, vd, err);
     }
-    if (!st && !method) method = td.pref ? "orpo" : "sft";
+    if (!st && !method) method = td->pref ? "orpo" : "sft";
     int pref = method && strcmp(method, "sft"), orpo = method && !strcmp(method, "orpo");
-    if (!st && pref != td.pref)
+    if (!st && o->data && pref != td->pref)
         st = err_set(err, HEARTH_ERR_INVALID,
                      pref ? "--method %s needs preference data: %s/train.jsonl lines with \"prompt\", \"chosen\" and "
                             "\"rejected\""
                           : "--method %s trains on \"text\", \"prompt\"/\"completion\" or \"messages\" data; "
                             "%s/train.jsonl holds preference pairs (--method dpo or orpo)",
                      method, o->data);
-    if (!st && vd.n && vd.pref != td.pref)
+    if (!st && vd->n && vd->pref != td->pref)
         st = err_set(err, HEARTH_ERR_INVALID, "%s/valid.jsonl and train.jsonl are not in the same kind of format",
                      o->data);
     if (!st) o->method = method;
     resolve_defaults(o, pref, orpo);
-    double beta = orpo ? o->orpo_lambda : o->beta;
     if (!st && (!(o->beta >= 0) || !(o->orpo_lambda >= 0)))
         st = err_set(err, HEARTH_ERR_INVALID, "--beta and --lambda must be non-negative numbers");
     if (!st && (o->iters < 1 || o->batch_size < 1 || o->lora_rank < 1 || o->max_seq_length < 2 || o->steps_per_report < 1 ||
@@ -766,24 +803,40 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
         st = err_set(err, HEARTH_ERR_INVALID,
                      "--iters, --batch-size, --lora-rank, --steps-per-report, --steps-per-eval and --save-every "
                      "must be at least 1, --max-seq-length at least 2, --num-layers positive or -1");
+    if (!st && pref && o->data) {
+        snprintf(path, sizeof path, "%s/train.jsonl", o->data);
+        st = check_pairs(td, o->max_seq_length, path, err);
+        snprintf(path, sizeof path, "%s/valid.jsonl", o->data);
+        if (!st) st = check_pairs(vd, o->max_seq_length, path, err);
+    }
+    int n = 0, n2 = 0;
+    for (int i = 0; i < td->n; i++) n = td->ex[i].n > n ? td->ex[i].n : n;
+    for (int i = 0; i < vd->n; i++) n = vd->ex[i].n > n ? vd->ex[i].n : n;
+    for (int i = 0; pref && i < td->n; i++) n2 = td->ex[i].n2 > n2 ? td->ex[i].n2 : n2;
+    for (int i = 0; pref && i < vd->n; i++) n2 = vd->ex[i].n2 > n2 ? vd->ex[i].n2 : n2;
+    t->pref = pref;
+    t->T1 = !o->data || n > o->max_seq_length ? o->max_seq_length : n;
+    t->T2 = !o->data || n2 > o->max_seq_length ? o->max_seq_length : n2;
+    n = n2 > n ? n2 : n;
+    *longest = !o->data || n > o->max_seq_length ? o->max_seq_length : n;
+    return st;
+}
+
+hearth_status hearth_train(const char *model_name, const hearth_train_options *opts, hearth_error *err) {
+    hearth_train_options ro = *opts, *o = &ro;
+    trainer t = {0};
+    tr_dataset td = {0}, vd = {0};
+    char path[4096];
+    int longest = 0;
+    hearth_status st = train_setup(model_name, o, 1, &t, &td, &vd, &longest, err);
+    if (st && !t.hm) return st;
+    int pref = t.pref, orpo = o->method && !strcmp(o->method, "orpo");
+    double beta = orpo ? o->orpo_lambda : o->beta;
     const char *dir = o->adapter_path ? o->adapter_path : "adapters";
     int *idx = NULL, *vidx = NULL, *perm = NULL, *vperm = NULL, nb = 0, n_vb = 0;
     FILE *metrics = NULL;
-    if (!st && pref) {
-        snprintf(path, sizeof path, "%s/train.jsonl", o->data);
-        st = check_pairs(&td, o->max_seq_length, path, err);
-        snprintf(path, sizeof path, "%s/valid.jsonl", o->data);
-        if (!st) st = check_pairs(&vd, o->max_seq_length, path, err);
-    }
     if (!st) st = tr_batches(&td, o->batch_size, "train.jsonl", &idx, &nb, err);
     if (!st && vd.n) st = tr_batches(&vd, o->batch_size, "valid.jsonl", &vidx, &n_vb, err);
-    int longest = 0;
-    for (int i = 0; i < td.n; i++) longest = td.ex[i].n > longest ? td.ex[i].n : longest;
-    for (int i = 0; i < vd.n; i++) longest = vd.ex[i].n > longest ? vd.ex[i].n : longest;
-    for (int i = 0; pref && i < td.n; i++) longest = td.ex[i].n2 > longest ? td.ex[i].n2 : longest;
-    for (int i = 0; pref && i < vd.n; i++) longest = vd.ex[i].n2 > longest ? vd.ex[i].n2 : longest;
-    t.pref = pref;
-    longest = longest < o->max_seq_length ? longest : o->max_seq_length;
     if (!st) st = open_trainer(&t, model_name, o, longest > 0 ? longest : 1, err);
     if (!st && o->resume_adapter_file) st = load_adapter_weights(&t, o->resume_adapter_file, err);
     if (!st && mkdir(dir, 0777) && errno != EEXIST) st = err_set(err, HEARTH_ERR_IO, "%s: %s", dir, strerror(errno));
@@ -882,4 +935,64 @@ hearth_train_record hearth_train_record_kind(const char *line, size_t len) {
                                                               : HEARTH_TRAIN_RECORD_NONE;
     json_decref(j);
     return k;
+}
+
+/* The packing workspace of the largest product a step makes: attention's per-head products
+ * (T x T and T x head_dim panels), every projection's forward, input-gradient and LoRA
+ * products, and the cross-entropy's chunk against the LM head (TR_XENT_ROWS rows x vocab). */
+static size_t gemm_workspace_bytes(const trainer *t) {
+    int64_t T = t->T, xr = T < TR_XENT_ROWS ? T : TR_XENT_ROWS, th = t->threads;
+    int64_t dims[] = {t->D, (int64_t)t->Hq * t->hd, (int64_t)t->Hkv * t->hd, t->F, t->V, t->r};
+    size_t most = tr_gemm_workspace_floats(t->Hq, T, T, (int)th);
+    size_t c[] = {tr_gemm_workspace_floats(t->Hq, T, t->hd, (int)th), tr_gemm_workspace_floats(1, xr, t->D, (int)th),
+                  tr_gemm_workspace_floats(1, xr, t->V, (int)th)};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) most = c[i] > most ? c[i] : most;
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        if (dims[i] == t->V) continue; /* the vocabulary only meets the chunk's rows */
+        size_t a = tr_gemm_workspace_floats(1, T, dims[i], (int)th), b = tr_gemm_workspace_floats(1, dims[i], T, (int)th);
+        most = a > most ? a : most;
+        most = b > most ? b : most;
+    }
+    return resident_of(((most + 15) & ~(size_t)15) * sizeof(float));
+}
+
+hearth_status hearth_train_fit(const char *model_name, const hearth_train_options *opts, char **report_json,
+                               hearth_error *err) {
+    hearth_train_options ro = *opts, *o = &ro;
+    trainer t = {.dry = 1};
+    tr_dataset td = {0}, vd = {0};
+    int longest = 0;
+    *report_json = NULL;
+    hearth_status st = train_setup(model_name, o, 0, &t, &td, &vd, &longest, err);
+    int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    size_t base = st ? 0 : fit_process_base(t.hm, threads > 0 ? threads : 1);
+    if (!st) st = open_trainer(&t, model_name, o, longest > 0 ? longest : 1, err);
+    if (!st) {
+        size_t weights = model_weight_bytes(t.m), load = model_load_peak_bytes(t.m), ws = gemm_workspace_bytes(&t);
+        size_t run = weights + ws;
+        for (int i = 0; i < 5; i++) run += t.dry_bytes[i];
+        size_t peak = base + (load > run ? load : run);
+        hearth_process_memory pm;
+        hearth_process_memory_get(&pm);
+        json_t *parts = json_pack("{s:I,s:I,s:I}", "process", (json_int_t)base, "weights", (json_int_t)weights,
+                                  "gemm_workspace", (json_int_t)ws);
+        for (int i = 0; i < 5; i++) json_object_set_new(parts, part_name[i], json_integer((json_int_t)t.dry_bytes[i]));
+        json_t *r = json_pack("{s:s,s:s,s:i,s:s,s:i,s:i,s:i,s:I,s:I,s:I,s:o}", "model", model_name, "method",
+                              o->method, "sequence_length", longest, "sequence_length_source",
+                              o->data ? "the longest example of --data, at most --max-seq-length" : "--max-seq-length",
+                              "lora_rank", o->lora_rank, "layers_trained", t.L - t.first_lora, "threads", t.threads,
+                              "trainable_parameters", (json_int_t)t.n_params, "predicted_peak_bytes", (json_int_t)peak,
+                              "weights_load_peak_bytes", (json_int_t)(base + load), "parts", parts);
+        if (pm.available_bytes >= 0) {
+            long long room = pm.available_bytes + pm.resident_bytes; /* this process's own pages come back */
+            json_object_set_new(r, "available_bytes", json_integer(room));
+            json_object_set_new(r, "fits", json_boolean((long long)peak <= room));
+        }
+        if (!(*report_json = json_dumps(r, JSON_INDENT(1) | JSON_PRESERVE_ORDER)))
+            st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+        json_decref(r);
+    }
+    tr_dataset_free(&td), tr_dataset_free(&vd);
+    free_trainer(&t);
+    return st;
 }

@@ -280,6 +280,11 @@ ISA_TASKS(avx512, __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"
 ISA_TASKS(avx2, __attribute__((target("avx2,fma"))), 1)
 ISA_TASKS(base, , 1)
 
+size_t tr_gemm_workspace_floats(int batch, int64_t M, int64_t K, int threads) {
+    size_t ap_bs = ((size_t)((M + MR - 1) / MR) * MR * (size_t)K + 15) & ~(size_t)15;
+    return ap_bs * (size_t)batch + (size_t)(threads > 0 ? threads : 1) * KC * NR;
+}
+
 /* The packed panels of the calling thread's products, kept between calls (a training step
  * makes thousands; fresh large blocks each time cost page faults) and grown as needed. */
 static __thread float *workspace;
@@ -329,8 +334,8 @@ void tr_gemm_batch(threadpool *tp, int batch, int64_t M, int64_t N, int64_t K, c
     g.mb = (g.mtiles + blocks - 1) / blocks;
     g.mblocks = (int)((g.mtiles + g.mb - 1) / g.mb);
     g.ap_bs = ((int64_t)g.mtiles * MR * K + 15) & ~(int64_t)15;
-    size_t na = (size_t)g.ap_bs * (size_t)batch, nb = (size_t)(threads > 0 ? threads : 1) * KC * NR;
-    float *buf = get_workspace(na + nb);
+    size_t na = (size_t)g.ap_bs * (size_t)batch;
+    float *buf = get_workspace(tr_gemm_workspace_floats(batch, M, K, threads));
     if (!buf) return gemm_plain(&g, batch);
     g.ap = buf, g.bp = buf + na;
     /* A pool round costs tens of microseconds more than it saves on a small product, and far

@@ -221,12 +221,14 @@ static void check_stored(const pool *P) {
                             continue;
                         }
                         if (P->quant == HEARTH_KV_INT8) { /* the CPU pool's bytes and scale, exactly */
+                            /* the CPU pool is block-major: its own row of (layer, slot, pos, head) */
+                            size_t hrow = kv_row(&P->kvi, l, s, p, h);
                             const float *cs = which ? P->kvi.v_scale : P->kvi.k_scale;
-                            const int8_t *cq = (which ? P->kvi.v8 : P->kvi.k8) + row * d;
-                            if (memcmp(&sc[row], &cs[row], 4) || memcmp(dev + row * d, cq, (size_t)d))
+                            const int8_t *cq = (which ? P->kvi.v8 : P->kvi.k8) + hrow * d;
+                            if (memcmp(&sc[row], &cs[hrow], 4) || memcmp(dev + row * d, cq, (size_t)d))
                                 fail_msg("int8 kv_write (%s) layer %d slot %d pos %d head %d d=%d: scale %.9g vs "
                                          "CPU %.9g, first bytes %d vs %d",
-                                         which ? "V" : "K", l, s, p, h, d, sc[row], cs[row], (int8_t)dev[row * d],
+                                         which ? "V" : "K", l, s, p, h, d, sc[row], cs[hrow], (int8_t)dev[row * d],
                                          cq[0]);
                             continue;
                         }

@@ -249,9 +249,14 @@ PY_VENV := $(abspath build/python/venv)
 PIP     := $(PYTHON) -m pip -q --disable-pip-version-check
 wheel:
 	@rm -rf $(PY_DIST)
-	@$(PIP) wheel --no-deps --no-build-isolation -w $(PY_DIST) ./python
+	@HEARTH_BUILD=$(WHEEL_BUILD) $(PIP) wheel --no-deps --no-build-isolation -w $(PY_DIST) ./python
 	@echo "  WHEEL $$(ls $(PY_DIST)/hearth-*.whl)"
-python-test: all wheel
+# python-test's wheel reuses the main tree (setup.py's HEARTH_BUILD) where that is a CPU build
+# (no nvcc): the same objects setup.py would compile into build/python, so make test does not
+# compile libhearth a second time. After `all`, so the tree is complete and current. With the
+# CUDA backend in the main tree the wheel keeps its own CPU build.
+python-test: all
+	+@$(MAKE) --no-print-directory wheel WHEEL_BUILD=$(if $(NVCC),,$(abspath $(BUILD)))
 	@rm -rf $(PY_SITE) $(PY_VENV)
 	@$(PYTHON) -m venv --without-pip $(PY_VENV)
 	@$(PIP) --python $(PY_VENV)/bin/python install --no-index --no-deps $(PY_DIST)/hearth-*.whl

@@ -47,17 +47,11 @@ def _gguf_reader(path, mtime_ns, size):
 
 
 def gguf_reader(path):
-    """gguf.GGUFReader(path), parsed once per file per test process: parsing Gemma 3's
-    262k-entry vocabulary takes ~15-30 s, and several test files read the same real GGUFs.
-    Keyed by path, mtime and size, so a file rewritten in place is parsed again. A test that
-    reads a real GGUF through it carries SHARES_GGUF_READER, so that all of them run on one
-    pytest-xdist worker (`--dist loadgroup`) and each file is parsed once per session, not
-    once per worker."""
+    """gguf.GGUFReader(path), parsed once per file per test session: parsing Gemma 3's
+    262k-entry vocabulary takes ~30 s, and several test files read the same real GGUFs.
+    Keyed by path, mtime and size, so a file rewritten in place is parsed again."""
     st = os.stat(path)
     return _gguf_reader(str(path), st.st_mtime_ns, st.st_size)
-
-
-SHARES_GGUF_READER = pytest.mark.xdist_group("gguf_reader")
 
 
 def _need(path, what, fix):

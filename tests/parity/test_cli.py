@@ -12,7 +12,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import SHARES_GGUF_READER, gguf_reader, hf_tokenizer
+from conftest import gguf_reader, hf_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "bin", "hearth"))
@@ -66,7 +66,6 @@ def test_info_matches_config_and_mlx(model):
     assert info["parameters"] == n
 
 
-@SHARES_GGUF_READER
 @pytest.mark.parametrize("path", GGUFS, ids=os.path.basename)
 def test_info_matches_gguf_reader(path):
     import gguf
@@ -139,7 +138,6 @@ def test_template_cli_matches_transformers(model, tmp_path):
     assert compared > 0
 
 
-@SHARES_GGUF_READER
 @pytest.mark.parametrize("path", GGUFS, ids=os.path.basename)
 def test_tensors_cli_dequant_matches_gguf(path, tmp_path):
     import gguf

@@ -18,7 +18,7 @@ import pytest
 import gguf
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
-from conftest import SHARES_GGUF_READER, gguf_reader
+from conftest import gguf_reader
 from hearth_process import compile_helper
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,7 +263,6 @@ BIG_TENSOR = 16 << 20
 SAMPLE_ROWS = 2048
 
 
-@SHARES_GGUF_READER
 @pytest.mark.parametrize("model", REAL_MODELS)
 def test_real_model_every_tensor(dump, tmp_path, model):
     path = CACHE / "models" / model

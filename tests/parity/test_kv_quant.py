@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CACHE, REAL_GGUFS, SHARES_GGUF_READER, gguf_reader
+from conftest import CACHE, REAL_GGUFS, gguf_reader
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("HEARTH_BIN", ROOT / "bin" / "hearth"))
@@ -99,7 +99,6 @@ def gguf_kv_shape(path):
     return layers, kv_heads or heads, head_dim
 
 
-@SHARES_GGUF_READER
 @pytest.mark.parametrize("key", ["smollm2", "gemma3"])
 @pytest.mark.parametrize("ctx", [1024, 4096])
 def test_int8_kv_pool_shrinks_as_predicted(key, ctx):

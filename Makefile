@@ -249,9 +249,14 @@ PY_VENV := $(abspath build/python/venv)
 PIP     := $(PYTHON) -m pip -q --disable-pip-version-check
 wheel:
 	@rm -rf $(PY_DIST)
-	@$(PIP) wheel --no-deps --no-build-isolation -w $(PY_DIST) ./python
+	@HEARTH_BUILD=$(WHEEL_BUILD) $(PIP) wheel --no-deps --no-build-isolation -w $(PY_DIST) ./python
 	@echo "  WHEEL $$(ls $(PY_DIST)/hearth-*.whl)"
-python-test: all wheel
+# python-test's wheel reuses the main tree (setup.py's HEARTH_BUILD) where that is a CPU build
+# (no nvcc): the same objects setup.py would compile into build/python, so make test does not
+# compile libhearth a second time. After `all`, so the tree is complete and current. With the
+# CUDA backend in the main tree the wheel keeps its own CPU build.
+python-test: all
+	+@$(MAKE) --no-print-directory wheel WHEEL_BUILD=$(if $(NVCC),,$(abspath $(BUILD)))
 	@rm -rf $(PY_SITE) $(PY_VENV)
 	@$(PYTHON) -m venv --without-pip $(PY_VENV)
 	@$(PIP) --python $(PY_VENV)/bin/python install --no-index --no-deps $(PY_DIST)/hearth-*.whl
@@ -264,15 +269,17 @@ python-test: all wheel
 # build, and the chat page (headless chromium).
 # PYTEST_JOBS pytest-xdist workers per suite: most tests wait on one single-threaded
 # subprocess (a trace, a --threads 1 server, an oracle), so one worker per core. Parity
-# tests are independent of each other and spread one by one; API tests keep each file on
-# one worker, in order (a file's tests share a module-scoped server and its state).
+# tests are independent of each other and spread one by one (worksteal: a worker that runs
+# out takes half of the other's queue, so both finish together; under load, the two ended
+# 27 s apart); API tests keep each file on one worker, in order (a file's tests share a
+# module-scoped server and its state).
 PYTEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST := $(PYTHON) -m pytest -q -p no:cacheprovider -n $(PYTEST_JOBS)
 STAGE := sh tools/stage.sh
 parity: all
 	@bash tools/get_models.sh
 	@# one run per folder: each folder's tests import helpers from its own conftest module
-	@$(STAGE) parity env HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist load --durations=20 tests/parity
+	@$(STAGE) parity env HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist worksteal --durations=20 tests/parity
 	@$(STAGE) api env HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTEST) --dist loadfile --durations=20 tests/api
 	+@$(STAGE) soak $(MAKE) --no-print-directory soak-short
 	@$(STAGE) ui env HEARTH_BIN=$(abspath $(BINDIR)/hearth) $(PYTHON) -m pytest -q -p no:cacheprovider tests/ui

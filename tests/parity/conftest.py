@@ -193,15 +193,21 @@ def hf_tokenizer(model):
     mg.is_torch_available = lambda: True
     # The conversion's result, saved by transformers itself (tokenizer.json + config), is
     # reloaded by later sessions and by the other pytest-xdist workers of this one instead of
-    # converting again: keyed by the file's path, size and mtime and the transformers
-    # version; a lock makes a second worker wait for the first one's save.
+    # converting again: keyed by the file's real path (the session's cache folder only links
+    # to the models: keyed by that link's path, no later session found it), size and mtime
+    # and the transformers version; a lock makes a second worker wait for the first one's
+    # save. A GGUF a test wrote is kept in this session's own cache folder, removed with it:
+    # its path is new in every session, so a saved copy would only pile up.
     import fcntl
 
     import transformers
 
-    st = os.stat(model)
-    key = hashlib.sha256(f"{os.path.abspath(model)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}".encode())
-    saved = CACHE / "oracle" / "hf-gguf-tokenizer" / key.hexdigest()[:24]
+    real = os.path.realpath(model)
+    st = os.stat(real)
+    key = hashlib.sha256(f"{real}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}".encode())
+    user = os.path.realpath(os.environ.get("HEARTH_TEST_CACHE_OF", CACHE))
+    kept = CACHE / ("oracle" if real.startswith(user + os.sep) else "oracle-session")
+    saved = kept / "hf-gguf-tokenizer" / key.hexdigest()[:24]
     saved.parent.mkdir(parents=True, exist_ok=True)
     with open(str(saved) + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -11,6 +11,7 @@ LoCoMo conversations 26, 30 and 41, held-out text conversations 42, 43 and 44 (o
 session, "Speaker: text" lines), found as the other tests find the shared data."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -60,11 +61,28 @@ def write_text(dst):
 
 
 def smol_folders():
-    """(float32 reference folder, float16 input folder), made once into $HEARTH_CACHE/bench."""
+    """(float32 reference folder, float16 input folder), made once into $HEARTH_CACHE/bench.
+    Under a lock, each folder written whole under another name and then renamed: two pytest-
+    xdist workers (test_convert_mixed_real, test_perplexity_llamacpp) may ask at once, and
+    the second waits for the first's folders instead of making its own copy beside it, or
+    taking a folder whose weights are written but not yet its config and tokenizer."""
+    import fcntl
+
     ref, f16 = CACHE / "bench" / "smollm2-135m-f32", CACHE / "bench" / "smollm2-135m-f16"
-    if not (ref / "model.safetensors").exists():
-        subprocess.run([sys.executable, str(REPO / "bench" / "train" / "smollm2_folder.py"), str(SMOL_GGUF), str(ref)],
-                       check=True, capture_output=True)
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    with open(ref.parent / "smollm2-135m.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (ref / "model.safetensors").exists():
+            part = Path(str(ref) + ".part")
+            subprocess.run([sys.executable, str(REPO / "bench" / "train" / "smollm2_folder.py"), str(SMOL_GGUF),
+                            str(part)], check=True, capture_output=True)
+            shutil.rmtree(ref, ignore_errors=True)  # an unfinished folder of an older kind
+            os.replace(part, ref)
+        _f16_folder(ref, f16)
+    return ref, f16
+
+
+def _f16_folder(ref, f16):
     if not (f16 / "model.safetensors").exists():
         import mlx.core as mx
 
@@ -81,4 +99,3 @@ def smol_folders():
         mx.save_safetensors(str(tmp / "model.safetensors"), {k: v.astype(mx.float16) for k, v in w.items()},
                             metadata={"format": "mlx"})
         os.replace(tmp, f16)
-    return ref, f16

@@ -100,7 +100,7 @@ MODELS = {
                    linear_value_head_dim=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
                    shared_expert_intermediate_size=256, max_position_embeddings=4096,
                    rope_parameters=dict(QWEN35_ROPE, mrope_section=[3, 3, 2]))),
-    "qwen3_30b_a3b": dict(tok="qwen3_moe-bf16", gguf="qwen3moe", config=dict(
+    "qwen3_30b_a3b": dict(tok="qwen3_moe-f32", gguf="qwen3moe", config=dict(
         architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
         intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
         num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,

@@ -11,6 +11,14 @@
 
 /* ---- vocabulary trie ----------------------------------------------------------------- */
 
+/* A class of bytes: bit b for the ASCII bytes 1..127; bit 0 stands for every other byte
+ * (NUL, any byte of a multi-byte character, the marker byte), which no class of a state
+ * holds (gm_uclass), so a subtree with such a byte is never taken whole through it. */
+typedef struct {
+    uint64_t w[2];
+} gv_class;
+static inline unsigned gv_class_bit(unsigned b) { return b >= 1 && b < 0x80 ? b : 0; }
+
 /* A byte trie of some tokens, in preorder: node i has byte[i] at depth[i] (1 for the
  * root's children); its subtree ends before end[i]; the tokens spelled exactly by the path
  * to it are tok_sorted[tok_first[i] .. + tok_n[i]). */
@@ -25,6 +33,8 @@ typedef struct {
     int32_t n_tok;
     int32_t *sub_lo; /* per node: its subtree's first token in tok_sorted (they are contiguous) */
     uint8_t *whole;  /* per node: its path is whole UTF-8 characters (no byte of one is cut off) */
+    gv_class *below;  /* per node: the bytes of its descendants (gv_class_bit) */
+    uint16_t *height; /* per node: how many bytes its longest descendant adds to its path */
     /* per first byte: its depth-1 node (-1: none) and its tokens' range in tok_sorted */
     int32_t root[256], root_lo[256], root_hi[256];
 } gv_trie;
@@ -80,9 +90,12 @@ static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_tex
     t->tok_n = calloc(cap, sizeof *t->tok_n);
     t->sub_lo = malloc(cap * sizeof *t->sub_lo);
     t->whole = malloc(cap);
+    t->below = calloc(cap, sizeof *t->below);
+    t->height = calloc(cap, sizeof *t->height);
     t->n_tok = n_text;
     int32_t *path = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *path);
-    if (!t->byte || !t->depth || !t->end || !t->tok_first || !t->tok_n || !t->sub_lo || !t->whole || !path) {
+    if (!t->byte || !t->depth || !t->end || !t->tok_first || !t->tok_n || !t->sub_lo || !t->whole || !t->below ||
+        !t->height || !path) {
         free(path);
         return 0;
     }
@@ -117,12 +130,21 @@ static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_tex
     while (sp) t->end[path[--sp]] = n;
     t->n_nodes = n;
     free(path);
+    /* the bytes below each node, children first: in preorder a node's children are
+     * i + 1, then each child's end, up to the node's own end */
+    for (int32_t i = n - 1; i >= 0; i--)
+        for (int32_t c = i + 1; c < t->end[i]; c = t->end[c]) {
+            unsigned bit = gv_class_bit(t->byte[c]);
+            t->below[i].w[0] |= t->below[c].w[0], t->below[i].w[1] |= t->below[c].w[1];
+            t->below[i].w[bit >> 6] |= (uint64_t)1 << (bit & 63);
+            if (t->height[c] + 1 > t->height[i]) t->height[i] = (uint16_t)(t->height[c] + 1);
+        }
     return 1;
 }
 
 static void trie_free(gv_trie *t) {
     free(t->byte), free(t->depth), free(t->end), free(t->tok_first), free(t->tok_n), free(t->tok_sorted);
-    free(t->sub_lo), free(t->whole);
+    free(t->sub_lo), free(t->whole), free(t->below), free(t->height);
 }
 
 
@@ -253,8 +275,10 @@ int gvocab_has_special(const gvocab *v, const char *text, size_t n) {
 /* ---- matcher --------------------------------------------------------------------------- */
 
 /* Masks kept per grammar, keyed by set id: JSON strings and whitespace revisit a
- * handful of sets. */
-#define GM_MASK_CACHE 32
+ * handful of sets, and an object's members revisit the same string and format states
+ * member after member (a mask is a bit per token: 64 of them are 2 MiB for a 262k
+ * vocabulary, allocated as they are first used). */
+#define GM_MASK_CACHE 64
 /* Expansion recursion bound (grammar nesting without a byte). */
 #define GM_MAX_DEPTH 2000
 /* Expansion steps for one byte and parse stacks in one set: beyond these a
@@ -294,6 +318,8 @@ struct gm_core {
     int32_t *trans; /* 256 per set: -2 unknown, -1 dead */
     int32_t *uni;   /* per set: the set every plain character leads it to; -1 none, -2 unknown */
     int8_t *closed; /* per set: plain_closed(); -1 unknown */
+    gv_class *uclass; /* per set: ASCII bytes that all lead it to one set, unext (gm_uclass) */
+    int32_t *unext;   /* -2: not known yet */
     int32_t n_sets, cap_sets;
     int32_t *set_hash;
     uint32_t set_hash_cap;
@@ -301,6 +327,8 @@ struct gm_core {
     int32_t *tmp;
     int32_t n_tmp, cap_tmp;
     int32_t *walk; /* per trie depth */
+    uint32_t *arg_mark; /* per byte set of the grammar: advance()'s stamp when seen */
+    uint32_t arg_stamp;
     int oom;
     int32_t mask_key[GM_MASK_CACHE];
     uint32_t *mask_val[GM_MASK_CACHE];
@@ -475,7 +503,11 @@ static int32_t set_intern(gm_core *m) {
         if (lp) m->uni = lp;
         int8_t *cl = realloc(m->closed, (size_t)nc);
         if (cl) m->closed = cl;
-        if (!o || !l || !t || !lp || !cl) {
+        gv_class *lc = realloc(m->uclass, (size_t)nc * sizeof *lc);
+        if (lc) m->uclass = lc;
+        int32_t *lk = realloc(m->unext, (size_t)nc * sizeof *lk);
+        if (lk) m->unext = lk;
+        if (!o || !l || !t || !lp || !cl || !lc || !lk) {
             m->oom = 1;
             return -1;
         }
@@ -497,6 +529,7 @@ static int32_t set_intern(gm_core *m) {
     for (int i = 0; i < 256; i++) m->trans[(int64_t)s * 256 + i] = -2;
     m->uni[s] = -2;
     m->closed[s] = -1;
+    m->unext[s] = -2;
     m->set_hash[k] = s;
     return s;
 }
@@ -530,19 +563,22 @@ static int32_t advance(gm_core *m, int32_t set, unsigned byte) {
     /* each byte's signature: which of the set's distinct byte sets hold it */
     uint32_t arg[64];
     int k = 0;
-    for (int32_t i = 0; i < len && k <= 64; i++) {
+    /* distinct byte sets by a stamp per set (a key state holds hundreds of stacks) */
+    if (++m->arg_stamp == 0) {
+        memset(m->arg_mark, 0, (size_t)g->n_sets * sizeof *m->arg_mark);
+        m->arg_stamp = 1;
+    }
+    for (int32_t i = 0; i < len; i++) {
         int32_t id = m->set_items[off + i];
         if (id == 0) continue;
         uint32_t a = g->elems[m->nodes[id].pos].arg;
-        int seen = 0;
-        for (int j = 0; j < k && !seen; j++) seen = arg[j] == a;
-        if (!seen) {
-            if (k == 64) {
-                k = 65;
-                break;
-            }
-            arg[k++] = a;
+        if (m->arg_mark[a] == m->arg_stamp) continue;
+        m->arg_mark[a] = m->arg_stamp;
+        if (k == 64) {
+            k = 65;
+            break;
         }
+        arg[k++] = a;
     }
     if (k > 64) { /* too many distinct byte sets to classify: this byte alone */
         int32_t r = step(m, set, byte);
@@ -589,8 +625,8 @@ static void core_free(gm_core *m) {
     pthread_mutex_destroy(&m->mu);
     free(m->nodes), free(m->node_hash), free(m->visit);
     free(m->set_items), free(m->set_off), free(m->set_len), free(m->trans), free(m->set_hash), free(m->uni);
-    free(m->closed);
-    free(m->tmp), free(m->walk);
+    free(m->closed), free(m->uclass), free(m->unext);
+    free(m->tmp), free(m->walk), free(m->arg_mark);
     for (int i = 0; i < GM_MASK_CACHE; i++) free(m->mask_val[i]);
     free(m);
 }
@@ -609,7 +645,8 @@ static gm_core *core_new(const grammar *g, const gvocab *v) {
     m->nodes = malloc((size_t)m->cap_nodes * sizeof *m->nodes);
     m->visit = calloc((size_t)m->cap_nodes, sizeof *m->visit);
     m->walk = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *m->walk);
-    if (!m->nodes || !m->visit || !m->walk || !node_rehash(m)) {
+    m->arg_mark = calloc((size_t)g->n_sets + 1, sizeof *m->arg_mark);
+    if (!m->nodes || !m->visit || !m->walk || !m->arg_mark || !node_rehash(m)) {
         core_free(m);
         return NULL;
     }
@@ -742,6 +779,56 @@ static int short_plain_ok(gm_core *m, int32_t s) {
     return s >= 0;
 }
 
+/* A class of ASCII bytes that all lead set s to one set, *next (-1: an empty class): of
+ * the bytes that letters or digits lead to, the larger class. A string body under a
+ * character class (a uri's path, an email's local part, a length-bounded string) moves
+ * through such classes: a token whose remaining bytes each stay in the class of the set
+ * they reach is allowed, whatever they are. */
+static const gv_class *gm_uclass(gm_core *m, int32_t s, int32_t *next) {
+    if (m->unext[s] == -2) {
+        advance(m, s, 'a'); /* fills the row (but for the bytes of a set too varied to classify) */
+        if (m->oom) return NULL; /* not cached: out of memory is not a grammar fact */
+        const int32_t *row = &m->trans[(int64_t)s * 256];
+        gv_class best = {{0, 0}};
+        int32_t best_to = -1;
+        int best_n = 0;
+        for (int k = 0; k < 2; k++) {
+            int32_t to = row[k ? '0' : 'a'];
+            if (to < 0 || to == best_to) continue;
+            gv_class c = {{0, 0}};
+            int n = 0;
+            for (unsigned b = 1; b < 0x80; b++)
+                if (row[b] == to) c.w[b >> 6] |= (uint64_t)1 << (b & 63), n++;
+            if (n > best_n) best = c, best_to = to, best_n = n;
+        }
+        m->uclass[s] = best, m->unext[s] = best_to;
+    }
+    *next = m->unext[s];
+    return &m->uclass[s];
+}
+
+/* Subtrees taller than this are not tried whole; their children are. */
+#define GM_WHOLE_HEIGHT 24
+
+/* Every token below trie node i is allowed from set s: each byte at depth d below it is
+ * in the class (gm_uclass) of the set the d bytes before it lead to. */
+static int subtree_whole(gm_core *m, const gv_trie *t, int32_t i, int32_t s) {
+    int h = t->height[i];
+    if (h == 0 || h > GM_WHOLE_HEIGHT) return 0; /* a leaf: the node's own tokens are set anyway */
+    const gv_class *b = &t->below[i];
+    uint64_t k0 = ~(uint64_t)0, k1 = ~(uint64_t)0;
+    for (int d = 0; d < h; d++) {
+        int32_t next;
+        const gv_class *c = gm_uclass(m, s, &next);
+        if (!c) return 0;
+        k0 &= c->w[0], k1 &= c->w[1];
+        if ((b->w[0] & ~k0) || (b->w[1] & ~k1)) return 0;
+        if (next < 0) return 0;
+        s = next;
+    }
+    return 1;
+}
+
 /* Sets the bits of every token of trie t's nodes [from, to) (whole subtrees of the root)
  * reachable from set s; returns how many. plain: t holds short plain tokens only, so where
  * a character ends in a state every plain character leads on uniformly GV_SHORT times, the
@@ -760,7 +847,7 @@ static size_t walk_nodes(gm_core *m, const gv_trie *t, int32_t s, uint32_t *bits
             continue;
         }
         st[t->depth[i]] = nx;
-        if (plain && t->whole[i] && short_plain_ok(m, nx)) {
+        if (subtree_whole(m, t, i, nx) || (plain && t->whole[i] && short_plain_ok(m, nx))) {
             int32_t hi = t->end[i] < t->n_nodes ? t->sub_lo[t->end[i]] : t->n_tok;
             for (int32_t k = t->sub_lo[i]; k < hi; k++) {
                 int32_t id = t->tok_sorted[k];

@@ -216,8 +216,15 @@ static void test_schema_bounds(void **state) {
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"multipleOf\":2.5}", L("0", "5", "-10"),
                     L("2", "7", "2.5"));
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.3333}", "multipleOf 0.3333");
-    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.5,\"minimum\":1}",
-                  "multipleOf 0.5 with minimum/maximum");
+    /* other bounds: a digit automaton over the value in units of the step */
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.5,\"minimum\":1}",
+                    L("1", "1.5", "2.50", "1000000000000000000000.5"), L("0.5", "0", "1.25", "-1", "1.05"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"multipleOf\":7,\"minimum\":1,\"maximum\":100000}",
+                    L("7", "99995", "700"), L("0", "100002", "8", "-7"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":10,\"exclusiveMaximum\":100}",
+                    L("90", "0", "-1000", "90.0"), L("100", "95", "110"));
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"multipleOf\":0.25,\"minimum\":1e17,\"maximum\":1e18}",
+                  "multipleOf 0.25 with a bound beyond");
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[A-Za-z][a-z0-9_]*$\",\"maxLength\":4}",
                     L("\"a\"", "\"Ab_1\""), L("\"\"", "\"Ab_12\"", "\"1a\""));
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[0-9]{16}$\",\"minLength\":15}",

@@ -1061,3 +1061,11 @@ int gmatcher_accept(gmatcher *m, int32_t token) {
     if (!v->len[token]) return 0;
     return gmatcher_accept_bytes(m, v->bytes[token], v->len[token]);
 }
+
+size_t gmatcher_allowed_prefix(const gmatcher *m, const int32_t *tokens, size_t n) {
+    gmatcher probe = *m; /* the shared core is only read through it; the state is a copy */
+    probe.own = 0;
+    size_t k = 0;
+    while (k < n && gmatcher_accept(&probe, tokens[k])) k++;
+    return k;
+}

@@ -432,7 +432,13 @@ static void test_accept_refuses(void **state) {
     assert_false(gmatcher_accept(m, N_VOCAB - 1)); /* special */
     assert_false(gmatcher_accept(m, -1));
     assert_false(gmatcher_accept(m, N_VOCAB));
-    assert_true(gmatcher_accept(m, 257 + 6)); /* "ab" */
+    /* a proposal is allowed up to its first token the grammar forbids; m does not move */
+    int32_t proposal[] = {1 + 'a', 1 + 'b', 0, 1 + 'a'};
+    assert_int_equal(gmatcher_allowed_prefix(m, proposal, 4), 3); /* a, b, eos; then nothing */
+    int32_t wrong[] = {1 + 'a', 1 + 'a'};
+    assert_int_equal(gmatcher_allowed_prefix(m, wrong, 2), 1);
+    assert_int_equal(gmatcher_allowed_prefix(m, proposal + 1, 3), 0);
+    assert_true(gmatcher_accept(m, 257 + 6)); /* "ab": m was where it started */
     assert_true(gmatcher_is_done(m));
     uint32_t mask[(N_VOCAB + 31) / 32];
     assert_int_equal(gmatcher_mask(m, mask), 1); /* only eos */

@@ -570,37 +570,9 @@ static int dec_of(double v, int strict, sc_dec *d) {
 
 /* ---- multipleOf ------------------------------------------------------------------------- */
 
-#define SC_MAX_MODULUS 1000     /* multipleOf m: m rules (times the digit limit) of 10 steps each */
+#define SC_MAX_MODULUS 1000     /* multipleOf m: m rules per digit position and phase, of 10 steps each */
 #define SC_MAX_LISTED 256       /* bounded multiples written out one by one */
 #define SC_MAX_STEP_DECIMALS 15 /* a fractional multipleOf's step: 1e-15 at the finest (what doubles hold) */
-
-/* Positive multiples of m as digit strings (no leading zero): a remainder automaton, one
- * rule per remainder. max_digits > 0: at most that many digits, one rule per remainder and
- * digits still allowed. */
-static int32_t positive_multiples(sc_ctx *c, int64_t m, int max_digits) {
-    gr_build *b = c->b;
-    int levels = max_digits > 0 ? max_digits : 1;
-    int32_t *rule = malloc((size_t)m * (size_t)levels * sizeof *rule);
-    if (!rule) return sc_fail(c, "out of memory");
-    for (int64_t i = 0; i < m * levels; i++) rule[i] = gr_rule_new(b, -1);
-    for (int lv = 0; lv < levels; lv++)
-        for (int64_t r = 0; r < m; r++) {
-            int32_t alts[11];
-            int k = 0;
-            if (r == 0) alts[k++] = gr_empty(b);
-            int next = max_digits > 0 ? lv - 1 : 0; /* unlimited: the one level again */
-            if (next >= 0)
-                for (int d = 0; d < 10; d++)
-                    alts[k++] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, rule[next * m + (r * 10 + d) % m]));
-            int32_t id = rule[lv * m + r];
-            if (id >= 0) b->rules[id].body = k ? gr_alt(b, alts, k) : c->never;
-        }
-    int top = max_digits > 0 ? max_digits - 1 : 0; /* digits allowed after the first */
-    int32_t alts[9];
-    for (int d = 1; d <= 9; d++) alts[d - 1] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, rule[top * m + d % m]));
-    free(rule);
-    return gr_alt(b, alts, 9);
-}
 
 /* Multiples of m * 10^-scale between two bounds: the magnitudes (no sign) whose value in
  * units of 10^-scale, N, lies in [lo, hi] (hi < 0: no upper bound) with N % m == 0. A digit
@@ -755,7 +727,7 @@ static int32_t bounded_multiples(sc_ctx *c, int64_t m, int scale, int64_t lo, in
     int n = 0;
     int64_t p10 = 1;                                        /* 10^(width - 1) */
     int max_w = hi < 0 ? BM_MAX_DIGITS - 1 : BM_MAX_DIGITS; /* unbounded: the tail takes the rest */
-    for (int w = 1; w <= max_w; w++, p10 = w > 1 ? p10 * 10 : p10) {
+    for (int w = 1; w <= max_w; w++, p10 = w <= BM_MAX_DIGITS ? p10 * 10 : p10) {
         if (w < scale + 1) continue;            /* N's text has at least one integer digit */
         int64_t wlo = w == scale + 1 ? 0 : p10; /* no leading zero but in "0.xx" */
         int64_t whi = w == BM_MAX_DIGITS ? INT64_MAX : p10 * 10 - 1;
@@ -807,9 +779,8 @@ static int32_t signed_multiples(sc_ctx *c, int64_t m, int scale, int has_lo, int
 }
 
 /* Integers in the bounds (has_lo / has_hi: bounded) that are multiples of m (a positive
- * integer). Exact where the range holds at most SC_MAX_LISTED multiples (written out), or
- * each bound is absent or a sign bound (the nearest multiple inside it is 0 or +-m); other
- * ranges are refused. */
+ * integer; max_digits > 0: at most that many digits): a range of at most SC_MAX_LISTED
+ * multiples written out, any other by the digit automaton of signed_multiples. */
 static int32_t int_multiples(sc_ctx *c, int64_t m, int has_lo, int64_t lo, int has_hi, int64_t hi, int max_digits) {
     gr_build *b = c->b;
     if (m > SC_MAX_MODULUS)
@@ -828,17 +799,9 @@ static int32_t int_multiples(sc_ctx *c, int64_t m, int has_lo, int64_t lo, int h
         }
         return gr_alt(b, alts, k);
     }
-    if ((has_lo && lo != 0 && lo != m) || (has_hi && hi != 0 && hi != -m)) { /* other bounds */
-        int64_t cap = -1;
-        for (int i = 0; i < max_digits; i++) cap = cap < 0 ? 9 : cap * 10 + 9;
-        return signed_multiples(c, m, 0, has_lo, lo, has_hi, hi, cap);
-    }
-    int32_t pos = positive_multiples(c, m, max_digits), alts[3];
-    int k = 0;
-    if (!has_hi) alts[k++] = pos;
-    if ((!has_lo || lo == 0) && (!has_hi || hi == 0)) alts[k++] = lit(c, "0");
-    if (!has_lo) alts[k++] = gr_seq2(b, lit(c, "-"), pos);
-    return k ? gr_alt(b, alts, k) : c->never;
+    int64_t cap = -1; /* at most max_digits digits */
+    for (int i = 0; i < max_digits; i++) cap = cap < 0 ? 9 : cap * 10 + 9;
+    return signed_multiples(c, m, 0, has_lo, lo, has_hi, hi, cap);
 }
 
 /* A fractional step d as *coef * 10^-*scale from its shortest decimal (0.25: 25, 2); 0
@@ -1036,62 +999,6 @@ static int bound_units(double v, int scale, int64_t *floor_u, int64_t *ceil_u, i
     return 1;
 }
 
-/* Magnitudes (no sign, no exponent) of the multiples of m * 10^-scale (m > 1, scale > 0):
- * an integer part ("0" or no leading zero; at most max_int digits when > 0) and an
- * optional fraction whose digits after the scale-th are zeros, such that the value times
- * 10^scale, an integer, is a multiple of m: one rule per remainder mod m and position. */
-static int32_t decimal_multiples(sc_ctx *c, int64_t m, int scale, int max_int) {
-    gr_build *b = c->b;
-    int levels = max_int > 0 ? max_int : 1;
-    size_t n_rules = (size_t)m * (size_t)(levels + scale + 2);
-    int32_t *rule = malloc(n_rules * sizeof *rule);
-    if (!rule) return sc_fail(c, "out of memory");
-    for (size_t i = 0; i < n_rules; i++) rule[i] = gr_rule_new(b, -1);
-        /* rows: I(lv) = rule[lv * m + r] (integer digits, lv more allowed), E = row levels
-         * (the integer part ended), F(j) = row levels + j (j = 1..scale fraction digits read) */
-#define DM_RULE(row, r) rule[(size_t)(row) * (size_t)m + (size_t)(r)]
-    int64_t p10 = 1;
-    for (int i = 0; i < scale; i++) p10 = p10 * 10 % m;
-    for (int64_t r = 0; r < m; r++) {
-        int32_t alts[11];
-        for (int lv = 0; lv < levels; lv++) {
-            int k = 0, next = max_int > 0 ? lv - 1 : 0;
-            alts[k++] = gr_ref(b, DM_RULE(levels, r));
-            for (int d = 0; next >= 0 && d < 10; d++)
-                alts[k++] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, DM_RULE(next, (r * 10 + d) % m)));
-            if (DM_RULE(lv, r) >= 0) b->rules[DM_RULE(lv, r)].body = gr_alt(b, alts, k);
-        }
-        /* E: the end (the integer times 10^scale a multiple) or a point and a first digit */
-        int k = 0;
-        if (r * p10 % m == 0) alts[k++] = gr_empty(b);
-        int32_t first[10];
-        for (int d = 0; d < 10; d++)
-            first[d] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, DM_RULE(levels + 1, (r * 10 + d) % m)));
-        alts[k++] = gr_seq2(b, lit(c, "."), gr_alt(b, first, 10));
-        if (DM_RULE(levels, r) >= 0) b->rules[DM_RULE(levels, r)].body = gr_alt(b, alts, k);
-        for (int j = 1; j <= scale; j++) { /* F(j): j fraction digits read, remainder r */
-            int64_t rest = 1;
-            for (int i = j; i < scale; i++) rest = rest * 10 % m;
-            k = 0;
-            if (r * rest % m == 0) alts[k++] = gr_empty(b);
-            if (j < scale)
-                for (int d = 0; d < 10; d++)
-                    alts[k++] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, DM_RULE(levels + j + 1, (r * 10 + d) % m)));
-            else if (r == 0)
-                alts[k++] = gr_seq2(b, gr_byte(b, '0'), gr_ref(b, DM_RULE(levels + j, 0)));
-            int32_t id = DM_RULE(levels + j, r);
-            if (id >= 0) b->rules[id].body = k ? gr_alt(b, alts, k) : c->never;
-        }
-    }
-    int32_t tops[10];
-    tops[0] = gr_seq2(b, gr_byte(b, '0'), gr_ref(b, DM_RULE(levels, 0)));
-    int top = max_int > 0 ? max_int - 1 : 0;
-    for (int d = 1; d <= 9; d++) tops[d] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, DM_RULE(top, d % m)));
-#undef DM_RULE
-    free(rule);
-    return gr_alt(b, tops, 10);
-}
-
 /* The number u * 10^-scale as the shortest decimal text. */
 static void units_text(int64_t u, int scale, char *out, size_t cap) {
     if (!u) {
@@ -1117,9 +1024,9 @@ static void units_text(int64_t u, int scale, char *out, size_t cap) {
     snprintf(out, cap, "%s", buf);
 }
 
-/* A number under a fractional multipleOf m * 10^-scale (m > 1: 0.5, 2.5, 0.25): the
- * remainder automaton, signed by the bounds when they are 0 or absent; other bounds list
- * the multiples between them (at most SC_MAX_LISTED) or are refused. */
+/* A number under a fractional multipleOf m * 10^-scale (m > 1: 0.5, 2.5, 0.25): a range
+ * of at most SC_MAX_LISTED multiples written out (their shortest texts), any other bounds
+ * (or none) by the digit automaton of signed_multiples. */
 static int32_t number_multiples(sc_ctx *c, json_t *s, int64_t m, int scale) {
     gr_build *b = c->b;
     double v, step = json_number_value(json_object_get(s, "multipleOf"));
@@ -1130,12 +1037,6 @@ static int32_t number_multiples(sc_ctx *c, json_t *s, int64_t m, int scale) {
     if (num_of(s, "maximum", &v)) has_hi = 1, hi = v, shi = json_is_true(json_object_get(s, "exclusiveMaximum"));
     if (num_of(s, "exclusiveMaximum", &v) && (!has_hi || v <= hi)) has_hi = 1, hi = v, shi = 1;
     int max_int = b->small_numbers ? 15 : 0; /* a tool call's +-1e15 */
-    if (!has_hi && (!has_lo || (lo == 0 && !slo))) {
-        int32_t mag = decimal_multiples(c, m, scale, max_int);
-        return has_lo ? mag : gr_alt2(b, mag, gr_seq2(b, lit(c, "-"), mag));
-    }
-    if (!has_lo && hi == 0 && !shi)
-        return gr_alt2(b, lit(c, "0"), gr_seq2(b, lit(c, "-"), decimal_multiples(c, m, scale, max_int)));
     int64_t lf, lc, hf, hc;
     int lx, hx;
     if (has_lo && has_hi && bound_units(lo, scale, &lf, &lc, &lx) && bound_units(hi, scale, &hf, &hc, &hx)) {

@@ -225,6 +225,18 @@ static void test_schema_bounds(void **state) {
                     L("90", "0", "-1000", "90.0"), L("100", "95", "110"));
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"multipleOf\":0.25,\"minimum\":1e17,\"maximum\":1e18}",
                   "multipleOf 0.25 with a bound beyond");
+    /* no prefix is taken that cannot be finished: "0.1" leads to no multiple of 0.25 (0.1,
+     * 0.1x and 0.1 followed by zeros are none), "0.2" does (0.25) */
+    {
+        gvocab *v = test_vocab();
+        grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.25}");
+        gmatcher *m = gmatcher_new(g, v);
+        assert_false(gmatcher_accept_bytes(m, "0.1", 3));
+        assert_true(gmatcher_accept_bytes(m, "0.2", 3));
+        gmatcher_free(m);
+        grammar_free(g);
+        gvocab_free(v);
+    }
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[A-Za-z][a-z0-9_]*$\",\"maxLength\":4}",
                     L("\"a\"", "\"Ab_1\""), L("\"\"", "\"Ab_12\"", "\"1a\""));
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[0-9]{16}$\",\"minLength\":15}",

@@ -3,9 +3,12 @@
  * tokenizes each instance with a GGUF model's tokenizer, feeds it token by token
  * (every token must be in the mask; the end must be accepted) and writes one JSON line
  * per schema: compile time, error, per-instance verdicts, per-token mask times (us of
- * thread CPU time).
+ * thread CPU time). With MASKBENCH_MASK_HASH=1 in the environment each verdict also
+ * carries a hash of every mask it saw ("mask_hash"), so that two builds of the engine can
+ * be shown to compute the same masks.
  * Usage: maskbench MODEL.gguf CASES.jsonl [VOCAB.txt] > RESULTS.jsonl (VOCAB.txt: the
  * token byte strings, written for the llguidance run). */
+#include "base/hash.h"
 #include "grammar/grammar.h"
 #include "io/gguf.h"
 #include "tok/tokenizer.h"
@@ -89,6 +92,8 @@ int main(int argc, char **argv) {
     char *line = NULL;
     size_t cap = 0;
     int32_t eos = tok_eos_id(t);
+    const char *hash_env = getenv("MASKBENCH_MASK_HASH");
+    int hash_masks = hash_env && *hash_env && strcmp(hash_env, "0");
     while (getline(&line, &cap, f) > 0) {
         json_error_t je;
         json_t *c = json_loads(line, 0, &je);
@@ -117,12 +122,14 @@ int main(int argc, char **argv) {
             }
             gmatcher *m = gmatcher_new(gr, v);
             long reject_at = -1;
+            uint64_t mask_hash = FNV1A64_INIT;
             for (size_t k = 0; m && k <= n_ids; k++) {
                 int32_t id = k < n_ids ? ids[k] : eos;
                 double m0 = cpu_us();
                 gmatcher_mask(m, mask);
                 double dt = cpu_us() - m0;
                 if (valid) json_array_append_new(times, json_real(dt));
+                if (hash_masks) mask_hash = fnv1a64_words(mask_hash, (const int32_t *)mask, words);
                 if (!(mask[id >> 5] >> (id & 31) & 1) || !gmatcher_accept(m, id)) {
                     reject_at = (long)k;
                     break;
@@ -133,6 +140,11 @@ int main(int argc, char **argv) {
             json_object_set_new(vd, "accepted", json_boolean(m && reject_at < 0));
             json_object_set_new(vd, "tokens", json_integer((json_int_t)n_ids));
             json_object_set_new(vd, "reject_at", json_integer(reject_at));
+            if (hash_masks) {
+                char hx[17];
+                snprintf(hx, sizeof hx, "%016llx", (unsigned long long)mask_hash);
+                json_object_set_new(vd, "mask_hash", json_string(hx));
+            }
             json_t *ja = json_array();
             for (size_t k = 0; k < n_ids; k++) json_array_append_new(ja, json_integer(ids[k]));
             json_object_set_new(vd, "ids", ja);

@@ -20,6 +20,7 @@
 #include "base/err.h"
 #include "engine/engine_internal.h"
 #include "engine/spec.h"
+#include "grammar/grammar.h"
 #include "kv/kv_prefix.h"
 #include "kv/kv_state.h"
 #include "engine/adapter.h"
@@ -710,6 +711,9 @@ static int propose(hearth_batch *b) {
          * differently the second time */
         hearth_error err = {0};
         if (k > most) k = most;
+        /* a constrained row: the proposal up to the first token its grammar forbids (the
+         * verified sample there is masked, so it could never match; its rows are spared) */
+        if (k > 0 && q->g.matcher) k = (int)gmatcher_allowed_prefix(q->g.matcher, q->draft, (size_t)k);
         if (k <= 0 || kv_reserve(kv, q->seq, q->len + 1 + k, &err)) continue;
         q->n_draft = k;
         total += k;

@@ -11,6 +11,31 @@
 
 /* ---- vocabulary trie ----------------------------------------------------------------- */
 
+/* A class of ASCII bytes: bit b for the byte b (1..127). */
+typedef struct {
+    uint64_t w[2];
+} gv_class;
+/* What else a trie node's descendants hold (gv_trie.below_flags): a byte that is no part of
+ * valid UTF-8 (NUL, the marker byte, a stray continuation, an overlong or surrogate form),
+ * or bytes of valid multi-byte characters (whole or cut off at the token's end). */
+enum { GV_BELOW_BAD = 1, GV_BELOW_MULTI = 2 };
+
+/* UTF-8 by lead bytes (no overlongs, no surrogates, nothing past U+10FFFF): the second
+ * byte's range, then `more` continuation bytes of 0x80..0xBF. */
+typedef struct {
+    uint8_t lead_lo, lead_hi, lo, hi, more;
+} gv_utf8_lead;
+static const gv_utf8_lead *utf8_lead(unsigned b) {
+    static const gv_utf8_lead leads[] = {
+        {0xC2, 0xDF, 0x80, 0xBF, 0}, {0xE0, 0xE0, 0xA0, 0xBF, 1}, {0xE1, 0xEC, 0x80, 0xBF, 1},
+        {0xED, 0xED, 0x80, 0x9F, 1}, {0xEE, 0xEF, 0x80, 0xBF, 1}, {0xF0, 0xF0, 0x90, 0xBF, 2},
+        {0xF1, 0xF3, 0x80, 0xBF, 2}, {0xF4, 0xF4, 0x80, 0x8F, 2},
+    };
+    for (size_t q = 0; q < sizeof leads / sizeof *leads; q++)
+        if (b >= leads[q].lead_lo && b <= leads[q].lead_hi) return &leads[q];
+    return NULL;
+}
+
 /* A byte trie of some tokens, in preorder: node i has byte[i] at depth[i] (1 for the
  * root's children); its subtree ends before end[i]; the tokens spelled exactly by the path
  * to it are tok_sorted[tok_first[i] .. + tok_n[i]). */
@@ -23,8 +48,11 @@ typedef struct {
     int32_t *tok_n;
     int32_t *tok_sorted;
     int32_t n_tok;
-    int32_t *sub_lo; /* per node: its subtree's first token in tok_sorted (they are contiguous) */
-    uint8_t *whole;  /* per node: its path is whole UTF-8 characters (no byte of one is cut off) */
+    int32_t *sub_lo;      /* per node: its subtree's first token in tok_sorted (they are contiguous) */
+    uint8_t *whole;       /* per node: its path is whole UTF-8 characters (no byte of one is cut off) */
+    gv_class *below;      /* per node: the ASCII bytes of its descendants */
+    uint8_t *below_flags; /* per node: GV_BELOW_* of its descendants */
+    uint16_t *height;     /* per node: how many bytes its longest descendant adds to its path */
     /* per first byte: its depth-1 node (-1: none) and its tokens' range in tok_sorted */
     int32_t root[256], root_lo[256], root_hi[256];
 } gv_trie;
@@ -33,7 +61,7 @@ typedef struct {
 
 struct gvocab {
     int32_t n_tokens;
-    gv_trie all;  /* every text token and marker (special token) */
+    gv_trie all;   /* every text token and marker (special token) */
     gv_trie rest;  /* the text tokens that are not short plain ones */
     gv_trie plain; /* the short plain ones */
     /* short plain tokens: at most GV_SHORT complete UTF-8 characters, none of them a
@@ -80,9 +108,13 @@ static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_tex
     t->tok_n = calloc(cap, sizeof *t->tok_n);
     t->sub_lo = malloc(cap * sizeof *t->sub_lo);
     t->whole = malloc(cap);
+    t->below = calloc(cap, sizeof *t->below);
+    t->below_flags = calloc(cap, 1);
+    t->height = calloc(cap, sizeof *t->height);
     t->n_tok = n_text;
     int32_t *path = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *path);
-    if (!t->byte || !t->depth || !t->end || !t->tok_first || !t->tok_n || !t->sub_lo || !t->whole || !path) {
+    if (!t->byte || !t->depth || !t->end || !t->tok_first || !t->tok_n || !t->sub_lo || !t->whole || !t->below ||
+        !t->below_flags || !t->height || !path) {
         free(path);
         return 0;
     }
@@ -117,14 +149,50 @@ static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_tex
     while (sp) t->end[path[--sp]] = n;
     t->n_nodes = n;
     free(path);
+    /* each node's own byte in UTF-8, decoded from the root (a path is a token's prefix):
+     * bad, or the bytes a character still needs and the next one's range; kept per depth */
+    uint8_t *own = malloc((size_t)n + 1);
+    uint8_t *need = malloc(GV_MAX_TOKEN_BYTES + 2), *lo = malloc(GV_MAX_TOKEN_BYTES + 2),
+            *hi = malloc(GV_MAX_TOKEN_BYTES + 2);
+    if (!own || !need || !lo || !hi) {
+        free(own), free(need), free(lo), free(hi);
+        return 0;
+    }
+    need[0] = 0;
+    for (int32_t i = 0; i < n; i++) {
+        unsigned d = t->depth[i], b = t->byte[i], bad = need[d - 1] == 0xFF;
+        need[d] = 0, lo[d] = 0x80, hi[d] = 0xBF;
+        if (!bad && need[d - 1]) { /* a continuation byte */
+            bad = b < lo[d - 1] || b > hi[d - 1];
+            need[d] = (uint8_t)(need[d - 1] - 1);
+        } else if (!bad && b >= 0x80) { /* a lead byte: plain_token's ranges */
+            const gv_utf8_lead *q = utf8_lead(b);
+            bad = !q;
+            if (q) need[d] = (uint8_t)(q->more + 1), lo[d] = q->lo, hi[d] = q->hi;
+        } else if (!bad)
+            bad = b == 0;
+        if (bad) need[d] = 0xFF; /* everything after a bad byte is bad */
+        own[i] = bad ? GV_BELOW_BAD : b >= 0x80 ? GV_BELOW_MULTI : 0;
+    }
+    free(need), free(lo), free(hi);
+    /* the bytes below each node, children first: in preorder a node's children are
+     * i + 1, then each child's end, up to the node's own end */
+    for (int32_t i = n - 1; i >= 0; i--)
+        for (int32_t c = i + 1; c < t->end[i]; c = t->end[c]) {
+            unsigned b = t->byte[c];
+            t->below[i].w[0] |= t->below[c].w[0], t->below[i].w[1] |= t->below[c].w[1];
+            if (b && b < 0x80) t->below[i].w[b >> 6] |= (uint64_t)1 << (b & 63);
+            t->below_flags[i] |= t->below_flags[c] | own[c];
+            if (t->height[c] + 1 > t->height[i]) t->height[i] = (uint16_t)(t->height[c] + 1);
+        }
+    free(own);
     return 1;
 }
 
 static void trie_free(gv_trie *t) {
     free(t->byte), free(t->depth), free(t->end), free(t->tok_first), free(t->tok_n), free(t->tok_sorted);
-    free(t->sub_lo), free(t->whole);
+    free(t->sub_lo), free(t->whole), free(t->below), free(t->below_flags), free(t->height);
 }
-
 
 /* The number of characters of a plain token (complete UTF-8 characters only, none below
  * U+0020, '"' or '\\'), or 0 when the token is not plain. */
@@ -139,18 +207,10 @@ static int plain_token(const char *s, uint32_t n) {
             i++;
             continue;
         }
-        int len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        const gv_utf8_lead *q = utf8_lead(c);
+        int len = q ? q->more + 2 : 0;
         if (!len || i + (uint32_t)len > n) return 0;
-        unsigned lo = 0x80, hi = 0xBF; /* the second byte's range (no overlongs, no surrogates) */
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;
-        else if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-        if (u[i + 1] < lo || u[i + 1] > hi) return 0;
+        if (u[i + 1] < q->lo || u[i + 1] > q->hi) return 0;
         for (int k = 2; k < len; k++)
             if ((u[i + k] & 0xC0) != 0x80) return 0;
         i += (uint32_t)len;
@@ -206,9 +266,9 @@ gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *l
         int chars = plain_token(v->bytes[id], v->len[id]);
         if (chars > 0 && chars <= GV_SHORT) {
             v->plain_bits[id >> 5] |= 1u << (id & 31), plain[v->n_plain++] = id;
-            for (int l = chars; l < GV_SHORT; l++) v->plain_le[l - 1][id >> 5] |= 1u << (id & 31), v->n_plain_le[l - 1]++;
-        }
-        else
+            for (int l = chars; l < GV_SHORT; l++)
+                v->plain_le[l - 1][id >> 5] |= 1u << (id & 31), v->n_plain_le[l - 1]++;
+        } else
             rest[n_rest++] = id; /* stays sorted */
     }
     if (!trie_build(&v->all, v, order, n_text)) {
@@ -253,8 +313,10 @@ int gvocab_has_special(const gvocab *v, const char *text, size_t n) {
 /* ---- matcher --------------------------------------------------------------------------- */
 
 /* Masks kept per grammar, keyed by set id: JSON strings and whitespace revisit a
- * handful of sets. */
-#define GM_MASK_CACHE 32
+ * handful of sets, and an object's members revisit the same string and format states
+ * member after member (a mask is a bit per token: 64 of them are 2 MiB for a 262k
+ * vocabulary, allocated as they are first used). */
+#define GM_MASK_CACHE 64
 /* Expansion recursion bound (grammar nesting without a byte). */
 #define GM_MAX_DEPTH 2000
 /* Expansion steps for one byte and parse stacks in one set: beyond these a
@@ -291,16 +353,21 @@ struct gm_core {
     int64_t n_items, cap_items;
     int64_t *set_off;
     int32_t *set_len;
-    int32_t *trans; /* 256 per set: -2 unknown, -1 dead */
-    int32_t *uni;   /* per set: the set every plain character leads it to; -1 none, -2 unknown */
-    int8_t *closed; /* per set: plain_closed(); -1 unknown */
+    int32_t *trans;     /* 256 per set: -2 unknown, -1 dead */
+    int32_t *uni;       /* per set: the set every plain character leads it to; -1 none, -2 unknown */
+    int8_t *closed;     /* per set: plain_closed(); -1 unknown */
+    gv_class *uclass;   /* per set: ASCII bytes that all lead it to one set, unext (gm_uclass) */
+    int32_t *unext;     /* -2: not known yet */
+    int8_t *loop_multi; /* per set: every multi-byte plain character leads it back to itself; -1 unknown */
     int32_t n_sets, cap_sets;
     int32_t *set_hash;
     uint32_t set_hash_cap;
     /* scratch */
     int32_t *tmp;
     int32_t n_tmp, cap_tmp;
-    int32_t *walk; /* per trie depth */
+    int32_t *walk;      /* per trie depth */
+    uint32_t *arg_mark; /* per byte set of the grammar: advance()'s stamp when seen */
+    uint32_t arg_stamp;
     int oom;
     int32_t mask_key[GM_MASK_CACHE];
     uint32_t *mask_val[GM_MASK_CACHE];
@@ -417,9 +484,7 @@ static int cmp_i32(const void *x, const void *y) {
     return a < b ? -1 : a > b;
 }
 
-static uint32_t set_hash_of(const int32_t *it, int32_t n) {
-    return mix(fnv1a64_words(FNV1A64_INIT, it, (size_t)n));
-}
+static uint32_t set_hash_of(const int32_t *it, int32_t n) { return mix(fnv1a64_words(FNV1A64_INIT, it, (size_t)n)); }
 
 static int set_rehash(gm_core *m) {
     uint32_t cap = m->set_hash_cap ? m->set_hash_cap * 2 : 256;
@@ -475,7 +540,13 @@ static int32_t set_intern(gm_core *m) {
         if (lp) m->uni = lp;
         int8_t *cl = realloc(m->closed, (size_t)nc);
         if (cl) m->closed = cl;
-        if (!o || !l || !t || !lp || !cl) {
+        gv_class *lc = realloc(m->uclass, (size_t)nc * sizeof *lc);
+        if (lc) m->uclass = lc;
+        int32_t *lk = realloc(m->unext, (size_t)nc * sizeof *lk);
+        if (lk) m->unext = lk;
+        int8_t *lm = realloc(m->loop_multi, (size_t)nc);
+        if (lm) m->loop_multi = lm;
+        if (!o || !l || !t || !lp || !cl || !lc || !lk || !lm) {
             m->oom = 1;
             return -1;
         }
@@ -497,6 +568,8 @@ static int32_t set_intern(gm_core *m) {
     for (int i = 0; i < 256; i++) m->trans[(int64_t)s * 256 + i] = -2;
     m->uni[s] = -2;
     m->closed[s] = -1;
+    m->unext[s] = -2;
+    m->loop_multi[s] = -1;
     m->set_hash[k] = s;
     return s;
 }
@@ -530,19 +603,22 @@ static int32_t advance(gm_core *m, int32_t set, unsigned byte) {
     /* each byte's signature: which of the set's distinct byte sets hold it */
     uint32_t arg[64];
     int k = 0;
-    for (int32_t i = 0; i < len && k <= 64; i++) {
+    /* distinct byte sets by a stamp per set (a key state holds hundreds of stacks) */
+    if (++m->arg_stamp == 0) {
+        memset(m->arg_mark, 0, (size_t)g->n_sets * sizeof *m->arg_mark);
+        m->arg_stamp = 1;
+    }
+    for (int32_t i = 0; i < len; i++) {
         int32_t id = m->set_items[off + i];
         if (id == 0) continue;
         uint32_t a = g->elems[m->nodes[id].pos].arg;
-        int seen = 0;
-        for (int j = 0; j < k && !seen; j++) seen = arg[j] == a;
-        if (!seen) {
-            if (k == 64) {
-                k = 65;
-                break;
-            }
-            arg[k++] = a;
+        if (m->arg_mark[a] == m->arg_stamp) continue;
+        m->arg_mark[a] = m->arg_stamp;
+        if (k == 64) {
+            k = 65;
+            break;
         }
+        arg[k++] = a;
     }
     if (k > 64) { /* too many distinct byte sets to classify: this byte alone */
         int32_t r = step(m, set, byte);
@@ -589,8 +665,8 @@ static void core_free(gm_core *m) {
     pthread_mutex_destroy(&m->mu);
     free(m->nodes), free(m->node_hash), free(m->visit);
     free(m->set_items), free(m->set_off), free(m->set_len), free(m->trans), free(m->set_hash), free(m->uni);
-    free(m->closed);
-    free(m->tmp), free(m->walk);
+    free(m->closed), free(m->uclass), free(m->unext), free(m->loop_multi);
+    free(m->tmp), free(m->walk), free(m->arg_mark);
     for (int i = 0; i < GM_MASK_CACHE; i++) free(m->mask_val[i]);
     free(m);
 }
@@ -609,7 +685,8 @@ static gm_core *core_new(const grammar *g, const gvocab *v) {
     m->nodes = malloc((size_t)m->cap_nodes * sizeof *m->nodes);
     m->visit = calloc((size_t)m->cap_nodes, sizeof *m->visit);
     m->walk = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *m->walk);
-    if (!m->nodes || !m->visit || !m->walk || !node_rehash(m)) {
+    m->arg_mark = calloc((size_t)g->n_sets + 1, sizeof *m->arg_mark);
+    if (!m->nodes || !m->visit || !m->walk || !m->arg_mark || !node_rehash(m)) {
         core_free(m);
         return NULL;
     }
@@ -702,23 +779,13 @@ static int32_t uniform_memo(gm_core *m, gm_memo *mo, int32_t t, unsigned lo, uns
 /* The set a plain character starting with lead byte `lead` leads s to, when every such
  * character leads there (-1: they differ or die). */
 static int32_t char_target(gm_core *m, gm_memo *mo, int32_t s, unsigned lead) {
-    /* UTF-8 by lead bytes: the second byte's range, then plain continuation bytes */
-    static const struct {
-        uint8_t lead_lo, lead_hi, lo, hi, more;
-    } seqs[] = {
-        {0xC2, 0xDF, 0x80, 0xBF, 0}, {0xE0, 0xE0, 0xA0, 0xBF, 1}, {0xE1, 0xEC, 0x80, 0xBF, 1},
-        {0xED, 0xED, 0x80, 0x9F, 1}, {0xEE, 0xEF, 0x80, 0xBF, 1}, {0xF0, 0xF0, 0x90, 0xBF, 2},
-        {0xF1, 0xF3, 0x80, 0xBF, 2}, {0xF4, 0xF4, 0x80, 0x8F, 2},
-    };
     if (lead < 0x80) return advance(m, s, lead);
-    for (size_t q = 0; q < sizeof seqs / sizeof *seqs; q++)
-        if (lead >= seqs[q].lead_lo && lead <= seqs[q].lead_hi) {
-            int32_t t = advance(m, s, lead);
-            if (t >= 0) t = uniform_memo(m, mo, t, seqs[q].lo, seqs[q].hi);
-            for (int k = 0; t >= 0 && k < seqs[q].more; k++) t = uniform_memo(m, mo, t, 0x80, 0xBF);
-            return t;
-        }
-    return -1;
+    const gv_utf8_lead *q = utf8_lead(lead);
+    if (!q) return -1;
+    int32_t t = advance(m, s, lead);
+    if (t >= 0) t = uniform_memo(m, mo, t, q->lo, q->hi);
+    for (int k = 0; t >= 0 && k < q->more; k++) t = uniform_memo(m, mo, t, 0x80, 0xBF);
+    return t;
 }
 
 /* The one set every plain character (plain_token's alphabet) leads set s to, or -1. */
@@ -742,12 +809,81 @@ static int short_plain_ok(gm_core *m, int32_t s) {
     return s >= 0;
 }
 
+/* A class of ASCII bytes that all lead set s to one set, *next (-1: an empty class): of
+ * the bytes that letters or digits lead to, the larger class. A string body under a
+ * character class (a uri's path, an email's local part, a length-bounded string) moves
+ * through such classes: a token whose remaining bytes each stay in the class of the set
+ * they reach is allowed, whatever they are. */
+static const gv_class *gm_uclass(gm_core *m, int32_t s, int32_t *next) {
+    if (m->unext[s] == -2) {
+        advance(m, s, 'a');      /* fills the row (but for the bytes of a set too varied to classify) */
+        if (m->oom) return NULL; /* not cached: out of memory is not a grammar fact */
+        const int32_t *row = &m->trans[(int64_t)s * 256];
+        gv_class best = {{0, 0}};
+        int32_t best_to = -1;
+        int best_n = 0;
+        for (int k = 0; k < 2; k++) {
+            int32_t to = row[k ? '0' : 'a'];
+            if (to < 0 || to == best_to) continue;
+            gv_class c = {{0, 0}};
+            int n = 0;
+            for (unsigned b = 1; b < 0x80; b++)
+                if (row[b] == to) c.w[b >> 6] |= (uint64_t)1 << (b & 63), n++;
+            if (n > best_n) best = c, best_to = to, best_n = n;
+        }
+        m->uclass[s] = best, m->unext[s] = best_to;
+    }
+    *next = m->unext[s];
+    return &m->uclass[s];
+}
+
+/* Every multi-byte character (plain_token's) leads set s back to s. */
+static int loop_multi(gm_core *m, int32_t s) {
+    if (m->loop_multi[s] < 0) {
+        gm_memo mo = {.n = 0};
+        int ok = 1;
+        for (unsigned lead = 0xC2; ok && lead <= 0xF4; lead++) ok = char_target(m, &mo, s, lead) == s;
+        if (m->oom) return 0; /* not cached: out of memory is not a grammar fact */
+        m->loop_multi[s] = (int8_t)ok;
+    }
+    return m->loop_multi[s];
+}
+
+/* Subtrees taller than this are not tried whole through a chain of classes; their children
+ * are. (A state's class that leads back to itself takes a subtree of any height.) */
+#define GM_WHOLE_HEIGHT 24
+
+/* Every token below trie node i is allowed from set s: each byte at depth d below it is
+ * in the class (gm_uclass) of the set the d bytes before it lead to. Multi-byte characters
+ * below: only where s's class leads back to s and so does every such character, from a
+ * node at a character boundary. */
+static int subtree_whole(gm_core *m, const gv_trie *t, int32_t i, int32_t s) {
+    int h = t->height[i];
+    uint8_t flags = t->below_flags[i];
+    if (h == 0 || (flags & GV_BELOW_BAD)) return 0; /* a leaf: the node's own tokens are set anyway */
+    const gv_class *b = &t->below[i];
+    int32_t next;
+    const gv_class *c = gm_uclass(m, s, &next);
+    if (!c || (b->w[0] & ~c->w[0]) || (b->w[1] & ~c->w[1])) return 0;
+    if (next == s) return !(flags & GV_BELOW_MULTI) || (t->whole[i] && loop_multi(m, s));
+    if ((flags & GV_BELOW_MULTI) || h > GM_WHOLE_HEIGHT || next < 0) return 0;
+    uint64_t k0 = c->w[0], k1 = c->w[1];
+    for (int d = 1; d < h; d++) {
+        s = next;
+        c = gm_uclass(m, s, &next);
+        if (!c) return 0;
+        k0 &= c->w[0], k1 &= c->w[1];
+        if ((b->w[0] & ~k0) || (b->w[1] & ~k1)) return 0;
+        if (next < 0 && d + 1 < h) return 0;
+    }
+    return 1;
+}
+
 /* Sets the bits of every token of trie t's nodes [from, to) (whole subtrees of the root)
  * reachable from set s; returns how many. plain: t holds short plain tokens only, so where
  * a character ends in a state every plain character leads on uniformly GV_SHORT times, the
  * whole subtree is allowed and set without walking it. */
-static size_t walk_nodes(gm_core *m, const gv_trie *t, int32_t s, uint32_t *bits, int32_t from, int32_t to,
-                         int plain) {
+static size_t walk_nodes(gm_core *m, const gv_trie *t, int32_t s, uint32_t *bits, int32_t from, int32_t to, int plain) {
     size_t count = 0;
     int32_t *st = m->walk;
     st[0] = s;
@@ -760,7 +896,7 @@ static size_t walk_nodes(gm_core *m, const gv_trie *t, int32_t s, uint32_t *bits
             continue;
         }
         st[t->depth[i]] = nx;
-        if (plain && t->whole[i] && short_plain_ok(m, nx)) {
+        if (subtree_whole(m, t, i, nx) || (plain && t->whole[i] && short_plain_ok(m, nx))) {
             int32_t hi = t->end[i] < t->n_nodes ? t->sub_lo[t->end[i]] : t->n_tok;
             for (int32_t k = t->sub_lo[i]; k < hi; k++) {
                 int32_t id = t->tok_sorted[k];
@@ -784,12 +920,10 @@ static size_t walk_trie(gm_core *m, const gv_trie *t, int32_t s, uint32_t *bits)
     return walk_nodes(m, t, s, bits, 0, t->n_nodes, 0);
 }
 
-
 /* States where most plain characters lead to one state u from which every plain token's
- * remaining characters are allowed (up to *limit characters in all) (a string body whose first character is special for a
- * few bytes: a key that must differ from the declared names, a format excluding some
- * characters). Every short plain token is allowed but those whose first byte is an
- * exception (exc): returns u (-1: no such state). */
+ * remaining characters are allowed (up to *limit characters in all) (a string body whose first character is special for
+ * a few bytes: a key that must differ from the declared names, a format excluding some characters). Every short plain
+ * token is allowed but those whose first byte is an exception (exc): returns u (-1: no such state). */
 /* No plain character can follow s. */
 static int plain_dead(gm_core *m, int32_t s) {
     for (unsigned b = 0x20; b < 0x80; b++)
@@ -973,4 +1107,12 @@ int gmatcher_accept(gmatcher *m, int32_t token) {
         }
     if (!v->len[token]) return 0;
     return gmatcher_accept_bytes(m, v->bytes[token], v->len[token]);
+}
+
+size_t gmatcher_allowed_prefix(const gmatcher *m, const int32_t *tokens, size_t n) {
+    gmatcher probe = *m; /* the shared core is only read through it; the state is a copy */
+    probe.own = 0;
+    size_t k = 0;
+    while (k < n && gmatcher_accept(&probe, tokens[k])) k++;
+    return k;
 }

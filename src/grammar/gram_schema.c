@@ -197,6 +197,46 @@ static int is_annotation(const char *k) {
     return 0;
 }
 
+/* Keywords this compiler reads (or refuses, REFUSED): any other keyword is an annotation
+ * (JSON Schema ignores unknown keywords: "x-taplo", "help", ...), so two different values
+ * of it never stop a merge. */
+static int is_assertion(const char *k) {
+    static const char *const read[] = {"type",
+                                       "properties",
+                                       "required",
+                                       "additionalProperties",
+                                       "items",
+                                       "prefixItems",
+                                       "additionalItems",
+                                       "minItems",
+                                       "maxItems",
+                                       "enum",
+                                       "const",
+                                       "anyOf",
+                                       "allOf",
+                                       "oneOf",
+                                       "not",
+                                       "$ref",
+                                       "minLength",
+                                       "maxLength",
+                                       "pattern",
+                                       "format",
+                                       "minimum",
+                                       "maximum",
+                                       "exclusiveMinimum",
+                                       "exclusiveMaximum",
+                                       "multipleOf",
+                                       "patternProperties",
+                                       "minProperties",
+                                       "maxProperties",
+                                       SC_NOT_STRINGS};
+    for (size_t i = 0; i < sizeof read / sizeof *read; i++)
+        if (!strcmp(k, read[i])) return 1;
+    for (size_t i = 0; i < sizeof REFUSED / sizeof *REFUSED; i++)
+        if (!strcmp(k, REFUSED[i])) return 1;
+    return 0;
+}
+
 /* ---- merging (allOf, and sibling keywords of $ref / anyOf) ----------------------------- */
 
 static json_t *sc_deref(sc_ctx *c, json_t *s, int depth);
@@ -306,7 +346,7 @@ static json_t *merge_key(sc_ctx *c, const char *k, json_t *x, json_t *y, int dep
         json_array_extend(out, y);
         return out;
     }
-    if (is_annotation(k)) return json_incref(x);
+    if (is_annotation(k) || !is_assertion(k)) return json_incref(x);
     sc_fail(c, "cannot combine two different '%s' (allOf or $ref siblings)", k);
     return json_incref(x);
 }
@@ -530,42 +570,217 @@ static int dec_of(double v, int strict, sc_dec *d) {
 
 /* ---- multipleOf ------------------------------------------------------------------------- */
 
-#define SC_MAX_MODULUS 1000     /* multipleOf m: m rules (times the digit limit) of 10 steps each */
+#define SC_MAX_MODULUS 1000     /* multipleOf m: m rules per digit position and phase, of 10 steps each */
 #define SC_MAX_LISTED 256       /* bounded multiples written out one by one */
 #define SC_MAX_STEP_DECIMALS 15 /* a fractional multipleOf's step: 1e-15 at the finest (what doubles hold) */
 
-/* Positive multiples of m as digit strings (no leading zero): a remainder automaton, one
- * rule per remainder. max_digits > 0: at most that many digits, one rule per remainder and
- * digits still allowed. */
-static int32_t positive_multiples(sc_ctx *c, int64_t m, int max_digits) {
+/* Multiples of m * 10^-scale between two bounds: the magnitudes (no sign) whose value in
+ * units of 10^-scale, N, lies in [lo, hi] (hi < 0: no upper bound) with N % m == 0. A digit
+ * automaton over N's digits, the point written `scale` digits from the end: while the digits
+ * so far equal a bound's (tight) the next is limited by it; once neither bound binds, a state
+ * is (digits left, N's remainder so far, phase), one shared rule each. The text is N's digits
+ * with no leading zero ("0" for an integer part of 0), then, when scale > 0, nothing (the
+ * fraction all zeros), or a point and one or more fraction digits, trailing zeros allowed
+ * ("2.5", "2.50"; N's digits beyond the written ones are zeros). Every alternative kept leads
+ * to a complete number: a prefix the grammar takes can always be finished. */
+enum { BM_INT, BM_POINT, BM_FRAC_FIRST, BM_FRAC, BM_PHASES };
+#define BM_MAX_DIGITS 19 /* N within int64 */
+typedef struct {
+    sc_ctx *c;
+    int64_t m;
+    int scale;
+    int64_t p10mod[BM_MAX_DIGITS + 2]; /* 10^k % m */
+    int32_t *memo;                     /* free states: (digits left, remainder, phase) -> node, -2 not built */
+    int32_t zeros;                     /* "0"*: zeros past N's last digit */
+    int32_t digit[10];
+    char lo[BM_MAX_DIGITS + 1], hi[BM_MAX_DIGITS + 1]; /* the block's bounds, zero-padded to its width */
+    int width;
+} bm_ctx;
+
+static int32_t bm_state(bm_ctx *x, int p, int lt, int ht, int64_t rem, int phase);
+
+/* N may end here, its remaining k digits zeros: a multiple, and not below lo */
+static int bm_can_end(bm_ctx *x, int k, int lt, int64_t rem) {
+    if (rem * x->p10mod[k] % x->m) return 0;
+    for (int i = x->width - k; lt && i < x->width; i++)
+        if (x->lo[i] != '0') return 0;
+    return 1;
+}
+
+static int32_t bm_build(bm_ctx *x, int p, int lt, int ht, int64_t rem, int phase) {
+    sc_ctx *c = x->c;
     gr_build *b = c->b;
-    int levels = max_digits > 0 ? max_digits : 1;
-    int32_t *rule = malloc((size_t)m * (size_t)levels * sizeof *rule);
-    if (!rule) return sc_fail(c, "out of memory");
-    for (int64_t i = 0; i < m * levels; i++) rule[i] = gr_rule_new(b, -1);
-    for (int lv = 0; lv < levels; lv++)
-        for (int64_t r = 0; r < m; r++) {
-            int32_t alts[11];
-            int k = 0;
-            if (r == 0) alts[k++] = gr_empty(b);
-            int next = max_digits > 0 ? lv - 1 : 0; /* unlimited: the one level again */
-            if (next >= 0)
+    int k = x->width - p; /* N's digits still to come */
+    int32_t alts[12];
+    int n = 0;
+    if (phase == BM_POINT) { /* the integer part is complete */
+        if (bm_can_end(x, k, lt, rem)) alts[n++] = gr_empty(b);
+        int32_t f = x->scale ? bm_state(x, p, lt, ht, rem, BM_FRAC_FIRST) : c->never;
+        if (f != c->never) alts[n++] = gr_seq2(b, lit(c, "."), f);
+        return n ? gr_alt(b, alts, n) : c->never;
+    }
+    if (phase == BM_FRAC && k == 0) return rem ? c->never : x->zeros;
+    if (phase == BM_FRAC && bm_can_end(x, k, lt, rem)) alts[n++] = gr_empty(b);
+    int d_lo = lt ? x->lo[p] - '0' : 0, d_hi = ht ? x->hi[p] - '0' : 9;
+    for (int d = d_lo; d <= d_hi; d++) {
+        int nl = lt && d == d_lo, nh = ht && d == d_hi;
+        int64_t r = (rem * 10 + d) % x->m;
+        int next = phase == BM_INT ? (k - 1 == x->scale ? BM_POINT : BM_INT) : BM_FRAC;
+        int32_t t = bm_state(x, p + 1, nl, nh, r, next);
+        if (t != c->never) alts[n++] = gr_seq2(b, x->digit[d], t);
+    }
+    return n ? gr_alt(b, alts, n) : c->never;
+}
+
+static int32_t bm_state(bm_ctx *x, int p, int lt, int ht, int64_t rem, int phase) {
+    sc_ctx *c = x->c;
+    if (lt || ht) return bm_build(x, p, lt, ht, rem, phase); /* on a bound's path: built once */
+    int k = x->width - p;
+    int32_t *slot = &x->memo[((size_t)k * (size_t)x->m + (size_t)rem) * BM_PHASES + (size_t)phase];
+    if (*slot == -2) {
+        int32_t body = bm_build(x, p, 0, 0, rem, phase);
+        *slot = body == c->never ? c->never : rule_of(c, body);
+    }
+    return *slot;
+}
+
+/* N of BM_MAX_DIGITS digits or more (no upper bound): a first digit 1-9, the integer
+ * digits up to that width, then any number more (one rule per remainder), then the point
+ * phase. */
+static int32_t bm_unbounded_tail(bm_ctx *x) {
+    sc_ctx *c = x->c;
+    gr_build *b = c->b;
+    int64_t m = x->m;
+    int32_t *free_rule = malloc((size_t)m * sizeof *free_rule), *point = malloc((size_t)m * sizeof *point);
+    uint8_t *prod = calloc((size_t)m, 1);
+    if (!free_rule || !point || !prod) {
+        free(free_rule), free(point), free(prod);
+        return sc_fail(c, "out of memory");
+    }
+    x->width = BM_MAX_DIGITS + x->scale; /* p = 0 there leaves `scale` digits: the point phase */
+    for (int64_t r = 0; r < m; r++) {
+        point[r] = bm_state(x, BM_MAX_DIGITS, 0, 0, r, BM_POINT);
+        prod[r] = point[r] != c->never;
+    }
+    /* free(r): more digits or the point; productive when some remainder it reaches is */
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int64_t r = 0; r < m; r++)
+            for (int d = 0; d < 10 && !prod[r]; d++)
+                if (prod[(r * 10 + d) % m]) prod[r] = 1, changed = 1;
+    }
+    for (int64_t r = 0; r < m; r++) free_rule[r] = prod[r] ? gr_rule_new(b, -1) : -1;
+    for (int64_t r = 0; r < m; r++) {
+        if (free_rule[r] < 0) continue;
+        int32_t alts[11];
+        int n = 0;
+        if (point[r] != c->never) alts[n++] = point[r];
+        for (int d = 0; d < 10; d++)
+            if (prod[(r * 10 + d) % m]) alts[n++] = gr_seq2(b, x->digit[d], gr_ref(b, free_rule[(r * 10 + d) % m]));
+        b->rules[free_rule[r]].body = gr_alt(b, alts, n);
+    }
+    /* a first digit, then BM_MAX_DIGITS - 1 - scale integer digits in any case, as a chain of
+     * (remainder) rules per count: built from the free rules up */
+    int need = BM_MAX_DIGITS - 1 - x->scale;
+    int32_t *cur = malloc((size_t)m * sizeof *cur), *nxt = malloc((size_t)m * sizeof *nxt);
+    int32_t out = c->never;
+    if (cur && nxt) {
+        for (int64_t r = 0; r < m; r++) cur[r] = free_rule[r] >= 0 ? gr_ref(b, free_rule[r]) : c->never;
+        for (int j = 0; j < need; j++) { /* cur: j more digits required; nxt: j + 1 */
+            for (int64_t r = 0; r < m; r++) {
+                int32_t alts[10];
+                int n = 0;
                 for (int d = 0; d < 10; d++)
-                    alts[k++] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, rule[next * m + (r * 10 + d) % m]));
-            int32_t id = rule[lv * m + r];
-            if (id >= 0) b->rules[id].body = k ? gr_alt(b, alts, k) : c->never;
+                    if (cur[(r * 10 + d) % m] != c->never) alts[n++] = gr_seq2(b, x->digit[d], cur[(r * 10 + d) % m]);
+                nxt[r] = n ? rule_of(c, gr_alt(b, alts, n)) : c->never;
+            }
+            int32_t *t = cur;
+            cur = nxt, nxt = t;
         }
-    int top = max_digits > 0 ? max_digits - 1 : 0; /* digits allowed after the first */
-    int32_t alts[9];
-    for (int d = 1; d <= 9; d++) alts[d - 1] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, rule[top * m + d % m]));
-    free(rule);
-    return gr_alt(b, alts, 9);
+        int32_t alts[9];
+        int n = 0;
+        for (int d = 1; d <= 9; d++)
+            if (cur[d % m] != c->never) alts[n++] = gr_seq2(b, x->digit[d], cur[d % m]);
+        out = n ? gr_alt(b, alts, n) : c->never;
+    } else
+        sc_fail(c, "out of memory");
+    free(cur), free(nxt), free(free_rule), free(point), free(prod);
+    return out;
+}
+
+/* The magnitudes of N in [lo, hi], each block of one width apart (hi < 0: unbounded;
+ * lo >= 0). c->never when there are none. */
+static int32_t bounded_multiples(sc_ctx *c, int64_t m, int scale, int64_t lo, int64_t hi) {
+    gr_build *b = c->b;
+    if (scale > BM_MAX_DIGITS - 1)
+        return sc_fail(c, "multipleOf with bounds: more than %d fraction digits", BM_MAX_DIGITS - 1);
+    bm_ctx x = {.c = c, .m = m, .scale = scale};
+    x.p10mod[0] = 1 % m;
+    for (int i = 1; i <= BM_MAX_DIGITS + 1; i++) x.p10mod[i] = x.p10mod[i - 1] * 10 % m;
+    size_t n_memo = (size_t)(BM_MAX_DIGITS + 1) * (size_t)m * BM_PHASES;
+    x.memo = malloc(n_memo * sizeof *x.memo);
+    if (!x.memo) return sc_fail(c, "out of memory");
+    for (size_t i = 0; i < n_memo; i++) x.memo[i] = -2;
+    x.zeros = gr_repeat(b, gr_byte(b, '0'), 0, GR_INF);
+    for (int d = 0; d < 10; d++) x.digit[d] = gr_byte(b, '0' + d);
+    int32_t alts[BM_MAX_DIGITS + 2];
+    int n = 0;
+    int64_t p10 = 1;                                        /* 10^(width - 1) */
+    int max_w = hi < 0 ? BM_MAX_DIGITS - 1 : BM_MAX_DIGITS; /* unbounded: the tail takes the rest */
+    for (int w = 1; w <= max_w; w++, p10 = w <= BM_MAX_DIGITS ? p10 * 10 : p10) {
+        if (w < scale + 1) continue;            /* N's text has at least one integer digit */
+        int64_t wlo = w == scale + 1 ? 0 : p10; /* no leading zero but in "0.xx" */
+        int64_t whi = w == BM_MAX_DIGITS ? INT64_MAX : p10 * 10 - 1;
+        if (wlo < lo) wlo = lo;
+        if (hi >= 0 && whi > hi) whi = hi;
+        if (wlo > whi) continue;
+        snprintf(x.lo, sizeof x.lo, "%0*lld", w, (long long)wlo);
+        snprintf(x.hi, sizeof x.hi, "%0*lld", w, (long long)whi);
+        x.width = w;
+        /* a width's free states are its own: the memo is keyed by digits left, which the
+         * widths share, so it holds across them */
+        int32_t t = bm_state(&x, 0, 1, 1, 0, BM_INT);
+        if (c->st) break;
+        if (t != c->never) alts[n++] = t;
+    }
+    if (hi < 0 && lo > p10 && !c->st) /* the tail would hold numbers below lo */
+        sc_fail(c, "multipleOf with a bound of more than %d digits", BM_MAX_DIGITS - 1);
+    if (hi < 0 && !c->st) { /* no upper bound: the numbers past the widths above too */
+        int32_t t = bm_unbounded_tail(&x);
+        if (t != c->never) alts[n++] = t;
+    }
+    free(x.memo);
+    if (c->st) return c->never;
+    return n ? gr_alt(b, alts, n) : c->never;
+}
+
+/* Signed multiples of m * 10^-scale with N (the value in units of 10^-scale) in [lo, hi]
+ * (has_*: bounded; cap >= 0: |N| at most cap besides): the non-negative magnitudes, and a
+ * minus sign before the negative ones' (never "-0"). */
+static int32_t signed_multiples(sc_ctx *c, int64_t m, int scale, int has_lo, int64_t lo, int has_hi, int64_t hi,
+                                int64_t cap) {
+    int32_t alts[2];
+    int n = 0;
+    if (!has_hi || hi >= 0) {
+        int64_t b = has_hi ? hi : cap;
+        if (cap >= 0 && b > cap) b = cap;
+        int32_t t = bounded_multiples(c, m, scale, has_lo && lo > 0 ? lo : 0, b);
+        if (t != c->never) alts[n++] = t;
+    }
+    if ((!has_lo || lo < 0) && !c->st) {
+        int64_t b = has_lo ? -lo : cap;
+        if (cap >= 0 && b > cap) b = cap;
+        int64_t a = has_hi && hi < 0 ? -hi : 1;
+        int32_t t = b < 0 || a <= b ? bounded_multiples(c, m, scale, a, b) : c->never;
+        if (t != c->never) alts[n++] = gr_seq2(c->b, lit(c, "-"), t);
+    }
+    if (c->st) return c->never;
+    return n ? gr_alt(c->b, alts, n) : c->never;
 }
 
 /* Integers in the bounds (has_lo / has_hi: bounded) that are multiples of m (a positive
- * integer). Exact where the range holds at most SC_MAX_LISTED multiples (written out), or
- * each bound is absent or a sign bound (the nearest multiple inside it is 0 or +-m); other
- * ranges are refused. */
+ * integer; max_digits > 0: at most that many digits): a range of at most SC_MAX_LISTED
+ * multiples written out, any other by the digit automaton of signed_multiples. */
 static int32_t int_multiples(sc_ctx *c, int64_t m, int has_lo, int64_t lo, int has_hi, int64_t hi, int max_digits) {
     gr_build *b = c->b;
     if (m > SC_MAX_MODULUS)
@@ -584,17 +799,9 @@ static int32_t int_multiples(sc_ctx *c, int64_t m, int has_lo, int64_t lo, int h
         }
         return gr_alt(b, alts, k);
     }
-    if ((has_lo && lo != 0 && lo != m) || (has_hi && hi != 0 && hi != -m))
-        return sc_fail(c,
-                       "multipleOf %lld with minimum/maximum: only sign bounds or ranges of at most %d multiples are "
-                       "supported",
-                       (long long)m, SC_MAX_LISTED);
-    int32_t pos = positive_multiples(c, m, max_digits), alts[3];
-    int k = 0;
-    if (!has_hi) alts[k++] = pos;
-    if ((!has_lo || lo == 0) && (!has_hi || hi == 0)) alts[k++] = lit(c, "0");
-    if (!has_lo) alts[k++] = gr_seq2(b, lit(c, "-"), pos);
-    return k ? gr_alt(b, alts, k) : c->never;
+    int64_t cap = -1; /* at most max_digits digits */
+    for (int i = 0; i < max_digits; i++) cap = cap < 0 ? 9 : cap * 10 + 9;
+    return signed_multiples(c, m, 0, has_lo, lo, has_hi, hi, cap);
 }
 
 /* A fractional step d as *coef * 10^-*scale from its shortest decimal (0.25: 25, 2); 0
@@ -792,62 +999,6 @@ static int bound_units(double v, int scale, int64_t *floor_u, int64_t *ceil_u, i
     return 1;
 }
 
-/* Magnitudes (no sign, no exponent) of the multiples of m * 10^-scale (m > 1, scale > 0):
- * an integer part ("0" or no leading zero; at most max_int digits when > 0) and an
- * optional fraction whose digits after the scale-th are zeros, such that the value times
- * 10^scale, an integer, is a multiple of m: one rule per remainder mod m and position. */
-static int32_t decimal_multiples(sc_ctx *c, int64_t m, int scale, int max_int) {
-    gr_build *b = c->b;
-    int levels = max_int > 0 ? max_int : 1;
-    size_t n_rules = (size_t)m * (size_t)(levels + scale + 2);
-    int32_t *rule = malloc(n_rules * sizeof *rule);
-    if (!rule) return sc_fail(c, "out of memory");
-    for (size_t i = 0; i < n_rules; i++) rule[i] = gr_rule_new(b, -1);
-        /* rows: I(lv) = rule[lv * m + r] (integer digits, lv more allowed), E = row levels
-         * (the integer part ended), F(j) = row levels + j (j = 1..scale fraction digits read) */
-#define DM_RULE(row, r) rule[(size_t)(row) * (size_t)m + (size_t)(r)]
-    int64_t p10 = 1;
-    for (int i = 0; i < scale; i++) p10 = p10 * 10 % m;
-    for (int64_t r = 0; r < m; r++) {
-        int32_t alts[11];
-        for (int lv = 0; lv < levels; lv++) {
-            int k = 0, next = max_int > 0 ? lv - 1 : 0;
-            alts[k++] = gr_ref(b, DM_RULE(levels, r));
-            for (int d = 0; next >= 0 && d < 10; d++)
-                alts[k++] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, DM_RULE(next, (r * 10 + d) % m)));
-            if (DM_RULE(lv, r) >= 0) b->rules[DM_RULE(lv, r)].body = gr_alt(b, alts, k);
-        }
-        /* E: the end (the integer times 10^scale a multiple) or a point and a first digit */
-        int k = 0;
-        if (r * p10 % m == 0) alts[k++] = gr_empty(b);
-        int32_t first[10];
-        for (int d = 0; d < 10; d++)
-            first[d] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, DM_RULE(levels + 1, (r * 10 + d) % m)));
-        alts[k++] = gr_seq2(b, lit(c, "."), gr_alt(b, first, 10));
-        if (DM_RULE(levels, r) >= 0) b->rules[DM_RULE(levels, r)].body = gr_alt(b, alts, k);
-        for (int j = 1; j <= scale; j++) { /* F(j): j fraction digits read, remainder r */
-            int64_t rest = 1;
-            for (int i = j; i < scale; i++) rest = rest * 10 % m;
-            k = 0;
-            if (r * rest % m == 0) alts[k++] = gr_empty(b);
-            if (j < scale)
-                for (int d = 0; d < 10; d++)
-                    alts[k++] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, DM_RULE(levels + j + 1, (r * 10 + d) % m)));
-            else if (r == 0)
-                alts[k++] = gr_seq2(b, gr_byte(b, '0'), gr_ref(b, DM_RULE(levels + j, 0)));
-            int32_t id = DM_RULE(levels + j, r);
-            if (id >= 0) b->rules[id].body = k ? gr_alt(b, alts, k) : c->never;
-        }
-    }
-    int32_t tops[10];
-    tops[0] = gr_seq2(b, gr_byte(b, '0'), gr_ref(b, DM_RULE(levels, 0)));
-    int top = max_int > 0 ? max_int - 1 : 0;
-    for (int d = 1; d <= 9; d++) tops[d] = gr_seq2(b, gr_byte(b, '0' + d), gr_ref(b, DM_RULE(top, d % m)));
-#undef DM_RULE
-    free(rule);
-    return gr_alt(b, tops, 10);
-}
-
 /* The number u * 10^-scale as the shortest decimal text. */
 static void units_text(int64_t u, int scale, char *out, size_t cap) {
     if (!u) {
@@ -873,9 +1024,9 @@ static void units_text(int64_t u, int scale, char *out, size_t cap) {
     snprintf(out, cap, "%s", buf);
 }
 
-/* A number under a fractional multipleOf m * 10^-scale (m > 1: 0.5, 2.5, 0.25): the
- * remainder automaton, signed by the bounds when they are 0 or absent; other bounds list
- * the multiples between them (at most SC_MAX_LISTED) or are refused. */
+/* A number under a fractional multipleOf m * 10^-scale (m > 1: 0.5, 2.5, 0.25): a range
+ * of at most SC_MAX_LISTED multiples written out (their shortest texts), any other bounds
+ * (or none) by the digit automaton of signed_multiples. */
 static int32_t number_multiples(sc_ctx *c, json_t *s, int64_t m, int scale) {
     gr_build *b = c->b;
     double v, step = json_number_value(json_object_get(s, "multipleOf"));
@@ -886,12 +1037,6 @@ static int32_t number_multiples(sc_ctx *c, json_t *s, int64_t m, int scale) {
     if (num_of(s, "maximum", &v)) has_hi = 1, hi = v, shi = json_is_true(json_object_get(s, "exclusiveMaximum"));
     if (num_of(s, "exclusiveMaximum", &v) && (!has_hi || v <= hi)) has_hi = 1, hi = v, shi = 1;
     int max_int = b->small_numbers ? 15 : 0; /* a tool call's +-1e15 */
-    if (!has_hi && (!has_lo || (lo == 0 && !slo))) {
-        int32_t mag = decimal_multiples(c, m, scale, max_int);
-        return has_lo ? mag : gr_alt2(b, mag, gr_seq2(b, lit(c, "-"), mag));
-    }
-    if (!has_lo && hi == 0 && !shi)
-        return gr_alt2(b, lit(c, "0"), gr_seq2(b, lit(c, "-"), decimal_multiples(c, m, scale, max_int)));
     int64_t lf, lc, hf, hc;
     int lx, hx;
     if (has_lo && has_hi && bound_units(lo, scale, &lf, &lc, &lx) && bound_units(hi, scale, &hf, &hc, &hx)) {
@@ -910,10 +1055,17 @@ static int32_t number_multiples(sc_ctx *c, json_t *s, int64_t m, int scale) {
             return gr_alt(b, alts, k);
         }
     }
-    return sc_fail(c,
-                   "multipleOf %g with minimum/maximum: only a bound of 0 or ranges of at most %d multiples are "
-                   "supported",
-                   step, SC_MAX_LISTED);
+    /* other bounds: the digit automaton over the value in units of 10^-scale */
+    int64_t first = 0, last = 0, cap = -1;
+    if ((has_lo && !bound_units(lo, scale, &lf, &lc, &lx)) || (has_hi && !bound_units(hi, scale, &hf, &hc, &hx)))
+        return sc_fail(c, "multipleOf %g with a bound beyond what 64-bit units of the step hold", step);
+    if (has_lo) first = lc + (slo && lx);
+    if (has_hi) last = hf - (shi && hx);
+    if (max_int) { /* at most max_int integer digits */
+        if (max_int + scale > BM_MAX_DIGITS - 1) return sc_fail(c, "multipleOf %g: too many fraction digits", step);
+        for (int i = 0; i < max_int + scale; i++) cap = cap < 0 ? 9 : cap * 10 + 9;
+    }
+    return signed_multiples(c, m, scale, has_lo, first, has_hi, last, cap);
 }
 
 static int32_t sc_number_bounded(sc_ctx *c, json_t *s, int decimal_only);

@@ -49,6 +49,9 @@ void gmatcher_free(gmatcher *m);
 size_t gmatcher_mask(gmatcher *m, uint32_t *bitmask);
 /* Advances over one token; returns 0 (and changes nothing) when the token is not allowed. */
 int gmatcher_accept(gmatcher *m, int32_t token);
+/* How many of tokens[0..n), taken in order from m's state, the grammar allows (m itself
+ * does not move): speculative proposals are cut at the first one it forbids. */
+size_t gmatcher_allowed_prefix(const gmatcher *m, const int32_t *tokens, size_t n);
 /* Advances over raw bytes (a forced prefix, a test instance); 0 when they do not match. */
 int gmatcher_accept_bytes(gmatcher *m, const char *bytes, size_t n);
 /* The output so far is a complete sentence of the grammar. */

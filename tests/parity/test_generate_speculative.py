@@ -7,6 +7,7 @@ and for SmolLM2; greedy SmolLM2 on the default kernels too. The stderr line with
 proposed / accepted counts shows speculation actually ran. Flags that cannot combine are
 refused with a message naming them.
 """
+import json
 import os
 import re
 import subprocess
@@ -92,6 +93,23 @@ def test_smollm2_json_schema_constraint(tmp_path):
                       '"required":["fruits"]}')
     same_with_and_without(SMOL, "List these fruits as JSON: apple, banana, cherry, apple, banana, cherry.",
                           "--json-schema", schema, "--max-tokens", "40", "--threads", "2")
+
+
+def test_smollm2_json_schema_proposals_cut_by_the_grammar(tmp_path):
+    """Lookup copies the prompt's "apple 3, banana 5" into proposals that the schema's
+    layout forbids after a few tokens: a constrained row's proposal is cut at its first
+    forbidden token (scheduler.c propose); the text is still the plain run's."""
+    need(SMOL, "SmolLM2")
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({
+        "type": "object", "required": ["items"], "additionalProperties": False,
+        "properties": {"items": {"type": "array", "items": {
+            "type": "object", "required": ["name", "n"], "additionalProperties": False,
+            "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer", "minimum": 0}}}}}}))
+    _, proposed, accepted = same_with_and_without(
+        SMOL, "Write JSON for this list: apple 3, banana 5, cherry 7, apple 3, banana 5, cherry 7, apple 3, banana 5.",
+        "--json-schema", schema, "--max-tokens", "120", "--threads", "2")
+    assert proposed > 0 and accepted > 0
 
 
 def test_draft_model_equals_plain_run():

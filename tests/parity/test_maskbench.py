@@ -18,7 +18,7 @@ import maskbench  # noqa: E402
 MODEL = Path(os.environ.get("HEARTH_CACHE", Path.home() / ".cache" / "hearth")) / "models" / \
     "SmolLM2-135M-Instruct.Q4_1.gguf"
 # measured on this subset when the test was written; raise it when the engine improves
-MIN_PASSING = 175
+MIN_PASSING = 176
 
 
 def test_maskbench_subset():

@@ -47,6 +47,16 @@ CASES = [
     ({"type": "integer", "multipleOf": 3, "exclusiveMinimum": 0}, nums(-7, 10)),
     ({"type": "integer", "multipleOf": 3, "maximum": -1}, nums(-10, 5)),
     ({"type": "integer", "multipleOf": 4, "minimum": -10, "maximum": 30}, nums(-20, 40)),
+    # other bounds: the digit automaton over the value, its remainder and the bounds' digits
+    ({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 100000},
+     nums(-15, 130) + ["99995", "99996", "100002", "100009", "700000"]),
+    ({"type": "integer", "multipleOf": 7, "minimum": -45, "maximum": 1000}, nums(-60, 60) + ["994", "1001"]),
+    ({"type": "integer", "multipleOf": 3, "minimum": 5}, nums(-10, 40) + [str(3 * 10**25), str(3 * 10**25 + 1)]),
+    ({"type": "integer", "multipleOf": 4, "maximum": -5}, nums(-40, 10) + [str(-4 * 10**22), str(-4 * 10**22 - 2)]),
+    # MaskBench's Github_hard---o41232: a whole step below an exclusive maximum, on a number
+    ({"type": "number", "multipleOf": 10, "exclusiveMaximum": 100}, nums(-130, 130) + ["90.0", "100.0", "-1000.0"]),
+    # an unknown keyword is an annotation: two different values of it merge
+    ({"allOf": [{"type": "integer", "x-note": 1}, {"minimum": 3, "x-note": 2}]}, nums(-2, 6) + ["1.5"]),
     ({"type": "number", "multipleOf": 1.0, "minimum": 0}, nums(-3, 12) + ["2.5", str(10**14 + 1)]),
     ({"type": "number", "multipleOf": 20.0}, nums(-41, 41) + [str(20 * 10**13), "1.5"]),
     ({"multipleOf": 2}, ANY + ["4", "-6"]),
@@ -106,16 +116,22 @@ DECIMAL_CASES = [
     ({"type": "integer", "multipleOf": 2.5}, [t for t in FRACTIONS if "." not in t]),
     ({"enum": [0.07, 0.075, 1, "a", 2.5], "multipleOf": 0.01}, ["0.07", "0.075", "1", '"a"', "2.5", "0.7"]),
     ({"type": "integer", "multipleOf": 0.5, "minimum": -3}, [t for t in FRACTIONS if "." not in t]),
+    # other bounds: the digit automaton over the value in units of the step
+    ({"type": "number", "multipleOf": 0.5, "minimum": 1}, FRACTIONS),
+    ({"type": "number", "multipleOf": 0.5, "minimum": -3.2, "maximum": 12}, FRACTIONS),
+    ({"type": "number", "multipleOf": 0.25, "exclusiveMinimum": -10, "exclusiveMaximum": 19.5}, FRACTIONS),
+    ({"type": "number", "multipleOf": 2.5, "maximum": 12}, FRACTIONS),
+    ({"type": "number", "multipleOf": 0.125, "minimum": -1.5}, FRACTIONS),
+    ({"type": "number", "multipleOf": 1.5, "minimum": 0.1, "maximum": 1e6}, FRACTIONS),
 ]
 
 REFUSED = [
     ({"not": {"pattern": "a"}}, "keyword 'pattern' inside 'not'"),
     # nothing satisfies it (jsonschema: "abc" is longer than 2): refused, not served as an empty turn
     ({"const": "abc", "maxLength": 2}, "accepts no output at all"),
-    ({"type": "number", "multipleOf": 0.5, "minimum": 1}, "multipleOf 0.5 with minimum/maximum"),
+    ({"type": "number", "multipleOf": 0.25, "minimum": 1e17, "maximum": 1e18}, "multipleOf 0.25 with a bound beyond"),
     ({"type": "number", "multipleOf": 0.3333}, "multipleOf 0.3333"),
     ({"type": "number", "multipleOf": 1 / 3}, "multipleOf 0.333333"),
-    ({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 100000}, "multipleOf 7 with minimum/maximum"),
     ({"not": {"enum": [1]}}, "'not' with enum / const values"),
     ({"type": "string", "not": {"const": "a\"b"}}, "'not' with a string value"),
     ({"type": "object", "minProperties": 3}, "minProperties 3"),

@@ -216,8 +216,27 @@ static void test_schema_bounds(void **state) {
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"multipleOf\":2.5}", L("0", "5", "-10"),
                     L("2", "7", "2.5"));
     compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.3333}", "multipleOf 0.3333");
-    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.5,\"minimum\":1}",
-                  "multipleOf 0.5 with minimum/maximum");
+    /* other bounds: a digit automaton over the value in units of the step */
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.5,\"minimum\":1}",
+                    L("1", "1.5", "2.50", "1000000000000000000000.5"), L("0.5", "0", "1.25", "-1", "1.05"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"multipleOf\":7,\"minimum\":1,\"maximum\":100000}",
+                    L("7", "99995", "700"), L("0", "100002", "8", "-7"));
+    expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":10,\"exclusiveMaximum\":100}",
+                    L("90", "0", "-1000", "90.0"), L("100", "95", "110"));
+    compile_fails(GRAMMAR_JSON_SCHEMA, "{\"multipleOf\":0.25,\"minimum\":1e17,\"maximum\":1e18}",
+                  "multipleOf 0.25 with a bound beyond");
+    /* no prefix is taken that cannot be finished: "0.1" leads to no multiple of 0.25 (0.1,
+     * 0.1x and 0.1 followed by zeros are none), "0.2" does (0.25) */
+    {
+        gvocab *v = test_vocab();
+        grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.25}");
+        gmatcher *m = gmatcher_new(g, v);
+        assert_false(gmatcher_accept_bytes(m, "0.1", 3));
+        assert_true(gmatcher_accept_bytes(m, "0.2", 3));
+        gmatcher_free(m);
+        grammar_free(g);
+        gvocab_free(v);
+    }
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[A-Za-z][a-z0-9_]*$\",\"maxLength\":4}",
                     L("\"a\"", "\"Ab_1\""), L("\"\"", "\"Ab_12\"", "\"1a\""));
     expect_language(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[0-9]{16}$\",\"minLength\":15}",
@@ -425,7 +444,13 @@ static void test_accept_refuses(void **state) {
     assert_false(gmatcher_accept(m, N_VOCAB - 1)); /* special */
     assert_false(gmatcher_accept(m, -1));
     assert_false(gmatcher_accept(m, N_VOCAB));
-    assert_true(gmatcher_accept(m, 257 + 6)); /* "ab" */
+    /* a proposal is allowed up to its first token the grammar forbids; m does not move */
+    int32_t proposal[] = {1 + 'a', 1 + 'b', 0, 1 + 'a'};
+    assert_int_equal(gmatcher_allowed_prefix(m, proposal, 4), 3); /* a, b, eos; then nothing */
+    int32_t wrong[] = {1 + 'a', 1 + 'a'};
+    assert_int_equal(gmatcher_allowed_prefix(m, wrong, 2), 1);
+    assert_int_equal(gmatcher_allowed_prefix(m, proposal + 1, 3), 0);
+    assert_true(gmatcher_accept(m, 257 + 6)); /* "ab": m was where it started */
     assert_true(gmatcher_is_done(m));
     uint32_t mask[(N_VOCAB + 31) / 32];
     assert_int_equal(gmatcher_mask(m, mask), 1); /* only eos */

@@ -391,7 +391,8 @@ hearth_status hearth_engine_quantize_weights(hearth_engine *e, const hearth_conv
     if (m->entry.format != MODEL_FORMAT_DIR || m->quant.present)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: weight trials take a float safetensors folder", m->entry.path);
     if (q.bits != 2 && q.bits != 3 && q.bits != 4 && q.bits != 5 && q.bits != 6 && q.bits != 8)
-        return err_set(err, HEARTH_ERR_INVALID, "quantize weights: %d bits: MLX affine takes 2, 3, 4, 5, 6 or 8", q.bits);
+        return err_set(err, HEARTH_ERR_INVALID, "quantize weights: %d bits: MLX affine takes 2, 3, 4, 5, 6 or 8",
+                       q.bits);
     if (q.group_size != 32 && q.group_size != 64 && q.group_size != 128)
         return err_set(err, HEARTH_ERR_INVALID, "quantize weights: group size %d: MLX affine takes 32, 64 or 128",
                        q.group_size);

@@ -35,7 +35,7 @@ typedef struct mixed_plan {
     int n_cand;
     const char *only; /* while measuring: the one module quantized */
     int only_cand;
-    size_t fixed;   /* allocate: this unit (p->n: none) takes candidate fixed_cand */
+    size_t fixed; /* allocate: this unit (p->n: none) takes candidate fixed_cand */
     int fixed_cand;
 } mixed_plan;
 
@@ -145,8 +145,8 @@ static const char *duration(double s, char *buf, size_t n) {
 /* Every unit at every candidate, in the one engine e: quantized in place, scored against
  * the reference, restored. A progress line (a line per unit when stderr is not a terminal)
  * with the time so far and an estimate of the time left. */
-static int measure_all(hearth_engine *e, mixed_plan *p, hearth_convert_options o, const int32_t *tokens,
-                       size_t rows, int L, const char *ref_path) {
+static int measure_all(hearth_engine *e, mixed_plan *p, hearth_convert_options o, const int32_t *tokens, size_t rows,
+                       int L, const char *ref_path) {
     size_t total = p->n * (size_t)p->n_cand, done = 0;
     double t0 = seconds_now();
     int tty = isatty(2), rc = 0;
@@ -331,8 +331,8 @@ int cli_convert_mixed(const char *model, hearth_convert_options o, double target
     double bpw = 0;
     p.fixed = p.n;
     if (!rc && n_cand == 1) bpw = allocate(&p, target_bpw);
-    if (!rc && n_cand > 1) rc = choose_plan(e, &p, o, target_bpw, tokens, rows, calib_len, ref_path, &bpw, whole,
-                                            sizeof whole);
+    if (!rc && n_cand > 1)
+        rc = choose_plan(e, &p, o, target_bpw, tokens, rows, calib_len, ref_path, &bpw, whole, sizeof whole);
     hearth_engine_free(e);
     hearth_error err = {0};
     if (!rc) {

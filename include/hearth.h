@@ -805,6 +805,15 @@ typedef struct hearth_convert_options {
     void *user;
 } hearth_convert_options;
 hearth_status hearth_convert(const char *model, const hearth_convert_options *o, hearth_error *err);
+/* Weight trials, for measuring what a quantization does without writing the model: the
+ * weights hearth_convert(o) would quantize (o's bits, group_size, fit_scales, quant_recipe
+ * or choose_bits; quantize and gguf_type are ignored) are quantized to exactly the bytes it
+ * would write and put in place of the engine's loaded float weights, so the engine's next
+ * passes compute what the converted model computes. The engine's model must be a float
+ * safetensors folder, run on the CPU (--device cpu); restore puts the float weights back
+ * (hearth_engine_free does too). On failure nothing stays swapped. */
+hearth_status hearth_engine_quantize_weights(hearth_engine *e, const hearth_convert_options *o, hearth_error *err);
+void hearth_engine_restore_weights(hearth_engine *e);
 
 /* ---- embeddings ------------------------------------------------------------
  * An embedder turns inputs into vectors: BERT-family encoders (the pooling and

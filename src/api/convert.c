@@ -7,6 +7,7 @@
 #include "api/convert_internal.h"
 #include "base/err.h"
 #include "base/half.h"
+#include "engine/engine_internal.h"
 #include "io/safetensors_write.h"
 #include <dirent.h>
 #include <errno.h>
@@ -81,42 +82,91 @@ hearth_status convert_write_all(FILE *f, const void *p, size_t n, const char *fn
     return HEARTH_OK;
 }
 
+/* n float values as dt (F32, F16 or BF16) into out */
+static void encode_values(const float *v, size_t n, tensor_dtype dt, void *out) {
+    if (dt == DT_F32) {
+        memcpy(out, v, n * sizeof *v);
+        return;
+    }
+    uint16_t *h = out;
+    for (size_t i = 0; i < n; i++) h[i] = dt == DT_BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+}
+
 /* scales/biases leave as the weight's dtype, as mx.quantize returns them */
 hearth_status convert_write_values(FILE *f, const float *v, size_t n, tensor_dtype dt, const char *fname,
                                   hearth_error *err) {
-    if (dt == DT_F32) return convert_write_all(f, v, n * sizeof *v, fname, err);
-    uint16_t *h = malloc(n * sizeof *h);
+    void *h = malloc(n * (size_t)tensor_dtype_block_bytes(dt));
     if (!h) return err_set(err, HEARTH_ERR_NOMEM, "%s: out of memory", fname);
-    for (size_t i = 0; i < n; i++) h[i] = dt == DT_BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-    hearth_status st = convert_write_all(f, h, n * sizeof *h, fname, err);
+    encode_values(v, n, dt, h);
+    hearth_status st = convert_write_all(f, h, n * (size_t)tensor_dtype_block_bytes(dt), fname, err);
     free(h);
+    return st;
+}
+
+/* Rows of one weight quantized in slices of QUANT_ROWS (each row is quantized on its own),
+ * spread over a thread pool. */
+#define QUANT_ROWS 64
+typedef struct quant_job {
+    const float *w;
+    int64_t rows, cols;
+    int bits, group, fit;
+    tensor_dtype dt;
+    uint8_t *packed;
+    float *scales, *biases;
+} quant_job;
+
+static void quant_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const quant_job *j = ctx;
+    int64_t r0 = (int64_t)task * QUANT_ROWS, n = j->rows - r0 < QUANT_ROWS ? j->rows - r0 : QUANT_ROWS;
+    size_t g0 = (size_t)r0 * (size_t)(j->cols / j->group);
+    uint8_t *packed = j->packed + (size_t)r0 * (size_t)j->cols * (size_t)j->bits / 8;
+    if (j->fit)
+        mlxq_quantize_fit(j->w + r0 * j->cols, n, j->cols, j->bits, j->group, j->dt, packed, j->scales + g0,
+                          j->biases + g0);
+    else
+        mlxq_quantize(j->w + r0 * j->cols, n, j->cols, j->bits, j->group, packed, j->scales + g0, j->biases + g0);
+}
+
+/* A weight's MLX affine form, the bytes the file holds, in one buffer (*out, malloc'd): the
+ * packed words, then the scales and the biases in the weight's dtype (*sb_bytes each). tp:
+ * the threads to quantize on (NULL: this one). */
+static hearth_status quantize_weight(const hearth_model *m, const tensor_info *t, int bits, int group, int fit_scales,
+                                     threadpool *tp, uint8_t **out, size_t *packed_bytes, size_t *sb_bytes,
+                                     hearth_error *err) {
+    float *w = NULL;
+    size_t n = 0;
+    *out = NULL;
+    hearth_status st = hearth_model_tensor_f32(m, t->name, &w, &n, err);
+    if (st) return st;
+    int64_t rows = t->shape[0], cols = t->shape[1], groups = cols / group;
+    size_t ng = (size_t)rows * (size_t)groups;
+    *packed_bytes = (size_t)rows * (size_t)cols * (size_t)bits / 8;
+    *sb_bytes = ng * (size_t)tensor_dtype_block_bytes(t->dtype);
+    uint8_t *bytes = malloc(*packed_bytes + 2 * *sb_bytes);
+    float *sb = malloc(2 * ng * sizeof *sb);
+    if (!bytes || !sb)
+        st = err_set(err, HEARTH_ERR_NOMEM, "out of memory quantizing '%s'", t->name);
+    else {
+        quant_job j = {w, rows, cols, bits, group, fit_scales, t->dtype, bytes, sb, sb + ng};
+        tp_run(tp, (int)((rows + QUANT_ROWS - 1) / QUANT_ROWS), quant_task, &j);
+        encode_values(sb, ng, t->dtype, bytes + *packed_bytes);
+        encode_values(sb + ng, ng, t->dtype, bytes + *packed_bytes + *sb_bytes);
+        *out = bytes, bytes = NULL;
+    }
+    hearth_free(w);
+    free(bytes);
+    free(sb);
     return st;
 }
 
 static hearth_status write_quantized(const hearth_model *m, const tensor_info *t, int bits, int group,
                                      const hearth_convert_options *o, FILE *f, const char *fname, hearth_error *err) {
-    float *w = NULL;
-    size_t n = 0;
-    hearth_status st = hearth_model_tensor_f32(m, t->name, &w, &n, err);
-    if (st) return st;
-    int64_t rows = t->shape[0], cols = t->shape[1], groups = cols / group;
-    size_t packed_bytes = (size_t)rows * (size_t)cols * (size_t)bits / 8, ng = (size_t)rows * (size_t)groups;
-    uint8_t *packed = malloc(packed_bytes);
-    float *sb = malloc(2 * ng * sizeof *sb);
-    if (!packed || !sb)
-        st = err_set(err, HEARTH_ERR_NOMEM, "out of memory quantizing '%s'", t->name);
-    else {
-        if (o->fit_scales)
-            mlxq_quantize_fit(w, rows, cols, bits, group, t->dtype, packed, sb, sb + ng);
-        else
-            mlxq_quantize(w, rows, cols, bits, group, packed, sb, sb + ng);
-        if (!(st = convert_write_all(f, packed, packed_bytes, fname, err)) &&
-            !(st = convert_write_values(f, sb, ng, t->dtype, fname, err)))
-            st = convert_write_values(f, sb + ng, ng, t->dtype, fname, err);
-    }
-    hearth_free(w);
-    free(packed);
-    free(sb);
+    uint8_t *bytes;
+    size_t packed_bytes, sb_bytes;
+    hearth_status st = quantize_weight(m, t, bits, group, o->fit_scales, NULL, &bytes, &packed_bytes, &sb_bytes, err);
+    if (!st) st = convert_write_all(f, bytes, packed_bytes + 2 * sb_bytes, fname, err);
+    free(bytes);
     return st;
 }
 
@@ -331,3 +381,38 @@ hearth_status hearth_convert(const char *model, const hearth_convert_options *o,
     hearth_model_close(m);
     return st;
 }
+
+/* The modules hearth_convert would quantize, quantized to its bytes and put in place in the
+ * engine's loaded float weights (engine_trial_weight), none written anywhere. */
+hearth_status hearth_engine_quantize_weights(hearth_engine *e, const hearth_convert_options *o, hearth_error *err) {
+    const hearth_model *m = engine_model(e);
+    hearth_convert_options q = *o;
+    q.quantize = 1, q.gguf_type = NULL;
+    if (m->entry.format != MODEL_FORMAT_DIR || m->quant.present)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: weight trials take a float safetensors folder", m->entry.path);
+    if (q.bits != 2 && q.bits != 3 && q.bits != 4 && q.bits != 5 && q.bits != 6 && q.bits != 8)
+        return err_set(err, HEARTH_ERR_INVALID, "quantize weights: %d bits: MLX affine takes 2, 3, 4, 5, 6 or 8",
+                       q.bits);
+    if (q.group_size != 32 && q.group_size != 64 && q.group_size != 128)
+        return err_set(err, HEARTH_ERR_INVALID, "quantize weights: group size %d: MLX affine takes 32, 64 or 128",
+                       q.group_size);
+    hearth_status st = HEARTH_OK;
+    for (size_t i = 0; !st && i < m->st.n_tensors; i++) {
+        const tensor_info *t = m->st.by_name[i];
+        int group, bits = convert_dropped(m, t) ? 0 : module_bits(m, t, &q, &group);
+        if (!bits) continue;
+        uint8_t *bytes;
+        size_t packed_bytes, sb_bytes;
+        if ((st = quantize_weight(m, t, bits, group, q.fit_scales, engine_threads(e), &bytes, &packed_bytes, &sb_bytes,
+                                  err)))
+            break;
+        op_weight w = {.dtype = DT_U32, .data = bytes, .n = t->shape[0], .k = t->shape[1], .bits = bits,
+                       .group_size = group, .sb_dtype = t->dtype, .scales = bytes + packed_bytes,
+                       .biases = bytes + packed_bytes + sb_bytes};
+        st = engine_trial_weight(e, t->name, &w, bytes, err);
+    }
+    if (st) engine_trial_restore(e);
+    return st;
+}
+
+void hearth_engine_restore_weights(hearth_engine *e) { engine_trial_restore(e); }

@@ -1,6 +1,7 @@
 /* convert.c: `hearth convert`: a float safetensors model to an MLX folder, optionally
  * quantized (hearth_convert does the work), with a progress line on a terminal. */
-#include "cli/cli.h"
+#include "cli/convert_args.h"
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,31 +22,9 @@ static void on_progress(void *user, size_t done, size_t total, const char *tenso
     if (done == total) fprintf(stderr, "\n");
 }
 
-/* "3,4,4:32,5,6" -> MLX widths, each with its group size (after a colon; else the
- * default group), ascending in bits per weight with 16-bit scales and biases
- * (bits + 32 / group); 0 on a bad list */
-static int parse_candidates(const char *s, int group, mixed_candidate *out, int cap) {
-    int n = 0;
-    for (char *end; *s && n < cap; s = *end == ',' ? end + 1 : end) {
-        long b = strtol(s, &end, 10), g = group;
-        if (end != s && *end == ':') {
-            const char *gs = end + 1;
-            g = strtol(gs, &end, 10);
-            if (end == gs) return 0;
-        }
-        if (end == s || (b != 2 && b != 3 && b != 4 && b != 5 && b != 6 && b != 8) ||
-            (g != 32 && g != 64 && g != 128) || (n && b + 32.0 / g <= out[n - 1].bits + 32.0 / out[n - 1].group))
-            return 0;
-        out[n++] = (mixed_candidate){(int)b, (int)g};
-        if (!*end) return n;
-        if (*end != ',') return 0;
-    }
-    return 0;
-}
-
-/* --plan: a quantization section as config.json records one (the file's "quantization"
- * object, or the file itself): a module it names with {"bits", "group_size"} gets those,
- * one it names as false stays float, others get the -q defaults. */
+/* --plan: a quantization section as config.json records one (convert_parse_plan checked
+ * it): a module it names with {"bits", "group_size"} gets those, one it names as false
+ * stays float, others get the section's own "bits" and "group_size". */
 static int choose_planned(void *user, const char *module, int *group) {
     json_t *q = user, *v = json_object_get(q, module);
     if (json_is_false(v)) return 0;
@@ -56,18 +35,19 @@ static int choose_planned(void *user, const char *module, int *group) {
 }
 
 static int convert_planned(const char *model, hearth_convert_options o, const char *plan_path) {
-    json_error_t je;
-    json_t *root = json_load_file(plan_path, 0, &je), *q = json_object_get(root, "quantization");
-    if (!q) q = root;
-    if (!json_is_object(q) || !json_is_integer(json_object_get(q, "bits"))) {
-        if (root)
-            fprintf(stderr, "hearth: %s: no quantization section with \"bits\" (a config.json that convert -q wrote)\n",
-                    plan_path);
-        else
-            fprintf(stderr, "hearth: %s: line %d: %s\n", plan_path, je.line, je.text);
-        json_decref(root);
+    if (access(plan_path, R_OK)) { /* cli_read_file's perror lacks the "hearth: " prefix */
+        fprintf(stderr, "hearth: %s: %s\n", plan_path, strerror(errno));
         return 1;
     }
+    char *text = cli_read_file(plan_path), msg[512];
+    json_t *q = NULL;
+    if (!text) return 1;
+    if (convert_parse_plan(plan_path, text, strlen(text), &q, msg, sizeof msg)) {
+        fprintf(stderr, "hearth: %s\n", msg);
+        free(text);
+        return 1;
+    }
+    free(text);
     o.bits = (int)json_integer_value(json_object_get(q, "bits"));
     if (json_is_integer(json_object_get(q, "group_size")))
         o.group_size = (int)json_integer_value(json_object_get(q, "group_size"));
@@ -75,7 +55,7 @@ static int convert_planned(const char *model, hearth_convert_options o, const ch
     hearth_error err = {0};
     int rc = hearth_convert(model, &o, &err) ? cli_fail(&err) : 0;
     if (!rc) printf("%s\n", o.out_dir);
-    json_decref(root);
+    json_decref(q);
     return rc;
 }
 
@@ -142,13 +122,13 @@ int cli_convert(int argc, char **argv) {
         /* measured in bench/results/convert_mixed.md; group 32 at 4 bits is a candidate of its own */
         if (!cand_list) cand_list = o.group_size == 64 ? "3,4,4:32,5" : "3,4,5";
         mixed_candidate cand[8];
-        int n_cand = parse_candidates(cand_list, o.group_size, cand, 8);
+        int n_cand = convert_parse_candidates(cand_list, o.group_size, cand, 8);
         if (!o.quantize || o.quant_recipe || !calib)
             return cli_usage_error(convert_usage, "%s", "--target-bpw goes with -q and --calibration-data, no recipe");
         if (!n_cand)
             return cli_usage_error(convert_usage,
-                                   "--candidate-bits '%s': widths of 2,3,4,5,6,8, each optionally "
-                                   ":32|:64|:128 (group size), ascending in bits per weight",
+                                   "--candidate-bits: '%s': widths of 2,3,4,5,6,8, each optionally "
+                                   ":32|:64|:128 (group size), ascending in bits per weight, at most 8",
                                    cand_list);
         if (n_calib < 1 || calib_len < 2)
             return cli_usage_error(convert_usage, "%s", "--n-calibration >= 1, --calibration-length >= 2");

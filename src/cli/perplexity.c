@@ -514,9 +514,9 @@ static int score_model(hearth_engine *e, score_run *r) {
             }
         }
         hearth_seq_close(e, seq);
-        if (!rc && isatty(2)) fprintf(stderr, "  scored %zu/%zu rows\r", row + 1, r->rows);
+        if (!rc && !r->quiet && isatty(2)) fprintf(stderr, "  scored %zu/%zu rows\r", row + 1, r->rows);
     }
-    if (isatty(2)) fprintf(stderr, "\n");
+    if (!r->quiet && isatty(2)) fprintf(stderr, "\n");
     r->seconds = now_seconds() - t0;
     r->kl.n = n;
     free(logits);
@@ -554,16 +554,22 @@ static json_t *kl_report(kl_stats *k) {
 }
 
 /* Opens `name`, builds an engine for rows of L tokens and scores it. */
+int ppl_engine_open(hearth_model *m, hearth_engine_options eo, int L, hearth_engine **e) {
+    hearth_error err = {0};
+    if (!eo.context_length) eo.context_length = L;
+    /* the vocabulary rows are known once the engine exists: the tokenizer's size is a
+     * lower bound of them, and an embedding table larger than it is rare and small */
+    eo.max_logits_rows = ppl_chunk(hearth_vocab_size(m), L);
+    return hearth_engine_create(m, &eo, e, &err) ? cli_fail(&err) : 0;
+}
+
+int ppl_score(hearth_engine *e, score_run *r) { return score_model(e, r); }
+
 int ppl_run_model(const char *name, hearth_engine_options eo, score_run *r) {
     hearth_model *m;
     if (cli_open_model(name, &m)) return 1;
     hearth_engine *e = NULL;
-    hearth_error err = {0};
-    if (!eo.context_length) eo.context_length = r->L;
-    /* the vocabulary rows are known once the engine exists: the tokenizer's size is a
-     * lower bound of them, and an embedding table larger than it is rare and small */
-    eo.max_logits_rows = ppl_chunk(hearth_vocab_size(m), r->L);
-    int rc = hearth_engine_create(m, &eo, &e, &err) ? cli_fail(&err) : score_model(e, r);
+    int rc = ppl_engine_open(m, eo, r->L, &e) || score_model(e, r);
     hearth_engine_free(e);
     hearth_model_close(m);
     return rc;

@@ -32,6 +32,7 @@ typedef struct score_run {
     double *loss; /* per scored position */
     kl_stats kl;
     double seconds;
+    int quiet; /* no progress line (the caller prints its own) */
 } score_run;
 
 /* Splits buf (the file's text, kept) into rows; the first row decides the shape. */
@@ -43,6 +44,10 @@ int ppl_load_tokens(const hearth_model *m, const dataset *d, int seed, int num_s
 /* Opens `name`, builds an engine for rows of r->L tokens and scores every row; fills
  * r->loss (and r->kl when r->ref is set), writes log-probs to r->save when set. */
 int ppl_run_model(const char *name, hearth_engine_options eo, score_run *r);
+/* ppl_run_model in two parts, for scoring one loaded model many times: an engine on m for
+ * rows of L tokens (0, or 1 after printing why), and one scoring pass over r's rows. */
+int ppl_engine_open(hearth_model *m, hearth_engine_options eo, int L, hearth_engine **e);
+int ppl_score(hearth_engine *e, score_run *r);
 /* mean and its standard error (ddof=1) */
 void ppl_mean_se(const double *x, size_t n, double *mean, double *se);
 #endif

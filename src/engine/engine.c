@@ -67,6 +67,14 @@ struct hearth_engine {
     int32_t eos[ENGINE_MAX_EOS];
     int n_eos;
     size_t bytes;
+    /* weights put in place by engine_trial_weight, in order: what each replaced and the
+     * memory of the replacement (the engine's until engine_trial_restore) */
+    struct engine_trial {
+        char *tensor;
+        op_weight was;
+        void *owned;
+    } *trials;
+    int n_trials;
 };
 
 
@@ -436,8 +444,46 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     return HEARTH_OK;
 }
 
+hearth_status engine_trial_weight(hearth_engine *e, const char *tensor, const op_weight *w, void *owned,
+                                  hearth_error *err) {
+    struct engine_trial *grown = realloc(e->trials, ((size_t)e->n_trials + 1) * sizeof *grown);
+    if (grown) e->trials = grown;
+    struct engine_trial t = {strdup(tensor), {0}, owned};
+    hearth_status st = HEARTH_OK;
+    if (!grown || !t.tensor)
+        st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    else if (e->gpu) /* the device holds its own copy of every weight */
+        st = err_set(err, HEARTH_ERR_UNSUPPORTED, "weights are swapped in place on the CPU backend only (--device cpu)");
+    if (!st) st = cpu_backend_fit_weight(e->be, w, err);
+    if (!st) st = model_set_weight(e->m, tensor, w, &t.was, err);
+    if (st) {
+        free(t.tensor);
+        free(owned);
+        return st;
+    }
+    e->trials[e->n_trials++] = t;
+    return HEARTH_OK;
+}
+
+void engine_trial_restore(hearth_engine *e) {
+    while (e->n_trials > 0) { /* the last first: a tensor swapped twice ends as it began */
+        struct engine_trial *t = &e->trials[--e->n_trials];
+        model_set_weight(e->m, t->tensor, &t->was, NULL, NULL); /* cannot fail: it was there */
+        free(t->tensor);
+        free(t->owned);
+    }
+}
+
+const op_weight *engine_weight(const hearth_engine *e, const char *tensor) {
+    for (int i = 0; i < e->m->n_named; i++)
+        if (!strcmp(e->m->named[i].tensor, tensor)) return e->m->named[i].w;
+    return NULL;
+}
+
 void hearth_engine_free(hearth_engine *e) {
     if (!e) return;
+    if (e->m) engine_trial_restore(e);
+    free(e->trials);
     hearth_engine_free(e->draft);
     if (e->be) e->be->t->free(e->be);
     kv_destroy(&e->kv);

@@ -3,6 +3,7 @@
 #define HEARTH_ENGINE_ENGINE_INTERNAL_H
 #include "hearth.h"
 #include "base/sbuf.h"
+#include "ops/op_weight.h"
 #include "base/threadpool.h"
 #include "kv/kv_cache.h"
 #include "engine/sampler.h"
@@ -39,6 +40,15 @@ float *engine_logits_buffer(hearth_engine *e);
 /* Tokens per forward step: the prefill chunk size. */
 int engine_step_tokens(const hearth_engine *e);
 const hearth_model *engine_model(const hearth_engine *e);
+/* Weight trials (hearth_engine_quantize_weights): puts w in place of the loaded matrix read
+ * from `tensor` (model_set_weight), on the CPU backend only; the engine owns `owned` (w's
+ * memory) from now on, even when this fails. Restore puts every replaced matrix back and
+ * frees those. */
+hearth_status engine_trial_weight(hearth_engine *e, const char *tensor, const op_weight *w, void *owned,
+                                  hearth_error *err);
+void engine_trial_restore(hearth_engine *e);
+/* The loaded matrix read from `tensor` as the forward pass sees it now, or NULL. */
+const op_weight *engine_weight(const hearth_engine *e, const char *tensor);
 /* Rows of logits one engine_forward_rows may return: max(ENGINE_MAX_LOGITS_ROWS, max_sequences),
  * plus SPEC_MAX_DRAFT when the engine speculates. */
 int engine_max_out_rows(const hearth_engine *e);

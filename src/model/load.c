@@ -184,6 +184,20 @@ static int64_t first_non_finite(const tensor_info *t) {
     return -1;
 }
 
+/* Records which tensor a loaded matrix came from (model_set_weight finds it by that name). */
+static hearth_status remember_name(loader *L, const char *name, op_weight *w) {
+    model *m = L->m;
+    model_named_weight *grown = realloc(m->named, ((size_t)m->n_named + 1) * sizeof *grown);
+    char *copy = strdup(name);
+    if (grown) m->named = grown;
+    if (!grown || !copy) {
+        free(copy);
+        return err_set(L->err, HEARTH_ERR_NOMEM, "out of memory");
+    }
+    m->named[m->n_named++] = (model_named_weight){copy, w};
+    return HEARTH_OK;
+}
+
 /* A matrix [n_out, n_in] in any format: plain, GGUF block-quantized, or MLX affine
  * (module.weight uint32 + module.scales + module.biases). */
 static hearth_status load_tensor_matrix(loader *L, const char *module, const char *name, int64_t n_out, int64_t n_in,
@@ -198,6 +212,7 @@ static hearth_status load_matrix(loader *L, const char *module, int64_t n_out, i
  * experts.gate_up_proj, has no ".weight"); module names its MLX scales and biases. */
 static hearth_status load_tensor_matrix(loader *L, const char *module, const char *name, int64_t n_out, int64_t n_in,
                                         op_weight *w) {
+    hearth_status st;
     memset(w, 0, sizeof *w);
     const tensor_info *t = model_find_tensor(L->hm, name);
     const char *file = t && t->file ? t->file : L->hm->entry.path;
@@ -231,6 +246,7 @@ static hearth_status load_tensor_matrix(loader *L, const char *module, const cha
         w->biases = copy_bytes(L, b);
     }
     w->data = copy_bytes(L, t);
+    if (L->cap && (st = remember_name(L, name, w))) return st;
     if (!L->cap) {
         int64_t bad = first_non_finite(t);
         drop_span(L, t->data, t->nbytes); /* the check read them */
@@ -676,8 +692,29 @@ hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hear
 size_t model_weight_bytes(const model *m) { return m->arena_bytes; }
 size_t model_load_peak_bytes(const model *m) { return m->load_peak_bytes; }
 
+hearth_status model_set_weight(model *m, const char *tensor, const op_weight *w, op_weight *old, hearth_error *err) {
+    op_weight *named = NULL;
+    for (int i = 0; i < m->n_named && !named; i++)
+        if (!strcmp(m->named[i].tensor, tensor)) named = m->named[i].w;
+    if (!named) return err_set(err, HEARTH_ERR_INVALID, "no loaded weight '%s'", tensor);
+    if (w->n != named->n || w->k != named->k)
+        return err_set(err, HEARTH_ERR_INVALID, "'%s': [%lld,%lld] in place of [%lld,%lld]", tensor, (long long)w->n,
+                       (long long)w->k, (long long)named->n, (long long)named->k);
+    hearth_status st = op_weight_check(w, tensor, err);
+    if (st) return st;
+    const void *was = named->data;
+    if (old) *old = *named;
+    /* a tied table is held twice (embed and lm_head, one data): both views change */
+    if (m->embed.data == was) m->embed = *w;
+    if (m->lm_head.data == was) m->lm_head = *w;
+    *named = *w;
+    return HEARTH_OK;
+}
+
 void model_free(model *m) {
     if (!m) return;
+    for (int i = 0; i < m->n_named; i++) free(m->named[i].tensor);
+    free(m->named);
     free(m->arena);
     free(m->layers);
     free(m->items);

@@ -79,6 +79,12 @@ typedef struct layer_weights {
     const float *router_norm, *expert_scale, *ffn_norm_2, *post_ffn_norm_1, *post_ffn_norm_2;
 } layer_weights;
 
+/* A loaded matrix and the tensor it came from ("model.layers.3.mlp.down_proj.weight"). */
+typedef struct model_named_weight {
+    char *tensor;
+    op_weight *w;
+} model_named_weight;
+
 typedef struct model {
     model_config cfg;
     layer_weights *layers;
@@ -94,6 +100,8 @@ typedef struct model {
     uint8_t *arena;            /* every weight byte, resident */
     size_t arena_bytes;
     size_t load_peak_bytes;    /* model_load_peak_bytes */
+    model_named_weight *named; /* every matrix model_load read, by tensor name */
+    int n_named;
 } model;
 
 /* Loads the weights of an open model (folder or GGUF) into resident anonymous memory
@@ -110,6 +118,12 @@ void model_drop_file_pages(const struct hearth_model *hm);
  * would allocate, weights carry format and shape but no data. For fit predictions. */
 hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hearth_error *err);
 void model_free(model *m);
+/* Points the loaded matrix read from `tensor` (and its other views: a tied lm_head) at w
+ * instead, of the same shape in any format the backends run; *old (optional) gets what it
+ * was, so a second call with it restores the matrix. w's memory stays the caller's. A CPU
+ * backend reads the new weight at its next op; one that copied the weights (CUDA) does not
+ * see the change. */
+hearth_status model_set_weight(model *m, const char *tensor, const op_weight *w, op_weight *old, hearth_error *err);
 /* Bytes model_load will allocate for this model (for fit predictions). */
 size_t model_weight_bytes(const model *m);
 /* The weights' part of the load's peak resident memory: the largest (arena bytes written so

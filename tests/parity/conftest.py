@@ -169,28 +169,13 @@ def hf_tokenizer(model):
     """The transformers tokenizer of a model folder or .gguf file (the oracle for tokenize,
     detokenize and apply_chat_template). transformers' GGUF reader imports torch only for
     tensor dtypes, which tokenizer conversion never touches; torch is not installed here,
-    so a placeholder module stands in for that import. Built once per path (converting Gemma
+    so a placeholder module stands in for that import (mixed_data.gguf_tokenizer). Built once per path (converting Gemma
     3's 262k-entry GGUF vocabulary takes ~30 s), then reloaded from transformers' own saved
     form; callers only read it."""
-    import importlib.machinery
-    import sys
-    import types
-
     from transformers import AutoTokenizer
 
     if not model.endswith(".gguf"):
         return AutoTokenizer.from_pretrained(model)
-    if "torch" not in sys.modules:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            stub = types.ModuleType("torch")
-            stub.__spec__ = importlib.machinery.ModuleSpec("torch", None)
-            stub.__getattr__ = lambda name: object()
-            sys.modules["torch"] = stub
-    import transformers.modeling_gguf_pytorch_utils as mg
-
-    mg.is_torch_available = lambda: True
     # The conversion's result, saved by transformers itself (tokenizer.json + config), is
     # reloaded by later sessions and by the other pytest-xdist workers of this one instead of
     # converting again: keyed by the file's real path (the session's cache folder only links
@@ -213,7 +198,9 @@ def hf_tokenizer(model):
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (saved / "tokenizer.json").is_file():
             return AutoTokenizer.from_pretrained(str(saved))
-        tok = AutoTokenizer.from_pretrained(os.path.dirname(model), gguf_file=os.path.basename(model))
+        import mixed_data
+
+        tok = mixed_data.gguf_tokenizer(Path(model))
         tmp = Path(str(saved) + ".tmp")
         tok.save_pretrained(str(tmp))
         os.replace(tmp, saved)

@@ -55,6 +55,7 @@ MISSING_FILES = [
     (["fuse", TINY, "--adapter-path", "nope-adapter"], "nope-adapter", NO_ADAPTER),
     (["convert", "nope.gguf", "--out", "/nonexistent-dir/x"], "nope.gguf", MISSING_MODEL),
     (["convert", TINY, "--out", "/nonexistent-dir/x"], "/nonexistent-dir/x", ENOENT),
+    (["convert", TINY, "--out", "/nonexistent-dir/x", "-q", "--plan", "nope.json"], "nope.json", ENOENT),
     (["upload", "nope-dir", "--repo", "org/name"], "nope-dir", ENOENT),
 ]
 
@@ -74,6 +75,9 @@ BAD_FLAGS += [
     (["fit", MODEL, "--kv-budget", "lots"], "--kv-budget"),
     (["fit", MODEL, "--max-sequences=x"], "--max-sequences"),
 ]
+BAD_FLAGS += [(["convert", TINY, "--out", "/nonexistent-dir/x", "-q", "--target-bpw", "4.5", "--calibration-data",
+                str(CORPUS), "--candidate-bits", bad], "--candidate-bits")
+              for bad in ("4,3", "4,7", "4:48", "", "4,,5", "2:128,2:64,2:32,3:128,3:64,3:32,4:128,4:64,4:32", "x")]
 
 
 def run(argv):
@@ -102,6 +106,33 @@ def test_bad_flag_is_a_usage_error_naming_it(argv, flag):
     lines = p.stderr.splitlines()
     assert lines[0].startswith(f"hearth: {flag}: "), lines[0]
     assert lines[1].startswith("usage: hearth"), p.stderr
+
+
+# A --plan file hearth cannot use: one line naming the file and what is wrong in it
+BAD_PLANS = [
+    ('{"quantization": {"bits": 4', "line 1"),
+    ('[4]', "no quantization section"),
+    ('{"quantization": {"group_size": 64}}', "no quantization section"),
+    ('{"bits": 7}', '"bits" must be'),
+    ('{"bits": 4, "group_size": 48}', '"group_size" must be'),
+    ('{"bits": 4, "mode": "mxfp4"}', '"mode" must be'),
+    ('{"bits": 4, "model.layers.0.mlp.down_proj": {"bits": 9}}', "module 'model.layers.0.mlp.down_proj'"),
+    ('{"bits": 4, "model.layers.0.mlp.down_proj": {"bits": 4, "group_size": "64"}}', '"group_size" must be'),
+    ('{"bits": 4, "model.layers.0.mlp.down_proj": {"bits": 4, "scale": 2}}', "takes \"bits\""),
+    ('{"bits": 4, "model.layers.0.mlp.down_proj": 8}', "expected"),
+    ('{"bits": 4, "bits": 8}', "duplicate"),
+]
+
+
+@pytest.mark.parametrize("text,problem", BAD_PLANS, ids=[t for t, _ in BAD_PLANS])
+def test_bad_plan_names_the_file(text, problem, tmp_path):
+    plan, out = tmp_path / "plan.json", tmp_path / "out"
+    plan.write_text(text)
+    p = run(["convert", TINY, "--out", str(out), "-q", "--plan", str(plan)])
+    assert p.returncode == 1 and p.stdout == "", p.stderr
+    first = p.stderr.splitlines()[0]
+    assert first.startswith(f"hearth: {plan}: ") and problem in first, first
+    assert not out.exists()
 
 
 # The flags every engine-running verb parses through one shared parser (src/cli/common.c

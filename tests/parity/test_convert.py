@@ -200,13 +200,16 @@ def stored_bits(params, cand, scale_width=64):
     return int(params) * cand[0] + int(params) // cand[1] * scale_width
 
 
-def exact_knapsack(cands, rows, spare_bits):
+def exact_knapsack(cands, rows, spare_bits, fixed=None):
     """The least summed KL with the bits above the cheapest candidate within spare_bits: an
-    exact dynamic program over whole bits (numpy), the oracle for hearth's gridded one."""
+    exact dynamic program over whole bits (numpy), the oracle for hearth's gridded one.
+    fixed: (unit, candidate) that unit must take."""
     best = np.zeros(int(spare_bits) + 1)
-    for params, kl, _ in rows.values():
+    for unit, (params, kl, _) in rows.items():
         nxt = np.full_like(best, np.inf)
         for c, k in zip(cands, kl):
+            if fixed and unit == fixed[0] and c != fixed[1]:
+                continue
             cost = stored_bits(params, c) - stored_bits(params, cands[0])
             if cost < len(best):
                 nxt[cost:] = np.minimum(nxt[cost:], best[: len(best) - cost] + k)
@@ -243,7 +246,14 @@ def test_target_bpw_beats_uniform_of_the_same_bytes(name, tmp_path):
     assert params == sum(t[k + ".scales"].size * 64 for k in widths)
     assert bits / params <= 7.0
     chosen = sum(r[1][cands.index(r[2])] for r in rows.values())
-    opt = exact_knapsack(cands, rows, (7.0 - 5.0) * params)
+    # the plan is solved with the largest unit fixed at each of its candidates, and the plan
+    # measured whole with the least KL is kept: the report lists each, the kept one least
+    big = max(rows, key=lambda u: rows[u][0])
+    whole = {tuple(int(x) for x in m[0].split("-bit/")): float(m[1])
+             for m in re.findall(rf"plan with {re.escape(big)} at (\d+-bit/\d+): .* measured whole ([0-9.]+)",
+                                 p.stdout.decode())}
+    assert rows[big][2] in whole and whole[rows[big][2]] == min(whole.values()), whole
+    opt = exact_knapsack(cands, rows, (7.0 - 5.0) * params, fixed=(big, rows[big][2]))
     # the exact optimum (the report's KLs are rounded to 1e-6: 22 of them, 1e-5 slack)
     assert chosen <= opt + 1e-5
     # mlx-lm loads the folder with each module at the width chosen for it

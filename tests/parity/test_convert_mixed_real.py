@@ -43,7 +43,7 @@ def test_target_bpw_plan_vs_uniform_4bit_on_smollm2(tmp_path):
     import mlx.core as mx
 
     recorded = results_file.read("convert_mixed")
-    plan = recorded["plan"]
+    plan = next(m for m in recorded["models"] if m["name"].startswith("SmolLM2"))["plan"]
     ref, f16 = mixed_data.smol_folders()
     _, held = mixed_data.write_text(tmp_path)
     mixed, uniform, plan_file = tmp_path / "mixed", tmp_path / "uniform", tmp_path / "plan.json"

@@ -449,3 +449,16 @@ hearth_status cpu_backend_create(const op_model *om, const kv_cache *kv, int max
     *out = &c->base;
     return HEARTH_OK;
 }
+
+hearth_status cpu_backend_fit_weight(op_backend *be, const op_weight *w, hearth_error *err) {
+    cpu_backend *c = (cpu_backend *)be;
+    size_t need = cpu_matmul_scratch_size(w, c->max_tokens);
+    if (need <= c->mm_size) return HEARTH_OK;
+    void *mm = NULL;
+    if (posix_memalign(&mm, 64, need)) return err_set(err, HEARTH_ERR_NOMEM, "cannot allocate matmul scratch");
+    memset(mm, 0, need);
+    free(c->mm);
+    c->mm = mm;
+    c->mm_size = need;
+    return HEARTH_OK;
+}

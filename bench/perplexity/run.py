@@ -3,7 +3,8 @@
 same model, same threads, same run, alternating: SmolLM2-135M-Instruct Q4_1 (the real GGUF),
 rows of 512 tokens of LoCoMo held-out text (tests/parity/mixed_data.py). Perplexity is timed
 plain and with --kl-divergence against saved reference log-probs (the Q8_0 GGUF's, made
-once, not timed). With --baseline OTHER_HEARTH, another build's perplexity (an earlier
+once, not timed; the Q8_0 file is bench/cpu_vs_llamacpp's llama-quantize output where that
+bench ran, else `hearth convert --outtype q8_0` of the same float weights). With --baseline OTHER_HEARTH, another build's perplexity (an earlier
 commit) is timed in the same alternation and listed beside. Writes
 bench/results/perplexity.md (bench/results_file.py).
 
@@ -54,9 +55,17 @@ def main():
     ap.add_argument("--baseline", help="another hearth binary whose perplexity is timed beside")
     ap.add_argument("--baseline-name", default="baseline")
     a = ap.parse_args()
-    why = mixed_data.missing() or (None if REF_GGUF.exists() else f"{REF_GGUF} missing: run bench/cpu_vs_llamacpp")
+    why = mixed_data.missing()
     if why:
         sys.exit(f"perplexity bench: {why}")
+    if not REF_GGUF.exists():  # bench/cpu_vs_llamacpp makes it with llama-quantize; hearth's Q8_0 is
+        # byte-identical to it (tests/parity/test_convert_gguf.py), made here from the float folder
+        _, f16 = mixed_data.smol_folders()
+        part = str(REF_GGUF) + ".part.gguf"
+        p = subprocess.run([BIN, "convert", str(f16), "--out", part, "--outtype", "q8_0"], capture_output=True, text=True)
+        if p.returncode:
+            sys.exit(f"perplexity bench: making {REF_GGUF}: {p.stderr}")
+        os.replace(part, REF_GGUF)
     tmp = tempfile.mkdtemp(prefix="hearth-ppl-bench-")
     _, held = mixed_data.write_text(tmp)
     model, L, t = str(mixed_data.SMOL_GGUF), 512, a.threads

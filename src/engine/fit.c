@@ -125,7 +125,7 @@ static size_t fit_peak(const fit_base *b, const engine_plan *p) {
     return b->resident_now + b->code_pages + (load > run ? load : run);
 }
 
-static fit_base fit_base_now(const hearth_model *hm, const engine_plan *p, int use_mmap) {
+static fit_base fit_base_now(const hearth_model *hm, int n_threads, int use_mmap) {
     engine_trim_heap();
     /* the loader drops the tensor pages it copied: measure this process without them too
      * (opening the model may have faulted some in), so file_pages counts all of them */
@@ -133,21 +133,18 @@ static fit_base fit_base_now(const hearth_model *hm, const engine_plan *p, int u
     long long rss = hearth_proc_kb_field("/proc/self/status", "VmRSS");
     return (fit_base){.resident_now = rss > 0 ? (size_t)rss : 0,
                       .file_pages = file_pages_to_come(hm),
-                      .thread_stacks = (size_t)(p->n_threads - 1) * FIT_THREAD_RESIDENT_BYTES,
+                      .thread_stacks = (size_t)(n_threads > 1 ? n_threads - 1 : 0) * FIT_THREAD_RESIDENT_BYTES,
                       .code_pages = FIT_ENGINE_CODE_BYTES,
                       .keeps_file = use_mmap != 0};
 }
 
 size_t fit_process_base(const hearth_model *hm, int threads) {
-    engine_trim_heap();
-    model_drop_file_pages(hm);
-    long long rss = hearth_proc_kb_field("/proc/self/status", "VmRSS");
-    return (rss > 0 ? (size_t)rss : 0) + FIT_ENGINE_CODE_BYTES +
-           (size_t)(threads > 1 ? threads - 1 : 0) * FIT_THREAD_RESIDENT_BYTES;
+    fit_base b = fit_base_now(hm, threads, 0);
+    return b.resident_now + b.code_pages + b.thread_stacks;
 }
 
 size_t fit_host_peak(const hearth_model *hm, const engine_plan *p, int use_mmap) {
-    fit_base b = fit_base_now(hm, p, use_mmap);
+    fit_base b = fit_base_now(hm, p->n_threads, use_mmap);
     return fit_peak(&b, p);
 }
 
@@ -230,7 +227,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
         model_free(m);
         return st;
     }
-    fit_base b = fit_base_now(hm, &p, o.engine.use_mmap);
+    fit_base b = fit_base_now(hm, p.n_threads, o.engine.use_mmap);
     long long avail = hearth_proc_kb_field("/proc/meminfo", "MemAvailable");
     size_t peak = fit_peak(&b, &p), available = avail > 0 ? (size_t)avail : 0;
     const char *bw_source;

@@ -564,6 +564,21 @@ static int32_t argmax_row(const float *x, int n) {
     return best;
 }
 
+/* One draft step: ids[i] = the greedy pick of out_rows[i]. On the GPU the pick is made on
+ * the device (no logits row leaves it: 32 requests' rows of a 128k vocabulary are 16 MB a
+ * step to copy and scan on the host); on the CPU from the logits the step leaves. */
+static hearth_status draft_step(hearth_engine *d, int T, const int32_t *tok, const int32_t *pos,
+                                const int32_t *slot, int n_out, const int32_t *out_rows, int32_t *ids,
+                                hearth_error *err) {
+    if (hearth_engine_device(d) == HEARTH_DEVICE_CUDA)
+        return engine_forward_rows_greedy(d, T, tok, pos, slot, n_out, out_rows, ids, err);
+    const float *logits;
+    hearth_status st = engine_forward_rows(d, T, tok, pos, slot, n_out, out_rows, &logits, err);
+    int vocab = hearth_model_vocab_rows(d);
+    for (int i = 0; !st && i < n_out; i++) ids[i] = argmax_row(logits + (size_t)i * vocab, vocab);
+    return st;
+}
+
 /* Benchmarks' controlled acceptance (hearth_spec_replay): q's draft proposals replaced by
  * the first recorded text that holds q's tokens so far, each kept with probability accept,
  * else made to differ from it (the draft's own KV keeps what the draft computed: its
@@ -593,8 +608,14 @@ static void replay(hearth_batch *b, const hearth_spec_replay *rp, sched_req *q, 
  * before the step packs them. */
 static int draft_propose(hearth_batch *b, hearth_engine *d, int n) {
     kv_cache *dkv = engine_kv(d);
-    int vocab = hearth_model_vocab_rows(d), budget = engine_step_tokens(d), unused = 0;
+    int budget = engine_step_tokens(d), unused = 0;
+    /* a step's greedy picks: at most its rows, which the step budget and the requests bound */
+    int32_t *ids = malloc((size_t)(budget > n ? budget : n) * sizeof *ids);
     hearth_error err = {0};
+    if (!ids) {
+        for (int r = 0; r < n; r++) unused += b->row_req[r]->n_draft, b->row_req[r]->n_draft = 0;
+        return unused;
+    }
     for (int r = 0; r < n; r++) {
         sched_req *q = b->row_req[r];
         int k = q->n_draft;
@@ -603,7 +624,6 @@ static int draft_propose(hearth_batch *b, hearth_engine *d, int n) {
             continue;
         }
     }
-    const float *logits;
     for (int more = 1; more;) { /* catch-up steps */
         int T = 0, n_out = 0;
         more = 0;
@@ -616,11 +636,10 @@ static int draft_propose(hearth_batch *b, hearth_engine *d, int n) {
             else more = 1;
         }
         if (T == 0) break;
-        if (engine_forward_rows(d, T, b->tok, b->pos, b->slot, n_out, b->out_rows, &logits, &err)) goto fail;
+        if (draft_step(d, T, b->tok, b->pos, b->slot, n_out, b->out_rows, ids, &err)) goto fail;
         for (int r = 0, o = 0; r < n && o < n_out; r++) { /* rows in request order */
             sched_req *q = b->row_req[r];
-            if (q->n_draft && q->dlen == q->len + 1 && b->slot[b->out_rows[o]] == q->dseq)
-                q->draft[0] = argmax_row(logits + (size_t)o++ * vocab, vocab);
+            if (q->n_draft && q->dlen == q->len + 1 && b->slot[b->out_rows[o]] == q->dseq) q->draft[0] = ids[o++];
         }
     }
     for (int j = 1; j < SPEC_MAX_DRAFT; j++) { /* one token per request per step */
@@ -632,10 +651,10 @@ static int draft_propose(hearth_batch *b, hearth_engine *d, int n) {
             q->dlen = q->len + j + 1;
         }
         if (T == 0) break;
-        if (engine_forward_rows(d, T, b->tok, b->pos, b->slot, T, b->out_rows, &logits, &err)) goto fail;
+        if (draft_step(d, T, b->tok, b->pos, b->slot, T, b->out_rows, ids, &err)) goto fail;
         for (int r = 0, o = 0; r < n; r++) {
             sched_req *q = b->row_req[r];
-            if (q->n_draft > j) q->draft[j] = argmax_row(logits + (size_t)o++ * vocab, vocab);
+            if (q->n_draft > j) q->draft[j] = ids[o++];
         }
     }
     const hearth_spec_replay *rp = engine_spec_replay(b->e);
@@ -644,6 +663,7 @@ static int draft_propose(hearth_batch *b, hearth_engine *d, int n) {
         if (b->row_req[r]->n_draft && kv_reserve(engine_kv(b->e), b->row_req[r]->seq,
                                                  b->row_req[r]->len + 1 + b->row_req[r]->n_draft, &err))
             unused += b->row_req[r]->n_draft, b->row_req[r]->n_draft = 0;
+    free(ids);
     return unused;
 fail: /* a failing draft step: no proposals this step, the draft starts over for these requests */
     for (int r = 0; r < n; r++) {
@@ -652,6 +672,7 @@ fail: /* a failing draft step: no proposals this step, the draft starts over for
         if (q->dseq >= 0) hearth_seq_close(d, q->dseq);
         q->dseq = -1, q->dlen = 0;
     }
+    free(ids);
     return unused;
 }
 

@@ -32,7 +32,7 @@ done
 python3 bench/speculative/replay_gpu.py "$H" "$M" "$D" --device "${SB_DEVICE:-cuda}" -n "${SB_N:-128}" \
   -r "${SB_RUNS:-3}" --accept "${SB_ACCEPT:-0.6,0.8,0.95}" --depths "${SB_DEPTHS:-2,4,8}" \
   --streams "${SB_STREAMS:-32,128}" --streams-accept "${SB_STREAMS_ACCEPT:-0.8}" \
-  --streams-depth "${SB_STREAMS_DEPTH:-4}" --flags "${SB_FLAGS---deterministic}" --out "$L"/speculative_gpu.md \
+  --streams-depth "${SB_STREAMS_DEPTH:-4}" --flags="${SB_FLAGS---deterministic}" --out "$L"/speculative_gpu.md \
   --log "$L"/hearth_bench.log
 rc=$?
 [ -n "${OUT:-}" ] && cp "$L"/speculative_gpu.md "$OUT"/ 2>/dev/null

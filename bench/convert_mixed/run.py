@@ -74,7 +74,7 @@ def run_model(key, a, tmp, calib, held, loads):
                ("uniform 4-bit, group 32", ["--q-bits", "4", "--q-group-size", "32"]),
                ("uniform 4-bit, group 64, fitted scales (--target-bpw 4.5 --candidate-bits 4)",
                 ["--target-bpw", 4.5, "--candidate-bits", "4", "--calibration-data", calib]),
-               (f"--target-bpw {a.target_bpw} (candidates {a.candidate_bits}; group 64 unless :32)",
+               (f"--target-bpw {a.target_bpw} (candidates {a.candidate_bits}; group 64 unless :G)",
                 ["--target-bpw", a.target_bpw, "--candidate-bits", a.candidate_bits, "--calibration-data", calib,
                  "--n-calibration", a.n_calibration, "--calibration-length", a.calibration_length])]
     rows, report, plan = [], None, None
@@ -131,7 +131,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smollm2,gemma3", help=f"comma-separated, of {','.join(MODELS)}")
     ap.add_argument("--target-bpw", type=float, default=4.5)
-    ap.add_argument("--candidate-bits", default="3,4,4:32,5")
+    ap.add_argument("--candidate-bits", default="3,4:128,4,4:32,5")
     ap.add_argument("--n-calibration", type=int, default=4)
     ap.add_argument("--calibration-length", type=int, default=256)
     ap.add_argument("--sequence-length", type=int, default=512)

@@ -11,7 +11,7 @@
 static const char *convert_usage =
     "hearth convert <model> --out <dir> [-q|--quantize] [--q-bits 4] [--q-group-size 64]\n"
     "       [--quant-predicate mixed_2_6|mixed_3_4|mixed_3_6|mixed_4_6]\n"
-    "       [--target-bpw B --calibration-data F.jsonl [--candidate-bits 3,4,4:32,5] [--n-calibration 8]\n"
+    "       [--target-bpw B --calibration-data F.jsonl [--candidate-bits 3,4:128,4,4:32,5] [--n-calibration 8]\n"
     "        [--calibration-length 256]] [--plan config.json]\n"
     "       hearth convert <model> --out <file.gguf> --outtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q6_k|q4_k_m\n"
     "       [--threads N]";
@@ -119,8 +119,9 @@ int cli_convert(int argc, char **argv) {
         return convert_planned(model, o, plan);
     }
     if (target_bpw > 0) {
-        /* measured in bench/results/convert_mixed.md; group 32 at 4 bits is a candidate of its own */
-        if (!cand_list) cand_list = o.group_size == 64 ? "3,4,4:32,5" : "3,4,5";
+        /* measured in bench/results/convert_mixed.md: group 32 and group 128 at 4 bits are candidates of
+         * their own (4:128 is what lets a tied 262k-row embedding cost less than 4.5 bits) */
+        if (!cand_list) cand_list = o.group_size == 64 ? "3,4:128,4,4:32,5" : "3,4,5";
         mixed_candidate cand[8];
         int n_cand = convert_parse_candidates(cand_list, o.group_size, cand, 8);
         if (!o.quantize || o.quant_recipe || !calib)

@@ -25,7 +25,8 @@ typedef struct mixed_module {
     double params;      /* its weights' rows x cols, summed */
     double scale_width; /* bits of one group's scale + bias, in the weights' dtype */
     double kl[MAX_CANDIDATES];
-    int choice; /* index into the candidates */
+    unsigned avail; /* bit j: candidate j's group size divides every module's input width */
+    int choice;     /* index into the candidates */
 } mixed_module;
 
 typedef struct mixed_plan {
@@ -80,8 +81,20 @@ static double unit_bits(const mixed_module *mod, mixed_candidate c) {
     return mod->params * c.bits + mod->params / c.group * mod->scale_width;
 }
 
+static int has(const mixed_module *mod, int j) { return (mod->avail >> j) & 1u; }
+
+/* The unit's cheapest candidate it can take (the candidates ascend in cost): the knapsack's
+ * base for it. */
+static int unit_base(const mixed_module *mod) {
+    int j = 0;
+    while (!has(mod, j)) j++;
+    return j;
+}
+
 /* The units of the modules convert quantizes (2-D float ".weight" tensors whose rows are
- * whole groups), in the order their first module comes. */
+ * whole groups of some candidate), in the order their first module comes. A candidate is
+ * open to a unit when its group size divides the input width of every module in it
+ * (SmolLM2's 576 columns take groups of 32 and 64, not 128). */
 static int list_modules(hearth_model *m, mixed_plan *p) {
     char *tj = hearth_model_tensors_json(m);
     json_t *arr = tj ? json_loads(tj, 0, NULL) : NULL;
@@ -97,18 +110,25 @@ static int list_modules(hearth_model *m, mixed_plan *p) {
         if (!p->mods || !dt || len < 8 || strcmp(name + len - 7, ".weight") || json_array_size(shape) != 2) continue;
         double rows = (double)json_integer_value(json_array_get(shape, 0));
         json_int_t cols = json_integer_value(json_array_get(shape, 1));
-        int group = 0;
-        for (int j = 0; j < p->n_cand; j++) group = group > p->cand[j].group ? group : p->cand[j].group;
-        if (cols % group || (strcmp(dt, "F32") && strcmp(dt, "F16") && strcmp(dt, "BF16"))) continue;
+        unsigned fits = 0;
+        for (int j = 0; j < p->n_cand; j++) fits |= (unsigned)(cols % p->cand[j].group == 0) << j;
+        if (!fits || (strcmp(dt, "F32") && strcmp(dt, "F16") && strcmp(dt, "BF16"))) continue;
         size_t u = 0, ul = unit_len(name) < len - 7 ? unit_len(name) : len - 7;
         while (u < p->n && !(strlen(p->mods[u].path) == ul && !strncmp(p->mods[u].path, name, ul))) u++;
         mixed_module *mod = &p->mods[u];
-        if (u == p->n) p->n++, mod->path = strndup(name, ul);
+        if (u == p->n) p->n++, mod->path = strndup(name, ul), mod->avail = ~0u;
+        mod->avail &= fits;
         double params = rows * (double)cols, sw = 2.0 * (strcmp(dt, "F32") ? 16 : 32);
         mod->scale_width = (mod->scale_width * mod->params + sw * params) / (mod->params + params);
         mod->params += params;
     }
     json_decref(arr);
+    for (size_t i = 0; i < p->n; i++)
+        if (!p->mods[i].avail) { /* modules of one layer with no group size in common: none of them */
+            fprintf(stderr, "hearth: %s: %s: no candidate's group size divides the input width of all its modules\n",
+                    hearth_model_path(m), p->mods[i].path);
+            return 1;
+        }
     if (!p->n) fprintf(stderr, "hearth: %s: no weights to quantize\n", hearth_model_path(m));
     return p->n == 0;
 }
@@ -147,13 +167,19 @@ static const char *duration(double s, char *buf, size_t n) {
  * with the time so far and an estimate of the time left. */
 static int measure_all(hearth_engine *e, mixed_plan *p, hearth_convert_options o, const int32_t *tokens, size_t rows,
                        int L, const char *ref_path) {
-    size_t total = p->n * (size_t)p->n_cand, done = 0;
+    size_t total = 0, done = 0;
+    for (size_t i = 0; i < p->n; i++)
+        for (int j = 0; j < p->n_cand; j++) total += has(&p->mods[i], j);
     double t0 = seconds_now();
     int tty = isatty(2), rc = 0;
     hearth_error err = {0};
     o.choose_bits = choose_measured, o.choose_user = p, o.quant_recipe = NULL;
     for (size_t i = 0; !rc && i < p->n; i++) {
         for (int j = 0; !rc && j < p->n_cand; j++) {
+            if (!has(&p->mods[i], j)) { /* not open to this unit: never chosen */
+                p->mods[i].kl[j] = INFINITY;
+                continue;
+            }
             p->only = p->mods[i].path, p->only_cand = j;
             if (hearth_engine_quantize_weights(e, &o, &err)) rc = cli_fail(&err);
             if (!rc) rc = mean_kl(e, tokens, rows, L, ref_path, &p->mods[i].kl[j]);
@@ -161,7 +187,9 @@ static int measure_all(hearth_engine *e, mixed_plan *p, hearth_convert_options o
             done++;
             double spent = seconds_now() - t0, left = spent / (double)done * (double)(total - done);
             char a[32], b[32];
-            if (!rc && (tty || j == p->n_cand - 1))
+            int last = j;
+            while (last + 1 < p->n_cand && !has(&p->mods[i], last + 1)) last++;
+            if (!rc && (tty || last == p->n_cand - 1))
                 fprintf(stderr, "%s  measured %zu/%zu candidates (%s at %d-bit/%d), %s, about %s left%s",
                         tty ? "\r\033[K" : "", done, total, p->mods[i].path, p->cand[j].bits, p->cand[j].group,
                         duration(spent, a, sizeof a), duration(left, b, sizeof b), tty ? "" : "\n");
@@ -191,14 +219,15 @@ static double allocate(mixed_plan *p, double target_bpw) {
     double params = 0, base = 0;
     for (size_t i = 0; i < p->n; i++) {
         params += p->mods[i].params;
-        base += unit_bits(&p->mods[i], p->cand[0]);
+        base += unit_bits(&p->mods[i], p->cand[unit_base(&p->mods[i])]);
     }
     double spare = target_bpw * params - base;
     unsigned long long g = 0;
     for (size_t i = 0; i < p->n; i++)
-        for (int j = 1; j < p->n_cand; j++)
-            g = gcd_u64(g,
-                        (unsigned long long)(unit_bits(&p->mods[i], p->cand[j]) - unit_bits(&p->mods[i], p->cand[0])));
+        for (int j = unit_base(&p->mods[i]) + 1; j < p->n_cand; j++)
+            if (has(&p->mods[i], j))
+                g = gcd_u64(g, (unsigned long long)(unit_bits(&p->mods[i], p->cand[j]) -
+                                                    unit_bits(&p->mods[i], p->cand[unit_base(&p->mods[i])])));
     double unit = g ? (double)g : 1.0;
     if (spare / unit > MAX_STEPS) unit = spare / MAX_STEPS;
     size_t steps = spare > 0 ? (size_t)floor(spare / unit) : 0, W = steps + 1;
@@ -207,8 +236,8 @@ static double allocate(mixed_plan *p, double target_bpw) {
     if (!best || !pick || spare < 0) { /* no room above the smallest width: keep it */
         free(best);
         free(pick);
-        for (size_t i = 0; i < p->n; i++) p->mods[i].choice = 0;
-        return p->fixed < p->n && p->fixed_cand ? -1 : base / params;
+        for (size_t i = 0; i < p->n; i++) p->mods[i].choice = unit_base(&p->mods[i]);
+        return p->fixed < p->n && p->fixed_cand != unit_base(&p->mods[p->fixed]) ? -1 : base / params;
     }
     for (size_t w = 0; w < W; w++) best[w] = 0;
     for (size_t i = 0; i < p->n; i++) {
@@ -216,8 +245,8 @@ static double allocate(mixed_plan *p, double target_bpw) {
         for (size_t w = 0; w < W; w++) {
             double b = INFINITY;
             for (int j = 0; j < p->n_cand; j++) {
-                if (i == p->fixed && j != p->fixed_cand) continue;
-                double extra = unit_bits(mod, p->cand[j]) - unit_bits(mod, p->cand[0]);
+                if ((i == p->fixed && j != p->fixed_cand) || !has(mod, j)) continue;
+                double extra = unit_bits(mod, p->cand[j]) - unit_bits(mod, p->cand[unit_base(mod)]);
                 double c = ceil(extra / unit - 1e-9); /* whole units */
                 if (c > (double)w) continue;
                 double v = best[(i & 1) * W + w - (size_t)c] + mod->kl[j];
@@ -234,7 +263,7 @@ static double allocate(mixed_plan *p, double target_bpw) {
     double used = base;
     for (size_t i = p->n, w = steps; i-- > 0;) { /* walk the choices back */
         int j = pick[i * W + w];
-        double extra = unit_bits(&p->mods[i], p->cand[j]) - unit_bits(&p->mods[i], p->cand[0]);
+        double extra = unit_bits(&p->mods[i], p->cand[j]) - unit_bits(&p->mods[i], p->cand[unit_base(&p->mods[i])]);
         p->mods[i].choice = j;
         used += extra;
         w -= (size_t)ceil(extra / unit - 1e-9);
@@ -262,6 +291,7 @@ static int choose_plan(hearth_engine *e, mixed_plan *p, hearth_convert_options o
     hearth_error err = {0};
     o.choose_bits = choose_final, o.choose_user = p, o.quant_recipe = NULL;
     for (int c = 0; !rc && c < p->n_cand; c++) {
+        if (!has(&p->mods[big], c)) continue;
         p->fixed = big, p->fixed_cand = c;
         double b = allocate(p, target_bpw), kl = 0;
         if (b < 0) continue; /* over the budget with the largest unit there */
@@ -299,7 +329,7 @@ int cli_convert_mixed(const char *model, hearth_convert_options o, double target
     char tmp[] = "/tmp/hearth-mixed-XXXXXX", ref_path[64];
     int rc = !buf || cli_open_model(model, &m) || list_modules(m, &p) || ppl_dataset_load(calib_path, buf, &d) ||
              ppl_load_tokens(m, &d, 123, n_calib, calib_len, &tokens, &rows);
-    if (!rc && target_bpw * p.mods[0].params < unit_bits(&p.mods[0], cand[0])) {
+    if (!rc && target_bpw * p.mods[0].params < unit_bits(&p.mods[0], cand[unit_base(&p.mods[0])])) {
         fprintf(stderr, "hearth: --target-bpw %.3g is below the cheapest candidate (%d bits + scales)\n", target_bpw,
                 cand[0].bits);
         rc = 1;
@@ -346,7 +376,9 @@ int cli_convert_mixed(const char *model, hearth_convert_options o, double target
         double predicted = 0;
         for (size_t i = 0; i < p.n; i++) {
             printf("%-48s %10.0f", p.mods[i].path, p.mods[i].params);
-            for (int j = 0; j < n_cand; j++) printf(" %13.6f", p.mods[i].kl[j]);
+            for (int j = 0; j < n_cand; j++)
+                if (has(&p.mods[i], j)) printf(" %13.6f", p.mods[i].kl[j]);
+                else printf(" %13s", "-"); /* its group size does not divide a module's width */
             printf("  %d/%d\n", cand[p.mods[i].choice].bits, cand[p.mods[i].choice].group);
             predicted += p.mods[i].kl[p.mods[i].choice];
         }

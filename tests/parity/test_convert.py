@@ -272,6 +272,36 @@ def test_target_bpw_beats_uniform_of_the_same_bytes(name, tmp_path):
     assert kl(mixed) < kl(uniform)
 
 
+def test_target_bpw_candidates_open_by_group_size(tmp_path):
+    """A candidate whose group size does not divide a module's input width is closed to that
+    module's unit (the report shows "-" for it) and the unit takes one that fits; the modules
+    quantized are those uniform -q quantizes at the smallest group, never fewer (the tiny
+    llama: 64-wide inputs everywhere but down_proj's 128, so 4:128 fits no unit). The
+    shapes come from the model's config.json and the output is read by mlx-lm."""
+    import mlx.core as mx
+    from mlx_lm.utils import load
+
+    src = tiny("llama-f32")
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    assert cfg["hidden_size"] % 128 and cfg["intermediate_size"] % 128 == 0  # the shapes this case needs
+    calib = tmp_path / "calib.jsonl"
+    calib.write_text("".join(json.dumps({"text": f"line {i}: the quick brown fox jumps over the lazy dog"}) + "\n"
+                             for i in range(60)))
+    mixed, uniform = tmp_path / "mixed", tmp_path / "uniform"
+    # float32 scales: 4/128 is 4.5 bits per weight, 4/64 5, 8/64 9
+    p = hearth("convert", src, "--out", str(mixed), "-q", "--target-bpw", "6", "--candidate-bits", "4:128,4,8",
+               "--calibration-data", str(calib), "--n-calibration", "2", "--calibration-length", "32")
+    lines = p.stdout.decode().splitlines()
+    units = [line.split() for line in lines[1:] if line.startswith(("model.", "lm_head"))]
+    assert units and all(u[2] == "-" and u[3] != "-" and u[4] != "-" for u in units), lines
+    hearth("convert", src, "--out", str(uniform), "-q", "--q-bits", "4", "--q-group-size", "64")
+    t, tu = tensors(mixed), tensors(uniform)
+    assert sorted(k for k in t if k.endswith(".scales")) == sorted(k for k in tu if k.endswith(".scales"))
+    model, _ = load(str(mixed))
+    got = {k: m.group_size for k, m in model.named_modules() if hasattr(m, "bits")}
+    assert got and set(got.values()) == {64}, got
+
+
 def test_target_bpw_group_candidates_and_plan(tmp_path):
     """A candidate may name its group size ("4:32"): the report and config.json give each
     unit its (bits, group) and mlx-lm loads every module with them; each group's scale and

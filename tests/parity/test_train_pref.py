@@ -254,33 +254,28 @@ def test_preference_errors_are_clear(tmp_path):
     assert rc == 1 and "train.jsonl:1: no response token within --max-seq-length" in err
 
 
-class MlxAdam:
+def mlx_adam(params, lr, b1=0.9, b2=0.999, eps=1e-8):
     """mlx.optimizers.Adam (hearth's and mlx_lm.lora's step) as a torch optimizer for TRL's
     trainers: m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, p -= lr m / (sqrt(v) + eps),
     without bias correction. transformers' AdamW (TRL's default) corrects the bias, which
-    makes its first steps about 3x smaller than MLX's; Trainer(optimizers=(...)) is the knob."""
+    makes its first steps about 3x smaller than MLX's; the trainer's optimizer is the knob."""
+    import torch
 
-    @staticmethod
-    def make(params, lr, b1=0.9, b2=0.999, eps=1e-8):
-        import torch
+    class MlxAdam(torch.optim.Optimizer):
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    st = self.state[p]
+                    if not st:
+                        st["m"], st["v"] = torch.zeros_like(p), torch.zeros_like(p)
+                    st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
+                    st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                    p.sub_(group["lr"] * st["m"] / (st["v"].sqrt() + eps))
 
-        class Opt(torch.optim.Optimizer):
-            def __init__(self):
-                super().__init__(list(params), {"lr": lr})
-
-            @torch.no_grad()
-            def step(self, closure=None):
-                for group in self.param_groups:
-                    for p in group["params"]:
-                        if p.grad is None:
-                            continue
-                        st = self.state[p]
-                        if not st:
-                            st["m"], st["v"] = torch.zeros_like(p), torch.zeros_like(p)
-                        st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
-                        st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                        p.sub_(group["lr"] * st["m"] / (st["v"].sqrt() + eps))
-        return Opt()
+    return MlxAdam(params, {"lr": lr})
 
 
 def trl_losses(model_path, rows, init, method, bs, lr, num_layers, rank, scale, beta, tmp):
@@ -288,7 +283,7 @@ def trl_losses(model_path, rows, init, method, bs, lr, num_layers, rank, scale, 
     B; the unrounded loss of every step (Trainer's logs round to 4 decimals) and the
     tokenized training set TRL built. TRL's defaults that differ from hearth, and the knob
     each: bf16 autocast (bf16=False: float32 throughout), AdamW with bias correction
-    (optimizer replaced by MlxAdam), a linearly decaying rate (lr_scheduler_type constant),
+    (optimizer replaced by mlx_adam), a linearly decaying rate (lr_scheduler_type constant),
     gradient clipping at norm 1 (max_grad_norm 0: none), a shuffled sampler
     (train_sampling_strategy sequential over the rows in hearth's order), and for DPO a
     PeftModel passed in makes its initial adapter the reference (the adapter is made by
@@ -297,7 +292,7 @@ def trl_losses(model_path, rows, init, method, bs, lr, num_layers, rank, scale, 
     it changes no value."""
     import datasets
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig
     from safetensors.numpy import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -346,7 +341,7 @@ def trl_losses(model_path, rows, init, method, bs, lr, num_layers, rank, scale, 
             dst.copy_(torch.from_numpy(v.T.copy()))
     trained = [p for k, p in params.items() if p.requires_grad]
     assert len(trained) == len(w) and all(".lora_" in k for k, p in params.items() if p.requires_grad)
-    trainer.optimizer = MlxAdam.make(trained, lr)
+    trainer.optimizer = mlx_adam(trained, lr)
     trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda step: 1.0)
     trainer.train()
     return losses, trainer.train_dataset
@@ -364,7 +359,7 @@ TRL_CASES = [("qwen3-f32", False, "dpo"), ("qwen3-f32", False, "orpo"), ("qwen3-
 def test_first_losses_match_trl_trainers(tmp_path, name, chat, method):
     """hearth's first 10 training losses against TRL's own DPOTrainer (loss_type sigmoid) and
     ORPOTrainer (trl.experimental.orpo) on PEFT's LoRA: the same initial A and B, the same
-    batches in hearth's order, beta / lambda 0.1 (hearth's defaults), MLX's Adam (MlxAdam),
+    batches in hearth's order, beta / lambda 0.1 (hearth's defaults), MLX's Adam (mlx_adam),
     within 1e-4 relative (measured: at most 8.8e-6). String responses start with a space and
     the tokenizer adds no BOS: TRL 1.16 tokenizes prompt + response as one string (DPO with
     the tokenizer's specials, ORPO with a BOS prepended when the tokenizer has one), hearth

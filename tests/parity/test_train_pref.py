@@ -12,9 +12,9 @@ MLX package with DPO and ORPO trainers) defines both losses differently from TRL
 has no NLL term and no log(1 - p) in the odds; its DPO and ORPO masks cover the prompt's
 tokens and one padding target). The MLX oracle:
 
-- tokens (TRL's maybe_apply_chat_template + DPOTrainer.tokenize_row, with the HF
-  tokenizer): prompt and each response tokenized alone without special tokens, EOS after
-  each response; conversational rows rendered by the chat template first (the prompt with
+- tokens (TRL's maybe_apply_chat_template + DPOTrainer.tokenize_row as TRL 0.13 - 0.2x
+  had them, with the HF tokenizer): prompt and each response tokenized alone without
+  special tokens, EOS after each response; conversational rows rendered by the chat template first (the prompt with
   the generation prompt, the response as the rest of the render of prompt + response);
 - DPO (loss_type "sigmoid"): c, r = the summed log-probs of the chosen / rejected response
   tokens, ref_c, ref_r the same under the frozen base (a second mlx-lm model without the

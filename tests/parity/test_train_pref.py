@@ -12,8 +12,8 @@ MLX package with DPO and ORPO trainers) defines both losses differently from TRL
 has no NLL term and no log(1 - p) in the odds; its DPO and ORPO masks cover the prompt's
 tokens and one padding target). The MLX oracle:
 
-- tokens (TRL's maybe_apply_chat_template + DPOTrainer.tokenize_row as TRL 0.13 - 0.2x
-  had them, with the HF tokenizer): prompt and each response tokenized alone without
+- tokens (TRL's maybe_apply_chat_template + DPOTrainer.tokenize_row as an earlier TRL
+  had them, before the tokenization TRL 1.16 has, with the HF tokenizer): prompt and each response tokenized alone without
   special tokens, EOS after each response; conversational rows rendered by the chat template first (the prompt with
   the generation prompt, the response as the rest of the render of prompt + response);
 - DPO (loss_type "sigmoid"): c, r = the summed log-probs of the chosen / rejected response
@@ -349,8 +349,8 @@ def trl_losses(model_path, rows, init, method, bs, lr, num_layers, rank, scale, 
 
 # (model, conversational rows, method), where TRL 1.16 and hearth tokenize alike. They do not
 # (the MLX oracle above covers these): DPO with message lists, where TRL ends each response
-# at the chat template's own end of turn and hearth appends one more EOS (TRL's DPO up to
-# 0.2x did too), and string rows with a tokenizer that adds a BOS (llama here), which TRL
+# at the chat template's own end of turn and hearth appends one more EOS (an earlier
+# TRL's DPO did too), and string rows with a tokenizer that adds a BOS (llama here), which TRL
 # puts before the prompt and hearth does not.
 TRL_CASES = [("qwen3-f32", False, "dpo"), ("qwen3-f32", False, "orpo"), ("qwen3-f32", True, "orpo")]
 
@@ -363,8 +363,8 @@ def test_first_losses_match_trl_trainers(tmp_path, name, chat, method):
     within 1e-4 relative (measured: at most 8.8e-6). String responses start with a space and
     the tokenizer adds no BOS: TRL 1.16 tokenizes prompt + response as one string (DPO with
     the tokenizer's specials, ORPO with a BOS prepended when the tokenizer has one), hearth
-    the prompt and the response apart without specials (TRL's DPO tokenize_row of 0.13 -
-    0.2x); the test checks that the ids TRL trained on are hearth's."""
+    the prompt and the response apart without specials (an earlier TRL DPO's
+    tokenize_row); the test checks that the ids TRL trained on are hearth's."""
     from transformers import AutoTokenizer
     model = model_dir(name)
     rng = np.random.default_rng(5)

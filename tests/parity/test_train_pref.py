@@ -288,8 +288,9 @@ def trl_losses(model_path, rows, init, method, bs, lr, num_layers, rank, scale, 
     (train_sampling_strategy sequential over the rows in hearth's order), and for DPO a
     PeftModel passed in makes its initial adapter the reference (the adapter is made by
     TRL from peft_config instead, so the reference is the base with adapters disabled, and
-    hearth's weights are copied in after). Gradient checkpointing (TRL's default) is off:
-    it changes no value."""
+    hearth's weights are copied in after); DPO tokenizes a string prompt with the
+    tokenizer's specials (add_bos_token=False: none, as hearth; ORPO prepends a BOS itself,
+    with no knob). Gradient checkpointing (TRL's default) is off: it changes no value."""
     import datasets
     import torch
     from peft import LoraConfig
@@ -300,7 +301,7 @@ def trl_losses(model_path, rows, init, method, bs, lr, num_layers, rank, scale, 
     from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
     torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(model_path)
+    tok = AutoTokenizer.from_pretrained(model_path, add_bos_token=False)  # see the docstring
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     n = base.config.num_hidden_layers
     layers = list(range(n - num_layers, n)) if num_layers > 0 else None
@@ -349,10 +350,11 @@ def trl_losses(model_path, rows, init, method, bs, lr, num_layers, rank, scale, 
 
 # (model, conversational rows, method), where TRL 1.16 and hearth tokenize alike. They do not
 # (the MLX oracle above covers these): DPO with message lists, where TRL ends each response
-# at the chat template's own end of turn and hearth appends one more EOS (an earlier
-# TRL's DPO did too), and string rows with a tokenizer that adds a BOS (llama here), which TRL
-# puts before the prompt and hearth does not.
-TRL_CASES = [("qwen3-f32", False, "dpo"), ("qwen3-f32", False, "orpo"), ("qwen3-f32", True, "orpo")]
+# at the chat template's own end of turn and hearth appends one more EOS (an earlier TRL's
+# DPO did too), and ORPO's string rows with a tokenizer that has a BOS (llama here), which
+# TRL puts before the prompt and hearth does not.
+TRL_CASES = [("qwen3-f32", False, "dpo"), ("qwen3-f32", False, "orpo"), ("qwen3-f32", True, "orpo"),
+             ("llama-f32", False, "dpo")]
 
 
 @pytest.mark.parametrize("name,chat,method", TRL_CASES)
@@ -360,11 +362,11 @@ def test_first_losses_match_trl_trainers(tmp_path, name, chat, method):
     """hearth's first 10 training losses against TRL's own DPOTrainer (loss_type sigmoid) and
     ORPOTrainer (trl.experimental.orpo) on PEFT's LoRA: the same initial A and B, the same
     batches in hearth's order, beta / lambda 0.1 (hearth's defaults), MLX's Adam (mlx_adam),
-    within 1e-4 relative (measured: at most 8.8e-6). String responses start with a space and
-    the tokenizer adds no BOS: TRL 1.16 tokenizes prompt + response as one string (DPO with
-    the tokenizer's specials, ORPO with a BOS prepended when the tokenizer has one), hearth
-    the prompt and the response apart without specials (an earlier TRL DPO's
-    tokenize_row); the test checks that the ids TRL trained on are hearth's."""
+    within 1e-4 relative (measured: at most 1.3e-5). String responses start with a space:
+    TRL 1.16 tokenizes prompt + response as one string (DPO with the tokenizer's specials,
+    ORPO with a BOS prepended when the tokenizer has one), hearth the prompt and the
+    response apart without specials (an earlier TRL DPO's tokenize_row); the test checks
+    that the ids TRL trained on are hearth's."""
     from transformers import AutoTokenizer
     model = model_dir(name)
     rng = np.random.default_rng(5)

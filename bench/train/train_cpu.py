@@ -278,10 +278,11 @@ def main():
         "date": time.strftime('%Y-%m-%d', time.gmtime()),
         "hearth": {"tokens_per_second": tps(ours), "first_loss": ours[0]["loss"],
                    "peak_memory_gb": max(r["peak_memory_gb"] for r in ours), "wall_s": t1 - t0,
-                   "tokens_per_second_before_and_after_the_peer": [tps(before), tps(after)]},
+                   "tokens_per_second_before_and_after_the_peer": [tps(before), tps(after)],
+                   "steps_tokens_per_second": [r["tokens_per_second"] for r in ours]},
         "torch_peft": {"tokens_per_second": tps(torch_rows), "first_loss": torch_rows[0]["loss"],
                        "peak_memory_gb": max(r["peak_memory_gb"] for r in torch_rows), "wall_s": t2 - t1,
-                       "versions": versions},
+                       "versions": versions, "steps_tokens_per_second": [r["tokens_per_second"] for r in torch_rows]},
     }
     if a.no_mlx and "mlx_lm" in prev:
         res["mlx_lm"] = dict(prev["mlx_lm"], date=prev["mlx_lm"].get("date", prev.get("date")),

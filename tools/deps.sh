@@ -40,7 +40,10 @@ fi
 PY_PKGS=("mlx[cpu]==0.32.4" "mlx-lm==0.32.2" "transformers==5.23.0" "tokenizers==0.23.3"
          "gguf==0.19.0" "jinja2==3.1.6" "pytest" "numpy" "sentencepiece" "protobuf" "openai==3.57.0" "anthropic==2.14.0"
          "playwright==1.65.2" "pytest-xdist==3.8.0" "prometheus-client==0.26.0" "jsonschema==4.26.0"
-         "setuptools" "wheel" "llguidance==1.9.1") # llguidance: MaskBench's peer
+         "setuptools" "wheel" "llguidance==1.9.1" # llguidance: MaskBench's peer
+         # the LoRA / training oracles and peer (docs/testing.md): PyTorch on the CPU (its
+         # PyPI wheel brings the nvidia-* CUDA wheels: ~5.4 GB), PEFT, TRL
+         "torch==2.15.0" "peft==0.21.2" "trl==1.16.0")
 stamp=.venv/.hearth-deps
 want=$(printf '%s\n' "${PY_PKGS[@]}" | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

@@ -2,7 +2,7 @@
 """Writes tests/parity/goldens/embed_minilm.json: sentence-transformers embeddings of a
 varied corpus with all-MiniLM-L6-v2, the oracle for tests/parity/test_embed.py.
 
-sentence-transformers needs torch, which the project venv does not carry: run this with
+sentence-transformers is not in the project venv (torch is, tools/deps.sh): run this with
 a throwaway venv outside the repo, e.g.
     python3 -m venv ~/.cache/hearth/oracle-venv
     ~/.cache/hearth/oracle-venv/bin/pip install torch sentence-transformers

@@ -4,8 +4,9 @@
 float32 inputs, runs each op forward in float64 against a random upstream gradient and
 writes inputs, outputs and gradients (cast to float32) to
 tests/data/train/op_grads.safetensors, which tests/unit/test_train_ops.c reads.
-Deterministic (seed 0): rerun after changing a case. (PyTorch is the oracle the issue
-names; its CPU wheel is not installable here, so MLX's independent autograd stands in.)
+Deterministic (seed 0): rerun after changing a case. PyTorch's autograd, the oracle the
+issue names, checks the file: tests/parity/test_train_op_grads.py recomputes every case
+with torch in float64 and holds the file to it within 1e-5.
 
     .venv/bin/python tools/make_train_grads.py [out.safetensors]
 """

@@ -3,7 +3,7 @@
 sentence-transformers (torch, CPU) on the same machine, same thread count, same short texts,
 at batch 1 (one text per request / encode call) and batch 32. Median of --repeats runs.
 
-sentence-transformers needs torch, which the project venv does not carry: pass --st-python
+sentence-transformers is not in the project venv (torch is, tools/deps.sh): pass --st-python
 (e.g. ~/.cache/hearth/oracle-venv/bin/python, see tools/make_embed_goldens.py); without it
 only hearth is measured. Writes bench/results/embed.md (bench/results_file.py)."""
 import argparse

@@ -168,8 +168,8 @@ def conversations():
 def hf_tokenizer(model):
     """The transformers tokenizer of a model folder or .gguf file (the oracle for tokenize,
     detokenize and apply_chat_template). transformers' GGUF reader imports torch only for
-    tensor dtypes, which tokenizer conversion never touches; torch is not installed here,
-    so a placeholder module stands in for that import (mixed_data.gguf_tokenizer). Built once per path (converting Gemma
+    tensor dtypes, which tokenizer conversion never touches; where torch is absent, a
+    placeholder module stands in for that import (mixed_data.gguf_tokenizer). Built once per path (converting Gemma
     3's 262k-entry GGUF vocabulary takes ~30 s), then reloaded from transformers' own saved
     form; callers only read it."""
     from transformers import AutoTokenizer

@@ -75,7 +75,7 @@ def make_peft_adapter(model_dir, out_dir, rank=4, alpha=8, dora=False, targets=(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, use_dora=dora,
                      init_lora_weights=False)
     model = get_peft_model(base, cfg)
@@ -95,7 +95,7 @@ def peft_logits(model_dir, adapter_dir, ids):
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model = PeftModel.from_pretrained(base, str(adapter_dir)) if adapter_dir else base
     model.eval()
     with torch.no_grad():

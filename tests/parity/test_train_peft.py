@@ -1,18 +1,21 @@
 """hearth train's PEFT-format output (<adapter-path>/peft/: adapter_model.safetensors and
-adapter_config.json). PEFT itself needs torch, which this machine cannot install, so the
-oracles are:
+adapter_config.json). The oracles:
 
+- PEFT itself (torch, on the CPU): PeftModel.from_pretrained on the transformers model loads
+  the folder hearth wrote, every tensor lands in its LoRA module unchanged, and its float32
+  logits match hearth serving the same folder within the LoRA parity tolerance
+  (test_lora.REF_TOL);
 - the layout PEFT documents for a LoRA checkpoint (docs/source/developer_guides/checkpoint.md
   and LoraConfig): keys `base_model.model.<module path>.lora_A.weight` [r, in] and
   `lora_B.weight` [out, r] with the module paths and in/out sizes of the transformers model
   (read here from the model's config.json, not from hearth), `peft_type` LORA, `task_type`
   CAUSAL_LM, `lora_alpha / r` equal to the --lora-scale the run was given, `target_modules`,
-  `layers_to_transform` for the last N layers, `fan_in_fan_out` false, `bias` none;
+  `layers_to_transform` for the last N layers, `fan_in_fan_out` false, `bias` none; this
+  also covers a quantized (MLX 4-bit) base, which transformers does not load;
 - the tensors themselves: the MLX file's pairs transposed (mlx-lm names, A [in, r]);
 - mlx-lm: the MLX output loaded by mlx_lm.load(adapter_path=) gives reference logits; hearth
-  serving the PEFT folder (its PEFT loader, tested against PEFT-saved adapters in
-  test_lora.py where torch exists) gives the same logits as hearth serving the MLX folder,
-  and both match mlx-lm within the LoRA parity tolerance;
+  serving the PEFT folder gives the same logits as hearth serving the MLX folder, and both
+  match mlx-lm within the LoRA parity tolerance;
 - hearth fuse: the PEFT folder fuses to the same bytes as the MLX folder, and those equal
   mlx_lm.fuse's with the MLX folder.
 """
@@ -26,7 +29,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lora_helpers import mlx_logits  # noqa: E402
+from lora_helpers import mlx_logits, peft_logits  # noqa: E402
 from test_lora import REF_TOL, safetensors_bytes, trace, worst_diff  # noqa: E402
 from test_train import BIN, IDS, REPO, hearth_train, make_data, model_dir  # noqa: E402
 
@@ -114,6 +117,40 @@ def test_peft_output_layout_logits_and_fuse(tmp_path, name, num_layers, rank, sc
     a, b, r = (safetensors_bytes(tmp_path / d) for d in ("fused_mlx", "fused_peft", "fused_ref"))
     assert a == b
     assert sorted(a) == sorted(r) and [k for k in r if r[k] != a[k]] == []
+
+
+# (model, --num-layers, --lora-rank, --lora-scale): the last 2 layers (layers_to_transform
+# set) and every layer (none), a fractional alpha
+PEFT_CASES = [("llama-f32", 2, 8, 20.0), ("qwen3-f32", -1, 4, 0.3)]
+
+
+@pytest.mark.parametrize("name,num_layers,rank,scale", PEFT_CASES)
+def test_peft_loads_the_output(tmp_path, name, num_layers, rank, scale):
+    """PeftModel.from_pretrained (transformers model, float32, CPU) on <adapter-path>/peft:
+    every tensor of the file is loaded into its module as written, and PEFT's logits are
+    hearth's serving the folder."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    model = model_dir(name)
+    out = tmp_path / "ad"
+    hearth_train(model, make_data(str(tmp_path / "data"), "text"), out, None,
+                 ["--iters", "4", "--batch-size", "2", "--learning-rate", "1e-2", "--num-layers", str(num_layers),
+                  "--lora-rank", str(rank), "--lora-scale", str(scale)])
+    peft = out / "peft"
+    w = load(peft / "adapter_model.safetensors")
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), str(peft))
+    state = {k.replace(".default.weight", ".weight"): v for k, v in loaded.state_dict().items() if "lora_" in k}
+    assert sorted(state) == sorted(w)  # nothing left at PEFT's initial values, nothing unused
+    for k, v in w.items():
+        assert np.array_equal(state[k].numpy(), v), k
+    ref = peft_logits(model, peft, IDS)
+    base = peft_logits(model, None, IDS)
+    assert np.abs(ref - base).max() > 10 * REF_TOL  # the adapter matters
+    ours = trace(model, peft, steps=0)
+    worst = worst_diff(ref, ours)
+    print(f"{name}: worst |logit - PEFT| {worst:.2e}")
+    assert worst < REF_TOL
 
 
 def test_gguf_base_writes_hf_order(tmp_path):

@@ -944,12 +944,13 @@ static size_t gemm_workspace_bytes(const trainer *t) {
     int64_t T = t->T, xr = T < TR_XENT_ROWS ? T : TR_XENT_ROWS, th = t->threads;
     /* the vocabulary only meets the chunk's rows (above), never T */
     int64_t dims[] = {t->D, (int64_t)t->Hq * t->hd, (int64_t)t->Hkv * t->hd, t->F, t->r};
-    size_t most = tr_gemm_workspace_floats(t->Hq, T, T, (int)th);
-    size_t c[] = {tr_gemm_workspace_floats(t->Hq, T, t->hd, (int)th), tr_gemm_workspace_floats(1, xr, t->D, (int)th),
-                  tr_gemm_workspace_floats(1, xr, t->V, (int)th)};
+    size_t most = tr_gemm_workspace_floats(t->Hq, T, T, (int)th, TR_GEMM_K_LE_M);
+    size_t c[] = {tr_gemm_workspace_floats(t->Hq, T, t->hd, (int)th, TR_GEMM_CAUSAL),
+                  tr_gemm_workspace_floats(1, xr, t->D, (int)th, 0), tr_gemm_workspace_floats(1, xr, t->V, (int)th, 0)};
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) most = c[i] > most ? c[i] : most;
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
-        size_t a = tr_gemm_workspace_floats(1, T, dims[i], (int)th), b = tr_gemm_workspace_floats(1, dims[i], T, (int)th);
+        size_t a = tr_gemm_workspace_floats(1, T, dims[i], (int)th, 0);
+        size_t b = tr_gemm_workspace_floats(1, dims[i], T, (int)th, 0);
         most = a > most ? a : most;
         most = b > most ? b : most;
     }

@@ -21,9 +21,10 @@
 void tr_gemm_batch(threadpool *tp, int batch, int64_t M, int64_t N, int64_t K, const float *a, int64_t sam,
                    int64_t sak, int64_t a_bs, const float *b, int64_t sbk, int64_t sbn, int64_t b_bs, int b_div,
                    float *c, int64_t ldc, int64_t c_bs, int flags);
-/* The floats of packing workspace a product of batch x [M, K] A panels takes on `threads`
- * threads (the workspace keeps the largest so far): for hearth_train_fit. */
-size_t tr_gemm_workspace_floats(int batch, int64_t M, int64_t K, int threads);
+/* The floats of packing workspace a product of batch x [M, K] A panels with these flags
+ * takes on `threads` threads (the workspace keeps the largest so far; a long K is packed a
+ * slab at a time): for hearth_train_fit. */
+size_t tr_gemm_workspace_floats(int batch, int64_t M, int64_t K, int threads, int flags);
 /* Frees the calling thread's packing workspace (kept between tr_gemm calls). */
 void tr_gemm_release(void);
 #define TR_GEMM_ACC 1

@@ -264,14 +264,38 @@ static void softmax_row(void *vc, int64_t r) {
     memset(c->s + r * c->T + i + 1, 0, sizeof(float) * (size_t)(c->T - i - 1));
 }
 
+/* r[0..n) = scale p (r - sum_j p_j r_j): the softmax's backward over one row, in 16-wide
+ * partial sums (the tail through zero-padded vectors: zeros add nothing). */
+INL void dsoftmax_body(const float *p, float *r, int64_t n, float scale) {
+    v16 acc = {0};
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        v16 a, b;
+        memcpy(&a, p + j, sizeof a), memcpy(&b, r + j, sizeof b);
+        acc += a * b;
+    }
+    v16 a = {0}, b = {0};
+    memcpy(&a, p + j, sizeof(float) * (size_t)(n - j)), memcpy(&b, r + j, sizeof(float) * (size_t)(n - j));
+    acc += a * b;
+    float dot = ((acc[0] + acc[8]) + (acc[4] + acc[12])) + ((acc[2] + acc[10]) + (acc[6] + acc[14])) +
+                (((acc[1] + acc[9]) + (acc[5] + acc[13])) + ((acc[3] + acc[11]) + (acc[7] + acc[15])));
+    for (j = 0; j + 16 <= n; j += 16) {
+        memcpy(&a, p + j, sizeof a), memcpy(&b, r + j, sizeof b);
+        b = scale * a * (b - dot);
+        memcpy(r + j, &b, sizeof b);
+    }
+    for (; j < n; j++) r[j] = scale * p[j] * (r[j] - dot);
+}
+AVX512 static void dsoftmax_avx512(const float *p, float *r, int64_t n, float scale) { dsoftmax_body(p, r, n, scale); }
+static void dsoftmax_base(const float *p, float *r, int64_t n, float scale) { dsoftmax_body(p, r, n, scale); }
+
 /* row r of dP becomes dS = scale P (dP - sum_j P dP) (the masked tail zero) */
 static void dsoftmax_row(void *vc, int64_t row) {
     const attn_rows *c = vc;
     int64_t i = row % c->T;
     const float *pr = c->p + row * c->T;
-    float *r = c->s + row * c->T, dot = 0;
-    for (int64_t j = 0; j <= i; j++) dot += pr[j] * r[j];
-    for (int64_t j = 0; j <= i; j++) r[j] = c->scale * pr[j] * (r[j] - dot);
+    float *r = c->s + row * c->T;
+    (have_avx512() ? dsoftmax_avx512 : dsoftmax_base)(pr, r, i + 1, c->scale);
     memset(r + i + 1, 0, sizeof(float) * (size_t)(c->T - i - 1));
 }
 

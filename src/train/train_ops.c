@@ -149,19 +149,27 @@ INL v16 vexp(v16 x) {
     return p * (v16)((n + 127) << 23);
 }
 
-/* y[i] = exp(mul * x[i] - sub), returning their sum (double over 16-wide float partial
- * sums). y may be x. */
+INL float hsum16(v16 v) {
+    return ((v[0] + v[8]) + (v[4] + v[12])) + ((v[2] + v[10]) + (v[6] + v[14])) +
+           (((v[1] + v[9]) + (v[5] + v[13])) + ((v[3] + v[11]) + (v[7] + v[15])));
+}
+
+/* y[i] = exp(mul * x[i] - sub), returning their sum: 16 float lanes over runs of 256
+ * values, each run's total added in double (a horizontal sum per vector would cost more
+ * than the exp). y may be x. */
 INL double exp_sum_body(const float *x, int64_t n, float mul, float sub, float *y) {
     double s = 0;
     int64_t i = 0;
+    v16 acc = {0};
     for (; i + 16 <= n; i += 16) {
         v16 v;
         memcpy(&v, x + i, sizeof v);
         v = vexp(v * mul - sub);
         memcpy(y + i, &v, sizeof v);
-        s += ((v[0] + v[8]) + (v[4] + v[12])) + ((v[2] + v[10]) + (v[6] + v[14])) +
-             (((v[1] + v[9]) + (v[5] + v[13])) + ((v[3] + v[11]) + (v[7] + v[15])));
+        acc += v;
+        if ((i & 255) == 240) s += hsum16(acc), acc = (v16){0};
     }
+    s += hsum16(acc);
     if (i < n) { /* the tail through a zero-padded vector */
         v16 v = {0};
         memcpy(&v, x + i, sizeof(float) * (size_t)(n - i));
@@ -277,8 +285,7 @@ INL void dsoftmax_body(const float *p, float *r, int64_t n, float scale) {
     v16 a = {0}, b = {0};
     memcpy(&a, p + j, sizeof(float) * (size_t)(n - j)), memcpy(&b, r + j, sizeof(float) * (size_t)(n - j));
     acc += a * b;
-    float dot = ((acc[0] + acc[8]) + (acc[4] + acc[12])) + ((acc[2] + acc[10]) + (acc[6] + acc[14])) +
-                (((acc[1] + acc[9]) + (acc[5] + acc[13])) + ((acc[3] + acc[11]) + (acc[7] + acc[15])));
+    float dot = hsum16(acc);
     for (j = 0; j + 16 <= n; j += 16) {
         memcpy(&a, p + j, sizeof a), memcpy(&b, r + j, sizeof b);
         b = scale * a * (b - dot);

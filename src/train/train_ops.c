@@ -403,7 +403,7 @@ double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float
     int64_t rows[TR_XENT_ROWS];
     float row_ce[TR_XENT_ROWS];
     double total = 0;
-    memset(dh, 0, sizeof(float) * (size_t)(M * D));
+    if (dh) memset(dh, 0, sizeof(float) * (size_t)(M * D));
     if (ce) memset(ce, 0, sizeof(float) * (size_t)M);
     for (int64_t m0 = 0; m0 < M;) {
         int n = 0; /* the next rows that count, gathered */
@@ -421,6 +421,7 @@ double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float
             total += (double)weight[rows[r]] * row_ce[r];
             if (ce) ce[rows[r]] = row_ce[r];
         }
+        if (!dh) continue;
         memset(dc, 0, sizeof(float) * (size_t)(n * D));
         tr_matmul_nn(tp, z, n, V, w, D, dc);
         for (int r = 0; r < n; r++) memcpy(dh + rows[r] * D, dc + (int64_t)r * D, sizeof(float) * (size_t)D);

@@ -81,8 +81,9 @@ void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float
                      float *du);
 
 /* Cross-entropy of the logits h[M,D] w[V,D]^T against targets: rows with weight[i] == 0
- * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten) to
- * its gradient; ce (NULL: not wanted) gets each row's ce_i (0 for skipped rows). scratch:
+ * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten; NULL:
+ * not wanted, half the work saved) to its gradient; ce (NULL: not wanted) gets each row's
+ * ce_i (0 for skipped rows). scratch:
  * TR_XENT_ROWS * (V + 2 * D) floats. */
 #define TR_XENT_ROWS 256
 double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,

@@ -163,7 +163,12 @@ static void test_cross_entropy(void **state) {
         sum += weight[i] * ce[i];
     }
     close_to("cross-entropy per-row sum", &sum, "xent.loss");
-    free(dh), free(scratch), free(ce);
+    /* without dh (a reference or validation pass): the same loss and per-row values */
+    float *ce2 = zeros(M);
+    loss = (float)tr_xent(TP, T_("xent.h", NULL), M, D, T_("xent.w", NULL), V, targets, weight, NULL, ce2, scratch);
+    close_to("cross-entropy loss without dh", &loss, "xent.loss");
+    assert_memory_equal(ce, ce2, sizeof(float) * (size_t)M);
+    free(dh), free(scratch), free(ce), free(ce2);
 }
 
 int main(void) {

@@ -229,8 +229,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
          (!(t->prefix = falloc(t, (size_t)(T * D))) || !(t->prefix2 = falloc(t, (size_t)(T * D))))) ||
         !(t->lin_scratch = falloc(t, (size_t)(T * t->r))) || !(t->attn_scratch = falloc(t, (size_t)(t->Hq * T * T))) ||
         /* a chunk holds at most T rows: dry, what of the scratch is ever written */
-        !(t->xent_scratch =
-              falloc(t, (size_t)(t->dry && T < TR_XENT_ROWS ? T : TR_XENT_ROWS) * (size_t)(t->V + 2 * D))) ||
+        !(t->xent_scratch = falloc(t, (size_t)(t->dry && T < TR_XENT_ROWS ? T : TR_XENT_ROWS) *
+                                          (size_t)TR_XENT_ROW_FLOATS(t->V, D))) ||
         (t->part = PART_OPTIMIZER, !(t->adam_m = falloc(t, t->n_params))) || !(t->adam_v = falloc(t, t->n_params)))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (t->dry) t->dry_bytes[PART_BUFFERS] += resident_of((size_t)T * sizeof(int32_t));

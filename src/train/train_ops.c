@@ -380,7 +380,7 @@ void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float
 
 typedef struct xent_rows {
     float *z;
-    int64_t V;
+    int64_t V, ldz;
     const int64_t *rows;
     const int32_t *targets;
     const float *weight;
@@ -390,7 +390,7 @@ typedef struct xent_rows {
 /* logits row r becomes weight (softmax - onehot(target)); ce[r] its cross-entropy */
 static void xent_row(void *vc, int64_t r) {
     const xent_rows *c = vc;
-    float *zr = c->z + r * c->V, wt = c->weight[c->rows[r]];
+    float *zr = c->z + r * c->ldz, wt = c->weight[c->rows[r]];
     int32_t t = c->targets[c->rows[r]];
     float zt = zr[t];
     c->ce[r] = (float)softmax(zr, c->V, 1.0f, wt) - zt;
@@ -399,7 +399,8 @@ static void xent_row(void *vc, int64_t r) {
 
 double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
                const int32_t *targets, const float *weight, float *dh, float *ce, float *scratch) {
-    float *z = scratch, *hc = scratch + (int64_t)TR_XENT_ROWS * V, *dc = hc + (int64_t)TR_XENT_ROWS * D;
+    int64_t ldz = V + 16; /* TR_XENT_ROW_FLOATS */
+    float *z = scratch, *hc = scratch + (int64_t)TR_XENT_ROWS * ldz, *dc = hc + (int64_t)TR_XENT_ROWS * D;
     int64_t rows[TR_XENT_ROWS];
     float row_ce[TR_XENT_ROWS];
     double total = 0;
@@ -414,8 +415,8 @@ double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float
                 n++;
             }
         if (!n) break;
-        tr_matmul_nt(tp, hc, n, D, w, V, z, 0);
-        xent_rows c = {.z = z, .V = V, .rows = rows, .targets = targets, .weight = weight, .ce = row_ce};
+        tr_gemm(tp, n, V, D, hc, D, 1, w, 1, D, z, ldz, 0); /* z = hc w^T */
+        xent_rows c = {.z = z, .V = V, .ldz = ldz, .rows = rows, .targets = targets, .weight = weight, .ce = row_ce};
         for_rows(tp, n, xent_row, &c);
         for (int r = 0; r < n; r++) { /* in row order: the same sum whatever the threads */
             total += (double)weight[rows[r]] * row_ce[r];
@@ -423,7 +424,7 @@ double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float
         }
         if (!dh) continue;
         memset(dc, 0, sizeof(float) * (size_t)(n * D));
-        tr_matmul_nn(tp, z, n, V, w, D, dc);
+        tr_gemm(tp, n, D, V, z, ldz, 1, w, D, 1, dc, D, TR_GEMM_ACC); /* dc += z w */
         for (int r = 0; r < n; r++) memcpy(dh + rows[r] * D, dc + (int64_t)r * D, sizeof(float) * (size_t)D);
     }
     return total;

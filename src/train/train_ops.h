@@ -84,8 +84,11 @@ void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float
  * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten; NULL:
  * not wanted, half the work saved) to its gradient; ce (NULL: not wanted) gets each row's
  * ce_i (0 for skipped rows). scratch:
- * TR_XENT_ROWS * (V + 2 * D) floats. */
+ * TR_XENT_ROWS * TR_XENT_ROW_FLOATS(V, D) floats. */
 #define TR_XENT_ROWS 256
+/* A chunk row of scratch: its logits (padded by 16 floats, so the rows of a register tile's
+ * stores are not a multiple of 4 KiB apart), its hidden state and its gradient. */
+#define TR_XENT_ROW_FLOATS(V, D) ((V) + 16 + 2 * (D))
 double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
                const int32_t *targets, const float *weight, float *dh, float *ce, float *scratch);
 #endif

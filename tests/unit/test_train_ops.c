@@ -149,7 +149,7 @@ static void test_silu_mul(void **state) {
 
 static void test_cross_entropy(void **state) {
     int64_t M = 6, D = 16, V = 40;
-    float *dh = zeros(M * D), *scratch = zeros(TR_XENT_ROWS * (V + 2 * D)), *ce = zeros(M);
+    float *dh = zeros(M * D), *scratch = zeros(TR_XENT_ROWS * TR_XENT_ROW_FLOATS(V, D)), *ce = zeros(M);
     const int32_t *targets = (const int32_t *)T_("xent.targets", NULL);
     const float *weight = T_("xent.weight", NULL);
     float loss = (float)tr_xent(TP, T_("xent.h", NULL), M, D, T_("xent.w", NULL), V, targets, weight, dh, ce, scratch);

@@ -188,6 +188,43 @@ INL void tile_8x48(const float *a, const float *b, int64_t kc, float *ct, int64_
     ACC_STORE(0); ACC_STORE(1); ACC_STORE(2); ACC_STORE(3); ACC_STORE(4); ACC_STORE(5); ACC_STORE(6); ACC_STORE(7);
 }
 
+/* The last panel of a width that 48 does not divide (attention's head_dim 64, a sequence's
+ * T): 8 x 16 and 8 x 32 tiles, so the columns past N cost no multiply-adds. */
+#define ACC1_INIT(i) v16 c##i##0 = load ? ld16(ct + i * lt) : (v16){0}
+#define ACC1_FMA(i)                                                                                            \
+    do {                                                                                                       \
+        float ai = a[i];                                                                                       \
+        c##i##0 += splat(ai) * b0;                                                                             \
+    } while (0)
+#define ACC1_STORE(i) st16(ct + i * lt, c##i##0)
+INL void tile_8x16(const float *a, const float *b, int64_t kc, float *ct, int64_t lt, int load) {
+    ACC1_INIT(0); ACC1_INIT(1); ACC1_INIT(2); ACC1_INIT(3); ACC1_INIT(4); ACC1_INIT(5); ACC1_INIT(6); ACC1_INIT(7);
+    for (int64_t k = 0; k < kc; k++, a += MR, b += NR) {
+        v16 b0 = ld16(b);
+        ACC1_FMA(0); ACC1_FMA(1); ACC1_FMA(2); ACC1_FMA(3); ACC1_FMA(4); ACC1_FMA(5); ACC1_FMA(6); ACC1_FMA(7);
+    }
+    ACC1_STORE(0); ACC1_STORE(1); ACC1_STORE(2); ACC1_STORE(3); ACC1_STORE(4); ACC1_STORE(5); ACC1_STORE(6);
+    ACC1_STORE(7);
+}
+#define ACC2_INIT(i)                                                                                           \
+    v16 c##i##0 = load ? ld16(ct + i * lt) : (v16){0}, c##i##1 = load ? ld16(ct + i * lt + 16) : (v16){0}
+#define ACC2_FMA(i)                                                                                            \
+    do {                                                                                                       \
+        float ai = a[i];                                                                                       \
+        v16 av = splat(ai);                                                                                    \
+        c##i##0 += av * b0, c##i##1 += av * b1;                                                                \
+    } while (0)
+#define ACC2_STORE(i) st16(ct + i * lt, c##i##0), st16(ct + i * lt + 16, c##i##1)
+INL void tile_8x32(const float *a, const float *b, int64_t kc, float *ct, int64_t lt, int load) {
+    ACC2_INIT(0); ACC2_INIT(1); ACC2_INIT(2); ACC2_INIT(3); ACC2_INIT(4); ACC2_INIT(5); ACC2_INIT(6); ACC2_INIT(7);
+    for (int64_t k = 0; k < kc; k++, a += MR, b += NR) {
+        v16 b0 = ld16(b), b1 = ld16(b + 16);
+        ACC2_FMA(0); ACC2_FMA(1); ACC2_FMA(2); ACC2_FMA(3); ACC2_FMA(4); ACC2_FMA(5); ACC2_FMA(6); ACC2_FMA(7);
+    }
+    ACC2_STORE(0); ACC2_STORE(1); ACC2_STORE(2); ACC2_STORE(3); ACC2_STORE(4); ACC2_STORE(5); ACC2_STORE(6);
+    ACC2_STORE(7);
+}
+
 /* The same tile as six passes of 4 rows x 16 columns, for 16-register ISAs (a v16 is two
  * AVX2 registers: 8 accumulators). */
 INL void tile_8x48_narrow(const float *pa, const float *pb, int64_t kc, float *ct, int64_t lt, int load) {
@@ -217,6 +254,8 @@ INL void ukernel(int narrow, const float *pa, const float *pb, int64_t kc, float
     if (!whole && load)
         for (int64_t i = 0; i < mr; i++) memcpy(tmp + i * NR, c + i * ldc, sizeof(float) * (size_t)nr);
     if (narrow) tile_8x48_narrow(pa, pb, kc, ct, lt, load);
+    else if (nr <= 16) tile_8x16(pa, pb, kc, ct, lt, load);
+    else if (nr <= 32) tile_8x32(pa, pb, kc, ct, lt, load);
     else tile_8x48(pa, pb, kc, ct, lt, load);
     if (!whole)
         for (int64_t i = 0; i < mr; i++) memcpy(c + i * ldc, tmp + i * NR, sizeof(float) * (size_t)nr);

@@ -55,6 +55,8 @@ typedef struct trainer {
     acts shared; /* the activations of layers below the LoRA ones: not kept */
     int lora_off, pref; /* lora_off: the frozen base alone (dpo's reference); pref: two activation slots */
     float *xf2, *hf2, *rstdf2, *dh2, *ce; /* the second slot's final-norm activations; per-row ce */
+    float *prefix, *prefix2; /* dpo: each sequence's input to the lowest LoRA layer, from the reference's pass */
+    int dpo;
     float *x, *tmp, *xf, *hf, *rstdf, *dx, *dtmp, *dmm, *dg, *du, *dq, *dk, *dv, *dql, *dkl, *da, *dh, *xent_scratch,
         *lin_scratch, *attn_scratch, *weight;
     int32_t *targets;
@@ -223,10 +225,12 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         !(t->ce = falloc(t, (size_t)T)) ||
         (t->pref && (!(t->xf2 = falloc(t, (size_t)(T * D))) || !(t->hf2 = falloc(t, (size_t)(T * D))) ||
                      !(t->rstdf2 = falloc(t, (size_t)T)) || !(t->dh2 = falloc(t, (size_t)(T * D))))) ||
-        !(t->lin_scratch = falloc(t, (size_t)(T * t->r))) ||
-        !(t->attn_scratch = falloc(t, (size_t)(t->Hq * T * T))) ||
+        (t->dpo && t->first_lora > 0 &&
+         (!(t->prefix = falloc(t, (size_t)(T * D))) || !(t->prefix2 = falloc(t, (size_t)(T * D))))) ||
+        !(t->lin_scratch = falloc(t, (size_t)(T * t->r))) || !(t->attn_scratch = falloc(t, (size_t)(t->Hq * T * T))) ||
         /* a chunk holds at most T rows: dry, what of the scratch is ever written */
-        !(t->xent_scratch = falloc(t, (size_t)(t->dry && T < TR_XENT_ROWS ? T : TR_XENT_ROWS) * (size_t)(t->V + 2 * D))) ||
+        !(t->xent_scratch = falloc(t, (size_t)(t->dry && T < TR_XENT_ROWS ? T : TR_XENT_ROWS) *
+                                          (size_t)TR_XENT_ROW_FLOATS(t->V, D))) ||
         (t->part = PART_OPTIMIZER, !(t->adam_m = falloc(t, t->n_params))) || !(t->adam_v = falloc(t, t->n_params)))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (t->dry) t->dry_bytes[PART_BUFFERS] += resident_of((size_t)T * sizeof(int32_t));
@@ -291,12 +295,18 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
 }
 
 /* Forward of one sequence of T tokens (ids) and the loss of its targets (weight[i] each);
- * returns sum weight[i] * ce_i and leaves the gradient of that sum wrt the final normed
- * hidden state in t->dh. */
-static double forward(trainer *t, const int32_t *ids, int64_t T) {
+ * returns sum weight[i] * ce_i and, with grad, leaves the gradient of that sum wrt the
+ * final normed hidden state in t->dh. The layers below the LoRA ones are the same with the
+ * adapter on or off: keep (T x D floats, or NULL) gets the input of the lowest LoRA layer,
+ * and from (NULL: run them) gives it instead of running them. */
+static double forward(trainer *t, const int32_t *ids, int64_t T, int grad, float *keep, const float *from) {
     int64_t D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
-    for (int64_t i = 0; i < T; i++) op_weight_dequant_row(&t->m->embed, ids[i], t->x + i * D);
-    for (int l = 0; l < t->L; l++) {
+    if (from)
+        memcpy(t->x, from, sizeof(float) * (size_t)(T * D));
+    else
+        for (int64_t i = 0; i < T; i++) op_weight_dequant_row(&t->m->embed, ids[i], t->x + i * D);
+    for (int l = from ? t->first_lora : 0; l < t->L; l++) {
+        if (keep && l == t->first_lora) memcpy(keep, t->x, sizeof(float) * (size_t)(T * D));
         tlayer *y = &t->layers[l];
         acts *s = y->has_lora ? &y->s : &t->shared;
         const tr_lora *lo = y->has_lora && !t->lora_off ? y->lora : NULL;
@@ -326,7 +336,8 @@ static double forward(trainer *t, const int32_t *ids, int64_t T) {
     }
     memcpy(t->xf, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->xf, T, D, t->final_norm, t->eps, t->hf, t->rstdf);
-    return tr_xent(t->tp, t->hf, T, D, t->lm_head, t->V, t->targets, t->weight, t->dh, t->ce, t->xent_scratch);
+    return tr_xent(t->tp, t->hf, T, D, t->lm_head, t->V, t->targets, t->weight, grad ? t->dh : NULL, t->ce,
+                   t->xent_scratch);
 }
 
 /* Backward from t->dh down to the lowest LoRA layer, adding to every LoRA gradient. */
@@ -398,7 +409,7 @@ static double run_batch(trainer *t, const tr_dataset *d, const int *idx, int bs,
             t->targets[i] = i + 1 < n ? e->ids[i + 1] : 0;
             t->weight[i] = i + 1 >= e->offset && total ? 1.0f / (float)total : 0.0f;
         }
-        loss += forward(t, e->ids, T);
+        loss += forward(t, e->ids, T, train, NULL, NULL);
         if (train) backward(t, T);
     }
     *ntoks = total;
@@ -424,13 +435,14 @@ static void swap_slot(trainer *t) {
 }
 
 /* Forward of ids[0..n) with the response's target rows (targets at offset..n-1), or every
- * row when all_rows, counted: dh then holds each counted row's own gradient (0 for the
- * others); *resp: the cross-entropy summed over the response's rows, *all: over every
- * counted row. */
-static void seq_forward(trainer *t, const int32_t *ids, int n, int offset, int all_rows, double *resp, double *all) {
+ * row when all_rows, counted: with grad, dh then holds each counted row's own gradient (0
+ * for the others); *resp: the cross-entropy summed over the response's rows, *all: over
+ * every counted row. keep, from: as forward's. */
+static void seq_forward(trainer *t, const int32_t *ids, int n, int offset, int all_rows, int grad, float *keep,
+                        const float *from, double *resp, double *all) {
     int T = n - 1;
     for (int i = 0; i < T; i++) t->targets[i] = ids[i + 1], t->weight[i] = all_rows || i + 1 >= offset ? 1.0f : 0.0f;
-    forward(t, ids, T);
+    forward(t, ids, T, grad, keep, from);
     *resp = *all = 0;
     for (int i = 0; i < T; i++) {
         *all += t->ce[i];
@@ -471,16 +483,20 @@ static void pref_batch(trainer *t, tr_dataset *d, const int *idx, int bs, int ma
         tr_example *e = &d->ex[idx[b]];
         int nc = e->n < max_seq ? e->n : max_seq, nr = e->n2 < max_seq ? e->n2 : max_seq, off = e->offset;
         double rc, rr, all_c, all_r;
+        /* the reference's pass (no gradient) keeps what the layers below the LoRA ones give
+         * each sequence, and the adapter's passes start from it */
+        float *pre_c = NULL, *pre_r = NULL;
         if (!orpo && !e->has_ref) {
+            pre_c = t->first_lora > 0 ? t->prefix : NULL, pre_r = t->first_lora > 0 ? t->prefix2 : NULL;
             t->lora_off = 1;
-            seq_forward(t, e->ids, nc, off, 0, &rc, &all_c);
-            seq_forward(t, e->ids2, nr, off, 0, &rr, &all_r);
+            seq_forward(t, e->ids, nc, off, 0, 0, pre_c, NULL, &rc, &all_c);
+            seq_forward(t, e->ids2, nr, off, 0, 0, pre_r, NULL, &rr, &all_r);
             t->lora_off = 0;
             e->ref_chosen = -rc, e->ref_rejected = -rr, e->has_ref = 1;
         }
-        seq_forward(t, e->ids, nc, off, orpo, &rc, &all_c); /* orpo's NLL counts every chosen row */
+        seq_forward(t, e->ids, nc, off, orpo, train, NULL, pre_c, &rc, &all_c); /* orpo's NLL counts every chosen row */
         swap_slot(t);
-        seq_forward(t, e->ids2, nr, off, 0, &rr, &all_r);
+        seq_forward(t, e->ids2, nr, off, 0, train, NULL, pre_r, &rr, &all_r);
         ps->tokens += nc - 1 + nr - 1;
         double wc, wr, wc_all = 0, reward_c, reward_r;
         if (!orpo) {
@@ -814,7 +830,7 @@ static hearth_status train_setup(const char *model_name, hearth_train_options *o
     for (int i = 0; i < vd->n; i++) n = vd->ex[i].n > n ? vd->ex[i].n : n;
     for (int i = 0; pref && i < td->n; i++) n2 = td->ex[i].n2 > n2 ? td->ex[i].n2 : n2;
     for (int i = 0; pref && i < vd->n; i++) n2 = vd->ex[i].n2 > n2 ? vd->ex[i].n2 : n2;
-    t->pref = pref;
+    t->pref = pref, t->dpo = pref && !orpo;
     t->T1 = !o->data || n > o->max_seq_length ? o->max_seq_length : n;
     t->T2 = !o->data || n2 > o->max_seq_length ? o->max_seq_length : n2;
     n = n2 > n ? n2 : n;
@@ -944,12 +960,13 @@ static size_t gemm_workspace_bytes(const trainer *t) {
     int64_t T = t->T, xr = T < TR_XENT_ROWS ? T : TR_XENT_ROWS, th = t->threads;
     /* the vocabulary only meets the chunk's rows (above), never T */
     int64_t dims[] = {t->D, (int64_t)t->Hq * t->hd, (int64_t)t->Hkv * t->hd, t->F, t->r};
-    size_t most = tr_gemm_workspace_floats(t->Hq, T, T, (int)th);
-    size_t c[] = {tr_gemm_workspace_floats(t->Hq, T, t->hd, (int)th), tr_gemm_workspace_floats(1, xr, t->D, (int)th),
-                  tr_gemm_workspace_floats(1, xr, t->V, (int)th)};
+    size_t most = tr_gemm_workspace_floats(t->Hq, T, T, (int)th, TR_GEMM_K_LE_M);
+    size_t c[] = {tr_gemm_workspace_floats(t->Hq, T, t->hd, (int)th, TR_GEMM_CAUSAL),
+                  tr_gemm_workspace_floats(1, xr, t->D, (int)th, 0), tr_gemm_workspace_floats(1, xr, t->V, (int)th, 0)};
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) most = c[i] > most ? c[i] : most;
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
-        size_t a = tr_gemm_workspace_floats(1, T, dims[i], (int)th), b = tr_gemm_workspace_floats(1, dims[i], T, (int)th);
+        size_t a = tr_gemm_workspace_floats(1, T, dims[i], (int)th, 0);
+        size_t b = tr_gemm_workspace_floats(1, dims[i], T, (int)th, 0);
         most = a > most ? a : most;
         most = b > most ? b : most;
     }

@@ -120,6 +120,11 @@ INL void pack_a_body(const gemm *g, int t) {
             for (int i = 0; i < MR; i++) dst[k * MR + i] = i < mr ? src[i][k] : 0.0f;
         return;
     }
+    if (g->sam == 1 && mr == MR) { /* column-major A (x^T, P^T): a tile's MR rows at one k are adjacent */
+        const float *src = g->a + m0;
+        for (int64_t k = kb; k < ke; k++) memcpy(dst + k * MR, src + k * g->sak, sizeof(float) * MR);
+        return;
+    }
     for (int64_t k = kb; k < ke; k++)
         for (int i = 0; i < MR; i++) dst[k * MR + i] = i < mr ? g->a[(m0 + i) * g->sam + k * g->sak] : 0.0f;
 }
@@ -183,6 +188,43 @@ INL void tile_8x48(const float *a, const float *b, int64_t kc, float *ct, int64_
     ACC_STORE(0); ACC_STORE(1); ACC_STORE(2); ACC_STORE(3); ACC_STORE(4); ACC_STORE(5); ACC_STORE(6); ACC_STORE(7);
 }
 
+/* The last panel of a width that 48 does not divide (attention's head_dim 64, a sequence's
+ * T): 8 x 16 and 8 x 32 tiles, so the columns past N cost no multiply-adds. */
+#define ACC1_INIT(i) v16 c##i##0 = load ? ld16(ct + i * lt) : (v16){0}
+#define ACC1_FMA(i)                                                                                            \
+    do {                                                                                                       \
+        float ai = a[i];                                                                                       \
+        c##i##0 += splat(ai) * b0;                                                                             \
+    } while (0)
+#define ACC1_STORE(i) st16(ct + i * lt, c##i##0)
+INL void tile_8x16(const float *a, const float *b, int64_t kc, float *ct, int64_t lt, int load) {
+    ACC1_INIT(0); ACC1_INIT(1); ACC1_INIT(2); ACC1_INIT(3); ACC1_INIT(4); ACC1_INIT(5); ACC1_INIT(6); ACC1_INIT(7);
+    for (int64_t k = 0; k < kc; k++, a += MR, b += NR) {
+        v16 b0 = ld16(b);
+        ACC1_FMA(0); ACC1_FMA(1); ACC1_FMA(2); ACC1_FMA(3); ACC1_FMA(4); ACC1_FMA(5); ACC1_FMA(6); ACC1_FMA(7);
+    }
+    ACC1_STORE(0); ACC1_STORE(1); ACC1_STORE(2); ACC1_STORE(3); ACC1_STORE(4); ACC1_STORE(5); ACC1_STORE(6);
+    ACC1_STORE(7);
+}
+#define ACC2_INIT(i)                                                                                           \
+    v16 c##i##0 = load ? ld16(ct + i * lt) : (v16){0}, c##i##1 = load ? ld16(ct + i * lt + 16) : (v16){0}
+#define ACC2_FMA(i)                                                                                            \
+    do {                                                                                                       \
+        float ai = a[i];                                                                                       \
+        v16 av = splat(ai);                                                                                    \
+        c##i##0 += av * b0, c##i##1 += av * b1;                                                                \
+    } while (0)
+#define ACC2_STORE(i) st16(ct + i * lt, c##i##0), st16(ct + i * lt + 16, c##i##1)
+INL void tile_8x32(const float *a, const float *b, int64_t kc, float *ct, int64_t lt, int load) {
+    ACC2_INIT(0); ACC2_INIT(1); ACC2_INIT(2); ACC2_INIT(3); ACC2_INIT(4); ACC2_INIT(5); ACC2_INIT(6); ACC2_INIT(7);
+    for (int64_t k = 0; k < kc; k++, a += MR, b += NR) {
+        v16 b0 = ld16(b), b1 = ld16(b + 16);
+        ACC2_FMA(0); ACC2_FMA(1); ACC2_FMA(2); ACC2_FMA(3); ACC2_FMA(4); ACC2_FMA(5); ACC2_FMA(6); ACC2_FMA(7);
+    }
+    ACC2_STORE(0); ACC2_STORE(1); ACC2_STORE(2); ACC2_STORE(3); ACC2_STORE(4); ACC2_STORE(5); ACC2_STORE(6);
+    ACC2_STORE(7);
+}
+
 /* The same tile as six passes of 4 rows x 16 columns, for 16-register ISAs (a v16 is two
  * AVX2 registers: 8 accumulators). */
 INL void tile_8x48_narrow(const float *pa, const float *pb, int64_t kc, float *ct, int64_t lt, int load) {
@@ -212,6 +254,8 @@ INL void ukernel(int narrow, const float *pa, const float *pb, int64_t kc, float
     if (!whole && load)
         for (int64_t i = 0; i < mr; i++) memcpy(tmp + i * NR, c + i * ldc, sizeof(float) * (size_t)nr);
     if (narrow) tile_8x48_narrow(pa, pb, kc, ct, lt, load);
+    else if (nr <= 16) tile_8x16(pa, pb, kc, ct, lt, load);
+    else if (nr <= 32) tile_8x32(pa, pb, kc, ct, lt, load);
     else tile_8x48(pa, pb, kc, ct, lt, load);
     if (!whole)
         for (int64_t i = 0; i < mr; i++) memcpy(c + i * ldc, tmp + i * NR, sizeof(float) * (size_t)nr);
@@ -280,7 +324,20 @@ ISA_TASKS(avx512, __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"
 ISA_TASKS(avx2, __attribute__((target("avx2,fma"))), 1)
 ISA_TASKS(base, , 1)
 
-size_t tr_gemm_workspace_floats(int batch, int64_t M, int64_t K, int threads) {
+/* Rows of K packed at once: a product with a long K (the LM head's input gradient, K = the
+ * vocabulary) runs as slabs of K added in turn, so the packed A that every output panel's
+ * task re-reads (about 4 MiB of it) is served from cache instead of memory. A multiple of
+ * KC: the sums are the same, in the same order, as one pass. */
+#define SLAB_FLOATS ((int64_t)1 << 20)
+static int64_t slab_k(int64_t M, int64_t K, int flags) {
+    if (flags & (TR_GEMM_CAUSAL | TR_GEMM_K_LE_M | TR_GEMM_K_GE_M)) return K; /* k ranges are per row */
+    int64_t rows = (M + MR - 1) / MR * MR, s = SLAB_FLOATS / rows / KC * KC;
+    s = s > KC ? s : KC;
+    return s < K ? s : K;
+}
+
+size_t tr_gemm_workspace_floats(int batch, int64_t M, int64_t K, int threads, int flags) {
+    K = slab_k(M, K, flags);
     size_t ap_bs = ((size_t)((M + MR - 1) / MR) * MR * (size_t)K + 15) & ~(size_t)15;
     return ap_bs * (size_t)batch + (size_t)(threads > 0 ? threads : 1) * KC * NR;
 }
@@ -320,7 +377,28 @@ void tr_gemm_batch(threadpool *tp, int batch, int64_t M, int64_t N, int64_t K, c
                    int64_t sak, int64_t a_bs, const float *b, int64_t sbk, int64_t sbn, int64_t b_bs, int b_div,
                    float *c, int64_t ldc, int64_t c_bs, int flags) {
     if (M <= 0 || N <= 0 || batch <= 0) return;
+    int64_t ks = slab_k(M, K, flags);
+    for (int64_t k0 = 0; ks < K && k0 < K; k0 += ks) /* each slab a product of its own, added to C */
+        tr_gemm_batch(tp, batch, M, N, K - k0 < ks ? K - k0 : ks, a + k0 * sak, sam, sak, a_bs, b + k0 * sbk, sbk, sbn,
+                      b_bs, b_div, c, ldc, c_bs, k0 ? flags | TR_GEMM_ACC : flags);
+    if (ks < K) return;
     int threads = tp_threads(tp);
+    if (batch == 1 && N <= NR / 3 && M >= NR && K >= NR &&
+        !(flags & (TR_GEMM_CAUSAL | TR_GEMM_K_LE_M | TR_GEMM_K_GE_M))) {
+        /* A few columns (LoRA's rank-wide products) would fill a sixth of each register tile:
+         * C^T = B^T A^T fills them, into scratch past the product's own workspace (less than
+         * tr_gemm_workspace_floats(1, M, K) promises, as K >= NR), then added to C. */
+        size_t ws = tr_gemm_workspace_floats(1, N, K, threads, 0);
+        float *buf = get_workspace(ws + (size_t)(M * N));
+        if (buf) {
+            float *ct = buf + ws;
+            tr_gemm_batch(tp, 1, N, M, K, b, sbn, sbk, 0, a, sak, sam, 0, 1, ct, M, 0, 0);
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t n = 0; n < N; n++)
+                    c[m * ldc + n] = (flags & TR_GEMM_ACC ? c[m * ldc + n] : 0.0f) + ct[n * M + m];
+            return;
+        }
+    }
     gemm g = {.M = M, .N = N, .K = K, .a = a, .sam = sam, .sak = sak, .b = b, .sbk = sbk, .sbn = sbn, .c = c,
               .ldc = ldc, .flags = flags, .a_bs = a_bs, .b_bs = b_bs, .c_bs = c_bs, .b_div = b_div > 0 ? b_div : 1};
     cpu_level lv = cpu_level_active();
@@ -335,7 +413,7 @@ void tr_gemm_batch(threadpool *tp, int batch, int64_t M, int64_t N, int64_t K, c
     g.mblocks = (int)((g.mtiles + g.mb - 1) / g.mb);
     g.ap_bs = ((int64_t)g.mtiles * MR * K + 15) & ~(int64_t)15;
     size_t na = (size_t)g.ap_bs * (size_t)batch;
-    float *buf = get_workspace(tr_gemm_workspace_floats(batch, M, K, threads));
+    float *buf = get_workspace(tr_gemm_workspace_floats(batch, M, K, threads, flags));
     if (!buf) return gemm_plain(&g, batch);
     g.ap = buf, g.bp = buf + na;
     /* A pool round costs tens of microseconds more than it saves on a small product, and far

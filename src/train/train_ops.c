@@ -149,19 +149,27 @@ INL v16 vexp(v16 x) {
     return p * (v16)((n + 127) << 23);
 }
 
-/* y[i] = exp(mul * x[i] - sub), returning their sum (double over 16-wide float partial
- * sums). y may be x. */
+INL float hsum16(v16 v) {
+    return ((v[0] + v[8]) + (v[4] + v[12])) + ((v[2] + v[10]) + (v[6] + v[14])) +
+           (((v[1] + v[9]) + (v[5] + v[13])) + ((v[3] + v[11]) + (v[7] + v[15])));
+}
+
+/* y[i] = exp(mul * x[i] - sub), returning their sum: 16 float lanes over runs of 256
+ * values, each run's total added in double (a horizontal sum per vector would cost more
+ * than the exp). y may be x. */
 INL double exp_sum_body(const float *x, int64_t n, float mul, float sub, float *y) {
     double s = 0;
     int64_t i = 0;
+    v16 acc = {0};
     for (; i + 16 <= n; i += 16) {
         v16 v;
         memcpy(&v, x + i, sizeof v);
         v = vexp(v * mul - sub);
         memcpy(y + i, &v, sizeof v);
-        s += ((v[0] + v[8]) + (v[4] + v[12])) + ((v[2] + v[10]) + (v[6] + v[14])) +
-             (((v[1] + v[9]) + (v[5] + v[13])) + ((v[3] + v[11]) + (v[7] + v[15])));
+        acc += v;
+        if ((i & 255) == 240) s += hsum16(acc), acc = (v16){0};
     }
+    s += hsum16(acc);
     if (i < n) { /* the tail through a zero-padded vector */
         v16 v = {0};
         memcpy(&v, x + i, sizeof(float) * (size_t)(n - i));
@@ -264,14 +272,37 @@ static void softmax_row(void *vc, int64_t r) {
     memset(c->s + r * c->T + i + 1, 0, sizeof(float) * (size_t)(c->T - i - 1));
 }
 
+/* r[0..n) = scale p (r - sum_j p_j r_j): the softmax's backward over one row, in 16-wide
+ * partial sums (the tail through zero-padded vectors: zeros add nothing). */
+INL void dsoftmax_body(const float *p, float *r, int64_t n, float scale) {
+    v16 acc = {0};
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        v16 a, b;
+        memcpy(&a, p + j, sizeof a), memcpy(&b, r + j, sizeof b);
+        acc += a * b;
+    }
+    v16 a = {0}, b = {0};
+    memcpy(&a, p + j, sizeof(float) * (size_t)(n - j)), memcpy(&b, r + j, sizeof(float) * (size_t)(n - j));
+    acc += a * b;
+    float dot = hsum16(acc);
+    for (j = 0; j + 16 <= n; j += 16) {
+        memcpy(&a, p + j, sizeof a), memcpy(&b, r + j, sizeof b);
+        b = scale * a * (b - dot);
+        memcpy(r + j, &b, sizeof b);
+    }
+    for (; j < n; j++) r[j] = scale * p[j] * (r[j] - dot);
+}
+AVX512 static void dsoftmax_avx512(const float *p, float *r, int64_t n, float scale) { dsoftmax_body(p, r, n, scale); }
+static void dsoftmax_base(const float *p, float *r, int64_t n, float scale) { dsoftmax_body(p, r, n, scale); }
+
 /* row r of dP becomes dS = scale P (dP - sum_j P dP) (the masked tail zero) */
 static void dsoftmax_row(void *vc, int64_t row) {
     const attn_rows *c = vc;
     int64_t i = row % c->T;
     const float *pr = c->p + row * c->T;
-    float *r = c->s + row * c->T, dot = 0;
-    for (int64_t j = 0; j <= i; j++) dot += pr[j] * r[j];
-    for (int64_t j = 0; j <= i; j++) r[j] = c->scale * pr[j] * (r[j] - dot);
+    float *r = c->s + row * c->T;
+    (have_avx512() ? dsoftmax_avx512 : dsoftmax_base)(pr, r, i + 1, c->scale);
     memset(r + i + 1, 0, sizeof(float) * (size_t)(c->T - i - 1));
 }
 
@@ -349,7 +380,7 @@ void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float
 
 typedef struct xent_rows {
     float *z;
-    int64_t V;
+    int64_t V, ldz;
     const int64_t *rows;
     const int32_t *targets;
     const float *weight;
@@ -359,7 +390,7 @@ typedef struct xent_rows {
 /* logits row r becomes weight (softmax - onehot(target)); ce[r] its cross-entropy */
 static void xent_row(void *vc, int64_t r) {
     const xent_rows *c = vc;
-    float *zr = c->z + r * c->V, wt = c->weight[c->rows[r]];
+    float *zr = c->z + r * c->ldz, wt = c->weight[c->rows[r]];
     int32_t t = c->targets[c->rows[r]];
     float zt = zr[t];
     c->ce[r] = (float)softmax(zr, c->V, 1.0f, wt) - zt;
@@ -368,11 +399,12 @@ static void xent_row(void *vc, int64_t r) {
 
 double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
                const int32_t *targets, const float *weight, float *dh, float *ce, float *scratch) {
-    float *z = scratch, *hc = scratch + (int64_t)TR_XENT_ROWS * V, *dc = hc + (int64_t)TR_XENT_ROWS * D;
+    int64_t ldz = V + 16; /* TR_XENT_ROW_FLOATS */
+    float *z = scratch, *hc = scratch + (int64_t)TR_XENT_ROWS * ldz, *dc = hc + (int64_t)TR_XENT_ROWS * D;
     int64_t rows[TR_XENT_ROWS];
     float row_ce[TR_XENT_ROWS];
     double total = 0;
-    memset(dh, 0, sizeof(float) * (size_t)(M * D));
+    if (dh) memset(dh, 0, sizeof(float) * (size_t)(M * D));
     if (ce) memset(ce, 0, sizeof(float) * (size_t)M);
     for (int64_t m0 = 0; m0 < M;) {
         int n = 0; /* the next rows that count, gathered */
@@ -383,15 +415,16 @@ double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float
                 n++;
             }
         if (!n) break;
-        tr_matmul_nt(tp, hc, n, D, w, V, z, 0);
-        xent_rows c = {.z = z, .V = V, .rows = rows, .targets = targets, .weight = weight, .ce = row_ce};
+        tr_gemm(tp, n, V, D, hc, D, 1, w, 1, D, z, ldz, 0); /* z = hc w^T */
+        xent_rows c = {.z = z, .V = V, .ldz = ldz, .rows = rows, .targets = targets, .weight = weight, .ce = row_ce};
         for_rows(tp, n, xent_row, &c);
         for (int r = 0; r < n; r++) { /* in row order: the same sum whatever the threads */
             total += (double)weight[rows[r]] * row_ce[r];
             if (ce) ce[rows[r]] = row_ce[r];
         }
+        if (!dh) continue;
         memset(dc, 0, sizeof(float) * (size_t)(n * D));
-        tr_matmul_nn(tp, z, n, V, w, D, dc);
+        tr_gemm(tp, n, D, V, z, ldz, 1, w, D, 1, dc, D, TR_GEMM_ACC); /* dc += z w */
         for (int r = 0; r < n; r++) memcpy(dh + rows[r] * D, dc + (int64_t)r * D, sizeof(float) * (size_t)D);
     }
     return total;

@@ -21,9 +21,10 @@
 void tr_gemm_batch(threadpool *tp, int batch, int64_t M, int64_t N, int64_t K, const float *a, int64_t sam,
                    int64_t sak, int64_t a_bs, const float *b, int64_t sbk, int64_t sbn, int64_t b_bs, int b_div,
                    float *c, int64_t ldc, int64_t c_bs, int flags);
-/* The floats of packing workspace a product of batch x [M, K] A panels takes on `threads`
- * threads (the workspace keeps the largest so far): for hearth_train_fit. */
-size_t tr_gemm_workspace_floats(int batch, int64_t M, int64_t K, int threads);
+/* The floats of packing workspace a product of batch x [M, K] A panels with these flags
+ * takes on `threads` threads (the workspace keeps the largest so far; a long K is packed a
+ * slab at a time): for hearth_train_fit. */
+size_t tr_gemm_workspace_floats(int batch, int64_t M, int64_t K, int threads, int flags);
 /* Frees the calling thread's packing workspace (kept between tr_gemm calls). */
 void tr_gemm_release(void);
 #define TR_GEMM_ACC 1
@@ -80,10 +81,14 @@ void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float
                      float *du);
 
 /* Cross-entropy of the logits h[M,D] w[V,D]^T against targets: rows with weight[i] == 0
- * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten) to
- * its gradient; ce (NULL: not wanted) gets each row's ce_i (0 for skipped rows). scratch:
- * TR_XENT_ROWS * (V + 2 * D) floats. */
+ * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten; NULL:
+ * not wanted, half the work saved) to its gradient; ce (NULL: not wanted) gets each row's
+ * ce_i (0 for skipped rows). scratch:
+ * TR_XENT_ROWS * TR_XENT_ROW_FLOATS(V, D) floats. */
 #define TR_XENT_ROWS 256
+/* A chunk row of scratch: its logits (padded by 16 floats, so the rows of a register tile's
+ * stores are not a multiple of 4 KiB apart), its hidden state and its gradient. */
+#define TR_XENT_ROW_FLOATS(V, D) ((V) + 16 + 2 * (D))
 double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
                const int32_t *targets, const float *weight, float *dh, float *ce, float *scratch);
 #endif

@@ -1,10 +1,11 @@
 /* test_train_gemm.c: tr_gemm (src/train/train_gemm.c), the packed float32 product under
  * hearth train, against a double-precision triple loop: every layout of A and B (row- and
  * column-major, so the register transposes and their scalar edges run), ragged shapes
- * around the 8 x 48 tile, 16-wide transpose blocks and the 512-deep K blocks, accumulate,
+ * around the 8 x 48 tile, 16-wide transpose blocks and the 512-deep K blocks, a K packed in
+ * slabs, a product of a few columns (run transposed), accumulate,
  * the causal flags (outputs above the diagonal never compared, zeros promised where A is
- * zero), batches (each product as a call of its own), one and two threads, and each ISA tier HEARTH_CPU can select. Tolerance: 1e-5 of
- * the sum of |terms| of each output (float32 rounding of a sum of K products). */
+ * zero), batches (each product as a call of its own), one and two threads, and each ISA tier HEARTH_CPU can select.
+ * Tolerance: 1e-5 of the sum of |terms| of each output (float32 rounding of a sum of K products). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -54,12 +55,18 @@ static void check(threadpool *tp, int64_t M, int64_t N, int64_t K, int a_cols, i
 }
 
 static void run_shapes(threadpool *tp) {
-    static const int64_t shapes[][3] = {{1, 1, 1},    {7, 47, 5},    {8, 48, 16},  {9, 49, 17},  {16, 96, 33},
-                                        {33, 17, 64}, {64, 200, 31}, {100, 50, 520}, {24, 130, 1100}};
+    /* the last two: a few columns, run as C^T */
+    static const int64_t shapes[][3] = {{1, 1, 1},       {7, 47, 5},    {8, 48, 16},   {9, 49, 17},
+                                        {16, 96, 33},    {33, 17, 64},  {64, 200, 31}, {100, 50, 520},
+                                        {24, 130, 1100}, {520, 8, 600}, {100, 13, 64}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int lay = 0; lay < 4; lay++)
             for (int acc = 0; acc < 2; acc++)
                 check(tp, shapes[s][0], shapes[s][1], shapes[s][2], lay & 1, lay >> 1, acc ? TR_GEMM_ACC : 0);
+    /* a K long enough for this M to be packed in slabs (512 + 512 + 276: the cross-entropy's
+     * input gradient against the vocabulary is one of these) */
+    for (int lay = 0; lay < 4; lay += 3)
+        for (int acc = 0; acc < 2; acc++) check(tp, 1100, 20, 1300, lay & 1, lay >> 1, acc ? TR_GEMM_ACC : 0);
     /* attention's square products, as tr_attn_fwd / tr_attn_bwd call them */
     static const int64_t T[] = {1, 9, 50, 97, 530};
     for (size_t i = 0; i < sizeof T / sizeof T[0]; i++) {

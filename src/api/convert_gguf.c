@@ -11,6 +11,7 @@
 #include "base/threadpool.h"
 #include "io/ggml_quant.h"
 #include "io/gguf_write.h"
+#include "tok/tokenizer.h"
 #include <errno.h>
 #include <pthread.h>
 #include <math.h>
@@ -94,15 +95,43 @@ static void put_hparams(gguf_out *g, const hearth_model *m, const char *arch, te
  * name, up to the config's vocab_size, become "[PAD<id>]" of type unused, as llama.cpp
  * pads), token types (1 normal, 3 control for special added tokens, 4 user-defined for
  * the other added ones, 5 unused), merges as "a b". */
-static hearth_status put_vocab(gguf_out *g, const hearth_model *m, const char *pre, hearth_error *err) {
+/* tokenizer.ggml.pre for a tokenizer.json pre-tokenizer: ByteLevel with its regex ("gpt-2"),
+ * or a Sequence of one Split regex and a regex-free ByteLevel (the name whose split is that
+ * regex); NULL for anything else. The family's name alone is not enough: SmolLM2 is a llama
+ * whose tokenizer splits as GPT-2 does, and "llama-bpe" tokenized its text differently. */
+static const char *gguf_pre(const json_t *tj) {
+    const json_t *pt = json_object_get(tj, "pre_tokenizer");
+    const char *type = json_string_value(json_object_get(pt, "type"));
+    if (type && !strcmp(type, "ByteLevel")) {
+        const json_t *re = json_object_get(pt, "use_regex");
+        return !re || json_is_true(re) ? tok_gguf_pre_name(NULL) : NULL;
+    }
+    const json_t *kids = json_object_get(pt, "pretokenizers");
+    if (!type || strcmp(type, "Sequence") || json_array_size(kids) != 2) return NULL;
+    const json_t *split = json_array_get(kids, 0), *bl = json_array_get(kids, 1);
+    const char *st = json_string_value(json_object_get(split, "type")), *bt = json_string_value(json_object_get(bl, "type"));
+    const char *re = json_string_value(json_object_get(json_object_get(split, "pattern"), "Regex"));
+    if (!st || strcmp(st, "Split") || !bt || strcmp(bt, "ByteLevel") || !re ||
+        json_is_true(json_object_get(bl, "use_regex")))
+        return NULL;
+    return tok_gguf_pre_name(re);
+}
+
+static hearth_status put_vocab(gguf_out *g, const hearth_model *m, hearth_error *err) {
     char *path = path_join(m->entry.path, "tokenizer.json");
     json_error_t je;
     json_t *tj = path ? json_load_file(path, 0, &je) : NULL;
+    const char *pre = gguf_pre(tj);
     const json_t *model = json_object_get(tj, "model"), *vocab = json_object_get(model, "vocab");
     hearth_status st = HEARTH_OK;
     const char *kind = json_string_value(json_object_get(model, "type"));
     if (!json_is_object(vocab) || !kind || strcmp(kind, "BPE"))
         st = err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: GGUF output needs a BPE tokenizer.json", path ? path : "");
+    else if (!pre)
+        st = err_set(err, HEARTH_ERR_UNSUPPORTED,
+                     "%s: GGUF output: the pre-tokenizer is neither ByteLevel nor one split regex that a "
+                     "tokenizer.ggml.pre name gives (llama-bpe, qwen2, gpt-4o, tekken)",
+                     path);
     size_t n = m->sum.vocab_size > 0 ? (size_t)m->sum.vocab_size : 0;
     const char *key;
     const json_t *v;
@@ -183,13 +212,13 @@ static void put_specials(gguf_out *g, hearth_model *m) {
     if (m->chat_template) gguf_out_str(g, "tokenizer.chat_template", m->chat_template);
 }
 
-/* The families written, with llama.cpp's pre-tokenizer name and whether its converter
+/* The families written, and whether llama.cpp's converter
  * permutes q/k rows (HF's rotate-half RoPE layout to ggml's adjacent pairs). */
 typedef struct gguf_family {
-    const char *model_type, *pre;
+    const char *model_type;
     int permute_qk;
 } gguf_family;
-static const gguf_family families[] = {{"qwen3", "qwen2", 0}, {"llama", "llama-bpe", 1}};
+static const gguf_family families[] = {{"qwen3", 0}, {"llama", 1}};
 
 typedef struct gguf_item {
     const tensor_info *src; /* NULL: a generated tensor (data) */
@@ -412,7 +441,7 @@ hearth_status convert_to_gguf(hearth_model *m, const hearth_convert_options *o, 
     gguf_out g;
     gguf_out_init(&g);
     put_hparams(&g, m, arch, dt);
-    hearth_status st = put_vocab(&g, m, fam->pre, err);
+    hearth_status st = put_vocab(&g, m, err);
     if (!st) put_specials(&g, m);
     gguf_item *items = calloc(m->st.n_tensors + 1, sizeof *items);
     size_t n_items = 0;

@@ -38,6 +38,15 @@ static const char *split_for_pre(const char *pre) {
     return NULL;
 }
 
+const char *tok_gguf_pre_name(const char *split_regex) {
+    if (!split_regex) return "gpt-2"; /* plain ByteLevel with its own (GPT-2) regex */
+    if (!strcmp(split_regex, LLAMA3_SPLIT)) return "llama-bpe";
+    if (!strcmp(split_regex, QWEN2_SPLIT)) return "qwen2";
+    if (!strcmp(split_regex, GPT4O_SPLIT)) return "gpt-4o";
+    if (!strcmp(split_regex, TEKKEN_SPLIT)) return "tekken";
+    return NULL;
+}
+
 static int all_in_byte_alphabet(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         int l;

@@ -31,6 +31,10 @@ int32_t tok_bos_id(const tok_tokenizer *t); /* -1 if none */
 int32_t tok_eos_id(const tok_tokenizer *t); /* -1 if none */
 /* "bpe-byte-level", "bpe-sentencepiece", "wordpiece" */
 const char *tok_kind(const tok_tokenizer *t);
+/* The tokenizer.ggml.pre name under which tok_gguf splits text with split_regex (a
+ * tokenizer.json Split pattern followed by a regex-free ByteLevel), or "gpt-2" for NULL (a
+ * ByteLevel pre-tokenizer with its own regex); NULL when no name gives that split. */
+const char *tok_gguf_pre_name(const char *split_regex);
 /* The bytes one token stands for inside a longer text (a byte-level BPE symbol mapped
  * back to its byte, SentencePiece's U+2581 as a space, <0xNN> as that byte): what a
  * grammar matches a token against. Returns the length (at most cap bytes are written),

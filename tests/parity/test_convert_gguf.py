@@ -7,6 +7,7 @@ the Hugging Face tokenizer does. Then hearth serves the file: F32 output gives t
 of the source folder.
 """
 import json
+import shutil
 import os
 import sys
 
@@ -124,6 +125,35 @@ def test_gguf_serves_as_the_source(name, tmp_path):
     for text in ["Hello world, the cat<|im_end|> runs", "  spaces\tand\nnewlines 123 4567", "ünïcödé 日本語 🙂"]:
         assert json.loads(hearth("tokenize", out, text).stdout) == tok.encode(text).ids, text
     assert hearth("generate", out, "hi", "--max-tokens", "3").returncode == 0
+
+
+def test_gguf_pre_tokenizer_follows_the_tokenizer(tmp_path):
+    """tokenizer.ggml.pre names how the source's tokenizer.json splits text, not the family:
+    the tiny llama with SmolLM2's pre-tokenizer (ByteLevel with its own GPT-2 regex, as
+    transformers converts SmolLM2's GGUF) writes "gpt-2" (gguf reads it) and tokenizes as
+    the HF tokenizer of that folder, spaces before newlines included (the llama-3 split
+    "llama-bpe" gave other tokens there); a pre-tokenizer no GGUF name covers is refused."""
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer
+
+    src = tmp_path / "src"
+    shutil.copytree(os.path.join(TINY, "llama-f32"), src)
+    tj = json.load(open(src / "tokenizer.json"))
+    tj["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    json.dump(tj, open(src / "tokenizer.json", "w"))
+    out = str(tmp_path / "m.gguf")
+    hearth("convert", str(src), "--out", out, "--outtype", "f32")
+    f = GGUFReader(out).fields["tokenizer.ggml.pre"]
+    assert bytes(f.parts[f.data[0]]).decode() == "gpt-2"
+    tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    for text in ["a  \n\n b", "Nate: hey!  \n \nJoanna: 12345 ok", "  spaces\tand\nnewlines 123 4567"]:
+        assert json.loads(hearth("tokenize", out, text).stdout) == tok.encode(text).ids, text
+    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\s+|\\w+"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+    json.dump(tj, open(src / "tokenizer.json", "w"))
+    p = hearth("convert", str(src), "--out", str(tmp_path / "x.gguf"), "--outtype", "f32", check=False)
+    assert p.returncode == 1 and "pre-tokenizer" in p.stderr.decode() and not (tmp_path / "x.gguf").exists()
 
 
 def test_gguf_refuses_other_families(tmp_path):

@@ -1116,3 +1116,52 @@ size_t gmatcher_allowed_prefix(const gmatcher *m, const int32_t *tokens, size_t 
     while (k < n && gmatcher_accept(&probe, tokens[k])) k++;
     return k;
 }
+
+/* The longest token of t spelled by a prefix of b[0..n) (-1: none), its length in *len. */
+static int32_t trie_longest(const gv_trie *t, const uint8_t *b, size_t n, size_t *len) {
+    int32_t best = -1, i = n ? t->root[b[0]] : -1;
+    for (size_t d = 1; i >= 0; d++) {
+        if (t->tok_n[i] > 0) best = t->tok_sorted[t->tok_first[i]], *len = d;
+        if (d == n) break;
+        int32_t c = i + 1, next = -1; /* the children: the nodes one deeper, each subtree skipped */
+        while (c < t->end[i] && next < 0) {
+            if (t->byte[c] == b[d]) next = c;
+            c = t->end[c];
+        }
+        i = next;
+    }
+    return best;
+}
+
+size_t gmatcher_extend_forced(const gmatcher *m, int32_t *tokens, size_t n, size_t cap) {
+    gmatcher probe = *m;
+    probe.own = 0;
+    for (size_t k = 0; k < n; k++)
+        if (!gmatcher_accept(&probe, tokens[k])) return n;
+    if (probe.done || n >= cap) return n;
+    uint8_t forced[128];
+    size_t nb = 0;
+    gm_core *c = probe.c;
+    pthread_mutex_lock(&c->mu);
+    for (int32_t s = probe.cur; nb < sizeof forced && s >= 0 && !set_ends(c, s, 0);) {
+        int only = -1; /* the one byte that may follow; -2: more than one */
+        for (int b = 0; b < 256 && only != -2; b++) {
+            int32_t r = c->trans[(int64_t)s * 256 + b];
+            if (r == -2) r = advance(c, s, (unsigned)b); /* the first fills the state's whole row */
+            if (c->oom) only = -2;
+            else if (r >= 0) only = only == -1 ? b : -2;
+        }
+        if (only < 0) break; /* none, or a choice: nothing more is forced */
+        forced[nb++] = (uint8_t)only;
+        s = c->trans[(int64_t)s * 256 + only];
+    }
+    pthread_mutex_unlock(&c->mu);
+    const gv_trie *t = &c->v->all;
+    for (size_t at = 0; at < nb && n < cap;) {
+        size_t len = 0;
+        int32_t tok = trie_longest(t, forced + at, nb - at, &len);
+        if (tok < 0 || !gmatcher_accept(&probe, tok)) break;
+        tokens[n++] = tok, at += len;
+    }
+    return n;
+}

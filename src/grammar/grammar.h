@@ -52,6 +52,11 @@ int gmatcher_accept(gmatcher *m, int32_t token);
 /* How many of tokens[0..n), taken in order from m's state, the grammar allows (m itself
  * does not move): speculative proposals are cut at the first one it forbids. */
 size_t gmatcher_allowed_prefix(const gmatcher *m, const int32_t *tokens, size_t n);
+/* Speculative proposals from the grammar itself: from m's state after tokens[0..n) (which
+ * it must allow; else n comes back), the bytes the grammar forces (while exactly one byte
+ * may follow and the output cannot end) are spelled greedily by the longest tokens of the
+ * vocabulary and appended to tokens, up to cap in all. Returns the new count. m does not move. */
+size_t gmatcher_extend_forced(const gmatcher *m, int32_t *tokens, size_t n, size_t cap);
 /* Advances over raw bytes (a forced prefix, a test instance); 0 when they do not match. */
 int gmatcher_accept_bytes(gmatcher *m, const char *bytes, size_t n);
 /* The output so far is a complete sentence of the grammar. */

@@ -460,6 +460,41 @@ static void test_accept_refuses(void **state) {
     gvocab_free(v);
 }
 
+/* Proposals from the grammar: the bytes it forces, spelled by the longest tokens that fit
+ * inside them (checked by hand against the vocabulary above), after any tokens given. */
+static void test_extend_forced(void **state) {
+    (void)state;
+    gvocab *v = test_vocab();
+    grammar *g = compile_ok(GRAMMAR_REGEX, "ab");
+    gmatcher *m = gmatcher_new(g, v);
+    int32_t t[8];
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8), 1); /* "ab", not "abc": 'c' is not forced */
+    assert_int_equal(t[0], 257 + 6);
+    t[0] = 1 + 'a';
+    assert_int_equal(gmatcher_extend_forced(m, t, 1, 8), 2); /* after a given "a": "b" */
+    assert_int_equal(t[1], 1 + 'b');
+    assert_int_equal(gmatcher_extend_forced(m, t, 1, 1), 1); /* no room */
+    t[0] = 1 + 'b';
+    assert_int_equal(gmatcher_extend_forced(m, t, 1, 8), 1); /* a given token it forbids: as given */
+    assert_true(gmatcher_accept(m, 257 + 6));
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8), 0); /* complete: it may end, nothing forced */
+    gmatcher_free(m);
+    grammar_free(g);
+    /* an object with one required key: its letters and closing quote are forced, then a
+     * choice (a space or ':') */
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"abc\":{\"type\":\"string\"}},"
+                                        "\"required\":[\"abc\"],\"additionalProperties\":false}");
+    m = gmatcher_new(g, v);
+    assert_true(gmatcher_accept(m, 257 + 0)); /* {" */
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8), 2);
+    assert_int_equal(t[0], 257 + 7); /* abc */
+    assert_int_equal(t[1], 1 + '"');
+    assert_int_equal(gmatcher_allowed_prefix(m, t, 2), 2);
+    gmatcher_free(m);
+    grammar_free(g);
+    gvocab_free(v);
+}
+
 /* A forced tool call: marker pieces take the special token or its text, schema pieces
  * follow their own document ($ref inside one resolves there), and a special token is
  * refused everywhere else. */
@@ -616,6 +651,7 @@ int main(void) {
         cmocka_unit_test(test_unsatisfiable),
         cmocka_unit_test(test_masks),
         cmocka_unit_test(test_accept_refuses),
+        cmocka_unit_test(test_extend_forced),
         cmocka_unit_test(test_tool_call),
         cmocka_unit_test(test_tool_call_pieces),
     };

@@ -91,6 +91,11 @@ static int unit_base(const mixed_module *mod) {
     return j;
 }
 
+/* The bits candidate j stores above the unit's base: the knapsack's cost of choosing it. */
+static double extra_bits(const mixed_plan *p, const mixed_module *mod, int j) {
+    return unit_bits(mod, p->cand[j]) - unit_bits(mod, p->cand[unit_base(mod)]);
+}
+
 /* The units of the modules convert quantizes (2-D float ".weight" tensors whose rows are
  * whole groups of some candidate), in the order their first module comes. A candidate is
  * open to a unit when its group size divides the input width of every module in it
@@ -225,9 +230,7 @@ static double allocate(mixed_plan *p, double target_bpw) {
     unsigned long long g = 0;
     for (size_t i = 0; i < p->n; i++)
         for (int j = unit_base(&p->mods[i]) + 1; j < p->n_cand; j++)
-            if (has(&p->mods[i], j))
-                g = gcd_u64(g, (unsigned long long)(unit_bits(&p->mods[i], p->cand[j]) -
-                                                    unit_bits(&p->mods[i], p->cand[unit_base(&p->mods[i])])));
+            if (has(&p->mods[i], j)) g = gcd_u64(g, (unsigned long long)extra_bits(p, &p->mods[i], j));
     double unit = g ? (double)g : 1.0;
     if (spare / unit > MAX_STEPS) unit = spare / MAX_STEPS;
     size_t steps = spare > 0 ? (size_t)floor(spare / unit) : 0, W = steps + 1;
@@ -246,7 +249,7 @@ static double allocate(mixed_plan *p, double target_bpw) {
             double b = INFINITY;
             for (int j = 0; j < p->n_cand; j++) {
                 if ((i == p->fixed && j != p->fixed_cand) || !has(mod, j)) continue;
-                double extra = unit_bits(mod, p->cand[j]) - unit_bits(mod, p->cand[unit_base(mod)]);
+                double extra = extra_bits(p, mod, j);
                 double c = ceil(extra / unit - 1e-9); /* whole units */
                 if (c > (double)w) continue;
                 double v = best[(i & 1) * W + w - (size_t)c] + mod->kl[j];
@@ -263,7 +266,7 @@ static double allocate(mixed_plan *p, double target_bpw) {
     double used = base;
     for (size_t i = p->n, w = steps; i-- > 0;) { /* walk the choices back */
         int j = pick[i * W + w];
-        double extra = unit_bits(&p->mods[i], p->cand[j]) - unit_bits(&p->mods[i], p->cand[unit_base(&p->mods[i])]);
+        double extra = extra_bits(p, &p->mods[i], j);
         p->mods[i].choice = j;
         used += extra;
         w -= (size_t)ceil(extra / unit - 1e-9);

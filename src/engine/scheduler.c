@@ -738,7 +738,6 @@ static int propose(hearth_batch *b) {
          * fixed structure), spelled by the vocabulary's longest tokens */
         if (q->g.matcher) {
             if (k > 0) k = (int)gmatcher_allowed_prefix(q->g.matcher, q->draft, (size_t)k);
-            if (k < 0) k = 0;
             k = (int)gmatcher_extend_forced(q->g.matcher, q->draft, (size_t)k, (size_t)most);
         }
         if (k <= 0 || kv_reserve(kv, q->seq, q->len + 1 + k, &err)) continue;

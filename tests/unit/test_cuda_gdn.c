@@ -506,11 +506,15 @@ static int check_model(tensor_dtype dt, const gdn_shape *g, float tol, const gdn
 }
 
 /* f32 projections: only summation orders differ (1e-4 of the logits' scale is ~10x what
- * they give, far below a wrong index). Q8_0: the CPU at its scalar level (exact
- * dequantization, float activations) so that only one side rounds activations: the GPU's
- * decode GEMV takes int8 activations, whose error the recurrence carries to ~1e-2 of the
- * logits (seen on the H200); 2e-2 of the scale. The CPU's fast kernels round too, in their
- * own way (one prefill row of 13 then differed by 3e-2 on one seed). */
+ * they give, far below a wrong index); they hold the op's wiring (heads, slots, conv and
+ * state indices) to that. Q8_0 adds the quantized projections: the CPU at its scalar level
+ * (exact dequantization, float activations) against the GPU, whose decode GEMV rounds its
+ * activations to int8. This tiny model carries int8 rounding far: the CPU's own int8 tier
+ * (AVX-512) against its scalar tier on the same model and orders differs by up to 0.107 of
+ * (1 + the logits' scale), median ~0.02, over 6,000 random runs (measured on the CPU alone,
+ * 2026-12-06); the GPU gave 0.022 and 0.041 on the two seeds that failed the old 2e-2
+ * bound. 0.12 of the scale: above that noise, below what a wrong projection gives (O(1) of
+ * the scale). */
 static void test_gated_delta_op(void **state) {
     (void)state;
     const gdn_shape tiny = {2, 4, 16, 16, 4, 0}, wide = {2, 4, 64, 32, 4, 1};
@@ -520,7 +524,7 @@ static void test_gated_delta_op(void **state) {
         bad += check_model(DT_F32, &wide, 1e-4f, &orders[i]);
         cpu_level was = cpu_matmul_level();
         cpu_matmul_set_level(CPU_LEVEL_SCALAR);
-        bad += check_model(DT_Q8_0, &tiny, 2e-2f, &orders[i]);
+        bad += check_model(DT_Q8_0, &tiny, 0.12f, &orders[i]);
         cpu_matmul_set_level(was);
     }
     assert_int_equal(bad, 0);

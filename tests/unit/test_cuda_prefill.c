@@ -1,6 +1,6 @@
 /* test_cuda_prefill.c: the tensor-core prefill attention (cuda_attn_prefill.cu) against a
  * CPU double-precision softmax attention over the same paged pool, on random inputs:
- * odd chunk lengths, head_dim 16/32/64/128/256, GQA groups 1/4/8, sliding windows starting
+ * odd chunk lengths, head_dim 16/32/64/128/256/512, GQA groups 1/4/8, sliding windows starting
  * mid-block, chunks after earlier context, shuffled block tables with an unmapped block.
  * Outputs are NaN-poisoned first. Without a GPU it says loudly that nothing ran. */
 /* cmocka.h needs these first */
@@ -190,10 +190,10 @@ static void check_case(const pf_case *c, int via_dispatch) {
 
 static void test_prefill_attention(void **state) {
     (void)state;
-    static const int Ts[] = {9, 17, 64, 100, 333}, Ds[] = {16, 32, 64, 128, 256}, Gs[] = {1, 4, 8};
+    static const int Ts[] = {9, 17, 64, 100, 333}, Ds[] = {16, 32, 64, 128, 256, 512}, Gs[] = {1, 4, 8};
     static const int windows[] = {0, 37, 5}, p0s[] = {0, 23};
     for (size_t ti = 0; ti < 5; ti++)
-        for (size_t di = 0; di < 5; di++)
+        for (size_t di = 0; di < 6; di++)
             for (size_t gi = 0; gi < 3; gi++)
                 for (size_t wi = 0; wi < 3; wi++)
                     for (size_t pi = 0; pi < 2; pi++) {
@@ -212,6 +212,8 @@ static void test_prefill_attention(void **state) {
     check_case(&odd, 0);
     pf_case disp = {.T = 65, .D = 128, .G = 4, .HK = 2, .window = 0, .p0 = 7};
     check_case(&disp, 1);
+    pf_case wide = {.T = 129, .D = 512, .G = 4, .HK = 2, .window = 0, .p0 = 40}; /* Gemma 4's full layers */
+    check_case(&wide, 1);
     printf("test_cuda_prefill: %d cases checked\n", n_checked);
 }
 

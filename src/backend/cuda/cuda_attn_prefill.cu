@@ -1,9 +1,11 @@
 /* cuda_attn_prefill.cu: tensor-core flash attention for prefill chunks of one sequence
- * (single_slot): causal, sliding window, grouped KV heads, head_dim 16..256. A first launch
+ * (single_slot): causal, sliding window, grouped KV heads, head_dim 16..512. A first launch
  * copies the sequence's keys and values from the paged device pool (any pool format)
  * through the block table into a contiguous bf16 stage; the attention launch then streams
  * key tiles from it with cp.async, two tiles in flight. bf16 operands on mma.sync
- * m16n8k16 with f32 accumulation, online softmax in f32. Must not allocate or synchronize;
+ * m16n8k16 with f32 accumulation, online softmax in f32. Heads of 512 (the widest full-attention
+ * layers) split their output dims over two blocks, each scoring the whole head (an
+ * accumulator of 512 dims per row would not fit a thread's registers). Must not allocate or synchronize;
  * the f32 kernels in cuda_ops.cu stay the reference and the ragged path. */
 #include "backend/cuda/cuda_kv_access.cuh"
 #include <cuda_bf16.h>
@@ -133,10 +135,12 @@ __global__ void __launch_bounds__(256) attention_stage_kernel(cuda_attention_arg
     }
 }
 
-template <int D, int WARPS, int BN> struct fa_cfg {
-    static constexpr int BM = 16 * WARPS, LD = D + FA_PAD;
+/* DV: the output dims one block computes (D, or half of it: blockIdx.z picks the half). */
+template <int D, int DV, int WARPS, int BN> struct fa_cfg {
+    static constexpr int BM = 16 * WARPS, LD = D + FA_PAD, LDV = DV + FA_PAD;
+    static constexpr int STAGE = BN * (LD + LDV); /* bf16 per stage: a K tile, then its V tile's DV dims */
     /* Q tile, then two stages of (K tile, V tile), then two stages of row flags */
-    static constexpr size_t smem = ((size_t)BM * LD + 4 * (size_t)BN * LD) * 2 + 2 * BN;
+    static constexpr size_t smem = ((size_t)BM * LD + 2 * (size_t)STAGE) * 2 + 2 * BN;
 };
 
 /* One block per (KV head, tile of `tpt` consecutive tokens): tile row r is token
@@ -145,13 +149,14 @@ template <int D, int WARPS, int BN> struct fa_cfg {
  * as the mma fragments lay them out. The block walks key tiles of BN positions over the
  * union of its rows' ranges [max(0, pos - window + 1), pos], loading tile i + 1 from the
  * stage while it computes tile i; masked or unmapped keys score -inf. */
-template <int D, int WARPS, int BN>
+template <int D, int DV, int WARPS, int BN>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     attention_prefill_tc_kernel(cuda_attention_args a, fa_stage st, int tpt) {
-    typedef fa_cfg<D, WARPS, BN> C;
+    typedef fa_cfg<D, DV, WARPS, BN> C;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __nv_bfloat16 *sQ = (__nv_bfloat16 *)fa_smem, *sK0 = sQ + C::BM * C::LD;
-    uint8_t *sOk0 = (uint8_t *)(sK0 + 4 * BN * C::LD);
+    uint8_t *sOk0 = (uint8_t *)(sK0 + 2 * C::STAGE);
+    const int dv0 = (int)blockIdx.z * DV; /* this block's output dims [dv0, dv0 + DV) */
     const int G = a.n_heads / a.n_kv_heads, kvh = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, tq = lane % 4;
     const int tile = gridDim.y - 1 - blockIdx.y; /* the longest (last) tiles start first */
@@ -168,12 +173,15 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     /* key tile i (positions lo + BN i ..) into stage i % 2: K and V rows, 16 bytes a copy */
     auto load_tile = [&](int i) { /* addresses from the parameters: no registers held across tiles */
         int c0 = lo + i * BN, sb = i & 1;
-        __nv_bfloat16 *sK = sK0 + sb * 2 * BN * C::LD, *sV = sK + BN * C::LD;
+        __nv_bfloat16 *sK = sK0 + sb * C::STAGE, *sV = sK + BN * C::LD;
         size_t row0 = (size_t)blockIdx.x * st.rows + c0;
         for (int idx = threadIdx.x; idx < BN * (D / 8); idx += blockDim.x) {
             int j = idx / (D / 8), c = (idx % (D / 8)) * 8;
             cp_async16(sK + j * C::LD + c, st.k + (row0 + j) * D + c);
-            cp_async16(sV + j * C::LD + c, st.v + (row0 + j) * D + c);
+        }
+        for (int idx = threadIdx.x; idx < BN * (DV / 8); idx += blockDim.x) {
+            int j = idx / (DV / 8), c = (idx % (DV / 8)) * 8;
+            cp_async16(sV + j * C::LDV + c, st.v + (row0 + j) * D + dv0 + c);
         }
         if (threadIdx.x < BN / 16) cp_async16(sOk0 + sb * BN + 16 * threadIdx.x, st.ok + c0 + 16 * threadIdx.x);
     };
@@ -204,9 +212,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
     }
 
-    float o_acc[D / 8][4];
+    float o_acc[DV / 8][4];
 #pragma unroll
-    for (int n = 0; n < D / 8; n++) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.0f;
+    for (int n = 0; n < DV / 8; n++) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const float sl2 = a.scale * 1.4426950408889634f; /* scores in log2 units: exp2 below */
 
@@ -216,7 +224,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         cp_async_commit();
         cp_async_wait1(); /* tile it has landed (this thread's copies) */
         __syncthreads();  /* ... and every thread's; sQ is written (the first time) */
-        const __nv_bfloat16 *sK = sK0 + sb * 2 * BN * C::LD, *sV = sK + BN * C::LD;
+        const __nv_bfloat16 *sK = sK0 + sb * C::STAGE, *sV = sK + BN * C::LD;
         const uint8_t *sOk = sOk0 + sb * BN;
         if (!(c0 > whi || c0 + BN - 1 < wlo)) { /* else nothing of this warp's rows here */
             /* S = Q K^T for the warp's 16 rows by BN keys (K fragments by 32-bit shared loads:
@@ -265,7 +273,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                     l[e / 2] += s[n][e];
                 }
 #pragma unroll
-            for (int n = 0; n < D / 8; n++) {
+            for (int n = 0; n < DV / 8; n++) {
                 o_acc[n][0] *= corr[0];
                 o_acc[n][1] *= corr[0];
                 o_acc[n][2] *= corr[1];
@@ -278,9 +286,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                                   pack_bf16(s[2 * kj + 1][0], s[2 * kj + 1][1]),
                                   pack_bf16(s[2 * kj + 1][2], s[2 * kj + 1][3])};
                 const __nv_bfloat16 *vrow =
-                    sV + (kj * 16 + (lane % 8) + ((lane / 8) & 1) * 8) * C::LD + (lane / 16) * 8;
+                    sV + (kj * 16 + (lane % 8) + ((lane / 8) & 1) * 8) * C::LDV + (lane / 16) * 8;
 #pragma unroll
-                for (int n0 = 0; n0 < D; n0 += 16) {
+                for (int n0 = 0; n0 < DV; n0 += 16) {
                     uint32_t vb[4];
                     ldsm_x4_trans(vb, vrow + n0);
                     mma_bf16(o_acc[n0 / 8], pf, vb[0], vb[1]);
@@ -301,18 +309,19 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         int r = warp * 16 + g + 8 * i;
         if (r >= rows) continue;
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-        float *out = a.out + ((size_t)(t0 + r / G) * a.n_heads + kvh * G + r % G) * D + 2 * tq;
+        float *out = a.out + ((size_t)(t0 + r / G) * a.n_heads + kvh * G + r % G) * D + dv0 + 2 * tq;
 #pragma unroll
-        for (int n = 0; n < D / 8; n++)
+        for (int n = 0; n < DV / 8; n++)
             *(float2 *)(out + n * 8) = make_float2(o_acc[n][2 * i] * inv, o_acc[n][2 * i + 1] * inv);
     }
 }
 
-template <int D, int WARPS, int BN> static hearth_status launch_tc(const cuda_attention_args *a, hearth_error *err) {
-    typedef fa_cfg<D, WARPS, BN> C;
+template <int D, int DV, int WARPS, int BN>
+static hearth_status launch_tc(const cuda_attention_args *a, hearth_error *err) {
+    typedef fa_cfg<D, DV, WARPS, BN> C;
     static int raised; /* > 48 KB of dynamic shared memory needs an opt-in, once per variant */
     if (!raised) {
-        if (cuda_status(cudaFuncSetAttribute(attention_prefill_tc_kernel<D, WARPS, BN>,
+        if (cuda_status(cudaFuncSetAttribute(attention_prefill_tc_kernel<D, DV, WARPS, BN>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem),
                         "cudaFuncSetAttribute(attention_prefill_tc)", err))
             return HEARTH_ERR_IO;
@@ -323,14 +332,14 @@ template <int D, int WARPS, int BN> static hearth_status launch_tc(const cuda_at
     attention_stage_kernel<<<sgrid, 256, 0, cuda_stream()>>>(*a, *a->kv, st);
     if (cuda_launched("attention_stage", err)) return HEARTH_ERR_IO;
     int G = a->n_heads / a->n_kv_heads, tpt = C::BM / G;
-    dim3 grid((unsigned)a->n_kv_heads, (unsigned)((a->T + tpt - 1) / tpt));
-    attention_prefill_tc_kernel<D, WARPS, BN><<<grid, WARPS * 32, C::smem, cuda_stream()>>>(*a, st, tpt);
+    dim3 grid((unsigned)a->n_kv_heads, (unsigned)((a->T + tpt - 1) / tpt), (unsigned)(D / DV));
+    attention_prefill_tc_kernel<D, DV, WARPS, BN><<<grid, WARPS * 32, C::smem, cuda_stream()>>>(*a, st, tpt);
     return cuda_launched("attention_prefill_tc", err);
 }
 
 int cuda_attention_prefill_tc_fits(const cuda_attention_args *a) {
     int d = a->head_dim, G = a->n_kv_heads > 0 ? a->n_heads / a->n_kv_heads : 0;
-    return !a->exact_f32 && a->single_slot && (d == 16 || d == 32 || d == 64 || d == 128 || d == 256) &&
+    return !a->exact_f32 && a->single_slot && (d == 16 || d == 32 || d == 64 || d == 128 || d == 256 || d == 512) &&
            G >= 1 && G <= 64 && a->stage &&
            a->stage_bytes >= cuda_attention_stage_bytes(a->kv->max_blocks_per_slot, a->kv->n_kv_heads, d);
 }
@@ -341,13 +350,14 @@ hearth_status cuda_attention_prefill_tc(const cuda_attention_args *a, hearth_err
         return err_set(err, HEARTH_ERR_INVALID, "cuda_attention_prefill_tc: no stage of %zu bytes for the keys and values",
                        cuda_attention_stage_bytes(a->kv->max_blocks_per_slot, a->kv->n_kv_heads, a->head_dim));
     switch (a->head_dim) {
-    case 16: return launch_tc<16, 8, 64>(a, err); /* the tiny test models */
-    case 32: return launch_tc<32, 8, 64>(a, err);
-    case 64: return launch_tc<64, 8, 64>(a, err);
-    case 128: return launch_tc<128, 8, 64>(a, err);
-    case 256: return launch_tc<256, 4, 32>(a, err);
+    case 16: return launch_tc<16, 16, 8, 64>(a, err); /* the tiny test models */
+    case 32: return launch_tc<32, 32, 8, 64>(a, err);
+    case 64: return launch_tc<64, 64, 8, 64>(a, err);
+    case 128: return launch_tc<128, 128, 8, 64>(a, err);
+    case 256: return launch_tc<256, 256, 4, 32>(a, err);
+    case 512: return launch_tc<512, 256, 4, 32>(a, err); /* 167 KB of shared memory: one block per SM */
     default:
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_attention_prefill_tc: head_dim %d (16, 32, 64, 128 or 256)",
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_attention_prefill_tc: head_dim %d (16, 32, 64, 128, 256 or 512)",
                        a->head_dim);
     }
 }

@@ -430,21 +430,24 @@ int cuda_attention_writes_q8(const cuda_attention_args *a);
 /* Floats of split_scratch that let decode attention of up to max_T tokens use every split. */
 size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim);
 /* Bytes of the stage the tensor-core prefill attention copies a sequence's keys and values
- * into (bf16, rows of every position a slot can hold; 0 for a head_dim it has no kernel for). */
+ * into (bf16, rows of every position a slot can hold; 0 for a head_dim it has no kernel for).
+ * A pool whose layers differ needs the largest of its layers' stages. */
 size_t cuda_attention_stage_bytes(int max_blocks_per_slot, int n_kv_heads, int head_dim);
 /* Its rows per KV head (positions). */
 size_t cuda_attention_stage_rows(int max_blocks_per_slot);
 hearth_status cuda_attention(const cuda_attention_args *a, hearth_error *err);
 /* Prefill attention on the tensor cores (cuda_attn_prefill.cu): a single_slot chunk,
- * head_dim 16/32/64/128/256, up to 64 query heads per KV head; bf16 Q/K/V operands, f32
+ * head_dim 16/32/64/128/256/512, up to 64 query heads per KV head; bf16 Q/K/V operands, f32
  * accumulation and softmax. cuda_attention takes it for single_slot chunks of more than
  * 8 tokens whenever _fits says so. */
 int cuda_attention_prefill_tc_fits(const cuda_attention_args *a);
 hearth_status cuda_attention_prefill_tc(const cuda_attention_args *a, hearth_error *err);
 
-/* The widest head cuda_attention takes: head_dim > 256 goes to a simple kernel (one block
- * of 8 warps per query head and token over the token's own positions, f32 throughout, any T
- * and any mix of sequences, batch-invariant; no int8 output for o). */
+/* The widest head cuda_attention takes. head_dim > 256: prefill runs of more than 8 tokens of
+ * one sequence take the tensor-core kernel (512 only, not in exact or deterministic mode);
+ * everything else a simple kernel (one block of 8 warps per query head and token over the
+ * token's own positions, f32 throughout, any T and any mix of sequences, batch-invariant;
+ * no int8 output for o). */
 #define CUDA_ATT_WIDE_DMAX 512
 
 /* Ops of models whose layers differ (op_dims.varied_layers; cuda_varied.cu), each the CPU

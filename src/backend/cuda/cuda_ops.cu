@@ -827,6 +827,7 @@ static hearth_status attention_wide(const cuda_attention_args *a, hearth_error *
 
 /* T <= 8 tokens: the GQA-shared split-K kernel where it fits, else one block per (head, token). */
 static hearth_status launch_small(const cuda_attention_args *a, int whole_step, hearth_error *err) {
+    if (a->head_dim > ATT_DMAX) return attention_wide(a, err);
     if (decode_kernel_fits(a)) return launch_decode_attention(a, whole_step, err);
     dim3 grid((unsigned)a->n_heads, (unsigned)a->T);
     CUDA_KV_DISPATCH(a->kv->quant, KVQ,
@@ -888,7 +889,11 @@ hearth_status cuda_attention(const cuda_attention_args *args, hearth_error *err)
         a->layer < 0 || a->layer >= a->kv->n_layers)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_attention: heads %d/%d or layer %d do not fit the pool",
                        a->n_heads, a->n_kv_heads, a->layer);
-    if (a->head_dim > ATT_DMAX) return attention_wide(a, err); /* wider heads: the simple kernel, any T */
+    if (a->head_dim > ATT_DMAX) { /* wider heads: prefill runs on the tensor cores, else the simple kernel */
+        if (!a->batch_invariant && a->T > 8 && !a->single_slot && a->host_slot) return attention_ragged(a, err);
+        if (!a->batch_invariant && a->T > 8 && cuda_attention_prefill_tc_fits(a)) return cuda_attention_prefill_tc(a, err);
+        return attention_wide(a, err);
+    }
     if (a->batch_invariant) { /* the decode kernels only, at most 8 tokens per launch */
         for (int t0 = 0; t0 < a->T; t0 += 8) {
             cuda_attention_args c = *a;

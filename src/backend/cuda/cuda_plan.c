@@ -157,7 +157,8 @@ size_t cuda_attention_stage_rows(int max_blocks_per_slot) {
 }
 
 size_t cuda_attention_stage_bytes(int max_blocks_per_slot, int n_kv_heads, int head_dim) {
-    if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != 256) return 0;
+    if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != 256 && head_dim != 512)
+        return 0;
     size_t rows = cuda_attention_stage_rows(max_blocks_per_slot);
     return 2 * (size_t)n_kv_heads * rows * (size_t)head_dim * 2 + rows; /* bf16 K and V planes, a flag per row */
 }
@@ -276,7 +277,12 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     cuda_tally_add(t, p->att_split_floats * sizeof(float));
     /* the tensor-core prefill attention's staged keys and values (not in exact mode, where
      * prefill attention stays in f32) */
-    p->att_stage_bytes = p->gemm_exact ? 0 : cuda_attention_stage_bytes(kv->max_blocks_per_slot, c->n_kv_heads, c->head_dim);
+    p->att_stage_bytes = 0;
+    for (int l = 0; !p->gemm_exact && l < (kv->layer_heads ? kv->n_layers : 1); l++) { /* the widest layer's */
+        int heads = kv->layer_heads ? kv->layer_heads[l] : c->n_kv_heads, dim = kv->layer_heads ? kv->layer_dims[l] : c->head_dim;
+        size_t b = cuda_attention_stage_bytes(kv->max_blocks_per_slot, heads, dim);
+        if (b > p->att_stage_bytes) p->att_stage_bytes = b;
+    }
     if (p->att_stage_bytes) cuda_tally_add(t, p->att_stage_bytes);
     p->ids = (size_t)max_out;
     cuda_tally_add(t, p->ids * sizeof(int32_t));

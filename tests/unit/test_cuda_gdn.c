@@ -79,7 +79,7 @@ typedef struct gdn_shape {
 
 #define NS 4     /* slots of the pool (slot 3 is never used: its records must stay as they were) */
 #define LAYERS 2 /* state layers; the op runs layer 1 */
-#define MAX_T 16
+#define MAX_T 40 /* > 2 chunks of the kernels' 16 tokens */
 
 /* One step of T tokens on both sides; the CPU's pool (kv) and the device pool (dstate) hold
  * the same state before and are compared after. */
@@ -197,10 +197,14 @@ static void check_gdn(const gdn_shape *g) {
         for (int i = 0; i < 3; i++) dpos[i] = next_pos[dslot[i]]++;
         run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 3, dpos, dslot);
     }
-    /* a prefill chunk of one sequence alone (16 tokens, the multi-token run of one block) */
+    /* a prefill chunk of one sequence alone (40 tokens: the kernels' chunks of 16, 16 and 8) */
     int32_t cpos[MAX_T], cslot[MAX_T];
     for (int t = 0; t < MAX_T; t++) cpos[t] = next_pos[2]++, cslot[t] = 2;
     run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, MAX_T, cpos, cslot);
+    /* two long runs back to back (slot 0 continues with 21 tokens, slot 1 restarts at 0 with 17):
+     * chunks that end where a run ends and where the chunk is full */
+    for (int t = 0; t < 38; t++) cslot[t] = t < 21 ? 0 : 1, cpos[t] = t < 21 ? next_pos[0]++ : t - 21;
+    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 38, cpos, cslot);
     free(conv);
     cuda_free(dstate), cuda_free(dconv), cuda_free(dA), cuda_free(ddt), cuda_free(dnorm);
     kv_state_free(&kv);
@@ -214,6 +218,7 @@ static void test_gated_delta(void **state) {
         {4, 8, 64, 32, 4, 1},   /* llama.cpp's tiled value heads, v_dim < k_dim */
         {1, 2, 48, 40, 3, 0},   /* dims not a multiple of 32 (lanes past the end), a conv of 3 */
         {2, 2, 256, 256, 2, 1}, /* the widest heads the kernel takes */
+        {1, 2, 18, 10, 4, 0},   /* key rows not 16-byte aligned: 4-byte copies */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_gdn(&shapes[i]);
 }

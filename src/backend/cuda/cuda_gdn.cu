@@ -10,8 +10,7 @@
  * and 4; cuda_gdn_supported refuses more). */
 #define GDN_MAX_DIM 256
 #define GDN_MAX_CONV 8
-#define GDN_LANE_VALS (GDN_MAX_DIM / 32)
-/* Warps per block of the delta-rule and norm kernels: one value row (or one head) each. */
+/* Warps per block of the norm and decode delta kernels: one head (or row) each. */
 #define GDN_WARPS 4
 
 static __device__ __forceinline__ float gdn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -30,10 +29,30 @@ static __device__ __forceinline__ float *gdn_record(const cuda_gdn_args &a, int 
     return a.state + ((size_t)slot * a.n_layers + a.layer) * a.layer_floats;
 }
 
+/* Tokens walked in chunks of up to GDN_CH: a sequence's tokens are consecutive in the step
+ * (the scheduler's ragged steps) or not (then chunks of one). */
+#define GDN_CH 16
+
+/* The chunk of t's sequence that starts at u0: the longest run u0, u0 + 1, ... (at most
+ * GDN_CH) that run_next links one to the next; returns (its length, the token after it or
+ * -1 after the sequence's last). Every run_next load is independent (no pointer chase). */
+static __device__ __forceinline__ int2 gdn_chunk(const cuda_gdn_args &a, int u0) {
+    int2 r = make_int2(GDN_CH, -1);
+    int prev_ok = 1;
+#pragma unroll
+    for (int j = 0; j < GDN_CH; j++) {
+        int nx = u0 + j < a.T ? a.run_next[u0 + j] : -1;
+        if (prev_ok && nx != u0 + j + 1) r = make_int2(j + 1, nx), prev_ok = 0;
+        else if (prev_ok && j == GDN_CH - 1) r.y = nx;
+    }
+    return r;
+}
+
 /* Thread (channel c, token t) with run_first[t]: the causal conv of channel c over the
  * tokens of t's sequence in this step (t, run_next[t], ...), its kept inputs in registers
- * from the record, written back at the end; x = silu(conv) in place. A token at position 0
- * starts from zero inputs. */
+ * from the record, written back at the end; x = silu(conv) in place. A chunk's inputs are
+ * loaded together before its outputs are written. A token at position 0 starts from zero
+ * inputs. */
 __global__ void gdn_conv_kernel(cuda_gdn_args a, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (c >= C || !a.run_first[t]) return;
@@ -41,16 +60,27 @@ __global__ void gdn_conv_kernel(cuda_gdn_args a, int C) {
     float *rec = gdn_record(a, a.slot[t]), hist[GDN_MAX_CONV], w[GDN_MAX_CONV];
     for (int k = 0; k < K; k++) w[k] = a.conv[(size_t)c * K + k];
     for (int k = 0; k < K - 1; k++) hist[k] = rec[(size_t)k * C + c];
-    for (int u = t; u >= 0; u = a.run_next[u]) {
-        if (a.pos[u] == 0)
-            for (int k = 0; k < K - 1; k++) hist[k] = 0.0f;
-        float *x = a.qkv + (size_t)u * C;
-        float in = x[c], sum = 0.0f;
-        for (int k = 0; k < K - 1; k++) sum += w[k] * hist[k];
-        sum += w[K - 1] * in;
-        for (int k = 0; k + 1 < K - 1; k++) hist[k] = hist[k + 1];
-        if (K > 1) hist[K - 2] = in;
-        x[c] = sum * gdn_sigmoid(sum);
+    for (int u0 = t; u0 >= 0;) {
+        int2 ch = gdn_chunk(a, u0);
+        int len = ch.x;
+        float in[GDN_CH];
+        int fresh[GDN_CH];
+#pragma unroll
+        for (int j = 0; j < GDN_CH; j++)
+            if (j < len) in[j] = a.qkv[(size_t)(u0 + j) * C + c], fresh[j] = a.pos[u0 + j] == 0;
+#pragma unroll
+        for (int j = 0; j < GDN_CH; j++) {
+            if (j >= len) continue;
+            if (fresh[j])
+                for (int k = 0; k < K - 1; k++) hist[k] = 0.0f;
+            float sum = 0.0f;
+            for (int k = 0; k < K - 1; k++) sum += w[k] * hist[k];
+            sum += w[K - 1] * in[j];
+            for (int k = 0; k + 1 < K - 1; k++) hist[k] = hist[k + 1];
+            if (K > 1) hist[K - 2] = in[j];
+            a.qkv[(size_t)(u0 + j) * C + c] = sum * gdn_sigmoid(sum);
+        }
+        u0 = ch.y;
     }
     for (int k = 0; k < K - 1; k++) rec[(size_t)k * C + c] = hist[k];
 }
@@ -69,11 +99,42 @@ __global__ void gdn_l2norm_kernel(cuda_gdn_args a, int C) {
     for (int i = lane; i < n; i += 32) x[i] = factor * (x[i] * r);
 }
 
-/* One warp per (value head h, value row i, token t with run_first[t]): row i of head h's
- * state in registers (lane holds elements lane + 32 j), walked over t's sequence's tokens of
- * this step as cpu_gdn.c's row_update: S_i *= g; delta = (v_i - S_i . k) beta; S_i += k delta;
- * y_i = S_i . q. A token at position 0 starts from a zero row. */
-__global__ void gdn_delta_kernel(cuda_gdn_args a, int C) {
+/* One token of cpu_gdn.c's row_update on a state row spread over LANES lanes (element
+ * d0 + LANES m in s[m]): S_i *= g (0: a token at position 0 starts from a zero row);
+ * delta = (v_i - S_i . k) beta; S_i += k delta; returns y_i = S_i . q in every lane. */
+template <int NV, int LANES>
+static __device__ __forceinline__ float gdn_row_step(float (&s)[NV], const float *k, const float *q, int d0, int Dk,
+                                                     float g, float beta, float v, int fresh) {
+    float kk[NV], mem = 0.0f, out = 0.0f;
+#pragma unroll
+    for (int m = 0; m < NV; m++) {
+        int d = d0 + LANES * m;
+        kk[m] = d < Dk ? k[d] : 0.0f;
+        s[m] = fresh ? 0.0f : s[m] * g;
+        mem += s[m] * kk[m];
+    }
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) mem += __shfl_xor_sync(0xffffffffu, mem, o);
+    float delta = (v - mem) * beta;
+#pragma unroll
+    for (int m = 0; m < NV; m++) {
+        int d = d0 + LANES * m;
+        s[m] += kk[m] * delta;
+        out += d < Dk ? s[m] * q[d] : 0.0f;
+    }
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) out += __shfl_xor_sync(0xffffffffu, out, o);
+    return out;
+}
+
+/* Decode steps (at most GDN_DECODE_T tokens, a sequence's one or few): one warp per (value head
+ * h, value row i, token t with run_first[t]), row i of head h's state in registers (lane
+ * holds elements lane + 32 j), loads straight from global memory (the chunked kernel below
+ * stages through shared memory, a round trip and two barriers that a step of one token per
+ * sequence does not repay), walked over t's tokens as cpu_gdn.c's row_update (see below). */
+#define GDN_DECODE_T 8
+#define GDN_LANE_VALS (GDN_MAX_DIM / 32)
+__global__ void gdn_delta_decode_kernel(cuda_gdn_args a, int C) {
     int Dk = a.k_dim, Dv = a.v_dim, Hv = a.v_heads, lane = threadIdx.x % 32;
     int row_blocks = (Dv + GDN_WARPS - 1) / GDN_WARPS, t = blockIdx.y;
     int h = blockIdx.x / row_blocks, i = (blockIdx.x % row_blocks) * GDN_WARPS + threadIdx.x / 32;
@@ -89,28 +150,127 @@ __global__ void gdn_delta_kernel(cuda_gdn_args a, int C) {
         float v = x[(size_t)2 * a.k_heads * Dk + (size_t)h * Dv + i];
         float g = expf(-A * gdn_softplus(a.a[(size_t)u * Hv + h] + dt_bias));
         float beta = gdn_sigmoid(a.b[(size_t)u * Hv + h]);
-        int fresh = a.pos[u] == 0;
-        float kk[GDN_LANE_VALS], mem = 0.0f, out = 0.0f;
-#pragma unroll
-        for (int j = 0; j < GDN_LANE_VALS; j++) {
-            int d = lane + 32 * j;
-            kk[j] = d < Dk ? k[d] : 0.0f;
-            s[j] = fresh ? 0.0f : s[j] * g;
-            mem += s[j] * kk[j];
-        }
-        float delta = (v - warp_sum(mem)) * beta;
-#pragma unroll
-        for (int j = 0; j < GDN_LANE_VALS; j++) {
-            int d = lane + 32 * j;
-            s[j] += kk[j] * delta;
-            out += d < Dk ? s[j] * q[d] : 0.0f;
-        }
-        out = warp_sum(out);
+        float out = gdn_row_step<GDN_LANE_VALS, 32>(s, k, q, lane, Dk, g, beta, v, a.pos[u] == 0);
         if (lane == 0) a.y[(size_t)u * Hv * Dv + (size_t)h * Dv + i] = out;
     }
 #pragma unroll
     for (int j = 0; j < GDN_LANE_VALS; j++)
         if (lane + 32 * j < Dk) S[lane + 32 * j] = s[j];
+}
+
+/* 16-byte and 4-byte copies global -> shared without registers (cp.async, sm_80+). */
+static __device__ __forceinline__ void gdn_cp16(void *smem, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+static __device__ __forceinline__ void gdn_cp4(void *smem, const void *gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+
+/* The delta rule for longer steps (prefill): GDN_DW warps per block, each 4 value rows of head h (8 lanes a row, lane
+ * l of a row holding its state elements l + 8 m), for t's sequence when run_first[t]. The
+ * block walks the sequence's tokens of this step in chunks of GDN_CH (gdn_chunk): the
+ * chunk's q and k (shared by every row of the head), its rows' values, a, b and positions
+ * are copied into shared memory with cp.async while the previous chunk is computed. Per token,
+ * as cpu_gdn.c's row_update: S_i *= g; delta = (v_i - S_i . k) beta; S_i += k delta;
+ * y_i = S_i . q. A token at position 0 starts from a zero row. NE: state elements per lane
+ * (k_dim <= 8 NE). */
+#define GDN_DW 8
+#define GDN_ROWS (GDN_DW * 4) /* value rows per block */
+static size_t gdn_delta_smem(int Dk) { return 2 * (size_t)GDN_CH * (2 * Dk + GDN_ROWS + 3) * sizeof(float); }
+
+template <int NE> __global__ void __launch_bounds__(GDN_DW * 32) gdn_delta_kernel(cuda_gdn_args a, int C, int vec16) {
+    extern __shared__ __align__(16) float gdn_sm[];
+    __shared__ int s_u0[2], s_len[2], s_next;
+    const int Dk = a.k_dim, Dv = a.v_dim, Hv = a.v_heads, t = blockIdx.y;
+    if (!a.run_first[t]) return; /* uniform over the block */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 8, l = lane % 8;
+    const int rblocks = (Dv + GDN_ROWS - 1) / GDN_ROWS, h = blockIdx.x / rblocks;
+    const int i0 = (blockIdx.x % rblocks) * GDN_ROWS, rloc = warp * 4 + r, i = i0 + rloc;
+    const int hk = a.v_tiled ? h % a.k_heads : h / (Hv / a.k_heads);
+    const int per = GDN_CH * (2 * Dk + GDN_ROWS + 3); /* floats of one buffer */
+    /* warp 0: the next chunk's start and length into buffer b */
+    auto walk = [&](int b, int u0) {
+        int2 ch = u0 >= 0 ? gdn_chunk(a, u0) : make_int2(0, -1);
+        if (lane == 0) s_u0[b] = u0, s_len[b] = ch.x, s_next = ch.y;
+    };
+    /* every thread: buffer b's copies (then one commit) */
+    auto issue = [&](int b) {
+        int u0 = s_u0[b], len = s_len[b];
+        float *B = gdn_sm + b * per, *sq = B, *sk = B + GDN_CH * Dk, *sv = B + 2 * GDN_CH * Dk;
+        float *sa = sv + GDN_CH * GDN_ROWS, *sb = sa + GDN_CH;
+        int *sp = (int *)(sb + GDN_CH);
+        const float *q0 = a.qkv + (size_t)hk * Dk, *k0 = a.qkv + (size_t)(a.k_heads + hk) * Dk;
+        if (vec16) {
+            int n4 = Dk / 4;
+            for (int idx = threadIdx.x; idx < 2 * len * n4; idx += blockDim.x) {
+                int which = idx / (len * n4), rem = idx % (len * n4), j = rem / n4, d = (rem % n4) * 4;
+                gdn_cp16((which ? sk : sq) + j * Dk + d, (which ? k0 : q0) + (size_t)(u0 + j) * C + d);
+            }
+        } else {
+            for (int idx = threadIdx.x; idx < 2 * len * Dk; idx += blockDim.x) {
+                int which = idx / (len * Dk), rem = idx % (len * Dk), j = rem / Dk, d = rem % Dk;
+                gdn_cp4((which ? sk : sq) + j * Dk + d, (which ? k0 : q0) + (size_t)(u0 + j) * C + d);
+            }
+        }
+        const float *v0 = a.qkv + (size_t)2 * a.k_heads * Dk + (size_t)h * Dv;
+        for (int idx = threadIdx.x; idx < len * GDN_ROWS; idx += blockDim.x) {
+            int j = idx / GDN_ROWS, row = idx % GDN_ROWS;
+            if (i0 + row < Dv) gdn_cp4(sv + idx, v0 + (size_t)(u0 + j) * C + i0 + row);
+        }
+        for (int j = threadIdx.x; j < len; j += blockDim.x) {
+            gdn_cp4(sa + j, a.a + (size_t)(u0 + j) * Hv + h);
+            gdn_cp4(sb + j, a.b + (size_t)(u0 + j) * Hv + h);
+            gdn_cp4(sp + j, a.pos + u0 + j);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    size_t conv_floats = (size_t)(a.conv_k - 1) * C;
+    float *S = gdn_record(a, a.slot[t]) + conv_floats + ((size_t)h * Dv + (i < Dv ? i : 0)) * Dk, s[NE];
+#pragma unroll
+    for (int m = 0; m < NE; m++) s[m] = i < Dv && l + 8 * m < Dk ? S[l + 8 * m] : 0.0f;
+    const float A = expf(a.A_log[h]), dt_bias = a.dt_bias[h];
+    if (warp == 0) walk(0, t);
+    __syncthreads();
+    issue(0);
+    for (int c = 0;; c++) {
+        const int b = c & 1, u0 = s_u0[b], len = s_len[b];
+        if (len == 0) break; /* uniform: s_len[b] was written before the last barrier */
+        if (warp == 0) walk(b ^ 1, s_next);
+        __syncthreads(); /* the next chunk's range is known; every warp is done with buffer b ^ 1 */
+        issue(b ^ 1);
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory"); /* chunk c's copies (this thread's) */
+        __syncthreads();                                       /* ... and every thread's */
+        const float *B = gdn_sm + b * per, *sq = B, *sk = B + GDN_CH * Dk, *sv = B + 2 * GDN_CH * Dk;
+        const float *sa = sv + GDN_CH * GDN_ROWS, *sb = sa + GDN_CH;
+        const int *sp = (const int *)(sb + GDN_CH);
+        for (int j = 0; j < len; j++) {
+            float g = expf(-A * gdn_softplus(sa[j] + dt_bias)), beta = gdn_sigmoid(sb[j]);
+            float out = gdn_row_step<NE, 8>(s, sk + j * Dk, sq + j * Dk, l, Dk, g, beta, sv[j * GDN_ROWS + rloc], sp[j] == 0);
+            if (l == 0 && i < Dv) a.y[(size_t)(u0 + j) * Hv * Dv + (size_t)h * Dv + i] = out;
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    if (i < Dv)
+#pragma unroll
+        for (int m = 0; m < NE; m++)
+            if (l + 8 * m < Dk) S[l + 8 * m] = s[m];
+}
+
+template <int NE> static hearth_status launch_delta(const cuda_gdn_args *a, int C, hearth_error *err) {
+    static int raised; /* > 48 KB of dynamic shared memory (k_dim over 176) needs an opt-in, once per variant */
+    size_t smem = gdn_delta_smem(8 * NE);
+    if (!raised && gdn_delta_smem(a->k_dim) > 48 * 1024) {
+        if (cuda_status(cudaFuncSetAttribute(gdn_delta_kernel<NE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                        "cudaFuncSetAttribute(gdn_delta)", err))
+            return HEARTH_ERR_IO;
+        raised = 1;
+    }
+    /* 16-byte copies of q and k where every row starts 16-byte aligned */
+    int vec16 = a->k_dim % 4 == 0 && C % 4 == 0 && (uintptr_t)a->qkv % 16 == 0;
+    unsigned rblocks = (unsigned)((a->v_dim + GDN_ROWS - 1) / GDN_ROWS);
+    gdn_delta_kernel<NE><<<dim3((unsigned)a->v_heads * rblocks, (unsigned)a->T), GDN_DW * 32,
+                           gdn_delta_smem(a->k_dim), cuda_stream()>>>(*a, C, vec16);
+    return cuda_launched("gdn_delta", err);
 }
 
 /* One warp per (token, value head): y = silu(z) * (rmsnorm(y) * norm), as cpu_gdn.c. */
@@ -157,11 +317,22 @@ extern "C" hearth_status cuda_gated_delta(const cuda_gdn_args *a, hearth_error *
     gdn_conv_kernel<<<dim3((unsigned)((C + 127) / 128), (unsigned)T), 128, 0, st>>>(*a, C);
     hearth_status s = cuda_launched("gdn_conv", err);
     if (s) return s;
-    unsigned qk_rows = (unsigned)T * 2 * a->k_heads, row_blocks = (unsigned)((a->v_dim + GDN_WARPS - 1) / GDN_WARPS);
+    unsigned qk_rows = (unsigned)T * 2 * a->k_heads;
     gdn_l2norm_kernel<<<(qk_rows + GDN_WARPS - 1) / GDN_WARPS, 32 * GDN_WARPS, 0, st>>>(*a, C);
     if ((s = cuda_launched("gdn_l2norm", err))) return s;
-    gdn_delta_kernel<<<dim3((unsigned)a->v_heads * row_blocks, (unsigned)T), 32 * GDN_WARPS, 0, st>>>(*a, C);
-    if ((s = cuda_launched("gdn_delta", err))) return s;
+    if (T <= GDN_DECODE_T) {
+        unsigned row_blocks = (unsigned)((a->v_dim + GDN_WARPS - 1) / GDN_WARPS);
+        gdn_delta_decode_kernel<<<dim3((unsigned)a->v_heads * row_blocks, (unsigned)T), 32 * GDN_WARPS, 0, st>>>(*a, C);
+        s = cuda_launched("gdn_delta", err);
+    } else { /* the variant whose 8 lanes a row hold the key dim */
+        int k8 = (a->k_dim + 7) / 8;
+        if (k8 <= 2) s = launch_delta<2>(a, C, err);
+        else if (k8 <= 4) s = launch_delta<4>(a, C, err);
+        else if (k8 <= 8) s = launch_delta<8>(a, C, err);
+        else if (k8 <= 16) s = launch_delta<16>(a, C, err);
+        else s = launch_delta<32>(a, C, err);
+    }
+    if (s) return s;
     unsigned y_rows = (unsigned)T * a->v_heads;
     gdn_gated_norm_kernel<<<(y_rows + GDN_WARPS - 1) / GDN_WARPS, 32 * GDN_WARPS, 0, st>>>(*a);
     return cuda_launched("gdn_gated_norm", err);

@@ -2,8 +2,8 @@
 """bench/cpu_vs_llamacpp/newfam.py: CPU prefill and decode of the new families (issue 33's CPU rows),
 hearth (`hearth bench --json`) against llama.cpp's own llama-bench, on random-weight models of real
 shapes written by tools/gpu_models.py: Qwen3.5-0.8B (hybrid Gated DeltaNet) in Q4_K_M, the same GGUF
-file for both engines, and Gemma-4-E2B, where hearth reads the MLX 4-bit model and llama.cpp the
-Q4_K_M GGUF (hearth does not read Gemma 4 from GGUF: not the same file, and the table says so).
+file for both engines, and Gemma-4-E2B, the same GGUF too (hearth reads Gemma 4 from GGUF; a family
+it could not read from GGUF would get its MLX 4-bit model, and the table says when the files differ).
 
 Measures prefill of -p tokens into an empty cache (llama-bench pp512 -d 0) and decode of -n tokens
 after a -p-token prompt (hearth bench -p 512 -n 128; llama-bench tg128 -d 512), in interleaved rounds:

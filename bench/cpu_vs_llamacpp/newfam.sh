@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # newfam.sh: issue 33's CPU rows: hearth vs llama.cpp's llama-bench on the new families
-# (Qwen3.5-0.8B in Q4_K_M, the same file for both; Gemma-4-E2B, hearth on MLX 4-bit, llama.cpp on
-# Q4_K_M). Links llama-bench where missing (install_llamacpp.sh: seconds when its libraries are
-# already in $HEARTH_CACHE/bench/llamacpp/lib, a long build otherwise), builds hearth unless
+# (Qwen3.5-0.8B and Gemma-4-E2B in Q4_K_M, the same GGUF for both engines). Links llama-bench
+# where missing (install_llamacpp.sh: seconds when its libraries are already in
+# $HEARTH_CACHE/bench/llamacpp/lib, a long build otherwise), builds hearth unless
 # HEARTH_BIN is given, writes the random-weight models of the real shapes (tools/gpu_models.py) into
-# $HEARTH_CACHE/bench/newfam (about 0.9 GB for Qwen, 5.3 GB for Gemma), then runs newfam.py, which
+# $HEARTH_CACHE/bench/newfam (about 0.5 GB for Qwen, 2.7 GB for Gemma), then runs newfam.py, which
 # writes bench/results/cpu_newfam.md.
 # usage: bench/cpu_vs_llamacpp/newfam.sh [newfam.py flags: -r 3 --rounds-big 2 --llama t2,t1 --models ...]
 #   env: HEARTH_BIN, HEARTH_BUILD (make build dir, default build-bench), HEARTH_CACHE (default ~/.cache/hearth)

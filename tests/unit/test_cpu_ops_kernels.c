@@ -333,6 +333,36 @@ static void test_activations_match_double(void **state) {
     free(out);
 }
 
+/* ops_softcap against cap * tanh(x / cap) in double, at every level: logits far into both
+ * tails, zero and tiny ones, odd lengths. The vector path's error is absolute (a few ulps
+ * of 1 before the product by cap): 1e-6 of cap, and 1e-6 relative. */
+static void test_softcap_matches_double(void **state) {
+    (void)state;
+    static const char *levels[] = {"scalar", "avx2", "avx512"};
+    enum { N = 1003 };
+    float *x = malloc(N * 4), *out = malloc(N * 4);
+    for (int i = 0; i < N; i++) x[i] = rndf() * (i % 7 == 0 ? 400.0f : 40.0f);
+    x[0] = 0, x[1] = 1e-30f, x[2] = -3e4f, x[3] = 3e4f, x[4] = 1e-3f;
+    for (int lv = CPU_LEVEL_SCALAR; lv <= (int)cpu_level_hardware(); lv++) {
+        setenv("HEARTH_CPU", levels[lv], 1);
+        for (int ci = 0; ci < 2; ci++) {
+            float cap = ci ? 30.0f : 50.0f; /* Gemma 4's final softcap, Gemma 2's attention one */
+            for (int n = N; n >= N - 9; n -= 3) {
+                memcpy(out, x, N * 4);
+                ops_softcap(out, (size_t)n, cap);
+                for (int i = 0; i < N; i++) {
+                    double want = i < n ? cap * tanh((double)x[i] / cap) : x[i];
+                    if (!(fabs(out[i] - want) <= 1e-6 * cap + 1e-6 * fabs(want)))
+                        fail_msg("%s softcap(%.9g, cap %g, n %d)[%d] = %.9g, want %.9g", levels[lv], x[i], cap, n, i,
+                                 out[i], want);
+                }
+            }
+        }
+    }
+    unsetenv("HEARTH_CPU");
+    free(x);
+    free(out);
+}
 
 /* The rule ops_argmax promises: the loop `if (x[i] > x[best]) best = i`. */
 static int argmax_rule(const float *x, int n) {
@@ -397,6 +427,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_matches_naive), cmocka_unit_test(test_attention_tiles_match_tokens),
         cmocka_unit_test(test_attention_splits),        cmocka_unit_test(test_activations_match_double),
+        cmocka_unit_test(test_softcap_matches_double),
         cmocka_unit_test(test_argmax_matches_rule),     cmocka_unit_test(test_all_finite_matches_isfinite)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

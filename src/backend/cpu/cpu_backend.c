@@ -379,7 +379,7 @@ static hearth_status cpu_per_layer_gate(const op_step *s, int layer, const op_pe
 static hearth_status cpu_softcap(const op_step *s, float cap) {
     if (s->out != OP_OUT_LOGITS) return HEARTH_OK;
     float *l = s->b->logits;
-    for (size_t i = 0; i < (size_t)s->b->n_out * s->dims->vocab; i++) l[i] = tanhf(l[i] / cap) * cap;
+    ops_softcap(l, (size_t)s->b->n_out * s->dims->vocab, cap);
     return HEARTH_OK;
 }
 

@@ -249,6 +249,26 @@ void ops_gelu_tanh_mul(float *gate, const float *up, size_t n) {
     }
 }
 
+/* x = cap tanh(x / cap), 8 lanes at a time: tanh(y) = 1 - 2 / (1 + exp(2y)) with the
+ * same exp polynomial (absolute error a few float ulps of 1, so ~1e-6 of cap). A Gemma
+ * model's 262,144 logits a token through libm's tanhf were 2.7% of its CPU decode. */
+__attribute__((target("avx2,fma"))) static size_t softcap_avx2(float *x, size_t n, float cap) {
+    const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f), c = _mm256_set1_ps(cap),
+                 k = _mm256_set1_ps(2.0f / cap);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8_avx2(_mm256_mul_ps(k, _mm256_loadu_ps(x + i)));
+        __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(one, e)));
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(t, c));
+    }
+    return i;
+}
+
+void ops_softcap(float *x, size_t n, float cap) {
+    size_t i = cpu_level_active() >= CPU_LEVEL_AVX2 ? softcap_avx2(x, n, cap) : 0;
+    for (; i < n; i++) x[i] = tanhf(x[i] / cap) * cap;
+}
+
 /* The largest of x[0..n) ignoring NaN (x[0] not NaN), 8 lanes at a time: vmaxps returns its
  * second operand when the first is NaN. */
 __attribute__((target("avx2"))) static float max_avx2(const float *x, int n, int *done) {

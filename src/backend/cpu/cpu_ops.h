@@ -22,6 +22,8 @@ void ops_rope_part(float *x, int T, int n_heads, int head_dim, int rot_dims, con
 /* x[i] = act(gate[i]) * up[i]: SiLU or tanh-approximated GELU (op_act). */
 void ops_silu_mul(float *gate, const float *up, size_t n);
 void ops_gelu_tanh_mul(float *gate, const float *up, size_t n);
+/* x = cap tanh(x / cap) (a final logit softcap); vectorized above the scalar level. */
+void ops_softcap(float *x, size_t n, float cap);
 /* The first index of the largest of x[0..n), NaN never above anything (x[0] NaN: 0): the
  * greedy rule, as the loop `if (x[i] > x[best]) best = i` gives it. */
 int ops_argmax(const float *x, int n);

@@ -96,8 +96,8 @@ static void put_hparams(gguf_out *g, const hearth_model *m, const char *arch, te
  * pads), token types (1 normal, 3 control for special added tokens, 4 user-defined for
  * the other added ones, 5 unused), merges as "a b". */
 /* tokenizer.ggml.pre for a tokenizer.json pre-tokenizer: ByteLevel with its regex ("gpt-2"),
- * or a Sequence of one Split regex and a regex-free ByteLevel (the name whose split is that
- * regex); NULL for anything else. The family's name alone is not enough: SmolLM2 is a llama
+ * a Sequence of one Split regex and a regex-free ByteLevel (the name whose split is that
+ * regex), or of Digits(individual) and ByteLevel with its regex ("smollm"); NULL for anything else. The family's name alone is not enough: SmolLM2 is a llama
  * whose tokenizer splits as GPT-2 does, and "llama-bpe" tokenized its text differently. */
 static const char *gguf_pre(const json_t *tj) {
     const json_t *pt = json_object_get(tj, "pre_tokenizer");
@@ -110,6 +110,10 @@ static const char *gguf_pre(const json_t *tj) {
     if (!type || strcmp(type, "Sequence") || json_array_size(kids) != 2) return NULL;
     const json_t *split = json_array_get(kids, 0), *bl = json_array_get(kids, 1);
     const char *st = json_string_value(json_object_get(split, "type")), *bt = json_string_value(json_object_get(bl, "type"));
+    const json_t *bre = json_object_get(bl, "use_regex"), *bpre = json_object_get(bl, "add_prefix_space");
+    if (st && !strcmp(st, "Digits") && json_is_true(json_object_get(split, "individual_digits")) && bt &&
+        !strcmp(bt, "ByteLevel") && (!bre || json_is_true(bre)) && json_is_false(bpre))
+        return tok_gguf_pre_digits_name(); /* SmolLM2's own tokenizer.json */
     const char *re = json_string_value(json_object_get(json_object_get(split, "pattern"), "Regex"));
     if (!st || strcmp(st, "Split") || !bt || strcmp(bt, "ByteLevel") || !re ||
         json_is_true(json_object_get(bl, "use_regex")))

@@ -38,6 +38,19 @@ static const char *split_for_pre(const char *pre) {
     return NULL;
 }
 
+/* tokenizer.ggml.pre names whose text llama.cpp splits at every numeric character first (its
+ * "\\p{N}" expression) and then with GPT-2's regex: what HF's Sequence of Digits(individual)
+ * and ByteLevel does, SmolLM2's own tokenizer.json. transformers' GGUF conversion reads them
+ * as plain ByteLevel, which tokenizes a numeral after a space (" ½", " ٣") otherwise. */
+static int digits_first(const char *pre) {
+    static const char *names[] = {"smollm", "codeshell", "exaone", "minerva", "mellum2"};
+    for (size_t i = 0; pre && i < sizeof names / sizeof *names; i++)
+        if (!strcmp(pre, names[i])) return 1;
+    return 0;
+}
+
+const char *tok_gguf_pre_digits_name(void) { return "smollm"; }
+
 const char *tok_gguf_pre_name(const char *split_regex) {
     if (!split_regex) return "gpt-2"; /* plain ByteLevel with its own (GPT-2) regex */
     if (!strcmp(split_regex, LLAMA3_SPLIT)) return "llama-bpe";
@@ -221,7 +234,14 @@ static hearth_status build(tok_tokenizer *t, const gguf_file *g, const char *mod
     if (byte_level) {
         t->kind_name = "bpe-byte-level";
         const char *split = split_for_pre(pre);
-        if (split) {
+        if (digits_first(pre)) {
+            json_t *pj = json_pack("{s:s,s:[{s:s,s:b},{s:s,s:b,s:b,s:b}]}", "type", "Sequence", "pretokenizers", "type",
+                                   "Digits", "individual_digits", 1, "type", "ByteLevel", "add_prefix_space", 0,
+                                   "trim_offsets", 1, "use_regex", 1);
+            st = pj ? tok_pre_parse(pj, &t->pre, err) : err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+            json_decref(pj);
+            if (st) { free(pre); return st; }
+        } else if (split) {
             t->pre = calloc(1, sizeof *t->pre);
             if (!t->pre) { free(pre); return err_set(err, HEARTH_ERR_NOMEM, "out of memory"); }
             t->pre->kind = TOK_PRE_SEQUENCE;

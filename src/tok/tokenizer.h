@@ -35,6 +35,9 @@ const char *tok_kind(const tok_tokenizer *t);
  * tokenizer.json Split pattern followed by a regex-free ByteLevel), or "gpt-2" for NULL (a
  * ByteLevel pre-tokenizer with its own regex); NULL when no name gives that split. */
 const char *tok_gguf_pre_name(const char *split_regex);
+/* The tokenizer.ggml.pre name of a pre-tokenizer that isolates every numeric character and then
+ * splits as GPT-2 (HF's Sequence of Digits(individual_digits) and ByteLevel): "smollm". */
+const char *tok_gguf_pre_digits_name(void);
 /* The bytes one token stands for inside a longer text (a byte-level BPE symbol mapped
  * back to its byte, SentencePiece's U+2581 as a space, <0xNN> as that byte): what a
  * grammar matches a token against. Returns the length (at most cap bytes are written),

@@ -197,11 +197,32 @@ def hf_tokenizer(model):
     with open(str(saved) + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (saved / "tokenizer.json").is_file():
-            return AutoTokenizer.from_pretrained(str(saved))
+            return digits_first(model, AutoTokenizer.from_pretrained(str(saved)))
         import mixed_data
 
         tok = mixed_data.gguf_tokenizer(Path(model))
         tmp = Path(str(saved) + ".tmp")
         tok.save_pretrained(str(tmp))
         os.replace(tmp, saved)
-        return tok
+        return digits_first(model, tok)
+
+
+# tokenizer.ggml.pre names llama.cpp (llama-vocab.cpp) splits at every \p{N} character before
+# GPT-2's regex: HF's Sequence of Digits(individual) and ByteLevel, SmolLM2's own tokenizer.json
+DIGITS_FIRST_PRE = {"smollm", "codeshell", "exaone", "minerva", "mellum2"}
+
+
+def digits_first(model, tok):
+    """transformers' GGUF conversion ignores tokenizer.ggml.pre for these names and keeps plain
+    ByteLevel, which differs from llama.cpp (the format's reference) and from the model's own
+    tokenizer on a numeral after a space (" ½", " ٣"): the oracle takes the pre-tokenizer they
+    have. test_tokenizer_llamacpp checks hearth against llama.cpp itself where it is built."""
+    from gguf import GGUFReader
+    from tokenizers import pre_tokenizers
+
+    f = GGUFReader(model).fields.get("tokenizer.ggml.pre")
+    if f is not None and bytes(f.parts[f.data[0]]).decode() in DIGITS_FIRST_PRE:
+        tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+    return tok

@@ -129,25 +129,32 @@ def test_gguf_serves_as_the_source(name, tmp_path):
 
 def test_gguf_pre_tokenizer_follows_the_tokenizer(tmp_path):
     """tokenizer.ggml.pre names how the source's tokenizer.json splits text, not the family:
-    the tiny llama with SmolLM2's pre-tokenizer (ByteLevel with its own GPT-2 regex, as
-    transformers converts SmolLM2's GGUF) writes "gpt-2" (gguf reads it) and tokenizes as
-    the HF tokenizer of that folder, spaces before newlines included (the llama-3 split
-    "llama-bpe" gave other tokens there); a pre-tokenizer no GGUF name covers is refused."""
+    the tiny llama with SmolLM2's pre-tokenizer as transformers converts SmolLM2's GGUF
+    (ByteLevel with its own GPT-2 regex) writes "gpt-2" (gguf reads it) and tokenizes as the
+    HF tokenizer of that folder, spaces before newlines included (the llama-3 split
+    "llama-bpe" gave other tokens there); SmolLM2's own pre-tokenizer (numerals one at a
+    time, then ByteLevel) writes "smollm" and tokenizes as that folder's HF tokenizer; a
+    pre-tokenizer no GGUF name covers is refused."""
     from gguf import GGUFReader
     from tokenizers import Tokenizer
 
     src = tmp_path / "src"
     shutil.copytree(os.path.join(TINY, "llama-f32"), src)
     tj = json.load(open(src / "tokenizer.json"))
-    tj["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-    json.dump(tj, open(src / "tokenizer.json", "w"))
-    out = str(tmp_path / "m.gguf")
-    hearth("convert", str(src), "--out", out, "--outtype", "f32")
-    f = GGUFReader(out).fields["tokenizer.ggml.pre"]
-    assert bytes(f.parts[f.data[0]]).decode() == "gpt-2"
-    tok = Tokenizer.from_file(str(src / "tokenizer.json"))
-    for text in ["a  \n\n b", "Nate: hey!  \n \nJoanna: 12345 ok", "  spaces\tand\nnewlines 123 4567"]:
-        assert json.loads(hearth("tokenize", out, text).stdout) == tok.encode(text).ids, text
+    bytelevel = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    cases = [(bytelevel, "gpt-2", ["a  \n\n b", "Nate: hey!  \n \nJoanna: 12345 ok", "  spaces\tand\nnewlines 123 4567"]),
+             ({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, bytelevel]},
+              "smollm", ["x² + y² = z², ½ ⅻ ٣ 123", "Nate: hey!  \n \nJoanna: 12345 ok"])]
+    for i, (pre, name, texts) in enumerate(cases):
+        tj["pre_tokenizer"] = pre
+        json.dump(tj, open(src / "tokenizer.json", "w"))
+        out = str(tmp_path / f"m{i}.gguf")
+        hearth("convert", str(src), "--out", out, "--outtype", "f32")
+        f = GGUFReader(out).fields["tokenizer.ggml.pre"]
+        assert bytes(f.parts[f.data[0]]).decode() == name
+        tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+        for text in texts:
+            assert json.loads(hearth("tokenize", out, text).stdout) == tok.encode(text).ids, (name, text)
     tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": "\\s+|\\w+"}, "behavior": "Isolated", "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}

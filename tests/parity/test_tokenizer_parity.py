@@ -45,6 +45,9 @@ TEXTS = [
     "Ελληνικά κείμενα και русский текст, עברית",
     "\u0000nul and \u007f del and \u0085 nel",
     "कुछ हिन्दी पाठ और ไทย ภาษา",
+    # numerals other than ASCII digits after a space: split one character at a time where the
+    # GGUF's tokenizer.ggml.pre says so ("smollm"), where transformers' conversion does not
+    "Numerals: x² + y² = z², ½ ¾ ⅻ Ⅻ ① ⁵ ٠١٢٣ ٣ ۴ १२३ ߁ 𝟙𝟚",
 ]
 
 
@@ -70,6 +73,14 @@ def tokenizers_available():
     for path in sorted(glob.glob(os.path.join(CACHE, "tiny", "*", "tokenizer.json"))):
         found.append(("json", os.path.dirname(path)))
     return found
+
+
+LLAMA_TOKENIZE = """
+import json, sys
+import llama_cpp
+m = llama_cpp.Llama(model_path=sys.argv[1], vocab_only=True, verbose=False)
+print(json.dumps([m.tokenize(t.encode(), add_bos=False, special=True) for t in json.load(sys.stdin)]))
+"""
 
 
 @pytest.fixture(scope="session")
@@ -196,3 +207,22 @@ def test_decode_random_ids(helper, kind, path):
             bad.append((req, res, want))
     print(f"{os.path.basename(path)}: {len(reqs)} random decodes, {len(bad)} mismatches")
     assert not bad, f"{len(bad)} decode mismatches, first: {bad[:3]}"
+
+
+@pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct.Q4_1.gguf"])
+def test_tokenizer_llamacpp(helper, name):
+    """hearth's ids for the texts above and the corpus against llama.cpp's own tokenizer on the
+    same GGUF (llama-cpp-python on the libraries bench/cpu_vs_llamacpp/install_llamacpp.sh
+    builds; skipped where they are not built): the reference reader of the format, and the
+    oracle for tokenizer.ggml.pre = "smollm" (numerals split one at a time), which
+    transformers' conversion does not follow."""
+    from test_gguf_qwen35 import llama_cpp_run
+    path = os.path.join(CACHE, "models", name)
+    if not os.path.exists(path):
+        pytest.fail(f"{path} missing")
+    texts = [t for t in corpus_texts() if t and "\0" not in t]
+    want = llama_cpp_run(LLAMA_TOKENIZE, path, texts)
+    got = run_helper(helper, path, [{"text": t, "add_special": 0} for t in texts])
+    mism = [(t, g.get("ids"), w) for t, g, w in zip(texts, got, want) if g.get("ids") != w]
+    print(f"{name}: {len(texts)} texts, {len(mism)} differ from llama.cpp")
+    assert not mism, f"{len(mism)} of {len(texts)} differ from llama.cpp, first: {mism[:3]}"

@@ -1304,17 +1304,23 @@ size_t gmatcher_extend_forced(const gmatcher *m, int32_t *tokens, size_t n, size
     gmatcher probe = *m;
     probe.own = 0, probe.probe = 1;
     for (size_t k = 0; k < n; k++) gmatcher_accept(&probe, tokens[k]); /* allowed: forced_bytes said so */
-    const gv_trie *t = &probe.c->v->all;
-    size_t start = n;
-    if (spell) /* the tokenizer's own spelling, what the model most likely writes */
+    const gvocab *v = probe.c->v;
+    size_t at = 0; /* forced bytes spelled so far */
+    if (spell)     /* the tokenizer's own spelling, what the model most likely writes */
         for (size_t k = 0, got = spell(spell_ctx, forced, nb, tokens + n, cap - n); k < got; k++) {
-            if (!gmatcher_accept(&probe, tokens[n])) break;
+            int32_t tok = tokens[n];
+            if (!gmatcher_accept(&probe, tok)) break;
             n++;
+            /* a spelling of other bytes (a tokenizer that normalizes) is proposed as far as the
+             * grammar allows it, and not continued */
+            if (at + v->len[tok] > nb || memcmp(forced + at, v->bytes[tok], v->len[tok])) return n;
+            at += v->len[tok];
         }
-    if (n > start) return n;
-    for (size_t at = 0; at < nb && n < cap;) { /* no speller, or its spelling is not allowed: the longest tokens */
+    /* the rest (no speller, a spelling the grammar stops, a special token's marker that a
+     * tokenizer does not spell) by the longest tokens */
+    while (at < nb && n < cap) {
         size_t len = 0;
-        int32_t tok = trie_longest(t, (const uint8_t *)forced + at, nb - at, &len);
+        int32_t tok = trie_longest(&v->all, (const uint8_t *)forced + at, nb - at, &len);
         if (tok < 0 || !gmatcher_accept(&probe, tok)) break;
         tokens[n++] = tok, at += len;
     }

@@ -63,8 +63,9 @@ size_t gmatcher_forced_bytes(const gmatcher *m, const int32_t *tokens, size_t n,
 typedef size_t (*gm_spell_fn)(void *ctx, const char *bytes, size_t n, int32_t *out, size_t cap);
 /* Speculative proposals from the grammar itself: gmatcher_forced_bytes after tokens[0..n)
  * (which m must allow; else n comes back), spelled by spell (NULL: none) as far as the
- * grammar allows its tokens, else (no speller, or its first token is not allowed) greedily by
- * the vocabulary's longest tokens, appended to tokens up to cap in all. Returns the new count. */
+ * grammar allows its tokens, the rest (no speller, a token of its spelling the grammar
+ * forbids, a special token's marker) greedily by the vocabulary's longest tokens, appended to
+ * tokens up to cap in all. Returns the new count. */
 size_t gmatcher_extend_forced(const gmatcher *m, int32_t *tokens, size_t n, size_t cap, gm_spell_fn spell,
                               void *spell_ctx);
 /* Advances over raw bytes (a forced prefix, a test instance); 0 when they do not match. */

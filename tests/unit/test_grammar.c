@@ -507,6 +507,18 @@ static size_t spell_apart(void *ctx, const char *bytes, size_t n, int32_t *out, 
     return k;
 }
 
+static size_t spell_part(void *ctx, const char *bytes, size_t n, int32_t *out, size_t cap) {
+    size_t k = spell_apart(ctx, bytes, n, out, cap);
+    out[5] = 1 + 'x'; /* forbidden after "\n    \"": the longest tokens go on from there */
+    return k;
+}
+
+static size_t spell_other(void *ctx, const char *bytes, size_t n, int32_t *out, size_t cap) {
+    (void)ctx, (void)bytes, (void)n, (void)cap;
+    out[0] = 1 + '\n', out[1] = 1 + '\t', out[2] = 1 + ' '; /* a tab where the bytes have a space */
+    return 3;
+}
+
 static size_t spell_wrong(void *ctx, const char *bytes, size_t n, int32_t *out, size_t cap) {
     (void)ctx, (void)bytes, (void)n, (void)cap;
     out[0] = 1 + 'x';
@@ -570,6 +582,12 @@ static void test_forced_through_layout(void **state) {
     assert_int_equal(t[4], 257 + 12);
     assert_int_equal(t[6], 257 + 1);
     assert_int_equal(gmatcher_extend_forced(m, t, 0, 3, spell_apart, NULL), 3); /* cap */
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8, spell_part, NULL), 7);
+    assert_int_equal(t[4], 257 + 12); /* the speller's " \"" */
+    assert_int_equal(t[5], 1 + 'f');  /* then the longest: "f", "\":" */
+    assert_int_equal(t[6], 257 + 1);
+    /* a spelling of other bytes the grammar allows: proposed that far, not continued */
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8, spell_other, NULL), 2);
     gmatcher_free(m);
     grammar_free(g);
     gvocab_free(v);

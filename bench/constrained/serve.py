@@ -17,6 +17,12 @@ most of their tokens have no text), summed over the streams that ran together ("
 The same requests are also sent unstreamed ("whole": tokens over each answer's own time),
 the engine's rate without the per-chunk delivery, which on a small shared CPU machine
 competes with the forward pass for the cores.
+
+Each row also gives the server's own count (/stats) of what speculation did: completion
+tokens per engine step (each request's prefill step included; at one stream, the tokens a
+verified step emits) and the proposed tokens accepted, so a constrained mode that is slower
+because its text repeats less (prompt lookup accepts less of it) shows as fewer tokens per
+step, not as a cost of the mask.
 """
 import argparse
 import json
@@ -82,16 +88,29 @@ def whole(port, fmt, max_tokens, out):
     out.append((tokens, time.perf_counter() - t))
 
 
+def engine_counts(port):
+    """(engine steps, proposed tokens, accepted tokens) so far, from /stats."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=60) as r:
+        s = json.load(r)
+    spec = s.get("speculative", {}).values()
+    return (s["steps"]["count"], sum(v["proposed_tokens"] for v in spec), sum(v["accepted_tokens"] for v in spec))
+
+
 def round_rate(port, fmt, n, max_tokens, how=stream):
-    """Aggregate tok/s of n concurrent requests (each one's tokens over its own span)."""
+    """Aggregate tok/s of n concurrent requests (each one's tokens over its own span), their
+    median tokens, and (completion tokens, engine steps, proposed, accepted) of the round."""
     got = []
+    before = engine_counts(port)
     ts = [threading.Thread(target=how, args=(port, fmt, max_tokens, got)) for _ in range(n)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
+    after = engine_counts(port)
     rate = sum(tok / span for tok, span in got if span > 0 and tok > 0)
-    return rate, statistics.median(tok for tok, _ in got)
+    # stream() counts tokens - 1 (the first chunk starts its span): the usage's count is one more
+    total = sum(tok + (how is stream) for tok, _ in got)
+    return rate, statistics.median(tok for tok, _ in got), (total, *(a - b for a, b in zip(after, before)))
 
 
 def main():
@@ -115,11 +134,13 @@ def main():
             for how in (stream, whole):
                 got = {k: [] for k in MODES}
                 toks = {k: [] for k in MODES}
+                counts = {k: [0, 0, 0, 0] for k in MODES}  # tokens, steps, proposed, accepted
                 for _ in range(args.rounds):
                     for k, fmt in MODES.items():
-                        r, t = round_rate(port, fmt, n, args.max_tokens, how)
+                        r, t, c = round_rate(port, fmt, n, args.max_tokens, how)
                         got[k].append(r)
                         toks[k].append(t)
+                        counts[k] = [a + b for a, b in zip(counts[k], c)]
                 load.append(os.getloadavg()[0])
                 base = statistics.median(got["none"])
                 for k in MODES:
@@ -127,11 +148,16 @@ def main():
                     # no chunk to time (a random-weight GPU model's tokens mostly have no text):
                     # the streamed rate is unknown, the whole row still measures
                     ratio = med / base if base > 0 else None
+                    total, steps, proposed, accepted = counts[k]
+                    per_step = total / steps if steps else 0.0
                     rows.append(f"| {n} | {how.__name__} | {k} | {statistics.median(toks[k]):.0f} | {med:.1f} | "
-                                f"{'-' if ratio is None else f'{ratio:.3f}'} |")
-                    data[f"{n}/{how.__name__}/{k}"] = {"tok_s": got[k], "tokens": toks[k], "ratio": ratio}
-    head = ["| streams | measured | constraint | tokens per stream (median) | aggregate tok/s (median) | vs none |",
-            "| ---: | --- | --- | ---: | ---: | ---: |"]
+                                f"{'-' if ratio is None else f'{ratio:.3f}'} | {per_step:.2f} | {accepted} / {proposed} |")
+                    data[f"{n}/{how.__name__}/{k}"] = {"tok_s": got[k], "tokens": toks[k], "ratio": ratio,
+                                                       "completion_tokens": total, "steps": steps,
+                                                       "proposed": proposed, "accepted": accepted}
+    head = ["| streams | measured | constraint | tokens per stream (median) | aggregate tok/s (median) | vs none "
+            "| tokens per step | accepted / proposed |",
+            "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     table = "\n".join(head + rows)
     print(table)
     gpu = None
@@ -148,8 +174,9 @@ def main():
             f"requests at once per round, {args.rounds} rounds, modes alternated, {args.max_tokens} tokens at most; "
             f"`stream`: streamed requests, aggregate decode rate = the sum over streams of (tokens - 1) / (last "
             f"answer chunk's time - first's); `whole`: the same requests answered whole, the sum of tokens / "
-            f"(answer time - send time), the cached prompt's prefill included. Load average: before the run, "
-            f"then after each measurement.\n\n{table}\n")
+            f"(answer time - send time), the cached prompt's prefill included; `tokens per step`: completion "
+            f"tokens over engine steps, all rounds (prefill steps included), `accepted / proposed`: speculative "
+            f"tokens, all rounds (/stats). Load average: before the run, then after each measurement.\n\n{table}\n")
     path = results_file.write_section(args.out, "# Constrained decoding overhead", heading, body, f"serve_{args.device}{extra}",
                                       {"model": os.path.basename(args.model.rstrip("/")), "rounds": args.rounds,
                                        "max_tokens": args.max_tokens, "loadavg": load, "rows": data})

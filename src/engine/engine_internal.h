@@ -194,6 +194,10 @@ int32_t gen_stream_accept(gen_stream *g, int32_t id, int seq, int seq_len, doubl
 /* Where the sampler leaves the stream's logprobs: g->lp when the request reports them, else
  * NULL (no log-softmax over the vocabulary per token). */
 hearth_logprobs *gen_stream_lp(gen_stream *g);
+/* A constrained stream's speculative proposal (tokens[0..n), already cut to what its grammar
+ * allows) extended by what the grammar forces after it, spelled by the model's tokenizer
+ * (gmatcher_extend_forced), up to cap tokens in all; returns the new count. */
+size_t gen_stream_extend_forced(gen_stream *g, int32_t *tokens, size_t n, size_t cap);
 /* A constrained stream's token mask for its next token (ctx: the gen_stream): bit v % 32 of
  * word v / 32 set where token v may follow, *n tokens covered (the grammar's vocabulary);
  * only the end-of-turn ids when nothing may follow. NULL for a stream without a constraint. */

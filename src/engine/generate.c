@@ -232,6 +232,25 @@ const uint32_t *gen_stream_allow(void *ctx, int32_t *n_out) {
     return g->mask;
 }
 
+/* The model's tokenizer spelling a grammar's forced bytes the way the model was trained to
+ * read them (BPE keeps the last space of a run for the word after it: "\n   " + " \"",
+ * where the longest tokens would take "\n    " + "\""). */
+static size_t spell_bytes(void *ctx, const char *bytes, size_t n, int32_t *out, size_t cap) {
+    const tok_tokenizer *t = ctx;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    hearth_error err = {0};
+    if (!t || tok_encode(t, bytes, n, 0, &ids, &n_ids, &err)) return 0;
+    if (n_ids > cap) n_ids = cap;
+    memcpy(out, ids, n_ids * sizeof *ids);
+    free(ids);
+    return n_ids;
+}
+
+size_t gen_stream_extend_forced(gen_stream *g, int32_t *tokens, size_t n, size_t cap) {
+    return gmatcher_extend_forced(g->matcher, tokens, n, cap, spell_bytes, engine_model(g->e)->tok);
+}
+
 /* logits with every token the constraint forbids at -inf (into g->masked) */
 static const float *constrained_logits(gen_stream *g, const float *logits) {
     size_t rows = (size_t)hearth_model_vocab_rows(g->e);

@@ -735,10 +735,11 @@ static int propose(hearth_batch *b) {
         /* a constrained row: the proposal up to the first token its grammar forbids (the
          * verified sample there is masked, so it could never match; its rows are spared),
          * then what the grammar forces after it (a required key's letters, the closing of a
-         * fixed structure), spelled by the vocabulary's longest tokens */
+         * fixed structure, through optional whitespace as the output laid it out before),
+         * spelled by the model's tokenizer */
         if (q->g.matcher) {
             if (k > 0) k = (int)gmatcher_allowed_prefix(q->g.matcher, q->draft, (size_t)k);
-            k = (int)gmatcher_extend_forced(q->g.matcher, q->draft, (size_t)k, (size_t)most);
+            k = (int)gen_stream_extend_forced(&q->g, q->draft, (size_t)k, (size_t)most);
         }
         if (k <= 0 || kv_reserve(kv, q->seq, q->len + 1 + k, &err)) continue;
         q->n_draft = k;

@@ -375,11 +375,44 @@ struct gm_core {
     int mask_next;
 };
 
+/* Whitespace a grammar leaves optional (JSON's between tokens) ends every forced run, yet an
+ * output lays its text out the same way throughout. So a matcher remembers, for each pair of
+ * bytes, the whitespace its output last wrote between them (empty when the second followed
+ * the first at once), and a forced run goes on through a choice between whitespace and one
+ * other byte with that guess ('"' then ':' differs from '"' then '}'). A run with a newline
+ * is kept relative to the indentation of the line its first byte was on, so a key after an
+ * opening brace is one level deeper. Only a proposal: the model verifies it. Longest run
+ * kept, in bytes, and pairs kept (the most recently learned; JSON has a dozen): */
+#define GM_WS_MAX 32
+#define GM_WS_PAIRS 32
+typedef struct {
+    uint8_t known, len;    /* len: the bytes up to and with the last newline, or the whole run */
+    uint8_t before, after; /* the bytes around the run */
+    uint8_t indent_char;   /* 0: no newline (the run as written); else ' ' or '\t' after it */
+    int8_t indent_delta;   /* indentation after the newline minus the byte's line's */
+    char run[GM_WS_MAX];
+} gm_ws;
+/* The layout of the output so far: the last byte that was not whitespace, the whitespace
+ * since, the current line's indentation. */
+typedef struct {
+    int has_prev;
+    uint8_t prev;
+    int prev_indent;  /* indentation of prev's line */
+    int32_t prev_set; /* the parse state after prev (where the run began) */
+    int run_len;      /* whitespace bytes since prev; -1: more than GM_WS_MAX */
+    char run[GM_WS_MAX];
+    int indent, in_indent; /* the current line's leading whitespace so far; still in it */
+} gm_layout;
+
 struct gmatcher {
     gm_core *c;
     int own; /* c is this matcher's alone (the grammar's serves another vocabulary) */
     int32_t cur;
     int done;
+    int probe;     /* a copy that tries tokens: it learns no layout into ws */
+    gm_layout lay; /* follows every byte accepted */
+    gm_ws *ws;     /* [GM_WS_PAIRS], by the bytes around the whitespace */
+    int ws_next;   /* the entry a new pair takes */
 };
 
 static uint32_t mix(uint64_t x) {
@@ -722,6 +755,11 @@ gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
         gmatcher_free(m);
         return NULL;
     }
+    m->ws = calloc(GM_WS_PAIRS, sizeof *m->ws);
+    if (!m->ws) {
+        gmatcher_free(m);
+        return NULL;
+    }
     m->cur = m->c->start;
     return m;
 }
@@ -729,7 +767,97 @@ gmatcher *gmatcher_new(const grammar *g, const gvocab *v) {
 void gmatcher_free(gmatcher *m) {
     if (!m) return;
     if (m->own) core_free(m->c);
+    if (!m->probe) free(m->ws);
     free(m);
+}
+
+static int is_space(unsigned b) { return b == ' ' || b == '\t' || b == '\n' || b == '\r'; }
+
+/* The byte after state s when the grammar allows exactly one (-1: none; -2: a choice);
+ * *ws_other: when the choice is between whitespace and exactly one other byte, that byte
+ * (else -1). Called with the core locked. */
+static int forced_byte(gm_core *c, int32_t s, int *ws_other) {
+    int only = -1, other = -1, n_other = 0, n_ws = 0;
+    for (int b = 0; b < 256; b++) {
+        int32_t r = c->trans[(int64_t)s * 256 + b];
+        if (r == -2) r = advance(c, s, (unsigned)b); /* the first fills the state's whole row */
+        if (c->oom) return *ws_other = -1, -2;
+        if (r < 0) continue;
+        only = only == -1 ? b : -2;
+        if (is_space((unsigned)b))
+            n_ws++;
+        else
+            other = b, n_other++;
+    }
+    *ws_other = n_ws && n_other == 1 ? other : -1;
+    return only;
+}
+
+/* The entry of the pair (before, after); NULL: not learned. */
+static gm_ws *ws_find(gm_ws *ws, unsigned before, unsigned after) {
+    for (int i = 0; ws && i < GM_WS_PAIRS; i++)
+        if (ws[i].known && ws[i].before == before && ws[i].after == after) return &ws[i];
+    return NULL;
+}
+
+/* Keeps the whitespace run[0..n) the output wrote between before and after, before's line
+ * indented by indent. */
+static void ws_learn(gmatcher *m, unsigned before, unsigned after, const char *run, int n, int indent) {
+    gm_ws *w = ws_find(m->ws, before, after);
+    if (!w) w = &m->ws[m->ws_next], m->ws_next = (m->ws_next + 1) % GM_WS_PAIRS;
+    int nl = n - 1;
+    while (nl >= 0 && run[nl] != '\n') nl--;
+    *w = (gm_ws){.known = 1, .len = (uint8_t)n, .before = (uint8_t)before, .after = (uint8_t)after};
+    memcpy(w->run, run, (size_t)n);
+    if (nl < 0 || nl == n - 1) return; /* no newline, or nothing after it: as written */
+    for (int i = nl + 2; i < n; i++)
+        if (run[i] != run[nl + 1]) return; /* mixed indentation: as written */
+    int delta = (n - nl - 1) - indent;
+    if (delta < -GM_WS_MAX || delta > GM_WS_MAX) return;
+    w->len = (uint8_t)(nl + 1), w->indent_char = (uint8_t)run[nl + 1], w->indent_delta = (int8_t)delta;
+}
+
+/* The whitespace to guess between the layout's last byte and after, less what the output
+ * has written of it already (into out, GM_WS_MAX bytes at most); -1: none known, or the
+ * whitespace written is not the start of the guess. */
+static int ws_guess(gm_ws *ws, const gm_layout *l, unsigned after, char *out) {
+    const gm_ws *w = l->has_prev && l->run_len >= 0 ? ws_find(ws, l->prev, after) : NULL;
+    if (!w) return -1;
+    char full[GM_WS_MAX];
+    int n = w->len;
+    memcpy(full, w->run, (size_t)n);
+    if (w->indent_char) {
+        int indent = l->prev_indent + w->indent_delta;
+        if (indent < 0 || n + indent > GM_WS_MAX) return -1;
+        memset(full + n, w->indent_char, (size_t)indent);
+        n += indent;
+    }
+    if (l->run_len > n || memcmp(full, l->run, (size_t)l->run_len)) return -1;
+    memcpy(out, full + l->run_len, (size_t)(n - l->run_len));
+    return n - l->run_len;
+}
+
+/* Follows one byte of output in l; m (NULL: none) learns the whitespace between two bytes
+ * where the grammar chose between whitespace and the second byte alone, as a guess is made
+ * (so a free text's word breaks never crowd out a layout's). s: the state b leads to
+ * (m's core locked). */
+static void layout_byte(gm_layout *l, gmatcher *m, unsigned b, int32_t s) {
+    if (is_space(b)) {
+        if (l->run_len >= 0 && l->run_len < GM_WS_MAX)
+            l->run[l->run_len++] = (char)b;
+        else
+            l->run_len = -1;
+        if (b == '\n')
+            l->indent = 0, l->in_indent = 1;
+        else if (l->in_indent)
+            l->indent++;
+        return;
+    }
+    int other;
+    if (m && l->has_prev && l->run_len >= 0 && forced_byte(m->c, l->prev_set, &other) < 0 && other == (int)b)
+        ws_learn(m, l->prev, b, l->run, l->run_len, l->prev_indent);
+    l->has_prev = 1, l->prev = (uint8_t)b, l->prev_indent = l->indent, l->prev_set = s;
+    l->run_len = 0, l->in_indent = 0;
 }
 
 static int set_ends(const gm_core *c, int32_t s, int only) {
@@ -1090,10 +1218,13 @@ int gmatcher_accept_bytes(gmatcher *mt, const char *bytes, size_t n) {
     pthread_mutex_lock(&m->mu);
     int32_t s = mt->cur;
     for (size_t i = 0; i < n && s >= 0; i++) s = advance(m, s, (unsigned char)bytes[i]);
+    if (s >= 0) /* again through the transitions just made, for the layout */
+        for (size_t i = 0; i < n; i++) {
+            mt->cur = m->trans[(int64_t)mt->cur * 256 + (unsigned char)bytes[i]];
+            layout_byte(&mt->lay, mt->probe ? NULL : mt, (unsigned char)bytes[i], mt->cur);
+        }
     pthread_mutex_unlock(&m->mu);
-    if (s < 0) return 0;
-    mt->cur = s;
-    return 1;
+    return s >= 0;
 }
 
 int gmatcher_accept(gmatcher *m, int32_t token) {
@@ -1111,7 +1242,7 @@ int gmatcher_accept(gmatcher *m, int32_t token) {
 
 size_t gmatcher_allowed_prefix(const gmatcher *m, const int32_t *tokens, size_t n) {
     gmatcher probe = *m; /* the shared core is only read through it; the state is a copy */
-    probe.own = 0;
+    probe.own = 0, probe.probe = 1;
     size_t k = 0;
     while (k < n && gmatcher_accept(&probe, tokens[k])) k++;
     return k;
@@ -1133,33 +1264,63 @@ static int32_t trie_longest(const gv_trie *t, const uint8_t *b, size_t n, size_t
     return best;
 }
 
-size_t gmatcher_extend_forced(const gmatcher *m, int32_t *tokens, size_t n, size_t cap) {
+size_t gmatcher_forced_bytes(const gmatcher *m, const int32_t *tokens, size_t n, char *out, size_t cap) {
     gmatcher probe = *m;
-    probe.own = 0;
+    probe.own = 0, probe.probe = 1;
     for (size_t k = 0; k < n; k++)
-        if (!gmatcher_accept(&probe, tokens[k])) return n;
-    if (probe.done || n >= cap) return n;
-    uint8_t forced[128];
+        if (!gmatcher_accept(&probe, tokens[k])) return 0;
+    if (probe.done) return 0;
     size_t nb = 0;
     gm_core *c = probe.c;
+    gm_layout lay = probe.lay;
     pthread_mutex_lock(&c->mu);
-    for (int32_t s = probe.cur; nb < sizeof forced && s >= 0 && !set_ends(c, s, 0);) {
-        int only = -1; /* the one byte that may follow; -2: more than one */
-        for (int b = 0; b < 256 && only != -2; b++) {
-            int32_t r = c->trans[(int64_t)s * 256 + b];
-            if (r == -2) r = advance(c, s, (unsigned)b); /* the first fills the state's whole row */
-            if (c->oom) only = -2;
-            else if (r >= 0) only = only == -1 ? b : -2;
+    for (int32_t s = probe.cur; nb < cap && s >= 0 && !set_ends(c, s, 0);) {
+        int other, b = forced_byte(c, s, &other);
+        if (b < 0 && other >= 0) { /* optional whitespace before a forced byte: as this output lays it out */
+            char guess[GM_WS_MAX];
+            int g = ws_guess(m->ws, &lay, (unsigned)other, guess);
+            if (g < 0 || nb + (size_t)g >= cap) break;
+            int32_t t = s;
+            for (int i = 0; i < g && t >= 0; i++) t = advance(c, t, (unsigned char)guess[i]);
+            if (t < 0 || advance(c, t, (unsigned)other) < 0) break;
+            for (int i = 0; i < g; i++) out[nb++] = guess[i], layout_byte(&lay, NULL, (unsigned char)guess[i], -1);
+            s = t, b = other;
         }
-        if (only < 0) break; /* none, or a choice: nothing more is forced */
-        forced[nb++] = (uint8_t)only;
-        s = c->trans[(int64_t)s * 256 + only];
+        if (b < 0) break; /* none, or a choice: nothing more is forced */
+        out[nb++] = (char)b;
+        s = advance(c, s, (unsigned)b);
+        layout_byte(&lay, NULL, (unsigned)b, s);
     }
     pthread_mutex_unlock(&c->mu);
-    const gv_trie *t = &c->v->all;
-    for (size_t at = 0; at < nb && n < cap;) {
+    return nb;
+}
+
+size_t gmatcher_extend_forced(const gmatcher *m, int32_t *tokens, size_t n, size_t cap, gm_spell_fn spell,
+                              void *spell_ctx) {
+    if (n >= cap) return n;
+    char forced[128];
+    size_t nb = gmatcher_forced_bytes(m, tokens, n, forced, sizeof forced);
+    if (!nb) return n;
+    gmatcher probe = *m;
+    probe.own = 0, probe.probe = 1;
+    for (size_t k = 0; k < n; k++) gmatcher_accept(&probe, tokens[k]); /* allowed: forced_bytes said so */
+    const gvocab *v = probe.c->v;
+    size_t at = 0; /* forced bytes spelled so far */
+    if (spell)     /* the tokenizer's own spelling, what the model most likely writes */
+        for (size_t k = 0, got = spell(spell_ctx, forced, nb, tokens + n, cap - n); k < got; k++) {
+            int32_t tok = tokens[n];
+            if (!gmatcher_accept(&probe, tok)) break;
+            n++;
+            /* a spelling of other bytes (a tokenizer that normalizes) is proposed as far as the
+             * grammar allows it, and not continued */
+            if (at + v->len[tok] > nb || memcmp(forced + at, v->bytes[tok], v->len[tok])) return n;
+            at += v->len[tok];
+        }
+    /* the rest (no speller, a spelling the grammar stops, a special token's marker that a
+     * tokenizer does not spell) by the longest tokens */
+    while (at < nb && n < cap) {
         size_t len = 0;
-        int32_t tok = trie_longest(t, forced + at, nb - at, &len);
+        int32_t tok = trie_longest(&v->all, (const uint8_t *)forced + at, nb - at, &len);
         if (tok < 0 || !gmatcher_accept(&probe, tok)) break;
         tokens[n++] = tok, at += len;
     }

@@ -52,11 +52,22 @@ int gmatcher_accept(gmatcher *m, int32_t token);
 /* How many of tokens[0..n), taken in order from m's state, the grammar allows (m itself
  * does not move): speculative proposals are cut at the first one it forbids. */
 size_t gmatcher_allowed_prefix(const gmatcher *m, const int32_t *tokens, size_t n);
-/* Speculative proposals from the grammar itself: from m's state after tokens[0..n) (which
- * it must allow; else n comes back), the bytes the grammar forces (while exactly one byte
- * may follow and the output cannot end) are spelled greedily by the longest tokens of the
- * vocabulary and appended to tokens, up to cap in all. Returns the new count. m does not move. */
-size_t gmatcher_extend_forced(const gmatcher *m, int32_t *tokens, size_t n, size_t cap);
+/* The bytes the grammar forces after tokens[0..n) from m's state (0 when it forbids one of
+ * them): while exactly one byte may follow and the output cannot end, and through a choice
+ * between optional whitespace and exactly one other byte, where the whitespace is guessed
+ * as this output laid it out after the same byte before (a newline keeps the indentation
+ * relative to that byte's line; nothing learned yet: the run stops). At most cap bytes into
+ * out. m does not move. */
+size_t gmatcher_forced_bytes(const gmatcher *m, const int32_t *tokens, size_t n, char *out, size_t cap);
+/* Spells bytes[0..n) as tokens (the model's tokenizer), at most cap into out; returns how many. */
+typedef size_t (*gm_spell_fn)(void *ctx, const char *bytes, size_t n, int32_t *out, size_t cap);
+/* Speculative proposals from the grammar itself: gmatcher_forced_bytes after tokens[0..n)
+ * (which m must allow; else n comes back), spelled by spell (NULL: none) as far as the
+ * grammar allows its tokens, the rest (no speller, a token of its spelling the grammar
+ * forbids, a special token's marker) greedily by the vocabulary's longest tokens, appended to
+ * tokens up to cap in all. Returns the new count. */
+size_t gmatcher_extend_forced(const gmatcher *m, int32_t *tokens, size_t n, size_t cap, gm_spell_fn spell,
+                              void *spell_ctx);
 /* Advances over raw bytes (a forced prefix, a test instance); 0 when they do not match. */
 int gmatcher_accept_bytes(gmatcher *m, const char *bytes, size_t n);
 /* The output so far is a complete sentence of the grammar. */

@@ -1,6 +1,7 @@
 /* fuzz_grammar_body.h: the body the grammar fuzz targets share: compile the input as
  * one source kind; when it compiles, follow its own text byte by byte and take a mask
- * over a small vocabulary after each byte (the matcher must never crash or loop). */
+ * over a small vocabulary and the grammar's forced proposal after each byte (the matcher
+ * must never crash or loop, and never propose a token it forbids). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,11 @@ static int fuzz_grammar(grammar_kind kind, const uint8_t *data, size_t size) {
     for (size_t i = 0; m && i < size && i < 64; i++) {
         gmatcher_mask(m, mask);
         if (!gmatcher_accept_bytes(m, (const char *)data + i, 1)) break;
+        /* what the grammar forces next, through whitespace as the text so far laid it out:
+         * every proposed token must be one the grammar allows */
+        int32_t t[8];
+        size_t n = gmatcher_extend_forced(m, t, 0, 8, NULL, NULL);
+        if (gmatcher_allowed_prefix(m, t, n) != n) abort();
     }
     gmatcher_free(m);
     /* a second matcher of the grammar starts from the states the first one built */

@@ -468,16 +468,16 @@ static void test_extend_forced(void **state) {
     grammar *g = compile_ok(GRAMMAR_REGEX, "ab");
     gmatcher *m = gmatcher_new(g, v);
     int32_t t[8];
-    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8), 1); /* "ab", not "abc": 'c' is not forced */
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8, NULL, NULL), 1); /* "ab", not "abc": 'c' is not forced */
     assert_int_equal(t[0], 257 + 6);
     t[0] = 1 + 'a';
-    assert_int_equal(gmatcher_extend_forced(m, t, 1, 8), 2); /* after a given "a": "b" */
+    assert_int_equal(gmatcher_extend_forced(m, t, 1, 8, NULL, NULL), 2); /* after a given "a": "b" */
     assert_int_equal(t[1], 1 + 'b');
-    assert_int_equal(gmatcher_extend_forced(m, t, 1, 1), 1); /* no room */
+    assert_int_equal(gmatcher_extend_forced(m, t, 1, 1, NULL, NULL), 1); /* no room */
     t[0] = 1 + 'b';
-    assert_int_equal(gmatcher_extend_forced(m, t, 1, 8), 1); /* a given token it forbids: as given */
+    assert_int_equal(gmatcher_extend_forced(m, t, 1, 8, NULL, NULL), 1); /* a given token it forbids: as given */
     assert_true(gmatcher_accept(m, 257 + 6));
-    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8), 0); /* complete: it may end, nothing forced */
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8, NULL, NULL), 0); /* complete: it may end, nothing forced */
     gmatcher_free(m);
     grammar_free(g);
     /* an object with one required key: its letters and closing quote are forced, then a
@@ -486,10 +486,108 @@ static void test_extend_forced(void **state) {
                                         "\"required\":[\"abc\"],\"additionalProperties\":false}");
     m = gmatcher_new(g, v);
     assert_true(gmatcher_accept(m, 257 + 0)); /* {" */
-    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8), 2);
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8, NULL, NULL), 2);
     assert_int_equal(t[0], 257 + 7); /* abc */
     assert_int_equal(t[1], 1 + '"');
     assert_int_equal(gmatcher_allowed_prefix(m, t, 2), 2);
+    gmatcher_free(m);
+    grammar_free(g);
+    gvocab_free(v);
+}
+
+/* Speller stand-ins: "\n    \"f\":" spelled otherwise than by the longest tokens (the
+ * closing quote and ':' apart), and a token the grammar forbids there. */
+static size_t spell_apart(void *ctx, const char *bytes, size_t n, int32_t *out, size_t cap) {
+    (void)ctx;
+    static const int32_t ids[] = {1 + '\n', 1 + ' ', 1 + ' ', 1 + ' ', 257 + 12, 1 + 'f', 1 + '"', 1 + ':'};
+    assert_int_equal(n, 9);
+    assert_memory_equal(bytes, "\n    \"f\":", 9);
+    size_t k = cap < 8 ? cap : 8;
+    memcpy(out, ids, k * sizeof *ids);
+    return k;
+}
+
+static size_t spell_part(void *ctx, const char *bytes, size_t n, int32_t *out, size_t cap) {
+    size_t k = spell_apart(ctx, bytes, n, out, cap);
+    out[5] = 1 + 'x'; /* forbidden after "\n    \"": the longest tokens go on from there */
+    return k;
+}
+
+static size_t spell_other(void *ctx, const char *bytes, size_t n, int32_t *out, size_t cap) {
+    (void)ctx, (void)bytes, (void)n, (void)cap;
+    out[0] = 1 + '\n', out[1] = 1 + '\t', out[2] = 1 + ' '; /* a tab where the bytes have a space */
+    return 3;
+}
+
+static size_t spell_wrong(void *ctx, const char *bytes, size_t n, int32_t *out, size_t cap) {
+    (void)ctx, (void)bytes, (void)n, (void)cap;
+    out[0] = 1 + 'x';
+    return 1;
+}
+
+/* The bytes a JSON output's layout lets a forced run go through: whitespace between two
+ * bytes is guessed as the output wrote it between the same two before, where the grammar
+ * chose between whitespace and that byte (a newline keeps the indentation relative to the
+ * first byte's line); a pair not seen yet ends the run. */
+static void test_forced_through_layout(void **state) {
+    (void)state;
+    gvocab *v = test_vocab();
+    grammar *g =
+        compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"abc\":{\"type\":\"string\"},"
+                                        "\"de\":{\"type\":\"object\",\"properties\":{\"f\":{\"type\":\"integer\"}},"
+                                        "\"required\":[\"f\"],\"additionalProperties\":false}},"
+                                        "\"required\":[\"abc\",\"de\"],\"additionalProperties\":false}");
+    gmatcher *m = gmatcher_new(g, v);
+    char out[64];
+    assert_true(gmatcher_accept_bytes(m, "{", 1));
+    assert_int_equal(gmatcher_forced_bytes(m, NULL, 0, out, sizeof out), 0); /* '{' then '"': not seen yet */
+    /* a string's word breaks are no choice of the grammar: not learned, so its 51 pairs of
+     * letters do not crowd out the layout's few */
+    const char *first = "\n  \"abc\": \"a b c d e f g h i j k l m n o p q r s t u v w x y z A B C D E F G H I J "
+                        "K L M N O P Q R S T U V W X Y Z\",";
+    assert_true(gmatcher_accept_bytes(m, first, strlen(first)));
+    assert_int_equal(gmatcher_forced_bytes(m, NULL, 0, out, sizeof out), 0); /* ',' then '"': not seen yet */
+    assert_true(gmatcher_accept_bytes(m, "\n  \"d", 5));
+    /* "e", the closing quote, ':' as after "abc" (nothing between), then a choice (':' and
+     * '{' were never neighbours) */
+    assert_int_equal(gmatcher_forced_bytes(m, NULL, 0, out, sizeof out), 3);
+    assert_memory_equal(out, "e\":", 3);
+    assert_true(gmatcher_accept_bytes(m, "e\": {", 5));
+    /* '{' then '"': a newline and two spaces deeper than the brace's line, as after the
+     * first brace; then the only key, and ':' */
+    size_t n = gmatcher_forced_bytes(m, NULL, 0, out, sizeof out);
+    assert_int_equal(n, 9);
+    assert_memory_equal(out, "\n    \"f\":", 9);
+    /* after given tokens: "\n" and a space are allowed, and the start of the guess: the
+     * run goes on with the rest of it */
+    int32_t nl[] = {1 + '\n', 1 + ' '};
+    assert_int_equal(gmatcher_forced_bytes(m, nl, 2, out, sizeof out), 7);
+    assert_memory_equal(out, "   \"f\":", 7);
+    int32_t tab[] = {1 + '\n', 1 + '\t'}; /* not the start of the guess: nothing guessed */
+    assert_int_equal(gmatcher_forced_bytes(m, tab, 2, out, sizeof out), 0);
+    int32_t bad = 1 + 'x';
+    assert_int_equal(gmatcher_forced_bytes(m, &bad, 1, out, sizeof out), 0); /* a token it forbids */
+    assert_int_equal(gmatcher_forced_bytes(m, NULL, 0, out, 7), 7);          /* cap */
+    assert_int_equal(gmatcher_forced_bytes(m, NULL, 0, out, 5), 0);          /* no room for the guess and its byte */
+    /* spelled by the given speller where the grammar allows its tokens, else by the
+     * longest tokens ("\n", spaces, " \"" and "\":" among them) */
+    int32_t t[8];
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8, spell_apart, NULL), 8);
+    assert_int_equal(t[6], 1 + '"');
+    assert_int_equal(t[7], 1 + ':');
+    assert_int_equal(gmatcher_allowed_prefix(m, t, 8), 8);
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8, spell_wrong, NULL), 7);
+    assert_int_equal(t[0], 1 + '\n');
+    assert_int_equal(t[3], 1 + ' ');
+    assert_int_equal(t[4], 257 + 12);
+    assert_int_equal(t[6], 257 + 1);
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 3, spell_apart, NULL), 3); /* cap */
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8, spell_part, NULL), 7);
+    assert_int_equal(t[4], 257 + 12); /* the speller's " \"" */
+    assert_int_equal(t[5], 1 + 'f');  /* then the longest: "f", "\":" */
+    assert_int_equal(t[6], 257 + 1);
+    /* a spelling of other bytes the grammar allows: proposed that far, not continued */
+    assert_int_equal(gmatcher_extend_forced(m, t, 0, 8, spell_other, NULL), 2);
     gmatcher_free(m);
     grammar_free(g);
     gvocab_free(v);
@@ -652,6 +750,7 @@ int main(void) {
         cmocka_unit_test(test_masks),
         cmocka_unit_test(test_accept_refuses),
         cmocka_unit_test(test_extend_forced),
+        cmocka_unit_test(test_forced_through_layout),
         cmocka_unit_test(test_tool_call),
         cmocka_unit_test(test_tool_call_pieces),
     };

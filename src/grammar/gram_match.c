@@ -1240,13 +1240,26 @@ int gmatcher_accept(gmatcher *m, int32_t token) {
     return gmatcher_accept_bytes(m, v->bytes[token], v->len[token]);
 }
 
-size_t gmatcher_allowed_prefix(const gmatcher *m, const int32_t *tokens, size_t n) {
-    gmatcher probe = *m; /* the shared core is only read through it; the state is a copy */
+/* A copy of m that tries tokens: the shared core is only read through it, the state is its own,
+ * and it learns no layout. */
+static gmatcher probe_of(const gmatcher *m) {
+    gmatcher probe = *m;
     probe.own = 0, probe.probe = 1;
+    return probe;
+}
+
+/* How many of tokens[0..n) the probe accepts in order (it moves over them). */
+static size_t probe_accept(gmatcher *probe, const int32_t *tokens, size_t n) {
     size_t k = 0;
-    while (k < n && gmatcher_accept(&probe, tokens[k])) k++;
+    while (k < n && gmatcher_accept(probe, tokens[k])) k++;
     return k;
 }
+
+size_t gmatcher_allowed_prefix(const gmatcher *m, const int32_t *tokens, size_t n) {
+    gmatcher probe = probe_of(m);
+    return probe_accept(&probe, tokens, n);
+}
+
 
 /* The longest token of t spelled by a prefix of b[0..n) (-1: none), its length in *len. */
 static int32_t trie_longest(const gv_trie *t, const uint8_t *b, size_t n, size_t *len) {
@@ -1264,21 +1277,18 @@ static int32_t trie_longest(const gv_trie *t, const uint8_t *b, size_t n, size_t
     return best;
 }
 
-size_t gmatcher_forced_bytes(const gmatcher *m, const int32_t *tokens, size_t n, char *out, size_t cap) {
-    gmatcher probe = *m;
-    probe.own = 0, probe.probe = 1;
-    for (size_t k = 0; k < n; k++)
-        if (!gmatcher_accept(&probe, tokens[k])) return 0;
-    if (probe.done) return 0;
+/* gmatcher_forced_bytes from the probe's own state (it does not move). */
+static size_t forced_from(const gmatcher *probe, char *out, size_t cap) {
+    if (probe->done) return 0;
     size_t nb = 0;
-    gm_core *c = probe.c;
-    gm_layout lay = probe.lay;
+    gm_core *c = probe->c;
+    gm_layout lay = probe->lay;
     pthread_mutex_lock(&c->mu);
-    for (int32_t s = probe.cur; nb < cap && s >= 0 && !set_ends(c, s, 0);) {
+    for (int32_t s = probe->cur; nb < cap && s >= 0 && !set_ends(c, s, 0);) {
         int other, b = forced_byte(c, s, &other);
         if (b < 0 && other >= 0) { /* optional whitespace before a forced byte: as this output lays it out */
             char guess[GM_WS_MAX];
-            int g = ws_guess(m->ws, &lay, (unsigned)other, guess);
+            int g = ws_guess(probe->ws, &lay, (unsigned)other, guess);
             if (g < 0 || nb + (size_t)g >= cap) break;
             int32_t t = s;
             for (int i = 0; i < g && t >= 0; i++) t = advance(c, t, (unsigned char)guess[i]);
@@ -1295,15 +1305,18 @@ size_t gmatcher_forced_bytes(const gmatcher *m, const int32_t *tokens, size_t n,
     return nb;
 }
 
+size_t gmatcher_forced_bytes(const gmatcher *m, const int32_t *tokens, size_t n, char *out, size_t cap) {
+    gmatcher probe = probe_of(m);
+    return probe_accept(&probe, tokens, n) == n ? forced_from(&probe, out, cap) : 0;
+}
+
 size_t gmatcher_extend_forced(const gmatcher *m, int32_t *tokens, size_t n, size_t cap, gm_spell_fn spell,
                               void *spell_ctx) {
     if (n >= cap) return n;
     char forced[128];
-    size_t nb = gmatcher_forced_bytes(m, tokens, n, forced, sizeof forced);
+    gmatcher probe = probe_of(m);
+    size_t nb = probe_accept(&probe, tokens, n) == n ? forced_from(&probe, forced, sizeof forced) : 0;
     if (!nb) return n;
-    gmatcher probe = *m;
-    probe.own = 0, probe.probe = 1;
-    for (size_t k = 0; k < n; k++) gmatcher_accept(&probe, tokens[k]); /* allowed: forced_bytes said so */
     const gvocab *v = probe.c->v;
     size_t at = 0; /* forced bytes spelled so far */
     if (spell)     /* the tokenizer's own spelling, what the model most likely writes */

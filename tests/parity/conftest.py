@@ -212,16 +212,23 @@ def hf_tokenizer(model):
 DIGITS_FIRST_PRE = {"smollm", "codeshell", "exaone", "minerva", "mellum2"}
 
 
+@functools.lru_cache(maxsize=None)
+def gguf_pre(model):
+    """The file's tokenizer.ggml.pre (None without one), read once per path."""
+    from gguf import GGUFReader
+
+    f = GGUFReader(model).fields.get("tokenizer.ggml.pre")
+    return None if f is None else bytes(f.parts[f.data[0]]).decode()
+
+
 def digits_first(model, tok):
     """transformers' GGUF conversion ignores tokenizer.ggml.pre for these names and keeps plain
     ByteLevel, which differs from llama.cpp (the format's reference) and from the model's own
     tokenizer on a numeral after a space (" ½", " ٣"): the oracle takes the pre-tokenizer they
     have. test_tokenizer_llamacpp checks hearth against llama.cpp itself where it is built."""
-    from gguf import GGUFReader
     from tokenizers import pre_tokenizers
 
-    f = GGUFReader(model).fields.get("tokenizer.ggml.pre")
-    if f is not None and bytes(f.parts[f.data[0]]).decode() in DIGITS_FIRST_PRE:
+    if gguf_pre(model) in DIGITS_FIRST_PRE:
         tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])

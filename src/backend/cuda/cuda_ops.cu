@@ -890,8 +890,10 @@ hearth_status cuda_attention(const cuda_attention_args *args, hearth_error *err)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_attention: heads %d/%d or layer %d do not fit the pool",
                        a->n_heads, a->n_kv_heads, a->layer);
     if (a->head_dim > ATT_DMAX) { /* wider heads: prefill runs on the tensor cores, else the simple kernel */
-        if (!a->batch_invariant && a->T > 8 && !a->single_slot && a->host_slot) return attention_ragged(a, err);
-        if (!a->batch_invariant && a->T > 8 && cuda_attention_prefill_tc_fits(a)) return cuda_attention_prefill_tc(a, err);
+        if (!a->batch_invariant && a->T > 8) {
+            if (!a->single_slot && a->host_slot) return attention_ragged(a, err);
+            if (cuda_attention_prefill_tc_fits(a)) return cuda_attention_prefill_tc(a, err);
+        }
         return attention_wide(a, err);
     }
     if (a->batch_invariant) { /* the decode kernels only, at most 8 tokens per launch */

@@ -279,7 +279,8 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
      * prefill attention stays in f32) */
     p->att_stage_bytes = 0;
     for (int l = 0; !p->gemm_exact && l < (kv->layer_heads ? kv->n_layers : 1); l++) { /* the widest layer's */
-        int heads = kv->layer_heads ? kv->layer_heads[l] : c->n_kv_heads, dim = kv->layer_heads ? kv->layer_dims[l] : c->head_dim;
+        int heads = kv->layer_heads ? kv->layer_heads[l] : c->n_kv_heads;
+        int dim = kv->layer_heads ? kv->layer_dims[l] : c->head_dim;
         size_t b = cuda_attention_stage_bytes(kv->max_blocks_per_slot, heads, dim);
         if (b > p->att_stage_bytes) p->att_stage_bytes = b;
     }

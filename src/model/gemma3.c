@@ -16,14 +16,19 @@ hearth_status gemma3_layers(const op_step *s, const void *ctx) {
         op_mlp mlp = decoder_mlp(m, i, OP_ACT_GELU_TANH);
         OP_TRY(op_qkv_rope_store(s, i, &attn));
         OP_TRY(op_attention(s, i, &attn));
-        OP_TRY(op_norm(s, OP_TMP, l->post_attn_norm, shift));
-        OP_TRY(op_add_norm(s, OP_TMP, l->ffn_norm, shift, DECODER_GATE_UP(l)));
+        const op_weight *gate_up[2] = {&l->gate, &l->up};
+        /* x += post_attn(tmp); xn = ffn_norm(x) */
+        op_residual ra = {.delta = OP_TMP, .delta_norm = l->post_attn_norm, .delta_scale = 1.0f, .x_scale = 1.0f,
+                          .w = l->ffn_norm, .shift = shift, .next = gate_up, .n_next = 2};
+        OP_TRY(op_residual_run(s, &ra));
         OP_TRY(op_mlp_run(s, &mlp));
-        OP_TRY(op_norm(s, OP_TMP, l->post_ffn_norm, shift));
-        if (i + 1 < c->n_layers)
-            OP_TRY(op_add_norm(s, OP_TMP, m->layers[i + 1].attn_norm, shift, DECODER_QKV(&m->layers[i + 1])));
-        else
-            OP_TRY(op_add(s, OP_X, OP_TMP));
+        /* x += post_ffn(tmp); xn = the next layer's attn_norm(x) */
+        const layer_weights *next = i + 1 < c->n_layers ? &m->layers[i + 1] : NULL;
+        op_residual rf = {.delta = OP_TMP, .delta_norm = l->post_ffn_norm, .delta_scale = 1.0f, .x_scale = 1.0f,
+                          .shift = shift};
+        const op_weight *qkv[3] = {next ? &next->q : NULL, next ? &next->k : NULL, next ? &next->v : NULL};
+        if (next) rf.w = next->attn_norm, rf.next = qkv, rf.n_next = 3;
+        OP_TRY(op_residual_run(s, &rf));
     }
     return op_logits(s, m->final_norm, shift, 1.0f, &m->lm_head);
 }

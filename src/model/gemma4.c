@@ -23,12 +23,11 @@ static op_attn gemma4_attn(const model *m, int i) {
     return a;
 }
 
-/* x (already holding the block's output) is normed for layer l's attention, whose
- * projections that exist read it. */
-static hearth_status norm_for_attention(const op_step *s, const layer_weights *l) {
-    const op_weight *next[3] = {&l->q, &l->k, &l->v};
-    int n = l->shares_kv ? 1 : l->v.n ? 3 : 2;
-    return op_add_norm(s, OP_NONE, l->attn_norm, 0.0f, next, n);
+/* The weights of layer l's attention that read xn (a shared-KV layer: q only; no v:
+ * values are the keys). */
+static int attention_inputs(const layer_weights *l, const op_weight **next) {
+    next[0] = &l->q, next[1] = &l->k, next[2] = &l->v;
+    return l->shares_kv ? 1 : l->v.n ? 3 : 2;
 }
 
 hearth_status gemma4_layers(const op_step *s, const void *ctx) {
@@ -41,16 +40,21 @@ hearth_status gemma4_layers(const op_step *s, const void *ctx) {
                                   .input_scale = (float)(1.0 / sqrt(2.0)), .vocab = c->per_layer_vocab};
         OP_TRY(op_per_layer_inputs_run(s, &in));
     }
-    OP_TRY(norm_for_attention(s, &m->layers[0]));
+    const op_weight *first[3];
+    int n_first = attention_inputs(&m->layers[0], first);
+    OP_TRY(op_add_norm(s, OP_NONE, m->layers[0].attn_norm, 0.0f, first, n_first));
     for (int i = 0; i < c->n_layers; i++) {
-        const layer_weights *l = &m->layers[i];
+        const layer_weights *l = &m->layers[i], *next = i + 1 < c->n_layers ? &m->layers[i + 1] : NULL;
         op_attn attn = gemma4_attn(m, i);
         op_mlp mlp = decoder_mlp(m, i, OP_ACT_GELU_TANH);
         mlp.ffn = l->ffn;
         OP_TRY(op_qkv_rope_store(s, l->kv_layer, &attn)); /* a shared layer: its queries only */
         OP_TRY(op_attention(s, l->kv_layer, &attn));
-        OP_TRY(op_norm(s, OP_TMP, l->post_attn_norm, 0.0f));
-        OP_TRY(op_add_norm(s, OP_TMP, l->ffn_norm, 0.0f, DECODER_GATE_UP(l)));
+        /* x += post_attn(tmp); xn = ffn_norm(x) */
+        const op_weight *gate_up[2] = {&l->gate, &l->up};
+        op_residual ra = {.delta = OP_TMP, .delta_norm = l->post_attn_norm, .delta_scale = 1.0f, .x_scale = 1.0f,
+                          .w = l->ffn_norm, .next = gate_up, .n_next = 2};
+        OP_TRY(op_residual_run(s, &ra));
         OP_TRY(op_mlp_run(s, &mlp));
         if (l->moe) { /* tmp = post_1(mlp) + post_2(experts(pre_2(x))), routed from x */
             op_moe moe = decoder_moe(m, i);
@@ -62,14 +66,19 @@ hearth_status gemma4_layers(const op_step *s, const void *ctx) {
             OP_TRY(op_norm(s, OP_TMP, l->post_ffn_norm_1, 0.0f));
             OP_TRY(op_moe_run(s, &moe));
         }
-        OP_TRY(op_norm(s, OP_TMP, l->post_ffn_norm, 0.0f));
-        OP_TRY(op_add(s, OP_X, OP_TMP));
+        /* x += post_ffn(tmp); then, with per-layer inputs, x += pl_norm(their gate's tmp); x
+         * *= the layer scalar; xn = the next layer's attn_norm(x) */
+        op_residual rf = {.delta = OP_TMP, .delta_norm = l->post_ffn_norm, .delta_scale = 1.0f, .x_scale = 1.0f};
         if (c->per_layer_dim) {
-            op_per_layer_gate gate = {.gate = &l->pl_gate, .proj = &l->pl_proj, .norm = l->pl_norm};
+            OP_TRY(op_residual_run(s, &rf));
+            op_per_layer_gate gate = {.gate = &l->pl_gate, .proj = &l->pl_proj};
             OP_TRY(op_per_layer_gate_run(s, i, &gate));
+            rf.delta_norm = l->pl_norm;
         }
-        OP_TRY(op_scale(s, OP_X, l->layer_scalar[0]));
-        if (i + 1 < c->n_layers) OP_TRY(norm_for_attention(s, &m->layers[i + 1]));
+        const op_weight *qkv[3];
+        rf.x_scale = l->layer_scalar[0];
+        if (next) rf.w = next->attn_norm, rf.n_next = attention_inputs(next, qkv), rf.next = qkv;
+        OP_TRY(op_residual_run(s, &rf));
     }
     OP_TRY(op_logits(s, m->final_norm, 0.0f, 1.0f, &m->lm_head));
     return c->softcap > 0.0f ? op_softcap(s, c->softcap) : HEARTH_OK;

@@ -18,7 +18,7 @@ hearth_status llama_layers(const op_step *s, const void *ctx) {
         if (i + 1 < c->n_layers)
             OP_TRY(op_add_norm(s, OP_TMP, m->layers[i + 1].attn_norm, 0.0f, DECODER_QKV(&m->layers[i + 1])));
         else
-            OP_TRY(op_add(s, OP_X, OP_TMP));
+            OP_TRY(op_add_norm(s, OP_TMP, NULL, 0.0f, NULL, 0));
     }
     return op_logits(s, m->final_norm, c->norm_shift, 1.0f, &m->lm_head);
 }

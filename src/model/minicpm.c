@@ -16,11 +16,16 @@ hearth_status minicpm_layers(const op_step *s, const void *ctx) {
         op_mlp mlp = decoder_mlp(m, i, OP_ACT_SILU);
         OP_TRY(op_qkv_rope_store(s, i, &attn));
         OP_TRY(op_attention(s, i, &attn));
-        OP_TRY(op_scale(s, OP_TMP, c->residual_scale)); /* h = x + r * scale_depth / sqrt(layers) */
-        OP_TRY(op_add_norm(s, OP_TMP, l->ffn_norm, 0.0f, DECODER_GATE_UP(l)));
+        const op_weight *gate_up[2] = {&l->gate, &l->up};
+        /* h = x + r * scale_depth / sqrt(layers) */
+        op_residual ra = {.delta = OP_TMP, .delta_scale = c->residual_scale, .x_scale = 1.0f, .w = l->ffn_norm,
+                          .next = gate_up, .n_next = 2};
+        OP_TRY(op_residual_run(s, &ra));
         OP_TRY(op_mlp_run(s, &mlp));
-        OP_TRY(op_scale(s, OP_TMP, c->residual_scale));
-        OP_TRY(next ? op_add_norm(s, OP_TMP, next->attn_norm, 0.0f, DECODER_QKV(next)) : op_add(s, OP_X, OP_TMP));
+        op_residual rf = {.delta = OP_TMP, .delta_scale = c->residual_scale, .x_scale = 1.0f};
+        const op_weight *qkv[3] = {next ? &next->q : NULL, next ? &next->k : NULL, next ? &next->v : NULL};
+        if (next) rf.w = next->attn_norm, rf.next = qkv, rf.n_next = 3;
+        OP_TRY(op_residual_run(s, &rf));
     }
     return op_logits(s, m->final_norm, c->norm_shift, c->logits_div, &m->lm_head);
 }

@@ -25,7 +25,7 @@ hearth_status qwen3_moe_layers(const op_step *s, const void *ctx) {
             OP_TRY(op_add_norm(s, OP_TMP, l->ffn_norm, 0.0f, DECODER_GATE_UP(l)));
             OP_TRY(op_mlp_run(s, &mlp));
         }
-        OP_TRY(next ? op_add_norm(s, OP_TMP, next->attn_norm, 0.0f, DECODER_QKV(next)) : op_add(s, OP_X, OP_TMP));
+        OP_TRY(next ? op_add_norm(s, OP_TMP, next->attn_norm, 0.0f, DECODER_QKV(next)) : op_add_norm(s, OP_TMP, NULL, 0.0f, NULL, 0));
     }
     return op_logits(s, m->final_norm, c->norm_shift, 1.0f, &m->lm_head);
 }

@@ -166,11 +166,28 @@ typedef struct op_per_layer_inputs {
     int vocab;
 } op_per_layer_inputs;
 
-/* Layer `layer`'s use of them: x += rmsnorm(proj · (gelu_tanh(gate · x) * input[layer])) * norm. */
+/* Layer `layer`'s use of them: tmp = proj · (gelu_tanh(gate · x) * input[layer]) (the
+ * forward pass then adds rmsnorm(tmp) * its norm to x with op_residual). */
 typedef struct op_per_layer_gate {
     const op_weight *gate, *proj;
-    const float *norm;
 } op_per_layer_gate;
+
+/* The residual join between blocks, one op so that a backend runs it as one pass over the
+ * rows: d = delta (after, in this order, its own norm rmsnorm(delta) * (delta_norm + shift)
+ * when delta_norm is given, and times delta_scale); x = (x + d) * x_scale; then, when w is
+ * given, xn = rmsnorm(x) * (w + shift) for the weights in next (a backend may prepare xn for
+ * them, e.g. quantize it once). Each step rounds to float as the separate ops would (norm,
+ * scale, add, scale, norm), so fusing them changes no bits. delta OP_NONE: no add (delta_norm
+ * and delta_scale unused); delta is clobbered when delta_norm or delta_scale is used. */
+typedef struct op_residual {
+    op_buf delta;
+    const float *delta_norm;
+    float delta_scale, x_scale; /* 1: none */
+    const float *w;             /* NULL: x only, no xn */
+    float shift;
+    const op_weight *const *next;
+    int n_next;
+} op_residual;
 
 /* A mixture-of-experts MLP (Qwen3-MoE, mlx-lm SwitchGLU): router logits = router · x,
  * softmax over the experts, the top_k of them per token (weights renormalized to sum 1
@@ -246,16 +263,10 @@ struct op_table {
      * `out` says (ids: n_out entries). Checks b against the sizes the backend was made for. */
     hearth_status (*step)(op_backend *be, kv_cache *kv, const op_batch *b, const op_dims *dims, const op_embed *embed,
                           op_layers_fn layers, const void *ctx, op_out out, int32_t *ids, hearth_error *err);
-    /* x += delta (unless OP_NONE); xn = rmsnorm(x) * (w + shift). next: the weights that
-     * will read xn (a backend may prepare xn for them, e.g. quantize it once). */
-    hearth_status (*add_norm)(const op_step *s, op_buf delta, const float *w, float shift, const op_weight *const *next,
-                              int n_next);
+    /* The residual join (op_residual). */
+    hearth_status (*residual)(const op_step *s, const op_residual *r);
     /* buf = rmsnorm(buf) * (w + shift), in place. */
     hearth_status (*norm)(const op_step *s, op_buf buf, const float *w, float shift);
-    /* dst += src. */
-    hearth_status (*add)(const op_step *s, op_buf dst, op_buf src);
-    /* buf *= factor (each element, one rounding). */
-    hearth_status (*scale)(const op_step *s, op_buf buf, float factor);
     /* q, k, v = projections of xn (+ bias, per-head norm, RoPE at each token's position);
      * the keys and values join layer `layer` of the KV pool. */
     hearth_status (*qkv_rope_store)(const op_step *s, int layer, const op_attn *a);
@@ -306,16 +317,17 @@ struct op_backend {
 };
 
 /* The op calls a forward pass makes, one per table entry. */
+static inline hearth_status op_residual_run(const op_step *s, const op_residual *r) { return s->t->residual(s, r); }
+/* x += delta (unless OP_NONE); xn = rmsnorm(x) * (w + shift) unless w is NULL; next: the
+ * weights that read xn. */
 static inline hearth_status op_add_norm(const op_step *s, op_buf delta, const float *w, float shift,
                                         const op_weight *const *next, int n_next) {
-    return s->t->add_norm(s, delta, w, shift, next, n_next);
+    op_residual r = {.delta = delta, .delta_scale = 1.0f, .x_scale = 1.0f, .w = w, .shift = shift, .next = next,
+                     .n_next = n_next};
+    return s->t->residual(s, &r);
 }
 static inline hearth_status op_norm(const op_step *s, op_buf buf, const float *w, float shift) {
     return s->t->norm(s, buf, w, shift);
-}
-static inline hearth_status op_add(const op_step *s, op_buf dst, op_buf src) { return s->t->add(s, dst, src); }
-static inline hearth_status op_scale(const op_step *s, op_buf buf, float factor) {
-    return s->t->scale(s, buf, factor);
 }
 static inline hearth_status op_qkv_rope_store(const op_step *s, int layer, const op_attn *a) {
     return s->t->qkv_rope_store(s, layer, a);

@@ -1,5 +1,7 @@
 /* test_cuda_graph.c: the decode-speed pieces of the CUDA backend against CPU references:
- * the fused residual add + rmsnorm (ops_rmsnorm after a host add), the norm / gate kernels
+ * the fused residual add + rmsnorm (ops_rmsnorm after a host add), the whole residual join
+ * (cuda_residual: the delta's norm and scale, x's scale; against the separate kernels and
+ * the CPU's ops), the norm / gate kernels
  * that also write int8 activations (cpu_quantize_row_ref), the on-device greedy
  * argmax (the sampler's first-maximum rule, ties and -inf rows included) and a CUDA graph
  * replayed with new input values (must equal the same kernels run eagerly), also one
@@ -155,10 +157,8 @@ static void test_fused_q8(void **state) {
                 assert_int_equal(
                     cuda_add_rmsnorm_q8(do1, dx1, add ? dd : NULL, dw, (float)add, T, n, 1e-6f, dq, ds, NULL),
                     HEARTH_OK);
-                if (add)
-                    assert_int_equal(cuda_add_rmsnorm(do2, dx2, dd, dw, 1.0f, T, n, 1e-6f, NULL), HEARTH_OK);
-                else
-                    assert_int_equal(cuda_rmsnorm(do2, dx2, dw, 0.0f, T, n, 1e-6f, NULL), HEARTH_OK);
+                if (add) assert_int_equal(cuda_add(dx2, dd, tn, NULL), HEARTH_OK);
+                assert_int_equal(cuda_rmsnorm(do2, dx2, dw, (float)add, T, n, 1e-6f, NULL), HEARTH_OK);
                 host_copy(o1, do1, tn * 4), host_copy(o2, do2, tn * 4);
                 host_copy(x1, dx1, tn * 4), host_copy(x2, dx2, tn * 4);
                 host_copy(hq, dq, tn), host_copy(hs, ds, tn / 32 * 8);
@@ -184,6 +184,80 @@ static void test_fused_q8(void **state) {
                 cuda_free(dx1), cuda_free(dx2), cuda_free(dd), cuda_free(dw), cuda_free(do1), cuda_free(do2);
                 cuda_free(dq), cuda_free(ds);
                 free(x), free(delta), free(w), free(o1), free(o2), free(x1), free(x2), free(hs), free(hq);
+            }
+}
+
+/* cuda_residual (op_residual in one launch) against the separate kernels it replaces, run
+ * in turn on the same inputs (cuda_rmsnorm of delta, cuda_scale, cuda_add, cuda_scale,
+ * cuda_rmsnorm of x): x, the normed output and its int8 copy bit-identical; and against the
+ * CPU backend's sequence (ops_rmsnorm, ops_scale, ops_add) within the norms' reordering
+ * bound. Rows up to 10240 (the loop form past 8192), with and without each part. */
+static void test_residual(void **state) {
+    (void)state;
+    static const int ns[] = {32, 2560, 5024, 10240};
+    static const int Ts[] = {1, 4};
+    for (size_t c = 0; c < 4; c++)
+        for (size_t ti = 0; ti < 2; ti++)
+            for (int form = 0; form < 24; form++) {
+                int T = Ts[ti], n = ns[c], has_delta = form % 3 != 0, dnorm = form % 3 == 2, q8 = (form / 3) % 2,
+                    has_w = (form / 6) % 2 || q8;
+                float dscale = (form / 12) % 2 ? 0.37f : 1.0f, xscale = form % 2 ? 1.7f : 1.0f, shift = form % 4 ? 1.0f : 0.0f;
+                size_t tn = (size_t)T * n;
+                float *x = rnd_vec(tn, 3.0f), *delta = rnd_vec(tn, 2.0f), *dw = rnd_vec((size_t)n, 1.0f),
+                      *w = rnd_vec((size_t)n, 1.0f);
+                /* the CPU backend's order */
+                float *cx = malloc(tn * 4), *cd = malloc(tn * 4), *cout = malloc(tn * 4);
+                memcpy(cx, x, tn * 4), memcpy(cd, delta, tn * 4);
+                if (has_delta) {
+                    if (dnorm) ops_rmsnorm(cd, cd, dw, shift, T, n, 1e-6f);
+                    ops_scale(cd, dscale, tn);
+                    ops_add(cx, cd, tn);
+                }
+                ops_scale(cx, xscale, tn);
+                if (has_w) ops_rmsnorm(cout, cx, w, shift, T, n, 1e-6f);
+                /* fused */
+                float *dx1 = dev_copy(x, tn * 4), *dd1 = dev_copy(delta, tn * 4), *ddw = dev_copy(dw, (size_t)n * 4),
+                      *dwt = dev_copy(w, (size_t)n * 4), *do1 = dev_copy(x, tn * 4);
+                int8_t *hq = calloc(tn, 1), *dq = dev_copy(hq, tn);
+                float *hs = calloc(tn / 32, 8), *ds = dev_copy(hs, tn / 32 * 8);
+                cuda_residual_args a = {.x = dx1, .delta = has_delta ? dd1 : NULL, .delta_norm = dnorm ? ddw : NULL,
+                                        .delta_scale = dscale, .x_scale = xscale, .w = has_w ? dwt : NULL,
+                                        .shift = shift, .out = do1, .xq = q8 ? dq : NULL, .xs = q8 ? ds : NULL,
+                                        .T = T, .n = n, .eps = 1e-6f};
+                assert_int_equal(cuda_residual(&a, NULL), HEARTH_OK);
+                /* unfused */
+                float *dx2 = dev_copy(x, tn * 4), *dd2 = dev_copy(delta, tn * 4), *do2 = dev_copy(x, tn * 4);
+                if (has_delta) {
+                    if (dnorm) assert_int_equal(cuda_rmsnorm(dd2, dd2, ddw, shift, T, n, 1e-6f, NULL), HEARTH_OK);
+                    if (dscale != 1.0f) assert_int_equal(cuda_scale(dd2, dscale, 0, tn, NULL), HEARTH_OK);
+                    assert_int_equal(cuda_add(dx2, dd2, tn, NULL), HEARTH_OK);
+                }
+                if (xscale != 1.0f) assert_int_equal(cuda_scale(dx2, xscale, 0, tn, NULL), HEARTH_OK);
+                if (has_w) assert_int_equal(cuda_rmsnorm(do2, dx2, dwt, shift, T, n, 1e-6f, NULL), HEARTH_OK);
+                float *x1 = malloc(tn * 4), *x2 = malloc(tn * 4), *o1 = malloc(tn * 4), *o2 = malloc(tn * 4);
+                host_copy(x1, dx1, tn * 4), host_copy(x2, dx2, tn * 4);
+                host_copy(o1, do1, tn * 4), host_copy(o2, do2, tn * 4);
+                if (memcmp(x1, x2, tn * 4))
+                    fail_msg("residual n=%d T=%d form=%d: x differs from the separate kernels", n, T, form);
+                if (has_w && memcmp(o1, o2, tn * 4))
+                    fail_msg("residual n=%d T=%d form=%d: out differs from the separate kernels", n, T, form);
+                if (!has_w && memcmp(o1, x, tn * 4))
+                    fail_msg("residual n=%d T=%d form=%d: out written without a norm weight", n, T, form);
+                for (size_t i = 0; i < tn; i++) {
+                    float bx = 1e-4f * (fabsf(cx[i]) + (has_delta ? fabsf(cd[i]) : 0.0f)) + 1e-6f;
+                    if (!(fabsf(x1[i] - cx[i]) <= bx))
+                        fail_msg("residual n=%d form=%d: x[%zu] = %.9g, CPU %.9g", n, form, i, x1[i], cx[i]);
+                    if (has_w && !(fabsf(o1[i] - cout[i]) <= 2e-4f * fabsf(cout[i]) + 1e-5f))
+                        fail_msg("residual n=%d form=%d: out[%zu] = %.9g, CPU %.9g", n, form, i, o1[i], cout[i]);
+                }
+                if (q8) {
+                    host_copy(hq, dq, tn), host_copy(hs, ds, tn / 32 * 8);
+                    check_q8("residual", o1, hq, hs, T, n);
+                }
+                cuda_free(dx1), cuda_free(dd1), cuda_free(ddw), cuda_free(dwt), cuda_free(do1), cuda_free(dq);
+                cuda_free(ds), cuda_free(dx2), cuda_free(dd2), cuda_free(do2);
+                free(x), free(delta), free(dw), free(w), free(cx), free(cd), free(cout), free(hq), free(hs);
+                free(x1), free(x2), free(o1), free(o2);
             }
 }
 
@@ -362,7 +436,7 @@ int main(void) {
     }
     rng_state ^= (uint64_t)time(NULL) * 0x2545f4914f6cdd1dull; /* fresh random inputs every run */
     printf("test_cuda_graph: seed %llx\n", (unsigned long long)rng_state);
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_add_rmsnorm), cmocka_unit_test(test_fused_q8),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_add_rmsnorm), cmocka_unit_test(test_fused_q8), cmocka_unit_test(test_residual),
                                        cmocka_unit_test(test_argmax), cmocka_unit_test(test_graph_replay),
                                        cmocka_unit_test(test_graph_cublas)};
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -102,7 +102,7 @@ static hearth_status moe_layers(const op_step *s, const void *ctx) {
     const moe_model *m = ctx;
     hearth_status st = op_add_norm(s, OP_NONE, m->norm_in, 0.0f, NULL, 0);
     if (!st) st = op_moe_run(s, &m->moe);
-    if (!st) st = op_add(s, OP_X, OP_TMP);
+    if (!st) st = op_add_norm(s, OP_TMP, NULL, 0.0f, NULL, 0);
     return st ? st : op_logits(s, m->final_norm, 0.0f, 1.0f, &m->lm_head);
 }
 

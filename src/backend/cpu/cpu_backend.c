@@ -105,29 +105,26 @@ static hearth_status matmul_fused(const op_step *s, int count, const op_weight *
     return cpu_matmul_fused(count, ws, ys, x, s->b->T, c->mm, c->mm_size, c->tp, s->b->batch_invariant, s->err);
 }
 
-static hearth_status cpu_add_norm(const op_step *s, op_buf delta, const float *w, float shift,
-                                  const op_weight *const *next, int n_next) {
-    (void)next, (void)n_next;
+/* The separate steps in op_residual's order, each over the whole rows: the same roundings
+ * as running them as ops one by one. */
+static hearth_status cpu_residual(const op_step *s, const op_residual *r) {
     cpu_backend *c = cb(s);
     int T = s->b->T, H = s->dims->hidden;
-    if (delta != OP_NONE) ops_add(c->x, buf(s, delta), (size_t)T * H);
-    ops_rmsnorm(c->xn, c->x, w, shift, T, H, s->dims->norm_eps);
+    size_t n = (size_t)T * H;
+    if (r->delta != OP_NONE) {
+        float *d = buf(s, r->delta);
+        if (r->delta_norm) ops_rmsnorm(d, d, r->delta_norm, r->shift, T, H, s->dims->norm_eps);
+        if (r->delta_scale != 1.0f) ops_scale(d, r->delta_scale, n);
+        ops_add(c->x, d, n);
+    }
+    if (r->x_scale != 1.0f) ops_scale(c->x, r->x_scale, n);
+    if (r->w) ops_rmsnorm(c->xn, c->x, r->w, r->shift, T, H, s->dims->norm_eps);
     return HEARTH_OK;
 }
 
 static hearth_status cpu_norm(const op_step *s, op_buf b, const float *w, float shift) {
     float *x = buf(s, b);
     ops_rmsnorm(x, x, w, shift, s->b->T, s->dims->hidden, s->dims->norm_eps);
-    return HEARTH_OK;
-}
-
-static hearth_status cpu_add(const op_step *s, op_buf dst, op_buf src) {
-    ops_add(buf(s, dst), buf(s, src), (size_t)s->b->T * s->dims->hidden);
-    return HEARTH_OK;
-}
-
-static hearth_status cpu_scale(const op_step *s, op_buf b, float factor) {
-    ops_scale(buf(s, b), factor, (size_t)s->b->T * s->dims->hidden);
     return HEARTH_OK;
 }
 
@@ -365,15 +362,12 @@ static hearth_status cpu_per_layer_inputs(const op_step *s, const op_per_layer_i
 static hearth_status cpu_per_layer_gate(const op_step *s, int layer, const op_per_layer_gate *g) {
     cpu_backend *c = cb(s);
     const op_dims *d = s->dims;
-    int T = s->b->T, D = d->per_layer_dim, H = d->hidden;
+    int T = s->b->T, D = d->per_layer_dim;
     hearth_status st = matmul(s, g->gate, c->x, T, c->pl_tmp);
     if (st) return st;
     for (int t = 0; t < T; t++)
         ops_gelu_tanh_mul(c->pl_tmp + (size_t)t * D, c->pl_in + ((size_t)t * d->n_layers + layer) * D, (size_t)D);
-    if ((st = matmul(s, g->proj, c->pl_tmp, T, c->tmp))) return st;
-    ops_rmsnorm(c->tmp, c->tmp, g->norm, 0.0f, T, H, d->norm_eps);
-    ops_add(c->x, c->tmp, (size_t)T * H);
-    return HEARTH_OK;
+    return matmul(s, g->proj, c->pl_tmp, T, c->tmp);
 }
 
 static hearth_status cpu_softcap(const op_step *s, float cap) {
@@ -399,10 +393,8 @@ static hearth_status cpu_step(op_backend *be, kv_cache *kv, const op_batch *b, c
 
 static const op_table cpu_table = {.name = "cpu",
                                    .step = cpu_step,
-                                   .add_norm = cpu_add_norm,
+                                   .residual = cpu_residual,
                                    .norm = cpu_norm,
-                                   .add = cpu_add,
-                                   .scale = cpu_scale,
                                    .qkv_rope_store = cpu_qkv_rope_store,
                                    .attention = cpu_attention,
                                    .mlp = cpu_mlp,

@@ -262,8 +262,25 @@ hearth_status cuda_rope(float *x, int T, int n_heads, int head_dim, const int32_
  * value exactly as cuda_rope computes it (cuda_fused.cu). */
 hearth_status cuda_rope_qk(float *q, float *k, int T, int n_heads, int n_kv_heads, int head_dim, const int32_t *pos,
                            const float *inv_freq, int adjacent, hearth_error *err);
-/* cuda_add_rmsnorm (delta NULL: cuda_rmsnorm of x) that also writes out quantized to int8
- * blocks of 32 into xq / xs (layout: cuda_gemv_multi_q8); n % 32 == 0. Bit-identical out. */
+/* op_residual over T rows of n: d = delta (NULL: none), rmsnorm'd with delta_norm when given
+ * and times delta_scale; x = (x + d) * x_scale; then, when w is given, out = rmsnorm(x) * (w
+ * + shift) and, when xq is given, out quantized to int8 blocks of 32 into xq / xs (layout:
+ * cuda_gemv_multi_q8; n % 32 == 0). One launch, bit-identical to cuda_rmsnorm, cuda_scale,
+ * cuda_add, cuda_scale and cuda_rmsnorm run in turn (cuda_fused.cu). */
+typedef struct cuda_residual_args {
+    float *x;
+    const float *delta, *delta_norm;
+    float delta_scale, x_scale;
+    const float *w;
+    float shift;
+    float *out;
+    int8_t *xq;
+    float *xs;
+    int T, n;
+    float eps;
+} cuda_residual_args;
+hearth_status cuda_residual(const cuda_residual_args *a, hearth_error *err);
+/* cuda_residual's plain add (delta NULL: none) and norm, with (q8) and without the int8 copy. */
 hearth_status cuda_add_rmsnorm_q8(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
                                   float eps, int8_t *xq, float *xs, hearth_error *err);
 /* cuda_silu_mul (gelu: cuda_gelu_tanh_mul) that also writes the product quantized like
@@ -273,8 +290,6 @@ hearth_status cuda_gated_q8(float *gate, const float *up, size_t n, int gelu, in
 hearth_status cuda_silu_mul(float *gate, const float *up, size_t n, hearth_error *err);
 hearth_status cuda_gelu_tanh_mul(float *gate, const float *up, size_t n, hearth_error *err);
 
-/* x[t] += delta[t], then out[t] = rmsnorm(x[t]) for T rows of n: a residual add fused with
- * the norm that follows it (bit-identical to cuda_add + cuda_rmsnorm). */
 hearth_status cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
                                float eps, hearth_error *err);
 /* out[r] = the first index of the largest value of logits row r (the sampler's greedy

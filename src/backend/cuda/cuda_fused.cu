@@ -1,7 +1,8 @@
 /* cuda_fused.cu: decode-step kernels that do in one launch what cuda_ops.cu and
  * cuda_gemv.cu do in several, with the same per-element arithmetic (results bit-identical
- * to the unfused sequence): RoPE of q and k together; (residual add +) rmsnorm and the
- * SwiGLU / GeGLU gate, each also writing its output quantized to int8 blocks of 32 for
+ * to the unfused sequence): RoPE of q and k together; the residual join (op_residual: the
+ * delta's norm and scale, the add, x's scale, the next rmsnorm) and the SwiGLU / GeGLU gate,
+ * each also writing its output quantized to int8 blocks of 32 for
  * the int8-activation GEMVs (cuda_gemv_multi_q8). Must not allocate or synchronize; owns
  * no KV or attention code. */
 #include "backend/cuda/cuda_internal.h"
@@ -42,32 +43,52 @@ hearth_status cuda_rope_qk(float *q, float *k, int T, int n_heads, int n_kv_head
     return cuda_launched("rope_qk", err);
 }
 
-/* add_rmsnorm_kernel / rmsnorm_kernel of cuda_ops.cu (the reduction of cuda_norm.cuh), plus
- * the int8 copy of out. n % 32 == 0, so the 32 lanes of a warp cover one quant block per
- * step (element i = threadIdx.x + NORM_THREADS j). delta NULL: plain rmsnorm of x. */
+/* op_residual, one block of NORM_THREADS per row (residual_row, cuda_norm.cuh): x = (x +
+ * d) * xscale with d the (normed, scaled) delta; out = rmsnorm(x) * (w + shift) when w is
+ * given, and with Q8 its int8 copy (n % 32 == 0, so the 32 lanes of a warp cover one quant
+ * block per step: element i = threadIdx.x + NORM_THREADS j). */
+template <bool DNORM, bool Q8>
 __global__ void __launch_bounds__(NORM_THREADS)
-    add_rmsnorm_q8_kernel(float *out, float *x, const float *delta, const float *w, float shift, int n, float eps,
-                          int8_t *xq, float2 *xs) {
+    residual_kernel(float *out, float *x, const float *delta, const float *dw, float dscale, float xscale,
+                    const float *w, float shift, int n, float eps, int8_t *xq, float2 *xs) {
     pdl_trigger(); /* the GEMV after this may start prefetching its weights */
     pdl_wait();    /* x and delta come from the kernels before (pdl_launch_small) */
-    float *o = out + (size_t)blockIdx.x * n;
+    size_t r = blockIdx.x;
+    float *o = out ? out + r * n : NULL;
     int lane = threadIdx.x % 32;
-    int8_t *qr = xq + (size_t)blockIdx.x * n;
-    float2 *sr = xs + (size_t)blockIdx.x * (n / 32);
-    norm_row(x + (size_t)blockIdx.x * n, delta ? delta + (size_t)blockIdx.x * n : NULL, w, shift, n, eps,
-             [&](int i, float y) { /* uniform per warp: n % 32 == 0 */
-                 o[i] = y;
-                 quant_block32(y, qr + (i - lane), sr + i / 32, lane);
-             });
+    int8_t *qr = Q8 ? xq + r * n : NULL;
+    float2 *sr = Q8 ? xs + r * (n / 32) : NULL;
+    residual_row<DNORM>(x + r * n, delta ? delta + r * n : NULL, dw, dscale, xscale, w, shift, n, eps,
+                        [&](int i, float y) { /* uniform per warp with Q8: n % 32 == 0 */
+                            o[i] = y;
+                            if (Q8) quant_block32(y, qr + (i - lane), sr + i / 32, lane);
+                        });
+}
+
+hearth_status cuda_residual(const cuda_residual_args *a, hearth_error *err) {
+    if (a->T <= 0 || a->n <= 0) return HEARTH_OK;
+    int q8 = a->xq != NULL && a->w != NULL, dnorm = a->delta_norm != NULL && a->delta != NULL;
+    if (q8 && a->n % 32) return err_set(err, HEARTH_ERR_INVALID, "cuda_residual: row of %d (not a multiple of 32)", a->n);
+    if (a->w && !a->out) return err_set(err, HEARTH_ERR_INVALID, "cuda_residual: a norm weight without an output");
+    void (*k)(float *, float *, const float *, const float *, float, float, const float *, float, int, float, int8_t *,
+              float2 *) = dnorm ? (q8 ? residual_kernel<true, true> : residual_kernel<true, false>)
+                                : (q8 ? residual_kernel<false, true> : residual_kernel<false, false>);
+    pdl_launch_small(k, dim3((unsigned)a->T), dim3(NORM_THREADS), a->w ? a->out : NULL, a->x, a->delta, a->delta_norm,
+                     a->delta_scale, a->x_scale, a->w, a->shift, a->n, a->eps, q8 ? a->xq : NULL,
+                     (float2 *)(q8 ? a->xs : NULL));
+    return cuda_launched("residual", err);
 }
 
 hearth_status cuda_add_rmsnorm_q8(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
                                   float eps, int8_t *xq, float *xs, hearth_error *err) {
-    if (T <= 0 || n <= 0) return HEARTH_OK;
-    if (n % 32) return err_set(err, HEARTH_ERR_INVALID, "cuda_add_rmsnorm_q8: row of %d (not a multiple of 32)", n);
-    pdl_launch_small(add_rmsnorm_q8_kernel, dim3((unsigned)T), dim3(NORM_THREADS), out, x, delta, w, shift, n, eps, xq,
-                     (float2 *)xs);
-    return cuda_launched("add_rmsnorm_q8", err);
+    cuda_residual_args a = {.x = x, .delta = delta, .delta_scale = 1.0f, .x_scale = 1.0f, .w = w, .shift = shift,
+                            .out = out, .xq = xq, .xs = xs, .T = T, .n = n, .eps = eps};
+    return cuda_residual(&a, err);
+}
+
+hearth_status cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
+                               float eps, hearth_error *err) {
+    return cuda_add_rmsnorm_q8(out, x, delta, w, shift, T, n, eps, NULL, NULL, err);
 }
 
 /* silu_mul_kernel / gelu_tanh_mul_kernel of cuda_ops.cu (cuda_act.cuh), plus the int8

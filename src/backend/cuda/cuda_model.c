@@ -260,40 +260,39 @@ static int q8_fusable(const cuda_model *cm, const cuda_weight *const *ws, int nw
 
 #define MAX_NEXT 4
 
-/* x += delta; xn = rmsnorm(x), and its int8 copy in xq when the weights that read it next
+/* op_residual in one launch; xn's int8 copy in xq too when the weights that read it next
  * take int8 activations (q8_ready says which). */
-static hearth_status cu_add_norm(const op_step *s, op_buf delta, const float *w, float shift,
-                                 const op_weight *const *next, int n_next) {
+static hearth_status cu_residual(const op_step *s, const op_residual *r) {
     cuda_model *cm = cmod(s);
     const op_dims *c = s->dims;
     int T = s->b->T;
     const cuda_weight *ws[MAX_NEXT];
-    int nw = n_next < MAX_NEXT ? n_next : 0;
-    for (int i = 0; i < nw; i++) ws[i] = dw(cm, next[i]);
-    int quant = q8_fusable(cm, ws, nw, T);
-    const float *dwt = dv(cm, w), *d = delta == OP_NONE ? NULL : dbuf(cm, delta);
+    int nw = r->w && r->n_next < MAX_NEXT ? r->n_next : 0;
+    for (int i = 0; i < nw; i++) ws[i] = dw(cm, r->next[i]);
+    int quant = r->w && q8_fusable(cm, ws, nw, T);
+    cuda_residual_args a = {.x = cm->x,
+                            .delta = r->delta == OP_NONE ? NULL : dbuf(cm, r->delta),
+                            .delta_norm = dv(cm, r->delta_norm),
+                            .delta_scale = r->delta_scale,
+                            .x_scale = r->x_scale,
+                            .w = dv(cm, r->w),
+                            .shift = r->shift,
+                            .out = cm->xn,
+                            .xq = quant ? cm->xq : NULL,
+                            .xs = quant ? cm->xs : NULL,
+                            .T = T,
+                            .n = c->hidden,
+                            .eps = c->norm_eps};
+    if ((r->delta_norm && !a.delta_norm) || (r->w && !a.w))
+        return err_set(s->err, HEARTH_ERR_INVALID, "cuda: a residual's norm weight has no device copy");
     cm->q8_ready = quant;
-    if (quant)
-        return cuda_add_rmsnorm_q8(cm->xn, cm->x, d, dwt, shift, T, c->hidden, c->norm_eps, cm->xq, cm->xs, s->err);
-    if (d) return cuda_add_rmsnorm(cm->xn, cm->x, d, dwt, shift, T, c->hidden, c->norm_eps, s->err);
-    return cuda_rmsnorm(cm->xn, cm->x, dwt, shift, T, c->hidden, c->norm_eps, s->err);
+    return cuda_residual(&a, s->err);
 }
 
 static hearth_status cu_norm(const op_step *s, op_buf b, const float *w, float shift) {
     cuda_model *cm = cmod(s);
     float *x = dbuf(cm, b);
     return cuda_rmsnorm(x, x, dv(cm, w), shift, s->b->T, s->dims->hidden, s->dims->norm_eps, s->err);
-}
-
-static hearth_status cu_add(const op_step *s, op_buf dst, op_buf src) {
-    cuda_model *cm = cmod(s);
-    cm->q8_ready = 0;
-    return cuda_add(dbuf(cm, dst), dbuf(cm, src), (size_t)s->b->T * s->dims->hidden, s->err);
-}
-
-static hearth_status cu_scale(const op_step *s, op_buf b, float factor) {
-    cuda_model *cm = cmod(s);
-    return cuda_scale(dbuf(cm, b), factor, 0, (size_t)s->b->T * s->dims->hidden, s->err);
 }
 
 static hearth_status cu_qkv_rope_store_varied(const op_step *s, int layer, const op_attn *a);
@@ -577,7 +576,7 @@ static hearth_status cu_per_layer_inputs(const op_step *s, const op_per_layer_in
     return cuda_per_layer_combine(cm->pl_in, cm->pl_tmp, p->input_scale, n, s->err);
 }
 
-/* x += rmsnorm(proj · (gelu_tanh(gate · x) * input[layer])) * norm (cpu_per_layer_gate). */
+/* tmp = proj · (gelu_tanh(gate · x) * input[layer]) (cpu_per_layer_gate). */
 static hearth_status cu_per_layer_gate(const op_step *s, int layer, const op_per_layer_gate *g) {
     cuda_model *cm = cmod(s);
     const op_dims *d = s->dims;
@@ -585,9 +584,7 @@ static hearth_status cu_per_layer_gate(const op_step *s, int layer, const op_per
     cm->q8_ready = 0;
     TRY(matmul(cm, dw(cm, g->gate), cm->x, T, cm->pl_tmp, s->err));
     TRY(cuda_gelu_tanh_mul_rows(cm->pl_tmp, cm->pl_in + (size_t)layer * D, T, D, (size_t)d->n_layers * D, s->err));
-    TRY(matmul(cm, dw(cm, g->proj), cm->pl_tmp, T, cm->tmp, s->err));
-    TRY(cuda_rmsnorm(cm->tmp, cm->tmp, dv(cm, g->norm), 0.0f, T, d->hidden, d->norm_eps, s->err));
-    return cuda_add(cm->x, cm->tmp, (size_t)T * d->hidden, s->err);
+    return matmul(cm, dw(cm, g->proj), cm->pl_tmp, T, cm->tmp, s->err);
 }
 
 /* logits = tanh(logits / cap) * cap for the rows cu_logits made (every output but hidden
@@ -805,10 +802,8 @@ static hearth_status cu_state_rows(op_backend *be, int slot, void *record, size_
 
 static const op_table cuda_table = {.name = "cuda",
                                     .step = cu_step,
-                                    .add_norm = cu_add_norm,
+                                    .residual = cu_residual,
                                     .norm = cu_norm,
-                                    .add = cu_add,
-                                    .scale = cu_scale,
                                     .qkv_rope_store = cu_qkv_rope_store,
                                     .attention = cu_attention,
                                     .mlp = cu_mlp,

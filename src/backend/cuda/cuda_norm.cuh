@@ -1,5 +1,5 @@
 /* cuda_norm.cuh: the row reduction that every GPU rmsnorm kernel shares (cuda_ops.cu's
- * rmsnorm / add_rmsnorm, cuda_fused.cu's add_rmsnorm_q8), so that fused and unfused norms
+ * rmsnorm, cuda_fused.cu's residual), so that fused and unfused norms
  * of the same row round alike, bit for bit: one block of NORM_THREADS per row, thread t
  * sums the squares of elements t, t + NORM_THREADS, ... in that order, then a warp
  * xor-tree, then the warp sums in order. Header-only; no state. */
@@ -31,50 +31,44 @@ static __device__ __forceinline__ float block_inv_rms(float ss, int n, float eps
     return 1.0f / sqrtf(tot / (float)n + eps);
 }
 
-/* The register form (n <= NORM_REG * NORM_THREADS): v[j] = x[i] (+ delta[i], written back to
- * x when delta is given) and wv[j] = w[i] for i = threadIdx.x + j * NORM_THREADS < n (0
- * past n); returns 1 / rms of the row. */
-static __device__ __forceinline__ float norm_row_load(float (&v)[NORM_REG], float (&wv)[NORM_REG], float *x,
-                                                      const float *delta, const float *w, int n, float eps) {
+/* The register form (n <= NORM_REG * NORM_THREADS): v[j] = x[i] and wv[j] = w[i] for
+ * i = threadIdx.x + j * NORM_THREADS < n (0 past n); returns 1 / rms of the row. */
+static __device__ __forceinline__ float norm_row_load(float (&v)[NORM_REG], float (&wv)[NORM_REG], const float *x,
+                                                      const float *w, int n, float eps) {
 #pragma unroll
     for (int j = 0; j < NORM_REG; j++) {
         int i = threadIdx.x + j * NORM_THREADS;
-        v[j] = i < n ? (delta ? x[i] + delta[i] : x[i]) : 0.0f;
+        v[j] = i < n ? x[i] : 0.0f;
         wv[j] = i < n ? w[i] : 0.0f;
     }
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < NORM_REG; j++) {
         int i = threadIdx.x + j * NORM_THREADS;
-        if (i < n) {
-            if (delta) x[i] = v[j];
-            ss += v[j] * v[j];
-        }
+        if (i < n) ss += v[j] * v[j];
     }
     return block_inv_rms(ss, n, eps);
 }
 
-/* The loop form for longer rows: the same sums (x += delta first when delta is given);
- * returns 1 / rms. The caller reads x[i] again for the output. */
-static __device__ __forceinline__ float norm_row_loop(float *x, const float *delta, int n, float eps) {
+/* The loop form for longer rows: the same sums; returns 1 / rms. */
+static __device__ __forceinline__ float norm_row_loop(const float *x, int n, float eps) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += NORM_THREADS) {
-        float v = delta ? x[i] + delta[i] : x[i];
-        if (delta) x[i] = v;
+        float v = x[i];
         ss += v * v;
     }
     return block_inv_rms(ss, n, eps);
 }
 
-/* The whole row: store(i, y) receives out[i] = x'[i] * inv_rms * (w[i] + shift) for each of
- * this thread's elements, in order (x' = x + delta, written back, when delta is given). A
- * warp's 32 lanes take 32 consecutive elements at each step. */
+/* The whole row: store(i, y) receives out[i] = x[i] * inv_rms * (w[i] + shift) for each of
+ * this thread's elements, in order. A warp's 32 lanes take 32 consecutive elements at each
+ * step. */
 template <class Store>
-static __device__ __forceinline__ void norm_row(float *x, const float *delta, const float *w, float shift, int n,
-                                                float eps, Store store) {
+static __device__ __forceinline__ void norm_row(const float *x, const float *w, float shift, int n, float eps,
+                                                Store store) {
     if (n <= NORM_REG * NORM_THREADS) {
         float v[NORM_REG], wv[NORM_REG];
-        float inv = norm_row_load(v, wv, x, delta, w, n, eps);
+        float inv = norm_row_load(v, wv, x, w, n, eps);
 #pragma unroll
         for (int j = 0; j < NORM_REG; j++) {
             int i = threadIdx.x + j * NORM_THREADS;
@@ -82,7 +76,80 @@ static __device__ __forceinline__ void norm_row(float *x, const float *delta, co
         }
         return;
     }
-    float inv = norm_row_loop(x, delta, n, eps);
+    float inv = norm_row_loop(x, n, eps);
+    for (int i = threadIdx.x; i < n; i += NORM_THREADS) store(i, x[i] * inv * (w[i] + shift));
+}
+
+/* op_residual on one row (cuda_fused.cu's residual kernel): d = delta, normed by dw when DNORM
+ * (d * inv_rms(delta) * (dw + shift)), times dscale; x = (x + d) * xscale, written back; then,
+ * when w is given, store(i, x[i] * inv_rms(x) * (w[i] + shift)). Every step rounds to float
+ * as norm_row and the add / scale kernels do, so the result equals those kernels run one
+ * after another, bit for bit (__fmul_rn / __fadd_rn keep nvcc from contracting a product
+ * and the add that follows it into one FMA). delta NULL: x only scaled. */
+template <bool DNORM, class Store>
+static __device__ __forceinline__ void residual_row(float *x, const float *delta, const float *dw, float dscale,
+                                                    float xscale, const float *w, float shift, int n, float eps,
+                                                    Store store) {
+    int wb = delta || xscale != 1.0f; /* x changes (a plain norm leaves it) */
+    if (n <= NORM_REG * NORM_THREADS) {
+        float v[NORM_REG], d[NORM_REG], dwv[NORM_REG], wv[NORM_REG];
+#pragma unroll
+        for (int j = 0; j < NORM_REG; j++) { /* every load issued before the first is used */
+            int i = threadIdx.x + j * NORM_THREADS;
+            v[j] = i < n ? x[i] : 0.0f;
+            d[j] = i < n && delta ? delta[i] : 0.0f;
+            dwv[j] = i < n && DNORM ? dw[i] : 0.0f;
+            wv[j] = i < n && w ? w[i] : 0.0f;
+        }
+        float dinv = 1.0f;
+        if (DNORM && delta) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NORM_REG; j++)
+                if (threadIdx.x + j * NORM_THREADS < n) ss += d[j] * d[j];
+            dinv = block_inv_rms(ss, n, eps);
+            __syncthreads(); /* block_inv_rms's partial sums are reused below */
+        }
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NORM_REG; j++) {
+            int i = threadIdx.x + j * NORM_THREADS;
+            if (i >= n) continue;
+            if (delta) {
+                float dj = DNORM ? __fmul_rn(d[j] * dinv, dwv[j] + shift) : d[j];
+                v[j] = __fadd_rn(v[j], __fmul_rn(dj, dscale));
+            }
+            v[j] = __fmul_rn(v[j], xscale);
+            if (wb) x[i] = v[j];
+            ss += v[j] * v[j];
+        }
+        if (!w) return;
+        float inv = block_inv_rms(ss, n, eps);
+#pragma unroll
+        for (int j = 0; j < NORM_REG; j++) {
+            int i = threadIdx.x + j * NORM_THREADS;
+            if (i < n) store(i, v[j] * inv * (wv[j] + shift));
+        }
+        return;
+    }
+    float dinv = 1.0f;
+    if (DNORM && delta) {
+        dinv = norm_row_loop(delta, n, eps);
+        __syncthreads();
+    }
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += NORM_THREADS) {
+        float v = x[i];
+        if (delta) {
+            float dj = DNORM ? __fmul_rn(delta[i] * dinv, dw[i] + shift) : delta[i];
+            v = __fadd_rn(v, __fmul_rn(dj, dscale));
+        }
+        v = __fmul_rn(v, xscale);
+        if (wb) x[i] = v;
+        ss += v * v;
+    }
+    if (!w) return;
+    float inv = block_inv_rms(ss, n, eps);
     for (int i = threadIdx.x; i < n; i += NORM_THREADS) store(i, x[i] * inv * (w[i] + shift));
 }
 #endif

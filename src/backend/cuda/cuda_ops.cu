@@ -34,8 +34,7 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, float
     pdl_trigger(); /* a decode GEMV launched after this may start prefetching its weights */
     pdl_wait(); /* a programmatic dependent (pdl_launch_small): inputs come from the kernel before */
     float *o = out + (size_t)blockIdx.x * n;
-    /* x is not written: no delta */
-    norm_row((float *)x + (size_t)blockIdx.x * n, NULL, w, shift, n, eps, [&](int i, float y) { o[i] = y; });
+    norm_row(x + (size_t)blockIdx.x * n, w, shift, n, eps, [&](int i, float y) { o[i] = y; });
 }
 
 hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shift, int T, int n, float eps,
@@ -129,25 +128,6 @@ hearth_status cuda_gelu_tanh_mul(float *gate, const float *up, size_t n, hearth_
     if (n == 0) return HEARTH_OK;
     pdl_launch_small(gelu_tanh_mul_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), gate, up, n);
     return cuda_launched("gelu_tanh_mul", err);
-}
-
-/* The residual add and the next rmsnorm in one pass: x += delta, out = rmsnorm(x). The
- * same reduction as rmsnorm_kernel (cuda_norm.cuh), so the result equals the two separate
- * kernels bit for bit. */
-__global__ void add_rmsnorm_kernel(float *out, float *x, const float *delta, const float *w, float shift, int n,
-                                   float eps) {
-    pdl_trigger();
-    pdl_wait();
-    float *o = out + (size_t)blockIdx.x * n;
-    norm_row(x + (size_t)blockIdx.x * n, delta + (size_t)blockIdx.x * n, w, shift, n, eps,
-             [&](int i, float y) { o[i] = y; });
-}
-
-hearth_status cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *w, float shift, int T, int n,
-                               float eps, hearth_error *err) {
-    if (T <= 0 || n <= 0) return HEARTH_OK;
-    pdl_launch_small(add_rmsnorm_kernel, dim3((unsigned)T), dim3(NORM_THREADS), out, x, delta, w, shift, n, eps);
-    return cuda_launched("add_rmsnorm", err);
 }
 
 /* Greedy pick per row, the host sampler's rule: the first index of the largest value

@@ -6,7 +6,9 @@
  * (GEMV_BENCH_FORMATS=mlx4: only the MLX 4-bit (U32) shapes). GEMV_BENCH_MLX_BITS=2|3|5|6|8
  * makes the MLX rows that width (the generic affine layout, cuda_affine.h), and
  * GEMV_BENCH_FORMATS=Q5_K times Q5_K (affine too; not in the default list). The int8 rows
- * include their activation quantizer launch, as a decode step's unfused GEMV does. */
+ * include their activation quantizer launch, as a decode step's unfused GEMV does.
+ * GEMV_BENCH_SHAPES=NxK,... times those shapes instead of the 8B's; GEMV_BENCH_V2=1 adds
+ * each int8 format's v2 kernel at T = 1 (from an int8 copy made beforehand). */
 #include "backend/cpu/matmul.h"
 #include "backend/cuda/cuda_backend.h"
 #include "base/half.h"
@@ -120,9 +122,29 @@ int main(int argc, char **argv) {
     if (js)
         fprintf(js, "{\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"copy_gbs\": %.1f,\n  \"rows\": [\n", info.name,
                 info.n_sms, copy_gbs);
-    static const struct { int64_t n, k; const char *what; } shapes[] = {
+    struct shape { int64_t n, k; const char *what; };
+    static struct shape shapes[16] = {
         {4096, 4096, "attn q/o"},  {1024, 4096, "attn k/v"},      {14336, 4096, "ffn gate/up"},
         {4096, 14336, "ffn down"}, {128256, 4096, "lm_head"}};
+    size_t n_shapes = 5;
+    const char *cs = getenv("GEMV_BENCH_SHAPES"); /* "NxK,NxK,...": these shapes instead */
+    if (cs) {
+        n_shapes = 0;
+        for (const char *p = cs; *p && n_shapes < 16;) {
+            long long n = 0, k = 0;
+            if (sscanf(p, "%lldx%lld", &n, &k) != 2 || n <= 0 || k <= 0 || k % 256) {
+                fprintf(stderr, "gemv_bench: GEMV_BENCH_SHAPES: '%s' is not NxK (K a multiple of 256)\n", p);
+                return 2;
+            }
+            shapes[n_shapes++] = (struct shape){n, k, "custom"};
+            p = strchr(p, ',');
+            if (!p) break;
+            p++;
+        }
+    }
+    /* GEMV_BENCH_V2=1: also each int8-activation format through the v2 kernel at T = 1 from
+     * an int8 copy made beforehand (no quantizer launch in the timing) */
+    int v2_rows = getenv("GEMV_BENCH_V2") && atoi(getenv("GEMV_BENCH_V2")) == 1;
     const char *only = getenv("GEMV_BENCH_FORMATS");
     static const tensor_dtype formats[] = {DT_BF16, DT_F16, DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_U32, DT_Q5_K};
     const char *mb = getenv("GEMV_BENCH_MLX_BITS");
@@ -134,7 +156,7 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
-        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        for (size_t s = 0; s < n_shapes; s++) {
             tensor_dtype t = formats[f];
             if (only && !strstr(only, tensor_dtype_name(t)) && !(t == DT_U32 && strstr(only, "mlx"))) continue;
             if (!only && t == DT_Q5_K) continue; /* the generic affine layout: by name only */
@@ -200,6 +222,38 @@ int main(int argc, char **argv) {
                         first ? "" : ",\n", tensor_dtype_name(t), (long long)n, (long long)k, shapes[s].what,
                         bytes, med * 1e3, spread * 1e3, gbs, gbs / copy_gbs);
             first = 0;
+            if (v2_rows && t != DT_BF16 && t != DT_F16) {
+                int8_t *xq;
+                float *xs, *ones;
+                CK(cudaMalloc((void **)&xq, (size_t)k));
+                CK(cudaMalloc((void **)&xs, (size_t)k / 32 * 8));
+                CK(cudaMalloc((void **)&ones, (size_t)k * 4));
+                float *oh = malloc((size_t)k * 4);
+                for (int64_t i = 0; i < k; i++) oh[i] = 1.0f;
+                CK(cudaMemcpy(ones, oh, (size_t)k * 4, cudaMemcpyHostToDevice));
+                free(oh);
+                float *xn;
+                CK(cudaMalloc((void **)&xn, (size_t)k * 4));
+                if (cuda_add_rmsnorm_q8(xn, x, NULL, ones, 0.0f, 1, (int)k, 1e-6f, xq, xs, &err) ||
+                    !cuda_gemv_v2_bench(&dw[0], y, xq, xs, 1))
+                    printf("%-6s %-12s v2: not taken\n", tensor_dtype_name(t), shp);
+                else {
+                    for (int b = 0; b < BATCHES; b++) {
+                        CK(cudaEventRecord(e0, 0));
+                        for (int j = 0; j < PER_BATCH; j++, it++) cuda_gemv_v2_bench(&dw[it % copies], y, xq, xs, 1);
+                        CK(cudaEventRecord(e1, 0));
+                        CK(cudaEventSynchronize(e1));
+                        CK(cudaGetLastError());
+                        CK(cudaEventElapsedTime(&ms[b], e0, e1));
+                        ms[b] /= PER_BATCH;
+                    }
+                    qsort(ms, BATCHES, sizeof ms[0], cmp_float);
+                    double m2 = ms[BATCHES / 2], g2 = bytes / (m2 * 1e-3) / 1e9;
+                    printf("%-6s %-12s %8s %8s %10.2f %9.0f %8.3f  (v2 kernel, no quantizer)\n", tensor_dtype_name(t),
+                           shp, "", "", m2 * 1e3, g2, g2 / copy_gbs);
+                }
+                cudaFree(xq), cudaFree(xs), cudaFree(ones), cudaFree(xn);
+            }
             for (int c = 0; c < copies; c++) cuda_weight_free(&dw[c]);
             cudaFree(x);
             cudaFree(y);

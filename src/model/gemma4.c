@@ -70,7 +70,10 @@ hearth_status gemma4_layers(const op_step *s, const void *ctx) {
          * *= the layer scalar; xn = the next layer's attn_norm(x) */
         op_residual rf = {.delta = OP_TMP, .delta_norm = l->post_ffn_norm, .delta_scale = 1.0f, .x_scale = 1.0f};
         if (c->per_layer_dim) {
+            const op_weight *pl_gate[1] = {&l->pl_gate}; /* it reads x itself */
+            rf.next = pl_gate, rf.n_next = 1;
             OP_TRY(op_residual_run(s, &rf));
+            rf.next = NULL, rf.n_next = 0;
             op_per_layer_gate gate = {.gate = &l->pl_gate, .proj = &l->pl_proj};
             OP_TRY(op_per_layer_gate_run(s, i, &gate));
             rf.delta_norm = l->pl_norm;

@@ -176,7 +176,7 @@ typedef struct op_per_layer_gate {
  * rows: d = delta (after, in this order, its own norm rmsnorm(delta) * (delta_norm + shift)
  * when delta_norm is given, and times delta_scale); x = (x + d) * x_scale; then, when w is
  * given, xn = rmsnorm(x) * (w + shift) for the weights in next (a backend may prepare xn for
- * them, e.g. quantize it once). Each step rounds to float as the separate ops would (norm,
+ * them, e.g. quantize it once; without w, next are the weights that read x itself). Each step rounds to float as the separate ops would (norm,
  * scale, add, scale, norm), so fusing them changes no bits. delta OP_NONE: no add (delta_norm
  * and delta_scale unused); delta is clobbered when delta_norm or delta_scale is used. */
 typedef struct op_residual {

@@ -181,6 +181,21 @@ static void test_fused_q8(void **state) {
                     check_fused_gemv(dg1, dq, ds, T, n);
                     cuda_free(dg1), cuda_free(dg2);
                 }
+                /* the per-layer gate's form: T rows of n, each row's up the middle third of a 3n-wide row */
+                if (n <= 4096) {
+                    float *wide = rnd_vec(3 * tn, 1.0f);
+                    float *dwide = dev_copy(wide, 3 * tn * 4), *dg1 = dev_copy(x, tn * 4), *dg2 = dev_copy(x, tn * 4);
+                    assert_int_equal(cuda_gelu_tanh_mul_rows_q8(dg1, dwide + n, T, n, 3 * (size_t)n, dq, ds, NULL),
+                                     HEARTH_OK);
+                    assert_int_equal(cuda_gelu_tanh_mul_rows(dg2, dwide + n, T, n, 3 * (size_t)n, NULL), HEARTH_OK);
+                    host_copy(o1, dg1, tn * 4), host_copy(o2, dg2, tn * 4);
+                    host_copy(hq, dq, tn), host_copy(hs, ds, tn / 32 * 8);
+                    if (memcmp(o1, o2, tn * 4))
+                        fail_msg("gelu_tanh_mul_rows_q8 n=%d T=%d: output differs from the unfused kernel", n, T);
+                    check_q8("gelu_rows_q8", o1, hq, hs, T, n);
+                    cuda_free(dwide), cuda_free(dg1), cuda_free(dg2);
+                    free(wide);
+                }
                 cuda_free(dx1), cuda_free(dx2), cuda_free(dd), cuda_free(dw), cuda_free(do1), cuda_free(do2);
                 cuda_free(dq), cuda_free(ds);
                 free(x), free(delta), free(w), free(o1), free(o2), free(x1), free(x2), free(hs), free(hq);
@@ -189,7 +204,8 @@ static void test_fused_q8(void **state) {
 
 /* cuda_residual (op_residual in one launch) against the separate kernels it replaces, run
  * in turn on the same inputs (cuda_rmsnorm of delta, cuda_scale, cuda_add, cuda_scale,
- * cuda_rmsnorm of x): x, the normed output and its int8 copy bit-identical; and against the
+ * cuda_rmsnorm of x): x and the normed output bit-identical, the int8 copy (of the normed
+ * output, or of x without a norm weight) the CPU quantizer's; and against the
  * CPU backend's sequence (ops_rmsnorm, ops_scale, ops_add) within the norms' reordering
  * bound. Rows up to 10240 (the loop form past 8192), with and without each part. */
 static void test_residual(void **state) {
@@ -200,7 +216,7 @@ static void test_residual(void **state) {
         for (size_t ti = 0; ti < 2; ti++)
             for (int form = 0; form < 24; form++) {
                 int T = Ts[ti], n = ns[c], has_delta = form % 3 != 0, dnorm = form % 3 == 2, q8 = (form / 3) % 2,
-                    has_w = (form / 6) % 2 || q8;
+                    has_w = (form / 6) % 2;
                 float dscale = (form / 12) % 2 ? 0.37f : 1.0f, xscale = form % 2 ? 1.7f : 1.0f, shift = form % 4 ? 1.0f : 0.0f;
                 size_t tn = (size_t)T * n;
                 float *x = rnd_vec(tn, 3.0f), *delta = rnd_vec(tn, 2.0f), *dw = rnd_vec((size_t)n, 1.0f),
@@ -250,9 +266,9 @@ static void test_residual(void **state) {
                     if (has_w && !(fabsf(o1[i] - cout[i]) <= 2e-4f * fabsf(cout[i]) + 1e-5f))
                         fail_msg("residual n=%d form=%d: out[%zu] = %.9g, CPU %.9g", n, form, i, o1[i], cout[i]);
                 }
-                if (q8) {
+                if (q8) { /* xn's int8 copy, or without a norm weight x's */
                     host_copy(hq, dq, tn), host_copy(hs, ds, tn / 32 * 8);
-                    check_q8("residual", o1, hq, hs, T, n);
+                    check_q8(has_w ? "residual xn" : "residual x", has_w ? o1 : x1, hq, hs, T, n);
                 }
                 cuda_free(dx1), cuda_free(dd1), cuda_free(ddw), cuda_free(dwt), cuda_free(do1), cuda_free(dq);
                 cuda_free(ds), cuda_free(dx2), cuda_free(dd2), cuda_free(do2);

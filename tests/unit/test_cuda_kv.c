@@ -572,6 +572,87 @@ static void test_rope_kv_write(void **state) {
             }
 }
 
+/* cuda_norm_rope_kv_write (the heads' q / k norms, the values' plain norm, RoPE and the KV
+ * write in one launch) against cuda_rmsnorm_heads, cuda_rmsnorm_plain and cuda_rope_kv_write
+ * run in turn (each checked against the CPU elsewhere): q, k, v and every written pool row
+ * and scale the same bits; and the queries-only form against cuda_rmsnorm_heads then
+ * cuda_rope, with the pool untouched. Every pool format, the GQA shapes, both shifts. */
+static void test_norm_rope_kv_write(void **state) {
+    (void)state;
+    hearth_error e = {0};
+    for (int qi = 0; qi < NQUANTS; qi++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            for (int form = 0; form < 3; form++) { /* 0: q, k, v norms; 1: q and k only; 2: queries only */
+                int heads = shapes[si].heads, kvh = shapes[si].kvh, d = shapes[si].d, quant = quants[qi];
+                float shift = (float)(form % 2);
+                pool P;
+                pool_make(&P, quant, kvh, d);
+                cuda_kv two;
+                assert_int_equal(cuda_kv_alloc(&two, &P.kvf, quant, &e), HEARTH_OK);
+                int T = P.total;
+                int32_t *pos = malloc(T * 4), *slot = malloc(T * 4);
+                for (int s = 0; s < SLOTS; s++)
+                    for (int p = 0; p < P.lens[s]; p++) pos[P.first[s] + p] = p, slot[P.first[s] + p] = s;
+                size_t nq = (size_t)T * heads * d, nk = (size_t)T * kvh * d;
+                float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *inv = malloc((size_t)d / 2 * 4),
+                      *qw = malloc((size_t)d * 4), *kw = malloc((size_t)d * 4);
+                for (size_t i = 0; i < nq; i++) q[i] = rndf();
+                for (size_t i = 0; i < nk; i++) k[i] = 3.0f * rndf(), v[i] = rndf();
+                for (int i = 0; i < d; i++) qw[i] = rndf(), kw[i] = rndf();
+                for (int i = 0; i < d / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / d);
+                float *dq1 = dev_from(q, nq * 4), *dq2 = dev_from(q, nq * 4), *dk1 = dev_from(k, nk * 4),
+                      *dk2 = dev_from(k, nk * 4), *dv1 = dev_from(v, nk * 4), *dv2 = dev_from(v, nk * 4),
+                      *dinv = dev_from(inv, (size_t)d / 2 * 4), *dqw = dev_from(qw, (size_t)d * 4),
+                      *dkw = dev_from(kw, (size_t)d * 4);
+                int32_t *dpos = dev_from(pos, T * 4), *dslot = dev_from(slot, T * 4);
+                cuda_head_norms hn = {.q = dqw, .k = form == 2 ? NULL : dkw, .shift = shift, .eps = 1e-6f, .v = form == 0};
+                assert_int_equal(cuda_rmsnorm_heads(dq1, dq1, dqw, shift, T * heads, d, 1e-6f, &e), HEARTH_OK);
+                if (form == 2)
+                    assert_int_equal(cuda_rope(dq1, T, heads, d, dpos, dinv, 0, &e), HEARTH_OK);
+                else {
+                    assert_int_equal(cuda_rmsnorm_heads(dk1, dk1, dkw, shift, T * kvh, d, 1e-6f, &e), HEARTH_OK);
+                    if (form == 0) assert_int_equal(cuda_rmsnorm_plain(dv1, T * kvh, d, 1e-6f, &e), HEARTH_OK);
+                    assert_int_equal(cuda_rope_kv_write(&P.dkv, 1, dq1, dk1, dv1, T, heads, dpos, dslot, dinv, 0, 0, &e),
+                                     HEARTH_OK);
+                }
+                assert_int_equal(cuda_norm_rope_kv_write(&two, 1, dq2, dk2, dv2, T, heads, dpos, dslot, dinv, 0, 0, &hn,
+                                                         form == 2, &e),
+                                 HEARTH_OK);
+                float *q1 = download(dq1, nq * 4), *q2 = download(dq2, nq * 4), *k1 = download(dk1, nk * 4),
+                      *k2 = download(dk2, nk * 4), *v1 = download(dv1, nk * 4), *v2 = download(dv2, nk * 4);
+                if (memcmp(q1, q2, nq * 4) || memcmp(k1, k2, nk * 4) || memcmp(v1, v2, nk * 4))
+                    fail_msg("norm_rope_kv_write quant %d heads %d/%d d=%d form %d: q, k or v differs", quant, heads,
+                             kvh, d, form);
+                size_t rows = (size_t)LAYERS * P.kvf.n_blocks * kvh * KV_BLOCK_SIZE;
+                int scaled = quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8;
+                size_t eb = quant == HEARTH_KV_FLOAT ? 4 : quant == HEARTH_KV_F16 ? 2 : 1;
+                for (int which = 0; which < 2; which++) {
+                    /* queries only: both pools as allocated (pool_make's, never written by either call) */
+                    uint8_t *a = download(which ? P.dkv.v : P.dkv.k, rows * d * eb),
+                            *b = download(which ? two.v : two.k, rows * d * eb);
+                    float *sa = scaled ? download(which ? P.dkv.v_scale : P.dkv.k_scale, rows * 4) : NULL,
+                          *sb = scaled ? download(which ? two.v_scale : two.k_scale, rows * 4) : NULL;
+                    for (int t = 0; t < T; t++)
+                        for (int h = 0; h < kvh; h++) {
+                            size_t row = dev_row(&P.kvf, 1, slot[t], pos[t], h);
+                            int differs = memcmp(a + row * d * eb, b + row * d * eb, (size_t)d * eb) ||
+                                          (scaled && memcmp(&sa[row], &sb[row], 4));
+                            if (form < 2 && differs)
+                                fail_msg("norm_rope_kv_write quant %d heads %d/%d d=%d form %d: %s row of token %d "
+                                         "head %d differs",
+                                         quant, heads, kvh, d, form, which ? "V" : "K", t, h);
+                        }
+                    free(a), free(b), free(sa), free(sb);
+                }
+                free(q1), free(q2), free(k1), free(k2), free(v1), free(v2);
+                cuda_free(dq1), cuda_free(dq2), cuda_free(dk1), cuda_free(dk2), cuda_free(dv1), cuda_free(dv2);
+                cuda_free(dinv), cuda_free(dqw), cuda_free(dkw), cuda_free(dpos), cuda_free(dslot);
+                free(q), free(k), free(v), free(inv), free(qw), free(kw), free(pos), free(slot);
+                cuda_kv_free(&two);
+                pool_free(&P);
+            }
+}
+
 /* cuda_attention sends single-sequence chunks of more than 8 tokens to the tensor-core kernel
  * where it fits (a stage is given); run_attention_on gives cuda_attention no stage, so
  * check_attention's prefill mode measures the f32 prefill kernel against the f32 tolerance,
@@ -662,6 +743,7 @@ int main(void) {
     printf("test_cuda_kv: device 0: %s; seed %llx\n", info.name, (unsigned long long)rng_state);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_kv_bytes), cmocka_unit_test(test_e4m3_reference),
                                        cmocka_unit_test(test_kv_write), cmocka_unit_test(test_rope_kv_write),
+                                       cmocka_unit_test(test_norm_rope_kv_write),
                                        cmocka_unit_test(test_attention_quant),
                                        cmocka_unit_test(test_attention_invariant)};
     return cmocka_run_group_tests(tests, NULL, NULL);

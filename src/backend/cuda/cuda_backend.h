@@ -144,6 +144,9 @@ hearth_status cuda_q4k_pack(cuda_weight *w, hearth_error *err);
  * bench/results/kernel_choices.md, "CUDA v2 GEMV"). Same numerical contract as cuda_gemv_int8_act;
  * batch-invariant like the others. cuda_gemv_v2_takes: whether w's GEMV is a v2 kernel. */
 int cuda_gemv_v2_takes(const cuda_weight *w);
+/* bench/cuda/gemv_bench only: w's v2 GEMV at T rows, Q6_K included at T = 1 (where decode
+ * takes gemv_q6_k_i8); xq / xs as cuda_add_rmsnorm_q8 writes them. 1: launched. */
+int cuda_gemv_v2_bench(const cuda_weight *w, float *y, const int8_t *xq, const float *xs, int T);
 
 /* MLX 4-bit weights with k % 1024 == 0 and power-of-two groups >= 32 (MLX's 32, 64, 128)
  * are uploaded in the chunked layout (cuda_mlx4_nibble) and take int8 activations
@@ -265,7 +268,7 @@ hearth_status cuda_rope_qk(float *q, float *k, int T, int n_heads, int n_kv_head
 /* op_residual over T rows of n: d = delta (NULL: none), rmsnorm'd with delta_norm when given
  * and times delta_scale; x = (x + d) * x_scale; then, when w is given, out = rmsnorm(x) * (w
  * + shift) and, when xq is given, out quantized to int8 blocks of 32 into xq / xs (layout:
- * cuda_gemv_multi_q8; n % 32 == 0). One launch, bit-identical to cuda_rmsnorm, cuda_scale,
+ * cuda_gemv_multi_q8; n % 32 == 0); without w, xq gets the new x's int8 copy. One launch, bit-identical to cuda_rmsnorm, cuda_scale,
  * cuda_add, cuda_scale and cuda_rmsnorm run in turn (cuda_fused.cu). */
 typedef struct cuda_residual_args {
     float *x;
@@ -287,6 +290,10 @@ hearth_status cuda_add_rmsnorm_q8(float *out, float *x, const float *delta, cons
  * cuda_add_rmsnorm_q8 (n values in rows whose length is a multiple of 32). */
 hearth_status cuda_gated_q8(float *gate, const float *up, size_t n, int gelu, int8_t *xq, float *xs,
                             hearth_error *err);
+/* cuda_gelu_tanh_mul_rows that also writes the product's int8 copy like cuda_gated_q8 (n % 32
+ * == 0); the same float bits. */
+hearth_status cuda_gelu_tanh_mul_rows_q8(float *gate, const float *up, int T, int n, size_t up_stride, int8_t *xq,
+                                         float *xs, hearth_error *err);
 hearth_status cuda_silu_mul(float *gate, const float *up, size_t n, hearth_error *err);
 hearth_status cuda_gelu_tanh_mul(float *gate, const float *up, size_t n, hearth_error *err);
 
@@ -358,6 +365,21 @@ hearth_status cuda_kv_copy_rows(const cuda_kv *dkv, int32_t src, int32_t dst, in
 hearth_status cuda_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float *k, const float *v, int T, int n_heads,
                                  const int32_t *pos, const int32_t *slot, const float *inv_freq, int adjacent,
                                  int rot_dims, hearth_error *err);
+/* Each head's own norm before it: q and k (non-NULL weights: cuda_rmsnorm_heads's rows with
+ * shift and eps; head_dim <= 256) and, with v set, the values' plain norm (cuda_rmsnorm_plain).
+ * hn NULL: none. */
+typedef struct cuda_head_norms {
+    const float *q, *k;
+    float shift, eps;
+    int v;
+} cuda_head_norms;
+/* cuda_rope_kv_write after the heads' norms (hn), in one launch, the same bits as
+ * cuda_rmsnorm_heads, cuda_rmsnorm_plain and cuda_rope_kv_write in turn; q_only: the queries
+ * only (normed and rotated as cuda_rope does; k and v untouched, nothing stored: a layer that
+ * reads another layer's KV). */
+hearth_status cuda_norm_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float *k, float *v, int T, int n_heads,
+                                      const int32_t *pos, const int32_t *slot, const float *inv_freq, int adjacent,
+                                      int rot_dims, const cuda_head_norms *hn, int q_only, hearth_error *err);
 
 /* Gated attention (op_attn.gated): q [T][n_heads][head_dim] = the queries of qg, the doubled
  * projection [T][n_heads][2 head_dim] (per head: queries, then gates); and

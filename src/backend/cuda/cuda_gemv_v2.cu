@@ -227,3 +227,7 @@ int cuda_gemv_v2_launch_rows(const cuda_weight *w, float *y, const int8_t *xq, c
     if (T < 2) return cuda_gemv_v2_launch(&w, &y, 1, xq, xs, T);
     return v2_launch_segs(&w, &y, 1, xq, xs, T, 1);
 }
+
+int cuda_gemv_v2_bench(const cuda_weight *w, float *y, const int8_t *xq, const float *xs, int T) {
+    return v2_launch_segs(&w, &y, 1, xq, (const float2 *)xs, T, 1);
+}

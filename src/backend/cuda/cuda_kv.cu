@@ -3,6 +3,7 @@
  * values (quantizing int8 / fp8 rows, rounding f16 ones, by cuda_kv_access.cuh's rules). Allocates only in
  * cuda_kv_alloc / cuda_kv_upload, which run once at start. */
 #include "backend/cuda/cuda_kv_access.cuh"
+#include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_rope.cuh"
 extern "C" {
@@ -197,31 +198,44 @@ __global__ void __launch_bounds__(KVW_THREADS)
 }
 
 /* RoPE of q and k (cuda_rope_qk) and kv_write in one launch, for the decode steps: blocks
- * (t, h) with h < n_kv_heads rotate key head h of token t in place, then store it and its
- * value row; the others rotate query head h - n_kv_heads in place. Every rotation is
- * rope_rotate_pair, so q, k and the pool rows equal those of the two launches bit for bit.
- * Only the first 2 half dims of each head rotate (partial RoPE; half = head_dim / 2: all). */
+ * (t, h) with h < nkv rotate key head h of token t in place, then store it and its value
+ * row; the others rotate query head h - nkv in place (nkv 0: queries only). Before that,
+ * each head's own norm when hn asks for it: q / k by warp 0 (warp_row_norm, the order of
+ * cuda_rmsnorm_heads; head_dim <= 256), v by the block (block_row_norm_plain, the order of
+ * cuda_rmsnorm_plain). Every rotation is rope_rotate_pair, so q, k and the pool rows equal
+ * those of the separate launches bit for bit. Only the first 2 half dims of each head rotate
+ * (partial RoPE; half = head_dim / 2: all). */
 template <int KVQ>
 __global__ void __launch_bounds__(KVW_THREADS)
-    rope_kv_write_kernel(cuda_kv kv, int layer, float *q, float *k, const float *v, int n_heads, const int32_t *pos,
-                         const int32_t *slot, const float *inv_freq, int adjacent, int half) {
-    pdl_wait(); /* q, k and v come from the q/k/v GEMV (pdl_launch_small) */
+    rope_kv_write_kernel(cuda_kv kv, int layer, float *q, float *k, float *v, int n_heads, const int32_t *pos,
+                         const int32_t *slot, const float *inv_freq, int adjacent, int half, cuda_head_norms hn,
+                         int nkv) {
     pdl_trigger();
-    int t = blockIdx.x, h = blockIdx.y, d = kv.head_dim, p = pos[t];
-    if (h >= kv.n_kv_heads) {
-        float *qh = q + ((size_t)t * n_heads + (h - kv.n_kv_heads)) * d;
-        for (int i = threadIdx.x; i < half; i += KVW_THREADS) rope_rotate_pair(qh, i, half, p, inv_freq, adjacent);
+    int t = blockIdx.x, h = blockIdx.y, d = kv.head_dim, lane = threadIdx.x % 32, is_q = h >= nkv;
+    const float *nw = is_q ? hn.q : hn.k;
+    float wv[8]; /* the norm's weights (no kernel writes them) load before the wait */
+    if (nw && threadIdx.x < 32) warp_row_weights(wv, nw, d, lane);
+    pdl_wait(); /* q, k and v come from the q/k/v GEMV (pdl_launch_small) */
+    int p = pos[t];
+    float *row = is_q ? q + ((size_t)t * n_heads + (h - nkv)) * d : k + ((size_t)t * kv.n_kv_heads + h) * d;
+    if (nw) {
+        if (threadIdx.x < 32) warp_row_norm(row, row, wv, hn.shift, d, hn.eps, lane);
+        __syncthreads(); /* the normed row, written by warp 0 */
+    }
+    if (is_q) {
+        for (int i = threadIdx.x; i < half; i += KVW_THREADS) rope_rotate_pair(row, i, half, p, inv_freq, adjacent);
         return;
     }
     size_t off = ((size_t)t * kv.n_kv_heads + h) * d;
-    for (int i = threadIdx.x; i < half; i += KVW_THREADS) rope_rotate_pair(k + off, i, half, p, inv_freq, adjacent);
-    __syncthreads(); /* the rotated row, written by other threads of the block */
-    kv_write_row<KVQ>(kv, layer, k + off, v + off, h, p, slot[t]);
+    if (hn.v) block_row_norm_plain(v + off, d, hn.eps);
+    for (int i = threadIdx.x; i < half; i += KVW_THREADS) rope_rotate_pair(row, i, half, p, inv_freq, adjacent);
+    __syncthreads(); /* the rotated row (and the normed values), written by other threads of the block */
+    kv_write_row<KVQ>(kv, layer, row, v + off, h, p, slot[t]);
 }
 
-hearth_status cuda_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float *k, const float *v, int T, int n_heads,
-                                 const int32_t *pos, const int32_t *slot, const float *inv_freq, int adjacent,
-                                 int rot_dims, hearth_error *err) {
+hearth_status cuda_norm_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float *k, float *v, int T, int n_heads,
+                                      const int32_t *pos, const int32_t *slot, const float *inv_freq, int adjacent,
+                                      int rot_dims, const cuda_head_norms *hn, int q_only, hearth_error *err) {
     if (T <= 0) return HEARTH_OK;
     if (rot_dims == 0) rot_dims = dkv->head_dim;
     if (rot_dims < 0 || rot_dims > dkv->head_dim || rot_dims % 2)
@@ -231,11 +245,24 @@ hearth_status cuda_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float 
         return err_set(err, HEARTH_ERR_INVALID, "cuda_rope_kv_write: layer %d of %d", layer, dkv->n_layers);
     if (dkv->head_dim % 2)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_rope_kv_write: odd head_dim %d", dkv->head_dim);
-    dim3 grid((unsigned)T, (unsigned)(dkv->n_kv_heads + n_heads));
+    cuda_head_norms none = {0}, h = hn ? *hn : none;
+    if ((h.q || h.k) && dkv->head_dim > 256)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda_norm_rope_kv_write: head norms of %d dims (at most 256)",
+                       dkv->head_dim);
+    int nkv = q_only ? 0 : dkv->n_kv_heads;
+    dim3 grid((unsigned)T, (unsigned)(nkv + n_heads));
     CUDA_KV_DISPATCH(dkv->quant, KVQ,
                      pdl_launch_small(rope_kv_write_kernel<KVQ>, grid, dim3(KVW_THREADS), *dkv, layer, q, k, v, n_heads,
-                                      pos, slot, inv_freq, adjacent, rot_dims / 2));
+                                      pos, slot, inv_freq, adjacent, rot_dims / 2, h, nkv));
     return cuda_launched("rope_kv_write", err);
+}
+
+hearth_status cuda_rope_kv_write(const cuda_kv *dkv, int layer, float *q, float *k, const float *v, int T, int n_heads,
+                                 const int32_t *pos, const int32_t *slot, const float *inv_freq, int adjacent,
+                                 int rot_dims, hearth_error *err) {
+    /* v is only written when a value norm is asked for */
+    return cuda_norm_rope_kv_write(dkv, layer, q, k, (float *)v, T, n_heads, pos, slot, inv_freq, adjacent, rot_dims,
+                                   NULL, 0, err);
 }
 
 hearth_status cuda_kv_write(const cuda_kv *dkv, int layer, const float *k, const float *v, int T, const int32_t *pos,

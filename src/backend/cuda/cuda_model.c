@@ -63,7 +63,7 @@ typedef struct cuda_model {
     int32_t *run_last;   /* host scratch of cuda_gdn_runs, max_slots */
     int8_t *xq;       /* decode: the next GEMV's int8 activations, written by the fused norm / gate */
     float *xs;        /* and their (d, d * sum q) pairs per block of 32 (cuda_gemv_multi_q8) */
-    int q8_ready;     /* 1 while xq / xs hold the quantized xn (step-building state, host side) */
+    int q8_ready;     /* 1 while xq / xs hold the quantized xn, 2 the quantized x (step-building state, host side) */
     size_t att_split_floats;
     int32_t *ints;      /* device: pos | slot | out_rows (| run_first | run_next), max_tokens each */
     float *host_x;      /* pinned: the step's embeddings, made on the host */
@@ -245,7 +245,7 @@ static hearth_status q8_matmul(cuda_model *cm, const cuda_weight *const *ws, flo
 static hearth_status matmul_input(cuda_model *cm, const cuda_weight *const *ws, float *const *ys, int nw, int T,
                                   hearth_error *err) {
     if (!multi_gemv(cm, ws, nw, T)) return matmul_shared(cm, ws, ys, nw, cm->xn, T, err);
-    if (cm->q8_ready) return q8_matmul(cm, ws, ys, nw, T, err);
+    if (cm->q8_ready == 1) return q8_matmul(cm, ws, ys, nw, T, err);
     return cuda_gemv_multi(ws, ys, nw, cm->xn, T, err);
 }
 
@@ -260,16 +260,16 @@ static int q8_fusable(const cuda_model *cm, const cuda_weight *const *ws, int nw
 
 #define MAX_NEXT 4
 
-/* op_residual in one launch; xn's int8 copy in xq too when the weights that read it next
- * take int8 activations (q8_ready says which). */
+/* op_residual in one launch; the int8 copy of xn (or, without a norm, of x) in xq too when
+ * the weights that read it next take int8 activations (q8_ready says which). */
 static hearth_status cu_residual(const op_step *s, const op_residual *r) {
     cuda_model *cm = cmod(s);
     const op_dims *c = s->dims;
     int T = s->b->T;
     const cuda_weight *ws[MAX_NEXT];
-    int nw = r->w && r->n_next < MAX_NEXT ? r->n_next : 0;
+    int nw = r->n_next < MAX_NEXT ? r->n_next : 0;
     for (int i = 0; i < nw; i++) ws[i] = dw(cm, r->next[i]);
-    int quant = r->w && q8_fusable(cm, ws, nw, T);
+    int quant = q8_fusable(cm, ws, nw, T) && ws[0]->k == c->hidden;
     cuda_residual_args a = {.x = cm->x,
                             .delta = r->delta == OP_NONE ? NULL : dbuf(cm, r->delta),
                             .delta_norm = dv(cm, r->delta_norm),
@@ -285,7 +285,7 @@ static hearth_status cu_residual(const op_step *s, const op_residual *r) {
                             .eps = c->norm_eps};
     if ((r->delta_norm && !a.delta_norm) || (r->w && !a.w))
         return err_set(s->err, HEARTH_ERR_INVALID, "cuda: a residual's norm weight has no device copy");
-    cm->q8_ready = quant;
+    cm->q8_ready = quant ? (r->w ? 1 : 2) : 0;
     return cuda_residual(&a, s->err);
 }
 
@@ -297,6 +297,25 @@ static hearth_status cu_norm(const op_step *s, op_buf b, const float *w, float s
 
 static hearth_status cu_qkv_rope_store_varied(const op_step *s, int layer, const op_attn *a);
 
+/* The heads' norms (hn), RoPE and the KV write: one launch where the heads are at most 256
+ * wide (cuda_norm_rope_kv_write), else the norms' own launches first. q_only: a layer that
+ * reads another layer's KV. */
+static hearth_status norm_rope_kv_write(const cuda_kv *kv, int layer, cuda_model *cm, int T, int n_heads, int hd,
+                                        int nkv, int adjacent, const op_attn *a, const cuda_head_norms *hn,
+                                        int q_only, hearth_error *err) {
+    const int32_t *pos = cm->ints, *slot = cm->ints + cm->max_tokens;
+    if (hd > 256) { /* rows over 256 take the row kernels */
+        if (hn->q) TRY(cuda_rmsnorm_heads(cm->q, cm->q, hn->q, hn->shift, T * n_heads, hd, hn->eps, err));
+        if (!q_only && hn->k) TRY(cuda_rmsnorm_heads(cm->k, cm->k, hn->k, hn->shift, T * nkv, hd, hn->eps, err));
+        if (!q_only && hn->v) TRY(cuda_rmsnorm_plain(cm->v, T * nkv, hd, hn->eps, err));
+        if (q_only) return cuda_rope(cm->q, T, n_heads, hd, pos, dv(cm, a->inv_freq), adjacent, err);
+        return cuda_rope_kv_write(kv, layer, cm->q, cm->k, cm->v, T, n_heads, pos, slot, dv(cm, a->inv_freq),
+                                  adjacent, a->rope_dims, err);
+    }
+    return cuda_norm_rope_kv_write(kv, layer, cm->q, cm->k, cm->v, T, n_heads, pos, slot, dv(cm, a->inv_freq),
+                                   adjacent, q_only ? 0 : a->rope_dims, hn, q_only, err);
+}
+
 /* in: xn; out: q, and the layer's keys and values in the pool (RoPE and the KV write in
  * one launch). */
 static hearth_status cu_qkv_rope_store(const op_step *s, int layer, const op_attn *a) {
@@ -305,7 +324,6 @@ static hearth_status cu_qkv_rope_store(const op_step *s, int layer, const op_att
     hearth_error *err = s->err;
     if (c->varied_layers) return cu_qkv_rope_store_varied(s, layer, a);
     int T = s->b->T, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-    const int32_t *pos = cm->ints, *slot = cm->ints + cm->max_tokens;
     const cuda_weight *ws[3] = {dw(cm, a->q), dw(cm, a->k), dw(cm, a->v)};
     float *ys[3] = {a->gated ? cm->qgate : cm->q, cm->k, cm->v};
     TRY(matmul_input(cm, ws, ys, 3, T, err));
@@ -316,14 +334,9 @@ static hearth_status cu_qkv_rope_store(const op_step *s, int layer, const op_att
     TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
     TRY(cuda_add_bias(cm->k, dv(cm, a->k_bias), T, kd, err));
     TRY(cuda_add_bias(cm->v, dv(cm, a->v_bias), T, kd, err));
-    if (a->q_norm)
-        TRY(cuda_rmsnorm_heads(cm->q, cm->q, dv(cm, a->q_norm), a->norm_shift, T * c->n_heads, c->head_dim, a->norm_eps,
-                               err));
-    if (a->k_norm)
-        TRY(cuda_rmsnorm_heads(cm->k, cm->k, dv(cm, a->k_norm), a->norm_shift, T * c->n_kv_heads, c->head_dim,
-                               a->norm_eps, err));
-    return cuda_rope_kv_write(&cm->kv, layer, cm->q, cm->k, cm->v, T, c->n_heads, pos, slot, dv(cm, a->inv_freq),
-                              c->rope_adjacent, a->rope_dims, err);
+    cuda_head_norms hn = {.q = dv(cm, a->q_norm), .k = dv(cm, a->k_norm), .shift = a->norm_shift, .eps = a->norm_eps};
+    return norm_rope_kv_write(&cm->kv, layer, cm, T, c->n_heads, c->head_dim, c->n_kv_heads, c->rope_adjacent, a, &hn, 0,
+                              err);
 }
 
 /* in: q; out: tmp = o · attention. At decode sizes the split merge writes o's int8
@@ -519,7 +532,6 @@ static hearth_status cu_qkv_rope_store_varied(const op_step *s, int layer, const
     if ((a->head_dim && a->head_dim != hd) || (a->n_kv_heads && a->n_kv_heads != nkv))
         return err_set(err, HEARTH_ERR_INVALID, "cuda: layer of head_dim %d x %d KV heads on KV layer %d of %d x %d",
                        a->head_dim, a->n_kv_heads, layer, hd, nkv);
-    const int32_t *pos = cm->ints, *slot = cm->ints + cm->max_tokens;
     const cuda_weight *ws[3] = {dw(cm, a->q), dw(cm, a->k), dw(cm, a->v)};
     float *ys[3] = {cm->q, cm->k, cm->v};
     int np = a->shared ? 1 : a->v ? 3 : 2; /* the projections this layer has */
@@ -528,21 +540,17 @@ static hearth_status cu_qkv_rope_store_varied(const op_step *s, int layer, const
     TRY(lora_group(s, a->layer, OP_PROJ_Q, np, cm->xn, c->hidden, ys, ns)); /* before the biases */
     if (!a->shared && !a->v) TRY(cuda_copy_f32(cm->v, cm->k, (size_t)T * kd, err));
     TRY(cuda_add_bias(cm->q, dv(cm, a->q_bias), T, qd, err));
-    if (a->q_norm) /* rows over 256 (full layers' 512) go to the row kernel inside */
-        TRY(cuda_rmsnorm_heads(cm->q, cm->q, dv(cm, a->q_norm), a->norm_shift, T * c->n_heads, hd, a->norm_eps, err));
+    cuda_head_norms hn = {.q = dv(cm, a->q_norm), .shift = a->norm_shift, .eps = a->norm_eps};
     if (a->shared) { /* queries only: RoPE on every pair (partial RoPE of a shared layer has no launch here) */
         if (a->rope_dims && a->rope_dims != hd)
             return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: partial RoPE (%d of %d dims) on a shared-KV layer",
                            a->rope_dims, hd);
-        return cuda_rope(cm->q, T, c->n_heads, hd, pos, dv(cm, a->inv_freq), c->rope_adjacent, err);
+        return norm_rope_kv_write(&view, view_layer, cm, T, c->n_heads, hd, nkv, c->rope_adjacent, a, &hn, 1, err);
     }
     TRY(cuda_add_bias(cm->k, dv(cm, a->k_bias), T, kd, err));
     TRY(cuda_add_bias(cm->v, dv(cm, a->v_bias), T, kd, err));
-    if (a->k_norm)
-        TRY(cuda_rmsnorm_heads(cm->k, cm->k, dv(cm, a->k_norm), a->norm_shift, T * nkv, hd, a->norm_eps, err));
-    if (a->v_norm) TRY(cuda_rmsnorm_plain(cm->v, T * nkv, hd, a->norm_eps, err));
-    return cuda_rope_kv_write(&view, view_layer, cm->q, cm->k, cm->v, T, c->n_heads, pos, slot, dv(cm, a->inv_freq),
-                              c->rope_adjacent, a->rope_dims, err);
+    hn.k = dv(cm, a->k_norm), hn.v = a->v_norm;
+    return norm_rope_kv_write(&view, view_layer, cm, T, c->n_heads, hd, nkv, c->rope_adjacent, a, &hn, 0, err);
 }
 
 /* The per-layer table's rows of b's tokens (times its scale) into pl_in: made on the host
@@ -581,10 +589,19 @@ static hearth_status cu_per_layer_gate(const op_step *s, int layer, const op_per
     cuda_model *cm = cmod(s);
     const op_dims *d = s->dims;
     int T = s->b->T, D = d->per_layer_dim;
+    const cuda_weight *gate = dw(cm, g->gate), *proj = dw(cm, g->proj);
+    /* x's int8 copy when the residual before made one for this gate (op_residual's next) */
+    if (cm->q8_ready == 2 && q8_fusable(cm, &gate, 1, T)) TRY(q8_matmul(cm, &gate, &cm->pl_tmp, 1, T, s->err));
+    else TRY(matmul(cm, gate, cm->x, T, cm->pl_tmp, s->err));
     cm->q8_ready = 0;
-    TRY(matmul(cm, dw(cm, g->gate), cm->x, T, cm->pl_tmp, s->err));
-    TRY(cuda_gelu_tanh_mul_rows(cm->pl_tmp, cm->pl_in + (size_t)layer * D, T, D, (size_t)d->n_layers * D, s->err));
-    return matmul(cm, dw(cm, g->proj), cm->pl_tmp, T, cm->tmp, s->err);
+    const float *in = cm->pl_in + (size_t)layer * D;
+    size_t stride = (size_t)d->n_layers * D;
+    if (q8_fusable(cm, &proj, 1, T)) { /* the product writes proj's int8 input itself */
+        TRY(cuda_gelu_tanh_mul_rows_q8(cm->pl_tmp, in, T, D, stride, cm->xq, cm->xs, s->err));
+        return q8_matmul(cm, &proj, &cm->tmp, 1, T, s->err);
+    }
+    TRY(cuda_gelu_tanh_mul_rows(cm->pl_tmp, in, T, D, stride, s->err));
+    return matmul(cm, proj, cm->pl_tmp, T, cm->tmp, s->err);
 }
 
 /* logits = tanh(logits / cap) * cap for the rows cu_logits made (every output but hidden

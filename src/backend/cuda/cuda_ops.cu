@@ -32,7 +32,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 /* One block of NORM_THREADS per row (cuda_norm.cuh). */
 __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, float shift, int n, float eps) {
     pdl_trigger(); /* a decode GEMV launched after this may start prefetching its weights */
-    pdl_wait(); /* a programmatic dependent (pdl_launch_small): inputs come from the kernel before */
+    /* a programmatic dependent (pdl_launch_small): norm_row waits before reading x */
     float *o = out + (size_t)blockIdx.x * n;
     norm_row(x + (size_t)blockIdx.x * n, w, shift, n, eps, [&](int i, float y) { o[i] = y; });
 }
@@ -51,24 +51,13 @@ hearth_status cuda_rmsnorm(float *out, const float *x, const float *w, float shi
 #define HEADNORM_ROWS 8
 __global__ void __launch_bounds__(HEADNORM_ROWS * 32)
     rmsnorm_heads_kernel(float *out, const float *x, const float *w, float shift, int rows, int n, float eps) {
-    pdl_wait();
+    pdl_trigger();
     int row = blockIdx.x * HEADNORM_ROWS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    float wv[8]; /* the weights (no kernel writes them) load while the kernel before drains */
+    warp_row_weights(wv, w, n, lane);
+    pdl_wait();
     if (row >= rows) return;
-    const float *xr = x + (size_t)row * n;
-    float *o = out + (size_t)row * n;
-    float v[8], ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int i = lane + 32 * j;
-        v[j] = i < n ? xr[i] : 0.0f;
-        if (i < n) ss += v[j] * v[j];
-    }
-    float inv = 1.0f / sqrtf(warp_sum(ss) / (float)n + eps);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int i = lane + 32 * j;
-        if (i < n) o[i] = v[j] * inv * (w[i] + shift);
-    }
+    warp_row_norm(out + (size_t)row * n, x + (size_t)row * n, wv, shift, n, eps, lane);
 }
 
 hearth_status cuda_rmsnorm_heads(float *out, const float *x, const float *w, float shift, int rows, int n, float eps,

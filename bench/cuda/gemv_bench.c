@@ -72,6 +72,37 @@ static int time_copy(double *gbs) {
     return 0;
 }
 
+/* One timed GEMV: cuda_gemv from the float input, or (v2) the v2 kernel from an int8 copy. */
+typedef struct gemv_call {
+    cuda_weight *dw;
+    int copies, v2;
+    const float *x, *xs;
+    const int8_t *xq;
+    float *y;
+} gemv_call;
+
+static void gemv_once(const gemv_call *c, int it) {
+    hearth_error err = {0};
+    if (c->v2) cuda_gemv_v2_bench(&c->dw[it % c->copies], c->y, c->xq, c->xs, 1);
+    else cuda_gemv(&c->dw[it % c->copies], c->x, 1, c->y, &err);
+}
+
+/* ms[BATCHES] sorted: each the mean of PER_BATCH back-to-back launches, rotating the copies. */
+static int time_gemv(const gemv_call *c, cudaEvent_t e0, cudaEvent_t e1, float *ms) {
+    int it = 0;
+    for (int b = 0; b < BATCHES; b++) {
+        CK(cudaEventRecord(e0, 0));
+        for (int j = 0; j < PER_BATCH; j++, it++) gemv_once(c, it);
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        CK(cudaEventElapsedTime(&ms[b], e0, e1));
+        ms[b] /= PER_BATCH;
+    }
+    qsort(ms, BATCHES, sizeof ms[0], cmp_float);
+    return 0;
+}
+
 static int mlx_bits = 4; /* GEMV_BENCH_MLX_BITS: 2..8 (not 4: the generic affine kernels) */
 
 static void *make_host(tensor_dtype t, int64_t n, int64_t k, size_t *bytes) {
@@ -196,17 +227,8 @@ int main(int argc, char **argv) {
                 return 1;
             }
             float ms[BATCHES];
-            int it = 0;
-            for (int b = 0; b < BATCHES; b++) {
-                CK(cudaEventRecord(e0, 0));
-                for (int j = 0; j < PER_BATCH; j++, it++) cuda_gemv(&dw[it % copies], x, 1, y, &err);
-                CK(cudaEventRecord(e1, 0));
-                CK(cudaEventSynchronize(e1));
-                CK(cudaGetLastError());
-                CK(cudaEventElapsedTime(&ms[b], e0, e1));
-                ms[b] /= PER_BATCH;
-            }
-            qsort(ms, BATCHES, sizeof ms[0], cmp_float);
+            gemv_call call = {.dw = dw, .copies = copies, .x = x, .y = y};
+            if (time_gemv(&call, e0, e1, ms)) return 1;
             double med = ms[BATCHES / 2], spread = ms[BATCHES - 1] - ms[0];
             double bytes = (double)dw[0].bytes + 4.0 * (k + n);
             double gbs = bytes / (med * 1e-3) / 1e9;
@@ -238,16 +260,8 @@ int main(int argc, char **argv) {
                     !cuda_gemv_v2_bench(&dw[0], y, xq, xs, 1))
                     printf("%-6s %-12s v2: not taken\n", tensor_dtype_name(t), shp);
                 else {
-                    for (int b = 0; b < BATCHES; b++) {
-                        CK(cudaEventRecord(e0, 0));
-                        for (int j = 0; j < PER_BATCH; j++, it++) cuda_gemv_v2_bench(&dw[it % copies], y, xq, xs, 1);
-                        CK(cudaEventRecord(e1, 0));
-                        CK(cudaEventSynchronize(e1));
-                        CK(cudaGetLastError());
-                        CK(cudaEventElapsedTime(&ms[b], e0, e1));
-                        ms[b] /= PER_BATCH;
-                    }
-                    qsort(ms, BATCHES, sizeof ms[0], cmp_float);
+                    gemv_call v2 = {.dw = dw, .copies = copies, .v2 = 1, .xq = xq, .xs = xs, .y = y};
+                    if (time_gemv(&v2, e0, e1, ms)) return 1;
                     double m2 = ms[BATCHES / 2], g2 = bytes / (m2 * 1e-3) / 1e9;
                     printf("%-6s %-12s %8s %8s %10.2f %9.0f %8.3f  (v2 kernel, no quantizer)\n", tensor_dtype_name(t),
                            shp, "", "", m2 * 1e3, g2, g2 / copy_gbs);

@@ -509,6 +509,29 @@ static void test_kv_write(void **state) {
         }
 }
 
+/* Whether the layer-1 rows of P's pool and two's that tokens t (at pos[t] of slot[t]) wrote
+ * differ in bytes or scale; *what gets "K" / "V", *tok and *head the first such row. */
+static int pool_rows_differ(const pool *P, const cuda_kv *two, int quant, int kvh, int d, int T, const int32_t *pos,
+                            const int32_t *slot, const char **what, int *tok, int *head) {
+    size_t rows = (size_t)LAYERS * P->kvf.n_blocks * kvh * KV_BLOCK_SIZE;
+    int scaled = quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8, found = 0;
+    size_t eb = quant == HEARTH_KV_FLOAT ? 4 : quant == HEARTH_KV_F16 ? 2 : 1;
+    for (int which = 0; which < 2 && !found; which++) {
+        uint8_t *a = download(which ? P->dkv.v : P->dkv.k, rows * d * eb), *b = download(which ? two->v : two->k, rows * d * eb);
+        float *sa = scaled ? download(which ? P->dkv.v_scale : P->dkv.k_scale, rows * 4) : NULL,
+              *sb = scaled ? download(which ? two->v_scale : two->k_scale, rows * 4) : NULL;
+        for (int t = 0; t < T && !found; t++)
+            for (int h = 0; h < kvh && !found; h++) {
+                size_t row = dev_row(&P->kvf, 1, slot[t], pos[t], h);
+                if (memcmp(a + row * d * eb, b + row * d * eb, (size_t)d * eb) ||
+                    (scaled && memcmp(&sa[row], &sb[row], 4)))
+                    found = 1, *what = which ? "V" : "K", *tok = t, *head = h;
+            }
+        free(a), free(b), free(sa), free(sb);
+    }
+    return found;
+}
+
 /* cuda_rope_kv_write (the decode steps' RoPE + KV write in one launch) against cuda_rope_qk
  * then cuda_kv_write, each checked against the CPU elsewhere (test_rope, test_kv_write): q,
  * the rotated k and every written pool row (and scale) must be the same bits, in every pool
@@ -544,25 +567,12 @@ static void test_rope_kv_write(void **state) {
                       *k2 = download(dk2, nk * 4);
                 assert_memory_equal(q1, q2, nq * 4);
                 assert_memory_equal(k1, k2, nk * 4);
-                size_t rows = (size_t)LAYERS * P.kvf.n_blocks * kvh * KV_BLOCK_SIZE;
-                int scaled = quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8;
-                size_t eb = quant == HEARTH_KV_FLOAT ? 4 : quant == HEARTH_KV_F16 ? 2 : 1;
-                for (int which = 0; which < 2; which++) {
-                    uint8_t *a = download(which ? P.dkv.v : P.dkv.k, rows * d * eb),
-                            *b = download(which ? two.v : two.k, rows * d * eb);
-                    float *sa = scaled ? download(which ? P.dkv.v_scale : P.dkv.k_scale, rows * 4) : NULL,
-                          *sb = scaled ? download(which ? two.v_scale : two.k_scale, rows * 4) : NULL;
-                    for (int t = 0; t < T; t++)
-                        for (int h = 0; h < kvh; h++) {
-                            size_t row = dev_row(&P.kvf, 1, slot[t], pos[t], h);
-                            if (memcmp(a + row * d * eb, b + row * d * eb, (size_t)d * eb) ||
-                                (scaled && memcmp(&sa[row], &sb[row], 4)))
-                                fail_msg("rope_kv_write quant %d heads %d/%d d=%d adjacent=%d: %s row of token %d "
-                                         "head %d differs from rope_qk + kv_write",
-                                         quant, heads, kvh, d, adjacent, which ? "V" : "K", t, h);
-                        }
-                    free(a), free(b), free(sa), free(sb);
-                }
+                const char *what;
+                int tok, head;
+                if (pool_rows_differ(&P, &two, quant, kvh, d, T, pos, slot, &what, &tok, &head))
+                    fail_msg("rope_kv_write quant %d heads %d/%d d=%d adjacent=%d: %s row of token %d head %d differs "
+                             "from rope_qk + kv_write",
+                             quant, heads, kvh, d, adjacent, what, tok, head);
                 free(q1), free(q2), free(k1), free(k2);
                 cuda_free(dq1), cuda_free(dq2), cuda_free(dk1), cuda_free(dk2), cuda_free(dv), cuda_free(dinv);
                 cuda_free(dpos), cuda_free(dslot);
@@ -575,8 +585,8 @@ static void test_rope_kv_write(void **state) {
 /* cuda_norm_rope_kv_write (the heads' q / k norms, the values' plain norm, RoPE and the KV
  * write in one launch) against cuda_rmsnorm_heads, cuda_rmsnorm_plain and cuda_rope_kv_write
  * run in turn (each checked against the CPU elsewhere): q, k, v and every written pool row
- * and scale the same bits; and the queries-only form against cuda_rmsnorm_heads then
- * cuda_rope, with the pool untouched. Every pool format, the GQA shapes, both shifts. */
+ * and scale the same bits; and the queries-only form's q against cuda_rmsnorm_heads then
+ * cuda_rope. Every pool format, the GQA shapes, both shifts. */
 static void test_norm_rope_kv_write(void **state) {
     (void)state;
     hearth_error e = {0};
@@ -623,27 +633,11 @@ static void test_norm_rope_kv_write(void **state) {
                 if (memcmp(q1, q2, nq * 4) || memcmp(k1, k2, nk * 4) || memcmp(v1, v2, nk * 4))
                     fail_msg("norm_rope_kv_write quant %d heads %d/%d d=%d form %d: q, k or v differs", quant, heads,
                              kvh, d, form);
-                size_t rows = (size_t)LAYERS * P.kvf.n_blocks * kvh * KV_BLOCK_SIZE;
-                int scaled = quant == HEARTH_KV_INT8 || quant == HEARTH_KV_FP8;
-                size_t eb = quant == HEARTH_KV_FLOAT ? 4 : quant == HEARTH_KV_F16 ? 2 : 1;
-                for (int which = 0; which < 2; which++) {
-                    /* queries only: both pools as allocated (pool_make's, never written by either call) */
-                    uint8_t *a = download(which ? P.dkv.v : P.dkv.k, rows * d * eb),
-                            *b = download(which ? two.v : two.k, rows * d * eb);
-                    float *sa = scaled ? download(which ? P.dkv.v_scale : P.dkv.k_scale, rows * 4) : NULL,
-                          *sb = scaled ? download(which ? two.v_scale : two.k_scale, rows * 4) : NULL;
-                    for (int t = 0; t < T; t++)
-                        for (int h = 0; h < kvh; h++) {
-                            size_t row = dev_row(&P.kvf, 1, slot[t], pos[t], h);
-                            int differs = memcmp(a + row * d * eb, b + row * d * eb, (size_t)d * eb) ||
-                                          (scaled && memcmp(&sa[row], &sb[row], 4));
-                            if (form < 2 && differs)
-                                fail_msg("norm_rope_kv_write quant %d heads %d/%d d=%d form %d: %s row of token %d "
-                                         "head %d differs",
-                                         quant, heads, kvh, d, form, which ? "V" : "K", t, h);
-                        }
-                    free(a), free(b), free(sa), free(sb);
-                }
+                const char *what; /* queries only: neither call writes a pool */
+                int tok, head;
+                if (form < 2 && pool_rows_differ(&P, &two, quant, kvh, d, T, pos, slot, &what, &tok, &head))
+                    fail_msg("norm_rope_kv_write quant %d heads %d/%d d=%d form %d: %s row of token %d head %d differs",
+                             quant, heads, kvh, d, form, what, tok, head);
                 free(q1), free(q2), free(k1), free(k2), free(v1), free(v2);
                 cuda_free(dq1), cuda_free(dq2), cuda_free(dk1), cuda_free(dk2), cuda_free(dv1), cuda_free(dv2);
                 cuda_free(dinv), cuda_free(dqw), cuda_free(dkw), cuda_free(dpos), cuda_free(dslot);

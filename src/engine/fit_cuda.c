@@ -250,12 +250,15 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
     json_object_set_new(r, "max_context_that_fits", json_integer(fit_largest_context(m, &o->engine, fits_device, g)));
     /* the host still holds the weights, its own KV pool and scratch (engine_plan), plus the
      * pinned staging buffers, the largest upload's temporary and the driver's share */
-    size_t host = fit_host_peak(hm, &z->host, o->engine.use_mmap) + d->pinned_host + d->upload_host + g->host_bytes;
-    json_object_set_new(r, "host",
-                        json_pack("{s:I, s:I, s:I, s:I, s:I}", "predicted_peak_bytes", (json_int_t)host, "engine_bytes",
-                                  (json_int_t)engine_plan_bytes(&z->host), "pinned_bytes", (json_int_t)d->pinned_host,
-                                  "upload_temporary_bytes", (json_int_t)d->upload_host, "cuda_runtime_bytes",
-                                  (json_int_t)g->host_bytes));
+    size_t gt, gtmp; /* constrained decoding's tables: host memory (the mask is made on the host) */
+    size_t host = fit_host_peak(hm, m, &z->host, o->engine.use_mmap, &gt, &gtmp) + d->pinned_host + d->upload_host +
+                  g->host_bytes;
+    json_t *h = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "predicted_peak_bytes", (json_int_t)host, "engine_bytes",
+                          (json_int_t)engine_plan_bytes(&z->host), "pinned_bytes", (json_int_t)d->pinned_host,
+                          "upload_temporary_bytes", (json_int_t)d->upload_host, "cuda_runtime_bytes",
+                          (json_int_t)g->host_bytes, "grammar_bytes", (json_int_t)(gt + gtmp));
+    json_object_set_new(h, "grammar", fit_grammar_json(gt, gtmp));
+    json_object_set_new(r, "host", h);
     double full = cuda_plan_decode_bytes(d, model_ops(m), z->host.context), empty = cuda_plan_decode_bytes(d, model_ops(m), 1);
     if (g->bandwidth_gbs > 0) {
         json_object_set_new(r, "bandwidth_gbs", json_real(g->bandwidth_gbs));

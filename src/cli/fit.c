@@ -65,6 +65,8 @@ static void print_cuda_table(const json_t *r) {
     printf("  %-38s %10.1f MiB\n", "device: weights as uploaded", mib(r, "weights_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: KV pool", mib(r, "kv_pool_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: scratch (activations, GEMM)", mib(r, "scratch_bytes"));
+    printf("  %-38s %10.1f MiB\n", "device:   of which LoRA adapter rows", mib(r, "lora_scratch_bytes"));
+    printf("  %-38s %10.1f MiB\n", "device: sampler (rows, entries, masks)", mib(r, "sampler_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: CUDA context and cuBLAS", mib(r, "runtime_overhead_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: predicted peak", mib(r, "predicted_peak_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: available", mib(r, "available_bytes"));

@@ -1,7 +1,9 @@
 /* cuda_plan.c: sizes of every device buffer of cuda_model (cuda_plan.h): the device layout
- * of each weight format, the KV pool per device dtype, the scratch of one step, and the
- * allocator's page rounding. Shared by cuda_model_create (which allocates these sizes) and
- * hearth fit --device cuda (which predicts from them). Pure arithmetic: no CUDA calls. */
+ * of each weight format, the KV pool per device dtype, the scratch of one step, the device
+ * sampler and the LoRA row tables (cuda_sampler_sizes_make, cuda_lora_cache_sizes_make), and
+ * the allocator's page rounding. Shared by the allocating code (cuda_model_create,
+ * cuda_sampler_create, cuda_lora_cache_create) and hearth fit --device cuda (which predicts
+ * from them). Pure arithmetic: no CUDA calls. */
 #include "backend/cuda/cuda_plan.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_affine.h"

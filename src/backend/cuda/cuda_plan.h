@@ -1,8 +1,8 @@
 /* cuda_plan.h: the CUDA backend's sizing: every device buffer cuda_model_create allocates
- * (weights in their device layout, the KV pool, scratch), computed from the model's shapes
- * alone. cuda_model_create allocates exactly these sizes and hearth fit --device cuda
- * predicts from them, so the two cannot drift apart. Plain C, built with or without nvcc;
- * allocates nothing. */
+ * (weights in their device layout, the KV pool, scratch) and the device sampler the engine
+ * makes beside it, computed from the model's shapes alone. The allocating code allocates
+ * exactly these sizes and hearth fit --device cuda predicts from them, so the two cannot
+ * drift apart. Plain C, built with or without nvcc; allocates nothing. */
 #ifndef HEARTH_BACKEND_CUDA_PLAN_H
 #define HEARTH_BACKEND_CUDA_PLAN_H
 #include "ops/ops.h"

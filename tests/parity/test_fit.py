@@ -141,6 +141,26 @@ def test_int8_kv_predicted_peak_within_2_percent(hearth_bin, rel, ctx, threads):
     test_predicted_peak_within_2_percent(hearth_bin, rel, ctx, threads, ("--kv-quant", "int8"))
 
 
+def test_grammar_tables_are_the_constrained_processes_difference(hearth_bin):
+    """The grammar tables alone: the same filled-context process run with and without a
+    constraint (--json) differs in peak RSS by what fit's grammar_bytes says (tables plus
+    the build's temporaries; within 1 MiB or 10%), SmolLM2 at a context where the running
+    engine, not the load, makes the peak. fit's start figure leaves them out (built at the
+    first constrained request), its peak holds them."""
+    model = model_path(f"models/{REAL_GGUFS['smollm2']}")
+    fit = run_fit(hearth_bin, model, "--ctx", "1024", "--threads", "2", "--max-sequences", "1", "--speculate", "none")
+    assert fit["predicted_peak_bytes"] - fit["weights_load_peak_bytes"] > 2 * fit["grammar_bytes"]  # the run's peak
+    diffs = []
+    for _ in range(3):
+        con = measure_peak(hearth_bin, model, 1024, 2)["peak_rss_bytes"]
+        free = measure_peak(hearth_bin, model, 1024, 2, constrained=False)["peak_rss_bytes"]
+        diffs.append(con - free)
+    diff = sorted(diffs)[1]
+    g = fit["grammar_bytes"]
+    print(f"\ngrammar: predicted {g} bytes, measured difference {diff} (runs {diffs})")
+    assert abs(diff - g) <= max(1 << 20, g // 10), (g, diffs)
+
+
 def kv_layer_shapes(cfg):
     """(KV heads, head_dim) of each layer that keeps a cache, from config.json. Gemma 4 as
     mlx-lm's gemma4_text.py reads it (make_cache, Attention): only the layers before the last

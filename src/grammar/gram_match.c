@@ -269,6 +269,7 @@ typedef struct gv_layout {
     int32_t n_text, n_rest;
     int32_t nodes_all, nodes_rest, nodes_plain;
     size_t text_bytes;
+    int eos_cap; /* the eos ids given (v->n_eos keeps those in range) */
 } gv_layout;
 
 static size_t words_of(int32_t n_tokens) { return ((size_t)n_tokens + 31) / 32 + 1; }
@@ -276,6 +277,7 @@ static size_t words_of(int32_t n_tokens) { return ((size_t)n_tokens + 31) / 32 +
 static int vocab_layout(gvocab *v, int32_t n_tokens, const char *const *bytes, const uint32_t *len,
                         const uint8_t *special, const int32_t *eos_ids, int n_eos, gv_layout *L) {
     memset(L, 0, sizeof *L);
+    L->eos_cap = n_eos;
     v->n_tokens = n_tokens;
     v->bytes = calloc((size_t)n_tokens + 1, sizeof *v->bytes);
     v->len = calloc((size_t)n_tokens + 1, sizeof *v->len);
@@ -361,7 +363,7 @@ static void layout_free(gv_layout *L) { free(L->order), free(L->rest), free(L->p
  * UTF-8 flags and per-depth scratch, whichever is larger. */
 static void layout_bytes(const gvocab *v, const gv_layout *L, size_t *tables, size_t *temporary) {
     size_t n1 = (size_t)v->n_tokens + 1;
-    size_t t = sizeof *v + n1 * (sizeof *v->bytes + sizeof *v->len) + ((size_t)v->n_eos + 1) * sizeof *v->eos +
+    size_t t = sizeof *v + n1 * (sizeof *v->bytes + sizeof *v->len) + ((size_t)L->eos_cap + 1) * sizeof *v->eos +
                GV_SHORT * words_of(v->n_tokens) * sizeof *v->plain_bits + L->text_bytes + 1;
     t += ((size_t)L->n_text + 1 + (size_t)L->n_rest + 1 + v->n_plain + 1) * sizeof(int32_t); /* tok_sorted */
     t += ((size_t)L->nodes_all + 1 + (size_t)L->nodes_rest + 1 + (size_t)L->nodes_plain + 1) * GV_NODE_BYTES;

@@ -40,6 +40,15 @@ static void print_kv_cut(const json_t *r) {
                (long long)json_integer_value(json_object_get(r, "kv_blocks")), cut);
 }
 
+/* When the grammar tables come: the peak holds them, the start does not. */
+static void print_grammar_note(const json_t *r) {
+    const json_t *g = json_object_get(r, "grammar");
+    if (g && json_integer_value(json_object_get(g, "vocab_tables_bytes")))
+        printf("grammar tables: %.1f MiB of the vocabulary's byte tries (+%.1f MiB while they are built), made at the "
+               "first constrained request (response_format, a forced tool call)\n",
+               mib(g, "vocab_tables_bytes"), mib(g, "build_temporary_bytes"));
+}
+
 static void print_cuda_table(const json_t *r) {
     const json_t *h = json_object_get(r, "host");
     printf("model:    %s\n", json_string_value(json_object_get(r, "model")));
@@ -56,9 +65,12 @@ static void print_cuda_table(const json_t *r) {
     printf("  %-38s %10.1f MiB\n", "device: weights as uploaded", mib(r, "weights_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: KV pool", mib(r, "kv_pool_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: scratch (activations, GEMM)", mib(r, "scratch_bytes"));
+    printf("  %-38s %10.1f MiB\n", "device:   of which LoRA adapter rows", mib(r, "lora_scratch_bytes"));
+    printf("  %-38s %10.1f MiB\n", "device: sampler (rows, entries, masks)", mib(r, "sampler_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: CUDA context and cuBLAS", mib(r, "runtime_overhead_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: predicted peak", mib(r, "predicted_peak_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: available", mib(r, "available_bytes"));
+    printf("  %-38s %10.1f MiB\n", "host: grammar tables (constrained)", mib(h, "grammar_bytes"));
     printf("  %-38s %10.1f MiB\n\n", "host: predicted peak resident", mib(h, "predicted_peak_bytes"));
     const json_t *x = json_object_get(r, "experts");
     if (x && json_is_true(json_object_get(x, "offloaded")))
@@ -71,6 +83,7 @@ static void print_cuda_table(const json_t *r) {
         printf("%lld weights in %s have no CUDA kernel: expanded to f32 on the device (4 bytes per weight)\n", expanded,
                json_string_value(json_object_get(r, "expanded_format")));
     print_kv_cut(r);
+    print_grammar_note(json_object_get(r, "host"));
     printf("fits: %s; largest context that fits: %lld (model maximum %lld)\n",
            json_is_true(json_object_get(r, "fits")) ? "yes" : "NO",
            (long long)json_integer_value(json_object_get(r, "max_context_that_fits")),
@@ -102,6 +115,7 @@ static void print_table(const json_t *r) {
     printf("  %-34s %10.1f MiB\n", "KV pool", mib(r, "kv_pool_bytes"));
     printf("  %-34s %10.1f MiB\n", "scratch", mib(r, "scratch_bytes"));
     printf("  %-34s %10.1f MiB\n", "logits, history, sampler", mib(r, "buffers_bytes"));
+    printf("  %-34s %10.1f MiB\n", "grammar tables (constrained)", mib(r, "grammar_bytes"));
     printf("  %-34s %10.1f MiB\n", "runtime: process before the engine", mib(ro, "process_resident_bytes"));
     printf("  %-34s %10.1f MiB\n", "runtime: model file pages", mib(ro, "model_file_pages_bytes"));
     printf("  %-34s %10.1f MiB\n", "runtime: thread stacks", mib(ro, "thread_stacks_bytes"));
@@ -110,6 +124,7 @@ static void print_table(const json_t *r) {
     printf("  %-34s %10.1f MiB\n", "at start (KV pool reserved, untouched)", mib(r, "predicted_start_bytes"));
     printf("  %-34s %10.1f MiB\n\n", "available now", mib(r, "available_bytes"));
     print_kv_cut(r);
+    print_grammar_note(r);
     printf("fits: %s; largest context that fits: %lld (model maximum %lld)\n",
            json_is_true(json_object_get(r, "fits")) ? "yes" : "NO",
            (long long)json_integer_value(json_object_get(r, "max_context_that_fits")),

@@ -78,41 +78,47 @@ struct hearth_engine {
 };
 
 
-static void add_eos(hearth_engine *e, int64_t id) {
-    if (id < 0 || id >= e->m->cfg.vocab || e->n_eos == ENGINE_MAX_EOS) return;
-    for (int i = 0; i < e->n_eos; i++)
-        if (e->eos[i] == id) return;
-    e->eos[e->n_eos++] = (int32_t)id;
+typedef struct eos_list {
+    int32_t *ids;
+    int n, vocab;
+} eos_list;
+
+static void add_eos(eos_list *l, int64_t id) {
+    if (id < 0 || id >= l->vocab || l->n == ENGINE_MAX_EOS) return;
+    for (int i = 0; i < l->n; i++)
+        if (l->ids[i] == id) return;
+    l->ids[l->n++] = (int32_t)id;
 }
 
-static void add_eos_json(hearth_engine *e, const json_t *v) {
-    if (json_is_integer(v)) add_eos(e, json_integer_value(v));
+static void add_eos_json(eos_list *l, const json_t *v) {
+    if (json_is_integer(v)) add_eos(l, json_integer_value(v));
     size_t i;
     const json_t *x;
-    if (json_is_array(v)) json_array_foreach(v, i, x) if (json_is_integer(x)) add_eos(e, json_integer_value(x));
+    if (json_is_array(v)) json_array_foreach(v, i, x) if (json_is_integer(x)) add_eos(l, json_integer_value(x));
 }
 
 /* Every end-of-sequence id the model declares: generation_config.json, config.json and
  * the tokenizer (HF), or the GGUF eos/eot/eom ids plus the end-of-turn specials that
  * chat GGUFs rely on without declaring. */
-static void collect_eos(hearth_engine *e) {
-    hearth_model *hm = e->hm;
-    add_eos_json(e, json_object_get(hm->generation_config, "eos_token_id"));
-    add_eos_json(e, json_object_get(hm->config, "eos_token_id"));
-    if (hm->tok) add_eos(e, tok_eos_id(hm->tok));
+int engine_model_eos(const hearth_model *hm, int vocab, int32_t ids[ENGINE_MAX_EOS]) {
+    eos_list l = {.ids = ids, .vocab = vocab};
+    add_eos_json(&l, json_object_get(hm->generation_config, "eos_token_id"));
+    add_eos_json(&l, json_object_get(hm->config, "eos_token_id"));
+    if (hm->tok) add_eos(&l, tok_eos_id(hm->tok));
     if (hm->entry.format == MODEL_FORMAT_GGUF) {
         static const char *keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                      "tokenizer.ggml.eom_token_id"};
         for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
             int64_t id;
-            if (gguf_get_i64(&hm->gguf, keys[i], &id)) add_eos(e, id);
+            if (gguf_get_i64(&hm->gguf, keys[i], &id)) add_eos(&l, id);
         }
         static const char *turn_end[] = {"<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>"};
         for (size_t i = 0; hm->tok && i < sizeof turn_end / sizeof turn_end[0]; i++) {
             int32_t id = tok_token_id(hm->tok, turn_end[i]);
-            if (id >= 0 && tok_is_special(hm->tok, id)) add_eos(e, id);
+            if (id >= 0 && tok_is_special(hm->tok, id)) add_eos(&l, id);
         }
     }
+    return l.n;
 }
 
 /* XTC never drops what mlx_lm.server exempts: the encoded "\n" and the end-of-sequence
@@ -433,7 +439,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
         e->bytes += model_kv_storage_bytes(c, p.n_blocks, o.kv_quant);
         e->bytes += cpu_backend_bytes(model_ops(e->m), &e->kv, e->step_tokens, e->max_out, e->n_threads);
     }
-    collect_eos(e);
+    e->n_eos = engine_model_eos(e->hm, c->vocab, e->eos);
     set_xtc_exempt(e);
     if (o.draft_model && o.speculate != HEARTH_SPEC_NONE && (st = engine_draft_open(e, &o, err))) {
         hearth_engine_free(e);
@@ -855,24 +861,70 @@ gvocab *engine_grammar_vocab(hearth_engine *e) {
     return e->gvocab;
 }
 
-static void build_grammar_vocab(hearth_engine *e) {
-    const tok_tokenizer *t = e->hm->tok;
-    int32_t n = tok_vocab_size(t);
-    char **bytes = calloc((size_t)n + 1, sizeof *bytes);
-    uint32_t *len = calloc((size_t)n + 1, sizeof *len);
-    uint8_t *special = calloc((size_t)n + 1, 1);
+/* The tokenizer's tokens as the grammar engine reads them (gvocab_new's arguments): each
+ * token's bytes in one block (two passes: the lengths, then the bytes), whether it is
+ * special. */
+typedef struct grammar_tokens {
+    int32_t n;
+    char **bytes, *text;
+    uint32_t *len;
+    uint8_t *special;
+} grammar_tokens;
+
+/* Bytes grammar_tokens_make allocates for n tokens of text_bytes bytes in all. */
+static size_t grammar_tokens_bytes(int32_t n, size_t text_bytes) {
+    return ((size_t)n + 1) * (sizeof(char *) + sizeof(uint32_t) + sizeof(uint8_t)) + text_bytes + 1;
+}
+
+static void grammar_tokens_free(grammar_tokens *g) {
+    free(g->bytes), free(g->text), free(g->len), free(g->special);
+}
+
+static int grammar_tokens_make(const tok_tokenizer *t, grammar_tokens *g, size_t *text_bytes) {
+    memset(g, 0, sizeof *g);
+    int32_t n = g->n = tok_vocab_size(t);
+    g->bytes = calloc((size_t)n + 1, sizeof *g->bytes);
+    g->len = calloc((size_t)n + 1, sizeof *g->len);
+    g->special = calloc((size_t)n + 1, 1);
+    if (!g->bytes || !g->len || !g->special) return 0;
     char buf[1024]; /* longer tokens are cut off here and never match */
-    int ok = bytes && len && special;
-    for (int32_t i = 0; ok && i < n; i++) {
+    size_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
         int l = tok_token_bytes(t, i, buf, sizeof buf);
-        if (l < 0 || l > (int)sizeof buf) l = 0;
-        special[i] = (uint8_t)tok_is_special(t, i);
-        if (!(bytes[i] = malloc((size_t)l + 1))) ok = 0;
-        else memcpy(bytes[i], buf, (size_t)l), len[i] = (uint32_t)l;
+        g->len[i] = l < 0 || l > (int)sizeof buf ? 0 : (uint32_t)l;
+        g->special[i] = (uint8_t)tok_is_special(t, i);
+        total += g->len[i];
     }
-    if (ok) e->gvocab = gvocab_new(n, (const char *const *)bytes, len, special, e->eos, e->n_eos);
-    for (int32_t i = 0; bytes && i < n; i++) free(bytes[i]);
-    free(bytes), free(len), free(special);
+    *text_bytes = total;
+    if (!(g->text = malloc(total + 1))) return 0;
+    for (size_t i = 0, at = 0; i < (size_t)n; at += g->len[i], i++) {
+        g->bytes[i] = g->text + at;
+        if (g->len[i]) tok_token_bytes(t, (int32_t)i, buf, sizeof buf), memcpy(g->bytes[i], buf, g->len[i]);
+    }
+    return 1;
+}
+
+static void build_grammar_vocab(hearth_engine *e) {
+    grammar_tokens g;
+    size_t text_bytes;
+    if (grammar_tokens_make(e->hm->tok, &g, &text_bytes))
+        e->gvocab = gvocab_new(g.n, (const char *const *)g.bytes, g.len, g.special, e->eos, e->n_eos);
+    grammar_tokens_free(&g);
+}
+
+int engine_grammar_footprint(const hearth_model *hm, int vocab, size_t *tables, size_t *temporary) {
+    *tables = *temporary = 0;
+    if (!hm->tok) return 1; /* no tokenizer: no constraint is ever compiled */
+    int32_t eos[ENGINE_MAX_EOS];
+    int n_eos = engine_model_eos(hm, vocab, eos);
+    grammar_tokens g;
+    size_t text_bytes;
+    int ok = grammar_tokens_make(hm->tok, &g, &text_bytes) &&
+             gvocab_footprint(g.n, (const char *const *)g.bytes, g.len, g.special, eos, n_eos, tables, temporary);
+    /* the build holds the tokens it was handed until it ends */
+    if (ok) *temporary += grammar_tokens_bytes(g.n, text_bytes);
+    grammar_tokens_free(&g);
+    return ok;
 }
 
 int engine_eos_ids(const hearth_engine *e, const int32_t **ids) {

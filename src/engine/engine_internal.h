@@ -138,6 +138,14 @@ double gen_now_seconds(void);
 /* The tokenizer's vocabulary as the grammar engine reads it (built on first use, kept
  * with the engine); NULL when the model has no tokenizer or memory ran out. */
 struct gvocab *engine_grammar_vocab(hearth_engine *e);
+/* The end-of-sequence ids model hm declares (below vocab), as the engine collects them;
+ * returns how many (at most ENGINE_MAX_EOS). */
+int engine_model_eos(const hearth_model *hm, int vocab, int32_t ids[ENGINE_MAX_EOS]);
+/* Host bytes engine_grammar_vocab's build takes for hm's tokenizer (vocab: the model's
+ * logits rows, as the engine reads its eos ids): *tables, what the engine keeps from the
+ * first constrained request on; *temporary, what the build holds besides at its worst (the
+ * tokens handed to it, gvocab_footprint's). Both 0 without a tokenizer. 0 on out of memory. */
+int engine_grammar_footprint(const hearth_model *hm, int vocab, size_t *tables, size_t *temporary);
 
 struct adapter_set;
 struct adapter_registry;

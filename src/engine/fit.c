@@ -9,6 +9,7 @@
 #include "base/err.h"
 #include "base/threadpool.h"
 #include "engine/engine_device.h"
+#include "engine/engine_internal.h"
 #include "engine/engine_plan.h"
 #include "kv/kv_cache.h"
 #include "engine/fit_internal.h"
@@ -113,14 +114,16 @@ typedef struct fit_base {
     size_t thread_stacks; /* the pool's worker threads */
     size_t code_pages;    /* hearth code first run when the engine starts */
     int keeps_file;       /* --mmap: the weights are the file pages, which stay */
+    size_t grammar;       /* constrained decoding's vocabulary tables and their build (fit_grammar) */
 } fit_base;
 
 /* Two moments: the worst point of the load, when the arena written so far and the file pages
  * of the tensor being copied are resident (model_load drops each tensor's pages once it is
  * copied: model_load_peak_bytes), and the running engine (the arena, KV pool, scratch and
- * threads). With --mmap the pages stay: both at once. */
+ * threads, and the grammar tables once a constrained request came). With --mmap the pages
+ * stay: both at once. */
 static size_t fit_peak(const fit_base *b, const engine_plan *p) {
-    size_t run = engine_plan_bytes(p) + b->thread_stacks, load = p->weights_load_peak;
+    size_t run = engine_plan_bytes(p) + b->thread_stacks + b->grammar, load = p->weights_load_peak;
     if (b->keeps_file) return b->resident_now + b->code_pages + b->file_pages + run;
     return b->resident_now + b->code_pages + (load > run ? load : run);
 }
@@ -143,9 +146,27 @@ size_t fit_process_base(const hearth_model *hm, int threads) {
     return b.resident_now + b.code_pages + b.thread_stacks;
 }
 
-size_t fit_host_peak(const hearth_model *hm, const engine_plan *p, int use_mmap) {
+/* Host bytes constrained decoding adds (engine_grammar_footprint for the model's tokenizer):
+ * the vocabulary tables the engine keeps from its first constrained request on, plus what
+ * their build holds besides (freed, but often kept by the heap); returns their sum. Called
+ * after fit_base_now: its layout is allocated meanwhile. */
+static size_t fit_grammar(const hearth_model *hm, const model *m, size_t *tables, size_t *temporary) {
+    if (!engine_grammar_footprint(hm, m->cfg.vocab, tables, temporary)) *tables = *temporary = 0;
+    return *tables + *temporary;
+}
+
+size_t fit_host_peak(const hearth_model *hm, const model *m, const engine_plan *p, int use_mmap, size_t *grammar_tables,
+                     size_t *grammar_temporary) {
     fit_base b = fit_base_now(hm, p->n_threads, use_mmap);
+    b.grammar = fit_grammar(hm, m, grammar_tables, grammar_temporary);
     return fit_peak(&b, p);
+}
+
+json_t *fit_grammar_json(size_t tables, size_t temporary) {
+    return json_pack("{s:I, s:I, s:s}", "vocab_tables_bytes", (json_int_t)tables, "build_temporary_bytes",
+                     (json_int_t)temporary, "built",
+                     "at the first constrained request (response_format json_schema / json_object, a forced tool "
+                     "call, a grammar), not at start: in predicted_peak_bytes, not in predicted_start_bytes");
 }
 
 int fit_largest_context(const model *m, const hearth_engine_options *eo,
@@ -228,6 +249,8 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
         return st;
     }
     fit_base b = fit_base_now(hm, p.n_threads, o.engine.use_mmap);
+    size_t grammar_tables, grammar_temporary; /* after fit_base_now: the layout it allocates is freed */
+    b.grammar = fit_grammar(hm, m, &grammar_tables, &grammar_temporary);
     long long avail = hearth_proc_kb_field("/proc/meminfo", "MemAvailable");
     size_t peak = fit_peak(&b, &p), available = avail > 0 ? (size_t)avail : 0;
     const char *bw_source;
@@ -255,7 +278,9 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     json_object_set_new(r, "scratch_bytes", JSON_SIZE(p.scratch));
     json_object_set_new(r, "buffers_bytes", JSON_SIZE(p.buffers + p.sampler));
     json_object_set_new(r, "engine_bytes", JSON_SIZE(engine_plan_bytes(&p)));
-    json_object_set_new(r, "runtime_overhead_bytes", JSON_SIZE(fit_peak(&b, &p) - engine_plan_bytes(&p)));
+    json_object_set_new(r, "grammar_bytes", JSON_SIZE(b.grammar));
+    json_object_set_new(r, "grammar", fit_grammar_json(grammar_tables, grammar_temporary));
+    json_object_set_new(r, "runtime_overhead_bytes", JSON_SIZE(fit_peak(&b, &p) - engine_plan_bytes(&p) - b.grammar));
     json_object_set_new(r, "runtime_overhead",
                         json_pack("{s:I, s:I, s:I, s:I}", "process_resident_bytes", (json_int_t)b.resident_now,
                                   "model_file_pages_bytes", (json_int_t)b.file_pages, "thread_stacks_bytes",
@@ -265,7 +290,9 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
      * rest; the peak is reached once every block has been written */
     engine_plan untouched = p;
     untouched.kv -= model_kv_storage_bytes(&m->cfg, p.n_blocks, o.engine.kv_quant);
-    json_object_set_new(r, "predicted_start_bytes", JSON_SIZE(fit_peak(&b, &untouched)));
+    fit_base at_start = b;
+    at_start.grammar = 0; /* built at the first constrained request */
+    json_object_set_new(r, "predicted_start_bytes", JSON_SIZE(fit_peak(&at_start, &untouched)));
     json_object_set_new(r, "kv_pool_counted_as",
                         json_string("reserved: predicted_peak_bytes holds the whole pool resident (every block "
                                     "written); at start-up it is untouched (predicted_start_bytes) and grows as "

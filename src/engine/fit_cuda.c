@@ -226,7 +226,14 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
     json_object_set_new(r, "kv_quant", json_string(hearth_kv_quant_name(o->engine.kv_quant)));
     json_object_set_new(r, "kv_device_dtype", json_string(cuda_kv_dtype_name(d->kv_dtype)));
     json_object_set_new(r, "scratch_bytes", JSON_SIZE(d->scratch));
-    json_object_set_new(r, "buffers_bytes", JSON_SIZE(0)); /* the logits rows are device scratch */
+    /* of the scratch: each step row's LoRA adapter tables and the serving tier's rank values,
+     * made whatever adapters are mounted (cuda_lora_cache_create) */
+    json_object_set_new(r, "lora_scratch_bytes",
+                        JSON_SIZE(d->lora_sets_bytes + d->lora_counts_bytes + d->lora_fast_bytes));
+    /* the logits rows are device scratch; the engine's buffers on the device are the
+     * sampler's (as the CPU report's buffers_bytes holds its sampler) */
+    json_object_set_new(r, "buffers_bytes", JSON_SIZE(d->sampler));
+    json_object_set_new(r, "sampler_bytes", JSON_SIZE(d->sampler));
     json_object_set_new(r, "engine_bytes", JSON_SIZE(cuda_plan_bytes(d)));
     json_object_set_new(r, "runtime_overhead_bytes", JSON_SIZE(g->context_bytes));
     json_object_set_new(r, "runtime_overhead",
@@ -250,12 +257,16 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
     json_object_set_new(r, "max_context_that_fits", json_integer(fit_largest_context(m, &o->engine, fits_device, g)));
     /* the host still holds the weights, its own KV pool and scratch (engine_plan), plus the
      * pinned staging buffers, the largest upload's temporary and the driver's share */
-    size_t host = fit_host_peak(hm, &z->host, o->engine.use_mmap) + d->pinned_host + d->upload_host + g->host_bytes;
-    json_object_set_new(r, "host",
-                        json_pack("{s:I, s:I, s:I, s:I, s:I}", "predicted_peak_bytes", (json_int_t)host, "engine_bytes",
-                                  (json_int_t)engine_plan_bytes(&z->host), "pinned_bytes", (json_int_t)d->pinned_host,
-                                  "upload_temporary_bytes", (json_int_t)d->upload_host, "cuda_runtime_bytes",
-                                  (json_int_t)g->host_bytes));
+    size_t gt, gtmp; /* constrained decoding's tables: host memory (the mask is made on the host) */
+    size_t host = fit_host_peak(hm, m, &z->host, o->engine.use_mmap, &gt, &gtmp) + d->pinned_host + d->upload_host +
+                  d->sampler_host + g->host_bytes;
+    json_t *h = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "predicted_peak_bytes", (json_int_t)host,
+                          "engine_bytes", (json_int_t)engine_plan_bytes(&z->host), "pinned_bytes",
+                          (json_int_t)d->pinned_host, "upload_temporary_bytes", (json_int_t)d->upload_host,
+                          "device_sampler_bytes", (json_int_t)d->sampler_host, "cuda_runtime_bytes",
+                          (json_int_t)g->host_bytes, "grammar_bytes", (json_int_t)(gt + gtmp));
+    json_object_set_new(h, "grammar", fit_grammar_json(gt, gtmp));
+    json_object_set_new(r, "host", h);
     double full = cuda_plan_decode_bytes(d, model_ops(m), z->host.context), empty = cuda_plan_decode_bytes(d, model_ops(m), 1);
     if (g->bandwidth_gbs > 0) {
         json_object_set_new(r, "bandwidth_gbs", json_real(g->bandwidth_gbs));

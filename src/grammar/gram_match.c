@@ -77,29 +77,66 @@ struct gvocab {
     size_t n_plain_le[GV_SHORT];
     int32_t *eos;
     int n_eos;
-    char **bytes; /* a special token's are GR_SPECIAL_BYTE and its text */
+    char **bytes; /* into text; a special token's are GR_SPECIAL_BYTE and its text */
     uint32_t *len;
+    uint32_t max_len;
+    char *text; /* every token's bytes, one after another */
 };
 
-static const char *const *sort_bytes;
-static const uint32_t *sort_len;
-static int cmp_tok(const void *x, const void *y) {
-    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
-    uint32_t la = sort_len[a], lb = sort_len[b], l = la < lb ? la : lb;
-    int c = memcmp(sort_bytes[a], sort_bytes[b], l);
-    if (c) return c;
-    if (la != lb) return la < lb ? -1 : 1;
-    return a < b ? -1 : a > b;
+/* Token order of the tries: by bytes, then by id. */
+static int tok_before(const gvocab *v, int32_t a, int32_t b) {
+    uint32_t la = v->len[a], lb = v->len[b], l = la < lb ? la : lb;
+    int c = memcmp(v->bytes[a], v->bytes[b], l);
+    if (c) return c < 0;
+    if (la != lb) return la < lb;
+    return a < b;
+}
+
+/* Sorts ids[0..n) by tok_before: a merge sort through tmp (n entries), so the build's
+ * memory is what gvocab_footprint counts whatever the C library's qsort allocates. */
+static void sort_tokens(const gvocab *v, int32_t *ids, int32_t *tmp, int32_t n) {
+    if (n < 2) return;
+    int32_t h = n / 2;
+    sort_tokens(v, ids, tmp, h);
+    sort_tokens(v, ids + h, tmp, n - h);
+    int32_t i = 0, j = h, k = 0;
+    while (i < h && j < n) tmp[k++] = tok_before(v, ids[j], ids[i]) ? ids[j++] : ids[i++];
+    while (i < h) tmp[k++] = ids[i++];
+    memcpy(ids, tmp, (size_t)k * sizeof *ids); /* ids[j..n) are in place */
 }
 
 /* 65535: the trie depth is a uint16; no vocabulary has tokens that long */
 #define GV_MAX_TOKEN_BYTES 65535
 
-/* The trie of tokens order[0..n) (sorted by bytes); takes order. */
-static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_text) {
-    size_t total = 0;
-    for (int32_t k = 0; k < n_text; k++) total += v->len[order[k]];
-    size_t cap = total + 1;
+/* Nodes of the trie of tokens order[0..n) (sorted): each token adds its bytes past the
+ * prefix it shares with the one before. */
+static int32_t trie_nodes(const gvocab *v, const int32_t *order, int32_t n) {
+    size_t nodes = 0;
+    for (int32_t k = 0; k < n; k++) {
+        uint32_t l = v->len[order[k]], p = 0;
+        if (k) {
+            uint32_t pl = v->len[order[k - 1]];
+            const char *s = v->bytes[order[k]], *prev = v->bytes[order[k - 1]];
+            while (p < l && p < pl && s[p] == prev[p]) p++;
+        }
+        nodes += l - p;
+    }
+    return (int32_t)nodes;
+}
+
+/* Bytes per trie node: byte, depth, end, tok_first, tok_n, sub_lo, whole, below,
+ * below_flags, height (gv_trie); arrays of n_nodes + 1. */
+#define GV_NODE_BYTES                                                                                                  \
+    (sizeof(uint8_t) + sizeof(uint16_t) + 4 * sizeof(int32_t) + sizeof(uint8_t) + sizeof(gv_class) + sizeof(uint8_t) + \
+     sizeof(uint16_t))
+/* A trie's per-depth scratch while it is built (the path, a character's state): 4 arrays of
+ * the longest token's bytes + 2, one of int32 and three of bytes. */
+#define GV_DEPTH_BYTES(max_len) (((size_t)(max_len) + 2) * (sizeof(int32_t) + 3))
+
+/* The trie of tokens order[0..n_text) (sorted by bytes), n_nodes of them (trie_nodes);
+ * takes order. */
+static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_text, int32_t n_nodes) {
+    size_t cap = (size_t)n_nodes + 1;
     t->tok_sorted = order;
     t->byte = malloc(cap);
     t->depth = malloc(cap * sizeof *t->depth);
@@ -112,7 +149,8 @@ static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_tex
     t->below_flags = calloc(cap, 1);
     t->height = calloc(cap, sizeof *t->height);
     t->n_tok = n_text;
-    int32_t *path = malloc((GV_MAX_TOKEN_BYTES + 2) * sizeof *path);
+    size_t depth_cap = (size_t)v->max_len + 2;
+    int32_t *path = malloc(depth_cap * sizeof *path);
     if (!t->byte || !t->depth || !t->end || !t->tok_first || !t->tok_n || !t->sub_lo || !t->whole || !t->below ||
         !t->below_flags || !t->height || !path) {
         free(path);
@@ -133,6 +171,10 @@ static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_tex
             t->root_lo[(uint8_t)s[0]] = k;
         }
         t->root_hi[(uint8_t)s[0]] = k + 1;
+        if (n + (int32_t)(l - p) > n_nodes) { /* trie_nodes counts these same steps: never */
+            free(path);
+            return 0;
+        }
         for (uint32_t d = p; d < l; d++) {
             t->byte[n] = (uint8_t)s[d];
             t->sub_lo[n] = k;
@@ -152,8 +194,7 @@ static int trie_build(gv_trie *t, const gvocab *v, int32_t *order, int32_t n_tex
     /* each node's own byte in UTF-8, decoded from the root (a path is a token's prefix):
      * bad, or the bytes a character still needs and the next one's range; kept per depth */
     uint8_t *own = malloc((size_t)n + 1);
-    uint8_t *need = malloc(GV_MAX_TOKEN_BYTES + 2), *lo = malloc(GV_MAX_TOKEN_BYTES + 2),
-            *hi = malloc(GV_MAX_TOKEN_BYTES + 2);
+    uint8_t *need = malloc(depth_cap), *lo = malloc(depth_cap), *hi = malloc(depth_cap);
     if (!own || !need || !lo || !hi) {
         free(own), free(need), free(lo), free(hi);
         return 0;
@@ -218,29 +259,39 @@ static int plain_token(const char *s, uint32_t n) {
     return chars;
 }
 
-gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *len, const uint8_t *special,
-                   const int32_t *eos_ids, int n_eos) {
-    gvocab *v = calloc(1, sizeof *v);
-    if (!v) return NULL;
+/* The vocabulary's tables up to the tries: each token's bytes in one block (a marker byte
+ * before a special token's text), the text tokens sorted, split into short plain ones and
+ * the rest, the plain sets; and the node count each trie will have. What gvocab_new builds
+ * the tries on and gvocab_footprint counts, so the two cannot differ. On out of memory
+ * returns 0 with what was made in v (gvocab_free frees it). */
+typedef struct gv_layout {
+    int32_t *order, *rest, *plain; /* sorted ids: text tokens, the not short plain, the short plain */
+    int32_t n_text, n_rest;
+    int32_t nodes_all, nodes_rest, nodes_plain;
+    size_t text_bytes;
+    int eos_cap; /* the eos ids given (v->n_eos keeps those in range) */
+} gv_layout;
+
+static size_t words_of(int32_t n_tokens) { return ((size_t)n_tokens + 31) / 32 + 1; }
+
+static int vocab_layout(gvocab *v, int32_t n_tokens, const char *const *bytes, const uint32_t *len,
+                        const uint8_t *special, const int32_t *eos_ids, int n_eos, gv_layout *L) {
+    memset(L, 0, sizeof *L);
+    L->eos_cap = n_eos;
     v->n_tokens = n_tokens;
     v->bytes = calloc((size_t)n_tokens + 1, sizeof *v->bytes);
     v->len = calloc((size_t)n_tokens + 1, sizeof *v->len);
     v->eos = malloc(((size_t)n_eos + 1) * sizeof *v->eos);
-    v->plain_bits = calloc(((size_t)n_tokens + 31) / 32 + 1, sizeof *v->plain_bits);
-    int32_t *order = malloc(((size_t)n_tokens + 1) * sizeof *order);
-    int32_t *rest = malloc(((size_t)n_tokens + 1) * sizeof *rest);
-    int32_t *plain = malloc(((size_t)n_tokens + 1) * sizeof *plain);
+    v->plain_bits = calloc(words_of(n_tokens), sizeof *v->plain_bits);
     int le_ok = 1;
     for (int l = 0; l < GV_SHORT - 1; l++)
-        le_ok &= (v->plain_le[l] = calloc(((size_t)n_tokens + 31) / 32 + 1, sizeof *v->plain_bits)) != NULL;
+        le_ok &= (v->plain_le[l] = calloc(words_of(n_tokens), sizeof *v->plain_bits)) != NULL;
     v->plain_le[GV_SHORT - 1] = v->plain_bits;
-    if (!v->bytes || !v->len || !v->eos || !order || !rest || !plain || !v->plain_bits || !le_ok) {
-        free(plain), free(rest);
-        goto fail;
-    }
+    if (!v->bytes || !v->len || !v->eos || !v->plain_bits || !le_ok) return 0;
     for (int i = 0; i < n_eos; i++)
         if (eos_ids[i] >= 0 && eos_ids[i] < n_tokens) v->eos[v->n_eos++] = eos_ids[i];
-    int32_t n_text = 0, n_rest = 0;
+    uint8_t *marks = calloc((size_t)n_tokens + 1, 1);
+    if (!marks) return 0;
     for (int32_t i = 0; i < n_tokens; i++) {
         uint32_t l = bytes[i] ? len[i] : 0;
         if (l >= GV_MAX_TOKEN_BYTES) l = 0;
@@ -253,47 +304,109 @@ gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *l
          * allows it; dropped so that it cannot start a marker either */
         if (!mark && l && memchr(bytes[i], GR_SPECIAL_BYTE, l)) l = 0;
         v->len[i] = l + (uint32_t)mark;
-        v->bytes[i] = malloc(l + 2);
-        if (!v->bytes[i]) goto fail;
-        if (mark) v->bytes[i][0] = (char)GR_SPECIAL_BYTE;
-        if (l) memcpy(v->bytes[i] + mark, bytes[i], l);
-        if (v->len[i]) order[n_text++] = i;
+        marks[i] = (uint8_t)mark;
+        L->text_bytes += v->len[i];
+        if (v->len[i]) L->n_text++;
+        if (v->len[i] > v->max_len) v->max_len = v->len[i];
     }
-    sort_bytes = (const char *const *)v->bytes, sort_len = v->len;
-    qsort(order, (size_t)n_text, sizeof *order, cmp_tok);
-    for (int32_t k = 0; k < n_text; k++) {
-        int32_t id = order[k];
+    v->text = malloc(L->text_bytes + 1);
+    L->order = malloc(((size_t)L->n_text + 1) * sizeof *L->order);
+    int32_t *tmp = malloc(((size_t)L->n_text + 1) * sizeof *tmp);
+    if (!v->text || !L->order || !tmp) {
+        free(marks), free(tmp);
+        return 0;
+    }
+    size_t at = 0;
+    int32_t n_text = 0;
+    for (int32_t i = 0; i < n_tokens; i++) {
+        v->bytes[i] = v->text + at;
+        if (marks[i]) v->text[at] = (char)GR_SPECIAL_BYTE;
+        if (v->len[i] > marks[i]) memcpy(v->text + at + marks[i], bytes[i], v->len[i] - marks[i]);
+        at += v->len[i];
+        if (v->len[i]) L->order[n_text++] = i;
+    }
+    free(marks);
+    sort_tokens(v, L->order, tmp, L->n_text);
+    free(tmp);
+    for (int32_t k = 0; k < L->n_text; k++) {
+        int32_t id = L->order[k];
         int chars = plain_token(v->bytes[id], v->len[id]);
         if (chars > 0 && chars <= GV_SHORT) {
-            v->plain_bits[id >> 5] |= 1u << (id & 31), plain[v->n_plain++] = id;
+            v->plain_bits[id >> 5] |= 1u << (id & 31), v->n_plain++;
             for (int l = chars; l < GV_SHORT; l++)
                 v->plain_le[l - 1][id >> 5] |= 1u << (id & 31), v->n_plain_le[l - 1]++;
-        } else
-            rest[n_rest++] = id; /* stays sorted */
+        }
     }
-    if (!trie_build(&v->all, v, order, n_text)) {
-        order = NULL;
-        free(rest), free(plain);
-        goto fail;
-    }
-    order = NULL;
-    if (!trie_build(&v->rest, v, rest, n_rest)) {
-        free(plain);
-        goto fail;
-    }
-    if (!trie_build(&v->plain, v, plain, (int32_t)v->n_plain)) goto fail;
     v->n_plain_le[GV_SHORT - 1] = v->n_plain;
+    L->n_rest = L->n_text - (int32_t)v->n_plain;
+    L->rest = malloc(((size_t)L->n_rest + 1) * sizeof *L->rest);
+    L->plain = malloc((v->n_plain + 1) * sizeof *L->plain);
+    if (!L->rest || !L->plain) return 0;
+    int32_t nr = 0, np = 0;
+    for (int32_t k = 0; k < L->n_text; k++) { /* both stay sorted */
+        int32_t id = L->order[k];
+        if (v->plain_bits[id >> 5] >> (id & 31) & 1)
+            L->plain[np++] = id;
+        else
+            L->rest[nr++] = id;
+    }
+    L->nodes_all = trie_nodes(v, L->order, L->n_text);
+    L->nodes_rest = trie_nodes(v, L->rest, L->n_rest);
+    L->nodes_plain = trie_nodes(v, L->plain, np);
+    return 1;
+}
+
+static void layout_free(gv_layout *L) { free(L->order), free(L->rest), free(L->plain); }
+
+/* What the tables of a layout take (every array vocab_layout and trie_build allocate), and
+ * what building them holds besides at its worst: the sort's buffer, or a trie's per-node
+ * UTF-8 flags and per-depth scratch, whichever is larger. */
+static void layout_bytes(const gvocab *v, const gv_layout *L, size_t *tables, size_t *temporary) {
+    size_t n1 = (size_t)v->n_tokens + 1;
+    size_t t = sizeof *v + n1 * (sizeof *v->bytes + sizeof *v->len) + ((size_t)L->eos_cap + 1) * sizeof *v->eos +
+               GV_SHORT * words_of(v->n_tokens) * sizeof *v->plain_bits + L->text_bytes + 1;
+    t += ((size_t)L->n_text + 1 + (size_t)L->n_rest + 1 + v->n_plain + 1) * sizeof(int32_t); /* tok_sorted */
+    t += ((size_t)L->nodes_all + 1 + (size_t)L->nodes_rest + 1 + (size_t)L->nodes_plain + 1) * GV_NODE_BYTES;
+    *tables = t;
+    size_t sort = ((size_t)L->n_text + 1) * sizeof(int32_t) + n1; /* the merge buffer, the marker flags */
+    size_t trie = (size_t)L->nodes_all + 1 + GV_DEPTH_BYTES(v->max_len);
+    *temporary = sort > trie ? sort : trie;
+}
+
+gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *len, const uint8_t *special,
+                   const int32_t *eos_ids, int n_eos) {
+    gvocab *v = calloc(1, sizeof *v);
+    if (!v) return NULL;
+    gv_layout L;
+    if (!vocab_layout(v, n_tokens, bytes, len, special, eos_ids, n_eos, &L)) goto fail;
+    /* each trie takes its order array */
+    int ok = trie_build(&v->all, v, L.order, L.n_text, L.nodes_all);
+    L.order = NULL;
+    if (ok) ok = trie_build(&v->rest, v, L.rest, L.n_rest, L.nodes_rest), L.rest = NULL;
+    if (ok) ok = trie_build(&v->plain, v, L.plain, (int32_t)v->n_plain, L.nodes_plain), L.plain = NULL;
+    if (!ok) goto fail;
     return v;
 fail:
-    free(order);
+    layout_free(&L);
     gvocab_free(v);
     return NULL;
 }
 
+int gvocab_footprint(int32_t n_tokens, const char *const *bytes, const uint32_t *len, const uint8_t *special,
+                     const int32_t *eos_ids, int n_eos, size_t *tables, size_t *temporary) {
+    *tables = *temporary = 0;
+    gvocab *v = calloc(1, sizeof *v);
+    gv_layout L;
+    int ok = v && vocab_layout(v, n_tokens, bytes, len, special, eos_ids, n_eos, &L);
+    if (ok) layout_bytes(v, &L, tables, temporary);
+    if (v) layout_free(&L);
+    gvocab_free(v);
+    return ok;
+}
+
 void gvocab_free(gvocab *v) {
     if (!v) return;
-    for (int32_t i = 0; v->bytes && i < v->n_tokens; i++) free(v->bytes[i]);
-    free(v->bytes), free(v->len), free(v->eos), free(v->plain_bits);
+    free(v->bytes), free(v->len), free(v->eos), free(v->plain_bits), free(v->text);
     for (int l = 0; l < GV_SHORT - 1; l++) free(v->plain_le[l]);
     trie_free(&v->all);
     trie_free(&v->rest);

@@ -37,6 +37,13 @@ size_t grammar_size(const grammar *g);
 gvocab *gvocab_new(int32_t n_tokens, const char *const *bytes, const uint32_t *len, const uint8_t *special,
                    const int32_t *eos_ids, int n_eos);
 void gvocab_free(gvocab *v);
+/* The bytes gvocab_new with these arguments allocates, from the layout it builds the tries
+ * on (the tokens copied and sorted, each trie's node count), without building them:
+ * *tables, what the vocabulary keeps; *temporary, what its build holds besides at the worst
+ * moment. hearth fit counts them (a server builds the vocabulary at its first constrained
+ * request). Allocates the layout meanwhile; returns 0 (both 0) on out of memory. */
+int gvocab_footprint(int32_t n_tokens, const char *const *bytes, const uint32_t *len, const uint8_t *special,
+                     const int32_t *eos_ids, int n_eos, size_t *tables, size_t *temporary);
 int32_t gvocab_size(const gvocab *v);
 /* Whether v has a special token (not eos) whose text is text[0..n). */
 int gvocab_has_special(const gvocab *v, const char *text, size_t n);

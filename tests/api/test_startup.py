@@ -7,7 +7,9 @@
   max_position_embeddings is the oracle) and answers a prompt longer than 8192 tokens (its
   length counted by the model's HF tokenizer).
 - `hearth fit` with serve's flags predicts the server's /stats peak (the kernel's VmHWM)
-  within 2%: at start (the pool untouched) and once requests have written every block.
+  within 2%: at start (the pool untouched) and once requests have written every block and
+  a constrained request (response_format json_schema) has made the server build its grammar
+  tables for the vocabulary (jsonschema checks the answer).
 - `hearth fit` reads this machine's bandwidth from the evals database (a bench row written
   with `hearth evals add`), else probes once and records it; `bench --json` reports the
   thread count it ran with (os.cpu_count() when not told).
@@ -20,6 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import jsonschema
 import pytest
 from conftest import BIN, SMOLLM2, TINY, server
 from hearth_process import free_port, running
@@ -150,9 +153,20 @@ def test_fit_predicts_the_servers_peak_at_start_and_full(smollm2):
         while (stats := get(base, "/stats"))["kv_blocks"]["free"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert stats["kv_blocks"]["total"] == predicted["kv_blocks"] and stats["kv_blocks"]["free"] == 0, stats
-        full = stats["peak_bytes"]
+        # the first constrained request builds the vocabulary's grammar tables (fit's
+        # grammar_bytes: in the peak, not at start), with every block already resident
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+                  "additionalProperties": False}
+        r = post(base, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Give a number as JSON."}], "max_tokens": 16, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}})
+        answer = r["choices"][0]["message"]["content"]
+        if r["choices"][0]["finish_reason"] == "stop":
+            jsonschema.validate(json.loads(answer), schema)
+        full = get(base, "/stats")["peak_bytes"]
     err = (predicted["predicted_peak_bytes"] - full) / full
     assert abs(err) <= TOLERANCE, (predicted["predicted_peak_bytes"], full, err)
+    assert predicted["grammar_bytes"] > 0 and predicted["predicted_start_bytes"] < predicted["predicted_peak_bytes"]
 
 
 def test_fit_uses_the_recorded_bandwidth(smollm2, tmp_path):

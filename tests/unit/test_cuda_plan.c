@@ -10,7 +10,9 @@
 #include <cmocka.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_lora_cache.h"
 #include "backend/cuda/cuda_plan.h"
+#include "backend/cuda/cuda_sample.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -240,6 +242,62 @@ static void test_expert_offload_plan(void **state) {
     assert_int_equal(o.pinned_host, r.pinned_host);
 }
 
+/* The device sampler and the LoRA row scratch, which the engine and cuda_model_create make
+ * whatever the requests: their sizes written out from the buffers' definitions (cuda_sample.h:
+ * a row's parameters and results, CUDA_SAMPLE_MAX_BIAS + CUDA_SAMPLE_MAX_WINDOW (id, value)
+ * entries per row, a bit per token per row, a count per token and the bias order on the host;
+ * cuda_lora.h: CUDA_LORA_MAX_SET table pointers and a count per row, the serving tier's
+ * min(T, 256) x 3 projections x 8 adapters x rank 1024 floats), and the plan (what hearth fit
+ * --device cuda reports) holding exactly the allocation code's sizes, for a few shapes. */
+static void test_sampler_and_lora_scratch_plan(void **state) {
+    (void)state;
+    const struct {
+        int rows, vocab, tokens;
+    } shapes[] = {{1, 1000, 1}, {8, 49152, 256}, {33, 151936, 300}, {264, 262144, 2048}};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        size_t R = (size_t)shapes[i].rows, V = (size_t)shapes[i].vocab, T = (size_t)shapes[i].tokens;
+        cuda_sampler_sizes z;
+        cuda_sampler_sizes_make(shapes[i].rows, shapes[i].vocab, &z);
+        /* a result row: token, logprob, then HEARTH_MAX_TOP_LOGPROBS ids and logprobs */
+        assert_int_equal(z.results, R * (2 + 2 * HEARTH_MAX_TOP_LOGPROBS) * 4);
+        assert_true(z.params >= R * 23 * 4 && z.params <= R * 26 * 4); /* 22 4-byte fields and a double */
+        assert_int_equal(z.entry_ids, R * (1024 + 4096) * 4);
+        assert_int_equal(z.entry_values, R * (1024 + 4096) * 4);
+        assert_int_equal(z.masks, R * ((V + 31) / 32) * 4);
+        assert_int_equal(z.counts, V * 4);
+        assert_int_equal(z.order, 1024 * 4);
+        assert_int_equal(cuda_sampler_sizes_device(&z), z.params + z.entry_ids + z.entry_values + z.results + z.masks);
+        cuda_lora_cache_sizes l;
+        cuda_lora_cache_sizes_make(shapes[i].tokens, &l);
+        assert_int_equal(l.sets, T * 8 * sizeof(void *));
+        assert_int_equal(l.counts, T * 4);
+        assert_int_equal(l.fast, (T < 256 ? T : 256) * 3 * 8 * 1024 * 4);
+
+        op_weight w = {.dtype = DT_F32, .n = 64, .k = 64};
+        op_item items[1] = {{.w = &w, .name = "q_proj", .layer = 0}};
+        op_model om = {.dims = {.n_layers = 1, .hidden = 64, .n_heads = 1, .n_kv_heads = 1, .head_dim = 64, .ffn = 64,
+                                .vocab = shapes[i].vocab, .norm_eps = 1e-6f},
+                       .items = items,
+                       .n_items = 1};
+        kv_cache kv = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 64, .n_blocks = 4, .max_slots = 1,
+                       .max_blocks_per_slot = 4};
+        cuda_plan p;
+        cuda_plan_make(&om, &kv, shapes[i].tokens, shapes[i].rows, CUDA_KV_F32, 0, 0, &p);
+        /* the sampler's five device buffers, each taken as the allocator takes it */
+        cuda_alloc_tally t = {0};
+        size_t bufs[] = {z.params, z.entry_ids, z.entry_values, z.results, z.masks};
+        for (size_t b = 0; b < 5; b++) cuda_tally_add(&t, bufs[b]);
+        assert_int_equal(p.sampler, t.large + t.small);
+        assert_int_equal(p.sampler_host, z.counts + z.order);
+        assert_int_equal(cuda_plan_bytes(&p), p.weights + p.kv + p.scratch + p.sampler);
+        assert_int_equal(p.lora_sets_bytes, l.sets);
+        assert_int_equal(p.lora_counts_bytes, l.counts);
+        assert_int_equal(p.lora_fast_bytes, l.fast);
+        /* the pinned host copies of the sampler's buffers and of the LoRA row tables */
+        assert_true(p.pinned_host >= cuda_sampler_sizes_device(&z) + l.sets + l.counts);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_expert_offload_plan),
@@ -249,6 +307,7 @@ int main(void) {
         cmocka_unit_test(test_kv_planes_per_dtype),
         cmocka_unit_test(test_page_rounding),
         cmocka_unit_test(test_varied_layers_plan),
+        cmocka_unit_test(test_sampler_and_lora_scratch_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

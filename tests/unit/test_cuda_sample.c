@@ -138,6 +138,9 @@ static void check_rows_c(int V, int R, int kind, int greedy_every, int constrain
     cuda_sampler *s;
     hearth_error e = {0};
     assert_int_equal(cuda_sampler_create(MAX_ROWS, V, &s, &e), HEARTH_OK);
+    cuda_sampler_sizes z; /* what cuda_plan (hearth fit --device cuda) counts for it */
+    cuda_sampler_sizes_make(MAX_ROWS, V, &z);
+    assert_int_equal(cuda_sampler_device_bytes(s), cuda_sampler_sizes_device(&z));
     float *dx;
     uint8_t *dm;
     assert_int_equal(cuda_alloc((void **)&dx, (size_t)R * V * sizeof *x, "logits", &e), HEARTH_OK);

@@ -39,10 +39,11 @@ struct cuda_lora_cache {
 hearth_status cuda_lora_cache_create(int n_layers, int max_tokens, cuda_lora_cache **out, hearth_error *err) {
     *out = NULL;
     cuda_lora_cache *c = calloc(1, sizeof *c);
-    size_t T = (size_t)max_tokens;
+    cuda_lora_cache_sizes z; /* the sizes cuda_plan counts */
+    cuda_lora_cache_sizes_make(max_tokens, &z);
     if (!c) return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory for the adapter tables");
-    if (cudaMallocHost((void **)&c->host_sets, T * CUDA_LORA_MAX_SET * sizeof *c->host_sets) != cudaSuccess ||
-        cudaMallocHost((void **)&c->host_n, T * sizeof *c->host_n) != cudaSuccess) {
+    if (cudaMallocHost((void **)&c->host_sets, z.sets) != cudaSuccess ||
+        cudaMallocHost((void **)&c->host_n, z.counts) != cudaSuccess) {
         cudaGetLastError();
         cuda_lora_cache_free(c);
         return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host tables for %d adapter rows",
@@ -50,9 +51,9 @@ hearth_status cuda_lora_cache_create(int n_layers, int max_tokens, cuda_lora_cac
     }
     c->n_layers = n_layers;
     c->max_tokens = max_tokens;
-    hearth_status st = cuda_alloc((void **)&c->sets, T * CUDA_LORA_MAX_SET * sizeof(void *), "adapter row tables", err);
-    if (!st) st = cuda_alloc((void **)&c->n_set, T * sizeof(int32_t), "adapter row counts", err);
-    if (!st) st = cuda_alloc((void **)&c->u, CUDA_LORA_FAST_FLOATS(T) * sizeof(float), "adapter rank values", err);
+    hearth_status st = cuda_alloc((void **)&c->sets, z.sets, "adapter row tables", err);
+    if (!st) st = cuda_alloc((void **)&c->n_set, z.counts, "adapter row counts", err);
+    if (!st) st = cuda_alloc((void **)&c->u, z.fast, "adapter rank values", err);
     if (st) {
         cuda_lora_cache_free(c);
         return st;

@@ -14,6 +14,15 @@
 
 typedef struct cuda_lora_cache cuda_lora_cache;
 
+/* The buffers cuda_lora_cache_create makes for steps of up to max_tokens rows, in bytes:
+ * each row's adapter table pointers and their count (each on the device and pinned on the
+ * host), and the serving tier's rank values (device only). The one sizing the cache
+ * allocates by and cuda_plan counts (cuda_plan.c: any build, no device needed). */
+typedef struct cuda_lora_cache_sizes {
+    size_t sets, counts, fast;
+} cuda_lora_cache_sizes;
+void cuda_lora_cache_sizes_make(int max_tokens, cuda_lora_cache_sizes *z);
+
 /* Allocates the row tables of steps of up to max_tokens rows and the fast tier's scratch
  * (cuda_plan.c counts them: lora_sets_bytes, lora_counts_bytes, lora_fast_bytes, and the
  * tables' pinned host copies in pinned_host); n_layers: the model's layers. */

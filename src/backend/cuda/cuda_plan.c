@@ -1,11 +1,15 @@
 /* cuda_plan.c: sizes of every device buffer of cuda_model (cuda_plan.h): the device layout
- * of each weight format, the KV pool per device dtype, the scratch of one step, and the
- * allocator's page rounding. Shared by cuda_model_create (which allocates these sizes) and
- * hearth fit --device cuda (which predicts from them). Pure arithmetic: no CUDA calls. */
+ * of each weight format, the KV pool per device dtype, the scratch of one step, the device
+ * sampler and the LoRA row tables (cuda_sampler_sizes_make, cuda_lora_cache_sizes_make), and
+ * the allocator's page rounding. Shared by the allocating code (cuda_model_create,
+ * cuda_sampler_create, cuda_lora_cache_create) and hearth fit --device cuda (which predicts
+ * from them). Pure arithmetic: no CUDA calls. */
 #include "backend/cuda/cuda_plan.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_affine.h"
 #include "backend/cuda/cuda_lora.h"
+#include "backend/cuda/cuda_lora_cache.h"
+#include "backend/cuda/cuda_sample_rows.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_state.h"
 #include <string.h>
@@ -330,11 +334,14 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
         cuda_tally_add(t, p->per_layer_floats * sizeof(float));
         cuda_tally_add(t, p->per_layer_floats * sizeof(float));
     }
-    /* each row's adapters (cuda_lora_cache_create: the device pointers of up to
-     * CUDA_LORA_MAX_SET adapter tables per row, the rows' counts, then the fast tier's rank values) */
-    p->lora_sets_bytes = T * CUDA_LORA_MAX_SET * sizeof(void *);
-    p->lora_counts_bytes = T * sizeof(int32_t);
-    p->lora_fast_bytes = CUDA_LORA_FAST_FLOATS(T) * sizeof(float);
+    /* each row's adapters (cuda_lora_cache_create, whatever adapters are mounted: the device
+     * pointers of up to CUDA_LORA_MAX_SET adapter tables per row, the rows' counts, then the
+     * fast tier's rank values) */
+    cuda_lora_cache_sizes lora;
+    cuda_lora_cache_sizes_make(max_tokens, &lora);
+    p->lora_sets_bytes = lora.sets;
+    p->lora_counts_bytes = lora.counts;
+    p->lora_fast_bytes = lora.fast;
     cuda_tally_add(t, p->lora_sets_bytes);
     cuda_tally_add(t, p->lora_counts_bytes);
     cuda_tally_add(t, p->lora_fast_bytes);
@@ -386,13 +393,44 @@ void cuda_plan_make(const op_model *om, const kv_cache *kv, int max_tokens, int 
         cuda_tally_add(&t, p->state_floats * sizeof(float));
     }
     p->kv = t.large + t.small - p->weights;
+    /* the device sampler (engine_device_sampler_open, made with the model: max_out rows) */
+    cuda_sampler_sizes smp;
+    cuda_sampler_sizes_make(max_out, om->dims.vocab, &smp);
+    size_t smp_bufs[] = {smp.params, smp.entry_ids, smp.entry_values, smp.results, smp.masks};
+    for (size_t i = 0; i < sizeof smp_bufs / sizeof *smp_bufs; i++) cuda_tally_add(&t, smp_bufs[i]);
+    p->sampler = t.large + t.small - p->weights - p->kv;
+    p->pinned_host += cuda_sampler_sizes_device(&smp);
+    p->sampler_host = smp.counts + smp.order;
     plan_scratch(p, om, kv, max_tokens, max_out, &t);
-    p->scratch = cuda_tally_bytes(&t) - p->weights - p->kv;
+    p->scratch = cuda_tally_bytes(&t) - p->weights - p->kv - p->sampler;
     p->requested = t.requested;
     p->n_allocs = t.count;
 }
 
-size_t cuda_plan_bytes(const cuda_plan *p) { return p->weights + p->kv + p->scratch; }
+size_t cuda_plan_bytes(const cuda_plan *p) { return p->weights + p->kv + p->scratch + p->sampler; }
+
+void cuda_sampler_sizes_make(int max_rows, int vocab, cuda_sampler_sizes *z) {
+    size_t R = max_rows > 0 ? (size_t)max_rows : 0, E = R * CUDA_SAMPLE_ROW_ENTRIES;
+    size_t words = vocab > 0 ? ((size_t)vocab + 31) / 32 : 0; /* a bit per token */
+    z->params = R * sizeof(cuda_sample_row_params);
+    z->entry_ids = E * sizeof(int32_t);
+    z->entry_values = E * sizeof(float);
+    z->results = R * sizeof(cuda_sample_row_out);
+    z->masks = R * words * sizeof(uint32_t);
+    z->counts = (vocab > 0 ? (size_t)vocab : 0) * sizeof(int32_t);
+    z->order = CUDA_SAMPLE_MAX_BIAS * sizeof(int32_t);
+}
+
+size_t cuda_sampler_sizes_device(const cuda_sampler_sizes *z) {
+    return z->params + z->entry_ids + z->entry_values + z->results + z->masks;
+}
+
+void cuda_lora_cache_sizes_make(int max_tokens, cuda_lora_cache_sizes *z) {
+    size_t T = max_tokens > 0 ? (size_t)max_tokens : 0;
+    z->sets = T * CUDA_LORA_MAX_SET * sizeof(void *);
+    z->counts = T * sizeof(int32_t);
+    z->fast = CUDA_LORA_FAST_FLOATS(T) * sizeof(float);
+}
 
 double cuda_plan_decode_bytes(const cuda_plan *p, const op_model *om, int context) {
     const op_dims *c = &om->dims;

@@ -1,8 +1,8 @@
 /* cuda_plan.h: the CUDA backend's sizing: every device buffer cuda_model_create allocates
- * (weights in their device layout, the KV pool, scratch), computed from the model's shapes
- * alone. cuda_model_create allocates exactly these sizes and hearth fit --device cuda
- * predicts from them, so the two cannot drift apart. Plain C, built with or without nvcc;
- * allocates nothing. */
+ * (weights in their device layout, the KV pool, scratch) and the device sampler the engine
+ * makes beside it, computed from the model's shapes alone. The allocating code allocates
+ * exactly these sizes and hearth fit --device cuda predicts from them, so the two cannot
+ * drift apart. Plain C, built with or without nvcc; allocates nothing. */
 #ifndef HEARTH_BACKEND_CUDA_PLAN_H
 #define HEARTH_BACKEND_CUDA_PLAN_H
 #include "ops/ops.h"
@@ -103,7 +103,7 @@ typedef struct cuda_plan {
     /* LoRA adapters (cuda_lora_cache.c): each step row's adapter tables and counts (also
      * pinned on the host), the fast tier's rank values (cuda_lora_apply_fast's scratch); the
      * adapters' own device copies are made when a step first uses them, outside the plan */
-    size_t lora_sets_bytes, lora_counts_bytes, lora_fast_bytes;
+    size_t lora_sets_bytes, lora_counts_bytes, lora_fast_bytes; /* cuda_lora_cache_sizes_make's */
     /* --expert-offload N (hearth_engine_options.expert_offload; 0: off): the experts' slices
      * live in pinned host memory in their device layout and a device pool of expert_slots
      * slots, each of the largest slice's data and scales planes, holds the ones a step uses
@@ -118,13 +118,17 @@ typedef struct cuda_plan {
     /* device bytes, each part with the allocator's page rounding */
     size_t weights;      /* every matrix in its device layout, norms, RoPE frequencies */
     size_t kv;           /* K and V planes, the block tables and the recurrent-state pool */
-    size_t scratch;      /* activations, indices, attention split, int8 activations, GEMM */
+    size_t scratch;      /* activations, indices, attention split, int8 activations, GEMM, LoRA rows */
+    size_t sampler;      /* the device sampler the engine makes beside the model (cuda_sampler_sizes_make
+                          * for max_out rows of the vocabulary) */
     size_t requested;    /* the same allocations without rounding */
     int n_allocs;        /* cudaMalloc calls */
     size_t weights_read; /* device bytes one decode step reads from the weights (GEMV bytes) */
     /* host memory the GPU path adds */
     size_t pinned_host; /* cudaMallocHost staging buffers (and the offloaded experts: expert_bytes) */
     size_t upload_host; /* the largest temporary host buffer of an upload (repack, f32 expansion) */
+    size_t sampler_host; /* the device sampler's host buffers (penalty counts, bias order); its pinned
+                          * copies are in pinned_host */
 } cuda_plan;
 
 /* Sizes cuda_model_create's buffers for om (a loaded or only planned model), a KV pool
@@ -133,7 +137,7 @@ typedef struct cuda_plan {
  * slots (cuda_plan.expert_slots; ignored for a model without experts). */
 void cuda_plan_make(const op_model *om, const kv_cache *kv, int max_tokens, int max_out, int kv_dtype, int gemm_exact,
                     int expert_slots, cuda_plan *p);
-/* Device bytes of the plan (weights + kv + scratch), without the runtime (context, cuBLAS). */
+/* Device bytes of the plan (weights + kv + scratch + sampler), without the runtime (context, cuBLAS). */
 size_t cuda_plan_bytes(const cuda_plan *p);
 /* Device bytes one decode step reads with `context` positions cached per layer (sliding
  * layers read at most their window): the GPU's decode roofline denominator. */

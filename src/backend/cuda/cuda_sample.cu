@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
 #include "backend/cuda/cuda_sample.h"
+#include "backend/cuda/cuda_sample_rows.h"
 }
 #include <limits.h>
 #include <math.h>
@@ -21,27 +22,11 @@ extern "C" {
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 #define SAMPLE_MAX_TOP HEARTH_MAX_TOP_LOGPROBS
-#define ROW_ENTRIES (CUDA_SAMPLE_MAX_BIAS + CUDA_SAMPLE_MAX_WINDOW)
+#define ROW_ENTRIES CUDA_SAMPLE_ROW_ENTRIES
 
-/* A row's parameters as the kernel reads them; the float products sampler.c forms from
- * the request (1/T, 40*T, log(min_p)/inv_t) are made here on the host, with its rounding. */
-typedef struct row_params {
-    float temp, temp40, inv_t, top_p;
-    int top_k, n_top, want_lp, min_p_on, top_p_on;
-    double min_p_lim;
-    float rep, presence, frequency;
-    int rep_on;
-    int bias_off, n_bias, pen_off, n_pen; /* entries: (id, bias) sorted by id; (id, count) */
-    int has_allow, allow_n;               /* the constraint's mask: row r's words at r * words */
-    uint32_t key0, key1, pos0, pos1;
-} row_params;
-
-typedef struct row_out {
-    int32_t token; /* -1: the row held a non-finite value */
-    float logprob;
-    int32_t top_ids[SAMPLE_MAX_TOP];
-    float top_lp[SAMPLE_MAX_TOP];
-} row_out;
+/* A row's parameters and its results (cuda_sample_rows.h) */
+typedef cuda_sample_row_params row_params;
+typedef cuda_sample_row_out row_out;
 
 struct cuda_sampler {
     int max_rows, vocab;
@@ -442,22 +427,23 @@ extern "C" hearth_status cuda_sampler_create(int max_rows, int vocab, cuda_sampl
     cuda_sampler *s = (cuda_sampler *)calloc(1, sizeof *s);
     if (!s) return err_set(err, HEARTH_ERR_NOMEM, "cuda sampler: out of memory");
     s->max_rows = max_rows, s->vocab = vocab;
-    size_t R = (size_t)max_rows, E = R * ROW_ENTRIES;
-    s->counts = (int32_t *)calloc((size_t)vocab, sizeof *s->counts);
-    s->order = (int32_t *)malloc(CUDA_SAMPLE_MAX_BIAS * sizeof *s->order);
+    cuda_sampler_sizes z; /* the sizes cuda_plan counts */
+    cuda_sampler_sizes_make(max_rows, vocab, &z);
+    s->counts = (int32_t *)calloc(1, z.counts);
+    s->order = (int32_t *)malloc(z.order);
     hearth_status st =
         s->counts && s->order ? HEARTH_OK : err_set(err, HEARTH_ERR_NOMEM, "cuda sampler: out of memory");
-    if (!st) st = cuda_alloc((void **)&s->d_params, R * sizeof(row_params), "sampler parameters", err);
-    if (!st) st = cuda_alloc((void **)&s->d_eid, E * sizeof(int32_t), "sampler entries", err);
-    if (!st) st = cuda_alloc((void **)&s->d_eval, E * sizeof(float), "sampler entries", err);
-    if (!st) st = cuda_alloc((void **)&s->d_out, R * sizeof(row_out), "sampler results", err);
+    if (!st) st = cuda_alloc((void **)&s->d_params, z.params, "sampler parameters", err);
+    if (!st) st = cuda_alloc((void **)&s->d_eid, z.entry_ids, "sampler entries", err);
+    if (!st) st = cuda_alloc((void **)&s->d_eval, z.entry_values, "sampler entries", err);
+    if (!st) st = cuda_alloc((void **)&s->d_out, z.results, "sampler results", err);
     s->words = (vocab + 31) / 32;
-    if (!st) st = cuda_alloc((void **)&s->d_allow, R * s->words * sizeof(uint32_t), "sampler constraint masks", err);
-    if (!st && (cudaMallocHost((void **)&s->h_params, R * sizeof(row_params)) != cudaSuccess ||
-                cudaMallocHost((void **)&s->h_eid, E * sizeof(int32_t)) != cudaSuccess ||
-                cudaMallocHost((void **)&s->h_eval, E * sizeof(float)) != cudaSuccess ||
-                cudaMallocHost((void **)&s->h_out, R * sizeof(row_out)) != cudaSuccess ||
-                cudaMallocHost((void **)&s->h_allow, R * s->words * sizeof(uint32_t)) != cudaSuccess)) {
+    if (!st) st = cuda_alloc((void **)&s->d_allow, z.masks, "sampler constraint masks", err);
+    if (!st && (cudaMallocHost((void **)&s->h_params, z.params) != cudaSuccess ||
+                cudaMallocHost((void **)&s->h_eid, z.entry_ids) != cudaSuccess ||
+                cudaMallocHost((void **)&s->h_eval, z.entry_values) != cudaSuccess ||
+                cudaMallocHost((void **)&s->h_out, z.results) != cudaSuccess ||
+                cudaMallocHost((void **)&s->h_allow, z.masks) != cudaSuccess)) {
         cudaGetLastError();
         st = err_set(err, HEARTH_ERR_NOMEM, "cuda sampler: cannot allocate pinned buffers for %d rows", max_rows);
     }
@@ -465,8 +451,7 @@ extern "C" hearth_status cuda_sampler_create(int max_rows, int vocab, cuda_sampl
         cuda_sampler_free(s);
         return st;
     }
-    s->bytes = R * (sizeof(row_params) + sizeof(row_out) + s->words * sizeof(uint32_t)) +
-               E * (sizeof(int32_t) + sizeof(float));
+    s->bytes = cuda_sampler_sizes_device(&z);
     *out = s;
     return HEARTH_OK;
 }

@@ -18,6 +18,19 @@ extern "C" {
 
 typedef struct cuda_sampler cuda_sampler;
 
+/* The buffers cuda_sampler_create makes for max_rows rows of a vocab-token vocabulary, in
+ * bytes: five on the device, each with a pinned host copy of its size (the rows' parameters,
+ * their bias and penalty entries' ids and values, their results, their constraint masks),
+ * and two in host memory (the penalty counts over the vocabulary, the bias order). The one
+ * sizing the sampler allocates by and cuda_plan counts (cuda_plan.c: any build). */
+typedef struct cuda_sampler_sizes {
+    size_t params, entry_ids, entry_values, results, masks; /* device, and pinned host alike */
+    size_t counts, order;                                   /* host */
+} cuda_sampler_sizes;
+void cuda_sampler_sizes_make(int max_rows, int vocab, cuda_sampler_sizes *z);
+/* The device buffers' bytes (params + entries + results + masks): cuda_sampler_device_bytes. */
+size_t cuda_sampler_sizes_device(const cuda_sampler_sizes *z);
+
 /* One row to sample: sampler_sample's arguments, plus the row's Philox key. The token is
  * drawn with the counter (n_history, the position it will take), so a (seed, position)
  * gives the same token whatever else is in the batch and wherever the row sits in it. */

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""bench/kernels/rescore.py: what the exact rescoring of the CPU logits costs a decoded token.
+"""bench/kernels/rescore.py: what the fast tier's exact parts cost a decoded token.
 
 Runs rescore_bench (the output projection of SmolLM2-135M and Gemma 3 270M, one token row: the
-fast matmul and the rescoring of its 16 largest logits, min over rounds) and, in the same run,
-`hearth bench` on the two real GGUFs (decode tok/s); prints the rescoring's time per token
-against the measured decode time per token and against the output projection. Writes
-bench/results/logits_rescore.md. Run through bench/kernels/rescore.sh (it builds both).
+fast matmul and the rescoring of its 16 largest logits; SmolLM2's last layer on float
+activations against the int8 kernels; min over rounds) and, in the same run, `hearth bench` on
+the two real GGUFs (decode tok/s); prints each part's time per token against the measured
+decode time per token. Writes bench/results/logits_rescore.md. Run through
+bench/kernels/rescore.sh (it builds both).
 usage: rescore.py BUILD_DIR [--threads 2]
 """
 import argparse
@@ -38,6 +39,7 @@ def main():
     print(out, end="")
     kern = {m.group(1): (float(m.group(2)), float(m.group(3)))
             for m in re.finditer(r"^(.*?) \(\S+ x \S+ Q8_0\): matmul ([\d.]+) us, rescoring ([\d.]+) us", out, re.M)}
+    last = re.search(r"last layer \(Q4_1, 4 calls\): int8 ([\d.]+) us, float activations ([\d.]+) us", out, re.M)
     rows = []
     for shape, label, path in MODELS:
         if not path.exists():
@@ -49,7 +51,10 @@ def main():
         tok_us = 1e6 / b["decode_tps"]
         rows.append({"model": label, "lm_head_us": mm, "rescore_us": rs, "decode_tps": b["decode_tps"],
                      "decode_token_us": tok_us, "rescore_share_of_token": rs / tok_us})
-    body = ["# Exact rescoring of the CPU logits: its cost per decoded token", "",
+    smol = rows[0]
+    layer = {"int8_us": float(last.group(1)), "f32_us": float(last.group(2))}
+    layer["added_share_of_token"] = (layer["f32_us"] - layer["int8_us"]) / smol["decode_token_us"]
+    body = ["# The fast tier's exact parts: their cost per decoded token", "",
             f"{results_file.machine()}; {a.threads} threads; load average {load0} -> {results_file.load_average()}; "
             f"{started}. Made by `bench/kernels/rescore.sh`.", "",
             "Rescoring: the 16 largest logits of a row recomputed by the reference kernel on float activations "
@@ -62,9 +67,19 @@ def main():
     for r in rows:
         body.append(f"| {r['model']} | {r['lm_head_us']:.1f} | {r['rescore_us']:.1f} | {r['decode_tps']:.1f} | "
                     f"{r['decode_token_us']:.0f} | {100 * r['rescore_share_of_token']:.2f}% |")
+    body += ["", "The last layer on float activations (`cpu_matmul_precise`, Q4_0 / Q4_1 / Q8_0 weights): SmolLM2-135M's "
+             "last layer (Q4_1; q/k/v fused, o, gate/up fused, down, one token row, random weights), the int8 kernels "
+             "against the float-activation ones, min of 200 rounds; its decode time per token from the row above. "
+             "(A prompt step runs the last layer's o projection and MLP only for the rows whose logits it returns, "
+             "so prefill pays for q/k/v alone.)", "",
+             "| model | last layer, int8 activations (us) | float activations (us) | added (us) | added / token |",
+             "| --- | ---: | ---: | ---: | ---: |",
+             f"| {smol['model']} | {layer['int8_us']:.1f} | {layer['f32_us']:.1f} | "
+             f"{layer['f32_us'] - layer['int8_us']:.1f} | {100 * layer['added_share_of_token']:.2f}% |"]
     text = "\n".join(body) + "\n"
     print(text)
-    results_file.write("logits_rescore", text, {"threads": a.threads, "rows": rows, "kernel_output": out})
+    results_file.write("logits_rescore", text, {"threads": a.threads, "rows": rows, "last_layer": layer,
+                                                "kernel_output": out})
 
 
 if __name__ == "__main__":

@@ -812,6 +812,77 @@ static void test_rescore_top_is_reference_exact(void **state) {
     assert_int_equal(cpu_matmul_rescore_top(&bad, x, 1, y, NULL, &err), HEARTH_ERR_FORMAT);
 }
 
+/* cpu_matmul_precise (float activations for Q4_0 / Q4_1 / Q8_0): against the double-summed
+ * reference within the float-summation bound (no int8 term: error_bound without it), and
+ * far closer than the int8 kernel where the activations' rounding dominates; each token's
+ * row the same bits at every T (1, 3, 9), invariant or not, one or two threads; the other
+ * formats (Q4_K here) as cpu_matmul_fused gives them; the scalar tier the reference. */
+static void test_precise_float_activations(void **state) {
+    static const wcase cases[] = {{"q4_0", DT_Q4_0, 0, 0, 0}, {"q4_1", DT_Q4_1, 0, 0, 0}, {"q8_0", DT_Q8_0, 0, 0, 0},
+                                  {"q4_k", DT_Q4_K, 0, 0, 0}};
+    static const int Ts[] = {1, 3, 9};
+    const int64_t n = 67, k = 512;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        op_weight w;
+        void *sb, *data = make_weight(&cases[ci], n, k, &w, &sb);
+        int has = cases[ci].t != DT_Q4_K;
+        float *x = malloc((size_t)(9 * k) * sizeof *x), *ref = malloc((size_t)(9 * n) * sizeof *ref);
+        float *y = malloc((size_t)(9 * n) * sizeof *y), *y1 = malloc((size_t)(9 * n) * sizeof *y1);
+        float *f = malloc((size_t)(9 * n) * sizeof *f), *wrow = malloc((size_t)k * sizeof *wrow);
+        for (int64_t i = 0; i < 9 * k; i++) x[i] = rndf() * (i % 7 == 0 ? 4.0f : 1.0f);
+        for (int t = 0; t < 9; t++) cpu_ref_rows(&w, 0, n, x + t * k, ref + t * n);
+        for (int lv = CPU_LEVEL_SCALAR; lv <= (int)cpu_level_hardware(); lv++) {
+            cpu_matmul_set_level((cpu_level)lv);
+            size_t ss = cpu_matmul_scratch_size(&w, 9);
+            void *scratch = ss ? malloc(ss) : NULL;
+            hearth_error err = {0};
+            const op_weight *ws[1] = {&w};
+            double err_precise = 0, err_int8 = 0;
+            for (size_t ti = 0; ti < 3; ti++)
+                for (int inv = 0; inv < 2; inv++)
+                    for (int th = 1; th <= 2; th++) {
+                        int T = Ts[ti];
+                        float *ys[1] = {y};
+                        assert_int_equal(cpu_matmul_precise(1, ws, ys, x, T, scratch, ss, pools[th], inv, &err),
+                                         HEARTH_OK);
+                        if (ti == 0 && inv == 0 && th == 1) memcpy(y1, y, (size_t)n * sizeof *y);
+                        else if (has && memcmp(y, y1, (size_t)n * sizeof *y)) /* token 0 at every T, mode, pool */
+                            fail_msg("%s %s T %d invariant %d threads %d: token 0 differs from T = 1",
+                                     cases[ci].name, cpu_level_name((cpu_level)lv), T, inv, th);
+                        if (!has || lv == CPU_LEVEL_SCALAR) { /* as the plain call */
+                            float *fs[1] = {f};
+                            assert_int_equal(cpu_matmul_fused(1, ws, fs, x, T, scratch, ss, pools[th], inv, &err),
+                                             HEARTH_OK);
+                            if (memcmp(y, f, (size_t)(T * n) * sizeof *y))
+                                fail_msg("%s %s: differs from cpu_matmul_fused", cases[ci].name,
+                                         cpu_level_name((cpu_level)lv));
+                            continue;
+                        }
+                        for (int t = 0; t < T; t++)
+                            for (int64_t r = 0; r < n; r++) {
+                                op_weight_dequant(&w, r, 0, k, wrow);
+                                double b = error_bound(wrow, x + t * k, k, 0), e = fabs(y[t * n + r] - ref[t * n + r]);
+                                if (!(e <= b))
+                                    fail_msg("%s %s T %d: y[%d][%lld] = %.9g, reference %.9g (bound %.3g)",
+                                             cases[ci].name, cpu_level_name((cpu_level)lv), T, t, (long long)r,
+                                             y[t * n + r], ref[t * n + r], b);
+                                err_precise += e * e;
+                            }
+                    }
+            if (has && lv > CPU_LEVEL_SCALAR) { /* the int8 kernel's error is far larger */
+                assert_int_equal(cpu_matmul(&w, x, 9, f, scratch, ss, pools[2], &err), HEARTH_OK);
+                for (int64_t i = 0; i < 9 * n; i++) err_int8 += (double)(f[i] - ref[i]) * (f[i] - ref[i]);
+                /* mean squared error per token row: 52 precise rows (T 1 + 3 + 9, 4 modes), 9 int8 rows */
+                if (!(err_precise / 52 * 10 < err_int8 / 9))
+                    fail_msg("%s %s: precise squared error %.3g not far below int8's %.3g", cases[ci].name,
+                             cpu_level_name((cpu_level)lv), err_precise, err_int8);
+            }
+            free(scratch);
+        }
+        free(x), free(ref), free(y), free(y1), free(f), free(wrow), free(data), free(sb);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_dequant_matches_fixtures),
@@ -828,6 +899,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_row_matches_reference),
         cmocka_unit_test(test_invalid_weights_fail_cleanly),
         cmocka_unit_test(test_rescore_top_is_reference_exact),
+        cmocka_unit_test(test_precise_float_activations),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

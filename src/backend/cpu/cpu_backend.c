@@ -105,6 +105,43 @@ static hearth_status matmul_fused(const op_step *s, int count, const op_weight *
     return cpu_matmul_fused(count, ws, ys, x, s->b->T, c->mm, c->mm_size, c->tp, s->b->batch_invariant, s->err);
 }
 
+/* A block's projections: model layer `layer`'s. The last layer's keep float activations
+ * (cpu_matmul_precise): its rounding error reaches the logits with no layer after it to damp
+ * it, and it is one layer's weights of many (bench/results/cpu_quality.md). */
+static hearth_status matmul_layer(const op_step *s, int layer, int count, const op_weight *const *ws,
+                                  float *const *ys, const float *x, int T) {
+    cpu_backend *c = cb(s);
+    if (layer == s->dims->n_layers - 1)
+        return cpu_matmul_precise(count, ws, ys, x, T, c->mm, c->mm_size, c->tp, s->b->batch_invariant, s->err);
+    return cpu_matmul_fused(count, ws, ys, x, T, c->mm, c->mm_size, c->tp, s->b->batch_invariant, s->err);
+}
+
+/* The rows the last layer's o projection and MLP must compute: only the step's output rows
+ * reach op_logits, so once the last layer's keys and values are stored every other row's
+ * residual is dead. Returns how many rows are live (the output rows, packed to the front of
+ * the buffers by pack_rows), or T: every row (not the last layer, every row an output, rows
+ * with adapters, or out_rows not strictly ascending). A live row's values are the same
+ * either way: the kernels compute each row alone (batch-invariant). */
+static int live_rows(const op_step *s, int layer) {
+    const op_batch *b = s->b;
+    if (layer != s->dims->n_layers - 1 || b->n_out >= b->T || op_batch_has_adapters(b)) return b->T;
+    for (int i = 0; i < b->n_out; i++)
+        if (b->out_rows[i] < i || b->out_rows[i] >= b->T || (i && b->out_rows[i] <= b->out_rows[i - 1])) return b->T;
+    return b->n_out;
+}
+
+/* Rows rows[0..n) of src (width floats each) to rows 0..n of dst (dst may be src: rows[i] >= i). */
+static void pack_rows(float *dst, const float *src, size_t width, const int32_t *rows, int n) {
+    for (int i = 0; i < n; i++)
+        if (dst != src || rows[i] != i) memmove(dst + i * width, src + (size_t)rows[i] * width, width * sizeof(float));
+}
+
+/* Row i of buf to row rows[i], last first (rows[i] >= i: nothing is overwritten before it moves). */
+static void unpack_rows(float *buf, size_t width, const int32_t *rows, int n) {
+    for (int i = n - 1; i >= 0; i--)
+        if (rows[i] != i) memcpy(buf + (size_t)rows[i] * width, buf + (size_t)i * width, width * sizeof(float));
+}
+
 /* The separate steps in op_residual's order, each over the whole rows: the same roundings
  * as running them as ops one by one. */
 static hearth_status cpu_residual(const op_step *s, const op_residual *r) {
@@ -147,7 +184,7 @@ static hearth_status cpu_qkv_rope_store(const op_step *s, int layer, const op_at
     float *const qkv_out[] = {c->q, c->k, c->v};
     /* a layer that shares another's keys and values computes its queries only; without v
      * (attention_k_eq_v) the values are the keys as projected */
-    hearth_status st = a->shared ? matmul(s, a->q, c->xn, T, c->q) : matmul_fused(s, a->v ? 3 : 2, qkv, qkv_out, c->xn);
+    hearth_status st = matmul_layer(s, a->layer, a->shared ? 1 : a->v ? 3 : 2, qkv, qkv_out, c->xn, T);
     if (st) return st;
     /* adapters update the projections they have before their biases (the q projection is
      * doubled on gated attention) */
@@ -194,10 +231,13 @@ static hearth_status cpu_attention(const op_step *s, int layer, const op_attn *a
     if (a->gated) /* output * sigmoid(gate) */
         for (size_t i = 0, n = (size_t)s->b->T * d->n_heads * d->head_dim; i < n; i++)
             c->att[i] *= 1.0f / (1.0f + expf(-c->qgate[i]));
-    hearth_status st = matmul(s, a->o, c->att, s->b->T, c->tmp);
-    if (!st) /* the attention output is this layer's heads wide (wider on a varied model's full layers) */
-        op_lora_apply(s->b, a->layer, OP_PROJ_O, c->att, (int64_t)d->n_heads * attn_head_dim(s, a), c->tmp, d->hidden,
-                      c->tp);
+    /* the attention output is this layer's heads wide (wider on a varied model's full layers) */
+    size_t width = (size_t)d->n_heads * attn_head_dim(s, a);
+    int live = live_rows(s, a->layer);
+    if (live < s->b->T) pack_rows(c->att, c->att, width, s->b->out_rows, live);
+    hearth_status st = live ? matmul_layer(s, a->layer, 1, &a->o, &c->tmp, c->att, live) : HEARTH_OK;
+    if (live < s->b->T) unpack_rows(c->tmp, (size_t)d->hidden, s->b->out_rows, live);
+    else if (!st) op_lora_apply(s->b, a->layer, OP_PROJ_O, c->att, (int64_t)width, c->tmp, d->hidden, c->tp);
     return st;
 }
 
@@ -205,16 +245,22 @@ static hearth_status cpu_mlp(const op_step *s, const op_mlp *m) {
     cpu_backend *c = cb(s);
     const op_weight *gate_up[] = {m->gate, m->up};
     float *const gate_up_out[] = {c->gate, c->up};
-    hearth_status st = matmul_fused(s, 2, gate_up, gate_up_out, c->xn);
+    int H = s->dims->hidden, F = m->ffn ? m->ffn : s->dims->ffn, T = live_rows(s, m->layer);
+    const float *in = c->xn;
+    if (T < s->b->T) { /* the live rows' inputs, packed into the logits' row buffer (free until then) */
+        pack_rows(c->rows, c->xn, (size_t)H, s->b->out_rows, T);
+        in = c->rows;
+    }
+    hearth_status st = T ? matmul_layer(s, m->layer, 2, gate_up, gate_up_out, in, T) : HEARTH_OK;
     if (st) return st;
-    int H = s->dims->hidden, F = m->ffn ? m->ffn : s->dims->ffn;
-    op_lora_apply(s->b, m->layer, OP_PROJ_GATE, c->xn, H, c->gate, F, c->tp);
+    op_lora_apply(s->b, m->layer, OP_PROJ_GATE, c->xn, H, c->gate, F, c->tp); /* none where T < b->T */
     op_lora_apply(s->b, m->layer, OP_PROJ_UP, c->xn, H, c->up, F, c->tp);
-    size_t n = (size_t)s->b->T * F;
+    size_t n = (size_t)T * F;
     if (m->act == OP_ACT_SILU) ops_silu_mul(c->gate, c->up, n);
     else ops_gelu_tanh_mul(c->gate, c->up, n);
-    if ((st = matmul(s, m->down, c->gate, s->b->T, c->tmp))) return st;
+    if (T && (st = matmul_layer(s, m->layer, 1, &m->down, &c->tmp, c->gate, T))) return st;
     op_lora_apply(s->b, m->layer, OP_PROJ_DOWN, c->gate, F, c->tmp, H, c->tp);
+    if (T < s->b->T) unpack_rows(c->tmp, (size_t)H, s->b->out_rows, T);
     return HEARTH_OK;
 }
 

@@ -60,6 +60,9 @@ void cpu_ref_rows_at(const op_weight *w, const int64_t *rows, int count, const f
 void cpu_ref_tile(const op_weight *w, int64_t n0, int64_t n1, const float *x, int64_t x_stride, int T, float *y,
                   int64_t y_stride);
 
+/* Float-activation kernels for quantized weights (kernels_f32act.c, AVX2+FMA and AVX-512 at
+ * level >= CPU_LEVEL_AVX512): Q4_0, Q4_1, Q8_0; cpu_matmul_precise's. */
+int cpu_f32act_kernel(const op_weight *w, cpu_level level, cpu_kernel *out);
 /* Fast kernels: fill *out and return 1 if the format has one at that level. */
 int cpu_avx2_kernel(const op_weight *w, cpu_kernel *out);
 int cpu_avx512_kernel(const op_weight *w, cpu_kernel *out);

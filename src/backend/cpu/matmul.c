@@ -40,13 +40,18 @@ cpu_level cpu_matmul_set_level(cpu_level level) {
     return g_level;
 }
 
-static cpu_kernel pick_kernel(const op_weight *w) {
+/* precise: the float-activation kernel where the format has one (kernels_f32act.c), on the
+ * fast tiers; the scalar tier is already exact. */
+static cpu_kernel pick_kernel_for(const op_weight *w, int precise) {
     cpu_kernel k = {cpu_ref_rows, CPU_ACT_F32, NULL, NULL, 0};
     cpu_level level = cpu_matmul_level();
+    if (precise && level >= CPU_LEVEL_AVX2 && cpu_f32act_kernel(w, level, &k)) return k;
     if (level >= CPU_LEVEL_AVX512 && cpu_avx512_kernel(w, &k)) return k;
     if (level >= CPU_LEVEL_AVX2 && cpu_avx2_kernel(w, &k)) return k;
     return k;
 }
+
+static cpu_kernel pick_kernel(const op_weight *w) { return pick_kernel_for(w, 0); }
 
 int cpu_matmul_is_fast(const op_weight *w) { return pick_kernel(w).rows != cpu_ref_rows; }
 
@@ -160,7 +165,7 @@ static void rows_task(void *ctx, int task, int thread) {
  * the same whether it runs in a 4-row pass or alone). Threads never split K in either mode.
  * Note for kernel work: keep this flag's promise when changing kernels or splits. */
 static hearth_status matmul_run(int count, const op_weight *const *ws, float *const *ys, const float *x, int T,
-                                void *scratch, size_t scratch_size, threadpool *tp, int invariant,
+                                void *scratch, size_t scratch_size, threadpool *tp, int invariant, int precise,
                                 hearth_error *err) {
     if (count < 1 || count > CPU_MATMUL_MAX_FUSED)
         return err_set(err, HEARTH_ERR_INVALID, "matmul: %d fused weights (want 1..%d)", count,
@@ -172,18 +177,18 @@ static hearth_status matmul_run(int count, const op_weight *const *ws, float *co
     mm_job j = {.n_parts = count, .x = x, .k = ws[0]->k, .T = T, .invariant = invariant};
     int64_t bytes = 0;
     for (int i = 0; i < count; i++) {
-        j.part[i] = (mm_part){.w = ws[i], .kern = pick_kernel(ws[i]), .y = ys[i]};
+        j.part[i] = (mm_part){.w = ws[i], .kern = pick_kernel_for(ws[i], precise), .y = ys[i]};
         bytes += op_weight_row_bytes(ws[i]) * ws[i]->n;
     }
     j.act = j.part[0].kern.act;
     for (int i = 1; i < count; i++) /* one shared activation: same K and the same preparation */
         if (ws[i]->k != j.k || j.part[i].kern.act != j.act) {
             for (int p = 0; p < count && !st; p++)
-                st = matmul_run(1, &ws[p], &ys[p], x, T, scratch, scratch_size, tp, invariant, err);
+                st = matmul_run(1, &ws[p], &ys[p], x, T, scratch, scratch_size, tp, invariant, precise, err);
             return st;
         }
     if (j.act != CPU_ACT_F32) {
-        size_t need = cpu_matmul_scratch_size(ws[0], T);
+        size_t need = cpu_matmul_scratch_size(ws[0], T); /* never more than a precise call's kernel needs */
         if (!scratch || scratch_size < need)
             return err_set(err, HEARTH_ERR_INVALID, "matmul: scratch of %zu bytes, need %zu", scratch_size, need);
         j.xq = scratch;
@@ -222,18 +227,24 @@ static hearth_status matmul_run(int count, const op_weight *const *ws, float *co
 
 hearth_status cpu_matmul(const op_weight *w, const float *x, int T, float *y, void *scratch,
                          size_t scratch_size, threadpool *tp, hearth_error *err) {
-    return matmul_run(1, &w, &y, x, T, scratch, scratch_size, tp, 0, err);
+    return matmul_run(1, &w, &y, x, T, scratch, scratch_size, tp, 0, 0, err);
 }
 
 hearth_status cpu_matmul_invariant(const op_weight *w, const float *x, int T, float *y, void *scratch,
                                    size_t scratch_size, threadpool *tp, hearth_error *err) {
-    return matmul_run(1, &w, &y, x, T, scratch, scratch_size, tp, 1, err);
+    return matmul_run(1, &w, &y, x, T, scratch, scratch_size, tp, 1, 0, err);
 }
 
 hearth_status cpu_matmul_fused(int count, const op_weight *const *ws, float *const *ys, const float *x, int T,
                                void *scratch, size_t scratch_size, threadpool *tp, int invariant,
                                hearth_error *err) {
-    return matmul_run(count, ws, ys, x, T, scratch, scratch_size, tp, invariant, err);
+    return matmul_run(count, ws, ys, x, T, scratch, scratch_size, tp, invariant, 0, err);
+}
+
+hearth_status cpu_matmul_precise(int count, const op_weight *const *ws, float *const *ys, const float *x, int T,
+                                 void *scratch, size_t scratch_size, threadpool *tp, int invariant,
+                                 hearth_error *err) {
+    return matmul_run(count, ws, ys, x, T, scratch, scratch_size, tp, invariant, 1, err);
 }
 
 /* Output rows rescored per activation row: the largest values of the fast result. The

@@ -34,6 +34,14 @@ hearth_status cpu_matmul_invariant(const op_weight *w, const float *x, int T, fl
 hearth_status cpu_matmul_fused(int count, const op_weight *const *ws, float *const *ys, const float *x, int T,
                                void *scratch, size_t scratch_size, threadpool *tp, int invariant,
                                hearth_error *err);
+/* cpu_matmul_fused with the activations kept in float where the weight's format has a
+ * float-activation kernel (Q4_0, Q4_1, Q8_0 on the AVX2 and AVX-512 tiers; others, and the
+ * scalar tier, as cpu_matmul_fused): no int8 rounding of x, at a few times an int8 dot's
+ * cost per weight. The CPU backend spends it on the last layer's projections, whose error
+ * reaches the logits undamped. Each token's rows are the same bits at every T. */
+hearth_status cpu_matmul_precise(int count, const op_weight *const *ws, float *const *ys, const float *x, int T,
+                                 void *scratch, size_t scratch_size, threadpool *tp, int invariant,
+                                 hearth_error *err);
 
 /* After y = x W^T from cpu_matmul / cpu_matmul_invariant (T rows of x, y T x N): in each
  * row of y, the 16 largest values (all N if fewer) are recomputed by the reference

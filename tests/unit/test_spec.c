@@ -22,7 +22,6 @@
 #include "kv/kv_prefix.h"
 #include "hearth.h"
 #include "tiny_model_path.h"
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -244,31 +243,8 @@ static void assert_same(const rec *a, const rec *b, const char *what, const char
     }
 }
 
-static int tiny_models(char names[][64], int cap) {
-    char root[4400];
-    tiny_model_path(root, sizeof root, "");
-    DIR *d = opendir(root);
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) && n < cap) {
-        char cfg[4700];
-        snprintf(cfg, sizeof cfg, "%s/%s/config.json", root, de->d_name);
-        size_t len = strlen(de->d_name);
-#if defined(__SANITIZE_ADDRESS__)
-        /* the sanitizer build checks memory on the speculation paths (proposals, rollback,
-         * drafts), which are those of every weight format: one float model per family there
-         * (the formats' kernels are the sanitized matmul tests'); the full set runs unsanitized */
-        if (len < 4 || strcmp(de->d_name + len - 4, "-f32")) continue;
-#endif
-        FILE *f = de->d_name[0] != '.' ? fopen(cfg, "r") : NULL;
-        if (f && len < 64) memcpy(names[n++], de->d_name, len + 1);
-        if (f) fclose(f);
-    }
-    closedir(d);
-    return n;
-}
-
+/* The sanitizer build runs the speculation paths (proposals, rollback, drafts) on one float
+ * model per family (tiny_models): those paths are the same for every weight format. */
 static void test_lossless_every_tiny_model(void **st) {
     (void)st;
     char names[64][64];

@@ -6,16 +6,48 @@
 #ifndef HEARTH_TESTS_TINY_MODEL_PATH_H
 #define HEARTH_TESTS_TINY_MODEL_PATH_H
 #include "hearth.h"
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static inline void tiny_model_path(char *path, size_t cap, const char *name) {
+/* dir/name inside hearth's cache (HEARTH_CACHE, else ~/.cache/hearth): where
+ * tools/get_models.sh puts the real models (models/<file>) and the tiny ones (tiny/<name>). */
+static inline void hearth_cache_path(char *path, size_t cap, const char *dir, const char *name) {
     const char *cache = getenv("HEARTH_CACHE");
     if (cache)
-        snprintf(path, cap, "%s/tiny/%s", cache, name);
+        snprintf(path, cap, "%s/%s/%s", cache, dir, name);
     else
-        snprintf(path, cap, "%s/.cache/hearth/tiny/%s", getenv("HOME") ? getenv("HOME") : "", name);
+        snprintf(path, cap, "%s/.cache/hearth/%s/%s", getenv("HOME") ? getenv("HOME") : "", dir, name);
+}
+
+static inline void tiny_model_path(char *path, size_t cap, const char *name) {
+    hearth_cache_path(path, cap, "tiny", name);
+}
+
+/* The names of the tiny models there (folders with a config.json), at most cap; 0 when none.
+ * The sanitizer build takes one float model per family (the weight formats' kernels are the
+ * sanitized matmul tests'); the full set runs unsanitized. */
+static inline int tiny_models(char names[][64], int cap) {
+    char root[4400];
+    tiny_model_path(root, sizeof root, "");
+    DIR *d = opendir(root);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < cap) {
+        char cfg[4700];
+        snprintf(cfg, sizeof cfg, "%s/%s/config.json", root, de->d_name);
+        size_t len = strlen(de->d_name);
+#if defined(__SANITIZE_ADDRESS__)
+        if (len < 4 || strcmp(de->d_name + len - 4, "-f32")) continue;
+#endif
+        FILE *f = de->d_name[0] != '.' ? fopen(cfg, "r") : NULL;
+        if (f && len < 64) memcpy(names[n++], de->d_name, len + 1);
+        if (f) fclose(f);
+    }
+    closedir(d);
+    return n;
 }
 
 #ifdef cmocka_unit_test

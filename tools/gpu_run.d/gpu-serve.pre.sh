@@ -4,7 +4,8 @@
 # flash attention, no curl/OpenSSL/web UI, static llama/ggml libraries, only that target) from the
 # carried build-cuda/llamacpp-src.tgz (tools/cuda_llamacpp_src) into $LLAMA_SERVER_DIR
 # (/tmp/llamacpp-server). Touches DIR/.done with the exit status and the seconds it took, which
-# gpu-serve.sh waits for. Builds nothing when DIR/b/bin/llama-server already runs. Also run by
+# gpu-serve.sh waits for. Builds nothing when DIR/b/bin/llama-server already runs, or when the carried
+# build-gpupack/llamacpp-bin.tar.xz (tools/cuda_llamacpp_bin) runs there. Also run by
 # newfam-bench.pre.sh (its llama-bench rows); a lock makes the two wait for one build.
 set -u
 LOG=${1:?usage: gpu-serve.pre.sh LOGDIR}
@@ -24,6 +25,16 @@ mkdir -p "$DIR"
 exec 9>"$DIR.lock" && flock 9
 rm -f "$DIR/.done"
 if [ -x "$DIR/b/bin/llama-server" ] && [ -x "$DIR/b/bin/llama-bench" ] && "$DIR/b/bin/llama-server" --version >/dev/null 2>&1; then done_with 0; fi
+# binaries built on the development machine (tools/cuda_llamacpp_bin), carried: used when they run here
+BIN=${LLAMACPP_BIN_TXZ:-build-gpupack/llamacpp-bin.tar.xz}
+if [ -f "$BIN" ]; then
+    rm -rf "$DIR/b" && mkdir -p "$DIR/b/bin" && tar -xJf "$BIN" -C "$DIR/b/bin"
+    if "$DIR/b/bin/llama-server" --version >/dev/null 2>&1 && "$DIR/b/bin/llama-bench" --help >/dev/null 2>&1; then
+        echo "llama.cpp: the carried binaries ($BIN) run here"; "$DIR/b/bin/llama-server" --version 2>&1 | head -2
+        done_with 0
+    fi
+    echo "llama.cpp: the carried binaries ($BIN) do not run here, building: $("$DIR/b/bin/llama-server" --version 2>&1 | tail -1)"
+fi
 [ -f "$TGZ" ] || { echo "no $TGZ: make it here with tools/cuda_llamacpp_src and carry it"; done_with 3; }
 { rm -rf "$DIR/src" "$DIR/b" && mkdir -p "$DIR/src" && tar xzf "$TGZ" -C "$DIR/src"; } || done_with 4
 # llama-server's build embeds its web UI through scripts/ui-assets.cmake (an empty table without a UI)

@@ -29,11 +29,12 @@ if [ -x "$DIR/b/bin/llama-server" ] && [ -x "$DIR/b/bin/llama-bench" ] && "$DIR/
 BIN=${LLAMACPP_BIN_TXZ:-build-gpupack/llamacpp-bin.tar.xz}
 if [ -f "$BIN" ]; then
     rm -rf "$DIR/b" && mkdir -p "$DIR/b/bin" && tar -xJf "$BIN" -C "$DIR/b/bin"
-    if "$DIR/b/bin/llama-server" --version >/dev/null 2>&1 && "$DIR/b/bin/llama-bench" --help >/dev/null 2>&1; then
-        echo "llama.cpp: the carried binaries ($BIN) run here"; "$DIR/b/bin/llama-server" --version 2>&1 | head -2
-        done_with 0
-    fi
-    echo "llama.cpp: the carried binaries ($BIN) do not run here, building: $("$DIR/b/bin/llama-server" --version 2>&1 | tail -1)"
+    runs=1 # every target the call needs (GPU_SERVE_TARGETS, below) is carried and starts
+    for t in ${GPU_SERVE_TARGETS:-llama-server llama-bench}; do
+        "$DIR/b/bin/$t" --help >/dev/null 2>&1 || { runs=0; echo "llama.cpp: carried $t: $("$DIR/b/bin/$t" --help 2>&1 | tail -1)"; }
+    done
+    [ $runs = 1 ] && { echo "llama.cpp: the carried binaries ($BIN) run here"; done_with 0; }
+    echo "llama.cpp: the carried binaries ($BIN) do not cover ${GPU_SERVE_TARGETS:-llama-server llama-bench} here: building"
 fi
 [ -f "$TGZ" ] || { echo "no $TGZ: make it here with tools/cuda_llamacpp_src and carry it"; done_with 3; }
 { rm -rf "$DIR/src" "$DIR/b" && mkdir -p "$DIR/src" && tar xzf "$TGZ" -C "$DIR/src"; } || done_with 4

@@ -375,15 +375,17 @@ static void test_dequant(void **state) {
     check_dequant(DT_Q4_K, 5, 2304, 0);
     check_dequant(DT_Q6_K, 37, 512, 0);
     check_dequant(DT_Q6_K, 3, 4352, 0);
-    /* MLX 4-bit: k % 1024 == 0 in the chunked layout (its own kernel) and k % 1024 != 0
-     * (MLX's order); groups 64, 32 and 128; bf16 and f16 scales */
+    /* MLX 4-bit: k % 64 == 0 and k >= 512 in the chunked layout (its own kernel, a partial
+     * last slot at 640) and shorter rows in MLX's order; groups 64, 32 and 128; bf16 and f16
+     * scales */
     static const int groups[] = {64, 32, 128};
     static const tensor_dtype sbs[] = {DT_BF16, DT_F16, DT_BF16};
     for (int gi = 0; gi < 3; gi++) {
         mlx_group = groups[gi], mlx_sb = sbs[gi];
         check_dequant(DT_U32, 37, 2048, 2);
         check_dequant(DT_U32, 5, 3072, 2);
-        check_dequant(DT_U32, 3, 640, 0);
+        check_dequant(DT_U32, 3, 640, 2);
+        check_dequant(DT_U32, 3, 384, 0);
     }
     mlx_group = 64, mlx_sb = DT_BF16;
 }
@@ -644,7 +646,7 @@ static void test_gemv_batch_invariant(void **state) {
     static const struct { tensor_dtype t; int64_t n, k; } shapes[] = {
         {DT_F32, 37, 200}, {DT_BF16, 301, 4096}, {DT_BF16, 19, 77}, {DT_F16, 129, 2048}, {DT_Q8_0, 4229, 256},
         {DT_Q8_0, 37, 14336}, {DT_Q4_K, 8467, 512}, {DT_Q4_K, 129, 2304}, {DT_Q6_K, 37, 4096},
-        {DT_U32, 301, 4096}, {DT_U32, 19, 96},
+        {DT_U32, 301, 4096}, {DT_U32, 19, 96}, {DT_U32, 37, 2560},
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         mlx_group = shapes[s].k % 64 ? 32 : 64;
@@ -777,21 +779,23 @@ static void test_mmq(void **state) {
     cuda_mmq_force(-1); /* back to the default */
 }
 
-/* MLX 4-bit weights with k % 1024 == 0 and power-of-two groups >= 32, in the chunked
+/* MLX 4-bit weights with k % 64 == 0, k >= 512 and power-of-two groups >= 32, in the chunked
  * layout, take int8 activations and gemv_v3_mlx4 (cuda_gemv_mlx4.cu). Oracle and tolerance are test_gemv's for int8 activations (verify_gemv: x̂ by
  * cpu_quantize_row_ref and the scalar CPU reference on it, float summation bound with
  * max|w| + max|bias| per term, plus 2·max|w|·max d for an element one int8 step off).
  * Shapes: n = 1, odd n (37; 1023: a partial last block of 4 rows), k = 1024 (one tile: a
  * quarter of the lanes), 4096 (one step), 5120 (a partial step), 14336 (3.5 steps); groups
  * of 32 and 64 (and 128, which it takes too), bf16 and f16 pairs; T = 1..9 (5, 6, 7, 9 run
- * as chunks 4 + 1, 4 + 2, 4 + 3, 8 + 1). Then: k % 1024 != 0 keeps the float kernels, a
- * row among 13 equals itself alone bit for bit, and the PDL chain. */
+ * as chunks 4 + 1, 4 + 2, 4 + 3, 8 + 1); rows that end in a partial slot (576: SmolLM2's
+ * hidden size, 704, 2560: Gemma 4 E4B's, 2816). Then: k < 512 keeps the float kernels, a row
+ * among 13 equals itself alone bit for bit (also at k = 2560), and the PDL chain. */
 static void test_gemv_mlx4_v2(void **state) {
     (void)state;
     static const struct { int gs; tensor_dtype sb; int64_t n, k; } shapes[] = {
         {64, DT_BF16, 1, 1024},   {64, DT_BF16, 37, 4096},  {64, DT_F16, 1023, 4096}, {64, DT_BF16, 37, 14336},
         {32, DT_BF16, 37, 1024},  {32, DT_F16, 37, 5120},   {32, DT_BF16, 1023, 4096}, {32, DT_F16, 5, 14336},
         {128, DT_BF16, 37, 4096}, {128, DT_F16, 3, 2048},
+        {64, DT_BF16, 37, 2560},  {32, DT_F16, 19, 576},    {64, DT_F16, 129, 704},   {128, DT_BF16, 5, 2816},
     };
     hearth_error e = {0};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -822,7 +826,8 @@ static void test_gemv_mlx4_v2(void **state) {
     cuda_weight_free(&dw);
     free(host);
     check_gemv(DT_U32, 19, 128, 3);
-    static const struct { int gs; int64_t n, k; } inv[] = {{64, 301, 4096}, {64, 37, 14336}, {32, 129, 5120}};
+    static const struct { int gs; int64_t n, k; } inv[] = {
+        {64, 301, 4096}, {64, 37, 14336}, {32, 129, 5120}, {64, 37, 2560}};
     for (size_t s = 0; s < sizeof inv / sizeof inv[0]; s++) {
         mlx_group = inv[s].gs;
         check_gemv_invariant(DT_U32, inv[s].n, inv[s].k, 0);
@@ -833,14 +838,15 @@ static void test_gemv_mlx4_v2(void **state) {
 }
 
 /* GGUF Q4_0 and Q4_1 are uploaded as MLX 4-bit with groups of 32 and f16 (scale, bias)
- * (cuda_device.cu): the CPU scalar reference on the GGUF bytes is the oracle. k % 1024 == 0
- * takes the v3 int8 GEMV on the chunked layout, other k the float MLX kernel; T >= 9 the
+ * (cuda_device.cu): the CPU scalar reference on the GGUF bytes is the oracle. k % 64 == 0 and
+ * k >= 512 take the v3 int8 GEMV on the chunked layout, other k the float MLX kernel; T >= 9 the
  * dequantizer and cuBLAS (bf16 and exact f32 modes). Also: the device weight is U32 of the
  * MLX size (16 bytes of nibbles + 4 of scale and bias per 32 weights). */
 static void test_gemv_q4_legacy(void **state) {
     (void)state;
     static const tensor_dtype ts[] = {DT_Q4_0, DT_Q4_1};
-    static const struct { int64_t n, k; } shapes[] = {{37, 1024}, {1023, 4096}, {5, 14336}, {19, 96}, {33, 2080}};
+    static const struct { int64_t n, k; } shapes[] = {{37, 1024}, {1023, 4096}, {5, 14336}, {19, 96}, {33, 2080},
+                                                      {19, 576}};
     static const int Ts[] = {1, 2, 5, 8};
     hearth_error e = {0};
     for (int i = 0; i < 2; i++) {

@@ -148,25 +148,30 @@ int cuda_gemv_v2_takes(const cuda_weight *w);
  * takes gemv_q6_k_i8); xq / xs as cuda_add_rmsnorm_q8 writes them. 1: launched. */
 int cuda_gemv_v2_bench(const cuda_weight *w, float *y, const int8_t *xq, const float *xs, int T);
 
-/* MLX 4-bit weights with k % 1024 == 0 and power-of-two groups >= 32 (MLX's 32, 64, 128)
- * are uploaded in the chunked layout (cuda_mlx4_nibble) and take int8 activations
+/* MLX 4-bit weights with k % 64 == 0, k >= 512 and power-of-two groups >= 32 (MLX's 32, 64,
+ * 128) are uploaded in the chunked layout (cuda_mlx4_nibble) and take int8 activations
  * (cuda_gemv_int8_act's contract) and gemv_v3_mlx4 (cuda_gemv_mlx4.cu); the others keep the
- * float kernels (the tiled layout where k % 1024 == 0). cuda_mlx4_int8_shape: the shapes
- * the int8 GEMV takes; cuda_mlx4_int8_takes: whether w goes to it (a chunked weight: no
- * float kernel reads that layout); cuda_mlx4_prepare: asks the device whether it launches
- * as a programmatic dependent (at upload, outside any graph capture). */
+ * float kernels (the tiled layout where k % 1024 == 0). Rows under 512 weights (the tiny
+ * test models') stay on float activations: a warp per row leaves most of its lanes idle
+ * there, and the exact tier's greedy parity with the CPU reference holds on them.
+ * cuda_mlx4_int8_shape: the shapes the int8 GEMV takes; cuda_mlx4_layout: the layout a
+ * weight is uploaded in (cuda_weight.mlx_tiled); cuda_mlx4_int8_takes: whether w goes to the
+ * int8 GEMV (a chunked weight: no float kernel reads that layout); cuda_mlx4_prepare: asks
+ * the device whether it launches as a programmatic dependent (at upload, outside any graph
+ * capture). */
 static inline int cuda_mlx4_int8_shape(int64_t k, int gs) {
-    return k % 1024 == 0 && gs >= 32 && (gs & (gs - 1)) == 0 && k % gs == 0;
+    return k % 64 == 0 && k >= 512 && gs >= 32 && (gs & (gs - 1)) == 0 && k % gs == 0;
 }
+static inline int cuda_mlx4_layout(int64_t k, int gs) { return cuda_mlx4_int8_shape(k, gs) ? 2 : k % 1024 == 0; }
 int cuda_mlx4_int8_takes(const cuda_weight *w);
 void cuda_mlx4_prepare(void);
 
-/* The device layouts of MLX 4-bit rows (cuda_weight.mlx_tiled), for k % 1024 == 0:
- * 1, tiled: in each tile of 1024 weights, lane L of a warp reads one 16-byte vector holding
+/* The device layouts of MLX 4-bit rows (cuda_weight.mlx_tiled):
+ * 1, tiled (k % 1024 == 0): in each tile of 1024 weights, lane L of a warp reads one 16-byte vector holding
  *    weights 128m + 4L + j (m < 8, j < 4), so its eight float4 activation loads are
  *    coalesced across the warp (the plain layout makes each lane read 32 consecutive
  *    floats: 32 cache lines per warp-wide load);
- * 2, chunked (GGUF Q4_K's nibble order): in each chunk of 64 weights (32 bytes), byte i
+ * 2, chunked (GGUF Q4_K's nibble order; k % 64 == 0): in each chunk of 64 weights (32 bytes), byte i
  *    holds weight i in its low nibble and weight 32 + i in its high nibble, so a 16-byte
  *    vector is two runs of 16 consecutive weights, unpacked by one mask each.
  * 0: MLX's own order (weight c is nibble c % 8 of word c / 8). Returns the word (within the

@@ -226,7 +226,7 @@ static hearth_status upload_mlx4(cuda_weight *dw, const op_weight *w, const char
      * the shape, since no float kernel reads that layout */
     int v3 = cuda_mlx4_int8_shape(w->k, (int)w->group_size);
     if (v3) cuda_mlx4_prepare();
-    dw->mlx_tiled = w->k % 1024 != 0 ? 0 : v3 ? 2 : 1;
+    dw->mlx_tiled = cuda_mlx4_layout(w->k, (int)w->group_size);
     dw->bytes = words * 4 + groups * 4;
     uint32_t *tiled = dw->mlx_tiled ? (uint32_t *)calloc(words, 4) : NULL;
     hearth_status s = dw->mlx_tiled && !tiled ? err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory", what)

@@ -40,8 +40,9 @@ template <bool BF16> static __device__ __forceinline__ float2 mlx4_scale_bias(ui
  * first is used, and under PDL the first step's weight and scale loads before pdl_wait.
  * The order of a lane's sums does not depend on T (batch-invariant).
  *
- * W: the chunked bytes as uint4 [n][k / 32]; SB: (scale, bias) words [n][k / gs]; k % 1024
- * == 0 (a slot is 1024 weights); xq int8 [T][k], xs [T][k / 32]. */
+ * W: the chunked bytes as uint4 [n][k / 32]; SB: (scale, bias) words [n][k / gs]; k % 64
+ * == 0 (a slot is 1024 weights, the last one of a row possibly partial); xq int8 [T][k], xs
+ * [T][k / 32]. */
 #define M3_SLOTS 4
 template <int T, bool BF16, bool G32>
 __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
@@ -52,7 +53,10 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
     if (!v2_seg_row(sg, grow, r)) return;
     const uint4 *wr = (const uint4 *)r.W + (size_t)r.row * (k / 32) + lane;
     const uint32_t *sbr = (const uint32_t *)r.S + (size_t)r.row * (k >> lg);
-    int nslot = k / 1024, nb = k / 32, h = lane % 2;
+    /* a row is nb 16-byte vectors (one per int8 block); its last slot may be partial (k %
+     * 1024 != 0: the lanes past the row's end idle; nb is even, so a chunk's two lanes are in
+     * or out together) */
+    int nb = k / 32, nslot = (nb + 31) / 32, h = lane % 2;
     float acc[T];
 #pragma unroll
     for (int t = 0; t < T; t++) acc[t] = 0.0f;
@@ -61,7 +65,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
         uint2 sb[M3_SLOTS]; /* the low run's word, then the high run's (the same unless G32) */
 #pragma unroll
         for (int s = 0; s < M3_SLOTS; s++) {
-            if (s0 + s < nslot) {
+            if ((s0 + s) * 32 + lane < nb) {
                 int c = (s0 + s) * 16 + lane / 2; /* the chunk in the row */
                 q[s] = load_stream(wr + (size_t)(s0 + s) * 32);
                 if (G32) {
@@ -78,7 +82,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
         }
 #pragma unroll
         for (int s = 0; s < M3_SLOTS; s++) {
-            if (s0 + s >= nslot) continue;
+            if ((s0 + s) * 32 + lane >= nb) continue;
             int c = (s0 + s) * 16 + lane / 2;
             float2 lo_sb = mlx4_scale_bias<BF16>(sb[s].x), hi_sb = mlx4_scale_bias<BF16>(sb[s].y);
             float bias = h ? hi_sb.y : lo_sb.y;

@@ -178,9 +178,9 @@ static size_t upload_host_bytes(const op_weight *w, size_t data, size_t scales, 
     if (expanded) return data;
     if (cuda_weight_goes_affine(w)) return data + scales + (size_t)w->k; /* the planes, the pairs, one row's codes */
     if (w->dtype == DT_Q8_0 || w->dtype == DT_Q6_K) return data + scales;
-    if (w->dtype == DT_U32) return scales + (w->k % 1024 == 0 ? data : 0);
+    if (w->dtype == DT_U32) return scales + (cuda_mlx4_layout(w->k, (int)w->group_size) ? data : 0);
     /* Q4_0 / Q4_1: the MLX-order words and f16 scale and bias arrays, then what the MLX upload needs */
-    if (w->dtype == DT_Q4_0 || w->dtype == DT_Q4_1) return data + scales + scales + (w->k % 1024 == 0 ? data : 0);
+    if (w->dtype == DT_Q4_0 || w->dtype == DT_Q4_1) return data + scales + scales + (cuda_mlx4_layout(w->k, 32) ? data : 0);
     return 0;
 }
 

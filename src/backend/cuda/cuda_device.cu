@@ -224,9 +224,8 @@ static hearth_status upload_mlx4(cuda_weight *dw, const op_weight *w, const char
     dw->sb_bf16 = w->sb_dtype == DT_BF16;
     /* the layout its GEMV reads (cuda_mlx4_nibble): chunked only where the int8 GEMV takes
      * the shape, since no float kernel reads that layout */
-    int v3 = cuda_mlx4_int8_shape(w->k, (int)w->group_size);
-    if (v3) cuda_mlx4_prepare();
     dw->mlx_tiled = cuda_mlx4_layout(w->k, (int)w->group_size);
+    if (dw->mlx_tiled == 2) cuda_mlx4_prepare();
     dw->bytes = words * 4 + groups * 4;
     uint32_t *tiled = dw->mlx_tiled ? (uint32_t *)calloc(words, 4) : NULL;
     hearth_status s = dw->mlx_tiled && !tiled ? err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory", what)

@@ -2,7 +2,9 @@
  * embedding rows (made on the host with the scalar dequantizer, so every backend starts
  * from the same bits). The ops themselves are the backends'. */
 #include "ops/ops.h"
+#include "base/cpu_features.h"
 #include "base/err.h"
+#include "ops/op_exp.h"
 #include <math.h>
 #include <string.h>
 
@@ -130,28 +132,57 @@ void op_lora_apply(const op_batch *b, int layer, op_proj p, const float *x, int6
     tp_run(tp, (b->T + rows - 1) / rows, lora_task, &j);
 }
 
-void op_moe_route(const op_moe *m, float *g, int E, int K, int32_t *sel, float *w) {
+/* op_moe_route's rule (ops.h). op_expf is fmaf calls: on an x86 build without -mfma those are
+ * libm calls (about 40x an inlined instruction; prefill routes every token over every
+ * expert), so the rule is compiled twice, once with the FMA instruction set, which gives the
+ * same bits (a fused multiply-add is one rounding either way), and picked at run time. */
+static inline void moe_route_rule(const op_moe *m, float *g, int E, int K, int32_t *sel, float *w) {
     int topk_softmax = m->router_norm != NULL;
     float mx = g[0], sum = 0.0f, total = 0.0f;
     if (!topk_softmax) {
         for (int e = 1; e < E; e++) mx = g[e] > mx ? g[e] : mx;
-        for (int e = 0; e < E; e++) sum += (g[e] = expf(g[e] - mx));
+        for (int e = 0; e < E; e++) sum += (g[e] = op_expf(g[e] - mx));
         for (int e = 0; e < E; e++) g[e] /= sum;
     }
+    /* the chosen experts' flags (a pass over the earlier picks where E is past the table) */
+    unsigned char taken[1024];
+    int flags = E <= (int)sizeof taken;
+    if (flags) memset(taken, 0, (size_t)E);
     for (int k = 0; k < K; k++) {
         int best = -1;
         for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int j = 0; j < k; j++) taken |= sel[j] == e;
-            if (!taken && (best < 0 || g[e] > g[best])) best = e;
+            int t = 0;
+            if (flags)
+                t = taken[e];
+            else
+                for (int j = 0; j < k; j++) t |= sel[j] == e;
+            if (!t && (best < 0 || g[e] > g[best])) best = e;
         }
         sel[k] = best;
+        if (flags) taken[best] = 1;
         total += (w[k] = g[best]);
     }
     if (topk_softmax) { /* w[0] is the largest logit */
         float top = w[0], z = 0.0f;
-        for (int k = 0; k < K; k++) z += (w[k] = expf(w[k] - top));
+        for (int k = 0; k < K; k++) z += (w[k] = op_expf(w[k] - top));
         for (int k = 0; k < K; k++) w[k] = w[k] / z * m->expert_scale[sel[k]];
     } else if (m->norm_topk)
         for (int k = 0; k < K; k++) w[k] /= total;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("fma"))) static void moe_route_fma(const op_moe *m, float *g, int E, int K, int32_t *sel,
+                                                         float *w) {
+    moe_route_rule(m, g, E, K, sel, w);
+}
+#endif
+
+void op_moe_route(const op_moe *m, float *g, int E, int K, int32_t *sel, float *w) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (cpu_features_get()->fma) {
+        moe_route_fma(m, g, E, K, sel, w);
+        return;
+    }
+#endif
+    moe_route_rule(m, g, E, K, sel, w);
 }

@@ -365,7 +365,8 @@ static inline hearth_status op_softcap(const op_step *s, float cap) { return s->
  * (in float, max first, as mlx's precise softmax), the top K by weight (ties: the lower
  * expert index), renormalized to sum 1 when m->norm_topk. Gemma 4 (m->router_norm): the
  * top K by logit, then the softmax of those K logits times m->expert_scale of each. Every
- * backend routes by this one rule, so they pick the same experts. */
+ * backend routes by this one rule, so they pick the same experts; its exp is op_expf (op_exp.h),
+ * which cuda_moe.cu's routing kernel computes to the same bits. */
 void op_moe_route(const op_moe *m, float *g, int E, int K, int32_t *sel, float *w);
 /* Expert e's rows of a stacked expert weight (op_moe): a view, no copy. */
 op_weight op_weight_rows(const op_weight *w, int64_t row0, int64_t rows);

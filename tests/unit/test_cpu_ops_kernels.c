@@ -10,18 +10,21 @@
  * the textbook formulas in double (libm exp / tanh), at every level, odd lengths.
  * (3) ops_argmax against the greedy rule written as its loop, at every level: ties, NaN
  * (first and elsewhere), -inf rows, lengths around the 8-lane step. (4) ops_all_finite
- * against isfinite. */
+ * against isfinite. (5) op_expf (op_exp.h, the routing rule's exp) against libm's double exp:
+ * within 2 ulp over its whole range, 0 below it, inf above, NaN through. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "backend/cpu/cpu_ops.h"
 #include "base/cpu_features.h"
 #include "base/threadpool.h"
 #include "kv/kv_cache.h"
-#include "backend/cpu/cpu_ops.h"
+#include "ops/op_exp.h"
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -423,11 +426,33 @@ static void test_all_finite_matches_isfinite(void **state) {
     unsetenv("HEARTH_CPU");
 }
 
+static void test_op_expf_matches_double(void **state) {
+    (void)state;
+    double worst = 0.0;
+    for (float x = -103.0f; x <= 88.7f; x = nextafterf(x, 100.0f) + 1e-4f * fabsf(x) * 0.37f + 1e-7f) {
+        double want = exp((double)x), got = op_expf(x);
+        /* one ulp of want as a float: its spacing at want's binade (subnormals: the fixed 2^-149) */
+        double ulp = want < 0x1p-126 ? 0x1p-149 : ldexp(1.0, ilogb(want) - 23);
+        double err = fabs(got - want) / ulp;
+        if (err > worst) worst = err;
+        if (!(err <= 2.0)) printf("op_expf(%.9g) = %.9g, exp = %.17g: %.2f ulp\n", x, got, want, err);
+        assert_true(err <= 2.0);
+    }
+    printf("op_expf: largest error %.3f ulp\n", worst);
+    assert_true(op_expf(0.0f) == 1.0f);
+    assert_true(op_expf(-200.0f) == 0.0f && op_expf(-INFINITY) == 0.0f);
+    assert_true(isinf(op_expf(100.0f)) && isinf(op_expf(INFINITY)));
+    assert_true(isnan(op_expf(NAN)));
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_attention_matches_naive), cmocka_unit_test(test_attention_tiles_match_tokens),
-        cmocka_unit_test(test_attention_splits),        cmocka_unit_test(test_activations_match_double),
-        cmocka_unit_test(test_softcap_matches_double),
-        cmocka_unit_test(test_argmax_matches_rule),     cmocka_unit_test(test_all_finite_matches_isfinite)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_attention_matches_naive),
+                                       cmocka_unit_test(test_attention_tiles_match_tokens),
+                                       cmocka_unit_test(test_attention_splits),
+                                       cmocka_unit_test(test_activations_match_double),
+                                       cmocka_unit_test(test_softcap_matches_double),
+                                       cmocka_unit_test(test_argmax_matches_rule),
+                                       cmocka_unit_test(test_all_finite_matches_isfinite),
+                                       cmocka_unit_test(test_op_expf_matches_double)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -708,24 +708,24 @@ static void test_gemv_v2(void **state) {
     }
 }
 
-/* MMQ (forced from 2 rows with cuda_mmq_force): cuda_matmul of packed-scale Q4_K at 2..64
- * rows goes to the int8 tensor-core kernel (one launch, counted) and matches the CPU
- * reference of the int8-activation semantics with test_gemv's tolerance (verify_gemv:
- * activations by cpu_quantize_row_ref, plus 2·max|w|·max d for a q off by one step). The
- * kernel's float error is within that bound's summation term: each lane sums the k/32
- * sub-block terms d·sc·dx·C - dmin·m·(dx·Σq) serially (C an exact int32 mma sum, each term
- * a few roundings of <= 2·max|w|·|x| parts), no warp tree at all. Shapes: n = 129 and
- * 1000 (partial last block of 64 rows), k = 256 (one super-block: fewer than the pipeline's
- * stages), 4096, 4352 (17 super-blocks: the stage ring wraps unevenly); T covers one to
- * eight n-tiles of 8 tokens with ragged last tiles. Outside 2..64, without the force, or in
- * exact mode the old paths take the call. */
+/* MMQ (forced from 2 rows with cuda_mmq_force): cuda_matmul of packed-scale Q4_K at 2..64 rows
+ * goes to the int8 tensor-core kernel (one launch, counted) and matches the CPU reference of
+ * the int8-activation semantics with test_gemv's tolerance (verify_gemv: activations by
+ * cpu_quantize_row_ref, plus 2·max|w|·max d for a q off by one step). The kernel's float error
+ * is within that bound's summation term: each lane sums the k/32 sub-block terms d·sc·dx·C -
+ * dmin·m·(dx·Σq) serially (C an exact int32 mma sum, each term a few roundings of <=
+ * 2·max|w|·|x| parts), no warp tree at all. Shapes: n = 129 and 1000 (partial last block of 64
+ * rows), k = 256 (one super-block: fewer than the pipeline's stages), 512 (n = 1000 splits it
+ * in two: one super-block per split), 4096, 4352 (17 super-blocks: the stage ring wraps
+ * unevenly); T covers one to eight n-tiles of 8 tokens with ragged last tiles. Outside 2..64,
+ * without the force, or in exact mode the old paths take the call. */
 static void test_mmq(void **state) {
     (void)state;
     cuda_mmq_force(1);
     cuda_gemm *g = NULL, *gx = NULL;
     assert_int_equal(cuda_gemm_create(&g, 1000 * 4352, 65 * 4352, 0, NULL), HEARTH_OK);
     assert_int_equal(cuda_gemm_create(&gx, 16, 16, 1, NULL), HEARTH_OK);
-    static const int64_t ns[] = {129, 1000}, ks[] = {256, 4096, 4352};
+    static const int64_t ns[] = {129, 1000}, ks[] = {256, 512, 4096, 4352};
     static const int Ts[] = {2, 3, 7, 8, 9, 16, 33, 64};
     hearth_error e = {0};
     for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)

@@ -1,14 +1,18 @@
-/* test_cuda_moe_offload.c: --expert-offload on the GPU (cuda_experts.c through
- * cuda_model_create's expert_slots). A one-layer mixture-of-experts model (8 experts, top 2,
- * SiLU, F32 router; experts in F32 and in Q8_0, separate gate / up stacks and the fused
- * gate_up stack) runs the same steps (a ragged prefill of three sequences, decode steps of
- * all three, a 64-token chunk) with every expert resident, then offloaded with a pool of 3
- * slots (misses and slot reuse inside one step), 16 (some kept across steps) and 32 (every
- * slice fits: each is copied at most once): every logit of the offloaded runs must equal the resident run's bit
- * for bit (same kernels, same bytes, only where they live changes). The resident F32 run is
- * also checked against the CPU backend (the oracle the parity tests hold to mlx-lm), so a
- * bug shared by both GPU runs fails too. Where no GPU exists it says loudly that the device
- * tests did NOT run (exit 0). */
+/* test_cuda_moe_offload.c: the mixture-of-experts op on the GPU, in its two forms. Host-
+ * routed (--expert-offload through cuda_experts.c, and every step of a model whose slices
+ * have no grouped GEMV): a one-layer model (8 experts, top 2, SiLU, F32 router; experts in
+ * F32 and in Q8_0, separate gate / up stacks and the fused gate_up stack) runs the same steps
+ * (a ragged prefill of three sequences, decode steps of all three, a 64-token chunk) with
+ * every expert resident, then offloaded with a pool of 3 slots (misses and slot reuse inside
+ * one step), 16 (some kept across steps) and 32 (every slice fits: each is copied at most
+ * once): every logit of the offloaded runs must equal the resident run's bit for bit (same
+ * kernels, same bytes, only where they live changes). The resident F32 run is also checked
+ * against the CPU backend (the oracle the parity tests hold to mlx-lm), so a bug shared by
+ * both GPU runs fails too (the Q8_0 resident runs route their decode steps on the device).
+ * Device-routed (decode steps of resident Q8_0 / Q4_K / Q6_K / MLX 4-bit / affine experts):
+ * the routing kernel against op_moe_route bit for bit, and the same model's logits against
+ * the host-routed form bit for bit and the CPU backend within a bound. Where no GPU exists it
+ * says loudly that the device tests did NOT run (exit 0). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -41,6 +45,10 @@ int main(void) {
 /* hidden 64 and expert width 96: multiples of 32 (Q8_0 blocks) with gate / up and down
  * slices of different shapes; 64 tokens per step at most (the last step's chunk). */
 enum { M_HID = 64, M_FFN = 96, N_EXP = 8, M_K = 2, M_VOC = 96, M_MT = 64, M_NS = 3, N_STEPS = 11 };
+/* the device-routed form's shapes: rows every grouped kernel takes (Q4_K / Q6_K k % 256, MLX
+ * 4-bit's int8 kernel k >= 512), and a down stack of n >= 2k, where the host-routed form's
+ * Q6_K GEMV is the v2 kernel too (cuda_gemv_v2_takes), so the two forms agree to the bit */
+enum { D_HID = 1024, D_FFN = 512 };
 
 typedef struct moe_model {
     op_dims dims;
@@ -53,36 +61,20 @@ typedef struct moe_model {
     int window[1];
 } moe_model;
 
-/* fused: one gate_up stack of 2E slices (expert e's gate rows, then its up rows), up NULL. */
-static void model_make(moe_model *m, tensor_dtype dt, int fused) {
-    memset(m, 0, sizeof *m);
-    m->dims = (op_dims){.n_layers = 1,
-                        .hidden = M_HID,
-                        .n_heads = 1,
-                        .n_kv_heads = 1,
-                        .head_dim = 32,
-                        .ffn = M_FFN,
-                        .vocab = M_VOC,
-                        .norm_eps = 1e-6f,
-                        .n_experts = N_EXP,
-                        .top_k_experts = M_K,
-                        .moe_ffn = M_FFN};
-    m->embed = make_weight(DT_F32, M_VOC, M_HID, &m->data[0]);
-    m->lm_head = make_weight(DT_F32, M_VOC, M_HID, &m->data[1]);
-    m->router = make_weight(DT_F32, N_EXP, M_HID, &m->data[2]); /* F32: both backends route alike */
-    m->gate = make_weight(dt, (int64_t)(fused ? 2 : 1) * N_EXP * M_FFN, M_HID, &m->data[3]);
-    if (!fused) m->up = make_weight(dt, (int64_t)N_EXP * M_FFN, M_HID, &m->data[4]);
-    m->down = make_weight(dt, (int64_t)N_EXP * M_HID, M_FFN, &m->data[5]);
-    m->norm_in = rnd_floats(M_HID, 0.3f, 1.0f);
-    m->final_norm = rnd_floats(M_HID, 0.3f, 1.0f);
-    int n = 0;
+static op_weight expert_weight(tensor_dtype dt, int64_t n, int64_t k, void **keep) {
+    return dt == DT_U32 ? make_weight_mlx4(n, k, keep) : make_weight(dt, n, k, keep);
+}
+
+/* The items, op_model and op_moe of m's weights (fused: gate holds both, up unused). */
+static void model_link(moe_model *m, int fused) {
+    int n = 0, hid = m->dims.hidden;
     m->items[n++] = (op_item){.w = &m->router, .name = "router", .layer = 0};
     m->items[n++] = (op_item){.w = &m->gate, .name = "experts_gate", .layer = 0, .experts = (fused ? 2 : 1) * N_EXP};
     if (!fused) m->items[n++] = (op_item){.w = &m->up, .name = "experts_up", .layer = 0, .experts = N_EXP};
     m->items[n++] = (op_item){.w = &m->down, .name = "experts_down", .layer = 0, .experts = N_EXP};
     m->items[n++] = (op_item){.w = &m->lm_head, .logits = 1, .name = "lm_head", .layer = -1};
-    m->items[n++] = (op_item){.vec = m->norm_in, .n = M_HID, .name = "norm_in", .layer = 0};
-    m->items[n++] = (op_item){.vec = m->final_norm, .n = M_HID, .name = "final_norm", .layer = -1};
+    m->items[n++] = (op_item){.vec = m->norm_in, .n = hid, .name = "norm_in", .layer = 0};
+    m->items[n++] = (op_item){.vec = m->final_norm, .n = hid, .name = "final_norm", .layer = -1};
     m->om = (op_model){.dims = m->dims, .items = m->items, .n_items = n, .layer_window = m->window};
     m->moe = (op_moe){.router = &m->router,
                       .gate = &m->gate,
@@ -91,6 +83,52 @@ static void model_make(moe_model *m, tensor_dtype dt, int fused) {
                       .norm_topk = 1,
                       .act = OP_ACT_SILU};
 }
+
+/* dt: the gate / up stacks' format (DT_U32: MLX 4-bit), dt_down the down stack's; hid, ffn the
+ * widths; fused: one gate_up stack of 2E slices (expert e's gate rows, then its up rows), up NULL. */
+static void model_make_as(moe_model *m, tensor_dtype dt, tensor_dtype dt_down, int fused, int hid, int ffn) {
+    memset(m, 0, sizeof *m);
+    m->dims = (op_dims){.n_layers = 1,
+                        .hidden = hid,
+                        .n_heads = 1,
+                        .n_kv_heads = 1,
+                        .head_dim = 32,
+                        .ffn = ffn,
+                        .vocab = M_VOC,
+                        .norm_eps = 1e-6f,
+                        .n_experts = N_EXP,
+                        .top_k_experts = M_K,
+                        .moe_ffn = ffn};
+    m->embed = make_weight(DT_F32, M_VOC, hid, &m->data[0]);
+    m->lm_head = make_weight(DT_F32, M_VOC, hid, &m->data[1]);
+    m->router = make_weight(DT_F32, N_EXP, hid, &m->data[2]); /* F32: both backends route alike */
+    m->gate = expert_weight(dt, (int64_t)(fused ? 2 : 1) * N_EXP * ffn, hid, &m->data[3]);
+    if (!fused) m->up = expert_weight(dt, (int64_t)N_EXP * ffn, hid, &m->data[4]);
+    m->down = expert_weight(dt_down, (int64_t)N_EXP * hid, ffn, &m->data[5]);
+    m->norm_in = rnd_floats((size_t)hid, 0.3f, 1.0f);
+    m->final_norm = rnd_floats((size_t)hid, 0.3f, 1.0f);
+    model_link(m, fused);
+}
+
+/* u: the fused model f (a GGUF format: rows without scale planes) with its gate and up rows
+ * in stacks of their own, the same bytes; u->data[3] / [4] are u's, the rest f's. */
+static void model_unfuse(const moe_model *f, moe_model *u) {
+    *u = *f;
+    size_t rows = (size_t)f->dims.moe_ffn, rb = (size_t)op_weight_row_bytes(&f->gate);
+    uint8_t *g = malloc(N_EXP * rows * rb), *up = malloc(N_EXP * rows * rb);
+    const uint8_t *src = f->gate.data;
+    for (int e = 0; e < N_EXP; e++) {
+        memcpy(g + e * rows * rb, src + 2 * e * rows * rb, rows * rb);
+        memcpy(up + e * rows * rb, src + (2 * e + 1) * rows * rb, rows * rb);
+    }
+    u->up = f->gate;
+    u->gate.n = u->up.n = (int64_t)(N_EXP * rows);
+    u->gate.data = u->data[3] = g;
+    u->up.data = u->data[4] = up;
+    model_link(u, 0);
+}
+
+static void model_make(moe_model *m, tensor_dtype dt, int fused) { model_make_as(m, dt, dt, fused, M_HID, M_FFN); }
 
 static void model_free(moe_model *m) {
     for (int i = 0; i < 6; i++) free(m->data[i]);
@@ -176,15 +214,15 @@ static void kv_make(kv_cache *kv) {
     assert_int_equal(kv_create(kv, 1, 1, 32, M_NS, 256, 64, &e), HEARTH_OK);
 }
 
-/* The GPU run with expert_slots (0: resident); its logits, hits and misses, device bytes. */
-static float *gpu_run(moe_model *m, const step_plan *p, int slots, long long *hits, long long *misses,
-                      size_t *dev_bytes) {
+/* The GPU run with expert_slots (0: resident) in the exact tier (exact 1, --cuda-exact) or
+ * the fast one; its logits, hits and misses, device bytes, and the model's note. */
+static float *gpu_run_as(moe_model *m, const step_plan *p, int slots, int exact, long long *hits, long long *misses,
+                         size_t *dev_bytes, char *note, size_t note_size) {
     kv_cache kv;
     kv_make(&kv);
     op_backend *gpu = NULL;
     hearth_error e = {0};
-    char note[256] = "";
-    if (cuda_model_create(&m->om, &kv, M_MT, M_MT, 1, slots, NULL, &gpu, note, sizeof note, &e)) {
+    if (cuda_model_create(&m->om, &kv, M_MT, M_MT, exact, slots, NULL, &gpu, note, note_size, &e)) {
         printf("cuda_model_create (%d slots): %s\n", slots, e.message);
         fail();
     }
@@ -196,6 +234,12 @@ static float *gpu_run(moe_model *m, const step_plan *p, int slots, long long *hi
     gpu->t->free(gpu);
     kv_destroy(&kv);
     return out;
+}
+
+static float *gpu_run(moe_model *m, const step_plan *p, int slots, long long *hits, long long *misses,
+                      size_t *dev_bytes) {
+    char note[256] = "";
+    return gpu_run_as(m, p, slots, 1, hits, misses, dev_bytes, note, sizeof note);
 }
 
 /* The CPU backend's logits of the steps (one thread). */
@@ -276,13 +320,146 @@ static void test_offload_q8_0(void **state) {
     check(DT_Q8_0, 1);
 }
 
+/* ---- decode steps routed on the device (cuda_model.c moe_device) ---- */
+
+/* cuda_moe_route against op_moe_route, bit for bit (experts and weights): T tokens of
+ * random logits with ties planted, E experts, top K; rule 0 softmax then top K renormalised,
+ * 1 without renormalising, 2 Gemma 4's top K then softmax times expert_scale. */
+static void route_case(int T, int E, int K, int rule) {
+    size_t n = (size_t)T * E, nk = (size_t)T * K;
+    float *logits = rnd_floats(n, 4.0f, 0.0f), *scale = rnd_floats((size_t)E, 0.5f, 1.0f);
+    for (int t = 0; t < T; t++) { /* ties: the lower expert must win */
+        logits[(size_t)t * E + E - 1] = logits[(size_t)t * E + 1];
+        logits[(size_t)t * E + E / 2] = logits[(size_t)t * E + E / 3];
+    }
+    float *d_logits = NULL, *d_w = NULL, *d_scale = NULL;
+    int32_t *d_sel = NULL;
+    hearth_error e = {0};
+    assert_int_equal(cuda_alloc((void **)&d_logits, n * sizeof(float), "logits", &e), HEARTH_OK);
+    assert_int_equal(cuda_alloc((void **)&d_w, nk * sizeof(float), "w", &e), HEARTH_OK);
+    assert_int_equal(cuda_alloc((void **)&d_sel, nk * sizeof(int32_t), "sel", &e), HEARTH_OK);
+    assert_int_equal(cuda_alloc((void **)&d_scale, (size_t)E * sizeof(float), "scale", &e), HEARTH_OK);
+    assert_int_equal(cuda_upload(d_logits, logits, n * sizeof(float), &e), HEARTH_OK);
+    assert_int_equal(cuda_upload(d_scale, scale, (size_t)E * sizeof(float), &e), HEARTH_OK);
+    assert_int_equal(cuda_moe_route(d_logits, T, E, K, rule == 2, rule == 0, d_scale, d_sel, d_w, &e), HEARTH_OK);
+    assert_int_equal(cuda_sync(&e), HEARTH_OK);
+    int32_t *sel = malloc(nk * sizeof(int32_t));
+    float *w = malloc(nk * sizeof(float));
+    assert_int_equal(cuda_download(sel, d_sel, nk * sizeof(int32_t), &e), HEARTH_OK);
+    assert_int_equal(cuda_download(w, d_w, nk * sizeof(float), &e), HEARTH_OK);
+    float norm = 1.0f;
+    op_moe m = {.norm_topk = rule == 0, .router_norm = rule == 2 ? &norm : NULL, .expert_scale = scale};
+    for (int t = 0; t < T; t++) {
+        int32_t hs[16];
+        float hw[16];
+        op_moe_route(&m, logits + (size_t)t * E, E, K, hs, hw);
+        for (int k = 0; k < K; k++) { /* the device's pair for host expert hs[k] */
+            int at = -1;
+            for (int j = 0; j < K; j++)
+                if (sel[(size_t)t * K + j] == hs[k]) at = j;
+            if (at < 0 || memcmp(&w[(size_t)t * K + at], &hw[k], sizeof(float)))
+                printf("  route E %d K %d rule %d token %d: host expert %d (w %.9g) %s\n", E, K, rule, t, hs[k], hw[k],
+                       at < 0 ? "not chosen" : "weight differs");
+            assert_true(at >= 0);
+            assert_memory_equal(&w[(size_t)t * K + at], &hw[k], sizeof(float));
+            if (k) assert_true(sel[(size_t)t * K + k] > sel[(size_t)t * K + k - 1]); /* ascending experts */
+        }
+    }
+    cuda_free(d_logits), cuda_free(d_w), cuda_free(d_sel), cuda_free(d_scale);
+    free(logits), free(scale), free(sel), free(w);
+}
+
+static void test_route_matches_host(void **state) {
+    (void)state;
+    for (int rule = 0; rule < 3; rule++) {
+        route_case(8, 128, 8, rule);  /* Qwen3-30B-A3B, Gemma-4-26B-A4B */
+        route_case(5, 256, 8, rule);  /* Qwen3.5-35B-A3B */
+        route_case(3, 8, 2, rule);    /* the tiny models */
+        route_case(2, 300, 16, rule); /* more experts than threads, the widest K */
+        route_case(2, 1100, 4, rule); /* past op_moe_route's table of flags */
+    }
+}
+
+/* The device-routed form against the host-routed one (the same model with every slice
+ * offloaded to a pool that holds them all: the host routes), logit for logit: the prefill
+ * steps (13 and 64 tokens) run the host-routed form in both, the decode steps (3 tokens)
+ * the device-routed form in the first only. Fast tier (the int8-activation GEMVs). Then the
+ * device-routed run against the CPU backend. */
+static void check_device(tensor_dtype dt, tensor_dtype dt_down, int fused, const char *what) {
+    printf("device routing: %s%s\n", what, fused ? ", fused gate_up" : "");
+    moe_model m;
+    model_make_as(&m, dt, dt_down, fused, D_HID, D_FFN);
+    step_plan *p = malloc(sizeof(step_plan) * N_STEPS);
+    plan_steps(p);
+    size_t n = logits_floats(p), bytes;
+    long long hits, misses;
+    char note[256] = "", note_host[256] = "";
+    float *dev = gpu_run_as(&m, p, 0, 0, &hits, &misses, &bytes, note, sizeof note);
+    assert_non_null(strstr(note, "routed on the device"));
+    float *host = gpu_run_as(&m, p, 3 * N_EXP, 0, &hits, &misses, &bytes, note_host, sizeof note_host);
+    assert_non_null(strstr(note_host, "routed on the host"));
+    long diff = first_difference(dev, host, n);
+    if (diff >= 0) printf("  logit %ld differs: device-routed %.9g host-routed %.9g\n", diff, dev[diff], host[diff]);
+    assert_int_equal(diff, -1);
+    if (fused && dt != DT_U32) { /* the same slices as two stacks: the same kernels, the same bits */
+        moe_model u;
+        model_unfuse(&m, &u);
+        float *two = gpu_run_as(&u, p, 0, 0, &hits, &misses, &bytes, note, sizeof note);
+        diff = first_difference(dev, two, n);
+        if (diff >= 0) printf("  logit %ld differs: fused %.9g, gate and up apart %.9g\n", diff, dev[diff], two[diff]);
+        float *cpu_two = cpu_run(&u, p), *cpu_one = cpu_run(&m, p), wc = 0.0f;
+        for (size_t i = 0; i < n; i++) wc = fmaxf(wc, fabsf(cpu_two[i] - cpu_one[i]));
+        printf("  cpu: fused against apart, largest difference %.3g\n", wc);
+        free(two), free(cpu_two), free(cpu_one), free(u.data[3]), free(u.data[4]);
+        assert_int_equal(diff, -1);
+    }
+    float *want = cpu_run(&m, p), scale = 0.0f, worst = 0.0f;
+    for (size_t i = 0; i < n; i++) scale = fmaxf(scale, fabsf(want[i]));
+    printf("  cpu vs cuda, largest difference per step:");
+    for (size_t st = 0, at = 0; st < N_STEPS; at += (size_t)p[st].T * M_VOC, st++) {
+        float w = 0.0f;
+        for (size_t i = at; i < at + (size_t)p[st].T * M_VOC; i++) w = fmaxf(w, fabsf(want[i] - dev[i]));
+        printf(" %.3g", w);
+        worst = fmaxf(worst, w);
+    }
+    printf(" (logits up to %.3g)\n", scale);
+    if (!(worst <= 2e-2f * (1.0f + scale))) { /* which matmul: the same run without the MMQ kernel */
+        cuda_mmq_force(0);
+        float *nommq = gpu_run_as(&m, p, 0, 0, &hits, &misses, &bytes, note, sizeof note), w = 0.0f;
+        cuda_mmq_force(-1);
+        for (size_t i = 0; i < n; i++) w = fmaxf(w, fabsf(want[i] - nommq[i]));
+        printf("  without MMQ: largest difference %.3g\n", w);
+        free(nommq);
+    }
+    /* int8 activations on the GPU (blocks of 32) against the CPU's own activation
+     * quantization: a few 1e-3 of the scale; 2e-2 is far below a wrong expert or row */
+    assert_true(worst <= 2e-2f * (1.0f + scale));
+    free(want), free(dev), free(host), free(p);
+    model_free(&m);
+}
+
+static void test_device_routed(void **state) {
+    (void)state;
+    check_device(DT_Q4_K, DT_Q6_K, 0, "Q4_K gate / up, Q6_K down");
+    check_device(DT_Q4_K, DT_Q4_K, 1, "Q4_K");
+    check_device(DT_U32, DT_U32, 0, "MLX 4-bit");
+    check_device(DT_Q4_K, DT_Q5_0, 0, "Q4_K gate / up, Q5_0 down (the affine layout)");
+    check_device(DT_Q8_0, DT_Q8_0, 1, "Q8_0");
+}
+
 /* The model and steps the device tests run, on the CPU alone (this runs without a GPU too):
  * every logit finite and the rows not all alike, so the comparisons above compare something. */
 static void test_model_runs_on_cpu(void **state) {
     (void)state;
-    for (int v = 0; v < 4; v++) {
+    /* the host-routed tests' four models, then the device-routed tests' five */
+    static const tensor_dtype gu[5] = {DT_Q4_K, DT_Q4_K, DT_U32, DT_Q4_K, DT_Q8_0},
+                              down[5] = {DT_Q6_K, DT_Q4_K, DT_U32, DT_Q5_0, DT_Q8_0};
+    for (int v = 0; v < 9; v++) {
         moe_model m;
-        model_make(&m, v < 2 ? DT_F32 : DT_Q8_0, v % 2);
+        if (v < 4)
+            model_make(&m, v < 2 ? DT_F32 : DT_Q8_0, v % 2);
+        else
+            model_make_as(&m, gu[v - 4], down[v - 4], v == 5 || v == 8, D_HID, D_FFN);
         step_plan *p = malloc(sizeof(step_plan) * N_STEPS);
         plan_steps(p);
         size_t n = logits_floats(p);
@@ -334,10 +511,9 @@ int main(void) {
     rng_state ^= (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull; /* fresh random inputs every run */
     printf("test_cuda_moe_offload: device 0: %s; seed %llx\n", info.name, (unsigned long long)rng_state);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_model_runs_on_cpu),
-        cmocka_unit_test(test_offload_f32),
-        cmocka_unit_test(test_offload_q8_0),
-        cmocka_unit_test(test_no_experts_ignored),
+        cmocka_unit_test(test_model_runs_on_cpu), cmocka_unit_test(test_offload_f32),
+        cmocka_unit_test(test_offload_q8_0),      cmocka_unit_test(test_route_matches_host),
+        cmocka_unit_test(test_device_routed),     cmocka_unit_test(test_no_experts_ignored),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

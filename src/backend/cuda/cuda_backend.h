@@ -250,6 +250,27 @@ hearth_status cuda_matmul_q8(const cuda_weight *const *ws, float *const *ys, int
  * sm_90+), 0 / 1 force it off / on. */
 void cuda_gemv_force_pdl(int mode);
 
+/* A stacked-experts weight for the grouped GEMV: E slices of one format and shape, each
+ * its own device allocation, found through device tables of their planes' addresses. */
+typedef struct cuda_expert_table {
+    const cuda_weight *proto;  /* slice 0: the format and shape every slice shares */
+    const void *const *data;   /* device [E]: each slice's data plane */
+    const void *const *scales; /* device [E]: each slice's scale plane (NULL: the format has none) */
+} cuda_expert_table;
+/* Whether the grouped GEMV takes slices of w's format and shape: int8-activation formats with
+ * a kernel that reads its weight through a table (Q8_0, packed Q4_K and Q6_K with k % 256 ==
+ * 0, MLX 4-bit that cuda_mlx4_int8_takes, the generic affine layout on int8 activations). */
+int cuda_gemv_experts_takes(const cuda_weight *w);
+/* The experts' GEMVs of a decode step without the host: for each of P (expert, row) pairs,
+ * ys[i][p, :] = slice sel[p] of tabs[i] · x[p / xdiv, :] (nw = 1 or 2 tables of one format
+ * and k, e.g. gate and up, in one launch; x float [P / xdiv][k], quantized to int8 blocks as
+ * cuda_gemv_int8_act says). sel is device memory (the routing kernel's output), read by the
+ * kernels, so the launch shapes depend on P alone: capturable into a graph. A pair's row
+ * has the bits cuda_gemv gives that slice at one row on the v2 / MLX 4-bit / affine / Q8_0
+ * kernel. */
+hearth_status cuda_gemv_experts(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *sel, int P,
+                                int xdiv, const float *x, hearth_error *err);
+
 /* ys[i][T, n_i] = x[T, k] · ws[i]^T for nw <= 3 weights of one input (a layer's q, k, v):
  * one launch when they are all F16 or all BF16 with the same k (16-byte aligned rows),
  * else one cuda_gemv each (int8-activation weights: x quantized once for all). Same
@@ -325,6 +346,18 @@ hearth_status cuda_scatter_add_rows(float *dst, const float *src, const int32_t 
                                     int width, hearth_error *err);
 /* y[t, :] += sigmoid(g[t]) * o[t, :] for T rows of width (a shared expert's gated output). */
 hearth_status cuda_add_sigmoid_scaled(float *y, const float *o, const float *g, int T, int width, hearth_error *err);
+
+/* Each of T tokens' K experts from its router logits [T][E] on the device, by op_moe_route's
+ * rule to the bit (its op_expf, its sums in its order, its ties): topk_softmax 0 is the
+ * softmax-then-top-K form (norm_topk: renormalised), 1 the top-K-then-softmax form
+ * (op_moe.router_norm set) times expert_scale[e] (device [E]). sel / w [T][K]: each token's
+ * experts in ascending expert order with their weights (the order the experts' outputs are
+ * summed in). E <= 4096, K <= 16. */
+hearth_status cuda_moe_route(const float *logits, int T, int E, int K, int topk_softmax, int norm_topk,
+                             const float *expert_scale, int32_t *sel, float *w, hearth_error *err);
+/* out[t, :] = the sum over k of o[t K + k, :] * w[t K + k] in k order, from 0, one rounding
+ * for each product and each sum (cuda_scatter_add_rows' arithmetic in the same order). */
+hearth_status cuda_moe_combine(float *out, const float *o, const float *w, int T, int K, int width, hearth_error *err);
 
 /* Device copy of the paged KV pool: same block layout and tables as kv_cache; the element
  * type is the pool's quant (hearth_kv_quant): float32, or int8 / fp8 e4m3 bytes with one

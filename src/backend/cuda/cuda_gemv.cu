@@ -590,11 +590,13 @@ static __device__ __forceinline__ int dot16_dp4a(uint4 w, int4 a) {
 }
 
 /* Q8_0 planes: a lane takes 16 quants (half a block) per slot. */
-template <int T>
+template <int T, bool GR = false>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_q8_0_i8(const int8_t *Q, const uint16_t *D, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R) {
+    gemv_q8_0_i8(const int8_t *Q, const uint16_t *D, const int8_t *xq, const float2 *xs, float *y, int n, int k, int R,
+                 gemv_grouped gp) {
     int warp = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, row0 = warp * R;
     if (row0 >= n) return;
+    if (GR) gemv_grouped_pair(gp, Q, D, xq, xs, y, n, k);
     pdl_wait(); /* xq / xs come from quantize_x_q8 */
     pdl_trigger();
     int nv = k / 16, nb = k / 32, lgR = R == 4 ? 2 : R == 2 ? 1 : 0, stride = 32 * (QSLOTS / R);
@@ -813,7 +815,7 @@ static void launch_i8(const cuda_weight *w, const int8_t *xq, const float2 *xs, 
     switch (w->dtype) {
     case DT_Q8_0:
         pdl_launch(gemv_q8_0_i8<T>, grid, block, (const int8_t *)w->data, (const uint16_t *)w->scales, xq, xs, y, n, k,
-                   R);
+                   R, gemv_grouped{});
         break;
     case DT_Q4_K:
         pdl_launch(gemv_q4_k_i8p<T>, grid, block, (const uint8_t *)w->data, xq, xs, y, n, k, R);
@@ -1023,4 +1025,56 @@ hearth_status cuda_gemv_multi(const cuda_weight *const *ws, float *const *ys, in
         t0 += c;
     }
     return HEARTH_OK;
+}
+
+int cuda_gemv_experts_takes(const cuda_weight *w) {
+    if (!w || w->k % 32 || w->n > INT32_MAX / 4 || w->k > INT32_MAX / 8) return 0;
+    if ((w->dtype == DT_Q4_K && w->q4k_packed) || w->dtype == DT_Q6_K) return w->k % 256 == 0;
+    return w->dtype == DT_Q8_0 || cuda_mlx4_int8_takes(w) || (w->dtype == DT_AFFINE && !w->aff_f32act);
+}
+
+/* The grouped Q8_0 GEMV of one table (the rows per warp of launch_i8's: the same bits). */
+static void q8_0_experts(const cuda_expert_table *tab, float *y, const int32_t *sel, int P, int xdiv) {
+    int n = (int)tab->proto->n, k = (int)tab->proto->k, R = q8act_rows(n);
+    dim3 grid((unsigned)((n + GEMV_WARPS * R - 1) / (GEMV_WARPS * R)), (unsigned)P), block(GEMV_WARPS * 32);
+    const int8_t *none = NULL;
+    const uint16_t *no_d = NULL;
+    pdl_launch(gemv_q8_0_i8<1, true>, grid, block, none, no_d, (const int8_t *)g_xq, (const float2 *)g_xs, y, n, k, R,
+               gemv_grouped{sel, tab->data, tab->scales, xdiv});
+}
+
+hearth_status cuda_gemv_experts(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *sel, int P,
+                                int xdiv, const float *x, hearth_error *err) {
+    if (nw < 1 || nw > 2 || P < 1 || xdiv < 1 || P > 65535 || !sel || !x)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_experts: %d tables, %d pairs", nw, P);
+    for (int i = 0; i < nw; i++)
+        if (!tabs[i].proto || !tabs[i].data || !ys[i] || !cuda_gemv_experts_takes(tabs[i].proto) ||
+            tabs[i].proto->k != tabs[0].proto->k)
+            return err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_experts: table %d is not a grouped-GEMV format", i);
+    hearth_status st = HEARTH_OK;
+    int64_t k = tabs[0].proto->k;
+    pthread_mutex_lock(&g_xlock);
+    if (quantize_x(x, (P + xdiv - 1) / xdiv, k, err, &st)) {
+        int done = cuda_gemv_v2_experts(tabs, nw, ys, sel, P, xdiv, g_xq, g_xs) ||
+                   cuda_gemv_mlx4_experts(tabs, nw, ys, sel, P, xdiv, g_xq, g_xs);
+        int affine = !done, q8 = !done;
+        for (int i = 0; i < nw; i++) {
+            affine = affine && tabs[i].proto->dtype == DT_AFFINE;
+            q8 = q8 && tabs[i].proto->dtype == DT_Q8_0;
+        }
+        for (int i = 0; affine && i < nw; i++)
+            done = cuda_gemv_affine_experts(&tabs[i], ys[i], sel, P, xdiv, g_xq, g_xs);
+        for (int i = 0; q8 && i < nw; i++) q8_0_experts(&tabs[i], ys[i], sel, P, xdiv);
+        done = done || q8;
+        if (!done)
+            st = err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_experts: no grouped kernel for %s",
+                         tensor_dtype_name(tabs[0].proto->dtype));
+        else
+            st = cuda_launched("gemv_experts", err);
+    } else if (!st) {
+        st =
+            err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_experts: the int8 scratch is too small inside a graph capture");
+    }
+    pthread_mutex_unlock(&g_xlock);
+    return st;
 }

@@ -3,6 +3,7 @@
  * shape, fixed-order lane reduction and dispatch over T. Header-only; no state. */
 #ifndef HEARTH_BACKEND_CUDA_GEMV_CUH
 #define HEARTH_BACKEND_CUDA_GEMV_CUH
+#include "backend/cuda/cuda_pdl.cuh"
 #include <stdint.h>
 #include <type_traits>
 
@@ -68,6 +69,12 @@ struct v2_segs {
     const void *W[3], *S[3];
     float *y[3];
     int end[3];
+    /* grouped experts (cuda_gemv_experts; kernels instantiated with G = true, T = 1): W[i]
+     * and S[i] are device tables of E pointers, one per expert slice; launch row blockIdx.y
+     * is pair p, which reads expert sel[p]'s slice and activation row p / xdiv, and writes
+     * row p of y[i] ([P][n_i]) */
+    const int32_t *sel;
+    int xdiv;
 };
 struct v2_row {
     const void *W, *S;
@@ -75,8 +82,8 @@ struct v2_row {
     int n, row;
 };
 /* Segment lookup by selects, not a run-time index into the parameter struct (that would
- * copy it to local memory); false past the last row. */
-static __device__ __forceinline__ bool v2_seg_row(const v2_segs &sg, int grow, v2_row &r) {
+ * copy it to local memory); false past the last row. G: the grouped form (v2_segs.sel). */
+template <bool G = false> static __device__ __forceinline__ bool v2_seg_row(const v2_segs &sg, int grow, v2_row &r) {
     if (grow >= sg.end[2]) return false;
     int s = grow < sg.end[0] ? 0 : grow < sg.end[1] ? 1 : 2;
     int start = s == 0 ? 0 : s == 1 ? sg.end[0] : sg.end[1];
@@ -85,7 +92,25 @@ static __device__ __forceinline__ bool v2_seg_row(const v2_segs &sg, int grow, v
     r.S = s == 0 ? sg.S[0] : s == 1 ? sg.S[1] : sg.S[2];
     r.y = s == 0 ? sg.y[0] : s == 1 ? sg.y[1] : sg.y[2];
     r.row = grow - start;
+    if (G) {
+        int p = blockIdx.y, e = __ldg(sg.sel + p);
+        r.W = (const void *)__ldg((const unsigned long long *)r.W + e);
+        r.S = r.S ? (const void *)__ldg((const unsigned long long *)r.S + e) : NULL;
+        r.y += (size_t)p * r.n;
+    }
     return true;
+}
+
+/* The grouped form's activations: pair blockIdx.y's row of xq [rows][k] and xs [rows][k /
+ * 32]. Its expert ids come from the routing kernel, so a grouped GEMV waits for the kernels
+ * before it (pdl_wait) before it reads them, and issues no weight load earlier. */
+template <bool G>
+static __device__ __forceinline__ void v2_pair_x(const v2_segs &sg, const int8_t *&xq, const float2 *&xs, int k) {
+    if (!G) return;
+    pdl_wait();
+    size_t x = (size_t)(blockIdx.y / sg.xdiv);
+    xq += x * (size_t)k;
+    xs += x * (size_t)(k / 32);
 }
 /* The segments of ws[0..nw) (nw <= 3) with outputs ys; returns the total row count. */
 static inline int v2_segs_fill(v2_segs *sg, const void *const *W, const void *const *S, float *const *ys,
@@ -103,14 +128,58 @@ static inline int v2_segs_fill(v2_segs *sg, const void *const *W, const void *co
         }
         sg->end[i] = rows;
     }
+    sg->sel = NULL;
+    sg->xdiv = 1;
+    return rows;
+}
+
+/* The grouped form of the one-weight int8 kernels (the affine and Q8_0 GEMVs, GR = true,
+ * T = 1): launch row blockIdx.y is pair p, which reads slice sel[p] (its planes through the
+ * tables W / S), activation row p / xdiv, and writes row p of y [P][n]. */
+struct gemv_grouped {
+    const int32_t *sel;
+    const void *const *W, *const *S;
+    int xdiv;
+};
+/* Points a grouped kernel's weight planes, activations and output at pair blockIdx.y's.
+ * The ids come from the routing kernel: read after pdl_wait. */
+template <typename W, typename S>
+static __device__ __forceinline__ void gemv_grouped_pair(const gemv_grouped &gp, const W *&w, const S *&sc,
+                                                         const int8_t *&xq, const float2 *&xs, float *&y, int n,
+                                                         int k) {
+    pdl_wait();
+    int p = blockIdx.y, e = __ldg(gp.sel + p);
+    w = (const W *)__ldg((const unsigned long long *)gp.W + e);
+    sc = (const S *)__ldg((const unsigned long long *)gp.S + e);
+    size_t x = (size_t)(p / gp.xdiv);
+    xq += x * (size_t)k;
+    xs += x * (size_t)(k / 32);
+    y += (size_t)p * n;
+}
+
+/* The segments of a grouped launch (cuda_gemv_experts): the slices' tables in W / S, their
+ * row counts, the pairs' expert ids. */
+static inline int v2_segs_experts(v2_segs *sg, const cuda_expert_table *tabs, int nw, float *const *ys,
+                                  const int32_t *sel, int xdiv) {
+    const void *W[3], *S[3];
+    int64_t n[3];
+    for (int i = 0; i < nw; i++) {
+        W[i] = tabs[i].data;
+        S[i] = tabs[i].scales;
+        n[i] = tabs[i].proto->n;
+    }
+    int rows = v2_segs_fill(sg, W, S, ys, n, nw);
+    sg->sel = sel;
+    sg->xdiv = xdiv;
     return rows;
 }
 
 /* v2_store to the row's segment, looked up again here rather than kept in registers
  * through the kernel's loop (the lookup is a few selects on the parameter bank). */
-template <int T> static __device__ __forceinline__ void v2_seg_store(float (&acc)[T], const v2_segs &sg, int grow, int lane) {
+template <int T, bool G = false>
+static __device__ __forceinline__ void v2_seg_store(float (&acc)[T], const v2_segs &sg, int grow, int lane) {
     v2_row r;
-    v2_seg_row(sg, grow, r);
+    v2_seg_row<G>(sg, grow, r);
     v2_store<T>(acc, r.y, r.n, r.row, lane);
 }
 

@@ -14,6 +14,7 @@ extern "C" {
 }
 /* the int8 GEMV is a programmatic dependent on sm_90+ (pdl_on): its first chunks' weight
  * and pair loads go out before it waits for the activations */
+#include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -89,11 +90,13 @@ static __device__ __forceinline__ void aff_row_planes(const uint32_t *planes, in
     *hp = planes + (size_t)n * chunks * LO + (size_t)row * chunks * HI;
 }
 
-template <int T, int BITS, int G>
+template <int T, int BITS, int G, bool GR = false>
 __global__ void __launch_bounds__(AFF_WARPS * 32)
-    gemv_affine_i8(const uint32_t *planes, const float2 *sb, const int8_t *xq, const float2 *xs, float *y, int n, int k) {
+    gemv_affine_i8(const uint32_t *planes, const float2 *sb, const int8_t *xq, const float2 *xs, float *y, int n, int k,
+                   gemv_grouped gp) {
     constexpr int U = aff_depth<BITS>::U;
     int row = blockIdx.x * AFF_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, chunks = k / 32;
+    if (GR) gemv_grouped_pair(gp, planes, sb, xq, xs, y, n, k);
     if (row >= n) {
         pdl_wait();
         return;
@@ -197,10 +200,12 @@ static void launch_bits(const cuda_weight *w, const int8_t *xq, const float2 *xs
     const uint32_t *pl = (const uint32_t *)w->data;
     const float2 *sb = (const float2 *)w->scales;
     cudaStream_t s = cuda_stream();
-#define AFF_GO(G)                                                                                     \
-    do {                                                                                              \
-        if (xq) pdl_launch(gemv_affine_i8<T, BITS, G>, grid, block, pl, sb, xq, xs, y, n, k);         \
-        else gemv_affine_f32<T, BITS, G><<<grid, block, 0, s>>>(pl, sb, x, y, n, k);                  \
+#define AFF_GO(G)                                                                                                      \
+    do {                                                                                                               \
+        if (xq)                                                                                                        \
+            pdl_launch(gemv_affine_i8<T, BITS, G>, grid, block, pl, sb, xq, xs, y, n, k, gemv_grouped{});              \
+        else                                                                                                           \
+            gemv_affine_f32<T, BITS, G><<<grid, block, 0, s>>>(pl, sb, x, y, n, k);                                    \
     } while (0)
     switch (w->group_size) {
     case 16: AFF_GO(16); break;
@@ -232,6 +237,39 @@ void cuda_gemv_affine_launch(const cuda_weight *w, const int8_t *xq, const float
     case 2: launch_t<2>(w, xq, xs, x, y); break;
     default: launch_t<1>(w, xq, xs, x, y); break;
     }
+}
+
+/* The grouped launch of one bits / group pair (a pair per blockIdx.y). */
+template <int BITS>
+static void launch_experts_bits(const cuda_expert_table *tab, float *y, const int32_t *sel, int P, int xdiv,
+                                const int8_t *xq, const float2 *xs) {
+    const cuda_weight *w = tab->proto;
+    int n = (int)w->n, k = (int)w->k;
+    dim3 grid((unsigned)((n + AFF_WARPS - 1) / AFF_WARPS), (unsigned)P), block(AFF_WARPS * 32);
+    gemv_grouped gp = {sel, tab->data, tab->scales, xdiv};
+    const uint32_t *none = NULL;
+    const float2 *no_sb = NULL;
+    switch (w->group_size) {
+    case 16: pdl_launch(gemv_affine_i8<1, BITS, 16, true>, grid, block, none, no_sb, xq, xs, y, n, k, gp); break;
+    case 32: pdl_launch(gemv_affine_i8<1, BITS, 32, true>, grid, block, none, no_sb, xq, xs, y, n, k, gp); break;
+    case 64: pdl_launch(gemv_affine_i8<1, BITS, 64, true>, grid, block, none, no_sb, xq, xs, y, n, k, gp); break;
+    default: pdl_launch(gemv_affine_i8<1, BITS, 128, true>, grid, block, none, no_sb, xq, xs, y, n, k, gp); break;
+    }
+}
+
+int cuda_gemv_affine_experts(const cuda_expert_table *tab, float *y, const int32_t *sel, int P, int xdiv,
+                             const int8_t *xq, const float2 *xs) {
+    const cuda_weight *w = tab->proto;
+    if (w->dtype != DT_AFFINE || w->aff_f32act || w->k % 32 || !tab->scales) return 0;
+    switch (w->aff_bits) {
+    case 2: launch_experts_bits<2>(tab, y, sel, P, xdiv, xq, xs); break;
+    case 3: launch_experts_bits<3>(tab, y, sel, P, xdiv, xq, xs); break;
+    case 4: launch_experts_bits<4>(tab, y, sel, P, xdiv, xq, xs); break;
+    case 5: launch_experts_bits<5>(tab, y, sel, P, xdiv, xq, xs); break;
+    case 6: launch_experts_bits<6>(tab, y, sel, P, xdiv, xq, xs); break;
+    default: launch_experts_bits<8>(tab, y, sel, P, xdiv, xq, xs); break;
+    }
+    return 1;
 }
 
 /* ---------- bf16 dequantization (the prefill path's cuBLAS operand) ----------

@@ -44,13 +44,14 @@ template <bool BF16> static __device__ __forceinline__ float2 mlx4_scale_bias(ui
  * == 0 (a slot is 1024 weights, the last one of a row possibly partial); xq int8 [T][k], xs
  * [T][k / 32]. */
 #define M3_SLOTS 4
-template <int T, bool BF16, bool G32>
+template <int T, bool BF16, bool G32, bool G = false>
 __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
     gemv_v3_mlx4(v2_segs sg, const int8_t *xq, const float2 *xs, int k, int lg) {
     int lane = threadIdx.x % 32;
     int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
+    v2_pair_x<G>(sg, xq, xs, k);
     v2_row r;
-    if (!v2_seg_row(sg, grow, r)) return;
+    if (!v2_seg_row<G>(sg, grow, r)) return;
     const uint4 *wr = (const uint4 *)r.W + (size_t)r.row * (k / 32) + lane;
     const uint32_t *sbr = (const uint32_t *)r.S + (size_t)r.row * (k >> lg);
     /* a row is nb 16-byte vectors (one per int8 block); its last slot may be partial (k %
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
             }
         }
     }
-    v2_seg_store<T>(acc, sg, grow, lane);
+    v2_seg_store<T, G>(acc, sg, grow, lane);
 }
 
 /* ---------- host side ---------- */
@@ -146,4 +147,21 @@ int cuda_gemv_mlx4_launch(const cuda_weight *const *ws, float *const *ys, int nw
     int rows = v2_segs_fill(&sg, W, S, ys, n, nw), k = (int)ws[0]->k, lg = __builtin_ctz((unsigned)ws[0]->group_size);
     bool bf16 = ws[0]->sb_bf16;
     return v2_for_rows(T, [&](auto r) { launch_mlx4<decltype(r)::value>(sg, rows, bf16, xq, xs, k, lg); });
+}
+
+int cuda_gemv_mlx4_experts(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *sel, int P, int xdiv,
+                           const int8_t *xq, const float2 *xs) {
+    const cuda_weight *w = tabs[0].proto;
+    if (nw < 1 || nw > 2 || !cuda_mlx4_int8_takes(w) || ((uintptr_t)xq % 16) || ((uintptr_t)xs % 16)) return 0;
+    for (int i = 1; i < nw; i++)
+        if (!cuda_gemv_mlx4_groups(w, tabs[i].proto)) return 0;
+    v2_segs sg;
+    int rows = v2_segs_experts(&sg, tabs, nw, ys, sel, xdiv), k = (int)w->k,
+        lg = __builtin_ctz((unsigned)w->group_size);
+    dim3 grid((unsigned)((rows + V2_WARPS - 1) / V2_WARPS), (unsigned)P), block(V2_WARPS * 32);
+    bool g32 = lg == 5;
+    auto kernel = w->sb_bf16 ? (g32 ? gemv_v3_mlx4<1, true, true, true> : gemv_v3_mlx4<1, true, false, true>)
+                             : (g32 ? gemv_v3_mlx4<1, false, true, true> : gemv_v3_mlx4<1, false, false, true>);
+    pdl_launch(kernel, grid, block, sg, xq, xs, k, lg);
+    return 1;
 }

@@ -30,13 +30,14 @@ static __device__ __forceinline__ void v2_pdl_start(void) {
  * exactly. Each sub-block's min term -dmin * m * d_x * sum(q_x) is added once, by lane
  * h = 0 for sub-block 2c and by lane h = 1 for sub-block 2c + 1. */
 #define Q4_SLOTS 4
-template <int T>
+template <int T, bool G = false>
 __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
     gemv_v2_q4_k(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
     int lane = threadIdx.x % 32;
     int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
+    v2_pair_x<G>(sg, xq, xs, k);
     v2_row r;
-    if (!v2_seg_row(sg, grow, r)) return;
+    if (!v2_seg_row<G>(sg, grow, r)) return;
     const uint8_t *W = (const uint8_t *)r.W;
     int row = r.row;
     int nsb = k / 256, nb = k / 32, part = lane % 8, c = part / 2, h = part % 2;
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
             }
         }
     }
-    v2_seg_store<T>(acc, sg, grow, lane);
+    v2_seg_store<T, G>(acc, sg, grow, lane);
 }
 
 /* Q6_K planes (cuda_weight: ql [n][k/2], qh [n][k/4], int8 scales [n][k/16], f16 d
@@ -97,13 +98,14 @@ __global__ void __launch_bounds__(V2_WARPS * 32, V2_MIN_BLOCKS(T))
  * sign-extended to 8 bits (t + (t & 0x20) * 6) is q - 32. 4 slots = 8 super-blocks. */
 #define Q6_SLOTS 4
 /* T = 1 at 64 registers spilled 16 bytes: 7 blocks (72 registers, 28 warps per SM) */
-template <int T>
+template <int T, bool G = false>
 __global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T))
     gemv_v2_q6_k(v2_segs sg, const int8_t *xq, const float2 *xs, int k) {
     int lane = threadIdx.x % 32;
     int grow = blockIdx.x * V2_WARPS + threadIdx.x / 32;
+    v2_pair_x<G>(sg, xq, xs, k);
     v2_row r;
-    if (!v2_seg_row(sg, grow, r)) return;
+    if (!v2_seg_row<G>(sg, grow, r)) return;
     /* the planes of this row's weight (cuda_weight: ql, then qh after n k / 2 bytes; scales, then d) */
     size_t nk = (size_t)r.n * (size_t)k;
     const uint8_t *QL = (const uint8_t *)r.W, *QH = QL + nk / 2;
@@ -162,7 +164,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, (T) == 1 ? 7 : V2_MIN_BLOCKS(T)
             }
         }
     }
-    v2_seg_store<T>(acc, sg, grow, lane);
+    v2_seg_store<T, G>(acc, sg, grow, lane);
 }
 
 /* ---------- host side ---------- */
@@ -230,4 +232,22 @@ int cuda_gemv_v2_launch_rows(const cuda_weight *w, float *y, const int8_t *xq, c
 
 int cuda_gemv_v2_bench(const cuda_weight *w, float *y, const int8_t *xq, const float *xs, int T) {
     return v2_launch_segs(&w, &y, 1, xq, (const float2 *)xs, T, 1);
+}
+
+int cuda_gemv_v2_experts(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *sel, int P, int xdiv,
+                         const int8_t *xq, const float2 *xs) {
+    const cuda_weight *w = tabs[0].proto;
+    int q4k = w->dtype == DT_Q4_K && w->q4k_packed, q6k = w->dtype == DT_Q6_K;
+    if (nw < 1 || nw > 2 || (!q4k && !q6k) || w->k % 256 || ((uintptr_t)xq % 16) || ((uintptr_t)xs % 16)) return 0;
+    for (int i = 1; i < nw; i++)
+        if (tabs[i].proto->dtype != w->dtype || tabs[i].proto->k != w->k || tabs[i].proto->q4k_packed != w->q4k_packed)
+            return 0;
+    v2_segs sg;
+    int rows = v2_segs_experts(&sg, tabs, nw, ys, sel, xdiv), k = (int)w->k;
+    dim3 grid((unsigned)((rows + V2_WARPS - 1) / V2_WARPS), (unsigned)P), block(V2_WARPS * 32);
+    if (q4k)
+        pdl_launch(gemv_v2_q4_k<1, true>, grid, block, sg, xq, xs, k);
+    else
+        pdl_launch(gemv_v2_q6_k<1, true>, grid, block, sg, xq, xs, k);
+    return 1;
 }

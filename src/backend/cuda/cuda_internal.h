@@ -39,6 +39,16 @@ void cuda_gemv_affine_launch(const cuda_weight *w, const int8_t *xq, const float
                              int T);
 void cuda_dequant_affine_launch(const cuda_weight *w, void *out);
 
+/* cuda_gemv_experts' launches (one per file, returning 0 when that file's kernels do not
+ * take the format): tabs[0..nw) of one format and k, P pairs of expert ids sel, activation
+ * row p / xdiv of xq / xs. The affine one takes nw = 1. */
+int cuda_gemv_v2_experts(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *sel, int P, int xdiv,
+                         const int8_t *xq, const float2 *xs);
+int cuda_gemv_mlx4_experts(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *sel, int P, int xdiv,
+                           const int8_t *xq, const float2 *xs);
+int cuda_gemv_affine_experts(const cuda_expert_table *tab, float *y, const int32_t *sel, int P, int xdiv,
+                             const int8_t *xq, const float2 *xs);
+
 /* cuda_mmq.cu, for cuda_gemv.cu's int8 path: launches the batched tensor-core matmul of w
  * on T rows of quantized activations (one launch for all T) and returns 1, or returns 0
  * (nothing launched) when it does not take w at T (cuda_mmq_takes, alignment, shared memory

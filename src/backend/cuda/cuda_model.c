@@ -38,6 +38,11 @@ typedef struct cuda_model {
     cuda_weight **experts; /* per stacked-experts item: one weight per slice (NULL: none) */
     int *n_slices;         /* and how many slices (op_item.experts) */
     cuda_experts *xp;      /* --expert-offload: the slices live on the host, used through this pool (NULL: resident) */
+    /* per stacked-experts item, resident: a device table of its slices' data then scale
+     * planes (a fused gate_up stack's gate slices first, then its up slices), found by the
+     * slices' address in the map; NULL where a slice's format has no grouped GEMV */
+    void **xtabs;
+    int moe_dev;          /* every stack has its table: decode steps route and run the experts on the device */
     float **vecs;         /* one per vector item */
     int n_items;
     dev_entry *map;
@@ -152,6 +157,30 @@ static hearth_status lora(const op_step *s, int layer, op_proj p, const float *x
     return lora_group(s, layer, p, 1, x, k, &y, &n);
 }
 
+/* The device table of stacked item i's resident slices (cuda_model.xtabs), when every slice
+ * takes the grouped GEMV and all share one layout; none otherwise. */
+static hearth_status expert_table(cuda_model *cm, int i, hearth_error *err) {
+    const cuda_weight *w = cm->experts[i];
+    int n = cm->n_slices[i], E = cm->dims.n_experts, fused = n == 2 * E;
+    for (int e = 0; e < n; e++)
+        if (!cuda_gemv_experts_takes(&w[e]) || w[e].dtype != w[0].dtype || w[e].n != w[0].n || w[e].k != w[0].k ||
+            w[e].group_size != w[0].group_size || w[e].aff_bits != w[0].aff_bits || w[e].sb_bf16 != w[0].sb_bf16 ||
+            w[e].mlx_tiled != w[0].mlx_tiled || w[e].q4k_packed != w[0].q4k_packed || !w[e].scales != !w[0].scales)
+            return HEARTH_OK;
+    const void **host = malloc((size_t)n * 2 * sizeof *host);
+    if (!host) return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
+    for (int j = 0; j < n; j++) { /* fused: table entry j < E is expert j's gate (slice 2j), then the ups */
+        int e = fused ? (j < E ? 2 * j : 2 * (j - E) + 1) : j;
+        host[j] = w[e].data;
+        host[n + j] = w[e].scales;
+    }
+    hearth_status st = cuda_alloc(&cm->xtabs[i], (size_t)n * 2 * sizeof *host, "expert table", err);
+    if (!st) st = cuda_upload(cm->xtabs[i], host, (size_t)n * 2 * sizeof *host, err);
+    free(host);
+    if (!st) map_put(cm, w, cm->xtabs[i]);
+    return st;
+}
+
 /* Uploads item i: a weight in its device layout, or a vector of floats. */
 static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, hearth_error *err) {
     char what[64];
@@ -180,7 +209,7 @@ static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, heart
             }
         }
         map_put(cm, it->w, cm->experts[i]);
-        return HEARTH_OK;
+        return cm->xp ? HEARTH_OK : expert_table(cm, i, err);
     }
     if (it->w) {
         int expanded = 0; /* counted by the plan (cuda_weight_layout) */
@@ -418,6 +447,8 @@ static hearth_status cu_mlp(const op_step *s, const op_mlp *m) {
  * weight * down_e(act(gate_e x) * up_e x) for the rows x: each expert's tokens gathered
  * into one matmul per weight, its output rows added back in expert order (the CPU
  * backend's order: one rounding for each product and each sum). */
+static hearth_status moe_shared(cuda_model *cm, const op_step *s, const op_moe *m, const float *x, float *out);
+
 static hearth_status moe_experts(cuda_model *cm, const op_step *s, const op_moe *m, const float *x, float *out) {
     const op_dims *d = s->dims;
     hearth_error *err = s->err;
@@ -462,8 +493,15 @@ static hearth_status moe_experts(cuda_model *cm, const op_step *s, const op_moe 
         TRY(matmul(cm, de, cm->moe_gate, n, cm->moe_out, err));
         TRY(cuda_scatter_add_rows(out, cm->moe_out, rows, cm->moe_w + start[e], n, H, err));
     }
+    return moe_shared(cm, s, m, x, out);
+}
+
+/* out += the shared expert (none: nothing): sigmoid(shared_router · x) * down(silu(gate x) * up x). */
+static hearth_status moe_shared(cuda_model *cm, const op_step *s, const op_moe *m, const float *x, float *out) {
+    const op_dims *d = s->dims;
+    hearth_error *err = s->err;
+    int T = s->b->T, H = d->hidden;
     if (!m->shared_up) return HEARTH_OK;
-    /* the shared expert: out += sigmoid(shared_router · x) * down(silu(gate x) * up x) */
     const cuda_weight *sg = dw(cm, m->shared_gate), *su = dw(cm, m->shared_up), *sd = dw(cm, m->shared_down),
                       *sr = dw(cm, m->shared_router);
     if (!sg || !su || !sd || !sr)
@@ -495,22 +533,69 @@ static hearth_status moe_route(cuda_model *cm, const op_step *s, const op_moe *m
     return HEARTH_OK;
 }
 
+/* The grouped-GEMV table of one expert stack (the slices of w; off: a fused stack's up half). */
+static cuda_expert_table expert_tab(const cuda_model *cm, const cuda_weight *w, int n, int off) {
+    const void *const *tab = map_get(cm, w);
+    return (cuda_expert_table){
+        .proto = &w[off ? 1 : 0], .data = tab + off, .scales = w[0].scales ? tab + n + off : NULL};
+}
+
+/* The device-routed form for decode steps (cm->moe_dev, T <= GRAPH_MAX_T, not batch-
+ * invariant): the router's logits routed on the device (moe_rows / moe_w: each token's
+ * experts and weights), the T K chosen (expert, token) pairs' gate and up GEMVs in one launch
+ * through the slices' tables, their down GEMVs in another, the weighted sum: no host round
+ * trip, so the step is a graph. The bits of moe_route and moe_experts: the same routing rule, the
+ * same kernels per row, the same summation order. The router reads xn; in the normed form
+ * xn then becomes the experts' input, rmsnorm(x) * in_norm. */
+static hearth_status moe_device(cuda_model *cm, const op_step *s, const op_moe *m, float *out) {
+    const op_dims *d = s->dims;
+    hearth_error *err = s->err;
+    int T = s->b->T, E = d->n_experts, K = d->top_k_experts, F = d->moe_ffn, P = T * K;
+    const cuda_weight *router = dw(cm, m->router), *g = dw(cm, m->gate), *u = m->up ? dw(cm, m->up) : NULL,
+                      *dn = dw(cm, m->down);
+    if (!router || !g || (m->up && !u) || !dn)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: a mixture-of-experts layer without its device weights");
+    TRY(matmul(cm, router, cm->xn, T, cm->moe_logits, err));
+    TRY(cuda_moe_route(cm->moe_logits, T, E, K, m->router_norm != NULL, m->norm_topk,
+                       m->router_norm ? dv(cm, m->expert_scale) : NULL, cm->moe_rows, cm->moe_w, err));
+    if (m->router_norm) TRY(cuda_rmsnorm(cm->xn, cm->x, dv(cm, m->in_norm), 0.0f, T, d->hidden, d->norm_eps, err));
+    cuda_expert_table gu[2] = {u ? expert_tab(cm, g, E, 0) : expert_tab(cm, g, 2 * E, 0),
+                               u ? expert_tab(cm, u, E, 0) : expert_tab(cm, g, 2 * E, E)};
+    float *ys[2] = {cm->moe_gate, cm->moe_up};
+    if (gu[0].proto->dtype == gu[1].proto->dtype && gu[0].proto->k == gu[1].proto->k)
+        TRY(cuda_gemv_experts(gu, 2, ys, cm->moe_rows, P, K, cm->xn, err));
+    else
+        for (int i = 0; i < 2; i++) TRY(cuda_gemv_experts(&gu[i], 1, &ys[i], cm->moe_rows, P, K, cm->xn, err));
+    TRY(m->act == OP_ACT_SILU ? cuda_silu_mul(cm->moe_gate, cm->moe_up, (size_t)P * F, err)
+                              : cuda_gelu_tanh_mul(cm->moe_gate, cm->moe_up, (size_t)P * F, err));
+    cuda_expert_table down = expert_tab(cm, dn, E, 0);
+    TRY(cuda_gemv_experts(&down, 1, &cm->moe_out, cm->moe_rows, P, 1, cm->moe_gate, err));
+    TRY(cuda_moe_combine(out, cm->moe_out, cm->moe_w, T, K, d->hidden, err));
+    return moe_shared(cm, s, m, cm->xn, out);
+}
+
 /* tmp = the mixture-of-experts MLP of xn (plus the shared expert); the normed form (op_moe.router_norm): router
  * and experts read rmsnorm(x) with their own norms, and their normed sum is added to tmp. */
 static hearth_status cu_moe(const op_step *s, const op_moe *m) {
     cuda_model *cm = cmod(s);
     const op_dims *d = s->dims;
     int T = s->b->T, H = d->hidden;
+    int on_device = cm->moe_dev && T <= GRAPH_MAX_T && !cm->invariant;
     cm->q8_ready = 0;
     if (!m->router_norm) {
+        if (on_device) return moe_device(cm, s, m, cm->tmp);
         TRY(moe_route(cm, s, m, cm->xn));
         return moe_experts(cm, s, m, cm->xn, cm->tmp);
     }
     /* xn (free once the dense MLP has read it) holds the router's input, then the experts' */
     TRY(cuda_rmsnorm(cm->xn, cm->x, dv(cm, m->router_norm), 0.0f, T, H, d->norm_eps, s->err));
-    TRY(moe_route(cm, s, m, cm->xn));
-    TRY(cuda_rmsnorm(cm->xn, cm->x, dv(cm, m->in_norm), 0.0f, T, H, d->norm_eps, s->err));
-    TRY(moe_experts(cm, s, m, cm->xn, cm->moe_acc));
+    if (on_device) {
+        TRY(moe_device(cm, s, m, cm->moe_acc));
+    } else {
+        TRY(moe_route(cm, s, m, cm->xn));
+        TRY(cuda_rmsnorm(cm->xn, cm->x, dv(cm, m->in_norm), 0.0f, T, H, d->norm_eps, s->err));
+        TRY(moe_experts(cm, s, m, cm->xn, cm->moe_acc));
+    }
     TRY(cuda_rmsnorm(cm->moe_acc, cm->moe_acc, dv(cm, m->out_norm), 0.0f, T, H, d->norm_eps, s->err));
     return cuda_add(cm->tmp, cm->moe_acc, (size_t)T * H, s->err);
 }
@@ -760,7 +845,9 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
     if (dims->per_layer_dim && cm->pl_known) TRY(stage_per_layer_rows(cm, &cm->pl_table, b, dims, err));
     int pl_ready = !dims->per_layer_dim || cm->pl_known;
     /* T <= GRAPH_MAX_T runs the same kernels either way, so decode graphs are shared */
-    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && pl_ready && out != OP_OUT_HIDDEN)
+    /* a batch-invariant step of a mixture of experts routes on the host (cu_moe): eager */
+    int host_sync = dims->n_experts > 0 && cm->invariant;
+    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && pl_ready && out != OP_OUT_HIDDEN && !host_sync)
         TRY(run_graph(cm, &s));
     else
         TRY(run_layers(cm, &s));
@@ -934,27 +1021,32 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
     cm->dims = *c;
     cm->n_items = om->n_items;
     cm->tp = tp;
-    for (cm->map_cap = 16; cm->map_cap < (size_t)om->n_items * 2; cm->map_cap *= 2) {
+    /* each item's entry and each expert stack's table: at most half full */
+    for (cm->map_cap = 16; cm->map_cap < (size_t)om->n_items * 4; cm->map_cap *= 2) {
     }
     cm->weights = calloc((size_t)om->n_items, sizeof *cm->weights);
     cm->experts = calloc((size_t)om->n_items, sizeof *cm->experts);
     cm->n_slices = calloc((size_t)om->n_items, sizeof *cm->n_slices);
+    cm->xtabs = calloc((size_t)om->n_items, sizeof *cm->xtabs);
     cm->vecs = calloc((size_t)om->n_items, sizeof *cm->vecs);
     cm->map = calloc(cm->map_cap, sizeof *cm->map);
-    if (!cm->weights || !cm->experts || !cm->n_slices || !cm->vecs || !cm->map) {
+    if (!cm->weights || !cm->experts || !cm->n_slices || !cm->xtabs || !cm->vecs || !cm->map) {
         cuda_model_free(&cm->base);
         return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory");
     }
     cm->max_tokens = max_tokens;
     cm->max_out = max_out;
-    /* the experts' routing reads the router's logits on the host mid-step: no graphs */
-    cm->graphs_off = c->n_experts > 0;
     cuda_plan_make(om, kv, max_tokens, max_out, cuda_kv_device_dtype(kv->quant), gemm_exact, expert_slots, &cm->plan);
     hearth_status st = HEARTH_OK;
     if (cm->plan.expert_slots) /* the pool first: the slices pass through the device one at a time */
         st = cuda_experts_create(cm->plan.expert_slots, cm->plan.slot_data_bytes, cm->plan.slot_scale_bytes, &cm->xp,
                                  err);
     for (int i = 0; !st && i < om->n_items; i++) st = upload_item(cm, &om->items[i], i, err);
+    /* every expert stack resident with its table: decode steps route on the device and are
+     * graphs; otherwise routing reads the router's logits on the host mid-step: no graphs */
+    cm->moe_dev = c->n_experts > 0 && !cm->xp;
+    for (int i = 0; i < om->n_items; i++) cm->moe_dev &= !cm->experts[i] || cm->xtabs[i] != NULL;
+    cm->graphs_off = c->n_experts > 0 && !cm->moe_dev;
     if (!st) st = cuda_kv_alloc(&cm->kv, kv, kv->quant, err);
     if (!st && cm->plan.state_floats) { /* zeroed: every sequence starts from position 0's zero state anyway */
         cm->state_record = (size_t)c->n_state_layers * op_gdn_state_floats(c);
@@ -983,7 +1075,10 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
                      (double)cm->plan.expert_bytes / 1e9, cm->plan.expert_slots);
         snprintf(note, note_size, "cuda: %s, %.2f GB on the device, decode graphs %s%s%s", info.name,
                  (double)cuda_plan_bytes(&cm->plan) / 1e9,
-                 c->n_experts > 0 ? "off (mixture of experts: routed on the host)" : "on", expanded, offload);
+                 cm->graphs_off ? "off (mixture of experts: routed on the host)"
+                 : cm->moe_dev  ? "on (mixture of experts: routed on the device)"
+                                : "on",
+                 expanded, offload);
     }
     *out = &cm->base;
     return HEARTH_OK;
@@ -999,11 +1094,13 @@ void cuda_model_free(op_backend *be) {
             for (int e = 0; e < cm->n_slices[i]; e++) cuda_weight_free(&cm->experts[i][e]);
             free(cm->experts[i]);
         }
+        if (cm->xtabs) cuda_free(cm->xtabs[i]);
     }
     cuda_experts_free(cm->xp);
     cuda_rows_stage_free(&cm->rows_stage);
     free(cm->experts);
     free(cm->n_slices);
+    free(cm->xtabs);
     free(cm->weights);
     free(cm->vecs);
     free(cm->map);

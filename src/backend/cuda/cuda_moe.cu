@@ -1,9 +1,11 @@
-/* cuda_moe.cu: the two small kernels of the mixture-of-experts op (cuda_model.c cu_moe):
- * zeroing its output rows, adding one expert's output rows, each times its token's router
- * weight, into the tokens' rows, and adding the shared expert's sigmoid-gated rows. One IEEE rounding for the product and one for the
- * sum, in the experts' order, as the CPU backend's loop: the same bits on both. */
+/* cuda_moe.cu: the small kernels of the mixture-of-experts op (cuda_model.c cu_moe): the
+ * host-routed form's zeroing and per-expert scatter-add, the device-routed form's routing
+ * (op_moe_route's rule to the bit) and combine, and the shared expert's sigmoid-gated add.
+ * One IEEE rounding for each product and each sum, in the experts' order, as the CPU
+ * backend's loop: the same bits on both. */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_pdl.cuh"
+#include "ops/op_exp.h"
 
 __global__ void zero_kernel(float *x, size_t n) {
     pdl_wait();
@@ -53,4 +55,122 @@ extern "C" hearth_status cuda_scatter_add_rows(float *dst, const float *src, con
     pdl_launch_small(scatter_add_kernel, dim3((unsigned)((width + 255) / 256), (unsigned)n_rows), dim3(256), dst, src,
                      rows, w, width);
     return cuda_launched("scatter_add_rows", err);
+}
+
+/* ---- routing and combining on the device (decode steps: no host round trip) ---- */
+
+#define ROUTE_THREADS 256
+#define ROUTE_MAX_K 16
+
+/* The better of two (logit, expert) candidates by op_moe_route's scan: the larger value, the
+ * lower expert on a tie (and on incomparable values), a real expert over none (-1). */
+static __device__ __forceinline__ void route_better(float &v, int &i, float v2, int i2) {
+    if (i2 < 0) return;
+    if (i < 0 || v2 > v || (!(v > v2) && i2 < i)) v = v2, i = i2;
+}
+
+/* One block per token. g and the taken flags in shared memory; the parallel parts are the
+ * order-free ones (max, exp, divide, arg-max); every sum runs on one thread in the host's
+ * order. */
+__global__ void __launch_bounds__(ROUTE_THREADS)
+    moe_route_kernel(const float *logits, int E, int K, int topk_softmax, int norm_topk, const float *escale,
+                     int32_t *sel_out, float *w_out) {
+    extern __shared__ float g[]; /* [E] logits, then [E] taken flags as ints */
+    int *taken = (int *)(g + E);
+    __shared__ float red_v[ROUTE_THREADS / 32], sum;
+    __shared__ int red_i[ROUTE_THREADS / 32], sel[ROUTE_MAX_K];
+    int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    for (int e = tid; e < E; e += ROUTE_THREADS) g[e] = logits[(size_t)t * E + e], taken[e] = 0;
+    __syncthreads();
+    if (!topk_softmax) {
+        /* mx: the host's running max is the max (order-free for finite logits) */
+        float mx = g[0];
+        for (int e = tid; e < E; e += ROUTE_THREADS) mx = g[e] > mx ? g[e] : mx;
+        for (int o = 16; o > 0; o >>= 1) {
+            float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+            mx = m2 > mx ? m2 : mx;
+        }
+        if (lane == 0) red_v[warp] = mx;
+        __syncthreads();
+        mx = red_v[0];
+        for (int i = 1; i < ROUTE_THREADS / 32; i++) mx = red_v[i] > mx ? red_v[i] : mx;
+        for (int e = tid; e < E; e += ROUTE_THREADS) g[e] = op_expf(__fsub_rn(g[e], mx));
+        __syncthreads();
+        if (tid == 0) {
+            float s = 0.0f;
+            for (int e = 0; e < E; e++) s = __fadd_rn(s, g[e]);
+            sum = s;
+        }
+        __syncthreads();
+        for (int e = tid; e < E; e += ROUTE_THREADS) g[e] = __fdiv_rn(g[e], sum);
+        __syncthreads();
+    }
+    for (int k = 0; k < K; k++) {
+        float v = 0.0f;
+        int i = -1;
+        for (int e = tid; e < E; e += ROUTE_THREADS)
+            if (!taken[e]) route_better(v, i, g[e], e);
+        for (int o = 16; o > 0; o >>= 1) {
+            float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+            int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+            route_better(v, i, v2, i2);
+        }
+        if (lane == 0) red_v[warp] = v, red_i[warp] = i;
+        __syncthreads();
+        if (tid == 0) {
+            for (int w = 1; w < ROUTE_THREADS / 32; w++) route_better(v, i, red_v[w], red_i[w]);
+            sel[k] = i;
+            taken[i] = 1;
+        }
+        __syncthreads();
+    }
+    if (tid) return;
+    /* the weights exactly as op_moe_route computes them, in top-K order */
+    float w[ROUTE_MAX_K], total = 0.0f;
+    for (int k = 0; k < K; k++) total = __fadd_rn(total, w[k] = g[sel[k]]);
+    if (topk_softmax) {
+        float top = w[0], z = 0.0f;
+        for (int k = 0; k < K; k++) z = __fadd_rn(z, w[k] = op_expf(__fsub_rn(w[k], top)));
+        for (int k = 0; k < K; k++) w[k] = __fmul_rn(__fdiv_rn(w[k], z), escale[sel[k]]);
+    } else if (norm_topk) {
+        for (int k = 0; k < K; k++) w[k] = __fdiv_rn(w[k], total);
+    }
+    /* out in ascending expert order (insertion sort of K <= 16) */
+    int32_t *so = sel_out + (size_t)t * K;
+    float *wo = w_out + (size_t)t * K;
+    for (int k = 0; k < K; k++) {
+        int j = k;
+        while (j > 0 && so[j - 1] > sel[k]) so[j] = so[j - 1], wo[j] = wo[j - 1], j--;
+        so[j] = sel[k], wo[j] = w[k];
+    }
+}
+
+extern "C" hearth_status cuda_moe_route(const float *logits, int T, int E, int K, int topk_softmax, int norm_topk,
+                                        const float *expert_scale, int32_t *sel, float *w, hearth_error *err) {
+    if (T <= 0) return HEARTH_OK;
+    if (E < 1 || E > 4096 || K < 1 || K > ROUTE_MAX_K || K > E || (topk_softmax && !expert_scale))
+        return err_set(err, HEARTH_ERR_INVALID, "cuda_moe_route: %d of %d experts", K, E);
+    moe_route_kernel<<<T, ROUTE_THREADS, (size_t)E * 2 * sizeof(float), cuda_stream()>>>(
+        logits, E, K, topk_softmax, norm_topk, expert_scale, sel, w);
+    return cuda_launched("moe_route", err);
+}
+
+__global__ void moe_combine_kernel(float *out, const float *o, const float *w, int K, int width) {
+    pdl_wait();
+    int t = blockIdx.y, h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= width) return;
+    float y = 0.0f;
+    for (int k = 0; k < K; k++) {
+        size_t p = (size_t)t * K + k;
+        y = __fadd_rn(y, __fmul_rn(o[p * width + h], w[p]));
+    }
+    out[(size_t)t * width + h] = y;
+}
+
+extern "C" hearth_status cuda_moe_combine(float *out, const float *o, const float *w, int T, int K, int width,
+                                          hearth_error *err) {
+    if (T <= 0) return HEARTH_OK;
+    pdl_launch_small(moe_combine_kernel, dim3((unsigned)((width + 255) / 256), (unsigned)T), dim3(256), out, o, w, K,
+                     width);
+    return cuda_launched("moe_combine", err);
 }

@@ -299,6 +299,9 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     if (qd > kmax) kmax = qd;
     if (vd > kmax) kmax = vd; /* a Gated DeltaNet layer's out projection reads its value heads */
     p->gemv_floats = rows * kmax;
+    /* the device-routed experts' down GEMV: a row of moe_ffn per (token, expert) pair */
+    size_t pairs = decode_T * (size_t)(c->n_experts > 0 ? c->top_k_experts : 0);
+    if (pairs * (size_t)c->moe_ffn > p->gemv_floats) p->gemv_floats = pairs * (size_t)c->moe_ffn;
     size_t gq, gs;
     cuda_gemv_act_layout(p->gemv_floats, &gq, &gs);
     cuda_tally_add(t, gq);
@@ -353,8 +356,13 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
         size_t ffn = (size_t)(c->moe_ffn > c->shared_ffn ? c->moe_ffn : c->shared_ffn);
         p->moe_logits = T * (size_t)c->n_experts;
         p->moe_pairs = T * (size_t)c->top_k_experts;
-        p->moe_ffn_floats = T * ffn;
-        p->moe_hidden_floats = T * (size_t)c->hidden;
+        /* a decode step routed on the device (cuda_model.c moe_device) has a row per (token,
+         * expert) pair: min(T, CUDA_GRAPH_MAX_T) top_k of them */
+        size_t rows = T < CUDA_GRAPH_MAX_T ? T : CUDA_GRAPH_MAX_T;
+        rows *= (size_t)c->top_k_experts;
+        if (rows < T) rows = T;
+        p->moe_ffn_floats = rows * ffn;
+        p->moe_hidden_floats = rows * (size_t)c->hidden;
         p->moe_acc_floats = c->varied_layers ? T * (size_t)c->hidden : 0;
         size_t parts[] = {p->moe_logits * sizeof(float), p->moe_pairs * sizeof(int32_t), p->moe_pairs * sizeof(float),
                           p->moe_hidden_floats * sizeof(float), p->moe_ffn_floats * sizeof(float),

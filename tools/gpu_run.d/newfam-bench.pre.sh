@@ -12,6 +12,7 @@ cd "$(dirname "$0")/../.." || exit 1
 NF_DIR=${NF_DIR:-/tmp/newfam}
 rm -rf "$NF_DIR" && mkdir -p "$NF_DIR" # a warm machine's previous call left its markers and models
 [ "${NF_DEVICE:-cuda}" = cuda ] && { tools/gpu_run.d/gpu-serve.pre.sh "$LOG" >"$LOG/llama_build.txt" 2>&1 & }
+[ "${NF_AB:-0}" = 1 ] && { tools/gpu_run.d/engine-ab.pre.sh "$LOG" >"$LOG/ab_old_build.txt" 2>&1 & }
 # shellcheck source=tools/gpu_run.d/newfam.inc
 . tools/gpu_run.d/newfam.inc
 T0=$(date +%s)

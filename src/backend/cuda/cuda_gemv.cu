@@ -1055,22 +1055,24 @@ hearth_status cuda_gemv_experts(const cuda_expert_table *tabs, int nw, float *co
     int64_t k = tabs[0].proto->k;
     pthread_mutex_lock(&g_xlock);
     if (quantize_x(x, (P + xdiv - 1) / xdiv, k, err, &st)) {
-        int done = cuda_gemv_v2_experts(tabs, nw, ys, sel, P, xdiv, g_xq, g_xs) ||
-                   cuda_gemv_mlx4_experts(tabs, nw, ys, sel, P, xdiv, g_xq, g_xs);
-        int affine = !done, q8 = !done;
-        for (int i = 0; i < nw; i++) {
-            affine = affine && tabs[i].proto->dtype == DT_AFFINE;
-            q8 = q8 && tabs[i].proto->dtype == DT_Q8_0;
+        /* both tables in one launch where a kernel takes them together (same format and
+         * layout), else one table at a time (every format cuda_gemv_experts_takes has a kernel) */
+        int done = nw == 2 && (cuda_gemv_v2_experts(tabs, 2, ys, sel, P, xdiv, g_xq, g_xs) ||
+                               cuda_gemv_mlx4_experts(tabs, 2, ys, sel, P, xdiv, g_xq, g_xs));
+        for (int i = 0; !done && !st && i < nw; i++) {
+            const cuda_expert_table *t = &tabs[i];
+            int one = cuda_gemv_v2_experts(t, 1, &ys[i], sel, P, xdiv, g_xq, g_xs) ||
+                      cuda_gemv_mlx4_experts(t, 1, &ys[i], sel, P, xdiv, g_xq, g_xs) ||
+                      cuda_gemv_affine_experts(t, ys[i], sel, P, xdiv, g_xq, g_xs);
+            if (!one && t->proto->dtype == DT_Q8_0) {
+                q8_0_experts(t, ys[i], sel, P, xdiv);
+                one = 1;
+            }
+            if (!one)
+                st = err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_experts: no grouped kernel for %s",
+                             tensor_dtype_name(t->proto->dtype));
         }
-        for (int i = 0; affine && i < nw; i++)
-            done = cuda_gemv_affine_experts(&tabs[i], ys[i], sel, P, xdiv, g_xq, g_xs);
-        for (int i = 0; q8 && i < nw; i++) q8_0_experts(&tabs[i], ys[i], sel, P, xdiv);
-        done = done || q8;
-        if (!done)
-            st = err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_experts: no grouped kernel for %s",
-                         tensor_dtype_name(tabs[0].proto->dtype));
-        else
-            st = cuda_launched("gemv_experts", err);
+        if (!st) st = cuda_launched("gemv_experts", err);
     } else if (!st) {
         st =
             err_set(err, HEARTH_ERR_INVALID, "cuda_gemv_experts: the int8 scratch is too small inside a graph capture");

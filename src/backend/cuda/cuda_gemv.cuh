@@ -81,6 +81,11 @@ struct v2_row {
     float *y;
     int n, row;
 };
+/* Entry e of a device table of expert-slice addresses (cuda_expert_table), read-only path. */
+static __device__ __forceinline__ const void *table_entry(const void *const *t, int e) {
+    return (const void *)__ldg((const unsigned long long *)t + e);
+}
+
 /* Segment lookup by selects, not a run-time index into the parameter struct (that would
  * copy it to local memory); false past the last row. G: the grouped form (v2_segs.sel). */
 template <bool G = false> static __device__ __forceinline__ bool v2_seg_row(const v2_segs &sg, int grow, v2_row &r) {
@@ -94,8 +99,8 @@ template <bool G = false> static __device__ __forceinline__ bool v2_seg_row(cons
     r.row = grow - start;
     if (G) {
         int p = blockIdx.y, e = __ldg(sg.sel + p);
-        r.W = (const void *)__ldg((const unsigned long long *)r.W + e);
-        r.S = r.S ? (const void *)__ldg((const unsigned long long *)r.S + e) : NULL;
+        r.W = table_entry((const void *const *)r.W, e);
+        r.S = r.S ? table_entry((const void *const *)r.S, e) : NULL;
         r.y += (size_t)p * r.n;
     }
     return true;
@@ -104,13 +109,15 @@ template <bool G = false> static __device__ __forceinline__ bool v2_seg_row(cons
 /* The grouped form's activations: pair blockIdx.y's row of xq [rows][k] and xs [rows][k /
  * 32]. Its expert ids come from the routing kernel, so a grouped GEMV waits for the kernels
  * before it (pdl_wait) before it reads them, and issues no weight load earlier. */
-template <bool G>
-static __device__ __forceinline__ void v2_pair_x(const v2_segs &sg, const int8_t *&xq, const float2 *&xs, int k) {
-    if (!G) return;
+static __device__ __forceinline__ void grouped_x(int xdiv, const int8_t *&xq, const float2 *&xs, int k) {
     pdl_wait();
-    size_t x = (size_t)(blockIdx.y / sg.xdiv);
+    size_t x = (size_t)(blockIdx.y / xdiv);
     xq += x * (size_t)k;
     xs += x * (size_t)(k / 32);
+}
+template <bool G>
+static __device__ __forceinline__ void v2_pair_x(const v2_segs &sg, const int8_t *&xq, const float2 *&xs, int k) {
+    if (G) grouped_x(sg.xdiv, xq, xs, k);
 }
 /* The segments of ws[0..nw) (nw <= 3) with outputs ys; returns the total row count. */
 static inline int v2_segs_fill(v2_segs *sg, const void *const *W, const void *const *S, float *const *ys,
@@ -147,13 +154,10 @@ template <typename W, typename S>
 static __device__ __forceinline__ void gemv_grouped_pair(const gemv_grouped &gp, const W *&w, const S *&sc,
                                                          const int8_t *&xq, const float2 *&xs, float *&y, int n,
                                                          int k) {
-    pdl_wait();
+    grouped_x(gp.xdiv, xq, xs, k);
     int p = blockIdx.y, e = __ldg(gp.sel + p);
-    w = (const W *)__ldg((const unsigned long long *)gp.W + e);
-    sc = (const S *)__ldg((const unsigned long long *)gp.S + e);
-    size_t x = (size_t)(p / gp.xdiv);
-    xq += x * (size_t)k;
-    xs += x * (size_t)(k / 32);
+    w = (const W *)table_entry(gp.W, e);
+    sc = (const S *)table_entry(gp.S, e);
     y += (size_t)p * n;
 }
 

@@ -11,8 +11,10 @@
  * both GPU runs fails too (the Q8_0 resident runs route their decode steps on the device).
  * Device-routed (decode steps of resident Q8_0 / Q4_K / Q6_K / MLX 4-bit / affine experts):
  * the routing kernel against op_moe_route bit for bit, and the same model's logits against
- * the host-routed form bit for bit and the CPU backend within a bound. Where no GPU exists it
- * says loudly that the device tests did NOT run (exit 0). */
+ * the host-routed form bit for bit and the CPU backend within a bound. Prefill steps on the
+ * grouped expert GEMM: the kernel against a host oracle (segments, gather, scatter, the gated
+ * form), and the same models' logits against the CPU backend within that bound. Where no GPU
+ * exists it says loudly that the device tests did NOT run (exit 0). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -394,18 +396,23 @@ static void check_device(tensor_dtype dt, tensor_dtype dt_down, int fused, const
     size_t n = logits_floats(p), bytes;
     long long hits, misses;
     char note[256] = "", note_host[256] = "";
+    cuda_model_force_moe_grouped(0); /* prefill steps on the per-expert form, as the host-routed run */
     float *dev = gpu_run_as(&m, p, 0, 0, &hits, &misses, &bytes, note, sizeof note);
+    cuda_model_force_moe_grouped(1);
     assert_non_null(strstr(note, "routed on the device"));
     float *host = gpu_run_as(&m, p, 3 * N_EXP, 0, &hits, &misses, &bytes, note_host, sizeof note_host);
     assert_non_null(strstr(note_host, "routed on the host"));
     long diff = first_difference(dev, host, n);
     if (diff >= 0) printf("  logit %ld differs: device-routed %.9g host-routed %.9g\n", diff, dev[diff], host[diff]);
     assert_int_equal(diff, -1);
+    /* prefill steps (13 and 64 tokens) on the grouped expert GEMM (cuda_moe_gemm) */
+    float *grp = gpu_run_as(&m, p, 0, 0, &hits, &misses, &bytes, note, sizeof note);
+    assert_non_null(strstr(note, "prefill experts grouped"));
     if (fused && dt != DT_U32) { /* the same slices as two stacks: the same kernels, the same bits */
         moe_model u;
         model_unfuse(&m, &u);
         float *two = gpu_run_as(&u, p, 0, 0, &hits, &misses, &bytes, note, sizeof note);
-        diff = first_difference(dev, two, n);
+        diff = first_difference(grp, two, n);
         if (diff >= 0) printf("  logit %ld differs: fused %.9g, gate and up apart %.9g\n", diff, dev[diff], two[diff]);
         float *cpu_two = cpu_run(&u, p), *cpu_one = cpu_run(&m, p), wc = 0.0f;
         for (size_t i = 0; i < n; i++) wc = fmaxf(wc, fabsf(cpu_two[i] - cpu_one[i]));
@@ -415,18 +422,23 @@ static void check_device(tensor_dtype dt, tensor_dtype dt_down, int fused, const
     }
     float *want = cpu_run(&m, p), scale = 0.0f, worst = 0.0f;
     for (size_t i = 0; i < n; i++) scale = fmaxf(scale, fabsf(want[i]));
-    printf("  cpu vs cuda, largest difference per step:");
-    for (size_t st = 0, at = 0; st < N_STEPS; at += (size_t)p[st].T * M_VOC, st++) {
-        float w = 0.0f;
-        for (size_t i = at; i < at + (size_t)p[st].T * M_VOC; i++) w = fmaxf(w, fabsf(want[i] - dev[i]));
-        printf(" %.3g", w);
-        worst = fmaxf(worst, w);
+    for (int form = 0; form < 2; form++) {
+        const float *got = form ? grp : dev;
+        printf("  cpu vs cuda (%s), largest difference per step:", form ? "grouped prefill" : "per-expert prefill");
+        for (size_t st = 0, at = 0; st < N_STEPS; at += (size_t)p[st].T * M_VOC, st++) {
+            float w = 0.0f;
+            for (size_t i = at; i < at + (size_t)p[st].T * M_VOC; i++) w = fmaxf(w, fabsf(want[i] - got[i]));
+            printf(" %.3g", w);
+            worst = fmaxf(worst, w);
+        }
+        printf(" (logits up to %.3g)\n", scale);
     }
-    printf(" (logits up to %.3g)\n", scale);
-    if (!(worst <= 2e-2f * (1.0f + scale))) { /* which matmul: the same run without the MMQ kernel */
+    if (!(worst <= 2e-2f * (1.0f + scale))) { /* which matmul: the per-expert run without the MMQ kernel */
         cuda_mmq_force(0);
+        cuda_model_force_moe_grouped(0);
         float *nommq = gpu_run_as(&m, p, 0, 0, &hits, &misses, &bytes, note, sizeof note), w = 0.0f;
         cuda_mmq_force(-1);
+        cuda_model_force_moe_grouped(1);
         for (size_t i = 0; i < n; i++) w = fmaxf(w, fabsf(want[i] - nommq[i]));
         printf("  without MMQ: largest difference %.3g\n", w);
         free(nommq);
@@ -434,7 +446,7 @@ static void check_device(tensor_dtype dt, tensor_dtype dt_down, int fused, const
     /* int8 activations on the GPU (blocks of 32) against the CPU's own activation
      * quantization: a few 1e-3 of the scale; 2e-2 is far below a wrong expert or row */
     assert_true(worst <= 2e-2f * (1.0f + scale));
-    free(want), free(dev), free(host), free(p);
+    free(want), free(dev), free(grp), free(host), free(p);
     model_free(&m);
 }
 
@@ -445,6 +457,117 @@ static void test_device_routed(void **state) {
     check_device(DT_U32, DT_U32, 0, "MLX 4-bit");
     check_device(DT_Q4_K, DT_Q5_0, 0, "Q4_K gate / up, Q5_0 down (the affine layout)");
     check_device(DT_Q8_0, DT_Q8_0, 1, "Q8_0");
+}
+
+/* ---- prefill steps: the grouped expert GEMM (cuda_moe_gemm.cu) ---- */
+
+/* cuda_moe_gemm on its own: GE experts of [GN, gk] in format dt (GN = 80: a partial 64-row
+ * tile), pairs ordered by expert with expert 0 taking 300 (segments of 128, 128 and 44),
+ * expert 1 none and expert 2 five; the inputs gathered through xrow, the outputs scattered
+ * through yrow, two tables in one launch (the second must match the first to the bit);
+ * then the gated form (act(gate) * up formed as the inputs load, SiLU and GELU). Oracle:
+ * ggml's dequantization on the host, weights and inputs rounded to bf16 as the kernel
+ * rounds them, products summed in double. Allowed: the f32 sums (1e-5 of the sum of
+ * |terms|) and a value that rounds to the neighbouring bf16 (the device's fused multiply-add
+ * in a dequantizer, its exp in the gated form): 2^-8 of a term each, two of the largest at
+ * most. A wrong row, token, expert or segment is off by the size of the whole sum. */
+enum { GE = 3, GN = 80, GT = 40 };
+static void moe_gemm_case(tensor_dtype dt, int gk) {
+    static const int cnt[GE] = {300, 0, 5};
+    int P = cnt[0] + cnt[1] + cnt[2], TOK = CUDA_MOE_GEMM_TOKENS;
+    void *keep;
+    op_weight w = make_weight(dt, (int64_t)GE * GN, gk, &keep);
+    float *wf = malloc((size_t)GE * GN * gk * sizeof(float));
+    assert_int_equal(
+        ggml_dequantize(dt, w.data, (uint64_t)(GE * GN * op_weight_row_bytes(&w)), wf, (uint64_t)GE * GN * gk, NULL),
+        HEARTH_OK);
+    cuda_weight sl[GE];
+    const void *tab[2 * GE];
+    hearth_error e = {0};
+    for (int x = 0; x < GE; x++) {
+        int expanded = 0;
+        op_weight slice = op_weight_rows(&w, (int64_t)x * GN, GN);
+        assert_int_equal(cuda_weight_upload_any(&sl[x], &slice, "test expert", &expanded, &e), HEARTH_OK);
+        tab[x] = sl[x].data, tab[GE + x] = sl[x].scales;
+    }
+    assert_true(cuda_moe_gemm_takes(&sl[0]));
+    const void *const *dtab = dev_upload(tab, sizeof tab);
+    cuda_expert_table t = {.proto = &sl[0], .data = dtab, .scales = sl[0].scales ? dtab + GE : NULL};
+    /* pairs by expert: expert, token (gathered), destination row (a permutation) */
+    int32_t *xrow = malloc((size_t)P * sizeof(int32_t)), *yrow = malloc((size_t)P * sizeof(int32_t)),
+            *ex = malloc((size_t)P * sizeof(int32_t)), segs[3 * 8], nseg = 0;
+    for (int x = 0, p = 0; x < GE; x++) {
+        for (int i = 0; i < cnt[x]; i++, p++) ex[p] = x, xrow[p] = (int32_t)(rnd() % GT), yrow[p] = p;
+        for (int i = 0; i < cnt[x]; i += TOK, nseg++) {
+            segs[3 * nseg] = x, segs[3 * nseg + 1] = p - cnt[x] + i;
+            segs[3 * nseg + 2] = cnt[x] - i < TOK ? cnt[x] - i : TOK;
+        }
+    }
+    assert_int_equal(nseg, 4);
+    for (int p = P - 1; p > 0; p--) { /* shuffle the destinations */
+        int j = (int)(rnd() % (uint32_t)(p + 1));
+        int32_t v = yrow[p];
+        yrow[p] = yrow[j], yrow[j] = v;
+    }
+    float *x = rnd_floats((size_t)GT * gk, 1.0f, 0.0f), *gate = rnd_floats((size_t)P * gk, 3.0f, 0.0f),
+          *up = rnd_floats((size_t)P * gk, 1.0f, 0.0f), *got = malloc((size_t)P * GN * sizeof(float)),
+          *got2 = malloc((size_t)P * GN * sizeof(float));
+    float *dx = dev_upload(x, (size_t)GT * gk * sizeof(float)), *dg = dev_upload(gate, (size_t)P * gk * sizeof(float)),
+          *du = dev_upload(up, (size_t)P * gk * sizeof(float)), *dy = dev_upload(NULL, (size_t)P * GN * sizeof(float)),
+          *dy2 = dev_upload(NULL, (size_t)P * GN * sizeof(float));
+    int32_t *dxrow = dev_upload(xrow, (size_t)P * sizeof(int32_t)),
+            *dyrow = dev_upload(yrow, (size_t)P * sizeof(int32_t)), *dsegs = dev_upload(segs, sizeof segs);
+    for (int act = CUDA_MOE_X; act <= CUDA_MOE_GELU; act++) {
+        cuda_expert_table two[2] = {t, t};
+        float *ys[2] = {dy, dy2};
+        if (act == CUDA_MOE_X)
+            assert_int_equal(cuda_moe_gemm(two, 2, ys, dyrow, dsegs, nseg, dx, NULL, dxrow, act, &e), HEARTH_OK);
+        else
+            assert_int_equal(cuda_moe_gemm(&t, 1, ys, dyrow, dsegs, nseg, dg, du, NULL, act, &e), HEARTH_OK);
+        assert_int_equal(cuda_sync(&e), HEARTH_OK);
+        assert_int_equal(cuda_download(got, dy, (size_t)P * GN * sizeof(float), &e), HEARTH_OK);
+        if (act == CUDA_MOE_X) {
+            assert_int_equal(cuda_download(got2, dy2, (size_t)P * GN * sizeof(float), &e), HEARTH_OK);
+            assert_memory_equal(got, got2, (size_t)P * GN * sizeof(float));
+        }
+        double worst = 0.0;
+        for (int p = 0; p < P; p++)
+            for (int r = 0; r < GN; r++) {
+                const float *wr = wf + ((size_t)ex[p] * GN + r) * gk;
+                double sum = 0.0, mag = 0.0, big = 0.0;
+                for (int k = 0; k < gk; k++) {
+                    float in;
+                    if (act == CUDA_MOE_X)
+                        in = x[(size_t)xrow[p] * gk + k];
+                    else {
+                        float g = gate[(size_t)p * gk + k], u = up[(size_t)p * gk + k];
+                        in = act == CUDA_MOE_SILU
+                                 ? g / (1.0f + expf(-g)) * u
+                                 : 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
+                    }
+                    double term = (double)bf16_round(wr[k]) * (double)bf16_round(in);
+                    sum += term, mag += fabs(term), big = fmax(big, fabs(term));
+                }
+                /* past the f32 sums' share, in units of the largest term */
+                double d = (fabs((double)got[(size_t)yrow[p] * GN + r] - sum) - 1e-5 * mag) / (big + 1e-30);
+                if (d > worst) worst = d;
+            }
+        printf("  moe_gemm %s k %d act %d: worst error past the f32 sums %.3g of the largest term\n",
+               tensor_dtype_name(dt), gk, act, worst);
+        assert_true(worst <= 1.0 / 128);
+    }
+    cuda_free(dx), cuda_free(dg), cuda_free(du), cuda_free(dy), cuda_free(dy2), cuda_free(dxrow), cuda_free(dyrow),
+        cuda_free(dsegs), cuda_free((void *)dtab);
+    for (int i = 0; i < GE; i++) cuda_weight_free(&sl[i]);
+    free(keep), free(wf), free(xrow), free(yrow), free(ex), free(x), free(gate), free(up), free(got), free(got2);
+}
+
+static void test_moe_gemm(void **state) {
+    (void)state;
+    moe_gemm_case(DT_Q8_0, 96);
+    moe_gemm_case(DT_Q4_K, 256);
+    moe_gemm_case(DT_Q6_K, 512);
+    moe_gemm_case(DT_Q5_0, 96); /* the generic affine layout, element by element */
 }
 
 /* The model and steps the device tests run, on the CPU alone (this runs without a GPU too):
@@ -511,9 +634,10 @@ int main(void) {
     rng_state ^= (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull; /* fresh random inputs every run */
     printf("test_cuda_moe_offload: device 0: %s; seed %llx\n", info.name, (unsigned long long)rng_state);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_model_runs_on_cpu), cmocka_unit_test(test_offload_f32),
-        cmocka_unit_test(test_offload_q8_0),      cmocka_unit_test(test_route_matches_host),
-        cmocka_unit_test(test_device_routed),     cmocka_unit_test(test_no_experts_ignored),
+        cmocka_unit_test(test_model_runs_on_cpu),  cmocka_unit_test(test_offload_f32),
+        cmocka_unit_test(test_offload_q8_0),       cmocka_unit_test(test_route_matches_host),
+        cmocka_unit_test(test_device_routed),      cmocka_unit_test(test_moe_gemm),
+        cmocka_unit_test(test_no_experts_ignored),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,7 +10,8 @@
 # Env: NF_MODELS, NF_FORMATS ("gguf mlx"), NF_DIR (/tmp/newfam), NF_DEVICE (cuda; cpu for a dry
 # run with H a CPU build), NF_SCALE (full; small), NF_PREFILL (4096), NF_CTX (512), NF_GEN (128),
 # NF_REPS (3), NF_KEEP=1 keeps the models, LLAMA_SERVER_DIR (/tmp/llamacpp-server), PHASE_BUDGET,
-# NF_AB=1 (each decode row also with the "before" binary of build-gpupack/ab_old.tar.xz: A/B lines).
+# NF_AB=1 (each decode and prefill row also with the "before" binary of build-gpupack/ab_old.tar.xz:
+# A/B lines).
 set -u
 L=${1:?usage: newfam-bench.sh LOGDIR}
 mkdir -p "$L" && L=$(cd "$L" && pwd)
@@ -44,24 +45,24 @@ llama() { # item kind args...: llama-bench into LOGDIR/llama-<model>.<kind>.json
     timeout $(($(left) - 10)) "$LB" -m "$(nf_path "$item")" "$@" -fa 1 -ngl 99 -r 2 -o json \
         >"$L/llama-${item%-*}.$kind.json" 2>"$L/llama-${item%-*}.$kind.log"
 }
-# NF_AB=1: the decode row again with the "before" binary newfam-bench.pre.sh builds
-# (engine-ab.pre.sh: build-gpupack/ab_old.tar.xz), printed as an A/B line (same model, same call)
-ab_old() {
-    local item=$1 old=/tmp/ab_old/build/bin/hearth
-    shift
+# NF_AB=1: the decode and prefill rows again with the "before" binary newfam-bench.pre.sh builds
+# (engine-ab.pre.sh: build-gpupack/ab_old.tar.xz), printed as A/B lines (same model, same call)
+ab_old() { # item kind args...
+    local item=$1 kind=$2 old=/tmp/ab_old/build/bin/hearth
+    shift 2
     while [ ! -f /tmp/ab_old/.built ] && [ ! -f /tmp/ab_old/.failed ] && [ "$(left)" -gt 90 ]; do sleep 2; done
     if [ ! -x $old ] || [ "$(left)" -le 40 ]; then
-        echo "A/B $item: no before binary"
+        echo "A/B $item $kind: no before binary"
         return
     fi
-    timeout $(($(left) - 20)) $old bench "$(nf_path "$item")" --device "$DEV" "$@" --json >"$L/$item.decode_old.json" 2>"$L/$item.decode_old.log"
-    python3 - "$L/$item.decode_old.json" "$L/$item.decode.json" "$item" <<'PY'
+    timeout $(($(left) - 20)) $old bench "$(nf_path "$item")" --device "$DEV" "$@" --json >"$L/$item.${kind}_old.json" 2>"$L/$item.${kind}_old.log"
+    python3 - "$L/$item.${kind}_old.json" "$L/$item.$kind.json" "$item" "$kind" <<'PY'
 import json, sys
 def tps(f):
-    try: return json.loads(open(f).read().strip().splitlines()[-1])["decode_tps"]
+    try: return json.loads(open(f).read().strip().splitlines()[-1])[sys.argv[4] + "_tps"]
     except Exception: return None
 o, n = tps(sys.argv[1]), tps(sys.argv[2])
-print(f"A/B {sys.argv[3]} decode: before {o} after {n} tok/s" + (f", after/before {n / o:.3f}" if o and n else ""))
+print(f"A/B {sys.argv[3]} {sys.argv[4]}: before {o} after {n} tok/s" + (f", after/before {n / o:.3f}" if o and n else ""))
 PY
 }
 row() { python3 bench/cuda/newfam_rows.py row "$L" "${1%-*}" "${1##*-}" ${TF:+--tflops "$TF"}; }
@@ -73,8 +74,9 @@ for item in $(nf_items); do
         continue
     fi
     bench "$item" decode -p "$C" -n "$N" -r "$R"
-    [ "${NF_AB:-0}" = 1 ] && ab_old "$item" -p "$C" -n "$N" -r "$R"
+    [ "${NF_AB:-0}" = 1 ] && ab_old "$item" decode -p "$C" -n "$N" -r "$R"
     bench "$item" prefill -p "$P" -n 1 -r "$R"
+    [ "${NF_AB:-0}" = 1 ] && ab_old "$item" prefill -p "$P" -n 1 -r "$R"
     if [ "${item##*-}" = gguf ]; then
         # the build (started with the call) may still run: wait while the rows still fit after it
         while [ ! -f "${LB%/b/bin/llama-bench}/.done" ] && [ "$DEV" = cuda ] && [ "$(left)" -gt 120 ]; do sleep 2; done

@@ -271,6 +271,22 @@ int cuda_gemv_experts_takes(const cuda_weight *w);
 hearth_status cuda_gemv_experts(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *sel, int P,
                                 int xdiv, const float *x, hearth_error *err);
 
+/* The grouped expert GEMM of a prefill step (cuda_moe_gemm.cu): pairs (token, expert) are
+ * ordered by expert and cut into nseg segments, segs[3 s .. 3 s + 2] = (expert e, first
+ * pair p0, count c <= CUDA_MOE_GEMM_TOKENS) in device memory. For every segment and table i
+ * < nw (one launch for all): row p of ys[i] (row yrow[p] where yrow is set), p0 <= p < p0 +
+ * c, = slice e of tabs[i] · x_p, where x_p is row xrow[p] of x (row p without xrow) with
+ * act CUDA_MOE_X, or act(x[p]) * x2[p] (CUDA_MOE_SILU / CUDA_MOE_GELU, one table, no xrow).
+ * bf16 operands (the weight dequantized tile by tile as the dequantize + cuBLAS prefill
+ * path does, the inputs rounded), f32 sums on the tensor cores; not batch-invariant.
+ * cuda_moe_gemm_takes: the formats and shapes it reads (k % 32 == 0; Q4_K / Q6_K k % 256). */
+#define CUDA_MOE_GEMM_TOKENS 128
+enum { CUDA_MOE_X = 0, CUDA_MOE_SILU = 1, CUDA_MOE_GELU = 2 };
+int cuda_moe_gemm_takes(const cuda_weight *w);
+hearth_status cuda_moe_gemm(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *yrow,
+                            const int32_t *segs, int nseg, const float *x, const float *x2, const int32_t *xrow,
+                            int act, hearth_error *err);
+
 /* ys[i][T, n_i] = x[T, k] · ws[i]^T for nw <= 3 weights of one input (a layer's q, k, v):
  * one launch when they are all F16 or all BF16 with the same k (16-byte aligned rows),
  * else one cuda_gemv each (int8-activation weights: x quantized once for all). Same

@@ -24,6 +24,9 @@ float *cuda_model_device_logits(op_backend *be);
 /* With --expert-offload: slices the pool already held when a step used them (hits) and
  * copies to the device (misses), since creation; 0 and 0 without. */
 void cuda_model_expert_stats(const op_backend *be, long long *hits, long long *misses);
+/* Tests: 0 keeps every prefill step of a mixture of experts on the per-expert form, 1 (the
+ * default) lets steps of more than CUDA_GRAPH_MAX_T tokens take the grouped expert GEMM. */
+void cuda_model_force_moe_grouped(int on);
 /* Device bytes held (weights, KV pool, scratch). */
 size_t cuda_model_device_bytes(const op_backend *be);
 #endif

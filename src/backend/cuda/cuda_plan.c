@@ -361,17 +361,32 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
         size_t rows = T < CUDA_GRAPH_MAX_T ? T : CUDA_GRAPH_MAX_T;
         rows *= (size_t)c->top_k_experts;
         if (rows < T) rows = T;
-        p->moe_ffn_floats = rows * ffn;
         p->moe_hidden_floats = rows * (size_t)c->hidden;
+        /* the grouped prefill form: runs of up to CUDA_MOE_GROUP_PAIRS pairs; per run at most
+         * one segment per active expert plus one per CUDA_MOE_GEMM_TOKENS pairs */
+        if (!p->gemm_exact && T > CUDA_GRAPH_MAX_T) {
+            size_t K = (size_t)c->top_k_experts,
+                   gp = p->moe_pairs < CUDA_MOE_GROUP_PAIRS ? p->moe_pairs : CUDA_MOE_GROUP_PAIRS;
+            gp -= gp % K;
+            size_t runs = (T + gp / K - 1) / (gp / K);
+            p->moe_group_pairs = gp;
+            p->moe_idx_ints =
+                2 * p->moe_pairs + 3 * (p->moe_pairs / CUDA_MOE_GEMM_TOKENS + runs * ((size_t)c->n_experts + 1));
+            if (gp > rows) rows = gp;
+        }
+        p->moe_ffn_floats = rows * ffn;
+        p->moe_out_floats = rows * (size_t)c->hidden;
         p->moe_acc_floats = c->varied_layers ? T * (size_t)c->hidden : 0;
-        size_t parts[] = {p->moe_logits * sizeof(float), p->moe_pairs * sizeof(int32_t), p->moe_pairs * sizeof(float),
-                          p->moe_hidden_floats * sizeof(float), p->moe_ffn_floats * sizeof(float),
-                          p->moe_ffn_floats * sizeof(float), p->moe_hidden_floats * sizeof(float),
-                          p->moe_acc_floats * sizeof(float)};
+        size_t parts[] = {
+            p->moe_logits * sizeof(float),        p->moe_pairs * sizeof(int32_t),    p->moe_pairs * sizeof(float),
+            p->moe_hidden_floats * sizeof(float), p->moe_ffn_floats * sizeof(float), p->moe_ffn_floats * sizeof(float),
+            p->moe_out_floats * sizeof(float),    p->moe_acc_floats * sizeof(float), p->moe_idx_ints * sizeof(int32_t)};
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
             if (parts[i]) cuda_tally_add(t, parts[i]);
-        /* the router's logits, and the pairs by expert and by token (rows and weights each) */
-        p->pinned_host += p->moe_logits * sizeof(float) + 2 * p->moe_pairs * (sizeof(int32_t) + sizeof(float));
+        /* the router's logits, the pairs by expert and by token (rows and weights each), the
+         * grouped form's index tables */
+        p->pinned_host += p->moe_logits * sizeof(float) + 2 * p->moe_pairs * (sizeof(int32_t) + sizeof(float)) +
+                          p->moe_idx_ints * sizeof(int32_t);
     }
 }
 

@@ -11,6 +11,9 @@
 /* Decode steps of at most this many tokens use the GEMV kernels and CUDA graphs
  * (cuda_matmul sends T <= 8 rows to the GEMVs: no cuBLAS, fixed launch shapes). */
 #define CUDA_GRAPH_MAX_T 8
+/* The grouped prefill form's pairs per run (cuda_plan.h moe_group_pairs): 4,096 tokens of a
+ * top-8 model in two runs, its rows within a few hundred MB at the largest hidden sizes */
+#define CUDA_MOE_GROUP_PAIRS 16384
 /* cuda_matmul may send up to this many rows of a quantized weight to the chunked GEMV
  * (its byte model, cuda_gemm.cu): the GEMV's int8-activation scratch is sized for it. */
 #define CUDA_MATMUL_GEMV_MAX_T 64
@@ -100,6 +103,10 @@ typedef struct cuda_plan {
      * (token, expert) pairs, an expert's gate / up rows [T, the widest expert MLP], its input
      * and output rows [T, hidden], and the normed form's expert sum (moe_acc_floats, 0 elsewhere) */
     size_t moe_logits, moe_pairs, moe_ffn_floats, moe_hidden_floats, moe_acc_floats;
+    /* the grouped prefill form (cuda_model.c moe_grouped; 0 without: the exact tier, steps of at
+     * most CUDA_GRAPH_MAX_T): pairs per run (gate / up rows moe_ffn_floats and output rows
+     * moe_out_floats hold a run's), and its index tables for all of a step's pairs */
+    size_t moe_group_pairs, moe_out_floats, moe_idx_ints;
     /* LoRA adapters (cuda_lora_cache.c): each step row's adapter tables and counts (also
      * pinned on the host), the fast tier's rank values (cuda_lora_apply_fast's scratch); the
      * adapters' own device copies are made when a step first uses them, outside the plan */

@@ -521,9 +521,9 @@ static void moe_gemm_case(tensor_dtype dt, int gk) {
         cuda_expert_table two[2] = {t, t};
         float *ys[2] = {dy, dy2};
         if (act == CUDA_MOE_X)
-            assert_int_equal(cuda_moe_gemm(two, 2, ys, dyrow, dsegs, nseg, dx, NULL, dxrow, act, &e), HEARTH_OK);
+            assert_int_equal(cuda_moe_gemm(two, 2, ys, dyrow, dsegs, nseg, NULL, dx, NULL, dxrow, act, &e), HEARTH_OK);
         else
-            assert_int_equal(cuda_moe_gemm(&t, 1, ys, dyrow, dsegs, nseg, dg, du, NULL, act, &e), HEARTH_OK);
+            assert_int_equal(cuda_moe_gemm(&t, 1, ys, dyrow, dsegs, nseg, NULL, dg, du, NULL, act, &e), HEARTH_OK);
         assert_int_equal(cuda_sync(&e), HEARTH_OK);
         assert_int_equal(cuda_download(got, dy, (size_t)P * GN * sizeof(float), &e), HEARTH_OK);
         if (act == CUDA_MOE_X) {
@@ -562,8 +562,61 @@ static void moe_gemm_case(tensor_dtype dt, int gk) {
     free(keep), free(wf), free(xrow), free(yrow), free(ex), free(x), free(gate), free(up), free(got), free(got2);
 }
 
+/* cuda_moe_sort: T tokens' K distinct experts of E (ascending per token, as the routing
+ * writes them); every pair placed once, by expert, its token and slot right, and segments
+ * that tile the pairs in order, one expert each, at most tok long. */
+static void sort_case(int T, int K, int E, int tok) {
+    int P = T * K, smax = P / tok + E;
+    int32_t *sel = malloc((size_t)P * sizeof(int32_t)), *rows = malloc((size_t)P * sizeof(int32_t)),
+            *dst = malloc((size_t)P * sizeof(int32_t)), *segs = malloc((size_t)smax * 3 * sizeof(int32_t)), nseg = -1;
+    for (int t = 0; t < T; t++) /* K distinct experts, skewed towards the low ones (long runs) */
+        for (int k = 0; k < K; k++) {
+            int e, dup;
+            do {
+                e = (int)(rnd() % (uint32_t)E);
+                if (rnd() % 2) e %= K + 2;
+                dup = 0;
+                for (int j = 0; j < k; j++) dup |= sel[t * K + j] == e;
+            } while (dup);
+            int j = k; /* ascending */
+            while (j > 0 && sel[t * K + j - 1] > e) sel[t * K + j] = sel[t * K + j - 1], j--;
+            sel[t * K + j] = e;
+        }
+    int32_t *dsel = dev_upload(sel, (size_t)P * sizeof(int32_t)),
+            *drows = dev_upload(NULL, (size_t)P * sizeof(int32_t)),
+            *ddst = dev_upload(NULL, (size_t)P * sizeof(int32_t)),
+            *dsegs = dev_upload(NULL, (size_t)smax * 3 * sizeof(int32_t)), *dn = dev_upload(NULL, sizeof(int32_t));
+    hearth_error e = {0};
+    assert_int_equal(cuda_moe_sort(dsel, T, K, E, tok, drows, ddst, dsegs, dn, &e), HEARTH_OK);
+    assert_int_equal(cuda_download(rows, drows, (size_t)P * sizeof(int32_t), &e), HEARTH_OK);
+    assert_int_equal(cuda_download(dst, ddst, (size_t)P * sizeof(int32_t), &e), HEARTH_OK);
+    assert_int_equal(cuda_download(&nseg, dn, sizeof(int32_t), &e), HEARTH_OK);
+    assert_true(nseg > 0 && nseg <= smax);
+    assert_int_equal(cuda_download(segs, dsegs, (size_t)nseg * 3 * sizeof(int32_t), &e), HEARTH_OK);
+    char *seen = calloc((size_t)P, 1);
+    for (int c = 0; c < P; c++) {
+        assert_true(dst[c] >= 0 && dst[c] < P && !seen[dst[c]]);
+        seen[dst[c]] = 1;
+        assert_int_equal(rows[c], dst[c] / K);
+        if (c) assert_true(sel[dst[c]] >= sel[dst[c - 1]]);
+    }
+    for (int i = 0, at = 0; i < nseg; i++) {
+        int ex = segs[3 * i], p0 = segs[3 * i + 1], n = segs[3 * i + 2];
+        assert_int_equal(p0, at);
+        assert_true(n >= 1 && n <= tok);
+        for (int c = p0; c < p0 + n; c++) assert_int_equal(sel[dst[c]], ex);
+        at += n;
+        if (i == nseg - 1) assert_int_equal(at, P);
+    }
+    cuda_free(dsel), cuda_free(drows), cuda_free(ddst), cuda_free(dsegs), cuda_free(dn);
+    free(sel), free(rows), free(dst), free(segs), free(seen);
+}
+
 static void test_moe_gemm(void **state) {
     (void)state;
+    sort_case(4096, 8, 256, CUDA_MOE_GEMM_TOKENS); /* Qwen3.5-35B-A3B's prefill step */
+    sort_case(13, 2, 8, CUDA_MOE_GEMM_TOKENS);
+    sort_case(300, 4, 1100, 16);
     moe_gemm_case(DT_Q8_0, 96);
     moe_gemm_case(DT_Q4_K, 256);
     moe_gemm_case(DT_Q6_K, 512);

@@ -273,7 +273,8 @@ hearth_status cuda_gemv_experts(const cuda_expert_table *tabs, int nw, float *co
 
 /* The grouped expert GEMM of a prefill step (cuda_moe_gemm.cu): pairs (token, expert) are
  * ordered by expert and cut into nseg segments, segs[3 s .. 3 s + 2] = (expert e, first
- * pair p0, count c <= CUDA_MOE_GEMM_TOKENS) in device memory. For every segment and table i
+ * pair p0, count c <= CUDA_MOE_GEMM_TOKENS) in device memory; with nseg_dev, *nseg_dev of
+ * them are real and nseg is their bound (the launch's size). For every segment and table i
  * < nw (one launch for all): row p of ys[i] (row yrow[p] where yrow is set), p0 <= p < p0 +
  * c, = slice e of tabs[i] · x_p, where x_p is row xrow[p] of x (row p without xrow) with
  * act CUDA_MOE_X, or act(x[p]) * x2[p] (CUDA_MOE_SILU / CUDA_MOE_GELU, one table, no xrow).
@@ -284,8 +285,14 @@ hearth_status cuda_gemv_experts(const cuda_expert_table *tabs, int nw, float *co
 enum { CUDA_MOE_X = 0, CUDA_MOE_SILU = 1, CUDA_MOE_GELU = 2 };
 int cuda_moe_gemm_takes(const cuda_weight *w);
 hearth_status cuda_moe_gemm(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *yrow,
-                            const int32_t *segs, int nseg, const float *x, const float *x2, const int32_t *xrow,
-                            int act, hearth_error *err);
+                            const int32_t *segs, int nseg, const int32_t *nseg_dev, const float *x, const float *x2,
+                            const int32_t *xrow, int act, hearth_error *err);
+/* The grouped GEMM's tables from a routing (cuda_moe_route's sel [T][K]), on the device: the
+ * T K pairs ordered by expert, rows[c] = pair c's token, dst[c] = its slot t K + k (where its
+ * down row goes for cuda_moe_combine), segs / *nseg its segments of at most tok pairs
+ * (at most T K / tok + E of them). */
+hearth_status cuda_moe_sort(const int32_t *sel, int T, int K, int E, int tok, int32_t *rows, int32_t *dst,
+                            int32_t *segs, int32_t *nseg, hearth_error *err);
 
 /* ys[i][T, n_i] = x[T, k] · ws[i]^T for nw <= 3 weights of one input (a layer's q, k, v):
  * one launch when they are all F16 or all BF16 with the same k (16-byte aligned rows),

@@ -95,7 +95,7 @@ typedef struct cuda_model {
     float *moe_logits, *moe_w, *moe_x, *moe_gate, *moe_up, *moe_out, *moe_acc;
     int32_t *moe_rows, *moe_idx;                       /* moe_idx: the grouped form's tables (moe_grouped) */
     float *host_moe_logits, *host_moe_w, *host_moe_tw; /* [T, E]; [T K] by expert; [T, K] by token */
-    int32_t *host_moe_rows, *host_moe_sel, *host_moe_idx; /* [T K] by expert; [T, K] by token; moe_idx's */
+    int32_t *host_moe_rows, *host_moe_sel;             /* [T K] by expert; [T, K] by token */
     int moe_grouped; /* moe_dev and every stack in a format cuda_moe_gemm takes: prefill steps take moe_grouped */
     /* LoRA / DoRA adapters: their device copies and the step's row tables; lora_step: this
      * step has rows with adapters (each adapted projection is then followed by the low-rank
@@ -589,81 +589,49 @@ static int g_moe_grouped = 1;
 void cuda_model_force_moe_grouped(int on) { g_moe_grouped = on != 0; }
 
 /* The grouped form for prefill steps (cm->moe_grouped, T > GRAPH_MAX_T, not batch-invariant,
- * fast tier): routed on the host (moe_route, host_moe_sel / host_moe_tw), then per run of
- * at most plan.moe_group_pairs pairs: every active expert's gate and up rows in one launch
- * (cuda_moe_gemm, the inputs gathered by token), the downs in another (the gated product
- * formed as the inputs load, each row written to its token's slot), and the weighted sum in
- * expert order (cuda_moe_combine, the per-expert form's order). Host tables for every run are
- * built before the first upload, so no pinned region is rewritten while a copy may read it. */
-static hearth_status moe_grouped(cuda_model *cm, const op_step *s, const op_moe *m, const float *x, float *out) {
+ * fast tier), without the host: the router's logits routed on the device (moe_device's
+ * kernel: moe_rows / moe_w, each token's experts and weights), then per run of at most
+ * plan.moe_group_pairs pairs their tables (cuda_moe_sort: pairs by expert, segments),
+ * every active expert's gate and up rows in one launch (cuda_moe_gemm, the inputs gathered
+ * by token), the downs in another (the gated product formed as the inputs load, each row
+ * written to its token's slot), and the weighted sum in expert order (cuda_moe_combine). The
+ * router reads xn; in the normed form xn then becomes the experts' input. */
+static hearth_status moe_grouped(cuda_model *cm, const op_step *s, const op_moe *m, float *out) {
     const op_dims *d = s->dims;
     hearth_error *err = s->err;
     int T = s->b->T, H = d->hidden, E = d->n_experts, K = d->top_k_experts, TOK = CUDA_MOE_GEMM_TOKENS;
-    const cuda_weight *g = dw(cm, m->gate), *u = m->up ? dw(cm, m->up) : NULL, *dn = dw(cm, m->down);
-    if (!g || (m->up && !u) || !dn)
+    const cuda_weight *router = dw(cm, m->router), *g = dw(cm, m->gate), *u = m->up ? dw(cm, m->up) : NULL,
+                      *dn = dw(cm, m->down);
+    if (!router || !g || (m->up && !u) || !dn)
         return err_set(err, HEARTH_ERR_INVALID, "cuda: a mixture-of-experts layer without its device weights");
-    int Tc = (int)(cm->plan.moe_group_pairs / (size_t)K);
+    int Tc = (int)(cm->plan.moe_group_pairs / (size_t)K), smax = Tc * K / TOK + E;
     if (Tc <= 0) return err_set(err, HEARTH_ERR_INVALID, "cuda: no room for the grouped experts");
-    /* each token's experts in ascending order, with their weights: the order of the sum */
-    int32_t *sel = cm->host_moe_sel;
-    float *tw = cm->host_moe_tw;
-    for (int t = 0; t < T; t++)
-        for (int i = 1; i < K; i++)
-            for (int j = t * K + i; j > t * K && sel[j - 1] > sel[j]; j--) {
-                int32_t se = sel[j];
-                float wt = tw[j];
-                sel[j] = sel[j - 1], tw[j] = tw[j - 1];
-                sel[j - 1] = se, tw[j - 1] = wt;
-            }
-    /* per run: rows (the token of each pair, by expert), dst (its slot t K + k), segments */
-    int32_t *idx = cm->host_moe_idx, count[E + 1], start[E + 1];
-    int runs = 0, at = 0, run_at[T / (Tc > 0 ? Tc : 1) + 2], run_seg[T / (Tc > 0 ? Tc : 1) + 2];
-    for (int t0 = 0; t0 < T; t0 += Tc, runs++) {
-        int n = T - t0 < Tc ? T - t0 : Tc, P = n * K;
-        int32_t *rows = idx + at, *dst = rows + P, *segs = dst + P;
-        for (int e = 0; e <= E; e++) count[e] = 0;
-        for (int i = 0; i < P; i++) count[sel[(size_t)t0 * K + i]]++;
-        start[0] = 0;
-        for (int e = 0; e < E; e++) start[e + 1] = start[e] + count[e];
-        for (int e = 0; e < E; e++) count[e] = start[e];
-        for (int t = 0; t < n; t++)
-            for (int k = 0; k < K; k++) {
-                int c = count[sel[(size_t)(t0 + t) * K + k]]++;
-                rows[c] = t;
-                dst[c] = t * K + k;
-            }
-        int nseg = 0;
-        for (int e = 0; e < E; e++)
-            for (int p = start[e]; p < start[e + 1]; p += TOK, nseg++) {
-                segs[3 * nseg] = e;
-                segs[3 * nseg + 1] = p;
-                segs[3 * nseg + 2] = start[e + 1] - p < TOK ? start[e + 1] - p : TOK;
-            }
-        run_at[runs] = at;
-        run_seg[runs] = nseg;
-        at += 2 * P + 3 * nseg;
-    }
-    TRY(cuda_upload_async(cm->moe_idx, idx, (size_t)at * sizeof(int32_t), err));
-    TRY(cuda_upload_async(cm->moe_w, tw, (size_t)T * K * sizeof(float), err));
+    TRY(matmul(cm, router, cm->xn, T, cm->moe_logits, err));
+    TRY(cuda_moe_route(cm->moe_logits, T, E, K, m->router_norm != NULL, m->norm_topk,
+                       m->router_norm ? dv(cm, m->expert_scale) : NULL, cm->moe_rows, cm->moe_w, err));
+    if (m->router_norm) TRY(cuda_rmsnorm(cm->xn, cm->x, dv(cm, m->in_norm), 0.0f, T, H, d->norm_eps, err));
     cuda_expert_table gu[2], down = expert_tab(cm, dn, E, 0);
     gate_up_tabs(cm, g, u, E, gu);
     int together = gu[0].proto->dtype == gu[1].proto->dtype && gu[0].proto->n == gu[1].proto->n &&
                    gu[0].proto->k == gu[1].proto->k;
     int act = m->act == OP_ACT_SILU ? CUDA_MOE_SILU : CUDA_MOE_GELU;
-    for (int r = 0, t0 = 0; r < runs; r++, t0 += Tc) {
-        int n = T - t0 < Tc ? T - t0 : Tc, P = n * K;
-        const int32_t *rows = cm->moe_idx + run_at[r], *dst = rows + P, *segs = dst + P;
+    /* each run's tables: rows and dst [P], segments [smax][3], their count */
+    int32_t *rows = cm->moe_idx, *dst = rows + Tc * K, *segs = dst + Tc * K, *nseg = segs + 3 * smax;
+    for (int t0 = 0; t0 < T; t0 += Tc) {
+        int n = T - t0 < Tc ? T - t0 : Tc;
+        TRY(cuda_moe_sort(cm->moe_rows + (size_t)t0 * K, n, K, E, TOK, rows, dst, segs, nseg, err));
         float *ys[2] = {cm->moe_gate, cm->moe_up};
-        const float *xr = x + (size_t)t0 * H;
-        if (together)
-            TRY(cuda_moe_gemm(gu, 2, ys, NULL, segs, run_seg[r], xr, NULL, rows, CUDA_MOE_X, err));
-        else
+        const float *xr = cm->xn + (size_t)t0 * H;
+        if (together) {
+            TRY(cuda_moe_gemm(gu, 2, ys, NULL, segs, smax, nseg, xr, NULL, rows, CUDA_MOE_X, err));
+        } else {
             for (int i = 0; i < 2; i++)
-                TRY(cuda_moe_gemm(&gu[i], 1, &ys[i], NULL, segs, run_seg[r], xr, NULL, rows, CUDA_MOE_X, err));
-        TRY(cuda_moe_gemm(&down, 1, &cm->moe_out, dst, segs, run_seg[r], cm->moe_gate, cm->moe_up, NULL, act, err));
+                TRY(cuda_moe_gemm(&gu[i], 1, &ys[i], NULL, segs, smax, nseg, xr, NULL, rows, CUDA_MOE_X, err));
+        }
+        TRY(cuda_moe_gemm(&down, 1, &cm->moe_out, dst, segs, smax, nseg, cm->moe_gate, cm->moe_up, NULL, act, err));
         TRY(cuda_moe_combine(out + (size_t)t0 * H, cm->moe_out, cm->moe_w + (size_t)t0 * K, n, K, H, err));
     }
-    return moe_shared(cm, s, m, x, out);
+    return moe_shared(cm, s, m, cm->xn, out);
 }
 
 /* tmp = the mixture-of-experts MLP of xn (plus the shared expert); the normed form (op_moe.router_norm): router
@@ -677,17 +645,20 @@ static hearth_status cu_moe(const op_step *s, const op_moe *m) {
     cm->q8_ready = 0;
     if (!m->router_norm) {
         if (on_device) return moe_device(cm, s, m, cm->tmp);
+        if (grouped) return moe_grouped(cm, s, m, cm->tmp);
         TRY(moe_route(cm, s, m, cm->xn));
-        return grouped ? moe_grouped(cm, s, m, cm->xn, cm->tmp) : moe_experts(cm, s, m, cm->xn, cm->tmp);
+        return moe_experts(cm, s, m, cm->xn, cm->tmp);
     }
     /* xn (free once the dense MLP has read it) holds the router's input, then the experts' */
     TRY(cuda_rmsnorm(cm->xn, cm->x, dv(cm, m->router_norm), 0.0f, T, H, d->norm_eps, s->err));
     if (on_device) {
         TRY(moe_device(cm, s, m, cm->moe_acc));
+    } else if (grouped) {
+        TRY(moe_grouped(cm, s, m, cm->moe_acc));
     } else {
         TRY(moe_route(cm, s, m, cm->xn));
         TRY(cuda_rmsnorm(cm->xn, cm->x, dv(cm, m->in_norm), 0.0f, T, H, d->norm_eps, s->err));
-        TRY(grouped ? moe_grouped(cm, s, m, cm->xn, cm->moe_acc) : moe_experts(cm, s, m, cm->xn, cm->moe_acc));
+        TRY(moe_experts(cm, s, m, cm->xn, cm->moe_acc));
     }
     TRY(cuda_rmsnorm(cm->moe_acc, cm->moe_acc, dv(cm, m->out_norm), 0.0f, T, H, d->norm_eps, s->err));
     return cuda_add(cm->tmp, cm->moe_acc, (size_t)T * H, s->err);
@@ -1066,14 +1037,8 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
         TRY(cuda_alloc((void **)&cm->moe_out, p->moe_out_floats * sizeof(float), "expert outputs", err));
         if (p->moe_acc_floats)
             TRY(cuda_alloc((void **)&cm->moe_acc, p->moe_acc_floats * sizeof(float), "expert sums", err));
-        if (p->moe_idx_ints) {
+        if (p->moe_idx_ints)
             TRY(cuda_alloc((void **)&cm->moe_idx, p->moe_idx_ints * sizeof(int32_t), "expert tables", err));
-            if (cudaMallocHost((void **)&cm->host_moe_idx, p->moe_idx_ints * sizeof(int32_t)) != cudaSuccess) {
-                cudaGetLastError();
-                cm->host_moe_idx = NULL;
-                return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host buffers for the experts");
-            }
-        }
         if (cudaMallocHost((void **)&cm->host_moe_logits, p->moe_logits * sizeof(float)) != cudaSuccess ||
             cudaMallocHost((void **)&cm->host_moe_rows, P * sizeof(int32_t)) != cudaSuccess ||
             cudaMallocHost((void **)&cm->host_moe_sel, P * sizeof(int32_t)) != cudaSuccess ||
@@ -1224,8 +1189,7 @@ void cuda_model_free(op_backend *be) {
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) cuda_free(moe[i]);
     cuda_free(cm->moe_rows);
     cuda_free(cm->moe_idx);
-    void *pinned[] = {cm->host_moe_logits, cm->host_moe_rows, cm->host_moe_sel,
-                      cm->host_moe_w,      cm->host_moe_tw,   cm->host_moe_idx};
+    void *pinned[] = {cm->host_moe_logits, cm->host_moe_rows, cm->host_moe_sel, cm->host_moe_w, cm->host_moe_tw};
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         if (pinned[i]) cudaFreeHost(pinned[i]);
     cuda_free(cm->qgate);

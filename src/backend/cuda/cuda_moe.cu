@@ -145,6 +145,52 @@ __global__ void __launch_bounds__(ROUTE_THREADS)
     }
 }
 
+/* The grouped expert GEMM's tables from the routing (cuda_moe_sort). One block: counts per
+ * expert in shared memory, their running sums and the segments on one thread (E + P / tok
+ * steps), then each pair placed with a shared atomic. The order of pairs within an expert
+ * follows the atomics; cuda_moe_gemm's output row of a pair does not depend on it (each pair
+ * is its own column of a tile), so the bits do not either. */
+#define SORT_THREADS 1024
+__global__ void __launch_bounds__(SORT_THREADS)
+    moe_sort_kernel(const int32_t *sel, int P, int K, int E, int tok, int32_t *rows, int32_t *dst, int32_t *segs,
+                    int32_t *nseg) {
+    extern __shared__ int sort_sh[]; /* [E] counts, then [E] next free place */
+    int *cnt = sort_sh, *cur = sort_sh + E, tid = threadIdx.x;
+    for (int e = tid; e < E; e += SORT_THREADS) cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < P; i += SORT_THREADS) atomicAdd(&cnt[sel[i]], 1);
+    __syncthreads();
+    if (tid == 0) {
+        int at = 0, ns = 0;
+        for (int e = 0; e < E; e++) {
+            cur[e] = at;
+            for (int p = 0; p < cnt[e]; p += tok, ns++) {
+                segs[3 * ns] = e;
+                segs[3 * ns + 1] = at + p;
+                segs[3 * ns + 2] = cnt[e] - p < tok ? cnt[e] - p : tok;
+            }
+            at += cnt[e];
+        }
+        *nseg = ns;
+    }
+    __syncthreads();
+    for (int i = tid; i < P; i += SORT_THREADS) {
+        int c = atomicAdd(&cur[sel[i]], 1);
+        rows[c] = i / K;
+        dst[c] = i;
+    }
+}
+
+extern "C" hearth_status cuda_moe_sort(const int32_t *sel, int T, int K, int E, int tok, int32_t *rows, int32_t *dst,
+                                       int32_t *segs, int32_t *nseg, hearth_error *err) {
+    if (T <= 0) return HEARTH_OK;
+    if (E < 1 || E > 4096 || K < 1 || tok < 1 || (size_t)T * K > INT32_MAX)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda_moe_sort: %d tokens, %d of %d experts", T, K, E);
+    moe_sort_kernel<<<1, SORT_THREADS, (size_t)E * 2 * sizeof(int), cuda_stream()>>>(sel, T * K, K, E, tok, rows, dst,
+                                                                                     segs, nseg);
+    return cuda_launched("moe_sort", err);
+}
+
 extern "C" hearth_status cuda_moe_route(const float *logits, int T, int E, int K, int topk_softmax, int norm_topk,
                                         const float *expert_scale, int32_t *sel, float *w, hearth_error *err) {
     if (T <= 0) return HEARTH_OK;

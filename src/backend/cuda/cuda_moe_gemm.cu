@@ -35,7 +35,7 @@ typedef struct mg_args {
     const void *const *data[2];
     const void *const *scales[2];
     float *y[2];
-    const int32_t *segs, *xrow, *yrow;
+    const int32_t *segs, *nseg, *xrow, *yrow;
     const float *x, *x2;
 } mg_args;
 
@@ -83,6 +83,7 @@ static __device__ __forceinline__ void mg_load8(const float *p, float (&v)[8]) {
 template <int DQ, int ACT> __global__ void __launch_bounds__(MG_THREADS) moe_gemm_kernel(mg_args a) {
     __shared__ __align__(16) __nv_bfloat16 sw[MG_ROWS * MG_S];
     __shared__ __align__(16) __nv_bfloat16 sx[MG_TOK * MG_S];
+    if (a.nseg && (int)blockIdx.y >= *a.nseg) return; /* past the routing's segments */
     const int z = blockIdx.z;
     const int32_t *sg = a.segs + 3 * blockIdx.y;
     const int e = sg[0], p0 = sg[1], cnt = sg[2];
@@ -182,8 +183,8 @@ template <int DQ> static void mg_launch(dim3 grid, int act, const mg_args &a) {
 }
 
 extern "C" hearth_status cuda_moe_gemm(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *yrow,
-                                       const int32_t *segs, int nseg, const float *x, const float *x2,
-                                       const int32_t *xrow, int act, hearth_error *err) {
+                                       const int32_t *segs, int nseg, const int32_t *nseg_dev, const float *x,
+                                       const float *x2, const int32_t *xrow, int act, hearth_error *err) {
     if (nseg <= 0) return HEARTH_OK;
     if (nw < 1 || nw > 2 || !segs || !x || (act != CUDA_MOE_X && (nw != 1 || !x2 || xrow)) || nseg > 65535)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_moe_gemm: bad arguments (%d tables, %d segments)", nw, nseg);
@@ -198,7 +199,7 @@ extern "C" hearth_status cuda_moe_gemm(const cuda_expert_table *tabs, int nw, fl
         a.scales[i] = tabs[i].scales;
         a.y[i] = ys[i];
     }
-    a.segs = segs, a.xrow = xrow, a.yrow = yrow, a.x = x, a.x2 = x2;
+    a.segs = segs, a.nseg = nseg_dev, a.xrow = xrow, a.yrow = yrow, a.x = x, a.x2 = x2;
     dim3 grid((unsigned)((w0->n + MG_ROWS - 1) / MG_ROWS), (unsigned)nseg, (unsigned)nw);
     switch (w0->dtype) {
     case DT_Q8_0: mg_launch<DT_Q8_0>(grid, act, a); break;

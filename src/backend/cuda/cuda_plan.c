@@ -362,16 +362,15 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
         rows *= (size_t)c->top_k_experts;
         if (rows < T) rows = T;
         p->moe_hidden_floats = rows * (size_t)c->hidden;
-        /* the grouped prefill form: runs of up to CUDA_MOE_GROUP_PAIRS pairs; per run at most
-         * one segment per active expert plus one per CUDA_MOE_GEMM_TOKENS pairs */
+        /* the grouped prefill form: runs of up to CUDA_MOE_GROUP_PAIRS pairs, their rows and
+         * slots, at most one segment per active expert plus one per CUDA_MOE_GEMM_TOKENS pairs,
+         * and the segments' count (cuda_model.c moe_grouped, in that order) */
         if (!p->gemm_exact && T > CUDA_GRAPH_MAX_T) {
             size_t K = (size_t)c->top_k_experts,
                    gp = p->moe_pairs < CUDA_MOE_GROUP_PAIRS ? p->moe_pairs : CUDA_MOE_GROUP_PAIRS;
             gp -= gp % K;
-            size_t runs = (T + gp / K - 1) / (gp / K);
             p->moe_group_pairs = gp;
-            p->moe_idx_ints =
-                2 * p->moe_pairs + 3 * (p->moe_pairs / CUDA_MOE_GEMM_TOKENS + runs * ((size_t)c->n_experts + 1));
+            p->moe_idx_ints = 2 * gp + 3 * (gp / CUDA_MOE_GEMM_TOKENS + (size_t)c->n_experts) + 1;
             if (gp > rows) rows = gp;
         }
         p->moe_ffn_floats = rows * ffn;
@@ -383,10 +382,8 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
             p->moe_out_floats * sizeof(float),    p->moe_acc_floats * sizeof(float), p->moe_idx_ints * sizeof(int32_t)};
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
             if (parts[i]) cuda_tally_add(t, parts[i]);
-        /* the router's logits, the pairs by expert and by token (rows and weights each), the
-         * grouped form's index tables */
-        p->pinned_host += p->moe_logits * sizeof(float) + 2 * p->moe_pairs * (sizeof(int32_t) + sizeof(float)) +
-                          p->moe_idx_ints * sizeof(int32_t);
+        /* the router's logits, and the pairs by expert and by token (rows and weights each) */
+        p->pinned_host += p->moe_logits * sizeof(float) + 2 * p->moe_pairs * (sizeof(int32_t) + sizeof(float));
     }
 }
 

@@ -105,7 +105,7 @@ typedef struct cuda_plan {
     size_t moe_logits, moe_pairs, moe_ffn_floats, moe_hidden_floats, moe_acc_floats;
     /* the grouped prefill form (cuda_model.c moe_grouped; 0 without: the exact tier, steps of at
      * most CUDA_GRAPH_MAX_T): pairs per run (gate / up rows moe_ffn_floats and output rows
-     * moe_out_floats hold a run's), and its index tables for all of a step's pairs */
+     * moe_out_floats hold a run's), and a run's device tables (rows, slots, segments, count) */
     size_t moe_group_pairs, moe_out_floats, moe_idx_ints;
     /* LoRA adapters (cuda_lora_cache.c): each step row's adapter tables and counts (also
      * pinned on the host), the fast tier's rank values (cuda_lora_apply_fast's scratch); the

@@ -465,7 +465,7 @@ static void test_device_routed(void **state) {
  * tile), pairs ordered by expert with expert 0 taking 300 (segments of 128, 128 and 44),
  * expert 1 none and expert 2 five; the inputs gathered through xrow, the outputs scattered
  * through yrow, two tables in one launch (the second must match the first to the bit);
- * then the gated form (act(gate) * up formed as the inputs load, SiLU and GELU). Oracle:
+ * then on the gated product (cuda_gated_bf16, SiLU and GELU). Oracle:
  * ggml's dequantization on the host, weights and inputs rounded to bf16 as the kernel
  * rounds them, products summed in double. Allowed: the f32 sums (1e-5 of the sum of
  * |terms|) and a value that rounds to the neighbouring bf16 (the device's fused multiply-add
@@ -517,16 +517,21 @@ static void moe_gemm_case(tensor_dtype dt, int gk) {
           *dy2 = dev_upload(NULL, (size_t)P * GN * sizeof(float));
     int32_t *dxrow = dev_upload(xrow, (size_t)P * sizeof(int32_t)),
             *dyrow = dev_upload(yrow, (size_t)P * sizeof(int32_t)), *dsegs = dev_upload(segs, sizeof segs);
-    for (int act = CUDA_MOE_X; act <= CUDA_MOE_GELU; act++) {
+    void *dxb = dev_upload(NULL, (size_t)P * gk * 2); /* the bf16 inputs: x's rows, or the gated product */
+    enum { PLAIN, SILU, GELU };
+    for (int act = PLAIN; act <= GELU; act++) {
         cuda_expert_table two[2] = {t, t};
         float *ys[2] = {dy, dy2};
-        if (act == CUDA_MOE_X)
-            assert_int_equal(cuda_moe_gemm(two, 2, ys, dyrow, dsegs, nseg, NULL, dx, NULL, dxrow, act, &e), HEARTH_OK);
-        else
-            assert_int_equal(cuda_moe_gemm(&t, 1, ys, dyrow, dsegs, nseg, NULL, dg, du, NULL, act, &e), HEARTH_OK);
+        if (act == PLAIN) {
+            assert_int_equal(cuda_to_bf16(dx, (size_t)GT * gk, dxb, &e), HEARTH_OK);
+            assert_int_equal(cuda_moe_gemm(two, 2, ys, dyrow, dsegs, nseg, NULL, dxb, dxrow, &e), HEARTH_OK);
+        } else {
+            assert_int_equal(cuda_gated_bf16(dg, du, (size_t)P * gk, act == GELU, dxb, &e), HEARTH_OK);
+            assert_int_equal(cuda_moe_gemm(&t, 1, ys, dyrow, dsegs, nseg, NULL, dxb, NULL, &e), HEARTH_OK);
+        }
         assert_int_equal(cuda_sync(&e), HEARTH_OK);
         assert_int_equal(cuda_download(got, dy, (size_t)P * GN * sizeof(float), &e), HEARTH_OK);
-        if (act == CUDA_MOE_X) {
+        if (act == PLAIN) {
             assert_int_equal(cuda_download(got2, dy2, (size_t)P * GN * sizeof(float), &e), HEARTH_OK);
             assert_memory_equal(got, got2, (size_t)P * GN * sizeof(float));
         }
@@ -537,11 +542,11 @@ static void moe_gemm_case(tensor_dtype dt, int gk) {
                 double sum = 0.0, mag = 0.0, big = 0.0;
                 for (int k = 0; k < gk; k++) {
                     float in;
-                    if (act == CUDA_MOE_X)
+                    if (act == PLAIN)
                         in = x[(size_t)xrow[p] * gk + k];
                     else {
                         float g = gate[(size_t)p * gk + k], u = up[(size_t)p * gk + k];
-                        in = act == CUDA_MOE_SILU
+                        in = act == SILU
                                  ? g / (1.0f + expf(-g)) * u
                                  : 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
                     }
@@ -556,8 +561,8 @@ static void moe_gemm_case(tensor_dtype dt, int gk) {
                tensor_dtype_name(dt), gk, act, worst);
         assert_true(worst <= 1.0 / 128);
     }
-    cuda_free(dx), cuda_free(dg), cuda_free(du), cuda_free(dy), cuda_free(dy2), cuda_free(dxrow), cuda_free(dyrow),
-        cuda_free(dsegs), cuda_free((void *)dtab);
+    cuda_free(dxb), cuda_free(dx), cuda_free(dg), cuda_free(du), cuda_free(dy), cuda_free(dy2), cuda_free(dxrow),
+        cuda_free(dyrow), cuda_free(dsegs), cuda_free((void *)dtab);
     for (int i = 0; i < GE; i++) cuda_weight_free(&sl[i]);
     free(keep), free(wf), free(xrow), free(yrow), free(ex), free(x), free(gate), free(up), free(got), free(got2);
 }

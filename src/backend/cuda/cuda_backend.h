@@ -276,17 +276,19 @@ hearth_status cuda_gemv_experts(const cuda_expert_table *tabs, int nw, float *co
  * pair p0, count c <= CUDA_MOE_GEMM_TOKENS) in device memory; with nseg_dev, *nseg_dev of
  * them are real and nseg is their bound (the launch's size). For every segment and table i
  * < nw (one launch for all): row p of ys[i] (row yrow[p] where yrow is set), p0 <= p < p0 +
- * c, = slice e of tabs[i] · x_p, where x_p is row xrow[p] of x (row p without xrow) with
- * act CUDA_MOE_X, or act(x[p]) * x2[p] (CUDA_MOE_SILU / CUDA_MOE_GELU, one table, no xrow).
- * bf16 operands (the weight dequantized tile by tile as the dequantize + cuBLAS prefill
- * path does, the inputs rounded), f32 sums on the tensor cores; not batch-invariant.
- * cuda_moe_gemm_takes: the formats and shapes it reads (k % 32 == 0; Q4_K / Q6_K k % 256). */
+ * c, = slice e of tabs[i] · x_p, where x_p is row xrow[p] of the bf16 rows x (row p without
+ * xrow; k wide). The weight is dequantized tile by tile as the dequantize + cuBLAS prefill
+ * path dequantizes it, then rounded to bf16; f32 sums on the tensor cores; not
+ * batch-invariant. cuda_moe_gemm_takes: the formats and shapes it reads (k % 32 == 0; Q4_K /
+ * Q6_K k % 256). cuda_to_bf16 / cuda_gated_bf16 (cuda_gemm.cu) make its inputs: x, and
+ * act(gate) * up (gelu: GeGLU, else SwiGLU), each rounded once to bf16 (n elements). */
 #define CUDA_MOE_GEMM_TOKENS 128
-enum { CUDA_MOE_X = 0, CUDA_MOE_SILU = 1, CUDA_MOE_GELU = 2 };
 int cuda_moe_gemm_takes(const cuda_weight *w);
 hearth_status cuda_moe_gemm(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *yrow,
-                            const int32_t *segs, int nseg, const int32_t *nseg_dev, const float *x, const float *x2,
-                            const int32_t *xrow, int act, hearth_error *err);
+                            const int32_t *segs, int nseg, const int32_t *nseg_dev, const void *x, const int32_t *xrow,
+                            hearth_error *err);
+hearth_status cuda_to_bf16(const float *x, size_t n, void *out, hearth_error *err);
+hearth_status cuda_gated_bf16(const float *gate, const float *up, size_t n, int gelu, void *out, hearth_error *err);
 /* The grouped GEMM's tables from a routing (cuda_moe_route's sel [T][K]), on the device: the
  * T K pairs ordered by expert, rows[c] = pair c's token, dst[c] = its slot t K + k (where its
  * down row goes for cuda_moe_combine), segs / *nseg its segments of at most tok pairs

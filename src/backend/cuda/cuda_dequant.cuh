@@ -88,6 +88,26 @@ static __device__ __forceinline__ float dq_elem(const cuda_weight &w, int64_t r,
                                   : weight_elem(w.dtype, w.data, w.scales, w.k, r, c, w.q4k_packed);
 }
 
+/* The generic affine layout (cuda_affine.h): elements c .. c + 7 of row r (c % 8 == 0, so
+ * one group's scale and bias): two words of codes per plane, code · scale + bias rounded as
+ * aff_elem rounds it (the per-quad bf16 dequantizer's extraction, bits chosen at run time). */
+static __device__ __forceinline__ void dq_affine8(const cuda_weight &w, int64_t r, int64_t c, float (&v)[8]) {
+    const int bits = w.aff_bits, LO = bits == 8 ? 8 : bits >= 4 ? 4 : 2, HI = bits - LO, HN = HI > 0 ? HI : 1;
+    const uint32_t *pl = (const uint32_t *)w.data;
+    size_t chunks = (size_t)(w.k / 32), chunk = (size_t)r * chunks + (size_t)(c / 32);
+    const uint32_t *hp = pl + (size_t)w.n * chunks * (size_t)LO;
+    const uint32_t lmask = (LO == 8 ? 0xffu : (1u << LO) - 1u) * 0x01010101u, hmask = ((1u << HN) - 1u) * 0x01010101u;
+    float2 p = ((const float2 *)w.scales)[(size_t)r * (size_t)(w.k / w.group_size) + (size_t)(c / w.group_size)];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int m = (int)(c % 32) / 4 + h;
+        uint32_t code = (pl[chunk * LO + m % LO] >> (LO * (m / LO))) & lmask;
+        if (HI > 0) code |= ((hp[chunk * HN + m % HN] >> (HN * (m / HN))) & hmask) << LO;
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[4 * h + j] = __fadd_rn(__fmul_rn((float)((code >> (8 * j)) & 0xffu), p.x), p.y);
+    }
+}
+
 /* Q8_0 / Q4_K / Q6_K: elements e .. e + 7 (e % 8 == 0) of the flat device layout
  * (cuda_plan.c cuda_weight_layout: flat over rows, so element e's block, sub-block and
  * scale follow from e alone, no division by k; the eight quants are one 8-byte load, or

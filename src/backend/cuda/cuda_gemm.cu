@@ -319,6 +319,22 @@ static hearth_status act_fits(const cuda_gemm *g, int act, size_t n, const char 
     return HEARTH_OK;
 }
 
+/* out = x as bf16 (n elements): the conversion cuda_matmul_load_x makes for cuBLAS. */
+static void launch_to_bf16(const float *x, size_t n, void *out) {
+    int v4 = n % 4 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)out & 7) == 0;
+    unsigned blocks = (unsigned)(((v4 ? n / 4 : n) + 255) / 256);
+    if (v4)
+        to_bf16x4_kernel<<<blocks, 256, 0, cuda_stream()>>>((const float4 *)x, (uint2 *)out, n / 4);
+    else
+        to_bf16_kernel<<<blocks, 256, 0, cuda_stream()>>>(x, (__nv_bfloat16 *)out, n);
+}
+
+hearth_status cuda_to_bf16(const float *x, size_t n, void *out, hearth_error *err) {
+    if (n == 0) return HEARTH_OK;
+    launch_to_bf16(x, n, out);
+    return cuda_launched("to_bf16", err) ? HEARTH_ERR_IO : HEARTH_OK;
+}
+
 hearth_status cuda_matmul_load_x(cuda_gemm *g, int act, const float *x, int T, int64_t k, hearth_error *err) {
     size_t xn = (size_t)T * (size_t)k;
     if (act_fits(g, act, xn, "cuda_matmul_load_x", err)) return HEARTH_ERR_INVALID;
@@ -328,10 +344,8 @@ hearth_status cuda_matmul_load_x(cuda_gemm *g, int act, const float *x, int T, i
         to_f16x4_kernel<<<blocks, 256, 0, cuda_stream()>>>((const float4 *)x, (uint2 *)g->x_scratch, xn / 4);
     else if (act == CUDA_ACT_F16)
         to_f16_kernel<<<blocks, 256, 0, cuda_stream()>>>(x, (__half *)g->x_scratch, xn);
-    else if (v4)
-        to_bf16x4_kernel<<<blocks, 256, 0, cuda_stream()>>>((const float4 *)x, (uint2 *)g->x_scratch, xn / 4);
     else
-        to_bf16_kernel<<<blocks, 256, 0, cuda_stream()>>>(x, (__nv_bfloat16 *)g->x_scratch, xn);
+        launch_to_bf16(x, xn, g->x_scratch);
     return cuda_launched("to_bf16", err) ? HEARTH_ERR_IO : HEARTH_OK;
 }
 
@@ -343,6 +357,16 @@ template <bool GELU, bool F16> __global__ void gated_to_kernel(const float *gate
     float v = GELU ? gelu_tanh_mul_value(gate[i], up[i]) : silu_mul_value(gate[i], up[i]);
     if (F16) ((__half *)out)[i] = f2h_sat(v);
     else ((__nv_bfloat16 *)out)[i] = __float2bfloat16(v);
+}
+
+hearth_status cuda_gated_bf16(const float *gate, const float *up, size_t n, int gelu, void *out, hearth_error *err) {
+    if (n == 0) return HEARTH_OK;
+    unsigned blocks = (unsigned)((n + 255) / 256);
+    if (gelu)
+        gated_to_kernel<true, false><<<blocks, 256, 0, cuda_stream()>>>(gate, up, out, n);
+    else
+        gated_to_kernel<false, false><<<blocks, 256, 0, cuda_stream()>>>(gate, up, out, n);
+    return cuda_launched("gated_bf16", err) ? HEARTH_ERR_IO : HEARTH_OK;
 }
 
 hearth_status cuda_matmul_load_gated(cuda_gemm *g, int act, const float *gate, const float *up, int T, int64_t k,

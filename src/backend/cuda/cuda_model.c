@@ -94,6 +94,7 @@ typedef struct cuda_model {
      * routing itself runs on the host (pinned copies) */
     float *moe_logits, *moe_w, *moe_x, *moe_gate, *moe_up, *moe_out, *moe_acc;
     int32_t *moe_rows, *moe_idx;                       /* moe_idx: the grouped form's tables (moe_grouped) */
+    uint16_t *moe_xb, *moe_actb;                       /* the grouped form's bf16 inputs: xn, the gated product */
     float *host_moe_logits, *host_moe_w, *host_moe_tw; /* [T, E]; [T K] by expert; [T, K] by token */
     int32_t *host_moe_rows, *host_moe_sel;             /* [T K] by expert; [T, K] by token */
     int moe_grouped; /* moe_dev and every stack in a format cuda_moe_gemm takes: prefill steps take moe_grouped */
@@ -592,8 +593,8 @@ void cuda_model_force_moe_grouped(int on) { g_moe_grouped = on != 0; }
  * fast tier), without the host: the router's logits routed on the device (moe_device's
  * kernel: moe_rows / moe_w, each token's experts and weights), then per run of at most
  * plan.moe_group_pairs pairs their tables (cuda_moe_sort: pairs by expert, segments),
- * every active expert's gate and up rows in one launch (cuda_moe_gemm, the inputs gathered
- * by token), the downs in another (the gated product formed as the inputs load, each row
+ * every active expert's gate and up rows in one launch (cuda_moe_gemm on xn's bf16 copy,
+ * gathered by token), the gated product in bf16, the downs in another launch (each row
  * written to its token's slot), and the weighted sum in expert order (cuda_moe_combine). The
  * router reads xn; in the normed form xn then becomes the experts' input. */
 static hearth_status moe_grouped(cuda_model *cm, const op_step *s, const op_moe *m, float *out) {
@@ -614,21 +615,22 @@ static hearth_status moe_grouped(cuda_model *cm, const op_step *s, const op_moe 
     gate_up_tabs(cm, g, u, E, gu);
     int together = gu[0].proto->dtype == gu[1].proto->dtype && gu[0].proto->n == gu[1].proto->n &&
                    gu[0].proto->k == gu[1].proto->k;
-    int act = m->act == OP_ACT_SILU ? CUDA_MOE_SILU : CUDA_MOE_GELU;
+    int gelu = m->act != OP_ACT_SILU;
     /* each run's tables: rows and dst [P], segments [smax][3], their count */
     int32_t *rows = cm->moe_idx, *dst = rows + Tc * K, *segs = dst + Tc * K, *nseg = segs + 3 * smax;
+    TRY(cuda_to_bf16(cm->xn, (size_t)T * H, cm->moe_xb, err)); /* the experts' input, once */
     for (int t0 = 0; t0 < T; t0 += Tc) {
-        int n = T - t0 < Tc ? T - t0 : Tc;
+        int n = T - t0 < Tc ? T - t0 : Tc, F = (int)gu[0].proto->n;
         TRY(cuda_moe_sort(cm->moe_rows + (size_t)t0 * K, n, K, E, TOK, rows, dst, segs, nseg, err));
         float *ys[2] = {cm->moe_gate, cm->moe_up};
-        const float *xr = cm->xn + (size_t)t0 * H;
+        const uint16_t *xr = cm->moe_xb + (size_t)t0 * H;
         if (together) {
-            TRY(cuda_moe_gemm(gu, 2, ys, NULL, segs, smax, nseg, xr, NULL, rows, CUDA_MOE_X, err));
+            TRY(cuda_moe_gemm(gu, 2, ys, NULL, segs, smax, nseg, xr, rows, err));
         } else {
-            for (int i = 0; i < 2; i++)
-                TRY(cuda_moe_gemm(&gu[i], 1, &ys[i], NULL, segs, smax, nseg, xr, NULL, rows, CUDA_MOE_X, err));
+            for (int i = 0; i < 2; i++) TRY(cuda_moe_gemm(&gu[i], 1, &ys[i], NULL, segs, smax, nseg, xr, rows, err));
         }
-        TRY(cuda_moe_gemm(&down, 1, &cm->moe_out, dst, segs, smax, nseg, cm->moe_gate, cm->moe_up, NULL, act, err));
+        TRY(cuda_gated_bf16(cm->moe_gate, cm->moe_up, (size_t)n * K * F, gelu, cm->moe_actb, err));
+        TRY(cuda_moe_gemm(&down, 1, &cm->moe_out, dst, segs, smax, nseg, cm->moe_actb, NULL, err));
         TRY(cuda_moe_combine(out + (size_t)t0 * H, cm->moe_out, cm->moe_w + (size_t)t0 * K, n, K, H, err));
     }
     return moe_shared(cm, s, m, cm->xn, out);
@@ -1037,8 +1039,12 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
         TRY(cuda_alloc((void **)&cm->moe_out, p->moe_out_floats * sizeof(float), "expert outputs", err));
         if (p->moe_acc_floats)
             TRY(cuda_alloc((void **)&cm->moe_acc, p->moe_acc_floats * sizeof(float), "expert sums", err));
-        if (p->moe_idx_ints)
+        if (p->moe_idx_ints) {
             TRY(cuda_alloc((void **)&cm->moe_idx, p->moe_idx_ints * sizeof(int32_t), "expert tables", err));
+            TRY(cuda_alloc((void **)&cm->moe_xb, p->moe_xb_elems * sizeof(uint16_t), "expert inputs (bf16)", err));
+            TRY(cuda_alloc((void **)&cm->moe_actb, p->moe_actb_elems * sizeof(uint16_t), "expert products (bf16)",
+                           err));
+        }
         if (cudaMallocHost((void **)&cm->host_moe_logits, p->moe_logits * sizeof(float)) != cudaSuccess ||
             cudaMallocHost((void **)&cm->host_moe_rows, P * sizeof(int32_t)) != cudaSuccess ||
             cudaMallocHost((void **)&cm->host_moe_sel, P * sizeof(int32_t)) != cudaSuccess ||
@@ -1189,6 +1195,8 @@ void cuda_model_free(op_backend *be) {
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) cuda_free(moe[i]);
     cuda_free(cm->moe_rows);
     cuda_free(cm->moe_idx);
+    cuda_free(cm->moe_xb);
+    cuda_free(cm->moe_actb);
     void *pinned[] = {cm->host_moe_logits, cm->host_moe_rows, cm->host_moe_sel, cm->host_moe_w, cm->host_moe_tw};
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         if (pinned[i]) cudaFreeHost(pinned[i]);

@@ -7,15 +7,14 @@
  * (token, expert) pairs that chose the same expert (the caller orders pairs by expert and
  * cuts each expert's run into segments). k is walked in steps of 32: the block dequantizes
  * its 64 x 32 weight tile into shared memory as bf16 (cuda_dequant.cuh, the arithmetic of
- * the dequantize + cuBLAS prefill path, so a weight rounds the same on both), loads the
- * segment's 32-wide input slices as bf16 (gathered through xrow, or formed on the fly as
- * act(gate) * up for the down projection), and each of its 4 warps runs
+ * the dequantize + cuBLAS prefill path, so a weight rounds the same on both), copies the
+ * segment's 32-wide bf16 input slices (gathered through xrow; the caller converts each input
+ * once, cuda_to_bf16 / cuda_gated_bf16, not once per block), and each of its 4 warps runs
  * mma.m16n8k16.bf16 on 16 feature rows x 8 tokens per n-tile, f32 accumulation. Shared
  * rows are 40 bf16 apart (80 bytes), so the 32-bit fragment loads of a warp (8 rows x 4
  * lanes) hit 32 distinct banks. Precision: the prefill path's (bf16 operands, f32 sums);
  * not batch-invariant (the caller keeps deterministic and exact steps on the per-expert
  * form). Never allocates or synchronizes. */
-#include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_internal.h"
 #include <cuda_bf16.h>
@@ -36,7 +35,7 @@ typedef struct mg_args {
     const void *const *scales[2];
     float *y[2];
     const int32_t *segs, *nseg, *xrow, *yrow;
-    const float *x, *x2;
+    const __nv_bfloat16 *x;
 } mg_args;
 
 /* c += A (16 x 16 bf16, row) · B (16 x 8 bf16, col), f32 accumulators (sm_80+). */
@@ -64,23 +63,20 @@ static __device__ __forceinline__ void mg_store8(__nv_bfloat16 *dst, const float
     *(uint4 *)dst = make_uint4(pk[0], pk[1], pk[2], pk[3]);
 }
 
-/* Elements c .. c + 7 of row r (c % 8 == 0): the flat 8-wide dequantizers where the format
- * has one, else element by element. */
+/* Elements c .. c + 7 of row r (c % 8 == 0): the 8-wide dequantizers where the format has
+ * one, else element by element. */
 template <int DQ> static __device__ __forceinline__ void mg_weight8(const cuda_weight &w, int r, int c, float (&v)[8]) {
     if (DQ == DT_Q8_0 || DQ == DT_Q4_K || DQ == DT_Q6_K) {
         dq_flat8<DQ>(w, (size_t)r * (size_t)w.k + (size_t)c, v);
+    } else if (DQ == DT_AFFINE) {
+        dq_affine8(w, r, c, v);
     } else {
 #pragma unroll
         for (int u = 0; u < 8; u++) v[u] = dq_elem(w, r, c + u);
     }
 }
 
-static __device__ __forceinline__ void mg_load8(const float *p, float (&v)[8]) {
-    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-
-template <int DQ, int ACT> __global__ void __launch_bounds__(MG_THREADS) moe_gemm_kernel(mg_args a) {
+template <int DQ> __global__ void __launch_bounds__(MG_THREADS) moe_gemm_kernel(mg_args a) {
     __shared__ __align__(16) __nv_bfloat16 sw[MG_ROWS * MG_S];
     __shared__ __align__(16) __nv_bfloat16 sx[MG_TOK * MG_S];
     if (a.nseg && (int)blockIdx.y >= *a.nseg) return; /* past the routing's segments */
@@ -107,24 +103,15 @@ template <int DQ, int ACT> __global__ void __launch_bounds__(MG_THREADS) moe_gem
             mg_weight8<DQ>(w, min(row0 + r, n - 1), k0 + c, v);
             mg_store8(sw + r * MG_S + c, v);
         }
-        /* the inputs: the segment's tokens padded with zeros to whole n-tiles */
+        /* the inputs (bf16 rows): the segment's tokens padded with zeros to whole n-tiles */
         for (int gi = tid; gi < ntiles * 8 * 4; gi += MG_THREADS) {
             int t = gi / 4, c = (gi % 4) * 8;
-            float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if (t < cnt) {
-                size_t p = (size_t)p0 + (size_t)t;
-                if (ACT == CUDA_MOE_X) {
-                    mg_load8(a.x + (size_t)(a.xrow ? a.xrow[p] : (int32_t)p) * (size_t)k + (size_t)(k0 + c), v);
-                } else {
-                    float gv[8], uv[8];
-                    mg_load8(a.x + p * (size_t)k + (size_t)(k0 + c), gv);
-                    mg_load8(a.x2 + p * (size_t)k + (size_t)(k0 + c), uv);
-#pragma unroll
-                    for (int u = 0; u < 8; u++)
-                        v[u] = ACT == CUDA_MOE_GELU ? gelu_tanh_mul_value(gv[u], uv[u]) : silu_mul_value(gv[u], uv[u]);
-                }
+                size_t p = (size_t)p0 + (size_t)t, row = a.xrow ? (size_t)a.xrow[p] : p;
+                v = *(const uint4 *)(a.x + row * (size_t)k + (size_t)(k0 + c));
             }
-            mg_store8(sx + t * MG_S + c, v);
+            *(uint4 *)(sx + t * MG_S + c) = v;
         }
         __syncthreads();
 #pragma unroll
@@ -172,21 +159,15 @@ extern "C" int cuda_moe_gemm_takes(const cuda_weight *w) {
     }
 }
 
-template <int DQ> static void mg_launch(dim3 grid, int act, const mg_args &a) {
-    cudaStream_t s = cuda_stream();
-    if (act == CUDA_MOE_SILU)
-        moe_gemm_kernel<DQ, CUDA_MOE_SILU><<<grid, MG_THREADS, 0, s>>>(a);
-    else if (act == CUDA_MOE_GELU)
-        moe_gemm_kernel<DQ, CUDA_MOE_GELU><<<grid, MG_THREADS, 0, s>>>(a);
-    else
-        moe_gemm_kernel<DQ, CUDA_MOE_X><<<grid, MG_THREADS, 0, s>>>(a);
+template <int DQ> static void mg_launch(dim3 grid, const mg_args &a) {
+    moe_gemm_kernel<DQ><<<grid, MG_THREADS, 0, cuda_stream()>>>(a);
 }
 
 extern "C" hearth_status cuda_moe_gemm(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *yrow,
-                                       const int32_t *segs, int nseg, const int32_t *nseg_dev, const float *x,
-                                       const float *x2, const int32_t *xrow, int act, hearth_error *err) {
+                                       const int32_t *segs, int nseg, const int32_t *nseg_dev, const void *x,
+                                       const int32_t *xrow, hearth_error *err) {
     if (nseg <= 0) return HEARTH_OK;
-    if (nw < 1 || nw > 2 || !segs || !x || (act != CUDA_MOE_X && (nw != 1 || !x2 || xrow)) || nseg > 65535)
+    if (nw < 1 || nw > 2 || !segs || !x || nseg > 65535)
         return err_set(err, HEARTH_ERR_INVALID, "cuda_moe_gemm: bad arguments (%d tables, %d segments)", nw, nseg);
     mg_args a = {};
     const cuda_weight *w0 = tabs[0].proto;
@@ -199,13 +180,14 @@ extern "C" hearth_status cuda_moe_gemm(const cuda_expert_table *tabs, int nw, fl
         a.scales[i] = tabs[i].scales;
         a.y[i] = ys[i];
     }
-    a.segs = segs, a.nseg = nseg_dev, a.xrow = xrow, a.yrow = yrow, a.x = x, a.x2 = x2;
+    a.segs = segs, a.nseg = nseg_dev, a.xrow = xrow, a.yrow = yrow, a.x = (const __nv_bfloat16 *)x;
     dim3 grid((unsigned)((w0->n + MG_ROWS - 1) / MG_ROWS), (unsigned)nseg, (unsigned)nw);
     switch (w0->dtype) {
-    case DT_Q8_0: mg_launch<DT_Q8_0>(grid, act, a); break;
-    case DT_Q4_K: mg_launch<DT_Q4_K>(grid, act, a); break;
-    case DT_Q6_K: mg_launch<DT_Q6_K>(grid, act, a); break;
-    default: mg_launch<DQ_ANY>(grid, act, a); break;
+    case DT_Q8_0: mg_launch<DT_Q8_0>(grid, a); break;
+    case DT_Q4_K: mg_launch<DT_Q4_K>(grid, a); break;
+    case DT_Q6_K: mg_launch<DT_Q6_K>(grid, a); break;
+    case DT_AFFINE: mg_launch<DT_AFFINE>(grid, a); break;
+    default: mg_launch<DQ_ANY>(grid, a); break;
     }
     return cuda_launched("moe_gemm", err);
 }

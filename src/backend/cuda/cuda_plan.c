@@ -371,15 +371,24 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
             gp -= gp % K;
             p->moe_group_pairs = gp;
             p->moe_idx_ints = 2 * gp + 3 * (gp / CUDA_MOE_GEMM_TOKENS + (size_t)c->n_experts) + 1;
+            p->moe_xb_elems = T * (size_t)c->hidden;
+            p->moe_actb_elems = gp * (size_t)c->moe_ffn;
             if (gp > rows) rows = gp;
         }
         p->moe_ffn_floats = rows * ffn;
         p->moe_out_floats = rows * (size_t)c->hidden;
         p->moe_acc_floats = c->varied_layers ? T * (size_t)c->hidden : 0;
-        size_t parts[] = {
-            p->moe_logits * sizeof(float),        p->moe_pairs * sizeof(int32_t),    p->moe_pairs * sizeof(float),
-            p->moe_hidden_floats * sizeof(float), p->moe_ffn_floats * sizeof(float), p->moe_ffn_floats * sizeof(float),
-            p->moe_out_floats * sizeof(float),    p->moe_acc_floats * sizeof(float), p->moe_idx_ints * sizeof(int32_t)};
+        size_t parts[] = {p->moe_logits * sizeof(float),
+                          p->moe_pairs * sizeof(int32_t),
+                          p->moe_pairs * sizeof(float),
+                          p->moe_hidden_floats * sizeof(float),
+                          p->moe_ffn_floats * sizeof(float),
+                          p->moe_ffn_floats * sizeof(float),
+                          p->moe_out_floats * sizeof(float),
+                          p->moe_acc_floats * sizeof(float),
+                          p->moe_idx_ints * sizeof(int32_t),
+                          p->moe_xb_elems * 2,
+                          p->moe_actb_elems * 2};
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
             if (parts[i]) cuda_tally_add(t, parts[i]);
         /* the router's logits, and the pairs by expert and by token (rows and weights each) */

@@ -107,6 +107,7 @@ typedef struct cuda_plan {
      * most CUDA_GRAPH_MAX_T): pairs per run (gate / up rows moe_ffn_floats and output rows
      * moe_out_floats hold a run's), and a run's device tables (rows, slots, segments, count) */
     size_t moe_group_pairs, moe_out_floats, moe_idx_ints;
+    size_t moe_xb_elems, moe_actb_elems; /* its bf16 inputs: the step's [T, hidden], a run's [pairs, expert width] */
     /* LoRA adapters (cuda_lora_cache.c): each step row's adapter tables and counts (also
      * pinned on the host), the fast tier's rank values (cuda_lora_apply_fast's scratch); the
      * adapters' own device copies are made when a step first uses them, outside the plan */

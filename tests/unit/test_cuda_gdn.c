@@ -2,7 +2,8 @@
  * random inputs: cuda_gated_delta (conv, q/k L2 norm, delta rule, gated norm) against
  * ops_gated_delta (cpu_gdn.c) over a ragged step of three sequences (one starting at
  * position 0, one whose tokens are not contiguous in the batch) and then decode steps that
- * continue each sequence's state (one sequence restarted at position 0 midway), outputs,
+ * continue each sequence's state (one sequence restarted at position 0 midway), and prefill
+ * steps of one sequence (the parallel conv's chunked path, up to 300 tokens), outputs,
  * normalised q/k and the whole state pool compared; the state-record copy of snapshots;
  * gated attention's split and sigmoid gate; partial RoPE in cuda_rope_kv_write against
  * ops_rope_part, with the pool's stored keys; and the whole gated_delta op (its projections
@@ -79,7 +80,7 @@ typedef struct gdn_shape {
 
 #define NS 4     /* slots of the pool (slot 3 is never used: its records must stay as they were) */
 #define LAYERS 2 /* state layers; the op runs layer 1 */
-#define MAX_T 40 /* > 2 chunks of the kernels' 16 tokens */
+#define MAX_T 300 /* > 2 chunks of the kernels' 16 tokens; > 64 chunks of the parallel conv */
 
 /* One step of T tokens on both sides; the CPU's pool (kv) and the device pool (dstate) hold
  * the same state before and are compared after. */
@@ -97,6 +98,8 @@ static void run_step(const gdn_shape *g, kv_cache *kv, float *dstate, const floa
           *dy = dev_nan((size_t)T * vd);
     int32_t last[NS], first[MAX_T], next[MAX_T];
     cuda_gdn_runs(slot, T, NS, last, first, next);
+    int single = 1; /* one sequence's step: what cuda_model passes as single_run */
+    for (int t = 1; t < T; t++) single &= slot[t] == slot[0];
     int32_t *dpos = dev_upload(pos, sizeof(int32_t) * T), *dslot = dev_upload(slot, sizeof(int32_t) * T),
             *dfirst = dev_upload(first, sizeof(int32_t) * T), *dnext = dev_upload(next, sizeof(int32_t) * T);
 
@@ -137,6 +140,7 @@ static void run_step(const gdn_shape *g, kv_cache *kv, float *dstate, const floa
                         .v_dim = g->v_dim,
                         .conv_k = g->conv_k,
                         .v_tiled = g->v_tiled,
+                        .single_run = single,
                         .conv = dconv,
                         .A_log = dA,
                         .dt_bias = ddt,
@@ -199,12 +203,19 @@ static void check_gdn(const gdn_shape *g) {
     }
     /* a prefill chunk of one sequence alone (40 tokens: the kernels' chunks of 16, 16 and 8) */
     int32_t cpos[MAX_T], cslot[MAX_T];
-    for (int t = 0; t < MAX_T; t++) cpos[t] = next_pos[2]++, cslot[t] = 2;
-    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, MAX_T, cpos, cslot);
+    for (int t = 0; t < 40; t++) cpos[t] = next_pos[2]++, cslot[t] = 2;
+    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 40, cpos, cslot);
     /* two long runs back to back (slot 0 continues with 21 tokens, slot 1 restarts at 0 with 17):
      * chunks that end where a run ends and where the chunk is full */
     for (int t = 0; t < 38; t++) cslot[t] = t < 21 ? 0 : 1, cpos[t] = t < 21 ? next_pos[0]++ : t - 21;
     run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 38, cpos, cslot);
+    /* longer prefill chunks of one sequence, the parallel conv's chunks shorter than its
+     * history (100 tokens: 50 chunks of 2) and longer (300: 60 of 5, several per warp): slot 2
+     * continuing mid-sequence (its record is the history), slot 1 starting at position 0 */
+    for (int t = 0; t < 100; t++) cpos[t] = next_pos[2]++, cslot[t] = 2;
+    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 100, cpos, cslot);
+    for (int t = 0; t < MAX_T; t++) cpos[t] = t, cslot[t] = 1;
+    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, MAX_T, cpos, cslot);
     free(conv);
     cuda_free(dstate), cuda_free(dconv), cuda_free(dA), cuda_free(ddt), cuda_free(dnorm);
     kv_state_free(&kv);

@@ -465,10 +465,12 @@ typedef struct cuda_gdn_args {
     int T;
     const int32_t *pos, *slot, *run_first, *run_next;
     int k_heads, v_heads, k_dim, v_dim, conv_k, v_tiled;
+    int single_run; /* every token is slot[0]'s, in order (a prefill chunk): the conv runs in parallel chunks */
     const float *conv, *A_log, *dt_bias, *norm;
     float norm_eps;
     float *qkv;
-    const float *z, *a, *b;
+    const float *z;
+    float *a, *b; /* a prefill step (T > 8) overwrites them with each token's g and beta */
     float *y;
 } cuda_gdn_args;
 hearth_status cuda_gated_delta(const cuda_gdn_args *a, hearth_error *err);

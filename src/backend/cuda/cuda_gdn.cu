@@ -48,6 +48,32 @@ static __device__ __forceinline__ int2 gdn_chunk(const cuda_gdn_args &a, int u0)
     return r;
 }
 
+/* Channel c of the consecutive tokens u0 .. u0 + len - 1 (len <= GDN_CH) of one sequence: their
+ * inputs loaded together, then each output silu(w . [hist, x]) written in place, the history
+ * (the last conv_k - 1 inputs, oldest first) moved along; a token at position 0 starts from
+ * zeros. */
+static __device__ __forceinline__ void gdn_conv_tokens(const cuda_gdn_args &a, int C, int c, const float *w,
+                                                       float *hist, int u0, int len) {
+    const int K = a.conv_k;
+    float in[GDN_CH];
+    int fresh[GDN_CH];
+#pragma unroll
+    for (int j = 0; j < GDN_CH; j++)
+        if (j < len) in[j] = a.qkv[(size_t)(u0 + j) * C + c], fresh[j] = a.pos[u0 + j] == 0;
+#pragma unroll
+    for (int j = 0; j < GDN_CH; j++) {
+        if (j >= len) continue;
+        if (fresh[j])
+            for (int k = 0; k < K - 1; k++) hist[k] = 0.0f;
+        float sum = 0.0f;
+        for (int k = 0; k < K - 1; k++) sum += w[k] * hist[k];
+        sum += w[K - 1] * in[j];
+        for (int k = 0; k + 1 < K - 1; k++) hist[k] = hist[k + 1];
+        if (K > 1) hist[K - 2] = in[j];
+        a.qkv[(size_t)(u0 + j) * C + c] = sum * gdn_sigmoid(sum);
+    }
+}
+
 /* Thread (channel c, token t) with run_first[t]: the causal conv of channel c over the
  * tokens of t's sequence in this step (t, run_next[t], ...), its kept inputs in registers
  * from the record, written back at the end; x = silu(conv) in place. A chunk's inputs are
@@ -63,26 +89,58 @@ __global__ void gdn_conv_kernel(cuda_gdn_args a, int C) {
     for (int u0 = t; u0 >= 0;) {
         int2 ch = gdn_chunk(a, u0);
         int len = ch.x;
-        float in[GDN_CH];
-        int fresh[GDN_CH];
-#pragma unroll
-        for (int j = 0; j < GDN_CH; j++)
-            if (j < len) in[j] = a.qkv[(size_t)(u0 + j) * C + c], fresh[j] = a.pos[u0 + j] == 0;
-#pragma unroll
-        for (int j = 0; j < GDN_CH; j++) {
-            if (j >= len) continue;
-            if (fresh[j])
-                for (int k = 0; k < K - 1; k++) hist[k] = 0.0f;
-            float sum = 0.0f;
-            for (int k = 0; k < K - 1; k++) sum += w[k] * hist[k];
-            sum += w[K - 1] * in[j];
-            for (int k = 0; k + 1 < K - 1; k++) hist[k] = hist[k + 1];
-            if (K > 1) hist[K - 2] = in[j];
-            a.qkv[(size_t)(u0 + j) * C + c] = sum * gdn_sigmoid(sum);
-        }
+        gdn_conv_tokens(a, C, c, w, hist, u0, len);
         u0 = ch.y;
     }
     for (int k = 0; k < K - 1; k++) rec[(size_t)k * C + c] = hist[k];
+}
+
+/* Prefill steps of one sequence (single_run: every token in slot[0], the run in batch order):
+ * the same conv with the tokens cut into chunks of L walked in parallel, one warp per chunk
+ * and 32 channels, instead of one thread per channel walking them all. A block holds every
+ * chunk of its 32 channels, so it first reads each chunk's K - 1 inputs before it (the record's
+ * before token 0; zero before a token at position 0) into shared memory, and only after its
+ * barrier writes outputs in place and the record (the last chunk's history). */
+#define GDN_PC_WARPS 16
+__global__ void __launch_bounds__(32 * GDN_PC_WARPS) gdn_conv_run_kernel(cuda_gdn_args a, int C, int L) {
+    extern __shared__ float gdn_halo[]; /* [chunk][K - 1][32] */
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, c = blockIdx.x * 32 + lane, K = a.conv_k, T = a.T;
+    const int nch = (T + L - 1) / L;
+    const bool on = c < C;
+    float *rec = gdn_record(a, a.slot[0]), w[GDN_MAX_CONV], hist[GDN_MAX_CONV];
+    for (int ci = warp; ci < nch; ci += GDN_PC_WARPS)
+        for (int k = 0; k < K - 1; k++) {
+            int u = ci * L - (K - 1) + k; /* the token of history slot k (< 0: the record's) */
+            float v = 0.0f;
+            if (on) v = u >= 0 ? a.qkv[(size_t)u * C + c] : rec[(size_t)(K - 1 + u) * C + c];
+            for (int u2 = u + 1 > 0 ? u + 1 : 0; u2 < ci * L; u2++)
+                if (a.pos[u2] == 0) v = 0.0f; /* a later token of the window restarted the sequence */
+            gdn_halo[(ci * (K - 1) + k) * 32 + lane] = v;
+        }
+    __syncthreads();
+    if (!on) return;
+    for (int k = 0; k < K; k++) w[k] = a.conv[(size_t)c * K + k];
+    for (int ci = warp; ci < nch; ci += GDN_PC_WARPS) {
+        for (int k = 0; k < K - 1; k++) hist[k] = gdn_halo[(ci * (K - 1) + k) * 32 + lane];
+        int end = ci * L + L < T ? ci * L + L : T;
+        for (int u0 = ci * L; u0 < end; u0 += GDN_CH) {
+            int len = end - u0 < GDN_CH ? end - u0 : GDN_CH;
+            gdn_conv_tokens(a, C, c, w, hist, u0, len);
+        }
+        if (ci == nch - 1)
+            for (int k = 0; k < K - 1; k++) rec[(size_t)k * C + c] = hist[k];
+    }
+}
+
+/* Prefill: each (token, value head)'s decay g and beta, once, in place of a and b (the delta
+ * kernel's every thread would compute them per token otherwise). */
+__global__ void gdn_gate_kernel(cuda_gdn_args a) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, Hv = a.v_heads;
+    if (i >= a.T * Hv) return;
+    int h = i % Hv;
+    float A = expf(a.A_log[h]);
+    a.a[i] = expf(-A * gdn_softplus(a.a[i] + a.dt_bias[h]));
+    a.b[i] = gdn_sigmoid(a.b[i]);
 }
 
 /* One warp per (token, q or k head): mlx-lm's normalize_qk, as cpu_gdn.c's l2norm:
@@ -169,7 +227,8 @@ static __device__ __forceinline__ void gdn_cp4(void *smem, const void *gmem) {
 /* The delta rule for longer steps (prefill): GDN_DW warps per block, each 4 value rows of head h (8 lanes a row, lane
  * l of a row holding its state elements l + 8 m), for t's sequence when run_first[t]. The
  * block walks the sequence's tokens of this step in chunks of GDN_CH (gdn_chunk): the
- * chunk's q and k (shared by every row of the head), its rows' values, a, b and positions
+ * chunk's q and k (shared by every row of the head), its rows' values, g and beta (a and b
+ * after gdn_gate_kernel) and positions
  * are copied into shared memory with cp.async while the previous chunk is computed. Per token,
  * as cpu_gdn.c's row_update: S_i *= g; delta = (v_i - S_i . k) beta; S_i += k delta;
  * y_i = S_i . q. A token at position 0 starts from a zero row. NE: state elements per lane
@@ -228,7 +287,6 @@ template <int NE> __global__ void __launch_bounds__(GDN_DW * 32) gdn_delta_kerne
     float *S = gdn_record(a, a.slot[t]) + conv_floats + ((size_t)h * Dv + (i < Dv ? i : 0)) * Dk, s[NE];
 #pragma unroll
     for (int m = 0; m < NE; m++) s[m] = i < Dv && l + 8 * m < Dk ? S[l + 8 * m] : 0.0f;
-    const float A = expf(a.A_log[h]), dt_bias = a.dt_bias[h];
     if (warp == 0) walk(0, t);
     __syncthreads();
     issue(0);
@@ -244,8 +302,8 @@ template <int NE> __global__ void __launch_bounds__(GDN_DW * 32) gdn_delta_kerne
         const float *sa = sv + GDN_CH * GDN_ROWS, *sb = sa + GDN_CH;
         const int *sp = (const int *)(sb + GDN_CH);
         for (int j = 0; j < len; j++) {
-            float g = expf(-A * gdn_softplus(sa[j] + dt_bias)), beta = gdn_sigmoid(sb[j]);
-            float out = gdn_row_step<NE, 8>(s, sk + j * Dk, sq + j * Dk, l, Dk, g, beta, sv[j * GDN_ROWS + rloc], sp[j] == 0);
+            float out = gdn_row_step<NE, 8>(s, sk + j * Dk, sq + j * Dk, l, Dk, sa[j], sb[j], sv[j * GDN_ROWS + rloc],
+                                            sp[j] == 0);
             if (l == 0 && i < Dv) a.y[(size_t)(u0 + j) * Hv * Dv + (size_t)h * Dv + i] = out;
         }
     }
@@ -314,7 +372,17 @@ extern "C" hearth_status cuda_gated_delta(const cuda_gdn_args *a, hearth_error *
         return err_set(err, HEARTH_ERR_INVALID, "cuda_gated_delta: state layer %d of %d", a->layer, a->n_layers);
     int C = 2 * a->k_heads * a->k_dim + a->v_heads * a->v_dim, T = a->T;
     cudaStream_t st = cuda_stream();
-    gdn_conv_kernel<<<dim3((unsigned)((C + 127) / 128), (unsigned)T), 128, 0, st>>>(*a, C);
+    /* the conv: a prefill step of one sequence in parallel chunks (at most as many as the
+     * shared memory holds the histories of, 64), else each channel's run walked whole */
+    int hist = a->conv_k - 1, max_ch = hist > 0 ? (48 * 1024 / 4) / (hist * 32) : 64;
+    if (max_ch > 64) max_ch = 64;
+    if (a->single_run && T > GDN_DECODE_T) {
+        int L = (T + max_ch - 1) / max_ch, nch = (T + L - 1) / L;
+        gdn_conv_run_kernel<<<(unsigned)((C + 31) / 32), 32 * GDN_PC_WARPS, (size_t)nch * hist * 32 * sizeof(float),
+                              st>>>(*a, C, L);
+    } else {
+        gdn_conv_kernel<<<dim3((unsigned)((C + 127) / 128), (unsigned)T), 128, 0, st>>>(*a, C);
+    }
     hearth_status s = cuda_launched("gdn_conv", err);
     if (s) return s;
     unsigned qk_rows = (unsigned)T * 2 * a->k_heads;
@@ -324,7 +392,10 @@ extern "C" hearth_status cuda_gated_delta(const cuda_gdn_args *a, hearth_error *
         unsigned row_blocks = (unsigned)((a->v_dim + GDN_WARPS - 1) / GDN_WARPS);
         gdn_delta_decode_kernel<<<dim3((unsigned)a->v_heads * row_blocks, (unsigned)T), 32 * GDN_WARPS, 0, st>>>(*a, C);
         s = cuda_launched("gdn_delta", err);
-    } else { /* the variant whose 8 lanes a row hold the key dim */
+    } else { /* g and beta once, then the variant whose 8 lanes a row hold the key dim */
+        unsigned n = (unsigned)T * (unsigned)a->v_heads;
+        gdn_gate_kernel<<<(n + 255) / 256, 256, 0, st>>>(*a);
+        if ((s = cuda_launched("gdn_gate", err))) return s;
         int k8 = (a->k_dim + 7) / 8;
         if (k8 <= 2) s = launch_delta<2>(a, C, err);
         else if (k8 <= 4) s = launch_delta<4>(a, C, err);

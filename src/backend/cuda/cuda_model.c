@@ -795,6 +795,7 @@ static hearth_status cu_gated_delta(const op_step *s, const op_gdn *g) {
                           .v_dim = d->gdn_v_dim,
                           .conv_k = d->gdn_conv,
                           .v_tiled = d->gdn_v_tiled,
+                          .single_run = cm->single_slot,
                           .conv = dv(cm, g->conv),
                           .A_log = dv(cm, g->A_log),
                           .dt_bias = dv(cm, g->dt_bias),

@@ -387,6 +387,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     if (!st && c->n_state_layers > 0)
         st = kv_state_attach(&e->kv, c->n_state_layers, op_gdn_state_floats(&model_ops(e->m)->dims),
                              kv_state_default_snaps(e->max_seqs), err);
+    if (!st && c->n_state_layers > 0) kv_state_reserve_spec(&e->kv, kv_state_spec_records(e->max_seqs));
     if (!st) st = engine_device_open(model_ops(e->m), &e->kv, o.device, o.cuda_exact, o.expert_offload, e->step_tokens, e->max_out, e->tp, &e->be, err);
     e->gpu = e->be != NULL;
     e->spec = model_spec_limits(e->m, e->gpu);
@@ -835,6 +836,12 @@ void engine_state_snap_save(hearth_engine *e, int slot, int len, uint64_t hash, 
     hearth_error err = {0};
     if (i >= 0 && e->be->t->state_copy && e->be->t->state_copy(e->be, slot, e->kv.max_slots + i, &err))
         kv_state_snap_drop(&e->kv, i);
+}
+
+hearth_status engine_state_spec_copy(hearth_engine *e, int slot, int j, int to_backup, hearth_error *err) {
+    int i = kv_state_spec_copy(&e->kv, slot, j, to_backup), rec = e->kv.max_slots + i;
+    return e->be->t->state_copy ? e->be->t->state_copy(e->be, to_backup ? slot : rec, to_backup ? rec : slot, err)
+                                : HEARTH_OK;
 }
 
 hearth_status engine_state_snap_load(hearth_engine *e, int snap, int slot, hearth_error *err) {

@@ -80,6 +80,10 @@ hearth_status engine_state_rows(hearth_engine *e, int seq, void *record, int to_
  * forgotten, a failed load returns the error (the slot's state is then unusable). */
 void engine_state_snap_save(hearth_engine *e, int slot, int len, uint64_t hash, int rolling);
 hearth_status engine_state_snap_load(hearth_engine *e, int snap, int slot, hearth_error *err);
+/* Speculation on a hybrid: slot's state into backup record j (< kv_state.n_spec) before a
+ * step that verifies proposals (to_backup 1), and back when some are rejected (0); the
+ * device copy too. */
+hearth_status engine_state_spec_copy(hearth_engine *e, int slot, int j, int to_backup, hearth_error *err);
 /* The engine's thread pool (for work between steps, e.g. sampling all rows at once). */
 threadpool *engine_threads(hearth_engine *e);
 /* The per-slot sampler the scheduler gives each running request (own seed, own RNG). */

@@ -52,6 +52,10 @@ typedef struct sched_req {
     int proposer;     /* hearth_speculate of this step's proposal (lookup or draft) */
     spec_depth depth;
     int dseq, dlen;   /* the draft model's slot (-1: none) and the positions of its KV that hold this request's tokens */
+    /* hybrids (a recurrent state): the backup record of this step's proposal (-1: none), and
+     * the tokens before len the state has not taken (a partly rejected proposal's: the state
+     * went back to the backup, and the next step feeds them again before next) */
+    int spec_rec, n_replay;
     struct sched_req *next_waiting;
 } sched_req;
 
@@ -229,6 +233,7 @@ hearth_status hearth_batch_submit(hearth_batch *b, const hearth_batch_request *r
     q->r = *r;
     q->seq = -1;
     q->dseq = -1;
+    q->spec_rec = -1;
     q->t_submit = gen_now_seconds();
     q->n_fill = r->n_prompt;
     hearth_status st = gen_stream_init(&q->g, b->e, r->n_prompt, r->params, r->on_token, r->user, r->result, err);
@@ -471,6 +476,7 @@ static void preempt(hearth_batch *b, int i) {
     q->seq = -1;
     q->prefilled = 0;
     q->len = 0;
+    q->n_replay = 0, q->spec_rec = -1; /* the state is computed again from position 0 */
     memmove(b->run + i, b->run + i + 1, (size_t)(b->n_run - i - 1) * sizeof *b->run);
     b->n_run--;
     q->next_waiting = b->wait_head;
@@ -689,30 +695,40 @@ static int propose(hearth_batch *b) {
     int n_dec = 0, total = 0;
     for (int i = 0; i < b->n_run; i++) b->run[i]->n_draft = 0, n_dec += b->run[i]->decoding;
     kv_cache *kv = engine_kv(e);
-    /* a hybrid model's recurrent state would run through rejected tokens: no rollback of it yet */
+    /* a hybrid's recurrent state runs through every token of the step: a row speculates with a
+     * backup of its state (kv_state_spec_records of them) and, when a proposal is rejected,
+     * goes back to it and feeds the accepted tokens again at the next step (n_replay, at most
+     * a block's worth: a step never crosses the block boundary after the state's position, so
+     * every boundary's snapshot is still taken). The step budget keeps room for the replays. */
+    int n_spec = kv->state ? kv->state->n_spec : 0, replays = 0, candidates = 0;
+    if (kv->state && b->budget - b->max_run < n_spec * (KV_BLOCK_SIZE - 1)) n_spec = 0;
+    for (int i = 0; i < b->n_run; i++) replays += b->run[i]->decoding ? b->run[i]->n_replay : 0;
     hearth_engine *draft = engine_draft(e);
     int depth = 0; /* a draft model's: the deepest request's */
     for (int i = 0; draft && i < b->n_run; i++)
         if (b->run[i]->decoding && b->run[i]->r.params->num_draft_tokens > depth)
             depth = b->run[i]->r.params->num_draft_tokens;
     if (depth > SPEC_MAX_DRAFT) depth = SPEC_MAX_DRAFT;
-    if (engine_speculate(e) == HEARTH_SPEC_NONE || kv->state) return 0;
+    if (engine_speculate(e) == HEARTH_SPEC_NONE || (kv->state && n_spec == 0)) return 0;
     int reach = spec_step_room(engine_spec_limits(e), n_dec, depth);
     if (reach <= 0) return 0;
-    int rows = engine_max_out_rows(e) - b->n_run, tokens = b->budget - b->n_run;
+    int rows = engine_max_out_rows(e) - b->n_run, tokens = b->budget - b->n_run - replays;
     if (reach < tokens) tokens = reach;
     int ctx = hearth_engine_context_length(e), n_drafting = 0;
     for (int i = 0; i < b->n_run; i++) {
         sched_req *q = b->run[i];
         const hearth_generate_params *p = q->r.params;
         if (!q->decoding || (gen_device_sample(e, p) && !gen_device_greedy(e, p))) continue;
+        if (kv->state && candidates++ >= n_spec) continue; /* no backup record left */
         q->proposer = draft ? HEARTH_SPEC_DRAFT : HEARTH_SPEC_LOOKUP;
         int k = draft ? p->num_draft_tokens : spec_depth_next(&q->depth);
         if (k > SPEC_MAX_DRAFT) k = SPEC_MAX_DRAFT;
         int left = p->max_tokens - (int)q->r.result->completion_tokens - 1; /* the step emits up to k + 1 */
         int room = (kv->n_tokens[q->seq] + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * KV_BLOCK_SIZE +
                    kv->n_free * KV_BLOCK_SIZE - (q->len + 1);
-        int lim[] = {rows - total, tokens - total, left, ctx - 1 - q->len, room};
+        /* a hybrid: up to the block boundary after its state's position */
+        int edge = kv->state ? ((q->len - q->n_replay) / KV_BLOCK_SIZE + 1) * KV_BLOCK_SIZE - (q->len + 1) : k;
+        int lim[] = {rows - total, tokens - total, left, ctx - 1 - q->len, room, edge};
         for (size_t j = 0; j < sizeof lim / sizeof lim[0]; j++) k = lim[j] < k ? lim[j] : k;
         if (k <= 0) continue;
         engine_history_set(e, q->seq, q->len, q->next);
@@ -746,6 +762,15 @@ static int propose(hearth_batch *b) {
         total += k;
     }
     if (n_drafting) total -= draft_propose(b, draft, n_drafting);
+    for (int i = 0, j = 0; kv->state && i < b->n_run; i++) { /* the hybrids' backups */
+        sched_req *q = b->run[i];
+        hearth_error err = {0};
+        if (!q->n_draft) continue;
+        if (j < n_spec && !engine_state_spec_copy(e, q->seq, j, 1, &err))
+            q->spec_rec = j++;
+        else
+            total -= q->n_draft, q->n_draft = 0;
+    }
     return total;
 }
 
@@ -761,7 +786,7 @@ static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
     sched_req *q = b->run[i];
     kv_cache *kv = engine_kv(b->e);
     size_t vocab = (size_t)hearth_model_vocab_rows(b->e);
-    int k = q->n_draft, first = b->out_of[i], j = 0, accepted;
+    int k = q->n_draft, first = b->out_of[i], j = 0, accepted, state_len = q->len - q->n_replay;
     int32_t id;
     for (;; j++) {
         q->len++; /* the token fed at row j (next, then the accepted proposals) is in the KV */
@@ -787,6 +812,20 @@ static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
     q->n_draft = 0;
     kv_truncate(kv, q->seq, q->len);
     kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len);
+    if (q->spec_rec >= 0) { /* a hybrid: its state took every proposal; back to before them if one failed */
+        hearth_error err = {0};
+        q->n_replay = 0;
+        if (accepted < k && !q->r.result->finish) {
+            if (engine_state_spec_copy(b->e, q->seq, q->spec_rec, 0, &err)) {
+                q->spec_rec = -1;
+                run_done(b, i, HEARTH_ERR_IO, &err);
+                return;
+            }
+            q->n_replay = q->len - state_len;
+        }
+        q->spec_rec = -1;
+        hybrid_snapshot(b, q);
+    }
     if (q->r.result->finish) run_done(b, i, HEARTH_OK, NULL);
 }
 
@@ -800,10 +839,11 @@ size_t hearth_batch_step(hearth_batch *b) {
     grow(b); /* running requests before new ones */
     admit(b);
     if (b->n_run == 0) return b->n_waiting;
-    int drafted = propose(b);
+    int drafted = propose(b), replayed = 0;
     for (int i = 0; i < b->n_run; i++)
     {
         sched_req *q = b->run[i];
+        replayed += q->decoding ? q->n_replay : 0;
         b->remaining[i] = q->decoding ? 0 : q->n_fill - q->prefilled;
         /* hybrids: a prefill chunk stops at the prompt's last block boundary, whose state is kept */
         size_t edge = q->n_fill / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
@@ -811,13 +851,17 @@ size_t hearth_batch_step(hearth_batch *b) {
             b->remaining[i] = edge - q->prefilled;
     }
     /* proposed tokens come out of the prompts' share (propose left a token for every row) */
-    int T = sched_pack(b->remaining, b->n_run, b->budget - drafted, b->take) + drafted, t = 0, n_out = 0;
+    int T = sched_pack(b->remaining, b->n_run, b->budget - drafted - replayed, b->take) + drafted + replayed, t = 0,
+        n_out = 0;
     for (int i = 0; i < b->n_run; i++) {
         sched_req *q = b->run[i];
         b->out_of[i] = -1;
         if (!b->take[i]) continue;
         if (q->decoding) {
-            b->take[i] += q->n_draft;
+            const int32_t *hist = engine_history(b->e, q->seq);
+            b->take[i] += q->n_draft + q->n_replay;
+            for (int j = q->n_replay; j > 0; j--, t++) /* a hybrid's tokens its state goes through again */
+                b->tok[t] = hist[q->len - j], b->pos[t] = q->len - j, b->slot[t] = q->seq;
             b->out_of[i] = n_out;
             for (int j = 0; j <= q->n_draft; j++, t++) {
                 b->tok[t] = j ? q->draft[j - 1] : q->next, b->pos[t] = q->len + j, b->slot[t] = q->seq;
@@ -894,6 +938,7 @@ size_t hearth_batch_step(hearth_batch *b) {
             continue;
         } else {
             q->len++;
+            q->n_replay = 0;                                                    /* fed again this step, with next */
             kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len); /* a later turn reuses it */
             hybrid_snapshot(b, q);
         }

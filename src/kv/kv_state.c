@@ -7,6 +7,9 @@
 
 static size_t slot_floats(const kv_state *s) { return (size_t)s->n_layers * s->layer_floats; }
 
+/* The records the prefix cache names and reuses: all but speculation's backups. */
+static int named(const kv_state *s) { return s->n_snaps - s->n_spec; }
+
 size_t kv_state_bytes(int max_slots, int n_layers, size_t layer_floats, int n_snaps) {
     if (n_layers <= 0) return 0;
     size_t per = (size_t)n_layers * layer_floats * sizeof(float);
@@ -56,30 +59,30 @@ uint64_t kv_state_chain_hash(uint64_t ns, const int32_t *tokens, int n) {
 
 int kv_state_snap_find(kv_cache *kv, int len, uint64_t hash) {
     kv_state *s = kv->state;
-    for (int i = 0; s && i < s->n_snaps; i++)
+    for (int i = 0; s && i < named(s); i++)
         if (s->snap[i].stamp && s->snap[i].len == len && s->snap[i].hash == hash) return i;
     return -1;
 }
 
 int kv_state_snap_save(kv_cache *kv, int slot, int len, uint64_t hash, int rolling) {
     kv_state *s = kv->state;
-    if (!s || s->n_snaps <= 0) return -1;
+    if (!s || named(s) <= 0) return -1;
     int i = kv_state_snap_find(kv, len, hash);
     if (i >= 0) { /* the same tokens give the same state: keep it, newer */
         s->snap[i].stamp = ++s->clock;
         return -1;
     }
     if (rolling)
-        for (int j = 0; j < s->n_snaps && i < 0; j++)
+        for (int j = 0; j < named(s) && i < 0; j++)
             if (s->snap[j].roll_slot == slot) i = j;
     int lru = -1;
-    for (int j = 0; i < 0 && j < s->n_snaps; j++) /* least recently used, never another's rolling one */
+    for (int j = 0; i < 0 && j < named(s); j++) /* least recently used, never another's rolling one */
         if (s->snap[j].roll_slot < 0 && (lru < 0 || s->snap[j].stamp < s->snap[lru].stamp)) lru = j;
-    for (int j = 0; i < 0 && lru < 0 && j < s->n_snaps; j++)
+    for (int j = 0; i < 0 && lru < 0 && j < named(s); j++)
         if (lru < 0 || s->snap[j].stamp < s->snap[lru].stamp) lru = j;
     if (i < 0) i = lru;
     if (i < 0) return -1;
-    for (int j = 0; rolling && j < s->n_snaps; j++)
+    for (int j = 0; rolling && j < named(s); j++)
         if (s->snap[j].roll_slot == slot) s->snap[j].roll_slot = -1;
     memcpy(s->snap_data + (size_t)i * slot_floats(s), s->data + (size_t)slot * slot_floats(s),
            slot_floats(s) * sizeof(float));
@@ -96,6 +99,19 @@ void kv_state_snap_load(kv_cache *kv, int i, int slot) {
     memcpy(s->data + (size_t)slot * slot_floats(s), s->snap_data + (size_t)i * slot_floats(s),
            slot_floats(s) * sizeof(float));
     s->snap[i].stamp = ++s->clock;
+}
+
+void kv_state_reserve_spec(kv_cache *kv, int n) {
+    kv_state *s = kv->state;
+    if (s) s->n_spec = n < 0 ? 0 : n > s->n_snaps ? s->n_snaps : n;
+}
+
+int kv_state_spec_copy(kv_cache *kv, int slot, int j, int to_backup) {
+    kv_state *s = kv->state;
+    int i = named(s) + j;
+    float *rec = s->snap_data + (size_t)i * slot_floats(s), *at = s->data + (size_t)slot * slot_floats(s);
+    memcpy(to_backup ? rec : at, to_backup ? at : rec, slot_floats(s) * sizeof(float));
+    return i;
 }
 
 void kv_state_slot_release(kv_cache *kv, int slot) {

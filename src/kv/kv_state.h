@@ -30,20 +30,30 @@ typedef struct kv_state {
     size_t layer_floats; /* floats of one (slot, layer) record */
     float *data;         /* [max_slots][n_layers][layer_floats] */
     int n_snaps;
+    int n_spec; /* the last n_spec records: speculation's backups (kv_state_reserve_spec), never named */
     kv_snap_meta *snap;
     float *snap_data; /* [n_snaps][n_layers][layer_floats] */
     uint64_t clock;
 } kv_state;
 
+/* Records kept back for speculative decoding: a row's state before a step that verifies
+ * proposals, put back when some are rejected (at most this many rows speculate in a step). */
+static inline int kv_state_spec_records(int max_slots) { return max_slots < 4 ? max_slots : 4; }
 /* Snapshot records an engine with max_slots sequences keeps: one rolling and one kept (a
- * prompt's end) per sequence, and two more. */
-static inline int kv_state_default_snaps(int max_slots) { return 2 * max_slots + 2; }
+ * prompt's end) per sequence, two more, and speculation's backups. */
+static inline int kv_state_default_snaps(int max_slots) { return 2 * max_slots + 2 + kv_state_spec_records(max_slots); }
 /* Bytes kv_state_attach allocates for these sizes (0 when n_layers is 0). */
 size_t kv_state_bytes(int max_slots, int n_layers, size_t layer_floats, int n_snaps);
 /* Gives kv (its max_slots) a state pool of n_layers records of layer_floats per slot and
  * n_snaps snapshot records, zeroed. */
 hearth_status kv_state_attach(kv_cache *kv, int n_layers, size_t layer_floats, int n_snaps, hearth_error *err);
 void kv_state_free(kv_cache *kv);
+/* Keeps the last n of the snapshot records for speculation's backups (kv_state_spec_copy):
+ * the prefix cache never names or reuses them. */
+void kv_state_reserve_spec(kv_cache *kv, int n);
+/* Copies slot's state into backup record j (< n_spec), or back (to_backup 0); returns the
+ * snapshot record it used (its device copy: index max_slots + that). */
+int kv_state_spec_copy(kv_cache *kv, int slot, int j, int to_backup);
 /* The record of (layer, slot). */
 static inline float *kv_state_at(const kv_cache *kv, int layer, int slot) {
     const kv_state *s = kv->state;

@@ -268,8 +268,9 @@ def test_hybrid_kv_pool_and_state_match_config(hearth_bin):
     """Qwen3.5 (src/kv/kv_state.h): keys and values for the full-attention layers only, and per
     sequence a float32 record per Gated DeltaNet layer (the conv's last width - 1 inputs of
     2 k_heads k_dim + v_heads v_dim channels, then v_heads [v_dim, k_dim] matrices), plus
-    2 x sequences + 2 snapshot records of all of them (24 bytes of metadata each) and the
-    pool's 56-byte header; all from config.json."""
+    2 x sequences + 2 snapshot records of all of them plus min(sequences, 4) backups for
+    speculative decoding (24 bytes of metadata each) and the pool's 56-byte header; all from
+    config.json."""
     model = model_path("tiny/qwen3_5-f32")
     cfg = json.loads((model / "config.json").read_text())
     n, every = cfg["num_hidden_layers"], cfg["full_attention_interval"]
@@ -285,6 +286,6 @@ def test_hybrid_kv_pool_and_state_match_config(hearth_bin):
         tables = 4 * (blocks + batch + blocks)
         buckets = 1 << max(0, (blocks - 1).bit_length())
         prefix = blocks * (64 + 4 * KV_BLOCK) + 2 * 4 * buckets + 32 * batch + 56  # as test_kv_pool_matches_config
-        snaps = 2 * batch + 2
+        snaps = 2 * batch + 2 + min(batch, 4)
         state = 56 + batch * per_seq + snaps * (per_seq + 24)
         assert fit["kv_pool_bytes"] == tensors + tables + prefix + state

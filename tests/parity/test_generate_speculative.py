@@ -57,7 +57,7 @@ def same_with_and_without(model, *args, env=SCALAR, extra_on=()):
 
 
 TINY_MODELS = ["llama-f32", "qwen3-q4g64", "gemma3-q8g32", "minicpm-bf16", "llama-q5g64", "gemma4-q8g64",
-               "qwen3_moe-q4g64", "qwen3_5-q4g64", "gemma4_moe-f32"]  # qwen3_5: hybrid, proposes nothing yet
+               "qwen3_moe-q4g64", "qwen3_5-q4g64", "gemma4_moe-f32"]  # qwen3_5: hybrid (state backup + replay)
 
 
 @pytest.mark.parametrize("name", TINY_MODELS)

@@ -2,7 +2,8 @@
  * found by (length, chain hash) only, loads back exactly what was saved, a sequence's rolling
  * snapshot is overwritten by its next one and never by another sequence's, a kept one is
  * evicted least recently used first, and a released slot's rolling snapshot becomes an
- * ordinary one. The chain hash names a prefix: it changes with any of its tokens. */
+ * ordinary one; speculation's backup records are never named or reused by the prefix cache. The chain hash names a
+ * prefix: it changes with any of its tokens. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -75,6 +76,32 @@ static void test_snapshots(void **st) {
     assert_null(kv.state);
 }
 
+/* Speculation's backups (kv_state_reserve_spec, kv_state_spec_copy): the last records hold a slot's state and give
+ * it back exactly; the prefix cache's saves never take them, however many it makes, and a
+ * backup is never found by name. */
+static void test_spec_backups(void **st) {
+    (void)st;
+    kv_cache kv = {.max_slots = SLOTS};
+    assert_int_equal(kv_state_attach(&kv, LAYERS, FLOATS, SNAPS, NULL), HEARTH_OK);
+    kv_state_reserve_spec(&kv, 2);
+    assert_int_equal(kv.state->n_spec, 2);
+    fill(&kv, 1, 100.0f);
+    assert_int_equal(kv_state_spec_copy(&kv, 1, 1, 1), SNAPS - 1);
+    fill(&kv, 1, 7.0f);
+    for (int n = 1; n <= 8; n++) { /* more saves than records: only the first two are reused */
+        fill(&kv, 0, (float)n);
+        int i = kv_state_snap_save(&kv, 0, n * 16, 1000 + (uint64_t)n, 0);
+        assert_true(i >= 0 && i < SNAPS - 2);
+    }
+    assert_int_equal(kv_state_spec_copy(&kv, 2, 1, 0), SNAPS - 1);
+    assert_true(holds(&kv, 2, 100.0f));
+    assert_true(holds(&kv, 1, 7.0f));
+    kv_state_reserve_spec(&kv, 9); /* at most every record */
+    assert_int_equal(kv.state->n_spec, SNAPS);
+    assert_int_equal(kv_state_snap_save(&kv, 0, 16, 1, 0), -1);
+    kv_state_free(&kv);
+}
+
 static void test_chain_hash(void **st) {
     (void)st;
     int32_t t[48];
@@ -87,6 +114,7 @@ static void test_chain_hash(void **st) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_snapshots), cmocka_unit_test(test_chain_hash)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_snapshots), cmocka_unit_test(test_spec_backups),
+                                       cmocka_unit_test(test_chain_hash)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

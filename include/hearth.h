@@ -547,6 +547,13 @@ typedef struct hearth_train_options {
     double beta;                     /* dpo: the sigmoid loss's beta (0.1) */
     double orpo_lambda;              /* orpo: the odds-ratio term's weight (0.1) */
     unsigned long long seed;
+    /* mlx_lm.lora's optimizers as MLX has them (no bias correction): "adam" (NULL), "adamw"
+     * (weight decay applied to the parameter first) or "sgd" (weight decay added to the
+     * gradient, no momentum); weight_decay < 0: the optimizer's default (adamw 0.01, else 0) */
+    const char *optimizer;
+    double weight_decay;
+    int grad_accumulation_steps; /* gradients summed over this many batches, averaged, then one update (0: 1) */
+    int grad_checkpoint;         /* 1: keep only each LoRA layer's input, recompute the layer in the backward */
     /* called with each metrics.jsonl line as it is written (NULL: none) */
     void (*on_metrics)(void *ctx, const char *json_line);
     void *ctx;

@@ -12,6 +12,7 @@ static const char *train_usage =
     "  [--learning-rate X] [--lora-rank N] [--lora-scale X] [--num-layers 16] [--max-seq-length N]\n"
     "  [--beta 0.1] [--lambda 0.1] [--seed 0] [--adapter-path adapters] [--resume-adapter-file F]\n"
     "  [--steps-per-report 10] [--steps-per-eval 200] [--val-batches 25] [--save-every 100] [--mask-prompt]\n"
+    "  [--optimizer adam|adamw|sgd] [--weight-decay X] [--grad-accumulation-steps N] [--grad-checkpoint]\n"
     "  [--threads N]  (mlx_lm.lora's --model M and --train work too)\n"
     "  method: orpo for prompt/chosen/rejected data, else sft. Defaults: sft iters 1000, batch 4, lr 1e-5,\n"
     "  rank 8, scale 20, seq 2048; dpo/orpo iters 100, batch 1, lr 5e-5/1e-5, rank 8/16, scale 1/2, seq 4096\n"
@@ -85,10 +86,20 @@ static int parse_train_flags(int argc, char **argv, const char *usage, hearth_tr
         if (!strcmp(a, "--train")) continue;          /* mlx_lm.lora needs it; training is what this verb does */
         if (as_json && !strcmp(a, "--json")) { *as_json = 1; continue; }
         if (!strcmp(a, "--mask-prompt")) { o->mask_prompt = 1; continue; }
+        if (!strcmp(a, "--grad-checkpoint")) {
+            o->grad_checkpoint = 1;
+            continue;
+        }
         if (!v) used = 0;
         else if (!strcmp(a, "--model")) *model = v;
         else if (!strcmp(a, "--data")) o->data = v;
         else if (!strcmp(a, "--method")) o->method = v;
+        else if (!strcmp(a, "--optimizer"))
+            o->optimizer = v;
+        else if (!strcmp(a, "--weight-decay"))
+            bad = real_flag(a, v, &o->weight_decay);
+        else if (!strcmp(a, "--grad-accumulation-steps"))
+            bad = int_flag(a, v, 1, &o->grad_accumulation_steps);
         else if (!strcmp(a, "--adapter-path")) o->adapter_path = v;
         else if (!strcmp(a, "--resume-adapter-file")) o->resume_adapter_file = v;
         else if (!strcmp(a, "--iters")) bad = int_flag(a, v, 1, &o->iters);

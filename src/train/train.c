@@ -39,7 +39,8 @@ typedef struct tlayer {
     int64_t n[N_P], k[N_P];
     tr_lora lora[N_P];
     int has_lora;
-    acts s, s2; /* s2: the second sequence of a preference pair (dpo, orpo) */
+    acts s, s2;      /* s2: the second sequence of a preference pair (dpo, orpo) */
+    float *ck, *ck2; /* --grad-checkpoint: the layer's input (each slot) instead of s and s2 */
 } tlayer;
 
 typedef struct trainer {
@@ -54,6 +55,8 @@ typedef struct trainer {
     int n_owned;
     acts shared; /* the activations of layers below the LoRA ones: not kept */
     int lora_off, pref; /* lora_off: the frozen base alone (dpo's reference); pref: two activation slots */
+    int ckpt, opt;      /* --grad-checkpoint (the LoRA layers recompute into shared); the optimizer (OPT_*) */
+    float weight_decay;
     float *xf2, *hf2, *rstdf2, *dh2, *ce; /* the second slot's final-norm activations; per-row ce */
     float *prefix, *prefix2; /* dpo: each sequence's input to the lowest LoRA layer, from the reference's pass */
     int dpo;
@@ -69,6 +72,7 @@ typedef struct trainer {
 } trainer;
 
 enum { PART_DENSE, PART_ADAPTER, PART_OPTIMIZER, PART_ACTIVATIONS, PART_BUFFERS };
+enum { OPT_ADAM, OPT_ADAMW, OPT_SGD };
 static const char *const part_name[] = {"dense_weight_copies", "adapter_and_gradients", "optimizer_state",
                                         "saved_activations", "step_buffers"};
 
@@ -201,13 +205,18 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
              * far as the longest of its sequences is long */
             int T = t->T, T1 = t->dry && t->T1 > 0 && t->T1 < T ? t->T1 : T;
             int T2 = t->dry && t->T2 > 0 && t->T2 < T ? t->T2 : T, bad;
-            t->T = T1, bad = alloc_acts(t, &y->s);
-            t->T = T2, bad = bad || (t->pref && alloc_acts(t, &y->s2)), t->T = T;
+            if (t->ckpt) { /* only the layer's input: the backward recomputes the rest into shared */
+                bad = !(y->ck = falloc(t, (size_t)T1 * (size_t)t->D)) ||
+                      (t->pref && !(y->ck2 = falloc(t, (size_t)T2 * (size_t)t->D)));
+            } else {
+                t->T = T1, bad = alloc_acts(t, &y->s);
+                t->T = T2, bad = bad || (t->pref && alloc_acts(t, &y->s2)), t->T = T;
+            }
             if (bad) return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
         }
     }
     t->part = PART_ACTIVATIONS;
-    if (t->first_lora > 0 && alloc_acts(t, &t->shared))
+    if ((t->first_lora > 0 || t->ckpt) && alloc_acts(t, &t->shared))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
     t->part = PART_BUFFERS;
     int64_t T = max_T, D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
@@ -231,7 +240,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         /* a chunk holds at most T rows: dry, what of the scratch is ever written */
         !(t->xent_scratch = falloc(t, (size_t)(t->dry && T < TR_XENT_ROWS ? T : TR_XENT_ROWS) *
                                           (size_t)TR_XENT_ROW_FLOATS(t->V, D))) ||
-        (t->part = PART_OPTIMIZER, !(t->adam_m = falloc(t, t->n_params))) || !(t->adam_v = falloc(t, t->n_params)))
+        (t->part = PART_OPTIMIZER,
+         t->opt != OPT_SGD && (!(t->adam_m = falloc(t, t->n_params)) || !(t->adam_v = falloc(t, t->n_params)))))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (t->dry) t->dry_bytes[PART_BUFFERS] += resident_of((size_t)T * sizeof(int32_t));
     else if (!(t->targets = calloc((size_t)T, sizeof(int32_t)))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
@@ -294,13 +304,46 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
     return st;
 }
 
+/* Layer l of the forward on t->x (T rows, in place), its activations into s; lo: its LoRA
+ * pairs or NULL. */
+static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const tr_lora *lo) {
+    int64_t D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
+#define LORA(p) (lo ? &lo[p] : NULL)
+    memcpy(s->x_in, t->x, sizeof(float) * (size_t)(T * D));
+    tr_rmsnorm_fwd(t->x, T, D, y->attn_norm, t->eps, s->h1, s->rstd1);
+    tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_Q], qd, y->bias[0], LORA(P_Q), s->xa[P_Q], s->ql);
+    tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_K], kd, y->bias[1], LORA(P_K), s->xa[P_K], s->kl);
+    tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_V], kd, y->bias[2], LORA(P_V), s->xa[P_V], s->v);
+    if (y->q_norm)
+        tr_rmsnorm_fwd(s->ql, T * t->Hq, t->hd, y->q_norm, t->eps, s->qr, s->rstdq);
+    else
+        memcpy(s->qr, s->ql, sizeof(float) * (size_t)(T * qd));
+    if (y->k_norm)
+        tr_rmsnorm_fwd(s->kl, T * t->Hkv, t->hd, y->k_norm, t->eps, s->kr, s->rstdk);
+    else
+        memcpy(s->kr, s->kl, sizeof(float) * (size_t)(T * kd));
+    tr_rope(s->qr, T, t->Hq, t->hd, 0, t->inv_freq, t->adjacent, 1);
+    tr_rope(s->kr, T, t->Hkv, t->hd, 0, t->inv_freq, t->adjacent, 1);
+    tr_attn_fwd(t->tp, s->qr, s->kr, s->v, T, t->Hq, t->Hkv, t->hd, t->attn_scale, s->p, s->a);
+    tr_linear_fwd(t->tp, s->a, T, qd, y->w[P_O], D, NULL, LORA(P_O), s->xa[P_O], t->tmp);
+    for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
+    memcpy(s->x_mid, t->x, sizeof(float) * (size_t)(T * D));
+    tr_rmsnorm_fwd(t->x, T, D, y->ffn_norm, t->eps, s->h2, s->rstd2);
+    tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_GATE], F, NULL, LORA(P_GATE), s->xa[P_GATE], s->g);
+    tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_UP], F, NULL, LORA(P_UP), s->xa[P_UP], s->u);
+    tr_silu_mul_fwd(t->tp, s->g, s->u, T * F, s->mm);
+    tr_linear_fwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, NULL, LORA(P_DOWN), s->xa[P_DOWN], t->tmp);
+    for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
+#undef LORA
+}
+
 /* Forward of one sequence of T tokens (ids) and the loss of its targets (weight[i] each);
  * returns sum weight[i] * ce_i and, with grad, leaves the gradient of that sum wrt the
  * final normed hidden state in t->dh. The layers below the LoRA ones are the same with the
  * adapter on or off: keep (T x D floats, or NULL) gets the input of the lowest LoRA layer,
  * and from (NULL: run them) gives it instead of running them. */
 static double forward(trainer *t, const int32_t *ids, int64_t T, int grad, float *keep, const float *from) {
-    int64_t D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
+    int64_t D = t->D;
     if (from)
         memcpy(t->x, from, sizeof(float) * (size_t)(T * D));
     else
@@ -308,31 +351,9 @@ static double forward(trainer *t, const int32_t *ids, int64_t T, int grad, float
     for (int l = from ? t->first_lora : 0; l < t->L; l++) {
         if (keep && l == t->first_lora) memcpy(keep, t->x, sizeof(float) * (size_t)(T * D));
         tlayer *y = &t->layers[l];
-        acts *s = y->has_lora ? &y->s : &t->shared;
-        const tr_lora *lo = y->has_lora && !t->lora_off ? y->lora : NULL;
-#define LORA(p) (lo ? &lo[p] : NULL)
-        memcpy(s->x_in, t->x, sizeof(float) * (size_t)(T * D));
-        tr_rmsnorm_fwd(t->x, T, D, y->attn_norm, t->eps, s->h1, s->rstd1);
-        tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_Q], qd, y->bias[0], LORA(P_Q), s->xa[P_Q], s->ql);
-        tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_K], kd, y->bias[1], LORA(P_K), s->xa[P_K], s->kl);
-        tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_V], kd, y->bias[2], LORA(P_V), s->xa[P_V], s->v);
-        if (y->q_norm) tr_rmsnorm_fwd(s->ql, T * t->Hq, t->hd, y->q_norm, t->eps, s->qr, s->rstdq);
-        else memcpy(s->qr, s->ql, sizeof(float) * (size_t)(T * qd));
-        if (y->k_norm) tr_rmsnorm_fwd(s->kl, T * t->Hkv, t->hd, y->k_norm, t->eps, s->kr, s->rstdk);
-        else memcpy(s->kr, s->kl, sizeof(float) * (size_t)(T * kd));
-        tr_rope(s->qr, T, t->Hq, t->hd, 0, t->inv_freq, t->adjacent, 1);
-        tr_rope(s->kr, T, t->Hkv, t->hd, 0, t->inv_freq, t->adjacent, 1);
-        tr_attn_fwd(t->tp, s->qr, s->kr, s->v, T, t->Hq, t->Hkv, t->hd, t->attn_scale, s->p, s->a);
-        tr_linear_fwd(t->tp, s->a, T, qd, y->w[P_O], D, NULL, LORA(P_O), s->xa[P_O], t->tmp);
-        for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
-        memcpy(s->x_mid, t->x, sizeof(float) * (size_t)(T * D));
-        tr_rmsnorm_fwd(t->x, T, D, y->ffn_norm, t->eps, s->h2, s->rstd2);
-        tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_GATE], F, NULL, LORA(P_GATE), s->xa[P_GATE], s->g);
-        tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_UP], F, NULL, LORA(P_UP), s->xa[P_UP], s->u);
-        tr_silu_mul_fwd(t->tp, s->g, s->u, T * F, s->mm);
-        tr_linear_fwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, NULL, LORA(P_DOWN), s->xa[P_DOWN], t->tmp);
-        for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
-#undef LORA
+        acts *s = y->has_lora && !t->ckpt ? &y->s : &t->shared;
+        if (t->ckpt && y->has_lora) memcpy(y->ck, t->x, sizeof(float) * (size_t)(T * D));
+        layer_forward(t, y, s, T, y->has_lora && !t->lora_off ? y->lora : NULL);
     }
     memcpy(t->xf, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->xf, T, D, t->final_norm, t->eps, t->hf, t->rstdf);
@@ -349,6 +370,11 @@ static void backward(trainer *t, int64_t T) {
     for (int l = t->L - 1; l >= t->first_lora; l--) {
         tlayer *y = &t->layers[l];
         acts *s = &y->s;
+        if (t->ckpt) { /* the layer again from its input, its activations into shared */
+            memcpy(t->x, y->ck, sizeof(float) * (size_t)(T * D));
+            s = &t->shared;
+            layer_forward(t, y, s, T, y->lora);
+        }
         int below = l > t->first_lora; /* the input's gradient is needed further down */
         memset(t->dmm, 0, sizeof(float) * (size_t)(T * F));
         tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, &y->lora[P_DOWN], s->xa[P_DOWN], t->dx, t->dmm, sc);
@@ -424,8 +450,11 @@ static double run_batch(trainer *t, const tr_dataset *d, const int *idx, int bs,
 
 static void swap_slot(trainer *t) {
     for (int l = t->first_lora; l < t->L; l++) {
-        acts a = t->layers[l].s;
-        t->layers[l].s = t->layers[l].s2, t->layers[l].s2 = a;
+        tlayer *y = &t->layers[l];
+        acts a = y->s;
+        y->s = y->s2, y->s2 = a;
+        float *c = y->ck;
+        y->ck = y->ck2, y->ck2 = c;
     }
     float *f;
     f = t->xf, t->xf = t->xf2, t->xf2 = f;
@@ -538,10 +567,12 @@ static void zero_grads(trainer *t) {
         }
 }
 
-/* MLX's Adam (bias_correction False): m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
- * p -= lr m / (sqrt(v) + eps) */
-static void adam_step(trainer *t, float lr) {
-    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+/* One update with the accumulated gradients divided by accum (mlx-lm's gradient
+ * accumulation), as MLX's optimizers compute it in float32 (no bias correction):
+ * Adam: m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, p -= lr m / (sqrt(v) + eps);
+ * AdamW: p *= 1 - lr wd first; SGD: p -= lr (g + wd p) (wd term only when wd != 0). */
+static void opt_step(trainer *t, float lr, int accum) {
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = t->weight_decay, keep = 1.0f - lr * wd;
     size_t off = 0;
     for (int l = t->first_lora; l < t->L; l++)
         for (int p = 0; p < N_P; p++) {
@@ -549,10 +580,17 @@ static void adam_step(trainer *t, float lr) {
             float *par[2] = {y->lora[p].a, y->lora[p].b}, *g[2] = {y->lora[p].ga, y->lora[p].gb};
             size_t n[2] = {(size_t)(y->k[p] * t->r), (size_t)(t->r * y->n[p])};
             for (int j = 0; j < 2; j++) {
+                if (accum > 1)
+                    for (size_t i = 0; i < n[j]; i++) g[j][i] /= (float)accum;
+                if (t->opt == OPT_SGD) {
+                    for (size_t i = 0; i < n[j]; i++) par[j][i] -= lr * (wd != 0 ? g[j][i] + wd * par[j][i] : g[j][i]);
+                    continue;
+                }
                 float *m = t->adam_m + off, *v = t->adam_v + off;
                 for (size_t i = 0; i < n[j]; i++) {
                     m[i] = b1 * m[i] + (1 - b1) * g[j][i];
                     v[i] = b2 * v[i] + (1 - b2) * g[j][i] * g[j][i];
+                    if (t->opt == OPT_ADAMW) par[j][i] *= keep;
                     par[j][i] -= lr * m[i] / (sqrtf(v[i]) + eps);
                 }
                 off += n[j];
@@ -681,17 +719,20 @@ static hearth_status write_config(const char *model, const hearth_train_options 
     json_t *j = json_pack("{s:s,s:s,s:s,s:b,s:s,s:s,s:i,s:i,s:i,s:f,s:{s:i,s:f,s:f},s:b,s:i,s:i,s:i,s:i,s:i,s:i,s:I,"
                           "s:b,s:i,s:i}",
                           "model", model, "data", o->data, "adapter_path", dir, "train", 1, "fine_tune_type", "lora",
-                          "optimizer", "adam", "num_layers", o->num_layers, "batch_size", o->batch_size, "iters",
+                          "optimizer", o->optimizer, "num_layers", o->num_layers, "batch_size", o->batch_size, "iters",
                           o->iters, "learning_rate", o->learning_rate, "lora_parameters", "rank", o->lora_rank,
                           "dropout", 0.0, "scale", o->lora_scale, "mask_prompt", o->mask_prompt, "max_seq_length",
                           o->max_seq_length, "steps_per_report", o->steps_per_report, "steps_per_eval",
                           o->steps_per_eval, "save_every", o->save_every, "val_batches", o->val_batches,
-                          "grad_accumulation_steps", 1, "seed", (json_int_t)o->seed, "grad_checkpoint", 0,
-                          "test_batches", 500, "test", 0);
+                          "grad_accumulation_steps", o->grad_accumulation_steps, "seed", (json_int_t)o->seed,
+                          "grad_checkpoint", o->grad_checkpoint != 0, "test_batches", 500, "test", 0);
     if (!j) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     json_object_set_new(j, "resume_adapter_file",
                         o->resume_adapter_file ? json_string(o->resume_adapter_file) : json_null());
     json_object_set_new(j, "method", json_string(o->method ? o->method : "sft"));
+    if (o->weight_decay > 0) /* mlx-lm's optimizer_config, for the optimizer in use */
+        json_object_set_new(j, "optimizer_config",
+                            json_pack("{s:{s:f}}", o->optimizer, "weight_decay", o->weight_decay));
     if (o->method && !strcmp(o->method, "dpo")) json_object_set_new(j, "beta", json_real(o->beta));
     if (o->method && !strcmp(o->method, "orpo")) json_object_set_new(j, "lambda", json_real(o->orpo_lambda));
     char path[4096];
@@ -719,9 +760,19 @@ static void emit(FILE *metrics, const hearth_train_options *o, json_t *j) {
 }
 
 void hearth_train_defaults(hearth_train_options *o) {
-    *o = (hearth_train_options){.adapter_path = "adapters", .num_layers = 16, .steps_per_report = 10,
-                                .steps_per_eval = 200, .save_every = 100, .val_batches = 25, .learning_rate = -1,
-                                .lora_scale = -1, .beta = 0.1, .orpo_lambda = 0.1, .seed = 0};
+    *o = (hearth_train_options){.adapter_path = "adapters",
+                                .num_layers = 16,
+                                .steps_per_report = 10,
+                                .steps_per_eval = 200,
+                                .save_every = 100,
+                                .val_batches = 25,
+                                .learning_rate = -1,
+                                .lora_scale = -1,
+                                .beta = 0.1,
+                                .orpo_lambda = 0.1,
+                                .seed = 0,
+                                .weight_decay = -1,
+                                .grad_accumulation_steps = 1};
 }
 
 /* The method's defaults for what o leaves unset (hearth_train_defaults). */
@@ -811,6 +862,21 @@ static hearth_status train_setup(const char *model_name, hearth_train_options *o
                      o->data);
     if (!st) o->method = method;
     resolve_defaults(o, pref, orpo);
+    const char *opt = o->optimizer ? o->optimizer : "adam";
+    t->opt = !strcmp(opt, "adamw") ? OPT_ADAMW : !strcmp(opt, "sgd") ? OPT_SGD : OPT_ADAM;
+    if (!st && strcmp(opt, "adam") && strcmp(opt, "adamw") && strcmp(opt, "sgd"))
+        st = err_set(err, HEARTH_ERR_INVALID, "--optimizer %s: %s (adam, adamw or sgd)", opt,
+                     !strcmp(opt, "muon") || !strcmp(opt, "adafactor") ? "not supported by hearth train yet"
+                                                                       : "unknown");
+    o->optimizer = opt;
+    if (o->weight_decay < 0) o->weight_decay = t->opt == OPT_ADAMW ? 0.01 : 0.0;
+    t->weight_decay = (float)o->weight_decay;
+    if (o->grad_accumulation_steps == 0) o->grad_accumulation_steps = 1;
+    t->ckpt = o->grad_checkpoint != 0;
+    if (!st && (o->grad_accumulation_steps < 1 || !(o->weight_decay >= 0)))
+        st = err_set(err, HEARTH_ERR_INVALID,
+                     "--grad-accumulation-steps must be at least 1 and --weight-decay "
+                     "non-negative");
     if (!st && (!(o->beta >= 0) || !(o->orpo_lambda >= 0)))
         st = err_set(err, HEARTH_ERR_INVALID, "--beta and --lambda must be non-negative numbers");
     if (!st && (o->iters < 1 || o->batch_size < 1 || o->lora_rank < 1 || o->max_seq_length < 2 || o->steps_per_report < 1 ||
@@ -882,7 +948,8 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
             tic = now();
         }
         long long toks;
-        zero_grads(&t);
+        int accum = o->grad_accumulation_steps;
+        if ((it - 1) % accum == 0) zero_grads(&t); /* gradients summed over accum batches */
         double loss;
         if (pref) {
             pref_stats ps;
@@ -894,7 +961,8 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
         } else {
             loss = run_batch(&t, &td, idx + perm[pos++] * o->batch_size, o->batch_size, o->max_seq_length, 1, &toks);
         }
-        adam_step(&t, (float)o->learning_rate);
+        if (it % accum == 0)
+            opt_step(&t, (float)o->learning_rate, accum); /* as mlx-lm: a last partial window is not applied */
         losses += loss, n_tokens += toks, steps++, done_steps = it;
         train_time += now() - tic;
         if (it % o->steps_per_report == 0 || it == o->iters) {

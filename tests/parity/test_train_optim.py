@@ -1,0 +1,134 @@
+"""hearth train's optimizer options against mlx_lm.lora 0.32.2 (the oracle, run in this process
+as test_train.py runs it): --optimizer adamw and sgd with a weight decay (mlx-lm's
+optimizer_config), --grad-accumulation-steps and --grad-checkpoint. Same initial adapter, data
+and seed on both sides; every training and validation loss within test_train.LOSS_RTOL and the
+trained adapters within a tolerance far below what the option changes (each option is also run
+off, so a flag hearth ignored would fail). --grad-checkpoint must not change a single bit of the
+losses, and `hearth fit --train` must predict fewer saved activations with it."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from test_train import BIN, LOSS_RTOL, hearth_train, make_data, make_init_adapter, mlx_lora, model_dir
+
+
+def adapters(path):
+    from safetensors.numpy import load_file
+    return load_file(os.path.join(path, "adapters.safetensors"))
+
+
+def max_diff(a, b):
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+def run_both(tmp_path, tag, model, data, init, mlx_kw, flags, iters=8):
+    common = dict(iters=iters, batch_size=2, num_layers=-1, steps_per_report=1, steps_per_eval=4, seed=3)
+    ref = mlx_lora(model, data, tmp_path / f"mlx-{tag}", init, **common, **mlx_kw)
+    base = ["--iters", str(iters), "--batch-size", "2", "--num-layers", "-1", "--steps-per-report", "1",
+            "--steps-per-eval", "4", "--seed", "3"]
+    ours = hearth_train(model, data, tmp_path / f"ours-{tag}", init, base + flags)
+    ours = [{k: r[k] for k in ("step", "loss", "val_loss") if k in r} for r in ours]
+    assert [(r["step"], "loss" in r) for r in ours] == [(r["step"], "loss" in r) for r in ref]
+    for a, b in zip(ref, ours):
+        k = "loss" if "loss" in a else "val_loss"
+        assert abs(a[k] - b[k]) <= LOSS_RTOL * abs(a[k]), f"{tag} step {a['step']} {k}: mlx-lm {a[k]}, hearth {b[k]}"
+    return ours, adapters(tmp_path / f"mlx-{tag}"), adapters(tmp_path / f"ours-{tag}")
+
+
+@pytest.fixture
+def setup(tmp_path):
+    model = model_dir("llama-f32")
+    data = make_data(str(tmp_path / "data"), "text")
+    init = make_init_adapter(model, tmp_path / "init.safetensors", 8, -1)
+    return model, data, init
+
+
+def test_adamw_weight_decay_matches_mlx(tmp_path, setup):
+    model, data, init = setup
+    lr = 1e-4
+    _, _, plain = run_both(tmp_path, "adam", model, data, init, dict(learning_rate=lr), ["--learning-rate", str(lr)])
+    _, theirs, mine = run_both(tmp_path, "adamw", model, data, init,
+                               dict(learning_rate=lr, optimizer="adamw", optimizer_config={"adamw": {"weight_decay": 5.0}}),
+                               ["--learning-rate", str(lr), "--optimizer", "adamw", "--weight-decay", "5"])
+    # 8 steps of p *= 1 - 5e-4 shrink the adapter by ~0.4%: far above the two sides' rounding
+    assert max_diff(mine, theirs) * 20 < max_diff(mine, plain), (max_diff(mine, theirs), max_diff(mine, plain))
+    cfg = json.load(open(tmp_path / "ours-adamw" / "adapter_config.json"))
+    assert cfg["optimizer"] == "adamw" and cfg["optimizer_config"] == {"adamw": {"weight_decay": 5.0}}
+
+
+def test_sgd_matches_mlx(tmp_path, setup):
+    model, data, init = setup
+    # small steps: this tiny random model's gradients are large, and from lr 5e-4 on plain SGD
+    # makes the loss chaotic on both sides (float rounding grows past 1e-4 within a few steps)
+    lr = 5e-5
+    _, theirs, mine = run_both(tmp_path, "sgd", model, data, init,
+                               dict(learning_rate=lr, optimizer="sgd", optimizer_config={"sgd": {"weight_decay": 5.0}}),
+                               ["--learning-rate", str(lr), "--optimizer", "sgd", "--weight-decay", "5"])
+    from safetensors.numpy import load_file
+    init_w = load_file(init)
+    assert max_diff(mine, theirs) * 20 < max_diff(mine, init_w)
+
+
+def test_grad_accumulation_matches_mlx(tmp_path, setup):
+    model, data, init = setup
+    lr = 1e-4
+    _, _, plain = run_both(tmp_path, "acc1", model, data, init, dict(learning_rate=lr), ["--learning-rate", str(lr)],
+                           iters=7)
+    _, theirs, mine = run_both(tmp_path, "acc3", model, data, init, dict(learning_rate=lr, grad_accumulation_steps=3),
+                               ["--learning-rate", str(lr), "--grad-accumulation-steps", "3"], iters=7)
+    assert max_diff(mine, theirs) * 20 < max_diff(mine, plain)
+
+
+def test_grad_checkpoint_same_bits_and_less_memory(tmp_path, setup):
+    model, data, init = setup
+    lr = 1e-4
+    plain, _, a = run_both(tmp_path, "nockpt", model, data, init, dict(learning_rate=lr), ["--learning-rate", str(lr)])
+    ckpt, _, b = run_both(tmp_path, "ckpt", model, data, init, dict(learning_rate=lr, grad_checkpoint=True),
+                          ["--learning-rate", str(lr), "--grad-checkpoint"])
+    assert plain == ckpt  # the same ops on the same inputs: every loss to the bit
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+    def fit(*extra):
+        p = subprocess.run([BIN, "fit", model, "--train", "--data", data, "--num-layers", "-1", "--json", *extra],
+                           capture_output=True, timeout=120)
+        assert p.returncode == 0, p.stderr.decode()
+        return json.loads(p.stdout)
+
+    off, on = fit(), fit("--grad-checkpoint")
+    assert on["parts"]["saved_activations"] < off["parts"]["saved_activations"], (on, off)
+    assert on["predicted_peak_bytes"] < off["predicted_peak_bytes"]
+
+
+def test_bad_optimizer_flags(tmp_path, setup):
+    model, data, _ = setup
+    for flags, want in ((["--optimizer", "muon"], "not supported by hearth train yet"),
+                        (["--optimizer", "lion"], "unknown"),
+                        (["--grad-accumulation-steps", "0"], "--grad-accumulation-steps")):
+        p = subprocess.run([BIN, "train", model, "--data", data, *flags], capture_output=True, timeout=60)
+        assert p.returncode in (1, 2) and want in p.stderr.decode(), p.stderr.decode()
+
+
+@pytest.mark.parametrize("method", ["dpo", "orpo"])
+def test_grad_checkpoint_preference_methods_same_bits(tmp_path, method):
+    """Preference pairs keep two activation slots; with --grad-checkpoint each slot keeps its
+    layers' inputs, swapped with the slot: the losses and adapter are the same bits."""
+    model = model_dir("qwen3-f32")
+    rng = np.random.default_rng(5)
+    words = "the cat sat on a mat while dogs ran over green hills".split()
+
+    def s(lo, hi):
+        return " ".join(rng.choice(words) for _ in range(int(rng.integers(lo, hi))))
+    d = tmp_path / "pref"
+    d.mkdir()
+    (d / "train.jsonl").write_text("".join(json.dumps({"prompt": s(3, 8), "chosen": s(3, 10), "rejected": s(3, 10)})
+                                           + "\n" for _ in range(6)))
+    out = {}
+    for tag, extra in (("plain", []), ("ckpt", ["--grad-checkpoint"])):
+        rows = hearth_train(model, str(d), tmp_path / tag, None,
+                            ["--method", method, "--iters", "4", "--num-layers", "2", "--steps-per-report", "1"] + extra)
+        out[tag] = ([r["loss"] for r in rows if "loss" in r], adapters(tmp_path / tag))
+    assert out["plain"][0] == out["ckpt"][0] and len(out["plain"][0]) == 4
+    assert all(np.array_equal(out["plain"][1][k], out["ckpt"][1][k]) for k in out["plain"][1])

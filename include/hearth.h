@@ -564,7 +564,7 @@ typedef struct hearth_train_options {
  * 1 / orpo 2, sequences 4096). Both: 16 layers, seed 0, beta and lambda 0.1. */
 void hearth_train_defaults(hearth_train_options *o);
 /* Trains LoRA adapters on the attention and MLP projections of the last num_layers layers
- * (-1: all) of model (llama or qwen3 family; float or quantized base, dequantized to
+ * (-1: all) of model (llama, qwen3 or minicpm family; float or quantized base, dequantized to
  * float32) and writes adapter_path/adapters.safetensors, adapter_config.json (loadable by
  * hearth serve --adapter-path and mlx-lm), the same adapter in PEFT's format in
  * adapter_path/peft/, checkpoints every save_every steps and metrics.jsonl (its last line

@@ -49,6 +49,7 @@ typedef struct trainer {
     threadpool *tp;
     int L, D, Hq, Hkv, hd, F, V, adjacent, first_lora, r, T;
     float eps, attn_scale, scale;
+    float emb_scale, res_scale, logit_div; /* MiniCPM's (1 elsewhere): embeddings, block outputs, normed rows */
     const float *inv_freq, *final_norm, *lm_head;
     tlayer *layers;
     float **owned;
@@ -60,6 +61,7 @@ typedef struct trainer {
     float *xf2, *hf2, *rstdf2, *dh2, *ce; /* the second slot's final-norm activations; per-row ce */
     float *prefix, *prefix2; /* dpo: each sequence's input to the lowest LoRA layer, from the reference's pass */
     int dpo;
+    float *dxs; /* res_scale != 1: the residual's gradient times it (the block outputs') */
     float *x, *tmp, *xf, *hf, *rstdf, *dx, *dtmp, *dmm, *dg, *du, *dq, *dk, *dv, *dql, *dkl, *da, *dh, *xent_scratch,
         *lin_scratch, *attn_scratch, *weight;
     int32_t *targets;
@@ -153,16 +155,17 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     hearth_status st;
     if ((st = (t->dry ? model_plan : model_load)(t->hm, 0, &t->m, err))) return st;
     const model_config *c = &t->m->cfg;
-    if (c->family != FAMILY_LLAMA && c->family != FAMILY_QWEN3)
+    if (c->family != FAMILY_LLAMA && c->family != FAMILY_QWEN3 && c->family != FAMILY_MINICPM)
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                       "%s: hearth train handles llama- and qwen3-family models so far (this is %s)", name,
+                       "%s: hearth train handles llama-, qwen3- and minicpm-family models so far (this is %s)", name,
                        t->hm->sum.architecture);
-    if (c->norm_shift != 0 || c->embed_scale != 1 || c->residual_scale != 1 || c->logits_div != 1 ||
-        c->sliding_window || c->softcap != 0)
+    if (c->norm_shift != 0 || c->sliding_window || c->softcap != 0 ||
+        (c->family != FAMILY_MINICPM && (c->embed_scale != 1 || c->residual_scale != 1 || c->logits_div != 1)))
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: this model's variant (scaled embeddings, residuals or "
                        "logits, sliding windows) is not handled by hearth train yet", name);
     t->L = c->n_layers, t->D = c->hidden, t->Hq = c->n_heads, t->Hkv = c->n_kv_heads, t->hd = c->head_dim;
     t->F = c->ffn, t->V = c->vocab, t->eps = c->norm_eps, t->attn_scale = c->attn_scale;
+    t->emb_scale = c->embed_scale, t->res_scale = c->residual_scale, t->logit_div = c->logits_div;
     t->inv_freq = c->inv_freq_global, t->adjacent = c->rope_adjacent, t->final_norm = t->m->final_norm;
     t->r = o->lora_rank, t->scale = (float)o->lora_scale, t->T = max_T;
     if (o->num_layers > t->L)
@@ -231,7 +234,7 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         !(t->dv = falloc(t, (size_t)(T * kd))) || !(t->dql = falloc(t, (size_t)(T * qd))) ||
         !(t->dkl = falloc(t, (size_t)(T * kd))) || !(t->da = falloc(t, (size_t)(T * qd))) ||
         !(t->dh = falloc(t, (size_t)(T * D))) || !(t->weight = falloc(t, (size_t)T)) ||
-        !(t->ce = falloc(t, (size_t)T)) ||
+        !(t->ce = falloc(t, (size_t)T)) || (t->res_scale != 1 && !(t->dxs = falloc(t, (size_t)(T * D)))) ||
         (t->pref && (!(t->xf2 = falloc(t, (size_t)(T * D))) || !(t->hf2 = falloc(t, (size_t)(T * D))) ||
                      !(t->rstdf2 = falloc(t, (size_t)T)) || !(t->dh2 = falloc(t, (size_t)(T * D))))) ||
         (t->dpo && t->first_lora > 0 &&
@@ -326,14 +329,14 @@ static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const
     tr_rope(s->kr, T, t->Hkv, t->hd, 0, t->inv_freq, t->adjacent, 1);
     tr_attn_fwd(t->tp, s->qr, s->kr, s->v, T, t->Hq, t->Hkv, t->hd, t->attn_scale, s->p, s->a);
     tr_linear_fwd(t->tp, s->a, T, qd, y->w[P_O], D, NULL, LORA(P_O), s->xa[P_O], t->tmp);
-    for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
+    for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;
     memcpy(s->x_mid, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->x, T, D, y->ffn_norm, t->eps, s->h2, s->rstd2);
     tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_GATE], F, NULL, LORA(P_GATE), s->xa[P_GATE], s->g);
     tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_UP], F, NULL, LORA(P_UP), s->xa[P_UP], s->u);
     tr_silu_mul_fwd(t->tp, s->g, s->u, T * F, s->mm);
     tr_linear_fwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, NULL, LORA(P_DOWN), s->xa[P_DOWN], t->tmp);
-    for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
+    for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;
 #undef LORA
 }
 
@@ -348,6 +351,8 @@ static double forward(trainer *t, const int32_t *ids, int64_t T, int grad, float
         memcpy(t->x, from, sizeof(float) * (size_t)(T * D));
     else
         for (int64_t i = 0; i < T; i++) op_weight_dequant_row(&t->m->embed, ids[i], t->x + i * D);
+    if (!from && t->emb_scale != 1)
+        for (int64_t i = 0; i < T * D; i++) t->x[i] *= t->emb_scale;
     for (int l = from ? t->first_lora : 0; l < t->L; l++) {
         if (keep && l == t->first_lora) memcpy(keep, t->x, sizeof(float) * (size_t)(T * D));
         tlayer *y = &t->layers[l];
@@ -357,8 +362,18 @@ static double forward(trainer *t, const int32_t *ids, int64_t T, int grad, float
     }
     memcpy(t->xf, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->xf, T, D, t->final_norm, t->eps, t->hf, t->rstdf);
+    if (t->logit_div != 1) /* MiniCPM: lm_head(out / (hidden / dim_model_base)) */
+        for (int64_t i = 0; i < T * D; i++) t->hf[i] /= t->logit_div;
     return tr_xent(t->tp, t->hf, T, D, t->lm_head, t->V, t->targets, t->weight, grad ? t->dh : NULL, t->ce,
                    t->xent_scratch);
+}
+
+/* The gradient of a block's output (attention or MLP) from the residual's: the same, or
+ * times res_scale (MiniCPM adds its blocks' outputs scaled). */
+static const float *block_grad(trainer *t, int64_t T) {
+    if (t->res_scale == 1) return t->dx;
+    for (int64_t i = 0; i < T * t->D; i++) t->dxs[i] = t->dx[i] * t->res_scale;
+    return t->dxs;
 }
 
 /* Backward from t->dh down to the lowest LoRA layer, adding to every LoRA gradient. */
@@ -366,6 +381,8 @@ static void backward(trainer *t, int64_t T) {
     int64_t D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
     float *sc = t->lin_scratch;
     memset(t->dx, 0, sizeof(float) * (size_t)(T * D));
+    if (t->logit_div != 1)
+        for (int64_t i = 0; i < T * D; i++) t->dh[i] /= t->logit_div;
     tr_rmsnorm_bwd(t->xf, T, D, t->final_norm, t->rstdf, t->dh, t->dx);
     for (int l = t->L - 1; l >= t->first_lora; l--) {
         tlayer *y = &t->layers[l];
@@ -377,14 +394,15 @@ static void backward(trainer *t, int64_t T) {
         }
         int below = l > t->first_lora; /* the input's gradient is needed further down */
         memset(t->dmm, 0, sizeof(float) * (size_t)(T * F));
-        tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, &y->lora[P_DOWN], s->xa[P_DOWN], t->dx, t->dmm, sc);
+        tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, &y->lora[P_DOWN], s->xa[P_DOWN], block_grad(t, T), t->dmm,
+                      sc);
         tr_silu_mul_bwd(t->tp, s->g, s->u, t->dmm, T * F, t->dg, t->du);
         memset(t->dtmp, 0, sizeof(float) * (size_t)(T * D));
         tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_GATE], F, &y->lora[P_GATE], s->xa[P_GATE], t->dg, t->dtmp, sc);
         tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_UP], F, &y->lora[P_UP], s->xa[P_UP], t->du, t->dtmp, sc);
         tr_rmsnorm_bwd(s->x_mid, T, D, y->ffn_norm, s->rstd2, t->dtmp, t->dx);
         memset(t->da, 0, sizeof(float) * (size_t)(T * qd));
-        tr_linear_bwd(t->tp, s->a, T, qd, y->w[P_O], D, &y->lora[P_O], s->xa[P_O], t->dx, t->da, sc);
+        tr_linear_bwd(t->tp, s->a, T, qd, y->w[P_O], D, &y->lora[P_O], s->xa[P_O], block_grad(t, T), t->da, sc);
         tr_attn_bwd(t->tp, s->qr, s->kr, s->v, s->p, t->da, T, t->Hq, t->Hkv, t->hd, t->attn_scale, t->dq, t->dk,
                     t->dv, t->attn_scratch);
         tr_rope(t->dq, T, t->Hq, t->hd, 0, t->inv_freq, t->adjacent, -1);

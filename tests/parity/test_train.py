@@ -134,6 +134,8 @@ CASES = [  # model, data format, num_layers, mask_prompt
     ("qwen3-f32", "completion", -1, True),
     ("llama-q4g64", "text", -1, False),  # QLoRA: a quantized base, dequantized once
     ("qwen3-bf16", "chat", -1, False),
+    ("minicpm-f32", "text", -1, False),  # scaled embeddings, block outputs and normed rows
+    ("minicpm-q4g64", "completion", 2, True),
 ]
 
 

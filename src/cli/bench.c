@@ -8,22 +8,24 @@
 #include <string.h>
 #include <time.h>
 
-static const char *bench_usage = "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--kv-quant none|int8|fp8|f16]\n"
-                                "       [--device cpu|cuda|auto] [--deterministic] [--cuda-exact] [--expert-offload N] [--host-sampler] [--json] [--batch B[,B...]]  (B requests at once through the\n"
-                                "        batch scheduler, as hearth serve runs them: aggregate prefill and decode tok/s;\n"
-                                "        a list runs each count in turn on one engine, one report each)\n"
-                                "       [--host-argmax]  (logits row to the host every step, as a sampler needing it)\n"
-                                "       [--temp T] [--top-p P] [--top-k K] [--min-p M] [--seed S]  (decode through the\n"
-                                "        sampler, as hearth generate: on the GPU the device sampler unless\n"
-                                "        --host-sampler) [--sampler-ab]  (then the same runs with the host sampler)\n"
-                                "       [--prompt-file F [--draft-model M] [--num-draft-tokens 3]]  (speculative decoding:\n"
-                                "        --batch B (1) requests of F's text, greedy, on an engine without speculation and one\n"
-                                "        with prompt lookup or the draft model, runs alternating; decode tok/s, ratio, acceptance)\n"
-                                "       [--spec-accept A[,A...]]  (with --draft-model, benchmarks only: the draft's proposals replaced by\n"
-                                "        the target's own greedy text, each token kept with probability A (0..1), so acceptance is\n"
-                                "        known; adds the ideal speedup (1 - A^(K+1)) / (1 - A) and the fraction of it achieved;\n"
-                                "        lists of --batch, --num-draft-tokens and A run every combination, one report each)";
-
+static const char *bench_usage =
+    "hearth bench <model> [-p 512] [-n 128] [-t threads] [-r 5] [--kv-quant none|int8|fp8|f16]\n"
+    "       [--device cpu|cuda|auto] [--deterministic] [--cuda-exact] [--expert-offload N] [--host-sampler] [--json] "
+    "[--batch B[,B...]]  (B requests at once through the\n"
+    "        batch scheduler, as hearth serve runs them: aggregate prefill and decode tok/s;\n"
+    "        a list runs each count in turn on one engine, one report each)\n"
+    "       [--host-argmax]  (logits row to the host every step, as a sampler needing it)\n"
+    "       [--temp T] [--top-p P] [--top-k K] [--min-p M] [--seed S]  (decode through the\n"
+    "        sampler, as hearth generate: on the GPU the device sampler unless\n"
+    "        --host-sampler) [--sampler-ab]  (then the same runs with the host sampler)\n"
+    "       [--prompt-file F [--draft-model M] [--num-draft-tokens 3]]  (speculative decoding:\n"
+    "        --batch B (1) requests of F's text, greedy, on an engine without speculation and one\n"
+    "        with prompt lookup or the draft model, runs alternating; decode tok/s, ratio, acceptance)\n"
+    "       [--spec-accept A[,A...]]  (benchmarks only: the draft's proposals (without --draft-model, lookup's) "
+    "replaced by\n"
+    "        the target's own greedy text, each token kept with probability A (0..1), so acceptance is\n"
+    "        known; adds the ideal speedup (1 - A^(K+1)) / (1 - A) and the fraction of it achieved;\n"
+    "        lists of --batch, --num-draft-tokens and A run every combination, one report each)";
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -289,9 +291,8 @@ int cli_bench(int argc, char **argv) {
     if (prompt_file && (sampled || host_argmax))
         return cli_usage_error(bench_usage, "%s", "--prompt-file runs greedy requests");
     if (prompt_file && !n_accept && (n_batches > 1 || n_draft > 1))
-        return cli_usage_error(bench_usage, "%s", "lists of --batch or --num-draft-tokens counts go with --spec-accept");
-    if (n_accept && !draft_name)
-        return cli_usage_error(bench_usage, "%s", "--spec-accept replaces a draft model's proposals: it needs --draft-model");
+        return cli_usage_error(bench_usage, "%s",
+                               "lists of --batch or --num-draft-tokens counts go with --spec-accept");
     for (int j = 0; n_accept && j < n_draft; j++)
         if (num_draft[j] < 1) return cli_usage_error(bench_usage, "%s", "--spec-accept needs --num-draft-tokens 1 or more");
     hearth_model *m;

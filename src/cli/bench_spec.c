@@ -151,14 +151,15 @@ static int spec_config(spec_run *s, int B, int K, double A, int *differs, hearth
         if (s->replaying)
         {
             printf("replay      A %.2f, K %d: measured A %.3f, %.2f tokens a verified step\n"
-                   "ideal       %.2fx (1 - A^(K+1)) / (1 - A): achieved %.2f of it\n"
-                   "draft cost  the draft alone %.1f tok/s: ideal with K of its steps a cycle %.2fx, achieved %.2f\n"
-                   "text        %s",
-                   A, K, a_hat, per_step, ideal, ideal > 0 ? speedup / ideal : 0.0, draft_tps, ideal_draft,
-                   ideal_draft > 0 ? speedup / ideal_draft : 0.0,
-                   mismatch >= 0 ? "DIFFERS from the replayed text" :
-                   departs < 0   ? "equal to the run without speculation" :
-                                   "equal to the replayed text, which");
+                   "ideal       %.2fx (1 - A^(K+1)) / (1 - A): achieved %.2f of it\n",
+                   A, K, a_hat, per_step, ideal, ideal > 0 ? speedup / ideal : 0.0);
+            if (s->e[2])
+                printf(
+                    "draft cost  the draft alone %.1f tok/s: ideal with K of its steps a cycle %.2fx, achieved %.2f\n",
+                    draft_tps, ideal_draft, ideal_draft > 0 ? speedup / ideal_draft : 0.0);
+            printf("text        %s", mismatch >= 0 ? "DIFFERS from the replayed text"
+                                     : departs < 0 ? "equal to the run without speculation"
+                                                   : "equal to the replayed text, which");
             if (mismatch < 0 && departs >= 0)
                 printf(" departs from the run without speculation in %d request(s), first at token %d (%d re-recording(s))",
                        departs, departs_at, rounds);
@@ -188,7 +189,7 @@ int cli_bench_spec(hearth_model *m, hearth_engine_options eo, const char *prompt
     }
     free(text);
     s.t.ids = ids;
-    s.replaying = nA > 0 && eo.draft_model;
+    s.replaying = nA > 0; /* with a draft model its proposals are replaced; else lookup's are */
     s.proposer = eo.draft_model ? HEARTH_SPEC_DRAFT : HEARTH_SPEC_LOOKUP;
     int maxB = 1;
     for (int i = 0; i < nB; i++) maxB = Bs[i] > maxB ? Bs[i] : maxB;
@@ -213,7 +214,7 @@ int cli_bench_spec(hearth_model *m, hearth_engine_options eo, const char *prompt
         rc = 1;
     }
     if (!rc) rc = hearth_engine_create(m, &off, &s.e[0], &err) || hearth_engine_create(m, &on, &s.e[1], &err);
-    if (!rc && s.replaying) rc = hearth_engine_create(eo.draft_model, &off, &s.e[2], &err);
+    if (!rc && s.replaying && eo.draft_model) rc = hearth_engine_create(eo.draft_model, &off, &s.e[2], &err);
     s.vocab = rc ? 0 : hearth_model_vocab_rows(s.e[0]);
     for (int bi = 0; !rc && bi < nB; bi++) {
         int B = Bs[bi], at = 0, who;

@@ -719,9 +719,15 @@ static int propose(hearth_batch *b) {
         sched_req *q = b->run[i];
         const hearth_generate_params *p = q->r.params;
         if (!q->decoding || (gen_device_sample(e, p) && !gen_device_greedy(e, p))) continue;
-        if (kv->state && candidates++ >= n_spec) continue; /* no backup record left */
+        /* a hybrid row feeding a rejected proposal's tokens again proposes nothing this step:
+         * a second rejection would stack more tokens to feed again on the next one */
+        if (kv->state && (q->n_replay > 0 || candidates++ >= n_spec)) continue;
         q->proposer = draft ? HEARTH_SPEC_DRAFT : HEARTH_SPEC_LOOKUP;
+        /* a benchmark replaying recorded text (hearth_spec_replay) in lookup's place: lookup's
+         * adaptive depth, at most num_draft_tokens */
+        const hearth_spec_replay *rp = draft ? NULL : engine_spec_replay(e);
         int k = draft ? p->num_draft_tokens : spec_depth_next(&q->depth);
+        if (rp && rp->tokens && k > p->num_draft_tokens) k = p->num_draft_tokens;
         if (k > SPEC_MAX_DRAFT) k = SPEC_MAX_DRAFT;
         int left = p->max_tokens - (int)q->r.result->completion_tokens - 1; /* the step emits up to k + 1 */
         int room = (kv->n_tokens[q->seq] + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * KV_BLOCK_SIZE +
@@ -740,8 +746,14 @@ static int propose(hearth_batch *b) {
         }
         const int32_t *hist = engine_history(e, q->seq);
         int most = k;
-        k = b->propose_fn ? b->propose_fn(b->propose_user, hist, q->len + 1, k, q->draft)
-                          : spec_lookup(hist, q->len + 1, k, q->draft);
+        if (rp && rp->tokens) { /* the recorded text's next tokens, each kept with the replay's probability */
+            q->n_draft = k;
+            replay(b, rp, q, hearth_model_vocab_rows(e));
+            q->n_draft = 0;
+        } else {
+            k = b->propose_fn ? b->propose_fn(b->propose_user, hist, q->len + 1, k, q->draft)
+                              : spec_lookup(hist, q->len + 1, k, q->draft);
+        }
         /* only the request's own tokens: proposals from other requests' answers made a
          * request's text depend on what the server answered before (on the SIMD kernels a
          * verified step rounds as one matrix product), so the same request could answer
@@ -803,7 +815,7 @@ static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
     b->spec_proposed[q->proposer] += (unsigned long long)k, b->spec_accepted[q->proposer] += (unsigned long long)accepted;
     b->spec_drafts[q->proposer]++;
     b->spec_rejected[q->proposer] += accepted < k && !q->r.result->finish;
-    if (q->proposer == HEARTH_SPEC_LOOKUP) spec_depth_update(&q->depth, k, accepted);
+    if (q->proposer == HEARTH_SPEC_LOOKUP) spec_depth_update(&q->depth, k, accepted, q->spec_rec >= 0);
     if (q->dseq >= 0) { /* the draft's KV holds next and the proposals before the last: keep the accepted */
         if (q->dlen > q->len) q->dlen = q->len;
         kv_truncate(engine_kv(engine_draft(b->e)), q->dseq, q->dlen);

@@ -32,7 +32,7 @@ int spec_depth_next(spec_depth *d) {
     return d->depth;
 }
 
-void spec_depth_update(spec_depth *d, int proposed, int accepted) {
+void spec_depth_update(spec_depth *d, int proposed, int accepted, int strict) {
     if (proposed <= 0) return;
     if (accepted >= proposed) {
         d->depth = d->depth * 2 > SPEC_MAX_DRAFT ? SPEC_MAX_DRAFT : d->depth * 2;
@@ -40,7 +40,7 @@ void spec_depth_update(spec_depth *d, int proposed, int accepted) {
         return;
     }
     d->depth = accepted + 1;
-    if (accepted > 0) {
+    if (accepted > 0 && !strict) {
         d->misses = 0;
         return;
     }

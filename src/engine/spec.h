@@ -60,6 +60,8 @@ typedef struct spec_depth {
 } spec_depth;
 /* The most tokens to propose this step (0: pause); counts the pause down. */
 int spec_depth_next(spec_depth *d);
-/* Records a verified draft: proposed tokens, accepted of them. */
-void spec_depth_update(spec_depth *d, int proposed, int accepted);
+/* Records a verified draft: proposed tokens, accepted of them. strict (a hybrid model's
+ * row, whose rejected tokens cost a state restore and their feeding again): any rejection
+ * pauses as a draft with nothing accepted does. */
+void spec_depth_update(spec_depth *d, int proposed, int accepted, int strict);
 #endif

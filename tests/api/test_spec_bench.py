@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from conftest import BIN, TINY, need
 
 MODEL = TINY / "llama-f32"
@@ -81,10 +83,25 @@ def test_bad_spec_accept(tmp_path):
                       (["--spec-accept", "0.5", "--num-draft-tokens", "0"], "--num-draft-tokens")):
         r = bench(tmp_path, *args)
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
-    need(MODEL, "tiny model", "run tools/make_tiny_models.py")
-    r = subprocess.run([str(BIN), "bench", str(MODEL), "--prompt-file", str(tmp_path / "prompt.txt"),
-                        "--spec-accept", "0.5"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "--draft-model" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("name", ["llama-f32", "qwen3_5-f32"])  # a dense model and a hybrid (state backup + replay)
+def test_spec_accept_replaces_lookup_without_draft(tmp_path, name):
+    """Without --draft-model, --spec-accept replays the recorded text in prompt lookup's place
+    (at lookup's adaptive depth): the text stays the replayed one, and the acceptance is the
+    asked one at 1 and 0."""
+    model = TINY / name
+    need(model, "tiny model", "run tools/make_tiny_models.py")
+    f = tmp_path / "prompt.txt"
+    f.write_text("the cat sat on the mat and then the dog sat on the log while it rained")
+    r = subprocess.run([str(BIN), "bench", str(model), "--prompt-file", str(f), "--spec-accept", "1,0", "-n", "24",
+                        "-r", "1", "--num-draft-tokens", "3", "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    reports = [json.loads(line) for line in r.stdout.strip().splitlines()]
+    assert [o["spec_accept"] for o in reports] == [1.0, 0.0]
+    for o in reports:
+        assert o["texts_equal"] is True, o
+        assert o["measured_accept"] == o["spec_accept"], o
 
 
 def test_lists_run_every_combination(tmp_path):

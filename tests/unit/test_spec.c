@@ -56,18 +56,25 @@ static void test_depth(void **st) {
     (void)st;
     spec_depth d = {0};
     assert_int_equal(spec_depth_next(&d), SPEC_MAX_DRAFT / 2);
-    spec_depth_update(&d, 4, 4);
+    spec_depth_update(&d, 4, 4, 0);
     assert_int_equal(spec_depth_next(&d), SPEC_MAX_DRAFT);
-    spec_depth_update(&d, 8, 2);
+    spec_depth_update(&d, 8, 2, 0);
     assert_int_equal(spec_depth_next(&d), 3);
-    spec_depth_update(&d, 3, 0); /* nothing accepted: a pause of 2 steps */
+    spec_depth_update(&d, 3, 0, 0); /* nothing accepted: a pause of 2 steps */
     assert_int_equal(spec_depth_next(&d), 0);
     assert_int_equal(spec_depth_next(&d), 0);
     assert_int_equal(spec_depth_next(&d), 1);
-    for (int i = 0; i < 10; i++) spec_depth_update(&d, 1, 0);
+    for (int i = 0; i < 10; i++) spec_depth_update(&d, 1, 0, 0);
     assert_int_equal(d.pause, 64); /* capped */
-    spec_depth_update(&d, 1, 1);
+    spec_depth_update(&d, 1, 1, 0);
     assert_int_equal(d.misses, 0);
+    /* strict (a hybrid's row): a partly accepted draft pauses too, at depth accepted + 1 */
+    spec_depth_update(&d, 4, 2, 1);
+    assert_int_equal(spec_depth_next(&d), 0);
+    assert_int_equal(spec_depth_next(&d), 0);
+    assert_int_equal(spec_depth_next(&d), 3);
+    spec_depth_update(&d, 3, 3, 1); /* all accepted: no pause, twice as deep */
+    assert_int_equal(spec_depth_next(&d), 6);
     assert_int_equal(hearth_speculate_parse("lookup"), HEARTH_SPEC_LOOKUP);
     assert_int_equal(hearth_speculate_parse("none"), HEARTH_SPEC_NONE);
     assert_int_equal(hearth_speculate_parse("ngram"), -1);

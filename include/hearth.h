@@ -554,6 +554,16 @@ typedef struct hearth_train_options {
     double weight_decay;
     int grad_accumulation_steps; /* gradients summed over this many batches, averaged, then one update (0: 1) */
     int grad_checkpoint;         /* 1: keep only each LoRA layer's input, recompute the layer in the backward */
+    /* mlx-lm's lr_schedule (MLX's schedulers, indexed by the update count from 0): NULL (a
+     * constant learning_rate), "cosine_decay" (init, decay_steps[, end]), "linear_schedule"
+     * (init, end, steps), "exponential_decay" (init, decay_rate) or "step_decay" (init,
+     * decay_rate, step_size); with warmup > 0 steps first rising linearly from warmup_init
+     * to the schedule's init. The schedule's init replaces learning_rate. */
+    const char *lr_schedule;
+    double lr_schedule_args[3];
+    int n_lr_schedule_args;
+    int warmup;
+    double warmup_init;
     /* called with each metrics.jsonl line as it is written (NULL: none) */
     void (*on_metrics)(void *ctx, const char *json_line);
     void *ctx;

@@ -3,6 +3,7 @@
  * hearth_train does the work. */
 #include "cli/cli.h"
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,8 @@ static const char *train_usage =
     "  [--beta 0.1] [--lambda 0.1] [--seed 0] [--adapter-path adapters] [--resume-adapter-file F]\n"
     "  [--steps-per-report 10] [--steps-per-eval 200] [--val-batches 25] [--save-every 100] [--mask-prompt]\n"
     "  [--optimizer adam|adamw|sgd] [--weight-decay X] [--grad-accumulation-steps N] [--grad-checkpoint]\n"
+    "  [--lr-schedule cosine_decay|linear_schedule|exponential_decay|step_decay --lr-schedule-args A,B[,C]]\n"
+    "  [--warmup N] [--warmup-init X]\n"
     "  [--threads N]  (mlx_lm.lora's --model M and --train work too)\n"
     "  method: orpo for prompt/chosen/rejected data, else sft. Defaults: sft iters 1000, batch 4, lr 1e-5,\n"
     "  rank 8, scale 20, seq 2048; dpo/orpo iters 100, batch 1, lr 5e-5/1e-5, rank 8/16, scale 1/2, seq 4096\n"
@@ -72,6 +75,26 @@ static int real_flag(const char *name, const char *v, double *out) {
     return 0;
 }
 
+/* --lr-schedule-args: 1 to 3 comma-separated numbers (a schedule's arguments, as mlx-lm's
+ * lr_schedule "arguments" list). */
+static int args_flag(const char *name, const char *v, hearth_train_options *o) {
+    const char *p = v;
+    int n = 0;
+    for (;;) {
+        char *end;
+        double x = strtod(p, &end);
+        if (end == p || n == 3 || !isfinite(x) || (*end && *end != ',')) {
+            fprintf(stderr, "hearth train: %s %s: need 1 to 3 comma-separated numbers\n", name, v);
+            return -1;
+        }
+        o->lr_schedule_args[n++] = x;
+        if (*end == 0) break;
+        p = end + 1;
+    }
+    o->n_lr_schedule_args = n;
+    return 0;
+}
+
 /* The flags of hearth train into *o and *model (hearth fit --train takes them too, and
  * --json: *as_json when as_json is not NULL); 0, or the exit code of a usage error. */
 static int parse_train_flags(int argc, char **argv, const char *usage, hearth_train_options *o, const char **model,
@@ -100,6 +123,14 @@ static int parse_train_flags(int argc, char **argv, const char *usage, hearth_tr
             bad = real_flag(a, v, &o->weight_decay);
         else if (!strcmp(a, "--grad-accumulation-steps"))
             bad = int_flag(a, v, 1, &o->grad_accumulation_steps);
+        else if (!strcmp(a, "--lr-schedule"))
+            o->lr_schedule = v;
+        else if (!strcmp(a, "--lr-schedule-args"))
+            bad = args_flag(a, v, o);
+        else if (!strcmp(a, "--warmup"))
+            bad = int_flag(a, v, 0, &o->warmup);
+        else if (!strcmp(a, "--warmup-init"))
+            bad = real_flag(a, v, &o->warmup_init);
         else if (!strcmp(a, "--adapter-path")) o->adapter_path = v;
         else if (!strcmp(a, "--resume-adapter-file")) o->resume_adapter_file = v;
         else if (!strcmp(a, "--iters")) bad = int_flag(a, v, 1, &o->iters);

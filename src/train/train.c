@@ -585,6 +585,34 @@ static void zero_grads(trainer *t) {
         }
 }
 
+/* The learning rate of update number step (from 0) as MLX's schedulers compute it in float32
+ * (mlx_lm's build_schedule: a linear warmup joined before the schedule at warmup + 1). */
+static float sched_lr(const hearth_train_options *o, long long step) {
+    const char *n = o->lr_schedule;
+    const double *a = o->lr_schedule_args;
+    if (!n) return (float)o->learning_rate;
+    if (o->warmup > 0) {
+        if (step < o->warmup + 1) {
+            long long s = step < o->warmup ? step : o->warmup;
+            return (float)s * (float)((a[0] - o->warmup_init) / o->warmup) + (float)o->warmup_init;
+        }
+        step -= o->warmup + 1;
+    }
+    if (!strcmp(n, "cosine_decay")) {
+        double end = o->n_lr_schedule_args > 2 ? a[2] : 0.0;
+        long long s = step < (long long)a[1] ? step : (long long)a[1];
+        float decay = 0.5f * (1.0f + cosf((float)(M_PI / a[1]) * (float)s));
+        return (float)end + decay * (float)(a[0] - end);
+    }
+    if (!strcmp(n, "linear_schedule")) {
+        long long s = step < (long long)a[2] ? step : (long long)a[2];
+        return (float)s * (float)((a[1] - a[0]) / a[2]) + (float)a[0];
+    }
+    if (!strcmp(n, "exponential_decay")) return (float)a[0] * powf((float)a[1], (float)step);
+    if (!strcmp(n, "step_decay") && a[2] >= 1) return (float)a[0] * powf((float)a[1], (float)(step / (long long)a[2]));
+    return (float)o->learning_rate; /* not reached: train_setup refuses other names and steps */
+}
+
 /* One update with the accumulated gradients divided by accum (mlx-lm's gradient
  * accumulation), as MLX's optimizers compute it in float32 (no bias correction):
  * Adam: m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, p -= lr m / (sqrt(v) + eps);
@@ -748,6 +776,16 @@ static hearth_status write_config(const char *model, const hearth_train_options 
     json_object_set_new(j, "resume_adapter_file",
                         o->resume_adapter_file ? json_string(o->resume_adapter_file) : json_null());
     json_object_set_new(j, "method", json_string(o->method ? o->method : "sft"));
+    if (o->lr_schedule) { /* mlx-lm's lr_schedule */
+        json_t *args = json_array();
+        for (int i = 0; i < o->n_lr_schedule_args; i++) json_array_append_new(args, json_real(o->lr_schedule_args[i]));
+        json_t *ls = json_pack("{s:s,s:o}", "name", o->lr_schedule, "arguments", args);
+        if (ls && o->warmup > 0) {
+            json_object_set_new(ls, "warmup", json_integer(o->warmup));
+            json_object_set_new(ls, "warmup_init", json_real(o->warmup_init));
+        }
+        if (ls) json_object_set_new(j, "lr_schedule", ls);
+    }
     if (o->weight_decay > 0) /* mlx-lm's optimizer_config, for the optimizer in use */
         json_object_set_new(j, "optimizer_config",
                             json_pack("{s:{s:f}}", o->optimizer, "weight_decay", o->weight_decay));
@@ -890,6 +928,31 @@ static hearth_status train_setup(const char *model_name, hearth_train_options *o
     if (o->weight_decay < 0) o->weight_decay = t->opt == OPT_ADAMW ? 0.01 : 0.0;
     t->weight_decay = (float)o->weight_decay;
     if (o->grad_accumulation_steps == 0) o->grad_accumulation_steps = 1;
+    if (!st && o->lr_schedule) {
+        static const struct {
+            const char *name;
+            int lo, hi;
+        } sch[] = {
+            {"cosine_decay", 2, 3}, {"linear_schedule", 3, 3}, {"exponential_decay", 2, 2}, {"step_decay", 3, 3}};
+        int k = -1, n = o->n_lr_schedule_args;
+        for (int i = 0; i < 4; i++)
+            if (!strcmp(o->lr_schedule, sch[i].name)) k = i;
+        const double *a = o->lr_schedule_args;
+        if (k < 0)
+            st = err_set(err, HEARTH_ERR_INVALID,
+                         "--lr-schedule %s: unknown (cosine_decay, linear_schedule, exponential_decay or step_decay)",
+                         o->lr_schedule);
+        else if (n < sch[k].lo || n > sch[k].hi)
+            st = err_set(err, HEARTH_ERR_INVALID, "--lr-schedule %s takes %d%s values (--lr-schedule-args), got %d",
+                         sch[k].name, sch[k].lo, sch[k].hi > sch[k].lo ? " or 3" : "", n);
+        else if ((k == 0 && !(a[1] >= 1 && a[1] <= 1e12)) || ((k == 1 || k == 3) && !(a[2] >= 1 && a[2] <= 1e12)))
+            st = err_set(err, HEARTH_ERR_INVALID,
+                         "--lr-schedule %s: its step count must be at least 1 (and at most 1e12)", sch[k].name);
+        else if (o->warmup < 0 || !(o->warmup_init >= 0))
+            st = err_set(err, HEARTH_ERR_INVALID, "--warmup and --warmup-init must be non-negative");
+        else
+            o->learning_rate = a[0]; /* the schedule's init (adapter_config.json's learning_rate) */
+    }
     t->ckpt = o->grad_checkpoint != 0;
     if (!st && (o->grad_accumulation_steps < 1 || !(o->weight_decay >= 0)))
         st = err_set(err, HEARTH_ERR_INVALID,
@@ -955,6 +1018,8 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
     int steps = 0, done_steps = 0;
     pref_stats acc = {0};
     double started = now(); /* "elapsed" in metrics.jsonl: wall seconds since here, validation included */
+    long long updates = 0;  /* optimizer updates so far: the schedule's step */
+    float lr = sched_lr(o, 0); /* the rate of the last update (before any: the schedule's first) */
     for (int it = 1; !st && it <= o->iters; it++) {
         if (pos == nb) tr_mt_permutation(&rng, perm, nb), pos = 0;
         double tic = now();
@@ -979,18 +1044,20 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
         } else {
             loss = run_batch(&t, &td, idx + perm[pos++] * o->batch_size, o->batch_size, o->max_seq_length, 1, &toks);
         }
-        if (it % accum == 0)
-            opt_step(&t, (float)o->learning_rate, accum); /* as mlx-lm: a last partial window is not applied */
+        if (it % accum == 0) { /* as mlx-lm: a last partial window is not applied */
+            lr = sched_lr(o, updates++);
+            opt_step(&t, lr, accum);
+        }
         losses += loss, n_tokens += toks, steps++, done_steps = it;
         train_time += now() - tic;
         if (it % o->steps_per_report == 0 || it == o->iters) {
             hearth_process_memory pm;
             hearth_process_memory_get(&pm);
             trained += n_tokens;
-            json_t *j = json_pack("{s:i,s:f,s:f,s:f,s:f,s:I,s:f}", "step", it, "loss", losses / steps,
-                                  "learning_rate", (double)(float)o->learning_rate, "iterations_per_second",
-                                  steps / train_time, "tokens_per_second", n_tokens / train_time, "trained_tokens",
-                                  (json_int_t)trained, "peak_memory_gb", pm.peak_resident_bytes / 1e9);
+            json_t *j = json_pack("{s:i,s:f,s:f,s:f,s:f,s:I,s:f}", "step", it, "loss", losses / steps, "learning_rate",
+                                  (double)lr, "iterations_per_second", steps / train_time, "tokens_per_second",
+                                  n_tokens / train_time, "trained_tokens", (json_int_t)trained, "peak_memory_gb",
+                                  pm.peak_resident_bytes / 1e9);
             json_object_set_new(j, "iters", json_integer(o->iters));
             json_object_set_new(j, "elapsed", json_real(now() - started));
             if (pref) { /* TRL's names for its batch metrics, averaged over the report's steps */

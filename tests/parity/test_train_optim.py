@@ -132,3 +132,72 @@ def test_grad_checkpoint_preference_methods_same_bits(tmp_path, method):
         out[tag] = ([r["loss"] for r in rows if "loss" in r], adapters(tmp_path / tag))
     assert out["plain"][0] == out["ckpt"][0] and len(out["plain"][0]) == 4
     assert all(np.array_equal(out["plain"][1][k], out["ckpt"][1][k]) for k in out["plain"][1])
+
+
+def mlx_lora_lr(model, data, adapter_path, resume, **kw):
+    """mlx_lm.lora in process (as test_train.mlx_lora), keeping each report's learning rate too."""
+    import types
+    from mlx_lm import lora as L
+    from mlx_lm.tuner.callbacks import TrainingCallback
+    from lora_helpers import _to_float32
+    args = dict(L.CONFIG_DEFAULTS)
+    args.update(model=model, train=True, data=data, adapter_path=str(adapter_path), resume_adapter_file=resume, **kw)
+    args = types.SimpleNamespace(**args)
+
+    class Keep(TrainingCallback):
+        def __init__(self):
+            self.rows = []
+
+        def on_train_loss_report(self, info):
+            self.rows.append({"step": info["iteration"], "loss": info["train_loss"],
+                              "learning_rate": float(info["learning_rate"])})
+
+    np.random.seed(args.seed)
+    m, tok = L.load(args.model)
+    _to_float32(m)
+    train, valid, _ = L.load_dataset(args, tok)
+    keep = Keep()
+    L.train_model(args, m, train, valid, keep)
+    return keep.rows
+
+
+SCHEDULES = [  # mlx-lm's lr_schedule, hearth's flags
+    ({"name": "cosine_decay", "arguments": [2e-4, 6, 1e-5], "warmup": 3, "warmup_init": 1e-6},
+     ["--lr-schedule", "cosine_decay", "--lr-schedule-args", "2e-4,6,1e-5", "--warmup", "3", "--warmup-init", "1e-6"]),
+    ({"name": "cosine_decay", "arguments": [2e-4, 5]}, ["--lr-schedule", "cosine_decay", "--lr-schedule-args", "2e-4,5"]),
+    ({"name": "linear_schedule", "arguments": [2e-4, 1e-5, 7]},
+     ["--lr-schedule", "linear_schedule", "--lr-schedule-args", "2e-4,1e-5,7"]),
+    ({"name": "exponential_decay", "arguments": [2e-4, 0.7]},
+     ["--lr-schedule", "exponential_decay", "--lr-schedule-args", "2e-4,0.7"]),
+    ({"name": "step_decay", "arguments": [2e-4, 0.5, 3]},
+     ["--lr-schedule", "step_decay", "--lr-schedule-args", "2e-4,0.5,3"]),
+]
+
+
+@pytest.mark.parametrize("sched,flags", SCHEDULES, ids=[s["name"] + ("+warmup" if "warmup" in s else "") for s, _ in SCHEDULES])
+def test_lr_schedule_matches_mlx(tmp_path, setup, sched, flags):
+    model, data, init = setup
+    iters = 10
+    ref = mlx_lora_lr(model, data, tmp_path / "mlx", init, iters=iters, batch_size=2, num_layers=-1, steps_per_report=1,
+                      steps_per_eval=100, seed=3, lr_schedule=sched)
+    ours = hearth_train(model, data, tmp_path / "ours", init,
+                        ["--iters", str(iters), "--batch-size", "2", "--num-layers", "-1", "--steps-per-report", "1",
+                         "--steps-per-eval", "100", "--seed", "3"] + flags)
+    ours = [r for r in ours if "loss" in r]
+    assert [r["step"] for r in ours] == [r["step"] for r in ref]
+    for a, b in zip(ref, ours):
+        assert abs(a["learning_rate"] - b["learning_rate"]) <= 1e-6 * a["learning_rate"], (a, b)
+        assert abs(a["loss"] - b["loss"]) <= LOSS_RTOL * abs(a["loss"]), (a, b)
+    assert len({round(r["learning_rate"], 12) for r in ours}) > 2  # the rate moved
+    cfg = json.load(open(tmp_path / "ours" / "adapter_config.json"))
+    assert cfg["lr_schedule"]["name"] == sched["name"] and cfg["lr_schedule"]["arguments"] == sched["arguments"]
+
+
+def test_bad_lr_schedule_flags(tmp_path, setup):
+    model, data, _ = setup
+    for flags, want in ((["--lr-schedule", "warm"], "unknown"),
+                        (["--lr-schedule", "cosine_decay", "--lr-schedule-args", "1e-4"], "takes 2 or 3"),
+                        (["--lr-schedule", "cosine_decay", "--lr-schedule-args", "1e-4,0"], "at least 1"),
+                        (["--lr-schedule-args", "1,2,3,4"], "1 to 3")):
+        p = subprocess.run([BIN, "train", model, "--data", data, *flags], capture_output=True, timeout=60)
+        assert p.returncode in (1, 2) and want in p.stderr.decode(), (flags, p.stderr.decode())

@@ -844,6 +844,16 @@ hearth_status engine_state_spec_copy(hearth_engine *e, int slot, int j, int to_b
                                 : HEARTH_OK;
 }
 
+hearth_status engine_state_journal(hearth_engine *e, int rec, int slot, hearth_error *err) {
+    if (!e->be->t->state_journal) return err_set(err, HEARTH_ERR_UNSUPPORTED, "the backend keeps no journal");
+    return e->be->t->state_journal(e->be, rec, slot, err);
+}
+
+hearth_status engine_state_replay(hearth_engine *e, int slot, int rec, int n, hearth_error *err) {
+    if (!e->be->t->state_replay) return err_set(err, HEARTH_ERR_UNSUPPORTED, "the backend keeps no journal");
+    return e->be->t->state_replay(e->be, &e->kv, slot, rec, n, err);
+}
+
 hearth_status engine_state_snap_load(hearth_engine *e, int snap, int slot, hearth_error *err) {
     kv_state_snap_load(&e->kv, snap, slot);
     return e->be->t->state_copy ? e->be->t->state_copy(e->be, e->kv.max_slots + snap, slot, err) : HEARTH_OK;

@@ -84,6 +84,12 @@ hearth_status engine_state_snap_load(hearth_engine *e, int snap, int slot, heart
  * step that verifies proposals (to_backup 1), and back when some are rejected (0); the
  * device copy too. */
 hearth_status engine_state_spec_copy(hearth_engine *e, int slot, int j, int to_backup, hearth_error *err);
+/* Where the backend has them (op_table.state_journal / state_replay; else
+ * HEARTH_ERR_UNSUPPORTED): journal rec follows slot's Gated DeltaNet inputs from the next
+ * step on (slot -1: none), and slot's state, put back to the backup, is taken through the
+ * first n tokens of the last step again. */
+hearth_status engine_state_journal(hearth_engine *e, int rec, int slot, hearth_error *err);
+hearth_status engine_state_replay(hearth_engine *e, int slot, int rec, int n, hearth_error *err);
 /* The engine's thread pool (for work between steps, e.g. sampling all rows at once). */
 threadpool *engine_threads(hearth_engine *e);
 /* The per-slot sampler the scheduler gives each running request (own seed, own RNG). */

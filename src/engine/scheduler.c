@@ -31,6 +31,8 @@
  * small batch, so the numbers move with the load without jumping at every step */
 #define SCHED_STATS_WINDOW 32
 
+_Static_assert(SPEC_MAX_DRAFT + 1 <= KV_STATE_SPEC_TOKENS, "a journal holds a speculating row's step");
+
 typedef struct sched_req {
     hearth_batch_request r;
     gen_stream g;
@@ -56,6 +58,7 @@ typedef struct sched_req {
      * the tokens before len the state has not taken (a partly rejected proposal's: the state
      * went back to the backup, and the next step feeds them again before next) */
     int spec_rec, n_replay;
+    int journaled; /* the backend journals this step's inputs for spec_rec: a rejection replays them there */
     struct sched_req *next_waiting;
 } sched_req;
 
@@ -774,14 +777,18 @@ static int propose(hearth_batch *b) {
         total += k;
     }
     if (n_drafting) total -= draft_propose(b, draft, n_drafting);
-    for (int i = 0, j = 0; kv->state && i < b->n_run; i++) { /* the hybrids' backups */
+    hearth_error jerr = {0};
+    for (int j = 0; kv->state && j < n_spec; j++) engine_state_journal(e, j, -1, &jerr); /* none left over */
+    for (int i = 0, j = 0; kv->state && i < b->n_run; i++) { /* the hybrids' backups, and journals where kept */
         sched_req *q = b->run[i];
         hearth_error err = {0};
         if (!q->n_draft) continue;
-        if (j < n_spec && !engine_state_spec_copy(e, q->seq, j, 1, &err))
+        if (j < n_spec && !engine_state_spec_copy(e, q->seq, j, 1, &err)) {
             q->spec_rec = j++;
-        else
+            q->journaled = !engine_state_journal(e, q->spec_rec, q->seq, &err);
+        } else {
             total -= q->n_draft, q->n_draft = 0;
+        }
     }
     return total;
 }
@@ -815,7 +822,8 @@ static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
     b->spec_proposed[q->proposer] += (unsigned long long)k, b->spec_accepted[q->proposer] += (unsigned long long)accepted;
     b->spec_drafts[q->proposer]++;
     b->spec_rejected[q->proposer] += accepted < k && !q->r.result->finish;
-    if (q->proposer == HEARTH_SPEC_LOOKUP) spec_depth_update(&q->depth, k, accepted, q->spec_rec >= 0);
+    if (q->proposer == HEARTH_SPEC_LOOKUP) /* strict: a hybrid row whose rejection is fed again */
+        spec_depth_update(&q->depth, k, accepted, q->spec_rec >= 0 && !q->journaled);
     if (q->dseq >= 0) { /* the draft's KV holds next and the proposals before the last: keep the accepted */
         if (q->dlen > q->len) q->dlen = q->len;
         kv_truncate(engine_kv(engine_draft(b->e)), q->dseq, q->dlen);
@@ -826,16 +834,18 @@ static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
     kv_prefix_commit(kv, q->seq, engine_history(b->e, q->seq), q->len);
     if (q->spec_rec >= 0) { /* a hybrid: its state took every proposal; back to before them if one failed */
         hearth_error err = {0};
-        q->n_replay = 0;
+        int rec = q->spec_rec, journaled = q->journaled;
+        q->n_replay = 0, q->spec_rec = -1, q->journaled = 0;
         if (accepted < k && !q->r.result->finish) {
-            if (engine_state_spec_copy(b->e, q->seq, q->spec_rec, 0, &err)) {
-                q->spec_rec = -1;
+            if (engine_state_spec_copy(b->e, q->seq, rec, 0, &err)) {
                 run_done(b, i, HEARTH_ERR_IO, &err);
                 return;
             }
-            q->n_replay = q->len - state_len;
+            /* the kept tokens: through the backend's journal, else fed again at the next step */
+            if (!journaled || engine_state_replay(b->e, q->seq, rec, q->len - state_len, &err))
+                q->n_replay = q->len - state_len;
         }
-        q->spec_rec = -1;
+        if (journaled) engine_state_journal(b->e, rec, -1, &err);
         hybrid_snapshot(b, q);
     }
     if (q->r.result->finish) run_done(b, i, HEARTH_OK, NULL);

@@ -38,7 +38,13 @@ typedef struct kv_state {
 
 /* Records kept back for speculative decoding: a row's state before a step that verifies
  * proposals, put back when some are rejected (at most this many rows speculate in a step). */
-static inline int kv_state_spec_records(int max_slots) { return max_slots < 4 ? max_slots : 4; }
+#define KV_STATE_SPEC_MAX 4
+/* The most tokens of one row a speculating step carries (next and up to 8 proposals): what
+ * a backend that journals a speculating row's Gated DeltaNet inputs keeps per record. */
+#define KV_STATE_SPEC_TOKENS 9
+static inline int kv_state_spec_records(int max_slots) {
+    return max_slots < KV_STATE_SPEC_MAX ? max_slots : KV_STATE_SPEC_MAX;
+}
 /* Snapshot records an engine with max_slots sequences keeps: one rolling and one kept (a
  * prompt's end) per sequence, two more, and speculation's backups. */
 static inline int kv_state_default_snaps(int max_slots) { return 2 * max_slots + 2 + kv_state_spec_records(max_slots); }

@@ -300,6 +300,13 @@ struct op_table {
      * (every state layer), else snapshot r - max_slots. NULL where the state pool is the
      * host's own. */
     hearth_status (*state_copy)(op_backend *be, int src, int dst, hearth_error *err);
+    /* Hybrids, speculation (NULL: the scheduler feeds a rejected proposal's accepted tokens
+     * again instead): from the next step on, journal `rec` (< kv_state.n_spec) keeps slot's
+     * Gated DeltaNet inputs of each step (slot -1: none); state_replay takes slot's state
+     * (put back to the step's start by the caller) through the first n tokens journaled in
+     * the last step, bit for bit as the step took them. */
+    hearth_status (*state_journal)(op_backend *be, int rec, int slot, hearth_error *err);
+    hearth_status (*state_replay)(op_backend *be, kv_cache *kv, int slot, int rec, int n, hearth_error *err);
     /* Saved KV files (engine/seq_file.c) on a device pool: positions [0, n) of slot's
      * (layer, KV head) rows in kv_slot_rows_read's form (the layer's own head_dim, the
      * pool's element type, scales for int8 / fp8), to the host (to_host) or from it; and

@@ -31,6 +31,14 @@ typedef struct cpu_backend {
      * Gated DeltaNet projections qkv [T, conv_dim], z [T, v_heads*v_dim], a and b
      * [T, v_heads], and its output y [T, v_heads*v_dim] (op_gdn) */
     float *qgate, *gdn_qkv, *gdn_z, *gdn_a, *gdn_b, *gdn_y;
+    /* speculation on hybrids (op_table.state_journal): per backup record, per state layer, the
+     * journal entries of its row's tokens this step [rec][layer][KV_STATE_SPEC_TOKENS][entry];
+     * the step's per-token entry pointers [max_tokens]; which slot each record follows (-1
+     * none) and how many of its tokens the last step held */
+    float *journal;
+    float **jr_ptr;
+    int jr_slot[KV_STATE_SPEC_MAX], jr_count[KV_STATE_SPEC_MAX];
+    const op_dims *dims;
     void *mm;                                          /* matmul scratch (quantized activations) */
     size_t mm_size;
 } cpu_backend;
@@ -48,7 +56,8 @@ static size_t mm_scratch_need(const op_model *om, int T) {
 }
 
 /* The sizes of the buffers, in floats (4 bytes) each, in cpu_backend's order. */
-enum { CPU_N_ACT = 29 };
+enum { CPU_N_ACT = 31 };
+_Static_assert(sizeof(float *) <= 2 * sizeof(float), "jr_ptr is sized as 2 floats a pointer");
 static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
                       size_t sizes[CPU_N_ACT]) {
     size_t T = (size_t)max_tokens, qd = (size_t)d->n_heads * d->head_dim, kd = (size_t)d->n_kv_heads * d->head_dim;
@@ -57,13 +66,39 @@ static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int 
     size_t per_layer = (size_t)d->n_layers * d->per_layer_dim;
     size_t gate = d->attn_gate != 0, gdn = d->n_state_layers > 0, vd = (size_t)d->gdn_v_heads * d->gdn_v_dim;
     size_t conv = 2 * (size_t)d->gdn_k_heads * d->gdn_k_dim + vd;
-    size_t s[CPU_N_ACT] = {T * d->hidden, T * d->hidden, T * qd * (1 + gate), T * kd, T * kd, T * qd, T * d->hidden, T * ffn,
-                           T * ffn, (size_t)max_out * d->hidden, (size_t)n_threads * ops_attention_scratch(kv),
-                           moe * T * E, moe * T * d->hidden, moe * T * F, moe * T * F, moe * T * d->hidden,
-                           moe * T * K, moe * T * K, moe * T, moe * T,
-                           gate * T * qd, gdn * T * conv, gdn * T * vd, gdn * T * d->gdn_v_heads,
-                           gdn * T * d->gdn_v_heads, gdn * T * vd,
-                           T * per_layer, T * per_layer, moe * T * d->hidden};
+    size_t s[CPU_N_ACT] = {T * d->hidden,
+                           T * d->hidden,
+                           T * qd * (1 + gate),
+                           T * kd,
+                           T * kd,
+                           T * qd,
+                           T * d->hidden,
+                           T * ffn,
+                           T * ffn,
+                           (size_t)max_out * d->hidden,
+                           (size_t)n_threads * ops_attention_scratch(kv),
+                           moe * T * E,
+                           moe * T * d->hidden,
+                           moe * T * F,
+                           moe * T * F,
+                           moe * T * d->hidden,
+                           moe * T * K,
+                           moe * T * K,
+                           moe * T,
+                           moe * T,
+                           gate * T * qd,
+                           gdn * T * conv,
+                           gdn * T * vd,
+                           gdn * T * d->gdn_v_heads,
+                           gdn * T * d->gdn_v_heads,
+                           gdn * T * vd,
+                           T * per_layer,
+                           T * per_layer,
+                           moe * T * d->hidden,
+                           gdn * (size_t)kv_state_spec_records(kv->max_slots) * (size_t)d->n_state_layers *
+                               KV_STATE_SPEC_TOKENS *
+                               ops_gdn_journal_floats(d->gdn_k_heads, d->gdn_v_heads, d->gdn_k_dim, d->gdn_v_dim),
+                           gdn * T * 2 /* pointers: 8 bytes each */};
     memcpy(sizes, s, sizeof s);
 }
 
@@ -77,10 +112,10 @@ size_t cpu_backend_bytes(const op_model *om, const kv_cache *kv, int max_tokens,
 static void cpu_free(op_backend *be) {
     cpu_backend *c = (cpu_backend *)be;
     if (!c) return;
-    void *ptrs[] = {c->x,      c->xn,    c->q,      c->k,      c->v,   c->att,  c->tmp,
-                    c->gate,   c->up,    c->rows,   c->attn,   c->moe_logits, c->moe_x, c->moe_gate,
-                    c->moe_up, c->moe_out, c->moe_w, c->moe_sel, c->moe_tok, c->moe_tokw,
-                    c->qgate, c->gdn_qkv, c->gdn_z, c->gdn_a, c->gdn_b, c->gdn_y, c->pl_in, c->pl_tmp, c->moe_acc};
+    void *ptrs[] = {c->x,     c->xn,      c->q,       c->k,          c->v,       c->att,      c->tmp,    c->gate,
+                    c->up,    c->rows,    c->attn,    c->moe_logits, c->moe_x,   c->moe_gate, c->moe_up, c->moe_out,
+                    c->moe_w, c->moe_sel, c->moe_tok, c->moe_tokw,   c->qgate,   c->gdn_qkv,  c->gdn_z,  c->gdn_a,
+                    c->gdn_b, c->gdn_y,   c->pl_in,   c->pl_tmp,     c->moe_acc, c->journal,  c->jr_ptr};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     free(c->mm);
     free(c);
@@ -331,6 +366,18 @@ static hearth_status moe_experts(const op_step *s, const op_moe *m, const float 
     return m->shared_up ? moe_shared(s, m) : HEARTH_OK;
 }
 
+/* A Gated DeltaNet layer's op arguments: the pool, its state layer and the heads' geometry. */
+static ops_gdn_args gdn_geometry(const kv_cache *kv, int layer, const op_dims *d) {
+    return (ops_gdn_args){.kv = kv,
+                          .layer = layer,
+                          .k_heads = d->gdn_k_heads,
+                          .v_heads = d->gdn_v_heads,
+                          .k_dim = d->gdn_k_dim,
+                          .v_dim = d->gdn_v_dim,
+                          .conv_k = d->gdn_conv,
+                          .v_tiled = d->gdn_v_tiled};
+}
+
 static hearth_status cpu_gated_delta(const op_step *s, const op_gdn *g) {
     cpu_backend *c = cb(s);
     const op_dims *d = s->dims;
@@ -340,12 +387,29 @@ static hearth_status cpu_gated_delta(const op_step *s, const op_gdn *g) {
     float *const outs[] = {c->gdn_qkv, c->gdn_z, c->gdn_b, c->gdn_a};
     hearth_status st = matmul_fused(s, 4, ws, outs, c->xn);
     if (st) return st;
-    ops_gdn_args args = {.kv = s->kv, .layer = g->state_layer, .T = s->b->T, .pos = s->b->pos, .slot = s->b->slot,
-                         .k_heads = d->gdn_k_heads, .v_heads = d->gdn_v_heads, .k_dim = d->gdn_k_dim,
-                         .v_dim = d->gdn_v_dim, .conv_k = d->gdn_conv, .v_tiled = d->gdn_v_tiled, .conv = g->conv,
-                         .A_log = g->A_log,
-                         .dt_bias = g->dt_bias, .norm = g->norm, .norm_eps = g->norm_eps, .qkv = c->gdn_qkv,
-                         .z = c->gdn_z, .a = c->gdn_a, .b = c->gdn_b, .y = c->gdn_y};
+    /* the journaled rows' tokens (state_journal): their entries for this layer */
+    int n_spec = s->kv->state->n_spec < KV_STATE_SPEC_MAX ? s->kv->state->n_spec : KV_STATE_SPEC_MAX, any = 0;
+    int idx[KV_STATE_SPEC_MAX] = {0};
+    size_t E = ops_gdn_journal_floats(d->gdn_k_heads, d->gdn_v_heads, d->gdn_k_dim, d->gdn_v_dim);
+    for (int t = 0; t < s->b->T; t++) {
+        c->jr_ptr[t] = NULL;
+        for (int j = 0; j < n_spec; j++)
+            if (c->jr_slot[j] >= 0 && c->jr_slot[j] == s->b->slot[t]) {
+                if (idx[j] < KV_STATE_SPEC_TOKENS)
+                    c->jr_ptr[t] =
+                        c->journal +
+                        (((size_t)j * d->n_state_layers + g->state_layer) * KV_STATE_SPEC_TOKENS + idx[j]) * E;
+                idx[j]++;
+                any = 1;
+            }
+    }
+    for (int j = 0; j < n_spec; j++) c->jr_count[j] = idx[j];
+    ops_gdn_args args = gdn_geometry(s->kv, g->state_layer, d);
+    args.T = s->b->T, args.pos = s->b->pos, args.slot = s->b->slot;
+    args.conv = g->conv, args.A_log = g->A_log, args.dt_bias = g->dt_bias, args.norm = g->norm;
+    args.norm_eps = g->norm_eps;
+    args.qkv = c->gdn_qkv, args.z = c->gdn_z, args.a = c->gdn_a, args.b = c->gdn_b, args.y = c->gdn_y;
+    args.journal = any ? c->jr_ptr : NULL;
     ops_gated_delta(&args, c->tp);
     return matmul(s, g->out, c->gdn_y, s->b->T, c->tmp);
 }
@@ -437,6 +501,31 @@ static hearth_status cpu_step(op_backend *be, kv_cache *kv, const op_batch *b, c
     return layers(&s, ctx);
 }
 
+static hearth_status cpu_state_journal(op_backend *be, int rec, int slot, hearth_error *err) {
+    cpu_backend *c = (cpu_backend *)be;
+    if (rec < 0 || rec >= KV_STATE_SPEC_MAX || !c->journal)
+        return err_set(err, HEARTH_ERR_INVALID, "cpu: no journal record %d", rec);
+    c->jr_slot[rec] = slot, c->jr_count[rec] = 0;
+    return HEARTH_OK;
+}
+
+static hearth_status cpu_state_replay(op_backend *be, kv_cache *kv, int slot, int rec, int n, hearth_error *err) {
+    cpu_backend *c = (cpu_backend *)be;
+    const op_dims *d = c->dims;
+    if (rec < 0 || rec >= KV_STATE_SPEC_MAX || !c->journal || c->jr_slot[rec] != slot || n < 0 ||
+        n > c->jr_count[rec] || n > KV_STATE_SPEC_TOKENS || !kv->state)
+        return err_set(err, HEARTH_ERR_INVALID, "cpu: journal %d does not hold %d tokens of slot %d", rec, n, slot);
+    size_t E = ops_gdn_journal_floats(d->gdn_k_heads, d->gdn_v_heads, d->gdn_k_dim, d->gdn_v_dim);
+    float *entries[KV_STATE_SPEC_TOKENS];
+    for (int l = 0; l < d->n_state_layers; l++) {
+        for (int u = 0; u < n; u++)
+            entries[u] = c->journal + (((size_t)rec * d->n_state_layers + l) * KV_STATE_SPEC_TOKENS + u) * E;
+        ops_gdn_args a = gdn_geometry(kv, l, d);
+        ops_gdn_replay(&a, slot, entries, n);
+    }
+    return HEARTH_OK;
+}
+
 static const op_table cpu_table = {.name = "cpu",
                                    .step = cpu_step,
                                    .residual = cpu_residual,
@@ -451,6 +540,8 @@ static const op_table cpu_table = {.name = "cpu",
                                    .per_layer_gate = cpu_per_layer_gate,
                                    .softcap = cpu_softcap,
                                    .kv_copy = NULL,
+                                   .state_journal = cpu_state_journal,
+                                   .state_replay = cpu_state_replay,
                                    .free = cpu_free};
 
 hearth_status cpu_backend_create(const op_model *om, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
@@ -462,14 +553,15 @@ hearth_status cpu_backend_create(const op_model *om, const kv_cache *kv, int max
     c->tp = tp;
     size_t sizes[CPU_N_ACT];
     act_sizes(&om->dims, kv, max_tokens, max_out, n_threads, sizes);
-    void **ptrs[CPU_N_ACT] = {(void **)&c->x,          (void **)&c->xn,      (void **)&c->q,        (void **)&c->k,
-                              (void **)&c->v,          (void **)&c->att,     (void **)&c->tmp,      (void **)&c->gate,
-                              (void **)&c->up,         (void **)&c->rows,    (void **)&c->attn,     (void **)&c->moe_logits,
-                              (void **)&c->moe_x,      (void **)&c->moe_gate, (void **)&c->moe_up,  (void **)&c->moe_out,
-                              (void **)&c->moe_w,      (void **)&c->moe_sel, (void **)&c->moe_tok,  (void **)&c->moe_tokw,
-                              (void **)&c->qgate,      (void **)&c->gdn_qkv, (void **)&c->gdn_z,    (void **)&c->gdn_a,
-                              (void **)&c->gdn_b,      (void **)&c->gdn_y,
-                              (void **)&c->pl_in,      (void **)&c->pl_tmp,      (void **)&c->moe_acc};
+    void **ptrs[CPU_N_ACT] = {
+        (void **)&c->x,       (void **)&c->xn,       (void **)&c->q,       (void **)&c->k,
+        (void **)&c->v,       (void **)&c->att,      (void **)&c->tmp,     (void **)&c->gate,
+        (void **)&c->up,      (void **)&c->rows,     (void **)&c->attn,    (void **)&c->moe_logits,
+        (void **)&c->moe_x,   (void **)&c->moe_gate, (void **)&c->moe_up,  (void **)&c->moe_out,
+        (void **)&c->moe_w,   (void **)&c->moe_sel,  (void **)&c->moe_tok, (void **)&c->moe_tokw,
+        (void **)&c->qgate,   (void **)&c->gdn_qkv,  (void **)&c->gdn_z,   (void **)&c->gdn_a,
+        (void **)&c->gdn_b,   (void **)&c->gdn_y,    (void **)&c->pl_in,   (void **)&c->pl_tmp,
+        (void **)&c->moe_acc, (void **)&c->journal,  (void **)&c->jr_ptr};
     int ok = 1;
     for (int i = 0; i < CPU_N_ACT; i++) {
         if (posix_memalign(ptrs[i], 64, sizes[i] * sizeof(float) + 64)) ok = 0;
@@ -480,6 +572,8 @@ hearth_status cpu_backend_create(const op_model *om, const kv_cache *kv, int max
     else if (ok && c->mm_size) memset(c->mm, 0, c->mm_size); /* resident from the start: fit predicts it */
     c->max_tokens = max_tokens;
     c->max_out = max_out;
+    c->dims = &om->dims;
+    for (int j = 0; j < KV_STATE_SPEC_MAX; j++) c->jr_slot[j] = -1;
     if (!ok) {
         cpu_free(&c->base);
         return err_set(err, HEARTH_ERR_NOMEM, "cannot allocate scratch for %d tokens", max_tokens);

@@ -28,7 +28,8 @@ static void conv_token(const ops_gdn_args *a, int t) {
     float *rec = kv_state_at(a->kv, a->layer, a->slot[t]);
     if (a->pos[t] == 0) /* a sequence starts: its conv inputs and delta state are zero */
         memset(rec, 0, a->kv->state->layer_floats * sizeof(float));
-    float *x = a->qkv + (size_t)t * C;
+    float *x = a->qkv + (size_t)t * C, *jr = a->journal ? a->journal[t] : NULL;
+    if (jr) memcpy(jr, x, (size_t)C * sizeof(float));
     for (int c = 0; c < C; c++) {
         const float *w = a->conv + (size_t)c * K;
         float in = x[c], sum = 0.0f;
@@ -43,6 +44,11 @@ static void conv_token(const ops_gdn_args *a, int t) {
         l2norm(x + (size_t)h * a->k_dim, a->k_dim, inv * inv, inv);
         l2norm(x + (size_t)(a->k_heads + h) * a->k_dim, a->k_dim, inv, inv);
     }
+    if (jr) memcpy(jr + C, x, (size_t)C * sizeof(float));
+}
+
+size_t ops_gdn_journal_floats(int k_heads, int v_heads, int k_dim, int v_dim) {
+    return 2 * (2 * (size_t)k_heads * k_dim + (size_t)v_heads * v_dim) + 2 * (size_t)v_heads;
 }
 
 /* One value row i of a head's state S (Dk floats): S_i *= g; delta = (v_i - S_i . k) * beta;
@@ -109,6 +115,7 @@ static void head_task(void *ctx, int h, int thread) {
         const float *v = x + (size_t)2 * a->k_heads * Dk + (size_t)h * Dv;
         float g = expf(-A * softplusf(a->a[(size_t)t * Hv + h] + a->dt_bias[h]));
         float beta = sigmoidf(a->b[(size_t)t * Hv + h]);
+        if (a->journal && a->journal[t]) a->journal[t][2 * C + h] = g, a->journal[t][2 * C + Hv + h] = beta;
         float *y = a->y + (size_t)t * Hv * Dv + (size_t)h * Dv;
         for (int i = 0; i < Dv; i++)
             y[i] = vec ? row_update_avx2(S + (size_t)i * Dk, k, q, Dk, g, v[i], beta)
@@ -119,6 +126,28 @@ static void head_task(void *ctx, int h, int thread) {
         for (int i = 0; i < Dv; i++) ss += y[i] * y[i];
         float r = 1.0f / sqrtf(ss / (float)Dv + a->norm_eps);
         for (int i = 0; i < Dv; i++) y[i] = z[i] * sigmoidf(z[i]) * (y[i] * r * a->norm[i]);
+    }
+}
+
+void ops_gdn_replay(const ops_gdn_args *a, int slot, float *const *entries, int n) {
+    int Dk = a->k_dim, Dv = a->v_dim, Hv = a->v_heads, K = a->conv_k, C = 2 * a->k_heads * Dk + Hv * Dv;
+    float *rec = kv_state_at(a->kv, a->layer, slot);
+    int vec = Dk % 8 == 0 && cpu_level_active() >= CPU_LEVEL_AVX2;
+    for (int u = 0; u < n; u++) {
+        const float *in = entries[u], *x = in + C, *gb = in + 2 * C;
+        for (int c = 0; K > 1 && c < C; c++) { /* the conv's kept inputs move by one, as conv_token moves them */
+            for (int k = 0; k + 1 < K - 1; k++) rec[(size_t)k * C + c] = rec[(size_t)(k + 1) * C + c];
+            rec[(size_t)(K - 2) * C + c] = in[c];
+        }
+        for (int h = 0; h < Hv; h++) {
+            int hk = a->v_tiled ? h % a->k_heads : h / (Hv / a->k_heads);
+            float *S = rec + (size_t)(K - 1) * C + (size_t)h * Dv * Dk;
+            const float *q = x + (size_t)hk * Dk, *k = x + (size_t)(a->k_heads + hk) * Dk;
+            const float *v = x + (size_t)2 * a->k_heads * Dk + (size_t)h * Dv;
+            for (int i = 0; i < Dv; i++)
+                (void)(vec ? row_update_avx2(S + (size_t)i * Dk, k, q, Dk, gb[h], v[i], gb[Hv + h])
+                           : row_update(S + (size_t)i * Dk, k, q, Dk, gb[h], v[i], gb[Hv + h]));
+        }
     }
 }
 

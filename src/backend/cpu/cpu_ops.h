@@ -73,7 +73,16 @@ typedef struct ops_gdn_args {
     float *qkv;
     const float *z, *a, *b;
     float *y;
+    /* NULL, or per token NULL or its journal entry (ops_gdn_journal_floats): the conv's input,
+     * the normalised q / k / v it gave, and each value head's g and beta, for ops_gdn_replay */
+    float *const *journal;
 } ops_gdn_args;
 void ops_gated_delta(const ops_gdn_args *a, threadpool *tp);
+/* Floats of one token's journal entry: 2 conv_dim + 2 v_heads. */
+size_t ops_gdn_journal_floats(int k_heads, int v_heads, int k_dim, int v_dim);
+/* Layer a->layer of slot's state (a's geometry and kv; no weights, no token arrays) taken
+ * through n journaled tokens again, entries[0..n): the same conv shifts and delta-rule row
+ * updates as ops_gated_delta made for them, so the state is bit for bit the one after them. */
+void ops_gdn_replay(const ops_gdn_args *a, int slot, float *const *entries, int n);
 void ops_attention(const ops_attention_args *a, threadpool *tp);
 #endif

@@ -564,6 +564,10 @@ typedef struct hearth_train_options {
     int n_lr_schedule_args;
     int warmup;
     double warmup_init;
+    /* 1: continue the run in adapter_path from its resume.bin (written with every checkpoint
+     * and at the end: the LoRA tensors, their gradients, the optimizer state, the data order
+     * and the step), to iters; the run's settings must be the same. metrics.jsonl is appended to. */
+    int resume;
     /* called with each metrics.jsonl line as it is written (NULL: none) */
     void (*on_metrics)(void *ctx, const char *json_line);
     void *ctx;

@@ -15,7 +15,7 @@ static const char *train_usage =
     "  [--steps-per-report 10] [--steps-per-eval 200] [--val-batches 25] [--save-every 100] [--mask-prompt]\n"
     "  [--optimizer adam|adamw|sgd] [--weight-decay X] [--grad-accumulation-steps N] [--grad-checkpoint]\n"
     "  [--lr-schedule cosine_decay|linear_schedule|exponential_decay|step_decay --lr-schedule-args A,B[,C]]\n"
-    "  [--warmup N] [--warmup-init X]\n"
+    "  [--warmup N] [--warmup-init X] [--resume]  (--resume: continue the run in --adapter-path to --iters)\n"
     "  [--threads N]  (mlx_lm.lora's --model M and --train work too)\n"
     "  method: orpo for prompt/chosen/rejected data, else sft. Defaults: sft iters 1000, batch 4, lr 1e-5,\n"
     "  rank 8, scale 20, seq 2048; dpo/orpo iters 100, batch 1, lr 5e-5/1e-5, rank 8/16, scale 1/2, seq 4096\n"
@@ -109,6 +109,10 @@ static int parse_train_flags(int argc, char **argv, const char *usage, hearth_tr
         if (!strcmp(a, "--train")) continue;          /* mlx_lm.lora needs it; training is what this verb does */
         if (as_json && !strcmp(a, "--json")) { *as_json = 1; continue; }
         if (!strcmp(a, "--mask-prompt")) { o->mask_prompt = 1; continue; }
+        if (!strcmp(a, "--resume")) {
+            o->resume = 1;
+            continue;
+        }
         if (!strcmp(a, "--grad-checkpoint")) {
             o->grad_checkpoint = 1;
             continue;

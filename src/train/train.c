@@ -5,17 +5,18 @@
  * files. The forward keeps every activation of the LoRA layers; the backward runs the ops'
  * backwards (train_ops.c) from the loss down to the lowest LoRA layer. Frozen weights are
  * dequantized to float32 once at load. */
-#include "train/train_internal.h"
-#include "train/train_ops.h"
 #include "base/err.h"
+#include "engine/fit_internal.h"
 #include "io/safetensors.h"
 #include "io/safetensors_write.h"
 #include "model/model.h"
 #include "model/model_handle.h"
-#include "engine/fit_internal.h"
+#include "train/train_internal.h"
+#include "train/train_ops.h"
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -985,6 +986,128 @@ static hearth_status train_setup(const char *model_name, hearth_train_options *o
     return st;
 }
 
+/* ---- --resume: the whole training state at a step (resume.bin in the adapter folder) ----
+ * "HEARTH-TRAIN-RESUME-1\n", a JSON line (the step, the settings that must match, sizes),
+ * then raw: the data-order generator, the epoch's permutation, every LoRA tensor and its
+ * gradient (layer and projection order: A, B, dA, dB) and the optimizer's two moments. */
+_Static_assert(offsetof(pref_stats, tokens) == 10 * sizeof(double), "pref_stats starts with the ten sums");
+
+typedef struct resume_point {
+    int it, pos;
+    long long updates, n_tokens, trained;
+    double losses;
+    int steps;
+    double pref[10]; /* dpo / orpo: the report window's sums (pref_stats' first ten) */
+} resume_point;
+
+static json_t *resume_settings(const char *model, const hearth_train_options *o) {
+    return json_pack("{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:f,s:I,s:s,s:i,s:f,s:b}", "model", model, "data", o->data, "method",
+                     o->method, "lora_rank", o->lora_rank, "num_layers", o->num_layers, "batch_size", o->batch_size,
+                     "max_seq_length", o->max_seq_length, "lora_scale", o->lora_scale, "seed", (json_int_t)o->seed,
+                     "optimizer", o->optimizer, "grad_accumulation_steps", o->grad_accumulation_steps, "weight_decay",
+                     o->weight_decay, "mask_prompt", o->mask_prompt);
+}
+
+/* Each tensor of the state in order: f(ctx, pointer, bytes). */
+static int resume_walk(trainer *t, tr_mt *rng, int *perm, int nb, int (*f)(void *, void *, size_t), void *ctx) {
+    int bad = f(ctx, rng, sizeof *rng) || f(ctx, perm, sizeof(int) * (size_t)nb);
+    for (int l = t->first_lora; !bad && l < t->L; l++)
+        for (int p = 0; !bad && p < N_P; p++) {
+            tlayer *y = &t->layers[l];
+            size_t na = sizeof(float) * (size_t)(y->k[p] * t->r), nb2 = sizeof(float) * (size_t)(t->r * y->n[p]);
+            bad = f(ctx, y->lora[p].a, na) || f(ctx, y->lora[p].b, nb2) || f(ctx, y->lora[p].ga, na) ||
+                  f(ctx, y->lora[p].gb, nb2);
+        }
+    if (!bad && t->opt != OPT_SGD)
+        bad = f(ctx, t->adam_m, sizeof(float) * t->n_params) || f(ctx, t->adam_v, sizeof(float) * t->n_params);
+    return bad;
+}
+static int write_part(void *f, void *p, size_t n) { return fwrite(p, 1, n, f) != n; }
+static int read_part(void *f, void *p, size_t n) { return fread(p, 1, n, f) != n; }
+
+static const char resume_magic[] = "HEARTH-TRAIN-RESUME-1\n";
+
+/* Written to resume.bin.tmp, then renamed: a run stopped while writing keeps the last one. */
+static hearth_status resume_save(trainer *t, const char *model, const hearth_train_options *o, const char *dir,
+                                 const resume_point *rp, tr_mt *rng, int *perm, int nb, hearth_error *err) {
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/resume.bin", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    json_t *j = json_pack("{s:i,s:i,s:I,s:I,s:I,s:f,s:i,s:i,s:I,s:o}", "step", rp->it, "pos", rp->pos, "updates",
+                          (json_int_t)rp->updates, "n_tokens", (json_int_t)rp->n_tokens, "trained",
+                          (json_int_t)rp->trained, "losses", rp->losses, "steps", rp->steps, "batches", nb,
+                          "parameters", (json_int_t)t->n_params, "settings", resume_settings(model, o));
+    json_t *pr = json_array();
+    for (int i = 0; i < 10; i++) json_array_append_new(pr, json_real(rp->pref[i]));
+    if (j)
+        json_object_set_new(j, "pref", pr);
+    else
+        json_decref(pr);
+    char *line = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17)) : NULL;
+    json_decref(j);
+    FILE *f = line ? fopen(tmp, "wb") : NULL;
+    int bad = !f || fputs(resume_magic, f) < 0 || fprintf(f, "%s\n", line) < 0 ||
+              resume_walk(t, rng, perm, nb, write_part, f);
+    free(line);
+    if (f && fclose(f)) bad = 1;
+    if (bad || rename(tmp, path)) {
+        remove(tmp);
+        return err_set(err, HEARTH_ERR_IO, "%s: could not write the resume state", path);
+    }
+    return HEARTH_OK;
+}
+
+static hearth_status resume_load(trainer *t, const char *model, const hearth_train_options *o, const char *dir,
+                                 resume_point *rp, tr_mt *rng, int *perm, int nb, hearth_error *err) {
+    char path[4096], head[sizeof resume_magic], line[65536];
+    snprintf(path, sizeof path, "%s/resume.bin", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return err_set(err, HEARTH_ERR_IO, "--resume: %s: %s (a run writes it with each checkpoint)", path,
+                       strerror(errno));
+    hearth_status st = HEARTH_OK;
+    json_t *j = NULL;
+    if (!fgets(head, sizeof head, f) || strcmp(head, resume_magic) || !fgets(line, sizeof line, f) ||
+        !(j = json_loads(line, 0, NULL)))
+        st = err_set(err, HEARTH_ERR_FORMAT, "--resume: %s: not a hearth train resume file", path);
+    json_t *want = st ? NULL : resume_settings(model, o), *have = j ? json_object_get(j, "settings") : NULL;
+    const char *key;
+    json_t *v;
+    json_object_foreach(want, key, v) {
+        json_t *h = json_object_get(have, key);
+        if (!st && !json_equal(h, v)) {
+            char *a = json_dumps(v, JSON_ENCODE_ANY), *b = h ? json_dumps(h, JSON_ENCODE_ANY) : NULL;
+            st = err_set(err, HEARTH_ERR_INVALID, "--resume: %s was written with %s %s, this run has %s", path, key,
+                         b ? b : "(none)", a ? a : "?");
+            free(a), free(b);
+        }
+    }
+    json_decref(want);
+    if (!st) {
+        *rp = (resume_point){.it = (int)json_integer_value(json_object_get(j, "step")),
+                             .pos = (int)json_integer_value(json_object_get(j, "pos")),
+                             .updates = json_integer_value(json_object_get(j, "updates")),
+                             .n_tokens = json_integer_value(json_object_get(j, "n_tokens")),
+                             .trained = json_integer_value(json_object_get(j, "trained")),
+                             .losses = json_real_value(json_object_get(j, "losses")),
+                             .steps = (int)json_integer_value(json_object_get(j, "steps"))};
+        for (int i = 0; i < 10; i++)
+            rp->pref[i] = json_real_value(json_array_get(json_object_get(j, "pref"), (size_t)i));
+        if (json_integer_value(json_object_get(j, "batches")) != nb ||
+            json_integer_value(json_object_get(j, "parameters")) != (json_int_t)t->n_params || rp->pos < 0 ||
+            rp->pos > nb || rp->it < 0)
+            st = err_set(err, HEARTH_ERR_INVALID, "--resume: %s: the data or the adapter's shapes changed", path);
+        else if (rp->it >= o->iters)
+            st = err_set(err, HEARTH_ERR_INVALID, "--resume: %s is at step %d already: ask for more --iters", path,
+                         rp->it);
+    }
+    if (!st && resume_walk(t, rng, perm, nb, read_part, f))
+        st = err_set(err, HEARTH_ERR_FORMAT, "--resume: %s: cut short", path);
+    json_decref(j);
+    fclose(f);
+    return st;
+}
+
 hearth_status hearth_train(const char *model_name, const hearth_train_options *opts, hearth_error *err) {
     hearth_train_options ro = *opts, *o = &ro;
     trainer t = {0};
@@ -1004,24 +1127,31 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
     if (!st && o->resume_adapter_file) st = load_adapter_weights(&t, o->resume_adapter_file, err);
     if (!st && mkdir(dir, 0777) && errno != EEXIST) st = err_set(err, HEARTH_ERR_IO, "%s: %s", dir, strerror(errno));
     if (!st) st = write_config(model_name, o, dir, err);
-    if (!st) {
-        snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-        if (!(metrics = fopen(path, "w"))) st = err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
-    }
     if (!st && (!(perm = malloc(sizeof(int) * (size_t)nb)) || !(vperm = malloc(sizeof(int) * (size_t)(n_vb + 1)))))
         st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     tr_mt rng;
     tr_mt_seed(&rng, (uint32_t)o->seed);
-    int pos = nb; /* position in the current epoch's permutation */
-    double losses = 0, train_time = 0;
-    long long n_tokens = 0, trained = 0;
-    int steps = 0, done_steps = 0;
+    resume_point rp = {.pos = nb}; /* pos: position in the current epoch's permutation */
+    if (!st && o->resume) st = resume_load(&t, model_name, o, dir, &rp, &rng, perm, nb, err);
+    if (!st) {
+        snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+        if (!(metrics = fopen(path, o->resume ? "a" : "w")))
+            st = err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    int pos = rp.pos;
+    double losses = rp.losses, train_time = 0;
+    long long n_tokens = rp.n_tokens, trained = rp.trained;
+    int steps = rp.steps, done_steps = rp.it;
     pref_stats acc = {0};
+    memcpy(&acc.loss, rp.pref, sizeof rp.pref); /* the first ten doubles, in order */
     double started = now(); /* "elapsed" in metrics.jsonl: wall seconds since here, validation included */
-    long long updates = 0;  /* optimizer updates so far: the schedule's step */
-    float lr = sched_lr(o, 0); /* the rate of the last update (before any: the schedule's first) */
-    for (int it = 1; !st && it <= o->iters; it++) {
+    long long updates = rp.updates;                        /* optimizer updates so far: the schedule's step */
+    float lr = sched_lr(o, updates > 0 ? updates - 1 : 0); /* the rate of the last update (before any: the first) */
+    for (int it = rp.it + 1; !st && it <= o->iters; it++) {
         if (pos == nb) tr_mt_permutation(&rng, perm, nb), pos = 0;
+        /* the run's closing validation draws from the generator too: a run continued past
+         * it (--resume) goes on from the generator as it was before that validation */
+        tr_mt rng_run = rng;
         double tic = now();
         if (vd.n && (it == 1 || it % o->steps_per_eval == 0 || it == o->iters)) {
             double vl = pref ? pref_val_loss(&t, &vd, vidx, n_vb, &rng, o, orpo, beta, vperm)
@@ -1071,10 +1201,16 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
             emit(metrics, o, j);
             losses = 0, n_tokens = 0, steps = 0, train_time = 0;
         }
-        if (it % o->save_every == 0) {
-            st = save_all(&t, model_name, o->lora_scale, dir, err);
-            snprintf(path, sizeof path, "%s/%07d_adapters.safetensors", dir, it);
-            if (!st) st = save_adapters(&t, path, 0, err);
+        if (it % o->save_every == 0 || it == o->iters) { /* checkpoints, and the resume state with them */
+            resume_point now_at = {it, pos, updates, n_tokens, trained, losses, steps, {0}};
+            memcpy(now_at.pref, &acc.loss, sizeof now_at.pref);
+            if (it % o->save_every == 0) {
+                st = save_all(&t, model_name, o->lora_scale, dir, err);
+                snprintf(path, sizeof path, "%s/%07d_adapters.safetensors", dir, it);
+                if (!st) st = save_adapters(&t, path, 0, err);
+            }
+            int closing_only = it == o->iters && it != 1 && it % o->steps_per_eval != 0;
+            if (!st) st = resume_save(&t, model_name, o, dir, &now_at, closing_only ? &rng_run : &rng, perm, nb, err);
         }
     }
     if (!st) st = save_all(&t, model_name, o->lora_scale, dir, err);

@@ -15,6 +15,20 @@ import pytest
 from test_train import BIN, LOSS_RTOL, hearth_train, make_data, make_init_adapter, mlx_lora, model_dir
 
 
+def pref_data(tmp_path, seed):
+    """A folder with six random preference pairs in train.jsonl."""
+    rng = np.random.default_rng(seed)
+    words = "the cat sat on a mat while dogs ran over green hills".split()
+
+    def s(lo, hi):
+        return " ".join(rng.choice(words) for _ in range(int(rng.integers(lo, hi))))
+    d = tmp_path / "pref"
+    d.mkdir()
+    (d / "train.jsonl").write_text("".join(json.dumps({"prompt": s(3, 8), "chosen": s(3, 10), "rejected": s(3, 10)})
+                                           + "\n" for _ in range(6)))
+    return d
+
+
 def adapters(path):
     from safetensors.numpy import load_file
     return load_file(os.path.join(path, "adapters.safetensors"))
@@ -116,15 +130,7 @@ def test_grad_checkpoint_preference_methods_same_bits(tmp_path, method):
     """Preference pairs keep two activation slots; with --grad-checkpoint each slot keeps its
     layers' inputs, swapped with the slot: the losses and adapter are the same bits."""
     model = model_dir("qwen3-f32")
-    rng = np.random.default_rng(5)
-    words = "the cat sat on a mat while dogs ran over green hills".split()
-
-    def s(lo, hi):
-        return " ".join(rng.choice(words) for _ in range(int(rng.integers(lo, hi))))
-    d = tmp_path / "pref"
-    d.mkdir()
-    (d / "train.jsonl").write_text("".join(json.dumps({"prompt": s(3, 8), "chosen": s(3, 10), "rejected": s(3, 10)})
-                                           + "\n" for _ in range(6)))
+    d = pref_data(tmp_path, 5)
     out = {}
     for tag, extra in (("plain", []), ("ckpt", ["--grad-checkpoint"])):
         rows = hearth_train(model, str(d), tmp_path / tag, None,
@@ -201,3 +207,40 @@ def test_bad_lr_schedule_flags(tmp_path, setup):
                         (["--lr-schedule-args", "1,2,3,4"], "1 to 3")):
         p = subprocess.run([BIN, "train", model, "--data", data, *flags], capture_output=True, timeout=60)
         assert p.returncode in (1, 2) and want in p.stderr.decode(), (flags, p.stderr.decode())
+
+
+@pytest.mark.parametrize("method", ["sft", "dpo"])
+def test_resume_continues_bit_for_bit(tmp_path, method):
+    """A run stopped at step 5 and continued with --resume to step 10 ends with the adapter of
+    a run of 10 steps to the bit, with the same losses at every step: the resume state holds the
+    LoRA tensors, their gradients mid-accumulation (3 batches a window, so step 5 is inside
+    one), AdamW's moments, the data order and the schedule's position."""
+    if method == "sft":
+        model = model_dir("llama-f32")
+        data = make_data(str(tmp_path / "data"), "text")
+    else:
+        model = model_dir("qwen3-f32")
+        data = str(pref_data(tmp_path, 7))
+    flags = ["--method", method, "--batch-size", "2" if method == "sft" else "1", "--num-layers", "2",
+             "--steps-per-report", "1", "--save-every", "4", "--optimizer", "adamw", "--grad-accumulation-steps", "3",
+             "--lr-schedule", "cosine_decay", "--lr-schedule-args", "1e-4,4", "--warmup", "1"]
+    whole = hearth_train(model, data, tmp_path / "whole", None, flags + ["--iters", "10"])
+    first = hearth_train(model, data, tmp_path / "split", None, flags + ["--iters", "5"])
+    rest = hearth_train(model, data, tmp_path / "split", None, flags + ["--iters", "10", "--resume"])
+
+    def losses(rows):
+        return [(r["step"], r["loss"], r["learning_rate"]) for r in rows if "loss" in r]
+    lines = [json.loads(x) for x in open(tmp_path / "split" / "metrics.jsonl")]
+    assert len(losses(first)) == 5  # the resumed run appends to the same metrics.jsonl: rest holds all ten
+    for x, y in zip(losses(whole), losses(lines)):  # steps 1-5, then 6-10 appended
+        assert x == y, (x, y)
+    assert len(losses(lines)) == 10
+    a, b = adapters(tmp_path / "whole"), adapters(tmp_path / "split")
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    # a resume must be the same run: another rank is refused by name
+    p = subprocess.run([BIN, "train", model, "--data", data, "--adapter-path", str(tmp_path / "split"), *flags,
+                        "--iters", "12", "--resume", "--lora-rank", "4"], capture_output=True, timeout=60)
+    assert p.returncode == 1 and "lora_rank" in p.stderr.decode(), p.stderr.decode()
+    p = subprocess.run([BIN, "train", model, "--data", data, "--adapter-path", str(tmp_path / "split"), *flags,
+                        "--iters", "10", "--resume"], capture_output=True, timeout=60)
+    assert p.returncode == 1 and "ask for more --iters" in p.stderr.decode(), p.stderr.decode()

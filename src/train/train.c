@@ -1103,6 +1103,9 @@ static hearth_status resume_load(trainer *t, const char *model, const hearth_tra
     }
     if (!st && resume_walk(t, rng, perm, nb, read_part, f))
         st = err_set(err, HEARTH_ERR_FORMAT, "--resume: %s: cut short", path);
+    int ok = !st && rng->i >= 0 && rng->i <= 624; /* what the generator and the batch order index with */
+    for (int i = 0; ok && i < nb; i++) ok = perm[i] >= 0 && perm[i] < nb;
+    if (!st && !ok) st = err_set(err, HEARTH_ERR_FORMAT, "--resume: %s: damaged (data order out of range)", path);
     json_decref(j);
     fclose(f);
     return st;

@@ -244,3 +244,13 @@ def test_resume_continues_bit_for_bit(tmp_path, method):
     p = subprocess.run([BIN, "train", model, "--data", data, "--adapter-path", str(tmp_path / "split"), *flags,
                         "--iters", "10", "--resume"], capture_output=True, timeout=60)
     assert p.returncode == 1 and "ask for more --iters" in p.stderr.decode(), p.stderr.decode()
+    # a damaged resume.bin is an error naming the file, never a crash: cut short, its data order
+    # overwritten with garbage, its header line broken
+    blob = (tmp_path / "split" / "resume.bin").read_bytes()
+    head = blob.index(b"\n", len(b"HEARTH-TRAIN-RESUME-1\n")) + 1
+    for bad, want in ((blob[:len(blob) // 2], "cut short"), (blob[:head + 2496] + b"\xff" * 64 + blob[head + 2560:], "damaged"),
+                      (blob[:22] + b"x" + blob[23:], "not a hearth train resume file")):
+        (tmp_path / "split" / "resume.bin").write_bytes(bad)
+        p = subprocess.run([BIN, "train", model, "--data", data, "--adapter-path", str(tmp_path / "split"), *flags,
+                            "--iters", "12", "--resume"], capture_output=True, timeout=60)
+        assert p.returncode == 1 and want in p.stderr.decode() and "resume.bin" in p.stderr.decode(), p.stderr.decode()

@@ -838,10 +838,13 @@ void engine_state_snap_save(hearth_engine *e, int slot, int len, uint64_t hash, 
         kv_state_snap_drop(&e->kv, i);
 }
 
+/* Where the backend holds the state pool (state_copy) only its copy moves: the host records
+ * are not read there, and a backup is made every speculating step. */
 hearth_status engine_state_spec_copy(hearth_engine *e, int slot, int j, int to_backup, hearth_error *err) {
-    int i = kv_state_spec_copy(&e->kv, slot, j, to_backup), rec = e->kv.max_slots + i;
-    return e->be->t->state_copy ? e->be->t->state_copy(e->be, to_backup ? slot : rec, to_backup ? rec : slot, err)
-                                : HEARTH_OK;
+    int rec = e->kv.max_slots + kv_state_spec_record(&e->kv, j);
+    if (e->be->t->state_copy) return e->be->t->state_copy(e->be, to_backup ? slot : rec, to_backup ? rec : slot, err);
+    kv_state_spec_copy(&e->kv, slot, j, to_backup);
+    return HEARTH_OK;
 }
 
 hearth_status engine_state_journal(hearth_engine *e, int rec, int slot, hearth_error *err) {

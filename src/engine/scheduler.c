@@ -700,8 +700,9 @@ static int propose(hearth_batch *b) {
     kv_cache *kv = engine_kv(e);
     /* a hybrid's recurrent state runs through every token of the step: a row speculates with a
      * backup of its state (kv_state_spec_records of them) and, when a proposal is rejected,
-     * goes back to it and feeds the accepted tokens again at the next step (n_replay, at most
-     * a block's worth: a step never crosses the block boundary after the state's position, so
+     * goes back to it, then through the accepted tokens again: from the backend's journal of
+     * the step (state_journal, the CPU), else fed again at the next step (n_replay, at most a
+     * block's worth: a step never crosses the block boundary after the state's position, so
      * every boundary's snapshot is still taken). The step budget keeps room for the replays. */
     int n_spec = kv->state ? kv->state->n_spec : 0, replays = 0, candidates = 0;
     if (kv->state && b->budget - b->max_run < n_spec * (KV_BLOCK_SIZE - 1)) n_spec = 0;

@@ -106,12 +106,11 @@ void kv_state_reserve_spec(kv_cache *kv, int n) {
     if (s) s->n_spec = n < 0 ? 0 : n > s->n_snaps ? s->n_snaps : n;
 }
 
-int kv_state_spec_copy(kv_cache *kv, int slot, int j, int to_backup) {
+void kv_state_spec_copy(kv_cache *kv, int slot, int j, int to_backup) {
     kv_state *s = kv->state;
-    int i = named(s) + j;
-    float *rec = s->snap_data + (size_t)i * slot_floats(s), *at = s->data + (size_t)slot * slot_floats(s);
+    float *rec = s->snap_data + (size_t)kv_state_spec_record(kv, j) * slot_floats(s);
+    float *at = s->data + (size_t)slot * slot_floats(s);
     memcpy(to_backup ? rec : at, to_backup ? at : rec, slot_floats(s) * sizeof(float));
-    return i;
 }
 
 void kv_state_slot_release(kv_cache *kv, int slot) {

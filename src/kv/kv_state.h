@@ -57,9 +57,10 @@ void kv_state_free(kv_cache *kv);
 /* Keeps the last n of the snapshot records for speculation's backups (kv_state_spec_copy):
  * the prefix cache never names or reuses them. */
 void kv_state_reserve_spec(kv_cache *kv, int n);
-/* Copies slot's state into backup record j (< n_spec), or back (to_backup 0); returns the
- * snapshot record it used (its device copy: index max_slots + that). */
-int kv_state_spec_copy(kv_cache *kv, int slot, int j, int to_backup);
+/* The snapshot record of backup j (< n_spec): its device copy is index max_slots + that. */
+static inline int kv_state_spec_record(const kv_cache *kv, int j) { return kv->state->n_snaps - kv->state->n_spec + j; }
+/* Copies slot's state into backup record j, or back (to_backup 0), in the host pool. */
+void kv_state_spec_copy(kv_cache *kv, int slot, int j, int to_backup);
 /* The record of (layer, slot). */
 static inline float *kv_state_at(const kv_cache *kv, int layer, int slot) {
     const kv_state *s = kv->state;

@@ -366,6 +366,13 @@ static hearth_status moe_experts(const op_step *s, const op_moe *m, const float 
     return m->shared_up ? moe_shared(s, m) : HEARTH_OK;
 }
 
+/* Journal rec's entry for the u-th token of its row in state layer l. */
+static float *journal_entry(const cpu_backend *c, int rec, int l, int u) {
+    const op_dims *d = c->dims;
+    size_t E = ops_gdn_journal_floats(d->gdn_k_heads, d->gdn_v_heads, d->gdn_k_dim, d->gdn_v_dim);
+    return c->journal + (((size_t)rec * d->n_state_layers + l) * KV_STATE_SPEC_TOKENS + u) * E;
+}
+
 /* A Gated DeltaNet layer's op arguments: the pool, its state layer and the heads' geometry. */
 static ops_gdn_args gdn_geometry(const kv_cache *kv, int layer, const op_dims *d) {
     return (ops_gdn_args){.kv = kv,
@@ -390,15 +397,11 @@ static hearth_status cpu_gated_delta(const op_step *s, const op_gdn *g) {
     /* the journaled rows' tokens (state_journal): their entries for this layer */
     int n_spec = s->kv->state->n_spec < KV_STATE_SPEC_MAX ? s->kv->state->n_spec : KV_STATE_SPEC_MAX, any = 0;
     int idx[KV_STATE_SPEC_MAX] = {0};
-    size_t E = ops_gdn_journal_floats(d->gdn_k_heads, d->gdn_v_heads, d->gdn_k_dim, d->gdn_v_dim);
     for (int t = 0; t < s->b->T; t++) {
         c->jr_ptr[t] = NULL;
         for (int j = 0; j < n_spec; j++)
             if (c->jr_slot[j] >= 0 && c->jr_slot[j] == s->b->slot[t]) {
-                if (idx[j] < KV_STATE_SPEC_TOKENS)
-                    c->jr_ptr[t] =
-                        c->journal +
-                        (((size_t)j * d->n_state_layers + g->state_layer) * KV_STATE_SPEC_TOKENS + idx[j]) * E;
+                if (idx[j] < KV_STATE_SPEC_TOKENS) c->jr_ptr[t] = journal_entry(c, j, g->state_layer, idx[j]);
                 idx[j]++;
                 any = 1;
             }
@@ -515,11 +518,9 @@ static hearth_status cpu_state_replay(op_backend *be, kv_cache *kv, int slot, in
     if (rec < 0 || rec >= KV_STATE_SPEC_MAX || !c->journal || c->jr_slot[rec] != slot || n < 0 ||
         n > c->jr_count[rec] || n > KV_STATE_SPEC_TOKENS || !kv->state)
         return err_set(err, HEARTH_ERR_INVALID, "cpu: journal %d does not hold %d tokens of slot %d", rec, n, slot);
-    size_t E = ops_gdn_journal_floats(d->gdn_k_heads, d->gdn_v_heads, d->gdn_k_dim, d->gdn_v_dim);
     float *entries[KV_STATE_SPEC_TOKENS];
     for (int l = 0; l < d->n_state_layers; l++) {
-        for (int u = 0; u < n; u++)
-            entries[u] = c->journal + (((size_t)rec * d->n_state_layers + l) * KV_STATE_SPEC_TOKENS + u) * E;
+        for (int u = 0; u < n; u++) entries[u] = journal_entry(c, rec, l, u);
         ops_gdn_args a = gdn_geometry(kv, l, d);
         ops_gdn_replay(&a, slot, entries, n);
     }

@@ -1,7 +1,9 @@
 /* train.c: `hearth train`: mlx_lm.lora's verb (LoRA SFT on the CPU; flags, defaults and
  * progress lines as mlx_lm.lora has them) plus preference training (--method dpo|orpo);
  * hearth_train does the work. */
+#include "base/file.h"
 #include "cli/cli.h"
+#include "cli/train_config.h"
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,7 +18,7 @@ static const char *train_usage =
     "  [--optimizer adam|adamw|sgd] [--weight-decay X] [--grad-accumulation-steps N] [--grad-checkpoint]\n"
     "  [--lr-schedule cosine_decay|linear_schedule|exponential_decay|step_decay --lr-schedule-args A,B[,C]]\n"
     "  [--warmup N] [--warmup-init X] [--resume]  (--resume: continue the run in --adapter-path to --iters)\n"
-    "  [--threads N]  (mlx_lm.lora's --model M and --train work too)\n"
+    "  [--threads N] [-c config.yaml]  (mlx_lm.lora's YAML config, flags win; --model M and --train work too)\n"
     "  method: orpo for prompt/chosen/rejected data, else sft. Defaults: sft iters 1000, batch 4, lr 1e-5,\n"
     "  rank 8, scale 20, seq 2048; dpo/orpo iters 100, batch 1, lr 5e-5/1e-5, rank 8/16, scale 1/2, seq 4096\n"
     "  writes DIR/adapters.safetensors (MLX), DIR/peft/ (PEFT) and DIR/metrics.jsonl (hearth train-watch DIR)";
@@ -118,7 +120,9 @@ static int parse_train_flags(int argc, char **argv, const char *usage, hearth_tr
             continue;
         }
         if (!v) used = 0;
-        else if (!strcmp(a, "--model")) *model = v;
+        else if (!strcmp(a, "-c") || !strcmp(a, "--config")) { /* read first: train_config_load */
+        } else if (!strcmp(a, "--model"))
+            *model = v;
         else if (!strcmp(a, "--data")) o->data = v;
         else if (!strcmp(a, "--method")) o->method = v;
         else if (!strcmp(a, "--optimizer"))
@@ -172,25 +176,84 @@ static int parse_train_flags(int argc, char **argv, const char *usage, hearth_tr
     return 0;
 }
 
+/* -c / --config FILE (the last one given): mlx_lm.lora's YAML config into *o before the
+ * flags, which win over it; its model in *cfg_model. *cfg (json_decref after training) holds
+ * the strings o points to. 0, or an exit code after the message. */
+static int train_config_load(int argc, char **argv, const char *verb, hearth_train_options *o, const char **cfg_model,
+                             json_t **cfg, const char **path) {
+    *path = NULL;
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--config")) *path = argv[++i];
+    if (!*path) return 0;
+    char *text = NULL, msg[512], warn[2048];
+    size_t n = 0;
+    hearth_error err = {0};
+    if (file_read_all(*path, &text, &n, &err)) {
+        fprintf(stderr, "hearth %s: %s: %s\n", verb, *path, err.message);
+        return 1;
+    }
+    *cfg = yaml_parse(text, n, msg, sizeof msg);
+    free(text);
+    if (!*cfg) {
+        fprintf(stderr, "hearth %s: %s: %s\n", verb, *path, msg);
+        return 2;
+    }
+    if (train_config_apply(*cfg, o, cfg_model, warn, sizeof warn, msg, sizeof msg)) {
+        fprintf(stderr, "hearth %s: %s: %s\n", verb, *path, msg);
+        return 2;
+    }
+    for (char *w = warn, *e; *w; w = e + 1) { /* one warning a line */
+        e = strchr(w, '\n');
+        if (!e) break;
+        fprintf(stderr, "hearth %s: %s: warning: %.*s\n", verb, *path, (int)(e - w), w);
+    }
+    return 0;
+}
+
+/* After the flags: the config's optimizer_config for the optimizer now chosen, and its model
+ * when the command line named none. */
+static int train_config_finish(const json_t *cfg, const char *path, const char *verb, hearth_train_options *o,
+                               const char **model, const char *cfg_model) {
+    char msg[512];
+    if (!*model) *model = cfg_model;
+    if (cfg && train_config_optimizer(cfg, o, msg, sizeof msg)) {
+        fprintf(stderr, "hearth %s: %s: %s\n", verb, path, msg);
+        return 2;
+    }
+    return 0;
+}
+
 int cli_train(int argc, char **argv) {
     hearth_train_options o;
     hearth_train_defaults(&o);
     o.on_metrics = on_metrics;
-    const char *model = NULL;
-    int rc = parse_train_flags(argc, argv, train_usage, &o, &model, NULL);
-    if (rc) return rc < 0 ? 0 : rc;
-    if (!model) return cli_usage_error(train_usage, "%s", "need a model");
-    if (!o.data) return cli_usage_error(train_usage, "%s", "need --data <dir> (a folder with train.jsonl)");
+    const char *model = NULL, *cfg_model = NULL, *cfg_path = NULL;
+    json_t *cfg = NULL;
+    for (int i = 1; i < argc; i++)
+        if (cli_is_help(argv[i])) return printf("usage: %s\n", train_usage), 0;
+    int rc = train_config_load(argc, argv, "train", &o, &cfg_model, &cfg, &cfg_path);
+    if (!rc) rc = parse_train_flags(argc, argv, train_usage, &o, &model, NULL);
+    if (!rc) rc = train_config_finish(cfg, cfg_path, "train", &o, &model, cfg_model);
+    if (rc) {
+        json_decref(cfg);
+        return rc < 0 ? 0 : rc;
+    }
+    if (!model)
+        rc = cli_usage_error(train_usage, "%s", "need a model");
+    else if (!o.data)
+        rc = cli_usage_error(train_usage, "%s", "need --data <dir> (a folder with train.jsonl)");
     hearth_error err = {0};
-    if (hearth_train(model, &o, &err)) return cli_fail(&err);
-    fprintf(stderr, "hearth train: wrote %s/adapters.safetensors (MLX) and %s/peft/ (PEFT)\n", o.adapter_path,
-            o.adapter_path);
-    return 0;
+    if (!rc && hearth_train(model, &o, &err)) rc = cli_fail(&err);
+    if (!rc)
+        fprintf(stderr, "hearth train: wrote %s/adapters.safetensors (MLX) and %s/peft/ (PEFT)\n", o.adapter_path,
+                o.adapter_path);
+    json_decref(cfg);
+    return rc;
 }
 
 static const char *train_fit_usage =
     "hearth fit <model> --train [--data <dir>] [--method sft|dpo|orpo] [--max-seq-length N] [--lora-rank N]\n"
-    "       [--num-layers N|-1] [--threads N] [--json]\n"
+    "       [--num-layers N|-1] [--threads N] [-c config.yaml] [--json]\n"
     "  the peak memory `hearth train` would take with the same flags (every other train flag is accepted\n"
     "  and changes nothing here); with --data, sized for its longest example as training is";
 
@@ -201,13 +264,19 @@ static double train_mib(const json_t *o, const char *key) {
 int cli_train_fit(int argc, char **argv) {
     hearth_train_options o;
     hearth_train_defaults(&o);
-    const char *model = NULL;
-    int as_json = 0, rc = parse_train_flags(argc, argv, train_fit_usage, &o, &model, &as_json);
-    if (rc) return rc < 0 ? 0 : rc;
-    if (!model) return cli_usage_error(train_fit_usage, "%s", "need a model");
+    const char *model = NULL, *cfg_model = NULL, *cfg_path = NULL;
+    json_t *cfg = NULL;
+    for (int i = 1; i < argc; i++)
+        if (cli_is_help(argv[i])) return printf("usage: %s\n", train_fit_usage), 0;
+    int as_json = 0, rc = train_config_load(argc, argv, "fit", &o, &cfg_model, &cfg, &cfg_path);
+    if (!rc) rc = parse_train_flags(argc, argv, train_fit_usage, &o, &model, &as_json);
+    if (!rc) rc = train_config_finish(cfg, cfg_path, "fit", &o, &model, cfg_model);
+    if (!rc && !model) rc = cli_usage_error(train_fit_usage, "%s", "need a model");
     hearth_error err = {0};
     char *report = NULL;
-    if (hearth_train_fit(model, &o, &report, &err)) return cli_fail(&err);
+    if (!rc && hearth_train_fit(model, &o, &report, &err)) rc = cli_fail(&err);
+    json_decref(cfg); /* o's strings are not read after the fit */
+    if (rc) return rc < 0 ? 0 : rc;
     json_t *r = as_json ? NULL : json_loads(report, 0, NULL);
     if (as_json || !r) {
         printf("%s\n", report);

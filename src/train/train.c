@@ -761,10 +761,10 @@ static hearth_status save_all(trainer *t, const char *model, double scale, const
     return st ? st : save_adapters(t, path, 1, err);
 }
 
-static hearth_status write_config(const char *model, const hearth_train_options *o, const char *dir,
-                                  hearth_error *err) {
-    json_t *j = json_pack("{s:s,s:s,s:s,s:b,s:s,s:s,s:i,s:i,s:i,s:f,s:{s:i,s:f,s:f},s:b,s:i,s:i,s:i,s:i,s:i,s:i,s:I,"
-                          "s:b,s:i,s:i}",
+/* The run's settings as mlx_lm.lora's adapter_config.json has them (NULL: out of memory). */
+static json_t *config_json(const char *model, const hearth_train_options *o, const char *dir) {
+    json_t *j = json_pack("{s:s,s:s?,s:s,s:b,s:s,s:s,s:i,s:i,s:i,s:f,s:{s:i,s:f,s:f},s:b,s:i,s:i,s:i,s:i,s:i,s:i,s:I,"
+                          "s:b,s:i,s:b}",
                           "model", model, "data", o->data, "adapter_path", dir, "train", 1, "fine_tune_type", "lora",
                           "optimizer", o->optimizer, "num_layers", o->num_layers, "batch_size", o->batch_size, "iters",
                           o->iters, "learning_rate", o->learning_rate, "lora_parameters", "rank", o->lora_rank,
@@ -773,7 +773,7 @@ static hearth_status write_config(const char *model, const hearth_train_options 
                           o->steps_per_eval, "save_every", o->save_every, "val_batches", o->val_batches,
                           "grad_accumulation_steps", o->grad_accumulation_steps, "seed", (json_int_t)o->seed,
                           "grad_checkpoint", o->grad_checkpoint != 0, "test_batches", 500, "test", 0);
-    if (!j) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    if (!j) return NULL;
     json_object_set_new(j, "resume_adapter_file",
                         o->resume_adapter_file ? json_string(o->resume_adapter_file) : json_null());
     json_object_set_new(j, "method", json_string(o->method ? o->method : "sft"));
@@ -792,6 +792,13 @@ static hearth_status write_config(const char *model, const hearth_train_options 
                             json_pack("{s:{s:f}}", o->optimizer, "weight_decay", o->weight_decay));
     if (o->method && !strcmp(o->method, "dpo")) json_object_set_new(j, "beta", json_real(o->beta));
     if (o->method && !strcmp(o->method, "orpo")) json_object_set_new(j, "lambda", json_real(o->orpo_lambda));
+    return j;
+}
+
+static hearth_status write_config(const char *model, const hearth_train_options *o, const char *dir,
+                                  hearth_error *err) {
+    json_t *j = config_json(model, o, dir);
+    if (!j) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     int bad = json_dump_file(j, path, JSON_INDENT(4) | JSON_SORT_KEYS);
@@ -1292,6 +1299,8 @@ hearth_status hearth_train_fit(const char *model_name, const hearth_train_option
                               "lora_rank", o->lora_rank, "layers_trained", t.L - t.first_lora, "threads", t.threads,
                               "trainable_parameters", (json_int_t)t.n_params, "predicted_peak_bytes", (json_int_t)peak,
                               "weights_load_peak_bytes", (json_int_t)(base + load), "parts", parts);
+        json_t *cfg = config_json(model_name, o, o->adapter_path); /* what the run would train with */
+        if (cfg) json_object_set_new(r, "config", cfg);
         if (pm.available_bytes >= 0) {
             long long room = pm.available_bytes + pm.resident_bytes; /* this process's own pages come back */
             json_object_set_new(r, "available_bytes", json_integer(room));

@@ -4,7 +4,8 @@
 # family), the same greedy requests (alone, then three at once beside a sampled one, which the
 # device samples and which does not speculate); texts must be equal and /stats must show
 # proposals. Usage: spec.sh LOGDIR   Env: SP_MODELS (default "qwen3-f32:qwen3-q8g64
-# llama-bf16:llama-q8g64 gemma3-q8g32:gemma3-q8g64")
+# llama-bf16:llama-q8g64 gemma3-q8g32:gemma3-q8g64"; an entry without ":DRAFT" runs none and
+# lookup only: a hybrid target such as qwen3_5-f32, whose backup and re-fed tokens it checks)
 L=$1; mkdir -p "$L"
 port=18090
 fail=0
@@ -14,8 +15,9 @@ ask() { # prompt -> text (greedy)
     python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"].replace("\n","\\n"))'
 }
 for pair in ${SP_MODELS:-qwen3-f32:qwen3-q8g64 llama-bf16:llama-q8g64 gemma3-q8g32:gemma3-q8g64}; do
-  m=${pair%%:*} d=${pair#*:}
-  for mode in none lookup draft; do
+  m=${pair%%:*} d=${pair#*:} modes="none lookup draft"
+  [ "$d" = "$pair" ] && modes="none lookup"
+  for mode in $modes; do
     flags="--speculate $mode"
     [ $mode = draft ] && flags="--draft-model $TINY/$d"
     $H serve --model "$TINY"/$m --device cuda --cuda-exact $flags --port $port >"$L"/serve_${m}_$mode.log 2>&1 &
@@ -39,7 +41,7 @@ for pair in ${SP_MODELS:-qwen3-f32:qwen3-q8g64 llama-bf16:llama-q8g64 gemma3-q8g
     curl -s localhost:$port/stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["speculative"])' >"$L"/stats_${m}_$mode.txt
     kill $pid; wait $pid 2>/dev/null
   done
-  for mode in lookup draft; do
+  for mode in ${modes#none }; do
     same=no; cmp -s "$L"/out_${m}_none.txt "$L"/out_${m}_$mode.txt && cmp -s "$L"/out_${m}_none.txt "$L"/conc_${m}_$mode.txt && same=yes
     [ $same = yes ] || fail=1
     echo "$m $mode: same greedy text as none (alone and concurrent): $same; stats $(cat "$L"/stats_${m}_$mode.txt)"

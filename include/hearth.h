@@ -219,8 +219,12 @@ typedef enum hearth_speculate {
     HEARTH_SPEC_NONE = 1,   /* one token per request per step */
     HEARTH_SPEC_DRAFT = 2,  /* not an option: the draft model's entry in the stats (with
                                hearth_engine_options.draft_model set) */
+    HEARTH_SPEC_SUFFIX = 3, /* prompt lookup, then a suffix index over the batch's recent
+                               outputs (agent loops repeat their calls): proposals may come
+                               from other requests' answers */
+    HEARTH_SPEC_KINDS = 4   /* the size of the per-proposer stats */
 } hearth_speculate;
-/* "lookup", "none"; NULL for an unknown value. */
+/* "lookup", "none", "draft", "suffix"; NULL for an unknown value. */
 const char *hearth_speculate_name(int speculate);
 /* The value of a name hearth_speculate_name gives; -1 for an unknown name. */
 int hearth_speculate_parse(const char *name);
@@ -658,12 +662,12 @@ typedef struct hearth_batch_stats {
     double last_step_seconds;
     int last_step_tokens;
     double decode_tok_s, prefill_tok_s;               /* over the last steps (a moving window) */
-    /* speculative decoding, per proposer (hearth_speculate; only prompt lookup proposes
-       now): tokens proposed and, of those, accepted (emitted without a step of their own) */
-    unsigned long long spec_proposed[3], spec_accepted[3];
+    /* speculative decoding, per proposer (hearth_speculate: lookup, draft, suffix): tokens
+       proposed and, of those, accepted (emitted without a step of their own) */
+    unsigned long long spec_proposed[HEARTH_SPEC_KINDS], spec_accepted[HEARTH_SPEC_KINDS];
     /* verified proposals (steps of one request that carried any), and those of them that
      * a rejection ended (not fully accepted, the request not finished) */
-    unsigned long long spec_drafts[3], spec_rejected[3];
+    unsigned long long spec_drafts[HEARTH_SPEC_KINDS], spec_rejected[HEARTH_SPEC_KINDS];
 } hearth_batch_stats;
 void hearth_batch_stats_get(const hearth_batch *b, hearth_batch_stats *out);
 

@@ -97,8 +97,10 @@ static int spec_config(spec_run *s, int B, int K, double A, int *differs, hearth
             if (!s->as_json)
                 fprintf(stderr, "run %d/%d %-9s %.1f tok/s (accepted %llu of %llu proposed)\n", r + 1, s->reps,
                         k ? "speculate" : "none", s->dec[k][r],
-                        st[k].spec_accepted[HEARTH_SPEC_LOOKUP] + st[k].spec_accepted[HEARTH_SPEC_DRAFT],
-                        st[k].spec_proposed[HEARTH_SPEC_LOOKUP] + st[k].spec_proposed[HEARTH_SPEC_DRAFT]);
+                        st[k].spec_accepted[HEARTH_SPEC_LOOKUP] + st[k].spec_accepted[HEARTH_SPEC_DRAFT] +
+                            st[k].spec_accepted[HEARTH_SPEC_SUFFIX],
+                        st[k].spec_proposed[HEARTH_SPEC_LOOKUP] + st[k].spec_proposed[HEARTH_SPEC_DRAFT] +
+                            st[k].spec_proposed[HEARTH_SPEC_SUFFIX]);
         }
     /* the draft model alone, as many runs: what one of its steps costs against the model's */
     for (int r = 0; s->e[2] && r < s->reps; r++) {

@@ -90,7 +90,7 @@ int cli_mount_adapter(hearth_engine *e, const char *arg, int make_default);
 /* The id of such a flag value into id; returns its path part. */
 const char *cli_adapter_id(const char *arg, char *id, size_t cap);
 /* Speculative decoding in the one-request verbs (speculate.c): generate and chat take
- * serve's --speculate lookup|none (default lookup), --draft-model M and --num-draft-tokens N
+ * serve's --speculate lookup|suffix|none (default lookup), --draft-model M and --num-draft-tokens N
  * and, while speculating, run their request through a hearth_batch of its own. */
 typedef struct cli_spec {
     const char *draft_name;      /* --draft-model */

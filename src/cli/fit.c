@@ -10,7 +10,8 @@
 
 static const char *fit_usage =
     "hearth fit <model> [--ctx N] [--max-sequences 8] [--max-step-tokens 256] [--kv-blocks N | --kv-budget 1.5GB|N]\n"
-    "       [--threads N] [--mmap] [--kv-quant none|int8|fp8|f16] [--speculate lookup|none] [--deterministic] [--cuda-exact] [--expert-offload N]\n"
+    "       [--threads N] [--mmap] [--kv-quant none|int8|fp8|f16] [--speculate lookup|suffix|none] [--deterministic] "
+    "[--cuda-exact] [--expert-offload N]\n"
     "       [--device cpu|cuda|auto]\n"
     "       [--measure | --bandwidth GBS] [--sku NAME] [--json] [--skus] [--record]\n"
     "  every flag that sizes `hearth serve`'s memory, with serve's defaults (--batch B: --max-sequences B)\n"

@@ -14,8 +14,10 @@ static const char *gen_usage =
     "hearth generate <model> \"prompt\" [--max-tokens N] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--repetition-penalty R] [--seed S] [--system TEXT] [--no-chat-template] [--stop STR]...\n"
     "       [--json-schema FILE | --json | --grammar FILE | --regex PATTERN]\n"
-    "       [--prompt-cache-file FILE] [--device cpu|cuda|auto] [--threads N] [--ctx N] [--mmap] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--expert-offload N] [--host-sampler] [--verbose] [--report-memory]\n"
-    "       [--adapter-path DIR] [--speculate lookup|none] [--draft-model M] [--num-draft-tokens N]";
+    "       [--prompt-cache-file FILE] [--device cpu|cuda|auto] [--threads N] [--ctx N] [--mmap] [--kv-quant "
+    "none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--expert-offload N] [--host-sampler] [--verbose] "
+    "[--report-memory]\n"
+    "       [--adapter-path DIR] [--speculate lookup|suffix|none] [--draft-model M] [--num-draft-tokens N]";
 
 static int on_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
     (void)user; (void)id; (void)lp;

@@ -19,7 +19,7 @@ int cli_spec_flag(int argc, char **argv, int *i, cli_spec *s, hearth_engine_opti
     const char *v = argv[++*i];
     if (!strcmp(a, "--speculate")) {
         if ((eo->speculate = hearth_speculate_parse(v)) < 0 || eo->speculate == HEARTH_SPEC_DRAFT)
-            *rc = cli_usage_error(usage, "--speculate: '%s' is not lookup or none", v);
+            *rc = cli_usage_error(usage, "--speculate: '%s' is not lookup, suffix or none", v);
         s->speculate_given = 1;
     } else if (!strcmp(a, "--draft-model")) {
         s->draft_name = v;
@@ -99,16 +99,16 @@ hearth_status cli_spec_generate(cli_spec *s, hearth_engine *e, const int32_t *id
     }
     hearth_batch_stats bs;
     hearth_batch_stats_get(s->batch, &bs);
-    int k = s->draft ? HEARTH_SPEC_DRAFT : HEARTH_SPEC_LOOKUP;
-    s->proposed = bs.spec_proposed[k], s->accepted = bs.spec_accepted[k];
+    s->proposed = s->accepted = 0; /* the batch's totals so far */
+    for (int k = 0; k < HEARTH_SPEC_KINDS; k++) s->proposed += bs.spec_proposed[k], s->accepted += bs.spec_accepted[k];
     if (u.st) *err = u.err;
     return u.st;
 }
 
 void cli_spec_report(const cli_spec *s) {
     if (!s->batch) return;
-    fprintf(stderr, "speculative decoding (%s): %llu tokens proposed, %llu accepted\n",
-            hearth_speculate_name(s->draft ? HEARTH_SPEC_DRAFT : HEARTH_SPEC_LOOKUP), s->proposed, s->accepted);
+    fprintf(stderr, "speculative decoding (%s): %llu tokens proposed, %llu accepted\n", s->draft ? "draft" : "lookup",
+            s->proposed, s->accepted);
 }
 
 void cli_spec_end(cli_spec *s, hearth_engine *e) {

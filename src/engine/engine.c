@@ -170,8 +170,8 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
      * token a speculating request proposes; an append up to max_logits_rows */
     if (o.max_logits_rows < 0 || o.max_logits_rows > (1 << 16))
         return err_set(err, HEARTH_ERR_INVALID, "engine: invalid max_logits_rows %d", o.max_logits_rows);
-    if (o.speculate != HEARTH_SPEC_LOOKUP && o.speculate != HEARTH_SPEC_NONE)
-        return err_set(err, HEARTH_ERR_INVALID, "unknown --speculate mode (it takes lookup or none)");
+    if (o.speculate != HEARTH_SPEC_LOOKUP && o.speculate != HEARTH_SPEC_NONE && o.speculate != HEARTH_SPEC_SUFFIX)
+        return err_set(err, HEARTH_ERR_INVALID, "unknown --speculate mode (it takes lookup, suffix or none)");
     p->append_rows = o.max_logits_rows > ENGINE_MAX_LOGITS_ROWS ? o.max_logits_rows : ENGINE_MAX_LOGITS_ROWS;
     p->max_out = p->max_seqs > p->append_rows ? p->max_seqs : p->append_rows;
     /* the CPU: SPEC_MAX_DRAFT for its few speculating rows; the GPU: every proposal the

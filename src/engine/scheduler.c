@@ -79,8 +79,9 @@ struct hearth_batch {
     prompt_cache *disk; /* hearth_batch_prompt_cache: finished requests saved there; NULL: none */
     /* monitoring (hearth_batch_stats_get) */
     unsigned long long prompt_tokens, cached_tokens, requests_done, steps, preemptions;
-    unsigned long long spec_proposed[3], spec_accepted[3]; /* by hearth_speculate */
-    unsigned long long spec_drafts[3], spec_rejected[3];
+    unsigned long long spec_proposed[HEARTH_SPEC_KINDS], spec_accepted[HEARTH_SPEC_KINDS]; /* by hearth_speculate */
+    unsigned long long spec_drafts[HEARTH_SPEC_KINDS], spec_rejected[HEARTH_SPEC_KINDS];
+    spec_suffix *suffix;          /* --speculate suffix: the recent outputs' index (NULL: none) */
     sched_proposer_fn propose_fn; /* NULL: prompt lookup */
     void *propose_user;
     double last_step_seconds;
@@ -148,8 +149,9 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
     b->row_req = malloc((size_t)max_run * sizeof *b->row_req);
     b->greedy_ids = malloc((size_t)engine_max_out_rows(e) * sizeof *b->greedy_ids);
     b->dev_rows = malloc((size_t)engine_max_out_rows(e) * sizeof *b->dev_rows);
+    int suffix_ok = engine_speculate(e) != HEARTH_SPEC_SUFFIX || (b->suffix = spec_suffix_new());
     if (!b->run || !b->tok || !b->pos || !b->slot || !b->out_rows || !b->out_of || !b->remaining || !b->take ||
-        !b->rows || !b->row_req || !b->greedy_ids || !b->dev_rows) {
+        !b->rows || !b->row_req || !b->greedy_ids || !b->dev_rows || !suffix_ok) {
         hearth_batch_free(b);
         return err_set(err, HEARTH_ERR_NOMEM, "batching: out of memory");
     }
@@ -183,6 +185,8 @@ static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hear
          * later turn can use is at its prompt's end: its prompt only is noted */
         int keep = engine_kv(b->e)->state && (size_t)q->len > q->r.n_prompt ? (int)q->r.n_prompt : q->len;
         if (b->disk && st == HEARTH_OK) prompt_cache_note(b->disk, b->e, q->seq, keep);
+        if (b->suffix && st == HEARTH_OK && (size_t)q->len > q->r.n_prompt) /* its output, for later requests */
+            spec_suffix_add(b->suffix, engine_history(b->e, q->seq) + q->r.n_prompt, q->len - (int)q->r.n_prompt);
         close_slot(b, q);
         if (q->t1 > 0) q->r.result->generate_seconds = gen_now_seconds() - q->t1;
     }
@@ -214,6 +218,7 @@ void hearth_batch_free(hearth_batch *b) {
     }
     if (b->disk) prompt_cache_flush(b->disk, b->e); /* every slot is free now */
     prompt_cache_free(b->disk);
+    spec_suffix_free(b->suffix);
     free(b->run);
     free(b->tok);
     free(b->pos);
@@ -754,14 +759,25 @@ static int propose(hearth_batch *b) {
             q->n_draft = k;
             replay(b, rp, q, hearth_model_vocab_rows(e));
             q->n_draft = 0;
+        } else if (b->propose_fn) {
+            k = b->propose_fn(b->propose_user, hist, q->len + 1, k, q->draft);
         } else {
-            k = b->propose_fn ? b->propose_fn(b->propose_user, hist, q->len + 1, k, q->draft)
-                              : spec_lookup(hist, q->len + 1, k, q->draft);
+            /* the request's own context, or the recent outputs' index where it matches longer */
+            int own, other, ks = 0;
+            int32_t alt[SPEC_MAX_DRAFT];
+            int kl = spec_lookup_match(hist, q->len + 1, k, q->draft, &own);
+            if (b->suffix) ks = spec_suffix_lookup(b->suffix, hist, q->len + 1, k, alt, &other);
+            if (ks > 0 && other > own) {
+                memcpy(q->draft, alt, sizeof(int32_t) * (size_t)ks);
+                q->proposer = HEARTH_SPEC_SUFFIX;
+            }
+            k = ks > 0 && other > own ? ks : kl;
         }
-        /* only the request's own tokens: proposals from other requests' answers made a
-         * request's text depend on what the server answered before (on the SIMD kernels a
-         * verified step rounds as one matrix product), so the same request could answer
-         * differently the second time */
+        /* lookup proposes only the request's own tokens: proposals from other requests'
+         * answers make a request's text depend on what the server answered before (on the
+         * SIMD kernels a verified step rounds as one matrix product), so the same request
+         * could answer differently the second time. --speculate suffix takes that on, by
+         * choice; the exact and deterministic tiers answer the same either way. */
         hearth_error err = {0};
         if (k > most) k = most;
         /* a constrained row: the proposal up to the first token its grammar forbids (the
@@ -823,7 +839,7 @@ static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
     b->spec_proposed[q->proposer] += (unsigned long long)k, b->spec_accepted[q->proposer] += (unsigned long long)accepted;
     b->spec_drafts[q->proposer]++;
     b->spec_rejected[q->proposer] += accepted < k && !q->r.result->finish;
-    if (q->proposer == HEARTH_SPEC_LOOKUP) /* strict: a hybrid row whose rejection is fed again */
+    if (q->proposer != HEARTH_SPEC_DRAFT) /* strict: a hybrid row whose rejection is fed again */
         spec_depth_update(&q->depth, k, accepted, q->spec_rec >= 0 && !q->journaled);
     if (q->dseq >= 0) { /* the draft's KV holds next and the proposals before the last: keep the accepted */
         if (q->dlen > q->len) q->dlen = q->len;

@@ -2,11 +2,17 @@
 #include "engine/spec.h"
 #include "hearth.h"
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The tokens after the latest earlier occurrence of hist's last n-gram (longest first),
  * up to max_k; never the tail itself (i + g < n). */
 int spec_lookup(const int32_t *hist, int n, int max_k, int32_t *out) {
+    return spec_lookup_match(hist, n, max_k, out, NULL);
+}
+
+int spec_lookup_match(const int32_t *hist, int n, int max_k, int32_t *out, int *matched) {
+    if (matched) *matched = 0;
     if (max_k <= 0) return 0;
     if (max_k > SPEC_MAX_DRAFT) max_k = SPEC_MAX_DRAFT;
     for (int g = SPEC_NGRAM_MAX; g >= SPEC_NGRAM_MIN; g--) {
@@ -17,8 +23,77 @@ int spec_lookup(const int32_t *hist, int n, int max_k, int32_t *out) {
             if (hist[i] != tail[0] || memcmp(hist + i, tail, (size_t)g * sizeof *hist)) continue;
             int k = 0;
             while (k < max_k && i + g + k < n) out[k] = hist[i + g + k], k++;
+            if (k > 0 && matched) *matched = g;
             if (k > 0) return k;
         }
+    }
+    return 0;
+}
+
+spec_suffix *spec_suffix_new(void) {
+    spec_suffix *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->ring = malloc(sizeof *s->ring * SPEC_SUFFIX_TOKENS);
+    s->slot = calloc(SPEC_SUFFIX_SLOTS, sizeof *s->slot);
+    if (!s->ring || !s->slot) {
+        spec_suffix_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void spec_suffix_free(spec_suffix *s) {
+    if (!s) return;
+    free(s->ring);
+    free(s->slot);
+    free(s);
+}
+
+/* The slot of the g tokens t[0..g) (FNV-1a over the ids, g mixed in). */
+static size_t suffix_hash(const int32_t *t, int g) {
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)g;
+    for (int i = 0; i < g; i++) h = (h ^ (uint32_t)t[i]) * 1099511628211ull;
+    h ^= h >> 29;
+    return (size_t)(h & (SPEC_SUFFIX_SLOTS - 1));
+}
+
+static const int suffix_ngrams[SPEC_SUFFIX_N_NGRAMS] = SPEC_SUFFIX_NGRAMS;
+
+static int32_t suffix_at(const spec_suffix *s, uint32_t t) { return s->ring[t % SPEC_SUFFIX_TOKENS]; }
+
+void spec_suffix_add(spec_suffix *s, const int32_t *tokens, int n) {
+    for (int i = 0; i <= n; i++) {
+        int32_t t = i < n ? tokens[i] : -1;
+        s->ring[s->n % SPEC_SUFFIX_TOKENS] = t;
+        if (++s->n == 0) s->n = SPEC_SUFFIX_TOKENS; /* 0 means an empty slot: skip it on wrapping */
+        if (t < 0) continue;
+        for (int j = 0; j < SPEC_SUFFIX_N_NGRAMS; j++) { /* each n-gram of this output ending here */
+            int g = suffix_ngrams[j];
+            if (i + 1 >= g) s->slot[suffix_hash(tokens + i + 1 - g, g)] = s->n;
+        }
+    }
+}
+
+int spec_suffix_lookup(const spec_suffix *s, const int32_t *hist, int n, int max_k, int32_t *out, int *matched) {
+    if (matched) *matched = 0;
+    if (!s || max_k <= 0) return 0;
+    if (max_k > SPEC_MAX_DRAFT) max_k = SPEC_MAX_DRAFT;
+    for (int j = 0; j < SPEC_SUFFIX_N_NGRAMS; j++) {
+        int g = suffix_ngrams[j];
+        if (n < g) continue;
+        const int32_t *tail = hist + n - g;
+        uint32_t at = s->slot[suffix_hash(tail, g)]; /* the index after the n-gram's end */
+        uint32_t back = s->n - at;                   /* tokens appended since (mod 2^32) */
+        /* still in the ring with the n-gram itself, and not another n-gram of the slot */
+        if (!at || back == 0 || back + (uint32_t)g > SPEC_SUFFIX_TOKENS) continue;
+        int same = 1;
+        for (int i = 0; same && i < g; i++) same = suffix_at(s, at - (uint32_t)g + (uint32_t)i) == tail[i];
+        if (!same) continue;
+        int k = 0;
+        while (k < max_k && (uint32_t)k < back && suffix_at(s, at + (uint32_t)k) >= 0)
+            out[k] = suffix_at(s, at + (uint32_t)k), k++;
+        if (k > 0 && matched) *matched = g;
+        if (k > 0) return k;
     }
     return 0;
 }
@@ -49,15 +124,16 @@ void spec_depth_update(spec_depth *d, int proposed, int accepted, int strict) {
 }
 
 const char *hearth_speculate_name(int speculate) {
-    return speculate == HEARTH_SPEC_LOOKUP  ? "lookup"
-           : speculate == HEARTH_SPEC_NONE  ? "none"
-           : speculate == HEARTH_SPEC_DRAFT ? "draft"
-                                            : NULL;
+    return speculate == HEARTH_SPEC_LOOKUP   ? "lookup"
+           : speculate == HEARTH_SPEC_NONE   ? "none"
+           : speculate == HEARTH_SPEC_DRAFT  ? "draft"
+           : speculate == HEARTH_SPEC_SUFFIX ? "suffix"
+                                             : NULL;
 }
 
 int hearth_speculate_parse(const char *name) {
-    for (int s = HEARTH_SPEC_LOOKUP; s <= HEARTH_SPEC_NONE; s++)
-        if (name && !strcmp(name, hearth_speculate_name(s))) return s;
+    for (int s = HEARTH_SPEC_LOOKUP; s < HEARTH_SPEC_KINDS; s++) /* draft is named by --draft-model */
+        if (s != HEARTH_SPEC_DRAFT && name && !strcmp(name, hearth_speculate_name(s))) return s;
     return -1;
 }
 

@@ -48,6 +48,35 @@ int spec_step_room(spec_limits l, int n_dec, int draft_depth);
  * earlier occurrence of hist's last n tokens; the up to max_k tokens that followed it go
  * to out. Returns how many (0: no match). */
 int spec_lookup(const int32_t *hist, int n, int max_k, int32_t *out);
+/* spec_lookup, and the n-gram length it matched in *matched (0: none; matched may be NULL). */
+int spec_lookup_match(const int32_t *hist, int n, int max_k, int32_t *out, int *matched);
+
+/* The suffix index (--speculate suffix): the batch's recent outputs, each request's
+ * generated tokens appended as it finishes, in a ring of SPEC_SUFFIX_TOKENS tokens; the
+ * n-grams of SPEC_SUFFIX_NGRAMS lengths inside one output are hashed to their latest end
+ * (a slot later taken by another n-gram forgets the older one: recent outputs are the ones
+ * agent loops repeat). Cross-request matches need more context than a request's own (a
+ * 2-gram seen in another answer predicts little), hence longer n-grams than prompt lookup.
+ * 2.3 MB. */
+#define SPEC_SUFFIX_TOKENS (1 << 16)
+#define SPEC_SUFFIX_SLOTS (1 << 19)
+#define SPEC_SUFFIX_NGRAMS                                                                                             \
+    { 8, 6, 4, 3 } /* longest first */
+#define SPEC_SUFFIX_N_NGRAMS 4
+typedef struct spec_suffix {
+    int32_t *ring;  /* [SPEC_SUFFIX_TOKENS]: token, or -1 between outputs */
+    uint32_t n;     /* tokens ever appended (mod 2^32); token t sits at ring[t % SPEC_SUFFIX_TOKENS] */
+    uint32_t *slot; /* [SPEC_SUFFIX_SLOTS]: an n-gram's hash -> the index after its latest end (0: none) */
+} spec_suffix;
+spec_suffix *spec_suffix_new(void);
+void spec_suffix_free(spec_suffix *s);
+/* Appends one output (n tokens) and the separator after it. */
+void spec_suffix_add(spec_suffix *s, const int32_t *tokens, int n);
+/* For the n-gram lengths of SPEC_SUFFIX_NGRAMS, longest first, the latest indexed output position
+ * that follows hist's last g tokens: up to max_k of the tokens after it (within that output)
+ * to out, g in *matched (may be NULL). Returns how many (0: no match). A slot another n-gram
+ * took since is a miss, never a wrong match. */
+int spec_suffix_lookup(const spec_suffix *s, const int32_t *hist, int n, int max_k, int32_t *out, int *matched);
 
 /* A request's draft depth, adapted to what it accepts: doubles after a fully accepted
  * draft, drops to one past the accepted count after a rejection, and after drafts of

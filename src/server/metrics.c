@@ -177,6 +177,11 @@ static void write_engine(sbuf *b, srv_server *s) {
            (double)st.spec_proposed[HEARTH_SPEC_DRAFT]);
     scalar(b, "hearth_spec_draft_accepted_tokens_total", "counter", "Draft model tokens that verification accepted",
            (double)st.spec_accepted[HEARTH_SPEC_DRAFT]);
+    scalar(b, "hearth_spec_suffix_proposed_tokens_total", "counter",
+           "Tokens the recent outputs' suffix index (--speculate suffix) proposed for speculative verification",
+           (double)st.spec_proposed[HEARTH_SPEC_SUFFIX]);
+    scalar(b, "hearth_spec_suffix_accepted_tokens_total", "counter", "Suffix index tokens that verification accepted",
+           (double)st.spec_accepted[HEARTH_SPEC_SUFFIX]);
 }
 
 int srv_metrics_respond(srv_server *s, srv_conn *c) {

@@ -50,7 +50,7 @@ static json_t *stats_json(srv_server *s) {
                                   b.last_step_seconds, "last_tokens", b.last_step_tokens, "decode_tokens_per_second",
                                   b.decode_tok_s, "prefill_tokens_per_second", b.prefill_tok_s));
     json_t *spec = json_object();
-    for (int k = HEARTH_SPEC_LOOKUP; k <= HEARTH_SPEC_DRAFT; k++) /* per proposer */
+    for (int k = HEARTH_SPEC_LOOKUP; k < HEARTH_SPEC_KINDS; k++) /* per proposer */
         if (k != HEARTH_SPEC_NONE)
             json_object_set_new(spec, hearth_speculate_name(k),
                                 json_pack("{s:I,s:I,s:f}", "proposed_tokens", (json_int_t)b.spec_proposed[k],

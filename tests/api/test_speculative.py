@@ -98,3 +98,40 @@ def test_bench_prompt_file_with_draft(tmp_path):
     assert 0 < o["last_run_accepted"] <= o["last_run_proposed"]
     bad = subprocess.run([str(BIN), "bench", str(MODEL), "--draft-model", str(DRAFT)], capture_output=True, text=True)
     assert bad.returncode == 2 and "--prompt-file" in bad.stderr
+
+
+# ---- --speculate suffix: the recent outputs' index, against mlx_lm.server without speculation ----
+
+@pytest.fixture(scope="module")
+def suffix_servers():
+    need(MODEL, "tiny model", "run tools/make_tiny_models.py")
+    with upstream_server(MODEL) as up, server(MODEL, "--speculate", "suffix", env={"HEARTH_CPU": "scalar"}) as hz:
+        yield up, hz
+
+
+def test_suffix_index_answers_as_mlx_lm(suffix_servers):
+    """Each request twice, the second after its own answer went into the index (and a
+    different prompt in between): every answer as mlx_lm.server gives it, and the index's
+    proposals were verified and accepted (/stats and /metrics count them apart from lookup's)."""
+    up, hz = suffix_servers
+    asks = [("/v1/completions", {"prompt": "the quick brown fox jumps", "max_tokens": 40}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "name three colors"}],
+                                      "max_tokens": 40})]
+    for path, body in asks + asks:
+        want, got = post(up, path, body), post(hz, path, body)
+        text = (lambda r: r["choices"][0].get("text") or r["choices"][0]["message"]["content"])
+        assert text(got) == text(want), (path, body)
+        assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
+    with urllib.request.urlopen(hz + "/stats", timeout=30) as r:
+        spec = json.load(r)["speculative"]
+    assert spec["suffix"]["accepted_tokens"] > 0, spec
+    with urllib.request.urlopen(hz + "/metrics", timeout=30) as r:
+        metrics = r.read().decode()
+    line = [x for x in metrics.splitlines() if x.startswith("hearth_spec_suffix_accepted_tokens_total ")]
+    assert line and float(line[0].split()[1]) == spec["suffix"]["accepted_tokens"]
+
+
+def test_unknown_speculate_mode_is_refused():
+    p = subprocess.run([BIN, "serve", "--model", str(MODEL), "--speculate", "sufix", "--port", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "lookup, suffix or none" in p.stderr, p.stderr

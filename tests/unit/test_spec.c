@@ -52,6 +52,90 @@ static void test_lookup(void **st) {
     assert_int_equal(out[0], 3);
 }
 
+/* The brute-force suffix match over the outputs (docs[d][0..len[d])): for each g, longest first
+ * (SPEC_SUFFIX_NGRAMS), the latest occurrence of hist's last g tokens inside one output; the up to max_k
+ * tokens after it in that output, or (it ends the output) on to a shorter g. */
+static int suffix_oracle(int32_t docs[][64], const int *len, int n_docs, const int32_t *hist, int n, int max_k,
+                         int32_t *out) {
+    static const int lengths[] = SPEC_SUFFIX_NGRAMS;
+    for (size_t j = 0; j < sizeof lengths / sizeof *lengths; j++) {
+        int g = lengths[j];
+        if (n < g) continue;
+        int found = 0, k = 0;
+        for (int d = n_docs - 1; !found && d >= 0; d--)
+            for (int i = len[d] - g; !found && i >= 0; i--) {
+                if (memcmp(docs[d] + i, hist + n - g, (size_t)g * sizeof *hist)) continue;
+                found = 1;
+                while (k < max_k && i + g + k < len[d]) out[k] = docs[d][i + g + k], k++;
+            }
+        if (k > 0) return k;
+    }
+    return 0;
+}
+
+static void test_suffix(void **st) {
+    (void)st;
+    spec_suffix *s = spec_suffix_new();
+    assert_non_null(s);
+    int32_t out[SPEC_MAX_DRAFT], want[SPEC_MAX_DRAFT], hist[32];
+    assert_int_equal(spec_suffix_lookup(s, hist, 0, 8, out, NULL), 0);
+    const int32_t a[] = {5, 6, 7, 8, 9, 10, 11};
+    spec_suffix_add(s, a, 7);
+    const int32_t h1[] = {1, 2, 6, 7, 8}; /* "6 7 8" was in an output: 9 10 11 follow, and its end */
+    int g;
+    assert_int_equal(spec_suffix_lookup(s, h1, 5, 8, out, &g), 3);
+    assert_int_equal(g, 3);
+    assert_int_equal(out[0], 9), assert_int_equal(out[2], 11);
+    const int32_t h2[] = {6, 7}; /* two tokens: too short a match across requests */
+    assert_int_equal(spec_suffix_lookup(s, h2, 2, 8, out, NULL), 0);
+    const int32_t b[] = {9, 10, 11, 12};
+    spec_suffix_add(s, b, 4); /* "9 10 11" now continues with 12 (the latest), never across outputs */
+    const int32_t h3[] = {9, 10, 11};
+    assert_int_equal(spec_suffix_lookup(s, h3, 3, 8, out, NULL), 1);
+    assert_int_equal(out[0], 12);
+    const int32_t h4[] = {8, 9, 10, 11}; /* the longer match wins: its end, nothing after it in that output */
+    assert_int_equal(spec_suffix_lookup(s, h4, 4, 8, out, NULL), 1);
+    spec_suffix_free(s);
+
+    /* against the brute-force search: outputs over a small alphabet (many repeats) */
+    static int32_t docs[400][64];
+    int len[400];
+    uint64_t r = 0x1234;
+    s = spec_suffix_new();
+    int agree = 0, found = 0, total = 0;
+    for (int d = 0; d < 400; d++) {
+        len[d] = 8 + (int)((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 59);
+        for (int i = 0; i < len[d]; i++) docs[d][i] = (int32_t)((r = r * 6364136223846793005ull + 1) >> 61);
+        spec_suffix_add(s, docs[d], len[d]);
+        for (int q = 0; q < 20; q++) {
+            int n = 1 + (int)((r = r * 6364136223846793005ull + 1) >> 59);
+            for (int i = 0; i < n; i++) hist[i] = (int32_t)((r = r * 6364136223846793005ull + 1) >> 61);
+            int k = spec_suffix_lookup(s, hist, n, 8, out, NULL),
+                kw = suffix_oracle(docs, len, d + 1, hist, n, 8, want);
+            total++, found += kw > 0;
+            agree += k == kw && !memcmp(out, want, sizeof(int32_t) * (size_t)k);
+            /* a proposal is always a true continuation: never a hash collision's */
+            if (k > 0) {
+                int ok = 0;
+                for (int dd = 0; !ok && dd <= d; dd++)
+                    for (int i = 0; !ok && i + k <= len[dd]; i++)
+                        ok = !memcmp(docs[dd] + i, out, sizeof(int32_t) * (size_t)k);
+                assert_true(ok);
+            }
+        }
+        if (d == 19) { /* 20 outputs: a slot taken by another n-gram is rare */
+            print_message("suffix index, 20 outputs: %d of %d lookups as the brute force\n", agree, total);
+            assert_true(agree >= total * 99 / 100);
+        }
+    }
+    /* 400 (~10,000 tokens, ~40,000 n-gram entries in 2^19 slots): the oldest start to go */
+    print_message("suffix index, 400 outputs: %d of %d lookups as the brute force (%d found a match)\n", agree, total,
+                  found);
+    assert_true(found > total / 2);
+    assert_true(agree >= total * 97 / 100);
+    spec_suffix_free(s);
+}
+
 static void test_depth(void **st) {
     (void)st;
     spec_depth d = {0};
@@ -296,6 +380,11 @@ static void test_lossless_every_tiny_model(void **st) {
         proposed += s1.spec_proposed[0], accepted += s1.spec_accepted[0];
         run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_LOOKUP, .together = 1}, spec, &s1);
         assert_same(plain, spec, "prompt lookup, together", names[mi]);
+        /* the suffix index: the first prompt asked again (run_prompts' last request) is proposed
+         * its earlier answer */
+        run_prompts(m, ids, n_ids, (run_opts){.speculate = HEARTH_SPEC_SUFFIX}, spec, &s1);
+        assert_same(plain, spec, "suffix index, alone", names[mi]);
+        assert_true(s1.spec_accepted[HEARTH_SPEC_SUFFIX] > 0);
         /* a draft model: the model itself (every proposal accepted), then another weight format of
          * its family (proposals rejected too); a hybrid cannot draft (test_hybrid_draft_refused) */
         const char *fam_end = strchr(names[mi], '-');
@@ -494,6 +583,7 @@ int main(void) {
     setenv("HEARTH_CPU", "scalar", 1); /* rows computed independently: bit-identical steps */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lookup),
+        cmocka_unit_test(test_suffix),
         cmocka_unit_test(test_depth),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_truncate),

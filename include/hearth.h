@@ -552,8 +552,10 @@ typedef struct hearth_train_options {
     double orpo_lambda;              /* orpo: the odds-ratio term's weight (0.1) */
     unsigned long long seed;
     /* mlx_lm.lora's optimizers as MLX has them (no bias correction): "adam" (NULL), "adamw"
-     * (weight decay applied to the parameter first) or "sgd" (weight decay added to the
-     * gradient, no momentum); weight_decay < 0: the optimizer's default (adamw 0.01, else 0) */
+     * (weight decay applied to the parameter first), "sgd" (weight decay added to the
+     * gradient, no momentum), "muon" (momentum 0.95, Nesterov, Newton-Schulz orthogonalized
+     * updates) or "adafactor" (relative steps: learning_rate unused, as in mlx-lm);
+     * weight_decay < 0: the optimizer's default (adamw and muon 0.01, else 0) */
     const char *optimizer;
     double weight_decay;
     int grad_accumulation_steps; /* gradients summed over this many batches, averaged, then one update (0: 1) */

@@ -66,8 +66,10 @@ typedef struct trainer {
     float *x, *tmp, *xf, *hf, *rstdf, *dx, *dtmp, *dmm, *dg, *du, *dq, *dk, *dv, *dql, *dkl, *da, *dh, *xent_scratch,
         *lin_scratch, *attn_scratch, *weight;
     int32_t *targets;
-    float *adam_m, *adam_v; /* one block over every LoRA tensor, in layer and projection order */
-    size_t n_params;
+    float *adam_m, *adam_v;      /* one block over every LoRA tensor, in layer and projection order (Muon: its
+                                    momentum in adam_m; Adafactor: each tensor's row and column means at its offset) */
+    size_t n_params, max_tensor; /* max_tensor: the largest LoRA tensor's floats */
+    float *opt_work;             /* Muon, Adafactor: one tensor's scratch (muon_tensor, adafactor_tensor) */
     /* dry: size everything, allocate and load nothing (hearth_train_fit); the bytes each
      * allocation would take, by what it holds (part) */
     int dry, part, threads, T1, T2; /* the two slots' longest sequences (a pair's chosen and rejected), for dry sizing */
@@ -75,7 +77,7 @@ typedef struct trainer {
 } trainer;
 
 enum { PART_DENSE, PART_ADAPTER, PART_OPTIMIZER, PART_ACTIVATIONS, PART_BUFFERS };
-enum { OPT_ADAM, OPT_ADAMW, OPT_SGD };
+enum { OPT_ADAM, OPT_ADAMW, OPT_SGD, OPT_MUON, OPT_ADAFACTOR };
 static const char *const part_name[] = {"dense_weight_copies", "adapter_and_gradients", "optimizer_state",
                                         "saved_activations", "step_buffers"};
 
@@ -203,6 +205,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                 double bound = 1.0 / sqrt((double)K); /* mlx-lm: A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0 */
                 for (int64_t i = 0; !t->dry && i < K * t->r; i++) lo->a[i] = (float)((2 * uniform01(&rng) - 1) * bound);
                 t->n_params += (size_t)(K * t->r + t->r * N);
+                size_t big = (size_t)((K > N ? K : N) * t->r);
+                if (big > t->max_tensor) t->max_tensor = big;
             }
             t->part = PART_ACTIVATIONS;
             /* dry: each slot (a pair's chosen and rejected sequences) is resident only as
@@ -245,7 +249,9 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         !(t->xent_scratch = falloc(t, (size_t)(t->dry && T < TR_XENT_ROWS ? T : TR_XENT_ROWS) *
                                           (size_t)TR_XENT_ROW_FLOATS(t->V, D))) ||
         (t->part = PART_OPTIMIZER,
-         t->opt != OPT_SGD && (!(t->adam_m = falloc(t, t->n_params)) || !(t->adam_v = falloc(t, t->n_params)))))
+         ((t->opt != OPT_SGD && (!(t->adam_m = falloc(t, t->n_params)) || !(t->adam_v = falloc(t, t->n_params)))) ||
+          ((t->opt == OPT_MUON || t->opt == OPT_ADAFACTOR) &&
+           !(t->opt_work = falloc(t, 2 * t->max_tensor + 2 * (size_t)t->r * (size_t)t->r))))))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (t->dry) t->dry_bytes[PART_BUFFERS] += resident_of((size_t)T * sizeof(int32_t));
     else if (!(t->targets = calloc((size_t)T, sizeof(int32_t)))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
@@ -614,11 +620,107 @@ static float sched_lr(const hearth_train_options *o, long long step) {
     return (float)o->learning_rate; /* not reached: train_setup refuses other names and steps */
 }
 
+/* Muon's update of one [rows, cols] tensor (MLX's Muon with its defaults: momentum 0.95,
+ * Nesterov, 5 Newton-Schulz steps): g += wd p; v = 0.95 v + 0.05 g; u = 0.05 g + 0.95 v;
+ * u orthogonalized the wide way round (a tall one transposed), after dividing it by its
+ * Frobenius norm + 1e-7: 5 times X = a X + (b A + c A A) X with A = X X^T, (a, b, c) =
+ * (3.4445, -4.7750, 2.0315); then p -= lr max(1, rows / cols)^0.5 u.
+ * work: 2 rows cols + 2 min(rows, cols)^2 floats. */
+static void muon_tensor(float *par, const float *g, float *v, int64_t rows, int64_t cols, float lr, float wd,
+                        float *work) {
+    const float mom = 0.95f, a = 3.4445f, b = -4.7750f, c = 2.0315f;
+    size_t n = (size_t)(rows * cols);
+    int tr = rows > cols;
+    int64_t R = tr ? cols : rows, C = tr ? rows : cols;
+    float *X = work, *Y = X + n, *A = Y + n, *B = A + R * R;
+    float ss = 0;
+    for (size_t i = 0; i < n; i++) {
+        float gi = wd != 0 ? g[i] + wd * par[i] : g[i];
+        v[i] = mom * v[i] + (1 - mom) * gi;
+        float u = gi * (1 - mom) + v[i] * mom;
+        int64_t r = (int64_t)i / cols, q = (int64_t)i % cols;
+        X[tr ? q * C + r : (int64_t)i] = u;
+        ss += u * u;
+    }
+    float inv = 1.0f / (sqrtf(ss) + 1e-7f);
+    for (size_t i = 0; i < n; i++) X[i] *= inv;
+    for (int step = 0; step < 5; step++) {
+        for (int64_t i = 0; i < R; i++) /* A = X X^T */
+            for (int64_t j = 0; j < R; j++) {
+                float acc = 0;
+                for (int64_t k = 0; k < C; k++) acc += X[i * C + k] * X[j * C + k];
+                A[i * R + j] = acc;
+            }
+        for (int64_t i = 0; i < R; i++) /* B = b A + c A A */
+            for (int64_t j = 0; j < R; j++) {
+                float acc = 0;
+                for (int64_t k = 0; k < R; k++) acc += A[i * R + k] * A[k * R + j];
+                B[i * R + j] = b * A[i * R + j] + c * acc;
+            }
+        for (int64_t i = 0; i < R; i++) /* Y = a X + B X */
+            for (int64_t j = 0; j < C; j++) {
+                float acc = 0;
+                for (int64_t k = 0; k < R; k++) acc += B[i * R + k] * X[k * C + j];
+                Y[i * C + j] = a * X[i * C + j] + acc;
+            }
+        float *sw = X;
+        X = Y, Y = sw;
+    }
+    float step_lr = lr * (rows > cols ? sqrtf((float)rows / (float)cols) : 1.0f);
+    for (size_t i = 0; i < n; i++) {
+        int64_t r = (int64_t)i / cols, q = (int64_t)i % cols;
+        par[i] -= step_lr * X[tr ? q * C + r : (int64_t)i];
+    }
+}
+
+/* Adafactor's update of one [rows, cols] tensor (MLX's Adafactor with its defaults, as
+ * mlx_lm.lora builds it: relative steps, so the learning rate is not used; parameter
+ * scaling; eps 1e-30 and 1e-3; clipping at 1; decay -0.8; no first moment): at update step,
+ * lr_t = min(1e-2, step^-0.5) max(1e-3, rms(p)); beta2 = 1 - step^-0.8; row / col = the
+ * running means of g^2 + 1e-30 over each row / column; u = g / sqrt(row / mean(row)) /
+ * sqrt(col), divided by max(1, rms(u)), times lr_t; p += p (-wd lr_t); p -= u.
+ * work: rows cols floats. */
+static void adafactor_tensor(float *par, const float *g, float *row, float *col, int64_t rows, int64_t cols,
+                             long long step, float wd, float *work) {
+    size_t n = (size_t)(rows * cols);
+    float ps = 0;
+    for (size_t i = 0; i < n; i++) ps += par[i] * par[i];
+    float p_rms = sqrtf(ps / (float)n), st = (float)step;
+    float rel = fminf(1e-2f, 1.0f / sqrtf(st)), lr_t = fmaxf(1e-3f, p_rms) * rel;
+    float beta2 = 1.0f - powf(st, -0.8f);
+    for (int64_t r = 0; r < rows; r++) {
+        float acc = 0;
+        for (int64_t q = 0; q < cols; q++) acc += g[r * cols + q] * g[r * cols + q] + 1e-30f;
+        row[r] = beta2 * row[r] + (1 - beta2) * (acc / (float)cols);
+    }
+    for (int64_t q = 0; q < cols; q++) {
+        float acc = 0;
+        for (int64_t r = 0; r < rows; r++) acc += g[r * cols + q] * g[r * cols + q] + 1e-30f;
+        col[q] = beta2 * col[q] + (1 - beta2) * (acc / (float)rows);
+    }
+    float rm = 0;
+    for (int64_t r = 0; r < rows; r++) rm += row[r];
+    rm /= (float)rows;
+    float us = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t q = 0; q < cols; q++) {
+            float u = (1.0f / sqrtf(row[r] / rm)) * (1.0f / sqrtf(col[q])) * g[r * cols + q];
+            work[r * cols + q] = u;
+            us += u * u;
+        }
+    float clip = fmaxf(1.0f, sqrtf(us / (float)n));
+    for (size_t i = 0; i < n; i++) {
+        if (wd != 0) par[i] += par[i] * (-wd * lr_t);
+        par[i] -= lr_t * (work[i] / clip);
+    }
+}
+
 /* One update with the accumulated gradients divided by accum (mlx-lm's gradient
  * accumulation), as MLX's optimizers compute it in float32 (no bias correction):
  * Adam: m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, p -= lr m / (sqrt(v) + eps);
- * AdamW: p *= 1 - lr wd first; SGD: p -= lr (g + wd p) (wd term only when wd != 0). */
-static void opt_step(trainer *t, float lr, int accum) {
+ * AdamW: p *= 1 - lr wd first; SGD: p -= lr (g + wd p) (wd term only when wd != 0);
+ * Muon: muon_tensor; Adafactor: adafactor_tensor. step: the update's number from 1. */
+static void opt_step(trainer *t, float lr, int accum, long long step) {
     const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = t->weight_decay, keep = 1.0f - lr * wd;
     size_t off = 0;
     for (int l = t->first_lora; l < t->L; l++)
@@ -626,9 +728,19 @@ static void opt_step(trainer *t, float lr, int accum) {
             tlayer *y = &t->layers[l];
             float *par[2] = {y->lora[p].a, y->lora[p].b}, *g[2] = {y->lora[p].ga, y->lora[p].gb};
             size_t n[2] = {(size_t)(y->k[p] * t->r), (size_t)(t->r * y->n[p])};
+            int64_t rows[2] = {y->k[p], t->r}, cols[2] = {t->r, y->n[p]};
             for (int j = 0; j < 2; j++) {
                 if (accum > 1)
                     for (size_t i = 0; i < n[j]; i++) g[j][i] /= (float)accum;
+                if (t->opt == OPT_MUON || t->opt == OPT_ADAFACTOR) {
+                    if (t->opt == OPT_MUON)
+                        muon_tensor(par[j], g[j], t->adam_m + off, rows[j], cols[j], lr, wd, t->opt_work);
+                    else
+                        adafactor_tensor(par[j], g[j], t->adam_m + off, t->adam_v + off, rows[j], cols[j], step, wd,
+                                         t->opt_work);
+                    off += n[j];
+                    continue;
+                }
                 if (t->opt == OPT_SGD) {
                     for (size_t i = 0; i < n[j]; i++) par[j][i] -= lr * (wd != 0 ? g[j][i] + wd * par[j][i] : g[j][i]);
                     continue;
@@ -927,13 +1039,16 @@ static hearth_status train_setup(const char *model_name, hearth_train_options *o
     if (!st) o->method = method;
     resolve_defaults(o, pref, orpo);
     const char *opt = o->optimizer ? o->optimizer : "adam";
-    t->opt = !strcmp(opt, "adamw") ? OPT_ADAMW : !strcmp(opt, "sgd") ? OPT_SGD : OPT_ADAM;
-    if (!st && strcmp(opt, "adam") && strcmp(opt, "adamw") && strcmp(opt, "sgd"))
-        st = err_set(err, HEARTH_ERR_INVALID, "--optimizer %s: %s (adam, adamw or sgd)", opt,
-                     !strcmp(opt, "muon") || !strcmp(opt, "adafactor") ? "not supported by hearth train yet"
-                                                                       : "unknown");
+    t->opt = !strcmp(opt, "adamw")       ? OPT_ADAMW
+             : !strcmp(opt, "sgd")       ? OPT_SGD
+             : !strcmp(opt, "muon")      ? OPT_MUON
+             : !strcmp(opt, "adafactor") ? OPT_ADAFACTOR
+                                         : OPT_ADAM;
+    if (!st && strcmp(opt, "adam") && strcmp(opt, "adamw") && strcmp(opt, "sgd") && strcmp(opt, "muon") &&
+        strcmp(opt, "adafactor"))
+        st = err_set(err, HEARTH_ERR_INVALID, "--optimizer %s: unknown (adam, adamw, sgd, muon or adafactor)", opt);
     o->optimizer = opt;
-    if (o->weight_decay < 0) o->weight_decay = t->opt == OPT_ADAMW ? 0.01 : 0.0;
+    if (o->weight_decay < 0) o->weight_decay = t->opt == OPT_ADAMW || t->opt == OPT_MUON ? 0.01 : 0.0;
     t->weight_decay = (float)o->weight_decay;
     if (o->grad_accumulation_steps == 0) o->grad_accumulation_steps = 1;
     if (!st && o->lr_schedule) {
@@ -1186,7 +1301,7 @@ hearth_status hearth_train(const char *model_name, const hearth_train_options *o
         }
         if (it % accum == 0) { /* as mlx-lm: a last partial window is not applied */
             lr = sched_lr(o, updates++);
-            opt_step(&t, lr, accum);
+            opt_step(&t, lr, accum, updates); /* updates: this one's number from 1 */
         }
         losses += loss, n_tokens += toks, steps++, done_steps = it;
         train_time += now() - tic;

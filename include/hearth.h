@@ -546,6 +546,7 @@ typedef struct hearth_train_options {
     int iters, batch_size, lora_rank, num_layers, max_seq_length;
     int steps_per_report, steps_per_eval, save_every, val_batches;
     int mask_prompt;                 /* 1: the prompt's tokens are not targets (sft) */
+    int dora;                        /* 1: DoRA (mlx-lm's fine_tune_type dora): a trained magnitude per output */
     int threads;                     /* 0: every core */
     double learning_rate, lora_scale;
     double beta;                     /* dpo: the sigmoid loss's beta (0.1) */

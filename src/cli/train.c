@@ -15,7 +15,8 @@ static const char *train_usage =
     "  [--learning-rate X] [--lora-rank N] [--lora-scale X] [--num-layers 16] [--max-seq-length N]\n"
     "  [--beta 0.1] [--lambda 0.1] [--seed 0] [--adapter-path adapters] [--resume-adapter-file F]\n"
     "  [--steps-per-report 10] [--steps-per-eval 200] [--val-batches 25] [--save-every 100] [--mask-prompt]\n"
-    "  [--optimizer adam|adamw|sgd|muon|adafactor] [--weight-decay X] [--grad-accumulation-steps N] "
+    "  [--fine-tune-type lora|dora] [--optimizer adam|adamw|sgd|muon|adafactor] [--weight-decay X] "
+    "[--grad-accumulation-steps N] "
     "[--grad-checkpoint]\n"
     "  [--lr-schedule cosine_decay|linear_schedule|exponential_decay|step_decay --lr-schedule-args A,B[,C]]\n"
     "  [--warmup N] [--warmup-init X] [--resume]  (--resume: continue the run in --adapter-path to --iters)\n"
@@ -126,7 +127,12 @@ static int parse_train_flags(int argc, char **argv, const char *usage, hearth_tr
             *model = v;
         else if (!strcmp(a, "--data")) o->data = v;
         else if (!strcmp(a, "--method")) o->method = v;
-        else if (!strcmp(a, "--optimizer"))
+        else if (!strcmp(a, "--fine-tune-type")) {
+            if (!strcmp(v, "lora") || !strcmp(v, "dora"))
+                o->dora = !strcmp(v, "dora");
+            else
+                return cli_usage_error(usage, "--fine-tune-type %s: hearth trains lora or dora adapters", v);
+        } else if (!strcmp(a, "--optimizer"))
             o->optimizer = v;
         else if (!strcmp(a, "--weight-decay"))
             bad = real_flag(a, v, &o->weight_decay);

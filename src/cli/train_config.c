@@ -792,8 +792,9 @@ int train_config_apply(const json_t *cfg, hearth_train_options *o, const char **
         } else if (!strcmp(k, "fine_tune_type")) {
             const char *t = NULL;
             bad = cstr(&c, k, v, &t);
-            if (!bad && strcmp(t, "lora"))
-                bad = cfail(&c, "fine_tune_type: %s is not supported (hearth trains LoRA adapters: lora)", t);
+            if (!bad && strcmp(t, "lora") && strcmp(t, "dora"))
+                bad = cfail(&c, "fine_tune_type: %s is not supported (hearth trains lora or dora adapters)", t);
+            if (!bad) o->dora = !strcmp(t, "dora");
         } else if (!strcmp(k, "iters"))
             bad = cint(&c, k, v, 1, 1L << 30, &o->iters);
         else if (!strcmp(k, "batch_size"))

@@ -17,9 +17,9 @@ json_t *yaml_parse(const char *text, size_t n, char *msg, size_t msg_len);
 
 /* The keys of cfg (a mapping) into *o and *model (model only when *model is NULL): strings
  * point into cfg, which must outlive o. Keys that would change training and that hearth
- * cannot honour (dora, dropout, lora keys, optimizer settings but weight_decay) are errors naming the key; keys with no
- * effect here (test, report_to, ...) and unknown keys are named in warn (one line each, may
- * be truncated). 0, or -1 with the problem in msg. */
+ * cannot honour (full fine-tuning, dropout, lora keys, optimizer settings but weight_decay) are errors naming the key;
+ * keys with no effect here (test, report_to, ...) and unknown keys are named in warn (one line each, may be truncated).
+ * 0, or -1 with the problem in msg. */
 int train_config_apply(const json_t *cfg, hearth_train_options *o, const char **model, char *warn, size_t warn_len,
                        char *msg, size_t msg_len);
 /* cfg's optimizer_config for o->optimizer (adam when NULL), read once the command line has

@@ -70,6 +70,9 @@ typedef struct trainer {
                                     momentum in adam_m; Adafactor: each tensor's row and column means at its offset) */
     size_t n_params, max_tensor; /* max_tensor: the largest LoRA tensor's floats */
     float *opt_work;             /* Muon, Adafactor: one tensor's scratch (muon_tensor, adafactor_tensor) */
+    int dora;                    /* --fine-tune-type dora: each pair has a magnitude m (tr_lora) */
+    int64_t dora_n;              /* the widest trained projection's outputs */
+    float *dora_work;            /* [T, widest N]: the DoRA backward's (tr_lora.work) */
     /* dry: size everything, allocate and load nothing (hearth_train_fit); the bytes each
      * allocation would take, by what it holds (part) */
     int dry, part, threads, T1, T2; /* the two slots' longest sequences (a pair's chosen and rejected), for dry sizing */
@@ -180,6 +183,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     if (!(t->layers = calloc((size_t)t->L, sizeof *t->layers))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (!(t->lm_head = dense(t, &t->m->lm_head))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     uint64_t rng = o->seed * 0x2545f4914f6cdd1dull + 1;
+    t->dora = o->dora;
+    if (t->dora && t->r > 64) return err_set(err, HEARTH_ERR_UNSUPPORTED, "DoRA training takes a rank of at most 64");
     for (int l = 0; l < t->L; l++) {
         const layer_weights *lw = &t->m->layers[l];
         tlayer *y = &t->layers[l];
@@ -205,6 +210,18 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                 double bound = 1.0 / sqrt((double)K); /* mlx-lm: A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0 */
                 for (int64_t i = 0; !t->dry && i < K * t->r; i++) lo->a[i] = (float)((2 * uniform01(&rng) - 1) * bound);
                 t->n_params += (size_t)(K * t->r + t->r * N);
+                if (t->dora) { /* m starts at the base's row norms (mlx-lm's DoRALinear.set_linear) */
+                    if (!(lo->m = falloc(t, (size_t)N)) || !(lo->gm = falloc(t, (size_t)N)) ||
+                        !(lo->denom = falloc(t, (size_t)N)))
+                        return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+                    for (int64_t n = 0; !t->dry && n < N; n++) {
+                        float acc = 0;
+                        for (int64_t k = 0; k < K; k++) acc += y->w[p][n * K + k] * y->w[p][n * K + k];
+                        lo->m[n] = sqrtf(acc);
+                    }
+                    t->n_params += (size_t)N;
+                    if (N > t->dora_n) t->dora_n = N;
+                }
                 size_t big = (size_t)((K > N ? K : N) * t->r);
                 if (big > t->max_tensor) t->max_tensor = big;
             }
@@ -244,7 +261,9 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                      !(t->rstdf2 = falloc(t, (size_t)T)) || !(t->dh2 = falloc(t, (size_t)(T * D))))) ||
         (t->dpo && t->first_lora > 0 &&
          (!(t->prefix = falloc(t, (size_t)(T * D))) || !(t->prefix2 = falloc(t, (size_t)(T * D))))) ||
-        !(t->lin_scratch = falloc(t, (size_t)(T * t->r))) || !(t->attn_scratch = falloc(t, (size_t)(t->Hq * T * T))) ||
+        !(t->lin_scratch = falloc(t, (size_t)(T * t->r))) ||
+        (t->dora && !(t->dora_work = falloc(t, (size_t)(T * t->dora_n)))) ||
+        !(t->attn_scratch = falloc(t, (size_t)(t->Hq * T * T))) ||
         /* a chunk holds at most T rows: dry, what of the scratch is ever written */
         !(t->xent_scratch = falloc(t, (size_t)(t->dry && T < TR_XENT_ROWS ? T : TR_XENT_ROWS) *
                                           (size_t)TR_XENT_ROW_FLOATS(t->V, D))) ||
@@ -253,6 +272,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
           ((t->opt == OPT_MUON || t->opt == OPT_ADAFACTOR) &&
            !(t->opt_work = falloc(t, 2 * t->max_tensor + 2 * (size_t)t->r * (size_t)t->r))))))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    for (int l = t->first_lora; t->dora && l < t->L; l++)
+        for (int p = 0; p < N_P; p++) t->layers[l].lora[p].work = t->dora_work;
     if (t->dry) t->dry_bytes[PART_BUFFERS] += resident_of((size_t)T * sizeof(int32_t));
     else if (!(t->targets = calloc((size_t)T, sizeof(int32_t)))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     return HEARTH_OK;
@@ -289,25 +310,36 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
         float *dst = NULL;
         int64_t rows = 0, cols = 0;
         int perm_heads = 0;
+        int vec = 0; /* DoRA's m [N] */
         for (int l = t->first_lora; l < t->L && !dst; l++)
             for (int p = 0; p < N_P && !dst; p++)
-                for (int b = 0; b < 2 && !dst; b++) {
+                for (int b = 0; b < (t->dora ? 3 : 2) && !dst; b++) {
                     char nm[128];
-                    lora_tensor_name(nm, sizeof nm, l, p, b);
+                    if (b == 2)
+                        snprintf(nm, sizeof nm, "model.layers.%d.%s.m", l, proj_name[p]);
+                    else
+                        lora_tensor_name(nm, sizeof nm, l, p, b);
                     if (!strcmp(nm, ti->name)) {
                         tlayer *y = &t->layers[l];
-                        dst = b ? y->lora[p].b : y->lora[p].a;
-                        rows = b ? t->r : y->k[p], cols = b ? y->n[p] : t->r;
+                        dst = b == 2 ? y->lora[p].m : b ? y->lora[p].b : y->lora[p].a;
+                        rows = b == 2 ? 1 : b ? t->r : y->k[p], cols = b ? y->n[p] : t->r;
                         perm_heads = b && permuted(t, p) ? heads_of(t, p) : 0;
+                        vec = b == 2;
                     }
                 }
         if (!dst)
-            st = err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' is not a LoRA tensor of a trained layer (rank %d, "
-                         "layers %d..%d)", path, ti->name, t->r, t->first_lora, t->L - 1);
-        else if (ti->dtype != DT_F32 || ti->ndim != 2 || ti->shape[0] != rows || ti->shape[1] != cols)
+            st = err_set(err, HEARTH_ERR_INVALID,
+                         "%s: tensor '%s' is not a %s tensor of a trained layer (rank %d, "
+                         "layers %d..%d)",
+                         path, ti->name, t->dora ? "DoRA" : "LoRA", t->r, t->first_lora, t->L - 1);
+        else if (vec && (ti->dtype != DT_F32 || ti->ndim != 1 || ti->shape[0] != cols))
+            st = err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' must be float32 [%lld]", path, ti->name,
+                         (long long)cols);
+        else if (!vec && (ti->dtype != DT_F32 || ti->ndim != 2 || ti->shape[0] != rows || ti->shape[1] != cols))
             st = err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' must be float32 [%lld, %lld]", path, ti->name,
                          (long long)rows, (long long)cols);
-        else if (perm_heads) permute_b((const float *)ti->data, dst, t->r, cols, perm_heads, 0);
+        else if (perm_heads)
+            permute_b((const float *)ti->data, dst, (int)rows, cols, perm_heads, 0);
         else memcpy(dst, ti->data, sizeof(float) * (size_t)(rows * cols));
     }
     st_close(&f);
@@ -589,6 +621,7 @@ static void zero_grads(trainer *t) {
             tlayer *y = &t->layers[l];
             memset(y->lora[p].ga, 0, sizeof(float) * (size_t)(y->k[p] * t->r));
             memset(y->lora[p].gb, 0, sizeof(float) * (size_t)(t->r * y->n[p]));
+            if (t->dora) memset(y->lora[p].gm, 0, sizeof(float) * (size_t)y->n[p]);
         }
 }
 
@@ -715,6 +748,34 @@ static void adafactor_tensor(float *par, const float *g, float *row, float *col,
     }
 }
 
+/* Muon and Adafactor on a vector (DoRA's m), as MLX treats a 1-D parameter: Muon's
+ * momentum update without the orthogonalization; Adafactor's unfactored second moment. */
+static void muon_vector(float *par, const float *g, float *v, size_t n, float lr, float wd) {
+    const float mom = 0.95f;
+    for (size_t i = 0; i < n; i++) {
+        float gi = wd != 0 ? g[i] + wd * par[i] : g[i];
+        v[i] = mom * v[i] + (1 - mom) * gi;
+        par[i] -= lr * (gi * (1 - mom) + v[i] * mom);
+    }
+}
+
+static void adafactor_vector(float *par, const float *g, float *sq, size_t n, long long step, float wd, float *work) {
+    float ps = 0, st = (float)step;
+    for (size_t i = 0; i < n; i++) ps += par[i] * par[i];
+    float lr_t = fmaxf(1e-3f, sqrtf(ps / (float)n)) * fminf(1e-2f, 1.0f / sqrtf(st)), beta2 = 1.0f - powf(st, -0.8f);
+    float us = 0;
+    for (size_t i = 0; i < n; i++) {
+        sq[i] = beta2 * sq[i] + (1 - beta2) * (g[i] * g[i] + 1e-30f);
+        work[i] = g[i] / sqrtf(sq[i]);
+        us += work[i] * work[i];
+    }
+    float clip = fmaxf(1.0f, sqrtf(us / (float)n));
+    for (size_t i = 0; i < n; i++) {
+        if (wd != 0) par[i] += par[i] * (-wd * lr_t);
+        par[i] -= lr_t * (work[i] / clip);
+    }
+}
+
 /* One update with the accumulated gradients divided by accum (mlx-lm's gradient
  * accumulation), as MLX's optimizers compute it in float32 (no bias correction):
  * Adam: m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, p -= lr m / (sqrt(v) + eps);
@@ -726,12 +787,22 @@ static void opt_step(trainer *t, float lr, int accum, long long step) {
     for (int l = t->first_lora; l < t->L; l++)
         for (int p = 0; p < N_P; p++) {
             tlayer *y = &t->layers[l];
-            float *par[2] = {y->lora[p].a, y->lora[p].b}, *g[2] = {y->lora[p].ga, y->lora[p].gb};
-            size_t n[2] = {(size_t)(y->k[p] * t->r), (size_t)(t->r * y->n[p])};
+            /* A, B, and DoRA's m (a vector) */
+            float *par[3] = {y->lora[p].a, y->lora[p].b, y->lora[p].m},
+                  *g[3] = {y->lora[p].ga, y->lora[p].gb, y->lora[p].gm};
+            size_t n[3] = {(size_t)(y->k[p] * t->r), (size_t)(t->r * y->n[p]), (size_t)y->n[p]};
             int64_t rows[2] = {y->k[p], t->r}, cols[2] = {t->r, y->n[p]};
-            for (int j = 0; j < 2; j++) {
+            for (int j = 0; j < (t->dora ? 3 : 2); j++) {
                 if (accum > 1)
                     for (size_t i = 0; i < n[j]; i++) g[j][i] /= (float)accum;
+                if (j == 2 && (t->opt == OPT_MUON || t->opt == OPT_ADAFACTOR)) {
+                    if (t->opt == OPT_MUON)
+                        muon_vector(par[j], g[j], t->adam_m + off, n[j], lr, wd);
+                    else
+                        adafactor_vector(par[j], g[j], t->adam_m + off, n[j], step, wd, t->opt_work);
+                    off += n[j];
+                    continue;
+                }
                 if (t->opt == OPT_MUON || t->opt == OPT_ADAFACTOR) {
                     if (t->opt == OPT_MUON)
                         muon_tensor(par[j], g[j], t->adam_m + off, rows[j], cols[j], lr, wd, t->opt_work);
@@ -762,7 +833,7 @@ static void opt_step(trainer *t, float lr, int accum, long long step) {
  * lora_A.weight [rank, in] and lora_B.weight [out, rank]: each transposed on the way out).
  * Either way B's columns (PEFT: rows) are in HF order. */
 static hearth_status save_adapters(trainer *t, const char *path, int peft, hearth_error *err) {
-    int n = (t->L - t->first_lora) * N_P * 2;
+    int per = t->dora ? 3 : 2, n = (t->L - t->first_lora) * N_P * per; /* A, B (and DoRA's m) per projection */
     st_out_tensor *h = calloc((size_t)n, sizeof *h);
     char (*names)[160] = calloc((size_t)n, 160);
     const float **data = calloc((size_t)n, sizeof *data);
@@ -771,8 +842,18 @@ static hearth_status save_adapters(trainer *t, const char *path, int peft, heart
     int i = 0;
     for (int l = t->first_lora; l < t->L; l++)
         for (int p = 0; p < N_P; p++)
-            for (int b = 0; b < 2; b++, i++) {
+            for (int b = 0; b < per; b++, i++) {
                 tlayer *y = &t->layers[l];
+                if (b == 2) { /* m [N]: MLX's DoRALinear.m, PEFT's lora_magnitude_vector */
+                    if (peft)
+                        snprintf(names[i], 160, "base_model.model.model.layers.%d.%s.lora_magnitude_vector.weight", l,
+                                 proj_name[p]);
+                    else
+                        snprintf(names[i], 160, "model.layers.%d.%s.m", l, proj_name[p]);
+                    h[i] = (st_out_tensor){.name = names[i], .dtype = DT_F32, .ndim = 1, .shape = {y->n[p]}};
+                    data[i] = y->lora[p].m;
+                    continue;
+                }
                 int64_t rows = b ? t->r : y->k[p], cols = b ? y->n[p] : t->r; /* hearth's layout */
                 if (peft)
                     snprintf(names[i], 160, "base_model.model.model.layers.%d.%s.lora_%c.weight", l, proj_name[p],
@@ -788,18 +869,32 @@ static hearth_status save_adapters(trainer *t, const char *path, int peft, heart
     hearth_status st = f ? st_write_header(f, path, h, (size_t)n, &bytes, err)
                          : err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
     for (i = 0; !st && i < n; i++) {
-        int p = (i / 2) % N_P;
-        int64_t rows = peft ? h[i].shape[1] : h[i].shape[0], cols = peft ? h[i].shape[0] : h[i].shape[1];
+        int p = (i / per) % N_P, part = i % per;
         const float *d = data[i];
         free(tmp), free(tmp2);
         tmp = tmp2 = NULL;
-        if ((i % 2 && permuted(t, p)) || peft) {
+        if (part == 2) { /* a vector in the base's output order: as B's columns, permuted where they are */
+            int64_t N = h[i].shape[0];
+            if (permuted(t, p)) {
+                if (!(tmp = malloc(sizeof(float) * (size_t)N))) {
+                    st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+                    break;
+                }
+                permute_b(d, tmp, 1, N, heads_of(t, p), 1);
+                d = tmp;
+            }
+            if (fwrite(d, 1, st_out_nbytes(&h[i]), f) != st_out_nbytes(&h[i]))
+                st = err_set(err, HEARTH_ERR_IO, "%s: write failed", path);
+            continue;
+        }
+        int64_t rows = peft ? h[i].shape[1] : h[i].shape[0], cols = peft ? h[i].shape[0] : h[i].shape[1];
+        if ((part == 1 && permuted(t, p)) || peft) {
             if (!(tmp = malloc(st_out_nbytes(&h[i]))) || (peft && !(tmp2 = malloc(st_out_nbytes(&h[i]))))) {
                 st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
                 break;
             }
         }
-        if (i % 2 && permuted(t, p)) {
+        if (part == 1 && permuted(t, p)) {
             permute_b(d, tmp, t->r, cols, heads_of(t, p), 1);
             d = tmp;
         }
@@ -845,7 +940,7 @@ static hearth_status write_peft_config(const trainer *t, const char *model, doub
     json_object_set_new(j, "fan_in_fan_out", json_false());
     json_object_set_new(j, "bias", json_string("none"));
     json_object_set_new(j, "use_rslora", json_false());
-    json_object_set_new(j, "use_dora", json_false());
+    json_object_set_new(j, "use_dora", json_boolean(t->dora));
     json_object_set_new(j, "inference_mode", json_true());
     json_object_set_new(j, "init_lora_weights", json_true());
     json_object_set_new(j, "modules_to_save", json_null());
@@ -875,16 +970,16 @@ static hearth_status save_all(trainer *t, const char *model, double scale, const
 
 /* The run's settings as mlx_lm.lora's adapter_config.json has them (NULL: out of memory). */
 static json_t *config_json(const char *model, const hearth_train_options *o, const char *dir) {
-    json_t *j = json_pack("{s:s,s:s?,s:s,s:b,s:s,s:s,s:i,s:i,s:i,s:f,s:{s:i,s:f,s:f},s:b,s:i,s:i,s:i,s:i,s:i,s:i,s:I,"
-                          "s:b,s:i,s:b}",
-                          "model", model, "data", o->data, "adapter_path", dir, "train", 1, "fine_tune_type", "lora",
-                          "optimizer", o->optimizer, "num_layers", o->num_layers, "batch_size", o->batch_size, "iters",
-                          o->iters, "learning_rate", o->learning_rate, "lora_parameters", "rank", o->lora_rank,
-                          "dropout", 0.0, "scale", o->lora_scale, "mask_prompt", o->mask_prompt, "max_seq_length",
-                          o->max_seq_length, "steps_per_report", o->steps_per_report, "steps_per_eval",
-                          o->steps_per_eval, "save_every", o->save_every, "val_batches", o->val_batches,
-                          "grad_accumulation_steps", o->grad_accumulation_steps, "seed", (json_int_t)o->seed,
-                          "grad_checkpoint", o->grad_checkpoint != 0, "test_batches", 500, "test", 0);
+    json_t *j = json_pack(
+        "{s:s,s:s?,s:s,s:b,s:s,s:s,s:i,s:i,s:i,s:f,s:{s:i,s:f,s:f},s:b,s:i,s:i,s:i,s:i,s:i,s:i,s:I,"
+        "s:b,s:i,s:b}",
+        "model", model, "data", o->data, "adapter_path", dir, "train", 1, "fine_tune_type", o->dora ? "dora" : "lora",
+        "optimizer", o->optimizer, "num_layers", o->num_layers, "batch_size", o->batch_size, "iters", o->iters,
+        "learning_rate", o->learning_rate, "lora_parameters", "rank", o->lora_rank, "dropout", 0.0, "scale",
+        o->lora_scale, "mask_prompt", o->mask_prompt, "max_seq_length", o->max_seq_length, "steps_per_report",
+        o->steps_per_report, "steps_per_eval", o->steps_per_eval, "save_every", o->save_every, "val_batches",
+        o->val_batches, "grad_accumulation_steps", o->grad_accumulation_steps, "seed", (json_int_t)o->seed,
+        "grad_checkpoint", o->grad_checkpoint != 0, "test_batches", 500, "test", 0);
     if (!j) return NULL;
     json_object_set_new(j, "resume_adapter_file",
                         o->resume_adapter_file ? json_string(o->resume_adapter_file) : json_null());
@@ -1130,6 +1225,13 @@ static json_t *resume_settings(const char *model, const hearth_train_options *o)
                      o->weight_decay, "mask_prompt", o->mask_prompt);
 }
 
+/* resume_settings, with DoRA named when it is on (files of LoRA runs stay as they were) */
+static json_t *resume_settings_of(const char *model, const hearth_train_options *o) {
+    json_t *j = resume_settings(model, o);
+    if (j && o->dora) json_object_set_new(j, "fine_tune_type", json_string("dora"));
+    return j;
+}
+
 /* Each tensor of the state in order: f(ctx, pointer, bytes). */
 static int resume_walk(trainer *t, tr_mt *rng, int *perm, int nb, int (*f)(void *, void *, size_t), void *ctx) {
     int bad = f(ctx, rng, sizeof *rng) || f(ctx, perm, sizeof(int) * (size_t)nb);
@@ -1139,6 +1241,9 @@ static int resume_walk(trainer *t, tr_mt *rng, int *perm, int nb, int (*f)(void 
             size_t na = sizeof(float) * (size_t)(y->k[p] * t->r), nb2 = sizeof(float) * (size_t)(t->r * y->n[p]);
             bad = f(ctx, y->lora[p].a, na) || f(ctx, y->lora[p].b, nb2) || f(ctx, y->lora[p].ga, na) ||
                   f(ctx, y->lora[p].gb, nb2);
+            if (!bad && t->dora)
+                bad = f(ctx, y->lora[p].m, sizeof(float) * (size_t)y->n[p]) ||
+                      f(ctx, y->lora[p].gm, sizeof(float) * (size_t)y->n[p]);
         }
     if (!bad && t->opt != OPT_SGD)
         bad = f(ctx, t->adam_m, sizeof(float) * t->n_params) || f(ctx, t->adam_v, sizeof(float) * t->n_params);
@@ -1158,7 +1263,7 @@ static hearth_status resume_save(trainer *t, const char *model, const hearth_tra
     json_t *j = json_pack("{s:i,s:i,s:I,s:I,s:I,s:f,s:i,s:i,s:I,s:o}", "step", rp->it, "pos", rp->pos, "updates",
                           (json_int_t)rp->updates, "n_tokens", (json_int_t)rp->n_tokens, "trained",
                           (json_int_t)rp->trained, "losses", rp->losses, "steps", rp->steps, "batches", nb,
-                          "parameters", (json_int_t)t->n_params, "settings", resume_settings(model, o));
+                          "parameters", (json_int_t)t->n_params, "settings", resume_settings_of(model, o));
     json_t *pr = json_array();
     for (int i = 0; i < 10; i++) json_array_append_new(pr, json_real(rp->pref[i]));
     if (j)
@@ -1192,7 +1297,7 @@ static hearth_status resume_load(trainer *t, const char *model, const hearth_tra
     if (!fgets(head, sizeof head, f) || strcmp(head, resume_magic) || !fgets(line, sizeof line, f) ||
         !(j = json_loads(line, 0, NULL)))
         st = err_set(err, HEARTH_ERR_FORMAT, "--resume: %s: not a hearth train resume file", path);
-    json_t *want = st ? NULL : resume_settings(model, o), *have = j ? json_object_get(j, "settings") : NULL;
+    json_t *want = st ? NULL : resume_settings_of(model, o), *have = j ? json_object_get(j, "settings") : NULL;
     const char *key;
     json_t *v;
     json_object_foreach(want, key, v) {
@@ -1202,6 +1307,14 @@ static hearth_status resume_load(trainer *t, const char *model, const hearth_tra
             st = err_set(err, HEARTH_ERR_INVALID, "--resume: %s was written with %s %s, this run has %s", path, key,
                          b ? b : "(none)", a ? a : "?");
             free(a), free(b);
+        }
+    }
+    json_object_foreach(have, key, v) { /* a setting the file names and this run leaves out (DoRA) */
+        if (!st && json_is_object(want) && !json_object_get(want, key)) {
+            char *b = json_dumps(v, JSON_ENCODE_ANY);
+            st = err_set(err, HEARTH_ERR_INVALID, "--resume: %s was written with %s %s, this run has none", path, key,
+                         b ? b : "?");
+            free(b);
         }
     }
     json_decref(want);

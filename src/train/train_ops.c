@@ -55,20 +55,52 @@ static void scale_rows(float *x, int64_t n, float s) {
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
+/* DoRA's denom: the row norms of w + scale (a b)^T, in float32 as MLX computes them. */
+static void dora_denom(const float *w, int64_t K, int64_t N, const tr_lora *l) {
+    int64_t r = l->r;
+    for (int64_t n = 0; n < N; n++) {
+        float bcol[64], acc = 0;
+        for (int64_t j = 0; j < r && j < 64; j++) bcol[j] = l->scale * l->b[j * N + n];
+        for (int64_t k = 0; k < K; k++) {
+            float v = w[n * K + k];
+            for (int64_t j = 0; j < r && j < 64; j++) v += l->a[k * r + j] * bcol[j];
+            acc += v * v;
+        }
+        l->denom[n] = sqrtf(acc);
+    }
+}
+
 void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
                    const tr_lora *l, float *xa, float *y) {
     tr_matmul_nt(tp, x, M, K, w, N, y, 0);
-    if (bias)
+    if (bias && !(l && l->m))
         for (int64_t m = 0; m < M; m++) axpyf(y + m * N, 1.0f, bias, N);
     if (!l) return;
     int64_t r = l->r;
     tr_gemm(tp, M, r, K, x, K, 1, l->a, r, 1, xa, r, 0); /* xa = scale x a */
     scale_rows(xa, M * r, l->scale);
     tr_gemm(tp, M, N, r, xa, r, 1, l->b, N, 1, y, N, TR_GEMM_ACC); /* y += xa b */
+    if (!l->m) return;
+    dora_denom(w, K, N, l);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) y[m * N + n] = y[m * N + n] * (l->m[n] / l->denom[n]) + (bias ? bias[n] : 0.0f);
 }
 
 void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const tr_lora *l,
                    const float *xa, const float *dy, float *dx, float *scratch) {
+    if (l && l->m) { /* DoRA: gm from the output before its scale (computed again), then dy scaled */
+        float *pre = l->work;
+        tr_matmul_nt(tp, x, M, K, w, N, pre, 0);
+        tr_gemm(tp, M, N, l->r, xa, l->r, 1, l->b, N, 1, pre, N, TR_GEMM_ACC);
+        for (int64_t n = 0; n < N; n++) {
+            float acc = 0;
+            for (int64_t m = 0; m < M; m++) acc += dy[m * N + n] * pre[m * N + n];
+            l->gm[n] += acc / l->denom[n];
+        }
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) pre[m * N + n] = dy[m * N + n] * (l->m[n] / l->denom[n]);
+        dy = pre;
+    }
     if (dx) tr_matmul_nn(tp, dy, M, N, w, K, dx);
     if (!l) return;
     int64_t r = l->r;

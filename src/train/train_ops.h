@@ -40,18 +40,23 @@ void tr_matmul_nt(threadpool *tp, const float *x, int64_t M, int64_t K, const fl
 void tr_matmul_nn(threadpool *tp, const float *dy, int64_t M, int64_t N, const float *w, int64_t K, float *dx);
 
 /* A LoRA pair in MLX's layout: a [K, r], b [r, N]; y gains scale * (x a) b. ga, gb: their
- * gradients (same shapes), added to. */
+ * gradients (same shapes), added to. DoRA (m set; mlx-lm's DoRALinear): the output before
+ * the bias is scaled per column by m / denom, denom [N] the row norms of w + scale (a b)^T,
+ * computed by each forward and held constant in the backward (a stop-gradient); gm [N], m's
+ * gradient, added to; work: [M, N] floats for the backward. */
 typedef struct tr_lora {
     float *a, *b, *ga, *gb;
     int r;
     float scale;
+    float *m, *gm, *denom, *work;
 } tr_lora;
 
-/* y[M,N] = x w^T (+ bias) (+ scale * (x a) b when l); xa [M, r]: scale * x a, kept for the
- * backward. */
+/* y[M,N] = x w^T (+ scale * (x a) b when l) (times m / denom for DoRA) (+ bias); xa [M, r]:
+ * scale * x a, kept for the backward. */
 void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
                    const tr_lora *l, float *xa, float *y);
-/* dx[M,K] += dy w + scale * (dy b^T) a^T; l->ga += x^T (scale * dy b^T), l->gb += xa^T dy.
+/* dx[M,K] += dy w + scale * (dy b^T) a^T; l->ga += x^T (scale * dy b^T), l->gb += xa^T dy
+ * (DoRA: dy scaled by m / denom first, and gm += sum over rows of dy (x w^T + xa b) / denom).
  * dx may be NULL (no input gradient needed). scratch: M * r floats. */
 void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const tr_lora *l,
                    const float *xa, const float *dy, float *dx, float *scratch);

@@ -180,7 +180,7 @@ def test_a_run_from_a_config_matches_mlx_lora(tmp_path, folder):
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("fine_tune_type: dora\n", "fine_tune_type: dora is not supported"),
+    ("fine_tune_type: full\n", "fine_tune_type: full is not supported"),
     ("lora_parameters: {rank: 8, dropout: 0.1, scale: 20}\n", "lora_parameters.dropout"),
     ("lora_parameters:\n  rank: 8\n  keys: [self_attn.q_proj]\n", "lora_parameters.keys"),
     ("optimizer: adamw\noptimizer_config:\n  adamw:\n    betas: [0.8, 0.9]\n", "optimizer_config.adamw.betas"),

@@ -124,11 +124,13 @@ def test_peft_output_layout_logits_and_fuse(tmp_path, name, num_layers, rank, sc
 PEFT_CASES = [("llama-f32", 2, 8, 20.0), ("qwen3-f32", -1, 4, 0.3)]
 
 
-@pytest.mark.parametrize("name,num_layers,rank,scale", PEFT_CASES)
-def test_peft_loads_the_output(tmp_path, name, num_layers, rank, scale):
+@pytest.mark.parametrize("name,num_layers,rank,scale,dora", [c + (False,) for c in PEFT_CASES] +
+                         [("llama-f32", -1, 4, 2.0, True)])
+def test_peft_loads_the_output(tmp_path, name, num_layers, rank, scale, dora):
     """PeftModel.from_pretrained (transformers model, float32, CPU) on <adapter-path>/peft:
     every tensor of the file is loaded into its module as written, and PEFT's logits are
-    hearth's serving the folder."""
+    hearth's serving the folder. DoRA (--fine-tune-type dora): PEFT's use_dora, with the
+    trained magnitudes (lora_magnitude_vector) loaded too."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -136,7 +138,8 @@ def test_peft_loads_the_output(tmp_path, name, num_layers, rank, scale):
     out = tmp_path / "ad"
     hearth_train(model, make_data(str(tmp_path / "data"), "text"), out, None,
                  ["--iters", "4", "--batch-size", "2", "--learning-rate", "1e-2", "--num-layers", str(num_layers),
-                  "--lora-rank", str(rank), "--lora-scale", str(scale)])
+                  "--lora-rank", str(rank), "--lora-scale", str(scale)] + (["--fine-tune-type", "dora"] if dora else []))
+    assert json.load(open(out / "peft" / "adapter_config.json"))["use_dora"] is dora
     peft = out / "peft"
     w = load(peft / "adapter_model.safetensors")
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), str(peft))

@@ -13,7 +13,7 @@ static const char *fit_usage =
     "       [--threads N] [--mmap] [--kv-quant none|int8|fp8|f16] [--speculate lookup|suffix|none] [--deterministic] "
     "[--cuda-exact] [--expert-offload N]\n"
     "       [--device cpu|cuda|auto]\n"
-    "       [--measure | --bandwidth GBS] [--sku NAME] [--json] [--skus] [--record]\n"
+    "       [--draft-model M] [--measure | --bandwidth GBS] [--sku NAME] [--json] [--skus] [--record]\n"
     "  every flag that sizes `hearth serve`'s memory, with serve's defaults (--batch B: --max-sequences B)\n"
     "hearth fit <model> --train [hearth train's flags] [--json]: the memory `hearth train` would take";
 
@@ -117,6 +117,11 @@ static void print_table(const json_t *r) {
     printf("  %-34s %10.1f MiB\n", "scratch", mib(r, "scratch_bytes"));
     printf("  %-34s %10.1f MiB\n", "logits, history, sampler", mib(r, "buffers_bytes"));
     printf("  %-34s %10.1f MiB\n", "grammar tables (constrained)", mib(r, "grammar_bytes"));
+    const json_t *d = json_object_get(r, "draft");
+    if (d)
+        printf("  %-34s %10.1f MiB  (%s: weights %.1f, KV %.1f, scratch and buffers %.1f MiB)\n", "draft model (added)",
+               mib(r, "draft_bytes"), json_string_value(json_object_get(d, "model")), mib(d, "weights_bytes"),
+               mib(d, "kv_pool_bytes"), mib(d, "scratch_bytes") + mib(d, "buffers_bytes"));
     printf("  %-34s %10.1f MiB\n", "runtime: process before the engine", mib(ro, "process_resident_bytes"));
     printf("  %-34s %10.1f MiB\n", "runtime: model file pages", mib(ro, "model_file_pages_bytes"));
     printf("  %-34s %10.1f MiB\n", "runtime: thread stacks", mib(ro, "thread_stacks_bytes"));
@@ -141,7 +146,7 @@ static void print_table(const json_t *r) {
 int cli_fit(int argc, char **argv) {
     for (int i = 1; i < argc; i++) /* training's memory: hearth train's flags (train.c) */
         if (!strcmp(argv[i], "--train")) return cli_train_fit(argc, argv);
-    const char *model = NULL;
+    const char *model = NULL, *draft = NULL;
     int as_json = 0, skus = 0, record = 0;
     hearth_fit_options fo = {0};
     for (int i = 1; i < argc; i++) {
@@ -171,6 +176,8 @@ int cli_fit(int argc, char **argv) {
             fo.sku = argv[++i];
         else if (!strcmp(a, "--record"))
             record = 1;
+        else if (!strcmp(a, "--draft-model") && has)
+            draft = argv[++i];
         else if (a[0] == '-')
             return cli_usage_error(fit_usage, "%s: unknown flag, or a flag without its value", a);
         else if (!model)
@@ -187,8 +194,13 @@ int cli_fit(int argc, char **argv) {
             return cli_usage_error(fit_usage, "%s", "--sku names a GPU: it does not combine with --device cpu");
     if (fo.engine.context_length < 0 || fo.engine.max_sequences < 0 || fo.engine.n_threads < 0 || fo.bandwidth_gbs < 0)
         return cli_usage_error(fit_usage, "%s", "--ctx, --batch, --threads and --bandwidth must be positive");
-    hearth_model *m;
+    hearth_model *m, *dm = NULL;
     if (cli_open_model(model, &m)) return 1;
+    if (draft && cli_open_model(draft, &dm)) {
+        hearth_model_close(m);
+        return 1;
+    }
+    fo.engine.draft_model = dm;
     hearth_error err = {0};
     char *report = NULL;
     int rc = 0;
@@ -205,6 +217,7 @@ int cli_fit(int argc, char **argv) {
     }
     if (!rc && record && !skus) rc = cli_fit_record(report); /* a prediction row in the evals db */
     hearth_free(report);
+    hearth_model_close(dm);
     hearth_model_close(m);
     return rc;
 }

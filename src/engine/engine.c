@@ -757,6 +757,19 @@ const hearth_spec_replay *engine_spec_replay(const hearth_engine *e) {
 
 /* The draft model's engine: the same options (sequences, context, step, threads, device),
  * no speculation of its own. Refused unless its tokenizer is the model's, token for token. */
+hearth_engine_options engine_draft_options(const hearth_engine_options *o, const engine_plan *p) {
+    hearth_engine_options dop = *o;
+    dop.draft_model = NULL;
+    dop.spec_replay = NULL;
+    dop.speculate = HEARTH_SPEC_NONE;
+    dop.expert_offload = 0; /* the target's experts; a small draft stays resident */
+    dop.context_length = p->context;
+    dop.max_sequences = p->max_seqs;
+    dop.max_step_tokens = p->step_tokens;
+    dop.n_threads = p->n_threads;
+    return dop;
+}
+
 static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_options *o, hearth_error *err) {
     const hearth_model *t = e->hm, *d = o->draft_model;
     int32_t nt = hearth_vocab_size(t), nd = hearth_vocab_size(d), bad = -1;
@@ -775,15 +788,9 @@ static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_opt
                        "the model's tokenizer",
                        hearth_model_path(d), bad, hearth_token_piece(d, bad) ? hearth_token_piece(d, bad) : "(none)",
                        hearth_token_piece(t, bad) ? hearth_token_piece(t, bad) : "(none)", hearth_model_path(t));
-    hearth_engine_options dop = *o;
-    dop.draft_model = NULL;
-    dop.spec_replay = NULL;
-    dop.speculate = HEARTH_SPEC_NONE;
-    dop.expert_offload = 0; /* the target's experts; a small draft stays resident */
-    dop.context_length = e->context;
-    dop.max_sequences = e->max_seqs;
-    dop.max_step_tokens = e->step_tokens;
-    dop.n_threads = e->n_threads;
+    engine_plan tp = {
+        .context = e->context, .max_seqs = e->max_seqs, .step_tokens = e->step_tokens, .n_threads = e->n_threads};
+    hearth_engine_options dop = engine_draft_options(o, &tp);
     hearth_status st = hearth_engine_create(o->draft_model, &dop, &e->draft, err);
     if (st) err_prefix(err, "--draft-model %s", hearth_model_path(d));
     if (!st && e->draft->kv.state) { /* rejected proposals cannot be taken back out of a recurrent state */

@@ -32,6 +32,10 @@ typedef struct engine_plan {
  * first. */
 #define ENGINE_HOST_RESERVE_DIV 10
 size_t engine_host_room(void); /* bytes; 0 when unknown (no cut) */
+/* The options a draft model's engine is created with (--draft-model), beside a target
+ * engine of plan p made from o: the target's context, sequences, step tokens and threads,
+ * no speculation of its own, no expert offload. */
+hearth_engine_options engine_draft_options(const hearth_engine_options *o, const engine_plan *p);
 int engine_plan_is_auto(const hearth_engine_options *o);
 typedef int (*engine_plan_fits_fn)(const struct model *m, const engine_plan *p, const void *arg);
 /* engine_plan_make, then for the default pool the largest block count (one context at

@@ -248,11 +248,40 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
         model_free(m);
         return st;
     }
+    /* a draft model (--draft-model): its engine beside the target's, created after it */
+    const hearth_model *dhm = o.engine.speculate != HEARTH_SPEC_NONE ? o.engine.draft_model : NULL;
+    model *dm = NULL;
+    engine_plan dp = {0};
+    if (dhm) {
+        hearth_engine_options dop = engine_draft_options(&o.engine, &p);
+        size_t target = engine_plan_bytes(&p) - model_kv_storage_bytes(&m->cfg, p.n_blocks, o.engine.kv_quant);
+        if ((st = model_plan(dhm, o.engine.use_mmap, &dm, err)) || (st = engine_plan_host(dm, &dop,
+                                                                                          room > target ? room - target
+                                                                                          : room        ? 1
+                                                                                                        : 0,
+                                                                                          &dp, err))) {
+            err_prefix(err, "--draft-model %s", dhm->entry.path);
+            model_free(dm);
+            model_free(m);
+            return st;
+        }
+    }
     fit_base b = fit_base_now(hm, p.n_threads, o.engine.use_mmap);
     size_t grammar_tables, grammar_temporary; /* after fit_base_now: the layout it allocates is freed */
     b.grammar = fit_grammar(hm, m, &grammar_tables, &grammar_temporary);
     long long avail = hearth_proc_kb_field("/proc/meminfo", "MemAvailable");
-    size_t peak = fit_peak(&b, &p), available = avail > 0 ? (size_t)avail : 0;
+    size_t peak = fit_peak(&b, &p), available = avail > 0 ? (size_t)avail : 0, alone = peak;
+    if (dhm) { /* the target's load, or the target running while the draft loads, or both running */
+        size_t run_t = engine_plan_bytes(&p) + b.thread_stacks + b.grammar;
+        size_t run_d = engine_plan_bytes(&dp) + b.thread_stacks, load_d = dp.weights_load_peak;
+        if (!o.engine.use_mmap) model_drop_file_pages(dhm);
+        if (b.keeps_file) {
+            peak = b.resident_now + b.code_pages + b.file_pages + file_pages_to_come(dhm) + run_t + run_d;
+        } else {
+            size_t after = run_t + (load_d > run_d ? load_d : run_d);
+            peak = b.resident_now + b.code_pages + (p.weights_load_peak > after ? p.weights_load_peak : after);
+        }
+    }
     const char *bw_source;
     char recorded[128];
     double bw = fit_bandwidth(&o, p.n_threads, &bw_source, recorded, sizeof recorded, err, &st);
@@ -281,6 +310,14 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     json_object_set_new(r, "grammar_bytes", JSON_SIZE(b.grammar));
     json_object_set_new(r, "grammar", fit_grammar_json(grammar_tables, grammar_temporary));
     json_object_set_new(r, "runtime_overhead_bytes", JSON_SIZE(fit_peak(&b, &p) - engine_plan_bytes(&p) - b.grammar));
+    if (dhm) { /* draft_bytes: what the draft adds to the peak (the parts still sum to it) */
+        json_object_set_new(r, "draft_bytes", JSON_SIZE(peak - alone));
+        json_object_set_new(r, "draft",
+                            json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:i}", "model", dhm->entry.path, "weights_bytes",
+                                      (json_int_t)dp.weights, "kv_pool_bytes", (json_int_t)dp.kv, "scratch_bytes",
+                                      (json_int_t)dp.scratch, "buffers_bytes", (json_int_t)(dp.buffers + dp.sampler),
+                                      "engine_bytes", (json_int_t)engine_plan_bytes(&dp), "kv_blocks", dp.n_blocks));
+    }
     json_object_set_new(r, "runtime_overhead",
                         json_pack("{s:I, s:I, s:I, s:I}", "process_resident_bytes", (json_int_t)b.resident_now,
                                   "model_file_pages_bytes", (json_int_t)b.file_pages, "thread_stacks_bytes",
@@ -307,6 +344,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     json_object_set_new(r, "decode_bytes_per_token", json_real(full));
     json_object_set_new(r, "decode_tok_s", json_real(bw * 1e9 / full));
     json_object_set_new(r, "decode_tok_s_empty_cache", json_real(bw * 1e9 / empty));
+    model_free(dm);
     model_free(m);
     *report_json = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     json_decref(r);

@@ -289,3 +289,31 @@ def test_hybrid_kv_pool_and_state_match_config(hearth_bin):
         snaps = 2 * batch + 2 + min(batch, 4)
         state = 56 + batch * per_seq + snaps * (per_seq + 24)
         assert fit["kv_pool_bytes"] == tensors + tables + prefix + state
+
+
+def test_draft_model_counted(hearth_bin):
+    """--draft-model: the draft's engine (weights, KV pool, scratch, buffers, its threads) is
+    created beside the target's; fit adds it (draft_bytes, parts still summing to the peak)
+    and the prediction stays within 2% of `generate --draft-model`'s measured peak, where
+    leaving the draft out would be far off (SmolLM2 drafting for itself: the draft is as big)."""
+    model = model_path(f"models/{REAL_GGUFS['smollm2']}")
+    args = ("--ctx", "512", "--threads", "2", "--max-sequences", "1")
+    fit = run_fit(hearth_bin, model, *args, "--draft-model", str(model))
+    alone = run_fit(hearth_bin, model, *args)
+    # the draft's pool and scratch are written once it proposes: a prompt of 488 tokens and 16
+    # generated ones (both pools all but full), the draft proposing from the first
+    prompt = filling_prompt(hearth_bin, model, 488)
+    p = subprocess.run([str(hearth_bin), "generate", str(model), prompt, "--no-chat-template", "--max-tokens", "16",
+                        "--ctx", "512", "--threads", "2", "--report-memory", "--json", "--draft-model",
+                        str(model)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "tokens proposed" in p.stderr and " 0 tokens proposed" not in p.stderr, p.stderr[-400:]
+    peak = json.loads([x for x in p.stderr.splitlines() if x.startswith('{"peak_rss_bytes"')][-1])["peak_rss_bytes"]
+    assert fit["draft"]["weights_bytes"] == alone["weights_bytes"] and fit["draft_bytes"] > alone["weights_bytes"]
+    err = (fit["predicted_peak_bytes"] - peak) / peak
+    ROWS.append(("smollm2 + itself as draft", 512, 2, fit["predicted_peak_bytes"], peak, 100 * err))
+    assert abs(err) <= TOLERANCE, f"predicted {fit['predicted_peak_bytes']} vs measured {peak} ({100 * err:+.2f}%)"
+    assert abs((alone["predicted_peak_bytes"] - peak) / peak) > 4 * TOLERANCE  # the draft is what closes it
+    parts = ("weights_bytes", "kv_pool_bytes", "scratch_bytes", "buffers_bytes", "grammar_bytes",
+             "runtime_overhead_bytes", "draft_bytes")
+    assert sum(fit[k] for k in parts) == fit["predicted_peak_bytes"]

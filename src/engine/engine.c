@@ -48,6 +48,7 @@ struct hearth_engine {
     int host_sampler;  /* hearth_engine_options.host_sampler */
     int append_rows;   /* logits rows one hearth_seq_append may return (max_logits_rows) */
     int speculate;     /* hearth_speculate, for the scheduler */
+    spec_cost spec_cost;  /* what a speculating step costs on this engine, measured by its batches */
     hearth_engine *draft; /* hearth_engine_options.draft_model's engine, or NULL */
     spec_limits spec;     /* where proposing stops on this engine's backend */
     const hearth_spec_replay *replay; /* hearth_engine_options.spec_replay, or NULL */
@@ -749,6 +750,7 @@ int engine_has_device_sampler(const hearth_engine *e) { return e->gsmp != NULL; 
 int engine_max_out_rows(const hearth_engine *e) { return e->max_out; }
 int engine_max_sequences(const hearth_engine *e) { return e->max_seqs; }
 int engine_speculate(const hearth_engine *e) { return e->speculate; }
+spec_cost *engine_spec_cost(hearth_engine *e) { return &e->spec_cost; }
 hearth_engine *engine_draft(hearth_engine *e) { return e->draft; }
 spec_limits engine_spec_limits(const hearth_engine *e) { return e->spec; }
 const hearth_spec_replay *engine_spec_replay(const hearth_engine *e) {

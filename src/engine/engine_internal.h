@@ -55,6 +55,8 @@ int engine_max_out_rows(const hearth_engine *e);
 int engine_max_sequences(const hearth_engine *e);
 /* hearth_engine_options.speculate (hearth_speculate). */
 int engine_speculate(const hearth_engine *e);
+/* The engine's measured speculation cost (spec_cost), kept across its batches. */
+struct spec_cost *engine_spec_cost(hearth_engine *e);
 /* The draft model's engine (hearth_engine_options.draft_model), or NULL. */
 hearth_engine *engine_draft(hearth_engine *e);
 /* Where proposing stops on the engine's backend (spec.h: spec_limits_for with the model's

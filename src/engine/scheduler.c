@@ -17,13 +17,14 @@
  * the KV of the rest is cut off (never named in the prefix cache).
  * Owns no model or text logic; single-threaded by design. */
 #include "engine/scheduler.h"
+#include "base/cpu_features.h"
 #include "base/err.h"
+#include "engine/adapter.h"
 #include "engine/engine_internal.h"
 #include "engine/spec.h"
 #include "grammar/grammar.h"
 #include "kv/kv_prefix.h"
 #include "kv/kv_state.h"
-#include "engine/adapter.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +54,9 @@ typedef struct sched_req {
     int n_draft;
     int proposer;     /* hearth_speculate of this step's proposal (lookup or draft) */
     spec_depth depth;
+    double accept;    /* moving average of the per-token acceptance of its proposals (spec_cost_depth) */
+    int n_accept;     /* verified proposals in it (0: none yet) */
+    int cost_stops;   /* proposals the step cost stopped in a row (SPEC_COST_PROBE) */
     int dseq, dlen;   /* the draft model's slot (-1: none) and the positions of its KV that hold this request's tokens */
     /* hybrids (a recurrent state): the backup record of this step's proposal (-1: none), and
      * the tokens before len the state has not taken (a partly rejected proposal's: the state
@@ -82,6 +86,8 @@ struct hearth_batch {
     unsigned long long spec_proposed[HEARTH_SPEC_KINDS], spec_accepted[HEARTH_SPEC_KINDS]; /* by hearth_speculate */
     unsigned long long spec_drafts[HEARTH_SPEC_KINDS], spec_rejected[HEARTH_SPEC_KINDS];
     spec_suffix *suffix;          /* --speculate suffix: the recent outputs' index (NULL: none) */
+    int cost_gate;                /* the cost caps lookup's depth: not on the exact CPU tier, where a verified step
+                                     costs a step per token and the tier is there to check outputs */
     sched_proposer_fn propose_fn; /* NULL: prompt lookup */
     void *propose_user;
     double last_step_seconds;
@@ -150,6 +156,7 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
     b->greedy_ids = malloc((size_t)engine_max_out_rows(e) * sizeof *b->greedy_ids);
     b->dev_rows = malloc((size_t)engine_max_out_rows(e) * sizeof *b->dev_rows);
     int suffix_ok = engine_speculate(e) != HEARTH_SPEC_SUFFIX || (b->suffix = spec_suffix_new());
+    b->cost_gate = engine_spec_limits(e).max_step_tokens > 0 || cpu_level_active() != CPU_LEVEL_SCALAR;
     if (!b->run || !b->tok || !b->pos || !b->slot || !b->out_rows || !b->out_of || !b->remaining || !b->take ||
         !b->rows || !b->row_req || !b->greedy_ids || !b->dev_rows || !suffix_ok) {
         hearth_batch_free(b);
@@ -721,6 +728,8 @@ static int propose(hearth_batch *b) {
     if (engine_speculate(e) == HEARTH_SPEC_NONE || (kv->state && n_spec == 0)) return 0;
     int reach = spec_step_room(engine_spec_limits(e), n_dec, depth);
     if (reach <= 0) return 0;
+    if (!draft && b->cost_gate && spec_cost_plain_due(engine_spec_cost(b->e), n_dec))
+        return 0; /* a plain step, measured */
     int rows = engine_max_out_rows(e) - b->n_run, tokens = b->budget - b->n_run - replays;
     if (reach < tokens) tokens = reach;
     int ctx = hearth_engine_context_length(e), n_drafting = 0;
@@ -738,6 +747,18 @@ static int propose(hearth_batch *b) {
         int k = draft ? p->num_draft_tokens : spec_depth_next(&q->depth);
         if (rp && rp->tokens && k > p->num_draft_tokens) k = p->num_draft_tokens;
         if (k > SPEC_MAX_DRAFT) k = SPEC_MAX_DRAFT;
+        if (!draft && k > 0 && b->cost_gate) { /* no deeper than the measured step cost repays */
+            int kc = spec_cost_depth(engine_spec_cost(b->e), n_dec, q->n_accept ? q->accept : 0.5, k);
+            if (kc > 0) {
+                q->cost_stops = 0;
+            } else if (++q->cost_stops > SPEC_COST_PROBE) { /* a probe at depth 1: the estimate moves */
+                kc = 1, q->cost_stops = 0;
+            } else { /* as a draft with nothing accepted: a pause, longer each time (2 .. 64 steps) */
+                spec_depth_update(&q->depth, 1, 0, 0);
+                continue;
+            }
+            k = kc;
+        }
         int left = p->max_tokens - (int)q->r.result->completion_tokens - 1; /* the step emits up to k + 1 */
         int room = (kv->n_tokens[q->seq] + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * KV_BLOCK_SIZE +
                    kv->n_free * KV_BLOCK_SIZE - (q->len + 1);
@@ -839,6 +860,10 @@ static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
     b->spec_proposed[q->proposer] += (unsigned long long)k, b->spec_accepted[q->proposer] += (unsigned long long)accepted;
     b->spec_drafts[q->proposer]++;
     b->spec_rejected[q->proposer] += accepted < k && !q->r.result->finish;
+    if (!q->r.result->finish) { /* the per-token acceptance: kept over kept and missed */
+        double a = (double)accepted / (double)(accepted + (accepted < k));
+        q->accept = q->n_accept++ ? 0.7 * q->accept + 0.3 * a : a;
+    }
     if (q->proposer != HEARTH_SPEC_DRAFT) /* strict: a hybrid row whose rejection is fed again */
         spec_depth_update(&q->depth, k, accepted, q->spec_rec >= 0 && !q->journaled);
     if (q->dseq >= 0) { /* the draft's KV holds next and the proposals before the last: keep the accepted */
@@ -878,6 +903,7 @@ size_t hearth_batch_step(hearth_batch *b) {
     grow(b); /* running requests before new ones */
     admit(b);
     if (b->n_run == 0) return b->n_waiting;
+    double t_begin = gen_now_seconds(); /* the whole step, proposing and verifying included: spec_cost */
     int drafted = propose(b), replayed = 0;
     for (int i = 0; i < b->n_run; i++)
     {
@@ -892,6 +918,8 @@ size_t hearth_batch_step(hearth_batch *b) {
     /* proposed tokens come out of the prompts' share (propose left a token for every row) */
     int T = sched_pack(b->remaining, b->n_run, b->budget - drafted - replayed, b->take) + drafted + replayed, t = 0,
         n_out = 0;
+    int n_dec_taken = 0; /* decoding rows in this step */
+    for (int i = 0; i < b->n_run; i++) n_dec_taken += b->run[i]->decoding && b->take[i];
     for (int i = 0; i < b->n_run; i++) {
         sched_req *q = b->run[i];
         b->out_of[i] = -1;
@@ -988,5 +1016,7 @@ size_t hearth_batch_step(hearth_batch *b) {
         n_rows++;
     }
     sample_and_accept(b, n_rows, greedy);
+    if (!st && T == n_dec_taken + drafted + replayed && n_dec_taken > 0) /* decode rows only */
+        spec_cost_record(engine_spec_cost(b->e), n_dec_taken, drafted + replayed, gen_now_seconds() - t_begin);
     return b->n_waiting + (size_t)b->n_run;
 }

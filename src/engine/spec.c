@@ -1,6 +1,7 @@
 /* spec.c: prompt lookup and adaptive draft depth (see spec.h). Knows tokens only. */
 #include "engine/spec.h"
 #include "hearth.h"
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +97,57 @@ int spec_suffix_lookup(const spec_suffix *s, const int32_t *hist, int n, int max
         if (k > 0) return k;
     }
     return 0;
+}
+
+static int cost_bucket(int n_dec) {
+    return n_dec < 1 ? 0 : n_dec > SPEC_COST_BUCKETS ? SPEC_COST_BUCKETS - 1 : n_dec - 1;
+}
+
+void spec_cost_record(spec_cost *c, int n_dec, int extra, double seconds) {
+    int b = cost_bucket(n_dec);
+    if (!(seconds > 0)) return;
+    if (extra <= 0) {
+        c->plain[b] = c->n_plain[b]++ ? 0.9 * c->plain[b] + 0.1 * seconds : seconds;
+        c->since_plain[b] = 0;
+        return;
+    }
+    c->since_plain[b]++;
+    if (!c->n_plain[b]) return; /* the extra is measured against a plain step */
+    int k = extra > SPEC_COST_TOKENS ? SPEC_COST_TOKENS : extra;
+    double over = seconds - c->plain[b];
+    if (over < 0) over = 0;
+    c->extra[b][k] = c->n_extra[b][k]++ ? 0.8 * c->extra[b][k] + 0.2 * over : over;
+    c->n_spec[b]++;
+}
+
+int spec_cost_plain_due(const spec_cost *c, int n_dec) {
+    int b = cost_bucket(n_dec);
+    return c->n_plain[b] < SPEC_COST_WARM || c->since_plain[b] >= SPEC_COST_REFRESH;
+}
+
+double spec_expected_tokens(double a, int k) {
+    if (a >= 0.999) return k + 1.0;
+    if (a <= 0) return 1.0;
+    return (1.0 - pow(a, k + 1)) / (1.0 - a);
+}
+
+int spec_cost_depth(const spec_cost *c, int n_dec, double a, int k) {
+    int b = cost_bucket(n_dec);
+    if (k <= 0 || c->n_plain[b] < SPEC_COST_WARM || c->n_spec[b] < SPEC_COST_WARM) return k;
+    if (k > SPEC_COST_TOKENS) k = SPEC_COST_TOKENS;
+    double t = c->plain[b], best = 0;
+    int best_k = 0;
+    for (int j = 1; j <= k; j++) {
+        int m = 0; /* the nearest measured token count */
+        for (int d = 0; !m && d < SPEC_COST_TOKENS; d++)
+            m = j - d >= 1 && c->n_extra[b][j - d]                  ? j - d
+                : j + d <= SPEC_COST_TOKENS && c->n_extra[b][j + d] ? j + d
+                                                                    : 0;
+        double over = c->extra[b][m] * (double)j / (double)m;
+        double gain = spec_expected_tokens(a, j) * t / (t + over); /* tokens per second, over a plain step's */
+        if (gain > best) best = gain, best_k = j;
+    }
+    return best >= SPEC_COST_MARGIN ? best_k : 0;
 }
 
 int spec_depth_next(spec_depth *d) {

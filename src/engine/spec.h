@@ -78,6 +78,41 @@ void spec_suffix_add(spec_suffix *s, const int32_t *tokens, int n);
  * took since is a miss, never a wrong match. */
 int spec_suffix_lookup(const spec_suffix *s, const int32_t *hist, int n, int max_k, int32_t *out, int *matched);
 
+/* The measured cost of speculating, per engine: the seconds of a whole decode step (no
+ * prompt tokens in it) without proposals, and what a step carrying k proposed or re-fed
+ * tokens in all takes beyond that, for each k up to SPEC_COST_TOKENS (a step's fixed part,
+ * such as a hybrid's state backup, and its per-token part are both in it), as moving averages
+ * by the step's decoding rows (1..SPEC_COST_BUCKETS, the last bucket also holding more).
+ * Everything a speculating step costs is in it: the wider forward, verification, a hybrid's
+ * backup and restore. spec_cost_depth then caps a row's depth at the one with the most
+ * expected tokens per second, and at 0 where no depth beats a plain step by SPEC_COST_MARGIN. */
+#define SPEC_COST_BUCKETS 8
+#define SPEC_COST_TOKENS 16
+#define SPEC_COST_WARM 4      /* plain steps, and speculating ones, before the model is used */
+#define SPEC_COST_MARGIN 1.02 /* the expected gain a proposal must clear */
+#define SPEC_COST_PROBE 3     /* a row the cost stopped this many times (each a pause) probes at depth 1 */
+#define SPEC_COST_REFRESH 64  /* speculating steps before a plain one measures the plain cost again */
+typedef struct spec_cost {
+    double plain[SPEC_COST_BUCKETS];
+    double extra[SPEC_COST_BUCKETS][SPEC_COST_TOKENS + 1]; /* [rows][k]: seconds over a plain step */
+    int n_plain[SPEC_COST_BUCKETS], n_spec[SPEC_COST_BUCKETS], n_extra[SPEC_COST_BUCKETS][SPEC_COST_TOKENS + 1];
+    int since_plain[SPEC_COST_BUCKETS]; /* speculating steps since the last plain one */
+} spec_cost;
+/* One decode step of n_dec rows that carried extra proposed or re-fed tokens in all. */
+void spec_cost_record(spec_cost *c, int n_dec, int extra, double seconds);
+/* Whether the next step of n_dec decoding rows should propose nothing, to measure a plain
+ * step: before SPEC_COST_WARM of them, then after every SPEC_COST_REFRESH speculating steps
+ * (a plain step's cost grows with the context). */
+int spec_cost_plain_due(const spec_cost *c, int n_dec);
+/* Tokens a step yields for a row whose proposed tokens are each accepted with probability a
+ * until the first miss, proposing k: 1 + a + ... + a^k. */
+double spec_expected_tokens(double a, int k);
+/* The depth in 1..k with the most expected tokens per second for such a row among n_dec
+ * decoding rows, each depth's cost as measured (one not measured yet: the nearest measured
+ * one's, scaled by the token count); k before SPEC_COST_WARM plain and speculating steps;
+ * 0 when no depth gains SPEC_COST_MARGIN over a plain step. */
+int spec_cost_depth(const spec_cost *c, int n_dec, double a, int k);
+
 /* A request's draft depth, adapted to what it accepts: doubles after a fully accepted
  * draft, drops to one past the accepted count after a rejection, and after drafts of
  * which nothing was accepted, proposing pauses for 2, 4, 8 ... 64 steps, so a request

@@ -136,6 +136,30 @@ static void test_suffix(void **st) {
     spec_suffix_free(s);
 }
 
+static void test_cost(void **st) {
+    (void)st;
+    spec_cost c = {0};
+    assert_int_equal(spec_cost_depth(&c, 1, 0.1, 4), 4); /* not measured yet: as the depth policy says */
+    for (int i = 0; i < SPEC_COST_WARM; i++) spec_cost_record(&c, 1, 0, 0.010); /* a plain step: 10 ms */
+    assert_int_equal(spec_cost_depth(&c, 1, 0.1, 4), 4);
+    assert_true(spec_cost_plain_due(&c, 1) == 0 && spec_cost_plain_due(&c, 2) == 1);
+    for (int i = 0; i < SPEC_COST_WARM; i++) spec_cost_record(&c, 1, 2, 0.020); /* 2 tokens: 10 ms more */
+    assert_true(fabs(c.plain[0] - 0.010) < 1e-12 && fabs(c.extra[0][2] - 0.010) < 1e-12);
+    /* tokens per second over a plain step's, E(a, j) * 10 / (10 + 5 j) (other depths scaled from 2's) */
+    assert_int_equal(spec_cost_depth(&c, 1, 0.5, 4), 0); /* j = 1: 1.5 * 10 / 15 = 1.0, under the margin */
+    assert_int_equal(spec_cost_depth(&c, 1, 0.9, 8), 3); /* 1.267, 1.355, 1.376, 1.365, ... */
+    assert_int_equal(spec_cost_depth(&c, 1, 0.9, 2), 2); /* never deeper than asked */
+    assert_int_equal(spec_cost_depth(&c, 2, 0.1, 4), 4); /* another row count: its own measurements */
+    /* a fixed part (a hybrid's backup): 4 tokens measured at 4 ms over, against 10 ms for 2 */
+    for (int i = 0; i < 60; i++) spec_cost_record(&c, 1, 4, 0.014);
+    assert_int_equal(spec_cost_depth(&c, 1, 0.5, 8), 4); /* 1.9375 * 10 / 14 = 1.38 beats every other */
+    spec_cost_record(&c, 1, 4, 0.001);                   /* faster than a plain step (noise): no negative cost */
+    assert_true(c.extra[0][4] >= 0);
+    for (int i = 0; i < SPEC_COST_REFRESH; i++) spec_cost_record(&c, 1, 4, 0.014);
+    assert_int_equal(spec_cost_plain_due(&c, 1), 1); /* the plain cost is measured again */
+    assert_true(fabs(spec_expected_tokens(0.5, 2) - 1.75) < 1e-12 && spec_expected_tokens(1.0, 3) == 4.0);
+}
+
 static void test_depth(void **st) {
     (void)st;
     spec_depth d = {0};
@@ -584,6 +608,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lookup),
         cmocka_unit_test(test_suffix),
+        cmocka_unit_test(test_cost),
         cmocka_unit_test(test_depth),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_truncate),

@@ -86,8 +86,8 @@ struct hearth_batch {
     unsigned long long spec_proposed[HEARTH_SPEC_KINDS], spec_accepted[HEARTH_SPEC_KINDS]; /* by hearth_speculate */
     unsigned long long spec_drafts[HEARTH_SPEC_KINDS], spec_rejected[HEARTH_SPEC_KINDS];
     spec_suffix *suffix;          /* --speculate suffix: the recent outputs' index (NULL: none) */
-    int cost_gate;                /* the cost caps lookup's depth: not on the exact CPU tier, where a verified step
-                                     costs a step per token and the tier is there to check outputs */
+    int cost_gate;                /* the measured cost caps lookup's depth (spec_cost_depth): hybrid models only, whose
+                                     speculating step carries a state backup and restore; not on the exact CPU tier */
     sched_proposer_fn propose_fn; /* NULL: prompt lookup */
     void *propose_user;
     double last_step_seconds;
@@ -156,7 +156,8 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
     b->greedy_ids = malloc((size_t)engine_max_out_rows(e) * sizeof *b->greedy_ids);
     b->dev_rows = malloc((size_t)engine_max_out_rows(e) * sizeof *b->dev_rows);
     int suffix_ok = engine_speculate(e) != HEARTH_SPEC_SUFFIX || (b->suffix = spec_suffix_new());
-    b->cost_gate = engine_spec_limits(e).max_step_tokens > 0 || cpu_level_active() != CPU_LEVEL_SCALAR;
+    b->cost_gate =
+        engine_kv(e)->state && (engine_spec_limits(e).max_step_tokens > 0 || cpu_level_active() != CPU_LEVEL_SCALAR);
     if (!b->run || !b->tok || !b->pos || !b->slot || !b->out_rows || !b->out_of || !b->remaining || !b->take ||
         !b->rows || !b->row_req || !b->greedy_ids || !b->dev_rows || !suffix_ok) {
         hearth_batch_free(b);

@@ -706,6 +706,28 @@ static void muon_tensor(float *par, const float *g, float *v, int64_t rows, int6
     }
 }
 
+/* Adafactor's step size at update step for the parameter par (n floats), relative and
+ * scaled by the parameter (min(1e-2, step^-0.5) max(1e-3, rms(p))), and its second-moment
+ * decay 1 - step^-0.8. */
+static void adafactor_rates(const float *par, size_t n, long long step, float *lr_t, float *beta2) {
+    float ps = 0, st = (float)step;
+    for (size_t i = 0; i < n; i++) ps += par[i] * par[i];
+    *lr_t = fmaxf(1e-3f, sqrtf(ps / (float)n)) * fminf(1e-2f, 1.0f / sqrtf(st));
+    *beta2 = 1.0f - powf(st, -0.8f);
+}
+
+/* Adafactor's update u (in work) applied: clipped to rms 1, times lr_t, after the decay
+ * p += p (-wd lr_t). */
+static void adafactor_apply(float *par, const float *work, size_t n, float lr_t, float wd) {
+    float us = 0;
+    for (size_t i = 0; i < n; i++) us += work[i] * work[i];
+    float clip = fmaxf(1.0f, sqrtf(us / (float)n));
+    for (size_t i = 0; i < n; i++) {
+        if (wd != 0) par[i] += par[i] * (-wd * lr_t);
+        par[i] -= lr_t * (work[i] / clip);
+    }
+}
+
 /* Adafactor's update of one [rows, cols] tensor (MLX's Adafactor with its defaults, as
  * mlx_lm.lora builds it: relative steps, so the learning rate is not used; parameter
  * scaling; eps 1e-30 and 1e-3; clipping at 1; decay -0.8; no first moment): at update step,
@@ -716,11 +738,8 @@ static void muon_tensor(float *par, const float *g, float *v, int64_t rows, int6
 static void adafactor_tensor(float *par, const float *g, float *row, float *col, int64_t rows, int64_t cols,
                              long long step, float wd, float *work) {
     size_t n = (size_t)(rows * cols);
-    float ps = 0;
-    for (size_t i = 0; i < n; i++) ps += par[i] * par[i];
-    float p_rms = sqrtf(ps / (float)n), st = (float)step;
-    float rel = fminf(1e-2f, 1.0f / sqrtf(st)), lr_t = fmaxf(1e-3f, p_rms) * rel;
-    float beta2 = 1.0f - powf(st, -0.8f);
+    float lr_t, beta2;
+    adafactor_rates(par, n, step, &lr_t, &beta2);
     for (int64_t r = 0; r < rows; r++) {
         float acc = 0;
         for (int64_t q = 0; q < cols; q++) acc += g[r * cols + q] * g[r * cols + q] + 1e-30f;
@@ -734,18 +753,10 @@ static void adafactor_tensor(float *par, const float *g, float *row, float *col,
     float rm = 0;
     for (int64_t r = 0; r < rows; r++) rm += row[r];
     rm /= (float)rows;
-    float us = 0;
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t q = 0; q < cols; q++) {
-            float u = (1.0f / sqrtf(row[r] / rm)) * (1.0f / sqrtf(col[q])) * g[r * cols + q];
-            work[r * cols + q] = u;
-            us += u * u;
-        }
-    float clip = fmaxf(1.0f, sqrtf(us / (float)n));
-    for (size_t i = 0; i < n; i++) {
-        if (wd != 0) par[i] += par[i] * (-wd * lr_t);
-        par[i] -= lr_t * (work[i] / clip);
-    }
+        for (int64_t q = 0; q < cols; q++)
+            work[r * cols + q] = (1.0f / sqrtf(row[r] / rm)) * (1.0f / sqrtf(col[q])) * g[r * cols + q];
+    adafactor_apply(par, work, n, lr_t, wd);
 }
 
 /* Muon and Adafactor on a vector (DoRA's m), as MLX treats a 1-D parameter: Muon's
@@ -760,20 +771,13 @@ static void muon_vector(float *par, const float *g, float *v, size_t n, float lr
 }
 
 static void adafactor_vector(float *par, const float *g, float *sq, size_t n, long long step, float wd, float *work) {
-    float ps = 0, st = (float)step;
-    for (size_t i = 0; i < n; i++) ps += par[i] * par[i];
-    float lr_t = fmaxf(1e-3f, sqrtf(ps / (float)n)) * fminf(1e-2f, 1.0f / sqrtf(st)), beta2 = 1.0f - powf(st, -0.8f);
-    float us = 0;
+    float lr_t, beta2;
+    adafactor_rates(par, n, step, &lr_t, &beta2);
     for (size_t i = 0; i < n; i++) {
         sq[i] = beta2 * sq[i] + (1 - beta2) * (g[i] * g[i] + 1e-30f);
         work[i] = g[i] / sqrtf(sq[i]);
-        us += work[i] * work[i];
     }
-    float clip = fmaxf(1.0f, sqrtf(us / (float)n));
-    for (size_t i = 0; i < n; i++) {
-        if (wd != 0) par[i] += par[i] * (-wd * lr_t);
-        par[i] -= lr_t * (work[i] / clip);
-    }
+    adafactor_apply(par, work, n, lr_t, wd);
 }
 
 /* One update with the accumulated gradients divided by accum (mlx-lm's gradient

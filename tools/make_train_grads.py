@@ -82,15 +82,16 @@ scale = 1 / math.sqrt(hd)
 causal = mx.array(np.triu(np.full((T, T), -np.inf), 1)).astype(F64)
 
 
-def attention(q, k, v):
+def attention(q, k, v, mask):
+    """q [T, Hq*hd], k, v [T, Hkv*hd] (T, Hq, Hkv, hd: the case's) with an additive mask"""
     qh = q.reshape(T, Hq, hd).transpose(1, 0, 2)
     kh = mx.repeat(k.reshape(T, Hkv, hd).transpose(1, 0, 2), Hq // Hkv, axis=0)
     vh = mx.repeat(v.reshape(T, Hkv, hd).transpose(1, 0, 2), Hq // Hkv, axis=0)
-    s = (qh @ kh.transpose(0, 2, 1)) * scale + causal
+    s = (qh @ kh.transpose(0, 2, 1)) * scale + mask
     return (mx.softmax(s, axis=-1) @ vh).transpose(1, 0, 2).reshape(T, Hq * hd)
 
 
-o, (dq, dk, dv) = vjp(attention, [q, k, v], do)
+o, (dq, dk, dv) = vjp(lambda q, k, v: attention(q, k, v, causal), [q, k, v], do)
 for kk, vv in dict(q=q, k=k, v=v, out=o, dout=do, dq=dq, dk=dk, dv=dv).items():
     put(f"attn.{kk}", vv)
 
@@ -117,6 +118,24 @@ loss, (dhh,) = vjp(xent, [hh], mx.array(1.0).astype(F64))
 for kk, vv in dict(h=hh, w=w, weight=mask / mask.sum(), dh=dhh).items():
     put(f"xent.{kk}", vv)
 put("xent.loss", loss.reshape(1))
+
+# sliding-window causal attention (Gemma's sliding layers: query i sees keys i - W + 1 .. i,
+# mlx-lm's create_causal_mask(window_size=W)); drawn after the cases above so theirs stay put
+T, Hq, Hkv, hd, W = 13, 4, 2, 8, 5
+q, k, v, do = rnd(T, Hq * hd), rnd(T, Hkv * hd), rnd(T, Hkv * hd), rnd(T, Hq * hd)
+ii, jj = np.arange(T)[:, None], np.arange(T)[None, :]
+window = mx.array(np.where((jj <= ii) & (jj > ii - W), 0.0, -np.inf)).astype(F64)
+
+o, (dq, dk, dv) = vjp(lambda q, k, v: attention(q, k, v, window), [q, k, v], do)
+for kk, vv in dict(q=q, k=k, v=v, out=o, dout=do, dq=dq, dk=dk, dv=dv).items():
+    put(f"wattn.{kk}", vv)
+put("wattn.window", np.array([W]))
+
+# GELU(tanh)-gated product (Gemma's MLP: MLX's gelu_approx)
+g, u, dh = rnd(50, scale=3.0), rnd(50), rnd(50)
+h, (dg, du) = vjp(lambda g, u: 0.5 * g * (1 + mx.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3))) * u, [g, u], dh)
+for kk, vv in dict(g=g, u=u, h=h, dh=dh, dg=dg, du=du).items():
+    put(f"gelu.{kk}", vv)
 
 arrays = {k: mx.array(v) for k, v in out.items()}
 arrays["xent.targets"] = mx.array(targets)

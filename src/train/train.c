@@ -1,4 +1,4 @@
-/* train.c: hearth train (hearth.h, "training"): LoRA SFT of a llama- or qwen3-family
+/* train.c: hearth train (hearth.h, "training"): LoRA SFT of a llama-, qwen3-, minicpm- or gemma3-family
  * decoder on the CPU in float32, following mlx_lm.lora 0.32.2 step for step: the same
  * batches in the same order (numpy's legacy generator seeded with --seed), the loss
  * averaged over the batch's target tokens, Adam without bias correction, the same adapter
@@ -33,10 +33,14 @@ static const char *const proj_name[N_P] = {"self_attn.q_proj", "self_attn.k_proj
 typedef struct acts {
     float *x_in, *h1, *rstd1, *ql, *qr, *rstdq, *kl, *kr, *rstdk, *v, *p, *a, *x_mid, *h2, *rstd2, *g, *u, *mm;
     float *xa[N_P];
+    float *ro, *rstd_pa, *rd, *rstd_pf; /* Gemma's post-norms: the attention and MLP outputs they norm */
 } acts;
 
 typedef struct tlayer {
     const float *w[N_P], *bias[3], *attn_norm, *ffn_norm, *q_norm, *k_norm;
+    const float *post_attn_norm, *post_ffn_norm; /* Gemma's, else NULL */
+    const float *inv_freq;                       /* its RoPE table (Gemma's sliding layers: the local base) */
+    int window;                                  /* sliding-window layers: the window, else 0 */
     int64_t n[N_P], k[N_P];
     tr_lora lora[N_P];
     int has_lora;
@@ -51,7 +55,8 @@ typedef struct trainer {
     int L, D, Hq, Hkv, hd, F, V, adjacent, first_lora, r, T;
     float eps, attn_scale, scale;
     float emb_scale, res_scale, logit_div; /* MiniCPM's (1 elsewhere): embeddings, block outputs, normed rows */
-    const float *inv_freq, *final_norm, *lm_head;
+    int gelu, post_norms; /* Gemma: GELU(tanh)-gated MLP; each block's output normed before the residual */
+    const float *final_norm, *lm_head;
     tlayer *layers;
     float **owned;
     int n_owned;
@@ -133,7 +138,23 @@ static int alloc_acts(trainer *t, acts *s) {
         return -1;
     for (int p = 0; p < N_P; p++)
         if (!(s->xa[p] = falloc(t, (size_t)(T * t->r)))) return -1;
+    if (t->post_norms && (!(s->ro = falloc(t, (size_t)(T * t->D))) || !(s->rd = falloc(t, (size_t)(T * t->D))) ||
+                          !(s->rstd_pa = falloc(t, (size_t)T)) || !(s->rstd_pf = falloc(t, (size_t)T))))
+        return -1;
     return 0;
+}
+
+/* A norm's weight as the trainer applies it: Gemma's (1 + w) form (norm_shift) as a copy
+ * holding 1 + w, else the model's own (NULL stays NULL). Dry (a plan: no weights, every
+ * pointer NULL), each of a Gemma's norms counts as such a copy. */
+static const float *norm_weight(trainer *t, const float *w, int64_t n, int *bad) {
+    float shift = t->m->cfg.norm_shift;
+    if ((!w && !t->dry) || shift == 0) return w;
+    t->part = PART_DENSE;
+    float *p = falloc(t, (size_t)n);
+    if (!p) return *bad = 1, NULL;
+    for (int64_t i = 0; !t->dry && i < n; i++) p[i] = shift + w[i];
+    return p;
 }
 
 static void free_trainer(trainer *t) {
@@ -161,18 +182,25 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     hearth_status st;
     if ((st = (t->dry ? model_plan : model_load)(t->hm, 0, &t->m, err))) return st;
     const model_config *c = &t->m->cfg;
-    if (c->family != FAMILY_LLAMA && c->family != FAMILY_QWEN3 && c->family != FAMILY_MINICPM)
+    int gemma = c->family == FAMILY_GEMMA3;
+    if (c->family != FAMILY_LLAMA && c->family != FAMILY_QWEN3 && c->family != FAMILY_MINICPM && !gemma)
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                       "%s: hearth train handles llama-, qwen3- and minicpm-family models so far (this is %s)", name,
-                       t->hm->sum.architecture);
-    if (c->norm_shift != 0 || c->sliding_window || c->softcap != 0 ||
-        (c->family != FAMILY_MINICPM && (c->embed_scale != 1 || c->residual_scale != 1 || c->logits_div != 1)))
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: this model's variant (scaled embeddings, residuals or "
-                       "logits, sliding windows) is not handled by hearth train yet", name);
+                       "%s: hearth train handles llama-, qwen3-, minicpm- and gemma3-family models so far (this is %s)",
+                       name, t->hm->sum.architecture);
+    if ((!gemma && (c->norm_shift != 0 || c->sliding_window)) || c->softcap != 0 ||
+        (c->family != FAMILY_MINICPM && !gemma && c->embed_scale != 1) ||
+        (c->family != FAMILY_MINICPM && (c->residual_scale != 1 || c->logits_div != 1)))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: this model's variant (scaled embeddings, residuals or "
+                       "logits, sliding windows, a logit softcap) is not handled by hearth train yet",
+                       name);
+    t->gelu = t->post_norms = gemma;
     t->L = c->n_layers, t->D = c->hidden, t->Hq = c->n_heads, t->Hkv = c->n_kv_heads, t->hd = c->head_dim;
     t->F = c->ffn, t->V = c->vocab, t->eps = c->norm_eps, t->attn_scale = c->attn_scale;
     t->emb_scale = c->embed_scale, t->res_scale = c->residual_scale, t->logit_div = c->logits_div;
-    t->inv_freq = c->inv_freq_global, t->adjacent = c->rope_adjacent, t->final_norm = t->m->final_norm;
+    t->adjacent = c->rope_adjacent;
+    int bad_norm = 0;
+    t->final_norm = norm_weight(t, t->m->final_norm, t->D, &bad_norm);
     t->r = o->lora_rank, t->scale = (float)o->lora_scale, t->T = max_T;
     if (o->num_layers > t->L)
         return err_set(err, HEARTH_ERR_INVALID, "--num-layers %d: the model has only %d layers", o->num_layers, t->L);
@@ -188,7 +216,7 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     for (int l = 0; l < t->L; l++) {
         const layer_weights *lw = &t->m->layers[l];
         tlayer *y = &t->layers[l];
-        if (lw->moe || lw->linear || lw->sliding)
+        if (lw->moe || lw->linear || (lw->sliding && !gemma))
             return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: layer %d is not a dense attention layer", name, l);
         const op_weight *ws[N_P] = {&lw->q, &lw->k, &lw->v, &lw->o, &lw->gate, &lw->up, &lw->down};
         for (int p = 0; p < N_P; p++) {
@@ -196,7 +224,18 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
             y->n[p] = ws[p]->n, y->k[p] = ws[p]->k;
         }
         y->bias[0] = lw->q_bias, y->bias[1] = lw->k_bias, y->bias[2] = lw->v_bias;
-        y->attn_norm = lw->attn_norm, y->ffn_norm = lw->ffn_norm, y->q_norm = lw->q_norm, y->k_norm = lw->k_norm;
+        y->attn_norm = norm_weight(t, lw->attn_norm, t->D, &bad_norm);
+        y->ffn_norm = norm_weight(t, lw->ffn_norm, t->D, &bad_norm);
+        y->post_attn_norm = norm_weight(t, lw->post_attn_norm, t->D, &bad_norm);
+        y->post_ffn_norm = norm_weight(t, lw->post_ffn_norm, t->D, &bad_norm);
+        y->q_norm = norm_weight(t, lw->q_norm, t->hd, &bad_norm);
+        y->k_norm = norm_weight(t, lw->k_norm, t->hd, &bad_norm);
+        if (bad_norm) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+        if (t->post_norms && !t->dry && (!y->post_attn_norm || !y->post_ffn_norm))
+            return err_set(err, HEARTH_ERR_INVALID, "%s: layer %d has no post-attention or post-feedforward norm", name,
+                           l);
+        y->window = lw->sliding ? c->sliding_window : 0;
+        y->inv_freq = lw->sliding ? c->inv_freq_local : c->inv_freq_global;
         y->has_lora = l >= t->first_lora;
         if (y->has_lora) {
             t->part = PART_ADAPTER;
@@ -364,17 +403,20 @@ static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const
         tr_rmsnorm_fwd(s->kl, T * t->Hkv, t->hd, y->k_norm, t->eps, s->kr, s->rstdk);
     else
         memcpy(s->kr, s->kl, sizeof(float) * (size_t)(T * kd));
-    tr_rope(s->qr, T, t->Hq, t->hd, 0, t->inv_freq, t->adjacent, 1);
-    tr_rope(s->kr, T, t->Hkv, t->hd, 0, t->inv_freq, t->adjacent, 1);
-    tr_attn_fwd(t->tp, s->qr, s->kr, s->v, T, t->Hq, t->Hkv, t->hd, t->attn_scale, s->p, s->a);
-    tr_linear_fwd(t->tp, s->a, T, qd, y->w[P_O], D, NULL, LORA(P_O), s->xa[P_O], t->tmp);
+    tr_rope(s->qr, T, t->Hq, t->hd, 0, y->inv_freq, t->adjacent, 1);
+    tr_rope(s->kr, T, t->Hkv, t->hd, 0, y->inv_freq, t->adjacent, 1);
+    tr_attn_fwd(t->tp, s->qr, s->kr, s->v, T, t->Hq, t->Hkv, t->hd, t->attn_scale, y->window, s->p, s->a);
+    tr_linear_fwd(t->tp, s->a, T, qd, y->w[P_O], D, NULL, LORA(P_O), s->xa[P_O], t->post_norms ? s->ro : t->tmp);
+    if (t->post_norms) tr_rmsnorm_fwd(s->ro, T, D, y->post_attn_norm, t->eps, t->tmp, s->rstd_pa);
     for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;
     memcpy(s->x_mid, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->x, T, D, y->ffn_norm, t->eps, s->h2, s->rstd2);
     tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_GATE], F, NULL, LORA(P_GATE), s->xa[P_GATE], s->g);
     tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_UP], F, NULL, LORA(P_UP), s->xa[P_UP], s->u);
-    tr_silu_mul_fwd(t->tp, s->g, s->u, T * F, s->mm);
-    tr_linear_fwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, NULL, LORA(P_DOWN), s->xa[P_DOWN], t->tmp);
+    (t->gelu ? tr_gelu_mul_fwd : tr_silu_mul_fwd)(t->tp, s->g, s->u, T * F, s->mm);
+    tr_linear_fwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, NULL, LORA(P_DOWN), s->xa[P_DOWN],
+                  t->post_norms ? s->rd : t->tmp);
+    if (t->post_norms) tr_rmsnorm_fwd(s->rd, T, D, y->post_ffn_norm, t->eps, t->tmp, s->rstd_pf);
     for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;
 #undef LORA
 }
@@ -415,6 +457,17 @@ static const float *block_grad(trainer *t, int64_t T) {
     return t->dxs;
 }
 
+/* The gradient of a block's projection output (attention's o_proj, the MLP's down_proj):
+ * the block output's (block_grad), through Gemma's post-norm of r (rstd: its 1 / rms) when
+ * the model has them. Uses t->dtmp, which the caller's next use overwrites. */
+static const float *post_norm_grad(trainer *t, int64_t T, const float *r, const float *w, const float *rstd) {
+    const float *d = block_grad(t, T);
+    if (!t->post_norms) return d;
+    memset(t->dtmp, 0, sizeof(float) * (size_t)(T * t->D));
+    tr_rmsnorm_bwd(r, T, t->D, w, rstd, d, t->dtmp);
+    return t->dtmp;
+}
+
 /* Backward from t->dh down to the lowest LoRA layer, adding to every LoRA gradient. */
 static void backward(trainer *t, int64_t T) {
     int64_t D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
@@ -433,19 +486,20 @@ static void backward(trainer *t, int64_t T) {
         }
         int below = l > t->first_lora; /* the input's gradient is needed further down */
         memset(t->dmm, 0, sizeof(float) * (size_t)(T * F));
-        tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, &y->lora[P_DOWN], s->xa[P_DOWN], block_grad(t, T), t->dmm,
-                      sc);
-        tr_silu_mul_bwd(t->tp, s->g, s->u, t->dmm, T * F, t->dg, t->du);
+        tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, &y->lora[P_DOWN], s->xa[P_DOWN],
+                      post_norm_grad(t, T, s->rd, y->post_ffn_norm, s->rstd_pf), t->dmm, sc);
+        (t->gelu ? tr_gelu_mul_bwd : tr_silu_mul_bwd)(t->tp, s->g, s->u, t->dmm, T * F, t->dg, t->du);
         memset(t->dtmp, 0, sizeof(float) * (size_t)(T * D));
         tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_GATE], F, &y->lora[P_GATE], s->xa[P_GATE], t->dg, t->dtmp, sc);
         tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_UP], F, &y->lora[P_UP], s->xa[P_UP], t->du, t->dtmp, sc);
         tr_rmsnorm_bwd(s->x_mid, T, D, y->ffn_norm, s->rstd2, t->dtmp, t->dx);
         memset(t->da, 0, sizeof(float) * (size_t)(T * qd));
-        tr_linear_bwd(t->tp, s->a, T, qd, y->w[P_O], D, &y->lora[P_O], s->xa[P_O], block_grad(t, T), t->da, sc);
+        tr_linear_bwd(t->tp, s->a, T, qd, y->w[P_O], D, &y->lora[P_O], s->xa[P_O],
+                      post_norm_grad(t, T, s->ro, y->post_attn_norm, s->rstd_pa), t->da, sc);
         tr_attn_bwd(t->tp, s->qr, s->kr, s->v, s->p, t->da, T, t->Hq, t->Hkv, t->hd, t->attn_scale, t->dq, t->dk,
                     t->dv, t->attn_scratch);
-        tr_rope(t->dq, T, t->Hq, t->hd, 0, t->inv_freq, t->adjacent, -1);
-        tr_rope(t->dk, T, t->Hkv, t->hd, 0, t->inv_freq, t->adjacent, -1);
+        tr_rope(t->dq, T, t->Hq, t->hd, 0, y->inv_freq, t->adjacent, -1);
+        tr_rope(t->dk, T, t->Hkv, t->hd, 0, y->inv_freq, t->adjacent, -1);
         const float *dq = t->dq, *dk = t->dk;
         if (y->q_norm) {
             memset(t->dql, 0, sizeof(float) * (size_t)(T * qd));

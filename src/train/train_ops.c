@@ -294,14 +294,18 @@ typedef struct attn_rows {
     float *s;
     int64_t T;
     float scale;
+    int window;
 } attn_rows;
 
-/* row r (head r / T, query r % T) of S: its causal softmax (the masked tail zero) */
+/* row r (head r / T, query r % T) of S: its causal softmax (the masked tail zero), over the
+ * last `window` keys only when window > 0 (the keys before them zero too) */
 static void softmax_row(void *vc, int64_t r) {
     const attn_rows *c = vc;
-    int64_t i = r % c->T;
-    softmax(c->s + r * c->T, i + 1, c->scale, 1.0f);
-    memset(c->s + r * c->T + i + 1, 0, sizeof(float) * (size_t)(c->T - i - 1));
+    int64_t i = r % c->T, j0 = c->window > 0 && i + 1 > c->window ? i + 1 - c->window : 0;
+    float *row = c->s + r * c->T;
+    softmax(row + j0, i + 1 - j0, c->scale, 1.0f);
+    memset(row, 0, sizeof(float) * (size_t)j0);
+    memset(row + i + 1, 0, sizeof(float) * (size_t)(c->T - i - 1));
 }
 
 /* r[0..n) = scale p (r - sum_j p_j r_j): the softmax's backward over one row, in 16-wide
@@ -328,7 +332,8 @@ INL void dsoftmax_body(const float *p, float *r, int64_t n, float scale) {
 AVX512 static void dsoftmax_avx512(const float *p, float *r, int64_t n, float scale) { dsoftmax_body(p, r, n, scale); }
 static void dsoftmax_base(const float *p, float *r, int64_t n, float scale) { dsoftmax_body(p, r, n, scale); }
 
-/* row r of dP becomes dS = scale P (dP - sum_j P dP) (the masked tail zero) */
+/* row r of dP becomes dS = scale P (dP - sum_j P dP) (the masked tail zero; keys outside a
+ * sliding window have P = 0, so their dS is zero too) */
 static void dsoftmax_row(void *vc, int64_t row) {
     const attn_rows *c = vc;
     int64_t i = row % c->T;
@@ -339,11 +344,11 @@ static void dsoftmax_row(void *vc, int64_t row) {
 }
 
 void tr_attn_fwd(threadpool *tp, const float *q, const float *k, const float *v, int64_t T, int Hq, int Hkv, int hd,
-                 float scale, float *p, float *out) {
+                 float scale, int window, float *p, float *out) {
     int64_t qs = (int64_t)Hq * hd, ks = (int64_t)Hkv * hd, TT = T * T;
     int per = Hq / Hkv;
     tr_gemm_batch(tp, Hq, T, T, hd, q, qs, 1, hd, k, 1, ks, hd, per, p, T, TT, TR_GEMM_CAUSAL);
-    attn_rows c = {.s = p, .T = T, .scale = scale};
+    attn_rows c = {.s = p, .T = T, .scale = scale, .window = window};
     for_rows(tp, Hq * T, softmax_row, &c);
     tr_gemm_batch(tp, Hq, T, hd, T, p, T, 1, TT, v, ks, 1, hd, per, out, qs, hd, TR_GEMM_K_LE_M);
 }
@@ -406,6 +411,43 @@ void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float
                      float *du) {
     silu_job c = {.g = g, .u = u, .dh = dh, .dg = dg, .du = du, .n = n};
     for_rows(tp, (n + SILU_ROW - 1) / SILU_ROW, silu_bwd_row, &c);
+}
+
+/* ---- GELU(tanh)-gated product (Gemma) --------------------------------------
+ * h = gelu(g) u, gelu(g) = g (1 + tanh(c (g + 0.044715 g^3))) / 2, c = sqrt(2 / pi): MLX's
+ * gelu_approx. gelu'(g) = (1 + t) / 2 + g (1 - t^2) c (1 + 3 0.044715 g^2) / 2. */
+
+#define GELU_C 0.7978845608028654f
+#define GELU_A 0.044715f
+
+static void gelu_fwd_row(void *vc, int64_t r) {
+    const silu_job *c = vc;
+    int64_t i0 = r * SILU_ROW, n = c->n - i0 < SILU_ROW ? c->n - i0 : SILU_ROW;
+    for (int64_t i = i0; i < i0 + n; i++) {
+        float g = c->g[i];
+        c->h[i] = 0.5f * g * (1.0f + tanhf(GELU_C * (g + GELU_A * g * g * g))) * c->u[i];
+    }
+}
+
+static void gelu_bwd_row(void *vc, int64_t r) {
+    const silu_job *c = vc;
+    int64_t i0 = r * SILU_ROW, n = c->n - i0 < SILU_ROW ? c->n - i0 : SILU_ROW;
+    for (int64_t i = i0; i < i0 + n; i++) {
+        float g = c->g[i], th = tanhf(GELU_C * (g + GELU_A * g * g * g));
+        float d = 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * GELU_C * (1.0f + 3.0f * GELU_A * g * g);
+        c->du[i] = c->dh[i] * 0.5f * g * (1.0f + th);
+        c->dg[i] = c->dh[i] * c->u[i] * d;
+    }
+}
+
+void tr_gelu_mul_fwd(threadpool *tp, const float *g, const float *u, int64_t n, float *h) {
+    silu_job c = {.g = g, .u = u, .h = h, .n = n};
+    for_rows(tp, (n + SILU_ROW - 1) / SILU_ROW, gelu_fwd_row, &c);
+}
+
+void tr_gelu_mul_bwd(threadpool *tp, const float *g, const float *u, const float *dh, int64_t n, float *dg, float *du) {
+    silu_job c = {.g = g, .u = u, .dh = dh, .dg = dg, .du = du, .n = n};
+    for_rows(tp, (n + SILU_ROW - 1) / SILU_ROW, gelu_bwd_row, &c);
 }
 
 /* ---- cross-entropy --------------------------------------------------------- */

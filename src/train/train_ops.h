@@ -1,6 +1,7 @@
-/* train_ops.h: the float32 forward and backward of each op a llama-family decoder layer
+/* train_ops.h: the float32 forward and backward of each op a llama- or Gemma-family decoder layer
  * needs for LoRA training (hearth train): a frozen linear with its LoRA update, RMSNorm,
- * RoPE, causal attention with grouped KV heads, the SiLU-gated MLP product and the final
+ * RoPE, causal (optionally sliding-window) attention with grouped KV heads, the SiLU- and
+ * GELU-gated MLP products and the final
  * cross-entropy over an lm_head. Frozen weights get no gradient; each backward returns the
  * input's gradient (added to dx) and, for LoRA, the A and B gradients (added to ga, gb).
  * Row-major throughout: a [rows, cols] matrix is rows of cols floats. Each backward is
@@ -73,9 +74,11 @@ void tr_rmsnorm_bwd(const float *x, int64_t M, int64_t D, const float *w, const 
 void tr_rope(float *x, int64_t T, int H, int hd, int pos0, const float *inv_freq, int adjacent, int sign);
 
 /* Causal attention of one sequence: q [T, Hq*hd], k, v [T, Hkv*hd], out [T, Hq*hd];
- * p [Hq, T, T]: the softmax probabilities kept for the backward (rows i, columns <= i). */
+ * p [Hq, T, T]: the softmax probabilities kept for the backward (rows i, columns <= i).
+ * window > 0: query i sees keys i - window + 1 .. i only (a sliding-window layer, mlx-lm's
+ * mask); 0: every earlier key. The backward reads the window from p's zeros. */
 void tr_attn_fwd(threadpool *tp, const float *q, const float *k, const float *v, int64_t T, int Hq, int Hkv, int hd,
-                 float scale, float *p, float *out);
+                 float scale, int window, float *p, float *out);
 /* dq, dk, dv are overwritten (not added to). scratch: Hq * T * T floats. */
 void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v, const float *p, const float *dout,
                  int64_t T, int Hq, int Hkv, int hd, float scale, float *dq, float *dk, float *dv, float *scratch);
@@ -84,6 +87,10 @@ void tr_attn_bwd(threadpool *tp, const float *q, const float *k, const float *v,
 void tr_silu_mul_fwd(threadpool *tp, const float *g, const float *u, int64_t n, float *h);
 void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float *dh, int64_t n, float *dg,
                      float *du);
+
+/* h = gelu_tanh(g) * u (MLX's gelu_approx: Gemma's MLP); the backward overwrites dg, du. */
+void tr_gelu_mul_fwd(threadpool *tp, const float *g, const float *u, int64_t n, float *h);
+void tr_gelu_mul_bwd(threadpool *tp, const float *g, const float *u, const float *dh, int64_t n, float *dg, float *du);
 
 /* Cross-entropy of the logits h[M,D] w[V,D]^T against targets: rows with weight[i] == 0
  * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten; NULL:

@@ -136,6 +136,12 @@ CASES = [  # model, data format, num_layers, mask_prompt
     ("qwen3-bf16", "chat", -1, False),
     ("minicpm-f32", "text", -1, False),  # scaled embeddings, block outputs and normed rows
     ("minicpm-q4g64", "completion", 2, True),
+    # Gemma 3: (1 + w) norms, post-attention / post-MLP norms, GELU(tanh) gate, scaled
+    # embeddings, sliding-window layers (window 16: the sequences here are longer) with the
+    # local RoPE base
+    ("gemma3-f32", "text", -1, False),
+    ("gemma3-q4g64", "chat", 2, True),
+    ("gemma3-bf16", "completion", -1, True),
 ]
 
 
@@ -202,6 +208,9 @@ def test_errors_are_clear(tmp_path):
     assert rc == 2
     rc, err = run_err([model, "--data", data, "--num-layers", "-1", "--resume-adapter-file", str(bad / "train.jsonl")])
     assert rc == 1 and "train.jsonl" in err
+    # a family training does not handle yet is refused by name (a hybrid Gated DeltaNet model)
+    rc, err = run_err([model_dir("qwen3_5-f32"), "--data", data])
+    assert rc == 1 and "handles llama-, qwen3-, minicpm- and gemma3-family models so far" in err and "qwen3_5" in err
 
 
 def test_gguf_base_trains_like_safetensors_base(tmp_path):

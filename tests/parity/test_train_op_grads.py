@@ -76,22 +76,40 @@ def test_rope(ref, adjacent):
     check(ref, name, dict(y=y, dx=dx))
 
 
-def test_causal_attention_grouped_kv(ref):
-    q, k, v = (t64(ref[f"attn.{n}"], True) for n in "qkv")
-    do = t64(ref["attn.dout"])
-    T, hd = q.shape[0], 8  # make_train_grads.py: 4 query heads over 2 KV heads of 8
+def check_attention(ref, name, **mask):
+    """torch's scaled_dot_product_attention (mask: is_causal or attn_mask) over the file's
+    q, k, v: 4 query heads over 2 KV heads of 8 (make_train_grads.py)"""
+    q, k, v = (t64(ref[f"{name}.{n}"], True) for n in "qkv")
+    do = t64(ref[f"{name}.dout"])
+    T, hd = q.shape[0], 8
     Hq, Hkv = q.shape[1] // hd, k.shape[1] // hd
     y, (dq, dk, dv) = vjp(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
         q.reshape(T, Hq, hd).transpose(0, 1), k.reshape(T, Hkv, hd).transpose(0, 1).repeat_interleave(Hq // Hkv, 0),
-        v.reshape(T, Hkv, hd).transpose(0, 1).repeat_interleave(Hq // Hkv, 0), is_causal=True,
+        v.reshape(T, Hkv, hd).transpose(0, 1).repeat_interleave(Hq // Hkv, 0), **mask,
         scale=1 / math.sqrt(hd)).transpose(0, 1).reshape(T, Hq * hd), [q, k, v], do)
-    check(ref, "attn", dict(out=y, dq=dq, dk=dk, dv=dv))
+    check(ref, name, dict(out=y, dq=dq, dk=dk, dv=dv))
+
+
+def test_causal_attention_grouped_kv(ref):
+    check_attention(ref, "attn", is_causal=True)
 
 
 def test_silu_gate(ref):
     g, u, dh = t64(ref["silu.g"], True), t64(ref["silu.u"], True), t64(ref["silu.dh"])
     h, (dg, du) = vjp(lambda g, u: torch.nn.functional.silu(g) * u, [g, u], dh)
     check(ref, "silu", dict(h=h, dg=dg, du=du))
+
+
+def test_sliding_window_attention(ref):
+    T, W = ref["wattn.q"].shape[0], int(ref["wattn.window"][0])
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    check_attention(ref, "wattn", attn_mask=(j <= i) & (j > i - W))  # transformers' sliding-window mask
+
+
+def test_gelu_tanh_gate(ref):
+    g, u, dh = t64(ref["gelu.g"], True), t64(ref["gelu.u"], True), t64(ref["gelu.dh"])
+    h, (dg, du) = vjp(lambda g, u: torch.nn.functional.gelu(g, approximate="tanh") * u, [g, u], dh)
+    check(ref, "gelu", dict(h=h, dg=dg, du=du))
 
 
 def test_masked_cross_entropy(ref):

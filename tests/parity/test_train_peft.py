@@ -54,7 +54,7 @@ def load(path):
 
 # (model, --num-layers, --lora-rank, --lora-scale): a float base with the last 2 layers
 # trained, a 4-bit base with every layer, rank and scale giving a fractional alpha
-CASES = [("llama-f32", 2, 8, 20.0), ("qwen3-q4g64", -1, 4, 0.3)]
+CASES = [("llama-f32", 2, 8, 20.0), ("qwen3-q4g64", -1, 4, 0.3), ("gemma3-q4g64", 2, 8, 2.0)]
 
 
 @pytest.mark.parametrize("name,num_layers,rank,scale", CASES)
@@ -121,7 +121,7 @@ def test_peft_output_layout_logits_and_fuse(tmp_path, name, num_layers, rank, sc
 
 # (model, --num-layers, --lora-rank, --lora-scale): the last 2 layers (layers_to_transform
 # set) and every layer (none), a fractional alpha
-PEFT_CASES = [("llama-f32", 2, 8, 20.0), ("qwen3-f32", -1, 4, 0.3)]
+PEFT_CASES = [("llama-f32", 2, 8, 20.0), ("qwen3-f32", -1, 4, 0.3), ("gemma3-f32", -1, 4, 0.3)]
 
 
 @pytest.mark.parametrize("name,num_layers,rank,scale,dora", [c + (False,) for c in PEFT_CASES] +

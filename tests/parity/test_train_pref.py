@@ -189,6 +189,8 @@ CASES = [  # model, conversational rows, method, num_layers
     ("qwen3-f32", True, "dpo", 2),
     ("qwen3-f32", True, "orpo", -1),
     ("llama-q4g64", True, "orpo", 2),  # a quantized base
+    ("gemma3-f32", True, "dpo", -1),  # Gemma 3: post-norms, GELU gate, sliding-window layers
+    ("gemma3-q4g64", False, "orpo", 2),
 ]
 
 

@@ -121,31 +121,59 @@ static void test_rope(void **state) {
     }
 }
 
-static void test_attention(void **state) {
-    int64_t T = 11;
+/* the fixture's case pfx ("attn", "wattn"): T positions, 4 query heads over 2 KV heads of
+ * 8, window W (0: causal); outside the window and the causal triangle no weight */
+static void check_attention(const char *pfx, int64_t T, int W) {
     int Hq = 4, Hkv = 2, hd = 8;
-    const float *q = T_("attn.q", NULL), *k = T_("attn.k", NULL), *v = T_("attn.v", NULL);
+    char n[64];
+#define NAME(s) (snprintf(n, sizeof n, "%s.%s", pfx, s), n)
+    float *q = copy(NAME("q")), *k = copy(NAME("k")), *v = copy(NAME("v")), *dout = copy(NAME("dout"));
     float *p = zeros(Hq * T * T), *o = zeros(T * Hq * hd), *dq = zeros(T * Hq * hd), *dk = zeros(T * Hkv * hd),
-          *dv = zeros(T * Hkv * hd);
+          *dv = zeros(T * Hkv * hd), *scratch = zeros(Hq * T * T);
     float scale = 1.0f / sqrtf((float)hd);
-    tr_attn_fwd(TP, q, k, v, T, Hq, Hkv, hd, scale, p, o);
-    close_to("attention out", o, "attn.out");
-    float *scratch = zeros(Hq * T * T);
-    tr_attn_bwd(TP, q, k, v, p, T_("attn.dout", NULL), T, Hq, Hkv, hd, scale, dq, dk, dv, scratch);
-    close_to("attention dq", dq, "attn.dq");
-    close_to("attention dk", dk, "attn.dk");
-    close_to("attention dv", dv, "attn.dv");
-    free(p), free(o), free(dq), free(dk), free(dv), free(scratch);
+    tr_attn_fwd(TP, q, k, v, T, Hq, Hkv, hd, scale, W, p, o);
+    close_to("attention out", o, NAME("out"));
+    for (int h = 0; h < Hq; h++)
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t j = 0; j < T; j++)
+                if (j > i || (W && j <= i - W)) assert_true(p[(h * T + i) * T + j] == 0.0f);
+    tr_attn_bwd(TP, q, k, v, p, dout, T, Hq, Hkv, hd, scale, dq, dk, dv, scratch);
+    close_to("attention dq", dq, NAME("dq"));
+    close_to("attention dk", dk, NAME("dk"));
+    close_to("attention dv", dv, NAME("dv"));
+#undef NAME
+    free(q), free(k), free(v), free(dout), free(p), free(o), free(dq), free(dk), free(dv), free(scratch);
 }
 
-static void test_silu_mul(void **state) {
-    float h[50], dg[50], du[50];
-    tr_silu_mul_fwd(TP, T_("silu.g", NULL), T_("silu.u", NULL), 50, h);
-    close_to("silu h", h, "silu.h");
-    tr_silu_mul_bwd(TP, T_("silu.g", NULL), T_("silu.u", NULL), T_("silu.dh", NULL), 50, dg, du);
-    close_to("silu dg", dg, "silu.dg");
-    close_to("silu du", du, "silu.du");
+static void test_attention(void **state) { check_attention("attn", 11, 0); }
+
+/* a sliding window of 5 over 13 positions: the keys before the window get no weight and
+ * no gradient */
+static void test_sliding_window_attention(void **state) {
+    assert_int_equal((int)T_("wattn.window", NULL)[0], 5);
+    check_attention("wattn", 13, 5);
 }
+
+/* a gated product's forward and backward (silu or gelu) against the fixture's case pfx */
+static void check_gate(const char *pfx, void (*fwd)(threadpool *, const float *, const float *, int64_t, float *),
+                       void (*bwd)(threadpool *, const float *, const float *, const float *, int64_t, float *,
+                                   float *)) {
+    float h[50], dg[50], du[50];
+    char g[32], u[32], dh[32], n[32];
+    snprintf(g, sizeof g, "%s.g", pfx), snprintf(u, sizeof u, "%s.u", pfx), snprintf(dh, sizeof dh, "%s.dh", pfx);
+    fwd(TP, T_(g, NULL), T_(u, NULL), 50, h);
+    snprintf(n, sizeof n, "%s.h", pfx);
+    close_to(n, h, n);
+    bwd(TP, T_(g, NULL), T_(u, NULL), T_(dh, NULL), 50, dg, du);
+    snprintf(n, sizeof n, "%s.dg", pfx);
+    close_to(n, dg, n);
+    snprintf(n, sizeof n, "%s.du", pfx);
+    close_to(n, du, n);
+}
+
+static void test_gelu_mul(void **state) { check_gate("gelu", tr_gelu_mul_fwd, tr_gelu_mul_bwd); }
+
+static void test_silu_mul(void **state) { check_gate("silu", tr_silu_mul_fwd, tr_silu_mul_bwd); }
 
 static void test_cross_entropy(void **state) {
     int64_t M = 6, D = 16, V = 40;
@@ -173,8 +201,14 @@ static void test_cross_entropy(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_linear_lora), cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_attention),   cmocka_unit_test(test_silu_mul), cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_linear_lora),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_silu_mul),
+        cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_sliding_window_attention),
+        cmocka_unit_test(test_gelu_mul),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

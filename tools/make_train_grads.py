@@ -137,8 +137,28 @@ h, (dg, du) = vjp(lambda g, u: 0.5 * g * (1 + mx.tanh(math.sqrt(2 / math.pi) * (
 for kk, vv in dict(g=g, u=u, h=h, dh=dh, dg=dg, du=du).items():
     put(f"gelu.{kk}", vv)
 
+# the same cross-entropy over softcapped logits (Gemma 4: cap tanh(z / cap))
+M, D, V, cap = 6, 16, 40, 2.0
+hh, w = rnd(M, D), rnd(V, D, scale=0.5)
+cap_targets = rng.integers(0, V, M).astype(np.int32)
+mask = mx.array([1, 1, 0, 1, 1, 1]).astype(F64)
+
+
+def xent_cap(hh):
+    z = mx.tanh((hh @ w.T) / cap) * cap
+    ce = mx.logsumexp(z, axis=-1) - mx.take_along_axis(z, mx.array(cap_targets)[:, None], axis=-1)[:, 0]
+    return (ce * mask).sum() / mask.sum()
+
+
+loss, (dhh,) = vjp(xent_cap, [hh], mx.array(1.0).astype(F64))
+for kk, vv in dict(h=hh, w=w, weight=mask / mask.sum(), dh=dhh).items():
+    put(f"xcap.{kk}", vv)
+put("xcap.loss", loss.reshape(1))
+put("xcap.softcap", np.array([cap]))
+
 arrays = {k: mx.array(v) for k, v in out.items()}
 arrays["xent.targets"] = mx.array(targets)
+arrays["xcap.targets"] = mx.array(cap_targets)
 path = sys.argv[1] if len(sys.argv) > 1 else "tests/data/train/op_grads.safetensors"
 mx.save_safetensors(path, arrays)
 print(f"wrote {len(arrays)} tensors to {path}")

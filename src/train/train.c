@@ -1,4 +1,4 @@
-/* train.c: hearth train (hearth.h, "training"): LoRA SFT of a llama-, qwen3-, minicpm- or gemma3-family
+/* train.c: hearth train (hearth.h, "training"): LoRA SFT of a llama-, qwen3-, minicpm-, gemma3- or gemma4-family
  * decoder on the CPU in float32, following mlx_lm.lora 0.32.2 step for step: the same
  * batches in the same order (numpy's legacy generator seeded with --seed), the loss
  * averaged over the batch's target tokens, Adam without bias correction, the same adapter
@@ -24,16 +24,22 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, N_P };
-static const char *const proj_name[N_P] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                           "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                           "mlp.down_proj"};
+/* The trained projections: attention's and the MLP's, and Gemma 4's per-layer input gate
+ * and projection. A layer without one (Gemma 4's shared-KV layers have no k and v, its
+ * full layers with values = keys no v, the other families no per-layer ones) has w NULL. */
+enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, P_PLG, P_PLP, N_P };
+static const char *const proj_name[N_P] = {"self_attn.q_proj", "self_attn.k_proj",     "self_attn.v_proj",
+                                           "self_attn.o_proj", "mlp.gate_proj",        "mlp.up_proj",
+                                           "mlp.down_proj",    "per_layer_input_gate", "per_layer_projection"};
 
 /* One layer's activations for a sequence of up to T tokens, kept for the backward. */
 typedef struct acts {
     float *x_in, *h1, *rstd1, *ql, *qr, *rstdq, *kl, *kr, *rstdk, *v, *p, *a, *x_mid, *h2, *rstd2, *g, *u, *mm;
     float *xa[N_P];
     float *ro, *rstd_pa, *rd, *rstd_pf; /* Gemma's post-norms: the attention and MLP outputs they norm */
+    float *vl, *rstdv;                  /* Gemma 4: the values before their norm (unscaled) */
+    float *x_pl, *pg, *pm, *pp, *rstd_pl; /* Gemma 4's per-layer input: its gate's input and output, the
+                                             gated product, the projection, its norm */
 } acts;
 
 typedef struct tlayer {
@@ -41,6 +47,13 @@ typedef struct tlayer {
     const float *post_attn_norm, *post_ffn_norm; /* Gemma's, else NULL */
     const float *inv_freq;                       /* its RoPE table (Gemma's sliding layers: the local base) */
     int window;                                  /* sliding-window layers: the window, else 0 */
+    int hd, Hkv, F;                              /* its head_dim, KV heads and MLP width (Gemma 4: per layer) */
+    int k_eq_v, v_norm;         /* Gemma 4: values are the keys' projection; values normed without a scale */
+    int src;                    /* Gemma 4's shared-KV layers: the layer whose keys and values it reads, else -1 */
+    float *kk, *kv, *kk2, *kv2; /* a layer others read the KV of: its keys and values (each slot) */
+    float *dks, *dvs;           /* and the gradients the readers above it add to them */
+    float layer_scalar;         /* Gemma 4: the block's output (and residual) times it, else 1 */
+    const float *pl_norm;       /* Gemma 4: post_per_layer_input_norm */
     int64_t n[N_P], k[N_P];
     tr_lora lora[N_P];
     int has_lora;
@@ -56,6 +69,14 @@ typedef struct trainer {
     float eps, attn_scale, scale;
     float emb_scale, res_scale, logit_div; /* MiniCPM's (1 elsewhere): embeddings, block outputs, normed rows */
     int gelu, post_norms; /* Gemma: GELU(tanh)-gated MLP; each block's output normed before the residual */
+    float softcap;        /* Gemma 4: final logit softcap (0: none) */
+    int kv_shared;        /* Gemma 4: some layers read another layer's KV */
+    int P;                /* Gemma 4's per-layer inputs: their width (0: none) */
+    const float *pl_proj; /* per_layer_model_projection [L * P, D] */
+    float *pl_in, *pl_tmp; /* the per-layer inputs [L][T][P]; the projection's [T, L * P] */
+    float *pl_in2;         /* the second slot's per-layer inputs (dpo, orpo) */
+    float *pl_row;         /* one row of the per-layer embedding table [L * P] */
+    float *dvl, *dpl;      /* Gemma 4's backward: the unnormed values' gradient; the per-layer product's */
     const float *final_norm, *lm_head;
     tlayer *layers;
     float **owned;
@@ -83,6 +104,10 @@ typedef struct trainer {
     int dry, part, threads, T1, T2; /* the two slots' longest sequences (a pair's chosen and rejected), for dry sizing */
     size_t dry_bytes[5];
 } trainer;
+
+/* Projection p's LoRA pair among a layer's, NULL where it has none. */
+static const tr_lora *lora_of(const tr_lora *lo, int p) { return lo[p].a ? &lo[p] : NULL; }
+static int trained(const tlayer *y, int p) { return y->lora[p].a != NULL; }
 
 enum { PART_DENSE, PART_ADAPTER, PART_OPTIMIZER, PART_ACTIVATIONS, PART_BUFFERS };
 enum { OPT_ADAM, OPT_ADAMW, OPT_SGD, OPT_MUON, OPT_ADAFACTOR };
@@ -141,6 +166,13 @@ static int alloc_acts(trainer *t, acts *s) {
     if (t->post_norms && (!(s->ro = falloc(t, (size_t)(T * t->D))) || !(s->rd = falloc(t, (size_t)(T * t->D))) ||
                           !(s->rstd_pa = falloc(t, (size_t)T)) || !(s->rstd_pf = falloc(t, (size_t)T))))
         return -1;
+    if (t->m->cfg.family == FAMILY_GEMMA4 &&
+        (!(s->vl = falloc(t, (size_t)(T * kd))) || !(s->rstdv = falloc(t, (size_t)(T * t->Hkv)))))
+        return -1;
+    if (t->P && (!(s->x_pl = falloc(t, (size_t)(T * t->D))) || !(s->pg = falloc(t, (size_t)(T * t->P))) ||
+                 !(s->pm = falloc(t, (size_t)(T * t->P))) || !(s->pp = falloc(t, (size_t)(T * t->D))) ||
+                 !(s->rstd_pl = falloc(t, (size_t)T))))
+        return -1;
     return 0;
 }
 
@@ -182,12 +214,13 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     hearth_status st;
     if ((st = (t->dry ? model_plan : model_load)(t->hm, 0, &t->m, err))) return st;
     const model_config *c = &t->m->cfg;
-    int gemma = c->family == FAMILY_GEMMA3;
+    int gemma4 = c->family == FAMILY_GEMMA4, gemma = c->family == FAMILY_GEMMA3 || gemma4;
     if (c->family != FAMILY_LLAMA && c->family != FAMILY_QWEN3 && c->family != FAMILY_MINICPM && !gemma)
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                       "%s: hearth train handles llama-, qwen3-, minicpm- and gemma3-family models so far (this is %s)",
+                       "%s: hearth train handles llama-, qwen3-, minicpm-, gemma3- and gemma4-family models so far "
+                       "(this is %s)",
                        name, t->hm->sum.architecture);
-    if ((!gemma && (c->norm_shift != 0 || c->sliding_window)) || c->softcap != 0 ||
+    if ((!gemma && (c->norm_shift != 0 || c->sliding_window)) || (c->softcap != 0 && !gemma4) ||
         (c->family != FAMILY_MINICPM && !gemma && c->embed_scale != 1) ||
         (c->family != FAMILY_MINICPM && (c->residual_scale != 1 || c->logits_div != 1)))
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
@@ -195,6 +228,7 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                        "logits, sliding windows, a logit softcap) is not handled by hearth train yet",
                        name);
     t->gelu = t->post_norms = gemma;
+    t->softcap = gemma4 ? c->softcap : 0, t->P = gemma4 ? c->per_layer_dim : 0;
     t->L = c->n_layers, t->D = c->hidden, t->Hq = c->n_heads, t->Hkv = c->n_kv_heads, t->hd = c->head_dim;
     t->F = c->ffn, t->V = c->vocab, t->eps = c->norm_eps, t->attn_scale = c->attn_scale;
     t->emb_scale = c->embed_scale, t->res_scale = c->residual_scale, t->logit_div = c->logits_div;
@@ -210,6 +244,7 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     if (!t->dry && (st = tp_create(t->threads, &t->tp, err))) return st;
     if (!(t->layers = calloc((size_t)t->L, sizeof *t->layers))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (!(t->lm_head = dense(t, &t->m->lm_head))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    if (t->P && !(t->pl_proj = dense(t, &t->m->per_layer_proj))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     uint64_t rng = o->seed * 0x2545f4914f6cdd1dull + 1;
     t->dora = o->dora;
     if (t->dora && t->r > 64) return err_set(err, HEARTH_ERR_UNSUPPORTED, "DoRA training takes a rank of at most 64");
@@ -218,18 +253,36 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         tlayer *y = &t->layers[l];
         if (lw->moe || lw->linear || (lw->sliding && !gemma))
             return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: layer %d is not a dense attention layer", name, l);
-        const op_weight *ws[N_P] = {&lw->q, &lw->k, &lw->v, &lw->o, &lw->gate, &lw->up, &lw->down};
+        const op_weight *ws[N_P] = {&lw->q,  &lw->k,    &lw->v,       &lw->o,      &lw->gate,
+                                    &lw->up, &lw->down, &lw->pl_gate, &lw->pl_proj};
         for (int p = 0; p < N_P; p++) {
+            if (!ws[p]->n) continue; /* a projection this layer does not have */
             if (!(y->w[p] = dense(t, ws[p]))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
             y->n[p] = ws[p]->n, y->k[p] = ws[p]->k;
         }
+        y->hd = gemma4 ? lw->head_dim : t->hd, y->Hkv = gemma4 ? lw->n_kv_heads : t->Hkv;
+        y->F = gemma4 ? lw->ffn : t->F;
+        y->v_norm = gemma4, y->k_eq_v = gemma4 && !lw->shares_kv && !lw->v.n;
+        y->layer_scalar = gemma4 && lw->layer_scalar ? lw->layer_scalar[0] : 1.0f;
+        y->pl_norm = lw->pl_norm;
+        y->src = -1;
+        if (gemma4 && lw->shares_kv) { /* the layer below that stores the KV this one reads */
+            for (int j = 0; j < l && y->src < 0; j++)
+                if (!t->m->layers[j].shares_kv && t->m->layers[j].kv_layer == lw->kv_layer) y->src = j;
+            if (y->src < 0)
+                return err_set(err, HEARTH_ERR_INVALID, "%s: layer %d reads a KV no layer below it stores", name, l);
+            t->kv_shared = 1;
+        }
+        if (!y->w[P_Q] || !y->w[P_O] || !y->w[P_GATE] || !y->w[P_UP] || !y->w[P_DOWN] || (y->src < 0 && !y->w[P_K]) ||
+            (t->P && (!y->w[P_PLG] || !y->w[P_PLP])))
+            return err_set(err, HEARTH_ERR_INVALID, "%s: layer %d lacks a projection training needs", name, l);
         y->bias[0] = lw->q_bias, y->bias[1] = lw->k_bias, y->bias[2] = lw->v_bias;
         y->attn_norm = norm_weight(t, lw->attn_norm, t->D, &bad_norm);
         y->ffn_norm = norm_weight(t, lw->ffn_norm, t->D, &bad_norm);
         y->post_attn_norm = norm_weight(t, lw->post_attn_norm, t->D, &bad_norm);
         y->post_ffn_norm = norm_weight(t, lw->post_ffn_norm, t->D, &bad_norm);
-        y->q_norm = norm_weight(t, lw->q_norm, t->hd, &bad_norm);
-        y->k_norm = norm_weight(t, lw->k_norm, t->hd, &bad_norm);
+        y->q_norm = norm_weight(t, lw->q_norm, y->hd, &bad_norm);
+        y->k_norm = norm_weight(t, lw->k_norm, y->hd, &bad_norm);
         if (bad_norm) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
         if (t->post_norms && !t->dry && (!y->post_attn_norm || !y->post_ffn_norm))
             return err_set(err, HEARTH_ERR_INVALID, "%s: layer %d has no post-attention or post-feedforward norm", name,
@@ -240,6 +293,10 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         if (y->has_lora) {
             t->part = PART_ADAPTER;
             for (int p = 0; p < N_P; p++) {
+                /* Gemma 4's per-layer input gate and projection stay frozen (mlx-lm's default
+                 * adapts them too: its config's lora_parameters.keys can say otherwise), so the
+                 * adapter is one hearth serves */
+                if (!y->w[p] || p == P_PLG || p == P_PLP) continue;
                 tr_lora *lo = &y->lora[p];
                 int64_t K = y->k[p], N = y->n[p];
                 *lo = (tr_lora){.r = t->r, .scale = t->scale, .a = falloc(t, (size_t)(K * t->r)),
@@ -280,6 +337,16 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         }
     }
     t->part = PART_ACTIVATIONS;
+    for (int l = 0; l < t->L; l++) /* the keys and values shared-KV layers read, kept (each slot) */
+        if (t->layers[l].src >= 0) {
+            tlayer *y = &t->layers[t->layers[l].src];
+            size_t n = (size_t)max_T * (size_t)(y->Hkv * y->hd);
+            if (y->kk) continue;
+            if (!(y->kk = falloc(t, n)) || !(y->kv = falloc(t, n)) ||
+                (t->pref && (!(y->kk2 = falloc(t, n)) || !(y->kv2 = falloc(t, n)))) || !(y->dks = falloc(t, n)) ||
+                !(y->dvs = falloc(t, n)))
+                return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
+        }
     if ((t->first_lora > 0 || t->ckpt) && alloc_acts(t, &t->shared))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
     t->part = PART_BUFFERS;
@@ -290,15 +357,21 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         !(t->xf = falloc(t, (size_t)(T * D))) || !(t->hf = falloc(t, (size_t)(T * D))) ||
         !(t->rstdf = falloc(t, (size_t)T)) || !(t->dx = falloc(t, (size_t)(T * D))) ||
         !(t->dtmp = falloc(t, (size_t)(T * D))) || !(t->dmm = falloc(t, (size_t)(T * F))) ||
-        !(t->dg = falloc(t, (size_t)(T * F))) || !(t->du = falloc(t, (size_t)(T * F))) ||
-        !(t->dq = falloc(t, (size_t)(T * qd))) || !(t->dk = falloc(t, (size_t)(T * kd))) ||
-        !(t->dv = falloc(t, (size_t)(T * kd))) || !(t->dql = falloc(t, (size_t)(T * qd))) ||
-        !(t->dkl = falloc(t, (size_t)(T * kd))) || !(t->da = falloc(t, (size_t)(T * qd))) ||
+        !(t->dg = falloc(t, (size_t)(T * (F > t->P ? F : t->P)))) ||
+        !(t->du = falloc(t, (size_t)(T * (F > t->P ? F : t->P)))) || !(t->dq = falloc(t, (size_t)(T * qd))) ||
+        !(t->dk = falloc(t, (size_t)(T * kd))) || !(t->dv = falloc(t, (size_t)(T * kd))) ||
+        !(t->dql = falloc(t, (size_t)(T * qd))) || !(t->dkl = falloc(t, (size_t)(T * kd))) ||
+        !(t->da = falloc(t, (size_t)(T * qd))) ||
+        (t->m->cfg.family == FAMILY_GEMMA4 && !(t->dvl = falloc(t, (size_t)(T * kd)))) ||
+        (t->P && t->pref && !(t->pl_in2 = falloc(t, (size_t)(T * t->L * t->P)))) ||
+        (t->P &&
+         (!(t->pl_in = falloc(t, (size_t)(T * t->L * t->P))) || !(t->pl_tmp = falloc(t, (size_t)(T * t->L * t->P))) ||
+          !(t->dpl = falloc(t, (size_t)(T * t->P))) || !(t->pl_row = falloc(t, (size_t)(t->L * t->P))))) ||
         !(t->dh = falloc(t, (size_t)(T * D))) || !(t->weight = falloc(t, (size_t)T)) ||
         !(t->ce = falloc(t, (size_t)T)) || (t->res_scale != 1 && !(t->dxs = falloc(t, (size_t)(T * D)))) ||
         (t->pref && (!(t->xf2 = falloc(t, (size_t)(T * D))) || !(t->hf2 = falloc(t, (size_t)(T * D))) ||
                      !(t->rstdf2 = falloc(t, (size_t)T)) || !(t->dh2 = falloc(t, (size_t)(T * D))))) ||
-        (t->dpo && t->first_lora > 0 &&
+        (t->dpo && t->first_lora > 0 && !t->kv_shared && /* shared KV: the layers below run each pass */
          (!(t->prefix = falloc(t, (size_t)(T * D))) || !(t->prefix2 = falloc(t, (size_t)(T * D))))) ||
         !(t->lin_scratch = falloc(t, (size_t)(T * t->r))) ||
         (t->dora && !(t->dora_work = falloc(t, (size_t)(T * t->dora_n)))) ||
@@ -352,7 +425,7 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
         int vec = 0; /* DoRA's m [N] */
         for (int l = t->first_lora; l < t->L && !dst; l++)
             for (int p = 0; p < N_P && !dst; p++)
-                for (int b = 0; b < (t->dora ? 3 : 2) && !dst; b++) {
+                for (int b = 0; b < (t->dora ? 3 : 2) && !dst && trained(&t->layers[l], p); b++) {
                     char nm[128];
                     if (b == 2)
                         snprintf(nm, sizeof nm, "model.layers.%d.%s.m", l, proj_name[p]);
@@ -388,24 +461,38 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
 /* Layer l of the forward on t->x (T rows, in place), its activations into s; lo: its LoRA
  * pairs or NULL. */
 static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const tr_lora *lo) {
-    int64_t D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
-#define LORA(p) (lo ? &lo[p] : NULL)
+    int64_t D = t->D, hd = y->hd, qd = (int64_t)t->Hq * hd, kd = (int64_t)y->Hkv * hd, F = y->F;
+#define LORA(p) (lo ? lora_of(lo, p) : NULL)
     memcpy(s->x_in, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->x, T, D, y->attn_norm, t->eps, s->h1, s->rstd1);
     tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_Q], qd, y->bias[0], LORA(P_Q), s->xa[P_Q], s->ql);
-    tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_K], kd, y->bias[1], LORA(P_K), s->xa[P_K], s->kl);
-    tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_V], kd, y->bias[2], LORA(P_V), s->xa[P_V], s->v);
     if (y->q_norm)
-        tr_rmsnorm_fwd(s->ql, T * t->Hq, t->hd, y->q_norm, t->eps, s->qr, s->rstdq);
+        tr_rmsnorm_fwd(s->ql, T * t->Hq, hd, y->q_norm, t->eps, s->qr, s->rstdq);
     else
         memcpy(s->qr, s->ql, sizeof(float) * (size_t)(T * qd));
-    if (y->k_norm)
-        tr_rmsnorm_fwd(s->kl, T * t->Hkv, t->hd, y->k_norm, t->eps, s->kr, s->rstdk);
-    else
-        memcpy(s->kr, s->kl, sizeof(float) * (size_t)(T * kd));
-    tr_rope(s->qr, T, t->Hq, t->hd, 0, y->inv_freq, t->adjacent, 1);
-    tr_rope(s->kr, T, t->Hkv, t->hd, 0, y->inv_freq, t->adjacent, 1);
-    tr_attn_fwd(t->tp, s->qr, s->kr, s->v, T, t->Hq, t->Hkv, t->hd, t->attn_scale, y->window, s->p, s->a);
+    tr_rope(s->qr, T, t->Hq, hd, 0, y->inv_freq, t->adjacent, 1);
+    const float *K = s->kr, *V = s->v;
+    if (y->src >= 0) { /* a shared-KV layer: the keys and values of the layer it reads */
+        K = t->layers[y->src].kk, V = t->layers[y->src].kv;
+    } else {
+        tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_K], kd, y->bias[1], LORA(P_K), s->xa[P_K], s->kl);
+        float *vl = y->v_norm ? s->vl : s->v; /* the values before their norm */
+        if (y->k_eq_v)
+            vl = s->kl;
+        else
+            tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_V], kd, y->bias[2], LORA(P_V), s->xa[P_V], vl);
+        if (y->k_norm)
+            tr_rmsnorm_fwd(s->kl, T * y->Hkv, hd, y->k_norm, t->eps, s->kr, s->rstdk);
+        else
+            memcpy(s->kr, s->kl, sizeof(float) * (size_t)(T * kd));
+        tr_rope(s->kr, T, y->Hkv, hd, 0, y->inv_freq, t->adjacent, 1);
+        if (y->v_norm) tr_rmsnorm_fwd(vl, T * y->Hkv, hd, NULL, t->eps, s->v, s->rstdv);
+        if (y->kk) { /* read by shared-KV layers above */
+            memcpy(y->kk, s->kr, sizeof(float) * (size_t)(T * kd));
+            memcpy(y->kv, s->v, sizeof(float) * (size_t)(T * kd));
+        }
+    }
+    tr_attn_fwd(t->tp, s->qr, K, V, T, t->Hq, y->Hkv, (int)hd, t->attn_scale, y->window, s->p, s->a);
     tr_linear_fwd(t->tp, s->a, T, qd, y->w[P_O], D, NULL, LORA(P_O), s->xa[P_O], t->post_norms ? s->ro : t->tmp);
     if (t->post_norms) tr_rmsnorm_fwd(s->ro, T, D, y->post_attn_norm, t->eps, t->tmp, s->rstd_pa);
     for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;
@@ -418,7 +505,42 @@ static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const
                   t->post_norms ? s->rd : t->tmp);
     if (t->post_norms) tr_rmsnorm_fwd(s->rd, T, D, y->post_ffn_norm, t->eps, t->tmp, s->rstd_pf);
     for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;
+    if (t->P) { /* x += pl_norm(pl_proj(gelu(pl_gate(x)) * this layer's per-layer input)) */
+        int64_t P = t->P, l = y - t->layers;
+        memcpy(s->x_pl, t->x, sizeof(float) * (size_t)(T * D));
+        tr_linear_fwd(t->tp, s->x_pl, T, D, y->w[P_PLG], P, NULL, LORA(P_PLG), s->xa[P_PLG], s->pg);
+        tr_gelu_mul_fwd(t->tp, s->pg, t->pl_in + l * T * P, T * P, s->pm);
+        tr_linear_fwd(t->tp, s->pm, T, P, y->w[P_PLP], D, NULL, LORA(P_PLP), s->xa[P_PLP], s->pp);
+        tr_rmsnorm_fwd(s->pp, T, D, y->pl_norm, t->eps, t->tmp, s->rstd_pl);
+        for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
+    }
+    if (y->layer_scalar != 1.0f)
+        for (int64_t i = 0; i < T * D; i++) t->x[i] *= y->layer_scalar;
 #undef LORA
+}
+
+/* Gemma 4's per-layer inputs of ids[0..T) into t->pl_in ([L][T][P]), from the scaled
+ * embeddings in t->x, as mlx-lm's _get_per_layer_inputs and _project_per_layer_inputs make
+ * them: (norm(x W^T / sqrt(D)) + table[id] sqrt(P)) / sqrt(2), per layer's slice of P. */
+static void per_layer_inputs(trainer *t, const int32_t *ids, int64_t T) {
+    const model *m = t->m;
+    int64_t P = t->P, L = t->L, D = t->D, LP = L * P;
+    float ts = (float)sqrt((double)P), ps = (float)(1.0 / sqrt((double)D)), is = (float)(1.0 / sqrt(2.0));
+    tr_matmul_nt(t->tp, t->x, T, D, t->pl_proj, LP, t->pl_tmp, 0);
+    for (int64_t i = 0; i < T * LP; i++) t->pl_tmp[i] *= ps;
+    float *row = t->dpl; /* a free row of P floats (the backward's buffer) */
+    for (int64_t i = 0; i < T; i++) {
+        float *proj = t->pl_tmp + i * LP, rstd;
+        for (int64_t l = 0; l < L; l++) {
+            tr_rmsnorm_fwd(proj + l * P, 1, P, m->per_layer_proj_norm, t->eps, row, &rstd);
+            memcpy(proj + l * P, row, sizeof(float) * (size_t)P);
+        }
+        float *emb = t->pl_row; /* the table's row */
+        op_weight_dequant_row(&m->embed_per_layer, ids[i], emb);
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t k = 0; k < P; k++)
+                t->pl_in[(l * T + i) * P + k] = (proj[l * P + k] + emb[l * P + k] * ts) * is;
+    }
 }
 
 /* Forward of one sequence of T tokens (ids) and the loss of its targets (weight[i] each);
@@ -428,12 +550,13 @@ static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const
  * and from (NULL: run them) gives it instead of running them. */
 static double forward(trainer *t, const int32_t *ids, int64_t T, int grad, float *keep, const float *from) {
     int64_t D = t->D;
-    if (from)
-        memcpy(t->x, from, sizeof(float) * (size_t)(T * D));
-    else
+    if (!from || t->P) { /* the embeddings (Gemma 4's per-layer inputs are made from them) */
         for (int64_t i = 0; i < T; i++) op_weight_dequant_row(&t->m->embed, ids[i], t->x + i * D);
-    if (!from && t->emb_scale != 1)
-        for (int64_t i = 0; i < T * D; i++) t->x[i] *= t->emb_scale;
+        if (t->emb_scale != 1)
+            for (int64_t i = 0; i < T * D; i++) t->x[i] *= t->emb_scale;
+        if (t->P) per_layer_inputs(t, ids, T);
+    }
+    if (from) memcpy(t->x, from, sizeof(float) * (size_t)(T * D));
     for (int l = from ? t->first_lora : 0; l < t->L; l++) {
         if (keep && l == t->first_lora) memcpy(keep, t->x, sizeof(float) * (size_t)(T * D));
         tlayer *y = &t->layers[l];
@@ -445,7 +568,7 @@ static double forward(trainer *t, const int32_t *ids, int64_t T, int grad, float
     tr_rmsnorm_fwd(t->xf, T, D, t->final_norm, t->eps, t->hf, t->rstdf);
     if (t->logit_div != 1) /* MiniCPM: lm_head(out / (hidden / dim_model_base)) */
         for (int64_t i = 0; i < T * D; i++) t->hf[i] /= t->logit_div;
-    return tr_xent(t->tp, t->hf, T, D, t->lm_head, t->V, t->targets, t->weight, grad ? t->dh : NULL, t->ce,
+    return tr_xent(t->tp, t->hf, T, D, t->lm_head, t->V, t->softcap, t->targets, t->weight, grad ? t->dh : NULL, t->ce,
                    t->xent_scratch);
 }
 
@@ -470,14 +593,20 @@ static const float *post_norm_grad(trainer *t, int64_t T, const float *r, const 
 
 /* Backward from t->dh down to the lowest LoRA layer, adding to every LoRA gradient. */
 static void backward(trainer *t, int64_t T) {
-    int64_t D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
+    int64_t D = t->D;
     float *sc = t->lin_scratch;
     memset(t->dx, 0, sizeof(float) * (size_t)(T * D));
     if (t->logit_div != 1)
         for (int64_t i = 0; i < T * D; i++) t->dh[i] /= t->logit_div;
     tr_rmsnorm_bwd(t->xf, T, D, t->final_norm, t->rstdf, t->dh, t->dx);
+    for (int l = 0; l < t->L; l++)
+        if (t->layers[l].dks) { /* what shared-KV layers add to the keys and values they read */
+            size_t n = sizeof(float) * (size_t)(T * t->layers[l].Hkv * t->layers[l].hd);
+            memset(t->layers[l].dks, 0, n), memset(t->layers[l].dvs, 0, n);
+        }
     for (int l = t->L - 1; l >= t->first_lora; l--) {
         tlayer *y = &t->layers[l];
+        int64_t hd = y->hd, qd = (int64_t)t->Hq * hd, kd = (int64_t)y->Hkv * hd, F = y->F;
         acts *s = &y->s;
         if (t->ckpt) { /* the layer again from its input, its activations into shared */
             memcpy(t->x, y->ck, sizeof(float) * (size_t)(T * D));
@@ -485,37 +614,68 @@ static void backward(trainer *t, int64_t T) {
             layer_forward(t, y, s, T, y->lora);
         }
         int below = l > t->first_lora; /* the input's gradient is needed further down */
+        if (y->layer_scalar != 1.0f)
+            for (int64_t i = 0; i < T * D; i++) t->dx[i] *= y->layer_scalar;
+        if (t->P) { /* the per-layer input's gate: its projection's norm, the projection, the product, the gate */
+            int64_t P = t->P;
+            memset(t->dtmp, 0, sizeof(float) * (size_t)(T * D));
+            tr_rmsnorm_bwd(s->pp, T, D, y->pl_norm, s->rstd_pl, t->dx, t->dtmp);
+            memset(t->dpl, 0, sizeof(float) * (size_t)(T * P));
+            tr_linear_bwd(t->tp, s->pm, T, P, y->w[P_PLP], D, lora_of(y->lora, P_PLP), s->xa[P_PLP], t->dtmp, t->dpl,
+                          sc);
+            tr_gelu_mul_bwd(t->tp, s->pg, t->pl_in + (int64_t)l * T * P, t->dpl, T * P, t->dg, t->du);
+            tr_linear_bwd(t->tp, s->x_pl, T, D, y->w[P_PLG], P, lora_of(y->lora, P_PLG), s->xa[P_PLG], t->dg, t->dx,
+                          sc);
+        }
         memset(t->dmm, 0, sizeof(float) * (size_t)(T * F));
-        tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, &y->lora[P_DOWN], s->xa[P_DOWN],
+        tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, lora_of(y->lora, P_DOWN), s->xa[P_DOWN],
                       post_norm_grad(t, T, s->rd, y->post_ffn_norm, s->rstd_pf), t->dmm, sc);
         (t->gelu ? tr_gelu_mul_bwd : tr_silu_mul_bwd)(t->tp, s->g, s->u, t->dmm, T * F, t->dg, t->du);
         memset(t->dtmp, 0, sizeof(float) * (size_t)(T * D));
-        tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_GATE], F, &y->lora[P_GATE], s->xa[P_GATE], t->dg, t->dtmp, sc);
-        tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_UP], F, &y->lora[P_UP], s->xa[P_UP], t->du, t->dtmp, sc);
+        tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_GATE], F, lora_of(y->lora, P_GATE), s->xa[P_GATE], t->dg, t->dtmp, sc);
+        tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_UP], F, lora_of(y->lora, P_UP), s->xa[P_UP], t->du, t->dtmp, sc);
         tr_rmsnorm_bwd(s->x_mid, T, D, y->ffn_norm, s->rstd2, t->dtmp, t->dx);
         memset(t->da, 0, sizeof(float) * (size_t)(T * qd));
-        tr_linear_bwd(t->tp, s->a, T, qd, y->w[P_O], D, &y->lora[P_O], s->xa[P_O],
+        tr_linear_bwd(t->tp, s->a, T, qd, y->w[P_O], D, lora_of(y->lora, P_O), s->xa[P_O],
                       post_norm_grad(t, T, s->ro, y->post_attn_norm, s->rstd_pa), t->da, sc);
-        tr_attn_bwd(t->tp, s->qr, s->kr, s->v, s->p, t->da, T, t->Hq, t->Hkv, t->hd, t->attn_scale, t->dq, t->dk,
-                    t->dv, t->attn_scratch);
-        tr_rope(t->dq, T, t->Hq, t->hd, 0, y->inv_freq, t->adjacent, -1);
-        tr_rope(t->dk, T, t->Hkv, t->hd, 0, y->inv_freq, t->adjacent, -1);
-        const float *dq = t->dq, *dk = t->dk;
+        const tlayer *kvl = y->src >= 0 ? &t->layers[y->src] : NULL; /* whose keys and values it read */
+        tr_attn_bwd(t->tp, s->qr, kvl ? kvl->kk : s->kr, kvl ? kvl->kv : s->v, s->p, t->da, T, t->Hq, y->Hkv, (int)hd,
+                    t->attn_scale, t->dq, t->dk, t->dv, t->attn_scratch);
+        tr_rope(t->dq, T, t->Hq, (int)hd, 0, y->inv_freq, t->adjacent, -1);
+        const float *dq = t->dq, *dk = t->dk, *dv = t->dv;
+        if (kvl) { /* the keys' and values' gradients go to the layer that made them */
+            for (int64_t i = 0; i < T * kd; i++) kvl->dks[i] += t->dk[i], kvl->dvs[i] += t->dv[i];
+        } else {
+            if (y->dks)
+                for (int64_t i = 0; i < T * kd; i++) t->dk[i] += y->dks[i], t->dv[i] += y->dvs[i];
+            tr_rope(t->dk, T, y->Hkv, (int)hd, 0, y->inv_freq, t->adjacent, -1);
+            if (y->k_norm) {
+                memset(t->dkl, 0, sizeof(float) * (size_t)(T * kd));
+                tr_rmsnorm_bwd(s->kl, T * y->Hkv, hd, y->k_norm, s->rstdk, t->dk, t->dkl);
+                dk = t->dkl;
+            }
+            if (y->v_norm) {
+                memset(t->dvl, 0, sizeof(float) * (size_t)(T * kd));
+                tr_rmsnorm_bwd(y->k_eq_v ? s->kl : s->vl, T * y->Hkv, hd, NULL, s->rstdv, t->dv, t->dvl);
+                dv = t->dvl;
+            }
+            if (y->k_eq_v) { /* values = the keys' projection: both gradients go through it */
+                if (dk != t->dkl) memcpy(t->dkl, dk, sizeof(float) * (size_t)(T * kd));
+                for (int64_t i = 0; i < T * kd; i++) t->dkl[i] += dv[i];
+                dk = t->dkl;
+            }
+        }
         if (y->q_norm) {
             memset(t->dql, 0, sizeof(float) * (size_t)(T * qd));
-            tr_rmsnorm_bwd(s->ql, T * t->Hq, t->hd, y->q_norm, s->rstdq, t->dq, t->dql);
+            tr_rmsnorm_bwd(s->ql, T * t->Hq, hd, y->q_norm, s->rstdq, t->dq, t->dql);
             dq = t->dql;
-        }
-        if (y->k_norm) {
-            memset(t->dkl, 0, sizeof(float) * (size_t)(T * kd));
-            tr_rmsnorm_bwd(s->kl, T * t->Hkv, t->hd, y->k_norm, s->rstdk, t->dk, t->dkl);
-            dk = t->dkl;
         }
         float *dh1 = below ? t->dtmp : NULL;
         if (dh1) memset(dh1, 0, sizeof(float) * (size_t)(T * D));
-        tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_Q], qd, &y->lora[P_Q], s->xa[P_Q], dq, dh1, sc);
-        tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_K], kd, &y->lora[P_K], s->xa[P_K], dk, dh1, sc);
-        tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_V], kd, &y->lora[P_V], s->xa[P_V], t->dv, dh1, sc);
+        tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_Q], qd, lora_of(y->lora, P_Q), s->xa[P_Q], dq, dh1, sc);
+        if (!kvl) tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_K], kd, lora_of(y->lora, P_K), s->xa[P_K], dk, dh1, sc);
+        if (!kvl && !y->k_eq_v)
+            tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_V], kd, lora_of(y->lora, P_V), s->xa[P_V], dv, dh1, sc);
         if (dh1) tr_rmsnorm_bwd(s->x_in, T, D, y->attn_norm, s->rstd1, dh1, t->dx);
     }
 }
@@ -567,11 +727,18 @@ static void swap_slot(trainer *t) {
         float *c = y->ck;
         y->ck = y->ck2, y->ck2 = c;
     }
+    for (int l = 0; l < t->L; l++) { /* kept keys and values (every layer: some are below the LoRA ones) */
+        tlayer *y = &t->layers[l];
+        float *c = y->kk;
+        y->kk = y->kk2, y->kk2 = c;
+        c = y->kv, y->kv = y->kv2, y->kv2 = c;
+    }
     float *f;
     f = t->xf, t->xf = t->xf2, t->xf2 = f;
     f = t->hf, t->hf = t->hf2, t->hf2 = f;
     f = t->rstdf, t->rstdf = t->rstdf2, t->rstdf2 = f;
     f = t->dh, t->dh = t->dh2, t->dh2 = f;
+    f = t->pl_in, t->pl_in = t->pl_in2, t->pl_in2 = f;
 }
 
 /* Forward of ids[0..n) with the response's target rows (targets at offset..n-1), or every
@@ -627,7 +794,7 @@ static void pref_batch(trainer *t, tr_dataset *d, const int *idx, int bs, int ma
          * each sequence, and the adapter's passes start from it */
         float *pre_c = NULL, *pre_r = NULL;
         if (!orpo && !e->has_ref) {
-            pre_c = t->first_lora > 0 ? t->prefix : NULL, pre_r = t->first_lora > 0 ? t->prefix2 : NULL;
+            pre_c = t->prefix, pre_r = t->prefix2; /* NULL: run every layer each time */
             t->lora_off = 1;
             seq_forward(t, e->ids, nc, off, 0, 0, pre_c, NULL, &rc, &all_c);
             seq_forward(t, e->ids2, nr, off, 0, 0, pre_r, NULL, &rr, &all_r);
@@ -673,6 +840,7 @@ static void zero_grads(trainer *t) {
     for (int l = t->first_lora; l < t->L; l++)
         for (int p = 0; p < N_P; p++) {
             tlayer *y = &t->layers[l];
+            if (!trained(y, p)) continue;
             memset(y->lora[p].ga, 0, sizeof(float) * (size_t)(y->k[p] * t->r));
             memset(y->lora[p].gb, 0, sizeof(float) * (size_t)(t->r * y->n[p]));
             if (t->dora) memset(y->lora[p].gm, 0, sizeof(float) * (size_t)y->n[p]);
@@ -845,6 +1013,7 @@ static void opt_step(trainer *t, float lr, int accum, long long step) {
     for (int l = t->first_lora; l < t->L; l++)
         for (int p = 0; p < N_P; p++) {
             tlayer *y = &t->layers[l];
+            if (!trained(y, p)) continue;
             /* A, B, and DoRA's m (a vector) */
             float *par[3] = {y->lora[p].a, y->lora[p].b, y->lora[p].m},
                   *g[3] = {y->lora[p].ga, y->lora[p].gb, y->lora[p].gm};
@@ -891,17 +1060,22 @@ static void opt_step(trainer *t, float lr, int accum, long long step) {
  * lora_A.weight [rank, in] and lora_B.weight [out, rank]: each transposed on the way out).
  * Either way B's columns (PEFT: rows) are in HF order. */
 static hearth_status save_adapters(trainer *t, const char *path, int peft, hearth_error *err) {
-    int per = t->dora ? 3 : 2, n = (t->L - t->first_lora) * N_P * per; /* A, B (and DoRA's m) per projection */
+    int per = t->dora ? 3 : 2, n = 0; /* A, B (and DoRA's m) per projection */
+    for (int l = t->first_lora; l < t->L; l++)
+        for (int p = 0; p < N_P; p++) n += trained(&t->layers[l], p) ? per : 0;
     st_out_tensor *h = calloc((size_t)n, sizeof *h);
     char (*names)[160] = calloc((size_t)n, 160);
     const float **data = calloc((size_t)n, sizeof *data);
     float *tmp = NULL, *tmp2 = NULL;
     if (!h || !names || !data) return free(h), free(names), free(data), err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     int i = 0;
+    int *proj = calloc((size_t)n + 1, sizeof *proj); /* each tensor's projection */
+    if (!proj) return free(h), free(names), free(data), err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     for (int l = t->first_lora; l < t->L; l++)
         for (int p = 0; p < N_P; p++)
-            for (int b = 0; b < per; b++, i++) {
+            for (int b = 0; b < per && trained(&t->layers[l], p); b++, i++) {
                 tlayer *y = &t->layers[l];
+                proj[i] = p;
                 if (b == 2) { /* m [N]: MLX's DoRALinear.m, PEFT's lora_magnitude_vector */
                     if (peft)
                         snprintf(names[i], 160, "base_model.model.model.layers.%d.%s.lora_magnitude_vector.weight", l,
@@ -927,7 +1101,7 @@ static hearth_status save_adapters(trainer *t, const char *path, int peft, heart
     hearth_status st = f ? st_write_header(f, path, h, (size_t)n, &bytes, err)
                          : err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
     for (i = 0; !st && i < n; i++) {
-        int p = (i / per) % N_P, part = i % per;
+        int p = proj[i], part = i % per;
         const float *d = data[i];
         free(tmp), free(tmp2);
         tmp = tmp2 = NULL;
@@ -965,7 +1139,7 @@ static hearth_status save_adapters(trainer *t, const char *path, int peft, heart
         if (fwrite(d, 1, st_out_nbytes(&h[i]), f) != st_out_nbytes(&h[i]))
             st = err_set(err, HEARTH_ERR_IO, "%s: write failed", path);
     }
-    free(tmp), free(tmp2);
+    free(tmp), free(tmp2), free(proj);
     if (f && fclose(f) && !st) st = err_set(err, HEARTH_ERR_IO, "%s: write failed", path);
     free(h), free(names), free(data);
     return st;
@@ -975,11 +1149,16 @@ static hearth_status save_adapters(trainer *t, const char *path, int peft, heart
  * alpha / r is hearth's scale; layers_to_transform when only the last layers are trained. */
 static hearth_status write_peft_config(const trainer *t, const char *model, double scale, const char *dir,
                                        hearth_error *err) {
-    static const char *const modules[N_P] = {"down_proj", "gate_proj", "k_proj", "o_proj",
-                                             "q_proj",    "up_proj",   "v_proj"}; /* sorted, as a set's list */
+    /* the projections trained (their last name part), sorted, as a set's list */
+    static const int sorted[N_P] = {P_DOWN, P_GATE, P_K, P_O, P_PLG, P_PLP, P_Q, P_UP, P_V};
     json_t *j = json_object(), *tm = json_array(), *layers = json_null();
     if (!j || !tm) return json_decref(j), json_decref(tm), err_set(err, HEARTH_ERR_NOMEM, "out of memory");
-    for (int p = 0; p < N_P; p++) json_array_append_new(tm, json_string(modules[p]));
+    for (int i = 0; i < N_P; i++) {
+        int p = sorted[i], any = 0;
+        for (int l = t->first_lora; l < t->L; l++) any |= trained(&t->layers[l], p);
+        const char *dot = strrchr(proj_name[p], '.');
+        if (any) json_array_append_new(tm, json_string(dot ? dot + 1 : proj_name[p]));
+    }
     if (t->first_lora > 0) {
         layers = json_array();
         for (int l = t->first_lora; l < t->L; l++) json_array_append_new(layers, json_integer(l));
@@ -1296,6 +1475,7 @@ static int resume_walk(trainer *t, tr_mt *rng, int *perm, int nb, int (*f)(void 
     for (int l = t->first_lora; !bad && l < t->L; l++)
         for (int p = 0; !bad && p < N_P; p++) {
             tlayer *y = &t->layers[l];
+            if (!trained(y, p)) continue;
             size_t na = sizeof(float) * (size_t)(y->k[p] * t->r), nb2 = sizeof(float) * (size_t)(t->r * y->n[p]);
             bad = f(ctx, y->lora[p].a, na) || f(ctx, y->lora[p].b, nb2) || f(ctx, y->lora[p].ga, na) ||
                   f(ctx, y->lora[p].gb, nb2);

@@ -13,19 +13,40 @@
 
 typedef enum { FMT_TEXT, FMT_COMPLETION, FMT_CHAT, FMT_PREF } tr_format;
 
-static hearth_status render_text(const hearth_model *m, json_t *messages, json_t *tools, int add_gen, char **text,
-                                 hearth_error *err) {
+/* extra: the template's keyword arguments (a JSON object) or NULL */
+static hearth_status render_text(const hearth_model *m, json_t *messages, json_t *tools, int add_gen, const char *extra,
+                                 char **text, hearth_error *err) {
     char *mj = json_dumps(messages, JSON_COMPACT), *tj = tools && !json_is_null(tools) ? json_dumps(tools, JSON_COMPACT) : NULL;
-    hearth_status st = mj ? hearth_chat_render(m, mj, tj, add_gen, NULL, text, err)
-                          : err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+    hearth_status st =
+        mj ? hearth_chat_render(m, mj, tj, add_gen, extra, text, err) : err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     free(mj), free(tj);
     return st;
 }
 
+/* Whether the vocabulary has thinking markers as mlx-lm's tokenizer_utils._infer_thinking
+ * finds them (a pair of think tokens, Gemma 4's channel tokens, or the xtml markers). */
+static int has_thinking(const hearth_model *m) {
+    static const char *const pairs[][2] = {{"<think>", "</think>"},
+                                           {"<longcat_think>", "</longcat_think>"},
+                                           {"<|think:start|>", "<|think:end|>"},
+                                           {"<|channel>", "<channel|>"},
+                                           {"<|open|>", "<|close|>"}};
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
+        if (hearth_token_id(m, pairs[i][0]) >= 0 && hearth_token_id(m, pairs[i][1]) >= 0 &&
+            (i < 4 || (hearth_token_id(m, "<|sep|>") >= 0 && hearth_token_id(m, "<|end_of_msg|>") >= 0)))
+            return 1;
+    return 0;
+}
+
+/* An sft row's render: mlx_lm.lora's tokenizer (mlx-lm's TokenizerWrapper) passes the
+ * template enable_thinking, true when the vocabulary has thinking markers (Gemma 4's
+ * template then opens with a thinking system turn). */
 static hearth_status render_ids(const hearth_model *m, json_t *messages, json_t *tools, int add_gen, int32_t **ids,
                                 size_t *n, hearth_error *err) {
     char *text = NULL;
-    hearth_status st = render_text(m, messages, tools, add_gen, &text, err);
+    hearth_status st =
+        render_text(m, messages, tools, add_gen,
+                    has_thinking(m) ? "{\"enable_thinking\": true}" : "{\"enable_thinking\": false}", &text, err);
     /* transformers' apply_chat_template tokenizes the rendered text without adding specials */
     if (!st) st = hearth_tokenize(m, text, strlen(text), 0, ids, n, err);
     hearth_free(text);
@@ -60,7 +81,7 @@ static hearth_status pref_response_text(const hearth_model *m, json_t *prompt, j
     json_array_extend(all, prompt);
     json_array_extend(all, resp);
     char *full = NULL;
-    hearth_status st = render_text(m, all, tools, 0, &full, err);
+    hearth_status st = render_text(m, all, tools, 0, NULL, &full, err);
     json_decref(all);
     if (st) return st;
     size_t pl = strlen(ptext);
@@ -86,7 +107,7 @@ static hearth_status pref_example(const hearth_model *m, json_t *j, int32_t eos,
     } else if (json_is_array(p) && json_is_array(c) && json_is_array(r) && json_array_size(p) && json_array_size(c) &&
                json_array_size(r)) {
         char *rendered = NULL;
-        st = render_text(m, p, tools, 1, &rendered, err);
+        st = render_text(m, p, tools, 1, NULL, &rendered, err);
         if (!st && !(ptext = strdup(rendered))) st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
         hearth_free(rendered);
         if (!st) st = pref_response_text(m, p, c, tools, ptext, "chosen", &ctext, where, err);

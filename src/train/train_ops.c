@@ -459,19 +459,38 @@ typedef struct xent_rows {
     const int32_t *targets;
     const float *weight;
     float *ce;
+    float softcap;
 } xent_rows;
 
-/* logits row r becomes weight (softmax - onehot(target)); ce[r] its cross-entropy */
+/* logits row r becomes weight (softmax - onehot(target)); ce[r] its cross-entropy. With a
+ * softcap c the logits are c tanh(z / c) first (Gemma 4's final_logit_softcapping), and
+ * the row becomes the gradient wrt z: times 1 - tanh^2. */
 static void xent_row(void *vc, int64_t r) {
     const xent_rows *c = vc;
-    float *zr = c->z + r * c->ldz, wt = c->weight[c->rows[r]];
+    float *zr = c->z + r * c->ldz, wt = c->weight[c->rows[r]], cap = c->softcap;
     int32_t t = c->targets[c->rows[r]];
+    if (cap > 0) { /* zr holds tanh(z / c) until the last pass */
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < c->V; j++) {
+            zr[j] = tanhf(zr[j] / cap);
+            mx = zr[j] > mx ? zr[j] : mx;
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < c->V; j++) sum += expf(cap * (zr[j] - mx));
+        double lse = (double)(cap * mx) + log(sum);
+        c->ce[r] = (float)(lse - (double)(cap * zr[t]));
+        for (int64_t j = 0; j < c->V; j++) {
+            float th = zr[j], p = (float)exp((double)(cap * th) - lse) * wt;
+            zr[j] = (j == t ? p - wt : p) * (1.0f - th * th);
+        }
+        return;
+    }
     float zt = zr[t];
     c->ce[r] = (float)softmax(zr, c->V, 1.0f, wt) - zt;
     zr[t] -= wt;
 }
 
-double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
+double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V, float softcap,
                const int32_t *targets, const float *weight, float *dh, float *ce, float *scratch) {
     int64_t ldz = V + 16; /* TR_XENT_ROW_FLOATS */
     float *z = scratch, *hc = scratch + (int64_t)TR_XENT_ROWS * ldz, *dc = hc + (int64_t)TR_XENT_ROWS * D;
@@ -491,6 +510,7 @@ double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float
         if (!n) break;
         tr_gemm(tp, n, V, D, hc, D, 1, w, 1, D, z, ldz, 0); /* z = hc w^T */
         xent_rows c = {.z = z, .V = V, .ldz = ldz, .rows = rows, .targets = targets, .weight = weight, .ce = row_ce};
+        c.softcap = softcap;
         for_rows(tp, n, xent_row, &c);
         for (int r = 0; r < n; r++) { /* in row order: the same sum whatever the threads */
             total += (double)weight[rows[r]] * row_ce[r];

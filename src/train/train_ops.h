@@ -92,7 +92,8 @@ void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float
 void tr_gelu_mul_fwd(threadpool *tp, const float *g, const float *u, int64_t n, float *h);
 void tr_gelu_mul_bwd(threadpool *tp, const float *g, const float *u, const float *dh, int64_t n, float *dg, float *du);
 
-/* Cross-entropy of the logits h[M,D] w[V,D]^T against targets: rows with weight[i] == 0
+/* Cross-entropy of the logits h[M,D] w[V,D]^T (softcap > 0: softcap tanh(logits / softcap),
+ * Gemma 4's) against targets: rows with weight[i] == 0
  * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten; NULL:
  * not wanted, half the work saved) to its gradient; ce (NULL: not wanted) gets each row's
  * ce_i (0 for skipped rows). scratch:
@@ -101,6 +102,6 @@ void tr_gelu_mul_bwd(threadpool *tp, const float *g, const float *u, const float
 /* A chunk row of scratch: its logits (padded by 16 floats, so the rows of a register tile's
  * stores are not a multiple of 4 KiB apart), its hidden state and its gradient. */
 #define TR_XENT_ROW_FLOATS(V, D) ((V) + 16 + 2 * (D))
-double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V,
+double tr_xent(threadpool *tp, const float *h, int64_t M, int64_t D, const float *w, int64_t V, float softcap,
                const int32_t *targets, const float *weight, float *dh, float *ce, float *scratch);
 #endif

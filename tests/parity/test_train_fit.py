@@ -65,6 +65,8 @@ CASES = [  # (model, method, rows maker, extra flags)
                                    for _ in range(2)], []),
     ("tiny-llama-f32", "sft", lambda r: [{"text": words(r, 300)} for _ in range(2)], ["--num-layers", "-1"]),
     ("tiny-gemma3-f32", "sft", lambda r: [{"text": words(r, 300)} for _ in range(2)], ["--num-layers", "-1"]),
+    ("tiny-gemma4-f32", "dpo", lambda r: [{"prompt": words(r, 30), "chosen": words(r, 120), "rejected": words(r, 90)}
+                                          for _ in range(2)], ["--num-layers", "-1", "--grad-checkpoint"]),
 ]
 
 
@@ -80,7 +82,7 @@ def test_fit_predicts_training_peak(tmp_path, name, method, rows, extra):
     assert r["predicted_peak_bytes"] >= sum(parts.values())  # the load's peak may be the larger moment
     if name == "smollm2":  # a quantized base: float32 copies of every matrix, several times the file
         assert parts["dense_weight_copies"] > 4 * parts["weights"]
-    elif "gemma" in name:  # used in place but for its (1 + w) norms, copied as 1 + w
+    elif "gemma3" in name:  # used in place but for its (1 + w) norms, copied as 1 + w
         assert 0 < parts["dense_weight_copies"] < 0.01 * parts["weights"]
     else:  # a float32 base is used in place
         assert parts["dense_weight_copies"] == 0

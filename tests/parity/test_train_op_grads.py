@@ -112,14 +112,19 @@ def test_gelu_tanh_gate(ref):
     check(ref, "gelu", dict(h=h, dg=dg, du=du))
 
 
-def test_masked_cross_entropy(ref):
-    h, w, weight = t64(ref["xent.h"], True), t64(ref["xent.w"]), ref["xent.weight"]
-    targets = torch.tensor(ref["xent.targets"].astype(np.int64))
+@pytest.mark.parametrize("name", ["xent", "xcap"])
+def test_masked_cross_entropy(ref, name):
+    h, w, weight = t64(ref[f"{name}.h"], True), t64(ref[f"{name}.w"]), ref[f"{name}.weight"]
+    targets = torch.tensor(ref[f"{name}.targets"].astype(np.int64))
     mask = torch.tensor(weight > 0)
+    cap = float(ref["xcap.softcap"][0]) if name == "xcap" else None
 
-    def xent(h):  # the mean over the rows that count (weight 0: masked)
-        return torch.nn.functional.cross_entropy((h @ w.T)[mask], targets[mask])
+    def xent(h):  # the mean over the rows that count (weight 0: masked); xcap: softcapped logits
+        z = h @ w.T
+        if cap:
+            z = torch.tanh(z / cap) * cap
+        return torch.nn.functional.cross_entropy(z[mask], targets[mask])
 
     loss, (dh,) = vjp(xent, [h], torch.tensor(1.0, dtype=torch.float64))
     assert np.allclose(weight[weight > 0], 1 / mask.sum().item())  # the file's weights are that mean's
-    check(ref, "xent", dict(dh=dh, loss=loss.reshape(1)))
+    check(ref, name, dict(dh=dh, loss=loss.reshape(1)))

@@ -165,16 +165,20 @@ def test_bad_optimizer_flags(tmp_path, setup):
         assert p.returncode in (1, 2) and want in p.stderr.decode(), p.stderr.decode()
 
 
-@pytest.mark.parametrize("method", ["dpo", "orpo"])
-def test_grad_checkpoint_preference_methods_same_bits(tmp_path, method):
+@pytest.mark.parametrize("name,method,num_layers", [("qwen3-f32", "dpo", 2), ("qwen3-f32", "orpo", 2),
+                                                    ("gemma4-f32", "dpo", 2), ("gemma4-f32", "orpo", 3)])
+def test_grad_checkpoint_preference_methods_same_bits(tmp_path, name, method, num_layers):
     """Preference pairs keep two activation slots; with --grad-checkpoint each slot keeps its
-    layers' inputs, swapped with the slot: the losses and adapter are the same bits."""
-    model = model_dir("qwen3-f32")
+    layers' inputs, swapped with the slot: the losses and adapter are the same bits. Gemma 4:
+    the keys and values its shared-KV layers read (made by layers below the trained ones
+    here) are kept per slot too, and read again when the backward recomputes a layer."""
+    model = model_dir(name)
     d = pref_data(tmp_path, 5)
     out = {}
     for tag, extra in (("plain", []), ("ckpt", ["--grad-checkpoint"])):
         rows = hearth_train(model, str(d), tmp_path / tag, None,
-                            ["--method", method, "--iters", "4", "--num-layers", "2", "--steps-per-report", "1"] + extra)
+                            ["--method", method, "--iters", "4", "--num-layers", str(num_layers),
+                             "--steps-per-report", "1"] + extra)
         out[tag] = ([r["loss"] for r in rows if "loss" in r], adapters(tmp_path / tag))
     assert out["plain"][0] == out["ckpt"][0] and len(out["plain"][0]) == 4
     assert all(np.array_equal(out["plain"][1][k], out["ckpt"][1][k]) for k in out["plain"][1])

@@ -107,7 +107,7 @@ def oracle(model_path, data, init, method, iters, bs, lr, num_layers, rank, scal
     _to_float32(model)
     model.freeze()
     linear_to_lora_layers(model, len(model.layers) if num_layers < 0 else num_layers,
-                          {"rank": rank, "scale": scale, "dropout": 0.0})
+                          {"rank": rank, "scale": scale, "dropout": 0.0, "keys": list(PROJS)})  # hearth's projections
     model.load_weights(init, strict=False)
     ref, _ = load(model_path)  # the frozen base: the same weights without the adapter
     _to_float32(ref)
@@ -191,6 +191,8 @@ CASES = [  # model, conversational rows, method, num_layers
     ("llama-q4g64", True, "orpo", 2),  # a quantized base
     ("gemma3-f32", True, "dpo", -1),  # Gemma 3: post-norms, GELU gate, sliding-window layers
     ("gemma3-q4g64", False, "orpo", 2),
+    ("gemma4-f32", False, "dpo", 3),  # Gemma 4: the trained layers read KV made below them
+    ("gemma4-bf16", False, "orpo", -1),  # (its chat template's prompt render is no prefix of the full one)
 ]
 
 

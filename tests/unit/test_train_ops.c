@@ -175,14 +175,18 @@ static void test_gelu_mul(void **state) { check_gate("gelu", tr_gelu_mul_fwd, tr
 
 static void test_silu_mul(void **state) { check_gate("silu", tr_silu_mul_fwd, tr_silu_mul_bwd); }
 
-static void test_cross_entropy(void **state) {
+/* the fixture's case pfx ("xent"; "xcap": logits softcapped at softcap) */
+static void check_cross_entropy(const char *pfx, float softcap) {
     int64_t M = 6, D = 16, V = 40;
+    char n[32], hn[32], wn[32];
+#define NAME(s) (snprintf(n, sizeof n, "%s.%s", pfx, s), n)
+    snprintf(hn, sizeof hn, "%s.h", pfx), snprintf(wn, sizeof wn, "%s.w", pfx);
     float *dh = zeros(M * D), *scratch = zeros(TR_XENT_ROWS * TR_XENT_ROW_FLOATS(V, D)), *ce = zeros(M);
-    const int32_t *targets = (const int32_t *)T_("xent.targets", NULL);
-    const float *weight = T_("xent.weight", NULL);
-    float loss = (float)tr_xent(TP, T_("xent.h", NULL), M, D, T_("xent.w", NULL), V, targets, weight, dh, ce, scratch);
-    close_to("cross-entropy loss", &loss, "xent.loss");
-    close_to("cross-entropy dh", dh, "xent.dh");
+    const int32_t *targets = (const int32_t *)T_(NAME("targets"), NULL);
+    const float *weight = T_(NAME("weight"), NULL);
+    float loss = (float)tr_xent(TP, T_(hn, NULL), M, D, T_(wn, NULL), V, softcap, targets, weight, dh, ce, scratch);
+    close_to("cross-entropy loss", &loss, NAME("loss"));
+    close_to("cross-entropy dh", dh, NAME("dh"));
     /* the per-row values (dpo / orpo read them) weigh up to the reference's loss */
     float sum = 0;
     for (int64_t i = 0; i < M; i++) {
@@ -190,14 +194,19 @@ static void test_cross_entropy(void **state) {
         else assert_true(ce[i] > 0.0f);
         sum += weight[i] * ce[i];
     }
-    close_to("cross-entropy per-row sum", &sum, "xent.loss");
+    close_to("cross-entropy per-row sum", &sum, NAME("loss"));
     /* without dh (a reference or validation pass): the same loss and per-row values */
     float *ce2 = zeros(M);
-    loss = (float)tr_xent(TP, T_("xent.h", NULL), M, D, T_("xent.w", NULL), V, targets, weight, NULL, ce2, scratch);
-    close_to("cross-entropy loss without dh", &loss, "xent.loss");
+    loss = (float)tr_xent(TP, T_(hn, NULL), M, D, T_(wn, NULL), V, softcap, targets, weight, NULL, ce2, scratch);
+    close_to("cross-entropy loss without dh", &loss, NAME("loss"));
     assert_memory_equal(ce, ce2, sizeof(float) * (size_t)M);
+#undef NAME
     free(dh), free(scratch), free(ce), free(ce2);
 }
+
+static void test_cross_entropy(void **state) { check_cross_entropy("xent", 0.0f); }
+
+static void test_cross_entropy_softcap(void **state) { check_cross_entropy("xcap", T_("xcap.softcap", NULL)[0]); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -209,6 +218,7 @@ int main(void) {
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_sliding_window_attention),
         cmocka_unit_test(test_gelu_mul),
+        cmocka_unit_test(test_cross_entropy_softcap),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -40,6 +40,11 @@ typedef struct acts {
     float *vl, *rstdv;                  /* Gemma 4: the values before their norm (unscaled) */
     float *x_pl, *pg, *pm, *pp, *rstd_pl; /* Gemma 4's per-layer input: its gate's input and output, the
                                              gated product, the projection, its norm */
+    /* a mixture-of-experts MLP (Qwen3-MoE): the router's probabilities [T, E], each token's
+     * experts and weights [T, K], and per (token, pick) the expert's gate, up, gated product
+     * [T * K, Fm] and output [T * K, D] */
+    float *mprob, *mw, *mg, *mu, *mh, *mo;
+    int32_t *msel;
 } acts;
 
 typedef struct tlayer {
@@ -54,6 +59,8 @@ typedef struct tlayer {
     float *dks, *dvs;           /* and the gradients the readers above it add to them */
     float layer_scalar;         /* Gemma 4: the block's output (and residual) times it, else 1 */
     const float *pl_norm;       /* Gemma 4: post_per_layer_input_norm */
+    int moe;                    /* its MLP is routed experts (frozen): router [E, D], experts stacked as the model's */
+    const float *router, *eg, *eu, *ed;
     int64_t n[N_P], k[N_P];
     tr_lora lora[N_P];
     int has_lora;
@@ -77,6 +84,9 @@ typedef struct trainer {
     float *pl_in2;         /* the second slot's per-layer inputs (dpo, orpo) */
     float *pl_row;         /* one row of the per-layer embedding table [L * P] */
     float *dvl, *dpl;      /* Gemma 4's backward: the unnormed values' gradient; the per-layer product's */
+    int E, K, Fm, norm_topk; /* mixture of experts: experts, picks per token, expert width, renormalised picks */
+    float *mx, *mdx, *mga, *mua, *mdh, *mdg, *mdu, *mdo, *mdl; /* its scratch: gathered rows and gradients */
+    int32_t *mrow;                                             /* the (token, pick) slots of one expert */
     const float *final_norm, *lm_head;
     tlayer *layers;
     float **owned;
@@ -146,7 +156,10 @@ static const float *dense(trainer *t, const op_weight *w) {
     return p;
 }
 
-static int alloc_acts(trainer *t, acts *s) {
+/* mlp: which MLP's activations (ACT_DENSE, ACT_MOE or both): the other's would never be
+ * written (so never resident, and fit must not count them) */
+enum { ACT_DENSE = 1, ACT_MOE = 2 };
+static int alloc_acts(trainer *t, acts *s, int mlp) {
     int64_t T = t->T, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd;
     float **f[] = {&s->x_in, &s->h1, &s->x_mid, &s->h2};
     for (size_t i = 0; i < 4; i++)
@@ -158,8 +171,10 @@ static int alloc_acts(trainer *t, acts *s) {
         !(s->a = falloc(t, (size_t)(T * qd))) || !(s->kl = falloc(t, (size_t)(T * kd))) ||
         !(s->kr = falloc(t, (size_t)(T * kd))) || !(s->v = falloc(t, (size_t)(T * kd))) ||
         !(s->rstdq = falloc(t, (size_t)(T * t->Hq))) || !(s->rstdk = falloc(t, (size_t)(T * t->Hkv))) ||
-        !(s->p = falloc(t, (size_t)(t->Hq * T * T))) || !(s->g = falloc(t, (size_t)(T * t->F))) ||
-        !(s->u = falloc(t, (size_t)(T * t->F))) || !(s->mm = falloc(t, (size_t)(T * t->F))))
+        !(s->p = falloc(t, (size_t)(t->Hq * T * T))))
+        return -1;
+    if ((mlp & ACT_DENSE) && (!(s->g = falloc(t, (size_t)(T * t->F))) || !(s->u = falloc(t, (size_t)(T * t->F))) ||
+                              !(s->mm = falloc(t, (size_t)(T * t->F)))))
         return -1;
     for (int p = 0; p < N_P; p++)
         if (!(s->xa[p] = falloc(t, (size_t)(T * t->r)))) return -1;
@@ -168,6 +183,12 @@ static int alloc_acts(trainer *t, acts *s) {
         return -1;
     if (t->m->cfg.family == FAMILY_GEMMA4 &&
         (!(s->vl = falloc(t, (size_t)(T * kd))) || !(s->rstdv = falloc(t, (size_t)(T * t->Hkv)))))
+        return -1;
+    if ((mlp & ACT_MOE) &&
+        (!(s->mprob = falloc(t, (size_t)(T * t->E))) || !(s->mw = falloc(t, (size_t)(T * t->K))) ||
+         !(s->msel = (int32_t *)falloc(t, (size_t)(T * t->K))) || !(s->mg = falloc(t, (size_t)(T * t->K * t->Fm))) ||
+         !(s->mu = falloc(t, (size_t)(T * t->K * t->Fm))) || !(s->mh = falloc(t, (size_t)(T * t->K * t->Fm))) ||
+         !(s->mo = falloc(t, (size_t)(T * t->K * t->D)))))
         return -1;
     if (t->P && (!(s->x_pl = falloc(t, (size_t)(T * t->D))) || !(s->pg = falloc(t, (size_t)(T * t->P))) ||
                  !(s->pm = falloc(t, (size_t)(T * t->P))) || !(s->pp = falloc(t, (size_t)(T * t->D))) ||
@@ -215,11 +236,15 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     if ((st = (t->dry ? model_plan : model_load)(t->hm, 0, &t->m, err))) return st;
     const model_config *c = &t->m->cfg;
     int gemma4 = c->family == FAMILY_GEMMA4, gemma = c->family == FAMILY_GEMMA3 || gemma4;
-    if (c->family != FAMILY_LLAMA && c->family != FAMILY_QWEN3 && c->family != FAMILY_MINICPM && !gemma)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                       "%s: hearth train handles llama-, qwen3-, minicpm-, gemma3- and gemma4-family models so far "
-                       "(this is %s)",
-                       name, t->hm->sum.architecture);
+    if (c->family != FAMILY_LLAMA && c->family != FAMILY_QWEN3 && c->family != FAMILY_MINICPM && !gemma &&
+        c->family != FAMILY_QWEN3_MOE)
+        return err_set(
+            err, HEARTH_ERR_UNSUPPORTED,
+            "%s: hearth train handles llama-, qwen3-, qwen3_moe-, minicpm-, gemma3- and gemma4-family models "
+            "so far (this is %s)",
+            name, t->hm->sum.architecture);
+    if (c->family == FAMILY_QWEN3_MOE)
+        t->E = c->n_experts, t->K = c->top_k_experts, t->Fm = c->moe_ffn, t->norm_topk = c->norm_topk;
     if ((!gemma && (c->norm_shift != 0 || c->sliding_window)) || (c->softcap != 0 && !gemma4) ||
         (c->family != FAMILY_MINICPM && !gemma && c->embed_scale != 1) ||
         (c->family != FAMILY_MINICPM && (c->residual_scale != 1 || c->logits_div != 1)))
@@ -251,8 +276,14 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     for (int l = 0; l < t->L; l++) {
         const layer_weights *lw = &t->m->layers[l];
         tlayer *y = &t->layers[l];
-        if (lw->moe || lw->linear || (lw->sliding && !gemma))
-            return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: layer %d is not a dense attention layer", name, l);
+        if ((lw->moe && (c->family != FAMILY_QWEN3_MOE || !lw->experts_up.n)) || lw->linear || (lw->sliding && !gemma))
+            return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                           "%s: layer %d is not a dense attention layer with a dense or Qwen3-MoE MLP", name, l);
+        if ((y->moe = lw->moe)) { /* the experts stay frozen: LoRA on the attention projections */
+            if (!(y->router = dense(t, &lw->router)) || !(y->eg = dense(t, &lw->experts_gate)) ||
+                !(y->eu = dense(t, &lw->experts_up)) || !(y->ed = dense(t, &lw->experts_down)))
+                return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+        }
         const op_weight *ws[N_P] = {&lw->q,  &lw->k,    &lw->v,       &lw->o,      &lw->gate,
                                     &lw->up, &lw->down, &lw->pl_gate, &lw->pl_proj};
         for (int p = 0; p < N_P; p++) {
@@ -273,8 +304,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                 return err_set(err, HEARTH_ERR_INVALID, "%s: layer %d reads a KV no layer below it stores", name, l);
             t->kv_shared = 1;
         }
-        if (!y->w[P_Q] || !y->w[P_O] || !y->w[P_GATE] || !y->w[P_UP] || !y->w[P_DOWN] || (y->src < 0 && !y->w[P_K]) ||
-            (t->P && (!y->w[P_PLG] || !y->w[P_PLP])))
+        if (!y->w[P_Q] || !y->w[P_O] || (!y->moe && (!y->w[P_GATE] || !y->w[P_UP] || !y->w[P_DOWN])) ||
+            (y->src < 0 && !y->w[P_K]) || (t->P && (!y->w[P_PLG] || !y->w[P_PLP])))
             return err_set(err, HEARTH_ERR_INVALID, "%s: layer %d lacks a projection training needs", name, l);
         y->bias[0] = lw->q_bias, y->bias[1] = lw->k_bias, y->bias[2] = lw->v_bias;
         y->attn_norm = norm_weight(t, lw->attn_norm, t->D, &bad_norm);
@@ -330,8 +361,9 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                 bad = !(y->ck = falloc(t, (size_t)T1 * (size_t)t->D)) ||
                       (t->pref && !(y->ck2 = falloc(t, (size_t)T2 * (size_t)t->D)));
             } else {
-                t->T = T1, bad = alloc_acts(t, &y->s);
-                t->T = T2, bad = bad || (t->pref && alloc_acts(t, &y->s2)), t->T = T;
+                int mlp = y->moe ? ACT_MOE : ACT_DENSE;
+                t->T = T1, bad = alloc_acts(t, &y->s, mlp);
+                t->T = T2, bad = bad || (t->pref && alloc_acts(t, &y->s2, mlp)), t->T = T;
             }
             if (bad) return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
         }
@@ -347,7 +379,10 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                 !(y->dvs = falloc(t, n)))
                 return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
         }
-    if ((t->first_lora > 0 || t->ckpt) && alloc_acts(t, &t->shared))
+    int kinds = 0; /* the MLPs the layers that run in shared have */
+    for (int l = 0; l < t->L; l++)
+        if (l < t->first_lora || t->ckpt) kinds |= t->layers[l].moe ? ACT_MOE : ACT_DENSE;
+    if ((t->first_lora > 0 || t->ckpt) && alloc_acts(t, &t->shared, kinds))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
     t->part = PART_BUFFERS;
     int64_t T = max_T, D = t->D, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd, F = t->F;
@@ -364,6 +399,11 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         !(t->da = falloc(t, (size_t)(T * qd))) ||
         (t->m->cfg.family == FAMILY_GEMMA4 && !(t->dvl = falloc(t, (size_t)(T * kd)))) ||
         (t->P && t->pref && !(t->pl_in2 = falloc(t, (size_t)(T * t->L * t->P)))) ||
+        (t->E && (!(t->mx = falloc(t, (size_t)(T * D))) || !(t->mdx = falloc(t, (size_t)(T * D))) ||
+                  !(t->mdo = falloc(t, (size_t)(T * D))) || !(t->mga = falloc(t, (size_t)(T * t->Fm))) ||
+                  !(t->mua = falloc(t, (size_t)(T * t->Fm))) || !(t->mdh = falloc(t, (size_t)(T * t->Fm))) ||
+                  !(t->mdg = falloc(t, (size_t)(T * t->Fm))) || !(t->mdu = falloc(t, (size_t)(T * t->Fm))) ||
+                  !(t->mdl = falloc(t, (size_t)(T * t->E))) || !(t->mrow = (int32_t *)falloc(t, (size_t)T)))) ||
         (t->P &&
          (!(t->pl_in = falloc(t, (size_t)(T * t->L * t->P))) || !(t->pl_tmp = falloc(t, (size_t)(T * t->L * t->P))) ||
           !(t->dpl = falloc(t, (size_t)(T * t->P))) || !(t->pl_row = falloc(t, (size_t)(t->L * t->P))))) ||
@@ -458,6 +498,91 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
     return st;
 }
 
+/* The slots (token * K + pick) routed to expert e, into t->mrow; returns how many. */
+static int expert_rows(const trainer *t, const acts *s, int64_t T, int e) {
+    int n = 0;
+    for (int64_t i = 0; i < T * t->K; i++)
+        if (s->msel[i] == e) t->mrow[n++] = (int32_t)i;
+    return n;
+}
+
+/* A Qwen3-MoE MLP on s->h2 into t->tmp, as mlx-lm's Qwen3MoeSparseMoeBlock: the router's
+ * softmax over every expert, the top K (op_moe_route: the engine's rule), renormalised with
+ * norm_topk_prob; each expert's SwiGLU on the rows routed to it (gathered: one product per
+ * weight); each token's outputs weighted and summed in pick order. */
+static void moe_forward(trainer *t, const tlayer *y, acts *s, int64_t T) {
+    int64_t D = t->D, Fm = t->Fm, K = t->K, E = t->E;
+    tr_matmul_nt(t->tp, s->h2, T, D, y->router, E, s->mprob, 0);
+    op_moe route = {.norm_topk = t->norm_topk};
+    for (int64_t i = 0; i < T; i++)
+        op_moe_route(&route, s->mprob + i * E, (int)E, (int)K, s->msel + i * K, s->mw + i * K);
+    for (int e = 0; e < E; e++) {
+        int n = expert_rows(t, s, T, e);
+        if (!n) continue;
+        for (int r = 0; r < n; r++) memcpy(t->mx + r * D, s->h2 + t->mrow[r] / K * D, sizeof(float) * (size_t)D);
+        tr_matmul_nt(t->tp, t->mx, n, D, y->eg + e * Fm * D, Fm, t->mga, 0);
+        tr_matmul_nt(t->tp, t->mx, n, D, y->eu + e * Fm * D, Fm, t->mua, 0);
+        tr_silu_mul_fwd(t->tp, t->mga, t->mua, n * Fm, t->mdh);
+        tr_matmul_nt(t->tp, t->mdh, n, Fm, y->ed + e * D * Fm, D, t->mdo, 0);
+        for (int r = 0; r < n; r++) {
+            int64_t i = t->mrow[r];
+            memcpy(s->mg + i * Fm, t->mga + r * Fm, sizeof(float) * (size_t)Fm);
+            memcpy(s->mu + i * Fm, t->mua + r * Fm, sizeof(float) * (size_t)Fm);
+            memcpy(s->mh + i * Fm, t->mdh + r * Fm, sizeof(float) * (size_t)Fm);
+            memcpy(s->mo + i * D, t->mdo + r * D, sizeof(float) * (size_t)D);
+        }
+    }
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t d = 0; d < D; d++) {
+            float acc = 0;
+            for (int64_t k = 0; k < K; k++) acc += s->mo[(i * K + k) * D + d] * s->mw[i * K + k];
+            t->tmp[i * D + d] = acc;
+        }
+}
+
+/* Its backward from dy [T, D] (the MLP output's gradient): dh2 (overwritten) gets each
+ * expert's input gradient, scaled by the token's weight, and the router's: through the
+ * weights' renormalisation and the softmax (the picks themselves are constants). */
+static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, const float *dy, float *dh2) {
+    int64_t D = t->D, Fm = t->Fm, K = t->K, E = t->E;
+    memset(dh2, 0, sizeof(float) * (size_t)(T * D));
+    for (int e = 0; e < E; e++) {
+        int n = expert_rows(t, s, T, e);
+        if (!n) continue;
+        for (int r = 0; r < n; r++) {
+            int64_t i = t->mrow[r];
+            for (int64_t d = 0; d < D; d++) t->mdo[r * D + d] = dy[i / K * D + d] * s->mw[i];
+            memcpy(t->mga + r * Fm, s->mg + i * Fm, sizeof(float) * (size_t)Fm);
+            memcpy(t->mua + r * Fm, s->mu + i * Fm, sizeof(float) * (size_t)Fm);
+        }
+        memset(t->mdh, 0, sizeof(float) * (size_t)(n * Fm));
+        tr_matmul_nn(t->tp, t->mdo, n, D, y->ed + e * D * Fm, Fm, t->mdh);
+        tr_silu_mul_bwd(t->tp, t->mga, t->mua, t->mdh, n * Fm, t->mdg, t->mdu);
+        memset(t->mdx, 0, sizeof(float) * (size_t)(n * D));
+        tr_matmul_nn(t->tp, t->mdg, n, Fm, y->eg + e * Fm * D, D, t->mdx);
+        tr_matmul_nn(t->tp, t->mdu, n, Fm, y->eu + e * Fm * D, D, t->mdx);
+        for (int r = 0; r < n; r++)
+            for (int64_t d = 0; d < D; d++) dh2[t->mrow[r] / K * D + d] += t->mdx[r * D + d];
+    }
+    for (int64_t i = 0; i < T; i++) { /* the router: dw -> dp (of the picked probabilities) -> dlogits */
+        const float *p = s->mprob + i * E, *w = s->mw + i * K;
+        const int32_t *sel = s->msel + i * K;
+        float *dl = t->mdl + i * E, dpw = 0, total = 0, dsum = 0;
+        memset(dl, 0, sizeof(float) * (size_t)E);
+        for (int64_t k = 0; k < K; k++) { /* dw_k = dy . o_k, kept in dl at the pick's expert */
+            const float *o = s->mo + (i * K + k) * D;
+            float acc = 0;
+            for (int64_t d = 0; d < D; d++) acc += dy[i * D + d] * o[d];
+            dl[sel[k]] = acc, dpw += acc * w[k], total += p[sel[k]];
+        }
+        if (t->norm_topk) /* w = p / total over the picks: dp_j = (dw_j - sum_k dw_k w_k) / total */
+            for (int64_t k = 0; k < K; k++) dl[sel[k]] = (dl[sel[k]] - dpw) / total;
+        for (int64_t k = 0; k < K; k++) dsum += p[sel[k]] * dl[sel[k]];
+        for (int64_t e = 0; e < E; e++) dl[e] = p[e] * (dl[e] - dsum); /* the softmax's backward */
+    }
+    tr_matmul_nn(t->tp, t->mdl, T, E, y->router, D, dh2);
+}
+
 /* Layer l of the forward on t->x (T rows, in place), its activations into s; lo: its LoRA
  * pairs or NULL. */
 static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const tr_lora *lo) {
@@ -498,6 +623,11 @@ static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const
     for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;
     memcpy(s->x_mid, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->x, T, D, y->ffn_norm, t->eps, s->h2, s->rstd2);
+    if (y->moe) {
+        moe_forward(t, y, s, T);
+        for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
+        return;
+    }
     tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_GATE], F, NULL, LORA(P_GATE), s->xa[P_GATE], s->g);
     tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_UP], F, NULL, LORA(P_UP), s->xa[P_UP], s->u);
     (t->gelu ? tr_gelu_mul_fwd : tr_silu_mul_fwd)(t->tp, s->g, s->u, T * F, s->mm);
@@ -627,13 +757,18 @@ static void backward(trainer *t, int64_t T) {
             tr_linear_bwd(t->tp, s->x_pl, T, D, y->w[P_PLG], P, lora_of(y->lora, P_PLG), s->xa[P_PLG], t->dg, t->dx,
                           sc);
         }
-        memset(t->dmm, 0, sizeof(float) * (size_t)(T * F));
-        tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, lora_of(y->lora, P_DOWN), s->xa[P_DOWN],
-                      post_norm_grad(t, T, s->rd, y->post_ffn_norm, s->rstd_pf), t->dmm, sc);
-        (t->gelu ? tr_gelu_mul_bwd : tr_silu_mul_bwd)(t->tp, s->g, s->u, t->dmm, T * F, t->dg, t->du);
-        memset(t->dtmp, 0, sizeof(float) * (size_t)(T * D));
-        tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_GATE], F, lora_of(y->lora, P_GATE), s->xa[P_GATE], t->dg, t->dtmp, sc);
-        tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_UP], F, lora_of(y->lora, P_UP), s->xa[P_UP], t->du, t->dtmp, sc);
+        if (y->moe) {
+            moe_backward(t, y, s, T, block_grad(t, T), t->dtmp);
+        } else {
+            memset(t->dmm, 0, sizeof(float) * (size_t)(T * F));
+            tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, lora_of(y->lora, P_DOWN), s->xa[P_DOWN],
+                          post_norm_grad(t, T, s->rd, y->post_ffn_norm, s->rstd_pf), t->dmm, sc);
+            (t->gelu ? tr_gelu_mul_bwd : tr_silu_mul_bwd)(t->tp, s->g, s->u, t->dmm, T * F, t->dg, t->du);
+            memset(t->dtmp, 0, sizeof(float) * (size_t)(T * D));
+            tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_GATE], F, lora_of(y->lora, P_GATE), s->xa[P_GATE], t->dg, t->dtmp,
+                          sc);
+            tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_UP], F, lora_of(y->lora, P_UP), s->xa[P_UP], t->du, t->dtmp, sc);
+        }
         tr_rmsnorm_bwd(s->x_mid, T, D, y->ffn_norm, s->rstd2, t->dtmp, t->dx);
         memset(t->da, 0, sizeof(float) * (size_t)(T * qd));
         tr_linear_bwd(t->tp, s->a, T, qd, y->w[P_O], D, lora_of(y->lora, P_O), s->xa[P_O],

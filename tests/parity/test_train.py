@@ -159,6 +159,10 @@ CASES = [  # model, data format, num_layers, mask_prompt
     ("gemma4-f32", "text", -1, False),
     ("gemma4-q4g64", "chat", 3, True),
     ("gemma4-bf16", "completion", -1, True),
+    # Qwen3-MoE: the routed experts (and the router) stay frozen, the gradient flows through
+    # them and through the router's softmax and renormalised top-k weights; layer 1 is dense
+    ("qwen3_moe-f32", "text", -1, False),
+    ("qwen3_moe-q4g64", "chat", 2, True),
 ]
 
 
@@ -203,7 +207,7 @@ def test_losses_and_adapter_match_mlx_lora(tmp_path, name, fmt, num_layers, mask
 
 
 @pytest.mark.parametrize("name,num_layers", [("llama-f32", -1), ("gemma3-f32", 2), ("gemma4-f32", -1),
-                                             ("gemma4-q4g64", 3)])
+                                             ("gemma4-q4g64", 3), ("qwen3_moe-f32", -1), ("qwen3_moe-q4g64", -1)])
 def test_one_sgd_step_is_mlx_lms_gradient(tmp_path, name, num_layers):
     """One SGD step at learning rate 1 moves each LoRA tensor by minus its gradient: the
     whole model's backward (every layer's ops, Gemma 4's shared-KV layers handing their
@@ -261,7 +265,8 @@ def test_errors_are_clear(tmp_path):
     assert rc == 1 and "train.jsonl" in err
     # a family training does not handle yet is refused by name (a hybrid Gated DeltaNet model)
     rc, err = run_err([model_dir("qwen3_5-f32"), "--data", data])
-    assert rc == 1 and "handles llama-, qwen3-, minicpm-, gemma3- and gemma4-family models so far" in err and "qwen3_5" in err
+    assert rc == 1 and "handles llama-, qwen3-, qwen3_moe-, minicpm-, gemma3- and gemma4-family models so far" in err \
+        and "qwen3_5" in err
 
 
 def test_gguf_base_trains_like_safetensors_base(tmp_path):

@@ -193,6 +193,7 @@ CASES = [  # model, conversational rows, method, num_layers
     ("gemma3-q4g64", False, "orpo", 2),
     ("gemma4-f32", False, "dpo", 3),  # Gemma 4: the trained layers read KV made below them
     ("gemma4-bf16", False, "orpo", -1),  # (its chat template's prompt render is no prefix of the full one)
+    ("qwen3_moe-f32", True, "dpo", -1),  # frozen routed experts
 ]
 
 

@@ -28,6 +28,7 @@
  * and projection. A layer without one (Gemma 4's shared-KV layers have no k and v, its
  * full layers with values = keys no v, the other families no per-layer ones) has w NULL. */
 enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, P_PLG, P_PLP, N_P };
+#define GDN_CK 16 /* Gated DeltaNet: tokens between the states the backward starts again from */
 static const char *const proj_name[N_P] = {"self_attn.q_proj", "self_attn.k_proj",     "self_attn.v_proj",
                                            "self_attn.o_proj", "mlp.gate_proj",        "mlp.up_proj",
                                            "mlp.down_proj",    "per_layer_input_gate", "per_layer_projection"};
@@ -45,6 +46,12 @@ typedef struct acts {
      * [T * K, Fm] and output [T * K, D] */
     float *mprob, *mw, *mg, *mu, *mh, *mo;
     int32_t *msel;
+    /* Qwen3.5: a gated attention's queries and output gates (split from q_proj's rows) and its
+     * gated output; a Gated DeltaNet layer's projections (raw qkv, z, b, a), the conv before and
+     * after its SiLU, q and k normed and their 1 / rms, beta and g, y, 1 / rms of y, y normed,
+     * the gated output, and the state before every GDN_CK-th token */
+    float *qs, *qgate, *ag;
+    float *graw, *gz, *gb, *ga, *gpre, *gcv, *gqn, *gkn, *grq, *grk, *gbeta, *gg, *gy, *gry, *gyn, *ggo, *gck;
 } acts;
 
 typedef struct tlayer {
@@ -53,6 +60,7 @@ typedef struct tlayer {
     const float *inv_freq;                       /* its RoPE table (Gemma's sliding layers: the local base) */
     int window;                                  /* sliding-window layers: the window, else 0 */
     int hd, Hkv, F;                              /* its head_dim, KV heads and MLP width (Gemma 4: per layer) */
+    int rd;                                      /* the head dims RoPE turns (Qwen3.5: a part; else hd) */
     int k_eq_v, v_norm;         /* Gemma 4: values are the keys' projection; values normed without a scale */
     int src;                    /* Gemma 4's shared-KV layers: the layer whose keys and values it reads, else -1 */
     float *kk, *kv, *kk2, *kv2; /* a layer others read the KV of: its keys and values (each slot) */
@@ -60,6 +68,8 @@ typedef struct tlayer {
     float layer_scalar;         /* Gemma 4: the block's output (and residual) times it, else 1 */
     const float *pl_norm;       /* Gemma 4: post_per_layer_input_norm */
     int moe;                    /* its MLP is routed experts (frozen): router [E, D], experts stacked as the model's */
+    int linear;                 /* a Gated DeltaNet layer (Qwen3.5; frozen): its weights below */
+    const float *gqkv, *gz, *gbw, *gaw, *gout, *conv, *A_log, *dt_bias, *gnorm;
     const float *router, *eg, *eu, *ed;
     int64_t n[N_P], k[N_P];
     tr_lora lora[N_P];
@@ -87,6 +97,12 @@ typedef struct trainer {
     int E, K, Fm, norm_topk; /* mixture of experts: experts, picks per token, expert width, renormalised picks */
     float *mx, *mdx, *mga, *mua, *mdh, *mdg, *mdu, *mdo, *mdl; /* its scratch: gathered rows and gradients */
     int32_t *mrow;                                             /* the (token, pick) slots of one expert */
+    int gated; /* Qwen3.5: attention output times sigmoid of a gate from q_proj */
+    int Hk, Hv, Dk, Dv, Cc, Kc,
+        gdn_tiled;   /* Gated DeltaNet geometry: key / value heads and dims, conv channels and width */
+    int64_t gdn_per; /* floats of one value head's work area (gdn_work) */
+    float *gdn_work, *gd_out, *gd_z, *gd_y, *gd_q, *gd_k, *gd_v, *gd_g, *gd_beta, *gd_qn, *gd_c, *gd_qkv, *gd_a, *gd_b;
+    float *dqg, *dqf; /* gated attention's backward: the gate's gradient, q_proj's rows' */
     const float *final_norm, *lm_head;
     tlayer *layers;
     float **owned;
@@ -156,22 +172,45 @@ static const float *dense(trainer *t, const op_weight *w) {
     return p;
 }
 
-/* mlp: which MLP's activations (ACT_DENSE, ACT_MOE or both): the other's would never be
- * written (so never resident, and fit must not count them) */
-enum { ACT_DENSE = 1, ACT_MOE = 2 };
+/* mlp: which MLPs' and mixers' activations (ACT_*): the others' would never be written (so
+ * never resident, and fit must not count them) */
+enum { ACT_DENSE = 1, ACT_MOE = 2, ACT_ATTN = 4, ACT_GDN = 8 };
+static int act_kinds(const tlayer *y) { return (y->moe ? ACT_MOE : ACT_DENSE) | (y->linear ? ACT_GDN : ACT_ATTN); }
 static int alloc_acts(trainer *t, acts *s, int mlp) {
     int64_t T = t->T, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd;
+    if ((mlp & ACT_GDN)) {
+        int64_t C = t->Cc, VD = (int64_t)t->Hv * t->Dv, KD = (int64_t)t->Hk * t->Dk, Hv = t->Hv;
+        int64_t ck = (T + GDN_CK - 1) / GDN_CK * Hv * t->Dv * t->Dk;
+        float **c3[] = {&s->graw, &s->gpre, &s->gcv};
+        float **v4[] = {&s->gz, &s->gy, &s->gyn, &s->ggo};
+        float **h3[] = {&s->gb, &s->ga, &s->gbeta, &s->gg, &s->gry};
+        for (size_t i = 0; i < 3; i++)
+            if (!(*c3[i] = falloc(t, (size_t)(T * C)))) return -1;
+        for (size_t i = 0; i < 4; i++)
+            if (!(*v4[i] = falloc(t, (size_t)(T * VD)))) return -1;
+        for (size_t i = 0; i < 5; i++)
+            if (!(*h3[i] = falloc(t, (size_t)(T * Hv)))) return -1;
+        if (!(s->gqn = falloc(t, (size_t)(T * KD))) || !(s->gkn = falloc(t, (size_t)(T * KD))) ||
+            !(s->grq = falloc(t, (size_t)(T * t->Hk))) || !(s->grk = falloc(t, (size_t)(T * t->Hk))) ||
+            !(s->gck = falloc(t, (size_t)ck)))
+            return -1;
+    }
+    if (t->gated && (mlp & ACT_ATTN) &&
+        (!(s->qs = falloc(t, (size_t)(T * qd))) || !(s->qgate = falloc(t, (size_t)(T * qd))) ||
+         !(s->ag = falloc(t, (size_t)(T * qd)))))
+        return -1;
     float **f[] = {&s->x_in, &s->h1, &s->x_mid, &s->h2};
     for (size_t i = 0; i < 4; i++)
         if (!(*f[i] = falloc(t, (size_t)(T * t->D)))) return -1;
     float **r[] = {&s->rstd1, &s->rstd2};
     for (size_t i = 0; i < 2; i++)
         if (!(*r[i] = falloc(t, (size_t)T))) return -1;
-    if (!(s->ql = falloc(t, (size_t)(T * qd))) || !(s->qr = falloc(t, (size_t)(T * qd))) ||
-        !(s->a = falloc(t, (size_t)(T * qd))) || !(s->kl = falloc(t, (size_t)(T * kd))) ||
-        !(s->kr = falloc(t, (size_t)(T * kd))) || !(s->v = falloc(t, (size_t)(T * kd))) ||
-        !(s->rstdq = falloc(t, (size_t)(T * t->Hq))) || !(s->rstdk = falloc(t, (size_t)(T * t->Hkv))) ||
-        !(s->p = falloc(t, (size_t)(t->Hq * T * T))))
+    if ((mlp & ACT_ATTN) &&
+        (!(s->ql = falloc(t, (size_t)(T * qd * (1 + t->gated)))) || !(s->qr = falloc(t, (size_t)(T * qd))) ||
+         !(s->a = falloc(t, (size_t)(T * qd))) || !(s->kl = falloc(t, (size_t)(T * kd))) ||
+         !(s->kr = falloc(t, (size_t)(T * kd))) || !(s->v = falloc(t, (size_t)(T * kd))) ||
+         !(s->rstdq = falloc(t, (size_t)(T * t->Hq))) || !(s->rstdk = falloc(t, (size_t)(T * t->Hkv))) ||
+         !(s->p = falloc(t, (size_t)(t->Hq * T * T)))))
         return -1;
     if ((mlp & ACT_DENSE) && (!(s->g = falloc(t, (size_t)(T * t->F))) || !(s->u = falloc(t, (size_t)(T * t->F))) ||
                               !(s->mm = falloc(t, (size_t)(T * t->F)))))
@@ -195,6 +234,22 @@ static int alloc_acts(trainer *t, acts *s, int mlp) {
                  !(s->rstd_pl = falloc(t, (size_t)T))))
         return -1;
     return 0;
+}
+
+/* The Gated DeltaNet backward's buffers (T rows at most) and every value head's work area. */
+static int alloc_gdn_scratch(trainer *t, int64_t T) {
+    int64_t C = t->Cc, VD = (int64_t)t->Hv * t->Dv, Hv = t->Hv;
+    float **v[] = {&t->gd_out, &t->gd_z, &t->gd_y, &t->gd_v};
+    for (size_t i = 0; i < 4; i++)
+        if (!(*v[i] = falloc(t, (size_t)(T * VD)))) return -1;
+    float **h[] = {&t->gd_g, &t->gd_beta, &t->gd_a, &t->gd_b};
+    for (size_t i = 0; i < 4; i++)
+        if (!(*h[i] = falloc(t, (size_t)(T * Hv)))) return -1;
+    return !(t->gd_q = falloc(t, (size_t)(T * Hv * t->Dk))) || !(t->gd_k = falloc(t, (size_t)(T * Hv * t->Dk))) ||
+                   !(t->gd_qn = falloc(t, (size_t)(2 * t->Hk * t->Dk))) || !(t->gd_c = falloc(t, (size_t)(T * C))) ||
+                   !(t->gd_qkv = falloc(t, (size_t)(T * C))) || !(t->gdn_work = falloc(t, (size_t)(Hv * t->gdn_per)))
+               ? -1
+               : 0;
 }
 
 /* A norm's weight as the trainer applies it: Gemma's (1 + w) form (norm_shift) as a copy
@@ -236,13 +291,19 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     if ((st = (t->dry ? model_plan : model_load)(t->hm, 0, &t->m, err))) return st;
     const model_config *c = &t->m->cfg;
     int gemma4 = c->family == FAMILY_GEMMA4, gemma = c->family == FAMILY_GEMMA3 || gemma4;
+    int hybrid = c->family == FAMILY_QWEN3_5;
+    if (hybrid) {
+        t->gated = c->attn_gate, t->Hk = c->gdn_k_heads, t->Hv = c->gdn_v_heads, t->Dk = c->gdn_k_dim;
+        t->Dv = c->gdn_v_dim, t->Kc = c->gdn_conv, t->gdn_tiled = c->gdn_v_tiled;
+        t->Cc = 2 * t->Hk * t->Dk + t->Hv * t->Dv;
+        t->gdn_per = (int64_t)(GDN_CK + 2) * t->Dv * t->Dk + t->Dk;
+    }
     if (c->family != FAMILY_LLAMA && c->family != FAMILY_QWEN3 && c->family != FAMILY_MINICPM && !gemma &&
-        c->family != FAMILY_QWEN3_MOE)
-        return err_set(
-            err, HEARTH_ERR_UNSUPPORTED,
-            "%s: hearth train handles llama-, qwen3-, qwen3_moe-, minicpm-, gemma3- and gemma4-family models "
-            "so far (this is %s)",
-            name, t->hm->sum.architecture);
+        c->family != FAMILY_QWEN3_MOE && !(hybrid && !c->n_experts))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: hearth train handles llama-, qwen3-, qwen3_moe-, qwen3_5- (dense), minicpm-, gemma3- and "
+                       "gemma4-family models so far (this is %s)",
+                       name, t->hm->sum.architecture);
     if (c->family == FAMILY_QWEN3_MOE)
         t->E = c->n_experts, t->K = c->top_k_experts, t->Fm = c->moe_ffn, t->norm_topk = c->norm_topk;
     if ((!gemma && (c->norm_shift != 0 || c->sliding_window)) || (c->softcap != 0 && !gemma4) ||
@@ -276,9 +337,17 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     for (int l = 0; l < t->L; l++) {
         const layer_weights *lw = &t->m->layers[l];
         tlayer *y = &t->layers[l];
-        if ((lw->moe && (c->family != FAMILY_QWEN3_MOE || !lw->experts_up.n)) || lw->linear || (lw->sliding && !gemma))
+        if ((lw->moe && (c->family != FAMILY_QWEN3_MOE || !lw->experts_up.n)) || (lw->linear && !hybrid) ||
+            (lw->sliding && !gemma))
             return err_set(err, HEARTH_ERR_UNSUPPORTED,
                            "%s: layer %d is not a dense attention layer with a dense or Qwen3-MoE MLP", name, l);
+        if ((y->linear = lw->linear)) { /* a Gated DeltaNet layer: frozen, the gradient goes through */
+            if (!(y->gqkv = dense(t, &lw->gdn_qkv)) || !(y->gz = dense(t, &lw->gdn_z)) ||
+                !(y->gbw = dense(t, &lw->gdn_b)) || !(y->gaw = dense(t, &lw->gdn_a)) ||
+                !(y->gout = dense(t, &lw->gdn_out)))
+                return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+            y->conv = lw->gdn_conv, y->A_log = lw->gdn_A_log, y->dt_bias = lw->gdn_dt_bias, y->gnorm = lw->gdn_norm;
+        }
         if ((y->moe = lw->moe)) { /* the experts stay frozen: LoRA on the attention projections */
             if (!(y->router = dense(t, &lw->router)) || !(y->eg = dense(t, &lw->experts_gate)) ||
                 !(y->eu = dense(t, &lw->experts_up)) || !(y->ed = dense(t, &lw->experts_down)))
@@ -293,6 +362,7 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         }
         y->hd = gemma4 ? lw->head_dim : t->hd, y->Hkv = gemma4 ? lw->n_kv_heads : t->Hkv;
         y->F = gemma4 ? lw->ffn : t->F;
+        y->rd = c->rope_dims > 0 && c->rope_dims < y->hd ? c->rope_dims : y->hd;
         y->v_norm = gemma4, y->k_eq_v = gemma4 && !lw->shares_kv && !lw->v.n;
         y->layer_scalar = gemma4 && lw->layer_scalar ? lw->layer_scalar[0] : 1.0f;
         y->pl_norm = lw->pl_norm;
@@ -304,8 +374,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                 return err_set(err, HEARTH_ERR_INVALID, "%s: layer %d reads a KV no layer below it stores", name, l);
             t->kv_shared = 1;
         }
-        if (!y->w[P_Q] || !y->w[P_O] || (!y->moe && (!y->w[P_GATE] || !y->w[P_UP] || !y->w[P_DOWN])) ||
-            (y->src < 0 && !y->w[P_K]) || (t->P && (!y->w[P_PLG] || !y->w[P_PLP])))
+        if ((!y->linear && (!y->w[P_Q] || !y->w[P_O] || (y->src < 0 && !y->w[P_K]))) ||
+            (!y->moe && (!y->w[P_GATE] || !y->w[P_UP] || !y->w[P_DOWN])) || (t->P && (!y->w[P_PLG] || !y->w[P_PLP])))
             return err_set(err, HEARTH_ERR_INVALID, "%s: layer %d lacks a projection training needs", name, l);
         y->bias[0] = lw->q_bias, y->bias[1] = lw->k_bias, y->bias[2] = lw->v_bias;
         y->attn_norm = norm_weight(t, lw->attn_norm, t->D, &bad_norm);
@@ -361,7 +431,7 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                 bad = !(y->ck = falloc(t, (size_t)T1 * (size_t)t->D)) ||
                       (t->pref && !(y->ck2 = falloc(t, (size_t)T2 * (size_t)t->D)));
             } else {
-                int mlp = y->moe ? ACT_MOE : ACT_DENSE;
+                int mlp = act_kinds(y);
                 t->T = T1, bad = alloc_acts(t, &y->s, mlp);
                 t->T = T2, bad = bad || (t->pref && alloc_acts(t, &y->s2, mlp)), t->T = T;
             }
@@ -381,7 +451,7 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         }
     int kinds = 0; /* the MLPs the layers that run in shared have */
     for (int l = 0; l < t->L; l++)
-        if (l < t->first_lora || t->ckpt) kinds |= t->layers[l].moe ? ACT_MOE : ACT_DENSE;
+        if (l < t->first_lora || t->ckpt) kinds |= act_kinds(&t->layers[l]);
     if ((t->first_lora > 0 || t->ckpt) && alloc_acts(t, &t->shared, kinds))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
     t->part = PART_BUFFERS;
@@ -399,6 +469,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         !(t->da = falloc(t, (size_t)(T * qd))) ||
         (t->m->cfg.family == FAMILY_GEMMA4 && !(t->dvl = falloc(t, (size_t)(T * kd)))) ||
         (t->P && t->pref && !(t->pl_in2 = falloc(t, (size_t)(T * t->L * t->P)))) ||
+        (t->gated && (!(t->dqg = falloc(t, (size_t)(T * qd))) || !(t->dqf = falloc(t, (size_t)(T * qd * 2))))) ||
+        (t->Hv && alloc_gdn_scratch(t, T)) ||
         (t->E && (!(t->mx = falloc(t, (size_t)(T * D))) || !(t->mdx = falloc(t, (size_t)(T * D))) ||
                   !(t->mdo = falloc(t, (size_t)(T * D))) || !(t->mga = falloc(t, (size_t)(T * t->Fm))) ||
                   !(t->mua = falloc(t, (size_t)(T * t->Fm))) || !(t->mdh = falloc(t, (size_t)(T * t->Fm))) ||
@@ -431,8 +503,18 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     return HEARTH_OK;
 }
 
-static void lora_tensor_name(char *buf, size_t cap, int layer, int p, int b) {
-    snprintf(buf, cap, "model.layers.%d.%s.lora_%c", layer, proj_name[p], b ? 'b' : 'a');
+/* The decoder layers' module path in each adapter format: mlx-lm's model (Qwen3.5's wraps
+ * its language model) and PEFT's (transformers' Qwen3.5 is a conditional-generation model
+ * whose text layers sit under model.language_model). */
+static const char *mlx_prefix(const trainer *t) {
+    return t->m->cfg.family == FAMILY_QWEN3_5 ? "language_model.model." : "model.";
+}
+static const char *peft_prefix(const trainer *t) {
+    return t->m->cfg.family == FAMILY_QWEN3_5 ? "base_model.model.model.language_model." : "base_model.model.model.";
+}
+
+static void lora_tensor_name(const trainer *t, char *buf, size_t cap, int layer, int p, int b) {
+    snprintf(buf, cap, "%slayers.%d.%s.lora_%c", mlx_prefix(t), layer, proj_name[p], b ? 'b' : 'a');
 }
 
 /* GGUF llama q/k rows are in adjacent-pair RoPE order: output (h, i, j) of [heads, half, 2]
@@ -468,9 +550,9 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
                 for (int b = 0; b < (t->dora ? 3 : 2) && !dst && trained(&t->layers[l], p); b++) {
                     char nm[128];
                     if (b == 2)
-                        snprintf(nm, sizeof nm, "model.layers.%d.%s.m", l, proj_name[p]);
+                        snprintf(nm, sizeof nm, "%slayers.%d.%s.m", mlx_prefix(t), l, proj_name[p]);
                     else
-                        lora_tensor_name(nm, sizeof nm, l, p, b);
+                        lora_tensor_name(t, nm, sizeof nm, l, p, b);
                     if (!strcmp(nm, ti->name)) {
                         tlayer *y = &t->layers[l];
                         dst = b == 2 ? y->lora[p].m : b ? y->lora[p].b : y->lora[p].a;
@@ -583,6 +665,199 @@ static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, 
     tr_matmul_nn(t->tp, t->mdl, T, E, y->router, D, dh2);
 }
 
+/* ---- Qwen3.5's Gated DeltaNet layers (frozen: the gradient goes through them) ----------
+ * mlx-lm's qwen3_5.py GatedDeltaNet with gated_delta_ops (the sequential form it trains
+ * with): qkv = silu(causal depthwise conv(in_proj_qkv x)), q and k L2-normalised (q times
+ * k_dim^-1/2 more), beta = sigmoid(in_proj_b x), g = exp(-exp(A_log) softplus(in_proj_a x +
+ * dt_bias)); per value head the delta rule on a [v_dim, k_dim] state from zero: S *= g;
+ * delta = beta (v - S k); S += delta k^T; y = S q; then out_proj(silu(z) rmsnorm(y) w). The
+ * backward walks the rule in reverse from states kept every GDN_CK tokens (each chunk's
+ * states computed again). */
+static float gdn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float gdn_softplus(float x) { return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); } /* mlx's */
+static int gdn_hk(const trainer *t, int h) { return t->gdn_tiled ? h % t->Hk : h / (t->Hv / t->Hk); }
+
+typedef struct gdn_job {
+    trainer *t;
+    const acts *s;
+    int64_t T;
+} gdn_job;
+
+/* one value head's rule over the sequence: y, and the state before every GDN_CK-th token */
+static void gdn_fwd_head(void *vc, int task, int thread) {
+    (void)thread;
+    int64_t h = task;
+    const gdn_job *j = vc;
+    trainer *t = j->t;
+    const acts *s = j->s;
+    int64_t Dk = t->Dk, Dv = t->Dv, Hk = t->Hk, Hv = t->Hv, C = t->Cc, hk = gdn_hk(t, (int)h);
+    float *S = t->gdn_work + h * t->gdn_per;
+    memset(S, 0, sizeof(float) * (size_t)(Dv * Dk));
+    for (int64_t i = 0; i < j->T; i++) {
+        if (i % GDN_CK == 0) memcpy(s->gck + ((i / GDN_CK) * Hv + h) * Dv * Dk, S, sizeof(float) * (size_t)(Dv * Dk));
+        const float *k = s->gkn + (i * Hk + hk) * Dk, *q = s->gqn + (i * Hk + hk) * Dk;
+        const float *v = s->gcv + i * C + 2 * Hk * Dk + h * Dv;
+        float g = s->gg[i * Hv + h], beta = s->gbeta[i * Hv + h], *y = s->gy + (i * Hv + h) * Dv;
+        for (int64_t r = 0; r < Dv; r++) {
+            float *row = S + r * Dk, mem = 0, out = 0;
+            for (int64_t d = 0; d < Dk; d++) mem += (row[d] *= g) * k[d];
+            float delta = (v[r] - mem) * beta;
+            for (int64_t d = 0; d < Dk; d++) out += (row[d] += k[d] * delta) * q[d];
+            y[r] = out;
+        }
+    }
+}
+
+/* its backward from dy (t->gd_y): dq, dk (this value head's, [T, Hv, Dk]), dv, dg, dbeta */
+static void gdn_bwd_head(void *vc, int task, int thread) {
+    (void)thread;
+    int64_t h = task;
+    const gdn_job *j = vc;
+    trainer *t = j->t;
+    const acts *s = j->s;
+    int64_t Dk = t->Dk, Dv = t->Dv, Hk = t->Hk, Hv = t->Hv, C = t->Cc, hk = gdn_hk(t, (int)h), SD = Dv * Dk;
+    float *St = t->gdn_work + h * t->gdn_per, *dS = St + (GDN_CK + 1) * SD, *sp = dS + SD;
+    memset(dS, 0, sizeof(float) * (size_t)SD);
+    for (int64_t c0 = (j->T - 1) / GDN_CK * GDN_CK; c0 >= 0; c0 -= GDN_CK) {
+        int64_t n = j->T - c0 < GDN_CK ? j->T - c0 : GDN_CK;
+        memcpy(St, s->gck + ((c0 / GDN_CK) * Hv + h) * SD, sizeof(float) * (size_t)SD);
+        for (int64_t m = 0; m < n; m++) { /* St[m + 1]: the state after token c0 + m */
+            int64_t i = c0 + m;
+            const float *k = s->gkn + (i * Hk + hk) * Dk, *v = s->gcv + i * C + 2 * Hk * Dk + h * Dv;
+            float g = s->gg[i * Hv + h], beta = s->gbeta[i * Hv + h];
+            for (int64_t r = 0; r < Dv; r++) {
+                const float *a = St + m * SD + r * Dk;
+                float *b = St + (m + 1) * SD + r * Dk, mem = 0;
+                for (int64_t d = 0; d < Dk; d++) mem += (b[d] = a[d] * g) * k[d];
+                float delta = (v[r] - mem) * beta;
+                for (int64_t d = 0; d < Dk; d++) b[d] += k[d] * delta;
+            }
+        }
+        for (int64_t m = n - 1; m >= 0; m--) {
+            int64_t i = c0 + m;
+            const float *k = s->gkn + (i * Hk + hk) * Dk, *q = s->gqn + (i * Hk + hk) * Dk;
+            const float *v = s->gcv + i * C + 2 * Hk * Dk + h * Dv, *dy = t->gd_y + (i * Hv + h) * Dv;
+            float g = s->gg[i * Hv + h], beta = s->gbeta[i * Hv + h], dg = 0, dbeta = 0;
+            float *dq = t->gd_q + (i * Hv + h) * Dk, *dk = t->gd_k + (i * Hv + h) * Dk;
+            float *dv = t->gd_v + (i * Hv + h) * Dv;
+            memset(dq, 0, sizeof(float) * (size_t)Dk), memset(dk, 0, sizeof(float) * (size_t)Dk);
+            for (int64_t r = 0; r < Dv; r++) {
+                const float *prev = St + m * SD + r * Dk, *now = St + (m + 1) * SD + r * Dk;
+                float *ds = dS + r * Dk, pred = 0, dd = 0, dp = 0;
+                for (int64_t d = 0; d < Dk; d++) {
+                    sp[d] = prev[d] * g; /* S' = g S_prev */
+                    pred += sp[d] * k[d];
+                    ds[d] += dy[r] * q[d]; /* y_r = S_new,r . q */
+                    dq[d] += dy[r] * now[d];
+                    dd += ds[d] * k[d]; /* d delta_r */
+                }
+                float delta = (v[r] - pred) * beta;
+                dv[r] = beta * dd;
+                dbeta += (v[r] - pred) * dd;
+                float dpred = -beta * dd;
+                for (int64_t d = 0; d < Dk; d++) {
+                    dk[d] += delta * ds[d] + dpred * sp[d];
+                    ds[d] += dpred * k[d]; /* now dS' */
+                    dp += ds[d] * prev[d];
+                    ds[d] *= g; /* dS_prev */
+                }
+                dg += dp;
+            }
+            t->gd_g[i * Hv + h] = dg, t->gd_beta[i * Hv + h] = dbeta;
+        }
+    }
+}
+
+/* The layer's mixer on s->h1 (its input norm done) into t->tmp. */
+static void gdn_forward(trainer *t, const tlayer *y, acts *s, int64_t T) {
+    int64_t D = t->D, Dk = t->Dk, Dv = t->Dv, Hk = t->Hk, Hv = t->Hv, C = t->Cc, Kc = t->Kc, VD = Hv * Dv;
+    tr_matmul_nt(t->tp, s->h1, T, D, y->gqkv, C, s->graw, 0);
+    tr_matmul_nt(t->tp, s->h1, T, D, y->gz, VD, s->gz, 0);
+    tr_matmul_nt(t->tp, s->h1, T, D, y->gbw, Hv, s->gb, 0);
+    tr_matmul_nt(t->tp, s->h1, T, D, y->gaw, Hv, s->ga, 0);
+    for (int64_t i = 0; i < T; i++) /* the causal conv from a zero history, then SiLU */
+        for (int64_t c = 0; c < C; c++) {
+            float acc = 0;
+            for (int64_t k = 0; k < Kc; k++) {
+                int64_t src = i - (Kc - 1) + k;
+                if (src >= 0) acc += y->conv[c * Kc + k] * s->graw[src * C + c];
+            }
+            s->gpre[i * C + c] = acc;
+            s->gcv[i * C + c] = acc * gdn_sigmoid(acc);
+        }
+    float inv = 1.0f / sqrtf((float)Dk), eps = 1e-6f * inv * inv;
+    for (int64_t i = 0; i < T; i++) {
+        tr_rmsnorm_fwd(s->gcv + i * C, Hk, Dk, NULL, eps, s->gqn + i * Hk * Dk, s->grq + i * Hk);
+        tr_rmsnorm_fwd(s->gcv + i * C + Hk * Dk, Hk, Dk, NULL, eps, s->gkn + i * Hk * Dk, s->grk + i * Hk);
+        for (int64_t d = 0; d < Hk * Dk; d++) s->gqn[i * Hk * Dk + d] *= inv * inv, s->gkn[i * Hk * Dk + d] *= inv;
+        for (int64_t h = 0; h < Hv; h++) {
+            s->gbeta[i * Hv + h] = gdn_sigmoid(s->gb[i * Hv + h]);
+            s->gg[i * Hv + h] = expf(-expf(y->A_log[h]) * gdn_softplus(s->ga[i * Hv + h] + y->dt_bias[h]));
+        }
+    }
+    gdn_job j = {.t = t, .s = s, .T = T};
+    tp_run(t->tp, (int)Hv, gdn_fwd_head, &j);
+    tr_rmsnorm_fwd(s->gy, T * Hv, Dv, y->gnorm, t->eps, s->gyn, s->gry);
+    for (int64_t i = 0; i < T * VD; i++) s->ggo[i] = s->gz[i] * gdn_sigmoid(s->gz[i]) * s->gyn[i]; /* silu(z) yw */
+    tr_matmul_nt(t->tp, s->ggo, T, VD, y->gout, D, t->tmp, 0);
+}
+
+/* Its backward: from dr (the mixer output's gradient) into dh1 (overwritten: the gradient of
+ * the normed input). */
+static void gdn_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, const float *dr, float *dh1) {
+    int64_t D = t->D, Dk = t->Dk, Dv = t->Dv, Hk = t->Hk, Hv = t->Hv, C = t->Cc, Kc = t->Kc, VD = Hv * Dv;
+    float *dout = t->gd_out, *dz = t->gd_z, *dc = t->gd_c, *dqkv = t->gd_qkv;
+    memset(dout, 0, sizeof(float) * (size_t)(T * VD));
+    tr_matmul_nn(t->tp, dr, T, D, y->gout, VD, dout);
+    for (int64_t i = 0; i < T * VD; i++) { /* out = silu(z) yw, yw = rmsnorm(y) w */
+        float z = s->gz[i], sg = gdn_sigmoid(z);
+        dz[i] = dout[i] * s->gyn[i] * sg * (1.0f + z * (1.0f - sg));
+        dout[i] *= z * sg;
+    }
+    memset(t->gd_y, 0, sizeof(float) * (size_t)(T * VD));
+    tr_rmsnorm_bwd(s->gy, T * Hv, Dv, y->gnorm, s->gry, dout, t->gd_y);
+    gdn_job j = {.t = t, .s = s, .T = T};
+    tp_run(t->tp, (int)Hv, gdn_bwd_head, &j);
+    float inv = 1.0f / sqrtf((float)Dk);
+    memset(dc, 0, sizeof(float) * (size_t)(T * C));
+    for (int64_t i = 0; i < T; i++) {
+        float *dqn = t->gd_qn, *dkn = t->gd_qn + Hk * Dk; /* this token's, summed over value heads */
+        memset(dqn, 0, sizeof(float) * (size_t)(2 * Hk * Dk));
+        for (int64_t h = 0; h < Hv; h++) {
+            int64_t hk = gdn_hk(t, (int)h);
+            for (int64_t d = 0; d < Dk; d++) {
+                dqn[hk * Dk + d] += t->gd_q[(i * Hv + h) * Dk + d] * inv * inv;
+                dkn[hk * Dk + d] += t->gd_k[(i * Hv + h) * Dk + d] * inv;
+            }
+        }
+        tr_rmsnorm_bwd(s->gcv + i * C, Hk, Dk, NULL, s->grq + i * Hk, dqn, dc + i * C);
+        tr_rmsnorm_bwd(s->gcv + i * C + Hk * Dk, Hk, Dk, NULL, s->grk + i * Hk, dkn, dc + i * C + Hk * Dk);
+        memcpy(dc + i * C + 2 * Hk * Dk, t->gd_v + i * VD, sizeof(float) * (size_t)VD);
+        for (int64_t h = 0; h < Hv; h++) { /* beta = sigmoid(b); g = exp(-exp(A_log) softplus(a + dt_bias)) */
+            float beta = s->gbeta[i * Hv + h], g = s->gg[i * Hv + h];
+            t->gd_b[i * Hv + h] = t->gd_beta[i * Hv + h] * beta * (1.0f - beta);
+            t->gd_a[i * Hv + h] =
+                t->gd_g[i * Hv + h] * g * -expf(y->A_log[h]) * gdn_sigmoid(s->ga[i * Hv + h] + y->dt_bias[h]);
+        }
+    }
+    for (int64_t i = 0; i < T * C; i++) { /* through the SiLU */
+        float x = s->gpre[i], sg = gdn_sigmoid(x);
+        dc[i] *= sg * (1.0f + x * (1.0f - sg));
+    }
+    memset(dqkv, 0, sizeof(float) * (size_t)(T * C));
+    for (int64_t i = 0; i < T; i++) /* the conv's transpose */
+        for (int64_t k = 0; k < Kc; k++) {
+            int64_t src = i - (Kc - 1) + k;
+            if (src < 0) continue;
+            for (int64_t c = 0; c < C; c++) dqkv[src * C + c] += y->conv[c * Kc + k] * dc[i * C + c];
+        }
+    memset(dh1, 0, sizeof(float) * (size_t)(T * D));
+    tr_matmul_nn(t->tp, dqkv, T, C, y->gqkv, D, dh1);
+    tr_matmul_nn(t->tp, dz, T, VD, y->gz, D, dh1);
+    tr_matmul_nn(t->tp, t->gd_b, T, Hv, y->gbw, D, dh1);
+    tr_matmul_nn(t->tp, t->gd_a, T, Hv, y->gaw, D, dh1);
+}
+
 /* Layer l of the forward on t->x (T rows, in place), its activations into s; lo: its LoRA
  * pairs or NULL. */
 static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const tr_lora *lo) {
@@ -590,12 +865,24 @@ static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const
 #define LORA(p) (lo ? lora_of(lo, p) : NULL)
     memcpy(s->x_in, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->x, T, D, y->attn_norm, t->eps, s->h1, s->rstd1);
-    tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_Q], qd, y->bias[0], LORA(P_Q), s->xa[P_Q], s->ql);
+    if (y->linear) {
+        gdn_forward(t, y, s, T);
+        goto mixed;
+    }
+    tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_Q], y->n[P_Q], y->bias[0], LORA(P_Q), s->xa[P_Q], s->ql);
+    const float *qsrc = s->ql;
+    if (t->gated) { /* each head's rows: hd of queries, then hd of its output gate */
+        for (int64_t i = 0; i < T * t->Hq; i++) {
+            memcpy(s->qs + i * hd, s->ql + i * 2 * hd, sizeof(float) * (size_t)hd);
+            memcpy(s->qgate + i * hd, s->ql + i * 2 * hd + hd, sizeof(float) * (size_t)hd);
+        }
+        qsrc = s->qs;
+    }
     if (y->q_norm)
-        tr_rmsnorm_fwd(s->ql, T * t->Hq, hd, y->q_norm, t->eps, s->qr, s->rstdq);
+        tr_rmsnorm_fwd(qsrc, T * t->Hq, hd, y->q_norm, t->eps, s->qr, s->rstdq);
     else
-        memcpy(s->qr, s->ql, sizeof(float) * (size_t)(T * qd));
-    tr_rope(s->qr, T, t->Hq, hd, 0, y->inv_freq, t->adjacent, 1);
+        memcpy(s->qr, qsrc, sizeof(float) * (size_t)(T * qd));
+    tr_rope(s->qr, T, t->Hq, hd, y->rd, 0, y->inv_freq, t->adjacent, 1);
     const float *K = s->kr, *V = s->v;
     if (y->src >= 0) { /* a shared-KV layer: the keys and values of the layer it reads */
         K = t->layers[y->src].kk, V = t->layers[y->src].kv;
@@ -610,7 +897,7 @@ static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const
             tr_rmsnorm_fwd(s->kl, T * y->Hkv, hd, y->k_norm, t->eps, s->kr, s->rstdk);
         else
             memcpy(s->kr, s->kl, sizeof(float) * (size_t)(T * kd));
-        tr_rope(s->kr, T, y->Hkv, hd, 0, y->inv_freq, t->adjacent, 1);
+        tr_rope(s->kr, T, y->Hkv, hd, y->rd, 0, y->inv_freq, t->adjacent, 1);
         if (y->v_norm) tr_rmsnorm_fwd(vl, T * y->Hkv, hd, NULL, t->eps, s->v, s->rstdv);
         if (y->kk) { /* read by shared-KV layers above */
             memcpy(y->kk, s->kr, sizeof(float) * (size_t)(T * kd));
@@ -618,8 +905,12 @@ static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const
         }
     }
     tr_attn_fwd(t->tp, s->qr, K, V, T, t->Hq, y->Hkv, (int)hd, t->attn_scale, y->window, s->p, s->a);
-    tr_linear_fwd(t->tp, s->a, T, qd, y->w[P_O], D, NULL, LORA(P_O), s->xa[P_O], t->post_norms ? s->ro : t->tmp);
+    if (t->gated)
+        for (int64_t i = 0; i < T * qd; i++) s->ag[i] = s->a[i] * gdn_sigmoid(s->qgate[i]);
+    tr_linear_fwd(t->tp, t->gated ? s->ag : s->a, T, qd, y->w[P_O], D, NULL, LORA(P_O), s->xa[P_O],
+                  t->post_norms ? s->ro : t->tmp);
     if (t->post_norms) tr_rmsnorm_fwd(s->ro, T, D, y->post_attn_norm, t->eps, t->tmp, s->rstd_pa);
+mixed:
     for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;
     memcpy(s->x_mid, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->x, T, D, y->ffn_norm, t->eps, s->h2, s->rstd2);
@@ -721,6 +1012,66 @@ static const float *post_norm_grad(trainer *t, int64_t T, const float *r, const 
     return t->dtmp;
 }
 
+/* Layer y's attention backward from t->dx (the residual's gradient): the LoRA gradients of
+ * its projections, and into dh1 (NULL: not wanted) the gradient of its normed input. */
+static void attn_backward(trainer *t, tlayer *y, const acts *s, int64_t T, float *dh1) {
+    int64_t D = t->D, hd = y->hd, qd = (int64_t)t->Hq * hd, kd = (int64_t)y->Hkv * hd;
+    float *sc = t->lin_scratch;
+    memset(t->da, 0, sizeof(float) * (size_t)(T * qd));
+    tr_linear_bwd(t->tp, t->gated ? s->ag : s->a, T, qd, y->w[P_O], D, lora_of(y->lora, P_O), s->xa[P_O],
+                  post_norm_grad(t, T, s->ro, y->post_attn_norm, s->rstd_pa), t->da, sc);
+    if (t->gated) /* o_proj read a * sigmoid(gate) */
+        for (int64_t i = 0; i < T * qd; i++) {
+            float sg = gdn_sigmoid(s->qgate[i]);
+            t->dqg[i] = t->da[i] * s->a[i] * sg * (1.0f - sg);
+            t->da[i] *= sg;
+        }
+    const tlayer *kvl = y->src >= 0 ? &t->layers[y->src] : NULL; /* whose keys and values it read */
+    tr_attn_bwd(t->tp, s->qr, kvl ? kvl->kk : s->kr, kvl ? kvl->kv : s->v, s->p, t->da, T, t->Hq, y->Hkv, (int)hd,
+                t->attn_scale, t->dq, t->dk, t->dv, t->attn_scratch);
+    tr_rope(t->dq, T, t->Hq, (int)hd, y->rd, 0, y->inv_freq, t->adjacent, -1);
+    const float *dq = t->dq, *dk = t->dk, *dv = t->dv;
+    if (kvl) { /* the keys' and values' gradients go to the layer that made them */
+        for (int64_t i = 0; i < T * kd; i++) kvl->dks[i] += t->dk[i], kvl->dvs[i] += t->dv[i];
+    } else {
+        if (y->dks)
+            for (int64_t i = 0; i < T * kd; i++) t->dk[i] += y->dks[i], t->dv[i] += y->dvs[i];
+        tr_rope(t->dk, T, y->Hkv, (int)hd, y->rd, 0, y->inv_freq, t->adjacent, -1);
+        if (y->k_norm) {
+            memset(t->dkl, 0, sizeof(float) * (size_t)(T * kd));
+            tr_rmsnorm_bwd(s->kl, T * y->Hkv, hd, y->k_norm, s->rstdk, t->dk, t->dkl);
+            dk = t->dkl;
+        }
+        if (y->v_norm) {
+            memset(t->dvl, 0, sizeof(float) * (size_t)(T * kd));
+            tr_rmsnorm_bwd(y->k_eq_v ? s->kl : s->vl, T * y->Hkv, hd, NULL, s->rstdv, t->dv, t->dvl);
+            dv = t->dvl;
+        }
+        if (y->k_eq_v) { /* values = the keys' projection: both gradients go through it */
+            if (dk != t->dkl) memcpy(t->dkl, dk, sizeof(float) * (size_t)(T * kd));
+            for (int64_t i = 0; i < T * kd; i++) t->dkl[i] += dv[i];
+            dk = t->dkl;
+        }
+    }
+    if (y->q_norm) {
+        memset(t->dql, 0, sizeof(float) * (size_t)(T * qd));
+        tr_rmsnorm_bwd(t->gated ? s->qs : s->ql, T * t->Hq, hd, y->q_norm, s->rstdq, t->dq, t->dql);
+        dq = t->dql;
+    }
+    if (t->gated) { /* q_proj's rows: each head's queries, then its gate */
+        for (int64_t i = 0; i < T * t->Hq; i++) {
+            memcpy(t->dqf + i * 2 * hd, dq + i * hd, sizeof(float) * (size_t)hd);
+            memcpy(t->dqf + i * 2 * hd + hd, t->dqg + i * hd, sizeof(float) * (size_t)hd);
+        }
+        dq = t->dqf;
+    }
+    if (dh1) memset(dh1, 0, sizeof(float) * (size_t)(T * D));
+    tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_Q], y->n[P_Q], lora_of(y->lora, P_Q), s->xa[P_Q], dq, dh1, sc);
+    if (!kvl) tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_K], kd, lora_of(y->lora, P_K), s->xa[P_K], dk, dh1, sc);
+    if (!kvl && !y->k_eq_v)
+        tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_V], kd, lora_of(y->lora, P_V), s->xa[P_V], dv, dh1, sc);
+}
+
 /* Backward from t->dh down to the lowest LoRA layer, adding to every LoRA gradient. */
 static void backward(trainer *t, int64_t T) {
     int64_t D = t->D;
@@ -736,7 +1087,7 @@ static void backward(trainer *t, int64_t T) {
         }
     for (int l = t->L - 1; l >= t->first_lora; l--) {
         tlayer *y = &t->layers[l];
-        int64_t hd = y->hd, qd = (int64_t)t->Hq * hd, kd = (int64_t)y->Hkv * hd, F = y->F;
+        int64_t F = y->F;
         acts *s = &y->s;
         if (t->ckpt) { /* the layer again from its input, its activations into shared */
             memcpy(t->x, y->ck, sizeof(float) * (size_t)(T * D));
@@ -770,47 +1121,12 @@ static void backward(trainer *t, int64_t T) {
             tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_UP], F, lora_of(y->lora, P_UP), s->xa[P_UP], t->du, t->dtmp, sc);
         }
         tr_rmsnorm_bwd(s->x_mid, T, D, y->ffn_norm, s->rstd2, t->dtmp, t->dx);
-        memset(t->da, 0, sizeof(float) * (size_t)(T * qd));
-        tr_linear_bwd(t->tp, s->a, T, qd, y->w[P_O], D, lora_of(y->lora, P_O), s->xa[P_O],
-                      post_norm_grad(t, T, s->ro, y->post_attn_norm, s->rstd_pa), t->da, sc);
-        const tlayer *kvl = y->src >= 0 ? &t->layers[y->src] : NULL; /* whose keys and values it read */
-        tr_attn_bwd(t->tp, s->qr, kvl ? kvl->kk : s->kr, kvl ? kvl->kv : s->v, s->p, t->da, T, t->Hq, y->Hkv, (int)hd,
-                    t->attn_scale, t->dq, t->dk, t->dv, t->attn_scratch);
-        tr_rope(t->dq, T, t->Hq, (int)hd, 0, y->inv_freq, t->adjacent, -1);
-        const float *dq = t->dq, *dk = t->dk, *dv = t->dv;
-        if (kvl) { /* the keys' and values' gradients go to the layer that made them */
-            for (int64_t i = 0; i < T * kd; i++) kvl->dks[i] += t->dk[i], kvl->dvs[i] += t->dv[i];
-        } else {
-            if (y->dks)
-                for (int64_t i = 0; i < T * kd; i++) t->dk[i] += y->dks[i], t->dv[i] += y->dvs[i];
-            tr_rope(t->dk, T, y->Hkv, (int)hd, 0, y->inv_freq, t->adjacent, -1);
-            if (y->k_norm) {
-                memset(t->dkl, 0, sizeof(float) * (size_t)(T * kd));
-                tr_rmsnorm_bwd(s->kl, T * y->Hkv, hd, y->k_norm, s->rstdk, t->dk, t->dkl);
-                dk = t->dkl;
-            }
-            if (y->v_norm) {
-                memset(t->dvl, 0, sizeof(float) * (size_t)(T * kd));
-                tr_rmsnorm_bwd(y->k_eq_v ? s->kl : s->vl, T * y->Hkv, hd, NULL, s->rstdv, t->dv, t->dvl);
-                dv = t->dvl;
-            }
-            if (y->k_eq_v) { /* values = the keys' projection: both gradients go through it */
-                if (dk != t->dkl) memcpy(t->dkl, dk, sizeof(float) * (size_t)(T * kd));
-                for (int64_t i = 0; i < T * kd; i++) t->dkl[i] += dv[i];
-                dk = t->dkl;
-            }
-        }
-        if (y->q_norm) {
-            memset(t->dql, 0, sizeof(float) * (size_t)(T * qd));
-            tr_rmsnorm_bwd(s->ql, T * t->Hq, hd, y->q_norm, s->rstdq, t->dq, t->dql);
-            dq = t->dql;
-        }
         float *dh1 = below ? t->dtmp : NULL;
-        if (dh1) memset(dh1, 0, sizeof(float) * (size_t)(T * D));
-        tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_Q], qd, lora_of(y->lora, P_Q), s->xa[P_Q], dq, dh1, sc);
-        if (!kvl) tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_K], kd, lora_of(y->lora, P_K), s->xa[P_K], dk, dh1, sc);
-        if (!kvl && !y->k_eq_v)
-            tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_V], kd, lora_of(y->lora, P_V), s->xa[P_V], dv, dh1, sc);
+        if (y->linear) { /* the Gated DeltaNet mixer, frozen: only the input's gradient, where wanted */
+            if (dh1) gdn_backward(t, y, s, T, block_grad(t, T), dh1);
+        } else {
+            attn_backward(t, y, s, T, dh1);
+        }
         if (dh1) tr_rmsnorm_bwd(s->x_in, T, D, y->attn_norm, s->rstd1, dh1, t->dx);
     }
 }
@@ -1213,20 +1529,20 @@ static hearth_status save_adapters(trainer *t, const char *path, int peft, heart
                 proj[i] = p;
                 if (b == 2) { /* m [N]: MLX's DoRALinear.m, PEFT's lora_magnitude_vector */
                     if (peft)
-                        snprintf(names[i], 160, "base_model.model.model.layers.%d.%s.lora_magnitude_vector.weight", l,
+                        snprintf(names[i], 160, "%slayers.%d.%s.lora_magnitude_vector.weight", peft_prefix(t), l,
                                  proj_name[p]);
                     else
-                        snprintf(names[i], 160, "model.layers.%d.%s.m", l, proj_name[p]);
+                        snprintf(names[i], 160, "%slayers.%d.%s.m", mlx_prefix(t), l, proj_name[p]);
                     h[i] = (st_out_tensor){.name = names[i], .dtype = DT_F32, .ndim = 1, .shape = {y->n[p]}};
                     data[i] = y->lora[p].m;
                     continue;
                 }
                 int64_t rows = b ? t->r : y->k[p], cols = b ? y->n[p] : t->r; /* hearth's layout */
                 if (peft)
-                    snprintf(names[i], 160, "base_model.model.model.layers.%d.%s.lora_%c.weight", l, proj_name[p],
+                    snprintf(names[i], 160, "%slayers.%d.%s.lora_%c.weight", peft_prefix(t), l, proj_name[p],
                              b ? 'B' : 'A');
                 else
-                    lora_tensor_name(names[i], 160, l, p, b);
+                    lora_tensor_name(t, names[i], 160, l, p, b);
                 h[i] = (st_out_tensor){.name = names[i], .dtype = DT_F32, .ndim = 2,
                                        .shape = {peft ? cols : rows, peft ? rows : cols}};
                 data[i] = b ? y->lora[p].b : y->lora[p].a;

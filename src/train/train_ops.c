@@ -136,8 +136,8 @@ void tr_rmsnorm_bwd(const float *x, int64_t M, int64_t D, const float *w, const 
 
 /* ---- RoPE ---------------------------------------------------------------- */
 
-void tr_rope(float *x, int64_t T, int H, int hd, int pos0, const float *inv_freq, int adjacent, int sign) {
-    int half = hd / 2;
+void tr_rope(float *x, int64_t T, int H, int hd, int rd, int pos0, const float *inv_freq, int adjacent, int sign) {
+    int half = rd / 2;
     for (int64_t t = 0; t < T; t++)
         for (int i = 0; i < half; i++) {
             float th = (float)(pos0 + t) * inv_freq[i];

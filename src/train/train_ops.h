@@ -68,10 +68,11 @@ void tr_rmsnorm_fwd(const float *x, int64_t M, int64_t D, const float *w, float 
 void tr_rmsnorm_bwd(const float *x, int64_t M, int64_t D, const float *w, const float *rstd, const float *dy,
                     float *dx);
 
-/* Rotates x [T, H, hd] in place by pos t * inv_freq[i] (n_freq = hd / 2 pairs): pairs
- * (i, i + hd/2) (HF / MLX "rotate half"), or (2i, 2i+1) when adjacent. sign = -1 rotates
- * back, which is the backward (a rotation's transpose). */
-void tr_rope(float *x, int64_t T, int H, int hd, int pos0, const float *inv_freq, int adjacent, int sign);
+/* Rotates the first rd of each head's hd values of x [T, H, hd] in place by pos t *
+ * inv_freq[i] (rd / 2 pairs; rd = hd: all, rd < hd: partial RoPE, the rest untouched):
+ * pairs (i, i + rd/2) (HF / MLX "rotate half"), or (2i, 2i+1) when adjacent. sign = -1
+ * rotates back, which is the backward (a rotation's transpose). */
+void tr_rope(float *x, int64_t T, int H, int hd, int rd, int pos0, const float *inv_freq, int adjacent, int sign);
 
 /* Causal attention of one sequence: q [T, Hq*hd], k, v [T, Hkv*hd], out [T, Hq*hd];
  * p [Hq, T, T]: the softmax probabilities kept for the backward (rows i, columns <= i).

@@ -81,11 +81,12 @@ def make_init_adapter(model, path, rank, num_layers, seed=0):
     linear_to_lora_layers(m, L if num_layers < 0 else num_layers,
                           {"rank": rank, "scale": 1.0, "dropout": 0.0, "keys": list(PROJS)})
     shapes = {k: v.shape for k, v in tree_flatten(m.parameters()) if k.endswith((".lora_a", ".lora_b"))}
+    prefix = "language_model.model." if any(k.startswith("language_model.") for k in shapes) else "model."
     rng = np.random.default_rng(seed)
     w = {}
     for layer in range(L - (L if num_layers < 0 else num_layers), L):
         for p in PROJS:
-            a, b = f"model.layers.{layer}.{p}.lora_a", f"model.layers.{layer}.{p}.lora_b"
+            a, b = f"{prefix}layers.{layer}.{p}.lora_a", f"{prefix}layers.{layer}.{p}.lora_b"
             if a not in shapes:
                 continue
             (i, r), (_, o) = shapes[a], shapes[b]
@@ -163,6 +164,10 @@ CASES = [  # model, data format, num_layers, mask_prompt
     # them and through the router's softmax and renormalised top-k weights; layer 1 is dense
     ("qwen3_moe-f32", "text", -1, False),
     ("qwen3_moe-q4g64", "chat", 2, True),
+    # Qwen3.5: Gated DeltaNet layers (frozen: the gradient goes back through the delta rule,
+    # the conv and the gates), gated attention with partial RoPE
+    ("qwen3_5-f32", "text", -1, False),
+    ("qwen3_5-q4g64", "chat", 3, True),
 ]
 
 
@@ -207,7 +212,8 @@ def test_losses_and_adapter_match_mlx_lora(tmp_path, name, fmt, num_layers, mask
 
 
 @pytest.mark.parametrize("name,num_layers", [("llama-f32", -1), ("gemma3-f32", 2), ("gemma4-f32", -1),
-                                             ("gemma4-q4g64", 3), ("qwen3_moe-f32", -1), ("qwen3_moe-q4g64", -1)])
+                                             ("gemma4-q4g64", 3), ("qwen3_moe-f32", -1), ("qwen3_moe-q4g64", -1),
+                                             ("qwen3_5-f32", -1), ("qwen3_5-bf16", 3)])
 def test_one_sgd_step_is_mlx_lms_gradient(tmp_path, name, num_layers):
     """One SGD step at learning rate 1 moves each LoRA tensor by minus its gradient: the
     whole model's backward (every layer's ops, Gemma 4's shared-KV layers handing their
@@ -263,10 +269,10 @@ def test_errors_are_clear(tmp_path):
     assert rc == 2
     rc, err = run_err([model, "--data", data, "--num-layers", "-1", "--resume-adapter-file", str(bad / "train.jsonl")])
     assert rc == 1 and "train.jsonl" in err
-    # a family training does not handle yet is refused by name (a hybrid Gated DeltaNet model)
-    rc, err = run_err([model_dir("qwen3_5-f32"), "--data", data])
-    assert rc == 1 and "handles llama-, qwen3-, qwen3_moe-, minicpm-, gemma3- and gemma4-family models so far" in err \
-        and "qwen3_5" in err
+    # a family training does not handle yet is refused by name (a hybrid mixture-of-experts model)
+    rc, err = run_err([model_dir("qwen3_5_moe-f32"), "--data", data])
+    assert rc == 1 and "hearth train handles llama-, qwen3-, qwen3_moe-, qwen3_5- (dense)" in err \
+        and "qwen3_5_moe" in err
 
 
 def test_gguf_base_trains_like_safetensors_base(tmp_path):

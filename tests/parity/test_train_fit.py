@@ -68,6 +68,7 @@ CASES = [  # (model, method, rows maker, extra flags)
     ("tiny-gemma4-f32", "dpo", lambda r: [{"prompt": words(r, 30), "chosen": words(r, 120), "rejected": words(r, 90)}
                                           for _ in range(2)], ["--num-layers", "-1", "--grad-checkpoint"]),
     ("tiny-qwen3_moe-f32", "sft", lambda r: [{"text": words(r, 300)} for _ in range(2)], ["--num-layers", "-1"]),
+    ("tiny-qwen3_5-f32", "sft", lambda r: [{"text": words(r, 300)} for _ in range(2)], ["--num-layers", "-1"]),
 ]
 
 

@@ -166,7 +166,8 @@ def test_bad_optimizer_flags(tmp_path, setup):
 
 
 @pytest.mark.parametrize("name,method,num_layers", [("qwen3-f32", "dpo", 2), ("qwen3-f32", "orpo", 2),
-                                                    ("gemma4-f32", "dpo", 2), ("gemma4-f32", "orpo", 3)])
+                                                    ("gemma4-f32", "dpo", 2), ("gemma4-f32", "orpo", 3),
+                                                    ("qwen3_5-f32", "dpo", 3)])
 def test_grad_checkpoint_preference_methods_same_bits(tmp_path, name, method, num_layers):
     """Preference pairs keep two activation slots; with --grad-checkpoint each slot keeps its
     layers' inputs, swapped with the slot: the losses and adapter are the same bits. Gemma 4:

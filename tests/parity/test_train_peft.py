@@ -121,7 +121,8 @@ def test_peft_output_layout_logits_and_fuse(tmp_path, name, num_layers, rank, sc
 
 # (model, --num-layers, --lora-rank, --lora-scale): the last 2 layers (layers_to_transform
 # set) and every layer (none), a fractional alpha
-PEFT_CASES = [("llama-f32", 2, 8, 20.0), ("qwen3-f32", -1, 4, 0.3), ("gemma3-f32", -1, 4, 0.3)]
+PEFT_CASES = [("llama-f32", 2, 8, 20.0), ("qwen3-f32", -1, 4, 0.3), ("gemma3-f32", -1, 4, 0.3),
+              ("gemma4-f32", -1, 4, 0.3)]
 
 
 @pytest.mark.parametrize("name,num_layers,rank,scale,dora", [c + (False,) for c in PEFT_CASES] +

@@ -194,6 +194,7 @@ CASES = [  # model, conversational rows, method, num_layers
     ("gemma4-f32", False, "dpo", 3),  # Gemma 4: the trained layers read KV made below them
     ("gemma4-bf16", False, "orpo", -1),  # (its chat template's prompt render is no prefix of the full one)
     ("qwen3_moe-f32", True, "dpo", -1),  # frozen routed experts
+    ("qwen3_5-f32", False, "orpo", 3),  # Gated DeltaNet layers below and among the trained ones
 ]
 
 

@@ -109,12 +109,12 @@ static void test_rope(void **state) {
         char n[32];
         snprintf(n, sizeof n, "rope%d.x", adj);
         float *x = copy(n);
-        tr_rope(x, 7, 3, 16, 3, T_("rope.inv_freq", NULL), adj, 1);
+        tr_rope(x, 7, 3, 16, 16, 3, T_("rope.inv_freq", NULL), adj, 1);
         snprintf(n, sizeof n, "rope%d.y", adj);
         close_to("rope y", x, n);
         snprintf(n, sizeof n, "rope%d.dy", adj);
         float *d = copy(n);
-        tr_rope(d, 7, 3, 16, 3, T_("rope.inv_freq", NULL), adj, -1);
+        tr_rope(d, 7, 3, 16, 16, 3, T_("rope.inv_freq", NULL), adj, -1);
         snprintf(n, sizeof n, "rope%d.dx", adj);
         close_to("rope dx", d, n);
         free(x), free(d);

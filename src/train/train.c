@@ -45,6 +45,7 @@ typedef struct acts {
      * experts and weights [T, K], and per (token, pick) the expert's gate, up, gated product
      * [T * K, Fm] and output [T * K, D] */
     float *mprob, *mw, *mg, *mu, *mh, *mo;
+    float *shg, *shu, *sho, *shz; /* Qwen3.5-MoE's shared expert: its gate, up, output, gate logit */
     int32_t *msel;
     /* Qwen3.5: a gated attention's queries and output gates (split from q_proj's rows) and its
      * gated output; a Gated DeltaNet layer's projections (raw qkv, z, b, a), the conv before and
@@ -71,6 +72,8 @@ typedef struct tlayer {
     int linear;                 /* a Gated DeltaNet layer (Qwen3.5; frozen): its weights below */
     const float *gqkv, *gz, *gbw, *gaw, *gout, *conv, *A_log, *dt_bias, *gnorm;
     const float *router, *eg, *eu, *ed;
+    int fused;                      /* eg holds each expert's gate rows, then its up rows (eu NULL) */
+    const float *sg, *su, *sd, *sr; /* Qwen3.5-MoE: the shared expert and its one-row gate */
     int64_t n[N_P], k[N_P];
     tr_lora lora[N_P];
     int has_lora;
@@ -95,6 +98,8 @@ typedef struct trainer {
     float *pl_row;         /* one row of the per-layer embedding table [L * P] */
     float *dvl, *dpl;      /* Gemma 4's backward: the unnormed values' gradient; the per-layer product's */
     int E, K, Fm, norm_topk; /* mixture of experts: experts, picks per token, expert width, renormalised picks */
+    int Fs;                  /* Qwen3.5-MoE: the shared expert's width (0: none) */
+    float *sdh, *sdg, *sdu, *sdo;                              /* its backward's scratch */
     float *mx, *mdx, *mga, *mua, *mdh, *mdg, *mdu, *mdo, *mdl; /* its scratch: gathered rows and gradients */
     int32_t *mrow;                                             /* the (token, pick) slots of one expert */
     int gated; /* Qwen3.5: attention output times sigmoid of a gate from q_proj */
@@ -227,7 +232,9 @@ static int alloc_acts(trainer *t, acts *s, int mlp) {
         (!(s->mprob = falloc(t, (size_t)(T * t->E))) || !(s->mw = falloc(t, (size_t)(T * t->K))) ||
          !(s->msel = (int32_t *)falloc(t, (size_t)(T * t->K))) || !(s->mg = falloc(t, (size_t)(T * t->K * t->Fm))) ||
          !(s->mu = falloc(t, (size_t)(T * t->K * t->Fm))) || !(s->mh = falloc(t, (size_t)(T * t->K * t->Fm))) ||
-         !(s->mo = falloc(t, (size_t)(T * t->K * t->D)))))
+         !(s->mo = falloc(t, (size_t)(T * t->K * t->D))) ||
+         (t->Fs && (!(s->shg = falloc(t, (size_t)(T * t->Fs))) || !(s->shu = falloc(t, (size_t)(T * t->Fs))) ||
+                    !(s->sho = falloc(t, (size_t)(T * t->D))) || !(s->shz = falloc(t, (size_t)T))))))
         return -1;
     if (t->P && (!(s->x_pl = falloc(t, (size_t)(T * t->D))) || !(s->pg = falloc(t, (size_t)(T * t->P))) ||
                  !(s->pm = falloc(t, (size_t)(T * t->P))) || !(s->pp = falloc(t, (size_t)(T * t->D))) ||
@@ -299,13 +306,14 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         t->gdn_per = (int64_t)(GDN_CK + 2) * t->Dv * t->Dk + t->Dk;
     }
     if (c->family != FAMILY_LLAMA && c->family != FAMILY_QWEN3 && c->family != FAMILY_MINICPM && !gemma &&
-        c->family != FAMILY_QWEN3_MOE && !(hybrid && !c->n_experts))
+        c->family != FAMILY_QWEN3_MOE && !hybrid)
         return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                       "%s: hearth train handles llama-, qwen3-, qwen3_moe-, qwen3_5- (dense), minicpm-, gemma3- and "
-                       "gemma4-family models so far (this is %s)",
+                       "%s: hearth train handles llama-, qwen3-, qwen3_moe-, qwen3_5-, qwen3_5_moe-, minicpm-, gemma3- "
+                       "and gemma4-family models so far (this is %s)",
                        name, t->hm->sum.architecture);
-    if (c->family == FAMILY_QWEN3_MOE)
+    if (c->family == FAMILY_QWEN3_MOE || (hybrid && c->n_experts))
         t->E = c->n_experts, t->K = c->top_k_experts, t->Fm = c->moe_ffn, t->norm_topk = c->norm_topk;
+    t->Fs = hybrid ? c->shared_ffn : 0;
     if ((!gemma && (c->norm_shift != 0 || c->sliding_window)) || (c->softcap != 0 && !gemma4) ||
         (c->family != FAMILY_MINICPM && !gemma && c->embed_scale != 1) ||
         (c->family != FAMILY_MINICPM && (c->residual_scale != 1 || c->logits_div != 1)))
@@ -337,10 +345,9 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     for (int l = 0; l < t->L; l++) {
         const layer_weights *lw = &t->m->layers[l];
         tlayer *y = &t->layers[l];
-        if ((lw->moe && (c->family != FAMILY_QWEN3_MOE || !lw->experts_up.n)) || (lw->linear && !hybrid) ||
-            (lw->sliding && !gemma))
+        if ((lw->moe && c->family != FAMILY_QWEN3_MOE && !hybrid) || (lw->linear && !hybrid) || (lw->sliding && !gemma))
             return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                           "%s: layer %d is not a dense attention layer with a dense or Qwen3-MoE MLP", name, l);
+                           "%s: layer %d: Gemma 4's mixture-of-experts block is not trained yet", name, l);
         if ((y->linear = lw->linear)) { /* a Gated DeltaNet layer: frozen, the gradient goes through */
             if (!(y->gqkv = dense(t, &lw->gdn_qkv)) || !(y->gz = dense(t, &lw->gdn_z)) ||
                 !(y->gbw = dense(t, &lw->gdn_b)) || !(y->gaw = dense(t, &lw->gdn_a)) ||
@@ -349,8 +356,11 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
             y->conv = lw->gdn_conv, y->A_log = lw->gdn_A_log, y->dt_bias = lw->gdn_dt_bias, y->gnorm = lw->gdn_norm;
         }
         if ((y->moe = lw->moe)) { /* the experts stay frozen: LoRA on the attention projections */
+            y->fused = !lw->experts_up.n;
             if (!(y->router = dense(t, &lw->router)) || !(y->eg = dense(t, &lw->experts_gate)) ||
-                !(y->eu = dense(t, &lw->experts_up)) || !(y->ed = dense(t, &lw->experts_down)))
+                (!y->fused && !(y->eu = dense(t, &lw->experts_up))) || !(y->ed = dense(t, &lw->experts_down)) ||
+                (t->Fs && (!(y->sg = dense(t, &lw->shared_gate)) || !(y->su = dense(t, &lw->shared_up)) ||
+                           !(y->sd = dense(t, &lw->shared_down)) || !(y->sr = dense(t, &lw->shared_router)))))
                 return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
         }
         const op_weight *ws[N_P] = {&lw->q,  &lw->k,    &lw->v,       &lw->o,      &lw->gate,
@@ -476,6 +486,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                   !(t->mua = falloc(t, (size_t)(T * t->Fm))) || !(t->mdh = falloc(t, (size_t)(T * t->Fm))) ||
                   !(t->mdg = falloc(t, (size_t)(T * t->Fm))) || !(t->mdu = falloc(t, (size_t)(T * t->Fm))) ||
                   !(t->mdl = falloc(t, (size_t)(T * t->E))) || !(t->mrow = (int32_t *)falloc(t, (size_t)T)))) ||
+        (t->Fs && (!(t->sdh = falloc(t, (size_t)(T * t->Fs))) || !(t->sdg = falloc(t, (size_t)(T * t->Fs))) ||
+                   !(t->sdu = falloc(t, (size_t)(T * t->Fs))) || !(t->sdo = falloc(t, (size_t)(T * D))))) ||
         (t->P &&
          (!(t->pl_in = falloc(t, (size_t)(T * t->L * t->P))) || !(t->pl_tmp = falloc(t, (size_t)(T * t->L * t->P))) ||
           !(t->dpl = falloc(t, (size_t)(T * t->P))) || !(t->pl_row = falloc(t, (size_t)(t->L * t->P))))) ||
@@ -580,6 +592,14 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
     return st;
 }
 
+/* Expert e's gate and up rows [Fm, D] among the stacked (or fused gate-then-up) ones. */
+static const float *expert_gate(const tlayer *y, int64_t e, int64_t Fm, int64_t D) {
+    return y->eg + e * (y->fused ? 2 : 1) * Fm * D;
+}
+static const float *expert_up(const tlayer *y, int64_t e, int64_t Fm, int64_t D) {
+    return y->fused ? y->eg + (2 * e + 1) * Fm * D : y->eu + e * Fm * D;
+}
+
 /* The slots (token * K + pick) routed to expert e, into t->mrow; returns how many. */
 static int expert_rows(const trainer *t, const acts *s, int64_t T, int e) {
     int n = 0;
@@ -602,8 +622,8 @@ static void moe_forward(trainer *t, const tlayer *y, acts *s, int64_t T) {
         int n = expert_rows(t, s, T, e);
         if (!n) continue;
         for (int r = 0; r < n; r++) memcpy(t->mx + r * D, s->h2 + t->mrow[r] / K * D, sizeof(float) * (size_t)D);
-        tr_matmul_nt(t->tp, t->mx, n, D, y->eg + e * Fm * D, Fm, t->mga, 0);
-        tr_matmul_nt(t->tp, t->mx, n, D, y->eu + e * Fm * D, Fm, t->mua, 0);
+        tr_matmul_nt(t->tp, t->mx, n, D, expert_gate(y, e, Fm, D), Fm, t->mga, 0);
+        tr_matmul_nt(t->tp, t->mx, n, D, expert_up(y, e, Fm, D), Fm, t->mua, 0);
         tr_silu_mul_fwd(t->tp, t->mga, t->mua, n * Fm, t->mdh);
         tr_matmul_nt(t->tp, t->mdh, n, Fm, y->ed + e * D * Fm, D, t->mdo, 0);
         for (int r = 0; r < n; r++) {
@@ -620,6 +640,18 @@ static void moe_forward(trainer *t, const tlayer *y, acts *s, int64_t T) {
             for (int64_t k = 0; k < K; k++) acc += s->mo[(i * K + k) * D + d] * s->mw[i * K + k];
             t->tmp[i * D + d] = acc;
         }
+    if (!t->Fs) return;
+    /* Qwen3.5-MoE: + sigmoid(shared_expert_gate . x) * shared_expert(x) */
+    int64_t Fs = t->Fs;
+    tr_matmul_nt(t->tp, s->h2, T, D, y->sg, Fs, s->shg, 0);
+    tr_matmul_nt(t->tp, s->h2, T, D, y->su, Fs, s->shu, 0);
+    tr_silu_mul_fwd(t->tp, s->shg, s->shu, T * Fs, t->sdh);
+    tr_matmul_nt(t->tp, t->sdh, T, Fs, y->sd, D, s->sho, 0);
+    tr_matmul_nt(t->tp, s->h2, T, D, y->sr, 1, s->shz, 0);
+    for (int64_t i = 0; i < T; i++) {
+        float g = 1.0f / (1.0f + expf(-s->shz[i]));
+        for (int64_t d = 0; d < D; d++) t->tmp[i * D + d] += g * s->sho[i * D + d];
+    }
 }
 
 /* Its backward from dy [T, D] (the MLP output's gradient): dh2 (overwritten) gets each
@@ -641,8 +673,8 @@ static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, 
         tr_matmul_nn(t->tp, t->mdo, n, D, y->ed + e * D * Fm, Fm, t->mdh);
         tr_silu_mul_bwd(t->tp, t->mga, t->mua, t->mdh, n * Fm, t->mdg, t->mdu);
         memset(t->mdx, 0, sizeof(float) * (size_t)(n * D));
-        tr_matmul_nn(t->tp, t->mdg, n, Fm, y->eg + e * Fm * D, D, t->mdx);
-        tr_matmul_nn(t->tp, t->mdu, n, Fm, y->eu + e * Fm * D, D, t->mdx);
+        tr_matmul_nn(t->tp, t->mdg, n, Fm, expert_gate(y, e, Fm, D), D, t->mdx);
+        tr_matmul_nn(t->tp, t->mdu, n, Fm, expert_up(y, e, Fm, D), D, t->mdx);
         for (int r = 0; r < n; r++)
             for (int64_t d = 0; d < D; d++) dh2[t->mrow[r] / K * D + d] += t->mdx[r * D + d];
     }
@@ -663,6 +695,22 @@ static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, 
         for (int64_t e = 0; e < E; e++) dl[e] = p[e] * (dl[e] - dsum); /* the softmax's backward */
     }
     tr_matmul_nn(t->tp, t->mdl, T, E, y->router, D, dh2);
+    if (!t->Fs) return;
+    int64_t Fs = t->Fs; /* the shared expert and its gate */
+    for (int64_t i = 0; i < T; i++) {
+        float g = 1.0f / (1.0f + expf(-s->shz[i])), dz = 0;
+        for (int64_t d = 0; d < D; d++) {
+            t->sdo[i * D + d] = dy[i * D + d] * g;
+            dz += dy[i * D + d] * s->sho[i * D + d];
+        }
+        t->mdl[i] = dz * g * (1.0f - g); /* the gate logit's gradient (mdl is free again) */
+    }
+    tr_matmul_nn(t->tp, t->mdl, T, 1, y->sr, D, dh2);
+    memset(t->sdh, 0, sizeof(float) * (size_t)(T * Fs));
+    tr_matmul_nn(t->tp, t->sdo, T, D, y->sd, Fs, t->sdh);
+    tr_silu_mul_bwd(t->tp, s->shg, s->shu, t->sdh, T * Fs, t->sdg, t->sdu);
+    tr_matmul_nn(t->tp, t->sdg, T, Fs, y->sg, D, dh2);
+    tr_matmul_nn(t->tp, t->sdu, T, Fs, y->su, D, dh2);
 }
 
 /* ---- Qwen3.5's Gated DeltaNet layers (frozen: the gradient goes through them) ----------

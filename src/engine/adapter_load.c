@@ -299,7 +299,9 @@ static hearth_status collect(const model *m, const adapter_cfg *c, const st_file
         if (!(c->targets & (1u << p)))
             return err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' adapts %s, which target_modules does not list",
                            f->path, t->name, proj_names[p]);
-        if (m->layers[layer].moe && p >= OP_PROJ_GATE)
+        /* a mixture-of-experts layer's MLP projections are its experts' (Gemma 4's layers keep a dense
+         * MLP beside them, which adapts as any layer's) */
+        if (m->layers[layer].moe && !m->layers[layer].gate.n && p >= OP_PROJ_GATE)
             return err_set(err, HEARTH_ERR_UNSUPPORTED,
                            "%s: tensor '%s' adapts the MLP of a mixture-of-experts layer (experts are not supported)",
                            f->path, t->name);

@@ -46,6 +46,8 @@ typedef struct acts {
      * [T * K, Fm] and output [T * K, D] */
     float *mprob, *mw, *mg, *mu, *mh, *mo;
     float *shg, *shu, *sho, *shz; /* Qwen3.5-MoE's shared expert: its gate, up, output, gate logit */
+    float *rx, *rstd_r, *h2b, *rstd_b, *rd1, *rstd_p1, *eo, *rstd_p2; /* Gemma 4's experts: router input, experts'
+                                                                         input, MLP and experts outputs, 1 / rms */
     int32_t *msel;
     /* Qwen3.5: a gated attention's queries and output gates (split from q_proj's rows) and its
      * gated output; a Gated DeltaNet layer's projections (raw qkv, z, b, a), the conv before and
@@ -73,7 +75,11 @@ typedef struct tlayer {
     const float *gqkv, *gz, *gbw, *gaw, *gout, *conv, *A_log, *dt_bias, *gnorm;
     const float *router, *eg, *eu, *ed;
     int fused;                      /* eg holds each expert's gate rows, then its up rows (eu NULL) */
+    int beside;                     /* Gemma 4: the experts run beside a dense MLP, routed from x */
     const float *sg, *su, *sd, *sr; /* Qwen3.5-MoE: the shared expert and its one-row gate */
+    /* Gemma 4's experts beside the MLP: the router's norm weight (its scale / sqrt(hidden)), the
+     * per-expert scales, and the norms after the MLP, before and after the experts */
+    const float *router_w, *expert_scale, *post_ffn_norm_1, *ffn_norm_2, *post_ffn_norm_2;
     int64_t n[N_P], k[N_P];
     tr_lora lora[N_P];
     int has_lora;
@@ -99,7 +105,9 @@ typedef struct trainer {
     float *dvl, *dpl;      /* Gemma 4's backward: the unnormed values' gradient; the per-layer product's */
     int E, K, Fm, norm_topk; /* mixture of experts: experts, picks per token, expert width, renormalised picks */
     int Fs;                  /* Qwen3.5-MoE: the shared expert's width (0: none) */
-    float *sdh, *sdg, *sdu, *sdo;                              /* its backward's scratch */
+    float *sdh, *sdg, *sdu, *sdo; /* its backward's scratch */
+    float *g4b, *g4c, *g4x, *g4r; /* Gemma 4's experts backward: the MLP's and experts' outputs' gradients, the
+                                     experts' and router's inputs' */
     float *mx, *mdx, *mga, *mua, *mdh, *mdg, *mdu, *mdo, *mdl; /* its scratch: gathered rows and gradients */
     int32_t *mrow;                                             /* the (token, pick) slots of one expert */
     int gated; /* Qwen3.5: attention output times sigmoid of a gate from q_proj */
@@ -180,7 +188,10 @@ static const float *dense(trainer *t, const op_weight *w) {
 /* mlp: which MLPs' and mixers' activations (ACT_*): the others' would never be written (so
  * never resident, and fit must not count them) */
 enum { ACT_DENSE = 1, ACT_MOE = 2, ACT_ATTN = 4, ACT_GDN = 8 };
-static int act_kinds(const tlayer *y) { return (y->moe ? ACT_MOE : ACT_DENSE) | (y->linear ? ACT_GDN : ACT_ATTN); }
+/* Gemma 4's experts sit beside a dense MLP (beside); Qwen's replace it */
+static int act_kinds(const tlayer *y) {
+    return (y->moe ? ACT_MOE : 0) | (!y->moe || y->beside ? ACT_DENSE : 0) | (y->linear ? ACT_GDN : ACT_ATTN);
+}
 static int alloc_acts(trainer *t, acts *s, int mlp) {
     int64_t T = t->T, qd = (int64_t)t->Hq * t->hd, kd = (int64_t)t->Hkv * t->hd;
     if ((mlp & ACT_GDN)) {
@@ -233,6 +244,10 @@ static int alloc_acts(trainer *t, acts *s, int mlp) {
          !(s->msel = (int32_t *)falloc(t, (size_t)(T * t->K))) || !(s->mg = falloc(t, (size_t)(T * t->K * t->Fm))) ||
          !(s->mu = falloc(t, (size_t)(T * t->K * t->Fm))) || !(s->mh = falloc(t, (size_t)(T * t->K * t->Fm))) ||
          !(s->mo = falloc(t, (size_t)(T * t->K * t->D))) ||
+         (t->gelu && (!(s->rx = falloc(t, (size_t)(T * t->D))) || !(s->h2b = falloc(t, (size_t)(T * t->D))) ||
+                      !(s->rd1 = falloc(t, (size_t)(T * t->D))) || !(s->eo = falloc(t, (size_t)(T * t->D))) ||
+                      !(s->rstd_r = falloc(t, (size_t)T)) || !(s->rstd_b = falloc(t, (size_t)T)) ||
+                      !(s->rstd_p1 = falloc(t, (size_t)T)) || !(s->rstd_p2 = falloc(t, (size_t)T)))) ||
          (t->Fs && (!(s->shg = falloc(t, (size_t)(T * t->Fs))) || !(s->shu = falloc(t, (size_t)(T * t->Fs))) ||
                     !(s->sho = falloc(t, (size_t)(T * t->D))) || !(s->shz = falloc(t, (size_t)T))))))
         return -1;
@@ -311,7 +326,7 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                        "%s: hearth train handles llama-, qwen3-, qwen3_moe-, qwen3_5-, qwen3_5_moe-, minicpm-, gemma3- "
                        "and gemma4-family models so far (this is %s)",
                        name, t->hm->sum.architecture);
-    if (c->family == FAMILY_QWEN3_MOE || (hybrid && c->n_experts))
+    if (c->family == FAMILY_QWEN3_MOE || ((hybrid || gemma4) && c->n_experts))
         t->E = c->n_experts, t->K = c->top_k_experts, t->Fm = c->moe_ffn, t->norm_topk = c->norm_topk;
     t->Fs = hybrid ? c->shared_ffn : 0;
     if ((!gemma && (c->norm_shift != 0 || c->sliding_window)) || (c->softcap != 0 && !gemma4) ||
@@ -345,9 +360,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     for (int l = 0; l < t->L; l++) {
         const layer_weights *lw = &t->m->layers[l];
         tlayer *y = &t->layers[l];
-        if ((lw->moe && c->family != FAMILY_QWEN3_MOE && !hybrid) || (lw->linear && !hybrid) || (lw->sliding && !gemma))
-            return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                           "%s: layer %d: Gemma 4's mixture-of-experts block is not trained yet", name, l);
+        if ((lw->linear && !hybrid) || (lw->sliding && !gemma))
+            return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: layer %d is not a layer training handles", name, l);
         if ((y->linear = lw->linear)) { /* a Gated DeltaNet layer: frozen, the gradient goes through */
             if (!(y->gqkv = dense(t, &lw->gdn_qkv)) || !(y->gz = dense(t, &lw->gdn_z)) ||
                 !(y->gbw = dense(t, &lw->gdn_b)) || !(y->gaw = dense(t, &lw->gdn_a)) ||
@@ -357,6 +371,11 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         }
         if ((y->moe = lw->moe)) { /* the experts stay frozen: LoRA on the attention projections */
             y->fused = !lw->experts_up.n;
+            if (gemma4) { /* (the loader made router_norm the scale times hidden^-1/2, as mlx-lm computes it) */
+                y->beside = 1, y->router_w = lw->router_norm, y->expert_scale = lw->expert_scale;
+                y->post_ffn_norm_1 = lw->post_ffn_norm_1, y->ffn_norm_2 = lw->ffn_norm_2;
+                y->post_ffn_norm_2 = lw->post_ffn_norm_2;
+            }
             if (!(y->router = dense(t, &lw->router)) || !(y->eg = dense(t, &lw->experts_gate)) ||
                 (!y->fused && !(y->eu = dense(t, &lw->experts_up))) || !(y->ed = dense(t, &lw->experts_down)) ||
                 (t->Fs && (!(y->sg = dense(t, &lw->shared_gate)) || !(y->su = dense(t, &lw->shared_up)) ||
@@ -486,6 +505,9 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                   !(t->mua = falloc(t, (size_t)(T * t->Fm))) || !(t->mdh = falloc(t, (size_t)(T * t->Fm))) ||
                   !(t->mdg = falloc(t, (size_t)(T * t->Fm))) || !(t->mdu = falloc(t, (size_t)(T * t->Fm))) ||
                   !(t->mdl = falloc(t, (size_t)(T * t->E))) || !(t->mrow = (int32_t *)falloc(t, (size_t)T)))) ||
+        (t->E && t->gelu &&
+         (!(t->g4b = falloc(t, (size_t)(T * D))) || !(t->g4c = falloc(t, (size_t)(T * D))) ||
+          !(t->g4x = falloc(t, (size_t)(T * D))) || !(t->g4r = falloc(t, (size_t)(T * D))))) ||
         (t->Fs && (!(t->sdh = falloc(t, (size_t)(T * t->Fs))) || !(t->sdg = falloc(t, (size_t)(T * t->Fs))) ||
                    !(t->sdu = falloc(t, (size_t)(T * t->Fs))) || !(t->sdo = falloc(t, (size_t)(T * D))))) ||
         (t->P &&
@@ -612,19 +634,21 @@ static int expert_rows(const trainer *t, const acts *s, int64_t T, int e) {
  * softmax over every expert, the top K (op_moe_route: the engine's rule), renormalised with
  * norm_topk_prob; each expert's SwiGLU on the rows routed to it (gathered: one product per
  * weight); each token's outputs weighted and summed in pick order. */
-static void moe_forward(trainer *t, const tlayer *y, acts *s, int64_t T) {
+static void moe_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const float *xin, const float *rin,
+                        float *out) {
     int64_t D = t->D, Fm = t->Fm, K = t->K, E = t->E;
-    tr_matmul_nt(t->tp, s->h2, T, D, y->router, E, s->mprob, 0);
-    op_moe route = {.norm_topk = t->norm_topk};
+    tr_matmul_nt(t->tp, rin, T, D, y->router, E, s->mprob, 0);
+    /* Gemma 4's rule (router_norm set): the top K by logit, their softmax times per_expert_scale */
+    op_moe route = {.norm_topk = t->norm_topk, .router_norm = y->router_w, .expert_scale = y->expert_scale};
     for (int64_t i = 0; i < T; i++)
         op_moe_route(&route, s->mprob + i * E, (int)E, (int)K, s->msel + i * K, s->mw + i * K);
     for (int e = 0; e < E; e++) {
         int n = expert_rows(t, s, T, e);
         if (!n) continue;
-        for (int r = 0; r < n; r++) memcpy(t->mx + r * D, s->h2 + t->mrow[r] / K * D, sizeof(float) * (size_t)D);
+        for (int r = 0; r < n; r++) memcpy(t->mx + r * D, xin + t->mrow[r] / K * D, sizeof(float) * (size_t)D);
         tr_matmul_nt(t->tp, t->mx, n, D, expert_gate(y, e, Fm, D), Fm, t->mga, 0);
         tr_matmul_nt(t->tp, t->mx, n, D, expert_up(y, e, Fm, D), Fm, t->mua, 0);
-        tr_silu_mul_fwd(t->tp, t->mga, t->mua, n * Fm, t->mdh);
+        (t->gelu ? tr_gelu_mul_fwd : tr_silu_mul_fwd)(t->tp, t->mga, t->mua, n * Fm, t->mdh);
         tr_matmul_nt(t->tp, t->mdh, n, Fm, y->ed + e * D * Fm, D, t->mdo, 0);
         for (int r = 0; r < n; r++) {
             int64_t i = t->mrow[r];
@@ -638,28 +662,30 @@ static void moe_forward(trainer *t, const tlayer *y, acts *s, int64_t T) {
         for (int64_t d = 0; d < D; d++) {
             float acc = 0;
             for (int64_t k = 0; k < K; k++) acc += s->mo[(i * K + k) * D + d] * s->mw[i * K + k];
-            t->tmp[i * D + d] = acc;
+            out[i * D + d] = acc;
         }
     if (!t->Fs) return;
     /* Qwen3.5-MoE: + sigmoid(shared_expert_gate . x) * shared_expert(x) */
     int64_t Fs = t->Fs;
-    tr_matmul_nt(t->tp, s->h2, T, D, y->sg, Fs, s->shg, 0);
-    tr_matmul_nt(t->tp, s->h2, T, D, y->su, Fs, s->shu, 0);
+    tr_matmul_nt(t->tp, xin, T, D, y->sg, Fs, s->shg, 0);
+    tr_matmul_nt(t->tp, xin, T, D, y->su, Fs, s->shu, 0);
     tr_silu_mul_fwd(t->tp, s->shg, s->shu, T * Fs, t->sdh);
     tr_matmul_nt(t->tp, t->sdh, T, Fs, y->sd, D, s->sho, 0);
-    tr_matmul_nt(t->tp, s->h2, T, D, y->sr, 1, s->shz, 0);
+    tr_matmul_nt(t->tp, xin, T, D, y->sr, 1, s->shz, 0);
     for (int64_t i = 0; i < T; i++) {
         float g = 1.0f / (1.0f + expf(-s->shz[i]));
-        for (int64_t d = 0; d < D; d++) t->tmp[i * D + d] += g * s->sho[i * D + d];
+        for (int64_t d = 0; d < D; d++) out[i * D + d] += g * s->sho[i * D + d];
     }
 }
 
-/* Its backward from dy [T, D] (the MLP output's gradient): dh2 (overwritten) gets each
- * expert's input gradient, scaled by the token's weight, and the router's: through the
- * weights' renormalisation and the softmax (the picks themselves are constants). */
-static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, const float *dy, float *dh2) {
+/* Its backward from dy [T, D] (the block output's gradient): dxin gets each expert's input
+ * gradient, scaled by the token's weight (and the shared expert's), drin the router's input's:
+ * through the weights' renormalisation and the softmax (the picks themselves are constants).
+ * Both are added to (they may be the same buffer). */
+static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, const float *dy, float *dxin,
+                         float *drin) {
     int64_t D = t->D, Fm = t->Fm, K = t->K, E = t->E;
-    memset(dh2, 0, sizeof(float) * (size_t)(T * D));
+    float *dh2 = dxin;
     for (int e = 0; e < E; e++) {
         int n = expert_rows(t, s, T, e);
         if (!n) continue;
@@ -671,7 +697,7 @@ static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, 
         }
         memset(t->mdh, 0, sizeof(float) * (size_t)(n * Fm));
         tr_matmul_nn(t->tp, t->mdo, n, D, y->ed + e * D * Fm, Fm, t->mdh);
-        tr_silu_mul_bwd(t->tp, t->mga, t->mua, t->mdh, n * Fm, t->mdg, t->mdu);
+        (t->gelu ? tr_gelu_mul_bwd : tr_silu_mul_bwd)(t->tp, t->mga, t->mua, t->mdh, n * Fm, t->mdg, t->mdu);
         memset(t->mdx, 0, sizeof(float) * (size_t)(n * D));
         tr_matmul_nn(t->tp, t->mdg, n, Fm, expert_gate(y, e, Fm, D), D, t->mdx);
         tr_matmul_nn(t->tp, t->mdu, n, Fm, expert_up(y, e, Fm, D), D, t->mdx);
@@ -689,12 +715,19 @@ static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, 
             for (int64_t d = 0; d < D; d++) acc += dy[i * D + d] * o[d];
             dl[sel[k]] = acc, dpw += acc * w[k], total += p[sel[k]];
         }
+        if (y->beside) { /* Gemma 4: w_k = softmax over the picks' logits (p holds logits) * scale */
+            float q[256], mxl = p[sel[0]], z = 0, dq = 0;
+            for (int64_t k = 0; k < K; k++) z += (q[k] = expf(p[sel[k]] - mxl));
+            for (int64_t k = 0; k < K; k++) q[k] /= z, dl[sel[k]] *= y->expert_scale[sel[k]], dq += q[k] * dl[sel[k]];
+            for (int64_t k = 0; k < K; k++) dl[sel[k]] = q[k] * (dl[sel[k]] - dq);
+            continue;
+        }
         if (t->norm_topk) /* w = p / total over the picks: dp_j = (dw_j - sum_k dw_k w_k) / total */
             for (int64_t k = 0; k < K; k++) dl[sel[k]] = (dl[sel[k]] - dpw) / total;
         for (int64_t k = 0; k < K; k++) dsum += p[sel[k]] * dl[sel[k]];
         for (int64_t e = 0; e < E; e++) dl[e] = p[e] * (dl[e] - dsum); /* the softmax's backward */
     }
-    tr_matmul_nn(t->tp, t->mdl, T, E, y->router, D, dh2);
+    tr_matmul_nn(t->tp, t->mdl, T, E, y->router, D, drin);
     if (!t->Fs) return;
     int64_t Fs = t->Fs; /* the shared expert and its gate */
     for (int64_t i = 0; i < T; i++) {
@@ -962,8 +995,8 @@ mixed:
     for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;
     memcpy(s->x_mid, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->x, T, D, y->ffn_norm, t->eps, s->h2, s->rstd2);
-    if (y->moe) {
-        moe_forward(t, y, s, T);
+    if (y->moe && !t->gelu) { /* Qwen3-MoE, Qwen3.5-MoE: the experts are the MLP */
+        moe_forward(t, y, s, T, s->h2, s->h2, t->tmp);
         for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
         return;
     }
@@ -971,7 +1004,18 @@ mixed:
     tr_linear_fwd(t->tp, s->h2, T, D, y->w[P_UP], F, NULL, LORA(P_UP), s->xa[P_UP], s->u);
     (t->gelu ? tr_gelu_mul_fwd : tr_silu_mul_fwd)(t->tp, s->g, s->u, T * F, s->mm);
     tr_linear_fwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, NULL, LORA(P_DOWN), s->xa[P_DOWN],
-                  t->post_norms ? s->rd : t->tmp);
+                  y->moe          ? s->rd1
+                  : t->post_norms ? s->rd
+                                  : t->tmp);
+    if (y->moe) { /* Gemma 4: rd = post_1(MLP) + post_2(experts(pre_2(x)), routed from x) */
+        int64_t Dd = D;
+        tr_rmsnorm_fwd(s->rd1, T, Dd, y->post_ffn_norm_1, t->eps, s->rd, s->rstd_p1);
+        tr_rmsnorm_fwd(s->x_mid, T, Dd, y->router_w, t->eps, s->rx, s->rstd_r);
+        tr_rmsnorm_fwd(s->x_mid, T, Dd, y->ffn_norm_2, t->eps, s->h2b, s->rstd_b);
+        moe_forward(t, y, s, T, s->h2b, s->rx, s->eo);
+        tr_rmsnorm_fwd(s->eo, T, Dd, y->post_ffn_norm_2, t->eps, t->tmp, s->rstd_p2);
+        for (int64_t i = 0; i < T * Dd; i++) s->rd[i] += t->tmp[i];
+    }
     if (t->post_norms) tr_rmsnorm_fwd(s->rd, T, D, y->post_ffn_norm, t->eps, t->tmp, s->rstd_pf);
     for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;
     if (t->P) { /* x += pl_norm(pl_proj(gelu(pl_gate(x)) * this layer's per-layer input)) */
@@ -1120,6 +1164,21 @@ static void attn_backward(trainer *t, tlayer *y, const acts *s, int64_t T, float
         tr_linear_bwd(t->tp, s->h1, T, D, y->w[P_V], kd, lora_of(y->lora, P_V), s->xa[P_V], dv, dh1, sc);
 }
 
+/* Gemma 4's experts beside its MLP, from drd (the gradient of post_1(MLP) + post_2(experts)):
+ * the experts', router's and their norms' gradients added to t->dx (x's); returns the MLP
+ * down projection's output gradient (through post_1). */
+static const float *gemma4_experts_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, const float *drd) {
+    int64_t D = t->D;
+    size_t n = sizeof(float) * (size_t)(T * D);
+    memset(t->g4b, 0, n), memset(t->g4c, 0, n), memset(t->g4x, 0, n), memset(t->g4r, 0, n);
+    tr_rmsnorm_bwd(s->rd1, T, D, y->post_ffn_norm_1, s->rstd_p1, drd, t->g4b);
+    tr_rmsnorm_bwd(s->eo, T, D, y->post_ffn_norm_2, s->rstd_p2, drd, t->g4c);
+    moe_backward(t, y, s, T, t->g4c, t->g4x, t->g4r);
+    tr_rmsnorm_bwd(s->x_mid, T, D, y->ffn_norm_2, s->rstd_b, t->g4x, t->dx);
+    tr_rmsnorm_bwd(s->x_mid, T, D, y->router_w, s->rstd_r, t->g4r, t->dx);
+    return t->g4b;
+}
+
 /* Backward from t->dh down to the lowest LoRA layer, adding to every LoRA gradient. */
 static void backward(trainer *t, int64_t T) {
     int64_t D = t->D;
@@ -1156,12 +1215,15 @@ static void backward(trainer *t, int64_t T) {
             tr_linear_bwd(t->tp, s->x_pl, T, D, y->w[P_PLG], P, lora_of(y->lora, P_PLG), s->xa[P_PLG], t->dg, t->dx,
                           sc);
         }
-        if (y->moe) {
-            moe_backward(t, y, s, T, block_grad(t, T), t->dtmp);
+        if (y->moe && !t->gelu) {
+            memset(t->dtmp, 0, sizeof(float) * (size_t)(T * D));
+            moe_backward(t, y, s, T, block_grad(t, T), t->dtmp, t->dtmp);
         } else {
+            const float *ddown = post_norm_grad(t, T, s->rd, y->post_ffn_norm, s->rstd_pf);
+            if (y->moe) ddown = gemma4_experts_backward(t, y, s, T, ddown);
             memset(t->dmm, 0, sizeof(float) * (size_t)(T * F));
-            tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, lora_of(y->lora, P_DOWN), s->xa[P_DOWN],
-                          post_norm_grad(t, T, s->rd, y->post_ffn_norm, s->rstd_pf), t->dmm, sc);
+            tr_linear_bwd(t->tp, s->mm, T, F, y->w[P_DOWN], D, lora_of(y->lora, P_DOWN), s->xa[P_DOWN], ddown, t->dmm,
+                          sc);
             (t->gelu ? tr_gelu_mul_bwd : tr_silu_mul_bwd)(t->tp, s->g, s->u, t->dmm, T * F, t->dg, t->du);
             memset(t->dtmp, 0, sizeof(float) * (size_t)(T * D));
             tr_linear_bwd(t->tp, s->h2, T, D, y->w[P_GATE], F, lora_of(y->lora, P_GATE), s->xa[P_GATE], t->dg, t->dtmp,

@@ -169,6 +169,11 @@ CASES = [  # model, data format, num_layers, mask_prompt
     ("qwen3_5-f32", "text", -1, False),
     ("qwen3_5-q4g64", "chat", 3, True),
     ("qwen3_5_moe-f32", "text", -1, False),  # + routed experts beside a gated shared expert
+    # Gemma 4's experts beside its MLP, routed from the residual: with every layer trained, 10
+    # steps move some token's router logits across a tie (a different expert is picked; 0.18%
+    # of the loss at step 4 for the f32 model), so the last two layers here; the gradient test
+    # below covers every layer
+    ("gemma4_moe-q4g64", "chat", 2, True),
 ]
 
 
@@ -215,12 +220,13 @@ def test_losses_and_adapter_match_mlx_lora(tmp_path, name, fmt, num_layers, mask
 @pytest.mark.parametrize("name,num_layers", [("llama-f32", -1), ("gemma3-f32", 2), ("gemma4-f32", -1),
                                              ("gemma4-q4g64", 3), ("qwen3_moe-f32", -1), ("qwen3_moe-q4g64", -1),
                                              ("qwen3_5-f32", -1), ("qwen3_5-bf16", 3), ("qwen3_5_moe-f32", -1),
-                                             ("qwen3_5_moe-q4g64", 3)])
+                                             ("qwen3_5_moe-q4g64", 3), ("gemma4_moe-f32", -1), ("gemma4_moe-q4g64", 2)])
 def test_one_sgd_step_is_mlx_lms_gradient(tmp_path, name, num_layers):
     """One SGD step at learning rate 1 moves each LoRA tensor by minus its gradient: the
     whole model's backward (every layer's ops, Gemma 4's shared-KV layers handing their
     keys' and values' gradients down, the softcapped cross-entropy) against MLX autograd
-    through mlx-lm's model, tensor by tensor within 1e-4 of the tensor's largest value."""
+    through mlx-lm's model, tensor by tensor within 1e-4 of the tensor's largest value (Gemma
+    4's MoE model: 3e-4)."""
     import mlx.core as mx
     model = model_dir(name)
     data = make_data(str(tmp_path / "data"), "text")
@@ -234,12 +240,16 @@ def test_one_sgd_step_is_mlx_lms_gradient(tmp_path, name, num_layers):
     a, b, i0 = (mx.load(str(p)) for p in (tmp_path / "mlx" / "adapters.safetensors",
                                           tmp_path / "ours" / "adapters.safetensors", init))
     assert sorted(a) == sorted(b) == sorted(i0)
+    # Gemma 4's mixture-of-experts block amplifies float32 rounding more (worst 1.1e-4 measured
+    # over every layer; the router's per-expert scales left out of its backward give 2.6e-3 to
+    # 4.5e-3 in the top layer alone)
+    tol = 3e-4 if "gemma4_moe" in name else 1e-4
     worst = 0.0
     for k in a:
         ga, gb = np.asarray(i0[k]) - np.asarray(a[k]), np.asarray(i0[k]) - np.asarray(b[k])
         assert np.abs(ga).max() > 0, k
         worst = max(worst, np.abs(ga - gb).max() / np.abs(ga).max())
-        assert np.abs(ga - gb).max() <= 1e-4 * np.abs(ga).max(), k
+        assert np.abs(ga - gb).max() <= tol * np.abs(ga).max(), k
     print(f"{name}: worst gradient difference {worst:.2e} of the tensor's largest")
 
 
@@ -271,9 +281,12 @@ def test_errors_are_clear(tmp_path):
     assert rc == 2
     rc, err = run_err([model, "--data", data, "--num-layers", "-1", "--resume-adapter-file", str(bad / "train.jsonl")])
     assert rc == 1 and "train.jsonl" in err
-    # a model training does not handle yet is refused by name (Gemma 4's mixture-of-experts block)
-    rc, err = run_err([model_dir("gemma4_moe-f32"), "--data", data, "--num-layers", "-1"])
-    assert rc == 1 and "Gemma 4's mixture-of-experts block is not trained yet" in err
+    # a model training does not handle is refused by name (an encoder: BERT)
+    bert = os.path.join(os.path.dirname(TINY), "models", "all-MiniLM-L6-v2")
+    if not os.path.isdir(bert):
+        pytest.fail(f"missing {bert}: run tools/get_models.sh", pytrace=False)
+    rc, err = run_err([bert, "--data", data])
+    assert rc == 1 and "architecture 'bert' is not supported" in err, err
 
 
 def test_gguf_base_trains_like_safetensors_base(tmp_path):

@@ -156,6 +156,28 @@ for kk, vv in dict(h=hh, w=w, weight=mask / mask.sum(), dh=dhh).items():
 put("xcap.loss", loss.reshape(1))
 put("xcap.softcap", np.array([cap]))
 
+# the gated delta rule over a short sequence from a zero state (Qwen3.5's Gated DeltaNet, as
+# mlx-lm's gated_delta_ops steps it): Dk 20 (a vector body and a tail), Dv 3
+T, Dv, Dk = 6, 3, 20
+q, k, v, dy = rnd(T, Dk, scale=0.3), rnd(T, Dk, scale=0.3), rnd(T, Dv), rnd(T, Dv)
+g = mx.array(rng.uniform(0.6, 1.0, T).astype(np.float32)).astype(F64)
+beta = mx.array(rng.uniform(0.2, 0.9, T).astype(np.float32)).astype(F64)
+
+
+def delta_rule(q, k, v, g, beta):
+    S, ys = mx.zeros((Dv, Dk)).astype(F64), []
+    for t in range(T):
+        S = S * g[t]
+        delta = (v[t] - (S * k[t][None, :]).sum(-1)) * beta[t]
+        S = S + k[t][None, :] * delta[:, None]
+        ys.append((S * q[t][None, :]).sum(-1))
+    return mx.stack(ys)
+
+
+y, (dq, dk, dv, dg, dbeta) = vjp(delta_rule, [q, k, v, g, beta], dy)
+for kk, vv in dict(q=q, k=k, v=v, g=g, beta=beta, dy=dy, y=y, dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta).items():
+    put(f"delta.{kk}", vv)
+
 arrays = {k: mx.array(v) for k, v in out.items()}
 arrays["xent.targets"] = mx.array(targets)
 arrays["xcap.targets"] = mx.array(cap_targets)

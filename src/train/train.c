@@ -767,84 +767,45 @@ typedef struct gdn_job {
 /* one value head's rule over the sequence: y, and the state before every GDN_CK-th token */
 static void gdn_fwd_head(void *vc, int task, int thread) {
     (void)thread;
-    int64_t h = task;
     const gdn_job *j = vc;
     trainer *t = j->t;
     const acts *s = j->s;
-    int64_t Dk = t->Dk, Dv = t->Dv, Hk = t->Hk, Hv = t->Hv, C = t->Cc, hk = gdn_hk(t, (int)h);
+    int64_t h = task, Dk = t->Dk, Dv = t->Dv, Hk = t->Hk, Hv = t->Hv, C = t->Cc, hk = gdn_hk(t, task);
     float *S = t->gdn_work + h * t->gdn_per;
     memset(S, 0, sizeof(float) * (size_t)(Dv * Dk));
     for (int64_t i = 0; i < j->T; i++) {
         if (i % GDN_CK == 0) memcpy(s->gck + ((i / GDN_CK) * Hv + h) * Dv * Dk, S, sizeof(float) * (size_t)(Dv * Dk));
-        const float *k = s->gkn + (i * Hk + hk) * Dk, *q = s->gqn + (i * Hk + hk) * Dk;
-        const float *v = s->gcv + i * C + 2 * Hk * Dk + h * Dv;
-        float g = s->gg[i * Hv + h], beta = s->gbeta[i * Hv + h], *y = s->gy + (i * Hv + h) * Dv;
-        for (int64_t r = 0; r < Dv; r++) {
-            float *row = S + r * Dk, mem = 0, out = 0;
-            for (int64_t d = 0; d < Dk; d++) mem += (row[d] *= g) * k[d];
-            float delta = (v[r] - mem) * beta;
-            for (int64_t d = 0; d < Dk; d++) out += (row[d] += k[d] * delta) * q[d];
-            y[r] = out;
-        }
+        tr_delta_step(S, s->gkn + (i * Hk + hk) * Dk, s->gqn + (i * Hk + hk) * Dk,
+                      s->gcv + i * C + 2 * Hk * Dk + h * Dv, (int)Dv, (int)Dk, s->gg[i * Hv + h], s->gbeta[i * Hv + h],
+                      s->gy + (i * Hv + h) * Dv);
     }
 }
 
 /* its backward from dy (t->gd_y): dq, dk (this value head's, [T, Hv, Dk]), dv, dg, dbeta */
 static void gdn_bwd_head(void *vc, int task, int thread) {
     (void)thread;
-    int64_t h = task;
     const gdn_job *j = vc;
     trainer *t = j->t;
     const acts *s = j->s;
-    int64_t Dk = t->Dk, Dv = t->Dv, Hk = t->Hk, Hv = t->Hv, C = t->Cc, hk = gdn_hk(t, (int)h), SD = Dv * Dk;
-    float *St = t->gdn_work + h * t->gdn_per, *dS = St + (GDN_CK + 1) * SD, *sp = dS + SD;
+    int64_t h = task, Dk = t->Dk, Dv = t->Dv, Hk = t->Hk, Hv = t->Hv, C = t->Cc, hk = gdn_hk(t, task), SD = Dv * Dk;
+    float *St = t->gdn_work + h * t->gdn_per, *dS = St + (GDN_CK + 1) * SD, *work = dS + SD;
     memset(dS, 0, sizeof(float) * (size_t)SD);
     for (int64_t c0 = (j->T - 1) / GDN_CK * GDN_CK; c0 >= 0; c0 -= GDN_CK) {
         int64_t n = j->T - c0 < GDN_CK ? j->T - c0 : GDN_CK;
         memcpy(St, s->gck + ((c0 / GDN_CK) * Hv + h) * SD, sizeof(float) * (size_t)SD);
         for (int64_t m = 0; m < n; m++) { /* St[m + 1]: the state after token c0 + m */
             int64_t i = c0 + m;
-            const float *k = s->gkn + (i * Hk + hk) * Dk, *v = s->gcv + i * C + 2 * Hk * Dk + h * Dv;
-            float g = s->gg[i * Hv + h], beta = s->gbeta[i * Hv + h];
-            for (int64_t r = 0; r < Dv; r++) {
-                const float *a = St + m * SD + r * Dk;
-                float *b = St + (m + 1) * SD + r * Dk, mem = 0;
-                for (int64_t d = 0; d < Dk; d++) mem += (b[d] = a[d] * g) * k[d];
-                float delta = (v[r] - mem) * beta;
-                for (int64_t d = 0; d < Dk; d++) b[d] += k[d] * delta;
-            }
+            memcpy(St + (m + 1) * SD, St + m * SD, sizeof(float) * (size_t)SD);
+            tr_delta_step(St + (m + 1) * SD, s->gkn + (i * Hk + hk) * Dk, NULL, s->gcv + i * C + 2 * Hk * Dk + h * Dv,
+                          (int)Dv, (int)Dk, s->gg[i * Hv + h], s->gbeta[i * Hv + h], NULL);
         }
         for (int64_t m = n - 1; m >= 0; m--) {
             int64_t i = c0 + m;
-            const float *k = s->gkn + (i * Hk + hk) * Dk, *q = s->gqn + (i * Hk + hk) * Dk;
-            const float *v = s->gcv + i * C + 2 * Hk * Dk + h * Dv, *dy = t->gd_y + (i * Hv + h) * Dv;
-            float g = s->gg[i * Hv + h], beta = s->gbeta[i * Hv + h], dg = 0, dbeta = 0;
-            float *dq = t->gd_q + (i * Hv + h) * Dk, *dk = t->gd_k + (i * Hv + h) * Dk;
-            float *dv = t->gd_v + (i * Hv + h) * Dv;
-            memset(dq, 0, sizeof(float) * (size_t)Dk), memset(dk, 0, sizeof(float) * (size_t)Dk);
-            for (int64_t r = 0; r < Dv; r++) {
-                const float *prev = St + m * SD + r * Dk, *now = St + (m + 1) * SD + r * Dk;
-                float *ds = dS + r * Dk, pred = 0, dd = 0, dp = 0;
-                for (int64_t d = 0; d < Dk; d++) {
-                    sp[d] = prev[d] * g; /* S' = g S_prev */
-                    pred += sp[d] * k[d];
-                    ds[d] += dy[r] * q[d]; /* y_r = S_new,r . q */
-                    dq[d] += dy[r] * now[d];
-                    dd += ds[d] * k[d]; /* d delta_r */
-                }
-                float delta = (v[r] - pred) * beta;
-                dv[r] = beta * dd;
-                dbeta += (v[r] - pred) * dd;
-                float dpred = -beta * dd;
-                for (int64_t d = 0; d < Dk; d++) {
-                    dk[d] += delta * ds[d] + dpred * sp[d];
-                    ds[d] += dpred * k[d]; /* now dS' */
-                    dp += ds[d] * prev[d];
-                    ds[d] *= g; /* dS_prev */
-                }
-                dg += dp;
-            }
-            t->gd_g[i * Hv + h] = dg, t->gd_beta[i * Hv + h] = dbeta;
+            tr_delta_step_bwd(St + m * SD, St + (m + 1) * SD, s->gkn + (i * Hk + hk) * Dk, s->gqn + (i * Hk + hk) * Dk,
+                              s->gcv + i * C + 2 * Hk * Dk + h * Dv, (int)Dv, (int)Dk, s->gg[i * Hv + h],
+                              s->gbeta[i * Hv + h], t->gd_y + (i * Hv + h) * Dv, dS, t->gd_q + (i * Hv + h) * Dk,
+                              t->gd_k + (i * Hv + h) * Dk, t->gd_v + (i * Hv + h) * Dv, &t->gd_g[i * Hv + h],
+                              &t->gd_beta[i * Hv + h], work);
         }
     }
 }

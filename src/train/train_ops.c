@@ -450,6 +450,112 @@ void tr_gelu_mul_bwd(threadpool *tp, const float *g, const float *u, const float
     for_rows(tp, (n + SILU_ROW - 1) / SILU_ROW, gelu_bwd_row, &c);
 }
 
+/* ---- the gated delta rule (Qwen3.5's Gated DeltaNet) ------------------------ */
+
+INL void delta_step_body(float *S, const float *k, const float *q, const float *v, int Dv, int Dk, float g, float beta,
+                         float *y) {
+    const v8 gv = {g, g, g, g, g, g, g, g};
+    for (int r = 0; r < Dv; r++) {
+        float *row = S + (int64_t)r * Dk;
+        v8 m = {0};
+        int d = 0;
+        for (; d + 8 <= Dk; d += 8) {
+            v8 x = ld8(row + d) * gv;
+            st8(row + d, x);
+            m += x * ld8(k + d);
+        }
+        float mem = hsum(m);
+        for (; d < Dk; d++) mem += (row[d] *= g) * k[d];
+        float delta = (v[r] - mem) * beta;
+        v8 dl = {delta, delta, delta, delta, delta, delta, delta, delta}, o = {0};
+        for (d = 0; d + 8 <= Dk; d += 8) {
+            v8 x = ld8(row + d) + ld8(k + d) * dl;
+            st8(row + d, x);
+            if (y) o += x * ld8(q + d);
+        }
+        float out = hsum(o);
+        for (; d < Dk; d++) {
+            row[d] += k[d] * delta;
+            if (y) out += row[d] * q[d];
+        }
+        if (y) y[r] = out;
+    }
+}
+
+INL void delta_bwd_body(const float *prev, const float *now, const float *k, const float *q, const float *v, int Dv,
+                        int Dk, float g, float beta, const float *dy, float *dS, float *dq, float *dk, float *dv,
+                        float *dg, float *dbeta, float *sp) {
+    const v8 gv = {g, g, g, g, g, g, g, g};
+    float dgs = 0, dbs = 0;
+    memset(dq, 0, sizeof(float) * (size_t)Dk), memset(dk, 0, sizeof(float) * (size_t)Dk);
+    for (int r = 0; r < Dv; r++) {
+        const float *pr = prev + (int64_t)r * Dk, *nw = now + (int64_t)r * Dk;
+        float *ds = dS + (int64_t)r * Dk, y = dy[r];
+        v8 yv = {y, y, y, y, y, y, y, y}, pv = {0}, ddv = {0};
+        int d = 0;
+        for (; d + 8 <= Dk; d += 8) { /* S' = g S_prev; pred = S' k; dS += dy q^T; dq += dy S_new; d delta */
+            v8 s8 = ld8(pr + d) * gv, k8 = ld8(k + d), d8 = ld8(ds + d) + yv * ld8(q + d);
+            st8(sp + d, s8), st8(ds + d, d8), st8(dq + d, ld8(dq + d) + yv * ld8(nw + d));
+            pv += s8 * k8, ddv += d8 * k8;
+        }
+        float pred = hsum(pv), dd = hsum(ddv);
+        for (; d < Dk; d++) {
+            sp[d] = pr[d] * g, pred += sp[d] * k[d];
+            ds[d] += y * q[d], dq[d] += y * nw[d], dd += ds[d] * k[d];
+        }
+        float delta = (v[r] - pred) * beta, dpred = -beta * dd;
+        dv[r] = beta * dd, dbs += (v[r] - pred) * dd;
+        v8 de = {delta, delta, delta, delta, delta, delta, delta, delta};
+        v8 dp = {dpred, dpred, dpred, dpred, dpred, dpred, dpred, dpred}, gacc = {0};
+        for (d = 0; d + 8 <= Dk; d += 8) { /* dk; dS' = dS + dpred k^T; dg += dS' . S_prev; dS_prev = g dS' */
+            v8 d8 = ld8(ds + d), k8 = ld8(k + d);
+            st8(dk + d, ld8(dk + d) + de * d8 + dp * ld8(sp + d));
+            d8 += dp * k8;
+            gacc += d8 * ld8(pr + d);
+            st8(ds + d, d8 * gv);
+        }
+        float gs = hsum(gacc);
+        for (; d < Dk; d++) {
+            dk[d] += delta * ds[d] + dpred * sp[d];
+            ds[d] += dpred * k[d];
+            gs += ds[d] * pr[d];
+            ds[d] *= g;
+        }
+        dgs += gs;
+    }
+    *dg = dgs, *dbeta = dbs;
+}
+
+AVX512 static void delta_step_avx512(float *S, const float *k, const float *q, const float *v, int Dv, int Dk, float g,
+                                     float beta, float *y) {
+    delta_step_body(S, k, q, v, Dv, Dk, g, beta, y);
+}
+static void delta_step_base(float *S, const float *k, const float *q, const float *v, int Dv, int Dk, float g,
+                            float beta, float *y) {
+    delta_step_body(S, k, q, v, Dv, Dk, g, beta, y);
+}
+void tr_delta_step(float *S, const float *k, const float *q, const float *v, int Dv, int Dk, float g, float beta,
+                   float *y) {
+    (have_avx512() ? delta_step_avx512 : delta_step_base)(S, k, q, v, Dv, Dk, g, beta, y);
+}
+
+AVX512 static void delta_bwd_avx512(const float *prev, const float *now, const float *k, const float *q, const float *v,
+                                    int Dv, int Dk, float g, float beta, const float *dy, float *dS, float *dq,
+                                    float *dk, float *dv, float *dg, float *dbeta, float *work) {
+    delta_bwd_body(prev, now, k, q, v, Dv, Dk, g, beta, dy, dS, dq, dk, dv, dg, dbeta, work);
+}
+static void delta_bwd_base(const float *prev, const float *now, const float *k, const float *q, const float *v, int Dv,
+                           int Dk, float g, float beta, const float *dy, float *dS, float *dq, float *dk, float *dv,
+                           float *dg, float *dbeta, float *work) {
+    delta_bwd_body(prev, now, k, q, v, Dv, Dk, g, beta, dy, dS, dq, dk, dv, dg, dbeta, work);
+}
+void tr_delta_step_bwd(const float *prev, const float *now, const float *k, const float *q, const float *v, int Dv,
+                       int Dk, float g, float beta, const float *dy, float *dS, float *dq, float *dk, float *dv,
+                       float *dg, float *dbeta, float *work) {
+    (have_avx512() ? delta_bwd_avx512 : delta_bwd_base)(prev, now, k, q, v, Dv, Dk, g, beta, dy, dS, dq, dk, dv, dg,
+                                                        dbeta, work);
+}
+
 /* ---- cross-entropy --------------------------------------------------------- */
 
 typedef struct xent_rows {

@@ -93,6 +93,17 @@ void tr_silu_mul_bwd(threadpool *tp, const float *g, const float *u, const float
 void tr_gelu_mul_fwd(threadpool *tp, const float *g, const float *u, int64_t n, float *h);
 void tr_gelu_mul_bwd(threadpool *tp, const float *g, const float *u, const float *dh, int64_t n, float *dg, float *du);
 
+/* One token of the gated delta rule on one value head's state S [Dv, Dk] (rows of Dk, in
+ * place): S *= g; delta = beta (v - S k); S += delta k^T; y = S q (y NULL: not wanted). */
+void tr_delta_step(float *S, const float *k, const float *q, const float *v, int Dv, int Dk, float g, float beta,
+                   float *y);
+/* Its backward: prev and now are the states before and after the token, dy [Dv] the output's
+ * gradient; dS, the gradient wrt the state after, becomes the gradient wrt the state before;
+ * dq, dk [Dk], dv [Dv], *dg and *dbeta are overwritten. work: Dk floats. */
+void tr_delta_step_bwd(const float *prev, const float *now, const float *k, const float *q, const float *v, int Dv,
+                       int Dk, float g, float beta, const float *dy, float *dS, float *dq, float *dk, float *dv,
+                       float *dg, float *dbeta, float *work);
+
 /* Cross-entropy of the logits h[M,D] w[V,D]^T (softcap > 0: softcap tanh(logits / softcap),
  * Gemma 4's) against targets: rows with weight[i] == 0
  * are skipped. Returns sum_i weight[i] * ce_i (double) and sets dh[M,D] (overwritten; NULL:

@@ -128,3 +128,22 @@ def test_masked_cross_entropy(ref, name):
     loss, (dh,) = vjp(xent, [h], torch.tensor(1.0, dtype=torch.float64))
     assert np.allclose(weight[weight > 0], 1 / mask.sum().item())  # the file's weights are that mean's
     check(ref, name, dict(dh=dh, loss=loss.reshape(1)))
+
+
+def test_gated_delta_rule(ref):
+    q, k, v, g, beta = (t64(ref[f"delta.{n}"], True) for n in ("q", "k", "v", "g", "beta"))
+    dy = t64(ref["delta.dy"])
+    T, Dk = q.shape
+    Dv = v.shape[1]
+
+    def rule(q, k, v, g, beta):  # mlx-lm's gated_delta_ops step, written in torch
+        S, ys = torch.zeros(Dv, Dk, dtype=torch.float64), []
+        for t in range(T):
+            S = S * g[t]
+            delta = (v[t] - S @ k[t]) * beta[t]
+            S = S + delta[:, None] * k[t][None, :]
+            ys.append(S @ q[t])
+        return torch.stack(ys)
+
+    y, (dq, dk, dv, dg, dbeta) = vjp(rule, [q, k, v, g, beta], dy)
+    check(ref, "delta", dict(y=y, dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta))

@@ -208,6 +208,33 @@ static void test_cross_entropy(void **state) { check_cross_entropy("xent", 0.0f)
 
 static void test_cross_entropy_softcap(void **state) { check_cross_entropy("xcap", T_("xcap.softcap", NULL)[0]); }
 
+/* the gated delta rule over the fixture's 6 tokens from a zero state, then its backward
+ * token by token from the kept states (Dk 20: a vector body and a tail) */
+static void test_delta_rule(void **state) {
+    enum { T = 6, Dv = 3, Dk = 20 };
+    const float *q = T_("delta.q", NULL), *k = T_("delta.k", NULL), *v = T_("delta.v", NULL);
+    const float *g = T_("delta.g", NULL), *beta = T_("delta.beta", NULL), *dy = T_("delta.dy", NULL);
+    float S[T + 1][Dv * Dk] = {{0}}, y[T * Dv], dq[T * Dk], dk[T * Dk], dv[T * Dv], dg[T], db[T], dS[Dv * Dk] = {0},
+                        work[Dk];
+    for (int t = 0; t < T; t++) {
+        memcpy(S[t + 1], S[t], sizeof S[t]);
+        tr_delta_step(S[t + 1], k + t * Dk, q + t * Dk, v + t * Dv, Dv, Dk, g[t], beta[t], y + t * Dv);
+    }
+    close_to("delta y", y, "delta.y");
+    for (int t = T - 1; t >= 0; t--)
+        tr_delta_step_bwd(S[t], S[t + 1], k + t * Dk, q + t * Dk, v + t * Dv, Dv, Dk, g[t], beta[t], dy + t * Dv, dS,
+                          dq + t * Dk, dk + t * Dk, dv + t * Dv, &dg[t], &db[t], work);
+    close_to("delta dq", dq, "delta.dq");
+    close_to("delta dk", dk, "delta.dk");
+    close_to("delta dv", dv, "delta.dv");
+    close_to("delta dg", dg, "delta.dg");
+    close_to("delta dbeta", db, "delta.dbeta");
+    /* without the output (the backward's recomputation): the same state */
+    float S2[Dv * Dk] = {0};
+    for (int t = 0; t < T; t++) tr_delta_step(S2, k + t * Dk, NULL, v + t * Dv, Dv, Dk, g[t], beta[t], NULL);
+    assert_memory_equal(S2, S[T], sizeof S2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear_lora),
@@ -219,6 +246,7 @@ int main(void) {
         cmocka_unit_test(test_sliding_window_attention),
         cmocka_unit_test(test_gelu_mul),
         cmocka_unit_test(test_cross_entropy_softcap),
+        cmocka_unit_test(test_delta_rule),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -68,6 +68,11 @@ static void print_cuda_table(const json_t *r) {
     printf("  %-38s %10.1f MiB\n", "device: scratch (activations, GEMM)", mib(r, "scratch_bytes"));
     printf("  %-38s %10.1f MiB\n", "device:   of which LoRA adapter rows", mib(r, "lora_scratch_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: sampler (rows, entries, masks)", mib(r, "sampler_bytes"));
+    const json_t *d = json_object_get(r, "draft");
+    if (d)
+        printf("  %-38s %10.1f MiB  (%s: weights %.1f, KV %.1f, scratch and sampler %.1f MiB)\n",
+               "device: draft model (added)", mib(r, "draft_bytes"), json_string_value(json_object_get(d, "model")),
+               mib(d, "weights_bytes"), mib(d, "kv_pool_bytes"), mib(d, "scratch_bytes") + mib(d, "buffers_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: CUDA context and cuBLAS", mib(r, "runtime_overhead_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: predicted peak", mib(r, "predicted_peak_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: available", mib(r, "available_bytes"));

@@ -206,8 +206,16 @@ static int fits_device(const model *m, const hearth_engine_options *o, const voi
 
 #define JSON_SIZE(v) json_integer((json_int_t)(v))
 
+/* A draft model's engine on the same GPU (--draft-model): created after the target's, with
+ * the target's context, sequences and step (engine_draft_options), from the device memory the
+ * target left free; the CUDA context and cuBLAS are the process's, counted once. */
+typedef struct fit_cuda_draft {
+    const hearth_model *hm;
+    fit_cuda_sizes z;
+} fit_cuda_draft;
+
 static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_options *o, const fit_gpu *g,
-                      const fit_cuda_sizes *z) {
+                      const fit_cuda_sizes *z, const fit_cuda_draft *dr) {
     const cuda_plan *d = &z->dev;
     json_t *r = json_object();
     json_object_set_new(r, "model", json_string(hm->entry.path));
@@ -249,10 +257,20 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
                                       (json_int_t)(d->slot_data_bytes + d->slot_scale_bytes)));
     json_object_set_new(r, "weights_expanded_to_f32", json_integer(d->n_expanded));
     if (d->n_expanded) json_object_set_new(r, "expanded_format", json_string(tensor_dtype_name(d->expanded_from)));
-    json_object_set_new(r, "predicted_peak_bytes", JSON_SIZE(z->peak));
+    size_t draft = dr ? cuda_plan_bytes(&dr->z.dev) : 0, peak = z->peak + draft;
+    if (dr) {
+        const cuda_plan *dd = &dr->z.dev;
+        json_object_set_new(r, "draft_bytes", JSON_SIZE(draft));
+        json_object_set_new(r, "draft",
+                            json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:i}", "model", dr->hm->entry.path, "weights_bytes",
+                                      (json_int_t)dd->weights, "kv_pool_bytes", (json_int_t)dd->kv, "scratch_bytes",
+                                      (json_int_t)dd->scratch, "buffers_bytes", (json_int_t)dd->sampler, "engine_bytes",
+                                      (json_int_t)draft, "kv_blocks", dr->z.host.n_blocks));
+    }
+    json_object_set_new(r, "predicted_peak_bytes", JSON_SIZE(peak));
     json_object_set_new(r, "device_memory_bytes", JSON_SIZE(g->memory));
     json_object_set_new(r, "available_bytes", JSON_SIZE(g->free));
-    json_object_set_new(r, "fits", json_boolean(z->peak <= g->free));
+    json_object_set_new(r, "fits", json_boolean(peak <= g->free));
     json_object_set_new(r, "model_max_context", json_integer(m->cfg.context_length));
     json_object_set_new(r, "max_context_that_fits", json_integer(fit_largest_context(m, &o->engine, fits_device, g)));
     /* the host still holds the weights, its own KV pool and scratch (engine_plan), plus the
@@ -260,6 +278,8 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
     size_t gt, gtmp; /* constrained decoding's tables: host memory (the mask is made on the host) */
     size_t host = fit_host_peak(hm, m, &z->host, o->engine.use_mmap, &gt, &gtmp) + d->pinned_host + d->upload_host +
                   d->sampler_host + g->host_bytes;
+    if (dr) /* the draft's host side: its engine (weights kept on the host too) and staging */
+        host += engine_plan_bytes(&dr->z.host) + dr->z.dev.pinned_host + dr->z.dev.upload_host + dr->z.dev.sampler_host;
     json_t *h = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "predicted_peak_bytes", (json_int_t)host,
                           "engine_bytes", (json_int_t)engine_plan_bytes(&z->host), "pinned_bytes",
                           (json_int_t)d->pinned_host, "upload_temporary_bytes", (json_int_t)d->upload_host,
@@ -285,13 +305,25 @@ hearth_status fit_cuda(hearth_model *hm, const hearth_fit_options *o, char **rep
     model *m;
     if ((st = model_plan(hm, o->engine.use_mmap, &m, err))) return st;
     fit_cuda_sizes z;
+    fit_cuda_draft dr = {.hm = o->engine.speculate != HEARTH_SPEC_NONE ? o->engine.draft_model : NULL};
+    model *dm = NULL;
     st = engine_expert_offload_check(model_ops(m), HEARTH_DEVICE_CUDA, o->engine.expert_offload, err);
-    if (!st && !(st = sizes_make(m, &o->engine, &g, &z, err))) {
-        json_t *r = report(hm, m, o, &g, &z);
+    if (!st) st = sizes_make(m, &o->engine, &g, &z, err);
+    if (!st && dr.hm) { /* the draft sees the memory the target's engine left */
+        hearth_engine_options dop = engine_draft_options(&o->engine, &z.host);
+        fit_gpu gd = g;
+        size_t target = cuda_plan_bytes(&z.dev);
+        gd.free = g.free > target ? g.free - target : 1;
+        if ((st = model_plan(dr.hm, o->engine.use_mmap, &dm, err)) || (st = sizes_make(dm, &dop, &gd, &dr.z, err)))
+            err_prefix(err, "--draft-model %s", dr.hm->entry.path);
+    }
+    if (!st) {
+        json_t *r = report(hm, m, o, &g, &z, dr.hm ? &dr : NULL);
         *report_json = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
         json_decref(r);
         if (!*report_json) st = err_set(err, HEARTH_ERR_NOMEM, "fit: out of memory");
     }
+    model_free(dm);
     model_free(m);
     return st;
 }

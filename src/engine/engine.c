@@ -795,14 +795,6 @@ static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_opt
     hearth_engine_options dop = engine_draft_options(o, &tp);
     hearth_status st = hearth_engine_create(o->draft_model, &dop, &e->draft, err);
     if (st) err_prefix(err, "--draft-model %s", hearth_model_path(d));
-    if (!st && e->draft->kv.state) { /* rejected proposals cannot be taken back out of a recurrent state */
-        st = err_set(err, HEARTH_ERR_UNSUPPORTED,
-                     "--draft-model %s: a hybrid model (recurrent layers) cannot draft yet; use a transformer draft "
-                     "model or --speculate lookup",
-                     hearth_model_path(d));
-        hearth_engine_free(e->draft);
-        e->draft = NULL;
-    }
     return st;
 }
 kv_cache *engine_kv(hearth_engine *e) { return &e->kv; }

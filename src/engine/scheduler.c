@@ -58,6 +58,9 @@ typedef struct sched_req {
     int n_accept;     /* verified proposals in it (0: none yet) */
     int cost_stops;   /* proposals the step cost stopped in a row (SPEC_COST_PROBE) */
     int dseq, dlen;   /* the draft model's slot (-1: none) and the positions of its KV that hold this request's tokens */
+    /* a hybrid draft model: the backup record of its state from before this step's fed
+     * proposals (-1: none) and the positions the state held then */
+    int drec, dstart;
     /* hybrids (a recurrent state): the backup record of this step's proposal (-1: none), and
      * the tokens before len the state has not taken (a partly rejected proposal's: the state
      * went back to the backup, and the next step feeds them again before next) */
@@ -183,7 +186,7 @@ static void close_slot(hearth_batch *b, sched_req *q) {
     kv_prefix_commit_tail(engine_kv(b->e), q->seq, engine_history(b->e, q->seq), q->len);
     hearth_seq_close(b->e, q->seq);
     if (q->dseq >= 0) hearth_seq_close(engine_draft(b->e), q->dseq);
-    q->dseq = -1, q->dlen = 0;
+    q->dseq = -1, q->dlen = 0, q->drec = -1;
 }
 
 static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hearth_error *err) {
@@ -249,7 +252,7 @@ hearth_status hearth_batch_submit(hearth_batch *b, const hearth_batch_request *r
     q->r = *r;
     q->seq = -1;
     q->dseq = -1;
-    q->spec_rec = -1;
+    q->spec_rec = -1, q->drec = -1;
     q->t_submit = gen_now_seconds();
     q->n_fill = r->n_prompt;
     hearth_status st = gen_stream_init(&q->g, b->e, r->n_prompt, r->params, r->on_token, r->user, r->result, err);
@@ -664,6 +667,18 @@ static int draft_propose(hearth_batch *b, hearth_engine *d, int n) {
             if (q->n_draft && q->dlen == q->len + 1 && b->slot[b->out_rows[o]] == q->dseq) q->draft[0] = ids[o++];
         }
     }
+    if (dkv->state) { /* a hybrid draft: its state takes the proposals fed next; each row backs it up
+                       * first (the draft's speculation records), so a rejection can go back */
+        int jrec = 0;
+        for (int r = 0; r < n; r++) {
+            sched_req *q = b->row_req[r];
+            if (q->n_draft <= 1) continue; /* the first proposal feeds nothing past next */
+            if (jrec < dkv->state->n_spec && !engine_state_spec_copy(d, q->dseq, jrec, 1, &err))
+                q->drec = jrec++, q->dstart = q->dlen;
+            else
+                unused += q->n_draft - 1, q->n_draft = 1;
+        }
+    }
     for (int j = 1; j < SPEC_MAX_DRAFT; j++) { /* one token per request per step */
         int T = 0;
         for (int r = 0; r < n; r++) {
@@ -692,7 +707,7 @@ fail: /* a failing draft step: no proposals this step, the draft starts over for
         sched_req *q = b->row_req[r];
         unused += q->n_draft, q->n_draft = 0;
         if (q->dseq >= 0) hearth_seq_close(d, q->dseq);
-        q->dseq = -1, q->dlen = 0;
+        q->dseq = -1, q->dlen = 0, q->drec = -1;
     }
     free(ids);
     return unused;
@@ -868,8 +883,21 @@ static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
     if (q->proposer != HEARTH_SPEC_DRAFT) /* strict: a hybrid row whose rejection is fed again */
         spec_depth_update(&q->depth, k, accepted, q->spec_rec >= 0 && !q->journaled);
     if (q->dseq >= 0) { /* the draft's KV holds next and the proposals before the last: keep the accepted */
-        if (q->dlen > q->len) q->dlen = q->len;
-        kv_truncate(engine_kv(engine_draft(b->e)), q->dseq, q->dlen);
+        hearth_engine *d = engine_draft(b->e);
+        hearth_error err = {0};
+        if (q->drec >= 0 && accepted < k - 1) { /* a hybrid draft's state took a rejected proposal: back */
+            if (engine_state_spec_copy(d, q->dseq, q->drec, 0, &err)) {
+                hearth_seq_close(d, q->dseq); /* it starts over: fed everything again */
+                q->dseq = -1, q->dlen = 0;
+            } else {
+                q->dlen = q->dstart; /* the accepted tokens are fed again with the next proposal's catch-up */
+            }
+        }
+        q->drec = -1;
+        if (q->dseq >= 0) {
+            if (q->dlen > q->len) q->dlen = q->len;
+            kv_truncate(engine_kv(d), q->dseq, q->dlen);
+        }
     }
     q->next = id;
     q->n_draft = 0;

@@ -5,7 +5,8 @@ request's `num_draft_tokens` absent (the `--num-draft-tokens` default) or set; t
 text, finish reason and usage must match (the output of speculative decoding is the model's
 own). hearth runs its reference kernels (HEARTH_CPU=scalar), as the other differential
 tests. Also: hearth's /stats counts the draft's proposals, and a draft model with another
-tokenizer is refused at start with a message naming it.
+tokenizer is refused at start with a message naming it. A hybrid (Qwen3.5) draft model answers
+as mlx_lm.server's target alone does.
 
 `cached_tokens` is not compared (each server's prompt cache is its own design; see
 test_differential.py).
@@ -64,11 +65,15 @@ def test_same_answer_as_mlx_lm_with_draft(servers, path, body):
         assert b["usage"][k] == a["usage"][k], (k, a["usage"], b["usage"])
 
 
+def spec_stats_after(base, max_tokens):
+    """/stats' speculative counters after one greedy completion"""
+    post(base, "/v1/completions", {"prompt": "x y z x y z x y", "max_tokens": max_tokens, "temperature": 0})
+    with urllib.request.urlopen(base + "/stats", timeout=10) as r:
+        return json.load(r)["speculative"]
+
+
 def test_stats_count_the_drafts(servers):
-    _, hz = servers
-    post(hz, "/v1/completions", {"prompt": "x y z x y z x y", "max_tokens": 12, "temperature": 0})
-    with urllib.request.urlopen(hz + "/stats", timeout=10) as r:
-        spec = json.load(r)["speculative"]
+    spec = spec_stats_after(servers[1], 12)
     assert spec["draft"]["proposed_tokens"] > 0
     assert 0 < spec["draft"]["accepted_tokens"] <= spec["draft"]["proposed_tokens"]
     assert spec["lookup"]["proposed_tokens"] == 0  # the draft model replaces prompt lookup
@@ -98,6 +103,39 @@ def test_bench_prompt_file_with_draft(tmp_path):
     assert 0 < o["last_run_accepted"] <= o["last_run_proposed"]
     bad = subprocess.run([str(BIN), "bench", str(MODEL), "--draft-model", str(DRAFT)], capture_output=True, text=True)
     assert bad.returncode == 2 and "--prompt-file" in bad.stderr
+
+
+# ---- a hybrid (Qwen3.5) draft model: its recurrent state goes back to a backup after a rejection ----
+
+HYBRID, HYBRID_DRAFT = TINY / "qwen3_5-f32", TINY / "qwen3_5-q8g64"
+
+
+@pytest.fixture(scope="module")
+def hybrid_servers():
+    """mlx_lm.server runs the hybrid target alone (mlx-lm cannot draft with a recurrent model:
+    its cache cannot be trimmed); hearth drafts with another weight format of it."""
+    need(HYBRID, "tiny model", "run tools/make_tiny_models.py")
+    need(HYBRID_DRAFT, "tiny model", "run tools/make_tiny_models.py")
+    with upstream_server(HYBRID) as up, server(HYBRID, "--draft-model", HYBRID_DRAFT, "--num-draft-tokens", "3",
+                                                env={"HEARTH_CPU": "scalar"}) as hz:
+        yield up, hz
+
+
+@pytest.mark.parametrize("path,body", CASES)
+def test_hybrid_draft_answers_as_mlx_lm(hybrid_servers, path, body):
+    up, hz = hybrid_servers
+    body = {k: v for k, v in body.items() if k != "num_draft_tokens"} | {"temperature": 0}
+    a, b = post(up, path, body), post(hz, path, dict(body, num_draft_tokens=3))
+    ca, cb = a["choices"][0], b["choices"][0]
+    key = "text" if path == "/v1/completions" else "message"
+    assert cb[key] == ca[key], (ca, cb)
+    assert b["usage"]["completion_tokens"] == a["usage"]["completion_tokens"]
+
+
+def test_hybrid_draft_stats(hybrid_servers):
+    spec = spec_stats_after(hybrid_servers[1], 24)
+    assert spec["draft"]["proposed_tokens"] > 0
+    assert 0 < spec["draft"]["accepted_tokens"] < spec["draft"]["proposed_tokens"]  # rejections were put back
 
 
 # ---- --speculate suffix: the recent outputs' index, against mlx_lm.server without speculation ----

@@ -329,7 +329,7 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
     if (c->family == FAMILY_QWEN3_MOE || ((hybrid || gemma4) && c->n_experts))
         t->E = c->n_experts, t->K = c->top_k_experts, t->Fm = c->moe_ffn, t->norm_topk = c->norm_topk;
     t->Fs = hybrid ? c->shared_ffn : 0;
-    if ((!gemma && (c->norm_shift != 0 || c->sliding_window)) || (c->softcap != 0 && !gemma4) ||
+    if ((!gemma && !hybrid && c->norm_shift != 0) || (!gemma && c->sliding_window) || (c->softcap != 0 && !gemma4) ||
         (c->family != FAMILY_MINICPM && !gemma && c->embed_scale != 1) ||
         (c->family != FAMILY_MINICPM && (c->residual_scale != 1 || c->logits_div != 1)))
         return err_set(err, HEARTH_ERR_UNSUPPORTED,

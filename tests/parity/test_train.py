@@ -253,6 +253,42 @@ def test_one_sgd_step_is_mlx_lms_gradient(tmp_path, name, num_layers):
     print(f"{name}: worst gradient difference {worst:.2e} of the tensor's largest")
 
 
+def test_qwen3_5_in_hf_layout_trains_as_mlx_layout(tmp_path):
+    """A Qwen3.5 checkpoint as transformers saves it (norms stored as offsets from 1, conv1d
+    [C, 1, K]; mlx-lm adds the 1 and moves the conv at load) trains as the mlx-lm layout of the
+    same weights does: the same losses, the same adapter."""
+    import shutil
+
+    import mlx.core as mx
+    from safetensors.numpy import load_file, save_file
+    src = model_dir("qwen3_5-f32")
+    hf = tmp_path / "hf"
+    shutil.copytree(src, hf)
+    norms = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight",
+             ".k_norm.weight")
+    for f in hf.glob("*.safetensors"):
+        w = load_file(str(f))
+        for k in list(w):
+            if k.endswith(norms):
+                w[k] = (w[k] - 1.0).astype(np.float32)
+            elif k.endswith("conv1d.weight"):
+                w[k] = np.ascontiguousarray(np.transpose(w[k], (0, 2, 1)))
+        save_file(w, str(f), metadata={"format": "pt"})
+    data = make_data(str(tmp_path / "data"), "text")
+    init = make_init_adapter(src, tmp_path / "init.safetensors", 8, -1)
+    flags = ["--iters", "4", "--batch-size", "2", "--learning-rate", "1e-4", "--num-layers", "-1",
+             "--steps-per-report", "1"]
+    a = hearth_train(src, data, tmp_path / "mlx", init, flags)
+    b = hearth_train(str(hf), data, tmp_path / "hf_out", init, flags)
+    assert [r.get("loss", r.get("val_loss")) for r in a] == pytest.approx([r.get("loss", r.get("val_loss")) for r in b],
+                                                                           rel=1e-5)
+    wa, wb = mx.load(str(tmp_path / "mlx" / "adapters.safetensors")), mx.load(str(tmp_path / "hf_out" /
+                                                                                   "adapters.safetensors"))
+    assert sorted(wa) == sorted(wb)
+    for k in wa:
+        assert np.abs(np.asarray(wa[k]) - np.asarray(wb[k])).max() < 1e-5, k
+
+
 def run_err(args):
     p = subprocess.run([BIN, "train"] + args, capture_output=True, timeout=120)
     return p.returncode, p.stderr.decode()

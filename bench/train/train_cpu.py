@@ -39,6 +39,8 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import results_file  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peft_loop  # noqa: E402
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "bin", "hearth"))
 MODEL = os.path.expanduser("~/.cache/hearth/bench/smollm2-135m-f32")
 WORDS = ("the quick brown fox jumps over a lazy dog while the local language model runs on your own machine "
@@ -100,26 +102,10 @@ def run_torch(data, steps, lr=1e-5):
     model = get_peft_model(base, cfg)
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    examples = []
-    for line in open(os.path.join(data, "train.jsonl")):
-        ids = tok.encode(json.loads(line)["text"])
-        if ids[-1] != tok.eos_token_id:
-            ids.append(tok.eos_token_id)
-        examples.append(torch.tensor([ids[:512]]))
-    np.random.seed(0)
-    order = []
-    while len(order) < steps:
-        order += list(np.random.permutation(len(examples)))
+    examples = peft_loop.load_examples(tok, data, 512)
     rows = []
-    for step, i in enumerate(order[:steps], 1):
-        x = examples[i]
-        t0 = time.perf_counter()
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        dt = time.perf_counter() - t0
-        rows.append({"step": step, "loss": loss.item(), "tokens_per_second": (x.shape[1] - 1) / dt,
+    for step, i, loss, dt in peft_loop.timed_steps(model, opt, examples, steps):
+        rows.append({"step": step, "loss": loss, "tokens_per_second": (examples[i].shape[1] - 1) / dt,
                      "peak_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6})
         print("torch step", json.dumps(rows[-1]), flush=True)
     return rows, {"torch": torch.__version__, "peft": __import__("peft").__version__}

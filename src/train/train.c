@@ -73,7 +73,8 @@ typedef struct tlayer {
     int moe;                    /* its MLP is routed experts (frozen): router [E, D], experts stacked as the model's */
     int linear;                 /* a Gated DeltaNet layer (Qwen3.5; frozen): its weights below */
     const float *gqkv, *gz, *gbw, *gaw, *gout, *conv, *A_log, *dt_bias, *gnorm;
-    const float *router, *eg, *eu, *ed;
+    const float *router;
+    const op_weight *eg, *eu, *ed;  /* the experts in their own format: each is made float32 when its turn comes */
     int fused;                      /* eg holds each expert's gate rows, then its up rows (eu NULL) */
     int beside;                     /* Gemma 4: the experts run beside a dense MLP, routed from x */
     const float *sg, *su, *sd, *sr; /* Qwen3.5-MoE: the shared expert and its one-row gate */
@@ -109,6 +110,8 @@ typedef struct trainer {
     float *g4b, *g4c, *g4x, *g4r; /* Gemma 4's experts backward: the MLP's and experts' outputs' gradients, the
                                      experts' and router's inputs' */
     float *mx, *mdx, *mga, *mua, *mdh, *mdg, *mdu, *mdo, *mdl; /* its scratch: gathered rows and gradients */
+    float *ewg, *ewu, *ewd; /* one expert's gate, up [Fm, D] and down [D, Fm] in float32 */
+    int eq;                 /* some experts are not float32 (ewg, ewu, ewd are made then) */
     int32_t *mrow;                                             /* the (token, pick) slots of one expert */
     int gated; /* Qwen3.5: attention output times sigmoid of a gate from q_proj */
     int Hk, Hv, Dk, Dv, Cc, Kc,
@@ -376,8 +379,9 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                 y->post_ffn_norm_1 = lw->post_ffn_norm_1, y->ffn_norm_2 = lw->ffn_norm_2;
                 y->post_ffn_norm_2 = lw->post_ffn_norm_2;
             }
-            if (!(y->router = dense(t, &lw->router)) || !(y->eg = dense(t, &lw->experts_gate)) ||
-                (!y->fused && !(y->eu = dense(t, &lw->experts_up))) || !(y->ed = dense(t, &lw->experts_down)) ||
+            y->eg = &lw->experts_gate, y->eu = y->fused ? NULL : &lw->experts_up, y->ed = &lw->experts_down;
+            t->eq |= y->eg->dtype != DT_F32 || (y->eu && y->eu->dtype != DT_F32) || y->ed->dtype != DT_F32;
+            if (!(y->router = dense(t, &lw->router)) ||
                 (t->Fs && (!(y->sg = dense(t, &lw->shared_gate)) || !(y->su = dense(t, &lw->shared_up)) ||
                            !(y->sd = dense(t, &lw->shared_down)) || !(y->sr = dense(t, &lw->shared_router)))))
                 return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
@@ -500,6 +504,8 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         (t->P && t->pref && !(t->pl_in2 = falloc(t, (size_t)(T * t->L * t->P)))) ||
         (t->gated && (!(t->dqg = falloc(t, (size_t)(T * qd))) || !(t->dqf = falloc(t, (size_t)(T * qd * 2))))) ||
         (t->Hv && alloc_gdn_scratch(t, T)) ||
+        (t->eq && (!(t->ewg = falloc(t, (size_t)(t->Fm * D))) || !(t->ewu = falloc(t, (size_t)(t->Fm * D))) ||
+                   !(t->ewd = falloc(t, (size_t)(t->Fm * D))))) ||
         (t->E && (!(t->mx = falloc(t, (size_t)(T * D))) || !(t->mdx = falloc(t, (size_t)(T * D))) ||
                   !(t->mdo = falloc(t, (size_t)(T * D))) || !(t->mga = falloc(t, (size_t)(T * t->Fm))) ||
                   !(t->mua = falloc(t, (size_t)(T * t->Fm))) || !(t->mdh = falloc(t, (size_t)(T * t->Fm))) ||
@@ -614,12 +620,21 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
     return st;
 }
 
-/* Expert e's gate and up rows [Fm, D] among the stacked (or fused gate-then-up) ones. */
-static const float *expert_gate(const tlayer *y, int64_t e, int64_t Fm, int64_t D) {
-    return y->eg + e * (y->fused ? 2 : 1) * Fm * D;
+/* rows [row0, row0 + n) of w as float32: in place for a float32 weight, else dequantized into buf */
+static const float *weight_rows(const op_weight *w, int64_t row0, int64_t n, float *buf) {
+    if (w->dtype == DT_F32) return (const float *)w->data + row0 * w->k;
+    for (int64_t i = 0; i < n; i++) op_weight_dequant_row(w, row0 + i, buf + i * w->k);
+    return buf;
 }
-static const float *expert_up(const tlayer *y, int64_t e, int64_t Fm, int64_t D) {
-    return y->fused ? y->eg + (2 * e + 1) * Fm * D : y->eu + e * Fm * D;
+
+/* Expert e's gate, up [Fm, D] and down [D, Fm] rows among the stacked (or fused gate-then-up)
+ * ones, as float32 (t->ewg, ewu, ewd when they are not float32): the experts stay in their
+ * format, one is made float32 at a time */
+static void expert_weights(trainer *t, const tlayer *y, int64_t e, const float **g, const float **u, const float **d) {
+    int64_t Fm = t->Fm, D = t->D;
+    *g = weight_rows(y->eg, e * (y->fused ? 2 : 1) * Fm, Fm, t->ewg);
+    *u = y->fused ? weight_rows(y->eg, (2 * e + 1) * Fm, Fm, t->ewu) : weight_rows(y->eu, e * Fm, Fm, t->ewu);
+    *d = weight_rows(y->ed, e * D, D, t->ewd);
 }
 
 /* The slots (token * K + pick) routed to expert e, into t->mrow; returns how many. */
@@ -646,10 +661,12 @@ static void moe_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const f
         int n = expert_rows(t, s, T, e);
         if (!n) continue;
         for (int r = 0; r < n; r++) memcpy(t->mx + r * D, xin + t->mrow[r] / K * D, sizeof(float) * (size_t)D);
-        tr_matmul_nt(t->tp, t->mx, n, D, expert_gate(y, e, Fm, D), Fm, t->mga, 0);
-        tr_matmul_nt(t->tp, t->mx, n, D, expert_up(y, e, Fm, D), Fm, t->mua, 0);
+        const float *wg, *wu, *wd;
+        expert_weights(t, y, e, &wg, &wu, &wd);
+        tr_matmul_nt(t->tp, t->mx, n, D, wg, Fm, t->mga, 0);
+        tr_matmul_nt(t->tp, t->mx, n, D, wu, Fm, t->mua, 0);
         (t->gelu ? tr_gelu_mul_fwd : tr_silu_mul_fwd)(t->tp, t->mga, t->mua, n * Fm, t->mdh);
-        tr_matmul_nt(t->tp, t->mdh, n, Fm, y->ed + e * D * Fm, D, t->mdo, 0);
+        tr_matmul_nt(t->tp, t->mdh, n, Fm, wd, D, t->mdo, 0);
         for (int r = 0; r < n; r++) {
             int64_t i = t->mrow[r];
             memcpy(s->mg + i * Fm, t->mga + r * Fm, sizeof(float) * (size_t)Fm);
@@ -695,12 +712,14 @@ static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, 
             memcpy(t->mga + r * Fm, s->mg + i * Fm, sizeof(float) * (size_t)Fm);
             memcpy(t->mua + r * Fm, s->mu + i * Fm, sizeof(float) * (size_t)Fm);
         }
+        const float *wg, *wu, *wd;
+        expert_weights(t, y, e, &wg, &wu, &wd);
         memset(t->mdh, 0, sizeof(float) * (size_t)(n * Fm));
-        tr_matmul_nn(t->tp, t->mdo, n, D, y->ed + e * D * Fm, Fm, t->mdh);
+        tr_matmul_nn(t->tp, t->mdo, n, D, wd, Fm, t->mdh);
         (t->gelu ? tr_gelu_mul_bwd : tr_silu_mul_bwd)(t->tp, t->mga, t->mua, t->mdh, n * Fm, t->mdg, t->mdu);
         memset(t->mdx, 0, sizeof(float) * (size_t)(n * D));
-        tr_matmul_nn(t->tp, t->mdg, n, Fm, expert_gate(y, e, Fm, D), D, t->mdx);
-        tr_matmul_nn(t->tp, t->mdu, n, Fm, expert_up(y, e, Fm, D), D, t->mdx);
+        tr_matmul_nn(t->tp, t->mdg, n, Fm, wg, D, t->mdx);
+        tr_matmul_nn(t->tp, t->mdu, n, Fm, wu, D, t->mdx);
         for (int r = 0; r < n; r++)
             for (int64_t d = 0; d < D; d++) dh2[t->mrow[r] / K * D + d] += t->mdx[r * D + d];
     }

@@ -919,17 +919,11 @@ static void gdn_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, 
     tr_matmul_nn(t->tp, t->gd_a, T, Hv, y->gaw, D, dh1);
 }
 
-/* Layer l of the forward on t->x (T rows, in place), its activations into s; lo: its LoRA
- * pairs or NULL. */
-static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const tr_lora *lo) {
-    int64_t D = t->D, hd = y->hd, qd = (int64_t)t->Hq * hd, kd = (int64_t)y->Hkv * hd, F = y->F;
+/* Layer y's attention on s->h1 (its input norm done) into t->tmp (its output, Gemma's post-norm
+ * applied); lo: its LoRA pairs or NULL. */
+static void attn_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const tr_lora *lo) {
+    int64_t D = t->D, hd = y->hd, qd = (int64_t)t->Hq * hd, kd = (int64_t)y->Hkv * hd;
 #define LORA(p) (lo ? lora_of(lo, p) : NULL)
-    memcpy(s->x_in, t->x, sizeof(float) * (size_t)(T * D));
-    tr_rmsnorm_fwd(t->x, T, D, y->attn_norm, t->eps, s->h1, s->rstd1);
-    if (y->linear) {
-        gdn_forward(t, y, s, T);
-        goto mixed;
-    }
     tr_linear_fwd(t->tp, s->h1, T, D, y->w[P_Q], y->n[P_Q], y->bias[0], LORA(P_Q), s->xa[P_Q], s->ql);
     const float *qsrc = s->ql;
     if (t->gated) { /* each head's rows: hd of queries, then hd of its output gate */
@@ -971,7 +965,20 @@ static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const
     tr_linear_fwd(t->tp, t->gated ? s->ag : s->a, T, qd, y->w[P_O], D, NULL, LORA(P_O), s->xa[P_O],
                   t->post_norms ? s->ro : t->tmp);
     if (t->post_norms) tr_rmsnorm_fwd(s->ro, T, D, y->post_attn_norm, t->eps, t->tmp, s->rstd_pa);
-mixed:
+#undef LORA
+}
+
+/* Layer l of the forward on t->x (T rows, in place), its activations into s; lo: its LoRA
+ * pairs or NULL. */
+static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const tr_lora *lo) {
+    int64_t D = t->D, F = y->F;
+#define LORA(p) (lo ? lora_of(lo, p) : NULL)
+    memcpy(s->x_in, t->x, sizeof(float) * (size_t)(T * D));
+    tr_rmsnorm_fwd(t->x, T, D, y->attn_norm, t->eps, s->h1, s->rstd1);
+    if (y->linear)
+        gdn_forward(t, y, s, T);
+    else
+        attn_forward(t, y, s, T, lo);
     for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;
     memcpy(s->x_mid, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->x, T, D, y->ffn_norm, t->eps, s->h2, s->rstd2);
@@ -988,13 +995,12 @@ mixed:
                   : t->post_norms ? s->rd
                                   : t->tmp);
     if (y->moe) { /* Gemma 4: rd = post_1(MLP) + post_2(experts(pre_2(x)), routed from x) */
-        int64_t Dd = D;
-        tr_rmsnorm_fwd(s->rd1, T, Dd, y->post_ffn_norm_1, t->eps, s->rd, s->rstd_p1);
-        tr_rmsnorm_fwd(s->x_mid, T, Dd, y->router_w, t->eps, s->rx, s->rstd_r);
-        tr_rmsnorm_fwd(s->x_mid, T, Dd, y->ffn_norm_2, t->eps, s->h2b, s->rstd_b);
+        tr_rmsnorm_fwd(s->rd1, T, D, y->post_ffn_norm_1, t->eps, s->rd, s->rstd_p1);
+        tr_rmsnorm_fwd(s->x_mid, T, D, y->router_w, t->eps, s->rx, s->rstd_r);
+        tr_rmsnorm_fwd(s->x_mid, T, D, y->ffn_norm_2, t->eps, s->h2b, s->rstd_b);
         moe_forward(t, y, s, T, s->h2b, s->rx, s->eo);
-        tr_rmsnorm_fwd(s->eo, T, Dd, y->post_ffn_norm_2, t->eps, t->tmp, s->rstd_p2);
-        for (int64_t i = 0; i < T * Dd; i++) s->rd[i] += t->tmp[i];
+        tr_rmsnorm_fwd(s->eo, T, D, y->post_ffn_norm_2, t->eps, t->tmp, s->rstd_p2);
+        for (int64_t i = 0; i < T * D; i++) s->rd[i] += t->tmp[i];
     }
     if (t->post_norms) tr_rmsnorm_fwd(s->rd, T, D, y->post_ffn_norm, t->eps, t->tmp, s->rstd_pf);
     for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;

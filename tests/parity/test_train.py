@@ -251,6 +251,17 @@ def test_one_sgd_step_is_mlx_lms_gradient(tmp_path, name, num_layers):
     print(f"{name}: worst gradient difference {worst:.2e} of the tensor's largest")
 
 
+def train_both(tmp_path, model_a, out_a, model_b, out_b, iters):
+    """hearth train on two forms of the same weights (model_a's shapes give the initial
+    adapter), the same data, init and flags: both runs' reports"""
+    data = make_data(str(tmp_path / "data"), "text")
+    init = make_init_adapter(model_a, tmp_path / "init.safetensors", 8, -1)
+    flags = ["--iters", str(iters), "--batch-size", "2", "--learning-rate", "1e-4", "--num-layers", "-1",
+             "--steps-per-report", "1"]
+    return (hearth_train(model_a, data, tmp_path / out_a, init, flags),
+            hearth_train(model_b, data, tmp_path / out_b, init, flags))
+
+
 def test_qwen3_5_in_hf_layout_trains_as_mlx_layout(tmp_path):
     """A Qwen3.5 checkpoint as transformers saves it (norms stored as offsets from 1, conv1d
     [C, 1, K]; mlx-lm adds the 1 and moves the conv at load) trains as the mlx-lm layout of the
@@ -272,12 +283,7 @@ def test_qwen3_5_in_hf_layout_trains_as_mlx_layout(tmp_path):
             elif k.endswith("conv1d.weight"):
                 w[k] = np.ascontiguousarray(np.transpose(w[k], (0, 2, 1)))
         save_file(w, str(f), metadata={"format": "pt"})
-    data = make_data(str(tmp_path / "data"), "text")
-    init = make_init_adapter(src, tmp_path / "init.safetensors", 8, -1)
-    flags = ["--iters", "4", "--batch-size", "2", "--learning-rate", "1e-4", "--num-layers", "-1",
-             "--steps-per-report", "1"]
-    a = hearth_train(src, data, tmp_path / "mlx", init, flags)
-    b = hearth_train(str(hf), data, tmp_path / "hf_out", init, flags)
+    a, b = train_both(tmp_path, src, "mlx", str(hf), "hf_out", 4)
     assert [r.get("loss", r.get("val_loss")) for r in a] == pytest.approx([r.get("loss", r.get("val_loss")) for r in b],
                                                                            rel=1e-5)
     wa, wb = mx.load(str(tmp_path / "mlx" / "adapters.safetensors")), mx.load(str(tmp_path / "hf_out" /
@@ -332,12 +338,7 @@ def test_gguf_base_trains_like_safetensors_base(tmp_path):
     gguf = tmp_path / "llama.gguf"
     p = subprocess.run([BIN, "convert", model, "--out", str(gguf), "--outtype", "f32"], capture_output=True)
     assert p.returncode == 0, p.stderr.decode()
-    data = make_data(str(tmp_path / "data"), "text")
-    init = make_init_adapter(model, tmp_path / "init.safetensors", 8, -1)
-    flags = ["--iters", "6", "--batch-size", "2", "--learning-rate", "1e-4", "--num-layers", "-1",
-             "--steps-per-report", "1"]
-    a = hearth_train(model, data, tmp_path / "st", init, flags)
-    b = hearth_train(str(gguf), data, tmp_path / "gguf", init, flags)
+    a, b = train_both(tmp_path, model, "st", str(gguf), "gguf", 6)
     for x, y in zip(a, b):
         k = "loss" if "loss" in x else "val_loss"
         assert abs(x[k] - y[k]) <= LOSS_RTOL * abs(x[k])

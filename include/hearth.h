@@ -222,9 +222,12 @@ typedef enum hearth_speculate {
     HEARTH_SPEC_SUFFIX = 3, /* prompt lookup, then a suffix index over the batch's recent
                                outputs (agent loops repeat their calls): proposals may come
                                from other requests' answers */
-    HEARTH_SPEC_KINDS = 4   /* the size of the per-proposer stats */
+    HEARTH_SPEC_MTP = 4,    /* the model's own multi-token-prediction head (Qwen3.5's mtp.*
+                               weights, as Hugging Face ships them) proposes num_draft_tokens
+                               tokens a step; the CPU backend only, for now */
+    HEARTH_SPEC_KINDS = 5   /* the size of the per-proposer stats */
 } hearth_speculate;
-/* "lookup", "none", "draft", "suffix"; NULL for an unknown value. */
+/* "lookup", "none", "draft", "suffix", "mtp"; NULL for an unknown value. */
 const char *hearth_speculate_name(int speculate);
 /* The value of a name hearth_speculate_name gives; -1 for an unknown name. */
 int hearth_speculate_parse(const char *name);
@@ -431,8 +434,8 @@ typedef struct hearth_generate_params {
     /* Optional, hearth_model_vocab_rows floats: receives the log-softmax of the first
      * sampled position's logits (the sampling lab's next-token histogram). */
     float *first_logprobs;
-    /* With a draft model (hearth_engine_options.draft_model), in a batch: tokens it
-     * proposes per step (mlx_lm.server's num_draft_tokens; at most 8 are used); 0: none. */
+    /* With a draft model (hearth_engine_options.draft_model) or HEARTH_SPEC_MTP, in a batch:
+     * tokens it proposes per step (mlx_lm.server's num_draft_tokens; at most 8 are used); 0: none. */
     int num_draft_tokens;
     /* LoRA adapters (hearth_adapter_mount): "id", several summed ("a+b"), or "none" (the
      * base alone); NULL: the engine's default adapter (hearth_adapter_set_default), if any. */

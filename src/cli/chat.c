@@ -13,7 +13,7 @@ static const char *chat_usage =
     "hearth chat <model> [--system TEXT] [--max-tokens N] [--temp T] [--top-p P] [--seed S] [--threads N] [--ctx N]\n"
     "       [--device cpu|cuda|auto] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--expert-offload "
     "N] [--host-sampler]\n"
-    "       [--speculate lookup|suffix|none] [--draft-model M] [--num-draft-tokens N]\n"
+    "       [--speculate lookup|suffix|mtp|none] [--draft-model M] [--num-draft-tokens N]\n"
     "  in the conversation: /reset forgets it, /system TEXT sets the system prompt, /quit leaves";
 
 static volatile sig_atomic_t interrupted;

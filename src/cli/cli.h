@@ -96,6 +96,7 @@ typedef struct cli_spec {
     const char *draft_name;      /* --draft-model */
     int num_draft_tokens;        /* --num-draft-tokens; 3 */
     int speculate_given, num_draft_given;
+    int mtp;                     /* --speculate mtp: the model's own head proposes */
     hearth_model *draft;         /* opened by cli_spec_open */
     hearth_batch *batch;         /* cli_spec_start's, while speculating */
     unsigned long long proposed, accepted; /* the batch's counts after the last request */

@@ -127,7 +127,8 @@ int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *
     else if (!strcmp(argv[*i], "--ctx")) o->context_length = atoi(argv[++*i]);
     else if (!strcmp(argv[*i], "--kv-quant")) {
         if (!hearth_kv_quant_parse(argv[++*i], &o->kv_quant)) o->kv_quant = -1;
-    } else if (!strcmp(argv[*i], "--speculate")) /* lookup|suffix|none; an unknown name: -1, refused at engine start */
+    } else if (!strcmp(argv[*i],
+                       "--speculate")) /* lookup|suffix|mtp|none; an unknown name: -1, refused at engine start */
         o->speculate = hearth_speculate_parse(argv[++*i]);
     else if (!strcmp(argv[*i], "--expert-offload")) { /* device slots; not a count: -1, refused at engine start */
         long v;

@@ -10,7 +10,8 @@
 
 static const char *fit_usage =
     "hearth fit <model> [--ctx N] [--max-sequences 8] [--max-step-tokens 256] [--kv-blocks N | --kv-budget 1.5GB|N]\n"
-    "       [--threads N] [--mmap] [--kv-quant none|int8|fp8|f16] [--speculate lookup|suffix|none] [--deterministic] "
+    "       [--threads N] [--mmap] [--kv-quant none|int8|fp8|f16] [--speculate lookup|suffix|mtp|none] "
+    "[--deterministic] "
     "[--cuda-exact] [--expert-offload N]\n"
     "       [--device cpu|cuda|auto]\n"
     "       [--draft-model M] [--measure | --bandwidth GBS] [--sku NAME] [--json] [--skus] [--record]\n"
@@ -127,6 +128,11 @@ static void print_table(const json_t *r) {
         printf("  %-34s %10.1f MiB  (%s: weights %.1f, KV %.1f, scratch and buffers %.1f MiB)\n", "draft model (added)",
                mib(r, "draft_bytes"), json_string_value(json_object_get(d, "model")), mib(d, "weights_bytes"),
                mib(d, "kv_pool_bytes"), mib(d, "scratch_bytes") + mib(d, "buffers_bytes"));
+    const json_t *h = json_object_get(r, "mtp");
+    if (h)
+        printf("  %-34s %10.1f MiB  (weights %.1f, KV %.1f, scratch and buffers %.1f MiB)\n", "MTP head (added)",
+               mib(r, "mtp_bytes"), mib(h, "weights_bytes"), mib(h, "kv_pool_bytes"),
+               mib(h, "scratch_bytes") + mib(h, "buffers_bytes"));
     printf("  %-34s %10.1f MiB\n", "runtime: process before the engine", mib(ro, "process_resident_bytes"));
     printf("  %-34s %10.1f MiB\n", "runtime: model file pages", mib(ro, "model_file_pages_bytes"));
     printf("  %-34s %10.1f MiB\n", "runtime: thread stacks", mib(ro, "thread_stacks_bytes"));

@@ -17,7 +17,7 @@ static const char *gen_usage =
     "       [--prompt-cache-file FILE] [--device cpu|cuda|auto] [--threads N] [--ctx N] [--mmap] [--kv-quant "
     "none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--expert-offload N] [--host-sampler] [--verbose] "
     "[--report-memory]\n"
-    "       [--adapter-path DIR] [--speculate lookup|suffix|none] [--draft-model M] [--num-draft-tokens N]";
+    "       [--adapter-path DIR] [--speculate lookup|suffix|mtp|none] [--draft-model M] [--num-draft-tokens N]";
 
 static int on_token(void *user, int32_t id, const char *text, const hearth_logprobs *lp) {
     (void)user; (void)id; (void)lp;

@@ -35,7 +35,7 @@ static const char *serve_usage =
     "[--kv-blocks N] [--kv-budget 1.5GB|N]\n"
     "             [--device cpu|cuda|auto] [--kv-quant none|int8|fp8|f16] [--deterministic] [--cuda-exact] "
     "[--expert-offload N] [--host-sampler] "
-    "[--speculate lookup|suffix|none]\n"
+    "[--speculate lookup|suffix|mtp|none]\n"
     "             [--kv-bits 8 (= --kv-quant int8; 2-6 also take int8)] "
     "[--kv-group-size 64] [--quantized-kv-start 5000]\n"
     "             (KV pool default: --max-sequences x --ctx positions, cut to fit "

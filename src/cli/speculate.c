@@ -19,7 +19,7 @@ int cli_spec_flag(int argc, char **argv, int *i, cli_spec *s, hearth_engine_opti
     const char *v = argv[++*i];
     if (!strcmp(a, "--speculate")) {
         if ((eo->speculate = hearth_speculate_parse(v)) < 0 || eo->speculate == HEARTH_SPEC_DRAFT)
-            *rc = cli_usage_error(usage, "--speculate: '%s' is not lookup, suffix or none", v);
+            *rc = cli_usage_error(usage, "--speculate: '%s' is not lookup, suffix, mtp or none", v);
         s->speculate_given = 1;
     } else if (!strcmp(a, "--draft-model")) {
         s->draft_name = v;
@@ -40,13 +40,14 @@ int cli_spec_open(cli_spec *s, hearth_engine_options *eo, const char *plain_only
     if (s->draft_name && eo->speculate == HEARTH_SPEC_NONE)
         return cli_usage_error(usage, "%s",
                                "--draft-model proposes tokens to speculate with: not with --speculate none");
-    if (s->num_draft_given && !s->draft_name)
-        return cli_usage_error(usage, "%s", "--num-draft-tokens goes with --draft-model");
+    if (s->num_draft_given && !s->draft_name && eo->speculate != HEARTH_SPEC_MTP)
+        return cli_usage_error(usage, "%s", "--num-draft-tokens goes with --draft-model or --speculate mtp");
     if (plain_only && (s->draft_name || (s->speculate_given && eo->speculate != HEARTH_SPEC_NONE)))
         return cli_usage_error(usage, "%s: no speculative decoding with it (leave out --speculate / --draft-model)",
                                plain_only);
     if (plain_only) eo->speculate = HEARTH_SPEC_NONE; /* the default gives way to a flag that needs the plain path */
     if (!s->num_draft_given) s->num_draft_tokens = 3; /* mlx_lm.server's --num-draft-tokens default, as serve's */
+    s->mtp = eo->speculate == HEARTH_SPEC_MTP;
     if (s->draft_name && cli_open_model(s->draft_name, &s->draft)) return 1;
     eo->draft_model = s->draft;
     return 0;
@@ -83,7 +84,7 @@ static void relay_done(void *user, hearth_status st, const hearth_error *err) {
 hearth_status cli_spec_generate(cli_spec *s, hearth_engine *e, const int32_t *ids, size_t n, hearth_generate_params *gp,
                                 hearth_token_fn on_token, void *user, hearth_generate_result *r, hearth_error *err) {
     if (!s->batch) return hearth_generate(e, ids, n, gp, on_token, user, r, err);
-    gp->num_draft_tokens = s->draft ? s->num_draft_tokens : 0;
+    gp->num_draft_tokens = s->draft || s->mtp ? s->num_draft_tokens : 0;
     spec_user u = {.on_token = on_token, .user = user};
     hearth_batch_request q = {.prompt = ids,
                               .n_prompt = n,
@@ -107,7 +108,10 @@ hearth_status cli_spec_generate(cli_spec *s, hearth_engine *e, const int32_t *id
 
 void cli_spec_report(const cli_spec *s) {
     if (!s->batch) return;
-    fprintf(stderr, "speculative decoding (%s): %llu tokens proposed, %llu accepted\n", s->draft ? "draft" : "lookup",
+    fprintf(stderr, "speculative decoding (%s): %llu tokens proposed, %llu accepted\n",
+            s->draft ? "draft"
+            : s->mtp ? "mtp"
+                     : "lookup",
             s->proposed, s->accepted);
 }
 

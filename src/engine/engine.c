@@ -50,6 +50,9 @@ struct hearth_engine {
     int speculate;     /* hearth_speculate, for the scheduler */
     spec_cost spec_cost;  /* what a speculating step costs on this engine, measured by its batches */
     hearth_engine *draft; /* hearth_engine_options.draft_model's engine, or NULL */
+    hearth_engine *mtp;   /* HEARTH_SPEC_MTP: the model's multi-token-prediction head's engine, or NULL */
+    const float *hidden_in; /* op_batch.hidden_in / hidden_out of the next forward (engine_step_hidden) */
+    float *hidden_out;
     spec_limits spec;     /* where proposing stops on this engine's backend */
     const hearth_spec_replay *replay; /* hearth_engine_options.spec_replay, or NULL */
     int32_t *greedy_id; /* hearth_seq_append_greedy on the GPU: the device picks the id */
@@ -171,8 +174,9 @@ hearth_status engine_plan_make(const model *m, const hearth_engine_options *opts
      * token a speculating request proposes; an append up to max_logits_rows */
     if (o.max_logits_rows < 0 || o.max_logits_rows > (1 << 16))
         return err_set(err, HEARTH_ERR_INVALID, "engine: invalid max_logits_rows %d", o.max_logits_rows);
-    if (o.speculate != HEARTH_SPEC_LOOKUP && o.speculate != HEARTH_SPEC_NONE && o.speculate != HEARTH_SPEC_SUFFIX)
-        return err_set(err, HEARTH_ERR_INVALID, "unknown --speculate mode (it takes lookup, suffix or none)");
+    if (o.speculate != HEARTH_SPEC_LOOKUP && o.speculate != HEARTH_SPEC_NONE && o.speculate != HEARTH_SPEC_SUFFIX &&
+        o.speculate != HEARTH_SPEC_MTP)
+        return err_set(err, HEARTH_ERR_INVALID, "unknown --speculate mode (it takes lookup, suffix, mtp or none)");
     p->append_rows = o.max_logits_rows > ENGINE_MAX_LOGITS_ROWS ? o.max_logits_rows : ENGINE_MAX_LOGITS_ROWS;
     p->max_out = p->max_seqs > p->append_rows ? p->max_seqs : p->append_rows;
     /* the CPU: SPEC_MAX_DRAFT for its few speculating rows; the GPU: every proposal the
@@ -338,8 +342,10 @@ hearth_status engine_plan_host(const model *m, const hearth_engine_options *o, s
 }
 
 static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_options *o, hearth_error *err);
+static hearth_status engine_mtp_open(hearth_engine *e, const hearth_engine_options *o, hearth_error *err);
 
-hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options *opts, hearth_engine **out,
+/* hearth_engine_create, on the model `pre` when given (loaded already: the engine owns it). */
+static hearth_status engine_create(hearth_model *hm, model *pre, const hearth_engine_options *opts, hearth_engine **out,
                                    hearth_error *err) {
     *out = NULL;
     hearth_engine_options o = opts ? *opts : (hearth_engine_options){0};
@@ -362,7 +368,7 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
     /* the plan for where the forward pass will run (auto: the GPU when there is one) */
     hearth_engine_options po = o;
     if (po.device == HEARTH_DEVICE_AUTO) po.device = gpu_here ? HEARTH_DEVICE_CUDA : HEARTH_DEVICE_CPU;
-    hearth_status st = model_load(hm, o.use_mmap, &e->m, err);
+    hearth_status st = pre ? (e->m = pre, HEARTH_OK) : model_load(hm, o.use_mmap, &e->m, err);
     if (st) { free(e); return st; }
     const model_config *c = &e->m->cfg;
     engine_plan p;
@@ -447,9 +453,19 @@ hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options
         hearth_engine_free(e);
         return st;
     }
+    if (o.speculate == HEARTH_SPEC_MTP && (st = engine_mtp_open(e, &o, err))) {
+        hearth_engine_free(e);
+        return st;
+    }
     if (e->draft) e->bytes += e->draft->bytes;
+    if (e->mtp) e->bytes += e->mtp->bytes;
     *out = e;
     return HEARTH_OK;
+}
+
+hearth_status hearth_engine_create(hearth_model *hm, const hearth_engine_options *opts, hearth_engine **out,
+                                   hearth_error *err) {
+    return engine_create(hm, NULL, opts, out, err);
 }
 
 hearth_status engine_trial_weight(hearth_engine *e, const char *tensor, const op_weight *w, void *owned,
@@ -493,6 +509,7 @@ void hearth_engine_free(hearth_engine *e) {
     if (e->m) engine_trial_restore(e);
     free(e->trials);
     hearth_engine_free(e->draft);
+    hearth_engine_free(e->mtp);
     if (e->be) e->be->t->free(e->be);
     kv_destroy(&e->kv);
     tp_destroy(e->tp);
@@ -706,8 +723,16 @@ hearth_status engine_forward_rows(hearth_engine *e, int T, const int32_t *tokens
                            pos[t], slot[t]);
         e->history[(size_t)slot[t] * e->context + pos[t]] = tokens[t];
     }
-    op_batch b = {.T = T, .tokens = tokens, .pos = pos, .slot = slot, .n_out = n_out, .out_rows = out_rows,
-                     .logits = e->logits, .batch_invariant = e->deterministic};
+    op_batch b = {.T = T,
+                  .tokens = tokens,
+                  .pos = pos,
+                  .slot = slot,
+                  .n_out = n_out,
+                  .out_rows = out_rows,
+                  .logits = e->logits,
+                  .batch_invariant = e->deterministic,
+                  .hidden_in = e->hidden_in,
+                  .hidden_out = e->hidden_out};
     hearth_status st = engine_model_forward(e, &b, err);
     if (st) return st;
     int vocab = e->m->cfg.vocab;
@@ -797,6 +822,36 @@ static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_opt
     if (st) err_prefix(err, "--draft-model %s", hearth_model_path(d));
     return st;
 }
+/* The multi-token-prediction head's engine: the model's own head (model_load_mtp) with the
+ * draft's options, on the CPU (no device backend runs the head's input op yet). */
+static hearth_status engine_mtp_open(hearth_engine *e, const hearth_engine_options *o, hearth_error *err) {
+    const char *path = hearth_model_path(e->hm);
+    if (o->draft_model)
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "--speculate mtp proposes with the model's own head: not with "
+                       "--draft-model");
+    if (e->gpu)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: --speculate mtp runs on the CPU only for now (--device cpu)",
+                       path);
+    model *head = NULL;
+    hearth_status st = model_load_mtp(e->hm, e->m, &head, err);
+    if (st) {
+        err_prefix(err, "--speculate mtp");
+        return st;
+    }
+    engine_plan tp = {
+        .context = e->context, .max_seqs = e->max_seqs, .step_tokens = e->step_tokens, .n_threads = e->n_threads};
+    hearth_engine_options dop = engine_draft_options(o, &tp);
+    dop.device = HEARTH_DEVICE_CPU;
+    st = engine_create(e->hm, head, &dop, &e->mtp, err); /* frees the head when it fails */
+    if (st) err_prefix(err, "--speculate mtp");
+    return st;
+}
+
+hearth_engine *engine_mtp(hearth_engine *e) { return e->mtp; }
+void engine_step_hidden(hearth_engine *e, const float *in, float *out) { e->hidden_in = in, e->hidden_out = out; }
+int engine_hidden_size(const hearth_engine *e) { return e->m->cfg.hidden; }
+
 kv_cache *engine_kv(hearth_engine *e) { return &e->kv; }
 
 hearth_status engine_kv_copy_rows(hearth_engine *e, int32_t src, int32_t dst, int rows, hearth_error *err) {

@@ -59,6 +59,14 @@ int engine_speculate(const hearth_engine *e);
 struct spec_cost *engine_spec_cost(hearth_engine *e);
 /* The draft model's engine (hearth_engine_options.draft_model), or NULL. */
 hearth_engine *engine_draft(hearth_engine *e);
+/* HEARTH_SPEC_MTP: the engine of the model's multi-token-prediction head (its steps need
+ * hidden rows in), or NULL. */
+hearth_engine *engine_mtp(hearth_engine *e);
+/* The next forward passes' op_batch.hidden_in / hidden_out ([T, hidden] each; NULL: none),
+ * until set again. */
+void engine_step_hidden(hearth_engine *e, const float *in, float *out);
+/* The model's hidden size (the rows of engine_step_hidden). */
+int engine_hidden_size(const hearth_engine *e);
 /* Where proposing stops on the engine's backend (spec.h: spec_limits_for with the model's
  * bytes a weight). */
 spec_limits engine_spec_limits(const hearth_engine *e);

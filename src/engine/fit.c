@@ -237,6 +237,8 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     int device;
     hearth_status st = fit_device(&o, &device, err);
     if (st) return st;
+    if (device == HEARTH_DEVICE_CUDA && o.engine.speculate == HEARTH_SPEC_MTP)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "--speculate mtp runs on the CPU only for now (--device cpu)");
     if (device == HEARTH_DEVICE_CUDA) return fit_cuda(hm, &o, report_json, err);
     model *m;
     st = model_plan(hm, o.engine.use_mmap, &m, err);
@@ -248,19 +250,21 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
         model_free(m);
         return st;
     }
-    /* a draft model (--draft-model): its engine beside the target's, created after it */
-    const hearth_model *dhm = o.engine.speculate != HEARTH_SPEC_NONE ? o.engine.draft_model : NULL;
+    /* a draft model (--draft-model) or the model's MTP head (--speculate mtp): its engine
+     * beside the target's, created after it (the head's file is the model's own) */
+    int mtp = o.engine.speculate == HEARTH_SPEC_MTP;
+    const hearth_model *dhm = mtp ? hm : o.engine.speculate != HEARTH_SPEC_NONE ? o.engine.draft_model : NULL;
     model *dm = NULL;
     engine_plan dp = {0};
     if (dhm) {
         hearth_engine_options dop = engine_draft_options(&o.engine, &p);
         size_t target = engine_plan_bytes(&p) - model_kv_storage_bytes(&m->cfg, p.n_blocks, o.engine.kv_quant);
-        if ((st = model_plan(dhm, o.engine.use_mmap, &dm, err)) || (st = engine_plan_host(dm, &dop,
-                                                                                          room > target ? room - target
-                                                                                          : room        ? 1
-                                                                                                        : 0,
-                                                                                          &dp, err))) {
-            err_prefix(err, "--draft-model %s", dhm->entry.path);
+        st = mtp ? model_plan_mtp(hm, m, &dm, err) : model_plan(dhm, o.engine.use_mmap, &dm, err);
+        if (st || (st = engine_plan_host(dm, &dop, room > target ? room - target : room ? 1 : 0, &dp, err))) {
+            if (mtp)
+                err_prefix(err, "--speculate mtp");
+            else
+                err_prefix(err, "--draft-model %s", dhm->entry.path);
             model_free(dm);
             model_free(m);
             return st;
@@ -274,8 +278,8 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     if (dhm) { /* the target's load, or the target running while the draft loads, or both running */
         size_t run_t = engine_plan_bytes(&p) + b.thread_stacks + b.grammar;
         size_t run_d = engine_plan_bytes(&dp) + b.thread_stacks, load_d = dp.weights_load_peak;
-        if (!o.engine.use_mmap) model_drop_file_pages(dhm);
-        if (b.keeps_file) {
+        if (!o.engine.use_mmap && !mtp) model_drop_file_pages(dhm);
+        if (b.keeps_file && !mtp) {
             peak = b.resident_now + b.code_pages + b.file_pages + file_pages_to_come(dhm) + run_t + run_d;
         } else {
             size_t after = run_t + (load_d > run_d ? load_d : run_d);
@@ -310,9 +314,9 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     json_object_set_new(r, "grammar_bytes", JSON_SIZE(b.grammar));
     json_object_set_new(r, "grammar", fit_grammar_json(grammar_tables, grammar_temporary));
     json_object_set_new(r, "runtime_overhead_bytes", JSON_SIZE(fit_peak(&b, &p) - engine_plan_bytes(&p) - b.grammar));
-    if (dhm) { /* draft_bytes: what the draft adds to the peak (the parts still sum to it) */
-        json_object_set_new(r, "draft_bytes", JSON_SIZE(peak - alone));
-        json_object_set_new(r, "draft",
+    if (dhm) { /* draft_bytes / mtp_bytes: what the draft or head adds to the peak (the parts still sum to it) */
+        json_object_set_new(r, mtp ? "mtp_bytes" : "draft_bytes", JSON_SIZE(peak - alone));
+        json_object_set_new(r, mtp ? "mtp" : "draft",
                             json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:i}", "model", dhm->entry.path, "weights_bytes",
                                       (json_int_t)dp.weights, "kv_pool_bytes", (json_int_t)dp.kv, "scratch_bytes",
                                       (json_int_t)dp.scratch, "buffers_bytes", (json_int_t)(dp.buffers + dp.sampler),

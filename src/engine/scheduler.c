@@ -66,8 +66,16 @@ typedef struct sched_req {
      * went back to the backup, and the next step feeds them again before next) */
     int spec_rec, n_replay;
     int journaled; /* the backend journals this step's inputs for spec_rec: a rejection replays them there */
+    /* multi-token prediction (mtp_catch_up): the head's slot (-1: none), the position its
+     * pairs start at and the first not fed; this step's first row (-1: none) and its
+     * position; the len whose first proposal (mtp_first) the head made (-1: none) */
+    int mseq, mstart, mlen, hrow, hpos, mtp_at, mo;
+    int32_t mtp_first;
     struct sched_req *next_waiting;
 } sched_req;
+
+/* Greedy ids one head step returns at most (its rows with logits: one per request). */
+#define SCHED_MTP_IDS 256
 
 struct hearth_batch {
     hearth_engine *e;
@@ -91,6 +99,10 @@ struct hearth_batch {
     spec_suffix *suffix;          /* --speculate suffix: the recent outputs' index (NULL: none) */
     int cost_gate;                /* the measured cost caps lookup's depth (spec_cost_depth): hybrid models only, whose
                                      speculating step carries a state backup and restore; not on the exact CPU tier */
+    /* multi-token prediction: the step's final-normed hidden rows [budget, hidden]; the head's
+     * step inputs and outputs [head step tokens, hidden]; each slot's last head output row
+     * [max_run, hidden] (the chain's next input) */
+    float *mhid, *mhin, *mhout, *mown;
     sched_proposer_fn propose_fn; /* NULL: prompt lookup */
     void *propose_user;
     double last_step_seconds;
@@ -159,6 +171,15 @@ hearth_status hearth_batch_create(hearth_engine *e, hearth_batch **out, hearth_e
     b->greedy_ids = malloc((size_t)engine_max_out_rows(e) * sizeof *b->greedy_ids);
     b->dev_rows = malloc((size_t)engine_max_out_rows(e) * sizeof *b->dev_rows);
     int suffix_ok = engine_speculate(e) != HEARTH_SPEC_SUFFIX || (b->suffix = spec_suffix_new());
+    hearth_engine *mtp = engine_mtp(e);
+    if (mtp) {
+        size_t H = (size_t)engine_hidden_size(e), mt = (size_t)engine_step_tokens(mtp);
+        b->mhid = malloc((size_t)budget * H * sizeof(float));
+        b->mhin = malloc(mt * H * sizeof(float));
+        b->mhout = malloc(mt * H * sizeof(float));
+        b->mown = malloc((size_t)max_run * H * sizeof(float));
+        suffix_ok = suffix_ok && b->mhid && b->mhin && b->mhout && b->mown;
+    }
     b->cost_gate =
         engine_kv(e)->state && (engine_spec_limits(e).max_step_tokens > 0 || cpu_level_active() != CPU_LEVEL_SCALAR);
     if (!b->run || !b->tok || !b->pos || !b->slot || !b->out_rows || !b->out_of || !b->remaining || !b->take ||
@@ -187,6 +208,8 @@ static void close_slot(hearth_batch *b, sched_req *q) {
     hearth_seq_close(b->e, q->seq);
     if (q->dseq >= 0) hearth_seq_close(engine_draft(b->e), q->dseq);
     q->dseq = -1, q->dlen = 0, q->drec = -1;
+    if (q->mseq >= 0) hearth_seq_close(engine_mtp(b->e), q->mseq);
+    q->mseq = -1, q->mtp_at = -1, q->hrow = -1;
 }
 
 static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hearth_error *err) {
@@ -242,6 +265,10 @@ void hearth_batch_free(hearth_batch *b) {
     free(b->row_req);
     free(b->greedy_ids);
     free(b->dev_rows);
+    free(b->mhid);
+    free(b->mhin);
+    free(b->mhout);
+    free(b->mown);
     free(b);
 }
 
@@ -253,6 +280,7 @@ hearth_status hearth_batch_submit(hearth_batch *b, const hearth_batch_request *r
     q->seq = -1;
     q->dseq = -1;
     q->spec_rec = -1, q->drec = -1;
+    q->mseq = -1, q->hrow = -1, q->mtp_at = -1;
     q->t_submit = gen_now_seconds();
     q->n_fill = r->n_prompt;
     hearth_status st = gen_stream_init(&q->g, b->e, r->n_prompt, r->params, r->on_token, r->user, r->result, err);
@@ -713,6 +741,134 @@ fail: /* a failing draft step: no proposals this step, the draft starts over for
     return unused;
 }
 
+/* ---- multi-token prediction (HEARTH_SPEC_MTP; vLLM's Qwen3.5 MTP proposer) ----
+ * The head (engine_mtp) reads, at the request's position i, the token at i + 1 and the
+ * model's final-normed hidden row of position i; its output predicts the token at i + 2.
+ * Every step hands out its hidden rows (b->mhid); right after it each request feeds the head
+ * the pairs its new rows complete (mtp_catch_up), whose last output is the next step's first
+ * proposal; mtp_chain adds the others, each from the head's own hidden row before it. The
+ * head's positions count from the request's first computed row (a prefix taken from the
+ * cache has no hidden rows; RoPE is relative): head position = i - mstart. What the chain
+ * wrote past len is written again by the next catch-up. */
+static void mtp_drop(hearth_batch *b, sched_req *q) {
+    if (q->mseq >= 0) hearth_seq_close(engine_mtp(b->e), q->mseq);
+    q->mseq = -1, q->mtp_at = -1, q->hrow = -1;
+}
+
+/* The head's step over T pairs of b->tok/pos/slot and b->mhin; n_out rows b->out_rows come
+ * back as greedy ids (ids) and hidden rows (b->mhout, every row). */
+static hearth_status mtp_step(hearth_batch *b, hearth_engine *d, int T, int n_out, int32_t *ids, hearth_error *err) {
+    const float *logits;
+    engine_step_hidden(d, b->mhin, b->mhout);
+    hearth_status st = engine_forward_rows(d, T, b->tok, b->pos, b->slot, n_out, b->out_rows, &logits, err);
+    engine_step_hidden(d, NULL, NULL);
+    int vocab = hearth_model_vocab_rows(d);
+    for (int o = 0; !st && o < n_out; o++) ids[o] = argmax_row(logits + (size_t)o * vocab, vocab);
+    return st;
+}
+
+static void mtp_catch_up(hearth_batch *b) {
+    hearth_engine *d = engine_mtp(b->e);
+    kv_cache *dkv = engine_kv(d);
+    int H = engine_hidden_size(b->e), budget = engine_step_tokens(d), ctx = hearth_engine_context_length(d), n = 0;
+    size_t row = (size_t)H * sizeof(float);
+    hearth_error err = {0};
+    for (int i = 0; i < b->n_run; i++) {
+        sched_req *q = b->run[i];
+        if (q->hrow < 0) continue;
+        q->mtp_at = -1, q->mo = -1;
+        if (q->mseq >= 0 && (q->mlen < q->hpos || q->mlen > q->len)) /* rows missing between: start again here */
+            kv_truncate(dkv, q->mseq, 0), q->mstart = q->mlen = q->hpos;
+        if (q->mseq < 0) {
+            if (hearth_seq_open(d, &q->mseq, &err)) {
+                q->mseq = -1, q->hrow = -1;
+                continue;
+            }
+            q->mstart = q->mlen = q->hpos;
+        }
+        int want = q->len - q->mstart + SPEC_MAX_DRAFT;
+        kv_truncate(dkv, q->mseq, q->mlen - q->mstart); /* the last chain's guesses */
+        if (kv_reserve(dkv, q->mseq, want < ctx ? want : ctx, &err)) {
+            mtp_drop(b, q);
+            continue;
+        }
+        b->row_req[n++] = q;
+    }
+    int32_t ids[SCHED_MTP_IDS];
+    for (int more = n > 0; more;) {
+        int T = 0, n_out = 0;
+        more = 0;
+        for (int r = 0; r < n; r++) {
+            sched_req *q = b->row_req[r];
+            if (q->mseq < 0 || q->mlen >= q->len) continue;
+            const int32_t *hist = engine_history(b->e, q->seq), *fill = fill_tokens(q);
+            while (q->mlen < q->len && T < budget) {
+                int i = q->mlen++;
+                b->tok[T] = i + 1 < q->len ? hist[i + 1] : q->decoding ? q->next : fill[i + 1];
+                b->pos[T] = i - q->mstart, b->slot[T] = q->mseq;
+                memcpy(b->mhin + (size_t)T * H, b->mhid + (size_t)(q->hrow + i - q->hpos) * H, row);
+                T++;
+            }
+            if (q->mlen < q->len)
+                more = 1;
+            else if (q->decoding && n_out < SCHED_MTP_IDS)
+                q->mo = n_out, b->out_rows[n_out++] = T - 1;
+        }
+        if (T == 0) break;
+        if (mtp_step(b, d, T, n_out, ids, &err)) {
+            for (int r = 0; r < n; r++) mtp_drop(b, b->row_req[r]);
+            return;
+        }
+        for (int r = 0; r < n; r++) {
+            sched_req *q = b->row_req[r];
+            if (q->mo < 0) continue;
+            q->mtp_first = ids[q->mo], q->mtp_at = q->len;
+            memcpy(b->mown + (size_t)q->seq * H, b->mhout + (size_t)b->out_rows[q->mo] * H, row);
+            q->mo = -1;
+        }
+    }
+    for (int r = 0; r < n; r++) b->row_req[r]->hrow = -1;
+}
+
+/* The proposals of the n requests in b->row_req (n_draft: how many each may take): the first
+ * from the catch-up, then one head step per further token for all of them. Returns the
+ * proposed tokens given back. */
+static int mtp_chain(hearth_batch *b, hearth_engine *d, int n) {
+    int H = engine_hidden_size(b->e), unused = 0;
+    size_t row = (size_t)H * sizeof(float);
+    int32_t ids[SCHED_MTP_IDS];
+    hearth_error err = {0};
+    for (int r = 0; r < n; r++) b->row_req[r]->draft[0] = b->row_req[r]->mtp_first, b->row_req[r]->mo = -1;
+    for (int j = 1; j < SPEC_MAX_DRAFT; j++) {
+        int T = 0;
+        for (int r = 0; r < n && T < SCHED_MTP_IDS; r++) {
+            sched_req *q = b->row_req[r];
+            if (q->n_draft <= j) continue;
+            b->tok[T] = q->draft[j - 1], b->pos[T] = q->len + j - 1 - q->mstart, b->slot[T] = q->mseq;
+            memcpy(b->mhin + (size_t)T * H, b->mown + (size_t)q->seq * H, row);
+            b->out_rows[T] = T, q->mo = T++;
+        }
+        if (T == 0) break;
+        hearth_status st = mtp_step(b, d, T, T, ids, &err);
+        for (int r = 0; r < n; r++) {
+            sched_req *q = b->row_req[r];
+            if (q->n_draft <= j) continue;
+            if (st || q->mo < 0) { /* no head step for it: the proposal ends here */
+                unused += q->n_draft - j, q->n_draft = j;
+            } else {
+                q->draft[j] = ids[q->mo];
+                memcpy(b->mown + (size_t)q->seq * H, b->mhout + (size_t)q->mo * H, row);
+            }
+            q->mo = -1;
+        }
+    }
+    for (int r = 0; r < n; r++) /* proposals into the target's KV: reserved as lookup's are */
+        if (b->row_req[r]->n_draft &&
+            kv_reserve(engine_kv(b->e), b->row_req[r]->seq, b->row_req[r]->len + 1 + b->row_req[r]->n_draft, &err))
+            unused += b->row_req[r]->n_draft, b->row_req[r]->n_draft = 0;
+    return unused;
+}
+
 /* Proposes tokens for decoding requests (the draft model's num_draft_tokens when the
  * engine has one, else prompt lookup over each one's own tokens, as deep as its acceptance
  * allows) while the step has spare logits rows and tokens, within the backend's limits
@@ -735,16 +891,16 @@ static int propose(hearth_batch *b) {
     int n_spec = kv->state ? kv->state->n_spec : 0, replays = 0, candidates = 0;
     if (kv->state && b->budget - b->max_run < n_spec * (KV_BLOCK_SIZE - 1)) n_spec = 0;
     for (int i = 0; i < b->n_run; i++) replays += b->run[i]->decoding ? b->run[i]->n_replay : 0;
-    hearth_engine *draft = engine_draft(e);
-    int depth = 0; /* a draft model's: the deepest request's */
-    for (int i = 0; draft && i < b->n_run; i++)
+    hearth_engine *draft = engine_draft(e), *mtp = engine_mtp(e);
+    int depth = 0; /* a draft model's or MTP head's: the deepest request's */
+    for (int i = 0; (draft || mtp) && i < b->n_run; i++)
         if (b->run[i]->decoding && b->run[i]->r.params->num_draft_tokens > depth)
             depth = b->run[i]->r.params->num_draft_tokens;
     if (depth > SPEC_MAX_DRAFT) depth = SPEC_MAX_DRAFT;
     if (engine_speculate(e) == HEARTH_SPEC_NONE || (kv->state && n_spec == 0)) return 0;
     int reach = spec_step_room(engine_spec_limits(e), n_dec, depth);
     if (reach <= 0) return 0;
-    if (!draft && b->cost_gate && spec_cost_plain_due(engine_spec_cost(b->e), n_dec))
+    if (!draft && !mtp && b->cost_gate && spec_cost_plain_due(engine_spec_cost(b->e), n_dec))
         return 0; /* a plain step, measured */
     int rows = engine_max_out_rows(e) - b->n_run, tokens = b->budget - b->n_run - replays;
     if (reach < tokens) tokens = reach;
@@ -756,14 +912,16 @@ static int propose(hearth_batch *b) {
         /* a hybrid row feeding a rejected proposal's tokens again proposes nothing this step:
          * a second rejection would stack more tokens to feed again on the next one */
         if (kv->state && (q->n_replay > 0 || candidates++ >= n_spec)) continue;
-        q->proposer = draft ? HEARTH_SPEC_DRAFT : HEARTH_SPEC_LOOKUP;
+        /* the head proposes from the catch-up after this request's last step only */
+        if (mtp && q->mtp_at != q->len) continue;
+        q->proposer = draft ? HEARTH_SPEC_DRAFT : mtp ? HEARTH_SPEC_MTP : HEARTH_SPEC_LOOKUP;
         /* a benchmark replaying recorded text (hearth_spec_replay) in lookup's place: lookup's
          * adaptive depth, at most num_draft_tokens */
-        const hearth_spec_replay *rp = draft ? NULL : engine_spec_replay(e);
-        int k = draft ? p->num_draft_tokens : spec_depth_next(&q->depth);
+        const hearth_spec_replay *rp = draft || mtp ? NULL : engine_spec_replay(e);
+        int k = draft || mtp ? p->num_draft_tokens : spec_depth_next(&q->depth);
         if (rp && rp->tokens && k > p->num_draft_tokens) k = p->num_draft_tokens;
         if (k > SPEC_MAX_DRAFT) k = SPEC_MAX_DRAFT;
-        if (!draft && k > 0 && b->cost_gate) { /* no deeper than the measured step cost repays */
+        if (!draft && !mtp && k > 0 && b->cost_gate) { /* no deeper than the measured step cost repays */
             int kc = spec_cost_depth(engine_spec_cost(b->e), n_dec, q->n_accept ? q->accept : 0.5, k);
             if (kc > 0) {
                 q->cost_stops = 0;
@@ -784,7 +942,7 @@ static int propose(hearth_batch *b) {
         for (size_t j = 0; j < sizeof lim / sizeof lim[0]; j++) k = lim[j] < k ? lim[j] : k;
         if (k <= 0) continue;
         engine_history_set(e, q->seq, q->len, q->next);
-        if (draft) { /* the draft model proposes for all of them at once, below */
+        if (draft || mtp) { /* the draft model or head proposes for all of them at once, below */
             q->n_draft = k; /* its budget, until draft_propose fills it */
             b->row_req[n_drafting++] = q;
             total += k;
@@ -830,7 +988,7 @@ static int propose(hearth_batch *b) {
         q->n_draft = k;
         total += k;
     }
-    if (n_drafting) total -= draft_propose(b, draft, n_drafting);
+    if (n_drafting) total -= mtp ? mtp_chain(b, mtp, n_drafting) : draft_propose(b, draft, n_drafting);
     hearth_error jerr = {0};
     for (int j = 0; kv->state && j < n_spec; j++) engine_state_journal(e, j, -1, &jerr); /* none left over */
     for (int i = 0, j = 0; kv->state && i < b->n_run; i++) { /* the hybrids' backups, and journals where kept */
@@ -880,7 +1038,7 @@ static void verify(hearth_batch *b, int i, const float *logits, int on_device) {
         double a = (double)accepted / (double)(accepted + (accepted < k));
         q->accept = q->n_accept++ ? 0.7 * q->accept + 0.3 * a : a;
     }
-    if (q->proposer != HEARTH_SPEC_DRAFT) /* strict: a hybrid row whose rejection is fed again */
+    if (q->proposer != HEARTH_SPEC_DRAFT && q->proposer != HEARTH_SPEC_MTP) /* strict: a hybrid row fed again */
         spec_depth_update(&q->depth, k, accepted, q->spec_rec >= 0 && !q->journaled);
     if (q->dseq >= 0) { /* the draft's KV holds next and the proposals before the last: keep the accepted */
         hearth_engine *d = engine_draft(b->e);
@@ -952,7 +1110,9 @@ size_t hearth_batch_step(hearth_batch *b) {
     for (int i = 0; i < b->n_run; i++) {
         sched_req *q = b->run[i];
         b->out_of[i] = -1;
+        q->hrow = -1;
         if (!b->take[i]) continue;
+        q->hrow = t, q->hpos = q->decoding ? q->len - q->n_replay : (int)q->prefilled; /* its rows' hidden rows */
         if (q->decoding) {
             const int32_t *hist = engine_history(b->e, q->seq);
             b->take[i] += q->n_draft + q->n_replay;
@@ -991,12 +1151,15 @@ size_t hearth_batch_step(hearth_batch *b) {
                 .p = &p->sampling, .seed = b->run[i]->dev_seed, .lp = gen_stream_lp(&b->run[i]->g),
                 .allow = j == 0 && b->run[i]->g.matcher ? gen_stream_allow : NULL, .allow_ctx = &b->run[i]->g};
     }
+    hearth_engine *mtp = engine_mtp(b->e);
+    if (mtp) engine_step_hidden(b->e, NULL, b->mhid); /* the head reads the step's hidden rows */
     hearth_status st =
         greedy ? engine_forward_rows_greedy(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, b->greedy_ids, &err)
         : dev  ? engine_forward_rows_sample(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, b->dev_rows,
                                             b->greedy_ids, &err)
                : engine_forward_rows(b->e, T, b->tok, b->pos, b->slot, n_out, b->out_rows, &logits, &err);
     greedy |= dev; /* either way the ids are in b->greedy_ids */
+    if (mtp) engine_step_hidden(b->e, NULL, NULL);
     record_step(b, T, gen_now_seconds() - t_step);
     size_t vocab = (size_t)hearth_model_vocab_rows(b->e);
     kv_cache *kv = engine_kv(b->e);
@@ -1045,6 +1208,7 @@ size_t hearth_batch_step(hearth_batch *b) {
         n_rows++;
     }
     sample_and_accept(b, n_rows, greedy);
+    if (mtp && !st) mtp_catch_up(b); /* the head takes the step's rows: the next step's first proposals */
     if (!st && T == n_dec_taken + drafted + replayed && n_dec_taken > 0) /* decode rows only */
         spec_cost_record(engine_spec_cost(b->e), n_dec_taken, drafted + replayed, gen_now_seconds() - t_begin);
     return b->n_waiting + (size_t)b->n_run;

@@ -180,6 +180,7 @@ const char *hearth_speculate_name(int speculate) {
            : speculate == HEARTH_SPEC_NONE   ? "none"
            : speculate == HEARTH_SPEC_DRAFT  ? "draft"
            : speculate == HEARTH_SPEC_SUFFIX ? "suffix"
+           : speculate == HEARTH_SPEC_MTP    ? "mtp"
                                              : NULL;
 }
 

@@ -185,6 +185,8 @@ static hearth_status read_qwen3_5(const hearth_model *hm, const json_t *cfg, mod
     c->inv_freq_global = rope_inv_freq(c->rope_dims, json_is_object(rp) ? num(rp, "rope_theta", 100000.0) : 100000.0,
                                        json_is_object(rp) ? rp : NULL);
     c->attn_gate = 1;
+    /* multi-token prediction: the checkpoint's mtp.* layers (Hugging Face's; mlx-lm drops them) */
+    c->mtp_layers = int_key(cfg, "mtp_num_hidden_layers", 0);
     if (num(cfg, "num_experts", 0) <= 0) return HEARTH_OK;
     /* qwen3_5_moe: every layer's MLP is routed experts (mlx-lm's defaults: norm_topk_prob true)
      * plus a shared expert */

@@ -78,23 +78,38 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
     const model_config *c = &m->cfg;
     /* per layer at most 17 matrices (7 + router and 3 expert stacks + a shared expert's 4 +
      * Gemma 4's per-layer gate and projection), 5 of Gated DeltaNet and 16 vectors (3 biases,
-     * 6 norms, 7 of Gemma 4's; 4 of Gated DeltaNet); 7 model-level items */
-    size_t cap = (size_t)c->n_layers * 42 + 7;
+     * 6 norms, 7 of Gemma 4's; 4 of Gated DeltaNet); 7 model-level items, 3 more for an MTP head */
+    size_t cap = (size_t)c->n_layers * 42 + 10;
     if (!m->items && !(m->items = calloc(cap, sizeof *m->items))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     if (!m->layer_window && !(m->layer_window = calloc((size_t)c->n_layers, sizeof *m->layer_window)))
         return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     int64_t qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim, h = c->hidden;
     int gemma = c->family == FAMILY_GEMMA3 || c->family == FAMILY_GEMMA4,
         qk = c->family == FAMILY_QWEN3 || c->family == FAMILY_QWEN3_MOE || gemma || c->family == FAMILY_QWEN3_5;
-    m->ops = (op_model){.dims = {.n_layers = c->n_layers, .hidden = c->hidden, .n_heads = c->n_heads,
-                                 .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .ffn = c->ffn,
-                                 .vocab = c->vocab, .norm_eps = c->norm_eps, .rope_adjacent = c->rope_adjacent,
-                                 .n_experts = c->n_experts, .top_k_experts = c->top_k_experts, .moe_ffn = c->moe_ffn,
-                                 .n_state_layers = c->n_state_layers, .gdn_k_heads = c->gdn_k_heads,
-                                 .gdn_v_heads = c->gdn_v_heads, .gdn_k_dim = c->gdn_k_dim, .gdn_v_dim = c->gdn_v_dim,
-                                 .gdn_conv = c->gdn_conv, .gdn_v_tiled = c->gdn_v_tiled, .attn_gate = c->attn_gate,
+    m->ops = (op_model){.dims = {.n_layers = c->n_layers,
+                                 .hidden = c->hidden,
+                                 .n_heads = c->n_heads,
+                                 .n_kv_heads = c->n_kv_heads,
+                                 .head_dim = c->head_dim,
+                                 .ffn = c->ffn,
+                                 .vocab = c->vocab,
+                                 .norm_eps = c->norm_eps,
+                                 .rope_adjacent = c->rope_adjacent,
+                                 .n_experts = c->n_experts,
+                                 .top_k_experts = c->top_k_experts,
+                                 .moe_ffn = c->moe_ffn,
+                                 .n_state_layers = c->n_state_layers,
+                                 .gdn_k_heads = c->gdn_k_heads,
+                                 .gdn_v_heads = c->gdn_v_heads,
+                                 .gdn_k_dim = c->gdn_k_dim,
+                                 .gdn_v_dim = c->gdn_v_dim,
+                                 .gdn_conv = c->gdn_conv,
+                                 .gdn_v_tiled = c->gdn_v_tiled,
+                                 .attn_gate = c->attn_gate,
                                  .shared_ffn = c->shared_ffn,
-                                 .varied_layers = c->family == FAMILY_GEMMA4, .per_layer_dim = c->per_layer_dim},
+                                 .varied_layers = c->family == FAMILY_GEMMA4,
+                                 .per_layer_dim = c->per_layer_dim,
+                                 .mtp = c->mtp},
                         .items = m->items,
                         .layer_window = m->layer_window,
                         .n_kv_layers = c->n_kv_layers,
@@ -146,6 +161,11 @@ hearth_status model_ops_build(model *m, hearth_error *err) {
     }
     add_weight(m, &m->lm_head, 1, "lm_head", -1);
     add_vec(m, m->final_norm, 1, h, "final_norm", -1);
+    if (c->mtp) { /* a multi-token-prediction head's input */
+        add_weight(m, &m->mtp_fc, 0, "mtp.fc", -1);
+        add_vec(m, m->mtp_norm_embed, 1, h, "mtp.pre_fc_norm_embedding", -1);
+        add_vec(m, m->mtp_norm_hidden, 1, h, "mtp.pre_fc_norm_hidden", -1);
+    }
     int g4 = c->family == FAMILY_GEMMA4;
     int64_t n_global = (g4 ? c->full_head_dim : c->rope_dims ? c->rope_dims : c->head_dim) / 2;
     add_vec(m, c->inv_freq_global, 0, n_global, "rope_inv_freq", -1);
@@ -192,5 +212,9 @@ hearth_status model_forward(const model *m, op_backend *be, kv_cache *kv, const 
                                           [FAMILY_QWEN3_MOE] = qwen3_moe_layers, [FAMILY_QWEN3_5] = qwen3_5_layers,
                                           [FAMILY_GEMMA4] = gemma4_layers};
     op_embed embed = {.table = &m->embed, .scale = m->cfg.embed_scale};
-    return be->t->step(be, kv, b, &m->ops.dims, &embed, layers[m->cfg.family], m, out, ids, err);
+    op_layers_fn fn = m->cfg.mtp ? qwen3_5_mtp_layers : layers[m->cfg.family];
+    if (m->cfg.mtp && (!be->t->mtp_input || !b->hidden_in))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED, "a multi-token-prediction head's step needs %s",
+                       be->t->mtp_input ? "the model's hidden rows" : "the CPU backend");
+    return be->t->step(be, kv, b, &m->ops.dims, &embed, fn, m, out, ids, err);
 }

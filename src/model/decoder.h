@@ -37,6 +37,8 @@ hearth_status gemma3_layers(const op_step *s, const void *ctx);
 hearth_status minicpm_layers(const op_step *s, const void *ctx);
 hearth_status qwen3_moe_layers(const op_step *s, const void *ctx);
 hearth_status qwen3_5_layers(const op_step *s, const void *ctx);
+/* A Qwen3.5 multi-token-prediction head's step (model_load_mtp): op_mtp, its layer, mtp.norm, logits. */
+hearth_status qwen3_5_mtp_layers(const op_step *s, const void *ctx);
 
 /* Layer i's Gated DeltaNet arguments (a Qwen3.5 linear layer). */
 op_gdn decoder_gdn(const model *m, int i);

@@ -37,6 +37,7 @@ typedef struct loader {
     const char *prefix; /* "model." (HF causal LM), or "" where the checkpoint holds the bare
                            base model (Qwen3-Embedding: embed_tokens.weight, layers.N....) */
     const char *head;   /* the output projection's module: "lm_head" ("language_model.lm_head" in mlx-lm's Qwen3.5) */
+    const model *target; /* loading the multi-token-prediction head of this model (model_load_mtp), else NULL */
     hearth_error *err;
 } loader;
 
@@ -578,10 +579,29 @@ static hearth_status load_gemma4_model(loader *L) {
 }
 /* ---- end of Gemma 4 */
 
+/* ---- multi-token prediction (model_load_mtp): mtp.layers.0 as a full-attention layer, mtp.fc
+ * and its input norms, mtp.norm as the final norm; the embedding and lm_head are the target's */
+static hearth_status load_mtp(loader *L) {
+    model *m = L->m;
+    const model_config *c = &m->cfg;
+    hearth_status st;
+    int64_t H = c->hidden;
+    m->embed = L->target->embed;
+    m->lm_head = L->target->lm_head;
+    m->layers[0].kv_layer = 0, m->layers[0].state_layer = -1;
+    L->prefix = "mtp.";
+    if ((st = load_layer(L, 0, &m->layers[0])) || (st = load_matrix(L, "mtp.fc", H, 2 * H, &m->mtp_fc)) ||
+        (st = load_vector(L, "mtp.pre_fc_norm_embedding.weight", H, 1, &m->mtp_norm_embed)) ||
+        (st = load_vector(L, "mtp.pre_fc_norm_hidden.weight", H, 1, &m->mtp_norm_hidden)))
+        return st;
+    return load_vector(L, "mtp.norm.weight", H, 1, &m->final_norm);
+}
+
 static hearth_status load_all(loader *L) {
     model *m = L->m;
     const model_config *c = &m->cfg;
     hearth_status st;
+    if (L->target) return load_mtp(L);
     char embed_name[64], norm_name[64];
     snprintf(embed_name, sizeof embed_name, "%sembed_tokens", L->prefix);
     snprintf(norm_name, sizeof norm_name, "%snorm.weight", L->prefix);
@@ -623,15 +643,46 @@ static const char *head_name(const hearth_model *hm) {
     return model_find_tensor(hm, "language_model.lm_head.weight") ? "language_model.lm_head" : "lm_head";
 }
 
-hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hearth_error *err) {
+/* The head's config: the model's, with one full-attention layer and no recurrent state. */
+static hearth_status mtp_config(const hearth_model *hm, const model *t, model_config *c, hearth_error *err) {
+    if (t->cfg.family != FAMILY_QWEN3_5 || t->cfg.mtp)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: multi-token prediction is Qwen3.5's (mtp.* weights); this "
+                       "model has none hearth runs",
+                       hm->entry.path);
+    if (t->cfg.n_experts > 0)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: the multi-token-prediction head of a mixture-of-experts "
+                       "Qwen3.5 is not supported yet",
+                       hm->entry.path);
+    if (!model_find_tensor(hm, "mtp.fc.weight"))
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: no multi-token-prediction head (no tensor 'mtp.fc.weight'; "
+                       "config.json declares %d MTP layers). mlx-lm's conversions drop the mtp.* weights: use the "
+                       "Hugging Face checkpoint",
+                       hm->entry.path, t->cfg.mtp_layers);
+    c->n_layers = 1, c->n_state_layers = 0, c->n_kv_layers = 1, c->full_interval = 1, c->mtp = 1;
+    c->norm_shift = t->cfg.norm_shift; /* the checkpoint's form, read from the model's layers */
+    return HEARTH_OK;
+}
+
+static hearth_status plan_with(const hearth_model *hm, int use_mmap, const model *target, model **out,
+                               hearth_error *err) {
     *out = NULL;
     model *m = calloc(1, sizeof *m);
     if (!m) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     hearth_status st = model_config_read(hm, &m->cfg, err);
+    if (!st && target) st = mtp_config(hm, target, &m->cfg, err);
     if (!st && !(m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers)))
         st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
-    loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .use_mmap = use_mmap, .err = err,
-                .prefix = weight_prefix(hm), .head = head_name(hm)};
+    loader L = {.hm = hm,
+                .m = m,
+                .gguf = hm->entry.format == MODEL_FORMAT_GGUF,
+                .use_mmap = use_mmap,
+                .err = err,
+                .prefix = weight_prefix(hm),
+                .head = head_name(hm),
+                .target = target};
     if (!st) st = load_all(&L); /* sizing pass: checks names and shapes, copies nothing */
     if (!st) st = model_ops_build(m, err);
     if (st) {
@@ -642,6 +693,14 @@ hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hear
     m->load_peak_bytes = L.load_peak;
     *out = m;
     return HEARTH_OK;
+}
+
+hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hearth_error *err) {
+    return plan_with(hm, use_mmap, NULL, out, err);
+}
+
+hearth_status model_plan_mtp(const hearth_model *hm, const model *target, model **out, hearth_error *err) {
+    return plan_with(hm, 0, target, out, err);
 }
 
 /* Drops the tensor pages of a file mapping from this process once the weights are copied
@@ -666,12 +725,20 @@ void model_drop_file_pages(const hearth_model *hm) {
             drop_tensor_pages(&hm->st.files[i].map, hm->st.files[i].tensors, hm->st.files[i].n_tensors);
 }
 
-hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hearth_error *err) {
+static hearth_status load_with(const hearth_model *hm, int use_mmap, const model *target, model **out,
+                               hearth_error *err) {
     model *m;
-    hearth_status st = model_plan(hm, use_mmap, &m, err);
+    hearth_status st = plan_with(hm, use_mmap, target, &m, err);
     if (st) return st;
-    loader L = {.hm = hm, .m = m, .gguf = hm->entry.format == MODEL_FORMAT_GGUF, .use_mmap = use_mmap, .err = err,
-                .cap = m->arena_bytes, .prefix = weight_prefix(hm), .head = head_name(hm)};
+    loader L = {.hm = hm,
+                .m = m,
+                .gguf = hm->entry.format == MODEL_FORMAT_GGUF,
+                .use_mmap = use_mmap,
+                .err = err,
+                .cap = m->arena_bytes,
+                .prefix = weight_prefix(hm),
+                .head = head_name(hm),
+                .target = target};
     if (!(L.arena = mem_alloc_stream(L.cap)))
         st = err_set(err, HEARTH_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the weights", hm->entry.path,
                      (double)L.cap / (1024.0 * 1024.0));
@@ -687,6 +754,14 @@ hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hear
     if (!use_mmap) model_drop_file_pages(hm);
     *out = m;
     return HEARTH_OK;
+}
+
+hearth_status model_load(const hearth_model *hm, int use_mmap, model **out, hearth_error *err) {
+    return load_with(hm, use_mmap, NULL, out, err);
+}
+
+hearth_status model_load_mtp(const hearth_model *hm, const model *target, model **out, hearth_error *err) {
+    return load_with(hm, 0, target, out, err);
 }
 
 size_t model_weight_bytes(const model *m) { return m->arena_bytes; }

@@ -35,6 +35,10 @@ typedef struct model_config {
      * and RoPE turns the first rope_dims of each head */
     int full_interval, n_state_layers, gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim, gdn_conv, attn_gate, rope_dims;
     int gdn_v_tiled; /* value heads in llama.cpp's tiled order (GGUF), op_dims.gdn_v_tiled */
+    /* multi-token prediction (Qwen3.5's mtp.*): the layers the config declares
+     * (mtp_num_hidden_layers; the weights may still be absent), and mtp: this model is that
+     * head (model_load_mtp) */
+    int mtp_layers, mtp;
     float *inv_freq_global; /* head_dim/2 RoPE inverse frequencies (rope_dims/2 when partial) */
     float *inv_freq_local;  /* for sliding layers (Gemma's local base), else = global */
     /* Gemma 4 (config.c read_gemma4; gemma4.c). head_dim, n_kv_heads and ffn above are the
@@ -94,6 +98,9 @@ typedef struct model {
      * per_layer_projection_norm (absent: data NULL) */
     op_weight embed_per_layer, per_layer_proj;
     const float *per_layer_proj_norm;
+    /* a multi-token-prediction head (model_load_mtp): mtp.fc and its two input norms */
+    op_weight mtp_fc;
+    const float *mtp_norm_embed, *mtp_norm_hidden;
     op_model ops;              /* shapes and every item the backends hold (model_ops) */
     op_item *items;
     int *layer_window;
@@ -118,6 +125,16 @@ void model_drop_file_pages(const struct hearth_model *hm);
  * would allocate, weights carry format and shape but no data. For fit predictions. */
 hearth_status model_plan(const hearth_model *hm, int use_mmap, model **out, hearth_error *err);
 void model_free(model *m);
+/* The multi-token-prediction head of a loaded Qwen3.5 model (vLLM's Qwen3.5 / Qwen3-Next MTP):
+ * a model of one full-attention layer (mtp.layers.0.*) whose input is
+ * mtp.fc · [rmsnorm(embedding of token t + 1); rmsnorm(the model's final-normed hidden row of
+ * token t)] (op_mtp) and whose output is mtp.norm and the model's lm_head; it shares the
+ * model's embedding and lm_head, so `target` must outlive it. Fails, naming what is missing,
+ * when the checkpoint has no mtp.* weights (mlx-lm's conversions drop them) or the family
+ * has none hearth runs. */
+hearth_status model_load_mtp(const struct hearth_model *hm, const model *target, model **out, hearth_error *err);
+/* model_plan of that head (fit), beside the plan of its model. */
+hearth_status model_plan_mtp(const struct hearth_model *hm, const model *target, model **out, hearth_error *err);
 /* Points the loaded matrix read from `tensor` (and its other views: a tied lm_head) at w
  * instead, of the same shape in any format the backends run; *old (optional) gets what it
  * was, so a second call with it restores the matrix. w's memory stays the caller's. A CPU

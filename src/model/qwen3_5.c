@@ -8,8 +8,7 @@
  * HF checkpoint, whose weights are offsets from 1). Op-table calls only. */
 #include "model/decoder.h"
 
-hearth_status qwen3_5_layers(const op_step *s, const void *ctx) {
-    const model *m = ctx;
+static hearth_status blocks(const op_step *s, const model *m) {
     const model_config *c = &m->cfg;
     float shift = c->norm_shift;
     for (int i = 0; i < c->n_layers; i++) {
@@ -35,5 +34,19 @@ hearth_status qwen3_5_layers(const op_step *s, const void *ctx) {
         }
         OP_TRY(next ? op_add_norm(s, OP_TMP, next->attn_norm, shift, NULL, 0) : op_add_norm(s, OP_TMP, NULL, 0.0f, NULL, 0));
     }
-    return op_logits(s, m->final_norm, shift, 1.0f, &m->lm_head);
+    return op_logits(s, m->final_norm, c->norm_shift, 1.0f, &m->lm_head);
+}
+
+hearth_status qwen3_5_layers(const op_step *s, const void *ctx) { return blocks(s, ctx); }
+
+/* The MTP head (vLLM's Qwen3.5 / Qwen3-Next multi-token predictor): its input from the token's
+ * embedding and the model's hidden row, then its one full-attention layer and mtp.norm. */
+hearth_status qwen3_5_mtp_layers(const op_step *s, const void *ctx) {
+    const model *m = ctx;
+    op_mtp in = {.fc = &m->mtp_fc,
+                 .norm_embed = m->mtp_norm_embed,
+                 .norm_hidden = m->mtp_norm_hidden,
+                 .shift = m->cfg.norm_shift};
+    OP_TRY(op_mtp_input(s, &in));
+    return blocks(s, m);
 }

@@ -32,6 +32,7 @@ typedef struct op_dims {
      * per_layer_dim values per layer (0: none). A backend that cannot run such a model
      * refuses it when it starts. */
     int varied_layers, per_layer_dim;
+    int mtp; /* a multi-token-prediction head (op_mtp): its step starts from the embedding and a hidden row */
 } op_dims;
 
 /* One item a backend must hold a copy of (weights and vectors that ops are passed): a
@@ -115,6 +116,11 @@ typedef struct op_batch {
     int batch_invariant;
     /* [T]: each token's adapters (NULL entry: the base alone); NULL: no token has any */
     const op_adapter_set *const *row_adapters;
+    /* multi-token prediction: hidden_in [T, hidden], each token's hidden row for op_mtp (a
+     * head's step); hidden_out [T, hidden] (NULL: not wanted), every token's final-normed row,
+     * written by op_logits whatever `out` says (the model's rows a head reads next) */
+    const float *hidden_in;
+    float *hidden_out;
 } op_batch;
 
 /* The activation buffers ops name, [T, hidden] each, owned by the backend: the residual
@@ -227,6 +233,15 @@ typedef struct op_gdn {
     int state_layer;
 } op_gdn;
 
+/* A multi-token-prediction head's input (vLLM's Qwen3.5 MTP): x = fc · [rmsnorm(x) * (norm_embed +
+ * shift); rmsnorm(hidden_in) * (norm_hidden + shift)], fc [hidden, 2 hidden], x the step's
+ * embedded tokens (each the token after its hidden row's). */
+typedef struct op_mtp {
+    const op_weight *fc;
+    const float *norm_embed, *norm_hidden;
+    float shift;
+} op_mtp;
+
 /* How the step's logits leave it: to the host (batch.logits), only each row's greedy id
  * (ids; the first index of the largest logit), kept where the backend computed them for a
  * sampler that runs there, or (embedding models) the final-normed hidden rows instead of
@@ -281,7 +296,7 @@ struct op_table {
      * a backend that does not run hybrid models (it refuses them at create). */
     hearth_status (*gated_delta)(const op_step *s, const op_gdn *g);
     /* logits of the step's out_rows: lm_head · (rmsnorm(x[row]) * (w + shift) / div) (div 1:
-     * none; OP_OUT_HIDDEN: the normed rows themselves, undivided). */
+     * none; OP_OUT_HIDDEN: the normed rows themselves, undivided); and b->hidden_out when set. */
     hearth_status (*logits)(const op_step *s, const float *w, float shift, float div, const op_weight *lm_head);
     /* Gemma 4 (NULL in a backend that refuses varied_layers models): the step's per-layer
      * inputs, a layer's per-layer gate, and logits = tanh(logits / cap) * cap for the rows
@@ -289,6 +304,9 @@ struct op_table {
     hearth_status (*per_layer_inputs)(const op_step *s, const op_per_layer_inputs *p);
     hearth_status (*per_layer_gate)(const op_step *s, int layer, const op_per_layer_gate *g);
     hearth_status (*softcap)(const op_step *s, float cap);
+    /* A multi-token-prediction head's input (op_mtp), from b->hidden_in; NULL in a backend that
+     * runs no such head (the engine refuses them there). */
+    hearth_status (*mtp_input)(const op_step *s, const op_mtp *m);
     /* The device copy of kv rows (a partial prefix match), ordered before the next step;
      * NULL where the KV pool is the host's own. */
     hearth_status (*kv_copy)(op_backend *be, int32_t src, int32_t dst, int rows, hearth_error *err);
@@ -367,6 +385,7 @@ static inline hearth_status op_per_layer_gate_run(const op_step *s, int layer, c
     return s->t->per_layer_gate(s, layer, g);
 }
 static inline hearth_status op_softcap(const op_step *s, float cap) { return s->t->softcap(s, cap); }
+static inline hearth_status op_mtp_input(const op_step *s, const op_mtp *m) { return s->t->mtp_input(s, m); }
 
 /* One token's experts from its router logits g [E] (overwritten): softmax over the experts
  * (in float, max first, as mlx's precise softmax), the top K by weight (ties: the lower

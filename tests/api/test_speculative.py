@@ -6,7 +6,8 @@ text, finish reason and usage must match (the output of speculative decoding is 
 own). hearth runs its reference kernels (HEARTH_CPU=scalar), as the other differential
 tests. Also: hearth's /stats counts the draft's proposals, and a draft model with another
 tokenizer is refused at start with a message naming it. A hybrid (Qwen3.5) draft model answers
-as mlx_lm.server's target alone does.
+as mlx_lm.server's target alone does, and so does a Qwen3.5 proposing with its own
+multi-token-prediction head (`--speculate mtp`), alone and concurrently.
 
 `cached_tokens` is not compared (each server's prompt cache is its own design; see
 test_differential.py).
@@ -15,11 +16,13 @@ test_differential.py).
 import json
 import os
 import subprocess
+import sys
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import BIN, SMOLLM2, TINY, need, server, upstream_server
+from conftest import BIN, REPO, SMOLLM2, TINY, need, server, upstream_server
 
 MODEL = TINY / "qwen3-f32"
 DRAFT = TINY / "qwen3-q8g64"
@@ -172,4 +175,55 @@ def test_suffix_index_answers_as_mlx_lm(suffix_servers):
 def test_unknown_speculate_mode_is_refused():
     p = subprocess.run([BIN, "serve", "--model", str(MODEL), "--speculate", "sufix", "--port", "0"],
                        capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0 and "lookup, suffix or none" in p.stderr, p.stderr
+    assert p.returncode != 0 and "lookup, suffix, mtp or none" in p.stderr, p.stderr
+
+
+# ---- --speculate mtp: the model's own multi-token-prediction head (tools/mtp_checkpoint.py) ----
+
+@pytest.fixture(scope="module")
+def mtp_servers(tmp_path_factory):
+    """A tiny Qwen3.5 in the Hugging Face layout with an MTP head fitted to be often right:
+    mlx_lm.server runs it without the head (mlx-lm drops mtp.*), hearth proposes with it."""
+    need(HYBRID, "tiny model", "run tools/make_tiny_models.py")
+    sys.path.insert(0, str(REPO / "tools"))
+    from mtp_checkpoint import make_checkpoint
+    d = tmp_path_factory.mktemp("qwen3_5_mtp")
+    make_checkpoint(str(d))
+    with upstream_server(d) as up, server(d, "--speculate", "mtp", "--num-draft-tokens", "3",
+                                          env={"HEARTH_CPU": "scalar"}) as hz:
+        yield up, hz
+
+
+MTP_CASES = [("/v1/completions", {"prompt": "The quick brown fox jumps over the lazy dog, and then",
+                                  "max_tokens": 40})] + CASES
+
+
+@pytest.mark.parametrize("path,body", MTP_CASES)
+def test_mtp_answers_as_mlx_lm(mtp_servers, path, body):
+    up, hz = mtp_servers
+    body = {k: v for k, v in body.items() if k != "num_draft_tokens"} | {"temperature": 0}
+    a, b = post(up, path, body), post(hz, path, body)
+    ca, cb = a["choices"][0], b["choices"][0]
+    key = "text" if path == "/v1/completions" else "message"
+    assert cb[key] == ca[key], (ca, cb)
+    assert cb["finish_reason"] == ca["finish_reason"]
+    assert b["usage"]["completion_tokens"] == a["usage"]["completion_tokens"]
+
+
+def test_mtp_concurrent_and_counted(mtp_servers):
+    """Requests proposing together in one batch answer as each does alone, and /stats counts the
+    head's proposals under "mtp" (fitted to one prompt's text, it is right there and rarely
+    elsewhere)."""
+    up, hz = mtp_servers
+    bodies = [(p, {k: v for k, v in b.items() if k != "num_draft_tokens"} | {"temperature": 0}) for p, b in MTP_CASES]
+    alone = [post(up, p, b) for p, b in bodies]
+    with ThreadPoolExecutor(len(bodies)) as ex:
+        together = list(ex.map(lambda pb: post(hz, *pb), bodies))
+    for (p, _), a, b in zip(bodies, alone, together):
+        key = "text" if p == "/v1/completions" else "message"
+        assert b["choices"][0][key] == a["choices"][0][key]
+    with urllib.request.urlopen(hz + "/stats", timeout=10) as r:
+        spec = json.load(r)["speculative"]
+    assert spec["mtp"]["proposed_tokens"] > 0
+    assert 0 < spec["mtp"]["accepted_tokens"] < spec["mtp"]["proposed_tokens"], spec
+    assert spec["lookup"]["proposed_tokens"] == 0

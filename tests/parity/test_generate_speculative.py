@@ -142,7 +142,7 @@ def test_chat_is_lossless_and_reports():
     (["--draft-model", "m", "--speculate", "none"], "not with --speculate none"),
     (["--num-draft-tokens", "4"], "--num-draft-tokens goes with --draft-model"),
     (["--num-draft-tokens", "-1", "--draft-model", "m"], "--num-draft-tokens: invalid value '-1'"),
-    (["--speculate", "ngram"], "--speculate: 'ngram' is not lookup, suffix or none"),
+    (["--speculate", "ngram"], "--speculate: 'ngram' is not lookup, suffix, mtp or none"),
     (["--speculate"], "--speculate: needs a value"),
 ])
 def test_refused_combinations(args, message):

@@ -37,6 +37,7 @@ typedef struct cpu_backend {
      * none) and how many of its tokens the last step held */
     float *journal;
     float **jr_ptr;
+    float *mtp_in; /* a multi-token-prediction head's [T, 2 hidden] input (op_mtp; dims.mtp only) */
     int jr_slot[KV_STATE_SPEC_MAX], jr_count[KV_STATE_SPEC_MAX];
     const op_dims *dims;
     void *mm;                                          /* matmul scratch (quantized activations) */
@@ -56,7 +57,7 @@ static size_t mm_scratch_need(const op_model *om, int T) {
 }
 
 /* The sizes of the buffers, in floats (4 bytes) each, in cpu_backend's order. */
-enum { CPU_N_ACT = 31 };
+enum { CPU_N_ACT = 32 };
 _Static_assert(sizeof(float *) <= 2 * sizeof(float), "jr_ptr is sized as 2 floats a pointer");
 static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int max_out, int n_threads,
                       size_t sizes[CPU_N_ACT]) {
@@ -98,7 +99,8 @@ static void act_sizes(const op_dims *d, const kv_cache *kv, int max_tokens, int 
                            gdn * (size_t)kv_state_spec_records(kv->max_slots) * (size_t)d->n_state_layers *
                                KV_STATE_SPEC_TOKENS *
                                ops_gdn_journal_floats(d->gdn_k_heads, d->gdn_v_heads, d->gdn_k_dim, d->gdn_v_dim),
-                           gdn * T * 2 /* pointers: 8 bytes each */};
+                           gdn * T * 2 /* pointers: 8 bytes each */,
+                           (d->mtp != 0) * T * 2 * d->hidden};
     memcpy(sizes, s, sizeof s);
 }
 
@@ -115,7 +117,7 @@ static void cpu_free(op_backend *be) {
     void *ptrs[] = {c->x,     c->xn,      c->q,       c->k,          c->v,       c->att,      c->tmp,    c->gate,
                     c->up,    c->rows,    c->attn,    c->moe_logits, c->moe_x,   c->moe_gate, c->moe_up, c->moe_out,
                     c->moe_w, c->moe_sel, c->moe_tok, c->moe_tokw,   c->qgate,   c->gdn_qkv,  c->gdn_z,  c->gdn_a,
-                    c->gdn_b, c->gdn_y,   c->pl_in,   c->pl_tmp,     c->moe_acc, c->journal,  c->jr_ptr};
+                    c->gdn_b, c->gdn_y,   c->pl_in,   c->pl_tmp,     c->moe_acc, c->journal,  c->jr_ptr, c->mtp_in};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     free(c->mm);
     free(c);
@@ -155,11 +157,12 @@ static hearth_status matmul_layer(const op_step *s, int layer, int count, const 
  * reach op_logits, so once the last layer's keys and values are stored every other row's
  * residual is dead. Returns how many rows are live (the output rows, packed to the front of
  * the buffers by pack_rows), or T: every row (not the last layer, every row an output, rows
- * with adapters, or out_rows not strictly ascending). A live row's values are the same
+ * with adapters, every row's hidden row wanted (op_batch.hidden_out), or out_rows not
+ * strictly ascending). A live row's values are the same
  * either way: the kernels compute each row alone (batch-invariant). */
 static int live_rows(const op_step *s, int layer) {
     const op_batch *b = s->b;
-    if (layer != s->dims->n_layers - 1 || b->n_out >= b->T || op_batch_has_adapters(b)) return b->T;
+    if (layer != s->dims->n_layers - 1 || b->n_out >= b->T || op_batch_has_adapters(b) || b->hidden_out) return b->T;
     for (int i = 0; i < b->n_out; i++)
         if (b->out_rows[i] < i || b->out_rows[i] >= b->T || (i && b->out_rows[i] <= b->out_rows[i - 1])) return b->T;
     return b->n_out;
@@ -448,6 +451,7 @@ static hearth_status cpu_logits(const op_step *s, const float *w, float shift, f
     for (int i = 0; i < b->n_out; i++)
         memcpy(rows + (size_t)i * H, c->x + (size_t)b->out_rows[i] * H, (size_t)H * sizeof(float));
     ops_rmsnorm(rows, rows, w, shift, b->n_out, H, s->dims->norm_eps);
+    if (b->hidden_out) ops_rmsnorm(b->hidden_out, c->x, w, shift, b->T, H, s->dims->norm_eps);
     if (s->out == OP_OUT_HIDDEN || b->n_out == 0) return HEARTH_OK;
     if (div != 1.0f) /* a division, not a product by 1/div: the reference's rounding */
         for (size_t i = 0; i < (size_t)b->n_out * H; i++) rows[i] /= div;
@@ -488,6 +492,19 @@ static hearth_status cpu_softcap(const op_step *s, float cap) {
     float *l = s->b->logits;
     ops_softcap(l, (size_t)s->b->n_out * s->dims->vocab, cap);
     return HEARTH_OK;
+}
+
+static hearth_status cpu_mtp_input(const op_step *s, const op_mtp *m) {
+    cpu_backend *c = cb(s);
+    int T = s->b->T, H = s->dims->hidden;
+    if (!s->dims->mtp || !s->b->hidden_in)
+        return err_set(s->err, HEARTH_ERR_INVALID, "cpu: a multi-token-prediction step without its hidden rows");
+    for (int t = 0; t < T; t++) {
+        float *row = c->mtp_in + (size_t)t * 2 * H;
+        ops_rmsnorm(row, c->x + (size_t)t * H, m->norm_embed, m->shift, 1, H, s->dims->norm_eps);
+        ops_rmsnorm(row + H, s->b->hidden_in + (size_t)t * H, m->norm_hidden, m->shift, 1, H, s->dims->norm_eps);
+    }
+    return matmul(s, m->fc, c->mtp_in, T, c->x);
 }
 
 static hearth_status cpu_step(op_backend *be, kv_cache *kv, const op_batch *b, const op_dims *dims,
@@ -540,6 +557,7 @@ static const op_table cpu_table = {.name = "cpu",
                                    .per_layer_inputs = cpu_per_layer_inputs,
                                    .per_layer_gate = cpu_per_layer_gate,
                                    .softcap = cpu_softcap,
+                                   .mtp_input = cpu_mtp_input,
                                    .kv_copy = NULL,
                                    .state_journal = cpu_state_journal,
                                    .state_replay = cpu_state_replay,
@@ -562,7 +580,7 @@ hearth_status cpu_backend_create(const op_model *om, const kv_cache *kv, int max
         (void **)&c->moe_w,   (void **)&c->moe_sel,  (void **)&c->moe_tok, (void **)&c->moe_tokw,
         (void **)&c->qgate,   (void **)&c->gdn_qkv,  (void **)&c->gdn_z,   (void **)&c->gdn_a,
         (void **)&c->gdn_b,   (void **)&c->gdn_y,    (void **)&c->pl_in,   (void **)&c->pl_tmp,
-        (void **)&c->moe_acc, (void **)&c->journal,  (void **)&c->jr_ptr};
+        (void **)&c->moe_acc, (void **)&c->journal,  (void **)&c->jr_ptr,  (void **)&c->mtp_in};
     int ok = 1;
     for (int i = 0; i < CPU_N_ACT; i++) {
         if (posix_memalign(ptrs[i], 64, sizes[i] * sizeof(float) + 64)) ok = 0;

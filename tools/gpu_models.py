@@ -23,13 +23,16 @@ are tiled from pools of random data with a rotation per tensor and streamed to d
 20 GB model is written at disk speed with little memory. The tokenizer is the tiny model's
 (MLX; the config's vocab is larger, as with cuda_mlx8b) or a stand-in vocabulary (GGUF).
 
-  python3 tools/gpu_models.py MODEL mlx OUT_DIR [--tokenizer TINY_DIR] [--scale small] [--sparse]
+  python3 tools/gpu_models.py MODEL mlx OUT_DIR [--tokenizer TINY_DIR] [--scale small] [--sparse] [--mtp]
   python3 tools/gpu_models.py MODEL gguf OUT.gguf [--scale small]
   python3 tools/gpu_models.py --list
   python3 tools/gpu_models.py --stats MODEL [--scale small]   (FLOP-count inputs, json)
 --sparse (mlx) writes the header and leaves the data a hole of its size (no disk used, zeros
 when read): enough for `hearth fit`, which plans from the header. --scale small writes the same architecture (every kind of layer and tensor) with tiny
 dimensions, for checking the writers on a CPU against mlx-lm, gguf-py, llama.cpp and hearth.
+--mtp (mlx, dense Qwen3.5) adds the multi-token-prediction head Hugging Face's checkpoints carry
+(mtp.*: one gated-attention layer, its MLP, a bf16 fc [hidden, 2 hidden], three norms;
+mtp_num_hidden_layers 1), for `--speculate mtp`.
 """
 import json
 import os
@@ -271,6 +274,15 @@ def mlx_tensors(c):
                     v(p + n + ".weight", H)
         else:
             raise ValueError(f"no tensor list for {mt}")
+    if c.get("mtp_num_hidden_layers"):  # Qwen3.5's multi-token-prediction head (mtp.*, as Hugging Face ships it)
+        p = "mtp.layers.0."
+        v(p + "input_layernorm.weight", H)
+        v(p + "post_attention_layernorm.weight", H)
+        attention(p + "self_attn.", c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], gated=True)
+        mlp(p + "mlp.", c["intermediate_size"])
+        v("mtp.fc.weight", H, 2 * H, fill="rand")  # bf16 in real checkpoints
+        for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            v(f"mtp.{n}.weight", H)
     return out
 
 
@@ -325,8 +337,12 @@ def tile(fo, pool, nbytes, rot, unit):
         done += take
 
 
-def write_mlx(name, out, tok_dir, scale="full", pool_bytes=POOL_BYTES, sparse=False):
+def write_mlx(name, out, tok_dir, scale="full", pool_bytes=POOL_BYTES, sparse=False, mtp=False):
     c = model_config(name, scale)
+    if mtp:
+        if c["model_type"] != "qwen3_5":
+            raise ValueError("--mtp: the multi-token-prediction head is dense Qwen3.5's")
+        c["mtp_num_hidden_layers"] = 1
     ts = mlx_tensors(c)
     rows = mlx_layout(ts)
     size = {"U32": 4, "BF16": 2}
@@ -643,7 +659,7 @@ def main(argv):
         tok = argv[argv.index("--tokenizer") + 1] if "--tokenizer" in argv else os.path.join(tiny, MODELS[name]["tok"])
         if not os.path.isfile(os.path.join(tok, "tokenizer.json")):
             sys.exit(f"{tok}: no tokenizer.json (make the tiny models: {here}/make_tiny_models.py)")
-        nbytes = write_mlx(name, out, tok, scale, pool, sparse="--sparse" in argv)
+        nbytes = write_mlx(name, out, tok, scale, pool, sparse="--sparse" in argv, mtp="--mtp" in argv)
     else:
         nbytes = write_gguf(name, out, scale, pool)
     print(json.dumps({"model": name, "format": fmt, "scale": scale, "path": out, "bytes": nbytes,

@@ -1,7 +1,8 @@
 /* bench_spec.c: `hearth bench <model> --prompt-file F`: what speculative decoding gains on a
  * prompt that repeats its context. B requests of the file's text (tokens as written, no chat
  * template), greedy, n new tokens, through the batch scheduler on two engines of the same
- * model side by side: one with --speculate none, one with prompt lookup (or --draft-model);
+ * model side by side: one with --speculate none, one with prompt lookup (or --draft-model, or
+ * the model's MTP head with --speculate mtp);
  * runs alternate between them so other load on the machine hits both alike. Reports the
  * median decode tok/s of each, their ratio, and the proposed / accepted token counts.
  *
@@ -192,7 +193,9 @@ int cli_bench_spec(hearth_model *m, hearth_engine_options eo, const char *prompt
     free(text);
     s.t.ids = ids;
     s.replaying = nA > 0; /* with a draft model its proposals are replaced; else lookup's are */
-    s.proposer = eo.draft_model ? HEARTH_SPEC_DRAFT : HEARTH_SPEC_LOOKUP;
+    s.proposer = eo.draft_model                    ? HEARTH_SPEC_DRAFT
+                 : eo.speculate == HEARTH_SPEC_MTP ? HEARTH_SPEC_MTP
+                                                   : HEARTH_SPEC_LOOKUP;
     int maxB = 1;
     for (int i = 0; i < nB; i++) maxB = Bs[i] > maxB ? Bs[i] : maxB;
     hearth_spec_replay rp = {.seed = 0x5eed5eedULL};

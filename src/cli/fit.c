@@ -74,6 +74,12 @@ static void print_cuda_table(const json_t *r) {
         printf("  %-38s %10.1f MiB  (%s: weights %.1f, KV %.1f, scratch and sampler %.1f MiB)\n",
                "device: draft model (added)", mib(r, "draft_bytes"), json_string_value(json_object_get(d, "model")),
                mib(d, "weights_bytes"), mib(d, "kv_pool_bytes"), mib(d, "scratch_bytes") + mib(d, "buffers_bytes"));
+    const json_t *hd = json_object_get(r, "mtp");
+    if (hd)
+        printf(
+            "  %-38s %10.1f MiB  (weights with its lm_head %.1f, KV %.1f, scratch, sampler and hidden rows %.1f MiB)\n",
+            "device: MTP head (added)", mib(r, "mtp_bytes"), mib(hd, "weights_bytes"), mib(hd, "kv_pool_bytes"),
+            mib(r, "mtp_bytes") - mib(hd, "weights_bytes") - mib(hd, "kv_pool_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: CUDA context and cuBLAS", mib(r, "runtime_overhead_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: predicted peak", mib(r, "predicted_peak_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: available", mib(r, "available_bytes"));

@@ -822,17 +822,14 @@ static hearth_status engine_draft_open(hearth_engine *e, const hearth_engine_opt
     if (st) err_prefix(err, "--draft-model %s", hearth_model_path(d));
     return st;
 }
+
 /* The multi-token-prediction head's engine: the model's own head (model_load_mtp) with the
- * draft's options, on the CPU (no device backend runs the head's input op yet). */
+ * draft's options, where the model runs (on the GPU the head holds its own copy of lm_head). */
 static hearth_status engine_mtp_open(hearth_engine *e, const hearth_engine_options *o, hearth_error *err) {
-    const char *path = hearth_model_path(e->hm);
     if (o->draft_model)
         return err_set(err, HEARTH_ERR_INVALID,
                        "--speculate mtp proposes with the model's own head: not with "
                        "--draft-model");
-    if (e->gpu)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "%s: --speculate mtp runs on the CPU only for now (--device cpu)",
-                       path);
     model *head = NULL;
     hearth_status st = model_load_mtp(e->hm, e->m, &head, err);
     if (st) {
@@ -842,7 +839,7 @@ static hearth_status engine_mtp_open(hearth_engine *e, const hearth_engine_optio
     engine_plan tp = {
         .context = e->context, .max_seqs = e->max_seqs, .step_tokens = e->step_tokens, .n_threads = e->n_threads};
     hearth_engine_options dop = engine_draft_options(o, &tp);
-    dop.device = HEARTH_DEVICE_CPU;
+    dop.device = e->gpu ? HEARTH_DEVICE_CUDA : HEARTH_DEVICE_CPU; /* where the model runs */
     st = engine_create(e->hm, head, &dop, &e->mtp, err); /* frees the head when it fails */
     if (st) err_prefix(err, "--speculate mtp");
     return st;

@@ -237,8 +237,6 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     int device;
     hearth_status st = fit_device(&o, &device, err);
     if (st) return st;
-    if (device == HEARTH_DEVICE_CUDA && o.engine.speculate == HEARTH_SPEC_MTP)
-        return err_set(err, HEARTH_ERR_UNSUPPORTED, "--speculate mtp runs on the CPU only for now (--device cpu)");
     if (device == HEARTH_DEVICE_CUDA) return fit_cuda(hm, &o, report_json, err);
     model *m;
     st = model_plan(hm, o.engine.use_mmap, &m, err);

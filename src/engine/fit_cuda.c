@@ -25,6 +25,8 @@ typedef struct fit_gpu {
     double bandwidth_gbs;
     const char *bandwidth_source;
     size_t context_bytes, host_bytes; /* the runtime row of cuda_runtime.json */
+    size_t
+        engine_bytes; /* and its extra_engine_bytes: what a second engine's cuBLAS handle adds (a draft, an MTP head) */
     int runtime_measured;
     char runtime_source[512];
 } fit_gpu;
@@ -113,6 +115,7 @@ static hearth_status runtime_lookup(fit_gpu *g, hearth_error *err) {
     else {
         g->context_bytes = (size_t)json_integer_value(json_object_get(pick, "context_bytes"));
         g->host_bytes = (size_t)json_integer_value(json_object_get(pick, "host_bytes"));
+        g->engine_bytes = (size_t)json_integer_value(json_object_get(pick, "extra_engine_bytes")); /* absent: 0 */
         g->runtime_measured = json_is_true(json_object_get(pick, "measured"));
         const char *src = json_string_value(json_object_get(pick, "source"));
         snprintf(g->runtime_source, sizeof g->runtime_source, "%s", src ? src : "");
@@ -212,6 +215,10 @@ static int fits_device(const model *m, const hearth_engine_options *o, const voi
 typedef struct fit_cuda_draft {
     const hearth_model *hm;
     fit_cuda_sizes z;
+    /* --speculate mtp: the model's own MTP head in the draft's place (model_plan_mtp), and the
+     * model's hidden rows the head reads (a device buffer of a step's rows, made at its first step) */
+    int mtp;
+    size_t hidden_rows;
 } fit_cuda_draft;
 
 static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_options *o, const fit_gpu *g,
@@ -257,15 +264,17 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
                                       (json_int_t)(d->slot_data_bytes + d->slot_scale_bytes)));
     json_object_set_new(r, "weights_expanded_to_f32", json_integer(d->n_expanded));
     if (d->n_expanded) json_object_set_new(r, "expanded_format", json_string(tensor_dtype_name(d->expanded_from)));
-    size_t draft = dr ? cuda_plan_bytes(&dr->z.dev) : 0, peak = z->peak + draft;
+    size_t draft = dr ? cuda_plan_bytes(&dr->z.dev) + dr->hidden_rows + g->engine_bytes : 0, peak = z->peak + draft;
     if (dr) {
         const cuda_plan *dd = &dr->z.dev;
-        json_object_set_new(r, "draft_bytes", JSON_SIZE(draft));
-        json_object_set_new(r, "draft",
-                            json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:i}", "model", dr->hm->entry.path, "weights_bytes",
-                                      (json_int_t)dd->weights, "kv_pool_bytes", (json_int_t)dd->kv, "scratch_bytes",
-                                      (json_int_t)dd->scratch, "buffers_bytes", (json_int_t)dd->sampler, "engine_bytes",
-                                      (json_int_t)draft, "kv_blocks", dr->z.host.n_blocks));
+        json_object_set_new(r, dr->mtp ? "mtp_bytes" : "draft_bytes", JSON_SIZE(draft));
+        json_object_set_new(r, dr->mtp ? "mtp" : "draft",
+                            json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:i,s:I,s:I}", "model", dr->hm->entry.path,
+                                      "weights_bytes", (json_int_t)dd->weights, "kv_pool_bytes", (json_int_t)dd->kv,
+                                      "scratch_bytes", (json_int_t)dd->scratch, "buffers_bytes",
+                                      (json_int_t)dd->sampler, "engine_bytes", (json_int_t)cuda_plan_bytes(dd),
+                                      "kv_blocks", dr->z.host.n_blocks, "runtime_bytes", (json_int_t)g->engine_bytes,
+                                      "hidden_rows_bytes", (json_int_t)dr->hidden_rows));
     }
     json_object_set_new(r, "predicted_peak_bytes", JSON_SIZE(peak));
     json_object_set_new(r, "device_memory_bytes", JSON_SIZE(g->memory));
@@ -305,7 +314,11 @@ hearth_status fit_cuda(hearth_model *hm, const hearth_fit_options *o, char **rep
     model *m;
     if ((st = model_plan(hm, o->engine.use_mmap, &m, err))) return st;
     fit_cuda_sizes z;
-    fit_cuda_draft dr = {.hm = o->engine.speculate != HEARTH_SPEC_NONE ? o->engine.draft_model : NULL};
+    int mtp = o->engine.speculate == HEARTH_SPEC_MTP;
+    fit_cuda_draft dr = {.hm = mtp                                       ? hm
+                               : o->engine.speculate != HEARTH_SPEC_NONE ? o->engine.draft_model
+                                                                         : NULL,
+                         .mtp = mtp};
     model *dm = NULL;
     st = engine_expert_offload_check(model_ops(m), HEARTH_DEVICE_CUDA, o->engine.expert_offload, err);
     if (!st) st = sizes_make(m, &o->engine, &g, &z, err);
@@ -314,8 +327,13 @@ hearth_status fit_cuda(hearth_model *hm, const hearth_fit_options *o, char **rep
         fit_gpu gd = g;
         size_t target = cuda_plan_bytes(&z.dev);
         gd.free = g.free > target ? g.free - target : 1;
-        if ((st = model_plan(dr.hm, o->engine.use_mmap, &dm, err)) || (st = sizes_make(dm, &dop, &gd, &dr.z, err)))
+        st = mtp ? model_plan_mtp(hm, m, &dm, err) : model_plan(dr.hm, o->engine.use_mmap, &dm, err);
+        if (!st) st = sizes_make(dm, &dop, &gd, &dr.z, err);
+        if (st && mtp)
+            err_prefix(err, "--speculate mtp");
+        else if (st)
             err_prefix(err, "--draft-model %s", dr.hm->entry.path);
+        if (mtp) dr.hidden_rows = (size_t)z.host.step_tokens * (size_t)m->cfg.hidden * sizeof(float);
     }
     if (!st) {
         json_t *r = report(hm, m, o, &g, &z, dr.hm ? &dr : NULL);

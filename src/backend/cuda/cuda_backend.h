@@ -45,6 +45,10 @@ hearth_status cuda_sync(hearth_error *err);
  * asynchronous copy; pageable works too) and a wait for that stream alone. */
 hearth_status cuda_upload_async(void *dev, const void *host, size_t bytes, hearth_error *err);
 hearth_status cuda_download_async(void *host, const void *dev, size_t bytes, hearth_error *err);
+/* rows rows of width bytes from src (rows src_pitch bytes apart) to dst (dst_pitch apart),
+ * device to device, on the stream (an MTP head's joined input halves). */
+hearth_status cuda_copy_rows_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                                size_t rows, hearth_error *err);
 hearth_status cuda_stream_sync(hearth_error *err);
 
 /* CUDA graphs: everything launched between cuda_capture_begin and cuda_capture_end is

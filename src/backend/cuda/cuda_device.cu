@@ -66,6 +66,13 @@ hearth_status cuda_download_async(void *host, const void *dev, size_t bytes, hea
     return cuda_status(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, cuda_stream()), "download", err);
 }
 
+hearth_status cuda_copy_rows_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                                size_t rows, hearth_error *err) {
+    return cuda_status(
+        cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, cuda_stream()),
+        "row copy", err);
+}
+
 hearth_status cuda_stream_sync(hearth_error *err) {
     return cuda_status(cudaStreamSynchronize(cuda_stream()), "kernel execution", err);
 }

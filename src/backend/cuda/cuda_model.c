@@ -72,6 +72,11 @@ typedef struct cuda_model {
     size_t att_split_floats;
     int32_t *ints;      /* device: pos | slot | out_rows (| run_first | run_next), max_tokens each */
     float *host_x;      /* pinned: the step's embeddings, made on the host */
+    /* multi-token prediction (op_batch.hidden_in / hidden_out): the step's hidden rows on the
+     * device [max_tokens, hidden] and pinned on the host, and an MTP head's joined input
+     * [max_tokens, 2 hidden] (the head's: planned, mtp_floats; a model's own hidden rows for
+     * its head: made at the first step that asks) */
+    float *hid_dev, *mtp_cat, *host_hid;
     threadpool *tp;     /* host threads for them (NULL: this thread) */
     int32_t *host_ints; /* pinned: staging for ints */
     int32_t *ids_dev;   /* device: greedy ids of the logits rows */
@@ -755,6 +760,37 @@ static hearth_status cu_per_layer_gate(const op_step *s, int layer, const op_per
     return matmul(cm, proj, cm->pl_tmp, T, cm->tmp, s->err);
 }
 
+/* The hidden-row buffers (hid_dev, host_hid, mtp_cat), made at the first step that needs them
+ * where the plan did not (a model's own rows for its head). */
+static hearth_status hid_buffers(cuda_model *cm, hearth_error *err) {
+    size_t n = (size_t)cm->max_tokens * cm->dims.hidden;
+    if (!cm->hid_dev) TRY(cuda_alloc((void **)&cm->hid_dev, n * sizeof(float), "hidden rows", err));
+    if (!cm->host_hid && cudaMallocHost((void **)&cm->host_hid, n * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();
+        cm->host_hid = NULL;
+        return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot pin %zu bytes for the hidden rows", n * sizeof(float));
+    }
+    if (cm->dims.mtp && !cm->mtp_cat) TRY(cuda_alloc((void **)&cm->mtp_cat, 2 * n * sizeof(float), "MTP input", err));
+    return HEARTH_OK;
+}
+
+/* An MTP head's input (op_mtp, cpu_mtp_input): the normed embeddings and the normed hidden
+ * rows side by side in mtp_cat, then x = fc · them. */
+static hearth_status cu_mtp_input(const op_step *s, const op_mtp *m) {
+    cuda_model *cm = cmod(s);
+    const op_dims *d = s->dims;
+    int T = s->b->T, H = d->hidden;
+    size_t row = (size_t)H * sizeof(float);
+    if (!cm->mtp_cat || !s->b->hidden_in)
+        return err_set(s->err, HEARTH_ERR_INVALID, "cuda: a multi-token-prediction step without its hidden rows");
+    TRY(cuda_rmsnorm(cm->tmp, cm->x, dv(cm, m->norm_embed), m->shift, T, H, d->norm_eps, s->err));
+    TRY(cuda_copy_rows_2d(cm->mtp_cat, 2 * row, cm->tmp, row, row, (size_t)T, s->err));
+    TRY(cuda_rmsnorm(cm->tmp, cm->hid_dev, dv(cm, m->norm_hidden), m->shift, T, H, d->norm_eps, s->err));
+    TRY(cuda_copy_rows_2d(cm->mtp_cat + H, 2 * row, cm->tmp, row, row, (size_t)T, s->err));
+    cm->q8_ready = 0;
+    return matmul(cm, dw(cm, m->fc), cm->mtp_cat, T, cm->x, s->err);
+}
+
 /* logits = tanh(logits / cap) * cap for the rows cu_logits made (every output but hidden
  * rows: the host's, the device sampler's); greedy ids are taken again from the capped
  * logits, as the host would take them (tanh may round neighbouring logits to one value). */
@@ -817,6 +853,8 @@ static hearth_status cu_logits(const op_step *s, const float *w, float shift, fl
     hearth_error *err = s->err;
     int n_out = s->b->n_out;
     cm->q8_ready = 0;
+    if (s->b->hidden_out) /* every row's, for the model's MTP head (downloaded by cu_step) */
+        TRY(cuda_rmsnorm(cm->hid_dev, cm->x, dv(cm, w), shift, s->b->T, c->hidden, c->norm_eps, err));
     if (n_out == 0) return HEARTH_OK;
     TRY(cuda_gather_rows(cm->rows, cm->x, cm->ints + 2 * cm->max_tokens, n_out, c->hidden, err));
     TRY(cuda_rmsnorm(cm->rows, cm->rows, dv(cm, w), shift, n_out, c->hidden, c->norm_eps, err));
@@ -891,6 +929,12 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
     /* Stream-ordered: a replayed graph reads these same device buffers. The pinned ones
      * are not rewritten before this step's final synchronization below. */
     TRY(cuda_upload_async(cm->x, cm->host_x, (size_t)T * dims->hidden * sizeof(float), err));
+    int hid = b->hidden_in || b->hidden_out; /* an MTP head's step, or its model's: eager */
+    if (hid) TRY(hid_buffers(cm, err));
+    if (b->hidden_in) {
+        memcpy(cm->host_hid, b->hidden_in, (size_t)T * dims->hidden * sizeof(float));
+        TRY(cuda_upload_async(cm->hid_dev, cm->host_hid, (size_t)T * dims->hidden * sizeof(float), err));
+    }
     TRY(cuda_upload_async(cm->ints, cm->host_ints, cm->plan.ints * sizeof(int32_t), err));
     /* block tables change as sequences grow (kv_reserve on the host): sent every step */
     TRY(cuda_upload_async(cm->kv.tables, kv->tables, (size_t)kv->max_slots * kv->max_blocks_per_slot * sizeof(int32_t),
@@ -914,10 +958,15 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
     /* T <= GRAPH_MAX_T runs the same kernels either way, so decode graphs are shared */
     /* a batch-invariant step of a mixture of experts routes on the host (cu_moe): eager */
     int host_sync = dims->n_experts > 0 && cm->invariant;
-    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && pl_ready && out != OP_OUT_HIDDEN && !host_sync)
+    if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && pl_ready && out != OP_OUT_HIDDEN && !host_sync && !hid)
         TRY(run_graph(cm, &s));
     else
         TRY(run_layers(cm, &s));
+    if (b->hidden_out) { /* the host uses them before the next step: waited for here */
+        TRY(cuda_download_async(cm->host_hid, cm->hid_dev, (size_t)T * dims->hidden * sizeof(float), err));
+        TRY(cuda_stream_sync(err));
+        memcpy(b->hidden_out, cm->host_hid, (size_t)T * dims->hidden * sizeof(float));
+    }
     if (b->n_out == 0) return cuda_stream_sync(err);
     if (out == OP_OUT_KEEP) return HEARTH_OK; /* the logits stay in cm->logits for the device sampler */
     if (out == OP_OUT_IDS) {
@@ -984,6 +1033,7 @@ static const op_table cuda_table = {.name = "cuda",
                                     .per_layer_inputs = cu_per_layer_inputs,
                                     .per_layer_gate = cu_per_layer_gate,
                                     .softcap = cu_softcap,
+                                    .mtp_input = cu_mtp_input,
                                     .kv_copy = cu_kv_copy,
                                     .adapter_gone = cu_adapter_gone,
                                     .state_copy = cu_state_copy,
@@ -1009,6 +1059,10 @@ static hearth_status alloc_scratch(cuda_model *cm, hearth_error *err) {
     if (p->att_stage_bytes)
         TRY(cuda_alloc(&cm->att_stage, p->att_stage_bytes, "prefill attention stage", err));
     TRY(cuda_alloc((void **)&cm->ids_dev, p->ids * sizeof(int32_t), "greedy ids", err));
+    if (p->mtp_floats) { /* an MTP head: its hidden rows and joined input */
+        TRY(cuda_alloc((void **)&cm->hid_dev, p->mtp_floats / 3 * sizeof(float), "hidden rows", err));
+        TRY(cuda_alloc((void **)&cm->mtp_cat, p->mtp_floats / 3 * 2 * sizeof(float), "MTP input", err));
+    }
     if (p->per_layer_floats) {
         TRY(cuda_alloc((void **)&cm->pl_in, p->per_layer_floats * sizeof(float), "per-layer inputs", err));
         TRY(cuda_alloc((void **)&cm->pl_tmp, p->per_layer_floats * sizeof(float), "per-layer input rows", err));
@@ -1207,6 +1261,9 @@ void cuda_model_free(op_backend *be) {
     free(cm->run_last);
     if (cm->host_ids) cudaFreeHost(cm->host_ids);
     if (cm->host_x) cudaFreeHost(cm->host_x);
+    if (cm->host_hid) cudaFreeHost(cm->host_hid);
+    cuda_free(cm->hid_dev);
+    cuda_free(cm->mtp_cat);
     if (cm->host_ints) cudaFreeHost(cm->host_ints);
     for (int t = 0; t <= GRAPH_MAX_T; t++)
         for (int r = 0; r <= GRAPH_MAX_T; r++)

@@ -298,6 +298,9 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     if ((size_t)c->ffn > kmax) kmax = (size_t)c->ffn;
     if (qd > kmax) kmax = qd;
     if (vd > kmax) kmax = vd; /* a Gated DeltaNet layer's out projection reads its value heads */
+    if (c->mtp && 2 * (size_t)c->hidden > kmax) kmax = 2 * (size_t)c->hidden; /* an MTP head's fc */
+    p->mtp_floats = c->mtp ? 3 * T * (size_t)c->hidden : 0;
+    if (p->mtp_floats) cuda_tally_add(t, p->mtp_floats * sizeof(float));
     p->gemv_floats = rows * kmax;
     /* the device-routed experts' down GEMV: a row of moe_ffn per (token, expert) pair */
     size_t pairs = decode_T * (size_t)(c->n_experts > 0 ? c->top_k_experts : 0);

@@ -98,6 +98,7 @@ typedef struct cuda_plan {
     size_t gemv_floats;      /* cuda_gemv_reserve's argument */
     size_t decode_q8_bytes, decode_q8_scale_bytes; /* the fused norm / gate's int8 activations */
     size_t per_layer_floats; /* per-layer inputs [T, n_layers * per_layer_dim], twice (input, work); 0: none */
+    size_t mtp_floats; /* an MTP head's (dims.mtp) hidden rows in [T, hidden] and its input [T, 2 hidden]; 0: none */
     size_t gemm_max_w, gemm_max_x;
     /* mixture of experts (all 0 without): router logits [T, experts], the step's T * top_k
      * (token, expert) pairs, an expert's gate / up rows [T, the widest expert MLP], its input

@@ -2,6 +2,7 @@
 goldens and the corpora are. A missing model or binary FAILS the test with the command that
 fixes it (never a silent skip). Holds no test logic and computes no expected values.
 """
+import contextlib
 import functools
 import glob
 import hashlib
@@ -52,6 +53,55 @@ def gguf_reader(path):
     Keyed by path, mtime and size, so a file rewritten in place is parsed again."""
     st = os.stat(path)
     return _gguf_reader(str(path), st.st_mtime_ns, st.st_size)
+
+
+@contextlib.contextmanager
+def oracle_saved(model, kind, version):
+    """(path of) an oracle's result for the file `model`, kept for later sessions and for the
+    other pytest-xdist workers of this one: keyed by the file's real path (the session's cache
+    folder only links to the models: keyed by that link's path, no later session found it),
+    size and mtime and the oracle package's version. Yields the path with a lock held, so a
+    second worker waits for the first one's save; the caller saves there if nothing is. A file
+    a test wrote is kept in this session's own cache folder, removed with it: its path is new
+    in every session, so a saved copy would only pile up."""
+    import fcntl
+
+    real = os.path.realpath(model)
+    st = os.stat(real)
+    key = hashlib.sha256(f"{real}|{st.st_size}|{st.st_mtime_ns}|{version}".encode())
+    user = os.path.realpath(os.environ.get("HEARTH_TEST_CACHE_OF", CACHE))
+    kept = CACHE / ("oracle" if real.startswith(user + os.sep) else "oracle-session")
+    saved = kept / kind / key.hexdigest()[:24]
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(saved) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield saved
+
+
+@functools.lru_cache(maxsize=None)
+def gguf_summary(path):
+    """What gguf.GGUFReader reads of a GGUF's header, for tests that need no tensor data:
+    {"scalars": {key: value} (every non-array field, as ReaderField.contents() gives it),
+    "array_lengths": {key: n} (array fields), "tensors": [[name, [shape...]], ...]}. Read by
+    the reader once per file and kept as JSON (oracle_saved): one parse of Gemma 3's GGUF
+    costs ~10 s of CPU, and the metadata tests, the tokenizer oracles (gguf_pre) and the
+    tensor tests land on different workers."""
+    import gguf
+    from importlib.metadata import version
+
+    with oracle_saved(path, "gguf-summary", f"gguf {version('gguf')}") as saved:
+        saved = Path(str(saved) + ".json")
+        if saved.is_file():
+            return json.loads(saved.read_text(encoding="utf-8"))
+        r = gguf_reader(path)
+        summary = {"scalars": {k: f.contents() for k, f in r.fields.items() if f.types[0] != gguf.GGUFValueType.ARRAY},
+                   "array_lengths": {k: len(f.data) for k, f in r.fields.items()
+                                     if f.types[0] == gguf.GGUFValueType.ARRAY},
+                   "tensors": [[t.name, [int(d) for d in t.shape]] for t in r.tensors]}
+        tmp = Path(str(saved) + ".tmp")
+        tmp.write_text(json.dumps(summary), encoding="utf-8")
+        os.replace(tmp, saved)
+        return summary
 
 
 def _need(path, what, fix):
@@ -178,24 +228,10 @@ def hf_tokenizer(model):
         return AutoTokenizer.from_pretrained(model)
     # The conversion's result, saved by transformers itself (tokenizer.json + config), is
     # reloaded by later sessions and by the other pytest-xdist workers of this one instead of
-    # converting again: keyed by the file's real path (the session's cache folder only links
-    # to the models: keyed by that link's path, no later session found it), size and mtime
-    # and the transformers version; a lock makes a second worker wait for the first one's
-    # save. A GGUF a test wrote is kept in this session's own cache folder, removed with it:
-    # its path is new in every session, so a saved copy would only pile up.
-    import fcntl
-
+    # converting again (oracle_saved).
     import transformers
 
-    real = os.path.realpath(model)
-    st = os.stat(real)
-    key = hashlib.sha256(f"{real}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}".encode())
-    user = os.path.realpath(os.environ.get("HEARTH_TEST_CACHE_OF", CACHE))
-    kept = CACHE / ("oracle" if real.startswith(user + os.sep) else "oracle-session")
-    saved = kept / "hf-gguf-tokenizer" / key.hexdigest()[:24]
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(saved) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with oracle_saved(model, "hf-gguf-tokenizer", transformers.__version__) as saved:
         if (saved / "tokenizer.json").is_file():
             return digits_first(model, AutoTokenizer.from_pretrained(str(saved)))
         import mixed_data
@@ -212,13 +248,9 @@ def hf_tokenizer(model):
 DIGITS_FIRST_PRE = {"smollm", "codeshell", "exaone", "minerva", "mellum2"}
 
 
-@functools.lru_cache(maxsize=None)
 def gguf_pre(model):
-    """The file's tokenizer.ggml.pre (None without one), read once per path."""
-    from gguf import GGUFReader
-
-    f = GGUFReader(model).fields.get("tokenizer.ggml.pre")
-    return None if f is None else bytes(f.parts[f.data[0]]).decode()
+    """The file's tokenizer.ggml.pre (None without one), as gguf.GGUFReader reads it."""
+    return gguf_summary(model)["scalars"].get("tokenizer.ggml.pre")
 
 
 def digits_first(model, tok):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CACHE, REAL_GGUFS, gguf_reader
+from conftest import CACHE, REAL_GGUFS, gguf_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("HEARTH_BIN", ROOT / "bin" / "hearth"))
@@ -87,12 +87,11 @@ def test_int8_kv_kl_and_agreement(helper, text, key):
 
 
 def gguf_kv_shape(path):
-    rd = gguf_reader(path)
-    arch = bytes(rd.fields["general.architecture"].parts[-1]).decode()
+    fields = gguf_summary(path)["scalars"]  # as gguf.GGUFReader reads them
+    arch = fields["general.architecture"]
 
     def num(key):
-        f = rd.fields.get(f"{arch}.{key}")
-        return int(f.parts[-1][0]) if f else None
+        return fields.get(f"{arch}.{key}")
 
     layers, heads, kv_heads = num("block_count"), num("attention.head_count"), num("attention.head_count_kv")
     head_dim = num("attention.key_length") or num("embedding_length") // heads

@@ -177,3 +177,45 @@ def test_gguf_base_writes_hf_order(tmp_path):
     assert q and all(np.abs(a[k]).max() > 0 for k in q)
     for k in a:  # a wrong row order would move whole rows: differences the size of the values
         assert np.abs(a[k] - b[k]).max() <= 0.02 * np.abs(a[k]).max(), k
+
+
+def test_qwen3_5_peft_loads_in_the_checkpoints_class(tmp_path):
+    """Qwen3.5 as Hugging Face ships it (tests/parity/test_config_formats.py hf_layout_copy of the
+    tiny model, with a small vision tower in its config): hearth trains it and writes PEFT keys
+    under the checkpoint's own module path (model.language_model.layers.N), which
+    Qwen3_5ForConditionalGeneration (AutoModelForImageTextToText) loads: every tensor lands
+    unchanged and its logits (the Gated DeltaNet layers run by transformers' own reference
+    code) match hearth serving the folder. transformers' text-only class (AutoModelForCausalLM)
+    names its modules model.layers.N: PEFT finds none of the keys there (docs/lora.md says so)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+    from test_config_formats import hf_layout_copy
+    model = tmp_path / "qwen3_5_hf"
+    model.mkdir()
+    hf_layout_copy(model_dir("qwen3_5-f32"), str(model))
+    cfg = json.load(open(model / "config.json"))
+    cfg["vision_config"] = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                            "out_hidden_size": 64, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2}
+    json.dump(cfg, open(model / "config.json", "w"))
+    out = tmp_path / "ad"
+    hearth_train(str(model), make_data(str(tmp_path / "data"), "text"), out, None,
+                 ["--iters", "4", "--batch-size", "2", "--learning-rate", "1e-2", "--num-layers", "-1",
+                  "--lora-rank", "4", "--lora-scale", "2.0"])
+    w = load(out / "peft" / "adapter_model.safetensors")
+    assert all(k.startswith("base_model.model.model.language_model.layers.") for k in w), list(w)[:3]
+    loaded = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(str(model), dtype=torch.float32),
+                                       str(out / "peft"))
+    state = {k.replace(".default.weight", ".weight"): v for k, v in loaded.state_dict().items() if "lora_" in k}
+    assert sorted(state) == sorted(w)
+    for k, v in w.items():
+        assert np.array_equal(state[k].numpy(), v), k
+    loaded.eval()
+    with torch.no_grad():
+        ref = loaded(input_ids=torch.tensor([IDS])).logits[0].float().numpy()
+        with loaded.disable_adapter():
+            base = loaded(input_ids=torch.tensor([IDS])).logits[0].float().numpy()
+    assert np.abs(ref - base).max() > 10 * REF_TOL  # the adapter matters
+    worst = worst_diff(ref, trace(str(model), out / "peft", steps=0))
+    print(f"qwen3_5 (HF layout): worst |logit - PEFT| {worst:.2e}")
+    assert worst < REF_TOL

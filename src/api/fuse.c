@@ -19,9 +19,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static const char *const proj_paths[OP_N_PROJ] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                  "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                                  "mlp.down_proj"};
+static const char *const proj_paths[OP_N_PROJ] = {
+    "self_attn.q_proj",      "self_attn.k_proj",      "self_attn.v_proj",      "self_attn.o_proj",
+    "mlp.gate_proj",         "mlp.up_proj",           "mlp.down_proj",         "linear_attn.in_proj_qkv",
+    "linear_attn.in_proj_z", "linear_attn.in_proj_b", "linear_attn.in_proj_a", "linear_attn.out_proj"};
 
 /* The adapted pair of the projection whose weight is named `name` ("...layers.<i>.<module>.weight"
  * with module one of proj_paths; `suffix` ".weight", ".scales" or ".biases"); NULL if none. */

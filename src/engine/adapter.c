@@ -188,8 +188,9 @@ int adapter_registry_find_name(adapter_registry *r, const char *name, char *id, 
 }
 
 char *adapter_registry_json(adapter_registry *r) {
-    static const char *const names[OP_N_PROJ] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                 "gate_proj", "up_proj", "down_proj"};
+    static const char *const names[OP_N_PROJ] = {"q_proj",    "k_proj",    "v_proj",    "o_proj",
+                                                 "gate_proj", "up_proj",   "down_proj", "in_proj_qkv",
+                                                 "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
     json_t *arr = json_array();
     pthread_mutex_lock(&r->mu);
     for (adapter *a = r->head; a; a = a->next) {

@@ -17,10 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const proj_names[OP_N_PROJ] = {"q_proj", "k_proj",    "v_proj", "o_proj",
-                                                  "gate_proj", "up_proj", "down_proj"};
-static const char *const proj_parent[OP_N_PROJ] = {"self_attn", "self_attn", "self_attn", "self_attn",
-                                                   "mlp",       "mlp",       "mlp"};
+static const char *const proj_names[OP_N_PROJ] = {"q_proj",    "k_proj",    "v_proj",    "o_proj",
+                                                  "gate_proj", "up_proj",   "down_proj", "in_proj_qkv",
+                                                  "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
+static const char *const proj_parent[OP_N_PROJ] = {"self_attn",   "self_attn",   "self_attn",   "self_attn",
+                                                   "mlp",         "mlp",         "mlp",         "linear_attn",
+                                                   "linear_attn", "linear_attn", "linear_attn", "linear_attn"};
 
 /* What adapter_config.json says. */
 typedef struct adapter_cfg {
@@ -36,7 +38,8 @@ typedef struct pair_src {
 
 static const op_weight *base_weight(const model *m, int layer, int p) {
     const layer_weights *l = &m->layers[layer];
-    const op_weight *ws[OP_N_PROJ] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+    const op_weight *ws[OP_N_PROJ] = {&l->q,    &l->k,       &l->v,     &l->o,     &l->gate,  &l->up,
+                                      &l->down, &l->gdn_qkv, &l->gdn_z, &l->gdn_b, &l->gdn_a, &l->gdn_out};
     return ws[p];
 }
 
@@ -65,7 +68,7 @@ static hearth_status parse_targets(const json_t *tm, const char *file, unsigned 
         if (p < 0)
             return err_set(err, HEARTH_ERR_UNSUPPORTED,
                            "%s: target module %s is not one hearth adapts (q_proj k_proj v_proj o_proj gate_proj "
-                           "up_proj down_proj)",
+                           "up_proj down_proj, and Qwen3.5's in_proj_qkv in_proj_z in_proj_b in_proj_a out_proj)",
                            file, json_is_string(v) ? json_string_value(v) : "(not a string)");
         *out |= 1u << p;
     }
@@ -304,6 +307,15 @@ static hearth_status collect(const model *m, const adapter_cfg *c, const st_file
         if (m->layers[layer].moe && !m->layers[layer].gate.n && p >= OP_PROJ_GATE)
             return err_set(err, HEARTH_ERR_UNSUPPORTED,
                            "%s: tensor '%s' adapts the MLP of a mixture-of-experts layer (experts are not supported)",
+                           f->path, t->name);
+        if (p >= OP_PROJ_GDN_QKV && !base_weight(m, layer, p)->n)
+            return err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' adapts linear_attn.%s, but layer %d is %s",
+                           f->path, t->name, proj_names[p], layer,
+                           m->layers[layer].linear ? "without it" : "a full-attention layer");
+        if (p >= OP_PROJ_GDN_QKV && m->cfg.gdn_v_tiled)
+            return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                           "%s: tensor '%s' adapts a Gated DeltaNet projection of a GGUF model, whose value heads "
+                           "llama.cpp's converter reorders; serve the adapter on the safetensors model",
                            f->path, t->name);
         if (c->num_layers >= 0 && layer < L - c->num_layers)
             return err_set(err, HEARTH_ERR_INVALID,

@@ -40,9 +40,18 @@ static void add_vec(model *m, const float *v, int family_has, int64_t n, const c
 /* ---- qwen3_5: a Gated DeltaNet layer's items (op_gdn) ---- */
 op_gdn decoder_gdn(const model *m, int i) {
     const layer_weights *l = &m->layers[i];
-    return (op_gdn){.qkv = &l->gdn_qkv, .z = &l->gdn_z, .b = &l->gdn_b, .a = &l->gdn_a, .out = &l->gdn_out,
-                    .conv = l->gdn_conv, .A_log = l->gdn_A_log, .dt_bias = l->gdn_dt_bias, .norm = l->gdn_norm,
-                    .norm_eps = m->cfg.norm_eps, .state_layer = l->state_layer};
+    return (op_gdn){.qkv = &l->gdn_qkv,
+                    .z = &l->gdn_z,
+                    .b = &l->gdn_b,
+                    .a = &l->gdn_a,
+                    .out = &l->gdn_out,
+                    .conv = l->gdn_conv,
+                    .A_log = l->gdn_A_log,
+                    .dt_bias = l->gdn_dt_bias,
+                    .norm = l->gdn_norm,
+                    .norm_eps = m->cfg.norm_eps,
+                    .state_layer = l->state_layer,
+                    .layer = i};
 }
 
 static void add_gdn_items(model *m, const layer_weights *l, int i) {

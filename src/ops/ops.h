@@ -67,7 +67,20 @@ typedef struct op_model {
 
 /* The projections of a layer a LoRA adapter may update. */
 typedef enum op_proj {
-    OP_PROJ_Q, OP_PROJ_K, OP_PROJ_V, OP_PROJ_O, OP_PROJ_GATE, OP_PROJ_UP, OP_PROJ_DOWN, OP_N_PROJ
+    OP_PROJ_Q,
+    OP_PROJ_K,
+    OP_PROJ_V,
+    OP_PROJ_O,
+    OP_PROJ_GATE,
+    OP_PROJ_UP,
+    OP_PROJ_DOWN,
+    /* a Gated DeltaNet layer's (op_gdn): in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj */
+    OP_PROJ_GDN_QKV,
+    OP_PROJ_GDN_Z,
+    OP_PROJ_GDN_B,
+    OP_PROJ_GDN_A,
+    OP_PROJ_GDN_OUT,
+    OP_N_PROJ
 } op_proj;
 
 /* One adapter's low-rank update of one projection (LoRA): y += scale * B (A x), with A
@@ -231,6 +244,7 @@ typedef struct op_gdn {
     const float *norm;            /* [v_dim] */
     float norm_eps;
     int state_layer;
+    int layer; /* which model layer this is (its adapters' updates) */
 } op_gdn;
 
 /* A multi-token-prediction head's input (vLLM's Qwen3.5 MTP): x = fc · [rmsnorm(x) * (norm_embed +

@@ -31,7 +31,9 @@ def make_mlx_adapter(model_dir, out_dir, rank=4, scale=2.0, num_layers=-1, dora=
     n_layers = len(model.layers)
     if num_layers < 0:
         num_layers = n_layers
-    cfg = {"rank": rank, "scale": scale, "dropout": 0.0, "keys": list(keys)}
+    cfg = {"rank": rank, "scale": scale, "dropout": 0.0}
+    if keys is not None:  # None: mlx-lm's default, every linear layer of the block
+        cfg["keys"] = list(keys)
     linear_to_lora_layers(model, num_layers, cfg, use_dora=dora)
     rng = np.random.default_rng(seed)
     weights = {}

@@ -64,7 +64,11 @@ CASES = [
     # pool numbers them, and adapters follow the model's layer numbers
     ("qwen3_5-f32", "lora", -1, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                  "self_attn.o_proj", "mlp.down_proj")),
-    ("qwen3_5_moe-f32", "lora", -1, None),  # mlx-lm's default keys
+    ("qwen3_5_moe-f32", "lora", -1, None),  # the seven projections
+    # mlx-lm's own default (no keys: every linear layer of the block), which on Qwen3.5 adapts
+    # the Gated DeltaNet projections too (linear_attn.in_proj_qkv/z/b/a, out_proj)
+    ("qwen3_5-f32", "lora", -1, "all"),
+    ("qwen3_5-q4g64", "dora", 3, "all"),
     ("gemma4-f32", "lora", -1, ("self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj")),
     ("gemma4-bf16", "dora", -1, None),
 ]
@@ -73,7 +77,7 @@ CASES = [
 @pytest.mark.parametrize("name,kind,num_layers,keys", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_mlx_adapter_matches_mlx_lm(tmp_path, name, kind, num_layers, keys):
     model = model_dir(name)
-    kw = {"keys": keys} if keys else {}
+    kw = {"keys": None if keys == "all" else keys} if keys else {}
     ad = make_mlx_adapter(model, tmp_path / "ad", dora=kind == "dora", num_layers=num_layers, **kw)
     ref, greedy = mlx_logits(model, IDS, ad, steps=STEPS)
     base, _ = mlx_logits(model, IDS)
@@ -211,12 +215,14 @@ def safetensors_bytes(folder):
 
 
 @pytest.mark.parametrize("name", ["llama-q4g64", "qwen3-q3g32", "gemma3-q8g32", "minicpm-q4g64", "llama-f32",
-                                  "qwen3-bf16"])
+                                  "qwen3-bf16", "qwen3_5-q4g64"])
 def test_fuse_is_byte_identical_to_mlx_lm_fuse(tmp_path, name):
     """hearth fuse against mlx_lm.fuse with the same adapter: every tensor byte for byte
-    (quantized bases dequantized, summed and re-quantized with their own bits and groups)."""
+    (quantized bases dequantized, summed and re-quantized with their own bits and groups).
+    Qwen3.5 with mlx-lm's default keys: its Gated DeltaNet projections fuse too."""
     model = model_dir(name)
-    ad = make_mlx_adapter(model, tmp_path / "ad", num_layers=2)
+    kw = {"keys": None} if name.startswith("qwen3_5") else {}
+    ad = make_mlx_adapter(model, tmp_path / "ad", num_layers=2, **kw)
     py = os.path.join(REPO, ".venv", "bin", "python")
     p = subprocess.run([py, "-m", "mlx_lm", "fuse", "--model", model, "--adapter-path", str(ad), "--save-path",
                         str(tmp_path / "ref")], capture_output=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
@@ -231,6 +237,8 @@ def test_fuse_is_byte_identical_to_mlx_lm_fuse(tmp_path, name):
     # and the adapter changed what it covers (the fuse did something)
     base = safetensors_bytes(model)
     assert any(base[k] != ours[k] for k in ours if "q_proj" in k)
+    if kw:
+        assert any(base[k] != ours[k] for k in ours if "linear_attn.in_proj_qkv" in k)
 
 
 def test_fuse_refusals(tmp_path):
@@ -268,3 +276,16 @@ def test_generate_applies_the_adapter(tmp_path):
     with_adapter = generate("--adapter-path", str(ad))
     assert with_adapter == text.decode().rstrip("\n") or with_adapter == text.decode()
     assert with_adapter != generate()
+
+
+def test_gdn_adapter_on_an_attention_layer_is_refused(tmp_path):
+    """A Gated DeltaNet projection's pair on a layer that has none (Qwen3.5's every third layer
+    is full attention) is refused by name, not applied somewhere else."""
+    import mlx.core as mx
+    model = model_dir("qwen3_5-f32")
+    ad = make_mlx_adapter(model, tmp_path / "ad", keys=None)
+    w = mx.load(str(ad / "adapters.safetensors"))
+    moved = {k.replace("layers.1.linear_attn", "layers.2.linear_attn"): v for k, v in w.items()}
+    mx.save_safetensors(str(ad / "adapters.safetensors"), moved)
+    err = run_err(model, ad)
+    assert "layers.2.linear_attn.in_proj_" in err and "layer 2 is a full-attention layer" in err, err

@@ -397,6 +397,8 @@ static hearth_status cpu_gated_delta(const op_step *s, const op_gdn *g) {
     float *const outs[] = {c->gdn_qkv, c->gdn_z, c->gdn_b, c->gdn_a};
     hearth_status st = matmul_fused(s, 4, ws, outs, c->xn);
     if (st) return st;
+    for (int p = 0; p < 4; p++) /* LoRA on the in_proj projections (rows without adapters untouched) */
+        op_lora_apply(s->b, g->layer, OP_PROJ_GDN_QKV + p, c->xn, d->hidden, outs[p], ws[p]->n, c->tp);
     /* the journaled rows' tokens (state_journal): their entries for this layer */
     int n_spec = s->kv->state->n_spec < KV_STATE_SPEC_MAX ? s->kv->state->n_spec : KV_STATE_SPEC_MAX, any = 0;
     int idx[KV_STATE_SPEC_MAX] = {0};
@@ -417,7 +419,9 @@ static hearth_status cpu_gated_delta(const op_step *s, const op_gdn *g) {
     args.qkv = c->gdn_qkv, args.z = c->gdn_z, args.a = c->gdn_a, args.b = c->gdn_b, args.y = c->gdn_y;
     args.journal = any ? c->jr_ptr : NULL;
     ops_gated_delta(&args, c->tp);
-    return matmul(s, g->out, c->gdn_y, s->b->T, c->tmp);
+    st = matmul(s, g->out, c->gdn_y, s->b->T, c->tmp);
+    if (!st) op_lora_apply(s->b, g->layer, OP_PROJ_GDN_OUT, c->gdn_y, g->out->k, c->tmp, d->hidden, c->tp);
+    return st;
 }
 
 static hearth_status cpu_moe(const op_step *s, const op_moe *m) {

@@ -816,6 +816,9 @@ static hearth_status cu_gated_delta(const op_step *s, const op_gdn *g) {
     TRY(matmul_input(cm, ws, ys, 3, T, s->err));
     TRY(matmul_input(cm, ws + 3, ys + 3, 1, T, s->err));
     cm->q8_ready = 0;
+    int64_t ns[4] = {g->qkv->n, g->z->n, g->b->n, g->a->n}; /* adapters on in_proj (groups of at most 3) */
+    TRY(lora_group(s, g->layer, OP_PROJ_GDN_QKV, 3, cm->xn, d->hidden, ys, ns));
+    TRY(lora(s, g->layer, OP_PROJ_GDN_A, cm->xn, d->hidden, ys[3], ns[3]));
     cuda_gdn_args args = {.state = cm->state,
                           .n_layers = d->n_state_layers,
                           .layer = g->state_layer,
@@ -843,7 +846,8 @@ static hearth_status cu_gated_delta(const op_step *s, const op_gdn *g) {
                           .a = cm->gdn[3],
                           .y = cm->gdn[4]};
     TRY(cuda_gated_delta(&args, s->err));
-    return matmul(cm, dw(cm, g->out), cm->gdn[4], T, cm->tmp, s->err);
+    TRY(matmul(cm, dw(cm, g->out), cm->gdn[4], T, cm->tmp, s->err));
+    return lora(s, g->layer, OP_PROJ_GDN_OUT, cm->gdn[4], g->out->k, cm->tmp, d->hidden);
 }
 
 /* The final norm of the out_rows and lm_head into logits (and, for greedy steps, the ids). */

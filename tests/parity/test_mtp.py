@@ -64,7 +64,8 @@ def test_refused_where_there_is_no_head():
 
 def test_fit_counts_the_head(ckpt):
     """`hearth fit --speculate mtp` adds the head's engine (its layer, fc, KV pool, scratch) and
-    predicts the peak `generate --speculate mtp` measures, where leaving it out falls short."""
+    predicts the peak `generate --speculate mtp` measures; what the head adds to the measured
+    peak (against the same generate without speculation) is the mtp_bytes fit predicts."""
     import json
     d = ckpt[0]
     args = ("--ctx", "512", "--threads", "2", "--max-sequences", "1", "--json")
@@ -77,10 +78,14 @@ def test_fit_counts_the_head(ckpt):
                "--report-memory", "--json", "--speculate", "mtp")
     assert p.returncode == 0 and "speculative decoding (mtp)" in p.stderr, p.stderr[-400:]
     peak = json.loads([x for x in p.stderr.splitlines() if x.startswith('{"peak_rss_bytes"')][-1])["peak_rss_bytes"]
-    # a 17 MB process: the runtime's own few hundred KB of noise are 1-2% of it (fit's 2% bound
-    # is for real models, test_fit.py); the head is about 12%
+    # a 17 MB process (177 MB where the binary links the CUDA libraries): the runtime's own few
+    # hundred KB of noise are 1-2% of it (fit's 2% bound is for real models, test_fit.py)
     assert abs(fit["predicted_peak_bytes"] - peak) / peak <= 0.05, (fit["predicted_peak_bytes"], peak)
-    assert (peak - alone["predicted_peak_bytes"]) / peak > 0.08  # the head is what closes it
+    p = hearth("generate", d, prompt, "--no-chat-template", "--max-tokens", "16", "--ctx", "512", "--threads", "2",
+               "--report-memory", "--json", "--speculate", "none")
+    none = json.loads([x for x in p.stderr.splitlines() if x.startswith('{"peak_rss_bytes"')][-1])["peak_rss_bytes"]
+    # measured here: 2.10-2.36 MB for a predicted 2.13 MB (the batch's own buffers beside it)
+    assert 0.7 * fit["mtp_bytes"] <= peak - none <= 1.4 * fit["mtp_bytes"], (peak - none, fit["mtp_bytes"])
     # on a GPU (a named one: plan arithmetic) the head's device engine, with its own lm_head copy
     # and the model's hidden rows, is added the same way
     cu = json.loads(hearth("fit", d, "--device", "cuda", "--sku", "L4", "--speculate", "mtp", "--json").stdout)

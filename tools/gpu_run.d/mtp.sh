@@ -9,6 +9,8 @@
 # Usage: mtp.sh LOGDIR   Env: MTP_SHAPES (default "qwen35_0_8b qwen35_9b")
 L=$1; mkdir -p "$L"
 D=$PWD/build-gpumodels/mtp
+[ -d "$D" ] || python3 -c "import tarfile; tarfile.open('build-gpupack/mtp.tar.xz').extractall('build-gpumodels')" ||
+  { echo "mtp: no build-gpumodels/mtp and no build-gpupack/mtp.tar.xz (docs/gpu.md)"; exit 1; }
 fail=0
 prompt=$(python3 -c 'import json; print(json.load(open("'"$D"'/expected.json"))["prompt"])')
 for k in 1 3; do

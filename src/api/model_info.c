@@ -74,6 +74,8 @@ char *hearth_model_info_json(const hearth_model *m) {
     json_object_set_new(o, "quantization", quant_json(m));
     json_t *unloaded = unloaded_parts(m);
     if (unloaded) json_object_set_new(o, "not_loaded", unloaded); /* the text model runs without them */
+    /* a multi-token-prediction head (Qwen3.5's mtp.*, as Hugging Face ships it): --speculate mtp */
+    json_object_set_new(o, "mtp_head", json_boolean(model_find_tensor(m, "mtp.fc.weight") != NULL));
     json_t *tok = json_object();
     if (m->tok) {
         json_object_set_new(tok, "kind", json_string(tok_kind(m->tok)));

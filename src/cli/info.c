@@ -57,6 +57,8 @@ static void print_human(const char *json_text) {
         json_array_foreach(unloaded, i, v) printf(" %s", json_string_value(v));
         printf(" (the text model runs without them)\n");
     }
+    if (json_is_true(json_object_get(o, "mtp_head")))
+        printf("MTP head      yes (mtp.*: hearth serve/generate --speculate mtp proposes with it)\n");
     if (json_is_true(json_object_get(c, "present")))
         printf("chat template %lld chars from %s\n", (long long)json_integer_value(json_object_get(c, "length")),
                json_string_value(json_object_get(c, "source")));

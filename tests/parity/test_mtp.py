@@ -51,6 +51,13 @@ def test_proposals_are_the_reference_heads(ckpt, k):
     assert p.stdout == plain.stdout  # lossless
 
 
+def test_info_says_whether_there_is_a_head(ckpt):
+    import json
+    assert json.loads(hearth("info", ckpt[0], "--json").stdout)["mtp_head"] is True
+    assert json.loads(hearth("info", SRC, "--json").stdout)["mtp_head"] is False  # mlx-lm's layout: dropped
+    assert "--speculate mtp" in hearth("info", ckpt[0]).stdout
+
+
 def test_refused_where_there_is_no_head():
     if not os.path.isdir(SRC):
         pytest.skip(f"{SRC} missing: run tools/get_models.sh")

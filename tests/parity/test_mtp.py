@@ -72,7 +72,8 @@ def test_refused_where_there_is_no_head():
 def test_fit_counts_the_head(ckpt):
     """`hearth fit --speculate mtp` adds the head's engine (its layer, fc, KV pool, scratch) and
     predicts the peak `generate --speculate mtp` measures; what the head adds to the measured
-    peak (against the same generate without speculation) is the mtp_bytes fit predicts."""
+    peak (against the same generate speculating with prompt lookup, the same batch path without
+    a head) is the mtp_bytes fit predicts."""
     import json
     d = ckpt[0]
     args = ("--ctx", "512", "--threads", "2", "--max-sequences", "1", "--json")
@@ -89,10 +90,11 @@ def test_fit_counts_the_head(ckpt):
     # hundred KB of noise are 1-2% of it (fit's 2% bound is for real models, test_fit.py)
     assert abs(fit["predicted_peak_bytes"] - peak) / peak <= 0.05, (fit["predicted_peak_bytes"], peak)
     p = hearth("generate", d, prompt, "--no-chat-template", "--max-tokens", "16", "--ctx", "512", "--threads", "2",
-               "--report-memory", "--json", "--speculate", "none")
+               "--report-memory", "--json", "--speculate", "lookup")
     none = json.loads([x for x in p.stderr.splitlines() if x.startswith('{"peak_rss_bytes"')][-1])["peak_rss_bytes"]
-    # measured here: 2.10-2.36 MB for a predicted 2.13 MB (the batch's own buffers beside it)
-    assert 0.7 * fit["mtp_bytes"] <= peak - none <= 1.4 * fit["mtp_bytes"], (peak - none, fit["mtp_bytes"])
+    # measured here: 2.12-2.61 MB for a predicted 2.13 MB, CPU-only and CUDA-linked builds alike
+    # (about half a MB of the runtime's own pages either way)
+    assert 0.6 * fit["mtp_bytes"] <= peak - none <= 1.6 * fit["mtp_bytes"], (peak - none, fit["mtp_bytes"])
     # on a GPU (a named one: plan arithmetic) the head's device engine, with its own lm_head copy
     # and the model's hidden rows, is added the same way
     cu = json.loads(hearth("fit", d, "--device", "cuda", "--sku", "L4", "--speculate", "mtp", "--json").stdout)

@@ -19,26 +19,24 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static const char *const proj_paths[OP_N_PROJ] = {
-    "self_attn.q_proj",      "self_attn.k_proj",      "self_attn.v_proj",      "self_attn.o_proj",
-    "mlp.gate_proj",         "mlp.up_proj",           "mlp.down_proj",         "linear_attn.in_proj_qkv",
-    "linear_attn.in_proj_z", "linear_attn.in_proj_b", "linear_attn.in_proj_a", "linear_attn.out_proj"};
-
 /* The adapted pair of the projection whose weight is named `name` ("...layers.<i>.<module>.weight"
- * with module one of proj_paths; `suffix` ".weight", ".scales" or ".biases"); NULL if none. */
+ * with module one of the projections' paths, adapter_proj_path; `suffix` ".weight", ".scales" or
+ * ".biases"); NULL if none. */
 static const op_lora *pair_of(const adapter *a, int n_layers, const char *name, const char *suffix) {
     const char *s = strstr(name, "layers.");
     if (!s) return NULL;
     char *end;
     long i = strtol(s + 7, &end, 10);
     if (end == s + 7 || *end != '.' || i < 0 || i >= n_layers) return NULL;
-    for (int p = 0; p < OP_N_PROJ; p++) {
-        size_t n = strlen(proj_paths[p]);
-        if (!strncmp(end + 1, proj_paths[p], n) && !strcmp(end + 1 + n, suffix)) {
-            const op_lora *l = &a->proj[i * OP_N_PROJ + p];
-            return l->a ? l : NULL;
+    for (int p = 0; p < OP_N_PROJ; p++)
+        for (int alt = 0; alt < 2; alt++) {
+            const char *path = adapter_proj_path(p, alt);
+            size_t n = path ? strlen(path) : 0;
+            if (path && !strncmp(end + 1, path, n) && !strcmp(end + 1 + n, suffix)) {
+                const op_lora *l = &a->proj[i * OP_N_PROJ + p];
+                return l->a ? l : NULL;
+            }
         }
-    }
     return NULL;
 }
 
@@ -97,8 +95,18 @@ static hearth_status fuse_weight(const hearth_model *m, const tensor_info *t, co
     size_t n;
     hearth_status st = hearth_model_tensor_f32(m, t->name, &w, &n, err);
     if (st) return st;
-    int64_t rows = t->shape[0], k = (int64_t)(n / (size_t)rows);
-    if (add_delta(l, rows, k, dt, w)) {
+    /* rows: every dimension but the last (the experts' [E, n, k] is E n rows of k) */
+    int64_t rows = 1;
+    for (int d = 0; d + 1 < t->ndim; d++) rows *= t->shape[d];
+    int64_t k = (int64_t)(n / (size_t)rows), per = l->experts ? rows / l->experts : rows;
+    int bad = 0;
+    for (int e = 0; e < (l->experts ? l->experts : 1) && !bad; e++) { /* expert e's pair on its rows */
+        op_lora le = *l;
+        le.a += (size_t)e * le.rank * k;
+        le.b += (size_t)e * le.rank * per;
+        bad = add_delta(&le, per, k, dt, w + (size_t)e * per * k);
+    }
+    if (bad) {
         hearth_free(w);
         return err_set(err, HEARTH_ERR_NOMEM, "%s: out of memory folding the adapter into '%s'", t->file, t->name);
     }
@@ -138,6 +146,8 @@ static hearth_status fuse_weight(const hearth_model *m, const tensor_info *t, co
 static hearth_status plan(const hearth_model *m, const adapter *a, int n_layers, fuse_out *outs,
                           hearth_error *err) {
     size_t nt = m->st.n_tensors;
+    int pairs = 0, fused = 0;
+    for (size_t i = 0; i < (size_t)n_layers * OP_N_PROJ; i++) pairs += a->proj[i].a != NULL;
     for (size_t i = 0; i < nt; i++) outs[i] = (fuse_out){.src = m->st.by_name[i]->data, .len = m->st.by_name[i]->nbytes};
     for (size_t i = 0; i < nt; i++) {
         const tensor_info *t = m->st.by_name[i];
@@ -152,7 +162,14 @@ static hearth_status plan(const hearth_model *m, const adapter *a, int n_layers,
         hearth_status st = fuse_weight(m, t, l, &outs[i], os, ob, err);
         free(none[0].owned), free(none[1].owned);
         if (st) return st;
+        fused++;
     }
+    /* a pair whose weight the folder names otherwise (Hugging Face's fused expert tensors) */
+    if (fused != pairs)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: %d of the adapter's %d pairs adapt weights this folder stores under other names (e.g. "
+                       "Hugging Face's fused experts); fuse into the mlx-lm layout of the model",
+                       m->entry.path, pairs - fused, pairs);
     return HEARTH_OK;
 }
 

@@ -188,15 +188,12 @@ int adapter_registry_find_name(adapter_registry *r, const char *name, char *id, 
 }
 
 char *adapter_registry_json(adapter_registry *r) {
-    static const char *const names[OP_N_PROJ] = {"q_proj",    "k_proj",    "v_proj",    "o_proj",
-                                                 "gate_proj", "up_proj",   "down_proj", "in_proj_qkv",
-                                                 "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
     json_t *arr = json_array();
     pthread_mutex_lock(&r->mu);
     for (adapter *a = r->head; a; a = a->next) {
         json_t *mods = json_array();
         for (int p = 0; p < OP_N_PROJ; p++)
-            if (a->modules & (1u << p)) json_array_append_new(mods, json_string(names[p]));
+            if (a->modules & (1u << p)) json_array_append_new(mods, json_string(adapter_proj_name(p)));
         json_array_append_new(
             arr, json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:I, s:i, s:o, s:b}", "id", a->id, "path", a->path,
                            "format", a->format, "type", a->dora ? "dora" : "lora", "rank", a->rank, "scale",

@@ -40,6 +40,11 @@ hearth_status adapter_load(const model *m, const char *path, adapter **out, hear
 hearth_status adapter_parse(const model *m, const char *path, int peft, const char *config, size_t config_len,
                             const uint8_t *tensors, size_t tensors_len, adapter **out, hearth_error *err);
 void adapter_free(adapter *a);
+/* Projection p's (op_proj) name as /v1/adapters lists it ("q_proj", "router", "experts.gate_proj", ...). */
+const char *adapter_proj_name(int p);
+/* Its module path inside a decoder layer ("self_attn.q_proj"; alt 1: the second spelling
+ * some families use, e.g. Gemma 4's "router.proj", or NULL). */
+const char *adapter_proj_path(int p, int alt);
 
 /* The adapters one request uses: refcounted, shared by the request and its slot. */
 typedef struct adapter_set {

@@ -17,12 +17,44 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const proj_names[OP_N_PROJ] = {"q_proj",    "k_proj",    "v_proj",    "o_proj",
-                                                  "gate_proj", "up_proj",   "down_proj", "in_proj_qkv",
-                                                  "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
-static const char *const proj_parent[OP_N_PROJ] = {"self_attn",   "self_attn",   "self_attn",   "self_attn",
-                                                   "mlp",         "mlp",         "mlp",         "linear_attn",
-                                                   "linear_attn", "linear_attn", "linear_attn", "linear_attn"};
+/* Each projection's module inside a decoder layer as mlx-lm and Hugging Face name it (a
+ * second spelling where families differ: Qwen's router is mlp.gate, Gemma 4's router.proj;
+ * Qwen's experts mlp.switch_mlp, Gemma 4's experts.switch_glu), and the name /v1/adapters
+ * lists it by. */
+static const struct {
+    const char *path[2], *name;
+} projs[OP_N_PROJ] = {
+    [OP_PROJ_Q] = {{"self_attn.q_proj"}, "q_proj"},
+    [OP_PROJ_K] = {{"self_attn.k_proj"}, "k_proj"},
+    [OP_PROJ_V] = {{"self_attn.v_proj"}, "v_proj"},
+    [OP_PROJ_O] = {{"self_attn.o_proj"}, "o_proj"},
+    [OP_PROJ_GATE] = {{"mlp.gate_proj"}, "gate_proj"},
+    [OP_PROJ_UP] = {{"mlp.up_proj"}, "up_proj"},
+    [OP_PROJ_DOWN] = {{"mlp.down_proj"}, "down_proj"},
+    [OP_PROJ_GDN_QKV] = {{"linear_attn.in_proj_qkv"}, "in_proj_qkv"},
+    [OP_PROJ_GDN_Z] = {{"linear_attn.in_proj_z"}, "in_proj_z"},
+    [OP_PROJ_GDN_B] = {{"linear_attn.in_proj_b"}, "in_proj_b"},
+    [OP_PROJ_GDN_A] = {{"linear_attn.in_proj_a"}, "in_proj_a"},
+    [OP_PROJ_GDN_OUT] = {{"linear_attn.out_proj"}, "out_proj"},
+    [OP_PROJ_PLE_GATE] = {{"per_layer_input_gate"}, "per_layer_input_gate"},
+    [OP_PROJ_PLE_PROJ] = {{"per_layer_projection"}, "per_layer_projection"},
+    [OP_PROJ_ROUTER] = {{"mlp.gate", "router.proj"}, "router"},
+    [OP_PROJ_SHARED_GATE] = {{"mlp.shared_expert.gate_proj"}, "shared_expert.gate_proj"},
+    [OP_PROJ_SHARED_UP] = {{"mlp.shared_expert.up_proj"}, "shared_expert.up_proj"},
+    [OP_PROJ_SHARED_DOWN] = {{"mlp.shared_expert.down_proj"}, "shared_expert.down_proj"},
+    [OP_PROJ_SHARED_ROUTER] = {{"mlp.shared_expert_gate"}, "shared_expert_gate"},
+    [OP_PROJ_EXP_GATE] = {{"mlp.switch_mlp.gate_proj", "experts.switch_glu.gate_proj"}, "experts.gate_proj"},
+    [OP_PROJ_EXP_UP] = {{"mlp.switch_mlp.up_proj", "experts.switch_glu.up_proj"}, "experts.up_proj"},
+    [OP_PROJ_EXP_DOWN] = {{"mlp.switch_mlp.down_proj", "experts.switch_glu.down_proj"}, "experts.down_proj"},
+};
+
+const char *adapter_proj_name(int p) { return p >= 0 && p < OP_N_PROJ ? projs[p].name : "?"; }
+
+const char *adapter_proj_path(int p, int alt) {
+    return p >= 0 && p < OP_N_PROJ && (alt == 0 || alt == 1) ? projs[p].path[alt] : NULL;
+}
+
+static int is_expert(int p) { return p >= OP_PROJ_EXP_GATE && p <= OP_PROJ_EXP_DOWN; }
 
 /* What adapter_config.json says. */
 typedef struct adapter_cfg {
@@ -38,15 +70,53 @@ typedef struct pair_src {
 
 static const op_weight *base_weight(const model *m, int layer, int p) {
     const layer_weights *l = &m->layers[layer];
-    const op_weight *ws[OP_N_PROJ] = {&l->q,    &l->k,       &l->v,     &l->o,     &l->gate,  &l->up,
-                                      &l->down, &l->gdn_qkv, &l->gdn_z, &l->gdn_b, &l->gdn_a, &l->gdn_out};
+    const op_weight *ws[OP_N_PROJ] = {[OP_PROJ_Q] = &l->q,
+                                      [OP_PROJ_K] = &l->k,
+                                      [OP_PROJ_V] = &l->v,
+                                      [OP_PROJ_O] = &l->o,
+                                      [OP_PROJ_GATE] = &l->gate,
+                                      [OP_PROJ_UP] = &l->up,
+                                      [OP_PROJ_DOWN] = &l->down,
+                                      [OP_PROJ_GDN_QKV] = &l->gdn_qkv,
+                                      [OP_PROJ_GDN_Z] = &l->gdn_z,
+                                      [OP_PROJ_GDN_B] = &l->gdn_b,
+                                      [OP_PROJ_GDN_A] = &l->gdn_a,
+                                      [OP_PROJ_GDN_OUT] = &l->gdn_out,
+                                      [OP_PROJ_PLE_GATE] = &l->pl_gate,
+                                      [OP_PROJ_PLE_PROJ] = &l->pl_proj,
+                                      [OP_PROJ_ROUTER] = &l->router,
+                                      [OP_PROJ_SHARED_GATE] = &l->shared_gate,
+                                      [OP_PROJ_SHARED_UP] = &l->shared_up,
+                                      [OP_PROJ_SHARED_DOWN] = &l->shared_down,
+                                      [OP_PROJ_SHARED_ROUTER] = &l->shared_router};
     return ws[p];
 }
 
-static int proj_index(const char *name) {
-    for (int p = 0; p < OP_N_PROJ; p++)
-        if (!strcmp(name, proj_names[p])) return p;
-    return -1;
+/* One matrix of projection p in layer `layer` (n outputs, k inputs; one expert's for the
+ * stacked experts, *experts their count, else 0); 0 when the layer has no such projection. */
+static int proj_dims(const model *m, int layer, int p, int64_t *n, int64_t *k, int *experts) {
+    const layer_weights *l = &m->layers[layer];
+    *experts = 0;
+    if (is_expert(p)) {
+        if (!l->moe || !l->experts_gate.n || m->cfg.n_experts <= 0) return 0;
+        *experts = m->cfg.n_experts;
+        *n = p == OP_PROJ_EXP_DOWN ? m->cfg.hidden : m->cfg.moe_ffn;
+        *k = p == OP_PROJ_EXP_DOWN ? m->cfg.moe_ffn : m->cfg.hidden;
+        return 1;
+    }
+    const op_weight *w = base_weight(m, layer, p);
+    *n = w->n, *k = w->k;
+    return w->n > 0;
+}
+
+/* Whether target_modules entry t (PEFT's rule: the module's name or a dotted suffix of it) names projection p. */
+static int target_names(const char *t, int p) {
+    for (int i = 0; i < 2 && projs[p].path[i]; i++) {
+        const char *path = projs[p].path[i];
+        size_t lp = strlen(path), lt = strlen(t);
+        if (!strcmp(path, t) || (lt < lp && path[lp - lt - 1] == '.' && !strcmp(path + lp - lt, t))) return 1;
+    }
+    return 0;
 }
 
 static hearth_status parse_targets(const json_t *tm, const char *file, unsigned *out, hearth_error *err) {
@@ -64,13 +134,17 @@ static hearth_status parse_targets(const json_t *tm, const char *file, unsigned 
     size_t i;
     const json_t *v;
     json_array_foreach(tm, i, v) {
-        int p = json_is_string(v) ? proj_index(json_string_value(v)) : -1;
-        if (p < 0)
+        unsigned bits = 0;
+        for (int p = 0; p < OP_N_PROJ && json_is_string(v); p++)
+            if (target_names(json_string_value(v), p)) bits |= 1u << p;
+        if (!bits)
             return err_set(err, HEARTH_ERR_UNSUPPORTED,
                            "%s: target module %s is not one hearth adapts (q_proj k_proj v_proj o_proj gate_proj "
-                           "up_proj down_proj, and Qwen3.5's in_proj_qkv in_proj_z in_proj_b in_proj_a out_proj)",
+                           "up_proj down_proj; Qwen3.5's in_proj_qkv in_proj_z in_proj_b in_proj_a out_proj; Gemma "
+                           "4's per_layer_input_gate per_layer_projection; a mixture-of-experts layer's gate (router) "
+                           "and shared_expert_gate)",
                            file, json_is_string(v) ? json_string_value(v) : "(not a string)");
-        *out |= 1u << p;
+        *out |= bits;
     }
     return HEARTH_OK;
 }
@@ -136,28 +210,26 @@ static hearth_status parse_config(const char *path, const char *text, size_t len
 }
 
 /* A tensor name's layer, projection and part (0: A, 1: B, 2: DoRA magnitude), from
- * "...layers.<i>.<self_attn|mlp>.<proj>.<lora_a|lora_b|m>" (MLX) or
- * "...layers.<i>.<...>.<proj>.<lora_A.weight|lora_B.weight|lora_magnitude_vector[.weight]>"
- * (PEFT). Returns the message's reason on failure, NULL on success. */
+ * "...layers.<i>.<module>.<lora_a|lora_b|m>" (MLX) or
+ * "...layers.<i>.<module>.<lora_A.weight|lora_B.weight|lora_magnitude_vector[.weight]>"
+ * (PEFT), module one of projs' paths. Returns the message's reason on failure, NULL on success. */
 static const char *parse_name(const char *name, int peft, int *layer, int *proj, int *part) {
     const char *s = strstr(name, "layers.");
     if (!s) return "is not inside a decoder layer";
     char *end;
     long li = strtol(s + 7, &end, 10);
     if (end == s + 7 || *end != '.' || li < 0 || li > 100000) return "has no layer number";
-    const char *mod = end + 1, *dot = strchr(mod, '.');
-    if (!dot) return "names no module";
-    const char *pname = dot + 1, *pdot = strchr(pname, '.');
-    if (!pdot) return "names no projection";
-    char buf[64];
-    size_t n = (size_t)(pdot - pname);
-    if (n >= sizeof buf) return "names an unknown projection";
-    memcpy(buf, pname, n);
-    buf[n] = 0;
-    int p = proj_index(buf);
-    if (p < 0 || strncmp(mod, proj_parent[p], (size_t)(dot - mod)) || strlen(proj_parent[p]) != (size_t)(dot - mod))
-        return "targets a module hearth does not adapt (experts, router, embeddings or lm_head)";
-    const char *tail = pdot + 1;
+    const char *mod = end + 1, *tail = NULL;
+    int p = -1;
+    for (int q = 0; q < OP_N_PROJ && p < 0; q++)
+        for (int i = 0; i < 2 && projs[q].path[i]; i++) {
+            size_t n = strlen(projs[q].path[i]);
+            if (!strncmp(mod, projs[q].path[i], n) && mod[n] == '.') {
+                p = q, tail = mod + n + 1;
+                break;
+            }
+        }
+    if (p < 0) return "targets a module hearth does not adapt (embeddings, lm_head or an unknown projection)";
     static const char *const mlx_parts[] = {"lora_a", "lora_b", "m"};
     static const char *const peft_parts[] = {"lora_A.weight", "lora_B.weight", "lora_magnitude_vector"};
     for (int k = 0; k < 3; k++) {
@@ -177,11 +249,15 @@ static hearth_status read_f32(const tensor_info *t, float *out, hearth_error *er
     return ggml_dequantize(t->dtype, t->data, t->nbytes, out, tensor_elems(t), err);
 }
 
-/* Checks a pair's shapes against the rank and the base weight w: A is [k, r] (MLX) or
- * [r, k] (PEFT), B [r, n] (MLX) or [n, r] (PEFT), the magnitude [n]. */
-static hearth_status check_pair(const pair_src *s, const adapter_cfg *c, const op_weight *w, int layer, int p,
+/* Checks a pair's shapes against the rank and the base matrix (n outputs, k inputs): A is
+ * [k, r] (MLX) or [r, k] (PEFT), B [r, n] (MLX) or [n, r] (PEFT), the magnitude [n]; the
+ * experts' (mlx-lm's LoRASwitchLinear) A [E, r, k] and B [E, n, r]. */
+static hearth_status check_pair(const pair_src *s, const adapter_cfg *c, const model *m, int layer, int p,
                                 hearth_error *err) {
-    const char *what = proj_names[p];
+    const char *what = projs[p].name;
+    int64_t wn, wk;
+    int E;
+    proj_dims(m, layer, p, &wn, &wk, &E);
     if (!s->a || !s->b) {
         const tensor_info *have = s->a ? s->a : s->b ? s->b : s->m;
         return err_set(err, HEARTH_ERR_FORMAT, "%s: layer %d %s has %s but not %s", have->file, layer, what,
@@ -190,24 +266,44 @@ static hearth_status check_pair(const pair_src *s, const adapter_cfg *c, const o
     if (!c->dora && s->m)
         return err_set(err, HEARTH_ERR_FORMAT, "%s: layer %d %s has a DoRA magnitude but the config is plain LoRA",
                        s->m->file, layer, what);
+    if (c->dora && E)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: layer %d %s: DoRA on the routed experts is not supported (mlx-lm has no DoRA for them "
+                       "either)",
+                       s->a->file, layer, what);
     if (c->dora && !s->m)
         return err_set(err, HEARTH_ERR_FORMAT, "%s: layer %d %s has no DoRA magnitude but the config says DoRA",
                        s->a->file, layer, what);
+    if (E && c->peft)
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "%s: layer %d %s: PEFT adapters on the routed experts are not supported (the MLX format's "
+                       "stacked expert pairs are)",
+                       s->a->file, layer, what);
     int ka = c->peft ? 1 : 0, kb = c->peft ? 0 : 1; /* where k sits in A, n in B */
-    if (s->a->ndim != 2 || s->b->ndim != 2)
-        return err_set(err, HEARTH_ERR_FORMAT, "%s: layer %d %s: A and B must be matrices", s->a->file, layer, what);
-    int64_t ra = s->a->shape[1 - ka], rb = s->b->shape[1 - kb];
+    int64_t ra, rb, ak, bn;
+    if (E) {
+        if (s->a->ndim != 3 || s->b->ndim != 3 || s->a->shape[0] != E || s->b->shape[0] != E)
+            return err_set(err, HEARTH_ERR_INVALID,
+                           "%s: layer %d %s: expert pairs must be [experts, rank, in] and [experts, out, rank] with "
+                           "the model's %d experts",
+                           s->a->file, layer, what, E);
+        ra = s->a->shape[1], rb = s->b->shape[2], ak = s->a->shape[2], bn = s->b->shape[1];
+    } else {
+        if (s->a->ndim != 2 || s->b->ndim != 2)
+            return err_set(err, HEARTH_ERR_FORMAT, "%s: layer %d %s: A and B must be matrices", s->a->file, layer,
+                           what);
+        ra = s->a->shape[1 - ka], rb = s->b->shape[1 - kb], ak = s->a->shape[ka], bn = s->b->shape[kb];
+    }
     if (ra != c->rank || rb != c->rank)
         return err_set(err, HEARTH_ERR_INVALID, "%s: layer %d %s: rank %lld in the tensors, %d in adapter_config.json",
                        s->a->file, layer, what, (long long)(ra != c->rank ? ra : rb), c->rank);
-    if (s->a->shape[ka] != w->k || s->b->shape[kb] != w->n)
+    if (ak != wk || bn != wn)
         return err_set(err, HEARTH_ERR_INVALID,
                        "%s: layer %d %s: the adapter maps %lld -> %lld features but the base weight is [%lld, %lld]",
-                       s->a->file, layer, what, (long long)s->a->shape[ka], (long long)s->b->shape[kb],
-                       (long long)w->n, (long long)w->k);
-    if (s->m && (s->m->ndim != 1 || s->m->shape[0] != w->n))
+                       s->a->file, layer, what, (long long)ak, (long long)bn, (long long)wn, (long long)wk);
+    if (s->m && (s->m->ndim != 1 || s->m->shape[0] != wn))
         return err_set(err, HEARTH_ERR_INVALID, "%s: layer %d %s: DoRA magnitude has %lld entries, the base %lld rows",
-                       s->m->file, layer, what, (long long)s->m->shape[0], (long long)w->n);
+                       s->m->file, layer, what, (long long)s->m->shape[0], (long long)wn);
     return HEARTH_OK;
 }
 
@@ -248,24 +344,29 @@ static hearth_status dora_factors(const op_weight *w, const op_lora *l, const fl
 /* Fills pair (layer, p) of a from its tensors (shapes checked). */
 static hearth_status fill_pair(const model *m, const adapter_cfg *c, const pair_src *s, int layer, int p, float *dst,
                                op_lora *l, hearth_error *err) {
-    const op_weight *w = base_weight(m, layer, p);
-    int64_t r = c->rank, k = w->k, n = w->n;
-    float *tmp = malloc((size_t)((k > n ? k : n) * r + n) * sizeof *tmp);
+    int64_t r = c->rank, k, n;
+    int E;
+    proj_dims(m, layer, p, &n, &k, &E);
+    int64_t per = E ? E : 1; /* pairs: one, or one per expert */
+    float *tmp = malloc((size_t)(per * ((k > n ? k : n) * r) + n) * sizeof *tmp);
     if (!tmp) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
-    float *a = dst, *b = a + r * k, *mag = b + n * r;
+    float *a = dst, *b = a + per * r * k, *mag = b + per * n * r;
     hearth_status st = read_f32(s->a, tmp, err);
-    if (!st) { /* A as [r, k]: MLX stores lora_a as [k, r] */
-        if (c->peft) memcpy(a, tmp, (size_t)(r * k) * sizeof *a);
+    if (!st) { /* A as [r, k]: MLX stores lora_a as [k, r] (its experts' as [E, r, k]) */
+        if (c->peft || E)
+            memcpy(a, tmp, (size_t)(per * r * k) * sizeof *a);
         else
             for (int64_t i = 0; i < k; i++)
                 for (int64_t q = 0; q < r; q++) a[q * k + i] = tmp[i * r + q];
         st = read_f32(s->b, tmp, err);
     }
-    if (!st) { /* B transposed, [r, n]: MLX's lora_b as it is; PEFT's lora_B is [n, r] */
-        if (!c->peft) memcpy(b, tmp, (size_t)(n * r) * sizeof *b);
+    if (!st) { /* B transposed, [r, n]: MLX's lora_b as it is; PEFT's lora_B and MLX's experts' are [n, r] */
+        if (!c->peft && !E)
+            memcpy(b, tmp, (size_t)(n * r) * sizeof *b);
         else
-            for (int64_t j = 0; j < n; j++)
-                for (int64_t q = 0; q < r; q++) b[q * n + j] = tmp[j * r + q];
+            for (int64_t e = 0; e < per; e++)
+                for (int64_t j = 0; j < n; j++)
+                    for (int64_t q = 0; q < r; q++) b[(e * r + q) * n + j] = tmp[(e * n + j) * r + q];
         if (s->m) st = read_f32(s->m, mag, err);
     }
     int heads = p == OP_PROJ_Q ? m->cfg.n_heads : p == OP_PROJ_K ? m->cfg.n_kv_heads : 0;
@@ -273,7 +374,8 @@ static hearth_status fill_pair(const model *m, const adapter_cfg *c, const pair_
         for (int64_t q = 0; q < r; q++) permute_rows(b + q * n, tmp, n, 1, heads);
         if (s->m) permute_rows(mag, tmp, n, 1, heads);
     }
-    *l = (op_lora){.a = a, .b = b, .rank = c->rank, .scale = c->scale};
+    *l = (op_lora){.a = a, .b = b, .rank = c->rank, .scale = c->scale, .experts = E};
+    const op_weight *w = E ? NULL : base_weight(m, layer, p);
     if (!st && s->m) { /* a planned model (shapes only, hearth_fuse) has no rows to take norms of */
         if (w->data) st = dora_factors(w, l, mag, mag, err);
         l->dora = mag;
@@ -283,8 +385,10 @@ static hearth_status fill_pair(const model *m, const adapter_cfg *c, const pair_
 }
 
 static size_t pair_floats(const model *m, const adapter_cfg *c, int layer, int p) {
-    const op_weight *w = base_weight(m, layer, p);
-    return (size_t)c->rank * (size_t)(w->k + w->n) + (c->dora ? (size_t)w->n : 0);
+    int64_t n, k;
+    int E;
+    proj_dims(m, layer, p, &n, &k, &E);
+    return (size_t)(E ? E : 1) * (size_t)c->rank * (size_t)(k + n) + (c->dora ? (size_t)n : 0);
 }
 
 /* Matches every tensor of f to a pair of src, checking names against the model and config. */
@@ -301,18 +405,26 @@ static hearth_status collect(const model *m, const adapter_cfg *c, const st_file
                            f->path, t->name, layer, L);
         if (!(c->targets & (1u << p)))
             return err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' adapts %s, which target_modules does not list",
-                           f->path, t->name, proj_names[p]);
+                           f->path, t->name, projs[p].name);
+        int64_t wn, wk;
+        int E;
+        int has = proj_dims(m, layer, p, &wn, &wk, &E);
         /* a mixture-of-experts layer's MLP projections are its experts' (Gemma 4's layers keep a dense
-         * MLP beside them, which adapts as any layer's) */
-        if (m->layers[layer].moe && !m->layers[layer].gate.n && p >= OP_PROJ_GATE)
-            return err_set(err, HEARTH_ERR_UNSUPPORTED,
-                           "%s: tensor '%s' adapts the MLP of a mixture-of-experts layer (experts are not supported)",
-                           f->path, t->name);
-        if (p >= OP_PROJ_GDN_QKV && !base_weight(m, layer, p)->n)
+         * MLP beside them, which adapts as any layer's); their pairs are named switch_mlp / switch_glu */
+        if (m->layers[layer].moe && !has && p >= OP_PROJ_GATE && p <= OP_PROJ_DOWN)
+            return err_set(err, HEARTH_ERR_INVALID,
+                           "%s: tensor '%s' adapts a dense MLP, but layer %d is a mixture-of-experts layer (its "
+                           "experts' pairs are named mlp.switch_mlp.*)",
+                           f->path, t->name, layer);
+        if (p >= OP_PROJ_GDN_QKV && p <= OP_PROJ_GDN_OUT && !has)
             return err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' adapts linear_attn.%s, but layer %d is %s",
-                           f->path, t->name, proj_names[p], layer,
+                           f->path, t->name, projs[p].name, layer,
                            m->layers[layer].linear ? "without it" : "a full-attention layer");
-        if (p >= OP_PROJ_GDN_QKV && m->cfg.gdn_v_tiled)
+        if (!has)
+            return err_set(err, HEARTH_ERR_INVALID,
+                           "%s: tensor '%s' adapts %s, which layer %d of this model does not have", f->path, t->name,
+                           projs[p].path[0], layer);
+        if (p >= OP_PROJ_GDN_QKV && p <= OP_PROJ_GDN_OUT && m->cfg.gdn_v_tiled)
             return err_set(err, HEARTH_ERR_UNSUPPORTED,
                            "%s: tensor '%s' adapts a Gated DeltaNet projection of a GGUF model, whose value heads "
                            "llama.cpp's converter reorders; serve the adapter on the safetensors model",
@@ -339,7 +451,7 @@ static hearth_status build(const model *m, const adapter_cfg *c, const pair_src 
         for (int p = 0; p < OP_N_PROJ; p++) {
             const pair_src *s = &src[(size_t)i * OP_N_PROJ + p];
             if (!s->a && !s->b && !s->m) continue;
-            hearth_status st = check_pair(s, c, base_weight(m, i, p), i, p, err);
+            hearth_status st = check_pair(s, c, m, i, p, err);
             if (st) return st;
             total += pair_floats(m, c, i, p);
             a->modules |= 1u << p;

@@ -24,10 +24,17 @@ op_mlp decoder_mlp(const model *m, int i, op_act act) {
 op_moe decoder_moe(const model *m, int i) {
     const layer_weights *l = &m->layers[i];
     int sh = m->cfg.shared_ffn > 0;
-    return (op_moe){.router = &l->router, .gate = &l->experts_gate, .up = l->experts_up.n ? &l->experts_up : NULL,
-                    .down = &l->experts_down, .norm_topk = m->cfg.norm_topk, .act = OP_ACT_SILU,
-                    .shared_gate = sh ? &l->shared_gate : NULL, .shared_up = sh ? &l->shared_up : NULL,
-                    .shared_down = sh ? &l->shared_down : NULL, .shared_router = sh ? &l->shared_router : NULL};
+    return (op_moe){.router = &l->router,
+                    .gate = &l->experts_gate,
+                    .up = l->experts_up.n ? &l->experts_up : NULL,
+                    .down = &l->experts_down,
+                    .norm_topk = m->cfg.norm_topk,
+                    .act = OP_ACT_SILU,
+                    .shared_gate = sh ? &l->shared_gate : NULL,
+                    .shared_up = sh ? &l->shared_up : NULL,
+                    .shared_down = sh ? &l->shared_down : NULL,
+                    .shared_router = sh ? &l->shared_router : NULL,
+                    .layer = i};
 }
 
 static void add_weight(model *m, const op_weight *w, int logits, const char *name, int layer) {

@@ -79,6 +79,9 @@ typedef struct lora_job {
     int64_t k, n;
     float *y;
     int rows; /* per task */
+    /* expert pairs (op_lora_apply_expert): the expert, and row i's token tok[i] of n_rows */
+    int expert, n_rows;
+    const int32_t *tok;
 } lora_job;
 
 /* y += scale * B (A x) for one row and one adapter: A x with eight partial sums per row of A
@@ -113,23 +116,51 @@ static void lora_row(const op_lora *l, const float *x, int64_t k, float *y, int6
 static void lora_task(void *ctx, int task, int thread) {
     (void)thread;
     const lora_job *j = ctx;
-    int t0 = task * j->rows, t1 = t0 + j->rows < j->b->T ? t0 + j->rows : j->b->T;
+    int t0 = task * j->rows, t1 = t0 + j->rows < j->n_rows ? t0 + j->rows : j->n_rows;
     for (int t = t0; t < t1; t++) {
-        const op_adapter_set *set = j->b->row_adapters[t];
+        const op_adapter_set *set = j->b->row_adapters[j->tok ? j->tok[t] : t];
         for (int i = 0; set && i < set->n; i++) {
-            const op_lora *l = &set->a[i]->proj[(size_t)j->layer * OP_N_PROJ + j->p];
-            if (l->a) lora_row(l, j->x + (size_t)t * j->k, j->k, j->y + (size_t)t * j->n, j->n);
+            op_lora l = set->a[i]->proj[(size_t)j->layer * OP_N_PROJ + j->p];
+            if (!l.a) continue;
+            if (l.experts) { /* expert e's pair of the stacked ones */
+                if (j->expert < 0 || j->expert >= l.experts) continue;
+                l.a += (size_t)j->expert * l.rank * j->k;
+                l.b += (size_t)j->expert * l.rank * j->n;
+            }
+            lora_row(&l, j->x + (size_t)t * j->k, j->k, j->y + (size_t)t * j->n, j->n);
         }
     }
+}
+
+static void lora_run(lora_job *j, threadpool *tp) {
+    /* about two tasks per thread: a decode step's few rows still spread over the pool */
+    int threads = tp ? tp_threads(tp) : 1;
+    j->rows = (j->n_rows + 2 * threads - 1) / (2 * threads);
+    if (j->n_rows > 0) tp_run(tp, (j->n_rows + j->rows - 1) / j->rows, lora_task, j);
 }
 
 void op_lora_apply(const op_batch *b, int layer, op_proj p, const float *x, int64_t k, float *y, int64_t n,
                    threadpool *tp) {
     if (!op_batch_has_adapters(b)) return;
-    /* about two tasks per thread: a decode step's few rows still spread over the pool */
-    int threads = tp ? tp_threads(tp) : 1, rows = (b->T + 2 * threads - 1) / (2 * threads);
-    lora_job j = {.b = b, .layer = layer, .p = p, .x = x, .k = k, .n = n, .y = y, .rows = rows};
-    tp_run(tp, (b->T + rows - 1) / rows, lora_task, &j);
+    lora_job j = {.b = b, .layer = layer, .p = p, .x = x, .k = k, .n = n, .y = y, .expert = -1, .n_rows = b->T};
+    lora_run(&j, tp);
+}
+
+int op_batch_adapts(const op_batch *b, int layer, op_proj p) {
+    for (int t = 0; b->row_adapters && t < b->T; t++) {
+        const op_adapter_set *set = b->row_adapters[t];
+        for (int i = 0; set && i < set->n; i++)
+            if (set->a[i]->proj[(size_t)layer * OP_N_PROJ + p].a) return 1;
+    }
+    return 0;
+}
+
+void op_lora_apply_expert(const op_batch *b, int layer, op_proj p, int e, const int32_t *tok, int rows, const float *x,
+                          int64_t k, float *y, int64_t n, threadpool *tp) {
+    if (!op_batch_has_adapters(b)) return;
+    lora_job j = {
+        .b = b, .layer = layer, .p = p, .x = x, .k = k, .n = n, .y = y, .expert = e, .n_rows = rows, .tok = tok};
+    lora_run(&j, tp);
 }
 
 /* op_moe_route's rule (ops.h). op_expf is fmaf calls: on an x86 build without -mfma those are

@@ -80,6 +80,20 @@ typedef enum op_proj {
     OP_PROJ_GDN_B,
     OP_PROJ_GDN_A,
     OP_PROJ_GDN_OUT,
+    /* Gemma 4's per-layer input path (op_per_layer_gate): per_layer_input_gate, per_layer_projection */
+    OP_PROJ_PLE_GATE,
+    OP_PROJ_PLE_PROJ,
+    /* a mixture-of-experts layer (op_moe): the router (Qwen's mlp.gate, Gemma 4's router.proj), the
+     * shared expert's gate / up / down and its one-row gate (Qwen3.5-MoE) */
+    OP_PROJ_ROUTER,
+    OP_PROJ_SHARED_GATE,
+    OP_PROJ_SHARED_UP,
+    OP_PROJ_SHARED_DOWN,
+    OP_PROJ_SHARED_ROUTER,
+    /* the routed experts' gate / up / down (mlx-lm's SwitchLinear: one pair per expert, op_lora.experts) */
+    OP_PROJ_EXP_GATE,
+    OP_PROJ_EXP_UP,
+    OP_PROJ_EXP_DOWN,
     OP_N_PROJ
 } op_proj;
 
@@ -93,6 +107,10 @@ typedef struct op_lora {
     const float *dora; /* NULL: plain LoRA */
     int rank;
     float scale;
+    /* > 0: one pair per expert of a stacked expert weight (OP_PROJ_EXP_*): expert e's A is
+     * [rank, k] at a + e rank k, its B [rank, n] at b + e rank n (n, k: one expert's matrix);
+     * never DoRA */
+    int experts;
 } op_lora;
 
 /* An adapter as the ops see it: its update of every projection, [n_layers * OP_N_PROJ]
@@ -227,6 +245,7 @@ typedef struct op_moe {
     const float *router_norm, *in_norm, *out_norm, *expert_scale;
     /* up NULL: gate holds each expert's gate rows and then its up rows (Hugging Face's fused
      * gate_up_proj): expert e's gate is rows [2e moe_ffn, (2e + 1) moe_ffn), its up the next */
+    int layer; /* which layer (its adapters' updates) */
 } op_moe;
 
 /* A Gated DeltaNet layer (mlx-lm models/qwen3_5.py GatedDeltaNet, gated_delta.py): from xn,
@@ -385,6 +404,12 @@ static inline hearth_status op_gated_delta(const op_step *s, const op_gdn *g) { 
  * it right after the projection's matmul. */
 void op_lora_apply(const op_batch *b, int layer, op_proj p, const float *x, int64_t k, float *y, int64_t n,
                    threadpool *tp);
+/* The same for expert e's pairs (OP_PROJ_EXP_*) on rows gathered for that expert: row i of x
+ * [rows, k] and y [rows, n] is token tok[i]'s (whose adapters apply). */
+void op_lora_apply_expert(const op_batch *b, int layer, op_proj p, int e, const int32_t *tok, int rows, const float *x,
+                          int64_t k, float *y, int64_t n, threadpool *tp);
+/* Whether any token's adapters update projection p of layer `layer`. */
+int op_batch_adapts(const op_batch *b, int layer, op_proj p);
 /* Whether any token of the step has adapters. */
 static inline int op_batch_has_adapters(const op_batch *b) {
     if (!b->row_adapters) return 0;

@@ -240,3 +240,31 @@ def test_hybrid_state_snapshots_are_per_adapter(tmp_path):
     assert plain["content"] != with_a["content"]  # the adapter matters
     assert after == fresh
     assert again_a == with_a
+
+
+def test_moe_default_keys_adapter_matches_mlx_lm_server_and_batches(tmp_path):
+    """mlx_lm.lora's default keys on a mixture-of-experts model adapt the router, the routed
+    experts (one pair per expert), the shared expert and its gate: hearth serves such an
+    adapter with the real mlx_lm.server's greedy text, and rows with it, with another adapter
+    and with none share steps with the text each gives alone."""
+    moe = need(CACHE / "tiny" / "qwen3_5_moe-f32", "tiny qwen3_5_moe model", "run tools/make_tiny_models.py")
+    a = make_mlx_adapter(moe, tmp_path / "a", seed=6, keys=None)
+    b = make_mlx_adapter(moe, tmp_path / "b", seed=7, keys=("mlp.switch_mlp.down_proj", "mlp.gate"))
+    body = {"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}
+    with upstream_server(moe, "--adapter-path", a) as up:
+        st, ref = call(up, "POST", "/v1/completions", body)
+        assert st == 200, ref
+    with server(moe, "--adapter", f"a={a}", "--adapter", f"b={b}", env=SCALAR) as base:
+        st, ours = call(base, "POST", "/v1/completions", {**body, "adapter": "a"})
+        assert st == 200, ours
+        assert ours["choices"][0]["text"] == ref["choices"][0]["text"]
+        specs = ["none", "a", "b", "a+b", "none", "a"]
+        alone = {s: chat(base, adapter=s) for s in set(specs)}
+        assert len({alone[s]["content"] for s in ("none", "a", "b")}) == 3  # each adapter changes the text
+        with ThreadPoolExecutor(len(specs)) as ex:
+            mixed = list(ex.map(lambda s: (s, chat(base, adapter=s)), specs))
+        for s, got in mixed:
+            assert got == alone[s], f"adapter {s}: batched run differs from its lone run"
+        st, listing = call(base, "GET", "/v1/adapters")
+        mods = {x["id"]: x["modules"] for x in listing["data"]}
+        assert {"router", "experts.gate_proj", "experts.down_proj", "shared_expert_gate"} <= set(mods["a"])

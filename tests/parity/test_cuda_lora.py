@@ -22,15 +22,31 @@ PROJS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.
          "mlp.up_proj", "mlp.down_proj")
 
 
-def proj_shapes(cfg):
-    """(in, out) of each projection from the model's config.json."""
-    h, heads, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("num_key_value_heads")
-    hd = cfg.get("head_dim") or h // heads
-    kv = kv or heads
-    f = cfg["intermediate_size"]
-    return {"self_attn.q_proj": (h, heads * hd), "self_attn.k_proj": (h, kv * hd), "self_attn.v_proj": (h, kv * hd),
-            "self_attn.o_proj": (heads * hd, h), "mlp.gate_proj": (h, f), "mlp.up_proj": (h, f),
-            "mlp.down_proj": (f, h)}
+def proj_shapes(model):
+    """{(layer, module): (in, out, experts)} of every matrix of the model's decoder layers, from
+    its safetensors headers (experts 0: a dense matrix; MLX-quantized weights: in from their
+    scales' groups)."""
+    cfg = json.load(open(os.path.join(model, "config.json")))
+    group = (cfg.get("quantization") or {}).get("group_size", 64)
+    out, headers = {}, {}
+    for f in os.listdir(model):
+        if not f.endswith(".safetensors"):
+            continue
+        with open(os.path.join(model, f), "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            headers.update(json.loads(fh.read(n)))
+    for name, t in headers.items():
+        if not isinstance(t, dict) or not name.endswith(".weight") or "layers." not in name:
+            continue
+        rest = name.split("layers.", 1)[1][:-len(".weight")]
+        layer, module = rest.split(".", 1)
+        shape = t["shape"]
+        if len(shape) < 2:  # norms
+            continue
+        scales = headers.get(name[:-len(".weight")] + ".scales")  # MLX-quantized: in = groups x group size
+        k = scales["shape"][-1] * group if t["dtype"] == "U32" and scales else shape[-1]
+        out[(int(layer), module)] = (k, shape[-2], shape[0] if len(shape) == 3 else 0)
+    return out, cfg
 
 
 def write_safetensors(path, tensors):
@@ -48,19 +64,28 @@ def write_safetensors(path, tensors):
 
 
 def make_adapter(model, out, rank=8, scale=2.0, dora=False, keys=PROJS, seed=0):
-    """An mlx_lm-layout adapter on every layer: lora_a [in, rank], lora_b [rank, out] (and
-    DoRA's magnitudes m [out], near the tiny models' row norms of about 2) ~ N(0, 0.2)."""
-    cfg = json.load(open(os.path.join(model, "config.json")))
-    shapes, rng, tensors = proj_shapes(cfg), random.Random(seed), {}
-    n_layers = cfg["num_hidden_layers"]
+    """An mlx_lm-layout adapter on every layer that has the keyed modules: lora_a [in, rank],
+    lora_b [rank, out] (and DoRA's magnitudes m [out], near the tiny models' row norms of
+    about 2) ~ N(0, 0.2); the routed experts' (LoRASwitchLinear) lora_a [E, rank, in] and
+    lora_b [E, out, rank]."""
+    shapes, cfg = proj_shapes(model)
+    rng, tensors = random.Random(seed), {}
+    n_layers = cfg.get("num_hidden_layers") or cfg["text_config"]["num_hidden_layers"]
     for i in range(n_layers):
         for key in keys:
-            k, n = shapes[key]
+            if (i, key) not in shapes:
+                continue
+            k, n, e = shapes[(i, key)]
             name = f"model.layers.{i}.{key}"
+            if e:
+                tensors[name + ".lora_a"] = ((e, rank, k), [rng.gauss(0, 0.2) for _ in range(e * k * rank)])
+                tensors[name + ".lora_b"] = ((e, n, rank), [rng.gauss(0, 0.2) for _ in range(e * rank * n)])
+                continue
             tensors[name + ".lora_a"] = ((k, rank), [rng.gauss(0, 0.2) for _ in range(k * rank)])
             tensors[name + ".lora_b"] = ((rank, n), [rng.gauss(0, 0.2) for _ in range(rank * n)])
             if dora:
                 tensors[name + ".m"] = ((n,), [rng.uniform(1.5, 3.0) for _ in range(n)])
+    assert tensors, f"none of {keys} in {model}"
     os.makedirs(out, exist_ok=True)
     write_safetensors(os.path.join(out, "adapters.safetensors"), tensors)
     with open(os.path.join(out, "adapter_config.json"), "w") as f:
@@ -68,6 +93,13 @@ def make_adapter(model, out, rank=8, scale=2.0, dora=False, keys=PROJS, seed=0):
                    "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0, "keys": list(keys)}}, f)
     return out
 
+
+# what mlx_lm.lora's default keys adapt beyond PROJS on the mixture-of-experts families and
+# Gemma 4: routers, routed experts (stacked pairs), shared experts, per-layer input projections
+MOE = ("mlp.gate", "mlp.switch_mlp.gate_proj", "mlp.switch_mlp.up_proj", "mlp.switch_mlp.down_proj",
+       "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj",
+       "mlp.shared_expert_gate", "router.proj", "experts.switch_glu.gate_proj", "experts.switch_glu.up_proj",
+       "experts.switch_glu.down_proj", "per_layer_input_gate", "per_layer_projection")
 
 # (model, dora, rank, keys): the families the CUDA backend runs, float / bf16 / quantized bases
 CASES = [
@@ -77,7 +109,11 @@ CASES = [
     ("qwen3-q4g64", True, 16, PROJS),
     ("gemma3-f32", False, 8, PROJS),
     ("minicpm-f32", True, 4, ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj")),
-    ("qwen3_moe-f32", False, 8, PROJS[:4]),  # the experts take no adapter (refused on both backends)
+    ("qwen3_moe-f32", False, 8, PROJS + MOE),
+    ("qwen3_moe-q4g64", False, 8, MOE),
+    ("qwen3_5_moe-f32", False, 8, PROJS + MOE),
+    ("gemma4_moe-f32", False, 8, PROJS + MOE),
+    ("gemma4-f32", True, 8, ("per_layer_input_gate", "per_layer_projection", "self_attn.q_proj")),
 ]
 
 
@@ -154,13 +190,14 @@ def serve_with_adapters(hearth_bin, model, device, env, args, mounts, concurrent
     return out
 
 
-@pytest.mark.parametrize("name", ["llama-f32", "qwen3-q4g64"])
+@pytest.mark.parametrize("name", ["llama-f32", "qwen3-q4g64", "qwen3_5_moe-f32"])
 def test_cuda_serve_mixed_adapters_match_cpu(hearth_bin, tiny_models, tmp_path, name):
     m = tiny_models[name]
     if not has_gpu(hearth_bin, m):
         pytest.skip("no CUDA device here (or hearth built without nvcc): the CUDA adapter path did NOT run")
-    mounts = {"a": make_adapter(str(m), str(tmp_path / "a"), rank=8, seed=1),
-              "b": make_adapter(str(m), str(tmp_path / "b"), rank=16, seed=2)}
+    keys = PROJS + MOE if "moe" in name else PROJS  # the MoE model: "a" adapts its experts, "b" not
+    mounts = {"a": make_adapter(str(m), str(tmp_path / "a"), rank=8, seed=1, keys=keys),
+              "b": make_adapter(str(m), str(tmp_path / "b"), rank=16, seed=2, keys=PROJS[:4] + MOE[:1])}
     ref = serve_with_adapters(hearth_bin, m, "cpu", {"HEARTH_CPU": "scalar"}, [], mounts, concurrent=False)
     gpu = serve_with_adapters(hearth_bin, m, "cuda", {}, ["--cuda-exact"], mounts, concurrent=True)
     assert len(set(ref)) > 1  # the adapters change the answers

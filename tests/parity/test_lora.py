@@ -71,6 +71,17 @@ CASES = [
     ("qwen3_5-q4g64", "dora", 3, "all"),
     ("gemma4-f32", "lora", -1, ("self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj")),
     ("gemma4-bf16", "dora", -1, None),
+    # mlx-lm's default keys on the mixture-of-experts families and Gemma 4: the routers (mlp.gate,
+    # router.proj), the routed experts (LoRASwitchLinear's stacked pairs), the shared expert and
+    # its gate, and Gemma 4's per-layer input projections, on float and quantized bases
+    ("qwen3_moe-f32", "lora", -1, "all"),
+    ("qwen3_moe-q4g64", "lora", 2, "all"),
+    ("qwen3_5_moe-q4g64", "lora", -1, "all"),
+    ("gemma4_moe-f32", "lora", -1, "all"),
+    ("gemma4-q4g64", "lora", 3, "all"),
+    # DoRA on the dense ones (mlx-lm has none for the experts)
+    ("qwen3_5_moe-f32", "dora", -1, ("mlp.gate", "mlp.shared_expert.up_proj", "mlp.shared_expert_gate")),
+    ("gemma4-f32", "dora", -1, ("per_layer_input_gate", "per_layer_projection")),
 ]
 
 
@@ -203,6 +214,43 @@ def test_validation_errors_name_the_mismatch(tmp_path):
     assert "adapter_config.json" in run_err(llama, ad)
 
 
+def test_moe_and_per_layer_refusals(tmp_path):
+    """The new modules are refused by name where they cannot apply: DoRA on the routed experts
+    (a hand-made magnitude; mlx-lm refuses it too), expert pairs in PEFT's layout, a router
+    pair on a model without experts, a per-layer input pair on a Gemma 4 without per-layer
+    inputs, and an expert pair whose expert count is not the model's."""
+    import mlx.core as mx
+    moe = model_dir("qwen3_moe-f32")
+    ad = make_mlx_adapter(moe, tmp_path / "ad", keys=("mlp.switch_mlp.up_proj",))
+    w = mx.load(str(ad / "adapters.safetensors"))
+    # DoRA: magnitudes beside the expert pairs, config says dora
+    dora = dict(w)
+    for k in list(w):
+        if k.endswith(".lora_b"):
+            dora[k[:-len("lora_b")] + "m"] = mx.ones((w[k].shape[1],))
+    mx.save_safetensors(str(ad / "adapters.safetensors"), dora)
+    edit_config(ad, fine_tune_type="dora")
+    assert "DoRA on the routed experts is not supported" in run_err(moe, ad)
+    # eight experts in the model, four in the pairs
+    mx.save_safetensors(str(ad / "adapters.safetensors"), {k: v[:4] for k, v in w.items()})
+    edit_config(ad, fine_tune_type="lora")
+    assert "with the model's 8 experts" in run_err(moe, ad)
+    # PEFT's layout for the experts
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    mx.save_safetensors(str(peft / "adapter_model.safetensors"),
+                        {k.replace(".lora_a", ".lora_A.weight").replace(".lora_b", ".lora_B.weight"): v
+                         for k, v in w.items()})
+    (peft / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8,
+                                                          "target_modules": ["up_proj"]}))
+    assert "PEFT adapters on the routed experts are not supported" in run_err(moe, peft)
+    # a router pair on a dense model, per-layer input pairs on a Gemma 4 without them
+    r = make_mlx_adapter(moe, tmp_path / "router", keys=("mlp.gate",))
+    assert "adapts mlp.gate, which layer 0 of this model does not have" in run_err(model_dir("qwen3-f32"), r)
+    ple = make_mlx_adapter(model_dir("gemma4-f32"), tmp_path / "ple", keys=("per_layer_input_gate",))
+    assert "adapts per_layer_input_gate, which layer" in run_err(model_dir("gemma4_moe-f32"), ple)
+
+
 def safetensors_bytes(folder):
     """Every tensor of a folder's *.safetensors as (dtype, shape, raw bytes)."""
     import glob
@@ -215,13 +263,16 @@ def safetensors_bytes(folder):
 
 
 @pytest.mark.parametrize("name", ["llama-q4g64", "qwen3-q3g32", "gemma3-q8g32", "minicpm-q4g64", "llama-f32",
-                                  "qwen3-bf16", "qwen3_5-q4g64"])
+                                  "qwen3-bf16", "qwen3_5-q4g64", "qwen3_moe-q4g64", "qwen3_5_moe-f32", "gemma4_moe-q4g64",
+                                  "gemma4-f32"])
 def test_fuse_is_byte_identical_to_mlx_lm_fuse(tmp_path, name):
     """hearth fuse against mlx_lm.fuse with the same adapter: every tensor byte for byte
     (quantized bases dequantized, summed and re-quantized with their own bits and groups).
-    Qwen3.5 with mlx-lm's default keys: its Gated DeltaNet projections fuse too."""
+    Qwen3.5, the MoE families and Gemma 4 with mlx-lm's default keys: Gated DeltaNet
+    projections, routers, routed experts (per-expert pairs into the stacked weights), shared
+    experts and per-layer input projections fuse too."""
     model = model_dir(name)
-    kw = {"keys": None} if name.startswith("qwen3_5") else {}
+    kw = {"keys": None} if name.startswith(("qwen3_5", "qwen3_moe", "gemma4")) else {}
     ad = make_mlx_adapter(model, tmp_path / "ad", num_layers=2, **kw)
     py = os.path.join(REPO, ".venv", "bin", "python")
     p = subprocess.run([py, "-m", "mlx_lm", "fuse", "--model", model, "--adapter-path", str(ad), "--save-path",
@@ -237,8 +288,10 @@ def test_fuse_is_byte_identical_to_mlx_lm_fuse(tmp_path, name):
     # and the adapter changed what it covers (the fuse did something)
     base = safetensors_bytes(model)
     assert any(base[k] != ours[k] for k in ours if "q_proj" in k)
-    if kw:
+    if name.startswith("qwen3_5-"):
         assert any(base[k] != ours[k] for k in ours if "linear_attn.in_proj_qkv" in k)
+    if "moe" in name:
+        assert any(base[k] != ours[k] for k in ours if "switch_" in k)
 
 
 def test_fuse_refusals(tmp_path):

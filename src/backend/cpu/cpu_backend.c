@@ -316,11 +316,16 @@ static hearth_status moe_shared(const op_step *s, const op_moe *m) {
     int T = s->b->T, H = s->dims->hidden;
     const op_weight *gu[] = {m->shared_gate, m->shared_up};
     float *const gu_out[] = {c->gate, c->up};
+    int SF = s->dims->shared_ffn;
     hearth_status st = matmul_fused(s, 2, gu, gu_out, c->xn);
     if (!st) st = matmul(s, m->shared_router, c->xn, T, c->moe_logits);
     if (st) return st;
-    ops_silu_mul(c->gate, c->up, (size_t)T * s->dims->shared_ffn);
+    op_lora_apply(s->b, m->layer, OP_PROJ_SHARED_GATE, c->xn, H, c->gate, SF, c->tp);
+    op_lora_apply(s->b, m->layer, OP_PROJ_SHARED_UP, c->xn, H, c->up, SF, c->tp);
+    op_lora_apply(s->b, m->layer, OP_PROJ_SHARED_ROUTER, c->xn, H, c->moe_logits, 1, c->tp);
+    ops_silu_mul(c->gate, c->up, (size_t)T * SF);
     if ((st = matmul(s, m->shared_down, c->gate, T, c->moe_out))) return st;
+    op_lora_apply(s->b, m->layer, OP_PROJ_SHARED_DOWN, c->gate, SF, c->moe_out, H, c->tp);
     for (int t = 0; t < T; t++) {
         float g = 1.0f / (1.0f + expf(-c->moe_logits[t]));
         float *y = c->tmp + (size_t)t * H, *o = c->moe_out + (size_t)t * H;
@@ -358,9 +363,12 @@ static hearth_status moe_experts(const op_step *s, const op_moe *m, const float 
         if ((st = cpu_matmul_fused(2, gu, gu_out, c->moe_x, n, c->mm, c->mm_size, c->tp, s->b->batch_invariant,
                                    s->err)))
             return st;
+        op_lora_apply_expert(s->b, m->layer, OP_PROJ_EXP_GATE, e, c->moe_tok, n, c->moe_x, H, c->moe_gate, F, c->tp);
+        op_lora_apply_expert(s->b, m->layer, OP_PROJ_EXP_UP, e, c->moe_tok, n, c->moe_x, H, c->moe_up, F, c->tp);
         if (m->act == OP_ACT_SILU) ops_silu_mul(c->moe_gate, c->moe_up, (size_t)n * F);
         else ops_gelu_tanh_mul(c->moe_gate, c->moe_up, (size_t)n * F);
         if ((st = matmul(s, &dn, c->moe_gate, n, c->moe_out))) return st;
+        op_lora_apply_expert(s->b, m->layer, OP_PROJ_EXP_DOWN, e, c->moe_tok, n, c->moe_gate, F, c->moe_out, H, c->tp);
         for (int i = 0; i < n; i++) {
             float *y = out + (size_t)c->moe_tok[i] * H, *o = c->moe_out + (size_t)i * H, w = c->moe_tokw[i];
             for (int h = 0; h < H; h++) y[h] += o[h] * w;
@@ -428,9 +436,11 @@ static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
     cpu_backend *c = cb(s);
     const op_dims *d = s->dims;
     int T = s->b->T, H = d->hidden;
+    int E = d->n_experts;
     if (!m->router_norm) {
         hearth_status st = matmul(s, m->router, c->xn, T, c->moe_logits);
         if (st) return st;
+        op_lora_apply(s->b, m->layer, OP_PROJ_ROUTER, c->xn, H, c->moe_logits, E, c->tp);
         moe_route(c, s, m);
         return moe_experts(s, m, c->xn, c->tmp);
     }
@@ -438,6 +448,7 @@ static hearth_status cpu_moe(const op_step *s, const op_moe *m) {
     ops_rmsnorm(c->xn, c->x, m->router_norm, 0.0f, T, H, d->norm_eps);
     hearth_status st = matmul(s, m->router, c->xn, T, c->moe_logits);
     if (st) return st;
+    op_lora_apply(s->b, m->layer, OP_PROJ_ROUTER, c->xn, H, c->moe_logits, E, c->tp);
     moe_route(c, s, m);
     ops_rmsnorm(c->xn, c->x, m->in_norm, 0.0f, T, H, d->norm_eps);
     if ((st = moe_experts(s, m, c->xn, c->moe_acc))) return st;
@@ -486,9 +497,12 @@ static hearth_status cpu_per_layer_gate(const op_step *s, int layer, const op_pe
     int T = s->b->T, D = d->per_layer_dim;
     hearth_status st = matmul(s, g->gate, c->x, T, c->pl_tmp);
     if (st) return st;
+    op_lora_apply(s->b, layer, OP_PROJ_PLE_GATE, c->x, d->hidden, c->pl_tmp, D, c->tp);
     for (int t = 0; t < T; t++)
         ops_gelu_tanh_mul(c->pl_tmp + (size_t)t * D, c->pl_in + ((size_t)t * d->n_layers + layer) * D, (size_t)D);
-    return matmul(s, g->proj, c->pl_tmp, T, c->tmp);
+    if ((st = matmul(s, g->proj, c->pl_tmp, T, c->tmp))) return st;
+    op_lora_apply(s->b, layer, OP_PROJ_PLE_PROJ, c->pl_tmp, D, c->tmp, d->hidden, c->tp);
+    return HEARTH_OK;
 }
 
 static hearth_status cpu_softcap(const op_step *s, float cap) {

@@ -17,8 +17,9 @@ extern "C" {
 #define LORA_LANES 8
 #define LORA_RANKS_PER_PASS (LORA_THREADS / LORA_LANES)
 
-__global__ void __launch_bounds__(LORA_THREADS) lora_kernel(const cuda_lora *const *sets, const int32_t *n_set, int idx,
-                                                            const float *x, int64_t k, float *y, int64_t n) {
+__global__ void __launch_bounds__(LORA_THREADS)
+    lora_kernel(const cuda_lora *const *sets, const int32_t *n_set, int idx, int expert, const float *x, int64_t k,
+                float *y, int64_t n) {
     __shared__ float u[CUDA_LORA_MAX_RANK];
     __shared__ float part[LORA_THREADS];
     const int t = blockIdx.x, tid = threadIdx.x;
@@ -30,12 +31,13 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_kernel(const cuda_lora *con
         const cuda_lora *l = &sets[(size_t)t * CUDA_LORA_MAX_SET + i][idx];
         if (!l->a) continue; /* this adapter leaves the projection alone */
         const int rank = l->rank;
+        const float *A = l->a + (size_t)expert * rank * k, *B = l->b + (size_t)expert * rank * n;
         /* shrink: u[r] = A[r] . x, 32 ranks per pass (8 threads each) */
         for (int r0 = 0; r0 < rank; r0 += LORA_RANKS_PER_PASS) {
             int r = r0 + tid / LORA_LANES, lane = tid % LORA_LANES;
             float p = 0.0f;
             if (r < rank) {
-                const float *a = l->a + (size_t)r * k;
+                const float *a = A + (size_t)r * k;
                 for (int64_t j = lane; j < k8; j += LORA_LANES) p = __fadd_rn(p, __fmul_rn(a[j], xr[j]));
                 if (lane == 0)
                     for (int64_t j = k8; j < k; j++) p = __fadd_rn(p, __fmul_rn(a[j], xr[j]));
@@ -52,7 +54,7 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_kernel(const cuda_lora *con
         /* expand: B is stored transposed, [rank, n]: consecutive threads read consecutive outputs */
         for (int64_t j = tid; j < n; j += LORA_THREADS) {
             float acc = 0.0f;
-            for (int r = 0; r < rank; r++) acc = __fadd_rn(acc, __fmul_rn(l->b[(size_t)r * n + j], u[r]));
+            for (int r = 0; r < rank; r++) acc = __fadd_rn(acc, __fmul_rn(B[(size_t)r * n + j], u[r]));
             float v = __fadd_rn(yr[j], __fmul_rn(l->scale, acc));
             if (l->dora) v = __fmul_rn(v, l->dora[j]);
             yr[j] = v;
@@ -64,7 +66,7 @@ __global__ void __launch_bounds__(LORA_THREADS) lora_kernel(const cuda_lora *con
 /* Fast tier: the projections of one launch pair (up to CUDA_LORA_MAX_GROUP reading the same
  * x), by value. Expand blocks [first_block[g], first_block[g + 1]) cover projection g. */
 typedef struct lora_group {
-    int np;
+    int np, expert;
     int idx[CUDA_LORA_MAX_GROUP];
     float *y[CUDA_LORA_MAX_GROUP];
     int64_t n[CUDA_LORA_MAX_GROUP];
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(LORA_SHRINK_THREADS)
         if (!l->a) continue; /* this adapter leaves the projection alone */
         float *ur = lora_u(u, row, g, i);
         for (int r = blockIdx.x; r < l->rank; r += LORA_SHRINK_RANKS) {
-            const float *a = l->a + (size_t)r * k;
+            const float *a = l->a + ((size_t)grp.expert * l->rank + r) * k;
             float p = 0.0f;
             int64_t tail = 0; /* the first element the scalar loop takes */
             if ((((uintptr_t)a | (uintptr_t)xr) & 15) == 0) {
@@ -156,7 +158,8 @@ __global__ void __launch_bounds__(LORA_EXPAND_THREADS)
         if (!l->a) continue;
         const float *ur = lora_u(u, row, g, i);
         float acc = 0.0f;
-        for (int r = 0; r < l->rank; r++) acc += __ldg(l->b + (size_t)r * n + j) * ur[r];
+        const float *B = l->b + (size_t)grp.expert * l->rank * n;
+        for (int r = 0; r < l->rank; r++) acc += __ldg(B + (size_t)r * n + j) * ur[r];
         v += l->scale * acc;
         if (l->dora) v *= __ldg(l->dora + j);
         touched = 1;
@@ -165,13 +168,14 @@ __global__ void __launch_bounds__(LORA_EXPAND_THREADS)
 }
 
 extern "C" hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, const int32_t *n_set, int np,
-                                              const int *idx, float *const *ys, const int64_t *ns, const float *x,
-                                              int64_t k, int T, float *u, hearth_error *err) {
+                                              const int *idx, int expert, float *const *ys, const int64_t *ns,
+                                              const float *x, int64_t k, int T, float *u, hearth_error *err) {
     if (np < 1 || np > CUDA_LORA_MAX_GROUP)
         return err_set(err, HEARTH_ERR_INVALID, "cuda: %d projections in one adapter launch (1 to %d)", np,
                        CUDA_LORA_MAX_GROUP);
     lora_group grp = {};
     grp.np = np;
+    grp.expert = expert;
     for (int g = 0; g < np; g++) {
         grp.idx[g] = idx[g], grp.y[g] = ys[g], grp.n[g] = ns[g];
         grp.first_block[g + 1] = grp.first_block[g] + (int)((ns[g] + LORA_EXPAND_THREADS - 1) / LORA_EXPAND_THREADS);
@@ -193,9 +197,29 @@ extern "C" hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, cons
     return HEARTH_OK;
 }
 
-extern "C" hearth_status cuda_lora_apply(const cuda_lora *const *sets, const int32_t *n_set, int idx, const float *x,
-                                         int64_t k, float *y, int64_t n, int T, hearth_error *err) {
+extern "C" hearth_status cuda_lora_apply(const cuda_lora *const *sets, const int32_t *n_set, int idx, int expert,
+                                         const float *x, int64_t k, float *y, int64_t n, int T, hearth_error *err) {
     if (T <= 0 || n <= 0) return HEARTH_OK;
-    lora_kernel<<<dim3((unsigned)T), dim3(LORA_THREADS), 0, cuda_stream()>>>(sets, n_set, idx, x, k, y, n);
+    lora_kernel<<<dim3((unsigned)T), dim3(LORA_THREADS), 0, cuda_stream()>>>(sets, n_set, idx, expert, x, k, y, n);
     return cuda_launched("lora", err);
+}
+
+/* thread (i, slot j): row i's j-th table pointer, and its count from slot 0 */
+__global__ void lora_gather_kernel(const cuda_lora *const *sets, const int32_t *n_set, const int32_t *rows, int n,
+                                   const cuda_lora **out_sets, int32_t *out_n) {
+    int i = blockIdx.x * blockDim.x / CUDA_LORA_MAX_SET + threadIdx.x / CUDA_LORA_MAX_SET,
+        j = threadIdx.x % CUDA_LORA_MAX_SET;
+    if (i >= n) return;
+    int t = rows[i];
+    out_sets[(size_t)i * CUDA_LORA_MAX_SET + j] = sets[(size_t)t * CUDA_LORA_MAX_SET + j];
+    if (j == 0) out_n[i] = n_set[t];
+}
+
+extern "C" hearth_status cuda_lora_gather_sets(const cuda_lora *const *sets, const int32_t *n_set, const int32_t *rows,
+                                               int n, const cuda_lora **out_sets, int32_t *out_n, hearth_error *err) {
+    if (n <= 0) return HEARTH_OK;
+    const int threads = 32 * CUDA_LORA_MAX_SET; /* 32 rows a block */
+    lora_gather_kernel<<<dim3((unsigned)((n + 31) / 32)), dim3(threads), 0, cuda_stream()>>>(sets, n_set, rows, n,
+                                                                                             out_sets, out_n);
+    return cuda_launched("lora gather", err);
 }

@@ -22,8 +22,8 @@ typedef struct cuda_lora {
  * CPU's arithmetic (ops.c lora_row: eight partial sums per row of A combined pairwise, the
  * expansion summed over the rank in order, one rounding per product and sum): the same
  * bits. Rows with n_set[t] == 0 are not touched. sets and n_set on the device. */
-hearth_status cuda_lora_apply(const cuda_lora *const *sets, const int32_t *n_set, int idx, const float *x, int64_t k,
-                              float *y, int64_t n, int T, hearth_error *err);
+hearth_status cuda_lora_apply(const cuda_lora *const *sets, const int32_t *n_set, int idx, int expert, const float *x,
+                              int64_t k, float *y, int64_t n, int T, hearth_error *err);
 /* The serving tier's kernels (every step outside --cuda-exact): the same update of np
  * projections that read the same input x [T, k] (q, k and v; gate and up; np <=
  * CUDA_LORA_MAX_GROUP), table entries idx[g], outputs ys[g] [T, ns[g]], in two launches per
@@ -39,6 +39,12 @@ hearth_status cuda_lora_apply(const cuda_lora *const *sets, const int32_t *n_set
     ((size_t)((max_tokens) < CUDA_LORA_FAST_ROWS ? (max_tokens) : CUDA_LORA_FAST_ROWS) * CUDA_LORA_MAX_GROUP *         \
      CUDA_LORA_MAX_SET * CUDA_LORA_MAX_RANK)
 hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, const int32_t *n_set, int np, const int *idx,
-                                   float *const *ys, const int64_t *ns, const float *x, int64_t k, int T, float *u,
-                                   hearth_error *err);
+                                   int expert, float *const *ys, const int64_t *ns, const float *x, int64_t k, int T,
+                                   float *u, hearth_error *err);
+/* expert (both tiers): the pairs of table entry idx are stacked per expert (op_lora.experts):
+ * expert e's A at a + e rank k and B at b + e rank n (0 for every other entry). */
+/* The row tables of rows[i] (device, n of them) into out_sets / out_n: a mixture-of-experts
+ * layer's rows gathered for one expert then take their own tokens' adapters. */
+hearth_status cuda_lora_gather_sets(const cuda_lora *const *sets, const int32_t *n_set, const int32_t *rows, int n,
+                                    const cuda_lora **out_sets, int32_t *out_n, hearth_error *err);
 #endif

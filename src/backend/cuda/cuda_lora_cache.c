@@ -34,6 +34,9 @@ struct cuda_lora_cache {
     const cuda_lora **sets;      /* device copies of the two */
     int32_t *n_set;
     float *u; /* device: the fast tier's rank values, CUDA_LORA_FAST_FLOATS(max_tokens) */
+    /* device: the row tables of one expert's gathered rows (cuda_lora_cache_apply_rows) */
+    const cuda_lora **g_sets;
+    int32_t *g_n;
 };
 
 hearth_status cuda_lora_cache_create(int n_layers, int max_tokens, cuda_lora_cache **out, hearth_error *err) {
@@ -53,7 +56,9 @@ hearth_status cuda_lora_cache_create(int n_layers, int max_tokens, cuda_lora_cac
     c->max_tokens = max_tokens;
     hearth_status st = cuda_alloc((void **)&c->sets, z.sets, "adapter row tables", err);
     if (!st) st = cuda_alloc((void **)&c->n_set, z.counts, "adapter row counts", err);
-    if (!st) st = cuda_alloc((void **)&c->u, z.fast, "adapter rank values", err);
+    if (!st) st = cuda_alloc((void **)&c->u, z.fast - z.sets - z.counts, "adapter rank values", err);
+    if (!st) st = cuda_alloc((void **)&c->g_sets, z.sets, "adapter rows of an expert", err);
+    if (!st) st = cuda_alloc((void **)&c->g_n, z.counts, "adapter row counts of an expert", err);
     if (st) {
         cuda_lora_cache_free(c);
         return st;
@@ -76,6 +81,8 @@ void cuda_lora_cache_free(cuda_lora_cache *c) {
     cuda_free(c->sets);
     cuda_free(c->n_set);
     cuda_free(c->u);
+    cuda_free(c->g_sets);
+    cuda_free(c->g_n);
     free(c);
 }
 
@@ -186,12 +193,28 @@ hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, 
                        (int)p + np - 1);
     int idx[CUDA_LORA_MAX_GROUP];
     for (int g = 0; g < np; g++) idx[g] = layer * OP_N_PROJ + (int)p + g;
-    if (!exact) return cuda_lora_apply_fast(c->sets, c->n_set, np, idx, ys, ns, x, k, T, c->u, err);
+    if (!exact) return cuda_lora_apply_fast(c->sets, c->n_set, np, idx, 0, ys, ns, x, k, T, c->u, err);
     for (int g = 0; g < np; g++) {
-        hearth_status st = cuda_lora_apply(c->sets, c->n_set, idx[g], x, k, ys[g], ns[g], T, err);
+        hearth_status st = cuda_lora_apply(c->sets, c->n_set, idx[g], 0, x, k, ys[g], ns[g], T, err);
         if (st) return st;
     }
     return HEARTH_OK;
+}
+
+hearth_status cuda_lora_cache_apply_rows(const cuda_lora_cache *c, const int32_t *rows, int n, int layer, op_proj p,
+                                         int expert, const float *x, int64_t k, float *y, int64_t n_out, int exact,
+                                         hearth_error *err) {
+    if (layer < 0 || layer >= c->n_layers || (int)p < 0 || (int)p >= OP_N_PROJ || n > c->max_tokens || expert < 0)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: adapter update of layer %d, projection %d, %d rows, expert %d",
+                       layer, (int)p, n, expert);
+    if (n <= 0) return HEARTH_OK;
+    hearth_status st = cuda_lora_gather_sets(c->sets, c->n_set, rows, n, c->g_sets, c->g_n, err);
+    int idx = layer * OP_N_PROJ + (int)p;
+    if (!st && !exact)
+        st = cuda_lora_apply_fast(c->g_sets, c->g_n, 1, &idx, expert, &y, &n_out, x, k, n, c->u, err);
+    else if (!st)
+        st = cuda_lora_apply(c->g_sets, c->g_n, idx, expert, x, k, y, n_out, n, err);
+    return st;
 }
 
 void cuda_lora_cache_forget(cuda_lora_cache *c, uint64_t key) {

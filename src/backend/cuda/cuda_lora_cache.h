@@ -41,6 +41,12 @@ hearth_status cuda_lora_cache_step(cuda_lora_cache *c, const op_batch *b, hearth
  * Launches only (no host wait, no allocation): graphs can hold it. */
 hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, op_proj p, int np, const float *x,
                                     int64_t k, float *const *ys, const int64_t *ns, int exact, hearth_error *err);
+/* y[i] += the updates of expert `expert`'s pairs of projection p (OP_PROJ_EXP_*) of layer
+ * `layer` for rows gathered for that expert: row i of x [n, k] / y [n, n_out] belongs to
+ * step row rows[i] (device), whose adapters apply. Launches only. */
+hearth_status cuda_lora_cache_apply_rows(const cuda_lora_cache *c, const int32_t *rows, int n, int layer, op_proj p,
+                                         int expert, const float *x, int64_t k, float *y, int64_t n_out, int exact,
+                                         hearth_error *err);
 /* Drops the device copy of the adapter of this key, if there is one (after the stream's
  * work that may still read it). */
 void cuda_lora_cache_forget(cuda_lora_cache *c, uint64_t key);

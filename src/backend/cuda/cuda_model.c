@@ -456,6 +456,14 @@ static hearth_status cu_mlp(const op_step *s, const op_mlp *m) {
  * backend's order: one rounding for each product and each sum). */
 static hearth_status moe_shared(cuda_model *cm, const op_step *s, const op_moe *m, const float *x, float *out);
 
+/* The routed experts' adapter pairs (op_lora.experts) on expert e's gathered rows (rows: their step rows, on the
+ * device). */
+static hearth_status lora_expert(cuda_model *cm, const op_step *s, int layer, op_proj p, int e, const int32_t *rows,
+                                 int n, const float *x, int64_t k, float *y, int64_t n_out) {
+    if (!cm->lora_step || !op_batch_adapts(s->b, layer, p)) return HEARTH_OK;
+    return cuda_lora_cache_apply_rows(cm->lora, rows, n, layer, p, e, x, k, y, n_out, cm->plan.gemm_exact, s->err);
+}
+
 static hearth_status moe_experts(cuda_model *cm, const op_step *s, const op_moe *m, const float *x, float *out) {
     const op_dims *d = s->dims;
     hearth_error *err = s->err;
@@ -495,9 +503,12 @@ static hearth_status moe_experts(cuda_model *cm, const op_step *s, const op_moe 
         TRY(cuda_gather_rows(cm->moe_x, x, rows, n, H, err));
         TRY(matmul(cm, ge, cm->moe_x, n, cm->moe_gate, err));
         TRY(matmul(cm, ue, cm->moe_x, n, cm->moe_up, err));
+        TRY(lora_expert(cm, s, m->layer, OP_PROJ_EXP_GATE, e, rows, n, cm->moe_x, H, cm->moe_gate, F));
+        TRY(lora_expert(cm, s, m->layer, OP_PROJ_EXP_UP, e, rows, n, cm->moe_x, H, cm->moe_up, F));
         TRY(m->act == OP_ACT_SILU ? cuda_silu_mul(cm->moe_gate, cm->moe_up, (size_t)n * F, err)
                                   : cuda_gelu_tanh_mul(cm->moe_gate, cm->moe_up, (size_t)n * F, err));
         TRY(matmul(cm, de, cm->moe_gate, n, cm->moe_out, err));
+        TRY(lora_expert(cm, s, m->layer, OP_PROJ_EXP_DOWN, e, rows, n, cm->moe_gate, F, cm->moe_out, H));
         TRY(cuda_scatter_add_rows(out, cm->moe_out, rows, cm->moe_w + start[e], n, H, err));
     }
     return moe_shared(cm, s, m, x, out);
@@ -517,8 +528,13 @@ static hearth_status moe_shared(cuda_model *cm, const op_step *s, const op_moe *
     TRY(matmul(cm, sg, x, T, cm->moe_gate, err));
     TRY(matmul(cm, su, x, T, cm->moe_up, err));
     TRY(matmul(cm, sr, x, T, cm->moe_logits, err));
+    float *ys[2] = {cm->moe_gate, cm->moe_up};
+    int64_t ns[2] = {d->shared_ffn, d->shared_ffn};
+    TRY(lora_group(s, m->layer, OP_PROJ_SHARED_GATE, 2, x, H, ys, ns));
+    TRY(lora(s, m->layer, OP_PROJ_SHARED_ROUTER, x, H, cm->moe_logits, 1));
     TRY(cuda_silu_mul(cm->moe_gate, cm->moe_up, n, err));
     TRY(matmul(cm, sd, cm->moe_gate, T, cm->moe_out, err));
+    TRY(lora(s, m->layer, OP_PROJ_SHARED_DOWN, cm->moe_gate, d->shared_ffn, cm->moe_out, H));
     return cuda_add_sigmoid_scaled(out, cm->moe_out, cm->moe_logits, T, H, err);
 }
 
@@ -532,6 +548,7 @@ static hearth_status moe_route(cuda_model *cm, const op_step *s, const op_moe *m
     if (!router || E <= 0 || K <= 0 || K > E)
         return err_set(s->err, HEARTH_ERR_INVALID, "cuda: a mixture-of-experts layer without its router");
     TRY(matmul(cm, router, x, T, cm->moe_logits, s->err));
+    TRY(lora(s, m->layer, OP_PROJ_ROUTER, x, d->hidden, cm->moe_logits, E));
     TRY(cuda_download_async(cm->host_moe_logits, cm->moe_logits, (size_t)T * E * sizeof(float), s->err));
     TRY(cuda_stream_sync(s->err));
     for (int t = 0; t < T; t++)
@@ -571,6 +588,7 @@ static hearth_status moe_device(cuda_model *cm, const op_step *s, const op_moe *
     if (!router || !g || (m->up && !u) || !dn)
         return err_set(err, HEARTH_ERR_INVALID, "cuda: a mixture-of-experts layer without its device weights");
     TRY(matmul(cm, router, cm->xn, T, cm->moe_logits, err));
+    TRY(lora(s, m->layer, OP_PROJ_ROUTER, cm->xn, d->hidden, cm->moe_logits, E));
     TRY(cuda_moe_route(cm->moe_logits, T, E, K, m->router_norm != NULL, m->norm_topk,
                        m->router_norm ? dv(cm, m->expert_scale) : NULL, cm->moe_rows, cm->moe_w, err));
     if (m->router_norm) TRY(cuda_rmsnorm(cm->xn, cm->x, dv(cm, m->in_norm), 0.0f, T, d->hidden, d->norm_eps, err));
@@ -613,6 +631,7 @@ static hearth_status moe_grouped(cuda_model *cm, const op_step *s, const op_moe 
     int Tc = (int)(cm->plan.moe_group_pairs / (size_t)K), smax = Tc * K / TOK + E;
     if (Tc <= 0) return err_set(err, HEARTH_ERR_INVALID, "cuda: no room for the grouped experts");
     TRY(matmul(cm, router, cm->xn, T, cm->moe_logits, err));
+    TRY(lora(s, m->layer, OP_PROJ_ROUTER, cm->xn, d->hidden, cm->moe_logits, E));
     TRY(cuda_moe_route(cm->moe_logits, T, E, K, m->router_norm != NULL, m->norm_topk,
                        m->router_norm ? dv(cm, m->expert_scale) : NULL, cm->moe_rows, cm->moe_w, err));
     if (m->router_norm) TRY(cuda_rmsnorm(cm->xn, cm->x, dv(cm, m->in_norm), 0.0f, T, H, d->norm_eps, err));
@@ -647,8 +666,12 @@ static hearth_status cu_moe(const op_step *s, const op_moe *m) {
     cuda_model *cm = cmod(s);
     const op_dims *d = s->dims;
     int T = s->b->T, H = d->hidden;
-    int on_device = cm->moe_dev && T <= GRAPH_MAX_T && !cm->invariant;
-    int grouped = cm->moe_grouped && g_moe_grouped && T > GRAPH_MAX_T && !cm->invariant;
+    /* adapters on the routed experts: the host-routed form, whose per-expert rows they update */
+    int exp_lora = cm->lora_step && (op_batch_adapts(s->b, m->layer, OP_PROJ_EXP_GATE) ||
+                                     op_batch_adapts(s->b, m->layer, OP_PROJ_EXP_UP) ||
+                                     op_batch_adapts(s->b, m->layer, OP_PROJ_EXP_DOWN));
+    int on_device = cm->moe_dev && T <= GRAPH_MAX_T && !cm->invariant && !exp_lora;
+    int grouped = cm->moe_grouped && g_moe_grouped && T > GRAPH_MAX_T && !cm->invariant && !exp_lora;
     cm->q8_ready = 0;
     if (!m->router_norm) {
         if (on_device) return moe_device(cm, s, m, cm->tmp);
@@ -750,14 +773,16 @@ static hearth_status cu_per_layer_gate(const op_step *s, int layer, const op_per
     if (cm->q8_ready == 2 && q8_fusable(cm, &gate, 1, T)) TRY(q8_matmul(cm, &gate, &cm->pl_tmp, 1, T, s->err));
     else TRY(matmul(cm, gate, cm->x, T, cm->pl_tmp, s->err));
     cm->q8_ready = 0;
+    TRY(lora(s, layer, OP_PROJ_PLE_GATE, cm->x, d->hidden, cm->pl_tmp, D));
     const float *in = cm->pl_in + (size_t)layer * D;
     size_t stride = (size_t)d->n_layers * D;
-    if (q8_fusable(cm, &proj, 1, T)) { /* the product writes proj's int8 input itself */
+    if (!cm->lora_step && q8_fusable(cm, &proj, 1, T)) { /* the product writes proj's int8 input itself */
         TRY(cuda_gelu_tanh_mul_rows_q8(cm->pl_tmp, in, T, D, stride, cm->xq, cm->xs, s->err));
         return q8_matmul(cm, &proj, &cm->tmp, 1, T, s->err);
     }
     TRY(cuda_gelu_tanh_mul_rows(cm->pl_tmp, in, T, D, stride, s->err));
-    return matmul(cm, proj, cm->pl_tmp, T, cm->tmp, s->err);
+    TRY(matmul(cm, proj, cm->pl_tmp, T, cm->tmp, s->err));
+    return lora(s, layer, OP_PROJ_PLE_PROJ, cm->pl_tmp, D, cm->tmp, d->hidden);
 }
 
 /* The hidden-row buffers (hid_dev, host_hid, mtp_cat), made at the first step that needs them
@@ -885,6 +910,14 @@ static hearth_status run_layers(cuda_model *cm, const op_step *s) {
     return cm->layers(s, cm->layers_ctx);
 }
 
+/* Whether any row's adapters update routed experts (cu_moe then routes on the host). */
+static int expert_adapters(const op_batch *b, const op_dims *d) {
+    for (int l = 0; l < d->n_layers; l++)
+        for (int p = OP_PROJ_EXP_GATE; p <= OP_PROJ_EXP_DOWN; p++)
+            if (op_batch_adapts(b, l, (op_proj)p)) return 1;
+    return 0;
+}
+
 /* A decode step through its graph: captured on the first step of this (T, n_out), then
  * replayed. A capture that fails turns graphs off for this model (eager steps give the
  * same results), with one line on stderr saying why. */
@@ -961,7 +994,7 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
     int pl_ready = !dims->per_layer_dim || cm->pl_known;
     /* T <= GRAPH_MAX_T runs the same kernels either way, so decode graphs are shared */
     /* a batch-invariant step of a mixture of experts routes on the host (cu_moe): eager */
-    int host_sync = dims->n_experts > 0 && cm->invariant;
+    int host_sync = dims->n_experts > 0 && (cm->invariant || (cm->lora_step && expert_adapters(b, dims)));
     if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && pl_ready && out != OP_OUT_HIDDEN && !host_sync && !hid)
         TRY(run_graph(cm, &s));
     else

@@ -461,7 +461,8 @@ void cuda_lora_cache_sizes_make(int max_tokens, cuda_lora_cache_sizes *z) {
     size_t T = max_tokens > 0 ? (size_t)max_tokens : 0;
     z->sets = T * CUDA_LORA_MAX_SET * sizeof(void *);
     z->counts = T * sizeof(int32_t);
-    z->fast = CUDA_LORA_FAST_FLOATS(T) * sizeof(float);
+    /* the fast tier's rank values, and one expert's gathered row tables (sets and counts again) */
+    z->fast = CUDA_LORA_FAST_FLOATS(T) * sizeof(float) + z->sets + z->counts;
 }
 
 double cuda_plan_decode_bytes(const cuda_plan *p, const op_model *om, int context) {

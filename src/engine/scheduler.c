@@ -199,6 +199,12 @@ hearth_status hearth_batch_prompt_cache(hearth_batch *b, const char *dir, long l
     return prompt_cache_open(b->e, dir, max_bytes, &b->disk, report ? report : &local, err);
 }
 
+/* A request's MTP head sequence closed (none open: nothing); the head starts over. */
+static void mtp_drop(hearth_batch *b, sched_req *q) {
+    if (q->mseq >= 0) hearth_seq_close(engine_mtp(b->e), q->mseq);
+    q->mseq = -1, q->mtp_at = -1, q->hrow = -1;
+}
+
 /* Ends a request: its slot and KV blocks go back at once, then the caller hears of it
  * (after which it may free what the request pointed to). */
 /* Closes q's slot, keeping the KV it computed findable: its full blocks are named
@@ -208,8 +214,7 @@ static void close_slot(hearth_batch *b, sched_req *q) {
     hearth_seq_close(b->e, q->seq);
     if (q->dseq >= 0) hearth_seq_close(engine_draft(b->e), q->dseq);
     q->dseq = -1, q->dlen = 0, q->drec = -1;
-    if (q->mseq >= 0) hearth_seq_close(engine_mtp(b->e), q->mseq);
-    q->mseq = -1, q->mtp_at = -1, q->hrow = -1;
+    mtp_drop(b, q);
 }
 
 static void req_done(hearth_batch *b, sched_req *q, hearth_status st, const hearth_error *err) {
@@ -659,6 +664,22 @@ static void replay(hearth_batch *b, const hearth_spec_replay *rp, sched_req *q, 
  * greedy pick of the row before. A request whose draft KV cannot grow proposes nothing.
  * Returns the proposed tokens given back (budgets not used). Uses b->tok/pos/slot/out_rows
  * before the step packs them. */
+/* A draft model's or MTP head's proposals for rows [0, n): a benchmark's known acceptance
+ * applied (hearth_spec_replay), then each row's proposals reserved in the target's KV as
+ * lookup's are (a row that gets no room proposes nothing). Returns the tokens dropped. */
+static int proposals_reserve(hearth_batch *b, int n) {
+    const hearth_spec_replay *rp = engine_spec_replay(b->e);
+    int unused = 0;
+    hearth_error err = {0};
+    for (int r = 0; rp && r < n; r++) replay(b, rp, b->row_req[r], hearth_model_vocab_rows(b->e));
+    for (int r = 0; r < n; r++) {
+        sched_req *q = b->row_req[r];
+        if (q->n_draft && kv_reserve(engine_kv(b->e), q->seq, q->len + 1 + q->n_draft, &err))
+            unused += q->n_draft, q->n_draft = 0;
+    }
+    return unused;
+}
+
 static int draft_propose(hearth_batch *b, hearth_engine *d, int n) {
     kv_cache *dkv = engine_kv(d);
     int budget = engine_step_tokens(d), unused = 0;
@@ -722,14 +743,8 @@ static int draft_propose(hearth_batch *b, hearth_engine *d, int n) {
             if (q->n_draft > j) q->draft[j] = ids[o++];
         }
     }
-    const hearth_spec_replay *rp = engine_spec_replay(b->e);
-    for (int r = 0; rp && r < n; r++) replay(b, rp, b->row_req[r], hearth_model_vocab_rows(b->e));
-    for (int r = 0; r < n; r++) /* proposals into the target's KV: reserved as lookup's are */
-        if (b->row_req[r]->n_draft && kv_reserve(engine_kv(b->e), b->row_req[r]->seq,
-                                                 b->row_req[r]->len + 1 + b->row_req[r]->n_draft, &err))
-            unused += b->row_req[r]->n_draft, b->row_req[r]->n_draft = 0;
     free(ids);
-    return unused;
+    return unused + proposals_reserve(b, n);
 fail: /* a failing draft step: no proposals this step, the draft starts over for these requests */
     for (int r = 0; r < n; r++) {
         sched_req *q = b->row_req[r];
@@ -750,10 +765,6 @@ fail: /* a failing draft step: no proposals this step, the draft starts over for
  * head's positions count from the request's first computed row (a prefix taken from the
  * cache has no hidden rows; RoPE is relative): head position = i - mstart. What the chain
  * wrote past len is written again by the next catch-up. */
-static void mtp_drop(hearth_batch *b, sched_req *q) {
-    if (q->mseq >= 0) hearth_seq_close(engine_mtp(b->e), q->mseq);
-    q->mseq = -1, q->mtp_at = -1, q->hrow = -1;
-}
 
 /* The head's step over T pairs of b->tok/pos/slot and b->mhin; n_out rows b->out_rows come
  * back as greedy ids (ids) and hidden rows (b->mhout, every row). */
@@ -859,13 +870,7 @@ static int mtp_chain(hearth_batch *b, hearth_engine *d, int n) {
             q->mo = -1;
         }
     }
-    const hearth_spec_replay *rp = engine_spec_replay(b->e); /* a benchmark's known acceptance */
-    for (int r = 0; rp && r < n; r++) replay(b, rp, b->row_req[r], hearth_model_vocab_rows(b->e));
-    for (int r = 0; r < n; r++) /* proposals into the target's KV: reserved as lookup's are */
-        if (b->row_req[r]->n_draft &&
-            kv_reserve(engine_kv(b->e), b->row_req[r]->seq, b->row_req[r]->len + 1 + b->row_req[r]->n_draft, &err))
-            unused += b->row_req[r]->n_draft, b->row_req[r]->n_draft = 0;
-    return unused;
+    return unused + proposals_reserve(b, n);
 }
 
 /* Proposes tokens for decoding requests (the draft model's num_draft_tokens when the

@@ -427,10 +427,9 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
         if (y->has_lora) {
             t->part = PART_ADAPTER;
             for (int p = 0; p < N_P; p++) {
-                /* Gemma 4's per-layer input gate and projection stay frozen (mlx-lm's default
-                 * adapts them too: its config's lora_parameters.keys can say otherwise), so the
-                 * adapter is one hearth serves */
-                if (!y->w[p] || p == P_PLG || p == P_PLP) continue;
+                /* every projection the layer has, Gemma 4's per-layer input gate and projection
+                 * included: mlx_lm.lora's default keys on these families */
+                if (!y->w[p]) continue;
                 tr_lora *lo = &y->lora[p];
                 int64_t K = y->k[p], N = y->n[p];
                 *lo = (tr_lora){.r = t->r, .scale = t->scale, .a = falloc(t, (size_t)(K * t->r)),

@@ -12,6 +12,17 @@ PROJS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.
          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
+PLE = ("per_layer_input_gate", "per_layer_projection")
+
+
+def train_keys(model_dir):
+    """What hearth train adapts (mlx_lm.lora's default keys on the dense families): PROJS, and
+    Gemma 4's per-layer input gate and projection where the model has per-layer inputs."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    return PROJS + PLE if cfg.get("hidden_size_per_layer_input") else PROJS
+
+
 def _to_float32(model):
     import mlx.core as mx
     from mlx.utils import tree_map

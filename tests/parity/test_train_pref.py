@@ -41,7 +41,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lora_helpers import PROJS, _to_float32  # noqa: E402
+from lora_helpers import PROJS, _to_float32, train_keys  # noqa: E402
 from test_train import BIN, hearth_train, make_init_adapter, model_dir, sentence  # noqa: E402
 
 RTOL = 1e-4
@@ -107,7 +107,8 @@ def oracle(model_path, data, init, method, iters, bs, lr, num_layers, rank, scal
     _to_float32(model)
     model.freeze()
     linear_to_lora_layers(model, len(model.layers) if num_layers < 0 else num_layers,
-                          {"rank": rank, "scale": scale, "dropout": 0.0, "keys": list(PROJS)})  # hearth's projections
+                          {"rank": rank, "scale": scale, "dropout": 0.0,
+                           "keys": list(train_keys(model_path))})  # hearth's projections
     model.load_weights(init, strict=False)
     ref, _ = load(model_path)  # the frozen base: the same weights without the adapter
     _to_float32(ref)

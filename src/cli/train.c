@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *train_usage =
     "hearth train <model> --data <dir> [--method sft|dpo|orpo] [--iters N] [--batch-size N]\n"
@@ -251,9 +252,18 @@ int cli_train(int argc, char **argv) {
         rc = cli_usage_error(train_usage, "%s", "need --data <dir> (a folder with train.jsonl)");
     hearth_error err = {0};
     if (!rc && hearth_train(model, &o, &err)) rc = cli_fail(&err);
-    if (!rc)
-        fprintf(stderr, "hearth train: wrote %s/adapters.safetensors (MLX) and %s/peft/ (PEFT)\n", o.adapter_path,
-                o.adapter_path);
+    if (!rc) {
+        char peft[4096];
+        snprintf(peft, sizeof peft, "%s/peft/adapter_model.safetensors", o.adapter_path);
+        if (access(peft, F_OK) == 0)
+            fprintf(stderr, "hearth train: wrote %s/adapters.safetensors (MLX) and %s/peft/ (PEFT)\n", o.adapter_path,
+                    o.adapter_path);
+        else /* a mixture of experts' router, experts or shared expert adapted: no PEFT layout for those */
+            fprintf(stderr,
+                    "hearth train: wrote %s/adapters.safetensors (MLX; no PEFT copy: PEFT has no layout for the "
+                    "routed experts' pairs)\n",
+                    o.adapter_path);
+    }
     json_decref(cfg);
     return rc;
 }

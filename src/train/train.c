@@ -24,14 +24,32 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The trained projections: attention's and the MLP's, and Gemma 4's per-layer input gate
- * and projection. A layer without one (Gemma 4's shared-KV layers have no k and v, its
- * full layers with values = keys no v, the other families no per-layer ones) has w NULL. */
-enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, P_PLG, P_PLP, N_P };
+/* The trained projections: attention's and the MLP's, Gemma 4's per-layer input gate and
+ * projection, and a mixture-of-experts layer's router, shared expert (Qwen3.5-MoE: gate, up,
+ * down and its one-row gate) and routed experts (one pair per expert: ne[p] of them, each
+ * expert's A [k, r] and B [r, n] one after the other), as mlx_lm.lora's default keys adapt
+ * them. A layer without one (Gemma 4's shared-KV layers have no k and v, its full layers
+ * with values = keys no v, the other families no per-layer ones) has n 0. */
+enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, P_PLG, P_PLP, P_RT, P_SG, P_SU, P_SD, P_SR, P_EG, P_EU, P_ED, N_P };
 #define GDN_CK 16 /* Gated DeltaNet: tokens between the states the backward starts again from */
-static const char *const proj_name[N_P] = {"self_attn.q_proj", "self_attn.k_proj",     "self_attn.v_proj",
-                                           "self_attn.o_proj", "mlp.gate_proj",        "mlp.up_proj",
-                                           "mlp.down_proj",    "per_layer_input_gate", "per_layer_projection"};
+static const char *const proj_name[N_P] = {"self_attn.q_proj",
+                                           "self_attn.k_proj",
+                                           "self_attn.v_proj",
+                                           "self_attn.o_proj",
+                                           "mlp.gate_proj",
+                                           "mlp.up_proj",
+                                           "mlp.down_proj",
+                                           "per_layer_input_gate",
+                                           "per_layer_projection",
+                                           "mlp.gate",
+                                           "mlp.shared_expert.gate_proj",
+                                           "mlp.shared_expert.up_proj",
+                                           "mlp.shared_expert.down_proj",
+                                           "mlp.shared_expert_gate",
+                                           "mlp.switch_mlp.gate_proj",
+                                           "mlp.switch_mlp.up_proj",
+                                           "mlp.switch_mlp.down_proj"};
+static int is_expert(int p) { return p >= P_EG; }
 
 /* One layer's activations for a sequence of up to T tokens, kept for the backward. */
 typedef struct acts {
@@ -45,6 +63,7 @@ typedef struct acts {
      * experts and weights [T, K], and per (token, pick) the expert's gate, up, gated product
      * [T * K, Fm] and output [T * K, D] */
     float *mprob, *mw, *mg, *mu, *mh, *mo;
+    float *xe[3]; /* the routed experts' LoRA: scale * x A of each (token, pick) for gate, up, down [T * K, r] */
     float *shg, *shu, *sho, *shz; /* Qwen3.5-MoE's shared expert: its gate, up, output, gate logit */
     float *rx, *rstd_r, *h2b, *rstd_b, *rd1, *rstd_p1, *eo, *rstd_p2; /* Gemma 4's experts: router input, experts'
                                                                          input, MLP and experts outputs, 1 / rms */
@@ -81,7 +100,7 @@ typedef struct tlayer {
     /* Gemma 4's experts beside the MLP: the router's norm weight (its scale / sqrt(hidden)), the
      * per-expert scales, and the norms after the MLP, before and after the experts */
     const float *router_w, *expert_scale, *post_ffn_norm_1, *ffn_norm_2, *post_ffn_norm_2;
-    int64_t n[N_P], k[N_P];
+    int64_t n[N_P], k[N_P], ne[N_P]; /* ne: the routed experts' count (their pairs), else 1 */
     tr_lora lora[N_P];
     int has_lora;
     acts s, s2;      /* s2: the second sequence of a preference pair (dpo, orpo) */
@@ -110,6 +129,7 @@ typedef struct trainer {
     float *g4b, *g4c, *g4x, *g4r; /* Gemma 4's experts backward: the MLP's and experts' outputs' gradients, the
                                      experts' and router's inputs' */
     float *mx, *mdx, *mga, *mua, *mdh, *mdg, *mdu, *mdo, *mdl; /* its scratch: gathered rows and gradients */
+    float *mxa, *mhx, *sdx; /* the experts' LoRA: gathered x A rows, gathered gated products; the shared one's */
     float *ewg, *ewu, *ewd; /* one expert's gate, up [Fm, D] and down [D, Fm] in float32 */
     int eq;                 /* some experts are not float32 (ewg, ewu, ewd are made then) */
     int32_t *mrow;                                             /* the (token, pick) slots of one expert */
@@ -139,6 +159,7 @@ typedef struct trainer {
     size_t n_params, max_tensor; /* max_tensor: the largest LoRA tensor's floats */
     float *opt_work;             /* Muon, Adafactor: one tensor's scratch (muon_tensor, adafactor_tensor) */
     int dora;                    /* --fine-tune-type dora: each pair has a magnitude m (tr_lora) */
+    int moe_lora;                /* a mixture-of-experts layer's router, experts or shared expert is trained */
     int64_t dora_n;              /* the widest trained projection's outputs */
     float *dora_work;            /* [T, widest N]: the DoRA backward's (tr_lora.work) */
     /* dry: size everything, allocate and load nothing (hearth_train_fit); the bytes each
@@ -150,6 +171,15 @@ typedef struct trainer {
 /* Projection p's LoRA pair among a layer's, NULL where it has none. */
 static const tr_lora *lora_of(const tr_lora *lo, int p) { return lo[p].a ? &lo[p] : NULL; }
 static int trained(const tlayer *y, int p) { return y->lora[p].a != NULL; }
+/* Projection p's module path in the adapter files (Gemma 4 names its router and experts otherwise). */
+static const char *pname(const trainer *t, int p);
+/* Expert e's pair of a routed experts' projection, as one projection's (its gradients too). */
+static tr_lora expert_lora(const tlayer *y, int p, int64_t e) {
+    tr_lora l = y->lora[p];
+    size_t na = (size_t)(y->k[p] * l.r), nb = (size_t)(l.r * y->n[p]);
+    l.a += e * na, l.ga += e * na, l.b += e * nb, l.gb += e * nb;
+    return l;
+}
 
 enum { PART_DENSE, PART_ADAPTER, PART_OPTIMIZER, PART_ACTIVATIONS, PART_BUFFERS };
 enum { OPT_ADAM, OPT_ADAMW, OPT_SGD, OPT_MUON, OPT_ADAFACTOR };
@@ -242,6 +272,8 @@ static int alloc_acts(trainer *t, acts *s, int mlp) {
     if (t->m->cfg.family == FAMILY_GEMMA4 &&
         (!(s->vl = falloc(t, (size_t)(T * kd))) || !(s->rstdv = falloc(t, (size_t)(T * t->Hkv)))))
         return -1;
+    for (int j = 0; (mlp & ACT_MOE) && j < 3; j++)
+        if (!(s->xe[j] = falloc(t, (size_t)(T * t->K * t->r)))) return -1;
     if ((mlp & ACT_MOE) &&
         (!(s->mprob = falloc(t, (size_t)(T * t->E))) || !(s->mw = falloc(t, (size_t)(T * t->K))) ||
          !(s->msel = (int32_t *)falloc(t, (size_t)(T * t->K))) || !(s->mg = falloc(t, (size_t)(T * t->K * t->Fm))) ||
@@ -386,12 +418,24 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                            !(y->sd = dense(t, &lw->shared_down)) || !(y->sr = dense(t, &lw->shared_router)))))
                 return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
         }
-        const op_weight *ws[N_P] = {&lw->q,  &lw->k,    &lw->v,       &lw->o,      &lw->gate,
-                                    &lw->up, &lw->down, &lw->pl_gate, &lw->pl_proj};
-        for (int p = 0; p < N_P; p++) {
+        const op_weight *ws[P_RT] = {&lw->q,  &lw->k,    &lw->v,       &lw->o,      &lw->gate,
+                                     &lw->up, &lw->down, &lw->pl_gate, &lw->pl_proj};
+        for (int p = 0; p < N_P; p++) y->ne[p] = 1;
+        for (int p = 0; p < P_RT; p++) {
             if (!ws[p]->n) continue; /* a projection this layer does not have */
             if (!(y->w[p] = dense(t, ws[p]))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
             y->n[p] = ws[p]->n, y->k[p] = ws[p]->k;
+        }
+        if (y->moe) { /* the router, the shared expert (dense copies above) and the routed experts */
+            const float *dw[] = {y->router, y->sg, y->su, y->sd, y->sr};
+            const op_weight *ow[] = {&lw->router, &lw->shared_gate, &lw->shared_up, &lw->shared_down,
+                                     &lw->shared_router};
+            for (int p = P_RT; p <= P_SR; p++)
+                if (dw[p - P_RT]) y->w[p] = dw[p - P_RT], y->n[p] = ow[p - P_RT]->n, y->k[p] = ow[p - P_RT]->k;
+            for (int p = P_EG; p <= P_ED; p++) {
+                y->ne[p] = t->E;
+                y->n[p] = p == P_ED ? t->D : t->Fm, y->k[p] = p == P_ED ? t->Fm : t->D;
+            }
         }
         y->hd = gemma4 ? lw->head_dim : t->hd, y->Hkv = gemma4 ? lw->n_kv_heads : t->Hkv;
         y->F = gemma4 ? lw->ffn : t->F;
@@ -428,17 +472,24 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
             t->part = PART_ADAPTER;
             for (int p = 0; p < N_P; p++) {
                 /* every projection the layer has, Gemma 4's per-layer input gate and projection
-                 * included: mlx_lm.lora's default keys on these families */
-                if (!y->w[p]) continue;
+                 * and a mixture of experts' router, experts and shared expert included:
+                 * mlx_lm.lora's default keys (the experts not with DoRA, which mlx-lm has not
+                 * for them either) */
+                if (!y->n[p] || (is_expert(p) && t->dora)) continue;
                 tr_lora *lo = &y->lora[p];
-                int64_t K = y->k[p], N = y->n[p];
-                *lo = (tr_lora){.r = t->r, .scale = t->scale, .a = falloc(t, (size_t)(K * t->r)),
-                                .b = falloc(t, (size_t)(t->r * N)), .ga = falloc(t, (size_t)(K * t->r)),
-                                .gb = falloc(t, (size_t)(t->r * N))};
+                int64_t K = y->k[p], N = y->n[p], E = y->ne[p];
+                *lo = (tr_lora){.r = t->r,
+                                .scale = t->scale,
+                                .a = falloc(t, (size_t)(E * K * t->r)),
+                                .b = falloc(t, (size_t)(E * t->r * N)),
+                                .ga = falloc(t, (size_t)(E * K * t->r)),
+                                .gb = falloc(t, (size_t)(E * t->r * N))};
                 if (!lo->a || !lo->b || !lo->ga || !lo->gb) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
                 double bound = 1.0 / sqrt((double)K); /* mlx-lm: A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0 */
-                for (int64_t i = 0; !t->dry && i < K * t->r; i++) lo->a[i] = (float)((2 * uniform01(&rng) - 1) * bound);
-                t->n_params += (size_t)(K * t->r + t->r * N);
+                for (int64_t i = 0; !t->dry && i < E * K * t->r; i++)
+                    lo->a[i] = (float)((2 * uniform01(&rng) - 1) * bound);
+                t->n_params += (size_t)(E * (K * t->r + t->r * N));
+                t->moe_lora |= p >= P_RT;
                 if (t->dora) { /* m starts at the base's row norms (mlx-lm's DoRALinear.set_linear) */
                     if (!(lo->m = falloc(t, (size_t)N)) || !(lo->gm = falloc(t, (size_t)N)) ||
                         !(lo->denom = falloc(t, (size_t)N)))
@@ -509,7 +560,9 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                   !(t->mdo = falloc(t, (size_t)(T * D))) || !(t->mga = falloc(t, (size_t)(T * t->Fm))) ||
                   !(t->mua = falloc(t, (size_t)(T * t->Fm))) || !(t->mdh = falloc(t, (size_t)(T * t->Fm))) ||
                   !(t->mdg = falloc(t, (size_t)(T * t->Fm))) || !(t->mdu = falloc(t, (size_t)(T * t->Fm))) ||
-                  !(t->mdl = falloc(t, (size_t)(T * t->E))) || !(t->mrow = (int32_t *)falloc(t, (size_t)T)))) ||
+                  !(t->mdl = falloc(t, (size_t)(T * t->E))) || !(t->mrow = (int32_t *)falloc(t, (size_t)T)) ||
+                  !(t->mxa = falloc(t, (size_t)(T * t->r))) || !(t->mhx = falloc(t, (size_t)(T * t->Fm))))) ||
+        (t->Fs && !(t->sdx = falloc(t, (size_t)(T * t->Fs)))) ||
         (t->E && t->gelu &&
          (!(t->g4b = falloc(t, (size_t)(T * D))) || !(t->g4c = falloc(t, (size_t)(T * D))) ||
           !(t->g4x = falloc(t, (size_t)(T * D))) || !(t->g4r = falloc(t, (size_t)(T * D))))) ||
@@ -545,6 +598,13 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
 /* The decoder layers' module path in each adapter format: mlx-lm's model (Qwen3.5's wraps
  * its language model) and PEFT's (transformers' Qwen3.5 is a conditional-generation model
  * whose text layers sit under model.language_model). */
+static const char *pname(const trainer *t, int p) {
+    static const char *const gemma4[] = {"router.proj", "experts.switch_glu.gate_proj", "experts.switch_glu.up_proj",
+                                         "experts.switch_glu.down_proj"};
+    if (t->m->cfg.family == FAMILY_GEMMA4 && (p == P_RT || is_expert(p))) return gemma4[p == P_RT ? 0 : p - P_EG + 1];
+    return proj_name[p];
+}
+
 static const char *mlx_prefix(const trainer *t) {
     return t->m->cfg.family == FAMILY_QWEN3_5 ? "language_model.model." : "model.";
 }
@@ -553,7 +613,7 @@ static const char *peft_prefix(const trainer *t) {
 }
 
 static void lora_tensor_name(const trainer *t, char *buf, size_t cap, int layer, int p, int b) {
-    snprintf(buf, cap, "%slayers.%d.%s.lora_%c", mlx_prefix(t), layer, proj_name[p], b ? 'b' : 'a');
+    snprintf(buf, cap, "%slayers.%d.%s.lora_%c", mlx_prefix(t), layer, pname(t, p), b ? 'b' : 'a');
 }
 
 /* GGUF llama q/k rows are in adjacent-pair RoPE order: output (h, i, j) of [heads, half, 2]
@@ -581,7 +641,7 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
     for (size_t i = 0; !st && i < f.n_tensors; i++) {
         const tensor_info *ti = &f.tensors[i];
         float *dst = NULL;
-        int64_t rows = 0, cols = 0;
+        int64_t rows = 0, cols = 0, ne = 1;
         int perm_heads = 0;
         int vec = 0; /* DoRA's m [N] */
         for (int l = t->first_lora; l < t->L && !dst; l++)
@@ -589,13 +649,13 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
                 for (int b = 0; b < (t->dora ? 3 : 2) && !dst && trained(&t->layers[l], p); b++) {
                     char nm[128];
                     if (b == 2)
-                        snprintf(nm, sizeof nm, "%slayers.%d.%s.m", mlx_prefix(t), l, proj_name[p]);
+                        snprintf(nm, sizeof nm, "%slayers.%d.%s.m", mlx_prefix(t), l, pname(t, p));
                     else
                         lora_tensor_name(t, nm, sizeof nm, l, p, b);
                     if (!strcmp(nm, ti->name)) {
                         tlayer *y = &t->layers[l];
                         dst = b == 2 ? y->lora[p].m : b ? y->lora[p].b : y->lora[p].a;
-                        rows = b == 2 ? 1 : b ? t->r : y->k[p], cols = b ? y->n[p] : t->r;
+                        rows = b == 2 ? 1 : b ? t->r : y->k[p], cols = b ? y->n[p] : t->r, ne = y->ne[p];
                         perm_heads = b && permuted(t, p) ? heads_of(t, p) : 0;
                         vec = b == 2;
                     }
@@ -608,6 +668,15 @@ static hearth_status load_adapter_weights(trainer *t, const char *path, hearth_e
         else if (vec && (ti->dtype != DT_F32 || ti->ndim != 1 || ti->shape[0] != cols))
             st = err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' must be float32 [%lld]", path, ti->name,
                          (long long)cols);
+        else if (ne > 1 && (ti->dtype != DT_F32 || ti->ndim != 3 || ti->shape[0] != ne || ti->shape[1] != cols ||
+                            ti->shape[2] != rows))
+            st = err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' must be float32 [%lld, %lld, %lld]", path, ti->name,
+                         (long long)ne, (long long)cols, (long long)rows);
+        else if (ne > 1) /* mlx-lm's LoRASwitchLinear layout: each expert's block transposed */
+            for (int64_t e = 0; e < ne; e++)
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t c = 0; c < cols; c++)
+                        dst[(e * rows + r) * cols + c] = ((const float *)ti->data)[(e * cols + c) * rows + r];
         else if (!vec && (ti->dtype != DT_F32 || ti->ndim != 2 || ti->shape[0] != rows || ti->shape[1] != cols))
             st = err_set(err, HEARTH_ERR_INVALID, "%s: tensor '%s' must be float32 [%lld, %lld]", path, ti->name,
                          (long long)rows, (long long)cols);
@@ -648,10 +717,23 @@ static int expert_rows(const trainer *t, const acts *s, int64_t T, int e) {
  * softmax over every expert, the top K (op_moe_route: the engine's rule), renormalised with
  * norm_topk_prob; each expert's SwiGLU on the rows routed to it (gathered: one product per
  * weight); each token's outputs weighted and summed in pick order. */
-static void moe_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const float *xin, const float *rin,
-                        float *out) {
+/* y[n, N] += expert e's LoRA update of its gathered rows x [n, K] (l NULL: none); xa [n, r]
+ * gets scale * x A for the backward, scattered to the slots' rows of keep (t->mrow). */
+static void expert_lora_fwd(trainer *t, const tlayer *y, const tr_lora *lo, int p, int e, int n, const float *x,
+                            float *out, float *keep) {
+    if (!lo || !lora_of(lo, p)) return;
+    tr_lora l = expert_lora(y, p, e);
+    int64_t r = t->r;
+    /* the base product is in out already: add the update alone (linear of a zero weight) */
+    tr_linear_fwd(t->tp, x, n, y->k[p], NULL, y->n[p], NULL, &l, t->mxa, out);
+    for (int i = 0; i < n; i++) memcpy(keep + (int64_t)t->mrow[i] * r, t->mxa + i * r, sizeof(float) * (size_t)r);
+}
+
+static void moe_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const float *xin, const float *rin, float *out,
+                        const tr_lora *lo) {
     int64_t D = t->D, Fm = t->Fm, K = t->K, E = t->E;
-    tr_matmul_nt(t->tp, rin, T, D, y->router, E, s->mprob, 0);
+#define MLORA(p) (lo ? lora_of(lo, p) : NULL)
+    tr_linear_fwd(t->tp, rin, T, D, y->router, E, NULL, MLORA(P_RT), s->xa[P_RT], s->mprob);
     /* Gemma 4's rule (router_norm set): the top K by logit, their softmax times per_expert_scale */
     op_moe route = {.norm_topk = t->norm_topk, .router_norm = y->router_w, .expert_scale = y->expert_scale};
     for (int64_t i = 0; i < T; i++)
@@ -664,8 +746,11 @@ static void moe_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const f
         expert_weights(t, y, e, &wg, &wu, &wd);
         tr_matmul_nt(t->tp, t->mx, n, D, wg, Fm, t->mga, 0);
         tr_matmul_nt(t->tp, t->mx, n, D, wu, Fm, t->mua, 0);
+        expert_lora_fwd(t, y, lo, P_EG, e, n, t->mx, t->mga, s->xe[0]);
+        expert_lora_fwd(t, y, lo, P_EU, e, n, t->mx, t->mua, s->xe[1]);
         (t->gelu ? tr_gelu_mul_fwd : tr_silu_mul_fwd)(t->tp, t->mga, t->mua, n * Fm, t->mdh);
         tr_matmul_nt(t->tp, t->mdh, n, Fm, wd, D, t->mdo, 0);
+        expert_lora_fwd(t, y, lo, P_ED, e, n, t->mdh, t->mdo, s->xe[2]);
         for (int r = 0; r < n; r++) {
             int64_t i = t->mrow[r];
             memcpy(s->mg + i * Fm, t->mga + r * Fm, sizeof(float) * (size_t)Fm);
@@ -683,11 +768,12 @@ static void moe_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const f
     if (!t->Fs) return;
     /* Qwen3.5-MoE: + sigmoid(shared_expert_gate . x) * shared_expert(x) */
     int64_t Fs = t->Fs;
-    tr_matmul_nt(t->tp, xin, T, D, y->sg, Fs, s->shg, 0);
-    tr_matmul_nt(t->tp, xin, T, D, y->su, Fs, s->shu, 0);
+    tr_linear_fwd(t->tp, xin, T, D, y->sg, Fs, NULL, MLORA(P_SG), s->xa[P_SG], s->shg);
+    tr_linear_fwd(t->tp, xin, T, D, y->su, Fs, NULL, MLORA(P_SU), s->xa[P_SU], s->shu);
     tr_silu_mul_fwd(t->tp, s->shg, s->shu, T * Fs, t->sdh);
-    tr_matmul_nt(t->tp, t->sdh, T, Fs, y->sd, D, s->sho, 0);
-    tr_matmul_nt(t->tp, xin, T, D, y->sr, 1, s->shz, 0);
+    tr_linear_fwd(t->tp, t->sdh, T, Fs, y->sd, D, NULL, MLORA(P_SD), s->xa[P_SD], s->sho);
+    tr_linear_fwd(t->tp, xin, T, D, y->sr, 1, NULL, MLORA(P_SR), s->xa[P_SR], s->shz);
+#undef MLORA
     for (int64_t i = 0; i < T; i++) {
         float g = 1.0f / (1.0f + expf(-s->shz[i]));
         for (int64_t d = 0; d < D; d++) out[i * D + d] += g * s->sho[i * D + d];
@@ -698,27 +784,46 @@ static void moe_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const f
  * gradient, scaled by the token's weight (and the shared expert's), drin the router's input's:
  * through the weights' renormalisation and the softmax (the picks themselves are constants).
  * Both are added to (they may be the same buffer). */
-static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, const float *dy, float *dxin,
-                         float *drin) {
+/* Expert e's LoRA backward on its gathered rows (t->mrow): x [n, k] its input, dy [n, N]
+ * its output's gradient; the pair's gradients added to, and dx [n, k] (NULL: not wanted). */
+static void expert_lora_bwd(trainer *t, const tlayer *y, int p, int e, int n, const float *x, const float *keep,
+                            const float *dy, float *dx) {
+    if (!trained(y, p)) return;
+    tr_lora l = expert_lora(y, p, e);
+    int64_t r = t->r;
+    for (int i = 0; i < n; i++) memcpy(t->mxa + i * r, keep + (int64_t)t->mrow[i] * r, sizeof(float) * (size_t)r);
+    tr_linear_bwd(t->tp, x, n, y->k[p], NULL, y->n[p], &l, t->mxa, dy, dx, t->lin_scratch);
+}
+
+static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, const float *xin, const float *rin,
+                         const float *dy, float *dxin, float *drin) {
     int64_t D = t->D, Fm = t->Fm, K = t->K, E = t->E;
-    float *dh2 = dxin;
+    float *dh2 = dxin, *sc = t->lin_scratch;
     for (int e = 0; e < E; e++) {
         int n = expert_rows(t, s, T, e);
         if (!n) continue;
+        int lora = trained(y, P_EG) || trained(y, P_EU) || trained(y, P_ED);
         for (int r = 0; r < n; r++) {
             int64_t i = t->mrow[r];
             for (int64_t d = 0; d < D; d++) t->mdo[r * D + d] = dy[i / K * D + d] * s->mw[i];
             memcpy(t->mga + r * Fm, s->mg + i * Fm, sizeof(float) * (size_t)Fm);
             memcpy(t->mua + r * Fm, s->mu + i * Fm, sizeof(float) * (size_t)Fm);
+            if (lora) { /* the pairs' inputs: the expert's rows of x and its gated products */
+                memcpy(t->mx + r * D, xin + i / K * D, sizeof(float) * (size_t)D);
+                memcpy(t->mhx + r * Fm, s->mh + i * Fm, sizeof(float) * (size_t)Fm);
+            }
         }
         const float *wg, *wu, *wd;
         expert_weights(t, y, e, &wg, &wu, &wd);
         memset(t->mdh, 0, sizeof(float) * (size_t)(n * Fm));
         tr_matmul_nn(t->tp, t->mdo, n, D, wd, Fm, t->mdh);
+        expert_lora_bwd(t, y, P_ED, e, n, t->mhx, s->xe[2], t->mdo, t->mdh);
         (t->gelu ? tr_gelu_mul_bwd : tr_silu_mul_bwd)(t->tp, t->mga, t->mua, t->mdh, n * Fm, t->mdg, t->mdu);
         memset(t->mdx, 0, sizeof(float) * (size_t)(n * D));
         tr_matmul_nn(t->tp, t->mdg, n, Fm, wg, D, t->mdx);
         tr_matmul_nn(t->tp, t->mdu, n, Fm, wu, D, t->mdx);
+        expert_lora_bwd(t, y, P_EG, e, n, t->mx, s->xe[0], t->mdg, t->mdx);
+        expert_lora_bwd(t, y, P_EU, e, n, t->mx, s->xe[1], t->mdu, t->mdx);
         for (int r = 0; r < n; r++)
             for (int64_t d = 0; d < D; d++) dh2[t->mrow[r] / K * D + d] += t->mdx[r * D + d];
     }
@@ -745,7 +850,7 @@ static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, 
         for (int64_t k = 0; k < K; k++) dsum += p[sel[k]] * dl[sel[k]];
         for (int64_t e = 0; e < E; e++) dl[e] = p[e] * (dl[e] - dsum); /* the softmax's backward */
     }
-    tr_matmul_nn(t->tp, t->mdl, T, E, y->router, D, drin);
+    tr_linear_bwd(t->tp, rin, T, D, y->router, E, lora_of(y->lora, P_RT), s->xa[P_RT], t->mdl, drin, sc);
     if (!t->Fs) return;
     int64_t Fs = t->Fs; /* the shared expert and its gate */
     for (int64_t i = 0; i < T; i++) {
@@ -756,12 +861,13 @@ static void moe_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, 
         }
         t->mdl[i] = dz * g * (1.0f - g); /* the gate logit's gradient (mdl is free again) */
     }
-    tr_matmul_nn(t->tp, t->mdl, T, 1, y->sr, D, dh2);
+    tr_linear_bwd(t->tp, xin, T, D, y->sr, 1, lora_of(y->lora, P_SR), s->xa[P_SR], t->mdl, dh2, sc);
     memset(t->sdh, 0, sizeof(float) * (size_t)(T * Fs));
-    tr_matmul_nn(t->tp, t->sdo, T, D, y->sd, Fs, t->sdh);
+    if (trained(y, P_SD)) tr_silu_mul_fwd(t->tp, s->shg, s->shu, T * Fs, t->sdx); /* the down's input again */
+    tr_linear_bwd(t->tp, t->sdx, T, Fs, y->sd, D, lora_of(y->lora, P_SD), s->xa[P_SD], t->sdo, t->sdh, sc);
     tr_silu_mul_bwd(t->tp, s->shg, s->shu, t->sdh, T * Fs, t->sdg, t->sdu);
-    tr_matmul_nn(t->tp, t->sdg, T, Fs, y->sg, D, dh2);
-    tr_matmul_nn(t->tp, t->sdu, T, Fs, y->su, D, dh2);
+    tr_linear_bwd(t->tp, xin, T, D, y->sg, Fs, lora_of(y->lora, P_SG), s->xa[P_SG], t->sdg, dh2, sc);
+    tr_linear_bwd(t->tp, xin, T, D, y->su, Fs, lora_of(y->lora, P_SU), s->xa[P_SU], t->sdu, dh2, sc);
 }
 
 /* ---- Qwen3.5's Gated DeltaNet layers (frozen: the gradient goes through them) ----------
@@ -982,7 +1088,7 @@ static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const
     memcpy(s->x_mid, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->x, T, D, y->ffn_norm, t->eps, s->h2, s->rstd2);
     if (y->moe && !t->gelu) { /* Qwen3-MoE, Qwen3.5-MoE: the experts are the MLP */
-        moe_forward(t, y, s, T, s->h2, s->h2, t->tmp);
+        moe_forward(t, y, s, T, s->h2, s->h2, t->tmp, lo);
         for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i];
         return;
     }
@@ -997,7 +1103,7 @@ static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const
         tr_rmsnorm_fwd(s->rd1, T, D, y->post_ffn_norm_1, t->eps, s->rd, s->rstd_p1);
         tr_rmsnorm_fwd(s->x_mid, T, D, y->router_w, t->eps, s->rx, s->rstd_r);
         tr_rmsnorm_fwd(s->x_mid, T, D, y->ffn_norm_2, t->eps, s->h2b, s->rstd_b);
-        moe_forward(t, y, s, T, s->h2b, s->rx, s->eo);
+        moe_forward(t, y, s, T, s->h2b, s->rx, s->eo, lo);
         tr_rmsnorm_fwd(s->eo, T, D, y->post_ffn_norm_2, t->eps, t->tmp, s->rstd_p2);
         for (int64_t i = 0; i < T * D; i++) s->rd[i] += t->tmp[i];
     }
@@ -1158,7 +1264,7 @@ static const float *gemma4_experts_backward(trainer *t, const tlayer *y, const a
     memset(t->g4b, 0, n), memset(t->g4c, 0, n), memset(t->g4x, 0, n), memset(t->g4r, 0, n);
     tr_rmsnorm_bwd(s->rd1, T, D, y->post_ffn_norm_1, s->rstd_p1, drd, t->g4b);
     tr_rmsnorm_bwd(s->eo, T, D, y->post_ffn_norm_2, s->rstd_p2, drd, t->g4c);
-    moe_backward(t, y, s, T, t->g4c, t->g4x, t->g4r);
+    moe_backward(t, y, s, T, s->h2b, s->rx, t->g4c, t->g4x, t->g4r);
     tr_rmsnorm_bwd(s->x_mid, T, D, y->ffn_norm_2, s->rstd_b, t->g4x, t->dx);
     tr_rmsnorm_bwd(s->x_mid, T, D, y->router_w, s->rstd_r, t->g4r, t->dx);
     return t->g4b;
@@ -1202,7 +1308,7 @@ static void backward(trainer *t, int64_t T) {
         }
         if (y->moe && !t->gelu) {
             memset(t->dtmp, 0, sizeof(float) * (size_t)(T * D));
-            moe_backward(t, y, s, T, block_grad(t, T), t->dtmp, t->dtmp);
+            moe_backward(t, y, s, T, s->h2, s->h2, block_grad(t, T), t->dtmp, t->dtmp);
         } else {
             const float *ddown = post_norm_grad(t, T, s->rd, y->post_ffn_norm, s->rstd_pf);
             if (y->moe) ddown = gemma4_experts_backward(t, y, s, T, ddown);
@@ -1387,8 +1493,8 @@ static void zero_grads(trainer *t) {
         for (int p = 0; p < N_P; p++) {
             tlayer *y = &t->layers[l];
             if (!trained(y, p)) continue;
-            memset(y->lora[p].ga, 0, sizeof(float) * (size_t)(y->k[p] * t->r));
-            memset(y->lora[p].gb, 0, sizeof(float) * (size_t)(t->r * y->n[p]));
+            memset(y->lora[p].ga, 0, sizeof(float) * (size_t)(y->ne[p] * y->k[p] * t->r));
+            memset(y->lora[p].gb, 0, sizeof(float) * (size_t)(y->ne[p] * t->r * y->n[p]));
             if (t->dora) memset(y->lora[p].gm, 0, sizeof(float) * (size_t)y->n[p]);
         }
 }
@@ -1559,44 +1665,46 @@ static void opt_step(trainer *t, float lr, int accum, long long step) {
     for (int l = t->first_lora; l < t->L; l++)
         for (int p = 0; p < N_P; p++) {
             tlayer *y = &t->layers[l];
-            if (!trained(y, p)) continue;
-            /* A, B, and DoRA's m (a vector) */
-            float *par[3] = {y->lora[p].a, y->lora[p].b, y->lora[p].m},
-                  *g[3] = {y->lora[p].ga, y->lora[p].gb, y->lora[p].gm};
-            size_t n[3] = {(size_t)(y->k[p] * t->r), (size_t)(t->r * y->n[p]), (size_t)y->n[p]};
-            int64_t rows[2] = {y->k[p], t->r}, cols[2] = {t->r, y->n[p]};
-            for (int j = 0; j < (t->dora ? 3 : 2); j++) {
-                if (accum > 1)
-                    for (size_t i = 0; i < n[j]; i++) g[j][i] /= (float)accum;
-                if (j == 2 && (t->opt == OPT_MUON || t->opt == OPT_ADAFACTOR)) {
-                    if (t->opt == OPT_MUON)
-                        muon_vector(par[j], g[j], t->adam_m + off, n[j], lr, wd);
-                    else
-                        adafactor_vector(par[j], g[j], t->adam_m + off, n[j], step, wd, t->opt_work);
+            for (int64_t e = 0; trained(y, p) && e < y->ne[p]; e++) { /* each expert's pair as a projection's */
+                tr_lora lo = expert_lora(y, p, e);
+                /* A, B, and DoRA's m (a vector) */
+                float *par[3] = {lo.a, lo.b, lo.m}, *g[3] = {lo.ga, lo.gb, lo.gm};
+                size_t n[3] = {(size_t)(y->k[p] * t->r), (size_t)(t->r * y->n[p]), (size_t)y->n[p]};
+                int64_t rows[2] = {y->k[p], t->r}, cols[2] = {t->r, y->n[p]};
+                for (int j = 0; j < (t->dora ? 3 : 2); j++) {
+                    if (accum > 1)
+                        for (size_t i = 0; i < n[j]; i++) g[j][i] /= (float)accum;
+                    if (j == 2 && (t->opt == OPT_MUON || t->opt == OPT_ADAFACTOR)) {
+                        if (t->opt == OPT_MUON)
+                            muon_vector(par[j], g[j], t->adam_m + off, n[j], lr, wd);
+                        else
+                            adafactor_vector(par[j], g[j], t->adam_m + off, n[j], step, wd, t->opt_work);
+                        off += n[j];
+                        continue;
+                    }
+                    if (t->opt == OPT_MUON || t->opt == OPT_ADAFACTOR) {
+                        if (t->opt == OPT_MUON)
+                            muon_tensor(par[j], g[j], t->adam_m + off, rows[j], cols[j], lr, wd, t->opt_work);
+                        else
+                            adafactor_tensor(par[j], g[j], t->adam_m + off, t->adam_v + off, rows[j], cols[j], step, wd,
+                                             t->opt_work);
+                        off += n[j];
+                        continue;
+                    }
+                    if (t->opt == OPT_SGD) {
+                        for (size_t i = 0; i < n[j]; i++)
+                            par[j][i] -= lr * (wd != 0 ? g[j][i] + wd * par[j][i] : g[j][i]);
+                        continue;
+                    }
+                    float *m = t->adam_m + off, *v = t->adam_v + off;
+                    for (size_t i = 0; i < n[j]; i++) {
+                        m[i] = b1 * m[i] + (1 - b1) * g[j][i];
+                        v[i] = b2 * v[i] + (1 - b2) * g[j][i] * g[j][i];
+                        if (t->opt == OPT_ADAMW) par[j][i] *= keep;
+                        par[j][i] -= lr * m[i] / (sqrtf(v[i]) + eps);
+                    }
                     off += n[j];
-                    continue;
                 }
-                if (t->opt == OPT_MUON || t->opt == OPT_ADAFACTOR) {
-                    if (t->opt == OPT_MUON)
-                        muon_tensor(par[j], g[j], t->adam_m + off, rows[j], cols[j], lr, wd, t->opt_work);
-                    else
-                        adafactor_tensor(par[j], g[j], t->adam_m + off, t->adam_v + off, rows[j], cols[j], step, wd,
-                                         t->opt_work);
-                    off += n[j];
-                    continue;
-                }
-                if (t->opt == OPT_SGD) {
-                    for (size_t i = 0; i < n[j]; i++) par[j][i] -= lr * (wd != 0 ? g[j][i] + wd * par[j][i] : g[j][i]);
-                    continue;
-                }
-                float *m = t->adam_m + off, *v = t->adam_v + off;
-                for (size_t i = 0; i < n[j]; i++) {
-                    m[i] = b1 * m[i] + (1 - b1) * g[j][i];
-                    v[i] = b2 * v[i] + (1 - b2) * g[j][i] * g[j][i];
-                    if (t->opt == OPT_ADAMW) par[j][i] *= keep;
-                    par[j][i] -= lr * m[i] / (sqrtf(v[i]) + eps);
-                }
-                off += n[j];
             }
         }
 }
@@ -1608,8 +1716,8 @@ static void opt_step(trainer *t, float lr, int accum, long long step) {
 static hearth_status save_adapters(trainer *t, const char *path, int peft, hearth_error *err) {
     int per = t->dora ? 3 : 2, n = 0; /* A, B (and DoRA's m) per projection */
     for (int l = t->first_lora; l < t->L; l++)
-        for (int p = 0; p < N_P; p++) n += trained(&t->layers[l], p) ? per : 0;
-    st_out_tensor *h = calloc((size_t)n, sizeof *h);
+        for (int p = 0; p < N_P; p++) n += trained(&t->layers[l], p) && !(peft && is_expert(p)) ? per : 0;
+    st_out_tensor *h = calloc((size_t)n ? (size_t)n : 1, sizeof *h);
     char (*names)[160] = calloc((size_t)n, 160);
     const float **data = calloc((size_t)n, sizeof *data);
     float *tmp = NULL, *tmp2 = NULL;
@@ -1619,27 +1727,30 @@ static hearth_status save_adapters(trainer *t, const char *path, int peft, heart
     if (!proj) return free(h), free(names), free(data), err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     for (int l = t->first_lora; l < t->L; l++)
         for (int p = 0; p < N_P; p++)
-            for (int b = 0; b < per && trained(&t->layers[l], p); b++, i++) {
+            for (int b = 0; b < per && trained(&t->layers[l], p) && !(peft && is_expert(p)); b++, i++) {
                 tlayer *y = &t->layers[l];
                 proj[i] = p;
                 if (b == 2) { /* m [N]: MLX's DoRALinear.m, PEFT's lora_magnitude_vector */
                     if (peft)
                         snprintf(names[i], 160, "%slayers.%d.%s.lora_magnitude_vector.weight", peft_prefix(t), l,
-                                 proj_name[p]);
+                                 pname(t, p));
                     else
-                        snprintf(names[i], 160, "%slayers.%d.%s.m", mlx_prefix(t), l, proj_name[p]);
+                        snprintf(names[i], 160, "%slayers.%d.%s.m", mlx_prefix(t), l, pname(t, p));
                     h[i] = (st_out_tensor){.name = names[i], .dtype = DT_F32, .ndim = 1, .shape = {y->n[p]}};
                     data[i] = y->lora[p].m;
                     continue;
                 }
                 int64_t rows = b ? t->r : y->k[p], cols = b ? y->n[p] : t->r; /* hearth's layout */
                 if (peft)
-                    snprintf(names[i], 160, "%slayers.%d.%s.lora_%c.weight", peft_prefix(t), l, proj_name[p],
+                    snprintf(names[i], 160, "%slayers.%d.%s.lora_%c.weight", peft_prefix(t), l, pname(t, p),
                              b ? 'B' : 'A');
                 else
                     lora_tensor_name(t, names[i], 160, l, p, b);
                 h[i] = (st_out_tensor){.name = names[i], .dtype = DT_F32, .ndim = 2,
                                        .shape = {peft ? cols : rows, peft ? rows : cols}};
+                if (is_expert(p)) /* mlx-lm's LoRASwitchLinear: lora_a [E, r, in], lora_b [E, out, r] */
+                    h[i] =
+                        (st_out_tensor){.name = names[i], .dtype = DT_F32, .ndim = 3, .shape = {y->ne[p], cols, rows}};
                 data[i] = b ? y->lora[p].b : y->lora[p].a;
             }
     FILE *f = fopen(path, "wb");
@@ -1662,6 +1773,19 @@ static hearth_status save_adapters(trainer *t, const char *path, int peft, heart
                 d = tmp;
             }
             if (fwrite(d, 1, st_out_nbytes(&h[i]), f) != st_out_nbytes(&h[i]))
+                st = err_set(err, HEARTH_ERR_IO, "%s: write failed", path);
+            continue;
+        }
+        if (is_expert(p)) { /* each expert's block transposed */
+            int64_t E = h[i].shape[0], rows = h[i].shape[2], cols = h[i].shape[1];
+            if (!(tmp = malloc(st_out_nbytes(&h[i])))) {
+                st = err_set(err, HEARTH_ERR_NOMEM, "out of memory");
+                break;
+            }
+            for (int64_t e = 0; e < E; e++)
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t c = 0; c < cols; c++) tmp[(e * cols + c) * rows + r] = d[(e * rows + r) * cols + c];
+            if (fwrite(tmp, 1, st_out_nbytes(&h[i]), f) != st_out_nbytes(&h[i]))
                 st = err_set(err, HEARTH_ERR_IO, "%s: write failed", path);
             continue;
         }
@@ -1696,14 +1820,14 @@ static hearth_status save_adapters(trainer *t, const char *path, int peft, heart
 static hearth_status write_peft_config(const trainer *t, const char *model, double scale, const char *dir,
                                        hearth_error *err) {
     /* the projections trained (their last name part), sorted, as a set's list */
-    static const int sorted[N_P] = {P_DOWN, P_GATE, P_K, P_O, P_PLG, P_PLP, P_Q, P_UP, P_V};
+    static const int sorted[] = {P_DOWN, P_GATE, P_K, P_O, P_PLG, P_PLP, P_Q, P_UP, P_V};
     json_t *j = json_object(), *tm = json_array(), *layers = json_null();
     if (!j || !tm) return json_decref(j), json_decref(tm), err_set(err, HEARTH_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < N_P; i++) {
+    for (int i = 0; i < (int)(sizeof sorted / sizeof *sorted); i++) {
         int p = sorted[i], any = 0;
         for (int l = t->first_lora; l < t->L; l++) any |= trained(&t->layers[l], p);
-        const char *dot = strrchr(proj_name[p], '.');
-        if (any) json_array_append_new(tm, json_string(dot ? dot + 1 : proj_name[p]));
+        const char *dot = strrchr(pname(t, p), '.');
+        if (any) json_array_append_new(tm, json_string(dot ? dot + 1 : pname(t, p)));
     }
     if (t->first_lora > 0) {
         layers = json_array();
@@ -1744,6 +1868,8 @@ static hearth_status save_all(trainer *t, const char *model, double scale, const
     char path[4096];
     snprintf(path, sizeof path, "%s/adapters.safetensors", dir);
     hearth_status st = save_adapters(t, path, 0, err);
+    if (!st && t->moe_lora)
+        return HEARTH_OK; /* PEFT has no layout for the routed experts' pairs (train_setup says so) */
     snprintf(path, sizeof path, "%s/peft", dir);
     if (!st && mkdir(path, 0777) && errno != EEXIST) st = err_set(err, HEARTH_ERR_IO, "%s: %s", path, strerror(errno));
     if (!st) st = write_peft_config(t, model, scale, path, err);
@@ -2022,7 +2148,8 @@ static int resume_walk(trainer *t, tr_mt *rng, int *perm, int nb, int (*f)(void 
         for (int p = 0; !bad && p < N_P; p++) {
             tlayer *y = &t->layers[l];
             if (!trained(y, p)) continue;
-            size_t na = sizeof(float) * (size_t)(y->k[p] * t->r), nb2 = sizeof(float) * (size_t)(t->r * y->n[p]);
+            size_t na = sizeof(float) * (size_t)(y->ne[p] * y->k[p] * t->r),
+                   nb2 = sizeof(float) * (size_t)(y->ne[p] * t->r * y->n[p]);
             bad = f(ctx, y->lora[p].a, na) || f(ctx, y->lora[p].b, nb2) || f(ctx, y->lora[p].ga, na) ||
                   f(ctx, y->lora[p].gb, nb2);
             if (!bad && t->dora)

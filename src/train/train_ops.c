@@ -72,7 +72,7 @@ static void dora_denom(const float *w, int64_t K, int64_t N, const tr_lora *l) {
 
 void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
                    const tr_lora *l, float *xa, float *y) {
-    tr_matmul_nt(tp, x, M, K, w, N, y, 0);
+    if (w) tr_matmul_nt(tp, x, M, K, w, N, y, 0);
     if (bias && !(l && l->m))
         for (int64_t m = 0; m < M; m++) axpyf(y + m * N, 1.0f, bias, N);
     if (!l) return;
@@ -101,7 +101,7 @@ void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const f
             for (int64_t n = 0; n < N; n++) pre[m * N + n] = dy[m * N + n] * (l->m[n] / l->denom[n]);
         dy = pre;
     }
-    if (dx) tr_matmul_nn(tp, dy, M, N, w, K, dx);
+    if (dx && w) tr_matmul_nn(tp, dy, M, N, w, K, dx);
     if (!l) return;
     int64_t r = l->r;
     tr_gemm(tp, r, N, M, xa, 1, r, dy, N, 1, l->gb, N, TR_GEMM_ACC);  /* gb += (scale x a)^T dy */

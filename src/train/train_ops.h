@@ -53,12 +53,13 @@ typedef struct tr_lora {
 } tr_lora;
 
 /* y[M,N] = x w^T (+ scale * (x a) b when l) (times m / denom for DoRA) (+ bias); xa [M, r]:
- * scale * x a, kept for the backward. */
+ * scale * x a, kept for the backward. w NULL (plain LoRA only): y keeps its values and the
+ * update is added to them (the base product made elsewhere: the routed experts'). */
 void tr_linear_fwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
                    const tr_lora *l, float *xa, float *y);
 /* dx[M,K] += dy w + scale * (dy b^T) a^T; l->ga += x^T (scale * dy b^T), l->gb += xa^T dy
  * (DoRA: dy scaled by m / denom first, and gm += sum over rows of dy (x w^T + xa b) / denom).
- * dx may be NULL (no input gradient needed). scratch: M * r floats. */
+ * dx may be NULL (no input gradient needed); w NULL: the update's terms only. scratch: M * r floats. */
 void tr_linear_bwd(threadpool *tp, const float *x, int64_t M, int64_t K, const float *w, int64_t N, const tr_lora *l,
                    const float *xa, const float *dy, float *dx, float *scratch);
 

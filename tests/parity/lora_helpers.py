@@ -22,14 +22,21 @@ MOE["qwen3_5_moe"] = MOE["qwen3_moe"] + ("mlp.shared_expert.gate_proj", "mlp.sha
                                          "mlp.shared_expert.down_proj", "mlp.shared_expert_gate")
 
 
+GDN = ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.in_proj_b", "linear_attn.in_proj_a",
+       "linear_attn.out_proj")
+
+
 def train_keys(model_dir):
-    """What hearth train adapts, mlx_lm.lora's default keys but Qwen3.5's Gated DeltaNet
-    projections: PROJS, Gemma 4's per-layer input gate and projection where the model has
-    per-layer inputs, and a mixture-of-experts layer's router, routed experts and shared expert."""
+    """What hearth train adapts, mlx_lm.lora's default keys (every linear layer of the block):
+    PROJS, Gemma 4's per-layer input gate and projection where the model has per-layer inputs,
+    Qwen3.5's Gated DeltaNet projections, and a mixture-of-experts layer's router, routed
+    experts and shared expert."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     top = cfg.get("model_type")
     cfg = cfg.get("text_config", cfg)
     keys = PROJS + PLE if cfg.get("hidden_size_per_layer_input") else PROJS
+    if (top or "").startswith("qwen3_5"):
+        keys = keys + GDN
     moe = cfg.get("num_experts") and (cfg.get("enable_moe_block", True))
     kind = "qwen3_5_moe" if top == "qwen3_5_moe" or cfg.get("model_type") == "qwen3_5_moe_text" else (
         "gemma4_text" if "gemma4" in (top or "") else "qwen3_moe")

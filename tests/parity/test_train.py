@@ -361,3 +361,25 @@ def test_gguf_base_trains_like_safetensors_base(tmp_path):
     assert sorted(wa) == sorted(wb)
     for k in wa:
         assert np.abs(np.asarray(wa[k]) - np.asarray(wb[k])).max() < 1e-4, k
+
+
+@pytest.mark.parametrize("name", ["llama-f32", "gemma3-f32", "minicpm-f32", "gemma4-f32", "gemma4_moe-f32",
+                                  "qwen3_moe-f32", "qwen3_5-f32", "qwen3_5_moe-f32"])
+def test_default_modules_are_mlx_lora_defaults(tmp_path, name):
+    """hearth train with its defaults writes a pair for exactly the modules mlx_lm.lora's own
+    default (no lora_parameters.keys: every linear layer of the block) adapts, with the same
+    tensor names and shapes, on every family it trains."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm import load
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+    model = model_dir(name)
+    m, _ = load(model)
+    linear_to_lora_layers(m, 2, {"rank": 8, "scale": 20.0, "dropout": 0.0})
+    ref = {k: tuple(v.shape) for k, v in tree_flatten(m.trainable_parameters()) if k.endswith((".lora_a", ".lora_b"))}
+    ref = {k: v for k, v in ref.items() if ".lora_" in k}
+    data = make_data(str(tmp_path / "data"), "text")
+    hearth_train(model, data, tmp_path / "ours", None, ["--iters", "1", "--batch-size", "1", "--num-layers", "2"])
+    ours = {k: tuple(v.shape) for k, v in mx.load(str(tmp_path / "ours" / "adapters.safetensors")).items()}
+    assert ours == ref, (sorted(set(ref) ^ set(ours))[:8], [(k, ref[k], ours[k]) for k in ref if k in ours
+                                                              and ref[k] != ours[k]][:4])

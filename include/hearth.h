@@ -540,6 +540,7 @@ hearth_status hearth_fuse(const char *model, const char *adapter_path, const cha
  * mlx_lm.lora: its flags, defaults, data formats, batching and data order, Adam, adapter
  * files) or on preference pairs (dpo, orpo: the losses of TRL's DPOTrainer and
  * ORPOTrainer, the same data order and Adam). */
+#define HEARTH_TRAIN_MAX_KEYS 32
 typedef struct hearth_train_options {
     const char *data;                /* folder with train.jsonl (valid.jsonl optional) */
     const char *method;              /* "sft", "dpo" or "orpo"; NULL: orpo for preference data, else sft */
@@ -581,6 +582,12 @@ typedef struct hearth_train_options {
     /* called with each metrics.jsonl line as it is written (NULL: none) */
     void (*on_metrics)(void *ctx, const char *json_line);
     void *ctx;
+    /* mlx_lm.lora's lora_parameters.keys: the module paths inside a layer to adapt
+     * ("self_attn.q_proj", "mlp.switch_mlp.up_proj", ...; n_lora_keys 0: its default, every
+     * linear layer of the block); keys naming no module of the model are ignored, as mlx-lm
+     * does, but one of them must match */
+    const char *lora_keys[HEARTH_TRAIN_MAX_KEYS];
+    int n_lora_keys;
 } hearth_train_options;
 /* Method defaults, resolved once the method is known: sft takes mlx_lm.lora 0.32.2's (iters
  * 1000, batch 4, lr 1e-5, rank 8, scale 20, sequences 2048); dpo and orpo the seed

@@ -737,7 +737,7 @@ static int lr_schedule(capply *c, const json_t *v, hearth_train_options *o) {
 }
 
 static int lora_parameters(capply *c, const json_t *v, hearth_train_options *o) {
-    if (!json_is_object(v)) return cfail(c, "lora_parameters: need a mapping (rank, scale, dropout)");
+    if (!json_is_object(v)) return cfail(c, "lora_parameters: need a mapping (rank, scale, dropout, keys)");
     const char *k;
     const json_t *x;
     json_object_foreach((json_t *)v, k, x) {
@@ -748,12 +748,23 @@ static int lora_parameters(capply *c, const json_t *v, hearth_train_options *o) 
         } else if (!strcmp(k, "dropout")) {
             if (!json_is_number(x) || json_number_value(x) != 0)
                 return cfail(c, "lora_parameters.dropout: hearth trains without LoRA dropout (set it to 0)");
-        } else if (!strcmp(k, "keys")) {
-            if (!json_is_null(x))
-                return cfail(c, "lora_parameters.keys: not supported (hearth puts LoRA on every attention and MLP "
-                                "projection of the trained layers; remove the key)");
+        } else if (!strcmp(k, "keys")) { /* the modules to adapt (null: every linear layer of the block) */
+            size_t i;
+            const json_t *e;
+            o->n_lora_keys = 0;
+            if (json_is_null(x)) continue;
+            if (!json_is_array(x) || !json_array_size(x))
+                return cfail(c, "lora_parameters.keys: need a list of module paths (e.g. [self_attn.q_proj, "
+                                "self_attn.v_proj])");
+            if (json_array_size(x) > HEARTH_TRAIN_MAX_KEYS)
+                return cfail(c, "lora_parameters.keys: at most %d modules", HEARTH_TRAIN_MAX_KEYS);
+            json_array_foreach(x, i, e) {
+                if (!json_is_string(e) || !*json_string_value(e))
+                    return cfail(c, "lora_parameters.keys: entry %zu is not a module path", i + 1);
+                o->lora_keys[o->n_lora_keys++] = json_string_value(e);
+            }
         } else {
-            return cfail(c, "lora_parameters.%s: unknown key (rank, scale, dropout)", k);
+            return cfail(c, "lora_parameters.%s: unknown key (rank, scale, dropout, keys)", k);
         }
     }
     return 0;

@@ -202,6 +202,7 @@ static const tr_lora *lora_of(const tr_lora *lo, int p) { return lo[p].a ? &lo[p
 static int trained(const tlayer *y, int p) { return y->lora[p].a != NULL; }
 /* Projection p's module path in the adapter files (Gemma 4 names its router and experts otherwise). */
 static const char *pname(const trainer *t, int p);
+static int keyed(const hearth_train_options *o, const char *path);
 /* Expert e's pair of a routed experts' projection, as one projection's (its gradients too). */
 static tr_lora expert_lora(const tlayer *y, int p, int64_t e) {
     tr_lora l = y->lora[p];
@@ -512,7 +513,7 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
                  * and a mixture of experts' router, experts and shared expert included:
                  * mlx_lm.lora's default keys (the experts not with DoRA, which mlx-lm has not
                  * for them either) */
-                if (!y->n[p] || (is_expert(p) && t->dora)) continue;
+                if (!y->n[p] || (is_expert(p) && t->dora) || !keyed(o, pname(t, p))) continue;
                 tr_lora *lo = &y->lora[p];
                 int64_t K = y->k[p], N = y->n[p], E = y->ne[p];
                 *lo = (tr_lora){.r = t->r,
@@ -557,6 +558,18 @@ static hearth_status open_trainer(trainer *t, const char *name, const hearth_tra
             }
             if (bad) return err_set(err, HEARTH_ERR_NOMEM, "out of memory for activations");
         }
+    }
+    if (t->n_params == 0 && o->n_lora_keys) {
+        char list[512] = "";
+        for (int p = 0, n = 0; p < N_P; p++) { /* what this model's trained layers have */
+            int has = 0;
+            for (int l = t->first_lora; l < t->L; l++) has |= t->layers[l].n[p] > 0;
+            if (has && n < 24)
+                n += snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", n ? ", " : "", pname(t, p)) > 0;
+        }
+        return err_set(err, HEARTH_ERR_INVALID,
+                       "lora_parameters.keys: no module of %s's trained layers is listed (its modules: %s)", name,
+                       list);
     }
     t->part = PART_ACTIVATIONS;
     for (int l = 0; l < t->L; l++) /* the keys and values shared-KV layers read, kept (each slot) */
@@ -640,6 +653,13 @@ static const char *pname(const trainer *t, int p) {
                                          "experts.switch_glu.down_proj"};
     if (t->m->cfg.family == FAMILY_GEMMA4 && (p == P_RT || is_expert(p))) return gemma4[p == P_RT ? 0 : p - P_EG + 1];
     return proj_name[p];
+}
+
+/* Whether lora_parameters.keys names module path (none given: every module is). */
+static int keyed(const hearth_train_options *o, const char *path) {
+    for (int i = 0; i < o->n_lora_keys; i++)
+        if (!strcmp(o->lora_keys[i], path)) return 1;
+    return o->n_lora_keys == 0;
 }
 
 static const char *mlx_prefix(const trainer *t) {
@@ -1918,6 +1938,12 @@ static hearth_status save_all(trainer *t, const char *model, double scale, const
     return st ? st : save_adapters(t, path, 1, err);
 }
 
+static json_t *keys_json(const hearth_train_options *o) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < o->n_lora_keys; i++) json_array_append_new(a, json_string(o->lora_keys[i]));
+    return a;
+}
+
 /* The run's settings as mlx_lm.lora's adapter_config.json has them (NULL: out of memory). */
 static json_t *config_json(const char *model, const hearth_train_options *o, const char *dir) {
     json_t *j = json_pack(
@@ -1931,6 +1957,7 @@ static json_t *config_json(const char *model, const hearth_train_options *o, con
         o->val_batches, "grad_accumulation_steps", o->grad_accumulation_steps, "seed", (json_int_t)o->seed,
         "grad_checkpoint", o->grad_checkpoint != 0, "test_batches", 500, "test", 0);
     if (!j) return NULL;
+    if (o->n_lora_keys) json_object_set_new(json_object_get(j, "lora_parameters"), "keys", keys_json(o));
     json_object_set_new(j, "resume_adapter_file",
                         o->resume_adapter_file ? json_string(o->resume_adapter_file) : json_null());
     json_object_set_new(j, "method", json_string(o->method ? o->method : "sft"));
@@ -2179,6 +2206,7 @@ static json_t *resume_settings(const char *model, const hearth_train_options *o)
 static json_t *resume_settings_of(const char *model, const hearth_train_options *o) {
     json_t *j = resume_settings(model, o);
     if (j && o->dora) json_object_set_new(j, "fine_tune_type", json_string("dora"));
+    if (j && o->n_lora_keys) json_object_set_new(j, "keys", keys_json(o));
     return j;
 }
 

@@ -179,10 +179,43 @@ def test_a_run_from_a_config_matches_mlx_lora(tmp_path, folder):
     assert "resume_adapter_file_unused: unknown key" in p.stderr
 
 
+def test_keys_pick_the_modules_as_mlx_lora(tmp_path, folder):
+    """lora_parameters.keys: hearth trains the listed modules only, and its losses follow
+    mlx_lm.lora's with the same config and initial pairs; the written config lists them."""
+    import mlx.core as mx
+    model, data = folder
+    keys = ["self_attn.v_proj", "mlp.down_proj"]
+    full = make_init_adapter(model, tmp_path / "full.safetensors", 4, -1)
+    init = tmp_path / "init.safetensors"
+    mx.save_safetensors(str(init), {k: v for k, v in mx.load(full).items() if any(f".{m}." in k for m in keys)})
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(block_yaml(model, data).replace("iters: 1_2", "iters: 6").replace(
+        "  scale: 10.0\n", "  scale: 10.0\n  keys: [self_attn.v_proj, mlp.down_proj, mlp.gate]\n"))
+    theirs = mlx_resolve(["-c", str(cfg), "--resume-adapter-file", str(init)])
+    kw = {k: v for k, v in theirs.items() if k not in ("model", "data", "adapter_path", "resume_adapter_file", "train")}
+    ref = mlx_lora(model, data, tmp_path / "mlx", str(init), **kw)
+    ours = hearth_train(model, data, tmp_path / "ours", str(init), ["-c", str(cfg)])
+    ours = [r for r in ours if "loss" in r or "val_loss" in r]
+    assert len(ours) == len(ref) > 3
+    for a, b in zip(ref, ours):
+        k = "loss" if "loss" in a else "val_loss"
+        assert abs(a[k] - b[k]) <= LOSS_RTOL * abs(a[k]), (a, b)
+    written = mx.load(str(tmp_path / "ours" / "adapters.safetensors"))
+    assert sorted(written) == sorted(mx.load(str(init)))  # mlp.gate names no module of a dense model: ignored
+    conf = json.loads((tmp_path / "ours" / "adapter_config.json").read_text())
+    assert conf["lora_parameters"]["keys"] == keys + ["mlp.gate"]
+    # keys that name no module of the model: refused, listing the model's
+    cfg.write_text(block_yaml(model, data).replace("  scale: 10.0\n", "  scale: 10.0\n  keys: [attn.nowhere]\n"))
+    p = subprocess.run([BIN, "train", model, "-c", str(cfg), "--adapter-path", str(tmp_path / "bad")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "lora_parameters.keys: no module of" in p.stderr and "self_attn.q_proj" in p.stderr
+    assert not (tmp_path / "bad" / "adapters.safetensors").exists()
+
+
 @pytest.mark.parametrize("text,needle", [
     ("fine_tune_type: full\n", "fine_tune_type: full is not supported"),
     ("lora_parameters: {rank: 8, dropout: 0.1, scale: 20}\n", "lora_parameters.dropout"),
-    ("lora_parameters:\n  rank: 8\n  keys: [self_attn.q_proj]\n", "lora_parameters.keys"),
+    ("lora_parameters:\n  rank: 8\n  keys: self_attn.q_proj\n", "lora_parameters.keys: need a list"),
     ("optimizer: adamw\noptimizer_config:\n  adamw:\n    betas: [0.8, 0.9]\n", "optimizer_config.adamw.betas"),
     ("iters: ten\n", "iters: need a whole number"),
     ("iters: 10\niters: 11\n", "line 2: duplicate key 'iters'"),

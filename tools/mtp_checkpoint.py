@@ -132,13 +132,16 @@ def make_checkpoint(dst):
     return model, w, ids, seq[len(ids):], hid
 
 
-def replay(head, ids, out, hid, k_max):
-    """The scheduler's walk over the reference's proposals: (proposed, accepted)."""
+def replay(head, ids, out, hid, k_max, journal=True):
+    """The scheduler's walk over the reference's proposals: (proposed, accepted). journal
+    False: a hybrid's backend without a state journal (the GPU's), where the step after a
+    rejection feeds the kept tokens again and proposes nothing."""
     seq = ids + out
-    L, emitted, proposed, accepted = len(ids), 1, 0, 0
+    L, emitted, proposed, accepted, replaying = len(ids), 1, 0, 0, False
     while emitted < MAX_TOKENS:
         k = min(k_max, MAX_TOKENS - emitted - 1, (L // BLOCK + 1) * BLOCK - (L + 1))
-        if k <= 0:
+        if k <= 0 or replaying:
+            replaying = False
             L, emitted = L + 1, emitted + 1
             continue
         toks, rows = list(seq[1:L + 1]), [hid[i] for i in range(L)]
@@ -153,4 +156,5 @@ def replay(head, ids, out, hid, k_max):
             a += 1
         proposed, accepted = proposed + k, accepted + a
         L, emitted = L + 1 + a, emitted + 1 + a
+        replaying = not journal and a < k
     return proposed, accepted

@@ -802,6 +802,16 @@ static void mtp_catch_up(hearth_batch *b) {
         }
         b->row_req[n++] = q;
     }
+    /* proposals next step only where the step may carry them (propose's spec_step_room, at
+     * this step's decoding rows): past that the head takes the rows into its KV, to propose
+     * again when the batch shrinks, but skips its lm_head (as costly as the model's) */
+    int n_dec = 0, depth = 0;
+    for (int i = 0; i < b->n_run; i++) {
+        n_dec += b->run[i]->decoding;
+        if (b->run[i]->decoding && b->run[i]->r.params->num_draft_tokens > depth)
+            depth = b->run[i]->r.params->num_draft_tokens;
+    }
+    int outputs = spec_step_room(engine_spec_limits(b->e), n_dec, depth > SPEC_MAX_DRAFT ? SPEC_MAX_DRAFT : depth) > 0;
     int32_t ids[SCHED_MTP_IDS];
     for (int more = n > 0; more;) {
         int T = 0, n_out = 0;
@@ -819,7 +829,7 @@ static void mtp_catch_up(hearth_batch *b) {
             }
             if (q->mlen < q->len)
                 more = 1;
-            else if (q->decoding && n_out < SCHED_MTP_IDS)
+            else if (q->decoding && outputs && n_out < SCHED_MTP_IDS)
                 q->mo = n_out, b->out_rows[n_out++] = T - 1;
         }
         if (T == 0) break;

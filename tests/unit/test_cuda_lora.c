@@ -378,7 +378,8 @@ static void test_refusals(void **state) {
     /* a group of projections past the last one, more than one launch takes, a layer the model lacks */
     float *ys[CUDA_LORA_MAX_GROUP + 1] = {0};
     int64_t ns[CUDA_LORA_MAX_GROUP + 1] = {1, 1, 1, 1};
-    assert_int_equal(cuda_lora_cache_apply(c, 1, 0, OP_PROJ_DOWN, 2, NULL, 1, ys, ns, 0, &e), HEARTH_ERR_INVALID);
+    assert_int_equal(cuda_lora_cache_apply(c, 1, 0, (op_proj)(OP_N_PROJ - 1), 2, NULL, 1, ys, ns, 0, &e),
+                     HEARTH_ERR_INVALID);
     assert_int_equal(cuda_lora_cache_apply(c, 1, 0, OP_PROJ_Q, CUDA_LORA_MAX_GROUP + 1, NULL, 1, ys, ns, 0, &e),
                      HEARTH_ERR_INVALID);
     assert_int_equal(cuda_lora_cache_apply(c, 1, LAYERS, OP_PROJ_Q, 1, NULL, 1, ys, ns, 1, &e), HEARTH_ERR_INVALID);

@@ -2,7 +2,8 @@
  * after an adapted projection: against a double-precision reference on random ragged
  * batches where rows use one adapter, two summed, a DoRA adapter or none; rows without
  * adapters keep their exact bits; a projection an adapter leaves alone is untouched; the
- * result does not depend on the thread count. */
+ * result does not depend on the thread count; routed experts' pairs on gathered rows
+ * (op_lora_apply_expert). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -105,10 +106,61 @@ static void test_no_adapters(void **state) {
     assert_memory_equal(y, y0, sizeof y);
 }
 
+/* Routed experts' pairs (op_lora.experts: E stacked pairs) on rows gathered for expert e:
+ * row i takes its token tok[i]'s adapters and expert e's pair, against the reference; a
+ * token without adapters keeps its row's bits; op_lora_apply leaves such pairs alone;
+ * op_batch_adapts tells which projections a step's adapters update. */
+static void test_expert_rows(void **state) {
+    (void)state;
+    enum { E = 3, R = 4, M = 7 };
+    uint64_t seed = 7;
+    static float a[E * R * K], bt[E * R * N];
+    for (int i = 0; i < E * R * K; i++) a[i] = frand(&seed);
+    for (int i = 0; i < E * R * N; i++) bt[i] = frand(&seed);
+    test_adapter A;
+    memset(&A, 0, sizeof A);
+    A.proj[1 * OP_N_PROJ + OP_PROJ_EXP_UP] = (op_lora){.a = a, .b = bt, .rank = R, .scale = 0.75f, .experts = E};
+    A.ops.proj = A.proj;
+    const op_adapter *only[] = {&A.ops};
+    op_adapter_set sa = {1, only};
+    const op_adapter_set *rows[T];
+    for (int t = 0; t < T; t++) rows[t] = t % 3 ? &sa : NULL;
+    op_batch b = {.T = T, .row_adapters = rows};
+    assert_true(op_batch_adapts(&b, 1, OP_PROJ_EXP_UP));
+    assert_false(op_batch_adapts(&b, 1, OP_PROJ_EXP_GATE));
+    assert_false(op_batch_adapts(&b, 0, OP_PROJ_EXP_UP));
+    int32_t tok[M] = {0, 1, 2, 4, 5, 9, 17};
+    float x[M * K], y[M * N], y0[M * N];
+    for (int i = 0; i < M * K; i++) x[i] = frand(&seed);
+    for (int i = 0; i < M * N; i++) y0[i] = y[i] = frand(&seed);
+    op_lora_apply(&b, 1, OP_PROJ_EXP_UP, x, K, y, N, NULL); /* the dense entry point: no expert, no update */
+    assert_memory_equal(y, y0, sizeof y);
+    for (int e = 0; e < E; e++) {
+        memcpy(y, y0, sizeof y);
+        op_lora_apply_expert(&b, 1, OP_PROJ_EXP_UP, e, tok, M, x, K, y, N, NULL);
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                if (!rows[tok[i]]) {
+                    assert_memory_equal(&y[i * N + j], &y0[i * N + j], sizeof(float));
+                    continue;
+                }
+                double acc = 0;
+                for (int q = 0; q < R; q++) {
+                    double u = 0;
+                    for (int k = 0; k < K; k++) u += (double)a[(e * R + q) * K + k] * x[i * K + k];
+                    acc += (double)bt[(e * R + q) * N + j] * u;
+                }
+                double want = y0[i * N + j] + 0.75 * acc;
+                assert_true(fabs(y[i * N + j] - want) <= 1e-5 * (1 + fabs(want)));
+            }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_reference),
         cmocka_unit_test(test_no_adapters),
+        cmocka_unit_test(test_expert_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

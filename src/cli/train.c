@@ -24,7 +24,9 @@ static const char *train_usage =
     "  [--threads N] [-c config.yaml]  (mlx_lm.lora's YAML config, flags win; --model M and --train work too)\n"
     "  method: orpo for prompt/chosen/rejected data, else sft. Defaults: sft iters 1000, batch 4, lr 1e-5,\n"
     "  rank 8, scale 20, seq 2048; dpo/orpo iters 100, batch 1, lr 5e-5/1e-5, rank 8/16, scale 1/2, seq 4096\n"
-    "  writes DIR/adapters.safetensors (MLX), DIR/peft/ (PEFT) and DIR/metrics.jsonl (hearth train-watch DIR)";
+    "  adapts what mlx_lm.lora's default keys adapt (every linear layer of the block; a config's\n"
+    "  lora_parameters.keys picks some); writes DIR/adapters.safetensors (MLX), DIR/peft/ (PEFT; none when\n"
+    "  a mixture of experts' routers or experts are adapted) and DIR/metrics.jsonl (hearth train-watch DIR)";
 
 static void on_metrics(void *ctx, const char *line) {
     json_t *j = json_loads(line, 0, NULL);

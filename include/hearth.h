@@ -181,6 +181,10 @@ typedef struct hearth_engine_options {
                             and sampler kernels: for comparisons; no effect on the CPU */
     int speculate;       /* hearth_speculate: how the batch scheduler proposes tokens to
                             verify several per step (docs/server.md); 0: prompt lookup */
+    int no_state_journal;      /* 1: on the CPU, a hybrid model's speculation keeps no journal of
+                                 the recurrent state, as the CUDA backend keeps none (a rejected
+                                 proposal's kept tokens are fed again at the next step, which
+                                 proposes nothing): the GPU's scheduling, for comparisons */
     hearth_model *draft_model; /* speculative decoding with this smaller model (it must have
                             the model's tokenizer; it runs in the engine with the same
                             options, its own KV pool): the batch scheduler proposes its

@@ -111,12 +111,14 @@ int cli_parse_pool_flag(int argc, char **argv, int *i, hearth_engine_options *eo
     return 1;
 }
 
-/* --threads, --ctx, --mmap, --kv-quant, --speculate, --device, --deterministic, --cuda-exact, --expert-offload and --host-sampler, shared by the verbs that run
+/* --threads, --ctx, --mmap, --kv-quant, --speculate, --device, --deterministic, --cuda-exact, --expert-offload,
+ * --host-sampler and --no-state-journal, shared by the verbs that run
  * the engine. An unknown --kv-quant name leaves -1, which the engine rejects by name. */
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o) {
     if (!strcmp(argv[*i], "--mmap")) return o->use_mmap = 1;
     if (!strcmp(argv[*i], "--cuda-exact")) return o->cuda_exact = 1;
     if (!strcmp(argv[*i], "--host-sampler")) return o->host_sampler = 1;
+    if (!strcmp(argv[*i], "--no-state-journal")) return o->no_state_journal = 1;
     if (!strcmp(argv[*i], "--deterministic")) return o->deterministic = 1;
     if (*i + 1 >= argc) return 0;
     if (!strcmp(argv[*i], "--device")) { /* cpu|cuda|auto; an unknown name is caught at engine start */

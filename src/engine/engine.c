@@ -46,6 +46,7 @@ struct hearth_engine {
     int context_cut_from; /* engine_plan.context_cut_from: the default context was cut to fit memory */
     int deterministic; /* op_batch.batch_invariant for every step */
     int host_sampler;  /* hearth_engine_options.host_sampler */
+    int no_journal;    /* hearth_engine_options.no_state_journal */
     int append_rows;   /* logits rows one hearth_seq_append may return (max_logits_rows) */
     int speculate;     /* hearth_speculate, for the scheduler */
     spec_cost spec_cost;  /* what a speculating step costs on this engine, measured by its batches */
@@ -383,6 +384,7 @@ static hearth_status engine_create(hearth_model *hm, model *pre, const hearth_en
     e->context_cut_from = p.context_cut_from;
     e->deterministic = o.deterministic != 0;
     e->host_sampler = o.host_sampler != 0;
+    e->no_journal = o.no_state_journal != 0;
     e->speculate = o.speculate;
     e->replay = o.spec_replay;
     if (!st) st = tp_create(e->n_threads, &e->tp, err);
@@ -901,10 +903,8 @@ hearth_status engine_state_spec_copy(hearth_engine *e, int slot, int j, int to_b
 }
 
 hearth_status engine_state_journal(hearth_engine *e, int rec, int slot, hearth_error *err) {
-    /* HEARTH_STATE_NO_JOURNAL=1 (tests): the CPU keeps none either, as the CUDA backend, so a
-     * rejected proposal's kept tokens are fed again at the next step there too */
-    const char *off = getenv("HEARTH_STATE_NO_JOURNAL");
-    if (!e->be->t->state_journal || (off && *off == '1'))
+    /* no_state_journal: the CPU keeps none either, as the CUDA backend (the GPU's scheduling) */
+    if (!e->be->t->state_journal || e->no_journal)
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "the backend keeps no journal");
     return e->be->t->state_journal(e->be, rec, slot, err);
 }

@@ -53,16 +53,15 @@ def test_proposals_are_the_reference_heads(ckpt, k):
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_without_a_state_journal_as_the_gpu_schedules(ckpt, k):
-    """HEARTH_STATE_NO_JOURNAL=1: the CPU keeps no state journal, as the CUDA backend keeps
+    """--no-state-journal: the CPU keeps no state journal, as the CUDA backend keeps
     none, so the step after a rejected proposal feeds the kept tokens again and proposes
     nothing: the reference head walked the same way gives the counts, and the text is still
     the plain one (tools/gpu_run.d/mtp.sh holds the GPU to this run's counts)."""
     d, head, ids, out, hid = ckpt
     want = replay(head, ids, out, hid, k, journal=False)
     assert want != replay(head, ids, out, hid, k)  # the scheduling differs, or this proves nothing
-    env = {"HEARTH_STATE_NO_JOURNAL": "1"}
     p = hearth("generate", d, PROMPT, "--no-chat-template", "--max-tokens", str(MAX_TOKENS), "--threads", "2",
-               "--speculate", "mtp", "--num-draft-tokens", str(k), env=env)
+               "--speculate", "mtp", "--num-draft-tokens", str(k), "--no-state-journal")
     assert p.returncode == 0, p.stderr
     assert counts(p.stderr) == want
     plain = hearth("generate", d, PROMPT, "--no-chat-template", "--max-tokens", str(MAX_TOKENS), "--threads", "2",

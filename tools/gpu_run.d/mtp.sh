@@ -3,7 +3,7 @@
 # (build-gpumodels/mtp, tools/mtp_checkpoint.py; expected.json holds the reference head's
 # proposed / accepted counts for depths 1 and 3, which the CPU's scalar tier matches) under
 # `generate --device cuda --cuda-exact`: the same counts as the CPU's scalar tier scheduled as
-# the GPU schedules a hybrid (HEARTH_STATE_NO_JOURNAL=1: no state journal, a rejection's kept
+# the GPU schedules a hybrid (--no-state-journal: no state journal, a rejection's kept
 # tokens fed again at the next step, which proposes nothing; depth 1, which never replays, also
 # the reference's) and the same text as --speculate none;
 # then `serve` with three requests at once, texts equal to --speculate none's. Speed: random
@@ -21,7 +21,7 @@ for k in 1 3; do
     --num-draft-tokens $k >"$L"/gen_mtp_$k.txt 2>"$L"/gen_mtp_$k.err
   got=$(grep -a "speculative decoding (mtp)" "$L"/gen_mtp_$k.err | sed 's/.*: \([0-9]*\) tokens proposed, \([0-9]*\) accepted/\1 \2/')
   want=$(python3 -c 'import json; print(*json.load(open("'"$D"'/expected.json"))["k'$k'"])')
-  HEARTH_STATE_NO_JOURNAL=1 HEARTH_CPU=scalar $H generate "$D" "$prompt" --no-chat-template --max-tokens 40 \
+  HEARTH_CPU=scalar $H generate "$D" "$prompt" --no-chat-template --max-tokens 40 --no-state-journal \
     --speculate mtp --num-draft-tokens $k >"$L"/cpu_replay_$k.txt 2>"$L"/cpu_replay_$k.err
   cpu=$(grep -a "speculative decoding (mtp)" "$L"/cpu_replay_$k.err | sed 's/.*: \([0-9]*\) tokens proposed, \([0-9]*\) accepted/\1 \2/')
   [ -n "$got" ] && [ "$got" = "$cpu" ] || fail=1

@@ -47,12 +47,14 @@ def save_safetensors(path, tensors):
             f.write(t.tobytes())
 
 
-def make_adapter(path, dims, rank, seed):
+def make_adapter(path, dims, rank, seed, projs=tuple(PROJ)):
+    """A random rank-`rank` adapter on projections projs of every layer; returns its file's bytes."""
     import numpy as np
     rng = np.random.default_rng(seed)
     w = {}
     for i in range(dims["layers"]):
-        for name, (din, dout) in PROJ.items():
+        for name in projs:
+            din, dout = PROJ[name]
             w[f"model.layers.{i}.{name}.lora_a"] = rng.normal(0, 0.02, (dims[din], rank)).astype(np.float32)
             w[f"model.layers.{i}.{name}.lora_b"] = rng.normal(0, 0.02, (rank, dims[dout])).astype(np.float32)
     os.makedirs(path, exist_ok=True)
@@ -60,6 +62,7 @@ def make_adapter(path, dims, rank, seed):
     json.dump({"fine_tune_type": "lora", "num_layers": dims["layers"],
                "lora_parameters": {"rank": rank, "scale": 2.0, "dropout": 0.0}},
               open(os.path.join(path, "adapter_config.json"), "w"))
+    return os.path.getsize(os.path.join(path, "adapters.safetensors"))
 
 
 def one(port, adapter, tokens):

@@ -22,25 +22,8 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import results_file  # noqa: E402
-from mixed import PROJ, model_dims, save_safetensors  # noqa: E402
+from mixed import PROJ, make_adapter, model_dims  # noqa: E402
 from serve_util import hearth_serve  # noqa: E402
-
-
-def make_adapter(path, dims, rank, seed, projs):
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    w = {}
-    for i in range(dims["layers"]):
-        for name in projs:
-            din, dout = PROJ[name]
-            w[f"model.layers.{i}.{name}.lora_a"] = rng.normal(0, 0.02, (dims[din], rank)).astype(np.float32)
-            w[f"model.layers.{i}.{name}.lora_b"] = rng.normal(0, 0.02, (rank, dims[dout])).astype(np.float32)
-    os.makedirs(path, exist_ok=True)
-    save_safetensors(os.path.join(path, "adapters.safetensors"), w)
-    json.dump({"fine_tune_type": "lora", "num_layers": dims["layers"],
-               "lora_parameters": {"rank": rank, "scale": 2.0, "dropout": 0.0}},
-              open(os.path.join(path, "adapter_config.json"), "w"))
-    return os.path.getsize(os.path.join(path, "adapters.safetensors"))
 
 
 def call(port, method, path, body=None):

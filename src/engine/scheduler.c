@@ -775,6 +775,16 @@ static hearth_status mtp_step(hearth_batch *b, hearth_engine *d, int T, int n_ou
     return st;
 }
 
+/* A draft model's or MTP head's depth this step: the deepest decoding request's
+ * num_draft_tokens, at most SPEC_MAX_DRAFT. */
+static int draft_depth(const hearth_batch *b) {
+    int depth = 0;
+    for (int i = 0; i < b->n_run; i++)
+        if (b->run[i]->decoding && b->run[i]->r.params->num_draft_tokens > depth)
+            depth = b->run[i]->r.params->num_draft_tokens;
+    return depth > SPEC_MAX_DRAFT ? SPEC_MAX_DRAFT : depth;
+}
+
 static void mtp_catch_up(hearth_batch *b) {
     hearth_engine *d = engine_mtp(b->e);
     kv_cache *dkv = engine_kv(d);
@@ -805,13 +815,9 @@ static void mtp_catch_up(hearth_batch *b) {
     /* proposals next step only where the step may carry them (propose's spec_step_room, at
      * this step's decoding rows): past that the head takes the rows into its KV, to propose
      * again when the batch shrinks, but skips its lm_head (as costly as the model's) */
-    int n_dec = 0, depth = 0;
-    for (int i = 0; i < b->n_run; i++) {
-        n_dec += b->run[i]->decoding;
-        if (b->run[i]->decoding && b->run[i]->r.params->num_draft_tokens > depth)
-            depth = b->run[i]->r.params->num_draft_tokens;
-    }
-    int outputs = spec_step_room(engine_spec_limits(b->e), n_dec, depth > SPEC_MAX_DRAFT ? SPEC_MAX_DRAFT : depth) > 0;
+    int n_dec = 0, depth = draft_depth(b);
+    for (int i = 0; i < b->n_run; i++) n_dec += b->run[i]->decoding;
+    int outputs = spec_step_room(engine_spec_limits(b->e), n_dec, depth) > 0;
     int32_t ids[SCHED_MTP_IDS];
     for (int more = n > 0; more;) {
         int T = 0, n_out = 0;
@@ -906,11 +912,7 @@ static int propose(hearth_batch *b) {
     if (kv->state && b->budget - b->max_run < n_spec * (KV_BLOCK_SIZE - 1)) n_spec = 0;
     for (int i = 0; i < b->n_run; i++) replays += b->run[i]->decoding ? b->run[i]->n_replay : 0;
     hearth_engine *draft = engine_draft(e), *mtp = engine_mtp(e);
-    int depth = 0; /* a draft model's or MTP head's: the deepest request's */
-    for (int i = 0; (draft || mtp) && i < b->n_run; i++)
-        if (b->run[i]->decoding && b->run[i]->r.params->num_draft_tokens > depth)
-            depth = b->run[i]->r.params->num_draft_tokens;
-    if (depth > SPEC_MAX_DRAFT) depth = SPEC_MAX_DRAFT;
+    int depth = draft || mtp ? draft_depth(b) : 0; /* a draft model's or MTP head's */
     if (engine_speculate(e) == HEARTH_SPEC_NONE || (kv->state && n_spec == 0)) return 0;
     int reach = spec_step_room(engine_spec_limits(e), n_dec, depth);
     if (reach <= 0) return 0;

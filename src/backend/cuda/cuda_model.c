@@ -464,6 +464,15 @@ static hearth_status lora_expert(cuda_model *cm, const op_step *s, int layer, op
     return cuda_lora_cache_apply_rows(cm->lora, rows, n, layer, p, e, x, k, y, n_out, cm->plan.gemm_exact, s->err);
 }
 
+/* Whether any row's adapters update the routed experts of layer `layer` (-1: of any layer of
+ * n_layers): cu_moe then routes that layer on the host, and the step runs without a graph. */
+static int expert_adapters(const op_batch *b, int layer, int n_layers) {
+    for (int l = layer < 0 ? 0 : layer; l < (layer < 0 ? n_layers : layer + 1); l++)
+        for (int p = OP_PROJ_EXP_GATE; p <= OP_PROJ_EXP_DOWN; p++)
+            if (op_batch_adapts(b, l, (op_proj)p)) return 1;
+    return 0;
+}
+
 static hearth_status moe_experts(cuda_model *cm, const op_step *s, const op_moe *m, const float *x, float *out) {
     const op_dims *d = s->dims;
     hearth_error *err = s->err;
@@ -667,9 +676,7 @@ static hearth_status cu_moe(const op_step *s, const op_moe *m) {
     const op_dims *d = s->dims;
     int T = s->b->T, H = d->hidden;
     /* adapters on the routed experts: the host-routed form, whose per-expert rows they update */
-    int exp_lora = cm->lora_step && (op_batch_adapts(s->b, m->layer, OP_PROJ_EXP_GATE) ||
-                                     op_batch_adapts(s->b, m->layer, OP_PROJ_EXP_UP) ||
-                                     op_batch_adapts(s->b, m->layer, OP_PROJ_EXP_DOWN));
+    int exp_lora = cm->lora_step && expert_adapters(s->b, m->layer, 0);
     int on_device = cm->moe_dev && T <= GRAPH_MAX_T && !cm->invariant && !exp_lora;
     int grouped = cm->moe_grouped && g_moe_grouped && T > GRAPH_MAX_T && !cm->invariant && !exp_lora;
     cm->q8_ready = 0;
@@ -910,14 +917,6 @@ static hearth_status run_layers(cuda_model *cm, const op_step *s) {
     return cm->layers(s, cm->layers_ctx);
 }
 
-/* Whether any row's adapters update routed experts (cu_moe then routes on the host). */
-static int expert_adapters(const op_batch *b, const op_dims *d) {
-    for (int l = 0; l < d->n_layers; l++)
-        for (int p = OP_PROJ_EXP_GATE; p <= OP_PROJ_EXP_DOWN; p++)
-            if (op_batch_adapts(b, l, (op_proj)p)) return 1;
-    return 0;
-}
-
 /* A decode step through its graph: captured on the first step of this (T, n_out), then
  * replayed. A capture that fails turns graphs off for this model (eager steps give the
  * same results), with one line on stderr saying why. */
@@ -994,7 +993,7 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
     int pl_ready = !dims->per_layer_dim || cm->pl_known;
     /* T <= GRAPH_MAX_T runs the same kernels either way, so decode graphs are shared */
     /* a batch-invariant step of a mixture of experts routes on the host (cu_moe): eager */
-    int host_sync = dims->n_experts > 0 && (cm->invariant || (cm->lora_step && expert_adapters(b, dims)));
+    int host_sync = dims->n_experts > 0 && (cm->invariant || (cm->lora_step && expert_adapters(b, -1, dims->n_layers)));
     if (T <= GRAPH_MAX_T && b->n_out <= T && !cm->graphs_off && pl_ready && out != OP_OUT_HIDDEN && !host_sync && !hid)
         TRY(run_graph(cm, &s));
     else

@@ -339,6 +339,12 @@ $(BUILD)/bench/gemv_bench: bench/cuda/gemv_bench.c $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS)
 
+# One Gated DeltaNet layer's prefill, token walk against the chunked form (CUDA events;
+# tools/gpu_run.d/gdn-bench.sh).
+$(BUILD)/bench/gdn_bench: bench/cuda/gdn_bench.c $(BUILD)/libhearth.a
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libhearth.a $(LDLIBS) $(CUDA_LIBS)
+
 # The batched-step microbenchmark (matmul paths, ragged attention; tools/gpu_run.d/cuda-batch.sh).
 $(BUILD)/bench/batch_bench: bench/cuda/batch_bench.c $(BUILD)/libhearth.a
 	@mkdir -p $(dir $@)

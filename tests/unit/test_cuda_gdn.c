@@ -3,7 +3,8 @@
  * ops_gated_delta (cpu_gdn.c) over a ragged step of three sequences (one starting at
  * position 0, one whose tokens are not contiguous in the batch) and then decode steps that
  * continue each sequence's state (one sequence restarted at position 0 midway), and prefill
- * steps of one sequence (the parallel conv's chunked path, up to 300 tokens), outputs,
+ * steps of one sequence (the parallel conv's chunked path, up to 300 tokens; the fast tier's
+ * chunked delta rule on 40 to 300 tokens, then decode from the states it left), outputs,
  * normalised q/k and the whole state pool compared; the state-record copy of snapshots;
  * gated attention's split and sigmoid gate; partial RoPE in cuda_rope_kv_write against
  * ops_rope_part, with the pool's stored keys; and the whole gated_delta op (its projections
@@ -86,7 +87,7 @@ typedef struct gdn_shape {
  * the same state before and are compared after. */
 static void run_step(const gdn_shape *g, kv_cache *kv, float *dstate, const float *conv, const float *A_log,
                      const float *dt_bias, const float *norm, const float *dconv, const float *dA, const float *ddt,
-                     const float *dnorm, int T, const int32_t *pos, const int32_t *slot) {
+                     const float *dnorm, int T, const int32_t *pos, const int32_t *slot, int chunked) {
     int C = 2 * g->k_heads * g->k_dim + g->v_heads * g->v_dim, vd = g->v_heads * g->v_dim, Hv = g->v_heads;
     float *qkv = malloc(sizeof(float) * T * C), *z = malloc(sizeof(float) * T * vd),
           *a = malloc(sizeof(float) * T * Hv), *b = malloc(sizeof(float) * T * Hv), *y = malloc(sizeof(float) * T * vd);
@@ -100,6 +101,7 @@ static void run_step(const gdn_shape *g, kv_cache *kv, float *dstate, const floa
     cuda_gdn_runs(slot, T, NS, last, first, next);
     int single = 1; /* one sequence's step: what cuda_model passes as single_run */
     for (int t = 1; t < T; t++) single &= slot[t] == slot[0];
+    float *dscratch = chunked ? dev_nan(cuda_gdn_chunk_floats(T, g->v_heads, g->k_dim)) : NULL;
     int32_t *dpos = dev_upload(pos, sizeof(int32_t) * T), *dslot = dev_upload(slot, sizeof(int32_t) * T),
             *dfirst = dev_upload(first, sizeof(int32_t) * T), *dnext = dev_upload(next, sizeof(int32_t) * T);
 
@@ -141,6 +143,8 @@ static void run_step(const gdn_shape *g, kv_cache *kv, float *dstate, const floa
                         .conv_k = g->conv_k,
                         .v_tiled = g->v_tiled,
                         .single_run = single,
+                        .chunked = chunked,
+                        .scratch = dscratch,
                         .conv = dconv,
                         .A_log = dA,
                         .dt_bias = ddt,
@@ -156,7 +160,19 @@ static void run_step(const gdn_shape *g, kv_cache *kv, float *dstate, const floa
     float *gy = download(dy, (size_t)T * vd), *gqkv = download(dqkv, (size_t)T * C);
     size_t pool = (size_t)NS * LAYERS * kv->state->layer_floats;
     float *gstate = download(dstate, pool);
-    assert_close(qkv, gqkv, (size_t)T * C, "conv + l2norm qkv");
+    /* the chunked form overwrites v with its U = W V: there only q and k are compared, and v
+     * must be far from the conv's output (the chunked kernels ran) */
+    int taken =
+        chunked && T >= CUDA_GDN_CHUNK_MIN_T && cuda_gdn_chunk_takes(g->k_dim, g->v_dim) && cuda_gdn_chunk_device();
+    int qk = 2 * g->k_heads * g->k_dim, v_changed = 0;
+    for (int t = 0; t < T; t++) {
+        assert_close(qkv + (size_t)t * C, gqkv + (size_t)t * C, (size_t)(chunked ? qk : C), "conv + l2norm qkv");
+        for (int i = qk; i < C; i++) {
+            float want = qkv[(size_t)t * C + i], got = gqkv[(size_t)t * C + i];
+            v_changed += !(fabsf(want - got) <= 2e-4f + 2e-4f * fabsf(want));
+        }
+    }
+    assert_int_equal(v_changed > 0, taken);
     assert_close(y, gy, (size_t)T * vd, "y");
     assert_close(kv->state->data, gstate, pool, "state pool");
     /* the next step starts both sides from the CPU's state (no drift carried over) */
@@ -165,6 +181,7 @@ static void run_step(const gdn_shape *g, kv_cache *kv, float *dstate, const floa
     free(qkv), free(z), free(a), free(b), free(y);
     cuda_free(dqkv), cuda_free(dz), cuda_free(da), cuda_free(db), cuda_free(dy);
     cuda_free(dpos), cuda_free(dslot), cuda_free(dfirst), cuda_free(dnext);
+    if (dscratch) cuda_free(dscratch);
 }
 
 static void check_gdn(const gdn_shape *g) {
@@ -191,7 +208,7 @@ static void check_gdn(const gdn_shape *g) {
     /* the ragged step: slot 0 starts (positions 0..4), slot 2 continues with 3 tokens (7..9),
      * slot 1 with one (12); slots 0 and 2 interleaved in the batch */
     int32_t pos[] = {0, 1, 7, 2, 3, 12, 8, 4, 9}, slot[] = {0, 0, 2, 0, 0, 1, 2, 0, 2};
-    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 9, pos, slot);
+    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 9, pos, slot, 0);
     /* decode: one token of each, in another order each time; slot 1 recomputed from
      * position 0 at the third step (a preempted sequence) */
     int32_t next_pos[3] = {5, 13, 10};
@@ -199,23 +216,40 @@ static void check_gdn(const gdn_shape *g) {
         int32_t dslot[3] = {(int32_t)(step % 3), (int32_t)((step + 1) % 3), (int32_t)((step + 2) % 3)}, dpos[3];
         if (step == 2) next_pos[1] = 0;
         for (int i = 0; i < 3; i++) dpos[i] = next_pos[dslot[i]]++;
-        run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 3, dpos, dslot);
+        run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 3, dpos, dslot, 0);
     }
     /* a prefill chunk of one sequence alone (40 tokens: the kernels' chunks of 16, 16 and 8) */
     int32_t cpos[MAX_T], cslot[MAX_T];
     for (int t = 0; t < 40; t++) cpos[t] = next_pos[2]++, cslot[t] = 2;
-    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 40, cpos, cslot);
+    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 40, cpos, cslot, 0);
     /* two long runs back to back (slot 0 continues with 21 tokens, slot 1 restarts at 0 with 17):
      * chunks that end where a run ends and where the chunk is full */
     for (int t = 0; t < 38; t++) cslot[t] = t < 21 ? 0 : 1, cpos[t] = t < 21 ? next_pos[0]++ : t - 21;
-    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 38, cpos, cslot);
+    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 38, cpos, cslot, 0);
     /* longer prefill chunks of one sequence, the parallel conv's chunks shorter than its
      * history (100 tokens: 50 chunks of 2) and longer (300: 60 of 5, several per warp): slot 2
      * continuing mid-sequence (its record is the history), slot 1 starting at position 0 */
     for (int t = 0; t < 100; t++) cpos[t] = next_pos[2]++, cslot[t] = 2;
-    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 100, cpos, cslot);
+    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 100, cpos, cslot, 0);
     for (int t = 0; t < MAX_T; t++) cpos[t] = t, cslot[t] = 1;
-    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, MAX_T, cpos, cslot);
+    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, MAX_T, cpos, cslot, 0);
+    /* the chunked form (the fast tier's prefill of one sequence): slot 2 continuing with one
+     * partial chunk (40 tokens), one whole (64) and two and a bit (130); slot 0 restarting
+     * at position 0 with 300 (four whole chunks and a partial one); then decode steps from
+     * the states it left; below CUDA_GDN_CHUNK_MIN_T tokens the token walk runs */
+    static const int lens[] = {40, 64, 130, CUDA_GDN_CHUNK_MIN_T - 1};
+    for (size_t n = 0; n < sizeof lens / sizeof *lens; n++) {
+        for (int t = 0; t < lens[n]; t++) cpos[t] = next_pos[2]++, cslot[t] = 2;
+        run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, lens[n], cpos, cslot, 1);
+    }
+    for (int t = 0; t < MAX_T; t++) cpos[t] = t, cslot[t] = 0;
+    run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, MAX_T, cpos, cslot, 1);
+    next_pos[0] = MAX_T;
+    for (int step = 0; step < 2; step++) {
+        int32_t dslot[3] = {0, 1, 2}, dpos[3];
+        for (int i = 0; i < 3; i++) dpos[i] = next_pos[i]++;
+        run_step(g, &kv, dstate, conv, A_log, dt_bias, norm, dconv, dA, ddt, dnorm, 3, dpos, dslot, 0);
+    }
     free(conv);
     cuda_free(dstate), cuda_free(dconv), cuda_free(dA), cuda_free(ddt), cuda_free(dnorm);
     kv_state_free(&kv);

@@ -470,6 +470,12 @@ typedef struct cuda_gdn_args {
     const int32_t *pos, *slot, *run_first, *run_next;
     int k_heads, v_heads, k_dim, v_dim, conv_k, v_tiled;
     int single_run; /* every token is slot[0]'s, in order (a prefill chunk): the conv runs in parallel chunks */
+    /* single_run with consecutive positions and the fast tier: a step of at least
+     * CUDA_GDN_CHUNK_MIN_T tokens with heads cuda_gdn_chunk_takes takes the chunked
+     * form of the delta rule (its sums in another order than cpu_gdn.c's token walk), in
+     * scratch of cuda_gdn_chunk_floats(T, v_heads, k_dim) floats */
+    int chunked;
+    float *scratch;
     const float *conv, *A_log, *dt_bias, *norm;
     float norm_eps;
     float *qkv;
@@ -480,6 +486,18 @@ typedef struct cuda_gdn_args {
 hearth_status cuda_gated_delta(const cuda_gdn_args *a, hearth_error *err);
 /* Whether cuda_gated_delta takes heads of these sizes and a conv this long. */
 int cuda_gdn_supported(int k_dim, int v_dim, int conv_k);
+/* The chunked delta rule (cuda_gdn_args.chunked): tokens per chunk, the widest key and value
+ * head, the shortest step that takes it, and its scratch: each (token, value head)'s
+ * W diag(gamma) K row [k_dim] and masked q.k row [CUDA_GDN_CHUNK] (cuda_plan.c). */
+#define CUDA_GDN_CHUNK 64
+#define CUDA_GDN_CHUNK_DIM 128
+#define CUDA_GDN_CHUNK_MIN_T 32
+size_t cuda_gdn_chunk_floats(int T, int v_heads, int k_dim);
+/* Whether the chunked form takes heads of these sizes (at most CUDA_GDN_CHUNK_DIM). */
+int cuda_gdn_chunk_takes(int k_dim, int v_dim);
+/* Whether the current device gives the chunked kernels their shared memory (else the token
+ * walk runs). */
+int cuda_gdn_chunk_device(void);
 /* Host side: run_first / run_next of T tokens' slots (each < max_slots; last: max_slots
  * ints of scratch). */
 void cuda_gdn_runs(const int32_t *slot, int T, int max_slots, int32_t *last, int32_t *first, int32_t *next);

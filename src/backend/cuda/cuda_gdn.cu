@@ -134,12 +134,12 @@ __global__ void __launch_bounds__(32 * GDN_PC_WARPS) gdn_conv_run_kernel(cuda_gd
 
 /* Prefill: each (token, value head)'s decay g and beta, once, in place of a and b (the delta
  * kernel's every thread would compute them per token otherwise). */
-__global__ void gdn_gate_kernel(cuda_gdn_args a) {
+template <bool LOG> __global__ void gdn_gate_kernel(cuda_gdn_args a) {
     int i = blockIdx.x * blockDim.x + threadIdx.x, Hv = a.v_heads;
     if (i >= a.T * Hv) return;
     int h = i % Hv;
-    float A = expf(a.A_log[h]);
-    a.a[i] = expf(-A * gdn_softplus(a.a[i] + a.dt_bias[h]));
+    float A = expf(a.A_log[h]), lg = -A * gdn_softplus(a.a[i] + a.dt_bias[h]);
+    a.a[i] = LOG ? lg : expf(lg); /* the chunked form takes the log of the decay */
     a.b[i] = gdn_sigmoid(a.b[i]);
 }
 
@@ -331,6 +331,337 @@ template <int NE> static hearth_status launch_delta(const cuda_gdn_args *a, int 
     return cuda_launched("gdn_delta", err);
 }
 
+/* ---- The chunked form of the delta rule (the fast tier's prefill of one sequence) ----
+ *
+ * Within a chunk of BT tokens starting from state S0 ([Dv][Dk]), with gamma_t the product
+ * of the chunk's decays up to t (G_t = log gamma_t, a running sum of the log decays), the
+ * token walk's updates delta_t = beta_t (v_t - g_t S_{t-1} k_t) solve the lower-triangular
+ * system (I + A) Delta = diag(beta) (V - diag(gamma) K S0^T), A[t][s] = beta_t
+ * (gamma_t / gamma_s) (k_t . k_s) for s < t. With W = (I + A)^-1 diag(beta), U = W V and
+ * Wk = W diag(gamma) K: Delta = U - Wk S0^T; the outputs are Y = diag(gamma) Q S0^T + P Delta
+ * with P[t][s] = (gamma_t / gamma_s) (q_t . k_s) for s <= t; the next chunk starts from
+ * gamma_last S0 + Delta^T diag(gamma_last / gamma) K. gdn_chunk_prep_kernel computes W, U (in
+ * place of v), Wk and P of every (chunk, value head) in parallel; gdn_chunk_walk_kernel walks
+ * the chunks of each (value head, tile of GDN_DVT value rows) with the state in shared
+ * memory. Everything in float32; a row of a partial chunk past the step is zero (beta 0,
+ * log decay 0), so it changes nothing. */
+#define GDN_BT CUDA_GDN_CHUNK
+#define GDN_DVT 32
+#define GDN_CK_THREADS 256
+
+/* G[0 .. BT) = running sums of the log decays in G (one warp; two tokens a lane), then
+ * gam[t] = exp(G[t]) and E[t] = exp(G[BT - 1] - G[t]). Both kernels call it on the same
+ * inputs, so they get the same bits. */
+static __device__ __forceinline__ void gdn_chunk_scan(float *G, float *gam, float *E, int lane) {
+    float x0 = G[2 * lane], x1 = G[2 * lane + 1], pair = x0 + x1, run = pair;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        float y = __shfl_up_sync(0xffffffffu, run, o);
+        if (lane >= o) run += y;
+    }
+    float before = __shfl_up_sync(0xffffffffu, run, 1);
+    if (lane == 0) before = 0.0f;
+    float g0 = before + x0, g1 = before + pair, last = __shfl_sync(0xffffffffu, g1, 31);
+    G[2 * lane] = g0, G[2 * lane + 1] = g1;
+    gam[2 * lane] = expf(g0), gam[2 * lane + 1] = expf(g1);
+    E[2 * lane] = expf(last - g0), E[2 * lane + 1] = expf(last - g1);
+}
+
+/* A 4-byte copy global -> shared that writes zero instead when !on (cp.async's source size
+ * 0: nothing is read; src must still be an address). */
+static __device__ __forceinline__ void gdn_cp4z(float *smem, const float *gmem, bool on) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem), "r"(on ? 4 : 0));
+}
+static __device__ __forceinline__ void gdn_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+static __device__ __forceinline__ void gdn_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+/* Rows [0, GDN_BT) of D floats into shared rows of stride ds: row t from src + t * sstride
+ * where t < len, zero past it (asynchronous; the caller commits and waits). */
+static __device__ __forceinline__ void gdn_load_rows(float *dst, int ds, const float *src, size_t sstride, int len,
+                                                     int D) {
+    for (int idx = threadIdx.x; idx < GDN_BT * D; idx += blockDim.x) {
+        int t = idx / D, d = idx % D;
+        bool on = t < len;
+        gdn_cp4z(dst + t * ds + d, src + (on ? (size_t)t * sstride + d : 0), on);
+    }
+}
+
+static size_t gdn_prep_smem(int Dk, int Dv) {
+    int ks = Dk + 1, qv = (Dk > Dv ? Dk : Dv) + 1;
+    return sizeof(float) * ((size_t)GDN_BT * (ks + qv + 2 * (GDN_BT + 1)) + 4 * GDN_BT);
+}
+
+/* Block (chunk, value head h): K and Q of the chunk into shared memory, the running log
+ * decays, A (strictly lower, beta-scaled) and P (lower with the diagonal) as 4 x 4 tiles per
+ * thread, P's rows to the scratch; W column by column (forward substitution, one thread a
+ * column) while V is copied into Q's place; then U = W V over v in qkv and Wk = W diag(gamma)
+ * K to the scratch. */
+__global__ void __launch_bounds__(GDN_CK_THREADS) gdn_chunk_prep_kernel(cuda_gdn_args a, int C) {
+    extern __shared__ float gdn_ck[];
+    const int Dk = a.k_dim, Dv = a.v_dim, Hv = a.v_heads, h = blockIdx.y, u0 = blockIdx.x * GDN_BT, T = a.T;
+    const int len = T - u0 < GDN_BT ? T - u0 : GDN_BT, tid = threadIdx.x;
+    const int hk = a.v_tiled ? h % a.k_heads : h / (Hv / a.k_heads);
+    const int ks = Dk + 1, qv = (Dk > Dv ? Dk : Dv) + 1, as = GDN_BT + 1;
+    float *Ks = gdn_ck, *Qs = Ks + GDN_BT * ks, *As = Qs + GDN_BT * qv, *Ws = As + GDN_BT * as;
+    float *G = Ws + GDN_BT * as, *bt = G + GDN_BT, *gam = bt + GDN_BT, *E = gam + GDN_BT;
+    float *Wk = a.scratch, *P = a.scratch + (size_t)T * Hv * Dk;
+    const float *row0 = a.qkv + (size_t)u0 * C;
+    gdn_load_rows(Ks, ks, row0 + (size_t)(a.k_heads + hk) * Dk, C, len, Dk);
+    gdn_load_rows(Qs, qv, row0 + (size_t)hk * Dk, C, len, Dk);
+    if (tid < GDN_BT) {
+        bool on = tid < len;
+        size_t i = on ? (size_t)(u0 + tid) * Hv + h : 0;
+        gdn_cp4z(bt + tid, a.b + i, on);
+        gdn_cp4z(G + tid, a.a + i, on);
+    }
+    gdn_commit();
+    gdn_wait_all();
+    __syncthreads();
+    if (tid < 32) gdn_chunk_scan(G, gam, E, tid);
+    __syncthreads();
+    const int tx = tid % 16, ty = tid / 16; /* rows ty + 16 r, columns tx + 16 j */
+    {
+        float ak[4][4] = {}, aq[4][4] = {};
+        for (int d = 0; d < Dk; d++) {
+            float kt[4], qt[4], kr[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) kt[r] = Ks[(ty + 16 * r) * ks + d], qt[r] = Qs[(ty + 16 * r) * qv + d];
+#pragma unroll
+            for (int j = 0; j < 4; j++) kr[j] = Ks[(tx + 16 * j) * ks + d];
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) ak[r][j] += kt[r] * kr[j], aq[r][j] += qt[r] * kr[j];
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int t = ty + 16 * r, sj = tx + 16 * j;
+                float e = sj <= t ? expf(G[t] - G[sj]) : 0.0f;
+                As[t * as + sj] = sj < t ? bt[t] * e * ak[r][j] : 0.0f;
+                if (t < len) P[((size_t)(u0 + t) * Hv + h) * GDN_BT + sj] = e * aq[r][j];
+            }
+    }
+    __syncthreads();
+    const size_t v_off = (size_t)2 * a.k_heads * Dk + (size_t)h * Dv;
+    gdn_load_rows(Qs, qv, row0 + v_off, C, len, Dv); /* Q is done with: V in its place, during the solve */
+    gdn_commit();
+    if (tid < GDN_BT) { /* column j of W: W[t][j] = beta_t [t == j] - sum_{j <= s < t} A[t][s] W[s][j] */
+        const int j = tid;
+        for (int t = 0; t < j; t++) Ws[t * as + j] = 0.0f;
+        for (int t = j; t < GDN_BT; t++) {
+            const float *At = As + t * as;
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+            int sj = j;
+            for (; sj + 3 < t; sj += 4) {
+                s0 += At[sj] * Ws[sj * as + j];
+                s1 += At[sj + 1] * Ws[(sj + 1) * as + j];
+                s2 += At[sj + 2] * Ws[(sj + 2) * as + j];
+                s3 += At[sj + 3] * Ws[(sj + 3) * as + j];
+            }
+            for (; sj < t; sj++) s0 += At[sj] * Ws[sj * as + j];
+            Ws[t * as + j] = (t == j ? bt[t] : 0.0f) - ((s0 + s1) + (s2 + s3));
+        }
+    }
+    gdn_wait_all();
+    __syncthreads();
+    for (int pass = 0; pass < 2; pass++) { /* U = W V, then Wk = W diag(gamma) K */
+        const int D = pass ? Dk : Dv, stride = pass ? ks : qv;
+        const float *X = pass ? Ks : Qs;
+        float acc[4][8] = {};
+        for (int sj = 0; sj < GDN_BT; sj++) {
+            float w[4], x[8], sc = pass ? gam[sj] : 1.0f;
+#pragma unroll
+            for (int r = 0; r < 4; r++) w[r] = Ws[(ty + 16 * r) * as + sj];
+#pragma unroll
+            for (int m = 0; m < 8; m++) x[m] = tx + 16 * m < D ? sc * X[sj * stride + tx + 16 * m] : 0.0f;
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int m = 0; m < 8; m++) acc[r][m] += w[r] * x[m];
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            int t = ty + 16 * r;
+            if (t >= len) continue;
+#pragma unroll
+            for (int m = 0; m < 8; m++) {
+                int c = tx + 16 * m;
+                if (c >= D) continue;
+                if (pass)
+                    Wk[((size_t)(u0 + t) * Hv + h) * Dk + c] = acc[r][m];
+                else
+                    a.qkv[(size_t)(u0 + t) * C + v_off + c] = acc[r][m];
+            }
+        }
+    }
+}
+
+static size_t gdn_walk_smem(int Dk) {
+    int ks = Dk + 1;
+    return sizeof(float) * ((size_t)3 * GDN_BT * ks + (size_t)GDN_BT * (GDN_BT + 1) + (size_t)GDN_BT * (GDN_DVT + 1) +
+                            (size_t)Dk * (GDN_DVT + 1) + 3 * GDN_BT);
+}
+
+/* Block (value head h, value rows i0 .. i0 + GDN_DVT): the state's rows S[i][.] as S^T in
+ * shared memory (zero for a sequence starting at position 0), then chunk by chunk: Delta =
+ * U - Wk S^T and Q S^T (tiles of 2 x 4 per thread); Y = diag(gamma) Q S^T + P Delta out;
+ * S^T = gamma_last S^T + K^T diag(E) Delta (4 x 4 per thread). The next chunk's rows are
+ * copied in as each buffer frees up: Wk and Q after the first product, P after Y, K, U and
+ * the log decays at the end. The record gets the last state. */
+__global__ void __launch_bounds__(GDN_CK_THREADS) gdn_chunk_walk_kernel(cuda_gdn_args a, int C) {
+    extern __shared__ float gdn_ck[];
+    const int Dk = a.k_dim, Dv = a.v_dim, Hv = a.v_heads, T = a.T, tid = threadIdx.x;
+    const int tiles = (Dv + GDN_DVT - 1) / GDN_DVT, h = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * GDN_DVT;
+    const int hk = a.v_tiled ? h % a.k_heads : h / (Hv / a.k_heads);
+    const int ks = Dk + 1, ps = GDN_BT + 1, ds = GDN_DVT + 1;
+    float *Wks = gdn_ck, *Qs = Wks + GDN_BT * ks, *Ks = Qs + GDN_BT * ks, *Ps = Ks + GDN_BT * ks;
+    float *Ds = Ps + GDN_BT * ps, *Ss = Ds + GDN_BT * ds, *G = Ss + Dk * ds, *gam = G + GDN_BT, *E = gam + GDN_BT;
+    const float *Wk = a.scratch, *P = a.scratch + (size_t)T * Hv * Dk;
+    const size_t q_off = (size_t)hk * Dk, k_off = (size_t)(a.k_heads + hk) * Dk;
+    const size_t v_off = (size_t)2 * a.k_heads * Dk + (size_t)h * Dv + i0;
+    float *S = gdn_record(a, a.slot[0]) + (size_t)(a.conv_k - 1) * C + ((size_t)h * Dv + i0) * Dk;
+    const int fresh = a.pos[0] == 0, rows = Dv - i0 < GDN_DVT ? Dv - i0 : GDN_DVT;
+    auto load_wq = [&](int u0, int len) {
+        gdn_load_rows(Wks, ks, Wk + ((size_t)u0 * Hv + h) * Dk, (size_t)Hv * Dk, len, Dk);
+        gdn_load_rows(Qs, ks, a.qkv + (size_t)u0 * C + q_off, C, len, Dk);
+    };
+    auto load_p = [&](int u0, int len) {
+        gdn_load_rows(Ps, ps, P + ((size_t)u0 * Hv + h) * GDN_BT, (size_t)Hv * GDN_BT, len, GDN_BT);
+    };
+    auto load_ku = [&](int u0, int len) {
+        gdn_load_rows(Ks, ks, a.qkv + (size_t)u0 * C + k_off, C, len, Dk);
+        for (int idx = tid; idx < GDN_BT * GDN_DVT; idx += blockDim.x) {
+            int t = idx / GDN_DVT, i = idx % GDN_DVT;
+            bool on = t < len && i < rows;
+            gdn_cp4z(Ds + t * ds + i, a.qkv + (on ? (size_t)(u0 + t) * C + v_off + i : 0), on);
+        }
+        if (tid < GDN_BT) {
+            bool on = tid < len;
+            gdn_cp4z(G + tid, a.a + (on ? (size_t)(u0 + tid) * Hv + h : 0), on);
+        }
+    };
+    for (int idx = tid; idx < GDN_DVT * Dk; idx += blockDim.x) {
+        int i = idx / Dk, d = idx % Dk;
+        Ss[d * ds + i] = i < rows && !fresh ? S[(size_t)i * Dk + d] : 0.0f;
+    }
+    {
+        int len0 = T < GDN_BT ? T : GDN_BT;
+        load_wq(0, len0), load_p(0, len0), load_ku(0, len0);
+        gdn_commit();
+    }
+    const int tx = tid % 8, ty = tid / 8; /* Delta / Y: rows ty + 32 r, columns tx + 8 j; S: d = ty + 32 m */
+    for (int u0 = 0; u0 < T; u0 += GDN_BT) {
+        const int len = T - u0 < GDN_BT ? T - u0 : GDN_BT, n0 = u0 + GDN_BT;
+        const int nlen = T - n0 < GDN_BT ? T - n0 : GDN_BT; /* the next chunk's (<= 0: none) */
+        gdn_wait_all();
+        __syncthreads(); /* this chunk's rows are in */
+        if (tid < 32) gdn_chunk_scan(G, gam, E, tid);
+        float dl[2][4] = {}, yq[2][4] = {};
+        for (int d = 0; d < Dk; d++) {
+            float w[2], q[2], sv[4];
+#pragma unroll
+            for (int r = 0; r < 2; r++) w[r] = Wks[(ty + 32 * r) * ks + d], q[r] = Qs[(ty + 32 * r) * ks + d];
+#pragma unroll
+            for (int j = 0; j < 4; j++) sv[j] = Ss[d * ds + tx + 8 * j];
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) dl[r][j] += w[r] * sv[j], yq[r][j] += q[r] * sv[j];
+        }
+        __syncthreads(); /* the scan's gam and E are written; Wk and Q are free */
+        if (nlen > 0) load_wq(n0, nlen), gdn_commit();
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                Ds[(ty + 32 * r) * ds + tx + 8 * j] -= dl[r][j];
+                yq[r][j] *= gam[ty + 32 * r];
+            }
+        __syncthreads(); /* Delta is whole */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = ty + 32 * r;
+            float acc[4] = {yq[r][0], yq[r][1], yq[r][2], yq[r][3]};
+            for (int sj = 0; sj <= t; sj++) {
+                float p = Ps[t * ps + sj];
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[j] += p * Ds[sj * ds + tx + 8 * j];
+            }
+            if (t < len)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (tx + 8 * j < rows) a.y[(size_t)(u0 + t) * Hv * Dv + (size_t)h * Dv + i0 + tx + 8 * j] = acc[j];
+        }
+        __syncthreads(); /* P is free */
+        if (nlen > 0) load_p(n0, nlen), gdn_commit();
+        float su[4][4] = {};
+        for (int sj = 0; sj < GDN_BT; sj++) {
+            float kv[4], dd[4], e = E[sj];
+#pragma unroll
+            for (int m = 0; m < 4; m++) kv[m] = ty + 32 * m < Dk ? Ks[sj * ks + ty + 32 * m] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) dd[j] = e * Ds[sj * ds + tx + 8 * j];
+#pragma unroll
+            for (int m = 0; m < 4; m++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) su[m][j] += kv[m] * dd[j];
+        }
+        const float last = gam[GDN_BT - 1];
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+            if (ty + 32 * m < Dk)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float *sp = Ss + (ty + 32 * m) * ds + tx + 8 * j;
+                    *sp = last * *sp + su[m][j];
+                }
+        __syncthreads(); /* K, U (Delta) and the decays are free */
+        if (nlen > 0) load_ku(n0, nlen), gdn_commit();
+    }
+    for (int idx = tid; idx < GDN_DVT * Dk; idx += blockDim.x) {
+        int i = idx / Dk, d = idx % Dk;
+        if (i < rows) S[(size_t)i * Dk + d] = Ss[d * ds + i];
+    }
+}
+
+/* Whether this device gives the chunked kernels their shared memory (both need more than
+ * 48 KB, the walk about 140 KB: Hopper's 227 KB and Ampere's 163 KB, not Ada's 99 KB, where
+ * the token walk runs instead); opts them in the first time. */
+static int gdn_chunk_ready(void) {
+    static int ready = -1;
+    if (ready >= 0) return ready;
+    int dev = 0, optin = 0;
+    size_t pre = gdn_prep_smem(CUDA_GDN_CHUNK_DIM, CUDA_GDN_CHUNK_DIM), walk = gdn_walk_smem(CUDA_GDN_CHUNK_DIM);
+    ready = cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+            (size_t)optin >= pre && (size_t)optin >= walk &&
+            cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pre) ==
+                cudaSuccess &&
+            cudaFuncSetAttribute(gdn_chunk_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)walk) ==
+                cudaSuccess;
+    if (!ready) cudaGetLastError(); /* clear what a refused attribute left */
+    return ready;
+}
+
+extern "C" int cuda_gdn_chunk_device(void) { return gdn_chunk_ready(); }
+
+static hearth_status gdn_chunked(const cuda_gdn_args *a, int C, hearth_error *err) {
+    cudaStream_t st = cuda_stream();
+    unsigned n = (unsigned)a->T * (unsigned)a->v_heads, nch = (unsigned)((a->T + GDN_BT - 1) / GDN_BT);
+    gdn_gate_kernel<true><<<(n + 255) / 256, 256, 0, st>>>(*a);
+    hearth_status s = cuda_launched("gdn_gate", err);
+    if (s) return s;
+    gdn_chunk_prep_kernel<<<dim3(nch, (unsigned)a->v_heads), GDN_CK_THREADS, gdn_prep_smem(a->k_dim, a->v_dim), st>>>(
+        *a, C);
+    if ((s = cuda_launched("gdn_chunk_prep", err))) return s;
+    unsigned tiles = (unsigned)((a->v_dim + GDN_DVT - 1) / GDN_DVT);
+    gdn_chunk_walk_kernel<<<(unsigned)a->v_heads * tiles, GDN_CK_THREADS, gdn_walk_smem(a->k_dim), st>>>(*a, C);
+    return cuda_launched("gdn_chunk_walk", err);
+}
+
 /* One warp per (token, value head): y = silu(z) * (rmsnorm(y) * norm), as cpu_gdn.c. */
 __global__ void gdn_gated_norm_kernel(cuda_gdn_args a) {
     int row = blockIdx.x * GDN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, Dv = a.v_dim;
@@ -388,13 +719,16 @@ extern "C" hearth_status cuda_gated_delta(const cuda_gdn_args *a, hearth_error *
     unsigned qk_rows = (unsigned)T * 2 * a->k_heads;
     gdn_l2norm_kernel<<<(qk_rows + GDN_WARPS - 1) / GDN_WARPS, 32 * GDN_WARPS, 0, st>>>(*a, C);
     if ((s = cuda_launched("gdn_l2norm", err))) return s;
-    if (T <= GDN_DECODE_T) {
+    if (a->chunked && a->single_run && a->scratch && T >= CUDA_GDN_CHUNK_MIN_T &&
+        cuda_gdn_chunk_takes(a->k_dim, a->v_dim) && gdn_chunk_ready()) {
+        s = gdn_chunked(a, C, err);
+    } else if (T <= GDN_DECODE_T) {
         unsigned row_blocks = (unsigned)((a->v_dim + GDN_WARPS - 1) / GDN_WARPS);
         gdn_delta_decode_kernel<<<dim3((unsigned)a->v_heads * row_blocks, (unsigned)T), 32 * GDN_WARPS, 0, st>>>(*a, C);
         s = cuda_launched("gdn_delta", err);
     } else { /* g and beta once, then the variant whose 8 lanes a row hold the key dim */
         unsigned n = (unsigned)T * (unsigned)a->v_heads;
-        gdn_gate_kernel<<<(n + 255) / 256, 256, 0, st>>>(*a);
+        gdn_gate_kernel<false><<<(n + 255) / 256, 256, 0, st>>>(*a);
         if ((s = cuda_launched("gdn_gate", err))) return s;
         int k8 = (a->k_dim + 7) / 8;
         if (k8 <= 2) s = launch_delta<2>(a, C, err);

@@ -851,6 +851,10 @@ static hearth_status cu_gated_delta(const op_step *s, const op_gdn *g) {
     int64_t ns[4] = {g->qkv->n, g->z->n, g->b->n, g->a->n}; /* adapters on in_proj (groups of at most 3) */
     TRY(lora_group(s, g->layer, OP_PROJ_GDN_QKV, 3, cm->xn, d->hidden, ys, ns));
     TRY(lora(s, g->layer, OP_PROJ_GDN_A, cm->xn, d->hidden, ys[3], ns[3]));
+    /* the chunked delta rule: the fast tier (not exact, not batch-invariant), one sequence's
+     * consecutive positions (the plan sized the gate rows for its scratch) */
+    int chunked = !cm->plan.gemm_exact && !cm->invariant && cm->single_slot && T >= CUDA_GDN_CHUNK_MIN_T;
+    for (int t = 1; chunked && t < T; t++) chunked = s->b->pos[t] == s->b->pos[0] + t;
     cuda_gdn_args args = {.state = cm->state,
                           .n_layers = d->n_state_layers,
                           .layer = g->state_layer,
@@ -867,6 +871,8 @@ static hearth_status cu_gated_delta(const op_step *s, const op_gdn *g) {
                           .conv_k = d->gdn_conv,
                           .v_tiled = d->gdn_v_tiled,
                           .single_run = cm->single_slot,
+                          .chunked = chunked,
+                          .scratch = cm->gate,
                           .conv = dv(cm, g->conv),
                           .A_log = dv(cm, g->A_log),
                           .dt_bias = dv(cm, g->dt_bias),

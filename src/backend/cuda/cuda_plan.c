@@ -150,6 +150,14 @@ int cuda_weight_layout(const op_weight *w, size_t *data_bytes, size_t *scale_byt
     return 0;
 }
 
+int cuda_gdn_chunk_takes(int k_dim, int v_dim) {
+    return k_dim > 0 && k_dim <= CUDA_GDN_CHUNK_DIM && v_dim > 0 && v_dim <= CUDA_GDN_CHUNK_DIM;
+}
+
+size_t cuda_gdn_chunk_floats(int T, int v_heads, int k_dim) {
+    return (size_t)T * v_heads * (size_t)(k_dim + CUDA_GDN_CHUNK);
+}
+
 size_t cuda_attention_split_floats(int max_T, int n_heads, int head_dim) {
     return (size_t)max_T * n_heads * CUDA_ATT_SPLITS_MAX * (size_t)(head_dim + 4); /* (m, l, pad, pad, o[d]) each */
 }
@@ -262,6 +270,12 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
                                     T * c->ffn,
                                     (size_t)max_out * c->hidden,
                                     (size_t)max_out * c->vocab};
+    /* the fast tier's chunked Gated DeltaNet prefill keeps its scratch in the MLP's gate rows
+     * (idle during that op): they grow to hold it */
+    if (c->n_state_layers > 0 && !p->gemm_exact && cuda_gdn_chunk_takes(c->gdn_k_dim, c->gdn_v_dim)) {
+        size_t chunk = cuda_gdn_chunk_floats(max_tokens, c->gdn_v_heads, c->gdn_k_dim);
+        if (chunk > acts[7]) acts[7] = chunk;
+    }
     memcpy(p->act_floats, acts, sizeof acts);
     for (int i = 0; i < CUDA_PLAN_N_ACT; i++) cuda_tally_add(t, acts[i] * sizeof(float));
     int hybrid = c->n_state_layers > 0;

@@ -6,7 +6,7 @@
 # attention) is reported beside it. Env from tools/gpu_run. Usage: parity.sh LOGDIR
 L=${1:?usage: parity.sh LOGDIR}; mkdir -p "$L"
 cd "$(dirname "$0")/../.." || exit 1
-T0=$(date +%s); BUDGET=${PA_BUDGET:-40}
+T0=$(date +%s); BUDGET=${PA_BUDGET:-$((${PHASE_BUDGET:-45} - 5))}
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
 IDS=$(python3 -c "import random; random.seed(5); print(str([random.randrange(1,600) for _ in range(40)]).replace(' ',''))")
 declare -A ok bad

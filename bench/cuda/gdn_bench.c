@@ -40,31 +40,6 @@ typedef struct shape {
     int k_heads, v_heads, dim;
 } shape;
 
-static int copy_gbs(double *gbs) {
-    size_t bytes = (size_t)1 << 30;
-    void *a, *b;
-    CK(cudaMalloc(&a, bytes));
-    CK(cudaMalloc(&b, bytes));
-    CK(cudaMemset(a, 1, bytes));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    float best = 1e30f;
-    for (int i = 0; i < 6; i++) {
-        CK(cudaEventRecord(e0, 0));
-        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
-        CK(cudaEventRecord(e1, 0));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (i && ms < best) best = ms;
-    }
-    *gbs = 2.0 * (double)bytes / (best * 1e-3) / 1e9; /* read + write */
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    return 0;
-}
-
 /* One (shape, T): both forms REPS times from the same inputs (restored before each run, outside
  * the timed span); ms: the medians; diff: the largest |y or state difference| over the
  * largest |value|. */
@@ -192,8 +167,11 @@ int main(int argc, char **argv) {
                 info.name);
         return 2;
     }
-    double gbs;
-    if (copy_gbs(&gbs)) return 1;
+    double gbs = cuda_copy_bandwidth_gbs((size_t)1 << 30, 5); /* read + write, best of 5 */
+    if (gbs <= 0) {
+        fprintf(stderr, "gdn_bench: the copy bandwidth could not be measured\n");
+        return 1;
+    }
     const shape shapes[] = {{"Qwen3.5-9B / 35B-A3B", 16, 32, 128}, {"Qwen3.5-0.8B / 2B", 16, 16, 128}};
     int Ts[8], nT = 0;
     const char *env = getenv("GDN_BENCH_T");

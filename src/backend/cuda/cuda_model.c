@@ -91,6 +91,10 @@ typedef struct cuda_model {
      * cuBLAS's tiling does) and attention to the decode kernels */
     int invariant;
     int single_slot; /* this step's tokens are one sequence's (a prefill chunk) */
+    /* and the fast tier may run its Gated DeltaNet layers' chunked delta rule: consecutive
+     * positions, not exact, not batch-invariant, at least CUDA_GDN_CHUNK_MIN_T tokens (the
+     * plan sized the gate rows for its scratch) */
+    int gdn_chunked;
     op_layers_fn layers; /* the step's forward pass (the same for every step of a model) */
     const void *layers_ctx;
     cuda_plan plan; /* every buffer's size (cuda_plan.c: what hearth fit predicts) */
@@ -851,10 +855,6 @@ static hearth_status cu_gated_delta(const op_step *s, const op_gdn *g) {
     int64_t ns[4] = {g->qkv->n, g->z->n, g->b->n, g->a->n}; /* adapters on in_proj (groups of at most 3) */
     TRY(lora_group(s, g->layer, OP_PROJ_GDN_QKV, 3, cm->xn, d->hidden, ys, ns));
     TRY(lora(s, g->layer, OP_PROJ_GDN_A, cm->xn, d->hidden, ys[3], ns[3]));
-    /* the chunked delta rule: the fast tier (not exact, not batch-invariant), one sequence's
-     * consecutive positions (the plan sized the gate rows for its scratch) */
-    int chunked = !cm->plan.gemm_exact && !cm->invariant && cm->single_slot && T >= CUDA_GDN_CHUNK_MIN_T;
-    for (int t = 1; chunked && t < T; t++) chunked = s->b->pos[t] == s->b->pos[0] + t;
     cuda_gdn_args args = {.state = cm->state,
                           .n_layers = d->n_state_layers,
                           .layer = g->state_layer,
@@ -871,7 +871,7 @@ static hearth_status cu_gated_delta(const op_step *s, const op_gdn *g) {
                           .conv_k = d->gdn_conv,
                           .v_tiled = d->gdn_v_tiled,
                           .single_run = cm->single_slot,
-                          .chunked = chunked,
+                          .chunked = cm->gdn_chunked,
                           .scratch = cm->gate,
                           .conv = dv(cm, g->conv),
                           .A_log = dv(cm, g->A_log),
@@ -985,6 +985,9 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
     for (int t = 1; t < T; t++) cm->single_slot &= b->slot[t] == b->slot[0];
     if (b->n_out == 0 && out == OP_OUT_IDS) out = OP_OUT_LOGITS;
     cm->invariant = b->batch_invariant != 0;
+    cm->gdn_chunked = dims->n_state_layers > 0 && cm->single_slot && !cm->plan.gemm_exact && !cm->invariant &&
+                      T >= CUDA_GDN_CHUNK_MIN_T;
+    for (int t = 1; cm->gdn_chunked && t < T; t++) cm->gdn_chunked = b->pos[t] == b->pos[0] + t;
     cm->layers = layers;
     cm->layers_ctx = ctx;
     op_step s = {.t = be->t, .be = be, .dims = dims, .kv = kv, .b = b, .out = out, .err = err};

@@ -36,7 +36,9 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 # CUDA backend: src/**/*.cu go into the library only when nvcc is on PATH; without it
 # nothing CUDA is built. cudart is linked statically (the binary runs wherever the driver
-# is, whatever toolkit is installed); cuBLAS from the toolkit that built it.
+# is, whatever toolkit is installed); cuBLAS from the toolkit that built it, opened with dlopen
+# when a CUDA engine first needs it (cuda_gemm.cu), not linked: its static constructors cost
+# ~90 ms of CPU at every start of the binary, CLI commands that never touch the GPU included.
 NVCC := $(shell command -v nvcc 2>/dev/null)
 ifneq ($(NVCC),)
 CUDA_HOME ?= $(abspath $(dir $(NVCC))..)
@@ -49,7 +51,7 @@ LIB_OBJ  += $(CU_OBJ)
 NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
              -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_89,code=sm_89
 CFLAGS   += -DHEARTH_HAVE_CUDA -I$(CUDA_HOME)/include
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 endif
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)

@@ -14,7 +14,10 @@ extern "C" {
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +26,45 @@ extern "C" {
 #define GEMM_MIN_T 9
 
 #define GEMM_WORKSPACE_BYTES CUDA_GEMM_WORKSPACE_BYTES /* cuda_plan.h: counted by hearth fit */
+
+/* cuBLAS is opened here, when the first GEMM state is made, not linked into the binary:
+ * loading libcublas (and libcublasLt) runs their static constructors, ~90 ms of CPU in every
+ * process, which every CLI command (info, tokenize, template...) paid though only a CUDA
+ * engine uses cuBLAS. The soname is the major version of the toolkit that built hearth; the
+ * binary's run path (-rpath $(CUDA_HOME)/lib64) finds it as the link did. */
+#define CUBLAS_STR_(x) #x
+#define CUBLAS_STR(x) CUBLAS_STR_(x)
+#define CUBLAS_SONAME "libcublas.so." CUBLAS_STR(CUBLAS_VER_MAJOR)
+/* cublasGemmEx's C entry point (C++ also sees an inline overload taking a cudaDataType) */
+typedef cublasStatus_t (*gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                                     const void *, cudaDataType, int, const void *, cudaDataType, int, const void *,
+                                     void *, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+static struct {
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSetWorkspace_v2) set_workspace;
+    gemm_ex_fn gemm_ex;
+    char error[256];
+} cublas_lib;
+static pthread_once_t cublas_once = PTHREAD_ONCE_INIT;
+
+static void cublas_open(void) {
+    void *h = dlopen(CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(cublas_lib.error, sizeof cublas_lib.error, "%s", dlerror());
+        return;
+    }
+    *(void **)&cublas_lib.destroy = dlsym(h, "cublasDestroy_v2");
+    *(void **)&cublas_lib.set_stream = dlsym(h, "cublasSetStream_v2");
+    *(void **)&cublas_lib.set_workspace = dlsym(h, "cublasSetWorkspace_v2");
+    *(void **)&cublas_lib.gemm_ex = dlsym(h, "cublasGemmEx");
+    void *create = dlsym(h, "cublasCreate_v2");
+    if (!create || !cublas_lib.destroy || !cublas_lib.set_stream || !cublas_lib.set_workspace || !cublas_lib.gemm_ex)
+        snprintf(cublas_lib.error, sizeof cublas_lib.error, "%s lacks a cuBLAS function hearth calls", CUBLAS_SONAME);
+    else
+        *(void **)&cublas_lib.create = create; /* set last: non-NULL means every entry is there */
+}
 
 struct cuda_gemm {
     cublasHandle_t handle;
@@ -41,16 +83,21 @@ hearth_status cuda_gemm_create(cuda_gemm **out, size_t max_weight_elems, size_t 
     g->max_w = max_weight_elems;
     g->max_x = max_act_elems;
     size_t e = exact_f32 ? 4 : 2;
-    cublasStatus_t cs = cublasCreate(&g->handle);
+    pthread_once(&cublas_once, cublas_open);
+    if (!cublas_lib.create) {
+        free(g);
+        return err_set(err, HEARTH_ERR_IO, "cuda: cannot load cuBLAS (%s): %s", CUBLAS_SONAME, cublas_lib.error);
+    }
+    cublasStatus_t cs = cublas_lib.create(&g->handle);
     if (cs != CUBLAS_STATUS_SUCCESS) {
         free(g);
         return err_set(err, HEARTH_ERR_IO, "cuda: cublasCreate failed (status %d)", (int)cs);
     }
-    cublasSetStream(g->handle, cuda_stream()); /* ordered with the backend's kernels */
+    cublas_lib.set_stream(g->handle, cuda_stream()); /* ordered with the backend's kernels */
     hearth_status s = cuda_alloc(&g->w_scratch, max_weight_elems * e, "GEMM weight scratch", err);
     if (!s) s = cuda_alloc(&g->x_scratch, max_act_elems * e, "GEMM activation scratch", err);
     if (!s) s = cuda_alloc(&g->workspace, GEMM_WORKSPACE_BYTES, "cuBLAS workspace", err);
-    if (!s && cublasSetWorkspace(g->handle, g->workspace, GEMM_WORKSPACE_BYTES) != CUBLAS_STATUS_SUCCESS)
+    if (!s && cublas_lib.set_workspace(g->handle, g->workspace, GEMM_WORKSPACE_BYTES) != CUBLAS_STATUS_SUCCESS)
         s = err_set(err, HEARTH_ERR_IO, "cuda: cublasSetWorkspace(%zu bytes) failed", GEMM_WORKSPACE_BYTES);
     if (s) {
         cuda_gemm_free(g);
@@ -62,7 +109,7 @@ hearth_status cuda_gemm_create(cuda_gemm **out, size_t max_weight_elems, size_t 
 
 void cuda_gemm_free(cuda_gemm *g) {
     if (!g) return;
-    if (g->handle) cublasDestroy(g->handle);
+    if (g->handle) cublas_lib.destroy(g->handle);
     cuda_free(g->w_scratch);
     cuda_free(g->x_scratch);
     cuda_free(g->workspace);
@@ -400,8 +447,9 @@ static hearth_status gemm_run(cuda_gemm *g, const cuda_weight *w, const void *B,
     /* Row-major y[T][n] is column-major n x T: y = W (k x n col-major, transposed) · x (k x T). */
     const float alpha = 1.0f, beta = 0.0f;
     int n = (int)w->n, k = (int)w->k;
-    cublasStatus_t cs = cublasGemmEx(g->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, T, k, &alpha, A, in_type, k, B, in_type,
-                                     k, &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t cs =
+        cublas_lib.gemm_ex(g->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, T, k, &alpha, A, in_type, k, B, in_type, k, &beta, y,
+                           CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (cs != CUBLAS_STATUS_SUCCESS)
         return err_set(err, HEARTH_ERR_IO, "cuda: cublasGemmEx [%d x %d x %d] failed (status %d)", n, T, k, (int)cs);
     return HEARTH_OK;

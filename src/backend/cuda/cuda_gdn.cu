@@ -376,39 +376,65 @@ static __device__ __forceinline__ void gdn_cp4z(float *smem, const float *gmem, 
 static __device__ __forceinline__ void gdn_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 static __device__ __forceinline__ void gdn_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-/* Rows [0, GDN_BT) of D floats into shared rows of stride ds: row t from src + t * sstride
- * where t < len, zero past it (asynchronous; the caller commits and waits). */
+/* 16-byte copies global -> shared, zero-filled when !on (both addresses 16-byte aligned). */
+static __device__ __forceinline__ void gdn_cp16z(float *smem, const float *gmem, bool on) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem), "r"(on ? 16 : 0));
+}
+
+/* Rows [0, GDN_BT) of the first W floats of each row into shared rows of stride ds: row t from
+ * src + t * sstride where t < len, zero past it (asynchronous; the caller commits and waits).
+ * VW: floats per copy (4: W, ds, sstride and both bases multiples of 4 floats). Each thread
+ * keeps one column and walks the rows. */
+template <int VW>
 static __device__ __forceinline__ void gdn_load_rows(float *dst, int ds, const float *src, size_t sstride, int len,
-                                                     int D) {
-    for (int idx = threadIdx.x; idx < GDN_BT * D; idx += blockDim.x) {
-        int t = idx / D, d = idx % D;
+                                                     int W) {
+    const int units = W / VW, per = GDN_CK_THREADS / units, tid = threadIdx.x;
+    if (tid >= per * units) return;
+    const int c = (tid % units) * VW;
+    for (int t = tid / units; t < GDN_BT; t += per) {
         bool on = t < len;
-        gdn_cp4z(dst + t * ds + d, src + (on ? (size_t)t * sstride + d : 0), on);
+        const float *g = src + (on ? (size_t)t * sstride + c : 0);
+        if (VW == 4)
+            gdn_cp16z(dst + t * ds + c, g, on);
+        else
+            gdn_cp4z(dst + t * ds + c, g, on);
     }
 }
 
+/* Shared rows of both kernels: strides of 4 floats past the width, so that rows stay 16-byte
+ * aligned (float4 reads and 16-byte copies) and the float4 reads of a quarter warp fall on
+ * distinct banks. */
+#define GDN_WPAD 4
+static __device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+static __device__ __forceinline__ void st4(float *p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
+static __device__ __forceinline__ float f4at(const float4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 static size_t gdn_prep_smem(int Dk, int Dv) {
-    int ks = Dk + 1, qv = (Dk > Dv ? Dk : Dv) + 1;
-    return sizeof(float) * ((size_t)GDN_BT * (ks + qv + 2 * (GDN_BT + 1)) + 4 * GDN_BT);
+    size_t ks = (size_t)Dk + GDN_WPAD, qv = (size_t)(Dk > Dv ? Dk : Dv) + GDN_WPAD, as = GDN_BT + GDN_WPAD;
+    return sizeof(float) * (GDN_BT * (ks + qv + 2 * as) + 4 * GDN_BT);
 }
 
 /* Block (chunk, value head h): K and Q of the chunk into shared memory, the running log
  * decays, A (strictly lower, beta-scaled) and P (lower with the diagonal) as 4 x 4 tiles per
  * thread, P's rows to the scratch; W column by column (forward substitution, one thread a
  * column) while V is copied into Q's place; then U = W V over v in qkv and Wk = W diag(gamma)
- * K to the scratch. */
+ * K to the scratch. The products read float4s (four steps of the inner dimension, or four
+ * columns): Dk and Dv multiples of 4, rows 16-byte aligned (gdn_chunked checks). */
 __global__ void __launch_bounds__(GDN_CK_THREADS) gdn_chunk_prep_kernel(cuda_gdn_args a, int C) {
-    extern __shared__ float gdn_ck[];
+    extern __shared__ __align__(16) float gdn_ck[];
     const int Dk = a.k_dim, Dv = a.v_dim, Hv = a.v_heads, h = blockIdx.y, u0 = blockIdx.x * GDN_BT, T = a.T;
     const int len = T - u0 < GDN_BT ? T - u0 : GDN_BT, tid = threadIdx.x;
     const int hk = a.v_tiled ? h % a.k_heads : h / (Hv / a.k_heads);
-    const int ks = Dk + 1, qv = (Dk > Dv ? Dk : Dv) + 1, as = GDN_BT + 1;
+    const int ks = Dk + GDN_WPAD, qv = (Dk > Dv ? Dk : Dv) + GDN_WPAD, as = GDN_BT + GDN_WPAD;
     float *Ks = gdn_ck, *Qs = Ks + GDN_BT * ks, *As = Qs + GDN_BT * qv, *Ws = As + GDN_BT * as;
     float *G = Ws + GDN_BT * as, *bt = G + GDN_BT, *gam = bt + GDN_BT, *E = gam + GDN_BT;
     float *Wk = a.scratch, *P = a.scratch + (size_t)T * Hv * Dk;
     const float *row0 = a.qkv + (size_t)u0 * C;
-    gdn_load_rows(Ks, ks, row0 + (size_t)(a.k_heads + hk) * Dk, C, len, Dk);
-    gdn_load_rows(Qs, qv, row0 + (size_t)hk * Dk, C, len, Dk);
+    gdn_load_rows<4>(Ks, ks, row0 + (size_t)(a.k_heads + hk) * Dk, C, len, Dk);
+    gdn_load_rows<4>(Qs, qv, row0 + (size_t)hk * Dk, C, len, Dk);
     if (tid < GDN_BT) {
         bool on = tid < len;
         size_t i = on ? (size_t)(u0 + tid) * Hv + h : 0;
@@ -420,19 +446,26 @@ __global__ void __launch_bounds__(GDN_CK_THREADS) gdn_chunk_prep_kernel(cuda_gdn
     __syncthreads();
     if (tid < 32) gdn_chunk_scan(G, gam, E, tid);
     __syncthreads();
-    const int tx = tid % 16, ty = tid / 16; /* rows ty + 16 r, columns tx + 16 j */
+    const int tx = tid % 16, ty = tid / 16; /* rows ty + 16 r; A / P columns tx + 16 j, U / Wk 4 tx (+ 64) */
     {
         float ak[4][4] = {}, aq[4][4] = {};
-        for (int d = 0; d < Dk; d++) {
-            float kt[4], qt[4], kr[4];
-#pragma unroll
-            for (int r = 0; r < 4; r++) kt[r] = Ks[(ty + 16 * r) * ks + d], qt[r] = Qs[(ty + 16 * r) * qv + d];
-#pragma unroll
-            for (int j = 0; j < 4; j++) kr[j] = Ks[(tx + 16 * j) * ks + d];
+#pragma unroll 2
+        for (int d = 0; d < Dk; d += 4) {
+            float4 kt[4], qt[4], kr[4];
 #pragma unroll
             for (int r = 0; r < 4; r++)
+                kt[r] = ld4(Ks + (ty + 16 * r) * ks + d), qt[r] = ld4(Qs + (ty + 16 * r) * qv + d);
 #pragma unroll
-                for (int j = 0; j < 4; j++) ak[r][j] += kt[r] * kr[j], aq[r][j] += qt[r] * kr[j];
+            for (int j = 0; j < 4; j++) kr[j] = ld4(Ks + (tx + 16 * j) * ks + d);
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        ak[r][j] += f4at(kt[r], e) * f4at(kr[j], e);
+                        aq[r][j] += f4at(qt[r], e) * f4at(kr[j], e);
+                    }
         }
 #pragma unroll
         for (int r = 0; r < 4; r++)
@@ -446,7 +479,7 @@ __global__ void __launch_bounds__(GDN_CK_THREADS) gdn_chunk_prep_kernel(cuda_gdn
     }
     __syncthreads();
     const size_t v_off = (size_t)2 * a.k_heads * Dk + (size_t)h * Dv;
-    gdn_load_rows(Qs, qv, row0 + v_off, C, len, Dv); /* Q is done with: V in its place, during the solve */
+    gdn_load_rows<4>(Qs, qv, row0 + v_off, C, len, Dv); /* Q is done with: V in its place, during the solve */
     gdn_commit();
     if (tid < GDN_BT) { /* column j of W: W[t][j] = beta_t [t == j] - sum_{j <= s < t} A[t][s] W[s][j] */
         const int j = tid;
@@ -470,77 +503,81 @@ __global__ void __launch_bounds__(GDN_CK_THREADS) gdn_chunk_prep_kernel(cuda_gdn
     for (int pass = 0; pass < 2; pass++) { /* U = W V, then Wk = W diag(gamma) K */
         const int D = pass ? Dk : Dv, stride = pass ? ks : qv;
         const float *X = pass ? Ks : Qs;
+        const bool on0 = 4 * tx < D, on1 = 64 + 4 * tx < D; /* D <= 128 */
         float acc[4][8] = {};
-        for (int sj = 0; sj < GDN_BT; sj++) {
-            float w[4], x[8], sc = pass ? gam[sj] : 1.0f;
+#pragma unroll 2
+        for (int sj = 0; sj < GDN_BT; sj += 4) {
+            float4 w[4];
 #pragma unroll
-            for (int r = 0; r < 4; r++) w[r] = Ws[(ty + 16 * r) * as + sj];
+            for (int r = 0; r < 4; r++) w[r] = ld4(Ws + (ty + 16 * r) * as + sj);
 #pragma unroll
-            for (int m = 0; m < 8; m++) x[m] = tx + 16 * m < D ? sc * X[sj * stride + tx + 16 * m] : 0.0f;
+            for (int e = 0; e < 4; e++) {
+                const float sc = pass ? gam[sj + e] : 1.0f, *xr = X + (sj + e) * stride + 4 * tx;
+                const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x0 = on0 ? ld4(xr) : z,
+                             x1 = on1 ? ld4(xr + 64) : z;
 #pragma unroll
-            for (int r = 0; r < 4; r++)
+                for (int r = 0; r < 4; r++) {
+                    const float we = f4at(w[r], e) * sc;
 #pragma unroll
-                for (int m = 0; m < 8; m++) acc[r][m] += w[r] * x[m];
+                    for (int m = 0; m < 4; m++) acc[r][m] += we * f4at(x0, m), acc[r][4 + m] += we * f4at(x1, m);
+                }
+            }
         }
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             int t = ty + 16 * r;
             if (t >= len) continue;
-#pragma unroll
-            for (int m = 0; m < 8; m++) {
-                int c = tx + 16 * m;
-                if (c >= D) continue;
-                if (pass)
-                    Wk[((size_t)(u0 + t) * Hv + h) * Dk + c] = acc[r][m];
-                else
-                    a.qkv[(size_t)(u0 + t) * C + v_off + c] = acc[r][m];
-            }
+            float *out = pass ? Wk + ((size_t)(u0 + t) * Hv + h) * Dk : a.qkv + (size_t)(u0 + t) * C + v_off;
+            if (on0) st4(out + 4 * tx, make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+            if (on1) st4(out + 64 + 4 * tx, make_float4(acc[r][4], acc[r][5], acc[r][6], acc[r][7]));
         }
     }
 }
 
 static size_t gdn_walk_smem(int Dk) {
-    int ks = Dk + 1;
-    return sizeof(float) * ((size_t)3 * GDN_BT * ks + (size_t)GDN_BT * (GDN_BT + 1) + (size_t)GDN_BT * (GDN_DVT + 1) +
-                            (size_t)Dk * (GDN_DVT + 1) + 3 * GDN_BT);
+    size_t ks = (size_t)Dk + GDN_WPAD, ps = GDN_BT + GDN_WPAD, ds = GDN_DVT + GDN_WPAD;
+    return sizeof(float) * (4 * GDN_BT * ks + 2 * GDN_BT * ps + 3 * GDN_BT * ds + (size_t)Dk * ds + 4 * GDN_BT);
 }
 
 /* Block (value head h, value rows i0 .. i0 + GDN_DVT): the state's rows S[i][.] as S^T in
  * shared memory (zero for a sequence starting at position 0), then chunk by chunk: Delta =
- * U - Wk S^T and Q S^T (tiles of 2 x 4 per thread); Y = diag(gamma) Q S^T + P Delta out;
- * S^T = gamma_last S^T + K^T diag(E) Delta (4 x 4 per thread). The next chunk's rows are
- * copied in as each buffer frees up: Wk and Q after the first product, P after Y, K, U and
- * the log decays at the end. The record gets the last state. */
-__global__ void __launch_bounds__(GDN_CK_THREADS) gdn_chunk_walk_kernel(cuda_gdn_args a, int C) {
-    extern __shared__ float gdn_ck[];
+ * U - Wk S^T and Q S^T; Y = diag(gamma) Q S^T + P Delta out; S^T = gamma_last S^T + K^T
+ * diag(E) Delta. Thread (tx, ty) owns value columns 4 tx .. 4 tx + 3 throughout: rows ty and
+ * ty + 32 of Delta and Y, key rows 4 ty .. 4 ty + 3 of S^T; every shared read is a float4
+ * (four steps of the inner dimension, or four columns). The next chunk's P, K, U and log
+ * decays are copied into a second set of buffers while this one is computed, its Wk and Q
+ * into the only set once the first product is done with them. The record gets the last
+ * state. Needs Dk and Dv multiples of 4 and 16-byte aligned rows (gdn_chunked checks). */
+__global__ void __launch_bounds__(GDN_CK_THREADS, 1) gdn_chunk_walk_kernel(cuda_gdn_args a, int C) {
+    extern __shared__ __align__(16) float gdn_ck[];
     const int Dk = a.k_dim, Dv = a.v_dim, Hv = a.v_heads, T = a.T, tid = threadIdx.x;
     const int tiles = (Dv + GDN_DVT - 1) / GDN_DVT, h = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * GDN_DVT;
     const int hk = a.v_tiled ? h % a.k_heads : h / (Hv / a.k_heads);
-    const int ks = Dk + 1, ps = GDN_BT + 1, ds = GDN_DVT + 1;
-    float *Wks = gdn_ck, *Qs = Wks + GDN_BT * ks, *Ks = Qs + GDN_BT * ks, *Ps = Ks + GDN_BT * ks;
-    float *Ds = Ps + GDN_BT * ps, *Ss = Ds + GDN_BT * ds, *G = Ss + Dk * ds, *gam = G + GDN_BT, *E = gam + GDN_BT;
+    const int ks = Dk + GDN_WPAD, ps = GDN_BT + GDN_WPAD, ds = GDN_DVT + GDN_WPAD;
+    float *Wks = gdn_ck, *Qs = Wks + GDN_BT * ks, *Kb = Qs + GDN_BT * ks, *Pb = Kb + 2 * GDN_BT * ks;
+    float *Db = Pb + 2 * GDN_BT * ps, *DE = Db + 2 * GDN_BT * ds, *Ss = DE + GDN_BT * ds, *Gb = Ss + Dk * ds;
+    float *gam = Gb + 2 * GDN_BT, *E = gam + GDN_BT;
     const float *Wk = a.scratch, *P = a.scratch + (size_t)T * Hv * Dk;
     const size_t q_off = (size_t)hk * Dk, k_off = (size_t)(a.k_heads + hk) * Dk;
     const size_t v_off = (size_t)2 * a.k_heads * Dk + (size_t)h * Dv + i0;
     float *S = gdn_record(a, a.slot[0]) + (size_t)(a.conv_k - 1) * C + ((size_t)h * Dv + i0) * Dk;
     const int fresh = a.pos[0] == 0, rows = Dv - i0 < GDN_DVT ? Dv - i0 : GDN_DVT;
     auto load_wq = [&](int u0, int len) {
-        gdn_load_rows(Wks, ks, Wk + ((size_t)u0 * Hv + h) * Dk, (size_t)Hv * Dk, len, Dk);
-        gdn_load_rows(Qs, ks, a.qkv + (size_t)u0 * C + q_off, C, len, Dk);
+        gdn_load_rows<4>(Wks, ks, Wk + ((size_t)u0 * Hv + h) * Dk, (size_t)Hv * Dk, len, Dk);
+        gdn_load_rows<4>(Qs, ks, a.qkv + (size_t)u0 * C + q_off, C, len, Dk);
     };
-    auto load_p = [&](int u0, int len) {
-        gdn_load_rows(Ps, ps, P + ((size_t)u0 * Hv + h) * GDN_BT, (size_t)Hv * GDN_BT, len, GDN_BT);
-    };
-    auto load_ku = [&](int u0, int len) {
-        gdn_load_rows(Ks, ks, a.qkv + (size_t)u0 * C + k_off, C, len, Dk);
-        for (int idx = tid; idx < GDN_BT * GDN_DVT; idx += blockDim.x) {
-            int t = idx / GDN_DVT, i = idx % GDN_DVT;
-            bool on = t < len && i < rows;
-            gdn_cp4z(Ds + t * ds + i, a.qkv + (on ? (size_t)(u0 + t) * C + v_off + i : 0), on);
-        }
+    auto load_pku = [&](int b, int u0, int len) {
+        float *Ds = Db + b * GDN_BT * ds;
+        gdn_load_rows<4>(Pb + b * GDN_BT * ps, ps, P + ((size_t)u0 * Hv + h) * GDN_BT, (size_t)Hv * GDN_BT, len,
+                         GDN_BT);
+        gdn_load_rows<4>(Kb + b * GDN_BT * ks, ks, a.qkv + (size_t)u0 * C + k_off, C, len, Dk);
+        gdn_load_rows<4>(Ds, ds, a.qkv + (size_t)u0 * C + v_off, C, len, rows);
+        if (rows < GDN_DVT) /* a last tile's columns past Dv (the step before wrote into them) */
+            for (int idx = tid; idx < GDN_BT * GDN_DVT; idx += blockDim.x)
+                if (idx % GDN_DVT >= rows) Ds[idx / GDN_DVT * ds + idx % GDN_DVT] = 0.0f;
         if (tid < GDN_BT) {
             bool on = tid < len;
-            gdn_cp4z(G + tid, a.a + (on ? (size_t)(u0 + tid) * Hv + h : 0), on);
+            gdn_cp4z(Gb + b * GDN_BT + tid, a.a + (on ? (size_t)(u0 + tid) * Hv + h : 0), on);
         }
     };
     for (int idx = tid; idx < GDN_DVT * Dk; idx += blockDim.x) {
@@ -549,78 +586,89 @@ __global__ void __launch_bounds__(GDN_CK_THREADS) gdn_chunk_walk_kernel(cuda_gdn
     }
     {
         int len0 = T < GDN_BT ? T : GDN_BT;
-        load_wq(0, len0), load_p(0, len0), load_ku(0, len0);
+        load_wq(0, len0), load_pku(0, 0, len0);
         gdn_commit();
     }
-    const int tx = tid % 8, ty = tid / 8; /* Delta / Y: rows ty + 32 r, columns tx + 8 j; S: d = ty + 32 m */
-    for (int u0 = 0; u0 < T; u0 += GDN_BT) {
+    const int tx = tid % 8, ty = tid / 8, c0 = 4 * tx;
+    for (int u0 = 0, b = 0; u0 < T; u0 += GDN_BT, b ^= 1) {
         const int len = T - u0 < GDN_BT ? T - u0 : GDN_BT, n0 = u0 + GDN_BT;
         const int nlen = T - n0 < GDN_BT ? T - n0 : GDN_BT; /* the next chunk's (<= 0: none) */
+        float *Ks = Kb + b * GDN_BT * ks, *Ps = Pb + b * GDN_BT * ps, *Ds = Db + b * GDN_BT * ds, *G = Gb + b * GDN_BT;
         gdn_wait_all();
-        __syncthreads(); /* this chunk's rows are in */
+        __syncthreads(); /* this chunk's rows are in; the other set is free */
+        if (nlen > 0) load_pku(b ^ 1, n0, nlen), gdn_commit();
         if (tid < 32) gdn_chunk_scan(G, gam, E, tid);
         float dl[2][4] = {}, yq[2][4] = {};
-        for (int d = 0; d < Dk; d++) {
-            float w[2], q[2], sv[4];
-#pragma unroll
-            for (int r = 0; r < 2; r++) w[r] = Wks[(ty + 32 * r) * ks + d], q[r] = Qs[(ty + 32 * r) * ks + d];
-#pragma unroll
-            for (int j = 0; j < 4; j++) sv[j] = Ss[d * ds + tx + 8 * j];
+#pragma unroll 2
+        for (int d = 0; d < Dk; d += 4) {
+            float4 w[2], q[2], sv[4];
 #pragma unroll
             for (int r = 0; r < 2; r++)
+                w[r] = ld4(Wks + (ty + 32 * r) * ks + d), q[r] = ld4(Qs + (ty + 32 * r) * ks + d);
 #pragma unroll
-                for (int j = 0; j < 4; j++) dl[r][j] += w[r] * sv[j], yq[r][j] += q[r] * sv[j];
+            for (int e = 0; e < 4; e++) sv[e] = ld4(Ss + (d + e) * ds + c0);
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const float we = f4at(w[r], e), qe = f4at(q[r], e);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) dl[r][j] += we * f4at(sv[e], j), yq[r][j] += qe * f4at(sv[e], j);
+                }
         }
         __syncthreads(); /* the scan's gam and E are written; Wk and Q are free */
         if (nlen > 0) load_wq(n0, nlen), gdn_commit();
 #pragma unroll
-        for (int r = 0; r < 2; r++)
+        for (int r = 0; r < 2; r++) {
+            const int t = ty + 32 * r;
+            float4 u = ld4(Ds + t * ds + c0);
+            float4 dv = make_float4(u.x - dl[r][0], u.y - dl[r][1], u.z - dl[r][2], u.w - dl[r][3]);
+            const float e = E[t];
+            st4(Ds + t * ds + c0, dv);
+            st4(DE + t * ds + c0, make_float4(e * dv.x, e * dv.y, e * dv.z, e * dv.w));
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                Ds[(ty + 32 * r) * ds + tx + 8 * j] -= dl[r][j];
-                yq[r][j] *= gam[ty + 32 * r];
-            }
+            for (int j = 0; j < 4; j++) yq[r][j] *= gam[t];
+        }
         __syncthreads(); /* Delta is whole */
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int t = ty + 32 * r;
             float acc[4] = {yq[r][0], yq[r][1], yq[r][2], yq[r][3]};
-            for (int sj = 0; sj <= t; sj++) {
-                float p = Ps[t * ps + sj];
+            for (int sj = 0; sj <= t; sj += 4) { /* P[t][s] is 0 past s = t */
+                const float4 p = ld4(Ps + t * ps + sj);
 #pragma unroll
-                for (int j = 0; j < 4; j++) acc[j] += p * Ds[sj * ds + tx + 8 * j];
-            }
-            if (t < len)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if (tx + 8 * j < rows) a.y[(size_t)(u0 + t) * Hv * Dv + (size_t)h * Dv + i0 + tx + 8 * j] = acc[j];
-        }
-        __syncthreads(); /* P is free */
-        if (nlen > 0) load_p(n0, nlen), gdn_commit();
-        float su[4][4] = {};
-        for (int sj = 0; sj < GDN_BT; sj++) {
-            float kv[4], dd[4], e = E[sj];
-#pragma unroll
-            for (int m = 0; m < 4; m++) kv[m] = ty + 32 * m < Dk ? Ks[sj * ks + ty + 32 * m] : 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) dd[j] = e * Ds[sj * ds + tx + 8 * j];
-#pragma unroll
-            for (int m = 0; m < 4; m++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) su[m][j] += kv[m] * dd[j];
-        }
-        const float last = gam[GDN_BT - 1];
-#pragma unroll
-        for (int m = 0; m < 4; m++)
-            if (ty + 32 * m < Dk)
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    float *sp = Ss + (ty + 32 * m) * ds + tx + 8 * j;
-                    *sp = last * *sp + su[m][j];
+                for (int e = 0; e < 4; e++) {
+                    const float4 dv = ld4(Ds + (sj + e) * ds + c0);
+                    const float pe = f4at(p, e);
+                    acc[0] += pe * dv.x, acc[1] += pe * dv.y, acc[2] += pe * dv.z, acc[3] += pe * dv.w;
                 }
-        __syncthreads(); /* K, U (Delta) and the decays are free */
-        if (nlen > 0) load_ku(n0, nlen), gdn_commit();
+            }
+            if (t < len && c0 < rows)
+                st4(a.y + (size_t)(u0 + t) * Hv * Dv + (size_t)h * Dv + i0 + c0,
+                    make_float4(acc[0], acc[1], acc[2], acc[3]));
+        }
+        float su[4][4] = {};
+        if (4 * ty < Dk) {
+#pragma unroll 4
+            for (int sj = 0; sj < GDN_BT; sj++) {
+                const float4 kv = ld4(Ks + sj * ks + 4 * ty), dd = ld4(DE + sj * ds + c0);
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    const float km = f4at(kv, m);
+                    su[m][0] += km * dd.x, su[m][1] += km * dd.y, su[m][2] += km * dd.z, su[m][3] += km * dd.w;
+                }
+            }
+            const float last = gam[GDN_BT - 1];
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                float *sp = Ss + (4 * ty + m) * ds + c0;
+                float4 s = ld4(sp);
+                st4(sp, make_float4(last * s.x + su[m][0], last * s.y + su[m][1], last * s.z + su[m][2],
+                                    last * s.w + su[m][3]));
+            }
+        }
     }
+    __syncthreads(); /* every thread's last update of S^T */
     for (int idx = tid; idx < GDN_DVT * Dk; idx += blockDim.x) {
         int i = idx / Dk, d = idx % Dk;
         if (i < rows) S[(size_t)i * Dk + d] = Ss[d * ds + i];
@@ -628,7 +676,7 @@ __global__ void __launch_bounds__(GDN_CK_THREADS) gdn_chunk_walk_kernel(cuda_gdn
 }
 
 /* Whether this device gives the chunked kernels their shared memory (both need more than
- * 48 KB, the walk about 140 KB: Hopper's 227 KB and Ampere's 163 KB, not Ada's 99 KB, where
+ * 48 KB, the walk about 212 KB: Hopper's 227 KB, not Ampere's 163 KB or Ada's 99 KB, where
  * the token walk runs instead); opts them in the first time. */
 static int gdn_chunk_ready(void) {
     static int ready = -1;
@@ -720,7 +768,8 @@ extern "C" hearth_status cuda_gated_delta(const cuda_gdn_args *a, hearth_error *
     gdn_l2norm_kernel<<<(qk_rows + GDN_WARPS - 1) / GDN_WARPS, 32 * GDN_WARPS, 0, st>>>(*a, C);
     if ((s = cuda_launched("gdn_l2norm", err))) return s;
     if (a->chunked && a->single_run && a->scratch && T >= CUDA_GDN_CHUNK_MIN_T &&
-        cuda_gdn_chunk_takes(a->k_dim, a->v_dim) && gdn_chunk_ready()) {
+        cuda_gdn_chunk_takes(a->k_dim, a->v_dim) && (uintptr_t)a->qkv % 16 == 0 && (uintptr_t)a->scratch % 16 == 0 &&
+        (uintptr_t)a->y % 16 == 0 && gdn_chunk_ready()) {
         s = gdn_chunked(a, C, err);
     } else if (T <= GDN_DECODE_T) {
         unsigned row_blocks = (unsigned)((a->v_dim + GDN_WARPS - 1) / GDN_WARPS);

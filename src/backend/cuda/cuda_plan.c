@@ -151,7 +151,8 @@ int cuda_weight_layout(const op_weight *w, size_t *data_bytes, size_t *scale_byt
 }
 
 int cuda_gdn_chunk_takes(int k_dim, int v_dim) {
-    return k_dim > 0 && k_dim <= CUDA_GDN_CHUNK_DIM && v_dim > 0 && v_dim <= CUDA_GDN_CHUNK_DIM;
+    return k_dim > 0 && k_dim <= CUDA_GDN_CHUNK_DIM && k_dim % 4 == 0 && v_dim > 0 && v_dim <= CUDA_GDN_CHUNK_DIM &&
+           v_dim % 4 == 0;
 }
 
 size_t cuda_gdn_chunk_floats(int T, int v_heads, int k_dim) {

@@ -220,6 +220,12 @@ def bench_generate(a, prompts):
             "max_tokens": a.max_tokens, "rounds": a.rounds, "rows": rows}
 
 
+# under a table with a "same text: no" row (the SIMD tier's rounding, not a lossy speculation)
+DIFFERING_TEXTS = ("A row whose texts differ compares two different answers, not one answer at two speeds: on the "
+                   "SIMD kernels a verified step scores its rows in one matrix product, so a greedy near-tie can "
+                   "break the other way (docs/server.md); on the reference kernels (HEARTH_CPU=scalar) the texts "
+                   "are equal, which tests/parity/test_generate_speculative.py checks.")
+
 def generate_md(g):
     md = [f"## hearth generate: --speculate lookup vs none ({g['date']})", "",
           f"One process per run, {g['threads']} threads, greedy, up to {g['max_tokens']} tokens, median of "
@@ -233,10 +239,7 @@ def generate_md(g):
                   f"{r['lookup_tps']:.1f} | {r['speedup']:.2f}x | {r['proposed']} / {r['accepted']} | "
                   f"{'yes' if r['same_text'] else 'no'} |")
     if not all(r["same_text"] for r in g["rows"]):
-        md += ["", "A row whose texts differ compares two different answers, not one answer at two speeds: on the "
-               "SIMD kernels a verified step scores its rows in one matrix product, so a greedy near-tie can break "
-               "the other way (docs/server.md); on the reference kernels (HEARTH_CPU=scalar) the texts are equal, "
-               "which tests/parity/test_generate_speculative.py checks."]
+        md += ["", DIFFERING_TEXTS]
     return md + [""]
 
 
@@ -337,6 +340,8 @@ def write(out, result):
                   f"{r['tokens'].get('llama.cpp', '-')} | {r['none_tps']:.1f} | {r['lookup_tps']:.1f} | "
                   f"{r['speedup']:.2f}x | {'yes' if r['same_text'] else 'no'} | {r['llamacpp_lookup_tps']:.1f}{acc} | "
                   f"{vs} |")
+    if not all(r["same_text"] for r in rows):
+        md += ["", DIFFERING_TEXTS]
     md += ["", f"4 requests at once (aggregate tok/s): none {bn:.1f}, lookup {bl:.1f} ({bl / bn if bn else 0:.2f}x; "
            "speculation stays on up to 4 decoding requests).", "",
            f"Lookup server /stats: {json.dumps(spec)}", "", f"Peer: {result['peer']}.", "", NOTE, ""]

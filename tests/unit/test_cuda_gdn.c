@@ -261,9 +261,11 @@ static void test_gated_delta(void **state) {
         {2, 4, 16, 16, 4, 0},   /* the tiny qwen3_5 models */
         {2, 8, 128, 128, 4, 0}, /* Qwen3.5 heads (k_dim = v_dim = 128), grouped value heads */
         {4, 8, 64, 32, 4, 1},   /* llama.cpp's tiled value heads, v_dim < k_dim */
-        {1, 2, 48, 40, 3, 0},   /* dims not a multiple of 32 (lanes past the end), a conv of 3 */
+        {1, 2, 48, 40, 3, 0},   /* dims not a multiple of 32 (lanes past the end; the chunked walk's last
+                                 * tile of 8 value rows), a conv of 3 */
         {2, 2, 256, 256, 2, 1}, /* the widest heads the kernel takes */
-        {1, 2, 18, 10, 4, 0},   /* key rows not 16-byte aligned: 4-byte copies */
+        {1, 2, 18, 10, 4, 0},   /* key rows not 16-byte aligned: 4-byte copies (and no chunked form: its
+                                 * float4 reads need heads that are multiples of 4 wide) */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_gdn(&shapes[i]);
 }

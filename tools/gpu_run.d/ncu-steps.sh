@@ -9,7 +9,8 @@
 # bench warms up with a 32-token one) instead. A part of tools/gpu_run (env: H, G8, L8). Budget:
 # NS_BUDGET (s, default 90); NS_SKIP, NS_COUNT: the window (decode 3000, 300 launches; prefill
 # 300, 300); NS_KERNELS: an ncu --kernel-name filter (e.g. "regex:^(?!q4k_pack)": the window then
-# skips the load's weight repacking).
+# skips the load's weight repacking; the prefill window's default, whose 300 skipped launches a
+# GGUF's repacking alone would fill: NS_KERNELS= counts every kernel).
 set -u
 L=${1:?usage: ncu-steps.sh LOGDIR}
 mkdir -p "$L" && L=$(cd "$L" && pwd)
@@ -33,10 +34,12 @@ for m in ${NS_MODELS:-q4_k_m bf16}; do
     [ "$(left)" -lt 25 ] && { echo "$m: NOT RUN ($(left) s left)"; continue; }
     # a window of kernel launches (graph nodes count one each): the second prefill step, or
     # about one decode step after the first few
+    kernels=${NS_KERNELS-}
     if [ "${NS_PREFILL:-0}" = 1 ]; then win="--launch-skip ${NS_SKIP:-300} --launch-count ${NS_COUNT:-300}" args="-p 4096 -n 1 -r 1"
+        kernels=${NS_KERNELS-"regex:^(?!q4k_pack)"}
     else win="--launch-skip ${NS_SKIP:-3000} --launch-count ${NS_COUNT:-300}" args="-p 512 -n 16 -r 1"; fi
     # shellcheck disable=SC2086 # win (ncu flags) and args (bench flags) are word lists
-    timeout $(($(left) - 3)) $NCU --clock-control none --graph-profiling node $win ${NS_KERNELS:+--kernel-name "$NS_KERNELS"} \
+    timeout $(($(left) - 3)) $NCU --clock-control none --graph-profiling node $win ${kernels:+--kernel-name "$kernels"} \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \
         --log-file "$L/ncu_$m.csv" "$H" bench "$f" --device cuda $args --json \
         >"$L/ncu_$m.json" 2>"$L/ncu_$m.log"

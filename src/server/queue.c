@@ -185,12 +185,31 @@ static int is_cancelled(void *user) {
     return atomic_load(&j->cancel);
 }
 
+/* Jobs the engine thread ended since it last published the batch's statistics, newest
+ * first (linked through next_in_queue, free once a job is taken from the queue's list).
+ * Their done events go out after the step's statistics are published (publish_done), so a
+ * client that reads /stats or /metrics right after its answer sees the step that answered
+ * it counted (its tokens streamed as they came; only the end waits for the step's end). */
+static _Thread_local srv_job *done_jobs;
+
 static void on_done(void *user, hearth_status st, const hearth_error *err) {
     srv_job *j = user;
     j->status = st;
     if (st && err) j->err = *err;
-    finish(j);
-    srv_job_release(j);
+    j->next_in_queue = done_jobs;
+    done_jobs = j;
+}
+
+/* The ended jobs' done events, in the order they ended. */
+static void publish_done(void) {
+    srv_job *rev = NULL;
+    for (srv_job *j = done_jobs, *next; j; j = next) next = j->next_in_queue, j->next_in_queue = rev, rev = j;
+    done_jobs = NULL;
+    for (srv_job *j = rev, *next; j; j = next) {
+        next = j->next_in_queue;
+        finish(j);
+        srv_job_release(j);
+    }
 }
 
 /* Hands a job to the batch; one the batch refuses at once (invalid) ends here. */
@@ -248,9 +267,11 @@ static void *engine_main(void *arg) {
         q->depth = listed + hearth_batch_waiting(q->batch);
         pthread_mutex_unlock(&q->mu);
         publish_stats(q);
+        publish_done();
     }
     hearth_batch_free(q->batch); /* ends what is still held as cancelled */
     q->batch = NULL;
+    publish_done();
     return NULL;
 }
 

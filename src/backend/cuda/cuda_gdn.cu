@@ -383,22 +383,17 @@ static __device__ __forceinline__ void gdn_cp16z(float *smem, const float *gmem,
 }
 
 /* Rows [0, GDN_BT) of the first W floats of each row into shared rows of stride ds: row t from
- * src + t * sstride where t < len, zero past it (asynchronous; the caller commits and waits).
- * VW: floats per copy (4: W, ds, sstride and both bases multiples of 4 floats). Each thread
- * keeps one column and walks the rows. */
-template <int VW>
+ * src + t * sstride where t < len, zero past it, 16 bytes a copy (W, ds, sstride and both bases
+ * multiples of 4 floats; asynchronous: the caller commits and waits). Each thread keeps one
+ * column and walks the rows. */
 static __device__ __forceinline__ void gdn_load_rows(float *dst, int ds, const float *src, size_t sstride, int len,
                                                      int W) {
-    const int units = W / VW, per = GDN_CK_THREADS / units, tid = threadIdx.x;
+    const int units = W / 4, per = GDN_CK_THREADS / units, tid = threadIdx.x;
     if (tid >= per * units) return;
-    const int c = (tid % units) * VW;
+    const int c = (tid % units) * 4;
     for (int t = tid / units; t < GDN_BT; t += per) {
         bool on = t < len;
-        const float *g = src + (on ? (size_t)t * sstride + c : 0);
-        if (VW == 4)
-            gdn_cp16z(dst + t * ds + c, g, on);
-        else
-            gdn_cp4z(dst + t * ds + c, g, on);
+        gdn_cp16z(dst + t * ds + c, src + (on ? (size_t)t * sstride + c : 0), on);
     }
 }
 
@@ -433,8 +428,8 @@ __global__ void __launch_bounds__(GDN_CK_THREADS) gdn_chunk_prep_kernel(cuda_gdn
     float *G = Ws + GDN_BT * as, *bt = G + GDN_BT, *gam = bt + GDN_BT, *E = gam + GDN_BT;
     float *Wk = a.scratch, *P = a.scratch + (size_t)T * Hv * Dk;
     const float *row0 = a.qkv + (size_t)u0 * C;
-    gdn_load_rows<4>(Ks, ks, row0 + (size_t)(a.k_heads + hk) * Dk, C, len, Dk);
-    gdn_load_rows<4>(Qs, qv, row0 + (size_t)hk * Dk, C, len, Dk);
+    gdn_load_rows(Ks, ks, row0 + (size_t)(a.k_heads + hk) * Dk, C, len, Dk);
+    gdn_load_rows(Qs, qv, row0 + (size_t)hk * Dk, C, len, Dk);
     if (tid < GDN_BT) {
         bool on = tid < len;
         size_t i = on ? (size_t)(u0 + tid) * Hv + h : 0;
@@ -479,7 +474,7 @@ __global__ void __launch_bounds__(GDN_CK_THREADS) gdn_chunk_prep_kernel(cuda_gdn
     }
     __syncthreads();
     const size_t v_off = (size_t)2 * a.k_heads * Dk + (size_t)h * Dv;
-    gdn_load_rows<4>(Qs, qv, row0 + v_off, C, len, Dv); /* Q is done with: V in its place, during the solve */
+    gdn_load_rows(Qs, qv, row0 + v_off, C, len, Dv); /* Q is done with: V in its place, during the solve */
     gdn_commit();
     if (tid < GDN_BT) { /* column j of W: W[t][j] = beta_t [t == j] - sum_{j <= s < t} A[t][s] W[s][j] */
         const int j = tid;
@@ -563,15 +558,14 @@ __global__ void __launch_bounds__(GDN_CK_THREADS, 1) gdn_chunk_walk_kernel(cuda_
     float *S = gdn_record(a, a.slot[0]) + (size_t)(a.conv_k - 1) * C + ((size_t)h * Dv + i0) * Dk;
     const int fresh = a.pos[0] == 0, rows = Dv - i0 < GDN_DVT ? Dv - i0 : GDN_DVT;
     auto load_wq = [&](int u0, int len) {
-        gdn_load_rows<4>(Wks, ks, Wk + ((size_t)u0 * Hv + h) * Dk, (size_t)Hv * Dk, len, Dk);
-        gdn_load_rows<4>(Qs, ks, a.qkv + (size_t)u0 * C + q_off, C, len, Dk);
+        gdn_load_rows(Wks, ks, Wk + ((size_t)u0 * Hv + h) * Dk, (size_t)Hv * Dk, len, Dk);
+        gdn_load_rows(Qs, ks, a.qkv + (size_t)u0 * C + q_off, C, len, Dk);
     };
     auto load_pku = [&](int b, int u0, int len) {
         float *Ds = Db + b * GDN_BT * ds;
-        gdn_load_rows<4>(Pb + b * GDN_BT * ps, ps, P + ((size_t)u0 * Hv + h) * GDN_BT, (size_t)Hv * GDN_BT, len,
-                         GDN_BT);
-        gdn_load_rows<4>(Kb + b * GDN_BT * ks, ks, a.qkv + (size_t)u0 * C + k_off, C, len, Dk);
-        gdn_load_rows<4>(Ds, ds, a.qkv + (size_t)u0 * C + v_off, C, len, rows);
+        gdn_load_rows(Pb + b * GDN_BT * ps, ps, P + ((size_t)u0 * Hv + h) * GDN_BT, (size_t)Hv * GDN_BT, len, GDN_BT);
+        gdn_load_rows(Kb + b * GDN_BT * ks, ks, a.qkv + (size_t)u0 * C + k_off, C, len, Dk);
+        gdn_load_rows(Ds, ds, a.qkv + (size_t)u0 * C + v_off, C, len, rows);
         if (rows < GDN_DVT) /* a last tile's columns past Dv (the step before wrote into them) */
             for (int idx = tid; idx < GDN_BT * GDN_DVT; idx += blockDim.x)
                 if (idx % GDN_DVT >= rows) Ds[idx / GDN_DVT * ds + idx % GDN_DVT] = 0.0f;

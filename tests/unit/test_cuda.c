@@ -23,11 +23,13 @@ int main(void) {
     return 0;
 }
 #else
-#include "backend/cpu/kernels.h"
-#include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_affine.h"
-#include "base/half.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cuda/cuda_affine.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_plan.h"
+#include "base/half.h"
+#include "base/threadpool.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 static uint32_t rnd(void) { /* xorshift64*, reseeded from the clock in main: fresh inputs each run */
@@ -878,6 +880,57 @@ static void test_gemv_q4_legacy(void **state) {
  * tier uses), the bf16 dequantizer (check_dequant) and the prefill GEMM
  * (bf16 and exact f32 operands) against the CPU reference. Shapes: one chunk per lane or
  * fewer (k = 256, 384), past the four-chunk load batch (4096, 14336), odd row counts. */
+/* The host repacks at load spread over a thread pool (cuda_weight_upload_any_mt, what the
+ * engine uses) give the device the same bytes as one thread: every format with a repack
+ * (Q8_0, Q6_K, Q4_0 / Q4_1 as MLX 4-bit, MLX 4-bit in the chunked and the tiled layout, the
+ * generic affine layout from Q5_0, Q3_K and MLX 6-bit), with rows enough that the pool splits
+ * them (tasks of 256 K weights). */
+static void test_upload_threads(void **state) {
+    (void)state;
+    static const struct {
+        tensor_dtype t;
+        int64_t n, k;
+        int bits, group;
+    } fs[] = {
+        {DT_Q8_0, 300, 4096, 0, 0}, {DT_Q6_K, 129, 4096, 0, 0}, {DT_Q4_0, 300, 4096, 0, 0},
+        {DT_Q4_1, 77, 4096, 0, 0},  {DT_U32, 300, 4096, 4, 64}, {DT_U32, 130, 3072, 4, 96} /* tiled: groups of 96 */,
+        {DT_Q5_0, 301, 2816, 0, 0}, {DT_Q3_K, 97, 4096, 0, 0},  {DT_U32, 101, 4096, 6, 64}};
+    threadpool *tp = NULL;
+    assert_int_equal(tp_create(4, &tp, NULL), HEARTH_OK);
+    for (size_t f = 0; f < sizeof fs / sizeof fs[0]; f++) {
+        op_weight w;
+        mlx_bits = fs[f].bits ? fs[f].bits : 4;
+        mlx_group = fs[f].group ? fs[f].group : 64;
+        void *host = make_weight(fs[f].t, fs[f].n, fs[f].k, &w);
+        cuda_weight one, many;
+        assert_int_equal(cuda_weight_upload_mt(&one, &w, "test", NULL, NULL), HEARTH_OK);
+        assert_int_equal(cuda_weight_upload_mt(&many, &w, "test", tp, NULL), HEARTH_OK);
+        assert_int_equal(one.dtype, many.dtype);
+        assert_int_equal(one.mlx_tiled, many.mlx_tiled);
+        if (fs[f].t == DT_U32 && fs[f].bits == 4) assert_int_equal(one.mlx_tiled, fs[f].group == 96 ? 1 : 2);
+        size_t data = 0, scales = 0;
+        op_weight as = w;
+        if (fs[f].t == DT_Q4_0 || fs[f].t == DT_Q4_1) /* kept as MLX 4-bit, groups of 32 */
+            as = (op_weight){.dtype = DT_U32, .n = w.n, .k = w.k, .bits = 4, .group_size = 32, .sb_dtype = DT_F16};
+        cuda_weight_layout(&as, &data, &scales);
+        assert_true(data > 0 && data % 4 == 0 && scales % 4 == 0);
+        float *a = download(one.data, data / 4), *b = download(many.data, data / 4);
+        assert_memory_equal(a, b, data);
+        free(a), free(b);
+        if (scales) {
+            a = download(one.scales, scales / 4), b = download(many.scales, scales / 4);
+            assert_memory_equal(a, b, scales);
+            free(a), free(b);
+        }
+        printf("  upload with 4 threads: %s [%lld x %lld]: %zu + %zu bytes, the same\n", tensor_dtype_name(fs[f].t),
+               (long long)w.n, (long long)w.k, data, scales);
+        cuda_weight_free(&one), cuda_weight_free(&many);
+        free(host);
+    }
+    mlx_bits = 4, mlx_group = 64;
+    tp_destroy(tp);
+}
+
 static void test_gemv_affine(void **state) {
     (void)state;
     static const struct { tensor_dtype t; int bits, gs; tensor_dtype sb; } fs[] = {
@@ -1322,6 +1375,7 @@ int main(void) {
         cmocka_unit_test(test_gemv_mlx4_v2),
         cmocka_unit_test(test_gemv_q4_legacy),
         cmocka_unit_test(test_gemv_affine),
+        cmocka_unit_test(test_upload_threads),
         cmocka_unit_test(test_gated_activations),
         cmocka_unit_test(test_matmul_loaded),
         cmocka_unit_test(test_attention),

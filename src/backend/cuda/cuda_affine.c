@@ -131,12 +131,18 @@ void cuda_affine_pack_row(const uint8_t *codes, int64_t n, int64_t k, int bits, 
     int lo = cuda_affine_lo_bits(bits), hi = bits - lo;
     for (int p = 0; p < (hi ? 2 : 1); p++) {
         int w = p ? hi : lo, shift = p ? lo : 0;
+        /* four codes at a time: weights 4m .. 4m + 3 of a chunk are bytes 0..3 of word m % w at
+         * bit w (m / w) of each byte (cuda_affine_slot); shift + w <= 8, so shifting the four
+         * bytes together and masking each keeps every code's bits in its own byte */
+        uint32_t mask = ((1u << w) - 1) * 0x01010101u;
         uint32_t *words = plane_row(planes, n, k, lo, p ? hi : 0, r);
-        memset(words, 0, (size_t)(k / 32) * (size_t)w * 4);
-        for (int64_t c = 0; c < k; c++) {
-            int word, bit;
-            cuda_affine_slot((int)(c % 32), w, &word, &bit);
-            words[c / 32 * w + word] |= (uint32_t)((codes[c] >> shift) & ((1u << w) - 1)) << bit;
+        for (int64_t c0 = 0; c0 < k; c0 += 32, words += w) {
+            for (int i = 0; i < w; i++) words[i] = 0;
+            for (int m = 0; m < 8; m++) {
+                uint32_t four;
+                memcpy(&four, codes + c0 + 4 * m, 4); /* little-endian: code 4m + j in byte j */
+                words[m % w] |= ((four >> shift) & mask) << (w * (m / w));
+            }
         }
     }
 }

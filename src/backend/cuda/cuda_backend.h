@@ -215,6 +215,13 @@ hearth_status cuda_weight_upload(cuda_weight *dw, const op_weight *w, const char
  * set to 1 when that happened. */
 hearth_status cuda_weight_upload_any(cuda_weight *dw, const op_weight *w, const char *what, int *expanded,
                                      hearth_error *err);
+/* The same, the host repacks (the formats' device layouts, the f32 expansion) spread over
+ * tp's threads (NULL: this thread); the bytes uploaded do not depend on tp. */
+typedef struct threadpool threadpool;
+hearth_status cuda_weight_upload_mt(cuda_weight *dw, const op_weight *w, const char *what, threadpool *tp,
+                                    hearth_error *err);
+hearth_status cuda_weight_upload_any_mt(cuda_weight *dw, const op_weight *w, const char *what, int *expanded,
+                                        threadpool *tp, hearth_error *err);
 void cuda_weight_free(cuda_weight *dw);
 
 /* y[T, n] = x[T, k] · W^T, all pointers device memory, float32 activations. Meant for

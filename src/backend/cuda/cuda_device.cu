@@ -3,10 +3,11 @@
  * without a driver or GPU gets a "no CUDA device" status, never a crash. No kernels here. */
 #include "backend/cuda/cuda_internal.h"
 extern "C" {
-#include "backend/cuda/cuda_plan.h"
 #include "backend/cuda/cuda_affine.h"
-#include "ops/op_weight.h"
+#include "backend/cuda/cuda_plan.h"
 #include "base/half.h"
+#include "base/threadpool.h"
+#include "ops/op_weight.h"
 }
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,8 +160,38 @@ int cuda_weight_supported(const op_weight *w) {
     return cuda_weight_format_native(w) && (w->dtype != DT_U32 || (w->scales && w->biases));
 }
 
+/* The host repacks below run f(lo, hi, thread) over items [0, n) in tasks of `per` items,
+ * spread over the engine's threads (tp; NULL or a small weight: this thread alone). A 26B
+ * mixture of experts repacks ~8 billion weights at load: one thread took over a minute. */
+template <class F> static void for_spans(threadpool *tp, size_t n, size_t per, F &&f) {
+    if (n == 0) return;
+    if (!tp || tp_threads(tp) < 2 || n <= per) {
+        f((size_t)0, n, 0);
+        return;
+    }
+    struct job {
+        F *f;
+        size_t n, per;
+    } j = {&f, n, per};
+    tp_run(
+        tp, (int)((n + per - 1) / per),
+        [](void *c, int task, int thread) {
+            job *jb = (job *)c;
+            size_t lo = (size_t)task * jb->per, hi = lo + jb->per < jb->n ? lo + jb->per : jb->n;
+            (*jb->f)(lo, hi, thread);
+        },
+        &j);
+}
+
+/* Items of about 256 K weights a task (at least one). */
+static size_t span_items(size_t weights_per_item) {
+    size_t per = ((size_t)1 << 18) / (weights_per_item ? weights_per_item : 1);
+    return per ? per : 1;
+}
+
 /* Q8_0 blocks are 34 bytes (f16 scale + 32 int8); split them into the two planes. */
-static hearth_status upload_q8_0(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err) {
+static hearth_status upload_q8_0(cuda_weight *dw, const op_weight *w, const char *what, threadpool *tp,
+                                 hearth_error *err) {
     size_t nq, scale_bytes; /* the device layout's sizes (cuda_plan.c) */
     cuda_weight_layout(w, &nq, &scale_bytes);
     size_t nb = scale_bytes / 2;
@@ -170,10 +201,12 @@ static hearth_status upload_q8_0(cuda_weight *dw, const op_weight *w, const char
     if (!q || !d) s = err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory to repack Q8_0", what);
     if (!s) {
         const uint8_t *src = (const uint8_t *)w->data;
-        for (size_t b = 0; b < nb; b++) {
-            memcpy(&d[b], src + b * 34, 2);
-            memcpy(q + b * 32, src + b * 34 + 2, 32);
-        }
+        for_spans(tp, nb, span_items(32), [&](size_t lo, size_t hi, int) {
+            for (size_t b = lo; b < hi; b++) {
+                memcpy(&d[b], src + b * 34, 2);
+                memcpy(q + b * 32, src + b * 34 + 2, 32);
+            }
+        });
         s = cuda_alloc(&dw->data, nq, what, err);
     }
     if (!s) s = cuda_alloc(&dw->scales, nb * 2, what, err);
@@ -187,7 +220,8 @@ static hearth_status upload_q8_0(cuda_weight *dw, const op_weight *w, const char
 
 /* Q6_K blocks are 210 bytes (ql[128], qh[64], int8 scales[16], f16 d): split into the
  * four planes of cuda_weight so every quant load is a 16-byte aligned vector. */
-static hearth_status upload_q6_k(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err) {
+static hearth_status upload_q6_k(cuda_weight *dw, const op_weight *w, const char *what, threadpool *tp,
+                                 hearth_error *err) {
     size_t nk = (size_t)w->n * (size_t)w->k, nb = nk / 256, data_bytes, scale_bytes;
     cuda_weight_layout(w, &data_bytes, &scale_bytes); /* the device layout's sizes (cuda_plan.c) */
     uint8_t *q = (uint8_t *)malloc(data_bytes), *s8 = (uint8_t *)malloc(scale_bytes);
@@ -196,13 +230,15 @@ static hearth_status upload_q6_k(cuda_weight *dw, const op_weight *w, const char
     if (!s) {
         const uint8_t *src = (const uint8_t *)w->data;
         uint8_t *ql = q, *qh = q + nk / 2, *sc = s8, *d = s8 + nk / 16;
-        for (size_t b = 0; b < nb; b++) {
-            const uint8_t *blk = src + b * 210;
-            memcpy(ql + b * 128, blk, 128);
-            memcpy(qh + b * 64, blk + 128, 64);
-            memcpy(sc + b * 16, blk + 192, 16);
-            memcpy(d + b * 2, blk + 208, 2);
-        }
+        for_spans(tp, nb, span_items(256), [&](size_t lo, size_t hi, int) {
+            for (size_t b = lo; b < hi; b++) {
+                const uint8_t *blk = src + b * 210;
+                memcpy(ql + b * 128, blk, 128);
+                memcpy(qh + b * 64, blk + 128, 64);
+                memcpy(sc + b * 16, blk + 192, 16);
+                memcpy(d + b * 2, blk + 208, 2);
+            }
+        });
         s = cuda_alloc(&dw->data, data_bytes, what, err);
     }
     if (!s) s = cuda_alloc(&dw->scales, scale_bytes, what, err);
@@ -215,18 +251,21 @@ static hearth_status upload_q6_k(cuda_weight *dw, const op_weight *w, const char
 }
 
 /* MLX 4-bit: the words as they are; each group's scale and bias paired into one word. */
-static hearth_status upload_mlx4(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err) {
+static hearth_status upload_mlx4(cuda_weight *dw, const op_weight *w, const char *what, threadpool *tp,
+                                 hearth_error *err) {
     size_t word_bytes, pair_bytes; /* the device layout's sizes (cuda_plan.c) */
     cuda_weight_layout(w, &word_bytes, &pair_bytes);
     size_t words = word_bytes / 4, groups = pair_bytes / 4;
     uint32_t *sb = (uint32_t *)malloc(groups * 4);
     if (!sb) return err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory to pair MLX scales", what);
-    for (size_t g = 0; g < groups; g++) { /* any alignment of the host pointers */
-        uint16_t s, b;
-        memcpy(&s, (const uint8_t *)w->scales + 2 * g, 2);
-        memcpy(&b, (const uint8_t *)w->biases + 2 * g, 2);
-        sb[g] = (uint32_t)s | (uint32_t)b << 16;
-    }
+    for_spans(tp, groups, span_items((size_t)w->group_size), [&](size_t lo, size_t hi, int) {
+        for (size_t g = lo; g < hi; g++) { /* any alignment of the host pointers */
+            uint16_t s, b;
+            memcpy(&s, (const uint8_t *)w->scales + 2 * g, 2);
+            memcpy(&b, (const uint8_t *)w->biases + 2 * g, 2);
+            sb[g] = (uint32_t)s | (uint32_t)b << 16;
+        }
+    });
     dw->group_size = w->group_size;
     dw->sb_bf16 = w->sb_dtype == DT_BF16;
     /* the layout its GEMV reads (cuda_mlx4_nibble): chunked only where the int8 GEMV takes
@@ -240,15 +279,29 @@ static hearth_status upload_mlx4(cuda_weight *dw, const op_weight *w, const char
     if (tiled) {
         const uint8_t *src = (const uint8_t *)w->data;
         int64_t row_words = w->k / 8;
-        for (int64_t r = 0; r < w->n; r++)
-            for (int64_t c = 0; c < w->k; c++) {
-                uint8_t byte = src[(size_t)(r * row_words) * 4 + (size_t)(c / 2)];
-                uint32_t q = (byte >> (4 * (c % 2))) & 0xF; /* little-end nibble first */
-                int64_t wi;
-                int shift;
-                cuda_mlx4_nibble(c, dw->mlx_tiled, &wi, &shift);
-                tiled[r * row_words + wi] |= q << shift;
+        int layout = dw->mlx_tiled;
+        for_spans(tp, (size_t)w->n, span_items((size_t)w->k), [&](size_t lo, size_t hi, int) {
+            for (int64_t r = (int64_t)lo; r < (int64_t)hi; r++) {
+                const uint8_t *in = src + (size_t)(r * row_words) * 4; /* weight c: nibble c % 2 of byte c / 2 */
+                if (layout == 2) { /* chunks of 64: byte i = weight i | weight 32 + i << 4 (cuda_mlx4_nibble) */
+                    uint8_t *out = (uint8_t *)(tiled + r * row_words);
+                    for (int64_t c0 = 0; c0 < w->k; c0 += 64, in += 32, out += 32)
+                        for (int i = 0; i < 32; i++) {
+                            uint8_t a = (uint8_t)((in[i / 2] >> (4 * (i % 2))) & 0xF);
+                            uint8_t b = (uint8_t)((in[16 + i / 2] >> (4 * (i % 2))) & 0xF);
+                            out[i] = (uint8_t)(a | b << 4);
+                        }
+                    continue;
+                }
+                for (int64_t c = 0; c < w->k; c++) {
+                    uint32_t q = (in[c / 2] >> (4 * (c % 2))) & 0xF; /* little-end nibble first */
+                    int64_t wi;
+                    int shift;
+                    cuda_mlx4_nibble(c, layout, &wi, &shift);
+                    tiled[r * row_words + wi] |= q << shift;
+                }
             }
+        });
     }
     if (!s) s = cuda_alloc(&dw->data, words * 4, what, err);
     if (!s) s = cuda_alloc(&dw->scales, groups * 4, what, err);
@@ -265,7 +318,8 @@ static hearth_status upload_mlx4(cuda_weight *dw, const op_weight *w, const char
  * and the MLX kernels (the v3 GEMV, the dequantizer) serve these files too. A block's 16 bytes
  * hold element i in the low nibble of byte i and element 16 + i in its high nibble; MLX wants
  * element j at nibble j % 8 of word j / 8. */
-static hearth_status upload_q4_as_mlx4(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err) {
+static hearth_status upload_q4_as_mlx4(cuda_weight *dw, const op_weight *w, const char *what, threadpool *tp,
+                                       hearth_error *err) {
     int one = w->dtype == DT_Q4_1, bb = one ? 20 : 18;
     size_t nb = (size_t)w->n * (size_t)(w->k / 32);
     uint8_t *words = (uint8_t *)malloc(nb * 16);
@@ -275,28 +329,43 @@ static hearth_status upload_q4_as_mlx4(cuda_weight *dw, const op_weight *w, cons
         return err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory to repack %s", what, tensor_dtype_name(w->dtype));
     }
     const uint8_t *src = (const uint8_t *)w->data;
-    for (size_t b = 0; b < nb; b++) {
-        const uint8_t *blk = src + b * bb, *qs = blk + (one ? 4 : 2);
-        uint16_t d, m;
-        memcpy(&d, blk, 2);
-        if (one) memcpy(&m, blk + 2, 2);
-        else m = f32_to_f16(-8.0f * f16_to_f32(d));
-        if (!one && !(f16_to_f32(m) == -8.0f * f16_to_f32(d))) { /* |d| > 8188: -8 d overflows f16 */
-            free(words), free(sc), free(bi);
-            return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: %s: Q4_0 block %zu has scale %g, too large for the device layout",
-                           what, b, (double)f16_to_f32(d));
+    size_t bad = SIZE_MAX; /* the first block whose -8 d overflows f16 (|d| > 8188) */
+    for_spans(tp, nb, span_items(32), [&](size_t lo, size_t hi, int) {
+        for (size_t b = lo; b < hi; b++) {
+            const uint8_t *blk = src + b * bb, *qs = blk + (one ? 4 : 2);
+            uint16_t d, m;
+            memcpy(&d, blk, 2);
+            if (one)
+                memcpy(&m, blk + 2, 2);
+            else
+                m = f32_to_f16(-8.0f * f16_to_f32(d));
+            if (!one && !(f16_to_f32(m) == -8.0f * f16_to_f32(d))) {
+                size_t seen = __atomic_load_n(&bad, __ATOMIC_RELAXED);
+                while (b < seen &&
+                       !__atomic_compare_exchange_n(&bad, &seen, b, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+                }
+                return;
+            }
+            sc[b] = d, bi[b] = m;
+            uint8_t *o = words + b * 16;
+            for (int i = 0; i < 16; i++) { /* elements 2i, 2i + 1 of the block into byte i */
+                int e0 = 2 * i, e1 = 2 * i + 1;
+                uint8_t q0 = e0 < 16 ? qs[e0] & 0xF : qs[e0 - 16] >> 4, q1 = e1 < 16 ? qs[e1] & 0xF : qs[e1 - 16] >> 4;
+                o[i] = (uint8_t)(q0 | q1 << 4);
+            }
         }
-        sc[b] = d, bi[b] = m;
-        uint8_t *o = words + b * 16;
-        for (int i = 0; i < 16; i++) { /* elements 2i, 2i + 1 of the block into byte i */
-            int e0 = 2 * i, e1 = 2 * i + 1;
-            uint8_t q0 = e0 < 16 ? qs[e0] & 0xF : qs[e0 - 16] >> 4, q1 = e1 < 16 ? qs[e1] & 0xF : qs[e1 - 16] >> 4;
-            o[i] = (uint8_t)(q0 | q1 << 4);
-        }
+    });
+    if (bad != SIZE_MAX) {
+        uint16_t d;
+        memcpy(&d, src + bad * bb, 2);
+        free(words), free(sc), free(bi);
+        return err_set(err, HEARTH_ERR_UNSUPPORTED,
+                       "cuda: %s: Q4_0 block %zu has scale %g, too large for the device layout", what, bad,
+                       (double)f16_to_f32(d));
     }
     op_weight m = {.dtype = DT_U32, .data = words, .n = w->n, .k = w->k, .bits = 4, .group_size = 32,
                     .sb_dtype = DT_F16, .scales = sc, .biases = bi};
-    hearth_status s = upload_mlx4(dw, &m, what, err);
+    hearth_status s = upload_mlx4(dw, &m, what, tp, err);
     dw->dtype = DT_U32;
     free(words), free(sc), free(bi);
     return s;
@@ -304,21 +373,26 @@ static hearth_status upload_q4_as_mlx4(cuda_weight *dw, const op_weight *w, cons
 
 /* The generic affine layout (cuda_affine.h): each row's codes and (scale, bias) pairs from
  * the file's format, packed into the planes on the host, uploaded in one copy each. */
-static hearth_status upload_affine(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err) {
+static hearth_status upload_affine(cuda_weight *dw, const op_weight *w, const char *what, threadpool *tp,
+                                   hearth_error *err) {
     int bits, group;
     cuda_affine_takes(w, &bits, &group);
-    size_t code_bytes, pair_bytes;
+    size_t code_bytes, pair_bytes, threads = tp ? (size_t)tp_threads(tp) : 1;
     cuda_weight_layout(w, &code_bytes, &pair_bytes); /* the device layout's sizes (cuda_plan.c) */
-    uint8_t *planes = (uint8_t *)malloc(code_bytes), *codes = (uint8_t *)malloc((size_t)w->k);
+    uint8_t *planes = (uint8_t *)malloc(code_bytes), *codes = (uint8_t *)malloc((size_t)w->k * threads);
     float *sb = (float *)malloc(pair_bytes);
     hearth_status s = HEARTH_OK;
     if (!planes || !codes || !sb)
         s = err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory to repack %s", what, tensor_dtype_name(w->dtype));
     int64_t groups = w->k / group;
-    for (int64_t r = 0; !s && r < w->n; r++) {
-        cuda_affine_row(w, r, bits, group, codes, sb + (size_t)r * (size_t)groups * 2);
-        cuda_affine_pack_row(codes, w->n, w->k, bits, r, planes);
-    }
+    if (!s)
+        for_spans(tp, (size_t)w->n, span_items((size_t)w->k), [&](size_t lo, size_t hi, int thread) {
+            uint8_t *mine = codes + (size_t)thread * (size_t)w->k; /* this thread's row of codes */
+            for (int64_t r = (int64_t)lo; r < (int64_t)hi; r++) {
+                cuda_affine_row(w, r, bits, group, mine, sb + (size_t)r * (size_t)groups * 2);
+                cuda_affine_pack_row(mine, w->n, w->k, bits, r, planes);
+            }
+        });
     dw->dtype = DT_AFFINE;
     dw->aff_bits = bits;
     dw->aff_from = w->dtype;
@@ -333,6 +407,11 @@ static hearth_status upload_affine(cuda_weight *dw, const op_weight *w, const ch
 }
 
 hearth_status cuda_weight_upload(cuda_weight *dw, const op_weight *w, const char *what, hearth_error *err) {
+    return cuda_weight_upload_mt(dw, w, what, NULL, err);
+}
+
+hearth_status cuda_weight_upload_mt(cuda_weight *dw, const op_weight *w, const char *what, threadpool *tp,
+                                    hearth_error *err) {
     memset(dw, 0, sizeof *dw);
     if (!cuda_weight_supported(w))
         return err_set(err, HEARTH_ERR_UNSUPPORTED, "cuda: %s: weight format %s [%lld, %lld] has no CUDA kernel yet",
@@ -343,15 +422,15 @@ hearth_status cuda_weight_upload(cuda_weight *dw, const op_weight *w, const char
     dw->k = w->k;
     hearth_status s;
     if (cuda_weight_goes_affine(w)) {
-        s = upload_affine(dw, w, what, err);
+        s = upload_affine(dw, w, what, tp, err);
     } else if (w->dtype == DT_Q8_0) {
-        s = upload_q8_0(dw, w, what, err);
+        s = upload_q8_0(dw, w, what, tp, err);
     } else if (w->dtype == DT_Q6_K) {
-        s = upload_q6_k(dw, w, what, err);
+        s = upload_q6_k(dw, w, what, tp, err);
     } else if (w->dtype == DT_U32) {
-        s = upload_mlx4(dw, w, what, err);
+        s = upload_mlx4(dw, w, what, tp, err);
     } else if (w->dtype == DT_Q4_0 || w->dtype == DT_Q4_1) {
-        s = upload_q4_as_mlx4(dw, w, what, err);
+        s = upload_q4_as_mlx4(dw, w, what, tp, err);
     } else {
         size_t bytes, no_scales;
         cuda_weight_layout(w, &bytes, &no_scales); /* the device layout's size (cuda_plan.c) */
@@ -375,8 +454,13 @@ void cuda_weight_free(cuda_weight *dw) {
  * every GGUF block) or 32 for MLX (one call must stay inside one group), then uploaded. */
 hearth_status cuda_weight_upload_any(cuda_weight *dw, const op_weight *w, const char *what, int *expanded,
                                      hearth_error *err) {
+    return cuda_weight_upload_any_mt(dw, w, what, expanded, NULL, err);
+}
+
+hearth_status cuda_weight_upload_any_mt(cuda_weight *dw, const op_weight *w, const char *what, int *expanded,
+                                        threadpool *tp, hearth_error *err) {
     if (expanded) *expanded = 0;
-    if (cuda_weight_supported(w)) return cuda_weight_upload(dw, w, what, err);
+    if (cuda_weight_supported(w)) return cuda_weight_upload_mt(dw, w, what, tp, err);
     memset(dw, 0, sizeof *dw);
     hearth_status s = op_weight_check(w, what, err);
     if (s) return s;
@@ -385,11 +469,13 @@ hearth_status cuda_weight_upload_any(cuda_weight *dw, const op_weight *w, const 
     if (!host) return err_set(err, HEARTH_ERR_NOMEM, "cuda: %s: no host memory to expand %s to f32", what,
                               tensor_dtype_name(w->dtype));
     int step = w->dtype == DT_U32 ? 32 : 256;
-    for (int64_t r = 0; r < w->n; r++)
-        for (int64_t k0 = 0; k0 < w->k; k0 += step) {
-            int count = (int)(w->k - k0 < step ? w->k - k0 : step);
-            op_weight_dequant(w, r, k0, count, host + (size_t)r * w->k + k0);
-        }
+    for_spans(tp, (size_t)w->n, span_items((size_t)w->k), [&](size_t lo, size_t hi, int) {
+        for (int64_t r = (int64_t)lo; r < (int64_t)hi; r++)
+            for (int64_t k0 = 0; k0 < w->k; k0 += step) {
+                int count = (int)(w->k - k0 < step ? w->k - k0 : step);
+                op_weight_dequant(w, r, k0, count, host + (size_t)r * w->k + k0);
+            }
+    });
     op_weight f = {.dtype = DT_F32, .data = host, .n = w->n, .k = w->k};
     s = cuda_weight_upload(dw, &f, what, err);
     free(host);

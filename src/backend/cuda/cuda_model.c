@@ -211,7 +211,7 @@ static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, heart
             int expanded = 0;
             op_weight slice = op_weight_rows(it->w, (int64_t)e * rows, rows);
             cuda_weight *d = &cm->experts[i][e];
-            TRY(cuda_weight_upload_any(d, &slice, what, &expanded, err));
+            TRY(cuda_weight_upload_any_mt(d, &slice, what, &expanded, cm->tp, err));
             if (d->dtype == DT_AFFINE) d->aff_f32act = cm->plan.gemm_exact;
             if (cm->xp) { /* to pinned host memory now, so the device holds at most one slice besides the pool */
                 size_t data, scales;
@@ -225,7 +225,7 @@ static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, heart
     if (it->w) {
         int expanded = 0; /* counted by the plan (cuda_weight_layout) */
         cuda_weight *d = &cm->weights[i];
-        TRY(cuda_weight_upload_any(d, it->w, what, &expanded, err));
+        TRY(cuda_weight_upload_any_mt(d, it->w, what, &expanded, cm->tp, err));
         /* the exact tier keeps the generic affine GEMV on float activations: the f32
          * expansion it replaced was exact there, and the tiny models' greedy parity with
          * the CPU reference (tests/parity/test_cuda_device.py) holds only so */

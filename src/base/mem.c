@@ -2,8 +2,10 @@
  * mem.h). The advice is best effort: without THP (or with it off) the buffer is ordinary
  * memory and nothing fails. */
 #include "base/mem.h"
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -58,4 +60,43 @@ void *mem_alloc_reserved(size_t bytes, int huge) {
 
 void mem_free_reserved(void *p, size_t bytes) {
     if (p) munmap(p, page_round(bytes ? bytes : 1));
+}
+
+typedef struct {
+    char *dst;
+    const char *src;
+    size_t n;
+} copy_part;
+
+static void *copy_part_run(void *arg) {
+    copy_part *c = arg;
+    memcpy(c->dst, c->src, c->n);
+    return NULL;
+}
+
+void mem_copy_wide(void *dst, const void *src, size_t n) {
+    enum { MAX_PARTS = 8 };
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int parts = cpus < 1 ? 1 : cpus > MAX_PARTS ? MAX_PARTS : (int)cpus;
+    if (n < ((size_t)64 << 20) || parts < 2) {
+        memcpy(dst, src, n);
+        return;
+    }
+    size_t each = (n / (size_t)parts + 4095) & ~(size_t)4095; /* whole pages a part */
+    copy_part c[MAX_PARTS];
+    pthread_t th[MAX_PARTS];
+    int started[MAX_PARTS] = {0}, made = 0;
+    for (size_t at = 0; at < n && made < parts; made++) {
+        size_t len = n - at < each ? n - at : each;
+        c[made] = (copy_part){(char *)dst + at, (const char *)src + at, len};
+        at += len;
+    }
+    for (int i = 1; i < made; i++) started[i] = pthread_create(&th[i], NULL, copy_part_run, &c[i]) == 0;
+    copy_part_run(&c[0]);
+    for (int i = 1; i < made; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else
+            copy_part_run(&c[i]); /* no thread: this one copies that part too */
+    }
 }

@@ -22,4 +22,9 @@ void mem_free_reserved(void *p, size_t bytes);
 /* 0: no huge-page alignment or advice for what is allocated from now on (the CLI's
  * --no-hugepages, for machines where transparent huge pages misbehave); 1: the default. */
 void mem_set_hugepages(int on);
+
+/* memcpy of n bytes, split over up to 8 threads (the online CPUs) from 64 MiB on: a model's
+ * load copies every weight into its arena, and the copy and the kernel's zeroing of the fresh
+ * pages it faults in are most of that time on one thread. The same bytes as memcpy. */
+void mem_copy_wide(void *dst, const void *src, size_t n);
 #endif

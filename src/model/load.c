@@ -161,7 +161,7 @@ static hearth_status load_vector(loader *L, const char *name, int64_t n, int req
 static const void *copy_bytes(loader *L, const tensor_info *t) {
     if (L->use_mmap) return t->data;
     void *dst = arena_take(L, t->nbytes);
-    if (dst) memcpy(dst, t->data, t->nbytes);
+    if (dst) mem_copy_wide(dst, t->data, t->nbytes);
     tensor_copied(L, t);
     return dst;
 }
@@ -169,6 +169,7 @@ static const void *copy_bytes(loader *L, const tensor_info *t) {
 /* Index of the first NaN/Inf in a float matrix (F32/F16/BF16), or -1. Quantized formats
  * are caught later: their non-finite scales show up as non-finite logits. */
 static int64_t first_non_finite(const tensor_info *t) {
+    if (t->dtype != DT_F32 && t->dtype != DT_F16 && t->dtype != DT_BF16) return -1; /* quantized: nothing read here */
     uint64_t n = tensor_elems(t);
     for (uint64_t i = 0; i < n; i++) {
         if (t->dtype == DT_F32) {

@@ -14,6 +14,7 @@
 #include "base/err.h"
 #include "base/file.h"
 #include "base/half.h"
+#include "base/mem.h"
 #include "base/sbuf.h"
 #include "base/user_dirs.h"
 
@@ -155,6 +156,26 @@ static void test_user_dirs(void **state) {
     assert_null(user_setting(NULL, "HEARTH_TEST_OVERRIDE"));
 }
 
+/* mem_copy_wide: the same bytes as memcpy at every size, split over threads from 64 MiB on
+ * (an odd length: the last part shorter, not a whole page), nothing written past the end. */
+static void test_mem_copy_wide(void **state) {
+    (void)state;
+    static const size_t sizes[] = {0, 1, 4097, ((size_t)64 << 20) - 1, ((size_t)80 << 20) + 13};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t n = sizes[i];
+        uint8_t *src = malloc(n + 1), *dst = malloc(n + 1);
+        assert_non_null(src);
+        assert_non_null(dst);
+        uint32_t x = 0x9e3779b9u ^ (uint32_t)n;
+        for (size_t j = 0; j < n; j++) x = x * 1664525u + 1013904223u, src[j] = (uint8_t)(x >> 24);
+        memset(dst, 0xA5, n + 1);
+        mem_copy_wide(dst, src, n);
+        assert_true(n == 0 || memcmp(dst, src, n) == 0);
+        assert_int_equal(dst[n], 0xA5);
+        free(src), free(dst);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_err_set_and_prefix),
@@ -162,6 +183,7 @@ int main(void) {
         cmocka_unit_test(test_half),
         cmocka_unit_test(test_files),
         cmocka_unit_test(test_user_dirs),
+        cmocka_unit_test(test_mem_copy_wide),
     };
     return cmocka_run_group_tests_name("base", tests, NULL, NULL);
 }

@@ -5,16 +5,20 @@
  *
  * Design. A block owns MG_ROWS (64) output features of one segment: up to MG_TOK (128)
  * (token, expert) pairs that chose the same expert (the caller orders pairs by expert and
- * cuts each expert's run into segments). k is walked in steps of 32: the block dequantizes
- * its 64 x 32 weight tile into shared memory as bf16 (cuda_dequant.cuh, the arithmetic of
- * the dequantize + cuBLAS prefill path, so a weight rounds the same on both), copies the
- * segment's 32-wide bf16 input slices (gathered through xrow; the caller converts each input
- * once, cuda_to_bf16 / cuda_gated_bf16, not once per block), and each of its 4 warps runs
- * mma.m16n8k16.bf16 on 16 feature rows x 8 tokens per n-tile, f32 accumulation. Shared
- * rows are 40 bf16 apart (80 bytes), so the 32-bit fragment loads of a warp (8 rows x 4
- * lanes) hit 32 distinct banks. Precision: the prefill path's (bf16 operands, f32 sums);
- * not batch-invariant (the caller keeps deterministic and exact steps on the per-expert
- * form). Never allocates or synchronizes. */
+ * cuts each expert's run into segments). k is walked in steps of 64 over two sets of shared
+ * tiles (dynamic shared memory, 55,296 bytes a block, opted in at a format's first launch):
+ * while the 4 warps run mma.m16n8k16.bf16 on one set (16 feature rows x 8 tokens per n-tile,
+ * f32 accumulation), the segment's next 64-wide bf16 input slices land in the other by
+ * 16-byte cp.async (gathered through xrow; the caller converts each input once,
+ * cuda_to_bf16 / cuda_gated_bf16, not once per block), and after the mma the block
+ * dequantizes its next 64 x 64 weight tile there as bf16 (cuda_dequant.cuh, the arithmetic of
+ * the dequantize + cuBLAS prefill path, so a weight rounds the same on both); one barrier a
+ * step. Shared rows are 72 bf16 apart (144 bytes), so the 32-bit fragment loads of a warp
+ * (8 rows x 4 lanes) hit 32 distinct banks. __launch_bounds__(128, 4): 128 registers, four
+ * blocks an SM (it replaced a single-buffered form with 32-wide steps, two barriers a step
+ * and synchronous loads: bench/results/cuda_newfam.md). Precision: the prefill path's (bf16
+ * operands, f32 sums); not batch-invariant (the caller keeps deterministic and exact steps
+ * on the per-expert form). Never allocates or synchronizes. */
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_internal.h"
 #include <cuda_bf16.h>
@@ -22,8 +26,9 @@
 
 #define MG_ROWS 64
 #define MG_TOK CUDA_MOE_GEMM_TOKENS
-#define MG_K 32
-#define MG_S 40
+#define MG_K 64
+#define MG_S 72
+#define MG_SMEM (2 * (MG_ROWS + MG_TOK) * MG_S * 2)
 #define MG_THREADS 128
 #define DQ_ANY (-1)
 
@@ -76,9 +81,54 @@ template <int DQ> static __device__ __forceinline__ void mg_weight8(const cuda_w
     }
 }
 
-template <int DQ> __global__ void __launch_bounds__(MG_THREADS) moe_gemm_kernel(mg_args a) {
-    __shared__ __align__(16) __nv_bfloat16 sw[MG_ROWS * MG_S];
-    __shared__ __align__(16) __nv_bfloat16 sx[MG_TOK * MG_S];
+/* 16-byte copy global -> shared, zero-filled when !on. */
+static __device__ __forceinline__ void mg_cp16(void *smem, const void *gmem, bool on) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem), "r"(on ? 16 : 0));
+}
+
+/* The block's weight tile at k0 into sw as bf16: 64 rows x 8 runs of 8 (zeros past k; rows
+ * past n repeat the last, whose outputs are not stored). */
+template <int DQ>
+static __device__ __forceinline__ void mg_load_w(__nv_bfloat16 *sw, const cuda_weight &w, int row0, int n, int k,
+                                                 int k0, int tid) {
+#pragma unroll
+    for (int h = 0; h < MG_ROWS * (MG_K / 8) / MG_THREADS; h++) {
+        int gi = tid + MG_THREADS * h, r = gi / (MG_K / 8), c = (gi % (MG_K / 8)) * 8;
+        float v[8];
+        if (k0 + c < k) {
+            mg_weight8<DQ>(w, min(row0 + r, n - 1), k0 + c, v);
+        } else {
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = 0.0f;
+        }
+        mg_store8(sw + r * MG_S + c, v);
+    }
+}
+
+/* The segment's input rows at k0 into sx by cp.async, 8 bf16 a copy (zeros past its cnt
+ * tokens, up to whole n-tiles, and past k), committed as one group. */
+static __device__ __forceinline__ void mg_load_x(__nv_bfloat16 *sx, const mg_args &a, int p0, int cnt, int ntiles,
+                                                 int k, int k0, int tid) {
+    for (int gi = tid; gi < ntiles * 8 * (MG_K / 8); gi += MG_THREADS) {
+        int t = gi / (MG_K / 8), c = (gi % (MG_K / 8)) * 8;
+        bool on = t < cnt && k0 + c < k;
+        size_t row = 0;
+        if (on) {
+            size_t p = (size_t)p0 + (size_t)t;
+            row = a.xrow ? (size_t)a.xrow[p] : p;
+        }
+        mg_cp16(sx + t * MG_S + c, a.x + (on ? row * (size_t)k + (size_t)(k0 + c) : 0), on);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+/* Step kt's mma runs on set kt & 1 while the next step's input rows are copied (cp.async)
+ * into the other set; after the mma the warps dequantize the next weight tile into it. */
+template <int DQ> __global__ void __launch_bounds__(MG_THREADS, 4) moe_gemm_kernel(mg_args a) {
+    extern __shared__ __align__(16) __nv_bfloat16 mg_sh[]; /* MG_SMEM bytes: above the 48 KB of static shared memory */
+#define SW(b) (mg_sh + (b) * (MG_ROWS * MG_S))
+#define SX(b) (mg_sh + 2 * MG_ROWS * MG_S + (b) * (MG_TOK * MG_S))
     if (a.nseg && (int)blockIdx.y >= *a.nseg) return; /* past the routing's segments */
     const int z = blockIdx.z;
     const int32_t *sg = a.segs + 3 * blockIdx.y;
@@ -88,45 +138,34 @@ template <int DQ> __global__ void __launch_bounds__(MG_THREADS) moe_gemm_kernel(
     w.scales = a.scales[z] ? (void *)a.scales[z][e] : NULL;
     const int n = (int)w.n, k = (int)w.k, row0 = blockIdx.x * MG_ROWS, ntiles = (cnt + 7) / 8;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+    const int nk = (k + MG_K - 1) / MG_K;
     float acc[MG_TOK / 8][4];
 #pragma unroll
     for (int nt = 0; nt < MG_TOK / 8; nt++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[nt][i] = 0.0f;
 
-    for (int k0 = 0; k0 < k; k0 += MG_K) {
-        /* the weight tile: 64 rows x 4 runs of 8 (rows past n repeat the last; not stored) */
-#pragma unroll
-        for (int h = 0; h < MG_ROWS * 4 / MG_THREADS; h++) {
-            int gi = tid + MG_THREADS * h, r = gi / 4, c = (gi % 4) * 8;
-            float v[8];
-            mg_weight8<DQ>(w, min(row0 + r, n - 1), k0 + c, v);
-            mg_store8(sw + r * MG_S + c, v);
-        }
-        /* the inputs (bf16 rows): the segment's tokens padded with zeros to whole n-tiles */
-        for (int gi = tid; gi < ntiles * 8 * 4; gi += MG_THREADS) {
-            int t = gi / 4, c = (gi % 4) * 8;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (t < cnt) {
-                size_t p = (size_t)p0 + (size_t)t, row = a.xrow ? (size_t)a.xrow[p] : p;
-                v = *(const uint4 *)(a.x + row * (size_t)k + (size_t)(k0 + c));
-            }
-            *(uint4 *)(sx + t * MG_S + c) = v;
-        }
-        __syncthreads();
+    mg_load_x(SX(0), a, p0, cnt, ntiles, k, 0, tid);
+    mg_load_w<DQ>(SW(0), w, row0, n, k, 0, tid);
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+    for (int kt = 0; kt < nk; kt++) {
+        const int cur = kt & 1, k0n = (kt + 1) * MG_K;
+        if (kt + 1 < nk) mg_load_x(SX(cur ^ 1), a, p0, cnt, ntiles, k, k0n, tid);
 #pragma unroll
         for (int kk = 0; kk < MG_K; kk += 16) {
-            /* A: rows g and g + 8 of the warp's 16, k slots 2q, 2q + 1 and 2q + 8, 2q + 9 */
-            const __nv_bfloat16 *wa = sw + (warp * 16 + g) * MG_S + kk + 2 * q;
+            const __nv_bfloat16 *wa = SW(cur) + (warp * 16 + g) * MG_S + kk + 2 * q;
             uint32_t a0 = mg_ld32(wa), a1 = mg_ld32(wa + 8 * MG_S), a2 = mg_ld32(wa + 8),
                      a3 = mg_ld32(wa + 8 * MG_S + 8);
 #pragma unroll
             for (int nt = 0; nt < MG_TOK / 8; nt++)
-                if (nt < ntiles) { /* B: token g of the n-tile, the same k slots */
-                    const __nv_bfloat16 *xb = sx + (nt * 8 + g) * MG_S + kk + 2 * q;
+                if (nt < ntiles) {
+                    const __nv_bfloat16 *xb = SX(cur) + (nt * 8 + g) * MG_S + kk + 2 * q;
                     mg_mma(acc[nt], a0, a1, a2, a3, mg_ld32(xb), mg_ld32(xb + 8));
                 }
         }
+        if (kt + 1 < nk) mg_load_w<DQ>(SW(cur ^ 1), w, row0, n, k, k0n, tid);
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncthreads();
     }
     /* accumulator i: feature row g (+ 8 for i >= 2), token 8 nt + 2 q + (i & 1) */
@@ -160,7 +199,10 @@ extern "C" int cuda_moe_gemm_takes(const cuda_weight *w) {
 }
 
 template <int DQ> static void mg_launch(dim3 grid, const mg_args &a) {
-    moe_gemm_kernel<DQ><<<grid, MG_THREADS, 0, cuda_stream()>>>(a);
+    static bool opted; /* per instantiation, once (the first launch of each format) */
+    if (!opted)
+        cudaFuncSetAttribute(moe_gemm_kernel<DQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, MG_SMEM), opted = true;
+    moe_gemm_kernel<DQ><<<grid, MG_THREADS, MG_SMEM, cuda_stream()>>>(a);
 }
 
 extern "C" hearth_status cuda_moe_gemm(const cuda_expert_table *tabs, int nw, float *const *ys, const int32_t *yrow,

@@ -182,7 +182,7 @@ double cli_median_sorted(const double *v, int n) { return n % 2 ? v[n / 2] : 0.5
 
 /* bench --batch: a warm-up batch, then reps batches; the medians, as one report. */
 static int bench_batch_main(hearth_engine *e, hearth_model *m, const hearth_engine_options *eo, int B, int p, int n,
-                            int reps, int vocab, int as_json) {
+                            int reps, int vocab, int as_json, double load_s) {
     hearth_error err = {0};
     double pre[1000], dec[1000], unused;
     /* warm-up: the whole prompt, as the single-stream bench below does */
@@ -213,15 +213,17 @@ static int bench_batch_main(hearth_engine *e, hearth_model *m, const hearth_engi
                               decode_tps > 0 ? 1e3 * B / decode_tps : 0.0, "bandwidth_gbs", bw,
                               "decode_bytes_per_step", step_bytes, "roofline_tps", roof, "roofline_fraction",
                               roof > 0 ? decode_tps / roof : 0.0);
+        json_object_set_new(o, "load_s", json_real(load_s));
         json_dumpf(o, stdout, JSON_PRESERVE_ORDER);
         putchar('\n');
         json_decref(o);
     } else {
-        printf("model      %s\nbatch      %d requests of %d + %d tokens (median of %d)\n"
+        printf("model      %s (loaded in %.1f s)\nbatch      %d requests of %d + %d tokens (median of %d)\n"
                "prefill    %.1f tok/s aggregate\ndecode     %.1f tok/s aggregate (%.2f ms per step)\n"
                "bandwidth  %.1f GB/s read, %.1f MB per decode step\nroofline   %.1f tok/s: decode reaches %.2f of it\n",
-               hearth_model_path(m), B, p, n, reps, prefill_tps, decode_tps, decode_tps > 0 ? 1e3 * B / decode_tps : 0.0,
-               bw, step_bytes / 1e6, roof, roof > 0 ? decode_tps / roof : 0.0);
+               hearth_model_path(m), load_s, B, p, n, reps, prefill_tps, decode_tps,
+               decode_tps > 0 ? 1e3 * B / decode_tps : 0.0, bw, step_bytes / 1e6, roof,
+               roof > 0 ? decode_tps / roof : 0.0);
     }
     return 0;
 }
@@ -320,7 +322,11 @@ int cli_bench(int argc, char **argv) {
     if (!eo.max_step_tokens) eo.max_step_tokens = p < chunk ? p : chunk;
     hearth_engine *e = NULL;
     hearth_error err = {0};
+    /* the load: the weights read and made ready where the forward pass runs (on the GPU,
+     * uploaded in their device layouts), the pools and scratch made */
+    double load_s = now_seconds();
     if (hearth_engine_create(m, &eo, &e, &err)) { hearth_model_close(m); return cli_fail(&err); }
+    load_s = now_seconds() - load_s;
     int vocab = hearth_model_vocab_rows(e);
     int32_t *prompt = malloc((size_t)p * sizeof *prompt);
     float *logits = malloc((size_t)vocab * sizeof *logits);
@@ -333,7 +339,8 @@ int cli_bench(int argc, char **argv) {
     int rc = 0;
     double ps, ds;
     /* --batch: its own runs and report; the rest below is the single-stream bench */
-    for (int j = 0; !rc && j < n_batches; j++) rc = bench_batch_main(e, m, &eo, batches[j], p, n, reps, vocab, as_json);
+    for (int j = 0; !rc && j < n_batches; j++)
+        rc = bench_batch_main(e, m, &eo, batches[j], p, n, reps, vocab, as_json, load_s);
     /* warm-up with the whole prompt: the timed runs then find every kernel of these step shapes
      * loaded and tuned (CUDA loads kernels lazily at first launch and cuBLAS picks its GEMM per
      * shape: with a 32-token warm-up the first long prefill paid for that, and the median of
@@ -380,6 +387,7 @@ int cli_bench(int argc, char **argv) {
                               "runs", reps, "prefill_tps", prefill_tps, "decode_tps", decode_tps, "bandwidth_gbs", bw,
                               "decode_bytes_per_token", bytes, "roofline_tps", roof, "roofline_fraction",
                               roof > 0 ? decode_tps / roof : 0.0);
+        json_object_set_new(o, "load_s", json_real(load_s));
         /* what bandwidth_gbs is: the roofline's ceiling on the device that ran the model */
         json_object_set_new(o, "bandwidth_source",
                             json_string(on_gpu ? "cuda device-to-device copy, bytes read + written, best of 10 x 1 GiB"
@@ -398,10 +406,10 @@ int cli_bench(int argc, char **argv) {
             json_dumpf(o, stdout, JSON_PRESERVE_ORDER);
             putchar('\n');
         } else {
-            printf("model      %s\nprefill    %.1f tok/s (%d tokens, median of %d)\n"
+            printf("model      %s (loaded in %.1f s)\nprefill    %.1f tok/s (%d tokens, median of %d)\n"
                    "decode     %.1f tok/s (%d tokens)\nbandwidth  %.1f GB/s read, %.1f MB per decode token\n"
                    "roofline   %.1f tok/s: decode reaches %.2f of it\n",
-                   hearth_model_path(m), prefill_tps, p, reps, decode_tps, n, bw, bytes / 1e6, roof,
+                   hearth_model_path(m), load_s, prefill_tps, p, reps, decode_tps, n, bw, bytes / 1e6, roof,
                    roof > 0 ? decode_tps / roof : 0.0);
             if (sampler_ab) printf("host       %.1f tok/s decode with the host sampler\n", host_decode_tps);
         }

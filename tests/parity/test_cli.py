@@ -230,6 +230,8 @@ def test_bench_batch_reports_each_count():
         assert r["decode_tps"] > 0 and r["prefill_tps"] > 0
         assert r["decode_step_ms"] == pytest.approx(1e3 * r["batch"] / r["decode_tps"], rel=1e-6)
         assert 0 < r["roofline_fraction"] and r["decode_bytes_per_step"] > 0
+        assert 0 < r["load_s"] < 60  # the one engine's load, the same in each report
+    assert rows[0]["load_s"] == rows[1]["load_s"]
     # one step reads the weights once: three rows' step reads more than one row's, less than 3x
     assert rows[0]["decode_bytes_per_step"] < rows[1]["decode_bytes_per_step"] < 3 * rows[0]["decode_bytes_per_step"]
     for bad in ("0", "2,x", "1025", ""):

@@ -98,7 +98,8 @@ def row(logdir, model, fmt, tflops=None):
     if dec:
         r.update(decode_tps=dec["decode_tps"], gen_tokens=dec["gen_tokens"], runs=dec["runs"], roofline_fraction=dec["roofline_fraction"],
                  roofline_tps=dec["roofline_tps"], decode_bytes_per_token=dec["decode_bytes_per_token"],
-                 bandwidth_gbs=dec["bandwidth_gbs"], decode_context=dec["prompt_tokens"], device=dec["device"])
+                 bandwidth_gbs=dec["bandwidth_gbs"], decode_context=dec["prompt_tokens"], device=dec["device"],
+                 load_s=dec.get("load_s"))  # the engine's load (hearth bench's load_s; absent before 877b453)
         if r["llama_decode_tps"]:
             r["decode_ratio"] = dec["decode_tps"] / r["llama_decode_tps"]
             r["llama_roofline_fraction"] = r["llama_decode_tps"] / dec["roofline_tps"] if dec["roofline_tps"] else None
@@ -126,18 +127,18 @@ def fmt_num(v, spec, missing="-"):
 def line(r):
     if r["status"] != "ok":
         r = dict(r, decode_status=r["status"], prefill_status="-")
-    return "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+    return "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
         r["model"], r["format"], fmt_num(r.get("decode_tps"), "%.1f", r.get("decode_status", "-")), fmt_num(r.get("llama_decode_tps"), "%.1f"),
         fmt_num(r.get("decode_ratio"), "%.2f"), fmt_num(r.get("roofline_fraction"), "%.2f"),
         fmt_num(r.get("llama_roofline_fraction"), "%.2f"),
         fmt_num(r.get("prefill_tps"), "%.0f", r.get("prefill_status", "-")),
         fmt_num(r.get("llama_prefill_tps"), "%.0f"), fmt_num(r.get("prefill_ratio"), "%.2f"),
-        fmt_num(r.get("prefill_gemm_fraction"), "%.2f"))
+        fmt_num(r.get("prefill_gemm_fraction"), "%.2f"), fmt_num(r.get("load_s"), "%.1f"))
 
 
 HEADER = ("| model | format | hearth decode tok/s | llama.cpp decode tok/s | ratio | hearth roofline | "
-          "llama.cpp roofline | hearth prefill tok/s | llama.cpp prefill tok/s | ratio | prefill of bf16 GEMM |\n"
-          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "llama.cpp roofline | hearth prefill tok/s | llama.cpp prefill tok/s | ratio | prefill of bf16 GEMM | hearth load s |\n"
+          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 
 
 def write(logdir, out, machine, command=None, load=None):
@@ -159,7 +160,8 @@ def write(logdir, out, machine, command=None, load=None):
             "GGUF (llama.cpp reads no MLX). Roofline: hearth bench's bytes per token "
             "(weights as stored, only a token's experts, KV at the mean context) over the device's copy "
             "bandwidth; prefill: its FLOPs (2 x active matmul weights + causal attention; the Gated DeltaNet "
-            "recurrence not counted) over the bf16 GEMM rate of the same call. Targets: decode 1.5x llama.cpp "
+            "recurrence not counted) over the bf16 GEMM rate of the same call. Load: the decode run's engine "
+            "creation (weights read and uploaded in their device layouts). Targets: decode 1.5x llama.cpp "
             "and 0.70 of the roofline, prefill 0.55 of the bf16 GEMM rate.", "", HEADER]
     body += [line(r) for r in rows]
     data = {"rows": rows, "targets": {"decode_vs_llama_cpp": 1.5, "decode_roofline": 0.70, "prefill_of_gemm": 0.55}}

@@ -167,21 +167,50 @@ static const void *copy_bytes(loader *L, const tensor_info *t) {
 }
 
 /* Index of the first NaN/Inf in a float matrix (F32/F16/BF16), or -1. Quantized formats
- * are caught later: their non-finite scales show up as non-finite logits. */
+ * are caught later: their non-finite scales show up as non-finite logits. Blocks of 1024
+ * elements are tested with a branch-free OR the compiler vectorizes (a bf16 8B model is
+ * 8 billion elements: about 1 ns each one at a time, 0.3 so), and only a block with a hit
+ * is walked for its index. */
+static int64_t first_in_block(const uint8_t *p, uint64_t n, int f32, uint16_t mask) {
+    for (uint64_t i = 0; i < n; i++) {
+        if (f32) {
+            uint32_t u;
+            memcpy(&u, p + 4 * i, 4);
+            if ((u & 0x7f800000u) == 0x7f800000u) return (int64_t)i;
+        } else {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            if ((uint16_t)(h & mask) == mask) return (int64_t)i;
+        }
+    }
+    return -1;
+}
+
 static int64_t first_non_finite(const tensor_info *t) {
     if (t->dtype != DT_F32 && t->dtype != DT_F16 && t->dtype != DT_BF16) return -1; /* quantized: nothing read here */
+    enum { BLOCK = 1024 };
     uint64_t n = tensor_elems(t);
-    for (uint64_t i = 0; i < n; i++) {
-        if (t->dtype == DT_F32) {
-            uint32_t u;
-            memcpy(&u, t->data + 4 * i, 4);
-            if ((u & 0x7f800000u) == 0x7f800000u) return (int64_t)i;
-        } else if (t->dtype == DT_F16 || t->dtype == DT_BF16) {
-            uint16_t h;
-            memcpy(&h, t->data + 2 * i, 2);
-            uint16_t mask = t->dtype == DT_F16 ? 0x7c00u : 0x7f80u;
-            if ((h & mask) == mask) return (int64_t)i;
+    int f32 = t->dtype == DT_F32;
+    uint16_t mask = t->dtype == DT_F16 ? 0x7c00u : 0x7f80u; /* the exponent bits: all set is Inf or NaN */
+    size_t es = f32 ? 4 : 2;
+    for (uint64_t b = 0; b < n; b += BLOCK) {
+        uint64_t e = n - b < BLOCK ? n - b : BLOCK;
+        const uint8_t *p = t->data + es * b;
+        unsigned hit = 0;
+        if (f32) {
+            for (uint64_t i = 0; i < e; i++) {
+                uint32_t u;
+                memcpy(&u, p + 4 * i, 4);
+                hit |= (u & 0x7f800000u) == 0x7f800000u;
+            }
+        } else {
+            for (uint64_t i = 0; i < e; i++) {
+                uint16_t h;
+                memcpy(&h, p + 2 * i, 2);
+                hit |= (uint16_t)(h & mask) == mask;
+            }
         }
+        if (hit) return (int64_t)b + first_in_block(p, e, f32, mask);
     }
     return -1;
 }

@@ -10,6 +10,8 @@ import shutil
 import struct
 import subprocess
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("HEARTH_BIN", os.path.join(REPO, "bin", "hearth"))
 CACHE = os.environ.get("HEARTH_CACHE", os.path.expanduser("~/.cache/hearth"))
@@ -82,15 +84,19 @@ def test_unsupported_architecture_lists_supported(tmp_path):
     clean_error(run("generate", str(d), "hi", "--no-chat-template"), "'mamba' is not supported", "qwen3", "gemma3")
 
 
-def test_nan_weights_are_refused(tmp_path):
+@pytest.mark.parametrize("model,dtype,bad", [("llama-f32", "F32", struct.pack("<f", float("nan"))),
+                                             ("llama-bf16", "BF16", b"\x80\x7f")])  # bf16 +Inf
+def test_nan_weights_are_refused(tmp_path, model, dtype, bad):
     d = tmp_path / "nan"
-    shutil.copytree(TINY, d)
+    shutil.copytree(os.path.join(CACHE, "tiny", model), d)
     st = d / "model.safetensors"
     blob = bytearray(st.read_bytes())
     n = struct.unpack("<Q", blob[:8])[0]
     header = json.loads(blob[8:8 + n])
     name = "model.layers.0.mlp.up_proj.weight"
     off = 8 + n + header[name]["data_offsets"][0]
-    blob[off + 40:off + 44] = struct.pack("<f", float("nan"))
+    assert header[name]["dtype"] == dtype
+    # element 1500: past the loader's first block of 1024 elements, which it tests at once
+    blob[off + len(bad) * 1500:off + len(bad) * 1501] = bad
     st.write_bytes(bytes(blob))
-    clean_error(run("generate", str(d), "hi", "--no-chat-template"), name, "non-finite")
+    clean_error(run("generate", str(d), "hi", "--no-chat-template"), name, "non-finite value at index 1500")

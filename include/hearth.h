@@ -155,8 +155,11 @@ typedef struct hearth_engine_options {
                             memory when one sequence of it would not (with the default pool) */
     int max_step_tokens; /* tokens per forward step (prefill chunk); 0: 256 */
     int max_sequences;   /* sequences held at once; 0: 1 */
-    int use_mmap;        /* use weights in place in the file mapping instead of copying
-                            them into resident memory (for models larger than RAM) */
+    int use_mmap;        /* 1: use the weight matrices in place in the file mapping instead of
+                            copying them into resident memory (for models larger than RAM);
+                            -1: always copy; 0: copy on the CPU, map on the GPU (where each
+                            weight's file pages leave the process once its device copy is
+                            made, so the host holds no second copy of the weights) */
     int kv_blocks;       /* KV pool size in blocks of 16 positions; 0 (and no kv_budget_bytes):
                             max_sequences x context, cut to what fits in free memory after the
                             weights, scratch and buffers (at least one context; the batch

@@ -111,11 +111,13 @@ int cli_parse_pool_flag(int argc, char **argv, int *i, hearth_engine_options *eo
     return 1;
 }
 
-/* --threads, --ctx, --mmap, --kv-quant, --speculate, --device, --deterministic, --cuda-exact, --expert-offload,
+/* --threads, --ctx, --mmap, --no-mmap, --kv-quant, --speculate, --device, --deterministic, --cuda-exact,
+ * --expert-offload,
  * --host-sampler and --no-state-journal, shared by the verbs that run
  * the engine. An unknown --kv-quant name leaves -1, which the engine rejects by name. */
 int cli_parse_engine_flag(int argc, char **argv, int *i, hearth_engine_options *o) {
     if (!strcmp(argv[*i], "--mmap")) return o->use_mmap = 1;
+    if (!strcmp(argv[*i], "--no-mmap")) return o->use_mmap = -1, 1;
     if (!strcmp(argv[*i], "--cuda-exact")) return o->cuda_exact = 1;
     if (!strcmp(argv[*i], "--host-sampler")) return o->host_sampler = 1;
     if (!strcmp(argv[*i], "--no-state-journal")) return o->no_state_journal = 1;

@@ -10,7 +10,7 @@
 
 static const char *fit_usage =
     "hearth fit <model> [--ctx N] [--max-sequences 8] [--max-step-tokens 256] [--kv-blocks N | --kv-budget 1.5GB|N]\n"
-    "       [--threads N] [--mmap] [--kv-quant none|int8|fp8|f16] [--speculate lookup|suffix|mtp|none] "
+    "       [--threads N] [--mmap | --no-mmap] [--kv-quant none|int8|fp8|f16] [--speculate lookup|suffix|mtp|none] "
     "[--deterministic] "
     "[--cuda-exact] [--expert-offload N]\n"
     "       [--device cpu|cuda|auto]\n"
@@ -83,6 +83,11 @@ static void print_cuda_table(const json_t *r) {
     printf("  %-38s %10.1f MiB\n", "device: CUDA context and cuBLAS", mib(r, "runtime_overhead_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: predicted peak", mib(r, "predicted_peak_bytes"));
     printf("  %-38s %10.1f MiB\n", "device: available", mib(r, "available_bytes"));
+    int mapped = json_is_true(json_object_get(h, "weights_mapped"));
+    printf("  %-38s %10.1f MiB\n", mapped ? "host: engine (vectors, buffers)" : "host: engine (every weight copied)",
+           mib(h, "engine_bytes"));
+    if (mapped)
+        printf("  %-38s %10.1f MiB\n", "host: mapped weights (tables, in flight)", mib(h, "mapped_pages_bytes"));
     printf("  %-38s %10.1f MiB\n", "host: grammar tables (constrained)", mib(h, "grammar_bytes"));
     printf("  %-38s %10.1f MiB\n\n", "host: predicted peak resident", mib(h, "predicted_peak_bytes"));
     const json_t *x = json_object_get(r, "experts");

@@ -14,7 +14,8 @@ static const char *gen_usage =
     "hearth generate <model> \"prompt\" [--max-tokens N] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--repetition-penalty R] [--seed S] [--system TEXT] [--no-chat-template] [--stop STR]...\n"
     "       [--json-schema FILE | --json | --grammar FILE | --regex PATTERN]\n"
-    "       [--prompt-cache-file FILE] [--device cpu|cuda|auto] [--threads N] [--ctx N] [--mmap] [--kv-quant "
+    "       [--prompt-cache-file FILE] [--device cpu|cuda|auto] [--threads N] [--ctx N] [--mmap | --no-mmap] "
+    "[--kv-quant "
     "none|int8|fp8|f16] [--deterministic] [--cuda-exact] [--expert-offload N] [--host-sampler] [--verbose] "
     "[--report-memory]\n"
     "       [--adapter-path DIR] [--speculate lookup|suffix|mtp|none] [--draft-model M] [--num-draft-tokens N]";

@@ -28,7 +28,7 @@ static const char *serve_usage =
     "             [--allowed-origins a,b|*] [--log-level INFO] [--api-key KEY] "
     "[--max-body 16M]\n"
     "             [--max-header 64K] [--timeout 300] [--max-connections 256] "
-    "[--threads N] [--ctx N] [--mmap]\n"
+    "[--threads N] [--ctx N] [--mmap | --no-mmap]\n"
     "             [--responses-ttl 3600] [--responses-max-bytes 64M] [--prompt-cache-dir DIR] "
     "[--prompt-cache-bytes 4G] [--train-dir DIR]\n"
     "             [--prefill-step-size 2048] [--max-step-tokens 256] [--max-sequences 8] "

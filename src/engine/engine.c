@@ -369,7 +369,8 @@ static hearth_status engine_create(hearth_model *hm, model *pre, const hearth_en
     /* the plan for where the forward pass will run (auto: the GPU when there is one) */
     hearth_engine_options po = o;
     if (po.device == HEARTH_DEVICE_AUTO) po.device = gpu_here ? HEARTH_DEVICE_CUDA : HEARTH_DEVICE_CPU;
-    hearth_status st = pre ? (e->m = pre, HEARTH_OK) : model_load(hm, o.use_mmap, &e->m, err);
+    hearth_status st =
+        pre ? (e->m = pre, HEARTH_OK) : model_load(hm, engine_maps_weights(o.use_mmap, po.device), &e->m, err);
     if (st) { free(e); return st; }
     const model_config *c = &e->m->cfg;
     engine_plan p;

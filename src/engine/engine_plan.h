@@ -37,6 +37,13 @@ size_t engine_host_room(void); /* bytes; 0 when unknown (no cut) */
  * no speculation of its own, no expert offload. */
 hearth_engine_options engine_draft_options(const hearth_engine_options *o, const engine_plan *p);
 int engine_plan_is_auto(const hearth_engine_options *o);
+/* Whether the weight matrices are used in place in the file mapping (use_mmap: 1 always, -1
+ * never, 0 where the forward pass runs on the GPU, `device`: the device copy is the one the
+ * steps read, so the host keeps no second one; each weight's file pages leave the process
+ * once uploaded, op_model.release_host). */
+static inline int engine_maps_weights(int use_mmap, int device) {
+    return use_mmap > 0 || (use_mmap == 0 && device == HEARTH_DEVICE_CUDA);
+}
 typedef int (*engine_plan_fits_fn)(const struct model *m, const engine_plan *p, const void *arg);
 /* engine_plan_make, then for the default pool the largest block count (one context at
  * least) whose plan `fits` says fits. */

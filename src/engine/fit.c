@@ -239,7 +239,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     if (st) return st;
     if (device == HEARTH_DEVICE_CUDA) return fit_cuda(hm, &o, report_json, err);
     model *m;
-    st = model_plan(hm, o.engine.use_mmap, &m, err);
+    st = model_plan(hm, o.engine.use_mmap > 0, &m, err);
     if (!st && (st = engine_expert_offload_check(model_ops(m), device, o.engine.expert_offload, err))) model_free(m);
     if (st) return st;
     engine_plan p;
@@ -257,7 +257,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     if (dhm) {
         hearth_engine_options dop = engine_draft_options(&o.engine, &p);
         size_t target = engine_plan_bytes(&p) - model_kv_storage_bytes(&m->cfg, p.n_blocks, o.engine.kv_quant);
-        st = mtp ? model_plan_mtp(hm, m, &dm, err) : model_plan(dhm, o.engine.use_mmap, &dm, err);
+        st = mtp ? model_plan_mtp(hm, m, &dm, err) : model_plan(dhm, o.engine.use_mmap > 0, &dm, err);
         if (st || (st = engine_plan_host(dm, &dop, room > target ? room - target : room ? 1 : 0, &dp, err))) {
             if (mtp)
                 err_prefix(err, "--speculate mtp");
@@ -268,7 +268,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
             return st;
         }
     }
-    fit_base b = fit_base_now(hm, p.n_threads, o.engine.use_mmap);
+    fit_base b = fit_base_now(hm, p.n_threads, o.engine.use_mmap > 0);
     size_t grammar_tables, grammar_temporary; /* after fit_base_now: the layout it allocates is freed */
     b.grammar = fit_grammar(hm, m, &grammar_tables, &grammar_temporary);
     long long avail = hearth_proc_kb_field("/proc/meminfo", "MemAvailable");
@@ -276,7 +276,7 @@ hearth_status hearth_fit(hearth_model *hm, const hearth_fit_options *opts, char 
     if (dhm) { /* the target's load, or the target running while the draft loads, or both running */
         size_t run_t = engine_plan_bytes(&p) + b.thread_stacks + b.grammar;
         size_t run_d = engine_plan_bytes(&dp) + b.thread_stacks, load_d = dp.weights_load_peak;
-        if (!o.engine.use_mmap && !mtp) model_drop_file_pages(dhm);
+        if (o.engine.use_mmap <= 0 && !mtp) model_drop_file_pages(dhm);
         if (b.keeps_file && !mtp) {
             peak = b.resident_now + b.code_pages + b.file_pages + file_pages_to_come(dhm) + run_t + run_d;
         } else {

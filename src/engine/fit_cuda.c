@@ -3,13 +3,14 @@
  * side and the pool shape, cuda_plan for every device buffer) plus the CUDA runtime's own
  * share (data/cuda_runtime.json, per compute capability), for the local GPU or a GPU of
  * data/skus.json. Allocates no engine memory; touches the GPU only to read its memory. */
-#include "model/model_handle.h"
 #include "backend/cuda/cuda_plan.h"
 #include "base/err.h"
 #include "engine/engine_device.h"
+#include "engine/engine_plan.h"
 #include "engine/fit_internal.h"
-#include "model/model.h"
 #include "io/data_files.h"
+#include "model/model.h"
+#include "model/model_handle.h"
 #include <ctype.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -212,8 +213,31 @@ static int fits_device(const model *m, const hearth_engine_options *o, const voi
 /* A draft model's engine on the same GPU (--draft-model): created after the target's, with
  * the target's context, sequences and step (engine_draft_options), from the device memory the
  * target left free; the CUDA context and cuBLAS are the process's, counted once. */
+/* Host bytes of a load that maps the weights (engine_maps_weights) on the GPU, beyond its
+ * arena (the vectors): the tables the host reads (host_only items, the embeddings: their
+ * pages as prompts touch them, counted whole) and the file pages of the one weight being
+ * uploaded (an expert stack's one expert; each leaves once its device copy is made), with a
+ * fault-around window on either side. */
+static size_t mapped_host_bytes(const model *m) {
+    const op_model *om = model_ops(m);
+    size_t tables = 0, unit = 0;
+    for (int i = 0; i < om->n_items; i++) {
+        const op_weight *w = om->items[i].w;
+        if (!w) continue;
+        size_t b = (size_t)w->n * (size_t)op_weight_row_bytes(w);
+        if (w->group_size > 0 && (w->scales || w->biases || w->dtype == DT_U32))
+            b += 2 * (size_t)w->n * (size_t)(w->k / w->group_size) * (w->sb_dtype == DT_F32 ? 4u : 2u);
+        if (om->items[i].host_only)
+            tables += b;
+        else if ((om->items[i].experts > 0 ? b / (size_t)om->items[i].experts : b) > unit)
+            unit = om->items[i].experts > 0 ? b / (size_t)om->items[i].experts : b;
+    }
+    return tables + unit + ((size_t)128 << 10);
+}
+
 typedef struct fit_cuda_draft {
     const hearth_model *hm;
+    size_t mapped; /* mapped_host_bytes of its model (0: copied into its arena) */
     fit_cuda_sizes z;
     /* --speculate mtp: the model's own MTP head in the draft's place (model_plan_mtp), and the
      * model's hidden rows the head reads (a device buffer of a step's rows, made at its first step) */
@@ -282,18 +306,23 @@ static json_t *report(const hearth_model *hm, const model *m, const hearth_fit_o
     json_object_set_new(r, "fits", json_boolean(peak <= g->free));
     json_object_set_new(r, "model_max_context", json_integer(m->cfg.context_length));
     json_object_set_new(r, "max_context_that_fits", json_integer(fit_largest_context(m, &o->engine, fits_device, g)));
-    /* the host still holds the weights, its own KV pool and scratch (engine_plan), plus the
-     * pinned staging buffers, the largest upload's temporary and the driver's share */
+    /* the host holds its engine (engine_plan: the weights' arena, the whole weights with
+     * --no-mmap, else the vectors only), the mapped pages (mapped_host_bytes), the pinned
+     * staging buffers, the largest upload's temporary and the driver's share */
     size_t gt, gtmp; /* constrained decoding's tables: host memory (the mask is made on the host) */
-    size_t host = fit_host_peak(hm, m, &z->host, o->engine.use_mmap, &gt, &gtmp) + d->pinned_host + d->upload_host +
+    int maps = engine_maps_weights(o->engine.use_mmap, HEARTH_DEVICE_CUDA);
+    size_t mapped = maps ? mapped_host_bytes(m) : 0;
+    size_t host = fit_host_peak(hm, m, &z->host, 0, &gt, &gtmp) + mapped + d->pinned_host + d->upload_host +
                   d->sampler_host + g->host_bytes;
-    if (dr) /* the draft's host side: its engine (weights kept on the host too) and staging */
-        host += engine_plan_bytes(&dr->z.host) + dr->z.dev.pinned_host + dr->z.dev.upload_host + dr->z.dev.sampler_host;
-    json_t *h = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "predicted_peak_bytes", (json_int_t)host,
-                          "engine_bytes", (json_int_t)engine_plan_bytes(&z->host), "pinned_bytes",
-                          (json_int_t)d->pinned_host, "upload_temporary_bytes", (json_int_t)d->upload_host,
-                          "device_sampler_bytes", (json_int_t)d->sampler_host, "cuda_runtime_bytes",
-                          (json_int_t)g->host_bytes, "grammar_bytes", (json_int_t)(gt + gtmp));
+    if (dr) /* the draft's host side: its engine, its mapped pages and staging */
+        host += engine_plan_bytes(&dr->z.host) + dr->mapped + dr->z.dev.pinned_host + dr->z.dev.upload_host +
+                dr->z.dev.sampler_host;
+    json_t *h =
+        json_pack("{s:I, s:I, s:b, s:I, s:I, s:I, s:I, s:I, s:I}", "predicted_peak_bytes", (json_int_t)host,
+                  "engine_bytes", (json_int_t)engine_plan_bytes(&z->host), "weights_mapped", maps, "mapped_pages_bytes",
+                  (json_int_t)mapped, "pinned_bytes", (json_int_t)d->pinned_host, "upload_temporary_bytes",
+                  (json_int_t)d->upload_host, "device_sampler_bytes", (json_int_t)d->sampler_host, "cuda_runtime_bytes",
+                  (json_int_t)g->host_bytes, "grammar_bytes", (json_int_t)(gt + gtmp));
     json_object_set_new(h, "grammar", fit_grammar_json(gt, gtmp));
     json_object_set_new(r, "host", h);
     double full = cuda_plan_decode_bytes(d, model_ops(m), z->host.context), empty = cuda_plan_decode_bytes(d, model_ops(m), 1);
@@ -312,7 +341,8 @@ hearth_status fit_cuda(hearth_model *hm, const hearth_fit_options *o, char **rep
     hearth_status st = fit_gpu_resolve(o, &g, err);
     if (st) return st;
     model *m;
-    if ((st = model_plan(hm, o->engine.use_mmap, &m, err))) return st;
+    int maps = engine_maps_weights(o->engine.use_mmap, HEARTH_DEVICE_CUDA);
+    if ((st = model_plan(hm, maps, &m, err))) return st;
     fit_cuda_sizes z;
     int mtp = o->engine.speculate == HEARTH_SPEC_MTP;
     fit_cuda_draft dr = {.hm = mtp                                       ? hm
@@ -327,7 +357,8 @@ hearth_status fit_cuda(hearth_model *hm, const hearth_fit_options *o, char **rep
         fit_gpu gd = g;
         size_t target = cuda_plan_bytes(&z.dev);
         gd.free = g.free > target ? g.free - target : 1;
-        st = mtp ? model_plan_mtp(hm, m, &dm, err) : model_plan(dr.hm, o->engine.use_mmap, &dm, err);
+        st = mtp ? model_plan_mtp(hm, m, &dm, err) : model_plan(dr.hm, maps, &dm, err);
+        if (!st && !mtp && maps) dr.mapped = mapped_host_bytes(dm);
         if (!st) st = sizes_make(dm, &dop, &gd, &dr.z, err);
         if (st && mtp)
             err_prefix(err, "--speculate mtp");

@@ -755,6 +755,16 @@ void model_drop_file_pages(const hearth_model *hm) {
             drop_tensor_pages(&hm->st.files[i].map, hm->st.files[i].tensors, hm->st.files[i].n_tensors);
 }
 
+/* op_model.release_host of a mapped load: [p, p + n)'s pages with the fault-around windows
+ * its reading mapped, within p's file mapping (never past it: an anonymous neighbour's pages
+ * would come back as zeros), leave the process. Private read-only file pages: a later read
+ * faults them in again from the page cache or the file. */
+static void release_mapped(const void *ctx, const void *p, size_t n) {
+    loader L = {.hm = ctx};
+    uintptr_t a, b;
+    if (p && n && fault_range(&L, p, n, &a, &b) && b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 static hearth_status load_with(const hearth_model *hm, int use_mmap, const model *target, model **out,
                                hearth_error *err) {
     model *m;
@@ -782,6 +792,7 @@ static hearth_status load_with(const hearth_model *hm, int use_mmap, const model
         return st;
     }
     if (!use_mmap) model_drop_file_pages(hm);
+    if (use_mmap) m->ops.release_host = release_mapped, m->ops.release_ctx = hm;
     *out = m;
     return HEARTH_OK;
 }

@@ -63,6 +63,14 @@ typedef struct op_model {
      * attention layer. What a device plan sizes the pool by before there is one. */
     int n_kv_layers;
     const int *kv_heads, *kv_dims;
+    /* Set where the matrices' host bytes are pages of the model file (the load mapped them):
+     * a device backend hands each weight's pages back once its device copy is made
+     * (release_host(release_ctx, p, n) for its data, scales and biases). The page cache keeps
+     * them and a later host read faults them in again, so nothing is lost: the process just
+     * stops holding a second copy of what the device holds. NULL: the host copy is the
+     * engine's own memory, kept. */
+    void (*release_host)(const void *ctx, const void *p, size_t n);
+    const void *release_ctx;
 } op_model;
 
 /* The projections of a layer a LoRA adapter may update. */

@@ -678,6 +678,74 @@ static void test_model_runs_on_cpu(void **state) {
     }
 }
 
+/* op_model.release_host (a load that mapped the weights): the upload hands back every byte
+ * of every device weight once (each expert slice after its copy, MLX scales and biases too,
+ * with offload as well), and never a vector's or anything else's. The recorder keeps the
+ * ranges only (the weights here are the test's own memory). */
+enum { MAX_RELEASED = 256 };
+static struct {
+    const uint8_t *p;
+    size_t n;
+} released[MAX_RELEASED];
+static int n_released;
+
+static void record_release(const void *ctx, const void *p, size_t n) {
+    assert_true(ctx == (const void *)released);
+    assert_true(n_released < MAX_RELEASED);
+    released[n_released].p = p, released[n_released++].n = n;
+}
+
+/* Bytes of the recorded ranges inside [p, p + n); every range is inside exactly one of the
+ * test's spans (checked by the caller's total). */
+static size_t released_in(const void *p, size_t n) {
+    size_t got = 0;
+    for (int i = 0; i < n_released; i++) {
+        const uint8_t *a = released[i].p, *lo = p;
+        if (a >= lo && a + released[i].n <= lo + n) got += released[i].n;
+    }
+    return got;
+}
+
+static void release_case(tensor_dtype dt, tensor_dtype dt_down, int slots) {
+    moe_model m;
+    model_make_as(&m, dt, dt_down, 0, M_HID, M_FFN);
+    m.om.release_host = record_release, m.om.release_ctx = released;
+    n_released = 0;
+    kv_cache kv;
+    kv_make(&kv);
+    op_backend *gpu = NULL;
+    hearth_error e = {0};
+    assert_int_equal(cuda_model_create(&m.om, &kv, M_MT, M_MT, 1, slots, NULL, &gpu, NULL, 0, &e), HEARTH_OK);
+    const op_weight *ws[5] = {&m.router, &m.gate, &m.up, &m.down, &m.lm_head};
+    size_t total = 0, all = 0;
+    for (int i = 0; i < 5; i++) {
+        const op_weight *w = ws[i];
+        size_t bytes = (size_t)w->n * (size_t)op_weight_row_bytes(w);
+        assert_int_equal(released_in(w->data, bytes), bytes);
+        total += bytes;
+        if (w->scales) { /* MLX: scales and biases, each [n, k / group] bf16 */
+            size_t sb = (size_t)w->n * (size_t)(w->k / w->group_size) * 2;
+            assert_int_equal(released_in(w->scales, sb), sb);
+            assert_int_equal(released_in(w->biases, sb), sb);
+            total += 2 * sb;
+        }
+    }
+    for (int i = 0; i < n_released; i++) all += released[i].n;
+    assert_int_equal(all, total); /* each byte once, nothing else (the vectors) */
+    assert_int_equal(released_in(m.norm_in, M_HID * sizeof(float)), 0);
+    printf("  %s, %d slots: %d ranges released, %zu bytes\n", dt == DT_U32 ? "mlx4" : "q8_0", slots, n_released, all);
+    gpu->t->free(gpu);
+    kv_destroy(&kv);
+    model_free(&m);
+}
+
+static void test_release_host(void **state) {
+    (void)state;
+    release_case(DT_Q8_0, DT_Q8_0, 0);
+    release_case(DT_Q8_0, DT_Q8_0, 3);
+    release_case(DT_U32, DT_Q8_0, 0); /* MLX 4-bit gate and up (rows of 64: one group), Q8_0 downs */
+}
+
 /* A model without experts: expert_slots is ignored (nothing to offload, no pool). */
 static void test_no_experts_ignored(void **state) {
     (void)state;
@@ -717,7 +785,7 @@ int main(void) {
         cmocka_unit_test(test_model_runs_on_cpu),  cmocka_unit_test(test_offload_f32),
         cmocka_unit_test(test_offload_q8_0),       cmocka_unit_test(test_route_matches_host),
         cmocka_unit_test(test_device_routed),      cmocka_unit_test(test_moe_gemm),
-        cmocka_unit_test(test_no_experts_ignored),
+        cmocka_unit_test(test_no_experts_ignored), cmocka_unit_test(test_release_host),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

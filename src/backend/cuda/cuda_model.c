@@ -193,7 +193,18 @@ static hearth_status expert_table(cuda_model *cm, int i, hearth_error *err) {
 }
 
 /* Uploads item i: a weight in its device layout, or a vector of floats. */
-static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, hearth_error *err) {
+/* Once w's device copy is made: its host pages leave the process where the load mapped them
+ * (op_model.release_host; the page cache keeps them, a host read faults them back). */
+static void release_host(const op_model *om, const op_weight *w) {
+    if (!om->release_host || !w->data) return;
+    om->release_host(om->release_ctx, w->data, (size_t)w->n * (size_t)op_weight_row_bytes(w));
+    if (w->group_size <= 0) return;
+    size_t sb = (size_t)w->n * (size_t)(w->k / w->group_size) * (w->sb_dtype == DT_F32 ? 4u : 2u);
+    if (w->scales) om->release_host(om->release_ctx, w->scales, sb);
+    if (w->biases) om->release_host(om->release_ctx, w->biases, sb);
+}
+
+static hearth_status upload_item(cuda_model *cm, const op_model *om, const op_item *it, int i, hearth_error *err) {
     char what[64];
     if (it->host_only) return HEARTH_OK; /* read on the host (op_embed_rows), never on the device */
     if (it->layer >= 0) snprintf(what, sizeof what, "layer %d %s", it->layer, it->name ? it->name : "?");
@@ -218,6 +229,7 @@ static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, heart
                 cuda_weight_layout(&slice, &data, &scales);
                 TRY(cuda_experts_offload(cm->xp, d, data, scales, what, err));
             }
+            release_host(om, &slice);
         }
         map_put(cm, it->w, cm->experts[i]);
         return cm->xp ? HEARTH_OK : expert_table(cm, i, err);
@@ -231,6 +243,7 @@ static hearth_status upload_item(cuda_model *cm, const op_item *it, int i, heart
          * the CPU reference (tests/parity/test_cuda_device.py) holds only so */
         if (d->dtype == DT_AFFINE) d->aff_f32act = cm->plan.gemm_exact;
         map_put(cm, it->w, d);
+        release_host(om, it->w);
         return HEARTH_OK;
     }
     if (!it->vec) return err_set(err, HEARTH_ERR_INVALID, "cuda: %s has no data (a planned model, not a loaded one)", what);
@@ -1213,7 +1226,7 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
     if (cm->plan.expert_slots) /* the pool first: the slices pass through the device one at a time */
         st = cuda_experts_create(cm->plan.expert_slots, cm->plan.slot_data_bytes, cm->plan.slot_scale_bytes, &cm->xp,
                                  err);
-    for (int i = 0; !st && i < om->n_items; i++) st = upload_item(cm, &om->items[i], i, err);
+    for (int i = 0; !st && i < om->n_items; i++) st = upload_item(cm, om, &om->items[i], i, err);
     /* every expert stack resident with its table: decode steps route on the device and are
      * graphs; otherwise routing reads the router's logits on the host mid-step: no graphs */
     cm->moe_dev = c->n_experts > 0 && !cm->xp;

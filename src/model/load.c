@@ -86,6 +86,13 @@ static int fault_range(const loader *L, const void *p, size_t n, uintptr_t *a, u
     return 1;
 }
 
+/* [p, p + n)'s file pages with the fault-around windows, within its mapping, leave the
+ * process (nothing where p is in no file mapping). */
+static void drop_pages(const loader *L, const void *p, size_t n) {
+    uintptr_t a, b;
+    if (n && fault_range(L, p, n, &a, &b) && b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 /* Drops the pages of one tensor's file bytes from this process once they are copied (and,
  * in the sizing pass, once the NaN check has read them), with the fault-around windows
  * their reading mapped: MADV_DONTNEED on the private read-only mapping, the page cache
@@ -95,8 +102,7 @@ static int fault_range(const loader *L, const void *p, size_t n, uintptr_t *a, u
  * weights (model_load_peak_bytes). */
 static void drop_span(const loader *L, const void *p, size_t n) {
     if (L->use_mmap || !n) return;
-    uintptr_t a, b;
-    if (fault_range(L, p, n, &a, &b)) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+    drop_pages(L, p, n);
 }
 
 /* After tensor t's bytes went into the arena (or were sized): the load's peak so far, then
@@ -280,7 +286,7 @@ static hearth_status load_tensor_matrix(loader *L, const char *module, const cha
     if (L->cap && (st = remember_name(L, name, w))) return st;
     if (!L->cap) {
         int64_t bad = first_non_finite(t);
-        drop_span(L, t->data, t->nbytes); /* the check read them */
+        drop_pages(L, t->data, t->nbytes); /* the check read them (mapped too: the forward pass faults them back) */
         if (bad >= 0)
             return err_set(L->err, HEARTH_ERR_FORMAT, "%s: tensor '%s' holds a non-finite value at index %lld", file,
                            name, (long long)bad);
@@ -761,8 +767,7 @@ void model_drop_file_pages(const hearth_model *hm) {
  * faults them in again from the page cache or the file. */
 static void release_mapped(const void *ctx, const void *p, size_t n) {
     loader L = {.hm = ctx};
-    uintptr_t a, b;
-    if (p && n && fault_range(&L, p, n, &a, &b) && b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+    if (p) drop_pages(&L, p, n);
 }
 
 static hearth_status load_with(const hearth_model *hm, int use_mmap, const model *target, model **out,

@@ -4,22 +4,24 @@
  * back the same from the file, and memory outside the file mappings (anonymous pages, the
  * arena's vectors) is never dropped. A copied load has no hook. On the tiny llama-f32
  * model. */
-#define _GNU_SOURCE
-#include "hearth.h"
-#include "model/model.h"
-#include "ops/ops.h"
-#include "tiny_model_path.h"
-#include <cmocka.h>
-#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+// clang-format off: cmocka.h needs the four headers above first
+#include <cmocka.h>
+// clang-format on
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include "hearth.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "tiny_model_path.h"
 
 static hearth_model *hm;
 

@@ -165,3 +165,27 @@ def test_device_prediction_within_2_percent_of_nvidia_smi(hearth_bin, tmp_path):
     rows = json.loads((tmp_path / "cuda_fit_check.json").read_text())
     assert all("error_pct" in r for r in rows), rows
     assert max(abs(r["error_pct"]) for r in rows) <= 2.0, rows
+
+
+def test_gpu_host_side_maps_the_weights(hearth_bin):
+    """On the GPU the weights are used in place in the file mapping by default (each one's
+    pages leave the process once uploaded), so the host engine holds no copy of the
+    matrices: --no-mmap's engine is larger by exactly the matrices' bf16 bytes (from
+    config.json), and the mapped part is the embedding table the host reads plus one layer
+    matrix in flight."""
+    model = tiny("llama-bf16")
+    c, hd, kvh = config(model)
+    mapped = fit(hearth_bin, model, "--sku", "h200", "--ctx", "2048")["host"]
+    copied = fit(hearth_bin, model, "--sku", "h200", "--ctx", "2048", "--no-mmap")["host"]
+    assert mapped["weights_mapped"] is True and copied["weights_mapped"] is False
+    assert copied["mapped_pages_bytes"] == 0
+    want = 2 * matrix_elems(c, hd, kvh)  # bf16; a tied lm_head is the embedding table itself
+    if not c.get("tie_word_embeddings", False):
+        want += 2 * c["vocab_size"] * c["hidden_size"]
+    diff = copied["engine_bytes"] - mapped["engine_bytes"]
+    assert abs(diff - want) <= 64 * 16 * c["num_hidden_layers"] + 4096, (diff, want)  # 64-byte arena alignment
+    table = 2 * c["vocab_size"] * c["hidden_size"]
+    h, f = c["hidden_size"], c["intermediate_size"]
+    largest = 2 * max(h * f, c["num_attention_heads"] * hd * h)
+    assert table <= mapped["mapped_pages_bytes"] <= table + largest + (128 << 10) + 4096, mapped
+    assert mapped["predicted_peak_bytes"] < copied["predicted_peak_bytes"]

@@ -1261,13 +1261,15 @@ hearth_status cuda_model_create(const op_model *om, const kv_cache *kv, int max_
         if (cm->xp)
             snprintf(offload, sizeof offload, "; experts offloaded: %.2f GB pinned on the host, %d device slots",
                      (double)cm->plan.expert_bytes / 1e9, cm->plan.expert_slots);
-        snprintf(note, note_size, "cuda: %s, %.2f GB on the device, decode graphs %s%s%s", info.name,
+        snprintf(note, note_size, "cuda: %s, %.2f GB on the device, decode graphs %s%s%s; %s", info.name,
                  (double)cuda_plan_bytes(&cm->plan) / 1e9,
                  cm->graphs_off    ? "off (mixture of experts: routed on the host)"
                  : cm->moe_grouped ? "on (mixture of experts: routed on the device; prefill experts grouped)"
                  : cm->moe_dev     ? "on (mixture of experts: routed on the device)"
                                    : "on",
-                 expanded, offload);
+                 expanded, offload,
+                 om->release_host ? "weights mapped from the file, host pages released once uploaded"
+                                  : "the host keeps its own copy of the weights (--no-mmap)");
     }
     *out = &cm->base;
     return HEARTH_OK;

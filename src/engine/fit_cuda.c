@@ -210,9 +210,6 @@ static int fits_device(const model *m, const hearth_engine_options *o, const voi
 
 #define JSON_SIZE(v) json_integer((json_int_t)(v))
 
-/* A draft model's engine on the same GPU (--draft-model): created after the target's, with
- * the target's context, sequences and step (engine_draft_options), from the device memory the
- * target left free; the CUDA context and cuBLAS are the process's, counted once. */
 /* Host bytes of a load that maps the weights (engine_maps_weights) on the GPU, beyond its
  * arena (the vectors): the tables the host reads (host_only items, the embeddings: their
  * pages as prompts touch them, counted whole) and the file pages of the one weight being
@@ -227,14 +224,18 @@ static size_t mapped_host_bytes(const model *m) {
         size_t b = (size_t)w->n * (size_t)op_weight_row_bytes(w);
         if (w->group_size > 0 && (w->scales || w->biases || w->dtype == DT_U32))
             b += 2 * (size_t)w->n * (size_t)(w->k / w->group_size) * (w->sb_dtype == DT_F32 ? 4u : 2u);
+        size_t one = om->items[i].experts > 0 ? b / (size_t)om->items[i].experts : b; /* what one release drops */
         if (om->items[i].host_only)
             tables += b;
-        else if ((om->items[i].experts > 0 ? b / (size_t)om->items[i].experts : b) > unit)
-            unit = om->items[i].experts > 0 ? b / (size_t)om->items[i].experts : b;
+        else if (one > unit)
+            unit = one;
     }
     return tables + unit + ((size_t)128 << 10);
 }
 
+/* A draft model's engine on the same GPU (--draft-model): created after the target's, with
+ * the target's context, sequences and step (engine_draft_options), from the device memory the
+ * target left free; the CUDA context and cuBLAS are the process's, counted once. */
 typedef struct fit_cuda_draft {
     const hearth_model *hm;
     size_t mapped; /* mapped_host_bytes of its model (0: copied into its arena) */

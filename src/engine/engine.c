@@ -1030,10 +1030,8 @@ double hearth_engine_measure_bandwidth(hearth_engine *e) {
 }
 
 static double weight_read_bytes(const op_weight *w) {
-    double b = (double)op_weight_row_bytes(w) * (double)w->n;
-    if (w->dtype == DT_U32 && w->group_size > 0) /* MLX scales and biases */
-        b += 2.0 * (double)w->n * (double)(w->k / w->group_size) * tensor_dtype_block_bytes(w->sb_dtype);
-    return b;
+    return (double)op_weight_row_bytes(w) * (double)w->n +
+           2.0 * (double)op_weight_sb_bytes(w); /* MLX: scales, biases */
 }
 
 /* spec_limits_for with the bytes a parameter of the model's projections take as stored

@@ -221,9 +221,7 @@ static size_t mapped_host_bytes(const model *m) {
     for (int i = 0; i < om->n_items; i++) {
         const op_weight *w = om->items[i].w;
         if (!w) continue;
-        size_t b = (size_t)w->n * (size_t)op_weight_row_bytes(w);
-        if (w->group_size > 0 && (w->scales || w->biases || w->dtype == DT_U32))
-            b += 2 * (size_t)w->n * (size_t)(w->k / w->group_size) * (w->sb_dtype == DT_F32 ? 4u : 2u);
+        size_t b = (size_t)w->n * (size_t)op_weight_row_bytes(w) + 2 * op_weight_sb_bytes(w);
         size_t one = om->items[i].experts > 0 ? b / (size_t)om->items[i].experts : b; /* what one release drops */
         if (om->items[i].host_only)
             tables += b;

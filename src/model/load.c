@@ -75,9 +75,9 @@ static const file_map *map_of(const hearth_model *hm, const void *p) {
 /* The pages reading [p, p + n) can map: its pages widened to the fault-around windows at
  * both ends, within its mapping. 0 (and its own pages) when p is in no file mapping (a GGUF
  * parsed from a caller's buffer, as the fuzz target does): those pages are not ours to drop. */
-static int fault_range(const loader *L, const void *p, size_t n, uintptr_t *a, uintptr_t *b) {
+static int fault_range(const hearth_model *hm, const void *p, size_t n, uintptr_t *a, uintptr_t *b) {
     page_range(p, n, a, b);
-    const file_map *fm = map_of(L->hm, p);
+    const file_map *fm = map_of(hm, p);
     if (!fm || !fm->data) return 0;
     uintptr_t lo = *a & ~(LOAD_FAULT_AROUND - 1), hi = (*b + LOAD_FAULT_AROUND - 1) & ~(LOAD_FAULT_AROUND - 1),
               start = (uintptr_t)fm->data, end = start + page_span(fm->data, fm->size);
@@ -88,9 +88,9 @@ static int fault_range(const loader *L, const void *p, size_t n, uintptr_t *a, u
 
 /* [p, p + n)'s file pages with the fault-around windows, within its mapping, leave the
  * process (nothing where p is in no file mapping). */
-static void drop_pages(const loader *L, const void *p, size_t n) {
+static void drop_pages(const hearth_model *hm, const void *p, size_t n) {
     uintptr_t a, b;
-    if (n && fault_range(L, p, n, &a, &b) && b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+    if (n && fault_range(hm, p, n, &a, &b) && b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
 /* Drops the pages of one tensor's file bytes from this process once they are copied (and,
@@ -102,14 +102,14 @@ static void drop_pages(const loader *L, const void *p, size_t n) {
  * weights (model_load_peak_bytes). */
 static void drop_span(const loader *L, const void *p, size_t n) {
     if (L->use_mmap || !n) return;
-    drop_pages(L, p, n);
+    drop_pages(L->hm, p, n);
 }
 
 /* After tensor t's bytes went into the arena (or were sized): the load's peak so far, then
  * (loading) its pages leave the process. */
 static void tensor_copied(loader *L, const tensor_info *t) {
     uintptr_t a, b;
-    fault_range(L, t->data, t->nbytes, &a, &b);
+    fault_range(L->hm, t->data, t->nbytes, &a, &b);
     size_t at = L->used + (t->nbytes ? (size_t)(b - a) : 0);
     if (at > L->load_peak) L->load_peak = at;
     if (L->cap) drop_span(L, t->data, t->nbytes); /* the sizing pass drops after its NaN check */
@@ -286,7 +286,7 @@ static hearth_status load_tensor_matrix(loader *L, const char *module, const cha
     if (L->cap && (st = remember_name(L, name, w))) return st;
     if (!L->cap) {
         int64_t bad = first_non_finite(t);
-        drop_pages(L, t->data, t->nbytes); /* the check read them (mapped too: the forward pass faults them back) */
+        drop_pages(L->hm, t->data, t->nbytes); /* the check read them (mapped too: the forward pass faults them back) */
         if (bad >= 0)
             return err_set(L->err, HEARTH_ERR_FORMAT, "%s: tensor '%s' holds a non-finite value at index %lld", file,
                            name, (long long)bad);
@@ -766,8 +766,7 @@ void model_drop_file_pages(const hearth_model *hm) {
  * would come back as zeros), leave the process. Private read-only file pages: a later read
  * faults them in again from the page cache or the file. */
 static void release_mapped(const void *ctx, const void *p, size_t n) {
-    loader L = {.hm = ctx};
-    if (p) drop_pages(&L, p, n);
+    if (p) drop_pages(ctx, p, n);
 }
 
 static hearth_status load_with(const hearth_model *hm, int use_mmap, const model *target, model **out,

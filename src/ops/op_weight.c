@@ -8,6 +8,11 @@
 
 static int is_mlx(const op_weight *w) { return w->dtype == DT_U32; }
 
+size_t op_weight_sb_bytes(const op_weight *w) {
+    if (w->dtype != DT_U32 || w->group_size <= 0) return 0;
+    return (size_t)w->n * (size_t)(w->k / w->group_size) * (w->sb_dtype == DT_F32 ? 4u : 2u);
+}
+
 int64_t op_weight_row_bytes(const op_weight *w) {
     if (w->k <= 0) return 0;
     if (is_mlx(w)) return w->k * w->bits / 8; /* k is a multiple of 32: whole words */

@@ -31,6 +31,9 @@ static inline int op_mlx_bits_ok(int bits) { return bits >= 2 && bits <= 8 && bi
 hearth_status op_weight_check(const op_weight *w, const char *what, hearth_error *err);
 /* Bytes of one row of packed weight data (0 if the weight is invalid). */
 int64_t op_weight_row_bytes(const op_weight *w);
+/* Bytes of an MLX affine weight's scales (and as many of its biases): [n, k / group_size]
+ * in sb_dtype; 0 for the other formats. */
+size_t op_weight_sb_bytes(const op_weight *w);
 /* Dequantizes elements [k0, k0 + count) of row n to out, bit-exactly as the format's
  * reference does (GGUF through io/ggml_quant.c, MLX affine in mx.dequantize's order);
  * count <= 256 and k0, count are multiples of the format's block; for MLX affine, inside

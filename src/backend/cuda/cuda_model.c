@@ -198,8 +198,7 @@ static hearth_status expert_table(cuda_model *cm, int i, hearth_error *err) {
 static void release_host(const op_model *om, const op_weight *w) {
     if (!om->release_host || !w->data) return;
     om->release_host(om->release_ctx, w->data, (size_t)w->n * (size_t)op_weight_row_bytes(w));
-    if (w->group_size <= 0) return;
-    size_t sb = (size_t)w->n * (size_t)(w->k / w->group_size) * (w->sb_dtype == DT_F32 ? 4u : 2u);
+    size_t sb = op_weight_sb_bytes(w);
     if (w->scales) om->release_host(om->release_ctx, w->scales, sb);
     if (w->biases) om->release_host(om->release_ctx, w->biases, sb);
 }

@@ -8,6 +8,8 @@
  * more than the fast shrink's 16 ranks in flight), rows of CUDA_LORA_MAX_SET adapters, steps
  * of 1, 3, 32, 100 and 300 rows (past the fast tier's CUDA_LORA_FAST_ROWS chunk); an
  * unmounted adapter's copy goes (cuda_lora_cache_forget) and comes back at its next use;
+ * steps whose rows have at most one adapter each run the grouped kernels (rows grouped by
+ * adapter), which are checked against the same oracle;
  * past CUDA_LORA_KEEP adapters the least recently used copies go; a row of too many
  * adapters and an adapter without a key are refused. Without a GPU it says loudly that
  * nothing ran. */
@@ -89,7 +91,7 @@ static void make(test_adapter *t, int r, float scale, int dora, unsigned skip, u
     t->ops = (op_adapter){.proj = t->proj, .data = t->data, .floats = total, .key = key};
 }
 
-static int n_checked, n_checked_fast;
+static int n_checked, n_checked_fast, n_checked_grouped;
 static double worst_fast; /* the fast tier's largest |cuda - cpu| / (1 + |cpu|) */
 
 /* The fast tier sums in its own order. Against float64, float32 sums of these sizes (k up
@@ -138,7 +140,7 @@ static void check_tier(cuda_lora_cache *c, const op_batch *b, int layer, int p, 
         if (exact)
             n_checked++;
         else
-            n_checked_fast++;
+            n_checked_fast++, n_checked_grouped += cuda_lora_cache_grouped(c);
     }
     cuda_free(dx);
 }
@@ -387,6 +389,51 @@ static void test_refusals(void **state) {
     free(A.data);
 }
 
+/* The grouped kernels (every row of the step has at most one adapter, T <= 256): groups of
+ * one row and of more than the eight rows a pass takes (64 rows over four adapters), ranks
+ * 2, 16 and 37 (the expand holds 16 of B's values at a time), a DoRA adapter, an adapter
+ * that leaves projections alone, rows of none between; input widths 203 and 517 (the scalar
+ * loads) and 256 (float4 where A's rows are aligned). The step's grouping is checked too: a
+ * row of two adapters, or 300 rows, go back to the row-major kernels. */
+static void test_grouped(void **state) {
+    (void)state;
+    enum { N = 4 };
+    static const int ranks[N] = {2, 16, 37, 16};
+    static test_adapter ad[N];
+    for (int i = 0; i < N; i++) /* adapter 1 leaves layer 1's q, k and o alone; 3 is DoRA */
+        make(&ad[i], ranks[i], i % 2 ? 0.5f : 1.5f, i == 3,
+             i == 1 ? 7u << OP_N_PROJ | 1u << (OP_N_PROJ + OP_PROJ_O) : 0, 300 + (uint64_t)i);
+    const op_adapter *one[N][1], *two[2] = {&ad[0].ops, &ad[1].ops};
+    op_adapter_set singles[N], pair = {2, two};
+    for (int i = 0; i < N; i++) one[i][0] = &ad[i].ops, singles[i] = (op_adapter_set){1, one[i]};
+    cuda_lora_cache *c;
+    assert_int_equal(cuda_lora_cache_create(LAYERS, BIG_T, &c, NULL), HEARTH_OK);
+    static const op_adapter_set *rows[BIG_T];
+    static const int steps[] = {1, 5, 32, 64, 256};
+    int before = n_checked_grouped;
+    for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+        int T = steps[s];
+        /* none, then the adapters in an order that interleaves their groups */
+        for (int t = 0; t < T; t++) rows[t] = t % 5 == 4 ? NULL : &singles[(t * 3 + (int)s) % N];
+        op_batch b = {.T = T, .row_adapters = rows};
+        check_step(c, &b);
+        assert_int_equal(cuda_lora_cache_grouped(c), 1);
+    }
+    assert_int_equal(n_checked_grouped - before, 5 * LAYERS * 7);
+    /* a row of two adapters: the row-major kernels (the sum's order is the row's) */
+    for (int t = 0; t < 32; t++) rows[t] = t == 7 ? &pair : &singles[t % N];
+    op_batch b = {.T = 32, .row_adapters = rows};
+    check_step(c, &b);
+    assert_int_equal(cuda_lora_cache_grouped(c), 0);
+    /* 300 rows: past the grouped tables */
+    for (int t = 0; t < 300; t++) rows[t] = &singles[t % N];
+    b.T = 300;
+    check_step(c, &b);
+    assert_int_equal(cuda_lora_cache_grouped(c), 0);
+    cuda_lora_cache_free(c);
+    for (int i = 0; i < N; i++) free(ad[i].data);
+}
+
 int main(void) {
     int n = cuda_device_count();
     if (n == 0) {
@@ -403,12 +450,16 @@ int main(void) {
     rng_state ^= (uint64_t)time(NULL) * 0x2545f4914f6cdd1dull;
     printf("test_cuda_lora: device 0: %s (sm_%d%d); seed %llx\n", info.name, info.cc_major, info.cc_minor,
            (unsigned long long)rng_state);
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_ragged_then_decode), cmocka_unit_test(test_fast_shapes),
-                                       cmocka_unit_test(test_lru), cmocka_unit_test(test_expert_rows),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_ragged_then_decode),
+                                       cmocka_unit_test(test_fast_shapes),
+                                       cmocka_unit_test(test_grouped),
+                                       cmocka_unit_test(test_lru),
+                                       cmocka_unit_test(test_expert_rows),
                                        cmocka_unit_test(test_refusals)};
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    printf("test_cuda_lora: %d projections compared bit for bit (exact tier), %d within %g (fast tier; worst %.3g)\n",
-           n_checked, n_checked_fast, FAST_TOL, worst_fast);
+    printf("test_cuda_lora: %d projections compared bit for bit (exact tier), %d within %g (fast tier, %d of them "
+           "grouped by adapter; worst %.3g)\n",
+           n_checked, n_checked_fast, FAST_TOL, n_checked_grouped, worst_fast);
     return failed;
 }
 #endif

@@ -271,8 +271,12 @@ static void test_sampler_and_lora_scratch_plan(void **state) {
         cuda_lora_cache_sizes_make(shapes[i].tokens, &l);
         assert_int_equal(l.sets, T * 8 * sizeof(void *));
         assert_int_equal(l.counts, T * 4);
-        /* the fast tier's rank values, then one expert's gathered row tables (sets and counts again) */
-        assert_int_equal(l.fast, (T < 256 ? T : 256) * 3 * 8 * 1024 * 4 + l.sets + l.counts);
+        /* the grouped tier's tables: a pointer and two int32 per row (of up to 256), two int32 */
+        size_t gT = T < 256 ? T : 256;
+        assert_int_equal(l.groups, gT * sizeof(void *) + (2 * gT + 2) * 4);
+        /* the fast tier's rank values, then one expert's gathered row tables (sets and counts
+         * again), then the group tables */
+        assert_int_equal(l.fast, gT * 3 * 8 * 1024 * 4 + l.sets + l.counts + l.groups);
 
         op_weight w = {.dtype = DT_F32, .n = 64, .k = 64};
         op_item items[1] = {{.w = &w, .name = "q_proj", .layer = 0}};
@@ -295,7 +299,7 @@ static void test_sampler_and_lora_scratch_plan(void **state) {
         assert_int_equal(p.lora_counts_bytes, l.counts);
         assert_int_equal(p.lora_fast_bytes, l.fast);
         /* the pinned host copies of the sampler's buffers and of the LoRA row tables */
-        assert_true(p.pinned_host >= cuda_sampler_sizes_device(&z) + l.sets + l.counts);
+        assert_true(p.pinned_host >= cuda_sampler_sizes_device(&z) + l.sets + l.counts + l.groups);
     }
 }
 

@@ -167,20 +167,162 @@ __global__ void __launch_bounds__(LORA_EXPAND_THREADS)
     if (touched) *yj = v;
 }
 
-extern "C" hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, const int32_t *n_set, int np,
-                                              const int *idx, int expert, float *const *ys, const int64_t *ns,
-                                              const float *x, int64_t k, int T, float *u, hearth_error *err) {
+/* Grouped fast tier (cuda_lora_apply_grouped): the step's rows grouped by adapter, so each
+ * adapter's A and B are read once per step and projection instead of once per row (a 32-row
+ * decode step over 8 adapters read every adapter's factors four times, each row's loads one
+ * after the other). groups: the adapter table of each group u (gtab[u]) and the int32 table
+ * gi = {U, offsets[0 .. T], rows[T]}: group u's rows are rows[offsets[u] .. offsets[u + 1]).
+ * The grid has T group slots (U <= T); slots past U exit at once, so a launch's shape
+ * depends on T only. */
+#define LORA_GROUP_ROWS 8   /* a group's rows in one pass (register accumulators) */
+#define LORA_GROUP_RANKS 16 /* B values a thread holds at once in the expand */
+
+/* Shrink: block (r0, g, u): ranks r0, r0 + LORA_SHRINK_RANKS, ... of projection g of group u's
+ * adapter, each row of A read once and dotted with up to LORA_GROUP_ROWS of the group's input
+ * rows at a time; the rank values go where the row-major shrink puts them (slot 0). */
+__global__ void __launch_bounds__(LORA_SHRINK_THREADS)
+    lora_shrink_grouped(const cuda_lora *const *gtab, const int32_t *gi, int T, lora_group grp, const float *x,
+                        int64_t k, float *u) {
+    __shared__ float part[LORA_SHRINK_WARPS][LORA_GROUP_ROWS];
+    const int grp_u = blockIdx.z, g = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    if (grp_u >= gi[0]) return; /* the block's own condition: no barrier is skipped by part of it */
+    const cuda_lora *l = &gtab[grp_u][lora_pick(grp.idx, g)];
+    if (!l->a) return;
+    const int32_t *off = gi + 1, *rows = gi + 2 + T;
+    const int p0 = off[grp_u], p1 = off[grp_u + 1];
+    const bool x_vec = (k & 3) == 0 && ((uintptr_t)x & 15) == 0;
+    for (int r = blockIdx.x; r < l->rank; r += LORA_SHRINK_RANKS) {
+        const float *a = l->a + ((size_t)grp.expert * l->rank + r) * k;
+        const bool vec = x_vec && ((uintptr_t)a & 15) == 0;
+        const int64_t tail = vec ? k / 4 * 4 : 0;
+        for (int q0 = p0; q0 < p1; q0 += LORA_GROUP_ROWS) {
+            const int m = min(LORA_GROUP_ROWS, p1 - q0);
+            const float *xr[LORA_GROUP_ROWS];
+            float acc[LORA_GROUP_ROWS];
+#pragma unroll
+            for (int i = 0; i < LORA_GROUP_ROWS; i++) acc[i] = 0.0f, xr[i] = x + (size_t)rows[q0 + min(i, m - 1)] * k;
+            if (vec) {
+                const float4 *a4 = (const float4 *)a;
+                for (int64_t j = tid; j < k / 4; j += LORA_SHRINK_THREADS) {
+                    const float4 av = __ldg(a4 + j);
+#pragma unroll
+                    for (int i = 0; i < LORA_GROUP_ROWS; i++)
+                        if (i < m) {
+                            const float4 xv = ((const float4 *)xr[i])[j];
+                            acc[i] += av.x * xv.x + av.y * xv.y + av.z * xv.z + av.w * xv.w;
+                        }
+                }
+            }
+            for (int64_t j = tail + tid; j < k; j += LORA_SHRINK_THREADS) {
+                const float av = __ldg(a + j);
+#pragma unroll
+                for (int i = 0; i < LORA_GROUP_ROWS; i++)
+                    if (i < m) acc[i] += av * xr[i][j];
+            }
+#pragma unroll
+            for (int i = 0; i < LORA_GROUP_ROWS; i++) {
+                float p = acc[i];
+                for (int o = 16; o > 0; o /= 2) p += __shfl_xor_sync(0xffffffffu, p, o);
+                if (lane == 0) part[warp][i] = p;
+            }
+            __syncthreads();
+            if (tid < m) {
+                float sum = 0.0f;
+                for (int w = 0; w < LORA_SHRINK_WARPS; w++) sum += part[w][tid];
+                lora_u(u, rows[q0 + tid], g, 0)[r] = sum;
+            }
+            __syncthreads(); /* part is rewritten by the next pass */
+        }
+    }
+}
+
+/* Expand: thread (j of projection g, group u) holds LORA_GROUP_RANKS of B's column j at a
+ * time (independent loads) and adds scale * sum_r B^T[r][j] u[r] to y_g[row][j] of each of
+ * the group's rows, then the DoRA rescale; each row has this one adapter, so no two blocks
+ * write the same output. */
+__global__ void __launch_bounds__(LORA_EXPAND_THREADS)
+    lora_expand_grouped(const cuda_lora *const *gtab, const int32_t *gi, int T, lora_group grp, const float *u) {
+    const int grp_u = blockIdx.y, bx = blockIdx.x;
+    if (grp_u >= gi[0]) return;
+    const int g = (grp.np > 1 && bx >= grp.first_block[1]) + (grp.np > 2 && bx >= grp.first_block[2]);
+    const int idx = lora_pick(grp.idx, g), first = g == 0 ? 0 : g == 1 ? grp.first_block[1] : grp.first_block[2];
+    const int64_t n = lora_pick(grp.n, g), j = (int64_t)(bx - first) * LORA_EXPAND_THREADS + threadIdx.x;
+    const cuda_lora *l = &gtab[grp_u][idx];
+    if (j >= n || !l->a) return;
+    const int32_t *off = gi + 1, *rows = gi + 2 + T;
+    const int p0 = off[grp_u], p1 = off[grp_u + 1], rank = l->rank;
+    const float *B = l->b + (size_t)grp.expert * rank * n + j;
+    float *y = lora_pick(grp.y, g);
+    const float dora = l->dora ? __ldg(l->dora + j) : 1.0f;
+    for (int q0 = p0; q0 < p1; q0 += LORA_GROUP_ROWS) {
+        const int m = min(LORA_GROUP_ROWS, p1 - q0);
+        float acc[LORA_GROUP_ROWS];
+#pragma unroll
+        for (int i = 0; i < LORA_GROUP_ROWS; i++) acc[i] = 0.0f;
+        for (int r0 = 0; r0 < rank; r0 += LORA_GROUP_RANKS) {
+            float bv[LORA_GROUP_RANKS];
+#pragma unroll
+            for (int rr = 0; rr < LORA_GROUP_RANKS; rr++)
+                bv[rr] = r0 + rr < rank ? __ldg(B + (size_t)(r0 + rr) * n) : 0.0f;
+#pragma unroll
+            for (int i = 0; i < LORA_GROUP_ROWS; i++)
+                if (i < m) {
+                    const float *ur = lora_u((float *)u, rows[q0 + i], g, 0) + r0;
+#pragma unroll
+                    for (int rr = 0; rr < LORA_GROUP_RANKS; rr++)
+                        if (r0 + rr < rank) acc[i] += bv[rr] * ur[rr];
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < LORA_GROUP_ROWS; i++)
+            if (i < m) {
+                float *yj = y + (size_t)rows[q0 + i] * n + j;
+                *yj = (*yj + l->scale * acc[i]) * dora;
+            }
+    }
+}
+
+/* The np projections' lora_group (their table entries, outputs and expand block ranges). */
+static hearth_status lora_group_make(int np, const int *idx, int expert, float *const *ys, const int64_t *ns,
+                                     lora_group *grp, hearth_error *err) {
     if (np < 1 || np > CUDA_LORA_MAX_GROUP)
         return err_set(err, HEARTH_ERR_INVALID, "cuda: %d projections in one adapter launch (1 to %d)", np,
                        CUDA_LORA_MAX_GROUP);
-    lora_group grp = {};
-    grp.np = np;
-    grp.expert = expert;
+    *grp = lora_group{};
+    grp->np = np;
+    grp->expert = expert;
     for (int g = 0; g < np; g++) {
-        grp.idx[g] = idx[g], grp.y[g] = ys[g], grp.n[g] = ns[g];
-        grp.first_block[g + 1] = grp.first_block[g] + (int)((ns[g] + LORA_EXPAND_THREADS - 1) / LORA_EXPAND_THREADS);
+        grp->idx[g] = idx[g], grp->y[g] = ys[g], grp->n[g] = ns[g];
+        grp->first_block[g + 1] = grp->first_block[g] + (int)((ns[g] + LORA_EXPAND_THREADS - 1) / LORA_EXPAND_THREADS);
     }
-    if (grp.first_block[np] <= 0) return HEARTH_OK;
+    return HEARTH_OK;
+}
+
+extern "C" hearth_status cuda_lora_apply_grouped(const cuda_lora *const *gtab, const int32_t *gi, int np,
+                                                 const int *idx, float *const *ys, const int64_t *ns, const float *x,
+                                                 int64_t k, int T, float *u, hearth_error *err) {
+    if (T <= 0) return HEARTH_OK;
+    if (T > CUDA_LORA_FAST_ROWS)
+        return err_set(err, HEARTH_ERR_INVALID, "cuda: a grouped adapter step of %d rows (at most %d)", T,
+                       CUDA_LORA_FAST_ROWS);
+    lora_group grp;
+    hearth_status st = lora_group_make(np, idx, 0, ys, ns, &grp, err);
+    if (st || grp.first_block[np] <= 0) return st;
+    lora_shrink_grouped<<<dim3(LORA_SHRINK_RANKS, (unsigned)np, (unsigned)T), dim3(LORA_SHRINK_THREADS), 0,
+                          cuda_stream()>>>(gtab, gi, T, grp, x, k, u);
+    st = cuda_launched("lora shrink (grouped)", err);
+    if (st) return st;
+    lora_expand_grouped<<<dim3((unsigned)grp.first_block[np], (unsigned)T), dim3(LORA_EXPAND_THREADS), 0,
+                          cuda_stream()>>>(gtab, gi, T, grp, u);
+    return cuda_launched("lora expand (grouped)", err);
+}
+
+extern "C" hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, const int32_t *n_set, int np,
+                                              const int *idx, int expert, float *const *ys, const int64_t *ns,
+                                              const float *x, int64_t k, int T, float *u, hearth_error *err) {
+    lora_group grp;
+    hearth_status st0 = lora_group_make(np, idx, expert, ys, ns, &grp, err);
+    if (st0 || grp.first_block[np] <= 0) return st0;
     /* the scratch holds CUDA_LORA_FAST_ROWS rows: longer steps go in chunks (stream order
      * keeps a chunk's shrink after the previous chunk's expand) */
     for (int t0 = 0; t0 < T; t0 += CUDA_LORA_FAST_ROWS) {

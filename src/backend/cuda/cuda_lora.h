@@ -41,6 +41,16 @@ hearth_status cuda_lora_apply(const cuda_lora *const *sets, const int32_t *n_set
 hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, const int32_t *n_set, int np, const int *idx,
                                    int expert, float *const *ys, const int64_t *ns, const float *x, int64_t k, int T,
                                    float *u, hearth_error *err);
+/* The serving tier on a step whose rows each have at most one adapter (T <=
+ * CUDA_LORA_FAST_ROWS): the rows grouped by adapter, each adapter's factors read once per
+ * projection. gtab[u]: group u's adapter table (device); gi (device int32): {U, offsets[0 ..
+ * T], rows[T]}, group u's rows at rows[offsets[u] .. offsets[u + 1]) (U <= T). Rows in no
+ * group keep their bits. The same rank values scratch u as cuda_lora_apply_fast, and a row's
+ * sums in its order (close to the CPU, not its bits); launch shapes depend on T, k and the ns only. */
+#define CUDA_LORA_GROUP_INTS(T) (2 * (size_t)(T) + 2)
+hearth_status cuda_lora_apply_grouped(const cuda_lora *const *gtab, const int32_t *gi, int np, const int *idx,
+                                      float *const *ys, const int64_t *ns, const float *x, int64_t k, int T, float *u,
+                                      hearth_error *err);
 /* expert (both tiers): the pairs of table entry idx are stacked per expert (op_lora.experts):
  * expert e's A at a + e rank k and B at b + e rank n (0 for every other entry). */
 /* The row tables of rows[i] (device, n of them) into out_sets / out_n: a mixture-of-experts

@@ -34,6 +34,11 @@ struct cuda_lora_cache {
     const cuda_lora **sets;      /* device copies of the two */
     int32_t *n_set;
     float *u; /* device: the fast tier's rank values, CUDA_LORA_FAST_FLOATS(max_tokens) */
+    /* a step whose rows have at most one adapter each (and no more than CUDA_LORA_FAST_ROWS
+     * rows) runs the grouped kernels: the adapters' tables, then {U, offsets, rows}
+     * (cuda_lora_apply_grouped), pinned on the host and on the device in one buffer each */
+    int grouped, T;
+    void *host_groups, *groups;
     /* device: the row tables of one expert's gathered rows (cuda_lora_cache_apply_rows) */
     const cuda_lora **g_sets;
     int32_t *g_n;
@@ -46,7 +51,8 @@ hearth_status cuda_lora_cache_create(int n_layers, int max_tokens, cuda_lora_cac
     cuda_lora_cache_sizes_make(max_tokens, &z);
     if (!c) return err_set(err, HEARTH_ERR_NOMEM, "cuda: out of memory for the adapter tables");
     if (cudaMallocHost((void **)&c->host_sets, z.sets) != cudaSuccess ||
-        cudaMallocHost((void **)&c->host_n, z.counts) != cudaSuccess) {
+        cudaMallocHost((void **)&c->host_n, z.counts) != cudaSuccess ||
+        cudaMallocHost(&c->host_groups, z.groups) != cudaSuccess) {
         cudaGetLastError();
         cuda_lora_cache_free(c);
         return err_set(err, HEARTH_ERR_NOMEM, "cuda: cannot allocate pinned host tables for %d adapter rows",
@@ -56,9 +62,10 @@ hearth_status cuda_lora_cache_create(int n_layers, int max_tokens, cuda_lora_cac
     c->max_tokens = max_tokens;
     hearth_status st = cuda_alloc((void **)&c->sets, z.sets, "adapter row tables", err);
     if (!st) st = cuda_alloc((void **)&c->n_set, z.counts, "adapter row counts", err);
-    if (!st) st = cuda_alloc((void **)&c->u, z.fast - z.sets - z.counts, "adapter rank values", err);
+    if (!st) st = cuda_alloc((void **)&c->u, z.fast - z.sets - z.counts - z.groups, "adapter rank values", err);
     if (!st) st = cuda_alloc((void **)&c->g_sets, z.sets, "adapter rows of an expert", err);
     if (!st) st = cuda_alloc((void **)&c->g_n, z.counts, "adapter row counts of an expert", err);
+    if (!st) st = cuda_alloc(&c->groups, z.groups, "adapter groups", err);
     if (st) {
         cuda_lora_cache_free(c);
         return st;
@@ -78,6 +85,8 @@ void cuda_lora_cache_free(cuda_lora_cache *c) {
     free(c->copies);
     if (c->host_sets) cudaFreeHost(c->host_sets);
     if (c->host_n) cudaFreeHost(c->host_n);
+    if (c->host_groups) cudaFreeHost(c->host_groups);
+    cuda_free(c->groups);
     cuda_free(c->sets);
     cuda_free(c->n_set);
     cuda_free(c->u);
@@ -161,6 +170,43 @@ static void evict(cuda_lora_cache *c) {
     }
 }
 
+/* The group tables' bytes for a step of T rows: T table pointers, then
+ * CUDA_LORA_GROUP_INTS(T) int32 (cuda_lora_cache_sizes_make counts the largest step's). */
+static size_t groups_bytes(int T) { return (size_t)T * sizeof(void *) + CUDA_LORA_GROUP_INTS(T) * sizeof(int32_t); }
+
+/* Groups the step's rows by adapter into the pinned group tables when every row has at most
+ * one adapter and T <= CUDA_LORA_FAST_ROWS (1: the grouped kernels apply), rows in order
+ * within a group; 0 leaves the step to the row-major kernels. */
+static int make_groups(cuda_lora_cache *c, int T) {
+    if (T > CUDA_LORA_FAST_ROWS) return 0;
+    for (int t = 0; t < T; t++)
+        if (c->host_n[t] > 1) return 0;
+    const cuda_lora **tab = c->host_groups;
+    int32_t *gi = (int32_t *)(tab + T), *off = gi + 1, *rows = gi + 2 + T;
+    int U = 0;
+    for (int t = 0; t < T; t++) { /* the distinct tables, in order of first use; their row counts in off[u + 1] */
+        if (!c->host_n[t]) continue;
+        const cuda_lora *a = c->host_sets[(size_t)t * CUDA_LORA_MAX_SET];
+        int u = 0;
+        while (u < U && tab[u] != a) u++;
+        if (u == U) tab[U] = a, off[++U] = 0;
+        off[u + 1]++;
+    }
+    off[0] = 0;
+    for (int u = 0; u < U; u++) off[u + 1] += off[u];
+    int fill[CUDA_LORA_FAST_ROWS];
+    for (int u = 0; u < U; u++) fill[u] = off[u];
+    for (int t = 0; t < T; t++) {
+        if (!c->host_n[t]) continue;
+        const cuda_lora *a = c->host_sets[(size_t)t * CUDA_LORA_MAX_SET];
+        int u = 0;
+        while (tab[u] != a) u++;
+        rows[fill[u]++] = t;
+    }
+    gi[0] = U;
+    return 1;
+}
+
 hearth_status cuda_lora_cache_step(cuda_lora_cache *c, const op_batch *b, hearth_error *err) {
     if (b->T > c->max_tokens)
         return err_set(err, HEARTH_ERR_INVALID, "cuda: a step of %d rows (adapter tables hold %d)", b->T,
@@ -179,8 +225,12 @@ hearth_status cuda_lora_cache_step(cuda_lora_cache *c, const op_batch *b, hearth
         }
     }
     evict(c);
+    c->T = b->T;
     hearth_status st = cuda_upload_async(c->sets, c->host_sets, (size_t)b->T * CUDA_LORA_MAX_SET * sizeof(void *), err);
-    return st ? st : cuda_upload_async(c->n_set, c->host_n, (size_t)b->T * sizeof(int32_t), err);
+    if (!st) st = cuda_upload_async(c->n_set, c->host_n, (size_t)b->T * sizeof(int32_t), err);
+    if (!st && (c->grouped = make_groups(c, b->T)))
+        st = cuda_upload_async(c->groups, c->host_groups, groups_bytes(b->T), err);
+    return st;
 }
 
 hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, op_proj p, int np, const float *x,
@@ -193,6 +243,10 @@ hearth_status cuda_lora_cache_apply(const cuda_lora_cache *c, int T, int layer, 
                        (int)p + np - 1);
     int idx[CUDA_LORA_MAX_GROUP];
     for (int g = 0; g < np; g++) idx[g] = layer * OP_N_PROJ + (int)p + g;
+    if (!exact && c->grouped && T == c->T) {
+        const cuda_lora *const *tab = c->groups;
+        return cuda_lora_apply_grouped(tab, (const int32_t *)(tab + T), np, idx, ys, ns, x, k, T, c->u, err);
+    }
     if (!exact) return cuda_lora_apply_fast(c->sets, c->n_set, np, idx, 0, ys, ns, x, k, T, c->u, err);
     for (int g = 0; g < np; g++) {
         hearth_status st = cuda_lora_apply(c->sets, c->n_set, idx[g], 0, x, k, ys[g], ns[g], T, err);
@@ -226,6 +280,8 @@ void cuda_lora_cache_forget(cuda_lora_cache *c, uint64_t key) {
             return;
         }
 }
+
+int cuda_lora_cache_grouped(const cuda_lora_cache *c) { return c && c->grouped; }
 
 int cuda_lora_cache_count(const cuda_lora_cache *c) { return c ? c->n : 0; }
 

@@ -19,7 +19,7 @@ typedef struct cuda_lora_cache cuda_lora_cache;
  * host), and the serving tier's rank values (device only). The one sizing the cache
  * allocates by and cuda_plan counts (cuda_plan.c: any build, no device needed). */
 typedef struct cuda_lora_cache_sizes {
-    size_t sets, counts, fast;
+    size_t sets, counts, fast, groups;
 } cuda_lora_cache_sizes;
 void cuda_lora_cache_sizes_make(int max_tokens, cuda_lora_cache_sizes *z);
 
@@ -50,6 +50,10 @@ hearth_status cuda_lora_cache_apply_rows(const cuda_lora_cache *c, const int32_t
 /* Drops the device copy of the adapter of this key, if there is one (after the stream's
  * work that may still read it). */
 void cuda_lora_cache_forget(cuda_lora_cache *c, uint64_t key);
+/* 1 when the last step given to cuda_lora_cache_step runs the serving tier's grouped
+ * kernels (every row has at most one adapter and the step at most CUDA_LORA_FAST_ROWS rows:
+ * its launches differ from the row-major ones, so a captured graph keys on it). */
+int cuda_lora_cache_grouped(const cuda_lora_cache *c);
 /* The adapters copied to the device now, and their device bytes. */
 int cuda_lora_cache_count(const cuda_lora_cache *c);
 size_t cuda_lora_cache_bytes(const cuda_lora_cache *c);

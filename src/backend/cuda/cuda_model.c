@@ -84,7 +84,7 @@ typedef struct cuda_model {
     /* decode steps (T <= GRAPH_MAX_T tokens, n_out <= T rows) replay a captured graph, one
      * per (T, n_out, greedy ids or not, adapters or not): the adapter kernels' shapes depend
      * on T alone and they read the step's row tables from fixed device buffers */
-    cuda_graph *graphs[GRAPH_MAX_T + 1][GRAPH_MAX_T + 1][2][2];
+    cuda_graph *graphs[GRAPH_MAX_T + 1][GRAPH_MAX_T + 1][2][3];
     int graphs_off; /* a capture failed: every step eager from then on */
     /* this step is batch-invariant (deterministic mode): every matmul goes to the GEMV
      * kernels whatever T (a row's sums do not depend on how many rows share the launch;
@@ -109,7 +109,8 @@ typedef struct cuda_model {
     int moe_grouped; /* moe_dev and every stack in a format cuda_moe_gemm takes: prefill steps take moe_grouped */
     /* LoRA / DoRA adapters: their device copies and the step's row tables; lora_step: this
      * step has rows with adapters (each adapted projection is then followed by the low-rank
-     * update; decode shapes use graphs of their own) */
+     * update; decode shapes use graphs of their own), 2 when they run the grouped kernels
+     * (cuda_lora_cache_grouped) */
     cuda_lora_cache *lora;
     int lora_step;
 } cuda_model;
@@ -1007,6 +1008,7 @@ static hearth_status cu_step(op_backend *be, kv_cache *kv, const op_batch *b, co
      * decode shapes then replay their own graphs, captured with the adapters' launches */
     cm->lora_step = op_batch_has_adapters(b);
     if (cm->lora_step) TRY(cuda_lora_cache_step(cm->lora, b, err));
+    if (cm->lora_step && cuda_lora_cache_grouped(cm->lora)) cm->lora_step = 2; /* other launches: other graphs */
     /* per-layer inputs: the table's rows queued like the embeddings (the table is known
      * from the model's first step, which runs eagerly and stages them itself) */
     cm->pl_staged = 0;
@@ -1327,7 +1329,7 @@ void cuda_model_free(op_backend *be) {
     for (int t = 0; t <= GRAPH_MAX_T; t++)
         for (int r = 0; r <= GRAPH_MAX_T; r++)
             for (int g = 0; g < 2; g++)
-                for (int l = 0; l < 2; l++) cuda_graph_free(cm->graphs[t][r][g][l]);
+                for (int l = 0; l < 3; l++) cuda_graph_free(cm->graphs[t][r][g][l]);
     cuda_kv_free(&cm->kv);
     cuda_lora_cache_free(cm->lora);
     cuda_gemm_free(cm->gemm);

@@ -357,7 +357,7 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     }
     /* each row's adapters (cuda_lora_cache_create, whatever adapters are mounted: the device
      * pointers of up to CUDA_LORA_MAX_SET adapter tables per row, the rows' counts, then the
-     * fast tier's rank values) */
+     * fast tier's rank values and group tables) */
     cuda_lora_cache_sizes lora;
     cuda_lora_cache_sizes_make(max_tokens, &lora);
     p->lora_sets_bytes = lora.sets;
@@ -369,7 +369,7 @@ static void plan_scratch(cuda_plan *p, const op_model *om, const kv_cache *kv, i
     /* pinned host staging: the step's embeddings (and per-layer rows), its indices, the greedy
      * ids, the adapter row tables */
     p->pinned_host += T * c->hidden * sizeof(float) + p->per_layer_floats * sizeof(float) + p->ints * sizeof(int32_t) +
-                      (size_t)max_out * sizeof(int32_t) + p->lora_sets_bytes + p->lora_counts_bytes;
+                      (size_t)max_out * sizeof(int32_t) + p->lora_sets_bytes + p->lora_counts_bytes + lora.groups;
     if (c->n_experts > 0) { /* cuda_model.c alloc_scratch, in its order */
         size_t ffn = (size_t)(c->moe_ffn > c->shared_ffn ? c->moe_ffn : c->shared_ffn);
         p->moe_logits = T * (size_t)c->n_experts;
@@ -476,8 +476,13 @@ void cuda_lora_cache_sizes_make(int max_tokens, cuda_lora_cache_sizes *z) {
     size_t T = max_tokens > 0 ? (size_t)max_tokens : 0;
     z->sets = T * CUDA_LORA_MAX_SET * sizeof(void *);
     z->counts = T * sizeof(int32_t);
-    /* the fast tier's rank values, and one expert's gathered row tables (sets and counts again) */
-    z->fast = CUDA_LORA_FAST_FLOATS(T) * sizeof(float) + z->sets + z->counts;
+    /* the grouped tier's tables (cuda_lora_cache.c groups_bytes, steps of up to
+     * CUDA_LORA_FAST_ROWS rows) */
+    size_t gT = T < CUDA_LORA_FAST_ROWS ? T : CUDA_LORA_FAST_ROWS;
+    z->groups = gT * sizeof(void *) + CUDA_LORA_GROUP_INTS(gT) * sizeof(int32_t);
+    /* the fast tier's rank values, one expert's gathered row tables (sets and counts again),
+     * the group tables */
+    z->fast = CUDA_LORA_FAST_FLOATS(T) * sizeof(float) + z->sets + z->counts + z->groups;
 }
 
 double cuda_plan_decode_bytes(const cuda_plan *p, const op_model *om, int context) {

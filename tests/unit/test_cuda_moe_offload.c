@@ -488,21 +488,19 @@ static void test_device_routed(void **state) {
  * expert 1 none and expert 2 five; the inputs gathered through xrow, the outputs scattered
  * through yrow, two tables in one launch (the second must match the first to the bit);
  * then on the gated product (cuda_gated_bf16, SiLU and GELU). Oracle:
- * ggml's dequantization on the host, weights and inputs rounded to bf16 as the kernel
- * rounds them, products summed in double. Allowed: the f32 sums (1e-5 of the sum of
- * |terms|) and a value that rounds to the neighbouring bf16 (the device's fused multiply-add
- * in a dequantizer, its exp in the gated form): 2^-8 of a term each, two of the largest at
- * most. A wrong row, token, expert or segment is off by the size of the whole sum. */
+ * the CPU reference's dequantization (op_weight_dequant: ggml's, mx.dequantize's order), weights and inputs rounded to
+ * bf16 as the kernel rounds them, products summed in double. Allowed: the f32 sums (1e-5 of the sum of |terms|) and a
+ * value that rounds to the neighbouring bf16 (the device's fused multiply-add in a dequantizer, its exp in the gated
+ * form): 2^-8 of a term each, two of the largest at most. A wrong row, token, expert or segment is off by the size of
+ * the whole sum. */
 enum { GE = 3, GN = 80, GT = 40 };
 static void moe_gemm_case(tensor_dtype dt, int gk) {
     static const int cnt[GE] = {300, 0, 5};
     int P = cnt[0] + cnt[1] + cnt[2], TOK = CUDA_MOE_GEMM_TOKENS;
     void *keep;
-    op_weight w = make_weight(dt, (int64_t)GE * GN, gk, &keep);
+    op_weight w = expert_weight(dt, (int64_t)GE * GN, gk, &keep);
     float *wf = malloc((size_t)GE * GN * gk * sizeof(float));
-    assert_int_equal(
-        ggml_dequantize(dt, w.data, (uint64_t)(GE * GN * op_weight_row_bytes(&w)), wf, (uint64_t)GE * GN * gk, NULL),
-        HEARTH_OK);
+    for (int r = 0; r < GE * GN; r++) op_weight_dequant_row(&w, r, wf + (size_t)r * gk); /* the CPU reference's */
     cuda_weight sl[GE];
     const void *tab[2 * GE];
     hearth_error e = {0};
@@ -647,7 +645,9 @@ static void test_moe_gemm(void **state) {
     moe_gemm_case(DT_Q8_0, 96);
     moe_gemm_case(DT_Q4_K, 256);
     moe_gemm_case(DT_Q6_K, 512);
-    moe_gemm_case(DT_Q5_0, 96); /* the generic affine layout, element by element */
+    moe_gemm_case(DT_Q5_0, 96); /* the generic affine layout */
+    moe_gemm_case(DT_U32, 512); /* MLX 4-bit in the chunked layout (k % 64 == 0, k >= 512) */
+    moe_gemm_case(DT_U32, 128); /* MLX 4-bit in the plain layout */
 }
 
 /* The model and steps the device tests run, on the CPU alone (this runs without a GPU too):

@@ -3,7 +3,7 @@
 # the "before" built by engine-ab.pre.sh (/tmp/ab_old) and this tree's ($H), `hearth bench
 # --device cuda` on each model of AB_ROWS (default "l8 q8_0 q4_k_m m4": bf16 folder, Q8_0 and
 # Q4_K_M GGUFs, MLX 4-bit; nf:MODEL-FORMAT a new-family model of tools/gpu_models.py, written here), decode (128 after 512) and prefill 4096, binaries alternating for
-# AB_ROUNDS (2) rounds; prints each row's best of rounds and the ratio after/before last. Env
+# AB_ROUNDS (2) rounds (AB_KINDS: "decode p4096" or either alone); prints each row's best of rounds and the ratio after/before last. Env
 # from tools/gpu_run (H, L8, G8, M4). Usage: engine-ab.sh LOGDIR
 set -u
 L=${1:?usage: engine-ab.sh LOGDIR}; mkdir -p "$L"
@@ -33,7 +33,7 @@ for r in $(seq 1 "${AB_ROUNDS:-2}"); do
         p=$(path "$m")
         [ -e "$p" ] || { echo "$m: no model"; continue; }
         n=${m#nf:}
-        for kind in decode p4096; do
+        for kind in ${AB_KINDS:-decode p4096}; do
             [ $kind = decode ] && a="-p 512 -n 128 -r 3" || a="-p 4096 -n 1 -r 3"
             for side in old new; do
                 [ "$(left)" -lt 25 ] && break 4

@@ -13,8 +13,10 @@ rank-16 adapter under 100 ms; 1,000 registered adapters slowing base requests by
 The peer is hearth's own base path (the product we replace and mlx_lm.server mount adapters
 too, but report no numbers for it).
 Usage: registry.py BIN MODEL [--rank 16] [--mounts 10] [--registered 1000] [--streams 4]
-                   [--tokens 64] [--repeat 5] [--threads 2]
-Writes bench/results/lora_registry.md through bench/results_file.py."""
+                   [--tokens 64] [--repeat 5] [--threads 2] [--mount-only]
+Writes bench/results/lora_registry.md through bench/results_file.py; --mount-only runs part 1
+alone (the issue's 8B-shaped mount, where a thousand full-model registries do not fit this
+machine's memory) and writes bench/results/lora_mount.md."""
 import argparse, json, os, statistics, sys, tempfile, threading, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -59,6 +61,23 @@ def base_rate(port, streams, tokens):
     return done / (time.perf_counter() - t0)
 
 
+def mount_part(a, full_bytes, mount_ms, quiet_gaps, gaps):
+    """Part 1's result fields and its two table rows."""
+    med = statistics.median
+    res = {"model": a.model, "rank": a.rank, "threads": a.threads, "streams": a.streams, "tokens": a.tokens,
+           "adapter_bytes": full_bytes, "mount_ms": mount_ms, "gap_ms_p50_quiet": med(quiet_gaps) * 1e3,
+           "gap_ms_max_quiet": max(quiet_gaps) * 1e3, "gap_ms_p50_mounting": med(gaps) * 1e3,
+           "gap_ms_max_mounting": max(gaps) * 1e3}
+    rows = (f"| what | result | target (issue 36) |\n|---|---|---|\n"
+            f"| mount a rank-{a.rank} adapter on all 7 projections of every layer ({full_bytes / 1e6:.1f} MB), "
+            f"POST /v1/adapters while {a.streams} streams decode, {a.mounts} times | median "
+            f"{med(mount_ms):.1f} ms, max {max(mount_ms):.1f} ms | under 100 ms |\n"
+            f"| the decoding streams' token gap during the mounts (the same streams, none mounting: p50 "
+            f"{res['gap_ms_p50_quiet']:.1f} ms, max {res['gap_ms_max_quiet']:.1f} ms) | p50 "
+            f"{res['gap_ms_p50_mounting']:.1f} ms, max {res['gap_ms_max_mounting']:.1f} ms | no stall |\n")
+    return res, rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bin")
@@ -70,6 +89,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--mount-only", action="store_true", help="part 1 only (bench/results/lora_mount.md)")
     a = ap.parse_args()
     dims = model_dims(a.bin, a.model)
     tmp = tempfile.mkdtemp(prefix="hearth-lora-registry-")
@@ -103,6 +123,10 @@ def main():
                 b.join()
             assert call(port, "DELETE", f"/v1/adapters/m{i}")[0] == 200
 
+    med = statistics.median
+    if a.mount_only:
+        write_mount_only(a, dims, full_bytes, mount_ms, quiet_gaps, gaps)
+        return
     # 2. base requests on one server, its registry empty and then holding --registered adapters,
     # in turns (the same process both ways: two servers side by side differ by more than this)
     empty, full_reg, reg_s = [], [], []
@@ -121,28 +145,26 @@ def main():
                 assert call(port1, "DELETE", f"/v1/adapters/r{i}")[0] == 200
             if r % 2 == 1:
                 empty.append(base_rate(port1, a.streams, a.tokens))
-    med = statistics.median
-    res = {"model": a.model, "rank": a.rank, "threads": a.threads, "streams": a.streams, "tokens": a.tokens,
-           "adapter_bytes": full_bytes, "small_adapter_bytes": small_bytes, "mount_ms": mount_ms,
-           "gap_ms_p50_quiet": med(quiet_gaps) * 1e3, "gap_ms_max_quiet": max(quiet_gaps) * 1e3,
-           "gap_ms_p50_mounting": med(gaps) * 1e3, "gap_ms_max_mounting": max(gaps) * 1e3,
-           "registered": a.registered, "register_seconds": reg_s, "base_tok_s_empty": empty,
-           "base_tok_s_registered": full_reg, "ratio_median": med(full_reg) / med(empty),
-           "ratio_best": max(full_reg) / max(empty)}
+    res, rows = mount_part(a, full_bytes, mount_ms, quiet_gaps, gaps)
+    res.update({"small_adapter_bytes": small_bytes, "registered": a.registered, "register_seconds": reg_s,
+                "base_tok_s_empty": empty, "base_tok_s_registered": full_reg,
+                "ratio_median": med(full_reg) / med(empty), "ratio_best": max(full_reg) / max(empty)})
     md = (f"# LoRA: mounting adapters and a large registry (`bench/lora/registry.py`)\n\n"
-          f"{a.model}, {dims['layers']} layers, CPU, {a.threads} threads per server.\n\n"
-          f"| what | result | target (issue 36) |\n|---|---|---|\n"
-          f"| mount a rank-{a.rank} adapter on all 7 projections of every layer ({full_bytes / 1e6:.1f} MB), "
-          f"POST /v1/adapters while {a.streams} streams decode, {a.mounts} times | median "
-          f"{med(mount_ms):.1f} ms, max {max(mount_ms):.1f} ms | under 100 ms |\n"
-          f"| the decoding streams' token gap during the mounts (the same streams, none mounting: p50 "
-          f"{res['gap_ms_p50_quiet']:.1f} ms, max {res['gap_ms_max_quiet']:.1f} ms) | p50 "
-          f"{res['gap_ms_p50_mounting']:.1f} ms, max {res['gap_ms_max_mounting']:.1f} ms | no stall |\n"
+          f"{a.model}, {dims['layers']} layers, CPU, {a.threads} threads per server.\n\n" + rows +
           f"| {a.registered} adapters registered (rank {a.rank} on q_proj, {small_bytes / 1e6:.1f} MB each, "
           f"mounted one by one in {med(reg_s):.1f} s): base throughput, {a.streams} streams x {a.tokens} tokens, "
           f"against the same server's empty registry, {a.repeat} rounds (mount all, registered, unmount all; the empty run before or after, in turns) | median {med(full_reg):.1f} vs "
           f"{med(empty):.1f} tok/s: **{res['ratio_median']:.3f}** (best {res['ratio_best']:.3f}) | at least 0.98 |\n")
     results_file.write("lora_registry", md, res)
+    print(md)
+
+
+def write_mount_only(a, dims, full_bytes, mount_ms, quiet_gaps, gaps):
+    res, rows = mount_part(a, full_bytes, mount_ms, quiet_gaps, gaps)
+    md = (f"# LoRA: mounting a full-model adapter (`bench/lora/registry.py --mount-only`)\n\n"
+          f"{a.model}, {dims['layers']} layers (hidden {dims['hidden']}, MLP {dims['ffn']}), CPU, "
+          f"{a.threads} threads.\n\n" + rows)
+    results_file.write("lora_mount", md, res)
     print(md)
 
 

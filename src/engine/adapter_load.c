@@ -6,9 +6,10 @@
  * GGUF llama q/k rows are permuted for adjacent-pair RoPE, and so are B's columns). DoRA magnitudes become one
  * factor per output row here. Never touches the model's weights. */
 #define _GNU_SOURCE
-#include "engine/adapter.h"
 #include "base/err.h"
 #include "base/file.h"
+#include "base/mem.h"
+#include "engine/adapter.h"
 #include "io/ggml_quant.h"
 #include "io/safetensors.h"
 #include <jansson.h>
@@ -351,17 +352,31 @@ static hearth_status fill_pair(const model *m, const adapter_cfg *c, const pair_
     float *tmp = malloc((size_t)(per * ((k > n ? k : n) * r) + n) * sizeof *tmp);
     if (!tmp) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     float *a = dst, *b = a + per * r * k, *mag = b + per * n * r;
-    hearth_status st = read_f32(s->a, tmp, err);
+    /* MLX's float32 pairs (what mlx_lm.lora writes) go from the mapped file to their places
+     * in one pass each (A transposed in blocks of 64 of its rows: r floats each, a cache line
+     * at rank 16); the other layouts and dtypes through tmp */
+    const int direct = !c->peft && !E && s->a->dtype == DT_F32 && s->b->dtype == DT_F32;
+    hearth_status st = direct ? HEARTH_OK : read_f32(s->a, tmp, err);
     if (!st) { /* A as [r, k]: MLX stores lora_a as [k, r] (its experts' as [E, r, k]) */
-        if (c->peft || E)
+        if (direct) {
+            const unsigned char *src = s->a->data; /* any alignment: a float is read with memcpy */
+            for (int64_t i0 = 0; i0 < k; i0 += 64) {
+                int64_t i1 = i0 + 64 < k ? i0 + 64 : k;
+                for (int64_t q = 0; q < r; q++)
+                    for (int64_t i = i0; i < i1; i++) memcpy(&a[q * k + i], src + (size_t)(i * r + q) * 4, 4);
+            }
+        } else if (c->peft || E) {
             memcpy(a, tmp, (size_t)(per * r * k) * sizeof *a);
-        else
+        } else {
             for (int64_t i = 0; i < k; i++)
                 for (int64_t q = 0; q < r; q++) a[q * k + i] = tmp[i * r + q];
-        st = read_f32(s->b, tmp, err);
+        }
+        if (!direct) st = read_f32(s->b, tmp, err);
     }
     if (!st) { /* B transposed, [r, n]: MLX's lora_b as it is; PEFT's lora_B and MLX's experts' are [n, r] */
-        if (!c->peft && !E)
+        if (direct)
+            memcpy(b, s->b->data, (size_t)(n * r) * sizeof *b);
+        else if (!c->peft && !E)
             memcpy(b, tmp, (size_t)(n * r) * sizeof *b);
         else
             for (int64_t e = 0; e < per; e++)
@@ -461,7 +476,9 @@ static hearth_status build(const model *m, const adapter_cfg *c, const pair_src 
     }
     if (!any) return err_set(err, HEARTH_ERR_INVALID, "%s: the adapter holds no LoRA tensors", a->path);
     a->bytes = total * sizeof(float);
-    if (!(a->data = malloc(a->bytes))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory for the adapter");
+    /* resident in one call: a full-model adapter of an 8B model is ~170 MB, whose page
+     * faults one by one were a large part of a mount */
+    if (!(a->data = mem_alloc_filled(a->bytes))) return err_set(err, HEARTH_ERR_NOMEM, "out of memory for the adapter");
     float *dst = a->data;
     for (int i = 0; i < L; i++)
         for (int p = 0; p < OP_N_PROJ; p++) {
@@ -540,6 +557,6 @@ void adapter_free(adapter *a) {
     free(a->id);
     free(a->path);
     free(a->proj);
-    free(a->data);
+    mem_free_reserved(a->data, a->bytes);
     free(a);
 }

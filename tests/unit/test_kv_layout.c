@@ -301,9 +301,28 @@ static void test_hugepages_switch(void **state) {
     mem_set_hugepages(1);
 }
 
+/* mem_alloc_filled (an adapter's block): every page resident when it returns (VmRSS grows
+ * by the whole size before anything is written), read as zeros, released by
+ * mem_free_reserved (VmRSS falls back). */
+static void test_filled_resident(void **state) {
+    (void)state;
+    size_t n = (size_t)64 << 20;
+    long long before = hearth_proc_kb_field("/proc/self/status", "VmRSS");
+    unsigned char *p = mem_alloc_filled(n);
+    assert_non_null(p);
+    long long grown = hearth_proc_kb_field("/proc/self/status", "VmRSS") - before;
+    assert_true(grown >= (long long)(n / 1024) * 95 / 100);
+    for (size_t i = 0; i < n; i += 4096) assert_int_equal(p[i], 0);
+    p[n - 1] = 7;
+    mem_free_reserved(p, n);
+    long long after = hearth_proc_kb_field("/proc/self/status", "VmRSS") - before;
+    assert_true(after < (long long)(n / 1024) / 4);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_block_major), cmocka_unit_test(test_layers_of_their_own_shape),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_block_major),
+                                       cmocka_unit_test(test_layers_of_their_own_shape),
                                        cmocka_unit_test(test_resident_follows_blocks),
-                                       cmocka_unit_test(test_hugepages_switch)};
+                                       cmocka_unit_test(test_hugepages_switch), cmocka_unit_test(test_filled_resident)};
     return cmocka_run_group_tests_name("kv_layout", tests, NULL, NULL);
 }

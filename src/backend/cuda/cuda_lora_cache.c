@@ -212,6 +212,7 @@ hearth_status cuda_lora_cache_step(cuda_lora_cache *c, const op_batch *b, hearth
         return err_set(err, HEARTH_ERR_INVALID, "cuda: a step of %d rows (adapter tables hold %d)", b->T,
                        c->max_tokens);
     c->step++;
+    c->grouped = 0; /* until this step's tables are up */
     for (int t = 0; t < b->T; t++) {
         const op_adapter_set *s = b->row_adapters ? b->row_adapters[t] : NULL;
         int n = s ? s->n : 0;

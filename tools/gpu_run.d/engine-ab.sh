@@ -34,7 +34,7 @@ for r in $(seq 1 "${AB_ROUNDS:-2}"); do
         [ -e "$p" ] || { echo "$m: no model"; continue; }
         n=${m#nf:}
         for kind in ${AB_KINDS:-decode p4096}; do
-            [ $kind = decode ] && a="-p 512 -n 128 -r 3" || a="-p 4096 -n 1 -r 3"
+            [ "$kind" = decode ] && a="-p 512 -n 128 -r 3" || a="-p 4096 -n 1 -r 3"
             for side in old new; do
                 [ "$(left)" -lt 25 ] && break 4
                 [ $side = old ] && b=$OLD || b=$H

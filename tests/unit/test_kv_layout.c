@@ -314,9 +314,11 @@ static void test_filled_resident(void **state) {
     assert_true(grown >= (long long)(n / 1024) * 95 / 100);
     for (size_t i = 0; i < n; i += 4096) assert_int_equal(p[i], 0);
     p[n - 1] = 7;
+    long long held = hearth_proc_kb_field("/proc/self/status", "VmRSS");
     mem_free_reserved(p, n);
-    long long after = hearth_proc_kb_field("/proc/self/status", "VmRSS") - before;
-    assert_true(after < (long long)(n / 1024) / 4);
+    /* the block's pages leave (a sanitizer's shadow of the reads above may stay) */
+    long long dropped = held - hearth_proc_kb_field("/proc/self/status", "VmRSS");
+    assert_true(dropped >= (long long)(n / 1024) * 3 / 4);
 }
 
 int main(void) {

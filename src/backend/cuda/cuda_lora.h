@@ -48,6 +48,8 @@ hearth_status cuda_lora_apply_fast(const cuda_lora *const *sets, const int32_t *
  * group keep their bits. The same rank values scratch u as cuda_lora_apply_fast, and a row's
  * sums in its order (close to the CPU, not its bits); launch shapes depend on T, k and the ns only. */
 #define CUDA_LORA_GROUP_INTS(T) (2 * (size_t)(T) + 2)
+/* The group tables of a step of T rows: T table pointers, then CUDA_LORA_GROUP_INTS(T) int32. */
+#define CUDA_LORA_GROUP_BYTES(T) ((size_t)(T) * sizeof(void *) + CUDA_LORA_GROUP_INTS(T) * sizeof(int32_t))
 hearth_status cuda_lora_apply_grouped(const cuda_lora *const *gtab, const int32_t *gi, int np, const int *idx,
                                       float *const *ys, const int64_t *ns, const float *x, int64_t k, int T, float *u,
                                       hearth_error *err);

@@ -170,10 +170,6 @@ static void evict(cuda_lora_cache *c) {
     }
 }
 
-/* The group tables' bytes for a step of T rows: T table pointers, then
- * CUDA_LORA_GROUP_INTS(T) int32 (cuda_lora_cache_sizes_make counts the largest step's). */
-static size_t groups_bytes(int T) { return (size_t)T * sizeof(void *) + CUDA_LORA_GROUP_INTS(T) * sizeof(int32_t); }
-
 /* Groups the step's rows by adapter into the pinned group tables when every row has at most
  * one adapter and T <= CUDA_LORA_FAST_ROWS (1: the grouped kernels apply), rows in order
  * within a group; 0 leaves the step to the row-major kernels. */
@@ -230,7 +226,7 @@ hearth_status cuda_lora_cache_step(cuda_lora_cache *c, const op_batch *b, hearth
     hearth_status st = cuda_upload_async(c->sets, c->host_sets, (size_t)b->T * CUDA_LORA_MAX_SET * sizeof(void *), err);
     if (!st) st = cuda_upload_async(c->n_set, c->host_n, (size_t)b->T * sizeof(int32_t), err);
     if (!st && (c->grouped = make_groups(c, b->T)))
-        st = cuda_upload_async(c->groups, c->host_groups, groups_bytes(b->T), err);
+        st = cuda_upload_async(c->groups, c->host_groups, CUDA_LORA_GROUP_BYTES(b->T), err);
     return st;
 }
 

@@ -476,10 +476,8 @@ void cuda_lora_cache_sizes_make(int max_tokens, cuda_lora_cache_sizes *z) {
     size_t T = max_tokens > 0 ? (size_t)max_tokens : 0;
     z->sets = T * CUDA_LORA_MAX_SET * sizeof(void *);
     z->counts = T * sizeof(int32_t);
-    /* the grouped tier's tables (cuda_lora_cache.c groups_bytes, steps of up to
-     * CUDA_LORA_FAST_ROWS rows) */
-    size_t gT = T < CUDA_LORA_FAST_ROWS ? T : CUDA_LORA_FAST_ROWS;
-    z->groups = gT * sizeof(void *) + CUDA_LORA_GROUP_INTS(gT) * sizeof(int32_t);
+    /* the grouped tier's tables (steps of up to CUDA_LORA_FAST_ROWS rows) */
+    z->groups = CUDA_LORA_GROUP_BYTES(T < CUDA_LORA_FAST_ROWS ? T : CUDA_LORA_FAST_ROWS);
     /* the fast tier's rank values, one expert's gathered row tables (sets and counts again),
      * the group tables */
     z->fast = CUDA_LORA_FAST_FLOATS(T) * sizeof(float) + z->sets + z->counts + z->groups;

@@ -145,6 +145,24 @@ def write_section(name, title, heading, section, key, data):
     return path
 
 
+def write_keeping(name, body, data, sections):
+    """write(name, body, data), then the sections (heading, json key) that other runs wrote into
+    the previous file (write_section) put back as they were: a run of the file's main benchmark
+    replaces its own part only. Returns the path."""
+    kept = []
+    if os.path.exists(path_of(name)):
+        doc, text = read(name), body_of(name)
+        for heading, key in sections:
+            at = text.find("\n" + heading + "\n")
+            if at >= 0 and key in doc:
+                end = text.find("\n## ", at + 1 + len(heading))
+                kept.append((heading, text[at + 1:end if end >= 0 else len(text)], key, doc[key]))
+    path = write(name, body, data)
+    for heading, section, key, value in kept:
+        write_section(name, "", heading, section, key, value)
+    return path
+
+
 def parse(text, where="<text>"):
     """The json block after the last "Machine-readable result" heading of a result file's text."""
     at = text.rfind("\n" + JSON_HEADING + "\n")

@@ -12,7 +12,8 @@ expand kernels, decode steps in CUDA graphs); --all-adapted gives every stream a
 (no base rows).
 Usage: mixed.py BIN MODEL [--device cpu|cuda] [--streams 8] [--adapters 4] [--rank 16]
                 [--tokens 64] [--threads 2] [--all-adapted]
-Writes bench/results/lora_mixed.md (--device cuda: lora_mixed_cuda.md) through bench/results_file.py."""
+Writes bench/results/lora_mixed.md through bench/results_file.py (--device cuda: its own section
+of it, json key "cuda"; a CPU run keeps that section)."""
 import argparse, json, os, platform, statistics, subprocess, sys, tempfile, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -142,8 +143,15 @@ def main():
           f"| mixed adapters | {best(mixed_runs, 0):.1f} | {med(mixed_runs, 0):.1f} | {med(mixed_runs, 1):.1f} |\n"
           f"| ratio mixed / base | {res['ratio_best']:.3f} | {res['ratio_median']:.3f} | "
           f"{res['ratio_cpu_median']:.3f} |\n")
-    results_file.write("lora_mixed" + ("_cuda" if a.device == "cuda" else ""), md, res)
+    if a.device == "cuda":  # its own section of the same file
+        section = (f"{CUDA_HEADING}\n\n{results_file.provenance()}\n\n" + md.split("\n", 2)[2])
+        results_file.write_section("lora_mixed", md.split("\n", 1)[0], CUDA_HEADING, section, "cuda", res)
+    else:
+        results_file.write_keeping("lora_mixed", md, res, [(CUDA_HEADING, "cuda")])
     print(md)
+
+
+CUDA_HEADING = "## On the GPU (`--device cuda`)"
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ Usage: registry.py BIN MODEL [--rank 16] [--mounts 10] [--registered 1000] [--st
                    [--tokens 64] [--repeat 5] [--threads 2] [--mount-only]
 Writes bench/results/lora_registry.md through bench/results_file.py; --mount-only runs part 1
 alone (the issue's 8B-shaped mount, where a thousand full-model registries do not fit this
-machine's memory) and writes bench/results/lora_mount.md."""
+machine's memory) into its own section of the same file (json key "mount_only")."""
 import argparse, json, os, statistics, sys, tempfile, threading, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -89,7 +89,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--mount-only", action="store_true", help="part 1 only (bench/results/lora_mount.md)")
+    ap.add_argument("--mount-only", action="store_true", help="part 1 only (its section of bench/results/lora_registry.md)")
     a = ap.parse_args()
     dims = model_dims(a.bin, a.model)
     tmp = tempfile.mkdtemp(prefix="hearth-lora-registry-")
@@ -155,17 +155,21 @@ def main():
           f"mounted one by one in {med(reg_s):.1f} s): base throughput, {a.streams} streams x {a.tokens} tokens, "
           f"against the same server's empty registry, {a.repeat} rounds (mount all, registered, unmount all; the empty run before or after, in turns) | median {med(full_reg):.1f} vs "
           f"{med(empty):.1f} tok/s: **{res['ratio_median']:.3f}** (best {res['ratio_best']:.3f}) | at least 0.98 |\n")
-    results_file.write("lora_registry", md, res)
+    results_file.write_keeping("lora_registry", md, res, [(MOUNT_HEADING, "mount_only")])
     print(md)
+
+
+MOUNT_HEADING = "## Mounting a full-model adapter (`--mount-only`)"
 
 
 def write_mount_only(a, dims, full_bytes, mount_ms, quiet_gaps, gaps):
     res, rows = mount_part(a, full_bytes, mount_ms, quiet_gaps, gaps)
-    md = (f"# LoRA: mounting a full-model adapter (`bench/lora/registry.py --mount-only`)\n\n"
+    md = (f"{MOUNT_HEADING}\n\n{results_file.provenance()}\n\n"
           f"{a.model}, {dims['layers']} layers (hidden {dims['hidden']}, MLP {dims['ffn']}), CPU, "
           f"{a.threads} threads.\n\n" + rows)
-    results_file.write("lora_mount", md, res)
     print(md)
+    print("wrote", results_file.write_section("lora_registry", "# LoRA: mounting adapters and a large registry",
+                                              MOUNT_HEADING, md, "mount_only", res))
 
 
 if __name__ == "__main__":

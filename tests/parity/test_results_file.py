@@ -95,6 +95,21 @@ def test_write_section_keeps_the_other_sections(tmp_path):
     assert results_file.read(str(out)) == {"a": {"x": 3}, "b": {"y": 2}}
 
 
+def test_write_keeping_puts_other_runs_sections_back(tmp_path):
+    """A file's main benchmark rewrites it whole (write) and keeps the sections and json keys
+    another run wrote into it (write_section): the GPU section of a CPU benchmark's file."""
+    out = tmp_path / "main.md"
+    results_file.write(str(out), "# Main\n\nfirst cpu\n", {"streams": 8}, command="x", machine_line="m", load="0")
+    results_file.write_section(str(out), "", "## GPU", "## GPU\n\ngpu rows\n", "cuda", {"streams": 32})
+    results_file.write_keeping(str(out), "# Main\n\nsecond cpu\n", {"streams": 4}, [("## GPU", "cuda"), ("## Gone", "g")])
+    text = out.read_text()
+    assert "second cpu" in text and "first cpu" not in text and "gpu rows" in text and "## Gone" not in text
+    assert results_file.read(str(out)) == {"streams": 4, "cuda": {"streams": 32}}
+    fresh = tmp_path / "fresh.md"  # no earlier file: a plain write
+    results_file.write_keeping(str(fresh), "# F\n\nrows\n", {"a": 1}, [("## GPU", "cuda")])
+    assert results_file.read(str(fresh)) == {"a": 1}
+
+
 @pytest.mark.parametrize("text,why", [
     ("# t\n\nno json here\n", "no '## Machine-readable result' section"),
     ("# t\n\n## Machine-readable result\n\n```json\n{\"a\": 1}\n", "no closed ```json block"),

@@ -3,7 +3,7 @@
 # --device cuda --cuda-exact against the CPU scalar tier: trace on seven tiny models, LoRA and
 # DoRA; serve with "a", "b", "a+b" and "none" mixed in one batch), then bench/lora/mixed.py
 # --device cuda: 32 streams over 8 rank-16 adapters against 32 base streams on the 8B Llama
-# shape (model l8; results into bench/results/lora_mixed_cuda.md, copied to LOGDIR).
+# shape (model l8; results into their section of bench/results/lora_mixed.md, copied to LOGDIR).
 # Usage: lora.sh LOGDIR   Env from tools/gpu_run (H, TINY, L8).
 L=${1:?usage: lora.sh LOGDIR}; mkdir -p "$L"
 cd "$(dirname "$0")/../.." || exit 1
@@ -16,7 +16,7 @@ if [ -f "$L8"/.done ]; then
   timeout 500 python3 bench/lora/mixed.py "$H" "$L8" --device cuda --streams 32 --adapters 8 --rank 16 \
     --tokens 64 --repeat 3 --all-adapted >"$L"/bench.log 2>&1
   echo "bench/lora/mixed.py --device cuda rc $?"
-  cp bench/results/lora_mixed_cuda.md "$L"/ 2>/dev/null
+  cp bench/results/lora_mixed.md "$L"/ 2>/dev/null
   tail -n 6 "$L"/bench.log
 else
   echo "bench: NOT RUN (no 8B model: GR_MODELS needs l8)"

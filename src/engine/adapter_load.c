@@ -250,6 +250,15 @@ static hearth_status read_f32(const tensor_info *t, float *out, hearth_error *er
     return ggml_dequantize(t->dtype, t->data, t->nbytes, out, tensor_elems(t), err);
 }
 
+/* t's values as float32: where the file maps them when they are float32 already, else
+ * converted into tmp (*out: either; read it with memcpy, the mapping may be unaligned). */
+static hearth_status tensor_floats(const tensor_info *t, float *tmp, const unsigned char **out, hearth_error *err) {
+    *out = t->data;
+    if (t->dtype == DT_F32) return HEARTH_OK;
+    *out = (const unsigned char *)tmp;
+    return read_f32(t, tmp, err);
+}
+
 /* Checks a pair's shapes against the rank and the base matrix (n outputs, k inputs): A is
  * [k, r] (MLX) or [r, k] (PEFT), B [r, n] (MLX) or [n, r] (PEFT), the magnitude [n]; the
  * experts' (mlx-lm's LoRASwitchLinear) A [E, r, k] and B [E, n, r]. */
@@ -352,36 +361,29 @@ static hearth_status fill_pair(const model *m, const adapter_cfg *c, const pair_
     float *tmp = malloc((size_t)(per * ((k > n ? k : n) * r) + n) * sizeof *tmp);
     if (!tmp) return err_set(err, HEARTH_ERR_NOMEM, "out of memory");
     float *a = dst, *b = a + per * r * k, *mag = b + per * n * r;
-    /* MLX's float32 pairs (what mlx_lm.lora writes) go from the mapped file to their places
-     * in one pass each (A transposed in blocks of 64 of its rows: r floats each, a cache line
-     * at rank 16); the other layouts and dtypes through tmp */
-    const int direct = !c->peft && !E && s->a->dtype == DT_F32 && s->b->dtype == DT_F32;
-    hearth_status st = direct ? HEARTH_OK : read_f32(s->a, tmp, err);
+    /* a float32 tensor (what mlx_lm.lora writes) is read where the file maps it (through
+     * memcpy: any alignment); other dtypes are converted into tmp first */
+    const unsigned char *src = NULL;
+    hearth_status st = tensor_floats(s->a, tmp, &src, err);
     if (!st) { /* A as [r, k]: MLX stores lora_a as [k, r] (its experts' as [E, r, k]) */
-        if (direct) {
-            const unsigned char *src = s->a->data; /* any alignment: a float is read with memcpy */
+        if (c->peft || E)
+            memcpy(a, src, (size_t)(per * r * k) * sizeof *a);
+        else /* in blocks of 64 of its rows: r floats each, a cache line at rank 16 */
             for (int64_t i0 = 0; i0 < k; i0 += 64) {
                 int64_t i1 = i0 + 64 < k ? i0 + 64 : k;
                 for (int64_t q = 0; q < r; q++)
                     for (int64_t i = i0; i < i1; i++) memcpy(&a[q * k + i], src + (size_t)(i * r + q) * 4, 4);
             }
-        } else if (c->peft || E) {
-            memcpy(a, tmp, (size_t)(per * r * k) * sizeof *a);
-        } else {
-            for (int64_t i = 0; i < k; i++)
-                for (int64_t q = 0; q < r; q++) a[q * k + i] = tmp[i * r + q];
-        }
-        if (!direct) st = read_f32(s->b, tmp, err);
+        st = tensor_floats(s->b, tmp, &src, err);
     }
     if (!st) { /* B transposed, [r, n]: MLX's lora_b as it is; PEFT's lora_B and MLX's experts' are [n, r] */
-        if (direct)
-            memcpy(b, s->b->data, (size_t)(n * r) * sizeof *b);
-        else if (!c->peft && !E)
-            memcpy(b, tmp, (size_t)(n * r) * sizeof *b);
+        if (!c->peft && !E)
+            memcpy(b, src, (size_t)(n * r) * sizeof *b);
         else
             for (int64_t e = 0; e < per; e++)
                 for (int64_t j = 0; j < n; j++)
-                    for (int64_t q = 0; q < r; q++) b[(e * r + q) * n + j] = tmp[(e * n + j) * r + q];
+                    for (int64_t q = 0; q < r; q++)
+                        memcpy(&b[(e * r + q) * n + j], src + (size_t)((e * n + j) * r + q) * sizeof *b, sizeof *b);
         if (s->m) st = read_f32(s->m, mag, err);
     }
     int heads = p == OP_PROJ_Q ? m->cfg.n_heads : p == OP_PROJ_K ? m->cfg.n_kv_heads : 0;
